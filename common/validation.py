@@ -1,0 +1,113 @@
+"""Input validation shared by every boundary that accepts arrays or privacy parameters."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+
+def check_matrix(
+    x: ArrayLike,
+    name: str,
+    *,
+    n_features: int | None = None,
+    allow_empty: bool = False,
+    dtype: type = np.float64,
+) -> NDArray[np.floating]:
+    """Return ``x`` as a finite 2-D array, or raise a ``ValueError`` that names the problem.
+
+    Parameters
+    ----------
+    x : array-like of shape (n_points, n_features)
+    name : str
+        Name used in error messages, e.g. ``"validation set"``.
+    n_features : int, optional
+        Required number of columns.
+    allow_empty : bool
+        Whether zero rows are accepted.
+    dtype : numpy dtype
+        Output dtype.
+
+    Returns
+    -------
+    ndarray of shape (n_points, n_features) and dtype ``dtype``, C-contiguous.
+
+    Raises
+    ------
+    ValueError
+        If ``x`` is not 2-D, has the wrong number of columns, is empty (unless allowed) or holds
+        NaN or inf.
+    """
+    arr = np.asarray(x)
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array (n_points, n_features), got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
+        raise ValueError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+    if n_features is not None and arr.shape[1] != n_features:
+        raise ValueError(f"{name} must have {n_features} features per point, got {arr.shape[1]}")
+    if arr.shape[0] == 0 and not allow_empty:
+        raise ValueError(f"{name} is empty: it must hold at least one point")
+    if arr.shape[1] == 0:
+        raise ValueError(f"{name} must have at least one feature, got shape {arr.shape}")
+    out = np.ascontiguousarray(arr, dtype=dtype)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        raise ValueError(
+            f"{name} holds {int(bad.sum())} NaN or inf value(s), first at row {row}, column {col}"
+        )
+    return out
+
+
+def check_vector(
+    v: ArrayLike, name: str, *, size: int | None = None, dtype: type = np.float64
+) -> NDArray[np.floating]:
+    """Return ``v`` as a finite 1-D array, or raise ``ValueError``.
+
+    Parameters
+    ----------
+    v : array-like of shape (size,)
+    name : str
+        Name used in error messages.
+    size : int, optional
+        Required length.
+
+    Raises
+    ------
+    ValueError
+        If ``v`` is not 1-D, has the wrong length or holds NaN or inf.
+    """
+    arr = np.asarray(v)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array, got shape {arr.shape}")
+    if size is not None and arr.shape[0] != size:
+        raise ValueError(f"{name} must have length {size}, got {arr.shape[0]}")
+    out = np.ascontiguousarray(arr, dtype=dtype)
+    if not np.isfinite(out).all():
+        raise ValueError(f"{name} holds NaN or inf values")
+    return out
+
+
+def check_epsilon(epsilon: float, name: str = "epsilon") -> float:
+    """Return ``epsilon`` as float if it is finite and > 0; raise ``ValueError`` otherwise."""
+    eps = float(epsilon)
+    if not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {epsilon}")
+    return eps
+
+
+def check_delta(delta: float, name: str = "delta", *, upper: float = 1.0) -> float:
+    """Return ``delta`` as float if ``0 < delta < upper``; raise ``ValueError`` otherwise."""
+    d = float(delta)
+    if not (math.isfinite(d) and 0.0 < d < upper):
+        raise ValueError(f"{name} must lie in (0, {upper}), got {delta}")
+    return d
+
+
+def check_positive_int(value: int, name: str) -> int:
+    """Return ``value`` as int if it is an integer >= 1; raise ``ValueError`` otherwise."""
+    if isinstance(value, bool) or int(value) != value or int(value) < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value}")
+    return int(value)

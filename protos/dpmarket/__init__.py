@@ -1,0 +1,1 @@
+"""Versioned protobuf API of dpmarket."""
