@@ -1,0 +1,64 @@
+# dpmarket: every target creates the virtual environment it needs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PROTO_SRC := $(wildcard protos/dpmarket/v1/*.proto)
+OUT ?= out
+
+.PHONY: venv proto proto-check lint format typecheck test test-fast check demo demo-flights bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Regenerate the protobuf and gRPC modules (with typed stubs) next to the .proto sources.
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iprotos \
+	  --plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy \
+	  --plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc \
+	  --python_out=protos --grpc_python_out=protos --mypy_out=protos --mypy_grpc_out=protos \
+	  $(PROTO_SRC:protos/%=%)
+
+# Fail when the committed generated modules differ from what the .proto sources generate.
+proto-check: $(STAMP)
+	$(PY) -m deploy.proto_check
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy common curator owner consumer deploy
+
+# The test suite: unit, statistical and integration tests (real processes, real gRPC).
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not integration"
+
+check: lint typecheck proto-check test
+
+# The marketplace on scikit-learn's digits: curator, five owners and a consumer as separate
+# processes on localhost; prints the table and writes $(OUT)/demo/report.json and mmd.png.
+demo: $(STAMP)
+	$(BIN)/dpmarket demo --scenario digits --out $(OUT)/demo
+
+demo-flights: $(STAMP)
+	$(BIN)/dpmarket demo --scenario flights --out $(OUT)/demo-flights
+
+bench: $(STAMP)
+	$(PY) -m bench.rounds --out $(OUT)/bench.json
+
+clean:
+	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,103 @@
+"""What the curator needs from an owner, independent of transport.
+
+The curator's protocol logic talks to :class:`OwnerEndpoint` objects: an in-process adapter around
+an ``owner.protocol.Owner`` (``owner.local``) or a gRPC client (``curator.owners``). Both raise the
+errors of :mod:`common.errors`; a transport failure is :class:`common.errors.UnavailableError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.rff import RFFParams
+
+
+@dataclass(frozen=True)
+class OwnerInfo:
+    """Public description of an owner's dataset."""
+
+    owner_id: str
+    num_points: int
+    num_features: int
+    has_labels: bool
+
+
+@dataclass(frozen=True)
+class OwnerBid:
+    """An owner's bid in one round (Algorithm 3, step 6).
+
+    Attributes
+    ----------
+    bid : float
+        Score of the owner's best unsent point.
+    times_best : int
+        Consecutive rounds this point has been the owner's best, this round included; PrivAuction
+        asks for it once this reaches tau (step 14).
+    """
+
+    bid: float
+    times_best: int
+
+
+@dataclass(frozen=True)
+class ReleasedPoint:
+    """A raw point released to the curator.
+
+    Attributes
+    ----------
+    point : ndarray of shape (n_features,), float64
+    label : int or None
+    bid : float
+        The bid the owner reported for this point.
+    """
+
+    point: NDArray[np.float64]
+    label: int | None
+    bid: float
+
+
+class OwnerEndpoint(Protocol):
+    """Asynchronous view of one owner, as the curator uses it (see ``owner.protocol.Owner``)."""
+
+    @property
+    def name(self) -> str:
+        """Address or name used in logs before the owner id is known."""
+        ...
+
+    async def info(self) -> OwnerInfo:
+        """Describe the owner's dataset."""
+        ...
+
+    async def open_session(self, session_id: str, rff: RFFParams, sampling_seed: int) -> int:
+        """Send the h1 parameters; return the owner's number of points."""
+        ...
+
+    async def set_validation_embedding(
+        self, session_id: str, embedding: NDArray[np.float64]
+    ) -> None:
+        """Broadcast the validation embedding gtilde."""
+        ...
+
+    async def bid(
+        self, session_id: str, round_: int, summary_embedding: NDArray[np.float64], q: int
+    ) -> OwnerBid | None:
+        """Collect the owner's bid for a round, or None when it has no unsent point."""
+        ...
+
+    async def release_point(self, session_id: str, round_: int) -> ReleasedPoint:
+        """Ask for the point bid in ``round_``."""
+        ...
+
+    async def sample_uniform(
+        self, session_id: str, count: int
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        """Ask for ``count`` uniformly drawn unsent points."""
+        ...
+
+    async def close_session(self, session_id: str) -> None:
+        """Let the owner forget the session."""
+        ...

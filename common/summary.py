@@ -1,0 +1,184 @@
+"""Configuration and result types of a summarization session, shared by curator and consumer."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.validation import check_delta, check_epsilon, check_positive_int
+
+Method = Literal["private", "greedy", "uniform"]
+Stage = Literal["setup", "rounds", "done", "failed"]
+METHODS: tuple[Method, ...] = ("private", "greedy", "uniform")
+
+
+@dataclass(frozen=True)
+class SummarizationConfig:
+    """Parameters of one summarization session; defaults follow Section 4 and Table 1.
+
+    Parameters
+    ----------
+    summary_size : int
+        p, the number of owner points in the summary (seed set excluded).
+    method : {"private", "greedy", "uniform"}
+        Algorithm 3 (h2 embeddings + PrivAuction), non-private greedy on exact mean h1 embeddings,
+        or p/K points drawn uniformly from every owner.
+    rff_dimension : int
+        d, the dimension of h1 (Table 1: 140).
+    gamma : float
+        RBF kernel parameter in ``exp(-gamma ||x - y||^2)`` (Table 1: 0.1), in 1 / squared
+        feature units.
+    epsilon_validation : float
+        epsilon of each h2 iteration on the validation set (Table 1: 0.01).
+    iterations_initial : int
+        MWEM iterations T_init for the validation set and the first epoch (Table 1: d^1.5 = 1656;
+        0 means ``floor(d ** 1.5)``).
+    iterations_subsequent : int
+        MWEM iterations T_subs per later epoch (Table 1: 5).
+    epsilon_first_epoch : float
+        epsilon per h2 iteration in epoch 1, whose summary is the public seed set (Table 1: 0.05).
+    epsilon_summary : float
+        Later epochs use ``epsilon_summary / sqrt(p * T_subs)`` per iteration (Table 1: 0.01).
+    quantization_step : float
+        eta of the grid {-1, -1+eta, ..., 1} (Theorem 2: eta <= 1/d; 0 means the largest eta <= 1/d
+        with 2/eta an integer).
+    epsilon_auction : float
+        Total epsilon of PrivAuction's winner notification (Theorem 6).
+    delta_owners : float
+        delta of the auction's eps_auc and of the owners' composition bound (Theorem 7's delta~).
+    delta_validation : float
+        delta~ of the validation set's composition bound (Section 4: 0.01).
+
+    Raises
+    ------
+    ValueError
+        If any value is out of range.
+    """
+
+    summary_size: int
+    method: Method = "private"
+    rff_dimension: int = 140
+    gamma: float = 0.1
+    epsilon_validation: float = 0.01
+    iterations_initial: int = 0
+    iterations_subsequent: int = 5
+    epsilon_first_epoch: float = 0.05
+    epsilon_summary: float = 0.01
+    quantization_step: float = 0.0
+    epsilon_auction: float = 1.0
+    delta_owners: float = 1e-4
+    delta_validation: float = 0.01
+
+    def __post_init__(self) -> None:
+        check_positive_int(self.summary_size, "summary_size")
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        check_positive_int(self.rff_dimension, "rff_dimension")
+        check_epsilon(self.gamma, "gamma")
+        check_epsilon(self.epsilon_validation, "epsilon_validation")
+        if self.iterations_initial != 0:
+            check_positive_int(self.iterations_initial, "iterations_initial")
+        check_positive_int(self.iterations_subsequent, "iterations_subsequent")
+        check_epsilon(self.epsilon_first_epoch, "epsilon_first_epoch")
+        check_epsilon(self.epsilon_summary, "epsilon_summary")
+        if self.quantization_step != 0:
+            eta = float(self.quantization_step)
+            if not (0 < eta <= 1) or abs(2 / eta - round(2 / eta)) > 1e-9:
+                raise ValueError(
+                    f"quantization_step must be in (0, 1] with 2/eta an integer, got {eta}"
+                )
+        check_epsilon(self.epsilon_auction, "epsilon_auction")
+        check_delta(self.delta_owners, "delta_owners", upper=1 / math.e)
+        check_delta(self.delta_validation, "delta_validation", upper=1 / math.e)
+
+    @property
+    def t_init(self) -> int:
+        """T_init: the configured value, or ``floor(d ** 1.5)`` (1656 for d = 140)."""
+        return self.iterations_initial or math.floor(self.rff_dimension**1.5)
+
+    @property
+    def eta(self) -> float:
+        """Quantization step: the configured value, or ``2 / (2 d)`` = 1/d (Theorem 2)."""
+        return self.quantization_step or 2.0 / (2 * self.rff_dimension)
+
+    @property
+    def epsilon_per_later_iteration(self) -> float:
+        """epsilon_{l,T} for epochs l >= 2: ``epsilon_summary / sqrt(p * T_subs)`` (Table 1)."""
+        return self.epsilon_summary / math.sqrt(self.summary_size * self.iterations_subsequent)
+
+
+#: Protocol parameters: the SummarizationConfig fields that the SummarizationParams message
+#: carries under the same names (every field but summary_size and method).
+PARAMETER_NAMES: tuple[str, ...] = tuple(
+    f.name for f in fields(SummarizationConfig) if f.name not in ("summary_size", "method")
+)
+
+
+@dataclass(frozen=True)
+class SessionReport:
+    """What a session did: parsimony, privacy spent, failures and time.
+
+    Attributes
+    ----------
+    owner_points_accessed, validation_points_accessed : int
+        Raw points the curator received from owners (summary included) and from the consumer.
+    all_owners_bound : int
+        K * p.
+    paper_bound : float
+        Lemma 5's expected bound ``p (1/eps_auc + K/tau) + m`` (private method; 0 otherwise).
+    ledger : dict
+        The privacy ledger's report (per party, per composition method); empty for non-private
+        methods.
+    wall_time_seconds : float
+        Seconds from the start of the session to its end.
+    """
+
+    method: Method
+    summary_size: int
+    rounds: int
+    owner_points_accessed: int
+    validation_points_accessed: int
+    all_owners_bound: int
+    paper_bound: float
+    dropped_owners: tuple[str, ...]
+    ledger: dict[str, Any]
+    wall_time_seconds: float
+    rejected_points: int = 0
+
+
+@dataclass(frozen=True)
+class SummaryResult:
+    """A finished summary: points in the order they were added, their labels and owners.
+
+    Attributes
+    ----------
+    points : ndarray of shape (p, n_features), float64
+    labels : ndarray of shape (p,), int64, or None when an owner has no labels
+    owner_ids : tuple of str, length p
+    report : SessionReport
+    """
+
+    points: NDArray[np.float64]
+    labels: NDArray[np.int64] | None
+    owner_ids: tuple[str, ...]
+    report: SessionReport
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """One step of a session, for progress display and the WatchSession stream."""
+
+    stage: Stage
+    round: int
+    total_rounds: int
+    points_accessed: int
+    message: str = ""
+
+    @property
+    def finished(self) -> bool:
+        """Whether the session has ended (done or failed)."""
+        return self.stage in ("done", "failed")

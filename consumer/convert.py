@@ -1,0 +1,102 @@
+"""Proto <-> numpy conversion for the consumer's side of the curator API."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.errors import InvalidArgumentError
+from common.summary import (
+    PARAMETER_NAMES,
+    ProgressEvent,
+    SessionReport,
+    Stage,
+    SummarizationConfig,
+    SummaryResult,
+)
+from dpmarket.arrays import array_from_proto, array_to_proto
+from dpmarket.v1 import curator_pb2
+
+_METHODS = {
+    "private": curator_pb2.METHOD_PRIVATE,
+    "greedy": curator_pb2.METHOD_GREEDY,
+    "uniform": curator_pb2.METHOD_UNIFORM,
+}
+_METHOD_NAMES = {v: k for k, v in _METHODS.items()}
+_STAGES: dict[int, Stage] = {
+    curator_pb2.STAGE_SETUP: "setup",
+    curator_pb2.STAGE_ROUNDS: "rounds",
+    curator_pb2.STAGE_DONE: "done",
+    curator_pb2.STAGE_FAILED: "failed",
+}
+
+
+def create_request_to_proto(
+    config: SummarizationConfig,
+    validation: NDArray[np.float64],
+    seed_set: NDArray[np.float64],
+    seed: int | None,
+) -> curator_pb2.CreateSessionRequest:
+    """Build a CreateSessionRequest; every parameter is sent explicitly."""
+    params = curator_pb2.SummarizationParams(
+        **{name: getattr(config, name) for name in PARAMETER_NAMES}
+    )
+    request = curator_pb2.CreateSessionRequest(
+        validation=array_to_proto(np.asarray(validation, dtype=np.float64)),
+        seed_set=array_to_proto(np.asarray(seed_set, dtype=np.float64)),
+        summary_size=config.summary_size,
+        method=_METHODS[config.method],
+        params=params,
+    )
+    if seed is not None:
+        request.seed = seed
+    return request
+
+
+def event_from_proto(message: curator_pb2.WatchSessionResponse) -> ProgressEvent:
+    """WatchSessionResponse -> ProgressEvent."""
+    return ProgressEvent(
+        stage=_STAGES.get(message.stage, "rounds"),
+        round=int(message.round),
+        total_rounds=int(message.total_rounds),
+        points_accessed=int(message.points_accessed),
+        message=message.message,
+    )
+
+
+def result_from_proto(message: curator_pb2.GetSummaryResponse) -> SummaryResult:
+    """GetSummaryResponse -> SummaryResult.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the arrays are malformed.
+    """
+    r = message.report
+    try:
+        points = array_from_proto(message.summary, "summary", ndim=2, dtype=np.float64)
+        labels = (
+            array_from_proto(message.labels, "labels", ndim=1, dtype=np.int64)
+            if message.HasField("labels")
+            else None
+        )
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from exc
+    report = SessionReport(
+        method=_METHOD_NAMES[r.method],  # type: ignore[arg-type]
+        summary_size=int(r.summary_size),
+        rounds=int(r.rounds),
+        owner_points_accessed=int(r.owner_points_accessed),
+        validation_points_accessed=int(r.validation_points_accessed),
+        all_owners_bound=int(r.all_owners_bound),
+        paper_bound=float(r.paper_bound),
+        dropped_owners=tuple(r.dropped_owners),
+        ledger=json.loads(r.ledger_json) if r.ledger_json else {},
+        wall_time_seconds=r.wall_time.ToTimedelta().total_seconds(),
+        rejected_points=int(r.rejected_points),
+    )
+    return SummaryResult(
+        points=points, labels=labels, owner_ids=tuple(message.owner_ids), report=report
+    )

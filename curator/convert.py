@@ -1,0 +1,150 @@
+"""Proto <-> numpy conversion for the curator: its own API and the owner client's responses."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import numpy as np
+from google.protobuf import duration_pb2
+from numpy.typing import NDArray
+
+from common.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.errors import InvalidArgumentError
+from common.summary import PARAMETER_NAMES, ProgressEvent, SummarizationConfig, SummaryResult
+from dpmarket.arrays import array_from_proto, array_to_proto
+from dpmarket.v1 import curator_pb2, owner_pb2
+
+
+def info_from_proto(message: owner_pb2.GetOwnerInfoResponse) -> OwnerInfo:
+    """GetOwnerInfoResponse -> OwnerInfo."""
+    return OwnerInfo(
+        owner_id=message.owner_id,
+        num_points=int(message.num_points),
+        num_features=int(message.num_features),
+        has_labels=bool(message.has_labels),
+    )
+
+
+def bid_from_proto(message: owner_pb2.BidResponse) -> OwnerBid | None:
+    """BidResponse -> OwnerBid or None."""
+    if not message.has_bid:
+        return None
+    return OwnerBid(bid=float(message.bid), times_best=int(message.times_best))
+
+
+def released_from_proto(message: owner_pb2.ReleasePointResponse) -> ReleasedPoint:
+    """ReleasePointResponse -> ReleasedPoint; raise InvalidArgumentError when malformed."""
+    try:
+        point = array_from_proto(message.point, "point", ndim=2, dtype=np.float64)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from exc
+    if point.shape[0] != 1:
+        raise InvalidArgumentError(f"a released point must have shape (1, n), got {point.shape}")
+    label = int(message.label) if message.HasField("label") else None
+    return ReleasedPoint(point=point[0], label=label, bid=float(message.bid))
+
+
+def sample_from_proto(
+    message: owner_pb2.SampleUniformResponse,
+) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+    """SampleUniformResponse -> (points, labels or None)."""
+    try:
+        points = array_from_proto(message.points, "points", ndim=2, dtype=np.float64)
+        labels = (
+            array_from_proto(message.labels, "labels", ndim=1, dtype=np.int64)
+            if message.HasField("labels")
+            else None
+        )
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from exc
+    return points, labels
+
+
+# ----------------------------------------------------------------- the curator's own API
+_METHODS = {
+    curator_pb2.METHOD_PRIVATE: "private",
+    curator_pb2.METHOD_GREEDY: "greedy",
+    curator_pb2.METHOD_UNIFORM: "uniform",
+}
+_METHOD_TO_PROTO = {v: k for k, v in _METHODS.items()}
+_STAGES = {
+    "setup": curator_pb2.STAGE_SETUP,
+    "rounds": curator_pb2.STAGE_ROUNDS,
+    "done": curator_pb2.STAGE_DONE,
+    "failed": curator_pb2.STAGE_FAILED,
+}
+
+
+def create_request_from_proto(
+    request: curator_pb2.CreateSessionRequest,
+) -> tuple[SummarizationConfig, NDArray[np.float64], NDArray[np.float64], int | None]:
+    """CreateSessionRequest -> (config, validation (m, n), seed set (n0, n), seed or None).
+
+    Zero-valued parameters take the documented defaults of :class:`SummarizationConfig`.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an unknown method, malformed arrays or out-of-range parameters.
+    """
+    method = _METHODS.get(request.method)
+    if method is None:
+        raise InvalidArgumentError(
+            f"method must be PRIVATE, GREEDY or UNIFORM, got {request.method}"
+        )
+    try:
+        validation = array_from_proto(request.validation, "validation", ndim=2, dtype=np.float64)
+        if request.HasField("seed_set"):
+            seed_set = array_from_proto(request.seed_set, "seed_set", ndim=2, dtype=np.float64)
+        else:
+            seed_set = np.zeros((0, validation.shape[1]))
+        params = request.params
+        overrides = {
+            name: getattr(params, name) for name in PARAMETER_NAMES if getattr(params, name) != 0
+        }
+        config = SummarizationConfig(
+            summary_size=int(request.summary_size), method=method, **overrides
+        )
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from exc
+    seed = int(request.seed) if request.HasField("seed") else None
+    return config, validation, seed_set, seed
+
+
+def event_to_proto(event: ProgressEvent) -> curator_pb2.WatchSessionResponse:
+    """ProgressEvent -> WatchSessionResponse."""
+    return curator_pb2.WatchSessionResponse(
+        stage=_STAGES[event.stage],
+        round=event.round,
+        total_rounds=event.total_rounds,
+        points_accessed=event.points_accessed,
+        message=event.message,
+        finished=event.finished,
+    )
+
+
+def result_to_proto(result: SummaryResult) -> curator_pb2.GetSummaryResponse:
+    """SummaryResult -> GetSummaryResponse."""
+    r = result.report
+    wall_time = duration_pb2.Duration()
+    wall_time.FromTimedelta(datetime.timedelta(seconds=r.wall_time_seconds))
+    report = curator_pb2.SessionReport(
+        method=_METHOD_TO_PROTO[r.method],
+        summary_size=r.summary_size,
+        rounds=r.rounds,
+        owner_points_accessed=r.owner_points_accessed,
+        validation_points_accessed=r.validation_points_accessed,
+        all_owners_bound=r.all_owners_bound,
+        paper_bound=r.paper_bound,
+        dropped_owners=list(r.dropped_owners),
+        ledger_json=json.dumps(r.ledger, sort_keys=True),
+        wall_time=wall_time,
+        rejected_points=r.rejected_points,
+    )
+    response = curator_pb2.GetSummaryResponse(
+        summary=array_to_proto(result.points), owner_ids=list(result.owner_ids), report=report
+    )
+    if result.labels is not None:
+        response.labels.CopyFrom(array_to_proto(result.labels))
+    return response

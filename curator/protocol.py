@@ -1,0 +1,561 @@
+"""The curator's side of the summarization protocol (Algorithm 3) as a plain async state object.
+
+A :class:`SummarizationSession` drives any sequence of :class:`common.endpoints.OwnerEndpoint`
+objects: in-process owners (``dpmarket simulate``, tests, benchmarks) or gRPC clients (the
+curator service). Given the same seed and owners it makes the same random draws in the same order,
+so both runs return the same summary bit for bit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.accounting import PrivacyEvent
+from common.auction import AuctionParams, auction_parameters, choose_owners_to_ask, parsimony_bound
+from common.endpoints import OwnerBid, OwnerEndpoint, OwnerInfo, ReleasedPoint
+from common.errors import (
+    AbortedError,
+    DPMarketError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    UnavailableError,
+)
+from common.kernels import bid_direction, bid_scores
+from common.ledger import Charge, PrivacyLedger
+from common.mwem import MWEMRelease, MWEMState
+from common.quantization import quantize_features
+from common.rff import RFFParams, draw_rff_params, random_fourier_features
+from common.summary import ProgressEvent, SessionReport, SummarizationConfig, SummaryResult
+from common.validation import check_matrix
+
+logger = logging.getLogger(__name__)
+
+#: Relative and absolute tolerance when checking a reported bid against the released point
+#: (owner and curator compute the same float32 products; only summation order may differ).
+BID_RTOL = 1e-4
+BID_ATOL = 1e-5
+
+T = TypeVar("T")
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+@dataclass
+class _PoolEntry:
+    point: NDArray[np.float64]
+    features: NDArray[np.float32]
+    label: int | None
+    owner: int
+
+
+@dataclass
+class _OwnerSlot:
+    endpoint: OwnerEndpoint
+    info: OwnerInfo | None = None
+    active: bool = True
+    note: str = ""
+    points_sent: int = 0
+
+
+@dataclass
+class _SummaryState:
+    points: list[NDArray[np.float64]] = field(default_factory=list)
+    labels: list[int | None] = field(default_factory=list)
+    owners: list[int] = field(default_factory=list)
+
+
+class SummarizationSession:
+    """One consumer request: validation set, summary size, method, against a set of owners.
+
+    Parameters
+    ----------
+    session_id : str
+        Unique id, sent to every owner.
+    config : SummarizationConfig
+    validation : ndarray of shape (m, n)
+        The consumer's validation set D_v (the trusted curator holds it and counts it as
+        accessed).
+    seed_set : ndarray of shape (n0, n)
+        The public seed set D_init; may have zero rows.
+    owners : sequence of OwnerEndpoint
+    rng : numpy.random.Generator
+        Every random draw of the session (h1 parameters, quantization, MWEM, auction coins, the
+        owners' sampling seeds) comes from it, in a fixed order.
+    on_progress : callable, optional
+        Called with a :class:`ProgressEvent` after setup and after every round.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the validation or seed set is malformed (shape, NaN/inf, feature counts differ).
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        config: SummarizationConfig,
+        validation: NDArray[np.float64],
+        seed_set: NDArray[np.float64],
+        owners: Sequence[OwnerEndpoint],
+        rng: np.random.Generator,
+        *,
+        on_progress: ProgressCallback | None = None,
+        call_timeout: float | None = None,
+    ) -> None:
+        try:
+            self.validation = check_matrix(validation, "validation set")
+            self.seed_set = check_matrix(
+                seed_set, "seed set", n_features=self.validation.shape[1], allow_empty=True
+            )
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
+        if not owners:
+            raise InvalidArgumentError("at least one owner is required")
+        self.session_id = session_id
+        self.config = config
+        self.rng = rng
+        self.slots = [_OwnerSlot(endpoint=o) for o in owners]
+        self.on_progress = on_progress
+        self.call_timeout = call_timeout
+        self.ledgers = {
+            "validation": PrivacyLedger(delta_tilde=config.delta_validation),
+            "owners": PrivacyLedger(delta_tilde=config.delta_owners),
+        }
+        self.points_accessed = 0
+        self.rejected_points = 0
+        self.rounds_done = 0
+        self._prepared = False
+        self._auction: AuctionParams | None = None
+
+    # ----------------------------------------------------------------------------------- setup
+    async def prepare(self) -> None:
+        """Ask every owner for its dataset description and check the request against them.
+
+        Owners that do not answer are dropped (and named in the report).
+
+        Raises
+        ------
+        UnavailableError
+            If no owner answers.
+        InvalidArgumentError
+            If an owner's feature count differs from the validation set's, or the owners hold
+            fewer points than the summary size.
+        """
+        infos = await self._gather(range(len(self.slots)), lambda i: self._endpoint(i).info())
+        for index, info in infos.items():
+            self.slots[index].info = info
+        active = self._active()
+        if not active:
+            raise UnavailableError("no owner answered: " + self._drop_notes())
+        n = self.validation.shape[1]
+        for index in active:
+            info = self.slots[index].info
+            assert info is not None
+            if info.num_features != n:
+                raise InvalidArgumentError(
+                    f"owner {info.owner_id} has {info.num_features} features per point but the "
+                    f"validation set has {n}"
+                )
+        total = sum(self._info(i).num_points for i in active)
+        if self.config.summary_size > total:
+            raise InvalidArgumentError(
+                f"summary size p={self.config.summary_size} exceeds the {total} points the "
+                f"{len(active)} owner(s) hold"
+            )
+        self._prepared = True
+
+    # -------------------------------------------------------------------------------- running
+    async def run(self) -> SummaryResult:
+        """Run the configured method to the end and return the summary.
+
+        Raises
+        ------
+        FailedPreconditionError
+            If :meth:`prepare` has not succeeded.
+        UnavailableError
+            If every owner dropped out.
+        AbortedError
+            If the owners ran out of points, or an owner broke the protocol.
+        """
+        if not self._prepared:
+            raise FailedPreconditionError("prepare() must succeed before run()")
+        start = time.perf_counter()
+        cfg = self.config
+        rff = draw_rff_params(self.validation.shape[1], cfg.rff_dimension, cfg.gamma, self.rng)
+        seeds = self.rng.integers(0, 2**63 - 1, size=len(self.slots))
+        await self._gather(
+            self._active(),
+            lambda i: self._endpoint(i).open_session(self.session_id, rff, int(seeds[i])),
+        )
+        self._require_owners()
+        self._emit("setup", f"h1 shared with {len(self._active())} owner(s)")
+        summary = _SummaryState()
+        try:
+            if cfg.method == "uniform":
+                await self._run_uniform(summary)
+            else:
+                await self._run_greedy(summary, rff, private=cfg.method == "private")
+        finally:
+            await self._close_owner_sessions()
+        elapsed = time.perf_counter() - start
+        result = self._result(summary, elapsed)
+        self._emit("done", f"summary of {len(summary.points)} points in {elapsed:.2f} s")
+        return result
+
+    async def _run_uniform(self, summary: _SummaryState) -> None:
+        """Draw p/K points uniformly from every owner (the paper's uniform sampling baseline)."""
+        active = self._active()
+        shares = _split_evenly(self.config.summary_size, [self._info(i).num_points for i in active])
+        requests = {i: s for i, s in zip(active, shares, strict=True) if s > 0}
+        results = await self._gather(
+            list(requests),
+            lambda i: self._endpoint(i).sample_uniform(self.session_id, requests[i]),
+        )
+        if len(results) != len(requests):
+            raise UnavailableError(
+                "uniform sampling lost owners mid-session: " + self._drop_notes()
+            )
+        for index in sorted(results):
+            points, labels = results[index]
+            self._check_points(points, index)
+            self.points_accessed += points.shape[0]
+            self.slots[index].points_sent += points.shape[0]
+            for row in range(points.shape[0]):
+                summary.points.append(points[row])
+                summary.labels.append(None if labels is None else int(labels[row]))
+                summary.owners.append(index)
+        self.rounds_done = 1
+        self._emit("rounds", "uniform sample received")
+
+    async def _run_greedy(self, summary: _SummaryState, rff: RFFParams, *, private: bool) -> None:
+        """Algorithm 3 (``private``) or non-private greedy on exact mean h1 embeddings."""
+        cfg = self.config
+        p, d = cfg.summary_size, cfg.rff_dimension
+        eta = cfg.eta
+        val_features = random_fourier_features(self.validation, rff, dtype=np.float64)
+        seed_features = random_fourier_features(self.seed_set, rff, dtype=np.float64)
+        # Step 3: the validation embedding gtilde = h2(h1(D_v), eps_v), or the exact mean.
+        if private:
+            val_sums = quantize_features(val_features, eta, self.rng).sum(axis=0)
+            release = MWEMState(d, eta).release(
+                val_sums, val_features.shape[0], cfg.t_init, cfg.epsilon_validation, self.rng
+            )
+            self._charge_mwem("validation", "h2(h1(D_v)): validation embedding", release)
+            g_val = release.embedding
+            self._auction = auction_parameters(
+                cfg.epsilon_auction, cfg.delta_owners, len(self.slots)
+            )
+        else:
+            g_val = val_features.mean(axis=0)
+        await self._gather(
+            self._active(),
+            lambda i: self._endpoint(i).set_validation_embedding(self.session_id, g_val),
+        )
+        self._require_owners()
+        # Running state of the summary S = D_init + acquired points.
+        q = seed_features.shape[0]
+        exact_sum = seed_features.sum(axis=0)
+        quantized_sum = (
+            quantize_features(seed_features, eta, self.rng).sum(axis=0) if private else None
+        )
+        mwem_summary = MWEMState(d, eta) if private else None
+        pool: list[_PoolEntry] = []
+        for round_ in range(1, p + 1):
+            # Step 5: the summary embedding g_l.
+            if q == 0:
+                g_sum = np.zeros(d)
+            elif private:
+                assert mwem_summary is not None and quantized_sum is not None
+                public = round_ == 1
+                release = mwem_summary.release(
+                    quantized_sum,
+                    q,
+                    cfg.t_init if public else cfg.iterations_subsequent,
+                    cfg.epsilon_first_epoch if public else cfg.epsilon_per_later_iteration,
+                    self.rng,
+                )
+                self._charge_mwem(
+                    "public" if public else "owners",
+                    f"h2(h1(D_s)) round {round_}" + (" (seed set only)" if public else ""),
+                    release,
+                )
+                g_sum = release.embedding
+            else:
+                g_sum = exact_sum / q
+            direction = bid_direction(g_val, g_sum, q)
+            # Step 6: concurrent bids.
+            active = self._active()
+            bids_by_owner = await self._gather(
+                active,
+                lambda i, r=round_, g=g_sum, q=q: self._endpoint(i).bid(self.session_id, r, g, q),
+            )
+            self._require_owners()
+            bids = np.full(len(self.slots), np.nan)
+            times_best = np.zeros(len(self.slots), dtype=np.int64)
+            for index, bid in bids_by_owner.items():
+                if bid is not None:
+                    bids[index] = bid.bid
+                    times_best[index] = bid.times_best
+            # Step 7: PrivAuction (steps 11-16), or the top bidder alone without privacy.
+            if np.isnan(bids).all():
+                asked = np.zeros(len(self.slots), dtype=bool)
+            elif private:
+                assert self._auction is not None
+                if round_ == 1:
+                    self._charge_auction(self._auction)
+                asked = choose_owners_to_ask(bids, times_best, self._auction, self.rng)
+            else:
+                asked = np.zeros(len(self.slots), dtype=bool)
+                asked[int(np.nanargmax(bids))] = True
+            released = await self._gather(
+                [int(i) for i in np.flatnonzero(asked)],
+                lambda i, r=round_: self._endpoint(i).release_point(self.session_id, r),
+            )
+            for index in sorted(released):
+                entry = self._verify(released[index], index, bids_by_owner[index], rff, direction)
+                if entry is not None:
+                    pool.append(entry)
+            if not pool:
+                raise AbortedError(
+                    f"round {round_}: no owner has a point left to offer "
+                    f"({len(summary.points)} of {p} points collected)" + self._drop_suffix()
+                )
+            # Step 15: add the pool point with the largest bid, recomputed from the raw point.
+            scores = bid_scores(np.stack([e.features for e in pool]), direction)
+            best = pool.pop(int(np.argmax(scores)))
+            summary.points.append(best.point)
+            summary.labels.append(best.label)
+            summary.owners.append(best.owner)
+            new_features = random_fourier_features(best.point[None, :], rff, dtype=np.float64)
+            exact_sum += new_features[0]
+            if quantized_sum is not None:
+                quantized_sum = quantized_sum + quantize_features(new_features, eta, self.rng)[0]
+            q += 1
+            self.rounds_done = round_
+            self._emit("rounds", f"round {round_}: {int(asked.sum())} owner(s) asked")
+
+    # ------------------------------------------------------------------------------- helpers
+    def _verify(
+        self,
+        released: ReleasedPoint,
+        index: int,
+        bid: OwnerBid | None,
+        rff: RFFParams,
+        direction: NDArray[np.float32],
+    ) -> _PoolEntry | None:
+        """Step 8: check a released point against its bid; a mismatch is counted and rejected."""
+        self.points_accessed += 1
+        self.slots[index].points_sent += 1
+        point = released.point
+        if point.shape != (self.validation.shape[1],) or not np.isfinite(point).all():
+            self.rejected_points += 1
+            logger.warning("owner %s released a malformed point", self._name(index))
+            return None
+        features = random_fourier_features(point[None, :], rff)[0]
+        recomputed = float(bid_scores(features[None, :], direction)[0])
+        reported = bid.bid if bid is not None else math.nan
+        if not math.isclose(recomputed, reported, rel_tol=BID_RTOL, abs_tol=BID_ATOL):
+            self.rejected_points += 1
+            logger.warning(
+                "owner %s: point rejected, bid %.6g does not match its point (%.6g)",
+                self._name(index),
+                reported,
+                recomputed,
+            )
+            return None
+        return _PoolEntry(point=point, features=features, label=released.label, owner=index)
+
+    def _check_points(self, points: NDArray[np.float64], index: int) -> None:
+        if points.ndim != 2 or points.shape[1] != self.validation.shape[1]:
+            raise AbortedError(f"owner {self._name(index)} sent points of shape {points.shape}")
+
+    def _charge_mwem(self, party: str, label: str, release: MWEMRelease) -> None:
+        """Charge one h2 release: T exponential-mechanism selections and T Laplace measurements."""
+        ledger = self.ledgers["validation" if party == "validation" else "owners"]
+        eps, count, sens = release.epsilon, release.iterations, release.sensitivity
+        ledger.charge(
+            [
+                Charge(
+                    party, f"{label}: selections", PrivacyEvent("exponential", eps, count, sens)
+                ),
+                Charge(
+                    party,
+                    f"{label}: measurements",
+                    PrivacyEvent("laplace", eps, count, sens, scale=sens / eps),
+                ),
+            ]
+        )
+
+    def _charge_auction(self, params: AuctionParams) -> None:
+        """Charge PrivAuction once: at most tau bad iterations, eps_auc each (Theorem 6)."""
+        self.ledgers["owners"].charge(
+            [
+                Charge(
+                    "owners",
+                    "PrivAuction winner notification: tau bad iterations (Theorem 6)",
+                    PrivacyEvent("pure", params.eps_auc, params.tau),
+                )
+            ]
+        )
+
+    async def _gather(
+        self,
+        indices: Sequence[int] | range,
+        call: Callable[[int], Awaitable[T]],
+    ) -> dict[int, T]:
+        """Call owners concurrently; drop those that are unavailable; return the answers by index.
+
+        Protocol errors other than unavailability abort the session naming the owner.
+        """
+
+        async def one(index: int) -> T:
+            coro = call(index)
+            if self.call_timeout is None:
+                return await coro
+            try:
+                return await asyncio.wait_for(coro, self.call_timeout)
+            except TimeoutError as exc:
+                raise UnavailableError(f"no answer within {self.call_timeout} s") from exc
+
+        answers = await asyncio.gather(*(one(i) for i in indices), return_exceptions=True)
+        out: dict[int, T] = {}
+        for index, answer in zip(indices, answers, strict=True):
+            if isinstance(answer, UnavailableError):
+                self._drop(index, str(answer))
+            elif isinstance(answer, DPMarketError):
+                raise AbortedError(f"owner {self._name(index)}: {answer}") from answer
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                out[index] = answer
+        return out
+
+    def _drop(self, index: int, reason: str) -> None:
+        slot = self.slots[index]
+        if slot.active:
+            slot.active = False
+            slot.note = reason
+            logger.warning("owner %s dropped: %s", self._name(index), reason)
+            self._emit("rounds", f"owner {self._name(index)} dropped: {reason}")
+
+    def _require_owners(self) -> None:
+        if not self._active():
+            raise UnavailableError("every owner dropped out: " + self._drop_notes())
+
+    def _endpoint(self, index: int) -> OwnerEndpoint:
+        return self.slots[index].endpoint
+
+    def _active(self) -> list[int]:
+        return [i for i, s in enumerate(self.slots) if s.active]
+
+    def _info(self, index: int) -> OwnerInfo:
+        info = self.slots[index].info
+        assert info is not None
+        return info
+
+    def _name(self, index: int) -> str:
+        info = self.slots[index].info
+        return info.owner_id if info is not None else self.slots[index].endpoint.name
+
+    def _dropped(self) -> tuple[str, ...]:
+        return tuple(self._name(i) for i, s in enumerate(self.slots) if not s.active)
+
+    def _drop_notes(self) -> str:
+        return "; ".join(
+            f"{self._name(i)}: {s.note}" for i, s in enumerate(self.slots) if not s.active
+        )
+
+    def _drop_suffix(self) -> str:
+        dropped = self._dropped()
+        return f"; dropped owners: {', '.join(dropped)}" if dropped else ""
+
+    async def _close_owner_sessions(self) -> None:
+        async def close(slot: _OwnerSlot) -> None:
+            try:
+                await slot.endpoint.close_session(self.session_id)
+            except DPMarketError as exc:
+                logger.info("closing session at %s failed: %s", slot.endpoint.name, exc)
+
+        await asyncio.gather(*(close(self.slots[i]) for i in self._active()))
+
+    def _emit(self, stage: Literal["setup", "rounds", "done", "failed"], message: str) -> None:
+        if self.on_progress is not None:
+            total = 1 if self.config.method == "uniform" else self.config.summary_size
+            self.on_progress(
+                ProgressEvent(stage, self.rounds_done, total, self.points_accessed, message)
+            )
+
+    def fail(self, message: str) -> None:
+        """Emit the final failure event (the service calls this when :meth:`run` raises)."""
+        self._emit("failed", message)
+
+    def _result(self, summary: _SummaryState, elapsed: float) -> SummaryResult:
+        cfg = self.config
+        k = len(self.slots)
+        labels: NDArray[np.int64] | None = None
+        if summary.labels and all(label is not None for label in summary.labels):
+            labels = np.asarray(summary.labels, dtype=np.int64)
+        private = cfg.method == "private"
+        ledger: dict[str, Any] = {}
+        paper_bound = 0.0
+        if private and self._auction is not None:
+            ledger = {party: led.report() for party, led in self.ledgers.items()}
+            ledger["auction"] = {"eps_auc": self._auction.eps_auc, "tau": self._auction.tau}
+            paper_bound = parsimony_bound(
+                cfg.summary_size, k, self._auction, self.validation.shape[0]
+            )
+        report = SessionReport(
+            method=cfg.method,
+            summary_size=len(summary.points),
+            rounds=self.rounds_done,
+            owner_points_accessed=self.points_accessed,
+            validation_points_accessed=int(self.validation.shape[0]),
+            all_owners_bound=k * cfg.summary_size,
+            paper_bound=float(paper_bound),
+            dropped_owners=self._dropped(),
+            ledger=ledger,
+            wall_time_seconds=elapsed,
+            rejected_points=self.rejected_points,
+        )
+        n = self.validation.shape[1]
+        points = np.stack(summary.points) if summary.points else np.zeros((0, n))
+        return SummaryResult(
+            points=points,
+            labels=labels,
+            owner_ids=tuple(self._name(i) for i in summary.owners),
+            report=report,
+        )
+
+
+def _split_evenly(total: int, capacities: Sequence[int]) -> list[int]:
+    """Split ``total`` into near-equal shares (p/K each) that respect each owner's capacity.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the capacities sum to less than ``total``.
+    """
+    if sum(capacities) < total:
+        raise InvalidArgumentError(f"owners hold {sum(capacities)} points, fewer than {total}")
+    shares = [0] * len(capacities)
+    remaining = total
+    open_ = [i for i, c in enumerate(capacities) if c > 0]
+    while remaining > 0:
+        each, extra = divmod(remaining, len(open_))
+        for rank, i in enumerate(list(open_)):
+            want = each + (1 if rank < extra else 0)
+            give = min(want, capacities[i] - shares[i])
+            shares[i] += give
+            remaining -= give
+        open_ = [i for i in open_ if shares[i] < capacities[i]]
+    return shares

@@ -1,0 +1,75 @@
+"""Proto <-> numpy conversion for the owner service (the only place the owner touches messages)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.errors import InvalidArgumentError
+from common.rff import RFFParams
+from dpmarket.arrays import array_from_proto, array_to_proto
+from dpmarket.v1 import array_pb2, owner_pb2
+
+
+def rff_from_proto(omega: array_pb2.Array, phase: array_pb2.Array, gamma: float) -> RFFParams:
+    """Build h1 parameters from the wire.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the arrays are malformed, inconsistent or not finite.
+    """
+    try:
+        return RFFParams(
+            omega=array_from_proto(omega, "omega", ndim=2, dtype=np.float64),
+            phase=array_from_proto(phase, "phase", ndim=1, dtype=np.float64),
+            gamma=gamma,
+        )
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from exc
+
+
+def vector_from_proto(message: array_pb2.Array, name: str) -> NDArray[np.float64]:
+    """Unpack a 1-D float vector; raise InvalidArgumentError when malformed."""
+    try:
+        return array_from_proto(message, name, ndim=1, dtype=np.float64)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from exc
+
+
+def info_to_proto(info: OwnerInfo) -> owner_pb2.GetOwnerInfoResponse:
+    """OwnerInfo -> GetOwnerInfoResponse."""
+    return owner_pb2.GetOwnerInfoResponse(
+        owner_id=info.owner_id,
+        num_points=info.num_points,
+        num_features=info.num_features,
+        has_labels=info.has_labels,
+    )
+
+
+def bid_to_proto(bid: OwnerBid | None) -> owner_pb2.BidResponse:
+    """OwnerBid (or None: no unsent point) -> BidResponse."""
+    if bid is None:
+        return owner_pb2.BidResponse(has_bid=False)
+    return owner_pb2.BidResponse(has_bid=True, bid=bid.bid, times_best=bid.times_best)
+
+
+def released_to_proto(released: ReleasedPoint) -> owner_pb2.ReleasePointResponse:
+    """ReleasedPoint -> ReleasePointResponse (point as a (1, n) float64 array)."""
+    response = owner_pb2.ReleasePointResponse(
+        point=array_to_proto(released.point.reshape(1, -1)), bid=released.bid
+    )
+    if released.label is not None:
+        response.label = released.label
+    return response
+
+
+def sample_to_proto(
+    points: NDArray[np.float64], labels: NDArray[np.int64] | None
+) -> owner_pb2.SampleUniformResponse:
+    """Uniform sample -> SampleUniformResponse."""
+    response = owner_pb2.SampleUniformResponse(points=array_to_proto(points))
+    if labels is not None:
+        response.labels.CopyFrom(array_to_proto(labels.astype(np.int64)))
+    return response

@@ -1,0 +1,61 @@
+"""In-process owner endpoint: the curator's view of an :class:`owner.protocol.Owner` object.
+
+``dpmarket simulate``, the tests and the benchmarks run the whole protocol in one process through
+this adapter; the networked run goes through ``curator.owners.GrpcOwnerEndpoint`` instead, and
+both give the same summary for the same seeds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.rff import RFFParams
+from owner.protocol import Owner
+
+
+class LocalOwnerEndpoint:
+    """Async adapter that calls an in-process :class:`Owner` directly."""
+
+    def __init__(self, owner: Owner) -> None:
+        self.owner = owner
+
+    @property
+    def name(self) -> str:
+        """The owner id."""
+        return self.owner.owner_id
+
+    async def info(self) -> OwnerInfo:
+        """See :meth:`Owner.info`."""
+        return self.owner.info()
+
+    async def open_session(self, session_id: str, rff: RFFParams, sampling_seed: int) -> int:
+        """See :meth:`Owner.open_session`."""
+        return self.owner.open_session(session_id, rff, sampling_seed)
+
+    async def set_validation_embedding(
+        self, session_id: str, embedding: NDArray[np.float64]
+    ) -> None:
+        """See :meth:`OwnerSession.set_validation_embedding`."""
+        self.owner.session(session_id).set_validation_embedding(embedding)
+
+    async def bid(
+        self, session_id: str, round_: int, summary_embedding: NDArray[np.float64], q: int
+    ) -> OwnerBid | None:
+        """See :meth:`OwnerSession.bid`."""
+        return self.owner.session(session_id).bid(round_, summary_embedding, q)
+
+    async def release_point(self, session_id: str, round_: int) -> ReleasedPoint:
+        """See :meth:`Owner.release_point`."""
+        return self.owner.release_point(session_id, round_)
+
+    async def sample_uniform(
+        self, session_id: str, count: int
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        """See :meth:`Owner.sample_uniform`."""
+        return self.owner.sample_uniform(session_id, count)
+
+    async def close_session(self, session_id: str) -> None:
+        """See :meth:`Owner.close_session`."""
+        self.owner.close_session(session_id)

@@ -1,0 +1,78 @@
+"""Server plumbing shared by the curator and owner services.
+
+Every service registers ``grpc.health.v1`` and reflection, sets explicit message size limits for
+array payloads and stops gracefully on SIGTERM (CONVENTIONS.md, tooling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+logger = logging.getLogger(__name__)
+
+#: Largest message accepted or sent, in bytes (array payloads).
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+async def start_server(
+    servicer_adder: Callable[[grpc.aio.Server], None], service_name: str, address: str
+) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """Start a grpc.aio server with health checking and reflection; return it and its port.
+
+    ``address`` may end in ``:0`` to let the OS choose a free port (tests).
+
+    Raises
+    ------
+    RuntimeError
+        If the address cannot be bound.
+    """
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    servicer_adder(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise RuntimeError(f"cannot bind {address}")
+    await server.start()
+    await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    return server, port, health_servicer
+
+
+async def serve_until_signalled(server: grpc.aio.Server, grace_seconds: float = 5.0) -> None:
+    """Wait for the server to end; on SIGTERM or SIGINT stop it gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    waiter = asyncio.create_task(server.wait_for_termination())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        logger.info("signal received: stopping within %.0f s", grace_seconds)
+        await server.stop(grace_seconds)
+    waiter.cancel()
+    stopper.cancel()
+
+
+def write_port(path: str, port: int) -> None:
+    """Write the port atomically so a launcher never reads a partial file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(f"{port}\n")
+    os.replace(tmp, path)

@@ -1,0 +1,88 @@
+"""Mapping between :mod:`common.errors` and gRPC status codes, both directions.
+
+Servicers wrap every handler with :func:`grpc_errors`; clients turn a failed call back into the
+same exception with :func:`error_from_rpc`. No stack trace ever goes on the wire.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from common import errors
+
+logger = logging.getLogger(__name__)
+
+_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (errors.NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (errors.AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (errors.FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.UnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (errors.AbortedError, grpc.StatusCode.ABORTED),
+    (errors.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
+    (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
+)
+
+_EXCEPTIONS: dict[grpc.StatusCode, type[errors.DPMarketError]] = {
+    grpc.StatusCode.NOT_FOUND: errors.NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyExistsError,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPreconditionError,
+    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDeniedError,
+    grpc.StatusCode.UNAVAILABLE: errors.UnavailableError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: errors.UnavailableError,
+    grpc.StatusCode.ABORTED: errors.AbortedError,
+    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgumentError,
+}
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode | None:
+    """Return the status code for a protocol error, or None for an unexpected exception."""
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return code
+    if exc.__class__.__name__ == "BudgetExceededError":
+        return grpc.StatusCode.FAILED_PRECONDITION
+    return None
+
+
+def error_from_rpc(exc: grpc.RpcError, peer: str) -> errors.DPMarketError:
+    """Turn a failed call into the matching :mod:`common.errors` exception.
+
+    Codes with no protocol meaning (INTERNAL, UNKNOWN, ...) become :class:`errors.AbortedError`.
+    """
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    cls = _EXCEPTIONS.get(code, errors.AbortedError)
+    return cls(f"{peer}: {details} ({code.name})")
+
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def grpc_errors(handler: F) -> F:
+    """Decorate an async unary servicer method so that errors become gRPC statuses.
+
+    Protocol errors abort with their code and message; any other exception is logged here with
+    its traceback and aborts with INTERNAL and a generic message.
+    """
+
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await handler(self, request, context)
+        except Exception as exc:  # the boundary: every error becomes a status
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            code = status_for(exc)
+            if code is None:
+                logger.exception("internal error in %s", handler.__name__)
+                await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server log")
+            else:
+                await context.abort(code, str(exc))
+
+    return wrapper  # type: ignore[return-value]
