@@ -492,3 +492,7 @@ def demo(
         )
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+if __name__ == "__main__":
+    main()
