@@ -42,7 +42,9 @@ def check_matrix(
     """
     arr = np.asarray(x)
     if arr.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D array (n_points, n_features), got shape {arr.shape}")
+        raise ValueError(
+            f"{name} must be a 2-D array (n_points, n_features), got shape {arr.shape}"
+        )
     if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
         raise ValueError(f"{name} must hold real numbers, got dtype {arr.dtype}")
     if n_features is not None and arr.shape[1] != n_features:
@@ -51,7 +53,7 @@ def check_matrix(
         raise ValueError(f"{name} is empty: it must hold at least one point")
     if arr.shape[1] == 0:
         raise ValueError(f"{name} must have at least one feature, got shape {arr.shape}")
-    out = np.ascontiguousarray(arr, dtype=dtype)
+    out: NDArray[np.floating] = np.ascontiguousarray(arr, dtype=dtype)
     bad = ~np.isfinite(out)
     if bad.any():
         row, col = np.argwhere(bad)[0]
@@ -84,7 +86,7 @@ def check_vector(
         raise ValueError(f"{name} must be a 1-D array, got shape {arr.shape}")
     if size is not None and arr.shape[0] != size:
         raise ValueError(f"{name} must have length {size}, got {arr.shape[0]}")
-    out = np.ascontiguousarray(arr, dtype=dtype)
+    out: NDArray[np.floating] = np.ascontiguousarray(arr, dtype=dtype)
     if not np.isfinite(out).all():
         raise ValueError(f"{name} holds NaN or inf values")
     return out

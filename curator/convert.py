@@ -104,7 +104,9 @@ def create_request_from_proto(
             name: getattr(params, name) for name in PARAMETER_NAMES if getattr(params, name) != 0
         }
         config = SummarizationConfig(
-            summary_size=int(request.summary_size), method=method, **overrides
+            summary_size=int(request.summary_size),
+            method=method,  # type: ignore[arg-type]
+            **overrides,
         )
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from exc

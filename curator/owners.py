@@ -117,4 +117,4 @@ class GrpcOwnerEndpoint:
 
     async def close(self) -> None:
         """Close the channel."""
-        await self._channel.close()
+        await self._channel.close(None)

@@ -20,7 +20,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.accounting import PrivacyEvent
-from common.auction import AuctionParams, auction_parameters, choose_owners_to_ask, parsimony_bound
+from common.auction import (
+    AuctionParams,
+    auction_parameters,
+    choose_owners_to_ask,
+    parsimony_bound,
+    rank_owners,
+)
 from common.endpoints import OwnerBid, OwnerEndpoint, OwnerInfo, ReleasedPoint
 from common.errors import (
     AbortedError,
@@ -38,6 +44,8 @@ from common.summary import ProgressEvent, SessionReport, SummarizationConfig, Su
 from common.validation import check_matrix
 
 logger = logging.getLogger(__name__)
+
+Party = Literal["validation", "owners", "public"]
 
 #: Relative and absolute tolerance when checking a reported bid against the released point
 #: (owner and curator compute the same float32 products; only summation order may differ).
@@ -159,11 +167,10 @@ class SummarizationSession:
             raise UnavailableError("no owner answered: " + self._drop_notes())
         n = self.validation.shape[1]
         for index in active:
-            info = self.slots[index].info
-            assert info is not None
-            if info.num_features != n:
+            owner = self._info(index)
+            if owner.num_features != n:
                 raise InvalidArgumentError(
-                    f"owner {info.owner_id} has {info.num_features} features per point but the "
+                    f"owner {owner.owner_id} has {owner.num_features} features per point but the "
                     f"validation set has {n}"
                 )
         total = sum(self._info(i).num_points for i in active)
@@ -297,7 +304,7 @@ class SummarizationSession:
             active = self._active()
             bids_by_owner = await self._gather(
                 active,
-                lambda i, r=round_, g=g_sum, q=q: self._endpoint(i).bid(self.session_id, r, g, q),
+                lambda i: self._endpoint(i).bid(self.session_id, round_, g_sum, q),  # noqa: B023
             )
             self._require_owners()
             bids = np.full(len(self.slots), np.nan)
@@ -319,12 +326,22 @@ class SummarizationSession:
                 asked[int(np.nanargmax(bids))] = True
             released = await self._gather(
                 [int(i) for i in np.flatnonzero(asked)],
-                lambda i, r=round_: self._endpoint(i).release_point(self.session_id, r),
+                lambda i: self._endpoint(i).release_point(self.session_id, round_),  # noqa: B023
             )
-            for index in sorted(released):
-                entry = self._verify(released[index], index, bids_by_owner[index], rff, direction)
-                if entry is not None:
-                    pool.append(entry)
+            self._pool_released(released, bids_by_owner, rff, direction, pool)
+            # A point that failed verification drops its owner; if nothing valid came in, ask
+            # the remaining bidders in rank order (only ever after an owner broke the protocol).
+            for index in rank_owners(bids):
+                if pool:
+                    break
+                if asked[index] or not self.slots[index].active:
+                    continue
+                asked[index] = True
+                extra = await self._gather(
+                    [int(index)],
+                    lambda i: self._endpoint(i).release_point(self.session_id, round_),  # noqa: B023
+                )
+                self._pool_released(extra, bids_by_owner, rff, direction, pool)
             if not pool:
                 raise AbortedError(
                     f"round {round_}: no owner has a point left to offer "
@@ -345,6 +362,21 @@ class SummarizationSession:
             self._emit("rounds", f"round {round_}: {int(asked.sum())} owner(s) asked")
 
     # ------------------------------------------------------------------------------- helpers
+    def _pool_released(
+        self,
+        released: dict[int, ReleasedPoint],
+        bids: dict[int, OwnerBid | None],
+        rff: RFFParams,
+        direction: NDArray[np.float32],
+        pool: list[_PoolEntry],
+    ) -> None:
+        for index in sorted(released):
+            entry = self._verify(released[index], index, bids[index], rff, direction)
+            if entry is None:
+                self._drop(index, "released a point that does not match its bid")
+            else:
+                pool.append(entry)
+
     def _verify(
         self,
         released: ReleasedPoint,
@@ -379,7 +411,7 @@ class SummarizationSession:
         if points.ndim != 2 or points.shape[1] != self.validation.shape[1]:
             raise AbortedError(f"owner {self._name(index)} sent points of shape {points.shape}")
 
-    def _charge_mwem(self, party: str, label: str, release: MWEMRelease) -> None:
+    def _charge_mwem(self, party: Party, label: str, release: MWEMRelease) -> None:
         """Charge one h2 release: T exponential-mechanism selections and T Laplace measurements."""
         ledger = self.ledgers["validation" if party == "validation" else "owners"]
         eps, count, sens = release.epsilon, release.iterations, release.sensitivity
@@ -510,7 +542,16 @@ class SummarizationSession:
         paper_bound = 0.0
         if private and self._auction is not None:
             ledger = {party: led.report() for party, led in self.ledgers.items()}
-            ledger["auction"] = {"eps_auc": self._auction.eps_auc, "tau": self._auction.tau}
+            eps_auc, tau = self._auction.eps_auc, self._auction.tau
+            ledger["auction"] = {
+                "eps_auc": eps_auc,
+                "tau": tau,
+                # "Not asked" at rank 1 (probability 0) versus rank 2 (1 - e^-eps_auc) has no
+                # bounded ratio, so a bad iteration is (eps_auc, 1 - e^-eps_auc)-DP, not pure;
+                # the paper's Theorem 6 charges only eps_auc. Reported, not yet in the ledger.
+                "delta_per_bad_iteration": -math.expm1(-eps_auc),
+                "delta_total": tau * -math.expm1(-eps_auc),
+            }
             paper_bound = parsimony_bound(
                 cfg.summary_size, k, self._auction, self.validation.shape[0]
             )

@@ -151,7 +151,7 @@ class SessionManager:
         sent = 0
         while True:
             async with managed.changed:
-                await managed.changed.wait_for(lambda n=sent: len(managed.events) > n)
+                await managed.changed.wait_for(lambda: len(managed.events) > sent)  # noqa: B023
             while sent < len(managed.events):
                 event = managed.events[sent]
                 sent += 1

@@ -54,9 +54,7 @@ def stale_files() -> list[str]:
         out = Path(tmp)
         generate(out)
         fresh = {p.name for p in (out / PACKAGE).iterdir() if p.name.endswith(SUFFIXES)}
-        committed = {
-            p.name for p in (PROTO_ROOT / PACKAGE).iterdir() if p.name.endswith(SUFFIXES)
-        }
+        committed = {p.name for p in (PROTO_ROOT / PACKAGE).iterdir() if p.name.endswith(SUFFIXES)}
         stale = sorted(fresh ^ committed)
         for name in sorted(fresh & committed):
             if not filecmp.cmp(out / PACKAGE / name, PROTO_ROOT / PACKAGE / name, shallow=False):

@@ -38,7 +38,7 @@ class OwnerSession:
         self.features = features
         self.rng = rng
         self.sent = np.zeros(features.shape[0], dtype=bool)
-        self.validation_embedding: NDArray[np.float64] | None = None
+        self.validation_embedding: NDArray[np.floating] | None = None
         self.round = 0
         self._offered: int | None = None
         self._offered_bid = 0.0

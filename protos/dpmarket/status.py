@@ -45,8 +45,6 @@ def status_for(exc: BaseException) -> grpc.StatusCode | None:
     for cls, code in _CODES:
         if isinstance(exc, cls):
             return code
-    if exc.__class__.__name__ == "BudgetExceededError":
-        return grpc.StatusCode.FAILED_PRECONDITION
     return None
 
 

@@ -1,0 +1,284 @@
+"""Privacy ledger: every release is charged to the party whose data it touches.
+
+Parties: ``"validation"`` (the consumer's ``D_v``), ``"owners"`` (the union of the owners' data,
+i.e. the summary and the auction) and ``"public"`` (recorded for the audit trail, never counted,
+e.g. releases computed from the random seed set). Budgets are enforced with Theorem 7 (the bound the
+summarization paper uses); tighter or looser accountants are reported beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from common.accounting import (
+    PrivacyEvent,
+    _check_delta_tilde,
+    _kairouz_from_groups,
+    advanced_composition_epsilon,
+    pld_epsilon,
+)
+from common.errors import FailedPreconditionError
+
+__all__ = ["BudgetExceededError", "Charge", "PrivacyLedger"]
+
+_PARTIES = ("validation", "owners", "public")
+_COUNTED = ("validation", "owners")
+_METHODS = ("theorem7", "advanced", "pld", "basic")
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One entry of the ledger: ``event`` charged to ``party``.
+
+    Attributes
+    ----------
+    party : {"validation", "owners", "public"}
+        Whose data the release depends on: ``"validation"`` (the consumer's ``D_v``),
+        ``"owners"`` (the union of the owners' data) or ``"public"`` (recorded, not counted).
+    label : str
+        Human-readable description, e.g. ``"h2(D_v) selections"``.
+    event : PrivacyEvent
+        What was released.
+
+    Raises
+    ------
+    ValueError
+        If ``party`` is unknown, ``label`` is not a string or ``event`` is not a
+        :class:`~common.accounting.PrivacyEvent`.
+    """
+
+    party: Literal["validation", "owners", "public"]
+    label: str
+    event: PrivacyEvent
+
+    def __post_init__(self) -> None:
+        if self.party not in _PARTIES:
+            raise ValueError(f"party must be one of {_PARTIES}, got {self.party!r}")
+        if not isinstance(self.label, str):
+            raise ValueError(f"label must be a string, got {self.label!r}")
+        if not isinstance(self.event, PrivacyEvent):
+            raise ValueError(f"event must be a PrivacyEvent, got {type(self.event).__name__}")
+
+
+class BudgetExceededError(FailedPreconditionError):
+    """Raised when charges would push a party's Theorem-7 epsilon over its budget.
+
+    A ``FailedPreconditionError``: the services answer ``FAILED_PRECONDITION``.
+    """
+
+
+def _theorem7(events: Sequence[PrivacyEvent], delta_tilde: float) -> float:
+    eps = np.array([e.epsilon for e in events], dtype=np.float64)
+    counts = np.array([e.count for e in events], dtype=np.float64)
+    return _kairouz_from_groups(eps, counts, delta_tilde)
+
+
+class PrivacyLedger:
+    """Records privacy charges per party and enforces per-party epsilon budgets.
+
+    Parameters
+    ----------
+    delta_tilde : float
+        Slack of the composition, ``0 < delta_tilde <= 1/e``; every reported epsilon is at this
+        delta (all charged mechanisms are pure, so the totals are ``(epsilon, delta_tilde)``-DP).
+    budgets : mapping of str to float, optional
+        Epsilon budget of ``"validation"`` and/or ``"owners"``; a party without a budget is not
+        limited (but still recorded).
+
+    Raises
+    ------
+    ValueError
+        If ``delta_tilde`` is out of range, or a budget names another party or is not finite and
+        ``> 0``.
+
+    Notes
+    -----
+    Budgets are checked with Theorem 7 of the summarization paper (Kairouz et al. 2017), as
+    quoted in its appendix, over *all* events charged to the party, in any order: adaptive
+    composition is order-free for these bounds. ``check`` and ``charge`` are all-or-nothing, so a
+    failed round charges nothing (DESIGN.md, Errors).
+
+    References
+    ----------
+    Summarization paper, Section 4 and Appendix D (Theorems 6 and 7).
+    """
+
+    def __init__(self, *, delta_tilde: float, budgets: Mapping[str, float] | None = None) -> None:
+        self._delta_tilde = _check_delta_tilde(delta_tilde)
+        self._budgets: dict[str, float] = {}
+        for party, budget in (budgets or {}).items():
+            if party not in _COUNTED:
+                raise ValueError(f"budgets may only name {_COUNTED}, got party {party!r}")
+            b = float(budget)
+            if not (math.isfinite(b) and b > 0):
+                raise ValueError(f"budget of {party!r} must be finite and > 0, got {budget}")
+            self._budgets[party] = b
+        self._entries: list[Charge] = []
+
+    @property
+    def delta_tilde(self) -> float:
+        """The composition slack ``delta_tilde``."""
+        return self._delta_tilde
+
+    @property
+    def budgets(self) -> dict[str, float]:
+        """Per-party epsilon budgets (a copy)."""
+        return dict(self._budgets)
+
+    @property
+    def entries(self) -> tuple[Charge, ...]:
+        """All recorded charges, in the order they were charged."""
+        return tuple(self._entries)
+
+    def _events(self, party: str, extra: Sequence[Charge] = ()) -> list[PrivacyEvent]:
+        return [c.event for c in (*self._entries, *extra) if c.party == party]
+
+    @staticmethod
+    def _validate(charges: Sequence[Charge]) -> list[Charge]:
+        if isinstance(charges, Charge):
+            raise ValueError("charges must be a sequence of Charge, got a single Charge")
+        out = list(charges)
+        for j, c in enumerate(out):
+            if not isinstance(c, Charge):
+                raise ValueError(f"charges[{j}] must be a Charge, got {type(c).__name__}")
+        return out
+
+    def check(self, charges: Sequence[Charge]) -> None:
+        """Raise if recording ``charges`` would exceed a party's budget; record nothing.
+
+        Parameters
+        ----------
+        charges : sequence of Charge
+
+        Raises
+        ------
+        BudgetExceededError
+            If, for a party with a budget, the Theorem-7 epsilon of its recorded events plus the
+            new ones exceeds the budget. The message names the party, the epsilon spent so far,
+            the would-be epsilon and the budget.
+        ValueError
+            If an element of ``charges`` is not a :class:`Charge`.
+        """
+        new = self._validate(charges)
+        for party in _COUNTED:
+            if party not in self._budgets or not any(c.party == party for c in new):
+                continue
+            spent = _theorem7(self._events(party), self._delta_tilde)
+            would_be = _theorem7(self._events(party, new), self._delta_tilde)
+            budget = self._budgets[party]
+            if would_be > budget:
+                raise BudgetExceededError(
+                    f"privacy budget of {party!r} exhausted: spent epsilon={spent:.6g}, these "
+                    f"charges would make it {would_be:.6g} > budget {budget:.6g} "
+                    f"(Theorem 7, delta_tilde={self._delta_tilde:g})"
+                )
+
+    def charge(self, charges: Sequence[Charge]) -> None:
+        """Check ``charges`` against the budgets and record them all, or none.
+
+        Raises
+        ------
+        BudgetExceededError
+            As :meth:`check`; nothing is recorded then.
+        ValueError
+            If an element of ``charges`` is not a :class:`Charge`; nothing is recorded then.
+        """
+        new = self._validate(charges)
+        self.check(new)
+        self._entries.extend(new)
+
+    def epsilon(
+        self,
+        party: str,
+        *,
+        method: Literal["theorem7", "advanced", "pld", "basic"] = "theorem7",
+    ) -> float:
+        """Total epsilon (at ``delta_tilde``) spent on ``party``'s data.
+
+        Parameters
+        ----------
+        party : {"validation", "owners", "public"}
+            ``"public"`` always gives 0.0 (its events are not counted).
+        method : {"theorem7", "advanced", "pld", "basic"}
+            ``"theorem7"``: Theorem 7 over all events (the budget's bound). ``"basic"``: the sum
+            of ``count * epsilon`` (pure, ``delta = 0``). ``"pld"``: :func:`pld_epsilon` at
+            ``delta_tilde``. ``"advanced"``: advanced composition over the total count, only
+            defined when every event of the party has the same epsilon.
+
+        Returns
+        -------
+        float
+            0.0 when nothing was charged to the party.
+
+        Raises
+        ------
+        ValueError
+            If ``party`` or ``method`` is unknown, or ``method="advanced"`` and the party's
+            events have different epsilons.
+
+        Notes
+        -----
+        The paper's Section 4 figures (1.4 and 0.043) apply advanced composition with *one*
+        mechanism per MWEM iteration; the ledger records what is actually run (a selection and a
+        measurement per iteration), so its ``"advanced"`` value for an h2 call is that of ``2 T``
+        mechanisms.
+        """
+        if party not in _PARTIES:
+            raise ValueError(f"party must be one of {_PARTIES}, got {party!r}")
+        if method not in _METHODS:
+            raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+        if party == "public":
+            return 0.0
+        events = self._events(party)
+        if not events:
+            return 0.0
+        if method == "theorem7":
+            return _theorem7(events, self._delta_tilde)
+        if method == "basic":
+            return float(math.fsum(e.epsilon * e.count for e in events))
+        if method == "pld":
+            return pld_epsilon(events, self._delta_tilde)
+        epsilons = {e.epsilon for e in events}
+        if len(epsilons) != 1:
+            raise ValueError(
+                f"advanced composition needs one epsilon for all events of {party!r}, got "
+                f"{len(epsilons)} distinct values {sorted(epsilons)[:5]}"
+            )
+        total = sum(e.count for e in events)
+        return advanced_composition_epsilon(epsilons.pop(), total, self._delta_tilde)
+
+    def report(self) -> dict[str, Any]:
+        """JSON-serialisable summary of the ledger.
+
+        Returns
+        -------
+        dict
+            ``{"delta_tilde": float, "parties": {party: {"theorem7", "advanced", "pld",
+            "basic": float (advanced is None when the party's epsilons differ), "budget": float
+            or None, "mechanisms": int (sum of counts)}}, "entries": [{"party", "label",
+            "event": {...}}, ...]}``. ``"public"`` appears with all epsilons 0.0.
+        """
+        parties: dict[str, dict[str, Any]] = {}
+        for party in _PARTIES:
+            row: dict[str, Any] = {}
+            for method in _METHODS:
+                try:
+                    row[method] = float(self.epsilon(party, method=method))  # type: ignore[arg-type]
+                except ValueError:
+                    row[method] = None
+            row["budget"] = self._budgets.get(party)
+            row["mechanisms"] = int(sum(e.count for e in self._events(party)))
+            parties[party] = row
+        return {
+            "delta_tilde": self._delta_tilde,
+            "parties": parties,
+            "entries": [
+                {"party": c.party, "label": c.label, "event": asdict(c.event)}
+                for c in self._entries
+            ],
+        }

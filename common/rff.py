@@ -1,0 +1,213 @@
+"""Random Fourier features of the RBF kernel: the shared hash function h1.
+
+``h1(x) @ h1(y)`` is an unbiased estimate of ``exp(-gamma * ||x - y||**2)``; the curator draws the
+parameters once per session and sends them to the owners as data (see DESIGN, "h1 parameters").
+
+References
+----------
+Summarization paper, Algorithm 1; Rahimi & Recht, "Random features for large-scale kernel
+machines", NeurIPS 2008.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
+
+from common.validation import check_matrix, check_positive_int
+
+__all__ = ["RFFParams", "draw_rff_params", "random_fourier_features"]
+
+
+@dataclass(frozen=True, eq=False)
+class RFFParams:
+    """Parameters of h1: ``d`` frequencies and ``d`` phases, drawn once per session.
+
+    Attributes
+    ----------
+    omega : ndarray of shape (d, n_features), float64
+        Frequencies; row ``i`` is ``omega_i`` drawn from ``N(0, 2 * gamma * I)``, the Fourier
+        transform of the RBF kernel ``exp(-gamma * ||x - y||**2)``.
+    phase : ndarray of shape (d,), float64
+        Phases ``b_i`` drawn from ``Uniform[0, 2 pi)``.
+    gamma : float
+        RBF kernel parameter (inverse squared length, in units of 1 / feature unit**2), > 0.
+
+    Raises
+    ------
+    ValueError
+        If ``omega`` is not 2-D, ``phase`` is not 1-D of length ``omega.shape[0]``, either holds
+        NaN or inf, or ``gamma`` is not a finite number > 0.
+
+    Notes
+    -----
+    The arrays are stored as read-only float64 copies. Equality compares the arrays exactly;
+    instances are unhashable.
+
+    References
+    ----------
+    Summarization paper, Algorithm 1, steps 3-4.
+    """
+
+    omega: NDArray[np.float64]
+    phase: NDArray[np.float64]
+    gamma: float
+
+    def __post_init__(self) -> None:
+        omega = check_matrix(self.omega, "RFF frequency matrix omega")
+        phase = np.asarray(self.phase)
+        if phase.ndim != 1 or phase.shape[0] != omega.shape[0]:
+            raise ValueError(
+                f"RFF phase must have shape ({omega.shape[0]},) to match omega of shape "
+                f"{omega.shape}, got {phase.shape}"
+            )
+        if not np.issubdtype(phase.dtype, np.number) or np.issubdtype(
+            phase.dtype, np.complexfloating
+        ):
+            raise ValueError(f"RFF phase must hold real numbers, got dtype {phase.dtype}")
+        phase = np.ascontiguousarray(phase, dtype=np.float64)
+        if not np.isfinite(phase).all():
+            raise ValueError("RFF phase holds NaN or inf values")
+        gamma = float(self.gamma)
+        if not math.isfinite(gamma) or gamma <= 0:
+            raise ValueError(f"gamma must be a finite number > 0, got {self.gamma}")
+        # Store validated float64 copies that cannot be mutated through the caller's references.
+        omega = omega.copy() if omega is self.omega else omega
+        phase = phase.copy() if phase is self.phase else phase
+        omega.setflags(write=False)
+        phase.setflags(write=False)
+        object.__setattr__(self, "omega", omega)
+        object.__setattr__(self, "phase", phase)
+        object.__setattr__(self, "gamma", gamma)
+
+    def __eq__(self, other: object) -> bool:
+        """Exact equality of ``omega``, ``phase`` and ``gamma`` (arrays compared elementwise)."""
+        if not isinstance(other, RFFParams):
+            return NotImplemented
+        return (
+            self.gamma == other.gamma
+            and np.array_equal(self.omega, other.omega)
+            and np.array_equal(self.phase, other.phase)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def d(self) -> int:
+        """Number of random features ``d`` (the h1 output dimension)."""
+        return int(self.omega.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        """Dimension ``n`` of the input points."""
+        return int(self.omega.shape[1])
+
+
+def draw_rff_params(n_features: int, d: int, gamma: float, rng: np.random.Generator) -> RFFParams:
+    """Draw the h1 parameters for an RBF kernel with parameter ``gamma``.
+
+    Parameters
+    ----------
+    n_features : int
+        Dimension ``n`` of the input points, >= 1.
+    d : int
+        Number of random features, >= 1 (the paper's experiments use ``d = 140``).
+    gamma : float
+        RBF kernel parameter, > 0 (the paper's experiments use ``gamma = 0.1``).
+    rng : numpy.random.Generator
+        Source of randomness; production code passes :func:`common.rng.production_rng`.
+
+    Returns
+    -------
+    RFFParams
+        ``omega`` of shape (d, n_features) with i.i.d. ``N(0, 2 * gamma)`` entries, then ``phase``
+        of shape (d,) with i.i.d. ``Uniform[0, 2 pi)`` entries, drawn in that order from ``rng``.
+
+    Raises
+    ------
+    ValueError
+        If ``n_features`` or ``d`` is not an integer >= 1, or ``gamma`` is not a finite number > 0.
+
+    References
+    ----------
+    Summarization paper, Algorithm 1, steps 3-4: ``p(omega) = N(0, 2 gamma I_n)`` for the RBF
+    kernel ``k(Delta) = exp(-gamma Delta**2)``.
+    """
+    n_features = check_positive_int(n_features, "n_features")
+    d = check_positive_int(d, "d")
+    gamma_f = float(gamma)
+    if not math.isfinite(gamma_f) or gamma_f <= 0:
+        raise ValueError(f"gamma must be a finite number > 0, got {gamma}")
+    omega = rng.normal(loc=0.0, scale=math.sqrt(2.0 * gamma_f), size=(d, n_features))
+    phase = rng.uniform(0.0, 2.0 * math.pi, size=d)
+    return RFFParams(omega=omega, phase=phase, gamma=gamma_f)
+
+
+def random_fourier_features(
+    x: ArrayLike,
+    params: RFFParams,
+    *,
+    dtype: DTypeLike = np.float32,
+    chunk_size: int = 65536,
+) -> NDArray[np.floating]:
+    """Map points to random Fourier features of the RBF kernel (h1).
+
+    Computes ``sqrt(2/d) * cos(x @ omega.T + phase)`` so that ``h1(x) @ h1(y)`` is an unbiased
+    estimate of ``exp(-gamma * ||x - y||**2)``.
+
+    Parameters
+    ----------
+    x : array-like of shape (n_points, n_features)
+        Points, in the same units as used to choose ``gamma``; zero rows are allowed.
+    params : RFFParams
+        The session's h1 parameters.
+    dtype : numpy floating dtype, default float32
+        Output dtype. The computation is done in float64 and cast at the end.
+    chunk_size : int, default 65536
+        Number of rows processed at once; bounds the float64 working memory to
+        ``chunk_size * (d + n_features)`` values. The result does not depend on it (bit for bit).
+
+    Returns
+    -------
+    ndarray of shape (n_points, d) and dtype ``dtype``
+        Every entry lies in ``[-sqrt(2/d), sqrt(2/d)]``.
+
+    Raises
+    ------
+    ValueError
+        If ``x`` is not 2-D, ``x.shape[1] != params.n_features``, ``x`` holds NaN or inf, or
+        ``chunk_size`` is not an integer >= 1.
+
+    Notes
+    -----
+    Row ``i`` of the output is a function of row ``i`` of ``x`` alone, computed by the same
+    floating-point operations whatever the chunking: the projection is a batched
+    ``(1, n) @ (n, d)`` product per row rather than one ``(chunk, n) @ (n, d)`` GEMM, whose BLAS
+    kernels change the summation order with the number of rows (measured with OpenBLAS: a
+    single-row GEMM differs from a 1000-row GEMM in the last bits, enough to flip float32 values).
+    So an owner's features and the curator's recomputation of one acquired point agree exactly.
+
+    References
+    ----------
+    Summarization paper, Algorithm 1, step 5; Rahimi & Recht (2008).
+    """
+    arr = check_matrix(x, "x", n_features=params.n_features, allow_empty=True)
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    out_dtype = np.dtype(dtype)
+    if not np.issubdtype(out_dtype, np.floating):
+        raise ValueError(f"dtype must be a floating dtype, got {out_dtype}")
+    d = params.d
+    scale = math.sqrt(2.0 / d)
+    omega_t = np.ascontiguousarray(params.omega.T)  # (n_features, d)
+    out = np.empty((arr.shape[0], d), dtype=out_dtype)
+    for start in range(0, arr.shape[0], chunk_size):
+        block = np.ascontiguousarray(arr[start : start + chunk_size])
+        z = np.matmul(block[:, None, :], omega_t)[:, 0, :]  # (rows, d), float64
+        z += params.phase
+        np.cos(z, out=z)
+        z *= scale
+        out[start : start + block.shape[0]] = z
+    return out

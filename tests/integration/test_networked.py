@@ -1,0 +1,231 @@
+"""Real processes, real gRPC: owners and curator as separate OS processes on loopback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from common.summary import SummarizationConfig
+from consumer.client import CuratorClient
+from deploy.launcher import LocalCluster
+from deploy.runner import simulate
+from deploy.scenarios import Scenario, write_scenario
+from dpmarket.arrays import array_to_proto
+from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc
+
+pytestmark = pytest.mark.integration
+
+P = 15
+
+
+@pytest.fixture(scope="module")
+def files(digits: Scenario, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return write_scenario(digits, tmp_path_factory.mktemp("digits"))
+
+
+def _owner_files(files: dict[str, Path], k: int = 5) -> list[Path]:
+    return [files[f"owner-{i}"] for i in range(k)]
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    digits: Scenario, files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalCluster]:
+    names = [o.name for o in digits.owners]
+    with LocalCluster(_owner_files(files), names, tmp_path_factory.mktemp("logs")) as c:
+        yield c
+
+
+@pytest.mark.parametrize("method", ["private", "greedy", "uniform"])
+def test_networked_run_equals_in_process_run(
+    cluster: LocalCluster, digits: Scenario, method: str
+) -> None:
+    config = SummarizationConfig(summary_size=P, method=method)  # type: ignore[arg-type]
+    with CuratorClient(cluster.curator_target) as client:
+        events = []
+        networked = client.summarize(
+            config, digits.validation, digits.seed_set, seed=11, on_progress=events.append
+        )
+    local = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=11)
+    np.testing.assert_array_equal(networked.points, local.points)
+    np.testing.assert_array_equal(networked.labels, local.labels)
+    assert networked.owner_ids == local.owner_ids
+    assert networked.report.owner_points_accessed == local.report.owner_points_accessed
+    assert networked.report.ledger == local.report.ledger
+    assert events[-1].stage == "done" and events[-1].round == events[-1].total_rounds
+
+
+def _status(call, request) -> tuple[grpc.StatusCode, str]:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.RpcError) as info:
+        response = call(request, timeout=30)
+        if hasattr(response, "__iter__") and not hasattr(response, "DESCRIPTOR"):
+            list(response)
+    return info.value.code(), info.value.details()
+
+
+def _create(validation: np.ndarray, p: int = P, **kw) -> curator_pb2.CreateSessionRequest:  # type: ignore[no-untyped-def]
+    return curator_pb2.CreateSessionRequest(
+        validation=array_to_proto(validation),
+        summary_size=p,
+        method=kw.pop("method", curator_pb2.METHOD_PRIVATE),
+        **kw,
+    )
+
+
+def test_curator_maps_bad_requests_to_statuses(cluster: LocalCluster, digits: Scenario) -> None:
+    channel = grpc.insecure_channel(cluster.curator_target)
+    stub = curator_pb2_grpc.CuratorServiceStub(channel)
+    v = digits.validation
+    nan = v.copy()
+    nan[3, 7] = np.nan
+    cases = [
+        (_create(v[:, :10]), grpc.StatusCode.INVALID_ARGUMENT, "features"),
+        (_create(nan), grpc.StatusCode.INVALID_ARGUMENT, "row 3, column 7"),
+        (_create(v[:0]), grpc.StatusCode.INVALID_ARGUMENT, "empty"),
+        (_create(v, p=10**6), grpc.StatusCode.INVALID_ARGUMENT, "exceeds"),
+        (_create(v, p=0), grpc.StatusCode.INVALID_ARGUMENT, "summary_size"),
+        (_create(v, method=0), grpc.StatusCode.INVALID_ARGUMENT, "method"),
+        (
+            _create(v, params=curator_pb2.SummarizationParams(delta_owners=0.5)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "delta_owners",
+        ),
+    ]
+    for request, code, text in cases:
+        got, details = _status(stub.CreateSession, request)
+        assert got == code and text in details, (got, details)
+        assert "Traceback" not in details
+    unknown = curator_pb2.GetSummaryRequest(session_id="nope")
+    assert _status(stub.GetSummary, unknown)[0] == grpc.StatusCode.NOT_FOUND
+    watch = curator_pb2.WatchSessionRequest(session_id="nope")
+    assert _status(stub.WatchSession, watch)[0] == grpc.StatusCode.NOT_FOUND
+    channel.close()
+
+
+def test_owner_maps_out_of_order_stages_to_statuses(cluster: LocalCluster) -> None:
+    channel = grpc.insecure_channel(cluster.owner_targets[0])
+    stub = owner_pb2_grpc.OwnerServiceStub(channel)
+    info = stub.GetOwnerInfo(owner_pb2.GetOwnerInfoRequest(), timeout=10)
+    n, d = int(info.num_features), 8
+    rng = np.random.default_rng(0)
+    bid = owner_pb2.BidRequest(
+        session_id="s-direct", round=1, summary_embedding=array_to_proto(np.zeros(d))
+    )
+    assert _status(stub.Bid, bid)[0] == grpc.StatusCode.NOT_FOUND
+    bad_open = owner_pb2.OpenSessionRequest(
+        session_id="s-direct",
+        omega=array_to_proto(rng.normal(size=(d, n + 1))),
+        phase=array_to_proto(rng.uniform(0, 6, size=d)),
+        gamma=0.1,
+    )
+    code, details = _status(stub.OpenSession, bad_open)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "features" in details
+    good_open = owner_pb2.OpenSessionRequest(
+        session_id="s-direct",
+        omega=array_to_proto(rng.normal(size=(d, n))),
+        phase=array_to_proto(rng.uniform(0, 6, size=d)),
+        gamma=0.1,
+    )
+    stub.OpenSession(good_open, timeout=30)
+    assert _status(stub.OpenSession, good_open)[0] == grpc.StatusCode.ALREADY_EXISTS
+    assert _status(stub.Bid, bid)[0] == grpc.StatusCode.FAILED_PRECONDITION
+    release = owner_pb2.ReleasePointRequest(session_id="s-direct", round=1)
+    assert _status(stub.ReleasePoint, release)[0] == grpc.StatusCode.FAILED_PRECONDITION
+    bad_embedding = owner_pb2.SetValidationEmbeddingRequest(
+        session_id="s-direct", validation_embedding=array_to_proto(np.zeros(d + 1))
+    )
+    assert _status(stub.SetValidationEmbedding, bad_embedding)[0] == (
+        grpc.StatusCode.INVALID_ARGUMENT
+    )
+    stub.CloseSession(owner_pb2.CloseSessionRequest(session_id="s-direct"), timeout=10)
+    channel.close()
+
+
+def test_services_report_serving_health(cluster: LocalCluster) -> None:
+    for target in [cluster.curator_target, *cluster.owner_targets]:
+        with grpc.insecure_channel(target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            response = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+            assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_seeded_sessions_are_refused_unless_allowed(
+    digits: Scenario, files: dict[str, Path], tmp_path: Path
+) -> None:
+    names = [o.name for o in digits.owners[:2]]
+    with LocalCluster(
+        _owner_files(files, 2), names, tmp_path, allow_seeded_sessions=False
+    ) as cluster:
+        stub = curator_pb2_grpc.CuratorServiceStub(grpc.insecure_channel(cluster.curator_target))
+        code, details = _status(stub.CreateSession, _create(digits.validation, seed=3))
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "seeded" in details
+
+
+def test_an_owner_that_dies_mid_session_is_dropped_and_reported(
+    digits: Scenario, files: dict[str, Path], tmp_path: Path
+) -> None:
+    names = [o.name for o in digits.owners]
+    config = SummarizationConfig(summary_size=120, method="greedy")
+    with (
+        LocalCluster(_owner_files(files), names, tmp_path) as cluster,
+        CuratorClient(cluster.curator_target) as client,
+    ):
+        session_id = client.create_session(config, digits.validation, digits.seed_set, seed=1)
+        killed = False
+        for event in client.watch(session_id):
+            if not killed and event.round >= 2:
+                cluster.kill_owner(1)
+                killed = True
+        result = client.get_summary(session_id)
+    assert killed
+    assert result.report.dropped_owners == (names[1],)
+    assert result.points.shape == (120, digits.n_features)
+
+
+def test_cli_request_and_simulate_write_the_same_summary(
+    cluster: LocalCluster, files: dict[str, Path], tmp_path: Path
+) -> None:
+    common = [
+        "--validation", str(files["validation"]), "--seed-set", str(files["seed_set"]),
+        "--test", str(files["test"]), "-p", "10", "--method", "private", "--seed", "4",
+    ]  # fmt: skip
+    dpmarket = [sys.executable, "-m", "deploy.cli"]
+    owners = [arg for path in _owner_files(files) for arg in ("--owner-data", str(path))]
+    runs = {
+        "net": [*dpmarket, "request", "--curator", cluster.curator_target],
+        "local": [*dpmarket, "simulate", *owners],
+    }
+    for name, argv in runs.items():
+        out = tmp_path / f"{name}.npy"
+        report = tmp_path / f"{name}.json"
+        subprocess.run(
+            [*argv, *common, "--out", str(out), "--report", str(report)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        assert report.exists()
+    np.testing.assert_array_equal(np.load(tmp_path / "net.npy"), np.load(tmp_path / "local.npy"))
+    np.testing.assert_array_equal(
+        np.load(tmp_path / "net.labels.npy"), np.load(tmp_path / "local.labels.npy")
+    )
+
+
+def test_cli_reports_a_bad_file_clearly(files: dict[str, Path], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,x\n", encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "deploy.cli", "simulate", "--owner-data", str(bad),
+         "--validation", str(files["validation"]), "-p", "3"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "Error" in result.stderr and "'b'" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,240 @@
+"""Tests of owner.data: PointSet validation and the file formats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from owner.data import SUPPORTED_SUFFIXES, PointSet, load_point_set, save_point_set
+
+
+@pytest.fixture
+def labeled() -> PointSet:
+    rng = np.random.default_rng(0)
+    return PointSet(features=rng.normal(size=(7, 3)) * 1e3, labels=rng.integers(0, 4, 7), name="x")
+
+
+@pytest.fixture
+def unlabeled() -> PointSet:
+    rng = np.random.default_rng(1)
+    return PointSet(features=rng.random((5, 2)), labels=None, name="y")
+
+
+# ---- PointSet ------------------------------------------------------------------------------
+
+
+def test_point_set_converts_dtypes() -> None:
+    ps = PointSet(features=[[1, 2], [3, 4]], labels=[0.0, 1.0], name="p")  # type: ignore[arg-type]
+    assert ps.features.dtype == np.float64
+    assert ps.labels is not None and ps.labels.dtype == np.int64
+    assert ps.n_points == 2 and ps.n_features == 2 and len(ps) == 2
+
+
+@pytest.mark.parametrize(
+    ("features", "labels", "match"),
+    [
+        (np.zeros((0, 3)), None, "empty"),
+        (np.zeros(3), None, "2-D"),
+        (np.array([[1.0, np.nan]]), None, "row 0, column 1"),
+        (np.array([[1.0, np.inf]]), None, "NaN or inf"),
+        (np.zeros((3, 2)), np.zeros(2, dtype=int), "one entry per point"),
+        (np.zeros((2, 2)), np.zeros((2, 1), dtype=int), "1-D"),
+        (np.zeros((2, 2)), np.array([0.5, 1.0]), "must be integers, got 0.5"),
+        (np.zeros((2, 2)), np.array(["a", "b"]), "must be integers"),
+    ],
+)
+def test_point_set_rejects_bad_input(
+    features: np.ndarray, labels: np.ndarray | None, match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        PointSet(features=features, labels=labels, name="bad")
+
+
+# ---- round trips ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", SUPPORTED_SUFFIXES)
+def test_round_trip_labeled(tmp_path: Path, labeled: PointSet, suffix: str) -> None:
+    path = tmp_path / f"data{suffix}"
+    save_point_set(labeled, path)
+    loaded = load_point_set(path)
+    np.testing.assert_array_equal(loaded.features, labeled.features)
+    assert loaded.labels is not None and labeled.labels is not None
+    np.testing.assert_array_equal(loaded.labels, labeled.labels)
+    assert loaded.labels.dtype == np.int64
+    assert loaded.name == "data"
+
+
+@pytest.mark.parametrize("suffix", SUPPORTED_SUFFIXES)
+def test_round_trip_unlabeled(tmp_path: Path, unlabeled: PointSet, suffix: str) -> None:
+    path = tmp_path / f"data{suffix}"
+    save_point_set(unlabeled, path)
+    loaded = load_point_set(path, name="custom")
+    np.testing.assert_array_equal(loaded.features, unlabeled.features)
+    assert loaded.labels is None
+    assert loaded.name == "custom"
+
+
+def test_table_columns(tmp_path: Path, labeled: PointSet) -> None:
+    save_point_set(labeled, tmp_path / "a.parquet")
+    frame = pd.read_parquet(tmp_path / "a.parquet")
+    assert list(frame.columns) == ["f0", "f1", "f2", "label"]
+
+
+def test_npy_labels_sibling(tmp_path: Path, labeled: PointSet, unlabeled: PointSet) -> None:
+    path = tmp_path / "d.npy"
+    save_point_set(labeled, path)
+    assert (tmp_path / "d.labels.npy").exists()
+    # Saving an unlabeled set to the same path removes the stale labels file.
+    save_point_set(unlabeled, path)
+    assert not (tmp_path / "d.labels.npy").exists()
+    assert load_point_set(path).labels is None
+
+
+def test_npy_without_sibling_is_unlabeled(tmp_path: Path) -> None:
+    np.save(tmp_path / "raw.npy", np.ones((3, 2)))
+    assert load_point_set(tmp_path / "raw.npy").labels is None
+
+
+def test_custom_label_column_and_none(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"a": [1.0, 2.0], "b": [3, 4], "y": [1, 0]}).to_csv(path, index=False)
+    ps = load_point_set(path, label_column="y")
+    np.testing.assert_array_equal(ps.features, [[1.0, 3.0], [2.0, 4.0]])
+    assert ps.labels is not None
+    np.testing.assert_array_equal(ps.labels, [1, 0])
+    # Default label column "label" is absent: every column is a feature.
+    assert load_point_set(path).features.shape == (2, 3)
+    assert load_point_set(path).labels is None
+    # label_column=None: a column named "label" stays a feature.
+    path2 = tmp_path / "u.csv"
+    pd.DataFrame({"a": [1.0], "label": [1]}).to_csv(path2, index=False)
+    assert load_point_set(path2, label_column=None).features.shape == (1, 2)
+
+
+def test_uppercase_suffix(tmp_path: Path, labeled: PointSet) -> None:
+    path = tmp_path / "D.NPZ"
+    save_point_set(labeled, path)
+    np.testing.assert_array_equal(load_point_set(path).features, labeled.features)
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.parquet"
+    with pytest.raises(FileNotFoundError, match=r"nope\.parquet"):
+        load_point_set(path)
+
+
+def test_bad_suffix(tmp_path: Path, labeled: PointSet) -> None:
+    path = tmp_path / "data.txt"
+    path.write_text("1,2\n")
+    with pytest.raises(ValueError, match=r"\.npy, \.npz, \.csv, \.parquet"):
+        load_point_set(path)
+    with pytest.raises(ValueError, match=r"'\.txt'"):
+        save_point_set(labeled, path)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_non_numeric_column(tmp_path: Path, suffix: str) -> None:
+    frame = pd.DataFrame({"a": [1.0, 2.0], "city": ["x", "y"], "label": [0, 1]})
+    path = tmp_path / f"t{suffix}"
+    if suffix == ".csv":
+        frame.to_csv(path, index=False)
+    else:
+        frame.to_parquet(path, index=False)
+    with pytest.raises(ValueError, match="column 'city'"):
+        load_point_set(path)
+
+
+def test_non_numeric_label_column(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"a": [1.0, 2.0], "label": ["cat", "dog"]}).to_csv(path, index=False)
+    with pytest.raises(ValueError, match="label column 'label'"):
+        load_point_set(path)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_nan_in_table(tmp_path: Path, suffix: str) -> None:
+    frame = pd.DataFrame({"a": [1.0, 2.0, 3.0], "b": [1.0, 2.0, np.nan]})
+    path = tmp_path / f"t{suffix}"
+    if suffix == ".csv":
+        frame.to_csv(path, index=False)
+    else:
+        frame.to_parquet(path, index=False)
+    with pytest.raises(ValueError, match=r"row 2, column 1 \('b'\)"):
+        load_point_set(path)
+
+
+def test_nan_in_label_column(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    pd.DataFrame({"a": [1.0, 2.0], "label": [1.0, np.nan]}).to_parquet(path)
+    with pytest.raises(ValueError, match="row 1"):
+        load_point_set(path)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".npz"])
+def test_nan_in_arrays(tmp_path: Path, suffix: str) -> None:
+    features = np.ones((3, 2))
+    features[1, 0] = np.inf
+    path = tmp_path / f"t{suffix}"
+    if suffix == ".npy":
+        np.save(path, features)
+    else:
+        np.savez(path, features=features)
+    with pytest.raises(ValueError, match="row 1, column 0"):
+        load_point_set(path)
+
+
+@pytest.mark.parametrize("suffix", SUPPORTED_SUFFIXES)
+def test_zero_byte_file(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"empty{suffix}"
+    path.write_bytes(b"")
+    with pytest.raises(ValueError, match="empty"):
+        load_point_set(path)
+
+
+def test_header_only_csv(tmp_path: Path) -> None:
+    path = tmp_path / "h.csv"
+    path.write_text("f0,f1,label\n")
+    with pytest.raises(ValueError, match="empty"):
+        load_point_set(path)
+
+
+def test_empty_npy_array(tmp_path: Path) -> None:
+    path = tmp_path / "e.npy"
+    np.save(path, np.zeros((0, 4)))
+    with pytest.raises(ValueError, match="empty"):
+        load_point_set(path)
+
+
+def test_one_dimensional_npy(tmp_path: Path) -> None:
+    path = tmp_path / "v.npy"
+    np.save(path, np.arange(5.0))
+    with pytest.raises(ValueError, match=r"2-D.*\(5,\)"):
+        load_point_set(path)
+
+
+def test_npz_without_features(tmp_path: Path) -> None:
+    path = tmp_path / "w.npz"
+    np.savez(path, x=np.ones((2, 2)))
+    with pytest.raises(ValueError, match=r"'features'.*\['x'\]"):
+        load_point_set(path)
+
+
+def test_npy_labels_length_mismatch(tmp_path: Path) -> None:
+    np.save(tmp_path / "m.npy", np.ones((3, 2)))
+    np.save(tmp_path / "m.labels.npy", np.zeros(2, dtype=np.int64))
+    with pytest.raises(ValueError, match="one entry per point"):
+        load_point_set(tmp_path / "m.npy")
+
+
+def test_corrupt_npy(tmp_path: Path) -> None:
+    path = tmp_path / "c.npy"
+    path.write_bytes(b"not a numpy file at all")
+    with pytest.raises(ValueError, match=r"c\.npy"):
+        load_point_set(path)
