@@ -135,6 +135,8 @@ class SessionReport:
         methods.
     wall_time_seconds : float
         Seconds from the start of the session to its end.
+    round_seconds : tuple of float
+        Wall time of every round, seconds (one entry for the uniform method).
     """
 
     method: Method
@@ -148,6 +150,7 @@ class SessionReport:
     ledger: dict[str, Any]
     wall_time_seconds: float
     rejected_points: int = 0
+    round_seconds: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,7 @@ def result_from_proto(message: curator_pb2.GetSummaryResponse) -> SummaryResult:
         ledger=json.loads(r.ledger_json) if r.ledger_json else {},
         wall_time_seconds=r.wall_time.ToTimedelta().total_seconds(),
         rejected_points=int(r.rejected_points),
+        round_seconds=tuple(r.round_seconds),
     )
     return SummaryResult(
         points=points, labels=labels, owner_ids=tuple(message.owner_ids), report=report

@@ -143,6 +143,7 @@ def result_to_proto(result: SummaryResult) -> curator_pb2.GetSummaryResponse:
         ledger_json=json.dumps(r.ledger, sort_keys=True),
         wall_time=wall_time,
         rejected_points=r.rejected_points,
+        round_seconds=list(r.round_seconds),
     )
     response = curator_pb2.GetSummaryResponse(
         summary=array_to_proto(result.points), owner_ids=list(result.owner_ids), report=report

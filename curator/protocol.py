@@ -142,6 +142,7 @@ class SummarizationSession:
         self.points_accessed = 0
         self.rejected_points = 0
         self.rounds_done = 0
+        self.round_seconds: list[float] = []
         self._prepared = False
         self._auction: AuctionParams | None = None
 
@@ -221,6 +222,7 @@ class SummarizationSession:
 
     async def _run_uniform(self, summary: _SummaryState) -> None:
         """Draw p/K points uniformly from every owner (the paper's uniform sampling baseline)."""
+        round_start = time.perf_counter()
         active = self._active()
         shares = _split_evenly(self.config.summary_size, [self._info(i).num_points for i in active])
         requests = {i: s for i, s in zip(active, shares, strict=True) if s > 0}
@@ -242,6 +244,7 @@ class SummarizationSession:
                 summary.labels.append(None if labels is None else int(labels[row]))
                 summary.owners.append(index)
         self.rounds_done = 1
+        self.round_seconds.append(time.perf_counter() - round_start)
         self._emit("rounds", "uniform sample received")
 
     async def _run_greedy(self, summary: _SummaryState, rff: RFFParams, *, private: bool) -> None:
@@ -278,6 +281,7 @@ class SummarizationSession:
         mwem_summary = MWEMState(d, eta) if private else None
         pool: list[_PoolEntry] = []
         for round_ in range(1, p + 1):
+            round_start = time.perf_counter()
             # Step 5: the summary embedding g_l.
             if q == 0:
                 g_sum = np.zeros(d)
@@ -359,6 +363,7 @@ class SummarizationSession:
                 quantized_sum = quantized_sum + quantize_features(new_features, eta, self.rng)[0]
             q += 1
             self.rounds_done = round_
+            self.round_seconds.append(time.perf_counter() - round_start)
             self._emit("rounds", f"round {round_}: {int(asked.sum())} owner(s) asked")
 
     # ------------------------------------------------------------------------------- helpers
@@ -567,6 +572,7 @@ class SummarizationSession:
             ledger=ledger,
             wall_time_seconds=elapsed,
             rejected_points=self.rejected_points,
+            round_seconds=tuple(self.round_seconds),
         )
         n = self.validation.shape[1]
         points = np.stack(summary.points) if summary.points else np.zeros((0, n))

@@ -290,6 +290,7 @@ class SessionReport(_message.Message):
     LEDGER_JSON_FIELD_NUMBER: _builtins.int
     WALL_TIME_FIELD_NUMBER: _builtins.int
     REJECTED_POINTS_FIELD_NUMBER: _builtins.int
+    ROUND_SECONDS_FIELD_NUMBER: _builtins.int
     method: Global___Method.ValueType
     summary_size: _builtins.int
     rounds: _builtins.int
@@ -310,6 +311,10 @@ class SessionReport(_message.Message):
 
     @_builtins.property
     def wall_time(self) -> _duration_pb2.Duration: ...
+    @_builtins.property
+    def round_seconds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Wall time of every round (embedding release, bids, auction, acquisition), seconds."""
+
     def __init__(
         self,
         *,
@@ -324,10 +329,11 @@ class SessionReport(_message.Message):
         ledger_json: _builtins.str = ...,
         wall_time: _duration_pb2.Duration | None = ...,
         rejected_points: _builtins.int = ...,
+        round_seconds: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["wall_time", b"wall_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_owners_bound", b"all_owners_bound", "dropped_owners", b"dropped_owners", "ledger_json", b"ledger_json", "method", b"method", "owner_points_accessed", b"owner_points_accessed", "paper_bound", b"paper_bound", "rejected_points", b"rejected_points", "rounds", b"rounds", "summary_size", b"summary_size", "validation_points_accessed", b"validation_points_accessed", "wall_time", b"wall_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_owners_bound", b"all_owners_bound", "dropped_owners", b"dropped_owners", "ledger_json", b"ledger_json", "method", b"method", "owner_points_accessed", b"owner_points_accessed", "paper_bound", b"paper_bound", "rejected_points", b"rejected_points", "round_seconds", b"round_seconds", "rounds", b"rounds", "summary_size", b"summary_size", "validation_points_accessed", b"validation_points_accessed", "wall_time", b"wall_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
