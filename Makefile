@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := $(wildcard protos/dpmarket/v1/*.proto)
 OUT ?= out
 
-.PHONY: venv proto proto-check lint format typecheck test test-fast check demo demo-flights bench clean
+.PHONY: venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(PY) -m deploy.proto_check
 
+# buf lint (STANDARD rules) on the .proto sources; buf comes from the npm registry.
+BUF_VERSION ?= 1.75.0
+proto-lint:
+	cd protos && npx --yes @bufbuild/buf@$(BUF_VERSION) lint
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -47,7 +52,7 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not integration"
 
-check: lint typecheck proto-check test
+check: lint typecheck proto-check proto-lint test
 
 # The marketplace on scikit-learn's digits: curator, five owners and a consumer as separate
 # processes on localhost; prints the table and writes $(OUT)/demo/report.json and mmd.png.

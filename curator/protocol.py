@@ -72,7 +72,6 @@ class _OwnerSlot:
     info: OwnerInfo | None = None
     active: bool = True
     note: str = ""
-    points_sent: int = 0
 
 
 @dataclass
@@ -238,7 +237,6 @@ class SummarizationSession:
             points, labels = results[index]
             self._check_points(points, index)
             self.points_accessed += points.shape[0]
-            self.slots[index].points_sent += points.shape[0]
             for row in range(points.shape[0]):
                 summary.points.append(points[row])
                 summary.labels.append(None if labels is None else int(labels[row]))
@@ -392,7 +390,6 @@ class SummarizationSession:
     ) -> _PoolEntry | None:
         """Step 8: check a released point against its bid; a mismatch is counted and rejected."""
         self.points_accessed += 1
-        self.slots[index].points_sent += 1
         point = released.point
         if point.shape != (self.validation.shape[1],) or not np.isfinite(point).all():
             self.rejected_points += 1

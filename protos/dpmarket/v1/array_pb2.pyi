@@ -19,31 +19,31 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class _DType:
+class _Dtype:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
 
-class _DTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DType.ValueType], _builtins.type):
+class _DtypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Dtype.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
-    DTYPE_UNSPECIFIED: _DType.ValueType  # 0
-    DTYPE_FLOAT32: _DType.ValueType  # 1
+    DTYPE_UNSPECIFIED: _Dtype.ValueType  # 0
+    DTYPE_FLOAT32: _Dtype.ValueType  # 1
     """IEEE 754 binary32."""
-    DTYPE_FLOAT64: _DType.ValueType  # 2
+    DTYPE_FLOAT64: _Dtype.ValueType  # 2
     """IEEE 754 binary64."""
-    DTYPE_INT64: _DType.ValueType  # 3
+    DTYPE_INT64: _Dtype.ValueType  # 3
     """Two's complement 64-bit signed integer."""
 
-class DType(_DType, metaclass=_DTypeEnumTypeWrapper):
+class Dtype(_Dtype, metaclass=_DtypeEnumTypeWrapper):
     """Element type of an Array."""
 
-DTYPE_UNSPECIFIED: DType.ValueType  # 0
-DTYPE_FLOAT32: DType.ValueType  # 1
+DTYPE_UNSPECIFIED: Dtype.ValueType  # 0
+DTYPE_FLOAT32: Dtype.ValueType  # 1
 """IEEE 754 binary32."""
-DTYPE_FLOAT64: DType.ValueType  # 2
+DTYPE_FLOAT64: Dtype.ValueType  # 2
 """IEEE 754 binary64."""
-DTYPE_INT64: DType.ValueType  # 3
+DTYPE_INT64: Dtype.ValueType  # 3
 """Two's complement 64-bit signed integer."""
-Global___DType: _TypeAlias = DType  # noqa: Y015
+Global___Dtype: _TypeAlias = Dtype  # noqa: Y015
 
 @_typing.final
 class Array(_message.Message):
@@ -56,14 +56,14 @@ class Array(_message.Message):
     DTYPE_FIELD_NUMBER: _builtins.int
     SHAPE_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
-    dtype: Global___DType.ValueType
+    dtype: Global___Dtype.ValueType
     data: _builtins.bytes
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
-        dtype: Global___DType.ValueType = ...,
+        dtype: Global___Dtype.ValueType = ...,
         shape: _abc.Iterable[_builtins.int] | None = ...,
         data: _builtins.bytes = ...,
     ) -> None: ...
