@@ -72,6 +72,13 @@ def main(verbose: int) -> None:
 @click.option("--host", default="127.0.0.1", help="Address to bind.")
 @click.option("--port", default=0, type=click.IntRange(0, 65535), help="Port (0: any free port).")
 @click.option("--port-file", default=None, help="Write the bound port to this file.")
+@click.option(
+    "--blas-threads",
+    default=1,
+    type=click.IntRange(min=1),
+    help="BLAS threads for the bid products. One per owner avoids spinning threads when "
+    "several owners share a machine; raise it for an owner alone on many cores.",
+)
 def serve_owner(
     data_path: str,
     label_column: str,
@@ -79,8 +86,11 @@ def serve_owner(
     host: str,
     port: int,
     port_file: str | None,
+    blas_threads: int,
 ) -> None:
     """Serve one data owner's private dataset over gRPC."""
+    from threadpoolctl import threadpool_limits
+
     from owner.protocol import Owner
     from owner.service import serve_owner as serve
 
@@ -88,7 +98,8 @@ def serve_owner(
     data = _load(data_path, label_column=label_column)
     owner = Owner(owner_id or data.name, data)
     logger.info("owner %s: %d points, %d features", owner.owner_id, *data.features.shape)
-    asyncio.run(serve(owner, f"{host}:{port}", port_file))
+    with threadpool_limits(limits=blas_threads, user_api="blas"):
+        asyncio.run(serve(owner, f"{host}:{port}", port_file))
 
 
 @main.command("serve-curator")

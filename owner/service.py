@@ -56,7 +56,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
     @grpc_errors
     async def ReleasePoint(self, request, context):  # type: ignore[no-untyped-def]
         released = self.owner.release_point(request.session_id, int(request.round))
-        logger.info("session %s round %d: point released", request.session_id, request.round)
+        logger.debug("session %s round %d: point released", request.session_id, request.round)
         return convert.released_to_proto(released)
 
     @grpc_errors

@@ -1,0 +1,63 @@
+"""Smoke test of the round-latency benchmark: a tiny run end to end (real processes, real gRPC).
+
+No timing asserts (CONVENTIONS: speed is measured by ``make bench``); what is checked is the
+report's shape and a real property: the in-process and networked runs with the same seed return
+the same summary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import rounds
+
+pytestmark = pytest.mark.integration
+
+
+def test_quick_run_writes_report_with_identical_summaries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench.json"
+    rounds.main(["--quick", "--out", str(out), "--floor-repeat", "2"])
+
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert {
+        "benchmark",
+        "machine",
+        "data",
+        "parameters",
+        "floor",
+        "workloads",
+        "targets",
+        "total_runtime_seconds",
+    } <= report.keys()
+    assert report["data"]["synthetic"] is True
+    assert {"nproc", "platform", "numpy", "blas"} <= report["machine"].keys()
+    assert report["parameters"]["quick"] is True
+    assert set(report["floor"]["k_owners_sequential_ms"]) == {str(k) for k in rounds.QUICK_K}
+    assert set(report["targets"]) == {"networked_vs_in_process", "round_latency_k16_n50k"}
+
+    assert [w["k"] for w in report["workloads"]] == list(rounds.QUICK_K)
+    for workload in report["workloads"]:
+        assert workload["n_points"] == rounds.QUICK_N
+        assert set(workload["methods"]) == {"private", "greedy"}
+        for method, result in workload["methods"].items():
+            assert result["summaries_identical"] is True, method
+            assert result["points_identical"] is True, method
+            for transport in ("in_process", "networked"):
+                run = result[transport]
+                assert run["round_latency"]["rounds"] == rounds.QUICK_ROUNDS
+                assert {"median_ms", "p90_ms", "max_ms", "mean_ms"} <= run["round_latency"].keys()
+                assert {
+                    "session_wall_seconds",
+                    "end_to_end_seconds",
+                    "bid_throughput_points_per_second",
+                } <= run.keys()
+                assert run["dropped_owners"] == []
+            assert {"median_round", "end_to_end"} <= result["networked_over_in_process"].keys()
+
+    table = capsys.readouterr().out
+    assert "in-process" in table and "grpc-loopback" in table
