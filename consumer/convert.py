@@ -16,7 +16,7 @@ from common.summary import (
     SummarizationConfig,
     SummaryResult,
 )
-from dpmarket.arrays import array_from_proto, array_to_proto
+from dpmarket.arrays import array_to_proto, labeled_points_from_proto
 from dpmarket.v1 import curator_pb2
 
 _METHODS = {
@@ -76,11 +76,8 @@ def result_from_proto(message: curator_pb2.GetSummaryResponse) -> SummaryResult:
     """
     r = message.report
     try:
-        points = array_from_proto(message.summary, "summary", ndim=2, dtype=np.float64)
-        labels = (
-            array_from_proto(message.labels, "labels", ndim=1, dtype=np.int64)
-            if message.HasField("labels")
-            else None
+        points, labels = labeled_points_from_proto(
+            message.summary, message.labels if message.HasField("labels") else None, "summary"
         )
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from exc

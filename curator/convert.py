@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 from common.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.errors import InvalidArgumentError
 from common.summary import PARAMETER_NAMES, ProgressEvent, SummarizationConfig, SummaryResult
-from dpmarket.arrays import array_from_proto, array_to_proto
+from dpmarket.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
 from dpmarket.v1 import curator_pb2, owner_pb2
 
 
@@ -50,15 +50,11 @@ def sample_from_proto(
 ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
     """SampleUniformResponse -> (points, labels or None)."""
     try:
-        points = array_from_proto(message.points, "points", ndim=2, dtype=np.float64)
-        labels = (
-            array_from_proto(message.labels, "labels", ndim=1, dtype=np.int64)
-            if message.HasField("labels")
-            else None
+        return labeled_points_from_proto(
+            message.points, message.labels if message.HasField("labels") else None, "points"
         )
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from exc
-    return points, labels
 
 
 # ----------------------------------------------------------------- the curator's own API

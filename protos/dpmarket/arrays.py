@@ -81,3 +81,22 @@ def array_from_proto(
     arr = np.frombuffer(message.data, dtype=wire_dtype).reshape(shape)
     out_dtype = np.dtype(dtype) if dtype is not None else wire_dtype.newbyteorder("=")
     return arr.astype(out_dtype, copy=True)
+
+
+def labeled_points_from_proto(
+    points: array_pb2.Array, labels: array_pb2.Array | None, name: str
+) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+    """Unpack points (float64, shape (n, n_features)) and optional labels (int64, shape (n,)).
+
+    Raises
+    ------
+    ValueError
+        If either array is malformed or the label count differs from the point count.
+    """
+    out = array_from_proto(points, name, ndim=2, dtype=np.float64)
+    if labels is None:
+        return out, None
+    out_labels = array_from_proto(labels, f"{name} labels", ndim=1, dtype=np.int64)
+    if out_labels.shape[0] != out.shape[0]:
+        raise ValueError(f"{name}: {out_labels.shape[0]} labels for {out.shape[0]} points")
+    return out, out_labels
