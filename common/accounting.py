@@ -1,8 +1,12 @@
 """Composition bounds for the privacy ledger: Theorem 7 (Kairouz et al.), advanced composition, PLD.
 
-All bounds here compose *pure* ``epsilon_l``-DP mechanisms (``delta_l = 0``) under adaptive
-composition and return the total epsilon at a slack ``delta_tilde``; the composed mechanism is then
-``(epsilon, delta_tilde)``-DP.
+The ledger's mechanisms are pure ``epsilon_l``-DP (Laplace, exponential, generic pure) or the
+Gaussian mechanism, which is ``(epsilon_l, delta_l)``-DP. :func:`kairouz_epsilon` and
+:func:`advanced_composition_epsilon` compose pure mechanisms and return the total epsilon at a
+slack ``delta_tilde`` (the composition is ``(epsilon, delta_tilde)``-DP);
+:func:`kairouz_epsilon_delta` is Theorem 7 with ``delta_l > 0`` and also returns the total delta;
+:func:`pld_epsilon` composes privacy loss distributions of all kinds of events exactly (up to a
+pessimistic discretization) and returns the epsilon at a given total delta.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -24,13 +28,18 @@ if TYPE_CHECKING:
 __all__ = [
     "PrivacyEvent",
     "advanced_composition_epsilon",
+    "analytic_gaussian_sigma",
     "kairouz_epsilon",
+    "kairouz_epsilon_delta",
     "kairouz_epsilon_homogeneous",
     "pld_epsilon",
 ]
 
-_MECHANISMS = ("laplace", "exponential", "pure")
+_MECHANISMS = ("laplace", "exponential", "pure", "gaussian")
 _CONSISTENCY_RTOL = 1e-9
+# A gaussian event's sigma may fall short of the analytic-Gaussian sigma by this relative amount
+# (floating-point slack for a sigma computed elsewhere, e.g. from the closed form).
+_GAUSSIAN_SIGMA_RTOL = 1e-6
 # Discretization of the PLD: at most this many intervals per smallest epsilon, and at least
 # (total basic epsilon) / _PLD_MAX_BUCKETS per interval so that memory stays bounded.
 _PLD_BUCKETS_PER_EPSILON = 100
@@ -40,37 +49,69 @@ _PLD_MIN_MASS = 1e-30
 
 @dataclass(frozen=True)
 class PrivacyEvent:
-    """One kind of pure-DP mechanism, run ``count`` times, as charged to the ledger.
+    """One kind of mechanism, run ``count`` times, as charged to the ledger.
 
     Attributes
     ----------
-    mechanism : {"laplace", "exponential", "pure"}
+    mechanism : {"laplace", "exponential", "pure", "gaussian"}
         ``"laplace"``: additive Laplace noise of ``scale`` on a query of L1 ``sensitivity``;
         ``"exponential"``: the exponential mechanism calibrated to ``epsilon``-DP (e.g. MWEM's
-        selection); ``"pure"``: any other ``epsilon``-DP mechanism (e.g. PrivAuction's queries).
+        selection); ``"pure"``: any other ``epsilon``-DP mechanism (e.g. PrivAuction's queries);
+        ``"gaussian"``: additive Gaussian noise of standard deviation ``scale`` on a query of L2
+        ``sensitivity``, ``(epsilon, delta)``-DP.
     epsilon : float
-        Privacy parameter of *one* run, ``> 0``. For ``"laplace"``, ``sensitivity / scale``.
+        Privacy parameter of *one* run, ``> 0``. For ``"laplace"``, ``sensitivity / scale``; for
+        ``"gaussian"``, the epsilon the noise was calibrated for (together with ``delta``).
     count : int
         Number of runs (adaptively composed), ``>= 1``.
     sensitivity : float, optional
-        L1 sensitivity of the query. For ``"laplace"`` it is filled in as ``epsilon * scale`` if
-        omitted (or 1.0 if ``scale`` is omitted too); for the other mechanisms it is recorded only.
+        Sensitivity of the query: L1 for ``"laplace"``, L2 for ``"gaussian"`` (required there).
+        For ``"laplace"`` it is filled in as ``epsilon * scale`` if omitted (or 1.0 if ``scale``
+        is omitted too); for the pure mechanisms it is recorded only.
     scale : float, optional
-        Laplace scale ``b``; only for ``"laplace"`` (filled in as ``sensitivity / epsilon``).
+        Noise scale: the Laplace scale ``b`` (filled in as ``sensitivity / epsilon`` if omitted)
+        or the Gaussian standard deviation ``sigma`` (required). Not allowed for the other
+        mechanisms.
+    delta : float, default 0.0
+        delta of *one* run. ``0 < delta < 1`` for ``"gaussian"``; must be 0 for the pure
+        mechanisms.
 
     Raises
     ------
     ValueError
         If ``mechanism`` is unknown, ``epsilon``, ``sensitivity`` or ``scale`` is not finite and
-        ``> 0``, ``count < 1``, ``scale`` is given for a non-Laplace mechanism, or
-        ``epsilon != sensitivity / scale`` (relative tolerance 1e-9) for a Laplace event.
+        ``> 0``, ``count < 1``, ``scale`` is given for an exponential or pure event, ``delta``
+        is not 0 for a pure mechanism or not in ``(0, 1)`` for a Gaussian one, a Gaussian event
+        lacks ``sensitivity`` or ``scale``, ``epsilon != sensitivity / scale`` (relative
+        tolerance 1e-9) for a Laplace event, or a Gaussian event's ``scale`` does not give its
+        ``(epsilon, delta)``.
+
+    Notes
+    -----
+    A Gaussian event is consistent when the Gaussian mechanism with standard deviation
+    ``scale * (1 + 1e-6)`` and L2 sensitivity ``sensitivity`` is ``(epsilon, delta)``-DP by
+    the exact (analytic) privacy profile
+    ``delta(eps) = Phi(D / (2 s) - eps s / D) - e^eps Phi(-D / (2 s) - eps s / D)``
+    (``D = sensitivity``, ``s = sigma``), evaluated by ``dp_accounting``'s
+    ``GaussianPrivacyLoss``; equivalently ``scale * (1 + 1e-6) >=``
+    :func:`analytic_gaussian_sigma` ``(epsilon, delta, sensitivity)``. A larger sigma than
+    needed is accepted (the stated ``(epsilon, delta)`` then holds with room to spare; the PLD
+    accountant uses sigma itself and so is tighter). The neighbouring relation is the caller's:
+    ``sensitivity`` is the largest change of the query between neighbouring data sets under
+    that relation.
+
+    References
+    ----------
+    Balle & Wang, "Improving the Gaussian mechanism for differential privacy: analytical
+    calibration and optimal denoising", ICML 2018, Theorem 8.
     """
 
-    mechanism: Literal["laplace", "exponential", "pure"]
+    mechanism: Literal["laplace", "exponential", "pure", "gaussian"]
     epsilon: float
     count: int = 1
     sensitivity: float | None = None
     scale: float | None = None
+    delta: float = 0.0
 
     def __post_init__(self) -> None:
         if self.mechanism not in _MECHANISMS:
@@ -79,26 +120,119 @@ class PrivacyEvent:
         count = check_positive_int(self.count, "count")
         sens = None if self.sensitivity is None else check_epsilon(self.sensitivity, "sensitivity")
         scale = None if self.scale is None else check_epsilon(self.scale, "scale")
-        if self.mechanism == "laplace":
-            if sens is None and scale is None:
-                sens = 1.0
-            if scale is None:
-                assert sens is not None
-                scale = sens / eps
-            elif sens is None:
-                sens = eps * scale
-            implied = sens / scale
-            if abs(implied - eps) > _CONSISTENCY_RTOL * eps:
+        delta = float(self.delta)
+        if self.mechanism == "gaussian":
+            if sens is None or scale is None:
                 raise ValueError(
-                    f"laplace event: epsilon must equal sensitivity / scale = {sens} / {scale} = "
-                    f"{implied}, got epsilon={self.epsilon}"
+                    "gaussian event needs its L2 sensitivity and its noise standard deviation "
+                    f"(scale), got sensitivity={self.sensitivity}, scale={self.scale}"
                 )
-        elif scale is not None:
-            raise ValueError(f"scale is only meaningful for laplace events, got scale={scale}")
+            if not (math.isfinite(delta) and 0.0 < delta < 1.0):
+                raise ValueError(f"gaussian event: delta must lie in (0, 1), got {self.delta}")
+            _check_gaussian_calibration(eps, delta, sens, scale)
+        else:
+            if delta != 0.0:
+                raise ValueError(
+                    f"delta is only meaningful for gaussian events ({self.mechanism} events are "
+                    f"pure, delta = 0), got delta={self.delta}"
+                )
+            if self.mechanism == "laplace":
+                if sens is None and scale is None:
+                    sens = 1.0
+                if scale is None:
+                    assert sens is not None
+                    scale = sens / eps
+                elif sens is None:
+                    sens = eps * scale
+                implied = sens / scale
+                if abs(implied - eps) > _CONSISTENCY_RTOL * eps:
+                    raise ValueError(
+                        f"laplace event: epsilon must equal sensitivity / scale = {sens} / "
+                        f"{scale} = {implied}, got epsilon={self.epsilon}"
+                    )
+            elif scale is not None:
+                raise ValueError(
+                    f"scale is only meaningful for laplace and gaussian events, got scale={scale}"
+                )
         object.__setattr__(self, "epsilon", eps)
         object.__setattr__(self, "count", count)
         object.__setattr__(self, "sensitivity", sens)
         object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "delta", delta)
+
+
+def _check_gaussian_calibration(
+    epsilon: float, delta: float, sensitivity: float, sigma: float
+) -> None:
+    """Raise unless N(0, sigma^2) noise on an L2-``sensitivity`` query is (epsilon, delta)-DP."""
+    from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
+
+    achieved = GaussianPrivacyLoss(
+        sigma * (1.0 + _GAUSSIAN_SIGMA_RTOL), sensitivity=sensitivity
+    ).get_delta_for_epsilon(epsilon)
+    if achieved > delta:
+        needed = analytic_gaussian_sigma(epsilon, delta, sensitivity)
+        raise ValueError(
+            f"gaussian event: scale (sigma) = {sigma} with L2 sensitivity {sensitivity} is not "
+            f"({epsilon}, {delta})-DP (it gives delta = {achieved:.6g} at that epsilon); the "
+            f"analytic Gaussian mechanism needs sigma >= {needed:.10g}"
+        )
+
+
+def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """Smallest noise standard deviation making the Gaussian mechanism ``(epsilon, delta)``-DP.
+
+    The analytic Gaussian mechanism: the smallest ``sigma`` with
+    ``Phi(D / (2 sigma) - epsilon sigma / D) - e^epsilon Phi(-D / (2 sigma) - epsilon sigma / D)
+    <= delta`` (``D = sensitivity``), found by ``dp_accounting``'s
+    ``get_smallest_gaussian_noise`` (binary search on the exact privacy profile).
+
+    Parameters
+    ----------
+    epsilon : float
+        Target epsilon, ``> 0``.
+    delta : float
+        Target delta, ``0 < delta < 1``.
+    sensitivity : float, default 1.0
+        L2 sensitivity of the query, ``> 0``, in the query's units.
+
+    Returns
+    -------
+    float
+        ``sigma``, in the query's units. The mechanism with this ``sigma`` is
+        ``(epsilon, delta)``-DP (the search returns the upper end of its bracket), and ``sigma``
+        exceeds the exact minimum by at most ``1e-7 * sensitivity``.
+
+    Raises
+    ------
+    ValueError
+        If ``epsilon`` or ``sensitivity`` is not finite and ``> 0``, or ``delta`` is not in
+        ``(0, 1)``.
+
+    Notes
+    -----
+    ``sigma`` is linear in the sensitivity, so the search runs at sensitivity 1 and the result
+    is multiplied by ``sensitivity``: the search's absolute tolerance (1e-7) then is relative
+    to the sensitivity, whatever its units. Unlike the classical ``sqrt(2 ln(1.25/delta)) D /
+    epsilon``, the result is valid for every ``epsilon > 0`` and is never larger.
+
+    References
+    ----------
+    Balle & Wang, "Improving the Gaussian mechanism for differential privacy: analytical
+    calibration and optimal denoising", ICML 2018, Theorem 8 and Algorithm 1.
+    """
+    from dp_accounting.pld.accountant import get_smallest_gaussian_noise
+    from dp_accounting.pld.common import DifferentialPrivacyParameters
+
+    eps = check_epsilon(epsilon)
+    dl = float(delta)
+    if not (math.isfinite(dl) and 0.0 < dl < 1.0):
+        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+    sens = check_epsilon(sensitivity, "sensitivity")
+    sigma_unit = get_smallest_gaussian_noise(
+        DifferentialPrivacyParameters(eps, dl), num_queries=1, sensitivity=1.0
+    )
+    return float(sigma_unit) * sens
 
 
 def _check_delta_tilde(delta_tilde: float) -> float:
@@ -207,6 +341,99 @@ def kairouz_epsilon_homogeneous(epsilon: float, k: int, delta_tilde: float) -> f
     return _kairouz_from_groups(np.array([eps]), np.array([float(count)]), dt)
 
 
+def _total_delta(deltas: np.ndarray, counts: np.ndarray, delta_tilde: float) -> float:
+    """``1 - (1 - delta_tilde) prod_j (1 - deltas[j])^counts[j]``, computed in log space."""
+    log_keep = math.log1p(-delta_tilde) + float(np.sum(counts * np.log1p(-deltas)))
+    return float(-math.expm1(log_keep))
+
+
+def kairouz_epsilon_delta(
+    epsilons: Sequence[float] | ArrayLike,
+    deltas: Sequence[float] | ArrayLike,
+    delta_tilde: float,
+    *,
+    counts: Sequence[int] | ArrayLike | None = None,
+) -> tuple[float, float]:
+    """Theorem 7 for ``(epsilon_l, delta_l)``-DP mechanisms: the total epsilon *and* delta.
+
+    The epsilon is the expression of :func:`kairouz_epsilon` evaluated on the ``epsilon_l``;
+    the composition is ``(epsilon_tilde, 1 - (1 - delta_tilde) prod_l (1 - delta_l))``-DP.
+
+    Parameters
+    ----------
+    epsilons : sequence or ndarray of shape (k,), float
+        epsilon of each mechanism (or group of mechanisms, see ``counts``), each ``> 0``.
+    deltas : sequence or ndarray of shape (k,), float
+        delta of each mechanism, each in ``[0, 1)``; 0 for pure mechanisms.
+    delta_tilde : float
+        Slack, ``0 < delta_tilde <= 1/e``.
+    counts : sequence or ndarray of shape (k,), int, optional
+        Number of runs of each ``(epsilon_l, delta_l)`` mechanism, each ``>= 1`` (default: 1
+        each), so a group of ``n`` identical runs costs ``O(1)``.
+
+    Returns
+    -------
+    epsilon : float
+        ``epsilon_tilde``; 0.0 when ``epsilons`` is empty.
+    total_delta : float
+        ``1 - (1 - delta_tilde) prod_l (1 - delta_l)^count_l``, in ``[delta_tilde, 1)``; equal
+        to ``delta_tilde`` when every ``delta_l`` is 0 (then ``epsilon`` equals
+        :func:`kairouz_epsilon` of the flattened epsilons) or ``epsilons`` is empty.
+
+    Raises
+    ------
+    ValueError
+        If ``epsilons``, ``deltas`` or ``counts`` is not 1-D or their lengths differ, an
+        epsilon is not finite and ``> 0``, a delta is not in ``[0, 1)``, a count is not an
+        integer ``>= 1``, or ``delta_tilde`` is outside ``(0, 1/e]``.
+
+    Notes
+    -----
+    Kairouz, Oh & Viswanath (2017, Theorem 3.5) state the heterogeneous bound for
+    ``(epsilon_l, delta_l)``-DP mechanisms with this total delta; the summarization paper quotes
+    it as Theorem 7 (with ``sqrt(sum 2 e_l^2)`` inside the third logarithm, see
+    :func:`kairouz_epsilon`). A Gaussian mechanism enters as the ``(epsilon_l, delta_l)`` it was
+    calibrated for; this is loose (one point of its privacy profile stands for the whole
+    curve), which is why :func:`pld_epsilon` is reported beside it.
+
+    References
+    ----------
+    Summarization paper, Appendix D, Theorem 7; Kairouz, Oh & Viswanath, "The composition theorem
+    for differential privacy", IEEE Trans. Inf. Theory 63(6), 2017, Theorem 3.5.
+    """
+    dt = _check_delta_tilde(delta_tilde)
+    eps = np.asarray(epsilons, dtype=np.float64)
+    dls = np.asarray(deltas, dtype=np.float64)
+    if eps.ndim != 1:
+        raise ValueError(f"epsilons must be a 1-D sequence, got shape {eps.shape}")
+    if dls.shape != eps.shape:
+        raise ValueError(
+            f"deltas must have the shape of epsilons {eps.shape}, got shape {dls.shape}"
+        )
+    if counts is None:
+        cnt = np.ones(eps.shape, dtype=np.float64)
+    else:
+        raw = np.asarray(counts)
+        if raw.shape != eps.shape:
+            raise ValueError(
+                f"counts must have the shape of epsilons {eps.shape}, got shape {raw.shape}"
+            )
+        cnt = raw.astype(np.float64)
+        bad_c = ~(np.isfinite(cnt) & (cnt >= 1) & (cnt == np.round(cnt)))
+        if bad_c.any():
+            j = int(np.argmax(bad_c))
+            raise ValueError(f"every count must be an integer >= 1, got counts[{j}] = {raw[j]}")
+    bad = ~(np.isfinite(eps) & (eps > 0))
+    if bad.any():
+        j = int(np.argmax(bad))
+        raise ValueError(f"every epsilon must be finite and > 0, got epsilons[{j}] = {eps[j]}")
+    bad_d = ~(np.isfinite(dls) & (dls >= 0) & (dls < 1))
+    if bad_d.any():
+        j = int(np.argmax(bad_d))
+        raise ValueError(f"every delta must lie in [0, 1), got deltas[{j}] = {dls[j]}")
+    return _kairouz_from_groups(eps, cnt, dt), _total_delta(dls, cnt, dt)
+
+
 def advanced_composition_epsilon(epsilon: float, k: int, delta_tilde: float) -> float:
     """Advanced composition: ``epsilon sqrt(2 k ln(1/delta_tilde)) + k epsilon (e^epsilon - 1)``.
 
@@ -245,6 +472,8 @@ def advanced_composition_epsilon(epsilon: float, k: int, delta_tilde: float) -> 
     dt = float(delta_tilde)
     if not (math.isfinite(dt) and 0.0 < dt < 1.0):
         raise ValueError(f"delta_tilde must lie in (0, 1), got {delta_tilde}")
+    if eps > 700.0:  # e^eps overflows a float: the bound is vacuous anyway
+        return math.inf
     return eps * math.sqrt(2.0 * count * math.log(1.0 / dt)) + count * eps * math.expm1(eps)
 
 
@@ -252,6 +481,7 @@ def _group_pld(event: PrivacyEvent, count: int, interval: float) -> PrivacyLossD
     """PLD of ``count`` adaptive runs of ``event`` (dp_accounting is imported lazily: ~0.6 s).
 
     Laplace: ``from_laplace_mechanism`` (connect-the-dots discretization) then ``self_compose``.
+    Gaussian: ``from_gaussian_mechanism`` (connect-the-dots) then ``self_compose``.
     Pure / exponential: the exact ``count``-fold composition of the worst-case pure-epsilon pair
     (randomized response), built from its binomial law and rounded up to the grid *once*.
     ``from_privacy_parameters(...).self_compose(count)`` would instead round ``-epsilon`` up a
@@ -266,6 +496,15 @@ def _group_pld(event: PrivacyEvent, count: int, interval: float) -> PrivacyLossD
         assert event.scale is not None and event.sensitivity is not None
         single = pld_lib.from_laplace_mechanism(
             parameter=event.scale,
+            sensitivity=event.sensitivity,
+            value_discretization_interval=interval,
+        )
+        return single.self_compose(count) if count > 1 else single
+
+    if event.mechanism == "gaussian":
+        assert event.scale is not None and event.sensitivity is not None
+        single = pld_lib.from_gaussian_mechanism(
+            standard_deviation=event.scale,
             sensitivity=event.sensitivity,
             value_discretization_interval=interval,
         )
@@ -289,6 +528,24 @@ def _group_pld(event: PrivacyEvent, count: int, interval: float) -> PrivacyLossD
     )
 
 
+def _loss_scale(event: PrivacyEvent) -> float:
+    """Per-run scale of the privacy loss: epsilon (pure), sensitivity / sigma (Gaussian)."""
+    if event.mechanism == "gaussian":
+        assert event.scale is not None and event.sensitivity is not None
+        return event.sensitivity / event.scale
+    return event.epsilon
+
+
+def _sort_key(event: PrivacyEvent) -> tuple[str, float, float, float, float]:
+    return (
+        event.mechanism,
+        event.epsilon,
+        event.delta,
+        event.sensitivity or 0.0,
+        event.scale or 0.0,
+    )
+
+
 def pld_epsilon(
     events: Sequence[PrivacyEvent],
     delta: float,
@@ -300,7 +557,10 @@ def pld_epsilon(
     PLDs are built and composed directly (no ``PLDAccountant``). Identical events are merged and
     each group of ``count`` runs becomes one PLD: for Laplace events
     ``from_laplace_mechanism(parameter=scale, sensitivity=sensitivity).self_compose(count)``; for
-    exponential and generic pure events the exact ``count``-fold composition of the worst-case
+    Gaussian events ``from_gaussian_mechanism(standard_deviation=scale,
+    sensitivity=sensitivity).self_compose(count)`` (the exact privacy loss of the noise actually
+    added, not the ``(epsilon, delta)`` it was calibrated for); for exponential and generic pure
+    events the exact ``count``-fold composition of the worst-case
     pure-``epsilon`` pair (the PLD that ``from_privacy_parameters(epsilon, 0)`` describes),
     rounded to the grid once. Groups are combined with ``compose`` and the answer is
     ``get_epsilon_for_delta(delta)``.
@@ -312,15 +572,19 @@ def pld_epsilon(
     delta : float
         Target delta, ``0 < delta < 1``.
     value_discretization_interval : float, optional
-        Discretization of the privacy loss. Default: ``max(eps_min / 100 * (1 + 1e-9),
-        sum(count * eps) / 1e6)``; the ``1 + 1e-9`` makes ``+eps_min`` fall just inside a whole
-        number of intervals so that the upward rounding does not push it up a bucket, and the
-        second term bounds memory.
+        Discretization of the privacy loss. Default: ``max(scale_min / 100 * (1 + 1e-9),
+        sum(count * eps) / 1e6)``, where ``scale_min`` is the smallest per-run loss scale:
+        ``epsilon`` for pure events and ``sensitivity / sigma`` (the standard deviation of the
+        Gaussian privacy loss) for Gaussian ones. Without Gaussian events ``scale_min`` is the
+        smallest epsilon; the ``1 + 1e-9`` then makes ``+eps_min`` fall just inside a whole
+        number of intervals so that the upward rounding does not push it up a bucket. The second
+        term bounds memory.
 
     Returns
     -------
     float
-        The composition is ``(result, delta)``-DP; 0.0 when ``events`` is empty.
+        The composition is ``(result, delta)``-DP, ``delta`` being the *total* delta (Gaussian
+        events included); 0.0 when ``events`` is empty.
 
     Raises
     ------
@@ -339,7 +603,11 @@ def pld_epsilon(
     ``RandomizedResponseDpEvent`` (DESIGN.md). Composition of these PLDs is valid under adaptive
     composition because each is a dominating pair for its mechanism (every ``epsilon``-DP
     mechanism is dominated by randomized response). For the exponential mechanism the generic
-    pure-DP PLD is sound but not tight.
+    pure-DP PLD is sound but not tight. The Gaussian PLD is that of ``N(0, sigma^2)`` versus
+    ``N(sensitivity, sigma^2)``, a dominating pair for any query whose L2 change between
+    neighbouring data sets (under the caller's relation) is at most ``sensitivity``; it is
+    symmetric, so add/remove and replace-one relations give the same PLD for the same
+    sensitivity.
 
     References
     ----------
@@ -353,19 +621,20 @@ def pld_epsilon(
     for j, event in enumerate(events):
         if not isinstance(event, PrivacyEvent):
             raise ValueError(f"events[{j}] must be a PrivacyEvent, got {type(event).__name__}")
-        key = PrivacyEvent(event.mechanism, event.epsilon, 1, event.sensitivity, event.scale)
-        grouped[key] += event.count
+        grouped[replace(event, count=1)] += event.count
     if not grouped:
         return 0.0
     if value_discretization_interval is None:
-        eps_min = min(e.epsilon for e in grouped)
+        scale_min = min(_loss_scale(e) for e in grouped)
         total = sum(e.epsilon * n for e, n in grouped.items())
-        interval = max(eps_min / _PLD_BUCKETS_PER_EPSILON * (1.0 + 1e-9), total / _PLD_MAX_BUCKETS)
+        interval = max(
+            scale_min / _PLD_BUCKETS_PER_EPSILON * (1.0 + 1e-9), total / _PLD_MAX_BUCKETS
+        )
     else:
         interval = check_epsilon(value_discretization_interval, "value_discretization_interval")
 
     composed: PrivacyLossDistribution | None = None
-    for event, count in sorted(grouped.items(), key=lambda kv: (kv[0].mechanism, kv[0].epsilon)):
+    for event, count in sorted(grouped.items(), key=lambda kv: _sort_key(kv[0])):
         pld = _group_pld(event, count, interval)
         composed = pld if composed is None else composed.compose(pld)
     assert composed is not None

@@ -98,6 +98,16 @@ class OwnerEndpoint(Protocol):
         """Ask for ``count`` uniformly drawn unsent points."""
         ...
 
+    async def count_relevant(self, session_id: str, threshold: float) -> int:
+        """Count the owner's unsent points scoring at least ``threshold`` against gtilde."""
+        ...
+
+    async def propose_candidates(
+        self, session_id: str, count: int
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        """Ask for ``count`` candidates chosen by the owner's local greedy."""
+        ...
+
     async def close_session(self, session_id: str) -> None:
         """Let the owner forget the session."""
         ...

@@ -565,21 +565,72 @@ def rff_greedy(
     Summarization paper, Section 2 "Greedy Algorithm Without Privacy", Algorithm 3 step 6 (without
     h2); DESIGN "Embeddings are means", "Bid sign".
     """
+    fv = check_matrix(validation_features, "validation features")
+    return embedding_greedy(pool_features, fv.mean(axis=0), seed_features, p)
+
+
+def embedding_greedy(
+    pool_features: ArrayLike,
+    target_embedding: ArrayLike,
+    seed_features: ArrayLike,
+    p: int,
+    *,
+    exclude: ArrayLike | None = None,
+) -> NDArray[np.int64]:
+    """Greedy summary that matches a target mean embedding with h1 inner products.
+
+    Each step scores every available pool point by ``h1(x) @ direction`` with
+    ``direction = target - q / (q + 1) * mean h1(S)`` (the corrected bid of Lemma 3 with the kernel
+    replaced by h1 inner products) and adds the argmax, ties to the lowest index. With
+    ``target = mean h1(D_v)`` this is :func:`rff_greedy`; an owner of the candidates method runs
+    it on its own points with the private validation embedding as target.
+
+    Parameters
+    ----------
+    pool_features : array-like of shape (N, d)
+        h1 features of the candidate points (float32 is scored exactly as an owner scores).
+    target_embedding : array-like of shape (d,)
+        The embedding to match, e.g. the (private) mean h1 of the validation set.
+    seed_features : array-like of shape (n0, d)
+        h1 features of the starting summary, n0 >= 0; counted in ``q`` but never returned.
+    p : int
+        Number of points to choose, ``1 <= p <= available points``.
+    exclude : array-like of shape (N,), bool, optional
+        Points that may not be chosen (e.g. already sent).
+
+    Returns
+    -------
+    ndarray of shape (p,), int64
+        Indices into ``pool_features`` in the order chosen.
+
+    Raises
+    ------
+    ValueError
+        If ``p < 1`` or exceeds the available points, or an input is malformed.
+
+    References
+    ----------
+    Summarization paper, Section 2 "Greedy Algorithm Without Privacy", Lemma 3; DESIGN "Bid sign".
+    """
     raw = np.asarray(pool_features)
     work_dtype = np.float32 if raw.dtype == np.float32 else np.float64
     f = check_matrix(raw, "pool features", dtype=work_dtype)
     d = f.shape[1]
-    fv = check_matrix(validation_features, "validation features", n_features=d)
+    gv = check_vector(target_embedding, "target embedding", size=d)
     fs = check_matrix(seed_features, "seed features", n_features=d, allow_empty=True)
     p = check_positive_int(p, "p")
     n_pool = f.shape[0]
-    if p > n_pool:
-        raise ValueError(f"p must be <= the pool size {n_pool}, got {p}")
+    taken = np.zeros(n_pool, dtype=np.bool_)
+    if exclude is not None:
+        taken = np.array(exclude, dtype=np.bool_, copy=True)
+        if taken.shape != (n_pool,):
+            raise ValueError(f"exclude must have shape ({n_pool},), got {taken.shape}")
+    available = n_pool - int(taken.sum())
+    if p > available:
+        raise ValueError(f"p must be <= the {available} available pool points, got {p}")
 
-    gv = fv.mean(axis=0)
     s_sum = fs.sum(axis=0)
     q = fs.shape[0]
-    taken = np.zeros(n_pool, dtype=np.bool_)
     chosen = np.empty(p, dtype=np.int64)
     for t in range(p):
         gs = s_sum / q if q > 0 else np.zeros(d)

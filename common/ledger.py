@@ -3,7 +3,9 @@
 Parties: ``"validation"`` (the consumer's ``D_v``), ``"owners"`` (the union of the owners' data,
 i.e. the summary and the auction) and ``"public"`` (recorded for the audit trail, never counted,
 e.g. releases computed from the random seed set). Budgets are enforced with Theorem 7 (the bound the
-summarization paper uses); tighter or looser accountants are reported beside it.
+summarization paper uses); tighter or looser accountants are reported beside it. Charged mechanisms
+are pure (Laplace, exponential, generic pure) or Gaussian ((epsilon, delta)-DP); with Gaussian
+events Theorem 7 holds at a total delta larger than ``delta_tilde``, reported as ``delta_total``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from common.accounting import (
     PrivacyEvent,
     _check_delta_tilde,
     _kairouz_from_groups,
+    _total_delta,
     advanced_composition_epsilon,
     pld_epsilon,
 )
@@ -78,14 +81,25 @@ def _theorem7(events: Sequence[PrivacyEvent], delta_tilde: float) -> float:
     return _kairouz_from_groups(eps, counts, delta_tilde)
 
 
+def _theorem7_delta(events: Sequence[PrivacyEvent], delta_tilde: float) -> float:
+    """Total delta of Theorem 7: ``1 - (1 - delta_tilde) prod (1 - delta_l)^count_l``."""
+    if all(e.delta == 0.0 for e in events):
+        return delta_tilde
+    deltas = np.array([e.delta for e in events], dtype=np.float64)
+    counts = np.array([e.count for e in events], dtype=np.float64)
+    return _total_delta(deltas, counts, delta_tilde)
+
+
 class PrivacyLedger:
     """Records privacy charges per party and enforces per-party epsilon budgets.
 
     Parameters
     ----------
     delta_tilde : float
-        Slack of the composition, ``0 < delta_tilde <= 1/e``; every reported epsilon is at this
-        delta (all charged mechanisms are pure, so the totals are ``(epsilon, delta_tilde)``-DP).
+        Slack of the composition, ``0 < delta_tilde <= 1/e``. While a party's events are all
+        pure, every reported epsilon holds at this delta. With Gaussian events, the PLD epsilon
+        still holds at ``delta_tilde`` (the PLD includes them exactly), while Theorem 7 holds at
+        :meth:`delta_total` ``> delta_tilde``.
     budgets : mapping of str to float, optional
         Epsilon budget of ``"validation"`` and/or ``"owners"``; a party without a budget is not
         limited (but still recorded).
@@ -101,7 +115,9 @@ class PrivacyLedger:
     Budgets are checked with Theorem 7 of the summarization paper (Kairouz et al. 2017), as
     quoted in its appendix, over *all* events charged to the party, in any order: adaptive
     composition is order-free for these bounds. ``check`` and ``charge`` are all-or-nothing, so a
-    failed round charges nothing (DESIGN.md, Errors).
+    failed round charges nothing (DESIGN.md, Errors). A Gaussian event enters Theorem 7 as the
+    ``(epsilon_l, delta_l)`` it was calibrated for; budgets bound the epsilon only, and the
+    delta at which it holds is reported (``delta_total``), not enforced.
 
     References
     ----------
@@ -205,10 +221,13 @@ class PrivacyLedger:
         party : {"validation", "owners", "public"}
             ``"public"`` always gives 0.0 (its events are not counted).
         method : {"theorem7", "advanced", "pld", "basic"}
-            ``"theorem7"``: Theorem 7 over all events (the budget's bound). ``"basic"``: the sum
-            of ``count * epsilon`` (pure, ``delta = 0``). ``"pld"``: :func:`pld_epsilon` at
-            ``delta_tilde``. ``"advanced"``: advanced composition over the total count, only
-            defined when every event of the party has the same epsilon.
+            ``"theorem7"``: Theorem 7 over all events (the budget's bound), at
+            :meth:`delta_total`. ``"basic"``: the sum of ``count * epsilon``, at delta
+            ``1 - prod (1 - delta_l)^count_l`` (0 when all events are pure, else at most
+            :meth:`delta_total`). ``"pld"``: :func:`pld_epsilon` at ``delta_tilde``, Gaussian
+            events included. ``"advanced"``: advanced composition over the total count at
+            ``delta_tilde``, only defined when every event of the party is pure and has the
+            same epsilon.
 
         Returns
         -------
@@ -219,7 +238,7 @@ class PrivacyLedger:
         ------
         ValueError
             If ``party`` or ``method`` is unknown, or ``method="advanced"`` and the party's
-            events have different epsilons.
+            events have different epsilons or include a Gaussian event.
 
         Notes
         -----
@@ -243,6 +262,11 @@ class PrivacyLedger:
             return float(math.fsum(e.epsilon * e.count for e in events))
         if method == "pld":
             return pld_epsilon(events, self._delta_tilde)
+        if any(e.delta > 0 for e in events):
+            raise ValueError(
+                f"advanced composition is only reported for pure events; {party!r} has "
+                f"{sum(e.count for e in events if e.delta > 0)} gaussian mechanism(s)"
+            )
         epsilons = {e.epsilon for e in events}
         if len(epsilons) != 1:
             raise ValueError(
@@ -252,6 +276,35 @@ class PrivacyLedger:
         total = sum(e.count for e in events)
         return advanced_composition_epsilon(epsilons.pop(), total, self._delta_tilde)
 
+    def delta_total(self, party: str) -> float:
+        """The delta at which ``epsilon(party, method="theorem7")`` holds.
+
+        Parameters
+        ----------
+        party : {"validation", "owners", "public"}
+
+        Returns
+        -------
+        float
+            ``1 - (1 - delta_tilde) prod_l (1 - delta_l)^count_l`` over the party's events
+            (Theorem 7); exactly ``delta_tilde`` when they are all pure, when the party has no
+            events, and for ``"public"`` (not counted).
+
+        Raises
+        ------
+        ValueError
+            If ``party`` is unknown.
+
+        References
+        ----------
+        Summarization paper, Appendix D, Theorem 7; Kairouz, Oh & Viswanath (2017), Theorem 3.5.
+        """
+        if party not in _PARTIES:
+            raise ValueError(f"party must be one of {_PARTIES}, got {party!r}")
+        if party == "public":
+            return self._delta_tilde
+        return _theorem7_delta(self._events(party), self._delta_tilde)
+
     def report(self) -> dict[str, Any]:
         """JSON-serialisable summary of the ledger.
 
@@ -259,9 +312,12 @@ class PrivacyLedger:
         -------
         dict
             ``{"delta_tilde": float, "parties": {party: {"theorem7", "advanced", "pld",
-            "basic": float (advanced is None when the party's epsilons differ), "budget": float
-            or None, "mechanisms": int (sum of counts)}}, "entries": [{"party", "label",
-            "event": {...}}, ...]}``. ``"public"`` appears with all epsilons 0.0.
+            "basic": float (advanced is None when the party's epsilons differ or it has
+            Gaussian events), "delta_total": float (the delta of the theorem7 figure, see
+            :meth:`delta_total`; ``delta_tilde`` when all events are pure), "budget": float or
+            None, "mechanisms": int (sum of counts)}}, "entries": [{"party", "label",
+            "event": {...}}, ...]}``. ``"public"`` appears with all epsilons 0.0. The
+            ``"pld"`` figure is the epsilon at ``delta_tilde``.
         """
         parties: dict[str, dict[str, Any]] = {}
         for party in _PARTIES:
@@ -271,6 +327,7 @@ class PrivacyLedger:
                     row[method] = float(self.epsilon(party, method=method))  # type: ignore[arg-type]
                 except ValueError:
                     row[method] = None
+            row["delta_total"] = float(self.delta_total(party))
             row["budget"] = self._budgets.get(party)
             row["mechanisms"] = int(sum(e.count for e in self._events(party)))
             parties[party] = row

@@ -11,9 +11,9 @@ from numpy.typing import NDArray
 
 from common.validation import check_delta, check_epsilon, check_positive_int
 
-Method = Literal["private", "greedy", "uniform"]
+Method = Literal["private", "greedy", "uniform", "candidates"]
 Stage = Literal["setup", "rounds", "done", "failed"]
-METHODS: tuple[Method, ...] = ("private", "greedy", "uniform")
+METHODS: tuple[Method, ...] = ("private", "greedy", "uniform", "candidates")
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,24 @@ class SummarizationConfig:
         delta of the auction's eps_auc and of the owners' composition bound (Theorem 7's delta~).
     delta_validation : float
         delta~ of the validation set's composition bound (Section 4: 0.01).
+    epsilon_validation_total : float
+        Candidates method: epsilon of the Gaussian release of the validation embedding.
+    epsilon_owners_total : float
+        Candidates method: epsilon of the Laplace-noised relevance counts, w.r.t. each owner's data.
+    delta : float
+        Candidates method: delta of the Gaussian mechanism; every epsilon it reports holds for it.
+    candidate_fraction : float
+        Candidates method: the curator accesses at most ``floor(candidate_fraction * K * p)`` owner
+        points; must allow at least p.
+    relevance_threshold : float
+        Candidates method: a point is relevant when its score ``gtilde . h1(x)`` is at least
+        ``relevance_threshold * ||gtilde||^2`` (the typical score of a validation point).
+    candidate_even_share : float
+        Candidates method: share of the budget split evenly among owners before the rest is split
+        in proportion to the noisy relevance counts.
+    embedding_rerank : bool
+        Candidates method: choose the summary among the candidates by the private embedding
+        instead of the exact kernel (to measure what exact re-ranking adds).
 
     Raises
     ------
@@ -72,6 +90,13 @@ class SummarizationConfig:
     epsilon_auction: float = 1.0
     delta_owners: float = 1e-4
     delta_validation: float = 0.01
+    epsilon_validation_total: float = 1.0
+    epsilon_owners_total: float = 1.0
+    delta: float = 1e-6
+    candidate_fraction: float = 0.5
+    relevance_threshold: float = 0.5
+    candidate_even_share: float = 0.2
+    embedding_rerank: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int(self.summary_size, "summary_size")
@@ -94,6 +119,16 @@ class SummarizationConfig:
         check_epsilon(self.epsilon_auction, "epsilon_auction")
         check_delta(self.delta_owners, "delta_owners", upper=1 / math.e)
         check_delta(self.delta_validation, "delta_validation", upper=1 / math.e)
+        check_epsilon(self.epsilon_validation_total, "epsilon_validation_total")
+        check_epsilon(self.epsilon_owners_total, "epsilon_owners_total")
+        check_delta(self.delta, "delta", upper=1 / math.e)
+        check_epsilon(self.candidate_fraction, "candidate_fraction")
+        if not math.isfinite(self.relevance_threshold):
+            raise ValueError(f"relevance_threshold must be finite, got {self.relevance_threshold}")
+        if not 0.0 <= self.candidate_even_share <= 1.0:
+            raise ValueError(
+                f"candidate_even_share must lie in [0, 1], got {self.candidate_even_share}"
+            )
 
     @property
     def t_init(self) -> int:

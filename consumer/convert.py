@@ -23,6 +23,7 @@ _METHODS = {
     "private": curator_pb2.METHOD_PRIVATE,
     "greedy": curator_pb2.METHOD_GREEDY,
     "uniform": curator_pb2.METHOD_UNIFORM,
+    "candidates": curator_pb2.METHOD_CANDIDATES,
 }
 _METHOD_NAMES = {v: k for k, v in _METHODS.items()}
 _STAGES: dict[int, Stage] = {

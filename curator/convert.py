@@ -45,10 +45,10 @@ def released_from_proto(message: owner_pb2.ReleasePointResponse) -> ReleasedPoin
     return ReleasedPoint(point=point[0], label=label, bid=float(message.bid))
 
 
-def sample_from_proto(
-    message: owner_pb2.SampleUniformResponse,
+def points_from_proto(
+    message: owner_pb2.SampleUniformResponse | owner_pb2.ProposeCandidatesResponse,
 ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
-    """SampleUniformResponse -> (points, labels or None)."""
+    """SampleUniform or ProposeCandidates response -> (points, labels or None)."""
     try:
         return labeled_points_from_proto(
             message.points, message.labels if message.HasField("labels") else None, "points"
@@ -62,6 +62,7 @@ _METHODS = {
     curator_pb2.METHOD_PRIVATE: "private",
     curator_pb2.METHOD_GREEDY: "greedy",
     curator_pb2.METHOD_UNIFORM: "uniform",
+    curator_pb2.METHOD_CANDIDATES: "candidates",
 }
 _METHOD_TO_PROTO = {v: k for k, v in _METHODS.items()}
 _STAGES = {
@@ -87,7 +88,7 @@ def create_request_from_proto(
     method = _METHODS.get(request.method)
     if method is None:
         raise InvalidArgumentError(
-            f"method must be PRIVATE, GREEDY or UNIFORM, got {request.method}"
+            f"method must be PRIVATE, GREEDY, UNIFORM or CANDIDATES, got {request.method}"
         )
     try:
         validation = array_from_proto(request.validation, "validation", ndim=2, dtype=np.float64)

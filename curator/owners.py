@@ -108,7 +108,25 @@ class GrpcOwnerEndpoint:
         response = await self._call(
             lambda: self._stub.SampleUniform(request, timeout=self.deadline)
         )
-        return convert.sample_from_proto(response)
+        return convert.points_from_proto(response)
+
+    async def count_relevant(self, session_id: str, threshold: float) -> int:
+        """CountRelevant."""
+        request = owner_pb2.CountRelevantRequest(session_id=session_id, threshold=threshold)
+        response = await self._call(
+            lambda: self._stub.CountRelevant(request, timeout=self.deadline)
+        )
+        return int(response.count)
+
+    async def propose_candidates(
+        self, session_id: str, count: int
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        """ProposeCandidates (the owner runs a local greedy: allow the open-session deadline)."""
+        request = owner_pb2.ProposeCandidatesRequest(session_id=session_id, count=count)
+        response = await self._call(
+            lambda: self._stub.ProposeCandidates(request, timeout=OPEN_DEADLINE_SECONDS)
+        )
+        return convert.points_from_proto(response)
 
     async def close_session(self, session_id: str) -> None:
         """CloseSession."""

@@ -19,13 +19,18 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from common.accounting import PrivacyEvent
+from common.accounting import PrivacyEvent, analytic_gaussian_sigma
 from common.auction import (
     AuctionParams,
     auction_parameters,
     choose_owners_to_ask,
     parsimony_bound,
     rank_owners,
+)
+from common.candidates import (
+    allocate_candidates,
+    relevance_threshold,
+    validation_embedding_sensitivity,
 )
 from common.endpoints import OwnerBid, OwnerEndpoint, OwnerInfo, ReleasedPoint
 from common.errors import (
@@ -35,7 +40,7 @@ from common.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
-from common.kernels import bid_direction, bid_scores
+from common.kernels import bid_direction, bid_scores, embedding_greedy, exact_kernel_greedy
 from common.ledger import Charge, PrivacyLedger
 from common.mwem import MWEMRelease, MWEMState
 from common.quantization import quantize_features
@@ -134,10 +139,16 @@ class SummarizationSession:
         self.slots = [_OwnerSlot(endpoint=o) for o in owners]
         self.on_progress = on_progress
         self.call_timeout = call_timeout
+        candidates = config.method == "candidates"
         self.ledgers = {
-            "validation": PrivacyLedger(delta_tilde=config.delta_validation),
-            "owners": PrivacyLedger(delta_tilde=config.delta_owners),
+            "validation": PrivacyLedger(
+                delta_tilde=config.delta if candidates else config.delta_validation
+            ),
+            "owners": PrivacyLedger(
+                delta_tilde=config.delta if candidates else config.delta_owners
+            ),
         }
+        self._candidates_info: dict[str, Any] = {}
         self.points_accessed = 0
         self.rejected_points = 0
         self.rounds_done = 0
@@ -179,7 +190,20 @@ class SummarizationSession:
                 f"summary size p={self.config.summary_size} exceeds the {total} points the "
                 f"{len(active)} owner(s) hold"
             )
+        if self.config.method == "candidates":
+            budget = self._candidate_budget()
+            if budget < self.config.summary_size:
+                raise InvalidArgumentError(
+                    f"candidate budget floor({self.config.candidate_fraction} * K * p) = {budget} "
+                    f"is smaller than p = {self.config.summary_size}: raise candidate_fraction to "
+                    f"at least 1/K = {1 / len(self.slots):.3g}"
+                )
         self._prepared = True
+
+    def _candidate_budget(self) -> int:
+        """floor(candidate_fraction * K * p): the most owner points the candidates method reads."""
+        cfg = self.config
+        return math.floor(cfg.candidate_fraction * len(self.slots) * cfg.summary_size + 1e-9)
 
     # -------------------------------------------------------------------------------- running
     async def run(self) -> SummaryResult:
@@ -210,6 +234,8 @@ class SummarizationSession:
         try:
             if cfg.method == "uniform":
                 await self._run_uniform(summary)
+            elif cfg.method == "candidates":
+                await self._run_candidates(summary, rff)
             else:
                 await self._run_greedy(summary, rff, private=cfg.method == "private")
         finally:
@@ -245,6 +271,100 @@ class SummarizationSession:
         self.round_seconds.append(time.perf_counter() - round_start)
         self._emit("rounds", "uniform sample received")
 
+    async def _run_candidates(self, summary: _SummaryState, rff: RFFParams) -> None:
+        """The candidates method (:mod:`common.candidates`): one private embedding, noisy
+        relevance counts, local greedy proposals, exact re-ranking by the trusted curator."""
+        cfg = self.config
+        round_start = time.perf_counter()
+        p, d = cfg.summary_size, cfg.rff_dimension
+        val_features = random_fourier_features(self.validation, rff, dtype=np.float64)
+        # gtilde: Gaussian mechanism on mean h1(D_v), L2 sensitivity 2 sqrt(2) / m (replace one).
+        sensitivity = validation_embedding_sensitivity(val_features.shape[0])
+        eps_v = cfg.epsilon_validation_total
+        sigma = analytic_gaussian_sigma(eps_v, cfg.delta, sensitivity)
+        g_val = val_features.mean(axis=0) + self.rng.normal(0.0, sigma, size=d)
+        self.ledgers["validation"].charge(
+            [
+                Charge(
+                    "validation",
+                    "gtilde = mean h1(D_v) + Gaussian noise",
+                    PrivacyEvent("gaussian", eps_v, 1, sensitivity, scale=sigma, delta=cfg.delta),
+                )
+            ]
+        )
+        await self._gather(
+            self._active(),
+            lambda i: self._endpoint(i).set_validation_embedding(self.session_id, g_val),
+        )
+        # Relevance counts, each a function of one owner's data: sensitivity 1 under replacing or
+        # adding one point, so Laplace(1 / eps_o) on every count makes the vector eps_o-DP.
+        threshold = relevance_threshold(g_val, cfg.relevance_threshold, noise_sigma=sigma)
+        counts = await self._gather(
+            self._active(), lambda i: self._endpoint(i).count_relevant(self.session_id, threshold)
+        )
+        self._require_owners()
+        eps_o = cfg.epsilon_owners_total
+        self.ledgers["owners"].charge(
+            [
+                Charge(
+                    "owners",
+                    "relevance counts + Laplace noise",
+                    PrivacyEvent("laplace", eps_o, 1, 1.0, scale=1.0 / eps_o),
+                )
+            ]
+        )
+        owners = sorted(counts)
+        noisy = np.array([counts[i] for i in owners], dtype=np.float64)
+        noisy += self.rng.laplace(0.0, 1.0 / eps_o, size=len(owners))
+        shares = allocate_candidates(
+            self._candidate_budget(),
+            np.maximum(noisy, 0.0),
+            [min(self._info(i).num_points, p) for i in owners],
+            even_share=cfg.candidate_even_share,
+        )
+        requests = {i: int(s) for i, s in zip(owners, shares, strict=True) if s > 0}
+        self._candidates_info = {
+            "budget": self._candidate_budget(),
+            "gaussian_sigma": sigma,
+            "relevance_threshold": threshold,
+            "shares": {self._name(i): s for i, s in requests.items()},
+        }
+        self._emit("rounds", f"candidate shares: {sorted(requests.values(), reverse=True)}")
+        proposals = await self._gather(
+            list(requests),
+            lambda i: self._endpoint(i).propose_candidates(self.session_id, requests[i]),
+        )
+        points: list[NDArray[np.float64]] = []
+        labels: list[int | None] = []
+        owner_of: list[int] = []
+        for index in sorted(proposals):
+            pts, lbl = proposals[index]
+            self._check_points(pts, index)
+            self.points_accessed += pts.shape[0]
+            points.append(pts)
+            labels.extend([None] * pts.shape[0] if lbl is None else [int(v) for v in lbl])
+            owner_of.extend([index] * pts.shape[0])
+        pool = np.concatenate(points) if points else np.zeros((0, self.validation.shape[1]))
+        if pool.shape[0] < p:
+            raise AbortedError(
+                f"owners proposed {pool.shape[0]} candidates, fewer than p = {p}"
+                + self._drop_suffix()
+            )
+        # Re-ranking, after the last message to any owner: exact marginal gains (the curator
+        # holds D_v), or the private embedding alone.
+        if cfg.embedding_rerank:
+            seed_features = random_fourier_features(self.seed_set, rff, dtype=np.float64)
+            order = embedding_greedy(random_fourier_features(pool, rff), g_val, seed_features, p)
+        else:
+            order = exact_kernel_greedy(pool, self.validation, self.seed_set, p, cfg.gamma)
+        for j in order:
+            summary.points.append(pool[j])
+            summary.labels.append(labels[j])
+            summary.owners.append(owner_of[j])
+        self.rounds_done = 1
+        self.round_seconds.append(time.perf_counter() - round_start)
+        self._emit("rounds", f"{p} of {pool.shape[0]} candidates chosen")
+
     async def _run_greedy(self, summary: _SummaryState, rff: RFFParams, *, private: bool) -> None:
         """Algorithm 3 (``private``) or non-private greedy on exact mean h1 embeddings."""
         cfg = self.config
@@ -273,9 +393,13 @@ class SummarizationSession:
         # Running state of the summary S = D_init + acquired points.
         q = seed_features.shape[0]
         exact_sum = seed_features.sum(axis=0)
-        quantized_sum = (
-            quantize_features(seed_features, eta, self.rng).sum(axis=0) if private else None
-        )
+        quantized_sum: NDArray[np.float64] | None = None
+        if private:
+            quantized_sum = (
+                quantize_features(seed_features, eta, self.rng).sum(axis=0)
+                if q > 0
+                else np.zeros(d)
+            )
         mwem_summary = MWEMState(d, eta) if private else None
         pool: list[_PoolEntry] = []
         for round_ in range(1, p + 1):
@@ -524,7 +648,8 @@ class SummarizationSession:
 
     def _emit(self, stage: Literal["setup", "rounds", "done", "failed"], message: str) -> None:
         if self.on_progress is not None:
-            total = 1 if self.config.method == "uniform" else self.config.summary_size
+            one_round = self.config.method in ("uniform", "candidates")
+            total = 1 if one_round else self.config.summary_size
             self.on_progress(
                 ProgressEvent(stage, self.rounds_done, total, self.points_accessed, message)
             )
@@ -539,11 +664,13 @@ class SummarizationSession:
         labels: NDArray[np.int64] | None = None
         if summary.labels and all(label is not None for label in summary.labels):
             labels = np.asarray(summary.labels, dtype=np.int64)
-        private = cfg.method == "private"
         ledger: dict[str, Any] = {}
         paper_bound = 0.0
-        if private and self._auction is not None:
+        if any(led.entries for led in self.ledgers.values()):
             ledger = {party: led.report() for party, led in self.ledgers.items()}
+        if self._candidates_info:
+            ledger["candidates"] = self._candidates_info
+        if self._auction is not None:
             eps_auc, tau = self._auction.eps_auc, self._auction.tau
             ledger["auction"] = {
                 "eps_auc": eps_auc,

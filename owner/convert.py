@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -10,6 +12,10 @@ from common.errors import InvalidArgumentError
 from common.rff import RFFParams
 from dpmarket.arrays import array_from_proto, array_to_proto
 from dpmarket.v1 import array_pb2, owner_pb2
+
+PointsResponse = TypeVar(
+    "PointsResponse", owner_pb2.SampleUniformResponse, owner_pb2.ProposeCandidatesResponse
+)
 
 
 def rff_from_proto(omega: array_pb2.Array, phase: array_pb2.Array, gamma: float) -> RFFParams:
@@ -65,11 +71,13 @@ def released_to_proto(released: ReleasedPoint) -> owner_pb2.ReleasePointResponse
     return response
 
 
-def sample_to_proto(
-    points: NDArray[np.float64], labels: NDArray[np.int64] | None
-) -> owner_pb2.SampleUniformResponse:
-    """Uniform sample -> SampleUniformResponse."""
-    response = owner_pb2.SampleUniformResponse(points=array_to_proto(points))
+def points_to_proto(
+    points: NDArray[np.float64],
+    labels: NDArray[np.int64] | None,
+    response_type: type[PointsResponse],
+) -> PointsResponse:
+    """Points (n, n_features) and labels (n,) -> a SampleUniform or ProposeCandidates response."""
+    response = response_type(points=array_to_proto(points))
     if labels is not None:
         response.labels.CopyFrom(array_to_proto(labels.astype(np.int64)))
     return response

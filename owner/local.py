@@ -56,6 +56,16 @@ class LocalOwnerEndpoint:
         """See :meth:`Owner.sample_uniform`."""
         return self.owner.sample_uniform(session_id, count)
 
+    async def count_relevant(self, session_id: str, threshold: float) -> int:
+        """See :meth:`OwnerSession.count_relevant`."""
+        return self.owner.session(session_id).count_relevant(threshold)
+
+    async def propose_candidates(
+        self, session_id: str, count: int
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        """See :meth:`Owner.propose_candidates`."""
+        return self.owner.propose_candidates(session_id, count)
+
     async def close_session(self, session_id: str) -> None:
         """See :meth:`Owner.close_session`."""
         self.owner.close_session(session_id)

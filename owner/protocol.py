@@ -17,7 +17,7 @@ from common.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
-from common.kernels import bid_direction, bid_scores
+from common.kernels import bid_direction, bid_scores, embedding_greedy
 from common.rff import RFFParams, random_fourier_features
 from common.validation import check_positive_int, check_vector
 from owner.data import PointSet
@@ -148,6 +148,55 @@ class OwnerSession:
         """The bid of the point offered in the last round."""
         return self._offered_bid
 
+    def _require_validation(self) -> NDArray[np.floating]:
+        if self.validation_embedding is None:
+            raise FailedPreconditionError("the validation embedding has not been set")
+        return self.validation_embedding
+
+    def count_relevant(self, threshold: float) -> int:
+        """Count unsent points x with ``gtilde . h1(x) >= threshold`` (candidates method).
+
+        One float32 matrix-vector product. The count goes to the trusted curator, which adds
+        Laplace noise before any use (:mod:`common.candidates`).
+
+        Raises
+        ------
+        FailedPreconditionError
+            If the validation embedding is unset.
+        InvalidArgumentError
+            If ``threshold`` is NaN or infinite.
+        """
+        g = self._require_validation()
+        if not np.isfinite(threshold):
+            raise InvalidArgumentError(f"threshold must be finite, got {threshold}")
+        scores = bid_scores(self.features, g.astype(np.float32))
+        return int(np.count_nonzero((scores >= threshold) & ~self.sent))
+
+    def propose_candidates(self, count: int) -> NDArray[np.int64]:
+        """Choose ``count`` unsent points by a local greedy against ``gtilde``; mark them sent.
+
+        The greedy matches the validation embedding with this owner's points alone
+        (:func:`common.kernels.embedding_greedy`), so the proposal depends on nothing but this
+        owner's data and the private embedding.
+
+        Raises
+        ------
+        FailedPreconditionError
+            If the validation embedding is unset.
+        InvalidArgumentError
+            If ``count < 1`` or exceeds the unsent points.
+        """
+        g = self._require_validation()
+        try:
+            count = check_positive_int(count, "count")
+            chosen = embedding_greedy(
+                self.features, g, np.zeros((0, self.d)), count, exclude=self.sent
+            )
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
+        self.sent[chosen] = True
+        return chosen
+
     def sample_uniform(self, count: int) -> NDArray[np.int64]:
         """Mark ``count`` unsent points drawn uniformly without replacement as sent; return them.
 
@@ -247,7 +296,17 @@ class Owner:
         self, session_id: str, count: int
     ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
         """Release ``count`` uniformly drawn unsent points and their labels (uniform baseline)."""
-        index = self.session(session_id).sample_uniform(count)
+        return self._points(self.session(session_id).sample_uniform(count))
+
+    def propose_candidates(
+        self, session_id: str, count: int
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        """Release ``count`` candidates chosen by the local greedy (candidates method)."""
+        return self._points(self.session(session_id).propose_candidates(count))
+
+    def _points(
+        self, index: NDArray[np.int64]
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
         labels = None if self.data.labels is None else self.data.labels[index].copy()
         return self.data.features[index].copy(), labels
 

@@ -62,7 +62,20 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
     @grpc_errors
     async def SampleUniform(self, request, context):  # type: ignore[no-untyped-def]
         points, labels = self.owner.sample_uniform(request.session_id, int(request.count))
-        return convert.sample_to_proto(points, labels)
+        return convert.points_to_proto(points, labels, owner_pb2.SampleUniformResponse)
+
+    @grpc_errors
+    async def CountRelevant(self, request, context):  # type: ignore[no-untyped-def]
+        count = self.owner.session(request.session_id).count_relevant(float(request.threshold))
+        return owner_pb2.CountRelevantResponse(count=count)
+
+    @grpc_errors
+    async def ProposeCandidates(self, request, context):  # type: ignore[no-untyped-def]
+        points, labels = await asyncio.to_thread(
+            self.owner.propose_candidates, request.session_id, int(request.count)
+        )
+        logger.info("session %s: %d candidates released", request.session_id, len(points))
+        return convert.points_to_proto(points, labels, owner_pb2.ProposeCandidatesResponse)
 
     @grpc_errors
     async def CloseSession(self, request, context):  # type: ignore[no-untyped-def]

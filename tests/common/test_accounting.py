@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -13,7 +14,9 @@ from scipy import optimize, stats
 from common.accounting import (
     PrivacyEvent,
     advanced_composition_epsilon,
+    analytic_gaussian_sigma,
     kairouz_epsilon,
+    kairouz_epsilon_delta,
     kairouz_epsilon_homogeneous,
     pld_epsilon,
 )
@@ -333,3 +336,254 @@ def test_pld_rejects_bad_input(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         pld_epsilon(events, delta, **kwargs)  # type: ignore[arg-type]
+
+
+# --- Gaussian mechanism -----------------------------------------------------------------------
+
+
+def _gaussian_delta(eps: float, sigma: float, sensitivity: float) -> float:
+    """Balle & Wang (2018), Theorem 8: the exact delta(eps) of N(0, sigma^2) noise.
+
+    ``Phi(D / (2 s) - eps s / D) - e^eps Phi(-D / (2 s) - eps s / D)``, the second term in log
+    space so that large eps does not overflow.
+    """
+    a = sensitivity / (2 * sigma)
+    b = eps * sigma / sensitivity
+    return float(stats.norm.cdf(a - b) - math.exp(eps + stats.norm.logcdf(-a - b)))
+
+
+def _gaussian_exact_sigma(eps: float, delta: float, sensitivity: float) -> float:
+    """The smallest sigma with delta(eps) <= delta, by root finding on the closed form."""
+    return float(
+        optimize.brentq(
+            lambda s: _gaussian_delta(eps, s, sensitivity) - delta,
+            1e-3 * sensitivity,
+            1e4 * sensitivity,
+            xtol=1e-14 * sensitivity,
+            rtol=1e-14,
+        )
+    )
+
+
+def _gaussian_exact_epsilon(sigma: float, sensitivity: float, delta: float) -> float:
+    """The smallest eps with delta(eps) <= delta for N(0, sigma^2) noise."""
+    if _gaussian_delta(0.0, sigma, sensitivity) <= delta:
+        return 0.0
+    return float(
+        optimize.brentq(
+            lambda e: _gaussian_delta(e, sigma, sensitivity) - delta, 0.0, 100.0, xtol=1e-12
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("eps", "delta", "sensitivity"),
+    [
+        (1.0, 1e-5, 1.0),
+        (0.1, 1e-6, 2.0),
+        (0.5, 1e-3, 1e-3),
+        (3.0, 1e-6, 2 * math.sqrt(2) / 50),
+        (8.0, 1e-9, 100.0),
+    ],
+)
+def test_analytic_gaussian_sigma_matches_closed_form(
+    eps: float, delta: float, sensitivity: float
+) -> None:
+    sigma = analytic_gaussian_sigma(eps, delta, sensitivity)
+    achieved = _gaussian_delta(eps, sigma, sensitivity)
+    # Sound (at or below the target) and tight (within 1% of it).
+    assert 0.99 * delta <= achieved <= delta
+    assert sigma == pytest.approx(_gaussian_exact_sigma(eps, delta, sensitivity), rel=1e-5)
+
+
+@pytest.mark.parametrize(("eps", "delta"), [(0.1, 1e-5), (0.5, 1e-6), (0.99, 1e-3)])
+def test_analytic_gaussian_sigma_beats_classical_calibration(eps: float, delta: float) -> None:
+    # Dwork & Roth (2014), Theorem A.1: sqrt(2 ln(1.25 / delta)) D / eps suffices for eps < 1.
+    classical = math.sqrt(2 * math.log(1.25 / delta)) * 2.0 / eps
+    assert analytic_gaussian_sigma(eps, delta, 2.0) < classical
+
+
+def test_analytic_gaussian_sigma_is_linear_in_sensitivity() -> None:
+    unit = analytic_gaussian_sigma(0.7, 1e-6, 1.0)
+    for sens in (1e-6, 0.3, 1e3):
+        assert analytic_gaussian_sigma(0.7, 1e-6, sens) == pytest.approx(sens * unit, rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.floats(min_value=0.01, max_value=10.0),
+    st.floats(min_value=1e-10, max_value=0.1),
+    st.floats(min_value=1e-4, max_value=1e3),
+)
+def test_analytic_gaussian_sigma_never_exceeds_target_delta(
+    eps: float, delta: float, sensitivity: float
+) -> None:
+    sigma = analytic_gaussian_sigma(eps, delta, sensitivity)
+    assert _gaussian_delta(eps, sigma, sensitivity) <= delta * (1 + 1e-9)
+    # And the event built from it passes its own consistency check.
+    PrivacyEvent("gaussian", eps, sensitivity=sensitivity, scale=sigma, delta=delta)
+
+
+@pytest.mark.parametrize(
+    ("eps", "delta", "sens", "match"),
+    [
+        (0.0, 1e-5, 1.0, "epsilon"),
+        (math.inf, 1e-5, 1.0, "epsilon"),
+        (1.0, 0.0, 1.0, "delta"),
+        (1.0, 1.0, 1.0, "delta"),
+        (1.0, 1e-5, -1.0, "sensitivity"),
+    ],
+)
+def test_analytic_gaussian_sigma_rejects_bad_input(
+    eps: float, delta: float, sens: float, match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        analytic_gaussian_sigma(eps, delta, sens)
+
+
+def test_gaussian_event_accepts_calibrated_and_larger_sigma() -> None:
+    exact = _gaussian_exact_sigma(1.0, 1e-5, 2.0)
+    # The exact minimum (from the closed form, not dp_accounting) passes the 1e-6 slack.
+    ev = PrivacyEvent("gaussian", 1.0, count=3, sensitivity=2.0, scale=exact, delta=1e-5)
+    assert (ev.epsilon, ev.delta, ev.count, ev.sensitivity, ev.scale) == (1.0, 1e-5, 3, 2.0, exact)
+    PrivacyEvent("gaussian", 1.0, sensitivity=2.0, scale=exact * (1 - 5e-7), delta=1e-5)
+    PrivacyEvent("gaussian", 1.0, sensitivity=2.0, scale=10 * exact, delta=1e-5)
+
+
+def test_gaussian_event_rejects_too_little_noise() -> None:
+    exact = _gaussian_exact_sigma(1.0, 1e-5, 2.0)
+    with pytest.raises(ValueError, match=r"sigma >= 7\.46"):
+        PrivacyEvent("gaussian", 1.0, sensitivity=2.0, scale=exact * 0.999, delta=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"mechanism": "gaussian", "epsilon": 1.0, "scale": 10.0, "delta": 1e-5}, "sensitivity"),
+        ({"mechanism": "gaussian", "epsilon": 1.0, "sensitivity": 1.0, "delta": 1e-5}, "scale"),
+        (
+            {"mechanism": "gaussian", "epsilon": 1.0, "sensitivity": 1.0, "scale": 10.0},
+            r"delta must lie in \(0, 1\), got 0.0",
+        ),
+        (
+            {
+                "mechanism": "gaussian",
+                "epsilon": 1.0,
+                "sensitivity": 1.0,
+                "scale": 10.0,
+                "delta": 1.0,
+            },
+            "got 1.0",
+        ),
+        ({"mechanism": "pure", "epsilon": 1.0, "delta": 1e-5}, "delta=1e-05"),
+        ({"mechanism": "laplace", "epsilon": 1.0, "delta": 1e-5}, "pure"),
+    ],
+)
+def test_gaussian_and_delta_fields_are_validated(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        PrivacyEvent(**kwargs)  # type: ignore[arg-type]
+
+
+def test_pure_events_keep_delta_zero() -> None:
+    assert PrivacyEvent("pure", 0.1).delta == 0.0
+    assert PrivacyEvent("laplace", 0.1, 2, 2.0).delta == 0.0
+
+
+@pytest.mark.parametrize(
+    ("sigma", "sens", "k", "delta"),
+    [(5.0, 1.0, 1, 1e-5), (7.0, 2.0, 50, 1e-6), (0.02, 2 * math.sqrt(2) / 50, 3, 1e-3)],
+)
+def test_pld_gaussian_matches_closed_form(sigma: float, sens: float, k: int, delta: float) -> None:
+    # k-fold composition of N(0, sigma^2) noise on sensitivity D is one Gaussian mechanism with
+    # sensitivity sqrt(k) D. The PLD is pessimistic, by about one interval ((D / sigma) / 100).
+    # The event states an (epsilon, delta) this noise achieves; the PLD uses sigma itself.
+    eps_stated = max(1.0, 1.001 * _gaussian_exact_epsilon(sigma, sens, 0.5 * delta))
+    event = PrivacyEvent(
+        "gaussian", eps_stated, count=k, sensitivity=sens, scale=sigma, delta=0.5 * delta
+    )
+    exact = _gaussian_exact_epsilon(sigma, math.sqrt(k) * sens, delta)
+    got = pld_epsilon([event], delta)
+    assert exact - 1e-9 <= got <= exact + 3 * (sens / sigma) / 100
+
+
+def test_pld_gaussian_at_its_calibration_point_gives_its_epsilon() -> None:
+    sigma = analytic_gaussian_sigma(0.8, 1e-6, 2.0)
+    event = PrivacyEvent("gaussian", 0.8, sensitivity=2.0, scale=sigma, delta=1e-6)
+    assert pld_epsilon([event], 1e-6) == pytest.approx(0.8, abs=0.02 * 2.0 / sigma)
+
+
+def test_pld_gaussian_composes_with_pure_events() -> None:
+    sigma = analytic_gaussian_sigma(0.5, 1e-6, 1.0)
+    gauss = PrivacyEvent("gaussian", 0.5, count=4, sensitivity=1.0, scale=sigma, delta=1e-6)
+    lap = PrivacyEvent("laplace", 0.05, count=100, sensitivity=2.0)
+    both = pld_epsilon([gauss, lap], 1e-5)
+    # Composition costs more than either part, and no more than their sum at half the delta.
+    assert max(pld_epsilon([gauss], 1e-5), pld_epsilon([lap], 1e-5)) < both
+    assert both <= pld_epsilon([gauss], 0.5e-5) + pld_epsilon([lap], 0.5e-5)
+    # Listing runs one by one is the same as counting them.
+    assert pld_epsilon([dataclasses.replace(gauss, count=1)] * 4 + [lap], 1e-5) == pytest.approx(
+        both, rel=1e-9
+    )
+
+
+def test_pld_pure_only_default_interval_unchanged() -> None:
+    # The default discretization of pure-only compositions is eps_min / 100 (1 + 1e-9), as before
+    # Gaussian events were supported.
+    events = [PrivacyEvent("exponential", 0.01, 300), PrivacyEvent("laplace", 0.03, 100, 2.0)]
+    assert pld_epsilon(events, 1e-4) == pytest.approx(
+        pld_epsilon(events, 1e-4, value_discretization_interval=0.01 / 100 * (1 + 1e-9)),
+        rel=1e-12,
+    )
+
+
+# --- Theorem 7 with (epsilon_l, delta_l) --------------------------------------------------------
+
+
+def test_kairouz_epsilon_delta_pure_is_kairouz_epsilon() -> None:
+    eps = [0.5, 0.01, 0.01, 0.2, 1.3, 0.01, 0.07] * 30
+    got, total = kairouz_epsilon_delta(eps, [0.0] * len(eps), 1e-3)
+    assert got == pytest.approx(kairouz_epsilon(eps, 1e-3), rel=1e-12)
+    assert total == 1e-3
+
+
+def test_kairouz_epsilon_delta_total_delta_formula() -> None:
+    eps = [0.3, 0.1, 0.1]
+    deltas = [1e-6, 0.0, 1e-3]
+    got, total = kairouz_epsilon_delta(eps, deltas, 1e-4)
+    assert got == pytest.approx(_theorem7_reference(eps, 1e-4), rel=1e-12)
+    expected = 1 - (1 - 1e-4) * (1 - 1e-6) * (1 - 1e-3)
+    assert total == pytest.approx(expected, rel=1e-12)
+
+
+def test_kairouz_epsilon_delta_counts_equal_flattened_lists() -> None:
+    grouped = kairouz_epsilon_delta([0.2, 0.01], [1e-7, 0.0], 1e-5, counts=[30, 500])
+    flat = kairouz_epsilon_delta([0.2] * 30 + [0.01] * 500, [1e-7] * 30 + [0.0] * 500, 1e-5)
+    assert grouped == pytest.approx(flat, rel=1e-12)
+    # The total delta is 1 - (1 - dt) (1 - d)^n, accurate for tiny deltas (log space).
+    assert grouped[1] == pytest.approx(1e-5 + 30 * 1e-7, rel=1e-4)
+
+
+def test_kairouz_epsilon_delta_empty() -> None:
+    assert kairouz_epsilon_delta([], [], 1e-3) == (0.0, 1e-3)
+
+
+@pytest.mark.parametrize(
+    ("eps", "deltas", "kwargs", "match"),
+    [
+        ([0.1, 0.2], [0.0], {}, "shape"),
+        ([0.1], [1.0], {}, r"deltas\[0\] = 1.0"),
+        ([0.1], [-1e-9], {}, "deltas"),
+        ([0.0], [0.0], {}, "epsilons"),
+        ([[0.1]], [[0.0]], {}, "1-D"),
+        ([0.1], [0.0], {"counts": [0]}, r"counts\[0\] = 0"),
+        ([0.1], [0.0], {"counts": [1.5]}, "counts"),
+        ([0.1], [0.0], {"counts": [1, 2]}, "counts must have"),
+    ],
+)
+def test_kairouz_epsilon_delta_rejects_bad_input(
+    eps: list[float], deltas: list[float], kwargs: dict[str, object], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        kairouz_epsilon_delta(eps, deltas, 1e-3, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="delta_tilde"):
+        kairouz_epsilon_delta([0.1], [0.0], 0.5)

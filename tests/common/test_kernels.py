@@ -10,6 +10,7 @@ import pytest
 from common.kernels import (
     bid_direction,
     bid_scores,
+    embedding_greedy,
     exact_kernel_greedy,
     marginal_gain_score,
     mmd2,
@@ -364,11 +365,26 @@ def test_rff_greedy_matches_exact_greedy_on_separated_problem() -> None:
 
 def test_rff_greedy_errors() -> None:
     f = np.zeros((5, 3))
-    with pytest.raises(ValueError, match="p must be <= the pool size 5"):
+    with pytest.raises(ValueError, match="p must be <= the 5 available pool points"):
         rff_greedy(f, f, f[:0], 6)
-    with pytest.raises(ValueError, match="3 features"):
+    with pytest.raises(ValueError, match="length 3"):
         rff_greedy(f, np.zeros((2, 4)), f[:0], 1)
     with pytest.raises(ValueError, match="validation features is empty"):
         rff_greedy(f, f[:0], f[:0], 1)
     with pytest.raises(ValueError, match="NaN"):
         rff_greedy(np.full((5, 3), np.nan), f, f[:0], 1)
+
+
+def test_embedding_greedy_skips_excluded_points_and_matches_rff_greedy() -> None:
+    rng = np.random.default_rng(4)
+    pool = rng.normal(size=(60, 8)).astype(np.float32)
+    validation = rng.normal(size=(10, 8))
+    seed = rng.normal(size=(2, 8))
+    full = rff_greedy(pool, validation, seed, 12)
+    np.testing.assert_array_equal(embedding_greedy(pool, validation.mean(axis=0), seed, 12), full)
+    exclude = np.zeros(60, dtype=bool)
+    exclude[full[:3]] = True
+    chosen = embedding_greedy(pool, validation.mean(axis=0), seed, 12, exclude=exclude)
+    assert not set(chosen) & set(full[:3])
+    with pytest.raises(ValueError, match="57 available"):
+        embedding_greedy(pool, validation.mean(axis=0), seed, 58, exclude=exclude)

@@ -10,7 +10,9 @@ import pytest
 from common.accounting import (
     PrivacyEvent,
     advanced_composition_epsilon,
+    analytic_gaussian_sigma,
     kairouz_epsilon,
+    kairouz_epsilon_delta,
     kairouz_epsilon_homogeneous,
     pld_epsilon,
 )
@@ -152,6 +154,9 @@ def test_report_is_json_serialisable_and_complete() -> None:
         assert val[method] == pytest.approx(ledger.epsilon("validation", method=method))  # type: ignore[arg-type]
     assert val["budget"] == 2.0
     assert val["mechanisms"] == 100
+    assert val["delta_total"] == DT  # all events pure: Theorem 7 holds at delta_tilde
+    assert report["parties"]["public"]["delta_total"] == DT
+    assert report["entries"][0]["event"]["delta"] == 0.0
     assert report["parties"]["owners"]["budget"] is None
     assert len(report["entries"]) == 3
     assert report["entries"][1]["event"]["scale"] == pytest.approx(200.0)
@@ -185,3 +190,68 @@ def test_bad_queries_and_charges_are_rejected() -> None:
         Charge("owners", "x", 1.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="single Charge"):
         ledger.charge(Charge("owners", "x", PrivacyEvent("pure", 1.0)))  # type: ignore[arg-type]
+
+
+# --- Gaussian events ----------------------------------------------------------------------------
+
+
+def _gaussian(eps: float, delta: float, count: int, sensitivity: float = 1.0) -> PrivacyEvent:
+    sigma = analytic_gaussian_sigma(eps, delta, sensitivity)
+    return PrivacyEvent("gaussian", eps, count, sensitivity, scale=sigma, delta=delta)
+
+
+def test_gaussian_charges_report_theorem7_at_total_delta() -> None:
+    ledger = PrivacyLedger(delta_tilde=DT)
+    gauss = _gaussian(0.5, 1e-6, count=3, sensitivity=2.0)
+    ledger.charge([Charge("validation", "gtilde", gauss)])
+    ledger.charge(_h2_charges("validation", 0.01, 100))
+    events = [c.event for c in ledger.entries]
+    t7, total = kairouz_epsilon_delta(
+        [e.epsilon for e in events],
+        [e.delta for e in events],
+        DT,
+        counts=[e.count for e in events],
+    )
+    assert ledger.epsilon("validation") == pytest.approx(t7, rel=1e-12)
+    assert ledger.delta_total("validation") == pytest.approx(total, rel=1e-12)
+    assert total == pytest.approx(1 - (1 - DT) * (1 - 1e-6) ** 3, rel=1e-9)
+    assert ledger.epsilon("validation", method="basic") == pytest.approx(3 * 0.5 + 200 * 0.01)
+    # The PLD composes the Gaussian noise exactly and stays at delta_tilde.
+    assert ledger.epsilon("validation", method="pld") == pytest.approx(
+        pld_epsilon(events, DT), rel=1e-12
+    )
+    with pytest.raises(ValueError, match="gaussian"):
+        ledger.epsilon("validation", method="advanced")
+    report = json.loads(json.dumps(ledger.report()))
+    row = report["parties"]["validation"]
+    assert row["delta_total"] == pytest.approx(total, rel=1e-12)
+    assert row["theorem7"] == pytest.approx(t7, rel=1e-12)
+    assert row["advanced"] is None
+    assert row["mechanisms"] == 203
+    assert report["entries"][0]["event"]["delta"] == 1e-6
+    assert report["entries"][0]["event"]["mechanism"] == "gaussian"
+    # Other parties are untouched.
+    assert report["parties"]["owners"]["delta_total"] == DT
+    assert ledger.delta_total("owners") == DT
+
+
+def test_gaussian_charges_count_against_budgets() -> None:
+    ledger = PrivacyLedger(delta_tilde=DT, budgets={"owners": 1.0})
+    ledger.charge([Charge("owners", "a", _gaussian(0.6, 1e-6, count=1))])
+    with pytest.raises(BudgetExceededError, match="owners"):
+        ledger.charge([Charge("owners", "b", _gaussian(0.6, 1e-6, count=1))])
+    assert ledger.delta_total("owners") == pytest.approx(1 - (1 - DT) * (1 - 1e-6), rel=1e-12)
+
+
+def test_pure_only_ledger_is_unchanged_by_gaussian_support() -> None:
+    ledger = PrivacyLedger(delta_tilde=DT)
+    ledger.charge(_h2_charges("owners", 0.002, 500))
+    ledger.charge([Charge("owners", "auction", PrivacyEvent("pure", 0.03, count=4))])
+    flat = [0.002] * 1000 + [0.03] * 4
+    assert ledger.epsilon("owners") == pytest.approx(kairouz_epsilon(flat, DT), rel=1e-12)
+    assert ledger.delta_total("owners") == DT
+
+
+def test_delta_total_rejects_unknown_party() -> None:
+    with pytest.raises(ValueError, match="consumer"):
+        PrivacyLedger(delta_tilde=DT).delta_total("consumer")

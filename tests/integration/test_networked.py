@@ -43,7 +43,7 @@ def cluster(
         yield c
 
 
-@pytest.mark.parametrize("method", ["private", "greedy", "uniform"])
+@pytest.mark.parametrize("method", ["private", "greedy", "uniform", "candidates"])
 def test_networked_run_equals_in_process_run(
     cluster: LocalCluster, digits: Scenario, method: str
 ) -> None:

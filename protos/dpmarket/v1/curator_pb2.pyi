@@ -34,6 +34,10 @@ class _MethodEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Method.ValueTy
     """Non-private greedy: exact mean h1 embeddings broadcast, top bidder's point taken."""
     METHOD_UNIFORM: _Method.ValueType  # 3
     """p/K points drawn uniformly from every owner."""
+    METHOD_CANDIDATES: _Method.ValueType  # 4
+    """Gaussian validation embedding, Laplace-noised relevance counts allocate a candidate budget,
+    owners propose candidates by a local greedy, the curator re-ranks them exactly.
+    """
 
 class Method(_Method, metaclass=_MethodEnumTypeWrapper):
     """Summarization method."""
@@ -45,6 +49,10 @@ METHOD_GREEDY: Method.ValueType  # 2
 """Non-private greedy: exact mean h1 embeddings broadcast, top bidder's point taken."""
 METHOD_UNIFORM: Method.ValueType  # 3
 """p/K points drawn uniformly from every owner."""
+METHOD_CANDIDATES: Method.ValueType  # 4
+"""Gaussian validation embedding, Laplace-noised relevance counts allocate a candidate budget,
+owners propose candidates by a local greedy, the curator re-ranks them exactly.
+"""
 Global___Method: _TypeAlias = Method  # noqa: Y015
 
 class _Stage:
@@ -86,6 +94,13 @@ class SummarizationParams(_message.Message):
     EPSILON_AUCTION_FIELD_NUMBER: _builtins.int
     DELTA_OWNERS_FIELD_NUMBER: _builtins.int
     DELTA_VALIDATION_FIELD_NUMBER: _builtins.int
+    EPSILON_VALIDATION_TOTAL_FIELD_NUMBER: _builtins.int
+    EPSILON_OWNERS_TOTAL_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    CANDIDATE_FRACTION_FIELD_NUMBER: _builtins.int
+    RELEVANCE_THRESHOLD_FIELD_NUMBER: _builtins.int
+    CANDIDATE_EVEN_SHARE_FIELD_NUMBER: _builtins.int
+    EMBEDDING_RERANK_FIELD_NUMBER: _builtins.int
     rff_dimension: _builtins.int
     """h1 dimension d (default 140)."""
     gamma: _builtins.float
@@ -108,6 +123,24 @@ class SummarizationParams(_message.Message):
     """delta of the auction and of the owners' composition bound (default 1e-4)."""
     delta_validation: _builtins.float
     """delta of the validation set's composition bound (default 0.01)."""
+    epsilon_validation_total: _builtins.float
+    """Candidates method: epsilon of the Gaussian validation embedding (default 1.0)."""
+    epsilon_owners_total: _builtins.float
+    """Candidates method: epsilon of the owners' relevance counts (default 1.0)."""
+    delta: _builtins.float
+    """Candidates method: delta of the Gaussian mechanism and of its reports (default 1e-6)."""
+    candidate_fraction: _builtins.float
+    """Candidates method: candidate budget as a fraction of K * p (default 0.5)."""
+    relevance_threshold: _builtins.float
+    """Candidates method: relevance threshold as a fraction of ||validation embedding||^2
+    (default 0.5).
+    """
+    candidate_even_share: _builtins.float
+    """Candidates method: share of the budget split evenly before the relevance split (default 0.2)."""
+    embedding_rerank: _builtins.bool
+    """Candidates method: re-rank candidates by the private embedding instead of the exact kernel
+    (for measuring what the exact re-ranking adds; default false).
+    """
     def __init__(
         self,
         *,
@@ -122,10 +155,17 @@ class SummarizationParams(_message.Message):
         epsilon_auction: _builtins.float = ...,
         delta_owners: _builtins.float = ...,
         delta_validation: _builtins.float = ...,
+        epsilon_validation_total: _builtins.float = ...,
+        epsilon_owners_total: _builtins.float = ...,
+        delta: _builtins.float = ...,
+        candidate_fraction: _builtins.float = ...,
+        relevance_threshold: _builtins.float = ...,
+        candidate_even_share: _builtins.float = ...,
+        embedding_rerank: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "quantization_step", b"quantization_step", "rff_dimension", b"rff_dimension"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "quantization_step", b"quantization_step", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

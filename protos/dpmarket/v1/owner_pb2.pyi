@@ -329,6 +329,97 @@ class SampleUniformResponse(_message.Message):
 Global___SampleUniformResponse: _TypeAlias = SampleUniformResponse  # noqa: Y015
 
 @_typing.final
+class CountRelevantRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    THRESHOLD_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    threshold: _builtins.float
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        threshold: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id", "threshold", b"threshold"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CountRelevantRequest: _TypeAlias = CountRelevantRequest  # noqa: Y015
+
+@_typing.final
+class CountRelevantResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COUNT_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    def __init__(
+        self,
+        *,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CountRelevantResponse: _TypeAlias = CountRelevantResponse  # noqa: Y015
+
+@_typing.final
+class ProposeCandidatesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    count: _builtins.int
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProposeCandidatesRequest: _TypeAlias = ProposeCandidatesRequest  # noqa: Y015
+
+@_typing.final
+class ProposeCandidatesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POINTS_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def points(self) -> _array_pb2.Array:
+        """float64 of shape (count, num_features), in the order the local greedy chose them."""
+
+    @_builtins.property
+    def labels(self) -> _array_pb2.Array:
+        """int64 of shape (count,), present when the owner has labels."""
+
+    def __init__(
+        self,
+        *,
+        points: _array_pb2.Array | None = ...,
+        labels: _array_pb2.Array | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "points", b"points"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "points", b"points"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProposeCandidatesResponse: _TypeAlias = ProposeCandidatesResponse  # noqa: Y015
+
+@_typing.final
 class CloseSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -67,6 +67,16 @@ class OwnerServiceStub:
                 request_serializer=dpmarket_dot_v1_dot_owner__pb2.SampleUniformRequest.SerializeToString,
                 response_deserializer=dpmarket_dot_v1_dot_owner__pb2.SampleUniformResponse.FromString,
                 _registered_method=True)
+        self.CountRelevant = channel.unary_unary(
+                '/dpmarket.v1.OwnerService/CountRelevant',
+                request_serializer=dpmarket_dot_v1_dot_owner__pb2.CountRelevantRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_owner__pb2.CountRelevantResponse.FromString,
+                _registered_method=True)
+        self.ProposeCandidates = channel.unary_unary(
+                '/dpmarket.v1.OwnerService/ProposeCandidates',
+                request_serializer=dpmarket_dot_v1_dot_owner__pb2.ProposeCandidatesRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_owner__pb2.ProposeCandidatesResponse.FromString,
+                _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/dpmarket.v1.OwnerService/CloseSession',
                 request_serializer=dpmarket_dot_v1_dot_owner__pb2.CloseSessionRequest.SerializeToString,
@@ -135,6 +145,26 @@ class OwnerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CountRelevant(self, request, context):
+        """Count the unsent points x with `validation_embedding . h1(x) >= threshold` (the candidates
+        method's relevance statistic; the curator adds Laplace noise before any use). Fails with
+        NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not set,
+        INVALID_ARGUMENT for a NaN or infinite threshold.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProposeCandidates(self, request, context):
+        """Release `count` unsent points chosen by a greedy that matches the validation embedding with
+        this owner's points alone (the candidates method). The points are never offered again. Fails
+        with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not
+        set, INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CloseSession(self, request, context):
         """Forget a session's features and state. Fails with NOT_FOUND for an unknown session.
         """
@@ -174,6 +204,16 @@ def add_OwnerServiceServicer_to_server(servicer, server):
                     servicer.SampleUniform,
                     request_deserializer=dpmarket_dot_v1_dot_owner__pb2.SampleUniformRequest.FromString,
                     response_serializer=dpmarket_dot_v1_dot_owner__pb2.SampleUniformResponse.SerializeToString,
+            ),
+            'CountRelevant': grpc.unary_unary_rpc_method_handler(
+                    servicer.CountRelevant,
+                    request_deserializer=dpmarket_dot_v1_dot_owner__pb2.CountRelevantRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_owner__pb2.CountRelevantResponse.SerializeToString,
+            ),
+            'ProposeCandidates': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProposeCandidates,
+                    request_deserializer=dpmarket_dot_v1_dot_owner__pb2.ProposeCandidatesRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_owner__pb2.ProposeCandidatesResponse.SerializeToString,
             ),
             'CloseSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseSession,
@@ -346,6 +386,60 @@ class OwnerService:
             '/dpmarket.v1.OwnerService/SampleUniform',
             dpmarket_dot_v1_dot_owner__pb2.SampleUniformRequest.SerializeToString,
             dpmarket_dot_v1_dot_owner__pb2.SampleUniformResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CountRelevant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.OwnerService/CountRelevant',
+            dpmarket_dot_v1_dot_owner__pb2.CountRelevantRequest.SerializeToString,
+            dpmarket_dot_v1_dot_owner__pb2.CountRelevantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProposeCandidates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.OwnerService/ProposeCandidates',
+            dpmarket_dot_v1_dot_owner__pb2.ProposeCandidatesRequest.SerializeToString,
+            dpmarket_dot_v1_dot_owner__pb2.ProposeCandidatesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -66,6 +66,18 @@ class OwnerServiceStub:
     baseline). Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if `count` is 0 or
     exceeds the unsent points.
     """
+    CountRelevant: _grpc.UnaryUnaryMultiCallable[_owner_pb2.CountRelevantRequest, _owner_pb2.CountRelevantResponse]
+    """Count the unsent points x with `validation_embedding . h1(x) >= threshold` (the candidates
+    method's relevance statistic; the curator adds Laplace noise before any use). Fails with
+    NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not set,
+    INVALID_ARGUMENT for a NaN or infinite threshold.
+    """
+    ProposeCandidates: _grpc.UnaryUnaryMultiCallable[_owner_pb2.ProposeCandidatesRequest, _owner_pb2.ProposeCandidatesResponse]
+    """Release `count` unsent points chosen by a greedy that matches the validation embedding with
+    this owner's points alone (the candidates method). The points are never offered again. Fails
+    with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not
+    set, INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
+    """
     CloseSession: _grpc.UnaryUnaryMultiCallable[_owner_pb2.CloseSessionRequest, _owner_pb2.CloseSessionResponse]
     """Forget a session's features and state. Fails with NOT_FOUND for an unknown session."""
 
@@ -106,6 +118,18 @@ class OwnerServiceAsyncStub(OwnerServiceStub):
     """Release `count` unsent points drawn uniformly without replacement (the uniform sampling
     baseline). Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if `count` is 0 or
     exceeds the unsent points.
+    """
+    CountRelevant: _aio.UnaryUnaryMultiCallable[_owner_pb2.CountRelevantRequest, _owner_pb2.CountRelevantResponse]  # type: ignore[assignment]
+    """Count the unsent points x with `validation_embedding . h1(x) >= threshold` (the candidates
+    method's relevance statistic; the curator adds Laplace noise before any use). Fails with
+    NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not set,
+    INVALID_ARGUMENT for a NaN or infinite threshold.
+    """
+    ProposeCandidates: _aio.UnaryUnaryMultiCallable[_owner_pb2.ProposeCandidatesRequest, _owner_pb2.ProposeCandidatesResponse]  # type: ignore[assignment]
+    """Release `count` unsent points chosen by a greedy that matches the validation embedding with
+    this owner's points alone (the candidates method). The points are never offered again. Fails
+    with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not
+    set, INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
     """
     CloseSession: _aio.UnaryUnaryMultiCallable[_owner_pb2.CloseSessionRequest, _owner_pb2.CloseSessionResponse]  # type: ignore[assignment]
     """Forget a session's features and state. Fails with NOT_FOUND for an unknown session."""
@@ -180,6 +204,30 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         """Release `count` unsent points drawn uniformly without replacement (the uniform sampling
         baseline). Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if `count` is 0 or
         exceeds the unsent points.
+        """
+
+    @_abc_1.abstractmethod
+    def CountRelevant(
+        self,
+        request: _owner_pb2.CountRelevantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_owner_pb2.CountRelevantResponse, _abc.Awaitable[_owner_pb2.CountRelevantResponse]]:
+        """Count the unsent points x with `validation_embedding . h1(x) >= threshold` (the candidates
+        method's relevance statistic; the curator adds Laplace noise before any use). Fails with
+        NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not set,
+        INVALID_ARGUMENT for a NaN or infinite threshold.
+        """
+
+    @_abc_1.abstractmethod
+    def ProposeCandidates(
+        self,
+        request: _owner_pb2.ProposeCandidatesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_owner_pb2.ProposeCandidatesResponse, _abc.Awaitable[_owner_pb2.ProposeCandidatesResponse]]:
+        """Release `count` unsent points chosen by a greedy that matches the validation embedding with
+        this owner's points alone (the candidates method). The points are never offered again. Fails
+        with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not
+        set, INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
         """
 
     @_abc_1.abstractmethod

@@ -1,0 +1,168 @@
+"""The candidates method: private relevance counts allocate a candidate budget among owners.
+
+Protocol (one round, instead of Algorithm 3's p rounds):
+
+1. The curator releases ``gtilde = mean h1(D_v) + N(0, sigma^2 I)`` (Gaussian mechanism).
+2. Each owner counts its relevant points, ``#{x : gtilde . h1(x) >= kappa ||gtilde||^2}``.
+3. The curator adds Laplace noise to every count and splits a budget of
+   ``floor(fraction * K * p)`` candidates among owners (:func:`allocate_candidates`).
+4. Each owner proposes its share by a local greedy against ``gtilde`` on its own points.
+5. The trusted curator, which holds ``D_v``, chooses the p summary points among the candidates by
+   the exact marginal gain (non-private greedy on the candidate pool).
+
+Every message an owner receives (``gtilde`` and its share) is a post-processing of the Gaussian
+release and of the noisy counts, so it is DP with respect to ``D_v`` and to every other owner's
+data; the final re-ranking happens after the last message and releases nothing to owners.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from common.validation import check_positive_int, check_vector
+
+#: L2 norm bound of one h1 feature vector: ``||h1(x)||^2 = (2/d) sum cos^2 <= 2``.
+H1_NORM_BOUND = math.sqrt(2.0)
+
+
+def validation_embedding_sensitivity(m: int) -> float:
+    """L2 sensitivity of ``mean h1(D_v)`` when one of the m validation points is replaced.
+
+    Parameters
+    ----------
+    m : int
+        Validation set size (public), >= 1.
+
+    Returns
+    -------
+    float
+        ``2 sqrt(2) / m``.
+
+    Notes
+    -----
+    Replacing ``x`` by ``x'`` changes the mean by ``(h1(x') - h1(x)) / m``, whose norm is at most
+    ``(||h1(x')|| + ||h1(x)||) / m <= 2 sqrt(2) / m`` since every entry of h1 lies in
+    ``[-sqrt(2/d), sqrt(2/d)]``. (Under add/remove the bound would be ``sqrt(2)`` on the sum.)
+    """
+    m = check_positive_int(m, "m")
+    return 2.0 * H1_NORM_BOUND / m
+
+
+def relevance_threshold(embedding: ArrayLike, kappa: float, *, noise_sigma: float = 0.0) -> float:
+    """Score threshold ``kappa * ||g||^2`` above which a point counts as relevant.
+
+    ``gtilde . h1(x)`` estimates ``mean_v k(x, v)``, and ``||g||^2`` its average over the
+    validation points themselves; ``kappa = 1`` asks for points as typical as a validation point.
+    ``||g||^2`` is estimated without bias from the noisy ``gtilde = g + N(0, sigma^2 I)`` as
+    ``||gtilde||^2 - d sigma^2`` (clipped at 0): post-processing of the release and the public
+    sigma.
+
+    Parameters
+    ----------
+    embedding : array-like of shape (d,)
+        gtilde.
+    kappa : float
+        Fraction of ``||g||^2``.
+    noise_sigma : float
+        Standard deviation of the Gaussian noise in ``embedding`` (0 for an exact embedding).
+
+    Raises
+    ------
+    ValueError
+        If the embedding is not a finite vector, or ``kappa`` or ``noise_sigma`` is not finite.
+    """
+    g = check_vector(embedding, "embedding")
+    if not math.isfinite(kappa):
+        raise ValueError(f"kappa must be finite, got {kappa}")
+    if not (math.isfinite(noise_sigma) and noise_sigma >= 0):
+        raise ValueError(f"noise_sigma must be finite and >= 0, got {noise_sigma}")
+    norm2 = max(float(g @ g) - g.shape[0] * noise_sigma**2, 0.0)
+    return float(kappa * norm2)
+
+
+def allocate_candidates(
+    budget: int,
+    weights: ArrayLike,
+    caps: Sequence[int],
+    *,
+    even_share: float,
+) -> NDArray[np.int64]:
+    """Split ``budget`` candidates among owners: an even part, then in proportion to ``weights``.
+
+    ``floor(even_share * budget)`` is split evenly; the rest in proportion to the weights (noisy
+    relevance counts clipped at 0), by water-filling so that no owner gets more than its cap and
+    what a capped owner cannot take goes to the others; integer parts by largest remainder. If
+    every weight is 0 the rest is split evenly too.
+
+    Parameters
+    ----------
+    budget : int
+        Total number of candidates, >= 0.
+    weights : array-like of shape (K,)
+        Non-negative finite weights.
+    caps : sequence of int, length K
+        Most candidates each owner can give (e.g. ``min(points, p)``), >= 0.
+    even_share : float
+        In [0, 1].
+
+    Returns
+    -------
+    ndarray of shape (K,), int64
+        Shares summing to ``min(budget, sum(caps))``, each within its cap.
+
+    Raises
+    ------
+    ValueError
+        If the weights are negative or not finite, shapes differ, or ``even_share`` is outside
+        [0, 1].
+    """
+    w: NDArray[np.float64] = check_vector(weights, "weights").astype(np.float64)
+    caps_arr = np.asarray(caps, dtype=np.int64)
+    if caps_arr.shape != w.shape:
+        raise ValueError(f"caps must have shape {w.shape}, got {caps_arr.shape}")
+    if (w < 0).any() or (caps_arr < 0).any():
+        raise ValueError("weights and caps must be >= 0")
+    if not 0.0 <= even_share <= 1.0:
+        raise ValueError(f"even_share must lie in [0, 1], got {even_share}")
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    total = int(min(budget, int(caps_arr.sum())))
+    even_total = math.floor(even_share * total)
+    shares = np.zeros(w.shape[0], dtype=np.float64)
+    shares = _water_fill(shares, np.ones_like(w), caps_arr, even_total)
+    rest = total - even_total
+    shares = _water_fill(shares, w, caps_arr, rest)
+    out = np.floor(shares).astype(np.int64)
+    missing = total - int(out.sum())
+    order = np.argsort(-(shares - out), kind="stable")
+    while missing > 0:  # largest remainders first; total <= sum(caps) guarantees room
+        for i in order:
+            if missing > 0 and out[i] < caps_arr[i]:
+                out[i] += 1
+                missing -= 1
+    return out
+
+
+def _water_fill(
+    shares: NDArray[np.float64], weights: NDArray[np.float64], caps: NDArray[np.int64], amount: int
+) -> NDArray[np.float64]:
+    """Add ``amount`` to ``shares`` in proportion to ``weights``, never past ``caps``."""
+    shares = shares.copy()
+    remaining = float(amount)
+    for _ in range(2 * shares.shape[0] + 2):
+        open_ = (shares < caps) & (weights > 0)
+        if remaining <= 1e-9 or not (shares < caps).any():
+            break
+        if not open_.any():  # only owners without weight have room left: split evenly
+            weights = np.ones_like(weights)
+            continue
+        give = remaining * weights * open_ / weights[open_].sum()
+        room = caps - shares
+        give = np.minimum(give, room)
+        shares += give
+        remaining -= float(give.sum())
+    return shares

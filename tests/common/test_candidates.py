@@ -1,0 +1,90 @@
+"""The candidates method's kernels: sensitivity, threshold, budget allocation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.candidates import (
+    allocate_candidates,
+    relevance_threshold,
+    validation_embedding_sensitivity,
+)
+from common.rff import draw_rff_params, random_fourier_features
+
+
+def test_sensitivity_bounds_the_change_of_the_mean_embedding() -> None:
+    """Replacing one of m points moves mean h1 by at most 2 sqrt(2) / m, and nearly that much
+    for an adversarial pair (the bound is tight up to the cosines not all reaching +-1)."""
+    rng = np.random.default_rng(0)
+    rff = draw_rff_params(3, 64, 0.5, rng)
+    m = 10
+    base = rng.normal(size=(m, 3))
+    worst = 0.0
+    for _ in range(2000):
+        other = base.copy()
+        other[0] = rng.normal(scale=10, size=3)
+        diff = random_fourier_features(base, rff, dtype=np.float64).mean(0)
+        diff -= random_fourier_features(other, rff, dtype=np.float64).mean(0)
+        worst = max(worst, float(np.linalg.norm(diff)))
+    bound = validation_embedding_sensitivity(m)
+    assert worst <= bound
+    assert worst >= 0.5 * bound
+    with pytest.raises(ValueError, match="m must be"):
+        validation_embedding_sensitivity(0)
+
+
+def test_threshold_removes_the_noise_energy() -> None:
+    rng = np.random.default_rng(1)
+    g = rng.normal(scale=0.05, size=200)
+    sigma = 0.1
+    noisy = g + rng.normal(scale=sigma, size=200)
+    debiased = relevance_threshold(noisy, 1.0, noise_sigma=sigma)
+    # ||noise||^2 - d sigma^2 has standard deviation sigma^2 sqrt(2d) = 0.2; 6 sd: p < 1e-8.
+    assert abs(debiased - g @ g) <= 6 * sigma**2 * np.sqrt(2 * 200) + 2 * abs(g @ (noisy - g))
+    assert relevance_threshold(noisy, 0.5) == pytest.approx(0.5 * noisy @ noisy)
+    assert relevance_threshold(np.zeros(4), 1.0, noise_sigma=1.0) == 0.0
+    with pytest.raises(ValueError, match="noise_sigma"):
+        relevance_threshold(g, 1.0, noise_sigma=-1.0)
+
+
+def test_allocation_is_proportional_after_the_even_share() -> None:
+    shares = allocate_candidates(100, [3.0, 1.0, 0.0, 0.0], [100] * 4, even_share=0.2)
+    # 20 split evenly (5 each), 80 split 3:1.
+    np.testing.assert_array_equal(shares, [65, 25, 5, 5])
+
+
+def test_allocation_redistributes_what_a_capped_owner_cannot_take() -> None:
+    shares = allocate_candidates(100, [10.0, 1.0], [20, 200], even_share=0.0)
+    np.testing.assert_array_equal(shares, [20, 80])
+
+
+def test_allocation_without_signal_is_even() -> None:
+    np.testing.assert_array_equal(
+        allocate_candidates(10, [0.0, 0.0, 0.0], [10, 10, 10], even_share=0.0), [4, 3, 3]
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    budget=st.integers(0, 500),
+    weights=st.lists(st.floats(0, 1e4), min_size=1, max_size=12),
+    data=st.data(),
+    even=st.floats(0, 1),
+)
+def test_allocation_respects_budget_and_caps(budget, weights, data, even) -> None:  # type: ignore[no-untyped-def]
+    caps = data.draw(st.lists(st.integers(0, 100), min_size=len(weights), max_size=len(weights)))
+    shares = allocate_candidates(budget, weights, caps, even_share=even)
+    assert shares.sum() == min(budget, sum(caps))
+    assert (shares >= 0).all() and (shares <= np.asarray(caps)).all()
+
+
+def test_allocation_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match=">= 0"):
+        allocate_candidates(10, [-1.0, 1.0], [5, 5], even_share=0.2)
+    with pytest.raises(ValueError, match="shape"):
+        allocate_candidates(10, [1.0, 1.0], [5], even_share=0.2)
+    with pytest.raises(ValueError, match="even_share"):
+        allocate_candidates(10, [1.0], [5], even_share=1.5)

@@ -1,0 +1,33 @@
+"""The CLI exposes every protocol parameter and refuses bad values clearly."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from common.summary import METHODS, PARAMETER_NAMES
+from deploy.cli import main
+
+
+@pytest.mark.parametrize("command", ["request", "simulate"])
+def test_every_protocol_parameter_has_an_option(command: str) -> None:
+    result = CliRunner().invoke(main, [command, "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    for name in PARAMETER_NAMES:
+        assert f"--{name.replace('_', '-')}" in result.output, name
+    for method in METHODS:
+        assert method in result.output
+
+
+def test_out_of_range_parameter_is_a_usage_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    data = tmp_path / "a.npy"
+    np.save(data, np.zeros((4, 2)))
+    result = CliRunner().invoke(
+        main,
+        ["simulate", "--owner-data", str(data), "--validation", str(data), "-p", "2",
+         "--delta-owners", "0.9"],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "delta_owners" in result.output
