@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := $(wildcard protos/dpmarket/v1/*.proto)
 OUT ?= out
 
-.PHONY: venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights bench clean
+.PHONY: venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights evaluate bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,11 @@ demo: $(STAMP)
 
 demo-flights: $(STAMP)
 	$(BIN)/dpmarket demo --scenario flights --out $(OUT)/demo-flights
+
+# Summary quality against epsilon for every method on digits and flights (p = 50, 200, 500;
+# epsilon 0.3, 1, 3; three seeds); writes $(OUT)/evaluate/evaluation.json and the plot.
+evaluate: $(STAMP)
+	$(BIN)/dpmarket evaluate --out $(OUT)/evaluate
 
 bench: $(STAMP)
 	$(PY) -m bench.rounds --out $(OUT)/bench.json

@@ -3,7 +3,8 @@
 Subcommands: ``serve-owner`` and ``serve-curator`` run the services; ``request`` runs a consumer
 request against a running curator; ``simulate`` runs the same protocol in one process on the same
 inputs; ``scenario`` writes a bundled real-data scenario to files; ``demo`` launches the whole
-marketplace as separate processes and compares the methods.
+marketplace as separate processes and compares the methods; ``evaluate`` measures every method's
+summary quality against epsilon over scenarios, summary sizes and seeds.
 """
 
 from __future__ import annotations
@@ -183,9 +184,10 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--method",
             type=click.Choice(METHODS),
-            default="private",
-            help="private: Algorithm 3; greedy: non-private greedy on exact mean h1 "
-            "embeddings; uniform: p/K points from every owner.",
+            default="candidates",
+            help="candidates: private candidates with exact re-ranking (the default private "
+            "method: best measured quality); private: the paper's Algorithm 3; greedy: "
+            "non-private greedy on exact mean h1 embeddings; uniform: p/K points from every owner.",
         ),
         click.option(
             "--test",
@@ -260,6 +262,47 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
             default=d.delta_validation,
             type=float,
             help="delta~ of the validation set's composition bound.",
+        ),
+        click.option(
+            "--epsilon-validation-total",
+            default=d.epsilon_validation_total,
+            type=float,
+            help="candidates: epsilon of the Gaussian validation embedding.",
+        ),
+        click.option(
+            "--epsilon-owners-total",
+            default=d.epsilon_owners_total,
+            type=float,
+            help="candidates: epsilon of the owners' noisy relevance counts.",
+        ),
+        click.option(
+            "--delta",
+            default=d.delta,
+            type=float,
+            help="candidates: delta of the Gaussian mechanism and of the reported epsilons.",
+        ),
+        click.option(
+            "--candidate-fraction",
+            default=d.candidate_fraction,
+            type=float,
+            help="candidates: at most this fraction of K*p owner points are read.",
+        ),
+        click.option(
+            "--relevance-threshold",
+            default=d.relevance_threshold,
+            type=float,
+            help="candidates: a point is relevant when its score is >= this * ||g||².",
+        ),
+        click.option(
+            "--candidate-even-share",
+            default=d.candidate_even_share,
+            type=float,
+            help="candidates: share of the budget split evenly before the relevance split.",
+        ),
+        click.option(
+            "--embedding-rerank",
+            is_flag=True,
+            help="candidates: re-rank by the private embedding, not the exact kernel.",
         ),
         click.option(
             "--seed",
@@ -502,6 +545,109 @@ def demo(
             console=Console(),
         )
     except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+# ------------------------------------------------------------------------------ evaluate
+@main.command("evaluate")
+@click.option(
+    "--scenario",
+    "scenario_names",
+    multiple=True,
+    type=click.Choice(["digits", "flights"]),
+    help="Real-data scenario; repeat for several (default: digits and flights).",
+)
+@click.option(
+    "--p",
+    "sizes",
+    multiple=True,
+    type=click.IntRange(min=1),
+    help="Summary size p; repeat for several (default: 50, 200, 500; a p above the owners' "
+    "total points is skipped).",
+)
+@click.option(
+    "--epsilon",
+    "epsilons",
+    multiple=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Privacy target, each party's epsilon at --delta; repeat (default: 0.3, 1, 3).",
+)
+@click.option(
+    "--seeds",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Number of session seeds 0..n-1 (default: 3; the scenario split always uses seed 0).",
+)
+@click.option(
+    "--method",
+    "methods",
+    multiple=True,
+    type=click.Choice(
+        ["exact-greedy", "greedy", "uniform", "paper", "candidates", "candidates-embedding-rerank"]
+    ),
+    help="Method to evaluate; repeat (default: all).",
+)
+@click.option(
+    "--delta",
+    default=1e-6,
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+    help="delta of every private method's epsilon.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default="out/evaluate",
+    type=click.Path(file_okay=False),
+    help="Directory for evaluation.json and quality_vs_epsilon.png.",
+)
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Smoke test: digits, p = 20, epsilon 1, one seed (options given explicitly win).",
+)
+def evaluate(
+    scenario_names: tuple[str, ...],
+    sizes: tuple[int, ...],
+    epsilons: tuple[float, ...],
+    seeds: int | None,
+    methods: tuple[str, ...],
+    delta: float,
+    out_dir: str,
+    quick: bool,
+) -> None:
+    """Compare every method's summary quality against epsilon over scenarios, p and seeds."""
+    from deploy.evaluate import (
+        DEFAULT_EPSILONS,
+        DEFAULT_SCENARIOS,
+        DEFAULT_SEEDS,
+        DEFAULT_SIZES,
+        EVAL_METHODS,
+        QUICK,
+        run_evaluation,
+    )
+
+    defaults: dict[str, Any] = (
+        QUICK
+        if quick
+        else {
+            "scenarios": DEFAULT_SCENARIOS,
+            "sizes": DEFAULT_SIZES,
+            "epsilons": DEFAULT_EPSILONS,
+            "seeds": DEFAULT_SEEDS,
+        }
+    )
+    try:
+        run_evaluation(
+            scenario_names or defaults["scenarios"],
+            sizes or defaults["sizes"],
+            epsilons or defaults["epsilons"],
+            seeds or defaults["seeds"],
+            methods or EVAL_METHODS,
+            Path(out_dir),
+            delta=delta,
+            console=Console(),
+        )
+    except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 
