@@ -24,9 +24,10 @@ class SummarizationConfig:
     ----------
     summary_size : int
         p, the number of owner points in the summary (seed set excluded).
-    method : {"private", "greedy", "uniform"}
-        Algorithm 3 (h2 embeddings + PrivAuction), non-private greedy on exact mean h1 embeddings,
-        or p/K points drawn uniformly from every owner.
+    method : {"candidates", "private", "greedy", "uniform"}
+        The candidates method (:mod:`common.candidates`, the default: best measured quality at a
+        given epsilon), Algorithm 3 (h2 embeddings + PrivAuction), non-private greedy on exact
+        mean h1 embeddings, or p/K points drawn uniformly from every owner.
     rff_dimension : int
         d, the dimension of h1 (Table 1: 140).
     gamma : float
@@ -78,7 +79,7 @@ class SummarizationConfig:
     """
 
     summary_size: int
-    method: Method = "private"
+    method: Method = "candidates"
     rff_dimension: int = 140
     gamma: float = 0.1
     epsilon_validation: float = 0.01

@@ -1,0 +1,143 @@
+"""Tests of deploy.evaluate: the quick evaluation grid end to end, in process."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from deploy.evaluate import (
+    EPSILON_FREE_METHODS,
+    EVAL_METHODS,
+    PRIVATE_METHODS,
+    QUICK,
+    run_evaluation,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, str]:
+    """``dpmarket evaluate --quick``: digits, p = 20, epsilon 1, one seed, every method."""
+    out = tmp_path_factory.mktemp("evaluate")
+    buffer = io.StringIO()
+    document = run_evaluation(
+        QUICK["scenarios"],
+        QUICK["sizes"],
+        QUICK["epsilons"],
+        QUICK["seeds"],
+        EVAL_METHODS,
+        out,
+        delta=1e-6,
+        console=Console(file=buffer, width=200),
+    )
+    return document, out, buffer.getvalue()
+
+
+def test_json_structure(quick: tuple[dict[str, Any], Path, str]) -> None:
+    document, out, _ = quick
+    on_disk = json.loads((out / "evaluation.json").read_text(encoding="utf-8"))
+    assert set(on_disk) == {"config", "runs", "aggregates", "goals", "skipped", "timing"}
+    assert on_disk["config"]["scenarios"] == ["digits"]
+    assert on_disk["config"]["sizes"] == [20]
+    assert on_disk["config"]["epsilons"] == [1.0]
+    assert on_disk["config"]["seeds"] == [0]
+    assert on_disk["config"]["delta"] == 1e-6
+    assert on_disk["skipped"] == []
+    # 3 epsilon-free methods + 3 private methods x 1 epsilon, one seed.
+    assert len(on_disk["runs"]) == len(EVAL_METHODS) == 6
+    for run in on_disk["runs"]:
+        assert run["status"] == "ok", run.get("error")
+        assert "wall_time_seconds" not in run  # machine-dependent figures live under "timing"
+        for key in ("mmd2_validation", "mmd2_test", "accuracy", "accessed_fraction"):
+            assert isinstance(run[key], float), key
+        assert run["mmd2_validation"] >= 0
+        assert 0.0 <= run["accuracy"] <= 1.0
+        assert run["accessed_fraction"] == run["owner_points_accessed"] / (5 * 20)
+        assert run["mmd2_over_uniform"] is not None
+        assert run["mmd2_over_exact_greedy"] is not None
+    by_method = {r["method"]: r for r in on_disk["runs"]}
+    assert by_method["uniform"]["mmd2_over_uniform"] == pytest.approx(1.0)
+    assert by_method["exact-greedy"]["mmd2_over_exact_greedy"] == pytest.approx(1.0)
+    assert len(on_disk["aggregates"]) == 6
+    for agg in on_disk["aggregates"]:
+        assert agg["n_seeds"] == 1 and agg["n_failed"] == 0
+        assert set(agg["mmd2_validation"]) == {"mean", "std"}
+        assert agg["mmd2_validation"]["std"] is None  # one seed: no spread
+    assert {g["method"] for g in on_disk["goals"]} == set(PRIVATE_METHODS)
+    for goal in on_disk["goals"]:
+        main = goal["eps_1"]
+        assert set(main) == {"mmd2_vs_uniform", "accuracy_vs_exact_greedy", "accessed_fraction"}
+        for check in main.values():
+            assert isinstance(check["met"], bool)
+            assert check["value"] is not None and check["bound"] is not None
+        # epsilon 3 is not in the quick grid: recorded as not evaluated.
+        assert goal["eps_3"]["mmd2_vs_exact_greedy"]["met"] is None
+        assert goal["all_met"] is None
+    assert len(on_disk["timing"]["runs"]) == 6
+    assert document["runs"] == on_disk["runs"]
+
+
+def test_private_epsilons_honour_the_target(quick: tuple[dict[str, Any], Path, str]) -> None:
+    document, _, _ = quick
+    target = 1.0
+    private = [r for r in document["runs"] if r["method"] in PRIVATE_METHODS]
+    assert {r["method"] for r in private} == set(PRIVATE_METHODS)
+    for run in private:
+        assert run["epsilon"] == target
+        for party in ("validation", "owners"):
+            assert run[f"delta_{party}"] == 1e-6
+            for accountant in ("pld", "theorem7"):
+                value = run[f"epsilon_{party}_{accountant}"]
+                assert value is not None and value > 0
+            # Calibration (paper) and the configured totals (candidates) are PLD targets.
+            assert run[f"epsilon_{party}_pld"] <= target * 1.001, (run["method"], party)
+            if run["method"] != "paper":
+                # One release per party (Gaussian, Laplace): Theorem 7 reports it as configured.
+                assert run[f"epsilon_{party}_theorem7"] <= target * 1.001
+
+
+def test_epsilon_free_methods_run_once_per_seed(
+    quick: tuple[dict[str, Any], Path, str],
+) -> None:
+    document, _, _ = quick
+    for method in EPSILON_FREE_METHODS:
+        runs = [r for r in document["runs"] if r["method"] == method]
+        assert len(runs) == 1
+        assert runs[0]["epsilon"] is None
+        assert runs[0]["epsilon_validation_pld"] is None
+
+
+def test_candidates_read_at_most_half_of_kp(quick: tuple[dict[str, Any], Path, str]) -> None:
+    document, _, _ = quick
+    runs = [r for r in document["runs"] if r["method"].startswith("candidates")]
+    assert len(runs) == 2
+    for run in runs:
+        assert run["accessed_fraction"] <= 0.5 + 1e-9
+
+
+def test_plot_and_table(quick: tuple[dict[str, Any], Path, str]) -> None:
+    _, out, printed = quick
+    png = out / "quality_vs_epsilon.png"
+    assert png.stat().st_size > 1000
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    assert "summary quality vs privacy" in printed
+    assert "candidates" in printed
+
+
+def test_rejects_unknown_method(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown methods"):
+        run_evaluation(["digits"], [20], [1.0], 1, ["nope"], tmp_path)
+
+
+def test_skips_p_above_owner_points(tmp_path: Path) -> None:
+    document = run_evaluation(
+        ["digits"], [10**6], [1.0], 1, ["uniform"], tmp_path, console=Console(file=io.StringIO())
+    )
+    assert document["runs"] == []
+    assert document["skipped"][0]["p"] == 10**6
