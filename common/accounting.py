@@ -490,6 +490,7 @@ def _group_pld(event: PrivacyEvent, count: int, interval: float) -> PrivacyLossD
     1656 runs by 11%.
     """
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from scipy.special import expit
     from scipy.stats import binom
 
     if event.mechanism == "laplace":
@@ -515,7 +516,7 @@ def _group_pld(event: PrivacyEvent, count: int, interval: float) -> PrivacyLossD
     # w.p. 1 / (1 + e^eps); with n_neg ~ Binomial(count, 1 / (1 + e^eps)) negative runs the
     # composed loss is eps * (count - 2 n_neg).
     n_neg = np.arange(count + 1)
-    pmf = binom.pmf(n_neg, count, 1.0 / (1.0 + math.exp(eps)))
+    pmf = binom.pmf(n_neg, count, expit(-eps))
     keep = pmf > _PLD_MIN_MASS
     # Dropped mass goes to infinite loss: pessimistic, and at most count * 1e-30 in total.
     dropped = float(pmf[~keep].sum())
@@ -544,6 +545,10 @@ def _sort_key(event: PrivacyEvent) -> tuple[str, float, float, float, float]:
         event.sensitivity or 0.0,
         event.scale or 0.0,
     )
+
+
+#: Per-event epsilon above which pld_epsilon reports inf instead of composing.
+_PLD_EPSILON_CAP = 30.0
 
 
 def pld_epsilon(
@@ -624,6 +629,9 @@ def pld_epsilon(
         grouped[replace(event, count=1)] += event.count
     if not grouped:
         return 0.0
+    if max(e.epsilon for e in grouped) > _PLD_EPSILON_CAP:
+        # The PLD library overflows (e^eps) long before this; the guarantee is vacuous anyway.
+        return math.inf
     if value_discretization_interval is None:
         scale_min = min(_loss_scale(e) for e in grouped)
         total = sum(e.epsilon * n for e, n in grouped.items())

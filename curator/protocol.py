@@ -327,6 +327,8 @@ class SummarizationSession:
             "budget": self._candidate_budget(),
             "gaussian_sigma": sigma,
             "relevance_threshold": threshold,
+            # Post-processing of the Laplace release, so safe to report; the exact counts are not.
+            "noisy_counts": {self._name(i): float(v) for i, v in zip(owners, noisy, strict=True)},
             "shares": {self._name(i): s for i, s in requests.items()},
         }
         self._emit("rounds", f"candidate shares: {sorted(requests.values(), reverse=True)}")

@@ -587,3 +587,10 @@ def test_kairouz_epsilon_delta_rejects_bad_input(
         kairouz_epsilon_delta(eps, deltas, 1e-3, **kwargs)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="delta_tilde"):
         kairouz_epsilon_delta([0.1], [0.0], 0.5)
+
+
+def test_vacuous_epsilons_report_infinity_instead_of_overflowing() -> None:
+    huge = PrivacyEvent("laplace", 1e5, 3, 2.0, scale=2e-5)
+    assert pld_epsilon([huge], 1e-6) == math.inf
+    assert advanced_composition_epsilon(1e5, 3, 1e-6) == math.inf
+    assert pld_epsilon([PrivacyEvent("pure", 1000.0, 2)], 1e-6) == math.inf
