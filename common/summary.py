@@ -13,7 +13,7 @@ from common.validation import check_delta, check_epsilon, check_positive_int
 
 Method = Literal["private", "greedy", "uniform", "candidates"]
 Stage = Literal["setup", "rounds", "done", "failed"]
-METHODS: tuple[Method, ...] = ("private", "greedy", "uniform", "candidates")
+METHODS: tuple[Method, ...] = ("candidates", "private", "greedy", "uniform")
 
 
 @dataclass(frozen=True)

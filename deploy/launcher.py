@@ -294,8 +294,8 @@ def run_demo(
     )
     results["uniform"] = _round_robin(results["uniform"])
     labels = {
+        "candidates": "private (candidates, default)",
         "private": "private (Algorithm 3)",
-        "candidates": "private (candidates)",
         "greedy": "greedy, RFF embeddings",
         "uniform": "uniform sampling",
         "exact-greedy": "greedy, exact kernel (pooled)",
