@@ -3,25 +3,42 @@
 :func:`paper_mode_events` lists the privacy events a completed ``method="private"`` session charges
 to its ledgers; :func:`calibrate_paper_mode` scales the configuration's per-iteration epsilons so
 that the composed epsilon of each party equals a target, e.g. to compare methods at equal privacy.
+:func:`rounds_mode_events` and :func:`calibrate_rounds_mode` do the same for ``method="rounds"``;
+:func:`rounds_auction` and :func:`rounds_tree_sigma` are the session's own calibrations
+(PrivAuction's parameters and the binary tree's noise), derived from the configuration alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Literal
 
-from common.accounting import PrivacyEvent, kairouz_epsilon_delta, pld_epsilon
-from common.auction import auction_parameters
+from common.accounting import (
+    PrivacyEvent,
+    analytic_gaussian_sigma,
+    kairouz_epsilon_delta,
+    pld_epsilon,
+)
+from common.auction import AuctionParams, auction_parameters
+from common.candidates import H1_NORM_BOUND, validation_embedding_sensitivity
+from common.continual import TreePrefixSum, tree_levels
 from common.summary import SummarizationConfig
 from common.validation import check_delta, check_epsilon, check_positive_int
 
 __all__ = [
     "CALIBRATION_RTOL",
     "MWEM_SENSITIVITY",
+    "TREE_INCREMENT_SENSITIVITY",
     "calibrate_paper_mode",
+    "calibrate_rounds_mode",
+    "gaussian_epsilon",
     "paper_mode_events",
+    "rounds_auction",
+    "rounds_mode_events",
+    "rounds_tree_sigma",
 ]
 
 #: Sensitivity ``Delta`` of MWEM's score and measurement (``common.mwem``): every coordinate of the
@@ -29,6 +46,9 @@ __all__ = [
 MWEM_SENSITIVITY = 2.0
 #: Calibrated epsilons lie in ``[(1 - CALIBRATION_RTOL) * target, target]``.
 CALIBRATION_RTOL = 1e-3
+#: L2 sensitivity of one increment of the summary tree: replacing one acquired point changes its
+#: h1 vector by at most ``2 sqrt(2)`` (``||h1(x)||_2 <= sqrt(2)``).
+TREE_INCREMENT_SENSITIVITY = TreePrefixSum.increment_sensitivity(H1_NORM_BOUND)
 # The search scales the configuration's epsilons by factors within [1/_MAX_FACTOR, _MAX_FACTOR].
 _MAX_FACTOR = 1e12
 _MAX_STEPS = 200
@@ -306,3 +326,293 @@ def calibrate_paper_mode(
         epsilon_summary=c_o * config.epsilon_summary,
         epsilon_auction=c_o * config.epsilon_auction,
     )
+
+
+# ------------------------------------------------------------------------------ rounds method
+def gaussian_epsilon(sigma: float, delta: float, sensitivity: float) -> float:
+    """epsilon at ``delta`` of one Gaussian mechanism with noise ``sigma`` and L2 ``sensitivity``.
+
+    The inverse of :func:`~common.accounting.analytic_gaussian_sigma` (exact privacy profile,
+    ``dp_accounting``'s ``GaussianPrivacyLoss``, bisected on epsilon keeping the upper end),
+    nudged up by ``1e-9`` relative so that the
+    event ``PrivacyEvent("gaussian", eps, sensitivity=sensitivity, scale=sigma, delta=delta)``
+    passes its consistency check.
+
+    Raises
+    ------
+    ValueError
+        If ``sigma`` or ``sensitivity`` is not finite and ``> 0`` or ``delta`` is outside (0, 1).
+    """
+    from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
+
+    s = check_epsilon(sigma, "sigma")
+    sens = check_epsilon(sensitivity, "sensitivity")
+    dl = check_delta(delta, "delta")
+    loss = GaussianPrivacyLoss(s, sensitivity=sens)
+
+    def delta_at(eps: float) -> float:
+        return float(loss.get_delta_for_epsilon(eps))
+
+    lo, hi = 0.0, 1.0
+    while delta_at(hi) > dl:
+        lo, hi = hi, 2.0 * hi
+        if hi > 1e6:
+            raise ValueError(f"sigma = {s} gives no finite epsilon at delta = {dl}")
+    for _ in range(200):  # delta_at is decreasing; keep delta_at(hi) <= dl
+        mid = 0.5 * (lo + hi)
+        if not lo < mid < hi or hi - lo <= 1e-12 * hi:
+            break
+        if delta_at(mid) > dl:
+            lo = mid
+        else:
+            hi = mid
+    return max(hi, 1e-12) * (1.0 + 1e-9)
+
+
+def _tree_levels_for(p: int) -> int:
+    """Levels of the summary tree of a p-round session: rounds 2..p release prefixes of 1..p-1."""
+    return tree_levels(max(p - 1, 1))
+
+
+@functools.lru_cache(maxsize=256)
+def _pure_epsilon_for_target(tau: int, target: float, delta: float) -> float:
+    """Per-event epsilon whose tau-fold pure composition has PLD epsilon in [(1-rtol) t, t]."""
+
+    def epsilon_of(c: float) -> float:
+        return pld_epsilon([PrivacyEvent("pure", c * target / tau, tau)], delta)
+
+    return _solve_factor(epsilon_of, target, "PrivAuction alone") * target / tau
+
+
+def rounds_auction(config: SummarizationConfig, n_owners: int) -> AuctionParams:
+    """PrivAuction's parameters in the rounds method (a pure function of the configuration).
+
+    With a summary release (``"tree"`` or ``"mwem"``) the auction gets
+    ``auction_share * epsilon_owners_total`` as its Theorem-6 epsilon:
+    ``auction_parameters(auction_share * epsilon_owners_total, delta, K)``. With
+    ``summary_release="none"`` the auction is the owners' only release and gets their whole
+    budget: ``tau = ceil(K^(2/3))`` as Appendix D, and ``eps_auc`` such that the PLD epsilon of
+    ``tau`` pure ``eps_auc`` events at ``delta`` lies in ``[(1 - 1e-3), 1] * epsilon_owners_total``.
+
+    Raises
+    ------
+    ValueError
+        If ``n_owners`` is not an integer ``>= 1``.
+    """
+    k = check_positive_int(n_owners, "n_owners")
+    if config.summary_release == "none":
+        tau = auction_parameters(1.0, config.delta, k).tau
+        eps_auc = _pure_epsilon_for_target(tau, config.epsilon_owners_total, config.delta)
+        return AuctionParams(eps_auc=eps_auc, tau=tau)
+    return auction_parameters(config.epsilon_owners_total * config.auction_share, config.delta, k)
+
+
+def _auction_events(auction: AuctionParams) -> list[PrivacyEvent]:
+    return [PrivacyEvent("pure", auction.eps_auc, auction.tau)]
+
+
+def _tree_events(sigma: float, levels: int, delta: float) -> list[PrivacyEvent]:
+    sens = TREE_INCREMENT_SENSITIVITY
+    return [
+        PrivacyEvent(
+            "gaussian",
+            gaussian_epsilon(sigma, delta, sens),
+            levels,
+            sens,
+            scale=sigma,
+            delta=delta,
+        )
+    ]
+
+
+@functools.lru_cache(maxsize=256)
+def _tree_sigma(target: float, delta: float, levels: int, eps_auc: float, tau: int) -> float:
+    auction = _auction_events(AuctionParams(eps_auc=eps_auc, tau=tau))
+    sens = TREE_INCREMENT_SENSITIVITY
+    if pld_epsilon(auction, delta) >= target:
+        raise ValueError(
+            f"cannot reach owners' epsilon target {target}: PrivAuction alone spends "
+            f"{pld_epsilon(auction, delta):.6g} (lower auction_share)"
+        )
+    # sigma = s0 / c: the owners' epsilon is non-decreasing in c.
+    s0 = analytic_gaussian_sigma(target, delta, sens * math.sqrt(levels))
+
+    def epsilon_of(c: float) -> float:
+        return pld_epsilon([*auction, *_tree_events(s0 / c, levels, delta)], delta)
+
+    return s0 / _solve_factor(epsilon_of, target, "the owners' data (tree + PrivAuction)")
+
+
+def rounds_tree_sigma(config: SummarizationConfig, n_owners: int) -> float:
+    """Noise standard deviation of every node of the rounds method's summary tree.
+
+    The smallest-found ``sigma`` such that ``levels`` Gaussian mechanisms of L2 sensitivity
+    :data:`TREE_INCREMENT_SENSITIVITY` (``2 sqrt(2)``) and noise ``sigma``, composed with
+    PrivAuction's ``tau`` pure ``eps_auc`` events (:func:`rounds_auction`), have PLD epsilon at
+    ``config.delta`` in ``[(1 - 1e-3), 1] * epsilon_owners_total``; ``levels =``
+    :func:`common.continual.tree_levels` ``(p - 1)`` (rounds 2..p release the prefix sums of the
+    first 1..p-1 acquired points). Cached: a pure function of the configuration and ``K``.
+
+    Returns
+    -------
+    float
+        sigma, in h1 units (per coordinate of the noisy node sums).
+
+    Raises
+    ------
+    ValueError
+        If PrivAuction alone already spends the target, or the search fails.
+    """
+    auction = rounds_auction(config, n_owners)
+    levels = _tree_levels_for(config.summary_size)
+    return _tree_sigma(
+        config.epsilon_owners_total, config.delta, levels, auction.eps_auc, auction.tau
+    )
+
+
+def rounds_mode_events(
+    config: SummarizationConfig, n_owners: int, *, validation_size: int, seed_set_size: int
+) -> dict[Party, list[PrivacyEvent]]:
+    """The privacy events a completed ``method="rounds"`` session charges, per party.
+
+    Parameters
+    ----------
+    config : SummarizationConfig
+        The rounds configuration (``validation_release``, ``summary_release``, ...).
+    n_owners : int
+        ``K``, >= 1.
+    validation_size : int
+        ``m``, >= 1 (the Gaussian release's sensitivity is ``2 sqrt(2) / m``).
+    seed_set_size : int
+        Size of the public seed set, >= 0.
+
+    Returns
+    -------
+    dict
+        * ``"validation"``: one Gaussian event ``(epsilon_validation_total, delta)`` of
+          sensitivity ``2 sqrt(2) / m`` and sigma ``analytic_gaussian_sigma(...)``, or the
+          paper's ``T_init`` MWEM selections and measurements at ``epsilon_validation``.
+        * ``"owners"``: PrivAuction's ``tau`` pure events (:func:`rounds_auction`), then for
+          ``"tree"`` ``levels`` Gaussian events (sensitivity ``2 sqrt(2)``, sigma
+          :func:`rounds_tree_sigma`, ``delta``), for ``"mwem"`` ``(p - 1) T_subs`` selections
+          and measurements at ``epsilon_summary / sqrt(p T_subs)``, for ``"none"`` nothing more.
+          The summary events are absent when ``p = 1`` (no release depends on acquired points).
+        * ``"public"``: the seed set's h2 release in round 1 (``"mwem"`` only, seed set
+          non-empty).
+
+    Raises
+    ------
+    ValueError
+        If an integer argument is out of range.
+    """
+    k = check_positive_int(n_owners, "n_owners")
+    m = check_positive_int(validation_size, "validation_size")
+    n_seed = _check_seed_set_size(seed_set_size)
+    p = config.summary_size
+    if config.validation_release == "gaussian":
+        sens = validation_embedding_sensitivity(m)
+        sigma = analytic_gaussian_sigma(config.epsilon_validation_total, config.delta, sens)
+        validation = [
+            PrivacyEvent(
+                "gaussian",
+                config.epsilon_validation_total,
+                1,
+                sens,
+                scale=sigma,
+                delta=config.delta,
+            )
+        ]
+    else:
+        validation = _h2_events(config.epsilon_validation, config.t_init)
+    owners = _auction_events(rounds_auction(config, k))
+    public: list[PrivacyEvent] = []
+    if config.summary_release == "tree" and p > 1:
+        owners += _tree_events(rounds_tree_sigma(config, k), _tree_levels_for(p), config.delta)
+    elif config.summary_release == "mwem":
+        if p > 1:
+            owners += _h2_events(
+                config.epsilon_per_later_iteration, (p - 1) * config.iterations_subsequent
+            )
+        if n_seed > 0:
+            public = _h2_events(config.epsilon_first_epoch, config.t_init)
+    return {"validation": validation, "owners": owners, "public": public}
+
+
+def calibrate_rounds_mode(
+    config: SummarizationConfig,
+    n_owners: int,
+    *,
+    epsilon_target: float,
+    delta: float,
+) -> SummarizationConfig:
+    """Configure the rounds method so that each party's PLD epsilon at ``delta`` is the target.
+
+    Parameters
+    ----------
+    config : SummarizationConfig
+        Starting configuration; its rounds options and ``auction_share`` are kept.
+    n_owners : int
+        ``K``, >= 1.
+    epsilon_target : float
+        PLD epsilon for the validation set and for the owners' data, each, ``> 0``.
+    delta : float
+        Total delta of both guarantees, ``0 < delta < 1/e``.
+
+    Returns
+    -------
+    SummarizationConfig
+        ``config`` with ``epsilon_validation_total = epsilon_owners_total = epsilon_target`` and
+        ``delta = delta``, and:
+
+        * ``validation_release="gaussian"``: nothing else (the session's sigma is the closed
+          form ``analytic_gaussian_sigma(epsilon_target, delta, 2 sqrt(2) / m)``, exactly
+          ``(epsilon_target, delta)``-DP); ``"mwem"``: ``epsilon_validation`` scaled so that the
+          ``T_init`` MWEM iterations compose to the target.
+        * ``summary_release="tree"`` or ``"none"``: nothing else (the session derives the tree's
+          sigma, :func:`rounds_tree_sigma`, and PrivAuction's ``eps_auc``,
+          :func:`rounds_auction`, from ``epsilon_owners_total``); ``"mwem"``: ``epsilon_summary``
+          scaled so that PrivAuction (fixed at ``auction_share * epsilon_target``) plus the
+          ``(p - 1) T_subs`` MWEM iterations compose to the target.
+
+        With ``E_party`` the PLD epsilon of :func:`rounds_mode_events` ``(result, ...)[party]``
+        at ``delta``: ``(1 - 1e-3) epsilon_target <= E_party <= epsilon_target`` for both parties
+        (for the owners when ``p > 1`` or ``summary_release="none"``; with ``p = 1`` and a
+        summary release only the auction is charged).
+
+    Raises
+    ------
+    ValueError
+        If an argument is out of range or the target cannot be reached (e.g. PrivAuction alone
+        spends more than the target).
+    """
+    target = check_epsilon(epsilon_target, "epsilon_target")
+    dl = check_delta(delta, "delta", upper=1.0 / math.e)
+    k = check_positive_int(n_owners, "n_owners")
+    out = dataclasses.replace(
+        config, epsilon_validation_total=target, epsilon_owners_total=target, delta=dl
+    )
+    if out.validation_release == "mwem":
+        base_v = out
+
+        def validation_epsilon(c: float) -> float:
+            return pld_epsilon(_h2_events(c * base_v.epsilon_validation, base_v.t_init), dl)
+
+        c_v = _solve_factor(validation_epsilon, target, "the validation set")
+        out = dataclasses.replace(out, epsilon_validation=c_v * out.epsilon_validation)
+    if out.summary_release == "mwem" and out.summary_size > 1:
+        base_o = out
+        auction = _auction_events(rounds_auction(base_o, k))
+
+        def owners_epsilon(c: float) -> float:
+            cfg = dataclasses.replace(base_o, epsilon_summary=c * base_o.epsilon_summary)
+            h2 = _h2_events(
+                cfg.epsilon_per_later_iteration,
+                (cfg.summary_size - 1) * cfg.iterations_subsequent,
+            )
+            return pld_epsilon([*auction, *h2], dl)
+
+        c_o = _solve_factor(owners_epsilon, target, "the owners' data (h2 + PrivAuction)")
+        out = dataclasses.replace(out, epsilon_summary=c_o * out.epsilon_summary)
+    elif out.summary_release == "tree" and out.summary_size > 1:
+        rounds_tree_sigma(out, k)  # fail early (and warm the cache) if unreachable
+    return out

@@ -11,9 +11,16 @@ from numpy.typing import NDArray
 
 from common.validation import check_delta, check_epsilon, check_positive_int
 
-Method = Literal["private", "greedy", "uniform", "candidates"]
+Method = Literal["private", "greedy", "uniform", "candidates", "rounds"]
 Stage = Literal["setup", "rounds", "done", "failed"]
-METHODS: tuple[Method, ...] = ("candidates", "private", "greedy", "uniform")
+METHODS: tuple[Method, ...] = ("candidates", "private", "greedy", "uniform", "rounds")
+ValidationRelease = Literal["mwem", "gaussian"]
+SummaryRelease = Literal["mwem", "tree", "none"]
+PoolScoring = Literal["embedding", "exact"]
+#: Allowed values of the ``"rounds"`` method's options.
+VALIDATION_RELEASES: tuple[ValidationRelease, ...] = ("mwem", "gaussian")
+SUMMARY_RELEASES: tuple[SummaryRelease, ...] = ("mwem", "tree", "none")
+POOL_SCORINGS: tuple[PoolScoring, ...] = ("embedding", "exact")
 
 
 @dataclass(frozen=True)
@@ -24,10 +31,13 @@ class SummarizationConfig:
     ----------
     summary_size : int
         p, the number of owner points in the summary (seed set excluded).
-    method : {"candidates", "private", "greedy", "uniform"}
+    method : {"candidates", "private", "greedy", "uniform", "rounds"}
         The candidates method (:mod:`common.candidates`, the default: best measured quality at a
         given epsilon), Algorithm 3 (h2 embeddings + PrivAuction), non-private greedy on exact
-        mean h1 embeddings, or p/K points drawn uniformly from every owner.
+        mean h1 embeddings, p/K points drawn uniformly from every owner, or ``"rounds"``:
+        Algorithm 3's per-round protocol whose validation release, summary release and pool
+        scoring are chosen by ``validation_release``, ``summary_release`` and ``pool_scoring``
+        (README, "Methods").
     rff_dimension : int
         d, the dimension of h1 (Table 1: 140).
     gamma : float
@@ -54,11 +64,16 @@ class SummarizationConfig:
     delta_validation : float
         delta~ of the validation set's composition bound (Section 4: 0.01).
     epsilon_validation_total : float
-        Candidates method: epsilon of the Gaussian release of the validation embedding.
+        Candidates and rounds methods: epsilon of the Gaussian release of the validation
+        embedding.
     epsilon_owners_total : float
-        Candidates method: epsilon of the Laplace-noised relevance counts, w.r.t. each owner's data.
+        Candidates method: epsilon of the Laplace-noised relevance counts, w.r.t. each owner's
+        data. Rounds method: PLD epsilon (at ``delta``) of everything the owners' data
+        influences (summary releases and PrivAuction) when ``summary_release`` is ``"tree"`` or
+        ``"none"``.
     delta : float
-        Candidates method: delta of the Gaussian mechanism; every epsilon it reports holds for it.
+        Candidates and rounds methods: delta of the Gaussian mechanisms and of every reported
+        epsilon.
     candidate_fraction : float
         Candidates method: the curator accesses at most ``floor(candidate_fraction * K * p)`` owner
         points; must allow at least p.
@@ -71,6 +86,22 @@ class SummarizationConfig:
     embedding_rerank : bool
         Candidates method: choose the summary among the candidates by the private embedding
         instead of the exact kernel (to measure what exact re-ranking adds).
+    validation_release : {"gaussian", "mwem"}
+        Rounds method: gtilde by the Gaussian mechanism on ``mean h1(D_v)`` at
+        ``(epsilon_validation_total, delta)``, or by h2 (MWEM) exactly as the paper's mode
+        (``epsilon_validation`` per iteration, ``T_init`` iterations).
+    summary_release : {"tree", "mwem", "none"}
+        Rounds method: the running summary embedding by the binary-tree continual release of the
+        prefix sum of h1 of the acquired points (:mod:`common.continual`; noise calibrated so the
+        owners' PLD epsilon is ``epsilon_owners_total``), by h2 each round as the paper, or not
+        at all (owners bid with the validation embedding only).
+    pool_scoring : {"exact", "embedding"}
+        Rounds method: the curator adds the pool point with the largest exact marginal gain
+        (:func:`common.kernels.marginal_gain_score`; it holds D_v and the summary) or the largest
+        private-embedding bid (the paper's step 15).
+    auction_share : float
+        Rounds method, ``summary_release`` "tree" or "mwem": PrivAuction gets
+        ``auction_share * epsilon_owners_total`` as its Theorem-6 epsilon, in (0, 1].
 
     Raises
     ------
@@ -98,6 +129,10 @@ class SummarizationConfig:
     relevance_threshold: float = 0.5
     candidate_even_share: float = 0.2
     embedding_rerank: bool = False
+    validation_release: ValidationRelease = "gaussian"
+    summary_release: SummaryRelease = "tree"
+    pool_scoring: PoolScoring = "exact"
+    auction_share: float = 0.5
 
     def __post_init__(self) -> None:
         check_positive_int(self.summary_size, "summary_size")
@@ -130,6 +165,15 @@ class SummarizationConfig:
             raise ValueError(
                 f"candidate_even_share must lie in [0, 1], got {self.candidate_even_share}"
             )
+        for name, allowed in (
+            ("validation_release", VALIDATION_RELEASES),
+            ("summary_release", SUMMARY_RELEASES),
+            ("pool_scoring", POOL_SCORINGS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not (math.isfinite(self.auction_share) and 0.0 < self.auction_share <= 1.0):
+            raise ValueError(f"auction_share must lie in (0, 1], got {self.auction_share}")
 
     @property
     def t_init(self) -> int:

@@ -24,8 +24,25 @@ _METHODS = {
     "greedy": curator_pb2.METHOD_GREEDY,
     "uniform": curator_pb2.METHOD_UNIFORM,
     "candidates": curator_pb2.METHOD_CANDIDATES,
+    "rounds": curator_pb2.METHOD_ROUNDS,
 }
 _METHOD_NAMES = {v: k for k, v in _METHODS.items()}
+#: The rounds method's string options and their proto enums.
+_ENUM_PARAMS: dict[str, dict[str, int]] = {
+    "validation_release": {
+        "mwem": curator_pb2.VALIDATION_RELEASE_MWEM,
+        "gaussian": curator_pb2.VALIDATION_RELEASE_GAUSSIAN,
+    },
+    "summary_release": {
+        "mwem": curator_pb2.SUMMARY_RELEASE_MWEM,
+        "tree": curator_pb2.SUMMARY_RELEASE_TREE,
+        "none": curator_pb2.SUMMARY_RELEASE_NONE,
+    },
+    "pool_scoring": {
+        "embedding": curator_pb2.POOL_SCORING_EMBEDDING,
+        "exact": curator_pb2.POOL_SCORING_EXACT,
+    },
+}
 _STAGES: dict[int, Stage] = {
     curator_pb2.STAGE_SETUP: "setup",
     curator_pb2.STAGE_ROUNDS: "rounds",
@@ -41,9 +58,10 @@ def create_request_to_proto(
     seed: int | None,
 ) -> curator_pb2.CreateSessionRequest:
     """Build a CreateSessionRequest; every parameter is sent explicitly."""
-    params = curator_pb2.SummarizationParams(
-        **{name: getattr(config, name) for name in PARAMETER_NAMES}
-    )
+    values = {name: getattr(config, name) for name in PARAMETER_NAMES}
+    for name, table in _ENUM_PARAMS.items():
+        values[name] = table[values[name]]
+    params = curator_pb2.SummarizationParams(**values)
     request = curator_pb2.CreateSessionRequest(
         validation=array_to_proto(np.asarray(validation, dtype=np.float64)),
         seed_set=array_to_proto(np.asarray(seed_set, dtype=np.float64)),

@@ -63,8 +63,25 @@ _METHODS = {
     curator_pb2.METHOD_GREEDY: "greedy",
     curator_pb2.METHOD_UNIFORM: "uniform",
     curator_pb2.METHOD_CANDIDATES: "candidates",
+    curator_pb2.METHOD_ROUNDS: "rounds",
 }
 _METHOD_TO_PROTO = {v: k for k, v in _METHODS.items()}
+#: The rounds method's proto enums and their string options (UNSPECIFIED = the default).
+_ENUM_PARAMS: dict[str, dict[int, str]] = {
+    "validation_release": {
+        curator_pb2.VALIDATION_RELEASE_MWEM: "mwem",
+        curator_pb2.VALIDATION_RELEASE_GAUSSIAN: "gaussian",
+    },
+    "summary_release": {
+        curator_pb2.SUMMARY_RELEASE_MWEM: "mwem",
+        curator_pb2.SUMMARY_RELEASE_TREE: "tree",
+        curator_pb2.SUMMARY_RELEASE_NONE: "none",
+    },
+    "pool_scoring": {
+        curator_pb2.POOL_SCORING_EMBEDDING: "embedding",
+        curator_pb2.POOL_SCORING_EXACT: "exact",
+    },
+}
 _STAGES = {
     "setup": curator_pb2.STAGE_SETUP,
     "rounds": curator_pb2.STAGE_ROUNDS,
@@ -88,7 +105,7 @@ def create_request_from_proto(
     method = _METHODS.get(request.method)
     if method is None:
         raise InvalidArgumentError(
-            f"method must be PRIVATE, GREEDY, UNIFORM or CANDIDATES, got {request.method}"
+            f"method must be PRIVATE, GREEDY, UNIFORM, CANDIDATES or ROUNDS, got {request.method}"
         )
     try:
         validation = array_from_proto(request.validation, "validation", ndim=2, dtype=np.float64)
@@ -100,6 +117,13 @@ def create_request_from_proto(
         overrides = {
             name: getattr(params, name) for name in PARAMETER_NAMES if getattr(params, name) != 0
         }
+        for name, table in _ENUM_PARAMS.items():
+            if name in overrides:
+                if overrides[name] not in table:
+                    raise ValueError(
+                        f"{name} must be one of {sorted(table)}, got {overrides[name]}"
+                    )
+                overrides[name] = table[overrides[name]]
         config = SummarizationConfig(
             summary_size=int(request.summary_size),
             method=method,  # type: ignore[arg-type]

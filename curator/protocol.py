@@ -27,11 +27,18 @@ from common.auction import (
     parsimony_bound,
     rank_owners,
 )
+from common.calibration import (
+    TREE_INCREMENT_SENSITIVITY,
+    gaussian_epsilon,
+    rounds_auction,
+    rounds_tree_sigma,
+)
 from common.candidates import (
     allocate_candidates,
     relevance_threshold,
     validation_embedding_sensitivity,
 )
+from common.continual import TreePrefixSum
 from common.endpoints import OwnerBid, OwnerEndpoint, OwnerInfo, ReleasedPoint
 from common.errors import (
     AbortedError,
@@ -40,7 +47,13 @@ from common.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
-from common.kernels import bid_direction, bid_scores, embedding_greedy, exact_kernel_greedy
+from common.kernels import (
+    bid_direction,
+    bid_scores,
+    embedding_greedy,
+    exact_kernel_greedy,
+    marginal_gain_score,
+)
 from common.ledger import Charge, PrivacyLedger
 from common.mwem import MWEMRelease, MWEMState
 from common.quantization import quantize_features
@@ -51,6 +64,8 @@ from common.validation import check_matrix
 logger = logging.getLogger(__name__)
 
 Party = Literal["validation", "owners", "public"]
+#: The per-round loop's modes: non-private greedy, the paper's Algorithm 3, the rounds method.
+RoundsMode = Literal["greedy", "private", "rounds"]
 
 #: Relative and absolute tolerance when checking a reported bid against the released point
 #: (owner and curator compute the same float32 products; only summation order may differ).
@@ -84,6 +99,143 @@ class _SummaryState:
     points: list[NDArray[np.float64]] = field(default_factory=list)
     labels: list[int | None] = field(default_factory=list)
     owners: list[int] = field(default_factory=list)
+
+
+class _SummaryRelease:
+    """How the running summary embedding g_l reaches the owners each round (Algorithm 3, step 5).
+
+    :meth:`release` returns ``(g, q)`` to broadcast in ``round_`` (charging what it releases);
+    :meth:`add` takes the h1 features of the point added at the end of ``round_``.
+    """
+
+    def release(self, round_: int) -> tuple[NDArray[np.float64], int]:
+        raise NotImplementedError
+
+    def add(self, features: NDArray[np.float64], round_: int) -> None:
+        raise NotImplementedError
+
+
+class _ExactSummary(_SummaryRelease):
+    """Non-private greedy: the exact mean h1 embedding of the summary."""
+
+    def __init__(self, seed_features: NDArray[np.floating]) -> None:
+        self.q = seed_features.shape[0]
+        self.total = seed_features.sum(axis=0)
+
+    def release(self, round_: int) -> tuple[NDArray[np.float64], int]:
+        return (np.zeros_like(self.total) if self.q == 0 else self.total / self.q), self.q
+
+    def add(self, features: NDArray[np.float64], round_: int) -> None:
+        self.total = self.total + features
+        self.q += 1
+
+
+class _MWEMSummary(_SummaryRelease):
+    """The paper's h2 release of the quantized summary, MWEM warm-started across rounds; round 1
+    releases the public seed set only (charged as ``"public"``)."""
+
+    def __init__(self, session: SummarizationSession, seed_features: NDArray[np.floating]) -> None:
+        cfg = session.config
+        self.session = session
+        self.q = seed_features.shape[0]
+        self.eta = cfg.eta
+        self.quantized_sum = (
+            quantize_features(seed_features, self.eta, session.rng).sum(axis=0)
+            if self.q > 0
+            else np.zeros(cfg.rff_dimension)
+        )
+        self.mwem = MWEMState(cfg.rff_dimension, self.eta)
+
+    def release(self, round_: int) -> tuple[NDArray[np.float64], int]:
+        cfg = self.session.config
+        if self.q == 0:
+            return np.zeros(cfg.rff_dimension), 0
+        public = round_ == 1
+        release = self.mwem.release(
+            self.quantized_sum,
+            self.q,
+            cfg.t_init if public else cfg.iterations_subsequent,
+            cfg.epsilon_first_epoch if public else cfg.epsilon_per_later_iteration,
+            self.session.rng,
+        )
+        self.session._charge_mwem(
+            "public" if public else "owners",
+            f"h2(h1(D_s)) round {round_}" + (" (seed set only)" if public else ""),
+            release,
+        )
+        return release.embedding, self.q
+
+    def add(self, features: NDArray[np.float64], round_: int) -> None:
+        self.quantized_sum = (
+            self.quantized_sum + quantize_features(features[None, :], self.eta, self.session.rng)[0]
+        )
+        self.q += 1
+
+
+class _TreeSummary(_SummaryRelease):
+    """Rounds method: ``g_l = (sum h1(D_init) + noisy prefix sum of h1 of acquired points) / q``,
+    the prefix sum released by the binary tree (:class:`common.continual.TreePrefixSum`)."""
+
+    def __init__(
+        self, session: SummarizationSession, seed_features: NDArray[np.floating], sigma: float
+    ) -> None:
+        cfg = session.config
+        self.session = session
+        self.n_seed = seed_features.shape[0]
+        self.seed_sum = seed_features.sum(axis=0)
+        self.p = cfg.summary_size
+        # Rounds 2..p release the prefix sums of acquired points 1..p-1; the p-th is never used.
+        self.tree = TreePrefixSum(max(self.p - 1, 1), cfg.rff_dimension, sigma, session.rng)
+        self.charged = False
+
+    def release(self, round_: int) -> tuple[NDArray[np.float64], int]:
+        q = self.n_seed + self.tree.count
+        if q == 0:
+            return np.zeros_like(self.seed_sum), 0
+        if self.tree.count > 0 and not self.charged:
+            self._charge()
+        return (self.seed_sum + self.tree.prefix_sum()) / q, q
+
+    def _charge(self) -> None:
+        """Charge the whole tree once, at its first release: every acquired point enters at most
+        ``levels`` released nodes, each a Gaussian mechanism of L2 sensitivity 2 sqrt(2)."""
+        cfg = self.session.config
+        sigma, levels, sens = self.tree.sigma, self.tree.levels, TREE_INCREMENT_SENSITIVITY
+        self.session.ledgers["owners"].charge(
+            [
+                Charge(
+                    "owners",
+                    f"summary embedding: binary-tree prefix sums, {levels} nodes per point",
+                    PrivacyEvent(
+                        "gaussian",
+                        gaussian_epsilon(sigma, cfg.delta, sens),
+                        levels,
+                        sens,
+                        scale=sigma,
+                        delta=cfg.delta,
+                    ),
+                )
+            ]
+        )
+        self.charged = True
+
+    def add(self, features: NDArray[np.float64], round_: int) -> None:
+        if round_ < self.p:  # the last point is never released
+            self.tree.add(features)
+
+
+class _NoSummary(_SummaryRelease):
+    """Rounds method without a summary broadcast: a zero embedding and q = 0 every round, so the
+    owners bid ``gtilde . h1(x)``."""
+
+    def __init__(self, d: int) -> None:
+        self.d = d
+
+    def release(self, round_: int) -> tuple[NDArray[np.float64], int]:
+        return np.zeros(self.d), 0
+
+    def add(self, features: NDArray[np.float64], round_: int) -> None:
+        return None
 
 
 class SummarizationSession:
@@ -139,14 +291,12 @@ class SummarizationSession:
         self.slots = [_OwnerSlot(endpoint=o) for o in owners]
         self.on_progress = on_progress
         self.call_timeout = call_timeout
-        candidates = config.method == "candidates"
+        one_delta = config.method in ("candidates", "rounds")
         self.ledgers = {
             "validation": PrivacyLedger(
-                delta_tilde=config.delta if candidates else config.delta_validation
+                delta_tilde=config.delta if one_delta else config.delta_validation
             ),
-            "owners": PrivacyLedger(
-                delta_tilde=config.delta if candidates else config.delta_owners
-            ),
+            "owners": PrivacyLedger(delta_tilde=config.delta if one_delta else config.delta_owners),
         }
         self._candidates_info: dict[str, Any] = {}
         self.points_accessed = 0
@@ -236,8 +386,12 @@ class SummarizationSession:
                 await self._run_uniform(summary)
             elif cfg.method == "candidates":
                 await self._run_candidates(summary, rff)
+            elif cfg.method == "rounds":
+                await self._run_greedy(summary, rff, mode="rounds")
             else:
-                await self._run_greedy(summary, rff, private=cfg.method == "private")
+                await self._run_greedy(
+                    summary, rff, mode="private" if cfg.method == "private" else "greedy"
+                )
         finally:
             await self._close_owner_sessions()
         elapsed = time.perf_counter() - start
@@ -276,22 +430,9 @@ class SummarizationSession:
         relevance counts, local greedy proposals, exact re-ranking by the trusted curator."""
         cfg = self.config
         round_start = time.perf_counter()
-        p, d = cfg.summary_size, cfg.rff_dimension
+        p = cfg.summary_size
         val_features = random_fourier_features(self.validation, rff, dtype=np.float64)
-        # gtilde: Gaussian mechanism on mean h1(D_v), L2 sensitivity 2 sqrt(2) / m (replace one).
-        sensitivity = validation_embedding_sensitivity(val_features.shape[0])
-        eps_v = cfg.epsilon_validation_total
-        sigma = analytic_gaussian_sigma(eps_v, cfg.delta, sensitivity)
-        g_val = val_features.mean(axis=0) + self.rng.normal(0.0, sigma, size=d)
-        self.ledgers["validation"].charge(
-            [
-                Charge(
-                    "validation",
-                    "gtilde = mean h1(D_v) + Gaussian noise",
-                    PrivacyEvent("gaussian", eps_v, 1, sensitivity, scale=sigma, delta=cfg.delta),
-                )
-            ]
-        )
+        g_val, sigma = self._gaussian_validation_embedding(val_features)
         await self._gather(
             self._active(),
             lambda i: self._endpoint(i).set_validation_embedding(self.session_id, g_val),
@@ -367,72 +508,42 @@ class SummarizationSession:
         self.round_seconds.append(time.perf_counter() - round_start)
         self._emit("rounds", f"{p} of {pool.shape[0]} candidates chosen")
 
-    async def _run_greedy(self, summary: _SummaryState, rff: RFFParams, *, private: bool) -> None:
-        """Algorithm 3 (``private``) or non-private greedy on exact mean h1 embeddings."""
+    async def _run_greedy(
+        self, summary: _SummaryState, rff: RFFParams, *, mode: RoundsMode
+    ) -> None:
+        """The per-round loop: Algorithm 3 (``"private"``), non-private greedy on exact mean h1
+        embeddings (``"greedy"``), or the rounds method (``"rounds"``: its validation release,
+        summary release and pool scoring are the configuration's options)."""
         cfg = self.config
-        p, d = cfg.summary_size, cfg.rff_dimension
-        eta = cfg.eta
+        p = cfg.summary_size
         val_features = random_fourier_features(self.validation, rff, dtype=np.float64)
         seed_features = random_fourier_features(self.seed_set, rff, dtype=np.float64)
-        # Step 3: the validation embedding gtilde = h2(h1(D_v), eps_v), or the exact mean.
-        if private:
-            val_sums = quantize_features(val_features, eta, self.rng).sum(axis=0)
-            release = MWEMState(d, eta).release(
-                val_sums, val_features.shape[0], cfg.t_init, cfg.epsilon_validation, self.rng
+        # Step 3: the validation embedding gtilde.
+        g_val = self._validation_embedding(val_features, mode)
+        if mode != "greedy":
+            self._auction = (
+                auction_parameters(cfg.epsilon_auction, cfg.delta_owners, len(self.slots))
+                if mode == "private"
+                else rounds_auction(cfg, len(self.slots))
             )
-            self._charge_mwem("validation", "h2(h1(D_v)): validation embedding", release)
-            g_val = release.embedding
-            self._auction = auction_parameters(
-                cfg.epsilon_auction, cfg.delta_owners, len(self.slots)
-            )
-        else:
-            g_val = val_features.mean(axis=0)
         await self._gather(
             self._active(),
             lambda i: self._endpoint(i).set_validation_embedding(self.session_id, g_val),
         )
         self._require_owners()
-        # Running state of the summary S = D_init + acquired points.
-        q = seed_features.shape[0]
-        exact_sum = seed_features.sum(axis=0)
-        quantized_sum: NDArray[np.float64] | None = None
-        if private:
-            quantized_sum = (
-                quantize_features(seed_features, eta, self.rng).sum(axis=0)
-                if q > 0
-                else np.zeros(d)
-            )
-        mwem_summary = MWEMState(d, eta) if private else None
+        # Running state of the summary S = D_init + acquired points, and its release.
+        tracker = self._summary_release(mode, seed_features)
         pool: list[_PoolEntry] = []
         for round_ in range(1, p + 1):
             round_start = time.perf_counter()
-            # Step 5: the summary embedding g_l.
-            if q == 0:
-                g_sum = np.zeros(d)
-            elif private:
-                assert mwem_summary is not None and quantized_sum is not None
-                public = round_ == 1
-                release = mwem_summary.release(
-                    quantized_sum,
-                    q,
-                    cfg.t_init if public else cfg.iterations_subsequent,
-                    cfg.epsilon_first_epoch if public else cfg.epsilon_per_later_iteration,
-                    self.rng,
-                )
-                self._charge_mwem(
-                    "public" if public else "owners",
-                    f"h2(h1(D_s)) round {round_}" + (" (seed set only)" if public else ""),
-                    release,
-                )
-                g_sum = release.embedding
-            else:
-                g_sum = exact_sum / q
-            direction = bid_direction(g_val, g_sum, q)
+            # Step 5: the summary embedding g_l (and the summary size the owners are told).
+            g_sum, q_sent = tracker.release(round_)
+            direction = bid_direction(g_val, g_sum, q_sent)
             # Step 6: concurrent bids.
             active = self._active()
             bids_by_owner = await self._gather(
                 active,
-                lambda i: self._endpoint(i).bid(self.session_id, round_, g_sum, q),  # noqa: B023
+                lambda i: self._endpoint(i).bid(self.session_id, round_, g_sum, q_sent),  # noqa: B023
             )
             self._require_owners()
             bids = np.full(len(self.slots), np.nan)
@@ -444,8 +555,7 @@ class SummarizationSession:
             # Step 7: PrivAuction (steps 11-16), or the top bidder alone without privacy.
             if np.isnan(bids).all():
                 asked = np.zeros(len(self.slots), dtype=bool)
-            elif private:
-                assert self._auction is not None
+            elif self._auction is not None:
                 if round_ == 1:
                     self._charge_auction(self._auction)
                 asked = choose_owners_to_ask(bids, times_best, self._auction, self.rng)
@@ -475,20 +585,84 @@ class SummarizationSession:
                     f"round {round_}: no owner has a point left to offer "
                     f"({len(summary.points)} of {p} points collected)" + self._drop_suffix()
                 )
-            # Step 15: add the pool point with the largest bid, recomputed from the raw point.
-            scores = bid_scores(np.stack([e.features for e in pool]), direction)
-            best = pool.pop(int(np.argmax(scores)))
+            # Step 15: add the best pool point. Every message of this round has been sent.
+            best = pool.pop(self._choose_from_pool(pool, direction, summary))
             summary.points.append(best.point)
             summary.labels.append(best.label)
             summary.owners.append(best.owner)
             new_features = random_fourier_features(best.point[None, :], rff, dtype=np.float64)
-            exact_sum += new_features[0]
-            if quantized_sum is not None:
-                quantized_sum = quantized_sum + quantize_features(new_features, eta, self.rng)[0]
-            q += 1
+            tracker.add(new_features[0], round_)
             self.rounds_done = round_
             self.round_seconds.append(time.perf_counter() - round_start)
             self._emit("rounds", f"round {round_}: {int(asked.sum())} owner(s) asked")
+
+    def _validation_embedding(
+        self, val_features: NDArray[np.floating], mode: RoundsMode
+    ) -> NDArray[np.float64]:
+        """gtilde: h2 (paper; rounds with ``validation_release="mwem"``), the Gaussian mechanism
+        (rounds, ``"gaussian"``) or the exact mean (greedy); charged to the validation ledger."""
+        cfg = self.config
+        if mode == "greedy":
+            return val_features.mean(axis=0)
+        if mode == "rounds" and cfg.validation_release == "gaussian":
+            return self._gaussian_validation_embedding(val_features)[0]
+        val_sums = quantize_features(val_features, cfg.eta, self.rng).sum(axis=0)
+        release = MWEMState(cfg.rff_dimension, cfg.eta).release(
+            val_sums, val_features.shape[0], cfg.t_init, cfg.epsilon_validation, self.rng
+        )
+        self._charge_mwem("validation", "h2(h1(D_v)): validation embedding", release)
+        return release.embedding
+
+    def _gaussian_validation_embedding(
+        self, val_features: NDArray[np.floating]
+    ) -> tuple[NDArray[np.float64], float]:
+        """gtilde = mean h1(D_v) + N(0, sigma^2 I) at (epsilon_validation_total, delta); charged.
+
+        L2 sensitivity 2 sqrt(2) / m under replacing one validation point (m public)."""
+        cfg = self.config
+        sensitivity = validation_embedding_sensitivity(val_features.shape[0])
+        eps_v = cfg.epsilon_validation_total
+        sigma = analytic_gaussian_sigma(eps_v, cfg.delta, sensitivity)
+        g_val = val_features.mean(axis=0) + self.rng.normal(0.0, sigma, size=cfg.rff_dimension)
+        self.ledgers["validation"].charge(
+            [
+                Charge(
+                    "validation",
+                    "gtilde = mean h1(D_v) + Gaussian noise",
+                    PrivacyEvent("gaussian", eps_v, 1, sensitivity, scale=sigma, delta=cfg.delta),
+                )
+            ]
+        )
+        return g_val, sigma
+
+    def _summary_release(
+        self, mode: RoundsMode, seed_features: NDArray[np.floating]
+    ) -> _SummaryRelease:
+        cfg = self.config
+        if mode == "greedy":
+            return _ExactSummary(seed_features)
+        if mode == "private" or cfg.summary_release == "mwem":
+            return _MWEMSummary(self, seed_features)
+        if cfg.summary_release == "tree":
+            return _TreeSummary(self, seed_features, rounds_tree_sigma(cfg, len(self.slots)))
+        return _NoSummary(cfg.rff_dimension)
+
+    def _choose_from_pool(
+        self, pool: list[_PoolEntry], direction: NDArray[np.float32], summary: _SummaryState
+    ) -> int:
+        """Index of the pool point to add: the largest recomputed bid (step 15), or in the rounds
+        method with ``pool_scoring="exact"`` the largest exact marginal gain on D_v and the current
+        summary (seed set included), which the trusted curator holds."""
+        cfg = self.config
+        if cfg.method == "rounds" and cfg.pool_scoring == "exact":
+            current = np.concatenate(
+                [self.seed_set, np.reshape(summary.points, (-1, self.seed_set.shape[1]))]
+            )
+            exact = marginal_gain_score(
+                np.stack([e.point for e in pool]), self.validation, current, cfg.gamma
+            )
+            return int(np.argmax(exact))
+        return int(np.argmax(bid_scores(np.stack([e.features for e in pool]), direction)))
 
     # ------------------------------------------------------------------------------- helpers
     def _pool_released(

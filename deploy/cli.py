@@ -27,6 +27,9 @@ from common.errors import DPMarketError
 from common.summary import (
     METHODS,
     PARAMETER_NAMES,
+    POOL_SCORINGS,
+    SUMMARY_RELEASES,
+    VALIDATION_RELEASES,
     ProgressEvent,
     SummarizationConfig,
     SummaryResult,
@@ -187,7 +190,9 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
             default="candidates",
             help="candidates: private candidates with exact re-ranking (the default private "
             "method: best measured quality); private: the paper's Algorithm 3; greedy: "
-            "non-private greedy on exact mean h1 embeddings; uniform: p/K points from every owner.",
+            "non-private greedy on exact mean h1 embeddings; uniform: p/K points from every "
+            "owner; rounds: Algorithm 3's per-round protocol with the releases and pool scoring "
+            "chosen by --validation-release, --summary-release and --pool-scoring.",
         ),
         click.option(
             "--test",
@@ -303,6 +308,32 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
             "--embedding-rerank",
             is_flag=True,
             help="candidates: re-rank by the private embedding, not the exact kernel.",
+        ),
+        click.option(
+            "--validation-release",
+            type=click.Choice(VALIDATION_RELEASES),
+            default=d.validation_release,
+            help="rounds: gtilde by the Gaussian mechanism or by h2 (MWEM) as the paper.",
+        ),
+        click.option(
+            "--summary-release",
+            type=click.Choice(SUMMARY_RELEASES),
+            default=d.summary_release,
+            help="rounds: summary embedding by the binary-tree continual release, by h2 "
+            "(MWEM) every round as the paper, or not broadcast at all.",
+        ),
+        click.option(
+            "--pool-scoring",
+            type=click.Choice(POOL_SCORINGS),
+            default=d.pool_scoring,
+            help="rounds: add the pool point with the largest exact marginal gain or the "
+            "largest private-embedding bid.",
+        ),
+        click.option(
+            "--auction-share",
+            default=d.auction_share,
+            type=float,
+            help="rounds: PrivAuction's share of epsilon_owners_total (Theorem-6 epsilon).",
         ),
         click.option(
             "--seed",

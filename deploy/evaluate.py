@@ -27,6 +27,16 @@ Methods (:data:`EVAL_METHODS`):
     ``delta``; it re-ranks the candidates with the exact kernel.
 ``candidates-embedding-rerank``
     The same, re-ranking by the private embedding (``embedding_rerank=True``).
+``rounds``
+    The per-round protocol (session method ``"rounds"``) with its defaults: Gaussian validation
+    embedding, binary-tree summary release, exact pool scoring, PrivAuction;
+    :func:`common.calibration.calibrate_rounds_mode` makes each party's PLD epsilon the target.
+``rounds-none``
+    The same without any summary broadcast (``summary_release="none"``; the auction gets the
+    owners' whole budget).
+``rounds-embedding``
+    The same as ``rounds`` with the paper's pool scoring by the private-embedding bid
+    (``pool_scoring="embedding"``).
 
 The first three do not depend on epsilon and run once per (scenario, p, seed). The scenario split
 always uses seed 0; seed ``s`` is the session seed and the downstream classifier's seed.
@@ -79,11 +89,21 @@ EVAL_METHODS: tuple[str, ...] = (
     "paper",
     "candidates",
     "candidates-embedding-rerank",
+    "rounds",
+    "rounds-none",
+    "rounds-embedding",
 )
 #: Methods whose result does not depend on epsilon (run once per scenario, p and seed).
 EPSILON_FREE_METHODS: tuple[str, ...] = ("exact-greedy", "greedy", "uniform")
 #: Differentially private methods (run once per scenario, p, epsilon and seed).
-PRIVATE_METHODS: tuple[str, ...] = ("paper", "candidates", "candidates-embedding-rerank")
+PRIVATE_METHODS: tuple[str, ...] = (
+    "paper",
+    "candidates",
+    "candidates-embedding-rerank",
+    "rounds",
+    "rounds-none",
+    "rounds-embedding",
+)
 
 DEFAULT_SCENARIOS: tuple[str, ...] = ("digits", "flights")
 DEFAULT_SIZES: tuple[int, ...] = (50, 200, 500)
@@ -127,6 +147,15 @@ _LABELS: dict[str, str] = {
     "paper": "paper (Alg. 3, calibrated)",
     "candidates": "candidates",
     "candidates-embedding-rerank": "candidates (embedding re-rank)",
+    "rounds": "rounds (Gaussian + tree + exact)",
+    "rounds-none": "rounds (no summary release)",
+    "rounds-embedding": "rounds (embedding pool scoring)",
+}
+#: The rounds variants' options (the rest are SummarizationConfig's defaults).
+_ROUNDS_OPTIONS: dict[str, dict[str, str]] = {
+    "rounds": {},
+    "rounds-none": {"summary_release": "none"},
+    "rounds-embedding": {"pool_scoring": "embedding"},
 }
 
 
@@ -163,6 +192,16 @@ def _session_config(
             delta=delta,
             embedding_rerank=method == "candidates-embedding-rerank",
         )
+    if method in _ROUNDS_OPTIONS:
+        from common.calibration import calibrate_rounds_mode
+
+        rounds = SummarizationConfig(
+            summary_size=p,
+            method="rounds",
+            gamma=gamma,
+            **_ROUNDS_OPTIONS[method],  # type: ignore[arg-type]
+        )
+        return calibrate_rounds_mode(rounds, n_owners, epsilon_target=epsilon, delta=delta)
     raise ValueError(f"method must be one of {EVAL_METHODS}, got {method!r}")
 
 

@@ -43,7 +43,7 @@ def cluster(
         yield c
 
 
-@pytest.mark.parametrize("method", ["private", "greedy", "uniform", "candidates"])
+@pytest.mark.parametrize("method", ["private", "greedy", "uniform", "candidates", "rounds"])
 def test_networked_run_equals_in_process_run(
     cluster: LocalCluster, digits: Scenario, method: str
 ) -> None:

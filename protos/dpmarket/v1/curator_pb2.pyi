@@ -38,6 +38,11 @@ class _MethodEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Method.ValueTy
     """Gaussian validation embedding, Laplace-noised relevance counts allocate a candidate budget,
     owners propose candidates by a local greedy, the curator re-ranks them exactly.
     """
+    METHOD_ROUNDS: _Method.ValueType  # 5
+    """Algorithm 3's per-round protocol with the validation release, summary release and pool
+    scoring chosen by SummarizationParams (defaults: Gaussian validation embedding, binary-tree
+    summary release, exact pool scoring) and PrivAuction.
+    """
 
 class Method(_Method, metaclass=_MethodEnumTypeWrapper):
     """Summarization method."""
@@ -53,7 +58,88 @@ METHOD_CANDIDATES: Method.ValueType  # 4
 """Gaussian validation embedding, Laplace-noised relevance counts allocate a candidate budget,
 owners propose candidates by a local greedy, the curator re-ranks them exactly.
 """
+METHOD_ROUNDS: Method.ValueType  # 5
+"""Algorithm 3's per-round protocol with the validation release, summary release and pool
+scoring chosen by SummarizationParams (defaults: Gaussian validation embedding, binary-tree
+summary release, exact pool scoring) and PrivAuction.
+"""
 Global___Method: _TypeAlias = Method  # noqa: Y015
+
+class _ValidationRelease:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ValidationReleaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ValidationRelease.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    VALIDATION_RELEASE_UNSPECIFIED: _ValidationRelease.ValueType  # 0
+    """The default, VALIDATION_RELEASE_GAUSSIAN."""
+    VALIDATION_RELEASE_MWEM: _ValidationRelease.ValueType  # 1
+    """h2 (MWEM), as Algorithm 3."""
+    VALIDATION_RELEASE_GAUSSIAN: _ValidationRelease.ValueType  # 2
+    """Gaussian mechanism on mean h1(D_v) at (epsilon_validation_total, delta)."""
+
+class ValidationRelease(_ValidationRelease, metaclass=_ValidationReleaseEnumTypeWrapper):
+    """Rounds method: how the validation embedding is released."""
+
+VALIDATION_RELEASE_UNSPECIFIED: ValidationRelease.ValueType  # 0
+"""The default, VALIDATION_RELEASE_GAUSSIAN."""
+VALIDATION_RELEASE_MWEM: ValidationRelease.ValueType  # 1
+"""h2 (MWEM), as Algorithm 3."""
+VALIDATION_RELEASE_GAUSSIAN: ValidationRelease.ValueType  # 2
+"""Gaussian mechanism on mean h1(D_v) at (epsilon_validation_total, delta)."""
+Global___ValidationRelease: _TypeAlias = ValidationRelease  # noqa: Y015
+
+class _SummaryRelease:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SummaryReleaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SummaryRelease.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SUMMARY_RELEASE_UNSPECIFIED: _SummaryRelease.ValueType  # 0
+    """The default, SUMMARY_RELEASE_TREE."""
+    SUMMARY_RELEASE_MWEM: _SummaryRelease.ValueType  # 1
+    """h2 (MWEM) every round, as Algorithm 3."""
+    SUMMARY_RELEASE_TREE: _SummaryRelease.ValueType  # 2
+    """Binary-tree continual release of the prefix sum of h1 of the acquired points."""
+    SUMMARY_RELEASE_NONE: _SummaryRelease.ValueType  # 3
+    """No summary broadcast: owners bid with the validation embedding only."""
+
+class SummaryRelease(_SummaryRelease, metaclass=_SummaryReleaseEnumTypeWrapper):
+    """Rounds method: how the running summary embedding is released each round."""
+
+SUMMARY_RELEASE_UNSPECIFIED: SummaryRelease.ValueType  # 0
+"""The default, SUMMARY_RELEASE_TREE."""
+SUMMARY_RELEASE_MWEM: SummaryRelease.ValueType  # 1
+"""h2 (MWEM) every round, as Algorithm 3."""
+SUMMARY_RELEASE_TREE: SummaryRelease.ValueType  # 2
+"""Binary-tree continual release of the prefix sum of h1 of the acquired points."""
+SUMMARY_RELEASE_NONE: SummaryRelease.ValueType  # 3
+"""No summary broadcast: owners bid with the validation embedding only."""
+Global___SummaryRelease: _TypeAlias = SummaryRelease  # noqa: Y015
+
+class _PoolScoring:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PoolScoringEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PoolScoring.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    POOL_SCORING_UNSPECIFIED: _PoolScoring.ValueType  # 0
+    """The default, POOL_SCORING_EXACT."""
+    POOL_SCORING_EMBEDDING: _PoolScoring.ValueType  # 1
+    """The largest private-embedding bid, as Algorithm 3."""
+    POOL_SCORING_EXACT: _PoolScoring.ValueType  # 2
+    """The largest exact marginal gain on D_v and the current summary."""
+
+class PoolScoring(_PoolScoring, metaclass=_PoolScoringEnumTypeWrapper):
+    """Rounds method: how the curator picks the pool point to add."""
+
+POOL_SCORING_UNSPECIFIED: PoolScoring.ValueType  # 0
+"""The default, POOL_SCORING_EXACT."""
+POOL_SCORING_EMBEDDING: PoolScoring.ValueType  # 1
+"""The largest private-embedding bid, as Algorithm 3."""
+POOL_SCORING_EXACT: PoolScoring.ValueType  # 2
+"""The largest exact marginal gain on D_v and the current summary."""
+Global___PoolScoring: _TypeAlias = PoolScoring  # noqa: Y015
 
 class _Stage:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -101,6 +187,10 @@ class SummarizationParams(_message.Message):
     RELEVANCE_THRESHOLD_FIELD_NUMBER: _builtins.int
     CANDIDATE_EVEN_SHARE_FIELD_NUMBER: _builtins.int
     EMBEDDING_RERANK_FIELD_NUMBER: _builtins.int
+    VALIDATION_RELEASE_FIELD_NUMBER: _builtins.int
+    SUMMARY_RELEASE_FIELD_NUMBER: _builtins.int
+    POOL_SCORING_FIELD_NUMBER: _builtins.int
+    AUCTION_SHARE_FIELD_NUMBER: _builtins.int
     rff_dimension: _builtins.int
     """h1 dimension d (default 140)."""
     gamma: _builtins.float
@@ -124,11 +214,15 @@ class SummarizationParams(_message.Message):
     delta_validation: _builtins.float
     """delta of the validation set's composition bound (default 0.01)."""
     epsilon_validation_total: _builtins.float
-    """Candidates method: epsilon of the Gaussian validation embedding (default 1.0)."""
+    """Candidates and rounds methods: epsilon of the Gaussian validation embedding (default 1.0)."""
     epsilon_owners_total: _builtins.float
-    """Candidates method: epsilon of the owners' relevance counts (default 1.0)."""
+    """Candidates method: epsilon of the owners' relevance counts; rounds method: PLD epsilon of
+    the summary releases and PrivAuction together (default 1.0).
+    """
     delta: _builtins.float
-    """Candidates method: delta of the Gaussian mechanism and of its reports (default 1e-6)."""
+    """Candidates and rounds methods: delta of the Gaussian mechanisms and of the reports
+    (default 1e-6).
+    """
     candidate_fraction: _builtins.float
     """Candidates method: candidate budget as a fraction of K * p (default 0.5)."""
     relevance_threshold: _builtins.float
@@ -140,6 +234,16 @@ class SummarizationParams(_message.Message):
     embedding_rerank: _builtins.bool
     """Candidates method: re-rank candidates by the private embedding instead of the exact kernel
     (for measuring what the exact re-ranking adds; default false).
+    """
+    validation_release: Global___ValidationRelease.ValueType
+    """Rounds method: validation embedding release (default Gaussian)."""
+    summary_release: Global___SummaryRelease.ValueType
+    """Rounds method: summary embedding release (default binary tree)."""
+    pool_scoring: Global___PoolScoring.ValueType
+    """Rounds method: pool scoring (default exact marginal gain)."""
+    auction_share: _builtins.float
+    """Rounds method: share of epsilon_owners_total given to PrivAuction as its Theorem-6 epsilon
+    when a summary is released, in (0, 1] (default 0.5).
     """
     def __init__(
         self,
@@ -162,10 +266,14 @@ class SummarizationParams(_message.Message):
         relevance_threshold: _builtins.float = ...,
         candidate_even_share: _builtins.float = ...,
         embedding_rerank: _builtins.bool = ...,
+        validation_release: Global___ValidationRelease.ValueType = ...,
+        summary_release: Global___SummaryRelease.ValueType = ...,
+        pool_scoring: Global___PoolScoring.ValueType = ...,
+        auction_share: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "quantization_step", b"quantization_step", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auction_share", b"auction_share", "candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "pool_scoring", b"pool_scoring", "quantization_step", b"quantization_step", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension", "summary_release", b"summary_release", "validation_release", b"validation_release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
