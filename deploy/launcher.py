@@ -296,6 +296,7 @@ def run_demo(
     labels = {
         "candidates": "private (candidates, default)",
         "private": "private (Algorithm 3)",
+        "rounds": "private (rounds: Gaussian, tree, exact)",
         "greedy": "greedy, RFF embeddings",
         "uniform": "uniform sampling",
         "exact-greedy": "greedy, exact kernel (pooled)",
