@@ -82,17 +82,6 @@ __all__ = [
 ]
 
 #: Every method the harness knows, in display order.
-EVAL_METHODS: tuple[str, ...] = (
-    "exact-greedy",
-    "greedy",
-    "uniform",
-    "paper",
-    "candidates",
-    "candidates-embedding-rerank",
-    "rounds",
-    "rounds-none",
-    "rounds-embedding",
-)
 #: Methods whose result does not depend on epsilon (run once per scenario, p and seed).
 EPSILON_FREE_METHODS: tuple[str, ...] = ("exact-greedy", "greedy", "uniform")
 #: Differentially private methods (run once per scenario, p, epsilon and seed).
@@ -104,6 +93,8 @@ PRIVATE_METHODS: tuple[str, ...] = (
     "rounds-none",
     "rounds-embedding",
 )
+#: Every method the harness evaluates, epsilon-free ones first.
+EVAL_METHODS: tuple[str, ...] = EPSILON_FREE_METHODS + PRIVATE_METHODS
 
 DEFAULT_SCENARIOS: tuple[str, ...] = ("digits", "flights")
 DEFAULT_SIZES: tuple[int, ...] = (50, 200, 500)

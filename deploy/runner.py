@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from common.endpoints import OwnerEndpoint
 from common.rng import make_rng
 from common.summary import SummarizationConfig, SummaryResult
 from curator.protocol import ProgressCallback, SummarizationSession
@@ -52,6 +53,32 @@ def simulate(
     """
     ids = list(owner_ids) if owner_ids is not None else [o.name for o in owners]
     endpoints = [LocalOwnerEndpoint(Owner(i, data)) for i, data in zip(ids, owners, strict=True)]
+    return run_session(endpoints, validation, seed_set, config, seed=seed, on_progress=on_progress)
+
+
+def run_session(
+    endpoints: Sequence[OwnerEndpoint],
+    validation: NDArray[np.float64],
+    seed_set: NDArray[np.float64],
+    config: SummarizationConfig,
+    *,
+    seed: int | None,
+    on_progress: ProgressCallback | None = None,
+) -> SummaryResult:
+    """Prepare and run one session against given owner endpoints, in a fresh event loop.
+
+    Parameters
+    ----------
+    endpoints : sequence of OwnerEndpoint
+        In-process owners, or wrappers of them (tests record or alter their messages).
+    validation, seed_set, config, seed, on_progress
+        As :func:`simulate`.
+
+    Raises
+    ------
+    common.errors.DPMarketError
+        As :meth:`SummarizationSession.prepare` and :meth:`SummarizationSession.run`.
+    """
 
     async def run() -> SummaryResult:
         session = SummarizationSession(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import numpy as np
@@ -11,7 +10,7 @@ from scipy import stats
 from common.accounting import PrivacyEvent, pld_epsilon
 from common.rff import draw_rff_params, random_fourier_features
 from common.summary import SummarizationConfig
-from curator.protocol import SummarizationSession
+from deploy.runner import run_session
 from deploy.scenarios import Scenario
 from owner.local import LocalOwnerEndpoint
 from owner.protocol import Owner
@@ -48,14 +47,7 @@ def _session(digits: Scenario, seed: int):  # type: ignore[no-untyped-def]
         rff_dimension=64,
     )
 
-    async def go():  # type: ignore[no-untyped-def]
-        session = SummarizationSession(
-            "n", config, digits.validation, digits.seed_set, taps, np.random.default_rng(seed)
-        )
-        await session.prepare()
-        return await session.run()
-
-    return config, taps, asyncio.run(go())
+    return config, taps, run_session(taps, digits.validation, digits.seed_set, config, seed=seed)
 
 
 def _gaussian_delta(eps: float, sigma: float, sens: float) -> float:

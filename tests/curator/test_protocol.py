@@ -14,7 +14,7 @@ from common.kernels import rff_greedy
 from common.rff import draw_rff_params, random_fourier_features
 from common.summary import SummarizationConfig, SummaryResult
 from curator.protocol import SummarizationSession
-from deploy.runner import simulate
+from deploy.runner import run_session, simulate
 from deploy.scenarios import Scenario
 from owner.local import LocalOwnerEndpoint
 from owner.protocol import Owner
@@ -27,19 +27,7 @@ def _config(method: str, **kw) -> SummarizationConfig:  # type: ignore[no-untype
 
 
 def _run(scenario: Scenario, endpoints, config, seed: int = 3) -> SummaryResult:  # type: ignore[no-untyped-def]
-    async def go() -> SummaryResult:
-        session = SummarizationSession(
-            "t",
-            config,
-            scenario.validation,
-            scenario.seed_set,
-            endpoints,
-            np.random.default_rng(seed),
-        )
-        await session.prepare()
-        return await session.run()
-
-    return asyncio.run(go())
+    return run_session(endpoints, scenario.validation, scenario.seed_set, config, seed=seed)
 
 
 def _endpoints(scenario: Scenario) -> list[LocalOwnerEndpoint]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 
 import numpy as np
@@ -14,8 +13,7 @@ from common.continual import tree_levels
 from common.summary import SummarizationConfig, SummaryResult
 from consumer.convert import create_request_to_proto
 from curator.convert import create_request_from_proto
-from curator.protocol import SummarizationSession
-from deploy.runner import simulate
+from deploy.runner import run_session, simulate
 from deploy.scenarios import Scenario
 from owner.local import LocalOwnerEndpoint
 from owner.protocol import Owner
@@ -62,19 +60,7 @@ def _run_recorded(
 ) -> tuple[SummaryResult, list[list[tuple[int, str, object]]]]:
     endpoints = [RecordingEndpoint(Owner(o.name, o)) for o in scenario.owners]
 
-    async def go() -> SummaryResult:
-        session = SummarizationSession(
-            "t",
-            config,
-            scenario.validation,
-            scenario.seed_set,
-            endpoints,
-            np.random.default_rng(seed),
-        )
-        await session.prepare()
-        return await session.run()
-
-    result = asyncio.run(go())
+    result = run_session(endpoints, scenario.validation, scenario.seed_set, config, seed=seed)
     return result, [e.received for e in endpoints]
 
 
