@@ -492,7 +492,7 @@ def run_evaluation(
     and the evaluation goes on; aggregates count only successful runs, and a goal that needs a
     failed cell is ``None`` (not evaluated).
     """
-    from deploy.launcher import _exact_greedy
+    from deploy.launcher import exact_greedy_summary
     from deploy.runner import simulate
     from deploy.scenarios import SCENARIOS
 
@@ -552,7 +552,7 @@ def run_evaluation(
                 if method == "exact-greedy":
                     if (name, p) not in exact_cache:
                         g0 = time.perf_counter()
-                        res = _exact_greedy(
+                        res = exact_greedy_summary(
                             scenario.owners,
                             scenario.validation,
                             scenario.seed_set,

@@ -176,7 +176,7 @@ def _round_robin(result: SummaryResult) -> SummaryResult:
     )
 
 
-def _exact_greedy(
+def exact_greedy_summary(
     owners: Sequence[Any], validation: np.ndarray, seed_set: np.ndarray, p: int, gamma: float
 ) -> SummaryResult:
     """Non-private greedy with the exact kernel on the pooled data (a reference, not a service)."""
@@ -289,7 +289,7 @@ def run_demo(
                             seed=seed,
                             on_progress=update,
                         )
-    results["exact-greedy"] = _exact_greedy(
+    results["exact-greedy"] = exact_greedy_summary(
         scenario.owners, scenario.validation, scenario.seed_set, p, scenario.gamma
     )
     results["uniform"] = _round_robin(results["uniform"])
