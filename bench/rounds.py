@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from common.summary import Method, ProgressEvent, SummarizationConfig, SummaryResult
+from common.summarization.summary import Method, ProgressEvent, SummarizationConfig, SummaryResult
 from owner.data import PointSet, save_point_set
 
 logger = logging.getLogger("bench.rounds")

@@ -8,7 +8,7 @@ import grpc
 import numpy as np
 from numpy.typing import NDArray
 
-from common.summary import ProgressEvent, SummarizationConfig, SummaryResult
+from common.summarization.summary import ProgressEvent, SummarizationConfig, SummaryResult
 from consumer import convert
 from dpmarket.serving import GRPC_OPTIONS
 from dpmarket.status import error_from_rpc

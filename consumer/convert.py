@@ -8,7 +8,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.errors import InvalidArgumentError
-from common.summary import (
+from common.summarization.summary import (
     PARAMETER_NAMES,
     ProgressEvent,
     SessionReport,

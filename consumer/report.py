@@ -17,8 +17,8 @@ import numpy as np
 from numpy.typing import NDArray
 from rich.table import Table
 
-from common.kernels import mmd2
-from common.summary import SummaryResult
+from common.summarization.kernels import mmd2
+from common.summarization.summary import SummaryResult
 from consumer.evaluation import downstream_accuracy
 from owner.data import PointSet
 

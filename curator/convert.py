@@ -9,9 +9,14 @@ import numpy as np
 from google.protobuf import duration_pb2
 from numpy.typing import NDArray
 
-from common.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.errors import InvalidArgumentError
-from common.summary import PARAMETER_NAMES, ProgressEvent, SummarizationConfig, SummaryResult
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.summarization.summary import (
+    PARAMETER_NAMES,
+    ProgressEvent,
+    SummarizationConfig,
+    SummaryResult,
+)
 from dpmarket.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
 from dpmarket.v1 import curator_pb2, owner_pb2
 

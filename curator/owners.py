@@ -1,4 +1,5 @@
-"""gRPC client of an owner, seen by the curator as a :class:`common.endpoints.OwnerEndpoint`."""
+"""gRPC client of an owner, seen by the curator as a
+:class:`common.summarization.endpoints.OwnerEndpoint`."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import grpc
 import numpy as np
 from numpy.typing import NDArray
 
-from common.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
-from common.rff import RFFParams
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.summarization.rff import RFFParams
 from curator import convert
 from dpmarket.arrays import array_to_proto
 from dpmarket.serving import GRPC_OPTIONS

@@ -1,6 +1,7 @@
 """The curator's side of the summarization protocol (Algorithm 3) as a plain async state object.
 
-A :class:`SummarizationSession` drives any sequence of :class:`common.endpoints.OwnerEndpoint`
+A :class:`SummarizationSession` drives any sequence of
+:class:`common.summarization.endpoints.OwnerEndpoint`
 objects: in-process owners (``dpmarket simulate``, tests, benchmarks) or gRPC clients (the
 curator service). Given the same seed and owners it makes the same random draws in the same order,
 so both runs return the same summary bit for bit.
@@ -19,27 +20,6 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from common.accounting import PrivacyEvent, analytic_gaussian_sigma
-from common.auction import (
-    AuctionParams,
-    auction_parameters,
-    choose_owners_to_ask,
-    parsimony_bound,
-    rank_owners,
-)
-from common.calibration import (
-    TREE_INCREMENT_SENSITIVITY,
-    gaussian_epsilon,
-    rounds_auction,
-    rounds_tree_sigma,
-)
-from common.candidates import (
-    allocate_candidates,
-    relevance_threshold,
-    validation_embedding_sensitivity,
-)
-from common.continual import TreePrefixSum
-from common.endpoints import OwnerBid, OwnerEndpoint, OwnerInfo, ReleasedPoint
 from common.errors import (
     AbortedError,
     DPMarketError,
@@ -47,18 +27,44 @@ from common.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
-from common.kernels import (
+from common.privacy.accounting import PrivacyEvent, analytic_gaussian_sigma
+from common.privacy.ledger import Charge, PrivacyLedger
+from common.summarization.auction import (
+    AuctionParams,
+    auction_parameters,
+    choose_owners_to_ask,
+    parsimony_bound,
+    rank_owners,
+)
+from common.summarization.calibration import (
+    TREE_INCREMENT_SENSITIVITY,
+    gaussian_epsilon,
+    rounds_auction,
+    rounds_tree_sigma,
+)
+from common.summarization.candidates import (
+    allocate_candidates,
+    relevance_threshold,
+    validation_embedding_sensitivity,
+)
+from common.summarization.continual import TreePrefixSum
+from common.summarization.endpoints import OwnerBid, OwnerEndpoint, OwnerInfo, ReleasedPoint
+from common.summarization.kernels import (
     bid_direction,
     bid_scores,
     embedding_greedy,
     exact_kernel_greedy,
     marginal_gain_score,
 )
-from common.ledger import Charge, PrivacyLedger
-from common.mwem import MWEMRelease, MWEMState
-from common.quantization import quantize_features
-from common.rff import RFFParams, draw_rff_params, random_fourier_features
-from common.summary import ProgressEvent, SessionReport, SummarizationConfig, SummaryResult
+from common.summarization.mwem import MWEMRelease, MWEMState
+from common.summarization.quantization import quantize_features
+from common.summarization.rff import RFFParams, draw_rff_params, random_fourier_features
+from common.summarization.summary import (
+    ProgressEvent,
+    SessionReport,
+    SummarizationConfig,
+    SummaryResult,
+)
 from common.validation import check_matrix
 
 logger = logging.getLogger(__name__)
@@ -174,7 +180,8 @@ class _MWEMSummary(_SummaryRelease):
 
 class _TreeSummary(_SummaryRelease):
     """Rounds method: ``g_l = (sum h1(D_init) + noisy prefix sum of h1 of acquired points) / q``,
-    the prefix sum released by the binary tree (:class:`common.continual.TreePrefixSum`)."""
+    the prefix sum released by the binary tree
+    (:class:`common.summarization.continual.TreePrefixSum`)."""
 
     def __init__(
         self, session: SummarizationSession, seed_features: NDArray[np.floating], sigma: float
@@ -426,7 +433,8 @@ class SummarizationSession:
         self._emit("rounds", "uniform sample received")
 
     async def _run_candidates(self, summary: _SummaryState, rff: RFFParams) -> None:
-        """The candidates method (:mod:`common.candidates`): one private embedding, noisy
+        """The candidates method (:mod:`common.summarization.candidates`): one private embedding,
+        noisy
         relevance counts, local greedy proposals, exact re-ranking by the trusted curator."""
         cfg = self.config
         round_start = time.perf_counter()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from common.endpoints import OwnerEndpoint
+from common.summarization.endpoints import OwnerEndpoint
 from curator import convert
 from curator.sessions import SessionManager
 from dpmarket.serving import serve_until_signalled, start_server, write_port

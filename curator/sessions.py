@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from common.endpoints import OwnerEndpoint
 from common.errors import (
     AbortedError,
     DPMarketError,
@@ -22,8 +21,9 @@ from common.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
-from common.rng import make_rng
-from common.summary import ProgressEvent, SummarizationConfig, SummaryResult
+from common.privacy.rng import make_rng
+from common.summarization.endpoints import OwnerEndpoint
+from common.summarization.summary import ProgressEvent, SummarizationConfig, SummaryResult
 from curator.protocol import SummarizationSession
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from common.errors import DPMarketError
-from common.summary import (
+from common.summarization.summary import (
     METHODS,
     PARAMETER_NAMES,
     POOL_SCORINGS,

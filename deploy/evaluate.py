@@ -20,7 +20,8 @@ Methods (:data:`EVAL_METHODS`):
     p/K points from every owner (session method ``"uniform"``).
 ``paper``
     Algorithm 3 (session method ``"private"``) with its per-iteration epsilons scaled by
-    :func:`common.calibration.calibrate_paper_mode` so that each party's PLD epsilon at ``delta``
+    :func:`common.summarization.calibration.calibrate_paper_mode` so that each party's PLD epsilon
+    at ``delta``
     equals the target.
 ``candidates``
     The candidates method with ``epsilon_validation_total = epsilon_owners_total = epsilon`` at
@@ -30,7 +31,8 @@ Methods (:data:`EVAL_METHODS`):
 ``rounds``
     The per-round protocol (session method ``"rounds"``) with its defaults: Gaussian validation
     embedding, binary-tree summary release, exact pool scoring, PrivAuction;
-    :func:`common.calibration.calibrate_rounds_mode` makes each party's PLD epsilon the target.
+    :func:`common.summarization.calibration.calibrate_rounds_mode` makes each party's PLD epsilon
+    the target.
 ``rounds-none``
     The same without any summary broadcast (``summary_release="none"``; the auction gets the
     owners' whole budget).
@@ -64,7 +66,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from common.summary import SummarizationConfig, SummaryResult
+from common.summarization.summary import SummarizationConfig, SummaryResult
 
 __all__ = [
     "DEFAULT_EPSILONS",
@@ -167,7 +169,7 @@ def _session_config(
     if epsilon is None:  # pragma: no cover - guarded by the caller
         raise ValueError(f"method {method!r} needs an epsilon")
     if method == "paper":
-        from common.calibration import calibrate_paper_mode
+        from common.summarization.calibration import calibrate_paper_mode
 
         base = SummarizationConfig(summary_size=p, method="private", gamma=gamma)
         return calibrate_paper_mode(
@@ -184,7 +186,7 @@ def _session_config(
             embedding_rerank=method == "candidates-embedding-rerank",
         )
     if method in _ROUNDS_OPTIONS:
-        from common.calibration import calibrate_rounds_mode
+        from common.summarization.calibration import calibrate_rounds_mode
 
         rounds = SummarizationConfig(
             summary_size=p,

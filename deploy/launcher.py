@@ -22,8 +22,8 @@ import numpy as np
 from rich.console import Console
 
 from common.errors import UnavailableError
-from common.kernels import exact_kernel_greedy
-from common.summary import METHODS, SessionReport, SummarizationConfig, SummaryResult
+from common.summarization.kernels import exact_kernel_greedy
+from common.summarization.summary import METHODS, SessionReport, SummarizationConfig, SummaryResult
 
 #: Seconds to wait for a service to report its port.
 START_TIMEOUT_SECONDS = 60.0

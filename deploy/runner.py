@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from common.endpoints import OwnerEndpoint
-from common.rng import make_rng
-from common.summary import SummarizationConfig, SummaryResult
+from common.privacy.rng import make_rng
+from common.summarization.endpoints import OwnerEndpoint
+from common.summarization.summary import SummarizationConfig, SummaryResult
 from curator.protocol import ProgressCallback, SummarizationSession
 from owner.data import PointSet
 from owner.local import LocalOwnerEndpoint

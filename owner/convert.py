@@ -7,9 +7,9 @@ from typing import TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from common.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.errors import InvalidArgumentError
-from common.rff import RFFParams
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.summarization.rff import RFFParams
 from dpmarket.arrays import array_from_proto, array_to_proto
 from dpmarket.v1 import array_pb2, owner_pb2
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from common.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
-from common.rff import RFFParams
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.summarization.rff import RFFParams
 from owner.protocol import Owner
 
 

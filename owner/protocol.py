@@ -10,15 +10,15 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from common.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
 )
-from common.kernels import bid_direction, bid_scores, embedding_greedy
-from common.rff import RFFParams, random_fourier_features
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
+from common.summarization.rff import RFFParams, random_fourier_features
 from common.validation import check_positive_int, check_vector
 from owner.data import PointSet
 
@@ -157,7 +157,7 @@ class OwnerSession:
         """Count unsent points x with ``gtilde . h1(x) >= threshold`` (candidates method).
 
         One float32 matrix-vector product. The count goes to the trusted curator, which adds
-        Laplace noise before any use (:mod:`common.candidates`).
+        Laplace noise before any use (:mod:`common.summarization.candidates`).
 
         Raises
         ------
@@ -176,7 +176,8 @@ class OwnerSession:
         """Choose ``count`` unsent points by a local greedy against ``gtilde``; mark them sent.
 
         The greedy matches the validation embedding with this owner's points alone
-        (:func:`common.kernels.embedding_greedy`), so the proposal depends on nothing but this
+        (:func:`common.summarization.kernels.embedding_greedy`), so the proposal depends on nothing
+        but this
         owner's data and the private embedding.
 
         Raises

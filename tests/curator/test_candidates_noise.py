@@ -7,9 +7,9 @@ import math
 import numpy as np
 from scipy import stats
 
-from common.accounting import PrivacyEvent, pld_epsilon
-from common.rff import draw_rff_params, random_fourier_features
-from common.summary import SummarizationConfig
+from common.privacy.accounting import PrivacyEvent, pld_epsilon
+from common.summarization.rff import draw_rff_params, random_fourier_features
+from common.summarization.summary import SummarizationConfig
 from deploy.runner import run_session
 from deploy.scenarios import Scenario
 from owner.local import LocalOwnerEndpoint

@@ -8,11 +8,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from common.endpoints import OwnerBid, ReleasedPoint
 from common.errors import AbortedError, InvalidArgumentError, UnavailableError
-from common.kernels import rff_greedy
-from common.rff import draw_rff_params, random_fourier_features
-from common.summary import SummarizationConfig, SummaryResult
+from common.summarization.endpoints import OwnerBid, ReleasedPoint
+from common.summarization.kernels import rff_greedy
+from common.summarization.rff import draw_rff_params, random_fourier_features
+from common.summarization.summary import SummarizationConfig, SummaryResult
 from curator.protocol import SummarizationSession
 from deploy.runner import run_session, simulate
 from deploy.scenarios import Scenario
@@ -265,7 +265,7 @@ def test_candidates_budget_below_p_is_rejected(digits: Scenario) -> None:
 def test_candidates_at_huge_epsilon_matches_greedy_quality(digits: Scenario) -> None:
     """As epsilon grows the method becomes exact greedy on the owners' local proposals: not the
     same points as greedy on all the data, but no worse in MMD² (measured, 10% tolerance)."""
-    from common.kernels import exact_kernel_greedy, mmd2
+    from common.summarization.kernels import exact_kernel_greedy, mmd2
 
     config = SummarizationConfig(
         summary_size=P,

@@ -7,10 +7,10 @@ import itertools
 import numpy as np
 import pytest
 
-from common.auction import auction_parameters
-from common.calibration import rounds_auction
-from common.continual import tree_levels
-from common.summary import SummarizationConfig, SummaryResult
+from common.summarization.auction import auction_parameters
+from common.summarization.calibration import rounds_auction
+from common.summarization.continual import tree_levels
+from common.summarization.summary import SummarizationConfig, SummaryResult
 from consumer.convert import create_request_to_proto
 from curator.convert import create_request_from_proto
 from deploy.runner import run_session, simulate
@@ -155,7 +155,7 @@ def test_no_summary_release_sends_a_zero_embedding_and_size_zero(digits: Scenari
 
 def test_exact_pool_scoring_beats_embedding_scoring_on_digits(digits: Scenario) -> None:
     """Measured, not guaranteed: the exact choice is closer to D_v in MMD² (mean of 3 seeds)."""
-    from common.kernels import mmd2
+    from common.summarization.kernels import mmd2
 
     def quality(scoring: str) -> float:
         config = _config("gaussian", "tree", scoring)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from common.summary import METHODS, PARAMETER_NAMES
+from common.summarization.summary import METHODS, PARAMETER_NAMES
 from deploy.cli import main
 
 

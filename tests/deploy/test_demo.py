@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from common.summary import METHODS
+from common.summarization.summary import METHODS
 from deploy.launcher import run_demo
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.summary import SummarizationConfig
+from common.summarization.summary import SummarizationConfig
 from consumer.client import CuratorClient
 from deploy.launcher import LocalCluster
 from deploy.runner import simulate

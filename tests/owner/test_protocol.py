@@ -11,8 +11,8 @@ from common.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
-from common.kernels import bid_direction
-from common.rff import draw_rff_params, random_fourier_features
+from common.summarization.kernels import bid_direction
+from common.summarization.rff import draw_rff_params, random_fourier_features
 from owner.data import PointSet
 from owner.protocol import Owner
 

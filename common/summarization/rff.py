@@ -118,7 +118,7 @@ def draw_rff_params(n_features: int, d: int, gamma: float, rng: np.random.Genera
     gamma : float
         RBF kernel parameter, > 0 (the paper's experiments use ``gamma = 0.1``).
     rng : numpy.random.Generator
-        Source of randomness; production code passes :func:`common.rng.production_rng`.
+        Source of randomness; production code passes :func:`common.privacy.rng.production_rng`.
 
     Returns
     -------

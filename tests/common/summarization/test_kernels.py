@@ -1,4 +1,5 @@
-"""Tests for common.kernels: Eq. 1, Eq. 3, Lemma 3 and the non-private greedy baselines."""
+"""Tests for common.summarization.kernels: Eq. 1, Eq. 3, Lemma 3 and the non-private greedy
+baselines."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from common.kernels import (
+from common.summarization.kernels import (
     bid_direction,
     bid_scores,
     embedding_greedy,
@@ -19,7 +20,7 @@ from common.kernels import (
     rbf_kernel,
     rff_greedy,
 )
-from common.rff import draw_rff_params, random_fourier_features
+from common.summarization.rff import draw_rff_params, random_fourier_features
 
 GAMMA = 0.3
 

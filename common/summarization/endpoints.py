@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from common.rff import RFFParams
+from common.summarization.rff import RFFParams
 
 
 @dataclass(frozen=True)

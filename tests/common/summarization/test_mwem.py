@@ -1,4 +1,5 @@
-"""Tests for common.mwem: h2, the MWEM private mean (summarization paper, Algorithm 2)."""
+"""Tests for common.summarization.mwem: h2, the MWEM private mean (summarization paper, Algorithm
+2)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common.mwem import MWEMRelease, MWEMState, h2_private_mean
-from common.quantization import quantization_grid, quantize_features
+from common.summarization.mwem import MWEMRelease, MWEMState, h2_private_mean
+from common.summarization.quantization import quantization_grid, quantize_features
 
 DELTA = 2.0  # sensitivity of w(D_Q, i) and psi_i under replacement of one point
 

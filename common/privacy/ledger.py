@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from common.accounting import (
+from common.errors import FailedPreconditionError
+from common.privacy.accounting import (
     PrivacyEvent,
     _check_delta_tilde,
     _kairouz_from_groups,
@@ -25,7 +26,6 @@ from common.accounting import (
     advanced_composition_epsilon,
     pld_epsilon,
 )
-from common.errors import FailedPreconditionError
 
 __all__ = ["BudgetExceededError", "Charge", "PrivacyLedger"]
 
@@ -52,7 +52,7 @@ class Charge:
     ------
     ValueError
         If ``party`` is unknown, ``label`` is not a string or ``event`` is not a
-        :class:`~common.accounting.PrivacyEvent`.
+        :class:`~common.privacy.accounting.PrivacyEvent`.
     """
 
     party: Literal["validation", "owners", "public"]

@@ -8,9 +8,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from common.accounting import PrivacyEvent, analytic_gaussian_sigma, pld_epsilon
-from common.auction import auction_parameters
-from common.calibration import (
+from common.privacy.accounting import PrivacyEvent, analytic_gaussian_sigma, pld_epsilon
+from common.summarization.auction import auction_parameters
+from common.summarization.calibration import (
     CALIBRATION_RTOL,
     TREE_INCREMENT_SENSITIVITY,
     calibrate_rounds_mode,
@@ -19,9 +19,9 @@ from common.calibration import (
     rounds_mode_events,
     rounds_tree_sigma,
 )
-from common.candidates import validation_embedding_sensitivity
-from common.continual import tree_levels
-from common.summary import SummarizationConfig
+from common.summarization.candidates import validation_embedding_sensitivity
+from common.summarization.continual import tree_levels
+from common.summarization.summary import SummarizationConfig
 
 DELTA = 1e-6
 OPTIONS = [

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.candidates import (
+from common.summarization.candidates import (
     allocate_candidates,
     relevance_threshold,
     validation_embedding_sensitivity,
 )
-from common.rff import draw_rff_params, random_fourier_features
+from common.summarization.rff import draw_rff_params, random_fourier_features
 
 
 def test_sensitivity_bounds_the_change_of_the_mean_embedding() -> None:

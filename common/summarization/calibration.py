@@ -16,16 +16,16 @@ import math
 from collections.abc import Callable
 from typing import Literal
 
-from common.accounting import (
+from common.privacy.accounting import (
     PrivacyEvent,
     analytic_gaussian_sigma,
     kairouz_epsilon_delta,
     pld_epsilon,
 )
-from common.auction import AuctionParams, auction_parameters
-from common.candidates import H1_NORM_BOUND, validation_embedding_sensitivity
-from common.continual import TreePrefixSum, tree_levels
-from common.summary import SummarizationConfig
+from common.summarization.auction import AuctionParams, auction_parameters
+from common.summarization.candidates import H1_NORM_BOUND, validation_embedding_sensitivity
+from common.summarization.continual import TreePrefixSum, tree_levels
+from common.summarization.summary import SummarizationConfig
 from common.validation import check_delta, check_epsilon, check_positive_int
 
 __all__ = [
@@ -41,7 +41,8 @@ __all__ = [
     "rounds_tree_sigma",
 ]
 
-#: Sensitivity ``Delta`` of MWEM's score and measurement (``common.mwem``): every coordinate of the
+#: Sensitivity ``Delta`` of MWEM's score and measurement (``common.summarization.mwem``): every
+#: coordinate of the
 #: quantized sum moves by at most 2 when one point of the set is replaced.
 MWEM_SENSITIVITY = 2.0
 #: Calibrated epsilons lie in ``[(1 - CALIBRATION_RTOL) * target, target]``.
@@ -93,9 +94,10 @@ def paper_mode_events(
     -------
     dict
         ``{"validation": [...], "owners": [...], "public": [...]}``, each a list of
-        :class:`~common.accounting.PrivacyEvent` whose repeat counts add up to what the session
+        :class:`~common.privacy.accounting.PrivacyEvent` whose repeat counts add up to what the
+        session
         charges (it charges one pair of events per h2 release; these lists merge the identical
-        ones, which every accountant of :mod:`common.accounting` treats alike):
+        ones, which every accountant of :mod:`common.privacy.accounting` treats alike):
 
         * ``"validation"``: ``T_init`` exponential-mechanism selections and ``T_init`` Laplace
           measurements (sensitivity 2, scale ``2 / epsilon_validation``) at
@@ -126,7 +128,7 @@ def paper_mode_events(
     (Appendix D, proof of Theorem 6). The counts assume a session that runs all ``p`` rounds
     with at least one bid in round 1; an aborted session charges a prefix of these events.
     Neighbouring relation: replacing one point of ``D_v`` (validation) or of one owner's data
-    (owners); MWEM's sensitivity under it is 2 (``common.mwem``).
+    (owners); MWEM's sensitivity under it is 2 (``common.summarization.mwem``).
 
     References
     ----------
@@ -249,7 +251,8 @@ def calibrate_paper_mode(
         Size of the public seed set, ``>= 0`` (it changes no counted charge, see
         :func:`paper_mode_events`, but is checked and passed on).
     method : {"pld", "theorem7"}, default "pld"
-        Accountant the target is met with: :func:`~common.accounting.pld_epsilon` at ``delta``
+        Accountant the target is met with: :func:`~common.privacy.accounting.pld_epsilon` at
+        ``delta``
         (the ledger's ``"pld"`` figure) or Theorem 7 with slack ``delta`` (its ``"theorem7"``
         figure; all events are pure, so it holds at ``delta`` too).
 
@@ -332,7 +335,8 @@ def calibrate_paper_mode(
 def gaussian_epsilon(sigma: float, delta: float, sensitivity: float) -> float:
     """epsilon at ``delta`` of one Gaussian mechanism with noise ``sigma`` and L2 ``sensitivity``.
 
-    The inverse of :func:`~common.accounting.analytic_gaussian_sigma` (exact privacy profile,
+    The inverse of :func:`~common.privacy.accounting.analytic_gaussian_sigma` (exact privacy
+    profile,
     ``dp_accounting``'s ``GaussianPrivacyLoss``, bisected on epsilon keeping the upper end),
     nudged up by ``1e-9`` relative so that the
     event ``PrivacyEvent("gaussian", eps, sensitivity=sensitivity, scale=sigma, delta=delta)``
@@ -450,7 +454,8 @@ def rounds_tree_sigma(config: SummarizationConfig, n_owners: int) -> float:
     :data:`TREE_INCREMENT_SENSITIVITY` (``2 sqrt(2)``) and noise ``sigma``, composed with
     PrivAuction's ``tau`` pure ``eps_auc`` events (:func:`rounds_auction`), have PLD epsilon at
     ``config.delta`` in ``[(1 - 1e-3), 1] * epsilon_owners_total``; ``levels =``
-    :func:`common.continual.tree_levels` ``(p - 1)`` (rounds 2..p release the prefix sums of the
+    :func:`common.summarization.continual.tree_levels` ``(p - 1)`` (rounds 2..p release the prefix
+    sums of the
     first 1..p-1 acquired points). Cached: a pure function of the configuration and ``K``.
 
     Returns

@@ -1,4 +1,4 @@
-"""Tests for common.auction (PrivAuction, Algorithm 3 steps 11-16, Appendix D)."""
+"""Tests for common.summarization.auction (PrivAuction, Algorithm 3 steps 11-16, Appendix D)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from common.auction import (
+from common.summarization.auction import (
     AuctionParams,
     auction_parameters,
     choose_owners_to_ask,

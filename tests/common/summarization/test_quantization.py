@@ -1,4 +1,4 @@
-"""Tests for common.quantization (summarization paper, Appendix B)."""
+"""Tests for common.summarization.quantization (summarization paper, Appendix B)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common.quantization import quantization_grid, quantize_features, stochastic_quantize
+from common.summarization.quantization import (
+    quantization_grid,
+    quantize_features,
+    stochastic_quantize,
+)
 
 
 @pytest.mark.parametrize(("eta", "n_points"), [(1.0, 3), (0.5, 5), (0.25, 9), (2 / 7, 8)])

@@ -1,4 +1,4 @@
-"""Tests for common.rff (h1, Algorithm 1).
+"""Tests for common.summarization.rff (h1, Algorithm 1).
 
 Error bounds for ``h1(x) @ h1(y)``: with ``theta_i = (omega_i, b_i)`` i.i.d.,
 ``h1(x) @ h1(y) = (1/d) sum_i Z_i`` with ``Z_i = 2 cos(omega_i.x + b_i) cos(omega_i.y + b_i)
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common.kernels import rbf_kernel
-from common.rff import RFFParams, draw_rff_params, random_fourier_features
+from common.summarization.kernels import rbf_kernel
+from common.summarization.rff import RFFParams, draw_rff_params, random_fourier_features
 
 
 def _bernstein_t(n: int, var: float, b: float, log_term: float) -> float:

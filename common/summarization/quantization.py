@@ -166,7 +166,8 @@ def quantize_features(
     (about 1e-6 for float32) and the excess is clipped: float32 features computed as
     ``sqrt(2/d) * cos(.)`` can exceed ``sqrt(2/d)`` by a rounding error, which is not a caller bug.
     Quantization acts on each point separately, so replacing one point of the input changes one
-    row of the output only (the basis of the sensitivity argument in :mod:`common.mwem`).
+    row of the output only (the basis of the sensitivity argument in
+    :mod:`common.summarization.mwem`).
 
     References
     ----------

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.quantization import quantization_grid, quantize_features
+from common.summarization.quantization import quantization_grid, quantize_features
 from common.validation import check_epsilon, check_matrix, check_positive_int, check_vector
 
 __all__ = ["MWEMRelease", "MWEMState", "h2_private_mean"]
@@ -124,7 +124,8 @@ class MWEMState:
     ``max_i |w(D_Q, i) - w(P_avg, i)| / q <= 2 sqrt(d ln|S| / T) + (3c + 2) Delta ln d / (q eps)``.
 
     **Noise.** Selection and Laplace noise are drawn with numpy's floating-point samplers from
-    ``rng``; production callers pass :func:`common.rng.production_rng` (CSPRNG-seeded). These
+    ``rng``; production callers pass :func:`common.privacy.rng.production_rng` (CSPRNG-seeded).
+    These
     samplers are not hardened against floating-point attacks on the Laplace mechanism
     (Mironov 2012); DESIGN.md, "Noise sources".
 
@@ -276,7 +277,8 @@ def h2_private_mean(
 ) -> MWEMRelease:
     """Compute h2: the MWEM private mean of a set of h1 features.
 
-    Quantizes ``features`` (:func:`common.quantization.quantize_features`), sums the quantized
+    Quantizes ``features`` (:func:`common.summarization.quantization.quantize_features`), sums the
+    quantized
     columns and runs :meth:`MWEMState.release` from ``state`` (a fresh uniform state if ``None``).
 
     Parameters

@@ -1,4 +1,5 @@
-"""Tests for common.calibration: the private method's events and their calibration to a target."""
+"""Tests for common.summarization.calibration: the private method's events and their calibration to
+a target."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from common.accounting import PrivacyEvent, kairouz_epsilon, pld_epsilon
-from common.auction import auction_parameters
-from common.calibration import (
+from common.privacy.accounting import PrivacyEvent, kairouz_epsilon, pld_epsilon
+from common.summarization.auction import auction_parameters
+from common.summarization.calibration import (
     CALIBRATION_RTOL,
     MWEM_SENSITIVITY,
     calibrate_paper_mode,
     paper_mode_events,
 )
-from common.summary import SummarizationConfig
+from common.summarization.summary import SummarizationConfig
 
 DELTA = 1e-6
 CALIBRATED_FIELDS = {

@@ -1,0 +1,1 @@
+"""Privacy machinery shared by every protocol: accounting, budgets, ledgers and randomness."""
