@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["BUSY_TIMEOUT_MS", "open_database", "transaction"]
+__all__ = ["BUSY_TIMEOUT_MS", "open_database", "snapshot", "transaction"]
 
 #: How long a statement waits for another writer's lock before failing, in milliseconds.
 BUSY_TIMEOUT_MS = 5000
@@ -79,6 +79,32 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+@contextmanager
+def snapshot(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """Run the block's reads against one consistent snapshot: ``BEGIN`` ... ``COMMIT``.
+
+    A deferred (read) transaction: it never waits for the write lock, and in WAL mode a writer
+    committing meanwhile does not change what the block sees, so totals read in two queries
+    agree with each other. Write with :func:`transaction` instead.
+
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        A connection from :func:`open_database`, not already in a transaction.
+
+    Yields
+    ------
+    sqlite3.Connection
+        ``conn`` itself.
+    """
+    conn.execute("BEGIN")
+    try:
+        yield conn
+    finally:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
 
 
 def _statements(script: str) -> Iterator[str]:
