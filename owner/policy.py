@@ -1,0 +1,360 @@
+"""The owner's own privacy and data-release policy, read from a TOML file.
+
+An owner trusts no other party (DESIGN.md, parties and trust): whatever the curator asks, it
+releases only what its policy allows, and its :class:`~owner.ledger.OwnerLedger` charges every
+release against this policy before it happens.
+
+File layout (every key optional; the defaults are those of :class:`OwnerPolicy`; an example with
+comments is ``deploy/policies/owner.toml``)::
+
+    [budget]      # over the window, summed over every session (basic composition)
+    epsilon = 10.0
+    delta = 1e-5
+    window_days = 0     # 0: the owner's lifetime; > 0: a rolling window of that many days
+    points = 20000      # raw points released
+    [session]     # to one session
+    epsilon = 2.0
+    delta = 1e-6
+    points = 1000
+    [access]
+    curators = ["curator"]      # names of the curator certificates this owner serves
+    allow_non_private = false   # whether exact (epsilon = inf) releases may be served at all
+    [limits]
+    max_sessions = 8
+    session_idle_timeout_seconds = 600
+    max_rff_dimension = 4096
+
+Unknown sections or keys are refused (a misspelt key would otherwise leave a default in force
+silently).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["OwnerPolicy", "load_owner_policy"]
+
+# (section, key) in the file -> field of OwnerPolicy, in file order.
+_KEYS: dict[tuple[str, str], str] = {
+    ("budget", "epsilon"): "epsilon_total",
+    ("budget", "delta"): "delta_total",
+    ("budget", "window_days"): "window_days",
+    ("budget", "points"): "points_total",
+    ("session", "epsilon"): "epsilon_per_session",
+    ("session", "delta"): "delta_per_session",
+    ("session", "points"): "points_per_session",
+    ("access", "curators"): "curators",
+    ("access", "allow_non_private"): "allow_non_private",
+    ("limits", "max_sessions"): "max_sessions",
+    ("limits", "session_idle_timeout_seconds"): "session_idle_timeout_seconds",
+    ("limits", "max_rff_dimension"): "max_rff_dimension",
+}
+_KEY_OF_FIELD = {name: f"{section}.{key}" for (section, key), name in _KEYS.items()}
+_SECTIONS = tuple(dict.fromkeys(section for section, _ in _KEYS))
+_SECTION_COMMENTS = {
+    "budget": "over the window, summed over every session (basic composition)",
+    "session": "per session",
+    "access": "who is served, and how",
+    "limits": "resources of the owner service",
+}
+
+
+def _key(name: str) -> str:
+    return f"{_KEY_OF_FIELD[name]} ({name})"
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{_key(name)} must be a number, got {value!r}")
+    return float(value)
+
+
+def _integer(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{_key(name)} must be an integer >= 1, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{_key(name)} must be an integer >= 1, got {value}")
+    return value
+
+
+def _epsilon(value: Any, name: str) -> float:
+    x = _number(value, name)
+    if not (math.isfinite(x) and x > 0):
+        raise ValueError(f"{_key(name)} must be finite and > 0, got {value!r}")
+    return x
+
+
+def _delta(value: Any, name: str) -> float:
+    x = _number(value, name)
+    if not 0.0 <= x < 1.0:
+        raise ValueError(f"{_key(name)} must be in [0, 1), got {value!r}")
+    return x
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: quotes, backslashes and control characters escaped."""
+    out = []
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)  # shortest round-tripping form, valid TOML for finite floats
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_string(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+@dataclass(frozen=True)
+class OwnerPolicy:
+    """What one data owner agrees to release, whatever the curator asks.
+
+    Every field is validated on construction; numbers given as ``int`` for a ``float`` field are
+    converted, and ``curators`` given as a list becomes a tuple.
+
+    Attributes
+    ----------
+    epsilon_total : float
+        Epsilon the owner's data may lose over the window, summed over every session (basic
+        composition); finite, > 0. File key ``budget.epsilon``.
+    delta_total : float
+        Delta over the window, summed likewise; in [0, 1). ``budget.delta``.
+    window_days : float
+        0: the budgets above cover the owner's whole lifetime; > 0: they cover every rolling
+        window of that many days (a charge stops counting ``window_days`` after it was made).
+        ``budget.window_days``.
+    points_total : int
+        Raw points released over the window, >= 1. ``budget.points``.
+    epsilon_per_session : float
+        Epsilon one session may spend; finite, > 0 and <= ``epsilon_total``.
+        ``session.epsilon``.
+    delta_per_session : float
+        Delta one session may spend; in [0, 1) and <= ``delta_total``. ``session.delta``.
+    points_per_session : int
+        Raw points released to one session; >= 1 and <= ``points_total``.
+        ``session.points``.
+    allow_non_private : bool
+        Whether non-private sessions (exact embeddings, epsilon = inf) may be served at all.
+        ``access.allow_non_private``.
+    curators : tuple of str
+        Names (certificate names) of the curators this owner serves; at least one, no
+        duplicates, none empty. ``access.curators``.
+    max_sessions : int
+        Sessions open at the same time, >= 1. ``limits.max_sessions``.
+    session_idle_timeout_seconds : float
+        Seconds after which an idle session is closed; finite, > 0.
+        ``limits.session_idle_timeout_seconds``.
+    max_rff_dimension : int
+        Largest random-Fourier-feature dimension a session may ask for (memory and time of h1),
+        >= 1. ``limits.max_rff_dimension``.
+
+    Raises
+    ------
+    ValueError
+        If a field has the wrong type (a bool is not a number) or is out of range; the message
+        names the file key, the field and the allowed range.
+
+    Notes
+    -----
+    The budgets are enforced by :class:`owner.ledger.OwnerLedger` (epsilon, delta and points;
+    ``allow_non_private``); ``curators`` and the ``limits`` are enforced by the owner service.
+    """
+
+    epsilon_total: float = 10.0
+    delta_total: float = 1e-5
+    window_days: float = 0.0
+    points_total: int = 20000
+    epsilon_per_session: float = 2.0
+    delta_per_session: float = 1e-6
+    points_per_session: int = 1000
+    allow_non_private: bool = False
+    curators: tuple[str, ...] = ("curator",)
+    max_sessions: int = 8
+    session_idle_timeout_seconds: float = 600.0
+    max_rff_dimension: int = 4096
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        put("epsilon_total", _epsilon(self.epsilon_total, "epsilon_total"))
+        put("delta_total", _delta(self.delta_total, "delta_total"))
+        window = _number(self.window_days, "window_days")
+        if not (math.isfinite(window) and window >= 0):
+            raise ValueError(
+                f"{_key('window_days')} must be finite and >= 0 (0: lifetime), "
+                f"got {self.window_days!r}"
+            )
+        put("window_days", window)
+        put("points_total", _integer(self.points_total, "points_total"))
+        for name, total, check in (
+            ("epsilon_per_session", "epsilon_total", _epsilon),
+            ("delta_per_session", "delta_total", _delta),
+            ("points_per_session", "points_total", _integer),
+        ):
+            value = check(getattr(self, name), name)
+            if value > getattr(self, total):
+                raise ValueError(
+                    f"{_key(name)} must be <= {_key(total)} = {getattr(self, total)!r}, "
+                    f"got {value!r}"
+                )
+            put(name, value)
+        if not isinstance(self.allow_non_private, bool):
+            raise ValueError(
+                f"{_key('allow_non_private')} must be true or false, got {self.allow_non_private!r}"
+            )
+        curators = self.curators
+        if isinstance(curators, str) or not isinstance(curators, list | tuple):
+            raise ValueError(f"{_key('curators')} must be a list of names, got {curators!r}")
+        if not curators:
+            raise ValueError(f"{_key('curators')} must name at least one curator, got []")
+        for j, name in enumerate(curators):
+            if not isinstance(name, str) or not name:
+                raise ValueError(
+                    f"{_key('curators')}[{j}] must be a non-empty string, got {name!r}"
+                )
+        if len(set(curators)) != len(curators):
+            raise ValueError(f"{_key('curators')} must not repeat a name, got {list(curators)}")
+        put("curators", tuple(curators))
+        put("max_sessions", _integer(self.max_sessions, "max_sessions"))
+        timeout = _number(self.session_idle_timeout_seconds, "session_idle_timeout_seconds")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(
+                f"{_key('session_idle_timeout_seconds')} must be finite and > 0 seconds, "
+                f"got {self.session_idle_timeout_seconds!r}"
+            )
+        put("session_idle_timeout_seconds", timeout)
+        put("max_rff_dimension", _integer(self.max_rff_dimension, "max_rff_dimension"))
+
+    @property
+    def window_seconds(self) -> float:
+        """The window in seconds; ``math.inf`` for a lifetime budget (``window_days == 0``)."""
+        return self.window_days * 86400.0 if self.window_days > 0 else math.inf
+
+    @property
+    def window_description(self) -> str:
+        """``"the lifetime"`` or ``"the last N days"``, for messages."""
+        if self.window_days == 0:
+            return "the lifetime"
+        return f"the last {self.window_days:g} day{'' if self.window_days == 1 else 's'}"
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, source: str = "owner policy") -> OwnerPolicy:
+        """Build a policy from a parsed TOML document (sections of keys).
+
+        Parameters
+        ----------
+        data : mapping
+            ``{"budget": {...}, "session": {...}, "access": {...}, "limits": {...}}``; every
+            section and key is optional.
+        source : str
+            Where ``data`` comes from (a file name), prefixed to every error message.
+
+        Returns
+        -------
+        OwnerPolicy
+
+        Raises
+        ------
+        ValueError
+            If a section or key is unknown, a section is not a table, or a value has the wrong
+            type or is out of range: ``"{source}: session.epsilon (epsilon_per_session) must
+            be <= ..."``.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{source}: a policy must be a table of sections, got {data!r}")
+        kwargs: dict[str, Any] = {}
+        for section, table in data.items():
+            if section not in _SECTIONS:
+                raise ValueError(
+                    f"{source}: unknown section [{section}]; allowed: "
+                    + ", ".join(f"[{s}]" for s in _SECTIONS)
+                )
+            if not isinstance(table, Mapping):
+                raise ValueError(f"{source}: [{section}] must be a table, got {table!r}")
+            for key, value in table.items():
+                if (section, key) not in _KEYS:
+                    allowed = [k for s, k in _KEYS if s == section]
+                    raise ValueError(
+                        f"{source}: unknown key {section}.{key}; allowed in [{section}]: "
+                        + ", ".join(allowed)
+                    )
+                kwargs[_KEYS[section, key]] = value
+        try:
+            return cls(**kwargs)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from exc
+
+    def to_toml(self) -> str:
+        """The policy as a TOML document in the file layout; :meth:`from_mapping` reads it back.
+
+        Returns
+        -------
+        str
+            Every key written explicitly, so the text is a complete record of the policy
+            (the ledger stores it).
+        """
+        lines: list[str] = []
+        for section in _SECTIONS:
+            if lines:
+                lines.append("")
+            lines.append(f"[{section}]  # {_SECTION_COMMENTS[section]}")
+            for (s, key), name in _KEYS.items():
+                if s == section:
+                    lines.append(f"{key} = {_toml_value(getattr(self, name))}")
+        return "\n".join(lines) + "\n"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-serialisable dict (``curators`` as a list)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["curators"] = list(self.curators)
+        return out
+
+
+def load_owner_policy(path: str | os.PathLike[str]) -> OwnerPolicy:
+    """Read an owner's policy file.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A TOML file in the layout of the module docstring.
+
+    Returns
+    -------
+    OwnerPolicy
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist (the message names it).
+    ValueError
+        If the file is not valid TOML, or as :meth:`OwnerPolicy.from_mapping`; the message
+        starts with the file name.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"owner policy file {path} does not exist") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{path}: not a valid TOML file: {exc}") from exc
+    return OwnerPolicy.from_mapping(data, source=str(path))

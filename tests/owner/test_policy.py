@@ -1,0 +1,167 @@
+"""The owner's policy file: defaults, a lossless TOML round trip, and errors that name the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from owner.policy import OwnerPolicy, load_owner_policy
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "owner.toml"
+
+
+def test_defaults() -> None:
+    p = OwnerPolicy()
+    assert p.as_dict() == {
+        "epsilon_total": 10.0,
+        "delta_total": 1e-5,
+        "window_days": 0.0,
+        "points_total": 20000,
+        "epsilon_per_session": 2.0,
+        "delta_per_session": 1e-6,
+        "points_per_session": 1000,
+        "allow_non_private": False,
+        "curators": ["curator"],
+        "max_sessions": 8,
+        "session_idle_timeout_seconds": 600.0,
+        "max_rff_dimension": 4096,
+    }
+    assert p.window_description == "the lifetime"
+
+
+def test_empty_file_gives_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text("")
+    assert load_owner_policy(path) == OwnerPolicy()
+
+
+def test_example_file_documents_the_defaults() -> None:
+    assert load_owner_policy(EXAMPLE) == OwnerPolicy()
+
+
+def test_partial_file_keeps_the_other_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text("[budget]\nepsilon = 3\nwindow_days = 30\n[access]\ncurators = ['a', 'b']\n")
+    p = load_owner_policy(path)
+    assert p == OwnerPolicy(epsilon_total=3.0, window_days=30.0, curators=("a", "b"))
+    assert isinstance(p.epsilon_total, float)
+    assert p.window_description == "the last 30 days"
+    assert p.window_seconds == 30 * 86400
+
+
+def test_toml_round_trip(tmp_path: Path) -> None:
+    p = OwnerPolicy(
+        epsilon_total=7.25,
+        delta_total=3e-7,
+        window_days=0.5,
+        points_total=12345,
+        epsilon_per_session=0.1,
+        delta_per_session=0.0,
+        points_per_session=17,
+        allow_non_private=True,
+        curators=("curator-1", 'we"ird\\name\x01'),
+        max_sessions=3,
+        session_idle_timeout_seconds=12.5,
+        max_rff_dimension=512,
+    )
+    text = p.to_toml()
+    assert OwnerPolicy.from_mapping(tomllib.loads(text)) == p
+    path = tmp_path / "p.toml"
+    path.write_text(text, encoding="utf-8")
+    assert load_owner_policy(path) == p
+    assert OwnerPolicy.from_mapping(tomllib.loads(OwnerPolicy().to_toml())) == OwnerPolicy()
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nope\.toml"):
+        load_owner_policy(tmp_path / "nope.toml")
+
+
+def test_invalid_toml_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[budget\n")
+    with pytest.raises(ValueError, match=r"bad\.toml.*TOML"):
+        load_owner_policy(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "allowed"),
+    [
+        # unknown sections and keys
+        ("[budgets]\nepsilon = 1\n", r"\[budgets\]", r"\[budget\]"),
+        ("[budget]\neps = 1\n", r"budget\.eps", "epsilon"),
+        ("[session]\nwindow_days = 1\n", r"session\.window_days", "epsilon"),
+        ("budget = 1\n", r"\[budget\]", "table"),
+        # wrong types
+        ("[budget]\nepsilon = '1'\n", r"budget\.epsilon", "number"),
+        ("[budget]\nepsilon = true\n", r"budget\.epsilon", "number"),
+        ("[budget]\npoints = true\n", r"budget\.points", "integer >= 1"),
+        ("[budget]\npoints = 100.0\n", r"budget\.points", "integer >= 1"),
+        ("[session]\npoints = '10'\n", r"session\.points", "integer >= 1"),
+        ("[access]\nallow_non_private = 1\n", r"access\.allow_non_private", "true or false"),
+        ("[access]\ncurators = 'curator'\n", r"access\.curators", "list of names"),
+        ("[access]\ncurators = [1]\n", r"access\.curators", "non-empty string"),
+        ("[limits]\nmax_sessions = 2.5\n", r"limits\.max_sessions", "integer >= 1"),
+        # out of range
+        ("[budget]\nepsilon = 0\n", r"budget\.epsilon", "finite and > 0"),
+        ("[budget]\nepsilon = -1.0\n", r"budget\.epsilon", "finite and > 0"),
+        ("[budget]\nepsilon = inf\n", r"budget\.epsilon", "finite and > 0"),
+        ("[budget]\nepsilon = nan\n", r"budget\.epsilon", "finite and > 0"),
+        ("[budget]\ndelta = 1.0\n", r"budget\.delta", r"\[0, 1\)"),
+        ("[budget]\ndelta = -1e-9\n", r"budget\.delta", r"\[0, 1\)"),
+        ("[budget]\nwindow_days = -1\n", r"budget\.window_days", ">= 0"),
+        ("[budget]\nwindow_days = inf\n", r"budget\.window_days", ">= 0"),
+        ("[budget]\npoints = 0\n", r"budget\.points", "integer >= 1"),
+        ("[session]\nepsilon = 11\n", r"session\.epsilon", r"<= budget\.epsilon"),
+        ("[session]\nepsilon = 0\n", r"session\.epsilon", "finite and > 0"),
+        ("[session]\ndelta = 1e-4\n", r"session\.delta", r"<= budget\.delta"),
+        ("[session]\ndelta = 1\n", r"session\.delta", r"\[0, 1\)"),
+        ("[session]\npoints = 20001\n", r"session\.points", r"<= budget\.points"),
+        ("[session]\npoints = -5\n", r"session\.points", "integer >= 1"),
+        ("[access]\ncurators = []\n", r"access\.curators", "at least one"),
+        ("[access]\ncurators = ['a', '']\n", r"access\.curators", "non-empty string"),
+        ("[access]\ncurators = ['a', 'a']\n", r"access\.curators", "repeat"),
+        ("[limits]\nmax_sessions = 0\n", r"limits\.max_sessions", "integer >= 1"),
+        (
+            "[limits]\nsession_idle_timeout_seconds = 0\n",
+            r"limits\.session_idle_timeout_seconds",
+            "finite and > 0",
+        ),
+        ("[limits]\nmax_rff_dimension = 0\n", r"limits\.max_rff_dimension", "integer >= 1"),
+    ],
+)
+def test_every_error_names_the_file_and_key(
+    tmp_path: Path, text: str, key: str, allowed: str
+) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=r"policy\.toml") as info:
+        load_owner_policy(path)
+    message = str(info.value)
+    assert re.search(key, message), message
+    assert re.search(allowed, message), message
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "key"),
+    [
+        ("epsilon_total", 0.0, "budget.epsilon"),
+        ("delta_per_session", 0.5, "session.delta"),
+        ("points_total", True, "budget.points"),
+        ("curators", (), "access.curators"),
+        ("allow_non_private", "yes", "access.allow_non_private"),
+    ],
+)
+def test_direct_construction_is_validated(field: str, value: Any, key: str) -> None:
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        dataclasses.replace(OwnerPolicy(), **{field: value})
+
+
+def test_policy_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        OwnerPolicy().epsilon_total = 1.0  # type: ignore[misc]
