@@ -35,7 +35,7 @@ __all__ = [
     "pld_epsilon",
 ]
 
-_MECHANISMS = ("laplace", "exponential", "pure", "gaussian")
+_MECHANISMS = ("laplace", "exponential", "pure", "gaussian", "approximate")
 _CONSISTENCY_RTOL = 1e-9
 # A gaussian event's sigma may fall short of the analytic-Gaussian sigma by this relative amount
 # (floating-point slack for a sigma computed elsewhere, e.g. from the closed form).
@@ -53,12 +53,14 @@ class PrivacyEvent:
 
     Attributes
     ----------
-    mechanism : {"laplace", "exponential", "pure", "gaussian"}
+    mechanism : {"laplace", "exponential", "pure", "gaussian", "approximate"}
         ``"laplace"``: additive Laplace noise of ``scale`` on a query of L1 ``sensitivity``;
         ``"exponential"``: the exponential mechanism calibrated to ``epsilon``-DP (e.g. MWEM's
-        selection); ``"pure"``: any other ``epsilon``-DP mechanism (e.g. PrivAuction's queries);
-        ``"gaussian"``: additive Gaussian noise of standard deviation ``scale`` on a query of L2
-        ``sensitivity``, ``(epsilon, delta)``-DP.
+        selection); ``"pure"``: any other ``epsilon``-DP mechanism (e.g. the pure PrivAuction's
+        queries); ``"gaussian"``: additive Gaussian noise of standard deviation ``scale`` on a
+        query of L2 ``sensitivity``, ``(epsilon, delta)``-DP; ``"approximate"``: any other
+        ``(epsilon, delta)``-DP mechanism (e.g. the printed PrivAuction's bad iterations,
+        ``(eps_auc, 1 - exp(-eps_auc))``-DP), accounted by its worst case.
     epsilon : float
         Privacy parameter of *one* run, ``> 0``. For ``"laplace"``, ``sensitivity / scale``; for
         ``"gaussian"``, the epsilon the noise was calibrated for (together with ``delta``).
@@ -73,8 +75,8 @@ class PrivacyEvent:
         or the Gaussian standard deviation ``sigma`` (required). Not allowed for the other
         mechanisms.
     delta : float, default 0.0
-        delta of *one* run. ``0 < delta < 1`` for ``"gaussian"``; must be 0 for the pure
-        mechanisms.
+        delta of *one* run. ``0 < delta < 1`` for ``"gaussian"`` and ``"approximate"``; must be
+        0 for the pure mechanisms.
 
     Raises
     ------
@@ -106,7 +108,7 @@ class PrivacyEvent:
     calibration and optimal denoising", ICML 2018, Theorem 8.
     """
 
-    mechanism: Literal["laplace", "exponential", "pure", "gaussian"]
+    mechanism: Literal["laplace", "exponential", "pure", "gaussian", "approximate"]
     epsilon: float
     count: int = 1
     sensitivity: float | None = None
@@ -130,11 +132,18 @@ class PrivacyEvent:
             if not (math.isfinite(delta) and 0.0 < delta < 1.0):
                 raise ValueError(f"gaussian event: delta must lie in (0, 1), got {self.delta}")
             _check_gaussian_calibration(eps, delta, sens, scale)
+        elif self.mechanism == "approximate":
+            if not (math.isfinite(delta) and 0.0 < delta < 1.0):
+                raise ValueError(f"approximate event: delta must lie in (0, 1), got {self.delta}")
+            if scale is not None:
+                raise ValueError(
+                    f"scale is only meaningful for laplace and gaussian events, got scale={scale}"
+                )
         else:
             if delta != 0.0:
                 raise ValueError(
-                    f"delta is only meaningful for gaussian events ({self.mechanism} events are "
-                    f"pure, delta = 0), got delta={self.delta}"
+                    f"delta is only meaningful for gaussian and approximate events "
+                    f"({self.mechanism} events are pure, delta = 0), got delta={self.delta}"
                 )
             if self.mechanism == "laplace":
                 if sens is None and scale is None:
@@ -484,6 +493,11 @@ def _group_pld(event: PrivacyEvent, count: int, interval: float) -> PrivacyLossD
     Gaussian: ``from_gaussian_mechanism`` (connect-the-dots) then ``self_compose``.
     Pure / exponential: the exact ``count``-fold composition of the worst-case pure-epsilon pair
     (randomized response), built from its binomial law and rounded up to the grid *once*.
+    Approximate ``(epsilon, delta)``: the worst-case pair of an ``(epsilon, delta)``-DP mechanism
+    (Kairouz, Oh & Viswanath 2015, Theorem 2.1), whose privacy loss is ``+inf`` with probability
+    ``delta`` and otherwise that of randomized response: the ``count``-fold composition has
+    infinite loss with probability ``1 - (1 - delta)**count`` and the pure binomial law scaled by
+    ``(1 - delta)**count`` elsewhere.
     ``from_privacy_parameters(...).self_compose(count)`` would instead round ``-epsilon`` up a
     bucket in every run; with ``epsilon = 0.01`` and an interval of ``epsilon / 100`` that
     doubles the mean privacy loss (``~epsilon^2 / 2`` per run) and overstates the epsilon of
@@ -517,9 +531,15 @@ def _group_pld(event: PrivacyEvent, count: int, interval: float) -> PrivacyLossD
     # composed loss is eps * (count - 2 n_neg).
     n_neg = np.arange(count + 1)
     pmf = binom.pmf(n_neg, count, expit(-eps))
+    infinite = 0.0
+    if event.mechanism == "approximate":
+        # log1p/expm1 keep (1 - delta)^count accurate for small delta.
+        finite = math.exp(count * math.log1p(-event.delta))
+        infinite = -math.expm1(count * math.log1p(-event.delta))
+        pmf = pmf * finite
     keep = pmf > _PLD_MIN_MASS
     # Dropped mass goes to infinite loss: pessimistic, and at most count * 1e-30 in total.
-    dropped = float(pmf[~keep].sum())
+    dropped = float(pmf[~keep].sum()) + infinite
     indices = np.ceil(eps * (count - 2 * n_neg[keep]) / interval).astype(np.int64)
     rounded: dict[int, float] = {}
     for index, mass in zip(indices.tolist(), pmf[keep].tolist(), strict=True):

@@ -2,7 +2,10 @@
 
 The curator ranks the owners by bid, always asks the top bidder, asks the owner of rank ``r``
 independently with probability ``exp(-eps_auc (r - 1))``, and also asks for any point that has been
-its owner's best point ``tau`` times. The rest of the round (the pool of acquired points, verifying
+its owner's best point ``tau`` times (Algorithm 3 as printed, variant ``"paper"``). Variant
+``"pure"`` asks rank ``r`` with probability ``e^eps_auc / (1 + e^eps_auc) * exp(-eps_auc (r - 1))``,
+rank 1 included, which makes every bad iteration pure ``eps_auc``-DP
+(:func:`choose_owners_to_ask`, Notes). The rest of the round (the pool of acquired points, verifying
 bids against the raw points, adding the pool point with the largest bid) is protocol logic in the
 curator; this module holds the pure, randomized decision.
 
@@ -15,14 +18,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from common.privacy.accounting import PrivacyEvent
 from common.validation import check_delta, check_epsilon, check_positive_int
 
+#: PrivAuction variants: Algorithm 3 as printed, or the pure-DP variant.
+AuctionVariant = Literal["paper", "pure"]
+AUCTION_VARIANTS: tuple[AuctionVariant, ...] = ("pure", "paper")
+
 __all__ = [
+    "AUCTION_VARIANTS",
     "AuctionParams",
+    "AuctionVariant",
+    "ask_probabilities",
+    "auction_events",
     "auction_parameters",
     "choose_owners_to_ask",
     "expected_points_per_round",
@@ -42,11 +55,16 @@ class AuctionParams:
         probability ``exp(-eps_auc (r - 1))``.
     tau : int
         A point that has been its owner's best point ``tau`` times is asked for, >= 1.
+    variant : {"paper", "pure"}, default "paper"
+        ``"paper"``: rank 1 always asked (Algorithm 3 as printed; each bad iteration is
+        ``(eps_auc, 1 - exp(-eps_auc))``-DP). ``"pure"``: every rank's probability scaled by
+        ``e^eps_auc / (1 + e^eps_auc)`` (each bad iteration pure ``eps_auc``-DP).
 
     Raises
     ------
     ValueError
-        If ``eps_auc`` is not a finite number > 0 or ``tau`` is not an integer >= 1.
+        If ``eps_auc`` is not a finite number > 0, ``tau`` is not an integer >= 1 or
+        ``variant`` is unknown.
 
     References
     ----------
@@ -55,13 +73,20 @@ class AuctionParams:
 
     eps_auc: float
     tau: int
+    variant: AuctionVariant = "paper"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eps_auc", check_epsilon(self.eps_auc, "eps_auc"))
         object.__setattr__(self, "tau", check_positive_int(self.tau, "tau"))
+        if self.variant not in AUCTION_VARIANTS:
+            raise ValueError(
+                f"auction variant must be one of {AUCTION_VARIANTS}, got {self.variant!r}"
+            )
 
 
-def auction_parameters(epsilon: float, delta: float, n_owners: int) -> AuctionParams:
+def auction_parameters(
+    epsilon: float, delta: float, n_owners: int, *, variant: AuctionVariant = "paper"
+) -> AuctionParams:
     """The auction parameters of Appendix D for a target ``(epsilon, delta)`` and ``K`` owners.
 
     ``eps_auc = epsilon / (3 sqrt(2 log(1/delta))) * K**(-1/3)`` and ``tau = ceil(K**(2/3))``.
@@ -74,6 +99,8 @@ def auction_parameters(epsilon: float, delta: float, n_owners: int) -> AuctionPa
         Target delta, in (0, 1) (the paper's theorems assume ``delta < 1/e``).
     n_owners : int
         Number of owners ``K``, >= 1.
+    variant : {"paper", "pure"}, default "paper"
+        See :class:`AuctionParams`.
 
     Returns
     -------
@@ -105,7 +132,52 @@ def auction_parameters(epsilon: float, delta: float, n_owners: int) -> AuctionPa
     t = k ** (2.0 / 3.0)
     nearest = round(t)
     tau = int(nearest) if abs(t - nearest) <= 1e-9 else math.ceil(t)
-    return AuctionParams(eps_auc=eps_auc, tau=max(tau, 1))
+    return AuctionParams(eps_auc=eps_auc, tau=max(tau, 1), variant=variant)
+
+
+def auction_events(params: AuctionParams) -> list[PrivacyEvent]:
+    """What PrivAuction's winner notification costs each owner: ``tau`` bad iterations.
+
+    Returns
+    -------
+    list of PrivacyEvent
+        ``"pure"`` variant: ``tau`` pure ``eps_auc`` events. ``"paper"`` variant: ``tau``
+        approximate ``(eps_auc, 1 - exp(-eps_auc))`` events (the "not asked" event has no bounded
+        ratio at rank 1, :func:`choose_owners_to_ask`, Notes).
+
+    References
+    ----------
+    Appendix D, proof of Theorem 6 (at most ``tau`` bad iterations per point).
+    """
+    if params.variant == "pure":
+        return [PrivacyEvent("pure", params.eps_auc, params.tau)]
+    return [
+        PrivacyEvent("approximate", params.eps_auc, params.tau, delta=-math.expm1(-params.eps_auc))
+    ]
+
+
+def ask_probabilities(n_bidding: int, params: AuctionParams) -> NDArray[np.float64]:
+    """Probability that the owner of each rank ``1..n_bidding`` is asked by the coin flips.
+
+    ``"paper"``: ``exp(-eps_auc (r - 1))`` (rank 1: 1). ``"pure"``:
+    ``e^eps_auc / (1 + e^eps_auc) * exp(-eps_auc (r - 1))``.
+
+    Returns
+    -------
+    ndarray of shape (n_bidding,), float64
+
+    Raises
+    ------
+    ValueError
+        If ``n_bidding`` is not an integer >= 0.
+    """
+    if isinstance(n_bidding, bool) or int(n_bidding) != n_bidding or n_bidding < 0:
+        raise ValueError(f"n_bidding must be an integer >= 0, got {n_bidding}")
+    probs = np.exp(-params.eps_auc * np.arange(int(n_bidding), dtype=np.float64))
+    if params.variant == "pure":
+        # e^x / (1 + e^x), computed as 1 / (1 + e^-x) to avoid overflow for large x.
+        probs = probs / (1.0 + math.exp(-params.eps_auc))
+    return probs
 
 
 def _check_bids(bids: ArrayLike) -> NDArray[np.float64]:
@@ -163,9 +235,11 @@ def choose_owners_to_ask(
 ) -> NDArray[np.bool_]:
     """Decide which owners the curator asks for their current best point (PrivAuction).
 
-    The owner of rank 1 is always asked; the owner of rank ``r >= 2`` is asked independently with
-    probability ``exp(-eps_auc (r - 1))``; in addition every bidding owner with
-    ``times_best >= tau`` is asked. Owners with a NaN bid are never asked.
+    Variant ``"paper"``: the owner of rank 1 is always asked; the owner of rank ``r >= 2`` is
+    asked independently with probability ``exp(-eps_auc (r - 1))``. Variant ``"pure"``: the owner
+    of rank ``r >= 1`` is asked independently with probability
+    ``e^eps_auc / (1 + e^eps_auc) * exp(-eps_auc (r - 1))``. In both, every bidding owner with
+    ``times_best >= tau`` is asked too. Owners with a NaN bid are never asked.
 
     Parameters
     ----------
@@ -173,12 +247,15 @@ def choose_owners_to_ask(
         One bid per owner, NaN for "no bid" (see :func:`rank_owners`).
     times_best : array-like of shape (K,), int64
         ``times_best[i]`` is the number of rounds, this one included, in which owner ``i``'s current
-        best point has been its best point; >= 0. Ignored for owners with a NaN bid.
+        best point has been its best point (not necessarily consecutive rounds: Algorithm 3's
+        "chosen tau times"); >= 0. Ignored for owners with a NaN bid.
     params : AuctionParams
     rng : numpy.random.Generator
-        Source of the coins. Exactly ``n_bidding - 1`` uniforms are drawn (none if fewer than two
-        owners bid), as ``rng.random(n_bidding - 1)``, the ``j``-th for rank ``j + 2``, whether or
-        not that owner is also forced by ``tau``; so the same seed gives the same coins.
+        Source of the coins. Variant ``"paper"``: exactly ``n_bidding - 1`` uniforms are drawn
+        (none if fewer than two owners bid), as ``rng.random(n_bidding - 1)``, the ``j``-th for
+        rank ``j + 2``; variant ``"pure"``: ``rng.random(n_bidding)``, the ``j``-th for rank
+        ``j + 1``; whether or not that owner is also forced by ``tau``, so the same seed gives the
+        same coins.
 
     Returns
     -------
@@ -205,13 +282,21 @@ def choose_owners_to_ask(
     mechanisms (Theorem 7; the paper's ``eps_auc`` and ``tau = K**(2/3)`` give
     ``epsilon / 3 + O(epsilon**2)``).
 
-    Caveat, not addressed by the paper: the factor above bounds the event "``j`` is asked". The
+    The factor above bounds the event "``j`` is asked". Under variant ``"paper"`` the
     complementary event, "``j`` is not asked", has probabilities ``1 - exp(-eps_auc (r - 1))`` and
     ``1 - exp(-eps_auc r)``, whose ratio tends to ``r / (r - 1)`` for small ``eps_auc`` and is
     unbounded for ``r = 1`` (rank 1 is always asked, rank 2 is not always). A bad iteration is
-    therefore ``(eps_auc, 1 - exp(-eps_auc))``-DP rather than pure ``eps_auc``-DP for an owner that
-    observes whether it was asked; a ledger that charges pure ``eps_auc`` per bad iteration follows
-    the paper, not a complete proof.
+    therefore ``(eps_auc, 1 - exp(-eps_auc))``-DP rather than pure ``eps_auc``-DP for an owner
+    that observes whether it was asked, and :func:`auction_events` charges it so.
+
+    Variant ``"pure"`` asks rank ``r`` with ``q_r = a exp(-eps_auc (r - 1))``, ``a = e^eps_auc /
+    (1 + e^eps_auc)``. "Asked": ``q_r / q_{r+1} = e^eps_auc``. "Not asked": ``(1 - q_{r+1}) /
+    (1 - q_r)`` grows as ``r`` falls, so its largest value is at ``r = 1``:
+    ``(1 - a e^-eps_auc) / (1 - a) = (e^eps_auc / (1 + e^eps_auc)) / (1 / (1 + e^eps_auc)) =
+    e^eps_auc``. Both events change by at most ``e^eps_auc`` when ``j`` moves one rank, so a bad
+    iteration is pure ``eps_auc``-DP (rank 1 is asked as in randomized response). The price: a
+    round may ask nobody; the curator then bids again (the points' ``times_best`` grow, and the
+    ``tau`` rule forces an ask within ``tau`` rounds).
 
     References
     ----------
@@ -234,11 +319,13 @@ def choose_owners_to_ask(
     n_bidding = ranked.shape[0]
     if n_bidding == 0:
         return ask
-    ask[ranked[0]] = True
-    if n_bidding > 1:
-        coins = rng.random(n_bidding - 1)
-        probs = np.exp(-params.eps_auc * np.arange(1, n_bidding, dtype=np.float64))
-        ask[ranked[1:]] = coins < probs
+    probs = ask_probabilities(n_bidding, params)
+    if params.variant == "pure":
+        ask[ranked] = rng.random(n_bidding) < probs
+    else:
+        ask[ranked[0]] = True
+        if n_bidding > 1:
+            ask[ranked[1:]] = rng.random(n_bidding - 1) < probs[1:]
     ask[ranked] |= tb[ranked] >= params.tau
     return ask
 

@@ -22,7 +22,7 @@ from common.privacy.accounting import (
     kairouz_epsilon_delta,
     pld_epsilon,
 )
-from common.summarization.auction import AuctionParams, auction_parameters
+from common.summarization.auction import AuctionParams, auction_events, auction_parameters
 from common.summarization.candidates import H1_NORM_BOUND, validation_embedding_sensitivity
 from common.summarization.continual import TreePrefixSum, tree_levels
 from common.summarization.summary import SummarizationConfig
@@ -102,7 +102,8 @@ def paper_mode_events(
         * ``"validation"``: ``T_init`` exponential-mechanism selections and ``T_init`` Laplace
           measurements (sensitivity 2, scale ``2 / epsilon_validation``) at
           ``config.epsilon_validation`` (Algorithm 3, step 3).
-        * ``"owners"``: PrivAuction's ``tau`` pure events at ``eps_auc``, with
+        * ``"owners"``: PrivAuction's ``tau`` events at ``eps_auc`` (pure, or approximate with
+          delta ``1 - exp(-eps_auc)`` for ``auction="paper"``: :func:`auction_events`), with
           ``(eps_auc, tau) = auction_parameters(epsilon_auction, delta_owners, K)`` (Theorem 6),
           then ``(p - 1) T_subs`` selections and as many Laplace measurements at
           ``config.epsilon_per_later_iteration`` (the summary embeddings of rounds 2..p); the
@@ -138,8 +139,10 @@ def paper_mode_events(
     k = check_positive_int(n_owners, "n_owners")
     n_seed = _check_seed_set_size(seed_set_size)
     p = config.summary_size
-    auction = auction_parameters(config.epsilon_auction, config.delta_owners, k)
-    owners = [PrivacyEvent("pure", auction.eps_auc, auction.tau)]
+    auction = auction_parameters(
+        config.epsilon_auction, config.delta_owners, k, variant=config.auction
+    )
+    owners = auction_events(auction)
     if p > 1:
         owners += _h2_events(
             config.epsilon_per_later_iteration, (p - 1) * config.iterations_subsequent
@@ -316,7 +319,9 @@ def calibrate_paper_mode(
         party: Party, make: Callable[[float], SummarizationConfig]
     ) -> Callable[[float], float]:
         def run(c: float) -> float:
-            events = paper_mode_events(make(c), k, seed_set_size=n_seed)[party]
+            # Calibrated as the pure auction: the printed auction's delta cannot be scaled away.
+            cfg = dataclasses.replace(make(c), auction="pure")
+            events = paper_mode_events(cfg, k, seed_set_size=n_seed)[party]
             return _composed_epsilon(events, dl, method)
 
         return run
@@ -407,12 +412,16 @@ def rounds_auction(config: SummarizationConfig, n_owners: int) -> AuctionParams:
     if config.summary_release == "none":
         tau = auction_parameters(1.0, config.delta, k).tau
         eps_auc = _pure_epsilon_for_target(tau, config.epsilon_owners_total, config.delta)
-        return AuctionParams(eps_auc=eps_auc, tau=tau)
-    return auction_parameters(config.epsilon_owners_total * config.auction_share, config.delta, k)
+        return AuctionParams(eps_auc=eps_auc, tau=tau, variant=config.auction)
+    return auction_parameters(
+        config.epsilon_owners_total * config.auction_share, config.delta, k, variant=config.auction
+    )
 
 
 def _auction_events(auction: AuctionParams) -> list[PrivacyEvent]:
-    return [PrivacyEvent("pure", auction.eps_auc, auction.tau)]
+    """The auction's events as calibrated: pure ``eps_auc`` (the printed variant's extra delta
+    per bad iteration cannot be calibrated away; the session charges it beside)."""
+    return auction_events(dataclasses.replace(auction, variant="pure"))
 
 
 def _tree_events(sigma: float, levels: int, delta: float) -> list[PrivacyEvent]:
@@ -497,7 +506,8 @@ def rounds_mode_events(
         * ``"validation"``: one Gaussian event ``(epsilon_validation_total, delta)`` of
           sensitivity ``2 sqrt(2) / m`` and sigma ``analytic_gaussian_sigma(...)``, or the
           paper's ``T_init`` MWEM selections and measurements at ``epsilon_validation``.
-        * ``"owners"``: PrivAuction's ``tau`` pure events (:func:`rounds_auction`), then for
+        * ``"owners"``: PrivAuction's ``tau`` events (:func:`rounds_auction`,
+          :func:`~common.summarization.auction.auction_events`), then for
           ``"tree"`` ``levels`` Gaussian events (sensitivity ``2 sqrt(2)``, sigma
           :func:`rounds_tree_sigma`, ``delta``), for ``"mwem"`` ``(p - 1) T_subs`` selections
           and measurements at ``epsilon_summary / sqrt(p T_subs)``, for ``"none"`` nothing more.
@@ -529,7 +539,7 @@ def rounds_mode_events(
         ]
     else:
         validation = _h2_events(config.epsilon_validation, config.t_init)
-    owners = _auction_events(rounds_auction(config, k))
+    owners = auction_events(rounds_auction(config, k))
     public: list[PrivacyEvent] = []
     if config.summary_release == "tree" and p > 1:
         owners += _tree_events(rounds_tree_sigma(config, k), _tree_levels_for(p), config.delta)

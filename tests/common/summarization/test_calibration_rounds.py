@@ -109,7 +109,9 @@ def test_calibration_changes_only_the_documented_fields() -> None:
 
 def test_auction_gets_its_share_or_everything_without_a_summary_release() -> None:
     cfg = _config(200, "gaussian", "tree", epsilon_owners_total=2.0, delta=DELTA)
-    assert rounds_auction(cfg, 8) == auction_parameters(1.0, DELTA, 8)
+    assert rounds_auction(cfg, 8) == auction_parameters(1.0, DELTA, 8, variant="pure")
+    paper = dataclasses.replace(cfg, auction="paper")
+    assert rounds_auction(paper, 8) == auction_parameters(1.0, DELTA, 8, variant="paper")
     none = dataclasses.replace(cfg, summary_release="none")
     auction = rounds_auction(none, 8)
     assert auction.tau == auction_parameters(1.0, DELTA, 8).tau
