@@ -31,6 +31,15 @@ class PermissionDeniedError(DPMarketError):
     """A request this party is not allowed to make (``PERMISSION_DENIED``)."""
 
 
+class UnauthenticatedError(DPMarketError):
+    """A caller without a verified identity (``UNAUTHENTICATED``)."""
+
+
+class ResourceExhaustedError(DPMarketError):
+    """A limit on concurrent sessions or on a caller's request rate is reached
+    (``RESOURCE_EXHAUSTED``); retrying later may succeed."""
+
+
 class UnavailableError(DPMarketError):
     """A peer is gone or did not answer in time (``UNAVAILABLE``)."""
 

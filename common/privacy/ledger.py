@@ -11,7 +11,7 @@ events Theorem 7 holds at a total delta larger than ``delta_tilde``, reported as
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -103,6 +103,10 @@ class PrivacyLedger:
     budgets : mapping of str to float, optional
         Epsilon budget of ``"validation"`` and/or ``"owners"``; a party without a budget is not
         limited (but still recorded).
+    on_charge : callable, optional
+        Called with the charges of every successful :meth:`charge`, after the budget check and
+        before they are recorded, e.g. to write them to durable storage before the release they
+        pay for. If it raises, nothing is recorded and the error propagates.
 
     Raises
     ------
@@ -124,8 +128,15 @@ class PrivacyLedger:
     Summarization paper, Section 4 and Appendix D (Theorems 6 and 7).
     """
 
-    def __init__(self, *, delta_tilde: float, budgets: Mapping[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        delta_tilde: float,
+        budgets: Mapping[str, float] | None = None,
+        on_charge: Callable[[Sequence[Charge]], None] | None = None,
+    ) -> None:
         self._delta_tilde = _check_delta_tilde(delta_tilde)
+        self._on_charge = on_charge
         self._budgets: dict[str, float] = {}
         for party, budget in (budgets or {}).items():
             if party not in _COUNTED:
@@ -206,6 +217,8 @@ class PrivacyLedger:
         """
         new = self._validate(charges)
         self.check(new)
+        if self._on_charge is not None:
+            self._on_charge(new)
         self._entries.extend(new)
 
     def epsilon(

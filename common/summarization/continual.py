@@ -11,6 +11,7 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from common.privacy.noise import NoiseSource, SeededNoise
 from common.validation import check_epsilon, check_positive_int, check_vector
 
 __all__ = ["TreePrefixSum", "tree_levels"]
@@ -62,6 +63,9 @@ class TreePrefixSum:
     rng : numpy.random.Generator
         Source of the node noise; ``d`` normal draws per completed node, in the order nodes
         complete (level 0 first).
+    noise : NoiseSource, optional
+        Source of the node noise instead (production: OpenDP's floating-point-safe sampler);
+        default ``SeededNoise(rng)``, the same draws as ``rng.normal``.
 
     Raises
     ------
@@ -92,11 +96,19 @@ class TreePrefixSum:
     (the binary mechanism).
     """
 
-    def __init__(self, horizon: int, dimension: int, sigma: float, rng: np.random.Generator):
+    def __init__(
+        self,
+        horizon: int,
+        dimension: int,
+        sigma: float,
+        rng: np.random.Generator,
+        noise: NoiseSource | None = None,
+    ):
         self.horizon = check_positive_int(horizon, "horizon")
         self.dimension = check_positive_int(dimension, "dimension")
         self.sigma = check_epsilon(sigma, "sigma")
         self.rng = rng
+        self.noise = noise if noise is not None else SeededNoise(rng)
         self.count = 0
         self.levels = tree_levels(self.horizon)
         # Exact running sums of the open (incomplete) node of every level, and released nodes.
@@ -130,7 +142,7 @@ class TreePrefixSum:
             width = 1 << level
             if t % width:
                 break
-            noise = self.rng.normal(0.0, self.sigma, size=self.dimension)
+            noise = self.noise.gaussian(self.sigma, self.dimension)
             self._released[(level, t // width - 1)] = self._open[level] + noise
             self._open[level] = 0.0
             for i in range(t - width, t):

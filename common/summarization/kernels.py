@@ -647,3 +647,51 @@ def embedding_greedy(
         s_sum = s_sum + f[i].astype(np.float64)
         q += 1
     return chosen
+
+
+#: Kernel values below this (or above 1 minus this) between typical validation points make every
+#: MMD² the same number: the kernel width cannot tell points apart.
+KERNEL_DEGENERATE_TOLERANCE = 1e-6
+
+
+def check_kernel_width(validation: ArrayLike, gamma: float, *, max_points: int = 500) -> float:
+    """Check that ``gamma`` lets the RBF kernel tell the validation points apart.
+
+    Computes the median of ``exp(-gamma ||x - y||^2)`` over pairs of distinct points among the
+    first ``max_points`` validation points (deterministic: no random draw).
+
+    Parameters
+    ----------
+    validation : array-like of shape (m, n_features)
+    gamma : float
+        RBF kernel parameter, > 0, in 1 / squared feature units.
+    max_points : int
+        Points used, >= 2.
+
+    Returns
+    -------
+    float
+        The median kernel value (1.0 when ``m < 2``: nothing to compare).
+
+    Raises
+    ------
+    ValueError
+        If the median kernel value is below :data:`KERNEL_DEGENERATE_TOLERANCE` (``gamma`` too
+        large: every kernel value is about 0, and every summary's MMD² about the same) or above
+        ``1 -`` that (``gamma`` too small). The message gives the median squared distance and a
+        ``gamma`` of its order.
+    """
+    x = check_matrix(validation, "validation set")[: check_positive_int(max_points, "max_points")]
+    if x.shape[0] < 2:
+        return 1.0
+    sq = np.sum((x[:, None, :] - x[None, :, :]) ** 2, axis=-1)[np.triu_indices(x.shape[0], 1)]
+    median_sq = float(np.median(sq))
+    median_k = float(np.exp(-gamma * median_sq))
+    if median_k < KERNEL_DEGENERATE_TOLERANCE or median_k > 1.0 - KERNEL_DEGENERATE_TOLERANCE:
+        hint = f"around 1 / {median_sq:.3g} = {1 / median_sq:.3g}" if median_sq > 0 else "larger"
+        raise ValueError(
+            f"gamma = {gamma:g} makes the RBF kernel between typical validation points "
+            f"{median_k:.3g} (median squared distance {median_sq:.3g}): every MMD² would be about "
+            f"the same. Use a gamma {hint}, or rescale the features"
+        )
+    return median_k

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from common.privacy.noise import NoiseSource, SeededNoise
 from common.summarization.quantization import quantization_grid, quantize_features
 from common.validation import check_epsilon, check_matrix, check_positive_int, check_vector
 
@@ -175,6 +176,7 @@ class MWEMState:
         iterations: int,
         epsilon: float,
         rng: np.random.Generator,
+        noise: NoiseSource | None = None,
     ) -> MWEMRelease:
         """Run ``T`` MWEM iterations on the quantized sums and release the private mean.
 
@@ -198,6 +200,10 @@ class MWEMState:
         rng : numpy.random.Generator
             Source of the selection and Laplace noise (two draws per iteration, always in the
             same order, so ``T = a + b`` in one call equals ``a`` then ``b`` on one state).
+        noise : NoiseSource, optional
+            Source of the Laplace noise instead (production: OpenDP's floating-point-safe
+            sampler, :class:`common.privacy.noise.OpenDPNoise`); default ``SeededNoise(rng)``,
+            the same draws as ``rng.laplace``.
 
         Returns
         -------
@@ -234,6 +240,7 @@ class MWEMState:
         delta = _SENSITIVITY
         temperature = eps / (2.0 * delta)
         laplace_scale = delta / eps
+        laplace = (noise if noise is not None else SeededNoise(rng)).laplace
         grid = self._grid
         log_marginals = self._log_marginals.copy()
         means = self._means.copy()  # only the updated row's mean changes per iteration
@@ -245,7 +252,7 @@ class MWEMState:
             w_prev = q_int * means
             scores = np.abs(w_prev - sums)
             i = _sample_softmax(temperature * scores, rng)
-            mu = float(sums[i] + rng.laplace(0.0, laplace_scale))
+            mu = float(sums[i] + laplace(laplace_scale, 1)[0])
             row = _normalise_log(log_marginals[i] + grid * ((mu - w_prev[i]) / (2.0 * q_int)))
             log_marginals[i] = row
             means[i] = float(np.exp(row) @ grid)
