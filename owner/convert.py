@@ -8,9 +8,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.errors import InvalidArgumentError
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
 from common.summarization.rff import RFFParams
+from common.summarization.terms import OwnerTerms
 from dpmarket.arrays import array_from_proto, array_to_proto
+from dpmarket.identity import Identity
 from dpmarket.v1 import array_pb2, owner_pb2
 
 PointsResponse = TypeVar(
@@ -81,3 +83,52 @@ def points_to_proto(
     if labels is not None:
         response.labels.CopyFrom(array_to_proto(labels.astype(np.int64)))
     return response
+
+
+def terms_from_proto(message: owner_pb2.PrivacyTerms) -> OwnerTerms:
+    """PrivacyTerms -> OwnerTerms.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If epsilon or delta is out of range (negative, NaN, infinite without ``non_private``) or
+        the description is empty or longer than 256 characters.
+    """
+    if not message.mechanism or len(message.mechanism) > 256:
+        raise InvalidArgumentError("terms.mechanism must be 1 to 256 characters")
+    try:
+        return OwnerTerms(
+            message.mechanism,
+            float(message.epsilon),
+            float(message.delta),
+            non_private=bool(message.non_private),
+        )
+    except ValueError as exc:
+        raise InvalidArgumentError(f"terms: {exc}") from exc
+
+
+def consumer_from_proto(text: str) -> str:
+    """The consumer identity of OpenSession, checked to be ``"consumer:NAME"``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If it is not a consumer identity.
+    """
+    try:
+        identity = Identity.parse(text)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"consumer: {exc}") from exc
+    if identity.role != "consumer":
+        raise InvalidArgumentError(f"consumer must be a consumer identity, got {text!r}")
+    return str(identity)
+
+
+def spend_to_proto(spend: SessionSpend) -> owner_pb2.SessionSpend:
+    """SessionSpend -> SessionSpend message."""
+    return owner_pb2.SessionSpend(
+        epsilon=spend.epsilon,
+        delta=spend.delta,
+        points=spend.points,
+        non_private=spend.non_private,
+    )

@@ -16,8 +16,14 @@ Supported formats (chosen by the file suffix):
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -25,7 +31,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from common.validation import check_matrix
 
-__all__ = ["SUPPORTED_SUFFIXES", "PointSet", "load_point_set", "save_point_set"]
+__all__ = ["SUPPORTED_SUFFIXES", "PointSet", "atomic_write", "load_point_set", "save_point_set"]
 
 #: File suffixes understood by :func:`load_point_set` and :func:`save_point_set`.
 SUPPORTED_SUFFIXES: tuple[str, ...] = (".npy", ".npz", ".csv", ".parquet")
@@ -280,11 +286,11 @@ def save_point_set(point_set: PointSet, path: str | Path) -> None:
     # numpy appends ".npy" / ".npz" to a *name* that lacks it (case-sensitively, so "X.NPY"
     # would become "X.NPY.npy"); writing through an open file keeps the path exactly as given.
     if suffix == ".npy":
-        with path.open("wb") as fh:
+        with atomic_write(path) as fh:
             np.save(fh, features, allow_pickle=False)
         labels_path = _labels_path(path)
         if labels is not None:
-            with labels_path.open("wb") as fh:
+            with atomic_write(labels_path) as fh:
                 np.save(fh, labels, allow_pickle=False)
         elif labels_path.exists():
             labels_path.unlink()
@@ -293,13 +299,37 @@ def save_point_set(point_set: PointSet, path: str | Path) -> None:
         arrays = (
             {"features": features} if labels is None else {"features": features, "labels": labels}
         )
-        with path.open("wb") as fh:
+        with atomic_write(path) as fh:
             np.savez(fh, **arrays)
         return
     frame = pd.DataFrame(features, columns=[f"f{j}" for j in range(features.shape[1])])
     if labels is not None:
         frame["label"] = labels
-    if suffix == ".csv":
-        frame.to_csv(path, index=False)
-    else:
-        frame.to_parquet(path, index=False)
+    with atomic_write(path) as fh:
+        if suffix == ".csv":
+            frame.to_csv(fh, index=False)
+        else:
+            frame.to_parquet(fh, index=False)
+
+
+@contextmanager
+def atomic_write(path: str | Path) -> Iterator[BinaryIO]:
+    """Open a temporary file beside ``path`` for writing; move it over ``path`` on success.
+
+    A reader never sees a partial file, and a failed write leaves ``path`` as it was.
+
+    Raises
+    ------
+    OSError
+        If the directory is missing or not writable.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
 from common.summarization.rff import RFFParams
+from common.summarization.terms import OwnerTerms
 from owner.protocol import Owner
 
 
@@ -30,21 +31,31 @@ class LocalOwnerEndpoint:
         """See :meth:`Owner.info`."""
         return self.owner.info()
 
-    async def open_session(self, session_id: str, rff: RFFParams, sampling_seed: int) -> int:
+    async def open_session(
+        self,
+        session_id: str,
+        rff: RFFParams,
+        sampling_seed: int,
+        *,
+        consumer: str,
+        terms: OwnerTerms,
+    ) -> tuple[int, int]:
         """See :meth:`Owner.open_session`."""
-        return self.owner.open_session(session_id, rff, sampling_seed)
+        return self.owner.open_session(
+            session_id, rff, sampling_seed, consumer=consumer, terms=terms
+        )
 
     async def set_validation_embedding(
         self, session_id: str, embedding: NDArray[np.float64]
     ) -> None:
         """See :meth:`OwnerSession.set_validation_embedding`."""
-        self.owner.session(session_id).set_validation_embedding(embedding)
+        self.owner.set_validation_embedding(session_id, embedding)
 
     async def bid(
         self, session_id: str, round_: int, summary_embedding: NDArray[np.float64], q: int
     ) -> OwnerBid | None:
-        """See :meth:`OwnerSession.bid`."""
-        return self.owner.session(session_id).bid(round_, summary_embedding, q)
+        """See :meth:`Owner.bid`."""
+        return self.owner.bid(session_id, round_, summary_embedding, q)
 
     async def release_point(self, session_id: str, round_: int) -> ReleasedPoint:
         """See :meth:`Owner.release_point`."""
@@ -56,9 +67,9 @@ class LocalOwnerEndpoint:
         """See :meth:`Owner.sample_uniform`."""
         return self.owner.sample_uniform(session_id, count)
 
-    async def count_relevant(self, session_id: str, threshold: float) -> int:
-        """See :meth:`OwnerSession.count_relevant`."""
-        return self.owner.session(session_id).count_relevant(threshold)
+    async def count_relevant(self, session_id: str, threshold: float) -> float:
+        """See :meth:`OwnerSession.noisy_relevant_count`."""
+        return self.owner.noisy_relevant_count(session_id, threshold)
 
     async def propose_candidates(
         self, session_id: str, count: int
@@ -66,6 +77,6 @@ class LocalOwnerEndpoint:
         """See :meth:`Owner.propose_candidates`."""
         return self.owner.propose_candidates(session_id, count)
 
-    async def close_session(self, session_id: str) -> None:
+    async def close_session(self, session_id: str) -> SessionSpend:
         """See :meth:`Owner.close_session`."""
-        self.owner.close_session(session_id)
+        return self.owner.close_session(session_id)

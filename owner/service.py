@@ -1,12 +1,22 @@
-"""gRPC servicer of a data owner: converts messages, calls :class:`owner.protocol.Owner`."""
+"""gRPC servicer of a data owner: authorizes, converts, calls :class:`owner.protocol.Owner`.
+
+Every RPC is open to the ``curator`` role only, and only to the curator names the owner's policy
+lists (:class:`dpmarket.authz.Authorizer`); a session belongs to the curator identity that opened
+it. Steps that compute or charge (features, bids, counts, releases) run in worker threads so the
+event loop keeps answering health checks and other sessions.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
+from common.ids import short_id
+from dpmarket.authz import Authorizer, rpc
+from dpmarket.identity import Identity
 from dpmarket.serving import serve_until_signalled, start_server, write_port
-from dpmarket.status import grpc_errors
+from dpmarket.transport import TransportSecurity
 from dpmarket.v1 import owner_pb2, owner_pb2_grpc
 from owner import convert
 from owner.protocol import Owner
@@ -15,83 +25,176 @@ logger = logging.getLogger(__name__)
 
 
 class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
-    """Thin adapter: every method converts, calls the owner, converts back."""
+    """Thin adapter: every method authorizes, converts, calls the owner, converts back."""
 
-    def __init__(self, owner: Owner) -> None:
+    def __init__(self, owner: Owner, authorizer: Authorizer) -> None:
         self.owner = owner
+        self.authorizer = authorizer
 
-    @grpc_errors
-    async def GetOwnerInfo(self, request, context):  # type: ignore[no-untyped-def]
+    @rpc("curator")
+    async def GetOwnerInfo(self, request, context, caller):  # type: ignore[no-untyped-def]
         return convert.info_to_proto(self.owner.info())
 
-    @grpc_errors
-    async def OpenSession(self, request, context):  # type: ignore[no-untyped-def]
+    @rpc("curator")
+    async def OpenSession(self, request, context, caller):  # type: ignore[no-untyped-def]
         rff = convert.rff_from_proto(request.omega, request.phase, request.gamma)
-        num_points = await asyncio.to_thread(
-            self.owner.open_session, request.session_id, rff, int(request.sampling_seed)
+        terms = convert.terms_from_proto(request.terms)
+        consumer = convert.consumer_from_proto(request.consumer)
+        num_points, max_points = await asyncio.to_thread(
+            self.owner.open_session,
+            request.session_id,
+            rff,
+            int(request.sampling_seed),
+            curator=str(caller),
+            consumer=consumer,
+            terms=terms,
         )
         logger.info(
-            "session %s opened: d=%d, gamma=%g, %d points",
-            request.session_id,
+            "session %s opened by %s for %s: d=%d, terms %s (epsilon=%g, delta=%g), "
+            "at most %d points",
+            short_id(request.session_id),
+            caller,
+            consumer,
             rff.d,
-            rff.gamma,
-            num_points,
+            terms.mechanism,
+            terms.epsilon,
+            terms.delta,
+            max_points,
         )
-        return owner_pb2.OpenSessionResponse(num_points=num_points)
+        return owner_pb2.OpenSessionResponse(num_points=num_points, max_points=max_points)
 
-    @grpc_errors
-    async def SetValidationEmbedding(self, request, context):  # type: ignore[no-untyped-def]
-        session = self.owner.session(request.session_id)
+    @rpc("curator")
+    async def SetValidationEmbedding(self, request, context, caller):  # type: ignore[no-untyped-def]
         embedding = convert.vector_from_proto(request.validation_embedding, "validation_embedding")
-        session.set_validation_embedding(embedding)
+        self.owner.set_validation_embedding(request.session_id, embedding, str(caller))
         return owner_pb2.SetValidationEmbeddingResponse()
 
-    @grpc_errors
-    async def Bid(self, request, context):  # type: ignore[no-untyped-def]
-        session = self.owner.session(request.session_id)
+    @rpc("curator")
+    async def Bid(self, request, context, caller):  # type: ignore[no-untyped-def]
         embedding = convert.vector_from_proto(request.summary_embedding, "summary_embedding")
-        bid = session.bid(int(request.round), embedding, int(request.summary_size))
+        bid = await asyncio.to_thread(
+            self.owner.bid,
+            request.session_id,
+            int(request.round),
+            embedding,
+            int(request.summary_size),
+            str(caller),
+        )
         return convert.bid_to_proto(bid)
 
-    @grpc_errors
-    async def ReleasePoint(self, request, context):  # type: ignore[no-untyped-def]
-        released = self.owner.release_point(request.session_id, int(request.round))
-        logger.debug("session %s round %d: point released", request.session_id, request.round)
+    @rpc("curator")
+    async def ReleasePoint(self, request, context, caller):  # type: ignore[no-untyped-def]
+        released = await asyncio.to_thread(
+            self.owner.release_point, request.session_id, int(request.round), str(caller)
+        )
+        logger.debug(
+            "session %s round %d: point released", short_id(request.session_id), request.round
+        )
         return convert.released_to_proto(released)
 
-    @grpc_errors
-    async def SampleUniform(self, request, context):  # type: ignore[no-untyped-def]
-        points, labels = self.owner.sample_uniform(request.session_id, int(request.count))
+    @rpc("curator")
+    async def SampleUniform(self, request, context, caller):  # type: ignore[no-untyped-def]
+        points, labels = await asyncio.to_thread(
+            self.owner.sample_uniform, request.session_id, int(request.count), str(caller)
+        )
+        logger.info(
+            "session %s: %d uniform points released", short_id(request.session_id), len(points)
+        )
         return convert.points_to_proto(points, labels, owner_pb2.SampleUniformResponse)
 
-    @grpc_errors
-    async def CountRelevant(self, request, context):  # type: ignore[no-untyped-def]
-        count = self.owner.session(request.session_id).count_relevant(float(request.threshold))
-        return owner_pb2.CountRelevantResponse(count=count)
-
-    @grpc_errors
-    async def ProposeCandidates(self, request, context):  # type: ignore[no-untyped-def]
-        points, labels = await asyncio.to_thread(
-            self.owner.propose_candidates, request.session_id, int(request.count)
+    @rpc("curator")
+    async def CountRelevant(self, request, context, caller):  # type: ignore[no-untyped-def]
+        noisy = await asyncio.to_thread(
+            self.owner.noisy_relevant_count,
+            request.session_id,
+            float(request.threshold),
+            str(caller),
         )
-        logger.info("session %s: %d candidates released", request.session_id, len(points))
+        return owner_pb2.CountRelevantResponse(noisy_count=noisy)
+
+    @rpc("curator")
+    async def ProposeCandidates(self, request, context, caller):  # type: ignore[no-untyped-def]
+        points, labels = await asyncio.to_thread(
+            self.owner.propose_candidates, request.session_id, int(request.count), str(caller)
+        )
+        logger.info("session %s: %d candidates released", short_id(request.session_id), len(points))
         return convert.points_to_proto(points, labels, owner_pb2.ProposeCandidatesResponse)
 
-    @grpc_errors
-    async def CloseSession(self, request, context):  # type: ignore[no-untyped-def]
-        self.owner.close_session(request.session_id)
-        logger.info("session %s closed", request.session_id)
-        return owner_pb2.CloseSessionResponse()
+    @rpc("curator")
+    async def CloseSession(self, request, context, caller):  # type: ignore[no-untyped-def]
+        spent = await asyncio.to_thread(self.owner.close_session, request.session_id, str(caller))
+        logger.info(
+            "session %s closed: spent epsilon=%g, delta=%g, %d points",
+            short_id(request.session_id),
+            spent.epsilon,
+            spent.delta,
+            spent.points,
+        )
+        return owner_pb2.CloseSessionResponse(spent=convert.spend_to_proto(spent))
 
 
-async def serve_owner(owner: Owner, address: str, port_file: str | None = None) -> None:
-    """Serve ``owner`` on ``address`` until SIGTERM/SIGINT; write the bound port to a file."""
+async def _expire_idle_sessions(owner: Owner, period: float) -> None:
+    """Close sessions the curator has not touched for the owner's idle timeout, forever."""
+    while True:
+        await asyncio.sleep(period)
+        for session_id in owner.expire_idle():
+            logger.info(
+                "session %s expired: idle for %g s", short_id(session_id), owner.idle_timeout
+            )
+
+
+def owner_authorizer(curators: tuple[str, ...], security: TransportSecurity) -> Authorizer:
+    """The owner's authorization: only the named curators; with plaintext transport, every
+    caller is taken to be the first of them (``--insecure`` only)."""
+    insecure_peer = Identity("curator", curators[0]) if security.insecure else None
+    return Authorizer({"curator": curators}, insecure_peer=insecure_peer)
+
+
+async def serve_owner(
+    owner: Owner,
+    address: str,
+    security: TransportSecurity,
+    *,
+    curators: tuple[str, ...],
+    port_file: str | None = None,
+) -> None:
+    """Serve ``owner`` on ``address`` until SIGTERM/SIGINT; write the bound port to a file.
+
+    Parameters
+    ----------
+    owner : Owner
+        With its ledger, limits and idle timeout set.
+    address : str
+        ``host:port``; port 0 picks a free port.
+    security : TransportSecurity
+        mTLS credentials, or plaintext (``--insecure``).
+    curators : tuple of str
+        Names of the curator certificates this owner serves (its policy's ``curators``).
+    port_file : str, optional
+        Where to write the bound port.
+    """
+    authorizer = owner_authorizer(curators, security)
     server, port, _ = await start_server(
-        lambda s: owner_pb2_grpc.add_OwnerServiceServicer_to_server(OwnerServicer(owner), s),
+        lambda s: owner_pb2_grpc.add_OwnerServiceServicer_to_server(
+            OwnerServicer(owner, authorizer), s
+        ),
         owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].full_name,
         address,
+        security,
     )
-    logger.info("owner %s serving on port %d", owner.owner_id, port)
+    logger.info(
+        "owner %s serving on port %d for curator(s) %s", owner.owner_id, port, ", ".join(curators)
+    )
     if port_file:
         write_port(port_file, port)
-    await serve_until_signalled(server)
+    reaper = None
+    if owner.idle_timeout is not None:
+        period = max(0.05, min(owner.idle_timeout / 4, 30.0))
+        reaper = asyncio.create_task(_expire_idle_sessions(owner, period))
+    try:
+        await serve_until_signalled(server)
+    finally:
+        if reaper is not None:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper

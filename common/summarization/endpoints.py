@@ -8,12 +8,15 @@ errors of :mod:`common.errors`; a transport failure is :class:`common.errors.Una
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 from common.summarization.rff import RFFParams
+
+if TYPE_CHECKING:
+    from common.summarization.terms import OwnerTerms
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,26 @@ class ReleasedPoint:
     bid: float
 
 
+@dataclass(frozen=True)
+class SessionSpend:
+    """What one session spent of one owner's budget, as the owner's own ledger recorded it.
+
+    Attributes
+    ----------
+    epsilon, delta : float
+        Summed over the session's charges (``epsilon`` is ``inf`` after a non-private charge).
+    points : int
+        Raw points released.
+    non_private : bool
+        Whether a non-private charge was recorded.
+    """
+
+    epsilon: float
+    delta: float
+    points: int
+    non_private: bool = False
+
+
 class OwnerEndpoint(Protocol):
     """Asynchronous view of one owner, as the curator uses it (see ``owner.protocol.Owner``)."""
 
@@ -72,8 +95,17 @@ class OwnerEndpoint(Protocol):
         """Describe the owner's dataset."""
         ...
 
-    async def open_session(self, session_id: str, rff: RFFParams, sampling_seed: int) -> int:
-        """Send the h1 parameters; return the owner's number of points."""
+    async def open_session(
+        self,
+        session_id: str,
+        rff: RFFParams,
+        sampling_seed: int,
+        *,
+        consumer: str,
+        terms: OwnerTerms,
+    ) -> tuple[int, int]:
+        """Offer the session's terms and send the h1 parameters; return the owner's number of
+        points and the most raw points the session may receive from it."""
         ...
 
     async def set_validation_embedding(
@@ -98,8 +130,9 @@ class OwnerEndpoint(Protocol):
         """Ask for ``count`` uniformly drawn unsent points."""
         ...
 
-    async def count_relevant(self, session_id: str, threshold: float) -> int:
-        """Count the owner's unsent points scoring at least ``threshold`` against gtilde."""
+    async def count_relevant(self, session_id: str, threshold: float) -> float:
+        """The owner's count of unsent points scoring at least ``threshold`` against gtilde, plus
+        the Laplace noise the owner adds itself."""
         ...
 
     async def propose_candidates(
@@ -108,6 +141,6 @@ class OwnerEndpoint(Protocol):
         """Ask for ``count`` candidates chosen by the owner's local greedy."""
         ...
 
-    async def close_session(self, session_id: str) -> None:
-        """Let the owner forget the session."""
+    async def close_session(self, session_id: str) -> SessionSpend:
+        """Let the owner forget the session; return what its ledger recorded for it."""
         ...

@@ -73,12 +73,23 @@ class OpenSessionRequest(_message.Message):
     PHASE_FIELD_NUMBER: _builtins.int
     SAMPLING_SEED_FIELD_NUMBER: _builtins.int
     GAMMA_FIELD_NUMBER: _builtins.int
+    CONSUMER_FIELD_NUMBER: _builtins.int
+    TERMS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
-    """Curator-chosen session id, unique per curator."""
+    """Curator-chosen random session id (at least 128 bits), unique per curator; unrelated to the id
+    the consumer knows.
+    """
     sampling_seed: _builtins.int
-    """Seed of this session's uniform-sampling randomness (used only by SampleUniform)."""
+    """Seed of this session's randomness at the owner (uniform sampling, the relevance count's
+    noise); honoured only by an owner started with seeded sessions allowed, otherwise the owner
+    draws from its own cryptographic source.
+    """
     gamma: _builtins.float
     """RBF kernel parameter gamma the frequencies were drawn for (for logs and checks)."""
+    consumer: _builtins.str
+    """Identity ("consumer:NAME") of the consumer the session serves, as the curator authenticated
+    it; recorded in the owner's ledger.
+    """
     @_builtins.property
     def omega(self) -> _array_pb2.Array:
         """h1 frequencies, float64 of shape (d, num_features), rows drawn from N(0, 2 gamma I)."""
@@ -86,6 +97,10 @@ class OpenSessionRequest(_message.Message):
     @_builtins.property
     def phase(self) -> _array_pb2.Array:
         """h1 phases, float64 of shape (d,), drawn from Uniform[0, 2 pi)."""
+
+    @_builtins.property
+    def terms(self) -> Global___PrivacyTerms:
+        """What the session spends of this owner's privacy."""
 
     def __init__(
         self,
@@ -95,29 +110,77 @@ class OpenSessionRequest(_message.Message):
         phase: _array_pb2.Array | None = ...,
         sampling_seed: _builtins.int = ...,
         gamma: _builtins.float = ...,
+        consumer: _builtins.str = ...,
+        terms: Global___PrivacyTerms | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["omega", b"omega", "phase", b"phase"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["omega", b"omega", "phase", b"phase", "terms", b"terms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gamma", b"gamma", "omega", b"omega", "phase", b"phase", "sampling_seed", b"sampling_seed", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "gamma", b"gamma", "omega", b"omega", "phase", b"phase", "sampling_seed", b"sampling_seed", "session_id", b"session_id", "terms", b"terms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OpenSessionRequest: _TypeAlias = OpenSessionRequest  # noqa: Y015
 
 @_typing.final
+class PrivacyTerms(_message.Message):
+    """The privacy a session spends of an owner's data, as the curator declares it. The owner checks
+    it against its own policy when the session opens and charges it to its own ledger before its
+    first release of the session (count, bid or point).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MECHANISM_FIELD_NUMBER: _builtins.int
+    EPSILON_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    NON_PRIVATE_FIELD_NUMBER: _builtins.int
+    mechanism: _builtins.str
+    """Description recorded in the owner's ledger, e.g. "Laplace relevance count"."""
+    epsilon: _builtins.float
+    """epsilon and delta of the whole session with respect to one owner's data; (0, 0) for a
+    session that releases nothing but raw points (uniform sampling).
+    """
+    delta: _builtins.float
+    non_private: _builtins.bool
+    """The session releases exact statistics of the owners' data to the other owners (non-private
+    greedy); refused unless the owner's policy allows non-private sessions.
+    """
+    def __init__(
+        self,
+        *,
+        mechanism: _builtins.str = ...,
+        epsilon: _builtins.float = ...,
+        delta: _builtins.float = ...,
+        non_private: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "epsilon", b"epsilon", "mechanism", b"mechanism", "non_private", b"non_private"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrivacyTerms: _TypeAlias = PrivacyTerms  # noqa: Y015
+
+@_typing.final
 class OpenSessionResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NUM_POINTS_FIELD_NUMBER: _builtins.int
+    MAX_POINTS_FIELD_NUMBER: _builtins.int
     num_points: _builtins.int
+    max_points: _builtins.int
+    """The most raw points this session may receive from this owner under its policy (per-session
+    and remaining total limits, and the owner's size).
+    """
     def __init__(
         self,
         *,
         num_points: _builtins.int = ...,
+        max_points: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_points", b"num_points"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_points", b"max_points", "num_points", b"num_points"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -208,7 +271,9 @@ class BidResponse(_message.Message):
     bid: _builtins.float
     """Score of the owner's best unsent point."""
     times_best: _builtins.int
-    """Number of consecutive rounds this point has been the owner's best, this round included."""
+    """Number of rounds in which this point has been the owner's best, this round included
+    (Algorithm 3, step 14: a point chosen tau times is asked for).
+    """
     def __init__(
         self,
         *,
@@ -354,16 +419,17 @@ Global___CountRelevantRequest: _TypeAlias = CountRelevantRequest  # noqa: Y015
 class CountRelevantResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    COUNT_FIELD_NUMBER: _builtins.int
-    count: _builtins.int
+    NOISY_COUNT_FIELD_NUMBER: _builtins.int
+    noisy_count: _builtins.float
+    """The relevance count plus the owner's Laplace noise."""
     def __init__(
         self,
         *,
-        count: _builtins.int = ...,
+        noisy_count: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["noisy_count", b"noisy_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -442,13 +508,52 @@ Global___CloseSessionRequest: _TypeAlias = CloseSessionRequest  # noqa: Y015
 class CloseSessionResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    SPENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def spent(self) -> Global___SessionSpend:
+        """What the session spent of this owner's budget, as its own ledger records it."""
+
     def __init__(
         self,
+        *,
+        spent: Global___SessionSpend | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spent", b"spent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["spent", b"spent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CloseSessionResponse: _TypeAlias = CloseSessionResponse  # noqa: Y015
+
+@_typing.final
+class SessionSpend(_message.Message):
+    """Totals of one session in an owner's ledger."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPSILON_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    POINTS_FIELD_NUMBER: _builtins.int
+    NON_PRIVATE_FIELD_NUMBER: _builtins.int
+    epsilon: _builtins.float
+    delta: _builtins.float
+    points: _builtins.int
+    """Raw points released."""
+    non_private: _builtins.bool
+    """Whether a non-private charge was recorded (epsilon is then infinite)."""
+    def __init__(
+        self,
+        *,
+        epsilon: _builtins.float = ...,
+        delta: _builtins.float = ...,
+        points: _builtins.int = ...,
+        non_private: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "epsilon", b"epsilon", "non_private", b"non_private", "points", b"points"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionSpend: _TypeAlias = SessionSpend  # noqa: Y015

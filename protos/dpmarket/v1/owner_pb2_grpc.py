@@ -29,6 +29,14 @@ class OwnerServiceStub:
     """A data owner (the papers' source). It holds a private dataset, computes h1 random Fourier
     features for it once per session, bids in every round of the private summarization protocol
     and releases a raw point only when the curator asks for it in that round's auction.
+
+    Every RPC is served only to a curator the owner's policy names, identified by its mTLS client
+    certificate: any other caller gets PERMISSION_DENIED (UNAUTHENTICATED without an identity).
+    The owner enforces its own privacy and data-release policy: it charges its own durable ledger
+    before each release (the session's privacy terms before the first count, bid or point, then
+    every raw point) and answers FAILED_PRECONDITION, saying what is left, for a step that would
+    exceed the policy; a refused step releases and charges nothing. Sessions the curator has not
+    touched for the policy's idle timeout are closed (NOT_FOUND afterwards).
     """
 
     def __init__(self, channel):
@@ -88,20 +96,32 @@ class OwnerServiceServicer:
     """A data owner (the papers' source). It holds a private dataset, computes h1 random Fourier
     features for it once per session, bids in every round of the private summarization protocol
     and releases a raw point only when the curator asks for it in that round's auction.
+
+    Every RPC is served only to a curator the owner's policy names, identified by its mTLS client
+    certificate: any other caller gets PERMISSION_DENIED (UNAUTHENTICATED without an identity).
+    The owner enforces its own privacy and data-release policy: it charges its own durable ledger
+    before each release (the session's privacy terms before the first count, bid or point, then
+    every raw point) and answers FAILED_PRECONDITION, saying what is left, for a step that would
+    exceed the policy; a refused step releases and charges nothing. Sessions the curator has not
+    touched for the policy's idle timeout are closed (NOT_FOUND afterwards).
     """
 
     def GetOwnerInfo(self, request, context):
-        """Describe the owner's dataset. Never fails for a running owner.
+        """Describe the owner's dataset. Never fails for an authorized caller.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def OpenSession(self, request, context):
-        """Open a summarization session: receive the h1 parameters as data and compute the features of
-        every owned point once (Algorithm 1). Fails with INVALID_ARGUMENT if the frequency matrix does
-        not have the owner's feature count as columns, if phase and frequencies disagree in d, or if
-        any value is NaN or inf; with ALREADY_EXISTS if the session id is in use.
+        """Open a summarization session: check its privacy terms against the owner's policy, receive the
+        h1 parameters as data and compute the features of every owned point once (Algorithm 1).
+        Charges nothing. Fails with INVALID_ARGUMENT if the frequency matrix does not have the
+        owner's feature count as columns, if phase and frequencies disagree in d, if d exceeds the
+        policy's limit, if any value is NaN or inf, or if the terms are malformed; with
+        FAILED_PRECONDITION if the terms exceed the policy or the budget left (non-private terms
+        without the policy allowing them included); with RESOURCE_EXHAUSTED if the owner already
+        holds its policy's number of open sessions; with ALREADY_EXISTS if the session id is in use.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -118,9 +138,11 @@ class OwnerServiceServicer:
 
     def Bid(self, request, context):
         """Bid in a round (Algorithm 3, step 6): the largest score over unsent points of
-        `validation_embedding . h1(x) - q/(q+1) * summary_embedding . h1(x)`. Fails with NOT_FOUND for
-        an unknown session, FAILED_PRECONDITION if the validation embedding is not set or the round is
-        not the next one, INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
+        `validation_embedding . h1(x) - q/(q+1) * summary_embedding . h1(x)`. The first bid charges
+        the session's privacy terms. An owner whose session allowance of raw points is used up has
+        no bid. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
+        embedding is not set, the round is not the next one or the terms exceed the budget left,
+        INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -128,9 +150,9 @@ class OwnerServiceServicer:
 
     def ReleasePoint(self, request, context):
         """Release the point this owner bid in `round`, because the curator's auction asked for it
-        (Algorithm 3, steps 12-14). The point is never offered again. Fails with NOT_FOUND for an
-        unknown session, FAILED_PRECONDITION if `round` is not the last round bid or the point was
-        already released.
+        (Algorithm 3, steps 12-14); the point is charged first. The point is never offered again.
+        Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if `round` is not the last
+        round bid, the point was already released or the policy's point limits are reached.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -138,18 +160,22 @@ class OwnerServiceServicer:
 
     def SampleUniform(self, request, context):
         """Release `count` unsent points drawn uniformly without replacement (the uniform sampling
-        baseline). Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if `count` is 0 or
-        exceeds the unsent points.
+        baseline); charged first. Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if
+        `count` is 0 or exceeds the unsent points, FAILED_PRECONDITION beyond the policy's point
+        limits or the session's terms.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CountRelevant(self, request, context):
-        """Count the unsent points x with `validation_embedding . h1(x) >= threshold` (the candidates
-        method's relevance statistic; the curator adds Laplace noise before any use). Fails with
+        """The candidates method's relevance statistic: the number of unsent points x with
+        `validation_embedding . h1(x) >= threshold` plus Laplace(1 / epsilon) noise that the owner
+        draws itself, epsilon being the session terms' epsilon (L1 sensitivity 1: adding, removing or
+        replacing one point changes the count by at most 1). Charges the terms first. Fails with
         NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not set,
-        INVALID_ARGUMENT for a NaN or infinite threshold.
+        the terms have no epsilon or exceed the budget left, INVALID_ARGUMENT for a NaN or infinite
+        threshold.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -157,16 +183,18 @@ class OwnerServiceServicer:
 
     def ProposeCandidates(self, request, context):
         """Release `count` unsent points chosen by a greedy that matches the validation embedding with
-        this owner's points alone (the candidates method). The points are never offered again. Fails
-        with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not
-        set, INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
+        this owner's points alone (the candidates method); charged first. The points are never offered
+        again. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
+        embedding is not set, the terms were not charged or the policy's point limits are reached,
+        INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CloseSession(self, request, context):
-        """Forget a session's features and state. Fails with NOT_FOUND for an unknown session.
+        """Forget a session's features and state; returns what the session spent of this owner's
+        budget. Fails with NOT_FOUND for an unknown session.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -232,6 +260,14 @@ class OwnerService:
     """A data owner (the papers' source). It holds a private dataset, computes h1 random Fourier
     features for it once per session, bids in every round of the private summarization protocol
     and releases a raw point only when the curator asks for it in that round's auction.
+
+    Every RPC is served only to a curator the owner's policy names, identified by its mTLS client
+    certificate: any other caller gets PERMISSION_DENIED (UNAUTHENTICATED without an identity).
+    The owner enforces its own privacy and data-release policy: it charges its own durable ledger
+    before each release (the session's privacy terms before the first count, bid or point, then
+    every raw point) and answers FAILED_PRECONDITION, saying what is left, for a step that would
+    exceed the policy; a refused step releases and charges nothing. Sessions the curator has not
+    touched for the policy's idle timeout are closed (NOT_FOUND afterwards).
     """
 
     @staticmethod

@@ -30,6 +30,14 @@ class OwnerServiceStub:
     """A data owner (the papers' source). It holds a private dataset, computes h1 random Fourier
     features for it once per session, bids in every round of the private summarization protocol
     and releases a raw point only when the curator asks for it in that round's auction.
+
+    Every RPC is served only to a curator the owner's policy names, identified by its mTLS client
+    certificate: any other caller gets PERMISSION_DENIED (UNAUTHENTICATED without an identity).
+    The owner enforces its own privacy and data-release policy: it charges its own durable ledger
+    before each release (the session's privacy terms before the first count, bid or point, then
+    every raw point) and answers FAILED_PRECONDITION, saying what is left, for a step that would
+    exceed the policy; a refused step releases and charges nothing. Sessions the curator has not
+    touched for the policy's idle timeout are closed (NOT_FOUND afterwards).
     """
 
     @_typing.overload
@@ -37,12 +45,16 @@ class OwnerServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> OwnerServiceAsyncStub: ...
     GetOwnerInfo: _grpc.UnaryUnaryMultiCallable[_owner_pb2.GetOwnerInfoRequest, _owner_pb2.GetOwnerInfoResponse]
-    """Describe the owner's dataset. Never fails for a running owner."""
+    """Describe the owner's dataset. Never fails for an authorized caller."""
     OpenSession: _grpc.UnaryUnaryMultiCallable[_owner_pb2.OpenSessionRequest, _owner_pb2.OpenSessionResponse]
-    """Open a summarization session: receive the h1 parameters as data and compute the features of
-    every owned point once (Algorithm 1). Fails with INVALID_ARGUMENT if the frequency matrix does
-    not have the owner's feature count as columns, if phase and frequencies disagree in d, or if
-    any value is NaN or inf; with ALREADY_EXISTS if the session id is in use.
+    """Open a summarization session: check its privacy terms against the owner's policy, receive the
+    h1 parameters as data and compute the features of every owned point once (Algorithm 1).
+    Charges nothing. Fails with INVALID_ARGUMENT if the frequency matrix does not have the
+    owner's feature count as columns, if phase and frequencies disagree in d, if d exceeds the
+    policy's limit, if any value is NaN or inf, or if the terms are malformed; with
+    FAILED_PRECONDITION if the terms exceed the policy or the budget left (non-private terms
+    without the policy allowing them included); with RESOURCE_EXHAUSTED if the owner already
+    holds its policy's number of open sessions; with ALREADY_EXISTS if the session id is in use.
     """
     SetValidationEmbedding: _grpc.UnaryUnaryMultiCallable[_owner_pb2.SetValidationEmbeddingRequest, _owner_pb2.SetValidationEmbeddingResponse]
     """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features.
@@ -51,51 +63,72 @@ class OwnerServiceStub:
     """
     Bid: _grpc.UnaryUnaryMultiCallable[_owner_pb2.BidRequest, _owner_pb2.BidResponse]
     """Bid in a round (Algorithm 3, step 6): the largest score over unsent points of
-    `validation_embedding . h1(x) - q/(q+1) * summary_embedding . h1(x)`. Fails with NOT_FOUND for
-    an unknown session, FAILED_PRECONDITION if the validation embedding is not set or the round is
-    not the next one, INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
+    `validation_embedding . h1(x) - q/(q+1) * summary_embedding . h1(x)`. The first bid charges
+    the session's privacy terms. An owner whose session allowance of raw points is used up has
+    no bid. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
+    embedding is not set, the round is not the next one or the terms exceed the budget left,
+    INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
     """
     ReleasePoint: _grpc.UnaryUnaryMultiCallable[_owner_pb2.ReleasePointRequest, _owner_pb2.ReleasePointResponse]
     """Release the point this owner bid in `round`, because the curator's auction asked for it
-    (Algorithm 3, steps 12-14). The point is never offered again. Fails with NOT_FOUND for an
-    unknown session, FAILED_PRECONDITION if `round` is not the last round bid or the point was
-    already released.
+    (Algorithm 3, steps 12-14); the point is charged first. The point is never offered again.
+    Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if `round` is not the last
+    round bid, the point was already released or the policy's point limits are reached.
     """
     SampleUniform: _grpc.UnaryUnaryMultiCallable[_owner_pb2.SampleUniformRequest, _owner_pb2.SampleUniformResponse]
     """Release `count` unsent points drawn uniformly without replacement (the uniform sampling
-    baseline). Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if `count` is 0 or
-    exceeds the unsent points.
+    baseline); charged first. Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if
+    `count` is 0 or exceeds the unsent points, FAILED_PRECONDITION beyond the policy's point
+    limits or the session's terms.
     """
     CountRelevant: _grpc.UnaryUnaryMultiCallable[_owner_pb2.CountRelevantRequest, _owner_pb2.CountRelevantResponse]
-    """Count the unsent points x with `validation_embedding . h1(x) >= threshold` (the candidates
-    method's relevance statistic; the curator adds Laplace noise before any use). Fails with
+    """The candidates method's relevance statistic: the number of unsent points x with
+    `validation_embedding . h1(x) >= threshold` plus Laplace(1 / epsilon) noise that the owner
+    draws itself, epsilon being the session terms' epsilon (L1 sensitivity 1: adding, removing or
+    replacing one point changes the count by at most 1). Charges the terms first. Fails with
     NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not set,
-    INVALID_ARGUMENT for a NaN or infinite threshold.
+    the terms have no epsilon or exceed the budget left, INVALID_ARGUMENT for a NaN or infinite
+    threshold.
     """
     ProposeCandidates: _grpc.UnaryUnaryMultiCallable[_owner_pb2.ProposeCandidatesRequest, _owner_pb2.ProposeCandidatesResponse]
     """Release `count` unsent points chosen by a greedy that matches the validation embedding with
-    this owner's points alone (the candidates method). The points are never offered again. Fails
-    with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not
-    set, INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
+    this owner's points alone (the candidates method); charged first. The points are never offered
+    again. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
+    embedding is not set, the terms were not charged or the policy's point limits are reached,
+    INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
     """
     CloseSession: _grpc.UnaryUnaryMultiCallable[_owner_pb2.CloseSessionRequest, _owner_pb2.CloseSessionResponse]
-    """Forget a session's features and state. Fails with NOT_FOUND for an unknown session."""
+    """Forget a session's features and state; returns what the session spent of this owner's
+    budget. Fails with NOT_FOUND for an unknown session.
+    """
 
 @_typing.type_check_only
 class OwnerServiceAsyncStub(OwnerServiceStub):
     """A data owner (the papers' source). It holds a private dataset, computes h1 random Fourier
     features for it once per session, bids in every round of the private summarization protocol
     and releases a raw point only when the curator asks for it in that round's auction.
+
+    Every RPC is served only to a curator the owner's policy names, identified by its mTLS client
+    certificate: any other caller gets PERMISSION_DENIED (UNAUTHENTICATED without an identity).
+    The owner enforces its own privacy and data-release policy: it charges its own durable ledger
+    before each release (the session's privacy terms before the first count, bid or point, then
+    every raw point) and answers FAILED_PRECONDITION, saying what is left, for a step that would
+    exceed the policy; a refused step releases and charges nothing. Sessions the curator has not
+    touched for the policy's idle timeout are closed (NOT_FOUND afterwards).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetOwnerInfo: _aio.UnaryUnaryMultiCallable[_owner_pb2.GetOwnerInfoRequest, _owner_pb2.GetOwnerInfoResponse]  # type: ignore[assignment]
-    """Describe the owner's dataset. Never fails for a running owner."""
+    """Describe the owner's dataset. Never fails for an authorized caller."""
     OpenSession: _aio.UnaryUnaryMultiCallable[_owner_pb2.OpenSessionRequest, _owner_pb2.OpenSessionResponse]  # type: ignore[assignment]
-    """Open a summarization session: receive the h1 parameters as data and compute the features of
-    every owned point once (Algorithm 1). Fails with INVALID_ARGUMENT if the frequency matrix does
-    not have the owner's feature count as columns, if phase and frequencies disagree in d, or if
-    any value is NaN or inf; with ALREADY_EXISTS if the session id is in use.
+    """Open a summarization session: check its privacy terms against the owner's policy, receive the
+    h1 parameters as data and compute the features of every owned point once (Algorithm 1).
+    Charges nothing. Fails with INVALID_ARGUMENT if the frequency matrix does not have the
+    owner's feature count as columns, if phase and frequencies disagree in d, if d exceeds the
+    policy's limit, if any value is NaN or inf, or if the terms are malformed; with
+    FAILED_PRECONDITION if the terms exceed the policy or the budget left (non-private terms
+    without the policy allowing them included); with RESOURCE_EXHAUSTED if the owner already
+    holds its policy's number of open sessions; with ALREADY_EXISTS if the session id is in use.
     """
     SetValidationEmbedding: _aio.UnaryUnaryMultiCallable[_owner_pb2.SetValidationEmbeddingRequest, _owner_pb2.SetValidationEmbeddingResponse]  # type: ignore[assignment]
     """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features.
@@ -104,40 +137,57 @@ class OwnerServiceAsyncStub(OwnerServiceStub):
     """
     Bid: _aio.UnaryUnaryMultiCallable[_owner_pb2.BidRequest, _owner_pb2.BidResponse]  # type: ignore[assignment]
     """Bid in a round (Algorithm 3, step 6): the largest score over unsent points of
-    `validation_embedding . h1(x) - q/(q+1) * summary_embedding . h1(x)`. Fails with NOT_FOUND for
-    an unknown session, FAILED_PRECONDITION if the validation embedding is not set or the round is
-    not the next one, INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
+    `validation_embedding . h1(x) - q/(q+1) * summary_embedding . h1(x)`. The first bid charges
+    the session's privacy terms. An owner whose session allowance of raw points is used up has
+    no bid. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
+    embedding is not set, the round is not the next one or the terms exceed the budget left,
+    INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
     """
     ReleasePoint: _aio.UnaryUnaryMultiCallable[_owner_pb2.ReleasePointRequest, _owner_pb2.ReleasePointResponse]  # type: ignore[assignment]
     """Release the point this owner bid in `round`, because the curator's auction asked for it
-    (Algorithm 3, steps 12-14). The point is never offered again. Fails with NOT_FOUND for an
-    unknown session, FAILED_PRECONDITION if `round` is not the last round bid or the point was
-    already released.
+    (Algorithm 3, steps 12-14); the point is charged first. The point is never offered again.
+    Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if `round` is not the last
+    round bid, the point was already released or the policy's point limits are reached.
     """
     SampleUniform: _aio.UnaryUnaryMultiCallable[_owner_pb2.SampleUniformRequest, _owner_pb2.SampleUniformResponse]  # type: ignore[assignment]
     """Release `count` unsent points drawn uniformly without replacement (the uniform sampling
-    baseline). Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if `count` is 0 or
-    exceeds the unsent points.
+    baseline); charged first. Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if
+    `count` is 0 or exceeds the unsent points, FAILED_PRECONDITION beyond the policy's point
+    limits or the session's terms.
     """
     CountRelevant: _aio.UnaryUnaryMultiCallable[_owner_pb2.CountRelevantRequest, _owner_pb2.CountRelevantResponse]  # type: ignore[assignment]
-    """Count the unsent points x with `validation_embedding . h1(x) >= threshold` (the candidates
-    method's relevance statistic; the curator adds Laplace noise before any use). Fails with
+    """The candidates method's relevance statistic: the number of unsent points x with
+    `validation_embedding . h1(x) >= threshold` plus Laplace(1 / epsilon) noise that the owner
+    draws itself, epsilon being the session terms' epsilon (L1 sensitivity 1: adding, removing or
+    replacing one point changes the count by at most 1). Charges the terms first. Fails with
     NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not set,
-    INVALID_ARGUMENT for a NaN or infinite threshold.
+    the terms have no epsilon or exceed the budget left, INVALID_ARGUMENT for a NaN or infinite
+    threshold.
     """
     ProposeCandidates: _aio.UnaryUnaryMultiCallable[_owner_pb2.ProposeCandidatesRequest, _owner_pb2.ProposeCandidatesResponse]  # type: ignore[assignment]
     """Release `count` unsent points chosen by a greedy that matches the validation embedding with
-    this owner's points alone (the candidates method). The points are never offered again. Fails
-    with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not
-    set, INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
+    this owner's points alone (the candidates method); charged first. The points are never offered
+    again. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
+    embedding is not set, the terms were not charged or the policy's point limits are reached,
+    INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
     """
     CloseSession: _aio.UnaryUnaryMultiCallable[_owner_pb2.CloseSessionRequest, _owner_pb2.CloseSessionResponse]  # type: ignore[assignment]
-    """Forget a session's features and state. Fails with NOT_FOUND for an unknown session."""
+    """Forget a session's features and state; returns what the session spent of this owner's
+    budget. Fails with NOT_FOUND for an unknown session.
+    """
 
 class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
     """A data owner (the papers' source). It holds a private dataset, computes h1 random Fourier
     features for it once per session, bids in every round of the private summarization protocol
     and releases a raw point only when the curator asks for it in that round's auction.
+
+    Every RPC is served only to a curator the owner's policy names, identified by its mTLS client
+    certificate: any other caller gets PERMISSION_DENIED (UNAUTHENTICATED without an identity).
+    The owner enforces its own privacy and data-release policy: it charges its own durable ledger
+    before each release (the session's privacy terms before the first count, bid or point, then
+    every raw point) and answers FAILED_PRECONDITION, saying what is left, for a step that would
+    exceed the policy; a refused step releases and charges nothing. Sessions the curator has not
+    touched for the policy's idle timeout are closed (NOT_FOUND afterwards).
     """
 
     @_abc_1.abstractmethod
@@ -146,7 +196,7 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _owner_pb2.GetOwnerInfoRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_owner_pb2.GetOwnerInfoResponse, _abc.Awaitable[_owner_pb2.GetOwnerInfoResponse]]:
-        """Describe the owner's dataset. Never fails for a running owner."""
+        """Describe the owner's dataset. Never fails for an authorized caller."""
 
     @_abc_1.abstractmethod
     def OpenSession(
@@ -154,10 +204,14 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _owner_pb2.OpenSessionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_owner_pb2.OpenSessionResponse, _abc.Awaitable[_owner_pb2.OpenSessionResponse]]:
-        """Open a summarization session: receive the h1 parameters as data and compute the features of
-        every owned point once (Algorithm 1). Fails with INVALID_ARGUMENT if the frequency matrix does
-        not have the owner's feature count as columns, if phase and frequencies disagree in d, or if
-        any value is NaN or inf; with ALREADY_EXISTS if the session id is in use.
+        """Open a summarization session: check its privacy terms against the owner's policy, receive the
+        h1 parameters as data and compute the features of every owned point once (Algorithm 1).
+        Charges nothing. Fails with INVALID_ARGUMENT if the frequency matrix does not have the
+        owner's feature count as columns, if phase and frequencies disagree in d, if d exceeds the
+        policy's limit, if any value is NaN or inf, or if the terms are malformed; with
+        FAILED_PRECONDITION if the terms exceed the policy or the budget left (non-private terms
+        without the policy allowing them included); with RESOURCE_EXHAUSTED if the owner already
+        holds its policy's number of open sessions; with ALREADY_EXISTS if the session id is in use.
         """
 
     @_abc_1.abstractmethod
@@ -178,9 +232,11 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_owner_pb2.BidResponse, _abc.Awaitable[_owner_pb2.BidResponse]]:
         """Bid in a round (Algorithm 3, step 6): the largest score over unsent points of
-        `validation_embedding . h1(x) - q/(q+1) * summary_embedding . h1(x)`. Fails with NOT_FOUND for
-        an unknown session, FAILED_PRECONDITION if the validation embedding is not set or the round is
-        not the next one, INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
+        `validation_embedding . h1(x) - q/(q+1) * summary_embedding . h1(x)`. The first bid charges
+        the session's privacy terms. An owner whose session allowance of raw points is used up has
+        no bid. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
+        embedding is not set, the round is not the next one or the terms exceed the budget left,
+        INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
         """
 
     @_abc_1.abstractmethod
@@ -190,9 +246,9 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_owner_pb2.ReleasePointResponse, _abc.Awaitable[_owner_pb2.ReleasePointResponse]]:
         """Release the point this owner bid in `round`, because the curator's auction asked for it
-        (Algorithm 3, steps 12-14). The point is never offered again. Fails with NOT_FOUND for an
-        unknown session, FAILED_PRECONDITION if `round` is not the last round bid or the point was
-        already released.
+        (Algorithm 3, steps 12-14); the point is charged first. The point is never offered again.
+        Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if `round` is not the last
+        round bid, the point was already released or the policy's point limits are reached.
         """
 
     @_abc_1.abstractmethod
@@ -202,8 +258,9 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_owner_pb2.SampleUniformResponse, _abc.Awaitable[_owner_pb2.SampleUniformResponse]]:
         """Release `count` unsent points drawn uniformly without replacement (the uniform sampling
-        baseline). Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if `count` is 0 or
-        exceeds the unsent points.
+        baseline); charged first. Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if
+        `count` is 0 or exceeds the unsent points, FAILED_PRECONDITION beyond the policy's point
+        limits or the session's terms.
         """
 
     @_abc_1.abstractmethod
@@ -212,10 +269,13 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _owner_pb2.CountRelevantRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_owner_pb2.CountRelevantResponse, _abc.Awaitable[_owner_pb2.CountRelevantResponse]]:
-        """Count the unsent points x with `validation_embedding . h1(x) >= threshold` (the candidates
-        method's relevance statistic; the curator adds Laplace noise before any use). Fails with
+        """The candidates method's relevance statistic: the number of unsent points x with
+        `validation_embedding . h1(x) >= threshold` plus Laplace(1 / epsilon) noise that the owner
+        draws itself, epsilon being the session terms' epsilon (L1 sensitivity 1: adding, removing or
+        replacing one point changes the count by at most 1). Charges the terms first. Fails with
         NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not set,
-        INVALID_ARGUMENT for a NaN or infinite threshold.
+        the terms have no epsilon or exceed the budget left, INVALID_ARGUMENT for a NaN or infinite
+        threshold.
         """
 
     @_abc_1.abstractmethod
@@ -225,9 +285,10 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_owner_pb2.ProposeCandidatesResponse, _abc.Awaitable[_owner_pb2.ProposeCandidatesResponse]]:
         """Release `count` unsent points chosen by a greedy that matches the validation embedding with
-        this owner's points alone (the candidates method). The points are never offered again. Fails
-        with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not
-        set, INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
+        this owner's points alone (the candidates method); charged first. The points are never offered
+        again. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
+        embedding is not set, the terms were not charged or the policy's point limits are reached,
+        INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
         """
 
     @_abc_1.abstractmethod
@@ -236,6 +297,8 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _owner_pb2.CloseSessionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_owner_pb2.CloseSessionResponse, _abc.Awaitable[_owner_pb2.CloseSessionResponse]]:
-        """Forget a session's features and state. Fails with NOT_FOUND for an unknown session."""
+        """Forget a session's features and state; returns what the session spent of this owner's
+        budget. Fails with NOT_FOUND for an unknown session.
+        """
 
 def add_OwnerServiceServicer_to_server(servicer: OwnerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
