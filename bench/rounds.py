@@ -283,6 +283,38 @@ def _environ(extra: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
+#: Policies of the benchmark's services: budgets far above what the measured sessions spend, and
+#: the non-private greedy baseline allowed (a benchmark measures speed, not privacy).
+_BENCH_OWNER_POLICY = """
+[budget]
+epsilon = 1e6
+delta = 0.9
+points = 100000000
+[session]
+epsilon = 1e5
+delta = 0.5
+points = 10000000
+[access]
+allow_non_private = true
+"""
+_BENCH_CURATOR_POLICY = """
+[requests]
+methods = ["candidates", "private", "rounds", "uniform", "greedy"]
+delta_owners = [1e-12, 0.5]
+owners_delta = [0.0, 0.5]
+owners_epsilon = [0.0, 1e5]
+[sessions]
+per_consumer_per_minute = 1000
+"""
+
+
+def _bench_policies(work_dir: Path) -> tuple[Path, Path]:
+    owner, curator = work_dir / "owner-policy.toml", work_dir / "curator-policy.toml"
+    owner.write_text(_BENCH_OWNER_POLICY, encoding="utf-8")
+    curator.write_text(_BENCH_CURATOR_POLICY, encoding="utf-8")
+    return owner, curator
+
+
 def run_workload(
     w: Workload,
     methods: Sequence[Method],
@@ -311,10 +343,17 @@ def run_workload(
     record: dict[str, Any] = {**asdict(w), "methods": {}}
     t0 = time.perf_counter()
     names = [o.name for o in data.owners]
+    owner_policy, curator_policy = _bench_policies(work_dir)
     with contextlib.ExitStack() as stack:
         with _environ(service_env or {}):
             cluster = stack.enter_context(
-                LocalCluster(paths, names, log_dir / f"k{w.k}-n{w.n_points}")
+                LocalCluster(
+                    paths,
+                    names,
+                    log_dir / f"k{w.k}-n{w.n_points}",
+                    owner_policy=owner_policy,
+                    curator_policy=curator_policy,
+                )
             )
         record["cluster_start_seconds"] = time.perf_counter() - t0
         logger.info(
@@ -324,7 +363,9 @@ def run_workload(
             w.k,
             record["cluster_start_seconds"],
         )
-        with CuratorClient(cluster.curator_target, timeout=600.0) as client:
+        with CuratorClient(
+            cluster.curator_target, cluster.consumer_security(), timeout=600.0
+        ) as client:
             for method in methods:
                 config = SummarizationConfig(
                     summary_size=w.rounds, method=method, rff_dimension=w.d

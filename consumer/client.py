@@ -1,18 +1,47 @@
-"""Client library of the consumer: submit a validation set, follow progress, get the summary."""
+"""Client library of the consumer: submit a validation set, follow progress, get the summary.
+
+The channel is mTLS: the consumer proves its identity with its certificate and checks the
+curator's (role and name) at the handshake.
+"""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
 from numpy.typing import NDArray
 
-from common.summarization.summary import ProgressEvent, SummarizationConfig, SummaryResult
+from common.errors import AbortedError
+from common.summarization.summary import (
+    ProgressEvent,
+    SessionReport,
+    SummarizationConfig,
+    SummaryResult,
+)
 from consumer import convert
+from dpmarket.identity import Identity
 from dpmarket.serving import GRPC_OPTIONS
 from dpmarket.status import error_from_rpc
+from dpmarket.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import curator_pb2, curator_pb2_grpc
+
+
+class SessionFailedError(AbortedError):
+    """A session that failed on the curator; ``report`` holds what it spent (its ledger).
+
+    Attributes
+    ----------
+    session_id : str
+    report : SessionReport or None
+        The failed session's report (ledger included), when the curator sent one.
+    """
+
+    def __init__(self, message: str, session_id: str, report: SessionReport | None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.report = report
 
 
 class CuratorClient:
@@ -22,6 +51,10 @@ class CuratorClient:
     ----------
     target : str
         ``host:port`` of the curator.
+    security : TransportSecurity
+        The consumer's mTLS credentials (or plaintext, for an ``--insecure`` curator).
+    curator : Identity, optional
+        The curator identity the server must prove (default ``curator:curator``).
     timeout : float
         Deadline of unary calls, seconds.
 
@@ -33,10 +66,18 @@ class CuratorClient:
         session, ``UnavailableError`` when the curator cannot be reached).
     """
 
-    def __init__(self, target: str, *, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        target: str,
+        security: TransportSecurity,
+        *,
+        curator: Identity | None = None,
+        timeout: float = 60.0,
+    ) -> None:
         self.target = target
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(target, options=GRPC_OPTIONS)
+        expected = None if security.insecure else (curator or Identity("curator", "curator"))
+        self._channel = sync_channel(target, security, expected, options=GRPC_OPTIONS)
         self._stub = curator_pb2_grpc.CuratorServiceStub(self._channel)
 
     def close(self) -> None:
@@ -56,21 +97,25 @@ class CuratorClient:
         seed_set: NDArray[np.float64],
         *,
         seed: int | None = None,
+        request_id: str = "",
     ) -> str:
-        """Start a session; return its id (CreateSession)."""
-        request = convert.create_request_to_proto(config, validation, seed_set, seed)
+        """Start a session; return its id (CreateSession). A retry with the same
+        ``request_id`` returns the same session and charges nothing new."""
+        request = convert.create_request_to_proto(config, validation, seed_set, seed, request_id)
         try:
             response = self._stub.CreateSession(request, timeout=self.timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc, f"curator at {self.target}") from None
         return str(response.session_id)
 
-    def watch(self, session_id: str) -> Iterator[ProgressEvent]:
-        """Yield progress events until the session ends (WatchSession)."""
+    def watch(self, session_id: str) -> Iterator[tuple[ProgressEvent, SessionReport | None]]:
+        """Yield progress events until the session ends (WatchSession); the last one comes with
+        the session's report (ledger included), also when the session failed."""
         request = curator_pb2.WatchSessionRequest(session_id=session_id)
         try:
             for message in self._stub.WatchSession(request):
-                yield convert.event_from_proto(message)
+                report = convert.report_from_proto(message.report) if message.finished else None
+                yield convert.event_from_proto(message), report
         except grpc.RpcError as exc:
             raise error_from_rpc(exc, f"curator at {self.target}") from None
 
@@ -91,10 +136,25 @@ class CuratorClient:
         *,
         seed: int | None = None,
         on_progress: Callable[[ProgressEvent], None] | None = None,
+        request_id: str | None = None,
     ) -> SummaryResult:
-        """Create a session, follow it to the end and return its summary."""
-        session_id = self.create_session(config, validation, seed_set, seed=seed)
-        for event in self.watch(session_id):
+        """Create a session, follow it to the end and return its summary.
+
+        ``request_id`` defaults to a fresh random key, so a retried CreateSession (the client
+        retries while the curator is starting) never opens a second session.
+
+        Raises
+        ------
+        SessionFailedError
+            If the session failed; its ``report`` holds the ledger of what it spent.
+        """
+        key = request_id if request_id is not None else uuid.uuid4().hex
+        session_id = self.create_session(config, validation, seed_set, seed=seed, request_id=key)
+        last: tuple[ProgressEvent, SessionReport | None] | None = None
+        for event, report in self.watch(session_id):
+            last = (event, report)
             if on_progress is not None:
                 on_progress(event)
+        if last is not None and last[0].stage == "failed":
+            raise SessionFailedError(f"session failed: {last[0].message}", session_id, last[1])
         return self.get_summary(session_id)

@@ -8,6 +8,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.errors import InvalidArgumentError
+from common.summarization.endpoints import SessionSpend
 from common.summarization.summary import (
     PARAMETER_NAMES,
     ProgressEvent,
@@ -42,6 +43,10 @@ _ENUM_PARAMS: dict[str, dict[str, int]] = {
         "embedding": curator_pb2.POOL_SCORING_EMBEDDING,
         "exact": curator_pb2.POOL_SCORING_EXACT,
     },
+    "auction": {
+        "pure": curator_pb2.AUCTION_PURE,
+        "paper": curator_pb2.AUCTION_PAPER,
+    },
 }
 _STAGES: dict[int, Stage] = {
     curator_pb2.STAGE_SETUP: "setup",
@@ -56,6 +61,7 @@ def create_request_to_proto(
     validation: NDArray[np.float64],
     seed_set: NDArray[np.float64],
     seed: int | None,
+    request_id: str = "",
 ) -> curator_pb2.CreateSessionRequest:
     """Build a CreateSessionRequest; every parameter is sent explicitly."""
     values = {name: getattr(config, name) for name in PARAMETER_NAMES}
@@ -68,6 +74,7 @@ def create_request_to_proto(
         summary_size=config.summary_size,
         method=_METHODS[config.method],
         params=params,
+        request_id=request_id,
     )
     if seed is not None:
         request.seed = seed
@@ -85,23 +92,10 @@ def event_from_proto(message: curator_pb2.WatchSessionResponse) -> ProgressEvent
     )
 
 
-def result_from_proto(message: curator_pb2.GetSummaryResponse) -> SummaryResult:
-    """GetSummaryResponse -> SummaryResult.
-
-    Raises
-    ------
-    InvalidArgumentError
-        If the arrays are malformed.
-    """
-    r = message.report
-    try:
-        points, labels = labeled_points_from_proto(
-            message.summary, message.labels if message.HasField("labels") else None, "summary"
-        )
-    except ValueError as exc:
-        raise InvalidArgumentError(str(exc)) from exc
-    report = SessionReport(
-        method=_METHOD_NAMES[r.method],  # type: ignore[arg-type]
+def report_from_proto(r: curator_pb2.SessionReport) -> SessionReport:
+    """SessionReport message -> SessionReport."""
+    return SessionReport(
+        method=_METHOD_NAMES.get(r.method, "candidates"),  # type: ignore[arg-type]
         summary_size=int(r.summary_size),
         rounds=int(r.rounds),
         owner_points_accessed=int(r.owner_points_accessed),
@@ -113,7 +107,36 @@ def result_from_proto(message: curator_pb2.GetSummaryResponse) -> SummaryResult:
         wall_time_seconds=r.wall_time.ToTimedelta().total_seconds(),
         rejected_points=int(r.rejected_points),
         round_seconds=tuple(r.round_seconds),
+        error=r.error,
+        owner_spend={
+            o.owner_id: SessionSpend(
+                epsilon=float(o.epsilon),
+                delta=float(o.delta),
+                points=int(o.points),
+                non_private=bool(o.non_private),
+            )
+            for o in r.owner_spend
+        },
     )
+
+
+def result_from_proto(message: curator_pb2.GetSummaryResponse) -> SummaryResult:
+    """GetSummaryResponse -> SummaryResult.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the arrays are malformed.
+    """
+    try:
+        points, labels = labeled_points_from_proto(
+            message.summary, message.labels if message.HasField("labels") else None, "summary"
+        )
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from exc
     return SummaryResult(
-        points=points, labels=labels, owner_ids=tuple(message.owner_ids), report=report
+        points=points,
+        labels=labels,
+        owner_ids=tuple(message.owner_ids),
+        report=report_from_proto(message.report),
     )

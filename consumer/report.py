@@ -20,7 +20,7 @@ from rich.table import Table
 from common.summarization.kernels import mmd2
 from common.summarization.summary import SummaryResult
 from consumer.evaluation import downstream_accuracy
-from owner.data import PointSet
+from owner.data import PointSet, atomic_write
 
 
 def evaluate_summary(
@@ -222,7 +222,7 @@ def plot_mmd_curves(
 
 
 def write_json(data: Any, path: str | Path) -> None:
-    """Write ``data`` as indented JSON (numpy scalars converted)."""
+    """Write ``data`` as indented JSON (numpy scalars converted), atomically."""
 
     def default(obj: Any) -> Any:
         if isinstance(obj, np.generic):
@@ -231,4 +231,6 @@ def write_json(data: Any, path: str | Path) -> None:
             return obj.tolist()
         raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
 
-    Path(path).write_text(json.dumps(data, indent=2, default=default) + "\n", encoding="utf-8")
+    text = json.dumps(data, indent=2, default=default) + "\n"
+    with atomic_write(path) as fh:
+        fh.write(text.encode("utf-8"))

@@ -10,15 +10,37 @@ from google.protobuf import duration_pb2
 from numpy.typing import NDArray
 
 from common.errors import InvalidArgumentError
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
 from common.summarization.summary import (
     PARAMETER_NAMES,
     ProgressEvent,
+    SessionReport,
     SummarizationConfig,
     SummaryResult,
 )
+from common.summarization.terms import OwnerTerms
 from dpmarket.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
 from dpmarket.v1 import curator_pb2, owner_pb2
+
+
+def terms_to_proto(terms: OwnerTerms) -> owner_pb2.PrivacyTerms:
+    """OwnerTerms -> PrivacyTerms."""
+    return owner_pb2.PrivacyTerms(
+        mechanism=terms.mechanism,
+        epsilon=terms.epsilon,
+        delta=terms.delta,
+        non_private=terms.non_private,
+    )
+
+
+def spend_from_proto(message: owner_pb2.SessionSpend) -> SessionSpend:
+    """SessionSpend message -> SessionSpend."""
+    return SessionSpend(
+        epsilon=float(message.epsilon),
+        delta=float(message.delta),
+        points=int(message.points),
+        non_private=bool(message.non_private),
+    )
 
 
 def info_from_proto(message: owner_pb2.GetOwnerInfoResponse) -> OwnerInfo:
@@ -86,6 +108,10 @@ _ENUM_PARAMS: dict[str, dict[int, str]] = {
         curator_pb2.POOL_SCORING_EMBEDDING: "embedding",
         curator_pb2.POOL_SCORING_EXACT: "exact",
     },
+    "auction": {
+        curator_pb2.AUCTION_PURE: "pure",
+        curator_pb2.AUCTION_PAPER: "paper",
+    },
 }
 _STAGES = {
     "setup": curator_pb2.STAGE_SETUP,
@@ -140,9 +166,11 @@ def create_request_from_proto(
     return config, validation, seed_set, seed
 
 
-def event_to_proto(event: ProgressEvent) -> curator_pb2.WatchSessionResponse:
-    """ProgressEvent -> WatchSessionResponse."""
-    return curator_pb2.WatchSessionResponse(
+def event_to_proto(
+    event: ProgressEvent, report: SessionReport | None = None
+) -> curator_pb2.WatchSessionResponse:
+    """ProgressEvent (and, on the last message, the session's report) -> WatchSessionResponse."""
+    message = curator_pb2.WatchSessionResponse(
         stage=_STAGES[event.stage],
         round=event.round,
         total_rounds=event.total_rounds,
@@ -150,14 +178,16 @@ def event_to_proto(event: ProgressEvent) -> curator_pb2.WatchSessionResponse:
         message=event.message,
         finished=event.finished,
     )
+    if report is not None:
+        message.report.CopyFrom(report_to_proto(report))
+    return message
 
 
-def result_to_proto(result: SummaryResult) -> curator_pb2.GetSummaryResponse:
-    """SummaryResult -> GetSummaryResponse."""
-    r = result.report
+def report_to_proto(r: SessionReport) -> curator_pb2.SessionReport:
+    """SessionReport -> SessionReport message (the ledger as JSON)."""
     wall_time = duration_pb2.Duration()
     wall_time.FromTimedelta(datetime.timedelta(seconds=r.wall_time_seconds))
-    report = curator_pb2.SessionReport(
+    return curator_pb2.SessionReport(
         method=_METHOD_TO_PROTO[r.method],
         summary_size=r.summary_size,
         rounds=r.rounds,
@@ -170,9 +200,26 @@ def result_to_proto(result: SummaryResult) -> curator_pb2.GetSummaryResponse:
         wall_time=wall_time,
         rejected_points=r.rejected_points,
         round_seconds=list(r.round_seconds),
+        error=r.error,
+        owner_spend=[
+            curator_pb2.OwnerSpend(
+                owner_id=owner,
+                epsilon=spend.epsilon,
+                delta=spend.delta,
+                points=spend.points,
+                non_private=spend.non_private,
+            )
+            for owner, spend in sorted(r.owner_spend.items())
+        ],
     )
+
+
+def result_to_proto(result: SummaryResult) -> curator_pb2.GetSummaryResponse:
+    """SummaryResult -> GetSummaryResponse."""
     response = curator_pb2.GetSummaryResponse(
-        summary=array_to_proto(result.points), owner_ids=list(result.owner_ids), report=report
+        summary=array_to_proto(result.points),
+        owner_ids=list(result.owner_ids),
+        report=report_to_proto(result.report),
     )
     if result.labels is not None:
         response.labels.CopyFrom(array_to_proto(result.labels))

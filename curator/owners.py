@@ -1,5 +1,9 @@
 """gRPC client of an owner, seen by the curator as a
-:class:`common.summarization.endpoints.OwnerEndpoint`."""
+:class:`common.summarization.endpoints.OwnerEndpoint`.
+
+The channel is mTLS with the owner's identity checked at the handshake: the curator talks only to
+the owner names it was configured with, whatever answers at an address.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +14,15 @@ import grpc
 import numpy as np
 from numpy.typing import NDArray
 
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
 from common.summarization.rff import RFFParams
+from common.summarization.terms import OwnerTerms
 from curator import convert
 from dpmarket.arrays import array_to_proto
+from dpmarket.identity import Identity
 from dpmarket.serving import GRPC_OPTIONS
 from dpmarket.status import error_from_rpc
+from dpmarket.transport import TransportSecurity, aio_channel
 from dpmarket.v1 import owner_pb2, owner_pb2_grpc
 
 T = TypeVar("T")
@@ -33,18 +40,35 @@ class GrpcOwnerEndpoint:
     ----------
     target : str
         ``host:port`` of the owner service.
+    security : TransportSecurity
+        The curator's mTLS credentials (or plaintext, ``--insecure`` only).
+    expected : Identity, optional
+        The owner identity the server must prove (its certificate's role and name); required
+        with mTLS.
+    deadline : float
+        Deadline of round-trip calls, seconds.
     """
 
-    def __init__(self, target: str, *, deadline: float = CALL_DEADLINE_SECONDS) -> None:
+    def __init__(
+        self,
+        target: str,
+        security: TransportSecurity,
+        expected: Identity | None,
+        *,
+        deadline: float = CALL_DEADLINE_SECONDS,
+    ) -> None:
         self.target = target
+        self.expected = expected
         self.deadline = deadline
-        self._channel = grpc.aio.insecure_channel(target, options=GRPC_OPTIONS)
+        self._channel = aio_channel(target, security, expected, options=GRPC_OPTIONS)
         self._stub = owner_pb2_grpc.OwnerServiceStub(self._channel)
 
     @property
     def name(self) -> str:
-        """The owner's address."""
-        return self.target
+        """The owner's expected name and address."""
+        if self.expected is None:
+            return self.target
+        return f"{self.expected.name}@{self.target}"
 
     async def _call(self, make: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -59,19 +83,29 @@ class GrpcOwnerEndpoint:
         )
         return convert.info_from_proto(response)
 
-    async def open_session(self, session_id: str, rff: RFFParams, sampling_seed: int) -> int:
-        """OpenSession: send h1's frequencies and phases as data."""
+    async def open_session(
+        self,
+        session_id: str,
+        rff: RFFParams,
+        sampling_seed: int,
+        *,
+        consumer: str,
+        terms: OwnerTerms,
+    ) -> tuple[int, int]:
+        """OpenSession: offer the terms, send h1's frequencies and phases as data."""
         request = owner_pb2.OpenSessionRequest(
             session_id=session_id,
             omega=array_to_proto(rff.omega),
             phase=array_to_proto(rff.phase),
             sampling_seed=sampling_seed,
             gamma=rff.gamma,
+            consumer=consumer,
+            terms=convert.terms_to_proto(terms),
         )
         response = await self._call(
             lambda: self._stub.OpenSession(request, timeout=OPEN_DEADLINE_SECONDS)
         )
-        return int(response.num_points)
+        return int(response.num_points), int(response.max_points)
 
     async def set_validation_embedding(
         self, session_id: str, embedding: NDArray[np.float64]
@@ -111,13 +145,13 @@ class GrpcOwnerEndpoint:
         )
         return convert.points_from_proto(response)
 
-    async def count_relevant(self, session_id: str, threshold: float) -> int:
-        """CountRelevant."""
+    async def count_relevant(self, session_id: str, threshold: float) -> float:
+        """CountRelevant: the owner's noisy relevance count."""
         request = owner_pb2.CountRelevantRequest(session_id=session_id, threshold=threshold)
         response = await self._call(
             lambda: self._stub.CountRelevant(request, timeout=self.deadline)
         )
-        return int(response.count)
+        return float(response.noisy_count)
 
     async def propose_candidates(
         self, session_id: str, count: int
@@ -129,10 +163,11 @@ class GrpcOwnerEndpoint:
         )
         return convert.points_from_proto(response)
 
-    async def close_session(self, session_id: str) -> None:
-        """CloseSession."""
+    async def close_session(self, session_id: str) -> SessionSpend:
+        """CloseSession: what the owner's ledger recorded for the session."""
         request = owner_pb2.CloseSessionRequest(session_id=session_id)
-        await self._call(lambda: self._stub.CloseSession(request, timeout=self.deadline))
+        response = await self._call(lambda: self._stub.CloseSession(request, timeout=self.deadline))
+        return convert.spend_from_proto(response.spent)
 
     async def close(self) -> None:
         """Close the channel."""

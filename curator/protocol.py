@@ -29,8 +29,10 @@ from common.errors import (
 )
 from common.privacy.accounting import PrivacyEvent, analytic_gaussian_sigma
 from common.privacy.ledger import Charge, PrivacyLedger
+from common.privacy.noise import NoiseSource, SeededNoise
 from common.summarization.auction import (
     AuctionParams,
+    auction_events,
     auction_parameters,
     choose_owners_to_ask,
     parsimony_bound,
@@ -48,10 +50,17 @@ from common.summarization.candidates import (
     validation_embedding_sensitivity,
 )
 from common.summarization.continual import TreePrefixSum
-from common.summarization.endpoints import OwnerBid, OwnerEndpoint, OwnerInfo, ReleasedPoint
+from common.summarization.endpoints import (
+    OwnerBid,
+    OwnerEndpoint,
+    OwnerInfo,
+    ReleasedPoint,
+    SessionSpend,
+)
 from common.summarization.kernels import (
     bid_direction,
     bid_scores,
+    check_kernel_width,
     embedding_greedy,
     exact_kernel_greedy,
     marginal_gain_score,
@@ -65,6 +74,7 @@ from common.summarization.summary import (
     SummarizationConfig,
     SummaryResult,
 )
+from common.summarization.terms import OwnerTerms, owner_terms
 from common.validation import check_matrix
 
 logger = logging.getLogger(__name__)
@@ -98,6 +108,12 @@ class _OwnerSlot:
     info: OwnerInfo | None = None
     active: bool = True
     note: str = ""
+    #: Whether the owner holds an open session of ours (to close at the end).
+    opened: bool = False
+    #: The most raw points this session may receive from the owner (its policy).
+    max_points: int = 0
+    #: What the owner's own ledger recorded for this session, from CloseSession.
+    spent: SessionSpend | None = None
 
 
 @dataclass
@@ -163,6 +179,7 @@ class _MWEMSummary(_SummaryRelease):
             cfg.t_init if public else cfg.iterations_subsequent,
             cfg.epsilon_first_epoch if public else cfg.epsilon_per_later_iteration,
             self.session.rng,
+            self.session.noise,
         )
         self.session._charge_mwem(
             "public" if public else "owners",
@@ -192,7 +209,9 @@ class _TreeSummary(_SummaryRelease):
         self.seed_sum = seed_features.sum(axis=0)
         self.p = cfg.summary_size
         # Rounds 2..p release the prefix sums of acquired points 1..p-1; the p-th is never used.
-        self.tree = TreePrefixSum(max(self.p - 1, 1), cfg.rff_dimension, sigma, session.rng)
+        self.tree = TreePrefixSum(
+            max(self.p - 1, 1), cfg.rff_dimension, sigma, session.rng, session.noise
+        )
         self.charged = False
 
     def release(self, round_: int) -> tuple[NDArray[np.float64], int]:
@@ -264,6 +283,20 @@ class SummarizationSession:
         owners' sampling seeds) comes from it, in a fixed order.
     on_progress : callable, optional
         Called with a :class:`ProgressEvent` after setup and after every round.
+    call_timeout : float, optional
+        Seconds after which an owner that has not answered a call is dropped.
+    noise : NoiseSource, optional
+        Source of every noise draw (Gaussian embedding, tree nodes, MWEM measurements); default
+        ``SeededNoise(rng)``, the same stream as ``rng`` (tests, seeded sessions). Production
+        sessions pass :class:`~common.privacy.noise.OpenDPNoise`.
+    consumer : str
+        Identity (``"consumer:NAME"``) of the consumer the session serves; owners record it.
+    owner_session_id : str, optional
+        The id the owners know the session by (default ``session_id``); the curator service
+        gives owners an id unrelated to the consumer's.
+    on_charge : callable, optional
+        Receives every charge to the session's ledgers before the release it pays for (the
+        curator service writes them to its durable store).
 
     Raises
     ------
@@ -282,6 +315,10 @@ class SummarizationSession:
         *,
         on_progress: ProgressCallback | None = None,
         call_timeout: float | None = None,
+        noise: NoiseSource | None = None,
+        consumer: str = "consumer:local",
+        owner_session_id: str | None = None,
+        on_charge: Callable[[Sequence[Charge]], None] | None = None,
     ) -> None:
         try:
             self.validation = check_matrix(validation, "validation set")
@@ -293,19 +330,31 @@ class SummarizationSession:
         if not owners:
             raise InvalidArgumentError("at least one owner is required")
         self.session_id = session_id
+        self.owner_session_id = owner_session_id or session_id
         self.config = config
         self.rng = rng
+        self.noise: NoiseSource = noise if noise is not None else SeededNoise(rng)
+        self.consumer = consumer
         self.slots = [_OwnerSlot(endpoint=o) for o in owners]
         self.on_progress = on_progress
         self.call_timeout = call_timeout
         one_delta = config.method in ("candidates", "rounds")
         self.ledgers = {
             "validation": PrivacyLedger(
-                delta_tilde=config.delta if one_delta else config.delta_validation
+                delta_tilde=config.delta if one_delta else config.delta_validation,
+                on_charge=on_charge,
             ),
-            "owners": PrivacyLedger(delta_tilde=config.delta if one_delta else config.delta_owners),
+            "owners": PrivacyLedger(
+                delta_tilde=config.delta if one_delta else config.delta_owners,
+                on_charge=on_charge,
+            ),
         }
+        self.terms: OwnerTerms | None = None
+        self._rff: RFFParams | None = None
+        self._start = time.perf_counter()
         self._candidates_info: dict[str, Any] = {}
+        self._summary_size = 0
+        self.iterations = 0
         self.points_accessed = 0
         self.rejected_points = 0
         self.rounds_done = 0
@@ -314,19 +363,36 @@ class SummarizationSession:
         self._auction: AuctionParams | None = None
 
     # ----------------------------------------------------------------------------------- setup
-    async def prepare(self) -> None:
-        """Ask every owner for its dataset description and check the request against them.
+    async def prepare(self, *, check_terms: Callable[[OwnerTerms], None] | None = None) -> None:
+        """Check the request against the owners and open the session at every owner.
 
-        Owners that do not answer are dropped (and named in the report).
+        Asks every owner for its dataset description; checks feature counts, the summary size
+        and the kernel width; derives the session's terms (what it spends of each owner's
+        privacy, :func:`~common.summarization.terms.owner_terms`) and lets ``check_terms`` (the
+        curator's policy) refuse them; draws h1's parameters and opens the session at every
+        owner with the terms, which each owner checks against its own policy. Nothing is
+        released or charged: h1's parameters are public randomness. Owners that do not answer
+        are dropped (and named in the report). On failure, sessions already opened are closed.
 
         Raises
         ------
         UnavailableError
             If no owner answers.
         InvalidArgumentError
-            If an owner's feature count differs from the validation set's, or the owners hold
-            fewer points than the summary size.
+            If an owner's feature count differs from the validation set's, the owners hold fewer
+            points than the summary size, ``gamma`` makes every kernel value 0 or 1 on the
+            validation set, or ``check_terms`` refuses the terms.
+        FailedPreconditionError
+            If an owner's policy refuses the terms, or the owners' policies allow fewer raw
+            points than the summary size.
         """
+        try:
+            await self._prepare(check_terms)
+        except BaseException:
+            await self._close_owner_sessions()
+            raise
+
+    async def _prepare(self, check_terms: Callable[[OwnerTerms], None] | None) -> None:
         infos = await self._gather(range(len(self.slots)), lambda i: self._endpoint(i).info())
         for index, info in infos.items():
             self.slots[index].info = info
@@ -347,20 +413,53 @@ class SummarizationSession:
                 f"summary size p={self.config.summary_size} exceeds the {total} points the "
                 f"{len(active)} owner(s) hold"
             )
-        if self.config.method == "candidates":
-            budget = self._candidate_budget()
-            if budget < self.config.summary_size:
-                raise InvalidArgumentError(
-                    f"candidate budget floor({self.config.candidate_fraction} * K * p) = {budget} "
-                    f"is smaller than p = {self.config.summary_size}: raise candidate_fraction to "
-                    f"at least 1/K = {1 / len(self.slots):.3g}"
-                )
+        try:
+            check_kernel_width(self.validation, self.config.gamma)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
+        cfg = self.config
+        self.terms = await asyncio.to_thread(
+            owner_terms,
+            cfg,
+            len(self.slots),
+            validation_size=int(self.validation.shape[0]),
+            seed_set_size=int(self.seed_set.shape[0]),
+        )
+        if check_terms is not None:
+            check_terms(self.terms)
+        self._rff = draw_rff_params(
+            self.validation.shape[1], cfg.rff_dimension, cfg.gamma, self.rng
+        )
+        seeds = self.rng.integers(0, 2**63 - 1, size=len(self.slots))
+        terms, rff = self.terms, self._rff
+
+        async def open_one(i: int) -> tuple[int, int]:
+            self.slots[i].opened = True
+            return await self._endpoint(i).open_session(
+                self.owner_session_id, rff, int(seeds[i]), consumer=self.consumer, terms=terms
+            )
+
+        opened = await self._gather(self._active(), open_one, refusals="raise")
+        for index, (_, max_points) in opened.items():
+            self.slots[index].max_points = int(max_points)
+        self._require_owners()
+        allowed = sum(self.slots[i].max_points for i in self._active())
+        if cfg.summary_size > allowed:
+            raise FailedPreconditionError(
+                f"the owners' policies allow this session at most {allowed} raw points in all, "
+                f"fewer than p = {cfg.summary_size}"
+            )
+        self._emit("setup", f"h1 shared with {len(self._active())} owner(s)")
         self._prepared = True
 
     def _candidate_budget(self) -> int:
-        """floor(candidate_fraction * K * p): the most owner points the candidates method reads."""
+        """``max(p, floor(candidate_fraction * K * p))``: the most owner points the candidates
+        method reads (at least p, so a single owner can serve a whole summary)."""
         cfg = self.config
-        return math.floor(cfg.candidate_fraction * len(self.slots) * cfg.summary_size + 1e-9)
+        k = len(self.slots)
+        return max(
+            cfg.summary_size, math.floor(cfg.candidate_fraction * k * cfg.summary_size + 1e-9)
+        )
 
     # -------------------------------------------------------------------------------- running
     async def run(self) -> SummaryResult:
@@ -375,18 +474,11 @@ class SummarizationSession:
         AbortedError
             If the owners ran out of points, or an owner broke the protocol.
         """
-        if not self._prepared:
+        if not self._prepared or self._rff is None:
             raise FailedPreconditionError("prepare() must succeed before run()")
         start = time.perf_counter()
         cfg = self.config
-        rff = draw_rff_params(self.validation.shape[1], cfg.rff_dimension, cfg.gamma, self.rng)
-        seeds = self.rng.integers(0, 2**63 - 1, size=len(self.slots))
-        await self._gather(
-            self._active(),
-            lambda i: self._endpoint(i).open_session(self.session_id, rff, int(seeds[i])),
-        )
-        self._require_owners()
-        self._emit("setup", f"h1 shared with {len(self._active())} owner(s)")
+        rff = self._rff
         summary = _SummaryState()
         try:
             if cfg.method == "uniform":
@@ -410,11 +502,11 @@ class SummarizationSession:
         """Draw p/K points uniformly from every owner (the paper's uniform sampling baseline)."""
         round_start = time.perf_counter()
         active = self._active()
-        shares = _split_evenly(self.config.summary_size, [self._info(i).num_points for i in active])
+        shares = _split_evenly(self.config.summary_size, [self._capacity(i) for i in active])
         requests = {i: s for i, s in zip(active, shares, strict=True) if s > 0}
         results = await self._gather(
             list(requests),
-            lambda i: self._endpoint(i).sample_uniform(self.session_id, requests[i]),
+            lambda i: self._endpoint(i).sample_uniform(self.owner_session_id, requests[i]),
         )
         if len(results) != len(requests):
             raise UnavailableError(
@@ -443,32 +535,33 @@ class SummarizationSession:
         g_val, sigma = self._gaussian_validation_embedding(val_features)
         await self._gather(
             self._active(),
-            lambda i: self._endpoint(i).set_validation_embedding(self.session_id, g_val),
+            lambda i: self._endpoint(i).set_validation_embedding(self.owner_session_id, g_val),
         )
         # Relevance counts, each a function of one owner's data: sensitivity 1 under replacing or
-        # adding one point, so Laplace(1 / eps_o) on every count makes the vector eps_o-DP.
+        # adding one point, so the Laplace(1 / eps_o) noise each owner adds to its own count (the
+        # session's terms) makes the vector eps_o-DP. Charged here too: the session's ledger.
         threshold = relevance_threshold(g_val, cfg.relevance_threshold, noise_sigma=sigma)
-        counts = await self._gather(
-            self._active(), lambda i: self._endpoint(i).count_relevant(self.session_id, threshold)
-        )
-        self._require_owners()
         eps_o = cfg.epsilon_owners_total
         self.ledgers["owners"].charge(
             [
                 Charge(
                     "owners",
-                    "relevance counts + Laplace noise",
+                    "relevance counts + Laplace noise (drawn by each owner)",
                     PrivacyEvent("laplace", eps_o, 1, 1.0, scale=1.0 / eps_o),
                 )
             ]
         )
+        counts = await self._gather(
+            self._active(),
+            lambda i: self._endpoint(i).count_relevant(self.owner_session_id, threshold),
+        )
+        self._require_owners()
         owners = sorted(counts)
         noisy = np.array([counts[i] for i in owners], dtype=np.float64)
-        noisy += self.rng.laplace(0.0, 1.0 / eps_o, size=len(owners))
         shares = allocate_candidates(
             self._candidate_budget(),
             np.maximum(noisy, 0.0),
-            [min(self._info(i).num_points, p) for i in owners],
+            [min(self._capacity(i), p) for i in owners],
             even_share=cfg.candidate_even_share,
         )
         requests = {i: int(s) for i, s in zip(owners, shares, strict=True) if s > 0}
@@ -483,7 +576,7 @@ class SummarizationSession:
         self._emit("rounds", f"candidate shares: {sorted(requests.values(), reverse=True)}")
         proposals = await self._gather(
             list(requests),
-            lambda i: self._endpoint(i).propose_candidates(self.session_id, requests[i]),
+            lambda i: self._endpoint(i).propose_candidates(self.owner_session_id, requests[i]),
         )
         points: list[NDArray[np.float64]] = []
         labels: list[int | None] = []
@@ -505,9 +598,13 @@ class SummarizationSession:
         # holds D_v), or the private embedding alone.
         if cfg.embedding_rerank:
             seed_features = random_fourier_features(self.seed_set, rff, dtype=np.float64)
-            order = embedding_greedy(random_fourier_features(pool, rff), g_val, seed_features, p)
+            order = await asyncio.to_thread(
+                embedding_greedy, random_fourier_features(pool, rff), g_val, seed_features, p
+            )
         else:
-            order = exact_kernel_greedy(pool, self.validation, self.seed_set, p, cfg.gamma)
+            order = await asyncio.to_thread(
+                exact_kernel_greedy, pool, self.validation, self.seed_set, p, cfg.gamma
+            )
         for j in order:
             summary.points.append(pool[j])
             summary.labels.append(labels[j])
@@ -527,31 +624,46 @@ class SummarizationSession:
         val_features = random_fourier_features(self.validation, rff, dtype=np.float64)
         seed_features = random_fourier_features(self.seed_set, rff, dtype=np.float64)
         # Step 3: the validation embedding gtilde.
-        g_val = self._validation_embedding(val_features, mode)
+        g_val = await asyncio.to_thread(self._validation_embedding, val_features, mode)
         if mode != "greedy":
             self._auction = (
-                auction_parameters(cfg.epsilon_auction, cfg.delta_owners, len(self.slots))
+                auction_parameters(
+                    cfg.epsilon_auction, cfg.delta_owners, len(self.slots), variant=cfg.auction
+                )
                 if mode == "private"
                 else rounds_auction(cfg, len(self.slots))
             )
         await self._gather(
             self._active(),
-            lambda i: self._endpoint(i).set_validation_embedding(self.session_id, g_val),
+            lambda i: self._endpoint(i).set_validation_embedding(self.owner_session_id, g_val),
         )
         self._require_owners()
         # Running state of the summary S = D_init + acquired points, and its release.
         tracker = self._summary_release(mode, seed_features)
         pool: list[_PoolEntry] = []
-        for round_ in range(1, p + 1):
+        # Auction iterations: one per summary point, plus a repeat whenever the pure auction
+        # asked nobody and the pool is empty (the tau rule ends a run of repeats within tau).
+        iteration = 0
+        released_for = 0
+        g_sum, q_sent = np.zeros(cfg.rff_dimension), 0
+        max_repeats = (self._auction.tau if self._auction is not None else 0) + 1
+        repeats = 0
+        while len(summary.points) < p:
+            iteration += 1
+            self.iterations = iteration
+            round_ = len(summary.points) + 1
             round_start = time.perf_counter()
-            # Step 5: the summary embedding g_l (and the summary size the owners are told).
-            g_sum, q_sent = tracker.release(round_)
+            # Step 5: the summary embedding g_l (and the summary size the owners are told),
+            # released once per summary size: a repeated iteration reuses it.
+            if released_for != round_:
+                g_sum, q_sent = await asyncio.to_thread(tracker.release, round_)
+                released_for = round_
             direction = bid_direction(g_val, g_sum, q_sent)
             # Step 6: concurrent bids.
             active = self._active()
             bids_by_owner = await self._gather(
                 active,
-                lambda i: self._endpoint(i).bid(self.session_id, round_, g_sum, q_sent),  # noqa: B023
+                self._bid_call(iteration, g_sum, q_sent),
             )
             self._require_owners()
             bids = np.full(len(self.slots), np.nan)
@@ -564,20 +676,22 @@ class SummarizationSession:
             if np.isnan(bids).all():
                 asked = np.zeros(len(self.slots), dtype=bool)
             elif self._auction is not None:
-                if round_ == 1:
+                if iteration == 1:
                     self._charge_auction(self._auction)
                 asked = choose_owners_to_ask(bids, times_best, self._auction, self.rng)
             else:
                 asked = np.zeros(len(self.slots), dtype=bool)
                 asked[int(np.nanargmax(bids))] = True
+            rejected_before = self.rejected_points
             released = await self._gather(
                 [int(i) for i in np.flatnonzero(asked)],
-                lambda i: self._endpoint(i).release_point(self.session_id, round_),  # noqa: B023
+                self._release_call(iteration),
             )
             self._pool_released(released, bids_by_owner, rff, direction, pool)
             # A point that failed verification drops its owner; if nothing valid came in, ask
             # the remaining bidders in rank order (only ever after an owner broke the protocol).
-            for index in rank_owners(bids):
+            rejected = self.rejected_points > rejected_before
+            for index in rank_owners(bids) if rejected else []:
                 if pool:
                     break
                 if asked[index] or not self.slots[index].active:
@@ -585,24 +699,56 @@ class SummarizationSession:
                 asked[index] = True
                 extra = await self._gather(
                     [int(index)],
-                    lambda i: self._endpoint(i).release_point(self.session_id, round_),  # noqa: B023
+                    self._release_call(iteration),
                 )
                 self._pool_released(extra, bids_by_owner, rff, direction, pool)
             if not pool:
-                raise AbortedError(
-                    f"round {round_}: no owner has a point left to offer "
-                    f"({len(summary.points)} of {p} points collected)" + self._drop_suffix()
-                )
+                if np.isnan(bids).all():
+                    raise AbortedError(
+                        f"round {round_}: no owner has a point left to offer "
+                        f"({len(summary.points)} of {p} points collected)" + self._drop_suffix()
+                    )
+                repeats += 1
+                if repeats > max_repeats:
+                    raise AbortedError(
+                        f"round {round_}: the auction acquired no point in {repeats} iterations"
+                        + self._drop_suffix()
+                    )
+                # The pure auction asked nobody: bid again (the tau rule bounds the repeats).
+                self._emit("rounds", f"round {round_}: nobody asked, bidding again")
+                continue
+            repeats = 0
             # Step 15: add the best pool point. Every message of this round has been sent.
-            best = pool.pop(self._choose_from_pool(pool, direction, summary))
+            best = pool.pop(
+                await asyncio.to_thread(self._choose_from_pool, pool, direction, summary)
+            )
             summary.points.append(best.point)
             summary.labels.append(best.label)
             summary.owners.append(best.owner)
+            self._summary_size = len(summary.points)
             new_features = random_fourier_features(best.point[None, :], rff, dtype=np.float64)
             tracker.add(new_features[0], round_)
             self.rounds_done = round_
             self.round_seconds.append(time.perf_counter() - round_start)
             self._emit("rounds", f"round {round_}: {int(asked.sum())} owner(s) asked")
+
+    def _bid_call(
+        self, iteration: int, g_sum: NDArray[np.float64], q: int
+    ) -> Callable[[int], Awaitable[OwnerBid | None]]:
+        """The Bid call of one auction iteration, for :meth:`_gather`."""
+
+        def call(index: int) -> Awaitable[OwnerBid | None]:
+            return self._endpoint(index).bid(self.owner_session_id, iteration, g_sum, q)
+
+        return call
+
+    def _release_call(self, iteration: int) -> Callable[[int], Awaitable[ReleasedPoint]]:
+        """The ReleasePoint call of one auction iteration, for :meth:`_gather`."""
+
+        def call(index: int) -> Awaitable[ReleasedPoint]:
+            return self._endpoint(index).release_point(self.owner_session_id, iteration)
+
+        return call
 
     def _validation_embedding(
         self, val_features: NDArray[np.floating], mode: RoundsMode
@@ -616,7 +762,12 @@ class SummarizationSession:
             return self._gaussian_validation_embedding(val_features)[0]
         val_sums = quantize_features(val_features, cfg.eta, self.rng).sum(axis=0)
         release = MWEMState(cfg.rff_dimension, cfg.eta).release(
-            val_sums, val_features.shape[0], cfg.t_init, cfg.epsilon_validation, self.rng
+            val_sums,
+            val_features.shape[0],
+            cfg.t_init,
+            cfg.epsilon_validation,
+            self.rng,
+            self.noise,
         )
         self._charge_mwem("validation", "h2(h1(D_v)): validation embedding", release)
         return release.embedding
@@ -631,7 +782,7 @@ class SummarizationSession:
         sensitivity = validation_embedding_sensitivity(val_features.shape[0])
         eps_v = cfg.epsilon_validation_total
         sigma = analytic_gaussian_sigma(eps_v, cfg.delta, sensitivity)
-        g_val = val_features.mean(axis=0) + self.rng.normal(0.0, sigma, size=cfg.rff_dimension)
+        g_val = val_features.mean(axis=0) + self.noise.gaussian(sigma, cfg.rff_dimension)
         self.ledgers["validation"].charge(
             [
                 Charge(
@@ -739,14 +890,16 @@ class SummarizationSession:
         )
 
     def _charge_auction(self, params: AuctionParams) -> None:
-        """Charge PrivAuction once: at most tau bad iterations, eps_auc each (Theorem 6)."""
+        """Charge PrivAuction once: at most tau bad iterations (Theorem 6), each pure eps_auc-DP
+        (pure variant) or (eps_auc, 1 - exp(-eps_auc))-DP (the printed variant)."""
         self.ledgers["owners"].charge(
             [
                 Charge(
                     "owners",
-                    "PrivAuction winner notification: tau bad iterations (Theorem 6)",
-                    PrivacyEvent("pure", params.eps_auc, params.tau),
+                    f"PrivAuction ({params.variant}) winner notification: tau bad iterations",
+                    event,
                 )
+                for event in auction_events(params)
             ]
         )
 
@@ -754,10 +907,16 @@ class SummarizationSession:
         self,
         indices: Sequence[int] | range,
         call: Callable[[int], Awaitable[T]],
+        *,
+        refusals: Literal["drop", "raise"] = "drop",
     ) -> dict[int, T]:
         """Call owners concurrently; drop those that are unavailable; return the answers by index.
 
-        Protocol errors other than unavailability abort the session naming the owner.
+        An owner that refuses a step under its own policy (``FailedPreconditionError``) is
+        dropped too (``refusals="drop"``, during a session), or its refusal fails the request
+        with the same error naming the owner (``"raise"``, while the session opens, so nothing
+        is released). Other protocol errors abort the session naming the owner (while opening:
+        the same error class, e.g. INVALID_ARGUMENT for a d above an owner's limit).
         """
 
         async def one(index: int) -> T:
@@ -774,6 +933,10 @@ class SummarizationSession:
         for index, answer in zip(indices, answers, strict=True):
             if isinstance(answer, UnavailableError):
                 self._drop(index, str(answer))
+            elif isinstance(answer, FailedPreconditionError) and refusals == "drop":
+                self._drop(index, f"refused: {answer}")
+            elif isinstance(answer, DPMarketError) and refusals == "raise":
+                raise type(answer)(f"owner {self._name(index)}: {answer}") from answer
             elif isinstance(answer, DPMarketError):
                 raise AbortedError(f"owner {self._name(index)}: {answer}") from answer
             elif isinstance(answer, BaseException):
@@ -800,6 +963,11 @@ class SummarizationSession:
     def _active(self) -> list[int]:
         return [i for i, s in enumerate(self.slots) if s.active]
 
+    def _capacity(self, index: int) -> int:
+        """The most raw points this session may take from owner ``index``: its size, capped by
+        its policy's allowance for the session."""
+        return min(self._info(index).num_points, self.slots[index].max_points)
+
     def _info(self, index: int) -> OwnerInfo:
         info = self.slots[index].info
         assert info is not None
@@ -822,13 +990,20 @@ class SummarizationSession:
         return f"; dropped owners: {', '.join(dropped)}" if dropped else ""
 
     async def _close_owner_sessions(self) -> None:
-        async def close(slot: _OwnerSlot) -> None:
-            try:
-                await slot.endpoint.close_session(self.session_id)
-            except DPMarketError as exc:
-                logger.info("closing session at %s failed: %s", slot.endpoint.name, exc)
+        """Close the session at every owner that opened it; record what its ledger recorded."""
 
-        await asyncio.gather(*(close(self.slots[i]) for i in self._active()))
+        async def close(slot: _OwnerSlot) -> None:
+            slot.opened = False
+            try:
+                coro = slot.endpoint.close_session(self.owner_session_id)
+                if self.call_timeout is not None:
+                    slot.spent = await asyncio.wait_for(coro, self.call_timeout)
+                else:
+                    slot.spent = await coro
+            except (DPMarketError, TimeoutError) as exc:
+                logger.info("closing the session at %s failed: %s", slot.endpoint.name, exc)
+
+        await asyncio.gather(*(close(slot) for slot in self.slots if slot.opened))
 
     def _emit(self, stage: Literal["setup", "rounds", "done", "failed"], message: str) -> None:
         if self.on_progress is not None:
@@ -838,16 +1013,21 @@ class SummarizationSession:
                 ProgressEvent(stage, self.rounds_done, total, self.points_accessed, message)
             )
 
+    async def abandon(self) -> None:
+        """Close the session at every owner that opened it (a prepared session not run)."""
+        await self._close_owner_sessions()
+
     def fail(self, message: str) -> None:
         """Emit the final failure event (the service calls this when :meth:`run` raises)."""
         self._emit("failed", message)
 
-    def _result(self, summary: _SummaryState, elapsed: float) -> SummaryResult:
+    def failure_report(self, error: str) -> SessionReport:
+        """The report of a session that failed: what it accessed and spent until it failed."""
+        return self._report(self._summary_size, time.perf_counter() - self._start, error)
+
+    def _report(self, summary_size: int, elapsed: float, error: str = "") -> SessionReport:
         cfg = self.config
         k = len(self.slots)
-        labels: NDArray[np.int64] | None = None
-        if summary.labels and all(label is not None for label in summary.labels):
-            labels = np.asarray(summary.labels, dtype=np.int64)
         ledger: dict[str, Any] = {}
         paper_bound = 0.0
         if any(led.entries for led in self.ledgers.values()):
@@ -856,21 +1036,30 @@ class SummarizationSession:
             ledger["candidates"] = self._candidates_info
         if self._auction is not None:
             eps_auc, tau = self._auction.eps_auc, self._auction.tau
+            pure = self._auction.variant == "pure"
             ledger["auction"] = {
+                "variant": self._auction.variant,
                 "eps_auc": eps_auc,
                 "tau": tau,
-                # "Not asked" at rank 1 (probability 0) versus rank 2 (1 - e^-eps_auc) has no
-                # bounded ratio, so a bad iteration is (eps_auc, 1 - e^-eps_auc)-DP, not pure;
-                # the paper's Theorem 6 charges only eps_auc. Reported, not yet in the ledger.
-                "delta_per_bad_iteration": -math.expm1(-eps_auc),
-                "delta_total": tau * -math.expm1(-eps_auc),
+                # The printed auction: "not asked" at rank 1 (probability 0) versus rank 2
+                # (1 - e^-eps_auc) has no bounded ratio, so a bad iteration is
+                # (eps_auc, 1 - e^-eps_auc)-DP; charged so in the owners' ledger.
+                "delta_per_bad_iteration": 0.0 if pure else -math.expm1(-eps_auc),
+                "iterations": self.iterations,
             }
             paper_bound = parsimony_bound(
                 cfg.summary_size, k, self._auction, self.validation.shape[0]
             )
-        report = SessionReport(
+        if self.terms is not None:
+            ledger["owner_terms"] = {
+                "mechanism": self.terms.mechanism,
+                "epsilon": self.terms.epsilon,
+                "delta": self.terms.delta,
+                "non_private": self.terms.non_private,
+            }
+        return SessionReport(
             method=cfg.method,
-            summary_size=len(summary.points),
+            summary_size=summary_size,
             rounds=self.rounds_done,
             owner_points_accessed=self.points_accessed,
             validation_points_accessed=int(self.validation.shape[0]),
@@ -881,7 +1070,17 @@ class SummarizationSession:
             wall_time_seconds=elapsed,
             rejected_points=self.rejected_points,
             round_seconds=tuple(self.round_seconds),
+            error=error,
+            owner_spend={
+                self._name(i): slot.spent for i, slot in enumerate(self.slots) if slot.spent
+            },
         )
+
+    def _result(self, summary: _SummaryState, elapsed: float) -> SummaryResult:
+        labels: NDArray[np.int64] | None = None
+        if summary.labels and all(label is not None for label in summary.labels):
+            labels = np.asarray(summary.labels, dtype=np.int64)
+        report = self._report(len(summary.points), elapsed)
         n = self.validation.shape[1]
         points = np.stack(summary.points) if summary.points else np.zeros((0, n))
         return SummaryResult(

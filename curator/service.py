@@ -1,68 +1,130 @@
-"""gRPC servicer of the curator: converts messages and calls a ``SessionManager``."""
+"""gRPC servicer of the curator: authorizes consumers, converts messages, calls a SessionManager.
+
+Every RPC is open to the ``consumer`` role only (the names the policy lists, or any consumer the
+CA certified); the caller's identity, never a message field, decides whose sessions it sees.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
 import logging
 from collections.abc import Sequence
 
 from common.summarization.endpoints import OwnerEndpoint
 from curator import convert
+from curator.policy import CuratorPolicy
 from curator.sessions import SessionManager
+from curator.store import CuratorStore
+from dpmarket.authz import Authorizer, rpc, rpc_stream
+from dpmarket.identity import Identity
 from dpmarket.serving import serve_until_signalled, start_server, write_port
-from dpmarket.status import grpc_errors, status_for
+from dpmarket.transport import TransportSecurity
 from dpmarket.v1 import curator_pb2, curator_pb2_grpc
 
 logger = logging.getLogger(__name__)
+
+#: The identity every caller of a plaintext (``--insecure``) curator is taken to have.
+INSECURE_CONSUMER = Identity("consumer", "insecure")
+
+
+def request_digest(request: curator_pb2.CreateSessionRequest) -> str:
+    """SHA-256 of a CreateSessionRequest without its idempotency key (deterministic bytes)."""
+    copy = curator_pb2.CreateSessionRequest()
+    copy.CopyFrom(request)
+    copy.request_id = ""
+    return hashlib.sha256(copy.SerializeToString(deterministic=True)).hexdigest()
 
 
 class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
     """Thin adapter over a :class:`SessionManager`."""
 
-    def __init__(self, manager: SessionManager) -> None:
+    def __init__(self, manager: SessionManager, authorizer: Authorizer) -> None:
         self.manager = manager
+        self.authorizer = authorizer
 
-    @grpc_errors
-    async def CreateSession(self, request, context):  # type: ignore[no-untyped-def]
+    @rpc("consumer")
+    async def CreateSession(self, request, context, caller):  # type: ignore[no-untyped-def]
         config, validation, seed_set, seed = convert.create_request_from_proto(request)
-        session_id = await self.manager.create(config, validation, seed_set, seed)
+        session_id = await self.manager.create(
+            config,
+            validation,
+            seed_set,
+            seed,
+            consumer=str(caller),
+            request_id=request.request_id,
+            request_digest=request_digest(request),
+        )
         return curator_pb2.CreateSessionResponse(session_id=session_id)
 
-    async def WatchSession(self, request, context):  # type: ignore[no-untyped-def]
-        try:
-            async for event in self.manager.watch(request.session_id):
-                yield convert.event_to_proto(event)
-        except Exception as exc:
-            code = status_for(exc)
-            if code is None:
-                logger.exception("internal error in WatchSession")
-                raise
-            await context.abort(code, str(exc))
+    @rpc_stream("consumer")
+    async def WatchSession(self, request, context, caller):  # type: ignore[no-untyped-def]
+        async for event, report in self.manager.watch(request.session_id, str(caller)):
+            yield convert.event_to_proto(event, report)
 
-    @grpc_errors
-    async def GetSummary(self, request, context):  # type: ignore[no-untyped-def]
-        return convert.result_to_proto(self.manager.result(request.session_id))
+    @rpc("consumer")
+    async def GetSummary(self, request, context, caller):  # type: ignore[no-untyped-def]
+        result = self.manager.result(request.session_id, str(caller))
+        return convert.result_to_proto(result)
+
+
+def curator_authorizer(policy: CuratorPolicy, security: TransportSecurity) -> Authorizer:
+    """Consumers only: the policy's names, or any the CA certified; with plaintext transport,
+    every caller is :data:`INSECURE_CONSUMER` (``--insecure`` only)."""
+    names = policy.consumers or None
+    if security.insecure:
+        return Authorizer({"consumer": None}, insecure_peer=INSECURE_CONSUMER)
+    return Authorizer({"consumer": names})
 
 
 async def serve_curator(
     owners: Sequence[OwnerEndpoint],
     address: str,
+    security: TransportSecurity,
     *,
-    allow_seeded_sessions: bool = False,
+    policy: CuratorPolicy,
+    store: CuratorStore | None,
     call_timeout: float | None = None,
     port_file: str | None = None,
 ) -> None:
-    """Serve a curator for ``owners`` on ``address`` until SIGTERM/SIGINT."""
-    manager = SessionManager(
-        owners, allow_seeded_sessions=allow_seeded_sessions, call_timeout=call_timeout
-    )
+    """Serve a curator for ``owners`` on ``address`` until SIGTERM/SIGINT.
+
+    Parameters
+    ----------
+    owners : sequence of OwnerEndpoint
+        The configured owners (gRPC clients that check each owner's certificate identity).
+    address : str
+        ``host:port``; port 0 picks a free port.
+    security : TransportSecurity
+        mTLS credentials, or plaintext (``--insecure``).
+    policy : CuratorPolicy
+    store : CuratorStore or None
+        Durable sessions and charges (``None``: memory only).
+    call_timeout : float, optional
+        Seconds after which an owner that has not answered a call is dropped.
+    port_file : str, optional
+        Where to write the bound port.
+    """
+    manager = SessionManager(owners, policy=policy, store=store, call_timeout=call_timeout)
+    authorizer = curator_authorizer(policy, security)
     server, port, _ = await start_server(
         lambda s: curator_pb2_grpc.add_CuratorServiceServicer_to_server(
-            CuratorServicer(manager), s
+            CuratorServicer(manager, authorizer), s
         ),
         curator_pb2.DESCRIPTOR.services_by_name["CuratorService"].full_name,
         address,
+        security,
     )
     logger.info("curator serving on port %d for %d owner(s)", port, len(owners))
     if port_file:
         write_port(port_file, port)
-    await serve_until_signalled(server)
+    period = max(0.05, min(policy.fetched_result_ttl_seconds / 2, 30.0))
+    reaper = asyncio.create_task(manager.expire_forever(period))
+    try:
+        await serve_until_signalled(server)
+    finally:
+        reaper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reaper
+        await manager.close()

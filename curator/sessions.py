@@ -1,14 +1,23 @@
-"""Session registry of the curator service: runs sessions in the background, records progress.
+"""Session registry of the curator service: who may create, see and fetch which session.
 
-Plain asyncio, no gRPC: the servicer (:mod:`curator.service`) only converts messages.
+Plain asyncio, no gRPC: the servicer (:mod:`curator.service`) only authorizes and converts. The
+manager enforces the curator's policy (:mod:`curator.policy`) before anything is released:
+parameter ranges, the session's total spend of the owners' privacy, seeded sessions, the number
+of sessions running at once and each consumer's request rate. A session belongs to the consumer
+identity that created it; any other consumer gets ``NOT_FOUND``. Sessions, results and every
+charge are written to the durable store (:mod:`curator.store`) when one is given.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
+import dataclasses
 import logging
-import uuid
-from collections.abc import AsyncIterator, Sequence
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,25 +27,54 @@ from common.errors import (
     AbortedError,
     DPMarketError,
     FailedPreconditionError,
+    InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
+    ResourceExhaustedError,
 )
+from common.ids import new_session_id, short_id
+from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import make_rng
 from common.summarization.endpoints import OwnerEndpoint
-from common.summarization.summary import ProgressEvent, SummarizationConfig, SummaryResult
+from common.summarization.summary import (
+    ProgressEvent,
+    SessionReport,
+    Stage,
+    SummarizationConfig,
+    SummaryResult,
+)
+from curator.policy import CuratorPolicy
 from curator.protocol import SummarizationSession
+from curator.store import CuratorStore, StoredSession
 
 logger = logging.getLogger(__name__)
+
+#: Longest accepted idempotency key.
+MAX_REQUEST_ID_LENGTH = 128
+#: Window of the per-consumer request rate, seconds.
+RATE_WINDOW_SECONDS = 60.0
 
 
 @dataclass
 class _Managed:
-    session: SummarizationSession
+    session_id: str
+    consumer: str
+    session: SummarizationSession | None
     events: list[ProgressEvent] = field(default_factory=list)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     result: SummaryResult | None = None
+    report: SessionReport | None = None
     error: str | None = None
     task: asyncio.Task[None] | None = None
+    request_id: str | None = None
+    request_digest: str = ""
+    expires_at: float = math.inf
+    #: The session's own last event (done or failed), published once the report is set.
+    final: ProgressEvent | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.report is not None
 
 
 class SessionManager:
@@ -45,76 +83,222 @@ class SessionManager:
     Parameters
     ----------
     owners : sequence of OwnerEndpoint
-    allow_seeded_sessions : bool
-        Whether a request may fix the session's random seed (reproducible runs and tests). A
-        production curator refuses: a party that knows the seed knows the noise.
+    policy : CuratorPolicy, optional
+        Limits on requests, work and retention (default: :class:`CuratorPolicy` defaults).
+    store : CuratorStore, optional
+        Durable sessions and charges; ``None`` keeps everything in memory (in-process runs).
     call_timeout : float, optional
         Seconds after which an owner that has not answered a call is dropped.
+    clock : callable
+        Unix time, seconds (injected by tests).
     """
 
     def __init__(
         self,
         owners: Sequence[OwnerEndpoint],
         *,
-        allow_seeded_sessions: bool = False,
+        policy: CuratorPolicy | None = None,
+        store: CuratorStore | None = None,
         call_timeout: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.owners = list(owners)
-        self.allow_seeded_sessions = allow_seeded_sessions
+        self.policy = policy if policy is not None else CuratorPolicy()
+        self.store = store
         self.call_timeout = call_timeout
+        self.clock = clock
         self._sessions: dict[str, _Managed] = {}
+        self._starting = 0
+        self._attempts: dict[str, collections.deque[float]] = collections.defaultdict(
+            collections.deque
+        )
+        self._request_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        if store is not None:
+            for session_id in store.recover():
+                logger.warning(
+                    "session %s was running when the curator stopped: marked failed, its "
+                    "charges kept",
+                    short_id(session_id),
+                )
 
+    @property
+    def running(self) -> int:
+        """Sessions running now (created and not finished)."""
+        return sum(1 for m in self._sessions.values() if not m.finished)
+
+    # ------------------------------------------------------------------------------- create
     async def create(
         self,
         config: SummarizationConfig,
         validation: NDArray[np.float64],
         seed_set: NDArray[np.float64],
         seed: int | None,
+        *,
+        consumer: str = "consumer:local",
+        request_id: str = "",
+        request_digest: str = "",
     ) -> str:
-        """Validate a request against the owners and start the session in the background.
+        """Check a request against the policy and the owners, then start it in the background.
+
+        Parameters
+        ----------
+        config, validation, seed_set, seed
+            The request (validation of shape (m, n), seed set (n0, n)).
+        consumer : str
+            The caller's verified identity, ``"consumer:NAME"``.
+        request_id : str
+            Idempotency key (empty: none). A retry with the same key and digest returns the same
+            session and charges nothing new.
+        request_digest : str
+            Digest of the request without its key.
 
         Returns
         -------
         str
-            The new session id.
+            The session id (128 random bits, hex).
 
         Raises
         ------
         PermissionDeniedError
             If ``seed`` is given and seeded sessions are not allowed.
-        InvalidArgumentError, UnavailableError
-            From :meth:`SummarizationSession.prepare`; nothing is released or charged.
+        InvalidArgumentError
+            For a parameter outside the policy, a malformed key, a key reused with another
+            request, or what :meth:`SummarizationSession.prepare` refuses.
+        ResourceExhaustedError
+            If the policy's sessions are running, or the consumer exceeds its request rate.
+        FailedPreconditionError, UnavailableError
+            From :meth:`SummarizationSession.prepare` (an owner refuses the terms; no owner
+            answers). Nothing is released or charged when this raises.
         """
-        if seed is not None and not self.allow_seeded_sessions:
+        if request_id:
+            if len(request_id) > MAX_REQUEST_ID_LENGTH or not (
+                request_id.isascii() and request_id.isprintable()
+            ):
+                raise InvalidArgumentError(
+                    f"request_id must be 1 to {MAX_REQUEST_ID_LENGTH} printable ASCII characters"
+                )
+            key = (consumer, request_id)
+            lock = self._request_locks.setdefault(key, asyncio.Lock())
+            async with lock:
+                existing = self._find_request(consumer, request_id)
+                if existing is not None:
+                    found_id, digest = existing
+                    if digest != request_digest:
+                        raise InvalidArgumentError(
+                            f"request_id {request_id!r} was already used for another request"
+                        )
+                    logger.info("session %s: retried request, nothing new", short_id(found_id))
+                    return found_id
+                return await self._create(
+                    config, validation, seed_set, seed, consumer, request_id, request_digest
+                )
+        return await self._create(
+            config, validation, seed_set, seed, consumer, None, request_digest
+        )
+
+    def _find_request(self, consumer: str, request_id: str) -> tuple[str, str] | None:
+        for managed in self._sessions.values():
+            if managed.consumer == consumer and managed.request_id == request_id:
+                return managed.session_id, managed.request_digest
+        if self.store is not None:
+            stored = self.store.find_request(consumer, request_id)
+            if stored is not None:
+                return stored.id, stored.request_digest
+        return None
+
+    def _check_rate(self, consumer: str) -> None:
+        now = self.clock()
+        attempts = self._attempts[consumer]
+        while attempts and attempts[0] <= now - RATE_WINDOW_SECONDS:
+            attempts.popleft()
+        limit = self.policy.per_consumer_per_minute
+        if len(attempts) >= limit:
+            wait = attempts[0] + RATE_WINDOW_SECONDS - now
+            raise ResourceExhaustedError(
+                f"{consumer} may create {limit} sessions per minute; retry in {wait:.0f} s"
+            )
+        attempts.append(now)
+
+    async def _create(
+        self,
+        config: SummarizationConfig,
+        validation: NDArray[np.float64],
+        seed_set: NDArray[np.float64],
+        seed: int | None,
+        consumer: str,
+        request_id: str | None,
+        request_digest: str,
+    ) -> str:
+        if seed is not None and not self.policy.allow_seeded_sessions:
             raise PermissionDeniedError(
                 "this curator does not accept seeded sessions (start it with "
                 "--allow-seeded-sessions for reproducible runs)"
             )
-        session_id = uuid.uuid4().hex
-        managed: _Managed | None = None
+        session_id = new_session_id()
+        managed = _Managed(
+            session_id=session_id,
+            consumer=consumer,
+            session=None,
+            request_id=request_id,
+            request_digest=request_digest,
+        )
 
         def record(event: ProgressEvent) -> None:
-            assert managed is not None
+            if event.finished:  # published by _run once the report is set
+                managed.final = event
+                return
             managed.events.append(event)
             asyncio.get_running_loop().create_task(_notify(managed.changed))
 
+        rng = make_rng(seed)
+        noise: NoiseSource = SeededNoise(rng) if seed is not None else OpenDPNoise()
+        store = self.store
         session = SummarizationSession(
             session_id,
             config,
             validation,
             seed_set,
             self.owners,
-            make_rng(seed),
+            rng,
             on_progress=record,
             call_timeout=self.call_timeout,
+            noise=noise,
+            consumer=consumer,
+            owner_session_id=new_session_id(),
+            on_charge=None if store is None else lambda c: store.record_charges(session_id, c),
         )
-        await session.prepare()
-        managed = _Managed(session=session)
+        # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
+        self.policy.check_request(config, int(session.validation.shape[0]))
+        self._check_rate(consumer)
+        if self.running + self._starting >= self.policy.max_running:
+            raise ResourceExhaustedError(
+                f"this curator runs at most {self.policy.max_running} sessions at once; retry later"
+            )
+        self._starting += 1
+        try:
+            await session.prepare(check_terms=self.policy.check_terms)
+            if store is not None:
+                try:
+                    store.create(
+                        session_id,
+                        consumer=consumer,
+                        request_id=request_id,
+                        request_digest=request_digest,
+                        method=config.method,
+                        config=dataclasses.asdict(config),
+                    )
+                except BaseException:
+                    await session.abandon()
+                    raise
+        finally:
+            self._starting -= 1
+        managed.session = session
         self._sessions[session_id] = managed
         managed.task = asyncio.create_task(self._run(managed))
         logger.info(
-            "session %s: %s summary of %d points for %d validation points",
-            session_id,
+            "session %s for %s: %s summary of %d points for %d validation points",
+            short_id(session_id),
+            consumer,
             config.method,
             config.summary_size,
             validation.shape[0],
@@ -122,32 +306,86 @@ class SessionManager:
         return session_id
 
     async def _run(self, managed: _Managed) -> None:
+        session = managed.session
+        assert session is not None
+        ttl = self.policy.result_ttl_seconds
         try:
-            managed.result = await managed.session.run()
+            result = await session.run()
         except DPMarketError as exc:
-            managed.error = str(exc)
-            managed.session.fail(str(exc))
-            logger.warning("session %s failed: %s", managed.session.session_id, exc)
+            self._failed(managed, session, str(exc))
+            logger.warning("session %s failed: %s", short_id(managed.session_id), exc)
         except Exception:
-            managed.error = "internal error; see the curator log"
-            managed.session.fail(managed.error)
-            logger.exception("session %s crashed", managed.session.session_id)
+            self._failed(managed, session, "internal error; see the curator log")
+            logger.exception("session %s crashed", short_id(managed.session_id))
+        else:
+            if self.store is not None:
+                self.store.finish(managed.session_id, result, ttl=ttl)
+            managed.result = result
+            managed.report = result.report
+            logger.info(
+                "session %s done: %d points accessed",
+                short_id(managed.session_id),
+                result.report.owner_points_accessed,
+            )
+        managed.expires_at = self.clock() + ttl
+        final = managed.final
+        if final is None:  # pragma: no cover - the session always emits its last event
+            stage: Stage = "failed" if managed.error is not None else "done"
+            final = ProgressEvent(stage, session.rounds_done, 1, session.points_accessed, "")
+        managed.events.append(final)
+        managed.session = None  # free the validation set, features and owner handles
+        await _notify(managed.changed)
 
-    def _get(self, session_id: str) -> _Managed:
-        try:
-            return self._sessions[session_id]
-        except KeyError:
-            raise NotFoundError(f"unknown session {session_id!r}") from None
+    def _failed(self, managed: _Managed, session: SummarizationSession, error: str) -> None:
+        report = session.failure_report(error)
+        managed.error = error
+        managed.report = report
+        if self.store is not None:
+            self.store.fail(managed.session_id, error, report, ttl=self.policy.result_ttl_seconds)
+        session.fail(error)
 
-    async def watch(self, session_id: str) -> AsyncIterator[ProgressEvent]:
+    # ----------------------------------------------------------------------------- lookups
+    def _get(self, session_id: str, consumer: str) -> _Managed | None:
+        managed = self._sessions.get(session_id)
+        if managed is not None and managed.consumer != consumer:
+            raise NotFoundError(f"unknown session {short_id(session_id)}")
+        return managed
+
+    def _stored(self, session_id: str, consumer: str) -> StoredSession:
+        stored = None if self.store is None else self.store.get(session_id)
+        if stored is None or stored.consumer != consumer:
+            raise NotFoundError(f"unknown session {short_id(session_id)}")
+        return stored
+
+    async def watch(
+        self, session_id: str, consumer: str = "consumer:local"
+    ) -> AsyncIterator[tuple[ProgressEvent, SessionReport | None]]:
         """Yield every progress event of a session, past and future, until it ends.
+
+        The last event comes with the session's report (ledger included), whether it succeeded
+        or failed.
 
         Raises
         ------
         NotFoundError
-            If the session is unknown.
+            If the session is unknown, expired, or another consumer's.
         """
-        managed = self._get(session_id)
+        managed = self._get(session_id, consumer)
+        if managed is None:
+            stored = self._stored(session_id, consumer)
+            if stored.report is None:
+                raise NotFoundError(f"session {short_id(session_id)} has expired")
+            stage: Stage = "done" if stored.status == "done" else "failed"
+            size = stored.report.summary_size
+            event = ProgressEvent(
+                stage,
+                stored.report.rounds,
+                max(stored.report.rounds, 1),
+                stored.report.owner_points_accessed,
+                stored.error or f"summary of {size} points",
+            )
+            yield event, stored.report
+            return
         sent = 0
         while True:
             async with managed.changed:
@@ -155,30 +393,77 @@ class SessionManager:
             while sent < len(managed.events):
                 event = managed.events[sent]
                 sent += 1
-                yield event
                 if event.finished:
+                    yield event, managed.report
                     return
+                yield event, None
 
-    def result(self, session_id: str) -> SummaryResult:
-        """Return a finished session's summary.
+    def result(self, session_id: str, consumer: str = "consumer:local") -> SummaryResult:
+        """Return a finished session's summary; it then expires after the fetched-result TTL.
 
         Raises
         ------
         NotFoundError
-            If the session is unknown.
+            If the session is unknown, expired, or another consumer's.
         FailedPreconditionError
             If it is still running.
         AbortedError
             If it failed; the message says why.
         """
-        managed = self._get(session_id)
-        if managed.error is not None:
-            raise AbortedError(f"session {session_id} failed: {managed.error}")
-        if managed.result is None:
-            raise FailedPreconditionError(
-                f"session {session_id} is still running (round {managed.session.rounds_done})"
-            )
-        return managed.result
+        managed = self._get(session_id, consumer)
+        fetched_ttl = self.policy.fetched_result_ttl_seconds
+        if managed is not None:
+            if managed.error is not None:
+                raise AbortedError(f"session {short_id(session_id)} failed: {managed.error}")
+            if managed.result is None:
+                done = managed.session.rounds_done if managed.session is not None else 0
+                raise FailedPreconditionError(
+                    f"session {short_id(session_id)} is still running (round {done})"
+                )
+            managed.expires_at = min(managed.expires_at, self.clock() + fetched_ttl)
+            if self.store is not None:
+                self.store.mark_fetched(session_id, ttl=fetched_ttl)
+            return managed.result
+        stored = self._stored(session_id, consumer)
+        if stored.status == "failed":
+            raise AbortedError(f"session {short_id(session_id)} failed: {stored.error}")
+        assert self.store is not None
+        result = self.store.result(session_id)
+        if result is None:
+            raise NotFoundError(f"session {short_id(session_id)} has expired")
+        self.store.mark_fetched(session_id, ttl=fetched_ttl)
+        return result
+
+    # ------------------------------------------------------------------------------ expiry
+    def expire(self) -> int:
+        """Forget finished sessions past their expiry (memory and store); return how many."""
+        now = self.clock()
+        gone = [sid for sid, m in self._sessions.items() if m.finished and m.expires_at <= now]
+        for sid in gone:
+            managed = self._sessions.pop(sid)
+            if managed.request_id is not None:
+                self._request_locks.pop((managed.consumer, managed.request_id), None)
+        stored = self.store.expire() if self.store is not None else 0
+        for sid in gone:
+            logger.info("session %s expired", short_id(sid))
+        return max(len(gone), stored)
+
+    async def expire_forever(self, period: float) -> None:
+        """Run :meth:`expire` every ``period`` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(period)
+            self.expire()
+
+    async def close(self) -> None:
+        """Cancel running sessions (their owners' sessions are closed) and wait for them."""
+        tasks = [
+            m.task for m in self._sessions.values() if m.task is not None and not m.task.done()
+        ]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def _notify(condition: asyncio.Condition) -> None:

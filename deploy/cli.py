@@ -4,15 +4,18 @@ Subcommands: ``serve-owner`` and ``serve-curator`` run the services; ``request``
 request against a running curator; ``simulate`` runs the same protocol in one process on the same
 inputs; ``scenario`` writes a bundled real-data scenario to files; ``demo`` launches the whole
 marketplace as separate processes and compares the methods; ``evaluate`` measures every method's
-summary quality against epsilon over scenarios, summary sizes and seeds.
+summary quality against epsilon over scenarios, summary sizes and seeds; ``pki`` issues the
+deployment's certificates; ``owner ledger`` lists an owner's privacy ledger; ``health`` probes a
+service over mTLS.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from common.errors import DPMarketError
 from common.summarization.summary import (
+    AUCTIONS,
     METHODS,
     PARAMETER_NAMES,
     POOL_SCORINGS,
@@ -34,12 +38,113 @@ from common.summarization.summary import (
     SummarizationConfig,
     SummaryResult,
 )
+from consumer.client import SessionFailedError
+from deploy.owner_commands import owner as owner_group
+from deploy.pki import identity_files, pki
+from dpmarket.identity import Identity
+from dpmarket.transport import TransportSecurity
 from owner.data import PointSet, load_point_set
 
 logger = logging.getLogger("dpmarket")
 console = Console(stderr=True)
 
 _DEFAULTS = SummarizationConfig(summary_size=1)
+
+
+# --------------------------------------------------------------------------- transport
+def tls_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """mTLS options shared by every command that talks gRPC."""
+    options = [
+        click.option(
+            "--ca",
+            "ca_path",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="The deployment CA's certificate (ca.crt from dpmarket pki init).",
+        ),
+        click.option(
+            "--cert",
+            "cert_path",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="This party's certificate (from dpmarket pki issue).",
+        ),
+        click.option(
+            "--key",
+            "key_path",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="This party's private key.",
+        ),
+        click.option(
+            "--pki-dir",
+            default=None,
+            type=click.Path(file_okay=False),
+            help="Instead of --ca/--cert/--key: a directory holding ca.crt and "
+            "<role>-<name>.crt/.key (the layout dpmarket pki issue writes); needs --name.",
+        ),
+        click.option(
+            "--name",
+            default=None,
+            help="This party's name, to find its files in --pki-dir.",
+        ),
+        click.option(
+            "--insecure",
+            is_flag=True,
+            help="Plaintext gRPC with no identities: anyone who reaches the port is served "
+            "(development only; logged as a warning).",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _security(
+    role: str | None,
+    ca_path: str | None,
+    cert_path: str | None,
+    key_path: str | None,
+    pki_dir: str | None,
+    name: str | None,
+    insecure: bool,
+) -> TransportSecurity:
+    """Build the transport security from the TLS options; check the certificate's role."""
+    given = [o for o, v in (("--ca", ca_path), ("--cert", cert_path), ("--key", key_path)) if v]
+    if insecure:
+        if given or pki_dir:
+            raise click.UsageError("--insecure cannot be combined with certificates")
+        logger.warning(
+            "--insecure: plaintext gRPC, no identities: any process that reaches this port is "
+            "served as a trusted peer"
+        )
+        return TransportSecurity.plaintext()
+    if pki_dir:
+        if given:
+            raise click.UsageError("give either --pki-dir and --name, or --ca, --cert and --key")
+        if not name or role is None:
+            raise click.UsageError("--pki-dir needs --name (this party's certificate name)")
+        try:
+            ca_path, cert_path, key_path = (
+                str(p)
+                for p in identity_files(Path(pki_dir), Identity(role, name))  # type: ignore[arg-type]
+            )
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--name") from exc
+    elif len(given) < 3:
+        missing = sorted({"--ca", "--cert", "--key"} - set(given))
+        raise click.UsageError(
+            f"missing {', '.join(missing)}: every channel is mTLS (issue certificates with "
+            "dpmarket pki init / issue), or pass --insecure for a plaintext development setup"
+        )
+    try:
+        security = TransportSecurity.from_files(ca_path, cert_path, key_path)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    identity = security.identity
+    if role is not None and (identity is None or identity.role != role):
+        raise click.ClickException(f"the certificate {cert_path} is for {identity}, not a {role}")
+    return security
 
 
 def _setup_logging(verbose: int) -> None:
@@ -72,7 +177,11 @@ def main(verbose: int) -> None:
     default="label",
     help="Column of integer labels in .csv/.parquet files (absent: unlabeled).",
 )
-@click.option("--owner-id", default=None, help="Name in reports (default: the file's stem).")
+@click.option(
+    "--owner-id",
+    default=None,
+    help="Name in reports; with mTLS it must be the certificate's name (the default).",
+)
 @click.option("--host", default="127.0.0.1", help="Address to bind.")
 @click.option("--port", default=0, type=click.IntRange(0, 65535), help="Port (0: any free port).")
 @click.option("--port-file", default=None, help="Write the bound port to this file.")
@@ -83,6 +192,27 @@ def main(verbose: int) -> None:
     help="BLAS threads for the bid products. One per owner avoids spinning threads when "
     "several owners share a machine; raise it for an owner alone on many cores.",
 )
+@click.option(
+    "--policy",
+    "policy_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="The owner's policy file (TOML: budgets, point limits, curators served; see "
+    "deploy/policies/owner.toml). Default: the built-in defaults.",
+)
+@click.option(
+    "--data-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Where the owner keeps its ledger (SQLite). Default: dpmarket-state/owner-<name>.",
+)
+@click.option(
+    "--allow-seeded-sessions",
+    is_flag=True,
+    help="Let a session's seed drive this owner's sampling and noise (reproducible runs; "
+    "never in production: whoever knows the seed knows the noise).",
+)
+@tls_options
 def serve_owner(
     data_path: str,
     label_column: str,
@@ -91,19 +221,82 @@ def serve_owner(
     port: int,
     port_file: str | None,
     blas_threads: int,
+    policy_path: str | None,
+    data_dir: str | None,
+    allow_seeded_sessions: bool,
+    **tls: Any,
 ) -> None:
-    """Serve one data owner's private dataset over gRPC."""
+    """Serve one data owner's private dataset over gRPC (mTLS), under its own policy."""
     from threadpoolctl import threadpool_limits
 
+    from owner.ledger import OwnerLedger
+    from owner.policy import OwnerPolicy, load_owner_policy
     from owner.protocol import Owner
     from owner.service import serve_owner as serve
 
     _ensure_info_logging()
+    security = _security("owner", **tls)
+    name = security.identity.name if security.identity is not None else None
+    if name is not None and owner_id is not None and owner_id != name:
+        raise click.BadParameter(
+            f"the certificate names this owner {name!r}, not {owner_id!r}", param_hint="--owner-id"
+        )
     data = _load(data_path, label_column=label_column)
-    owner = Owner(owner_id or data.name, data)
-    logger.info("owner %s: %d points, %d features", owner.owner_id, *data.features.shape)
-    with threadpool_limits(limits=blas_threads, user_api="blas"):
-        asyncio.run(serve(owner, f"{host}:{port}", port_file))
+    owner_id = name or owner_id or data.name
+    try:
+        policy = load_owner_policy(policy_path) if policy_path else OwnerPolicy()
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    state = Path(data_dir) if data_dir else Path("dpmarket-state") / f"owner-{owner_id}"
+    try:
+        ledger = OwnerLedger(state, policy)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(f"{state}: {exc}") from exc
+    owner = Owner(
+        owner_id,
+        data,
+        ledger=ledger,
+        max_sessions=policy.max_sessions,
+        idle_timeout=policy.session_idle_timeout_seconds,
+        max_rff_dimension=policy.max_rff_dimension,
+        allow_seeded_sessions=allow_seeded_sessions,
+    )
+    left = ledger.remaining()
+    logger.info(
+        "owner %s: %d points, %d features; ledger %s; left %s: epsilon %g, delta %g, %d points",
+        owner.owner_id,
+        *data.features.shape,
+        ledger.path,
+        left.window,
+        left.epsilon,
+        left.delta,
+        left.points,
+    )
+    try:
+        with threadpool_limits(limits=blas_threads, user_api="blas"):
+            asyncio.run(
+                serve(
+                    owner, f"{host}:{port}", security, curators=policy.curators, port_file=port_file
+                )
+            )
+    finally:
+        ledger.close()
+
+
+def _owner_target(text: str, insecure: bool) -> tuple[Identity | None, str]:
+    """``NAME@HOST:PORT`` -> (owner identity, address); plain ``HOST:PORT`` only if insecure."""
+    name, at, target = text.rpartition("@")
+    if not at:
+        if insecure:
+            return None, text
+        raise click.BadParameter(
+            f"{text!r}: give NAME@HOST:PORT, NAME being the owner's certificate name",
+            param_hint="--owner",
+        )
+    try:
+        return Identity("owner", name), target
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--owner") from exc
 
 
 @main.command("serve-curator")
@@ -112,17 +305,32 @@ def serve_owner(
     "owners",
     multiple=True,
     required=True,
-    metavar="HOST:PORT",
-    help="An owner service; repeat for every owner.",
+    metavar="NAME@HOST:PORT",
+    help="An owner service and the name its certificate must carry; repeat for every owner.",
 )
 @click.option("--host", default="127.0.0.1", help="Address to bind.")
 @click.option("--port", default=0, type=click.IntRange(0, 65535), help="Port (0: any free port).")
 @click.option("--port-file", default=None, help="Write the bound port to this file.")
 @click.option(
+    "--policy",
+    "policy_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="The curator's policy file (TOML: parameter ranges, sessions, retention; see "
+    "deploy/policies/curator.toml). Default: the built-in defaults.",
+)
+@click.option(
+    "--data-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Where the curator keeps sessions and charges (SQLite). Default: "
+    "dpmarket-state/curator-<name>.",
+)
+@click.option(
     "--allow-seeded-sessions",
     is_flag=True,
     help="Accept requests that fix the session seed (reproducible runs; never in "
-    "production: whoever knows the seed knows the noise).",
+    "production: whoever knows the seed knows the noise). Overrides the policy.",
 )
 @click.option(
     "--owner-timeout",
@@ -130,31 +338,99 @@ def serve_owner(
     type=click.FloatRange(min=0.1),
     help="Seconds after which an owner that has not answered a call is dropped.",
 )
+@tls_options
 def serve_curator(
     owners: tuple[str, ...],
     host: str,
     port: int,
     port_file: str | None,
+    policy_path: str | None,
+    data_dir: str | None,
     allow_seeded_sessions: bool,
     owner_timeout: float,
+    **tls: Any,
 ) -> None:
-    """Serve the parsimonious curator for a fixed set of owners."""
+    """Serve the parsimonious curator for a fixed set of owners (mTLS)."""
     from curator.owners import GrpcOwnerEndpoint
+    from curator.policy import CuratorPolicy, load_curator_policy
     from curator.service import serve_curator as serve
+    from curator.store import CuratorStore
 
     _ensure_info_logging()
+    security = _security("curator", **tls)
+    targets = [_owner_target(text, security.insecure) for text in owners]
+    try:
+        policy = load_curator_policy(policy_path) if policy_path else CuratorPolicy()
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if allow_seeded_sessions:
+        policy = policy.with_overrides(allow_seeded_sessions=True)
+    name = security.identity.name if security.identity is not None else "insecure"
+    state = Path(data_dir) if data_dir else Path("dpmarket-state") / f"curator-{name}"
+    try:
+        store = CuratorStore(state)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(f"{state}: {exc}") from exc
 
     async def run() -> None:
-        endpoints = [GrpcOwnerEndpoint(target, deadline=owner_timeout) for target in owners]
+        endpoints = [
+            GrpcOwnerEndpoint(target, security, expected, deadline=owner_timeout)
+            for expected, target in targets
+        ]
         await serve(
             endpoints,
             f"{host}:{port}",
-            allow_seeded_sessions=allow_seeded_sessions,
+            security,
+            policy=policy,
+            store=store,
             call_timeout=owner_timeout,
             port_file=port_file,
         )
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    finally:
+        store.close()
+
+
+@main.command("health")
+@click.option("--target", required=True, metavar="HOST:PORT", help="The service to probe.")
+@click.option(
+    "--expect",
+    default=None,
+    metavar="ROLE:NAME",
+    help="The identity the service's certificate must carry (required with mTLS).",
+)
+@click.option("--timeout", default=3.0, type=click.FloatRange(min=0.1), help="Seconds.")
+@tls_options
+def health_command(target: str, expect: str | None, timeout: float, **tls: Any) -> None:
+    """Probe a service's grpc.health.v1 status over mTLS; exit 0 when it is SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from dpmarket.transport import sync_channel
+
+    role = Identity.parse(f"{expect}").role if expect else None
+    security = _security(role if tls.get("pki_dir") else None, **tls)
+    expected = None
+    if not security.insecure:
+        if not expect:
+            raise click.UsageError("--expect ROLE:NAME is required with mTLS")
+        try:
+            expected = Identity.parse(expect)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--expect") from exc
+    with sync_channel(target, security, expected) as channel:
+        try:
+            response = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=timeout
+            )
+        except grpc.RpcError as exc:
+            raise click.ClickException(f"{target}: {exc.code().name}: {exc.details()}") from exc
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+    console.print(f"{target}: {status}")
+    if response.status != health_pb2.HealthCheckResponse.SERVING:
+        raise SystemExit(1)
 
 
 # ----------------------------------------------------------------- protocol options
@@ -336,6 +612,15 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
             help="rounds: PrivAuction's share of epsilon_owners_total (Theorem-6 epsilon).",
         ),
         click.option(
+            "--auction",
+            type=click.Choice(AUCTIONS),
+            default=d.auction,
+            help="private and rounds: PrivAuction variant. pure: every rank, the first "
+            "included, is asked with probability below 1, so each bad iteration is pure "
+            "eps_auc-DP; paper: Algorithm 3 as printed, (eps_auc, 1 - e^-eps_auc)-DP per bad "
+            "iteration, charged so (owners' policies usually refuse its delta).",
+        ),
+        click.option(
             "--seed",
             default=None,
             type=click.IntRange(min=0),
@@ -383,7 +668,60 @@ def _load(path: str, *, label_column: str | None = "label") -> PointSet:
 def _seed_set(path: str | None, n_features: int) -> NDArray[np.float64]:
     if path is None:
         return np.zeros((0, n_features))
-    return _load(path).features
+    seed_set = _load(path)
+    _check_width(seed_set, n_features, path, "--seed-set")
+    return seed_set.features
+
+
+def _check_width(points: PointSet, n_features: int, path: str, option: str) -> None:
+    if points.n_features != n_features:
+        raise click.BadParameter(
+            f"{path} has {points.n_features} features per point but the validation set has "
+            f"{n_features}",
+            param_hint=option,
+        )
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """A consumer's inputs, all read and checked before anything is released."""
+
+    validation: PointSet
+    seed_set: NDArray[np.float64]
+    test: PointSet | None
+
+
+def _inputs(validation_path: str, seed_set_path: str | None, test_path: str | None) -> _Inputs:
+    """Read and check every input file, and check every output can be written, before a session.
+
+    A bad file (NaN/inf, wrong width, unlabeled test set, unreadable) is refused here with the
+    file's name, so no privacy is spent on a run whose results could not be evaluated or saved.
+    """
+    validation = _load(validation_path)
+    n = validation.n_features
+    seed_set = _seed_set(seed_set_path, n)
+    test = None
+    if test_path is not None:
+        test = _load(test_path)
+        _check_width(test, n, test_path, "--test")
+        if test.labels is None:
+            raise click.BadParameter(
+                f"{test_path} has no labels: the test set scores the summary's accuracy",
+                param_hint="--test",
+            )
+    return _Inputs(validation, seed_set, test)
+
+
+def _check_outputs(*paths: str) -> None:
+    """Create the output directories and check they are writable, before any session."""
+    for path in paths:
+        directory = Path(path).resolve().parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=directory):
+                pass
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {path}: {exc}") from exc
 
 
 def _ensure_info_logging() -> None:
@@ -415,9 +753,8 @@ def progress_printer(label: str) -> tuple[Progress, Callable[[ProgressEvent], No
 
 def _finish(
     result: SummaryResult,
-    validation: PointSet,
+    inputs: _Inputs,
     config: SummarizationConfig,
-    test_path: str | None,
     out_path: str,
     report_path: str,
     seed: int | None,
@@ -425,11 +762,11 @@ def _finish(
     from consumer.report import comparison_table, evaluate_summary, write_json
     from owner.data import save_point_set
 
-    test = _load(test_path) if test_path else None
-    row = evaluate_summary(result, validation.features, config.gamma, test=test, seed=seed or 0)
+    row = evaluate_summary(
+        result, inputs.validation.features, config.gamma, test=inputs.test, seed=seed or 0
+    )
     row["label"] = config.method
     out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     save_point_set(PointSet(result.points, result.labels, "summary"), out)
     write_json({"config": asdict(config), "result": row}, report_path)
     title = f"{config.method} summary of {len(result.points)} points"
@@ -437,12 +774,45 @@ def _finish(
     console.print(f"summary -> {out}, report -> {report_path}")
 
 
+def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: str) -> None:
+    """Write a failed session's report (its ledger: what it spent) and fail the command."""
+    from consumer.report import write_json
+
+    report = asdict(exc.report) if exc.report is not None else None
+    write_json({"config": asdict(config), "error": str(exc), "report": report}, report_path)
+    spent = ""
+    if exc.report is not None and exc.report.ledger:
+        parties = {
+            party: exc.report.ledger[party]["parties"][party]["basic"]
+            for party in ("validation", "owners")
+            if party in exc.report.ledger
+        }
+        spent = "; spent (basic composition): " + ", ".join(
+            f"epsilon {eps:g} on {party}" for party, eps in parties.items()
+        )
+    raise click.ClickException(f"{exc}{spent}; report with the ledger -> {report_path}")
+
+
 # ------------------------------------------------------------------------- consumer
 @main.command("request")
 @click.option("--curator", required=True, metavar="HOST:PORT", help="The curator service.")
+@click.option(
+    "--curator-name",
+    default="curator",
+    help="The name the curator's certificate must carry.",
+)
+@click.option(
+    "--request-id",
+    default=None,
+    help="Idempotency key: a retry with the same key returns the same session and spends "
+    "nothing new (default: a fresh random key).",
+)
 @protocol_options
+@tls_options
 def request(
     curator: str,
+    curator_name: str,
+    request_id: str | None,
     summary_size: int,
     method: str,
     validation_path: str,
@@ -451,23 +821,41 @@ def request(
     seed: int | None,
     out_path: str,
     report_path: str,
+    ca_path: str | None,
+    cert_path: str | None,
+    key_path: str | None,
+    pki_dir: str | None,
+    name: str | None,
+    insecure: bool,
     **kwargs: Any,
 ) -> None:
-    """Ask a running curator for a summary matching a validation set."""
+    """Ask a running curator (over mTLS) for a summary matching a validation set."""
     from consumer.client import CuratorClient
 
+    security = _security("consumer", ca_path, cert_path, key_path, pki_dir, name, insecure)
     config = _config(summary_size, method, kwargs)
-    validation = _load(validation_path)
-    seed_set = _seed_set(seed_set_path, validation.features.shape[1])
+    inputs = _inputs(validation_path, seed_set_path, test_path)
+    _check_outputs(out_path, report_path)
+    try:
+        curator_identity = Identity("curator", curator_name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--curator-name") from exc
     progress, update = progress_printer(method)
     try:
-        with CuratorClient(curator) as client, progress:
+        with CuratorClient(curator, security, curator=curator_identity) as client, progress:
             result = client.summarize(
-                config, validation.features, seed_set, seed=seed, on_progress=update
+                config,
+                inputs.validation.features,
+                inputs.seed_set,
+                seed=seed,
+                on_progress=update,
+                request_id=request_id,
             )
+    except SessionFailedError as exc:
+        _failed(exc, config, report_path)
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc
-    _finish(result, validation, config, test_path, out_path, report_path, seed)
+    _finish(result, inputs, config, out_path, report_path, seed)
 
 
 @main.command("simulate")
@@ -497,17 +885,22 @@ def simulate_command(
 
     config = _config(summary_size, method, kwargs)
     owners = [_load(p) for p in owner_paths]
-    validation = _load(validation_path)
-    seed_set = _seed_set(seed_set_path, validation.features.shape[1])
+    inputs = _inputs(validation_path, seed_set_path, test_path)
+    _check_outputs(out_path, report_path)
     progress, update = progress_printer(method)
     try:
         with progress:
             result = simulate(
-                owners, validation.features, seed_set, config, seed=seed, on_progress=update
+                owners,
+                inputs.validation.features,
+                inputs.seed_set,
+                config,
+                seed=seed,
+                on_progress=update,
             )
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc
-    _finish(result, validation, config, test_path, out_path, report_path, seed)
+    _finish(result, inputs, config, out_path, report_path, seed)
 
 
 # ------------------------------------------------------------------------ data, demo
@@ -681,6 +1074,9 @@ def evaluate(
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
 
+
+main.add_command(pki)
+main.add_command(owner_group)
 
 if __name__ == "__main__":
     main()

@@ -1,13 +1,16 @@
 """Local multi-process launcher: owners and a curator as separate OS processes on loopback.
 
-:class:`LocalCluster` starts one ``dpmarket serve-owner`` process per owner data file and one
-``dpmarket serve-curator`` process, each binding port 0 and reporting its real port through a
-file; :func:`run_demo` drives it as a consumer (``make demo``).
+:class:`LocalCluster` issues the deployment's certificates (a CA, the curator, every owner and a
+consumer), then starts one ``dpmarket serve-owner`` process per owner data file and one
+``dpmarket serve-curator`` process, all over mTLS, each with its own state directory (ledger,
+sessions) and policy, each binding port 0 and reporting its real port through a file;
+:func:`run_demo` drives it as a consumer (``make demo``).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,30 +23,52 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.table import Table
 
 from common.errors import UnavailableError
 from common.summarization.kernels import exact_kernel_greedy
 from common.summarization.summary import METHODS, SessionReport, SummarizationConfig, SummaryResult
+from deploy.pki import CA_CERT, identity_files, init_ca, issue_all
+from dpmarket.identity import Identity
+from dpmarket.transport import TransportSecurity
 
 #: Seconds to wait for a service to report its port.
 START_TIMEOUT_SECONDS = 60.0
 
 
+#: The consumer identity the launcher issues a certificate for.
+CONSUMER_NAME = "consumer"
+#: The curator identity the launcher issues a certificate for.
+CURATOR_NAME = "curator"
+
+
 class LocalCluster:
-    """Owner and curator processes on 127.0.0.1; a context manager that stops them on exit.
+    """Owner and curator processes on 127.0.0.1 over mTLS; a context manager that stops them.
 
     Parameters
     ----------
     owner_files : sequence of path
         One data file per owner (any format ``dpmarket serve-owner --data`` reads).
     owner_ids : sequence of str
-        Owner names, one per file.
+        Owner names, one per file (their certificates' names).
     log_dir : path
         Each process writes ``<name>.log`` there.
+    state_dir : path, optional
+        Holds ``pki/`` (the CA and every certificate, issued when missing), ``owner-<name>/``
+        (each owner's ledger) and ``curator/`` (sessions and charges). Default: a temporary
+        directory removed on exit.
+    owner_policy, curator_policy : path, optional
+        Policy files passed to every owner and to the curator (default: built-in defaults).
     allow_seeded_sessions : bool
-        Passed to the curator (reproducible runs).
+        Passed to the curator and the owners (reproducible runs).
     owner_timeout : float
         The curator's per-call deadline for owners, seconds.
+    consumers : sequence of str
+        Names of the consumer certificates to issue (the first is :meth:`consumer_security`'s
+        default).
+    insecure : bool
+        Plaintext gRPC with no certificates (``--insecure`` on every service): only to measure
+        what mTLS costs (``make bench``).
 
     Raises
     ------
@@ -57,19 +82,30 @@ class LocalCluster:
         owner_ids: Sequence[str],
         log_dir: str | os.PathLike[str],
         *,
+        state_dir: str | os.PathLike[str] | None = None,
+        owner_policy: str | os.PathLike[str] | None = None,
+        curator_policy: str | os.PathLike[str] | None = None,
         allow_seeded_sessions: bool = True,
         owner_timeout: float = 30.0,
+        consumers: Sequence[str] = (CONSUMER_NAME,),
+        insecure: bool = False,
     ) -> None:
         self.owner_files = [str(f) for f in owner_files]
         self.owner_ids = list(owner_ids)
         self.log_dir = Path(log_dir)
+        self.owner_policy = None if owner_policy is None else str(owner_policy)
+        self.curator_policy = None if curator_policy is None else str(curator_policy)
         self.allow_seeded_sessions = allow_seeded_sessions
         self.owner_timeout = owner_timeout
+        self.consumers = list(consumers)
+        self.insecure = insecure
         self.owner_processes: list[subprocess.Popen[bytes]] = []
         self.owner_targets: list[str] = []
         self.curator_process: subprocess.Popen[bytes] | None = None
         self.curator_target = ""
-        self._tmp = tempfile.TemporaryDirectory(prefix="dpmarket-ports-")
+        self._tmp = tempfile.TemporaryDirectory(prefix="dpmarket-cluster-")
+        self.state_dir = Path(state_dir) if state_dir is not None else Path(self._tmp.name)
+        self.pki_dir = self.state_dir / "pki"
 
     def __enter__(self) -> LocalCluster:
         try:
@@ -87,10 +123,40 @@ class LocalCluster:
     ) -> None:
         self.stop()
 
+    def owner_state(self, owner_id: str) -> Path:
+        """The data directory (ledger) of an owner."""
+        return self.state_dir / f"owner-{owner_id}"
+
+    @property
+    def curator_state(self) -> Path:
+        """The curator's data directory (sessions and charges)."""
+        return self.state_dir / "curator"
+
+    def consumer_security(self, name: str | None = None) -> TransportSecurity:
+        """mTLS credentials of an issued consumer (default: the first); plaintext if insecure."""
+        if self.insecure:
+            return TransportSecurity.plaintext()
+        identity = Identity("consumer", name or self.consumers[0])
+        return TransportSecurity.from_files(*identity_files(self.pki_dir, identity))
+
+    def issue_certificates(self) -> None:
+        """Create the CA and every party's certificate in ``pki/``, keeping what exists."""
+        if not (self.pki_dir / CA_CERT).exists():
+            init_ca(self.pki_dir)
+        identities = [
+            Identity("curator", CURATOR_NAME),
+            *(Identity("owner", o) for o in self.owner_ids),
+            *(Identity("consumer", c) for c in self.consumers),
+        ]
+        missing = [i for i in identities if not identity_files(self.pki_dir, i)[1].exists()]
+        if missing:
+            issue_all(self.pki_dir, missing)
+
     def _spawn(self, name: str, args: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         port_file = Path(self._tmp.name) / f"{name}.port"
-        log = (self.log_dir / f"{name}.log").open("wb")
+        port_file.unlink(missing_ok=True)
+        log = (self.log_dir / f"{name}.log").open("ab")
         process = subprocess.Popen(
             [sys.executable, "-m", "deploy.cli", "-v", *args, "--port-file", str(port_file)],
             stdout=log,
@@ -114,24 +180,50 @@ class LocalCluster:
         raise UnavailableError(f"{name} did not start within {START_TIMEOUT_SECONDS:.0f} s")
 
     def start(self) -> None:
-        """Start every owner, then the curator pointed at them."""
+        """Issue the certificates, start every owner, then the curator pointed at them."""
+        if not self.insecure:
+            self.issue_certificates()
         spawned = []
         for owner_id, path in zip(self.owner_ids, self.owner_files, strict=True):
-            process, port_file = self._spawn(
-                owner_id, ["serve-owner", "--data", path, "--owner-id", owner_id, "--port", "0"]
-            )
+            args = ["serve-owner", "--data", path, "--port", "0"]
+            args += self._tls_args(owner_id)
+            args += ["--data-dir", str(self.owner_state(owner_id))]
+            if self.owner_policy is not None:
+                args += ["--policy", self.owner_policy]
+            if self.allow_seeded_sessions:
+                args.append("--allow-seeded-sessions")
+            process, port_file = self._spawn(owner_id, args)
             self.owner_processes.append(process)
             spawned.append((owner_id, process, port_file))
         for owner_id, process, port_file in spawned:
             self.owner_targets.append(f"127.0.0.1:{self._wait_port(owner_id, process, port_file)}")
+        self.start_curator()
+
+    def start_curator(self) -> None:
+        """Start (or restart) the curator against the running owners."""
         args = ["serve-curator", "--port", "0", "--owner-timeout", str(self.owner_timeout)]
-        for target in self.owner_targets:
-            args += ["--owner", target]
+        args += self._tls_args(CURATOR_NAME)
+        args += ["--data-dir", str(self.curator_state)]
+        for owner_id, target in zip(self.owner_ids, self.owner_targets, strict=True):
+            args += ["--owner", f"{owner_id}@{target}"]
+        if self.curator_policy is not None:
+            args += ["--policy", self.curator_policy]
         if self.allow_seeded_sessions:
             args.append("--allow-seeded-sessions")
         self.curator_process, port_file = self._spawn("curator", args)
         port = self._wait_port("curator", self.curator_process, port_file)
         self.curator_target = f"127.0.0.1:{port}"
+
+    def _tls_args(self, name: str) -> list[str]:
+        if self.insecure:
+            return ["--insecure", "--owner-id", name] if name != CURATOR_NAME else ["--insecure"]
+        return ["--pki-dir", str(self.pki_dir), "--name", name]
+
+    def kill_curator(self) -> None:
+        """Kill the curator abruptly (SIGKILL): no shutdown handler runs."""
+        assert self.curator_process is not None
+        self.curator_process.kill()
+        self.curator_process.wait()
 
     def kill_owner(self, index: int) -> None:
         """Kill one owner process abruptly (SIGKILL), as a crashed machine would vanish."""
@@ -210,6 +302,50 @@ def exact_greedy_summary(
     )
 
 
+#: Policy files shipped with the package (examples and the demo's).
+POLICIES = Path(__file__).resolve().parent / "policies"
+
+
+def owner_budgets(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
+    """What each owner of a cluster has spent and has left, read from its own ledger."""
+    from owner.ledger import OwnerLedger
+
+    out: dict[str, dict[str, Any]] = {}
+    for owner_id in cluster.owner_ids:
+        with OwnerLedger(cluster.owner_state(owner_id), None) as ledger:
+            spent, left, policy = ledger.window_totals(), ledger.remaining(), ledger.policy
+            sessions = {e.session for e in ledger.entries()}
+        out[owner_id] = {
+            "sessions": len(sessions),
+            "epsilon_spent": spent.epsilon,
+            "epsilon_left": left.epsilon,
+            "epsilon_budget": policy.epsilon_total,
+            "delta_spent": spent.delta,
+            "delta_left": left.delta,
+            "delta_budget": policy.delta_total,
+            "points_released": spent.points,
+            "points_left": left.points,
+            "points_budget": policy.points_total,
+        }
+    return out
+
+
+def budget_table(budgets: dict[str, dict[str, Any]]) -> Table:
+    """A rich table of :func:`owner_budgets`."""
+    table = Table(title="each owner's own ledger: spent / budget (left)")
+    for column in ("owner", "sessions", "epsilon", "delta", "raw points"):
+        table.add_column(column, justify="left" if column == "owner" else "right")
+    for owner_id, b in budgets.items():
+        table.add_row(
+            owner_id,
+            str(b["sessions"]),
+            f"{b['epsilon_spent']:.4g} / {b['epsilon_budget']:g} ({b['epsilon_left']:.4g})",
+            f"{b['delta_spent']:.3g} / {b['delta_budget']:g} ({b['delta_left']:.3g})",
+            f"{b['points_released']} / {b['points_budget']} ({b['points_left']})",
+        )
+    return table
+
+
 def run_demo(
     scenario_name: str,
     out_dir: Path,
@@ -221,10 +357,14 @@ def run_demo(
 ) -> dict[str, Any]:
     """Run the marketplace on a bundled scenario and compare the methods (``make demo``).
 
-    Starts five (digits) or eight (flights) owner processes and a curator, then, as the consumer,
-    requests a private, a non-private greedy and a uniform summary of size p over gRPC; computes
-    the exact-kernel greedy summary on the pooled data as the reference; prints the table and
-    writes ``report.json`` and ``mmd.png`` into ``out_dir``.
+    Issues the deployment's certificates into ``out_dir/state/pki``, starts five (digits) or
+    eight (flights) owner processes under the demo owner policy (``deploy/policies/
+    demo-owner.toml``, fresh ledgers in ``out_dir/state``) and a curator, all over mTLS; then, as
+    the consumer, requests a summary of size p by every private method and a uniform sample over
+    gRPC. Non-private greedy on RFF embeddings, which the owners' policy refuses, runs in-process
+    on the same data as a reference, as does the exact-kernel greedy on the pooled data. Prints
+    the table and every owner's remaining budget, and writes ``report.json`` and ``mmd.png`` into
+    ``out_dir``.
 
     Returns
     -------
@@ -260,35 +400,47 @@ def run_demo(
         m: SummarizationConfig(summary_size=p, method=m, gamma=scenario.gamma) for m in METHODS
     }
     results: dict[str, SummaryResult] = {}
-    if in_process:
-        for method, config in configs.items():
-            progress, update = progress_printer(method)
-            with progress:
-                results[method] = simulate(
-                    scenario.owners,
-                    scenario.validation,
-                    scenario.seed_set,
-                    config,
-                    seed=seed,
-                    on_progress=update,
-                )
-    else:
-        with LocalCluster(owner_files, owner_ids, out_dir / "logs") as cluster:
-            console.print(
-                f"curator at {cluster.curator_target}; owners at "
-                + ", ".join(cluster.owner_targets)
+    budgets: dict[str, dict[str, Any]] = {}
+    networked = [] if in_process else [m for m in METHODS if m != "greedy"]
+    for method, config in configs.items():
+        if method in networked:
+            continue
+        progress, update = progress_printer(f"{method} (in-process)")
+        with progress:
+            results[method] = simulate(
+                scenario.owners,
+                scenario.validation,
+                scenario.seed_set,
+                config,
+                seed=seed,
+                on_progress=update,
             )
-            with CuratorClient(cluster.curator_target) as client:
-                for method, config in configs.items():
+    if networked:
+        state_dir = out_dir / "state"
+        shutil.rmtree(state_dir, ignore_errors=True)  # a demo starts from fresh ledgers
+        with LocalCluster(
+            owner_files,
+            owner_ids,
+            out_dir / "logs",
+            state_dir=state_dir,
+            owner_policy=POLICIES / "demo-owner.toml",
+        ) as cluster:
+            console.print(
+                f"mTLS with certificates in {cluster.pki_dir}; curator at "
+                f"{cluster.curator_target}; owners at " + ", ".join(cluster.owner_targets)
+            )
+            with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
+                for method in networked:
                     progress, update = progress_printer(method)
                     with progress:
                         results[method] = client.summarize(
-                            config,
+                            configs[method],
                             scenario.validation,
                             scenario.seed_set,
                             seed=seed,
                             on_progress=update,
                         )
+            budgets = owner_budgets(cluster)
     results["exact-greedy"] = exact_greedy_summary(
         scenario.owners, scenario.validation, scenario.seed_set, p, scenario.gamma
     )
@@ -297,7 +449,7 @@ def run_demo(
         "candidates": "private (candidates, default)",
         "private": "private (Algorithm 3)",
         "rounds": "private (rounds: Gaussian, tree, exact)",
-        "greedy": "greedy, RFF embeddings",
+        "greedy": "greedy, RFF embeddings" + ("" if in_process else " (in-process)"),
         "uniform": "uniform sampling",
         "exact-greedy": "greedy, exact kernel (pooled)",
     }
@@ -339,13 +491,21 @@ def run_demo(
         },
         "summary_size": p,
         "seed": seed,
-        "transport": "in-process" if in_process else "gRPC, separate processes",
+        "transport": (
+            "in-process"
+            if in_process
+            else "gRPC with mTLS, separate processes (greedy, RFF: in-process reference)"
+        ),
         "config": {k: v for k, v in configs["private"].__dict__.items() if k != "method"},
         "methods": rows,
         "curves": {label: {"sizes": s, "mmd2": v} for label, (s, v) in curves.items()},
     }
     write_json(report, out_dir / "report.json")
+    if budgets:
+        report["owner_budgets"] = budgets
     wide.print(comparison_table(rows, title=f"{scenario.name}, p = {p}, seed = {seed}"))
+    if budgets:
+        wide.print(budget_table(budgets))
     wide.print(
         "ε: Theorem 7 (Kairouz et al.) / PLD (dp-accounting); Algorithm 3 at the paper's settings "
         f"for delta~ = {configs['private'].delta_validation} (D_v) and "

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
+from common.summarization.auction import AUCTION_VARIANTS, AuctionVariant
+from common.summarization.endpoints import SessionSpend
 from common.validation import check_delta, check_epsilon, check_positive_int
 
 Method = Literal["private", "greedy", "uniform", "candidates", "rounds"]
@@ -21,6 +23,8 @@ PoolScoring = Literal["embedding", "exact"]
 VALIDATION_RELEASES: tuple[ValidationRelease, ...] = ("mwem", "gaussian")
 SUMMARY_RELEASES: tuple[SummaryRelease, ...] = ("mwem", "tree", "none")
 POOL_SCORINGS: tuple[PoolScoring, ...] = ("embedding", "exact")
+#: PrivAuction variants (``common.summarization.auction``).
+AUCTIONS: tuple[AuctionVariant, ...] = AUCTION_VARIANTS
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,12 @@ class SummarizationConfig:
     auction_share : float
         Rounds method, ``summary_release`` "tree" or "mwem": PrivAuction gets
         ``auction_share * epsilon_owners_total`` as its Theorem-6 epsilon, in (0, 1].
+    auction : {"pure", "paper"}
+        Private and rounds methods: the PrivAuction variant. ``"pure"`` (default) asks every
+        rank, the first included, with a probability below 1, so that each bad iteration is pure
+        ``eps_auc``-DP; ``"paper"`` is Algorithm 3 as printed, whose bad iterations are
+        ``(eps_auc, 1 - exp(-eps_auc))``-DP and are charged so
+        (:func:`common.summarization.auction.auction_events`).
 
     Raises
     ------
@@ -136,6 +146,7 @@ class SummarizationConfig:
     summary_release: SummaryRelease = "tree"
     pool_scoring: PoolScoring = "exact"
     auction_share: float = 0.5
+    auction: AuctionVariant = "pure"
 
     def __post_init__(self) -> None:
         check_positive_int(self.summary_size, "summary_size")
@@ -172,6 +183,7 @@ class SummarizationConfig:
             ("validation_release", VALIDATION_RELEASES),
             ("summary_release", SUMMARY_RELEASES),
             ("pool_scoring", POOL_SCORINGS),
+            ("auction", AUCTIONS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -220,6 +232,10 @@ class SessionReport:
         Seconds from the start of the session to its end.
     round_seconds : tuple of float
         Wall time of every round, seconds (one entry for the uniform method).
+    error : str
+        Why the session failed; empty when it succeeded.
+    owner_spend : dict of str to SessionSpend
+        What each owner's own ledger recorded for the session (owners that closed it).
     """
 
     method: Method
@@ -234,6 +250,8 @@ class SessionReport:
     wall_time_seconds: float
     rejected_points: int = 0
     round_seconds: tuple[float, ...] = ()
+    error: str = ""
+    owner_spend: dict[str, SessionSpend] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

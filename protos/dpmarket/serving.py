@@ -16,6 +16,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from dpmarket.transport import TransportSecurity, add_port
+
 logger = logging.getLogger(__name__)
 
 #: Largest message accepted or sent, in bytes (array payloads).
@@ -27,11 +29,18 @@ GRPC_OPTIONS = [
 
 
 async def start_server(
-    servicer_adder: Callable[[grpc.aio.Server], None], service_name: str, address: str
+    servicer_adder: Callable[[grpc.aio.Server], None],
+    service_name: str,
+    address: str,
+    security: TransportSecurity,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Start a grpc.aio server with health checking and reflection; return it and its port.
 
-    ``address`` may end in ``:0`` to let the OS choose a free port (tests).
+    ``address`` may end in ``:0`` to let the OS choose a free port (tests). The port is mTLS
+    (client certificates required) unless ``security`` is plaintext (``--insecure``, logged as
+    a warning by :func:`dpmarket.transport.add_port`). Health and reflection share the port, so
+    only holders of a certificate of the deployment's CA reach them; reflection describes the
+    API, which every caller's authorization already constrains per RPC.
 
     Raises
     ------
@@ -45,9 +54,7 @@ async def start_server(
     reflection.enable_server_reflection(
         (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise RuntimeError(f"cannot bind {address}")
+    port = add_port(server, address, security)
     await server.start()
     await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)

@@ -1,15 +1,13 @@
 """Mapping between :mod:`common.errors` and gRPC status codes, both directions.
 
-Servicers wrap every handler with :func:`grpc_errors`; clients turn a failed call back into the
-same exception with :func:`error_from_rpc`. No stack trace ever goes on the wire.
+Servicers wrap every handler with :func:`dpmarket.authz.rpc`, which aborts with
+:func:`abort_for`; clients turn a failed call back into the same exception with
+:func:`error_from_rpc`. No stack trace ever goes on the wire.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
 
 import grpc
 
@@ -22,6 +20,8 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (errors.AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (errors.FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.UnavailableError, grpc.StatusCode.UNAVAILABLE),
     (errors.AbortedError, grpc.StatusCode.ABORTED),
     (errors.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -33,6 +33,8 @@ _EXCEPTIONS: dict[grpc.StatusCode, type[errors.DPMarketError]] = {
     grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyExistsError,
     grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPreconditionError,
     grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDeniedError,
+    grpc.StatusCode.UNAUTHENTICATED: errors.UnauthenticatedError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhaustedError,
     grpc.StatusCode.UNAVAILABLE: errors.UnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: errors.UnavailableError,
     grpc.StatusCode.ABORTED: errors.AbortedError,
@@ -59,28 +61,19 @@ def error_from_rpc(exc: grpc.RpcError, peer: str) -> errors.DPMarketError:
     return cls(f"{peer}: {details} ({code.name})")
 
 
-F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+async def abort_for(exc: BaseException, context: grpc.aio.ServicerContext, where: str) -> None:
+    """Abort the call with the status of ``exc`` (always raises).
 
-
-def grpc_errors(handler: F) -> F:
-    """Decorate an async unary servicer method so that errors become gRPC statuses.
-
-    Protocol errors abort with their code and message; any other exception is logged here with
-    its traceback and aborts with INTERNAL and a generic message.
+    Protocol errors abort with their code and message; an ``AbortError`` (the call was already
+    aborted) propagates; any other exception is logged here with its traceback and aborts with
+    INTERNAL and a generic message, so no stack trace reaches the wire.
     """
-
-    @functools.wraps(handler)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await handler(self, request, context)
-        except Exception as exc:  # the boundary: every error becomes a status
-            if isinstance(exc, grpc.aio.AbortError):
-                raise
-            code = status_for(exc)
-            if code is None:
-                logger.exception("internal error in %s", handler.__name__)
-                await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server log")
-            else:
-                await context.abort(code, str(exc))
-
-    return wrapper  # type: ignore[return-value]
+    if isinstance(exc, grpc.aio.AbortError):
+        raise exc
+    code = status_for(exc)
+    if code is None:
+        logger.error("internal error in %s", where, exc_info=exc)
+        await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server log")
+    else:
+        await context.abort(code, str(exc))
+    raise AssertionError("context.abort returned")  # pragma: no cover

@@ -20,7 +20,7 @@ DELTA = 1e-6
 
 
 class Tap(LocalOwnerEndpoint):
-    """Records the embedding an owner receives and the exact count it returns."""
+    """Records the embedding an owner receives and its exact relevance count."""
 
     def __init__(self, owner: Owner) -> None:
         super().__init__(owner)
@@ -32,8 +32,9 @@ class Tap(LocalOwnerEndpoint):
         await super().set_validation_embedding(session_id, embedding)
 
     async def count_relevant(self, session_id, threshold):  # type: ignore[no-untyped-def]
-        self.count = await super().count_relevant(session_id, threshold)
-        return self.count
+        # The exact count, which never leaves the owner; the owner adds the noise itself.
+        self.count = self.owner.session(session_id).relevant_count(threshold)
+        return await super().count_relevant(session_id, threshold)
 
 
 def _session(digits: Scenario, seed: int):  # type: ignore[no-untyped-def]

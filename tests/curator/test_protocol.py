@@ -51,7 +51,10 @@ def test_greedy_equals_rff_greedy_on_the_pooled_data(digits: Scenario) -> None:
     )
     np.testing.assert_array_equal(result.points, pool[index])
     assert result.report.owner_points_accessed == P
-    assert result.report.ledger == {}
+    # Nothing is charged (nothing is private), and the owners are told so.
+    assert set(result.report.ledger) == {"owner_terms"}
+    assert result.report.ledger["owner_terms"]["non_private"] is True
+    assert result.report.ledger["owner_terms"]["epsilon"] == np.inf
 
 
 def test_uniform_takes_p_over_k_from_every_owner(digits: Scenario) -> None:
@@ -93,7 +96,7 @@ def test_auction_asks_the_top_bidder_every_round_and_counts_every_access(
     digits: Scenario,
 ) -> None:
     spies = [SpyEndpoint(Owner(o.name, o)) for o in digits.owners]
-    result = _run(digits, spies, _config("private"))
+    result = _run(digits, spies, _config("private", auction="paper"))
     for round_ in range(1, P + 1):
         bids = [s.bids.get(round_, -np.inf) for s in spies]
         top = int(np.argmax(bids))
@@ -256,10 +259,17 @@ def test_exact_reranking_never_changes_what_owners_receive(digits: Scenario) -> 
     assert not np.array_equal(points[0], points[1])
 
 
-def test_candidates_budget_below_p_is_rejected(digits: Scenario) -> None:
+def test_candidates_budget_never_falls_below_p(digits: Scenario) -> None:
+    """A fraction below 1/K still reads p points (and no more); a single owner serves p."""
     config = SummarizationConfig(summary_size=P, method="candidates", candidate_fraction=0.1)
-    with pytest.raises(InvalidArgumentError, match="candidate budget"):
-        simulate(digits.owners, digits.validation, digits.seed_set, config, seed=0)
+    result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=0)
+    assert result.report.owner_points_accessed == P
+    assert result.report.ledger["candidates"]["budget"] == P
+    single = simulate(
+        digits.owners[:1], digits.validation, digits.seed_set, _config("candidates"), seed=1
+    )
+    assert single.points.shape[0] == P
+    assert set(single.owner_ids) == {digits.owners[0].name}
 
 
 def test_candidates_at_huge_epsilon_matches_greedy_quality(digits: Scenario) -> None:

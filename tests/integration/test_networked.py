@@ -1,4 +1,9 @@
-"""Real processes, real gRPC: owners and curator as separate OS processes on loopback."""
+"""Real processes, real gRPC over mTLS: owners and curator as separate OS processes on loopback.
+
+The cluster's policies allow the non-private greedy baseline (curator ``methods`` and owners'
+``allow_non_private``) so that every method's networked run can be compared with its in-process
+run.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +19,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.summarization.summary import SummarizationConfig
 from consumer.client import CuratorClient
-from deploy.launcher import LocalCluster
+from deploy.launcher import CURATOR_NAME, LocalCluster
+from deploy.pki import identity_files
 from deploy.runner import simulate
 from deploy.scenarios import Scenario, write_scenario
 from dpmarket.arrays import array_to_proto
+from dpmarket.identity import Identity
+from dpmarket.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -34,13 +42,64 @@ def _owner_files(files: dict[str, Path], k: int = 5) -> list[Path]:
     return [files[f"owner-{i}"] for i in range(k)]
 
 
+OWNER_POLICY = """
+[budget]
+epsilon = 1000.0
+delta = 0.5
+points = 1000000
+[session]
+epsilon = 100.0
+delta = 0.1
+points = 100000
+[access]
+allow_non_private = true
+"""
+CURATOR_POLICY = """
+[requests]
+methods = ["candidates", "private", "rounds", "uniform", "greedy"]
+[sessions]
+per_consumer_per_minute = 1000
+"""
+
+
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    directory = tmp_path_factory.mktemp("policies")
+    (directory / "owner.toml").write_text(OWNER_POLICY, encoding="utf-8")
+    (directory / "curator.toml").write_text(CURATOR_POLICY, encoding="utf-8")
+    return directory / "owner.toml", directory / "curator.toml"
+
+
+def _start(digits: Scenario, files: dict[str, Path], log_dir: Path, policies, k: int = 5, **kw):  # type: ignore[no-untyped-def]
+    names = [o.name for o in digits.owners[:k]]
+    return LocalCluster(
+        _owner_files(files, k),
+        names,
+        log_dir,
+        owner_policy=policies[0],
+        curator_policy=policies[1],
+        **kw,
+    )
+
+
 @pytest.fixture(scope="module")
 def cluster(
-    digits: Scenario, files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+    digits: Scenario,
+    files: dict[str, Path],
+    policies: tuple[Path, Path],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[LocalCluster]:
-    names = [o.name for o in digits.owners]
-    with LocalCluster(_owner_files(files), names, tmp_path_factory.mktemp("logs")) as c:
+    with _start(digits, files, tmp_path_factory.mktemp("logs"), policies) as c:
         yield c
+
+
+def _channel(cluster: LocalCluster, target: str, expected: Identity, caller: Identity):  # type: ignore[no-untyped-def]
+    security = TransportSecurity.from_files(*identity_files(cluster.pki_dir, caller))
+    return sync_channel(target, security, expected)
+
+
+CONSUMER = Identity("consumer", "consumer")
+CURATOR = Identity("curator", CURATOR_NAME)
 
 
 @pytest.mark.parametrize("method", ["private", "greedy", "uniform", "candidates", "rounds"])
@@ -48,7 +107,7 @@ def test_networked_run_equals_in_process_run(
     cluster: LocalCluster, digits: Scenario, method: str
 ) -> None:
     config = SummarizationConfig(summary_size=P, method=method)  # type: ignore[arg-type]
-    with CuratorClient(cluster.curator_target) as client:
+    with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
         events = []
         networked = client.summarize(
             config, digits.validation, digits.seed_set, seed=11, on_progress=events.append
@@ -80,7 +139,7 @@ def _create(validation: np.ndarray, p: int = P, **kw) -> curator_pb2.CreateSessi
 
 
 def test_curator_maps_bad_requests_to_statuses(cluster: LocalCluster, digits: Scenario) -> None:
-    channel = grpc.insecure_channel(cluster.curator_target)
+    channel = _channel(cluster, cluster.curator_target, CURATOR, CONSUMER)
     stub = curator_pb2_grpc.CuratorServiceStub(channel)
     v = digits.validation
     nan = v.copy()
@@ -89,7 +148,13 @@ def test_curator_maps_bad_requests_to_statuses(cluster: LocalCluster, digits: Sc
         (_create(v[:, :10]), grpc.StatusCode.INVALID_ARGUMENT, "features"),
         (_create(nan), grpc.StatusCode.INVALID_ARGUMENT, "row 3, column 7"),
         (_create(v[:0]), grpc.StatusCode.INVALID_ARGUMENT, "empty"),
-        (_create(v, p=10**6), grpc.StatusCode.INVALID_ARGUMENT, "exceeds"),
+        (_create(v, p=3000), grpc.StatusCode.INVALID_ARGUMENT, "exceeds"),
+        (_create(v, p=10**6), grpc.StatusCode.INVALID_ARGUMENT, "allowed range [1, 5000]"),
+        (
+            _create(v, params=curator_pb2.SummarizationParams(epsilon_owners_total=1e300)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "epsilon_owners_total",
+        ),
         (_create(v, p=0), grpc.StatusCode.INVALID_ARGUMENT, "summary_size"),
         (_create(v, method=0), grpc.StatusCode.INVALID_ARGUMENT, "method"),
         (
@@ -110,7 +175,8 @@ def test_curator_maps_bad_requests_to_statuses(cluster: LocalCluster, digits: Sc
 
 
 def test_owner_maps_out_of_order_stages_to_statuses(cluster: LocalCluster) -> None:
-    channel = grpc.insecure_channel(cluster.owner_targets[0])
+    owner = Identity("owner", cluster.owner_ids[0])
+    channel = _channel(cluster, cluster.owner_targets[0], owner, CURATOR)
     stub = owner_pb2_grpc.OwnerServiceStub(channel)
     info = stub.GetOwnerInfo(owner_pb2.GetOwnerInfoRequest(), timeout=10)
     n, d = int(info.num_features), 8
@@ -119,11 +185,14 @@ def test_owner_maps_out_of_order_stages_to_statuses(cluster: LocalCluster) -> No
         session_id="s-direct", round=1, summary_embedding=array_to_proto(np.zeros(d))
     )
     assert _status(stub.Bid, bid)[0] == grpc.StatusCode.NOT_FOUND
+    terms = owner_pb2.PrivacyTerms(mechanism="test", epsilon=0.5, delta=0.0)
     bad_open = owner_pb2.OpenSessionRequest(
         session_id="s-direct",
         omega=array_to_proto(rng.normal(size=(d, n + 1))),
         phase=array_to_proto(rng.uniform(0, 6, size=d)),
         gamma=0.1,
+        consumer="consumer:consumer",
+        terms=terms,
     )
     code, details = _status(stub.OpenSession, bad_open)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "features" in details
@@ -132,6 +201,8 @@ def test_owner_maps_out_of_order_stages_to_statuses(cluster: LocalCluster) -> No
         omega=array_to_proto(rng.normal(size=(d, n))),
         phase=array_to_proto(rng.uniform(0, 6, size=d)),
         gamma=0.1,
+        consumer="consumer:consumer",
+        terms=terms,
     )
     stub.OpenSession(good_open, timeout=30)
     assert _status(stub.OpenSession, good_open)[0] == grpc.StatusCode.ALREADY_EXISTS
@@ -149,37 +220,38 @@ def test_owner_maps_out_of_order_stages_to_statuses(cluster: LocalCluster) -> No
 
 
 def test_services_report_serving_health(cluster: LocalCluster) -> None:
-    for target in [cluster.curator_target, *cluster.owner_targets]:
-        with grpc.insecure_channel(target) as channel:
+    servers = [CURATOR, *(Identity("owner", o) for o in cluster.owner_ids)]
+    targets = [cluster.curator_target, *cluster.owner_targets]
+    for target, server in zip(targets, servers, strict=True):
+        with _channel(cluster, target, server, CONSUMER) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             response = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
             assert response.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_seeded_sessions_are_refused_unless_allowed(
-    digits: Scenario, files: dict[str, Path], tmp_path: Path
+    digits: Scenario, files: dict[str, Path], policies: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    names = [o.name for o in digits.owners[:2]]
-    with LocalCluster(
-        _owner_files(files, 2), names, tmp_path, allow_seeded_sessions=False
-    ) as cluster:
-        stub = curator_pb2_grpc.CuratorServiceStub(grpc.insecure_channel(cluster.curator_target))
+    with _start(digits, files, tmp_path, policies, k=2, allow_seeded_sessions=False) as cluster:
+        channel = _channel(cluster, cluster.curator_target, CURATOR, CONSUMER)
+        stub = curator_pb2_grpc.CuratorServiceStub(channel)
         code, details = _status(stub.CreateSession, _create(digits.validation, seed=3))
         assert code == grpc.StatusCode.PERMISSION_DENIED and "seeded" in details
+        channel.close()
 
 
 def test_an_owner_that_dies_mid_session_is_dropped_and_reported(
-    digits: Scenario, files: dict[str, Path], tmp_path: Path
+    digits: Scenario, files: dict[str, Path], policies: tuple[Path, Path], tmp_path: Path
 ) -> None:
     names = [o.name for o in digits.owners]
     config = SummarizationConfig(summary_size=120, method="greedy")
     with (
-        LocalCluster(_owner_files(files), names, tmp_path) as cluster,
-        CuratorClient(cluster.curator_target) as client,
+        _start(digits, files, tmp_path, policies) as cluster,
+        CuratorClient(cluster.curator_target, cluster.consumer_security()) as client,
     ):
         session_id = client.create_session(config, digits.validation, digits.seed_set, seed=1)
         killed = False
-        for event in client.watch(session_id):
+        for event, _ in client.watch(session_id):
             if not killed and event.round >= 2:
                 cluster.kill_owner(1)
                 killed = True
@@ -198,8 +270,9 @@ def test_cli_request_and_simulate_write_the_same_summary(
     ]  # fmt: skip
     dpmarket = [sys.executable, "-m", "deploy.cli"]
     owners = [arg for path in _owner_files(files) for arg in ("--owner-data", str(path))]
+    consumer_tls = ["--pki-dir", str(cluster.pki_dir), "--name", CONSUMER.name]
     runs = {
-        "net": [*dpmarket, "request", "--curator", cluster.curator_target],
+        "net": [*dpmarket, "request", "--curator", cluster.curator_target, *consumer_tls],
         "local": [*dpmarket, "simulate", *owners],
     }
     for name, argv in runs.items():

@@ -117,6 +117,38 @@ SUMMARY_RELEASE_NONE: SummaryRelease.ValueType  # 3
 """No summary broadcast: owners bid with the validation embedding only."""
 Global___SummaryRelease: _TypeAlias = SummaryRelease  # noqa: Y015
 
+class _Auction:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AuctionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Auction.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    AUCTION_UNSPECIFIED: _Auction.ValueType  # 0
+    """The default, AUCTION_PURE."""
+    AUCTION_PURE: _Auction.ValueType  # 1
+    """Rank r asked with probability e^eps_auc / (1 + e^eps_auc) * e^(-eps_auc (r - 1)): every
+    bad iteration is pure eps_auc-DP for every owner.
+    """
+    AUCTION_PAPER: _Auction.ValueType  # 2
+    """Algorithm 3 as printed: rank 1 always asked, rank r with probability e^(-eps_auc (r - 1));
+    every bad iteration is (eps_auc, 1 - e^-eps_auc)-DP and is charged so.
+    """
+
+class Auction(_Auction, metaclass=_AuctionEnumTypeWrapper):
+    """PrivAuction variant (private and rounds methods)."""
+
+AUCTION_UNSPECIFIED: Auction.ValueType  # 0
+"""The default, AUCTION_PURE."""
+AUCTION_PURE: Auction.ValueType  # 1
+"""Rank r asked with probability e^eps_auc / (1 + e^eps_auc) * e^(-eps_auc (r - 1)): every
+bad iteration is pure eps_auc-DP for every owner.
+"""
+AUCTION_PAPER: Auction.ValueType  # 2
+"""Algorithm 3 as printed: rank 1 always asked, rank r with probability e^(-eps_auc (r - 1));
+every bad iteration is (eps_auc, 1 - e^-eps_auc)-DP and is charged so.
+"""
+Global___Auction: _TypeAlias = Auction  # noqa: Y015
+
 class _PoolScoring:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -191,6 +223,7 @@ class SummarizationParams(_message.Message):
     SUMMARY_RELEASE_FIELD_NUMBER: _builtins.int
     POOL_SCORING_FIELD_NUMBER: _builtins.int
     AUCTION_SHARE_FIELD_NUMBER: _builtins.int
+    AUCTION_FIELD_NUMBER: _builtins.int
     rff_dimension: _builtins.int
     """h1 dimension d (default 140)."""
     gamma: _builtins.float
@@ -245,6 +278,8 @@ class SummarizationParams(_message.Message):
     """Rounds method: share of epsilon_owners_total given to PrivAuction as its Theorem-6 epsilon
     when a summary is released, in (0, 1] (default 0.5).
     """
+    auction: Global___Auction.ValueType
+    """Private and rounds methods: PrivAuction variant (default pure)."""
     def __init__(
         self,
         *,
@@ -270,10 +305,11 @@ class SummarizationParams(_message.Message):
         summary_release: Global___SummaryRelease.ValueType = ...,
         pool_scoring: Global___PoolScoring.ValueType = ...,
         auction_share: _builtins.float = ...,
+        auction: Global___Auction.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["auction_share", b"auction_share", "candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "pool_scoring", b"pool_scoring", "quantization_step", b"quantization_step", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension", "summary_release", b"summary_release", "validation_release", b"validation_release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auction", b"auction", "auction_share", b"auction_share", "candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "pool_scoring", b"pool_scoring", "quantization_step", b"quantization_step", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension", "summary_release", b"summary_release", "validation_release", b"validation_release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -289,12 +325,17 @@ class CreateSessionRequest(_message.Message):
     METHOD_FIELD_NUMBER: _builtins.int
     PARAMS_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     summary_size: _builtins.int
     """p: number of owner points in the summary."""
     method: Global___Method.ValueType
     seed: _builtins.int
     """Seed of every random draw of the session, for reproducible runs; honoured only by a curator
     started with seeded sessions allowed.
+    """
+    request_id: _builtins.str
+    """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none): a retry
+    with the same key and the same request returns the same session and charges nothing new.
     """
     @_builtins.property
     def validation(self) -> _array_pb2.Array:
@@ -315,10 +356,11 @@ class CreateSessionRequest(_message.Message):
         method: Global___Method.ValueType = ...,
         params: Global___SummarizationParams | None = ...,
         seed: _builtins.int | None = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "params", b"params", "seed", b"seed", "seed_set", b"seed_set", "validation", b"validation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "method", b"method", "params", b"params", "seed", b"seed", "seed_set", b"seed_set", "summary_size", b"summary_size", "validation", b"validation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "method", b"method", "params", b"params", "request_id", b"request_id", "seed", b"seed", "seed_set", b"seed_set", "summary_size", b"summary_size", "validation", b"validation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
@@ -374,6 +416,7 @@ class WatchSessionResponse(_message.Message):
     POINTS_ACCESSED_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     FINISHED_FIELD_NUMBER: _builtins.int
+    REPORT_FIELD_NUMBER: _builtins.int
     stage: Global___Stage.ValueType
     round: _builtins.int
     """Rounds completed and rounds in all."""
@@ -384,6 +427,10 @@ class WatchSessionResponse(_message.Message):
     """A sentence for a person, e.g. why the session failed or which owner dropped."""
     finished: _builtins.bool
     """Whether this is the last message of the stream."""
+    @_builtins.property
+    def report(self) -> Global___SessionReport:
+        """On the last message: the session's report (ledger included), also when it failed."""
+
     def __init__(
         self,
         *,
@@ -393,10 +440,11 @@ class WatchSessionResponse(_message.Message):
         points_accessed: _builtins.int = ...,
         message: _builtins.str = ...,
         finished: _builtins.bool = ...,
+        report: Global___SessionReport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["report", b"report"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finished", b"finished", "message", b"message", "points_accessed", b"points_accessed", "round", b"round", "stage", b"stage", "total_rounds", b"total_rounds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finished", b"finished", "message", b"message", "points_accessed", b"points_accessed", "report", b"report", "round", b"round", "stage", b"stage", "total_rounds", b"total_rounds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -439,6 +487,8 @@ class SessionReport(_message.Message):
     WALL_TIME_FIELD_NUMBER: _builtins.int
     REJECTED_POINTS_FIELD_NUMBER: _builtins.int
     ROUND_SECONDS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    OWNER_SPEND_FIELD_NUMBER: _builtins.int
     method: Global___Method.ValueType
     summary_size: _builtins.int
     rounds: _builtins.int
@@ -453,6 +503,8 @@ class SessionReport(_message.Message):
     """The privacy ledger: per party and composition method, as a JSON object."""
     rejected_points: _builtins.int
     """Number of acquired points rejected because they did not match their bid."""
+    error: _builtins.str
+    """Why the session failed; empty when it succeeded."""
     @_builtins.property
     def dropped_owners(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Owners that failed during the session, by owner id."""
@@ -462,6 +514,10 @@ class SessionReport(_message.Message):
     @_builtins.property
     def round_seconds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
         """Wall time of every round (embedding release, bids, auction, acquisition), seconds."""
+
+    @_builtins.property
+    def owner_spend(self) -> _containers.RepeatedCompositeFieldContainer[Global___OwnerSpend]:
+        """What each owner's own ledger recorded for this session."""
 
     def __init__(
         self,
@@ -478,14 +534,50 @@ class SessionReport(_message.Message):
         wall_time: _duration_pb2.Duration | None = ...,
         rejected_points: _builtins.int = ...,
         round_seconds: _abc.Iterable[_builtins.float] | None = ...,
+        error: _builtins.str = ...,
+        owner_spend: _abc.Iterable[Global___OwnerSpend] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["wall_time", b"wall_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_owners_bound", b"all_owners_bound", "dropped_owners", b"dropped_owners", "ledger_json", b"ledger_json", "method", b"method", "owner_points_accessed", b"owner_points_accessed", "paper_bound", b"paper_bound", "rejected_points", b"rejected_points", "round_seconds", b"round_seconds", "rounds", b"rounds", "summary_size", b"summary_size", "validation_points_accessed", b"validation_points_accessed", "wall_time", b"wall_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_owners_bound", b"all_owners_bound", "dropped_owners", b"dropped_owners", "error", b"error", "ledger_json", b"ledger_json", "method", b"method", "owner_points_accessed", b"owner_points_accessed", "owner_spend", b"owner_spend", "paper_bound", b"paper_bound", "rejected_points", b"rejected_points", "round_seconds", b"round_seconds", "rounds", b"rounds", "summary_size", b"summary_size", "validation_points_accessed", b"validation_points_accessed", "wall_time", b"wall_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SessionReport: _TypeAlias = SessionReport  # noqa: Y015
+
+@_typing.final
+class OwnerSpend(_message.Message):
+    """One owner's charges for a session, as its own ledger recorded them."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OWNER_ID_FIELD_NUMBER: _builtins.int
+    EPSILON_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    POINTS_FIELD_NUMBER: _builtins.int
+    NON_PRIVATE_FIELD_NUMBER: _builtins.int
+    owner_id: _builtins.str
+    epsilon: _builtins.float
+    delta: _builtins.float
+    points: _builtins.int
+    """Raw points released."""
+    non_private: _builtins.bool
+    def __init__(
+        self,
+        *,
+        owner_id: _builtins.str = ...,
+        epsilon: _builtins.float = ...,
+        delta: _builtins.float = ...,
+        points: _builtins.int = ...,
+        non_private: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "epsilon", b"epsilon", "non_private", b"non_private", "owner_id", b"owner_id", "points", b"points"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OwnerSpend: _TypeAlias = OwnerSpend  # noqa: Y015
 
 @_typing.final
 class GetSummaryResponse(_message.Message):

@@ -30,6 +30,12 @@ class CuratorServiceStub:
     """The parsimonious curator (the papers' aggregator). A consumer submits its validation set and a
     summary size; the curator runs the chosen summarization method against the owners it was
     started with and returns the summary with a report of points accessed and privacy spent.
+
+    Every RPC is served only to consumers, identified by their mTLS client certificates (another
+    role gets PERMISSION_DENIED, a caller without an identity UNAUTHENTICATED). A consumer sees only
+    the sessions it created: another consumer's session id is NOT_FOUND. Sessions and the privacy
+    they spent are stored durably; a finished session's result expires a while after it finished
+    or after its consumer fetched it (NOT_FOUND afterwards).
     """
 
     @_typing.overload
@@ -37,19 +43,25 @@ class CuratorServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> CuratorServiceAsyncStub: ...
     CreateSession: _grpc.UnaryUnaryMultiCallable[_curator_pb2.CreateSessionRequest, _curator_pb2.CreateSessionResponse]
-    """Start a summarization session; returns at once and the session runs in the background.
-    Fails with INVALID_ARGUMENT for a bad validation or seed set (shape, NaN/inf, feature count
-    unlike the owners'), a summary size < 1 or larger than the owners' points, or parameters out
-    of range; with PERMISSION_DENIED for a seeded session on a curator that does not allow them;
-    with UNAVAILABLE if no owner answers.
+    """Start a summarization session; returns at once and the session runs in the background. A
+    retry with the same `request_id` returns the same session and charges nothing new. Fails
+    with INVALID_ARGUMENT for a bad validation or seed set (shape, NaN/inf, feature count unlike
+    the owners'), a summary size < 1 or larger than the owners' points, parameters outside the
+    curator's policy (the message gives the allowed range), or a `request_id` reused with another
+    request; with PERMISSION_DENIED for a seeded session on a curator that does not allow them;
+    with RESOURCE_EXHAUSTED when the curator runs its maximum of sessions or the consumer exceeds
+    its request rate; with FAILED_PRECONDITION when an owner's policy refuses the session's terms;
+    with UNAVAILABLE if no owner answers. Nothing is released or charged when it fails.
     """
     WatchSession: _grpc.UnaryStreamMultiCallable[_curator_pb2.WatchSessionRequest, _curator_pb2.WatchSessionResponse]
-    """Stream a session's progress until it ends; the last message has `finished` set. Fails with
-    NOT_FOUND for an unknown session.
+    """Stream a session's progress until it ends; the last message has `finished` set and carries
+    the session's report, with the ledger of what it spent, whether it succeeded or failed. Fails
+    with NOT_FOUND for an unknown session or one of another consumer.
     """
     GetSummary: _grpc.UnaryUnaryMultiCallable[_curator_pb2.GetSummaryRequest, _curator_pb2.GetSummaryResponse]
-    """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown session,
-    FAILED_PRECONDITION while it is running, ABORTED if it failed (the message says why).
+    """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown or
+    expired session or one of another consumer, FAILED_PRECONDITION while it is running, ABORTED
+    if it failed (the message says why; the report is on the last WatchSession message).
     """
 
 @_typing.type_check_only
@@ -57,29 +69,47 @@ class CuratorServiceAsyncStub(CuratorServiceStub):
     """The parsimonious curator (the papers' aggregator). A consumer submits its validation set and a
     summary size; the curator runs the chosen summarization method against the owners it was
     started with and returns the summary with a report of points accessed and privacy spent.
+
+    Every RPC is served only to consumers, identified by their mTLS client certificates (another
+    role gets PERMISSION_DENIED, a caller without an identity UNAUTHENTICATED). A consumer sees only
+    the sessions it created: another consumer's session id is NOT_FOUND. Sessions and the privacy
+    they spent are stored durably; a finished session's result expires a while after it finished
+    or after its consumer fetched it (NOT_FOUND afterwards).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateSession: _aio.UnaryUnaryMultiCallable[_curator_pb2.CreateSessionRequest, _curator_pb2.CreateSessionResponse]  # type: ignore[assignment]
-    """Start a summarization session; returns at once and the session runs in the background.
-    Fails with INVALID_ARGUMENT for a bad validation or seed set (shape, NaN/inf, feature count
-    unlike the owners'), a summary size < 1 or larger than the owners' points, or parameters out
-    of range; with PERMISSION_DENIED for a seeded session on a curator that does not allow them;
-    with UNAVAILABLE if no owner answers.
+    """Start a summarization session; returns at once and the session runs in the background. A
+    retry with the same `request_id` returns the same session and charges nothing new. Fails
+    with INVALID_ARGUMENT for a bad validation or seed set (shape, NaN/inf, feature count unlike
+    the owners'), a summary size < 1 or larger than the owners' points, parameters outside the
+    curator's policy (the message gives the allowed range), or a `request_id` reused with another
+    request; with PERMISSION_DENIED for a seeded session on a curator that does not allow them;
+    with RESOURCE_EXHAUSTED when the curator runs its maximum of sessions or the consumer exceeds
+    its request rate; with FAILED_PRECONDITION when an owner's policy refuses the session's terms;
+    with UNAVAILABLE if no owner answers. Nothing is released or charged when it fails.
     """
     WatchSession: _aio.UnaryStreamMultiCallable[_curator_pb2.WatchSessionRequest, _curator_pb2.WatchSessionResponse]  # type: ignore[assignment]
-    """Stream a session's progress until it ends; the last message has `finished` set. Fails with
-    NOT_FOUND for an unknown session.
+    """Stream a session's progress until it ends; the last message has `finished` set and carries
+    the session's report, with the ledger of what it spent, whether it succeeded or failed. Fails
+    with NOT_FOUND for an unknown session or one of another consumer.
     """
     GetSummary: _aio.UnaryUnaryMultiCallable[_curator_pb2.GetSummaryRequest, _curator_pb2.GetSummaryResponse]  # type: ignore[assignment]
-    """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown session,
-    FAILED_PRECONDITION while it is running, ABORTED if it failed (the message says why).
+    """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown or
+    expired session or one of another consumer, FAILED_PRECONDITION while it is running, ABORTED
+    if it failed (the message says why; the report is on the last WatchSession message).
     """
 
 class CuratorServiceServicer(metaclass=_abc_1.ABCMeta):
     """The parsimonious curator (the papers' aggregator). A consumer submits its validation set and a
     summary size; the curator runs the chosen summarization method against the owners it was
     started with and returns the summary with a report of points accessed and privacy spent.
+
+    Every RPC is served only to consumers, identified by their mTLS client certificates (another
+    role gets PERMISSION_DENIED, a caller without an identity UNAUTHENTICATED). A consumer sees only
+    the sessions it created: another consumer's session id is NOT_FOUND. Sessions and the privacy
+    they spent are stored durably; a finished session's result expires a while after it finished
+    or after its consumer fetched it (NOT_FOUND afterwards).
     """
 
     @_abc_1.abstractmethod
@@ -88,11 +118,15 @@ class CuratorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _curator_pb2.CreateSessionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_curator_pb2.CreateSessionResponse, _abc.Awaitable[_curator_pb2.CreateSessionResponse]]:
-        """Start a summarization session; returns at once and the session runs in the background.
-        Fails with INVALID_ARGUMENT for a bad validation or seed set (shape, NaN/inf, feature count
-        unlike the owners'), a summary size < 1 or larger than the owners' points, or parameters out
-        of range; with PERMISSION_DENIED for a seeded session on a curator that does not allow them;
-        with UNAVAILABLE if no owner answers.
+        """Start a summarization session; returns at once and the session runs in the background. A
+        retry with the same `request_id` returns the same session and charges nothing new. Fails
+        with INVALID_ARGUMENT for a bad validation or seed set (shape, NaN/inf, feature count unlike
+        the owners'), a summary size < 1 or larger than the owners' points, parameters outside the
+        curator's policy (the message gives the allowed range), or a `request_id` reused with another
+        request; with PERMISSION_DENIED for a seeded session on a curator that does not allow them;
+        with RESOURCE_EXHAUSTED when the curator runs its maximum of sessions or the consumer exceeds
+        its request rate; with FAILED_PRECONDITION when an owner's policy refuses the session's terms;
+        with UNAVAILABLE if no owner answers. Nothing is released or charged when it fails.
         """
 
     @_abc_1.abstractmethod
@@ -101,8 +135,9 @@ class CuratorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _curator_pb2.WatchSessionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_curator_pb2.WatchSessionResponse], _abc.AsyncIterator[_curator_pb2.WatchSessionResponse]]:
-        """Stream a session's progress until it ends; the last message has `finished` set. Fails with
-        NOT_FOUND for an unknown session.
+        """Stream a session's progress until it ends; the last message has `finished` set and carries
+        the session's report, with the ledger of what it spent, whether it succeeded or failed. Fails
+        with NOT_FOUND for an unknown session or one of another consumer.
         """
 
     @_abc_1.abstractmethod
@@ -111,8 +146,9 @@ class CuratorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _curator_pb2.GetSummaryRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_curator_pb2.GetSummaryResponse, _abc.Awaitable[_curator_pb2.GetSummaryResponse]]:
-        """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown session,
-        FAILED_PRECONDITION while it is running, ABORTED if it failed (the message says why).
+        """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown or
+        expired session or one of another consumer, FAILED_PRECONDITION while it is running, ABORTED
+        if it failed (the message says why; the report is on the last WatchSession message).
         """
 
 def add_CuratorServiceServicer_to_server(servicer: CuratorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,265 @@
+"""The curator's policy: what a requester may ask for, and how much work and state it may cause.
+
+Every requester parameter has an allowed range; a request outside it is refused with
+``INVALID_ARGUMENT`` naming the range, before anything is released or charged. Noise parameters
+are derived from the range-checked epsilon and delta only. The session's total spend of the
+owners' privacy (:func:`common.summarization.terms.owner_terms`) is bounded too, and each owner
+checks it against its own policy again.
+
+The policy file is TOML (parsed with :mod:`tomllib`); every key is optional::
+
+    [requests]                          # [low, high], both inclusive
+    summary_size = [1, 5000]
+    rff_dimension = [8, 2048]
+    epsilon_validation_total = [0.01, 10.0]
+    epsilon_owners_total = [0.01, 4.0]
+    delta = [1e-12, 1e-5]
+    # ... any SummarizationConfig parameter (see DEFAULT_RANGES)
+    owners_epsilon = [0.0, 4.0]         # the session's epsilon on the owners' data, all releases
+    owners_delta = [0.0, 1e-5]          # and its delta (the printed PrivAuction's ~0.1 is refused)
+    validation_points = [1, 100000]     # m
+    methods = ["candidates", "private", "rounds", "uniform"]   # "greedy" is non-private
+
+    [sessions]
+    max_running = 4                     # concurrent sessions (RESOURCE_EXHAUSTED beyond)
+    per_consumer_per_minute = 10        # CreateSession calls per consumer (RESOURCE_EXHAUSTED)
+    result_ttl_seconds = 3600           # a finished session's summary is kept this long
+    fetched_result_ttl_seconds = 60     # ... or this long after its consumer fetched it
+
+    [access]
+    consumers = []                      # consumer names served; empty: any the CA certified
+    allow_seeded_sessions = false       # honour a request's seed (reproducible runs only)
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from common.errors import InvalidArgumentError
+from common.summarization.summary import METHODS, Method, SummarizationConfig
+from common.summarization.terms import OwnerTerms
+
+#: Allowed [low, high] of every numeric requester parameter (both inclusive). The defaults admit
+#: the documented defaults of every method and bound the work one request can cause.
+DEFAULT_RANGES: dict[str, tuple[float, float]] = {
+    "summary_size": (1, 5000),
+    "rff_dimension": (8, 2048),
+    "gamma": (1e-6, 1e6),
+    "epsilon_validation": (1e-4, 1.0),
+    "iterations_initial": (0, 5000),
+    "iterations_subsequent": (1, 20),
+    "epsilon_first_epoch": (1e-4, 1.0),
+    "epsilon_summary": (1e-4, 4.0),
+    "quantization_step": (0.0, 1.0),
+    "epsilon_auction": (1e-3, 4.0),
+    "delta_owners": (1e-12, 1e-3),
+    "delta_validation": (1e-12, 0.05),
+    "epsilon_validation_total": (0.01, 10.0),
+    "epsilon_owners_total": (0.01, 4.0),
+    "delta": (1e-12, 1e-5),
+    "candidate_fraction": (0.05, 1.0),
+    "relevance_threshold": (0.0, 2.0),
+    "candidate_even_share": (0.0, 1.0),
+    "auction_share": (0.05, 1.0),
+    # Derived quantities of the whole request.
+    "owners_epsilon": (0.0, 4.0),
+    "owners_delta": (0.0, 1e-3),
+    "validation_points": (1, 100_000),
+}
+
+_SESSION_KEYS = (
+    "max_running",
+    "per_consumer_per_minute",
+    "result_ttl_seconds",
+    "fetched_result_ttl_seconds",
+)
+
+
+@dataclass(frozen=True)
+class CuratorPolicy:
+    """The curator's limits (see the module docstring for the file format).
+
+    Attributes
+    ----------
+    ranges : dict of str to (float, float)
+        Allowed ``[low, high]`` per requester parameter and derived quantity.
+    methods : tuple of str
+        Methods served. The default leaves out ``"greedy"``, whose exact embeddings are not
+        private (owners must allow it too).
+    max_running : int
+        Sessions running at once.
+    per_consumer_per_minute : int
+        CreateSession calls one consumer may make in 60 seconds.
+    result_ttl_seconds, fetched_result_ttl_seconds : float
+        How long a finished session's summary is kept, and how long after its consumer fetched
+        it (the ledger is kept for ever).
+    consumers : tuple of str
+        Consumer names served; empty for any consumer the CA certified.
+    allow_seeded_sessions : bool
+        Whether a request's seed is honoured (whoever knows the seed knows the noise).
+    """
+
+    ranges: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_RANGES))
+    methods: tuple[Method, ...] = ("candidates", "private", "rounds", "uniform")
+    max_running: int = 4
+    per_consumer_per_minute: int = 10
+    result_ttl_seconds: float = 3600.0
+    fetched_result_ttl_seconds: float = 60.0
+    consumers: tuple[str, ...] = ()
+    allow_seeded_sessions: bool = False
+
+    def __post_init__(self) -> None:
+        for name, (low, high) in self.ranges.items():
+            if name not in DEFAULT_RANGES:
+                raise ValueError(f"unknown request parameter {name!r} in the policy's ranges")
+            if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+                raise ValueError(f"range of {name} must be [low, high], got [{low}, {high}]")
+        for method in self.methods:
+            if method not in METHODS:
+                raise ValueError(f"unknown method {method!r}; methods are {METHODS}")
+        for name in ("max_running", "per_consumer_per_minute"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("result_ttl_seconds", "fetched_result_ttl_seconds"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+
+    def with_overrides(self, **changes: Any) -> CuratorPolicy:
+        """A copy with some attributes replaced (``ranges`` entries merge)."""
+        if "ranges" in changes:
+            changes["ranges"] = {**self.ranges, **changes["ranges"]}
+        return replace(self, **changes)
+
+    # ------------------------------------------------------------------------- checking
+    def _check_range(self, name: str, value: float, what: str | None = None) -> None:
+        low, high = self.ranges.get(name, DEFAULT_RANGES[name])
+        if not (math.isfinite(value) and low <= value <= high):
+            raise InvalidArgumentError(
+                f"{what or name} = {value:g} is outside this curator's allowed range "
+                f"[{low:g}, {high:g}]"
+            )
+
+    def check_request(self, config: SummarizationConfig, validation_points: int) -> None:
+        """Check every requester parameter of a session against its range.
+
+        Raises
+        ------
+        InvalidArgumentError
+            Naming the first parameter out of range and the allowed range, or a method this
+            curator does not serve.
+        """
+        if config.method not in self.methods:
+            raise InvalidArgumentError(
+                f"method {config.method!r} is not served by this curator (served: "
+                f"{', '.join(self.methods)})"
+            )
+        self._check_range("validation_points", validation_points, "validation set size m")
+        for f in fields(SummarizationConfig):
+            value = getattr(config, f.name)
+            if f.name in DEFAULT_RANGES and isinstance(value, int | float):
+                if isinstance(value, bool):
+                    continue
+                self._check_range(f.name, float(value))
+        # Derived work limits: the MWEM iterations actually run.
+        if config.method in ("private", "rounds"):
+            self._check_range("iterations_initial", config.t_init, "MWEM iterations T_init")
+
+    def check_terms(self, terms: OwnerTerms) -> None:
+        """Check the session's total spend of the owners' privacy against the policy.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If the session's epsilon or delta on the owners' data is out of range (a
+            non-private session is refused by :meth:`check_request` unless ``"greedy"`` is
+            served).
+        """
+        if terms.non_private:
+            return
+        self._check_range("owners_epsilon", terms.epsilon, "the session's epsilon on owners' data")
+        self._check_range("owners_delta", terms.delta, "the session's delta on owners' data")
+
+
+def policy_from_mapping(data: Mapping[str, Any], *, source: str = "policy") -> CuratorPolicy:
+    """Build a :class:`CuratorPolicy` from parsed TOML.
+
+    Raises
+    ------
+    ValueError
+        For an unknown section or key, a wrong type or an out-of-range value, naming ``source``
+        and the key.
+    """
+    known = {"requests", "sessions", "access"}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"{source}: unknown section(s) {sorted(unknown)}; known: {sorted(known)}")
+    changes: dict[str, Any] = {}
+    ranges: dict[str, tuple[float, float]] = {}
+    for key, value in dict(data.get("requests", {})).items():
+        if key == "methods":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{source}: requests.methods must be a list of method names")
+            changes["methods"] = tuple(value)
+            continue
+        if key not in DEFAULT_RANGES:
+            raise ValueError(
+                f"{source}: unknown key requests.{key}; known: methods, "
+                + ", ".join(sorted(DEFAULT_RANGES))
+            )
+        if (
+            not isinstance(value, list)
+            or len(value) != 2
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+        ):
+            raise ValueError(f"{source}: requests.{key} must be [low, high], got {value!r}")
+        ranges[key] = (float(value[0]), float(value[1]))
+    sessions = dict(data.get("sessions", {}))
+    for key, value in sessions.items():
+        if key not in _SESSION_KEYS:
+            raise ValueError(f"{source}: unknown key sessions.{key}; known: {_SESSION_KEYS}")
+        changes[key] = value
+    access = dict(data.get("access", {}))
+    for key, value in access.items():
+        if key == "consumers":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{source}: access.consumers must be a list of names")
+            changes["consumers"] = tuple(value)
+        elif key == "allow_seeded_sessions":
+            if not isinstance(value, bool):
+                raise ValueError(f"{source}: access.allow_seeded_sessions must be true or false")
+            changes["allow_seeded_sessions"] = value
+        else:
+            raise ValueError(
+                f"{source}: unknown key access.{key}; known: consumers, allow_seeded_sessions"
+            )
+    try:
+        return CuratorPolicy().with_overrides(ranges=ranges, **changes)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+
+
+def load_curator_policy(path: str | Path) -> CuratorPolicy:
+    """Read a curator policy file (TOML).
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist.
+    ValueError
+        If it is not valid TOML or holds an unknown key or a bad value (naming the file).
+    """
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"curator policy file {p} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{p}: not valid TOML: {exc}") from None
+    return policy_from_mapping(data, source=str(p))

@@ -1,0 +1,415 @@
+"""The curator's durable state: sessions, their results and every privacy charge (SQLite).
+
+One database per curator (``curator.sqlite3`` in its data directory, :mod:`dpmarket.database`:
+WAL, ``synchronous=FULL``, versioned schema). What it keeps and why:
+
+* ``sessions``: who created each session (the consumer identity: only it may see the session),
+  its idempotency key and request digest, its configuration, status (``running``, ``done``,
+  ``failed``), error, final report (ledger included) and, until it expires, the summary itself.
+* ``charges``: every charge of every session's ledger, written *before* the release it pays for,
+  so a curator that crashes mid-session still knows what was spent. Charges are never deleted.
+
+On start, :meth:`CuratorStore.recover` marks every session still ``running`` as failed ("the
+curator restarted") and rebuilds its report from its charges; finished sessions' results survive
+until they expire (:meth:`CuratorStore.expire` drops the summary, keeps the row and the charges).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from common.privacy.accounting import PrivacyEvent
+from common.privacy.ledger import Charge
+from common.summarization.endpoints import SessionSpend
+from common.summarization.summary import SessionReport, SummaryResult
+from dpmarket.database import open_database, snapshot, transaction
+
+APPLICATION = "dpmarket-curator"
+DATABASE_FILE = "curator.sqlite3"
+
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        consumer TEXT NOT NULL,
+        request_id TEXT,
+        request_digest TEXT NOT NULL,
+        method TEXT NOT NULL,
+        config_json TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed')),
+        error TEXT,
+        created_at REAL NOT NULL,
+        finished_at REAL,
+        fetched_at REAL,
+        expires_at REAL,
+        report_json TEXT,
+        result BLOB,
+        UNIQUE (consumer, request_id)
+    );
+    CREATE INDEX sessions_by_consumer ON sessions (consumer, created_at);
+    CREATE INDEX sessions_by_status ON sessions (status);
+    CREATE TABLE charges (
+        id INTEGER PRIMARY KEY,
+        session TEXT NOT NULL REFERENCES sessions (id),
+        at REAL NOT NULL,
+        party TEXT NOT NULL,
+        label TEXT NOT NULL,
+        event_json TEXT NOT NULL
+    );
+    CREATE INDEX charges_by_session ON charges (session);
+    """,
+)
+
+Status = Literal["running", "done", "failed"]
+
+#: What a restarted curator writes into the sessions it found running.
+RESTART_ERROR = "the curator restarted while the session was running"
+
+
+@dataclass(frozen=True)
+class StoredSession:
+    """A session row.
+
+    Attributes
+    ----------
+    id, consumer : str
+        Session id and the identity (``"consumer:NAME"``) of the consumer that created it.
+    request_id : str or None
+        Its idempotency key.
+    request_digest : str
+        Digest of the request (a retry must match it).
+    status : {"running", "done", "failed"}
+    error : str or None
+    created_at, finished_at, fetched_at, expires_at : float or None
+        Unix times, seconds.
+    report : SessionReport or None
+        The final report (done or failed).
+    has_result : bool
+        Whether the summary is still stored (not expired).
+    """
+
+    id: str
+    consumer: str
+    request_id: str | None
+    request_digest: str
+    status: Status
+    error: str | None
+    created_at: float
+    finished_at: float | None
+    fetched_at: float | None
+    expires_at: float | None
+    report: SessionReport | None
+    has_result: bool
+
+
+def report_to_json(report: SessionReport) -> str:
+    """A SessionReport as JSON (owner spends as objects; infinities as JSON ``Infinity``)."""
+    data = dataclasses.asdict(report)
+    return json.dumps(data, sort_keys=True)
+
+
+def report_from_json(text: str) -> SessionReport:
+    """The inverse of :func:`report_to_json`."""
+    data: dict[str, Any] = json.loads(text)
+    data["dropped_owners"] = tuple(data.get("dropped_owners", ()))
+    data["round_seconds"] = tuple(data.get("round_seconds", ()))
+    data["owner_spend"] = {
+        owner: SessionSpend(**spend) for owner, spend in data.get("owner_spend", {}).items()
+    }
+    return SessionReport(**data)
+
+
+def _result_to_blob(result: SummaryResult) -> bytes:
+    buffer = io.BytesIO()
+    arrays: dict[str, Any] = {
+        "points": result.points,
+        "owner_ids": np.asarray(result.owner_ids, dtype=np.str_),
+    }
+    if result.labels is not None:
+        arrays["labels"] = result.labels
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def _result_from_blob(blob: bytes, report: SessionReport) -> SummaryResult:
+    with np.load(io.BytesIO(blob), allow_pickle=False) as data:
+        labels = data["labels"] if "labels" in data.files else None
+        return SummaryResult(
+            points=np.asarray(data["points"], dtype=np.float64),
+            labels=None if labels is None else np.asarray(labels, dtype=np.int64),
+            owner_ids=tuple(str(o) for o in data["owner_ids"]),
+            report=report,
+        )
+
+
+class CuratorStore:
+    """The curator's SQLite database.
+
+    Parameters
+    ----------
+    data_dir : path
+        Directory of ``curator.sqlite3`` (created if needed).
+    clock : callable
+        Unix time in seconds (injected by tests).
+
+    Raises
+    ------
+    ValueError
+        If the directory holds another service's database.
+    RuntimeError
+        If the database was written by a newer dpmarket.
+
+    Notes
+    -----
+    One connection, guarded by a lock: the session manager calls the store from the event
+    loop and from worker threads (charges made while a CPU-heavy step runs off the loop).
+    """
+
+    def __init__(self, data_dir: str | os.PathLike[str], *, clock: Callable[[], float] = time.time):
+        self.path = Path(data_dir) / DATABASE_FILE
+        self._conn = open_database(self.path, MIGRATIONS, application=APPLICATION)
+        self._lock = threading.Lock()
+        self._clock = clock
+
+    def close(self) -> None:
+        """Close the database."""
+        with self._lock:
+            self._conn.close()
+
+    # ------------------------------------------------------------------------------ writes
+    def create(
+        self,
+        session_id: str,
+        *,
+        consumer: str,
+        request_id: str | None,
+        request_digest: str,
+        method: str,
+        config: dict[str, Any],
+    ) -> None:
+        """Record a new running session.
+
+        Raises
+        ------
+        sqlite3.IntegrityError
+            If the id, or the consumer's request id, is taken.
+        """
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute(
+                "INSERT INTO sessions (id, consumer, request_id, request_digest, method, "
+                "config_json, status, created_at) VALUES (?, ?, ?, ?, ?, ?, 'running', ?)",
+                (
+                    session_id,
+                    consumer,
+                    request_id,
+                    request_digest,
+                    method,
+                    json.dumps(config, sort_keys=True),
+                    self._clock(),
+                ),
+            )
+
+    def record_charges(self, session_id: str, charges: Sequence[Charge]) -> None:
+        """Write charges durably (committed before this returns: charge, then release)."""
+        now = self._clock()
+        rows = [
+            (session_id, now, c.party, c.label, json.dumps(dataclasses.asdict(c.event)))
+            for c in charges
+        ]
+        with self._lock, transaction(self._conn) as conn:
+            conn.executemany(
+                "INSERT INTO charges (session, at, party, label, event_json) "
+                "VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+
+    def finish(self, session_id: str, result: SummaryResult, *, ttl: float) -> None:
+        """Mark a session done and store its summary until ``ttl`` seconds from now."""
+        now = self._clock()
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute(
+                "UPDATE sessions SET status = 'done', finished_at = ?, expires_at = ?, "
+                "report_json = ?, result = ? WHERE id = ?",
+                (
+                    now,
+                    now + ttl,
+                    report_to_json(result.report),
+                    _result_to_blob(result),
+                    session_id,
+                ),
+            )
+
+    def fail(self, session_id: str, error: str, report: SessionReport, *, ttl: float) -> None:
+        """Mark a session failed, with why and what it spent; the row expires like a result."""
+        now = self._clock()
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute(
+                "UPDATE sessions SET status = 'failed', error = ?, finished_at = ?, "
+                "expires_at = ?, report_json = ? WHERE id = ?",
+                (error, now, now + ttl, report_to_json(report), session_id),
+            )
+
+    def mark_fetched(self, session_id: str, *, ttl: float) -> None:
+        """Record that the consumer fetched the result; it now expires within ``ttl`` seconds."""
+        now = self._clock()
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute(
+                "UPDATE sessions SET fetched_at = COALESCE(fetched_at, ?), "
+                "expires_at = MIN(COALESCE(expires_at, ?), ?) WHERE id = ?",
+                (now, now + ttl, now + ttl, session_id),
+            )
+
+    def recover(self) -> list[str]:
+        """Mark every running session failed (the curator restarted); keep its charges.
+
+        Returns
+        -------
+        list of str
+            The ids of the sessions marked failed.
+        """
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT id, method FROM sessions WHERE status = 'running'"
+            ).fetchall()
+        recovered = []
+        for session_id, method in rows:
+            report = self._report_from_charges(session_id, method, RESTART_ERROR)
+            self.fail(session_id, RESTART_ERROR, report, ttl=math.inf)
+            recovered.append(session_id)
+        return recovered
+
+    def expire(self) -> int:
+        """Drop the summaries (and reports) of sessions past their expiry; keep rows and charges.
+
+        Returns
+        -------
+        int
+            How many sessions expired now.
+        """
+        now = self._clock()
+        with self._lock, transaction(self._conn) as conn:
+            cursor = conn.execute(
+                "UPDATE sessions SET result = NULL, report_json = NULL, status = status "
+                "WHERE expires_at IS NOT NULL AND expires_at <= ? "
+                "AND (result IS NOT NULL OR report_json IS NOT NULL)",
+                (now,),
+            )
+            return int(cursor.rowcount)
+
+    # ------------------------------------------------------------------------------- reads
+    def get(self, session_id: str) -> StoredSession | None:
+        """A session row, or None."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT id, consumer, request_id, request_digest, status, error, created_at, "
+                "finished_at, fetched_at, expires_at, report_json, result IS NOT NULL "
+                "FROM sessions WHERE id = ?",
+                (session_id,),
+            ).fetchone()
+        return None if row is None else self._row(row)
+
+    def find_request(self, consumer: str, request_id: str) -> StoredSession | None:
+        """The session a consumer created with an idempotency key, or None."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT id FROM sessions WHERE consumer = ? AND request_id = ?",
+                (consumer, request_id),
+            ).fetchone()
+        return None if row is None else self.get(row[0])
+
+    def result(self, session_id: str) -> SummaryResult | None:
+        """A finished session's summary, or None (not done, or expired)."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT result, report_json FROM sessions WHERE id = ? AND status = 'done'",
+                (session_id,),
+            ).fetchone()
+        if row is None or row[0] is None or row[1] is None:
+            return None
+        return _result_from_blob(row[0], report_from_json(row[1]))
+
+    def created_since(self, consumer: str, since: float) -> int:
+        """How many sessions ``consumer`` created at or after ``since`` (Unix seconds)."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT COUNT(*) FROM sessions WHERE consumer = ? AND created_at >= ?",
+                (consumer, since),
+            ).fetchone()
+        return int(row[0])
+
+    def charges(self, session_id: str) -> list[Charge]:
+        """Every charge of a session, in the order written."""
+        with self._lock, snapshot(self._conn) as conn:
+            rows = conn.execute(
+                "SELECT party, label, event_json FROM charges WHERE session = ? ORDER BY id",
+                (session_id,),
+            ).fetchall()
+        return [
+            Charge(party, label, PrivacyEvent(**json.loads(event))) for party, label, event in rows
+        ]
+
+    def _report_from_charges(self, session_id: str, method: str, error: str) -> SessionReport:
+        from common.privacy.ledger import PrivacyLedger
+
+        charges = self.charges(session_id)
+        with self._lock, snapshot(self._conn) as conn:
+            (config_json,) = conn.execute(
+                "SELECT config_json FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+        config = json.loads(config_json)
+        one_delta = method in ("candidates", "rounds")
+        deltas = {
+            "validation": config["delta"] if one_delta else config["delta_validation"],
+            "owners": config["delta"] if one_delta else config["delta_owners"],
+        }
+        ledger: dict[str, Any] = {}
+        if charges:
+            # As the session kept them: D_v's charges in one ledger, the rest in the owners'.
+            for party, delta in deltas.items():
+                book = PrivacyLedger(delta_tilde=delta)
+                book.charge(
+                    [c for c in charges if (c.party == "validation") == (party == "validation")]
+                )
+                ledger[party] = book.report()
+        return SessionReport(
+            method=method,  # type: ignore[arg-type]
+            summary_size=0,
+            rounds=0,
+            owner_points_accessed=0,
+            validation_points_accessed=0,
+            all_owners_bound=0,
+            paper_bound=0.0,
+            dropped_owners=(),
+            ledger=ledger,
+            wall_time_seconds=0.0,
+            error=error,
+        )
+
+    @staticmethod
+    def _row(row: tuple[Any, ...]) -> StoredSession:
+        return StoredSession(
+            id=row[0],
+            consumer=row[1],
+            request_id=row[2],
+            request_digest=row[3],
+            status=row[4],
+            error=row[5],
+            created_at=row[6],
+            finished_at=row[7],
+            fetched_at=row[8],
+            expires_at=row[9],
+            report=None if row[10] is None else report_from_json(row[10]),
+            has_result=bool(row[11]),
+        )
