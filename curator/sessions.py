@@ -114,7 +114,7 @@ class SessionManager:
         )
         self._request_locks: dict[tuple[str, str], asyncio.Lock] = {}
         if store is not None:
-            for session_id in store.recover():
+            for session_id in store.recover(ttl=self.policy.result_ttl_seconds):
                 logger.warning(
                     "session %s was running when the curator stopped: marked failed, its "
                     "charges kept",

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import math
 import os
 import threading
 import time
@@ -271,8 +270,11 @@ class CuratorStore:
                 (now, now + ttl, now + ttl, session_id),
             )
 
-    def recover(self) -> list[str]:
+    def recover(self, *, ttl: float) -> list[str]:
         """Mark every running session failed (the curator restarted); keep its charges.
+
+        Its report (rebuilt from its charges) expires ``ttl`` seconds from now, like any
+        finished session's; the charges stay.
 
         Returns
         -------
@@ -286,7 +288,7 @@ class CuratorStore:
         recovered = []
         for session_id, method in rows:
             report = self._report_from_charges(session_id, method, RESTART_ERROR)
-            self.fail(session_id, RESTART_ERROR, report, ttl=math.inf)
+            self.fail(session_id, RESTART_ERROR, report, ttl=ttl)
             recovered.append(session_id)
         return recovered
 
