@@ -289,9 +289,9 @@ def calibrate_paper_mode(
     ``1e-3`` of it; each step composes a handful of homogeneous groups (``self_compose``), so a
     calibration costs well under a second for ``p = 500`` once ``dp_accounting`` is imported.
     Because ``delta_owners`` changes ``eps_auc``, the events are recomputed from each candidate
-    configuration. The guarantee is the PLD (or Theorem 7) epsilon of the charged events; it
-    does not include the PrivAuction caveat the session reports beside the ledger (a bad
-    iteration is not pure, ``delta_per_bad_iteration``).
+    configuration. The auction is calibrated as the pure variant (``auction="pure"``, each bad
+    iteration pure ``eps_auc``-DP); with ``auction="paper"`` the session also charges the
+    printed auction's delta per bad iteration, which no scaling of epsilon removes.
 
     References
     ----------
