@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from common.privacy.noise import OpenDPNoise
 from common.privacy.rng import make_rng
 from common.summarization.endpoints import OwnerEndpoint
 from common.summarization.summary import SummarizationConfig, SummaryResult
@@ -52,7 +53,12 @@ def simulate(
         As :meth:`SummarizationSession.prepare` and :meth:`SummarizationSession.run`.
     """
     ids = list(owner_ids) if owner_ids is not None else [o.name for o in owners]
-    endpoints = [LocalOwnerEndpoint(Owner(i, data)) for i, data in zip(ids, owners, strict=True)]
+    # Unseeded runs draw production randomness everywhere: the owners ignore the curator's seeds.
+    seeded = seed is not None
+    endpoints = [
+        LocalOwnerEndpoint(Owner(i, data, allow_seeded_sessions=seeded))
+        for i, data in zip(ids, owners, strict=True)
+    ]
     return run_session(endpoints, validation, seed_set, config, seed=seed, on_progress=on_progress)
 
 
@@ -89,6 +95,8 @@ def run_session(
             endpoints,
             make_rng(seed),
             on_progress=on_progress,
+            # Seeded runs (tests, evaluation) keep numpy's seeded draws; others use OpenDP.
+            noise=None if seed is not None else OpenDPNoise(),
         )
         await session.prepare()
         return await session.run()
