@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,43 +41,7 @@ from common.summarization.rff import RFFParams, random_fourier_features
 from common.summarization.terms import OwnerTerms
 from common.validation import check_positive_int, check_vector
 from owner.data import PointSet
-from owner.ledger import Remaining, Totals
-from owner.policy import OwnerPolicy
-
-
-class OwnerLedgerLike(Protocol):
-    """What :class:`Owner` needs of its durable ledger (``owner.ledger.OwnerLedger``)."""
-
-    def check(
-        self,
-        *,
-        session: str,
-        consumer: str,
-        curator: str,
-        mechanism: str,
-        epsilon: float,
-        delta: float,
-        points: int,
-    ) -> None: ...
-
-    def charge(
-        self,
-        *,
-        session: str,
-        consumer: str,
-        curator: str,
-        mechanism: str,
-        epsilon: float,
-        delta: float,
-        points: int,
-    ) -> object: ...
-
-    @property
-    def policy(self) -> OwnerPolicy: ...
-
-    def remaining(self) -> Remaining: ...
-
-    def session_totals(self, session: str) -> Totals: ...
+from owner.ledger import OwnerLedger
 
 
 class OwnerSession:
@@ -369,8 +332,8 @@ class Owner:
         Name used in reports.
     data : PointSet
         The private dataset, validated (finite, 2-D, non-empty).
-    ledger : OwnerLedgerLike, optional
-        The owner's durable ledger and policy (``owner.ledger.OwnerLedger``); ``None`` for
+    ledger : OwnerLedger, optional
+        The owner's durable ledger and policy; ``None`` for
         in-process research runs, which then charge and enforce nothing.
     max_sessions : int, optional
         Most sessions open at once (RESOURCE_EXHAUSTED beyond); default unlimited.
@@ -397,7 +360,7 @@ class Owner:
         owner_id: str,
         data: PointSet,
         *,
-        ledger: OwnerLedgerLike | None = None,
+        ledger: OwnerLedger | None = None,
         max_sessions: int | None = None,
         idle_timeout: float | None = None,
         max_rff_dimension: int | None = None,
