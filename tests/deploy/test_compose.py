@@ -678,6 +678,20 @@ def test_pki_job_gives_each_party_its_identity(config: dict[str, Any], pki_run: 
         assert TransportSecurity.from_files(ca, cert, key).identity == identity
 
 
+def test_pki_job_refuses_identities_of_another_ca(
+    config: dict[str, Any], pki_run: JobRun, tmp_path: Path
+) -> None:
+    """A lost CA volume with the services' volumes kept: the job stops instead of starting
+    services whose certificates no peer of the new CA would accept."""
+    pki = _services(config)["pki"]
+    root = tmp_path / "pki-job"
+    shutil.copytree(pki_run.root, root)
+    ca_volume = _volumes(pki)[_argv(pki)[0]].source
+    shutil.rmtree(root / pki_run.volume_dirs[ca_volume].relative_to(pki_run.root))
+    with pytest.raises(AssertionError, match="another CA"):
+        _run_job(pki, root)
+
+
 def test_data_job_writes_every_file_the_services_read(
     config: dict[str, Any], data_run: JobRun, pki_run: JobRun
 ) -> None:
