@@ -2,42 +2,69 @@
 
 The compose file is validated and normalised by ``docker-compose config`` (the only compose command
 that needs no engine) and the resolved configuration is checked: the topology of ``make demo``
-(one data job, five owners, a curator, a consumer), the start-up order, that every address and port
-agrees with the command lines, that every command line parses with the real CLI, and that the files
-the data job writes are the files the other services read. The healthcheck one-liners are run
-against a real gRPC health server.
+(a pki job, a data job, five owners, a curator, a consumer), the networks (who can reach whom), the
+volumes (only the pki job holds the CA; every other volume belongs to one service), the start-up
+order, that every address, port and certificate name agrees with the command lines, that every
+command line parses with the real CLI and runs with mTLS, and that the policies admit the
+consumer's session. The two one-shot jobs' scripts are run for real on temporary directories
+standing in for their volumes: the files they write are the files the services read, each service
+receives its own identity and no CA key, and a second run of the pki job changes nothing. The
+healthcheck command lines (compose's and the Dockerfile's) are run against a real mTLS server.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import math
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import tomllib
 from collections import Counter
-from concurrent import futures
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import grpc
 import pytest
 from click.testing import CliRunner
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
+from common.summarization.summary import PARAMETER_NAMES, SummarizationConfig
+from common.summarization.terms import owner_terms
+from curator.policy import load_curator_policy
 from deploy.cli import main
+from deploy.pki import CA_KEY, identity_files, init_ca, issue
+from dpmarket.identity import Identity
+from dpmarket.serving import start_server
+from dpmarket.transport import TransportSecurity
+from owner.data import load_point_set
+from owner.policy import load_owner_policy
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "deploy" / "docker-compose.yml"
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
+POLICIES = REPO / "deploy" / "policies"
 OWNERS = [f"owner-{i}" for i in range(5)]
-VOLUME_TARGET = "/data"
+SERVERS = {*OWNERS, "curator"}
+JOBS = {"pki", "data"}
+PARTIES = {*SERVERS, "consumer"}
+# The role each party's subcommand runs as (its certificate must carry it).
+ROLE_OF = {"serve-owner": "owner", "serve-curator": "curator", "request": "consumer"}
+# Mount points inside the parties' containers.
+DATA_TARGET, PKI_TARGET, STATE_TARGET, POLICY_TARGET = "/data", "/pki", "/state", "/etc/dpmarket"
 # Options whose values are files the service reads (they must exist once the data job has run).
 INPUT_OPTIONS = ("--data", "--validation", "--seed-set", "--test")
 OUTPUT_OPTIONS = ("--out", "--report")
+TLS_FILE_OPTIONS = ("--ca", "--cert", "--key")
+
+T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -119,6 +146,20 @@ def _argv(service: dict[str, Any]) -> list[str]:
     return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
 
 
+def _unescape(text: str) -> str:
+    """Undo compose's ``$$`` escape (``config`` may print it), as compose does for the engine."""
+    return text.replace("$$", "$")
+
+
+def _entrypoint(service: dict[str, Any]) -> list[str] | None:
+    entrypoint = service.get("entrypoint")
+    if entrypoint is None:
+        return None
+    if isinstance(entrypoint, str):
+        entrypoint = shlex.split(entrypoint)
+    return [_unescape(str(e)) for e in entrypoint]
+
+
 def _values(argv: list[str], option: str) -> list[str]:
     """Every value given to ``option`` (``--opt value`` or ``--opt=value``)."""
     found = []
@@ -137,6 +178,14 @@ def _value(argv: list[str], option: str) -> str:
     return found[0]
 
 
+def _replace_value(argv: list[str], option: str, value: str) -> list[str]:
+    """``argv`` with the value of ``option`` (given once, as ``--opt value``) replaced."""
+    out = list(argv)
+    index = out.index(option)
+    out[index + 1] = value
+    return out
+
+
 def _port(argv: list[str]) -> int | None:
     found = _values(argv, "--port")
     return int(_value(argv, "--port")) if found else None
@@ -148,6 +197,11 @@ def _split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _identity(argv: list[str]) -> Identity:
+    """The identity a party's command line runs as: its subcommand's role and its --name."""
+    return Identity(ROLE_OF[argv[0]], _value(argv, "--name"))  # type: ignore[arg-type]
+
+
 def _published_container_ports(service: dict[str, Any]) -> list[int]:
     """Container-side ports of ``ports`` (short ``[ip:]host:container[/proto]`` or long form)."""
     result = []
@@ -156,6 +210,17 @@ def _published_container_ports(service: dict[str, Any]) -> list[int]:
             result.append(int(entry["target"]))
         else:
             result.append(int(str(entry).split("/")[0].rsplit(":", 1)[-1]))
+    return result
+
+
+def _published_host_ips(service: dict[str, Any]) -> list[str]:
+    result = []
+    for entry in service.get("ports", []):
+        if isinstance(entry, dict):
+            result.append(str(entry.get("host_ip", "")))
+        else:
+            parts = str(entry).split("/")[0].split(":")
+            result.append(parts[0] if len(parts) == 3 else "")
     return result
 
 
@@ -180,16 +245,49 @@ def _depends_on(service: dict[str, Any]) -> dict[str, str]:
     return {name: spec.get("condition", "service_started") for name, spec in deps.items()}
 
 
-def _mounts_data_volume(service: dict[str, Any]) -> bool:
-    for volume in service.get("volumes", []):
-        if isinstance(volume, dict):
-            if volume.get("type") == "volume" and volume.get("target") == VOLUME_TARGET:
-                return True
-        else:
-            parts = str(volume).split(":")
-            if len(parts) >= 2 and parts[1] == VOLUME_TARGET and not parts[0].startswith("/"):
-                return True
-    return False
+def _networks(service: dict[str, Any]) -> set[str]:
+    networks = service.get("networks") or {}
+    return set(networks)
+
+
+@dataclass(frozen=True)
+class Mount:
+    kind: str  # "volume" (named) or "bind"
+    source: str
+    target: str
+    read_only: bool
+
+
+def _mounts(service: dict[str, Any]) -> list[Mount]:
+    """The service's mounts, short (``src:dst[:mode]``) or long form."""
+    result = []
+    for entry in service.get("volumes", []):
+        if isinstance(entry, dict):
+            result.append(
+                Mount(
+                    str(entry.get("type", "volume")),
+                    str(entry.get("source", "")),
+                    str(entry["target"]),
+                    bool(entry.get("read_only", False)),
+                )
+            )
+            continue
+        parts = str(entry).split(":")
+        assert len(parts) in (2, 3), f"anonymous or odd mount {entry!r}"
+        source, target = parts[0], parts[1]
+        modes = parts[2].split(",") if len(parts) == 3 else []
+        kind = "bind" if source.startswith(("/", ".", "~")) else "volume"
+        result.append(Mount(kind, source, target, "ro" in modes))
+    return result
+
+
+def _volumes(service: dict[str, Any]) -> dict[str, Mount]:
+    """Mount point -> named-volume mount."""
+    return {m.target: m for m in _mounts(service) if m.kind == "volume"}
+
+
+def _under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
 def _option_in_help(option: str, help_text: str) -> bool:
@@ -217,44 +315,202 @@ def _dockerfile_instructions() -> list[tuple[str, str]]:
     return pairs
 
 
-def _run_health_probe(argv: list[str], env: dict[str, str]) -> int:
-    return subprocess.run(
-        argv, capture_output=True, text=True, timeout=60, check=False, env=env
-    ).returncode
+def _env_with_dpmarket() -> dict[str, str]:
+    """The environment with this interpreter's scripts (``dpmarket``) first on PATH."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
-def _probe_results(make_argv: Any) -> tuple[int, int, int]:
-    """Exit codes of a health probe against SERVING, NOT_SERVING and a stopped server."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    target = f"127.0.0.1:{port}"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    server.start()
-    try:
-        servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-        serving = _run_health_probe(make_argv(target), env)
-        servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        not_serving = _run_health_probe(make_argv(target), env)
-    finally:
-        server.stop(None).wait()
-    stopped = _run_health_probe(make_argv(target), env)
-    return serving, not_serving, stopped
+# --------------------------------------------------------------------- the one-shot jobs
+@dataclass(frozen=True)
+class JobRun:
+    """A job's script run on temporary directories standing in for its volumes."""
+
+    root: Path
+    volume_dirs: dict[str, Path]  # named volume -> the directory that stood in for it
+    outputs: list[str]  # stdout of each run
+
+
+def _run_job(service: dict[str, Any], root: Path, *, times: int = 1) -> JobRun:
+    """Run a job's ``sh -c`` entry point with its arguments, every container path under ``root``.
+
+    The job's arguments that are absolute paths (its volumes' directories) are moved under
+    ``root``; each volume's mount point is created first, as the engine does.
+    """
+    entrypoint = _entrypoint(service)
+    assert entrypoint is not None and entrypoint[:3] == ["/bin/sh", "-eu", "-c"], entrypoint
+    args = [str(root) + a if a.startswith("/") else a for a in _argv(service)]
+    volume_dirs = {}
+    for mount in _mounts(service):
+        assert mount.kind == "volume", f"a job mounts only named volumes: {mount}"
+        host = root / mount.target.lstrip("/")
+        host.mkdir(parents=True, exist_ok=True)
+        volume_dirs[mount.source] = host
+    outputs = []
+    for _ in range(times):
+        done = subprocess.run(
+            ["sh", *entrypoint[1:], *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+            env=_env_with_dpmarket(),
+        )
+        assert done.returncode == 0, f"job failed:\n{done.stdout}\n{done.stderr}"
+        outputs.append(done.stdout)
+    return JobRun(root, volume_dirs, outputs)
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def pki_run(config: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> JobRun:
+    """The pki job run twice (an ``up`` re-run); the second run must change nothing."""
+    root = tmp_path_factory.mktemp("pki-job")
+    first = _run_job(_services(config)["pki"], root)
+    before = _snapshot(root)
+    second = _run_job(_services(config)["pki"], root)
+    assert _snapshot(root) == before, "a second run of the pki job changed the certificates"
+    assert "keeping the CA" in second.outputs[0]
+    return JobRun(root, first.volume_dirs, first.outputs + second.outputs)
+
+
+@pytest.fixture(scope="module")
+def data_run(config: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> JobRun:
+    return _run_job(_services(config)["data"], tmp_path_factory.mktemp("data-job"))
+
+
+def _host_path(service: dict[str, Any], path: str, run: JobRun) -> Path | None:
+    """Where a path inside ``service`` lies among the job's stand-in volumes (None: not there)."""
+    for target, mount in _volumes(service).items():
+        if _under(path, target) and mount.source in run.volume_dirs:
+            return run.volume_dirs[mount.source] / path[len(target) :].lstrip("/")
+    return None
+
+
+def _parse_on_host(service: dict[str, Any], *runs: JobRun) -> dict[str, Any]:
+    """Parse a party's command line with the real CLI, its container paths moved to the jobs'
+    stand-in volumes (or, for the policies, to deploy/policies): every check but running it."""
+
+    def on_host(token: str) -> str:
+        if not token.startswith("/"):
+            return token
+        if _under(token, POLICY_TARGET):
+            return str(POLICIES / token[len(POLICY_TARGET) + 1 :])
+        for run in runs:
+            host = _host_path(service, token, run)
+            if host is not None:
+                return str(host)
+        return token
+
+    argv = _argv(service)
+    command = main.commands[argv[0]]
+    with command.make_context(argv[0], [on_host(t) for t in argv[1:]]) as ctx:
+        return dict(ctx.params)
 
 
 # ------------------------------------------------------------------------ compose topology
 def test_services_are_the_demo_topology(config: dict[str, Any]) -> None:
     services = _services(config)
-    assert set(services) == {"data", *OWNERS, "curator", "consumer"}
-    assert _argv(services["data"]) == ["scenario", "digits", "--out", VOLUME_TARGET]
+    assert set(services) == {*JOBS, *PARTIES}
+    declared = set(config.get("volumes", {}))
     for name, service in services.items():
-        assert _mounts_data_volume(service), f"{name} does not mount the data volume on /data"
         build = service.get("build")
         assert build, f"{name} has no build section"
         assert Path(build["context"]).resolve() == REPO, f"{name} builds from {build['context']}"
         assert build.get("dockerfile") == "deploy/Dockerfile"
-    assert "data" in config.get("volumes", {}), "the data volume must be a named volume"
+        for mount in _mounts(service):
+            if mount.kind == "volume":
+                assert mount.source in declared, f"{name} mounts undeclared volume {mount.source}"
+            else:
+                # The only bind mount: the policies, read-only.
+                assert Path(mount.source).resolve() == POLICIES, f"{name} binds {mount.source}"
+                assert mount.target == POLICY_TARGET and mount.read_only, f"{name}: {mount}"
+    for name in PARTIES:
+        assert _entrypoint(services[name]) is None, f"{name} must run the image's dpmarket"
+        assert ROLE_OF[_argv(services[name])[0]] == _identity(_argv(services[name])).role
+
+
+def test_networks_separate_the_owners_from_the_consumer(config: dict[str, Any]) -> None:
+    services = _services(config)
+    networks = config["networks"]
+    assert set(networks) == {"backend", "frontend"}
+    assert networks["backend"].get("internal") is True, "backend must be internal"
+    # The curator's published port needs a network with a route to the host.
+    assert not (networks["frontend"] or {}).get("internal")
+    for name in OWNERS:
+        assert _networks(services[name]) == {"backend"}, name
+        assert "network_mode" not in services[name]
+    assert _networks(services["curator"]) == {"backend", "frontend"}
+    assert _networks(services["consumer"]) == {"frontend"}
+    for name in JOBS:
+        assert services[name].get("network_mode") == "none", f"{name} needs no network"
+        assert not _networks(services[name])
+    # Only the curator publishes a port, and only on the host's loopback.
+    for name, service in services.items():
+        if name != "curator":
+            assert not service.get("ports"), f"{name} publishes {service['ports']}"
+    assert _published_host_ips(services["curator"]) == ["127.0.0.1"]
+
+
+def test_only_the_pki_job_holds_the_ca(config: dict[str, Any], pki_run: JobRun) -> None:
+    services = _services(config)
+    ca_dir = _argv(services["pki"])[0]
+    ca_volume = _volumes(services["pki"])[ca_dir].source
+    for name, service in services.items():
+        if name != "pki":
+            sources = {m.source for m in _mounts(service)}
+            assert ca_volume not in sources, f"{name} mounts the CA volume {ca_volume}"
+    # The job's run: the CA key exists in the CA volume and in no other.
+    ca_host = pki_run.volume_dirs[ca_volume]
+    assert (ca_host / CA_KEY).is_file()
+    for volume, directory in pki_run.volume_dirs.items():
+        if volume != ca_volume:
+            assert not list(directory.rglob(CA_KEY)), f"{volume} holds the CA key"
+
+
+def test_each_party_mounts_only_its_own_volumes(config: dict[str, Any]) -> None:
+    services = _services(config)
+
+    def exports(job: str) -> dict[str, str]:
+        """Directory name under the job's export directory -> the volume mounted there."""
+        export_dir = _argv(services[job])[1 if job == "pki" else 0]
+        return {
+            target[len(export_dir) + 1 :]: mount.source
+            for target, mount in _volumes(services[job]).items()
+            if _under(target, export_dir) and target != export_dir
+        }
+
+    pki_exports, data_exports = exports("pki"), exports("data")
+    assert set(pki_exports) == PARTIES
+    assert set(data_exports) == {*OWNERS, "consumer"}
+    owners_of: Counter[str] = Counter()
+    for name in PARTIES:
+        volumes = _volumes(services[name])
+        owners_of.update(m.source for m in volumes.values())
+        expected = {PKI_TARGET: pki_exports[name]}
+        if name in data_exports:
+            expected[DATA_TARGET] = data_exports[name]
+        if name in SERVERS:
+            state = volumes.get(STATE_TARGET)
+            assert state is not None, f"{name} keeps no state volume on {STATE_TARGET}"
+            expected[STATE_TARGET] = state.source
+        assert {t: m.source for t, m in volumes.items()} == expected, name
+        assert volumes[PKI_TARGET].read_only, f"{name} mounts its certificate read-write"
+        if name in SERVERS:
+            assert not volumes[STATE_TARGET].read_only
+        if name in OWNERS:
+            assert volumes[DATA_TARGET].read_only, f"{name} mounts its data read-write"
+    # No volume is shared by two parties, and no job mounts a party's state.
+    assert all(n == 1 for n in owners_of.values()), owners_of
+    job_sources = {m.source for job in JOBS for m in _mounts(services[job])}
+    for name in SERVERS:
+        assert _volumes(services[name])[STATE_TARGET].source not in job_sources
 
 
 def test_each_owner_serves_its_own_file(config: dict[str, Any]) -> None:
@@ -263,86 +519,136 @@ def test_each_owner_serves_its_own_file(config: dict[str, Any]) -> None:
     for name in OWNERS:
         argv = _argv(services[name])
         assert argv[0] == "serve-owner"
-        assert _value(argv, "--data") == f"{VOLUME_TARGET}/{name}.parquet"
+        assert _value(argv, "--data") == f"{DATA_TARGET}/{name}.parquet"
         assert _value(argv, "--owner-id") == name
+        assert _identity(argv) == Identity("owner", name)
         data_files.append(_value(argv, "--data"))
     assert len(set(data_files)) == len(OWNERS)
 
 
-def test_curator_lists_every_owner_address_exactly_once(config: dict[str, Any]) -> None:
+def test_curator_lists_every_owner_and_its_certificate_name_once(config: dict[str, Any]) -> None:
     services = _services(config)
     argv = _argv(services["curator"])
     assert argv[0] == "serve-curator"
-    expected = {f"{name}:{_port(_argv(services[name]))}" for name in OWNERS}
+    assert _identity(argv) == Identity("curator", "curator")
     counts = Counter(_values(argv, "--owner"))
-    assert set(counts) == expected
     assert all(n == 1 for n in counts.values()), counts
+    expected = set()
+    for name in OWNERS:
+        owner = _argv(services[name])
+        expected.add(f"{_value(owner, '--name')}@{name}:{_port(owner)}")
+    assert set(counts) == expected
 
 
 def test_consumer_requests_a_private_summary_from_the_curator(config: dict[str, Any]) -> None:
     services = _services(config)
     argv = _argv(services["consumer"])
+    curator = _argv(services["curator"])
     assert argv[0] == "request"
-    assert _value(argv, "--method") in ("candidates", "private")
+    assert _value(argv, "--method") == "candidates"
     host, port = _split_address(_value(argv, "--curator"))
     assert host == "curator"
-    assert port == _port(_argv(services["curator"]))
+    assert port == _port(curator)
+    assert _value(argv, "--curator-name") == _identity(curator).name
+    assert _identity(argv) == Identity("consumer", "consumer")
+    data = _volumes(services["consumer"])[DATA_TARGET]
+    assert not data.read_only, "the consumer writes its summary and report to its volume"
     for option in OUTPUT_OPTIONS:
         path = _value(argv, option)
-        assert path.startswith(VOLUME_TARGET + "/"), f"{option} {path} is not on the volume"
-    if _values(argv, "--seed"):
-        # A fixed session seed is refused unless the curator allows it.
-        assert "--allow-seeded-sessions" in _argv(services["curator"])
+        assert _under(path, DATA_TARGET), f"{option} {path} is not on the consumer's volume"
+    # A fixed session seed is refused unless the curator allows it.
+    assert _value(argv, "--seed") == "0"
+    assert "--allow-seeded-sessions" in curator
+
+
+def test_every_party_runs_with_mtls(config: dict[str, Any]) -> None:
+    services = _services(config)
+    for name in PARTIES:
+        argv = _argv(services[name])
+        assert "--insecure" not in argv, f"{name} runs plaintext"
+        assert _value(argv, "--pki-dir") == PKI_TARGET, name
+        assert not any(_values(argv, o) for o in TLS_FILE_OPTIONS), f"{name}: use --pki-dir"
+    # Nowhere: no command, entry point or healthcheck of any service mentions --insecure.
+    assert "--insecure" not in json.dumps(config)
 
 
 def test_start_order_uses_conditions(config: dict[str, Any]) -> None:
     services = _services(config)
+    done = "service_completed_successfully"
     for name in OWNERS:
-        assert _depends_on(services[name]) == {"data": "service_completed_successfully"}
-    assert _depends_on(services["curator"]) == dict.fromkeys(OWNERS, "service_healthy")
-    assert _depends_on(services["consumer"]).get("curator") == "service_healthy"
+        assert _depends_on(services[name]) == {"pki": done, "data": done}
+    assert _depends_on(services["curator"]) == {
+        "pki": done,
+        **dict.fromkeys(OWNERS, "service_healthy"),
+    }
+    assert _depends_on(services["consumer"]) == {
+        "pki": done,
+        "data": done,
+        "curator": "service_healthy",
+    }
+    for name in JOBS:
+        assert not _depends_on(services[name])
     for name, service in services.items():
         for dependency, condition in _depends_on(service).items():
             assert dependency in services, f"{name} depends on unknown {dependency}"
             if condition == "service_healthy":
                 assert _healthcheck_test(services[dependency]), f"{dependency} has no healthcheck"
-            if condition == "service_completed_successfully":
-                assert _port(_argv(services[dependency])) is None, f"{dependency} is a server"
+            if condition == done:
+                assert dependency in JOBS, f"{dependency} is not a one-shot job"
 
 
 def test_ports_match_the_command_lines(config: dict[str, Any]) -> None:
     services = _services(config)
-    servers = {name for name, s in services.items() if _port(_argv(s)) is not None}
-    assert servers == {*OWNERS, "curator"}
+    servers = {name for name in PARTIES if _port(_argv(services[name])) is not None}
+    assert servers == SERVERS
     for name, service in services.items():
-        argv = _argv(service)
-        port = _port(argv)
         published = _published_container_ports(service)
+        port = _port(_argv(service)) if name in PARTIES else None
         if port is None:
             assert not published, f"{name} publishes {published} but serves nothing"
             assert _healthcheck_test(service) is None, f"{name} serves nothing but has a check"
             continue
+        argv = _argv(service)
         assert port != 0, f"{name} must bind a fixed port for the others to reach it"
         assert _value(argv, "--host") == "0.0.0.0", f"{name} must listen beyond loopback"
         assert set(published) <= {port}, f"{name} publishes {published}, serves on {port}"
         test = _healthcheck_test(service)
         assert test is not None, f"{name} serves on {port} but has no healthcheck"
-        assert _split_address(test[-1])[1] == port, f"{name}'s healthcheck probes {test[-1]}"
-        assert _split_address(test[-1])[0] in {"127.0.0.1", "localhost"}
+        host, probed = _split_address(_value(test, "--target"))
+        assert probed == port, f"{name}'s healthcheck probes port {probed}"
+        assert host in {"127.0.0.1", "localhost"}
     # Every address in a command line names a service and the port that service binds.
-    for name, service in services.items():
-        argv = _argv(service)
-        for address in _values(argv, "--owner") + _values(argv, "--curator"):
+    for name in PARTIES:
+        argv = _argv(services[name])
+        owners = [o.rpartition("@")[2] for o in _values(argv, "--owner")]
+        for address in owners + _values(argv, "--curator"):
             host, port = _split_address(address)
             assert host in services, f"{name} refers to unknown service {host}"
             assert port == _port(_argv(services[host])), f"{name}: {address}"
 
 
+def test_healthchecks_probe_the_service_with_its_own_identity(config: dict[str, Any]) -> None:
+    services = _services(config)
+    health = main.commands["health"]
+    for name in SERVERS:
+        argv = _argv(services[name])
+        identity = _identity(argv)
+        test = _healthcheck_test(services[name])
+        assert test is not None
+        assert test[:3] == ["CMD", "dpmarket", "health"], f"{name}: exec form of dpmarket health"
+        assert _value(test, "--expect") == str(identity), name
+        assert _value(test, "--name") == identity.name, name
+        assert _value(test, "--pki-dir") == _value(argv, "--pki-dir"), name
+        assert "--insecure" not in test
+        with health.make_context("health", test[3:]) as ctx:
+            assert ctx.params["expect"] == str(identity)
+
+
 # ------------------------------------------------------------------- commands vs the CLI
 def test_compose_commands_are_real_subcommands_and_options(config: dict[str, Any]) -> None:
     runner = CliRunner()
-    for name, service in _services(config).items():
-        argv = _argv(service)
+    for name in PARTIES:
+        argv = _argv(_services(config)[name])
         subcommand = argv[0]
         assert subcommand in main.commands, f"{name}: dpmarket has no subcommand {subcommand}"
         result = runner.invoke(main, [subcommand, "--help"])
@@ -355,50 +661,220 @@ def test_compose_commands_are_real_subcommands_and_options(config: dict[str, Any
                 )
 
 
-def test_data_job_writes_every_file_the_services_read(
-    config: dict[str, Any], tmp_path: Path
-) -> None:
-    """Run the data service's command for real, then parse every other command with the CLI."""
+def test_pki_job_gives_each_party_its_identity(config: dict[str, Any], pki_run: JobRun) -> None:
     services = _services(config)
+    identities = [Identity.parse(a) for a in _argv(services["pki"])[2:]]
+    assert sorted(map(str, identities)) == sorted(
+        str(_identity(_argv(services[name]))) for name in PARTIES
+    )
+    for name in PARTIES:
+        argv = _argv(services[name])
+        identity = _identity(argv)
+        pki_dir = _host_path(services[name], _value(argv, "--pki-dir"), pki_run)
+        assert pki_dir is not None, f"{name}'s --pki-dir is not a volume the pki job fills"
+        ca, cert, key = identity_files(pki_dir, identity)
+        assert sorted(p.name for p in pki_dir.iterdir()) == sorted([ca.name, cert.name, key.name])
+        assert key.stat().st_mode & 0o077 == 0, f"{key} is readable by others"
+        assert TransportSecurity.from_files(ca, cert, key).identity == identity
 
-    def on_tmp(argv: list[str]) -> list[str]:
-        return [
-            str(tmp_path) + t[len(VOLUME_TARGET) :]
-            if t == VOLUME_TARGET or t.startswith(VOLUME_TARGET + "/")
-            else t
-            for t in argv
-        ]
 
-    result = CliRunner().invoke(main, on_tmp(_argv(services["data"])))
-    assert result.exit_code == 0, result.output
-    for name, service in services.items():
-        if name == "data":
-            continue
+def test_pki_job_refuses_identities_of_another_ca(
+    config: dict[str, Any], pki_run: JobRun, tmp_path: Path
+) -> None:
+    """A lost CA volume with the services' volumes kept: the job stops instead of starting
+    services whose certificates no peer of the new CA would accept."""
+    pki = _services(config)["pki"]
+    root = tmp_path / "pki-job"
+    shutil.copytree(pki_run.root, root)
+    ca_volume = _volumes(pki)[_argv(pki)[0]].source
+    shutil.rmtree(root / pki_run.volume_dirs[ca_volume].relative_to(pki_run.root))
+    with pytest.raises(AssertionError, match="another CA"):
+        _run_job(pki, root)
+
+
+def test_data_job_writes_every_file_the_services_read(
+    config: dict[str, Any], data_run: JobRun, pki_run: JobRun
+) -> None:
+    """Each party's volume holds its own files only; every command line parses on them."""
+    services = _services(config)
+    for name in PARTIES:
+        service = services[name]
         argv = _argv(service)
+        read = set()
         for option in INPUT_OPTIONS:
             for path in _values(argv, option):
-                assert path.startswith(VOLUME_TARGET + "/"), f"{name}: {option} {path}"
-                written = tmp_path / path[len(VOLUME_TARGET) + 1 :]
-                assert written.is_file(), f"{name} reads {path}, which the data job does not write"
+                host = _host_path(service, path, data_run)
+                assert host is not None, f"{name}: {option} {path} is not on a data volume"
+                assert host.is_file(), f"{name} reads {path}, which the data job does not write"
+                read.add(host)
+        data = _host_path(service, DATA_TARGET, data_run)
+        if data is not None:
+            assert set(data.iterdir()) == read, f"{name}'s volume holds files it does not read"
+
         # Full parse (required options, types, choices, existing files) without running it.
-        command = main.commands[argv[0]]
-        with command.make_context(argv[0], on_tmp(argv[1:])) as ctx:
-            assert ctx.params
+        assert _parse_on_host(service, data_run, pki_run)
+    owned = [data_run.volume_dirs[m.source] for m in _mounts(services["data"])]
+    assert sum(len(list(d.iterdir())) for d in owned) == len(OWNERS) + 3
 
 
-def test_compose_healthcheck_probes_grpc_health(config: dict[str, Any]) -> None:
-    test = _healthcheck_test(_services(config)["curator"])
-    assert test is not None
-    assert test[:3] == ["CMD", "python", "-c"], test
-    code = test[3]
+def test_policies_admit_the_consumers_session(
+    config: dict[str, Any], data_run: JobRun, pki_run: JobRun
+) -> None:
+    """The owners' and curator's policy files accept the consumer's candidates session."""
+    services = _services(config)
+    params = _parse_on_host(services["consumer"], data_run, pki_run)
+    session = SummarizationConfig(
+        summary_size=params["summary_size"],
+        method=params["method"],
+        **{k: params[k] for k in PARAMETER_NAMES},
+    )
+    validation = load_point_set(params["validation_path"])
+    seed_set = load_point_set(params["seed_set_path"])
+    terms = owner_terms(
+        session,
+        len(OWNERS),
+        validation_size=validation.n_points,
+        seed_set_size=seed_set.n_points,
+    )
+    assert (terms.epsilon, terms.delta) == (1.0, 0.0)
+    # The candidates method reads at most floor(candidate_fraction * K * p) owner points.
+    points = math.floor(session.candidate_fraction * len(OWNERS) * session.summary_size)
 
-    def argv(target: str) -> list[str]:
-        return [sys.executable, "-c", code, target]
+    def policy_file(argv: list[str]) -> Path:
+        path = _value(argv, "--policy")
+        assert _under(path, POLICY_TARGET), path
+        return POLICIES / path[len(POLICY_TARGET) + 1 :]
 
-    serving, not_serving, stopped = _probe_results(argv)
-    assert serving == 0
-    assert not_serving != 0
-    assert stopped != 0
+    curator_argv = _argv(services["curator"])
+    for name in OWNERS:
+        policy = load_owner_policy(policy_file(_argv(services[name])))
+        assert terms.epsilon <= policy.epsilon_per_session <= policy.epsilon_total
+        assert terms.delta <= policy.delta_per_session <= policy.delta_total
+        assert points <= policy.points_per_session <= policy.points_total
+        assert _identity(curator_argv).name in policy.curators
+    curator = load_curator_policy(policy_file(curator_argv))
+    curator.check_request(session, validation.n_points)
+    curator.check_terms(terms)
+    assert session.method in curator.methods
+    assert not curator.consumers or "consumer" in curator.consumers
+
+
+# ------------------------------------------------------------- healthchecks, real mTLS server
+class _LoopThread:
+    """An asyncio loop in a background thread, for a grpc.aio server beside blocking probes."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=60)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=60)
+        self.loop.close()
+
+
+@dataclass
+class _Served:
+    port: int
+    pki_dir: Path
+    set_status: Callable[[int], None]
+    stop: Callable[[], None]
+
+
+@contextlib.contextmanager
+def _mtls_server(tmp_path: Path, identity: Identity) -> Iterator[_Served]:
+    """A real grpc.aio server (health, reflection, a trivial service) with ``identity``'s
+    certificate, issued by a fresh CA into ``tmp_path/pki`` as the pki job lays it out."""
+    ca_dir, pki_dir = tmp_path / "ca", tmp_path / "pki"
+    init_ca(ca_dir)
+    issue(ca_dir, identity.role, identity.name, out_dir=pki_dir)
+    security = TransportSecurity.from_files(*identity_files(pki_dir, identity))
+    loop = _LoopThread()
+    server, port, health_servicer = loop.run(
+        start_server(lambda server: None, "dpmarket.v1.TrivialService", "127.0.0.1:0", security)
+    )
+    stopped = False
+
+    def stop() -> None:
+        nonlocal stopped
+        if not stopped:
+            loop.run(server.stop(None))
+            stopped = True
+
+    try:
+        yield _Served(
+            port,
+            pki_dir,
+            lambda status: loop.run(health_servicer.set("", status)),  # type: ignore[arg-type]
+            stop,
+        )
+    finally:
+        stop()
+        loop.close()
+
+
+@pytest.mark.parametrize("name", ["owner-0", "curator"])
+def test_compose_healthcheck_runs_against_a_real_mtls_server(
+    config: dict[str, Any], tmp_path: Path, name: str
+) -> None:
+    """The exact healthcheck command line, with only its port and --pki-dir moved to the test's."""
+    service = _services(config)[name]
+    test = _healthcheck_test(service)
+    assert test is not None and test[:2] == ["CMD", "dpmarket"]
+    identity = _identity(_argv(service))
+    runner = CliRunner()
+    with _mtls_server(tmp_path, identity) as served:
+
+        def probe(expect: str | None = None) -> Any:
+            argv = _replace_value(test[2:], "--target", f"127.0.0.1:{served.port}")
+            argv = _replace_value(argv, "--pki-dir", str(served.pki_dir))
+            if expect is not None:
+                argv = _replace_value(argv, "--expect", expect)
+            return runner.invoke(main, argv)
+
+        serving = probe()
+        assert serving.exit_code == 0, serving.output
+        # Another identity of the same role: the server's certificate does not match.
+        other = probe(f"{identity.role}:{identity.name}-other")
+        assert other.exit_code != 0, other.output
+        assert "UNAVAILABLE" in other.output
+        served.set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
+        assert probe().exit_code != 0
+        served.stop()
+        assert probe().exit_code != 0
+
+
+def test_dockerfile_healthcheck_runs_against_a_real_mtls_server(tmp_path: Path) -> None:
+    checks = [args for k, args in _dockerfile_instructions() if k == "HEALTHCHECK"]
+    assert len(checks) == 1
+    command = re.split(r"\bCMD\s+", checks[0], maxsplit=1)[1]  # after --interval=... options
+    assert command.startswith("dpmarket health "), command
+    env_lines = " ".join(args for k, args in _dockerfile_instructions() if k == "ENV")
+    assert f"DPMARKET_PKI_DIR={PKI_TARGET}" in env_lines, "the image's default pki directory"
+    identity = Identity("owner", "owner-0")
+
+    def probe(served: _Served, **env: str) -> subprocess.CompletedProcess[str]:
+        # Shell form, as Docker runs it; the environment has only what the test gives.
+        full = {k: v for k, v in _env_with_dpmarket().items() if not k.startswith("DPMARKET_")}
+        full |= {
+            "DPMARKET_HEALTH_TARGET": f"127.0.0.1:{served.port}",
+            "DPMARKET_PKI_DIR": str(served.pki_dir),
+            **env,
+        }
+        return subprocess.run(
+            ["sh", "-c", command], capture_output=True, text=True, timeout=60, env=full
+        )
+
+    with _mtls_server(tmp_path, identity) as served:
+        serving = probe(served, DPMARKET_HEALTH_EXPECT=str(identity))
+        assert serving.returncode == 0, serving.stderr
+        unset = probe(served)
+        assert unset.returncode != 0
+        assert "DPMARKET_HEALTH_EXPECT" in unset.stderr
 
 
 # ------------------------------------------------------------------------------ Dockerfile
@@ -416,7 +892,7 @@ def test_dockerfile_entrypoint_user_and_sources() -> None:
     assert users[-1].split(":")[0] not in {"root", "0"}
     assert keywords.index("ENTRYPOINT") > max(i for i, k in enumerate(keywords) if k == "USER")
     # `pip install .` needs pyproject, the readme and every package directory.
-    copied = set()
+    copied: set[str] = set()
     for keyword, args in instructions:
         if keyword == "COPY":
             sources = [a for a in shlex.split(args)[:-1] if not a.startswith("--")]
@@ -427,16 +903,23 @@ def test_dockerfile_entrypoint_user_and_sources() -> None:
     assert any(k == "RUN" and "pip install ." in args for k, args in instructions)
 
 
-def test_dockerfile_healthcheck_probes_grpc_health() -> None:
-    checks = [args for k, args in _dockerfile_instructions() if k == "HEALTHCHECK"]
-    assert len(checks) == 1
-    command = re.split(r"\bCMD\s+", checks[0], maxsplit=1)[1]  # after --interval=... options
-
-    def argv(target: str) -> list[str]:
-        # Shell form, as Docker runs it; the target comes from the image's environment variable.
-        return ["sh", "-c", f"DPMARKET_HEALTH_TARGET={target}; {command}"]
-
-    serving, not_serving, stopped = _probe_results(argv)
-    assert serving == 0
-    assert not_serving != 0
-    assert stopped != 0
+def test_image_creates_every_volume_mount_point_for_its_user(config: dict[str, Any]) -> None:
+    """A named volume starts with its mount point's owner; a missing one would be root's."""
+    instructions = _dockerfile_instructions()
+    user = [args for k, args in instructions if k == "USER"][-1].split(":")[0]
+    created: set[str] = set()
+    for keyword, args in instructions:
+        if keyword != "RUN":
+            continue
+        for step in args.split("&&"):
+            words = shlex.split(step)
+            if words[:2] == ["install", "-d"]:
+                assert _value(words, "-o") == user, f"mount points owned by {words}"
+                created |= {w for w in words if w.startswith("/")}
+    targets = {
+        mount.target
+        for service in _services(config).values()
+        for mount in _mounts(service)
+        if mount.kind == "volume"
+    }
+    assert targets <= created, f"the image does not create {sorted(targets - created)}"
