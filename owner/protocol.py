@@ -442,6 +442,8 @@ class Owner:
         """
         if not session_id:
             raise InvalidArgumentError("session_id must be a non-empty string")
+        # Idle sessions go first, so that they do not hold the slots a new session needs.
+        self.expire_idle()
         self._check_new(session_id)
         if rff.n_features != self.data.features.shape[1]:
             raise InvalidArgumentError(
@@ -468,7 +470,6 @@ class Owner:
             allowance = min(
                 n, self.ledger.policy.points_per_session, self.ledger.remaining().points
             )
-        self.expire_idle()
         self._check_new(session_id)
         features = random_fourier_features(self.data.features, rff)
         if self.allow_seeded_sessions:

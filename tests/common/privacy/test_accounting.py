@@ -594,3 +594,30 @@ def test_vacuous_epsilons_report_infinity_instead_of_overflowing() -> None:
     assert pld_epsilon([huge], 1e-6) == math.inf
     assert advanced_composition_epsilon(1e5, 3, 1e-6) == math.inf
     assert pld_epsilon([PrivacyEvent("pure", 1000.0, 2)], 1e-6) == math.inf
+
+
+# --- approximate (epsilon, delta) events -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("eps", "delta", "k"), [(0.05, 0.01, 4), (0.3, 1e-3, 9), (0.01, 0.0095, 16), (1.0, 1e-6, 2)]
+)
+@pytest.mark.parametrize("d0", [1e-6, 1e-4, 1e-2])
+def test_pld_approximate_events_cost_at_most_pure_plus_their_infinite_mass(
+    eps: float, delta: float, k: int, d0: float
+) -> None:
+    """k runs of an (eps, delta)-DP mechanism are dominated by randomized response that fails
+    outright with probability delta each: infinite loss with mass m = 1 - (1 - delta)^k, the
+    pure k-fold law elsewhere (scaled by (1 - delta)^k). Hence at total delta d0 + m the epsilon
+    is at most the pure k-fold epsilon at d0, and no finite epsilon holds below m."""
+    approximate = [PrivacyEvent("approximate", eps, k, delta=delta)]
+    mass = 1.0 - (1.0 - delta) ** k
+    pure_at_d0 = pld_epsilon([PrivacyEvent("pure", eps, k)], d0)
+    got = pld_epsilon(approximate, d0 + mass)
+    assert got <= pure_at_d0
+    assert got <= _exact_pure_epsilon(eps, k, d0) + 2 * eps / 100  # one rounding bucket or two
+    assert pld_epsilon(approximate, mass * (1 - 1e-6)) == math.inf
+    assert pld_epsilon(approximate, mass / 2) == math.inf
+    # Listing the runs one by one or as a count is the same event.
+    listed = [PrivacyEvent("approximate", eps, 1, delta=delta)] * k
+    assert pld_epsilon(listed, d0 + mass) == pytest.approx(got, rel=1e-9)

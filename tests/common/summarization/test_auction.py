@@ -12,6 +12,8 @@ from scipy import stats
 
 from common.summarization.auction import (
     AuctionParams,
+    ask_probabilities,
+    auction_events,
     auction_parameters,
     choose_owners_to_ask,
     expected_points_per_round,
@@ -245,3 +247,67 @@ def test_parsimony_bound() -> None:
         parsimony_bound(p, 27, params, 0)
     with pytest.raises(ValueError, match="p must"):
         parsimony_bound(0, 27, params, m)
+
+
+# ------------------------------------------------------------------------ pure variant
+def test_pure_variant_asks_rank_one_with_probability_e_eps_over_one_plus_e_eps() -> None:
+    """Rank 1 is asked as in randomized response, w.p. a = e^eps / (1 + e^eps) (not always).
+
+    The number of rounds in which rank 1 is asked among n seeded draws is Binomial(n, a); it must
+    lie in the central interval of probability 1 - 1e-6 (exact binomial quantiles), so a correct
+    implementation fails with probability <= 1e-6; a rank 1 asked always (the printed variant)
+    lies ~60 standard deviations above it.
+    """
+    k, eps_auc, n = 4, 0.5, 20_000
+    params = AuctionParams(eps_auc=eps_auc, tau=10**6, variant="pure")
+    rng = np.random.default_rng(20240607)
+    bids = np.array([0.1, 0.9, -0.3, 0.4])
+    top = int(rank_owners(bids)[0])
+    asked = sum(
+        bool(choose_owners_to_ask(bids, np.zeros(k, dtype=np.int64), params, rng)[top])
+        for _ in range(n)
+    )
+    a = math.exp(eps_auc) / (1.0 + math.exp(eps_auc))
+    alpha = 1e-6
+    assert stats.binom.ppf(alpha / 2, n, a) <= asked <= stats.binom.isf(alpha / 2, n, a)
+
+
+@pytest.mark.parametrize("eps_auc", [1e-4, 0.01, 0.3, 1.0, 4.0])
+def test_pure_variant_is_exactly_eps_auc_dp_for_adjacent_ranks(eps_auc: float) -> None:
+    """Moving one rank changes both "asked" and "not asked" by at most e^eps_auc, both ways.
+
+    The largest eps_auc the curator's default policy admits is about 4 (rounds method without
+    a summary release, epsilon_owners_total <= 4). Far beyond it the float rank-1 probability
+    rounds ``1 - q`` visibly: at eps_auc = 30, ``1 - q`` is 9.348e-14 instead of 9.358e-14 and
+    the "not asked" ratio exceeds e^eps_auc by 0.1%.
+    """
+    q = ask_probabilities(60, AuctionParams(eps_auc=eps_auc, tau=1, variant="pure"))
+    bound = math.exp(eps_auc) * (1.0 + 1e-12)
+    asked, not_asked = q, 1.0 - q
+    for r in range(len(q) - 1):
+        for p_now, p_next in ((asked[r], asked[r + 1]), (not_asked[r], not_asked[r + 1])):
+            assert p_now > 0 and p_next > 0
+            assert p_now / p_next <= bound, (r, p_now, p_next)
+            assert p_next / p_now <= bound, (r, p_now, p_next)
+    # The bound is attained: "asked" at every rank, "not asked" between ranks 1 and 2.
+    assert asked[0] / asked[1] == pytest.approx(math.exp(eps_auc), rel=1e-12)
+    assert not_asked[1] / not_asked[0] == pytest.approx(math.exp(eps_auc), rel=1e-9)
+
+
+def test_paper_variant_not_asked_ratio_between_ranks_one_and_two_is_unbounded() -> None:
+    """Algorithm 3 as printed always asks rank 1, so "not asked" has probability 0 at rank 1 and
+    1 - e^-eps_auc at rank 2: no finite epsilon bounds it (hence its approximate charge)."""
+    eps_auc = 0.3
+    q = ask_probabilities(5, AuctionParams(eps_auc=eps_auc, tau=1, variant="paper"))
+    not_asked = 1.0 - q
+    assert not_asked[0] == 0.0 and not_asked[1] == pytest.approx(-math.expm1(-eps_auc))
+    with np.errstate(divide="ignore"):
+        ratio = np.float64(not_asked[1]) / np.float64(not_asked[0])
+    assert ratio == math.inf
+    # "Asked" alone is fine: e^eps_auc between adjacent ranks.
+    np.testing.assert_allclose(q[:-1] / q[1:], math.exp(eps_auc), rtol=1e-12)
+    (event,) = auction_events(AuctionParams(eps_auc=eps_auc, tau=4, variant="paper"))
+    assert (event.mechanism, event.count) == ("approximate", 4)
+    assert event.delta == pytest.approx(not_asked[1], rel=1e-15)
+    (pure,) = auction_events(AuctionParams(eps_auc=eps_auc, tau=4, variant="pure"))
+    assert (pure.mechanism, pure.epsilon, pure.count, pure.delta) == ("pure", eps_auc, 4, 0.0)

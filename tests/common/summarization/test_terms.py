@@ -1,0 +1,122 @@
+"""Known answers for the terms a session offers each owner (common.summarization.terms)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from common.privacy.accounting import PrivacyEvent, pld_epsilon
+from common.summarization.auction import auction_parameters
+from common.summarization.calibration import paper_mode_events, rounds_auction
+from common.summarization.summary import SummarizationConfig
+from common.summarization.terms import OwnerTerms, approximate_delta, owner_terms
+
+K, M, N_SEED = 5, 40, 10
+
+
+def _terms(**config: object) -> OwnerTerms:
+    cfg = SummarizationConfig(**{"summary_size": 20, **config})  # type: ignore[arg-type]
+    return owner_terms(cfg, K, validation_size=M, seed_set_size=N_SEED)
+
+
+def test_uniform_releases_only_raw_points() -> None:
+    terms = _terms(method="uniform")
+    assert (terms.epsilon, terms.delta, terms.non_private) == (0.0, 0.0, False)
+
+
+def test_greedy_is_non_private() -> None:
+    terms = _terms(method="greedy")
+    assert terms.non_private and terms.epsilon == math.inf and terms.delta == 0.0
+
+
+@pytest.mark.parametrize("eps_o", [0.1, 1.0, 2.5])
+def test_candidates_spend_the_laplace_count_alone(eps_o: float) -> None:
+    terms = _terms(method="candidates", epsilon_owners_total=eps_o)
+    assert (terms.epsilon, terms.delta, terms.non_private) == (eps_o, 0.0, False)
+
+
+@pytest.mark.parametrize("summary_release", ["tree", "none"])
+@pytest.mark.parametrize("target", [0.5, 1.0])
+def test_rounds_pure_terms_are_the_calibrated_target_at_delta(
+    summary_release: str, target: float
+) -> None:
+    """The rounds method calibrates its owner-side releases to a PLD epsilon in
+    [(1 - 1e-3) target, target] at ``delta``; the pure auction adds no delta."""
+    terms = _terms(
+        method="rounds",
+        summary_release=summary_release,
+        epsilon_owners_total=target,
+        delta=1e-6,
+        auction="pure",
+    )
+    assert terms.delta == 1e-6
+    assert target - 1e-3 * target <= terms.epsilon <= target * (1 + 1e-9)
+    assert abs(terms.epsilon - target) <= 1e-3
+
+
+def test_rounds_paper_auction_adds_the_infinite_loss_mass_to_delta() -> None:
+    """Each of the printed auction's tau bad iterations is (eps_auc, 1 - e^-eps_auc)-DP, so the
+    session's delta is delta + 1 - (1 - (1 - e^-eps_auc))^tau."""
+    delta = 1e-6
+    cfg = SummarizationConfig(
+        summary_size=20, method="rounds", delta=delta, auction="paper", epsilon_owners_total=1.0
+    )
+    auction = rounds_auction(cfg, K)
+    assert auction.variant == "paper"
+    per_iteration = 1.0 - math.exp(-auction.eps_auc)
+    expected = delta + 1.0 - (1.0 - per_iteration) ** auction.tau
+    terms = owner_terms(cfg, K, validation_size=M, seed_set_size=N_SEED)
+    assert terms.delta == pytest.approx(expected, rel=1e-12)
+    assert terms.delta > 100 * delta, "the printed auction's delta dwarfs the requested one"
+    pure = owner_terms(
+        dataclasses.replace(cfg, auction="pure"), K, validation_size=M, seed_set_size=N_SEED
+    )
+    # At its larger delta the printed variant's epsilon is no larger than the pure one's.
+    assert math.isfinite(terms.epsilon) and terms.epsilon <= pure.epsilon + 1e-9
+
+
+@pytest.mark.parametrize("auction", ["pure", "paper"])
+def test_private_terms_compose_the_paper_mode_owner_events(auction: str) -> None:
+    cfg = SummarizationConfig(summary_size=20, method="private", auction=auction)  # type: ignore[arg-type]
+    terms = owner_terms(cfg, K, validation_size=M, seed_set_size=N_SEED)
+    params = auction_parameters(cfg.epsilon_auction, cfg.delta_owners, K, variant=auction)  # type: ignore[arg-type]
+    extra = 0.0 if auction == "pure" else 1.0 - math.exp(-params.eps_auc * params.tau)
+    assert terms.delta == pytest.approx(cfg.delta_owners + extra, rel=1e-12)
+    events = paper_mode_events(cfg, K, seed_set_size=N_SEED)["owners"]
+    assert terms.epsilon == pld_epsilon(events, terms.delta)
+
+
+def test_approximate_delta_counts_only_approximate_events() -> None:
+    events = [
+        PrivacyEvent("approximate", 0.1, 3, delta=0.01),
+        PrivacyEvent("approximate", 0.2, 2, delta=0.02),
+        PrivacyEvent("pure", 0.5, 10),
+        PrivacyEvent("gaussian", 1.0, 1, 1.0, scale=5.0, delta=1e-5),
+    ]
+    assert approximate_delta(events) == pytest.approx(1 - 0.99**3 * 0.98**2, rel=1e-12)
+    assert approximate_delta(events[2:]) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("t", -0.1, 0.0), "epsilon must be >= 0"),
+        (("t", math.nan, 0.0), "epsilon must be >= 0"),
+        (("t", math.inf, 0.0), "only meaningful for non-private"),
+        (("t", 1.0, 1.0), r"delta must lie in \[0, 1\)"),
+        (("t", 1.0, -1e-9), r"delta must lie in \[0, 1\)"),
+    ],
+)
+def test_owner_terms_refuse_malformed_values(args: tuple[str, float, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        OwnerTerms(*args)
+
+
+def test_owner_terms_refuse_bad_counts() -> None:
+    cfg = SummarizationConfig(summary_size=5, method="uniform")
+    with pytest.raises(ValueError, match="n_owners"):
+        owner_terms(cfg, 0, validation_size=M, seed_set_size=0)
+    with pytest.raises(ValueError, match="validation_size"):
+        owner_terms(cfg, K, validation_size=0, seed_set_size=0)

@@ -1,0 +1,183 @@
+"""The curator's durable store: sessions, results and charges across restarts, with an injected
+clock for expiry."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.privacy.accounting import PrivacyEvent
+from common.privacy.ledger import Charge
+from common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
+from curator.store import RESTART_ERROR, CuratorStore
+
+CONFIG = SummarizationConfig(summary_size=2, method="candidates")
+CHARGES = [
+    Charge("validation", "gtilde", PrivacyEvent("laplace", 0.5, 1, 1.0)),
+    Charge("owners", "relevance counts", PrivacyEvent("laplace", 0.3, 1, 1.0)),
+]
+
+
+class Clock:
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _create(
+    store: CuratorStore, sid: str, consumer: str = "consumer:alice", key: str | None = None
+) -> None:
+    store.create(
+        sid,
+        consumer=consumer,
+        request_id=key,
+        request_digest=f"digest-{sid}",
+        method=CONFIG.method,
+        config=dataclasses.asdict(CONFIG),
+    )
+
+
+def _result(points: np.ndarray) -> SummaryResult:
+    report = SessionReport(
+        method="candidates",
+        summary_size=points.shape[0],
+        rounds=1,
+        owner_points_accessed=5,
+        validation_points_accessed=10,
+        all_owners_bound=4,
+        paper_bound=0.0,
+        dropped_owners=(),
+        ledger={"owners": {"parties": {}}},
+        wall_time_seconds=0.5,
+    )
+    return SummaryResult(points, np.array([1, 2]), ("o-1", "o-2"), report)
+
+
+POINTS = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.5]])
+
+
+def test_a_finished_session_and_its_charges_survive_reopening(tmp_path: Path) -> None:
+    store = CuratorStore(tmp_path)
+    _create(store, "s1", key="k1")
+    store.record_charges("s1", CHARGES)
+    store.finish("s1", _result(POINTS), ttl=100.0)
+    store.close()
+
+    again = CuratorStore(tmp_path)
+    assert again.recover() == [], "a finished session is not touched by recovery"
+    row = again.get("s1")
+    assert row is not None and row.status == "done" and row.has_result
+    assert row.consumer == "consumer:alice" and row.request_id == "k1"
+    result = again.result("s1")
+    assert result is not None
+    np.testing.assert_array_equal(result.points, POINTS)
+    assert result.owner_ids == ("o-1", "o-2") and result.report.owner_points_accessed == 5
+    assert again.charges("s1") == CHARGES
+    assert again.find_request("consumer:alice", "k1") == row
+    assert again.find_request("consumer:bob", "k1") is None
+
+
+def test_recover_fails_running_sessions_once_and_keeps_their_charges(tmp_path: Path) -> None:
+    store = CuratorStore(tmp_path)
+    _create(store, "running")
+    store.record_charges("running", CHARGES)
+    _create(store, "done")
+    store.finish("done", _result(POINTS), ttl=100.0)
+    store.close()  # the curator "crashes" here
+
+    again = CuratorStore(tmp_path)
+    assert again.recover() == ["running"]
+    row = again.get("running")
+    assert row is not None and row.status == "failed" and row.error == RESTART_ERROR
+    assert not row.has_result
+    assert row.report is not None and row.report.error == RESTART_ERROR
+    # The rebuilt report's ledger holds what was charged, party by party.
+    parties = row.report.ledger
+    assert parties["validation"]["parties"]["validation"]["basic"] == pytest.approx(0.5)
+    assert parties["owners"]["parties"]["owners"]["basic"] == pytest.approx(0.3)
+    assert again.charges("running") == CHARGES
+    assert again.result("running") is None
+    assert again.get("done").status == "done"  # type: ignore[union-attr]
+    # A second restart finds nothing running and duplicates nothing.
+    again.close()
+    third = CuratorStore(tmp_path)
+    assert third.recover() == []
+    assert third.charges("running") == CHARGES
+
+
+def test_results_expire_on_the_clock_but_rows_and_charges_stay(tmp_path: Path) -> None:
+    clock = Clock(1_000.0)
+    store = CuratorStore(tmp_path, clock=clock)
+    _create(store, "s")
+    store.record_charges("s", CHARGES)
+    store.finish("s", _result(POINTS), ttl=100.0)
+    clock.now = 1_099.9
+    assert store.expire() == 0 and store.result("s") is not None
+    clock.now = 1_100.0
+    assert store.expire() == 1
+    assert store.result("s") is None
+    row = store.get("s")
+    assert row is not None and not row.has_result and row.report is None
+    assert store.charges("s") == CHARGES, "charges are never deleted"
+    assert store.expire() == 0
+
+
+def test_fetching_shortens_the_expiry_and_never_extends_it(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    store = CuratorStore(tmp_path, clock=clock)
+    _create(store, "long")
+    store.finish("long", _result(POINTS), ttl=3_600.0)
+    clock.now = 10.0
+    store.mark_fetched("long", ttl=60.0)
+    row = store.get("long")
+    assert row is not None and (row.fetched_at, row.expires_at) == (10.0, 70.0)
+    clock.now = 20.0
+    store.mark_fetched("long", ttl=60.0)  # a second fetch does not restart the clock
+    row = store.get("long")
+    assert row is not None and (row.fetched_at, row.expires_at) == (10.0, 70.0)
+    clock.now = 69.0
+    assert store.expire() == 0 and store.result("long") is not None
+    clock.now = 70.0
+    assert store.expire() == 1 and store.result("long") is None
+
+    _create(store, "short")
+    store.finish("short", _result(POINTS), ttl=30.0)  # expires at 100
+    clock.now = 80.0
+    store.mark_fetched("short", ttl=60.0)
+    assert store.get("short").expires_at == 100.0  # type: ignore[union-attr]
+
+
+def test_failed_sessions_keep_their_report_until_they_expire(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    store = CuratorStore(tmp_path, clock=clock)
+    _create(store, "f")
+    report = dataclasses.replace(_result(POINTS).report, error="owner refused")
+    store.fail("f", "owner refused", report, ttl=50.0)
+    row = store.get("f")
+    assert row is not None and row.status == "failed" and row.report == report
+    assert store.result("f") is None
+    clock.now = 50.0
+    assert store.expire() == 1 and store.get("f").report is None  # type: ignore[union-attr]
+
+
+def test_request_ids_are_unique_per_consumer_and_counted_by_time(tmp_path: Path) -> None:
+    clock = Clock(100.0)
+    store = CuratorStore(tmp_path, clock=clock)
+    _create(store, "a", key="k")
+    _create(store, "b", consumer="consumer:bob", key="k")  # another consumer, same key
+    with pytest.raises(sqlite3.IntegrityError):
+        _create(store, "c", key="k")
+    with pytest.raises(sqlite3.IntegrityError):
+        _create(store, "a", consumer="consumer:carol")
+    clock.now = 160.0
+    _create(store, "d")
+    assert store.created_since("consumer:alice", 100.0) == 2
+    assert store.created_since("consumer:alice", 100.5) == 1
+    assert store.created_since("consumer:bob", 0.0) == 1
+    assert store.get("c") is None

@@ -1,0 +1,248 @@
+"""Per-RPC authorization: every RPC is wrapped, states its roles, and refuses before its handler.
+
+The structural tests walk the service descriptors, so an RPC added to a ``.proto`` without an
+authorized implementation fails here. The behavioural tests call every wrapped servicer method
+with a fake call context carrying a real certificate of a test CA (or none) and a back end that
+fails the test if it is reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from common.errors import PermissionDeniedError, UnauthenticatedError
+from curator.policy import CuratorPolicy
+from curator.service import CuratorServicer, curator_authorizer
+from deploy.pki import CA_CERT, CA_KEY, identity_files, init_ca, issue_all
+from dpmarket.authz import ROLES_ATTRIBUTE, Authorizer, rpc, rpc_stream
+from dpmarket.identity import Identity
+from dpmarket.transport import TransportSecurity
+from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc
+from owner.service import OwnerServicer, owner_authorizer
+
+OWNER_SERVICE = owner_pb2.DESCRIPTOR.services_by_name["OwnerService"]
+CURATOR_SERVICE = curator_pb2.DESCRIPTOR.services_by_name["CuratorService"]
+
+CURATOR = Identity("curator", "curator")
+ROGUE = Identity("curator", "rogue")
+OWNER = Identity("owner", "owner-0")
+OTHER_OWNER = Identity("owner", "owner-1")
+ALICE = Identity("consumer", "alice")
+
+SERVICES = [
+    (OWNER_SERVICE, OwnerServicer, owner_pb2_grpc.OwnerServiceServicer, ("curator",)),
+    (CURATOR_SERVICE, CuratorServicer, curator_pb2_grpc.CuratorServiceServicer, ("consumer",)),
+]
+
+
+# ----------------------------------------------------------------------------- structure
+@pytest.mark.parametrize(
+    ("service", "servicer", "generated", "roles"), SERVICES, ids=lambda v: getattr(v, "name", "")
+)
+def test_every_rpc_is_implemented_and_states_its_roles(service, servicer, generated, roles) -> None:  # type: ignore[no-untyped-def]
+    """Each RPC of the descriptor is defined on the servicer itself (the generated base answers
+    UNIMPLEMENTED) and wrapped by ``rpc``/``rpc_stream`` with exactly the expected roles."""
+    assert service.methods, "the descriptor lists no RPC"
+    for method in service.methods:
+        assert method.name in vars(servicer), (
+            f"{service.name}.{method.name} is not implemented by {servicer.__name__}"
+        )
+        handler = vars(servicer)[method.name]
+        assert handler is not getattr(generated, method.name)
+        assert getattr(handler, ROLES_ATTRIBUTE, None) == roles, (
+            f"{service.name}.{method.name} is not wrapped by dpmarket.authz.rpc{roles}"
+        )
+        streaming = method.server_streaming
+        assert inspect.isasyncgenfunction(handler) == streaming, method.name
+        assert not method.client_streaming, f"{method.name}: client streaming is not wrapped"
+
+
+@pytest.mark.parametrize(("service", "servicer"), [(s[0], s[1]) for s in SERVICES])
+def test_every_public_servicer_method_is_an_rpc(service, servicer) -> None:  # type: ignore[no-untyped-def]
+    """No public method of a servicer escapes the descriptor (and so the test above)."""
+    rpcs = {m.name for m in service.methods}
+    public = {
+        name for name, value in vars(servicer).items() if callable(value) and name[0].isupper()
+    }
+    assert public == rpcs
+
+
+def test_rpc_decorators_refuse_no_roles_and_unknown_roles() -> None:
+    with pytest.raises(ValueError, match="at least one role"):
+        rpc()
+    with pytest.raises(ValueError, match="unknown role"):
+        rpc("admin")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown role"):
+        Authorizer({"admin": None})  # type: ignore[dict-item]
+
+    async def not_a_generator(self, request, context, caller):  # type: ignore[no-untyped-def]
+        return None
+
+    with pytest.raises(TypeError, match="async generator"):
+        rpc_stream("consumer")(not_a_generator)
+
+
+# ------------------------------------------------------------------------- certificates
+def _no_identity_certificate(pki: Path) -> bytes:
+    """A certificate the CA signed but with no SPIFFE URI (a DNS SAN only)."""
+    ca_cert = x509.load_pem_x509_certificate((pki / CA_CERT).read_bytes())
+    ca_key = serialization.load_pem_private_key((pki / CA_KEY).read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nobody")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=1))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("nobody.example")]), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+@pytest.fixture(scope="module")
+def pems(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes | None]:
+    """PEM certificates by label: every identity of the tests, none, and one without identity."""
+    pki = tmp_path_factory.mktemp("pki")
+    init_ca(pki)
+    identities = [CURATOR, ROGUE, OWNER, OTHER_OWNER, ALICE]
+    issue_all(pki, identities)
+    out: dict[str, bytes | None] = {
+        str(i): identity_files(pki, i)[1].read_bytes() for i in identities
+    }
+    out["none"] = None
+    out["no-identity"] = _no_identity_certificate(pki)
+    return out
+
+
+class FakeContext:
+    """What the wrappers use of a grpc.aio.ServicerContext: the auth context and abort."""
+
+    def __init__(self, pem: bytes | None) -> None:
+        self._auth = {} if pem is None else {"x509_pem_cert": [pem]}
+        self.code: grpc.StatusCode | None = None
+        self.details = ""
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return self._auth
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.code, self.details = code, details
+        raise grpc.aio.AbortError()
+
+
+class Untouchable:
+    """A back end (Owner or SessionManager) whose every attribute fails the test."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the handler ran: it used {name!r} of its back end")
+
+
+def _call(servicer: Any, name: str, request: Any, context: FakeContext, streaming: bool) -> None:
+    async def run() -> None:
+        method = getattr(servicer, name)
+        if streaming:
+            async for _ in method(request, context):
+                raise AssertionError(f"{name} streamed a message")
+        else:
+            await method(request, context)
+
+    with pytest.raises(grpc.aio.AbortError):
+        asyncio.run(run())
+
+
+def _servicers() -> list[tuple[str, Any, Any]]:
+    owner = OwnerServicer(Untouchable(), Authorizer({"curator": ("curator",)}))  # type: ignore[arg-type]
+    curator = CuratorServicer(Untouchable(), Authorizer({"consumer": None}))  # type: ignore[arg-type]
+    return [("OwnerService", owner, OWNER_SERVICE), ("CuratorService", curator, CURATOR_SERVICE)]
+
+
+# Expected status of each caller, per service.
+EXPECTED = {
+    "OwnerService": {
+        "none": grpc.StatusCode.UNAUTHENTICATED,
+        "no-identity": grpc.StatusCode.UNAUTHENTICATED,
+        str(ALICE): grpc.StatusCode.PERMISSION_DENIED,
+        str(OWNER): grpc.StatusCode.PERMISSION_DENIED,
+        str(OTHER_OWNER): grpc.StatusCode.PERMISSION_DENIED,
+        str(ROGUE): grpc.StatusCode.PERMISSION_DENIED,
+    },
+    "CuratorService": {
+        "none": grpc.StatusCode.UNAUTHENTICATED,
+        "no-identity": grpc.StatusCode.UNAUTHENTICATED,
+        str(OWNER): grpc.StatusCode.PERMISSION_DENIED,
+        str(CURATOR): grpc.StatusCode.PERMISSION_DENIED,
+        str(ROGUE): grpc.StatusCode.PERMISSION_DENIED,
+    },
+}
+
+
+@pytest.mark.parametrize("service_name", ["OwnerService", "CuratorService"])
+def test_every_rpc_refuses_unauthorized_callers_before_its_handler(
+    pems: dict[str, bytes | None], service_name: str
+) -> None:
+    servicer, descriptor = next((s, d) for n, s, d in _servicers() if n == service_name)
+    module = owner_pb2 if service_name == "OwnerService" else curator_pb2
+    for method in descriptor.methods:
+        request = getattr(module, method.input_type.name)()
+        for caller, code in EXPECTED[service_name].items():
+            context = FakeContext(pems[caller])
+            _call(servicer, method.name, request, context, method.server_streaming)
+            assert context.code == code, (method.name, caller, context.code, context.details)
+            assert "Traceback" not in context.details
+
+
+def test_refusals_say_who_was_refused_and_why(pems: dict[str, bytes | None]) -> None:
+    authorizer = Authorizer({"curator": ("curator",)})
+    with pytest.raises(UnauthenticatedError, match="no verified client certificate"):
+        authorizer.authorize(FakeContext(None), ("curator",))  # type: ignore[arg-type]
+    with pytest.raises(UnauthenticatedError, match=r"not usable.*URI"):
+        authorizer.authorize(FakeContext(pems["no-identity"]), ("curator",))  # type: ignore[arg-type]
+    with pytest.raises(PermissionDeniedError, match="consumer:alice may not call"):
+        authorizer.authorize(FakeContext(pems[str(ALICE)]), ("curator",))  # type: ignore[arg-type]
+    with pytest.raises(PermissionDeniedError, match="curator:rogue is not served here"):
+        authorizer.authorize(FakeContext(pems[str(ROGUE)]), ("curator",))  # type: ignore[arg-type]
+    # A role the service serves but the RPC does not admit.
+    both = Authorizer({"curator": None, "consumer": None})
+    with pytest.raises(PermissionDeniedError, match="allowed roles: curator"):
+        both.authorize(FakeContext(pems[str(ALICE)]), ("curator",))  # type: ignore[arg-type]
+    assert authorizer.authorize(FakeContext(pems[str(CURATOR)]), ("curator",)) == CURATOR  # type: ignore[arg-type]
+
+
+def test_services_build_the_authorizers_their_policies_name(pems: dict[str, bytes | None]) -> None:
+    security = TransportSecurity.plaintext()
+    owner_side = owner_authorizer(("curator", "backup"), _mtls_placeholder())
+    assert owner_side.allowed == {"curator": frozenset({"curator", "backup"})}
+    assert owner_side.insecure_peer is None
+    # Plaintext (--insecure only): every caller is taken to be the first curator named.
+    assert owner_authorizer(("curator",), security).insecure_peer == CURATOR
+    named = curator_authorizer(CuratorPolicy(consumers=("alice",)), _mtls_placeholder())
+    assert named.allowed == {"consumer": frozenset({"alice"})}
+    anyone = curator_authorizer(CuratorPolicy(), _mtls_placeholder())
+    assert anyone.allowed == {"consumer": None}
+    assert named.authorize(FakeContext(pems[str(ALICE)]), ("consumer",)) == ALICE  # type: ignore[arg-type]
+
+
+class _Mtls:
+    """Stands in for an mTLS TransportSecurity where only ``insecure`` is read."""
+
+    insecure = False
+
+
+def _mtls_placeholder() -> TransportSecurity:
+    return _Mtls()  # type: ignore[return-value]

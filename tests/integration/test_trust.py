@@ -1,0 +1,896 @@
+"""The trust boundaries hold between real processes, over real gRPC, with real certificates.
+
+Four small clusters (two owners of the digits scenario and a curator, each an OS process started
+by :class:`deploy.launcher.LocalCluster`), each shared by the tests of one concern so that their
+state can be checked exactly:
+
+* ``guard``: nothing may get through; the owners' ledgers and the curator's charges stay empty.
+* ``budget``: tight owner budgets, spent exactly and refused beyond.
+* ``lifecycle``: short idle timeout and result TTL; the curator is killed and restarted.
+* ``load``: the most work the curator's policy admits, its concurrency and rate limits.
+
+What every party has spent is read from its own durable state (each owner's SQLite ledger, the
+curator's SQLite store), never from what another party reports. Waits for asynchronous effects
+(an owner expiring an idle session, a result expiring) poll with a generous deadline: they are
+not timing assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from common.ids import short_id
+from common.summarization.summary import SummarizationConfig
+from consumer.client import CuratorClient
+from consumer.convert import create_request_to_proto
+from curator.store import DATABASE_FILE, RESTART_ERROR
+from deploy.cli import main as cli_main
+from deploy.launcher import CURATOR_NAME, LocalCluster
+from deploy.pki import CA_CERT, CA_KEY, identity_files, issue
+from deploy.runner import simulate
+from deploy.scenarios import Scenario, write_scenario
+from dpmarket.arrays import array_to_proto
+from dpmarket.identity import Identity
+from dpmarket.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
+from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc
+from owner.ledger import LedgerEntry, OwnerLedger
+
+pytestmark = pytest.mark.integration
+
+#: Indices of the digits owners every cluster runs (354 and 359 points).
+OWNERS = (0, 2)
+CONSUMER = Identity("consumer", "consumer")
+CURATOR = Identity("curator", CURATOR_NAME)
+ROGUE = Identity("curator", "rogue")
+D = 32
+#: Deadline of unary calls: a safety net against a hang, not a timing assertion.
+CALL_TIMEOUT = 60.0
+
+
+# ------------------------------------------------------------------------------ helpers
+@pytest.fixture(scope="module")
+def files(digits: Scenario, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return write_scenario(digits, tmp_path_factory.mktemp("digits"))
+
+
+def _owner_ids(digits: Scenario) -> list[str]:
+    return [digits.owners[i].name for i in OWNERS]
+
+
+def _cluster(
+    digits: Scenario,
+    files: dict[str, Path],
+    directory: Path,
+    *,
+    owner_policy: str,
+    curator_policy: str,
+    consumers: tuple[str, ...] = ("consumer",),
+) -> LocalCluster:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "owner.toml").write_text(owner_policy, encoding="utf-8")
+    (directory / "curator.toml").write_text(curator_policy, encoding="utf-8")
+    return LocalCluster(
+        [files[f"owner-{i}"] for i in OWNERS],
+        _owner_ids(digits),
+        directory / "logs",
+        state_dir=directory / "state",
+        owner_policy=directory / "owner.toml",
+        curator_policy=directory / "curator.toml",
+        consumers=consumers,
+    )
+
+
+def _channel(
+    cluster: LocalCluster, target: str, expected: Identity, caller: Identity
+) -> grpc.Channel:
+    security = TransportSecurity.from_files(*identity_files(cluster.pki_dir, caller))
+    return sync_channel(target, security, expected)
+
+
+def _ca_only_channel(cluster: LocalCluster, target: str, expected: Identity) -> grpc.Channel:
+    """TLS that trusts the CA but presents no client certificate."""
+    credentials = grpc.ssl_channel_credentials((cluster.pki_dir / CA_CERT).read_bytes())
+    return grpc.secure_channel(target, credentials, [(TARGET_NAME_OVERRIDE, expected.dns_name)])
+
+
+def _no_identity_channel(cluster: LocalCluster, target: str, expected: Identity) -> grpc.Channel:
+    """mTLS with a certificate the cluster's CA signed that carries no dpmarket identity: no
+    SPIFFE URI SAN, a DNS SAN only (the handshake passes; the identity check must refuse)."""
+    ca_cert = x509.load_pem_x509_certificate((cluster.pki_dir / CA_CERT).read_bytes())
+    ca_key = serialization.load_pem_private_key(
+        (cluster.pki_dir / CA_KEY).read_bytes(), password=None
+    )
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "intruder")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("intruder.example")]), False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=ca_cert.public_bytes(serialization.Encoding.PEM),
+        private_key=key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+        certificate_chain=cert.public_bytes(serialization.Encoding.PEM),
+    )
+    return grpc.secure_channel(target, credentials, [(TARGET_NAME_OVERRIDE, expected.dns_name)])
+
+
+#: Callers without a dpmarket identity: TLS without a client certificate, and a certificate of
+#: the deployment's CA that carries no identity.
+NO_CERTIFICATE = "no client certificate"
+NO_IDENTITY = "a CA certificate without identity"
+
+
+def _connect(
+    cluster: LocalCluster, caller: Identity | str, target: str, expected: Identity
+) -> grpc.Channel:
+    if caller == NO_CERTIFICATE:
+        return _ca_only_channel(cluster, target, expected)
+    if caller == NO_IDENTITY:
+        return _no_identity_channel(cluster, target, expected)
+    assert isinstance(caller, Identity)
+    return _channel(cluster, target, expected, caller)
+
+
+def _status(
+    call: Callable[..., Any], request: Any, streaming: bool = False
+) -> tuple[grpc.StatusCode, str]:
+    """Make a call that must fail; return its status code and details."""
+    with pytest.raises(grpc.RpcError) as info:
+        response = call(request, timeout=CALL_TIMEOUT)
+        if streaming:
+            list(response)
+    assert "Traceback" not in (info.value.details() or "")
+    return info.value.code(), info.value.details() or ""
+
+
+def _ledger(cluster: LocalCluster, owner_id: str) -> list[LedgerEntry]:
+    """Every charge of an owner's own durable ledger."""
+    with OwnerLedger(cluster.owner_state(owner_id), None) as ledger:
+        return ledger.entries()
+
+
+def _ledgers(cluster: LocalCluster) -> dict[str, list[LedgerEntry]]:
+    return {owner: _ledger(cluster, owner) for owner in cluster.owner_ids}
+
+
+def _curator_db(cluster: LocalCluster, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Read the curator's durable store directly (SQLite allows readers beside its writer)."""
+    conn = sqlite3.connect(cluster.curator_state / DATABASE_FILE)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def _charges(cluster: LocalCluster, session: str | None = None) -> list[tuple[Any, ...]]:
+    if session is None:
+        return _curator_db(cluster, "SELECT session, party, label, event_json FROM charges")
+    return _curator_db(
+        cluster, "SELECT party, label, event_json FROM charges WHERE session = ?", session
+    )
+
+
+def _owner_sessions(entries: list[LedgerEntry], consumer: Identity) -> list[str]:
+    """The owner-side session ids of a consumer's sessions, in the order they were charged."""
+    return list(dict.fromkeys(e.session for e in entries if e.consumer == str(consumer)))
+
+
+def _log(cluster: LocalCluster, name: str) -> str:
+    return (cluster.log_dir / f"{name}.log").read_text(encoding="utf-8", errors="replace")
+
+
+def _wait_for(condition: Callable[[], bool], deadline_seconds: float, what: str) -> None:
+    """Poll ``condition`` every 0.2 s until it holds; fail after the deadline."""
+    deadline = time.monotonic() + deadline_seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    pytest.fail(f"{what} did not happen within {deadline_seconds:.0f} s")
+
+
+def _finish(client: CuratorClient, sid: str) -> Any:
+    """Follow a session to its end; return (last event, report)."""
+    last = None
+    for event, report in client.watch(sid):
+        last = (event, report)
+    assert last is not None
+    return last
+
+
+# ======================================================================= guard cluster
+GUARD_OWNER_POLICY = """
+[budget]
+epsilon = 100.0
+delta = 0.5
+[session]
+epsilon = 10.0
+delta = 0.1
+[access]
+curators = ["curator"]
+"""
+GUARD_CURATOR_POLICY = """
+[requests]
+summary_size = [1, 100]
+epsilon_owners_total = [0.01, 2.0]
+delta = [1e-12, 1e-6]
+candidate_fraction = [0.05, 0.5]
+[sessions]
+per_consumer_per_minute = 1000
+"""
+
+
+@pytest.fixture(scope="module")
+def guard(
+    digits: Scenario, files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalCluster]:
+    with _cluster(
+        digits,
+        files,
+        tmp_path_factory.mktemp("guard"),
+        owner_policy=GUARD_OWNER_POLICY,
+        curator_policy=GUARD_CURATOR_POLICY,
+    ) as cluster:
+        issue(cluster.pki_dir, ROGUE.role, ROGUE.name)  # CA-issued, not in any owner's policy
+        yield cluster
+
+
+def _owner_requests(n_features: int) -> dict[str, Any]:
+    """A well-formed request for every OwnerService RPC (what the real curator would send)."""
+    rng = np.random.default_rng(0)
+    sid = "probe-session"
+    return {
+        "GetOwnerInfo": owner_pb2.GetOwnerInfoRequest(),
+        "OpenSession": owner_pb2.OpenSessionRequest(
+            session_id=sid,
+            omega=array_to_proto(rng.normal(size=(8, n_features))),
+            phase=array_to_proto(rng.uniform(0, 2 * np.pi, size=8)),
+            sampling_seed=1,
+            gamma=0.1,
+            consumer=str(CONSUMER),
+            terms=owner_pb2.PrivacyTerms(mechanism="probe", epsilon=0.1, delta=0.0),
+        ),
+        "SetValidationEmbedding": owner_pb2.SetValidationEmbeddingRequest(
+            session_id=sid, validation_embedding=array_to_proto(np.full(8, 0.01))
+        ),
+        "Bid": owner_pb2.BidRequest(
+            session_id=sid, round=1, summary_embedding=array_to_proto(np.zeros(8)), summary_size=0
+        ),
+        "ReleasePoint": owner_pb2.ReleasePointRequest(session_id=sid, round=1),
+        "SampleUniform": owner_pb2.SampleUniformRequest(session_id=sid, count=1),
+        "CountRelevant": owner_pb2.CountRelevantRequest(session_id=sid, threshold=0.0),
+        "ProposeCandidates": owner_pb2.ProposeCandidatesRequest(session_id=sid, count=1),
+        "CloseSession": owner_pb2.CloseSessionRequest(session_id=sid),
+    }
+
+
+def _curator_requests(digits: Scenario) -> dict[str, Any]:
+    config = SummarizationConfig(summary_size=2, method="uniform", rff_dimension=D)
+    return {
+        "CreateSession": create_request_to_proto(
+            config, digits.validation, digits.seed_set, None, "probe"
+        ),
+        "WatchSession": curator_pb2.WatchSessionRequest(session_id="0" * 32),
+        "GetSummary": curator_pb2.GetSummaryRequest(session_id="0" * 32),
+    }
+
+
+def _call_every_rpc(
+    channel: grpc.Channel, service: Any, stub: Any, requests: dict[str, Any]
+) -> dict[str, tuple[grpc.StatusCode, str]]:
+    assert set(requests) == {m.name for m in service.methods}, "a new RPC needs a request here"
+    return {
+        m.name: _status(getattr(stub, m.name), requests[m.name], m.server_streaming)
+        for m in service.methods
+    }
+
+
+def test_owner_rpcs_refuse_every_caller_but_the_named_curator(
+    guard: LocalCluster, digits: Scenario
+) -> None:
+    service = owner_pb2.DESCRIPTOR.services_by_name["OwnerService"]
+    requests = _owner_requests(digits.n_features)
+    for index, owner_id in enumerate(guard.owner_ids):
+        target = guard.owner_targets[index]
+        me = Identity("owner", owner_id)
+        other = Identity("owner", guard.owner_ids[1 - index])
+        callers: list[tuple[Identity | str, grpc.StatusCode]] = [
+            (NO_CERTIFICATE, grpc.StatusCode.UNAVAILABLE),
+            (NO_IDENTITY, grpc.StatusCode.UNAUTHENTICATED),
+            (CONSUMER, grpc.StatusCode.PERMISSION_DENIED),
+            (other, grpc.StatusCode.PERMISSION_DENIED),
+            (ROGUE, grpc.StatusCode.PERMISSION_DENIED),
+        ]
+        for caller, expected in callers:
+            with _connect(guard, caller, target, me) as channel:
+                got = _call_every_rpc(
+                    channel, service, owner_pb2_grpc.OwnerServiceStub(channel), requests
+                )
+            for rpc_name, (code, details) in got.items():
+                assert code == expected, (owner_id, str(caller), rpc_name, code, details)
+                if expected == grpc.StatusCode.PERMISSION_DENIED:
+                    assert "may not call" in details or "is not served here" in details
+    # Nothing was released or charged anywhere.
+    assert _ledgers(guard) == {owner: [] for owner in guard.owner_ids}
+    assert _charges(guard) == []
+    # The same requests are well formed: the named curator is served (opening charges nothing).
+    owner = Identity("owner", guard.owner_ids[0])
+    with _channel(guard, guard.owner_targets[0], owner, CURATOR) as channel:
+        stub = owner_pb2_grpc.OwnerServiceStub(channel)
+        info = stub.GetOwnerInfo(requests["GetOwnerInfo"], timeout=CALL_TIMEOUT)
+        assert info.owner_id == owner.name
+        stub.OpenSession(requests["OpenSession"], timeout=CALL_TIMEOUT)
+        stub.CloseSession(requests["CloseSession"], timeout=CALL_TIMEOUT)
+    assert _ledgers(guard) == {owner: [] for owner in guard.owner_ids}
+
+
+def test_curator_rpcs_refuse_owners_and_curators(guard: LocalCluster, digits: Scenario) -> None:
+    service = curator_pb2.DESCRIPTOR.services_by_name["CuratorService"]
+    requests = _curator_requests(digits)
+    target = guard.curator_target
+    callers: list[tuple[Identity | str, grpc.StatusCode]] = [
+        (Identity("owner", guard.owner_ids[0]), grpc.StatusCode.PERMISSION_DENIED),
+        (CURATOR, grpc.StatusCode.PERMISSION_DENIED),
+        (ROGUE, grpc.StatusCode.PERMISSION_DENIED),
+        (NO_CERTIFICATE, grpc.StatusCode.UNAVAILABLE),
+        (NO_IDENTITY, grpc.StatusCode.UNAUTHENTICATED),
+    ]
+    for caller, expected in callers:
+        with _connect(guard, caller, target, CURATOR) as channel:
+            got = _call_every_rpc(
+                channel, service, curator_pb2_grpc.CuratorServiceStub(channel), requests
+            )
+        for rpc_name, (code, details) in got.items():
+            assert code == expected, (str(caller), rpc_name, code, details)
+    assert _curator_db(guard, "SELECT COUNT(*) FROM sessions") == [(0,)]
+    assert _charges(guard) == []
+    assert _ledgers(guard) == {owner: [] for owner in guard.owner_ids}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"epsilon_owners_total": 3.0}, "epsilon_owners_total = 3 is outside this curator's "
+         "allowed range [0.01, 2]"),
+        ({"delta": 1e-5}, "delta = 1e-05 is outside this curator's allowed range [1e-12, 1e-06]"),
+        ({"summary_size": 101}, "summary_size = 101 is outside this curator's allowed range "
+         "[1, 100]"),
+        ({"candidate_fraction": 0.8}, "candidate_fraction = 0.8 is outside this curator's "
+         "allowed range [0.05, 0.5]"),
+    ],
+)  # fmt: skip
+def test_requests_outside_the_curator_policy_are_refused_and_charge_nothing(
+    guard: LocalCluster, digits: Scenario, changes: dict[str, Any], message: str
+) -> None:
+    config = SummarizationConfig(
+        **{"summary_size": 10, "method": "candidates", "rff_dimension": D, **changes}
+    )
+    request = create_request_to_proto(config, digits.validation, digits.seed_set, 1)
+    with _channel(guard, guard.curator_target, CURATOR, CONSUMER) as channel:
+        stub = curator_pb2_grpc.CuratorServiceStub(channel)
+        code, details = _status(stub.CreateSession, request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in details
+    assert _curator_db(guard, "SELECT COUNT(*) FROM sessions") == [(0,)]
+    assert _charges(guard) == []
+    assert _ledgers(guard) == {owner: [] for owner in guard.owner_ids}
+
+
+# ====================================================================== budget cluster
+EPSILON = 0.3
+BUDGET_OWNER_POLICY = """
+[budget]
+epsilon = 1.0
+delta = 1e-5
+points = 100000
+[session]
+epsilon = 0.5
+delta = 1e-6
+points = 1000
+"""
+BUDGET_CURATOR_POLICY = """
+[sessions]
+per_consumer_per_minute = 1000
+"""
+
+
+@pytest.fixture(scope="module")
+def budget(
+    digits: Scenario, files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalCluster]:
+    with _cluster(
+        digits,
+        files,
+        tmp_path_factory.mktemp("budget"),
+        owner_policy=BUDGET_OWNER_POLICY,
+        curator_policy=BUDGET_CURATOR_POLICY,
+    ) as cluster:
+        yield cluster
+
+
+def test_owners_spend_exactly_what_sessions_cost_and_refuse_beyond_their_budget(
+    budget: LocalCluster, digits: Scenario
+) -> None:
+    """Each owner allows epsilon 1.0 in all: three candidates sessions of epsilon 0.3 fit (0.9),
+    a fourth does not and is refused at CreateSession with nothing released for it."""
+    n = 3
+    config = SummarizationConfig(
+        summary_size=10, method="candidates", rff_dimension=D, epsilon_owners_total=EPSILON
+    )
+    with CuratorClient(budget.curator_target, budget.consumer_security()) as client:
+        results = [
+            client.summarize(config, digits.validation, digits.seed_set, seed=seed)
+            for seed in range(n)
+        ]
+        ledgers, charges = _ledgers(budget), _charges(budget)
+        with _channel(budget, budget.curator_target, CURATOR, CONSUMER) as channel:
+            stub = curator_pb2_grpc.CuratorServiceStub(channel)
+            request = create_request_to_proto(config, digits.validation, digits.seed_set, n)
+            code, details = _status(stub.CreateSession, request)
+    assert code == grpc.StatusCode.FAILED_PRECONDITION, details
+    assert "epsilon over the lifetime" in details and "0.1 left" in details
+    # The refused session released and charged nothing, anywhere.
+    assert _ledgers(budget) == ledgers
+    assert _charges(budget) == charges
+    assert _curator_db(budget, "SELECT COUNT(*) FROM sessions") == [(n,)]
+
+    for owner_id, entries in ledgers.items():
+        with OwnerLedger(budget.owner_state(owner_id), None) as ledger:
+            spent = ledger.window_totals().epsilon
+        assert spent == math.fsum([EPSILON] * n)
+        assert spent == math.fsum(e.epsilon for e in entries)
+        assert [e.epsilon for e in entries if e.epsilon > 0] == [EPSILON] * n
+        sessions = _owner_sessions(entries, CONSUMER)
+        assert len(sessions) == n
+        # The points each owner's ledger records are the points the curator says it took.
+        for owner_sid, result in zip(sessions, results, strict=True):
+            points = sum(e.points for e in entries if e.session == owner_sid)
+            report = result.report
+            assert points == report.ledger["candidates"]["shares"].get(owner_id, 0)
+            assert points == report.owner_spend[owner_id].points
+            assert report.owner_spend[owner_id].epsilon == EPSILON
+    for i, result in enumerate(results):
+        taken = sum(
+            e.points
+            for entries in ledgers.values()
+            for e in entries
+            if e.session == _owner_sessions(entries, CONSUMER)[i]
+        )
+        assert taken == result.report.owner_points_accessed
+        assert result.report.ledger["owner_terms"]["epsilon"] == EPSILON
+
+
+# =================================================================== lifecycle cluster
+IDLE_SECONDS = 2.0
+FETCHED_TTL_SECONDS = 2.0
+LIFECYCLE_OWNER_POLICY = f"""
+[budget]
+epsilon = 1000.0
+delta = 0.5
+points = 1000000
+[session]
+epsilon = 100.0
+delta = 0.1
+points = 100000
+[limits]
+session_idle_timeout_seconds = {IDLE_SECONDS}
+"""
+LIFECYCLE_CURATOR_POLICY = f"""
+[sessions]
+per_consumer_per_minute = 1000
+fetched_result_ttl_seconds = {FETCHED_TTL_SECONDS}
+"""
+ALICE = Identity("consumer", "alice")
+BOB = Identity("consumer", "bob")
+
+
+@pytest.fixture(scope="module")
+def lifecycle(
+    digits: Scenario, files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalCluster]:
+    with _cluster(
+        digits,
+        files,
+        tmp_path_factory.mktemp("lifecycle"),
+        owner_policy=LIFECYCLE_OWNER_POLICY,
+        curator_policy=LIFECYCLE_CURATOR_POLICY,
+        consumers=("consumer", "alice", "bob"),
+    ) as cluster:
+        yield cluster
+
+
+def test_a_consumer_sees_only_its_own_sessions_and_owners_never_see_their_ids(
+    lifecycle: LocalCluster, digits: Scenario
+) -> None:
+    config = SummarizationConfig(summary_size=4, method="uniform", rff_dimension=D)
+    with CuratorClient(lifecycle.curator_target, lifecycle.consumer_security("alice")) as alice:
+        sid = alice.create_session(config, digits.validation, digits.seed_set, seed=2)
+        event, _ = _finish(alice, sid)
+        assert event.stage == "done"
+    with _channel(lifecycle, lifecycle.curator_target, CURATOR, BOB) as channel:
+        stub = curator_pb2_grpc.CuratorServiceStub(channel)
+        for call, request, streaming in (
+            (stub.WatchSession, curator_pb2.WatchSessionRequest(session_id=sid), True),
+            (stub.GetSummary, curator_pb2.GetSummaryRequest(session_id=sid), False),
+        ):
+            code, details = _status(call, request, streaming)
+            assert code == grpc.StatusCode.NOT_FOUND and sid not in details
+    # The owners know the session by another random id, useless at the curator even to alice.
+    owner_sids = {
+        owner: _owner_sessions(entries, ALICE) for owner, entries in _ledgers(lifecycle).items()
+    }
+    for owner_id, sids in owner_sids.items():
+        assert len(sids) == 1 and sids[0] != sid and len(sids[0]) == len(sid)
+        with _channel(lifecycle, lifecycle.curator_target, CURATOR, ALICE) as channel:
+            stub = curator_pb2_grpc.CuratorServiceStub(channel)
+            code, _ = _status(stub.GetSummary, curator_pb2.GetSummaryRequest(session_id=sids[0]))
+            assert code == grpc.StatusCode.NOT_FOUND
+        # An owner's log never holds the consumer's id, nor even its own id in full.
+        # (Whitespace is removed first: the log wraps long lines.)
+        log = _log(lifecycle, owner_id)
+        assert f"session {short_id(sids[0])} opened" in log
+        assert sid[:9] not in "".join(log.split()) and sids[0][:9] not in "".join(log.split())
+    curator_log = _log(lifecycle, "curator")
+    assert f"session {short_id(sid)}" in curator_log
+    assert sid[:9] not in "".join(curator_log.split())
+
+
+def test_a_retried_create_session_returns_the_same_session_and_charges_nothing_new(
+    lifecycle: LocalCluster, digits: Scenario
+) -> None:
+    config = SummarizationConfig(summary_size=6, method="candidates", rff_dimension=D)
+    with CuratorClient(lifecycle.curator_target, lifecycle.consumer_security()) as client:
+        sid = client.create_session(
+            config, digits.validation, digits.seed_set, seed=4, request_id="retry-me"
+        )
+        # A retry while the first attempt may still run, then one after it finished.
+        assert (
+            client.create_session(
+                config, digits.validation, digits.seed_set, seed=4, request_id="retry-me"
+            )
+            == sid
+        )
+        event, _ = _finish(client, sid)
+        assert event.stage == "done"
+        charges, ledgers = _charges(lifecycle), _ledgers(lifecycle)
+        assert _charges(lifecycle, sid), "the session charged the curator's store"
+        again = client.create_session(
+            config, digits.validation, digits.seed_set, seed=4, request_id="retry-me"
+        )
+        assert again == sid
+        assert (_charges(lifecycle), _ledgers(lifecycle)) == (charges, ledgers)
+    with _channel(lifecycle, lifecycle.curator_target, CURATOR, CONSUMER) as channel:
+        stub = curator_pb2_grpc.CuratorServiceStub(channel)
+        other = create_request_to_proto(
+            config, digits.validation, digits.seed_set, 5, request_id="retry-me"
+        )
+        code, details = _status(stub.CreateSession, other)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "already used" in details
+    assert (_charges(lifecycle), _ledgers(lifecycle)) == (charges, ledgers)
+
+
+def test_a_curator_killed_mid_session_reports_it_failed_and_nothing_is_paid_twice(
+    lifecycle: LocalCluster, digits: Scenario
+) -> None:
+    config = SummarizationConfig(summary_size=400, method="rounds", rff_dimension=D)
+    known = {owner: {e.session for e in entries} for owner, entries in _ledgers(lifecycle).items()}
+    with CuratorClient(lifecycle.curator_target, lifecycle.consumer_security()) as client:
+        sid = client.create_session(config, digits.validation, digits.seed_set, seed=8)
+        seen = None
+        for event, _ in client.watch(sid):
+            seen = event
+            if event.stage == "rounds" and event.round >= 3:
+                lifecycle.kill_curator()  # SIGKILL: no shutdown handler runs
+                break
+    assert seen is not None and not seen.finished and seen.round >= 3, seen
+    stored = _charges(lifecycle, sid)
+
+    lifecycle.start_curator()  # same state directory
+    # The session's id at each owner: the one new session in its ledger. (Read after the
+    # restart, when a release in flight at the kill has been charged or dropped.)
+    owner_sids = {}
+    for owner_id, entries in _ledgers(lifecycle).items():
+        (owner_sids[owner_id],) = {e.session for e in entries} - known[owner_id]
+    after_restart = _ledgers(lifecycle)
+    with CuratorClient(lifecycle.curator_target, lifecycle.consumer_security()) as client:
+        event, report = _finish(client, sid)
+    assert event.stage == "failed" and "restarted" in event.message
+    assert report is not None and report.error == RESTART_ERROR
+    with _channel(lifecycle, lifecycle.curator_target, CURATOR, CONSUMER) as channel:
+        stub = curator_pb2_grpc.CuratorServiceStub(channel)
+        code, details = _status(stub.GetSummary, curator_pb2.GetSummaryRequest(session_id=sid))
+    assert code == grpc.StatusCode.ABORTED and "restarted" in details
+
+    # The curator's store holds each of the session's charges once; the restart neither lost
+    # nor repeated one, and the rebuilt report's ledger is their sum.
+    assert stored and _charges(lifecycle, sid) == stored
+    assert len({tuple(row) for row in stored}) == len(stored)
+    parties = {party for party, _, _ in stored}
+    assert parties == {"validation", "owners"}
+    for party in parties:
+        basic = report.ledger[party]["parties"][party]["basic"]
+        assert basic == pytest.approx(
+            math.fsum(json.loads(e)["epsilon"] * json.loads(e)["count"]
+                      for p, _, e in stored if p == party)
+        )  # fmt: skip
+
+    # Owners wait out their idle timeout, then free the dead session (its ledger stays).
+    for owner_id, owner_sid in owner_sids.items():
+        _wait_for(
+            lambda o=owner_id, s=owner_sid: f"session {short_id(s)} expired" in _log(lifecycle, o),
+            IDLE_SECONDS + 60.0,
+            f"{owner_id} expiring session {short_id(owner_sid)}",
+        )
+    released = 0
+    for owner_id, owner_sid in owner_sids.items():
+        entries = [e for e in _ledger(lifecycle, owner_id) if e.session == owner_sid]
+        # Nothing was released for the session after the restart.
+        assert entries == [e for e in after_restart[owner_id] if e.session == owner_sid]
+        # The terms once, then every point charged once, by itself, before it left.
+        assert sum(1 for e in entries if e.epsilon > 0) == 1
+        points = [e for e in entries if e.points > 0]
+        assert all(e.points == 1 and e.mechanism == "raw point (auction)" for e in points)
+        assert sum(e.points for e in entries) == len(points)
+        released += len(points)
+    assert released >= seen.points_accessed, "every point the curator had was charged"
+
+
+def test_a_finished_summary_survives_a_restart_until_it_expires(
+    lifecycle: LocalCluster, digits: Scenario
+) -> None:
+    config = SummarizationConfig(summary_size=6, method="uniform", rff_dimension=D)
+    with CuratorClient(lifecycle.curator_target, lifecycle.consumer_security()) as client:
+        sid = client.create_session(config, digits.validation, digits.seed_set, seed=3)
+        event, _ = _finish(client, sid)
+        assert event.stage == "done"
+    lifecycle.kill_curator()
+    lifecycle.start_curator()
+    owners = [digits.owners[i] for i in OWNERS]
+    expected = simulate(owners, digits.validation, digits.seed_set, config, seed=3)
+    with CuratorClient(lifecycle.curator_target, lifecycle.consumer_security()) as client:
+        result = client.get_summary(sid)
+    np.testing.assert_array_equal(result.points, expected.points)
+    np.testing.assert_array_equal(result.labels, expected.labels)
+    assert result.owner_ids == expected.owner_ids
+
+    with _channel(lifecycle, lifecycle.curator_target, CURATOR, CONSUMER) as channel:
+        stub = curator_pb2_grpc.CuratorServiceStub(channel)
+        request = curator_pb2.GetSummaryRequest(session_id=sid)
+
+        def expired() -> bool:
+            try:
+                stub.GetSummary(request, timeout=CALL_TIMEOUT)
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.NOT_FOUND, exc
+                return True
+            return False
+
+        _wait_for(expired, FETCHED_TTL_SECONDS + 60.0, "the fetched summary's expiry")
+
+
+# ======================================================================== load cluster
+LOAD_OWNER_POLICY = """
+[budget]
+epsilon = 1000.0
+delta = 0.5
+points = 1000000
+[session]
+epsilon = 100.0
+delta = 0.1
+points = 100000
+"""
+LOAD_CURATOR_POLICY = """
+[requests]
+rff_dimension = [8, 512]
+iterations_initial = [0, 5000]
+summary_size = [1, 150]
+[sessions]
+max_running = 2
+per_consumer_per_minute = 3
+"""
+
+
+@pytest.fixture(scope="module")
+def load(
+    digits: Scenario, files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalCluster]:
+    with _cluster(
+        digits,
+        files,
+        tmp_path_factory.mktemp("load"),
+        owner_policy=LOAD_OWNER_POLICY,
+        curator_policy=LOAD_CURATOR_POLICY,
+        consumers=("consumer", "bob", "carol", "dave"),
+    ) as cluster:
+        yield cluster
+
+
+class HealthProbe(threading.Thread):
+    """Calls grpc.health.v1 Check on a service every 0.2 s with a 1 s deadline, over mTLS."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        super().__init__(daemon=True)
+        self.channel = _channel(cluster, cluster.curator_target, CURATOR, CONSUMER)
+        self.stop = threading.Event()
+        self.results: list[grpc.StatusCode] = []
+
+    def run(self) -> None:
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        while not self.stop.is_set():
+            try:
+                response = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                ok = response.status == health_pb2.HealthCheckResponse.SERVING
+                self.results.append(grpc.StatusCode.OK if ok else grpc.StatusCode.UNKNOWN)
+            except grpc.RpcError as exc:
+                self.results.append(exc.code())
+            self.stop.wait(0.2)
+        self.channel.close()
+
+
+def test_the_most_work_allowed_keeps_the_curator_responsive_within_its_limits(
+    load: LocalCluster, digits: Scenario
+) -> None:
+    heavy = SummarizationConfig(
+        summary_size=150, method="private", rff_dimension=512, iterations_initial=5000
+    )
+    probe = HealthProbe(load)
+    probe.start()
+    try:
+        with (
+            CuratorClient(load.curator_target, load.consumer_security()) as alice,
+            CuratorClient(load.curator_target, load.consumer_security("bob")) as bob,
+            _channel(load, load.curator_target, CURATOR, Identity("consumer", "carol")) as carol,
+        ):
+            first = alice.create_session(heavy, digits.validation, digits.seed_set, seed=1)
+            # A second consumer's session runs beside it, up to max_running = 2 ...
+            second = bob.create_session(heavy, digits.validation, digits.seed_set, seed=2)
+            # ... and a third is refused while both run.
+            stub = curator_pb2_grpc.CuratorServiceStub(carol)
+            request = create_request_to_proto(heavy, digits.validation, digits.seed_set, 3)
+            code, details = _status(stub.CreateSession, request)
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "at most 2 sessions at once" in details
+            for client, sid in ((alice, first), (bob, second)):
+                event, report = _finish(client, sid)
+                assert event.stage == "done", event.message
+                assert report is not None and report.summary_size == heavy.summary_size
+    finally:
+        probe.stop.set()
+        probe.join(timeout=30)
+    assert probe.results, "no health check ran"
+    assert all(code == grpc.StatusCode.OK for code in probe.results), probe.results
+
+
+def test_a_consumer_over_its_request_rate_is_refused(load: LocalCluster, digits: Scenario) -> None:
+    config = SummarizationConfig(summary_size=2, method="uniform", rff_dimension=D)
+    dave = Identity("consumer", "dave")
+    with CuratorClient(load.curator_target, load.consumer_security(dave.name)) as client:
+        for seed in range(3):
+            client.summarize(config, digits.validation, digits.seed_set, seed=seed)
+    with _channel(load, load.curator_target, CURATOR, dave) as channel:
+        stub = curator_pb2_grpc.CuratorServiceStub(channel)
+        request = create_request_to_proto(config, digits.validation, digits.seed_set, 9)
+        code, details = _status(stub.CreateSession, request)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "consumer:dave may create 3 sessions per minute" in details
+
+
+# =========================================================================== the CLI
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["serve-owner", "--data", "{data}"],
+        ["serve-curator", "--owner", "owner-0@127.0.0.1:1"],
+        ["request", "--curator", "127.0.0.1:1", "-p", "2", "--validation", "{validation}"],
+    ],
+    ids=["serve-owner", "serve-curator", "request"],
+)
+def test_commands_without_certificates_refuse_to_start_and_name_the_options(
+    files: dict[str, Path], tmp_path: Path, args: list[str]
+) -> None:
+    argv = [a.format(data=files["owner-0"], validation=files["validation"]) for a in args]
+    result = CliRunner().invoke(cli_main, argv, catch_exceptions=False)
+    assert result.exit_code != 0
+    for option in ("--ca", "--cert", "--key", "--insecure"):
+        assert option in result.output, result.output
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "COLUMNS": "240"}
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "deploy.cli", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+
+
+def _port(port_file: Path, process: subprocess.Popen[bytes], log: Path) -> int:
+    def ready() -> bool:
+        assert process.poll() is None, log.read_text(errors="replace")
+        return port_file.exists() and port_file.read_text().strip() != ""
+
+    _wait_for(ready, 60.0, f"{log.stem} reporting its port")
+    return int(port_file.read_text())
+
+
+def test_insecure_services_and_requests_run_and_warn(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    warning = "--insecure: plaintext gRPC, no identities"
+    logs = {name: tmp_path / f"{name}.log" for name in ("owner", "curator", "request")}
+    owner = _spawn(
+        ["serve-owner", "--insecure", "--data", str(files["owner-0"]), "--port", "0",
+         "--port-file", str(tmp_path / "owner.port"), "--data-dir", str(tmp_path / "owner")],
+        logs["owner"],
+    )  # fmt: skip
+    processes = [owner]
+    try:
+        owner_port = _port(tmp_path / "owner.port", owner, logs["owner"])
+        curator = _spawn(
+            ["serve-curator", "--insecure", "--owner", f"127.0.0.1:{owner_port}", "--port", "0",
+             "--port-file", str(tmp_path / "curator.port"), "--data-dir",
+             str(tmp_path / "curator")],
+            logs["curator"],
+        )  # fmt: skip
+        processes.append(curator)
+        curator_port = _port(tmp_path / "curator.port", curator, logs["curator"])
+        request = subprocess.run(
+            [sys.executable, "-m", "deploy.cli", "request", "--insecure",
+             "--curator", f"127.0.0.1:{curator_port}", "-p", "3", "--method", "uniform",
+             "--validation", str(files["validation"]), "--out", str(tmp_path / "s.npy"),
+             "--report", str(tmp_path / "r.json")],
+            capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "240"},
+        )  # fmt: skip
+        logs["request"].write_text(request.stderr)
+        assert request.returncode == 0, request.stderr
+        assert np.load(tmp_path / "s.npy").shape[0] == 3
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    for name, log in logs.items():
+        assert warning in log.read_text(errors="replace"), name
