@@ -70,7 +70,7 @@ def test_a_finished_session_and_its_charges_survive_reopening(tmp_path: Path) ->
     store.close()
 
     again = CuratorStore(tmp_path)
-    assert again.recover() == [], "a finished session is not touched by recovery"
+    assert again.recover(ttl=100.0) == [], "a finished session is not touched by recovery"
     row = again.get("s1")
     assert row is not None and row.status == "done" and row.has_result
     assert row.consumer == "consumer:alice" and row.request_id == "k1"
@@ -92,7 +92,7 @@ def test_recover_fails_running_sessions_once_and_keeps_their_charges(tmp_path: P
     store.close()  # the curator "crashes" here
 
     again = CuratorStore(tmp_path)
-    assert again.recover() == ["running"]
+    assert again.recover(ttl=100.0) == ["running"]
     row = again.get("running")
     assert row is not None and row.status == "failed" and row.error == RESTART_ERROR
     assert not row.has_result
@@ -107,7 +107,7 @@ def test_recover_fails_running_sessions_once_and_keeps_their_charges(tmp_path: P
     # A second restart finds nothing running and duplicates nothing.
     again.close()
     third = CuratorStore(tmp_path)
-    assert third.recover() == []
+    assert third.recover(ttl=100.0) == []
     assert third.charges("running") == CHARGES
 
 
@@ -181,3 +181,24 @@ def test_request_ids_are_unique_per_consumer_and_counted_by_time(tmp_path: Path)
     assert store.created_since("consumer:alice", 100.5) == 1
     assert store.created_since("consumer:bob", 0.0) == 1
     assert store.get("c") is None
+
+
+def test_a_recovered_sessions_report_expires_like_any_other_but_its_charges_stay(
+    tmp_path: Path,
+) -> None:
+    clock = Clock(1_000.0)
+    store = CuratorStore(tmp_path, clock=clock)
+    _create(store, "crashed")
+    store.record_charges("crashed", CHARGES)
+    store.close()
+    again = CuratorStore(tmp_path, clock=clock)
+    assert again.recover(ttl=30.0) == ["crashed"]
+    clock.now += 29.0
+    assert again.expire() == 0
+    assert again.get("crashed").report is not None  # type: ignore[union-attr]
+    clock.now += 2.0
+    assert again.expire() == 1
+    row = again.get("crashed")
+    assert row is not None and row.status == "failed" and row.report is None
+    assert again.charges("crashed") == CHARGES
+    again.close()
