@@ -148,12 +148,21 @@ def _security(
 
 
 def _setup_logging(verbose: int) -> None:
+    """Rich output on a terminal; one plain, unwrapped line per record otherwise (services
+    writing to a log file or a container's log)."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(
-        level=level,
-        format="%(message)s",
-        handlers=[RichHandler(console=console, show_path=False, rich_tracebacks=False)],
-    )
+    if console.is_terminal:
+        logging.basicConfig(
+            level=level,
+            format="%(message)s",
+            handlers=[RichHandler(console=console, show_path=False, rich_tracebacks=False)],
+        )
+    else:
+        logging.basicConfig(
+            level=level,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            datefmt="%Y-%m-%dT%H:%M:%S%z",
+        )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
