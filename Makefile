@@ -67,8 +67,11 @@ demo-flights: $(STAMP)
 evaluate: $(STAMP)
 	$(BIN)/dpmarket evaluate --out $(OUT)/evaluate
 
+# Round latency in-process, over mTLS and over plaintext gRPC (bench/rounds.py), then the cost of
+# OpenDP's noise against numpy's (bench/noise.py); both write JSON.
 bench: $(STAMP)
 	$(PY) -m bench.rounds --out $(OUT)/bench.json
+	$(PY) -m bench.noise --out $(OUT)/bench-noise.json
 
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache

@@ -1,17 +1,20 @@
 """Round latency of the summarization protocol, in-process against networked (``make bench``).
 
 For every workload (K owners of N points each) and every method (``private``, ``greedy``) the
-same session, with the same seed, runs twice in one invocation:
+same session, with the same seed, runs three times in one invocation:
 
 * **in-process**: :func:`deploy.runner.simulate`, owners as plain objects in this process;
-* **networked**: :class:`deploy.launcher.LocalCluster` (K owner processes and a curator process on
-  127.0.0.1) driven by :meth:`consumer.client.CuratorClient.summarize`.
+* **networked, mTLS** (the production transport): :class:`deploy.launcher.LocalCluster` (K owner
+  processes and a curator process on 127.0.0.1, certificates issued by the launcher) driven by
+  :meth:`consumer.client.CuratorClient.summarize`;
+* **networked, plaintext**: the same on a second cluster started with ``insecure=True`` (every
+  service ``--insecure``), to measure what mTLS costs.
 
 It records the per-round wall time the curator measures (``SessionReport.round_seconds``), the
-session and end-to-end times, the bid throughput, the networked/in-process ratios, whether both
-runs returned the same summary, and a micro-benchmark of the arithmetic floor of a round (one
-float32 ``(N, d) @ (d,)`` product, mask and argmax per owner). The report is written as JSON and
-summarised as a table on stdout; progress goes to stderr.
+session and end-to-end times, the bid throughput, the networked/in-process and mTLS/plaintext
+ratios, whether the three runs returned the same summary, and a micro-benchmark of the arithmetic
+floor of a round (one float32 ``(N, d) @ (d,)`` product, mask and argmax per owner). The report is
+written as JSON and summarised as a table on stdout; progress goes to stderr.
 
 Run ``python -m bench.rounds --out out/bench.json`` (``make bench``) or ``--quick`` for a tiny run.
 """
@@ -172,7 +175,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def compare(local: dict[str, Any], networked: dict[str, Any]) -> dict[str, float | None]:
-    """Networked over in-process ratios of the main timings."""
+    """Ratios ``networked / local`` of the main timings (e.g. networked over in-process, or
+    mTLS over plaintext when ``local`` is the plaintext run)."""
     lr, nr = local["round_latency"], networked["round_latency"]
     return {
         "median_round": _ratio(nr.get("median_ms"), lr.get("median_ms")),
@@ -315,6 +319,15 @@ def _bench_policies(work_dir: Path) -> tuple[Path, Path]:
     return owner, curator
 
 
+#: The networked transports, in the order the first method runs them (later methods alternate).
+TRANSPORTS: tuple[str, ...] = ("mtls", "plaintext")
+#: ``transport`` label of each networked run in the report.
+TRANSPORT_LABELS: dict[str, str] = {
+    "mtls": "grpc-loopback-mtls",
+    "plaintext": "grpc-loopback-plaintext",
+}
+
+
 def run_workload(
     w: Workload,
     methods: Sequence[Method],
@@ -323,7 +336,14 @@ def run_workload(
     *,
     service_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run every method in-process and networked on one workload; return its JSON record.
+    """Run every method in-process, over mTLS and over plaintext gRPC; return its JSON record.
+
+    Two clusters serve the same owner files: the production one (mTLS, certificates issued by
+    :class:`deploy.launcher.LocalCluster`) and a plaintext one (``insecure=True``, every service
+    with ``--insecure``), both up for the whole workload. Per method the in-process run comes
+    first, then the two networked runs, whose order alternates from one method to the next
+    (mTLS first for the first method) so that a drift in machine load does not always favour the
+    same transport. All three runs use the same seed, so their summaries must be equal.
 
     ``service_env`` is added to the environment of the owner and curator processes only (e.g.
     ``OPENBLAS_NUM_THREADS=1`` to measure a fix); the in-process run is unaffected.
@@ -340,76 +360,96 @@ def run_workload(
         save_point_set(owner, path)
         paths.append(path)
     logger.info("K=%d N=%d: data generated in %.1f s", w.k, w.n_points, time.perf_counter() - t0)
-    record: dict[str, Any] = {**asdict(w), "methods": {}}
-    t0 = time.perf_counter()
+    record: dict[str, Any] = {**asdict(w), "methods": {}, "cluster_start_seconds": {}}
     names = [o.name for o in data.owners]
     owner_policy, curator_policy = _bench_policies(work_dir)
     with contextlib.ExitStack() as stack:
-        with _environ(service_env or {}):
-            cluster = stack.enter_context(
-                LocalCluster(
-                    paths,
-                    names,
-                    log_dir / f"k{w.k}-n{w.n_points}",
-                    owner_policy=owner_policy,
-                    curator_policy=curator_policy,
+        clients: dict[str, Any] = {}
+        for transport in TRANSPORTS:
+            t0 = time.perf_counter()
+            with _environ(service_env or {}):
+                cluster = stack.enter_context(
+                    LocalCluster(
+                        paths,
+                        names,
+                        log_dir / f"k{w.k}-n{w.n_points}-{transport}",
+                        owner_policy=owner_policy,
+                        curator_policy=curator_policy,
+                        insecure=transport == "plaintext",
+                    )
                 )
+            record["cluster_start_seconds"][transport] = time.perf_counter() - t0
+            logger.info(
+                "K=%d N=%d: %d owner processes and the curator up (%s) in %.1f s",
+                w.k,
+                w.n_points,
+                w.k,
+                transport,
+                record["cluster_start_seconds"][transport],
             )
-        record["cluster_start_seconds"] = time.perf_counter() - t0
-        logger.info(
-            "K=%d N=%d: %d owner processes and the curator up in %.1f s",
-            w.k,
-            w.n_points,
-            w.k,
-            record["cluster_start_seconds"],
-        )
-        with CuratorClient(
-            cluster.curator_target, cluster.consumer_security(), timeout=600.0
-        ) as client:
-            for method in methods:
-                config = SummarizationConfig(
-                    summary_size=w.rounds, method=method, rff_dimension=w.d
-                )
-                label = f"K={w.k} N={w.n_points} {method}"
+            clients[transport] = stack.enter_context(
+                CuratorClient(cluster.curator_target, cluster.consumer_security(), timeout=600.0)
+            )
+        for index, method in enumerate(methods):
+            config = SummarizationConfig(summary_size=w.rounds, method=method, rff_dimension=w.d)
+            label = f"K={w.k} N={w.n_points} {method}"
+            load = os.getloadavg()[0]
+            start = time.perf_counter()
+            local = simulate(
+                data.owners,
+                data.validation,
+                data.seed_set,
+                config,
+                seed=w.seed,
+                on_progress=_progress_logger(f"{label} in-process", w.rounds),
+            )
+            local_rec = run_record(local, time.perf_counter() - start, w, "in-process", load)
+            logger.info(
+                "%s in-process: median round %.2f ms, %.1f s end to end",
+                label,
+                local_rec["round_latency"]["median_ms"],
+                local_rec["end_to_end_seconds"],
+            )
+            order = TRANSPORTS if index % 2 == 0 else TRANSPORTS[::-1]
+            results: dict[str, SummaryResult] = {}
+            recs: dict[str, dict[str, Any]] = {}
+            for transport in order:
                 load = os.getloadavg()[0]
                 start = time.perf_counter()
-                local = simulate(
-                    data.owners,
-                    data.validation,
-                    data.seed_set,
-                    config,
-                    seed=w.seed,
-                    on_progress=_progress_logger(f"{label} in-process", w.rounds),
-                )
-                local_rec = run_record(local, time.perf_counter() - start, w, "in-process", load)
-                logger.info(
-                    "%s in-process: median round %.2f ms, %.1f s end to end",
-                    label,
-                    local_rec["round_latency"]["median_ms"],
-                    local_rec["end_to_end_seconds"],
-                )
-                load = os.getloadavg()[0]
-                start = time.perf_counter()
-                remote = client.summarize(
+                results[transport] = clients[transport].summarize(
                     config,
                     data.validation,
                     data.seed_set,
                     seed=w.seed,
-                    on_progress=_progress_logger(f"{label} networked", w.rounds),
+                    on_progress=_progress_logger(f"{label} {transport}", w.rounds),
                 )
-                net_rec = run_record(remote, time.perf_counter() - start, w, "grpc-loopback", load)
+                recs[transport] = run_record(
+                    results[transport],
+                    time.perf_counter() - start,
+                    w,
+                    TRANSPORT_LABELS[transport],
+                    load,
+                )
                 logger.info(
-                    "%s networked: median round %.2f ms, %.1f s end to end",
+                    "%s %s: median round %.2f ms, %.1f s end to end",
                     label,
-                    net_rec["round_latency"]["median_ms"],
-                    net_rec["end_to_end_seconds"],
+                    transport,
+                    recs[transport]["round_latency"]["median_ms"],
+                    recs[transport]["end_to_end_seconds"],
                 )
-                record["methods"][method] = {
-                    "in_process": local_rec,
-                    "networked": net_rec,
-                    "networked_over_in_process": compare(local_rec, net_rec),
-                    **same_summary(local, remote),
-                }
+            record["methods"][method] = {
+                "in_process": local_rec,
+                "networked": recs["mtls"],
+                "networked_plaintext": recs["plaintext"],
+                "networked_order": list(order),
+                "networked_over_in_process": compare(local_rec, recs["mtls"]),
+                "plaintext_over_in_process": compare(local_rec, recs["plaintext"]),
+                "mtls_over_plaintext": compare(recs["plaintext"], recs["mtls"]),
+                **same_summary(local, results["mtls"]),
+                "plaintext_summary_identical": same_summary(results["mtls"], results["plaintext"])[
+                    "summaries_identical"
+                ],
+            }
     return record
 
 
@@ -511,31 +551,97 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def mtls_cost(workloads: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What mTLS adds per workload and method: mTLS and plaintext round latency, their ratio.
+
+    Returns
+    -------
+    list of dict
+        One entry per (K, N, method): median and p90 round latency in ms over mTLS and over
+        plaintext gRPC, the ratios mTLS / plaintext of the median, p90 and end-to-end time, the
+        added median milliseconds per round, and whether both returned the same summary.
+    """
+    out = []
+    for rec in workloads:
+        for method, m in rec["methods"].items():
+            tls, plain = m["networked"]["round_latency"], m["networked_plaintext"]["round_latency"]
+            ratios = m["mtls_over_plaintext"]
+            added = (
+                tls["median_ms"] - plain["median_ms"]
+                if tls.get("median_ms") is not None and plain.get("median_ms") is not None
+                else None
+            )
+            out.append(
+                {
+                    "k": rec["k"],
+                    "n_points": rec["n_points"],
+                    "method": method,
+                    "mtls_median_ms": tls.get("median_ms"),
+                    "mtls_p90_ms": tls.get("p90_ms"),
+                    "plaintext_median_ms": plain.get("median_ms"),
+                    "plaintext_p90_ms": plain.get("p90_ms"),
+                    "median_ratio": ratios["median_round"],
+                    "p90_ratio": ratios["p90_round"],
+                    "end_to_end_ratio": ratios["end_to_end"],
+                    "added_median_ms": added,
+                    "summaries_identical": m["plaintext_summary_identical"],
+                }
+            )
+    return out
+
+
+#: Rows of the table: report key of the run and the ratio it is shown with.
+_TABLE_RUNS: tuple[tuple[str, str | None], ...] = (
+    ("in_process", None),
+    ("networked", "networked_over_in_process"),
+    ("networked_plaintext", "plaintext_over_in_process"),
+)
+
+
 def format_table(report: dict[str, Any]) -> str:
-    """A small human-readable table of the report."""
+    """A small human-readable table of the report.
+
+    ``x in-proc`` is a networked run's median round over the in-process one's; ``same`` says
+    whether the run's summary equals the in-process one (mTLS row) or the mTLS one (plaintext
+    row). The mTLS cost follows the table.
+    """
     header = (
-        f"{'K':>3} {'N':>7} {'method':<8} {'transport':<13} {'med ms':>8} {'p90 ms':>8} "
-        f"{'max ms':>8} {'Mpts/s':>8} {'session s':>9} {'e2e s':>7} {'med x':>6} {'same':>5}"
+        f"{'K':>3} {'N':>7} {'method':<8} {'transport':<23} {'med ms':>8} {'p90 ms':>8} "
+        f"{'max ms':>8} {'Mpts/s':>8} {'session s':>9} {'e2e s':>7} {'x in-proc':>9} "
+        f"{'same':>5}"
     )
     lines = [header, "-" * len(header)]
     for rec in report["workloads"]:
         for method, m in rec["methods"].items():
-            for key in ("in_process", "networked"):
+            for key, ratio_key in _TABLE_RUNS:
                 r = m[key]
                 lat = r["round_latency"]
                 tput = r["bid_throughput_points_per_second"]
-                networked = key == "networked"
-                ratio = m["networked_over_in_process"]["median_round"] if networked else None
-                same = ("yes" if m["summaries_identical"] else "NO") if networked else ""
+                ratio = None if ratio_key is None else m[ratio_key]["median_round"]
+                identical = {
+                    "networked": m["summaries_identical"],
+                    "networked_plaintext": m["plaintext_summary_identical"],
+                }.get(key)
+                same = "" if identical is None else ("yes" if identical else "NO")
                 lines.append(
-                    f"{rec['k']:>3} {rec['n_points']:>7} {method:<8} {r['transport']:<13} "
+                    f"{rec['k']:>3} {rec['n_points']:>7} {method:<8} {r['transport']:<23} "
                     f"{_fmt(lat.get('median_ms'), '8.2f')} {_fmt(lat.get('p90_ms'), '8.2f')} "
                     f"{_fmt(lat.get('max_ms'), '8.1f')} "
                     f"{_fmt(None if tput is None else tput / 1e6, '8.1f')} "
                     f"{r['session_wall_seconds']:9.2f} {r['end_to_end_seconds']:7.2f} "
-                    f"{_fmt(ratio, '6.2f')} "
+                    f"{_fmt(ratio, '9.2f')} "
                     f"{same:>5}"
                 )
+    lines.append("")
+    for c in report["mtls_cost"]:
+        lines.append(
+            f"mTLS cost K={c['k']} N={c['n_points']} {c['method']}: median round "
+            f"{_fmt(c['mtls_median_ms'], '.2f')} ms (mTLS) vs "
+            f"{_fmt(c['plaintext_median_ms'], '.2f')} ms (plaintext), x"
+            f"{_fmt(c['median_ratio'], '.3f')} ({_fmt(c['added_median_ms'], '+.2f')} ms); p90 "
+            f"{_fmt(c['mtls_p90_ms'], '.2f')} vs {_fmt(c['plaintext_p90_ms'], '.2f')} ms, x"
+            f"{_fmt(c['p90_ratio'], '.3f')}; end to end x{_fmt(c['end_to_end_ratio'], '.3f')}"
+        )
     floor = report["floor"]
     lines.append("")
     lines.append(
@@ -581,7 +687,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = argparse.ArgumentParser(
         prog="python -m bench.rounds",
-        description="Per-round latency of the summarization protocol, in-process vs networked.",
+        description="Per-round latency of the summarization protocol: in-process, "
+        "networked over mTLS and networked over plaintext gRPC.",
     )
     parser.add_argument("--out", type=Path, default=Path("out/bench.json"), help="JSON report.")
     parser.add_argument(
@@ -712,10 +819,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "end_to_end_seconds": "client-side call: session setup, owners' h1 features, "
             "rounds, result transfer",
             "bid_throughput_points_per_second": "K * N * rounds / sum(round_seconds)",
+            "mtls_cost": "median and p90 round latency (ms) over mTLS and plaintext gRPC, "
+            "ratios mTLS / plaintext",
         },
         "floor": floor,
         "workloads": workloads,
         "targets": evaluate_targets(workloads),
+        "mtls_cost": mtls_cost(workloads),
         "log_dir": str(log_dir),
     }
     report["total_runtime_seconds"] = time.perf_counter() - started

@@ -39,6 +39,7 @@ from common.summarization.summary import (
     SummaryResult,
 )
 from consumer.client import SessionFailedError
+from deploy.evaluate import EVAL_METHODS
 from deploy.owner_commands import owner as owner_group
 from deploy.pki import identity_files, pki
 from dpmarket.identity import Identity
@@ -1015,10 +1016,10 @@ def demo(
     "--method",
     "methods",
     multiple=True,
-    type=click.Choice(
-        ["exact-greedy", "greedy", "uniform", "paper", "candidates", "candidates-embedding-rerank"]
-    ),
-    help="Method to evaluate; repeat (default: all).",
+    type=click.Choice(EVAL_METHODS),
+    help="Method to evaluate; repeat (default: all). paper and rounds run the pure-DP "
+    "PrivAuction; paper-auction-printed and rounds-auction-printed run it as printed in "
+    "Algorithm 3 (a larger owners' delta).",
 )
 @click.option(
     "--delta",
@@ -1054,7 +1055,6 @@ def evaluate(
         DEFAULT_SCENARIOS,
         DEFAULT_SEEDS,
         DEFAULT_SIZES,
-        EVAL_METHODS,
         QUICK,
         run_evaluation,
     )

@@ -22,7 +22,13 @@ Methods (:data:`EVAL_METHODS`):
     Algorithm 3 (session method ``"private"``) with its per-iteration epsilons scaled by
     :func:`common.summarization.calibration.calibrate_paper_mode` so that each party's PLD epsilon
     at ``delta``
-    equals the target.
+    equals the target. PrivAuction is the pure-DP variant (``auction="pure"``, the default).
+``paper-auction-printed``
+    The same with PrivAuction as printed in Algorithm 3 (``auction="paper"``: rank 1 always
+    asked). Calibrated as the pure auction (the calibration cannot scale the printed auction's
+    delta away), so each bad iteration adds ``1 - exp(-eps_auc)`` to the owners' delta: the
+    owners' PLD epsilon at ``delta`` is unbounded, and the session charges the owners the PLD
+    epsilon at ``delta + 1 - (1 - (1 - exp(-eps_auc)))**tau`` instead (``owners_delta_spent``).
 ``candidates``
     The candidates method with ``epsilon_validation_total = epsilon_owners_total = epsilon`` at
     ``delta``; it re-ranks the candidates with the exact kernel.
@@ -32,13 +38,20 @@ Methods (:data:`EVAL_METHODS`):
     The per-round protocol (session method ``"rounds"``) with its defaults: Gaussian validation
     embedding, binary-tree summary release, exact pool scoring, PrivAuction;
     :func:`common.summarization.calibration.calibrate_rounds_mode` makes each party's PLD epsilon
-    the target.
+    the target. PrivAuction is the pure-DP variant (the default).
+``rounds-auction-printed``
+    The same with PrivAuction as printed (``auction="paper"``), calibrated as ``rounds``; its
+    owners' delta grows as for ``paper-auction-printed``.
 ``rounds-none``
     The same without any summary broadcast (``summary_release="none"``; the auction gets the
     owners' whole budget).
 ``rounds-embedding``
     The same as ``rounds`` with the paper's pool scoring by the private-embedding bid
     (``pool_scoring="embedding"``).
+
+Every run records what the session charges each owner's data (the ledger's ``owner_terms``:
+``owners_epsilon_spent`` at ``owners_delta_spent``) beside each party's PLD epsilon at ``delta``,
+so the pure and printed auctions can be compared on the same footing.
 
 The first three do not depend on epsilon and run once per (scenario, p, seed). The scenario split
 always uses seed 0; seed ``s`` is the session seed and the downstream classifier's seed.
@@ -89,9 +102,11 @@ EPSILON_FREE_METHODS: tuple[str, ...] = ("exact-greedy", "greedy", "uniform")
 #: Differentially private methods (run once per scenario, p, epsilon and seed).
 PRIVATE_METHODS: tuple[str, ...] = (
     "paper",
+    "paper-auction-printed",
     "candidates",
     "candidates-embedding-rerank",
     "rounds",
+    "rounds-auction-printed",
     "rounds-none",
     "rounds-embedding",
 )
@@ -107,7 +122,8 @@ QUICK: dict[str, Any] = {"scenarios": ("digits",), "sizes": (20,), "epsilons": (
 
 #: The issue's targets. At epsilon = 1: MMD² to D_v (mean over seeds) at most 0.2 x uniform's,
 #: accuracy at least exact greedy's minus 0.01, owner points accessed at most 0.5 K p (every
-#: seed). At epsilon = 3: MMD² at most 5 x exact greedy's.
+#: seed), and the owners' delta spent at most the evaluation's delta (every seed; the target is
+#: "epsilon <= 1 at delta"). At epsilon = 3: MMD² at most 5 x exact greedy's.
 GOALS: dict[str, float] = {
     "epsilon_main": 1.0,
     "mmd2_over_uniform_max": 0.2,
@@ -128,6 +144,8 @@ _METRICS: tuple[str, ...] = (
     "epsilon_validation_theorem7",
     "epsilon_owners_pld",
     "epsilon_owners_theorem7",
+    "owners_epsilon_spent",
+    "owners_delta_spent",
     "mmd2_over_uniform",
     "mmd2_over_exact_greedy",
     "accuracy_minus_exact_greedy",
@@ -137,16 +155,30 @@ _LABELS: dict[str, str] = {
     "exact-greedy": "exact greedy (pooled)",
     "greedy": "greedy (RFF)",
     "uniform": "uniform",
-    "paper": "paper (Alg. 3, calibrated)",
+    "paper": "paper (Alg. 3, calibrated, pure auction)",
+    "paper-auction-printed": "paper (Alg. 3, calibrated, printed auction)",
     "candidates": "candidates",
     "candidates-embedding-rerank": "candidates (embedding re-rank)",
-    "rounds": "rounds (Gaussian + tree + exact)",
+    "rounds": "rounds (Gaussian + tree + exact, pure auction)",
+    "rounds-auction-printed": "rounds (Gaussian + tree + exact, printed auction)",
     "rounds-none": "rounds (no summary release)",
     "rounds-embedding": "rounds (embedding pool scoring)",
+}
+#: Methods that run PrivAuction as printed in Algorithm 3 (``auction="paper"``); each is drawn in
+#: its pure counterpart's colour with a dotted line.
+_PRINTED_AUCTION: dict[str, str] = {
+    "paper-auction-printed": "paper",
+    "rounds-auction-printed": "rounds",
+}
+#: The paper mode's variants' options (the rest are SummarizationConfig's defaults).
+_PAPER_OPTIONS: dict[str, dict[str, str]] = {
+    "paper": {},
+    "paper-auction-printed": {"auction": "paper"},
 }
 #: The rounds variants' options (the rest are SummarizationConfig's defaults).
 _ROUNDS_OPTIONS: dict[str, dict[str, str]] = {
     "rounds": {},
+    "rounds-auction-printed": {"auction": "paper"},
     "rounds-none": {"summary_release": "none"},
     "rounds-embedding": {"pool_scoring": "embedding"},
 }
@@ -168,10 +200,15 @@ def _session_config(
         return SummarizationConfig(summary_size=p, method=method, gamma=gamma)  # type: ignore[arg-type]
     if epsilon is None:  # pragma: no cover - guarded by the caller
         raise ValueError(f"method {method!r} needs an epsilon")
-    if method == "paper":
+    if method in _PAPER_OPTIONS:
         from common.summarization.calibration import calibrate_paper_mode
 
-        base = SummarizationConfig(summary_size=p, method="private", gamma=gamma)
+        base = SummarizationConfig(
+            summary_size=p,
+            method="private",
+            gamma=gamma,
+            **_PAPER_OPTIONS[method],  # type: ignore[arg-type]
+        )
         return calibrate_paper_mode(
             base, n_owners, epsilon_target=epsilon, delta=delta, seed_set_size=seed_set_size
         )
@@ -198,15 +235,46 @@ def _session_config(
     raise ValueError(f"method must be one of {EVAL_METHODS}, got {method!r}")
 
 
+def _finite(value: Any) -> float | None:
+    """``value`` as a float, or None when it is missing or not finite (JSON has no infinity)."""
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
 def _party_epsilons(ledger: Mapping[str, Any]) -> dict[str, Any]:
-    """Each party's PLD and Theorem 7 epsilon and the delta they hold for (None: no ledger)."""
+    """Each party's privacy as the session's ledger reports it.
+
+    Returns
+    -------
+    dict
+        ``epsilon_{party}_pld`` and ``epsilon_{party}_theorem7`` (epsilon units) and
+        ``delta_{party}`` (the ``delta_tilde`` they hold at) for ``party`` in ``validation``,
+        ``owners``; None without a ledger, and a PLD epsilon is None when it is unbounded at that
+        delta (the printed auction's infinite-loss mass exceeds it). ``delta_owners_theorem7``:
+        the delta of the owners' Theorem 7 figure (the ledger's ``delta_total``).
+        ``owners_epsilon_spent`` and ``owners_delta_spent``: what the session charges each
+        owner's data (the ledger's ``owner_terms``: the PLD epsilon at the session's delta plus
+        the printed auction's infinite-loss mass); None for a non-private session or without
+        terms. ``owners_non_private``: the session released exact statistics to the owners.
+    """
     out: dict[str, Any] = {}
     for party in ("validation", "owners"):
         report = ledger.get(party)
         row = (report or {}).get("parties", {}).get(party, {})
-        out[f"epsilon_{party}_pld"] = row.get("pld")
-        out[f"epsilon_{party}_theorem7"] = row.get("theorem7")
+        out[f"epsilon_{party}_pld"] = _finite(row.get("pld"))
+        out[f"epsilon_{party}_theorem7"] = _finite(row.get("theorem7"))
         out[f"delta_{party}"] = None if report is None else report.get("delta_tilde")
+    out["delta_owners_theorem7"] = _finite(
+        ledger.get("owners", {}).get("parties", {}).get("owners", {}).get("delta_total")
+    )
+    terms: Mapping[str, Any] = ledger.get("owner_terms") or {}
+    non_private = bool(terms.get("non_private"))
+    spent = bool(terms) and not non_private
+    out["owners_epsilon_spent"] = _finite(terms.get("epsilon")) if spent else None
+    out["owners_delta_spent"] = _finite(terms.get("delta")) if spent else None
+    out["owners_non_private"] = non_private
     return out
 
 
@@ -248,13 +316,15 @@ def _record(
     }
     auction = result.report.ledger.get("auction")
     if auction is not None:
-        # Not in the ledger's delta (see curator.protocol): reported beside it.
-        record["auction_delta_total"] = auction.get("delta_total")
+        record["auction"] = {
+            key: auction.get(key)
+            for key in ("variant", "eps_auc", "tau", "delta_per_bad_iteration")
+        }
     candidates = result.report.ledger.get("candidates")
     if candidates is not None:
         record["candidate_budget"] = candidates.get("budget")
         record["candidate_shares"] = candidates.get("shares")
-    if config is not None and method == "paper":
+    if config is not None and method in _PAPER_OPTIONS:
         record["paper_config"] = {
             key: getattr(config, key)
             for key in (
@@ -329,9 +399,14 @@ def _aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             mean, std = _mean_std([r.get(metric) for r in ok])
             row[metric] = {"mean": mean, "std": std}
         row["accessed_fraction"]["max"] = max((r["accessed_fraction"] for r in ok), default=None)
+        row["owners_delta_spent"]["max"] = max(
+            (r["owners_delta_spent"] for r in ok if r.get("owners_delta_spent") is not None),
+            default=None,
+        )
         deltas = {r.get(f"delta_{party}") for r in ok for party in ("validation", "owners")}
         deltas.discard(None)
         row["delta"] = sorted(deltas)
+        row["owners_non_private"] = any(r.get("owners_non_private") for r in ok)
         out.append(row)
     return out
 
@@ -351,7 +426,7 @@ def _goals(
         for method in methods:
             entry: dict[str, Any] = {"scenario": scenario, "p": p, "method": method}
             main = by_key.get((scenario, p, method, eps_main))
-            entry[f"eps_{eps_main:g}"] = _goals_main(main, uniform, exact)
+            entry[f"eps_{eps_main:g}"] = _goals_main(main, uniform, exact, delta)
             high = by_key.get((scenario, p, method, eps_high))
             entry[f"eps_{eps_high:g}"] = _goals_high(high, exact)
             checks = [
@@ -383,9 +458,11 @@ def _goals_main(
     agg: Mapping[str, Any] | None,
     uniform: Mapping[str, Any] | None,
     exact: Mapping[str, Any] | None,
+    delta: float,
 ) -> dict[str, Any]:
     u_mmd, e_acc = _mean(uniform, "mmd2_validation"), _mean(exact, "accuracy")
     acc_max = None if agg is None else agg["accessed_fraction"].get("max")
+    delta_max = None if agg is None else agg["owners_delta_spent"].get("max")
     return {
         "mmd2_vs_uniform": _check(
             _mean(agg, "mmd2_validation"),
@@ -397,6 +474,9 @@ def _goals_main(
             at_least=True,
         ),
         "accessed_fraction": _check(acc_max, GOALS["accessed_fraction_max"]),
+        # The target epsilon holds at delta only if the session spends no more delta than that
+        # (the printed PrivAuction spends more, see the module docstring).
+        "owners_delta": _check(delta_max, delta),
     }
 
 
@@ -475,7 +555,10 @@ def run_evaluation(
     dict
         The JSON document: ``config``, ``runs`` (one record per run: MMD² to the validation
         and test sets, accuracy, owner points accessed and ``accessed_fraction = accessed / (K
-        p)``, each party's PLD and Theorem 7 epsilon and the delta they hold for, ratios against
+        p)``, each party's PLD and Theorem 7 epsilon and the delta they hold for, the epsilon
+        and delta the session charges each owner (``owners_epsilon_spent``,
+        ``owners_delta_spent``), PrivAuction's variant, ``eps_auc``, ``tau`` and delta per bad
+        iteration (``auction``), ratios against
         uniform and exact greedy of the same scenario, p and seed; ``status`` "ok" or "failed"
         with ``error``), ``aggregates`` (mean and std over seeds), ``goals`` (the issue's
         targets, each ``{"met", "value", "bound"}``; ``met`` is None when a needed run is
@@ -684,8 +767,10 @@ def _write_outputs(document: dict[str, Any], out: Path, console: Console) -> Non
     wide.print(evaluation_table(document))
     wide.print(goals_table(document))
     wide.print(
-        f"ε per party: PLD (dp-accounting) for D_v / owners at δ = {document['config']['delta']:g}"
-        " (paper: calibrated to the target; candidates: Gaussian + Laplace). '% over exact' "
+        f"ε D_v: PLD (dp-accounting) at δ = {document['config']['delta']:g} (paper: calibrated "
+        "to the target; candidates: Gaussian + Laplace). Owners ε / δ spent: what the session "
+        "charges each owner's data (PLD ε at the session's δ, which the printed PrivAuction "
+        "raises by its (ε_auc, 1 − e^−ε_auc) bad iterations). '% over exact' "
         "compares MMD² to D_v with the exact-kernel greedy on pooled data (mean of per-seed "
         "ratios). ± is the std over seeds."
     )
@@ -720,7 +805,8 @@ def evaluation_table(document: Mapping[str, Any]) -> Table:
         "× uniform",
         "accuracy",
         "accessed / Kp",
-        "ε D_v / owners (PLD)",
+        "ε D_v (PLD)",
+        "owners ε / δ spent",
         "seeds",
     ):
         table.add_column(header, justify="left" if header in ("scenario", "method") else "right")
@@ -733,12 +819,13 @@ def evaluation_table(document: Mapping[str, Any]) -> Table:
         mmd, ratio = agg["mmd2_validation"], agg["mmd2_over_exact_greedy"]
         pct = None if ratio["mean"] is None else (ratio["mean"] - 1.0) * 100.0
         acc = agg["accuracy"]
-        eps_v, eps_o = agg["epsilon_validation_pld"]["mean"], agg["epsilon_owners_pld"]["mean"]
-        eps_text = (
-            "-"
-            if eps_v is None and eps_o is None
-            else f"{_fmt(eps_v, '.3g')} / {_fmt(eps_o, '.3g')}"
-        )
+        eps_o, delta_o = agg["owners_epsilon_spent"]["mean"], agg["owners_delta_spent"]["mean"]
+        if agg.get("owners_non_private"):
+            owners_text = "non-private"
+        elif eps_o is None and delta_o is None:
+            owners_text = "-"
+        else:
+            owners_text = f"{_fmt(eps_o, '.3g')} / {_fmt(delta_o, '.3g')}"
         seeds = f"{agg['n_seeds']}" + (f" ({agg['n_failed']} failed)" if agg["n_failed"] else "")
         table.add_row(
             agg["scenario"],
@@ -750,7 +837,8 @@ def evaluation_table(document: Mapping[str, Any]) -> Table:
             _fmt(agg["mmd2_over_uniform"]["mean"], ".2f"),
             f"{_fmt(acc['mean'], '.3f')} ± {_fmt(acc['std'], '.2f')}",
             _fmt(agg["accessed_fraction"]["mean"], ".3f"),
-            eps_text,
+            _fmt(agg["epsilon_validation_pld"]["mean"], ".3g"),
+            owners_text,
             seeds,
         )
     return table
@@ -798,7 +886,11 @@ def plot_quality_vs_epsilon(document: Mapping[str, Any], path: str | Path) -> No
     cells = sorted({(a["scenario"], a["p"]) for a in aggregates})
     rows = max(1, len(cells))
     fig, axes = plt.subplots(rows, 2, figsize=(12, 3.4 * rows), squeeze=False)
-    colors: dict[str, Any] = {m: plt.get_cmap("tab10")(i) for i, m in enumerate(EVAL_METHODS)}
+    # tab10 has ten colours: a printed-auction variant shares its pure counterpart's colour and is
+    # told apart by a dotted line and open square markers.
+    own_color = [m for m in EVAL_METHODS if m not in _PRINTED_AUCTION]
+    colors: dict[str, Any] = {m: plt.get_cmap("tab10")(i) for i, m in enumerate(own_color)}
+    colors.update({m: colors[pure] for m, pure in _PRINTED_AUCTION.items()})
     metrics: tuple[tuple[str, str], ...] = (
         ("mmd2_validation", "MMD² to D_v"),
         ("accuracy", "accuracy on target test set"),
@@ -828,12 +920,15 @@ def plot_quality_vs_epsilon(document: Mapping[str, Any], path: str | Path) -> No
                     eps = [a["epsilon"] for a in mine]
                     mean = [a[metric]["mean"] for a in mine]
                     std = [a[metric]["std"] or 0.0 for a in mine]
+                    printed = method in _PRINTED_AUCTION
                     ax.errorbar(
                         eps,
                         mean,
                         yerr=std,
-                        marker="o",
+                        marker="s" if printed else "o",
                         markersize=4,
+                        markerfacecolor="none" if printed else colors[method],
+                        linestyle=":" if printed else "-",
                         capsize=3,
                         color=colors[method],
                         label=label,

@@ -1,8 +1,8 @@
 """Smoke test of the round-latency benchmark: a tiny run end to end (real processes, real gRPC).
 
 No timing asserts (CONVENTIONS: speed is measured by ``make bench``); what is checked is the
-report's shape and a real property: the in-process and networked runs with the same seed return
-the same summary.
+report's shape and a real property: the in-process run and the networked runs over mTLS and over
+plaintext gRPC, with the same seed, return the same summary.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def test_quick_run_writes_report_with_identical_summaries(
         "floor",
         "workloads",
         "targets",
+        "mtls_cost",
         "total_runtime_seconds",
     } <= report.keys()
     assert report["data"]["synthetic"] is True
@@ -47,7 +48,11 @@ def test_quick_run_writes_report_with_identical_summaries(
         for method, result in workload["methods"].items():
             assert result["summaries_identical"] is True, method
             assert result["points_identical"] is True, method
-            for transport in ("in_process", "networked"):
+            assert result["plaintext_summary_identical"] is True, method
+            assert sorted(result["networked_order"]) == ["mtls", "plaintext"]
+            assert result["networked"]["transport"] == "grpc-loopback-mtls"
+            assert result["networked_plaintext"]["transport"] == "grpc-loopback-plaintext"
+            for transport in ("in_process", "networked", "networked_plaintext"):
                 run = result[transport]
                 assert run["round_latency"]["rounds"] == rounds.QUICK_ROUNDS
                 assert {"median_ms", "p90_ms", "max_ms", "mean_ms"} <= run["round_latency"].keys()
@@ -57,7 +62,22 @@ def test_quick_run_writes_report_with_identical_summaries(
                     "bid_throughput_points_per_second",
                 } <= run.keys()
                 assert run["dropped_owners"] == []
-            assert {"median_round", "end_to_end"} <= result["networked_over_in_process"].keys()
+            for ratios in ("networked_over_in_process", "mtls_over_plaintext"):
+                assert {"median_round", "p90_round", "end_to_end"} <= result[ratios].keys()
+            tls = result["networked"]["round_latency"]["median_ms"]
+            plain = result["networked_plaintext"]["round_latency"]["median_ms"]
+            assert result["mtls_over_plaintext"]["median_round"] == pytest.approx(tls / plain)
+    # The two methods run the networked transports in opposite orders.
+    orders = [m["networked_order"] for w in report["workloads"] for m in w["methods"].values()]
+    assert orders[0] != orders[1]
+    cost = report["mtls_cost"]
+    assert [(c["k"], c["method"]) for c in cost] == [
+        (k, m) for k in rounds.QUICK_K for m in ("private", "greedy")
+    ]
+    for c in cost:
+        assert c["summaries_identical"] is True
+        assert c["median_ratio"] == pytest.approx(c["mtls_median_ms"] / c["plaintext_median_ms"])
 
     table = capsys.readouterr().out
-    assert "in-process" in table and "grpc-loopback" in table
+    assert "in-process" in table and "grpc-loopback-mtls" in table
+    assert "grpc-loopback-plaintext" in table and "mTLS cost" in table

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,8 @@ def test_json_structure(quick: tuple[dict[str, Any], Path, str]) -> None:
     assert on_disk["config"]["seeds"] == [0]
     assert on_disk["config"]["delta"] == 1e-6
     assert on_disk["skipped"] == []
-    # 3 epsilon-free methods + 6 private methods x 1 epsilon, one seed.
-    assert len(on_disk["runs"]) == len(EVAL_METHODS) == 9
+    # 3 epsilon-free methods + 8 private methods x 1 epsilon, one seed.
+    assert len(on_disk["runs"]) == len(EVAL_METHODS) == 11
     for run in on_disk["runs"]:
         assert run["status"] == "ok", run.get("error")
         assert "wall_time_seconds" not in run  # machine-dependent figures live under "timing"
@@ -64,7 +65,7 @@ def test_json_structure(quick: tuple[dict[str, Any], Path, str]) -> None:
     by_method = {r["method"]: r for r in on_disk["runs"]}
     assert by_method["uniform"]["mmd2_over_uniform"] == pytest.approx(1.0)
     assert by_method["exact-greedy"]["mmd2_over_exact_greedy"] == pytest.approx(1.0)
-    assert len(on_disk["aggregates"]) == 9
+    assert len(on_disk["aggregates"]) == 11
     for agg in on_disk["aggregates"]:
         assert agg["n_seeds"] == 1 and agg["n_failed"] == 0
         assert set(agg["mmd2_validation"]) == {"mean", "std"}
@@ -72,14 +73,21 @@ def test_json_structure(quick: tuple[dict[str, Any], Path, str]) -> None:
     assert {g["method"] for g in on_disk["goals"]} == set(PRIVATE_METHODS)
     for goal in on_disk["goals"]:
         main = goal["eps_1"]
-        assert set(main) == {"mmd2_vs_uniform", "accuracy_vs_exact_greedy", "accessed_fraction"}
+        assert set(main) == {
+            "mmd2_vs_uniform",
+            "accuracy_vs_exact_greedy",
+            "accessed_fraction",
+            "owners_delta",
+        }
         for check in main.values():
             assert isinstance(check["met"], bool)
             assert check["value"] is not None and check["bound"] is not None
+        # Only the printed PrivAuction spends more delta than the evaluation's.
+        assert main["owners_delta"]["met"] is not goal["method"].endswith("-auction-printed")
         # epsilon 3 is not in the quick grid: recorded as not evaluated.
         assert goal["eps_3"]["mmd2_vs_exact_greedy"]["met"] is None
         assert goal["all_met"] is None
-    assert len(on_disk["timing"]["runs"]) == 9
+    assert len(on_disk["timing"]["runs"]) == 11
     assert document["runs"] == on_disk["runs"]
 
 
@@ -90,8 +98,15 @@ def test_private_epsilons_honour_the_target(quick: tuple[dict[str, Any], Path, s
     assert {r["method"] for r in private} == set(PRIVATE_METHODS)
     for run in private:
         assert run["epsilon"] == target
+        # What each owner is charged: the target epsilon, at a delta of its own.
+        assert 0 < run["owners_epsilon_spent"] <= target * 1.001, run["method"]
+        assert run["owners_non_private"] is False
         for party in ("validation", "owners"):
             assert run[f"delta_{party}"] == 1e-6
+            if party == "owners" and run["method"].endswith("-auction-printed"):
+                # (eps_auc, 1 - e^-eps_auc) bad iterations: no epsilon holds at delta = 1e-6.
+                assert run["epsilon_owners_pld"] is None
+                continue
             for accountant in ("pld", "theorem7"):
                 value = run[f"epsilon_{party}_{accountant}"]
                 assert value is not None and value > 0
@@ -103,6 +118,40 @@ def test_private_epsilons_honour_the_target(quick: tuple[dict[str, Any], Path, s
             if run["method"].startswith("candidates"):
                 # One release per party (Gaussian, Laplace): Theorem 7 reports it as configured.
                 assert run[f"epsilon_{party}_theorem7"] <= target * 1.001
+
+
+def test_printed_auction_spends_more_owner_delta(
+    quick: tuple[dict[str, Any], Path, str],
+) -> None:
+    """The printed PrivAuction's tau bad iterations are (eps_auc, 1 - e^-eps_auc)-DP: the owners'
+    delta grows by 1 - e^(-tau eps_auc) > 0 over the pure variant's, calibrated alike."""
+    document, _, _ = quick
+    by_method = {r["method"]: r for r in document["runs"]}
+    for pure, printed in (("paper", "paper-auction-printed"), ("rounds", "rounds-auction-printed")):
+        a, b = by_method[pure], by_method[printed]
+        assert a["auction"]["variant"] == "pure" and b["auction"]["variant"] == "paper"
+        # Calibrated as the pure auction: the same eps_auc and tau.
+        assert b["auction"]["eps_auc"] == pytest.approx(a["auction"]["eps_auc"])
+        assert b["auction"]["tau"] == a["auction"]["tau"]
+        assert a["auction"]["delta_per_bad_iteration"] == 0.0
+        eps_auc, tau = b["auction"]["eps_auc"], b["auction"]["tau"]
+        assert b["auction"]["delta_per_bad_iteration"] == pytest.approx(-math.expm1(-eps_auc))
+        assert a["owners_delta_spent"] == pytest.approx(1e-6)
+        extra = -math.expm1(-tau * eps_auc)  # 1 - (1 - (1 - e^-eps_auc))^tau
+        assert b["owners_delta_spent"] == pytest.approx(1e-6 + extra, rel=1e-6)
+        assert b["owners_delta_spent"] > a["owners_delta_spent"]
+        # The ledger's Theorem 7 delta counts the same bad iterations.
+        assert b["delta_owners_theorem7"] > a["delta_owners_theorem7"]
+    aggregates = {a["method"]: a for a in document["aggregates"]}
+    assert aggregates["paper-auction-printed"]["owners_delta_spent"]["max"] > 1e-6
+
+
+def test_cli_offers_every_method() -> None:
+    from deploy.cli import main
+
+    command = main.commands["evaluate"]
+    (option,) = [p for p in command.params if p.name == "methods"]
+    assert tuple(option.type.choices) == EVAL_METHODS  # type: ignore[attr-defined]
 
 
 def test_epsilon_free_methods_run_once_per_seed(
@@ -131,6 +180,7 @@ def test_plot_and_table(quick: tuple[dict[str, Any], Path, str]) -> None:
     assert png.read_bytes()[:8] == PNG_MAGIC
     assert "summary quality vs privacy" in printed
     assert "candidates" in printed
+    assert "printed auction" in printed and "owners ε / δ spent" in printed
 
 
 def test_rejects_unknown_method(tmp_path: Path) -> None:
