@@ -526,8 +526,7 @@ class SummarizationSession:
 
     async def _run_candidates(self, summary: _SummaryState, rff: RFFParams) -> None:
         """The candidates method (:mod:`common.summarization.candidates`): one private embedding,
-        noisy
-        relevance counts, local greedy proposals, exact re-ranking by the trusted curator."""
+        noisy relevance counts, local greedy proposals, exact re-ranking by the trusted curator."""
         cfg = self.config
         round_start = time.perf_counter()
         p = cfg.summary_size

@@ -21,8 +21,8 @@ Methods (:data:`EVAL_METHODS`):
 ``paper``
     Algorithm 3 (session method ``"private"``) with its per-iteration epsilons scaled by
     :func:`common.summarization.calibration.calibrate_paper_mode` so that each party's PLD epsilon
-    at ``delta``
-    equals the target. PrivAuction is the pure-DP variant (``auction="pure"``, the default).
+    at ``delta`` equals the target. PrivAuction is the pure-DP variant (``auction="pure"``, the
+    default).
 ``paper-auction-printed``
     The same with PrivAuction as printed in Algorithm 3 (``auction="paper"``: rank 1 always
     asked). Calibrated as the pure auction (the calibration cannot scale the printed auction's

@@ -42,8 +42,7 @@ __all__ = [
 ]
 
 #: Sensitivity ``Delta`` of MWEM's score and measurement (``common.summarization.mwem``): every
-#: coordinate of the
-#: quantized sum moves by at most 2 when one point of the set is replaced.
+#: coordinate of the quantized sum moves by at most 2 when one point of the set is replaced.
 MWEM_SENSITIVITY = 2.0
 #: Calibrated epsilons lie in ``[(1 - CALIBRATION_RTOL) * target, target]``.
 CALIBRATION_RTOL = 1e-3
@@ -95,8 +94,8 @@ def paper_mode_events(
     dict
         ``{"validation": [...], "owners": [...], "public": [...]}``, each a list of
         :class:`~common.privacy.accounting.PrivacyEvent` whose repeat counts add up to what the
-        session
-        charges (it charges one pair of events per h2 release; these lists merge the identical
+        session charges (it charges one pair of events per h2 release; these lists merge the
+        identical
         ones, which every accountant of :mod:`common.privacy.accounting` treats alike):
 
         * ``"validation"``: ``T_init`` exponential-mechanism selections and ``T_init`` Laplace
@@ -255,8 +254,8 @@ def calibrate_paper_mode(
         :func:`paper_mode_events`, but is checked and passed on).
     method : {"pld", "theorem7"}, default "pld"
         Accountant the target is met with: :func:`~common.privacy.accounting.pld_epsilon` at
-        ``delta``
-        (the ledger's ``"pld"`` figure) or Theorem 7 with slack ``delta`` (its ``"theorem7"``
+        ``delta`` (the ledger's ``"pld"`` figure) or Theorem 7 with slack ``delta`` (its
+        ``"theorem7"``
         figure; all events are pure, so it holds at ``delta`` too).
 
     Returns
@@ -341,8 +340,8 @@ def gaussian_epsilon(sigma: float, delta: float, sensitivity: float) -> float:
     """epsilon at ``delta`` of one Gaussian mechanism with noise ``sigma`` and L2 ``sensitivity``.
 
     The inverse of :func:`~common.privacy.accounting.analytic_gaussian_sigma` (exact privacy
-    profile,
-    ``dp_accounting``'s ``GaussianPrivacyLoss``, bisected on epsilon keeping the upper end),
+    profile, ``dp_accounting``'s ``GaussianPrivacyLoss``, bisected on epsilon keeping the upper
+    end),
     nudged up by ``1e-9`` relative so that the
     event ``PrivacyEvent("gaussian", eps, sensitivity=sensitivity, scale=sigma, delta=delta)``
     passes its consistency check.
@@ -464,8 +463,8 @@ def rounds_tree_sigma(config: SummarizationConfig, n_owners: int) -> float:
     PrivAuction's ``tau`` pure ``eps_auc`` events (:func:`rounds_auction`), have PLD epsilon at
     ``config.delta`` in ``[(1 - 1e-3), 1] * epsilon_owners_total``; ``levels =``
     :func:`common.summarization.continual.tree_levels` ``(p - 1)`` (rounds 2..p release the prefix
-    sums of the
-    first 1..p-1 acquired points). Cached: a pure function of the configuration and ``K``.
+    sums of the first 1..p-1 acquired points). Cached: a pure function of the configuration and
+    ``K``.
 
     Returns
     -------

@@ -401,8 +401,7 @@ def bid_scores(features: ArrayLike, direction: ArrayLike) -> NDArray[np.float32]
     features : array-like of shape (n_points, d), float32
         h1 features of an owner's points, computed once per session by
         :func:`common.summarization.rff.random_fourier_features` (finite by construction, so not
-        re-scanned for
-        NaN here; other dtypes are converted to float32).
+        re-scanned for NaN here; other dtypes are converted to float32).
     direction : array-like of shape (d,)
         From :func:`bid_direction`; converted to float32.
 

@@ -124,11 +124,11 @@ class MWEMState:
     ``Delta``: with probability ``>= 1 - 2T/d^c``,
     ``max_i |w(D_Q, i) - w(P_avg, i)| / q <= 2 sqrt(d ln|S| / T) + (3c + 2) Delta ln d / (q eps)``.
 
-    **Noise.** Selection and Laplace noise are drawn with numpy's floating-point samplers from
-    ``rng``; production callers pass :func:`common.privacy.rng.production_rng` (CSPRNG-seeded).
-    These
-    samplers are not hardened against floating-point attacks on the Laplace mechanism
-    (Mironov 2012); DESIGN.md, "Noise sources".
+    **Noise.** The Laplace measurements come from :meth:`release`'s ``noise`` source: OpenDP's
+    floating-point-safe sampler in production sessions (:class:`common.privacy.noise.OpenDPNoise`,
+    hardened against the attacks of Mironov 2012), seeded numpy draws from ``rng`` in tests and
+    seeded sessions. The selection's uniform draw comes from ``rng`` (CSPRNG-seeded in
+    production, :func:`common.privacy.rng.production_rng`); DESIGN.md, "Noise sources".
 
     References
     ----------
@@ -285,8 +285,8 @@ def h2_private_mean(
     """Compute h2: the MWEM private mean of a set of h1 features.
 
     Quantizes ``features`` (:func:`common.summarization.quantization.quantize_features`), sums the
-    quantized
-    columns and runs :meth:`MWEMState.release` from ``state`` (a fresh uniform state if ``None``).
+    quantized columns and runs :meth:`MWEMState.release` from ``state`` (a fresh uniform state if
+    ``None``).
 
     Parameters
     ----------

@@ -37,8 +37,8 @@ class SummarizationConfig:
         p, the number of owner points in the summary (seed set excluded).
     method : {"candidates", "private", "greedy", "uniform", "rounds"}
         The candidates method (:mod:`common.summarization.candidates`, the default: best measured
-        quality at a
-        given epsilon), Algorithm 3 (h2 embeddings + PrivAuction), non-private greedy on exact
+        quality at a given epsilon), Algorithm 3 (h2 embeddings + PrivAuction), non-private greedy
+        on exact
         mean h1 embeddings, p/K points drawn uniformly from every owner, or ``"rounds"``:
         Algorithm 3's per-round protocol whose validation release, summary release and pool
         scoring are chosen by ``validation_release``, ``summary_release`` and ``pool_scoring``
@@ -98,14 +98,13 @@ class SummarizationConfig:
     summary_release : {"tree", "mwem", "none"}
         Rounds method: the running summary embedding by the binary-tree continual release of the
         prefix sum of h1 of the acquired points (:mod:`common.summarization.continual`; noise
-        calibrated so the
-        owners' PLD epsilon is ``epsilon_owners_total``), by h2 each round as the paper, or not
+        calibrated so the owners' PLD epsilon is ``epsilon_owners_total``), by h2 each round as the
+        paper, or not
         at all (owners bid with the validation embedding only).
     pool_scoring : {"exact", "embedding"}
         Rounds method: the curator adds the pool point with the largest exact marginal gain
         (:func:`common.summarization.kernels.marginal_gain_score`; it holds D_v and the summary) or
-        the largest
-        private-embedding bid (the paper's step 15).
+        the largest private-embedding bid (the paper's step 15).
     auction_share : float
         Rounds method, ``summary_release`` "tree" or "mwem": PrivAuction gets
         ``auction_share * epsilon_owners_total`` as its Theorem-6 epsilon, in (0, 1].
