@@ -311,15 +311,15 @@ class SessionManager:
         ttl = self.policy.result_ttl_seconds
         try:
             result = await session.run()
+            if self.store is not None:
+                self.store.finish(managed.session_id, result, ttl=ttl)
         except DPMarketError as exc:
             self._failed(managed, session, str(exc))
             logger.warning("session %s failed: %s", short_id(managed.session_id), exc)
         except Exception:
-            self._failed(managed, session, "internal error; see the curator log")
             logger.exception("session %s crashed", short_id(managed.session_id))
+            self._failed(managed, session, "internal error; see the curator log")
         else:
-            if self.store is not None:
-                self.store.finish(managed.session_id, result, ttl=ttl)
             managed.result = result
             managed.report = result.report
             logger.info(
@@ -341,7 +341,12 @@ class SessionManager:
         managed.error = error
         managed.report = report
         if self.store is not None:
-            self.store.fail(managed.session_id, error, report, ttl=self.policy.result_ttl_seconds)
+            try:
+                self.store.fail(
+                    managed.session_id, error, report, ttl=self.policy.result_ttl_seconds
+                )
+            except Exception:  # the charges are stored; a restart marks the session failed
+                logger.exception("session %s: recording the failure", short_id(managed.session_id))
         session.fail(error)
 
     # ----------------------------------------------------------------------------- lookups
