@@ -19,11 +19,11 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -31,7 +31,15 @@ from numpy.typing import ArrayLike, NDArray
 
 from common.validation import check_matrix
 
-__all__ = ["SUPPORTED_SUFFIXES", "PointSet", "atomic_write", "load_point_set", "save_point_set"]
+__all__ = [
+    "SUPPORTED_SUFFIXES",
+    "PointSet",
+    "Table",
+    "atomic_write",
+    "load_point_set",
+    "load_table",
+    "save_point_set",
+]
 
 #: File suffixes understood by :func:`load_point_set` and :func:`save_point_set`.
 SUPPORTED_SUFFIXES: tuple[str, ...] = (".npy", ".npz", ".csv", ".parquet")
@@ -162,6 +170,14 @@ def _load_npz(path: Path, name: str) -> PointSet:
 
 
 def _load_table(path: Path, suffix: str, label_column: str | None, name: str) -> PointSet:
+    _, values, labels = _read_table(path, suffix, label_column)
+    return PointSet(features=values, labels=labels, name=name)
+
+
+def _read_table(
+    path: Path, suffix: str, label_column: str | None
+) -> tuple[list[str], NDArray[np.float64], Any]:
+    """Column names, values (n_rows, n_columns) and labels of a checked .csv/.parquet table."""
     try:
         frame = pd.read_csv(path) if suffix == ".csv" else pd.read_parquet(path)
     except pd.errors.EmptyDataError as exc:
@@ -206,7 +222,70 @@ def _load_table(path: Path, suffix: str, label_column: str | None, name: str) ->
             raise ValueError(
                 f"label column {label_column!r} of {str(path)!r} holds NaN or inf at row {row}"
             )
-    return PointSet(features=values, labels=labels, name=name)
+    return columns, values, labels
+
+
+@dataclass(frozen=True)
+class Table:
+    """A numeric table with named columns: what an owner holds for joint statistics (CAPE).
+
+    Attributes
+    ----------
+    columns : tuple of str
+        Column names, in file order; unique.
+    values : ndarray of shape (n_rows, n_columns), float64
+        Finite values.
+    name : str
+    """
+
+    columns: tuple[str, ...]
+    values: NDArray[np.float64]
+    name: str
+
+    @property
+    def n_rows(self) -> int:
+        """Number of rows."""
+        return int(self.values.shape[0])
+
+    def select(self, columns: Sequence[str]) -> NDArray[np.float64]:
+        """The named columns, in the order given: shape (n_rows, len(columns)).
+
+        Raises
+        ------
+        ValueError
+            If a column is missing (the message lists the table's columns).
+        """
+        index = {c: i for i, c in enumerate(self.columns)}
+        missing = [c for c in columns if c not in index]
+        if missing:
+            raise ValueError(
+                f"table {self.name!r} has no column(s) {missing}; its columns are "
+                f"{list(self.columns)}"
+            )
+        return self.values[:, [index[c] for c in columns]]
+
+
+def load_table(path: str | Path, *, name: str | None = None) -> Table:
+    """Read a numeric table with named columns from a ``.csv`` or ``.parquet`` file.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        If the suffix is not ``.csv``/``.parquet``, the file is empty or unreadable, a column is
+        not numeric, a value is NaN or inf (naming row and column), or column names repeat.
+    """
+    path = Path(path)
+    suffix = _suffix(path)
+    if suffix not in (".csv", ".parquet"):
+        raise ValueError(f"a table must be .csv or .parquet, got {str(path)!r}")
+    if not path.exists():
+        raise FileNotFoundError(f"table file {str(path)!r} does not exist")
+    columns, values, _ = _read_table(path, suffix, None)
+    if len(set(columns)) != len(columns):
+        raise ValueError(f"{str(path)!r} repeats column names: {columns}")
+    return Table(tuple(columns), values, name if name is not None else path.stem)
 
 
 def load_point_set(
