@@ -20,12 +20,12 @@ from common.summarization.summary import (
 )
 from common.summarization.terms import OwnerTerms
 from dpmarket.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
-from dpmarket.v1 import curator_pb2, owner_pb2
+from dpmarket.v1 import curator_pb2, owner_pb2, privacy_pb2
 
 
-def terms_to_proto(terms: OwnerTerms) -> owner_pb2.PrivacyTerms:
+def terms_to_proto(terms: OwnerTerms) -> privacy_pb2.PrivacyTerms:
     """OwnerTerms -> PrivacyTerms."""
-    return owner_pb2.PrivacyTerms(
+    return privacy_pb2.PrivacyTerms(
         mechanism=terms.mechanism,
         epsilon=terms.epsilon,
         delta=terms.delta,
@@ -33,7 +33,7 @@ def terms_to_proto(terms: OwnerTerms) -> owner_pb2.PrivacyTerms:
     )
 
 
-def spend_from_proto(message: owner_pb2.SessionSpend) -> SessionSpend:
+def spend_from_proto(message: privacy_pb2.SessionSpend) -> SessionSpend:
     """SessionSpend message -> SessionSpend."""
     return SessionSpend(
         epsilon=float(message.epsilon),

@@ -13,7 +13,7 @@ from common.summarization.rff import RFFParams
 from common.summarization.terms import OwnerTerms
 from dpmarket.arrays import array_from_proto, array_to_proto
 from dpmarket.identity import Identity
-from dpmarket.v1 import array_pb2, owner_pb2
+from dpmarket.v1 import array_pb2, owner_pb2, privacy_pb2
 
 PointsResponse = TypeVar(
     "PointsResponse", owner_pb2.SampleUniformResponse, owner_pb2.ProposeCandidatesResponse
@@ -85,7 +85,7 @@ def points_to_proto(
     return response
 
 
-def terms_from_proto(message: owner_pb2.PrivacyTerms) -> OwnerTerms:
+def terms_from_proto(message: privacy_pb2.PrivacyTerms) -> OwnerTerms:
     """PrivacyTerms -> OwnerTerms.
 
     Raises
@@ -124,9 +124,9 @@ def consumer_from_proto(text: str) -> str:
     return str(identity)
 
 
-def spend_to_proto(spend: SessionSpend) -> owner_pb2.SessionSpend:
+def spend_to_proto(spend: SessionSpend) -> privacy_pb2.SessionSpend:
     """SessionSpend -> SessionSpend message."""
-    return owner_pb2.SessionSpend(
+    return privacy_pb2.SessionSpend(
         epsilon=spend.epsilon,
         delta=spend.delta,
         points=spend.points,

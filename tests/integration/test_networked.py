@@ -26,7 +26,7 @@ from deploy.scenarios import Scenario, write_scenario
 from dpmarket.arrays import array_to_proto
 from dpmarket.identity import Identity
 from dpmarket.transport import TransportSecurity, sync_channel
-from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc
+from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc, privacy_pb2
 
 pytestmark = pytest.mark.integration
 
@@ -185,7 +185,7 @@ def test_owner_maps_out_of_order_stages_to_statuses(cluster: LocalCluster) -> No
         session_id="s-direct", round=1, summary_embedding=array_to_proto(np.zeros(d))
     )
     assert _status(stub.Bid, bid)[0] == grpc.StatusCode.NOT_FOUND
-    terms = owner_pb2.PrivacyTerms(mechanism="test", epsilon=0.5, delta=0.0)
+    terms = privacy_pb2.PrivacyTerms(mechanism="test", epsilon=0.5, delta=0.0)
     bad_open = owner_pb2.OpenSessionRequest(
         session_id="s-direct",
         omega=array_to_proto(rng.normal(size=(d, n + 1))),

@@ -54,7 +54,7 @@ from deploy.scenarios import Scenario, write_scenario
 from dpmarket.arrays import array_to_proto
 from dpmarket.identity import Identity
 from dpmarket.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
-from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc
+from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc, privacy_pb2
 from owner.ledger import LedgerEntry, OwnerLedger
 
 pytestmark = pytest.mark.integration
@@ -283,7 +283,7 @@ def _owner_requests(n_features: int) -> dict[str, Any]:
             sampling_seed=1,
             gamma=0.1,
             consumer=str(CONSUMER),
-            terms=owner_pb2.PrivacyTerms(mechanism="probe", epsilon=0.1, delta=0.0),
+            terms=privacy_pb2.PrivacyTerms(mechanism="probe", epsilon=0.1, delta=0.0),
         ),
         "SetValidationEmbedding": owner_pb2.SetValidationEmbeddingRequest(
             session_id=sid, validation_embedding=array_to_proto(np.full(8, 0.01))

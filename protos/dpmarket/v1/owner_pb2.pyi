@@ -4,6 +4,7 @@ isort:skip_file
 """
 
 from dpmarket.v1 import array_pb2 as _array_pb2
+from dpmarket.v1 import privacy_pb2 as _privacy_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 import builtins as _builtins
@@ -99,7 +100,7 @@ class OpenSessionRequest(_message.Message):
         """h1 phases, float64 of shape (d,), drawn from Uniform[0, 2 pi)."""
 
     @_builtins.property
-    def terms(self) -> Global___PrivacyTerms:
+    def terms(self) -> _privacy_pb2.PrivacyTerms:
         """What the session spends of this owner's privacy."""
 
     def __init__(
@@ -111,7 +112,7 @@ class OpenSessionRequest(_message.Message):
         sampling_seed: _builtins.int = ...,
         gamma: _builtins.float = ...,
         consumer: _builtins.str = ...,
-        terms: Global___PrivacyTerms | None = ...,
+        terms: _privacy_pb2.PrivacyTerms | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["omega", b"omega", "phase", b"phase", "terms", b"terms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -120,46 +121,6 @@ class OpenSessionRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OpenSessionRequest: _TypeAlias = OpenSessionRequest  # noqa: Y015
-
-@_typing.final
-class PrivacyTerms(_message.Message):
-    """The privacy a session spends of an owner's data, as the curator declares it. The owner checks
-    it against its own policy when the session opens and charges it to its own ledger before its
-    first release of the session (count, bid or point).
-    """
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    MECHANISM_FIELD_NUMBER: _builtins.int
-    EPSILON_FIELD_NUMBER: _builtins.int
-    DELTA_FIELD_NUMBER: _builtins.int
-    NON_PRIVATE_FIELD_NUMBER: _builtins.int
-    mechanism: _builtins.str
-    """Description recorded in the owner's ledger, e.g. "Laplace relevance count"."""
-    epsilon: _builtins.float
-    """epsilon and delta of the whole session with respect to one owner's data; (0, 0) for a
-    session that releases nothing but raw points (uniform sampling).
-    """
-    delta: _builtins.float
-    non_private: _builtins.bool
-    """The session releases exact statistics of the owners' data to the other owners (non-private
-    greedy); refused unless the owner's policy allows non-private sessions.
-    """
-    def __init__(
-        self,
-        *,
-        mechanism: _builtins.str = ...,
-        epsilon: _builtins.float = ...,
-        delta: _builtins.float = ...,
-        non_private: _builtins.bool = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "epsilon", b"epsilon", "mechanism", b"mechanism", "non_private", b"non_private"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___PrivacyTerms: _TypeAlias = PrivacyTerms  # noqa: Y015
 
 @_typing.final
 class OpenSessionResponse(_message.Message):
@@ -510,13 +471,13 @@ class CloseSessionResponse(_message.Message):
 
     SPENT_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def spent(self) -> Global___SessionSpend:
+    def spent(self) -> _privacy_pb2.SessionSpend:
         """What the session spent of this owner's budget, as its own ledger records it."""
 
     def __init__(
         self,
         *,
-        spent: Global___SessionSpend | None = ...,
+        spent: _privacy_pb2.SessionSpend | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spent", b"spent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -525,35 +486,3 @@ class CloseSessionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CloseSessionResponse: _TypeAlias = CloseSessionResponse  # noqa: Y015
-
-@_typing.final
-class SessionSpend(_message.Message):
-    """Totals of one session in an owner's ledger."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    EPSILON_FIELD_NUMBER: _builtins.int
-    DELTA_FIELD_NUMBER: _builtins.int
-    POINTS_FIELD_NUMBER: _builtins.int
-    NON_PRIVATE_FIELD_NUMBER: _builtins.int
-    epsilon: _builtins.float
-    delta: _builtins.float
-    points: _builtins.int
-    """Raw points released."""
-    non_private: _builtins.bool
-    """Whether a non-private charge was recorded (epsilon is then infinite)."""
-    def __init__(
-        self,
-        *,
-        epsilon: _builtins.float = ...,
-        delta: _builtins.float = ...,
-        points: _builtins.int = ...,
-        non_private: _builtins.bool = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "epsilon", b"epsilon", "non_private", b"non_private", "points", b"points"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___SessionSpend: _TypeAlias = SessionSpend  # noqa: Y015
