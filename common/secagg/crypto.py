@@ -115,13 +115,10 @@ def encode_fields(*fields: bytes) -> bytes:
     ValueError
         If a field is 2^32 bytes or longer.
     """
-    parts = []
     for field in fields:
         if len(field) >= 1 << 32:
             raise ValueError(f"field of {len(field)} bytes is too long to encode")
-        parts.append(len(field).to_bytes(4, "big"))
-        parts.append(bytes(field))
-    return b"".join(parts)
+    return b"".join([len(field).to_bytes(4, "big") + field for field in fields])
 
 
 def _random(random_bytes: RandomBytes, n: int) -> bytes:
