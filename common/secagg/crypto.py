@@ -321,7 +321,7 @@ def prg_words(seed: bytes, length: int) -> NDArray[np.uint64]:
 
     References
     ----------
-    Bonawitz et al. (CCS 2017), Section 3 (``PRG``) and Section 4.
+    Bonawitz et al. (CCS 2017), Section 3 (``PRG``) and Figure 4, Round 2.
     """
     if len(seed) != KEY_BYTES:
         raise ValueError(f"seed must be {KEY_BYTES} bytes, got {len(seed)}")

@@ -137,9 +137,8 @@ class RoundParams:
     ``v``'s input, an aggregator must get ``t`` shares of each, from two *disjoint* sets of ``t``
     sites (for instance by telling half of the sites that ``v`` dropped and the other half that
     it survived). Two disjoint sets of ``t`` sites exist only if ``2 t <= n``; with ``t > n / 2``
-    they do not. This is the argument of Bonawitz et al. (CCS 2017, Sections 4 and 6) for
-    keeping the threshold above half the sites. ``t >= 2``: with ``t = 1`` every share is the
-    secret itself.
+    they do not; this is the reason for the requirement on ``t`` in Bonawitz et al. (CCS 2017).
+    ``t >= 2``: with ``t = 1`` every share is the secret itself.
     """
 
     round_id: bytes
