@@ -1,0 +1,419 @@
+"""Cryptographic primitives of secure aggregation, all from the ``cryptography`` package.
+
+* key agreement: X25519 key pairs and ``shared_key`` = HKDF-SHA256 over the X25519 secret
+  (Bonawitz et al. 2017, Section 3, ``KA.gen`` / ``KA.agree``);
+* authenticated encryption of the Shamir shares: AES-256-GCM with a random 96-bit nonce
+  (Section 3, ``AE.enc`` / ``AE.dec``);
+* the pseudorandom generator that expands a 32-byte key into a mask vector: AES-256 in counter
+  mode from a zero counter block (Section 3, ``PRG``);
+* signatures binding key advertisements to the sites' identities: the :class:`Signer` and
+  :class:`Verifier` protocols, implemented with ECDSA P-256 and SHA-256 (Section 3, ``SIG``).
+
+Randomness for key material comes from ``os.urandom`` unless a caller injects a source (tests do,
+to make runs reproducible). Nothing here logs, stores or transmits data.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import numpy as np
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
+from numpy.typing import NDArray
+
+from common.errors import AbortedError
+
+__all__ = [
+    "KEY_BYTES",
+    "MAX_MASK_LENGTH",
+    "NONCE_BYTES",
+    "TAG_BYTES",
+    "EcdsaSigner",
+    "EcdsaVerifier",
+    "RandomBytes",
+    "SecAggError",
+    "Signer",
+    "Verifier",
+    "decrypt",
+    "encode_fields",
+    "encrypt",
+    "generate_private_key",
+    "mask_vector",
+    "prg_words",
+    "private_key_bytes",
+    "private_key_from_bytes",
+    "public_key_bytes",
+    "shared_key",
+]
+
+#: Bytes of an X25519 key (private or public), of a derived key and of a PRG seed.
+KEY_BYTES = 32
+#: Bytes of the random AES-GCM nonce prepended to every ciphertext.
+NONCE_BYTES = 12
+#: Bytes of the AES-GCM authentication tag appended to every ciphertext.
+TAG_BYTES = 16
+#: Longest mask in uint64 words: 2^32 words = 32 GiB of keystream, far below the 2^64 blocks
+#: (of 16 bytes) after which AES-CTR's 128-bit counter block would repeat.
+MAX_MASK_LENGTH = 1 << 32
+
+#: A source of uniformly random bytes: ``random_bytes(n)`` returns ``n`` bytes.
+RandomBytes = Callable[[int], bytes]
+
+
+class SecAggError(AbortedError, ValueError):
+    """A secure-aggregation round cannot go on: a message failed authentication, a signature or
+    identity did not verify, a message was malformed or inconsistent, or fewer than the threshold
+    of sites remain. The round releases nothing.
+
+    A :class:`ValueError` (bad protocol input) and a :class:`common.errors.AbortedError`, which the
+    services map to gRPC ``ABORTED``.
+    """
+
+
+class Signer(Protocol):
+    """Signs this site's messages with its identity key (the service: its mTLS certificate key)."""
+
+    def sign(self, message: bytes) -> bytes:
+        """Return a signature of ``message``."""
+        ...
+
+
+class Verifier(Protocol):
+    """Checks that a message was signed by the identity key of ``site``.
+
+    The service implements it with the deployment CA: the key of the certificate that names
+    ``site``. Any exception means "not verified".
+    """
+
+    def verify(self, site: str, message: bytes, signature: bytes) -> None:
+        """Return if ``signature`` is ``site``'s signature of ``message``; raise otherwise."""
+        ...
+
+
+def encode_fields(*fields: bytes) -> bytes:
+    """Concatenate byte strings, each preceded by its length as 4 bytes big-endian.
+
+    Used for every signed message, HKDF ``info`` and AEAD associated data, so that no two
+    different tuples of fields encode to the same bytes (``("ab", "c")`` vs ``("a", "bc")``).
+
+    Raises
+    ------
+    ValueError
+        If a field is 2^32 bytes or longer.
+    """
+    for field in fields:
+        if len(field) >= 1 << 32:
+            raise ValueError(f"field of {len(field)} bytes is too long to encode")
+    return b"".join([len(field).to_bytes(4, "big") + field for field in fields])
+
+
+def _random(random_bytes: RandomBytes, n: int) -> bytes:
+    data = random_bytes(n)
+    if len(data) != n:
+        raise ValueError(f"random_bytes({n}) returned {len(data)} bytes")
+    return data
+
+
+def generate_private_key(random_bytes: RandomBytes = os.urandom) -> X25519PrivateKey:
+    """Return a fresh X25519 private key made from 32 bytes of ``random_bytes``.
+
+    Parameters
+    ----------
+    random_bytes : callable, optional
+        Source of the 32 key bytes; ``os.urandom`` (the operating system's CSPRNG) by default.
+
+    Returns
+    -------
+    X25519PrivateKey
+    """
+    return X25519PrivateKey.from_private_bytes(_random(random_bytes, KEY_BYTES))
+
+
+def private_key_bytes(key: X25519PrivateKey) -> bytes:
+    """Return the 32 raw bytes of an X25519 private key (what is Shamir-shared)."""
+    return key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+
+
+def private_key_from_bytes(data: bytes) -> X25519PrivateKey:
+    """Inverse of :func:`private_key_bytes`.
+
+    Raises
+    ------
+    SecAggError
+        If ``data`` is not 32 bytes.
+    """
+    if len(data) != KEY_BYTES:
+        raise SecAggError(f"an X25519 private key is {KEY_BYTES} bytes, got {len(data)}")
+    return X25519PrivateKey.from_private_bytes(data)
+
+
+def public_key_bytes(key: X25519PrivateKey | X25519PublicKey) -> bytes:
+    """Return the 32 raw bytes (RFC 7748 encoding) of the public key of ``key``."""
+    public = key.public_key() if isinstance(key, X25519PrivateKey) else key
+    return public.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def shared_key(private: X25519PrivateKey, peer_public: bytes, *, info: bytes) -> bytes:
+    """Derive a 32-byte key shared with the owner of ``peer_public``.
+
+    ``HKDF-SHA256(ikm = X25519(private, peer_public), salt = none, info = info, length = 32)``.
+    Both ends get the same key when they pass the same ``info``.
+
+    Parameters
+    ----------
+    private : X25519PrivateKey
+    peer_public : bytes
+        The peer's raw 32-byte X25519 public key.
+    info : bytes
+        Context: what the key is for, the round and the pair of sites (:func:`encode_fields`).
+
+    Returns
+    -------
+    bytes
+        32 bytes.
+
+    Raises
+    ------
+    SecAggError
+        If ``peer_public`` is not 32 bytes or is a low-order point (the X25519 output is all
+        zeros, which ``cryptography`` refuses).
+
+    References
+    ----------
+    Bonawitz et al. (CCS 2017), Section 3 (``KA.agree``: Diffie-Hellman composed with a hash);
+    RFC 7748 (X25519), RFC 5869 (HKDF).
+    """
+    if len(peer_public) != KEY_BYTES:
+        raise SecAggError(f"an X25519 public key is {KEY_BYTES} bytes, got {len(peer_public)}")
+    try:
+        secret = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    except ValueError as exc:
+        raise SecAggError(f"key agreement failed: {exc}") from None
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(secret)
+
+
+def encrypt(
+    key: bytes,
+    plaintext: bytes,
+    associated_data: bytes,
+    *,
+    random_bytes: RandomBytes = os.urandom,
+) -> bytes:
+    """Encrypt and authenticate with AES-256-GCM; return ``nonce || ciphertext || tag``.
+
+    Parameters
+    ----------
+    key : bytes
+        32 bytes, e.g. from :func:`shared_key`.
+    plaintext : bytes
+    associated_data : bytes
+        Authenticated, not encrypted; :func:`decrypt` must be given the same bytes.
+    random_bytes : callable, optional
+        Source of the 12-byte nonce (``os.urandom`` by default).
+
+    Returns
+    -------
+    bytes
+        ``len(plaintext) + 28`` bytes: a 12-byte random nonce, the ciphertext, a 16-byte tag.
+
+    Notes
+    -----
+    The protocol encrypts two messages under each derived key (one per direction of a pair, with
+    different associated data), so random nonces never come near the birthday bound.
+    """
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"key must be {KEY_BYTES} bytes, got {len(key)}")
+    nonce = _random(random_bytes, NONCE_BYTES)
+    return nonce + AESGCM(key).encrypt(nonce, plaintext, associated_data)
+
+
+def decrypt(key: bytes, ciphertext: bytes, associated_data: bytes) -> bytes:
+    """Inverse of :func:`encrypt`.
+
+    Raises
+    ------
+    SecAggError
+        If the ciphertext is too short, or was altered, or was made under another key or other
+        associated data (the tag does not verify).
+    """
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"key must be {KEY_BYTES} bytes, got {len(key)}")
+    if len(ciphertext) < NONCE_BYTES + TAG_BYTES:
+        raise SecAggError(
+            f"ciphertext of {len(ciphertext)} bytes is shorter than nonce and tag "
+            f"({NONCE_BYTES + TAG_BYTES})"
+        )
+    nonce, body = ciphertext[:NONCE_BYTES], ciphertext[NONCE_BYTES:]
+    try:
+        return AESGCM(key).decrypt(nonce, body, associated_data)
+    except InvalidTag:
+        raise SecAggError("ciphertext failed authentication: altered or misaddressed") from None
+
+
+def _check_length(length: int) -> None:
+    if isinstance(length, bool) or not isinstance(length, int):
+        raise ValueError(f"length must be an int, got {length!r}")
+    if not 0 <= length <= MAX_MASK_LENGTH:
+        raise ValueError(f"length must lie in [0, 2^32], got {length}")
+
+
+_zero_cache: bytes = b""
+
+
+def _zeros(n_bytes: int) -> memoryview:
+    """A read-only run of ``n_bytes`` zero bytes, reused across calls (the PRG's plaintext)."""
+    global _zero_cache
+    if len(_zero_cache) < n_bytes:
+        _zero_cache = bytes(n_bytes)
+    return memoryview(_zero_cache)[:n_bytes]
+
+
+def prg_words(seed: bytes, length: int) -> NDArray[np.uint64]:
+    """Expand a 32-byte seed into ``length`` pseudorandom 64-bit words.
+
+    The words are the AES-256-CTR keystream under key ``seed`` from the all-zero initial counter
+    block (the counter block is a 128-bit big-endian integer incremented per 16-byte block),
+    read as little-endian uint64: word ``i`` is bytes ``8 i .. 8 i + 7`` of the keystream. One
+    call to the cipher produces all ``8 length`` bytes.
+
+    Parameters
+    ----------
+    seed : bytes
+        32 bytes: a pairwise key from :func:`shared_key` or a self-mask seed from the CSPRNG.
+    length : int
+        Number of words, ``0 <= length <= 2^32``.
+
+    Returns
+    -------
+    ndarray of shape (length,), uint64, read-only
+        Uniform on ``[0, 2^64)`` to anyone without ``seed``, under the PRF security of AES.
+
+    Raises
+    ------
+    ValueError
+        If ``seed`` is not 32 bytes or ``length`` is out of range.
+
+    Notes
+    -----
+    **A fixed counter block (nonce 0) is safe here because every key expands exactly one
+    keystream.** A pairwise key is HKDF output bound (through ``info``) to one round id and one
+    pair of sites, from X25519 keys drawn afresh for that round; a self-mask seed is 32 fresh bytes
+    drawn once per round. No key is ever used with a second counter start, so no two keystreams
+    overlap. Each word is the full 256-bit key's output; no key is shortened into an integer
+    seed of a non-cryptographic generator.
+
+    AES-CTR rather than ChaCha20: on this project's 2-core machine (AES-NI) OpenSSL's AES-256-CTR
+    produced 7.0 GB/s and ChaCha20 2.7 GB/s, and the mask expansion is the protocol's hot path.
+
+    References
+    ----------
+    Bonawitz et al. (CCS 2017), Section 3 (``PRG``) and Figure 4, Round 2.
+    """
+    if len(seed) != KEY_BYTES:
+        raise ValueError(f"seed must be {KEY_BYTES} bytes, got {len(seed)}")
+    _check_length(length)
+    encryptor = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
+    keystream = encryptor.update(_zeros(8 * length))
+    return np.frombuffer(keystream, dtype="<u8")
+
+
+def mask_vector(seed: bytes, length: int, modulus_bits: int) -> NDArray[np.uint64]:
+    """Expand a 32-byte seed into ``length`` values uniform modulo ``2^modulus_bits``.
+
+    The low ``modulus_bits`` bits of each word of :func:`prg_words`; since the modulus is a power
+    of two, this is exactly uniform on ``[0, 2^modulus_bits)``.
+
+    Parameters
+    ----------
+    seed : bytes
+        32 bytes.
+    length : int
+        Number of values, ``0 <= length <= 2^32``.
+    modulus_bits : int
+        ``k`` with ``1 <= k <= 64``.
+
+    Returns
+    -------
+    ndarray of shape (length,), uint64
+
+    Raises
+    ------
+    ValueError
+        If ``seed`` is not 32 bytes or ``length`` or ``modulus_bits`` is out of range.
+    """
+    if isinstance(modulus_bits, bool) or not isinstance(modulus_bits, int):
+        raise ValueError(f"modulus_bits must be an int, got {modulus_bits!r}")
+    if not 1 <= modulus_bits <= 64:
+        raise ValueError(f"modulus_bits must lie in [1, 64], got {modulus_bits}")
+    words = prg_words(seed, length)
+    return np.bitwise_and(words, np.uint64((1 << modulus_bits) - 1))
+
+
+class EcdsaSigner:
+    """:class:`Signer` with an ECDSA P-256 private key and SHA-256 (DER-encoded signatures).
+
+    Parameters
+    ----------
+    private_key : EllipticCurvePrivateKey
+        On SECP256R1, e.g. the key of the site's mTLS certificate.
+
+    Raises
+    ------
+    ValueError
+        If the key is not on P-256.
+    """
+
+    def __init__(self, private_key: ec.EllipticCurvePrivateKey) -> None:
+        if not isinstance(private_key.curve, ec.SECP256R1):
+            raise ValueError(f"expected a P-256 key, got curve {private_key.curve.name}")
+        self._key = private_key
+
+    def sign(self, message: bytes) -> bytes:
+        return self._key.sign(message, ec.ECDSA(hashes.SHA256()))
+
+
+class EcdsaVerifier:
+    """:class:`Verifier` over a fixed map from site id to its ECDSA P-256 public key.
+
+    The service builds the map from certificates that chain to the deployment CA and name each
+    site; a site absent from the map, or a signature by any other key, does not verify.
+
+    Parameters
+    ----------
+    public_keys : mapping of str to EllipticCurvePublicKey
+
+    Raises
+    ------
+    ValueError
+        If a key is not on P-256.
+    """
+
+    def __init__(self, public_keys: Mapping[str, ec.EllipticCurvePublicKey]) -> None:
+        for site, key in public_keys.items():
+            if not isinstance(key.curve, ec.SECP256R1):
+                raise ValueError(f"key of {site!r} is not a P-256 key ({key.curve.name})")
+        self._keys = dict(public_keys)
+
+    def verify(self, site: str, message: bytes, signature: bytes) -> None:
+        """Raise :class:`SecAggError` unless ``signature`` is ``site``'s over ``message``."""
+        key = self._keys.get(site)
+        if key is None:
+            raise SecAggError(f"no identity key is known for site {site!r}")
+        try:
+            key.verify(signature, message, ec.ECDSA(hashes.SHA256()))
+        except InvalidSignature:
+            raise SecAggError(f"signature of site {site!r} does not verify") from None

@@ -1,0 +1,1092 @@
+"""Secure aggregation (Bonawitz et al., CCS 2017) as explicit, in-process protocol state objects.
+
+The aggregator (dpmarket's curator) learns the sum of the sites' (owners') real vectors and
+nothing else about any one of them, and the sum is still obtained when sites drop out at any
+stage, as long as ``t`` remain. This is the ``SecureAgg`` of CAPE's Algorithm 1 (step 3), with
+which the sites compute the sum of their noise draws.
+
+A round has four stages; each is one method of :class:`SecAggSite` (per site) answered by one
+method of :class:`SecAggAggregator` (the sets ``U1 ⊇ U2 ⊇ U3`` are Bonawitz's):
+
+0. advertise: ``SecAggSite.advertise_keys`` -> ``SecAggAggregator.collect_advertisements`` (U1);
+1. share: ``SecAggSite.share_keys`` -> ``SecAggAggregator.route_shares`` (U2);
+2. mask: ``SecAggSite.masked_input`` -> ``SecAggAggregator.collect_masked`` (U3);
+3. unmask: ``SecAggSite.unmask`` -> ``SecAggAggregator.finish`` (the sum).
+
+Messages are plain dataclasses and bytes; a service layer moves them over the network unchanged.
+:func:`run_in_process` runs a whole round in one process, with dropouts, for tests and benchmarks.
+
+Differences from Bonawitz et al.'s Figure 4: the inputs are reals, quantized by
+:mod:`common.secagg.fixedpoint`; masks are expanded by AES-256-CTR from the full 32-byte keys
+(:func:`common.secagg.crypto.prg_words`); the ConsistencyCheck round (Round 3 of Figure 4,
+needed only against an aggregator that *actively* lies) is not implemented, see
+:meth:`SecAggSite.unmask`.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from numpy.typing import ArrayLike, NDArray
+
+from common.errors import FailedPreconditionError
+from common.secagg import shamir
+from common.secagg.crypto import (
+    KEY_BYTES,
+    EcdsaSigner,
+    EcdsaVerifier,
+    RandomBytes,
+    SecAggError,
+    Signer,
+    Verifier,
+    decrypt,
+    encode_fields,
+    encrypt,
+    generate_private_key,
+    prg_words,
+    private_key_bytes,
+    private_key_from_bytes,
+    public_key_bytes,
+    shared_key,
+)
+from common.secagg.fixedpoint import FixedPoint, dequantize_sum, quantize
+from common.secagg.shamir import Share
+
+__all__ = [
+    "ROUND_ID_BYTES",
+    "DropStage",
+    "KeyAdvertisement",
+    "RoundParams",
+    "SecAggAggregator",
+    "SecAggSite",
+    "Stage",
+    "UnmaskResponse",
+    "advertisement_message",
+    "run_in_process",
+]
+
+#: Minimum length of a round id (random bytes chosen by the aggregator).
+ROUND_ID_BYTES = 16
+
+# Domain-separation labels: a signature, a key or a ciphertext made for one purpose is never
+# valid for another.
+_ADVERTISE_LABEL = b"dpmarket/secagg/v1/advertise"
+_SHARE_KEY_LABEL = b"dpmarket/secagg/v1/share-encryption-key"
+_SHARE_AD_LABEL = b"dpmarket/secagg/v1/share"
+_MASK_KEY_LABEL = b"dpmarket/secagg/v1/pairwise-mask"
+
+#: Plaintext of one share ciphertext: the recipient's share of the sender's self-mask seed,
+#: then its share of the sender's pairwise-mask private key.
+_SHARE_PAIR_BYTES = 2 * shamir.SHARE_BYTES
+
+DropStage = Literal["advertise", "share", "mask", "unmask"]
+_DROP_STAGES: tuple[str, ...] = ("advertise", "share", "mask", "unmask")
+
+
+class Stage(enum.Enum):
+    """Where a :class:`SecAggSite` or :class:`SecAggAggregator` is in the round."""
+
+    NEW = "new"
+    ADVERTISED = "advertised"
+    SHARED = "shared"
+    MASKED = "masked"
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True)
+class RoundParams:
+    """The public parameters of one round, chosen by the aggregator and known to every party.
+
+    Parameters
+    ----------
+    round_id : bytes
+        At least 16 random bytes, fresh per round (:meth:`create` draws 32). Bound into every
+        signature, derived key and associated data, so no message of one round is valid in
+        another.
+    sites : tuple of str
+        The ids of the sites invited to the round (the owners' certificate names). Stored sorted
+        (Python ``str`` order, i.e. by code point); that order decides each pairwise mask's sign
+        and each site's Shamir x coordinate. No duplicates.
+    threshold : int
+        ``t``: the fewest sites that must remain at every stage. ``2 <= t <= len(sites)`` and
+        ``t > len(sites) / 2``.
+    vector_length : int
+        ``D``: entries in every site's input vector, ``>= 1``.
+    fixed_point : FixedPoint
+        Encoding of the inputs; ``fixed_point.sites >= len(sites)`` so the sum cannot wrap.
+
+    Raises
+    ------
+    ValueError
+        If a parameter is out of range.
+
+    Notes
+    -----
+    **Why t > n / 2.** Each site answers the unmasking request once, revealing for every other
+    site ``v`` either its share of ``v``'s self-mask seed (``v`` survived) or its share of ``v``'s
+    pairwise-mask key (``v`` dropped), never both. To learn both secrets of ``v``, and with them
+    ``v``'s input, an aggregator must get ``t`` shares of each, from two *disjoint* sets of ``t``
+    sites (for instance by telling half of the sites that ``v`` dropped and the other half that
+    it survived). Two disjoint sets of ``t`` sites exist only if ``2 t <= n``; with ``t > n / 2``
+    they do not; this is the reason for the requirement on ``t`` in Bonawitz et al. (CCS 2017).
+    ``t >= 2``: with ``t = 1`` every share is the secret itself.
+    """
+
+    round_id: bytes
+    sites: tuple[str, ...]
+    threshold: int
+    vector_length: int
+    fixed_point: FixedPoint
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.round_id, bytes) or len(self.round_id) < ROUND_ID_BYTES:
+            raise ValueError(f"round_id must be at least {ROUND_ID_BYTES} bytes")
+        sites = tuple(self.sites)
+        for site in sites:
+            if not isinstance(site, str) or not site:
+                raise ValueError(f"site ids must be non-empty strings, got {site!r}")
+        ordered = tuple(sorted(sites))
+        duplicates = sorted({s for s in ordered if ordered.count(s) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate site ids: {duplicates}")
+        object.__setattr__(self, "sites", ordered)
+        n = len(ordered)
+        t = self.threshold
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise ValueError(f"threshold must be an int, got {t!r}")
+        if t < 2 or t > n or 2 * t <= n:
+            raise ValueError(
+                f"threshold must satisfy 2 <= t <= n and t > n / 2 with n={n} sites, got t={t}"
+            )
+        d = self.vector_length
+        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+            raise ValueError(f"vector_length must be an int >= 1, got {d!r}")
+        if not isinstance(self.fixed_point, FixedPoint):
+            raise ValueError(f"fixed_point must be a FixedPoint, got {self.fixed_point!r}")
+        if self.fixed_point.sites < n:
+            raise ValueError(
+                f"fixed_point.sites={self.fixed_point.sites} is below the {n} sites: "
+                "their sum could wrap around the modulus"
+            )
+
+    @classmethod
+    def create(
+        cls,
+        sites: Iterable[str],
+        threshold: int,
+        vector_length: int,
+        fixed_point: FixedPoint,
+        *,
+        random_bytes: RandomBytes = os.urandom,
+    ) -> RoundParams:
+        """Parameters with a fresh 32-byte random ``round_id`` (from ``os.urandom`` by default)."""
+        return cls(
+            round_id=random_bytes(32),
+            sites=tuple(sites),
+            threshold=threshold,
+            vector_length=vector_length,
+            fixed_point=fixed_point,
+        )
+
+    @property
+    def modulus_bits(self) -> int:
+        """``k``: masked vectors and sums are integers modulo ``2^k``."""
+        return self.fixed_point.modulus_bits
+
+
+@dataclass(frozen=True)
+class KeyAdvertisement:
+    """Round 0 message of one site: its two X25519 public keys, signed.
+
+    Attributes
+    ----------
+    site : str
+    c_public : bytes
+        32-byte X25519 public key for encrypting the Shamir shares sent to this site.
+    s_public : bytes
+        32-byte X25519 public key for the pairwise masks.
+    signature : bytes
+        The site's :class:`~common.secagg.crypto.Signer` signature of
+        :func:`advertisement_message` ``(round_id, site, c_public, s_public)``.
+    """
+
+    site: str
+    c_public: bytes
+    s_public: bytes
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class UnmaskResponse:
+    """Round 3 message of one surviving site.
+
+    Attributes
+    ----------
+    self_mask_shares : dict of str to Share
+        For every survivor ``v`` (this site included), this site's share of ``v``'s self-mask seed.
+    key_shares : dict of str to Share
+        For every dropped site ``v``, this site's share of ``v``'s pairwise-mask private key.
+
+    The two key sets are disjoint: no response holds both kinds of share for one site.
+    """
+
+    self_mask_shares: dict[str, Share]
+    key_shares: dict[str, Share]
+
+
+def advertisement_message(round_id: bytes, site: str, c_public: bytes, s_public: bytes) -> bytes:
+    """The bytes a site signs in Round 0 (Bonawitz et al. 2017, Figure 4, Round 0).
+
+    ``encode_fields(label, round_id, site (UTF-8), c_public, s_public)``: binding the round id
+    stops the replay of an advertisement from another round; binding the site id stops one
+    site's keys being presented as another's.
+    """
+    return encode_fields(_ADVERTISE_LABEL, round_id, site.encode(), c_public, s_public)
+
+
+def _pair_info(label: bytes, round_id: bytes, a: str, b: str) -> bytes:
+    """HKDF info for the key of the unordered pair {a, b} in this round."""
+    low, high = sorted((a, b))
+    return encode_fields(label, round_id, low.encode(), high.encode())
+
+
+def _share_associated_data(round_id: bytes, sender: str, recipient: str) -> bytes:
+    return encode_fields(_SHARE_AD_LABEL, round_id, sender.encode(), recipient.encode())
+
+
+def _randbelow_from(random_bytes: RandomBytes) -> Callable[[int], int]:
+    """Uniform integers in ``[0, bound)`` by rejection sampling from ``random_bytes``."""
+
+    def randbelow(bound: int) -> int:
+        bits = bound.bit_length()
+        n_bytes = (bits + 7) // 8
+        while True:
+            value = int.from_bytes(random_bytes(n_bytes), "big") >> (8 * n_bytes - bits)
+            if value < bound:
+                return value
+
+    return randbelow
+
+
+def _check_stage(actual: Stage, expected: Stage, what: str) -> None:
+    if actual is not expected:
+        raise FailedPreconditionError(
+            f"{what} needs stage {expected.value!r}, but the round is at {actual.value!r}"
+        )
+
+
+def _check_vector(vector: ArrayLike, length: int) -> NDArray[np.float64]:
+    values = np.asarray(vector, dtype=np.float64)
+    if values.shape != (length,):
+        raise ValueError(f"input vector must have shape ({length},), got {values.shape}")
+    return values
+
+
+class SecAggSite:
+    """One site's side of a secure-aggregation round (Bonawitz et al. 2017, Figure 4, "User").
+
+    Call :meth:`advertise_keys`, :meth:`share_keys`, :meth:`masked_input` and :meth:`unmask`
+    once each, in that order; a call out of order raises
+    :class:`~common.errors.FailedPreconditionError`. A :class:`SecAggError` aborts the round for
+    this site (later calls fail) and its secrets are dropped.
+
+    Parameters
+    ----------
+    site : str
+        This site's id; one of ``params.sites``.
+    params : RoundParams
+    signer : Signer
+        Signs this site's key advertisement with its identity key.
+    verifier : Verifier
+        Checks every other site's advertisement against that site's identity.
+    random_bytes : callable, optional
+        Source of all key material (two X25519 private keys, the self-mask seed, the Shamir
+        coefficients, the AEAD nonces): ``os.urandom`` by default. Tests inject a deterministic
+        source to reproduce a round bit for bit.
+
+    Raises
+    ------
+    ValueError
+        If ``site`` is not in ``params.sites``.
+
+    Notes
+    -----
+    State kept between stages (what a service would have to persist to survive a restart, all of
+    it secret): the two private keys, the self-mask seed ``b_u`` until the masked input is sent,
+    the set ``U1`` with the advertised keys, the derived share-encryption keys, and the shares
+    received from the other sites. A site that loses it simply counts as dropped.
+    """
+
+    def __init__(
+        self,
+        site: str,
+        params: RoundParams,
+        *,
+        signer: Signer,
+        verifier: Verifier,
+        random_bytes: RandomBytes = os.urandom,
+    ) -> None:
+        if site not in params.sites:
+            raise ValueError(f"site {site!r} is not one of the round's sites {params.sites}")
+        self.site = site
+        self.params = params
+        self._signer = signer
+        self._verifier = verifier
+        self._random_bytes = random_bytes
+        self._stage = Stage.NEW
+        self._c_private: X25519PrivateKey | None = None
+        self._s_private: X25519PrivateKey | None = None
+        self._self_mask_seed: bytes | None = None
+        self._u1: tuple[str, ...] = ()
+        self._u2: tuple[str, ...] = ()
+        self._s_publics: dict[str, bytes] = {}
+        self._share_keys: dict[str, bytes] = {}
+        # sender -> (share of its self-mask seed, share of its pairwise-mask key), own included.
+        self._held: dict[str, tuple[Share, Share]] = {}
+
+    @property
+    def stage(self) -> Stage:
+        return self._stage
+
+    def _abort(self, exc: SecAggError) -> SecAggError:
+        self._stage = Stage.ABORTED
+        self._c_private = self._s_private = None
+        self._self_mask_seed = None
+        self._share_keys.clear()
+        self._held.clear()
+        return exc
+
+    def advertise_keys(self) -> KeyAdvertisement:
+        """Round 0: draw two X25519 key pairs and return their public halves, signed.
+
+        Returns
+        -------
+        KeyAdvertisement
+            ``c_public`` (for the share encryption) and ``s_public`` (for the pairwise masks),
+            32 bytes each, and the signer's signature over :func:`advertisement_message`.
+
+        Raises
+        ------
+        FailedPreconditionError
+            If called twice.
+
+        References
+        ----------
+        Bonawitz et al. (CCS 2017), Figure 4, Round 0 (AdvertiseKeys).
+        """
+        _check_stage(self._stage, Stage.NEW, "advertise_keys")
+        c_private = generate_private_key(self._random_bytes)
+        s_private = generate_private_key(self._random_bytes)
+        c_public, s_public = public_key_bytes(c_private), public_key_bytes(s_private)
+        message = advertisement_message(self.params.round_id, self.site, c_public, s_public)
+        signature = self._signer.sign(message)
+        self._c_private, self._s_private = c_private, s_private
+        self._stage = Stage.ADVERTISED
+        return KeyAdvertisement(self.site, c_public, s_public, signature)
+
+    def _check_advertisements(
+        self, advertisements: Mapping[str, KeyAdvertisement]
+    ) -> tuple[str, ...]:
+        assert self._c_private is not None and self._s_private is not None
+        own_keys = (public_key_bytes(self._c_private), public_key_bytes(self._s_private))
+        seen_keys: set[bytes] = set()
+        for name, ad in advertisements.items():
+            if name not in self.params.sites:
+                raise SecAggError(f"advertisement from {name!r}, which is not in the round")
+            if ad.site != name:
+                raise SecAggError(f"advertisement filed under {name!r} names site {ad.site!r}")
+            if len(ad.c_public) != KEY_BYTES or len(ad.s_public) != KEY_BYTES:
+                raise SecAggError(f"advertisement of {name!r} has a key that is not 32 bytes")
+            if name == self.site:
+                if (ad.c_public, ad.s_public) != own_keys:
+                    raise SecAggError(f"the advertisement of this site ({name!r}) was replaced")
+            else:
+                message = advertisement_message(
+                    self.params.round_id, name, ad.c_public, ad.s_public
+                )
+                try:
+                    self._verifier.verify(name, message, ad.signature)
+                except Exception as exc:
+                    raise SecAggError(
+                        f"the key advertisement of {name!r} is not signed by {name!r}: {exc}"
+                    ) from None
+            for key in (ad.c_public, ad.s_public):
+                if key in seen_keys:
+                    raise SecAggError(f"advertisement of {name!r} repeats a public key")
+                seen_keys.add(key)
+        if self.site not in advertisements:
+            raise SecAggError(f"the advertisements do not include this site ({self.site!r})")
+        if len(advertisements) < self.params.threshold:
+            raise SecAggError(
+                f"{len(advertisements)} sites advertised keys, below the threshold "
+                f"t={self.params.threshold}"
+            )
+        return tuple(sorted(advertisements))
+
+    def share_keys(self, advertisements: Mapping[str, KeyAdvertisement]) -> dict[str, bytes]:
+        """Round 1: Shamir-share this site's secrets among the advertised sites, encrypted.
+
+        Checks every advertisement (signature through the verifier, the site's own keys
+        unchanged, no public key repeated), draws the self-mask seed ``b_u`` (32 bytes), splits
+        ``b_u`` and the pairwise-mask private key ``s_sk`` (32 bytes) into ``t``-of-``|U1|``
+        shares with ``x`` = the holder's 1-based position in sorted ``U1``, and encrypts each
+        other site's pair of shares with AES-256-GCM under
+        ``HKDF(X25519(c_sk_u, c_pk_v))``, associated data ``(round_id, sender, recipient)``.
+
+        Parameters
+        ----------
+        advertisements : mapping of str to KeyAdvertisement
+            The set ``U1`` broadcast by the aggregator, this site's own advertisement included.
+
+        Returns
+        -------
+        dict of str to bytes
+            Recipient id -> ciphertext of ``2 * 70 + 28 = 168`` bytes, for every site of ``U1``
+            but this one (this site keeps its own shares).
+
+        Raises
+        ------
+        SecAggError
+            If fewer than ``t`` sites advertised, this site's advertisement is missing or was
+            replaced, a signature does not verify (a substituted key), an advertisement is
+            malformed, or two advertisements share a public key.
+        FailedPreconditionError
+            If :meth:`advertise_keys` has not been called, or this was called before.
+
+        References
+        ----------
+        Bonawitz et al. (CCS 2017), Figure 4, Round 1 (ShareKeys).
+        """
+        _check_stage(self._stage, Stage.ADVERTISED, "share_keys")
+        assert self._c_private is not None and self._s_private is not None
+        try:
+            u1 = self._check_advertisements(advertisements)
+        except SecAggError as exc:
+            raise self._abort(exc) from None
+        n, t = len(u1), self.params.threshold
+        randbelow = _randbelow_from(self._random_bytes)
+        seed = self._random_bytes(KEY_BYTES)
+        if len(seed) != KEY_BYTES:
+            raise ValueError(f"random_bytes({KEY_BYTES}) returned {len(seed)} bytes")
+        seed_shares = shamir.split_secret(seed, n, t, randbelow=randbelow)
+        key_shares = shamir.split_secret(
+            private_key_bytes(self._s_private), n, t, randbelow=randbelow
+        )
+        round_id = self.params.round_id
+        out: dict[str, bytes] = {}
+        for index, recipient in enumerate(u1):
+            pair = (seed_shares[index], key_shares[index])
+            if recipient == self.site:
+                self._held[recipient] = pair
+                continue
+            ad = advertisements[recipient]
+            key = shared_key(
+                self._c_private,
+                ad.c_public,
+                info=_pair_info(_SHARE_KEY_LABEL, round_id, self.site, recipient),
+            )
+            self._share_keys[recipient] = key
+            out[recipient] = encrypt(
+                key,
+                pair[0].to_bytes() + pair[1].to_bytes(),
+                _share_associated_data(round_id, self.site, recipient),
+                random_bytes=self._random_bytes,
+            )
+        self._u1 = u1
+        self._s_publics = {name: advertisements[name].s_public for name in u1}
+        self._self_mask_seed = seed
+        self._stage = Stage.SHARED
+        return out
+
+    def _receive_shares(self, ciphertexts: Mapping[str, bytes]) -> None:
+        own_x = self._u1.index(self.site) + 1
+        for sender, ciphertext in ciphertexts.items():
+            if sender == self.site or sender not in self._u1:
+                raise SecAggError(f"shares from {sender!r}, which is not another site of U1")
+            plaintext = decrypt(
+                self._share_keys[sender],
+                ciphertext,
+                _share_associated_data(self.params.round_id, sender, self.site),
+            )
+            if len(plaintext) != _SHARE_PAIR_BYTES:
+                raise SecAggError(f"shares from {sender!r} are {len(plaintext)} bytes")
+            try:
+                seed_share = Share.from_bytes(plaintext[: shamir.SHARE_BYTES])
+                key_share = Share.from_bytes(plaintext[shamir.SHARE_BYTES :])
+            except ValueError as exc:
+                raise SecAggError(f"shares from {sender!r} are malformed: {exc}") from None
+            if seed_share.x != own_x or key_share.x != own_x:
+                raise SecAggError(f"shares from {sender!r} are not addressed to x={own_x}")
+            self._held[sender] = (seed_share, key_share)
+
+    def masked_input(
+        self,
+        ciphertexts: Mapping[str, bytes],
+        vector: ArrayLike,
+        rng: np.random.Generator,
+    ) -> NDArray[np.uint64]:
+        """Round 2: return this site's input, quantized and masked.
+
+        ``y_u = Q(x_u) + PRG(b_u) + sum_{v in U2, v < u} PRG(s_uv) - sum_{v in U2, v > u}
+        PRG(s_uv)  (mod 2^k)``, with ``Q`` the stochastic rounding of
+        :func:`~common.secagg.fixedpoint.quantize`, ``s_uv = HKDF(X25519(s_sk_u, s_pk_v))`` bound
+        to the round and the pair, and ``PRG`` = :func:`~common.secagg.crypto.prg_words`.
+
+        Parameters
+        ----------
+        ciphertexts : mapping of str to bytes
+            Sender -> the ciphertext it addressed to this site in Round 1, from every site that
+            completed Round 1 (as routed by the aggregator). ``U2`` = these senders and this site.
+            Every one is decrypted and checked now, before anything depends on this site's input.
+        vector : array-like of shape (vector_length,), float
+            This site's input ``x_u``, entries in ``[-clip, clip]``.
+        rng : numpy.random.Generator
+            Coins of the stochastic rounding (CSPRNG-seeded in production; seeded in tests).
+
+        Returns
+        -------
+        ndarray of shape (vector_length,), uint64
+            Entries in ``[0, 2^k)``: uniformly distributed to anyone who lacks ``b_u`` (and, for
+            the sum over ``U2``, the pairwise keys), whatever ``x_u`` is.
+
+        Raises
+        ------
+        ValueError
+            If ``vector`` has the wrong shape, holds NaN/inf or an entry outside ``[-clip, clip]``
+            (the round stays at this stage: the call may be repeated with a valid vector).
+        SecAggError
+            If ``|U2| < t``, a sender is not another site of ``U1``, or a ciphertext fails
+            authentication (altered, or relabelled as another sender's) or holds malformed
+            shares. The round is then aborted for this site.
+        FailedPreconditionError
+            If :meth:`share_keys` has not been called, or this was called before.
+
+        Notes
+        -----
+        **Why the masks cancel.** For a pair ``u < v`` both in ``U2``, ``v`` adds ``PRG(s_uv)``
+        and ``u`` subtracts it (``s_uv = s_vu``: X25519 is symmetric and the HKDF info orders the
+        pair), so they cancel in the sum over ``U2``; the aggregator removes the self masks
+        ``PRG(b_u)`` of the survivors and, for sites of ``U2`` that sent no masked input, their
+        pairwise masks with the survivors, from the secrets reconstructed in Round 3. Masks use
+        only ``U2``: a site lost before or during Round 1 never enters any mask.
+
+        References
+        ----------
+        Bonawitz et al. (CCS 2017), Figure 4, Round 2 (MaskedInputCollection); CAPE paper,
+        Section 3.2 (the ``map`` to ``Z_lambda``).
+        """
+        _check_stage(self._stage, Stage.SHARED, "masked_input")
+        values = _check_vector(vector, self.params.vector_length)
+        quantized = quantize(values, self.params.fixed_point, rng)
+        try:
+            self._receive_shares(ciphertexts)
+            u2 = tuple(sorted({*ciphertexts, self.site}))
+            if len(u2) < self.params.threshold:
+                raise SecAggError(
+                    f"{len(u2)} sites completed key sharing, below the threshold "
+                    f"t={self.params.threshold}"
+                )
+        except SecAggError as exc:
+            raise self._abort(exc) from None
+        assert self._s_private is not None and self._self_mask_seed is not None
+        length, round_id = self.params.vector_length, self.params.round_id
+        masked = quantized
+        masked += prg_words(self._self_mask_seed, length)
+        for peer in u2:
+            if peer == self.site:
+                continue
+            key = shared_key(
+                self._s_private,
+                self._s_publics[peer],
+                info=_pair_info(_MASK_KEY_LABEL, round_id, self.site, peer),
+            )
+            if peer < self.site:
+                masked += prg_words(key, length)
+            else:
+                masked -= prg_words(key, length)
+        masked &= np.uint64(self.params.fixed_point.modulus - 1)
+        self._u2 = u2
+        # b_u and s_sk are no longer needed here; only their shares leave this site from now on.
+        self._self_mask_seed = None
+        self._s_private = None
+        self._c_private = None
+        self._share_keys.clear()
+        self._stage = Stage.MASKED
+        return masked
+
+    def unmask(self, survivors: Sequence[str], dropped: Sequence[str]) -> UnmaskResponse:
+        """Round 3: reveal the shares the aggregator needs, and only those.
+
+        Parameters
+        ----------
+        survivors : sequence of str
+            ``U3``: the sites whose masked input the aggregator received (this one included).
+        dropped : sequence of str
+            ``U2 \\ U3``: the sites that completed Round 1 but sent no masked input.
+
+        Returns
+        -------
+        UnmaskResponse
+            Shares of the self-mask seed of every survivor and of the pairwise-mask key of every
+            dropped site; never both for one site.
+
+        Raises
+        ------
+        SecAggError
+            If a list repeats a site, the lists overlap, their union is not this site's ``U2``
+            (a site outside ``U2``, or a site of ``U2`` left out), fewer than ``t`` survive, or
+            this site is not listed as a survivor. The round is then aborted for this site.
+        FailedPreconditionError
+            If :meth:`masked_input` has not been called, or this was called before: a site
+            answers once, so it can never be asked for the other secret of a site later.
+
+        Notes
+        -----
+        Against an aggregator that follows the protocol (honest but curious, DESIGN's model for
+        CAPE), this reveals nothing beyond the sum. An aggregator that *actively* tells different
+        sites different survivor lists could collect ``t`` self-mask shares and ``t`` key shares
+        of one site only if ``2 t <= n`` (see :class:`RoundParams`); Bonawitz et al.'s
+        ConsistencyCheck round (Figure 4, Round 3: the sites sign ``U3`` and check ``t`` others'
+        signatures before unmasking) closes that gap for smaller thresholds and is not
+        implemented here.
+
+        References
+        ----------
+        Bonawitz et al. (CCS 2017), Figure 4, Round 4 (Unmasking).
+        """
+        _check_stage(self._stage, Stage.MASKED, "unmask")
+        try:
+            survivor_set, dropped_set = set(survivors), set(dropped)
+            if len(survivor_set) != len(survivors) or len(dropped_set) != len(dropped):
+                raise SecAggError("the survivor or dropped list repeats a site")
+            overlap = survivor_set & dropped_set
+            if overlap:
+                raise SecAggError(f"sites listed both as survivors and dropped: {sorted(overlap)}")
+            outside = (survivor_set | dropped_set) - set(self._u2)
+            if outside:
+                raise SecAggError(f"sites that did not complete key sharing: {sorted(outside)}")
+            missing = set(self._u2) - survivor_set - dropped_set
+            if missing:
+                raise SecAggError(f"sites of U2 neither survived nor dropped: {sorted(missing)}")
+            if self.site not in survivor_set:
+                raise SecAggError(f"this site ({self.site!r}) is not listed as a survivor")
+            if len(survivor_set) < self.params.threshold:
+                raise SecAggError(
+                    f"{len(survivor_set)} survivors, below the threshold t={self.params.threshold}"
+                )
+        except SecAggError as exc:
+            raise self._abort(exc) from None
+        response = UnmaskResponse(
+            self_mask_shares={v: self._held[v][0] for v in sorted(survivor_set)},
+            key_shares={v: self._held[v][1] for v in sorted(dropped_set)},
+        )
+        self._held.clear()
+        self._stage = Stage.DONE
+        return response
+
+
+class SecAggAggregator:
+    """The aggregator's side of a round (Bonawitz et al. 2017, Figure 4, "Server").
+
+    Call :meth:`collect_advertisements`, :meth:`route_shares`, :meth:`collect_masked` and
+    :meth:`finish` once each, in that order. Each takes what arrived from the sites still in the
+    round; a site whose message did not arrive counts as dropped at that stage. Any
+    :class:`SecAggError` aborts the round: nothing is released.
+
+    Parameters
+    ----------
+    params : RoundParams
+
+    Notes
+    -----
+    The aggregator holds no secret: its state is the advertised public keys, the sets
+    ``U1 ⊇ U2 ⊇ U3`` and the running sum of the masked inputs (which reveals nothing without
+    the unmasking shares).
+    """
+
+    def __init__(self, params: RoundParams) -> None:
+        self.params = params
+        self._stage = Stage.NEW
+        self._advertisements: dict[str, KeyAdvertisement] = {}
+        self._u1: tuple[str, ...] = ()
+        self._u2: tuple[str, ...] = ()
+        self._u3: tuple[str, ...] = ()
+        self._dropped: tuple[str, ...] = ()
+        self._total: NDArray[np.uint64] | None = None
+
+    @property
+    def stage(self) -> Stage:
+        return self._stage
+
+    def _need(self, count: int, what: str) -> None:
+        if count < self.params.threshold:
+            self._stage = Stage.ABORTED
+            raise SecAggError(f"{count} {what}, below the threshold t={self.params.threshold}")
+
+    def _fail(self, message: str) -> SecAggError:
+        self._stage = Stage.ABORTED
+        return SecAggError(message)
+
+    def collect_advertisements(
+        self, advertisements: Mapping[str, KeyAdvertisement]
+    ) -> dict[str, KeyAdvertisement]:
+        """Round 0: fix ``U1``, the sites that advertised keys, and return what to broadcast.
+
+        Parameters
+        ----------
+        advertisements : mapping of str to KeyAdvertisement
+            Site id (from its authenticated channel) -> its advertisement.
+
+        Returns
+        -------
+        dict of str to KeyAdvertisement
+            ``U1``, sorted by site id: the message every site of ``U1`` receives.
+
+        Raises
+        ------
+        SecAggError
+            If fewer than ``t`` sites advertised, a site is not in the round, an advertisement
+            is filed under another site's id, or a public key appears twice.
+        """
+        _check_stage(self._stage, Stage.NEW, "collect_advertisements")
+        seen: set[bytes] = set()
+        for name, ad in advertisements.items():
+            if name not in self.params.sites:
+                raise self._fail(f"advertisement from {name!r}, which is not in the round")
+            if ad.site != name:
+                raise self._fail(f"advertisement filed under {name!r} names site {ad.site!r}")
+            for key in (ad.c_public, ad.s_public):
+                if len(key) != KEY_BYTES or key in seen:
+                    raise self._fail(f"advertisement of {name!r} has a bad or repeated key")
+                seen.add(key)
+        self._need(len(advertisements), "sites advertised keys")
+        self._u1 = tuple(sorted(advertisements))
+        self._advertisements = {name: advertisements[name] for name in self._u1}
+        self._stage = Stage.ADVERTISED
+        return dict(self._advertisements)
+
+    def route_shares(
+        self, from_site: Mapping[str, Mapping[str, bytes]]
+    ) -> dict[str, dict[str, bytes]]:
+        """Round 1: fix ``U2``, the sites that sent their encrypted shares, and route them.
+
+        Parameters
+        ----------
+        from_site : mapping of str to (mapping of str to bytes)
+            Sender -> (recipient -> ciphertext), the output of :meth:`SecAggSite.share_keys` of
+            every site whose message arrived whole.
+
+        Returns
+        -------
+        dict of str to (dict of str to bytes)
+            Recipient -> (sender -> ciphertext) for every recipient in ``U2``, with the
+            ciphertexts of every other sender in ``U2``: the input of
+            :meth:`SecAggSite.masked_input`. Sites of ``U1`` outside ``U2`` get nothing.
+
+        Raises
+        ------
+        SecAggError
+            If fewer than ``t`` sites sent shares, a sender is not in ``U1``, or a sender did not
+            address exactly the other sites of ``U1``.
+        """
+        _check_stage(self._stage, Stage.ADVERTISED, "route_shares")
+        for sender, addressed in from_site.items():
+            if sender not in self._u1:
+                raise self._fail(f"shares from {sender!r}, which did not advertise keys")
+            expected = set(self._u1) - {sender}
+            if set(addressed) != expected:
+                raise self._fail(
+                    f"{sender!r} addressed shares to {sorted(addressed)}, "
+                    f"expected the other sites of U1 {sorted(expected)}"
+                )
+        self._need(len(from_site), "sites completed key sharing")
+        self._u2 = tuple(sorted(from_site))
+        routed = {
+            recipient: {
+                sender: bytes(from_site[sender][recipient])
+                for sender in self._u2
+                if sender != recipient
+            }
+            for recipient in self._u2
+        }
+        self._stage = Stage.SHARED
+        return routed
+
+    def collect_masked(
+        self, inputs: Mapping[str, ArrayLike]
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Round 2: fix ``U3``, the sites whose masked input arrived, and add the inputs up.
+
+        Parameters
+        ----------
+        inputs : mapping of str to ndarray of shape (vector_length,), uint64
+            Site -> the output of its :meth:`SecAggSite.masked_input`.
+
+        Returns
+        -------
+        survivors : tuple of str
+            ``U3``, sorted.
+        dropped : tuple of str
+            ``U2 \\ U3``, sorted: the sites whose pairwise masks must be removed.
+
+        Raises
+        ------
+        SecAggError
+            If fewer than ``t`` inputs arrived, a site is not in ``U2``, or an input has the
+            wrong shape or dtype or an entry ``>= 2^k``.
+        """
+        _check_stage(self._stage, Stage.SHARED, "collect_masked")
+        length = self.params.vector_length
+        modulus = np.uint64(self.params.fixed_point.modulus - 1)
+        total = np.zeros(length, dtype=np.uint64)
+        for name, vector in inputs.items():
+            if name not in self._u2:
+                raise self._fail(f"masked input from {name!r}, which is not in U2")
+            values = np.asarray(vector)
+            if values.dtype != np.uint64 or values.shape != (length,):
+                raise self._fail(
+                    f"masked input of {name!r} must be uint64 of shape ({length},), got "
+                    f"{values.dtype} of shape {values.shape}"
+                )
+            if values.size and values.max() > modulus:
+                raise self._fail(f"masked input of {name!r} has an entry >= 2^k")
+            total += values
+        self._need(len(inputs), "masked inputs arrived")
+        self._u3 = tuple(sorted(inputs))
+        self._dropped = tuple(sorted(set(self._u2) - set(self._u3)))
+        self._total = total
+        self._stage = Stage.MASKED
+        return self._u3, self._dropped
+
+    def _reconstruct(
+        self, owner: str, shares: list[Share], responders: Sequence[str], what: str
+    ) -> bytes:
+        t = self.params.threshold
+        for responder, share in zip(responders, shares, strict=True):
+            if share.x != self._u1.index(responder) + 1:
+                raise self._fail(
+                    f"{responder!r} sent a share of {owner!r}'s {what} for x={share.x}"
+                )
+        base = shares[:t]
+        for extra in shares[t:]:
+            if shamir.interpolate(base, extra.x) != extra.y:
+                raise self._fail(f"the shares of {owner!r}'s {what} are inconsistent")
+        try:
+            return shamir.combine_shares(base, KEY_BYTES)
+        except ValueError as exc:
+            raise self._fail(f"cannot reconstruct {owner!r}'s {what}: {exc}") from None
+
+    def finish(self, responses: Mapping[str, UnmaskResponse]) -> NDArray[np.float64]:
+        """Round 3: reconstruct the needed secrets, remove every mask and return the sum.
+
+        From ``t`` or more responses, reconstructs the self-mask seed ``b_u`` of every survivor
+        and the pairwise-mask private key ``s_sk_v`` of every dropped site (checked against the
+        advertised ``s_pk_v``; with more than ``t`` responses, every share is also checked to lie
+        on the polynomial of the first ``t``), subtracts ``PRG(b_u)`` for each survivor, undoes
+        each survivor's pairwise mask with each dropped site, and decodes the sum.
+
+        Parameters
+        ----------
+        responses : mapping of str to UnmaskResponse
+            Survivor -> its :meth:`SecAggSite.unmask` response.
+
+        Returns
+        -------
+        ndarray of shape (vector_length,), float64
+            The sum of the survivors' (``U3``) input vectors, within ``|U3| / scale`` per entry
+            (:func:`~common.secagg.fixedpoint.dequantize_sum`).
+
+        Raises
+        ------
+        SecAggError
+            If fewer than ``t`` responses arrived, a responder is not a survivor, a response does
+            not hold exactly the expected shares, shares are inconsistent, a reconstructed key
+            does not match its advertisement, or the unmasked sum is not a sum of ``|U3|``
+            quantized vectors. Nothing is returned.
+
+        References
+        ----------
+        Bonawitz et al. (CCS 2017), Figure 4, Round 4 (Unmasking), server side.
+        """
+        _check_stage(self._stage, Stage.MASKED, "finish")
+        assert self._total is not None
+        survivors, dropped = set(self._u3), set(self._dropped)
+        for name, response in responses.items():
+            if name not in survivors:
+                raise self._fail(f"unmasking response from {name!r}, which is not a survivor")
+            if set(response.self_mask_shares) != survivors or set(response.key_shares) != dropped:
+                raise self._fail(f"the unmasking response of {name!r} holds the wrong shares")
+        self._need(len(responses), "unmasking responses arrived")
+        responders = tuple(sorted(responses))
+        length, round_id = self.params.vector_length, self.params.round_id
+        total = self._total.copy()
+        for owner in self._u3:
+            seed = self._reconstruct(
+                owner,
+                [responses[r].self_mask_shares[owner] for r in responders],
+                responders,
+                "self-mask seed",
+            )
+            total -= prg_words(seed, length)
+        for owner in self._dropped:
+            raw = self._reconstruct(
+                owner,
+                [responses[r].key_shares[owner] for r in responders],
+                responders,
+                "pairwise-mask key",
+            )
+            s_private = private_key_from_bytes(raw)
+            if public_key_bytes(s_private) != self._advertisements[owner].s_public:
+                raise self._fail(f"the reconstructed key of {owner!r} does not match its advert")
+            for survivor in self._u3:
+                key = shared_key(
+                    s_private,
+                    self._advertisements[survivor].s_public,
+                    info=_pair_info(_MASK_KEY_LABEL, round_id, owner, survivor),
+                )
+                # The survivor added PRG(s) if owner < survivor and subtracted it otherwise.
+                if owner < survivor:
+                    total -= prg_words(key, length)
+                else:
+                    total += prg_words(key, length)
+        total &= np.uint64(self.params.fixed_point.modulus - 1)
+        try:
+            result = dequantize_sum(total, self.params.fixed_point, len(self._u3))
+        except ValueError as exc:
+            raise self._fail(f"unmasking did not give a valid sum: {exc}") from None
+        self._total = None
+        self._stage = Stage.DONE
+        return result
+
+
+@dataclass
+class _Timer:
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.phases[phase] = self.phases.get(phase, 0.0) + seconds
+
+
+def run_in_process(
+    params: RoundParams,
+    sites: Mapping[str, ArrayLike],
+    *,
+    drop_at: Mapping[str, DropStage] | None = None,
+    signers: Mapping[str, Signer] | None = None,
+    verifier: Verifier | None = None,
+    random_bytes: RandomBytes = os.urandom,
+    rng: np.random.Generator | None = None,
+    phase_seconds: dict[str, float] | None = None,
+) -> NDArray[np.float64]:
+    """Run one round with every site and the aggregator in this process, one after another.
+
+    Parameters
+    ----------
+    params : RoundParams
+    sites : mapping of str to ndarray of shape (vector_length,), float
+        Every site of ``params.sites`` -> its input vector.
+    drop_at : mapping of str to {"advertise", "share", "mask", "unmask"}, optional
+        Sites that drop out, and the stage whose message they never send: ``"advertise"`` (not
+        in ``U1``), ``"share"`` (in ``U1``, not ``U2``), ``"mask"`` (in ``U2``, not ``U3``: its
+        pairwise masks are removed from shares), ``"unmask"`` (in ``U3``, its input counts, but
+        it sends no unmasking response).
+    signers : mapping of str to Signer, optional
+        Each site's identity signer; with ``verifier``. By default fresh ECDSA P-256 keys are
+        made for this run (:class:`~common.secagg.crypto.EcdsaSigner` /
+        :class:`~common.secagg.crypto.EcdsaVerifier`).
+    verifier : Verifier, optional
+    random_bytes : callable, optional
+        Source of every site's key material (``os.urandom`` by default).
+    rng : numpy.random.Generator, optional
+        Coins of the stochastic rounding, used by the sites in sorted order. By default
+        :func:`common.privacy.rng.production_rng`.
+    phase_seconds : dict, optional
+        If given, filled with the wall-clock seconds of each phase, summed over the sites and the
+        aggregator: ``advertise_keys``, ``share_keys``, ``masked_input``, ``unmask`` (sites' work
+        and the aggregator's collection in each) and ``finish`` (the aggregator's
+        reconstruction and unmasking).
+
+    Returns
+    -------
+    ndarray of shape (vector_length,), float64
+        The sum of the inputs of the sites in ``U3`` (not dropped before ``"unmask"``).
+
+    Raises
+    ------
+    SecAggError
+        If fewer than ``t`` sites remain at some stage (nothing is returned), or any check fails.
+    ValueError
+        If ``sites`` does not hold exactly ``params.sites``, a stage name is unknown, an input is
+        out of range, or only one of ``signers`` and ``verifier`` is given.
+    """
+    drops = dict(drop_at or {})
+    if set(sites) != set(params.sites):
+        raise ValueError(f"inputs are for {sorted(sites)}, the round's sites are {params.sites}")
+    for name, stage in drops.items():
+        if name not in params.sites or stage not in _DROP_STAGES:
+            raise ValueError(f"bad drop {name!r} at {stage!r}; stages are {_DROP_STAGES}")
+    if (signers is None) != (verifier is None):
+        raise ValueError("give both signers and verifier, or neither")
+    if signers is None or verifier is None:
+        keys = {name: ec.generate_private_key(ec.SECP256R1()) for name in params.sites}
+        signers = {name: EcdsaSigner(key) for name, key in keys.items()}
+        verifier = EcdsaVerifier({name: key.public_key() for name, key in keys.items()})
+    if rng is None:
+        from common.privacy.rng import production_rng
+
+        rng = production_rng()
+    timer = _Timer()
+
+    def alive(stage: str) -> list[str]:
+        """Sites that send their message of ``stage`` (those not dropped at or before it)."""
+        cut = _DROP_STAGES.index(stage)
+        return [n for n in params.sites if n not in drops or _DROP_STAGES.index(drops[n]) > cut]
+
+    aggregator = SecAggAggregator(params)
+    parties = {
+        name: SecAggSite(
+            name, params, signer=signers[name], verifier=verifier, random_bytes=random_bytes
+        )
+        for name in params.sites
+    }
+
+    start = time.perf_counter()
+    ads = {name: parties[name].advertise_keys() for name in alive("advertise")}
+    u1 = aggregator.collect_advertisements(ads)
+    timer.add("advertise_keys", time.perf_counter() - start)
+
+    start = time.perf_counter()
+    shares = {name: parties[name].share_keys(u1) for name in alive("share")}
+    routed = aggregator.route_shares(shares)
+    timer.add("share_keys", time.perf_counter() - start)
+
+    start = time.perf_counter()
+    masked = {
+        name: parties[name].masked_input(routed[name], sites[name], rng) for name in alive("mask")
+    }
+    survivors, dropped = aggregator.collect_masked(masked)
+    timer.add("masked_input", time.perf_counter() - start)
+
+    start = time.perf_counter()
+    responses = {
+        name: parties[name].unmask(survivors, dropped)
+        for name in alive("unmask")
+        if name in survivors
+    }
+    timer.add("unmask", time.perf_counter() - start)
+
+    start = time.perf_counter()
+    result = aggregator.finish(responses)
+    timer.add("finish", time.perf_counter() - start)
+    if phase_seconds is not None:
+        phase_seconds.update(timer.phases)
+    return result
