@@ -1,4 +1,4 @@
-"""In-process owner endpoint: the curator's view of an :class:`owner.protocol.Owner` object.
+"""In-process owner endpoints: the curator's view of an owner's objects, without a network.
 
 ``dpmarket simulate``, the tests and the benchmarks run the whole protocol in one process through
 this adapter; the networked run goes through ``curator.owners.GrpcOwnerEndpoint`` instead, and
@@ -7,13 +7,17 @@ both give the same summary for the same seeds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 from numpy.typing import NDArray
 
+from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
 from common.summarization.rff import RFFParams
 from common.summarization.terms import OwnerTerms
 from owner.protocol import Owner
+from owner.secagg import SiteRounds
 
 
 class LocalOwnerEndpoint:
@@ -80,3 +84,48 @@ class LocalOwnerEndpoint:
     async def close_session(self, session_id: str) -> SessionSpend:
         """See :meth:`Owner.close_session`."""
         return self.owner.close_session(session_id)
+
+
+class LocalSecureAggregationEndpoint:
+    """Async adapter that calls an in-process owner's :class:`owner.secagg.SiteRounds`."""
+
+    def __init__(self, name: str, rounds: SiteRounds) -> None:
+        self._name = name
+        self.rounds = rounds
+
+    @property
+    def name(self) -> str:
+        """The site id."""
+        return self._name
+
+    async def advertise_keys(
+        self, job_id: str, params: RoundParams
+    ) -> tuple[KeyAdvertisement, bytes]:
+        """See :meth:`SiteRounds.advertise`."""
+        return self.rounds.advertise(job_id, params)
+
+    async def share_keys(
+        self,
+        job_id: str,
+        params: RoundParams,
+        advertisements: Mapping[str, KeyAdvertisement],
+        certificates: Mapping[str, bytes],
+    ) -> dict[str, bytes]:
+        """See :meth:`SiteRounds.share`."""
+        return self.rounds.share(job_id, params.round_id, advertisements, certificates)
+
+    async def masked_input(
+        self, job_id: str, params: RoundParams, ciphertexts: Mapping[str, bytes]
+    ) -> NDArray[np.uint64]:
+        """See :meth:`SiteRounds.masked`."""
+        return self.rounds.masked(job_id, params.round_id, ciphertexts)
+
+    async def unmask(
+        self,
+        job_id: str,
+        params: RoundParams,
+        survivors: Sequence[str],
+        dropped: Sequence[str],
+    ) -> UnmaskResponse:
+        """See :meth:`SiteRounds.unmask`."""
+        return self.rounds.unmask(job_id, params.round_id, survivors, dropped)

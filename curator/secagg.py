@@ -1,0 +1,158 @@
+"""The curator as secure-aggregation aggregator: drives one round across the sites' endpoints.
+
+Each round is the four steps of Bonawitz et al. (2017, Figure 4) with the curator routing every
+message (:class:`common.secagg.protocol.SecAggAggregator` holds the aggregator's state). A site
+whose call fails (unavailable, too slow, or refusing) is a dropout at that stage: before its
+masks are fixed (advertise, share) it is simply left out; after masking its pairwise masks are
+removed from the others' shares. Fewer than ``threshold`` sites at any stage abort the round and
+nothing is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.errors import AbortedError, DPMarketError
+from common.ids import short_id
+from common.secagg.crypto import SecAggError
+from common.secagg.endpoints import SecureAggregationEndpoint
+from common.secagg.protocol import RoundParams, SecAggAggregator
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class AggregationOutcome:
+    """The result of a round.
+
+    Attributes
+    ----------
+    total : ndarray of shape (vector_length,), float64
+        The sum of the survivors' inputs (within quantization error).
+    survivors : tuple of str
+        The sites whose inputs are in the sum (U3).
+    dropped : dict of str to str
+        Sites lost during the round, with the stage and the reason.
+    """
+
+    total: NDArray[np.float64]
+    survivors: tuple[str, ...]
+    dropped: dict[str, str]
+
+
+async def _call_each(
+    sites: Sequence[str],
+    call: Callable[[str], Awaitable[T]],
+    timeout: float | None,
+    dropped: dict[str, str],
+    stage: str,
+) -> dict[str, T]:
+    """Call every site concurrently; record failures as dropouts at ``stage``."""
+
+    async def one(site: str) -> T:
+        if timeout is None:
+            return await call(site)
+        try:
+            return await asyncio.wait_for(call(site), timeout)
+        except TimeoutError as exc:
+            raise AbortedError(f"no answer within {timeout} s") from exc
+
+    answers = await asyncio.gather(*(one(s) for s in sites), return_exceptions=True)
+    out: dict[str, T] = {}
+    for site, answer in zip(sites, answers, strict=True):
+        if isinstance(answer, DPMarketError | ValueError):
+            dropped[site] = f"{stage}: {answer}"
+            logger.warning("site %s dropped at %s: %s", site, stage, answer)
+        elif isinstance(answer, BaseException):
+            raise answer
+        else:
+            out[site] = answer
+    return out
+
+
+async def aggregate(
+    endpoints: Mapping[str, SecureAggregationEndpoint],
+    job_id: str,
+    params: RoundParams,
+    *,
+    timeout: float | None = None,
+) -> AggregationOutcome:
+    """Run one secure-aggregation round of ``job_id`` across ``endpoints``.
+
+    Parameters
+    ----------
+    endpoints : mapping of str to SecureAggregationEndpoint
+        Every site of ``params.sites``.
+    job_id : str
+        The job whose input the sites sum.
+    params : RoundParams
+        The round's public parameters (fresh ``round_id``).
+    timeout : float, optional
+        Seconds after which a site that has not answered a call is a dropout.
+
+    Returns
+    -------
+    AggregationOutcome
+
+    Raises
+    ------
+    AbortedError
+        If fewer than ``params.threshold`` sites remain at some stage, or a check fails (a
+        tampered message, a bad signature): nothing is released.
+    """
+    aggregator = SecAggAggregator(params)
+    dropped: dict[str, str] = {}
+    rid = params.round_id.hex()[:8]
+    try:
+        ads = await _call_each(
+            params.sites,
+            lambda s: endpoints[s].advertise_keys(job_id, params),
+            timeout,
+            dropped,
+            "advertise keys",
+        )
+        for site, (ad, _) in list(ads.items()):
+            if ad.site != site:  # the channel authenticated the site; the message must agree
+                dropped[site] = f"advertise keys: advertised as {ad.site!r}"
+                del ads[site]
+        advertisements = aggregator.collect_advertisements({s: a for s, (a, _) in ads.items()})
+        certificates = {s: cert for s, (_, cert) in ads.items()}
+        shared = await _call_each(
+            sorted(advertisements),
+            lambda s: endpoints[s].share_keys(job_id, params, advertisements, certificates),
+            timeout,
+            dropped,
+            "share keys",
+        )
+        routed = aggregator.route_shares(shared)
+        masked = await _call_each(
+            sorted(routed),
+            lambda s: endpoints[s].masked_input(job_id, params, routed[s]),
+            timeout,
+            dropped,
+            "masked input",
+        )
+        survivors, lost = aggregator.collect_masked(masked)
+        responses = await _call_each(
+            list(survivors),
+            lambda s: endpoints[s].unmask(job_id, params, survivors, lost),
+            timeout,
+            dropped,
+            "unmask",
+        )
+        total = aggregator.finish(responses)
+    except SecAggError as exc:
+        raise AbortedError(
+            f"secure aggregation round {rid}… of job {short_id(job_id)} aborted: {exc}"
+            + (f" (dropped: {dropped})" if dropped else "")
+        ) from exc
+    return AggregationOutcome(total=total, survivors=tuple(survivors), dropped=dropped)

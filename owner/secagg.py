@@ -1,0 +1,256 @@
+"""An owner's side of secure aggregation: its rounds, and its identity as a signing site.
+
+A round of :mod:`common.secagg` needs every site to sign its key advertisement with a key bound to
+its identity, and to check every other site's advertisement the same way, so that the curator,
+which routes every message, cannot substitute a key (Bonawitz et al. 2017, the active-adversary
+variant). Owners already hold such a key: their mTLS certificate's ECDSA P-256 key, issued by the
+deployment CA with the owner's name in it. :class:`SiteIdentity` signs with it and checks other
+sites' certificates against the CA and their names. The mTLS channel authenticates an owner and
+the curator to each other, not owners to owners, which is why the signatures are needed.
+
+What an owner sums in a round is decided by the job the round belongs to, through an *input
+source* (a CAPE job's noise draw), never by the curator's messages.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from numpy.typing import NDArray
+
+from common.errors import FailedPreconditionError, NotFoundError
+from common.ids import short_id
+from common.secagg.crypto import EcdsaSigner, EcdsaVerifier, SecAggError, Signer
+from common.secagg.protocol import KeyAdvertisement, RoundParams, SecAggSite, UnmaskResponse
+from dpmarket.identity import Identity, identity_from_certificate
+
+#: Provides a site's input of a round: ``(job_id, params) -> vector of shape (vector_length,)``.
+InputSource = Callable[[str, RoundParams], NDArray[np.float64]]
+
+
+class SiteIdentity:
+    """A site's signing key and certificate, and the CA its peers' certificates must chain to.
+
+    Parameters
+    ----------
+    name : str
+        The site's name (its owner name).
+    private_key : EllipticCurvePrivateKey
+        P-256 key of the site's certificate.
+    certificate_pem : bytes
+        The site's certificate, sent with every advertisement.
+    ca_pem : bytes or None
+        The deployment CA's certificate; ``None`` accepts the keys given to
+        :meth:`trusting` only (in-process runs, tests).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        private_key: ec.EllipticCurvePrivateKey,
+        certificate_pem: bytes,
+        ca_pem: bytes | None,
+    ) -> None:
+        self.name = name
+        self.signer: Signer = EcdsaSigner(private_key)
+        self.certificate_pem = certificate_pem
+        self._ca = None if ca_pem is None else x509.load_pem_x509_certificate(ca_pem)
+        self._trusted: dict[str, ec.EllipticCurvePublicKey] = {}
+
+    @classmethod
+    def from_pem(
+        cls, name: str, key_pem: bytes, certificate_pem: bytes, ca_pem: bytes
+    ) -> SiteIdentity:
+        """From the PEM files of the site's mTLS credentials.
+
+        Raises
+        ------
+        ValueError
+            If the key is not a P-256 private key.
+        """
+        key = serialization.load_pem_private_key(key_pem, password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError("the certificate key is not an elliptic-curve key")
+        return cls(name, key, certificate_pem, ca_pem)
+
+    def trusting(self, keys: Mapping[str, ec.EllipticCurvePublicKey]) -> SiteIdentity:
+        """This identity, also accepting the given sites' keys without certificates (in-process
+        runs, where no CA exists)."""
+        self._trusted.update(keys)
+        return self
+
+    def verifier(self) -> CertificateVerifier:
+        """A fresh verifier for one round; it admits sites as their certificates arrive."""
+        return CertificateVerifier(self)
+
+    def check_certificate(self, site: str, pem: bytes) -> ec.EllipticCurvePublicKey:
+        if self._ca is None:
+            raise SecAggError(f"no CA to check the certificate of site {site!r}")
+        try:
+            cert = x509.load_pem_x509_certificate(pem)
+            cert.verify_directly_issued_by(self._ca)
+            now = datetime.datetime.now(datetime.UTC)
+            if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+                raise ValueError("the certificate is not valid now")
+            identity = identity_from_certificate(cert)
+        except (ValueError, TypeError) as exc:
+            raise SecAggError(f"the certificate of site {site!r} is not acceptable: {exc}") from exc
+        if identity != Identity("owner", site):
+            raise SecAggError(f"a certificate of {identity} was presented for site {site!r}")
+        key = cert.public_key()
+        if not isinstance(key, ec.EllipticCurvePublicKey):
+            raise SecAggError(f"the certificate of site {site!r} has no elliptic-curve key")
+        return key
+
+
+class CertificateVerifier:
+    """:class:`~common.secagg.crypto.Verifier` of one round: admits each site's key from a
+    certificate that chains to the CA, is valid now and names ``owner:<site>``; then checks
+    signatures with the admitted keys (and the identity's trusted keys)."""
+
+    def __init__(self, identity: SiteIdentity) -> None:
+        self._identity = identity
+        self._keys: dict[str, ec.EllipticCurvePublicKey] = {}
+
+    def admit(self, certificates: Mapping[str, bytes]) -> None:
+        """Check and admit the given sites' certificates (a site with an empty certificate is
+        admitted only if the identity trusts its key).
+
+        Raises
+        ------
+        SecAggError
+            If a certificate fails a check.
+        """
+        for site, pem in certificates.items():
+            trusted = self._identity._trusted.get(site)
+            if trusted is not None and not pem:
+                self._keys[site] = trusted
+            else:
+                self._keys[site] = self._identity.check_certificate(site, pem)
+
+    def verify(self, site: str, message: bytes, signature: bytes) -> None:
+        """Raise :class:`SecAggError` unless ``signature`` is the admitted key's of ``site``."""
+        EcdsaVerifier(self._keys).verify(site, message, signature)
+
+
+@dataclass
+class _Round:
+    site: SecAggSite
+    verifier: CertificateVerifier
+    lock: threading.Lock
+
+
+class SiteRounds:
+    """The secure-aggregation rounds an owner takes part in, keyed by job and round id.
+
+    Parameters
+    ----------
+    identity : SiteIdentity or None
+        The owner's signing identity; ``None`` refuses every round (plaintext, ``--insecure``
+        owners have no certificate to sign with).
+    inputs : InputSource
+        What this site sums in a round of a given job.
+    rng : callable
+        Returns the generator of the stochastic rounding of a job's round (seeded per job in
+        tests, CSPRNG-seeded in production).
+    """
+
+    def __init__(
+        self,
+        identity: SiteIdentity | None,
+        inputs: InputSource,
+        rng: Callable[[str], np.random.Generator],
+    ) -> None:
+        self.identity = identity
+        self.inputs = inputs
+        self.rng = rng
+        self._rounds: dict[tuple[str, bytes], _Round] = {}
+        self._lock = threading.Lock()
+
+    def _require_identity(self) -> SiteIdentity:
+        if self.identity is None:
+            raise FailedPreconditionError(
+                "secure aggregation needs this owner's certificate to sign its keys; it runs "
+                "without one (--insecure)"
+            )
+        return self.identity
+
+    def _round(self, job_id: str, round_id: bytes) -> _Round:
+        with self._lock:
+            found = self._rounds.get((job_id, round_id))
+        if found is None:
+            raise NotFoundError(
+                f"no secure-aggregation round {round_id.hex()[:8]}… of job {short_id(job_id)}"
+            )
+        return found
+
+    def advertise(self, job_id: str, params: RoundParams) -> tuple[KeyAdvertisement, bytes]:
+        """Round 0: start this site's part of a round; return its advertisement and certificate.
+
+        Raises
+        ------
+        FailedPreconditionError
+            If this owner has no identity to sign with, or the round exists already.
+        ValueError
+            If this site is not one of the round's sites.
+        """
+        identity = self._require_identity()
+        key = (job_id, params.round_id)
+        verifier = identity.verifier()
+        site = SecAggSite(identity.name, params, signer=identity.signer, verifier=verifier)
+        entry = _Round(site, verifier, threading.Lock())
+        with self._lock:
+            if key in self._rounds:
+                raise FailedPreconditionError(f"round {params.round_id.hex()[:8]}… already started")
+            self._rounds[key] = entry
+        with entry.lock:
+            return site.advertise_keys(), identity.certificate_pem
+
+    def share(
+        self,
+        job_id: str,
+        round_id: bytes,
+        advertisements: Mapping[str, KeyAdvertisement],
+        certificates: Mapping[str, bytes],
+    ) -> dict[str, bytes]:
+        """Round 1: check every advertisement's certificate and signature; share this site's
+        secrets."""
+        identity = self._require_identity()
+        entry = self._round(job_id, round_id)
+        with entry.lock:
+            entry.verifier.admit(
+                {s: certificates.get(s, b"") for s in advertisements if s != identity.name}
+            )
+            return entry.site.share_keys(advertisements)
+
+    def masked(
+        self, job_id: str, round_id: bytes, ciphertexts: Mapping[str, bytes]
+    ) -> NDArray[np.uint64]:
+        """Round 2: this site's masked input (its job's input for this round)."""
+        entry = self._round(job_id, round_id)
+        with entry.lock:
+            vector = self.inputs(job_id, entry.site.params)
+            return entry.site.masked_input(ciphertexts, vector, self.rng(job_id))
+
+    def unmask(
+        self, job_id: str, round_id: bytes, survivors: Sequence[str], dropped: Sequence[str]
+    ) -> UnmaskResponse:
+        """Round 3: the shares the aggregator needs; the round is then over at this site."""
+        entry = self._round(job_id, round_id)
+        with entry.lock:
+            response = entry.site.unmask(survivors, dropped)
+        self.forget(job_id, round_id)
+        return response
+
+    def forget(self, job_id: str, round_id: bytes | None = None) -> None:
+        """Drop a round (or every round of a job) and its secrets."""
+        with self._lock:
+            for key in [k for k in self._rounds if k[0] == job_id and round_id in (None, k[1])]:
+                del self._rounds[key]

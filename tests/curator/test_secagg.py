@@ -1,0 +1,136 @@
+"""The curator's secure-aggregation driver against in-process sites with real certificates."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.errors import AbortedError, UnavailableError
+from common.secagg.fixedpoint import FixedPoint
+from common.secagg.protocol import KeyAdvertisement, RoundParams
+from curator.secagg import aggregate
+from deploy.pki import identity_files, init_ca, issue_all
+from dpmarket.identity import Identity
+from owner.local import LocalSecureAggregationEndpoint
+from owner.secagg import SiteIdentity, SiteRounds
+
+SITES = ("site-a", "site-b", "site-c", "site-d", "site-e")
+D = 40
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("pki")
+    init_ca(directory)
+    issue_all(directory, [Identity("owner", s) for s in SITES])
+    return directory
+
+
+def _identity(pki: Path, site: str) -> SiteIdentity:
+    ca, cert, key = identity_files(pki, Identity("owner", site))
+    return SiteIdentity.from_pem(site, key.read_bytes(), cert.read_bytes(), ca.read_bytes())
+
+
+def _inputs() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {s: rng.uniform(-1, 1, size=D) for s in SITES}
+
+
+def _endpoints(
+    pki: Path, inputs: dict[str, np.ndarray]
+) -> dict[str, LocalSecureAggregationEndpoint]:
+    out = {}
+    for i, site in enumerate(SITES):
+        rounds = SiteRounds(
+            _identity(pki, site),
+            lambda job, params, s=site: inputs[s],  # type: ignore[misc]
+            lambda job, i=i: np.random.default_rng(100 + i),  # type: ignore[misc]
+        )
+        out[site] = LocalSecureAggregationEndpoint(site, rounds)
+    return out
+
+
+def _params() -> RoundParams:
+    return RoundParams.create(SITES, 3, D, FixedPoint(clip=1.0, resolution_bits=20, sites=5))
+
+
+def test_the_curator_learns_the_sum_of_the_sites_inputs(pki: Path) -> None:
+    inputs = _inputs()
+    params = _params()
+    outcome = asyncio.run(aggregate(_endpoints(pki, inputs), "job-1", params))
+    expected = np.sum([inputs[s] for s in SITES], axis=0)
+    scale = params.fixed_point.scale
+    # Stochastic rounding moves each value by less than one step: at most 5 steps in the sum.
+    assert np.max(np.abs(outcome.total - expected)) <= 5 / scale
+    assert outcome.survivors == SITES and outcome.dropped == {}
+
+
+class Dies(LocalSecureAggregationEndpoint):
+    """A site that vanishes at one stage."""
+
+    def __init__(self, inner: LocalSecureAggregationEndpoint, stage: str) -> None:
+        super().__init__(inner.name, inner.rounds)
+        self.stage = stage
+
+    async def share_keys(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.stage == "share":
+            raise UnavailableError("connection reset")
+        return await super().share_keys(*args, **kwargs)
+
+    async def masked_input(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.stage == "mask":
+            raise UnavailableError("connection reset")
+        return await super().masked_input(*args, **kwargs)
+
+
+@pytest.mark.parametrize("stage", ["share", "mask"])
+def test_a_site_lost_mid_round_is_left_out_of_the_sum(pki: Path, stage: str) -> None:
+    inputs = _inputs()
+    endpoints = _endpoints(pki, inputs)
+    endpoints["site-c"] = Dies(endpoints["site-c"], stage)
+    params = _params()
+    outcome = asyncio.run(aggregate(endpoints, "job-2", params))
+    alive = [s for s in SITES if s != "site-c"]
+    expected = np.sum([inputs[s] for s in alive], axis=0)
+    assert np.max(np.abs(outcome.total - expected)) <= 4 / params.fixed_point.scale
+    assert outcome.survivors == tuple(alive)
+    assert set(outcome.dropped) == {"site-c"}
+
+
+def test_too_many_dropouts_abort_and_release_nothing(pki: Path) -> None:
+    endpoints = _endpoints(pki, _inputs())
+    for site in ("site-a", "site-b", "site-c"):
+        endpoints[site] = Dies(endpoints[site], "mask")
+    with pytest.raises(AbortedError, match="aborted"):
+        asyncio.run(aggregate(endpoints, "job-3", _params()))
+
+
+class Substitutes(LocalSecureAggregationEndpoint):
+    """A curator that swaps site-b's advertised keys for its own before forwarding them."""
+
+    async def share_keys(self, job_id, params, advertisements, certificates):  # type: ignore[no-untyped-def]
+        forged = dict(advertisements)
+        real = forged["site-b"]
+        fake = KeyAdvertisement("site-b", real.s_public, real.c_public, real.signature)
+        forged["site-b"] = fake
+        return await super().share_keys(job_id, params, forged, certificates)
+
+
+def test_a_key_substituted_by_the_curator_is_detected(pki: Path) -> None:
+    endpoints = _endpoints(pki, _inputs())
+    for site in ("site-a", "site-c", "site-d"):
+        endpoints[site] = Substitutes(site, endpoints[site].rounds)
+    with pytest.raises(AbortedError):
+        asyncio.run(aggregate(endpoints, "job-4", _params()))
+
+
+def test_a_certificate_of_another_site_does_not_pass(pki: Path) -> None:
+    """site-e presents site-d's certificate: every other site rejects site-e's keys."""
+    identity = _identity(pki, "site-e")
+    other = _identity(pki, "site-d")
+    verifier = identity.verifier()
+    with pytest.raises(ValueError, match="owner:site-d"):
+        verifier.admit({"site-e": other.certificate_pem})
