@@ -1,0 +1,7 @@
+"""Correlation Assisted Private Estimation (Imtiaz, Mohammadi & Sarwate): zero-sum noise,
+the CAPE estimator and Theorem 1, the improved functional mechanism and capeFM, and distributed
+DP gradient descent.
+
+Site-side and aggregator-side steps are separate functions on numpy arrays, so a service layer can
+run each where it belongs; the ``run_*`` drivers compose them in one process.
+"""
