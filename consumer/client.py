@@ -6,13 +6,17 @@ curator's (role and name) at the handshake.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import numpy as np
 from numpy.typing import NDArray
 
+from common.cape.spec import CapeJobSpec
 from common.errors import AbortedError
 from common.summarization.summary import (
     ProgressEvent,
@@ -21,11 +25,12 @@ from common.summarization.summary import (
     SummaryResult,
 )
 from consumer import convert
+from dpmarket import cape_messages
 from dpmarket.identity import Identity
 from dpmarket.serving import GRPC_OPTIONS
 from dpmarket.status import error_from_rpc
 from dpmarket.transport import TransportSecurity, sync_channel
-from dpmarket.v1 import curator_pb2, curator_pb2_grpc
+from dpmarket.v1 import cape_pb2, cape_pb2_grpc, curator_pb2, curator_pb2_grpc
 
 
 class SessionFailedError(AbortedError):
@@ -79,6 +84,7 @@ class CuratorClient:
         expected = None if security.insecure else (curator or Identity("curator", "curator"))
         self._channel = sync_channel(target, security, expected, options=GRPC_OPTIONS)
         self._stub = curator_pb2_grpc.CuratorServiceStub(self._channel)
+        self._cape = cape_pb2_grpc.CapeServiceStub(self._channel)
 
     def close(self) -> None:
         """Close the channel."""
@@ -158,3 +164,56 @@ class CuratorClient:
         if last is not None and last[0].stage == "failed":
             raise SessionFailedError(f"session failed: {last[0].message}", session_id, last[1])
         return self.get_summary(session_id)
+
+    def fit_cape(
+        self,
+        spec: CapeJobSpec,
+        *,
+        seed: int | None = None,
+        request_id: str | None = None,
+        timeout: float = 600.0,
+    ) -> CapeFit:
+        """Fit a model by capeFM across the curator's owners (FitCape).
+
+        ``request_id`` defaults to a fresh random key (a retry never fits twice).
+
+        Raises
+        ------
+        common.errors.DPMarketError
+            The error matching the curator's status.
+        """
+        request = cape_pb2.FitCapeRequest(
+            spec=cape_messages.spec_to_proto(spec),
+            request_id=request_id if request_id is not None else uuid.uuid4().hex,
+        )
+        if seed is not None:
+            request.seed = seed
+        try:
+            response = self._cape.FitCape(request, timeout=timeout, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, f"curator at {self.target}") from None
+        return CapeFit(
+            weights=cape_messages.vector_from_proto(response.weights, "weights"),
+            intercept=float(response.intercept),
+            report=json.loads(response.report_json),
+        )
+
+
+@dataclass(frozen=True)
+class CapeFit:
+    """A model fitted by capeFM.
+
+    Attributes
+    ----------
+    weights : ndarray of shape (D,), float64
+        Coefficients on the raw feature columns, in the spec's order.
+    intercept : float
+        Prediction (or logit) = ``intercept + x @ weights``.
+    report : dict
+        Sites, dropped sites, noise, epsilon and delta per site (exact profile and Theorem 1),
+        each owner's spend, timings.
+    """
+
+    weights: NDArray[np.float64]
+    intercept: float
+    report: dict[str, Any]

@@ -1,5 +1,6 @@
 """gRPC client of an owner, seen by the curator as a
-:class:`common.summarization.endpoints.OwnerEndpoint`.
+:class:`common.summarization.endpoints.OwnerEndpoint` and, on the same channel, a
+:class:`common.cape.endpoints.CapeSiteEndpoint` (CAPE and secure aggregation).
 
 The channel is mTLS with the owner's identity checked at the handshake: the curator talks only to
 the owner names it was configured with, whatever answers at an address.
@@ -7,23 +8,33 @@ the owner names it was configured with, whatever answers at an address.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 import grpc
 import numpy as np
 from numpy.typing import NDArray
 
+from common.cape.spec import CapeJobSpec
+from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
 from common.summarization.rff import RFFParams
 from common.summarization.terms import OwnerTerms
 from curator import convert
+from dpmarket import cape_messages as msg
 from dpmarket.arrays import array_to_proto
 from dpmarket.identity import Identity
 from dpmarket.serving import GRPC_OPTIONS
 from dpmarket.status import error_from_rpc
 from dpmarket.transport import TransportSecurity, aio_channel
-from dpmarket.v1 import owner_pb2, owner_pb2_grpc
+from dpmarket.v1 import (
+    cape_pb2,
+    cape_pb2_grpc,
+    owner_pb2,
+    owner_pb2_grpc,
+    secure_aggregation_pb2,
+    secure_aggregation_pb2_grpc,
+)
 
 T = TypeVar("T")
 
@@ -62,13 +73,16 @@ class GrpcOwnerEndpoint:
         self.deadline = deadline
         self._channel = aio_channel(target, security, expected, options=GRPC_OPTIONS)
         self._stub = owner_pb2_grpc.OwnerServiceStub(self._channel)
+        self._secagg = secure_aggregation_pb2_grpc.SecureAggregationServiceStub(self._channel)
+        self._cape = cape_pb2_grpc.CapeSiteServiceStub(self._channel)
 
     @property
     def name(self) -> str:
-        """The owner's expected name and address."""
+        """The owner's name (its certificate's; the address with plaintext transport), which
+        is also its site id in secure aggregation."""
         if self.expected is None:
             return self.target
-        return f"{self.expected.name}@{self.target}"
+        return self.expected.name
 
     async def _call(self, make: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -172,3 +186,101 @@ class GrpcOwnerEndpoint:
     async def close(self) -> None:
         """Close the channel."""
         await self._channel.close(None)
+
+    # ------------------------------------------------------------ secure aggregation (site)
+    async def advertise_keys(
+        self, job_id: str, params: RoundParams
+    ) -> tuple[KeyAdvertisement, bytes]:
+        """AdvertiseKeys."""
+        request = secure_aggregation_pb2.AdvertiseKeysRequest(
+            round=msg.round_to_proto(job_id, params)
+        )
+        response = await self._call(
+            lambda: self._secagg.AdvertiseKeys(request, timeout=self.deadline)
+        )
+        return msg.advertisement_from_proto(response.advertisement)
+
+    async def share_keys(
+        self,
+        job_id: str,
+        params: RoundParams,
+        advertisements: Mapping[str, KeyAdvertisement],
+        certificates: Mapping[str, bytes],
+    ) -> dict[str, bytes]:
+        """ShareKeys."""
+        request = secure_aggregation_pb2.ShareKeysRequest(
+            round=msg.round_to_proto(job_id, params),
+            advertisements=[
+                msg.advertisement_to_proto(ad, certificates.get(site, b""))
+                for site, ad in sorted(advertisements.items())
+            ],
+        )
+        response = await self._call(lambda: self._secagg.ShareKeys(request, timeout=self.deadline))
+        return {c.recipient: bytes(c.ciphertext) for c in response.ciphertexts}
+
+    async def masked_input(
+        self, job_id: str, params: RoundParams, ciphertexts: Mapping[str, bytes]
+    ) -> NDArray[np.uint64]:
+        """MaskedInput."""
+        me = self.expected.name if self.expected is not None else ""
+        request = secure_aggregation_pb2.MaskedInputRequest(
+            round=msg.round_to_proto(job_id, params),
+            ciphertexts=msg.ciphertexts_to_proto(
+                (sender, me, ct) for sender, ct in sorted(ciphertexts.items())
+            ),
+        )
+        response = await self._call(
+            lambda: self._secagg.MaskedInput(request, timeout=self.deadline)
+        )
+        return msg.masked_from_proto(response.masked, params.vector_length)
+
+    async def unmask(
+        self,
+        job_id: str,
+        params: RoundParams,
+        survivors: Sequence[str],
+        dropped: Sequence[str],
+    ) -> UnmaskResponse:
+        """Unmask."""
+        request = secure_aggregation_pb2.UnmaskRequest(
+            round=msg.round_to_proto(job_id, params),
+            survivors=list(survivors),
+            dropped=list(dropped),
+        )
+        response = await self._call(lambda: self._secagg.Unmask(request, timeout=self.deadline))
+        return msg.unmask_from_proto(response)
+
+    # ----------------------------------------------------------------------- CAPE (site)
+    async def open_job(self, job_id: str, spec: CapeJobSpec, seed: int, consumer: str) -> int:
+        """OpenCapeJob (the owner scans its table: allow the open-session deadline)."""
+        request = cape_pb2.OpenCapeJobRequest(
+            job_id=job_id, consumer=consumer, spec=msg.spec_to_proto(spec), seed=seed
+        )
+        response = await self._call(
+            lambda: self._cape.OpenCapeJob(request, timeout=OPEN_DEADLINE_SECONDS)
+        )
+        return int(response.num_rows)
+
+    async def plan_job(
+        self, job_id: str, sites: Sequence[str], sizes: Sequence[int]
+    ) -> tuple[int, float]:
+        """PlanCapeJob."""
+        request = cape_pb2.PlanCapeJobRequest(job_id=job_id, sites=list(sites), sizes=list(sizes))
+        response = await self._call(lambda: self._cape.PlanCapeJob(request, timeout=self.deadline))
+        return int(response.statistic_length), float(response.max_noise_scale)
+
+    async def release(
+        self, job_id: str, round_id: bytes, total: NDArray[np.float64]
+    ) -> NDArray[np.float64]:
+        """ReleaseCape."""
+        request = cape_pb2.ReleaseCapeRequest(
+            job_id=job_id, round_id=round_id, noise_total=msg.vector_to_proto(total)
+        )
+        response = await self._call(lambda: self._cape.ReleaseCape(request, timeout=self.deadline))
+        return msg.vector_from_proto(response.release, "release", total.shape[0])
+
+    async def close_job(self, job_id: str) -> SessionSpend:
+        """CloseCapeJob."""
+        request = cape_pb2.CloseCapeJobRequest(job_id=job_id)
+        response = await self._call(lambda: self._cape.CloseCapeJob(request, timeout=self.deadline))
+        return convert.spend_from_proto(response.spent)

@@ -33,14 +33,16 @@ The policy file is TOML (parsed with :mod:`tomllib`); every key is optional::
 
 from __future__ import annotations
 
+import collections
 import math
+import time
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from common.errors import InvalidArgumentError
+from common.errors import InvalidArgumentError, ResourceExhaustedError
 from common.summarization.summary import METHODS, Method, SummarizationConfig
 from common.summarization.terms import OwnerTerms
 
@@ -171,6 +173,18 @@ class CuratorPolicy:
         if config.method in ("private", "rounds"):
             self._check_range("iterations_initial", config.t_init, "MWEM iterations T_init")
 
+    def check_guarantee(self, epsilon: float, delta: float) -> None:
+        """Check a job's guarantee to every owner (e.g. CAPE's per-site ``(epsilon, delta)``)
+        against the ranges of the owners' spend.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If epsilon or delta is outside ``owners_epsilon`` / ``owners_delta``.
+        """
+        self._check_range("owners_epsilon", epsilon, "epsilon on every owner's data")
+        self._check_range("owners_delta", delta, "delta on every owner's data")
+
     def check_terms(self, terms: OwnerTerms) -> None:
         """Check the session's total spend of the owners' privacy against the policy.
 
@@ -263,3 +277,47 @@ def load_curator_policy(path: str | Path) -> CuratorPolicy:
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{p}: not valid TOML: {exc}") from None
     return policy_from_mapping(data, source=str(p))
+
+
+#: Window of the per-consumer request rate, seconds.
+RATE_WINDOW_SECONDS = 60.0
+
+
+class RequestRate:
+    """Limits how many requests each consumer makes in a sliding 60-second window.
+
+    Parameters
+    ----------
+    per_minute : int
+        The most requests (session or job creations, failed ones included) per consumer.
+    clock : callable
+        Seconds (tests inject one).
+    """
+
+    def __init__(self, per_minute: int, *, clock: Callable[[], float] = time.time) -> None:
+        self.per_minute = per_minute
+        self.clock = clock
+        self._attempts: dict[str, collections.deque[float]] = collections.defaultdict(
+            collections.deque
+        )
+
+    def check(self, consumer: str) -> None:
+        """Count a request of ``consumer``.
+
+        Raises
+        ------
+        ResourceExhaustedError
+            If it already made ``per_minute`` requests in the last 60 seconds (saying when to
+            retry); the refused request is not counted.
+        """
+        now = self.clock()
+        attempts = self._attempts[consumer]
+        while attempts and attempts[0] <= now - RATE_WINDOW_SECONDS:
+            attempts.popleft()
+        if len(attempts) >= self.per_minute:
+            wait = attempts[0] + RATE_WINDOW_SECONDS - now
+            raise ResourceExhaustedError(
+                f"{consumer} may create {self.per_minute} sessions per minute; retry in "
+                f"{wait:.0f} s"
+            )
+        attempts.append(now)

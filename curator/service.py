@@ -12,8 +12,11 @@ import hashlib
 import logging
 from collections.abc import Sequence
 
-from common.summarization.endpoints import OwnerEndpoint
+import grpc
+
 from curator import convert
+from curator.cape_service import CapeJobs, CapeServicer
+from curator.owners import GrpcOwnerEndpoint
 from curator.policy import CuratorPolicy
 from curator.sessions import SessionManager
 from curator.store import CuratorStore
@@ -21,7 +24,7 @@ from dpmarket.authz import Authorizer, rpc, rpc_stream
 from dpmarket.identity import Identity
 from dpmarket.serving import serve_until_signalled, start_server, write_port
 from dpmarket.transport import TransportSecurity
-from dpmarket.v1 import curator_pb2, curator_pb2_grpc
+from dpmarket.v1 import cape_pb2, cape_pb2_grpc, curator_pb2, curator_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +82,7 @@ def curator_authorizer(policy: CuratorPolicy, security: TransportSecurity) -> Au
 
 
 async def serve_curator(
-    owners: Sequence[OwnerEndpoint],
+    owners: Sequence[GrpcOwnerEndpoint],
     address: str,
     security: TransportSecurity,
     *,
@@ -92,8 +95,9 @@ async def serve_curator(
 
     Parameters
     ----------
-    owners : sequence of OwnerEndpoint
-        The configured owners (gRPC clients that check each owner's certificate identity).
+    owners : sequence of GrpcOwnerEndpoint
+        The configured owners (gRPC clients that check each owner's certificate identity); each
+        serves summarization sessions and CAPE jobs.
     address : str
         ``host:port``; port 0 picks a free port.
     security : TransportSecurity
@@ -108,14 +112,21 @@ async def serve_curator(
     """
     manager = SessionManager(owners, policy=policy, store=store, call_timeout=call_timeout)
     authorizer = curator_authorizer(policy, security)
-    server, port, _ = await start_server(
-        lambda s: curator_pb2_grpc.add_CuratorServiceServicer_to_server(
-            CuratorServicer(manager, authorizer), s
-        ),
-        curator_pb2.DESCRIPTOR.services_by_name["CuratorService"].full_name,
-        address,
-        security,
+    cape = CapeJobs(
+        owners, policy=policy, store=store, rate=manager.rate, call_timeout=call_timeout
     )
+
+    def register(server: grpc.aio.Server) -> None:
+        curator_pb2_grpc.add_CuratorServiceServicer_to_server(
+            CuratorServicer(manager, authorizer), server
+        )
+        cape_pb2_grpc.add_CapeServiceServicer_to_server(CapeServicer(cape, authorizer), server)
+
+    names = [
+        curator_pb2.DESCRIPTOR.services_by_name["CuratorService"].full_name,
+        cape_pb2.DESCRIPTOR.services_by_name["CapeService"].full_name,
+    ]
+    server, port, _ = await start_server(register, names, address, security)
     logger.info("curator serving on port %d for %d owner(s)", port, len(owners))
     if port_file:
         write_port(port_file, port)

@@ -11,7 +11,6 @@ charge are written to the durable store (:mod:`curator.store`) when one is given
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import logging
@@ -43,7 +42,7 @@ from common.summarization.summary import (
     SummarizationConfig,
     SummaryResult,
 )
-from curator.policy import CuratorPolicy
+from curator.policy import CuratorPolicy, RequestRate
 from curator.protocol import SummarizationSession
 from curator.store import CuratorStore, StoredSession
 
@@ -51,8 +50,6 @@ logger = logging.getLogger(__name__)
 
 #: Longest accepted idempotency key.
 MAX_REQUEST_ID_LENGTH = 128
-#: Window of the per-consumer request rate, seconds.
-RATE_WINDOW_SECONDS = 60.0
 
 
 @dataclass
@@ -109,9 +106,7 @@ class SessionManager:
         self.clock = clock
         self._sessions: dict[str, _Managed] = {}
         self._starting = 0
-        self._attempts: dict[str, collections.deque[float]] = collections.defaultdict(
-            collections.deque
-        )
+        self.rate = RequestRate(self.policy.per_consumer_per_minute, clock=clock)
         self._request_locks: dict[tuple[str, str], asyncio.Lock] = {}
         if store is not None:
             for session_id in store.recover(ttl=self.policy.result_ttl_seconds):
@@ -206,19 +201,6 @@ class SessionManager:
                 return stored.id, stored.request_digest
         return None
 
-    def _check_rate(self, consumer: str) -> None:
-        now = self.clock()
-        attempts = self._attempts[consumer]
-        while attempts and attempts[0] <= now - RATE_WINDOW_SECONDS:
-            attempts.popleft()
-        limit = self.policy.per_consumer_per_minute
-        if len(attempts) >= limit:
-            wait = attempts[0] + RATE_WINDOW_SECONDS - now
-            raise ResourceExhaustedError(
-                f"{consumer} may create {limit} sessions per minute; retry in {wait:.0f} s"
-            )
-        attempts.append(now)
-
     async def _create(
         self,
         config: SummarizationConfig,
@@ -269,7 +251,7 @@ class SessionManager:
         )
         # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
         self.policy.check_request(config, int(session.validation.shape[0]))
-        self._check_rate(consumer)
+        self.rate.check(consumer)
         if self.running + self._starting >= self.policy.max_running:
             raise ResourceExhaustedError(
                 f"this curator runs at most {self.policy.max_running} sessions at once; retry later"

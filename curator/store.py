@@ -69,6 +69,10 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX charges_by_session ON charges (session);
     """,
+    # 1 -> 2: jobs of other protocols (CAPE) keep their result as a JSON document.
+    """
+    ALTER TABLE sessions ADD COLUMN document TEXT;
+    """,
 )
 
 Status = Literal["running", "done", "failed"]
@@ -260,6 +264,40 @@ class CuratorStore:
                 (error, now, now + ttl, report_to_json(report), session_id),
             )
 
+    def finish_document(self, session_id: str, document: dict[str, Any], *, ttl: float) -> None:
+        """Mark a job of another protocol done, with its result as a JSON document (kept until
+        ``ttl`` seconds from now, like a summary)."""
+        now = self._clock()
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute(
+                "UPDATE sessions SET status = 'done', finished_at = ?, expires_at = ?, "
+                "document = ? WHERE id = ?",
+                (now, now + ttl, json.dumps(document, sort_keys=True), session_id),
+            )
+
+    def fail_document(
+        self, session_id: str, error: str, document: dict[str, Any], *, ttl: float
+    ) -> None:
+        """Mark a job of another protocol failed, with why and what it spent (a JSON document)."""
+        now = self._clock()
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute(
+                "UPDATE sessions SET status = 'failed', error = ?, finished_at = ?, "
+                "expires_at = ?, document = ? WHERE id = ?",
+                (error, now, now + ttl, json.dumps(document, sort_keys=True), session_id),
+            )
+
+    def document(self, session_id: str) -> dict[str, Any] | None:
+        """A done job's JSON document, or None (not done, expired, or a summary session)."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT document FROM sessions WHERE id = ? AND status = 'done'", (session_id,)
+            ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        document: dict[str, Any] = json.loads(row[0])
+        return document
+
     def mark_fetched(self, session_id: str, *, ttl: float) -> None:
         """Record that the consumer fetched the result; it now expires within ``ttl`` seconds."""
         now = self._clock()
@@ -303,9 +341,9 @@ class CuratorStore:
         now = self._clock()
         with self._lock, transaction(self._conn) as conn:
             cursor = conn.execute(
-                "UPDATE sessions SET result = NULL, report_json = NULL, status = status "
+                "UPDATE sessions SET result = NULL, report_json = NULL, document = NULL "
                 "WHERE expires_at IS NOT NULL AND expires_at <= ? "
-                "AND (result IS NOT NULL OR report_json IS NOT NULL)",
+                "AND (result IS NOT NULL OR report_json IS NOT NULL OR document IS NOT NULL)",
                 (now,),
             )
             return int(cursor.rowcount)
@@ -371,7 +409,7 @@ class CuratorStore:
                 "SELECT config_json FROM sessions WHERE id = ?", (session_id,)
             ).fetchone()
         config = json.loads(config_json)
-        one_delta = method in ("candidates", "rounds")
+        one_delta = method in ("candidates", "rounds") or method.startswith("cape")
         deltas = {
             "validation": config["delta"] if one_delta else config["delta_validation"],
             "owners": config["delta"] if one_delta else config["delta_owners"],

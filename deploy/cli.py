@@ -178,9 +178,17 @@ def main(verbose: int) -> None:
 @click.option(
     "--data",
     "data_path",
-    required=True,
+    default=None,
     type=click.Path(dir_okay=False),
-    help="The owner's points: .npy, .npz, numeric .csv or .parquet.",
+    help="The owner's points for summarization: .npy, .npz, numeric .csv or .parquet.",
+)
+@click.option(
+    "--table",
+    "table_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="The owner's numeric table with named columns for joint statistics (CAPE): .csv or "
+    ".parquet. At least one of --data and --table.",
 )
 @click.option(
     "--label-column",
@@ -224,7 +232,8 @@ def main(verbose: int) -> None:
 )
 @tls_options
 def serve_owner(
-    data_path: str,
+    data_path: str | None,
+    table_path: str | None,
     label_column: str,
     owner_id: str | None,
     host: str,
@@ -239,20 +248,29 @@ def serve_owner(
     """Serve one data owner's private dataset over gRPC (mTLS), under its own policy."""
     from threadpoolctl import threadpool_limits
 
+    from owner.cape import CapeSite
+    from owner.data import load_table
     from owner.ledger import OwnerLedger
     from owner.policy import OwnerPolicy, load_owner_policy
     from owner.protocol import Owner
     from owner.service import serve_owner as serve
 
     _ensure_info_logging()
+    if data_path is None and table_path is None:
+        raise click.UsageError("give --data (points to summarize), --table (for CAPE), or both")
     security = _security("owner", **tls)
     name = security.identity.name if security.identity is not None else None
     if name is not None and owner_id is not None and owner_id != name:
         raise click.BadParameter(
             f"the certificate names this owner {name!r}, not {owner_id!r}", param_hint="--owner-id"
         )
-    data = _load(data_path, label_column=label_column)
-    owner_id = name or owner_id or data.name
+    data = _load(data_path, label_column=label_column) if data_path is not None else None
+    try:
+        table = load_table(table_path) if table_path is not None else None
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    default_name = data.name if data is not None else table.name if table is not None else ""
+    owner_id = name or owner_id or default_name
     try:
         policy = load_owner_policy(policy_path) if policy_path else OwnerPolicy()
     except (OSError, ValueError) as exc:
@@ -271,11 +289,24 @@ def serve_owner(
         max_rff_dimension=policy.max_rff_dimension,
         allow_seeded_sessions=allow_seeded_sessions,
     )
+    cape = CapeSite(
+        owner_id,
+        table,
+        ledger=ledger,
+        max_jobs=policy.max_sessions,
+        idle_timeout=policy.session_idle_timeout_seconds,
+        allow_seeded_sessions=allow_seeded_sessions,
+    )
     left = ledger.remaining()
+    points = (
+        "no points" if data is None else f"{data.n_points} points of {data.n_features} features"
+    )
+    rows = "no table" if table is None else f"a table of {table.n_rows} rows"
     logger.info(
-        "owner %s: %d points, %d features; ledger %s; left %s: epsilon %g, delta %g, %d points",
+        "owner %s: %s, %s; ledger %s; left %s: epsilon %g, delta %g, %d points",
         owner.owner_id,
-        *data.features.shape,
+        points,
+        rows,
         ledger.path,
         left.window,
         left.epsilon,
@@ -286,7 +317,12 @@ def serve_owner(
         with threadpool_limits(limits=blas_threads, user_api="blas"):
             asyncio.run(
                 serve(
-                    owner, f"{host}:{port}", security, curators=policy.curators, port_file=port_file
+                    owner,
+                    f"{host}:{port}",
+                    security,
+                    curators=policy.curators,
+                    cape=cape,
+                    port_file=port_file,
                 )
             )
     finally:

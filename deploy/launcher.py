@@ -48,7 +48,8 @@ class LocalCluster:
     Parameters
     ----------
     owner_files : sequence of path
-        One data file per owner (any format ``dpmarket serve-owner --data`` reads).
+        One data file per owner (any format ``dpmarket serve-owner --data`` reads), or empty
+        when the owners hold tables only.
     owner_ids : sequence of str
         Owner names, one per file (their certificates' names).
     log_dir : path
@@ -66,6 +67,8 @@ class LocalCluster:
     consumers : sequence of str
         Names of the consumer certificates to issue (the first is :meth:`consumer_security`'s
         default).
+    owner_tables : sequence of path, optional
+        One table per owner (``dpmarket serve-owner --table``) for CAPE jobs.
     insecure : bool
         Plaintext gRPC with no certificates (``--insecure`` on every service): only to measure
         what mTLS costs (``make bench``).
@@ -88,9 +91,11 @@ class LocalCluster:
         allow_seeded_sessions: bool = True,
         owner_timeout: float = 30.0,
         consumers: Sequence[str] = (CONSUMER_NAME,),
+        owner_tables: Sequence[str | os.PathLike[str]] = (),
         insecure: bool = False,
     ) -> None:
         self.owner_files = [str(f) for f in owner_files]
+        self.owner_tables = [str(t) for t in owner_tables]
         self.owner_ids = list(owner_ids)
         self.log_dir = Path(log_dir)
         self.owner_policy = None if owner_policy is None else str(owner_policy)
@@ -184,8 +189,12 @@ class LocalCluster:
         if not self.insecure:
             self.issue_certificates()
         spawned = []
-        for owner_id, path in zip(self.owner_ids, self.owner_files, strict=True):
-            args = ["serve-owner", "--data", path, "--port", "0"]
+        for i, owner_id in enumerate(self.owner_ids):
+            args = ["serve-owner", "--port", "0"]
+            if self.owner_files:
+                args += ["--data", self.owner_files[i]]
+            if self.owner_tables:
+                args += ["--table", self.owner_tables[i]]
             args += self._tls_args(owner_id)
             args += ["--data-dir", str(self.owner_state(owner_id))]
             if self.owner_policy is not None:

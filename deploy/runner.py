@@ -1,4 +1,4 @@
-"""Run summarization sessions in one process (``dpmarket simulate``), on the same protocol code.
+"""Run protocols in one process (``dpmarket simulate``, tests, experiments), on the same code.
 
 The curator's :class:`curator.protocol.SummarizationSession` drives in-process owners through
 :class:`owner.local.LocalOwnerEndpoint`; the networked run drives gRPC clients instead. With the
@@ -11,16 +11,21 @@ import asyncio
 from collections.abc import Sequence
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric import ec
 from numpy.typing import NDArray
 
+from common.cape.spec import CapeJobSpec
 from common.privacy.noise import OpenDPNoise
 from common.privacy.rng import make_rng
-from common.summarization.endpoints import OwnerEndpoint
+from common.summarization.endpoints import OwnerEndpoint, SessionSpend
 from common.summarization.summary import SummarizationConfig, SummaryResult
+from curator.cape import CapeJob, CapeResult
 from curator.protocol import ProgressCallback, SummarizationSession
-from owner.data import PointSet
-from owner.local import LocalOwnerEndpoint
+from owner.cape import CapeSite
+from owner.data import PointSet, Table
+from owner.local import LocalCapeSiteEndpoint, LocalOwnerEndpoint
 from owner.protocol import Owner
+from owner.secagg import SiteIdentity, SiteRounds
 
 
 def simulate(
@@ -102,3 +107,44 @@ def run_session(
         return await session.run()
 
     return asyncio.run(run())
+
+
+def local_cape_sites(
+    tables: Sequence[Table], *, seeded: bool = True
+) -> list[LocalCapeSiteEndpoint]:
+    """In-process CAPE sites over tables (one owner each, named after its table).
+
+    Each site gets a fresh ECDSA P-256 signing key, and every site trusts the others' keys
+    directly (no CA in one process); the networked run checks certificates instead.
+    """
+    keys = {t.name: ec.generate_private_key(ec.SECP256R1()) for t in tables}
+    publics = {name: key.public_key() for name, key in keys.items()}
+    endpoints = []
+    for table in tables:
+        site = CapeSite(table.name, table, allow_seeded_sessions=seeded)
+        identity = SiteIdentity(table.name, keys[table.name], b"", None).trusting(publics)
+        rounds = SiteRounds(
+            identity, site.noise_input, site.rng_for, on_finished=site.round_finished
+        )
+        endpoints.append(LocalCapeSiteEndpoint(site, rounds))
+    return endpoints
+
+
+def fit_cape(
+    tables: Sequence[Table], spec: CapeJobSpec, *, seed: int | None
+) -> tuple[CapeResult, dict[str, SessionSpend]]:
+    """Fit a capeFM model with every owner in this process (secure aggregation included).
+
+    With a seed, the owners' noise and rounding coins are seeded from it (the networked run with
+    the same seed and seeded owners gives the same model bit for bit); without one they come from
+    OpenDP and a CSPRNG.
+
+    Raises
+    ------
+    common.errors.DPMarketError
+        As :meth:`curator.cape.CapeJob.run`.
+    """
+    endpoints = local_cape_sites(tables, seeded=seed is not None)
+    job = CapeJob("local-cape-job", spec, endpoints, make_rng(seed))
+    result = asyncio.run(job.run())
+    return result, job.owner_spend

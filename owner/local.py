@@ -12,11 +12,13 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from common.cape.spec import CapeJobSpec
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
 from common.summarization.rff import RFFParams
 from common.summarization.terms import OwnerTerms
-from owner.protocol import Owner
+from owner.cape import CapeSite
+from owner.protocol import LOCAL_CURATOR, Owner
 from owner.secagg import SiteRounds
 
 
@@ -129,3 +131,33 @@ class LocalSecureAggregationEndpoint:
     ) -> UnmaskResponse:
         """See :meth:`SiteRounds.unmask`."""
         return self.rounds.unmask(job_id, params.round_id, survivors, dropped)
+
+
+class LocalCapeSiteEndpoint(LocalSecureAggregationEndpoint):
+    """Async adapter over an in-process owner's CAPE jobs and secure-aggregation rounds."""
+
+    def __init__(self, site: CapeSite, rounds: SiteRounds) -> None:
+        super().__init__(site.name, rounds)
+        self.site = site
+
+    async def open_job(self, job_id: str, spec: CapeJobSpec, seed: int, consumer: str) -> int:
+        """See :meth:`CapeSite.open`."""
+        return self.site.open(job_id, spec, seed, curator=LOCAL_CURATOR, consumer=consumer)
+
+    async def plan_job(
+        self, job_id: str, sites: Sequence[str], sizes: Sequence[int]
+    ) -> tuple[int, float]:
+        """See :meth:`CapeSite.plan`."""
+        plan = self.site.plan(job_id, sites, sizes, curator=LOCAL_CURATOR)
+        index = list(sites).index(self.site.name)
+        return plan.size, float(plan.entry_scales(index).max())
+
+    async def release(
+        self, job_id: str, round_id: bytes, total: NDArray[np.float64]
+    ) -> NDArray[np.float64]:
+        """See :meth:`CapeSite.release`."""
+        return self.site.release(job_id, round_id, total, curator=LOCAL_CURATOR)
+
+    async def close_job(self, job_id: str) -> SessionSpend:
+        """See :meth:`CapeSite.close`."""
+        return self.site.close(job_id, curator=LOCAL_CURATOR)

@@ -330,8 +330,9 @@ class Owner:
     ----------
     owner_id : str
         Name used in reports.
-    data : PointSet
-        The private dataset, validated (finite, 2-D, non-empty).
+    data : PointSet or None
+        The private dataset, validated (finite, 2-D, non-empty); ``None`` for an owner that
+        only takes part in joint statistics over a table (every session is then refused).
     ledger : OwnerLedger, optional
         The owner's durable ledger and policy; ``None`` for
         in-process research runs, which then charge and enforce nothing.
@@ -358,7 +359,7 @@ class Owner:
     def __init__(
         self,
         owner_id: str,
-        data: PointSet,
+        data: PointSet | None,
         *,
         ledger: OwnerLedger | None = None,
         max_sessions: int | None = None,
@@ -382,6 +383,8 @@ class Owner:
 
     def info(self) -> OwnerInfo:
         """Describe the dataset (size, feature count, labels)."""
+        if self.data is None:
+            return OwnerInfo(self.owner_id, num_points=0, num_features=0, has_labels=False)
         return OwnerInfo(
             owner_id=self.owner_id,
             num_points=int(self.data.features.shape[0]),
@@ -442,6 +445,8 @@ class Owner:
         """
         if not session_id:
             raise InvalidArgumentError("session_id must be a non-empty string")
+        if self.data is None:
+            raise FailedPreconditionError(f"owner {self.owner_id} holds no point set to summarize")
         # Idle sessions go first, so that they do not hold the slots a new session needs.
         self.expire_idle()
         self._check_new(session_id)
@@ -589,10 +594,9 @@ class Owner:
         with self._step(session_id, curator) as session:
             index = session.release(round_)
             bid = session.offered_bid
+        points, labels = self._points(np.array([index], dtype=np.int64))
         return ReleasedPoint(
-            point=self.data.features[index].copy(),
-            label=None if self.data.labels is None else int(self.data.labels[index]),
-            bid=bid,
+            point=points[0], label=None if labels is None else int(labels[0]), bid=bid
         )
 
     def sample_uniform(
@@ -612,8 +616,10 @@ class Owner:
     def _points(
         self, index: NDArray[np.int64]
     ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
-        labels = None if self.data.labels is None else self.data.labels[index].copy()
-        return self.data.features[index].copy(), labels
+        data = self.data
+        assert data is not None  # sessions exist only over a point set (open_session)
+        labels = None if data.labels is None else data.labels[index].copy()
+        return data.features[index].copy(), labels
 
     def close_session(self, session_id: str, curator: str = LOCAL_CURATOR) -> SessionSpend:
         """Forget a session; return what it spent of this owner's budget.

@@ -160,6 +160,9 @@ class SiteRounds:
     rng : callable
         Returns the generator of the stochastic rounding of a job's round (seeded per job in
         tests, CSPRNG-seeded in production).
+    on_finished : callable, optional
+        Told ``(job_id, round_id, survivors)`` when this site answers a round's unmasking: the
+        sites whose inputs are in the round's sum.
     """
 
     def __init__(
@@ -167,10 +170,12 @@ class SiteRounds:
         identity: SiteIdentity | None,
         inputs: InputSource,
         rng: Callable[[str], np.random.Generator],
+        on_finished: Callable[[str, bytes, tuple[str, ...]], None] | None = None,
     ) -> None:
         self.identity = identity
         self.inputs = inputs
         self.rng = rng
+        self.on_finished = on_finished
         self._rounds: dict[tuple[str, bytes], _Round] = {}
         self._lock = threading.Lock()
 
@@ -247,6 +252,8 @@ class SiteRounds:
         with entry.lock:
             response = entry.site.unmask(survivors, dropped)
         self.forget(job_id, round_id)
+        if self.on_finished is not None:
+            self.on_finished(job_id, round_id, tuple(sorted(survivors)))
         return response
 
     def forget(self, job_id: str, round_id: bytes | None = None) -> None:

@@ -12,14 +12,26 @@ import asyncio
 import contextlib
 import logging
 
+import grpc
+
 from common.ids import short_id
 from dpmarket.authz import Authorizer, rpc
 from dpmarket.identity import Identity
 from dpmarket.serving import serve_until_signalled, start_server, write_port
 from dpmarket.transport import TransportSecurity
-from dpmarket.v1 import owner_pb2, owner_pb2_grpc
+from dpmarket.v1 import (
+    cape_pb2,
+    cape_pb2_grpc,
+    owner_pb2,
+    owner_pb2_grpc,
+    secure_aggregation_pb2,
+    secure_aggregation_pb2_grpc,
+)
 from owner import convert
+from owner.cape import CapeSite
+from owner.cape_service import CapeSiteServicer, SecureAggregationServicer
 from owner.protocol import Owner
+from owner.secagg import SiteIdentity, SiteRounds
 
 logger = logging.getLogger(__name__)
 
@@ -133,10 +145,21 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
         return owner_pb2.CloseSessionResponse(spent=convert.spend_to_proto(spent))
 
 
-async def _expire_idle_sessions(owner: Owner, period: float) -> None:
-    """Close sessions the curator has not touched for the owner's idle timeout, forever."""
+def site_identity(name: str, security: TransportSecurity) -> SiteIdentity | None:
+    """The owner's signing identity for secure aggregation: its mTLS key and certificate, and the
+    CA; ``None`` with plaintext transport (no certificate to sign with)."""
+    if security.insecure or security.key_pem is None or security.cert_pem is None:
+        return None
+    assert security.ca_pem is not None
+    return SiteIdentity.from_pem(name, security.key_pem, security.cert_pem, security.ca_pem)
+
+
+async def _expire_idle_sessions(owner: Owner, period: float, cape: CapeSite | None) -> None:
+    """Close sessions and jobs the curator has not touched for the idle timeout, forever."""
     while True:
         await asyncio.sleep(period)
+        for job_id in cape.expire_idle() if cape is not None else []:
+            logger.info("CAPE job %s expired", short_id(job_id))
         for session_id in owner.expire_idle():
             logger.info(
                 "session %s expired: idle for %g s", short_id(session_id), owner.idle_timeout
@@ -156,14 +179,20 @@ async def serve_owner(
     security: TransportSecurity,
     *,
     curators: tuple[str, ...],
+    cape: CapeSite | None = None,
     port_file: str | None = None,
 ) -> None:
     """Serve ``owner`` on ``address`` until SIGTERM/SIGINT; write the bound port to a file.
+
+    Serves the summarization protocol (``OwnerService``) and, with ``cape``, CAPE jobs
+    (``CapeSiteService``) and their secure aggregation (``SecureAggregationService``).
 
     Parameters
     ----------
     owner : Owner
         With its ledger, limits and idle timeout set.
+    cape : CapeSite, optional
+        The owner's CAPE jobs over its table (same ledger).
     address : str
         ``host:port``; port 0 picks a free port.
     security : TransportSecurity
@@ -174,14 +203,29 @@ async def serve_owner(
         Where to write the bound port.
     """
     authorizer = owner_authorizer(curators, security)
-    server, port, _ = await start_server(
-        lambda s: owner_pb2_grpc.add_OwnerServiceServicer_to_server(
-            OwnerServicer(owner, authorizer), s
-        ),
-        owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].full_name,
-        address,
-        security,
-    )
+    names = [owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].full_name]
+    rounds: SiteRounds | None = None
+    if cape is not None:
+        identity = site_identity(owner.owner_id, security)
+        rounds = SiteRounds(identity, cape.noise_input, cape.rng_for, cape.round_finished)
+        names += [
+            cape_pb2.DESCRIPTOR.services_by_name["CapeSiteService"].full_name,
+            secure_aggregation_pb2.DESCRIPTOR.services_by_name[
+                "SecureAggregationService"
+            ].full_name,
+        ]
+
+    def register(server: grpc.aio.Server) -> None:
+        owner_pb2_grpc.add_OwnerServiceServicer_to_server(OwnerServicer(owner, authorizer), server)
+        if cape is not None and rounds is not None:
+            cape_pb2_grpc.add_CapeSiteServiceServicer_to_server(
+                CapeSiteServicer(cape, rounds, authorizer), server
+            )
+            secure_aggregation_pb2_grpc.add_SecureAggregationServiceServicer_to_server(
+                SecureAggregationServicer(rounds, cape, authorizer), server
+            )
+
+    server, port, _ = await start_server(register, names, address, security)
     logger.info(
         "owner %s serving on port %d for curator(s) %s", owner.owner_id, port, ", ".join(curators)
     )
@@ -190,7 +234,7 @@ async def serve_owner(
     reaper = None
     if owner.idle_timeout is not None:
         period = max(0.05, min(owner.idle_timeout / 4, 30.0))
-        reaper = asyncio.create_task(_expire_idle_sessions(owner, period))
+        reaper = asyncio.create_task(_expire_idle_sessions(owner, period, cape))
     try:
         await serve_until_signalled(server)
     finally:

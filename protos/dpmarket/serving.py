@@ -10,7 +10,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -30,11 +30,14 @@ GRPC_OPTIONS = [
 
 async def start_server(
     servicer_adder: Callable[[grpc.aio.Server], None],
-    service_name: str,
+    service_names: str | Sequence[str],
     address: str,
     security: TransportSecurity,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Start a grpc.aio server with health checking and reflection; return it and its port.
+
+    ``servicer_adder`` registers the servicers of ``service_names`` (full names, e.g.
+    ``dpmarket.v1.OwnerService``); each is reported SERVING by the health service.
 
     ``address`` may end in ``:0`` to let the OS choose a free port (tests). The port is mTLS
     (client certificates required) unless ``security`` is plaintext (``--insecure``, logged as
@@ -47,16 +50,18 @@ async def start_server(
     RuntimeError
         If the address cannot be bound.
     """
+    names = (service_names,) if isinstance(service_names, str) else tuple(service_names)
     server = grpc.aio.server(options=GRPC_OPTIONS)
     servicer_adder(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        (*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     port = add_port(server, address, security)
     await server.start()
-    await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+    for name in names:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     return server, port, health_servicer
 

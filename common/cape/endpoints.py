@@ -1,0 +1,44 @@
+"""What the curator needs from an owner in a CAPE job, independent of transport.
+
+A CAPE site is also a secure-aggregation site (:class:`common.secagg.endpoints.
+SecureAggregationEndpoint`): the job's zero-sum noise round runs through it. Implementations: an
+in-process adapter (``owner.local``) and a gRPC client (``curator.owners``); both raise the errors
+of :mod:`common.errors`, a transport failure being :class:`common.errors.UnavailableError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.cape.spec import CapeJobSpec
+from common.secagg.endpoints import SecureAggregationEndpoint
+from common.summarization.endpoints import SessionSpend
+
+
+class CapeSiteEndpoint(SecureAggregationEndpoint, Protocol):
+    """One owner as a CAPE site (the CAPE paper's Algorithms 1, 2 and 4)."""
+
+    async def open_job(self, job_id: str, spec: CapeJobSpec, seed: int, consumer: str) -> int:
+        """Open a job; return the site's row count ``N_s``."""
+        ...
+
+    async def plan_job(
+        self, job_id: str, sites: Sequence[str], sizes: Sequence[int]
+    ) -> tuple[int, float]:
+        """Fix the round's sites; return the statistic's length and the site's largest noise
+        standard deviation."""
+        ...
+
+    async def release(
+        self, job_id: str, round_id: bytes, total: NDArray[np.float64]
+    ) -> NDArray[np.float64]:
+        """The site's release ``Lambda_s + e_s + g_s``, shape (statistic_length,)."""
+        ...
+
+    async def close_job(self, job_id: str) -> SessionSpend:
+        """Forget the job; what the site's ledger recorded for it."""
+        ...

@@ -1,0 +1,235 @@
+"""The curator's CAPE service for consumers: policy, idempotency, durable charges, the servicer.
+
+:class:`CapeJobs` checks a request against the curator's policy (the guarantee to every owner
+against ``owners_epsilon`` / ``owners_delta``, seeded jobs, the consumer's request rate and the
+number of jobs running), runs a :class:`curator.cape.CapeJob` across the owners, records the job,
+its charge (before any release) and its result in the curator's store, and answers a retried
+request with the same result. :class:`CapeServicer` is the thin gRPC adapter, open to consumers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from common.cape.endpoints import CapeSiteEndpoint
+from common.cape.spec import CapeJobSpec
+from common.errors import (
+    DPMarketError,
+    InvalidArgumentError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+)
+from common.ids import new_session_id, short_id
+from common.privacy.rng import make_rng
+from curator.cape import CapeJob
+from curator.policy import CuratorPolicy, RequestRate
+from curator.store import CuratorStore
+from dpmarket import cape_messages as msg
+from dpmarket.authz import Authorizer, rpc
+from dpmarket.v1 import cape_pb2, cape_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+#: Longest accepted idempotency key.
+MAX_REQUEST_ID_LENGTH = 128
+
+
+class CapeJobs:
+    """Runs CAPE jobs for consumers under the curator's policy.
+
+    Parameters
+    ----------
+    owners : sequence of CapeSiteEndpoint
+    policy : CuratorPolicy
+    store : CuratorStore or None
+        Jobs, charges and results (``None``: memory only).
+    rate : RequestRate
+        The per-consumer request rate, shared with the summarization sessions.
+    call_timeout : float, optional
+        Seconds after which an owner that has not answered is dropped.
+    """
+
+    def __init__(
+        self,
+        owners: Sequence[CapeSiteEndpoint],
+        *,
+        policy: CuratorPolicy,
+        store: CuratorStore | None,
+        rate: RequestRate,
+        call_timeout: float | None = None,
+    ) -> None:
+        self.owners = list(owners)
+        self.policy = policy
+        self.store = store
+        self.rate = rate
+        self.call_timeout = call_timeout
+        self._running = 0
+        self._done: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    async def fit(
+        self,
+        spec: CapeJobSpec,
+        seed: int | None,
+        *,
+        consumer: str,
+        request_id: str = "",
+        request_digest: str = "",
+    ) -> dict[str, Any]:
+        """Fit a model; return ``{"weights", "intercept", "report"}``.
+
+        Raises
+        ------
+        PermissionDeniedError
+            For a seed on a curator that does not allow seeded sessions.
+        InvalidArgumentError
+            For a guarantee outside the policy, a malformed key, or a key reused with another
+            request.
+        ResourceExhaustedError
+            Beyond the request rate or the jobs running at once.
+        DPMarketError
+            As :meth:`curator.cape.CapeJob.run`; nothing is released when an owner refuses at
+            open.
+        """
+        if seed is not None and not self.policy.allow_seeded_sessions:
+            raise PermissionDeniedError(
+                "this curator does not accept seeded jobs (start it with --allow-seeded-sessions)"
+            )
+        self.policy.check_guarantee(spec.epsilon, spec.delta)
+        if not request_id:
+            return await self._fit(spec, seed, consumer, None, request_digest)
+        if len(request_id) > MAX_REQUEST_ID_LENGTH or not (
+            request_id.isascii() and request_id.isprintable()
+        ):
+            raise InvalidArgumentError(
+                f"request_id must be 1 to {MAX_REQUEST_ID_LENGTH} printable ASCII characters"
+            )
+        key = (consumer, request_id)
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            done = self._done.get(key) or self._stored(consumer, request_id)
+            if done is not None:
+                digest, document = done
+                if digest != request_digest:
+                    raise InvalidArgumentError(
+                        f"request_id {request_id!r} was already used for another request"
+                    )
+                return document
+            document = await self._fit(spec, seed, consumer, request_id, request_digest)
+            self._done[key] = (request_digest, document)
+            return document
+
+    def _stored(self, consumer: str, request_id: str) -> tuple[str, dict[str, Any]] | None:
+        if self.store is None:
+            return None
+        row = self.store.find_request(consumer, request_id)
+        if row is None:
+            return None
+        document = self.store.document(row.id)
+        return None if document is None else (row.request_digest, document)
+
+    async def _fit(
+        self,
+        spec: CapeJobSpec,
+        seed: int | None,
+        consumer: str,
+        request_id: str | None,
+        digest: str,
+    ) -> dict[str, Any]:
+        self.rate.check(consumer)
+        if self._running >= self.policy.max_running:
+            raise ResourceExhaustedError(
+                f"this curator runs at most {self.policy.max_running} CAPE jobs at once; "
+                "retry later"
+            )
+        job_id = new_session_id()
+        store = self.store
+        if store is not None:
+            store.create(
+                job_id,
+                consumer=consumer,
+                request_id=request_id,
+                request_digest=digest,
+                method=f"cape-{spec.task}",
+                config=dataclasses.asdict(spec),
+            )
+        job = CapeJob(
+            job_id,
+            spec,
+            self.owners,
+            make_rng(seed),
+            consumer=consumer,
+            call_timeout=self.call_timeout,
+            on_charge=None if store is None else lambda c: store.record_charges(job_id, c),
+        )
+        ttl = self.policy.result_ttl_seconds
+        self._running += 1
+        try:
+            result = await job.run()
+        except DPMarketError as exc:
+            logger.warning("CAPE job %s failed: %s", short_id(job_id), exc)
+            if store is not None:
+                spend = {n: dataclasses.asdict(s) for n, s in job.owner_spend.items()}
+                store.fail_document(job_id, str(exc), {"owner_spend": spend}, ttl=ttl)
+            raise
+        finally:
+            self._running -= 1
+        report = {
+            **result.report,
+            "owner_spend": {n: dataclasses.asdict(s) for n, s in job.owner_spend.items()},
+        }
+        document = {
+            "weights": result.weights.tolist(),
+            "intercept": result.intercept,
+            "report": report,
+        }
+        if store is not None:
+            store.finish_document(job_id, document, ttl=ttl)
+        logger.info(
+            "CAPE job %s for %s: %s regression over %d sites",
+            short_id(job_id),
+            consumer,
+            spec.task,
+            len(result.report["sites"]),
+        )
+        return document
+
+
+def fit_request_digest(request: cape_pb2.FitCapeRequest) -> str:
+    """SHA-256 of a FitCapeRequest without its idempotency key (deterministic bytes)."""
+    copy = cape_pb2.FitCapeRequest()
+    copy.CopyFrom(request)
+    copy.request_id = ""
+    return hashlib.sha256(copy.SerializeToString(deterministic=True)).hexdigest()
+
+
+class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
+    """Thin adapter over :class:`CapeJobs`, open to consumers."""
+
+    def __init__(self, jobs: CapeJobs, authorizer: Authorizer) -> None:
+        self.jobs = jobs
+        self.authorizer = authorizer
+
+    @rpc("consumer")
+    async def FitCape(self, request, context, caller):  # type: ignore[no-untyped-def]
+        spec = msg.spec_from_proto(request.spec)
+        seed = int(request.seed) if request.HasField("seed") else None
+        document = await self.jobs.fit(
+            spec,
+            seed,
+            consumer=str(caller),
+            request_id=request.request_id,
+            request_digest=fit_request_digest(request),
+        )
+        return cape_pb2.FitCapeResponse(
+            weights=msg.vector_to_proto(np.asarray(document["weights"], dtype=np.float64)),
+            intercept=float(document["intercept"]),
+            report_json=json.dumps(document["report"], sort_keys=True),
+        )

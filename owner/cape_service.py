@@ -1,0 +1,142 @@
+"""gRPC servicers of an owner's joint-statistics protocols: secure aggregation and CAPE.
+
+Thin adapters like :mod:`owner.service`: every RPC is open to the curators the owner's policy
+names (the same :class:`dpmarket.authz.Authorizer`), converts, and calls
+:class:`owner.secagg.SiteRounds` or :class:`owner.cape.CapeSite` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from common.ids import short_id
+from dpmarket import cape_messages as msg
+from dpmarket.authz import Authorizer, rpc
+from dpmarket.v1 import cape_pb2, cape_pb2_grpc, secure_aggregation_pb2, secure_aggregation_pb2_grpc
+from owner import convert
+from owner.cape import CapeSite
+from owner.secagg import SiteRounds
+
+logger = logging.getLogger(__name__)
+
+
+class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationServiceServicer):
+    """The owner as a secure-aggregation site; rounds belong to jobs of the calling curator."""
+
+    def __init__(self, rounds: SiteRounds, cape: CapeSite, authorizer: Authorizer) -> None:
+        self.rounds = rounds
+        self.cape = cape
+        self.authorizer = authorizer
+
+    def _job_of(self, job_id: str, caller: object) -> None:
+        """A round may only be run for a job the calling curator opened."""
+        self.cape.check_curator(job_id, str(caller))
+
+    @rpc("curator")
+    async def AdvertiseKeys(self, request, context, caller):  # type: ignore[no-untyped-def]
+        job_id, params = msg.round_from_proto(request.round)
+        self._job_of(job_id, caller)
+        ad, certificate = await asyncio.to_thread(self.rounds.advertise, job_id, params)
+        return secure_aggregation_pb2.AdvertiseKeysResponse(
+            advertisement=msg.advertisement_to_proto(ad, certificate)
+        )
+
+    @rpc("curator")
+    async def ShareKeys(self, request, context, caller):  # type: ignore[no-untyped-def]
+        job_id, params = msg.round_from_proto(request.round)
+        self._job_of(job_id, caller)
+        ads, certificates = {}, {}
+        for message in request.advertisements:
+            ad, certificate = msg.advertisement_from_proto(message)
+            ads[ad.site], certificates[ad.site] = ad, certificate
+        out = await asyncio.to_thread(self.rounds.share, job_id, params.round_id, ads, certificates)
+        me = self.cape.name
+        return secure_aggregation_pb2.ShareKeysResponse(
+            ciphertexts=msg.ciphertexts_to_proto((me, r, c) for r, c in sorted(out.items()))
+        )
+
+    @rpc("curator")
+    async def MaskedInput(self, request, context, caller):  # type: ignore[no-untyped-def]
+        job_id, params = msg.round_from_proto(request.round)
+        self._job_of(job_id, caller)
+        me = self.cape.name
+        cts = {c.sender: bytes(c.ciphertext) for c in request.ciphertexts if c.recipient == me}
+        masked = await asyncio.to_thread(self.rounds.masked, job_id, params.round_id, cts)
+        return secure_aggregation_pb2.MaskedInputResponse(masked=msg.masked_to_proto(masked))
+
+    @rpc("curator")
+    async def Unmask(self, request, context, caller):  # type: ignore[no-untyped-def]
+        job_id, params = msg.round_from_proto(request.round)
+        self._job_of(job_id, caller)
+        response = await asyncio.to_thread(
+            self.rounds.unmask,
+            job_id,
+            params.round_id,
+            list(request.survivors),
+            list(request.dropped),
+        )
+        return msg.unmask_to_proto(response)
+
+
+class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
+    """The owner as a CAPE site."""
+
+    def __init__(self, cape: CapeSite, rounds: SiteRounds, authorizer: Authorizer) -> None:
+        self.cape = cape
+        self.rounds = rounds
+        self.authorizer = authorizer
+
+    @rpc("curator")
+    async def OpenCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
+        spec = msg.spec_from_proto(request.spec)
+        consumer = convert.consumer_from_proto(request.consumer)
+        rows = await asyncio.to_thread(
+            self.cape.open,
+            request.job_id,
+            spec,
+            int(request.seed),
+            curator=str(caller),
+            consumer=consumer,
+        )
+        logger.info(
+            "CAPE job %s opened by %s for %s: %s regression on %d columns, epsilon=%g, delta=%g",
+            short_id(request.job_id),
+            caller,
+            consumer,
+            spec.task,
+            len(spec.features),
+            spec.epsilon,
+            spec.delta,
+        )
+        return cape_pb2.OpenCapeJobResponse(num_rows=rows)
+
+    @rpc("curator")
+    async def PlanCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
+        sites = list(request.sites)
+        plan = await asyncio.to_thread(
+            self.cape.plan, request.job_id, sites, list(request.sizes), curator=str(caller)
+        )
+        scale = float(plan.entry_scales(sites.index(self.cape.name)).max())
+        return cape_pb2.PlanCapeJobResponse(statistic_length=plan.size, max_noise_scale=scale)
+
+    @rpc("curator")
+    async def ReleaseCape(self, request, context, caller):  # type: ignore[no-untyped-def]
+        total = msg.vector_from_proto(request.noise_total, "noise_total")
+        release = await asyncio.to_thread(
+            self.cape.release, request.job_id, bytes(request.round_id), total, curator=str(caller)
+        )
+        logger.info("CAPE job %s: released", short_id(request.job_id))
+        return cape_pb2.ReleaseCapeResponse(release=msg.vector_to_proto(release))
+
+    @rpc("curator")
+    async def CloseCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
+        spent = await asyncio.to_thread(self.cape.close, request.job_id, curator=str(caller))
+        self.rounds.forget(request.job_id)
+        logger.info(
+            "CAPE job %s closed: spent epsilon=%g, delta=%g",
+            short_id(request.job_id),
+            spent.epsilon,
+            spent.delta,
+        )
+        return cape_pb2.CloseCapeJobResponse(spent=convert.spend_to_proto(spent))
