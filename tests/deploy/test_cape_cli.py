@@ -1,0 +1,40 @@
+"""``dpmarket cape``: argument checks before any call to a curator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from deploy.cli import main
+
+
+def _run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["cape", "linreg", "--insecure", *args])
+    return result.exit_code, result.output
+
+
+def test_a_fit_needs_features_and_a_target() -> None:
+    code, output = _run("--curator", "127.0.0.1:9", "--feature", "carat=0:6")
+    assert code != 0 and "the target" in output
+
+
+def test_a_bound_must_be_column_low_high() -> None:
+    code, output = _run("--curator", "127.0.0.1:9", "--feature", "carat", "--target", "y=0:1")
+    assert code != 0 and "COLUMN=LOW:HIGH" in output
+    code, output = _run("--curator", "127.0.0.1:9", "--feature", "carat=6:0", "--target", "y=0:1")
+    assert code != 0 and "low < high" in output
+
+
+def test_a_bounds_file_must_hold_features_and_a_target(tmp_path: Path) -> None:
+    bounds = tmp_path / "bounds.toml"
+    bounds.write_text("[features]\ncarat = [0, 6]\n", encoding="utf-8")
+    code, output = _run("--curator", "127.0.0.1:9", "--bounds", str(bounds))
+    assert code != 0 and "[target]" in output
+
+
+def test_epsilon_must_be_positive() -> None:
+    code, output = _run(
+        "--curator", "127.0.0.1:9", "--feature", "a=0:1", "--target", "y=0:1", "--epsilon", "0"
+    )
+    assert code != 0 and "epsilon" in output.lower()
