@@ -285,8 +285,12 @@ class CapeJob:
         )
         self.timings.add("secure_aggregation", t0)
         self.dropped.update(outcome.dropped)
-        if list(outcome.survivors) != alive:
-            return list(outcome.survivors)
+        # A site lost at unmasking is still a survivor (its draw is in the sum) but never
+        # recorded the round's end, so it cannot release for it: re-plan without it now, before
+        # any site releases, as for a site lost earlier in the round.
+        finished = [s for s in outcome.survivors if s not in outcome.dropped]
+        if finished != alive:
+            return finished
         if not self._charged:
             self._charge(plan)
         t0 = time.perf_counter()

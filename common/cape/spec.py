@@ -125,10 +125,47 @@ class CapeJobSpec:
         Raises
         ------
         ValueError
-            If a value lies outside its public bounds (naming row and column) or a logistic
-            target is not 0/1.
+            If a value lies outside its public bounds or a logistic target is not 0/1, naming
+            the row and the column (by its name: the spec's order need not be the table's).
         """
         x = np.asarray(features, dtype=np.float64)
+        y = np.asarray(target, dtype=np.float64)
+        if x.ndim == 2 and x.shape[1] == len(self.features):
+            low, high = np.asarray([f[1:] for f in self.features], dtype=np.float64).T
+            _check_bounds(x, low, high, [f[0] for f in self.features])
+        if y.ndim == 1:
+            name = [self.target[0]]
+            if self.task == "linear":
+                _check_bounds(y, self.target[1], self.target[2], name)
+            else:
+                bad = (y != 0.0) & (y != 1.0)
+                if bad.any():
+                    row = int(np.argmax(bad))
+                    raise ValueError(
+                        f"target column {name[0]!r} at row {row} must be 0 or 1 for logistic "
+                        f"regression, got {y[row]}"
+                    )
         if self.fit_intercept:
             x = np.hstack([x, np.ones((x.shape[0], 1))])
         return scale_to_bounds(x, target, self.feature_bounds, self.target_bounds, task=self.task)
+
+
+def _check_bounds(
+    values: NDArray[np.float64], low: ArrayLike, high: ArrayLike, names: list[str]
+) -> None:
+    """Raise ``ValueError`` naming the first value (row-major) outside its column's bounds.
+
+    ``values`` has shape (n, len(names)) or (n,) (one column); ``low`` and ``high`` broadcast
+    against it.
+    """
+    lo = np.broadcast_to(np.asarray(low, dtype=np.float64), values.shape)
+    hi = np.broadcast_to(np.asarray(high, dtype=np.float64), values.shape)
+    outside = (values < lo) | (values > hi)
+    if outside.any():
+        first = tuple(np.argwhere(outside)[0])
+        row, col = int(first[0]), int(first[1]) if len(first) > 1 else 0
+        raise ValueError(
+            f"value out of bounds at row {row}, column {names[col]!r}: {values[first]} not in "
+            f"[{lo[first]}, {hi[first]}] ({int(outside.sum())} value(s) outside); values are "
+            "never clipped"
+        )

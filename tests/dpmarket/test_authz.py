@@ -1,14 +1,17 @@
 """Per-RPC authorization: every RPC is wrapped, states its roles, and refuses before its handler.
 
-The structural tests walk the service descriptors, so an RPC added to a ``.proto`` without an
-authorized implementation fails here. The behavioural tests call every wrapped servicer method
-with a fake call context carrying a real certificate of a test CA (or none) and a back end that
-fails the test if it is reached.
+The structural tests walk the service descriptors of every ``dpmarket.v1`` proto module, so an
+RPC (or a whole service) added to a ``.proto`` without an authorized implementation fails here:
+the owner's OwnerService, CapeSiteService and SecureAggregationService are for its curators, the
+curator's CuratorService and CapeService for consumers. The behavioural tests call every wrapped
+servicer method with a fake call context carrying a real certificate of a test CA (or none) and a
+back end that fails the test if it is reached.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,19 +23,39 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from google.protobuf.message_factory import GetMessageClass
 
 from common.errors import PermissionDeniedError, UnauthenticatedError
+from curator.cape_service import CapeServicer
 from curator.policy import CuratorPolicy
 from curator.service import CuratorServicer, curator_authorizer
 from deploy.pki import CA_CERT, CA_KEY, identity_files, init_ca, issue_all
 from dpmarket.authz import ROLES_ATTRIBUTE, Authorizer, rpc, rpc_stream
 from dpmarket.identity import Identity
 from dpmarket.transport import TransportSecurity
-from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc
+from dpmarket.v1 import (
+    cape_pb2,
+    cape_pb2_grpc,
+    curator_pb2,
+    curator_pb2_grpc,
+    owner_pb2,
+    owner_pb2_grpc,
+    secure_aggregation_pb2,
+    secure_aggregation_pb2_grpc,
+)
+from owner.cape_service import CapeSiteServicer, SecureAggregationServicer
 from owner.service import OwnerServicer, owner_authorizer
 
 OWNER_SERVICE = owner_pb2.DESCRIPTOR.services_by_name["OwnerService"]
+CAPE_SITE_SERVICE = cape_pb2.DESCRIPTOR.services_by_name["CapeSiteService"]
+SECURE_AGGREGATION_SERVICE = secure_aggregation_pb2.DESCRIPTOR.services_by_name[
+    "SecureAggregationService"
+]
 CURATOR_SERVICE = curator_pb2.DESCRIPTOR.services_by_name["CuratorService"]
+CAPE_SERVICE = cape_pb2.DESCRIPTOR.services_by_name["CapeService"]
+
+#: Every proto module of the API; each of their services must be listed in SERVICES.
+PROTO_MODULES = ("array", "cape", "curator", "owner", "privacy", "secure_aggregation")
 
 CURATOR = Identity("curator", "curator")
 ROGUE = Identity("curator", "rogue")
@@ -40,13 +63,38 @@ OWNER = Identity("owner", "owner-0")
 OTHER_OWNER = Identity("owner", "owner-1")
 ALICE = Identity("consumer", "alice")
 
+# (descriptor, servicer, generated base, roles): the owner's services are for its curators, the
+# curator's for consumers.
 SERVICES = [
     (OWNER_SERVICE, OwnerServicer, owner_pb2_grpc.OwnerServiceServicer, ("curator",)),
+    (CAPE_SITE_SERVICE, CapeSiteServicer, cape_pb2_grpc.CapeSiteServiceServicer, ("curator",)),
+    (
+        SECURE_AGGREGATION_SERVICE,
+        SecureAggregationServicer,
+        secure_aggregation_pb2_grpc.SecureAggregationServiceServicer,
+        ("curator",),
+    ),
     (CURATOR_SERVICE, CuratorServicer, curator_pb2_grpc.CuratorServiceServicer, ("consumer",)),
+    (CAPE_SERVICE, CapeServicer, cape_pb2_grpc.CapeServiceServicer, ("consumer",)),
 ]
 
 
 # ----------------------------------------------------------------------------- structure
+def test_every_service_of_the_api_is_enumerated() -> None:
+    """A service added to any ``dpmarket.v1`` proto must be added to SERVICES (and so checked)."""
+    declared = set()
+    for name in PROTO_MODULES:
+        module = importlib.import_module(f"dpmarket.v1.{name}_pb2")
+        declared |= {s.full_name for s in module.DESCRIPTOR.services_by_name.values()}
+    assert declared == {s[0].full_name for s in SERVICES}
+
+
+def test_every_proto_module_is_listed() -> None:
+    """PROTO_MODULES names every generated module next to the .proto sources."""
+    folder = Path(owner_pb2.__file__).parent
+    assert {p.stem for p in folder.glob("*.proto")} == set(PROTO_MODULES)
+
+
 @pytest.mark.parametrize(
     ("service", "servicer", "generated", "roles"), SERVICES, ids=lambda v: getattr(v, "name", "")
 )
@@ -166,41 +214,54 @@ def _call(servicer: Any, name: str, request: Any, context: FakeContext, streamin
         asyncio.run(run())
 
 
-def _servicers() -> list[tuple[str, Any, Any]]:
-    owner = OwnerServicer(Untouchable(), Authorizer({"curator": ("curator",)}))  # type: ignore[arg-type]
-    curator = CuratorServicer(Untouchable(), Authorizer({"consumer": None}))  # type: ignore[arg-type]
-    return [("OwnerService", owner, OWNER_SERVICE), ("CuratorService", curator, CURATOR_SERVICE)]
+def _servicers() -> dict[str, Any]:
+    """Every servicer over back ends that fail the test if a handler reaches them."""
+    owner_side = Authorizer({"curator": ("curator",)})
+    curator_side = Authorizer({"consumer": None})
+    return {
+        "OwnerService": OwnerServicer(Untouchable(), owner_side),  # type: ignore[arg-type]
+        "CapeSiteService": CapeSiteServicer(Untouchable(), Untouchable(), owner_side),  # type: ignore[arg-type]
+        "SecureAggregationService": SecureAggregationServicer(
+            Untouchable(),  # type: ignore[arg-type]
+            Untouchable(),  # type: ignore[arg-type]
+            owner_side,
+        ),
+        "CuratorService": CuratorServicer(Untouchable(), curator_side),  # type: ignore[arg-type]
+        "CapeService": CapeServicer(Untouchable(), curator_side),  # type: ignore[arg-type]
+    }
 
 
-# Expected status of each caller, per service.
+# Expected status of each caller: an owner's services serve only the curator its policy names,
+# the curator's serve consumers only.
+OWNER_SIDE = {
+    "none": grpc.StatusCode.UNAUTHENTICATED,
+    "no-identity": grpc.StatusCode.UNAUTHENTICATED,
+    str(ALICE): grpc.StatusCode.PERMISSION_DENIED,
+    str(OWNER): grpc.StatusCode.PERMISSION_DENIED,
+    str(OTHER_OWNER): grpc.StatusCode.PERMISSION_DENIED,
+    str(ROGUE): grpc.StatusCode.PERMISSION_DENIED,
+}
+CURATOR_SIDE = {
+    "none": grpc.StatusCode.UNAUTHENTICATED,
+    "no-identity": grpc.StatusCode.UNAUTHENTICATED,
+    str(OWNER): grpc.StatusCode.PERMISSION_DENIED,
+    str(CURATOR): grpc.StatusCode.PERMISSION_DENIED,
+    str(ROGUE): grpc.StatusCode.PERMISSION_DENIED,
+}
 EXPECTED = {
-    "OwnerService": {
-        "none": grpc.StatusCode.UNAUTHENTICATED,
-        "no-identity": grpc.StatusCode.UNAUTHENTICATED,
-        str(ALICE): grpc.StatusCode.PERMISSION_DENIED,
-        str(OWNER): grpc.StatusCode.PERMISSION_DENIED,
-        str(OTHER_OWNER): grpc.StatusCode.PERMISSION_DENIED,
-        str(ROGUE): grpc.StatusCode.PERMISSION_DENIED,
-    },
-    "CuratorService": {
-        "none": grpc.StatusCode.UNAUTHENTICATED,
-        "no-identity": grpc.StatusCode.UNAUTHENTICATED,
-        str(OWNER): grpc.StatusCode.PERMISSION_DENIED,
-        str(CURATOR): grpc.StatusCode.PERMISSION_DENIED,
-        str(ROGUE): grpc.StatusCode.PERMISSION_DENIED,
-    },
+    service.name: OWNER_SIDE if roles == ("curator",) else CURATOR_SIDE
+    for service, _, _, roles in SERVICES
 }
 
 
-@pytest.mark.parametrize("service_name", ["OwnerService", "CuratorService"])
+@pytest.mark.parametrize("service", [s[0] for s in SERVICES], ids=lambda s: s.name)
 def test_every_rpc_refuses_unauthorized_callers_before_its_handler(
-    pems: dict[str, bytes | None], service_name: str
+    pems: dict[str, bytes | None], service: Any
 ) -> None:
-    servicer, descriptor = next((s, d) for n, s, d in _servicers() if n == service_name)
-    module = owner_pb2 if service_name == "OwnerService" else curator_pb2
-    for method in descriptor.methods:
-        request = getattr(module, method.input_type.name)()
-        for caller, code in EXPECTED[service_name].items():
+    servicer = _servicers()[service.name]
+    for method in service.methods:
+        request = GetMessageClass(method.input_type)()
+        for caller, code in EXPECTED[service.name].items():
             context = FakeContext(pems[caller])
             _call(servicer, method.name, request, context, method.server_streaming)
             assert context.code == code, (method.name, caller, context.code, context.details)
