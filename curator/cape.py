@@ -3,9 +3,12 @@
 The curator opens the job at every owner, plans it over the owners that answered, runs the
 zero-sum noise round through secure aggregation (:mod:`curator.secagg`), then collects every
 site's release, averages them and fits the model. The zero-sum property must hold over exactly
-the sites whose releases are averaged: a site lost in the noise round or before its release makes
-the curator re-plan without it and rerun the round (the earlier draws were never released alone),
-so the stated noise is always the noise of the estimate. The curator learns the releases and the
+the sites whose releases are averaged: a site lost in the noise round makes the curator re-plan
+without it and rerun the round (the earlier draws were never released). A site lost at its
+release, when the others have released and charged already, is not rerun: the curator averages the
+releases it received and states their larger noise (the lost sites' zero-sum corrections remain;
+:func:`common.cape.zero_sum.partial_average_variance`). Either way the stated noise is the noise
+of the estimate. The curator learns the releases and the
 noise round's sum; it is honest but curious (the paper's model), and each owner derives its noise
 from the public plan itself.
 """
@@ -225,8 +228,10 @@ class CapeJob:
             plan, releases = attempt
             break
         t0 = time.perf_counter()
-        averaged = aggregate_releases(plan, [releases[n] for n in alive])
-        fit = fit_released(plan, averaged)
+        released = [j for j, n in enumerate(alive) if n in releases]
+        partial = released if len(released) < len(alive) else None
+        averaged = aggregate_releases(plan, [releases[alive[j]] for j in released], partial)
+        fit = fit_released(plan, averaged, released=partial)
         weights, intercept = to_raw_coefficients(fit.w, spec.feature_bounds, spec.target_bounds)
         if spec.fit_intercept:
             intercept += float(weights[-1])
@@ -234,8 +239,10 @@ class CapeJob:
         self.timings.add("fit", t0)
         report = {
             "task": spec.task,
-            "sites": alive,
+            "sites": [alive[j] for j in released],
             "sizes": {n: self.sites[n].size for n in alive},
+            "noise_round_sites": alive,
+            "lost_at_release": sorted(set(alive) - set(releases)),
             "dropped": dict(self.dropped),
             "noise_rounds": rounds,
             "epsilon": spec.epsilon,
@@ -247,7 +254,7 @@ class CapeJob:
             "delta_theorem1": plan.delta_theorem1,
             "kappa": plan.kappa,
             "sigma_z": plan.sigma_z,
-            "aggregator_noise_std": plan.aggregator_scales(),
+            "aggregator_noise_std": plan.aggregator_scales(partial),
             "site_noise_std": [dict(sc) for sc in plan.site_scales],
             "eigenvalues_clipped": fit.clipped,
             "eigenvalue_floor": fit.floor,
@@ -300,8 +307,11 @@ class CapeJob:
             "release",
         )
         self.timings.add("release", t0)
-        if sorted(releases) != alive:
-            return sorted(releases)
+        if not releases:
+            raise AbortedError(f"no site released (dropped: {self.dropped})")
+        # A site lost at its release is not re-planned: the others have released (and charged)
+        # already. Their average keeps the lost sites' zero-sum noise, and the report states
+        # that larger noise (plan.aggregator_scales of the sites that released).
         return plan, releases
 
     def _charge(self, plan: CapeFMPlan) -> None:

@@ -77,6 +77,7 @@ from common.cape.zero_sum import (
     check_zero_sum,
     draw_gaussian,
     draw_noise_share,
+    partial_average_variance,
     sum_noise_shares,
     zero_sum_correction,
 )
@@ -180,12 +181,24 @@ class CapeFMPlan:
         """Per-entry ``tau_s`` of ``site``'s packed vector (shape ``(m,)``)."""
         return entry_scales(self.site_scales[site], self.dim, self.orders)
 
-    def aggregator_scales(self) -> dict[int, float]:
-        """``{j: std}`` of the noise left at the aggregator per entry of order ``j``:
-        ``sqrt(sum_s w_s^2 (tau_j^s)^2 / S)`` (only the ``g_s`` survive; Lemma 1)."""
-        s = self.sites
-        pairs = list(zip(self.weights.tolist(), self.site_scales, strict=True))
-        return {j: math.sqrt(sum(w * w * sc[j] ** 2 / s for w, sc in pairs)) for j in self.orders}
+    def aggregator_scales(self, released: Sequence[int] | None = None) -> dict[int, float]:
+        """``{j: std}`` of the noise left at the aggregator per entry of order ``j``.
+
+        With every site released, ``sqrt(sum_s w_s^2 (tau_j^s)^2 / S)`` (only the ``g_s``
+        survive; Lemma 1). With only the sites ``released`` (indices) averaged, the larger std of
+        :func:`common.cape.zero_sum.partial_average_variance` (the lost sites' ``e_s`` remain).
+        """
+        kept = range(self.sites) if released is None else released
+        return {
+            j: math.sqrt(
+                float(
+                    partial_average_variance(
+                        self.weights, [sc[j] for sc in self.site_scales], list(kept)
+                    )
+                )
+            )
+            for j in self.orders
+        }
 
 
 def _check_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
@@ -382,25 +395,49 @@ def aggregate_noise_shares(shares: Sequence[ArrayLike]) -> NDArray[np.float64]:
     return sum_noise_shares(shares)
 
 
-def aggregate_releases(plan: CapeFMPlan, releases: Sequence[ArrayLike]) -> NDArray[np.float64]:
+def aggregate_releases(
+    plan: CapeFMPlan, releases: Sequence[ArrayLike], released: Sequence[int] | None = None
+) -> NDArray[np.float64]:
     """Aggregator side, Algorithm 4 step 11: ``Lambda_hat = sum_s w_s Lambda_hat^s``.
+
+    Parameters
+    ----------
+    plan : CapeFMPlan
+    releases : sequence of array-like of shape (plan.size,)
+        In site order: every site's, or those of the sites ``released``.
+    released : sequence of int, optional
+        Indices (increasing) of the sites that released when some were lost after the noise
+        round; their weights are renormalised and the estimate carries the larger noise of
+        ``plan.aggregator_scales(released)``.
 
     Raises
     ------
     ValueError
-        If the number of releases differs from the plan's sites (every site of the noise round
-        must release; otherwise rerun the round).
+        If the number of releases differs from the plan's sites (or from ``released``), or
+        ``released`` is not increasing within the plan's sites.
     """
-    if len(releases) != plan.sites:
-        raise ValueError(
-            f"the noise round had {plan.sites} sites but {len(releases)} released: rerun the "
-            "noise round over the sites that can release"
-        )
-    return cape_average(releases, plan.weights if plan.weighted else None)
+    if released is None:
+        if len(releases) != plan.sites:
+            raise ValueError(
+                f"the noise round had {plan.sites} sites but {len(releases)} released: pass the "
+                "indices of the sites that released"
+            )
+        return cape_average(releases, plan.weights if plan.weighted else None)
+    kept = list(released)
+    if len(kept) != len(releases) or kept != sorted(set(kept)) or not kept:
+        raise ValueError(f"released must list the {len(releases)} releases' sites in order")
+    if kept[0] < 0 or kept[-1] >= plan.sites:
+        raise ValueError(f"released holds a site outside [0, {plan.sites}): {kept}")
+    w = plan.weights[kept]
+    return cape_average(releases, w / w.sum())
 
 
 def fit_released(
-    plan: CapeFMPlan, aggregate: ArrayLike, *, floor: float | None = None
+    plan: CapeFMPlan,
+    aggregate: ArrayLike,
+    *,
+    floor: float | None = None,
+    released: Sequence[int] | None = None,
 ) -> FMRelease:
     """Aggregator side, Algorithm 4 steps 12-13: minimize ``f_hat`` of the averaged coefficients.
 
@@ -412,6 +449,8 @@ def fit_released(
     floor : float, optional
         Eigenvalue floor; default :func:`common.cape.functional_mechanism.default_floor` of the
         aggregator's order-2 noise (public).
+    released : sequence of int, optional
+        As for :func:`aggregate_releases`: the noise of the average is then larger.
 
     Returns
     -------
@@ -420,7 +459,7 @@ def fit_released(
     """
     lam0 = math.log(2.0) if plan.task == "logistic" else 0.0
     coeffs = unpack_coefficients(aggregate, plan.dim, plan.orders, lam0=lam0)
-    agg = plan.aggregator_scales()
+    agg = plan.aggregator_scales(released)
     return fit_coefficients(coeffs, noise_std2=agg[2], floor=floor, scales=agg)
 
 

@@ -14,9 +14,9 @@ Dropouts. The zero-sum property must hold over exactly the sites whose releases 
 ``sum_s e_s = 0`` only over the sites that contributed to ``total``. If a site is lost after the
 noise round (steps 1-3) and before its release (step 4), the caller must rerun steps 1-3 without
 it (fresh ``e_hat_s`` for the remaining sites; the old shares are discarded, never reused), or
-report the larger variance; averaging the survivors of an old round would leave ``-e_lost / S``
-in the estimate, noise of variance ``(1 - 1/S) tau^2 / S^2`` that its stated ``tau_pool`` does
-not include. :func:`check_zero_sum` verifies the property for a set of shares (for tests and the
+report the larger variance: averaging the survivors of an old round leaves ``-e_lost / S`` in the
+estimate, noise that ``tau_pool`` does not include and :func:`partial_average_variance` does.
+:func:`check_zero_sum` verifies the property for a set of shares (for tests and the
 in-process drivers; the aggregator never sees ``e_s``).
 
 Remark 3 (unequal sizes): pass ``weight = w_s = N_s / N`` (:func:`common.cape.privacy.
@@ -47,6 +47,7 @@ __all__ = [
     "conv_release",
     "draw_gaussian",
     "draw_noise_share",
+    "partial_average_variance",
     "secure_aggregation_input",
     "sum_noise_shares",
     "variances",
@@ -389,6 +390,68 @@ def cape_average(
         if a.shape != (m,):
             raise ValueError(f"releases[{j}] must have shape ({m},), got {a.shape}")
         out += wj * a
+    return out
+
+
+def partial_average_variance(
+    weights: ArrayLike, taus: ArrayLike, released: Sequence[int]
+) -> NDArray[np.float64]:
+    """Per-entry noise variance of the average of only some releases of one noise round.
+
+    The noise round ran over ``S`` sites with weights ``w`` (``1/S`` each when the sizes are
+    equal), but only the sites ``R`` released (the others ``L`` were lost between the noise round
+    and their release); the aggregator averages ``sum_{s in R} v_s a_hat_s`` with ``v_s = w_s /
+    W_R``, ``W_R = sum_{s in R} w_s``.
+
+    Derivation. ``w_s e_s = w_s e_hat_s - (1/S) sum_k w_k e_hat_k`` (:func:`zero_sum_correction`),
+    so ``sum_{s in R} w_s e_s = -sum_{l in L} w_l e_l = -sum_k c_k w_k e_hat_k`` with ``c_k =
+    [k in L] - |L| / S``. The ``e_hat_k`` (variance ``tau_k^2``) and the ``g_s`` (variance
+    ``tau_s^2 / S``) are independent, hence
+
+        Var = (sum_k c_k^2 w_k^2 tau_k^2 + sum_{s in R} w_s^2 tau_s^2 / S) / W_R^2.
+
+    With every site released (``L`` empty) this is Lemma 1's ``sum_s w_s^2 tau_s^2 / S``.
+
+    Parameters
+    ----------
+    weights : array-like of shape (S,)
+        The round's weights (summing to 1).
+    taus : array-like of shape (S,) or (S, m)
+        ``tau_s`` of each site, per entry if 2-D.
+    released : sequence of int
+        Indices of the sites that released (distinct, at least one).
+
+    Returns
+    -------
+    ndarray of shape () or (m,), float64
+        The variance of each entry of the average.
+
+    Raises
+    ------
+    ValueError
+        For mismatched shapes, weights not positive, or ``released`` empty, repeated or out of
+        range.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    t = np.asarray(taus, dtype=np.float64)
+    if w.ndim != 1 or w.shape[0] < 2 or t.shape[:1] != w.shape or t.ndim > 2:
+        raise ValueError(
+            f"weights (S,) and taus (S,) or (S, m) must match, got {w.shape} and {t.shape}"
+        )
+    if not (np.isfinite(w).all() and (w > 0).all() and np.isfinite(t).all() and (t >= 0).all()):
+        raise ValueError("weights must be finite and > 0 and taus finite and >= 0")
+    s = w.shape[0]
+    kept = sorted(set(int(r) for r in released))
+    if not kept or len(kept) != len(released) or kept[0] < 0 or kept[-1] >= s:
+        raise ValueError(f"released must hold distinct site indices in [0, {s}), got {released}")
+    inside = np.zeros(s, dtype=bool)
+    inside[kept] = True
+    lost = s - len(kept)
+    c = (~inside).astype(np.float64) - lost / s
+    wt2 = (w.reshape((s,) + (1,) * (t.ndim - 1)) * t) ** 2
+    cc = c.reshape(wt2.shape[:1] + (1,) * (t.ndim - 1))
+    variance = (cc**2 * wt2).sum(axis=0) + wt2[inside].sum(axis=0) / s
+    out: NDArray[np.float64] = variance / float(w[inside].sum()) ** 2
     return out
 
 

@@ -212,10 +212,20 @@ def test_logistic_capefm_and_objpert() -> None:
     assert np.all(np.isfinite(op.w))
 
 
-def test_a_missing_release_voids_the_round() -> None:
+def test_a_missing_release_must_be_named() -> None:
+    """Averaging fewer releases than the round's sites needs the indices of those that released
+    (whose larger noise the plan then states)."""
     plan = plan_capefm("linear", D, [200] * S, 1.0, 1e-5)
-    with pytest.raises(ValueError, match="rerun the noise round"):
-        aggregate_releases(plan, [np.zeros(plan.size)] * (S - 1))
+    releases = [np.full(plan.size, float(j)) for j in range(S - 1)]
+    with pytest.raises(ValueError, match="pass the indices of the sites that released"):
+        aggregate_releases(plan, releases)
+    with pytest.raises(ValueError, match="in order"):
+        aggregate_releases(plan, releases, [1, 0, 2, 3])
+    with pytest.raises(ValueError, match="outside"):
+        aggregate_releases(plan, releases, [1, 2, 3, S])
+    kept = [0, 1, 3, 4]
+    np.testing.assert_allclose(aggregate_releases(plan, releases, kept), np.full(plan.size, 1.5))
+    assert plan.aggregator_scales(kept)[2] > plan.aggregator_scales()[2]
 
 
 def test_out_of_bounds_record_at_a_site_raises() -> None:

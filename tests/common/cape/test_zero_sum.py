@@ -20,6 +20,7 @@ from common.cape.zero_sum import (
     conv_release,
     draw_gaussian,
     draw_noise_share,
+    partial_average_variance,
     secure_aggregation_input,
     sum_noise_shares,
     variances,
@@ -137,6 +138,58 @@ def test_remark3_weighted_round_has_the_pooled_variance() -> None:
     x = np.concatenate(errs)
     lo, hi = _chi2_interval(x.shape[0])
     assert lo <= np.mean(x**2) / tau_pool**2 <= hi
+
+
+@pytest.mark.parametrize(
+    ("sizes", "released"),
+    [([100] * 5, [0, 1, 3, 4]), ([100, 300, 600, 200], [1, 2]), ([50, 150, 400], [0])],
+)
+def test_partial_average_variance_is_the_variance_of_an_incomplete_average(
+    sizes: list[int], released: list[int]
+) -> None:
+    """Sites lost between the noise round and their release: the average of the others' releases
+    (weights renormalised) has the stated variance, larger than the pooled one."""
+    s = len(sizes)
+    weights = remark3_weights(sizes)
+    weighted = len(set(sizes)) > 1
+    taus = remark3_site_taus(0.05, sizes).tolist()
+    stated = float(partial_average_variance(weights, taus, released))
+    pooled = float(partial_average_variance(weights, taus, range(s)))
+    assert pooled == pytest.approx(float(np.sum(weights**2 * np.square(taus))) / s)
+    assert stated > pooled
+    kept = weights[released] / weights[released].sum()
+    errs = []
+    m, runs = 4_000, 10
+    for run in range(runs):
+        noise = SeededNoise(np.random.default_rng(90 + run))
+        f = [np.full(m, float(j)) for j in range(s)]
+        e_hats = [draw_noise_share(t, m, noise) for t in taus]
+        w = [float(x) if weighted else None for x in weights]
+        inputs = [secure_aggregation_input(e, wj) for e, wj in zip(e_hats, w, strict=True)]
+        total = sum_noise_shares(inputs)
+        releases = [
+            cape_release(f[j], zero_sum_correction(e_hats[j], total, s, weight=w[j]), t, noise)
+            for j, t in enumerate(np.asarray(taus) / np.sqrt(s))
+        ]
+        estimate = cape_average([releases[j] for j in released], kept)
+        errs.append(estimate - float(kept @ np.asarray(released, dtype=float)))
+    x = np.concatenate(errs)
+    lo, hi = _chi2_interval(x.shape[0])
+    assert lo <= np.mean(x**2) / stated <= hi
+
+
+def test_partial_average_variance_errors() -> None:
+    w, t = np.full(3, 1 / 3), np.ones(3)
+    with pytest.raises(ValueError, match="distinct site indices"):
+        partial_average_variance(w, t, [])
+    with pytest.raises(ValueError, match="distinct site indices"):
+        partial_average_variance(w, t, [0, 0])
+    with pytest.raises(ValueError, match="distinct site indices"):
+        partial_average_variance(w, t, [3])
+    with pytest.raises(ValueError, match="must match"):
+        partial_average_variance(w, np.ones(2), [0])
+    with pytest.raises(ValueError, match="> 0"):
+        partial_average_variance(-w, t, [0])
 
 
 def test_draw_gaussian_draws_runs_of_equal_scales_in_order() -> None:
