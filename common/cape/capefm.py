@@ -63,15 +63,13 @@ from common.cape.functional_mechanism import (
     unpack_coefficients,
 )
 from common.cape.privacy import (
-    calibrate_tau,
-    collusion_factor,
-    default_colluders,
-    exact_delta,
+    Calibration,
+    cape_guarantee,
     gaussian_sigma,
     remark3_weights,
-    theorem1_delta_from_loss,
 )
 from common.cape.zero_sum import (
+    CapePlan,
     cape_average,
     cape_release,
     check_zero_sum,
@@ -104,10 +102,6 @@ __all__ = [
     "site_noise_share",
     "site_release",
 ]
-
-#: ``"exact"``: tight Gaussian profile of CAPE's privacy loss; ``"theorem1"``: Theorem 1's bound;
-#: ``"paper"``: Section 5.2's ``tau_j^s = Delta_j^s / epsilon sqrt(2 log(1.25 / delta))`` per order.
-Calibration = Literal["exact", "theorem1", "paper"]
 
 Baseline = Literal["nonprivate", "pooled", "conv", "local", "dpfm", "objpert"]
 BASELINES: tuple[Baseline, ...] = ("nonprivate", "pooled", "conv", "local", "dpfm", "objpert")
@@ -200,6 +194,28 @@ class CapeFMPlan:
             for j in self.orders
         }
 
+    def baseline_scales(self) -> dict[str, dict[int, float]]:
+        """``{method: {j: std}}``: the noise per entry of order ``j`` of the averaged
+        coefficients for the baselines at the same ``(epsilon, delta)`` on the same sites
+        (analytic calibration of the stacked orders, no colluders to defend against):
+        ``pooled`` (Algorithm 3 on the pooled data), ``conv`` (each site's own mechanism,
+        averaged with ``w_s``) and ``local`` (the first site alone); :func:`run_baseline`."""
+        kappa = gaussian_sigma(
+            self.epsilon, self.delta, stacked_sensitivity(self.task, self.orders)
+        )
+        per_site = [order_scales(kappa, self.task, n, self.orders) for n in self.sizes]
+        weights = self.weights.tolist()
+        return {
+            "pooled": order_scales(kappa, self.task, sum(self.sizes), self.orders),
+            "conv": {
+                j: math.sqrt(
+                    sum(w * w * sc[j] ** 2 for w, sc in zip(weights, per_site, strict=True))
+                )
+                for j in self.orders
+            },
+            "local": per_site[0],
+        }
+
 
 def _check_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
     out = tuple(check_positive_int(n, f"sizes[{j}]") for j, n in enumerate(sizes))
@@ -255,25 +271,16 @@ def plan_capefm(
     """
     d = check_positive_int(dim, "dim")
     n = _check_sizes(sizes)
-    s = len(n)
-    eps = check_epsilon(epsilon)
-    dl = check_delta(delta)
-    c = default_colluders(s) if colluders is None else colluders
-    factor = collusion_factor(s, c)  # validates colluders
     orders = released_orders(task, include_constant=include_constant)
-    unit = stacked_sensitivity(task, orders)
-    if calibration in ("exact", "theorem1"):
-        method: Literal["exact", "theorem1"] = "exact" if calibration == "exact" else "theorem1"
-        kappa = calibrate_tau(eps, dl, sites=s, colluders=c, sensitivity=unit, method=method)
-    elif calibration == "paper":
-        kappa = math.sqrt(2.0 * math.log(1.25 / dl)) / eps
-    else:
-        raise ValueError(f"calibration must be 'exact', 'theorem1' or 'paper', got {calibration!r}")
-    site_scales = tuple(order_scales(kappa, task, ns, orders) for ns in n)
-    sigma_z = unit / kappa * math.sqrt(factor)
-    mu_z = 0.5 * sigma_z * sigma_z
-    d_exact = exact_delta(eps, mu_z, sigma_z)
-    d_thm1 = theorem1_delta_from_loss(eps, mu_z, sigma_z) if eps > mu_z else None
+    guarantee = cape_guarantee(
+        epsilon,
+        delta,
+        sites=len(n),
+        colluders=colluders,
+        unit=stacked_sensitivity(task, orders),
+        calibration=calibration,
+    )
+    site_scales = tuple(order_scales(guarantee.kappa, task, ns, orders) for ns in n)
     weighted = len(set(n)) > 1
     return CapeFMPlan(
         task=task,
@@ -282,15 +289,15 @@ def plan_capefm(
         sizes=n,
         weights=remark3_weights(n),
         weighted=weighted,
-        colluders=int(c),
-        epsilon=eps,
-        delta=dl,
+        colluders=guarantee.colluders,
+        epsilon=float(epsilon),
+        delta=float(delta),
         calibration=calibration,
-        kappa=kappa,
+        kappa=guarantee.kappa,
         site_scales=site_scales,
-        sigma_z=sigma_z,
-        delta_exact=d_exact,
-        delta_theorem1=d_thm1,
+        sigma_z=guarantee.sigma_z,
+        delta_exact=guarantee.delta_exact,
+        delta_theorem1=guarantee.delta_theorem1,
     )
 
 
@@ -330,7 +337,7 @@ def site_coefficients(
     return pack_coefficients(fm_coefficients(x, y_s, plan.task), plan.orders)
 
 
-def site_noise_share(plan: CapeFMPlan, site: int, noise: NoiseSource) -> NDArray[np.float64]:
+def site_noise_share(plan: CapePlan, site: int, noise: NoiseSource) -> NDArray[np.float64]:
     """Site side, Algorithm 1 step 2: ``e_hat_s ~ N(0, (tau_j^s)^2)`` per entry.
 
     Draws, in order: one ``noise.gaussian`` call per released order (0, 1, 2), ``1``, ``D`` and
@@ -343,9 +350,7 @@ def site_noise_share(plan: CapeFMPlan, site: int, noise: NoiseSource) -> NDArray
     return draw_noise_share(plan.entry_scales(site), plan.size, noise)
 
 
-def secure_aggregation_input(
-    plan: CapeFMPlan, site: int, e_hat_s: ArrayLike
-) -> NDArray[np.float64]:
+def secure_aggregation_input(plan: CapePlan, site: int, e_hat_s: ArrayLike) -> NDArray[np.float64]:
     """Site side: ``e_hat_s`` (equal sizes) or ``w_s e_hat_s`` (Remark 3), for secure aggregation.
 
     Returns
@@ -356,7 +361,7 @@ def secure_aggregation_input(
 
 
 def site_release(
-    plan: CapeFMPlan,
+    plan: CapePlan,
     site: int,
     f_s: ArrayLike,
     e_hat_s: ArrayLike,
@@ -396,7 +401,7 @@ def aggregate_noise_shares(shares: Sequence[ArrayLike]) -> NDArray[np.float64]:
 
 
 def aggregate_releases(
-    plan: CapeFMPlan, releases: Sequence[ArrayLike], released: Sequence[int] | None = None
+    plan: CapePlan, releases: Sequence[ArrayLike], released: Sequence[int] | None = None
 ) -> NDArray[np.float64]:
     """Aggregator side, Algorithm 4 step 11: ``Lambda_hat = sum_s w_s Lambda_hat^s``.
 

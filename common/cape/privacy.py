@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -34,9 +35,12 @@ from scipy.special import log_ndtr
 from common.validation import check_delta, check_epsilon, check_positive_int
 
 __all__ = [
+    "Calibration",
+    "SiteGuarantee",
     "Theorem1Variant",
     "calibrate_tau",
     "cape_exact_delta",
+    "cape_guarantee",
     "collusion_factor",
     "default_colluders",
     "exact_delta",
@@ -54,6 +58,12 @@ __all__ = [
 #: ``"rederived"``: the adversary's full view (sound, the default); ``"printed"``: equations (4)
 #: and (5) as printed in the paper (kept to compare; see :func:`printed_collusion_factor`).
 Theorem1Variant = Literal["rederived", "printed"]
+
+#: How a CAPE release is calibrated: ``"exact"``, the tight Gaussian profile of the privacy loss
+#: against the aggregator and ``S_C`` colluders; ``"theorem1"``, Theorem 1's bound on it;
+#: ``"paper"``, Section 5.2's ``kappa = sqrt(2 log(1.25 / delta)) / epsilon``, which ignores the
+#: collusion (its real delta is what :func:`cape_guarantee` reports).
+Calibration = Literal["exact", "theorem1", "paper"]
 
 _LOG_2 = math.log(2.0)
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -689,3 +699,96 @@ def unweighted_variance_ratio(sizes: Sequence[int] | ArrayLike) -> float:
     n = _check_sizes(sizes)
     s = n.shape[0]
     return float(n.sum() ** 2 / s**3 * np.sum(1.0 / n**2))
+
+
+@dataclass(frozen=True)
+class SiteGuarantee:
+    """What one CAPE release guarantees each site, from public values only.
+
+    Attributes
+    ----------
+    colluders : int
+        ``S_C``.
+    kappa : float
+        Noise multiplier: a site whose statistic has L2 sensitivity ``Delta_s`` draws
+        ``e_hat_s ~ N(0, (kappa Delta_s)^2)`` per entry (``Delta_s`` of the statistic divided by
+        ``unit``, see :func:`cape_guarantee`).
+    sigma_z : float
+        Standard deviation of one site's privacy loss against the aggregator and ``S_C``
+        colluders: ``unit sqrt(F) / kappa`` (:func:`collusion_factor`).
+    delta_exact : float
+        Exact delta at ``epsilon`` of that Gaussian loss (:func:`exact_delta`).
+    delta_theorem1 : float or None
+        Theorem 1's delta at ``epsilon`` of the same loss; ``None`` when ``epsilon <= mu_z``
+        (the bound does not apply).
+    """
+
+    colluders: int
+    kappa: float
+    sigma_z: float
+    delta_exact: float
+    delta_theorem1: float | None
+
+
+def cape_guarantee(
+    epsilon: float,
+    delta: float,
+    *,
+    sites: int,
+    colluders: int | None = None,
+    unit: float = 1.0,
+    calibration: Calibration = "exact",
+) -> SiteGuarantee:
+    """Calibrate one CAPE release of ``S`` sites and state what it guarantees each of them.
+
+    Parameters
+    ----------
+    epsilon : float
+        ``> 0``.
+    delta : float
+        In ``(0, 1)``.
+    sites : int
+        ``S >= 2``.
+    colluders : int, optional
+        ``S_C``; default :func:`default_colluders` ``(S)``.
+    unit : float, default 1.0
+        L2 sensitivity of the released vector once each block is divided by its own
+        sensitivity (``sqrt(k)`` for ``k`` stacked functional-mechanism orders, 1 for a single
+        statistic such as a mean or a gradient).
+    calibration : {"exact", "theorem1", "paper"}
+        ``"exact"``: ``kappa = calibrate_tau(epsilon, delta, sites=S, colluders=S_C,
+        sensitivity=unit)``, so every site is ``(epsilon, delta)``-DP against the aggregator and
+        ``S_C`` colluders (tight); ``"theorem1"``: the same with Theorem 1's bound (more noise);
+        ``"paper"``: ``kappa = sqrt(2 log(1.25 / delta)) / epsilon`` (Section 5.2).
+
+    Returns
+    -------
+    SiteGuarantee
+
+    Raises
+    ------
+    ValueError
+        On invalid parameters, or if ``calibration="theorem1"`` cannot meet the target.
+    """
+    eps = check_epsilon(epsilon)
+    dl = check_delta(delta)
+    s = check_positive_int(sites, "sites")
+    c = default_colluders(s) if colluders is None else colluders
+    factor = collusion_factor(s, c)  # validates sites and colluders
+    u = check_epsilon(unit, "unit")
+    if calibration in ("exact", "theorem1"):
+        method: Literal["exact", "theorem1"] = "exact" if calibration == "exact" else "theorem1"
+        kappa = calibrate_tau(eps, dl, sites=s, colluders=c, sensitivity=u, method=method)
+    elif calibration == "paper":
+        kappa = math.sqrt(2.0 * math.log(1.25 / dl)) / eps
+    else:
+        raise ValueError(f"calibration must be 'exact', 'theorem1' or 'paper', got {calibration!r}")
+    sigma_z = u / kappa * math.sqrt(factor)
+    mu_z = 0.5 * sigma_z * sigma_z
+    return SiteGuarantee(
+        colluders=int(c),
+        kappa=kappa,
+        sigma_z=sigma_z,
+        delta_exact=exact_delta(eps, mu_z, sigma_z),
+        delta_theorem1=theorem1_delta_from_loss(eps, mu_z, sigma_z) if eps > mu_z else None,
+    )

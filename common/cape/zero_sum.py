@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -41,6 +42,7 @@ from common.privacy.noise import NoiseSource
 from common.validation import check_epsilon, check_positive_int
 
 __all__ = [
+    "CapePlan",
     "cape_average",
     "cape_release",
     "check_zero_sum",
@@ -57,6 +59,39 @@ __all__ = [
 #: Relative tolerance of :func:`check_zero_sum`: ``|sum_s w_s e_s| <= ZERO_SUM_RTOL * S *
 #: max_s |w_s e_hat_s|`` entrywise (float64 rounding of a sum of ``S`` terms and a division).
 ZERO_SUM_RTOL = 1e-12
+
+
+class CapePlan(Protocol):
+    """The public plan of one CAPE release, as the site-side steps need it.
+
+    Every party computes it from public values (the task, the sites' row counts, epsilon, delta,
+    ``S_C``): :class:`common.cape.capefm.CapeFMPlan`, :class:`common.cape.mean.CapeMeanPlan`,
+    :class:`common.cape.dpgd.CapeTrainingPlan` (one iteration's release).
+    """
+
+    @property
+    def sites(self) -> int:
+        """``S``: the sites of the noise round, whose releases are averaged."""
+        ...
+
+    @property
+    def size(self) -> int:
+        """Length ``m`` of the released vector."""
+        ...
+
+    @property
+    def weights(self) -> NDArray[np.float64]:
+        """Shape (S,): Remark 3's ``w_s = N_s / N``."""
+        ...
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the sizes differ (then the noise round sums ``w_s e_hat_s``)."""
+        ...
+
+    def entry_scales(self, site: int) -> NDArray[np.float64]:
+        """Shape (m,): ``tau_s`` per entry of ``site``'s release."""
+        ...
 
 
 def variances(tau: float, sites: int) -> tuple[float, float]:

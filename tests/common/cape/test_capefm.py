@@ -258,3 +258,22 @@ def test_common_cape_imports_no_service_code() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_stated_baseline_noise_is_the_baselines_noise() -> None:
+    """The plan's ``baseline_scales`` are the noise :func:`run_baseline` adds: the pooled
+    mechanism's per-order scales and conv's weighted order-2 std at the aggregator; with equal
+    sizes conv has ``sqrt(S)`` times the pooled noise (Proposition 1), and CAPE's aggregator lies
+    between them (``sqrt(F)`` times pooled, for the colluders)."""
+    sites, _ = _linear_sites(400, 3, sizes=[80] * 5)
+    plan = plan_capefm("linear", D, [80] * 5, 1.0, 1e-5)
+    stated = plan.baseline_scales()
+    common = {"rng": np.random.default_rng(0), "noise": SeededNoise(np.random.default_rng(1))}
+    pooled = run_baseline("pooled", sites, "linear", 1.0, 1e-5, **common)
+    conv = run_baseline("conv", sites, "linear", 1.0, 1e-5, **common)
+    assert stated["pooled"] == pytest.approx(pooled.details["scales"], rel=1e-12)
+    assert stated["conv"][2] == pytest.approx(conv.details["aggregator_std2"], rel=1e-12)
+    for j in plan.orders:
+        assert stated["conv"][j] == pytest.approx(math.sqrt(S) * stated["pooled"][j])
+        cape = plan.aggregator_scales()[j]
+        assert cape == pytest.approx(math.sqrt(collusion_factor(S)) * stated["pooled"][j])
