@@ -32,6 +32,7 @@ learning with differential privacy", CCS 2016 (per-example clipping).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,12 +48,14 @@ from common.cape.privacy import (
     exact_delta,
     gaussian_sigma,
     remark3_weights,
+    theorem1_delta_from_loss,
 )
 from common.cape.zero_sum import (
     cape_average,
     cape_release,
     conv_release,
     draw_noise_share,
+    partial_average_variance,
     secure_aggregation_input,
     sum_noise_shares,
     zero_sum_correction,
@@ -63,6 +66,7 @@ from common.validation import check_delta, check_epsilon, check_matrix, check_po
 
 __all__ = [
     "SCHEMES",
+    "CapeTrainingPlan",
     "DPGDResult",
     "Scheme",
     "accuracy",
@@ -71,10 +75,13 @@ __all__ = [
     "loss",
     "n_params",
     "per_example_terms",
+    "plan_training",
     "predict_proba",
     "site_gradient",
     "total_epsilon",
     "train_dpgd",
+    "training_loss_sigma",
+    "training_noise_share",
 ]
 
 Scheme = Literal["cape", "conv", "nonprivate"]
@@ -384,6 +391,267 @@ def iteration_loss_sigma(
     return math.sqrt(collusion_factor(sites, colluders)) / kappa
 
 
+def _site_taus(
+    sizes: Sequence[int], clip: float, loss_sigma: float, inflate: float
+) -> tuple[float, ...]:
+    """``tau_s = inflate (2 C / N_s) / r`` per site (``inflate = sqrt(F)`` for CAPE, 1 for conv)."""
+    return tuple(inflate * (2.0 * clip / n) / loss_sigma for n in sizes)
+
+
+@functools.lru_cache(maxsize=256)
+def training_loss_sigma(epsilon: float, delta: float, iterations: int) -> tuple[float, float]:
+    """Per-iteration loss ratio ``r`` of a training whose total budget is ``(epsilon, delta)``,
+    and the total epsilon the PLD accountant states for it.
+
+    ``r`` starts from the exact composition (:func:`iteration_loss_sigma`: ``T`` Gaussian losses
+    of ratio ``r`` are one of ratio ``r sqrt(T)``) and shrinks until :func:`total_epsilon` (the
+    privacy-loss-distribution accountant, pessimistic by about 1e-5 relative) states at most
+    ``epsilon``: the charged total is then never above the request.
+
+    Parameters
+    ----------
+    epsilon : float
+        Total epsilon over all iterations, ``> 0``.
+    delta : float
+        Total delta, in ``(0, 1)``.
+    iterations : int
+        ``T >= 1``.
+
+    Returns
+    -------
+    loss_sigma : float
+        ``r``.
+    epsilon_total : float
+        ``total_epsilon(r, T, delta) <= epsilon``.
+
+    Raises
+    ------
+    ValueError
+        On out-of-range parameters.
+    """
+    eps = check_epsilon(epsilon)
+    dl = check_delta(delta)
+    t = check_positive_int(iterations, "iterations")
+    r = iteration_loss_sigma(iterations=t, epsilon_total=eps, delta_total=dl)
+    for _ in range(20):
+        stated = total_epsilon(r, t, dl)
+        if stated <= eps:
+            return r, stated
+        r *= eps / stated * (1.0 - 1e-9)
+    raise ValueError(f"no noise found whose total epsilon the accountant states <= {eps}")
+
+
+@dataclass(frozen=True)
+class CapeTrainingPlan:
+    """Public parameters of CAPE gradient descent from one iteration on (one noise round).
+
+    Each iteration ``t`` every site releases its clipped-gradient average (L2 sensitivity
+    ``Delta_s = 2 C / N_s``, :func:`site_gradient`) plus ``e_s,t + g_s,t`` with ``e_hat_s,t ~
+    N(0, tau_s^2)`` and ``g_s,t ~ N(0, tau_s^2 / S)``, ``tau_s = sqrt(F) Delta_s / r``
+    (Algorithm 2 per iteration, Remark 3's weights): every iteration is a Gaussian mechanism of
+    loss ratio ``r`` against the aggregator and ``S_C`` colluders, whatever ``S``, and the ``T``
+    iterations compose to the ratio ``r sqrt(T)``.
+
+    Attributes
+    ----------
+    dim, hidden : int
+        ``D``, ``H``.
+    clip : float
+        ``C``.
+    iterations : int
+        ``T`` of the whole training.
+    first_iteration : int
+        The first iteration this plan (its noise round) covers; it covers ``first_iteration ..
+        T - 1``.
+    sizes : tuple of int
+        ``N_s`` of the plan's sites, in site order.
+    weights : ndarray of shape (S,)
+        ``w_s = N_s / N`` (Remark 3).
+    weighted : bool
+    colluders : int
+        ``S_C``, fixed for the whole training.
+    epsilon : float
+        Total epsilon of the whole training at ``delta`` by the PLD accountant
+        (:func:`training_loss_sigma`): what every site is charged.
+    epsilon_requested : float
+    delta : float
+        Total delta.
+    loss_sigma : float
+        ``r``: per-iteration privacy-loss standard deviation of one site.
+    site_scales : tuple of float
+        ``tau_s`` per site (per coordinate and iteration).
+    delta_exact : float
+        Exact delta at ``epsilon`` of the composed loss (ratio ``r sqrt(T)``).
+    delta_theorem1 : float or None
+        Theorem 1's tail bound at ``epsilon`` of the composed Gaussian loss (``None`` where it
+        does not apply).
+    """
+
+    dim: int
+    hidden: int
+    clip: float
+    iterations: int
+    first_iteration: int
+    sizes: tuple[int, ...]
+    weights: NDArray[np.float64]
+    weighted: bool
+    colluders: int
+    epsilon: float
+    epsilon_requested: float
+    delta: float
+    loss_sigma: float
+    site_scales: tuple[float, ...]
+    delta_exact: float
+    delta_theorem1: float | None
+
+    @property
+    def sites(self) -> int:
+        """``S``."""
+        return len(self.sizes)
+
+    @property
+    def size(self) -> int:
+        """``P``: the parameters, the length of one iteration's release."""
+        return n_params(self.dim, self.hidden)
+
+    @property
+    def round_iterations(self) -> int:
+        """Iterations the plan's noise round covers: ``T - first_iteration``."""
+        return self.iterations - self.first_iteration
+
+    @property
+    def round_length(self) -> int:
+        """Length of the noise round's vector: ``(T - first_iteration) P``."""
+        return self.round_iterations * self.size
+
+    @property
+    def sigma_z(self) -> float:
+        """Standard deviation of the whole training's privacy loss: ``r sqrt(T)``."""
+        return self.loss_sigma * math.sqrt(self.iterations)
+
+    def entry_scales(self, site: int) -> NDArray[np.float64]:
+        """Shape (P,): ``tau_s`` of ``site`` on every parameter."""
+        return np.full(self.size, self.site_scales[site])
+
+    def aggregator_std(self, released: Sequence[int] | None = None) -> float:
+        """Noise std per coordinate of one iteration's averaged gradient: ``sqrt(sum_s w_s^2
+        tau_s^2 / S)``, or the larger one of :func:`common.cape.zero_sum.
+        partial_average_variance` when only the sites ``released`` (indices) are averaged."""
+        kept = range(self.sites) if released is None else released
+        return math.sqrt(float(partial_average_variance(self.weights, self.site_scales, kept)))
+
+    def baseline_stds(self) -> dict[str, float]:
+        """Noise std per coordinate of one iteration's gradient for the baselines at the same
+        per-iteration loss ratio ``r`` (so the same total budget): ``pooled`` (one Gaussian
+        mechanism on the pooled gradient, ``(2 C / N) / r``) and ``conv`` (each site's own
+        mechanism ``(2 C / N_s) / r``, averaged with ``w_s``)."""
+        conv = _site_taus(self.sizes, self.clip, self.loss_sigma, 1.0)
+        pairs = zip(self.weights.tolist(), conv, strict=True)
+        return {
+            "pooled": 2.0 * self.clip / sum(self.sizes) / self.loss_sigma,
+            "conv": math.sqrt(sum(w * w * t * t for w, t in pairs)),
+        }
+
+
+def plan_training(
+    *,
+    dim: int,
+    hidden: int,
+    clip: float,
+    iterations: int,
+    sizes: Sequence[int],
+    epsilon: float,
+    delta: float,
+    colluders: int | None = None,
+    first_iteration: int = 0,
+) -> CapeTrainingPlan:
+    """Calibrate CAPE gradient descent from public values.
+
+    Parameters
+    ----------
+    dim, hidden : int
+        ``D``, ``H``.
+    clip : float
+        Per-example clipping norm ``C > 0``.
+    iterations : int
+        ``T >= 1``.
+    sizes : sequence of int, shape (S,)
+        ``N_s`` per site, ``S >= 2``.
+    epsilon, delta : float
+        Each site's total budget over all ``T`` iterations.
+    colluders : int, optional
+        ``S_C``; default ``ceil(S / 3) - 1``. Keep it fixed when re-planning a training with
+        fewer sites, so that every iteration has the same guarantee.
+    first_iteration : int, default 0
+        In ``[0, T)``.
+
+    Returns
+    -------
+    CapeTrainingPlan
+
+    Raises
+    ------
+    ValueError
+        On invalid parameters, fewer than 2 sites or ``S_C > S - 1``.
+
+    Notes
+    -----
+    The loss ratio ``r`` depends on ``(epsilon, delta, T)`` only, so re-planning with other
+    sites keeps it; ``tau_s = sqrt(F(S, S_C)) (2 C / N_s) / r`` follows the sites.
+    """
+    d = check_positive_int(dim, "dim")
+    h = check_positive_int(hidden, "hidden")
+    c = check_epsilon(clip, "clip")
+    t = check_positive_int(iterations, "iterations")
+    n = tuple(check_positive_int(v, f"sizes[{j}]") for j, v in enumerate(sizes))
+    if len(n) < 2:
+        raise ValueError(f"distributed training needs at least 2 sites, got {len(n)}")
+    if isinstance(first_iteration, bool) or not 0 <= int(first_iteration) < t:
+        raise ValueError(f"first_iteration must lie in [0, {t}), got {first_iteration}")
+    sc = default_colluders(len(n)) if colluders is None else colluders
+    factor = collusion_factor(len(n), sc)
+    r, stated = training_loss_sigma(float(epsilon), float(delta), t)
+    total = r * math.sqrt(t)
+    return CapeTrainingPlan(
+        dim=d,
+        hidden=h,
+        clip=c,
+        iterations=t,
+        first_iteration=int(first_iteration),
+        sizes=n,
+        weights=remark3_weights(n),
+        weighted=len(set(n)) > 1,
+        colluders=int(sc),
+        epsilon=stated,
+        epsilon_requested=float(epsilon),
+        delta=float(delta),
+        loss_sigma=r,
+        site_scales=_site_taus(n, c, r, math.sqrt(factor)),
+        delta_exact=exact_delta(stated, 0.5 * total * total, total),
+        delta_theorem1=(
+            theorem1_delta_from_loss(stated, 0.5 * total * total, total)
+            if stated > 0.5 * total * total
+            else None
+        ),
+    )
+
+
+def training_noise_share(
+    plan: CapeTrainingPlan, site: int, noise: NoiseSource
+) -> NDArray[np.float64]:
+    """Site side, Algorithm 1 step 2 for every iteration of the plan at once: ``e_hat_s,t ~
+    N(0, tau_s^2)``, one ``noise.gaussian`` call.
+
+    Returns
+    -------
+    ndarray of shape (T - first_iteration, P), float64
+        Row ``k`` is iteration ``first_iteration + k``. Its (weighted) flattening is the site's
+        input of the plan's secure-aggregation round.
+    """
+    draws = draw_noise_share(plan.site_scales[site], plan.round_length, noise)
+    return draws.reshape(plan.round_iterations, plan.size)
+
+
 def train_dpgd(
     sites_data: Sequence[tuple[ArrayLike, ArrayLike]],
     *,
@@ -472,7 +740,6 @@ def train_dpgd(
     sizes = [x.shape[0] for x, _ in data]
     weights = remark3_weights(sizes)
     weighted = len(set(sizes)) > 1
-    sens = [2.0 * c / n for n in sizes]
     taus: tuple[float, ...] = ()
     loss_sigma, agg_std, eps_total = 0.0, 0.0, math.inf
     if scheme != "nonprivate":
@@ -488,7 +755,7 @@ def train_dpgd(
             colluders=sc,
         )
         inflate = math.sqrt(collusion_factor(n_sites, sc)) if scheme == "cape" else 1.0
-        taus = tuple(inflate * d / loss_sigma for d in sens)
+        taus = _site_taus(sizes, c, loss_sigma, inflate)
         share = 1.0 / n_sites if scheme == "cape" else 1.0  # CAPE keeps only g_s ~ tau^2 / S
         pairs = zip(weights.tolist(), taus, strict=True)
         agg_std = math.sqrt(sum(w * w * t * t * share for w, t in pairs))

@@ -1,8 +1,15 @@
-"""The public specification of a capeFM job: task, columns and bounds, and guarantee.
+"""The public specifications of CAPE jobs: what is computed, on which columns with which public
+bounds, at which guarantee.
 
-Every party computes the same plan (:func:`common.cape.capefm.plan_capefm`) from a spec and the
-sites' row counts, so an owner derives its own noise scale and guarantee instead of trusting the
-curator's numbers.
+* :class:`CapeJobSpec`: a capeFM model (linear or logistic regression, Algorithm 4);
+* :class:`CapeMeanSpec`: the mean vector of some columns (Algorithm 2);
+* :class:`CapeTrainingSpec`: the paper's 2-layer network trained by distributed DP gradient
+  descent (Section 5.1), one CAPE release per iteration.
+
+Every party computes the same plan from a spec and the sites' row counts, so an owner derives its
+own noise scale and guarantee instead of trusting the curator's numbers. Bounds are parameters of
+the request, never statistics of the private data; a value outside them is an error naming its
+row and column, never clipped.
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from common.cape.capefm import CapeFMPlan, plan_capefm
+from common.cape.dpgd import CapeTrainingPlan, n_params, plan_training, training_loss_sigma
 from common.cape.functional_mechanism import Task, scale_to_bounds
+from common.cape.mean import CapeMeanPlan, plan_mean
 
 #: Name of the constant feature added for an intercept.
 INTERCEPT = "(intercept)"
@@ -73,6 +82,16 @@ class CapeJobSpec:
             raise ValueError(f"delta must lie in (0, 1), got {self.delta}")
         if self.calibration not in ("exact", "theorem1"):
             raise ValueError(f"calibration must be 'exact' or 'theorem1', got {self.calibration!r}")
+
+    @property
+    def cost(self) -> tuple[float, float]:
+        """``(epsilon, delta)`` charged to every owner for the job (one release)."""
+        return self.epsilon, self.delta
+
+    @property
+    def mechanism(self) -> str:
+        """How the owner's ledger names the release."""
+        return f"capeFM {self.task} regression (zero-sum Gaussian noise, {self.calibration})"
 
     @property
     def dim(self) -> int:
@@ -160,7 +179,7 @@ def _check_bounds(
     """
     lo = np.broadcast_to(np.asarray(low, dtype=np.float64), values.shape)
     hi = np.broadcast_to(np.asarray(high, dtype=np.float64), values.shape)
-    outside = (values < lo) | (values > hi)
+    outside = ~((values >= lo) & (values <= hi))  # NaN is outside every bound
     if outside.any():
         first = tuple(np.argwhere(outside)[0])
         row, col = int(first[0]), int(first[1]) if len(first) > 1 else 0
@@ -169,3 +188,267 @@ def _check_bounds(
             f"[{lo[first]}, {hi[first]}] ({int(outside.sum())} value(s) outside); values are "
             "never clipped"
         )
+
+
+def _check_columns(
+    features: tuple[tuple[str, float, float], ...], others: tuple[str, ...] = ()
+) -> None:
+    """Raise ``ValueError`` unless there is a column, names are distinct and bounds finite."""
+    if not features:
+        raise ValueError("a job needs at least one column")
+    names = [f[0] for f in features] + list(others)
+    if len(set(names)) != len(names) or INTERCEPT in names or not all(names):
+        raise ValueError(f"columns must be named and distinct, got {names}")
+    for column, low, high in features:
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"bounds of {column!r} must be finite with low < high")
+
+
+def _check_guarantee(epsilon: float, delta: float) -> None:
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon}")
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+
+
+@dataclass(frozen=True)
+class CapeMeanSpec:
+    """The mean vector of some columns across the owners, each within public bounds.
+
+    Attributes
+    ----------
+    features : tuple of (str, float, float)
+        The columns ``(column, low, high)``, in the order of the estimate.
+    epsilon, delta : float
+        Each site's guarantee against the aggregator and ``colluders`` other sites.
+    colluders : int or None
+        ``S_C`` (``None``: ``ceil(S / 3) - 1``).
+    calibration : {"exact", "theorem1"}
+
+    Raises
+    ------
+    ValueError
+        For a malformed spec (no column, repeated columns, ``low >= high``, non-finite or
+        out-of-range epsilon/delta).
+
+    Notes
+    -----
+    Sensitivity: :func:`common.cape.mean.mean_sensitivity`, ``||high - low||_2 / N_s`` under the
+    replacement of one record of one site.
+    """
+
+    features: tuple[tuple[str, float, float], ...]
+    epsilon: float
+    delta: float
+    colluders: int | None = None
+    calibration: str = "exact"
+
+    task = "mean"
+
+    def __post_init__(self) -> None:
+        _check_columns(self.features)
+        _check_guarantee(self.epsilon, self.delta)
+        if self.calibration not in ("exact", "theorem1"):
+            raise ValueError(f"calibration must be 'exact' or 'theorem1', got {self.calibration!r}")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns, in order."""
+        return tuple(f[0] for f in self.features)
+
+    @property
+    def bounds(self) -> NDArray[np.float64]:
+        """Shape (D, 2): the public bounds."""
+        return np.asarray([f[1:] for f in self.features], dtype=np.float64)
+
+    @property
+    def cost(self) -> tuple[float, float]:
+        """``(epsilon, delta)`` charged to every owner for the job."""
+        return self.epsilon, self.delta
+
+    @property
+    def mechanism(self) -> str:
+        """How the owner's ledger names the release."""
+        return f"CAPE mean (zero-sum Gaussian noise, {self.calibration})"
+
+    def checked(self, values: ArrayLike) -> NDArray[np.float64]:
+        """The columns' values (shape (n, D), in the spec's order), checked against the bounds.
+
+        Raises
+        ------
+        ValueError
+            Naming the row and the column of the first value outside its bounds (or NaN).
+        """
+        x = np.asarray(values, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != len(self.features):
+            raise ValueError(f"values must have shape (n, {len(self.features)}), got {x.shape}")
+        _check_bounds(x, self.bounds[:, 0], self.bounds[:, 1], list(self.columns))
+        return x
+
+    def plan(self, sizes: Sequence[int]) -> CapeMeanPlan:
+        """The public plan for sites of these row counts."""
+        return plan_mean(
+            self.bounds,
+            sizes,
+            self.epsilon,
+            self.delta,
+            colluders=self.colluders,
+            calibration=self.calibration,  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
+class CapeTrainingSpec:
+    """The paper's 2-layer network (Section 5.1) trained by CAPE gradient descent, and its
+    public hyper-parameters.
+
+    Attributes
+    ----------
+    features : tuple of (str, float, float)
+        Feature columns with their public bounds; each is mapped to ``[-1, 1]`` by them
+        (:meth:`scaled`) before it enters the network.
+    target : str
+        A 0/1 label column.
+    epsilon, delta : float
+        Each site's budget over the *whole* training (all iterations), against the aggregator
+        and ``colluders`` other sites.
+    iterations : int
+        ``T``: full-batch gradient steps.
+    learning_rate : float
+        Step size ``> 0``.
+    hidden : int
+        ``H``: hidden ReLU units.
+    clip : float
+        Per-example gradient clipping norm ``C > 0``.
+    colluders : int or None
+        ``S_C`` (``None``: ``ceil(S / 3) - 1`` of the first plan, then fixed).
+
+    Raises
+    ------
+    ValueError
+        For a malformed spec (columns, bounds, non-positive or non-finite hyper-parameters,
+        epsilon, delta).
+
+    Notes
+    -----
+    Sensitivity: each per-example gradient is clipped to norm ``C`` whatever the data, so the
+    site's average moves by at most ``2 C / N_s`` when one record is replaced
+    (:func:`common.cape.dpgd.site_gradient`). The bounds serve the scaling only: they are not
+    needed for privacy, but a value outside them is still refused (never clipped).
+    """
+
+    features: tuple[tuple[str, float, float], ...]
+    target: str
+    epsilon: float
+    delta: float
+    iterations: int
+    learning_rate: float
+    hidden: int
+    clip: float
+    colluders: int | None = None
+
+    task = "train"
+
+    def __post_init__(self) -> None:
+        _check_columns(self.features, (self.target,))
+        _check_guarantee(self.epsilon, self.delta)
+        for name in ("iterations", "hidden"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or int(value) != value or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value}")
+        for name in ("learning_rate", "clip"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be finite and > 0, got {value}")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The feature columns, in order."""
+        return tuple(f[0] for f in self.features)
+
+    @property
+    def dim(self) -> int:
+        """``D``."""
+        return len(self.features)
+
+    @property
+    def n_params(self) -> int:
+        """``P = H (D + 2) + 1``."""
+        return n_params(self.dim, self.hidden)
+
+    @property
+    def bounds(self) -> NDArray[np.float64]:
+        """Shape (D, 2): the public bounds."""
+        return np.asarray([f[1:] for f in self.features], dtype=np.float64)
+
+    @property
+    def cost(self) -> tuple[float, float]:
+        """``(epsilon, delta)`` of the whole training charged to every owner: the PLD
+        accountant's total at ``delta`` (:func:`common.cape.dpgd.training_loss_sigma`), never
+        above the request."""
+        return training_loss_sigma(self.epsilon, self.delta, self.iterations)[1], self.delta
+
+    @property
+    def mechanism(self) -> str:
+        """How the owner's ledger names the releases."""
+        return f"CAPE gradient descent, {self.iterations} iterations (zero-sum Gaussian noise)"
+
+    def scale(self, features: ArrayLike) -> NDArray[np.float64]:
+        """Raw features -> the network's inputs ``2 (x - low) / (high - low) - 1`` in [-1, 1].
+
+        Raises
+        ------
+        ValueError
+            If a value lies outside its bounds (naming row and column).
+        """
+        x = np.asarray(features, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.dim:
+            raise ValueError(f"features must have shape (n, {self.dim}), got {x.shape}")
+        b = self.bounds
+        _check_bounds(x, b[:, 0], b[:, 1], list(self.columns))
+        out: NDArray[np.float64] = 2.0 * (x - b[:, 0]) / (b[:, 1] - b[:, 0]) - 1.0
+        return out
+
+    def scaled(
+        self, features: ArrayLike, target: ArrayLike
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Raw records -> (inputs in [-1, 1], labels in {0, 1}).
+
+        Raises
+        ------
+        ValueError
+            If a feature lies outside its bounds or a label is not 0 or 1, naming row and
+            column.
+        """
+        x = self.scale(features)
+        y = np.asarray(target, dtype=np.float64)
+        if y.shape != (x.shape[0],):
+            raise ValueError(f"target must have shape ({x.shape[0]},), got {y.shape}")
+        bad = (y != 0.0) & (y != 1.0)
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise ValueError(
+                f"target column {self.target!r} at row {row} must be 0 or 1, got {y[row]}"
+            )
+        return x, y
+
+    def plan(
+        self, sizes: Sequence[int], *, first_iteration: int = 0, colluders: int | None = None
+    ) -> CapeTrainingPlan:
+        """The public plan for sites of these row counts from ``first_iteration`` on
+        (``colluders`` overrides the spec's, to keep the first plan's ``S_C``)."""
+        return plan_training(
+            dim=self.dim,
+            hidden=self.hidden,
+            clip=self.clip,
+            iterations=self.iterations,
+            sizes=sizes,
+            epsilon=self.epsilon,
+            delta=self.delta,
+            colluders=self.colluders if colluders is None else colluders,
+            first_iteration=first_iteration,
+        )
+
+
+#: Any CAPE job's specification.
+AnyCapeSpec = CapeJobSpec | CapeMeanSpec | CapeTrainingSpec

@@ -16,9 +16,12 @@ from common.cape.dpgd import (
     loss,
     n_params,
     per_example_terms,
+    plan_training,
     site_gradient,
     total_epsilon,
     train_dpgd,
+    training_loss_sigma,
+    training_noise_share,
 )
 from common.cape.privacy import collusion_factor, exact_delta
 from common.privacy.noise import SeededNoise
@@ -159,3 +162,104 @@ def test_training_is_reproducible_and_validates() -> None:
             noise=SeededNoise(np.random.default_rng(0)),
             **kwargs,
         )
+
+
+# ------------------------------------------------------------------- CAPE training plans
+def test_a_training_plan_charges_at_most_the_request_by_the_pld_accountant() -> None:
+    """The loss ratio ``r`` composes exactly (Gaussian losses add) to a ratio ``r sqrt(T)``
+    that meets the request; the PLD accountant, pessimistic, states a total within 1e-4 of it
+    and never above, and that total is what the plan charges."""
+    for epsilon, delta, iterations in ((1.0, 1e-5, 50), (0.3, 1e-6, 7), (4.0, 1e-3, 1000)):
+        r, stated = training_loss_sigma(epsilon, delta, iterations)
+        assert stated == total_epsilon(r, iterations, delta)
+        assert epsilon * (1 - 1e-4) <= stated <= epsilon
+        total = r * math.sqrt(iterations)
+        assert exact_delta(epsilon, 0.5 * total * total, total) <= delta
+        plan = plan_training(
+            dim=3,
+            hidden=4,
+            clip=1.0,
+            iterations=iterations,
+            sizes=[10, 20],
+            epsilon=epsilon,
+            delta=delta,
+        )
+        assert (plan.loss_sigma, plan.epsilon) == (r, stated)
+        assert plan.sigma_z == pytest.approx(total, rel=1e-12)
+        assert plan.delta_exact <= delta
+
+
+def test_a_training_plan_inflates_each_sites_noise_for_the_colluders_and_keeps_r() -> None:
+    """``tau_s = sqrt(F(S, S_C)) (2 C / N_s) / r``; a re-plan over fewer sites from a later
+    iteration keeps ``r`` (so every iteration has the same guarantee) and the given ``S_C``."""
+    sizes = [40, 60, 100, 200]
+    plan = plan_training(
+        dim=DIM, hidden=H, clip=0.5, iterations=20, sizes=sizes, epsilon=1.0, delta=1e-5
+    )
+    assert plan.colluders == 1 and plan.size == n_params(DIM, H)
+    assert plan.round_length == 20 * plan.size
+    factor = collusion_factor(4, 1)
+    np.testing.assert_allclose(
+        plan.site_scales, [math.sqrt(factor) * 1.0 / n / plan.loss_sigma for n in sizes]
+    )
+    later = plan_training(
+        dim=DIM,
+        hidden=H,
+        clip=0.5,
+        iterations=20,
+        sizes=sizes[:3],
+        epsilon=1.0,
+        delta=1e-5,
+        colluders=plan.colluders,
+        first_iteration=12,
+    )
+    assert later.loss_sigma == plan.loss_sigma and later.colluders == 1
+    assert later.round_iterations == 8 and later.round_length == 8 * plan.size
+    np.testing.assert_allclose(
+        later.site_scales,
+        [math.sqrt(collusion_factor(3, 1)) * 1.0 / n / plan.loss_sigma for n in sizes[:3]],
+    )
+    stds = plan.baseline_stds()
+    assert stds["pooled"] == pytest.approx(1.0 / 400 / plan.loss_sigma)
+    assert plan.aggregator_std() > stds["pooled"]  # CAPE defends against a colluder too
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"sizes": [10]}, "at least 2 sites"),
+        ({"first_iteration": 20}, "first_iteration"),
+        ({"colluders": 2, "sizes": [10, 10]}, "colluders"),
+        ({"clip": 0.0}, "clip"),
+        ({"iterations": 0}, "iterations"),
+    ],
+)
+def test_a_malformed_training_plan_is_refused(changes: dict[str, Any], message: str) -> None:
+    args: dict[str, Any] = {
+        "dim": DIM,
+        "hidden": H,
+        "clip": 1.0,
+        "iterations": 20,
+        "sizes": [10, 20],
+        "epsilon": 1.0,
+        "delta": 1e-5,
+    }
+    with pytest.raises(ValueError, match=message):
+        plan_training(**{**args, **changes})
+
+
+def test_a_sites_noise_for_a_training_covers_every_iteration_of_the_plan_at_once() -> None:
+    plan = plan_training(
+        dim=DIM,
+        hidden=H,
+        clip=1.0,
+        iterations=6,
+        sizes=[10, 30],
+        epsilon=1.0,
+        delta=1e-5,
+        first_iteration=2,
+    )
+    draws = training_noise_share(plan, 1, SeededNoise(np.random.default_rng(0)))
+    assert draws.shape == (4, plan.size)
+    again = np.random.default_rng(0).normal(0.0, plan.site_scales[1], 4 * plan.size)
+    np.testing.assert_array_equal(draws.ravel(), again)
