@@ -149,7 +149,9 @@ async def aggregate(
             dropped,
             "unmask",
         )
-        total = aggregator.finish(responses)
+        # Unmasking expands every self mask (and a lost site's pairwise masks) over the whole
+        # vector: CPU work that must not hold up the event loop.
+        total = await asyncio.to_thread(aggregator.finish, responses)
     except SecAggError as exc:
         raise AbortedError(
             f"secure aggregation round {rid}… of job {short_id(job_id)} aborted: {exc}"
