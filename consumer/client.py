@@ -16,7 +16,8 @@ import grpc
 import numpy as np
 from numpy.typing import NDArray
 
-from common.cape.spec import CapeJobSpec
+from common.cape.dpgd import accuracy, predict_proba
+from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.errors import AbortedError
 from common.summarization.summary import (
     ProgressEvent,
@@ -165,6 +166,15 @@ class CuratorClient:
             raise SessionFailedError(f"session failed: {last[0].message}", session_id, last[1])
         return self.get_summary(session_id)
 
+    def _cape_call(self, method: str, request: Any, seed: int | None, timeout: float) -> Any:
+        """Call a CapeService RPC with a seed (when given); map its status to an error."""
+        if seed is not None:
+            request.seed = seed
+        try:
+            return getattr(self._cape, method)(request, timeout=timeout, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, f"curator at {self.target}") from None
+
     def fit_cape(
         self,
         spec: CapeJobSpec,
@@ -183,20 +193,72 @@ class CuratorClient:
             The error matching the curator's status.
         """
         request = cape_pb2.FitCapeRequest(
-            spec=cape_messages.spec_to_proto(spec),
-            request_id=request_id if request_id is not None else uuid.uuid4().hex,
+            spec=cape_messages.spec_to_proto(spec), request_id=_key(request_id)
         )
-        if seed is not None:
-            request.seed = seed
-        try:
-            response = self._cape.FitCape(request, timeout=timeout, wait_for_ready=True)
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc, f"curator at {self.target}") from None
+        response = self._cape_call("FitCape", request, seed, timeout)
         return CapeFit(
             weights=cape_messages.vector_from_proto(response.weights, "weights"),
             intercept=float(response.intercept),
             report=json.loads(response.report_json),
         )
+
+    def estimate_cape_mean(
+        self,
+        spec: CapeMeanSpec,
+        *,
+        seed: int | None = None,
+        request_id: str | None = None,
+        timeout: float = 600.0,
+    ) -> CapeMean:
+        """The mean vector of some columns across the curator's owners (EstimateCapeMean).
+
+        ``request_id`` defaults to a fresh random key (a retry never spends twice).
+
+        Raises
+        ------
+        common.errors.DPMarketError
+            The error matching the curator's status.
+        """
+        request = cape_pb2.EstimateCapeMeanRequest(
+            spec=cape_messages.spec_to_proto(spec), request_id=_key(request_id)
+        )
+        response = self._cape_call("EstimateCapeMean", request, seed, timeout)
+        mean = cape_messages.vector_from_proto(response.mean, "mean", len(spec.features))
+        return CapeMean(spec=spec, mean=mean, report=json.loads(response.report_json))
+
+    def train_cape(
+        self,
+        spec: CapeTrainingSpec,
+        *,
+        seed: int | None = None,
+        request_id: str | None = None,
+        timeout: float = 1800.0,
+    ) -> CapeNetwork:
+        """Train the 2-layer network by CAPE gradient descent across the curator's owners
+        (TrainCape).
+
+        ``request_id`` defaults to a fresh random key (a retry never trains twice).
+
+        Raises
+        ------
+        common.errors.DPMarketError
+            The error matching the curator's status.
+        """
+        request = cape_pb2.TrainCapeRequest(
+            spec=cape_messages.training_to_proto(spec), request_id=_key(request_id)
+        )
+        response = self._cape_call("TrainCape", request, seed, timeout)
+        parameters = cape_messages.vector_from_proto(
+            response.parameters, "parameters", spec.n_params
+        )
+        return CapeNetwork(
+            spec=spec, parameters=parameters, report=json.loads(response.report_json)
+        )
+
+
+def _key(request_id: str | None) -> str:
+    """The idempotency key sent: the caller's, or a fresh random one."""
+    return request_id if request_id is not None else uuid.uuid4().hex
 
 
 @dataclass(frozen=True)
@@ -217,3 +279,57 @@ class CapeFit:
     weights: NDArray[np.float64]
     intercept: float
     report: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CapeMean:
+    """A mean vector estimated by CAPE.
+
+    Attributes
+    ----------
+    spec : CapeMeanSpec
+        The request (columns, bounds, guarantee).
+    mean : ndarray of shape (D,), float64
+        The mean of each column, in the spec's order and the columns' units.
+    report : dict
+        Sites, dropped sites, noise std at the aggregator and of the baselines, epsilon and
+        delta per site (exact profile and Theorem 1), each owner's spend, timings.
+    """
+
+    spec: CapeMeanSpec
+    mean: NDArray[np.float64]
+    report: dict[str, Any]
+
+    @property
+    def by_column(self) -> dict[str, float]:
+        """Column -> its estimated mean."""
+        return dict(zip(self.spec.columns, self.mean.tolist(), strict=True))
+
+
+@dataclass(frozen=True)
+class CapeNetwork:
+    """The 2-layer network trained by CAPE gradient descent (CAPE paper, Section 5.1).
+
+    Attributes
+    ----------
+    spec : CapeTrainingSpec
+        The request (columns, bounds, hyper-parameters, budget).
+    parameters : ndarray of shape (P,), float64
+        ``W1`` (row-major), ``b1``, ``w2``, ``b2`` on the features mapped to [-1, 1].
+    report : dict
+        Sites and iterations, noise per iteration, the total epsilon charged, delta by Theorem 1
+        and exactly, each owner's spend, timings.
+    """
+
+    spec: CapeTrainingSpec
+    parameters: NDArray[np.float64]
+    report: dict[str, Any]
+
+    def predict_proba(self, features: NDArray[np.float64]) -> NDArray[np.float64]:
+        """``P[y = 1 | x]`` for raw feature rows of shape (n, D) (mapped by the spec's bounds;
+        ``ValueError`` naming row and column for a value outside them)."""
+        return predict_proba(self.parameters, self.spec.scale(features), self.spec.hidden)
+
+    def accuracy(self, features: NDArray[np.float64], labels: NDArray[np.float64]) -> float:
+        """Percent of rows whose rounded prediction equals the 0/1 label."""
+        return accuracy(self.parameters, self.spec.scale(features), labels, self.spec.hidden)

@@ -1,16 +1,27 @@
-"""The curator as CAPE aggregator: one capeFM job across the owners (Algorithm 4).
+"""The curator as CAPE aggregator: capeFM models (Algorithm 4), means (Algorithm 2) and gradient
+descent (Section 5.1) across the owners.
 
-The curator opens the job at every owner, plans it over the owners that answered, runs the
-zero-sum noise round through secure aggregation (:mod:`curator.secagg`), then collects every
-site's release, averages them and fits the model. The zero-sum property must hold over exactly
-the sites whose releases are averaged: a site lost in the noise round makes the curator re-plan
-without it and rerun the round (the earlier draws were never released). A site lost at its
-release, when the others have released and charged already, is not rerun: the curator averages the
-releases it received and states their larger noise (the lost sites' zero-sum corrections remain;
-:func:`common.cape.zero_sum.partial_average_variance`). Either way the stated noise is the noise
-of the estimate. The curator learns the releases and the
-noise round's sum; it is honest but curious (the paper's model), and each owner derives its noise
-from the public plan itself.
+Every job opens at every owner, is planned over the owners that answered, runs its zero-sum noise
+round through secure aggregation (:mod:`curator.secagg`), then collects the sites' releases and
+averages them. The zero-sum property must hold over exactly the sites whose releases are
+averaged, and the stated noise must be the estimate's:
+
+* a site lost in a noise round (at any stage) makes the curator re-plan without it and rerun the
+  round before anyone releases (the earlier draws were never released);
+* a site lost at its release, when the others have released and charged already, is not rerun:
+  the curator averages the releases it received and states their larger noise (the lost sites'
+  zero-sum corrections remain; :func:`common.cape.zero_sum.partial_average_variance`).
+
+:class:`CapeJob` (capeFM) and :class:`CapeMeanJob` release once per site. :class:`CapeTrainingJob`
+releases once per site and iteration: one noise round draws the zero-sum noise of every remaining
+iteration at once (a vector of ``(T - t) P`` values); each iteration the curator broadcasts the
+parameters, averages the releases and steps. A site lost at iteration ``t``'s release leaves that
+iteration's average with its larger noise stated; the curator then re-plans iterations ``t + 1 ..
+T - 1`` without it, with ``S_C`` kept and fresh noise from a new round, so that every later
+iteration is zero-sum over exactly its sites again.
+
+The curator learns the releases and the noise rounds' sums; it is honest but curious (the paper's
+model), and each owner derives its noise from the public plan itself.
 """
 
 from __future__ import annotations
@@ -20,16 +31,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from common.cape.capefm import CapeFMPlan, aggregate_releases, fit_released
+from common.cape.dpgd import CapeTrainingPlan, init_params
 from common.cape.endpoints import CapeSiteEndpoint
 from common.cape.functional_mechanism import to_raw_coefficients
+from common.cape.mean import CapeMeanPlan
 from common.cape.privacy import default_colluders
-from common.cape.spec import CapeJobSpec
+from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.errors import (
     AbortedError,
     DPMarketError,
@@ -43,24 +56,28 @@ from common.privacy.ledger import Charge
 from common.secagg.fixedpoint import FixedPoint
 from common.secagg.protocol import RoundParams
 from common.summarization.endpoints import SessionSpend
-from curator.secagg import aggregate
+from curator.secagg import AggregationOutcome, aggregate
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+SpecT = TypeVar("SpecT", bound=AnyCapeSpec)
+PlanT = TypeVar("PlanT", bound=CapeFMPlan | CapeMeanPlan | CapeTrainingPlan)
+OnePlanT = TypeVar("OnePlanT", bound=CapeFMPlan | CapeMeanPlan)
+ResultT = TypeVar("ResultT")
 
 #: The noise draws are summed in fixed point over [-CLIP_SIGMAS * sigma, CLIP_SIGMAS * sigma];
 #: a Gaussian draw beyond 12 standard deviations has probability below 4e-33 per coordinate.
 CLIP_SIGMAS = 12.0
 #: Fixed-point resolution of each site's noise draw, in bits.
 RESOLUTION_BITS = 30
-#: The most noise rounds a job runs before giving up (each rerun drops at least one site).
+#: The most noise rounds a one-release job runs before giving up (each rerun drops a site).
 MAX_ROUNDS = 4
 
 
 @dataclass(frozen=True)
 class CapeResult:
-    """A fitted model and what it cost.
+    """A fitted capeFM model and what it cost.
 
     Attributes
     ----------
@@ -75,6 +92,39 @@ class CapeResult:
 
     weights: NDArray[np.float64]
     intercept: float
+    report: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CapeMeanEstimate:
+    """A CAPE mean and what it cost.
+
+    Attributes
+    ----------
+    mean : ndarray of shape (D,), float64
+        The mean of each column, in the spec's order and the columns' units.
+    report : dict
+        As :attr:`CapeResult.report`, with the noise std of the baselines.
+    """
+
+    mean: NDArray[np.float64]
+    report: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CapeTrainingResult:
+    """A network trained by CAPE gradient descent and what it cost.
+
+    Attributes
+    ----------
+    parameters : ndarray of shape (P,), float64
+        ``W1`` (row-major), ``b1``, ``w2``, ``b2`` (:mod:`common.cape.dpgd`), on the features
+        mapped to [-1, 1] by their public bounds.
+    report : dict
+        Sites and their iterations, noise per iteration, the total guarantee, timings.
+    """
+
+    parameters: NDArray[np.float64]
     report: dict[str, Any]
 
 
@@ -94,18 +144,28 @@ class _Timings:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
 
-class CapeJob:
-    """One capeFM fit across owners.
+@dataclass(frozen=True)
+class _Round(Generic[PlanT]):
+    """A finished noise round over exactly the planned sites."""
+
+    plan: PlanT
+    params: RoundParams
+    total: NDArray[np.float64]
+
+
+class _CapeRun(Generic[SpecT, PlanT]):
+    """What every CAPE job does: open, plan and run noise rounds, charge, close.
 
     Parameters
     ----------
     job_id : str
         Random id (128 bits), sent to every owner.
-    spec : CapeJobSpec
+    spec : CapeJobSpec, CapeMeanSpec or CapeTrainingSpec
     endpoints : sequence of CapeSiteEndpoint
         The owners.
     rng : numpy.random.Generator
-        The owners' noise seeds are drawn from it (used only by owners allowing seeded runs).
+        The owners' noise seeds are drawn from it (used only by owners allowing seeded runs),
+        then, for a training, the initial parameters.
     consumer : str
         Identity of the consumer served (owners record it).
     call_timeout : float, optional
@@ -117,7 +177,7 @@ class CapeJob:
     def __init__(
         self,
         job_id: str,
-        spec: CapeJobSpec,
+        spec: SpecT,
         endpoints: Sequence[CapeSiteEndpoint],
         rng: np.random.Generator,
         *,
@@ -176,115 +236,61 @@ class CapeJob:
                 out[name] = answer
         return out
 
-    async def run(self) -> CapeResult:
-        """Open, plan, aggregate the noise, collect the releases and fit.
+    async def _open(self) -> list[str]:
+        """Open the job at every owner; return the sites that answered, sorted.
 
         Raises
         ------
-        InvalidArgumentError, FailedPreconditionError
-            If an owner refuses the job when it opens (missing column, value out of bounds, its
-            policy), or fewer than 2 sites remain.
-        AbortedError
-            If no noise round completes over the sites that can release.
+        DPMarketError
+            The first refusal (missing column, value out of bounds, policy), naming the owner.
         """
-        start = time.perf_counter()
-        try:
-            return await self._run(start)
-        finally:
-            t0 = time.perf_counter()
-            await self._close()
-            self.timings.add("close", t0)
-
-    async def _run(self, start: float) -> CapeResult:
-        spec = self.spec
-        draws = self.rng.integers(0, 2**63 - 1, size=len(self.sites))
-        seeds = {n: int(v) for n, v in zip(sorted(self.sites), draws, strict=True)}
+        seeds = owner_seeds(self.rng, list(self.sites))
         t0 = time.perf_counter()
 
         async def open_one(site: _Site) -> int:
             site.opened = True
             return await site.endpoint.open_job(
-                self.job_id, spec, seeds[site.endpoint.name], self.consumer
+                self.job_id, self.spec, seeds[site.endpoint.name], self.consumer
             )
 
         sizes = await self._each(sorted(self.sites), open_one, "open", refusals=True)
         for name, size in sizes.items():
             self.sites[name].size = int(size)
         self.timings.add("open", t0)
-        alive = sorted(sizes)
-        rounds = 0
-        while True:
-            if len(alive) < 2:
-                raise FailedPreconditionError(
-                    f"capeFM needs at least 2 sites; {len(alive)} remain (dropped: {self.dropped})"
-                )
-            rounds += 1
-            if rounds > MAX_ROUNDS:
-                raise AbortedError(f"no noise round completed in {MAX_ROUNDS} attempts")
-            attempt = await self._attempt(alive)
-            if isinstance(attempt, list):  # sites were lost: re-plan without them
-                alive = attempt
-                continue
-            plan, releases = attempt
-            break
-        t0 = time.perf_counter()
-        released = [j for j, n in enumerate(alive) if n in releases]
-        partial = released if len(released) < len(alive) else None
-        averaged = aggregate_releases(plan, [releases[alive[j]] for j in released], partial)
-        fit = fit_released(plan, averaged, released=partial)
-        weights, intercept = to_raw_coefficients(fit.w, spec.feature_bounds, spec.target_bounds)
-        if spec.fit_intercept:
-            intercept += float(weights[-1])
-            weights = weights[:-1]
-        self.timings.add("fit", t0)
-        report = {
-            "task": spec.task,
-            "sites": [alive[j] for j in released],
-            "sizes": {n: self.sites[n].size for n in alive},
-            "noise_round_sites": alive,
-            "lost_at_release": sorted(set(alive) - set(releases)),
-            "dropped": dict(self.dropped),
-            "noise_rounds": rounds,
-            "epsilon": spec.epsilon,
-            "delta_target": spec.delta,
-            "colluders": plan.colluders,
-            "default_colluders": default_colluders(plan.sites),
-            "calibration": plan.calibration,
-            "delta_exact": plan.delta_exact,
-            "delta_theorem1": plan.delta_theorem1,
-            "kappa": plan.kappa,
-            "sigma_z": plan.sigma_z,
-            "aggregator_noise_std": plan.aggregator_scales(partial),
-            "site_noise_std": [dict(sc) for sc in plan.site_scales],
-            "eigenvalues_clipped": fit.clipped,
-            "eigenvalue_floor": fit.floor,
-            "seconds": {**self.timings.seconds, "total": time.perf_counter() - start},
-        }
-        return CapeResult(weights=weights, intercept=float(intercept), report=report)
+        return sorted(sizes)
 
-    async def _attempt(
-        self, alive: list[str]
-    ) -> tuple[CapeFMPlan, dict[str, NDArray[np.float64]]] | list[str]:
-        """Plan over ``alive``, run the noise round, collect the releases; or return the sites
-        still alive when one was lost (the caller re-plans without it)."""
+    def _plan(self, sizes: list[int], first_iteration: int, colluders: int | None) -> PlanT:
+        raise NotImplementedError
+
+    @staticmethod
+    def _round_length(plan: PlanT) -> int:
+        return plan.round_length if isinstance(plan, CapeTrainingPlan) else plan.size
+
+    async def _noise_round(
+        self, alive: list[str], first_iteration: int = 0, colluders: int | None = None
+    ) -> _Round[PlanT] | list[str]:
+        """Plan over ``alive`` and run its noise round; or return the sites still alive when one
+        was lost (the caller re-plans without it)."""
         t0 = time.perf_counter()
         sizes = [self.sites[n].size for n in alive]
         planned = await self._each(
-            alive, lambda s: s.endpoint.plan_job(self.job_id, alive, sizes), "plan"
+            alive,
+            lambda s: s.endpoint.plan_job(self.job_id, alive, sizes, first_iteration),
+            "plan",
         )
         self.timings.add("plan", t0)
         if sorted(planned) != alive:
             return sorted(planned)
-        plan = self.spec.plan(sizes)
+        plan = self._plan(sizes, first_iteration, colluders)
         scale = max(sigma for _, sigma in planned.values())
         params = RoundParams.create(
             alive,
             max(2, len(alive) // 2 + 1),
-            plan.size,
+            self._round_length(plan),
             FixedPoint(CLIP_SIGMAS * scale, RESOLUTION_BITS, len(alive)),
         )
         t0 = time.perf_counter()
-        outcome = await aggregate(
+        outcome: AggregationOutcome = await aggregate(
             {n: self.sites[n].endpoint for n in alive},
             self.job_id,
             params,
@@ -298,36 +304,19 @@ class CapeJob:
         finished = [s for s in outcome.survivors if s not in outcome.dropped]
         if finished != alive:
             return finished
-        if not self._charged:
-            self._charge(plan)
-        t0 = time.perf_counter()
-        releases = await self._each(
-            alive,
-            lambda s: s.endpoint.release(self.job_id, params.round_id, outcome.total),
-            "release",
-        )
-        self.timings.add("release", t0)
-        if not releases:
-            raise AbortedError(f"no site released (dropped: {self.dropped})")
-        # A site lost at its release is not re-planned: the others have released (and charged)
-        # already. Their average keeps the lost sites' zero-sum noise, and the report states
-        # that larger noise (plan.aggregator_scales of the sites that released).
-        return plan, releases
+        return _Round(plan, params, outcome.total)
 
-    def _charge(self, plan: CapeFMPlan) -> None:
-        """Charge the owners' party before any release: every site is (epsilon, delta)-DP
+    def _charge(self, label: str, epsilon: float, loss_sigma: float, delta_exact: float) -> None:
+        """Charge the owners' party before any release: every site is ``(epsilon, delta)``-DP
         against the aggregator and the colluders, a Gaussian privacy loss of standard deviation
-        ``sigma_z`` (one release per site)."""
+        ``loss_sigma`` (for a training, the whole training's)."""
+        if self._charged:
+            return
         if self.on_charge is not None:
             event = PrivacyEvent(
-                "gaussian",
-                self.spec.epsilon,
-                1,
-                plan.sigma_z,
-                scale=1.0,
-                delta=max(plan.delta_exact, 1e-300),
+                "gaussian", epsilon, 1, loss_sigma, scale=1.0, delta=max(delta_exact, 1e-300)
             )
-            self.on_charge([Charge("owners", "capeFM release per site (zero-sum Gaussian)", event)])
+            self.on_charge([Charge("owners", label, event)])
         self._charged = True
 
     async def _close(self) -> None:
@@ -349,3 +338,358 @@ class CapeJob:
     def owner_spend(self) -> dict[str, SessionSpend]:
         """What each owner's ledger recorded for the job (after :meth:`run`)."""
         return {n: s.spent for n, s in self.sites.items() if s.spent is not None}
+
+    def _need_two(self, alive: list[str], what: str) -> None:
+        if len(alive) < 2:
+            raise FailedPreconditionError(
+                f"{what} needs at least 2 sites; {len(alive)} remain (dropped: {self.dropped})"
+            )
+
+    def _guarantee_report(self, plan: CapeFMPlan | CapeMeanPlan) -> dict[str, Any]:
+        return {
+            "epsilon": plan.epsilon,
+            "delta_target": plan.delta,
+            "colluders": plan.colluders,
+            "default_colluders": default_colluders(plan.sites),
+            "calibration": plan.calibration,
+            "delta_exact": plan.delta_exact,
+            "delta_theorem1": plan.delta_theorem1,
+            "kappa": plan.kappa,
+            "sigma_z": plan.sigma_z,
+        }
+
+
+class _OneReleaseJob(_CapeRun[SpecT, OnePlanT], Generic[SpecT, OnePlanT, ResultT]):
+    """A job where every site releases once (capeFM, the mean)."""
+
+    async def run(self) -> ResultT:
+        """Open, plan, aggregate the noise, collect the releases and estimate.
+
+        Raises
+        ------
+        InvalidArgumentError, FailedPreconditionError
+            If an owner refuses the job when it opens (missing column, value out of bounds, its
+            policy), or fewer than 2 sites remain.
+        AbortedError
+            If no noise round completes over the sites that can release.
+        """
+        start = time.perf_counter()
+        try:
+            alive = await self._open()
+            rounds = 0
+            while True:
+                self._need_two(alive, f"a CAPE {self.spec.task} job")
+                rounds += 1
+                if rounds > MAX_ROUNDS:
+                    raise AbortedError(f"no noise round completed in {MAX_ROUNDS} attempts")
+                attempt = await self._noise_round(alive)
+                if isinstance(attempt, list):  # sites were lost: re-plan without them
+                    alive = attempt
+                    continue
+                break
+            plan = attempt.plan
+            cost = self.spec.cost
+            self._charge(self._label, cost[0], plan.sigma_z, plan.delta_exact)
+            t0 = time.perf_counter()
+            releases = await self._each(
+                alive,
+                lambda s: s.endpoint.release(self.job_id, attempt.params.round_id, attempt.total),
+                "release",
+            )
+            self.timings.add("release", t0)
+            if not releases:
+                raise AbortedError(f"no site released (dropped: {self.dropped})")
+            # A site lost at its release is not re-planned: the others have released (and
+            # charged) already. Their average keeps the lost sites' zero-sum noise, and the
+            # report states that larger noise.
+            released = [j for j, n in enumerate(alive) if n in releases]
+            partial = released if len(released) < len(alive) else None
+            report = {
+                "task": self.spec.task,
+                "sites": [alive[j] for j in released],
+                "sizes": {n: self.sites[n].size for n in alive},
+                "noise_round_sites": alive,
+                "lost_at_release": sorted(set(alive) - set(releases)),
+                "dropped": dict(self.dropped),
+                "noise_rounds": rounds,
+                **self._guarantee_report(plan),
+            }
+            t0 = time.perf_counter()
+            result = await asyncio.to_thread(
+                self._finish, plan, [releases[alive[j]] for j in released], partial, report
+            )
+            self.timings.add(self._finish_phase, t0)
+            report["seconds"] = {**self.timings.seconds, "total": time.perf_counter() - start}
+            return result
+        finally:
+            t0 = time.perf_counter()
+            await self._close()
+            self.timings.add("close", t0)
+
+    #: The ledger's label of the release, and the name of the aggregator's last phase.
+    _label = ""
+    _finish_phase = ""
+
+    def _finish(
+        self,
+        plan: OnePlanT,
+        releases: list[NDArray[np.float64]],
+        partial: list[int] | None,
+        report: dict[str, Any],
+    ) -> ResultT:
+        raise NotImplementedError
+
+
+class CapeJob(_OneReleaseJob[CapeJobSpec, CapeFMPlan, CapeResult]):
+    """One capeFM fit across owners (Algorithm 4); :meth:`run` returns a :class:`CapeResult`.
+
+    Parameters as :class:`_CapeRun`.
+    """
+
+    _label = "capeFM release per site (zero-sum Gaussian)"
+    _finish_phase = "fit"
+
+    def _plan(self, sizes: list[int], first_iteration: int, colluders: int | None) -> CapeFMPlan:
+        return self.spec.plan(sizes)
+
+    def _finish(
+        self,
+        plan: CapeFMPlan,
+        releases: list[NDArray[np.float64]],
+        partial: list[int] | None,
+        report: dict[str, Any],
+    ) -> CapeResult:
+        spec = self.spec
+        averaged = aggregate_releases(plan, releases, partial)
+        fit = fit_released(plan, averaged, released=partial)
+        weights, intercept = to_raw_coefficients(fit.w, spec.feature_bounds, spec.target_bounds)
+        if spec.fit_intercept:
+            intercept += float(weights[-1])
+            weights = weights[:-1]
+        report["aggregator_noise_std"] = plan.aggregator_scales(partial)
+        report["site_noise_std"] = [dict(sc) for sc in plan.site_scales]
+        report["baseline_noise_std"] = plan.baseline_scales()
+        report["eigenvalues_clipped"] = fit.clipped
+        report["eigenvalue_floor"] = fit.floor
+        return CapeResult(weights=weights, intercept=float(intercept), report=report)
+
+
+class CapeMeanJob(_OneReleaseJob[CapeMeanSpec, CapeMeanPlan, CapeMeanEstimate]):
+    """One CAPE mean across owners (Algorithm 2); :meth:`run` returns a
+    :class:`CapeMeanEstimate`.
+
+    Parameters as :class:`_CapeRun`.
+    """
+
+    _label = "CAPE mean release per site (zero-sum Gaussian)"
+    _finish_phase = "average"
+
+    def _plan(self, sizes: list[int], first_iteration: int, colluders: int | None) -> CapeMeanPlan:
+        return self.spec.plan(sizes)
+
+    def _finish(
+        self,
+        plan: CapeMeanPlan,
+        releases: list[NDArray[np.float64]],
+        partial: list[int] | None,
+        report: dict[str, Any],
+    ) -> CapeMeanEstimate:
+        report["columns"] = list(self.spec.columns)
+        report["aggregator_noise_std"] = plan.aggregator_std(partial)
+        report["site_noise_std"] = list(plan.site_scales)
+        report["baseline_noise_std"] = plan.baseline_stds()
+        return CapeMeanEstimate(aggregate_releases(plan, releases, partial), report)
+
+
+class CapeTrainingJob(_CapeRun[CapeTrainingSpec, CapeTrainingPlan]):
+    """CAPE gradient descent of the 2-layer network across owners (Section 5.1).
+
+    Parameters as :class:`_CapeRun`. The initial parameters are drawn from ``rng`` after the
+    owners' seeds (:func:`common.cape.dpgd.init_params`); they are public.
+    """
+
+    def _plan(
+        self, sizes: list[int], first_iteration: int, colluders: int | None
+    ) -> CapeTrainingPlan:
+        return self.spec.plan(sizes, first_iteration=first_iteration, colluders=colluders)
+
+    async def run(self) -> CapeTrainingResult:
+        """Open, then for every iteration broadcast the parameters, average the releases and
+        step, with noise rounds as needed.
+
+        Raises
+        ------
+        InvalidArgumentError, FailedPreconditionError
+            If an owner refuses the job when it opens (missing column, value out of bounds, label
+            not 0/1, its budget), or fewer than 2 sites remain (also mid-training).
+        AbortedError
+            If a noise round aborts, or no site releases an iteration.
+        """
+        start = time.perf_counter()
+        try:
+            return await self._run(start)
+        finally:
+            t0 = time.perf_counter()
+            await self._close()
+            self.timings.add("close", t0)
+
+    async def _run(self, start: float) -> CapeTrainingResult:
+        spec = self.spec
+        alive = await self._open()
+        theta = init_params(spec.dim, spec.hidden, self.rng)
+        stds: list[float] = []
+        segments: list[dict[str, Any]] = []
+        lost_at: dict[str, int] = {}
+        colluders: int | None = None  # fixed by the first plan that released
+        first_plan: CapeTrainingPlan | None = None
+        rounds = 0
+        t = 0
+        while t < spec.iterations:
+            self._need_two(alive, f"CAPE training (stopped before iteration {t})")
+            rounds += 1
+            attempt = await self._noise_round(alive, t, colluders)
+            if isinstance(attempt, list):  # lost before any release of the round: re-plan
+                alive = attempt
+                continue
+            plan = attempt.plan
+            first_plan = first_plan or plan
+            self._charge(
+                f"CAPE gradient descent, {spec.iterations} iterations (zero-sum Gaussian)",
+                plan.epsilon,
+                plan.sigma_z,
+                plan.delta_exact,
+            )
+            totals = attempt.total.reshape(plan.round_iterations, plan.size)
+            segment: dict[str, Any] = {
+                "first_iteration": t,
+                "sites": list(alive),
+                "site_noise_std": list(plan.site_scales),
+                "noise_std": plan.aggregator_std(),
+            }
+            segments.append(segment)
+            while t < spec.iterations:
+                t0 = time.perf_counter()
+                row = totals[t - plan.first_iteration]
+                releases = await self._each(
+                    alive,
+                    _gradient_call(self.job_id, attempt.params.round_id, t, theta, row),
+                    f"release of iteration {t}",
+                )
+                self.timings.add("release", t0)
+                if not releases:
+                    raise AbortedError(f"no site released iteration {t} (dropped: {self.dropped})")
+                colluders = plan.colluders
+                released = [j for j, n in enumerate(alive) if n in releases]
+                partial = released if len(released) < len(alive) else None
+                t0 = time.perf_counter()
+                theta = await asyncio.to_thread(
+                    _step, plan, theta, [releases[alive[j]] for j in released], partial, spec
+                )
+                self.timings.add("step", t0)
+                stds.append(plan.aggregator_std(partial))
+                segment["last_iteration"] = t
+                t += 1
+                if partial is not None:
+                    # Iteration t - 1 keeps the lost sites' zero-sum noise (its larger std is
+                    # stated); the next iterations need a noise round over the others.
+                    for n in alive:
+                        if n not in releases:
+                            lost_at[n] = t - 1
+                    alive = [alive[j] for j in released]
+                    break
+        assert first_plan is not None
+        report = {
+            "task": "train",
+            "sites": segments[0]["sites"],
+            "sizes": {n: s.size for n, s in self.sites.items() if s.size},
+            "segments": segments,
+            "lost_at_release": lost_at,
+            "dropped": dict(self.dropped),
+            "noise_rounds": rounds,
+            "iterations": spec.iterations,
+            "dim": spec.dim,
+            "hidden_units": spec.hidden,
+            "parameters": spec.n_params,
+            "epsilon": first_plan.epsilon,
+            "epsilon_requested": spec.epsilon,
+            "delta_target": spec.delta,
+            "delta_exact": first_plan.delta_exact,
+            "delta_theorem1": first_plan.delta_theorem1,
+            "colluders": first_plan.colluders,
+            "default_colluders": default_colluders(first_plan.sites),
+            "loss_sigma_per_iteration": first_plan.loss_sigma,
+            "sigma_z": first_plan.sigma_z,
+            "noise_std_per_iteration": stds,
+            "baseline_noise_std": first_plan.baseline_stds(),
+            "seconds": {**self.timings.seconds, "total": time.perf_counter() - start},
+        }
+        return CapeTrainingResult(theta, report)
+
+
+def owner_seeds(rng: np.random.Generator, names: Sequence[str]) -> dict[str, int]:
+    """The seed each owner's noise is drawn from (honoured only by owners allowing seeded runs):
+    the job's first draws from ``rng``, one per owner in sorted order. A training's initial
+    parameters are the next draws (:func:`common.cape.dpgd.init_params`), so a caller that
+    replays these draws from the same seed gets the same starting point."""
+    draws = rng.integers(0, 2**63 - 1, size=len(names))
+    return {n: int(v) for n, v in zip(sorted(names), draws, strict=True)}
+
+
+def _gradient_call(
+    job_id: str,
+    round_id: bytes,
+    iteration: int,
+    theta: NDArray[np.float64],
+    total: NDArray[np.float64],
+) -> Callable[[_Site], Awaitable[NDArray[np.float64]]]:
+    """A site's ReleaseCapeGradient call for one iteration (bound now, not at call time)."""
+
+    def call(site: _Site) -> Awaitable[NDArray[np.float64]]:
+        return site.endpoint.release_gradient(job_id, round_id, iteration, theta, total)
+
+    return call
+
+
+def _step(
+    plan: CapeTrainingPlan,
+    theta: NDArray[np.float64],
+    releases: list[NDArray[np.float64]],
+    partial: list[int] | None,
+    spec: CapeTrainingSpec,
+) -> NDArray[np.float64]:
+    """One gradient step on the weighted average of the releases (Remark 3's weights)."""
+    gradient = aggregate_releases(plan, releases, partial)
+    out: NDArray[np.float64] = theta - spec.learning_rate * gradient
+    if not np.isfinite(out).all():
+        raise AbortedError("the parameters diverged (not finite): lower the learning rate")
+    return out
+
+
+def job_for(
+    job_id: str,
+    spec: AnyCapeSpec,
+    endpoints: Sequence[CapeSiteEndpoint],
+    rng: np.random.Generator,
+    **options: Any,
+) -> CapeJob | CapeMeanJob | CapeTrainingJob:
+    """The job class that runs ``spec``, constructed with ``options`` (see :class:`_CapeRun`)."""
+    if isinstance(spec, CapeTrainingSpec):
+        return CapeTrainingJob(job_id, spec, endpoints, rng, **options)
+    if isinstance(spec, CapeMeanSpec):
+        return CapeMeanJob(job_id, spec, endpoints, rng, **options)
+    return CapeJob(job_id, spec, endpoints, rng, **options)
+
+
+__all__ = [
+    "CLIP_SIGMAS",
+    "MAX_ROUNDS",
+    "RESOLUTION_BITS",
+    "CapeJob",
+    "CapeMeanEstimate",
+    "CapeMeanJob",
+    "CapeResult",
+    "CapeTrainingJob",
+    "CapeTrainingResult",
+    "job_for",
+    "owner_seeds",
+]

@@ -1,10 +1,12 @@
 """The curator's CAPE service for consumers: policy, idempotency, durable charges, the servicer.
 
 :class:`CapeJobs` checks a request against the curator's policy (the guarantee to every owner
-against ``owners_epsilon`` / ``owners_delta``, seeded jobs, the consumer's request rate and the
-number of jobs running), runs a :class:`curator.cape.CapeJob` across the owners, records the job,
-its charge (before any release) and its result in the curator's store, and answers a retried
-request with the same result. :class:`CapeServicer` is the thin gRPC adapter, open to consumers.
+against ``owners_epsilon`` / ``owners_delta``, the number of columns, a training's
+hyper-parameters and work, seeded jobs, the consumer's request rate and the number of jobs
+running), runs the job across the owners (:mod:`curator.cape`: a capeFM model, a mean or a
+training), records the job, its charge (before any release) and its result in the curator's
+store, and answers a retried request with the same result. :class:`CapeServicer` is the thin
+gRPC adapter, open to consumers.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from common.cape.endpoints import CapeSiteEndpoint
-from common.cape.spec import CapeJobSpec
+from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.errors import (
     DPMarketError,
     InvalidArgumentError,
@@ -29,7 +31,7 @@ from common.errors import (
 )
 from common.ids import new_session_id, short_id
 from common.privacy.rng import make_rng
-from curator.cape import CapeJob
+from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
 from curator.policy import CuratorPolicy, RequestRate
 from curator.store import CuratorStore
 from dpmarket import cape_messages as msg
@@ -77,33 +79,34 @@ class CapeJobs:
 
     async def fit(
         self,
-        spec: CapeJobSpec,
+        spec: AnyCapeSpec,
         seed: int | None,
         *,
         consumer: str,
         request_id: str = "",
         request_digest: str = "",
     ) -> dict[str, Any]:
-        """Fit a model; return ``{"weights", "intercept", "report"}``.
+        """Run a CAPE job; return its document: ``{"weights", "intercept", "report"}`` (capeFM),
+        ``{"mean", "report"}`` (a mean) or ``{"parameters", "report"}`` (a training).
 
         Raises
         ------
         PermissionDeniedError
             For a seed on a curator that does not allow seeded sessions.
         InvalidArgumentError
-            For a guarantee outside the policy, a malformed key, or a key reused with another
-            request.
+            For a guarantee, a number of columns or a training hyper-parameter outside the
+            policy, a malformed key, or a key reused with another request.
         ResourceExhaustedError
             Beyond the request rate or the jobs running at once.
         DPMarketError
-            As :meth:`curator.cape.CapeJob.run`; nothing is released when an owner refuses at
-            open.
+            As the job's ``run`` (:mod:`curator.cape`); nothing is released when an owner
+            refuses at open.
         """
         if seed is not None and not self.policy.allow_seeded_sessions:
             raise PermissionDeniedError(
                 "this curator does not accept seeded jobs (start it with --allow-seeded-sessions)"
             )
-        self.policy.check_guarantee(spec.epsilon, spec.delta)
+        self.policy.check_cape(spec)
         if not request_id:
             return await self._fit(spec, seed, consumer, None, request_digest)
         if len(request_id) > MAX_REQUEST_ID_LENGTH or not (
@@ -137,7 +140,7 @@ class CapeJobs:
 
     async def _fit(
         self,
-        spec: CapeJobSpec,
+        spec: AnyCapeSpec,
         seed: int | None,
         consumer: str,
         request_id: str | None,
@@ -160,7 +163,7 @@ class CapeJobs:
                 method=f"cape-{spec.task}",
                 config=dataclasses.asdict(spec),
             )
-        job = CapeJob(
+        job = job_for(
             job_id,
             spec,
             self.owners,
@@ -185,15 +188,19 @@ class CapeJobs:
             **result.report,
             "owner_spend": {n: dataclasses.asdict(s) for n, s in job.owner_spend.items()},
         }
-        document = {
-            "weights": result.weights.tolist(),
-            "intercept": result.intercept,
-            "report": report,
-        }
+        document: dict[str, Any] = {"report": report}
+        if isinstance(result, CapeResult):
+            document["weights"] = result.weights.tolist()
+            document["intercept"] = result.intercept
+        elif isinstance(result, CapeMeanEstimate):
+            document["mean"] = result.mean.tolist()
+        else:
+            assert isinstance(result, CapeTrainingResult)
+            document["parameters"] = result.parameters.tolist()
         if store is not None:
             store.finish_document(job_id, document, ttl=ttl)
         logger.info(
-            "CAPE job %s for %s: %s regression over %d sites",
+            "CAPE job %s for %s: %s over %d sites",
             short_id(job_id),
             consumer,
             spec.task,
@@ -202,12 +209,14 @@ class CapeJobs:
         return document
 
 
-def fit_request_digest(request: cape_pb2.FitCapeRequest) -> str:
-    """SHA-256 of a FitCapeRequest without its idempotency key (deterministic bytes)."""
-    copy = cape_pb2.FitCapeRequest()
+def request_digest(request: Any) -> str:
+    """SHA-256 of a CapeService request (its type's full name, then its deterministic bytes)
+    without its idempotency key: the same key reused for another RPC is another request."""
+    copy = type(request)()
     copy.CopyFrom(request)
     copy.request_id = ""
-    return hashlib.sha256(copy.SerializeToString(deterministic=True)).hexdigest()
+    body = copy.SerializeToString(deterministic=True)
+    return hashlib.sha256(request.DESCRIPTOR.full_name.encode() + b"\0" + body).hexdigest()
 
 
 class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
@@ -217,19 +226,46 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
         self.jobs = jobs
         self.authorizer = authorizer
 
-    @rpc("consumer")
-    async def FitCape(self, request, context, caller):  # type: ignore[no-untyped-def]
-        spec = msg.spec_from_proto(request.spec)
+    async def _run(self, request: Any, spec: AnyCapeSpec, caller: object) -> dict[str, Any]:
         seed = int(request.seed) if request.HasField("seed") else None
-        document = await self.jobs.fit(
+        return await self.jobs.fit(
             spec,
             seed,
             consumer=str(caller),
             request_id=request.request_id,
-            request_digest=fit_request_digest(request),
+            request_digest=request_digest(request),
         )
+
+    @rpc("consumer")
+    async def FitCape(self, request, context, caller):  # type: ignore[no-untyped-def]
+        spec = msg.spec_from_proto(request.spec)
+        if not isinstance(spec, CapeJobSpec):
+            raise InvalidArgumentError("FitCape fits regressions; ask EstimateCapeMean for a mean")
+        document = await self._run(request, spec, caller)
         return cape_pb2.FitCapeResponse(
             weights=msg.vector_to_proto(np.asarray(document["weights"], dtype=np.float64)),
             intercept=float(document["intercept"]),
+            report_json=json.dumps(document["report"], sort_keys=True),
+        )
+
+    @rpc("consumer")
+    async def EstimateCapeMean(self, request, context, caller):  # type: ignore[no-untyped-def]
+        spec = msg.spec_from_proto(request.spec)
+        if not isinstance(spec, CapeMeanSpec):
+            raise InvalidArgumentError(
+                "EstimateCapeMean needs the task CAPE_TASK_MEAN; ask FitCape for a regression"
+            )
+        document = await self._run(request, spec, caller)
+        return cape_pb2.EstimateCapeMeanResponse(
+            mean=msg.vector_to_proto(np.asarray(document["mean"], dtype=np.float64)),
+            report_json=json.dumps(document["report"], sort_keys=True),
+        )
+
+    @rpc("consumer")
+    async def TrainCape(self, request, context, caller):  # type: ignore[no-untyped-def]
+        spec: CapeTrainingSpec = msg.training_from_proto(request.spec)
+        document = await self._run(request, spec, caller)
+        return cape_pb2.TrainCapeResponse(
+            parameters=msg.vector_to_proto(np.asarray(document["parameters"], dtype=np.float64)),
             report_json=json.dumps(document["report"], sort_keys=True),
         )

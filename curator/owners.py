@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 from numpy.typing import NDArray
 
-from common.cape.spec import CapeJobSpec
+from common.cape.spec import AnyCapeSpec
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
 from common.summarization.rff import RFFParams
@@ -251,21 +251,22 @@ class GrpcOwnerEndpoint:
         return msg.unmask_from_proto(response)
 
     # ----------------------------------------------------------------------- CAPE (site)
-    async def open_job(self, job_id: str, spec: CapeJobSpec, seed: int, consumer: str) -> int:
+    async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> int:
         """OpenCapeJob (the owner scans its table: allow the open-session deadline)."""
-        request = cape_pb2.OpenCapeJobRequest(
-            job_id=job_id, consumer=consumer, spec=msg.spec_to_proto(spec), seed=seed
-        )
+        request = cape_pb2.OpenCapeJobRequest(job_id=job_id, consumer=consumer, seed=seed)
+        msg.job_to_proto(request, spec)
         response = await self._call(
             lambda: self._cape.OpenCapeJob(request, timeout=OPEN_DEADLINE_SECONDS)
         )
         return int(response.num_rows)
 
     async def plan_job(
-        self, job_id: str, sites: Sequence[str], sizes: Sequence[int]
+        self, job_id: str, sites: Sequence[str], sizes: Sequence[int], first_iteration: int = 0
     ) -> tuple[int, float]:
         """PlanCapeJob."""
-        request = cape_pb2.PlanCapeJobRequest(job_id=job_id, sites=list(sites), sizes=list(sizes))
+        request = cape_pb2.PlanCapeJobRequest(
+            job_id=job_id, sites=list(sites), sizes=list(sizes), first_iteration=first_iteration
+        )
         response = await self._call(lambda: self._cape.PlanCapeJob(request, timeout=self.deadline))
         return int(response.statistic_length), float(response.max_noise_scale)
 
@@ -278,6 +279,27 @@ class GrpcOwnerEndpoint:
         )
         response = await self._call(lambda: self._cape.ReleaseCape(request, timeout=self.deadline))
         return msg.vector_from_proto(response.release, "release", total.shape[0])
+
+    async def release_gradient(
+        self,
+        job_id: str,
+        round_id: bytes,
+        iteration: int,
+        parameters: NDArray[np.float64],
+        total: NDArray[np.float64],
+    ) -> NDArray[np.float64]:
+        """ReleaseCapeGradient."""
+        request = cape_pb2.ReleaseCapeGradientRequest(
+            job_id=job_id,
+            round_id=round_id,
+            iteration=iteration,
+            parameters=msg.vector_to_proto(parameters),
+            noise_total=msg.vector_to_proto(total),
+        )
+        response = await self._call(
+            lambda: self._cape.ReleaseCapeGradient(request, timeout=self.deadline)
+        )
+        return msg.vector_from_proto(response.release, "release", parameters.shape[0])
 
     async def close_job(self, job_id: str) -> SessionSpend:
         """CloseCapeJob."""

@@ -19,6 +19,12 @@ The policy file is TOML (parsed with :mod:`tomllib`); every key is optional::
     owners_delta = [0.0, 1e-5]          # and its delta (the printed PrivAuction's ~0.1 is refused)
     validation_points = [1, 100000]     # m
     methods = ["candidates", "private", "rounds", "uniform"]   # "greedy" is non-private
+    cape_columns = [1, 1000]            # columns of a CAPE job (features, or those averaged)
+    train_iterations = [1, 1000]        # CAPE gradient descent: T
+    train_learning_rate = [1e-4, 10.0]
+    train_hidden_units = [1, 256]
+    train_clip_norm = [1e-3, 100.0]
+    train_work = [1, 1000000]           # T x P, P = H (D + 2) + 1 parameters
 
     [sessions]
     max_running = 4                     # concurrent sessions (RESOURCE_EXHAUSTED beyond)
@@ -42,6 +48,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from common.cape.spec import AnyCapeSpec, CapeTrainingSpec
 from common.errors import InvalidArgumentError, ResourceExhaustedError
 from common.summarization.summary import METHODS, Method, SummarizationConfig
 from common.summarization.terms import OwnerTerms
@@ -72,6 +79,15 @@ DEFAULT_RANGES: dict[str, tuple[float, float]] = {
     "owners_epsilon": (0.0, 4.0),
     "owners_delta": (0.0, 1e-3),
     "validation_points": (1, 100_000),
+    # CAPE jobs: columns of any job, and the public hyper-parameters of gradient descent. The
+    # work of a training is bounded through T x P: one noise round sums T x P values per site,
+    # and the curator averages S vectors of P values T times.
+    "cape_columns": (1, 1000),
+    "train_iterations": (1, 1000),
+    "train_learning_rate": (1e-4, 10.0),
+    "train_hidden_units": (1, 256),
+    "train_clip_norm": (1e-3, 100.0),
+    "train_work": (1, 1_000_000),
 }
 
 _SESSION_KEYS = (
@@ -184,6 +200,29 @@ class CuratorPolicy:
         """
         self._check_range("owners_epsilon", epsilon, "epsilon on every owner's data")
         self._check_range("owners_delta", delta, "delta on every owner's data")
+
+    def check_cape(self, spec: AnyCapeSpec) -> None:
+        """Check a CAPE job's public parameters: the guarantee to every owner (a training's
+        total over all iterations), the number of columns and, for gradient descent, every
+        hyper-parameter and the work ``T x P``.
+
+        Raises
+        ------
+        InvalidArgumentError
+            Naming the first parameter out of range and the allowed range.
+        """
+        self.check_guarantee(spec.epsilon, spec.delta)
+        self._check_range("cape_columns", len(spec.features), "number of columns")
+        if isinstance(spec, CapeTrainingSpec):
+            self._check_range("train_iterations", spec.iterations, "iterations")
+            self._check_range("train_learning_rate", spec.learning_rate, "learning_rate")
+            self._check_range("train_hidden_units", spec.hidden, "hidden_units")
+            self._check_range("train_clip_norm", spec.clip, "clip_norm")
+            self._check_range(
+                "train_work",
+                spec.iterations * spec.n_params,
+                f"iterations x parameters ({spec.iterations} x {spec.n_params})",
+            )
 
     def check_terms(self, terms: OwnerTerms) -> None:
         """Check the session's total spend of the owners' privacy against the policy.

@@ -14,12 +14,12 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric import ec
 from numpy.typing import NDArray
 
-from common.cape.spec import CapeJobSpec
+from common.cape.spec import AnyCapeSpec, CapeJobSpec
 from common.privacy.noise import OpenDPNoise
 from common.privacy.rng import make_rng
 from common.summarization.endpoints import OwnerEndpoint, SessionSpend
 from common.summarization.summary import SummarizationConfig, SummaryResult
-from curator.cape import CapeJob, CapeResult
+from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
 from curator.protocol import ProgressCallback, SummarizationSession
 from owner.cape import CapeSite
 from owner.data import PointSet, Table
@@ -144,7 +144,26 @@ def fit_cape(
     common.errors.DPMarketError
         As :meth:`curator.cape.CapeJob.run`.
     """
+    result, spend = run_cape(tables, spec, seed=seed)
+    assert isinstance(result, CapeResult)
+    return result, spend
+
+
+def run_cape(
+    tables: Sequence[Table], spec: AnyCapeSpec, *, seed: int | None
+) -> tuple[CapeResult | CapeMeanEstimate | CapeTrainingResult, dict[str, SessionSpend]]:
+    """Run any CAPE job (capeFM, mean, training) with every owner in this process, secure
+    aggregation included; the same seed gives the networked run's answer bit for bit.
+
+    Raises
+    ------
+    common.errors.DPMarketError
+        As the job's ``run`` (:mod:`curator.cape`).
+    """
     endpoints = local_cape_sites(tables, seeded=seed is not None)
-    job = CapeJob("local-cape-job", spec, endpoints, make_rng(seed))
-    result = asyncio.run(job.run())
-    return result, job.owner_spend
+    job = job_for("local-cape-job", spec, endpoints, make_rng(seed))
+
+    async def run() -> CapeResult | CapeMeanEstimate | CapeTrainingResult:
+        return await job.run()
+
+    return asyncio.run(run()), job.owner_spend

@@ -1,12 +1,23 @@
-"""An owner's side of CAPE (capeFM, Algorithm 4 of the CAPE paper) as plain state objects.
+"""An owner's side of CAPE as plain state objects: capeFM (Algorithm 4 of the CAPE paper), the
+CAPE mean (Algorithm 2) and CAPE gradient descent (Section 5.1, one release per iteration).
 
 A job goes through: open (the spec is checked against the owner's table and the terms against its
 policy), plan (the sites and their row counts are fixed; the owner computes the plan — noise
-scales, weights and guarantee — itself with :func:`common.cape.capefm.plan_capefm`), one or more
-secure-aggregation noise rounds (the owner's input is a fresh zero-sum noise draw, Algorithm 1),
-then one release: its coefficients plus the zero-sum-corrected noise plus fresh local noise,
-charged to the owner's ledger first. The noise scale depends on the owner's own row count and on
-public parameters only, so a curator cannot make an owner add less noise than its terms say.
+scales, weights and guarantee — itself from public values), one or more secure-aggregation noise
+rounds (the owner's input is a fresh zero-sum noise draw, Algorithm 1), then its releases, the
+first of which is charged to the owner's ledger before it leaves:
+
+* capeFM and the mean: one release, ``f(x_s) + e_s + g_s`` (the functional mechanism's
+  coefficients or the site's mean vector);
+* gradient descent: one release per iteration, the clipped-gradient average at the parameters
+  the curator broadcasts plus that iteration's ``e_s,t + g_s,t``. One noise round draws the noise
+  of every remaining iteration at once; a re-plan (after a site is lost) covers only iterations
+  after the last one released, with fresh noise, and keeps ``S_C``. Each iteration is released
+  at most once, in increasing order, so the training never releases more than the ``T``
+  iterations its charge pays for.
+
+The noise scale depends on the owner's own row count and on public parameters only, so a curator
+cannot make an owner add less noise than its terms say.
 """
 
 from __future__ import annotations
@@ -26,7 +37,9 @@ from common.cape.capefm import (
     site_noise_share,
     site_release,
 )
-from common.cape.spec import CapeJobSpec
+from common.cape.dpgd import CapeTrainingPlan, site_gradient, training_noise_share
+from common.cape.mean import CapeMeanPlan, site_mean
+from common.cape.spec import AnyCapeSpec, CapeMeanSpec, CapeTrainingSpec
 from common.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -42,24 +55,33 @@ from common.summarization.endpoints import SessionSpend
 from owner.data import Table
 from owner.ledger import OwnerLedger
 
+#: The plan of any CAPE job.
+AnyCapePlan = CapeFMPlan | CapeMeanPlan | CapeTrainingPlan
+
 
 @dataclass
 class _Job:
-    spec: CapeJobSpec
+    spec: AnyCapeSpec
     curator: str
     consumer: str
     x: NDArray[np.float64]
-    y: NDArray[np.float64]
+    y: NDArray[np.float64] | None
     rng: np.random.Generator
     noise: NoiseSource
     touched: float
-    plan: CapeFMPlan | None = None
+    plan: AnyCapePlan | None = None
     index: int = -1
     sites: tuple[str, ...] = ()
     draws: dict[bytes, NDArray[np.float64]] = field(default_factory=dict)
     survivors: dict[bytes, tuple[str, ...]] = field(default_factory=dict)
     released: bool = False
+    charged: bool = False
+    last_iteration: int = -1
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def training(self) -> bool:
+        return isinstance(self.spec, CapeTrainingSpec)
 
 
 class CapeSite:
@@ -118,17 +140,28 @@ class CapeSite:
         rounds are its own)."""
         self._job(job_id, curator)
 
+    def _data(self, spec: AnyCapeSpec) -> tuple[NDArray[np.float64], NDArray[np.float64] | None]:
+        """The job's records from this owner's table, checked against the spec's bounds."""
+        assert self.table is not None
+        table = self.table
+        if isinstance(spec, CapeMeanSpec):
+            return spec.checked(table.select(spec.columns)), None
+        target = spec.target if isinstance(spec, CapeTrainingSpec) else spec.target[0]
+        return spec.scaled(table.select(spec.columns), table.select([target])[:, 0])
+
     def open(
-        self, job_id: str, spec: CapeJobSpec, seed: int, *, curator: str, consumer: str
+        self, job_id: str, spec: AnyCapeSpec, seed: int, *, curator: str, consumer: str
     ) -> int:
         """Check a new job against the table and the policy; return this owner's row count.
 
         Raises
         ------
         FailedPreconditionError
-            If this owner holds no table, or its ledger refuses the terms.
+            If this owner holds no table, or its ledger refuses the terms (for gradient
+            descent, the whole training's total).
         InvalidArgumentError
-            If a column is missing or a value lies outside its public bounds.
+            If a column is missing or a value lies outside its public bounds (naming row and
+            column), or a label is not 0/1.
         ResourceExhaustedError, AlreadyExistsError
             Beyond ``max_jobs`` open jobs; a job id in use.
         """
@@ -137,19 +170,18 @@ class CapeSite:
         if not job_id:
             raise InvalidArgumentError("job_id must be a non-empty string")
         try:
-            x, y = spec.scaled(
-                self.table.select(spec.columns), self.table.select([spec.target[0]])[:, 0]
-            )
+            x, y = self._data(spec)
         except ValueError as exc:
             raise InvalidArgumentError(f"owner {self.name}: {exc}") from exc
         if self.ledger is not None:
+            epsilon, delta = spec.cost
             self.ledger.check(
                 session=job_id,
                 consumer=consumer,
                 curator=curator,
-                mechanism=_mechanism(spec),
-                epsilon=spec.epsilon,
-                delta=spec.delta,
+                mechanism=spec.mechanism,
+                epsilon=epsilon,
+                delta=delta,
                 points=0,
             )
         self.expire_idle()
@@ -170,21 +202,35 @@ class CapeSite:
         return int(x.shape[0])
 
     def plan(
-        self, job_id: str, sites: Sequence[str], sizes: Sequence[int], *, curator: str
-    ) -> CapeFMPlan:
+        self,
+        job_id: str,
+        sites: Sequence[str],
+        sizes: Sequence[int],
+        *,
+        curator: str,
+        first_iteration: int = 0,
+    ) -> AnyCapePlan:
         """Fix the sites of the next noise round and compute the plan.
+
+        Parameters
+        ----------
+        first_iteration : int, default 0
+            Gradient descent only: the first iteration the round covers; after releases it must
+            follow the last iteration released (a statistic job must pass 0).
 
         Raises
         ------
         InvalidArgumentError
             If this owner is not among the sites, its row count differs from its own, the
-            sites are not sorted and distinct, or the plan cannot be made.
+            sites are not sorted and distinct, ``first_iteration`` is out of range, or the plan
+            cannot be made.
         FailedPreconditionError
-            If the job has released already.
+            If a statistic job has released already, or a training would re-plan an iteration
+            released already.
         """
         job = self._job(job_id, curator)
         with job.lock:
-            if job.released:
+            if job.released and not job.training:
                 raise FailedPreconditionError("the job has released already")
             names = tuple(sites)
             if list(names) != sorted(set(names)) or len(names) != len(sizes):
@@ -196,8 +242,27 @@ class CapeSite:
                 raise InvalidArgumentError(
                     f"owner {self.name} holds {job.x.shape[0]} rows, not {sizes[index]}"
                 )
+            counts = [int(n) for n in sizes]
+            spec = job.spec
             try:
-                plan = job.spec.plan([int(n) for n in sizes])
+                if isinstance(spec, CapeTrainingSpec):
+                    if first_iteration <= job.last_iteration:
+                        raise FailedPreconditionError(
+                            f"iteration {job.last_iteration} is released already: a new plan "
+                            f"must start after it, not at {first_iteration}"
+                        )
+                    # S_C is fixed once a release was made with it: every iteration keeps the
+                    # same guarantee against the same number of colluders.
+                    fixed = job.plan.colluders if job.released and job.plan else None
+                    plan: AnyCapePlan = spec.plan(
+                        counts, first_iteration=first_iteration, colluders=fixed
+                    )
+                else:
+                    if first_iteration != 0:
+                        raise InvalidArgumentError(
+                            f"first_iteration is for gradient descent only, got {first_iteration}"
+                        )
+                    plan = spec.plan(counts)
             except ValueError as exc:
                 raise InvalidArgumentError(str(exc)) from exc
             job.plan, job.index, job.sites = plan, index, names
@@ -207,7 +272,8 @@ class CapeSite:
 
     def noise_input(self, job_id: str, params: RoundParams) -> NDArray[np.float64]:
         """Secure aggregation's input source: a fresh zero-sum noise draw for this round
-        (Algorithm 1, step 2), kept for the release; the round must be over the planned sites.
+        (Algorithm 1, step 2; for gradient descent, every iteration the plan covers), kept for
+        the releases; the round must be over the planned sites.
 
         Raises
         ------
@@ -215,22 +281,27 @@ class CapeSite:
             For an unknown job (no curator check here: the round was authorized by the
             secure-aggregation service for the same curator).
         FailedPreconditionError
-            If the job is not planned, or the round's sites are not the planned sites.
+            If the job is not planned, or the round's sites or length are not the plan's.
         """
         with self._lock:
             job = self._jobs.get(job_id)
         if job is None:
             raise NotFoundError(f"unknown CAPE job {short_id(job_id)}")
         with job.lock:
-            if job.plan is None or job.released:
+            plan = job.plan
+            if plan is None or (job.released and not job.training):
                 raise FailedPreconditionError("the job is not planned, or released already")
-            if tuple(params.sites) != job.sites or params.vector_length != job.plan.size:
+            length = plan.round_length if isinstance(plan, CapeTrainingPlan) else plan.size
+            if tuple(params.sites) != job.sites or params.vector_length != length:
                 raise FailedPreconditionError(
                     "the round's sites or vector length differ from the job's plan"
                 )
-            e_hat = site_noise_share(job.plan, job.index, job.noise)
+            if isinstance(plan, CapeTrainingPlan):
+                e_hat = training_noise_share(plan, job.index, job.noise)
+            else:
+                e_hat = site_noise_share(plan, job.index, job.noise)
             job.draws[params.round_id] = e_hat
-            return secure_aggregation_input(job.plan, job.index, e_hat)
+            return secure_aggregation_input(plan, job.index, e_hat.ravel())
 
     def round_finished(self, job_id: str, round_id: bytes, survivors: Sequence[str]) -> None:
         """Record the survivors of a job's noise round (secure aggregation's round 3)."""
@@ -248,50 +319,137 @@ class CapeSite:
             raise NotFoundError(f"unknown CAPE job {short_id(job_id)}")
         return job.rng
 
+    def _round_draws(self, job: _Job, round_id: bytes) -> NDArray[np.float64]:
+        """This site's draws of a finished round over exactly the planned sites."""
+        e_hat = job.draws.get(round_id)
+        if e_hat is None:
+            raise NotFoundError(f"this site drew no noise in round {round_id.hex()[:8]}…")
+        if job.survivors.get(round_id) != job.sites:
+            raise FailedPreconditionError(
+                "the noise round's survivors are not the planned sites: re-plan and rerun it"
+            )
+        return e_hat
+
+    def _charge(self, job: _Job, job_id: str) -> None:
+        """Charge the job's terms once, before its first release (charge, then release)."""
+        if self.ledger is not None and not job.charged:
+            epsilon, delta = job.spec.cost
+            self.ledger.charge(
+                session=job_id,
+                consumer=job.consumer,
+                curator=job.curator,
+                mechanism=job.spec.mechanism,
+                epsilon=epsilon,
+                delta=delta,
+                points=0,
+            )
+        job.charged = True
+
     def release(
         self, job_id: str, round_id: bytes, total: NDArray[np.float64], *, curator: str
     ) -> NDArray[np.float64]:
-        """Charge, then release ``Lambda_s + e_s + g_s`` (Algorithm 4, steps 5-8).
+        """Charge, then release ``f(x_s) + e_s + g_s`` (Algorithm 2; Algorithm 4, steps 5-8):
+        capeFM's coefficients or the site's mean.
 
         Raises
         ------
         NotFoundError
             For an unknown job or a round this site did not draw noise for.
         FailedPreconditionError
-            If the round's survivors are not the planned sites (the zero-sum property would not
-            hold over the averaged sites), the job released already, or the ledger refuses.
+            If the job is a training (it releases gradients), the round's survivors are not the
+            planned sites (the zero-sum property would not hold over the averaged sites), the
+            job released already, or the ledger refuses.
         InvalidArgumentError
             If ``total`` has the wrong shape or is not finite.
         """
         job = self._job(job_id, curator)
         with job.lock:
-            if job.plan is None or job.released:
-                raise FailedPreconditionError("the job is not planned, or released already")
-            e_hat = job.draws.get(round_id)
-            if e_hat is None:
-                raise NotFoundError(f"this site drew no noise in round {round_id.hex()[:8]}…")
-            if job.survivors.get(round_id) != job.sites:
+            plan = job.plan
+            if job.training:
                 raise FailedPreconditionError(
-                    "the noise round's survivors are not the planned sites: re-plan and rerun it"
+                    "a training job releases gradients, one per iteration"
                 )
-            total = np.asarray(total, dtype=np.float64)
-            if total.shape != (job.plan.size,) or not np.isfinite(total).all():
-                raise InvalidArgumentError(
-                    f"noise_total must be {job.plan.size} finite values, got shape {total.shape}"
-                )
-            coefficients = site_coefficients(job.plan, job.index, job.x, job.y)
-            if self.ledger is not None:
-                self.ledger.charge(
-                    session=job_id,
-                    consumer=job.consumer,
-                    curator=job.curator,
-                    mechanism=_mechanism(job.spec),
-                    epsilon=job.spec.epsilon,
-                    delta=job.spec.delta,
-                    points=0,
-                )
+            if plan is None or job.released:
+                raise FailedPreconditionError("the job is not planned, or released already")
+            e_hat = self._round_draws(job, round_id)
+            total = _checked_vector(total, plan.size, "noise_total")
+            if isinstance(plan, CapeMeanPlan):
+                statistic = site_mean(plan, job.index, job.x)
+            else:
+                assert isinstance(plan, CapeFMPlan) and job.y is not None
+                statistic = site_coefficients(plan, job.index, job.x, job.y)
+            self._charge(job, job_id)
             job.released = True
-            return site_release(job.plan, job.index, coefficients, e_hat, total, job.noise)
+            return site_release(plan, job.index, statistic, e_hat, total, job.noise)
+
+    def release_gradient(
+        self,
+        job_id: str,
+        round_id: bytes,
+        iteration: int,
+        parameters: NDArray[np.float64],
+        total: NDArray[np.float64],
+        *,
+        curator: str,
+    ) -> NDArray[np.float64]:
+        """Charge the whole training (first release only), then release one iteration: the
+        clipped-gradient average at ``parameters`` plus ``e_s,t + g_s,t``.
+
+        Parameters
+        ----------
+        job_id : str
+        round_id : bytes
+            The noise round of the current plan.
+        iteration : int
+            ``t``: after the last iteration released and within the plan's iterations.
+        parameters : ndarray of shape (P,)
+            The network's parameters broadcast by the curator (public).
+        total : ndarray of shape (P,)
+            The round's sum for iteration ``t``.
+
+        Returns
+        -------
+        ndarray of shape (P,), float64
+
+        Raises
+        ------
+        NotFoundError
+            For an unknown job or a round this site did not draw noise for.
+        FailedPreconditionError
+            If the job is not a planned training, the round's survivors are not the planned
+            sites, the iteration was released already (or precedes one that was), or the ledger
+            refuses.
+        InvalidArgumentError
+            If the iteration is outside the plan, or ``parameters`` or ``total`` have the wrong
+            shape or are not finite.
+        """
+        job = self._job(job_id, curator)
+        with job.lock:
+            plan = job.plan
+            if not isinstance(plan, CapeTrainingPlan):
+                raise FailedPreconditionError("the job is not a planned training")
+            assert isinstance(job.spec, CapeTrainingSpec) and job.y is not None
+            e_hat = self._round_draws(job, round_id)
+            if iteration <= job.last_iteration:
+                raise FailedPreconditionError(
+                    f"iteration {iteration} is not after the last one released "
+                    f"({job.last_iteration}): an iteration is released at most once"
+                )
+            if not plan.first_iteration <= iteration < plan.iterations:
+                raise InvalidArgumentError(
+                    f"iteration must lie in [{plan.first_iteration}, {plan.iterations}), got "
+                    f"{iteration}"
+                )
+            theta = _checked_vector(parameters, plan.size, "parameters")
+            total = _checked_vector(total, plan.size, "noise_total")
+            gradient = site_gradient(
+                theta, job.x, job.y, clip=job.spec.clip, hidden=job.spec.hidden
+            )
+            self._charge(job, job_id)
+            job.released = True
+            job.last_iteration = int(iteration)
+            row = e_hat[iteration - plan.first_iteration]
+            return site_release(plan, job.index, gradient, row, total, job.noise)
 
     def close(self, job_id: str, *, curator: str) -> SessionSpend:
         """Forget a job; return what it spent of this owner's budget."""
@@ -301,8 +459,8 @@ class CapeSite:
         if self.ledger is not None:
             totals = self.ledger.session_totals(job_id)
             return SessionSpend(totals.epsilon, totals.delta, totals.points, totals.non_private)
-        spent = job.spec.epsilon if job.released else 0.0
-        return SessionSpend(spent, job.spec.delta if job.released else 0.0, 0)
+        epsilon, delta = job.spec.cost if job.charged else (0.0, 0.0)
+        return SessionSpend(epsilon, delta, 0)
 
     def expire_idle(self) -> list[str]:
         """Close jobs untouched for ``idle_timeout`` seconds; return their ids."""
@@ -316,8 +474,14 @@ class CapeSite:
         return idle
 
 
-def _mechanism(spec: CapeJobSpec) -> str:
-    return f"capeFM {spec.task} regression (zero-sum Gaussian noise, {spec.calibration})"
+def _checked_vector(values: NDArray[np.float64], length: int, name: str) -> NDArray[np.float64]:
+    out = np.asarray(values, dtype=np.float64)
+    if out.shape != (length,) or not np.isfinite(out).all():
+        raise InvalidArgumentError(
+            f"{name} must be {length} finite values, got shape {out.shape}"
+            + ("" if out.shape != (length,) else " with NaN or inf")
+        )
+    return out
 
 
 def sorted_sites(names: Sequence[str]) -> tuple[str, ...]:

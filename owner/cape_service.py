@@ -89,7 +89,7 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
 
     @rpc("curator")
     async def OpenCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
-        spec = msg.spec_from_proto(request.spec)
+        spec = msg.job_from_proto(request)
         consumer = convert.consumer_from_proto(request.consumer)
         rows = await asyncio.to_thread(
             self.cape.open,
@@ -100,7 +100,7 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
             consumer=consumer,
         )
         logger.info(
-            "CAPE job %s opened by %s for %s: %s regression on %d columns, epsilon=%g, delta=%g",
+            "CAPE job %s opened by %s for %s: %s on %d columns, epsilon=%g, delta=%g",
             short_id(request.job_id),
             caller,
             consumer,
@@ -115,7 +115,12 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
     async def PlanCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
         sites = list(request.sites)
         plan = await asyncio.to_thread(
-            self.cape.plan, request.job_id, sites, list(request.sizes), curator=str(caller)
+            self.cape.plan,
+            request.job_id,
+            sites,
+            list(request.sizes),
+            curator=str(caller),
+            first_iteration=int(request.first_iteration),
         )
         scale = float(plan.entry_scales(sites.index(self.cape.name)).max())
         return cape_pb2.PlanCapeJobResponse(statistic_length=plan.size, max_noise_scale=scale)
@@ -128,6 +133,21 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
         )
         logger.info("CAPE job %s: released", short_id(request.job_id))
         return cape_pb2.ReleaseCapeResponse(release=msg.vector_to_proto(release))
+
+    @rpc("curator")
+    async def ReleaseCapeGradient(self, request, context, caller):  # type: ignore[no-untyped-def]
+        parameters = msg.vector_from_proto(request.parameters, "parameters")
+        total = msg.vector_from_proto(request.noise_total, "noise_total")
+        release = await asyncio.to_thread(
+            self.cape.release_gradient,
+            request.job_id,
+            bytes(request.round_id),
+            int(request.iteration),
+            parameters,
+            total,
+            curator=str(caller),
+        )
+        return cape_pb2.ReleaseCapeGradientResponse(release=msg.vector_to_proto(release))
 
     @rpc("curator")
     async def CloseCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]

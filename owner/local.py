@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from common.cape.spec import CapeJobSpec
+from common.cape.spec import AnyCapeSpec
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
 from common.summarization.rff import RFFParams
@@ -140,15 +140,17 @@ class LocalCapeSiteEndpoint(LocalSecureAggregationEndpoint):
         super().__init__(site.name, rounds)
         self.site = site
 
-    async def open_job(self, job_id: str, spec: CapeJobSpec, seed: int, consumer: str) -> int:
+    async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> int:
         """See :meth:`CapeSite.open`."""
         return self.site.open(job_id, spec, seed, curator=LOCAL_CURATOR, consumer=consumer)
 
     async def plan_job(
-        self, job_id: str, sites: Sequence[str], sizes: Sequence[int]
+        self, job_id: str, sites: Sequence[str], sizes: Sequence[int], first_iteration: int = 0
     ) -> tuple[int, float]:
         """See :meth:`CapeSite.plan`."""
-        plan = self.site.plan(job_id, sites, sizes, curator=LOCAL_CURATOR)
+        plan = self.site.plan(
+            job_id, sites, sizes, curator=LOCAL_CURATOR, first_iteration=first_iteration
+        )
         index = list(sites).index(self.site.name)
         return plan.size, float(plan.entry_scales(index).max())
 
@@ -157,6 +159,19 @@ class LocalCapeSiteEndpoint(LocalSecureAggregationEndpoint):
     ) -> NDArray[np.float64]:
         """See :meth:`CapeSite.release`."""
         return self.site.release(job_id, round_id, total, curator=LOCAL_CURATOR)
+
+    async def release_gradient(
+        self,
+        job_id: str,
+        round_id: bytes,
+        iteration: int,
+        parameters: NDArray[np.float64],
+        total: NDArray[np.float64],
+    ) -> NDArray[np.float64]:
+        """See :meth:`CapeSite.release_gradient`."""
+        return self.site.release_gradient(
+            job_id, round_id, iteration, parameters, total, curator=LOCAL_CURATOR
+        )
 
     async def close_job(self, job_id: str) -> SessionSpend:
         """See :meth:`CapeSite.close`."""

@@ -14,22 +14,24 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from common.cape.spec import CapeJobSpec
+from common.cape.spec import AnyCapeSpec
 from common.secagg.endpoints import SecureAggregationEndpoint
 from common.summarization.endpoints import SessionSpend
 
 
 class CapeSiteEndpoint(SecureAggregationEndpoint, Protocol):
-    """One owner as a CAPE site (the CAPE paper's Algorithms 1, 2 and 4)."""
+    """One owner as a CAPE site (the CAPE paper's Algorithms 1, 2 and 4, and Section 5.1's
+    gradient descent)."""
 
-    async def open_job(self, job_id: str, spec: CapeJobSpec, seed: int, consumer: str) -> int:
+    async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> int:
         """Open a job; return the site's row count ``N_s``."""
         ...
 
     async def plan_job(
-        self, job_id: str, sites: Sequence[str], sizes: Sequence[int]
+        self, job_id: str, sites: Sequence[str], sizes: Sequence[int], first_iteration: int = 0
     ) -> tuple[int, float]:
-        """Fix the round's sites; return the statistic's length and the site's largest noise
+        """Fix the round's sites (for a training, from ``first_iteration`` on); return the
+        statistic's length (one iteration's for a training) and the site's largest noise
         standard deviation."""
         ...
 
@@ -37,6 +39,18 @@ class CapeSiteEndpoint(SecureAggregationEndpoint, Protocol):
         self, job_id: str, round_id: bytes, total: NDArray[np.float64]
     ) -> NDArray[np.float64]:
         """The site's release ``Lambda_s + e_s + g_s``, shape (statistic_length,)."""
+        ...
+
+    async def release_gradient(
+        self,
+        job_id: str,
+        round_id: bytes,
+        iteration: int,
+        parameters: NDArray[np.float64],
+        total: NDArray[np.float64],
+    ) -> NDArray[np.float64]:
+        """A training's release at ``iteration``: the clipped-gradient average at
+        ``parameters`` plus zero-sum and local noise, shape (P,)."""
         ...
 
     async def close_job(self, job_id: str) -> SessionSpend:

@@ -1,8 +1,10 @@
 """Conversion of the CAPE and secure-aggregation messages that several services share.
 
-:class:`~common.cape.spec.CapeJobSpec` travels consumer -> curator -> owners as ``CapeSpec``; the
-secure-aggregation messages travel between the curator and the owners in both directions. One
-module converts them for every service (as :mod:`dpmarket.arrays` does for arrays).
+:class:`~common.cape.spec.CapeJobSpec` and :class:`~common.cape.spec.CapeMeanSpec` travel consumer
+-> curator -> owners as ``CapeSpec``, :class:`~common.cape.spec.CapeTrainingSpec` as
+``CapeTrainingSpec``; the secure-aggregation messages travel between the curator and the owners
+in both directions. One module converts them for every service (as :mod:`dpmarket.arrays` does
+for arrays).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Iterable
 import numpy as np
 from numpy.typing import NDArray
 
-from common.cape.spec import CapeJobSpec
+from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.errors import InvalidArgumentError
 from common.secagg.fixedpoint import FixedPoint
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
@@ -36,12 +38,22 @@ _CALIBRATIONS_TO_PROTO = {
 }
 
 
-def spec_to_proto(spec: CapeJobSpec) -> cape_pb2.CapeSpec:
-    """CapeJobSpec -> CapeSpec."""
+def spec_to_proto(spec: CapeJobSpec | CapeMeanSpec) -> cape_pb2.CapeSpec:
+    """CapeJobSpec or CapeMeanSpec -> CapeSpec."""
+    features = [cape_pb2.ColumnBound(column=c, low=lo, high=hi) for c, lo, hi in spec.features]
+    if isinstance(spec, CapeMeanSpec):
+        return cape_pb2.CapeSpec(
+            task=cape_pb2.CAPE_TASK_MEAN,
+            features=features,
+            epsilon=spec.epsilon,
+            delta=spec.delta,
+            colluders=spec.colluders or 0,
+            calibration=_CALIBRATIONS_TO_PROTO[spec.calibration],
+        )
     column, low, high = spec.target
     return cape_pb2.CapeSpec(
         task=_TASKS_TO_PROTO[spec.task],
-        features=[cape_pb2.ColumnBound(column=c, low=lo, high=hi) for c, lo, hi in spec.features],
+        features=features,
         target=cape_pb2.ColumnBound(column=column, low=low, high=high),
         epsilon=spec.epsilon,
         delta=spec.delta,
@@ -51,37 +63,107 @@ def spec_to_proto(spec: CapeJobSpec) -> cape_pb2.CapeSpec:
     )
 
 
-def spec_from_proto(message: cape_pb2.CapeSpec) -> CapeJobSpec:
-    """CapeSpec -> CapeJobSpec.
+def spec_from_proto(message: cape_pb2.CapeSpec) -> CapeJobSpec | CapeMeanSpec:
+    """CapeSpec -> CapeJobSpec (capeFM) or CapeMeanSpec (``CAPE_TASK_MEAN``).
 
     Raises
     ------
     InvalidArgumentError
-        For an unknown task or calibration, or a malformed spec (bounds, epsilon, delta).
+        For an unknown task or calibration, a mean with a target, or a malformed spec (bounds,
+        epsilon, delta).
     """
-    task = _TASKS.get(message.task)
-    if task is None:
-        raise InvalidArgumentError(
-            f"task must be LINEAR_REGRESSION or LOGISTIC_REGRESSION, got {message.task}"
-        )
     calibration = _CALIBRATIONS.get(message.calibration)
     if calibration is None:
         raise InvalidArgumentError(f"unknown calibration {message.calibration}")
     if message.colluders < 0:
         raise InvalidArgumentError(f"colluders must be >= 0, got {message.colluders}")
+    features = tuple((f.column, f.low, f.high) for f in message.features)
+    colluders = int(message.colluders) or None
     try:
+        if message.task == cape_pb2.CAPE_TASK_MEAN:
+            if message.HasField("target") and message.target.column:
+                raise InvalidArgumentError(
+                    f"the mean takes no target, got target column {message.target.column!r}"
+                )
+            return CapeMeanSpec(features, message.epsilon, message.delta, colluders, calibration)
+        task = _TASKS.get(message.task)
+        if task is None:
+            raise InvalidArgumentError(
+                f"task must be LINEAR_REGRESSION, LOGISTIC_REGRESSION or MEAN, got {message.task}"
+            )
         return CapeJobSpec(
             task=task,  # type: ignore[arg-type]
-            features=tuple((f.column, f.low, f.high) for f in message.features),
+            features=features,
             target=(message.target.column, message.target.low, message.target.high),
             epsilon=message.epsilon,
             delta=message.delta,
-            colluders=int(message.colluders) or None,
+            colluders=colluders,
             calibration=calibration,
             fit_intercept=message.fit_intercept,
         )
+    except InvalidArgumentError:
+        raise
     except ValueError as exc:
         raise InvalidArgumentError(f"CAPE spec: {exc}") from exc
+
+
+def training_to_proto(spec: CapeTrainingSpec) -> cape_pb2.CapeTrainingSpec:
+    """CapeTrainingSpec -> its message."""
+    return cape_pb2.CapeTrainingSpec(
+        features=[cape_pb2.ColumnBound(column=c, low=lo, high=hi) for c, lo, hi in spec.features],
+        target=spec.target,
+        epsilon=spec.epsilon,
+        delta=spec.delta,
+        colluders=spec.colluders or 0,
+        iterations=spec.iterations,
+        learning_rate=spec.learning_rate,
+        hidden_units=spec.hidden,
+        clip_norm=spec.clip,
+    )
+
+
+def training_from_proto(message: cape_pb2.CapeTrainingSpec) -> CapeTrainingSpec:
+    """CapeTrainingSpec message -> CapeTrainingSpec.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a malformed spec (columns, bounds, epsilon, delta, a hyper-parameter not > 0).
+    """
+    if message.colluders < 0:
+        raise InvalidArgumentError(f"colluders must be >= 0, got {message.colluders}")
+    try:
+        return CapeTrainingSpec(
+            features=tuple((f.column, f.low, f.high) for f in message.features),
+            target=message.target,
+            epsilon=message.epsilon,
+            delta=message.delta,
+            iterations=int(message.iterations),
+            learning_rate=message.learning_rate,
+            hidden=int(message.hidden_units),
+            clip=message.clip_norm,
+            colluders=int(message.colluders) or None,
+        )
+    except ValueError as exc:
+        raise InvalidArgumentError(f"CAPE training spec: {exc}") from exc
+
+
+def job_to_proto(request: cape_pb2.OpenCapeJobRequest, spec: AnyCapeSpec) -> None:
+    """Set the ``job`` of an OpenCapeJobRequest from any CAPE spec."""
+    if isinstance(spec, CapeTrainingSpec):
+        request.training.CopyFrom(training_to_proto(spec))
+    else:
+        request.spec.CopyFrom(spec_to_proto(spec))
+
+
+def job_from_proto(request: cape_pb2.OpenCapeJobRequest) -> AnyCapeSpec:
+    """The spec of an OpenCapeJobRequest; InvalidArgumentError if it has none or is malformed."""
+    which = request.WhichOneof("job")
+    if which == "training":
+        return training_from_proto(request.training)
+    if which == "spec":
+        return spec_from_proto(request.spec)
+    raise InvalidArgumentError("OpenCapeJobRequest carries no job (spec or training)")
 
 
 def vector_to_proto(values: NDArray[np.floating]) -> array_pb2.Array:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,12 +30,21 @@ from numpy.typing import NDArray
 from scipy import stats
 
 from common.cape.capefm import aggregate_releases, fit_released, site_coefficients
+from common.cape.dpgd import init_params, site_gradient
 from common.cape.functional_mechanism import to_raw_coefficients
-from common.cape.spec import CapeJobSpec
+from common.cape.privacy import collusion_factor
+from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.cape.zero_sum import zero_sum_correction
-from common.errors import AbortedError, FailedPreconditionError, UnavailableError
+from common.errors import (
+    AbortedError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    UnavailableError,
+)
+from common.privacy.rng import make_rng
+from common.secagg.fixedpoint import FixedPoint
 from common.secagg.protocol import RoundParams
-from curator.cape import CapeJob, CapeResult
+from curator.cape import CapeJob, CapeResult, job_for
 from owner.cape import CapeSite
 from owner.data import Table
 from owner.local import LocalCapeSiteEndpoint
@@ -75,8 +85,9 @@ class Site(LocalCapeSiteEndpoint):
     trusted : dict
         Every site's public key (in-process: no CA).
     lose_at : str, optional
-        The stage (one of :data:`STAGES`) at which the site vanishes: that call and every later
-        one fail with :class:`UnavailableError`.
+        The stage (one of :data:`STAGES`, or ``"gradient"``) at which the site vanishes: that
+        call and every later one fail with :class:`UnavailableError`. ``"STAGE@k"`` vanishes at
+        the ``k``-th call of the stage (from 1), ``"gradient@t"`` at iteration ``t``'s release.
     """
 
     def __init__(
@@ -98,6 +109,9 @@ class Site(LocalCapeSiteEndpoint):
         self.masked: dict[bytes, NDArray[np.uint64]] = {}
         self.totals: dict[bytes, NDArray[np.float64]] = {}
         self.releases: dict[bytes, NDArray[np.float64]] = {}
+        #: (round id, iteration) -> (parameters, the round's sum for it, the release)
+        self.gradients: dict[tuple[bytes, int], tuple[NDArray, NDArray, NDArray]] = {}
+        self.calls: dict[str, int] = {}
 
     def _input(self, job_id: str, params: RoundParams) -> NDArray[np.float64]:
         """The owner's input source, recorded: its zero-sum noise draw for the round."""
@@ -106,8 +120,10 @@ class Site(LocalCapeSiteEndpoint):
         self.params[params.round_id] = params
         return vector
 
-    def _reach(self, stage: str) -> None:
-        if self.lost or stage == self.lose_at:
+    def _reach(self, stage: str, iteration: int | None = None) -> None:
+        self.calls[stage] = self.calls.get(stage, 0) + 1
+        count = self.calls[stage] if iteration is None else iteration
+        if self.lost or self.lose_at in (stage, f"{stage}@{count}"):
             self.lost = True
             raise UnavailableError(f"{self.name} vanished at {stage}")
 
@@ -115,9 +131,9 @@ class Site(LocalCapeSiteEndpoint):
         self._reach("open")
         return await super().open_job(job_id, spec, seed, consumer)
 
-    async def plan_job(self, job_id, sites, sizes):  # type: ignore[no-untyped-def]
+    async def plan_job(self, job_id, sites, sizes, first_iteration=0):  # type: ignore[no-untyped-def]
         self._reach("plan")
-        return await super().plan_job(job_id, sites, sizes)
+        return await super().plan_job(job_id, sites, sizes, first_iteration)
 
     async def advertise_keys(self, job_id, params):  # type: ignore[no-untyped-def]
         self._reach("advertise")
@@ -144,6 +160,12 @@ class Site(LocalCapeSiteEndpoint):
         self.releases[round_id] = release.copy()
         return release
 
+    async def release_gradient(self, job_id, round_id, iteration, parameters, total):  # type: ignore[no-untyped-def]
+        self._reach("gradient", iteration)
+        release = await super().release_gradient(job_id, round_id, iteration, parameters, total)
+        self.gradients[round_id, iteration] = (parameters.copy(), total.copy(), release.copy())
+        return release
+
     async def close_job(self, job_id):  # type: ignore[no-untyped-def]
         self._reach("close")
         return await super().close_job(job_id)
@@ -159,6 +181,10 @@ def _sites(tables: Sequence[Table], lose: dict[str, str] | None = None) -> dict[
 def _run(spec: CapeJobSpec, sites: dict[str, Site], seed: int) -> CapeResult:
     job = CapeJob(f"job-{seed}", spec, list(sites.values()), np.random.default_rng(seed))
     return asyncio.run(job.run())
+
+
+def _run_any(spec: AnyCapeSpec, sites: dict[str, Site], seed: int) -> Any:
+    return asyncio.run(job_for(f"job-{seed}", spec, list(sites.values()), make_rng(seed)).run())
 
 
 def _exact_coefficients(spec: CapeJobSpec, site: Site, result: CapeResult) -> NDArray[np.float64]:
@@ -403,3 +429,219 @@ def test_with_large_epsilon_the_fit_approaches_pooled_least_squares() -> None:
     assert np.max(tolerance) < 0.05  # small against weights of order 0.1 to 1: a real check
     fitted = _scaled_weights(spec, result.weights, result.intercept)
     assert np.all(np.abs(fitted - ols) <= tolerance), (fitted, ols, tolerance)
+
+
+# ------------------------------------------------------------------------------- the mean
+MEAN = CapeMeanSpec((*FEATURES, TARGET), epsilon=1.0, delta=1e-6)
+
+
+def _assert_zero_sum(draws: Sequence[NDArray], total: NDArray, params: RoundParams) -> None:
+    """``sum_s e_s = sum_s e_hat_s - total = 0`` over exactly these sites (equal sizes: the
+    round sums the draws themselves), within the stochastic rounding of secure aggregation:
+    one grid step per site and entry."""
+    residual = np.max(np.abs(np.sum(draws, axis=0) - total))
+    assert residual <= len(draws) / params.fixed_point.scale
+
+
+def test_a_mean_is_the_average_of_one_round_of_releases_over_exactly_its_sites() -> None:
+    sites = _sites(_tables(40))
+    result = _run_any(MEAN, sites, seed=11)
+    report = result.report
+    assert report["task"] == "mean" and report["sites"] == list(SITES)
+    assert report["noise_rounds"] == 1 and report["lost_at_release"] == []
+    (rid,) = sites[SITES[0]].releases
+    _assert_zero_sum(
+        [s.inputs[rid] for s in sites.values()],
+        sites[SITES[0]].totals[rid],
+        sites[SITES[0]].params[rid],
+    )
+    releases = [sites[n].releases[rid] for n in SITES]
+    plan = MEAN.plan([40] * 5)
+    np.testing.assert_array_equal(result.mean, aggregate_releases(plan, releases))
+    assert report["aggregator_noise_std"] == plan.aggregator_std()
+    assert report["baseline_noise_std"] == plan.baseline_stds()
+    exact = np.vstack([s.table.values for s in sites.values()]).mean(axis=0)
+    assert np.all(np.abs(result.mean - exact) <= 6 * plan.aggregator_std())
+
+
+def test_a_mean_with_a_site_lost_at_its_release_states_the_larger_noise() -> None:
+    sites = _sites(_tables(40), lose={"site-2": "release"})
+    result = _run_any(MEAN, sites, seed=12)
+    kept = [s for s in SITES if s != "site-2"]
+    assert result.report["sites"] == kept and result.report["lost_at_release"] == ["site-2"]
+    plan = MEAN.plan([40] * 5)
+    stated = result.report["aggregator_noise_std"]
+    assert stated == plan.aggregator_std([0, 1, 3, 4])
+    assert stated == pytest.approx(plan.aggregator_std() * math.sqrt(2.5))
+
+
+# ---------------------------------------------------------------------- gradient descent
+LABELLED = ("a", "b", "c", "label")
+
+
+def _labelled_tables(rows: int, sites: Sequence[str], seed: int = 0) -> list[Table]:
+    """Tables with a 0/1 label: ``label = [0.3 a - 0.5 b + 2 c + U(-1, 1) > 1.5]``."""
+    out = []
+    for table in _tables(rows, seed, sites):
+        y = (table.values[:, 3] > 1.5).astype(np.float64)
+        out.append(Table(LABELLED, np.column_stack([table.values[:, :3], y]), table.name))
+    return out
+
+
+def _training(iterations: int = 6) -> CapeTrainingSpec:
+    return CapeTrainingSpec(FEATURES, "label", 1.0, 1e-5, iterations, 1.0, 4, 1.0)
+
+
+def _replay(
+    spec: CapeTrainingSpec, sites: dict[str, Site], result: Any, seed: int
+) -> list[list[str]]:
+    """Check every iteration against what crossed the boundary; return its averaged sites.
+
+    Each iteration's parameters are the previous ones minus the learning rate times the
+    (Remark 3) average of the releases of that iteration, starting from the curator's public
+    initial parameters (bit for bit); every averaged release comes from one noise round whose
+    draws sum to zero over exactly its sites, unless the report states that iteration's larger
+    noise; no site releases an iteration twice."""
+    rng = make_rng(seed)
+    rng.integers(0, 2**63 - 1, size=len(sites))  # the owners' seeds come first
+    theta = init_params(spec.dim, spec.hidden, rng)
+    averaged_per_iteration = []
+    stated = result.report["noise_std_per_iteration"]
+    data = {
+        n: spec.scaled(s.table.select(spec.columns), s.table.select([spec.target])[:, 0])
+        for n, s in sites.items()
+    }
+    z = []
+    for t in range(spec.iterations):
+        seen = {n: [k for k in s.gradients if k[1] == t] for n, s in sites.items()}
+        assert all(len(keys) <= 1 for keys in seen.values()), f"iteration {t} released twice"
+        averaged = sorted(n for n, keys in seen.items() if keys)
+        (rid,) = {keys[0][0] for keys in seen.values() if keys}
+        round_sites = sorted(n for n, s in sites.items() if rid in s.inputs)
+        params = sites[averaged[0]].params[rid]
+        assert params.sites == tuple(round_sites)
+        plan = spec.plan(
+            [sites[n].table.n_rows for n in round_sites],
+            first_iteration=min(k[1] for s in sites.values() for k in s.gradients if k[0] == rid),
+            colluders=result.report["colluders"],
+        )
+        row = t - plan.first_iteration
+        for n in averaged:
+            np.testing.assert_array_equal(sites[n].gradients[rid, t][0], theta)
+        total = sites[averaged[0]].gradients[rid, t][1]
+        draws = [sites[n].inputs[rid].reshape(plan.round_iterations, -1)[row] for n in round_sites]
+        for n in averaged:  # one broadcast sum per iteration
+            np.testing.assert_array_equal(sites[n].gradients[rid, t][1], total)
+        released = [round_sites.index(n) for n in averaged]
+        partial = released if averaged != round_sites else None
+        if partial is None:
+            _assert_zero_sum(draws, total, params)
+        assert stated[t] == plan.aggregator_std(partial)
+        releases = [sites[n].gradients[rid, t][2] for n in averaged]
+        average = aggregate_releases(plan, releases, partial)
+        exact = np.mean(
+            [site_gradient(theta, *data[n], clip=spec.clip, hidden=spec.hidden) for n in averaged],
+            axis=0,
+        )
+        z.append((average - exact) / stated[t])
+        theta = theta - spec.learning_rate * average
+        averaged_per_iteration.append(averaged)
+    np.testing.assert_array_equal(result.parameters, theta)
+    n = np.size(z)
+    ratio = float(np.mean(np.square(z)))
+    assert stats.chi2.ppf(5e-7, n) / n <= ratio <= stats.chi2.isf(5e-7, n) / n, ratio
+    return averaged_per_iteration
+
+
+def test_a_training_steps_on_the_average_of_every_iterations_releases() -> None:
+    """One noise round draws every iteration's zero-sum noise; each iteration's average is over
+    all five sites and its noise cancels; the parameters replay bit for bit."""
+    spec = _training()
+    sites = _sites(_labelled_tables(30, SITES))
+    result = _run_any(spec, sites, seed=21)
+    report = result.report
+    assert report["noise_rounds"] == 1 and len(report["segments"]) == 1
+    assert all(len(s.inputs) == 1 for s in sites.values())
+    assert _replay(spec, sites, result, 21) == [list(SITES)] * spec.iterations
+    plan = spec.plan([30] * 5)
+    assert report["epsilon"] == plan.epsilon <= spec.epsilon
+    assert report["noise_std_per_iteration"] == [plan.aggregator_std()] * spec.iterations
+
+
+def test_a_site_lost_mid_training_leaves_one_iteration_with_its_noise_stated_then_a_new_round() -> (
+    None
+):
+    """Seven sites (S_C = 2); site-3 vanishes at iteration 2's release. Iteration 2 is the
+    average of the six others, with the larger noise stated; iterations 3.. come from a fresh
+    noise round over exactly the six, zero-sum again, with S_C kept at 2 (the default for six
+    sites would be 1, a weaker guarantee for the later iterations)."""
+    names = tuple(f"site-{i}" for i in range(7))
+    spec = _training(iterations=5)
+    sites = _sites(_labelled_tables(30, names), lose={"site-3": "gradient@2"})
+    result = _run_any(spec, sites, seed=22)
+    report = result.report
+    six = [n for n in names if n != "site-3"]
+    assert _replay(spec, sites, result, 22) == [list(names)] * 2 + [six] * 3
+    assert report["lost_at_release"] == {"site-3": 2} and report["colluders"] == 2
+    assert [s["sites"] for s in report["segments"]] == [list(names), six]
+    assert [(s["first_iteration"], s["last_iteration"]) for s in report["segments"]] == [
+        (0, 2),
+        (3, 4),
+    ]
+    full = spec.plan([30] * 7)
+    stds = report["noise_std_per_iteration"]
+    assert stds[:2] == [full.aggregator_std()] * 2
+    assert stds[2] == full.aggregator_std([0, 1, 2, 4, 5, 6]) > full.aggregator_std()
+    later = report["segments"][1]["site_noise_std"]
+    assert later == pytest.approx(
+        [math.sqrt(collusion_factor(6, 2)) * 2.0 / 30 / full.loss_sigma] * 6, rel=1e-12
+    )
+
+
+def test_a_site_lost_in_the_noise_round_of_a_later_segment_is_left_out_before_it_releases() -> None:
+    """site-1 vanishes at iteration 1's release, site-4 while advertising keys for the second
+    round: the curator reruns that round without it, and iterations 2.. are zero-sum over the
+    three sites left."""
+    spec = _training(iterations=4)
+    sites = _sites(
+        _labelled_tables(30, SITES), lose={"site-1": "gradient@1", "site-4": "advertise@2"}
+    )
+    result = _run_any(spec, sites, seed=23)
+    three = ["site-0", "site-2", "site-3"]
+    four = [n for n in SITES if n != "site-1"]
+    assert _replay(spec, sites, result, 23) == [list(SITES), four, three, three]
+    assert result.report["noise_rounds"] == 3
+    assert result.report["dropped"]["site-4"].startswith("advertise keys")
+
+
+def test_an_owner_releases_each_iteration_once_in_order_and_only_gradients() -> None:
+    """The owner, not the curator, bounds what a training releases: an iteration twice, an
+    iteration before the last one released, a re-plan of released iterations and a one-off
+    release are refused; so are malformed parameters."""
+    spec = _training(iterations=3)
+    (table,) = _labelled_tables(20, ["solo"])
+    site = CapeSite("solo", table)
+    site.open("job", spec, 1, curator="curator:c", consumer="consumer:x")
+    sites, sizes = ["other", "solo"], [20, 20]
+    plan = site.plan("job", sites, sizes, curator="curator:c")
+    params = RoundParams.create(sites, 2, plan.round_length, FixedPoint(1.0, 20, 2))
+    site.noise_input("job", params)
+    site.round_finished("job", params.round_id, sites)
+    theta = np.zeros(plan.size)
+    total = np.zeros(plan.size)
+    rid = params.round_id
+    site.release_gradient("job", rid, 1, theta, total, curator="curator:c")
+    with pytest.raises(FailedPreconditionError, match="released at most once"):
+        site.release_gradient("job", rid, 1, theta, total, curator="curator:c")
+    with pytest.raises(FailedPreconditionError, match="not after the last one released"):
+        site.release_gradient("job", rid, 0, theta, total, curator="curator:c")
+    with pytest.raises(InvalidArgumentError, match=r"iteration must lie in \[0, 3\)"):
+        site.release_gradient("job", rid, 3, theta, total, curator="curator:c")
+    with pytest.raises(InvalidArgumentError, match="parameters must be"):
+        site.release_gradient("job", rid, 2, np.full(plan.size, np.nan), total, curator="curator:c")
+    with pytest.raises(FailedPreconditionError, match="releases gradients"):
+        site.release("job", rid, total, curator="curator:c")
+    with pytest.raises(FailedPreconditionError, match="a new plan must start after it"):
+        site.plan("job", sites, sizes, curator="curator:c", first_iteration=1)
+    later = site.plan("job", sites, sizes, curator="curator:c", first_iteration=2)
+    assert later.round_length == plan.size

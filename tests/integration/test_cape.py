@@ -1,4 +1,5 @@
-"""CAPE across real processes: five owners and a curator over mTLS fit capeFM on real data.
+"""CAPE across real processes: five owners and a curator over mTLS fit capeFM, estimate means
+and train a network by gradient descent on real data.
 
 Owners hold parquet tables of scikit-learn's diabetes data (440 of its 442 rows, 88 per owner:
 columns ``c0`` .. ``c9``, ``target`` and a 0/1 ``high`` for logistic regression; all but the last
@@ -25,13 +26,13 @@ import pytest
 from google.protobuf.message_factory import GetMessageClass
 from sklearn.datasets import load_diabetes
 
-from common.cape.spec import CapeJobSpec
+from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from consumer.client import CapeFit, CuratorClient
-from curator.cape import CapeResult
+from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult
 from deploy.cape_experiments import DIABETES_BOUNDS, DIABETES_TARGET
 from deploy.launcher import CURATOR_NAME, LocalCluster
 from deploy.pki import identity_files
-from deploy.runner import fit_cape
+from deploy.runner import fit_cape, run_cape
 from dpmarket import cape_messages
 from dpmarket.identity import Identity
 from dpmarket.transport import TransportSecurity, sync_channel
@@ -64,6 +65,9 @@ CURATOR_POLICY = """
 [requests]
 owners_epsilon = [0.01, 2.0]
 owners_delta = [1e-12, 1e-5]
+train_iterations = [1, 20]
+train_hidden_units = [1, 8]
+train_work = [1, 1000]
 [sessions]
 per_consumer_per_minute = 1000
 """
@@ -89,6 +93,25 @@ def _linear(
 def _logistic(epsilon: float = 1.0, delta: float = 1e-6) -> CapeJobSpec:
     """A 0/1 target: disease progression above its median (the target bounds are ignored)."""
     return CapeJobSpec("logistic", FEATURES, ("high", 0.0, 1.0), epsilon, delta)
+
+
+def _mean(
+    epsilon: float = 1.0,
+    features: tuple[tuple[str, float, float], ...] = (*FEATURES, ("target", *DIABETES_TARGET)),
+) -> CapeMeanSpec:
+    """The mean of every clinical column and of the disease progression."""
+    return CapeMeanSpec(features, epsilon, 1e-6)
+
+
+def _training(
+    epsilon: float = 1.0,
+    iterations: int = 5,
+    hidden: int = 4,
+    learning_rate: float = 1.0,
+    target: str = "high",
+) -> CapeTrainingSpec:
+    """The 2-layer network on ``high``; 5 iterations x 49 parameters."""
+    return CapeTrainingSpec(FEATURES, target, epsilon, 1e-6, iterations, learning_rate, hidden, 1.0)
 
 
 # ---------------------------------------------------------------------------------------- fixtures
@@ -167,14 +190,29 @@ def _fit(cluster: LocalCluster, spec: CapeJobSpec, request_id: str | None = None
 
 
 def _fit_status(
-    cluster: LocalCluster, spec: CapeJobSpec, request_id: str = ""
+    cluster: LocalCluster, spec: AnyCapeSpec, request_id: str = ""
 ) -> tuple[grpc.StatusCode, str]:
-    """A FitCape that must fail: its status code and details."""
-    request = cape_pb2.FitCapeRequest(
-        spec=cape_messages.spec_to_proto(spec), request_id=request_id, seed=SEED
-    )
+    """A CapeService request for ``spec`` (FitCape, EstimateCapeMean or TrainCape) that must
+    fail: its status code and details."""
+    if isinstance(spec, CapeTrainingSpec):
+        method, request = (
+            "TrainCape",
+            cape_pb2.TrainCapeRequest(spec=cape_messages.training_to_proto(spec)),
+        )
+    elif isinstance(spec, CapeMeanSpec):
+        method = "EstimateCapeMean"
+        request = cape_pb2.EstimateCapeMeanRequest(spec=cape_messages.spec_to_proto(spec))
+    else:
+        method = "FitCape"
+        request = cape_pb2.FitCapeRequest(spec=cape_messages.spec_to_proto(spec))
+    request.request_id, request.seed = request_id, SEED
+    return _raw_status(cluster, method, request)
+
+
+def _raw_status(cluster: LocalCluster, method: str, request: Any) -> tuple[grpc.StatusCode, str]:
+    """A CapeService call that must fail: its status code and details."""
     with sync_channel(cluster.curator_target, cluster.consumer_security(), CURATOR) as channel:
-        return _unary_status(channel, CAPE_SERVICE.methods_by_name["FitCape"], request)
+        return _unary_status(channel, CAPE_SERVICE.methods_by_name[method], request)
 
 
 def _unary_status(channel: grpc.Channel, method: Any, request: Any) -> tuple[grpc.StatusCode, str]:
@@ -239,6 +277,46 @@ def test_networked_fit_equals_in_process_fit_and_each_owner_charges_it_once(
     assert len(sessions) == 1  # one job, the same id at every owner
 
 
+@pytest.mark.parametrize("spec", [_mean(), _training()], ids=["mean", "train"])
+def test_a_networked_mean_or_training_equals_the_in_process_one_and_is_charged_once(
+    cluster: LocalCluster, tables: dict[str, Path], spec: CapeMeanSpec | CapeTrainingSpec
+) -> None:
+    """EstimateCapeMean and TrainCape over five owner processes give the in-process answer bit
+    for bit (same seed), and every owner's own ledger gains exactly one charge: the mean's
+    (epsilon, delta), the training's total over all its iterations by the PLD accountant (never
+    above the request), which the report states."""
+    before = _ledgers(cluster)
+    with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
+        if isinstance(spec, CapeMeanSpec):
+            answer = client.estimate_cape_mean(spec, seed=SEED, timeout=CALL_TIMEOUT)
+            networked, report = answer.mean, answer.report
+        else:
+            network = client.train_cape(spec, seed=SEED, timeout=CALL_TIMEOUT)
+            networked, report = network.parameters, network.report
+    local, _ = run_cape([load_table(tables[o]) for o in OWNERS], spec, seed=SEED)
+    if isinstance(local, CapeMeanEstimate):
+        np.testing.assert_array_equal(networked, local.mean)
+        assert networked.shape == (len(spec.features),)
+    else:
+        assert isinstance(local, CapeTrainingResult)
+        np.testing.assert_array_equal(networked, local.parameters)
+        assert len(report["noise_std_per_iteration"]) == spec.iterations
+    assert report["sites"] == list(OWNERS) and report["dropped"] == {}
+    assert report["noise_rounds"] == 1
+    epsilon, delta = spec.cost
+    assert report["epsilon"] == epsilon <= spec.epsilon
+    assert epsilon >= spec.epsilon * (1 - 1e-4)
+    assert report["delta_exact"] <= spec.delta
+
+    new = _new_entries(before, _ledgers(cluster))
+    for owner in OWNERS:
+        (entry,) = new[owner]
+        assert (entry.epsilon, entry.delta, entry.points) == (epsilon, delta, 0)
+        assert entry.mechanism == spec.mechanism
+        assert report["owner_spend"][owner]["epsilon"] == epsilon
+    assert len({new[o][0].session for o in OWNERS}) == 1
+
+
 # ------------------------------------------------------------------------------------- idempotency
 def test_a_retried_fit_returns_the_same_answer_and_charges_nothing_new(
     cluster: LocalCluster,
@@ -261,18 +339,20 @@ def test_an_owner_without_budget_left_refuses_the_job_before_any_release(
     budget_cluster: LocalCluster,
 ) -> None:
     """Lifetime epsilon 1.5: a first job at epsilon 1 is charged once per owner; a second at
-    epsilon 1 is refused when it opens (FAILED_PRECONDITION) and no ledger gains an entry; a job
-    at epsilon 0.5 still fits in what is left."""
+    epsilon 1 — a regression, a mean or a training (whose total over all iterations is what the
+    owner checks) — is refused when it opens (FAILED_PRECONDITION) and no ledger gains an entry;
+    a job at epsilon 0.5 still fits in what is left."""
     owners = tuple(budget_cluster.owner_ids)
     first = _fit(budget_cluster, _linear(epsilon=1.0))
     assert first.report["sites"] == list(owners)
     after_first = _ledgers(budget_cluster)
     assert all(len(after_first[o]) == 1 for o in owners)
 
-    code, details = _fit_status(budget_cluster, _linear(epsilon=1.0))
-    assert code == grpc.StatusCode.FAILED_PRECONDITION
-    assert "budget" in details and "epsilon" in details and "0.5 left" in details
-    assert _ledgers(budget_cluster) == after_first
+    for refused in (_linear(epsilon=1.0), _mean(epsilon=1.0), _training(epsilon=1.0)):
+        code, details = _fit_status(budget_cluster, refused)
+        assert code == grpc.StatusCode.FAILED_PRECONDITION, refused.task
+        assert "budget" in details and "epsilon" in details and "0.5 left" in details
+        assert _ledgers(budget_cluster) == after_first
 
     last = _fit(budget_cluster, _linear(epsilon=0.5))
     assert last.report["sites"] == list(owners)
@@ -339,15 +419,27 @@ def test_every_cape_and_secure_aggregation_rpc_of_an_owner_refuses_a_non_curator
 
 
 @pytest.mark.parametrize("caller", [Identity("owner", OWNERS[0]), CURATOR], ids=str)
-def test_the_cape_service_refuses_an_owner_or_curator_certificate(
+def test_every_rpc_of_the_cape_service_refuses_an_owner_or_curator_certificate(
     cluster: LocalCluster, caller: Identity
 ) -> None:
+    """FitCape, EstimateCapeMean and TrainCape, with requests that would run: an owner's or
+    the curator's own certificate gets PERMISSION_DENIED, and nothing is charged."""
     before = _ledgers(cluster)
-    request = cape_pb2.FitCapeRequest(spec=cape_messages.spec_to_proto(_linear()), seed=SEED)
+    requests = {
+        "FitCape": cape_pb2.FitCapeRequest(spec=cape_messages.spec_to_proto(_linear()), seed=SEED),
+        "EstimateCapeMean": cape_pb2.EstimateCapeMeanRequest(
+            spec=cape_messages.spec_to_proto(_mean()), seed=SEED
+        ),
+        "TrainCape": cape_pb2.TrainCapeRequest(
+            spec=cape_messages.training_to_proto(_training()), seed=SEED
+        ),
+    }
+    assert set(requests) == {m.name for m in CAPE_SERVICE.methods}
     with _channel(cluster, cluster.curator_target, CURATOR, caller) as channel:
-        code, details = _unary_status(channel, CAPE_SERVICE.methods_by_name["FitCape"], request)
-    assert code == grpc.StatusCode.PERMISSION_DENIED
-    assert str(caller) in details
+        for name, request in requests.items():
+            code, details = _unary_status(channel, CAPE_SERVICE.methods_by_name[name], request)
+            assert code == grpc.StatusCode.PERMISSION_DENIED, name
+            assert str(caller) in details
     assert _ledgers(cluster) == before
 
 
@@ -375,4 +467,77 @@ def test_a_guarantee_outside_the_curators_policy_is_refused_with_the_range(
     code, details = _fit_status(cluster, spec)
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert range_ in details
+    assert _ledgers(cluster) == before
+
+
+# ------------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(
+    ("spec", "range_"),
+    [
+        (
+            _training(iterations=50),
+            "iterations = 50 is outside this curator's allowed range [1, 20]",
+        ),
+        (_training(hidden=16), "hidden_units = 16 is outside this curator's allowed range [1, 8]"),
+        (_training(learning_rate=100.0), "learning_rate = 100 is outside"),
+        (
+            _training(iterations=20, hidden=8),
+            "iterations x parameters (20 x 97) = 1940 is outside this curator's allowed range "
+            "[1, 1000]",
+        ),
+        (_training(epsilon=3.0), "epsilon on every owner's data = 3 is outside"),
+    ],
+    ids=["iterations", "hidden", "learning-rate", "work", "epsilon"],
+)
+def test_a_training_outside_the_curators_policy_is_refused_with_the_range(
+    cluster: LocalCluster, spec: CapeTrainingSpec, range_: str
+) -> None:
+    before = _ledgers(cluster)
+    code, details = _fit_status(cluster, spec)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert range_ in details
+    assert _ledgers(cluster) == before
+
+
+def test_a_mean_value_outside_its_bounds_or_a_label_not_0_1_is_refused_by_the_owner(
+    cluster: LocalCluster, tables: dict[str, Path]
+) -> None:
+    """The mean of body mass index bounded by [10, 35]: the first owner names its first row
+    outside and the column; a training on the continuous ``target`` as a label: the owner
+    names the row and the column. Nothing is charged."""
+    before = _ledgers(cluster)
+    code, details = _fit_status(cluster, _mean(features=(("c2", 10.0, 35.0),)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    row = int(np.argmax(load_table(tables[OWNERS[0]]).select(["c2"])[:, 0] > 35.0))
+    assert OWNERS[0] in details and f"row {row}" in details and "'c2'" in details
+    code, details = _fit_status(cluster, _training(target="target"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "target column 'target' at row 0 must be 0 or 1" in details
+    assert _ledgers(cluster) == before
+
+
+def test_malformed_requests_are_refused_before_any_owner_is_asked(cluster: LocalCluster) -> None:
+    """NaN epsilon or bounds, a mean asked of FitCape, a regression asked of EstimateCapeMean,
+    a mean with a target: INVALID_ARGUMENT naming what is wrong, nothing charged."""
+    before = _ledgers(cluster)
+    training = cape_messages.training_to_proto(_training())
+    training.epsilon = float("nan")
+    code, details = _raw_status(cluster, "TrainCape", cape_pb2.TrainCapeRequest(spec=training))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "epsilon must be finite" in details
+    mean = cape_messages.spec_to_proto(_mean())
+    mean.features[0].high = float("nan")
+    request = cape_pb2.EstimateCapeMeanRequest(spec=mean)
+    code, details = _raw_status(cluster, "EstimateCapeMean", request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "bounds of 'c0' must be finite" in details
+    fit_a_mean = cape_pb2.FitCapeRequest(spec=cape_messages.spec_to_proto(_mean()))
+    code, details = _raw_status(cluster, "FitCape", fit_a_mean)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "EstimateCapeMean" in details
+    mean_of_a_fit = cape_pb2.EstimateCapeMeanRequest(spec=cape_messages.spec_to_proto(_linear()))
+    code, details = _raw_status(cluster, "EstimateCapeMean", mean_of_a_fit)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "CAPE_TASK_MEAN" in details
+    with_target = cape_messages.spec_to_proto(_mean())
+    with_target.target.column = "target"
+    request = cape_pb2.EstimateCapeMeanRequest(spec=with_target)
+    code, details = _raw_status(cluster, "EstimateCapeMean", request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "takes no target" in details
     assert _ledgers(cluster) == before

@@ -29,18 +29,26 @@ class _CapeTaskEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CapeTask.Val
     DESCRIPTOR: _descriptor.EnumDescriptor
     CAPE_TASK_UNSPECIFIED: _CapeTask.ValueType  # 0
     CAPE_TASK_LINEAR_REGRESSION: _CapeTask.ValueType  # 1
-    """Linear regression of the target on the features (Section 4.3)."""
+    """capeFM (Algorithm 4): linear regression of the target on the features (Section 4.3)."""
     CAPE_TASK_LOGISTIC_REGRESSION: _CapeTask.ValueType  # 2
-    """Logistic regression of a 0/1 target on the features (the Taylor form of Appendix H)."""
+    """capeFM: logistic regression of a 0/1 target on the features (the Taylor form of Appendix H)."""
+    CAPE_TASK_MEAN: _CapeTask.ValueType  # 3
+    """Algorithm 2 on the sites' means: the mean vector of the feature columns. No target; the L2
+    sensitivity of a site's mean is ||high - low|| / N_s (one record replaced).
+    """
 
 class CapeTask(_CapeTask, metaclass=_CapeTaskEnumTypeWrapper):
-    """What a CAPE job fits (the CAPE paper, Imtiaz et al., capeFM: Algorithm 4)."""
+    """What a CAPE job with one release per site computes (the CAPE paper, Imtiaz et al.)."""
 
 CAPE_TASK_UNSPECIFIED: CapeTask.ValueType  # 0
 CAPE_TASK_LINEAR_REGRESSION: CapeTask.ValueType  # 1
-"""Linear regression of the target on the features (Section 4.3)."""
+"""capeFM (Algorithm 4): linear regression of the target on the features (Section 4.3)."""
 CAPE_TASK_LOGISTIC_REGRESSION: CapeTask.ValueType  # 2
-"""Logistic regression of a 0/1 target on the features (the Taylor form of Appendix H)."""
+"""capeFM: logistic regression of a 0/1 target on the features (the Taylor form of Appendix H)."""
+CAPE_TASK_MEAN: CapeTask.ValueType  # 3
+"""Algorithm 2 on the sites' means: the mean vector of the feature columns. No target; the L2
+sensitivity of a site's mean is ||high - low|| / N_s (one record replaced).
+"""
 Global___CapeTask: _TypeAlias = CapeTask  # noqa: Y015
 
 class _CapeCalibration:
@@ -100,7 +108,7 @@ Global___ColumnBound: _TypeAlias = ColumnBound  # noqa: Y015
 
 @_typing.final
 class CapeSpec(_message.Message):
-    """The model a job fits and its public parameters (never statistics of private data)."""
+    """What a one-release job computes and its public parameters (never statistics of private data)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -120,14 +128,14 @@ class CapeSpec(_message.Message):
     """S_C; 0 means the default ceil(S / 3) - 1."""
     calibration: Global___CapeCalibration.ValueType
     fit_intercept: _builtins.bool
-    """Add a constant feature (public bounds [0, 1]) so that the model has an intercept."""
+    """Add a constant feature (public bounds [0, 1]) so that the model has an intercept (capeFM)."""
     @_builtins.property
     def features(self) -> _containers.RepeatedCompositeFieldContainer[Global___ColumnBound]:
-        """Feature columns, in order, with their public bounds."""
+        """Feature columns (for the mean: the columns averaged), in order, with their public bounds."""
 
     @_builtins.property
     def target(self) -> Global___ColumnBound:
-        """Target column; its bounds matter for linear regression only."""
+        """Target column; its bounds matter for linear regression only; unset for the mean."""
 
     def __init__(
         self,
@@ -150,12 +158,72 @@ class CapeSpec(_message.Message):
 Global___CapeSpec: _TypeAlias = CapeSpec  # noqa: Y015
 
 @_typing.final
+class CapeTrainingSpec(_message.Message):
+    """Distributed DP gradient descent of the paper's 2-layer network (Section 5.1: ReLU hidden layer,
+    sigmoid output, cross-entropy), one CAPE release per site and iteration; its public
+    hyper-parameters (never statistics of private data).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FEATURES_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    EPSILON_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    COLLUDERS_FIELD_NUMBER: _builtins.int
+    ITERATIONS_FIELD_NUMBER: _builtins.int
+    LEARNING_RATE_FIELD_NUMBER: _builtins.int
+    HIDDEN_UNITS_FIELD_NUMBER: _builtins.int
+    CLIP_NORM_FIELD_NUMBER: _builtins.int
+    target: _builtins.str
+    """A 0/1 label column."""
+    epsilon: _builtins.float
+    """Every site's budget over the whole training (all iterations), against the aggregator and up
+    to `colluders` other sites.
+    """
+    delta: _builtins.float
+    colluders: _builtins.int
+    """S_C; 0 means the default ceil(S / 3) - 1 of the first plan."""
+    iterations: _builtins.int
+    """T: full-batch gradient steps."""
+    learning_rate: _builtins.float
+    hidden_units: _builtins.int
+    """H: hidden units."""
+    clip_norm: _builtins.float
+    """Per-example gradient clipping norm C (each site's average has L2 sensitivity 2 C / N_s)."""
+    @_builtins.property
+    def features(self) -> _containers.RepeatedCompositeFieldContainer[Global___ColumnBound]:
+        """Feature columns, in order, with their public bounds; each is mapped to [-1, 1] by them."""
+
+    def __init__(
+        self,
+        *,
+        features: _abc.Iterable[Global___ColumnBound] | None = ...,
+        target: _builtins.str = ...,
+        epsilon: _builtins.float = ...,
+        delta: _builtins.float = ...,
+        colluders: _builtins.int = ...,
+        iterations: _builtins.int = ...,
+        learning_rate: _builtins.float = ...,
+        hidden_units: _builtins.int = ...,
+        clip_norm: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip_norm", b"clip_norm", "colluders", b"colluders", "delta", b"delta", "epsilon", b"epsilon", "features", b"features", "hidden_units", b"hidden_units", "iterations", b"iterations", "learning_rate", b"learning_rate", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CapeTrainingSpec: _TypeAlias = CapeTrainingSpec  # noqa: Y015
+
+@_typing.final
 class OpenCapeJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     CONSUMER_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
+    TRAINING_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Curator-chosen random job id (at least 128 bits)."""
@@ -164,20 +232,29 @@ class OpenCapeJobRequest(_message.Message):
     seed: _builtins.int
     """Seed of this site's noise; honoured only by an owner started with seeded sessions allowed."""
     @_builtins.property
-    def spec(self) -> Global___CapeSpec: ...
+    def spec(self) -> Global___CapeSpec:
+        """A one-release job: a capeFM model or a mean."""
+
+    @_builtins.property
+    def training(self) -> Global___CapeTrainingSpec:
+        """Gradient descent, one release per iteration."""
+
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         consumer: _builtins.str = ...,
         spec: Global___CapeSpec | None = ...,
+        training: Global___CapeTrainingSpec | None = ...,
         seed: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "spec", b"spec", "training", b"training"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "job_id", b"job_id", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "job", b"job", "job_id", b"job_id", "seed", b"seed", "spec", b"spec", "training", b"training"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_job: _TypeAlias = _typing.Literal["spec", "training"]  # noqa: Y015
+    _WhichOneofArgType_job: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_job) -> _WhichOneofReturnType_job | None: ...
 
 Global___OpenCapeJobRequest: _TypeAlias = OpenCapeJobRequest  # noqa: Y015
 
@@ -208,7 +285,12 @@ class PlanCapeJobRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     SITES_FIELD_NUMBER: _builtins.int
     SIZES_FIELD_NUMBER: _builtins.int
+    FIRST_ITERATION_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    first_iteration: _builtins.int
+    """A training's first iteration covered by the round (0 for one-release jobs): the round's
+    vector holds the noise of iterations first_iteration .. T - 1, each statistic_length long.
+    """
     @_builtins.property
     def sites(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The sites (owner names), sorted, and their row counts, in the same order."""
@@ -221,10 +303,11 @@ class PlanCapeJobRequest(_message.Message):
         job_id: _builtins.str = ...,
         sites: _abc.Iterable[_builtins.str] | None = ...,
         sizes: _abc.Iterable[_builtins.int] | None = ...,
+        first_iteration: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "sites", b"sites", "sizes", b"sizes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_iteration", b"first_iteration", "job_id", b"job_id", "sites", b"sites", "sizes", b"sizes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -237,7 +320,7 @@ class PlanCapeJobResponse(_message.Message):
     STATISTIC_LENGTH_FIELD_NUMBER: _builtins.int
     MAX_NOISE_SCALE_FIELD_NUMBER: _builtins.int
     statistic_length: _builtins.int
-    """Length of the released statistic (the packed coefficients)."""
+    """Length of one release (the packed coefficients, the mean, or one iteration's gradient)."""
     max_noise_scale: _builtins.float
     """The largest noise standard deviation this site draws, for the round's fixed-point range."""
     def __init__(
@@ -304,6 +387,67 @@ class ReleaseCapeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReleaseCapeResponse: _TypeAlias = ReleaseCapeResponse  # noqa: Y015
+
+@_typing.final
+class ReleaseCapeGradientRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ROUND_ID_FIELD_NUMBER: _builtins.int
+    ITERATION_FIELD_NUMBER: _builtins.int
+    PARAMETERS_FIELD_NUMBER: _builtins.int
+    NOISE_TOTAL_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    round_id: _builtins.bytes
+    """The secure-aggregation round of the current plan."""
+    iteration: _builtins.int
+    """The iteration t, from 0."""
+    @_builtins.property
+    def parameters(self) -> _array_pb2.Array:
+        """float64 of shape (P,): the network's parameters (W1 row-major, b1, w2, b2)."""
+
+    @_builtins.property
+    def noise_total(self) -> _array_pb2.Array:
+        """float64 of shape (P,): the round's sum for iteration t."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        round_id: _builtins.bytes = ...,
+        iteration: _builtins.int = ...,
+        parameters: _array_pb2.Array | None = ...,
+        noise_total: _array_pb2.Array | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["noise_total", b"noise_total", "parameters", b"parameters"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["iteration", b"iteration", "job_id", b"job_id", "noise_total", b"noise_total", "parameters", b"parameters", "round_id", b"round_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseCapeGradientRequest: _TypeAlias = ReleaseCapeGradientRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseCapeGradientResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def release(self) -> _array_pb2.Array:
+        """float64 of shape (P,)."""
+
+    def __init__(
+        self,
+        *,
+        release: _array_pb2.Array | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["release", b"release"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["release", b"release"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseCapeGradientResponse: _TypeAlias = ReleaseCapeGradientResponse  # noqa: Y015
 
 @_typing.final
 class CloseCapeJobRequest(_message.Message):
@@ -406,3 +550,127 @@ class FitCapeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FitCapeResponse: _TypeAlias = FitCapeResponse  # noqa: Y015
+
+@_typing.final
+class EstimateCapeMeanRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none)."""
+    seed: _builtins.int
+    """Seed of every random draw; honoured only by a curator that allows seeded sessions."""
+    @_builtins.property
+    def spec(self) -> Global___CapeSpec:
+        """task CAPE_TASK_MEAN; the features are the columns averaged; no target."""
+
+    def __init__(
+        self,
+        *,
+        spec: Global___CapeSpec | None = ...,
+        request_id: _builtins.str = ...,
+        seed: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
+    _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
+
+Global___EstimateCapeMeanRequest: _TypeAlias = EstimateCapeMeanRequest  # noqa: Y015
+
+@_typing.final
+class EstimateCapeMeanResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEAN_FIELD_NUMBER: _builtins.int
+    REPORT_JSON_FIELD_NUMBER: _builtins.int
+    report_json: _builtins.str
+    """The job's report (sites, dropped sites, noise std at the aggregator and of the baselines,
+    epsilon and delta per site by Theorem 1 and by the exact privacy profile, time per phase),
+    as a JSON object.
+    """
+    @_builtins.property
+    def mean(self) -> _array_pb2.Array:
+        """float64 of shape (D,): the mean of each column, in the spec's order and the columns' units."""
+
+    def __init__(
+        self,
+        *,
+        mean: _array_pb2.Array | None = ...,
+        report_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["mean", b"mean"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mean", b"mean", "report_json", b"report_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EstimateCapeMeanResponse: _TypeAlias = EstimateCapeMeanResponse  # noqa: Y015
+
+@_typing.final
+class TrainCapeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none)."""
+    seed: _builtins.int
+    """Seed of every random draw (the initial parameters included); honoured only by a curator
+    that allows seeded sessions.
+    """
+    @_builtins.property
+    def spec(self) -> Global___CapeTrainingSpec: ...
+    def __init__(
+        self,
+        *,
+        spec: Global___CapeTrainingSpec | None = ...,
+        request_id: _builtins.str = ...,
+        seed: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
+    _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
+
+Global___TrainCapeRequest: _TypeAlias = TrainCapeRequest  # noqa: Y015
+
+@_typing.final
+class TrainCapeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARAMETERS_FIELD_NUMBER: _builtins.int
+    REPORT_JSON_FIELD_NUMBER: _builtins.int
+    report_json: _builtins.str
+    """The training's report (sites, dropped sites per iteration, noise std per iteration and of
+    the baselines, the total epsilon charged by the PLD accountant, delta by Theorem 1 and
+    exactly, time per phase), as a JSON object.
+    """
+    @_builtins.property
+    def parameters(self) -> _array_pb2.Array:
+        """float64 of shape (P,), P = H (D + 2) + 1: W1 (H x D, row-major), b1 (H), w2 (H), b2 (1) of
+        y = sigmoid(w2 . relu(W1 x + b1) + b2), x the features mapped to [-1, 1] by their bounds.
+        """
+
+    def __init__(
+        self,
+        *,
+        parameters: _array_pb2.Array | None = ...,
+        report_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["parameters", b"parameters"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["parameters", b"parameters", "report_json", b"report_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrainCapeResponse: _TypeAlias = TrainCapeResponse  # noqa: Y015

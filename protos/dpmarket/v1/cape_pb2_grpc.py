@@ -28,10 +28,11 @@ if _version_not_supported:
 class CapeSiteServiceStub:
     """A CAPE job at one owner (a site). The curator (the aggregator) opens the job at every owner,
     plans it over the sites that answered, runs the zero-sum noise round through
-    SecureAggregationService with the job's id, then asks every site for its release. Each owner
+    SecureAggregationService with the job's id, then asks every site for its release (a training:
+    for one release per iteration, each at the parameters the curator broadcasts). Each owner
     derives its noise and its guarantee itself from the public plan (its own row count among the
-    sites' counts) and charges its own ledger before it releases. Served to the curators an owner's
-    policy names.
+    sites' counts) and charges its own ledger before its first release. Served to the curators an
+    owner's policy names.
     """
 
     def __init__(self, channel):
@@ -55,6 +56,11 @@ class CapeSiteServiceStub:
                 request_serializer=dpmarket_dot_v1_dot_cape__pb2.ReleaseCapeRequest.SerializeToString,
                 response_deserializer=dpmarket_dot_v1_dot_cape__pb2.ReleaseCapeResponse.FromString,
                 _registered_method=True)
+        self.ReleaseCapeGradient = channel.unary_unary(
+                '/dpmarket.v1.CapeSiteService/ReleaseCapeGradient',
+                request_serializer=dpmarket_dot_v1_dot_cape__pb2.ReleaseCapeGradientRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_cape__pb2.ReleaseCapeGradientResponse.FromString,
+                _registered_method=True)
         self.CloseCapeJob = channel.unary_unary(
                 '/dpmarket.v1.CapeSiteService/CloseCapeJob',
                 request_serializer=dpmarket_dot_v1_dot_cape__pb2.CloseCapeJobRequest.SerializeToString,
@@ -65,19 +71,21 @@ class CapeSiteServiceStub:
 class CapeSiteServiceServicer:
     """A CAPE job at one owner (a site). The curator (the aggregator) opens the job at every owner,
     plans it over the sites that answered, runs the zero-sum noise round through
-    SecureAggregationService with the job's id, then asks every site for its release. Each owner
+    SecureAggregationService with the job's id, then asks every site for its release (a training:
+    for one release per iteration, each at the parameters the curator broadcasts). Each owner
     derives its noise and its guarantee itself from the public plan (its own row count among the
-    sites' counts) and charges its own ledger before it releases. Served to the curators an owner's
-    policy names.
+    sites' counts) and charges its own ledger before its first release. Served to the curators an
+    owner's policy names.
     """
 
     def OpenCapeJob(self, request, context):
         """Open a job: check the spec against this owner's table (columns present, every value within
-        its public bounds, a 0/1 target for logistic regression) and the terms (epsilon, delta)
-        against its policy; return the number of rows. Charges nothing. Fails with INVALID_ARGUMENT
-        for a missing column or a value out of bounds (naming row and column), FAILED_PRECONDITION if
-        the owner holds no table or the terms exceed its policy or what is left, RESOURCE_EXHAUSTED
-        beyond its open sessions, ALREADY_EXISTS for a job id in use.
+        its public bounds, a 0/1 target for logistic regression and training) and the terms (epsilon,
+        delta; a training's total over all iterations) against its policy; return the number of rows.
+        Charges nothing. Fails with INVALID_ARGUMENT for a missing column, a value out of bounds
+        (naming row and column) or a malformed spec, FAILED_PRECONDITION if the owner holds no table
+        or the terms exceed its policy or what is left, RESOURCE_EXHAUSTED beyond its open sessions,
+        ALREADY_EXISTS for a job id in use.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -86,19 +94,38 @@ class CapeSiteServiceServicer:
     def PlanCapeJob(self, request, context):
         """Fix the sites of the next noise round and their row counts (public); the owner computes the
         plan (noise scales, weights, guarantee) itself. Called again, with fewer sites, when a site
-        is lost before the releases. Fails with NOT_FOUND for an unknown job, INVALID_ARGUMENT if this
-        owner or its row count is not among them, FAILED_PRECONDITION after the release.
+        is lost: before the release (one-release jobs), or from the iteration after the last one
+        released (a training, which keeps S_C). Fails with NOT_FOUND for an unknown job,
+        INVALID_ARGUMENT if this owner or its row count is not among them or first_iteration is out
+        of range, FAILED_PRECONDITION after the release (one-release jobs) or for an iteration
+        released already (a training).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseCape(self, request, context):
-        """This site's release (Algorithm 4, steps 5-8): Lambda_s + e_s + g_s, where e_s corrects this
-        site's noise draw of the job's secure-aggregation round by the round's sum and g_s is fresh
-        local noise. Charges the terms first. Fails with NOT_FOUND for an unknown job or round,
-        FAILED_PRECONDITION if the round's survivors are not the planned sites (re-plan and rerun the
-        round) or the terms exceed the budget left, INVALID_ARGUMENT for a malformed sum.
+        """This site's release of a one-release job (Algorithm 2; Algorithm 4, steps 5-8): f_s + e_s +
+        g_s (capeFM's coefficients or the site's mean), where e_s corrects this site's noise draw of
+        the job's secure-aggregation round by the round's sum and g_s is fresh local noise. Charges
+        the terms first. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a
+        training, if the round's survivors are not the planned sites (re-plan and rerun the round),
+        the job released already or the terms exceed the budget left, INVALID_ARGUMENT for a
+        malformed sum.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseCapeGradient(self, request, context):
+        """A training's release at one iteration: the average of this site's per-example gradients at
+        the given parameters, each clipped to the clip norm, plus that iteration's zero-sum noise
+        (corrected by the round's sum for the iteration) and fresh local noise. The first call
+        charges the whole training's total first. Iterations are released at most once each, in
+        increasing order. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION if
+        the job is not a planned training, the round's survivors are not the planned sites, the
+        iteration is not after the last one released or the budget is exhausted, INVALID_ARGUMENT
+        for an iteration outside the plan or malformed parameters or sum.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -129,6 +156,11 @@ def add_CapeSiteServiceServicer_to_server(servicer, server):
                     request_deserializer=dpmarket_dot_v1_dot_cape__pb2.ReleaseCapeRequest.FromString,
                     response_serializer=dpmarket_dot_v1_dot_cape__pb2.ReleaseCapeResponse.SerializeToString,
             ),
+            'ReleaseCapeGradient': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseCapeGradient,
+                    request_deserializer=dpmarket_dot_v1_dot_cape__pb2.ReleaseCapeGradientRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_cape__pb2.ReleaseCapeGradientResponse.SerializeToString,
+            ),
             'CloseCapeJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseCapeJob,
                     request_deserializer=dpmarket_dot_v1_dot_cape__pb2.CloseCapeJobRequest.FromString,
@@ -145,10 +177,11 @@ def add_CapeSiteServiceServicer_to_server(servicer, server):
 class CapeSiteService:
     """A CAPE job at one owner (a site). The curator (the aggregator) opens the job at every owner,
     plans it over the sites that answered, runs the zero-sum noise round through
-    SecureAggregationService with the job's id, then asks every site for its release. Each owner
+    SecureAggregationService with the job's id, then asks every site for its release (a training:
+    for one release per iteration, each at the parameters the curator broadcasts). Each owner
     derives its noise and its guarantee itself from the public plan (its own row count among the
-    sites' counts) and charges its own ledger before it releases. Served to the curators an owner's
-    policy names.
+    sites' counts) and charges its own ledger before its first release. Served to the curators an
+    owner's policy names.
     """
 
     @staticmethod
@@ -233,6 +266,33 @@ class CapeSiteService:
             _registered_method=True)
 
     @staticmethod
+    def ReleaseCapeGradient(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.CapeSiteService/ReleaseCapeGradient',
+            dpmarket_dot_v1_dot_cape__pb2.ReleaseCapeGradientRequest.SerializeToString,
+            dpmarket_dot_v1_dot_cape__pb2.ReleaseCapeGradientResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def CloseCapeJob(request,
             target,
             options=(),
@@ -261,8 +321,10 @@ class CapeSiteService:
 
 
 class CapeServiceStub:
-    """The curator's CAPE service for consumers: fits a model across the curator's owners. Served to
-    consumers (an owner's or curator's certificate gets PERMISSION_DENIED).
+    """The curator's CAPE service for consumers: joint estimates and models across the curator's
+    owners. Served to consumers (an owner's or curator's certificate gets PERMISSION_DENIED). Every
+    RPC takes an idempotency key: a retry with the same request_id returns the same answer and
+    spends nothing new (the same key with another request is INVALID_ARGUMENT).
     """
 
     def __init__(self, channel):
@@ -276,19 +338,55 @@ class CapeServiceStub:
                 request_serializer=dpmarket_dot_v1_dot_cape__pb2.FitCapeRequest.SerializeToString,
                 response_deserializer=dpmarket_dot_v1_dot_cape__pb2.FitCapeResponse.FromString,
                 _registered_method=True)
+        self.EstimateCapeMean = channel.unary_unary(
+                '/dpmarket.v1.CapeService/EstimateCapeMean',
+                request_serializer=dpmarket_dot_v1_dot_cape__pb2.EstimateCapeMeanRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_cape__pb2.EstimateCapeMeanResponse.FromString,
+                _registered_method=True)
+        self.TrainCape = channel.unary_unary(
+                '/dpmarket.v1.CapeService/TrainCape',
+                request_serializer=dpmarket_dot_v1_dot_cape__pb2.TrainCapeRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_cape__pb2.TrainCapeResponse.FromString,
+                _registered_method=True)
 
 
 class CapeServiceServicer:
-    """The curator's CAPE service for consumers: fits a model across the curator's owners. Served to
-    consumers (an owner's or curator's certificate gets PERMISSION_DENIED).
+    """The curator's CAPE service for consumers: joint estimates and models across the curator's
+    owners. Served to consumers (an owner's or curator's certificate gets PERMISSION_DENIED). Every
+    RPC takes an idempotency key: a retry with the same request_id returns the same answer and
+    spends nothing new (the same key with another request is INVALID_ARGUMENT).
     """
 
     def FitCape(self, request, context):
-        """Fit a model by capeFM across every owner that answers; return the weights and a report.
-        A retry with the same request_id returns the same answer and spends nothing new. Fails with
-        INVALID_ARGUMENT for a malformed spec or epsilon/delta outside the curator's policy,
-        FAILED_PRECONDITION if an owner refuses (missing column, policy) or fewer than 2 sites
-        remain, ABORTED if secure aggregation aborts, RESOURCE_EXHAUSTED beyond the curator's limits.
+        """Fit a linear or logistic regression by capeFM across every owner that answers; return the
+        weights and a report. Fails with INVALID_ARGUMENT for a malformed spec (the mean's task
+        included: EstimateCapeMean), epsilon/delta or the number of columns outside the curator's
+        policy, FAILED_PRECONDITION if an owner refuses (missing column, value out of bounds,
+        policy) or fewer than 2 sites remain, ABORTED if secure aggregation aborts,
+        RESOURCE_EXHAUSTED beyond the curator's limits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EstimateCapeMean(self, request, context):
+        """Estimate the mean vector of some columns across every owner that answers (Algorithm 2 with
+        zero-sum noise from secure aggregation); return the estimate and a report. Fails as FitCape
+        (the spec's task must be CAPE_TASK_MEAN).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TrainCape(self, request, context):
+        """Train the paper's 2-layer network by CAPE gradient descent across every owner that answers;
+        return the parameters and a report. Fails with INVALID_ARGUMENT for a malformed spec, a
+        hyper-parameter (iterations, learning rate, hidden units, clip norm, iterations x
+        parameters, columns) or the total epsilon/delta outside the curator's policy (naming the
+        range), FAILED_PRECONDITION if an owner refuses before any release (missing column, value out
+        of bounds, label not 0/1, budget) or fewer than 2 sites remain, ABORTED if a noise round
+        aborts, RESOURCE_EXHAUSTED beyond the curator's limits. A training that fails after its first
+        release fails with that status; what it spent stays on the owners' ledgers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -302,6 +400,16 @@ def add_CapeServiceServicer_to_server(servicer, server):
                     request_deserializer=dpmarket_dot_v1_dot_cape__pb2.FitCapeRequest.FromString,
                     response_serializer=dpmarket_dot_v1_dot_cape__pb2.FitCapeResponse.SerializeToString,
             ),
+            'EstimateCapeMean': grpc.unary_unary_rpc_method_handler(
+                    servicer.EstimateCapeMean,
+                    request_deserializer=dpmarket_dot_v1_dot_cape__pb2.EstimateCapeMeanRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_cape__pb2.EstimateCapeMeanResponse.SerializeToString,
+            ),
+            'TrainCape': grpc.unary_unary_rpc_method_handler(
+                    servicer.TrainCape,
+                    request_deserializer=dpmarket_dot_v1_dot_cape__pb2.TrainCapeRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_cape__pb2.TrainCapeResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'dpmarket.v1.CapeService', rpc_method_handlers)
@@ -311,8 +419,10 @@ def add_CapeServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class CapeService:
-    """The curator's CAPE service for consumers: fits a model across the curator's owners. Served to
-    consumers (an owner's or curator's certificate gets PERMISSION_DENIED).
+    """The curator's CAPE service for consumers: joint estimates and models across the curator's
+    owners. Served to consumers (an owner's or curator's certificate gets PERMISSION_DENIED). Every
+    RPC takes an idempotency key: a retry with the same request_id returns the same answer and
+    spends nothing new (the same key with another request is INVALID_ARGUMENT).
     """
 
     @staticmethod
@@ -332,6 +442,60 @@ class CapeService:
             '/dpmarket.v1.CapeService/FitCape',
             dpmarket_dot_v1_dot_cape__pb2.FitCapeRequest.SerializeToString,
             dpmarket_dot_v1_dot_cape__pb2.FitCapeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EstimateCapeMean(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.CapeService/EstimateCapeMean',
+            dpmarket_dot_v1_dot_cape__pb2.EstimateCapeMeanRequest.SerializeToString,
+            dpmarket_dot_v1_dot_cape__pb2.EstimateCapeMeanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TrainCape(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.CapeService/TrainCape',
+            dpmarket_dot_v1_dot_cape__pb2.TrainCapeRequest.SerializeToString,
+            dpmarket_dot_v1_dot_cape__pb2.TrainCapeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -29,10 +29,11 @@ GRPC_VERSION: str
 class CapeSiteServiceStub:
     """A CAPE job at one owner (a site). The curator (the aggregator) opens the job at every owner,
     plans it over the sites that answered, runs the zero-sum noise round through
-    SecureAggregationService with the job's id, then asks every site for its release. Each owner
+    SecureAggregationService with the job's id, then asks every site for its release (a training:
+    for one release per iteration, each at the parameters the curator broadcasts). Each owner
     derives its noise and its guarantee itself from the public plan (its own row count among the
-    sites' counts) and charges its own ledger before it releases. Served to the curators an owner's
-    policy names.
+    sites' counts) and charges its own ledger before its first release. Served to the curators an
+    owner's policy names.
     """
 
     @_typing.overload
@@ -41,24 +42,40 @@ class CapeSiteServiceStub:
     def __new__(cls, channel: _aio.Channel) -> CapeSiteServiceAsyncStub: ...
     OpenCapeJob: _grpc.UnaryUnaryMultiCallable[_cape_pb2.OpenCapeJobRequest, _cape_pb2.OpenCapeJobResponse]
     """Open a job: check the spec against this owner's table (columns present, every value within
-    its public bounds, a 0/1 target for logistic regression) and the terms (epsilon, delta)
-    against its policy; return the number of rows. Charges nothing. Fails with INVALID_ARGUMENT
-    for a missing column or a value out of bounds (naming row and column), FAILED_PRECONDITION if
-    the owner holds no table or the terms exceed its policy or what is left, RESOURCE_EXHAUSTED
-    beyond its open sessions, ALREADY_EXISTS for a job id in use.
+    its public bounds, a 0/1 target for logistic regression and training) and the terms (epsilon,
+    delta; a training's total over all iterations) against its policy; return the number of rows.
+    Charges nothing. Fails with INVALID_ARGUMENT for a missing column, a value out of bounds
+    (naming row and column) or a malformed spec, FAILED_PRECONDITION if the owner holds no table
+    or the terms exceed its policy or what is left, RESOURCE_EXHAUSTED beyond its open sessions,
+    ALREADY_EXISTS for a job id in use.
     """
     PlanCapeJob: _grpc.UnaryUnaryMultiCallable[_cape_pb2.PlanCapeJobRequest, _cape_pb2.PlanCapeJobResponse]
     """Fix the sites of the next noise round and their row counts (public); the owner computes the
     plan (noise scales, weights, guarantee) itself. Called again, with fewer sites, when a site
-    is lost before the releases. Fails with NOT_FOUND for an unknown job, INVALID_ARGUMENT if this
-    owner or its row count is not among them, FAILED_PRECONDITION after the release.
+    is lost: before the release (one-release jobs), or from the iteration after the last one
+    released (a training, which keeps S_C). Fails with NOT_FOUND for an unknown job,
+    INVALID_ARGUMENT if this owner or its row count is not among them or first_iteration is out
+    of range, FAILED_PRECONDITION after the release (one-release jobs) or for an iteration
+    released already (a training).
     """
     ReleaseCape: _grpc.UnaryUnaryMultiCallable[_cape_pb2.ReleaseCapeRequest, _cape_pb2.ReleaseCapeResponse]
-    """This site's release (Algorithm 4, steps 5-8): Lambda_s + e_s + g_s, where e_s corrects this
-    site's noise draw of the job's secure-aggregation round by the round's sum and g_s is fresh
-    local noise. Charges the terms first. Fails with NOT_FOUND for an unknown job or round,
-    FAILED_PRECONDITION if the round's survivors are not the planned sites (re-plan and rerun the
-    round) or the terms exceed the budget left, INVALID_ARGUMENT for a malformed sum.
+    """This site's release of a one-release job (Algorithm 2; Algorithm 4, steps 5-8): f_s + e_s +
+    g_s (capeFM's coefficients or the site's mean), where e_s corrects this site's noise draw of
+    the job's secure-aggregation round by the round's sum and g_s is fresh local noise. Charges
+    the terms first. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a
+    training, if the round's survivors are not the planned sites (re-plan and rerun the round),
+    the job released already or the terms exceed the budget left, INVALID_ARGUMENT for a
+    malformed sum.
+    """
+    ReleaseCapeGradient: _grpc.UnaryUnaryMultiCallable[_cape_pb2.ReleaseCapeGradientRequest, _cape_pb2.ReleaseCapeGradientResponse]
+    """A training's release at one iteration: the average of this site's per-example gradients at
+    the given parameters, each clipped to the clip norm, plus that iteration's zero-sum noise
+    (corrected by the round's sum for the iteration) and fresh local noise. The first call
+    charges the whole training's total first. Iterations are released at most once each, in
+    increasing order. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION if
+    the job is not a planned training, the round's survivors are not the planned sites, the
+    iteration is not after the last one released or the budget is exhausted, INVALID_ARGUMENT
+    for an iteration outside the plan or malformed parameters or sum.
     """
     CloseCapeJob: _grpc.UnaryUnaryMultiCallable[_cape_pb2.CloseCapeJobRequest, _cape_pb2.CloseCapeJobResponse]
     """Forget a job; return what it spent of this owner's budget. Fails with NOT_FOUND."""
@@ -67,33 +84,50 @@ class CapeSiteServiceStub:
 class CapeSiteServiceAsyncStub(CapeSiteServiceStub):
     """A CAPE job at one owner (a site). The curator (the aggregator) opens the job at every owner,
     plans it over the sites that answered, runs the zero-sum noise round through
-    SecureAggregationService with the job's id, then asks every site for its release. Each owner
+    SecureAggregationService with the job's id, then asks every site for its release (a training:
+    for one release per iteration, each at the parameters the curator broadcasts). Each owner
     derives its noise and its guarantee itself from the public plan (its own row count among the
-    sites' counts) and charges its own ledger before it releases. Served to the curators an owner's
-    policy names.
+    sites' counts) and charges its own ledger before its first release. Served to the curators an
+    owner's policy names.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     OpenCapeJob: _aio.UnaryUnaryMultiCallable[_cape_pb2.OpenCapeJobRequest, _cape_pb2.OpenCapeJobResponse]  # type: ignore[assignment]
     """Open a job: check the spec against this owner's table (columns present, every value within
-    its public bounds, a 0/1 target for logistic regression) and the terms (epsilon, delta)
-    against its policy; return the number of rows. Charges nothing. Fails with INVALID_ARGUMENT
-    for a missing column or a value out of bounds (naming row and column), FAILED_PRECONDITION if
-    the owner holds no table or the terms exceed its policy or what is left, RESOURCE_EXHAUSTED
-    beyond its open sessions, ALREADY_EXISTS for a job id in use.
+    its public bounds, a 0/1 target for logistic regression and training) and the terms (epsilon,
+    delta; a training's total over all iterations) against its policy; return the number of rows.
+    Charges nothing. Fails with INVALID_ARGUMENT for a missing column, a value out of bounds
+    (naming row and column) or a malformed spec, FAILED_PRECONDITION if the owner holds no table
+    or the terms exceed its policy or what is left, RESOURCE_EXHAUSTED beyond its open sessions,
+    ALREADY_EXISTS for a job id in use.
     """
     PlanCapeJob: _aio.UnaryUnaryMultiCallable[_cape_pb2.PlanCapeJobRequest, _cape_pb2.PlanCapeJobResponse]  # type: ignore[assignment]
     """Fix the sites of the next noise round and their row counts (public); the owner computes the
     plan (noise scales, weights, guarantee) itself. Called again, with fewer sites, when a site
-    is lost before the releases. Fails with NOT_FOUND for an unknown job, INVALID_ARGUMENT if this
-    owner or its row count is not among them, FAILED_PRECONDITION after the release.
+    is lost: before the release (one-release jobs), or from the iteration after the last one
+    released (a training, which keeps S_C). Fails with NOT_FOUND for an unknown job,
+    INVALID_ARGUMENT if this owner or its row count is not among them or first_iteration is out
+    of range, FAILED_PRECONDITION after the release (one-release jobs) or for an iteration
+    released already (a training).
     """
     ReleaseCape: _aio.UnaryUnaryMultiCallable[_cape_pb2.ReleaseCapeRequest, _cape_pb2.ReleaseCapeResponse]  # type: ignore[assignment]
-    """This site's release (Algorithm 4, steps 5-8): Lambda_s + e_s + g_s, where e_s corrects this
-    site's noise draw of the job's secure-aggregation round by the round's sum and g_s is fresh
-    local noise. Charges the terms first. Fails with NOT_FOUND for an unknown job or round,
-    FAILED_PRECONDITION if the round's survivors are not the planned sites (re-plan and rerun the
-    round) or the terms exceed the budget left, INVALID_ARGUMENT for a malformed sum.
+    """This site's release of a one-release job (Algorithm 2; Algorithm 4, steps 5-8): f_s + e_s +
+    g_s (capeFM's coefficients or the site's mean), where e_s corrects this site's noise draw of
+    the job's secure-aggregation round by the round's sum and g_s is fresh local noise. Charges
+    the terms first. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a
+    training, if the round's survivors are not the planned sites (re-plan and rerun the round),
+    the job released already or the terms exceed the budget left, INVALID_ARGUMENT for a
+    malformed sum.
+    """
+    ReleaseCapeGradient: _aio.UnaryUnaryMultiCallable[_cape_pb2.ReleaseCapeGradientRequest, _cape_pb2.ReleaseCapeGradientResponse]  # type: ignore[assignment]
+    """A training's release at one iteration: the average of this site's per-example gradients at
+    the given parameters, each clipped to the clip norm, plus that iteration's zero-sum noise
+    (corrected by the round's sum for the iteration) and fresh local noise. The first call
+    charges the whole training's total first. Iterations are released at most once each, in
+    increasing order. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION if
+    the job is not a planned training, the round's survivors are not the planned sites, the
+    iteration is not after the last one released or the budget is exhausted, INVALID_ARGUMENT
+    for an iteration outside the plan or malformed parameters or sum.
     """
     CloseCapeJob: _aio.UnaryUnaryMultiCallable[_cape_pb2.CloseCapeJobRequest, _cape_pb2.CloseCapeJobResponse]  # type: ignore[assignment]
     """Forget a job; return what it spent of this owner's budget. Fails with NOT_FOUND."""
@@ -101,10 +135,11 @@ class CapeSiteServiceAsyncStub(CapeSiteServiceStub):
 class CapeSiteServiceServicer(metaclass=_abc_1.ABCMeta):
     """A CAPE job at one owner (a site). The curator (the aggregator) opens the job at every owner,
     plans it over the sites that answered, runs the zero-sum noise round through
-    SecureAggregationService with the job's id, then asks every site for its release. Each owner
+    SecureAggregationService with the job's id, then asks every site for its release (a training:
+    for one release per iteration, each at the parameters the curator broadcasts). Each owner
     derives its noise and its guarantee itself from the public plan (its own row count among the
-    sites' counts) and charges its own ledger before it releases. Served to the curators an owner's
-    policy names.
+    sites' counts) and charges its own ledger before its first release. Served to the curators an
+    owner's policy names.
     """
 
     @_abc_1.abstractmethod
@@ -114,11 +149,12 @@ class CapeSiteServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_cape_pb2.OpenCapeJobResponse, _abc.Awaitable[_cape_pb2.OpenCapeJobResponse]]:
         """Open a job: check the spec against this owner's table (columns present, every value within
-        its public bounds, a 0/1 target for logistic regression) and the terms (epsilon, delta)
-        against its policy; return the number of rows. Charges nothing. Fails with INVALID_ARGUMENT
-        for a missing column or a value out of bounds (naming row and column), FAILED_PRECONDITION if
-        the owner holds no table or the terms exceed its policy or what is left, RESOURCE_EXHAUSTED
-        beyond its open sessions, ALREADY_EXISTS for a job id in use.
+        its public bounds, a 0/1 target for logistic regression and training) and the terms (epsilon,
+        delta; a training's total over all iterations) against its policy; return the number of rows.
+        Charges nothing. Fails with INVALID_ARGUMENT for a missing column, a value out of bounds
+        (naming row and column) or a malformed spec, FAILED_PRECONDITION if the owner holds no table
+        or the terms exceed its policy or what is left, RESOURCE_EXHAUSTED beyond its open sessions,
+        ALREADY_EXISTS for a job id in use.
         """
 
     @_abc_1.abstractmethod
@@ -129,8 +165,11 @@ class CapeSiteServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_cape_pb2.PlanCapeJobResponse, _abc.Awaitable[_cape_pb2.PlanCapeJobResponse]]:
         """Fix the sites of the next noise round and their row counts (public); the owner computes the
         plan (noise scales, weights, guarantee) itself. Called again, with fewer sites, when a site
-        is lost before the releases. Fails with NOT_FOUND for an unknown job, INVALID_ARGUMENT if this
-        owner or its row count is not among them, FAILED_PRECONDITION after the release.
+        is lost: before the release (one-release jobs), or from the iteration after the last one
+        released (a training, which keeps S_C). Fails with NOT_FOUND for an unknown job,
+        INVALID_ARGUMENT if this owner or its row count is not among them or first_iteration is out
+        of range, FAILED_PRECONDITION after the release (one-release jobs) or for an iteration
+        released already (a training).
         """
 
     @_abc_1.abstractmethod
@@ -139,11 +178,29 @@ class CapeSiteServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _cape_pb2.ReleaseCapeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_cape_pb2.ReleaseCapeResponse, _abc.Awaitable[_cape_pb2.ReleaseCapeResponse]]:
-        """This site's release (Algorithm 4, steps 5-8): Lambda_s + e_s + g_s, where e_s corrects this
-        site's noise draw of the job's secure-aggregation round by the round's sum and g_s is fresh
-        local noise. Charges the terms first. Fails with NOT_FOUND for an unknown job or round,
-        FAILED_PRECONDITION if the round's survivors are not the planned sites (re-plan and rerun the
-        round) or the terms exceed the budget left, INVALID_ARGUMENT for a malformed sum.
+        """This site's release of a one-release job (Algorithm 2; Algorithm 4, steps 5-8): f_s + e_s +
+        g_s (capeFM's coefficients or the site's mean), where e_s corrects this site's noise draw of
+        the job's secure-aggregation round by the round's sum and g_s is fresh local noise. Charges
+        the terms first. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a
+        training, if the round's survivors are not the planned sites (re-plan and rerun the round),
+        the job released already or the terms exceed the budget left, INVALID_ARGUMENT for a
+        malformed sum.
+        """
+
+    @_abc_1.abstractmethod
+    def ReleaseCapeGradient(
+        self,
+        request: _cape_pb2.ReleaseCapeGradientRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cape_pb2.ReleaseCapeGradientResponse, _abc.Awaitable[_cape_pb2.ReleaseCapeGradientResponse]]:
+        """A training's release at one iteration: the average of this site's per-example gradients at
+        the given parameters, each clipped to the clip norm, plus that iteration's zero-sum noise
+        (corrected by the round's sum for the iteration) and fresh local noise. The first call
+        charges the whole training's total first. Iterations are released at most once each, in
+        increasing order. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION if
+        the job is not a planned training, the round's survivors are not the planned sites, the
+        iteration is not after the last one released or the budget is exhausted, INVALID_ARGUMENT
+        for an iteration outside the plan or malformed parameters or sum.
         """
 
     @_abc_1.abstractmethod
@@ -157,8 +214,10 @@ class CapeSiteServiceServicer(metaclass=_abc_1.ABCMeta):
 def add_CapeSiteServiceServicer_to_server(servicer: CapeSiteServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
 class CapeServiceStub:
-    """The curator's CAPE service for consumers: fits a model across the curator's owners. Served to
-    consumers (an owner's or curator's certificate gets PERMISSION_DENIED).
+    """The curator's CAPE service for consumers: joint estimates and models across the curator's
+    owners. Served to consumers (an owner's or curator's certificate gets PERMISSION_DENIED). Every
+    RPC takes an idempotency key: a retry with the same request_id returns the same answer and
+    spends nothing new (the same key with another request is INVALID_ARGUMENT).
     """
 
     @_typing.overload
@@ -166,31 +225,67 @@ class CapeServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> CapeServiceAsyncStub: ...
     FitCape: _grpc.UnaryUnaryMultiCallable[_cape_pb2.FitCapeRequest, _cape_pb2.FitCapeResponse]
-    """Fit a model by capeFM across every owner that answers; return the weights and a report.
-    A retry with the same request_id returns the same answer and spends nothing new. Fails with
-    INVALID_ARGUMENT for a malformed spec or epsilon/delta outside the curator's policy,
-    FAILED_PRECONDITION if an owner refuses (missing column, policy) or fewer than 2 sites
-    remain, ABORTED if secure aggregation aborts, RESOURCE_EXHAUSTED beyond the curator's limits.
+    """Fit a linear or logistic regression by capeFM across every owner that answers; return the
+    weights and a report. Fails with INVALID_ARGUMENT for a malformed spec (the mean's task
+    included: EstimateCapeMean), epsilon/delta or the number of columns outside the curator's
+    policy, FAILED_PRECONDITION if an owner refuses (missing column, value out of bounds,
+    policy) or fewer than 2 sites remain, ABORTED if secure aggregation aborts,
+    RESOURCE_EXHAUSTED beyond the curator's limits.
+    """
+    EstimateCapeMean: _grpc.UnaryUnaryMultiCallable[_cape_pb2.EstimateCapeMeanRequest, _cape_pb2.EstimateCapeMeanResponse]
+    """Estimate the mean vector of some columns across every owner that answers (Algorithm 2 with
+    zero-sum noise from secure aggregation); return the estimate and a report. Fails as FitCape
+    (the spec's task must be CAPE_TASK_MEAN).
+    """
+    TrainCape: _grpc.UnaryUnaryMultiCallable[_cape_pb2.TrainCapeRequest, _cape_pb2.TrainCapeResponse]
+    """Train the paper's 2-layer network by CAPE gradient descent across every owner that answers;
+    return the parameters and a report. Fails with INVALID_ARGUMENT for a malformed spec, a
+    hyper-parameter (iterations, learning rate, hidden units, clip norm, iterations x
+    parameters, columns) or the total epsilon/delta outside the curator's policy (naming the
+    range), FAILED_PRECONDITION if an owner refuses before any release (missing column, value out
+    of bounds, label not 0/1, budget) or fewer than 2 sites remain, ABORTED if a noise round
+    aborts, RESOURCE_EXHAUSTED beyond the curator's limits. A training that fails after its first
+    release fails with that status; what it spent stays on the owners' ledgers.
     """
 
 @_typing.type_check_only
 class CapeServiceAsyncStub(CapeServiceStub):
-    """The curator's CAPE service for consumers: fits a model across the curator's owners. Served to
-    consumers (an owner's or curator's certificate gets PERMISSION_DENIED).
+    """The curator's CAPE service for consumers: joint estimates and models across the curator's
+    owners. Served to consumers (an owner's or curator's certificate gets PERMISSION_DENIED). Every
+    RPC takes an idempotency key: a retry with the same request_id returns the same answer and
+    spends nothing new (the same key with another request is INVALID_ARGUMENT).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     FitCape: _aio.UnaryUnaryMultiCallable[_cape_pb2.FitCapeRequest, _cape_pb2.FitCapeResponse]  # type: ignore[assignment]
-    """Fit a model by capeFM across every owner that answers; return the weights and a report.
-    A retry with the same request_id returns the same answer and spends nothing new. Fails with
-    INVALID_ARGUMENT for a malformed spec or epsilon/delta outside the curator's policy,
-    FAILED_PRECONDITION if an owner refuses (missing column, policy) or fewer than 2 sites
-    remain, ABORTED if secure aggregation aborts, RESOURCE_EXHAUSTED beyond the curator's limits.
+    """Fit a linear or logistic regression by capeFM across every owner that answers; return the
+    weights and a report. Fails with INVALID_ARGUMENT for a malformed spec (the mean's task
+    included: EstimateCapeMean), epsilon/delta or the number of columns outside the curator's
+    policy, FAILED_PRECONDITION if an owner refuses (missing column, value out of bounds,
+    policy) or fewer than 2 sites remain, ABORTED if secure aggregation aborts,
+    RESOURCE_EXHAUSTED beyond the curator's limits.
+    """
+    EstimateCapeMean: _aio.UnaryUnaryMultiCallable[_cape_pb2.EstimateCapeMeanRequest, _cape_pb2.EstimateCapeMeanResponse]  # type: ignore[assignment]
+    """Estimate the mean vector of some columns across every owner that answers (Algorithm 2 with
+    zero-sum noise from secure aggregation); return the estimate and a report. Fails as FitCape
+    (the spec's task must be CAPE_TASK_MEAN).
+    """
+    TrainCape: _aio.UnaryUnaryMultiCallable[_cape_pb2.TrainCapeRequest, _cape_pb2.TrainCapeResponse]  # type: ignore[assignment]
+    """Train the paper's 2-layer network by CAPE gradient descent across every owner that answers;
+    return the parameters and a report. Fails with INVALID_ARGUMENT for a malformed spec, a
+    hyper-parameter (iterations, learning rate, hidden units, clip norm, iterations x
+    parameters, columns) or the total epsilon/delta outside the curator's policy (naming the
+    range), FAILED_PRECONDITION if an owner refuses before any release (missing column, value out
+    of bounds, label not 0/1, budget) or fewer than 2 sites remain, ABORTED if a noise round
+    aborts, RESOURCE_EXHAUSTED beyond the curator's limits. A training that fails after its first
+    release fails with that status; what it spent stays on the owners' ledgers.
     """
 
 class CapeServiceServicer(metaclass=_abc_1.ABCMeta):
-    """The curator's CAPE service for consumers: fits a model across the curator's owners. Served to
-    consumers (an owner's or curator's certificate gets PERMISSION_DENIED).
+    """The curator's CAPE service for consumers: joint estimates and models across the curator's
+    owners. Served to consumers (an owner's or curator's certificate gets PERMISSION_DENIED). Every
+    RPC takes an idempotency key: a retry with the same request_id returns the same answer and
+    spends nothing new (the same key with another request is INVALID_ARGUMENT).
     """
 
     @_abc_1.abstractmethod
@@ -199,11 +294,39 @@ class CapeServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _cape_pb2.FitCapeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_cape_pb2.FitCapeResponse, _abc.Awaitable[_cape_pb2.FitCapeResponse]]:
-        """Fit a model by capeFM across every owner that answers; return the weights and a report.
-        A retry with the same request_id returns the same answer and spends nothing new. Fails with
-        INVALID_ARGUMENT for a malformed spec or epsilon/delta outside the curator's policy,
-        FAILED_PRECONDITION if an owner refuses (missing column, policy) or fewer than 2 sites
-        remain, ABORTED if secure aggregation aborts, RESOURCE_EXHAUSTED beyond the curator's limits.
+        """Fit a linear or logistic regression by capeFM across every owner that answers; return the
+        weights and a report. Fails with INVALID_ARGUMENT for a malformed spec (the mean's task
+        included: EstimateCapeMean), epsilon/delta or the number of columns outside the curator's
+        policy, FAILED_PRECONDITION if an owner refuses (missing column, value out of bounds,
+        policy) or fewer than 2 sites remain, ABORTED if secure aggregation aborts,
+        RESOURCE_EXHAUSTED beyond the curator's limits.
+        """
+
+    @_abc_1.abstractmethod
+    def EstimateCapeMean(
+        self,
+        request: _cape_pb2.EstimateCapeMeanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cape_pb2.EstimateCapeMeanResponse, _abc.Awaitable[_cape_pb2.EstimateCapeMeanResponse]]:
+        """Estimate the mean vector of some columns across every owner that answers (Algorithm 2 with
+        zero-sum noise from secure aggregation); return the estimate and a report. Fails as FitCape
+        (the spec's task must be CAPE_TASK_MEAN).
+        """
+
+    @_abc_1.abstractmethod
+    def TrainCape(
+        self,
+        request: _cape_pb2.TrainCapeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cape_pb2.TrainCapeResponse, _abc.Awaitable[_cape_pb2.TrainCapeResponse]]:
+        """Train the paper's 2-layer network by CAPE gradient descent across every owner that answers;
+        return the parameters and a report. Fails with INVALID_ARGUMENT for a malformed spec, a
+        hyper-parameter (iterations, learning rate, hidden units, clip norm, iterations x
+        parameters, columns) or the total epsilon/delta outside the curator's policy (naming the
+        range), FAILED_PRECONDITION if an owner refuses before any release (missing column, value out
+        of bounds, label not 0/1, budget) or fewer than 2 sites remain, ABORTED if a noise round
+        aborts, RESOURCE_EXHAUSTED beyond the curator's limits. A training that fails after its first
+        release fails with that status; what it spent stays on the owners' ledgers.
         """
 
 def add_CapeServiceServicer_to_server(servicer: CapeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
