@@ -1124,7 +1124,8 @@ def evaluate(
 # ---------------------------------------------------------------------------------- CAPE
 @click.group("cape", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 def cape_group() -> None:
-    """Joint models across owners by CAPE (zero-sum noise through secure aggregation)."""
+    """Joint estimates and models across owners by CAPE (zero-sum noise through secure
+    aggregation): means, linear and logistic regressions, a network by gradient descent."""
 
 
 def _bound(text: str, option: str) -> tuple[str, float, float]:
@@ -1139,21 +1140,133 @@ def _bound(text: str, option: str) -> tuple[str, float, float]:
         raise click.BadParameter(f"{text!r}: {exc}", param_hint=option) from exc
 
 
-def _bounds_file(path: str) -> tuple[list[tuple[str, float, float]], tuple[str, float, float]]:
-    """A TOML file with ``[features]`` (column = [low, high], in order) and ``[target]``."""
+def _bounds_file(
+    path: str, *, target: bool = True
+) -> tuple[list[tuple[str, float, float]], tuple[str, float, float] | None]:
+    """A TOML file with ``[features]`` (column = [low, high], in order) and, if ``target``,
+    ``[target]`` with one column."""
     import tomllib
 
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         features = [(c, float(b[0]), float(b[1])) for c, b in data["features"].items()]
+        if not target:
+            return features, None
         ((column, bounds),) = data["target"].items()
         return features, (column, float(bounds[0]), float(bounds[1]))
     except (OSError, tomllib.TOMLDecodeError, KeyError, ValueError, TypeError, IndexError) as exc:
-        raise click.BadParameter(
-            f"{path}: needs [features] with column = [low, high] entries and a [target] with "
-            f"one ({exc})",
-            param_hint="--bounds",
-        ) from exc
+        wanted = "[features] with column = [low, high] entries" + (
+            " and a [target] with one" if target else ""
+        )
+        raise click.BadParameter(f"{path}: needs {wanted} ({exc})", param_hint="--bounds") from exc
+
+
+def _columns(bounds_path: str | None, features: tuple[str, ...]) -> list[tuple[str, float, float]]:
+    """The columns of ``--bounds`` (its ``[features]``), then those of each ``--feature``."""
+    columns = [] if bounds_path is None else _bounds_file(bounds_path, target=False)[0]
+    columns += [_bound(f, "--feature") for f in features]
+    if not columns:
+        raise click.UsageError("give the columns and their bounds (--bounds or --feature)")
+    return columns
+
+
+def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., Any]]:
+    """Options every ``dpmarket cape`` job command takes."""
+    return [
+        click.option("--curator", required=True, metavar="HOST:PORT", help="The curator."),
+        click.option("--curator-name", default="curator", help="The curator's certificate name."),
+        click.option(
+            "--bounds",
+            "bounds_path",
+            default=None,
+            type=click.Path(exists=True, dir_okay=False),
+            help="TOML file: [features] column = [low, high] (in order) and, for a model, [target] "
+            "column = [low, high]. Public bounds, never statistics of the private data.",
+        ),
+        click.option(
+            "--feature",
+            "features",
+            multiple=True,
+            metavar="COLUMN=LOW:HIGH",
+            help="A column and its public bounds; repeat (after those of --bounds).",
+        ),
+        click.option("--epsilon", default=1.0, type=click.FloatRange(min=0, min_open=True)),
+        click.option(
+            "--delta",
+            default=default_delta,
+            type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+        ),
+        click.option(
+            "--colluders",
+            default=None,
+            type=click.IntRange(min=0),
+            help="S_C: owners that may collude with the curator (default ceil(S/3) - 1).",
+        ),
+        click.option("--seed", default=None, type=click.IntRange(min=0), help="Reproducible runs."),
+        click.option("--request-id", default=None, help="Idempotency key (default: random)."),
+        click.option(
+            "--out",
+            "out_path",
+            default=default_out,
+            type=click.Path(dir_okay=False),
+            help="Where to write the estimate or model and its report (JSON).",
+        ),
+    ]
+
+
+_CALIBRATION_OPTION = click.option(
+    "--calibration",
+    type=click.Choice(["exact", "theorem1"]),
+    default="exact",
+    help="Noise from the exact privacy profile (tight) or Theorem 1's bound.",
+)
+
+
+def _cape_command(
+    name: str, options: list[Callable[..., Any]], doc: str
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register ``dpmarket cape NAME`` with the shared options, then ``options``, then mTLS."""
+
+    def register(func: Callable[..., None]) -> Callable[..., None]:
+        for option in reversed(options):
+            func = option(func)
+        for option in reversed(_cape_options(*_CAPE_DEFAULTS[name])):
+            func = option(func)
+        func = tls_options(func)
+        func.__doc__ = doc
+        return cape_group.command(name)(func)
+
+    return register
+
+
+#: Per command: default --out and --delta.
+_CAPE_DEFAULTS = {
+    "linreg": ("model.json", 1e-6),
+    "logreg": ("model.json", 1e-6),
+    "mean": ("mean.json", 1e-6),
+    "train": ("network.json", 1e-5),
+}
+
+
+def _ask_curator(
+    curator: str, curator_name: str, tls: dict[str, Any], call: Callable[[Any], Any]
+) -> Any:
+    """Call the curator as a consumer; a refusal becomes a ClickException."""
+    from consumer.client import CuratorClient
+
+    security = _security("consumer", **tls)
+    try:
+        with CuratorClient(curator, security, curator=Identity("curator", curator_name)) as c:
+            return call(c)
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _delta_text(report: dict[str, Any]) -> str:
+    theorem1 = report.get("delta_theorem1")
+    return f"{report['delta_exact']:.3g} exactly" + (
+        f", {theorem1:.3g} by Theorem 1" if theorem1 is not None else ""
+    )
 
 
 def _fit_command(task: str) -> Callable[..., None]:
@@ -1174,10 +1287,8 @@ def _fit_command(task: str) -> Callable[..., None]:
         **tls: Any,
     ) -> None:
         from common.cape.spec import CapeJobSpec
-        from consumer.client import CuratorClient
         from consumer.report import write_json
 
-        security = _security("consumer", **tls)
         feature_bounds, target_bound = (
             ([], None) if bounds_path is None else _bounds_file(bounds_path)
         )
@@ -1202,11 +1313,12 @@ def _fit_command(task: str) -> Callable[..., None]:
         except ValueError as exc:
             raise click.BadParameter(str(exc)) from exc
         _check_outputs(out_path)
-        try:
-            with CuratorClient(curator, security, curator=Identity("curator", curator_name)) as c:
-                fit = c.fit_cape(spec, seed=seed, request_id=request_id)
-        except DPMarketError as exc:
-            raise click.ClickException(str(exc)) from exc
+        fit = _ask_curator(
+            curator,
+            curator_name,
+            tls,
+            lambda c: c.fit_cape(spec, seed=seed, request_id=request_id),
+        )
         model = {
             "task": task,
             "target": spec.target[0],
@@ -1218,72 +1330,160 @@ def _fit_command(task: str) -> Callable[..., None]:
         r = fit.report
         console.print(
             f"{task} regression over {len(r['sites'])} owners ({', '.join(r['sites'])}); every "
-            f"owner ({epsilon}, {r['delta_exact']:.3g})-DP against the curator and "
+            f"owner ({epsilon}, {_delta_text(r)})-DP against the curator and "
             f"{r['colluders']} colluder(s); model -> {out_path}"
         )
 
-    options = [
-        click.option("--curator", required=True, metavar="HOST:PORT", help="The curator."),
-        click.option("--curator-name", default="curator", help="The curator's certificate name."),
-        click.option(
-            "--bounds",
-            "bounds_path",
-            default=None,
-            type=click.Path(exists=True, dir_okay=False),
-            help="TOML file: [features] column = [low, high] (in order) and [target] column = "
-            "[low, high]. Public bounds, never statistics of the private data.",
-        ),
-        click.option(
-            "--feature",
-            "features",
-            multiple=True,
-            metavar="COLUMN=LOW:HIGH",
-            help="A feature column and its public bounds; repeat (after those of --bounds).",
-        ),
-        click.option(
-            "--target",
-            default=None,
-            metavar="COLUMN[=LOW:HIGH]",
-            help="The target column and its public bounds (logistic: a 0/1 column, no bounds).",
-        ),
-        click.option("--epsilon", default=1.0, type=click.FloatRange(min=0, min_open=True)),
-        click.option(
-            "--delta",
-            default=1e-6,
-            type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
-        ),
-        click.option(
-            "--colluders",
-            default=None,
-            type=click.IntRange(min=0),
-            help="S_C: owners that may collude with the curator (default ceil(S/3) - 1).",
-        ),
-        click.option(
-            "--calibration",
-            type=click.Choice(["exact", "theorem1"]),
-            default="exact",
-            help="Noise from the exact privacy profile (tight) or Theorem 1's bound.",
-        ),
-        click.option("--no-intercept", is_flag=True, help="Fit without an intercept."),
-        click.option("--seed", default=None, type=click.IntRange(min=0), help="Reproducible runs."),
-        click.option("--request-id", default=None, help="Idempotency key (default: random)."),
-        click.option(
-            "--out",
-            "out_path",
-            default="model.json",
-            type=click.Path(dir_okay=False),
-            help="Where to write the model and its report (JSON).",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    command = tls_options(command)
-    command.__doc__ = f"Fit a {task} regression across the curator's owners by capeFM."
     return command
 
 
-cape_group.command("linreg")(_fit_command("linear"))
-cape_group.command("logreg")(_fit_command("logistic"))
+_FIT_OPTIONS = [
+    click.option(
+        "--target",
+        default=None,
+        metavar="COLUMN[=LOW:HIGH]",
+        help="The target column and its public bounds (logistic: a 0/1 column, no bounds).",
+    ),
+    _CALIBRATION_OPTION,
+    click.option("--no-intercept", is_flag=True, help="Fit without an intercept."),
+]
+for _task, _name in (("linear", "linreg"), ("logistic", "logreg")):
+    _cape_command(
+        _name,
+        _FIT_OPTIONS,
+        f"Fit a {_task} regression across the curator's owners by capeFM (Algorithm 4).",
+    )(_fit_command(_task))
+
+
+@_cape_command(
+    "mean",
+    [_CALIBRATION_OPTION],
+    "The mean of some columns across the curator's owners by CAPE (Algorithm 2).",
+)
+def cape_mean_command(
+    curator: str,
+    curator_name: str,
+    bounds_path: str | None,
+    features: tuple[str, ...],
+    epsilon: float,
+    delta: float,
+    colluders: int | None,
+    calibration: str,
+    seed: int | None,
+    request_id: str | None,
+    out_path: str,
+    **tls: Any,
+) -> None:
+    from common.cape.spec import CapeMeanSpec
+    from consumer.report import write_json
+
+    columns = _columns(bounds_path, features)
+    try:
+        spec = CapeMeanSpec(tuple(columns), epsilon, delta, colluders, calibration)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    _check_outputs(out_path)
+    estimate = _ask_curator(
+        curator,
+        curator_name,
+        tls,
+        lambda c: c.estimate_cape_mean(spec, seed=seed, request_id=request_id),
+    )
+    write_json({"task": "mean", "mean": estimate.by_column, "report": estimate.report}, out_path)
+    r = estimate.report
+    console.print(
+        f"mean of {len(columns)} column(s) over {len(r['sites'])} owners "
+        f"({', '.join(r['sites'])}), noise std {r['aggregator_noise_std']:.3g} per column; "
+        f"every owner ({epsilon}, {_delta_text(r)})-DP against the curator and "
+        f"{r['colluders']} colluder(s); estimate -> {out_path}"
+    )
+
+
+@_cape_command(
+    "train",
+    [
+        click.option("--target", required=True, metavar="COLUMN", help="The 0/1 label column."),
+        click.option("--iterations", default=50, type=click.IntRange(min=1), help="T."),
+        click.option("--learning-rate", default=1.0, type=click.FloatRange(min=0, min_open=True)),
+        click.option("--hidden-units", default=16, type=click.IntRange(min=1), help="H."),
+        click.option(
+            "--clip-norm",
+            default=1.0,
+            type=click.FloatRange(min=0, min_open=True),
+            help="C: each example's gradient is clipped to this L2 norm.",
+        ),
+    ],
+    "Train the CAPE paper's 2-layer network across the curator's owners by CAPE gradient "
+    "descent (Section 5.1); --epsilon and --delta are each owner's total over all iterations.",
+)
+def cape_train_command(
+    curator: str,
+    curator_name: str,
+    bounds_path: str | None,
+    features: tuple[str, ...],
+    epsilon: float,
+    delta: float,
+    colluders: int | None,
+    target: str,
+    iterations: int,
+    learning_rate: float,
+    hidden_units: int,
+    clip_norm: float,
+    seed: int | None,
+    request_id: str | None,
+    out_path: str,
+    **tls: Any,
+) -> None:
+    from common.cape.spec import CapeTrainingSpec
+    from consumer.report import write_json
+
+    columns = _columns(bounds_path, features)
+    try:
+        spec = CapeTrainingSpec(
+            features=tuple(columns),
+            target=target,
+            epsilon=epsilon,
+            delta=delta,
+            iterations=iterations,
+            learning_rate=learning_rate,
+            hidden=hidden_units,
+            clip=clip_norm,
+            colluders=colluders,
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    _check_outputs(out_path)
+    network = _ask_curator(
+        curator,
+        curator_name,
+        tls,
+        lambda c: c.train_cape(spec, seed=seed, request_id=request_id),
+    )
+    write_json(
+        {
+            "task": "train",
+            "features": [{"column": c, "low": lo, "high": hi} for c, lo, hi in spec.features],
+            "target": target,
+            "hidden_units": hidden_units,
+            "network": "sigmoid(w2 . relu(W1 x + b1) + b2), x = 2 (raw - low) / (high - low) - 1",
+            "parameters": {
+                "W1": network.parameters[: hidden_units * spec.dim]
+                .reshape(hidden_units, spec.dim)
+                .tolist(),
+                "b1": network.parameters[hidden_units * spec.dim : -hidden_units - 1].tolist(),
+                "w2": network.parameters[-hidden_units - 1 : -1].tolist(),
+                "b2": float(network.parameters[-1]),
+            },
+            "report": network.report,
+        },
+        out_path,
+    )
+    r = network.report
+    console.print(
+        f"{iterations} iterations over {len(r['sites'])} owners ({', '.join(r['sites'])}); "
+        f"every owner ({r['epsilon']:.6g}, {_delta_text(r)})-DP over the whole training against "
+        f"the curator and {r['colluders']} colluder(s); network -> {out_path}"
+    )
 
 
 @cape_group.command("demo")
@@ -1292,7 +1492,7 @@ cape_group.command("logreg")(_fit_command("logistic"))
 @click.option("--delta", default=1e-6, type=click.FloatRange(min=0, max=1, min_open=True))
 @click.option("--seed", default=0, type=click.IntRange(min=0))
 def cape_demo_command(out_dir: str, epsilon: float, delta: float, seed: int) -> None:
-    """A capeFM regression on ggplot2's diamonds across five owner processes (make demo-cape)."""
+    """The four CAPE jobs across owner processes on diamonds and spam7 (make demo-cape)."""
     from deploy.cape_demo import run_cape_demo
 
     try:

@@ -38,3 +38,37 @@ def test_epsilon_must_be_positive() -> None:
         "--curator", "127.0.0.1:9", "--feature", "a=0:1", "--target", "y=0:1", "--epsilon", "0"
     )
     assert code != 0 and "epsilon" in output.lower()
+
+
+def _command(command: str, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(
+        main, ["cape", command, "--insecure", "--curator", "127.0.0.1:9", *args]
+    )
+    return result.exit_code, result.output
+
+
+def test_a_mean_needs_columns_with_bounds() -> None:
+    code, output = _command("mean")
+    assert code != 0 and "--bounds or --feature" in output
+    code, output = _command("mean", "--feature", "carat=0:6", "--feature", "carat=0:7")
+    assert code != 0 and "distinct" in output
+
+
+def test_a_mean_reads_the_columns_of_a_bounds_file_without_a_target(tmp_path: Path) -> None:
+    bounds = tmp_path / "bounds.toml"
+    bounds.write_text("[features]\ncarat = [0, 6]\n", encoding="utf-8")
+    code, output = _command("mean", "--bounds", str(bounds), "--feature", "depth=x:1")
+    assert code != 0 and "'depth=x:1'" in output  # the file was read; the bad option named
+
+
+def test_a_training_needs_a_label_and_positive_hyper_parameters() -> None:
+    code, output = _command("train", "--feature", "a=0:1")
+    assert code != 0 and "--target" in output
+    for option, value in (
+        ("--iterations", "0"),
+        ("--hidden-units", "0"),
+        ("--learning-rate", "0"),
+        ("--clip-norm", "-1"),
+    ):
+        code, output = _command("train", "--feature", "a=0:1", "--target", "y", option, value)
+        assert code != 0 and option in output, option
