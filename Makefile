@@ -62,8 +62,9 @@ demo: $(STAMP)
 demo-flights: $(STAMP)
 	$(BIN)/dpmarket demo --scenario flights --out $(OUT)/demo-flights
 
-# CAPE: a capeFM regression on ggplot2's diamonds across five owner processes over mTLS, with
-# zero-sum noise from secure aggregation; compares with the non-private and private baselines.
+# CAPE across five owner processes over mTLS, with zero-sum noise from secure aggregation: the
+# mean and a linear regression on ggplot2's diamonds, a logistic regression and the 2-layer
+# network by gradient descent on DAAG's spam7; compares with the non-private and private baselines.
 demo-cape: $(STAMP)
 	$(BIN)/dpmarket cape demo --out $(OUT)/demo-cape
 

