@@ -166,13 +166,13 @@ class CapeSite:
             Beyond ``max_jobs`` open jobs; a job id in use.
         """
         if self.table is None:
-            raise FailedPreconditionError(f"owner {self.name} holds no table for CAPE jobs")
+            raise FailedPreconditionError("this owner holds no table for CAPE jobs")
         if not job_id:
             raise InvalidArgumentError("job_id must be a non-empty string")
         try:
             x, y = self._data(spec)
         except ValueError as exc:
-            raise InvalidArgumentError(f"owner {self.name}: {exc}") from exc
+            raise InvalidArgumentError(str(exc)) from exc
         if self.ledger is not None:
             epsilon, delta = spec.cost
             self.ledger.check(

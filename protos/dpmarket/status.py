@@ -58,7 +58,10 @@ def error_from_rpc(exc: grpc.RpcError, peer: str) -> errors.DPMarketError:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
     cls = _EXCEPTIONS.get(code, errors.AbortedError)
-    return cls(f"{peer}: {details} ({code.name})")
+    # A status relayed by a service (a curator passing on an owner's refusal) already ends with
+    # its code: name it once.
+    suffix = f" ({code.name})"
+    return cls(f"{peer}: {details}" + ("" if details.endswith(suffix) else suffix))
 
 
 async def abort_for(exc: BaseException, context: grpc.aio.ServicerContext, where: str) -> None:
