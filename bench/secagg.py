@@ -20,9 +20,11 @@ transport:
     every ``D``: each site holds one benchmark job per length, whose input it draws itself
     (:class:`bench.secagg_site.SyntheticJobs`). The dropout is real: the dropped site's process
     is killed (SIGKILL) as soon as its ShareKeys answer has reached the curator, so the
-    curator's MaskedInput call finds nobody (UNAVAILABLE); it is restarted, and its connection
-    opened again, between rounds, outside the timing. CPU seconds are those of the curator
-    process and of every site process (``/proc/<pid>/stat``, 10 ms ticks), killed ones included.
+    curator's MaskedInput call finds nobody (UNAVAILABLE); the kill and the wait until the
+    process is gone fall in the ``share_keys`` phase (``median_kill_seconds``). Between rounds,
+    outside the timing, the site is restarted, its connection opened and its first round run
+    (untimed, as every site's first round is). CPU seconds are those of the curator process and
+    of every site process (``/proc/<pid>/stat``, 10 ms ticks), killed ones included.
 
 Each run is a production round: a fresh round id, key material from ``os.urandom``, the rounding
 coins from a CSPRNG-seeded generator, ECDSA P-256 signatures on the key advertisements checked by
@@ -233,6 +235,7 @@ class SiteProcesses:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
         self._killed_cpu = 0.0
+        self.kill_seconds: list[float] = []
 
     def _port_file(self, name: str) -> Path:
         return self.work_dir / f"{name}.port"
@@ -289,11 +292,14 @@ class SiteProcesses:
         return self._killed_cpu + sum(c for c in live if c is not None)
 
     def kill(self, name: str) -> None:
-        """Kill a site abruptly (SIGKILL), as a crashed machine vanishes; keep its CPU seconds."""
+        """Kill a site abruptly (SIGKILL), as a crashed machine vanishes, and wait until it is
+        gone; keep its CPU seconds and the seconds this took (``kill_seconds``)."""
         process = self.processes[name]
         self._killed_cpu += _process_cpu_seconds(process.pid) or 0.0
+        started = time.perf_counter()
         process.kill()
         process.wait()
+        self.kill_seconds.append(time.perf_counter() - started)
 
     def stop(self) -> None:
         """SIGTERM every site (graceful), then SIGKILL after 10 s."""
@@ -390,6 +396,7 @@ async def _measure_grpc_workloads(
                 phases: list[dict[str, float]] = []
                 max_error = 0.0
                 reason = None
+                processes.kill_seconds.clear()
                 load_before = os.getloadavg()[0]
                 for run in range(repeat + 1):
                     for name in lost:
@@ -419,6 +426,9 @@ async def _measure_grpc_workloads(
                         await endpoints[name].close()
                         await asyncio.to_thread(processes.start, [name])
                         endpoints[name] = await _connect(processes, security, name)
+                    if lost:  # the new process's first round, untimed as every site's first
+                        warm = RoundParams.create(names, threshold, length, fixed_point)
+                        await aggregate(endpoints, job_id(length), warm)
                     if run == 0:
                         continue  # warm-up: first-use allocations, connections' first streams
                     walls.append(wall)
@@ -445,6 +455,9 @@ async def _measure_grpc_workloads(
                             else None
                         ),
                         "dropped_reason": reason,
+                        "median_kill_seconds": (
+                            statistics.median(processes.kill_seconds[1:]) if dropouts else None
+                        ),
                         "resolution_bits": RESOLUTION_BITS,
                         "modulus_bits": fixed_point.modulus_bits,
                         "masked_input_bytes": 8 * length,
