@@ -77,10 +77,12 @@ cape-figures: $(STAMP)
 evaluate: $(STAMP)
 	$(BIN)/dpmarket evaluate --out $(OUT)/evaluate
 
-# Round latency in-process, over mTLS and over plaintext gRPC (bench/rounds.py), then the cost of
-# OpenDP's noise against numpy's (bench/noise.py); both write JSON.
+# Round latency in-process, over mTLS and over plaintext gRPC (bench/rounds.py); a secure-
+# aggregation round in-process and across owner processes over mTLS (bench/secagg.py, added to
+# the same JSON under "secure_aggregation"); then OpenDP's noise against numpy's (bench/noise.py).
 bench: $(STAMP)
 	$(PY) -m bench.rounds --out $(OUT)/bench.json
+	$(PY) -m bench.secagg --into $(OUT)/bench.json
 	$(PY) -m bench.noise --out $(OUT)/bench-noise.json
 
 clean:

@@ -8,6 +8,7 @@ the owner names it was configured with, whatever answers at an address.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
@@ -16,6 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.cape.spec import AnyCapeSpec
+from common.errors import UnavailableError
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
 from common.summarization.rff import RFFParams
@@ -186,6 +188,23 @@ class GrpcOwnerEndpoint:
     async def close(self) -> None:
         """Close the channel."""
         await self._channel.close(None)
+
+    async def connect(self, timeout: float = CALL_DEADLINE_SECONDS) -> None:
+        """Connect now (TCP and the mTLS handshake, the owner's identity checked) rather than
+        at the first call.
+
+        Raises
+        ------
+        UnavailableError
+            If the channel is not connected within ``timeout`` seconds (nobody listens, or the
+            server does not prove the expected identity).
+        """
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+        except TimeoutError:
+            raise UnavailableError(
+                f"owner at {self.target}: not connected within {timeout} s"
+            ) from None
 
     # ------------------------------------------------------------ secure aggregation (site)
     async def advertise_keys(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -85,6 +86,7 @@ async def aggregate(
     params: RoundParams,
     *,
     timeout: float | None = None,
+    phase_seconds: dict[str, float] | None = None,
 ) -> AggregationOutcome:
     """Run one secure-aggregation round of ``job_id`` across ``endpoints``.
 
@@ -98,6 +100,11 @@ async def aggregate(
         The round's public parameters (fresh ``round_id``).
     timeout : float, optional
         Seconds after which a site that has not answered a call is a dropout.
+    phase_seconds : dict, optional
+        If given, filled with the wall-clock seconds of each phase as the curator sees it (the
+        names of :func:`common.secagg.protocol.run_in_process`): ``advertise_keys``,
+        ``share_keys``, ``masked_input`` and ``unmask`` (the concurrent calls and the
+        aggregator's collection of their answers), ``finish`` (reconstruction and unmasking).
 
     Returns
     -------
@@ -112,6 +119,15 @@ async def aggregate(
     aggregator = SecAggAggregator(params)
     dropped: dict[str, str] = {}
     rid = params.round_id.hex()[:8]
+    phases: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(phase: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        phases[phase] = now - clock
+        clock = now
+
     try:
         ads = await _call_each(
             params.sites,
@@ -126,6 +142,7 @@ async def aggregate(
                 del ads[site]
         advertisements = aggregator.collect_advertisements({s: a for s, (a, _) in ads.items()})
         certificates = {s: cert for s, (_, cert) in ads.items()}
+        lap("advertise_keys")
         shared = await _call_each(
             sorted(advertisements),
             lambda s: endpoints[s].share_keys(job_id, params, advertisements, certificates),
@@ -134,6 +151,7 @@ async def aggregate(
             "share keys",
         )
         routed = aggregator.route_shares(shared)
+        lap("share_keys")
         masked = await _call_each(
             sorted(routed),
             lambda s: endpoints[s].masked_input(job_id, params, routed[s]),
@@ -142,6 +160,7 @@ async def aggregate(
             "masked input",
         )
         survivors, lost = aggregator.collect_masked(masked)
+        lap("masked_input")
         responses = await _call_each(
             list(survivors),
             lambda s: endpoints[s].unmask(job_id, params, survivors, lost),
@@ -149,12 +168,16 @@ async def aggregate(
             dropped,
             "unmask",
         )
+        lap("unmask")
         # Unmasking expands every self mask (and a lost site's pairwise masks) over the whole
         # vector: CPU work that must not hold up the event loop.
         total = await asyncio.to_thread(aggregator.finish, responses)
+        lap("finish")
     except SecAggError as exc:
         raise AbortedError(
             f"secure aggregation round {rid}… of job {short_id(job_id)} aborted: {exc}"
             + (f" (dropped: {dropped})" if dropped else "")
         ) from exc
+    if phase_seconds is not None:
+        phase_seconds.update(phases)
     return AggregationOutcome(total=total, survivors=tuple(survivors), dropped=dropped)

@@ -16,22 +16,23 @@ from dpmarket.authz import Authorizer, rpc
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc, secure_aggregation_pb2, secure_aggregation_pb2_grpc
 from owner import convert
 from owner.cape import CapeSite
-from owner.secagg import SiteRounds
+from owner.secagg import RoundJobs, SiteRounds
 
 logger = logging.getLogger(__name__)
 
 
 class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationServiceServicer):
-    """The owner as a secure-aggregation site; rounds belong to jobs of the calling curator."""
+    """The owner as a secure-aggregation site; rounds belong to jobs of the calling curator
+    (``jobs``: the owner's CAPE jobs in production)."""
 
-    def __init__(self, rounds: SiteRounds, cape: CapeSite, authorizer: Authorizer) -> None:
+    def __init__(self, rounds: SiteRounds, jobs: RoundJobs, authorizer: Authorizer) -> None:
         self.rounds = rounds
-        self.cape = cape
+        self.jobs = jobs
         self.authorizer = authorizer
 
     def _job_of(self, job_id: str, caller: object) -> None:
         """A round may only be run for a job the calling curator opened."""
-        self.cape.check_curator(job_id, str(caller))
+        self.jobs.check_curator(job_id, str(caller))
 
     @rpc("curator")
     async def AdvertiseKeys(self, request, context, caller):  # type: ignore[no-untyped-def]
@@ -51,7 +52,7 @@ class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationSer
             ad, certificate = msg.advertisement_from_proto(message)
             ads[ad.site], certificates[ad.site] = ad, certificate
         out = await asyncio.to_thread(self.rounds.share, job_id, params.round_id, ads, certificates)
-        me = self.cape.name
+        me = self.jobs.name
         return secure_aggregation_pb2.ShareKeysResponse(
             ciphertexts=msg.ciphertexts_to_proto((me, r, c) for r, c in sorted(out.items()))
         )
@@ -60,7 +61,7 @@ class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationSer
     async def MaskedInput(self, request, context, caller):  # type: ignore[no-untyped-def]
         job_id, params = msg.round_from_proto(request.round)
         self._job_of(job_id, caller)
-        me = self.cape.name
+        me = self.jobs.name
         cts = {c.sender: bytes(c.ciphertext) for c in request.ciphertexts if c.recipient == me}
         masked = await asyncio.to_thread(self.rounds.masked, job_id, params.round_id, cts)
         return secure_aggregation_pb2.MaskedInputResponse(masked=msg.masked_to_proto(masked))

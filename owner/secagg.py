@@ -9,7 +9,8 @@ sites' certificates against the CA and their names. The mTLS channel authenticat
 the curator to each other, not owners to owners, which is why the signatures are needed.
 
 What an owner sums in a round is decided by the job the round belongs to, through an *input
-source* (a CAPE job's noise draw), never by the curator's messages.
+source* (a CAPE job's noise draw), never by the curator's messages; :class:`RoundJobs` is what the
+secure-aggregation service asks of the owner's jobs before it runs a round of one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import datetime
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from cryptography import x509
@@ -33,6 +35,25 @@ from dpmarket.identity import Identity, identity_from_certificate
 
 #: Provides a site's input of a round: ``(job_id, params) -> vector of shape (vector_length,)``.
 InputSource = Callable[[str, RoundParams], NDArray[np.float64]]
+
+
+class RoundJobs(Protocol):
+    """The jobs whose secure-aggregation rounds an owner takes part in.
+
+    :class:`owner.cape.CapeSite` (CAPE jobs) in production. The secure-aggregation service runs
+    a round only for a job that :meth:`check_curator` accepts for the calling curator; what the
+    owner sums in it comes from the job's :data:`InputSource`.
+    """
+
+    @property
+    def name(self) -> str:
+        """The owner's name: its site id in every round."""
+        ...
+
+    def check_curator(self, job_id: str, curator: str) -> None:
+        """Return if ``curator`` (``role:name``) opened ``job_id``; raise
+        :class:`~common.errors.NotFoundError` otherwise (an unknown job, or another curator's)."""
+        ...
 
 
 class SiteIdentity:

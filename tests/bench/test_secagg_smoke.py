@@ -1,7 +1,10 @@
-"""Smoke test of the secure-aggregation benchmark: a tiny run end to end.
+"""Smoke tests of the secure-aggregation benchmark: tiny runs end to end, in-process and over
+gRPC between owner processes.
 
 No timing asserts (CONVENTIONS: speed is measured by ``make bench``); what is checked is the
-report's shape: one record per (sites, length, dropouts) with the keys ``make bench`` collects.
+report's shape (one record per (transport, sites, length, dropouts) with the keys ``make bench``
+collects), that a networked sum is the plain sum of the survivors' inputs, and that a wrong sum
+stops the benchmark instead of being recorded.
 """
 
 from __future__ import annotations
@@ -9,14 +12,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from bench import secagg
+
+QUICK = ["--quick", "--sites", "3", "--lengths", "50"]
+DOCUMENTED_KEYS = {"sites", "vector_length", "dropouts", "transport", "median_seconds", "phases"}
 
 
 def test_quick_run_writes_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench-secagg.json"
-    secagg.main(["--quick", "--sites", "3", "--lengths", "50", "--out", str(out)])
+    secagg.main([*QUICK, "--transports", "in-process", "--out", str(out)])
 
     records = json.loads(out.read_text(encoding="utf-8"))
     assert [(r["sites"], r["vector_length"], r["dropouts"]) for r in records] == [
@@ -24,6 +32,7 @@ def test_quick_run_writes_records(tmp_path: Path, capsys: pytest.CaptureFixture[
         (3, 50, 1),
     ]
     for record in records:
+        assert record.keys() >= DOCUMENTED_KEYS
         assert record["transport"] == "in-process"
         assert record["median_seconds"] > 0
         assert set(record["phases"]) == set(secagg.PHASES)
@@ -31,3 +40,52 @@ def test_quick_run_writes_records(tmp_path: Path, capsys: pytest.CaptureFixture[
         assert record["max_abs_error"] < record["error_bound"]
     assert records[1]["dropped_after"] == "share_keys"
     assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_grpc_run_sums_across_owner_processes_into_the_bench_json(tmp_path: Path) -> None:
+    into = tmp_path / "bench.json"
+    into.write_text(json.dumps({"workloads": ["kept"]}), encoding="utf-8")
+    secagg.main([*QUICK, "--transports", "grpc", "--into", str(into)])
+
+    report = json.loads(into.read_text(encoding="utf-8"))
+    assert report["workloads"] == ["kept"]  # merged into the JSON, not over it
+    records = report["secure_aggregation"]
+    assert [(r["transport"], r["sites"], r["dropouts"]) for r in records] == [
+        ("grpc", 3, 0),
+        ("grpc", 3, 1),
+    ]
+    for record in records:
+        assert record.keys() >= DOCUMENTED_KEYS
+        assert record["vector_length"] == 50
+        assert set(record["phases"]) == set(secagg.PHASES)
+        assert len(record["runs_seconds"]) == record["repeat"] == 2
+        assert record["site_processes"] == 3
+        # Stochastic rounding moves each survivor's value by less than one step.
+        assert record["max_abs_error"] < record["error_bound"]
+        scale = secagg.FixedPoint(secagg.CLIP, secagg.RESOLUTION_BITS, 3).scale
+        assert record["error_bound"] == pytest.approx((3 - record["dropouts"]) / scale)
+    assert records[0]["dropped_reason"] is None
+    # The killed process is gone: the curator's MaskedInput call finds nobody there.
+    assert records[1]["dropped_reason"].startswith("masked input:")
+    assert "UNAVAILABLE" in records[1]["dropped_reason"]
+
+
+@pytest.mark.integration
+def test_a_networked_sum_that_differs_from_the_inputs_is_not_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The benchmark's own check is live: if the sites summed other vectors than the ones it
+    expects (here it expects owner-02's to be shifted by 1e-3), it stops."""
+    real = secagg.synthetic_input
+
+    def shifted(site: str, length: int, seed: int, clip: float) -> NDArray[np.float64]:
+        values = real(site, length, seed, clip)
+        return values + 1e-3 if site == "owner-02" else values
+
+    monkeypatch.setattr(secagg, "synthetic_input", shifted)
+    out = tmp_path / "never.json"
+    with pytest.raises(AssertionError, match="above the quantization bound"):
+        secagg.main([*QUICK, "--transports", "grpc", "--out", str(out)])
+    assert not out.exists()

@@ -68,6 +68,23 @@ def test_the_curator_learns_the_sum_of_the_sites_inputs(pki: Path) -> None:
     assert outcome.survivors == SITES and outcome.dropped == {}
 
 
+def test_the_round_reports_its_phases(pki: Path) -> None:
+    phases: dict[str, float] = {}
+    asyncio.run(aggregate(_endpoints(pki, _inputs()), "job-1", _params(), phase_seconds=phases))
+    assert list(phases) == ["advertise_keys", "share_keys", "masked_input", "unmask", "finish"]
+    assert all(seconds >= 0 for seconds in phases.values())
+
+
+def test_an_aborted_round_reports_no_phases(pki: Path) -> None:
+    endpoints = _endpoints(pki, _inputs())
+    for site in ("site-a", "site-b", "site-c"):
+        endpoints[site] = Dies(endpoints[site], "mask")
+    phases: dict[str, float] = {}
+    with pytest.raises(AbortedError):
+        asyncio.run(aggregate(endpoints, "job-3", _params(), phase_seconds=phases))
+    assert phases == {}
+
+
 class Dies(LocalSecureAggregationEndpoint):
     """A site that vanishes at one stage."""
 

@@ -16,6 +16,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from common.errors import UnavailableError
+from curator.owners import GrpcOwnerEndpoint
 from deploy.pki import identity_files, init_ca, issue, issue_all
 from dpmarket.identity import Identity, peer_identity
 from dpmarket.serving import GRPC_OPTIONS
@@ -195,6 +197,25 @@ def test_role_is_part_of_the_server_identity(pki_dir: Path) -> None:
     code, peers = _call(impostor, lambda target: aio_channel(target, security, CURATOR_OWNER_0))
     assert code == grpc.StatusCode.OK
     assert peers == [ALICE]
+
+
+def test_the_curator_connects_ahead_only_to_the_owner_it_expects(pki_dir: Path) -> None:
+    """``GrpcOwnerEndpoint.connect`` completes the handshake with the right owner, and gives up
+    with UNAVAILABLE on a server that proves another name (no call is ever made to it)."""
+    curator = _security(pki_dir, CURATOR)
+
+    async def run() -> list[Identity | None]:
+        async with _serving(_security(pki_dir, OWNER_0)) as (target, servicer):
+            right = GrpcOwnerEndpoint(target, curator, OWNER_0)
+            await right.connect(timeout=DEADLINE_SECONDS)
+            await right.close()
+            wrong = GrpcOwnerEndpoint(target, curator, OWNER_1)
+            with pytest.raises(UnavailableError, match=r"not connected within 0\.5 s"):
+                await wrong.connect(timeout=0.5)
+            await wrong.close()
+            return servicer.peers
+
+    assert asyncio.run(run()) == []
 
 
 def test_without_an_expected_identity_the_target_host_is_checked(pki_dir: Path) -> None:
