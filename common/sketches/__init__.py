@@ -37,6 +37,7 @@ from common.sketches.m2m import (
     M2MEstimator,
     Prior,
     SyntheticDesign,
+    TargetMoments,
     regularization,
 )
 from common.sketches.sketch import (
@@ -75,6 +76,7 @@ __all__ = [
     "SketchMechanism",
     "SketchUnion",
     "SyntheticDesign",
+    "TargetMoments",
     "draw_race",
     "draw_rff",
     "feature_map_from_parameters",

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -39,7 +40,7 @@ import scipy.sparse
 from numpy.typing import ArrayLike, NDArray
 
 from common.sketches.domain import Domain
-from common.sketches.feature_maps import DEFAULT_CHUNK_SIZE, FeatureMap
+from common.sketches.feature_maps import DEFAULT_CHUNK_SIZE, FeatureMap, OneHotFeatureMap
 from common.sketches.sketch import SketchLike
 from common.validation import check_matrix, check_positive_int
 
@@ -52,6 +53,7 @@ __all__ = [
     "M2MEstimator",
     "Prior",
     "SyntheticDesign",
+    "TargetMoments",
     "regularization",
 ]
 
@@ -151,6 +153,60 @@ def _values_2d(values: ArrayLike, n_rows: int) -> tuple[NDArray[np.float64], boo
     return arr, vector
 
 
+@dataclass(frozen=True, eq=False)
+class TargetMoments:
+    """Everything M2M needs from target values: ``P^T F / n_s`` and the mean of ``F``.
+
+    Computed once per design by :meth:`SyntheticDesign.target_moments` and reused for any number
+    of sketches (each owner's, unions, every epsilon): an estimate then costs an ``m x k``
+    product instead of a pass over the ``n_s`` synthetic points.
+
+    Attributes
+    ----------
+    design : SyntheticDesign
+        The design the moments belong to (estimators of another design refuse them).
+    cross : ndarray of shape (m, k)
+        ``P^T F / n_s``.
+    mean : ndarray of shape (k,)
+        ``F^T 1 / n_s``.
+    vector : bool
+        Whether the values were one function given as a vector (estimates are then floats).
+    """
+
+    design: SyntheticDesign
+    cross: NDArray[np.float64]
+    mean: NDArray[np.float64]
+    vector: bool
+
+    @property
+    def n_targets(self) -> int:
+        """``k``, the number of target functions."""
+        return int(self.mean.shape[0])
+
+
+def _one_hot_gram(cols: NDArray[np.integer], fmap: OneHotFeatureMap) -> NDArray[np.float64]:
+    """``P^T P`` for one-hot blocks from each row's columns, shape (n, n_blocks): entry
+    ``(i, j)`` counts the rows with a 1 in both columns.
+
+    Counts block row by block row (one ``bincount`` of the pairs of block ``b`` and every block
+    from ``b`` on, mirrored below the diagonal): ``n B^2 / 2`` increments, and memory for one
+    block row, where a sparse product would build all ``m^2`` entries as a sparse matrix first.
+    """
+    sizes = fmap.block_sizes
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    m = int(offsets[-1])
+    gram = np.zeros((m, m), dtype=np.float64)
+    cols64 = cols.astype(np.int64, copy=False)
+    for b in range(sizes.shape[0]):
+        lo, width = int(offsets[b]), int(sizes[b])
+        rest = m - lo
+        codes = (cols64[:, b] - lo)[:, None] * rest + (cols64[:, b:] - lo)
+        block = np.bincount(codes.ravel(), minlength=width * rest).reshape(width, rest)
+        gram[lo : lo + width, lo:] = block
+        gram[lo:, lo : lo + width] = block.T
+    return gram
+
+
 class SyntheticDesign:
     """The sketch-independent part of M2M: synthetic points, their features and Gram matrix.
 
@@ -204,7 +260,10 @@ class SyntheticDesign:
             gram = self.matrix.T @ self.matrix
             mean = self.matrix.sum(axis=0)
         else:
-            gram = (self.matrix.T @ self.matrix).toarray()
+            # One-hot rows: exactly one column per block, in block order (design_matrix).
+            assert isinstance(feature_map, OneHotFeatureMap)
+            assert self.matrix.nnz == n_s * feature_map.n_blocks
+            gram = _one_hot_gram(self.matrix.indices.reshape(n_s, -1), feature_map)
             mean = np.asarray(self.matrix.sum(axis=0)).ravel()
         self.gram: NDArray[np.float64] = np.ascontiguousarray(gram, dtype=np.float64) / n_s
         self.feature_mean: NDArray[np.float64] = np.asarray(mean, dtype=np.float64) / n_s
@@ -289,14 +348,68 @@ class SyntheticDesign:
             self._factors[key] = factor
         return factor
 
+    def target_moments(self, values: ArrayLike | TargetMoments) -> TargetMoments:
+        """``P^T F / n_s`` and the mean of ``F`` for targets given by their values.
+
+        Parameters
+        ----------
+        values : array-like of shape (n_s,) or (n_s, k), or TargetMoments
+            ``F``: the target functions' values at :attr:`points`, one column per function
+            (moments already computed on this design are returned as they are).
+
+        Returns
+        -------
+        TargetMoments
+
+        Raises
+        ------
+        ValueError
+            On a shape mismatch, NaN/inf values, or moments of another design.
+        """
+        if isinstance(values, TargetMoments):
+            if values.design is not self:
+                raise ValueError("these target moments were computed on another design")
+            return values
+        f, vector = _values_2d(values, self.n_synthetic)
+        cross = np.asarray(self.matrix.T @ f, dtype=np.float64) / self.n_synthetic
+        return TargetMoments(self, cross, f.mean(axis=0), vector)
+
+    def solve(self, rhs: ArrayLike, lam: float, *, intercept: bool = False) -> NDArray[np.float64]:
+        """``(G + lambda I)^{-1} rhs`` (``G`` centered, ``G - p_bar p_bar^T``, with an intercept),
+        by the cached Cholesky factor.
+
+        Parameters
+        ----------
+        rhs : array-like of shape (m,) or (m, k)
+        lam : float
+            ``lambda >= 0``.
+        intercept : bool
+
+        Returns
+        -------
+        ndarray of the shape of ``rhs``
+
+        Raises
+        ------
+        ValueError
+            If ``rhs`` does not have ``m`` rows or the system is not positive definite.
+        """
+        b = np.asarray(rhs, dtype=np.float64)
+        if b.ndim not in (1, 2) or b.shape[0] != self.dimension:
+            raise ValueError(f"rhs must have {self.dimension} rows, got shape {b.shape}")
+        return np.asarray(
+            scipy.linalg.cho_solve(self._factor(lam, intercept), b, check_finite=False),
+            dtype=np.float64,
+        )
+
     def coefficients(
-        self, values: ArrayLike, lam: float, *, intercept: bool = False
+        self, values: ArrayLike | TargetMoments, lam: float, *, intercept: bool = False
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Ridge coefficients of the targets on the features.
 
         Parameters
         ----------
-        values : array-like of shape (n_s,) or (n_s, k)
+        values : array-like of shape (n_s,) or (n_s, k), or TargetMoments
             ``F``: the target functions' values at the synthetic points, one column per function.
         lam : float
             ``lambda >= 0``.
@@ -316,13 +429,10 @@ class SyntheticDesign:
         ValueError
             On a shape mismatch, NaN/inf targets, or a system that is not positive definite.
         """
-        f, _ = _values_2d(values, self.n_synthetic)
-        rhs = np.asarray(self.matrix.T @ f, dtype=np.float64) / self.n_synthetic
-        f_mean = f.mean(axis=0)
-        if intercept:
-            rhs -= np.outer(self.feature_mean, f_mean)
-        a = scipy.linalg.cho_solve(self._factor(lam, intercept), rhs, check_finite=False)
-        a0 = f_mean - self.feature_mean @ a if intercept else np.zeros(f.shape[1])
+        tm = self.target_moments(values)
+        rhs = tm.cross - np.outer(self.feature_mean, tm.mean) if intercept else tm.cross
+        a = self.solve(rhs, lam, intercept=intercept)
+        a0 = tm.mean - self.feature_mean @ a if intercept else np.zeros(tm.n_targets)
         return a, a0
 
     def weights(self, z: ArrayLike, lam: float, *, intercept: bool = False) -> NDArray[np.float64]:
@@ -343,16 +453,22 @@ class SyntheticDesign:
         -------
         ndarray of shape (n_s,), float64 (entries may be negative)
         """
+        return self._weights_from_dual(self._dual(z, lam, intercept), intercept)
+
+    def _weights_from_dual(self, v: NDArray[np.float64], intercept: bool) -> NDArray[np.float64]:
+        w = np.asarray(self.matrix @ v, dtype=np.float64)
+        if intercept:
+            w = w + (1.0 - self.feature_mean @ v)
+        return w / self.n_synthetic
+
+    def _dual(self, z: ArrayLike, lam: float, intercept: bool) -> NDArray[np.float64]:
+        """``v = (G + lambda I)^{-1} z`` (centered: ``(G_c + lambda I)^{-1} (z - p_bar)``)."""
         vec = np.asarray(z, dtype=np.float64)
         if vec.shape != (self.dimension,):
             raise ValueError(f"z must have shape ({self.dimension},), got {vec.shape}")
         if intercept:
             vec = vec - self.feature_mean
-        v = scipy.linalg.cho_solve(self._factor(lam, intercept), vec, check_finite=False)
-        w = np.asarray(self.matrix @ v, dtype=np.float64)
-        if intercept:
-            w = w + (1.0 - self.feature_mean @ v)
-        return w / self.n_synthetic
+        return self.solve(vec, lam, intercept=intercept)
 
 
 class M2MEstimator:
@@ -428,6 +544,7 @@ class M2MEstimator:
         self.lam = regularization(sketch, lambda_rule, min_lambda=min_lambda)
         self.intercept = bool(intercept)
         self._z = np.asarray(sketch.mean_embedding, dtype=np.float64)
+        self._v: NDArray[np.float64] | None = None
 
     @property
     def points(self) -> NDArray[np.float64]:
@@ -444,12 +561,22 @@ class M2MEstimator:
         :meth:`SyntheticDesign.coefficients`."""
         return self.design.coefficients(values, self.lam, intercept=self.intercept)
 
-    def estimate_values(self, values: ArrayLike) -> float | NDArray[np.float64]:
+    def _dual(self) -> NDArray[np.float64]:
+        if self._v is None:
+            self._v = self.design._dual(self._z, self.lam, self.intercept)
+        return self._v
+
+    def estimate_values(self, values: ArrayLike | TargetMoments) -> float | NDArray[np.float64]:
         """``a0 + <a, z_hat>`` for targets given by their values at :attr:`points`.
+
+        Computed as ``(P^T F / n_s)^T v`` with ``v = (G + lambda I)^{-1} z_hat`` solved once per
+        estimator (``<a, z> = <(G + lambda I)^{-1} P^T F / n_s, z>`` and ``G`` is symmetric), so
+        each further target costs a product with ``P``, or nothing but an ``m x k`` product when
+        its :class:`TargetMoments` are given.
 
         Parameters
         ----------
-        values : array-like of shape (n_s,) or (n_s, k)
+        values : array-like of shape (n_s,) or (n_s, k), or TargetMoments of this design
 
         Returns
         -------
@@ -458,12 +585,16 @@ class M2MEstimator:
         Raises
         ------
         ValueError
-            On a shape mismatch or NaN/inf values.
+            On a shape mismatch, NaN/inf values, or moments of another design.
         """
-        vector = np.ndim(values) == 1
-        a, a0 = self.coefficients(values)
-        out = a0 + self._z @ a
-        return float(out[0]) if vector else out
+        tm = self.design.target_moments(values)
+        v = self._dual()
+        if self.intercept:
+            cross = tm.cross - np.outer(self.design.feature_mean, tm.mean)
+            out = tm.mean + cross.T @ v
+        else:
+            out = tm.cross.T @ v
+        return float(out[0]) if tm.vector else np.asarray(out, dtype=np.float64)
 
     def estimate(
         self, f: Callable[[NDArray[np.float64]], ArrayLike]
@@ -487,4 +618,4 @@ class M2MEstimator:
 
         ``weights() @ f(points) == estimate(f)`` up to rounding, for every ``f``.
         """
-        return self.design.weights(self._z, self.lam, intercept=self.intercept)
+        return self.design._weights_from_dual(self._dual(), self.intercept)

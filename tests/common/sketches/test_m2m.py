@@ -76,6 +76,29 @@ def test_implicit_weights_reproduce_every_estimate(intercept: bool) -> None:
     assert est.weights().shape == (2000,)
 
 
+def test_target_moments_are_reused_across_sketches() -> None:
+    rng = np.random.default_rng(12)
+    fmap = draw_race(2, 4, 6, 0.3, rng)
+    design = SyntheticDesign.draw(fmap, UNIT2, rng, n_synthetic=3000)
+    f = np.column_stack([design.points[:, 0], design.points.prod(1)])
+    tm = design.target_moments(f)
+    assert (tm.n_targets, tm.cross.shape) == (2, (24, 2))
+    for seed, intercept in ((1, False), (2, True)):
+        x = UNIT2.sample_uniform(400, np.random.default_rng(seed))
+        est = M2MEstimator(
+            SketchMechanism(fmap, UNIT2, 1.0).release(x, SeededNoise(rng)),
+            design=design,
+            intercept=intercept,
+        )
+        np.testing.assert_allclose(est.estimate_values(tm), est.estimate_values(f), rtol=1e-12)
+        a, a0 = est.coefficients(f)
+        np.testing.assert_allclose(est.estimate_values(tm), a0 + est.sketch.mean_embedding @ a)
+    assert isinstance(est.estimate_values(design.target_moments(f[:, 0])), float)
+    other = SyntheticDesign.draw(fmap, UNIT2, rng, n_synthetic=3000)
+    with pytest.raises(ValueError, match="computed on another design"):
+        M2MEstimator(est.sketch, design=other).estimate_values(tm)
+
+
 def test_design_is_shared_and_factors_are_cached() -> None:
     rng = np.random.default_rng(4)
     fmap = histogram_map(UNIT2, 5)
