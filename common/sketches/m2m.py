@@ -556,8 +556,10 @@ class M2MEstimator:
         """The sketch's public domain."""
         return self.sketch.domain
 
-    def coefficients(self, values: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """``(a, a0)`` for target values at :attr:`points`; see
+    def coefficients(
+        self, values: ArrayLike | TargetMoments
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """``(a, a0)`` for target values at :attr:`points` (or their moments); see
         :meth:`SyntheticDesign.coefficients`."""
         return self.design.coefficients(values, self.lam, intercept=self.intercept)
 

@@ -392,6 +392,9 @@ class SketchLike(Protocol):
     @property
     def sum_noise_variance(self) -> float: ...
 
+    @property
+    def count_noise_variance(self) -> float: ...
+
 
 def _count_estimate(noisy_count: float) -> float:
     # Post-processing of a released value: a noisy count below 1 (possible at small epsilon or
