@@ -292,6 +292,22 @@ class RFFMap(FeatureMap):
         t = x @ self.omega.T
         return np.concatenate([np.cos(t), np.sin(t)], axis=1)
 
+    def feature_sum(
+        self, x: ArrayLike, *, chunk_size: int = DEFAULT_CHUNK_SIZE
+    ) -> NDArray[np.float64]:
+        """``sum_i Phi(x_i)``: the column sums of cos and of sin, chunk by chunk (see
+        :meth:`FeatureMap.feature_sum`), without assembling the feature rows."""
+        arr = self._check_points(x)
+        step = check_positive_int(chunk_size, "chunk_size")
+        mp = self.n_frequencies
+        total = np.zeros(2 * mp, dtype=np.float64)
+        omega_t = np.ascontiguousarray(self.omega.T)
+        for start in range(0, arr.shape[0], step):
+            t = arr[start : start + step] @ omega_t
+            total[:mp] += np.cos(t).sum(axis=0)
+            total[mp:] += np.sin(t, out=t).sum(axis=0)
+        return total
+
 
 class OneHotFeatureMap(FeatureMap):
     """A map made of blocks, each one-hot: exactly one 1 per block (RACE and HIST).
