@@ -86,6 +86,7 @@ evaluate: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.rounds --out $(OUT)/bench.json
 	$(PY) -m bench.noise --out $(OUT)/bench-noise.json
+	$(PY) -m bench.sketches --out $(OUT)/bench.json
 
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache
