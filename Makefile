@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := $(wildcard protos/dpmarket/v1/*.proto)
 OUT ?= out
 
-.PHONY: venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape cape-figures evaluate bench clean
+.PHONY: venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape cape-figures sketch-figures evaluate bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,11 @@ demo-cape: $(STAMP)
 cape-figures: $(STAMP)
 	$(BIN)/dpmarket cape figures --out $(OUT)/cape-figures
 
+# The M2M paper's Table 1, Figures 3 and 4 and the lambda-rule evaluation (PNG + JSON, the paper's
+# numbers beside ours) in $(OUT)/sketch-figures; --trials 100 for the paper's trial count.
+sketch-figures: $(STAMP)
+	$(BIN)/dpmarket sketch-experiments all --out $(OUT)/sketch-figures
+
 # Summary quality against epsilon for every method on digits and flights (p = 50, 200, 500;
 # epsilon 0.3, 1, 3; three seeds); writes $(OUT)/evaluate/evaluation.json and the plot.
 evaluate: $(STAMP)
@@ -84,6 +89,7 @@ bench: $(STAMP)
 	$(PY) -m bench.rounds --out $(OUT)/bench.json
 	$(PY) -m bench.secagg --into $(OUT)/bench.json
 	$(PY) -m bench.noise --out $(OUT)/bench-noise.json
+	$(PY) -m bench.sketches --out $(OUT)/bench.json
 
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache

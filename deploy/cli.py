@@ -6,7 +6,7 @@ inputs; ``scenario`` writes a bundled real-data scenario to files; ``demo`` laun
 marketplace as separate processes and compares the methods; ``evaluate`` measures every method's
 summary quality against epsilon over scenarios, summary sizes and seeds; ``pki`` issues the
 deployment's certificates; ``owner ledger`` lists an owner's privacy ledger; ``health`` probes a
-service over mTLS.
+service over mTLS; ``sketch-experiments`` reproduces the M2M paper's results.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from deploy.cape_experiments import cape_figures
 from deploy.evaluate import EVAL_METHODS
 from deploy.owner_commands import owner as owner_group
 from deploy.pki import identity_files, pki
+from deploy.sketch_experiments import sketch_experiments
 from dpmarket.identity import Identity
 from dpmarket.transport import TransportSecurity
 from owner.data import PointSet, load_point_set
@@ -1507,6 +1508,7 @@ cape_group.add_command(cape_figures, "figures")
 main.add_command(pki)
 main.add_command(owner_group)
 main.add_command(cape_group)
+main.add_command(sketch_experiments)
 
 if __name__ == "__main__":
     main()
