@@ -1,4 +1,5 @@
-"""Client library of the consumer: submit a validation set, follow progress, get the summary.
+"""Client library of the consumer: submit a validation set, follow progress, get the summary;
+run CAPE jobs; read the sketch catalogue (exploration itself is local: :mod:`consumer.explore`).
 
 The channel is mTLS: the consumer proves its identity with its certificate and checks the
 curator's (role and name) at the handshake.
@@ -18,7 +19,8 @@ from numpy.typing import NDArray
 
 from common.cape.dpgd import accuracy, predict_proba
 from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.errors import AbortedError
+from common.errors import AbortedError, InvalidArgumentError
+from common.sketches.spec import PublishedSketch, SketchSpec
 from common.summarization.summary import (
     ProgressEvent,
     SessionReport,
@@ -26,12 +28,19 @@ from common.summarization.summary import (
     SummaryResult,
 )
 from consumer import convert
-from dpmarket import cape_messages
+from dpmarket import cape_messages, sketch_messages
 from dpmarket.identity import Identity
 from dpmarket.serving import GRPC_OPTIONS
 from dpmarket.status import error_from_rpc
 from dpmarket.transport import TransportSecurity, sync_channel
-from dpmarket.v1 import cape_pb2, cape_pb2_grpc, curator_pb2, curator_pb2_grpc
+from dpmarket.v1 import (
+    cape_pb2,
+    cape_pb2_grpc,
+    curator_pb2,
+    curator_pb2_grpc,
+    sketch_pb2,
+    sketch_pb2_grpc,
+)
 
 
 class SessionFailedError(AbortedError):
@@ -86,6 +95,7 @@ class CuratorClient:
         self._channel = sync_channel(target, security, expected, options=GRPC_OPTIONS)
         self._stub = curator_pb2_grpc.CuratorServiceStub(self._channel)
         self._cape = cape_pb2_grpc.CapeServiceStub(self._channel)
+        self._sketches = sketch_pb2_grpc.SketchCatalogServiceStub(self._channel)
 
     def close(self) -> None:
         """Close the channel."""
@@ -254,6 +264,56 @@ class CuratorClient:
         return CapeNetwork(
             spec=spec, parameters=parameters, report=json.loads(response.report_json)
         )
+
+    # ------------------------------------------------------------------ sketch catalogue
+    def _catalog_call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self._sketches, method)(
+                request, timeout=self.timeout, wait_for_ready=True
+            )
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, f"curator at {self.target}") from None
+
+    def sketch_specs(self) -> list[SketchSpec]:
+        """The catalogue's specs (ListSketchSpecs), each validated (its key recomputed)."""
+        response = self._catalog_call("ListSketchSpecs", sketch_pb2.ListSketchSpecsRequest())
+        return [sketch_messages.spec_from_proto(m) for m in response.specs]
+
+    def sketch_spec(self, name: str) -> SketchSpec:
+        """One spec (GetSketchSpec); ``NotFoundError`` for an unknown name."""
+        response = self._catalog_call("GetSketchSpec", sketch_pb2.GetSketchSpecRequest(name=name))
+        return sketch_messages.spec_from_proto(response.spec)
+
+    def sketches(
+        self, spec: str | SketchSpec, owners: list[str] | None = None
+    ) -> list[PublishedSketch]:
+        """The published sketches of a spec (ListSketches): every owner's, or ``owners``'.
+
+        Every sketch is validated on receipt (:meth:`PrivateSketch.validate`: its noise scales
+        recomputed from its public parameters) and checked against the spec (same map, domain and
+        noise as every other owner's: :meth:`SketchSpec.check_sketch`). Reading costs no owner
+        anything and calls none: what the consumer computes from them stays here.
+
+        Raises
+        ------
+        common.errors.DPMarketError
+            ``NotFoundError`` for an unknown spec, ``PermissionDeniedError`` for a consumer the
+            curator does not serve; ``InvalidArgumentError`` for a sketch that is inconsistent
+            or not made under the spec.
+        """
+        target = spec if isinstance(spec, SketchSpec) else self.sketch_spec(spec)
+        request = sketch_pb2.ListSketchesRequest(spec=target.name, owners=owners or [])
+        response = self._catalog_call("ListSketches", request)
+        out = []
+        for message in response.sketches:
+            entry = sketch_messages.published_from_proto(message)
+            if entry.spec != target.name:
+                raise InvalidArgumentError(
+                    f"the curator answered {target.name!r} with a sketch of {entry.spec!r}"
+                )
+            target.check_sketch(entry.sketch)
+            out.append(entry)
+        return out
 
 
 def _key(request_id: str | None) -> str:

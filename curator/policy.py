@@ -25,6 +25,14 @@ The policy file is TOML (parsed with :mod:`tomllib`); every key is optional::
     train_hidden_units = [1, 256]
     train_clip_norm = [1e-3, 100.0]
     train_work = [1, 1000000]           # T x P, P = H (D + 2) + 1 parameters
+    sketch_columns = [1, 64]            # d of a sketch spec's domain
+    sketch_rff_frequencies = [1, 1024]  # m' of an RFF spec (m = 2 m')
+    sketch_race_hashes = [1, 256]       # R of a RACE spec
+    sketch_race_buckets = [2, 1024]     # W of a RACE spec
+    sketch_hist_bins = [2, 1000]        # bins per column of a HIST spec
+    sketch_dimension = [1, 65536]       # m of any spec (R W for RACE, the bins' sum for HIST)
+    sketch_epsilon = [0.01, 4.0]        # every spec's epsilon range, and every published epsilon
+    sketch_delta = [1e-12, 1e-5]        # delta of a Gaussian spec
 
     [sessions]
     max_running = 4                     # concurrent sessions (RESOURCE_EXHAUSTED beyond)
@@ -35,6 +43,9 @@ The policy file is TOML (parsed with :mod:`tomllib`); every key is optional::
     [access]
     consumers = []                      # consumer names served; empty: any the CA certified
     allow_seeded_sessions = false       # honour a request's seed (reproducible runs only)
+
+    [sketches]
+    per_owner = 16                      # sketches the catalogue accepts from one owner
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ from typing import Any
 
 from common.cape.spec import AnyCapeSpec, CapeTrainingSpec
 from common.errors import InvalidArgumentError, ResourceExhaustedError
+from common.sketches.spec import SketchDeclaration
 from common.summarization.summary import METHODS, Method, SummarizationConfig
 from common.summarization.terms import OwnerTerms
 
@@ -88,6 +100,16 @@ DEFAULT_RANGES: dict[str, tuple[float, float]] = {
     "train_hidden_units": (1, 256),
     "train_clip_norm": (1e-3, 100.0),
     "train_work": (1, 1_000_000),
+    # The sketch catalogue: what a spec may ask of every owner (sizes bound the owners' work
+    # and the messages), and the epsilon of any publication.
+    "sketch_columns": (1, 64),
+    "sketch_rff_frequencies": (1, 1024),
+    "sketch_race_hashes": (1, 256),
+    "sketch_race_buckets": (2, 1024),
+    "sketch_hist_bins": (2, 1000),
+    "sketch_dimension": (1, 65536),
+    "sketch_epsilon": (0.01, 4.0),
+    "sketch_delta": (1e-12, 1e-5),
 }
 
 _SESSION_KEYS = (
@@ -120,6 +142,8 @@ class CuratorPolicy:
         Consumer names served; empty for any consumer the CA certified.
     allow_seeded_sessions : bool
         Whether a request's seed is honoured (whoever knows the seed knows the noise).
+    sketches_per_owner : int
+        Sketches the catalogue accepts from one owner (``[sketches] per_owner``).
     """
 
     ranges: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_RANGES))
@@ -130,6 +154,7 @@ class CuratorPolicy:
     fetched_result_ttl_seconds: float = 60.0
     consumers: tuple[str, ...] = ()
     allow_seeded_sessions: bool = False
+    sketches_per_owner: int = 16
 
     def __post_init__(self) -> None:
         for name, (low, high) in self.ranges.items():
@@ -140,7 +165,7 @@ class CuratorPolicy:
         for method in self.methods:
             if method not in METHODS:
                 raise ValueError(f"unknown method {method!r}; methods are {METHODS}")
-        for name in ("max_running", "per_consumer_per_minute"):
+        for name in ("max_running", "per_consumer_per_minute", "sketches_per_owner"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -224,6 +249,52 @@ class CuratorPolicy:
                 f"iterations x parameters ({spec.iterations} x {spec.n_params})",
             )
 
+    def check_sketch_declaration(self, declaration: SketchDeclaration) -> None:
+        """Check what a sketch spec asks of every owner: the number of columns, each map's sizes
+        and dimension, the epsilon range and delta.
+
+        Raises
+        ------
+        InvalidArgumentError
+            Naming the declaration, the first parameter out of range and the allowed range.
+        """
+        where = f"sketch spec {declaration.name}"
+        d = declaration.domain.n_attributes
+        self._check_range("sketch_columns", d, f"{where}: number of columns")
+        low, high = declaration.epsilon_range
+        self._check_range("sketch_epsilon", low, f"{where}: lowest epsilon")
+        self._check_range("sketch_epsilon", high, f"{where}: highest epsilon")
+        if declaration.noise == "gaussian":
+            self._check_range("sketch_delta", declaration.delta, f"{where}: delta")
+        for kind, params in declaration.maps:
+            if kind == "rff":
+                m_prime = params["frequencies"]
+                self._check_range("sketch_rff_frequencies", m_prime, f"{where}: RFF m'")
+                dimension = 2 * m_prime
+            elif kind == "race":
+                self._check_range("sketch_race_hashes", params["hashes"], f"{where}: RACE R")
+                self._check_range("sketch_race_buckets", params["buckets"], f"{where}: RACE W")
+                dimension = params["hashes"] * params["buckets"]
+            else:
+                bins = params["bins"]
+                per_column = bins if isinstance(bins, list) else [bins] * d
+                for b in per_column:
+                    self._check_range("sketch_hist_bins", b, f"{where}: HIST bins")
+                dimension = sum(per_column)
+            self._check_range("sketch_dimension", dimension, f"{where}: {kind} dimension m")
+
+    def check_sketch_epsilon(self, epsilon: float, delta: float) -> None:
+        """Check a published sketch's epsilon (and delta, when > 0) against the policy.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If either is outside ``sketch_epsilon`` / ``sketch_delta``.
+        """
+        self._check_range("sketch_epsilon", epsilon, "the sketch's epsilon")
+        if delta > 0:
+            self._check_range("sketch_delta", delta, "the sketch's delta")
+
     def check_terms(self, terms: OwnerTerms) -> None:
         """Check the session's total spend of the owners' privacy against the policy.
 
@@ -249,7 +320,7 @@ def policy_from_mapping(data: Mapping[str, Any], *, source: str = "policy") -> C
         For an unknown section or key, a wrong type or an out-of-range value, naming ``source``
         and the key.
     """
-    known = {"requests", "sessions", "access"}
+    known = {"requests", "sessions", "access", "sketches"}
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"{source}: unknown section(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -292,6 +363,10 @@ def policy_from_mapping(data: Mapping[str, Any], *, source: str = "policy") -> C
             raise ValueError(
                 f"{source}: unknown key access.{key}; known: consumers, allow_seeded_sessions"
             )
+    for key, value in dict(data.get("sketches", {})).items():
+        if key != "per_owner":
+            raise ValueError(f"{source}: unknown key sketches.{key}; known: per_owner")
+        changes["sketches_per_owner"] = value
     try:
         return CuratorPolicy().with_overrides(ranges=ranges, **changes)
     except ValueError as exc:

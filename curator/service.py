@@ -19,12 +19,21 @@ from curator.cape_service import CapeJobs, CapeServicer
 from curator.owners import GrpcOwnerEndpoint
 from curator.policy import CuratorPolicy
 from curator.sessions import SessionManager
+from curator.sketch_service import SketchCatalogServicer, catalog_authorizer
+from curator.sketches import SketchCatalog
 from curator.store import CuratorStore
 from dpmarket.authz import Authorizer, rpc, rpc_stream
 from dpmarket.identity import Identity
 from dpmarket.serving import serve_until_signalled, start_server, write_port
 from dpmarket.transport import TransportSecurity
-from dpmarket.v1 import cape_pb2, cape_pb2_grpc, curator_pb2, curator_pb2_grpc
+from dpmarket.v1 import (
+    cape_pb2,
+    cape_pb2_grpc,
+    curator_pb2,
+    curator_pb2_grpc,
+    sketch_pb2,
+    sketch_pb2_grpc,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -88,10 +97,15 @@ async def serve_curator(
     *,
     policy: CuratorPolicy,
     store: CuratorStore | None,
+    sketches: SketchCatalog | None = None,
     call_timeout: float | None = None,
     port_file: str | None = None,
 ) -> None:
     """Serve a curator for ``owners`` on ``address`` until SIGTERM/SIGINT.
+
+    Serves consumers the summarization sessions (``CuratorService``) and CAPE jobs
+    (``CapeService``) and, with ``sketches``, the sketch catalogue (``SketchCatalogService``) to
+    consumers and to the configured owners.
 
     Parameters
     ----------
@@ -105,12 +119,17 @@ async def serve_curator(
     policy : CuratorPolicy
     store : CuratorStore or None
         Durable sessions and charges (``None``: memory only).
+    sketches : SketchCatalog, optional
+        The sketch catalogue (same data directory as ``store``); also given to the session
+        manager (``manager.sketches``), whose allocation may read the published sketches.
     call_timeout : float, optional
         Seconds after which an owner that has not answered a call is dropped.
     port_file : str, optional
         Where to write the bound port.
     """
-    manager = SessionManager(owners, policy=policy, store=store, call_timeout=call_timeout)
+    manager = SessionManager(
+        owners, policy=policy, store=store, call_timeout=call_timeout, sketches=sketches
+    )
     authorizer = curator_authorizer(policy, security)
     cape = CapeJobs(
         owners, policy=policy, store=store, rate=manager.rate, call_timeout=call_timeout
@@ -121,11 +140,22 @@ async def serve_curator(
             CuratorServicer(manager, authorizer), server
         )
         cape_pb2_grpc.add_CapeServiceServicer_to_server(CapeServicer(cape, authorizer), server)
+        if sketches is not None:
+            owner_names = [o.expected.name for o in owners if o.expected is not None]
+            sketch_pb2_grpc.add_SketchCatalogServiceServicer_to_server(
+                SketchCatalogServicer(
+                    sketches,
+                    catalog_authorizer(policy, owner_names, security, INSECURE_CONSUMER),
+                ),
+                server,
+            )
 
     names = [
         curator_pb2.DESCRIPTOR.services_by_name["CuratorService"].full_name,
         cape_pb2.DESCRIPTOR.services_by_name["CapeService"].full_name,
     ]
+    if sketches is not None:
+        names.append(sketch_pb2.DESCRIPTOR.services_by_name["SketchCatalogService"].full_name)
     server, port, _ = await start_server(register, names, address, security)
     logger.info("curator serving on port %d for %d owner(s)", port, len(owners))
     if port_file:

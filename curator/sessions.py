@@ -44,6 +44,7 @@ from common.summarization.summary import (
 )
 from curator.policy import CuratorPolicy, RequestRate
 from curator.protocol import SummarizationSession
+from curator.sketches import SketchCatalog
 from curator.store import CuratorStore, StoredSession
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,9 @@ class SessionManager:
         Durable sessions and charges; ``None`` keeps everything in memory (in-process runs).
     call_timeout : float, optional
         Seconds after which an owner that has not answered a call is dropped.
+    sketches : SketchCatalog, optional
+        The curator's sketch catalogue: the owners' published sketches (``sketches.published``),
+        for an allocation that reads them; ``None`` when the curator keeps none.
     clock : callable
         Unix time, seconds (injected by tests).
     """
@@ -97,11 +101,13 @@ class SessionManager:
         policy: CuratorPolicy | None = None,
         store: CuratorStore | None = None,
         call_timeout: float | None = None,
+        sketches: SketchCatalog | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.owners = list(owners)
         self.policy = policy if policy is not None else CuratorPolicy()
         self.store = store
+        self.sketches = sketches
         self.call_timeout = call_timeout
         self.clock = clock
         self._sessions: dict[str, _Managed] = {}

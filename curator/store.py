@@ -8,6 +8,8 @@ WAL, ``synchronous=FULL``, versioned schema). What it keeps and why:
   ``failed``), error, final report (ledger included) and, until it expires, the summary itself.
 * ``charges``: every charge of every session's ledger, written *before* the release it pays for,
   so a curator that crashes mid-session still knows what was spent. Charges are never deleted.
+* ``sketch_declarations``, ``sketch_specs``, ``sketches``: the sketch catalogue, kept by
+  :class:`curator.sketches.SketchCatalog` on its own connection to the same file.
 
 On start, :meth:`CuratorStore.recover` marks every session still ``running`` as failed ("the
 curator restarted") and rebuilds its report from its charges; finished sessions' results survive
@@ -72,6 +74,31 @@ MIGRATIONS: tuple[str, ...] = (
     # 1 -> 2: jobs of other protocols (CAPE) keep their result as a JSON document.
     """
     ALTER TABLE sessions ADD COLUMN document TEXT;
+    """,
+    # 2 -> 3: the sketch catalogue (curator.sketches): each declaration as first loaded, the
+    # specs drawn from it (their parameters, drawn once, as SketchSpec messages) and the
+    # sketches owners published under them (PrivateSketch messages), one per owner and spec.
+    """
+    CREATE TABLE sketch_declarations (
+        name TEXT PRIMARY KEY,
+        declaration_json TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE sketch_specs (
+        name TEXT PRIMARY KEY,
+        declaration TEXT NOT NULL REFERENCES sketch_declarations (name),
+        position INTEGER NOT NULL,
+        spec BLOB NOT NULL
+    );
+    CREATE TABLE sketches (
+        id INTEGER PRIMARY KEY,
+        spec TEXT NOT NULL REFERENCES sketch_specs (name),
+        owner TEXT NOT NULL,
+        published_at REAL NOT NULL,
+        sketch BLOB NOT NULL,
+        UNIQUE (spec, owner)
+    );
+    CREATE INDEX sketches_by_owner ON sketches (owner);
     """,
 )
 

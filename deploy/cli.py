@@ -1,19 +1,21 @@
 """``dpmarket``: one entry point for every role of the marketplace.
 
-Subcommands: ``serve-owner`` and ``serve-curator`` run the services; ``request`` runs a consumer
-request against a running curator; ``simulate`` runs the same protocol in one process on the same
-inputs; ``scenario`` writes a bundled real-data scenario to files; ``demo`` launches the whole
-marketplace as separate processes and compares the methods; ``evaluate`` measures every method's
-summary quality against epsilon over scenarios, summary sizes and seeds; ``pki`` issues the
-deployment's certificates; ``owner ledger`` lists an owner's privacy ledger; ``health`` probes a
-service over mTLS; ``sketch-experiments`` reproduces the M2M paper's results.
+Subcommands: ``serve-owner`` and ``serve-curator`` run the services (the curator with its
+sketch catalogue); ``request`` runs a consumer request against a running curator; ``sketch``
+publishes an owner's private sketches and lists the catalogue, ``explore`` and ``rank-owners``
+compute from them (:mod:`deploy.sketch_commands`); ``simulate`` runs the same protocol in one
+process on the same inputs; ``scenario`` writes a bundled real-data scenario to files; ``demo``
+launches the whole marketplace as separate processes and compares the methods; ``evaluate``
+measures every method's summary quality against epsilon over scenarios, summary sizes and
+seeds; ``pki`` issues the deployment's certificates; ``owner ledger`` lists an owner's privacy
+ledger; ``health`` probes a service over mTLS; ``sketch-experiments`` reproduces the
+M2M paper's results.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,114 +42,21 @@ from common.summarization.summary import (
 )
 from consumer.client import SessionFailedError
 from deploy.cape_experiments import cape_figures
+from deploy.cli_common import check_outputs as _check_outputs
+from deploy.cli_common import security_from_options as _security
+from deploy.cli_common import tls_options
 from deploy.evaluate import EVAL_METHODS
 from deploy.owner_commands import owner as owner_group
-from deploy.pki import identity_files, pki
+from deploy.pki import pki
+from deploy.sketch_commands import explore_command, rank_owners_command, sketch_group
 from deploy.sketch_experiments import sketch_experiments
 from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity
 from owner.data import PointSet, load_point_set
 
 logger = logging.getLogger("dpmarket")
 console = Console(stderr=True)
 
 _DEFAULTS = SummarizationConfig(summary_size=1)
-
-
-# --------------------------------------------------------------------------- transport
-def tls_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """mTLS options shared by every command that talks gRPC."""
-    options = [
-        click.option(
-            "--ca",
-            "ca_path",
-            default=None,
-            type=click.Path(dir_okay=False),
-            help="The deployment CA's certificate (ca.crt from dpmarket pki init).",
-        ),
-        click.option(
-            "--cert",
-            "cert_path",
-            default=None,
-            type=click.Path(dir_okay=False),
-            help="This party's certificate (from dpmarket pki issue).",
-        ),
-        click.option(
-            "--key",
-            "key_path",
-            default=None,
-            type=click.Path(dir_okay=False),
-            help="This party's private key.",
-        ),
-        click.option(
-            "--pki-dir",
-            default=None,
-            type=click.Path(file_okay=False),
-            help="Instead of --ca/--cert/--key: a directory holding ca.crt and "
-            "<role>-<name>.crt/.key (the layout dpmarket pki issue writes); needs --name.",
-        ),
-        click.option(
-            "--name",
-            default=None,
-            help="This party's name, to find its files in --pki-dir.",
-        ),
-        click.option(
-            "--insecure",
-            is_flag=True,
-            help="Plaintext gRPC with no identities: anyone who reaches the port is served "
-            "(development only; logged as a warning).",
-        ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-
-def _security(
-    role: str | None,
-    ca_path: str | None,
-    cert_path: str | None,
-    key_path: str | None,
-    pki_dir: str | None,
-    name: str | None,
-    insecure: bool,
-) -> TransportSecurity:
-    """Build the transport security from the TLS options; check the certificate's role."""
-    given = [o for o, v in (("--ca", ca_path), ("--cert", cert_path), ("--key", key_path)) if v]
-    if insecure:
-        if given or pki_dir:
-            raise click.UsageError("--insecure cannot be combined with certificates")
-        logger.warning(
-            "--insecure: plaintext gRPC, no identities: any process that reaches this port is "
-            "served as a trusted peer"
-        )
-        return TransportSecurity.plaintext()
-    if pki_dir:
-        if given:
-            raise click.UsageError("give either --pki-dir and --name, or --ca, --cert and --key")
-        if not name or role is None:
-            raise click.UsageError("--pki-dir needs --name (this party's certificate name)")
-        try:
-            ca_path, cert_path, key_path = (
-                str(p)
-                for p in identity_files(Path(pki_dir), Identity(role, name))  # type: ignore[arg-type]
-            )
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--name") from exc
-    elif len(given) < 3:
-        missing = sorted({"--ca", "--cert", "--key"} - set(given))
-        raise click.UsageError(
-            f"missing {', '.join(missing)}: every channel is mTLS (issue certificates with "
-            "dpmarket pki init / issue), or pass --insecure for a plaintext development setup"
-        )
-    try:
-        security = TransportSecurity.from_files(ca_path, cert_path, key_path)
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    identity = security.identity
-    if role is not None and (identity is None or identity.role != role):
-        raise click.ClickException(f"the certificate {cert_path} is for {identity}, not a {role}")
-    return security
 
 
 def _setup_logging(verbose: int) -> None:
@@ -386,6 +295,22 @@ def _owner_target(text: str, insecure: bool) -> tuple[Identity | None, str]:
     type=click.FloatRange(min=0.1),
     help="Seconds after which an owner that has not answered a call is dropped.",
 )
+@click.option(
+    "--sketch-spec",
+    "sketch_specs",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="A sketch declaration (TOML, e.g. deploy/sketches/flights.toml) for the catalogue; "
+    "repeat. Its parameters are drawn and stored the first time, checked against the stored "
+    "ones afterwards. Specs stored before are served whether given again or not.",
+)
+@click.option(
+    "--sketch-seed",
+    default=None,
+    type=click.IntRange(min=0),
+    help="Draw new sketch specs' parameters from this seed (reproducible runs; the parameters "
+    "are public either way). Default: a CSPRNG.",
+)
 @tls_options
 def serve_curator(
     owners: tuple[str, ...],
@@ -396,12 +321,16 @@ def serve_curator(
     data_dir: str | None,
     allow_seeded_sessions: bool,
     owner_timeout: float,
+    sketch_specs: tuple[str, ...],
+    sketch_seed: int | None,
     **tls: Any,
 ) -> None:
-    """Serve the parsimonious curator for a fixed set of owners (mTLS)."""
+    """Serve the parsimonious curator for a fixed set of owners (mTLS), with its catalogue of
+    the owners' private sketches."""
     from curator.owners import GrpcOwnerEndpoint
     from curator.policy import CuratorPolicy, load_curator_policy
     from curator.service import serve_curator as serve
+    from curator.sketches import SketchCatalog
     from curator.store import CuratorStore
 
     _ensure_info_logging()
@@ -419,6 +348,18 @@ def serve_curator(
         store = CuratorStore(state)
     except (OSError, ValueError, RuntimeError) as exc:
         raise click.ClickException(f"{state}: {exc}") from exc
+    owner_names = [identity.name for identity, _ in targets if identity is not None]
+    try:
+        catalog = SketchCatalog.from_files(
+            state, sketch_specs, policy=policy, owners=owner_names, seed=sketch_seed
+        )
+    except (OSError, ValueError, RuntimeError) as exc:
+        store.close()
+        raise click.ClickException(str(exc)) from exc
+    logger.info(
+        "sketch catalogue: %s",
+        ", ".join(s.name for s in catalog.specs()) or "no spec",
+    )
 
     async def run() -> None:
         endpoints = [
@@ -431,6 +372,7 @@ def serve_curator(
             security,
             policy=policy,
             store=store,
+            sketches=catalog,
             call_timeout=owner_timeout,
             port_file=port_file,
         )
@@ -438,6 +380,7 @@ def serve_curator(
     try:
         asyncio.run(run())
     finally:
+        catalog.close()
         store.close()
 
 
@@ -758,18 +701,6 @@ def _inputs(validation_path: str, seed_set_path: str | None, test_path: str | No
                 param_hint="--test",
             )
     return _Inputs(validation, seed_set, test)
-
-
-def _check_outputs(*paths: str) -> None:
-    """Create the output directories and check they are writable, before any session."""
-    for path in paths:
-        directory = Path(path).resolve().parent
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=directory):
-                pass
-        except OSError as exc:
-            raise click.ClickException(f"cannot write {path}: {exc}") from exc
 
 
 def _ensure_info_logging() -> None:
@@ -1509,6 +1440,9 @@ main.add_command(pki)
 main.add_command(owner_group)
 main.add_command(cape_group)
 main.add_command(sketch_experiments)
+main.add_command(sketch_group)
+main.add_command(explore_command)
+main.add_command(rank_owners_command)
 
 if __name__ == "__main__":
     main()

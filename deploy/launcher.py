@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -72,6 +72,10 @@ class LocalCluster:
     insecure : bool
         Plaintext gRPC with no certificates (``--insecure`` on every service): only to measure
         what mTLS costs (``make bench``).
+    sketch_specs : sequence of path, optional
+        Sketch declarations for the curator's catalogue (``serve-curator --sketch-spec``).
+    sketch_seed : int, optional
+        Seed of the catalogue's new specs (``serve-curator --sketch-seed``).
 
     Raises
     ------
@@ -93,6 +97,8 @@ class LocalCluster:
         consumers: Sequence[str] = (CONSUMER_NAME,),
         owner_tables: Sequence[str | os.PathLike[str]] = (),
         insecure: bool = False,
+        sketch_specs: Sequence[str | os.PathLike[str]] = (),
+        sketch_seed: int | None = None,
     ) -> None:
         self.owner_files = [str(f) for f in owner_files]
         self.owner_tables = [str(t) for t in owner_tables]
@@ -104,6 +110,8 @@ class LocalCluster:
         self.owner_timeout = owner_timeout
         self.consumers = list(consumers)
         self.insecure = insecure
+        self.sketch_specs = [str(p) for p in sketch_specs]
+        self.sketch_seed = sketch_seed
         self.owner_processes: list[subprocess.Popen[bytes]] = []
         self.owner_targets: list[str] = []
         self.curator_process: subprocess.Popen[bytes] | None = None
@@ -219,6 +227,10 @@ class LocalCluster:
             args += ["--policy", self.curator_policy]
         if self.allow_seeded_sessions:
             args.append("--allow-seeded-sessions")
+        for path in self.sketch_specs:
+            args += ["--sketch-spec", path]
+        if self.sketch_seed is not None:
+            args += ["--sketch-seed", str(self.sketch_seed)]
         self.curator_process, port_file = self._spawn("curator", args)
         port = self._wait_port("curator", self.curator_process, port_file)
         self.curator_target = f"127.0.0.1:{port}"
@@ -317,11 +329,16 @@ POLICIES = Path(__file__).resolve().parent / "policies"
 
 def owner_budgets(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
     """What each owner of a cluster has spent and has left, read from its own ledger."""
+    return ledger_budgets({o: cluster.owner_state(o) for o in cluster.owner_ids})
+
+
+def ledger_budgets(data_dirs: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
+    """What each owner has spent and has left, read from its own ledger (owner -> data dir)."""
     from owner.ledger import OwnerLedger
 
     out: dict[str, dict[str, Any]] = {}
-    for owner_id in cluster.owner_ids:
-        with OwnerLedger(cluster.owner_state(owner_id), None) as ledger:
+    for owner_id, data_dir in data_dirs.items():
+        with OwnerLedger(data_dir, None) as ledger:
             spent, left, policy = ledger.window_totals(), ledger.remaining(), ledger.policy
             sessions = {e.session for e in ledger.entries()}
         out[owner_id] = {

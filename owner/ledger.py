@@ -39,7 +39,7 @@ from fractions import Fraction
 from numbers import Integral, Real
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 from dpmarket.database import open_database, snapshot, transaction
@@ -85,12 +85,35 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX charges_by_session ON charges (session);
     CREATE INDEX charges_by_at ON charges (at);
     """,
+    # 1 -> 2: the private sketches this owner released (owner.sketches). A sketch is written in
+    # the transaction of its charge, so it is stored exactly when it is charged; a release is
+    # identified by its spec's key (map, domain, noise) and made at most once. Deliveries record
+    # which curator's catalogue accepted it, under which spec name.
+    """
+    CREATE TABLE sketches (
+        id INTEGER PRIMARY KEY,
+        charge INTEGER NOT NULL UNIQUE REFERENCES charges (id),
+        key TEXT NOT NULL UNIQUE,
+        spec TEXT NOT NULL,
+        data_digest TEXT NOT NULL,
+        sketch BLOB NOT NULL
+    );
+    CREATE TABLE sketch_deliveries (
+        sketch INTEGER NOT NULL REFERENCES sketches (id),
+        curator TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        at REAL NOT NULL,
+        PRIMARY KEY (sketch, curator, spec)
+    );
+    """,
 )
 
 #: Relative slack of the epsilon and delta comparisons (absorbs the rounding of decimal values).
 RELATIVE_SLACK = 1e-12
 #: Longest session, consumer, curator or mechanism name accepted, in characters.
 MAX_NAME_LENGTH = 256
+
+T = TypeVar("T")
 
 _COLUMNS = "id, at, session, consumer, curator, mechanism, epsilon, delta, points, non_private"
 
@@ -142,6 +165,22 @@ class LedgerEntry:
     delta: float
     points: int
     non_private: bool
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> LedgerEntry:
+        """An entry from a ``charges`` row selected in the column order of the table."""
+        return cls(
+            id=int(row[0]),
+            at=float(row[1]),
+            session=row[2],
+            consumer=row[3],
+            curator=row[4],
+            mechanism=row[5],
+            epsilon=float(row[6]),
+            delta=float(row[7]),
+            points=int(row[8]),
+            non_private=bool(row[9]),
+        )
 
 
 @dataclass(frozen=True)
@@ -483,6 +522,7 @@ class OwnerLedger:
         epsilon: float,
         delta: float,
         points: int,
+        record: Callable[[sqlite3.Connection, int], None] | None = None,
     ) -> LedgerEntry:
         """Charge one release to the ledger, durably, or refuse it; release only after this.
 
@@ -502,6 +542,10 @@ class OwnerLedger:
             Delta of the release, in [0, 1).
         points : int
             Raw points the release contains, >= 0.
+        record : callable, optional
+            ``record(connection, charge_id)``, run inside the charge's transaction after its
+            insert: writes what must become durable exactly when the charge does (a published
+            sketch, :mod:`owner.sketches`). An exception from it rolls the charge back.
 
         Returns
         -------
@@ -551,7 +595,9 @@ class OwnerLedger:
                 ),
             )
             row_id = cursor.lastrowid
-        assert row_id is not None
+            assert row_id is not None
+            if record is not None:
+                record(self._conn, row_id)
         return LedgerEntry(
             id=row_id,
             at=now,
@@ -564,6 +610,18 @@ class OwnerLedger:
             points=request.points,
             non_private=request.non_private,
         )
+
+    def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``query(connection)`` on one consistent snapshot of the owner's database (reads
+        only: the tables other owner modules keep next to the charges, e.g. published sketches)."""
+        with self._lock, _unavailable_when_busy(self._path), snapshot(self._conn):
+            return query(self._conn)
+
+    def write(self, statements: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``statements(connection)`` as one write transaction (``BEGIN IMMEDIATE``) on the
+        owner's database; never on ``charges`` (only :meth:`charge` writes those)."""
+        with self._lock, _unavailable_when_busy(self._path), transaction(self._conn):
+            return statements(self._conn)
 
     def remaining(self) -> Remaining:
         """What is left of the window's budgets now.
@@ -623,21 +681,23 @@ class OwnerLedger:
                 f"SELECT {_COLUMNS} FROM charges WHERE {where} ORDER BY id DESC LIMIT ?",
                 (*params, -1 if limit is None else limit),
             ).fetchall()
-        return [
-            LedgerEntry(
-                id=int(r[0]),
-                at=float(r[1]),
-                session=r[2],
-                consumer=r[3],
-                curator=r[4],
-                mechanism=r[5],
-                epsilon=float(r[6]),
-                delta=float(r[7]),
-                points=int(r[8]),
-                non_private=bool(r[9]),
-            )
-            for r in reversed(rows)
-        ]
+        return [LedgerEntry.from_row(r) for r in reversed(rows)]
+
+    def entry(self, charge_id: int) -> LedgerEntry:
+        """The charge with this id.
+
+        Raises
+        ------
+        KeyError
+            If there is none.
+        """
+        with self._lock:
+            row = self._conn.execute(
+                f"SELECT {_COLUMNS} FROM charges WHERE id = ?", (charge_id,)
+            ).fetchone()
+        if row is None:
+            raise KeyError(f"no charge {charge_id} in {self._path}")
+        return LedgerEntry.from_row(row)
 
     def close(self) -> None:
         """Close the database (idempotent). Every charge made is already on disk."""

@@ -23,6 +23,9 @@ comments is ``deploy/policies/owner.toml``)::
     max_sessions = 8
     session_idle_timeout_seconds = 600
     max_rff_dimension = 4096
+    [sketches]    # private sketches published to a curator's catalogue (dpmarket sketch publish)
+    publish = true      # whether this owner publishes sketches at all
+    epsilon = 1.0       # the most epsilon one sketch may spend
 
 Unknown sections or keys are refused (a misspelt key would otherwise leave a default in force
 silently).
@@ -54,6 +57,8 @@ _KEYS: dict[tuple[str, str], str] = {
     ("limits", "max_sessions"): "max_sessions",
     ("limits", "session_idle_timeout_seconds"): "session_idle_timeout_seconds",
     ("limits", "max_rff_dimension"): "max_rff_dimension",
+    ("sketches", "publish"): "publish_sketches",
+    ("sketches", "epsilon"): "epsilon_per_sketch",
 }
 _KEY_OF_FIELD = {name: f"{section}.{key}" for (section, key), name in _KEYS.items()}
 _SECTIONS = tuple(dict.fromkeys(section for section, _ in _KEYS))
@@ -62,6 +67,7 @@ _SECTION_COMMENTS = {
     "session": "per session",
     "access": "who is served, and how",
     "limits": "resources of the owner service",
+    "sketches": "private sketches published to a curator's catalogue",
 }
 
 
@@ -164,6 +170,13 @@ class OwnerPolicy:
     max_rff_dimension : int
         Largest random-Fourier-feature dimension a session may ask for (memory and time of h1),
         >= 1. ``limits.max_rff_dimension``.
+    publish_sketches : bool
+        Whether this owner publishes private sketches (:mod:`owner.sketches`).
+        ``sketches.publish``.
+    epsilon_per_sketch : float
+        The most epsilon one published sketch may spend; finite, > 0. A sketch is also one
+        session of the ledger, so ``epsilon_per_session`` and what is left of ``epsilon_total``
+        bound it too. ``sketches.epsilon``.
 
     Raises
     ------
@@ -174,7 +187,9 @@ class OwnerPolicy:
     Notes
     -----
     The budgets are enforced by :class:`owner.ledger.OwnerLedger` (epsilon, delta and points;
-    ``allow_non_private``); ``curators`` and the ``limits`` are enforced by the owner service.
+    ``allow_non_private``); ``curators`` and the ``limits`` are enforced by the owner service;
+    ``sketches`` by the owner's publisher (:class:`owner.sketches.SketchPublisher`), before the
+    ledger is asked.
     """
 
     epsilon_total: float = 10.0
@@ -189,6 +204,8 @@ class OwnerPolicy:
     max_sessions: int = 8
     session_idle_timeout_seconds: float = 600.0
     max_rff_dimension: int = 4096
+    publish_sketches: bool = True
+    epsilon_per_sketch: float = 1.0
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -242,6 +259,11 @@ class OwnerPolicy:
             )
         put("session_idle_timeout_seconds", timeout)
         put("max_rff_dimension", _integer(self.max_rff_dimension, "max_rff_dimension"))
+        if not isinstance(self.publish_sketches, bool):
+            raise ValueError(
+                f"{_key('publish_sketches')} must be true or false, got {self.publish_sketches!r}"
+            )
+        put("epsilon_per_sketch", _epsilon(self.epsilon_per_sketch, "epsilon_per_sketch"))
 
     @property
     def window_seconds(self) -> float:

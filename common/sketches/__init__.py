@@ -10,7 +10,9 @@ as it likes through an :class:`M2MEstimator` (:mod:`common.sketches.tasks`: mome
 covariance, counting queries, implicit-M2M logistic regression) at no further privacy cost.
 
 Modules: :mod:`~common.sketches.domain`, :mod:`~common.sketches.feature_maps`,
-:mod:`~common.sketches.sketch`, :mod:`~common.sketches.m2m`, :mod:`~common.sketches.tasks`.
+:mod:`~common.sketches.sketch`, :mod:`~common.sketches.m2m`, :mod:`~common.sketches.tasks`, and
+:mod:`~common.sketches.spec` (what a deployment's catalogue asks every owner to publish: one
+public map per spec, so that owners' sketches can be merged and compared).
 Pure numpy/scipy: no I/O, no gRPC, no logging of data.
 """
 
@@ -51,6 +53,7 @@ from common.sketches.sketch import (
     merge_sketches,
     sketch_mmd2,
 )
+from common.sketches.spec import PublishedSketch, SketchDeclaration, SketchSpec
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -70,10 +73,13 @@ __all__ = [
     "OneHotFeatureMap",
     "Prior",
     "PrivateSketch",
+    "PublishedSketch",
     "RACEMap",
     "RFFMap",
+    "SketchDeclaration",
     "SketchLike",
     "SketchMechanism",
+    "SketchSpec",
     "SketchUnion",
     "SyntheticDesign",
     "TargetMoments",

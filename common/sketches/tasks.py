@@ -325,6 +325,7 @@ def implicit_logistic_regression(
     estimator: M2MEstimator,
     label_attribute: int,
     *,
+    feature_attributes: Sequence[int] | None = None,
     C: float = 1.0,
     negative_weights: Literal["clip", "keep"] = "clip",
     max_iter: int = 1000,
@@ -343,6 +344,10 @@ def implicit_logistic_regression(
         paper's ``[0, 1]^5 x {0, 1}``), so that the synthetic points carry labels.
     label_attribute : int
         Column of the binary label.
+    feature_attributes : sequence of int, optional
+        The columns the model takes, in order (default: every attribute but the label). The
+        weighted loss then depends on the synthetic points through these columns and the label
+        only, so the fit marginalizes the others out.
     C : float
         scikit-learn's inverse L2 regularization strength. The weights are scaled to add up to
         ``n_hat`` (the sketch's count estimate), so ``C`` means what it means for a fit on
@@ -397,7 +402,12 @@ def implicit_logistic_regression(
                 f"no synthetic point with label {level:g} has a positive weight: the sketch "
                 "gives no evidence for that class"
             )
-    features = tuple(j for j in range(d) if j != label)
+    if feature_attributes is None:
+        features = tuple(j for j in range(d) if j != label)
+    else:
+        features = tuple(int(j) for j in _attributes(feature_attributes, d))
+        if label in features:
+            raise ValueError("the label attribute cannot also be a feature")
     model = LogisticRegression(C=C, max_iter=check_positive_int(max_iter, "max_iter"))
     model.fit(points[:, list(features)], y, sample_weight=w)
     return ImplicitLogisticRegression(model, features, label, w)

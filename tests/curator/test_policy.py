@@ -42,6 +42,9 @@ from curator.policy import (
         ({"access": {"consumers": "alice"}}, ["access.consumers"]),
         ({"access": {"allow_seeded_sessions": "yes"}}, ["access.allow_seeded_sessions"]),
         ({"access": {"admins": []}}, ["access.admins"]),
+        ({"sketches": {"per_ownr": 3}}, ["sketches.per_ownr"]),
+        ({"sketches": {"per_owner": 0}}, ["sketches_per_owner", "0"]),
+        ({"requests": {"sketch_hist_bins": [1]}}, ["requests.sketch_hist_bins"]),
     ],
 )
 def test_policy_errors_name_the_source_and_the_key(data: dict[str, Any], names: list[str]) -> None:

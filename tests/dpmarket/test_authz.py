@@ -3,7 +3,8 @@
 The structural tests walk the service descriptors of every ``dpmarket.v1`` proto module, so an
 RPC (or a whole service) added to a ``.proto`` without an authorized implementation fails here:
 the owner's OwnerService, CapeSiteService and SecureAggregationService are for its curators, the
-curator's CuratorService and CapeService for consumers. The behavioural tests call every wrapped
+curator's CuratorService and CapeService for consumers, its SketchCatalogService for consumers and
+its configured owners, each RPC for the roles it names. The behavioural tests call every wrapped
 servicer method with a fake call context carrying a real certificate of a test CA (or none) and a
 back end that fails the test if it is reached.
 """
@@ -28,7 +29,8 @@ from google.protobuf.message_factory import GetMessageClass
 from common.errors import PermissionDeniedError, UnauthenticatedError
 from curator.cape_service import CapeServicer
 from curator.policy import CuratorPolicy
-from curator.service import CuratorServicer, curator_authorizer
+from curator.service import INSECURE_CONSUMER, CuratorServicer, curator_authorizer
+from curator.sketch_service import SketchCatalogServicer, catalog_authorizer
 from deploy.pki import CA_CERT, CA_KEY, identity_files, init_ca, issue_all
 from dpmarket.authz import ROLES_ATTRIBUTE, Authorizer, rpc, rpc_stream
 from dpmarket.identity import Identity
@@ -42,6 +44,8 @@ from dpmarket.v1 import (
     owner_pb2_grpc,
     secure_aggregation_pb2,
     secure_aggregation_pb2_grpc,
+    sketch_pb2,
+    sketch_pb2_grpc,
 )
 from owner.cape_service import CapeSiteServicer, SecureAggregationServicer
 from owner.service import OwnerServicer, owner_authorizer
@@ -53,9 +57,10 @@ SECURE_AGGREGATION_SERVICE = secure_aggregation_pb2.DESCRIPTOR.services_by_name[
 ]
 CURATOR_SERVICE = curator_pb2.DESCRIPTOR.services_by_name["CuratorService"]
 CAPE_SERVICE = cape_pb2.DESCRIPTOR.services_by_name["CapeService"]
+SKETCH_CATALOG_SERVICE = sketch_pb2.DESCRIPTOR.services_by_name["SketchCatalogService"]
 
 #: Every proto module of the API; each of their services must be listed in SERVICES.
-PROTO_MODULES = ("array", "cape", "curator", "owner", "privacy", "secure_aggregation")
+PROTO_MODULES = ("array", "cape", "curator", "owner", "privacy", "secure_aggregation", "sketch")
 
 CURATOR = Identity("curator", "curator")
 ROGUE = Identity("curator", "rogue")
@@ -64,7 +69,8 @@ OTHER_OWNER = Identity("owner", "owner-1")
 ALICE = Identity("consumer", "alice")
 
 # (descriptor, servicer, generated base, roles): the owner's services are for its curators, the
-# curator's for consumers.
+# curator's for consumers; the sketch catalogue names the roles of each RPC (owners publish,
+# consumers read sketches, both read specs).
 SERVICES = [
     (OWNER_SERVICE, OwnerServicer, owner_pb2_grpc.OwnerServiceServicer, ("curator",)),
     (CAPE_SITE_SERVICE, CapeSiteServicer, cape_pb2_grpc.CapeSiteServiceServicer, ("curator",)),
@@ -76,7 +82,23 @@ SERVICES = [
     ),
     (CURATOR_SERVICE, CuratorServicer, curator_pb2_grpc.CuratorServiceServicer, ("consumer",)),
     (CAPE_SERVICE, CapeServicer, cape_pb2_grpc.CapeServiceServicer, ("consumer",)),
+    (
+        SKETCH_CATALOG_SERVICE,
+        SketchCatalogServicer,
+        sketch_pb2_grpc.SketchCatalogServiceServicer,
+        {
+            "ListSketchSpecs": ("owner", "consumer"),
+            "GetSketchSpec": ("owner", "consumer"),
+            "PublishSketch": ("owner",),
+            "ListSketches": ("consumer",),
+        },
+    ),
 ]
+
+
+def _roles(roles: Any, method: str) -> tuple[str, ...]:
+    """The roles an RPC states: the service's, or the method's when they differ per RPC."""
+    return tuple(roles[method] if isinstance(roles, dict) else roles)
 
 
 # ----------------------------------------------------------------------------- structure
@@ -108,8 +130,9 @@ def test_every_rpc_is_implemented_and_states_its_roles(service, servicer, genera
         )
         handler = vars(servicer)[method.name]
         assert handler is not getattr(generated, method.name)
-        assert getattr(handler, ROLES_ATTRIBUTE, None) == roles, (
-            f"{service.name}.{method.name} is not wrapped by dpmarket.authz.rpc{roles}"
+        expected = _roles(roles, method.name)
+        assert getattr(handler, ROLES_ATTRIBUTE, None) == expected, (
+            f"{service.name}.{method.name} is not wrapped by dpmarket.authz.rpc{expected}"
         )
         streaming = method.server_streaming
         assert inspect.isasyncgenfunction(handler) == streaming, method.name
@@ -228,6 +251,10 @@ def _servicers() -> dict[str, Any]:
         ),
         "CuratorService": CuratorServicer(Untouchable(), curator_side),  # type: ignore[arg-type]
         "CapeService": CapeServicer(Untouchable(), curator_side),  # type: ignore[arg-type]
+        "SketchCatalogService": SketchCatalogServicer(
+            Untouchable(),  # type: ignore[arg-type]
+            Authorizer({"consumer": None, "owner": (OWNER.name,)}),
+        ),
     }
 
 
@@ -251,7 +278,29 @@ CURATOR_SIDE = {
 EXPECTED = {
     service.name: OWNER_SIDE if roles == ("curator",) else CURATOR_SIDE
     for service, _, _, roles in SERVICES
+    if service is not SKETCH_CATALOG_SERVICE
 }
+#: The catalogue serves every consumer and the configured owner (owner-0), each RPC to its roles;
+#: an unconfigured owner and every curator are refused everywhere.
+_CATALOG_ANY = {
+    "none": grpc.StatusCode.UNAUTHENTICATED,
+    "no-identity": grpc.StatusCode.UNAUTHENTICATED,
+    str(OTHER_OWNER): grpc.StatusCode.PERMISSION_DENIED,
+    str(CURATOR): grpc.StatusCode.PERMISSION_DENIED,
+    str(ROGUE): grpc.StatusCode.PERMISSION_DENIED,
+}
+CATALOG_EXPECTED = {
+    "ListSketchSpecs": _CATALOG_ANY,
+    "GetSketchSpec": _CATALOG_ANY,
+    "PublishSketch": {**_CATALOG_ANY, str(ALICE): grpc.StatusCode.PERMISSION_DENIED},
+    "ListSketches": {**_CATALOG_ANY, str(OWNER): grpc.StatusCode.PERMISSION_DENIED},
+}
+
+
+def _expected(service: Any, method: str) -> dict[str, grpc.StatusCode]:
+    if service is SKETCH_CATALOG_SERVICE:
+        return CATALOG_EXPECTED[method]
+    return EXPECTED[service.name]
 
 
 @pytest.mark.parametrize("service", [s[0] for s in SERVICES], ids=lambda s: s.name)
@@ -261,7 +310,7 @@ def test_every_rpc_refuses_unauthorized_callers_before_its_handler(
     servicer = _servicers()[service.name]
     for method in service.methods:
         request = GetMessageClass(method.input_type)()
-        for caller, code in EXPECTED[service.name].items():
+        for caller, code in _expected(service, method.name).items():
             context = FakeContext(pems[caller])
             _call(servicer, method.name, request, context, method.server_streaming)
             assert context.code == code, (method.name, caller, context.code, context.details)
@@ -297,6 +346,16 @@ def test_services_build_the_authorizers_their_policies_name(pems: dict[str, byte
     anyone = curator_authorizer(CuratorPolicy(), _mtls_placeholder())
     assert anyone.allowed == {"consumer": None}
     assert named.authorize(FakeContext(pems[str(ALICE)]), ("consumer",)) == ALICE  # type: ignore[arg-type]
+    catalog = catalog_authorizer(
+        CuratorPolicy(consumers=("alice",)), ("owner-0",), _mtls_placeholder(), INSECURE_CONSUMER
+    )
+    assert catalog.allowed == {
+        "consumer": frozenset({"alice"}),
+        "owner": frozenset({"owner-0"}),
+    }
+    # Plaintext: every caller is the insecure consumer, so nothing can be published.
+    plain = catalog_authorizer(CuratorPolicy(), ("owner-0",), security, INSECURE_CONSUMER)
+    assert plain.allowed == {"consumer": None} and plain.insecure_peer == INSECURE_CONSUMER
 
 
 class _Mtls:

@@ -30,6 +30,8 @@ def test_defaults() -> None:
         "max_sessions": 8,
         "session_idle_timeout_seconds": 600.0,
         "max_rff_dimension": 4096,
+        "publish_sketches": True,
+        "epsilon_per_sketch": 1.0,
     }
     assert p.window_description == "the lifetime"
 
@@ -68,6 +70,8 @@ def test_toml_round_trip(tmp_path: Path) -> None:
         max_sessions=3,
         session_idle_timeout_seconds=12.5,
         max_rff_dimension=512,
+        publish_sketches=False,
+        epsilon_per_sketch=0.25,
     )
     text = p.to_toml()
     assert OwnerPolicy.from_mapping(tomllib.loads(text)) == p

@@ -1,0 +1,54 @@
+"""What an owner needs from a sketch catalogue to publish, independent of transport.
+
+Implementations: a gRPC client (``owner.sketch_client.CatalogClient``, the owner's certificate
+naming the publisher) and an in-process adapter (``curator.sketches.SketchCatalog.endpoint``);
+both raise the errors of :mod:`common.errors`, a transport failure being
+:class:`common.errors.UnavailableError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from common.sketches.sketch import PrivateSketch
+from common.sketches.spec import PublishedSketch, SketchSpec
+
+__all__ = ["CatalogEndpoint", "SpecStatus"]
+
+
+@dataclass(frozen=True)
+class SpecStatus:
+    """A spec as a catalogue serves it to one owner.
+
+    Attributes
+    ----------
+    spec : SketchSpec
+        Validated (its key recomputed from the parameters received).
+    published : bool
+        Whether the catalogue holds a sketch of this owner under it.
+    publications_left : int
+        How many more sketches the catalogue accepts from this owner.
+    """
+
+    spec: SketchSpec
+    published: bool
+    publications_left: int
+
+
+class CatalogEndpoint(Protocol):
+    """A curator's sketch catalogue as one owner sees it."""
+
+    @property
+    def curator(self) -> str:
+        """The catalogue's curator identity, ``"curator:NAME"`` (recorded in the ledger)."""
+        ...
+
+    def spec(self, name: str) -> SpecStatus:
+        """A spec and this owner's standing under it (``NotFoundError`` if unknown)."""
+        ...
+
+    def publish(self, spec: str, sketch: PrivateSketch) -> tuple[PublishedSketch, bool]:
+        """Hand over a sketch (already charged and stored by the owner); return the catalogue
+        entry and whether the catalogue held this very sketch already."""
+        ...

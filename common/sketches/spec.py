@@ -1,0 +1,646 @@
+"""Sketch specifications: what a deployment's catalogue asks its owners to publish.
+
+A private sketch is useful beyond its owner only if everyone uses the *same* public feature map:
+the union of several owners' sketches (:func:`~common.sketches.sketch.merge_sketches`), the
+comparison of a sketch with a consumer's validation set (:func:`~common.sketches.sketch.
+sketch_mmd2`) and one M2M design for every owner all need one map. So the catalogue fixes it.
+
+* :class:`SketchDeclaration` is what a catalogue's configuration declares, before anything is
+  drawn: a public domain (a box, column by column, from documented or physical ranges, never from
+  statistics of private data), the maps wanted (RFF: ``m'`` and ``sigma``; RACE: ``R``, ``W`` and
+  the bucket width; HIST: bins per column) and the mechanism (noise, the default epsilon and the
+  range an owner may choose, delta, the budget split). :meth:`SketchDeclaration.draw` draws the
+  random parameters once, from an injected generator.
+* :class:`SketchSpec` is one drawn map with everything public about its releases except the
+  owner's epsilon: :meth:`SketchSpec.mechanism` gives the :class:`~common.sketches.sketch.
+  SketchMechanism` an owner publishes with, and :meth:`SketchSpec.check_sketch` checks that a
+  received sketch was made under the spec. :attr:`SketchSpec.key` identifies the release a spec
+  describes (the same key: the same map, domain and noise), so an owner releases one sketch per
+  key whatever the spec is called.
+* :class:`PublishedSketch` is a catalogue entry: the sketch, its owner, its spec, when.
+
+Scales. Columns come in their own units (months, miles, minutes), so one length scale in raw
+units would weigh them arbitrarily. The catalogue's RFF and RACE maps work on the columns
+divided by their widths ``w_k = high_k - low_k``: RFF draws ``omega_jk ~ N(0, (sigma w_k)^-2)``,
+the Gaussian kernel ``exp(-sum_k (x_k - x'_k)^2 / (2 sigma^2 w_k^2))`` (length scale ``sigma w_k``
+along column ``k``), and RACE projects on ``a_rk / w_k`` with ``a_rk ~ N(0, 1)`` and a bucket width
+in the same normalized units. ``sigma`` and the bucket width are thus fractions of each column's
+width; :attr:`~common.sketches.feature_maps.RFFMap.sigma` records the declared fraction. The maps
+are still plain :class:`~common.sketches.feature_maps.RFFMap` / :class:`RACEMap` values (their
+parameters are data), with the sensitivities derived there: they do not depend on ``omega`` or
+the projections, so a curator cannot weaken an owner's guarantee by the parameters it draws.
+
+Pure: no I/O (the curator reads the TOML files, :mod:`curator.sketches`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.errors import InvalidArgumentError
+from common.sketches.domain import Domain
+from common.sketches.feature_maps import (
+    FeatureMap,
+    RACEMap,
+    RFFMap,
+    draw_race,
+    draw_rff,
+    histogram_map,
+)
+from common.sketches.sketch import DEFAULT_NUMERATOR_SHARE, PrivateSketch, SketchMechanism
+
+__all__ = [
+    "MAP_KINDS",
+    "NOISES",
+    "Noise",
+    "PublishedSketch",
+    "SketchDeclaration",
+    "SketchSpec",
+    "mechanism_label",
+]
+
+Noise = Literal["laplace", "gaussian"]
+#: The noises a catalogue may ask for (the exact, non-private sketch is never published).
+NOISES: tuple[Noise, ...] = ("laplace", "gaussian")
+#: Map sections of a declaration, in the order specs are drawn and listed.
+MAP_KINDS = ("rff", "race", "hist")
+#: A declaration's or spec's name: letters, digits, ``-``, ``_``, ``.``; a spec is
+#: ``<declaration>/<map kind>``.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: The keys of each map section, with their meaning (for error messages).
+_MAP_KEYS: dict[str, dict[str, str]] = {
+    "rff": {"frequencies": "m' (the sketch has m = 2 m' entries)", "sigma": "length scale"},
+    "race": {"hashes": "R", "buckets": "W", "width": "bucket width"},
+    "hist": {"bins": "bins per column (one number, or one per column)"},
+}
+_NOISE_NAMES = {"laplace": "Laplace", "gaussian": "Gaussian"}
+
+
+def mechanism_label(kind: str, noise: str) -> str:
+    """What an owner's ledger records for a sketch release: ``"private sketch (RFF, Laplace)"``."""
+    return f"private sketch ({kind.upper()}, {_NOISE_NAMES.get(noise, noise)})"
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgumentError(f"{where} must be a number, got {value!r}")
+    out = float(value)
+    if not math.isfinite(out):
+        raise InvalidArgumentError(f"{where} must be finite, got {value!r}")
+    return out
+
+
+def _positive(value: Any, where: str) -> float:
+    out = _number(value, where)
+    if out <= 0:
+        raise InvalidArgumentError(f"{where} must be > 0, got {value!r}")
+    return out
+
+
+def _integer(value: Any, where: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgumentError(f"{where} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _name(value: Any, where: str) -> str:
+    if not isinstance(value, str) or _NAME.fullmatch(value) is None:
+        raise InvalidArgumentError(
+            f"{where} must be 1 to 64 letters, digits, '-', '_' or '.', starting with a letter "
+            f"or digit, got {value!r}"
+        )
+    return value
+
+
+def _table(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InvalidArgumentError(f"{where} must be a table, got {value!r}")
+    return value
+
+
+def _check_keys(table: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        raise InvalidArgumentError(
+            f"{where}: unknown key(s) {unknown}; allowed: {', '.join(allowed)}"
+        )
+
+
+def _epsilon_range(
+    epsilon: float, low: float, high: float, where: str
+) -> tuple[float, float, float]:
+    if not 0 < low <= epsilon <= high:
+        raise InvalidArgumentError(
+            f"{where}: need 0 < epsilon_range[0] <= epsilon <= epsilon_range[1], got epsilon = "
+            f"{epsilon:g} and epsilon_range = [{low:g}, {high:g}]"
+        )
+    return epsilon, low, high
+
+
+@dataclass(frozen=True, eq=False)
+class SketchSpec:
+    """One map of a catalogue with every public parameter of its releases but the owner's epsilon.
+
+    Attributes
+    ----------
+    name : str
+        ``<declaration>/<kind>``, e.g. ``"flights/rff"``.
+    feature_map : FeatureMap
+        The public map, parameters as data (every owner uses exactly these).
+    domain : Domain
+        The public domain (column names, bounds, discrete levels); every published record lies
+        in it.
+    noise : {"laplace", "gaussian"}
+    epsilon : float
+        The epsilon an owner publishes at unless it chooses another within ``epsilon_range``.
+    epsilon_range : tuple of float
+        ``(low, high)``, ``0 < low <= epsilon <= high``: what the catalogue accepts.
+    delta : float
+        0 for Laplace noise; ``0 < delta < 1`` for Gaussian noise.
+    numerator_share : float
+        The share of the budget spent on the sum of features (the paper's 0.98).
+    description : str
+        Free text shown to owners and consumers.
+
+    Raises
+    ------
+    InvalidArgumentError
+        (a ``ValueError``) On a bad name, noise, epsilon range or delta, or a map and domain that
+        do not fit together (by building the mechanism at ``epsilon``).
+    """
+
+    name: str
+    feature_map: FeatureMap
+    domain: Domain
+    noise: Noise
+    epsilon: float
+    epsilon_range: tuple[float, float]
+    delta: float = 0.0
+    numerator_share: float = DEFAULT_NUMERATOR_SHARE
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        declaration, _, kind = self.name.partition("/")
+        _name(declaration, "spec name")
+        if kind != self.feature_map.kind:
+            raise InvalidArgumentError(
+                f"spec name {self.name!r} must be '<declaration>/{self.feature_map.kind}'"
+            )
+        if self.noise not in NOISES:
+            raise InvalidArgumentError(f"noise must be one of {NOISES}, got {self.noise!r}")
+        low, high = (float(v) for v in self.epsilon_range)
+        eps, low, high = _epsilon_range(float(self.epsilon), low, high, f"spec {self.name}")
+        object.__setattr__(self, "epsilon", eps)
+        object.__setattr__(self, "epsilon_range", (low, high))
+        object.__setattr__(self, "delta", float(self.delta))
+        object.__setattr__(self, "numerator_share", float(self.numerator_share))
+        try:
+            self.mechanism(eps)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"spec {self.name}: {exc}") from None
+
+    @property
+    def kind(self) -> str:
+        """The map's kind: ``"rff"``, ``"race"`` or ``"hist"``."""
+        return self.feature_map.kind
+
+    @property
+    def mechanism_label(self) -> str:
+        """What an owner's ledger records for a release under this spec."""
+        return mechanism_label(self.kind, self.noise)
+
+    def check_epsilon(self, epsilon: float) -> float:
+        """Return ``epsilon`` if the spec accepts it.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If it is not a finite number within :attr:`epsilon_range`.
+        """
+        eps = float(epsilon)
+        low, high = self.epsilon_range
+        if not (math.isfinite(eps) and low <= eps <= high):
+            raise InvalidArgumentError(
+                f"epsilon = {epsilon:g} is outside the range spec {self.name} accepts, "
+                f"[{low:g}, {high:g}]"
+            )
+        return eps
+
+    def mechanism(self, epsilon: float | None = None) -> SketchMechanism:
+        """The mechanism of a release at ``epsilon`` (default :attr:`epsilon`).
+
+        Returns
+        -------
+        SketchMechanism
+            Noise scales computed from the map's sensitivities and ``epsilon`` (never received).
+
+        Raises
+        ------
+        InvalidArgumentError
+            If ``epsilon`` is outside :attr:`epsilon_range`.
+        ValueError
+            If the map, domain, noise and delta are inconsistent (see SketchMechanism).
+        """
+        eps = self.check_epsilon(self.epsilon if epsilon is None else epsilon)
+        return SketchMechanism(
+            self.feature_map,
+            self.domain,
+            eps,
+            self.noise,
+            self.delta,
+            self.numerator_share,
+        )
+
+    def check_sketch(self, sketch: PrivateSketch) -> None:
+        """Check that ``sketch`` was released under this spec.
+
+        Raises
+        ------
+        InvalidArgumentError
+            Naming the first difference: the feature map (parameters compared exactly), the
+            domain, the noise, delta, the budget split, or an epsilon outside the range. The
+            sketch's own consistency (scales, shapes) is :meth:`PrivateSketch.validate`'s.
+        """
+        mech = sketch.mechanism
+        if mech.feature_map != self.feature_map:
+            raise InvalidArgumentError(
+                f"the sketch's {mech.feature_map.kind} feature map is not the one of spec "
+                f"{self.name} (its parameters differ): publish with the spec's map"
+            )
+        if mech.domain != self.domain:
+            raise InvalidArgumentError(f"the sketch's domain is not the one of spec {self.name}")
+        for what, mine, theirs in (
+            ("noise", self.noise, mech.mechanism),
+            ("delta", self.delta, mech.delta),
+            ("numerator_share", self.numerator_share, mech.numerator_share),
+        ):
+            if mine != theirs:
+                raise InvalidArgumentError(
+                    f"the sketch's {what} is {theirs!r}, spec {self.name} has {mine!r}"
+                )
+        self.check_epsilon(mech.epsilon)
+
+    @property
+    def key(self) -> str:
+        """SHA-256 (hex) of the parameters that define a release: map kind and parameters,
+        domain, noise, delta and budget split; not the name, the description or the epsilon
+        range. Two specs with one key describe the same release."""
+        digest = hashlib.sha256()
+
+        def put(label: str, value: Any) -> None:
+            digest.update(label.encode() + b"\0")
+            if isinstance(value, np.ndarray):
+                arr = np.ascontiguousarray(value)
+                digest.update(f"{arr.dtype.str}{arr.shape}".encode() + b"\0")
+                digest.update(arr.astype(arr.dtype.newbyteorder("<")).tobytes())
+            else:
+                digest.update(json.dumps(value).encode() + b"\0")
+
+        put("kind", self.kind)
+        params = self.feature_map.parameters()
+        for k in sorted(params):
+            v = params[k]
+            put(k, np.asarray(v) if isinstance(v, np.ndarray) else float(v))
+        put("low", self.domain.low)
+        put("high", self.domain.high)
+        put("names", list(self.domain.names))
+        for j in range(self.domain.n_attributes):
+            lv = self.domain.level_values(j)
+            put(f"levels{j}", None if lv is None else lv)
+        put("noise", self.noise)
+        put("delta", self.delta)
+        put("numerator_share", self.numerator_share)
+        return digest.hexdigest()
+
+    def describe(self) -> dict[str, Any]:
+        """Every public value as plain JSON-able data (no arrays), for listings and reports."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "feature_map": self.feature_map.describe(),
+            "domain": self.domain.describe(),
+            "noise": self.noise,
+            "epsilon": self.epsilon,
+            "epsilon_range": list(self.epsilon_range),
+            "delta": self.delta,
+            "numerator_share": self.numerator_share,
+            "key": self.key,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class PublishedSketch:
+    """A catalogue entry: one owner's sketch under one spec.
+
+    Attributes
+    ----------
+    owner : str
+        The publishing owner's name (its certificate's, never a message field).
+    spec : str
+        The spec's name.
+    published_at : float
+        Unix time, seconds, when the catalogue accepted it.
+    sketch : PrivateSketch
+        Validated.
+    """
+
+    owner: str
+    spec: str
+    published_at: float
+    sketch: PrivateSketch
+
+    def describe(self) -> dict[str, Any]:
+        """Owner, spec, time, epsilon, delta, noise, the noisy count (no arrays)."""
+        mech = self.sketch.mechanism
+        return {
+            "owner": self.owner,
+            "spec": self.spec,
+            "published_at": self.published_at,
+            "noise": mech.mechanism,
+            "epsilon": mech.epsilon,
+            "delta": mech.delta,
+            "noisy_count": self.sketch.noisy_count,
+            "dimension": mech.feature_map.dimension,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class SketchDeclaration:
+    """What a catalogue's configuration declares: a domain, the maps wanted and the mechanism.
+
+    Build it with :meth:`from_mapping` (e.g. a parsed TOML file; layout in
+    ``deploy/sketches/flights.toml``); :meth:`draw` turns it into one :class:`SketchSpec` per map.
+
+    Attributes
+    ----------
+    name : str
+        The declaration's name; its specs are ``<name>/rff``, ``<name>/race``, ``<name>/hist``.
+    domain : Domain
+        With column names.
+    maps : tuple of (str, dict)
+        ``(kind, parameters)`` in :data:`MAP_KINDS` order: ``rff``: ``frequencies`` (m'),
+        ``sigma`` (fraction of every column's width); ``race``: ``hashes`` (R), ``buckets`` (W),
+        ``width`` (bucket width, fraction of every column's width); ``hist``: ``bins`` (an int or
+        one per column).
+    noise, epsilon, epsilon_range, delta, numerator_share, description
+        As :class:`SketchSpec`.
+    """
+
+    name: str
+    domain: Domain
+    maps: tuple[tuple[str, dict[str, Any]], ...]
+    noise: Noise = "laplace"
+    epsilon: float = 1.0
+    epsilon_range: tuple[float, float] = (1.0, 1.0)
+    delta: float = 0.0
+    numerator_share: float = DEFAULT_NUMERATOR_SHARE
+    description: str = ""
+
+    @classmethod
+    def from_mapping(
+        cls, data: Mapping[str, Any], *, default_name: str = "", source: str = "sketch spec"
+    ) -> SketchDeclaration:
+        """Parse a declaration (a TOML document's tables).
+
+        Layout::
+
+            name = "flights"                  # optional: default_name (the file's stem)
+            description = "..."
+            [mechanism]
+            noise = "laplace"                 # or "gaussian" (then delta)
+            epsilon = 1.0                     # default epsilon of a publication
+            epsilon_range = [0.1, 2.0]        # what an owner may choose; default [epsilon, epsilon]
+            numerator_share = 0.98
+            delta = 0.0
+            [[columns]]                       # in order; public bounds
+            name = "distance"
+            low = 0.0
+            high = 5000.0
+            levels = [...]                    # optional: a discrete column's values
+            [maps.rff]
+            frequencies = 100
+            sigma = 0.2
+            [maps.race]
+            hashes = 20
+            buckets = 20
+            width = 0.25
+            [maps.hist]
+            bins = 20
+
+        Raises
+        ------
+        InvalidArgumentError
+            Naming ``source`` and the key, for an unknown section or key, a missing one, a wrong
+            type or an out-of-range value (bounds with ``low >= high``, levels outside them,
+            repeated column names, no map at all).
+        """
+        where = source
+        data = _table(data, where)
+        _check_keys(data, ("name", "description", "mechanism", "columns", "maps"), where)
+        name = _name(data.get("name", default_name), f"{where}: name")
+        description = data.get("description", "")
+        if not isinstance(description, str):
+            raise InvalidArgumentError(f"{where}: description must be a string")
+        mech = _table(data.get("mechanism", {}), f"{where}: [mechanism]")
+        _check_keys(
+            mech,
+            ("noise", "epsilon", "epsilon_range", "delta", "numerator_share"),
+            f"{where}: [mechanism]",
+        )
+        noise = mech.get("noise", "laplace")
+        if noise not in NOISES:
+            raise InvalidArgumentError(
+                f"{where}: mechanism.noise must be one of {NOISES}, got {noise!r}"
+            )
+        epsilon = _positive(mech.get("epsilon", 1.0), f"{where}: mechanism.epsilon")
+        bounds = mech.get("epsilon_range", [epsilon, epsilon])
+        if not isinstance(bounds, list) or len(bounds) != 2:
+            raise InvalidArgumentError(
+                f"{where}: mechanism.epsilon_range must be [low, high], got {bounds!r}"
+            )
+        low = _positive(bounds[0], f"{where}: mechanism.epsilon_range[0]")
+        high = _positive(bounds[1], f"{where}: mechanism.epsilon_range[1]")
+        _epsilon_range(epsilon, low, high, f"{where}: [mechanism]")
+        delta = _number(mech.get("delta", 0.0), f"{where}: mechanism.delta")
+        if noise == "gaussian" and not 0 < delta < 1:
+            raise InvalidArgumentError(
+                f"{where}: Gaussian noise needs 0 < mechanism.delta < 1, got {delta!r}"
+            )
+        if noise == "laplace" and delta != 0:
+            raise InvalidArgumentError(
+                f"{where}: Laplace noise is pure DP: mechanism.delta must be 0, got {delta!r}"
+            )
+        share = _number(
+            mech.get("numerator_share", DEFAULT_NUMERATOR_SHARE),
+            f"{where}: mechanism.numerator_share",
+        )
+        if not 0 < share < 1:
+            raise InvalidArgumentError(
+                f"{where}: mechanism.numerator_share must lie in (0, 1), got {share!r}"
+            )
+        domain = _domain(data.get("columns"), where)
+        maps_table = _table(data.get("maps", {}), f"{where}: [maps]")
+        _check_keys(maps_table, MAP_KINDS, f"{where}: [maps]")
+        if not maps_table:
+            raise InvalidArgumentError(
+                f"{where}: declare at least one map ([maps.rff], [maps.race] or [maps.hist])"
+            )
+        maps = []
+        for kind in MAP_KINDS:
+            if kind in maps_table:
+                section = f"{where}: [maps.{kind}]"
+                table = _table(maps_table[kind], section)
+                maps.append((kind, _map_parameters(kind, table, domain.n_attributes, section)))
+        return cls(
+            name=name,
+            domain=domain,
+            maps=tuple(maps),
+            noise=noise,
+            epsilon=epsilon,
+            epsilon_range=(low, high),
+            delta=delta,
+            numerator_share=share,
+            description=description,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The declaration as plain JSON-able data (what a catalogue stores and compares)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "columns": self.domain.describe(),
+            "maps": {kind: params for kind, params in self.maps},
+            "noise": self.noise,
+            "epsilon": self.epsilon,
+            "epsilon_range": list(self.epsilon_range),
+            "delta": self.delta,
+            "numerator_share": self.numerator_share,
+        }
+
+    def spec_names(self) -> list[str]:
+        """``<name>/<kind>`` of every declared map, in :data:`MAP_KINDS` order."""
+        return [f"{self.name}/{kind}" for kind, _ in self.maps]
+
+    def draw(self, rng: np.random.Generator) -> tuple[SketchSpec, ...]:
+        """Draw every declared map's random parameters; return one spec per map.
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+            A CSPRNG-seeded generator (:func:`common.privacy.rng.production_rng`) in production.
+            RFF draws ``omega = N(0, 1)^(m' x d) / (sigma w)`` (column ``k`` divided by
+            ``sigma w_k``), then RACE ``projections = N(0, 1)^(R x d) / w`` and offsets uniform on
+            ``[0, width)`` (module docstring, "Scales"); HIST draws nothing.
+
+        Returns
+        -------
+        tuple of SketchSpec
+            In the declaration's map order.
+        """
+        d = self.domain.n_attributes
+        width: NDArray[np.float64] = self.domain.width()
+        specs = []
+        for kind, params in self.maps:
+            fmap: FeatureMap
+            if kind == "rff":
+                base = draw_rff(d, params["frequencies"], 1.0, rng)
+                fmap = RFFMap(base.omega / (params["sigma"] * width), params["sigma"])
+            elif kind == "race":
+                drawn = draw_race(d, params["hashes"], params["buckets"], params["width"], rng)
+                fmap = RACEMap(
+                    drawn.projections / width, drawn.offsets, drawn.bucket_width, drawn.n_buckets
+                )
+            else:
+                fmap = histogram_map(self.domain, params["bins"])
+            specs.append(
+                SketchSpec(
+                    name=f"{self.name}/{kind}",
+                    feature_map=fmap,
+                    domain=self.domain,
+                    noise=self.noise,
+                    epsilon=self.epsilon,
+                    epsilon_range=self.epsilon_range,
+                    delta=self.delta,
+                    numerator_share=self.numerator_share,
+                    description=self.description,
+                )
+            )
+        return tuple(specs)
+
+
+def _domain(columns: Any, where: str) -> Domain:
+    if not isinstance(columns, list) or not columns:
+        raise InvalidArgumentError(
+            f"{where}: declare the columns in order as [[columns]] tables with name, low, high"
+        )
+    names, lows, highs, levels = [], [], [], []
+    for j, column in enumerate(columns):
+        at = f"{where}: columns[{j}]"
+        column = _table(column, at)
+        _check_keys(column, ("name", "low", "high", "levels"), at)
+        if "name" not in column or not isinstance(column["name"], str) or not column["name"]:
+            raise InvalidArgumentError(f"{at} needs a name (a non-empty string)")
+        names.append(column["name"])
+        at = f"{where}: column {column['name']!r}"
+        for key in ("low", "high"):
+            if key not in column:
+                raise InvalidArgumentError(f"{at} needs {key} (a public bound)")
+        lows.append(_number(column["low"], f"{at} low"))
+        highs.append(_number(column["high"], f"{at} high"))
+        lv = column.get("levels")
+        if lv is not None:
+            if not isinstance(lv, list) or not lv:
+                raise InvalidArgumentError(f"{at} levels must be a non-empty list of numbers")
+            lv = [_number(v, f"{at} levels") for v in lv]
+        levels.append(lv)
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError(f"{where}: column names repeat: {names}")
+    try:
+        return Domain(
+            np.array(lows),
+            np.array(highs),
+            names=tuple(names),
+            levels=tuple(None if lv is None else np.array(lv) for lv in levels)
+            if any(lv is not None for lv in levels)
+            else (),
+        )
+    except ValueError as exc:
+        raise InvalidArgumentError(f"{where}: {exc}") from None
+
+
+def _map_parameters(
+    kind: str, table: Mapping[str, Any], n_columns: int, where: str
+) -> dict[str, Any]:
+    keys = _MAP_KEYS[kind]
+    _check_keys(table, tuple(keys), where)
+    missing = [f"{k} ({v})" for k, v in keys.items() if k not in table]
+    if missing:
+        raise InvalidArgumentError(f"{where}: missing {', '.join(missing)}")
+    if kind == "rff":
+        return {
+            "frequencies": _integer(table["frequencies"], f"{where} frequencies"),
+            "sigma": _positive(table["sigma"], f"{where} sigma"),
+        }
+    if kind == "race":
+        return {
+            "hashes": _integer(table["hashes"], f"{where} hashes"),
+            "buckets": _integer(table["buckets"], f"{where} buckets", minimum=2),
+            "width": _positive(table["width"], f"{where} width"),
+        }
+    bins = table["bins"]
+    if isinstance(bins, list):
+        if len(bins) != n_columns:
+            raise InvalidArgumentError(
+                f"{where}: bins must be one number or one per column ({n_columns}), got {len(bins)}"
+            )
+        return {"bins": [_integer(b, f"{where} bins") for b in bins]}
+    return {"bins": _integer(bins, f"{where} bins")}

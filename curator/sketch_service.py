@@ -1,0 +1,88 @@
+"""gRPC servicer of the curator's sketch catalogue: authorizes, converts, calls a SketchCatalog.
+
+Roles per RPC: the configured owners (by certificate name) list and read specs and publish;
+consumers (the policy's names, or any the CA certified) list and read specs and read sketches.
+An owner never reads the catalogue's sketches (other owners' releases are not its business); a
+curator identity is served nothing. The publisher's name is its certificate's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Collection
+
+from curator.policy import CuratorPolicy
+from curator.sketches import SketchCatalog
+from dpmarket import sketch_messages as msg
+from dpmarket.authz import Authorizer, rpc
+from dpmarket.identity import Identity
+from dpmarket.transport import TransportSecurity
+from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+
+def catalog_authorizer(
+    policy: CuratorPolicy,
+    owners: Collection[str],
+    security: TransportSecurity,
+    insecure_peer: Identity,
+) -> Authorizer:
+    """Consumers as the curator serves them, and the configured owners by name. With plaintext
+    transport every caller is ``insecure_peer`` (a consumer): no owner can be authenticated, so
+    nothing can be published (``--insecure`` only)."""
+    if security.insecure:
+        return Authorizer({"consumer": None}, insecure_peer=insecure_peer)
+    return Authorizer({"consumer": policy.consumers or None, "owner": tuple(owners)})
+
+
+class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
+    """Thin adapter over a :class:`SketchCatalog`; reads and writes run in worker threads."""
+
+    def __init__(self, catalog: SketchCatalog, authorizer: Authorizer) -> None:
+        self.catalog = catalog
+        self.authorizer = authorizer
+
+    @rpc("owner", "consumer")
+    async def ListSketchSpecs(self, request, context, caller):  # type: ignore[no-untyped-def]
+        specs = [msg.spec_to_proto(s) for s in self.catalog.specs()]
+        return sketch_pb2.ListSketchSpecsResponse(specs=specs)
+
+    @rpc("owner", "consumer")
+    async def GetSketchSpec(self, request, context, caller):  # type: ignore[no-untyped-def]
+        spec = self.catalog.spec(request.name)
+        response = sketch_pb2.GetSketchSpecResponse(spec=msg.spec_to_proto(spec))
+        if caller.role == "owner":
+            published, left = await asyncio.to_thread(
+                self.catalog.status, caller.name, request.name
+            )
+            response.published, response.publications_left = published, left
+        return response
+
+    @rpc("owner")
+    async def PublishSketch(self, request, context, caller):  # type: ignore[no-untyped-def]
+        sketch = await asyncio.to_thread(msg.sketch_from_proto, request.sketch)
+        entry, again = await asyncio.to_thread(
+            self.catalog.publish, caller.name, request.spec, sketch
+        )
+        logger.info(
+            "sketch %s by %s %s: epsilon %g, delta %g, noisy count %.1f",
+            request.spec,
+            caller,
+            "received again" if again else "published",
+            sketch.mechanism.epsilon,
+            sketch.mechanism.delta,
+            sketch.noisy_count,
+        )
+        return sketch_pb2.PublishSketchResponse(
+            published=msg.published_to_proto(entry), already_published=again
+        )
+
+    @rpc("consumer")
+    async def ListSketches(self, request, context, caller):  # type: ignore[no-untyped-def]
+        owners = list(request.owners) or None
+        entries = await asyncio.to_thread(self.catalog.sketches, request.spec, owners)
+        return sketch_pb2.ListSketchesResponse(
+            sketches=[msg.published_to_proto(e) for e in entries]
+        )

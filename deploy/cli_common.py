@@ -1,0 +1,128 @@
+"""Options and checks shared by the ``dpmarket`` commands (:mod:`deploy.cli` and the command
+groups it registers): the mTLS options every gRPC command takes, and the output check that runs
+before anything is released."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from deploy.pki import identity_files
+from dpmarket.identity import Identity
+from dpmarket.transport import TransportSecurity
+
+__all__ = ["check_outputs", "security_from_options", "tls_options"]
+
+logger = logging.getLogger("dpmarket")
+
+
+def tls_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """mTLS options shared by every command that talks gRPC."""
+    options = [
+        click.option(
+            "--ca",
+            "ca_path",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="The deployment CA's certificate (ca.crt from dpmarket pki init).",
+        ),
+        click.option(
+            "--cert",
+            "cert_path",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="This party's certificate (from dpmarket pki issue).",
+        ),
+        click.option(
+            "--key",
+            "key_path",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="This party's private key.",
+        ),
+        click.option(
+            "--pki-dir",
+            default=None,
+            type=click.Path(file_okay=False),
+            help="Instead of --ca/--cert/--key: a directory holding ca.crt and "
+            "<role>-<name>.crt/.key (the layout dpmarket pki issue writes); needs --name.",
+        ),
+        click.option(
+            "--name",
+            default=None,
+            help="This party's name, to find its files in --pki-dir.",
+        ),
+        click.option(
+            "--insecure",
+            is_flag=True,
+            help="Plaintext gRPC with no identities: anyone who reaches the port is served "
+            "(development only; logged as a warning).",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def security_from_options(
+    role: str | None,
+    ca_path: str | None,
+    cert_path: str | None,
+    key_path: str | None,
+    pki_dir: str | None,
+    name: str | None,
+    insecure: bool,
+) -> TransportSecurity:
+    """Build the transport security from the TLS options; check the certificate's role."""
+    given = [o for o, v in (("--ca", ca_path), ("--cert", cert_path), ("--key", key_path)) if v]
+    if insecure:
+        if given or pki_dir:
+            raise click.UsageError("--insecure cannot be combined with certificates")
+        logger.warning(
+            "--insecure: plaintext gRPC, no identities: any process that reaches this port is "
+            "served as a trusted peer"
+        )
+        return TransportSecurity.plaintext()
+    if pki_dir:
+        if given:
+            raise click.UsageError("give either --pki-dir and --name, or --ca, --cert and --key")
+        if not name or role is None:
+            raise click.UsageError("--pki-dir needs --name (this party's certificate name)")
+        try:
+            ca_path, cert_path, key_path = (
+                str(p)
+                for p in identity_files(Path(pki_dir), Identity(role, name))  # type: ignore[arg-type]
+            )
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--name") from exc
+    elif len(given) < 3:
+        missing = sorted({"--ca", "--cert", "--key"} - set(given))
+        raise click.UsageError(
+            f"missing {', '.join(missing)}: every channel is mTLS (issue certificates with "
+            "dpmarket pki init / issue), or pass --insecure for a plaintext development setup"
+        )
+    try:
+        security = TransportSecurity.from_files(ca_path, cert_path, key_path)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    identity = security.identity
+    if role is not None and (identity is None or identity.role != role):
+        raise click.ClickException(f"the certificate {cert_path} is for {identity}, not a {role}")
+    return security
+
+
+def check_outputs(*paths: str) -> None:
+    """Create the output directories and check they are writable, before any session."""
+    for path in paths:
+        directory = Path(path).resolve().parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=directory):
+                pass
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {path}: {exc}") from exc

@@ -1,0 +1,101 @@
+"""The owner's client of a curator's sketch catalogue: fetch a spec, send a published sketch.
+
+The channel is mTLS: the owner proves its identity with its certificate (the catalogue takes the
+publisher's name from it) and checks the curator's at the handshake. The owner only ever sends
+what :class:`owner.sketches.SketchPublisher` charged and stored first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from common.sketches.endpoints import SpecStatus
+from common.sketches.sketch import PrivateSketch
+from common.sketches.spec import PublishedSketch
+from dpmarket import sketch_messages as msg
+from dpmarket.identity import Identity
+from dpmarket.serving import GRPC_OPTIONS
+from dpmarket.status import error_from_rpc
+from dpmarket.transport import TransportSecurity, sync_channel
+from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
+
+__all__ = ["CatalogClient"]
+
+
+class CatalogClient:
+    """Synchronous client of the curator's ``SketchCatalogService``, as an owner.
+
+    Parameters
+    ----------
+    target : str
+        ``host:port`` of the curator.
+    security : TransportSecurity
+        The owner's mTLS credentials (an owner certificate).
+    curator : Identity, optional
+        The curator identity the server must prove (default ``curator:curator``).
+    timeout : float
+        Deadline of every call, seconds.
+
+    Raises
+    ------
+    common.errors.DPMarketError
+        Every method raises the error matching the curator's status.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        security: TransportSecurity,
+        *,
+        curator: Identity | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.identity = curator or Identity("curator", "curator")
+        self._channel = sync_channel(target, security, self.identity, options=GRPC_OPTIONS)
+        self._stub = sketch_pb2_grpc.SketchCatalogServiceStub(self._channel)
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> CatalogClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def curator(self) -> str:
+        """The curator identity the server proved, ``"curator:NAME"``."""
+        return str(self.identity)
+
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, f"curator at {self.target}") from None
+
+    def spec_names(self) -> list[str]:
+        """The names of the catalogue's specs (ListSketchSpecs)."""
+        response = self._call("ListSketchSpecs", sketch_pb2.ListSketchSpecsRequest())
+        return [s.name for s in response.specs]
+
+    def spec(self, name: str) -> SpecStatus:
+        """A spec and this owner's standing under it (GetSketchSpec)."""
+        response = self._call("GetSketchSpec", sketch_pb2.GetSketchSpecRequest(name=name))
+        return SpecStatus(
+            msg.spec_from_proto(response.spec),
+            bool(response.published),
+            int(response.publications_left),
+        )
+
+    def publish(self, spec: str, sketch: PrivateSketch) -> tuple[PublishedSketch, bool]:
+        """Send a stored sketch (PublishSketch); return the catalogue entry and whether the
+        catalogue held it already."""
+        request = sketch_pb2.PublishSketchRequest(spec=spec, sketch=msg.sketch_to_proto(sketch))
+        response = self._call("PublishSketch", request)
+        return msg.published_from_proto(response.published), bool(response.already_published)

@@ -1,0 +1,404 @@
+"""An owner's private sketches: check, compute, charge and store, then hand over.
+
+An owner publishes a differentially private sketch of its table once per spec of a curator's
+catalogue (M2M paper, Section 2.3); every consumer of the catalogue then computes what it likes
+from it at no further cost to the owner. :class:`SketchPublisher` is the owner's side as a plain
+state object over its own ledger (no network: ``dpmarket sketch publish`` fetches the spec and
+sends the result, :mod:`deploy.sketch_commands`):
+
+1. **Check** the spec against the owner's policy (``[sketches]``: whether it publishes at all,
+   the most epsilon per sketch) and the epsilon against the spec's range; select the spec's
+   columns from the table by name and check every value against the public domain (a value
+   outside is an error naming its row and column, never clipped); ask the ledger whether the
+   charge would be accepted (per-publication and total budgets, basic composition with
+   everything else the owner has released). A refusal computes and releases nothing.
+2. **Compute** the sketch: the noise scales come from the map's sensitivities and the owner's
+   epsilon, never from the curator (a curator cannot make the owner add less noise, whatever
+   parameters it draws: the sensitivities do not depend on them); noise from OpenDP in
+   production.
+3. **Charge and store** in one ledger transaction: the charge and the sketch become durable
+   together, before any byte leaves (charge, then release).
+4. **Hand over**: the caller sends the stored sketch and records the delivery.
+
+A release is identified by its spec's key (map parameters, domain, noise): publishing under a key
+already released returns the stored sketch and charges nothing, whichever curator or spec name
+asks (sending the same released values again costs no privacy). The ledger entry of a sketch:
+session ``sketch:<spec>:<key[:16]>`` (one publication: the per-session limits bound it),
+consumer ``catalogue:<spec>`` (the release goes to a catalogue whose consumers are not known in
+advance), curator the catalogue's curator identity, mechanism e.g. ``private sketch (RFF,
+Laplace)``, epsilon and delta of the release, 0 raw points.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.errors import FailedPreconditionError, InvalidArgumentError
+from common.privacy.noise import NoiseSource, OpenDPNoise
+from common.sketches.endpoints import CatalogEndpoint
+from common.sketches.sketch import PrivateSketch
+from common.sketches.spec import PublishedSketch, SketchSpec
+from dpmarket.sketch_messages import sketch_bytes, sketch_from_bytes
+from owner.data import Table
+from owner.ledger import LedgerEntry, OwnerLedger
+
+__all__ = [
+    "Delivery",
+    "Publication",
+    "SketchPublisher",
+    "data_digest",
+    "ledger_session",
+    "publish_to",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def ledger_session(spec: SketchSpec) -> str:
+    """The ledger session of a publication under ``spec``: ``sketch:<name>:<key[:16]>``."""
+    return f"sketch:{spec.name}:{spec.key[:16]}"
+
+
+def data_digest(values: NDArray[np.float64]) -> str:
+    """SHA-256 (hex) of the sketched values (float64, C order, little-endian): tells whether the
+    data changed since a sketch was published."""
+    arr = np.ascontiguousarray(values, dtype="<f8")
+    return hashlib.sha256(f"{arr.shape}".encode() + arr.tobytes()).hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class Publication:
+    """A sketch this owner released (now, or before).
+
+    Attributes
+    ----------
+    spec : str
+        The spec it was first published under.
+    key : str
+        The spec's key.
+    sketch : PrivateSketch
+    charge : LedgerEntry
+        Its ledger entry (the only one: republishing charges nothing).
+    charged_now : bool
+        Whether this call charged it (``False``: it was stored already).
+    data_digest : str
+        Digest of the values sketched (:func:`data_digest`).
+    delivered_to : tuple of str
+        The curators whose catalogue accepted it (as recorded so far).
+    """
+
+    spec: str
+    key: str
+    sketch: PrivateSketch
+    charge: LedgerEntry
+    charged_now: bool
+    data_digest: str
+    delivered_to: tuple[str, ...]
+
+
+class SketchPublisher:
+    """One owner's sketch publications over its ledger (and the sketches stored beside it).
+
+    Parameters
+    ----------
+    ledger : OwnerLedger
+        The owner's own ledger, under its policy; published sketches are stored in its database.
+    noise : NoiseSource, optional
+        Where the sketches' noise comes from: OpenDP (the default) in production; a
+        ``SeededNoise`` only in tests and explicitly seeded runs.
+    clock : callable
+        Unix time, seconds.
+    """
+
+    def __init__(
+        self,
+        ledger: OwnerLedger,
+        *,
+        noise: NoiseSource | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.ledger = ledger
+        self.noise: NoiseSource = noise if noise is not None else OpenDPNoise()
+        self.clock = clock
+
+    # ---------------------------------------------------------------------------- reading
+    def stored(self, spec: SketchSpec) -> Publication | None:
+        """The sketch released under ``spec``'s key, or ``None``."""
+
+        def query(conn: sqlite3.Connection) -> tuple[Any, ...] | None:
+            row = conn.execute(
+                "SELECT id, spec, key, data_digest, sketch, charge FROM sketches WHERE key = ?",
+                (spec.key,),
+            ).fetchone()
+            if row is None:
+                return None
+            curators = conn.execute(
+                "SELECT DISTINCT curator FROM sketch_deliveries WHERE sketch = ? ORDER BY curator",
+                (row[0],),
+            ).fetchall()
+            return (*row, tuple(c[0] for c in curators))
+
+        found = self.ledger.read(query)
+        if found is None:
+            return None
+        _, name, key, digest, blob, charge_id, curators = found
+        return Publication(
+            spec=name,
+            key=key,
+            sketch=sketch_from_bytes(blob),
+            charge=self.ledger.entry(charge_id),
+            charged_now=False,
+            data_digest=digest,
+            delivered_to=curators,
+        )
+
+    def published(self) -> list[tuple[str, str, float, tuple[str, ...]]]:
+        """Every stored sketch: ``(spec, key, epsilon, curators it was delivered to)``."""
+
+        def query(conn: sqlite3.Connection) -> list[tuple[str, str, float, tuple[str, ...]]]:
+            rows = conn.execute(
+                "SELECT s.id, s.spec, s.key, c.epsilon FROM sketches s "
+                "JOIN charges c ON c.id = s.charge ORDER BY s.id"
+            ).fetchall()
+            out = []
+            for sid, spec, key, epsilon in rows:
+                curators = conn.execute(
+                    "SELECT DISTINCT curator FROM sketch_deliveries WHERE sketch = ? "
+                    "ORDER BY curator",
+                    (sid,),
+                ).fetchall()
+                out.append((spec, key, float(epsilon), tuple(c[0] for c in curators)))
+            return out
+
+        return self.ledger.read(query)
+
+    # ---------------------------------------------------------------------------- release
+    def records(self, spec: SketchSpec, table: Table) -> NDArray[np.float64]:
+        """The spec's columns of ``table``, in the domain's order, every value checked.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If a column is missing, or a value lies outside the domain or is not one of a
+            discrete column's levels (naming the table's row and the column).
+        """
+        names = list(spec.domain.names)
+        if not names:
+            raise InvalidArgumentError(f"spec {spec.name} names no columns")
+        try:
+            values = table.select(names)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        return spec.domain.check(values, f"table {table.name!r}")
+
+    def publish(
+        self,
+        spec: SketchSpec,
+        table: Table,
+        *,
+        curator: str,
+        epsilon: float | None = None,
+    ) -> Publication:
+        """Release a sketch of ``table`` under ``spec``: check, compute, charge and store.
+
+        Parameters
+        ----------
+        spec : SketchSpec
+            As the catalogue served it (validated on receipt).
+        table : Table
+            The owner's table; the spec's columns are selected by name.
+        curator : str
+            The catalogue's curator identity (``"curator:NAME"``), for the ledger.
+        epsilon : float, optional
+            The owner's choice (default: the spec's), within the spec's range and the policy's
+            ``sketches.epsilon``.
+
+        Returns
+        -------
+        Publication
+            The stored sketch, ``charged_now`` telling whether this call charged it. A key
+            released before returns the stored sketch whatever ``epsilon`` asks (a warning is
+            logged when it differs, or when the data changed since).
+
+        Raises
+        ------
+        FailedPreconditionError
+            If the policy does not publish sketches, the epsilon exceeds the policy's limit per
+            sketch, or the ledger refuses the charge (:class:`~owner.ledger.OwnerBudgetError`,
+            naming what is spent and left). Nothing is computed, stored or charged.
+        InvalidArgumentError
+            If the epsilon is outside the spec's range, a column is missing or a value lies
+            outside the domain (naming row and column). Nothing is charged.
+        """
+        records = self.records(spec, table)
+        digest = data_digest(records)
+        stored = self.stored(spec)
+        if stored is not None:
+            asked = spec.epsilon if epsilon is None else float(epsilon)
+            if asked != stored.sketch.mechanism.epsilon:
+                logger.warning(
+                    "%s: released before at epsilon %g (this call asked %g); returning the "
+                    "stored sketch, nothing charged",
+                    spec.name,
+                    stored.sketch.mechanism.epsilon,
+                    asked,
+                )
+            if digest != stored.data_digest:
+                logger.warning(
+                    "%s: the table changed since the sketch was released; the stored sketch "
+                    "describes the data as it was (a spec is published once)",
+                    spec.name,
+                )
+            return stored
+        policy = self.ledger.policy
+        if not policy.publish_sketches:
+            raise FailedPreconditionError(
+                "this owner's policy publishes no sketch (sketches.publish = false)"
+            )
+        eps = spec.check_epsilon(spec.epsilon if epsilon is None else epsilon)
+        if eps > policy.epsilon_per_sketch:
+            raise FailedPreconditionError(
+                f"epsilon = {eps:g} exceeds this owner's limit per sketch, sketches.epsilon = "
+                f"{policy.epsilon_per_sketch:g}"
+            )
+        mechanism = spec.mechanism(eps)
+        charge: dict[str, Any] = {
+            "session": ledger_session(spec),
+            "consumer": f"catalogue:{spec.name}",
+            "curator": curator,
+            "mechanism": spec.mechanism_label,
+            "epsilon": mechanism.epsilon,
+            "delta": mechanism.delta,
+            "points": 0,
+        }
+        self.ledger.check(**charge)  # refuse before computing anything
+        sketch = mechanism.release(records, self.noise)
+        blob = sketch_bytes(sketch)
+
+        def store(conn: sqlite3.Connection, charge_id: int) -> None:
+            conn.execute(
+                "INSERT INTO sketches (charge, key, spec, data_digest, sketch) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (charge_id, spec.key, spec.name, digest, blob),
+            )
+
+        entry = self.ledger.charge(**charge, record=store)
+        logger.info(
+            "%s: sketch released and charged (epsilon %g, delta %g), stored in %s",
+            spec.name,
+            mechanism.epsilon,
+            mechanism.delta,
+            self.ledger.path,
+        )
+        return Publication(spec.name, spec.key, sketch, entry, True, digest, ())
+
+    def delivered(self, publication: Publication, *, curator: str, spec: str) -> None:
+        """Record that ``curator``'s catalogue accepted the sketch under the spec name ``spec``."""
+
+        def insert(conn: sqlite3.Connection) -> None:
+            (sid,) = conn.execute(
+                "SELECT id FROM sketches WHERE key = ?", (publication.key,)
+            ).fetchone()
+            conn.execute(
+                "INSERT OR IGNORE INTO sketch_deliveries (sketch, curator, spec, at) "
+                "VALUES (?, ?, ?, ?)",
+                (sid, curator, spec, float(self.clock())),
+            )
+
+        self.ledger.write(insert)
+
+
+@dataclass(frozen=True, eq=False)
+class Delivery:
+    """One spec's publication, handed over to a catalogue.
+
+    Attributes
+    ----------
+    spec : str
+        The spec's name in that catalogue.
+    publication : Publication
+        What the owner released (``charged_now`` tells whether this run charged it).
+    entry : PublishedSketch
+        The catalogue's entry.
+    already_in_catalogue : bool
+        Whether the catalogue held this sketch already.
+    """
+
+    spec: str
+    publication: Publication
+    entry: PublishedSketch
+    already_in_catalogue: bool
+
+
+def publish_to(
+    catalog: CatalogEndpoint,
+    publisher: SketchPublisher,
+    table: Table,
+    specs: Sequence[str],
+    *,
+    epsilon: float | None = None,
+) -> list[Delivery]:
+    """Publish a sketch of ``table`` under each named spec of ``catalog``, in order.
+
+    For each spec: fetch it and this owner's standing; when nothing is stored for its key, refuse
+    (before anything is computed) if the catalogue holds a sketch of this owner that this ledger
+    does not (a data directory reset: a second release would spend budget for a sketch the
+    catalogue refuses) or accepts no more from it; then :meth:`SketchPublisher.publish` (check,
+    compute, charge and store; a stored release is returned as it is), hand it over and record
+    the delivery.
+
+    Parameters
+    ----------
+    catalog : CatalogEndpoint
+        A gRPC client (``owner.sketch_client.CatalogClient``) or an in-process adapter.
+    publisher : SketchPublisher
+    table : Table
+    specs : sequence of str
+        Spec names, at least one.
+    epsilon : float, optional
+        The owner's epsilon for new releases (default: each spec's).
+
+    Returns
+    -------
+    list of Delivery
+        One per spec, in order.
+
+    Raises
+    ------
+    common.errors.DPMarketError
+        The first refusal (this owner's policy or budget, the spec's range, the domain, the
+        catalogue's); the specs before it are published and delivered, nothing of the failing
+        one is released.
+    """
+    if not specs:
+        raise InvalidArgumentError("name at least one spec to publish")
+    out = []
+    for name in specs:
+        status = catalog.spec(name)
+        spec = status.spec
+        if publisher.stored(spec) is None:
+            if status.published:
+                raise FailedPreconditionError(
+                    f"the catalogue of {catalog.curator} holds a sketch of this owner under "
+                    f"{name!r} that this ledger ({publisher.ledger.path}) did not record: "
+                    "nothing released (publish from the data directory that made it)"
+                )
+            if status.publications_left <= 0:
+                raise FailedPreconditionError(
+                    f"the catalogue of {catalog.curator} accepts no more sketches from this "
+                    f"owner: nothing released under {name!r}"
+                )
+        publication = publisher.publish(spec, table, curator=catalog.curator, epsilon=epsilon)
+        entry, again = catalog.publish(name, publication.sketch)
+        publisher.delivered(publication, curator=catalog.curator, spec=name)
+        out.append(Delivery(name, publication, entry, again))
+    return out

@@ -1,0 +1,175 @@
+"""Exploration: queries name their options and columns, M2M answers track the exact answers
+within the bounds the maps allow, unions and repeated runs agree, and owners rank by MMD."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from common.errors import InvalidArgumentError
+from common.privacy.noise import SeededNoise
+from common.sketches.m2m import M2MEstimator
+from common.sketches.sketch import SketchMechanism, merge_sketches
+from common.sketches.spec import SketchDeclaration, SketchSpec
+from consumer.explore import Explorer, Query, exact_answer, parse_where, rank_owners
+
+BINS = 20
+DECLARATION = SketchDeclaration.from_mapping(
+    {
+        "name": "toy",
+        "mechanism": {"epsilon": 1.0, "epsilon_range": [0.1, 2.0]},
+        "columns": [
+            {"name": "a", "low": 0, "high": 1},
+            {"name": "b", "low": -10, "high": 10},
+            {"name": "y", "low": 0, "high": 1, "levels": [0, 1]},
+        ],
+        "maps": {"rff": {"frequencies": 50, "sigma": 0.5}, "hist": {"bins": BINS}},
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def specs() -> dict[str, SketchSpec]:
+    return {s.kind: s for s in DECLARATION.draw(np.random.default_rng(0))}
+
+
+def _records(n: int, shift: float = 0.0, seed: int = 1) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    a = np.clip(rng.beta(2, 5, n) + shift, 0, 1)
+    b = np.clip(8 * a - 4 + rng.normal(0, 1, n), -10, 10)
+    y = (rng.uniform(size=n) < 1 / (1 + np.exp(-(3 * a - 1)))).astype(float)
+    return np.column_stack([a, b, y])
+
+
+def test_parse_where() -> None:
+    assert parse_where("distance>=1000") == ("distance", 1000.0, math.inf)
+    assert parse_where(" hour <= 12.5 ") == ("hour", -math.inf, 12.5)
+    assert parse_where("delayed=1") == ("delayed", 1.0, 1.0)
+    for bad in ("distance>1000", "hour<=noon", "x<=inf", "=3"):
+        with pytest.raises(InvalidArgumentError, match="range predicate"):
+            parse_where(bad)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kind": "median"}, "query must be one of"),
+        ({"kind": "count"}, "at least one range predicate"),
+        ({"kind": "mean", "where": (("a", 0, 1),)}, "belong to count"),
+        ({"kind": "mean", "points": (0.5,)}, "belong to cdf"),
+        ({"kind": "logreg"}, "target column"),
+        ({"kind": "mean", "target": "y"}, "belongs to logreg"),
+        ({"kind": "logreg", "target": "y", "columns": ("y",)}, "cannot also be a feature"),
+        ({"kind": "cdf", "points": (math.nan,)}, "finite"),
+    ],
+)
+def test_queries_refuse_options_that_do_not_belong(kwargs: dict, message: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(InvalidArgumentError, match=message):
+        Query(**kwargs)
+
+
+def test_an_exact_hist_sketch_recovers_means_to_the_bin_discretization(
+    specs: dict[str, SketchSpec],
+) -> None:
+    """With no noise, HIST M2M under the uniform prior estimates a column's mean by the bin
+    midpoints: within half a bin's width, plus the design's sampling error (4 standard errors of
+    a uniform mean over n_s points: ~1e-8 failure probability)."""
+    spec = specs["hist"]
+    x = _records(5000)
+    exact = SketchMechanism(spec.feature_map, spec.domain, math.inf, "none").release(x)
+    explorer = Explorer(spec, n_synthetic=20_000, seed=3)
+    with pytest.raises(InvalidArgumentError, match="noise is 'none'"):
+        explorer.estimator(exact)  # an exact sketch is not one of the spec's releases
+    estimator = M2MEstimator(exact, design=explorer.design)
+    answer = explorer.answer(Query("mean", columns=("a", "b")), estimator)
+    truth = exact_answer(Query("mean", columns=("a", "b")), x, spec.domain)
+    width = spec.domain.width()[:2]
+    sampling = 4 * width / math.sqrt(12 * 20_000)
+    assert np.all(np.abs(answer.values - truth.values) <= width / (2 * BINS) + sampling)
+    assert answer.labels == ("a", "b")
+
+
+def test_answers_have_their_labels_and_extras(specs: dict[str, SketchSpec]) -> None:
+    spec = specs["rff"]
+    x = _records(4000)
+    sketch = spec.mechanism(1.0).release(x, SeededNoise(np.random.default_rng(0)))
+    explorer = Explorer(spec, n_synthetic=4000, seed=1)
+    est = explorer.estimator(sketch)
+    cdf = explorer.answer(Query("cdf", columns=("a",), points=(0.2, 0.5)), est)
+    assert cdf.labels == ("P[a <= 0.2]", "P[a <= 0.5]")
+    default_cdf = explorer.answer(Query("cdf"), est)  # continuous columns, 9 points each
+    assert len(default_cdf.labels) == 18 and default_cdf.labels[9] == "P[b <= -8]"
+    cov = explorer.answer(Query("covariance", columns=("b", "a")), est)
+    assert cov.labels == ("cov(b, b)", "cov(b, a)", "cov(a, a)")
+    truth = exact_answer(Query("covariance", columns=("b", "a")), x, spec.domain)
+    np.testing.assert_allclose(truth.values[[0, 2]], [x[:, 1].var(), x[:, 0].var()])
+    query = Query("count", where=(("a", 0.3, math.inf), ("y", 1, 1)))
+    count = explorer.answer(query, est)
+    assert count.labels == ("P[a >= 0.3 and y = 1]",)
+    assert count.extra["count"] == pytest.approx(count.values[0] * sketch.count_estimate)
+    exact_count = exact_answer(query, x, spec.domain)
+    assert exact_count.extra["count"] == np.sum((x[:, 0] >= 0.3) & (x[:, 2] == 1))
+    logreg = explorer.answer(Query("logreg", target="y", columns=("a",)), est)
+    assert logreg.labels == ("coef(a)", "intercept")
+    assert logreg.values[0] > 0, "the label's probability grows with a"
+    with pytest.raises(InvalidArgumentError, match="two levels"):
+        explorer.answer(Query("logreg", target="a"), est)
+    with pytest.raises(InvalidArgumentError, match=r"unknown column\(s\) \['c'\]"):
+        explorer.answer(Query("mean", columns=("c",)), est)
+    assert count.as_dict()["query"] == {
+        "kind": "count",
+        "where": [["a", 0.3, math.inf], ["y", 1, 1]],
+    }
+
+
+def test_the_same_sketch_gives_the_same_answer_and_unions_merge(
+    specs: dict[str, SketchSpec],
+) -> None:
+    spec = specs["rff"]
+    parts = [
+        spec.mechanism(1.0).release(_records(2000, seed=s), SeededNoise(np.random.default_rng(s)))
+        for s in (1, 2)
+    ]
+    q = Query("moment2")
+    one = Explorer(spec, n_synthetic=3000, seed=5).answer(q, merge_sketches(parts))
+    two = Explorer(spec, n_synthetic=3000, seed=5).answer(q, merge_sketches(parts))
+    assert one.values.tobytes() == two.values.tobytes()
+    other_map = SketchDeclaration.from_mapping(
+        {**_plain(DECLARATION), "maps": {"rff": {"frequencies": 50, "sigma": 0.5}}}
+    ).draw(np.random.default_rng(9))[0]
+    with pytest.raises(InvalidArgumentError, match="parameters differ"):
+        Explorer(other_map, n_synthetic=100).estimator(parts[0])
+
+
+def _plain(declaration: SketchDeclaration) -> dict:  # type: ignore[type-arg]
+    d = declaration.as_dict()
+    return {
+        "name": d["name"],
+        "mechanism": {"epsilon": d["epsilon"], "epsilon_range": d["epsilon_range"]},
+        "columns": [
+            {k: v for k, v in c.items() if v is not None and k != "levels"}
+            | ({"levels": c["levels"]} if c["levels"] else {})
+            for c in d["columns"]
+        ],
+    }
+
+
+def test_owners_rank_by_the_mmd_to_the_validation_set(specs: dict[str, SketchSpec]) -> None:
+    spec = specs["rff"]
+    noise = SeededNoise(np.random.default_rng(4))
+    sketches = {
+        "near": spec.mechanism(1.0).release(_records(3000, 0.0, seed=2), noise),
+        "far": spec.mechanism(1.0).release(_records(3000, 0.5, seed=3), noise),
+        "farther": spec.mechanism(1.0).release(_records(3000, 0.8, seed=4), noise),
+    }
+    ranking = rank_owners(sketches, _records(500, 0.0, seed=7))
+    assert [o for o, _ in ranking] == ["near", "far", "farther"]
+    hist = specs["hist"].mechanism(1.0).release(_records(100), noise)
+    with pytest.raises(InvalidArgumentError, match="ranked by RFF sketches"):
+        rank_owners({"h": hist}, _records(10))
+    outside = _records(10)
+    outside[3, 1] = 11.0
+    with pytest.raises(InvalidArgumentError, match=r"row 3, b"):
+        rank_owners({"near": sketches["near"]}, outside)

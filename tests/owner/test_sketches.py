@@ -1,0 +1,195 @@
+"""An owner's sketch publications: charged once with the sketch stored in the same transaction,
+refused (computing, storing and charging nothing) when the policy or the budget says no, a value
+outside the domain named by row and column, and everything durable across a restart."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from common.errors import FailedPreconditionError, InvalidArgumentError
+from common.privacy.noise import SeededNoise
+from common.sketches.spec import SketchDeclaration, SketchSpec
+from curator.sketches import SketchCatalog
+from owner.data import Table
+from owner.ledger import OwnerBudgetError, OwnerLedger
+from owner.policy import OwnerPolicy
+from owner.sketches import SketchPublisher, ledger_session, publish_to
+
+CURATOR = "curator:curator"
+DECLARATION = SketchDeclaration.from_mapping(
+    {
+        "name": "toy",
+        "mechanism": {"epsilon": 1.0, "epsilon_range": [0.25, 2.0]},
+        "columns": [
+            {"name": "a", "low": 0, "high": 1},
+            {"name": "b", "low": -10, "high": 10},
+            {"name": "y", "low": 0, "high": 1, "levels": [0, 1]},
+        ],
+        "maps": {
+            "rff": {"frequencies": 8, "sigma": 0.5},
+            "race": {"hashes": 3, "buckets": 5, "width": 0.25},
+            "hist": {"bins": 4},
+        },
+    }
+)
+
+
+class NoNoise:
+    """A noise source that fails the test if a sketch is computed."""
+
+    seeded = True
+
+    def laplace(self, scale: float, size: int) -> NDArray[np.float64]:
+        raise AssertionError("a sketch was computed")
+
+    gaussian = laplace
+
+
+@pytest.fixture(scope="module")
+def specs() -> dict[str, SketchSpec]:
+    return {s.kind: s for s in DECLARATION.draw(np.random.default_rng(0))}
+
+
+def _table(n: int = 300, *, extra: bool = True) -> Table:
+    rng = np.random.default_rng(1)
+    cols = [rng.uniform(0, 1, n), rng.uniform(-10, 10, n), rng.integers(0, 2, n)]
+    names = ("a", "b", "y")
+    if extra:  # the table holds more than the spec's columns, in another order
+        cols, names = [rng.normal(size=n), cols[2], cols[0], cols[1]], ("z", "y", "a", "b")
+    return Table(names, np.column_stack(cols).astype(np.float64), "owner-0")
+
+
+@pytest.fixture
+def ledgers(tmp_path: Path) -> Iterator[Any]:
+    opened: list[OwnerLedger] = []
+
+    def open_ledger(policy: OwnerPolicy | None = None) -> OwnerLedger:
+        ledger = OwnerLedger(tmp_path / "owner", policy or OwnerPolicy())
+        opened.append(ledger)
+        return ledger
+
+    yield open_ledger
+    for ledger in opened:
+        ledger.close()
+
+
+def test_a_sketch_is_charged_once_and_stored_with_its_charge(
+    ledgers: Any, specs: dict[str, SketchSpec]
+) -> None:
+    ledger = ledgers()
+    publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(5)))
+    table = _table()
+    first = publisher.publish(specs["rff"], table, curator=CURATOR, epsilon=0.5)
+    assert first.charged_now
+    (entry,) = ledger.entries()
+    assert entry == first.charge
+    assert (entry.session, entry.consumer, entry.curator) == (
+        ledger_session(specs["rff"]),
+        "catalogue:toy/rff",
+        CURATOR,
+    )
+    assert (entry.mechanism, entry.epsilon, entry.delta, entry.points) == (
+        "private sketch (RFF, Laplace)",
+        0.5,
+        0.0,
+        0,
+    )
+    # The sketch is of the spec's columns, selected by name: the same as the records in order.
+    expected = (
+        specs["rff"]
+        .mechanism(0.5)
+        .release(table.select(["a", "b", "y"]), SeededNoise(np.random.default_rng(5)))
+    )
+    assert first.sketch.noisy_sum.tobytes() == expected.noisy_sum.tobytes()
+    # Again, even asking another epsilon: the stored sketch, nothing charged, no noise drawn.
+    publisher.noise = NoNoise()  # type: ignore[assignment]
+    again = publisher.publish(specs["rff"], table, curator="curator:other", epsilon=1.0)
+    assert not again.charged_now and again.charge == entry
+    assert again.sketch.noisy_sum.tobytes() == first.sketch.noisy_sum.tobytes()
+    assert len(ledger.entries()) == 1
+
+
+def test_refusals_compute_store_and_charge_nothing(
+    ledgers: Any, specs: dict[str, SketchSpec]
+) -> None:
+    ledger = ledgers(OwnerPolicy(epsilon_total=1.5, epsilon_per_session=1.0))
+    publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(0)))
+    publisher.publish(specs["rff"], _table(), curator=CURATOR)  # epsilon 1 of 1.5
+    publisher.noise = NoNoise()  # type: ignore[assignment]
+    with pytest.raises(OwnerBudgetError, match=r"epsilon over the lifetime: spent 1 of 1\.5"):
+        publisher.publish(specs["race"], _table(), curator=CURATOR)
+    with pytest.raises(FailedPreconditionError, match=r"sketches\.epsilon = 1"):
+        publisher.publish(specs["race"], _table(), curator=CURATOR, epsilon=1.2)
+    with pytest.raises(InvalidArgumentError, match=r"outside the range spec toy/race accepts"):
+        publisher.publish(specs["race"], _table(), curator=CURATOR, epsilon=0.1)
+    for spec in (specs["race"], specs["hist"]):
+        assert publisher.stored(spec) is None
+    assert [e.session for e in ledger.entries()] == [ledger_session(specs["rff"])]
+
+
+def test_an_owner_that_does_not_publish_refuses(ledgers: Any, specs: dict[str, SketchSpec]) -> None:
+    publisher = SketchPublisher(ledgers(OwnerPolicy(publish_sketches=False)), noise=NoNoise())  # type: ignore[arg-type]
+    with pytest.raises(FailedPreconditionError, match=r"sketches\.publish = false"):
+        publisher.publish(specs["hist"], _table(), curator=CURATOR)
+    assert publisher.ledger.entries() == []
+
+
+def test_a_value_outside_the_domain_is_named_by_row_and_column(
+    ledgers: Any, specs: dict[str, SketchSpec]
+) -> None:
+    table = _table(extra=False)
+    values = table.values.copy()
+    values[17, 1] = 10.5  # column b is [-10, 10]
+    bad = Table(table.columns, values, "owner-0")
+    publisher = SketchPublisher(ledgers(), noise=NoNoise())  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=r"row 17, b: value 10\.5 lies outside"):
+        publisher.publish(specs["hist"], bad, curator=CURATOR)
+    missing = Table(("a", "y"), table.values[:, [0, 2]], "owner-0")
+    with pytest.raises(InvalidArgumentError, match=r"no column\(s\) \['b'\]"):
+        publisher.publish(specs["hist"], missing, curator=CURATOR)
+    assert publisher.ledger.entries() == []
+
+
+def test_sketch_and_ledger_survive_a_restart(tmp_path: Path, specs: dict[str, SketchSpec]) -> None:
+    with OwnerLedger(tmp_path / "owner", OwnerPolicy()) as ledger:
+        first = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(3))).publish(
+            specs["race"], _table(), curator=CURATOR
+        )
+    with OwnerLedger(tmp_path / "owner", None) as ledger:  # a new process: the recorded policy
+        publisher = SketchPublisher(ledger, noise=NoNoise())  # type: ignore[arg-type]
+        stored = publisher.stored(specs["race"])
+        assert stored is not None and stored.charge == first.charge
+        assert stored.sketch.noisy_sum.tobytes() == first.sketch.noisy_sum.tobytes()
+        again = publisher.publish(specs["race"], _table(), curator=CURATOR)
+        assert not again.charged_now and len(ledger.entries()) == 1
+
+
+def test_publish_to_refuses_before_computing_what_the_catalogue_cannot_take(
+    tmp_path: Path, specs: dict[str, SketchSpec]
+) -> None:
+    from curator.policy import CuratorPolicy
+
+    with SketchCatalog(
+        tmp_path / "curator", [DECLARATION], seed=0, policy=CuratorPolicy(sketches_per_owner=1)
+    ) as catalog:
+        with OwnerLedger(tmp_path / "a", OwnerPolicy()) as ledger:
+            publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(0)))
+            done = publish_to(catalog.endpoint("owner-0"), publisher, _table(), ["toy/rff"])
+            assert [d.publication.charged_now for d in done] == [True]
+            assert publisher.published()[0][3] == ("curator:local",)
+            publisher.noise = NoNoise()  # type: ignore[assignment]
+            with pytest.raises(FailedPreconditionError, match="accepts no more sketches"):
+                publish_to(catalog.endpoint("owner-0"), publisher, _table(), ["toy/hist"])
+            assert len(ledger.entries()) == 1
+        # Another data directory of the same owner: the catalogue holds its sketch already.
+        with OwnerLedger(tmp_path / "b", OwnerPolicy()) as ledger:
+            publisher = SketchPublisher(ledger, noise=NoNoise())  # type: ignore[arg-type]
+            with pytest.raises(FailedPreconditionError, match="did not record"):
+                publish_to(catalog.endpoint("owner-0"), publisher, _table(), ["toy/rff"])
+            assert ledger.entries() == []
