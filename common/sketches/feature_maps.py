@@ -228,8 +228,11 @@ class RFFMap(FeatureMap):
         of the kernel: ``N(0, sigma^-2 I_d)`` for the Gaussian kernel
         ``exp(-||x - x'||^2 / (2 sigma^2))`` (:func:`draw_rff`). ``m = 2 m'``.
     sigma : float
-        The kernel's length scale (the paper's sigma), in the data's units, > 0. Recorded for
-        the consumer (e.g. for kernel distances); the features depend on ``omega`` only.
+        The kernel's length scale (the paper's sigma), > 0, in the units ``omega`` was drawn in:
+        the data's units for :func:`draw_rff`; a fraction of each column's width for a
+        catalogue spec, whose columns are scaled by their widths
+        (:mod:`common.sketches.spec`). Recorded for the consumer; the features depend on
+        ``omega`` only.
 
     Raises
     ------
