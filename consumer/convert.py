@@ -47,6 +47,16 @@ _ENUM_PARAMS: dict[str, dict[str, int]] = {
         "pure": curator_pb2.AUCTION_PURE,
         "paper": curator_pb2.AUCTION_PAPER,
     },
+    "allocation": {
+        "sketch": curator_pb2.ALLOCATION_SKETCH,
+        "counts": curator_pb2.ALLOCATION_COUNTS,
+    },
+    "relevance_score": {
+        "density": curator_pb2.RELEVANCE_SCORE_DENSITY,
+        "mass": curator_pb2.RELEVANCE_SCORE_MASS,
+        "m2m": curator_pb2.RELEVANCE_SCORE_M2M,
+        "mmd": curator_pb2.RELEVANCE_SCORE_MMD,
+    },
 }
 _STAGES: dict[int, Stage] = {
     curator_pb2.STAGE_SETUP: "setup",

@@ -112,6 +112,16 @@ _ENUM_PARAMS: dict[str, dict[int, str]] = {
         curator_pb2.AUCTION_PURE: "pure",
         curator_pb2.AUCTION_PAPER: "paper",
     },
+    "allocation": {
+        curator_pb2.ALLOCATION_SKETCH: "sketch",
+        curator_pb2.ALLOCATION_COUNTS: "counts",
+    },
+    "relevance_score": {
+        curator_pb2.RELEVANCE_SCORE_DENSITY: "density",
+        curator_pb2.RELEVANCE_SCORE_MASS: "mass",
+        curator_pb2.RELEVANCE_SCORE_M2M: "m2m",
+        curator_pb2.RELEVANCE_SCORE_MMD: "mmd",
+    },
 }
 _STAGES = {
     "setup": curator_pb2.STAGE_SETUP,

@@ -84,6 +84,8 @@ DEFAULT_RANGES: dict[str, tuple[float, float]] = {
     "epsilon_owners_total": (0.01, 4.0),
     "delta": (1e-12, 1e-5),
     "candidate_fraction": (0.05, 1.0),
+    "candidate_multiple": (1.0, 10.0),
+    "allocation_share": (0.05, 0.95),
     "relevance_threshold": (0.0, 2.0),
     "candidate_even_share": (0.0, 1.0),
     "auction_share": (0.05, 1.0),
@@ -209,6 +211,8 @@ class CuratorPolicy:
             if f.name in DEFAULT_RANGES and isinstance(value, int | float):
                 if isinstance(value, bool):
                     continue
+                if f.name == "candidate_fraction" and value == 0:
+                    continue  # 0: unused (the budget is candidate_multiple * p)
                 self._check_range(f.name, float(value))
         # Derived work limits: the MWEM iterations actually run.
         if config.method in ("private", "rounds"):

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -30,6 +30,7 @@ from common.errors import (
 from common.privacy.accounting import PrivacyEvent, analytic_gaussian_sigma
 from common.privacy.ledger import Charge, PrivacyLedger
 from common.privacy.noise import NoiseSource, SeededNoise
+from common.sketches import PrivateSketch, RFFMap
 from common.summarization.auction import (
     AuctionParams,
     auction_events,
@@ -68,6 +69,13 @@ from common.summarization.kernels import (
 from common.summarization.mwem import MWEMRelease, MWEMState
 from common.summarization.quantization import quantize_features
 from common.summarization.rff import RFFParams, draw_rff_params, random_fourier_features
+from common.summarization.sketch_allocation import (
+    noisy_relevance,
+    relevance_matrix,
+    relevance_sensitivity,
+    responsibilities,
+    split_gaussian_sigmas,
+)
 from common.summarization.summary import (
     ProgressEvent,
     SessionReport,
@@ -297,11 +305,19 @@ class SummarizationSession:
     on_charge : callable, optional
         Receives every charge to the session's ledgers before the release it pays for (the
         curator service writes them to its durable store).
+    owner_sketches : mapping of str to PrivateSketch, optional
+        The owners' published RFF sketches by owner id (the curator service passes its
+        catalogue's; in-process runs pass sketches released directly, which charge no owner's
+        ledger). The candidates method splits its budget by them
+        (``allocation="sketch"``) when every owner that opens the session has one; otherwise,
+        and when empty, by the owners' noisy relevance counts. Their publication was charged to
+        their owners' ledgers; the session only post-processes them.
 
     Raises
     ------
     InvalidArgumentError
-        If the validation or seed set is malformed (shape, NaN/inf, feature counts differ).
+        If the validation or seed set is malformed (shape, NaN/inf, feature counts differ), or
+        a sketch is not an RFF sketch over the validation set's attributes.
     """
 
     def __init__(
@@ -319,6 +335,7 @@ class SummarizationSession:
         consumer: str = "consumer:local",
         owner_session_id: str | None = None,
         on_charge: Callable[[Sequence[Charge]], None] | None = None,
+        owner_sketches: Mapping[str, PrivateSketch] | None = None,
     ) -> None:
         try:
             self.validation = check_matrix(validation, "validation set")
@@ -327,6 +344,18 @@ class SummarizationSession:
             )
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
+        self.owner_sketches = dict(owner_sketches or {})
+        for owner, sketch in self.owner_sketches.items():
+            if not isinstance(sketch, PrivateSketch) or not isinstance(sketch.feature_map, RFFMap):
+                raise InvalidArgumentError(f"the sketch of owner {owner} is not an RFF sketch")
+            if sketch.feature_map.n_attributes != self.validation.shape[1]:
+                raise InvalidArgumentError(
+                    f"the sketch of owner {owner} describes {sketch.feature_map.n_attributes} "
+                    f"attributes but the validation set has {self.validation.shape[1]}"
+                )
+        #: The candidates method's allocation in effect (decided in prepare()).
+        self.allocation: Literal["sketch", "counts"] = "counts"
+        self.allocation_note = ""
         if not owners:
             raise InvalidArgumentError("at least one owner is required")
         self.session_id = session_id
@@ -418,12 +447,14 @@ class SummarizationSession:
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
         cfg = self.config
+        self.allocation, self.allocation_note = self._choose_allocation()
         self.terms = await asyncio.to_thread(
             owner_terms,
             cfg,
             len(self.slots),
             validation_size=int(self.validation.shape[0]),
             seed_set_size=int(self.seed_set.shape[0]),
+            sketch_allocation=self.allocation == "sketch",
         )
         if check_terms is not None:
             check_terms(self.terms)
@@ -452,14 +483,29 @@ class SummarizationSession:
         self._emit("setup", f"h1 shared with {len(self._active())} owner(s)")
         self._prepared = True
 
-    def _candidate_budget(self) -> int:
-        """``max(p, floor(candidate_fraction * K * p))``: the most owner points the candidates
-        method reads (at least p, so a single owner can serve a whole summary)."""
+    def _choose_allocation(self) -> tuple[Literal["sketch", "counts"], str]:
+        """The candidates method's allocation: by sketches when asked for and every owner that
+        answered has one, else by noisy counts; with the reason."""
         cfg = self.config
-        k = len(self.slots)
-        return max(
-            cfg.summary_size, math.floor(cfg.candidate_fraction * k * cfg.summary_size + 1e-9)
-        )
+        if cfg.method != "candidates" or cfg.allocation == "counts":
+            return "counts", "" if cfg.method != "candidates" else "requested"
+        missing = [
+            self._name(i) for i in self._active() if self._name(i) not in self.owner_sketches
+        ]
+        if missing:
+            return "counts", "no published sketch for " + ", ".join(missing)
+        return "sketch", ""
+
+    def _candidate_budget(self) -> int:
+        """The most owner points the candidates method reads: ``max(p, floor(c * p))`` with
+        ``c = candidate_multiple``, whatever K; or, with ``candidate_fraction`` > 0, the previous
+        rule ``max(p, floor(candidate_fraction * K * p))``. At least p, so a single owner can
+        serve a whole summary."""
+        cfg = self.config
+        p = cfg.summary_size
+        if cfg.candidate_fraction > 0:
+            return max(p, math.floor(cfg.candidate_fraction * len(self.slots) * p + 1e-9))
+        return max(p, math.floor(cfg.candidate_multiple * p + 1e-9))
 
     # -------------------------------------------------------------------------------- running
     async def run(self) -> SummaryResult:
@@ -526,52 +572,16 @@ class SummarizationSession:
 
     async def _run_candidates(self, summary: _SummaryState, rff: RFFParams) -> None:
         """The candidates method (:mod:`common.summarization.candidates`): one private embedding,
-        noisy relevance counts, local greedy proposals, exact re-ranking by the trusted curator."""
+        a private allocation of the candidate budget (by the owners' sketches or by their noisy
+        relevance counts), local greedy proposals, exact re-ranking by the trusted curator."""
         cfg = self.config
         round_start = time.perf_counter()
         p = cfg.summary_size
         val_features = random_fourier_features(self.validation, rff, dtype=np.float64)
-        g_val, sigma = self._gaussian_validation_embedding(val_features)
-        await self._gather(
-            self._active(),
-            lambda i: self._endpoint(i).set_validation_embedding(self.owner_session_id, g_val),
-        )
-        # Relevance counts, each a function of one owner's data: sensitivity 1 under replacing or
-        # adding one point, so the Laplace(1 / eps_o) noise each owner adds to its own count (the
-        # session's terms) makes the vector eps_o-DP. Charged here too: the session's ledger.
-        threshold = relevance_threshold(g_val, cfg.relevance_threshold, noise_sigma=sigma)
-        eps_o = cfg.epsilon_owners_total
-        self.ledgers["owners"].charge(
-            [
-                Charge(
-                    "owners",
-                    "relevance counts + Laplace noise (drawn by each owner)",
-                    PrivacyEvent("laplace", eps_o, 1, 1.0, scale=1.0 / eps_o),
-                )
-            ]
-        )
-        counts = await self._gather(
-            self._active(),
-            lambda i: self._endpoint(i).count_relevant(self.owner_session_id, threshold),
-        )
-        self._require_owners()
-        owners = sorted(counts)
-        noisy = np.array([counts[i] for i in owners], dtype=np.float64)
-        shares = allocate_candidates(
-            self._candidate_budget(),
-            np.maximum(noisy, 0.0),
-            [min(self._capacity(i), p) for i in owners],
-            even_share=cfg.candidate_even_share,
-        )
-        requests = {i: int(s) for i, s in zip(owners, shares, strict=True) if s > 0}
-        self._candidates_info = {
-            "budget": self._candidate_budget(),
-            "gaussian_sigma": sigma,
-            "relevance_threshold": threshold,
-            # Post-processing of the Laplace release, so safe to report; the exact counts are not.
-            "noisy_counts": {self._name(i): float(v) for i, v in zip(owners, noisy, strict=True)},
-            "shares": {self._name(i): s for i, s in requests.items()},
-        }
+        if self.allocation == "sketch":
+            requests, g_val = await self._sketch_allocation(val_features)
+        else:
+            requests, g_val = await self._counts_allocation(val_features)
         self._emit("rounds", f"candidate shares: {sorted(requests.values(), reverse=True)}")
         proposals = await self._gather(
             list(requests),
@@ -611,6 +621,140 @@ class SummarizationSession:
         self.rounds_done = 1
         self.round_seconds.append(time.perf_counter() - round_start)
         self._emit("rounds", f"{p} of {pool.shape[0]} candidates chosen")
+
+    async def _counts_allocation(
+        self, val_features: NDArray[np.floating]
+    ) -> tuple[dict[int, int], NDArray[np.float64]]:
+        """The counts allocation: gtilde at the whole validation budget, the owners' noisy
+        relevance counts, shares in proportion to them (each owner at most p)."""
+        cfg = self.config
+        p = cfg.summary_size
+        g_val, sigma = self._gaussian_validation_embedding(val_features)
+        await self._gather(
+            self._active(),
+            lambda i: self._endpoint(i).set_validation_embedding(self.owner_session_id, g_val),
+        )
+        # Relevance counts, each a function of one owner's data: sensitivity 1 under replacing or
+        # adding one point, so the Laplace(1 / eps_o) noise each owner adds to its own count (the
+        # session's terms) makes the vector eps_o-DP. Charged here too: the session's ledger.
+        threshold = relevance_threshold(g_val, cfg.relevance_threshold, noise_sigma=sigma)
+        eps_o = cfg.epsilon_owners_total
+        self.ledgers["owners"].charge(
+            [
+                Charge(
+                    "owners",
+                    "relevance counts + Laplace noise (drawn by each owner)",
+                    PrivacyEvent("laplace", eps_o, 1, 1.0, scale=1.0 / eps_o),
+                )
+            ]
+        )
+        counts = await self._gather(
+            self._active(),
+            lambda i: self._endpoint(i).count_relevant(self.owner_session_id, threshold),
+        )
+        self._require_owners()
+        owners = sorted(counts)
+        noisy = np.array([counts[i] for i in owners], dtype=np.float64)
+        shares = allocate_candidates(
+            self._candidate_budget(),
+            np.maximum(noisy, 0.0),
+            [min(self._capacity(i), p) for i in owners],
+            even_share=cfg.candidate_even_share,
+        )
+        requests = {i: int(s) for i, s in zip(owners, shares, strict=True) if s > 0}
+        self._candidates_info = {
+            "allocation": "counts",
+            "allocation_note": self.allocation_note,
+            "budget": self._candidate_budget(),
+            "gaussian_sigma": sigma,
+            "relevance_threshold": threshold,
+            # Post-processing of the Laplace release, so safe to report; the exact counts are not.
+            "noisy_counts": {self._name(i): float(v) for i, v in zip(owners, noisy, strict=True)},
+            "shares": {self._name(i): s for i, s in requests.items()},
+        }
+        return requests, g_val
+
+    async def _sketch_allocation(
+        self, val_features: NDArray[np.floating]
+    ) -> tuple[dict[int, int], NDArray[np.float64]]:
+        """The sketch allocation (:mod:`common.summarization.sketch_allocation`): gtilde and the
+        noisy mean responsibilities, two Gaussian releases about D_v whose composition is
+        ``(epsilon_validation_total, delta)``; shares from the second. Owners release nothing
+        before their candidates."""
+        cfg = self.config
+        m = int(self.validation.shape[0])
+        owners = self._active()
+        sens_g = validation_embedding_sensitivity(m)
+        sens_a = relevance_sensitivity(m)
+        eps_v = cfg.epsilon_validation_total
+        sigma_g, sigma_a = split_gaussian_sigmas(
+            eps_v, cfg.delta, [sens_g, sens_a], [1.0 - cfg.allocation_share, cfg.allocation_share]
+        )
+        sketches = [self.owner_sketches[self._name(i)] for i in owners]
+        relevance = await asyncio.to_thread(
+            relevance_matrix, sketches, self.validation, score=cfg.relevance_score, rng=self.rng
+        )
+        pi = responsibilities(relevance)
+        # Charge both releases about D_v before the first leaves the curator.
+        self.ledgers["validation"].charge(
+            [
+                Charge(
+                    "validation",
+                    "gtilde = mean h1(D_v) + Gaussian noise",
+                    PrivacyEvent(
+                        "gaussian",
+                        gaussian_epsilon(sigma_g, cfg.delta, sens_g),
+                        1,
+                        sens_g,
+                        scale=sigma_g,
+                        delta=cfg.delta,
+                    ),
+                ),
+                Charge(
+                    "validation",
+                    f"sketch allocation: mean {cfg.relevance_score} responsibilities + "
+                    "Gaussian noise",
+                    PrivacyEvent(
+                        "gaussian",
+                        gaussian_epsilon(sigma_a, cfg.delta, sens_a),
+                        1,
+                        sens_a,
+                        scale=sigma_a,
+                        delta=cfg.delta,
+                    ),
+                ),
+            ]
+        )
+        g_val = val_features.mean(axis=0) + self.noise.gaussian(sigma_g, cfg.rff_dimension)
+        _, noisy = noisy_relevance(pi, sigma_a, self.noise)
+        await self._gather(
+            owners,
+            lambda i: self._endpoint(i).set_validation_embedding(self.owner_session_id, g_val),
+        )
+        self._require_owners()
+        budget = self._candidate_budget()
+        shares = allocate_candidates(
+            budget,
+            np.maximum(noisy, 0.0),
+            [min(self._capacity(i), budget) for i in owners],
+            even_share=cfg.candidate_even_share,
+        )
+        requests = {
+            i: int(s) for i, s in zip(owners, shares, strict=True) if s > 0 and self.slots[i].active
+        }
+        self._candidates_info = {
+            "allocation": "sketch",
+            "budget": budget,
+            "gaussian_sigma": sigma_g,
+            "relevance_score": cfg.relevance_score,
+            "allocation_sigma": sigma_a,
+            # The release itself (post-processing of it is what the owners see).
+            "noisy_relevance": {
+                self._name(i): float(v) for i, v in zip(owners, noisy, strict=True)
+            },
+            "shares": {self._name(i): s for i, s in requests.items()},
+        }
+        return requests, g_val
 
     async def _run_greedy(
         self, summary: _SummaryState, rff: RFFParams, *, mode: RoundsMode
@@ -1033,6 +1177,20 @@ class SummarizationSession:
             ledger = {party: led.report() for party, led in self.ledgers.items()}
         if self._candidates_info:
             ledger["candidates"] = self._candidates_info
+        if self.allocation == "sketch":
+            # What the sketches cost their owners: charged once, at publication, to each owner's
+            # own ledger (in-process runs release them without a ledger); not this session.
+            ledger["owner_sketches"] = {
+                owner: {
+                    "epsilon": sketch.mechanism.epsilon,
+                    "delta": sketch.mechanism.delta,
+                    "mechanism": sketch.mechanism.mechanism,
+                    "frequencies": sketch.feature_map.dimension // 2,
+                    "sigma": getattr(sketch.feature_map, "sigma", None),
+                }
+                for owner, sketch in sorted(self.owner_sketches.items())
+                if owner in {self._name(i) for i in range(len(self.slots))}
+            }
         if self._auction is not None:
             eps_auc, tau = self._auction.eps_auc, self._auction.tau
             pure = self._auction.variant == "pure"

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +34,7 @@ from common.errors import (
 from common.ids import new_session_id, short_id
 from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import make_rng
+from common.sketches import PrivateSketch
 from common.summarization.endpoints import OwnerEndpoint
 from common.summarization.summary import (
     ProgressEvent,
@@ -92,6 +93,12 @@ class SessionManager:
         for an allocation that reads them; ``None`` when the curator keeps none.
     clock : callable
         Unix time, seconds (injected by tests).
+    published_sketches : callable, optional
+        The hook through which sessions get the owners' published RFF sketches:
+        ``published_sketches(owner_names) -> {name: PrivateSketch}`` (the sketch catalogue's
+        ``published``), called once per session with the names of the configured owners. Without
+        it (the default: no catalogue is wired to this service yet) every candidates session
+        falls back to the counts allocation, and its report says why.
     """
 
     def __init__(
@@ -103,8 +110,10 @@ class SessionManager:
         call_timeout: float | None = None,
         sketches: SketchCatalog | None = None,
         clock: Callable[[], float] = time.time,
+        published_sketches: Callable[[Sequence[str]], Mapping[str, PrivateSketch]] | None = None,
     ) -> None:
         self.owners = list(owners)
+        self.published_sketches = published_sketches
         self.policy = policy if policy is not None else CuratorPolicy()
         self.store = store
         self.sketches = sketches
@@ -254,6 +263,11 @@ class SessionManager:
             consumer=consumer,
             owner_session_id=new_session_id(),
             on_charge=None if store is None else lambda c: store.record_charges(session_id, c),
+            owner_sketches=(
+                None
+                if self.published_sketches is None or config.method != "candidates"
+                else self.published_sketches([o.name for o in self.owners])
+            ),
         )
         # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
         self.policy.check_request(config, int(session.validation.shape[0]))

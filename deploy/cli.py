@@ -29,7 +29,9 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from common.errors import DPMarketError
+from common.summarization.sketch_allocation import RELEVANCE_SCORES
 from common.summarization.summary import (
+    ALLOCATIONS,
     AUCTIONS,
     METHODS,
     PARAMETER_NAMES,
@@ -48,6 +50,7 @@ from deploy.cli_common import tls_options
 from deploy.evaluate import EVAL_METHODS
 from deploy.owner_commands import owner as owner_group
 from deploy.pki import pki
+from deploy.scenarios import SCENARIO_NAMES
 from deploy.sketch_commands import explore_command, rank_owners_command, sketch_group
 from deploy.sketch_experiments import sketch_experiments
 from dpmarket.identity import Identity
@@ -557,7 +560,36 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
             "--candidate-fraction",
             default=d.candidate_fraction,
             type=float,
-            help="candidates: at most this fraction of K*p owner points are read.",
+            help="candidates: when > 0, at most this fraction of K*p owner points are read "
+            "(the previous budget rule).",
+        ),
+        click.option(
+            "--candidate-multiple",
+            default=d.candidate_multiple,
+            type=float,
+            help="candidates: at most max(p, this * p) owner points are read, whatever K "
+            "(--candidate-fraction > 0 overrides it).",
+        ),
+        click.option(
+            "--allocation",
+            type=click.Choice(ALLOCATIONS),
+            default=d.allocation,
+            help="candidates: split the candidate budget by the owners' published sketches "
+            "(a release about D_v only; falls back to counts when an owner has none) or by the "
+            "owners' noisy relevance counts.",
+        ),
+        click.option(
+            "--relevance-score",
+            type=click.Choice(RELEVANCE_SCORES),
+            default=d.relevance_score,
+            help="candidates, sketch allocation: an owner's relevance to a validation point.",
+        ),
+        click.option(
+            "--allocation-share",
+            default=d.allocation_share,
+            type=float,
+            help="candidates, sketch allocation: share of D_v's Gaussian budget spent on the "
+            "allocation (the validation embedding gets the rest).",
         ),
         click.option(
             "--relevance-threshold",
@@ -846,9 +878,25 @@ def request(
     type=click.Path(exists=True, dir_okay=False),
     help="An owner's data file; repeat for every owner.",
 )
+@click.option(
+    "--sketch-scenario",
+    default=None,
+    type=click.Choice(sorted(SCENARIO_NAMES)),
+    help="candidates, sketch allocation: release every owner's sketch in this process with "
+    "this scenario's public domain, kernel scale and RFF map (no ledger is charged). "
+    "Default: no sketches (the counts allocation).",
+)
+@click.option(
+    "--sketch-epsilon",
+    default=1.0,
+    type=click.FloatRange(min=0, min_open=True),
+    help="epsilon of the in-process sketches (Gaussian, at --delta).",
+)
 @protocol_options
 def simulate_command(
     owner_paths: tuple[str, ...],
+    sketch_scenario: str | None,
+    sketch_epsilon: float,
     summary_size: int,
     method: str,
     validation_path: str,
@@ -866,6 +914,27 @@ def simulate_command(
     owners = [_load(p) for p in owner_paths]
     inputs = _inputs(validation_path, seed_set_path, test_path)
     _check_outputs(out_path, report_path)
+    sketches = None
+    if sketch_scenario is not None:
+        from deploy.runner import publish_sketches
+        from deploy.scenarios import SCENARIOS
+
+        scenario = SCENARIOS[sketch_scenario](0)
+        if scenario.n_features != inputs.validation.n_features:
+            raise click.BadParameter(
+                f"scenario {sketch_scenario} has {scenario.n_features} features, the validation "
+                f"set {inputs.validation.n_features}",
+                param_hint="--sketch-scenario",
+            )
+        try:
+            sketches = publish_sketches(
+                owners,
+                scenario.sketch_mechanism(sketch_epsilon, delta=config.delta),
+                seed=seed,
+                owner_ids=[o.name for o in owners],
+            )
+        except ValueError as exc:
+            raise click.ClickException(f"an owner's data cannot be sketched: {exc}") from exc
     progress, update = progress_printer(method)
     try:
         with progress:
@@ -876,6 +945,7 @@ def simulate_command(
                 config,
                 seed=seed,
                 on_progress=update,
+                owner_sketches=sketches,
             )
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -884,7 +954,7 @@ def simulate_command(
 
 # ------------------------------------------------------------------------ data, demo
 @main.command("scenario")
-@click.argument("name", type=click.Choice(["digits", "flights"]))
+@click.argument("name", type=click.Choice(sorted(SCENARIO_NAMES)))
 @click.option(
     "--out",
     "out_dir",
@@ -908,7 +978,7 @@ def scenario_command(name: str, out_dir: str, seed: int) -> None:
 @click.option(
     "--scenario",
     "scenario_name",
-    type=click.Choice(["digits", "flights"]),
+    type=click.Choice(sorted(SCENARIO_NAMES)),
     default="digits",
     help="Real-data scenario.",
 )
@@ -957,7 +1027,7 @@ def demo(
     "--scenario",
     "scenario_names",
     multiple=True,
-    type=click.Choice(["digits", "flights"]),
+    type=click.Choice(sorted(SCENARIO_NAMES)),
     help="Real-data scenario; repeat for several (default: digits and flights).",
 )
 @click.option(

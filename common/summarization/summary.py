@@ -11,6 +11,7 @@ from numpy.typing import NDArray
 
 from common.summarization.auction import AUCTION_VARIANTS, AuctionVariant
 from common.summarization.endpoints import SessionSpend
+from common.summarization.sketch_allocation import RELEVANCE_SCORES, RelevanceScore
 from common.validation import check_delta, check_epsilon, check_positive_int
 
 Method = Literal["private", "greedy", "uniform", "candidates", "rounds"]
@@ -19,10 +20,13 @@ METHODS: tuple[Method, ...] = ("candidates", "private", "greedy", "uniform", "ro
 ValidationRelease = Literal["mwem", "gaussian"]
 SummaryRelease = Literal["mwem", "tree", "none"]
 PoolScoring = Literal["embedding", "exact"]
+Allocation = Literal["sketch", "counts"]
 #: Allowed values of the ``"rounds"`` method's options.
 VALIDATION_RELEASES: tuple[ValidationRelease, ...] = ("mwem", "gaussian")
 SUMMARY_RELEASES: tuple[SummaryRelease, ...] = ("mwem", "tree", "none")
 POOL_SCORINGS: tuple[PoolScoring, ...] = ("embedding", "exact")
+#: How the candidates method splits its candidate budget among owners (default first).
+ALLOCATIONS: tuple[Allocation, ...] = ("sketch", "counts")
 #: PrivAuction variants (``common.summarization.auction``).
 AUCTIONS: tuple[AuctionVariant, ...] = AUCTION_VARIANTS
 
@@ -80,8 +84,25 @@ class SummarizationConfig:
         Candidates and rounds methods: delta of the Gaussian mechanisms and of every reported
         epsilon.
     candidate_fraction : float
-        Candidates method: the curator accesses at most ``floor(candidate_fraction * K * p)`` owner
-        points; must allow at least p.
+        Candidates method: when > 0, the previous budget rule: the curator accesses at most
+        ``max(p, floor(candidate_fraction * K * p))`` owner points (it grows with K). 0 (the
+        default): ``candidate_multiple`` decides.
+    candidate_multiple : float
+        Candidates method: the curator accesses at most ``max(p, floor(candidate_multiple * p))``
+        owner points, whatever the number of owners K (default 3; ``candidate_fraction`` > 0
+        overrides it).
+    allocation : {"sketch", "counts"}
+        Candidates method: split the candidate budget by the owners' published RFF sketches
+        (:mod:`common.summarization.sketch_allocation`: a Gaussian release about D_v only, charged
+        to the validation party; the owners pay nothing at summarization time) when every owner
+        has one, else (or with ``"counts"``) by the owners' Laplace-noised relevance counts.
+    relevance_score : {"mmd", "density", "mass", "m2m"}
+        Sketch allocation: the per-validation-point relevance of an owner's sketch
+        (:func:`common.summarization.sketch_allocation.relevance_matrix`).
+    allocation_share : float
+        Sketch allocation: share of the validation party's budget (of the squared Gaussian
+        privacy-loss scale, :func:`~common.summarization.sketch_allocation.split_gaussian_sigmas`)
+        spent on the allocation; the validation embedding gets the rest. In (0, 1).
     relevance_threshold : float
         Candidates method: a point is relevant when its score ``gtilde . h1(x)`` is at least
         ``relevance_threshold * ||gtilde||^2`` (the typical score of a validation point).
@@ -137,7 +158,8 @@ class SummarizationConfig:
     epsilon_validation_total: float = 1.0
     epsilon_owners_total: float = 1.0
     delta: float = 1e-6
-    candidate_fraction: float = 0.5
+    candidate_fraction: float = 0.0
+    candidate_multiple: float = 3.0
     relevance_threshold: float = 0.5
     candidate_even_share: float = 0.2
     embedding_rerank: bool = False
@@ -146,6 +168,9 @@ class SummarizationConfig:
     pool_scoring: PoolScoring = "exact"
     auction_share: float = 0.5
     auction: AuctionVariant = "pure"
+    allocation: Allocation = "sketch"
+    relevance_score: RelevanceScore = "mmd"
+    allocation_share: float = 0.8
 
     def __post_init__(self) -> None:
         check_positive_int(self.summary_size, "summary_size")
@@ -171,7 +196,16 @@ class SummarizationConfig:
         check_epsilon(self.epsilon_validation_total, "epsilon_validation_total")
         check_epsilon(self.epsilon_owners_total, "epsilon_owners_total")
         check_delta(self.delta, "delta", upper=1 / math.e)
-        check_epsilon(self.candidate_fraction, "candidate_fraction")
+        if not (math.isfinite(self.candidate_fraction) and self.candidate_fraction >= 0):
+            raise ValueError(
+                f"candidate_fraction must be a finite number >= 0, got {self.candidate_fraction}"
+            )
+        if not (math.isfinite(self.candidate_multiple) and self.candidate_multiple >= 1.0):
+            raise ValueError(
+                f"candidate_multiple must be a finite number >= 1, got {self.candidate_multiple}"
+            )
+        if not (math.isfinite(self.allocation_share) and 0.0 < self.allocation_share < 1.0):
+            raise ValueError(f"allocation_share must lie in (0, 1), got {self.allocation_share}")
         if not math.isfinite(self.relevance_threshold):
             raise ValueError(f"relevance_threshold must be finite, got {self.relevance_threshold}")
         if not 0.0 <= self.candidate_even_share <= 1.0:
@@ -183,6 +217,8 @@ class SummarizationConfig:
             ("summary_release", SUMMARY_RELEASES),
             ("pool_scoring", POOL_SCORINGS),
             ("auction", AUCTIONS),
+            ("allocation", ALLOCATIONS),
+            ("relevance_score", RELEVANCE_SCORES),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")

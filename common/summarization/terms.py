@@ -83,7 +83,12 @@ def _composed(events: list[PrivacyEvent], base_delta: float, label: str) -> Owne
 
 
 def owner_terms(
-    config: SummarizationConfig, n_owners: int, *, validation_size: int, seed_set_size: int
+    config: SummarizationConfig,
+    n_owners: int,
+    *,
+    validation_size: int,
+    seed_set_size: int,
+    sketch_allocation: bool = False,
 ) -> OwnerTerms:
     """The terms of a session of ``config`` with ``n_owners`` owners.
 
@@ -96,6 +101,10 @@ def owner_terms(
         ``m = |D_v|``, >= 1.
     seed_set_size : int
         Size of the public seed set, >= 0.
+    sketch_allocation : bool
+        Candidates method: whether the session splits its budget by the owners' published
+        sketches (the session decides: ``config.allocation == "sketch"`` and every owner has
+        one) rather than by their noisy relevance counts.
 
     Returns
     -------
@@ -103,7 +112,10 @@ def owner_terms(
         * ``"uniform"``: ``(0, 0)``: only raw points, which the owner's point limits bound.
         * ``"greedy"``: non-private (exact embeddings of acquired points reach every owner).
         * ``"candidates"``: ``(epsilon_owners_total, 0)``: the one Laplace release of the
-          relevance counts, whose noise the owner draws itself.
+          relevance counts, whose noise the owner draws itself; with the sketch allocation
+          ``(0, 0)``: the owners release only raw points to the trusted curator, and the shares
+          they receive are post-processing of the published sketches (whose epsilon their
+          publication charged once) and of a release about D_v.
         * ``"private"``: the PLD epsilon of :func:`paper_mode_events`'s owner events at
           ``delta_owners`` plus, for the printed auction, its infinite-loss mass.
         * ``"rounds"``: the same for :func:`rounds_mode_events` at ``delta``.
@@ -129,6 +141,8 @@ def owner_terms(
         return OwnerTerms("uniform sample: raw points only", 0.0, 0.0)
     if method == "greedy":
         return OwnerTerms("non-private greedy: exact embeddings", math.inf, 0.0, non_private=True)
+    if method == "candidates" and sketch_allocation:
+        return OwnerTerms("candidates by published sketches: raw points only", 0.0, 0.0)
     if method == "candidates":
         return OwnerTerms("Laplace relevance count", config.epsilon_owners_total, 0.0)
     if method == "private":

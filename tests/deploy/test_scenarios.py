@@ -14,9 +14,11 @@ from deploy.scenarios import (
     FLIGHTS_CONSUMER_CARRIER,
     FLIGHTS_FEATURE_NAMES,
     FLIGHTS_SEED_CARRIER,
+    SCENARIO_NAMES,
     SCENARIOS,
     Scenario,
     digits_scenario,
+    flights50_scenario,
     flights_scenario,
     write_scenario,
 )
@@ -229,9 +231,24 @@ def test_scenario_rejects_bad_fields(digits: Scenario) -> None:
 
 
 def test_registry() -> None:
-    assert set(SCENARIOS) == {"digits", "flights"}
+    assert set(SCENARIOS) == {"digits", "flights", "flights50"} == set(SCENARIO_NAMES)
     assert SCENARIOS["digits"] is digits_scenario
     assert SCENARIOS["flights"] is flights_scenario
+    assert SCENARIOS["flights50"] is flights50_scenario
+
+
+def test_flights50_has_fifty_airline_month_owners_inside_the_public_domain() -> None:
+    small = flights50_scenario(seed=0, max_points_per_owner=50)
+    assert len(small.owners) == 50
+    assert len({o.name for o in small.owners}) == 50
+    assert all(o.name.startswith("owner-") and o.n_points == 50 for o in small.owners)
+    # Same consumer and seed set as the one-owner-per-airline split.
+    flights = flights_scenario(seed=0, n_owners=1, max_points_per_owner=50)
+    assert np.array_equal(small.validation, flights.validation)
+    for owner in small.owners:
+        small.domain.check(owner.features, owner.name)  # public box: nothing outside
+    with pytest.raises(ValueError, match="n_owners"):
+        flights50_scenario(n_owners=1000)
 
 
 def _check_written(scenario: Scenario, directory: Path) -> None:

@@ -117,6 +117,66 @@ SUMMARY_RELEASE_NONE: SummaryRelease.ValueType  # 3
 """No summary broadcast: owners bid with the validation embedding only."""
 Global___SummaryRelease: _TypeAlias = SummaryRelease  # noqa: Y015
 
+class _Allocation:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AllocationEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Allocation.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ALLOCATION_UNSPECIFIED: _Allocation.ValueType  # 0
+    """The default, ALLOCATION_SKETCH."""
+    ALLOCATION_SKETCH: _Allocation.ValueType  # 1
+    """By the owners' published RFF sketches: a Gaussian release about D_v only (charged to the
+    validation party); falls back to ALLOCATION_COUNTS when an owner has no published sketch.
+    """
+    ALLOCATION_COUNTS: _Allocation.ValueType  # 2
+    """By the owners' Laplace-noised relevance counts (charged to every owner)."""
+
+class Allocation(_Allocation, metaclass=_AllocationEnumTypeWrapper):
+    """How the candidates method splits its candidate budget among owners."""
+
+ALLOCATION_UNSPECIFIED: Allocation.ValueType  # 0
+"""The default, ALLOCATION_SKETCH."""
+ALLOCATION_SKETCH: Allocation.ValueType  # 1
+"""By the owners' published RFF sketches: a Gaussian release about D_v only (charged to the
+validation party); falls back to ALLOCATION_COUNTS when an owner has no published sketch.
+"""
+ALLOCATION_COUNTS: Allocation.ValueType  # 2
+"""By the owners' Laplace-noised relevance counts (charged to every owner)."""
+Global___Allocation: _TypeAlias = Allocation  # noqa: Y015
+
+class _RelevanceScore:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RelevanceScoreEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RelevanceScore.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RELEVANCE_SCORE_UNSPECIFIED: _RelevanceScore.ValueType  # 0
+    """The default, RELEVANCE_SCORE_MMD."""
+    RELEVANCE_SCORE_DENSITY: _RelevanceScore.ValueType  # 1
+    """The sketch's kernel density at the point (mean embedding inner product)."""
+    RELEVANCE_SCORE_MASS: _RelevanceScore.ValueType  # 2
+    """The sketch's kernel mass at the point (noisy sum inner product)."""
+    RELEVANCE_SCORE_M2M: _RelevanceScore.ValueType  # 3
+    """M2M's estimate of the owner's points within about half the kernel width of the point."""
+    RELEVANCE_SCORE_MMD: _RelevanceScore.ValueType  # 4
+    """The owner whose sketch is nearest to the point in MMD."""
+
+class RelevanceScore(_RelevanceScore, metaclass=_RelevanceScoreEnumTypeWrapper):
+    """Sketch allocation: an owner's relevance to one validation point, from its sketch."""
+
+RELEVANCE_SCORE_UNSPECIFIED: RelevanceScore.ValueType  # 0
+"""The default, RELEVANCE_SCORE_MMD."""
+RELEVANCE_SCORE_DENSITY: RelevanceScore.ValueType  # 1
+"""The sketch's kernel density at the point (mean embedding inner product)."""
+RELEVANCE_SCORE_MASS: RelevanceScore.ValueType  # 2
+"""The sketch's kernel mass at the point (noisy sum inner product)."""
+RELEVANCE_SCORE_M2M: RelevanceScore.ValueType  # 3
+"""M2M's estimate of the owner's points within about half the kernel width of the point."""
+RELEVANCE_SCORE_MMD: RelevanceScore.ValueType  # 4
+"""The owner whose sketch is nearest to the point in MMD."""
+Global___RelevanceScore: _TypeAlias = RelevanceScore  # noqa: Y015
+
 class _Auction:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -224,6 +284,10 @@ class SummarizationParams(_message.Message):
     POOL_SCORING_FIELD_NUMBER: _builtins.int
     AUCTION_SHARE_FIELD_NUMBER: _builtins.int
     AUCTION_FIELD_NUMBER: _builtins.int
+    CANDIDATE_MULTIPLE_FIELD_NUMBER: _builtins.int
+    ALLOCATION_FIELD_NUMBER: _builtins.int
+    RELEVANCE_SCORE_FIELD_NUMBER: _builtins.int
+    ALLOCATION_SHARE_FIELD_NUMBER: _builtins.int
     rff_dimension: _builtins.int
     """h1 dimension d (default 140)."""
     gamma: _builtins.float
@@ -257,7 +321,9 @@ class SummarizationParams(_message.Message):
     (default 1e-6).
     """
     candidate_fraction: _builtins.float
-    """Candidates method: candidate budget as a fraction of K * p (default 0.5)."""
+    """Candidates method: when > 0, the candidate budget as a fraction of K * p (the previous
+    rule); 0 (default): candidate_multiple decides.
+    """
     relevance_threshold: _builtins.float
     """Candidates method: relevance threshold as a fraction of ||validation embedding||^2
     (default 0.5).
@@ -280,6 +346,18 @@ class SummarizationParams(_message.Message):
     """
     auction: Global___Auction.ValueType
     """Private and rounds methods: PrivAuction variant (default pure)."""
+    candidate_multiple: _builtins.float
+    """Candidates method: the budget is max(p, floor(candidate_multiple * p)) owner points,
+    whatever the number of owners (default 3; candidate_fraction > 0 overrides it).
+    """
+    allocation: Global___Allocation.ValueType
+    """Candidates method: how the budget is split among owners (default by sketches)."""
+    relevance_score: Global___RelevanceScore.ValueType
+    """Sketch allocation: the relevance score (default MMD)."""
+    allocation_share: _builtins.float
+    """Sketch allocation: share of the validation party's Gaussian budget spent on the
+    allocation, in (0, 1) (default 0.8).
+    """
     def __init__(
         self,
         *,
@@ -306,10 +384,14 @@ class SummarizationParams(_message.Message):
         pool_scoring: Global___PoolScoring.ValueType = ...,
         auction_share: _builtins.float = ...,
         auction: Global___Auction.ValueType = ...,
+        candidate_multiple: _builtins.float = ...,
+        allocation: Global___Allocation.ValueType = ...,
+        relevance_score: Global___RelevanceScore.ValueType = ...,
+        allocation_share: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["auction", b"auction", "auction_share", b"auction_share", "candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "pool_scoring", b"pool_scoring", "quantization_step", b"quantization_step", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension", "summary_release", b"summary_release", "validation_release", b"validation_release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "allocation_share", b"allocation_share", "auction", b"auction", "auction_share", b"auction_share", "candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "candidate_multiple", b"candidate_multiple", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "pool_scoring", b"pool_scoring", "quantization_step", b"quantization_step", "relevance_score", b"relevance_score", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension", "summary_release", b"summary_release", "validation_release", b"validation_release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,186 @@
+"""The candidates method's sketch allocation on the real session path (in-process owners)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+import pytest
+from scipy import optimize, stats
+
+from common.sketches import Domain, SketchMechanism, draw_rff
+from common.summarization.sketch_allocation import (
+    relevance_matrix,
+    relevance_sensitivity,
+    responsibilities,
+)
+from common.summarization.summary import SummarizationConfig
+from deploy.runner import publish_sketches, simulate
+from deploy.scenarios import Scenario
+from owner.data import PointSet
+
+D = 3
+DOMAIN = Domain(np.full(D, -4.0), np.full(D, 4.0))
+EPS, DELTA = 0.8, 1e-6
+
+
+def _world(
+    k: int,
+    seed: int = 0,
+    n: int = 120,
+    *,
+    spacing: float | None = None,
+    spread: float = 0.4,
+    m: int = 30,
+) -> tuple[list[PointSet], np.ndarray, np.ndarray]:
+    """k owners, each a blob around its own centre on a line; the consumer looks like owner 1."""
+    rng = np.random.default_rng(seed)
+    step = 6.0 / max(k - 1, 1) if spacing is None else spacing
+    centres = (np.arange(k) - (k - 1) / 2) * step
+    owners = [
+        PointSet(np.clip(rng.normal(c, spread, size=(n, D)), -4, 4), None, f"owner-{i}")
+        for i, c in enumerate(centres)
+    ]
+    validation = np.clip(rng.normal(centres[1], spread, size=(m, D)), -4, 4)
+    seed_set = rng.uniform(-4, 4, size=(5, D))
+    return owners, validation, seed_set
+
+
+def _mechanism() -> SketchMechanism:
+    fmap = draw_rff(D, 100, 0.8, np.random.default_rng(11))
+    return SketchMechanism(fmap, DOMAIN, 1.0, "gaussian", DELTA)
+
+
+def _config(p: int = 10, **kw: object) -> SummarizationConfig:
+    return SummarizationConfig(
+        summary_size=p,
+        method="candidates",
+        rff_dimension=32,
+        gamma=0.5,
+        epsilon_validation_total=EPS,
+        epsilon_owners_total=EPS,
+        delta=DELTA,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _gaussian_delta(eps: float, mu: float) -> float:
+    return float(
+        stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
+    )
+
+
+def test_the_decision_noise_has_its_stated_scale_and_the_ledger_its_stated_epsilon() -> None:
+    owners, validation, seed_set = _world(6)
+    m = validation.shape[0]
+    standardized = []
+    for seed in range(30):
+        sketches = publish_sketches(owners, _mechanism(), seed=100 + seed)
+        result = simulate(
+            owners, validation, seed_set, _config(), seed=seed, owner_sketches=sketches
+        )
+        ledger = result.report.ledger
+        info = ledger["candidates"]
+        assert info["allocation"] == "sketch"
+        entries = ledger["validation"]["entries"]
+        alloc = entries[1]["event"]
+        assert alloc["sensitivity"] == pytest.approx(relevance_sensitivity(m))
+        sigma = alloc["scale"]
+        assert sigma == info["allocation_sigma"]
+        # The exact decision, recomputed independently from the same public sketches.
+        u = relevance_matrix(list(sketches.values()), validation, score="mmd")
+        exact = responsibilities(u).mean(axis=0)
+        noisy = np.array([info["noisy_relevance"][o.name] for o in owners])
+        standardized.append((noisy - exact) / sigma)
+        if seed == 0:
+            # Independent: both Gaussian releases about D_v compose to mu^2 = sum (D_i/s_i)^2,
+            # whose exact epsilon at delta must be the target; the ledger's PLD agrees.
+            mu = math.hypot(*(e["event"]["sensitivity"] / e["event"]["scale"] for e in entries))
+            eps = optimize.brentq(lambda e, mu=mu: _gaussian_delta(e, mu) - DELTA, 1e-3, 10)
+            assert eps == pytest.approx(EPS, rel=1e-3)
+            pld = ledger["validation"]["parties"]["validation"]["pld"]
+            assert pld == pytest.approx(EPS, rel=5e-3)
+            # The owners pay nothing in the session: no owners' charge, terms (0, 0); the
+            # sketches' own epsilon is reported beside.
+            assert not ledger["owners"]["entries"]
+            assert ledger["owner_terms"]["epsilon"] == 0.0
+            assert ledger["owner_sketches"]["owner-1"]["epsilon"] == 1.0
+    z = np.concatenate(standardized)
+    # 180 draws; fails with probability 1e-4 when the noise is N(0, sigma^2).
+    assert stats.kstest(z, "norm").pvalue > 1e-4
+    assert stats.kstest(z, "norm", args=(0, 2.0)).pvalue < 1e-4  # and it can tell 2x apart
+
+
+def test_the_budget_does_not_grow_with_the_number_of_owners() -> None:
+    p = 8
+    for k in (3, 6, 12):
+        owners, validation, seed_set = _world(k, n=60)
+        sketches = publish_sketches(owners, _mechanism(), seed=1)
+        for allocation in ("sketch", "counts"):
+            result = simulate(
+                owners,
+                validation,
+                seed_set,
+                _config(p, allocation=allocation),
+                seed=0,
+                owner_sketches=sketches,
+            )
+            assert result.report.ledger["candidates"]["budget"] == 3 * p
+            assert result.report.owner_points_accessed <= 3 * p
+
+
+def test_the_owner_holding_the_consumers_data_gets_most_of_the_budget() -> None:
+    """Owner 1 holds the consumer's kind of data (blobs 1.6 apart, spread 0.25; m = 100): its
+    exact mean responsibility is ~1 and every other owner's ~0. The release's noise is
+    sigma = sqrt(2)/100 * 5.20 / sqrt(0.8) = 0.082 at epsilon 0.8, so another owner's share
+    can exceed owner 1's only if the difference of two draws (std 0.12) exceeds ~1, an
+    8-sigma event: probability < 1e-14 per seed and owner (the sketches' noise on a density,
+    5.20 / 120 = 0.043 of a kernel value ~0.6, moves few votes). 10 seeds; owner 1 also gets
+    at least half the budget."""
+    owners, validation, seed_set = _world(5, spacing=1.6, spread=0.25, m=100)
+    for seed in range(10):
+        sketches = publish_sketches(owners, _mechanism(), seed=seed)
+        result = simulate(
+            owners, validation, seed_set, _config(), seed=seed, owner_sketches=sketches
+        )
+        shares = result.report.ledger["candidates"]["shares"]
+        assert max(shares, key=shares.get) == "owner-1", shares
+        assert shares["owner-1"] >= 0.5 * 30, shares
+
+
+def test_without_sketches_the_counts_allocation_runs_unchanged(digits: Scenario) -> None:
+    # Sketches requested but absent: the counts allocation, bit for bit.
+    config = SummarizationConfig(summary_size=10, method="candidates", rff_dimension=64)
+    counts = SummarizationConfig(
+        summary_size=10, method="candidates", rff_dimension=64, allocation="counts"
+    )
+    a = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=3)
+    b = simulate(digits.owners, digits.validation, digits.seed_set, counts, seed=3)
+    assert np.array_equal(a.points, b.points)
+    assert a.report.ledger["candidates"]["allocation"] == "counts"
+    assert "no published sketch" in a.report.ledger["candidates"]["allocation_note"]
+    assert a.report.ledger["owner_terms"]["epsilon"] == 1.0
+    # With the previous budget rule (0.5 K p) the summary is the previous release's, bit for
+    # bit (its SHA-256, computed with that release).
+    old = SummarizationConfig(
+        summary_size=10, method="candidates", rff_dimension=64, candidate_fraction=0.5
+    )
+    c = simulate(digits.owners, digits.validation, digits.seed_set, old, seed=3)
+    digest = hashlib.sha256(np.ascontiguousarray(c.points).tobytes()).hexdigest()
+    assert digest == "3affe42988f81a8df06d89109994ca9ed29be8757fdf94792dcfda2b60332aad"
+    assert c.report.owner_points_accessed == 25
+
+
+def test_a_sketch_over_other_attributes_is_refused() -> None:
+    owners, validation, seed_set = _world(3)
+    fmap = draw_rff(D + 1, 10, 1.0, np.random.default_rng(0))
+    mech = SketchMechanism(fmap, Domain(np.full(D + 1, -4.0), np.full(D + 1, 4.0)), 1.0)
+    wide = [
+        PointSet(np.hstack([o.features, np.zeros((o.n_points, 1))]), None, o.name) for o in owners
+    ]
+    sketches = publish_sketches(wide, mech, seed=0)
+    from common.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="attributes"):
+        simulate(owners, validation, seed_set, _config(), seed=0, owner_sketches=sketches)
