@@ -25,7 +25,10 @@ divided by their widths ``w_k = high_k - low_k``: RFF draws ``omega_jk ~ N(0, (s
 the Gaussian kernel ``exp(-sum_k (x_k - x'_k)^2 / (2 sigma^2 w_k^2))`` (length scale ``sigma w_k``
 along column ``k``), and RACE projects on ``a_rk / w_k`` with ``a_rk ~ N(0, 1)`` and a bucket width
 in the same normalized units. ``sigma`` and the bucket width are thus fractions of each column's
-width; :attr:`~common.sketches.feature_maps.RFFMap.sigma` records the declared fraction. The maps
+width; :attr:`~common.sketches.feature_maps.RFFMap.sigma` records the declared fraction. A map
+declared with ``scale = "absolute"`` skips the division: its ``sigma`` (or bucket width) is in the
+columns' own units, for columns already on one public scale (e.g. the features a summarization
+scenario feeds its kernel, whose length scale is a public choice in those units). The maps
 are still plain :class:`~common.sketches.feature_maps.RFFMap` / :class:`RACEMap` values (their
 parameters are data), with the sensitivities derived there: they do not depend on ``omega`` or
 the projections, so a curator cannot weaken an owner's guarantee by the parameters it draws.
@@ -82,6 +85,10 @@ _MAP_KEYS: dict[str, dict[str, str]] = {
     "race": {"hashes": "R", "buckets": "W", "width": "bucket width"},
     "hist": {"bins": "bins per column (one number, or one per column)"},
 }
+#: Optional keys of a map's table: ``scale`` says whether ``sigma`` / ``width`` are fractions of
+#: each column's width (``"width"``, the default) or in the columns' own units (``"absolute"``).
+_OPTIONAL_MAP_KEYS: dict[str, tuple[str, ...]] = {"rff": ("scale",), "race": ("scale",), "hist": ()}
+_SCALES = ("width", "absolute")
 _NOISE_NAMES = {"laplace": "Laplace", "gaussian": "Gaussian"}
 
 
@@ -390,7 +397,8 @@ class SketchDeclaration:
         ``(kind, parameters)`` in :data:`MAP_KINDS` order: ``rff``: ``frequencies`` (m'),
         ``sigma`` (fraction of every column's width); ``race``: ``hashes`` (R), ``buckets`` (W),
         ``width`` (bucket width, fraction of every column's width); ``hist``: ``bins`` (an int or
-        one per column).
+        one per column). An RFF or RACE map declared with ``scale = "absolute"`` carries
+        ``"scale": "absolute"`` and its ``sigma`` / ``width`` are in the columns' own units.
     noise, epsilon, epsilon_range, delta, numerator_share, description
         As :class:`SketchSpec`.
     """
@@ -429,6 +437,7 @@ class SketchDeclaration:
             [maps.rff]
             frequencies = 100
             sigma = 0.2
+            scale = "width"                   # optional: or "absolute" (sigma in column units)
             [maps.race]
             hashes = 20
             buckets = 20
@@ -539,7 +548,8 @@ class SketchDeclaration:
             A CSPRNG-seeded generator (:func:`common.privacy.rng.production_rng`) in production.
             RFF draws ``omega = N(0, 1)^(m' x d) / (sigma w)`` (column ``k`` divided by
             ``sigma w_k``), then RACE ``projections = N(0, 1)^(R x d) / w`` and offsets uniform on
-            ``[0, width)`` (module docstring, "Scales"); HIST draws nothing.
+            ``[0, width)`` (module docstring, "Scales"); with ``scale = "absolute"`` ``w`` is 1
+            for every column. HIST draws nothing.
 
         Returns
         -------
@@ -551,13 +561,14 @@ class SketchDeclaration:
         specs = []
         for kind, params in self.maps:
             fmap: FeatureMap
+            scale = width if params.get("scale", "width") == "width" else np.ones(d)
             if kind == "rff":
                 base = draw_rff(d, params["frequencies"], 1.0, rng)
-                fmap = RFFMap(base.omega / (params["sigma"] * width), params["sigma"])
+                fmap = RFFMap(base.omega / (params["sigma"] * scale), params["sigma"])
             elif kind == "race":
                 drawn = draw_race(d, params["hashes"], params["buckets"], params["width"], rng)
                 fmap = RACEMap(
-                    drawn.projections / width, drawn.offsets, drawn.bucket_width, drawn.n_buckets
+                    drawn.projections / scale, drawn.offsets, drawn.bucket_width, drawn.n_buckets
                 )
             else:
                 fmap = histogram_map(self.domain, params["bins"])
@@ -621,20 +632,28 @@ def _map_parameters(
     kind: str, table: Mapping[str, Any], n_columns: int, where: str
 ) -> dict[str, Any]:
     keys = _MAP_KEYS[kind]
-    _check_keys(table, tuple(keys), where)
+    _check_keys(table, (*keys, *_OPTIONAL_MAP_KEYS[kind]), where)
     missing = [f"{k} ({v})" for k, v in keys.items() if k not in table]
     if missing:
         raise InvalidArgumentError(f"{where}: missing {', '.join(missing)}")
+    scale = table.get("scale", "width")
+    if scale not in _SCALES:
+        raise InvalidArgumentError(f"{where}: scale must be one of {_SCALES}, got {scale!r}")
+    # Recorded only when it changes the map, so declarations written before the key existed
+    # keep their parameters (and the catalogue keeps recognising them).
+    absolute = {"scale": "absolute"} if scale == "absolute" else {}
     if kind == "rff":
         return {
             "frequencies": _integer(table["frequencies"], f"{where} frequencies"),
             "sigma": _positive(table["sigma"], f"{where} sigma"),
+            **absolute,
         }
     if kind == "race":
         return {
             "hashes": _integer(table["hashes"], f"{where} hashes"),
             "buckets": _integer(table["buckets"], f"{where} buckets", minimum=2),
             "width": _positive(table["width"], f"{where} width"),
+            **absolute,
         }
     bins = table["bins"]
     if isinstance(bins, list):

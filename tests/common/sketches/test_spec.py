@@ -71,6 +71,8 @@ def _records(n: int = 200, seed: int = 1) -> np.ndarray:
         ({"maps": {"rff": {"frequencies": 0, "sigma": 1}}}, ["frequencies", ">= 1"]),
         ({"maps": {"race": {"hashes": 2, "buckets": 1, "width": 1}}}, ["buckets", ">= 2"]),
         ({"maps": {"hist": {"bins": [3, 3]}}}, ["bins", "one per column (3)"]),
+        ({"maps": {"rff": {"frequencies": 8, "sigma": 1, "scale": "log"}}}, ["scale", "log"]),
+        ({"maps": {"hist": {"bins": 3, "scale": "absolute"}}}, ["maps.hist", "scale"]),
         ({"maps": {"pca": {}}}, ["[maps]", "pca"]),
     ],
 )
@@ -91,6 +93,27 @@ def test_gaussian_declarations_need_delta() -> None:
     )[0]
     assert (spec.noise, spec.delta) == ("gaussian", 1e-6)
     assert spec.mechanism_label == "private sketch (RFF, Gaussian)"
+
+
+def test_an_absolute_scale_leaves_the_columns_in_their_own_units() -> None:
+    maps = {
+        "rff": {"frequencies": 8, "sigma": 0.5, "scale": "absolute"},
+        "race": {"hashes": 3, "buckets": 5, "width": 0.25, "scale": "absolute"},
+    }
+    specs = {s.kind: s for s in _declaration(maps=maps).draw(np.random.default_rng(7))}
+    rng = np.random.default_rng(7)
+    rff = draw_rff(3, 8, 0.5, rng)
+    race = draw_race(3, 3, 5, 0.25, rng)
+    # The kernel exp(-||x - x'||^2 / (2 sigma^2)) in the columns' units, whatever their widths.
+    np.testing.assert_allclose(specs["rff"].feature_map.omega, rff.omega, rtol=1e-15)
+    np.testing.assert_array_equal(specs["race"].feature_map.projections, race.projections)
+    # A declaration without the key keeps the parameters (and the key) it always had.
+    default = _declaration().maps
+    assert all("scale" not in params for _, params in default)
+    assert ("rff", {**dict(default)["rff"], "scale": "absolute"}) in _declaration(
+        maps={**DECLARATION["maps"], "rff": {**DECLARATION["maps"]["rff"], "scale": "absolute"}}
+    ).maps
+    assert _specs(seed=7)["rff"].key != specs["rff"].key
 
 
 def test_draw_scales_each_column_by_its_width_from_the_injected_generator() -> None:
