@@ -26,7 +26,7 @@ The policy file is TOML (parsed with :mod:`tomllib`); every key is optional::
     train_clip_norm = [1e-3, 100.0]
     train_work = [1, 1000000]           # T x P, P = H (D + 2) + 1 parameters
     sketch_columns = [1, 64]            # d of a sketch spec's domain
-    sketch_rff_frequencies = [1, 1024]  # m' of an RFF spec (m = 2 m')
+    sketch_rff_frequencies = [1, 4096]  # m' of an RFF spec (m = 2 m')
     sketch_race_hashes = [1, 256]       # R of a RACE spec
     sketch_race_buckets = [2, 1024]     # W of a RACE spec
     sketch_hist_bins = [2, 1000]        # bins per column of a HIST spec
@@ -105,7 +105,7 @@ DEFAULT_RANGES: dict[str, tuple[float, float]] = {
     # The sketch catalogue: what a spec may ask of every owner (sizes bound the owners' work
     # and the messages), and the epsilon of any publication.
     "sketch_columns": (1, 64),
-    "sketch_rff_frequencies": (1, 1024),
+    "sketch_rff_frequencies": (1, 4096),
     "sketch_race_hashes": (1, 256),
     "sketch_race_buckets": (2, 1024),
     "sketch_hist_bins": (2, 1000),

@@ -98,6 +98,7 @@ async def serve_curator(
     policy: CuratorPolicy,
     store: CuratorStore | None,
     sketches: SketchCatalog | None = None,
+    allocation_spec: str | None = None,
     call_timeout: float | None = None,
     port_file: str | None = None,
 ) -> None:
@@ -122,13 +123,21 @@ async def serve_curator(
     sketches : SketchCatalog, optional
         The sketch catalogue (same data directory as ``store``); also given to the session
         manager (``manager.sketches``), whose allocation may read the published sketches.
+    allocation_spec : str, optional
+        The catalogue's RFF spec the candidates method's allocation reads
+        (:class:`~curator.sessions.SessionManager`).
     call_timeout : float, optional
         Seconds after which an owner that has not answered a call is dropped.
     port_file : str, optional
         Where to write the bound port.
     """
     manager = SessionManager(
-        owners, policy=policy, store=store, call_timeout=call_timeout, sketches=sketches
+        owners,
+        policy=policy,
+        store=store,
+        call_timeout=call_timeout,
+        sketches=sketches,
+        allocation_spec=allocation_spec,
     )
     authorizer = curator_authorizer(policy, security)
     cape = CapeJobs(

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,16 +89,20 @@ class SessionManager:
     call_timeout : float, optional
         Seconds after which an owner that has not answered a call is dropped.
     sketches : SketchCatalog, optional
-        The curator's sketch catalogue: the owners' published sketches (``sketches.published``),
-        for an allocation that reads them; ``None`` when the curator keeps none.
+        The curator's sketch catalogue; ``None`` when the curator keeps none.
+    allocation_spec : str, optional
+        The catalogue's RFF spec whose sketches the candidates method's allocation reads
+        (``SketchCatalog.published(owner_names, spec=allocation_spec)``, once per session): its
+        columns must be the owners' summarization features, in order. Without it (or without a
+        catalogue, or when some owner has published no sketch under it) a candidates session
+        uses the counts allocation, and its report says why.
     clock : callable
         Unix time, seconds (injected by tests).
-    published_sketches : callable, optional
-        The hook through which sessions get the owners' published RFF sketches:
-        ``published_sketches(owner_names) -> {name: PrivateSketch}`` (the sketch catalogue's
-        ``published``), called once per session with the names of the configured owners. Without
-        it (the default: no catalogue is wired to this service yet) every candidates session
-        falls back to the counts allocation, and its report says why.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``allocation_spec`` is given without a catalogue, or names no RFF spec of it.
     """
 
     def __init__(
@@ -109,11 +113,19 @@ class SessionManager:
         store: CuratorStore | None = None,
         call_timeout: float | None = None,
         sketches: SketchCatalog | None = None,
+        allocation_spec: str | None = None,
         clock: Callable[[], float] = time.time,
-        published_sketches: Callable[[Sequence[str]], Mapping[str, PrivateSketch]] | None = None,
     ) -> None:
+        if allocation_spec is not None:
+            if sketches is None:
+                raise InvalidArgumentError("an allocation sketch spec needs a sketch catalogue")
+            if sketches.spec(allocation_spec).kind != "rff":
+                raise InvalidArgumentError(
+                    f"the allocation reads RFF sketches; {allocation_spec!r} is a "
+                    f"{sketches.spec(allocation_spec).kind} spec"
+                )
         self.owners = list(owners)
-        self.published_sketches = published_sketches
+        self.allocation_spec = allocation_spec
         self.policy = policy if policy is not None else CuratorPolicy()
         self.store = store
         self.sketches = sketches
@@ -206,6 +218,12 @@ class SessionManager:
             config, validation, seed_set, seed, consumer, None, request_digest
         )
 
+    def _allocation_sketches(self, config: SummarizationConfig) -> dict[str, PrivateSketch]:
+        """The owners' sketches a candidates session's allocation reads (empty: counts)."""
+        if config.method != "candidates" or self.sketches is None or self.allocation_spec is None:
+            return {}
+        return self.sketches.published([o.name for o in self.owners], spec=self.allocation_spec)
+
     def _find_request(self, consumer: str, request_id: str) -> tuple[str, str] | None:
         for managed in self._sessions.values():
             if managed.consumer == consumer and managed.request_id == request_id:
@@ -263,11 +281,7 @@ class SessionManager:
             consumer=consumer,
             owner_session_id=new_session_id(),
             on_charge=None if store is None else lambda c: store.record_charges(session_id, c),
-            owner_sketches=(
-                None
-                if self.published_sketches is None or config.method != "candidates"
-                else self.published_sketches([o.name for o in self.owners])
-            ),
+            owner_sketches=self._allocation_sketches(config),
         )
         # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
         self.policy.check_request(config, int(session.validation.shape[0]))

@@ -314,6 +314,15 @@ def _owner_target(text: str, insecure: bool) -> tuple[Identity | None, str]:
     help="Draw new sketch specs' parameters from this seed (reproducible runs; the parameters "
     "are public either way). Default: a CSPRNG.",
 )
+@click.option(
+    "--allocation-sketch-spec",
+    default=None,
+    metavar="NAME",
+    help="The catalogue's RFF spec (e.g. digits/rff) whose published sketches the candidates "
+    "method reads to split its candidate budget; its columns must be the owners' summarization "
+    "features, in order. Without it, or for owners that published no sketch under it, sessions "
+    "split the budget by the owners' noisy relevance counts.",
+)
 @tls_options
 def serve_curator(
     owners: tuple[str, ...],
@@ -326,6 +335,7 @@ def serve_curator(
     owner_timeout: float,
     sketch_specs: tuple[str, ...],
     sketch_seed: int | None,
+    allocation_sketch_spec: str | None,
     **tls: Any,
 ) -> None:
     """Serve the parsimonious curator for a fixed set of owners (mTLS), with its catalogue of
@@ -363,6 +373,20 @@ def serve_curator(
         "sketch catalogue: %s",
         ", ".join(s.name for s in catalog.specs()) or "no spec",
     )
+    if allocation_sketch_spec is not None:
+        try:
+            kind = catalog.spec(allocation_sketch_spec).kind
+        except DPMarketError as exc:
+            catalog.close()
+            store.close()
+            raise click.ClickException(f"--allocation-sketch-spec: {exc}") from exc
+        if kind != "rff":
+            catalog.close()
+            store.close()
+            raise click.ClickException(
+                f"--allocation-sketch-spec: {allocation_sketch_spec!r} is a {kind} spec; the "
+                "allocation reads RFF sketches"
+            )
 
     async def run() -> None:
         endpoints = [
@@ -376,6 +400,7 @@ def serve_curator(
             policy=policy,
             store=store,
             sketches=catalog,
+            allocation_spec=allocation_sketch_spec,
             call_timeout=owner_timeout,
             port_file=port_file,
         )

@@ -9,6 +9,7 @@ sessions) and policy, each binding port 0 and reporting its real port through a 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from rich.console import Console
 from rich.table import Table
 
@@ -31,9 +33,12 @@ from common.summarization.summary import METHODS, SessionReport, SummarizationCo
 from deploy.pki import CA_CERT, identity_files, init_ca, issue_all
 from dpmarket.identity import Identity
 from dpmarket.transport import TransportSecurity
+from owner.data import feature_columns
 
 #: Seconds to wait for a service to report its port.
 START_TIMEOUT_SECONDS = 60.0
+#: Seconds an owner's ``dpmarket sketch publish`` may take.
+PUBLISH_TIMEOUT_SECONDS = 300.0
 
 
 #: The consumer identity the launcher issues a certificate for.
@@ -76,6 +81,9 @@ class LocalCluster:
         Sketch declarations for the curator's catalogue (``serve-curator --sketch-spec``).
     sketch_seed : int, optional
         Seed of the catalogue's new specs (``serve-curator --sketch-seed``).
+    allocation_sketch_spec : str, optional
+        The RFF spec whose sketches the candidates method's allocation reads
+        (``serve-curator --allocation-sketch-spec``).
 
     Raises
     ------
@@ -99,6 +107,7 @@ class LocalCluster:
         insecure: bool = False,
         sketch_specs: Sequence[str | os.PathLike[str]] = (),
         sketch_seed: int | None = None,
+        allocation_sketch_spec: str | None = None,
     ) -> None:
         self.owner_files = [str(f) for f in owner_files]
         self.owner_tables = [str(t) for t in owner_tables]
@@ -112,6 +121,7 @@ class LocalCluster:
         self.insecure = insecure
         self.sketch_specs = [str(p) for p in sketch_specs]
         self.sketch_seed = sketch_seed
+        self.allocation_sketch_spec = allocation_sketch_spec
         self.owner_processes: list[subprocess.Popen[bytes]] = []
         self.owner_targets: list[str] = []
         self.curator_process: subprocess.Popen[bytes] | None = None
@@ -231,9 +241,76 @@ class LocalCluster:
             args += ["--sketch-spec", path]
         if self.sketch_seed is not None:
             args += ["--sketch-seed", str(self.sketch_seed)]
+        if self.allocation_sketch_spec is not None:
+            args += ["--allocation-sketch-spec", self.allocation_sketch_spec]
         self.curator_process, port_file = self._spawn("curator", args)
         port = self._wait_port("curator", self.curator_process, port_file)
         self.curator_target = f"127.0.0.1:{port}"
+
+    def publish_sketches(
+        self, tables: Mapping[str, str | os.PathLike[str]], out_dir: Path, *, seed: int | None
+    ) -> dict[str, dict[str, Any]]:
+        """Run ``dpmarket sketch publish`` for every owner at once, one OS process each, as each
+        owner's operator would: the owner's table, data directory (ledger) and policy, its
+        certificate, against the running curator's catalogue.
+
+        Parameters
+        ----------
+        tables : mapping of owner name to path
+            The table each owner publishes from (columns named as the catalogue's specs).
+        out_dir : Path
+            ``publish-<owner>.json`` (what each publication printed) is written there.
+        seed : int, optional
+            Seeds each owner's noise (``--seed``: reproducible demos and tests); ``None``: OpenDP.
+
+        Returns
+        -------
+        dict
+            Each owner's ``--out`` JSON.
+
+        Raises
+        ------
+        UnavailableError
+            If a publication fails or takes longer than :data:`PUBLISH_TIMEOUT_SECONDS`; the
+            message names its log.
+        """
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        processes = {}
+        for k, (owner, table) in enumerate(tables.items()):
+            out = out_dir / f"publish-{owner}.json"
+            args = [
+                sys.executable, "-m", "deploy.cli", "-v", "sketch", "publish",
+                "--curator", self.curator_target,
+                "--table", str(table),
+                "--data-dir", str(self.owner_state(owner)),
+                *self._tls_args(owner),
+                "--out", str(out),
+            ]  # fmt: skip
+            if self.owner_policy is not None:
+                args += ["--policy", self.owner_policy]
+            if seed is not None:
+                args += ["--seed", str(seed * 1000 + k)]
+            with (self.log_dir / f"publish-{owner}.log").open("wb") as log:
+                processes[owner] = (
+                    subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT),
+                    out,
+                )
+        results = {}
+        for owner, (process, out) in processes.items():
+            try:
+                code = process.wait(timeout=PUBLISH_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                code = -1
+            if code != 0:
+                raise UnavailableError(
+                    f"dpmarket sketch publish for {owner} failed (exit {code}); see "
+                    f"{self.log_dir / f'publish-{owner}.log'}"
+                )
+            results[owner] = json.loads(out.read_text(encoding="utf-8"))
+        return results
 
     def _tls_args(self, name: str) -> list[str]:
         if self.insecure:
@@ -372,6 +449,60 @@ def budget_table(budgets: dict[str, dict[str, Any]]) -> Table:
     return table
 
 
+def sketch_declaration_toml(
+    name: str,
+    domain_low: Sequence[float] | NDArray[np.float64],
+    domain_high: Sequence[float] | NDArray[np.float64],
+    *,
+    frequencies: int,
+    sigma: float,
+    epsilon: float = 1.0,
+    delta: float = 1e-6,
+    description: str = "",
+) -> str:
+    """A catalogue declaration (``serve-curator --sketch-spec``) for a scenario's summarization
+    features: one RFF map over the columns ``f0, f1, ...`` of the owners' tables.
+
+    Parameters
+    ----------
+    name : str
+        The declaration's name; the spec is ``<name>/rff``.
+    domain_low, domain_high : sequence of float
+        The scenario's public domain box, one bound per feature.
+    frequencies : int
+        ``m'``.
+    sigma : float
+        The kernel's length scale in the features' own units (``scale = "absolute"``): the
+        scenario's public choice, the one its in-process runs use.
+    epsilon, delta : float
+        Every owner's sketch is the Gaussian mechanism at exactly this ``(epsilon, delta)``.
+    description : str
+
+    Returns
+    -------
+    str
+        TOML text (:meth:`common.sketches.spec.SketchDeclaration.from_mapping` reads it).
+    """
+    columns = ",\n".join(
+        f"  {{ name = {json.dumps(c)}, low = {float(lo)!r}, high = {float(hi)!r} }}"
+        for c, lo, hi in zip(feature_columns(len(domain_low)), domain_low, domain_high, strict=True)
+    )
+    return (
+        f"name = {json.dumps(name)}\n"
+        f"description = {json.dumps(description)}\n"
+        f"columns = [\n{columns},\n]\n\n"
+        "[mechanism]\n"
+        'noise = "gaussian"\n'
+        f"epsilon = {float(epsilon)!r}\n"
+        f"epsilon_range = [{float(epsilon)!r}, {float(epsilon)!r}]\n"
+        f"delta = {float(delta)!r}\n\n"
+        "[maps.rff]\n"
+        f"frequencies = {int(frequencies)}\n"
+        f"sigma = {float(sigma)!r}\n"
+        'scale = "absolute"\n'
+    )
+
+
 def run_demo(
     scenario_name: str,
     out_dir: Path,
@@ -407,7 +538,7 @@ def run_demo(
         write_json,
     )
     from deploy.cli import progress_printer
-    from deploy.runner import simulate
+    from deploy.runner import publish_sketches, simulate
     from deploy.scenarios import SCENARIOS, write_scenario
 
     wide = Console(width=max(console.width, 170))
@@ -428,6 +559,10 @@ def run_demo(
     results: dict[str, SummaryResult] = {}
     budgets: dict[str, dict[str, Any]] = {}
     networked = [] if in_process else [m for m in METHODS if m != "greedy"]
+    # Every owner publishes one private RFF sketch of its data (epsilon 1 at the candidates
+    # method's delta) before any session; the candidates method's allocation reads them.
+    sketched = scenario.domain_low is not None
+    delta = configs["candidates"].delta
     for method, config in configs.items():
         if method in networked:
             continue
@@ -440,21 +575,58 @@ def run_demo(
                 config,
                 seed=seed,
                 on_progress=update,
+                owner_sketches=(
+                    publish_sketches(
+                        scenario.owners, scenario.sketch_mechanism(1.0, delta=delta), seed=seed
+                    )
+                    if sketched and method == "candidates"
+                    else None
+                ),
             )
     if networked:
         state_dir = out_dir / "state"
         shutil.rmtree(state_dir, ignore_errors=True)  # a demo starts from fresh ledgers
+        state_dir.mkdir(parents=True)
+        spec_files = []
+        if sketched:
+            assert scenario.domain_low is not None and scenario.domain_high is not None
+            spec_files.append(state_dir / f"{scenario.name}-sketches.toml")
+            spec_files[0].write_text(
+                sketch_declaration_toml(
+                    scenario.name,
+                    scenario.domain_low,
+                    scenario.domain_high,
+                    frequencies=scenario.sketch_frequencies,
+                    sigma=scenario.sketch_sigma,
+                    delta=delta,
+                    description=f"{scenario.name}: the owners' summarization features",
+                ),
+                encoding="utf-8",
+            )
         with LocalCluster(
             owner_files,
             owner_ids,
             out_dir / "logs",
             state_dir=state_dir,
             owner_policy=POLICIES / "demo-owner.toml",
+            sketch_specs=spec_files,
+            sketch_seed=seed,
+            allocation_sketch_spec=f"{scenario.name}/rff" if sketched else None,
         ) as cluster:
             console.print(
                 f"mTLS with certificates in {cluster.pki_dir}; curator at "
                 f"{cluster.curator_target}; owners at " + ", ".join(cluster.owner_targets)
             )
+            if sketched:
+                cluster.publish_sketches(
+                    dict(zip(owner_ids, owner_files, strict=True)),
+                    out_dir / "publications",
+                    seed=seed,
+                )
+                console.print(
+                    f"every owner published its private sketch ({scenario.name}/rff, "
+                    f"epsilon 1, delta {delta:g}) to the curator's catalogue"
+                )
             with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
                 for method in networked:
                     progress, update = progress_printer(method)
@@ -532,6 +704,20 @@ def run_demo(
     wide.print(comparison_table(rows, title=f"{scenario.name}, p = {p}, seed = {seed}"))
     if budgets:
         wide.print(budget_table(budgets))
+    allocation = results["candidates"].report.ledger.get("candidates", {})
+    if allocation.get("allocation") == "sketch":
+        sketch_eps = sorted(
+            {s["epsilon"] for s in results["candidates"].report.ledger["owner_sketches"].values()}
+        )
+        wide.print(
+            f"candidates: the budget of {allocation['budget']} candidates was split by the owners' "
+            f"published sketches ({allocation['relevance_score']} vote, released with Gaussian "
+            f"noise sigma {allocation['allocation_sigma']:.3g}): "
+            + ", ".join(f"{o} {n}" for o, n in allocation["shares"].items())
+            + "; owners spend nothing in the session, their sketch (epsilon "
+            + "/".join(f"{e:g}" for e in sketch_eps)
+            + ", published once and read by every session) is on their ledgers."
+        )
     wide.print(
         "ε: Theorem 7 (Kairouz et al.) / PLD (dp-accounting); Algorithm 3 at the paper's settings "
         f"for delta~ = {configs['private'].delta_validation} (D_v) and "

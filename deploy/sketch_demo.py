@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,7 +37,6 @@ from numpy.typing import NDArray
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from common.errors import UnavailableError
 from common.privacy.noise import SeededNoise
 from common.sketches.sketch import PrivateSketch, SketchMechanism, merge_sketches, sketch_mmd2
 from common.sketches.spec import PublishedSketch, SketchSpec
@@ -67,8 +64,6 @@ QUERIES = (
 )
 #: Synthetic points of the consumer's M2M designs.
 N_SYNTHETIC = 20_000
-#: Seconds a publication process may take: a safety net, not a timing assertion.
-PUBLISH_TIMEOUT_SECONDS = 300.0
 
 
 def flights_tables(
@@ -124,45 +119,6 @@ def _ledger_state(state: Path) -> list[tuple[Any, ...]]:
     with OwnerLedger(state, None) as ledger:
         charges = [(e.id, e.session, e.mechanism, e.epsilon, e.delta) for e in ledger.entries()]
         return [*charges, *SketchPublisher(ledger).published()]
-
-
-def _publish_processes(
-    cluster: LocalCluster, tables: dict[str, Path], out_dir: Path, seed: int
-) -> dict[str, dict[str, Any]]:
-    """Run ``dpmarket sketch publish`` for every owner at once (one OS process each)."""
-    processes = {}
-    for k, (owner, table) in enumerate(tables.items()):
-        out = out_dir / f"publish-{owner}.json"
-        log = (cluster.log_dir / f"publish-{owner}.log").open("wb")
-        args = [
-            sys.executable, "-m", "deploy.cli", "-v", "sketch", "publish",
-            "--curator", cluster.curator_target,
-            "--table", str(table),
-            "--data-dir", str(cluster.owner_state(owner)),
-            "--policy", str(POLICIES / "demo-owner.toml"),
-            "--pki-dir", str(cluster.pki_dir), "--name", owner,
-            "--seed", str(seed * 1000 + k),
-            "--out", str(out),
-        ]  # fmt: skip
-        processes[owner] = (subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT), out)
-        log.close()
-    results = {}
-    for owner, (process, out) in processes.items():
-        try:
-            code = process.wait(timeout=PUBLISH_TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            code = -1
-        if code != 0:
-            raise UnavailableError(
-                f"dpmarket sketch publish for {owner} failed (exit {code}); see "
-                f"{cluster.log_dir / f'publish-{owner}.log'}"
-            )
-        import json
-
-        results[owner] = json.loads(out.read_text(encoding="utf-8"))
-    return results
 
 
 def _normalize(answer: Answer, domain: Any) -> NDArray[np.float64]:
@@ -457,7 +413,7 @@ def run_sketch_demo(
                 f"{cluster.curator_target}; owners at " + ", ".join(cluster.owner_targets)
             )
             t0 = time.perf_counter()
-            publications = _publish_processes(cluster, paths, out_dir, seed)
+            publications = cluster.publish_sketches(paths, out_dir, seed=seed)
             timings["publication"] = time.perf_counter() - t0
             publications["republication"] = _republish(cluster, paths, seed)
             states = {o: cluster.owner_state(o) for o in frames}

@@ -336,6 +336,12 @@ def load_point_set(
     return _load_table(path, suffix, label_column, point_set_name)
 
 
+def feature_columns(n_features: int) -> list[str]:
+    """The column names :func:`save_point_set` gives a point set's features in a table:
+    ``["f0", "f1", ...]`` (a catalogue's sketch spec names the same columns)."""
+    return [f"f{j}" for j in range(n_features)]
+
+
 def save_point_set(point_set: PointSet, path: str | Path) -> None:
     """Write a point set in the format given by the suffix of ``path``.
 
@@ -381,7 +387,7 @@ def save_point_set(point_set: PointSet, path: str | Path) -> None:
         with atomic_write(path) as fh:
             np.savez(fh, **arrays)
         return
-    frame = pd.DataFrame(features, columns=[f"f{j}" for j in range(features.shape[1])])
+    frame = pd.DataFrame(features, columns=feature_columns(features.shape[1]))
     if labels is not None:
         frame["label"] = labels
     with atomic_write(path) as fh:

@@ -154,3 +154,18 @@ def test_published_is_the_allocation_interface(tmp_path: Path) -> None:
     with SketchCatalog(tmp_path) as c:  # the catalogue survives a restart
         assert sorted(c.published(["o1", "o2", "o3"])) == ["o1", "o2", "o3"]
         assert [e.owner for e in c.sketches("toy/hist")] == ["o1"]
+
+
+def test_a_session_manager_reads_only_an_rff_spec_of_its_catalogue(tmp_path: Path) -> None:
+    from curator.sessions import SessionManager
+
+    with pytest.raises(InvalidArgumentError, match="needs a sketch catalogue"):
+        SessionManager([], allocation_spec="toy/rff")
+    with SketchCatalog(tmp_path, [DECLARATION], seed=0) as c:
+        with pytest.raises(InvalidArgumentError, match="'toy/hist' is a hist spec"):
+            SessionManager([], sketches=c, allocation_spec="toy/hist")
+        with pytest.raises(NotFoundError, match="toy/pca"):
+            SessionManager([], sketches=c, allocation_spec="toy/pca")
+        assert SessionManager([], sketches=c, allocation_spec="toy/rff").allocation_spec == (
+            "toy/rff"
+        )
