@@ -48,6 +48,7 @@ from common.summarization.calibration import (
 from common.summarization.candidates import (
     allocate_candidates,
     relevance_threshold,
+    shrink_embedding,
     validation_embedding_sensitivity,
 )
 from common.summarization.continual import TreePrefixSum
@@ -679,8 +680,10 @@ class SummarizationSession:
     ) -> tuple[dict[int, int], NDArray[np.float64]]:
         """The sketch allocation (:mod:`common.summarization.sketch_allocation`): gtilde and the
         noisy mean responsibilities, two Gaussian releases about D_v whose composition is
-        ``(epsilon_validation_total, delta)``; shares from the second. Owners release nothing
-        before their candidates."""
+        ``(epsilon_validation_total, delta)``; shares from the second. Owners receive gtilde
+        shrunk towards the public seed set's mean h1 by as much as its noise hides it
+        (:func:`common.summarization.candidates.shrink_embedding`, post-processing). Owners
+        release nothing before their candidates."""
         cfg = self.config
         m = int(self.validation.shape[0])
         owners = self._active()
@@ -727,6 +730,14 @@ class SummarizationSession:
         )
         g_val = val_features.mean(axis=0) + self.noise.gaussian(sigma_g, cfg.rff_dimension)
         _, noisy = noisy_relevance(pi, sigma_a, self.noise)
+        # Post-processing of the release: the public seed set's mean h1 is the prior.
+        assert self._rff is not None
+        prior = (
+            random_fourier_features(self.seed_set, self._rff, dtype=np.float64).mean(axis=0)
+            if self.seed_set.shape[0] > 0
+            else np.zeros(cfg.rff_dimension)
+        )
+        g_val, alpha = shrink_embedding(g_val, prior, sigma_g)
         await self._gather(
             owners,
             lambda i: self._endpoint(i).set_validation_embedding(self.owner_session_id, g_val),
@@ -746,6 +757,7 @@ class SummarizationSession:
             "allocation": "sketch",
             "budget": budget,
             "gaussian_sigma": sigma_g,
+            "embedding_shrinkage": alpha,
             "relevance_score": cfg.relevance_score,
             "allocation_sigma": sigma_a,
             # The release itself (post-processing of it is what the owners see).

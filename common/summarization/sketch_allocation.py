@@ -30,6 +30,11 @@ respect to ``D_v``:
 3. The released decision ``r~ = (1/m) sum_v pi(v) + N(0, s^2 I_K)`` (:func:`noisy_relevance`),
    and the candidate budget split in proportion to ``max(r~, 0)`` after an even share
    (:func:`common.summarization.candidates.allocate_candidates`).
+4. Each owner proposes its share by a local greedy against the validation embedding released
+   beside the decision, shrunk towards the public seed set's mean h1 by as much as its noise
+   hides it (:func:`common.summarization.candidates.shrink_embedding`; post-processing). With a
+   small validation set (digits, m = 44) the unshrunk embedding's noise, not the decision's,
+   was what sent owners' proposals away from D_v (README, "Sketch allocation").
 
 Privacy (Notes of :func:`relevance_sensitivity`): replacing one validation point moves ``r``
 by at most ``sqrt(2) / m`` in L2 whatever the relevance score, so the Gaussian mechanism

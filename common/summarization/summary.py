@@ -108,7 +108,8 @@ class SummarizationConfig:
         ``relevance_threshold * ||gtilde||^2`` (the typical score of a validation point).
     candidate_even_share : float
         Candidates method: share of the budget split evenly among owners before the rest is split
-        in proportion to the noisy relevance counts.
+        in proportion to the noisy relevance counts or decision (default 0.1; 0.2 before the
+        shrunk validation embedding: measured in the README, "Sketch allocation").
     embedding_rerank : bool
         Candidates method: choose the summary among the candidates by the private embedding
         instead of the exact kernel (to measure what exact re-ranking adds).
@@ -161,7 +162,7 @@ class SummarizationConfig:
     candidate_fraction: float = 0.0
     candidate_multiple: float = 3.0
     relevance_threshold: float = 0.5
-    candidate_even_share: float = 0.2
+    candidate_even_share: float = 0.1
     embedding_rerank: bool = False
     validation_release: ValidationRelease = "gaussian"
     summary_release: SummaryRelease = "tree"

@@ -10,15 +10,18 @@ import pytest
 from scipy import optimize, stats
 
 from common.sketches import Domain, SketchMechanism, draw_rff
+from common.summarization.rff import random_fourier_features
 from common.summarization.sketch_allocation import (
     relevance_matrix,
     relevance_sensitivity,
     responsibilities,
 )
 from common.summarization.summary import SummarizationConfig
-from deploy.runner import publish_sketches, simulate
+from deploy.runner import publish_sketches, run_session, simulate
 from deploy.scenarios import Scenario
 from owner.data import PointSet
+from owner.local import LocalOwnerEndpoint
+from owner.protocol import Owner
 
 D = 3
 DOMAIN = Domain(np.full(D, -4.0), np.full(D, 4.0))
@@ -184,3 +187,57 @@ def test_a_sketch_over_other_attributes_is_refused() -> None:
 
     with pytest.raises(InvalidArgumentError, match="attributes"):
         simulate(owners, validation, seed_set, _config(), seed=0, owner_sketches=sketches)
+
+
+class _Recording(LocalOwnerEndpoint):
+    """An in-process owner that records the h1 parameters and the embedding it receives."""
+
+    def __init__(self, owner: Owner) -> None:
+        super().__init__(owner)
+        self.rff = None
+        self.embedding: np.ndarray | None = None
+
+    async def open_session(self, session_id, rff, sampling_seed, *, consumer, terms):  # type: ignore[no-untyped-def,override]
+        self.rff = rff
+        return await super().open_session(
+            session_id, rff, sampling_seed, consumer=consumer, terms=terms
+        )
+
+    async def set_validation_embedding(self, session_id, embedding):  # type: ignore[no-untyped-def,override]
+        self.embedding = np.array(embedding, copy=True)
+        await super().set_validation_embedding(session_id, embedding)
+
+
+@pytest.mark.parametrize("m", [10, 2000])
+def test_owners_receive_the_embedding_shrunk_towards_the_public_seed_set(m: int) -> None:
+    """What the owners receive is ``prior + alpha (gtilde - prior)`` with the prior the seed
+    set's mean h1 and ``alpha = 1 - (d - 2) sigma^2 / ||gtilde - prior||^2`` (clipped at 0),
+    checked from the received vector alone: ``t = ||received - prior|| = alpha ||gtilde -
+    prior||``, so ``alpha = 1 - (d - 2) sigma^2 alpha^2 / t^2``. With m = 10 the noise
+    (sigma = 3.29 per coordinate, ||noise||^2 ~ 32 sigma^2 against ||g - prior||^2 <= 8 =
+    0.74 sigma^2) hides the validation set: alpha >= 0.8 needs ||gtilde - prior||^2 >= 150
+    sigma^2, i.e. a chi^2_32 above 129.7 (probability 1e-13). With m = 2000 (sigma = 0.016)
+    the shrinkage barely moves it (alpha > 0.9 needs ||g - prior||^2 above about 300 sigma^2 =
+    0.08, and this world's validation blob is far from the seed set's uniform spread)."""
+    owners, validation, seed_set = _world(4, m=m)
+    sketches = publish_sketches(owners, _mechanism(), seed=0)
+    endpoints = [_Recording(Owner(o.name, o, allow_seeded_sessions=True)) for o in owners]
+    result = run_session(
+        endpoints, validation, seed_set, _config(), seed=0, owner_sketches=sketches
+    )
+    info = result.report.ledger["candidates"]
+    alpha, sigma = info["embedding_shrinkage"], info["gaussian_sigma"]
+    first = endpoints[0]
+    assert first.embedding is not None and first.rff is not None
+    for other in endpoints[1:]:
+        np.testing.assert_array_equal(other.embedding, first.embedding)
+    prior = random_fourier_features(seed_set, first.rff, dtype=np.float64).mean(axis=0)
+    t2 = float(np.sum((first.embedding - prior) ** 2))
+    d = prior.shape[0]
+    assert (alpha < 0.8) if m == 10 else (0.9 < alpha < 1.0)
+    if alpha == 0.0:
+        np.testing.assert_allclose(first.embedding, prior, rtol=0, atol=1e-12)
+    else:
+        assert alpha == pytest.approx(1 - (d - 2) * sigma**2 * alpha**2 / t2, rel=1e-9)
+    # Post-processing: the validation party's charges are the two Gaussian releases only.
+    assert len(result.report.ledger["validation"]["entries"]) == 2
