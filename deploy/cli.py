@@ -105,6 +105,15 @@ def main(verbose: int) -> None:
     ".parquet. At least one of --data and --table.",
 )
 @click.option(
+    "--binary-column",
+    "binary_columns",
+    multiple=True,
+    metavar="COLUMN",
+    help="A column of --table declared to hold only 0 and 1 (checked now; repeat): the only "
+    "columns a CAPE logistic regression or training may take as its target. A public "
+    "declaration: requests are refused on it, never on the values.",
+)
+@click.option(
     "--label-column",
     default="label",
     help="Column of integer labels in .csv/.parquet files (absent: unlabeled).",
@@ -148,6 +157,7 @@ def main(verbose: int) -> None:
 def serve_owner(
     data_path: str | None,
     table_path: str | None,
+    binary_columns: tuple[str, ...],
     label_column: str,
     owner_id: str | None,
     host: str,
@@ -172,6 +182,8 @@ def serve_owner(
     _ensure_info_logging()
     if data_path is None and table_path is None:
         raise click.UsageError("give --data (points to summarize), --table (for CAPE), or both")
+    if binary_columns and table_path is None:
+        raise click.UsageError("--binary-column declares columns of --table: give --table")
     security = _security("owner", **tls)
     name = security.identity.name if security.identity is not None else None
     if name is not None and owner_id is not None and owner_id != name:
@@ -180,7 +192,7 @@ def serve_owner(
         )
     data = _load(data_path, label_column=label_column) if data_path is not None else None
     try:
-        table = load_table(table_path) if table_path is not None else None
+        table = load_table(table_path, binary=binary_columns) if table_path is not None else None
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     default_name = data.name if data is not None else table.name if table is not None else ""
@@ -216,6 +228,8 @@ def serve_owner(
         "no points" if data is None else f"{data.n_points} points of {data.n_features} features"
     )
     rows = "no table" if table is None else f"a table of {table.n_rows} rows"
+    if table is not None and table.binary:
+        rows += f" (declared 0/1: {', '.join(table.binary)})"
     logger.info(
         "owner %s: %s, %s; ledger %s; left %s: epsilon %g, delta %g, %d points",
         owner.owner_id,
