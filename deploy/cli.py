@@ -54,6 +54,7 @@ from deploy.scenarios import SCENARIO_NAMES
 from deploy.sketch_commands import explore_command, rank_owners_command, sketch_group
 from deploy.sketch_experiments import sketch_experiments
 from dpmarket.identity import Identity
+from dpmarket.transport import BindError
 from owner.data import PointSet, load_point_set
 
 logger = logging.getLogger("dpmarket")
@@ -253,6 +254,8 @@ def serve_owner(
                     port_file=port_file,
                 )
             )
+    except BindError as exc:
+        raise click.ClickException(str(exc)) from exc
     finally:
         ledger.close()
 
@@ -421,6 +424,8 @@ def serve_curator(
 
     try:
         asyncio.run(run())
+    except BindError as exc:
+        raise click.ClickException(str(exc)) from exc
     finally:
         catalog.close()
         store.close()
