@@ -339,6 +339,22 @@ def test_a_retried_fit_returns_the_same_answer_and_charges_nothing_new(
     assert _ledgers(cluster) == before
 
 
+def test_a_retried_refused_job_is_refused_again_the_same_way_charging_nothing(
+    cluster: LocalCluster,
+) -> None:
+    """A job an owner refuses at open, retried with the same request id: the same status and
+    message both times (never INTERNAL), no ledger changes; the key then serves the corrected
+    request, as a refused CreateSession leaves no key behind."""
+    before = _ledgers(cluster)
+    spec = _linear(features=(*FEATURES[:3], ("extra", 10.0, 60.0)))
+    first = _fit_status(cluster, spec, request_id="cape-refused-1")
+    again = _fit_status(cluster, spec, request_id="cape-refused-1")
+    assert first == again and first[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert _ledgers(cluster) == before
+    fit = _fit(cluster, _linear(), request_id="cape-refused-1")
+    assert _fit(cluster, _linear(), request_id="cape-refused-1").report == fit.report
+
+
 # ----------------------------------------------------------------------------------------- budgets
 def test_an_owner_without_budget_left_refuses_the_job_before_any_release(
     budget_cluster: LocalCluster,
