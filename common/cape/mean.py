@@ -27,7 +27,14 @@ Lemma 1 and Remark 3: with ``w_s = N_s / N``, ``w_s tau_s = kappa ||high - low||
 same at every site, the ``e_s`` cancel in the weighted average and the ``g_s ~ N(0, tau_s^2 /
 S)`` leave a variance ``sum_s w_s^2 tau_s^2 / S = (kappa ||high - low||_2 / N)^2`` per coordinate:
 the pooled-data Gaussian mechanism's with the same multiplier ``kappa``
-(:func:`common.cape.privacy.remark3_weights`).
+(:func:`common.cape.privacy.remark3_weights`). That ``kappa`` is calibrated against the
+aggregator's view of every site's release and ``S_C`` colluders, whose privacy loss has
+``sigma_z^2 = F / kappa^2`` with ``F = S (S + S_H) / (S_H (S + 1))``
+(:func:`common.cape.privacy.collusion_factor`); the pooled mechanism at the same ``(epsilon,
+delta)`` needs only ``kappa / sqrt(F)``. So the estimate's variance is ``F`` times the pooled
+mechanism's at the same guarantee (``CapeMeanPlan.baseline_stds()["pooled"]``): 1.875 at ``S =
+5, S_C = 1``, ``2 S / (S + 1)`` without colluders, against ``S`` times for independent noise per
+site.
 
 References
 ----------
