@@ -107,6 +107,28 @@ def _clamp_features(
     return clamped, {c[0]: int(m) for c, m in zip(columns, moved, strict=True) if m}
 
 
+def _clamp_records(
+    features: ArrayLike,
+    columns: Sequence[tuple[str, float, float]],
+    target: ArrayLike,
+    target_bounds: tuple[str, float, float] | None,
+) -> Clamped:
+    """Features clamped to their bounds and the target to ``target_bounds`` (``None``: a 0/1
+    target, left as it is but required finite)."""
+    x, moved = _clamp_features(features, columns)
+    y = np.asarray(target, dtype=np.float64)
+    if y.shape != (x.shape[0],):
+        raise ValueError(f"target must have shape ({x.shape[0]},), got {y.shape}")
+    if target_bounds is None:
+        if not np.isfinite(y).all():
+            raise ValueError("values must be finite to be clamped")
+        return Clamped(x, y, moved)
+    y, moved_y = clamp_to_bounds(y, target_bounds[1], target_bounds[2])
+    if moved_y[0]:
+        moved[target_bounds[0]] = int(moved_y[0])
+    return Clamped(x, y, moved)
+
+
 def _check_labels(y: NDArray[np.float64], column: str) -> None:
     """Raise ``ValueError`` unless ``y`` holds only 0 and 1; the message names the column only.
 
@@ -232,29 +254,15 @@ class CapeJobSpec:
         ValueError
             On shapes, or a NaN or infinite value (fixed messages, naming no row or value).
         """
-        x, moved = _clamp_features(features, self.features)
-        y = np.asarray(target, dtype=np.float64)
-        if y.shape != (x.shape[0],):
-            raise ValueError(f"target must have shape ({x.shape[0]},), got {y.shape}")
-        if self.task == "linear":
-            y, moved_y = clamp_to_bounds(y, self.target[1], self.target[2])
-            if moved_y[0]:
-                moved[self.target[0]] = int(moved_y[0])
-        elif not np.isfinite(y).all():
-            raise ValueError("values must be finite to be clamped")
-        return Clamped(x, y, moved)
+        return _clamp_records(
+            features, self.features, target, self.target if self.task == "linear" else None
+        )
 
     def scaled(
         self, features: ArrayLike, target: ArrayLike
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """Raw records, clamped to the public bounds (:meth:`clamped`), in the functional
-        mechanism's domain (``||x|| <= 1``, a linear target in ``[-1, 1]``).
-
-        Parameters
-        ----------
-        features : array-like of shape (n, len(features))
-            The feature columns, in the spec's order.
-        target : array-like of shape (n,)
+        """Raw records, clamped to the public bounds (:meth:`clamped`, same parameters), in the
+        functional mechanism's domain (``||x|| <= 1``, a linear target in ``[-1, 1]``).
 
         Raises
         ------
@@ -485,13 +493,7 @@ class CapeTrainingSpec:
         ValueError
             On shapes, or a NaN or infinite value (fixed messages, naming no row or value).
         """
-        x, moved = _clamp_features(features, self.features)
-        y = np.asarray(target, dtype=np.float64)
-        if y.shape != (x.shape[0],):
-            raise ValueError(f"target must have shape ({x.shape[0]},), got {y.shape}")
-        if not np.isfinite(y).all():
-            raise ValueError("values must be finite to be clamped")
-        return Clamped(x, y, moved)
+        return _clamp_records(features, self.features, target, None)
 
     def scale(self, features: ArrayLike) -> NDArray[np.float64]:
         """Raw features, clamped to their bounds, -> the network's inputs

@@ -178,6 +178,21 @@ class Domain:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def _records(self, x: ArrayLike, name: str) -> NDArray[np.float64]:
+        """``x`` as a C-contiguous float64 array of shape (n >= 1, d); shape and type checked."""
+        arr = np.asarray(x)
+        d = self.n_attributes
+        if arr.ndim != 2 or arr.shape[1] != d:
+            raise InvalidArgumentError(
+                f"{name} must be a 2-D array with {d} columns (one per domain attribute), got "
+                f"shape {arr.shape}"
+            )
+        if arr.shape[0] == 0:
+            raise InvalidArgumentError(f"{name} is empty: it must hold at least one record")
+        if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
+            raise InvalidArgumentError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+        return np.ascontiguousarray(arr, dtype=np.float64)
+
     def check(self, x: ArrayLike, name: str = "data") -> NDArray[np.float64]:
         """Return ``x`` as a float64 array if every record lies in the domain; raise otherwise.
 
@@ -200,18 +215,7 @@ class Domain:
             attribute that is not one of its levels. The message names the first bad row and
             column (attribute name when the domain has names), the value and the bounds.
         """
-        arr = np.asarray(x)
-        d = self.n_attributes
-        if arr.ndim != 2 or arr.shape[1] != d:
-            raise InvalidArgumentError(
-                f"{name} must be a 2-D array with {d} columns (one per domain attribute), got "
-                f"shape {arr.shape}"
-            )
-        if arr.shape[0] == 0:
-            raise InvalidArgumentError(f"{name} is empty: it must hold at least one record")
-        if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
-            raise InvalidArgumentError(f"{name} must hold real numbers, got dtype {arr.dtype}")
-        out = np.ascontiguousarray(arr, dtype=np.float64)
+        out = self._records(x, name)
         finite = np.isfinite(out)
         if not finite.all():
             row, col = (int(v) for v in np.argwhere(~finite)[0])
@@ -270,18 +274,7 @@ class Domain:
             (a ``ValueError``) if ``x`` is not 2-D with ``d`` columns, is empty, holds a
             non-number, NaN or inf. The messages name no row and no value.
         """
-        arr = np.asarray(x)
-        d = self.n_attributes
-        if arr.ndim != 2 or arr.shape[1] != d:
-            raise InvalidArgumentError(
-                f"{name} must be a 2-D array with {d} columns (one per domain attribute), got "
-                f"shape {arr.shape}"
-            )
-        if arr.shape[0] == 0:
-            raise InvalidArgumentError(f"{name} is empty: it must hold at least one record")
-        if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
-            raise InvalidArgumentError(f"{name} must hold real numbers, got dtype {arr.dtype}")
-        raw = np.asarray(arr, dtype=np.float64)
+        raw = self._records(x, name)
         if not np.isfinite(raw).all():
             raise InvalidArgumentError(f"{name} holds NaN or inf: only finite values are clamped")
         out = np.ascontiguousarray(np.minimum(np.maximum(raw, self.low), self.high))
