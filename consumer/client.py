@@ -386,8 +386,8 @@ class CapeNetwork:
     report: dict[str, Any]
 
     def predict_proba(self, features: NDArray[np.float64]) -> NDArray[np.float64]:
-        """``P[y = 1 | x]`` for raw feature rows of shape (n, D) (mapped by the spec's bounds;
-        ``ValueError`` naming row and column for a value outside them)."""
+        """``P[y = 1 | x]`` for raw feature rows of shape (n, D) (clamped to the spec's bounds and
+        mapped by them, as the owners mapped theirs)."""
         return predict_proba(self.parameters, self.spec.scale(features), self.spec.hidden)
 
     def accuracy(self, features: NDArray[np.float64], labels: NDArray[np.float64]) -> float:

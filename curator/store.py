@@ -314,6 +314,24 @@ class CuratorStore:
                 (error, now, now + ttl, json.dumps(document, sort_keys=True), session_id),
             )
 
+    def forget_request(self, session_id: str) -> None:
+        """Free a session's idempotency key (the row, its status and charges stay): a request
+        refused before any release leaves no answer under its key, so a retry runs afresh."""
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute("UPDATE sessions SET request_id = NULL WHERE id = ?", (session_id,))
+
+    def failure(self, session_id: str) -> tuple[str, dict[str, Any] | None] | None:
+        """A failed job's error and JSON document (None once expired), or None if the row is
+        not failed."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT error, document FROM sessions WHERE id = ? AND status = 'failed'",
+                (session_id,),
+            ).fetchone()
+        if row is None:
+            return None
+        return str(row[0] or ""), None if row[1] is None else json.loads(row[1])
+
     def document(self, session_id: str) -> dict[str, Any] | None:
         """A done job's JSON document, or None (not done, expired, or a summary session)."""
         with self._lock, snapshot(self._conn) as conn:

@@ -134,7 +134,10 @@ def _write_tables(frame: pd.DataFrame, directory: Path, seed: int) -> tuple[list
     return paths, parts
 
 
-def _cluster(out_dir: Path, name: str, tables: Sequence[Path]) -> LocalCluster:
+def _cluster(
+    out_dir: Path, name: str, tables: Sequence[Path], binary: Sequence[str] = ()
+) -> LocalCluster:
+    """The owner processes of one data set; ``binary``: the columns they declare 0/1."""
     state_dir = out_dir / "state" / name
     shutil.rmtree(state_dir, ignore_errors=True)  # a demo starts from fresh ledgers
     return LocalCluster(
@@ -144,6 +147,7 @@ def _cluster(out_dir: Path, name: str, tables: Sequence[Path]) -> LocalCluster:
         state_dir=state_dir,
         owner_policy=POLICIES / "demo-owner.toml",
         owner_tables=tables,
+        owner_binary_columns=binary,
     )
 
 
@@ -340,7 +344,7 @@ def run_cape_demo(
         f"2-layer network ({TRAIN_HIDDEN} hidden units, {TRAIN_ITERATIONS} iterations; epsilon "
         f"= {epsilon}, delta = {TRAIN_DELTA} per owner over the whole training)"
     )
-    with _cluster(out_dir, "spam", tables) as cluster:
+    with _cluster(out_dir, "spam", tables, binary=[SPAM_TARGET]) as cluster:
         with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
             logreg = client.fit_cape(logreg_spec, seed=seed)
             network = client.train_cape(train_spec, seed=seed)

@@ -54,6 +54,7 @@ from deploy.scenarios import SCENARIO_NAMES
 from deploy.sketch_commands import explore_command, rank_owners_command, sketch_group
 from deploy.sketch_experiments import sketch_experiments
 from dpmarket.identity import Identity
+from dpmarket.transport import BindError
 from owner.data import PointSet, load_point_set
 
 logger = logging.getLogger("dpmarket")
@@ -105,6 +106,15 @@ def main(verbose: int) -> None:
     ".parquet. At least one of --data and --table.",
 )
 @click.option(
+    "--binary-column",
+    "binary_columns",
+    multiple=True,
+    metavar="COLUMN",
+    help="A column of --table declared to hold only 0 and 1 (checked now; repeat): the only "
+    "columns a CAPE logistic regression or training may take as its target. A public "
+    "declaration: requests are refused on it, never on the values.",
+)
+@click.option(
     "--label-column",
     default="label",
     help="Column of integer labels in .csv/.parquet files (absent: unlabeled).",
@@ -148,6 +158,7 @@ def main(verbose: int) -> None:
 def serve_owner(
     data_path: str | None,
     table_path: str | None,
+    binary_columns: tuple[str, ...],
     label_column: str,
     owner_id: str | None,
     host: str,
@@ -172,6 +183,8 @@ def serve_owner(
     _ensure_info_logging()
     if data_path is None and table_path is None:
         raise click.UsageError("give --data (points to summarize), --table (for CAPE), or both")
+    if binary_columns and table_path is None:
+        raise click.UsageError("--binary-column declares columns of --table: give --table")
     security = _security("owner", **tls)
     name = security.identity.name if security.identity is not None else None
     if name is not None and owner_id is not None and owner_id != name:
@@ -180,7 +193,7 @@ def serve_owner(
         )
     data = _load(data_path, label_column=label_column) if data_path is not None else None
     try:
-        table = load_table(table_path) if table_path is not None else None
+        table = load_table(table_path, binary=binary_columns) if table_path is not None else None
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     default_name = data.name if data is not None else table.name if table is not None else ""
@@ -216,6 +229,8 @@ def serve_owner(
         "no points" if data is None else f"{data.n_points} points of {data.n_features} features"
     )
     rows = "no table" if table is None else f"a table of {table.n_rows} rows"
+    if table is not None and table.binary:
+        rows += f" (declared 0/1: {', '.join(table.binary)})"
     logger.info(
         "owner %s: %s, %s; ledger %s; left %s: epsilon %g, delta %g, %d points",
         owner.owner_id,
@@ -239,6 +254,8 @@ def serve_owner(
                     port_file=port_file,
                 )
             )
+    except BindError as exc:
+        raise click.ClickException(str(exc)) from exc
     finally:
         ledger.close()
 
@@ -407,6 +424,8 @@ def serve_curator(
 
     try:
         asyncio.run(run())
+    except BindError as exc:
+        raise click.ClickException(str(exc)) from exc
     finally:
         catalog.close()
         store.close()
@@ -1152,7 +1171,13 @@ def evaluate(
 @click.group("cape", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 def cape_group() -> None:
     """Joint estimates and models across owners by CAPE (zero-sum noise through secure
-    aggregation): means, linear and logistic regressions, a network by gradient descent."""
+    aggregation): means, linear and logistic regressions, a network by gradient descent.
+
+    At the same (epsilon, delta) per owner the answer's noise variance is F = S (S + S_H) /
+    (S_H (S + 1)) times the pooled-data mechanism's (S owners, S_H = S - S_C of them honest;
+    F = 1.875 at S = 5, S_C = 1), against S times for independent noise per owner. Values
+    outside the public bounds are clamped to them by every owner; a logistic or training target
+    must be a column the owners declared 0/1 (serve-owner --binary-column)."""
 
 
 def _bound(text: str, option: str) -> tuple[str, float, float]:
@@ -1208,7 +1233,8 @@ def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., 
             default=None,
             type=click.Path(exists=True, dir_okay=False),
             help="TOML file: [features] column = [low, high] (in order) and, for a model, [target] "
-            "column = [low, high]. Public bounds, never statistics of the private data.",
+            "column = [low, high]. Public bounds, never statistics of the private data; owners "
+            "clamp values outside them.",
         ),
         click.option(
             "--feature",
@@ -1227,7 +1253,9 @@ def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., 
             "--colluders",
             default=None,
             type=click.IntRange(min=0),
-            help="S_C: owners that may collude with the curator (default ceil(S/3) - 1).",
+            help="S_C: owners that may collude with the curator (default ceil(S/3) - 1); the "
+            "noise variance grows with it: F = S (S + S_H) / (S_H (S + 1)) times the pooled "
+            "mechanism's, S_H = S - S_C.",
         ),
         click.option("--seed", default=None, type=click.IntRange(min=0), help="Reproducible runs."),
         click.option("--request-id", default=None, help="Idempotency key (default: random)."),
@@ -1369,7 +1397,8 @@ _FIT_OPTIONS = [
         "--target",
         default=None,
         metavar="COLUMN[=LOW:HIGH]",
-        help="The target column and its public bounds (logistic: a 0/1 column, no bounds).",
+        help="The target column and its public bounds (logistic: a column the owners declared "
+        "0/1 with serve-owner --binary-column, no bounds).",
     ),
     _CALIBRATION_OPTION,
     click.option("--no-intercept", is_flag=True, help="Fit without an intercept."),
@@ -1429,7 +1458,12 @@ def cape_mean_command(
 @_cape_command(
     "train",
     [
-        click.option("--target", required=True, metavar="COLUMN", help="The 0/1 label column."),
+        click.option(
+            "--target",
+            required=True,
+            metavar="COLUMN",
+            help="The label: a column the owners declared 0/1 (serve-owner --binary-column).",
+        ),
         click.option("--iterations", default=50, type=click.IntRange(min=1), help="T."),
         click.option("--learning-rate", default=1.0, type=click.FloatRange(min=0, min_open=True)),
         click.option("--hidden-units", default=16, type=click.IntRange(min=1), help="H."),

@@ -74,6 +74,9 @@ class LocalCluster:
         default).
     owner_tables : sequence of path, optional
         One table per owner (``dpmarket serve-owner --table``) for CAPE jobs.
+    owner_binary_columns : sequence of str
+        Columns every owner declares 0/1 (``serve-owner --binary-column``): the targets CAPE
+        logistic regressions and trainings may use.
     insecure : bool
         Plaintext gRPC with no certificates (``--insecure`` on every service): only to measure
         what mTLS costs (``make bench``).
@@ -104,6 +107,7 @@ class LocalCluster:
         owner_timeout: float = 30.0,
         consumers: Sequence[str] = (CONSUMER_NAME,),
         owner_tables: Sequence[str | os.PathLike[str]] = (),
+        owner_binary_columns: Sequence[str] = (),
         insecure: bool = False,
         sketch_specs: Sequence[str | os.PathLike[str]] = (),
         sketch_seed: int | None = None,
@@ -111,6 +115,7 @@ class LocalCluster:
     ) -> None:
         self.owner_files = [str(f) for f in owner_files]
         self.owner_tables = [str(t) for t in owner_tables]
+        self.owner_binary_columns = list(owner_binary_columns)
         self.owner_ids = list(owner_ids)
         self.log_dir = Path(log_dir)
         self.owner_policy = None if owner_policy is None else str(owner_policy)
@@ -213,6 +218,8 @@ class LocalCluster:
                 args += ["--data", self.owner_files[i]]
             if self.owner_tables:
                 args += ["--table", self.owner_tables[i]]
+                for column in self.owner_binary_columns:
+                    args += ["--binary-column", column]
             args += self._tls_args(owner_id)
             args += ["--data-dir", str(self.owner_state(owner_id))]
             if self.owner_policy is not None:

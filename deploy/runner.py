@@ -109,15 +109,16 @@ def publish_sketches(
     -------
     dict of str to PrivateSketch
 
-    Raises
-    ------
-    ValueError
-        If an owner's point lies outside the mechanism's domain (naming row and column).
+    Notes
+    -----
+    Each owner's points are projected onto the mechanism's domain first
+    (:meth:`common.sketches.domain.Domain.clamp`), as the owner service does before it publishes,
+    so an in-process sketch is the one the networked owner would release.
     """
     ids = list(owner_ids) if owner_ids is not None else [o.name for o in owners]
     noise: NoiseSource = SeededNoise(make_rng(seed)) if seed is not None else OpenDPNoise()
     return {
-        name: mechanism.release(data.features, noise)
+        name: mechanism.release(mechanism.domain.clamp(data.features)[0], noise)
         for name, data in zip(ids, owners, strict=True)
     }
 

@@ -7,16 +7,18 @@ array payloads and stops gracefully on SIGTERM (CONVENTIONS.md, tooling).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
+import socket
 from collections.abc import Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from dpmarket.transport import TransportSecurity, add_port
+from dpmarket.transport import BindError, TransportSecurity, add_port
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +28,46 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
+#: Options of every server the project starts (:func:`start_server`): :data:`GRPC_OPTIONS` and an
+#: exclusive port. gRPC sets ``SO_REUSEPORT`` by default, so a second process (a duplicate
+#: ``serve-owner``, or anything local) could bind a port already served and receive a share of
+#: its connections; with it off, a second server on a bound port fails to start.
+SERVER_OPTIONS = [*GRPC_OPTIONS, ("grpc.so_reuseport", 0)]
+
+
+def check_address_free(address: str) -> None:
+    """Raise :class:`~dpmarket.transport.BindError` if another socket listens on ``address``.
+
+    A plain socket (``SO_REUSEADDR`` on, as gRPC sets it, so a port in ``TIME_WAIT`` after a
+    restart is free; ``SO_REUSEPORT`` off) tries the address first, so that a port in use is
+    refused with one clear line naming it, before gRPC logs its own. Port 0, a name that does not
+    resolve or any other bind error is left to gRPC, whose bind decides either way.
+
+    Parameters
+    ----------
+    address : str
+        ``host:port``, ``[v6]:port`` or ``:port``.
+    """
+    host, _, port = address.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(
+            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror:
+        return
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise BindError(
+                        f"cannot serve on {address}: the address is in use (is another server "
+                        f"running on port {port}?)"
+                    ) from None
 
 
 async def start_server(
@@ -45,13 +87,17 @@ async def start_server(
     only holders of a certificate of the deployment's CA reach them; reflection describes the
     API, which every caller's authorization already constrains per RPC.
 
+    The port is exclusive (:data:`SERVER_OPTIONS`): a second server on a bound port fails here.
+
     Raises
     ------
-    RuntimeError
-        If the address cannot be bound.
+    BindError
+        If the address cannot be bound, e.g. another server holds the port (the message names
+        the address).
     """
     names = (service_names,) if isinstance(service_names, str) else tuple(service_names)
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    check_address_free(address)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     servicer_adder(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

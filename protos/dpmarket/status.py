@@ -64,19 +64,29 @@ def error_from_rpc(exc: grpc.RpcError, peer: str) -> errors.DPMarketError:
     return cls(f"{peer}: {details}" + ("" if details.endswith(suffix) else suffix))
 
 
+#: The details of every INTERNAL status: the same whatever failed, so that neither a stack
+#: trace nor an owner's private data (:class:`common.errors.PrivateDataError`) reaches the wire.
+INTERNAL_MESSAGE = "internal error; see the server log"
+
+
 async def abort_for(exc: BaseException, context: grpc.aio.ServicerContext, where: str) -> None:
     """Abort the call with the status of ``exc`` (always raises).
 
     Protocol errors abort with their code and message; an ``AbortError`` (the call was already
-    aborted) propagates; any other exception is logged here with its traceback and aborts with
-    INTERNAL and a generic message, so no stack trace reaches the wire.
+    aborted) propagates; a :class:`~common.errors.PrivateDataError` is logged here (its message
+    may name an owner's rows) and, like any other exception (logged with its traceback), aborts
+    with INTERNAL and :data:`INTERNAL_MESSAGE`, so no stack trace and no private value reaches
+    the wire.
     """
     if isinstance(exc, grpc.aio.AbortError):
         raise exc
-    code = status_for(exc)
+    code = None if isinstance(exc, errors.PrivateDataError) else status_for(exc)
     if code is None:
-        logger.error("internal error in %s", where, exc_info=exc)
-        await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server log")
+        if isinstance(exc, errors.PrivateDataError):
+            logger.error("%s failed on this owner's data (not sent): %s", where, exc)
+        else:
+            logger.error("internal error in %s", where, exc_info=exc)
+        await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
     else:
         await context.abort(code, str(exc))
     raise AssertionError("context.abort returned")  # pragma: no cover

@@ -34,6 +34,12 @@ from dpmarket.identity import Identity, identity_from_certificate
 
 logger = logging.getLogger(__name__)
 
+
+class BindError(RuntimeError):
+    """A server cannot bind its address: another process holds the port, or the address is not
+    available here. The message names the address."""
+
+
 #: The channel argument that makes gRPC check the server certificate against a given DNS name.
 TARGET_NAME_OVERRIDE = "grpc.ssl_target_name_override"
 
@@ -188,18 +194,23 @@ def add_port(
 
     Raises
     ------
-    RuntimeError
-        If the address cannot be bound.
+    BindError
+        If the address cannot be bound (with the server options of
+        :data:`dpmarket.serving.SERVER_OPTIONS`, a port another server holds cannot).
     """
     if security.insecure:
         logger.warning(
             "%s: serving plaintext: no TLS, no peer identities, any caller is accepted", address
         )
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, security.server_credentials())
+    try:
+        if security.insecure:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, security.server_credentials())
+    except RuntimeError as exc:  # grpcio raises "Failed to bind to address ..."
+        raise BindError(f"cannot serve on {address}: gRPC could not bind it") from exc
     if port == 0:
-        raise RuntimeError(f"cannot bind {address}")
+        raise BindError(f"cannot serve on {address}: gRPC could not bind it")
     return port
 
 

@@ -20,7 +20,7 @@ from common.errors import UnavailableError
 from curator.owners import GrpcOwnerEndpoint
 from deploy.pki import identity_files, init_ca, issue, issue_all
 from dpmarket.identity import Identity, peer_identity
-from dpmarket.serving import GRPC_OPTIONS
+from dpmarket.serving import GRPC_OPTIONS, SERVER_OPTIONS
 from dpmarket.transport import (
     TARGET_NAME_OVERRIDE,
     TransportSecurity,
@@ -73,7 +73,7 @@ class RecordingHealth(health.aio.HealthServicer):  # type: ignore[name-defined]
 
 @contextlib.asynccontextmanager
 async def _serving(security: TransportSecurity) -> AsyncIterator[tuple[str, RecordingHealth]]:
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     servicer = RecordingHealth()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     port = add_port(server, "127.0.0.1:0", security)
