@@ -100,7 +100,7 @@ def security_from_options(
             )
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--name") from exc
-    elif len(given) < 3:
+    elif not (ca_path and cert_path and key_path):
         missing = sorted({"--ca", "--cert", "--key"} - set(given))
         raise click.UsageError(
             f"missing {', '.join(missing)}: every channel is mTLS (issue certificates with "

@@ -11,12 +11,14 @@ from numpy.typing import NDArray
 
 from dpmarket.v1 import array_pb2
 
-_TO_WIRE: dict[np.dtype, int] = {
+_TO_WIRE: dict[np.dtype, array_pb2.Dtype.ValueType] = {
     np.dtype(np.float32): array_pb2.DTYPE_FLOAT32,
     np.dtype(np.float64): array_pb2.DTYPE_FLOAT64,
     np.dtype(np.int64): array_pb2.DTYPE_INT64,
 }
-_FROM_WIRE: dict[int, np.dtype] = {v: k.newbyteorder("<") for k, v in _TO_WIRE.items()}
+_FROM_WIRE: dict[array_pb2.Dtype.ValueType, np.dtype] = {
+    v: k.newbyteorder("<") for k, v in _TO_WIRE.items()
+}
 
 #: Largest number of elements accepted in one array (512 MiB of float64).
 MAX_ELEMENTS = 64 * 1024 * 1024

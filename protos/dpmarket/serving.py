@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -28,12 +29,23 @@ GRPC_OPTIONS = [
 ]
 
 
+class HealthStatus(Protocol):
+    """The part of grpc's asyncio health servicer (``grpc_health.v1.health.aio.HealthServicer``)
+    the services use: setting a service's serving status. grpc-stubs describes only the
+    synchronous servicer."""
+
+    async def set(
+        self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType
+    ) -> None:
+        """Report ``service`` (``""``: the whole server) as ``status``."""
+
+
 async def start_server(
     servicer_adder: Callable[[grpc.aio.Server], None],
     service_names: str | Sequence[str],
     address: str,
     security: TransportSecurity,
-) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+) -> tuple[grpc.aio.Server, int, HealthStatus]:
     """Start a grpc.aio server with health checking and reflection; return it and its port.
 
     ``servicer_adder`` registers the servicers of ``service_names`` (full names, e.g.
@@ -53,7 +65,8 @@ async def start_server(
     names = (service_names,) if isinstance(service_names, str) else tuple(service_names)
     server = grpc.aio.server(options=GRPC_OPTIONS)
     servicer_adder(server)
-    health_servicer = health.aio.HealthServicer()
+    # health.aio exists at run time; grpc-stubs' health module lacks it (an untyped value here).
+    health_servicer: HealthStatus = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server

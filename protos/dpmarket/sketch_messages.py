@@ -23,7 +23,7 @@ from common.sketches.spec import Noise, PublishedSketch, SketchSpec
 from dpmarket.arrays import array_from_proto, array_to_proto
 from dpmarket.v1 import sketch_pb2
 
-_NOISES: dict[int, Noise] = {
+_NOISES: dict[sketch_pb2.SketchNoise.ValueType, Noise] = {
     sketch_pb2.SKETCH_NOISE_LAPLACE: "laplace",
     sketch_pb2.SKETCH_NOISE_GAUSSIAN: "gaussian",
 }
@@ -52,7 +52,7 @@ def noise_to_proto(noise: str) -> sketch_pb2.SketchNoise.ValueType:
     return value
 
 
-def noise_from_proto(value: int) -> Noise:
+def noise_from_proto(value: sketch_pb2.SketchNoise.ValueType) -> Noise:
     """SketchNoise -> ``"laplace"`` / ``"gaussian"``; InvalidArgumentError otherwise."""
     noise = _NOISES.get(value)
     if noise is None:

@@ -56,7 +56,8 @@ def error_from_rpc(exc: grpc.RpcError, peer: str) -> errors.DPMarketError:
     Codes with no protocol meaning (INTERNAL, UNKNOWN, ...) become :class:`errors.AbortedError`.
     """
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-    details = exc.details() if hasattr(exc, "details") else str(exc)
+    # grpc types details() as optional: a status without details has none to relay.
+    details = (exc.details() if hasattr(exc, "details") else str(exc)) or ""
     cls = _EXCEPTIONS.get(code, errors.AbortedError)
     # A status relayed by a service (a curator passing on an owner's refusal) already ends with
     # its code: name it once.
