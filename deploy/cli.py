@@ -53,8 +53,8 @@ from deploy.pki import pki
 from deploy.scenarios import SCENARIO_NAMES
 from deploy.sketch_commands import explore_command, rank_owners_command, sketch_group
 from deploy.sketch_experiments import sketch_experiments
-from dpmarket.identity import Identity
 from owner.data import PointSet, load_point_set
+from runtime.identity import Identity
 
 logger = logging.getLogger("dpmarket")
 console = Console(stderr=True)
@@ -427,7 +427,7 @@ def health_command(target: str, expect: str | None, timeout: float, **tls: Any) 
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from dpmarket.transport import sync_channel
+    from runtime.transport import sync_channel
 
     role = Identity.parse(f"{expect}").role if expect else None
     security = _security(role if tls.get("pki_dir") else None, **tls)

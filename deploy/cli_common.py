@@ -13,8 +13,8 @@ from typing import Any
 import click
 
 from deploy.pki import identity_files
-from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity
+from runtime.identity import Identity
+from runtime.transport import TransportSecurity
 
 __all__ = ["check_outputs", "security_from_options", "tls_options"]
 

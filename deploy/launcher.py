@@ -31,9 +31,9 @@ from common.errors import UnavailableError
 from common.summarization.kernels import exact_kernel_greedy
 from common.summarization.summary import METHODS, SessionReport, SummarizationConfig, SummaryResult
 from deploy.pki import CA_CERT, identity_files, init_ca, issue_all
-from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity
 from owner.data import feature_columns
+from runtime.identity import Identity
+from runtime.transport import TransportSecurity
 
 #: Seconds to wait for a service to report its port.
 START_TIMEOUT_SECONDS = 60.0

@@ -31,7 +31,7 @@ from common.errors import FailedPreconditionError, NotFoundError
 from common.ids import short_id
 from common.secagg.crypto import EcdsaSigner, EcdsaVerifier, SecAggError, Signer
 from common.secagg.protocol import KeyAdvertisement, RoundParams, SecAggSite, UnmaskResponse
-from dpmarket.identity import Identity, identity_from_certificate
+from runtime.identity import Identity, identity_from_certificate
 
 #: Provides a site's input of a round: ``(job_id, params) -> vector of shape (vector_length,)``.
 InputSource = Callable[[str, RoundParams], NDArray[np.float64]]

@@ -47,9 +47,9 @@ from common.privacy.noise import NoiseSource, OpenDPNoise
 from common.sketches.endpoints import CatalogEndpoint
 from common.sketches.sketch import PrivateSketch
 from common.sketches.spec import PublishedSketch, SketchSpec
-from dpmarket.sketch_messages import sketch_bytes, sketch_from_bytes
 from owner.data import Table
 from owner.ledger import LedgerEntry, OwnerLedger
+from runtime.sketch_messages import sketch_bytes, sketch_from_bytes
 
 __all__ = [
     "Delivery",

@@ -41,11 +41,11 @@ from common.summarization.terms import owner_terms
 from curator.policy import load_curator_policy
 from deploy.cli import main
 from deploy.pki import CA_KEY, identity_files, init_ca, issue
-from dpmarket.identity import Identity
-from dpmarket.serving import start_server
-from dpmarket.transport import TransportSecurity
 from owner.data import load_point_set
 from owner.policy import load_owner_policy
+from runtime.identity import Identity
+from runtime.serving import start_server
+from runtime.transport import TransportSecurity
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "deploy" / "docker-compose.yml"

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from deploy.pki import identity_files, init_ca, issue, issue_all, pki
-from dpmarket.identity import (
+from runtime.identity import (
     NAME_PATTERN,
     ROLES,
     Identity,

@@ -33,12 +33,12 @@ from deploy.cape_experiments import DIABETES_BOUNDS, DIABETES_TARGET
 from deploy.launcher import CURATOR_NAME, LocalCluster
 from deploy.pki import identity_files
 from deploy.runner import fit_cape, run_cape
-from dpmarket import cape_messages
-from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import cape_pb2, secure_aggregation_pb2
 from owner.data import Table, load_table
 from owner.ledger import LedgerEntry, OwnerLedger
+from runtime import cape_messages
+from runtime.identity import Identity
+from runtime.transport import TransportSecurity, sync_channel
 
 pytestmark = pytest.mark.integration
 

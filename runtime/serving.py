@@ -17,7 +17,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from dpmarket.transport import TransportSecurity, add_port
+from runtime.transport import TransportSecurity, add_port
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ async def start_server(
 
     ``address`` may end in ``:0`` to let the OS choose a free port (tests). The port is mTLS
     (client certificates required) unless ``security`` is plaintext (``--insecure``, logged as
-    a warning by :func:`dpmarket.transport.add_port`). Health and reflection share the port, so
+    a warning by :func:`runtime.transport.add_port`). Health and reflection share the port, so
     only holders of a certificate of the deployment's CA reach them; reflection describes the
     API, which every caller's authorization already constrains per RPC.
 

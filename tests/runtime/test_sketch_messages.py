@@ -10,7 +10,7 @@ from common.errors import InvalidArgumentError
 from common.privacy.noise import SeededNoise
 from common.sketches.sketch import SketchMechanism
 from common.sketches.spec import PublishedSketch, SketchDeclaration, SketchSpec
-from dpmarket import sketch_messages as msg
+from runtime import sketch_messages as msg
 
 DECLARATION = SketchDeclaration.from_mapping(
     {

@@ -2,11 +2,11 @@
 
 Specs travel curator -> owners and consumers as ``SketchSpec``; sketches travel owner -> curator
 -> consumers as ``PrivateSketch`` (inside ``PublishedSketch``). Arrays are packed float64 / int64
-(:mod:`dpmarket.arrays`), so every value crosses the wire exactly and a sketch read back equals,
+(:mod:`runtime.arrays`), so every value crosses the wire exactly and a sketch read back equals,
 bit for bit, the one sent. Every ``*_from_proto`` validates what it builds: a sketch through
 :meth:`~common.sketches.sketch.PrivateSketch.validate` (scales recomputed from the public
 parameters, shapes, finiteness), a spec by recomputing its key. One module converts them for
-every service (as :mod:`dpmarket.cape_messages` does for CAPE).
+every service (as :mod:`runtime.cape_messages` does for CAPE).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from common.sketches.domain import Domain
 from common.sketches.feature_maps import FeatureMap, HISTMap, RACEMap, RFFMap
 from common.sketches.sketch import PrivateSketch, SketchMechanism
 from common.sketches.spec import Noise, PublishedSketch, SketchSpec
-from dpmarket.arrays import array_from_proto, array_to_proto
 from dpmarket.v1 import sketch_pb2
+from runtime.arrays import array_from_proto, array_to_proto
 
 _NOISES: dict[sketch_pb2.SketchNoise.ValueType, Noise] = {
     sketch_pb2.SKETCH_NOISE_LAPLACE: "laplace",

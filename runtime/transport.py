@@ -1,12 +1,12 @@
 """Mutual TLS for every dpmarket channel: server ports, client channels, the key material.
 
 Trust model. One deployment CA (``dpmarket pki``, :mod:`deploy.pki`) issues every party a
-certificate that names its role and name (:mod:`dpmarket.identity`); the role and name of a peer
+certificate that names its role and name (:mod:`runtime.identity`); the role and name of a peer
 come from that verified certificate and never from a message. Both ends present a certificate and
 check the other's against the CA: a server built with :func:`add_port` requires a client
 certificate at the handshake, so a client without one, a plaintext client or a client whose
 certificate another CA issued fails with ``UNAVAILABLE`` before any handler runs, and handlers read
-the caller with :func:`dpmarket.identity.peer_identity`. A client also checks *which* server it
+the caller with :func:`runtime.identity.peer_identity`. A client also checks *which* server it
 reached: gRPC's only check of a server's certificate beyond the CA signature is the host name,
 so a channel built with an ``expected`` identity sets ``grpc.ssl_target_name_override`` to the
 DNS name ``<name>.<role>.dpmarket`` that the CA writes only into that party's certificate. The
@@ -30,7 +30,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
-from dpmarket.identity import Identity, identity_from_certificate
+from runtime.identity import Identity, identity_from_certificate
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class TransportSecurity:
         missing or unreadable, the key does not match the certificate, the certificate is not
         issued by a CA in ``ca_pem``, a certificate is outside its validity period, or the
         certificate carries no dpmarket identity
-        (:func:`dpmarket.identity.identity_from_certificate`).
+        (:func:`runtime.identity.identity_from_certificate`).
     """
 
     ca_pem: bytes | None
@@ -223,7 +223,7 @@ def aio_channel(
         checks the certificate against the host of ``target`` instead, which a dpmarket
         certificate passes only when that host is ``<name>.<role>.dpmarket``: pass the identity.
     options : sequence of (str, value)
-        Channel arguments, e.g. :data:`dpmarket.serving.GRPC_OPTIONS`; must not set
+        Channel arguments, e.g. :data:`runtime.serving.GRPC_OPTIONS`; must not set
         ``grpc.ssl_target_name_override`` when ``expected`` is given.
 
     Returns

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from common import errors
-from dpmarket.status import error_from_rpc
+from runtime.status import error_from_rpc
 
 
 class _Failed(grpc.RpcError):

@@ -4,7 +4,7 @@ A dpmarket identity is a pair ``(role, name)``: the role is one of ``curator``, 
 ``consumer`` and the name is a DNS label. A certificate carries it three times, and all three must
 agree: the URI SAN ``spiffe://dpmarket/<role>/<name>`` (the authoritative copy), the subject
 (``OU=<role>``, ``CN=<name>``) and the DNS SAN ``<name>.<role>.dpmarket`` that clients check the
-server against at the TLS handshake (:mod:`dpmarket.transport`). Services never take a role or a
+server against at the TLS handshake (:mod:`runtime.transport`). Services never take a role or a
 name from a message body (DESIGN.md, trust boundaries); they call :func:`peer_identity`.
 """
 
@@ -103,7 +103,7 @@ def identity_from_certificate(cert: x509.Certificate) -> Identity:
     it (``OU=<role>``, ``CN=<name>``) and every DNS SAN under ``.dpmarket`` must be
     ``<name lowercased>.<role>.dpmarket``. This function does not verify the signature: call it on
     a certificate that was verified against the CA (the TLS handshake, or
-    :meth:`dpmarket.transport.TransportSecurity.from_files`).
+    :meth:`runtime.transport.TransportSecurity.from_files`).
 
     Parameters
     ----------
@@ -186,7 +186,7 @@ def peer_identity(context: grpc.ServicerContext | grpc.aio.ServicerContext) -> I
     -------
     Identity or None
         None when the peer presented no certificate: a plaintext server
-        (:meth:`dpmarket.transport.TransportSecurity.plaintext`), where nobody has an identity.
+        (:meth:`runtime.transport.TransportSecurity.plaintext`), where nobody has an identity.
 
     Raises
     ------
@@ -197,7 +197,7 @@ def peer_identity(context: grpc.ServicerContext | grpc.aio.ServicerContext) -> I
     -----
     gRPC puts ``x509_pem_cert`` in the auth context only after the TLS handshake verified the
     peer's certificate against the server's root certificates; a server built with
-    :func:`dpmarket.transport.add_port` requires that certificate, so on such a server every call
+    :func:`runtime.transport.add_port` requires that certificate, so on such a server every call
     that reaches a handler has a verified identity and None never occurs.
     """
     values = context.auth_context().get(_AUTH_PEM_KEY)

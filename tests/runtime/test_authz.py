@@ -32,9 +32,6 @@ from curator.policy import CuratorPolicy
 from curator.service import INSECURE_CONSUMER, CuratorServicer, curator_authorizer
 from curator.sketch_service import SketchCatalogServicer, catalog_authorizer
 from deploy.pki import CA_CERT, CA_KEY, identity_files, init_ca, issue_all
-from dpmarket.authz import ROLES_ATTRIBUTE, Authorizer, rpc, rpc_stream
-from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
@@ -49,6 +46,9 @@ from dpmarket.v1 import (
 )
 from owner.cape_service import CapeSiteServicer, SecureAggregationServicer
 from owner.service import OwnerServicer, owner_authorizer
+from runtime.authz import ROLES_ATTRIBUTE, Authorizer, rpc, rpc_stream
+from runtime.identity import Identity
+from runtime.transport import TransportSecurity
 
 OWNER_SERVICE = owner_pb2.DESCRIPTOR.services_by_name["OwnerService"]
 CAPE_SITE_SERVICE = cape_pb2.DESCRIPTOR.services_by_name["CapeSiteService"]
@@ -132,7 +132,7 @@ def test_every_rpc_is_implemented_and_states_its_roles(service, servicer, genera
         assert handler is not getattr(generated, method.name)
         expected = _roles(roles, method.name)
         assert getattr(handler, ROLES_ATTRIBUTE, None) == expected, (
-            f"{service.name}.{method.name} is not wrapped by dpmarket.authz.rpc{expected}"
+            f"{service.name}.{method.name} is not wrapped by runtime.authz.rpc{expected}"
         )
         streaming = method.server_streaming
         assert inspect.isasyncgenfunction(handler) == streaming, method.name

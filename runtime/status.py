@@ -1,6 +1,6 @@
 """Mapping between :mod:`common.errors` and gRPC status codes, both directions.
 
-Servicers wrap every handler with :func:`dpmarket.authz.rpc`, which aborts with
+Servicers wrap every handler with :func:`runtime.authz.rpc`, which aborts with
 :func:`abort_for`; clients turn a failed call back into the same exception with
 :func:`error_from_rpc`. No stack trace ever goes on the wire.
 """

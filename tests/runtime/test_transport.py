@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from deploy.pki import identity_files, init_ca, issue_all
-from dpmarket.identity import Identity
-from dpmarket.transport import TARGET_NAME_OVERRIDE, TransportSecurity, aio_channel, sync_channel
+from runtime.identity import Identity
+from runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, aio_channel, sync_channel
 
 OWNER_0 = Identity("owner", "owner-0")
 ALICE = Identity("consumer", "alice")

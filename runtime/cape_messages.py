@@ -3,7 +3,7 @@
 :class:`~common.cape.spec.CapeJobSpec` and :class:`~common.cape.spec.CapeMeanSpec` travel consumer
 -> curator -> owners as ``CapeSpec``, :class:`~common.cape.spec.CapeTrainingSpec` as
 ``CapeTrainingSpec``; the secure-aggregation messages travel between the curator and the owners
-in both directions. One module converts them for every service (as :mod:`dpmarket.arrays` does
+in both directions. One module converts them for every service (as :mod:`runtime.arrays` does
 for arrays).
 """
 
@@ -19,8 +19,8 @@ from common.errors import InvalidArgumentError
 from common.secagg.fixedpoint import FixedPoint
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.secagg.shamir import Share
-from dpmarket.arrays import array_from_proto, array_to_proto
 from dpmarket.v1 import array_pb2, cape_pb2, secure_aggregation_pb2
+from runtime.arrays import array_from_proto, array_to_proto
 
 _TASKS = {
     cape_pb2.CAPE_TASK_LINEAR_REGRESSION: "linear",
