@@ -43,16 +43,16 @@ from common.summarization.summary import (
     SummaryResult,
 )
 from consumer.client import SessionFailedError
-from deploy.cape_experiments import cape_figures
 from deploy.cli_common import check_outputs as _check_outputs
 from deploy.cli_common import security_from_options as _security
 from deploy.cli_common import tls_options
-from deploy.evaluate import EVAL_METHODS
 from deploy.owner_commands import owner as owner_group
 from deploy.pki import pki
-from deploy.scenarios import SCENARIO_NAMES
 from deploy.sketch_commands import explore_command, rank_owners_command, sketch_group
-from deploy.sketch_experiments import sketch_experiments
+from experiments.cape_experiments import cape_figures
+from experiments.evaluate import EVAL_METHODS
+from experiments.scenarios import SCENARIO_NAMES
+from experiments.sketch_experiments import sketch_experiments
 from owner.data import PointSet, load_point_set
 from runtime.identity import Identity
 
@@ -933,7 +933,7 @@ def simulate_command(
     **kwargs: Any,
 ) -> None:
     """Run the same protocol with every party in this process (same seeds, same summary)."""
-    from deploy.runner import simulate
+    from experiments.runner import simulate
 
     config = _config(summary_size, method, kwargs)
     owners = [_load(p) for p in owner_paths]
@@ -941,8 +941,8 @@ def simulate_command(
     _check_outputs(out_path, report_path)
     sketches = None
     if sketch_scenario is not None:
-        from deploy.runner import publish_sketches
-        from deploy.scenarios import SCENARIOS
+        from experiments.runner import publish_sketches
+        from experiments.scenarios import SCENARIOS
 
         scenario = SCENARIOS[sketch_scenario](0)
         if scenario.n_features != inputs.validation.n_features:
@@ -990,7 +990,7 @@ def simulate_command(
 @click.option("--seed", default=0, type=click.IntRange(min=0), help="Seed of the split.")
 def scenario_command(name: str, out_dir: str, seed: int) -> None:
     """Write a bundled real-data scenario (digits or nycflights13) to files."""
-    from deploy.scenarios import SCENARIOS, write_scenario
+    from experiments.scenarios import SCENARIOS, write_scenario
 
     scenario = SCENARIOS[name](seed)
     paths = write_scenario(scenario, out_dir)
@@ -1114,7 +1114,7 @@ def evaluate(
     quick: bool,
 ) -> None:
     """Compare every method's summary quality against epsilon over scenarios, p and seeds."""
-    from deploy.evaluate import (
+    from experiments.evaluate import (
         DEFAULT_EPSILONS,
         DEFAULT_SCENARIOS,
         DEFAULT_SEEDS,

@@ -538,8 +538,8 @@ def run_demo(
         write_json,
     )
     from deploy.cli import progress_printer
-    from deploy.runner import publish_sketches, simulate
-    from deploy.scenarios import SCENARIOS, write_scenario
+    from experiments.runner import publish_sketches, simulate
+    from experiments.scenarios import SCENARIOS, write_scenario
 
     wide = Console(width=max(console.width, 170))
     scenario = SCENARIOS[scenario_name](seed)

@@ -14,8 +14,8 @@ from common.summarization.kernels import rff_greedy
 from common.summarization.rff import draw_rff_params, random_fourier_features
 from common.summarization.summary import SummarizationConfig, SummaryResult
 from curator.protocol import SummarizationSession
-from deploy.runner import run_session, simulate
-from deploy.scenarios import Scenario
+from experiments.runner import run_session, simulate
+from experiments.scenarios import Scenario
 from owner.local import LocalOwnerEndpoint
 from owner.protocol import Owner
 

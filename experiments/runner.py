@@ -99,7 +99,8 @@ def publish_sketches(
     ----------
     owners : sequence of PointSet
     mechanism : SketchMechanism
-        The public map, domain and noise (e.g. :meth:`deploy.scenarios.Scenario.sketch_mechanism`).
+        The public map, domain and noise (e.g.
+        :meth:`experiments.scenarios.Scenario.sketch_mechanism`).
     seed : int or None
         Seeds the noise (None: OpenDP's samplers).
     owner_ids : sequence of str, optional

@@ -926,5 +926,5 @@ def cape_figures(
     run_cape_figures(out_dir, quick=quick, runs=runs, figures=figures or FIGURES, seed=seed)
 
 
-if __name__ == "__main__":  # python -m deploy.cape_experiments [--quick] [--out DIR]
+if __name__ == "__main__":  # python -m experiments.cape_experiments [--quick] [--out DIR]
     cape_figures()

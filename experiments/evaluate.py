@@ -1,12 +1,12 @@
 """Evaluation harness: summary quality against privacy, over scenarios, sizes and seeds.
 
 ``dpmarket evaluate`` (``make evaluate``) runs every summarization method in one process
-(:func:`deploy.runner.simulate`, the same protocol code as the services) on the bundled scenarios,
-for several summary sizes ``p``, privacy targets ``epsilon`` and session seeds, and measures each
-summary as the consumer would (:func:`consumer.report.evaluate_summary`). It answers the issue
-"Make the private summary worth buying" with numbers: how close each private method gets to
-uniform sampling and to the exact-kernel greedy reference, at what privacy cost and how many raw
-owner points the curator reads.
+(:func:`experiments.runner.simulate`, the same protocol code as the services) on the bundled
+scenarios, for several summary sizes ``p``, privacy targets ``epsilon`` and session seeds, and
+measures each summary as the consumer would (:func:`consumer.report.evaluate_summary`). It
+answers the issue "Make the private summary worth buying" with numbers: how close each private
+method gets to uniform sampling and to the exact-kernel greedy reference, at what privacy cost and
+how many raw owner points the curator reads.
 
 Methods (:data:`EVAL_METHODS`):
 
@@ -33,7 +33,7 @@ Methods (:data:`EVAL_METHODS`):
     The candidates method with ``epsilon_validation_total = epsilon_owners_total = epsilon`` at
     ``delta``; it re-ranks the candidates with the exact kernel. Its budget is split by the
     owners' sketches (the default allocation), each owner's released in-process at
-    ``epsilon`` (:meth:`deploy.scenarios.Scenario.sketch_mechanism`, Gaussian at ``delta``,
+    ``epsilon`` (:meth:`experiments.scenarios.Scenario.sketch_mechanism`, Gaussian at ``delta``,
     noise seeded by the session seed; no ledger is charged in-process, and the sketch's
     epsilon is added to the owners' figure: ``owners_epsilon_with_sketch``).
 ``candidates-counts``
@@ -613,7 +613,7 @@ def run_evaluation(
     Parameters
     ----------
     scenarios : sequence of str
-        Names in :data:`deploy.scenarios.SCENARIOS` (split with seed 0).
+        Names in :data:`experiments.scenarios.SCENARIOS` (split with seed 0).
     sizes : sequence of int
         Summary sizes p; a p larger than the scenario's total owner points is skipped (and listed
         under ``"skipped"``).
@@ -659,8 +659,8 @@ def run_evaluation(
     failed cell is ``None`` (not evaluated).
     """
     from deploy.launcher import exact_greedy_summary
-    from deploy.runner import publish_sketches, simulate
-    from deploy.scenarios import SCENARIOS
+    from experiments.runner import publish_sketches, simulate
+    from experiments.scenarios import SCENARIOS
 
     console = console or Console()
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]

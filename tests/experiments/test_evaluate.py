@@ -1,4 +1,4 @@
-"""Tests of deploy.evaluate: the quick evaluation grid end to end, in process."""
+"""Tests of experiments.evaluate: the quick evaluation grid end to end, in process."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from deploy.evaluate import (
+from experiments.evaluate import (
     EPSILON_FREE_METHODS,
     EVAL_METHODS,
     PRIVATE_METHODS,

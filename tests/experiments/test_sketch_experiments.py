@@ -1,4 +1,4 @@
-"""Smoke test of deploy.sketch_experiments: the quick settings write every experiment as PNG +
+"""Smoke test of experiments.sketch_experiments: the quick settings write every experiment as PNG +
 JSON with the documented keys, through ``dpmarket sketch-experiments``."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from common.privacy.noise import SeededNoise
 from common.sketches import Domain, M2MEstimator, SketchMechanism, draw_rff, tasks
 from deploy.cli import main
-from deploy.sketch_experiments import CDF_POINTS, EXPERIMENTS, MAPS, TASKS, Battery
+from experiments.sketch_experiments import CDF_POINTS, EXPERIMENTS, MAPS, TASKS, Battery
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,4 +1,4 @@
-"""Tests of deploy.scenarios: the digits and flights splits and their files."""
+"""Tests of experiments.scenarios: the digits and flights splits and their files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from deploy.scenarios import (
+from experiments.scenarios import (
     DIGITS_OWNER_GROUPS,
     FLIGHTS_CONSUMER_CARRIER,
     FLIGHTS_FEATURE_NAMES,

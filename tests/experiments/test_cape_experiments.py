@@ -1,4 +1,4 @@
-"""Smoke test of deploy.cape_experiments: the quick grid writes every figure as PNG + JSON."""
+"""Smoke test of experiments.cape_experiments: the quick grid writes every figure as PNG + JSON."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from deploy.cape_experiments import FIGURES, LINREG_METHODS, cape_figures
+from experiments.cape_experiments import FIGURES, LINREG_METHODS, cape_figures
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

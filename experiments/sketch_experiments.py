@@ -1,8 +1,8 @@
 """Reproductions of the M2M paper: Table 1, the lambda rule, Figures 3 and 4 (PNG + JSON).
 
 ``dpmarket sketch-experiments table1|lambda|figure3|figure4|all`` (or
-``python -m deploy.sketch_experiments ...``; ``make sketch-figures`` runs ``all``) writes into an
-output directory, and prints the paper's number beside ours where the paper gives one:
+``python -m experiments.sketch_experiments ...``; ``make sketch-figures`` runs ``all``) writes
+into an output directory, and prints the paper's number beside ours where the paper gives one:
 
 ``table1.{json,png}``
     Table 1 on Random10 (27,000 uniform records in ``[0, 1]^10``): the error of the M2M estimate
@@ -88,7 +88,7 @@ from common.sketches.tasks import (
     moment_function,
     range_function,
 )
-from deploy.cape_experiments import _summary, _write
+from experiments.cape_experiments import _summary, _write
 
 __all__ = [
     "DEFAULT",
@@ -258,10 +258,14 @@ def diamonds() -> Dataset:
     Attributes carat, cut, color, clarity, depth, table, log price, scaled by the ranges the
     data set's documentation states (carat 0.2-5.01, depth 43-79, table 43-95, price
     $326-$18,823 on a log scale); the ordinal grades (cut Fair..Ideal, color J..D, clarity
-    I1..IF, coded 1..5, 1..7, 1..8 by :func:`deploy.cape_experiments.diamonds_table`) are
+    I1..IF, coded 1..5, 1..7, 1..8 by :func:`experiments.cape_experiments.diamonds_table`) are
     discrete attributes with equally spaced levels.
     """
-    from deploy.cape_experiments import DIAMONDS_FEATURES, DIAMONDS_TARGET_COLUMN, diamonds_table
+    from experiments.cape_experiments import (
+        DIAMONDS_FEATURES,
+        DIAMONDS_TARGET_COLUMN,
+        diamonds_table,
+    )
 
     frame = diamonds_table()
     raw = frame[[*DIAMONDS_FEATURES, DIAMONDS_TARGET_COLUMN]].to_numpy(np.float64)
@@ -1090,5 +1094,5 @@ def sketch_experiments(
     )
 
 
-if __name__ == "__main__":  # python -m deploy.sketch_experiments [EXPERIMENTS] [--quick]
+if __name__ == "__main__":  # python -m experiments.sketch_experiments [EXPERIMENTS] [--quick]
     sketch_experiments()
