@@ -658,8 +658,7 @@ def run_evaluation(
     and the evaluation goes on; aggregates count only successful runs, and a goal that needs a
     failed cell is ``None`` (not evaluated).
     """
-    from deploy.launcher import exact_greedy_summary
-    from experiments.runner import publish_sketches, simulate
+    from experiments.runner import exact_greedy_summary, publish_sketches, simulate
     from experiments.scenarios import SCENARIOS
 
     console = console or Console()

@@ -2,13 +2,16 @@
 
 The curator's :class:`curator.protocol.SummarizationSession` drives in-process owners through
 :class:`owner.local.LocalOwnerEndpoint`; the networked run drives gRPC clients instead. With the
-same seed both produce the same summary.
+same seed both produce the same summary. :func:`exact_greedy_summary` is the non-private
+reference the demo and the evaluation compare against.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -19,7 +22,8 @@ from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import make_rng
 from common.sketches import PrivateSketch, SketchMechanism
 from common.summarization.endpoints import OwnerEndpoint, SessionSpend
-from common.summarization.summary import SummarizationConfig, SummaryResult
+from common.summarization.kernels import exact_kernel_greedy
+from common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
 from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
 from curator.protocol import ProgressCallback, SummarizationSession
 from owner.cape import CapeSite
@@ -165,6 +169,40 @@ def run_session(
         return await session.run()
 
     return asyncio.run(run())
+
+
+def exact_greedy_summary(
+    owners: Sequence[Any], validation: np.ndarray, seed_set: np.ndarray, p: int, gamma: float
+) -> SummaryResult:
+    """Non-private greedy with the exact kernel on the pooled data (a reference, not a service)."""
+    start = time.perf_counter()
+    pool = np.concatenate([o.features for o in owners])
+    labels = (
+        np.concatenate([o.labels for o in owners])
+        if all(o.labels is not None for o in owners)
+        else None
+    )
+    names = [o.name for o in owners for _ in range(o.n_points)]
+    index = exact_kernel_greedy(pool, validation, seed_set, p, gamma)
+    elapsed = time.perf_counter() - start
+    report = SessionReport(
+        method="greedy",
+        summary_size=p,
+        rounds=p,
+        owner_points_accessed=int(pool.shape[0]),
+        validation_points_accessed=int(validation.shape[0]),
+        all_owners_bound=len(owners) * p,
+        paper_bound=0.0,
+        dropped_owners=(),
+        ledger={},
+        wall_time_seconds=elapsed,
+    )
+    return SummaryResult(
+        points=pool[index],
+        labels=None if labels is None else labels[index],
+        owner_ids=tuple(names[i] for i in index),
+        report=report,
+    )
 
 
 def local_cape_sites(
