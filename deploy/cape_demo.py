@@ -278,7 +278,7 @@ def run_cape_demo(
         The report.
     """
     from consumer.client import CuratorClient
-    from consumer.report import write_json
+    from runtime.files import write_json
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # ------------------------------------------------------------------------- diamonds

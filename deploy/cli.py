@@ -795,8 +795,9 @@ def _finish(
     report_path: str,
     seed: int | None,
 ) -> None:
-    from consumer.report import comparison_table, evaluate_summary, write_json
+    from consumer.report import comparison_table, evaluate_summary
     from owner.data import save_point_set
+    from runtime.files import write_json
 
     row = evaluate_summary(
         result, inputs.validation.features, config.gamma, test=inputs.test, seed=seed or 0
@@ -812,7 +813,7 @@ def _finish(
 
 def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: str) -> None:
     """Write a failed session's report (its ledger: what it spent) and fail the command."""
-    from consumer.report import write_json
+    from runtime.files import write_json
 
     report = asdict(exc.report) if exc.report is not None else None
     write_json({"config": asdict(config), "error": str(exc), "report": report}, report_path)
@@ -1314,7 +1315,7 @@ def _fit_command(task: str) -> Callable[..., None]:
         **tls: Any,
     ) -> None:
         from common.cape.spec import CapeJobSpec
-        from consumer.report import write_json
+        from runtime.files import write_json
 
         feature_bounds, target_bound = (
             ([], None) if bounds_path is None else _bounds_file(bounds_path)
@@ -1402,7 +1403,7 @@ def cape_mean_command(
     **tls: Any,
 ) -> None:
     from common.cape.spec import CapeMeanSpec
-    from consumer.report import write_json
+    from runtime.files import write_json
 
     columns = _columns(bounds_path, features)
     try:
@@ -1462,7 +1463,7 @@ def cape_train_command(
     **tls: Any,
 ) -> None:
     from common.cape.spec import CapeTrainingSpec
-    from consumer.report import write_json
+    from runtime.files import write_json
 
     columns = _columns(bounds_path, features)
     try:

@@ -12,8 +12,7 @@ from typing import Any
 
 import click
 
-from deploy.pki import identity_files
-from runtime.identity import Identity
+from runtime.identity import Identity, identity_files
 from runtime.transport import TransportSecurity
 
 __all__ = ["check_outputs", "security_from_options", "tls_options"]

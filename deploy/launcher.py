@@ -29,10 +29,10 @@ from rich.table import Table
 
 from common.errors import UnavailableError
 from common.summarization.summary import METHODS, SummarizationConfig, SummaryResult
-from deploy.pki import CA_CERT, identity_files, init_ca, issue_all
+from deploy.pki import init_ca, issue_all
 from experiments.runner import exact_greedy_summary
 from owner.data import feature_columns
-from runtime.identity import Identity
+from runtime.identity import CA_CERT, Identity, identity_files
 from runtime.transport import TransportSecurity
 
 #: Seconds to wait for a service to report its port.
@@ -501,11 +501,11 @@ def run_demo(
         evaluate_summary,
         mmd_curve,
         plot_mmd_curves,
-        write_json,
     )
     from deploy.cli import progress_printer
     from experiments.runner import publish_sketches, simulate
     from experiments.scenarios import SCENARIOS, write_scenario
+    from runtime.files import write_json
 
     wide = Console(width=max(console.width, 170))
     scenario = SCENARIOS[scenario_name](seed)

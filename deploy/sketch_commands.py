@@ -54,7 +54,7 @@ def _curator_options(func: Any) -> Any:
 def _write(data: Any, out_path: str | None) -> None:
     if out_path is None:
         return
-    from consumer.report import write_json
+    from runtime.files import write_json
 
     write_json(data, out_path)
     console.print(f"-> {out_path}")

@@ -846,7 +846,7 @@ def _timing_means(timings: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _write_outputs(document: dict[str, Any], out: Path, console: Console) -> None:
-    from consumer.report import write_json
+    from runtime.files import write_json
 
     write_json(document, out / "evaluation.json")
     plot_quality_vs_epsilon(document, out / "quality_vs_epsilon.png")

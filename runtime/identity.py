@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, cast, get_args
 
 import grpc
@@ -32,6 +33,9 @@ _SPIFFE_PREFIX = f"spiffe://{TRUST_DOMAIN}/"
 
 #: Key of the peer's PEM certificate in a gRPC auth context (set by the TLS handshake).
 _AUTH_PEM_KEY = "x509_pem_cert"
+
+#: File name of the deployment CA's certificate, in the CA's directory and in every party's.
+CA_CERT = "ca.crt"
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,16 @@ class Identity:
         if not sep:
             raise ValueError(f"identity must be written role:name, got {text!r}")
         return cls(cast(Role, role), name)
+
+
+def identity_files(directory: Path, identity: Identity) -> tuple[Path, Path, Path]:
+    """Return the paths ``(ca.crt, <role>-<name>.crt, <role>-<name>.key)`` in ``directory``.
+
+    The order is the one :meth:`runtime.transport.TransportSecurity.from_files` takes.
+    """
+    stem = f"{identity.role}-{identity.name}"
+    directory = Path(directory)
+    return directory / CA_CERT, directory / f"{stem}.crt", directory / f"{stem}.key"
 
 
 def identity_from_certificate(cert: x509.Certificate) -> Identity:

@@ -111,7 +111,7 @@ class TransportSecurity:
         ----------
         ca, cert, key : path-like
             Files as ``dpmarket pki issue`` writes them: ``ca.crt``, ``<role>-<name>.crt`` and
-            ``<role>-<name>.key`` (:func:`deploy.pki.identity_files`).
+            ``<role>-<name>.key`` (:func:`runtime.identity.identity_files`).
 
         Raises
         ------

@@ -40,10 +40,10 @@ from common.summarization.summary import PARAMETER_NAMES, SummarizationConfig
 from common.summarization.terms import owner_terms
 from curator.policy import load_curator_policy
 from deploy.cli import main
-from deploy.pki import CA_KEY, identity_files, init_ca, issue
+from deploy.pki import CA_KEY, init_ca, issue
 from owner.data import load_point_set
 from owner.policy import load_owner_policy
-from runtime.identity import Identity
+from runtime.identity import Identity, identity_files
 from runtime.serving import start_server
 from runtime.transport import TransportSecurity
 

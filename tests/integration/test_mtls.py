@@ -18,8 +18,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.errors import UnavailableError
 from curator.owners import GrpcOwnerEndpoint
-from deploy.pki import identity_files, init_ca, issue, issue_all
-from runtime.identity import Identity, peer_identity
+from deploy.pki import init_ca, issue, issue_all
+from runtime.identity import Identity, identity_files, peer_identity
 from runtime.serving import GRPC_OPTIONS
 from runtime.transport import (
     TARGET_NAME_OVERRIDE,

@@ -31,7 +31,7 @@ from curator.cape_service import CapeServicer
 from curator.policy import CuratorPolicy
 from curator.service import INSECURE_CONSUMER, CuratorServicer, curator_authorizer
 from curator.sketch_service import SketchCatalogServicer, catalog_authorizer
-from deploy.pki import CA_CERT, CA_KEY, identity_files, init_ca, issue_all
+from deploy.pki import CA_KEY, init_ca, issue_all
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
@@ -47,7 +47,7 @@ from dpmarket.v1 import (
 from owner.cape_service import CapeSiteServicer, SecureAggregationServicer
 from owner.service import OwnerServicer, owner_authorizer
 from runtime.authz import ROLES_ATTRIBUTE, Authorizer, rpc, rpc_stream
-from runtime.identity import Identity
+from runtime.identity import CA_CERT, Identity, identity_files
 from runtime.transport import TransportSecurity
 
 OWNER_SERVICE = owner_pb2.DESCRIPTOR.services_by_name["OwnerService"]

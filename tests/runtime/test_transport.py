@@ -11,8 +11,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from deploy.pki import identity_files, init_ca, issue_all
-from runtime.identity import Identity
+from deploy.pki import init_ca, issue_all
+from runtime.identity import Identity, identity_files
 from runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, aio_channel, sync_channel
 
 OWNER_0 = Identity("owner", "owner-0")
