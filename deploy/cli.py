@@ -3,7 +3,7 @@
 Subcommands: ``serve-owner`` and ``serve-curator`` run the services (the curator with its
 sketch catalogue); ``request`` runs a consumer request against a running curator; ``sketch``
 publishes an owner's private sketches and lists the catalogue, ``explore`` and ``rank-owners``
-compute from them (:mod:`deploy.sketch_commands`); ``simulate`` runs the same protocol in one
+compute from them (:mod:`consumer.cli`); ``simulate`` runs the same protocol in one
 process on the same inputs; ``scenario`` writes a bundled real-data scenario to files; ``demo``
 launches the whole marketplace as separate processes and compares the methods; ``evaluate``
 measures every method's summary quality against epsilon over scenarios, summary sizes and
@@ -42,18 +42,18 @@ from common.summarization.summary import (
     SummarizationConfig,
     SummaryResult,
 )
+from consumer.cli import explore_command, rank_owners_command, sketch_group
 from consumer.client import SessionFailedError
-from deploy.cli_common import check_outputs as _check_outputs
-from deploy.cli_common import security_from_options as _security
-from deploy.cli_common import tls_options
-from deploy.owner_commands import owner as owner_group
 from deploy.pki import pki
-from deploy.sketch_commands import explore_command, rank_owners_command, sketch_group
 from experiments.cape_experiments import cape_figures
 from experiments.evaluate import EVAL_METHODS
 from experiments.scenarios import SCENARIO_NAMES
 from experiments.sketch_experiments import sketch_experiments
+from owner.cli import owner as owner_group
 from owner.data import PointSet, load_point_set
+from runtime.cli import check_outputs as _check_outputs
+from runtime.cli import security_from_options as _security
+from runtime.cli import tls_options
 from runtime.identity import Identity
 
 logger = logging.getLogger("dpmarket")

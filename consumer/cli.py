@@ -28,7 +28,7 @@ from rich.table import Table as RichTable
 from common.errors import DPMarketError, InvalidArgumentError
 from common.sketches.sketch import merge_sketches
 from common.sketches.spec import PublishedSketch, SketchSpec
-from deploy.cli_common import check_outputs, security_from_options, tls_options
+from runtime.cli import check_outputs, security_from_options, tls_options
 from runtime.identity import Identity
 
 __all__ = ["explore_command", "rank_owners_command", "sketch_group"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from deploy.owner_commands import owner
+from owner.cli import owner
 from owner.ledger import OwnerLedger
 from owner.policy import OwnerPolicy
 
