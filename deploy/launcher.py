@@ -32,6 +32,7 @@ from common.summarization.summary import METHODS, SummarizationConfig, SummaryRe
 from deploy.pki import init_ca, issue_all
 from experiments.runner import exact_greedy_summary
 from owner.data import feature_columns
+from runtime.cli import progress_printer
 from runtime.identity import CA_CERT, Identity, identity_files
 from runtime.transport import TransportSecurity
 
@@ -502,7 +503,6 @@ def run_demo(
         mmd_curve,
         plot_mmd_curves,
     )
-    from deploy.cli import progress_printer
     from experiments.runner import publish_sketches, simulate
     from experiments.scenarios import SCENARIOS, write_scenario
     from runtime.files import write_json

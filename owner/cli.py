@@ -1,5 +1,10 @@
-"""``dpmarket owner``: tools a data owner runs on its own machine.
+"""A data owner's commands, all run on the owner's own machine: ``serve-owner``, ``owner ledger``,
+``sketch publish`` and ``sketch published``.
 
+``serve-owner`` serves the owner's data over mTLS under its own policy and ledger. ``sketch
+publish`` fetches specs from the curator's catalogue, computes and charges each sketch to the
+owner's own ledger (stored beside it), then sends it (:func:`owner.sketches.publish_to`);
+``sketch published`` lists, offline, what the owner's data directory has released.
 ``owner ledger`` prints what the owner's ledger (:mod:`owner.ledger`) has charged and what is
 left of each budget, under the policy last recorded in the ledger, so it needs no policy file
 and can run while the owner service is serving (SQLite's WAL lets it read beside the writer).
@@ -7,21 +12,43 @@ and can run while the owner service is serving (SQLite's WAL lets it read beside
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from common.errors import DPMarketError
 from owner.ledger import LEDGER_FILE, LedgerEntry, OwnerLedger, Totals, ledger_path
 from owner.policy import OwnerPolicy
+from runtime.cli import (
+    check_outputs,
+    console,
+    curator_identity,
+    curator_options,
+    ensure_info_logging,
+    security_from_options,
+    tls_options,
+    write_output,
+)
 
-__all__ = ["ledger_report", "owner"]
+__all__ = [
+    "ledger_report",
+    "owner",
+    "publish_command",
+    "published_command",
+    "serve_owner",
+]
+
+logger = logging.getLogger("dpmarket")
 
 
 def _iso(at: float) -> str:
@@ -215,3 +242,330 @@ def ledger(data_dir: Path, session: str | None, as_json: bool, limit: int | None
         where = f" in session {session!r}" if session is not None else ""
         out.print(f"no charges{where} in {report['ledger']}", markup=False, highlight=False)
     out.print(_budget_table(report))
+
+
+# -------------------------------------------------------------------------- service
+@click.command("serve-owner")
+@click.option(
+    "--data",
+    "data_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="The owner's points for summarization: .npy, .npz, numeric .csv or .parquet.",
+)
+@click.option(
+    "--table",
+    "table_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="The owner's numeric table with named columns for joint statistics (CAPE): .csv or "
+    ".parquet. At least one of --data and --table.",
+)
+@click.option(
+    "--label-column",
+    default="label",
+    help="Column of integer labels in .csv/.parquet files (absent: unlabeled).",
+)
+@click.option(
+    "--owner-id",
+    default=None,
+    help="Name in reports; with mTLS it must be the certificate's name (the default).",
+)
+@click.option("--host", default="127.0.0.1", help="Address to bind.")
+@click.option("--port", default=0, type=click.IntRange(0, 65535), help="Port (0: any free port).")
+@click.option("--port-file", default=None, help="Write the bound port to this file.")
+@click.option(
+    "--blas-threads",
+    default=1,
+    type=click.IntRange(min=1),
+    help="BLAS threads for the bid products. One per owner avoids spinning threads when "
+    "several owners share a machine; raise it for an owner alone on many cores.",
+)
+@click.option(
+    "--policy",
+    "policy_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="The owner's policy file (TOML: budgets, point limits, curators served; see "
+    "deploy/policies/owner.toml). Default: the built-in defaults.",
+)
+@click.option(
+    "--data-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Where the owner keeps its ledger (SQLite). Default: dpmarket-state/owner-<name>.",
+)
+@click.option(
+    "--allow-seeded-sessions",
+    is_flag=True,
+    help="Let a session's seed drive this owner's sampling and noise (reproducible runs; "
+    "never in production: whoever knows the seed knows the noise).",
+)
+@tls_options
+def serve_owner(
+    data_path: str | None,
+    table_path: str | None,
+    label_column: str,
+    owner_id: str | None,
+    host: str,
+    port: int,
+    port_file: str | None,
+    blas_threads: int,
+    policy_path: str | None,
+    data_dir: str | None,
+    allow_seeded_sessions: bool,
+    **tls: Any,
+) -> None:
+    """Serve one data owner's private dataset over gRPC (mTLS), under its own policy."""
+    from threadpoolctl import threadpool_limits
+
+    from owner.cape import CapeSite
+    from owner.data import load_point_set, load_table
+    from owner.policy import load_owner_policy
+    from owner.protocol import Owner
+    from owner.service import serve_owner as serve
+
+    ensure_info_logging()
+    if data_path is None and table_path is None:
+        raise click.UsageError("give --data (points to summarize), --table (for CAPE), or both")
+    security = security_from_options("owner", **tls)
+    name = security.identity.name if security.identity is not None else None
+    if name is not None and owner_id is not None and owner_id != name:
+        raise click.BadParameter(
+            f"the certificate names this owner {name!r}, not {owner_id!r}", param_hint="--owner-id"
+        )
+    try:
+        data = (
+            load_point_set(data_path, label_column=label_column) if data_path is not None else None
+        )
+        table = load_table(table_path) if table_path is not None else None
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    default_name = data.name if data is not None else table.name if table is not None else ""
+    owner_id = name or owner_id or default_name
+    try:
+        policy = load_owner_policy(policy_path) if policy_path else OwnerPolicy()
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    state = Path(data_dir) if data_dir else Path("dpmarket-state") / f"owner-{owner_id}"
+    try:
+        ledger = OwnerLedger(state, policy)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(f"{state}: {exc}") from exc
+    owner = Owner(
+        owner_id,
+        data,
+        ledger=ledger,
+        max_sessions=policy.max_sessions,
+        idle_timeout=policy.session_idle_timeout_seconds,
+        max_rff_dimension=policy.max_rff_dimension,
+        allow_seeded_sessions=allow_seeded_sessions,
+    )
+    cape = CapeSite(
+        owner_id,
+        table,
+        ledger=ledger,
+        max_jobs=policy.max_sessions,
+        idle_timeout=policy.session_idle_timeout_seconds,
+        allow_seeded_sessions=allow_seeded_sessions,
+    )
+    left = ledger.remaining()
+    points = (
+        "no points" if data is None else f"{data.n_points} points of {data.n_features} features"
+    )
+    rows = "no table" if table is None else f"a table of {table.n_rows} rows"
+    logger.info(
+        "owner %s: %s, %s; ledger %s; left %s: epsilon %g, delta %g, %d points",
+        owner.owner_id,
+        points,
+        rows,
+        ledger.path,
+        left.window,
+        left.epsilon,
+        left.delta,
+        left.points,
+    )
+    try:
+        with threadpool_limits(limits=blas_threads, user_api="blas"):
+            asyncio.run(
+                serve(
+                    owner,
+                    f"{host}:{port}",
+                    security,
+                    curators=policy.curators,
+                    cape=cape,
+                    port_file=port_file,
+                )
+            )
+    finally:
+        ledger.close()
+
+
+# ------------------------------------------------------------------------- sketches
+@click.command("publish")
+@curator_options
+@click.option(
+    "--table",
+    "table_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The owner's table (.csv or .parquet with named columns); the spec's columns are "
+    "selected by name.",
+)
+@click.option(
+    "--data-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="The owner's data directory (its ledger; published sketches are stored there too). "
+    "Default: dpmarket-state/owner-<name>, as serve-owner.",
+)
+@click.option(
+    "--policy",
+    "policy_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The owner's policy (TOML; [sketches] decides whether and up to which epsilon it "
+    "publishes). Default: the built-in defaults.",
+)
+@click.option(
+    "--spec",
+    "specs",
+    multiple=True,
+    metavar="NAME",
+    help="A spec of the catalogue (e.g. flights/rff); repeat. Default: every spec.",
+)
+@click.option(
+    "--epsilon",
+    default=None,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Epsilon of each new sketch (default: the spec's), within the spec's range and the "
+    "policy's sketches.epsilon.",
+)
+@click.option(
+    "--seed",
+    default=None,
+    type=click.IntRange(min=0),
+    help="Seed the sketches' noise (reproducible runs only: whoever knows the seed knows the "
+    "noise). Default: OpenDP's samplers.",
+)
+@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False), help="JSON.")
+@tls_options
+def publish_command(
+    curator: str,
+    curator_name: str,
+    table_path: str,
+    data_dir: str | None,
+    policy_path: str | None,
+    specs: tuple[str, ...],
+    epsilon: float | None,
+    seed: int | None,
+    out_path: str | None,
+    **tls: Any,
+) -> None:
+    """Publish this owner's private sketches to a curator's catalogue: charge first, then send.
+
+    Each sketch is checked against the owner's policy and charged to its own ledger together
+    with the sketch itself, before anything is sent; a spec released before is sent again as
+    stored, charging nothing.
+    """
+    from common.privacy.noise import OpenDPNoise, SeededNoise
+    from owner.data import load_table
+    from owner.policy import load_owner_policy
+    from owner.sketch_client import CatalogClient
+    from owner.sketches import SketchPublisher, publish_to
+
+    security = security_from_options("owner", **tls)
+    if security.identity is None:
+        raise click.UsageError(
+            "publishing needs the owner's certificate: the catalogue names the publisher by it"
+        )
+    name = security.identity.name
+    try:
+        policy = load_owner_policy(policy_path) if policy_path else OwnerPolicy()
+        table = load_table(table_path, name=name)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if out_path is not None:
+        check_outputs(out_path)
+    state = Path(data_dir) if data_dir else Path("dpmarket-state") / f"owner-{name}"
+    noise = OpenDPNoise() if seed is None else SeededNoise(np.random.default_rng(seed))
+    if seed is not None:
+        logger.warning("--seed: the sketches' noise is reproducible by whoever knows the seed")
+    try:
+        ledger = OwnerLedger(state, policy)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(f"{state}: {exc}") from exc
+    try:
+        with CatalogClient(curator, security, curator=curator_identity(curator_name)) as client:
+            names = list(specs) or client.spec_names()
+            publisher = SketchPublisher(ledger, noise=noise)
+            deliveries = publish_to(client, publisher, table, names, epsilon=epsilon)
+        left = ledger.remaining()
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        ledger.close()
+    table_out = Table(title=f"{name}: sketches in the catalogue of {curator_name}")
+    for column in ("spec", "epsilon", "delta", "charged now", "noisy count", "catalogue"):
+        table_out.add_column(column, justify="left" if column == "spec" else "right")
+    rows = []
+    for d in deliveries:
+        mech = d.publication.sketch.mechanism
+        rows.append(
+            {
+                "spec": d.spec,
+                "key": d.publication.key,
+                "epsilon": mech.epsilon,
+                "delta": mech.delta,
+                "charged_now": d.publication.charged_now,
+                "noisy_count": d.publication.sketch.noisy_count,
+                "already_in_catalogue": d.already_in_catalogue,
+                "ledger_entry": d.publication.charge.id,
+            }
+        )
+        table_out.add_row(
+            d.spec,
+            f"{mech.epsilon:g}",
+            f"{mech.delta:g}",
+            "yes" if d.publication.charged_now else "no (stored)",
+            f"{d.publication.sketch.noisy_count:.1f}",
+            "held already" if d.already_in_catalogue else "published",
+        )
+    Console().print(table_out)
+    console.print(
+        f"ledger {ledger.path}: left over {left.window}: epsilon {left.epsilon:.6g}, "
+        f"delta {left.delta:.3g}"
+    )
+    write_output(
+        {
+            "owner": name,
+            "curator": f"{curator_name}@{curator}",
+            "sketches": rows,
+            "left": {"epsilon": left.epsilon, "delta": left.delta, "window": left.window},
+        },
+        out_path,
+    )
+
+
+@click.command("published")
+@click.option(
+    "--data-dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False),
+    help="The owner's data directory.",
+)
+def published_command(data_dir: str) -> None:
+    """List the sketches this owner's data directory has released (offline, read-only)."""
+    from owner.sketches import SketchPublisher
+
+    try:
+        with OwnerLedger(data_dir, None) as ledger:
+            rows = SketchPublisher(ledger).published()
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    table = Table(title=f"sketches released from {data_dir}")
+    for column in ("spec", "key", "epsilon", "delivered to"):
+        table.add_column(column)
+    for spec, key, epsilon, curators in rows:
+        table.add_row(spec, key[:16], f"{epsilon:g}", ", ".join(curators) or "nobody yet")
+    Console().print(table)

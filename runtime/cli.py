@@ -1,6 +1,11 @@
-"""Options and checks shared by the ``dpmarket`` commands (:mod:`deploy.cli` and the command
-groups it registers): the mTLS options every gRPC command takes, and the output check that runs
-before anything is released."""
+"""What every role's ``dpmarket`` commands share: the mTLS options every gRPC command takes,
+the output check that runs before anything is released, the console and logging set-up, the
+progress bar of a summarization session, the options naming the curator, and writing a
+command's JSON output.
+
+The commands themselves live with their role (:mod:`owner.cli`, :mod:`curator.cli`,
+:mod:`consumer.cli`, :mod:`deploy.pki`, :mod:`experiments.cli`); :mod:`deploy.cli` composes them
+into the ``dpmarket`` command."""
 
 from __future__ import annotations
 
@@ -11,13 +16,30 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from common.summarization.summary import ProgressEvent
+from runtime.files import write_json
 from runtime.identity import Identity, identity_files
 from runtime.transport import TransportSecurity
 
-__all__ = ["check_outputs", "security_from_options", "tls_options"]
+__all__ = [
+    "check_outputs",
+    "console",
+    "curator_identity",
+    "curator_options",
+    "ensure_info_logging",
+    "progress_printer",
+    "security_from_options",
+    "setup_logging",
+    "tls_options",
+    "write_output",
+]
 
 logger = logging.getLogger("dpmarket")
+console = Console(stderr=True)
 
 
 def tls_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -125,3 +147,75 @@ def check_outputs(*paths: str) -> None:
                 pass
         except OSError as exc:
             raise click.ClickException(f"cannot write {path}: {exc}") from exc
+
+
+def setup_logging(verbose: int) -> None:
+    """Rich output on a terminal; one plain, unwrapped line per record otherwise (services
+    writing to a log file or a container's log)."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    if console.is_terminal:
+        logging.basicConfig(
+            level=level,
+            format="%(message)s",
+            handlers=[RichHandler(console=console, show_path=False, rich_tracebacks=False)],
+        )
+    else:
+        logging.basicConfig(
+            level=level,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            datefmt="%Y-%m-%dT%H:%M:%S%z",
+        )
+
+
+def ensure_info_logging() -> None:
+    """Log at INFO at least (services report their start-up and sessions), whatever ``-v``."""
+    if logger.getEffectiveLevel() > logging.INFO:
+        logging.getLogger().setLevel(logging.INFO)
+
+
+def progress_printer(label: str) -> tuple[Progress, Callable[[ProgressEvent], None]]:
+    """A rich progress bar and the callback that advances it from session events."""
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("accessed {task.fields[accessed]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task(label, total=None, accessed=0)
+
+    def update(event: ProgressEvent) -> None:
+        progress.update(
+            task, completed=event.round, total=event.total_rounds, accessed=event.points_accessed
+        )
+        if event.message and ("dropped" in event.message or event.stage == "failed"):
+            progress.console.print(f"[yellow]{label}: {event.message}")
+
+    return progress, update
+
+
+def curator_identity(curator_name: str) -> Identity:
+    """The identity the curator's certificate must carry; a bad ``--curator-name`` is a bad
+    parameter."""
+    try:
+        return Identity("curator", curator_name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--curator-name") from exc
+
+
+def curator_options(func: Any) -> Any:
+    """``--curator HOST:PORT`` and ``--curator-name`` (what its certificate must carry)."""
+    func = click.option(
+        "--curator-name", default="curator", help="The name the curator's certificate must carry."
+    )(func)
+    return click.option("--curator", required=True, metavar="HOST:PORT", help="The curator.")(func)
+
+
+def write_output(data: Any, out_path: str | None) -> None:
+    """Write a command's JSON output to ``--out`` (atomically) and say where; nothing without
+    ``--out``."""
+    if out_path is None:
+        return
+    write_json(data, out_path)
+    console.print(f"-> {out_path}")
