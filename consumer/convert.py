@@ -8,7 +8,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.errors import InvalidArgumentError
-from common.summarization.endpoints import SessionSpend
+from common.privacy.ledger import SessionSpend
 from common.summarization.summary import (
     PARAMETER_NAMES,
     ProgressEvent,

@@ -10,7 +10,8 @@ from google.protobuf import duration_pb2
 from numpy.typing import NDArray
 
 from common.errors import InvalidArgumentError
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
+from common.privacy.ledger import SessionSpend
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.summarization.summary import (
     PARAMETER_NAMES,
     ProgressEvent,

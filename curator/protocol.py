@@ -28,7 +28,7 @@ from common.errors import (
     UnavailableError,
 )
 from common.privacy.accounting import PrivacyEvent, analytic_gaussian_sigma
-from common.privacy.ledger import Charge, PrivacyLedger
+from common.privacy.ledger import Charge, PrivacyLedger, SessionSpend
 from common.privacy.noise import NoiseSource, SeededNoise
 from common.sketches import PrivateSketch, RFFMap
 from common.summarization.auction import (
@@ -52,13 +52,7 @@ from common.summarization.candidates import (
     validation_embedding_sensitivity,
 )
 from common.summarization.continual import TreePrefixSum
-from common.summarization.endpoints import (
-    OwnerBid,
-    OwnerEndpoint,
-    OwnerInfo,
-    ReleasedPoint,
-    SessionSpend,
-)
+from common.summarization.endpoints import OwnerBid, OwnerEndpoint, OwnerInfo, ReleasedPoint
 from common.summarization.kernels import (
     bid_direction,
     bid_scores,

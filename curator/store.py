@@ -32,8 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from common.privacy.accounting import PrivacyEvent
-from common.privacy.ledger import Charge
-from common.summarization.endpoints import SessionSpend
+from common.privacy.ledger import Charge, SessionSpend
 from common.summarization.summary import SessionReport, SummaryResult
 from runtime.database import open_database, snapshot, transaction
 

@@ -18,10 +18,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from numpy.typing import NDArray
 
 from common.cape.spec import AnyCapeSpec, CapeJobSpec
+from common.privacy.ledger import SessionSpend
 from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import make_rng
 from common.sketches import PrivateSketch, SketchMechanism
-from common.summarization.endpoints import OwnerEndpoint, SessionSpend
+from common.summarization.endpoints import OwnerEndpoint
 from common.summarization.kernels import exact_kernel_greedy
 from common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
 from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for

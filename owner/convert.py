@@ -8,7 +8,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.errors import InvalidArgumentError
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
+from common.privacy.ledger import SessionSpend
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.summarization.rff import RFFParams
 from common.summarization.terms import OwnerTerms
 from dpmarket.v1 import array_pb2, owner_pb2, privacy_pb2
