@@ -1,9 +1,9 @@
 """Run protocols in one process (``dpmarket simulate``, tests, experiments), on the same code.
 
-The curator's :class:`curator.protocol.SummarizationSession` drives in-process owners through
-:class:`owner.local.LocalOwnerEndpoint`; the networked run drives gRPC clients instead. With the
-same seed both produce the same summary. :func:`exact_greedy_summary` is the non-private
-reference the demo and the evaluation compare against.
+The curator's :class:`curator.summarization.session.SummarizationSession` drives in-process
+owners through :class:`owner.local.LocalOwnerEndpoint`; the networked run drives gRPC clients
+instead. With the same seed both produce the same summary. :func:`exact_greedy_summary` is the
+non-private reference the demo and the evaluation compare against.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from common.summarization.endpoints import OwnerEndpoint
 from common.summarization.kernels import exact_kernel_greedy
 from common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
 from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
-from curator.protocol import ProgressCallback, SummarizationSession
+from curator.summarization.session import ProgressCallback, SummarizationSession
 from owner.cape import CapeSite
 from owner.data import PointSet, Table
 from owner.local import LocalCapeSiteEndpoint, LocalOwnerEndpoint

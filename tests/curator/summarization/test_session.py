@@ -13,7 +13,7 @@ from common.summarization.endpoints import OwnerBid, ReleasedPoint
 from common.summarization.kernels import rff_greedy
 from common.summarization.rff import draw_rff_params, random_fourier_features
 from common.summarization.summary import SummarizationConfig, SummaryResult
-from curator.protocol import SummarizationSession
+from curator.summarization.session import SummarizationSession
 from experiments.runner import run_session, simulate
 from experiments.scenarios import Scenario
 from owner.local import LocalOwnerEndpoint
