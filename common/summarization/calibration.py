@@ -119,7 +119,7 @@ def paper_mode_events(
 
     Notes
     -----
-    This mirrors ``curator.summarization.session.SummarizationSession._run_greedy``: in round ``l``
+    This mirrors ``curator.summarization.selection.Selection.rounds``: in round ``l``
     the summary holds ``q = seed_set_size + l - 1`` points. Round 1 releases the seed set only
     (party ``"public"``) or, when ``q = 0``, releases nothing; every later round has ``q >= 1`` and
     releases an h2 embedding of a set holding owners' points, charged to ``"owners"`` at
