@@ -1,6 +1,6 @@
 """Protocol errors, one class per outcome a caller must handle differently.
 
-The services map each class to a gRPC status code (``dpmarket.status``); the in-process runs raise
+The services map each class to a gRPC status code (``runtime.status``); the in-process runs raise
 them as they are. ``ValueError`` from input validation counts as :class:`InvalidArgumentError`.
 
 An owner's refusals must depend only on public inputs (the request and the owner's public

@@ -28,11 +28,6 @@ from common.summarization.summary import (
     SummaryResult,
 )
 from consumer import convert
-from dpmarket import cape_messages, sketch_messages
-from dpmarket.identity import Identity
-from dpmarket.serving import GRPC_OPTIONS
-from dpmarket.status import error_from_rpc
-from dpmarket.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
@@ -41,6 +36,11 @@ from dpmarket.v1 import (
     sketch_pb2,
     sketch_pb2_grpc,
 )
+from runtime import cape_messages, sketch_messages
+from runtime.identity import Identity
+from runtime.serving import GRPC_OPTIONS
+from runtime.status import error_from_rpc
+from runtime.transport import TransportSecurity, sync_channel
 
 
 class SessionFailedError(AbortedError):

@@ -37,9 +37,9 @@ from common.privacy.rng import make_rng
 from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
 from curator.policy import CuratorPolicy, RequestRate
 from curator.store import CuratorStore
-from dpmarket import cape_messages as msg
-from dpmarket.authz import Authorizer, rpc
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc
+from runtime import cape_messages as msg
+from runtime.authz import Authorizer, rpc
 
 logger = logging.getLogger(__name__)
 

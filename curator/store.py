@@ -1,6 +1,6 @@
 """The curator's durable state: sessions, their results and every privacy charge (SQLite).
 
-One database per curator (``curator.sqlite3`` in its data directory, :mod:`dpmarket.database`:
+One database per curator (``curator.sqlite3`` in its data directory, :mod:`runtime.database`:
 WAL, ``synchronous=FULL``, versioned schema). What it keeps and why:
 
 * ``sessions``: who created each session (the consumer identity: only it may see the session),
@@ -32,10 +32,9 @@ from typing import Any, Literal
 import numpy as np
 
 from common.privacy.accounting import PrivacyEvent
-from common.privacy.ledger import Charge
-from common.summarization.endpoints import SessionSpend
+from common.privacy.ledger import Charge, SessionSpend
 from common.summarization.summary import SessionReport, SummaryResult
-from dpmarket.database import open_database, snapshot, transaction
+from runtime.database import open_database, snapshot, transaction
 
 APPLICATION = "dpmarket-curator"
 DATABASE_FILE = "curator.sqlite3"

@@ -43,14 +43,14 @@ from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.privacy.noise import SeededNoise
 from common.privacy.rng import make_rng
 from curator.cape import owner_seeds
-from deploy.cape_experiments import (
+from deploy.launcher import POLICIES, LocalCluster, budget_table, owner_budgets
+from experiments.cape_experiments import (
     DIAMONDS_BOUNDS,
     DIAMONDS_FEATURES,
     DIAMONDS_TARGET,
     DIAMONDS_TARGET_COLUMN,
     diamonds_table,
 )
-from deploy.launcher import POLICIES, LocalCluster, budget_table, owner_budgets
 
 #: Owners of each deployment.
 SITES = 5
@@ -282,7 +282,7 @@ def run_cape_demo(
         The report.
     """
     from consumer.client import CuratorClient
-    from consumer.report import write_json
+    from runtime.files import write_json
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # ------------------------------------------------------------------------- diamonds

@@ -28,12 +28,13 @@ from rich.console import Console
 from rich.table import Table
 
 from common.errors import UnavailableError
-from common.summarization.kernels import exact_kernel_greedy
-from common.summarization.summary import METHODS, SessionReport, SummarizationConfig, SummaryResult
-from deploy.pki import CA_CERT, identity_files, init_ca, issue_all
-from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity
+from common.summarization.summary import METHODS, SummarizationConfig, SummaryResult
+from deploy.pki import init_ca, issue_all
+from experiments.runner import exact_greedy_summary
 from owner.data import feature_columns
+from runtime.cli import progress_printer
+from runtime.identity import CA_CERT, Identity, identity_files
+from runtime.transport import TransportSecurity
 
 #: Seconds to wait for a service to report its port.
 START_TIMEOUT_SECONDS = 60.0
@@ -373,40 +374,6 @@ def _round_robin(result: SummaryResult) -> SummaryResult:
     )
 
 
-def exact_greedy_summary(
-    owners: Sequence[Any], validation: np.ndarray, seed_set: np.ndarray, p: int, gamma: float
-) -> SummaryResult:
-    """Non-private greedy with the exact kernel on the pooled data (a reference, not a service)."""
-    start = time.perf_counter()
-    pool = np.concatenate([o.features for o in owners])
-    labels = (
-        np.concatenate([o.labels for o in owners])
-        if all(o.labels is not None for o in owners)
-        else None
-    )
-    names = [o.name for o in owners for _ in range(o.n_points)]
-    index = exact_kernel_greedy(pool, validation, seed_set, p, gamma)
-    elapsed = time.perf_counter() - start
-    report = SessionReport(
-        method="greedy",
-        summary_size=p,
-        rounds=p,
-        owner_points_accessed=int(pool.shape[0]),
-        validation_points_accessed=int(validation.shape[0]),
-        all_owners_bound=len(owners) * p,
-        paper_bound=0.0,
-        dropped_owners=(),
-        ledger={},
-        wall_time_seconds=elapsed,
-    )
-    return SummaryResult(
-        points=pool[index],
-        labels=None if labels is None else labels[index],
-        owner_ids=tuple(names[i] for i in index),
-        report=report,
-    )
-
-
 #: Policy files shipped with the package (examples and the demo's).
 POLICIES = Path(__file__).resolve().parent / "policies"
 
@@ -542,11 +509,10 @@ def run_demo(
         evaluate_summary,
         mmd_curve,
         plot_mmd_curves,
-        write_json,
     )
-    from deploy.cli import progress_printer
-    from deploy.runner import publish_sketches, simulate
-    from deploy.scenarios import SCENARIOS, write_scenario
+    from experiments.runner import publish_sketches, simulate
+    from experiments.scenarios import SCENARIOS, write_scenario
+    from runtime.files import write_json
 
     wide = Console(width=max(console.width, 170))
     scenario = SCENARIOS[scenario_name](seed)

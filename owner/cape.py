@@ -59,10 +59,10 @@ from common.errors import (
     on_private_data,
 )
 from common.ids import short_id
+from common.privacy.ledger import SessionSpend
 from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import production_rng
 from common.secagg.protocol import RoundParams
-from common.summarization.endpoints import SessionSpend
 from owner.data import Table
 from owner.ledger import OwnerLedger
 

@@ -16,26 +16,22 @@ Supported formats (chosen by the file suffix):
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike, NDArray
 
 from common.validation import check_matrix
+from runtime.files import atomic_write
 
 __all__ = [
     "SUPPORTED_SUFFIXES",
     "PointSet",
     "Table",
-    "atomic_write",
     "load_point_set",
     "load_table",
     "save_point_set",
@@ -451,26 +447,3 @@ def save_point_set(point_set: PointSet, path: str | Path) -> None:
             frame.to_csv(fh, index=False)
         else:
             frame.to_parquet(fh, index=False)
-
-
-@contextmanager
-def atomic_write(path: str | Path) -> Iterator[BinaryIO]:
-    """Open a temporary file beside ``path`` for writing; move it over ``path`` on success.
-
-    A reader never sees a partial file, and a failed write leaves ``path`` as it was.
-
-    Raises
-    ------
-    OSError
-        If the directory is missing or not writable.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            yield fh
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

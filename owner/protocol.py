@@ -40,9 +40,10 @@ from common.errors import (
     on_private_data,
 )
 from common.ids import short_id
+from common.privacy.ledger import SessionSpend
 from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import production_rng
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
 from common.summarization.rff import RFFParams, random_fourier_features
 from common.summarization.terms import OwnerTerms

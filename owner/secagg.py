@@ -32,7 +32,7 @@ from common.errors import FailedPreconditionError, InvalidArgumentError, NotFoun
 from common.ids import short_id
 from common.secagg.crypto import EcdsaSigner, EcdsaVerifier, SecAggError, Signer
 from common.secagg.protocol import KeyAdvertisement, RoundParams, SecAggSite, UnmaskResponse
-from dpmarket.identity import Identity, identity_from_certificate
+from runtime.identity import Identity, identity_from_certificate
 
 logger = logging.getLogger(__name__)
 

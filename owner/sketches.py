@@ -4,7 +4,7 @@ An owner publishes a differentially private sketch of its table once per spec of
 catalogue (M2M paper, Section 2.3); every consumer of the catalogue then computes what it likes
 from it at no further cost to the owner. :class:`SketchPublisher` is the owner's side as a plain
 state object over its own ledger (no network: ``dpmarket sketch publish`` fetches the spec and
-sends the result, :mod:`deploy.sketch_commands`):
+sends the result, :mod:`consumer.cli`):
 
 1. **Check** the spec against the owner's policy (``[sketches]``: whether it publishes at all,
    the most epsilon per sketch) and the epsilon against the spec's range; select the spec's
@@ -50,9 +50,9 @@ from common.privacy.noise import NoiseSource, OpenDPNoise
 from common.sketches.endpoints import CatalogEndpoint
 from common.sketches.sketch import PrivateSketch
 from common.sketches.spec import PublishedSketch, SketchSpec
-from dpmarket.sketch_messages import sketch_bytes, sketch_from_bytes
 from owner.data import Table
 from owner.ledger import LedgerEntry, OwnerLedger
+from runtime.sketch_messages import sketch_bytes, sketch_from_bytes
 
 __all__ = [
     "Delivery",

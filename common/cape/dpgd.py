@@ -19,7 +19,7 @@ computes the average of its records' per-example gradients, each clipped to L2 n
 
 The paper gives neither the hidden width, the clipping norm, the step size nor the number of
 iterations; they are parameters here (the experiments' values are in
-``deploy/cape_experiments.py``). The paper states epsilon per iteration (with delta 0.01 per
+``experiments/cape_experiments.py``). The paper states epsilon per iteration (with delta 0.01 per
 iteration); :func:`total_epsilon` composes the iterations with a privacy-loss-distribution
 accountant (``common.privacy.accounting.pld_epsilon``) to the total epsilon of the whole
 training, and :func:`train_dpgd` can also be given that total budget directly.

@@ -31,16 +31,15 @@ from sklearn.datasets import load_diabetes
 from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from consumer.client import CapeFit, CuratorClient
 from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult
-from deploy.cape_experiments import DIABETES_BOUNDS, DIABETES_TARGET
 from deploy.launcher import CURATOR_NAME, LocalCluster
-from deploy.pki import identity_files
-from deploy.runner import fit_cape, run_cape
-from dpmarket import cape_messages
-from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import cape_pb2, secure_aggregation_pb2
+from experiments.cape_experiments import DIABETES_BOUNDS, DIABETES_TARGET
+from experiments.runner import fit_cape, run_cape
 from owner.data import Table, load_table
 from owner.ledger import LedgerEntry, OwnerLedger
+from runtime import cape_messages
+from runtime.identity import Identity, identity_files
+from runtime.transport import TransportSecurity, sync_channel
 
 pytestmark = pytest.mark.integration
 

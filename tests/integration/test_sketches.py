@@ -38,17 +38,17 @@ from consumer.explore import QUERIES, Explorer, Query
 from curator.store import DATABASE_FILE
 from deploy.cli import main as cli_main
 from deploy.launcher import CURATOR_NAME, LocalCluster
-from deploy.pki import CA_CERT, identity_files, init_ca, issue_all
+from deploy.pki import init_ca, issue_all
 from deploy.sketch_demo import flights_tables
-from dpmarket.identity import Identity
-from dpmarket.sketch_messages import sketch_to_proto
-from dpmarket.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
 from owner.data import load_table
 from owner.ledger import OwnerLedger
 from owner.policy import load_owner_policy
 from owner.sketch_client import CatalogClient
 from owner.sketches import SketchPublisher, ledger_session, publish_to
+from runtime.identity import CA_CERT, Identity, identity_files
+from runtime.sketch_messages import sketch_to_proto
+from runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 
 pytestmark = pytest.mark.integration
 

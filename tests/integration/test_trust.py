@@ -48,14 +48,14 @@ from consumer.convert import create_request_to_proto
 from curator.store import DATABASE_FILE, RESTART_ERROR
 from deploy.cli import main as cli_main
 from deploy.launcher import CURATOR_NAME, LocalCluster
-from deploy.pki import CA_CERT, CA_KEY, identity_files, issue
-from deploy.runner import simulate
-from deploy.scenarios import Scenario, write_scenario
-from dpmarket.arrays import array_to_proto
-from dpmarket.identity import Identity
-from dpmarket.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
+from deploy.pki import CA_KEY, issue
 from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc, privacy_pb2
+from experiments.runner import simulate
+from experiments.scenarios import Scenario, write_scenario
 from owner.ledger import LedgerEntry, OwnerLedger
+from runtime.arrays import array_to_proto
+from runtime.identity import CA_CERT, Identity, identity_files
+from runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 
 pytestmark = pytest.mark.integration
 
