@@ -506,14 +506,16 @@ def request(
 @click.option("--timeout", default=3.0, type=click.FloatRange(min=0.1), help="Seconds.")
 @tls_options
 def health_command(target: str, expect: str | None, timeout: float, **tls: Any) -> None:
-    """Probe a service's grpc.health.v1 status over mTLS; exit 0 when it is SERVING."""
+    """Probe a service's grpc.health.v1 status over mTLS; exit 0 when it is SERVING.
+
+    Any party's certificate will do (with --pki-dir, the one named --name there, whatever its
+    role). A service that cannot be reached is named with the reason in one line."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from runtime.transport import sync_channel
+    from runtime.transport import connected_channel
 
-    role = Identity.parse(f"{expect}").role if expect else None
-    security = security_from_options(role if tls.get("pki_dir") else None, **tls)
+    security = security_from_options(None, **tls)
     expected = None
     if not security.insecure:
         if not expect:
@@ -522,7 +524,11 @@ def health_command(target: str, expect: str | None, timeout: float, **tls: Any) 
             expected = Identity.parse(expect)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--expect") from exc
-    with sync_channel(target, security, expected) as channel:
+    try:
+        channel = connected_channel(target, security, expected, connect_timeout=timeout)
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+    with channel:
         try:
             response = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout

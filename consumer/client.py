@@ -40,7 +40,7 @@ from runtime import cape_messages, sketch_messages
 from runtime.identity import Identity
 from runtime.serving import GRPC_OPTIONS
 from runtime.status import error_from_rpc
-from runtime.transport import TransportSecurity, sync_channel
+from runtime.transport import CONNECT_TIMEOUT_SECONDS, TransportSecurity, connected_channel
 
 
 class SessionFailedError(AbortedError):
@@ -72,9 +72,16 @@ class CuratorClient:
         The curator identity the server must prove (default ``curator:curator``).
     timeout : float
         Deadline of unary calls, seconds.
+    connect_timeout : float or None
+        The channel must connect within this many seconds (TCP and the mTLS handshake), or the
+        constructor raises :class:`runtime.transport.ConnectError` saying why (nothing
+        listening, a certificate of another CA, a server of another name); None: no check,
+        calls wait for the curator up to their deadline.
 
     Raises
     ------
+    runtime.transport.ConnectError
+        From the constructor, as ``connect_timeout`` says.
     common.errors.DPMarketError
         Every method raises the error matching the curator's status (e.g.
         ``InvalidArgumentError`` for a malformed validation set, ``NotFoundError`` for an unknown
@@ -88,11 +95,19 @@ class CuratorClient:
         *,
         curator: Identity | None = None,
         timeout: float = 60.0,
+        connect_timeout: float | None = CONNECT_TIMEOUT_SECONDS,
     ) -> None:
         self.target = target
         self.timeout = timeout
         expected = None if security.insecure else (curator or Identity("curator", "curator"))
-        self._channel = sync_channel(target, security, expected, options=GRPC_OPTIONS)
+        self._channel = connected_channel(
+            target,
+            security,
+            expected,
+            GRPC_OPTIONS,
+            connect_timeout=connect_timeout,
+            peer="the curator",
+        )
         self._stub = curator_pb2_grpc.CuratorServiceStub(self._channel)
         self._cape = cape_pb2_grpc.CapeServiceStub(self._channel)
         self._sketches = sketch_pb2_grpc.SketchCatalogServiceStub(self._channel)

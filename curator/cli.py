@@ -117,7 +117,7 @@ def serve_curator(
 ) -> None:
     """Serve the parsimonious curator for a fixed set of owners (mTLS), with its catalogue of
     the owners' private sketches."""
-    from curator.owners import GrpcOwnerEndpoint
+    from curator.owners import GrpcOwnerEndpoint, check_owners
     from curator.policy import CuratorPolicy, load_curator_policy
     from curator.service import serve_curator as serve
     from curator.sketches import SketchCatalog
@@ -165,11 +165,26 @@ def serve_curator(
                 "allocation reads RFF sketches"
             )
 
+    allocation_columns = (
+        None
+        if allocation_sketch_spec is None
+        else list(catalog.spec(allocation_sketch_spec).domain.names)
+    )
+
     async def run() -> None:
         endpoints = [
             GrpcOwnerEndpoint(target, security, expected, deadline=owner_timeout)
             for expected, target in targets
         ]
+        try:
+            await check_owners(
+                endpoints,
+                allocation_columns=allocation_columns,
+                allocation_spec=allocation_sketch_spec or "",
+            )
+        except DPMarketError:
+            await asyncio.gather(*(e.close() for e in endpoints))
+            raise
         await serve(
             endpoints,
             f"{host}:{port}",
@@ -184,7 +199,7 @@ def serve_curator(
 
     try:
         asyncio.run(run())
-    except BindError as exc:
+    except (BindError, DPMarketError) as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
         catalog.close()

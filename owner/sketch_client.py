@@ -19,7 +19,7 @@ from runtime import sketch_messages as msg
 from runtime.identity import Identity
 from runtime.serving import GRPC_OPTIONS
 from runtime.status import error_from_rpc
-from runtime.transport import TransportSecurity, sync_channel
+from runtime.transport import CONNECT_TIMEOUT_SECONDS, TransportSecurity, connected_channel
 
 __all__ = ["CatalogClient"]
 
@@ -37,9 +37,14 @@ class CatalogClient:
         The curator identity the server must prove (default ``curator:curator``).
     timeout : float
         Deadline of every call, seconds.
+    connect_timeout : float or None
+        The channel must connect within this many seconds, or the constructor raises
+        :class:`runtime.transport.ConnectError` saying why; None: no check.
 
     Raises
     ------
+    runtime.transport.ConnectError
+        From the constructor, as ``connect_timeout`` says.
     common.errors.DPMarketError
         Every method raises the error matching the curator's status.
     """
@@ -51,11 +56,19 @@ class CatalogClient:
         *,
         curator: Identity | None = None,
         timeout: float = 60.0,
+        connect_timeout: float | None = CONNECT_TIMEOUT_SECONDS,
     ) -> None:
         self.target = target
         self.timeout = timeout
         self.identity = curator or Identity("curator", "curator")
-        self._channel = sync_channel(target, security, self.identity, options=GRPC_OPTIONS)
+        self._channel = connected_channel(
+            target,
+            security,
+            self.identity,
+            GRPC_OPTIONS,
+            connect_timeout=connect_timeout,
+            peer="the curator",
+        )
         self._stub = sketch_pb2_grpc.SketchCatalogServiceStub(self._channel)
 
     def close(self) -> None:

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from common.summarization.summary import ProgressEvent
 from runtime.files import write_json
-from runtime.identity import Identity, identity_files
+from runtime.identity import ROLES, Identity, identity_files
 from runtime.transport import TransportSecurity
 
 __all__ = [
@@ -90,6 +90,27 @@ def tls_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def _role_in(pki_dir: str, name: str) -> str:
+    """The role of the one ``<role>-<name>.crt`` in ``pki_dir`` (a command any role may run,
+    e.g. ``health``, finds its party's files so)."""
+    try:
+        found = [
+            role
+            for role in ROLES
+            if identity_files(Path(pki_dir), Identity(role, name))[1].is_file()
+        ]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--name") from exc
+    if len(found) != 1:
+        held = sorted(p.name for p in Path(pki_dir).glob("*.crt")) if Path(pki_dir).is_dir() else []
+        raise click.UsageError(
+            f"--pki-dir {pki_dir} holds {'no' if not found else 'more than one'} certificate "
+            f"named {name!r} (<role>-{name}.crt; it holds {', '.join(held) or 'none'}): give "
+            "--ca, --cert and --key"
+        )
+    return found[0]
+
+
 def security_from_options(
     role: str | None,
     ca_path: str | None,
@@ -99,7 +120,10 @@ def security_from_options(
     name: str | None,
     insecure: bool,
 ) -> TransportSecurity:
-    """Build the transport security from the TLS options; check the certificate's role."""
+    """Build the transport security from the TLS options; check the certificate's role.
+
+    ``role`` None: any role (with ``--pki-dir``, the role of the one certificate named
+    ``--name`` there)."""
     given = [o for o, v in (("--ca", ca_path), ("--cert", cert_path), ("--key", key_path)) if v]
     if insecure:
         if given or pki_dir:
@@ -112,8 +136,10 @@ def security_from_options(
     if pki_dir:
         if given:
             raise click.UsageError("give either --pki-dir and --name, or --ca, --cert and --key")
-        if not name or role is None:
+        if not name:
             raise click.UsageError("--pki-dir needs --name (this party's certificate name)")
+        if role is None:
+            role = _role_in(pki_dir, name)
         try:
             ca_path, cert_path, key_path = (
                 str(p)
