@@ -409,6 +409,10 @@ def finish(
     write_json({"config": asdict(config), "result": row}, report_path)
     title = f"{config.method} summary of {len(result.points)} points"
     Console().print(comparison_table([row], title=title))
+    candidates = result.report.ledger.get("candidates", {})
+    note = candidates.get("allocation_note", "")
+    if candidates.get("allocation") == "counts" and note not in ("", "requested"):
+        console.print(f"[yellow]budget split by noisy counts: {note}", highlight=False)
     console.print(f"summary -> {out}, report -> {report_path}")
 
 
@@ -667,7 +671,7 @@ _CAPE_DEFAULTS = {
     "linreg": ("model.json", 1e-6),
     "logreg": ("model.json", 1e-6),
     "mean": ("mean.json", 1e-6),
-    "train": ("network.json", 1e-5),
+    "train": ("network.json", 1e-6),
 }
 
 

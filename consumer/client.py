@@ -291,8 +291,14 @@ class CuratorClient:
 
     def sketch_specs(self) -> list[SketchSpec]:
         """The catalogue's specs (ListSketchSpecs), each validated (its key recomputed)."""
+        return self.sketch_catalogue()[0]
+
+    def sketch_catalogue(self) -> tuple[list[SketchSpec], str | None]:
+        """The catalogue's specs, each validated, and the spec the curator's summarization
+        allocation reads (None: none) (ListSketchSpecs)."""
         response = self._catalog_call("ListSketchSpecs", sketch_pb2.ListSketchSpecsRequest())
-        return [sketch_messages.spec_from_proto(m) for m in response.specs]
+        specs = [sketch_messages.spec_from_proto(m) for m in response.specs]
+        return specs, response.allocation_spec or None
 
     def sketch_spec(self, name: str) -> SketchSpec:
         """One spec (GetSketchSpec); ``NotFoundError`` for an unknown name."""

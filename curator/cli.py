@@ -36,6 +36,33 @@ def _owner_target(text: str, insecure: bool) -> tuple[Identity | None, str]:
         raise click.BadParameter(str(exc), param_hint="--owner") from exc
 
 
+def _warn_about_allocation(catalog: Any, spec: str | None, owners: list[str]) -> None:
+    """Say at start-up when candidates sessions will charge every owner through the counts
+    allocation: no allocation spec beside RFF specs in the catalogue, or owners that have not
+    published under it yet."""
+    if spec is None:
+        rff = [s.name for s in catalog.specs() if s.kind == "rff"]
+        if rff:
+            logger.warning(
+                "the catalogue holds RFF spec(s) %s but no --allocation-sketch-spec names one: "
+                "candidates sessions split their budget by noisy relevance counts, charging "
+                "every owner, and read no published sketch",
+                ", ".join(rff),
+            )
+        return
+    published = catalog.published(owners, spec=spec)
+    missing = [o for o in owners if o not in published]
+    if missing:
+        logger.warning(
+            "no sketch under %s yet from %s: until every owner publishes one (dpmarket sketch "
+            "publish --spec %s), candidates sessions split their budget by noisy relevance "
+            "counts, charging every owner",
+            spec,
+            ", ".join(missing),
+            spec,
+        )
+
+
 @click.command("serve-curator")
 @click.option(
     "--owner",
@@ -170,6 +197,7 @@ def serve_curator(
         if allocation_sketch_spec is None
         else list(catalog.spec(allocation_sketch_spec).domain.names)
     )
+    _warn_about_allocation(catalog, allocation_sketch_spec, owner_names)
 
     async def run() -> None:
         endpoints = [

@@ -155,6 +155,7 @@ async def serve_curator(
                 SketchCatalogServicer(
                     sketches,
                     catalog_authorizer(policy, owner_names, security, INSECURE_CONSUMER),
+                    allocation_spec,
                 ),
                 server,
             )

@@ -282,6 +282,7 @@ class SessionManager:
             owner_session_id=new_session_id(),
             on_charge=None if store is None else lambda c: store.record_charges(session_id, c),
             owner_sketches=self._allocation_sketches(config),
+            allocation_spec=self.allocation_spec,
         )
         # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
         self.policy.check_request(config, int(session.validation.shape[0]))

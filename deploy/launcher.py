@@ -9,6 +9,7 @@ sessions) and policy, each binding port 0 and reporting its real port through a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -28,7 +29,12 @@ from rich.console import Console
 from rich.table import Table
 
 from common.errors import UnavailableError
-from common.summarization.summary import METHODS, SummarizationConfig, SummaryResult
+from common.summarization.summary import (
+    METHODS,
+    PAPER_DELTA_OWNERS,
+    SummarizationConfig,
+    SummaryResult,
+)
 from deploy.pki import init_ca, issue_all
 from experiments.runner import exact_greedy_summary
 from owner.data import feature_columns
@@ -293,7 +299,7 @@ class LocalCluster:
                 "--table", str(table),
                 "--data-dir", str(self.owner_state(owner)),
                 *self._tls_args(owner),
-                "--out", str(out),
+                "--out", str(out), "--all",
             ]  # fmt: skip
             if self.owner_policy is not None:
                 args += ["--policy", self.owner_policy]
@@ -529,6 +535,9 @@ def run_demo(
     configs = {
         m: SummarizationConfig(summary_size=p, method=m, gamma=scenario.gamma) for m in METHODS
     }
+    # Algorithm 3 at the paper's settings (Section 4: delta~ 1e-4 on the owners), which the
+    # demo's owner policy (deploy/policies/demo-owner.toml) allows one session.
+    configs["private"] = dataclasses.replace(configs["private"], delta_owners=PAPER_DELTA_OWNERS)
     results: dict[str, SummaryResult] = {}
     budgets: dict[str, dict[str, Any]] = {}
     networked = [] if in_process else [m for m in METHODS if m != "greedy"]

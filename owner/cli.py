@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import sqlite3
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -449,7 +450,15 @@ def serve_owner(
     "specs",
     multiple=True,
     metavar="NAME",
-    help="A spec of the catalogue (e.g. flights/rff); repeat. Default: every spec.",
+    help="A spec of the catalogue (e.g. flights/rff); repeat. Without --spec or --all the "
+    "specs and their cost are listed and, on a terminal, the spec the curator's allocation "
+    "reads (or, without one, every spec) is offered for confirmation.",
+)
+@click.option(
+    "--all",
+    "all_specs",
+    is_flag=True,
+    help="Publish under every spec of the catalogue, without asking.",
 )
 @click.option(
     "--epsilon",
@@ -474,6 +483,7 @@ def publish_command(
     data_dir: str | None,
     policy_path: str | None,
     specs: tuple[str, ...],
+    all_specs: bool,
     epsilon: float | None,
     seed: int | None,
     out_path: str | None,
@@ -483,7 +493,8 @@ def publish_command(
 
     Each sketch is checked against the owner's policy and charged to its own ledger together
     with the sketch itself, before anything is sent; a spec released before is sent again as
-    stored, charging nothing.
+    stored, charging nothing. Name the specs (--spec) or take every one (--all); with neither,
+    the specs and their cost are listed and the curator's allocation spec is offered.
     """
     from common.privacy.noise import OpenDPNoise, SeededNoise
     from owner.data import load_table
@@ -491,6 +502,8 @@ def publish_command(
     from owner.sketch_client import CatalogClient
     from owner.sketches import SketchPublisher, publish_to
 
+    if specs and all_specs:
+        raise click.UsageError("give --spec NAME (repeat) or --all, not both")
     security = security_from_options("owner", **tls)
     if security.identity is None:
         raise click.UsageError(
@@ -514,7 +527,16 @@ def publish_command(
         raise click.ClickException(f"{state}: {exc}") from exc
     try:
         with CatalogClient(curator, security, curator=curator_identity(curator_name)) as client:
-            names = list(specs) or client.spec_names()
+            if specs:
+                names = list(specs)
+            else:
+                catalogue, allocation = client.catalogue()
+                names = [s.name for s in catalogue]
+                if not all_specs:
+                    names = _choose_specs(client, catalogue, allocation, epsilon)
+            if not names:
+                console.print("nothing published")
+                return
             publisher = SketchPublisher(ledger, noise=noise)
             deliveries = publish_to(client, publisher, table, names, epsilon=epsilon)
         left = ledger.remaining()
@@ -562,6 +584,69 @@ def publish_command(
         },
         out_path,
     )
+
+
+def _interactive() -> bool:
+    """Whether a person can answer a question (stdin is a terminal)."""
+    return sys.stdin.isatty()
+
+
+def _choose_specs(
+    client: Any, catalogue: list[Any], allocation: str | None, epsilon: float | None
+) -> list[str]:
+    """List the catalogue's specs with what publishing each costs this owner, then offer the
+    allocation spec (or every spec) for confirmation on a terminal; refuse to guess otherwise.
+
+    Returns
+    -------
+    list of str
+        The specs to publish (empty: the person declined).
+
+    Raises
+    ------
+    click.UsageError
+        When no one can be asked (stdin is not a terminal): name --spec and --all.
+    """
+    table = Table(title="specs of the curator's catalogue", title_justify="left")
+    for column in ("spec", "kind", "epsilon", "delta", "published", "note"):
+        table.add_column(column, justify="right" if column in ("epsilon", "delta") else "left")
+    cost: dict[str, tuple[float, float]] = {}
+    for spec in catalogue:
+        published = client.spec(spec.name).published
+        eps = 0.0 if published else (epsilon if epsilon is not None else spec.epsilon)
+        dlt = 0.0 if published or spec.noise != "gaussian" else spec.delta
+        cost[spec.name] = (eps, dlt)
+        table.add_row(
+            spec.name,
+            spec.kind,
+            f"{eps:g}",
+            f"{dlt:g}",
+            "yes (sent again, free)" if published else "no",
+            "the curator's allocation reads it" if spec.name == allocation else "",
+        )
+    console.print(table)
+    offer = [allocation] if allocation is not None else [s.name for s in catalogue]
+    total_eps = sum(cost[n][0] for n in offer)
+    total_delta = sum(cost[n][1] for n in offer)
+    what = (
+        f"{allocation} (the spec the curator's allocation reads)"
+        if allocation is not None
+        else f"every spec ({len(offer)})"
+    )
+    if not _interactive():
+        hint = f"; the curator's allocation reads {allocation}" if allocation else ""
+        raise click.UsageError(
+            f"choose the specs to publish: --spec NAME (repeat) or --all (every spec: epsilon "
+            f"{sum(c[0] for c in cost.values()):g} in all){hint}"
+        )
+    if click.confirm(
+        f"Publish {what}, charging this owner's ledger epsilon {total_eps:g}, delta "
+        f"{total_delta:g}?",
+        default=False,
+        err=True,
+    ):
+        return offer
+    return []
 
 
 @click.command("published")

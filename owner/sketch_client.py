@@ -13,7 +13,7 @@ import grpc
 
 from common.sketches.endpoints import SpecStatus
 from common.sketches.sketch import PrivateSketch
-from common.sketches.spec import PublishedSketch
+from common.sketches.spec import PublishedSketch, SketchSpec
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
 from runtime import sketch_messages as msg
 from runtime.identity import Identity
@@ -94,8 +94,14 @@ class CatalogClient:
 
     def spec_names(self) -> list[str]:
         """The names of the catalogue's specs (ListSketchSpecs)."""
+        return [s.name for s in self.catalogue()[0]]
+
+    def catalogue(self) -> tuple[list[SketchSpec], str | None]:
+        """The catalogue's specs, each validated, and the spec the curator's summarization
+        allocation reads (None: none) (ListSketchSpecs)."""
         response = self._call("ListSketchSpecs", sketch_pb2.ListSketchSpecsRequest())
-        return [s.name for s in response.specs]
+        specs = [msg.spec_from_proto(s) for s in response.specs]
+        return specs, response.allocation_spec or None
 
     def spec(self, name: str) -> SpecStatus:
         """A spec and this owner's standing under it (GetSketchSpec)."""

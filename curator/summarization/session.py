@@ -82,6 +82,9 @@ class SummarizationSession:
         (``allocation="sketch"``) when every owner that opens the session has one; otherwise,
         and when empty, by the owners' noisy relevance counts. Their publication was charged to
         their owners' ledgers; the session only post-processes them.
+    allocation_spec : str, optional
+        The catalogue spec ``owner_sketches`` were published under (the curator service's
+        ``--allocation-sketch-spec``), named in the report when an owner has none.
 
     Raises
     ------
@@ -106,6 +109,7 @@ class SummarizationSession:
         owner_session_id: str | None = None,
         on_charge: Callable[[Sequence[Charge]], None] | None = None,
         owner_sketches: Mapping[str, PrivateSketch] | None = None,
+        allocation_spec: str | None = None,
     ) -> None:
         self.state = SessionState(
             session_id,
@@ -121,6 +125,7 @@ class SummarizationSession:
             owner_session_id=owner_session_id,
             on_charge=on_charge,
             owner_sketches=owner_sketches,
+            allocation_spec=allocation_spec,
         )
         self._offer = Offer(self.state)
         self._releases = Releases(self.state)

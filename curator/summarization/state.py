@@ -135,6 +135,7 @@ class SessionState:
         owner_session_id: str | None = None,
         on_charge: Callable[[Sequence[Charge]], None] | None = None,
         owner_sketches: Mapping[str, PrivateSketch] | None = None,
+        allocation_spec: str | None = None,
     ) -> None:
         try:
             self.validation = check_matrix(validation, "validation set")
@@ -144,6 +145,8 @@ class SessionState:
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
         self.owner_sketches = dict(owner_sketches or {})
+        #: The catalogue spec the sketches were published under (for the report), or None.
+        self.allocation_spec = allocation_spec
         for owner, sketch in self.owner_sketches.items():
             if not isinstance(sketch, PrivateSketch) or not isinstance(sketch.feature_map, RFFMap):
                 raise InvalidArgumentError(f"the sketch of owner {owner} is not an RFF sketch")

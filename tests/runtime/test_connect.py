@@ -142,9 +142,11 @@ def test_a_server_of_another_identity_is_named_with_both(pki: Path) -> None:
 
 def test_a_right_server_connects_and_a_channel_is_left_usable(pki: Path) -> None:
     security = _security(pki / "ca", ALICE)
-    with _server(_security(pki / "ca", CURATOR)) as target:
-        with sync_channel(target, security, CURATOR) as channel:
-            check_connected(channel, target, security, CURATOR)
+    with (
+        _server(_security(pki / "ca", CURATOR)) as target,
+        sync_channel(target, security, CURATOR) as channel,
+    ):
+        check_connected(channel, target, security, CURATOR)
 
 
 def test_the_curator_endpoint_names_the_owner_it_did_not_reach(pki: Path) -> None:

@@ -307,7 +307,7 @@ class SummarizationParams(_message.Message):
     epsilon_auction: _builtins.float
     """Total epsilon of the auction's winner notification, Theorem 6 (default 1.0)."""
     delta_owners: _builtins.float
-    """delta of the auction and of the owners' composition bound (default 1e-4)."""
+    """delta of the auction and of the owners' composition bound (default 1e-6)."""
     delta_validation: _builtins.float
     """delta of the validation set's composition bound (default 0.01)."""
     epsilon_validation_total: _builtins.float
