@@ -35,6 +35,7 @@ from common.summarization.summary import (
     POOL_SCORINGS,
     SUMMARY_RELEASES,
     VALIDATION_RELEASES,
+    OwnerSelection,
     SummarizationConfig,
     SummaryResult,
 )
@@ -413,6 +414,12 @@ def finish(
     note = candidates.get("allocation_note", "")
     if candidates.get("allocation") == "counts" and note not in ("", "requested"):
         console.print(f"[yellow]budget split by noisy counts: {note}", highlight=False)
+    if result.report.left_out:
+        console.print(
+            "[yellow]left out: "
+            + ", ".join(f"{o} ({why})" for o, why in result.report.left_out.items()),
+            highlight=False,
+        )
     console.print(f"summary -> {out}, report -> {report_path}")
 
 
@@ -446,12 +453,29 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
     help="Idempotency key: a retry with the same key returns the same session and spends "
     "nothing new (default: a fresh random key).",
 )
+@click.option(
+    "--min-owners",
+    default=0,
+    type=click.IntRange(min=0),
+    help="Let the session run without owners that refuse their terms (budget) or cannot be "
+    "reached, as long as at least N take part; the report names who was left out and why. "
+    "0: an owner's refusal fails the request (nothing spent).",
+)
+@click.option(
+    "--exclude-owner",
+    "exclude_owners",
+    multiple=True,
+    metavar="NAME",
+    help="Leave this owner out of the session (never asked anything); repeat.",
+)
 @protocol_options
 @tls_options
 def request(
     curator: str,
     curator_name: str,
     request_id: str | None,
+    min_owners: int,
+    exclude_owners: tuple[str, ...],
     summary_size: int,
     method: str,
     validation_path: str,
@@ -475,6 +499,10 @@ def request(
         "consumer", ca_path, cert_path, key_path, pki_dir, name, insecure
     )
     config = summarization_config(summary_size, method, kwargs)
+    try:
+        selection = OwnerSelection(min_owners, exclude_owners)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--exclude-owner") from exc
     inputs = read_inputs(validation_path, seed_set_path, test_path)
     check_outputs(out_path, report_path)
     try:
@@ -491,6 +519,7 @@ def request(
                 seed=seed,
                 on_progress=update,
                 request_id=request_id,
+                selection=selection,
             )
     except SessionFailedError as exc:
         _failed(exc, config, report_path)

@@ -22,6 +22,7 @@ from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.errors import AbortedError, InvalidArgumentError
 from common.sketches.spec import PublishedSketch, SketchSpec
 from common.summarization.summary import (
+    OwnerSelection,
     ProgressEvent,
     SessionReport,
     SummarizationConfig,
@@ -130,10 +131,15 @@ class CuratorClient:
         *,
         seed: int | None = None,
         request_id: str = "",
+        selection: OwnerSelection | None = None,
     ) -> str:
         """Start a session; return its id (CreateSession). A retry with the same
-        ``request_id`` returns the same session and charges nothing new."""
-        request = convert.create_request_to_proto(config, validation, seed_set, seed, request_id)
+        ``request_id`` returns the same session and charges nothing new. ``selection``: owners
+        to leave out by name and the fewest the session may run with (default: every owner,
+        any refusal of the terms fails the request)."""
+        request = convert.create_request_to_proto(
+            config, validation, seed_set, seed, request_id, selection
+        )
         try:
             response = self._stub.CreateSession(request, timeout=self.timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
@@ -169,6 +175,7 @@ class CuratorClient:
         seed: int | None = None,
         on_progress: Callable[[ProgressEvent], None] | None = None,
         request_id: str | None = None,
+        selection: OwnerSelection | None = None,
     ) -> SummaryResult:
         """Create a session, follow it to the end and return its summary.
 
@@ -181,7 +188,9 @@ class CuratorClient:
             If the session failed; its ``report`` holds the ledger of what it spent.
         """
         key = request_id if request_id is not None else uuid.uuid4().hex
-        session_id = self.create_session(config, validation, seed_set, seed=seed, request_id=key)
+        session_id = self.create_session(
+            config, validation, seed_set, seed=seed, request_id=key, selection=selection
+        )
         last: tuple[ProgressEvent, SessionReport | None] | None = None
         for event, report in self.watch(session_id):
             last = (event, report)

@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 from rich.table import Table
 
+from common.privacy.ledger import SessionSpend
 from common.summarization.kernels import mmd2
 from common.summarization.summary import SummaryResult
 from consumer.evaluation import downstream_accuracy
@@ -48,7 +49,8 @@ def evaluate_summary(
     -------
     dict
         ``mmd2_validation``, ``mmd2_test`` (or None), ``accuracy`` (or None when either the
-        summary or the test set has no labels), and the session report's fields.
+        summary or the test set has no labels), and the session report's fields, among them
+        ``owner_spend`` (:func:`owner_spend`) and ``left_out`` (owner -> public reason).
     """
     r = result.report
     row: dict[str, Any] = {
@@ -68,6 +70,8 @@ def evaluate_summary(
         "epsilon": epsilon_summary(r.ledger),
         "ledger": r.ledger,
         "points_per_owner": _count(result.owner_ids),
+        "owner_spend": owner_spend(r.owner_spend),
+        "left_out": dict(r.left_out),
     }
     if test is not None:
         row["mmd2_test"] = mmd2(result.points, test.features, gamma)
@@ -75,6 +79,20 @@ def evaluate_summary(
             train = PointSet(result.points, result.labels, f"{r.method} summary")
             row["accuracy"] = downstream_accuracy(train, test, seed=seed)
     return row
+
+
+def owner_spend(spend: Mapping[str, SessionSpend]) -> dict[str, dict[str, Any]]:
+    """What each owner's own ledger recorded for the session, as JSON: ``{owner: {"epsilon"
+    (None for a non-private session), "delta", "points", "non_private"}}``."""
+    return {
+        owner: {
+            "epsilon": None if s.non_private else s.epsilon,
+            "delta": s.delta,
+            "points": s.points,
+            "non_private": s.non_private,
+        }
+        for owner, s in sorted(spend.items())
+    }
 
 
 def epsilon_summary(ledger: Mapping[str, Any]) -> dict[str, Any] | None:

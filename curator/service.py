@@ -64,6 +64,7 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
             validation,
             seed_set,
             seed,
+            selection=convert.selection_from_proto(request),
             consumer=str(caller),
             request_id=request.request_id,
             request_digest=request_digest(request),

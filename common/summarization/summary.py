@@ -278,6 +278,9 @@ class SessionReport:
         Why the session failed; empty when it succeeded.
     owner_spend : dict of str to SessionSpend
         What each owner's own ledger recorded for the session (owners that closed it).
+    left_out : dict of str to str
+        Every owner the session ran without, with a public reason (:data:`LEFT_OUT_REASONS`):
+        excluded by the consumer, refused by its budget, unreachable, or dropped mid-session.
     """
 
     method: Method
@@ -294,6 +297,58 @@ class SessionReport:
     round_seconds: tuple[float, ...] = ()
     error: str = ""
     owner_spend: dict[str, SessionSpend] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)
+
+
+#: The public reasons a session gives for running without an owner (``SessionReport.left_out``):
+#: each depends on the request, the owner's budget or the network, never on the owner's data.
+LEFT_OUT_REASONS: tuple[str, ...] = (
+    "excluded by the consumer",
+    "budget refused",
+    "refused the session",
+    "unreachable",
+    "refused a step",
+    "broke the protocol",
+)
+
+
+@dataclass(frozen=True)
+class OwnerSelection:
+    """Which owners a session may run without.
+
+    Parameters
+    ----------
+    min_owners : int, default 0
+        0: as before, an owner whose policy refuses the session's terms fails the request
+        (``FAILED_PRECONDITION``, nothing released) and an owner that cannot be reached is left
+        out while one remains. N >= 1: an owner that refuses its terms ("budget refused") or
+        cannot be reached ("unreachable") when the session opens is left out, and the session
+        runs if at least N owners remain (else ``FAILED_PRECONDITION`` naming who was left out
+        and why). A left-out owner is charged nothing and sent nothing after its refusal.
+    exclude : tuple of str, default ()
+        Owners, by name, the consumer leaves out: never asked anything.
+
+    Raises
+    ------
+    ValueError
+        If ``min_owners`` is negative or not an integer, or ``exclude`` repeats a name or holds
+        an empty one.
+    """
+
+    min_owners: int = 0
+    exclude: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_owners, bool) or not isinstance(self.min_owners, int):
+            raise ValueError(f"min_owners must be an integer >= 0, got {self.min_owners!r}")
+        if self.min_owners < 0:
+            raise ValueError(f"min_owners must be an integer >= 0, got {self.min_owners}")
+        names = tuple(self.exclude)
+        if any(not isinstance(n, str) or not n for n in names):
+            raise ValueError(f"exclude must hold owner names, got {list(names)}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"exclude must not repeat a name, got {list(names)}")
+        object.__setattr__(self, "exclude", names)
 
 
 @dataclass(frozen=True)
