@@ -8,6 +8,7 @@ curator's (role and name) at the handshake.
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -267,27 +268,68 @@ class CuratorClient:
         seed: int | None = None,
         request_id: str | None = None,
         timeout: float = 1800.0,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> CapeNetwork:
         """Train the 2-layer network by CAPE gradient descent across the curator's owners
         (TrainCape).
 
         ``request_id`` defaults to a fresh random key (a retry never trains twice).
+        ``on_progress(done, total)`` is called after every iteration, from the curator's
+        WatchCapeJob stream (best effort: a lost stream only stops the calls).
 
         Raises
         ------
         common.errors.DPMarketError
             The error matching the curator's status.
         """
+        key = _key(request_id)
         request = cape_pb2.TrainCapeRequest(
-            spec=cape_messages.training_to_proto(spec), request_id=_key(request_id)
+            spec=cape_messages.training_to_proto(spec), request_id=key
         )
-        response = self._cape_call("TrainCape", request, seed, timeout)
+        if on_progress is None:
+            response = self._cape_call("TrainCape", request, seed, timeout)
+        else:
+            response = self._train_watched(request, seed, timeout, key, on_progress)
         parameters = cape_messages.vector_from_proto(
             response.parameters, "parameters", spec.n_params
         )
         return CapeNetwork(
             spec=spec, parameters=parameters, report=json.loads(response.report_json)
         )
+
+    def _train_watched(
+        self,
+        request: Any,
+        seed: int | None,
+        timeout: float,
+        key: str,
+        on_progress: Callable[[int, int], None],
+    ) -> Any:
+        """TrainCape while a thread follows WatchCapeJob; the stream is cancelled when the
+        training answers (also when it was refused before it started)."""
+        if seed is not None:
+            request.seed = seed
+        future = self._cape.TrainCape.future(request, timeout=timeout, wait_for_ready=True)
+        stream = self._cape.WatchCapeJob(
+            cape_pb2.WatchCapeJobRequest(request_id=key), timeout=timeout
+        )
+
+        def follow() -> None:
+            try:
+                for message in stream:
+                    on_progress(int(message.iteration), int(message.iterations))
+            except grpc.RpcError:
+                pass  # cancelled when the training answered, or the job never started
+
+        follower = threading.Thread(target=follow, name="cape-progress", daemon=True)
+        follower.start()
+        try:
+            return future.result()
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, f"curator at {self.target}") from None
+        finally:
+            stream.cancel()
+            follower.join(timeout=5.0)
 
     # ------------------------------------------------------------------ sketch catalogue
     def _catalog_call(self, method: str, request: Any) -> Any:

@@ -65,8 +65,14 @@ def main(verbose: int) -> None:
     is_flag=True,
     help="Run every party in this process instead of separate gRPC services.",
 )
+@click.option("--wide", is_flag=True, help="Every column of the table (about 170 columns).")
 def demo(
-    scenario_name: str, out_dir: str, summary_size: int | None, seed: int, in_process: bool
+    scenario_name: str,
+    out_dir: str,
+    summary_size: int | None,
+    seed: int,
+    in_process: bool,
+    wide: bool,
 ) -> None:
     """Launch curator, owners and consumer as processes and compare private, greedy, uniform."""
     from deploy.launcher import run_demo
@@ -79,6 +85,7 @@ def demo(
             seed=seed,
             in_process=in_process,
             console=Console(),
+            wide=wide,
         )
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -415,9 +415,13 @@ def ledger_budgets(data_dirs: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
 
 def budget_table(budgets: dict[str, dict[str, Any]]) -> Table:
     """A rich table of :func:`owner_budgets`."""
-    table = Table(title="each owner's own ledger: spent / budget (left)")
+    table = Table(title="each owner's own ledger: spent / budget (left)", title_justify="left")
     for column in ("owner", "sessions", "epsilon", "delta", "raw points"):
-        table.add_column(column, justify="left" if column == "owner" else "right")
+        table.add_column(
+            column,
+            justify="left" if column == "owner" else "right",
+            overflow="fold",
+        )
     for owner_id, b in budgets.items():
         table.add_row(
             owner_id,
@@ -491,6 +495,7 @@ def run_demo(
     seed: int,
     in_process: bool,
     console: Console,
+    wide: bool = False,
 ) -> dict[str, Any]:
     """Run the marketplace on a bundled scenario and compare the methods (``make demo``).
 
@@ -500,8 +505,8 @@ def run_demo(
     the consumer, requests a summary of size p by every private method and a uniform sample over
     gRPC. Non-private greedy on RFF embeddings, which the owners' policy refuses, runs in-process
     on the same data as a reference, as does the exact-kernel greedy on the pooled data. Prints
-    the table and every owner's remaining budget, and writes ``report.json`` and ``mmd.png`` into
-    ``out_dir``.
+    the table (compact for 80 columns; every column with ``wide``) and every owner's remaining
+    budget, and writes ``report.json`` and ``mmd.png`` into ``out_dir``.
 
     Returns
     -------
@@ -520,7 +525,7 @@ def run_demo(
     from experiments.scenarios import SCENARIOS, write_scenario
     from runtime.files import write_json
 
-    wide = Console(width=max(console.width, 170))
+    out = Console(width=max(console.width, 170)) if wide else console
     scenario = SCENARIOS[scenario_name](seed)
     p = summary_size or scenario.default_p
     data_dir = out_dir / "data"
@@ -683,15 +688,15 @@ def run_demo(
     write_json(report, out_dir / "report.json")
     if budgets:
         report["owner_budgets"] = budgets
-    wide.print(comparison_table(rows, title=f"{scenario.name}, p = {p}, seed = {seed}"))
+    out.print(comparison_table(rows, title=f"{scenario.name}, p = {p}, seed = {seed}", wide=wide))
     if budgets:
-        wide.print(budget_table(budgets))
+        out.print(budget_table(budgets))
     allocation = results["candidates"].report.ledger.get("candidates", {})
     if allocation.get("allocation") == "sketch":
         sketch_eps = sorted(
             {s["epsilon"] for s in results["candidates"].report.ledger["owner_sketches"].values()}
         )
-        wide.print(
+        out.print(
             f"candidates: the budget of {allocation['budget']} candidates was split by the owners' "
             f"published sketches ({allocation['relevance_score']} vote, released with Gaussian "
             f"noise sigma {allocation['allocation_sigma']:.3g}): "
@@ -700,7 +705,7 @@ def run_demo(
             + "/".join(f"{e:g}" for e in sketch_eps)
             + ", published once and read by every session) is on their ledgers."
         )
-    wide.print(
+    out.print(
         "ε: Theorem 7 (Kairouz et al.) / PLD (dp-accounting); Algorithm 3 at the paper's settings "
         f"for delta~ = {configs['private'].delta_validation} (D_v) and "
         f"{configs['private'].delta_owners} (owners), candidates for delta = "

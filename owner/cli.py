@@ -36,6 +36,8 @@ from runtime.cli import (
     curator_identity,
     curator_options,
     ensure_info_logging,
+    json_option,
+    print_json,
     security_from_options,
     tls_options,
     write_output,
@@ -475,6 +477,7 @@ def serve_owner(
     "noise). Default: OpenDP's samplers.",
 )
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False), help="JSON.")
+@json_option
 @tls_options
 def publish_command(
     curator: str,
@@ -487,6 +490,7 @@ def publish_command(
     epsilon: float | None,
     seed: int | None,
     out_path: str | None,
+    as_json: bool,
     **tls: Any,
 ) -> None:
     """Publish this owner's private sketches to a curator's catalogue: charge first, then send.
@@ -544,10 +548,7 @@ def publish_command(
         raise click.ClickException(str(exc)) from exc
     finally:
         ledger.close()
-    table_out = Table(title=f"{name}: sketches in the catalogue of {curator_name}")
-    for column in ("spec", "epsilon", "delta", "charged now", "noisy count", "catalogue"):
-        table_out.add_column(column, justify="left" if column == "spec" else "right")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for d in deliveries:
         mech = d.publication.sketch.mechanism
         rows.append(
@@ -562,27 +563,36 @@ def publish_command(
                 "ledger_entry": d.publication.charge.id,
             }
         )
+    document = {
+        "owner": name,
+        "curator": f"{curator_name}@{curator}",
+        "sketches": rows,
+        "left": {"epsilon": left.epsilon, "delta": left.delta, "window": left.window},
+    }
+    write_output(document, out_path)
+    if as_json:
+        print_json(document)
+        return
+    table_out = Table(
+        title=f"{name}: sketches in the catalogue of {curator_name}", title_justify="left"
+    )
+    for column in ("spec", "epsilon", "delta", "charged now", "noisy count", "catalogue"):
+        table_out.add_column(
+            column, justify="left" if column == "spec" else "right", overflow="fold"
+        )
+    for r in rows:
         table_out.add_row(
-            d.spec,
-            f"{mech.epsilon:g}",
-            f"{mech.delta:g}",
-            "yes" if d.publication.charged_now else "no (stored)",
-            f"{d.publication.sketch.noisy_count:.1f}",
-            "held already" if d.already_in_catalogue else "published",
+            r["spec"],
+            f"{r['epsilon']:g}",
+            f"{r['delta']:g}",
+            "yes" if r["charged_now"] else "no (stored)",
+            f"{r['noisy_count']:.1f}",
+            "held already" if r["already_in_catalogue"] else "published",
         )
     Console().print(table_out)
     console.print(
         f"ledger {ledger.path}: left over {left.window}: epsilon {left.epsilon:.6g}, "
         f"delta {left.delta:.3g}"
-    )
-    write_output(
-        {
-            "owner": name,
-            "curator": f"{curator_name}@{curator}",
-            "sketches": rows,
-            "left": {"epsilon": left.epsilon, "delta": left.delta, "window": left.window},
-        },
-        out_path,
     )
 
 
@@ -656,7 +666,8 @@ def _choose_specs(
     type=click.Path(exists=True, file_okay=False),
     help="The owner's data directory.",
 )
-def published_command(data_dir: str) -> None:
+@json_option
+def published_command(data_dir: str, as_json: bool) -> None:
     """List the sketches this owner's data directory has released (offline, read-only)."""
     from owner.sketches import SketchPublisher
 
@@ -665,9 +676,20 @@ def published_command(data_dir: str) -> None:
             rows = SketchPublisher(ledger).published()
     except (OSError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
-    table = Table(title=f"sketches released from {data_dir}")
+    if as_json:
+        print_json(
+            {
+                "data_dir": data_dir,
+                "sketches": [
+                    {"spec": spec, "key": key, "epsilon": epsilon, "delivered_to": list(curators)}
+                    for spec, key, epsilon, curators in rows
+                ],
+            }
+        )
+        return
+    table = Table(title=f"sketches released from {data_dir}", title_justify="left")
     for column in ("spec", "key", "epsilon", "delivered to"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for spec, key, epsilon, curators in rows:
         table.add_row(spec, key[:16], f"{epsilon:g}", ", ".join(curators) or "nobody yet")
     Console().print(table)

@@ -21,7 +21,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from common.summarization.summary import ProgressEvent
-from runtime.files import write_json
+from runtime.files import json_text, write_json
 from runtime.identity import ROLES, Identity, identity_files
 from runtime.transport import TransportSecurity
 
@@ -31,6 +31,8 @@ __all__ = [
     "curator_identity",
     "curator_options",
     "ensure_info_logging",
+    "json_option",
+    "print_json",
     "progress_printer",
     "security_from_options",
     "setup_logging",
@@ -236,6 +238,22 @@ def curator_options(func: Any) -> Any:
         "--curator-name", default="curator", help="The name the curator's certificate must carry."
     )(func)
     return click.option("--curator", required=True, metavar="HOST:PORT", help="The curator.")(func)
+
+
+def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--json``: print the command's result as JSON on stdout instead of tables (messages
+    and progress stay on stderr)."""
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Print JSON on stdout instead of tables (messages stay on stderr).",
+    )(func)
+
+
+def print_json(data: Any) -> None:
+    """Print ``data`` as JSON on stdout (:func:`runtime.files.json_text`)."""
+    click.echo(json_text(data), nl=False)
 
 
 def write_output(data: Any, out_path: str | None) -> None:

@@ -91,9 +91,11 @@ def test_an_exhausted_owner_is_left_out_only_when_the_consumer_allows_it(
     assert f"owner {exhausted}: " in refused.output and "owner budget exceeded" in refused.output
     assert _entries(cluster) == before  # nothing charged anywhere
 
-    ran = _request(cluster, tmp_path / "min4", digits, "--min-owners", "4")
+    plot = tmp_path / "min4" / "plot.png"
+    ran = _request(cluster, tmp_path / "min4", digits, "--min-owners", "4", "--plot", str(plot))
     assert ran.exit_code == 0, ran.output
     assert f"left out: {exhausted} (budget refused)" in ran.output
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads((tmp_path / "min4" / "report.json").read_text(encoding="utf-8"))
     result = report["result"]
     assert result["left_out"] == {exhausted: "budget refused"}
@@ -111,9 +113,12 @@ def test_excluded_and_unreachable_owners_are_named_in_the_report(
     excluded, killed, exhausted = cluster.owner_ids[0], cluster.owner_ids[1], cluster.owner_ids[-1]
     before = _entries(cluster)
     cluster.kill_owner(1)
-    ran = _request(cluster, tmp_path, digits, "--min-owners", "2", "--exclude-owner", excluded)
+    ran = _request(
+        cluster, tmp_path, digits, "--min-owners", "2", "--exclude-owner", excluded, "--json"
+    )
     assert ran.exit_code == 0, ran.output
-    report = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))["result"]
+    report = json.loads(ran.stdout)["result"]  # --json: the report on stdout, no table
+    assert report == json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))["result"]
     assert report["left_out"] == {
         excluded: "excluded by the consumer",
         killed: "unreachable",

@@ -520,3 +520,45 @@ def test_publish_without_a_spec_lists_the_costs_and_asks_or_needs_all(
 def _entries_at(data_dir: Path) -> list[Any]:
     with OwnerLedger(data_dir, None) as ledger:
         return ledger.entries()
+
+
+def test_every_catalogue_command_prints_json_and_fits_80_columns(
+    dep: Deployment, tmp_path: Path
+) -> None:
+    """Issue 13: ``--json`` on every command that prints a table, and tables for 80 columns."""
+    consumer = [
+        "--curator", dep.cluster.curator_target,
+        "--pki-dir", str(dep.cluster.pki_dir), "--name", "consumer",
+    ]  # fmt: skip
+    commands = {
+        "specs": ["sketch", "specs", *consumer],
+        "list": ["sketch", "list", *consumer],
+        "explore": ["explore", *consumer, "--spec", "mini/race", "--all", "--query", "mean"],
+        "rank": ["rank-owners", *consumer, "--validation", str(dep.validation)],
+        "published": [
+            "sketch",
+            "published",
+            "--data-dir",
+            str(dep.cluster.owner_state("owner-EV")),
+        ],
+    }
+    documents = {}
+    for name, args in commands.items():
+        table = CliRunner().invoke(cli_main, args)
+        assert table.exit_code == 0, (name, table.output)
+        assert "…" not in table.output, (name, table.output)
+        assert max(len(line) for line in table.output.splitlines()) <= 80, (name, table.output)
+        printed = CliRunner().invoke(cli_main, [*args, "--json"])
+        assert printed.exit_code == 0, (name, printed.output)
+        documents[name] = json.loads(printed.stdout)
+    assert documents["specs"]["allocation_spec"] == "mini/rff"
+    assert [s["spec"] for s in documents["specs"]["specs"]] == [
+        "mini/rff",
+        "mini/race",
+        "mini/hist",
+    ]
+    assert [s["allocation"] for s in documents["specs"]["specs"]] == [True, False, False]
+    assert {(s["spec"], s["owner"]) for s in documents["list"]["sketches"]} == set(_catalogue(dep))
+    assert documents["explore"]["owners"] == ["owner-UA"]  # the only publisher under mini/race
+    assert {r["owner"] for r in documents["rank"]["ranking"]} == set(OWNERS)
+    assert {s["spec"] for s in documents["published"]["sketches"]} == {"mini/rff", "mini/hist"}
