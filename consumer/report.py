@@ -175,6 +175,7 @@ def comparison_table(rows: Sequence[Mapping[str, Any]], *, title: str, wide: boo
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
+        collapse_padding=True,
         caption="points read: owners' + D_v's; ε: Theorem 7/PLD",
         caption_justify="left",
     )

@@ -1,9 +1,10 @@
 """``dpmarket``: one entry point for every role of the marketplace.
 
 The root group composes each role's commands: ``serve-owner``, ``owner ledger`` and
-``sketch publish`` / ``published`` (:mod:`owner.cli`); ``serve-curator`` (:mod:`curator.cli`);
-``request``, ``health``, the ``cape`` jobs, ``sketch specs`` / ``list``, ``explore`` and
-``rank-owners`` (:mod:`consumer.cli`); ``pki`` (:mod:`deploy.pki`); ``simulate``, ``scenario``,
+``sketch publish`` / ``published`` (:mod:`owner.cli`); ``serve-curator`` and ``curator
+sessions`` / ``charges`` (:mod:`curator.cli`); ``request``, ``health``, the ``cape`` jobs,
+``sketch specs`` / ``list``, ``explore`` and ``rank-owners`` (:mod:`consumer.cli`); ``pki``
+(:mod:`deploy.pki`); ``simulate``, ``scenario``,
 ``evaluate``, ``cape figures`` and ``sketch-experiments`` (:mod:`experiments.cli`). The options
 they share are in :mod:`runtime.cli`. Defined here: the ``cape`` and ``sketch`` groups and the
 demos that launch the whole marketplace as separate processes (``demo``, ``cape demo``,
@@ -163,6 +164,7 @@ for _command in (
     owner_cli.serve_owner,
     owner_cli.owner,
     curator_cli.serve_curator,
+    curator_cli.curator,
     consumer_cli.request,
     consumer_cli.health_command,
     consumer_cli.explore_command,
