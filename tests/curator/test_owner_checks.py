@@ -149,3 +149,29 @@ def test_an_owner_that_does_not_answer_is_a_warning(
         "answers"
     )
     assert checks[1].warning in caplog.text
+
+
+def test_the_curator_warns_when_its_allocation_would_read_no_sketch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 13: publishing sketches did not make the curator use them, and sessions then
+    charged every owner through the counts allocation without a word."""
+    from curator.cli import _warn_about_allocation
+    from curator.sketches import SketchCatalog
+
+    spec = Path(__file__).resolve().parents[2] / "deploy" / "sketches" / "flights.toml"
+    catalog = SketchCatalog.from_files(tmp_path, [spec], owners=["owner-0"], seed=0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="dpmarket"):
+            _warn_about_allocation(catalog, None, ["owner-0"])
+            _warn_about_allocation(catalog, "flights/rff", ["owner-0"])
+    finally:
+        catalog.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith(
+        "the catalogue holds RFF spec(s) flights/rff but no --allocation-sketch-spec names one"
+    )
+    assert messages[1].startswith(
+        "no sketch under flights/rff yet from owner-0: until every owner publishes one "
+        "(dpmarket sketch publish --spec flights/rff)"
+    )

@@ -29,6 +29,7 @@ from owner.ledger import OwnerLedger
 from owner.local import LocalOwnerEndpoint
 from owner.policy import OwnerPolicy
 from owner.protocol import Owner
+from tests.conftest import exhaust
 
 CONFIG = SummarizationConfig(summary_size=10, method="candidates", rff_dimension=32)
 K = 5
@@ -46,17 +47,8 @@ def _owners(tmp_path: Path, digits: Scenario) -> tuple[list[Owner], list[OwnerLe
     owners, ledgers = [], []
     for i, data in enumerate(digits.owners[:K]):
         ledger = OwnerLedger(tmp_path / data.name, OwnerPolicy())
-        if i == EXHAUSTED:  # the default lifetime budget (epsilon 10) spent on earlier sessions
-            for j in range(5):
-                ledger.charge(
-                    session=f"earlier-{j}",
-                    consumer="consumer:bob",
-                    curator="curator:curator",
-                    mechanism="Laplace relevance count",
-                    epsilon=2.0,
-                    delta=0.0,
-                    points=0,
-                )
+        if i == EXHAUSTED:
+            exhaust(ledger)
         owners.append(Owner(data.name, data, ledger=ledger))
         ledgers.append(ledger)
     return owners, ledgers

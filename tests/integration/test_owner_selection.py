@@ -24,6 +24,7 @@ from deploy.launcher import LocalCluster
 from experiments.scenarios import Scenario, write_scenario
 from owner.ledger import OwnerLedger
 from owner.policy import OwnerPolicy
+from tests.conftest import exhaust
 
 pytestmark = pytest.mark.integration
 
@@ -38,16 +39,7 @@ def cluster(digits: Scenario, tmp_path_factory: pytest.TempPathFactory) -> Itera
     names = [o.name for o in digits.owners[:K]]
     exhausted = names[-1]
     with OwnerLedger(state / f"owner-{exhausted}", OwnerPolicy()) as ledger:
-        for j in range(5):  # the default lifetime budget, epsilon 10, spent before
-            ledger.charge(
-                session=f"earlier-{j}",
-                consumer="consumer:bob",
-                curator="curator:curator",
-                mechanism="Laplace relevance count",
-                epsilon=2.0,
-                delta=0.0,
-                points=0,
-            )
+        exhaust(ledger)  # the default lifetime budget, epsilon 10, spent before
     with LocalCluster(
         [files[f"owner-{i}"] for i in range(K)],
         names,
