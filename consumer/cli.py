@@ -953,9 +953,8 @@ def cape_mean_command(
         )
         table.add_column("column", overflow="fold")
         table.add_column("mean", justify="right")
-        table.add_column("public bounds", justify="right")
-        for (column, low, high), value in zip(spec.features, estimate.mean, strict=True):
-            table.add_row(column, f"{value:.6g}", f"[{low:g}, {high:g}]")
+        for column, value in estimate.by_column.items():
+            table.add_row(column, f"{value:.6g}")
         Console().print(table)
     console.print(
         f"mean of {len(columns)} column(s) over {len(r['sites'])} owners "

@@ -449,8 +449,9 @@ def test_every_cape_and_secure_aggregation_rpc_of_an_owner_refuses_a_non_curator
 def test_every_rpc_of_the_cape_service_refuses_an_owner_or_curator_certificate(
     cluster: LocalCluster, caller: Identity
 ) -> None:
-    """FitCape, EstimateCapeMean and TrainCape, with requests that would run: an owner's or
-    the curator's own certificate gets PERMISSION_DENIED, and nothing is charged."""
+    """FitCape, EstimateCapeMean and TrainCape, with requests that would run, and
+    WatchCapeJob: an owner's or the curator's own certificate gets PERMISSION_DENIED, and
+    nothing is charged."""
     before = _ledgers(cluster)
     requests = {
         "FitCape": cape_pb2.FitCapeRequest(spec=cape_messages.spec_to_proto(_linear()), seed=SEED),
@@ -461,12 +462,21 @@ def test_every_rpc_of_the_cape_service_refuses_an_owner_or_curator_certificate(
             spec=cape_messages.training_to_proto(_training()), seed=SEED
         ),
     }
-    assert set(requests) == {m.name for m in CAPE_SERVICE.methods}
+    assert set(requests) | {"WatchCapeJob"} == {m.name for m in CAPE_SERVICE.methods}
     with _channel(cluster, cluster.curator_target, CURATOR, caller) as channel:
         for name, request in requests.items():
             code, details = _unary_status(channel, CAPE_SERVICE.methods_by_name[name], request)
             assert code == grpc.StatusCode.PERMISSION_DENIED, name
             assert str(caller) in details
+        watch = channel.unary_stream(
+            f"/{CAPE_SERVICE.full_name}/WatchCapeJob",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=cape_pb2.WatchCapeJobResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            list(watch(cape_pb2.WatchCapeJobRequest(request_id="k"), timeout=CALL_TIMEOUT))
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert str(caller) in (info.value.details() or "")
     assert _ledgers(cluster) == before
 
 
