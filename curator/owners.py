@@ -253,18 +253,32 @@ class GrpcOwnerEndpoint:
         )
         return msg.masked_from_proto(response.masked, params.vector_length)
 
+    async def consistency_check(
+        self, job_id: str, params: RoundParams, survivors: Sequence[str]
+    ) -> bytes:
+        """ConsistencyCheck."""
+        request = secure_aggregation_pb2.ConsistencyCheckRequest(
+            round=msg.round_to_proto(job_id, params), survivors=list(survivors)
+        )
+        response = await self._call(
+            lambda: self._secagg.ConsistencyCheck(request, timeout=self.deadline)
+        )
+        return bytes(response.signature)
+
     async def unmask(
         self,
         job_id: str,
         params: RoundParams,
         survivors: Sequence[str],
         dropped: Sequence[str],
+        signatures: Mapping[str, bytes],
     ) -> UnmaskResponse:
         """Unmask."""
         request = secure_aggregation_pb2.UnmaskRequest(
             round=msg.round_to_proto(job_id, params),
             survivors=list(survivors),
             dropped=list(dropped),
+            signatures=msg.signatures_to_proto(signatures),
         )
         response = await self._call(lambda: self._secagg.Unmask(request, timeout=self.deadline))
         return msg.unmask_from_proto(response)

@@ -67,15 +67,26 @@ class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationSer
         return secure_aggregation_pb2.MaskedInputResponse(masked=msg.masked_to_proto(masked))
 
     @rpc("curator")
+    async def ConsistencyCheck(self, request, context, caller):  # type: ignore[no-untyped-def]
+        job_id, params = msg.round_from_proto(request.round)
+        self._job_of(job_id, caller)
+        signature = await asyncio.to_thread(
+            self.rounds.check, job_id, params.round_id, list(request.survivors)
+        )
+        return secure_aggregation_pb2.ConsistencyCheckResponse(signature=signature)
+
+    @rpc("curator")
     async def Unmask(self, request, context, caller):  # type: ignore[no-untyped-def]
         job_id, params = msg.round_from_proto(request.round)
         self._job_of(job_id, caller)
+        signatures = msg.signatures_from_proto(request.signatures)
         response = await asyncio.to_thread(
             self.rounds.unmask,
             job_id,
             params.round_id,
             list(request.survivors),
             list(request.dropped),
+            signatures,
         )
         return msg.unmask_to_proto(response)
 

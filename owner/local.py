@@ -122,15 +122,22 @@ class LocalSecureAggregationEndpoint:
         """See :meth:`SiteRounds.masked`."""
         return self.rounds.masked(job_id, params.round_id, ciphertexts)
 
+    async def consistency_check(
+        self, job_id: str, params: RoundParams, survivors: Sequence[str]
+    ) -> bytes:
+        """See :meth:`SiteRounds.check`."""
+        return self.rounds.check(job_id, params.round_id, survivors)
+
     async def unmask(
         self,
         job_id: str,
         params: RoundParams,
         survivors: Sequence[str],
         dropped: Sequence[str],
+        signatures: Mapping[str, bytes],
     ) -> UnmaskResponse:
         """See :meth:`SiteRounds.unmask`."""
-        return self.rounds.unmask(job_id, params.round_id, survivors, dropped)
+        return self.rounds.unmask(job_id, params.round_id, survivors, dropped, signatures)
 
 
 class LocalCapeSiteEndpoint(LocalSecureAggregationEndpoint):

@@ -163,8 +163,7 @@ def quantize(x: ArrayLike, fp: FixedPoint, rng: np.random.Generator) -> NDArray[
     lower += rng.random(values.shape[0])
     np.floor(lower, out=lower)
     # u can leave the range by a float rounding error at x = +-clip; keep the grid's ends.
-    np.minimum(lower, levels, out=lower)
-    np.maximum(lower, 0.0, out=lower)
+    np.clip(lower, 0.0, levels, out=lower)
     return lower.astype(np.uint64)
 
 

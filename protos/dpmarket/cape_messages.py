@@ -9,7 +9,7 @@ for arrays).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 from numpy.typing import NDArray
@@ -206,6 +206,7 @@ def round_to_proto(
         vector_length=params.vector_length,
         clip=fp.clip,
         resolution_bits=fp.resolution_bits,
+        colluders=params.colluders,
     )
 
 
@@ -231,6 +232,7 @@ def round_from_proto(
             threshold=int(message.threshold),
             vector_length=int(message.vector_length),
             fixed_point=fixed_point,
+            colluders=int(message.colluders),
         )
     except ValueError as exc:
         raise InvalidArgumentError(f"secure-aggregation round: {exc}") from exc
@@ -288,6 +290,34 @@ def shares_to_proto(shares: dict[str, Share]) -> list[secure_aggregation_pb2.Sha
 def shares_from_proto(messages: Iterable[secure_aggregation_pb2.ShamirShare]) -> dict[str, Share]:
     """ShamirShare messages -> owner -> Share."""
     return {m.owner: Share(x=int(m.x), y=int.from_bytes(m.y, "big")) for m in messages}
+
+
+def signatures_to_proto(
+    signatures: Mapping[str, bytes],
+) -> list[secure_aggregation_pb2.SurvivorSignature]:
+    """Signer -> signature of the survivor list -> SurvivorSignature messages, sorted by site."""
+    return [
+        secure_aggregation_pb2.SurvivorSignature(site=site, signature=signature)
+        for site, signature in sorted(signatures.items())
+    ]
+
+
+def signatures_from_proto(
+    messages: Iterable[secure_aggregation_pb2.SurvivorSignature],
+) -> dict[str, bytes]:
+    """SurvivorSignature messages -> signer -> signature.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If a site signs twice.
+    """
+    out: dict[str, bytes] = {}
+    for message in messages:
+        if message.site in out:
+            raise InvalidArgumentError(f"two signatures of the survivor list by {message.site!r}")
+        out[message.site] = bytes(message.signature)
+    return out
 
 
 def unmask_to_proto(response: UnmaskResponse) -> secure_aggregation_pb2.UnmaskResponse:

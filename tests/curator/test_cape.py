@@ -56,7 +56,7 @@ TARGET = ("y", -10.0, 10.0)
 COLUMNS = ("a", "b", "c", "y")
 SITES = tuple(f"site-{i}" for i in range(5))
 #: Where a site can vanish, in protocol order (the names of :meth:`Site._reach`'s stages).
-STAGES = ("open", "plan", "advertise", "share", "mask", "unmask", "release")
+STAGES = ("open", "plan", "advertise", "share", "mask", "check", "unmask", "release")
 
 
 def _spec(epsilon: float = 1.0, delta: float = 1e-6) -> CapeJobSpec:
@@ -149,9 +149,13 @@ class Site(LocalCapeSiteEndpoint):
         self.masked[params.round_id] = masked.copy()
         return masked
 
-    async def unmask(self, job_id, params, survivors, dropped):  # type: ignore[no-untyped-def]
+    async def consistency_check(self, job_id, params, survivors):  # type: ignore[no-untyped-def]
+        self._reach("check")
+        return await super().consistency_check(job_id, params, survivors)
+
+    async def unmask(self, job_id, params, survivors, dropped, signatures):  # type: ignore[no-untyped-def]
         self._reach("unmask")
-        return await super().unmask(job_id, params, survivors, dropped)
+        return await super().unmask(job_id, params, survivors, dropped, signatures)
 
     async def release(self, job_id, round_id, total):  # type: ignore[no-untyped-def]
         self._reach("release")
@@ -247,7 +251,8 @@ def test_with_every_site_one_noise_round_and_every_release_is_averaged() -> None
         ("advertise", "advertise keys", 2),
         ("share", "share keys", 2),
         ("mask", "masked input", 2),  # its keys were shared: its pairwise masks are removed
-        ("unmask", "unmask", 2),  # after masking: its draw is in the round's sum
+        ("check", "consistency check", 2),  # after masking: its draw is in the round's sum
+        ("unmask", "unmask", 2),
     ],
 )
 def test_a_site_lost_during_the_noise_round_is_left_out_and_the_round_rerun(
