@@ -168,6 +168,7 @@ def serve_owner(
     from owner.policy import OwnerPolicy, load_owner_policy
     from owner.protocol import Owner
     from owner.service import serve_owner as serve
+    from owner.service import site_identity
 
     _ensure_info_logging()
     if data_path is None and table_path is None:
@@ -210,6 +211,8 @@ def serve_owner(
         max_jobs=policy.max_sessions,
         idle_timeout=policy.session_idle_timeout_seconds,
         allow_seeded_sessions=allow_seeded_sessions,
+        identity=site_identity(owner_id, security),
+        min_colluders=policy.cape_min_colluders,
     )
     left = ledger.remaining()
     points = (
@@ -1227,7 +1230,8 @@ def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., 
             "--colluders",
             default=None,
             type=click.IntRange(min=0),
-            help="S_C: owners that may collude with the curator (default ceil(S/3) - 1).",
+            help="S_C: owners that may collude with the curator (default ceil(S/3) - 1, raised "
+            "to every owner's policy floor; an owner refuses a value below its floor).",
         ),
         click.option("--seed", default=None, type=click.IntRange(min=0), help="Reproducible runs."),
         click.option("--request-id", default=None, help="Idempotency key (default: random)."),

@@ -121,16 +121,33 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
             spec.epsilon,
             spec.delta,
         )
-        return cape_pb2.OpenCapeJobResponse(num_rows=rows)
+        return cape_pb2.OpenCapeJobResponse(num_rows=rows, min_colluders=self.cape.min_colluders)
+
+    @rpc("curator")
+    async def AttestCapePlan(self, request, context, caller):  # type: ignore[no-untyped-def]
+        attestation, certificate = await asyncio.to_thread(
+            self.cape.attest,
+            request.job_id,
+            list(request.sites),
+            int(request.colluders),
+            curator=str(caller),
+            first_iteration=int(request.first_iteration),
+        )
+        return cape_pb2.AttestCapePlanResponse(
+            attestation=msg.attestation_to_proto(attestation, certificate)
+        )
 
     @rpc("curator")
     async def PlanCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
         sites = list(request.sites)
+        attestations, certificates = msg.attestations_from_proto(request.attestations)
         plan = await asyncio.to_thread(
             self.cape.plan,
             request.job_id,
             sites,
-            list(request.sizes),
+            int(request.colluders),
+            attestations,
+            certificates,
             curator=str(caller),
             first_iteration=int(request.first_iteration),
         )

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 from numpy.typing import NDArray
 
+from common.cape.agreement import SizeAttestation
 from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.errors import InvalidArgumentError
 from common.secagg.fixedpoint import FixedPoint
@@ -318,6 +319,48 @@ def signatures_from_proto(
             raise InvalidArgumentError(f"two signatures of the survivor list by {message.site!r}")
         out[message.site] = bytes(message.signature)
     return out
+
+
+def attestation_to_proto(
+    attestation: SizeAttestation, certificate: bytes
+) -> cape_pb2.SiteAttestation:
+    """SizeAttestation and the site's certificate -> SiteAttestation."""
+    return cape_pb2.SiteAttestation(
+        site=attestation.site,
+        rows=attestation.rows,
+        signature=attestation.signature,
+        certificate=certificate,
+    )
+
+
+def attestation_from_proto(message: cape_pb2.SiteAttestation) -> tuple[SizeAttestation, bytes]:
+    """SiteAttestation -> (SizeAttestation, certificate PEM)."""
+    return (
+        SizeAttestation(
+            site=message.site, rows=int(message.rows), signature=bytes(message.signature)
+        ),
+        bytes(message.certificate),
+    )
+
+
+def attestations_from_proto(
+    messages: Iterable[cape_pb2.SiteAttestation],
+) -> tuple[dict[str, SizeAttestation], dict[str, bytes]]:
+    """SiteAttestation messages -> (site -> attestation, site -> certificate).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If a site appears twice.
+    """
+    attestations: dict[str, SizeAttestation] = {}
+    certificates: dict[str, bytes] = {}
+    for message in messages:
+        attestation, certificate = attestation_from_proto(message)
+        if attestation.site in attestations:
+            raise InvalidArgumentError(f"two row counts of {attestation.site!r}")
+        attestations[attestation.site], certificates[attestation.site] = attestation, certificate
+    return attestations, certificates
 
 
 def unmask_to_proto(response: UnmaskResponse) -> secure_aggregation_pb2.UnmaskResponse:
