@@ -318,13 +318,17 @@ class SiteRounds:
         certificates: Mapping[str, bytes],
     ) -> dict[str, bytes]:
         """Round 1: check every advertisement's certificate and signature; share this site's
-        secrets."""
+        secrets. A certificate or signature that fails aborts the round at this site."""
         identity = self._require_identity()
         entry = self._round(job_id, round_id)
         with entry.lock:
-            entry.verifier.admit(
-                {s: certificates.get(s, b"") for s in advertisements if s != identity.name}
-            )
+            try:
+                entry.verifier.admit(
+                    {s: certificates.get(s, b"") for s in advertisements if s != identity.name}
+                )
+            except SecAggError as exc:
+                # A refused certificate ends the round here, as a refused signature does.
+                raise entry.site.abort(str(exc)) from None
             return entry.site.share_keys(advertisements)
 
     def masked(

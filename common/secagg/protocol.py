@@ -473,6 +473,14 @@ class SecAggSite:
     def stage(self) -> Stage:
         return self._stage
 
+    def abort(self, reason: str) -> SecAggError:
+        """End the round for this site: drop its secrets; every later call fails.
+
+        For checks made outside this object (a peer's certificate refused by the service).
+        Returns the :class:`SecAggError` to raise.
+        """
+        return self._abort(SecAggError(reason))
+
     def _abort(self, exc: SecAggError) -> SecAggError:
         self._stage = Stage.ABORTED
         self._c_private = self._s_private = None
