@@ -402,26 +402,39 @@ class CapeSite:
         AbortedError
             If the job was aborted at this owner.
         """
-        with self._lock:
-            job = self._jobs.get(job_id)
-        if job is None:
-            raise NotFoundError(f"unknown CAPE job {short_id(job_id)}")
+        job = self._any_curators_job(job_id)
         with job.lock:
-            if job.aborted is not None:
-                raise AbortedError(f"the job was aborted at this owner: {job.aborted}")
-            plan = job.plan
-            if plan is None or (job.released and not job.training):
-                raise FailedPreconditionError("the job is not planned, or released already")
-            length = plan.round_length if isinstance(plan, CapeTrainingPlan) else plan.size
-            if tuple(params.sites) != job.sites or params.vector_length != length:
-                raise FailedPreconditionError(
-                    "the round's sites or vector length differ from the job's plan"
-                )
+            plan = self._round_plan(job, params)
             if params.colluders < plan.colluders:
                 raise FailedPreconditionError(
                     f"the round defends against S_C={params.colluders} colluders, the job's "
                     f"plan against {plan.colluders}"
                 )
+
+    def _any_curators_job(self, job_id: str) -> _Job:
+        """A job by id, whichever curator opened it (secure aggregation checked the curator)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+        if job is None:
+            raise NotFoundError(f"unknown CAPE job {short_id(job_id)}")
+        return job
+
+    @staticmethod
+    def _round_plan(job: _Job, params: RoundParams) -> AnyCapePlan:
+        """The plan a round of ``job`` must follow (``job.lock`` held): the job is not aborted,
+        is planned (and, for a statistic, has not released), and the round's sites and length
+        are the plan's."""
+        if job.aborted is not None:
+            raise AbortedError(f"the job was aborted at this owner: {job.aborted}")
+        plan = job.plan
+        if plan is None or (job.released and not job.training):
+            raise FailedPreconditionError("the job is not planned, or released already")
+        length = plan.round_length if isinstance(plan, CapeTrainingPlan) else plan.size
+        if tuple(params.sites) != job.sites or params.vector_length != length:
+            raise FailedPreconditionError(
+                "the round's sites or vector length differ from the job's plan"
+            )
+        return plan
 
     def noise_input(self, job_id: str, params: RoundParams) -> NDArray[np.float64]:
         """Secure aggregation's input source: a fresh zero-sum noise draw for this round
@@ -435,22 +448,12 @@ class CapeSite:
             secure-aggregation service for the same curator).
         FailedPreconditionError
             If the job is not planned, or the round's sites or length are not the plan's.
+        AbortedError
+            If the job was aborted at this owner.
         """
-        with self._lock:
-            job = self._jobs.get(job_id)
-        if job is None:
-            raise NotFoundError(f"unknown CAPE job {short_id(job_id)}")
+        job = self._any_curators_job(job_id)
         with job.lock:
-            if job.aborted is not None:
-                raise AbortedError(f"the job was aborted at this owner: {job.aborted}")
-            plan = job.plan
-            if plan is None or (job.released and not job.training):
-                raise FailedPreconditionError("the job is not planned, or released already")
-            length = plan.round_length if isinstance(plan, CapeTrainingPlan) else plan.size
-            if tuple(params.sites) != job.sites or params.vector_length != length:
-                raise FailedPreconditionError(
-                    "the round's sites or vector length differ from the job's plan"
-                )
+            plan = self._round_plan(job, params)
             if isinstance(plan, CapeTrainingPlan):
                 e_hat = training_noise_share(plan, job.index, job.noise)
             else:

@@ -316,7 +316,7 @@ class KeyAdvertisement:
 
 @dataclass(frozen=True)
 class UnmaskResponse:
-    """Round 3 message of one surviving site.
+    """Round 4 (unmasking) message of one surviving site.
 
     Attributes
     ----------
@@ -700,7 +700,7 @@ class SecAggSite:
         and ``u`` subtracts it (``s_uv = s_vu``: X25519 is symmetric and the HKDF info orders the
         pair), so they cancel in the sum over ``U2``; the aggregator removes the self masks
         ``PRG(b_u)`` of the survivors and, for sites of ``U2`` that sent no masked input, their
-        pairwise masks with the survivors, from the secrets reconstructed in Round 3. Masks use
+        pairwise masks with the survivors, from the secrets reconstructed in Round 4. Masks use
         only ``U2``: a site lost before or during Round 1 never enters any mask.
 
         References

@@ -52,13 +52,12 @@ from common.secagg.protocol import (
 )
 from consumer.client import CuratorClient
 from deploy.cape_experiments import DIABETES_BOUNDS
-from deploy.launcher import CURATOR_NAME, LocalCluster
+from deploy.launcher import CURATOR_NAME, LocalCluster, owner_ledger_entries
 from deploy.pki import identity_files, issue_all
 from dpmarket import cape_messages as msg
 from dpmarket.identity import Identity
 from dpmarket.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc, secure_aggregation_pb2, secure_aggregation_pb2_grpc
-from owner.ledger import LedgerEntry, OwnerLedger
 from owner.secagg import SiteIdentity
 from tests.common.secagg.attack import distinct, recover_input
 
@@ -117,13 +116,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield running
 
 
-def _ledgers(cluster: LocalCluster) -> dict[str, list[LedgerEntry]]:
-    """Every charge in every honest owner's own SQLite ledger."""
-    out = {}
-    for owner in cluster.owner_ids:
-        with OwnerLedger(cluster.owner_state(owner), None) as ledger:
-            out[owner] = ledger.entries()
-    return out
+#: Every charge in every honest owner's own SQLite ledger.
+_ledgers = owner_ledger_entries
 
 
 # ---------------------------------------------------------------------------------- attacker
@@ -335,6 +329,33 @@ EVERYONE = list(SITES)
 WITHOUT_VICTIM = [s for s in SITES if s != VICTIM]
 
 
+def _unmask_view(
+    attacker: Attacker, job: str, r: Round, owners: Sequence[str], signatures: dict[str, bytes]
+) -> tuple[list[shamir.Share], list[str]]:
+    """Ask ``owners`` to unmask the view ``signatures`` signed (the victim alive if the
+    victim's signature is among them, dropped otherwise); return the shares of the victim's
+    secret they gave (its self-mask seed, or its key) and the owners that refused."""
+    alive = VICTIM in signatures
+    survivors, dropped = (EVERYONE, []) if alive else (WITHOUT_VICTIM, [VICTIM])
+    shares, refused = [], []
+    for owner in owners:
+        request = attacker.unmask_request(job, r, survivors, dropped, signatures)
+        try:
+            response = attacker.call(attacker.secagg[owner].Unmask, request)
+        except Refused as refusal:
+            assert refusal.code == grpc.StatusCode.ABORTED, refusal
+            assert "below the threshold t=4" in refusal.details
+            refused.append(owner)
+            continue
+        if alive:
+            assert not response.key_shares  # told nobody dropped
+            shares.append(msg.shares_from_proto(response.self_mask_shares)[VICTIM])
+        else:
+            assert VICTIM not in msg.shares_from_proto(response.self_mask_shares)
+            shares.append(msg.shares_from_proto(response.key_shares)[VICTIM])
+    return shares, refused
+
+
 @pytest.mark.parametrize(
     ("told_survived", "told_dropped"),
     [
@@ -363,29 +384,10 @@ def test_inconsistent_survivor_lists_give_no_secret_of_the_victim(
     view_without = {o: attacker.sign(job, r, o, WITHOUT_VICTIM) for o in (*told_dropped, COLLUDER)}
 
     seed_share, key_share = attacker.colluders_shares(r)
-    seed_shares, key_shares, refused = [seed_share], [key_share], []
-    for owner in (VICTIM, *told_survived):
-        request = attacker.unmask_request(job, r, EVERYONE, [], view_all)
-        try:
-            response = attacker.call(attacker.secagg[owner].Unmask, request)
-        except Refused as refusal:
-            assert refusal.code == grpc.StatusCode.ABORTED, refusal
-            assert "below the threshold t=4" in refusal.details
-            refused.append(owner)
-            continue
-        assert not response.key_shares  # told nobody dropped
-        seed_shares.append(msg.shares_from_proto(response.self_mask_shares)[VICTIM])
-    for owner in told_dropped:
-        request = attacker.unmask_request(job, r, WITHOUT_VICTIM, [VICTIM], view_without)
-        try:
-            response = attacker.call(attacker.secagg[owner].Unmask, request)
-        except Refused as refusal:
-            assert refusal.code == grpc.StatusCode.ABORTED, refusal
-            assert "below the threshold t=4" in refusal.details
-            refused.append(owner)
-            continue
-        key_shares.append(msg.shares_from_proto(response.key_shares)[VICTIM])
-
+    got_seeds, refused_all = _unmask_view(attacker, job, r, (VICTIM, *told_survived), view_all)
+    got_keys, refused_without = _unmask_view(attacker, job, r, told_dropped, view_without)
+    seed_shares, key_shares = [seed_share, *got_seeds], [key_share, *got_keys]
+    refused = refused_all + refused_without
     assert refused, "at least one view must be refused"
     t = r.params.threshold
     assert len(distinct(seed_shares)) < t or len(distinct(key_shares)) < t
