@@ -803,33 +803,33 @@ class SecAggSite:
         """Count valid signatures of this site's ``U3`` from distinct members of ``U3``; raise
         :class:`SecAggError` at the first bad one or if fewer than ``t`` are valid.
 
-        Signers are taken in sorted order and the count stops at ``t`` (this site's own
-        signature counts without a verification when it is the one it gave): ``t`` valid
-        signatures are what the argument of :class:`RoundParams` needs, and further ones are
-        neither checked nor used."""
+        This site's own signature counts without a verification when it is the one it gave;
+        the others are verified in sorted order until ``t`` are counted: ``t`` valid signatures
+        are what the argument of :class:`RoundParams` needs, and further ones are neither
+        checked nor used."""
         t = self.params.threshold
-        members = set(self._u3)
-        strangers = sorted(set(signatures) - members)
+        strangers = sorted(set(signatures) - set(self._u3))
         if strangers:
             raise SecAggError(f"signatures of sites that are not survivors: {strangers}")
         if len(signatures) < t:
             raise SecAggError(
                 f"{len(signatures)} signatures of the survivor list, below the threshold t={t}"
             )
+        valid = 0
+        own = signatures.get(self.site)
+        if own is not None:
+            if bytes(own) != self._signature:
+                raise SecAggError(f"the signature of this site ({self.site!r}) was replaced")
+            valid = 1
         message = consistency_message(self.params, self._u3)
-        # The first t signers in sorted order: t >= len(signatures) was checked above.
-        for signer in sorted(signatures)[:t]:
-            signature = bytes(signatures[signer])
-            if signer == self.site:
-                if signature != self._signature:
-                    raise SecAggError(f"the signature of this site ({self.site!r}) was replaced")
-            else:
-                try:
-                    self._verifier.verify(signer, message, signature)
-                except Exception as exc:
-                    raise SecAggError(
-                        f"{signer!r} did not sign this site's survivor list: {exc}"
-                    ) from None
+        others = [signer for signer in sorted(signatures) if signer != self.site]
+        for signer in others[: t - valid]:  # len(others) >= t - valid: checked above
+            try:
+                self._verifier.verify(signer, message, bytes(signatures[signer]))
+            except Exception as exc:
+                raise SecAggError(
+                    f"{signer!r} did not sign this site's survivor list: {exc}"
+                ) from None
 
     def unmask(
         self,
