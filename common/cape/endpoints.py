@@ -17,8 +17,8 @@ from numpy.typing import NDArray
 
 from common.cape.agreement import SizeAttestation
 from common.cape.spec import AnyCapeSpec
+from common.privacy.ledger import SessionSpend
 from common.secagg.endpoints import SecureAggregationEndpoint
-from common.summarization.endpoints import SessionSpend
 
 
 @dataclass(frozen=True)

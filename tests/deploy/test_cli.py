@@ -31,3 +31,18 @@ def test_out_of_range_parameter_is_a_usage_error(tmp_path) -> None:  # type: ign
     )  # fmt: skip
     assert result.exit_code == 2
     assert "delta_owners" in result.output
+
+
+def test_serve_owner_checks_its_declared_0_1_columns_before_serving(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The declaration is checked at start-up, on the owner's console (row and value named):
+    the owner does not start with a declaration its table contradicts."""
+    import pandas as pd
+
+    table = tmp_path / "owner-0.parquet"
+    pd.DataFrame({"x": [0.5, 1.5], "sex": [1.0, 2.0], "spam": [0.0, 1.0]}).to_parquet(table)
+    base = ["serve-owner", "--insecure", "--owner-id", "o", "--data-dir", str(tmp_path / "s")]
+    result = CliRunner().invoke(main, [*base, "--table", str(table), "--binary-column", "sex"])
+    assert result.exit_code == 1
+    assert "column 'sex' of table 'owner-0' is declared 0/1 but holds 2.0 at row 1" in result.output
+    result = CliRunner().invoke(main, [*base, "--data", str(table), "--binary-column", "spam"])
+    assert result.exit_code == 2 and "give --table" in result.output

@@ -51,14 +51,14 @@ from common.secagg.protocol import (
     min_threshold,
 )
 from consumer.client import CuratorClient
-from deploy.cape_experiments import DIABETES_BOUNDS
 from deploy.launcher import CURATOR_NAME, LocalCluster, owner_ledger_entries
 from deploy.pki import identity_files, issue_all
-from dpmarket import cape_messages as msg
-from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc, secure_aggregation_pb2, secure_aggregation_pb2_grpc
+from experiments.cape_experiments import DIABETES_BOUNDS
 from owner.secagg import SiteIdentity
+from runtime import cape_messages as msg
+from runtime.identity import Identity
+from runtime.transport import TransportSecurity, sync_channel
 from tests.common.secagg.attack import distinct, recover_input
 
 pytestmark = pytest.mark.integration
