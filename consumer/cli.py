@@ -609,7 +609,8 @@ def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., 
             "--colluders",
             default=None,
             type=click.IntRange(min=0),
-            help="S_C: owners that may collude with the curator (default ceil(S/3) - 1); the "
+            help="S_C: owners that may collude with the curator (default ceil(S/3) - 1, raised "
+            "to every owner's policy floor; an owner refuses a value below its floor); the "
             "noise variance grows with it: F = S (S + S_H) / (S_H (S + 1)) times the pooled "
             "mechanism's, S_H = S - S_C.",
         ),

@@ -335,6 +335,7 @@ def serve_owner(
     from owner.policy import load_owner_policy
     from owner.protocol import Owner
     from owner.service import serve_owner as serve
+    from owner.service import site_identity
 
     ensure_info_logging()
     if data_path is None and table_path is None:
@@ -381,6 +382,8 @@ def serve_owner(
         max_jobs=policy.max_sessions,
         idle_timeout=policy.session_idle_timeout_seconds,
         allow_seeded_sessions=allow_seeded_sessions,
+        identity=site_identity(owner_id, security),
+        min_colluders=policy.cape_min_colluders,
     )
     left = ledger.remaining()
     points = (

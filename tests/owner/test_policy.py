@@ -32,6 +32,7 @@ def test_defaults() -> None:
         "max_rff_dimension": 4096,
         "publish_sketches": True,
         "epsilon_per_sketch": 1.0,
+        "cape_min_colluders": 1,
     }
     assert p.window_description == "the lifetime"
 
@@ -72,6 +73,7 @@ def test_toml_round_trip(tmp_path: Path) -> None:
         max_rff_dimension=512,
         publish_sketches=False,
         epsilon_per_sketch=0.25,
+        cape_min_colluders=0,
     )
     text = p.to_toml()
     assert OwnerPolicy.from_mapping(tomllib.loads(text)) == p
@@ -137,6 +139,10 @@ def test_invalid_toml_is_named(tmp_path: Path) -> None:
             "finite and > 0",
         ),
         ("[limits]\nmax_rff_dimension = 0\n", r"limits\.max_rff_dimension", "integer >= 1"),
+        ("[cape]\nmin_colluders = -1\n", r"cape\.min_colluders", "integer >= 0"),
+        ("[cape]\nmin_colluders = 1.5\n", r"cape\.min_colluders", "integer >= 0"),
+        ("[cape]\nmin_colluders = true\n", r"cape\.min_colluders", "integer >= 0"),
+        ("[cape]\ncolluders = 1\n", r"cape\.colluders", "min_colluders"),
     ],
 )
 def test_every_error_names_the_file_and_key(
