@@ -52,13 +52,12 @@ from common.secagg.protocol import (
 )
 from consumer.client import CuratorClient
 from deploy.launcher import CURATOR_NAME, LocalCluster, owner_ledger_entries
-from runtime.identity import identity_files
 from deploy.pki import issue_all
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc, secure_aggregation_pb2, secure_aggregation_pb2_grpc
 from experiments.cape_experiments import DIABETES_BOUNDS
 from owner.secagg import SiteIdentity
 from runtime import cape_messages as msg
-from runtime.identity import Identity
+from runtime.identity import Identity, identity_files
 from runtime.transport import TransportSecurity, sync_channel
 from tests.common.secagg.attack import distinct, recover_input
 
