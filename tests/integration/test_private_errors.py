@@ -36,9 +36,8 @@ from common.summarization.terms import OwnerTerms
 from consumer.client import CuratorClient
 from curator.owners import GrpcOwnerEndpoint
 from deploy.launcher import CURATOR_NAME, LocalCluster
-from deploy.pki import identity_files
-from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity
+from runtime.identity import Identity, identity_files
+from runtime.transport import TransportSecurity
 
 pytestmark = pytest.mark.integration
 
