@@ -50,6 +50,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.errors import InvalidArgumentError
+from common.schema import Column, Schema, parse_columns
 from common.sketches.domain import Domain
 from common.sketches.feature_maps import (
     FeatureMap,
@@ -415,7 +416,12 @@ class SketchDeclaration:
 
     @classmethod
     def from_mapping(
-        cls, data: Mapping[str, Any], *, default_name: str = "", source: str = "sketch spec"
+        cls,
+        data: Mapping[str, Any],
+        *,
+        default_name: str = "",
+        source: str = "sketch spec",
+        schema: Schema | None = None,
     ) -> SketchDeclaration:
         """Parse a declaration (a TOML document's tables).
 
@@ -429,8 +435,9 @@ class SketchDeclaration:
             epsilon_range = [0.1, 2.0]        # what an owner may choose; default [epsilon, epsilon]
             numerator_share = 0.98
             delta = 0.0
-            [[columns]]                       # in order; public bounds
+            [[columns]]                       # in order; public bounds (common.schema's format)
             name = "distance"
+            type = "continuous"               # optional: continuous, or categorical with levels
             low = 0.0
             high = 5000.0
             levels = [...]                    # optional: a discrete column's values
@@ -445,16 +452,27 @@ class SketchDeclaration:
             [maps.hist]
             bins = 20
 
+        Instead of ``[[columns]]``, a declaration may name a dataset's schema file, ``schema =
+        "schema.toml"`` (:mod:`common.schema`), and optionally ``columns = ["age", "bmi"]`` to
+        sketch some of its columns (default: every column). The caller reads that file and
+        passes it as ``schema``.
+
         Raises
         ------
         InvalidArgumentError
             Naming ``source`` and the key, for an unknown section or key, a missing one, a wrong
             type or an out-of-range value (bounds with ``low >= high``, levels outside them,
-            repeated column names, no map at all).
+            repeated column names, no map at all), or a ``schema`` key without ``schema``.
         """
         where = source
         data = _table(data, where)
-        _check_keys(data, ("name", "description", "mechanism", "columns", "maps"), where)
+        _check_keys(data, ("name", "description", "mechanism", "columns", "maps", "schema"), where)
+        if ("schema" in data) != (schema is not None):
+            raise InvalidArgumentError(
+                f"{where}: the schema key names a schema file, which the caller must read"
+                if schema is None
+                else f"{where}: a schema was given but the declaration names none"
+            )
         name = _name(data.get("name", default_name), f"{where}: name")
         description = data.get("description", "")
         if not isinstance(description, str):
@@ -496,7 +514,7 @@ class SketchDeclaration:
             raise InvalidArgumentError(
                 f"{where}: mechanism.numerator_share must lie in (0, 1), got {share!r}"
             )
-        domain = _domain(data.get("columns"), where)
+        domain = _domain(data.get("columns"), where, schema)
         maps_table = _table(data.get("maps", {}), f"{where}: [maps]")
         _check_keys(maps_table, MAP_KINDS, f"{where}: [maps]")
         if not maps_table:
@@ -588,44 +606,40 @@ class SketchDeclaration:
         return tuple(specs)
 
 
-def _domain(columns: Any, where: str) -> Domain:
-    if not isinstance(columns, list) or not columns:
-        raise InvalidArgumentError(
-            f"{where}: declare the columns in order as [[columns]] tables with name, low, high"
-        )
-    names, lows, highs, levels = [], [], [], []
-    for j, column in enumerate(columns):
-        at = f"{where}: columns[{j}]"
-        column = _table(column, at)
-        _check_keys(column, ("name", "low", "high", "levels"), at)
-        if "name" not in column or not isinstance(column["name"], str) or not column["name"]:
-            raise InvalidArgumentError(f"{at} needs a name (a non-empty string)")
-        names.append(column["name"])
-        at = f"{where}: column {column['name']!r}"
-        for key in ("low", "high"):
-            if key not in column:
-                raise InvalidArgumentError(f"{at} needs {key} (a public bound)")
-        lows.append(_number(column["low"], f"{at} low"))
-        highs.append(_number(column["high"], f"{at} high"))
-        lv = column.get("levels")
-        if lv is not None:
-            if not isinstance(lv, list) or not lv:
-                raise InvalidArgumentError(f"{at} levels must be a non-empty list of numbers")
-            lv = [_number(v, f"{at} levels") for v in lv]
-        levels.append(lv)
-    if len(set(names)) != len(names):
-        raise InvalidArgumentError(f"{where}: column names repeat: {names}")
+def columns_domain(columns: Sequence[Column], where: str = "columns") -> Domain:
+    """The sketch domain of schema columns (:mod:`common.schema`): their bounds, with the levels
+    of binary and categorical columns (integer and continuous columns are boxes).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the domain refuses them (naming ``where``).
+    """
+    levels = tuple(np.array(c.levels) if c.levels else None for c in columns)
     try:
         return Domain(
-            np.array(lows),
-            np.array(highs),
-            names=tuple(names),
-            levels=tuple(None if lv is None else np.array(lv) for lv in levels)
-            if any(lv is not None for lv in levels)
-            else (),
+            np.array([c.low for c in columns]),
+            np.array([c.high for c in columns]),
+            names=tuple(c.name for c in columns),
+            levels=levels if any(lv is not None for lv in levels) else (),
         )
     except ValueError as exc:
         raise InvalidArgumentError(f"{where}: {exc}") from None
+
+
+def _domain(columns: Any, where: str, schema: Schema | None) -> Domain:
+    if schema is None:
+        return columns_domain(parse_columns(columns, where), where)
+    if columns is None:
+        return columns_domain(schema.columns, where)
+    if not isinstance(columns, list) or not columns or not all(isinstance(c, str) for c in columns):
+        raise InvalidArgumentError(
+            f"{where}: with a schema, columns is a list of the schema's column names (default: "
+            "every column)"
+        )
+    if len(set(columns)) != len(columns):
+        raise InvalidArgumentError(f"{where}: column names repeat: {columns}")
+    return columns_domain([schema.column(c) for c in columns], where)
 
 
 def _map_parameters(
