@@ -27,9 +27,11 @@ from rich.table import Table
 from rich.text import Text
 
 from common.errors import DPMarketError
+from common.schema import Schema
+from owner.data import PointSet
+from owner.data import Table as OwnerTable
 from owner.ledger import LEDGER_FILE, LedgerEntry, OwnerLedger, Totals, ledger_path
 from owner.policy import OwnerPolicy
-from runtime.transport import BindError
 from runtime.cli import (
     check_outputs,
     console,
@@ -40,6 +42,8 @@ from runtime.cli import (
     tls_options,
     write_output,
 )
+from runtime.schemas import load_schema
+from runtime.transport import BindError
 
 __all__ = [
     "ledger_report",
@@ -246,35 +250,78 @@ def ledger(data_dir: Path, session: str | None, as_json: bool, limit: int | None
 
 
 # -------------------------------------------------------------------------- service
+def read_owner_data(
+    schema_path: str | None,
+    data_path: str | None,
+    table_path: str | None,
+    binary_columns: tuple[str, ...],
+    label_column: str,
+) -> tuple[Schema | None, PointSet | None, OwnerTable | None]:
+    """Read the owner's schema and data as ``serve-owner`` takes them: with a schema, the one
+    table ``data_path`` checked against it (both capabilities); without, the points of
+    ``data_path`` and the table of ``table_path``. Any problem fails the command on the
+    owner's own console, naming the file and the column."""
+    from owner.data import load_owner_data, load_point_set, load_table
+
+    try:
+        if schema_path is not None:
+            assert data_path is not None
+            schema = load_schema(schema_path)
+            schema.check_confirmed(schema_path)
+            points, rows = load_owner_data(data_path, schema, binary=binary_columns)
+            return schema, points, rows
+        data = (
+            load_point_set(data_path, label_column=label_column) if data_path is not None else None
+        )
+        table = load_table(table_path, binary=binary_columns) if table_path is not None else None
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    return None, data, table
+
+
 @click.command("serve-owner")
 @click.option(
     "--data",
     "data_path",
     default=None,
     type=click.Path(dir_okay=False),
-    help="The owner's points for summarization: .npy, .npz, numeric .csv or .parquet.",
+    help="The owner's data. With --schema: its one table (.csv or .parquet with a header), "
+    "served for every capability. Without: the points for summarization (.npy, .npz, numeric "
+    ".csv or .parquet).",
+)
+@click.option(
+    "--schema",
+    "schema_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="The data's public schema (TOML: columns in order, types, public bounds or levels, "
+    "label). --data is checked against it now (names, order, types, bounds: errors on this "
+    "console only) and it is advertised to the curator, which refuses sessions whose consumer "
+    "or other owners declare another. A draft (dpmarket init) is refused.",
 )
 @click.option(
     "--table",
     "table_path",
     default=None,
     type=click.Path(dir_okay=False),
-    help="The owner's numeric table with named columns for joint statistics (CAPE): .csv or "
-    ".parquet. At least one of --data and --table.",
+    help="Without --schema: the owner's numeric table with named columns for joint statistics "
+    "(CAPE), .csv or .parquet. At least one of --data and --table.",
 )
 @click.option(
     "--binary-column",
     "binary_columns",
     multiple=True,
     metavar="COLUMN",
-    help="A column of --table declared to hold only 0 and 1 (checked now; repeat): the only "
-    "columns a CAPE logistic regression or training may take as its target. A public "
-    "declaration: requests are refused on it, never on the values.",
+    help="Without --schema, a shortcut: a column of --table declared to hold only 0 and 1 "
+    "(checked now; repeat), the only columns a CAPE logistic regression or training may take "
+    'as its target. With --schema, declare type = "binary" there instead (a column given '
+    "here must be binary in the schema).",
 )
 @click.option(
     "--label-column",
     default="label",
-    help="Column of integer labels in .csv/.parquet files (absent: unlabeled).",
+    help="Without --schema: the column of integer labels in .csv/.parquet files (absent: "
+    "unlabeled). With --schema, its label.",
 )
 @click.option(
     "--owner-id",
@@ -314,6 +361,7 @@ def ledger(data_dir: Path, session: str | None, as_json: bool, limit: int | None
 @tls_options
 def serve_owner(
     data_path: str | None,
+    schema_path: str | None,
     table_path: str | None,
     binary_columns: tuple[str, ...],
     label_column: str,
@@ -331,15 +379,20 @@ def serve_owner(
     from threadpoolctl import threadpool_limits
 
     from owner.cape import CapeSite
-    from owner.data import load_point_set, load_table
     from owner.policy import load_owner_policy
     from owner.protocol import Owner
     from owner.service import serve_owner as serve
 
     ensure_info_logging()
-    if data_path is None and table_path is None:
+    if schema_path is not None:
+        if data_path is None or table_path is not None:
+            raise click.UsageError(
+                "with --schema, give --data: the owner's one table, served for every capability "
+                "(no --table)"
+            )
+    elif data_path is None and table_path is None:
         raise click.UsageError("give --data (points to summarize), --table (for CAPE), or both")
-    if binary_columns and table_path is None:
+    elif binary_columns and table_path is None:
         raise click.UsageError("--binary-column declares columns of --table: give --table")
     security = security_from_options("owner", **tls)
     name = security.identity.name if security.identity is not None else None
@@ -347,13 +400,9 @@ def serve_owner(
         raise click.BadParameter(
             f"the certificate names this owner {name!r}, not {owner_id!r}", param_hint="--owner-id"
         )
-    try:
-        data = (
-            load_point_set(data_path, label_column=label_column) if data_path is not None else None
-        )
-        table = load_table(table_path, binary=binary_columns) if table_path is not None else None
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    schema, data, table = read_owner_data(
+        schema_path, data_path, table_path, binary_columns, label_column
+    )
     default_name = data.name if data is not None else table.name if table is not None else ""
     owner_id = name or owner_id or default_name
     try:
@@ -373,6 +422,7 @@ def serve_owner(
         idle_timeout=policy.session_idle_timeout_seconds,
         max_rff_dimension=policy.max_rff_dimension,
         allow_seeded_sessions=allow_seeded_sessions,
+        schema=schema,
     )
     cape = CapeSite(
         owner_id,
@@ -389,6 +439,8 @@ def serve_owner(
     rows = "no table" if table is None else f"a table of {table.n_rows} rows"
     if table is not None and table.binary:
         rows += f" (declared 0/1: {', '.join(table.binary)})"
+    if schema is not None:
+        rows += f"; schema {schema_path} (fingerprint {schema.fingerprint[:16]})"
     logger.info(
         "owner %s: %s, %s; ledger %s; left %s: epsilon %g, delta %g, %d points",
         owner.owner_id,
@@ -423,11 +475,19 @@ def serve_owner(
 @curator_options
 @click.option(
     "--table",
+    "--data",
     "table_path",
     required=True,
     type=click.Path(exists=True, dir_okay=False),
     help="The owner's table (.csv or .parquet with named columns); the spec's columns are "
     "selected by name.",
+)
+@click.option(
+    "--schema",
+    "schema_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The table's public schema, checked as serve-owner checks it (a draft is refused).",
 )
 @click.option(
     "--data-dir",
@@ -471,6 +531,7 @@ def publish_command(
     curator: str,
     curator_name: str,
     table_path: str,
+    schema_path: str | None,
     data_dir: str | None,
     policy_path: str | None,
     specs: tuple[str, ...],
@@ -499,7 +560,11 @@ def publish_command(
     name = security.identity.name
     try:
         policy = load_owner_policy(policy_path) if policy_path else OwnerPolicy()
-        table = load_table(table_path, name=name)
+        schema = None
+        if schema_path is not None:
+            schema = load_schema(schema_path)
+            schema.check_confirmed(schema_path)
+        table = load_table(table_path, name=name, schema=schema)
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     if out_path is not None:
