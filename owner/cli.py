@@ -31,9 +31,10 @@ from common.schema import Schema
 from owner.data import PointSet
 from owner.data import Table as OwnerTable
 from owner.ledger import LEDGER_FILE, LedgerEntry, OwnerLedger, Totals, ledger_path
-from owner.policy import OwnerPolicy
+from owner.policy import POLICY_FILE, OwnerPolicy, data_dir_policy
 from runtime.cli import (
     check_outputs,
+    config_option,
     console,
     curator_identity,
     curator_options,
@@ -54,6 +55,18 @@ __all__ = [
 ]
 
 logger = logging.getLogger("dpmarket")
+
+DATA_DIR_HELP = (
+    f"The owner's data directory: its ledger ({LEDGER_FILE}, what its data has been charged) "
+    f"and its policy ({POLICY_FILE}). Required: an owner started elsewhere would begin a new "
+    "ledger with its whole budget."
+)
+POLICY_HELP = (
+    "A policy file (TOML: {what}; see deploy/policies/owner.toml) to install as "
+    "DATA_DIR/policy.toml, the owner's policy that every owner command reads; when DATA_DIR "
+    "holds one already the two must agree. Default: DATA_DIR/policy.toml, or the built-in "
+    "defaults when there is none."
+)
 
 
 def _iso(at: float) -> str:
@@ -203,6 +216,7 @@ def owner() -> None:
 
 
 @owner.command("ledger")
+@config_option
 @click.option(
     "--data-dir",
     required=True,
@@ -235,10 +249,13 @@ def ledger(data_dir: Path, session: str | None, as_json: bool, limit: int | None
     try:
         with OwnerLedger(data_dir, None) as book:
             report = ledger_report(book, session=session, limit=limit)
+            note = _policy_note(data_dir, book.policy)
     except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(report, indent=2, allow_nan=False))
+        if note:
+            console.print(note)
         return
     out = Console()
     if report["entries"]:
@@ -247,6 +264,23 @@ def ledger(data_dir: Path, session: str | None, as_json: bool, limit: int | None
         where = f" in session {session!r}" if session is not None else ""
         out.print(f"no charges{where} in {report['ledger']}", markup=False, highlight=False)
     out.print(_budget_table(report))
+    if note:
+        console.print(note)
+
+
+def _policy_note(data_dir: Path, recorded: OwnerPolicy) -> str:
+    """A warning when the data directory's policy file is not the one the ledger recorded at
+    the owner's last start (it applies from the next start)."""
+    try:
+        current, source = data_dir_policy(data_dir)
+    except (OSError, ValueError) as exc:
+        return f"warning: {exc}"
+    if current == recorded or not (data_dir / POLICY_FILE).is_file():
+        return ""
+    return (
+        f"note: {source} differs from the policy the ledger recorded at the owner's last start "
+        "(shown above); it applies from the next start"
+    )
 
 
 # -------------------------------------------------------------------------- service
@@ -343,14 +377,13 @@ def read_owner_data(
     "policy_path",
     default=None,
     type=click.Path(dir_okay=False),
-    help="The owner's policy file (TOML: budgets, point limits, curators served; see "
-    "deploy/policies/owner.toml). Default: the built-in defaults.",
+    help=POLICY_HELP.format(what="budgets, point limits, curators served"),
 )
 @click.option(
     "--data-dir",
-    default=None,
+    required=True,
     type=click.Path(file_okay=False),
-    help="Where the owner keeps its ledger (SQLite). Default: dpmarket-state/owner-<name>.",
+    help=DATA_DIR_HELP,
 )
 @click.option(
     "--allow-seeded-sessions",
@@ -371,7 +404,7 @@ def serve_owner(
     port_file: str | None,
     blas_threads: int,
     policy_path: str | None,
-    data_dir: str | None,
+    data_dir: str,
     allow_seeded_sessions: bool,
     **tls: Any,
 ) -> None:
@@ -379,7 +412,6 @@ def serve_owner(
     from threadpoolctl import threadpool_limits
 
     from owner.cape import CapeSite
-    from owner.policy import load_owner_policy
     from owner.protocol import Owner
     from owner.service import serve_owner as serve
 
@@ -405,11 +437,11 @@ def serve_owner(
     )
     default_name = data.name if data is not None else table.name if table is not None else ""
     owner_id = name or owner_id or default_name
+    state = Path(data_dir)
     try:
-        policy = load_owner_policy(policy_path) if policy_path else OwnerPolicy()
+        policy, policy_source = data_dir_policy(state, policy_path)
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    state = Path(data_dir) if data_dir else Path("dpmarket-state") / f"owner-{owner_id}"
     try:
         ledger = OwnerLedger(state, policy)
     except (OSError, ValueError, RuntimeError) as exc:
@@ -442,11 +474,12 @@ def serve_owner(
     if schema is not None:
         rows += f"; schema {schema_path} (fingerprint {schema.fingerprint[:16]})"
     logger.info(
-        "owner %s: %s, %s; ledger %s; left %s: epsilon %g, delta %g, %d points",
+        "owner %s: %s, %s; ledger %s; policy %s; left %s: epsilon %g, delta %g, %d points",
         owner.owner_id,
         points,
         rows,
         ledger.path,
+        policy_source,
         left.window,
         left.epsilon,
         left.delta,
@@ -491,18 +524,18 @@ def serve_owner(
 )
 @click.option(
     "--data-dir",
-    default=None,
+    required=True,
     type=click.Path(file_okay=False),
-    help="The owner's data directory (its ledger; published sketches are stored there too). "
-    "Default: dpmarket-state/owner-<name>, as serve-owner.",
+    help=DATA_DIR_HELP + " Published sketches are stored there too.",
 )
 @click.option(
     "--policy",
     "policy_path",
     default=None,
     type=click.Path(exists=True, dir_okay=False),
-    help="The owner's policy (TOML; [sketches] decides whether and up to which epsilon it "
-    "publishes). Default: the built-in defaults.",
+    help=POLICY_HELP.format(
+        what="its [sketches] decide whether and up to which epsilon it publishes"
+    ),
 )
 @click.option(
     "--spec",
@@ -532,7 +565,7 @@ def publish_command(
     curator_name: str,
     table_path: str,
     schema_path: str | None,
-    data_dir: str | None,
+    data_dir: str,
     policy_path: str | None,
     specs: tuple[str, ...],
     epsilon: float | None,
@@ -548,7 +581,6 @@ def publish_command(
     """
     from common.privacy.noise import OpenDPNoise, SeededNoise
     from owner.data import load_table
-    from owner.policy import load_owner_policy
     from owner.sketch_client import CatalogClient
     from owner.sketches import SketchPublisher, publish_to
 
@@ -558,8 +590,9 @@ def publish_command(
             "publishing needs the owner's certificate: the catalogue names the publisher by it"
         )
     name = security.identity.name
+    state = Path(data_dir)
     try:
-        policy = load_owner_policy(policy_path) if policy_path else OwnerPolicy()
+        policy, _ = data_dir_policy(state, policy_path)
         schema = None
         if schema_path is not None:
             schema = load_schema(schema_path)
@@ -569,7 +602,6 @@ def publish_command(
         raise click.ClickException(str(exc)) from exc
     if out_path is not None:
         check_outputs(out_path)
-    state = Path(data_dir) if data_dir else Path("dpmarket-state") / f"owner-{name}"
     noise = OpenDPNoise() if seed is None else SeededNoise(np.random.default_rng(seed))
     if seed is not None:
         logger.warning("--seed: the sketches' noise is reproducible by whoever knows the seed")
@@ -630,6 +662,7 @@ def publish_command(
 
 
 @click.command("published")
+@config_option
 @click.option(
     "--data-dir",
     required=True,
