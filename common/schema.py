@@ -432,7 +432,7 @@ class Schema:
         head = []
         if self.draft:
             head += [
-                "# DRAFT drafted from the private data by `dpmarket init`: every bound and level",
+                "# DRAFT written by `dpmarket init` from the private data: every bound and level",
                 "# below is a statistic of that data (its minimum, maximum or distinct values).",
                 "# Replace each by public knowledge (a documented or physical range), then delete",
                 "# the line `draft = true`. Owners refuse to serve a draft.",
