@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -61,6 +60,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from common.errors import InvalidArgumentError
+from common.validation import check_config_keys, config_number, config_table
 
 __all__ = [
     "COLUMN_TYPES",
@@ -91,15 +91,6 @@ _FINGERPRINT_VERSION = "dpmarket-schema-v1"
 class SchemaMismatchError(InvalidArgumentError):
     """A table or another party's schema does not match a schema (the message names the
     column)."""
-
-
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgumentError(f"{where} must be a number, got {value!r}")
-    out = float(value)
-    if not math.isfinite(out):
-        raise InvalidArgumentError(f"{where} must be finite, got {value!r}")
-    return out
 
 
 def _fmt(x: float) -> str:
@@ -152,11 +143,11 @@ class Column:
             raise InvalidArgumentError(
                 f"{at}: type must be one of {', '.join(COLUMN_TYPES)}, got {self.type!r}"
             )
-        low = _number(self.low, f"{at} low")
-        high = _number(self.high, f"{at} high")
+        low = config_number(self.low, f"{at} low")
+        high = config_number(self.high, f"{at} high")
         if not low < high:
             raise InvalidArgumentError(f"{at}: bounds must satisfy low < high, got [{low}, {high}]")
-        levels = tuple(_number(v, f"{at} levels") for v in self.levels)
+        levels = tuple(config_number(v, f"{at} levels") for v in self.levels)
         if self.type == "binary":
             if (low, high) != (0.0, 1.0) or levels not in ((), (0.0, 1.0)):
                 raise InvalidArgumentError(
@@ -198,13 +189,7 @@ class Column:
         InvalidArgumentError
             Naming ``where`` and the key: an unknown or missing key, a wrong type, a bad value.
         """
-        if not isinstance(data, Mapping):
-            raise InvalidArgumentError(f"{where} must be a table, got {data!r}")
-        unknown = sorted(set(data) - set(_COLUMN_KEYS))
-        if unknown:
-            raise InvalidArgumentError(
-                f"{where}: unknown key(s) {unknown}; allowed: {', '.join(_COLUMN_KEYS)}"
-            )
+        check_config_keys(config_table(data, where), _COLUMN_KEYS, where)
         name = data.get("name")
         if not isinstance(name, str) or not name:
             raise InvalidArgumentError(f"{where} needs a name (a non-empty string)")
@@ -212,7 +197,7 @@ class Column:
         levels_value = data.get("levels")
         if levels_value is not None and (not isinstance(levels_value, list) or not levels_value):
             raise InvalidArgumentError(f"{at} levels must be a non-empty list of numbers")
-        levels = tuple(_number(v, f"{at} levels") for v in levels_value or ())
+        levels = tuple(config_number(v, f"{at} levels") for v in levels_value or ())
         kind = data.get("type", "categorical" if levels else "continuous")
         if kind not in COLUMN_TYPES:
             raise InvalidArgumentError(
@@ -222,15 +207,15 @@ class Column:
         if not isinstance(description, str):
             raise InvalidArgumentError(f"{at}: description must be a string")
         if kind == "binary":
-            low = _number(data.get("low", 0.0), f"{at} low")
-            high = _number(data.get("high", 1.0), f"{at} high")
+            low = config_number(data.get("low", 0.0), f"{at} low")
+            high = config_number(data.get("high", 1.0), f"{at} high")
         elif kind == "categorical":
             if len(levels) < 2:
                 raise InvalidArgumentError(
                     f"{at}: a categorical column needs levels (two values or more)"
                 )
-            low = _number(data["low"], f"{at} low") if "low" in data else min(levels)
-            high = _number(data["high"], f"{at} high") if "high" in data else max(levels)
+            low = config_number(data["low"], f"{at} low") if "low" in data else min(levels)
+            high = config_number(data["high"], f"{at} high") if "high" in data else max(levels)
         else:
             for key in ("low", "high"):
                 if key not in data:
@@ -238,8 +223,8 @@ class Column:
                         f"{at} needs {key} (a public bound: a documented or physical range, "
                         "never a statistic of the data)"
                     )
-            low = _number(data["low"], f"{at} low")
-            high = _number(data["high"], f"{at} high")
+            low = config_number(data["low"], f"{at} low")
+            high = config_number(data["high"], f"{at} high")
         try:
             return cls(name, kind, low, high, levels, description)
         except InvalidArgumentError as exc:
@@ -404,13 +389,7 @@ class Schema:
         InvalidArgumentError
             Naming ``source`` and the key or column.
         """
-        if not isinstance(data, Mapping):
-            raise InvalidArgumentError(f"{source} must be a table, got {data!r}")
-        unknown = sorted(set(data) - set(_SCHEMA_KEYS))
-        if unknown:
-            raise InvalidArgumentError(
-                f"{source}: unknown key(s) {unknown}; allowed: {', '.join(_SCHEMA_KEYS)}"
-            )
+        check_config_keys(config_table(data, source), _SCHEMA_KEYS, source)
         for key in ("name", "description"):
             if not isinstance(data.get(key, ""), str):
                 raise InvalidArgumentError(f"{source}: {key} must be a string")

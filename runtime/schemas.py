@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import os
-import tomllib
-from pathlib import Path
 
 from common.errors import InvalidArgumentError
 from common.schema import COLUMN_TYPES, Column, Schema
 from dpmarket.v1 import schema_pb2
+from runtime.files import read_toml
 
 __all__ = ["load_schema", "schema_from_proto", "schema_to_proto"]
 
@@ -33,14 +32,7 @@ def load_schema(path: str | os.PathLike[str]) -> Schema:
     ValueError
         If it is not valid TOML or not a valid schema (naming the file and the key or column).
     """
-    p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"schema file {p} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{p}: not valid TOML: {exc}") from None
-    return Schema.from_mapping(data, source=str(p))
+    return Schema.from_mapping(read_toml(path, "schema file"), source=str(path))
 
 
 def schema_to_proto(schema: Schema) -> schema_pb2.DatasetSchema:

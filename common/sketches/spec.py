@@ -61,6 +61,7 @@ from common.sketches.feature_maps import (
     histogram_map,
 )
 from common.sketches.sketch import DEFAULT_NUMERATOR_SHARE, PrivateSketch, SketchMechanism
+from common.validation import check_config_keys, config_number, config_table
 
 __all__ = [
     "MAP_KINDS",
@@ -98,17 +99,8 @@ def mechanism_label(kind: str, noise: str) -> str:
     return f"private sketch ({kind.upper()}, {_NOISE_NAMES.get(noise, noise)})"
 
 
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgumentError(f"{where} must be a number, got {value!r}")
-    out = float(value)
-    if not math.isfinite(out):
-        raise InvalidArgumentError(f"{where} must be finite, got {value!r}")
-    return out
-
-
 def _positive(value: Any, where: str) -> float:
-    out = _number(value, where)
+    out = config_number(value, where)
     if out <= 0:
         raise InvalidArgumentError(f"{where} must be > 0, got {value!r}")
     return out
@@ -127,20 +119,6 @@ def _name(value: Any, where: str) -> str:
             f"or digit, got {value!r}"
         )
     return value
-
-
-def _table(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise InvalidArgumentError(f"{where} must be a table, got {value!r}")
-    return value
-
-
-def _check_keys(table: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
-    unknown = sorted(set(table) - set(allowed))
-    if unknown:
-        raise InvalidArgumentError(
-            f"{where}: unknown key(s) {unknown}; allowed: {', '.join(allowed)}"
-        )
 
 
 def _epsilon_range(
@@ -465,8 +443,10 @@ class SketchDeclaration:
             repeated column names, no map at all), or a ``schema`` key without ``schema``.
         """
         where = source
-        data = _table(data, where)
-        _check_keys(data, ("name", "description", "mechanism", "columns", "maps", "schema"), where)
+        data = config_table(data, where)
+        check_config_keys(
+            data, ("name", "description", "mechanism", "columns", "maps", "schema"), where
+        )
         if ("schema" in data) != (schema is not None):
             raise InvalidArgumentError(
                 f"{where}: the schema key names a schema file, which the caller must read"
@@ -477,8 +457,8 @@ class SketchDeclaration:
         description = data.get("description", "")
         if not isinstance(description, str):
             raise InvalidArgumentError(f"{where}: description must be a string")
-        mech = _table(data.get("mechanism", {}), f"{where}: [mechanism]")
-        _check_keys(
+        mech = config_table(data.get("mechanism", {}), f"{where}: [mechanism]")
+        check_config_keys(
             mech,
             ("noise", "epsilon", "epsilon_range", "delta", "numerator_share"),
             f"{where}: [mechanism]",
@@ -497,7 +477,7 @@ class SketchDeclaration:
         low = _positive(bounds[0], f"{where}: mechanism.epsilon_range[0]")
         high = _positive(bounds[1], f"{where}: mechanism.epsilon_range[1]")
         _epsilon_range(epsilon, low, high, f"{where}: [mechanism]")
-        delta = _number(mech.get("delta", 0.0), f"{where}: mechanism.delta")
+        delta = config_number(mech.get("delta", 0.0), f"{where}: mechanism.delta")
         if noise == "gaussian" and not 0 < delta < 1:
             raise InvalidArgumentError(
                 f"{where}: Gaussian noise needs 0 < mechanism.delta < 1, got {delta!r}"
@@ -506,7 +486,7 @@ class SketchDeclaration:
             raise InvalidArgumentError(
                 f"{where}: Laplace noise is pure DP: mechanism.delta must be 0, got {delta!r}"
             )
-        share = _number(
+        share = config_number(
             mech.get("numerator_share", DEFAULT_NUMERATOR_SHARE),
             f"{where}: mechanism.numerator_share",
         )
@@ -515,8 +495,8 @@ class SketchDeclaration:
                 f"{where}: mechanism.numerator_share must lie in (0, 1), got {share!r}"
             )
         domain = _domain(data.get("columns"), where, schema)
-        maps_table = _table(data.get("maps", {}), f"{where}: [maps]")
-        _check_keys(maps_table, MAP_KINDS, f"{where}: [maps]")
+        maps_table = config_table(data.get("maps", {}), f"{where}: [maps]")
+        check_config_keys(maps_table, MAP_KINDS, f"{where}: [maps]")
         if not maps_table:
             raise InvalidArgumentError(
                 f"{where}: declare at least one map ([maps.rff], [maps.race] or [maps.hist])"
@@ -525,7 +505,7 @@ class SketchDeclaration:
         for kind in MAP_KINDS:
             if kind in maps_table:
                 section = f"{where}: [maps.{kind}]"
-                table = _table(maps_table[kind], section)
+                table = config_table(maps_table[kind], section)
                 maps.append((kind, _map_parameters(kind, table, domain.n_attributes, section)))
         return cls(
             name=name,
@@ -646,7 +626,7 @@ def _map_parameters(
     kind: str, table: Mapping[str, Any], n_columns: int, where: str
 ) -> dict[str, Any]:
     keys = _MAP_KEYS[kind]
-    _check_keys(table, (*keys, *_OPTIONAL_MAP_KEYS[kind]), where)
+    check_config_keys(table, (*keys, *_OPTIONAL_MAP_KEYS[kind]), where)
     missing = [f"{k} ({v})" for k, v in keys.items() if k not in table]
     if missing:
         raise InvalidArgumentError(f"{where}: missing {', '.join(missing)}")
