@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 from common.cape.dpgd import accuracy, predict_proba
 from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.errors import AbortedError, InvalidArgumentError
+from common.schema import Schema
 from common.sketches.spec import PublishedSketch, SketchSpec
 from common.summarization.summary import (
     OwnerSelection,
@@ -40,6 +41,7 @@ from dpmarket.v1 import (
 )
 from runtime import cape_messages, sketch_messages
 from runtime.identity import Identity
+from runtime.schemas import schema_to_proto
 from runtime.serving import GRPC_OPTIONS
 from runtime.status import error_from_rpc
 from runtime.transport import CONNECT_TIMEOUT_SECONDS, TransportSecurity, connected_channel
@@ -133,14 +135,24 @@ class CuratorClient:
         seed: int | None = None,
         request_id: str = "",
         selection: OwnerSelection | None = None,
+        schema: Schema | None = None,
+        feature_names: Sequence[str] = (),
     ) -> str:
         """Start a session; return its id (CreateSession). A retry with the same
-        ``request_id`` returns the same session and charges nothing new. ``selection``: owners
-        to leave out by name and the fewest the session may run with (default: every owner,
-        any refusal of the terms fails the request)."""
+        ``request_id`` returns the same session and charges nothing new.
+
+        ``selection``: owners to leave out by name and the fewest the session may run with
+        (default: every owner, any refusal of the terms fails the request). ``schema`` is the
+        public schema the validation set was read through (the curator refuses owners that
+        declare another); ``feature_names`` the validation set's column names when it was read
+        from a table without one (owners with a schema must have these features, in this
+        order)."""
         request = convert.create_request_to_proto(
             config, validation, seed_set, seed, request_id, selection
         )
+        if schema is not None:
+            request.schema.CopyFrom(schema_to_proto(schema))
+        request.feature_names.extend(feature_names)
         try:
             response = self._stub.CreateSession(request, timeout=self.timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
@@ -177,11 +189,14 @@ class CuratorClient:
         on_progress: Callable[[ProgressEvent], None] | None = None,
         request_id: str | None = None,
         selection: OwnerSelection | None = None,
+        schema: Schema | None = None,
+        feature_names: Sequence[str] = (),
     ) -> SummaryResult:
         """Create a session, follow it to the end and return its summary.
 
         ``request_id`` defaults to a fresh random key, so a retried CreateSession (the client
-        retries while the curator is starting) never opens a second session.
+        retries while the curator is starting) never opens a second session. ``schema`` and
+        ``feature_names`` as :meth:`create_session`.
 
         Raises
         ------
@@ -190,7 +205,14 @@ class CuratorClient:
         """
         key = request_id if request_id is not None else uuid.uuid4().hex
         session_id = self.create_session(
-            config, validation, seed_set, seed=seed, request_id=key, selection=selection
+            config,
+            validation,
+            seed_set,
+            seed=seed,
+            request_id=key,
+            selection=selection,
+            schema=schema,
+            feature_names=feature_names,
         )
         last: tuple[ProgressEvent, SessionReport | None] | None = None
         for event, report in self.watch(session_id):
@@ -201,10 +223,15 @@ class CuratorClient:
             raise SessionFailedError(f"session failed: {last[0].message}", session_id, last[1])
         return self.get_summary(session_id)
 
-    def _cape_call(self, method: str, request: Any, seed: int | None, timeout: float) -> Any:
-        """Call a CapeService RPC with a seed (when given); map its status to an error."""
+    def _cape_call(
+        self, method: str, request: Any, seed: int | None, timeout: float, schema: Schema | None
+    ) -> Any:
+        """Call a CapeService RPC with a seed and a schema (when given); map its status to an
+        error."""
         if seed is not None:
             request.seed = seed
+        if schema is not None:
+            request.schema.CopyFrom(schema_to_proto(schema))
         try:
             return getattr(self._cape, method)(request, timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
@@ -217,10 +244,13 @@ class CuratorClient:
         seed: int | None = None,
         request_id: str | None = None,
         timeout: float = 600.0,
+        schema: Schema | None = None,
     ) -> CapeFit:
         """Fit a model by capeFM across the curator's owners (FitCape).
 
-        ``request_id`` defaults to a fresh random key (a retry never fits twice).
+        ``request_id`` defaults to a fresh random key (a retry never fits twice). With ``schema``
+        (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
+        that declare another before anything is charged.
 
         Raises
         ------
@@ -230,7 +260,7 @@ class CuratorClient:
         request = cape_pb2.FitCapeRequest(
             spec=cape_messages.spec_to_proto(spec), request_id=_key(request_id)
         )
-        response = self._cape_call("FitCape", request, seed, timeout)
+        response = self._cape_call("FitCape", request, seed, timeout, schema)
         return CapeFit(
             weights=cape_messages.vector_from_proto(response.weights, "weights"),
             intercept=float(response.intercept),
@@ -244,10 +274,13 @@ class CuratorClient:
         seed: int | None = None,
         request_id: str | None = None,
         timeout: float = 600.0,
+        schema: Schema | None = None,
     ) -> CapeMean:
         """The mean vector of some columns across the curator's owners (EstimateCapeMean).
 
-        ``request_id`` defaults to a fresh random key (a retry never spends twice).
+        ``request_id`` defaults to a fresh random key (a retry never spends twice). With ``schema``
+        (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
+        that declare another before anything is charged.
 
         Raises
         ------
@@ -257,7 +290,7 @@ class CuratorClient:
         request = cape_pb2.EstimateCapeMeanRequest(
             spec=cape_messages.spec_to_proto(spec), request_id=_key(request_id)
         )
-        response = self._cape_call("EstimateCapeMean", request, seed, timeout)
+        response = self._cape_call("EstimateCapeMean", request, seed, timeout, schema)
         mean = cape_messages.vector_from_proto(response.mean, "mean", len(spec.features))
         return CapeMean(spec=spec, mean=mean, report=json.loads(response.report_json))
 
@@ -268,14 +301,17 @@ class CuratorClient:
         seed: int | None = None,
         request_id: str | None = None,
         timeout: float = 1800.0,
+        schema: Schema | None = None,
         on_progress: Callable[[int, int], None] | None = None,
     ) -> CapeNetwork:
         """Train the 2-layer network by CAPE gradient descent across the curator's owners
         (TrainCape).
 
-        ``request_id`` defaults to a fresh random key (a retry never trains twice).
-        ``on_progress(done, total)`` is called after every iteration, from the curator's
-        WatchCapeJob stream (best effort: a lost stream only stops the calls).
+        ``request_id`` defaults to a fresh random key (a retry never trains twice). With ``schema``
+        (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
+        that declare another before anything is charged. ``on_progress(done, total)`` is called
+        after every iteration, from the curator's WatchCapeJob stream (best effort: a lost
+        stream only stops the calls).
 
         Raises
         ------
@@ -287,9 +323,9 @@ class CuratorClient:
             spec=cape_messages.training_to_proto(spec), request_id=key
         )
         if on_progress is None:
-            response = self._cape_call("TrainCape", request, seed, timeout)
+            response = self._cape_call("TrainCape", request, seed, timeout, schema)
         else:
-            response = self._train_watched(request, seed, timeout, key, on_progress)
+            response = self._train_watched(request, seed, timeout, key, on_progress, schema)
         parameters = cape_messages.vector_from_proto(
             response.parameters, "parameters", spec.n_params
         )
@@ -304,11 +340,14 @@ class CuratorClient:
         timeout: float,
         key: str,
         on_progress: Callable[[int, int], None],
+        schema: Schema | None,
     ) -> Any:
         """TrainCape while a thread follows WatchCapeJob; the stream is cancelled when the
         training answers (also when it was refused before it started)."""
         if seed is not None:
             request.seed = seed
+        if schema is not None:
+            request.schema.CopyFrom(schema_to_proto(schema))
         future = self._cape.TrainCape.future(request, timeout=timeout, wait_for_ready=True)
         stream = self._cape.WatchCapeJob(
             cape_pb2.WatchCapeJobRequest(request_id=key), timeout=timeout

@@ -34,6 +34,7 @@ from common.errors import (
 from common.ids import new_session_id, short_id
 from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import make_rng
+from common.schema import Schema
 from common.sketches import PrivateSketch
 from common.summarization.endpoints import OwnerEndpoint
 from common.summarization.summary import (
@@ -161,6 +162,8 @@ class SessionManager:
         consumer: str = "consumer:local",
         request_id: str = "",
         request_digest: str = "",
+        schema: Schema | None = None,
+        feature_names: Sequence[str] = (),
     ) -> str:
         """Check a request against the policy and the owners, then start it in the background.
 
@@ -178,6 +181,9 @@ class SessionManager:
             session and charges nothing new.
         request_digest : str
             Digest of the request without its key.
+        schema, feature_names
+            The consumer's schema or validation column names
+            (:class:`~curator.summarization.session.SummarizationSession`).
 
         Returns
         -------
@@ -227,9 +233,20 @@ class SessionManager:
                     consumer,
                     request_id,
                     request_digest,
+                    schema=schema,
+                    feature_names=tuple(feature_names),
                 )
         return await self._create(
-            config, validation, seed_set, seed, selection, consumer, None, request_digest
+            config,
+            validation,
+            seed_set,
+            seed,
+            selection,
+            consumer,
+            None,
+            request_digest,
+            schema=schema,
+            feature_names=tuple(feature_names),
         )
 
     def _select(self, selection: OwnerSelection) -> list[OwnerEndpoint]:
@@ -280,6 +297,9 @@ class SessionManager:
         consumer: str,
         request_id: str | None,
         request_digest: str,
+        *,
+        schema: Schema | None = None,
+        feature_names: tuple[str, ...] = (),
     ) -> str:
         selection = selection if selection is not None else OwnerSelection()
         owners = self._select(selection)
@@ -324,6 +344,8 @@ class SessionManager:
             allocation_spec=self.allocation_spec,
             min_owners=selection.min_owners,
             excluded=selection.exclude,
+            schema=schema,
+            feature_names=feature_names,
         )
         # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
         self.policy.check_request(config, int(session.validation.shape[0]))
