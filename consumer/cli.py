@@ -36,6 +36,7 @@ from common.summarization.summary import (
     POOL_SCORINGS,
     SUMMARY_RELEASES,
     VALIDATION_RELEASES,
+    OwnerSelection,
     SummarizationConfig,
     SummaryResult,
 )
@@ -46,6 +47,8 @@ from runtime.cli import (
     console,
     curator_identity,
     curator_options,
+    json_option,
+    print_json,
     progress_printer,
     security_from_options,
     tls_options,
@@ -69,6 +72,7 @@ __all__ = [
     "request",
     "specs_command",
     "summarization_config",
+    "summary_output_options",
 ]
 
 logger = logging.getLogger("dpmarket")
@@ -417,6 +421,29 @@ def read_inputs(
     return Inputs(validation, seed_set, test, schema)
 
 
+def summary_output_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--wide``, ``--json`` and ``--plot``: how ``request`` and ``simulate`` show a summary."""
+    options: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+        click.option(
+            "--wide",
+            is_flag=True,
+            help="Every column of the result table (default: a compact table for 80 columns).",
+        ),
+        json_option,
+        click.option(
+            "--plot",
+            "plot_path",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="Also draw the summary into this PNG: MMD² of its first k points to the "
+            "validation set, and each owner's share.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 def finish(
     result: SummaryResult,
     inputs: Inputs,
@@ -424,9 +451,18 @@ def finish(
     out_path: str,
     report_path: str,
     seed: int | None,
+    *,
+    wide: bool = False,
+    as_json: bool = False,
+    plot_path: str | None = None,
 ) -> None:
-    """Evaluate a summary as the consumer would, write it and its report, print the table."""
-    from consumer.report import comparison_table, evaluate_summary
+    """Evaluate a summary as the consumer would, write it and its report, show the result.
+
+    The report (``{"config", "result"}``) goes to ``report_path`` and, with ``as_json``, to
+    stdout instead of the table; ``plot_path`` also gets the plot
+    (:func:`consumer.report.plot_request`).
+    """
+    from consumer.report import comparison_table, evaluate_summary, plot_request
     from owner.data import save_point_set
 
     row = evaluate_summary(
@@ -442,10 +478,27 @@ def finish(
         owners=result.owner_ids,
         label_column=label or "label",
     )
-    write_json({"config": asdict(config), "result": row}, report_path)
+    document = {"config": asdict(config), "result": row}
+    write_json(document, report_path)
     title = f"{config.method} summary of {len(result.points)} points"
-    Console().print(comparison_table([row], title=title))
-    console.print(f"summary -> {out}, report -> {report_path}")
+    if plot_path is not None:
+        plot_request(result, inputs.validation.features, config.gamma, plot_path, title=title)
+    if as_json:
+        print_json(document)
+    else:
+        Console().print(comparison_table([row], title=title, wide=wide))
+    candidates = result.report.ledger.get("candidates", {})
+    note = candidates.get("allocation_note", "")
+    if candidates.get("allocation") == "counts" and note not in ("", "requested"):
+        console.print(f"[yellow]budget split by noisy counts: {note}", highlight=False)
+    if result.report.left_out:
+        console.print(
+            "[yellow]left out: "
+            + ", ".join(f"{o} ({why})" for o, why in result.report.left_out.items()),
+            highlight=False,
+        )
+    written = f"summary -> {out}, report -> {report_path}"
+    console.print(written + ("" if plot_path is None else f", plot -> {plot_path}"))
 
 
 def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: str) -> None:
@@ -479,6 +532,21 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
     "nothing new (default: a fresh random key).",
 )
 @click.option(
+    "--min-owners",
+    default=0,
+    type=click.IntRange(min=0),
+    help="Let the session run without owners that refuse their terms (budget) or cannot be "
+    "reached, as long as at least N take part; the report names who was left out and why. "
+    "0: an owner's refusal fails the request (nothing spent).",
+)
+@click.option(
+    "--exclude-owner",
+    "exclude_owners",
+    multiple=True,
+    metavar="NAME",
+    help="Leave this owner out of the session (never asked anything); repeat.",
+)
+@click.option(
     "--schema",
     "schema_path",
     default=None,
@@ -487,11 +555,14 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
     "its order) and the curator refuses owners that declare another.",
 )
 @protocol_options
+@summary_output_options
 @tls_options
 def request(
     curator: str,
     curator_name: str,
     request_id: str | None,
+    min_owners: int,
+    exclude_owners: tuple[str, ...],
     schema_path: str | None,
     summary_size: int,
     method: str,
@@ -501,6 +572,9 @@ def request(
     seed: int | None,
     out_path: str,
     report_path: str,
+    wide: bool,
+    as_json: bool,
+    plot_path: str | None,
     ca_path: str | None,
     cert_path: str | None,
     key_path: str | None,
@@ -516,9 +590,13 @@ def request(
         "consumer", ca_path, cert_path, key_path, pki_dir, name, insecure
     )
     config = summarization_config(summary_size, method, kwargs)
+    try:
+        selection = OwnerSelection(min_owners, exclude_owners)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--exclude-owner") from exc
     schema = read_schema(schema_path)
     inputs = read_inputs(validation_path, seed_set_path, test_path, schema)
-    check_outputs(out_path, report_path)
+    check_outputs(out_path, report_path, *([] if plot_path is None else [plot_path]))
     try:
         curator_identity = Identity("curator", curator_name)
     except ValueError as exc:
@@ -533,6 +611,7 @@ def request(
                 seed=seed,
                 on_progress=update,
                 request_id=request_id,
+                selection=selection,
                 schema=schema,
                 feature_names=() if schema is not None else inputs.validation.columns,
             )
@@ -540,7 +619,17 @@ def request(
         _failed(exc, config, report_path)
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc
-    finish(result, inputs, config, out_path, report_path, seed)
+    finish(
+        result,
+        inputs,
+        config,
+        out_path,
+        report_path,
+        seed,
+        wide=wide,
+        as_json=as_json,
+        plot_path=plot_path,
+    )
 
 
 @click.command("health")
@@ -554,14 +643,16 @@ def request(
 @click.option("--timeout", default=3.0, type=click.FloatRange(min=0.1), help="Seconds.")
 @tls_options
 def health_command(target: str, expect: str | None, timeout: float, **tls: Any) -> None:
-    """Probe a service's grpc.health.v1 status over mTLS; exit 0 when it is SERVING."""
+    """Probe a service's grpc.health.v1 status over mTLS; exit 0 when it is SERVING.
+
+    Any party's certificate will do (with --pki-dir, the one named --name there, whatever its
+    role). A service that cannot be reached is named with the reason in one line."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from runtime.transport import sync_channel
+    from runtime.transport import connected_channel
 
-    role = Identity.parse(f"{expect}").role if expect else None
-    security = security_from_options(role if tls.get("pki_dir") else None, **tls)
+    security = security_from_options(None, **tls)
     expected = None
     if not security.insecure:
         if not expect:
@@ -570,7 +661,11 @@ def health_command(target: str, expect: str | None, timeout: float, **tls: Any) 
             expected = Identity.parse(expect)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--expect") from exc
-    with sync_channel(target, security, expected) as channel:
+    try:
+        channel = connected_channel(target, security, expected, connect_timeout=timeout)
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+    with channel:
         try:
             response = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout
@@ -630,8 +725,14 @@ def _target(text: str | None, schema: Schema | None, task: str) -> tuple[str, fl
     column = text if text is not None else None if schema is None else schema.label
     if column is None:
         return None
-    if schema is None or task == "logistic":
+    if task == "logistic":  # a 0/1 column the owners declare: it needs no bounds
         return (column, 0.0, 1.0)
+    if schema is None:
+        raise click.BadParameter(
+            f"{column!r}: a linear regression's target needs public bounds: --target "
+            f"{column}=LOW:HIGH, or a schema (--bounds) that declares them",
+            param_hint="--target",
+        )
     try:
         return schema.bounds([column])[0]
     except InvalidArgumentError as exc:
@@ -687,6 +788,7 @@ def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., 
             type=click.Path(dir_okay=False),
             help="Where to write the estimate or model and its report (JSON).",
         ),
+        json_option,
     ]
 
 
@@ -726,7 +828,7 @@ _CAPE_DEFAULTS = {
     "linreg": ("model.json", 1e-6),
     "logreg": ("model.json", 1e-6),
     "mean": ("mean.json", 1e-6),
-    "train": ("network.json", 1e-5),
+    "train": ("network.json", 1e-6),
 }
 
 
@@ -766,6 +868,7 @@ def _fit_command(task: str) -> Callable[..., None]:
         seed: int | None,
         request_id: str | None,
         out_path: str,
+        as_json: bool,
         **tls: Any,
     ) -> None:
         from common.cape.spec import CapeJobSpec
@@ -806,6 +909,20 @@ def _fit_command(task: str) -> Callable[..., None]:
         }
         write_json(model, out_path)
         r = fit.report
+        if as_json:
+            print_json(model)
+        else:
+            table = RichTable(
+                title=f"{task} regression of {spec.target[0]} over {len(r['sites'])} owners",
+                title_justify="left",
+            )
+            table.add_column("column", overflow="fold")
+            table.add_column("weight" if task == "linear" else "weight (log-odds)", justify="right")
+            for column, weight in model["weights"].items():
+                table.add_row(column, f"{weight:.6g}")
+            if spec.fit_intercept:
+                table.add_row("(intercept)", f"{fit.intercept:.6g}")
+            Console().print(table)
         console.print(
             f"{task} regression over {len(r['sites'])} owners ({', '.join(r['sites'])}); every "
             f"owner ({epsilon}, {_delta_text(r)})-DP against the curator and "
@@ -851,6 +968,7 @@ def cape_mean_command(
     seed: int | None,
     request_id: str | None,
     out_path: str,
+    as_json: bool,
     **tls: Any,
 ) -> None:
     from common.cape.spec import CapeMeanSpec
@@ -868,8 +986,22 @@ def cape_mean_command(
         tls,
         lambda c: c.estimate_cape_mean(spec, seed=seed, request_id=request_id, schema=schema),
     )
-    write_json({"task": "mean", "mean": estimate.by_column, "report": estimate.report}, out_path)
+    document = {"task": "mean", "mean": estimate.by_column, "report": estimate.report}
+    write_json(document, out_path)
     r = estimate.report
+    if as_json:
+        print_json(document)
+    else:
+        table = RichTable(
+            title=f"mean over {len(r['sites'])} owners (noise std {r['aggregator_noise_std']:.3g} "
+            "per column)",
+            title_justify="left",
+        )
+        table.add_column("column", overflow="fold")
+        table.add_column("mean", justify="right")
+        for column, value in estimate.by_column.items():
+            table.add_row(column, f"{value:.6g}")
+        Console().print(table)
     console.print(
         f"mean of {len(columns)} column(s) over {len(r['sites'])} owners "
         f"({', '.join(r['sites'])}), noise std {r['aggregator_noise_std']:.3g} per column; "
@@ -916,8 +1048,11 @@ def cape_train_command(
     seed: int | None,
     request_id: str | None,
     out_path: str,
+    as_json: bool,
     **tls: Any,
 ) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
     from common.cape.spec import CapeTrainingSpec
 
     schema = read_schema(bounds_path, "--bounds")
@@ -937,31 +1072,49 @@ def cape_train_command(
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     check_outputs(out_path)
-    network = _ask_curator(
-        curator,
-        curator_name,
-        tls,
-        lambda c: c.train_cape(spec, seed=seed, request_id=request_id, schema=schema),
+    progress = Progress(
+        "[bold]train",
+        BarColumn(),
+        MofNCompleteColumn(),
+        "iterations",
+        TimeElapsedColumn(),
+        console=console,
+        disable=not console.is_terminal,
     )
-    write_json(
-        {
-            "task": "train",
-            "features": [{"column": c, "low": lo, "high": hi} for c, lo, hi in spec.features],
-            "target": target,
-            "hidden_units": hidden_units,
-            "network": "sigmoid(w2 . relu(W1 x + b1) + b2), x = 2 (raw - low) / (high - low) - 1",
-            "parameters": {
-                "W1": network.parameters[: hidden_units * spec.dim]
-                .reshape(hidden_units, spec.dim)
-                .tolist(),
-                "b1": network.parameters[hidden_units * spec.dim : -hidden_units - 1].tolist(),
-                "w2": network.parameters[-hidden_units - 1 : -1].tolist(),
-                "b2": float(network.parameters[-1]),
-            },
-            "report": network.report,
+    task = progress.add_task("train", total=iterations)
+
+    def update(done: int, total: int) -> None:
+        progress.update(task, completed=done, total=total)
+
+    with progress:
+        network = _ask_curator(
+            curator,
+            curator_name,
+            tls,
+            lambda c: c.train_cape(
+                spec, seed=seed, request_id=request_id, schema=schema, on_progress=update
+            ),
+        )
+        progress.update(task, completed=iterations)
+    document = {
+        "task": "train",
+        "features": [{"column": c, "low": lo, "high": hi} for c, lo, hi in spec.features],
+        "target": target,
+        "hidden_units": hidden_units,
+        "network": "sigmoid(w2 . relu(W1 x + b1) + b2), x = 2 (raw - low) / (high - low) - 1",
+        "parameters": {
+            "W1": network.parameters[: hidden_units * spec.dim]
+            .reshape(hidden_units, spec.dim)
+            .tolist(),
+            "b1": network.parameters[hidden_units * spec.dim : -hidden_units - 1].tolist(),
+            "w2": network.parameters[-hidden_units - 1 : -1].tolist(),
+            "b2": float(network.parameters[-1]),
         },
-        out_path,
-    )
+        "report": network.report,
+    }
+    write_json(document, out_path)
+    if as_json:
+        print_json(document)
     r = network.report
     console.print(
         f"{iterations} iterations over {len(r['sites'])} owners ({', '.join(r['sites'])}); "
@@ -996,26 +1149,54 @@ def _choose_spec(client: Any, name: str | None, kind: str | None = None) -> Sket
 
 @click.command("specs")
 @curator_options
+@json_option
 @tls_options
-def specs_command(curator: str, curator_name: str, **tls: Any) -> None:
-    """List the catalogue's specs (as a consumer)."""
+def specs_command(curator: str, curator_name: str, as_json: bool, **tls: Any) -> None:
+    """List the catalogue's specs (as a consumer), marking the one the curator's summarization
+    allocation reads."""
     try:
         with _client(curator, curator_name, tls) as client:
-            specs = client.sketch_specs()
+            specs, allocation = client.sketch_catalogue()
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc
-    table = RichTable(title=f"sketch specs of {curator_name}")
-    for column in ("spec", "m", "noise", "epsilon (range)", "delta", "columns"):
-        table.add_column(column)
-    for s in specs:
+    rows = [
+        {
+            "spec": s.name,
+            "kind": s.kind,
+            "dimension": s.feature_map.dimension,
+            "noise": s.noise,
+            "epsilon": s.epsilon,
+            "epsilon_range": list(s.epsilon_range),
+            "delta": s.delta,
+            "columns": s.domain.describe(),
+            "allocation": s.name == allocation,
+        }
+        for s in specs
+    ]
+    if as_json:
+        print_json(
+            {"curator": f"{curator_name}@{curator}", "allocation_spec": allocation, "specs": rows}
+        )
+        return
+    table = RichTable(
+        title=f"sketch specs of {curator_name}",
+        title_justify="left",
+        caption=None if allocation is None else "*: read by the curator's allocation",
+        caption_justify="left",
+    )
+    table.add_column("spec", no_wrap=True)
+    for column in ("m", "noise", "ε (range)", "δ"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("columns", overflow="fold")
+    for s, row in zip(specs, rows, strict=True):
         low, high = s.epsilon_range
         table.add_row(
-            s.name,
-            str(s.feature_map.dimension),
+            s.name + (" *" if row["allocation"] else ""),
+            str(row["dimension"]),
             s.noise,
             f"{s.epsilon:g} ({low:g}-{high:g})",
             f"{s.delta:g}",
-            ", ".join(f"{c['name']} [{c['low']:g}, {c['high']:g}]" for c in s.domain.describe()),
+            ", ".join(f"{c['name']} [{c['low']:g}, {c['high']:g}]" for c in row["columns"]),
         )
     Console().print(table)
 
@@ -1023,8 +1204,11 @@ def specs_command(curator: str, curator_name: str, **tls: Any) -> None:
 @click.command("list")
 @curator_options
 @click.option("--spec", default=None, metavar="NAME", help="One spec (default: every spec).")
+@json_option
 @tls_options
-def list_command(curator: str, curator_name: str, spec: str | None, **tls: Any) -> None:
+def list_command(
+    curator: str, curator_name: str, spec: str | None, as_json: bool, **tls: Any
+) -> None:
     """List the published sketches (as a consumer): owner, epsilon, noisy count."""
     try:
         with _client(curator, curator_name, tls) as client:
@@ -1032,18 +1216,37 @@ def list_command(curator: str, curator_name: str, spec: str | None, **tls: Any) 
             entries = [e for s in specs for e in client.sketches(s)]
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc
-    table = RichTable(title=f"published sketches at {curator_name}")
-    for column in ("spec", "owner", "epsilon", "delta", "noisy count", "m"):
-        table.add_column(column)
+    rows = []
     for e in entries:
         d = e.describe()
+        rows.append(
+            {
+                "spec": e.spec,
+                "owner": e.owner,
+                "epsilon": d["epsilon"],
+                "delta": d["delta"],
+                "noisy_count": d["noisy_count"],
+                "dimension": d["dimension"],
+            }
+        )
+    if as_json:
+        print_json({"curator": f"{curator_name}@{curator}", "sketches": rows})
+        return
+    table = RichTable(title=f"published sketches at {curator_name}", title_justify="left")
+    for column in ("spec", "owner", "epsilon", "delta", "noisy count", "m"):
+        table.add_column(
+            column,
+            justify="left" if column in ("spec", "owner") else "right",
+            overflow="fold",
+        )
+    for r in rows:
         table.add_row(
-            e.spec,
-            e.owner,
-            f"{d['epsilon']:g}",
-            f"{d['delta']:g}",
-            f"{d['noisy_count']:.1f}",
-            str(d["dimension"]),
+            r["spec"],
+            r["owner"],
+            f"{r['epsilon']:g}",
+            f"{r['delta']:g}",
+            f"{r['noisy_count']:.1f}",
+            str(r["dimension"]),
         )
     Console().print(table)
 
@@ -1104,6 +1307,7 @@ def _selected(
 )
 @click.option("--intercept", is_flag=True, help="Fit an unpenalized constant in M2M.")
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False), help="JSON.")
+@json_option
 @tls_options
 def explore_command(
     curator: str,
@@ -1121,6 +1325,7 @@ def explore_command(
     lambda_rule: str,
     intercept: bool,
     out_path: str | None,
+    as_json: bool,
     **tls: Any,
 ) -> None:
     """Estimate a statistic of one owner's data, or of several owners' union, by M2M from
@@ -1162,33 +1367,35 @@ def explore_command(
     who = (
         entries[0].owner if len(entries) == 1 else f"union of {', '.join(e.owner for e in entries)}"
     )
+    document = {
+        "curator": f"{curator_name}@{curator}",
+        "spec": chosen.name,
+        "owners": [e.owner for e in entries],
+        "sketches": [e.describe() for e in entries],
+        "m2m": {
+            "n_synthetic": explorer.design.n_synthetic,
+            "seed": seed,
+            "lambda_rule": lambda_rule,
+            "lambda": estimator.lam,
+            "intercept": intercept,
+        },
+        "answer": answer.as_dict(),
+    }
+    write_output(document, out_path)
+    if as_json:
+        print_json(document)
+        return
     table = RichTable(
-        title=f"{query} of {who} ({chosen.name}, n ≈ {estimator.sketch.count_estimate:.0f})"
+        title=f"{query} of {who} ({chosen.name}, n ≈ {estimator.sketch.count_estimate:.0f})",
+        title_justify="left",
     )
-    table.add_column("")
-    table.add_column("estimate", justify="right")
+    table.add_column("", overflow="fold")
+    table.add_column("estimate", justify="right", no_wrap=True)
     for label, value in zip(answer.labels, answer.values, strict=True):
         table.add_row(label, f"{value:.6g}")
     Console().print(table)
     if "count" in answer.extra:
         console.print(f"count ≈ {answer.extra['count']:.1f} of n ≈ {answer.extra['n']:.0f}")
-    write_output(
-        {
-            "curator": f"{curator_name}@{curator}",
-            "spec": chosen.name,
-            "owners": [e.owner for e in entries],
-            "sketches": [e.describe() for e in entries],
-            "m2m": {
-                "n_synthetic": explorer.design.n_synthetic,
-                "seed": seed,
-                "lambda_rule": lambda_rule,
-                "lambda": estimator.lam,
-                "intercept": intercept,
-            },
-            "answer": answer.as_dict(),
-        },
-        out_path,
-    )
 
 
 def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
@@ -1224,6 +1431,7 @@ def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
 @click.option("--spec", default=None, metavar="NAME", help="An RFF spec (default: the only one).")
 @click.option("--owner", "owners", multiple=True, help="Rank only these owners (repeat).")
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False), help="JSON.")
+@json_option
 @tls_options
 def rank_owners_command(
     curator: str,
@@ -1232,6 +1440,7 @@ def rank_owners_command(
     spec: str | None,
     owners: tuple[str, ...],
     out_path: str | None,
+    as_json: bool,
     **tls: Any,
 ) -> None:
     """Rank owners by the MMD between a validation set and their RFF sketches, computed here."""
@@ -1248,27 +1457,41 @@ def rank_owners_command(
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     by_owner = {e.owner: e for e in entries}
-    table = RichTable(title=f"owners by MMD² to {Path(validation_path).name} ({chosen.name})")
-    for column in ("rank", "owner", "MMD² (debiased)", "epsilon", "n ≈"):
-        table.add_column(column, justify="left" if column == "owner" else "right")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for k, (owner, value) in enumerate(ranking, 1):
         sketch = by_owner[owner].sketch
-        rows.append({"rank": k, "owner": owner, "mmd2": value, "epsilon": sketch.mechanism.epsilon})
+        rows.append(
+            {
+                "rank": k,
+                "owner": owner,
+                "mmd2": value,
+                "epsilon": sketch.mechanism.epsilon,
+                "n": sketch.count_estimate,
+            }
+        )
+    document = {
+        "curator": f"{curator_name}@{curator}",
+        "spec": chosen.name,
+        "validation_points": int(validation.shape[0]),
+        "ranking": rows,
+    }
+    write_output(document, out_path)
+    if as_json:
+        print_json(document)
+        return
+    table = RichTable(
+        title=f"owners by MMD² to {Path(validation_path).name} ({chosen.name})",
+        title_justify="left",
+    )
+    for column in ("rank", "owner", "MMD² (debiased)", "epsilon", "n ≈"):
+        table.add_column(
+            column,
+            justify="left" if column == "owner" else "right",
+            overflow="fold" if column == "owner" else "ellipsis",
+            no_wrap=column != "owner",
+        )
+    for r in rows:
         table.add_row(
-            str(k),
-            owner,
-            f"{value:.4g}",
-            f"{sketch.mechanism.epsilon:g}",
-            f"{sketch.count_estimate:.0f}",
+            str(r["rank"]), r["owner"], f"{r['mmd2']:.4g}", f"{r['epsilon']:g}", f"{r['n']:.0f}"
         )
     Console().print(table)
-    write_output(
-        {
-            "curator": f"{curator_name}@{curator}",
-            "spec": chosen.name,
-            "validation_points": int(validation.shape[0]),
-            "ranking": rows,
-        },
-        out_path,
-    )

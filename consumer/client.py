@@ -8,6 +8,7 @@ curator's (role and name) at the handshake.
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from common.errors import AbortedError, InvalidArgumentError
 from common.schema import Schema
 from common.sketches.spec import PublishedSketch, SketchSpec
 from common.summarization.summary import (
+    OwnerSelection,
     ProgressEvent,
     SessionReport,
     SummarizationConfig,
@@ -42,7 +44,7 @@ from runtime.identity import Identity
 from runtime.schemas import schema_to_proto
 from runtime.serving import GRPC_OPTIONS
 from runtime.status import error_from_rpc
-from runtime.transport import TransportSecurity, sync_channel
+from runtime.transport import CONNECT_TIMEOUT_SECONDS, TransportSecurity, connected_channel
 
 
 class SessionFailedError(AbortedError):
@@ -74,9 +76,16 @@ class CuratorClient:
         The curator identity the server must prove (default ``curator:curator``).
     timeout : float
         Deadline of unary calls, seconds.
+    connect_timeout : float or None
+        The channel must connect within this many seconds (TCP and the mTLS handshake), or the
+        constructor raises :class:`runtime.transport.ConnectError` saying why (nothing
+        listening, a certificate of another CA, a server of another name); None: no check,
+        calls wait for the curator up to their deadline.
 
     Raises
     ------
+    runtime.transport.ConnectError
+        From the constructor, as ``connect_timeout`` says.
     common.errors.DPMarketError
         Every method raises the error matching the curator's status (e.g.
         ``InvalidArgumentError`` for a malformed validation set, ``NotFoundError`` for an unknown
@@ -90,11 +99,19 @@ class CuratorClient:
         *,
         curator: Identity | None = None,
         timeout: float = 60.0,
+        connect_timeout: float | None = CONNECT_TIMEOUT_SECONDS,
     ) -> None:
         self.target = target
         self.timeout = timeout
         expected = None if security.insecure else (curator or Identity("curator", "curator"))
-        self._channel = sync_channel(target, security, expected, options=GRPC_OPTIONS)
+        self._channel = connected_channel(
+            target,
+            security,
+            expected,
+            GRPC_OPTIONS,
+            connect_timeout=connect_timeout,
+            peer="the curator",
+        )
         self._stub = curator_pb2_grpc.CuratorServiceStub(self._channel)
         self._cape = cape_pb2_grpc.CapeServiceStub(self._channel)
         self._sketches = sketch_pb2_grpc.SketchCatalogServiceStub(self._channel)
@@ -117,17 +134,22 @@ class CuratorClient:
         *,
         seed: int | None = None,
         request_id: str = "",
+        selection: OwnerSelection | None = None,
         schema: Schema | None = None,
         feature_names: Sequence[str] = (),
     ) -> str:
         """Start a session; return its id (CreateSession). A retry with the same
         ``request_id`` returns the same session and charges nothing new.
 
-        ``schema`` is the public schema the validation set was read through (the curator
-        refuses owners that declare another); ``feature_names`` the validation set's column
-        names when it was read from a table without one (owners with a schema must have these
-        features, in this order)."""
-        request = convert.create_request_to_proto(config, validation, seed_set, seed, request_id)
+        ``selection``: owners to leave out by name and the fewest the session may run with
+        (default: every owner, any refusal of the terms fails the request). ``schema`` is the
+        public schema the validation set was read through (the curator refuses owners that
+        declare another); ``feature_names`` the validation set's column names when it was read
+        from a table without one (owners with a schema must have these features, in this
+        order)."""
+        request = convert.create_request_to_proto(
+            config, validation, seed_set, seed, request_id, selection
+        )
         if schema is not None:
             request.schema.CopyFrom(schema_to_proto(schema))
         request.feature_names.extend(feature_names)
@@ -166,6 +188,7 @@ class CuratorClient:
         seed: int | None = None,
         on_progress: Callable[[ProgressEvent], None] | None = None,
         request_id: str | None = None,
+        selection: OwnerSelection | None = None,
         schema: Schema | None = None,
         feature_names: Sequence[str] = (),
     ) -> SummaryResult:
@@ -187,6 +210,7 @@ class CuratorClient:
             seed_set,
             seed=seed,
             request_id=key,
+            selection=selection,
             schema=schema,
             feature_names=feature_names,
         )
@@ -278,29 +302,73 @@ class CuratorClient:
         request_id: str | None = None,
         timeout: float = 1800.0,
         schema: Schema | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> CapeNetwork:
         """Train the 2-layer network by CAPE gradient descent across the curator's owners
         (TrainCape).
 
         ``request_id`` defaults to a fresh random key (a retry never trains twice). With ``schema``
         (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
-        that declare another before anything is charged.
+        that declare another before anything is charged. ``on_progress(done, total)`` is called
+        after every iteration, from the curator's WatchCapeJob stream (best effort: a lost
+        stream only stops the calls).
 
         Raises
         ------
         common.errors.DPMarketError
             The error matching the curator's status.
         """
+        key = _key(request_id)
         request = cape_pb2.TrainCapeRequest(
-            spec=cape_messages.training_to_proto(spec), request_id=_key(request_id)
+            spec=cape_messages.training_to_proto(spec), request_id=key
         )
-        response = self._cape_call("TrainCape", request, seed, timeout, schema)
+        if on_progress is None:
+            response = self._cape_call("TrainCape", request, seed, timeout, schema)
+        else:
+            response = self._train_watched(request, seed, timeout, key, on_progress, schema)
         parameters = cape_messages.vector_from_proto(
             response.parameters, "parameters", spec.n_params
         )
         return CapeNetwork(
             spec=spec, parameters=parameters, report=json.loads(response.report_json)
         )
+
+    def _train_watched(
+        self,
+        request: Any,
+        seed: int | None,
+        timeout: float,
+        key: str,
+        on_progress: Callable[[int, int], None],
+        schema: Schema | None,
+    ) -> Any:
+        """TrainCape while a thread follows WatchCapeJob; the stream is cancelled when the
+        training answers (also when it was refused before it started)."""
+        if seed is not None:
+            request.seed = seed
+        if schema is not None:
+            request.schema.CopyFrom(schema_to_proto(schema))
+        future = self._cape.TrainCape.future(request, timeout=timeout, wait_for_ready=True)
+        stream = self._cape.WatchCapeJob(
+            cape_pb2.WatchCapeJobRequest(request_id=key), timeout=timeout
+        )
+
+        def follow() -> None:
+            try:
+                for message in stream:
+                    on_progress(int(message.iteration), int(message.iterations))
+            except grpc.RpcError:
+                pass  # cancelled when the training answered, or the job never started
+
+        follower = threading.Thread(target=follow, name="cape-progress", daemon=True)
+        follower.start()
+        try:
+            return future.result()
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, f"curator at {self.target}") from None
+        finally:
+            stream.cancel()
+            follower.join(timeout=5.0)
 
     # ------------------------------------------------------------------ sketch catalogue
     def _catalog_call(self, method: str, request: Any) -> Any:
@@ -313,8 +381,14 @@ class CuratorClient:
 
     def sketch_specs(self) -> list[SketchSpec]:
         """The catalogue's specs (ListSketchSpecs), each validated (its key recomputed)."""
+        return self.sketch_catalogue()[0]
+
+    def sketch_catalogue(self) -> tuple[list[SketchSpec], str | None]:
+        """The catalogue's specs, each validated, and the spec the curator's summarization
+        allocation reads (None: none) (ListSketchSpecs)."""
         response = self._catalog_call("ListSketchSpecs", sketch_pb2.ListSketchSpecsRequest())
-        return [sketch_messages.spec_from_proto(m) for m in response.specs]
+        specs = [sketch_messages.spec_from_proto(m) for m in response.specs]
+        return specs, response.allocation_spec or None
 
     def sketch_spec(self, name: str) -> SketchSpec:
         """One spec (GetSketchSpec); ``NotFoundError`` for an unknown name."""

@@ -11,6 +11,7 @@ from common.errors import InvalidArgumentError
 from common.privacy.ledger import SessionSpend
 from common.summarization.summary import (
     PARAMETER_NAMES,
+    OwnerSelection,
     ProgressEvent,
     SessionReport,
     Stage,
@@ -72,8 +73,10 @@ def create_request_to_proto(
     seed_set: NDArray[np.float64],
     seed: int | None,
     request_id: str = "",
+    selection: OwnerSelection | None = None,
 ) -> curator_pb2.CreateSessionRequest:
     """Build a CreateSessionRequest; every parameter is sent explicitly."""
+    selection = selection if selection is not None else OwnerSelection()
     values = {name: getattr(config, name) for name in PARAMETER_NAMES}
     for name, table in _ENUM_PARAMS.items():
         values[name] = table[values[name]]
@@ -85,6 +88,8 @@ def create_request_to_proto(
         method=_METHODS[config.method],
         params=params,
         request_id=request_id,
+        min_owners=selection.min_owners,
+        exclude_owners=list(selection.exclude),
     )
     if seed is not None:
         request.seed = seed
@@ -127,6 +132,7 @@ def report_from_proto(r: curator_pb2.SessionReport) -> SessionReport:
             )
             for o in r.owner_spend
         },
+        left_out={o.owner_id: o.reason for o in r.left_out},
     )
 
 

@@ -14,8 +14,10 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from rich import box
 from rich.table import Table
 
+from common.privacy.ledger import SessionSpend
 from common.summarization.kernels import mmd2
 from common.summarization.summary import SummaryResult
 from consumer.evaluation import downstream_accuracy
@@ -48,7 +50,8 @@ def evaluate_summary(
     -------
     dict
         ``mmd2_validation``, ``mmd2_test`` (or None), ``accuracy`` (or None when either the
-        summary or the test set has no labels), and the session report's fields.
+        summary or the test set has no labels), and the session report's fields, among them
+        ``owner_spend`` (:func:`owner_spend`) and ``left_out`` (owner -> public reason).
     """
     r = result.report
     row: dict[str, Any] = {
@@ -68,6 +71,8 @@ def evaluate_summary(
         "epsilon": epsilon_summary(r.ledger),
         "ledger": r.ledger,
         "points_per_owner": _count(result.owner_ids),
+        "owner_spend": owner_spend(r.owner_spend),
+        "left_out": dict(r.left_out),
     }
     if test is not None:
         row["mmd2_test"] = mmd2(result.points, test.features, gamma)
@@ -75,6 +80,20 @@ def evaluate_summary(
             train = PointSet(result.points, result.labels, f"{r.method} summary")
             row["accuracy"] = downstream_accuracy(train, test, seed=seed)
     return row
+
+
+def owner_spend(spend: Mapping[str, SessionSpend]) -> dict[str, dict[str, Any]]:
+    """What each owner's own ledger recorded for the session, as JSON: ``{owner: {"epsilon"
+    (None for a non-private session), "delta", "points", "non_private"}}``."""
+    return {
+        owner: {
+            "epsilon": None if s.non_private else s.epsilon,
+            "delta": s.delta,
+            "points": s.points,
+            "non_private": s.non_private,
+        }
+        for owner, s in sorted(spend.items())
+    }
 
 
 def epsilon_summary(ledger: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -120,8 +139,75 @@ def _fmt(value: float | None, spec: str) -> str:
     return format(value, spec)
 
 
-def comparison_table(rows: Sequence[Mapping[str, Any]], *, title: str) -> Table:
-    """Render the comparison of methods as a rich table (one row per method)."""
+def _epsilons(row: Mapping[str, Any], spec: str, sep: str) -> tuple[str, str]:
+    """The row's epsilon on D_v and on the owners' data, each "Theorem 7 / PLD"."""
+    eps = row.get("epsilon")
+    if not eps:
+        text = "none released" if row["method"] == "uniform" else "non-private"
+        if sep == "/":  # compact
+            text = "—" if row["method"] == "uniform" else "n/a"
+        return text, text
+    v, o = eps["validation"], eps["owners"]
+    return (
+        f"{_fmt(v.get('theorem7'), spec)}{sep}{_fmt(v.get('pld'), spec)}",
+        f"{_fmt(o.get('theorem7'), spec)}{sep}{_fmt(o.get('pld'), spec)}",
+    )
+
+
+def comparison_table(rows: Sequence[Mapping[str, Any]], *, title: str, wide: bool = False) -> Table:
+    """Render the comparison of methods as a rich table (one row per method).
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+        :func:`evaluate_summary` rows, with a ``label``.
+    title : str
+    wide : bool
+        Every column (about 170 terminal columns for the demo's rows). Default: a compact
+        table that fits 80 columns (MMD² to D_v, % over the reference when present, accuracy
+        when present, points read, epsilon on D_v and on the owners by Theorem 7 / PLD), the
+        method's name folding onto more lines rather than any value being cut.
+    """
+    if wide:
+        return _wide_table(rows, title=title)
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        caption="points read: owners' + D_v's; ε: Theorem 7/PLD",
+        caption_justify="left",
+    )
+    reference = any(r.get("mmd2_over_reference_percent") is not None for r in rows)
+    accuracy = any(r.get("accuracy") is not None for r in rows)
+    table.add_column("method", overflow="fold", min_width=8)
+    table.add_column("MMD² D_v", justify="right", no_wrap=True)
+    if reference:
+        table.add_column("vs greedy", justify="right", no_wrap=True)
+    if accuracy:
+        table.add_column("acc.", justify="right", no_wrap=True)
+    for header in ("points", "ε D_v", "ε owners"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for row in rows:
+        accessed = row.get("owner_points_accessed")
+        points = (
+            "-" if accessed is None else f"{accessed}+{row.get('validation_points_accessed', 0)}"
+        )
+        eps_v, eps_o = _epsilons(row, ".2g", "/")
+        cells = [str(row["label"]), _fmt(row["mmd2_validation"], ".3g")]
+        if reference:
+            pct = row.get("mmd2_over_reference_percent")
+            cells.append("-" if pct is None else f"{pct:+.0f}%")
+        if accuracy:
+            cells.append(_fmt(row.get("accuracy"), ".3f"))
+        cells += [points, eps_v, eps_o]
+        table.add_row(*cells)
+    return table
+
+
+def _wide_table(rows: Sequence[Mapping[str, Any]], *, title: str) -> Table:
+    """Every column of the comparison (``--wide``)."""
     table = Table(title=title, title_justify="left")
     for header in (
         "method",
@@ -138,13 +224,7 @@ def comparison_table(rows: Sequence[Mapping[str, Any]], *, title: str) -> Table:
     ):
         table.add_column(header, justify="left" if header == "method" else "right")
     for row in rows:
-        eps = row.get("epsilon")
-        if eps:
-            v, o = eps["validation"], eps["owners"]
-            eps_v = f"{_fmt(v.get('theorem7'), '.3g')} / {_fmt(v.get('pld'), '.3g')}"
-            eps_o = f"{_fmt(o.get('theorem7'), '.3g')} / {_fmt(o.get('pld'), '.3g')}"
-        else:
-            eps_v = eps_o = "none released" if row["method"] == "uniform" else "non-private"
+        eps_v, eps_o = _epsilons(row, ".3g", " / ")
         accessed = row.get("owner_points_accessed")
         table.add_row(
             str(row["label"]),
@@ -218,3 +298,68 @@ def plot_mmd_curves(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_request(
+    result: SummaryResult,
+    validation: NDArray[np.float64],
+    gamma: float,
+    path: str | Path,
+    *,
+    title: str,
+) -> dict[str, Any]:
+    """Plot a consumer's own summary into a PNG: MMD² to its validation set of the first k
+    summary points against k, and each owner's share of the summary.
+
+    Parameters
+    ----------
+    result : SummaryResult
+        Points of shape (p, n) in the order they were added, their owners, the report (whose
+        ``left_out`` owners are drawn with a share of 0 and their reason).
+    validation : ndarray of shape (m, n)
+    gamma : float
+        RBF kernel parameter of the MMD.
+    path : str or Path
+        Output PNG.
+    title : str
+
+    Returns
+    -------
+    dict
+        What is drawn: ``{"sizes": [k, ...], "mmd2": [MMD² of the first k points, ...],
+        "shares": {owner: points}}``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    p = int(result.points.shape[0])
+    step = max(1, p // 50)
+    sizes = sorted({*range(step, p + 1, step), p}) if p else []
+    values = mmd_curve(result.points, validation, gamma, sizes)
+    shares = _count(result.owner_ids)
+    left_out = dict(result.report.left_out)
+    owners = sorted(shares) + [o for o in left_out if o not in shares]
+    fig, (curve, bars) = plt.subplots(1, 2, figsize=(11, 4))
+    curve.plot(sizes, values, marker="o", markersize=3)
+    curve.set_yscale("log")
+    curve.set_xlabel("first k summary points")
+    curve.set_ylabel("MMD² to the validation set")
+    curve.grid(True, alpha=0.3)
+    counts = [shares.get(o, 0) for o in owners]
+    bars.bar(range(len(owners)), counts, color=["C0" if o in shares else "0.7" for o in owners])
+    bars.set_xticks(
+        range(len(owners)),
+        [o if o in shares else f"{o}\n({left_out[o]})" for o in owners],
+        rotation=30,
+        ha="right",
+        fontsize=8,
+    )
+    bars.set_ylabel("summary points")
+    bars.set_title("each owner's share")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return {"sizes": sizes, "mmd2": values, "shares": {o: shares.get(o, 0) for o in owners}}

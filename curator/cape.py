@@ -179,6 +179,9 @@ class _CapeRun(Generic[SpecT, PlanT]):
         Seconds after which a site that has not answered is dropped.
     on_charge : callable, optional
         Receives the job's charge before the releases it pays for (the curator's store).
+    on_progress : callable, optional
+        ``on_progress(done, total)`` after every iteration of a training (public: the count of
+        iterations, no value computed from the data).
     """
 
     def __init__(
@@ -191,6 +194,7 @@ class _CapeRun(Generic[SpecT, PlanT]):
         consumer: str = "consumer:local",
         call_timeout: float | None = None,
         on_charge: Callable[[Sequence[Charge]], None] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> None:
         names = [e.name for e in endpoints]
         if len(set(names)) != len(names):
@@ -202,6 +206,7 @@ class _CapeRun(Generic[SpecT, PlanT]):
         self.consumer = consumer
         self.call_timeout = call_timeout
         self.on_charge = on_charge
+        self.on_progress = on_progress
         self.dropped: dict[str, str] = {}
         self.timings = _Timings()
         self._charged = False
@@ -636,6 +641,8 @@ class CapeTrainingJob(_CapeRun[CapeTrainingSpec, CapeTrainingPlan]):
                 stds.append(plan.aggregator_std(partial))
                 segment["last_iteration"] = t
                 t += 1
+                if self.on_progress is not None:
+                    self.on_progress(t, spec.iterations)
                 if partial is not None:
                     # Iteration t - 1 keeps the lost sites' zero-sum noise (its larger std is
                     # stated); the next iterations need a noise round over the others.

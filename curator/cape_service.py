@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,13 +41,39 @@ from curator.policy import CuratorPolicy, RequestRate
 from curator.store import CuratorStore
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc
 from runtime import cape_messages as msg
-from runtime.authz import Authorizer, rpc
+from runtime.authz import Authorizer, rpc, rpc_stream
 from runtime.schemas import schema_from_proto
 
 logger = logging.getLogger(__name__)
 
 #: Longest accepted idempotency key.
 MAX_REQUEST_ID_LENGTH = 128
+
+
+#: Finished jobs whose progress is kept for a late watcher (the oldest are forgotten first).
+MAX_FINISHED_PROGRESS = 1024
+#: Seconds a watcher waits for the job it names to start.
+WATCH_START_SECONDS = 60.0
+
+
+@dataclasses.dataclass
+class CapeProgress:
+    """How far one consumer's CAPE job has come (public: counts only).
+
+    Attributes
+    ----------
+    done, total : int
+        Iterations done and in all (a training's T; 1 for a mean or a regression).
+    finished : bool
+    message : str
+        Why it failed; empty otherwise.
+    """
+
+    done: int = 0
+    total: int = 1
+    finished: bool = False
+    message: str = ""
+    changed: asyncio.Condition = dataclasses.field(default_factory=asyncio.Condition, repr=False)
 
 
 class _Refused(Exception):
@@ -100,6 +126,8 @@ class CapeJobs:
         self._running = 0
         self._done: dict[tuple[str, str], tuple[str, dict[str, Any] | DPMarketError]] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._progress: dict[tuple[str, str], CapeProgress] = {}
+        self._progress_added = asyncio.Condition()
 
     async def fit(
         self,
@@ -186,6 +214,50 @@ class CapeJobs:
             self._done[key] = (request_digest, document)
             return document
 
+    def _progress_for(self, consumer: str, request_id: str | None, total: int) -> CapeProgress:
+        """A new progress entry for a keyed job (a job without a key has no watcher)."""
+        progress = CapeProgress(total=total)
+        if request_id is None:
+            return progress
+        self._progress[(consumer, request_id)] = progress
+        finished = [k for k, p in self._progress.items() if p.finished]
+        for key in finished[: max(0, len(finished) - MAX_FINISHED_PROGRESS)]:
+            del self._progress[key]
+        asyncio.get_running_loop().create_task(_notify(self._progress_added))
+        return progress
+
+    async def watch(
+        self, consumer: str, request_id: str, *, start_timeout: float = WATCH_START_SECONDS
+    ) -> AsyncIterator[CapeProgress]:
+        """Yield the progress of ``consumer``'s job sent with ``request_id`` at every change,
+        until it finishes; wait up to ``start_timeout`` seconds for it to start.
+
+        Raises
+        ------
+        NotFoundError
+            If no job of this consumer under this key starts in time (another consumer's key is
+            not found either).
+        """
+        key = (consumer, request_id)
+        try:
+            async with self._progress_added:
+                await asyncio.wait_for(
+                    self._progress_added.wait_for(lambda: key in self._progress), start_timeout
+                )
+        except TimeoutError:
+            raise NotFoundError(f"no CAPE job under request_id {request_id!r}") from None
+        progress = self._progress[key]
+        seen = -1
+        while True:
+            async with progress.changed:
+                await progress.changed.wait_for(
+                    lambda: progress.done != seen or progress.finished  # noqa: B023
+                )
+            seen = progress.done
+            yield progress
+            if progress.finished:
+                return
+
     async def _check_schema(self, schema: Schema) -> None:
         """Refuse a consumer schema that an answering owner does not declare (an owner that
         does not answer is left to the job, which drops it)."""
@@ -263,6 +335,14 @@ class CapeJobs:
                 method=f"cape-{spec.task}",
                 config=dataclasses.asdict(spec),
             )
+        progress = self._progress_for(
+            consumer, request_id, spec.iterations if isinstance(spec, CapeTrainingSpec) else 1
+        )
+
+        def on_progress(done: int, total: int) -> None:
+            progress.done, progress.total = done, total
+            asyncio.get_running_loop().create_task(_notify(progress.changed))
+
         job = job_for(
             job_id,
             spec,
@@ -271,12 +351,17 @@ class CapeJobs:
             consumer=consumer,
             call_timeout=self.call_timeout,
             on_charge=on_charge,
+            on_progress=on_progress,
         )
         ttl = self.policy.result_ttl_seconds
         self._running += 1
         try:
             result = await job.run()
-        except DPMarketError as exc:
+        except BaseException as exc:
+            progress.finished, progress.message = True, str(exc)
+            await _notify(progress.changed)
+            if not isinstance(exc, DPMarketError):
+                raise
             logger.warning("CAPE job %s failed: %s", short_id(job_id), exc)
             if store is not None:
                 spend = {n: dataclasses.asdict(s) for n, s in job.owner_spend.items()}
@@ -304,6 +389,8 @@ class CapeJobs:
             document["parameters"] = result.parameters.tolist()
         if store is not None:
             store.finish_document(job_id, document, ttl=ttl)
+        progress.finished = True
+        await _notify(progress.changed)
         logger.info(
             "CAPE job %s for %s: %s over %d sites",
             short_id(job_id),
@@ -367,6 +454,16 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
             report_json=json.dumps(document["report"], sort_keys=True),
         )
 
+    @rpc_stream("consumer")
+    async def WatchCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
+        async for progress in self.jobs.watch(str(caller), request.request_id):
+            yield cape_pb2.WatchCapeJobResponse(
+                iteration=progress.done,
+                iterations=progress.total,
+                finished=progress.finished,
+                message=progress.message,
+            )
+
     @rpc("consumer")
     async def TrainCape(self, request, context, caller):  # type: ignore[no-untyped-def]
         spec: CapeTrainingSpec = msg.training_from_proto(request.spec)
@@ -375,3 +472,8 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
             parameters=msg.vector_to_proto(np.asarray(document["parameters"], dtype=np.float64)),
             report_json=json.dumps(document["report"], sort_keys=True),
         )
+
+
+async def _notify(condition: asyncio.Condition) -> None:
+    async with condition:
+        condition.notify_all()

@@ -1,5 +1,6 @@
-"""The curator's command: ``serve-curator``, the parsimonious curator for a fixed set of owners
-with its catalogue of the owners' private sketches, over mTLS."""
+"""The curator's commands: ``serve-curator``, the parsimonious curator for a fixed set of owners
+with its catalogue of the owners' private sketches, over mTLS; ``curator sessions`` and
+``curator charges``, what its durable store holds (read-only)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,17 @@ from typing import Any
 import click
 
 from common.errors import DPMarketError
-from runtime.cli import ensure_info_logging, security_from_options, tls_options
+from runtime.cli import (
+    ensure_info_logging,
+    json_option,
+    print_json,
+    security_from_options,
+    tls_options,
+)
 from runtime.identity import Identity
 from runtime.transport import BindError
 
-__all__ = ["serve_curator"]
+__all__ = ["curator", "serve_curator"]
 
 logger = logging.getLogger("dpmarket")
 
@@ -34,6 +41,33 @@ def _owner_target(text: str, insecure: bool) -> tuple[Identity | None, str]:
         return Identity("owner", name), target
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--owner") from exc
+
+
+def _warn_about_allocation(catalog: Any, spec: str | None, owners: list[str]) -> None:
+    """Say at start-up when candidates sessions will charge every owner through the counts
+    allocation: no allocation spec beside RFF specs in the catalogue, or owners that have not
+    published under it yet."""
+    if spec is None:
+        rff = [s.name for s in catalog.specs() if s.kind == "rff"]
+        if rff:
+            logger.warning(
+                "the catalogue holds RFF spec(s) %s but no --allocation-sketch-spec names one: "
+                "candidates sessions split their budget by noisy relevance counts, charging "
+                "every owner, and read no published sketch",
+                ", ".join(rff),
+            )
+        return
+    published = catalog.published(owners, spec=spec)
+    missing = [o for o in owners if o not in published]
+    if missing:
+        logger.warning(
+            "no sketch under %s yet from %s: until every owner publishes one (dpmarket sketch "
+            "publish --spec %s), candidates sessions split their budget by noisy relevance "
+            "counts, charging every owner",
+            spec,
+            ", ".join(missing),
+            spec,
+        )
 
 
 @click.command("serve-curator")
@@ -117,7 +151,7 @@ def serve_curator(
 ) -> None:
     """Serve the parsimonious curator for a fixed set of owners (mTLS), with its catalogue of
     the owners' private sketches."""
-    from curator.owners import GrpcOwnerEndpoint
+    from curator.owners import GrpcOwnerEndpoint, check_owners
     from curator.policy import CuratorPolicy, load_curator_policy
     from curator.service import serve_curator as serve
     from curator.sketches import SketchCatalog
@@ -165,11 +199,27 @@ def serve_curator(
                 "allocation reads RFF sketches"
             )
 
+    allocation_columns = (
+        None
+        if allocation_sketch_spec is None
+        else list(catalog.spec(allocation_sketch_spec).domain.names)
+    )
+    _warn_about_allocation(catalog, allocation_sketch_spec, owner_names)
+
     async def run() -> None:
         endpoints = [
             GrpcOwnerEndpoint(target, security, expected, deadline=owner_timeout)
             for expected, target in targets
         ]
+        try:
+            await check_owners(
+                endpoints,
+                allocation_columns=allocation_columns,
+                allocation_spec=allocation_sketch_spec or "",
+            )
+        except DPMarketError:
+            await asyncio.gather(*(e.close() for e in endpoints))
+            raise
         await serve(
             endpoints,
             f"{host}:{port}",
@@ -184,8 +234,145 @@ def serve_curator(
 
     try:
         asyncio.run(run())
-    except BindError as exc:
+    except (BindError, DPMarketError) as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
         catalog.close()
         store.close()
+
+
+# -------------------------------------------------------------------------- the store
+@click.group("curator", context_settings={"help_option_names": ["-h", "--help"]})
+def curator() -> None:
+    """Tools for a curator's operator: what its store holds (read-only, also while serving)."""
+
+
+_DATA_DIR = click.option(
+    "--data-dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="The curator's data directory (serve-curator --data-dir; holds curator.sqlite3).",
+)
+
+
+def _records(data_dir: str) -> Any:
+    import sqlite3
+
+    from curator.store import CuratorRecords
+
+    try:
+        return CuratorRecords(data_dir)
+    except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _eps(book: dict[str, float], party: str) -> str:
+    return f"{book[party]:.3g}" if party in book else "-"
+
+
+@curator.command("sessions")
+@_DATA_DIR
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Only the last N sessions and jobs."
+)
+@json_option
+def sessions_command(data_dir: str, limit: int | None, as_json: bool) -> None:
+    """List the summarization sessions and CAPE jobs: who asked, what, how it ended, and what
+    it charged (basic composition of its charges, on the owners' data and on D_v)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    with _records(data_dir) as records:
+        rows = records.sessions(limit=limit)
+    if as_json:
+        print_json({"data_dir": data_dir, "sessions": rows})
+        return
+    table = Table(
+        title="sessions and jobs",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        caption="created: UTC; ε: basic composition; points: owner points read",
+        caption_justify="left",
+    )
+    table.add_column("id", no_wrap=True)
+    table.add_column("created", no_wrap=True)
+    table.add_column("consumer", overflow="fold")
+    for header in ("method", "status"):
+        table.add_column(header, no_wrap=True)
+    for header in ("ε owners", "ε D_v", "points"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for r in rows:
+        points = r["owner_points_accessed"]
+        table.add_row(
+            r["id"][:8],
+            (r["created"] or "")[5:16].replace("T", " "),
+            r["consumer"].removeprefix("consumer:"),
+            r["method"],
+            r["status"],
+            _eps(r["epsilon"], "owners"),
+            _eps(r["epsilon"], "validation"),
+            "-" if points is None else str(points),
+        )
+    out = Console()
+    out.print(f"curator store {data_dir}", markup=False, highlight=False)
+    if rows:
+        out.print(table)
+    else:
+        out.print(f"no session in {data_dir}", markup=False, highlight=False)
+    failed = [r for r in rows if r["status"] == "failed"]
+    for r in failed:
+        out.print(f"{r['id'][:8]} failed: {r['error']}", markup=False, highlight=False)
+
+
+@curator.command("charges")
+@_DATA_DIR
+@click.option(
+    "--session",
+    default=None,
+    metavar="ID",
+    help="Only this session's or job's charges (its id, or the first characters of it).",
+)
+@json_option
+def charges_command(data_dir: str, session: str | None, as_json: bool) -> None:
+    """List every charge the curator wrote before the release it paid for: session, party
+    (owners' data or D_v), mechanism, epsilon and delta of one run, runs."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    with _records(data_dir) as records:
+        rows = records.charges(session=session)
+    if as_json:
+        print_json({"data_dir": data_dir, "session": session, "charges": rows})
+        return
+    table = Table(
+        title="charges",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    table.add_column("session", no_wrap=True)
+    table.add_column("party", no_wrap=True)
+    table.add_column("release", overflow="fold")
+    for header in ("ε", "δ", "runs"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for r in rows:
+        table.add_row(
+            r["session"][:8],
+            r["party"],
+            r["label"],
+            f"{r['epsilon']:.3g}",
+            f"{r['delta']:.2g}",
+            str(r["count"]),
+        )
+    out = Console()
+    out.print(f"curator store {data_dir}", markup=False, highlight=False)
+    if rows:
+        out.print(table)
+    else:
+        where = f" of session {session!r}" if session else ""
+        out.print(f"no charge{where} in {data_dir}", markup=False, highlight=False)

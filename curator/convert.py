@@ -14,6 +14,7 @@ from common.privacy.ledger import SessionSpend
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.summarization.summary import (
     PARAMETER_NAMES,
+    OwnerSelection,
     ProgressEvent,
     SessionReport,
     SummarizationConfig,
@@ -185,6 +186,20 @@ def create_request_from_proto(
     return config, validation, seed_set, seed
 
 
+def selection_from_proto(request: curator_pb2.CreateSessionRequest) -> OwnerSelection:
+    """The request's owner selection (``min_owners``, ``exclude_owners``).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a negative ``min_owners`` or a repeated or empty name.
+    """
+    try:
+        return OwnerSelection(int(request.min_owners), tuple(request.exclude_owners))
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from exc
+
+
 def event_to_proto(
     event: ProgressEvent, report: SessionReport | None = None
 ) -> curator_pb2.WatchSessionResponse:
@@ -229,6 +244,10 @@ def report_to_proto(r: SessionReport) -> curator_pb2.SessionReport:
                 non_private=spend.non_private,
             )
             for owner, spend in sorted(r.owner_spend.items())
+        ],
+        left_out=[
+            curator_pb2.LeftOutOwner(owner_id=owner, reason=reason)
+            for owner, reason in r.left_out.items()
         ],
     )
 

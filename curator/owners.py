@@ -9,7 +9,9 @@ the owner names it was configured with, whatever answers at an address.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
@@ -19,7 +21,7 @@ from numpy.typing import NDArray
 from common.cape.agreement import SizeAttestation
 from common.cape.endpoints import OpenedJob
 from common.cape.spec import AnyCapeSpec
-from common.errors import UnavailableError
+from common.errors import DPMarketError, FailedPreconditionError
 from common.privacy.ledger import SessionSpend
 from common.schema import Schema
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
@@ -40,9 +42,17 @@ from runtime.arrays import array_to_proto
 from runtime.identity import Identity
 from runtime.serving import GRPC_OPTIONS
 from runtime.status import error_from_rpc
-from runtime.transport import TransportSecurity, aio_channel
+from runtime.transport import (
+    CONNECT_TIMEOUT_SECONDS,
+    ConnectError,
+    TransportSecurity,
+    aio_channel,
+    check_connected_aio,
+)
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 #: Deadline of a round-trip call (bids, releases), seconds.
 CALL_DEADLINE_SECONDS = 30.0
@@ -77,6 +87,7 @@ class GrpcOwnerEndpoint:
         self.target = target
         self.expected = expected
         self.deadline = deadline
+        self._security = security
         self._channel = aio_channel(target, security, expected, options=GRPC_OPTIONS)
         self._stub = owner_pb2_grpc.OwnerServiceStub(self._channel)
         self._secagg = secure_aggregation_pb2_grpc.SecureAggregationServiceStub(self._channel)
@@ -197,22 +208,25 @@ class GrpcOwnerEndpoint:
         """Close the channel."""
         await self._channel.close(None)
 
-    async def connect(self, timeout: float = CALL_DEADLINE_SECONDS) -> None:
+    async def connect(self, timeout: float = CONNECT_TIMEOUT_SECONDS) -> None:
         """Connect now (TCP and the mTLS handshake, the owner's identity checked) rather than
-        at the first call.
+        at the first call, within a connect deadline of ``timeout`` seconds.
 
         Raises
         ------
-        UnavailableError
-            If the channel is not connected within ``timeout`` seconds (nobody listens, or the
-            server does not prove the expected identity).
+        runtime.transport.ConnectError
+            (an ``UnavailableError``) If the channel is not connected in time; the message says
+            why (:func:`runtime.transport.check_connected_aio`): nothing listening, a
+            certificate of another CA, a server that proves another identity.
         """
-        try:
-            await asyncio.wait_for(self._channel.channel_ready(), timeout)
-        except TimeoutError:
-            raise UnavailableError(
-                f"owner at {self.target}: not connected within {timeout} s"
-            ) from None
+        await check_connected_aio(
+            self._channel,
+            self.target,
+            self._security,
+            self.expected,
+            timeout=timeout,
+            peer=f"owner {self.name}",
+        )
 
     # ------------------------------------------------------------ secure aggregation (site)
     async def advertise_keys(
@@ -371,3 +385,129 @@ class GrpcOwnerEndpoint:
         request = cape_pb2.CloseCapeJobRequest(job_id=job_id)
         response = await self._call(lambda: self._cape.CloseCapeJob(request, timeout=self.deadline))
         return convert.spend_from_proto(response.spent)
+
+
+@dataclass(frozen=True)
+class OwnerCheck:
+    """What the curator found when it checked one configured owner at start-up.
+
+    Attributes
+    ----------
+    owner : str
+        The owner's configured name (its address with plaintext transport).
+    target : str
+        ``host:port``.
+    error : str
+        A misconfiguration that every session would meet: a server that proves another
+        identity or whose certificate another CA signed, or an allocation spec whose columns do
+        not match the owner's features. Empty when none.
+    warning : str
+        A condition that may pass: the owner does not answer now. Empty when none.
+    """
+
+    owner: str
+    target: str
+    error: str = ""
+    warning: str = ""
+
+
+async def check_owner(
+    endpoint: GrpcOwnerEndpoint,
+    *,
+    allocation_columns: Sequence[str] | None = None,
+    allocation_spec: str = "",
+    timeout: float = CONNECT_TIMEOUT_SECONDS,
+) -> OwnerCheck:
+    """Check one configured owner: its address, identity and, when the curator's allocation
+    reads a sketch spec, that the spec's columns are as many as the owner's features.
+
+    Parameters
+    ----------
+    endpoint : GrpcOwnerEndpoint
+    allocation_columns : sequence of str, optional
+        The columns of the allocation's sketch spec, in order.
+    allocation_spec : str
+        Its name, for the message.
+    timeout : float
+        The connect deadline, seconds.
+
+    Returns
+    -------
+    OwnerCheck
+        Unreachable (nothing listening, nothing answering): a warning, since an owner may start
+        later. Another identity or another CA at the address, or a column count unlike the
+        owner's feature count: an error.
+
+    Notes
+    -----
+    Only the owner's public description (its name and feature count, ``GetOwnerInfo``) is
+    read; nothing is released or charged.
+    """
+    name = endpoint.name
+    where = f"owner {name} at {endpoint.target}"
+    try:
+        await endpoint.connect(timeout)
+    except ConnectError as exc:
+        reason = str(exc).removeprefix(f"cannot reach owner {name}: ")
+        if exc.failure in ("identity", "ca", "tls"):
+            hint = " (check --owner NAME@HOST:PORT and the certificates)"
+            return OwnerCheck(name, endpoint.target, error=f"{where}: {reason}{hint}")
+        return OwnerCheck(
+            name,
+            endpoint.target,
+            warning=f"{where}: {reason}; sessions leave it out until it answers",
+        )
+    if allocation_columns is None:
+        return OwnerCheck(name, endpoint.target)
+    try:
+        info = await endpoint.info()
+    except DPMarketError as exc:
+        return OwnerCheck(name, endpoint.target, warning=f"{where}: no description ({exc})")
+    if info.num_points == 0:  # holds a table only (CAPE): summarization does not use it
+        return OwnerCheck(name, endpoint.target)
+    if info.num_features != len(allocation_columns):
+        return OwnerCheck(
+            name,
+            endpoint.target,
+            error=(
+                f"--allocation-sketch-spec {allocation_spec} has {len(allocation_columns)} "
+                f"column(s) ({', '.join(allocation_columns)}) but {where} holds points of "
+                f"{info.num_features} features: the spec must declare the owners' "
+                "summarization features, in order"
+            ),
+        )
+    return OwnerCheck(name, endpoint.target)
+
+
+async def check_owners(
+    endpoints: Sequence[GrpcOwnerEndpoint],
+    *,
+    allocation_columns: Sequence[str] | None = None,
+    allocation_spec: str = "",
+    timeout: float = CONNECT_TIMEOUT_SECONDS,
+) -> list[OwnerCheck]:
+    """Check every configured owner at once (:func:`check_owner`); log each warning.
+
+    Raises
+    ------
+    common.errors.FailedPreconditionError
+        If any owner's check found an error; the message lists them, one per owner.
+    """
+    checks = await asyncio.gather(
+        *(
+            check_owner(
+                e,
+                allocation_columns=allocation_columns,
+                allocation_spec=allocation_spec,
+                timeout=timeout,
+            )
+            for e in endpoints
+        )
+    )
+    for check in checks:
+        if check.warning:
+            logger.warning("%s", check.warning)
+    errors = [c.error for c in checks if c.error]
+    if errors:
+        raise FailedPreconditionError("; ".join(errors))
+    return list(checks)

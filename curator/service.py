@@ -65,6 +65,7 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
             validation,
             seed_set,
             seed,
+            selection=convert.selection_from_proto(request),
             consumer=str(caller),
             request_id=request.request_id,
             request_digest=request_digest(request),
@@ -158,6 +159,7 @@ async def serve_curator(
                 SketchCatalogServicer(
                     sketches,
                     catalog_authorizer(policy, owner_names, security, INSECURE_CONSUMER),
+                    allocation_spec,
                 ),
                 server,
             )

@@ -38,6 +38,7 @@ from common.schema import Schema
 from common.sketches import PrivateSketch
 from common.summarization.endpoints import OwnerEndpoint
 from common.summarization.summary import (
+    OwnerSelection,
     ProgressEvent,
     SessionReport,
     Stage,
@@ -157,6 +158,7 @@ class SessionManager:
         seed_set: NDArray[np.float64],
         seed: int | None,
         *,
+        selection: OwnerSelection | None = None,
         consumer: str = "consumer:local",
         request_id: str = "",
         request_digest: str = "",
@@ -169,6 +171,9 @@ class SessionManager:
         ----------
         config, validation, seed_set, seed
             The request (validation of shape (m, n), seed set (n0, n)).
+        selection : OwnerSelection, optional
+            Owners the consumer leaves out by name, and the fewest owners the session may run
+            with (default: every owner, the rules of ``min_owners`` 0).
         consumer : str
             The caller's verified identity, ``"consumer:NAME"``.
         request_id : str
@@ -191,7 +196,9 @@ class SessionManager:
             If ``seed`` is given and seeded sessions are not allowed.
         InvalidArgumentError
             For a parameter outside the policy, a malformed key, a key reused with another
-            request, or what :meth:`SummarizationSession.prepare` refuses.
+            request, an owner selection naming an unknown owner, excluding every owner or
+            asking for more owners than remain, or what :meth:`SummarizationSession.prepare`
+            refuses.
         ResourceExhaustedError
             If the policy's sessions are running, or the consumer exceeds its request rate.
         FailedPreconditionError, UnavailableError
@@ -222,6 +229,7 @@ class SessionManager:
                     validation,
                     seed_set,
                     seed,
+                    selection,
                     consumer,
                     request_id,
                     request_digest,
@@ -233,6 +241,7 @@ class SessionManager:
             validation,
             seed_set,
             seed,
+            selection,
             consumer,
             None,
             request_digest,
@@ -240,11 +249,33 @@ class SessionManager:
             feature_names=tuple(feature_names),
         )
 
-    def _allocation_sketches(self, config: SummarizationConfig) -> dict[str, PrivateSketch]:
+    def _select(self, selection: OwnerSelection) -> list[OwnerEndpoint]:
+        """The owners a session asks: the configured ones but those the consumer excludes.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If an excluded name is not an owner of this curator, or no owner is left.
+        """
+        names = [o.name for o in self.owners]
+        unknown = [n for n in selection.exclude if n not in names]
+        if unknown:
+            raise InvalidArgumentError(
+                f"exclude_owners names {', '.join(unknown)}, not owner(s) of this curator "
+                f"({', '.join(names)})"
+            )
+        owners = [o for o in self.owners if o.name not in selection.exclude]
+        if not owners:
+            raise InvalidArgumentError("exclude_owners leaves no owner to ask")
+        return owners
+
+    def _allocation_sketches(
+        self, config: SummarizationConfig, owners: Sequence[OwnerEndpoint]
+    ) -> dict[str, PrivateSketch]:
         """The owners' sketches a candidates session's allocation reads (empty: counts)."""
         if config.method != "candidates" or self.sketches is None or self.allocation_spec is None:
             return {}
-        return self.sketches.published([o.name for o in self.owners], spec=self.allocation_spec)
+        return self.sketches.published([o.name for o in owners], spec=self.allocation_spec)
 
     def _find_request(self, consumer: str, request_id: str) -> tuple[str, str] | None:
         for managed in self._sessions.values():
@@ -262,6 +293,7 @@ class SessionManager:
         validation: NDArray[np.float64],
         seed_set: NDArray[np.float64],
         seed: int | None,
+        selection: OwnerSelection | None,
         consumer: str,
         request_id: str | None,
         request_digest: str,
@@ -269,6 +301,8 @@ class SessionManager:
         schema: Schema | None = None,
         feature_names: tuple[str, ...] = (),
     ) -> str:
+        selection = selection if selection is not None else OwnerSelection()
+        owners = self._select(selection)
         if seed is not None and not self.policy.allow_seeded_sessions:
             raise PermissionDeniedError(
                 "this curator does not accept seeded sessions (start it with "
@@ -298,7 +332,7 @@ class SessionManager:
             config,
             validation,
             seed_set,
-            self.owners,
+            owners,
             rng,
             on_progress=record,
             call_timeout=self.call_timeout,
@@ -306,7 +340,10 @@ class SessionManager:
             consumer=consumer,
             owner_session_id=new_session_id(),
             on_charge=None if store is None else lambda c: store.record_charges(session_id, c),
-            owner_sketches=self._allocation_sketches(config),
+            owner_sketches=self._allocation_sketches(config, owners),
+            allocation_spec=self.allocation_spec,
+            min_owners=selection.min_owners,
+            excluded=selection.exclude,
             schema=schema,
             feature_names=feature_names,
         )

@@ -38,16 +38,24 @@ def catalog_authorizer(
 
 
 class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
-    """Thin adapter over a :class:`SketchCatalog`; reads and writes run in worker threads."""
+    """Thin adapter over a :class:`SketchCatalog`; reads and writes run in worker threads.
 
-    def __init__(self, catalog: SketchCatalog, authorizer: Authorizer) -> None:
+    ``allocation_spec`` (the spec the curator's summarization allocation reads, or None) is
+    announced with the list of specs."""
+
+    def __init__(
+        self, catalog: SketchCatalog, authorizer: Authorizer, allocation_spec: str | None = None
+    ) -> None:
         self.catalog = catalog
         self.authorizer = authorizer
+        self.allocation_spec = allocation_spec
 
     @rpc("owner", "consumer")
     async def ListSketchSpecs(self, request, context, caller):  # type: ignore[no-untyped-def]
         specs = [msg.spec_to_proto(s) for s in self.catalog.specs()]
-        return sketch_pb2.ListSketchSpecsResponse(specs=specs)
+        return sketch_pb2.ListSketchSpecsResponse(
+            specs=specs, allocation_spec=self.allocation_spec or ""
+        )
 
     @rpc("owner", "consumer")
     async def GetSketchSpec(self, request, context, caller):  # type: ignore[no-untyped-def]

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,7 +35,7 @@ import numpy as np
 from common.privacy.accounting import PrivacyEvent
 from common.privacy.ledger import Charge, SessionSpend
 from common.summarization.summary import SessionReport, SummaryResult
-from runtime.database import open_database, snapshot, transaction
+from runtime.database import open_database, open_read_only, snapshot, transaction
 
 APPLICATION = "dpmarket-curator"
 DATABASE_FILE = "curator.sqlite3"
@@ -497,3 +498,150 @@ class CuratorStore:
             report=None if row[10] is None else report_from_json(row[10]),
             has_result=bool(row[11]),
         )
+
+
+def _iso(at: float | None) -> str | None:
+    """Unix time as ISO 8601 in UTC, to the second (None stays None)."""
+    if at is None:
+        return None
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class CuratorRecords:
+    """The curator's sessions, CAPE jobs and charges, read from its database without writing
+    (``dpmarket curator sessions|charges``): usable while the curator runs or after it stopped.
+
+    Parameters
+    ----------
+    data_dir : path
+        The curator's data directory (``curator.sqlite3``).
+
+    Raises
+    ------
+    FileNotFoundError
+        If the directory holds no curator database.
+    ValueError, RuntimeError, sqlite3.DatabaseError
+        As :func:`runtime.database.open_read_only` (another service's file, another schema).
+    """
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.path = Path(data_dir) / DATABASE_FILE
+        if not self.path.is_file():
+            raise FileNotFoundError(
+                f"{data_dir} holds no curator database ({DATABASE_FILE} not found): is it the "
+                "--data-dir of a curator that has served?"
+            )
+        self._conn = open_read_only(
+            self.path, application=APPLICATION, schema_version=len(MIGRATIONS)
+        )
+
+    def close(self) -> None:
+        """Close the database."""
+        self._conn.close()
+
+    def __enter__(self) -> CuratorRecords:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _charges(self, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+        rows = self._conn.execute(
+            "SELECT id, session, at, party, label, event_json FROM charges "
+            f"WHERE {where} ORDER BY id",
+            params,
+        ).fetchall()
+        out = []
+        for charge_id, session, at, party, label, event_json in rows:
+            event = json.loads(event_json)
+            out.append(
+                {
+                    "id": charge_id,
+                    "session": session,
+                    "at": at,
+                    "time": _iso(at),
+                    "party": party,
+                    "label": label,
+                    "mechanism": event["mechanism"],
+                    "epsilon": event["epsilon"],
+                    "delta": event.get("delta", 0.0),
+                    "count": event["count"],
+                    "epsilon_basic": event["epsilon"] * event["count"],
+                    "delta_basic": event.get("delta", 0.0) * event["count"],
+                }
+            )
+        return out
+
+    def sessions(self, *, limit: int | None = None) -> list[dict[str, Any]]:
+        """Every session and CAPE job, oldest first (the last ``limit`` when given).
+
+        Returns
+        -------
+        list of dict
+            ``{"id", "kind" ("summarization" or "cape"), "consumer", "method", "status",
+            "created", "finished" (ISO 8601 UTC or None), "error", "charges" (how many),
+            "epsilon", "delta" (by party, basic composition of the charges: what the session
+            stated it spent), "owner_points_accessed" (None once its report expired or for a
+            job), "left_out" (owner -> reason), "result_kept" (bool)}``.
+        """
+        with snapshot(self._conn) as conn:
+            rows = conn.execute(
+                "SELECT id, consumer, method, status, error, created_at, finished_at, "
+                "report_json, result IS NOT NULL OR document IS NOT NULL FROM sessions "
+                "ORDER BY created_at, id"
+            ).fetchall()
+            charges = self._charges("1", ())
+        if limit is not None:
+            rows = rows[-limit:]
+        spent: dict[str, dict[str, dict[str, float]]] = {}
+        counts: dict[str, int] = {}
+        for c in charges:
+            party = "validation" if c["party"] == "validation" else "owners"
+            book = spent.setdefault(c["session"], {"epsilon": {}, "delta": {}})
+            book["epsilon"][party] = book["epsilon"].get(party, 0.0) + c["epsilon_basic"]
+            book["delta"][party] = book["delta"].get(party, 0.0) + c["delta_basic"]
+            counts[c["session"]] = counts.get(c["session"], 0) + 1
+        out = []
+        for sid, consumer, method, status, error, created, finished, report, kept in rows:
+            data = json.loads(report) if report else {}
+            book = spent.get(sid, {"epsilon": {}, "delta": {}})
+            out.append(
+                {
+                    "id": sid,
+                    "kind": "cape" if method.startswith("cape") else "summarization",
+                    "consumer": consumer,
+                    "method": method,
+                    "status": status,
+                    "created": _iso(created),
+                    "finished": _iso(finished),
+                    "error": error or "",
+                    "charges": counts.get(sid, 0),
+                    "epsilon": book["epsilon"],
+                    "delta": book["delta"],
+                    "owner_points_accessed": data.get("owner_points_accessed"),
+                    "left_out": data.get("left_out", {}),
+                    "result_kept": bool(kept),
+                }
+            )
+        return out
+
+    def charges(self, *, session: str | None = None) -> list[dict[str, Any]]:
+        """Every charge, oldest first; with ``session``, those of the sessions whose id starts
+        with it (a short id as tables show it will do).
+
+        Returns
+        -------
+        list of dict
+            ``{"id", "session", "at" (Unix seconds), "time" (ISO 8601 UTC), "party", "label",
+            "mechanism", "epsilon", "delta" (of one run), "count", "epsilon_basic",
+            "delta_basic" (times count)}``.
+        """
+        with snapshot(self._conn):
+            if session is None:
+                return self._charges("1", ())
+            return self._charges("session LIKE ? || '%' ESCAPE '\\'", (_like(session),))
+
+
+def _like(prefix: str) -> str:
+    """``prefix`` with LIKE's wildcards escaped."""
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

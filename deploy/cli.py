@@ -1,9 +1,10 @@
 """``dpmarket``: one entry point for every role of the marketplace.
 
 The root group composes each role's commands: ``serve-owner``, ``owner ledger`` and
-``sketch publish`` / ``published`` (:mod:`owner.cli`); ``serve-curator`` (:mod:`curator.cli`);
-``request``, ``health``, the ``cape`` jobs, ``sketch specs`` / ``list``, ``explore`` and
-``rank-owners`` (:mod:`consumer.cli`); ``pki`` (:mod:`deploy.pki`); ``simulate``, ``scenario``,
+``sketch publish`` / ``published`` (:mod:`owner.cli`); ``serve-curator`` and ``curator
+sessions`` / ``charges`` (:mod:`curator.cli`); ``request``, ``health``, the ``cape`` jobs,
+``sketch specs`` / ``list``, ``explore`` and ``rank-owners`` (:mod:`consumer.cli`); ``pki``
+(:mod:`deploy.pki`); ``simulate``, ``scenario``,
 ``evaluate``, ``cape figures`` and ``sketch-experiments`` (:mod:`experiments.cli`). The options
 they share are in :mod:`runtime.cli`. Defined here: the ``cape`` and ``sketch`` groups and the
 demos that launch the whole marketplace as separate processes (``demo``, ``cape demo``,
@@ -66,8 +67,14 @@ def main(verbose: int) -> None:
     is_flag=True,
     help="Run every party in this process instead of separate gRPC services.",
 )
+@click.option("--wide", is_flag=True, help="Every column of the table (about 170 columns).")
 def demo(
-    scenario_name: str, out_dir: str, summary_size: int | None, seed: int, in_process: bool
+    scenario_name: str,
+    out_dir: str,
+    summary_size: int | None,
+    seed: int,
+    in_process: bool,
+    wide: bool,
 ) -> None:
     """Launch curator, owners and consumer as processes and compare private, greedy, uniform."""
     from deploy.launcher import run_demo
@@ -80,6 +87,7 @@ def demo(
             seed=seed,
             in_process=in_process,
             console=Console(),
+            wide=wide,
         )
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -253,6 +261,7 @@ for _command in (
     owner_cli.serve_owner,
     owner_cli.owner,
     curator_cli.serve_curator,
+    curator_cli.curator,
     consumer_cli.request,
     consumer_cli.health_command,
     consumer_cli.explore_command,

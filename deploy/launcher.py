@@ -9,6 +9,7 @@ sessions) and policy, each binding port 0 and reporting its real port through a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -28,7 +29,12 @@ from rich.console import Console
 from rich.table import Table
 
 from common.errors import UnavailableError
-from common.summarization.summary import METHODS, SummarizationConfig, SummaryResult
+from common.summarization.summary import (
+    METHODS,
+    PAPER_DELTA_OWNERS,
+    SummarizationConfig,
+    SummaryResult,
+)
 from deploy.pki import init_ca, issue_all
 from experiments.runner import exact_greedy_summary
 from owner.data import feature_columns
@@ -293,7 +299,7 @@ class LocalCluster:
                 "--table", str(table),
                 "--data-dir", str(self.owner_state(owner)),
                 *self._tls_args(owner),
-                "--out", str(out),
+                "--out", str(out), "--all",
             ]  # fmt: skip
             if self.owner_policy is not None:
                 args += ["--policy", self.owner_policy]
@@ -421,9 +427,13 @@ def ledger_budgets(data_dirs: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
 
 def budget_table(budgets: dict[str, dict[str, Any]]) -> Table:
     """A rich table of :func:`owner_budgets`."""
-    table = Table(title="each owner's own ledger: spent / budget (left)")
+    table = Table(title="each owner's own ledger: spent / budget (left)", title_justify="left")
     for column in ("owner", "sessions", "epsilon", "delta", "raw points"):
-        table.add_column(column, justify="left" if column == "owner" else "right")
+        table.add_column(
+            column,
+            justify="left" if column == "owner" else "right",
+            overflow="fold",
+        )
     for owner_id, b in budgets.items():
         table.add_row(
             owner_id,
@@ -497,6 +507,7 @@ def run_demo(
     seed: int,
     in_process: bool,
     console: Console,
+    wide: bool = False,
 ) -> dict[str, Any]:
     """Run the marketplace on a bundled scenario and compare the methods (``make demo``).
 
@@ -506,8 +517,8 @@ def run_demo(
     the consumer, requests a summary of size p by every private method and a uniform sample over
     gRPC. Non-private greedy on RFF embeddings, which the owners' policy refuses, runs in-process
     on the same data as a reference, as does the exact-kernel greedy on the pooled data. Prints
-    the table and every owner's remaining budget, and writes ``report.json`` and ``mmd.png`` into
-    ``out_dir``.
+    the table (compact for 80 columns; every column with ``wide``) and every owner's remaining
+    budget, and writes ``report.json`` and ``mmd.png`` into ``out_dir``.
 
     Returns
     -------
@@ -526,7 +537,7 @@ def run_demo(
     from experiments.scenarios import SCENARIOS, write_scenario
     from runtime.files import write_json
 
-    wide = Console(width=max(console.width, 170))
+    out = Console(width=max(console.width, 170)) if wide else console
     scenario = SCENARIOS[scenario_name](seed)
     p = summary_size or scenario.default_p
     data_dir = out_dir / "data"
@@ -541,6 +552,9 @@ def run_demo(
     configs = {
         m: SummarizationConfig(summary_size=p, method=m, gamma=scenario.gamma) for m in METHODS
     }
+    # Algorithm 3 at the paper's settings (Section 4: delta~ 1e-4 on the owners), which the
+    # demo's owner policy (deploy/policies/demo-owner.toml) allows one session.
+    configs["private"] = dataclasses.replace(configs["private"], delta_owners=PAPER_DELTA_OWNERS)
     results: dict[str, SummaryResult] = {}
     budgets: dict[str, dict[str, Any]] = {}
     networked = [] if in_process else [m for m in METHODS if m != "greedy"]
@@ -686,15 +700,15 @@ def run_demo(
     write_json(report, out_dir / "report.json")
     if budgets:
         report["owner_budgets"] = budgets
-    wide.print(comparison_table(rows, title=f"{scenario.name}, p = {p}, seed = {seed}"))
+    out.print(comparison_table(rows, title=f"{scenario.name}, p = {p}, seed = {seed}", wide=wide))
     if budgets:
-        wide.print(budget_table(budgets))
+        out.print(budget_table(budgets))
     allocation = results["candidates"].report.ledger.get("candidates", {})
     if allocation.get("allocation") == "sketch":
         sketch_eps = sorted(
             {s["epsilon"] for s in results["candidates"].report.ledger["owner_sketches"].values()}
         )
-        wide.print(
+        out.print(
             f"candidates: the budget of {allocation['budget']} candidates was split by the owners' "
             f"published sketches ({allocation['relevance_score']} vote, released with Gaussian "
             f"noise sigma {allocation['allocation_sigma']:.3g}): "
@@ -703,7 +717,7 @@ def run_demo(
             + "/".join(f"{e:g}" for e in sketch_eps)
             + ", published once and read by every session) is on their ledgers."
         )
-    wide.print(
+    out.print(
         "ε: Theorem 7 (Kairouz et al.) / PLD (dp-accounting); Algorithm 3 at the paper's settings "
         f"for delta~ = {configs['private'].delta_validation} (D_v) and "
         f"{configs['private'].delta_owners} (owners), candidates for delta = "

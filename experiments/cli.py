@@ -12,7 +12,14 @@ import click
 from rich.console import Console
 
 from common.errors import DPMarketError
-from consumer.cli import finish, load_points, protocol_options, read_inputs, summarization_config
+from consumer.cli import (
+    finish,
+    load_points,
+    protocol_options,
+    read_inputs,
+    summarization_config,
+    summary_output_options,
+)
 from experiments.cape_experiments import cape_figures
 from experiments.evaluate import EVAL_METHODS
 from experiments.scenarios import SCENARIO_NAMES
@@ -52,6 +59,7 @@ __all__ = [
     help="epsilon of the in-process sketches (Gaussian, at --delta).",
 )
 @protocol_options
+@summary_output_options
 def simulate_command(
     owner_paths: tuple[str, ...],
     sketch_scenario: str | None,
@@ -64,6 +72,9 @@ def simulate_command(
     seed: int | None,
     out_path: str,
     report_path: str,
+    wide: bool,
+    as_json: bool,
+    plot_path: str | None,
     **kwargs: Any,
 ) -> None:
     """Run the same protocol with every party in this process (same seeds, same summary)."""
@@ -72,7 +83,7 @@ def simulate_command(
     config = summarization_config(summary_size, method, kwargs)
     owners = [load_points(p) for p in owner_paths]
     inputs = read_inputs(validation_path, seed_set_path, test_path)
-    check_outputs(out_path, report_path)
+    check_outputs(out_path, report_path, *([] if plot_path is None else [plot_path]))
     sketches = None
     if sketch_scenario is not None:
         from experiments.runner import publish_sketches
@@ -108,7 +119,17 @@ def simulate_command(
             )
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc
-    finish(result, inputs, config, out_path, report_path, seed)
+    finish(
+        result,
+        inputs,
+        config,
+        out_path,
+        report_path,
+        seed,
+        wide=wide,
+        as_json=as_json,
+        plot_path=plot_path,
+    )
 
 
 @click.command("scenario")

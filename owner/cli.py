@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import sqlite3
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ from runtime.cli import (
     curator_identity,
     curator_options,
     ensure_info_logging,
+    json_option,
+    print_json,
     security_from_options,
     tls_options,
     write_output,
@@ -545,7 +548,15 @@ def serve_owner(
     "specs",
     multiple=True,
     metavar="NAME",
-    help="A spec of the catalogue (e.g. flights/rff); repeat. Default: every spec.",
+    help="A spec of the catalogue (e.g. flights/rff); repeat. Without --spec or --all the "
+    "specs and their cost are listed and, on a terminal, the spec the curator's allocation "
+    "reads (or, without one, every spec) is offered for confirmation.",
+)
+@click.option(
+    "--all",
+    "all_specs",
+    is_flag=True,
+    help="Publish under every spec of the catalogue, without asking.",
 )
 @click.option(
     "--epsilon",
@@ -562,6 +573,7 @@ def serve_owner(
     "noise). Default: OpenDP's samplers.",
 )
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False), help="JSON.")
+@json_option
 @tls_options
 def publish_command(
     curator: str,
@@ -571,22 +583,27 @@ def publish_command(
     data_dir: str,
     policy_path: str | None,
     specs: tuple[str, ...],
+    all_specs: bool,
     epsilon: float | None,
     seed: int | None,
     out_path: str | None,
+    as_json: bool,
     **tls: Any,
 ) -> None:
     """Publish this owner's private sketches to a curator's catalogue: charge first, then send.
 
     Each sketch is checked against the owner's policy and charged to its own ledger together
     with the sketch itself, before anything is sent; a spec released before is sent again as
-    stored, charging nothing.
+    stored, charging nothing. Name the specs (--spec) or take every one (--all); with neither,
+    the specs and their cost are listed and the curator's allocation spec is offered.
     """
     from common.privacy.noise import OpenDPNoise, SeededNoise
     from owner.data import load_table
     from owner.sketch_client import CatalogClient
     from owner.sketches import SketchPublisher, publish_to
 
+    if specs and all_specs:
+        raise click.UsageError("give --spec NAME (repeat) or --all, not both")
     security = security_from_options("owner", **tls)
     if security.identity is None:
         raise click.UsageError(
@@ -614,7 +631,16 @@ def publish_command(
         raise click.ClickException(f"{state}: {exc}") from exc
     try:
         with CatalogClient(curator, security, curator=curator_identity(curator_name)) as client:
-            names = list(specs) or client.spec_names()
+            if specs:
+                names = list(specs)
+            else:
+                catalogue, allocation = client.catalogue()
+                names = [s.name for s in catalogue]
+                if not all_specs:
+                    names = _choose_specs(client, catalogue, allocation, epsilon)
+            if not names:
+                console.print("nothing published")
+                return
             publisher = SketchPublisher(ledger, noise=noise)
             deliveries = publish_to(client, publisher, table, names, epsilon=epsilon)
         left = ledger.remaining()
@@ -622,10 +648,7 @@ def publish_command(
         raise click.ClickException(str(exc)) from exc
     finally:
         ledger.close()
-    table_out = Table(title=f"{name}: sketches in the catalogue of {curator_name}")
-    for column in ("spec", "epsilon", "delta", "charged now", "noisy count", "catalogue"):
-        table_out.add_column(column, justify="left" if column == "spec" else "right")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for d in deliveries:
         mech = d.publication.sketch.mechanism
         rows.append(
@@ -640,28 +663,100 @@ def publish_command(
                 "ledger_entry": d.publication.charge.id,
             }
         )
+    document = {
+        "owner": name,
+        "curator": f"{curator_name}@{curator}",
+        "sketches": rows,
+        "left": {"epsilon": left.epsilon, "delta": left.delta, "window": left.window},
+    }
+    write_output(document, out_path)
+    if as_json:
+        print_json(document)
+        return
+    table_out = Table(
+        title=f"{name}: sketches in the catalogue of {curator_name}", title_justify="left"
+    )
+    for column in ("spec", "epsilon", "delta", "charged now", "noisy count", "catalogue"):
+        table_out.add_column(
+            column, justify="left" if column == "spec" else "right", overflow="fold"
+        )
+    for r in rows:
         table_out.add_row(
-            d.spec,
-            f"{mech.epsilon:g}",
-            f"{mech.delta:g}",
-            "yes" if d.publication.charged_now else "no (stored)",
-            f"{d.publication.sketch.noisy_count:.1f}",
-            "held already" if d.already_in_catalogue else "published",
+            r["spec"],
+            f"{r['epsilon']:g}",
+            f"{r['delta']:g}",
+            "yes" if r["charged_now"] else "no (stored)",
+            f"{r['noisy_count']:.1f}",
+            "held already" if r["already_in_catalogue"] else "published",
         )
     Console().print(table_out)
     console.print(
         f"ledger {ledger.path}: left over {left.window}: epsilon {left.epsilon:.6g}, "
         f"delta {left.delta:.3g}"
     )
-    write_output(
-        {
-            "owner": name,
-            "curator": f"{curator_name}@{curator}",
-            "sketches": rows,
-            "left": {"epsilon": left.epsilon, "delta": left.delta, "window": left.window},
-        },
-        out_path,
+
+
+def _interactive() -> bool:
+    """Whether a person can answer a question (stdin is a terminal)."""
+    return sys.stdin.isatty()
+
+
+def _choose_specs(
+    client: Any, catalogue: list[Any], allocation: str | None, epsilon: float | None
+) -> list[str]:
+    """List the catalogue's specs with what publishing each costs this owner, then offer the
+    allocation spec (or every spec) for confirmation on a terminal; refuse to guess otherwise.
+
+    Returns
+    -------
+    list of str
+        The specs to publish (empty: the person declined).
+
+    Raises
+    ------
+    click.UsageError
+        When no one can be asked (stdin is not a terminal): name --spec and --all.
+    """
+    table = Table(title="specs of the curator's catalogue", title_justify="left")
+    for column in ("spec", "kind", "epsilon", "delta", "published", "note"):
+        table.add_column(column, justify="right" if column in ("epsilon", "delta") else "left")
+    cost: dict[str, tuple[float, float]] = {}
+    for spec in catalogue:
+        published = client.spec(spec.name).published
+        eps = 0.0 if published else (epsilon if epsilon is not None else spec.epsilon)
+        dlt = 0.0 if published or spec.noise != "gaussian" else spec.delta
+        cost[spec.name] = (eps, dlt)
+        table.add_row(
+            spec.name,
+            spec.kind,
+            f"{eps:g}",
+            f"{dlt:g}",
+            "yes (sent again, free)" if published else "no",
+            "the curator's allocation reads it" if spec.name == allocation else "",
+        )
+    console.print(table)
+    offer = [allocation] if allocation is not None else [s.name for s in catalogue]
+    total_eps = sum(cost[n][0] for n in offer)
+    total_delta = sum(cost[n][1] for n in offer)
+    what = (
+        f"{allocation} (the spec the curator's allocation reads)"
+        if allocation is not None
+        else f"every spec ({len(offer)})"
     )
+    if not _interactive():
+        hint = f"; the curator's allocation reads {allocation}" if allocation else ""
+        raise click.UsageError(
+            f"choose the specs to publish: --spec NAME (repeat) or --all (every spec: epsilon "
+            f"{sum(c[0] for c in cost.values()):g} in all){hint}"
+        )
+    if click.confirm(
+        f"Publish {what}, charging this owner's ledger epsilon {total_eps:g}, delta "
+        f"{total_delta:g}?",
+        default=False,
+        err=True,
+    ):
+        return offer
+    return []
 
 
 @click.command("published")
@@ -672,7 +767,8 @@ def publish_command(
     type=click.Path(exists=True, file_okay=False),
     help="The owner's data directory.",
 )
-def published_command(data_dir: str) -> None:
+@json_option
+def published_command(data_dir: str, as_json: bool) -> None:
     """List the sketches this owner's data directory has released (offline, read-only)."""
     from owner.sketches import SketchPublisher
 
@@ -681,9 +777,20 @@ def published_command(data_dir: str) -> None:
             rows = SketchPublisher(ledger).published()
     except (OSError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
-    table = Table(title=f"sketches released from {data_dir}")
+    if as_json:
+        print_json(
+            {
+                "data_dir": data_dir,
+                "sketches": [
+                    {"spec": spec, "key": key, "epsilon": epsilon, "delivered_to": list(curators)}
+                    for spec, key, epsilon, curators in rows
+                ],
+            }
+        )
+        return
+    table = Table(title=f"sketches released from {data_dir}", title_justify="left")
     for column in ("spec", "key", "epsilon", "delivered to"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for spec, key, epsilon, curators in rows:
         table.add_row(spec, key[:16], f"{epsilon:g}", ", ".join(curators) or "nobody yet")
     Console().print(table)

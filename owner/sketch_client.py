@@ -13,13 +13,13 @@ import grpc
 
 from common.sketches.endpoints import SpecStatus
 from common.sketches.sketch import PrivateSketch
-from common.sketches.spec import PublishedSketch
+from common.sketches.spec import PublishedSketch, SketchSpec
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
 from runtime import sketch_messages as msg
 from runtime.identity import Identity
 from runtime.serving import GRPC_OPTIONS
 from runtime.status import error_from_rpc
-from runtime.transport import TransportSecurity, sync_channel
+from runtime.transport import CONNECT_TIMEOUT_SECONDS, TransportSecurity, connected_channel
 
 __all__ = ["CatalogClient"]
 
@@ -37,9 +37,14 @@ class CatalogClient:
         The curator identity the server must prove (default ``curator:curator``).
     timeout : float
         Deadline of every call, seconds.
+    connect_timeout : float or None
+        The channel must connect within this many seconds, or the constructor raises
+        :class:`runtime.transport.ConnectError` saying why; None: no check.
 
     Raises
     ------
+    runtime.transport.ConnectError
+        From the constructor, as ``connect_timeout`` says.
     common.errors.DPMarketError
         Every method raises the error matching the curator's status.
     """
@@ -51,11 +56,19 @@ class CatalogClient:
         *,
         curator: Identity | None = None,
         timeout: float = 60.0,
+        connect_timeout: float | None = CONNECT_TIMEOUT_SECONDS,
     ) -> None:
         self.target = target
         self.timeout = timeout
         self.identity = curator or Identity("curator", "curator")
-        self._channel = sync_channel(target, security, self.identity, options=GRPC_OPTIONS)
+        self._channel = connected_channel(
+            target,
+            security,
+            self.identity,
+            GRPC_OPTIONS,
+            connect_timeout=connect_timeout,
+            peer="the curator",
+        )
         self._stub = sketch_pb2_grpc.SketchCatalogServiceStub(self._channel)
 
     def close(self) -> None:
@@ -81,8 +94,14 @@ class CatalogClient:
 
     def spec_names(self) -> list[str]:
         """The names of the catalogue's specs (ListSketchSpecs)."""
+        return [s.name for s in self.catalogue()[0]]
+
+    def catalogue(self) -> tuple[list[SketchSpec], str | None]:
+        """The catalogue's specs, each validated, and the spec the curator's summarization
+        allocation reads (None: none) (ListSketchSpecs)."""
         response = self._call("ListSketchSpecs", sketch_pb2.ListSketchSpecsRequest())
-        return [s.name for s in response.specs]
+        specs = [msg.spec_from_proto(s) for s in response.specs]
+        return specs, response.allocation_spec or None
 
     def spec(self, name: str) -> SpecStatus:
         """A spec and this owner's standing under it (GetSketchSpec)."""

@@ -22,8 +22,8 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from common.summarization.summary import ProgressEvent
-from runtime.files import write_json
-from runtime.identity import Identity, identity_files
+from runtime.files import json_text, write_json
+from runtime.identity import ROLES, Identity, identity_files
 from runtime.transport import TransportSecurity
 
 __all__ = [
@@ -34,6 +34,8 @@ __all__ = [
     "curator_identity",
     "curator_options",
     "ensure_info_logging",
+    "json_option",
+    "print_json",
     "progress_printer",
     "security_from_options",
     "setup_logging",
@@ -218,6 +220,27 @@ def tls_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return config_option(func)
 
 
+def _role_in(pki_dir: str, name: str) -> str:
+    """The role of the one ``<role>-<name>.crt`` in ``pki_dir`` (a command any role may run,
+    e.g. ``health``, finds its party's files so)."""
+    try:
+        found = [
+            role
+            for role in ROLES
+            if identity_files(Path(pki_dir), Identity(role, name))[1].is_file()
+        ]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--name") from exc
+    if len(found) != 1:
+        held = sorted(p.name for p in Path(pki_dir).glob("*.crt")) if Path(pki_dir).is_dir() else []
+        raise click.UsageError(
+            f"--pki-dir {pki_dir} holds {'no' if not found else 'more than one'} certificate "
+            f"named {name!r} (<role>-{name}.crt; it holds {', '.join(held) or 'none'}): give "
+            "--ca, --cert and --key"
+        )
+    return found[0]
+
+
 def security_from_options(
     role: str | None,
     ca_path: str | None,
@@ -227,7 +250,10 @@ def security_from_options(
     name: str | None,
     insecure: bool,
 ) -> TransportSecurity:
-    """Build the transport security from the TLS options; check the certificate's role."""
+    """Build the transport security from the TLS options; check the certificate's role.
+
+    ``role`` None: any role (with ``--pki-dir``, the role of the one certificate named
+    ``--name`` there)."""
     given = [o for o, v in (("--ca", ca_path), ("--cert", cert_path), ("--key", key_path)) if v]
     if insecure:
         if given or pki_dir:
@@ -240,8 +266,10 @@ def security_from_options(
     if pki_dir:
         if given:
             raise click.UsageError("give either --pki-dir and --name, or --ca, --cert and --key")
-        if not name or role is None:
+        if not name:
             raise click.UsageError("--pki-dir needs --name (this party's certificate name)")
+        if role is None:
+            role = _role_in(pki_dir, name)
         try:
             ca_path, cert_path, key_path = (
                 str(p)
@@ -338,6 +366,22 @@ def curator_options(func: Any) -> Any:
         "--curator-name", default="curator", help="The name the curator's certificate must carry."
     )(func)
     return click.option("--curator", required=True, metavar="HOST:PORT", help="The curator.")(func)
+
+
+def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--json``: print the command's result as JSON on stdout instead of tables (messages
+    and progress stay on stderr)."""
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Print JSON on stdout instead of tables (messages stay on stderr).",
+    )(func)
+
+
+def print_json(data: Any) -> None:
+    """Print ``data`` as JSON on stdout (:func:`runtime.files.json_text`)."""
+    click.echo(json_text(data), nl=False)
 
 
 def write_output(data: Any, out_path: str | None) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["BUSY_TIMEOUT_MS", "open_database", "snapshot", "transaction"]
+__all__ = ["BUSY_TIMEOUT_MS", "open_database", "open_read_only", "snapshot", "transaction"]
 
 #: How long a statement waits for another writer's lock before failing, in milliseconds.
 BUSY_TIMEOUT_MS = 5000
@@ -233,6 +233,68 @@ def open_database(
         conn.execute("PRAGMA foreign_keys = ON")
         _check_application(conn, path, application)
         _migrate(conn, path, migrations)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def open_read_only(
+    path: str | os.PathLike[str], *, application: str, schema_version: int
+) -> sqlite3.Connection:
+    """Open a service's existing database for reading only (``mode=ro``): nothing is created,
+    migrated or written, so it can be inspected while the service runs or after it stopped.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The database file.
+    application : str
+        The service that must own it (its ``meta`` record).
+    schema_version : int
+        The schema version this build reads (``len(migrations)``).
+
+    Returns
+    -------
+    sqlite3.Connection
+        Read-only; the caller closes it.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        If the file belongs to another application or is not a service database.
+    RuntimeError
+        If its schema is not ``schema_version``: written by a newer dpmarket, or by an older one
+        whose service has not run (and migrated it) since.
+    sqlite3.DatabaseError
+        If the file is not an SQLite database.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'application'").fetchone()
+        except sqlite3.OperationalError:
+            row = None
+        if row is None or row[0] != application:
+            owner = "no application" if row is None else f"application {row[0]!r}"
+            raise ValueError(f"{path} belongs to {owner}, not {application!r}")
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version != schema_version:
+            newer = version > schema_version
+            raise RuntimeError(
+                f"{path} is at schema {version}, this build reads {schema_version}: "
+                + (
+                    "written by a newer dpmarket; upgrade dpmarket"
+                    if newer
+                    else "start the service once with this dpmarket to migrate it"
+                )
+            )
     except BaseException:
         conn.close()
         raise

@@ -44,17 +44,22 @@ def atomic_write(path: str | Path) -> Iterator[BinaryIO]:
         raise
 
 
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+
+def json_text(data: Any) -> str:
+    """``data`` as indented JSON text (numpy scalars and arrays converted), newline-terminated."""
+    return json.dumps(data, indent=2, default=_default) + "\n"
+
+
 def write_json(data: Any, path: str | Path) -> None:
-    """Write ``data`` as indented JSON (numpy scalars converted), atomically."""
-
-    def default(obj: Any) -> Any:
-        if isinstance(obj, np.generic):
-            return obj.item()
-        if isinstance(obj, np.ndarray):
-            return obj.tolist()
-        raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
-
-    text = json.dumps(data, indent=2, default=default) + "\n"
+    """Write ``data`` as indented JSON (:func:`json_text`), atomically."""
+    text = json_text(data)
     with atomic_write(path) as fh:
         fh.write(text.encode("utf-8"))
 

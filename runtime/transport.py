@@ -14,22 +14,36 @@ handshake then fails unless the server is exactly that role and name: a curator 
 named ``owner-0`` cannot stand in for owner ``owner-0``, nor one owner for another.
 :meth:`TransportSecurity.plaintext` turns all of this off (tests and local demos only): no TLS,
 no identities.
+
+Connecting fails fast and says why. A client checks a new channel with
+:func:`check_connected` (or :func:`check_connected_aio`) under a short connect deadline,
+:data:`CONNECT_TIMEOUT_SECONDS`, separate from its calls' deadlines; when the channel does not
+become ready, :func:`explain_connection` probes the address with a plain socket and a TLS
+handshake of Python's :mod:`ssl` and names the cause in one line: nothing listening, a server
+certificate not signed by this deployment's CA, a server of another identity, or a server that
+refuses this party's certificate.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import socket
+import ssl
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
+from common.errors import UnavailableError
 from runtime.identity import Identity, identity_from_certificate
 
 logger = logging.getLogger(__name__)
@@ -38,6 +52,33 @@ logger = logging.getLogger(__name__)
 class BindError(RuntimeError):
     """A server cannot bind its address: another process holds the port, or the address is not
     available here. The message names the address."""
+
+
+#: Seconds a client waits for a new channel to connect (TCP and the mTLS handshake) before it
+#: gives up and says why: a connect deadline, separate from the deadlines of its calls.
+CONNECT_TIMEOUT_SECONDS = 5.0
+
+#: Why a channel did not connect (:class:`ConnectError`).
+ConnectFailure = Literal["refused", "timeout", "resolve", "unreachable", "ca", "identity", "tls"]
+
+
+class ConnectError(UnavailableError):
+    """A channel that did not connect within its connect deadline; the message says why.
+
+    Attributes
+    ----------
+    target : str
+        ``host:port`` the channel was opened to.
+    failure : {"refused", "timeout", "resolve", "unreachable", "ca", "identity", "tls"}
+        Nothing listening, nothing answering in time, a host name that does not resolve,
+        another network error, a peer certificate not signed by this deployment's CA (either
+        way), a server proving another identity than the expected one, or another TLS failure.
+    """
+
+    def __init__(self, message: str, target: str, failure: ConnectFailure) -> None:
+        super().__init__(message)
+        self.target = target
+        self.failure = failure
 
 
 #: The channel argument that makes gRPC check the server certificate against a given DNS name.
@@ -263,6 +304,257 @@ def sync_channel(
     if security.insecure:
         return grpc.insecure_channel(target, options=merged)
     return grpc.secure_channel(target, security.channel_credentials(), options=merged)
+
+
+# ------------------------------------------------------------------------- fail fast, say why
+def _split_target(target: str) -> tuple[str, int] | None:
+    """``host:port`` or ``[v6]:port`` -> (host, port); None for other gRPC target syntaxes."""
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _ssl_context(security: TransportSecurity) -> ssl.SSLContext:
+    """A TLS client context that trusts the deployment CA and checks no host name (the
+    identity is compared by the caller), offering HTTP/2 as gRPC does."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_REQUIRED
+    assert security.ca_pem is not None
+    context.load_verify_locations(cadata=security.ca_pem.decode("ascii"))
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+def explain_connection(
+    target: str,
+    security: TransportSecurity,
+    expected: Identity | None,
+    *,
+    timeout: float = CONNECT_TIMEOUT_SECONDS,
+) -> ConnectError | None:
+    """Probe ``target`` as a channel of ``security`` would reach it and say what stops it.
+
+    A TCP connection first (refused: nothing listens), then, unless plaintext, a TLS handshake
+    that trusts this deployment's CA: a server certificate that does not verify is another CA's;
+    one that verifies but names another identity than ``expected`` is the wrong server. The
+    probe presents no client certificate (:mod:`ssl` reads keys from files only), so when the
+    server passes both checks and the channel still failed, the server refused this party's
+    certificate.
+
+    Parameters
+    ----------
+    target : str
+        ``host:port`` (or ``[v6]:port``).
+    security : TransportSecurity
+        This party's key material (its CA certificate is what the server must chain to).
+    expected : Identity or None
+        The identity the server must prove; None: not compared.
+    timeout : float
+        Seconds for the TCP connection and for the handshake, each.
+
+    Returns
+    -------
+    ConnectError or None
+        The cause, as an error to raise; None when the probe finds nothing wrong (or
+        ``target`` is not ``host:port``).
+
+    Notes
+    -----
+    Only public facts are named: the address, and the subject, issuer and identity that the
+    server's certificate shows to anyone who connects.
+    """
+    address = _split_target(target)
+    if address is None:
+        return None
+    host, port = address
+    try:
+        raw = socket.create_connection((host, port), timeout=timeout)
+    except ConnectionRefusedError:
+        return ConnectError(f"nothing listening at {target}", target, "refused")
+    except TimeoutError:
+        return ConnectError(f"nothing answered at {target} within {timeout:g} s", target, "timeout")
+    except socket.gaierror as exc:
+        return ConnectError(f"cannot resolve {host!r} ({exc.strerror})", target, "resolve")
+    except OSError as exc:
+        return ConnectError(f"cannot reach {target}: {exc.strerror or exc}", target, "unreachable")
+    with raw:
+        if security.insecure:
+            return None
+        raw.settimeout(timeout)
+        try:
+            with _ssl_context(security).wrap_socket(raw, server_hostname=host) as tls:
+                der = tls.getpeercert(binary_form=True)
+        except ssl.SSLCertVerificationError as exc:
+            return ConnectError(
+                f"the server at {target} presents a certificate not signed by this "
+                f"deployment's CA ({exc.verify_message})",
+                target,
+                "ca",
+            )
+        except (ssl.SSLError, OSError) as exc:
+            text = str(getattr(exc, "reason", None) or exc)
+            if "WRONG_VERSION_NUMBER" in text.upper() or "record layer" in text.lower():
+                text = "it does not speak TLS (a server started with --insecure?)"
+            return ConnectError(f"no TLS session with {target}: {text}", target, "tls")
+    if der is None:  # pragma: no cover - CERT_REQUIRED always yields the certificate
+        return None
+    cert = x509.load_der_x509_certificate(der)
+    try:
+        actual = identity_from_certificate(cert)
+    except ValueError as exc:
+        return ConnectError(
+            f"the server at {target} carries no dpmarket identity ({exc})", target, "identity"
+        )
+    if expected is not None and actual != expected:
+        return ConnectError(
+            f"the server at {target} is {actual}, not {expected}", target, "identity"
+        )
+    return ConnectError(
+        f"{target} ({actual}) refused this party's certificate: not signed by the CA it "
+        "trusts (a certificate of another deployment?)",
+        target,
+        "ca",
+    )
+
+
+def _not_connected(
+    target: str,
+    security: TransportSecurity,
+    expected: Identity | None,
+    timeout: float,
+    failed: bool,
+    peer: str,
+) -> ConnectError:
+    """The error of a channel that is not ready at its connect deadline."""
+    reason = None
+    if failed:
+        reason = explain_connection(target, security, expected, timeout=min(timeout, 2.0))
+    if reason is None:
+        reason = ConnectError(
+            f"nothing answered at {target} within {timeout:g} s", target, "timeout"
+        )
+    if not peer:
+        return reason
+    return ConnectError(f"cannot reach {peer}: {reason}", target, reason.failure)
+
+
+def check_connected(
+    channel: grpc.Channel,
+    target: str,
+    security: TransportSecurity,
+    expected: Identity | None,
+    *,
+    timeout: float = CONNECT_TIMEOUT_SECONDS,
+    peer: str = "",
+) -> None:
+    """Connect a blocking channel now, within ``timeout`` seconds, or raise saying why.
+
+    Waits until the channel is ready or its first connection attempt fails, then asks
+    :func:`explain_connection` for the cause.
+
+    Parameters
+    ----------
+    channel : grpc.Channel
+        From :func:`sync_channel` with the same ``target``, ``security`` and ``expected``.
+    target, security, expected
+        As :func:`sync_channel`.
+    timeout : float
+        The connect deadline, seconds (default :data:`CONNECT_TIMEOUT_SECONDS`).
+    peer : str
+        Who the channel reaches, for the message (``"the curator"`` gives ``"cannot reach the
+        curator: nothing listening at HOST:PORT"``); empty: the cause alone.
+
+    Raises
+    ------
+    ConnectError
+        (an :class:`~common.errors.UnavailableError`) If the channel is not ready: nothing
+        listening, nothing answering within ``timeout``, a certificate of another CA on either
+        side, a server of another identity.
+    """
+    changed = threading.Event()
+    states: list[grpc.ChannelConnectivity] = []
+
+    def on_change(state: grpc.ChannelConnectivity) -> None:
+        states.append(state)
+        if state in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE):
+            changed.set()
+
+    channel.subscribe(on_change, try_to_connect=True)
+    try:
+        changed.wait(timeout)
+    finally:
+        channel.unsubscribe(on_change)
+    if grpc.ChannelConnectivity.READY in states:
+        return
+    failed = grpc.ChannelConnectivity.TRANSIENT_FAILURE in states
+    raise _not_connected(target, security, expected, timeout, failed, peer)
+
+
+def connected_channel(
+    target: str,
+    security: TransportSecurity,
+    expected: Identity | None,
+    options: ChannelOptions = (),
+    *,
+    connect_timeout: float | None = CONNECT_TIMEOUT_SECONDS,
+    peer: str = "",
+) -> grpc.Channel:
+    """A blocking channel (:func:`sync_channel`), connected within ``connect_timeout`` seconds
+    (:func:`check_connected`; None: not checked, calls wait for the server as gRPC does).
+
+    Raises
+    ------
+    ConnectError
+        As :func:`check_connected`; the channel is closed then.
+    """
+    channel = sync_channel(target, security, expected, options)
+    if connect_timeout is None:
+        return channel
+    try:
+        check_connected(channel, target, security, expected, timeout=connect_timeout, peer=peer)
+    except BaseException:
+        channel.close()
+        raise
+    return channel
+
+
+async def check_connected_aio(
+    channel: grpc.aio.Channel,
+    target: str,
+    security: TransportSecurity,
+    expected: Identity | None,
+    *,
+    timeout: float = CONNECT_TIMEOUT_SECONDS,
+    peer: str = "",
+) -> None:
+    """Connect a grpc.aio channel now, within ``timeout`` seconds, or raise saying why; as
+    :func:`check_connected` (the probe runs in a worker thread).
+
+    Raises
+    ------
+    ConnectError
+        As :func:`check_connected`.
+    """
+    deadline = time.monotonic() + timeout
+    state = channel.get_state(try_to_connect=True)
+    failed = False
+    while state != grpc.ChannelConnectivity.READY:
+        if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            failed = True
+            break
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            await asyncio.wait_for(channel.wait_for_state_change(state), left)
+        except TimeoutError:
+            break
+        state = channel.get_state(try_to_connect=True)
+    else:
+        return
+    raise await asyncio.to_thread(_not_connected, target, security, expected, timeout, failed, peer)
 
 
 # ---------------------------------------------------------------------------------- helpers

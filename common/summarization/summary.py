@@ -27,6 +27,9 @@ SUMMARY_RELEASES: tuple[SummaryRelease, ...] = ("mwem", "tree", "none")
 POOL_SCORINGS: tuple[PoolScoring, ...] = ("embedding", "exact")
 #: How the candidates method splits its candidate budget among owners (default first).
 ALLOCATIONS: tuple[Allocation, ...] = ("sketch", "counts")
+#: delta~ of the owners' composition bound in the summarization paper's Section 4 (its summary
+#: and auction); reproductions of the paper's settings pass it as ``delta_owners``.
+PAPER_DELTA_OWNERS = 1e-4
 #: PrivAuction variants (``common.summarization.auction``).
 AUCTIONS: tuple[AuctionVariant, ...] = AUCTION_VARIANTS
 
@@ -69,7 +72,10 @@ class SummarizationConfig:
     epsilon_auction : float
         Total epsilon of PrivAuction's winner notification (Theorem 6).
     delta_owners : float
-        delta of the auction's eps_auc and of the owners' composition bound (Theorem 7's delta~).
+        delta of the auction's eps_auc and of the owners' composition bound (Theorem 7's delta~),
+        which the private method's terms state to every owner. Default 1e-6, the delta every
+        method states by default (``delta``) and the most the shipped owner policy allows one
+        session; Section 4 uses :data:`PAPER_DELTA_OWNERS` (1e-4).
     delta_validation : float
         delta~ of the validation set's composition bound (Section 4: 0.01).
     epsilon_validation_total : float
@@ -154,7 +160,7 @@ class SummarizationConfig:
     epsilon_summary: float = 0.01
     quantization_step: float = 0.0
     epsilon_auction: float = 1.0
-    delta_owners: float = 1e-4
+    delta_owners: float = 1e-6
     delta_validation: float = 0.01
     epsilon_validation_total: float = 1.0
     epsilon_owners_total: float = 1.0
@@ -272,6 +278,9 @@ class SessionReport:
         Why the session failed; empty when it succeeded.
     owner_spend : dict of str to SessionSpend
         What each owner's own ledger recorded for the session (owners that closed it).
+    left_out : dict of str to str
+        Every owner the session ran without, with a public reason (:data:`LEFT_OUT_REASONS`):
+        excluded by the consumer, refused by its budget, unreachable, or dropped mid-session.
     """
 
     method: Method
@@ -288,6 +297,58 @@ class SessionReport:
     round_seconds: tuple[float, ...] = ()
     error: str = ""
     owner_spend: dict[str, SessionSpend] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)
+
+
+#: The public reasons a session gives for running without an owner (``SessionReport.left_out``):
+#: each depends on the request, the owner's budget or the network, never on the owner's data.
+LEFT_OUT_REASONS: tuple[str, ...] = (
+    "excluded by the consumer",
+    "budget refused",
+    "refused the session",
+    "unreachable",
+    "refused a step",
+    "broke the protocol",
+)
+
+
+@dataclass(frozen=True)
+class OwnerSelection:
+    """Which owners a session may run without.
+
+    Parameters
+    ----------
+    min_owners : int, default 0
+        0: as before, an owner whose policy refuses the session's terms fails the request
+        (``FAILED_PRECONDITION``, nothing released) and an owner that cannot be reached is left
+        out while one remains. N >= 1: an owner that refuses its terms ("budget refused") or
+        cannot be reached ("unreachable") when the session opens is left out, and the session
+        runs if at least N owners remain (else ``FAILED_PRECONDITION`` naming who was left out
+        and why). A left-out owner is charged nothing and sent nothing after its refusal.
+    exclude : tuple of str, default ()
+        Owners, by name, the consumer leaves out: never asked anything.
+
+    Raises
+    ------
+    ValueError
+        If ``min_owners`` is negative or not an integer, or ``exclude`` repeats a name or holds
+        an empty one.
+    """
+
+    min_owners: int = 0
+    exclude: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_owners, bool) or not isinstance(self.min_owners, int):
+            raise ValueError(f"min_owners must be an integer >= 0, got {self.min_owners!r}")
+        if self.min_owners < 0:
+            raise ValueError(f"min_owners must be an integer >= 0, got {self.min_owners}")
+        names = tuple(self.exclude)
+        if any(not isinstance(n, str) or not n for n in names):
+            raise ValueError(f"exclude must hold owner names, got {list(names)}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"exclude must not repeat a name, got {list(names)}")
+        object.__setattr__(self, "exclude", names)
 
 
 @dataclass(frozen=True)

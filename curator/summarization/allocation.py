@@ -65,9 +65,22 @@ class Allocator:
             for i in state.active()
             if state.owner_name(i) not in state.owner_sketches
         ]
-        if missing:
-            return "counts", "no published sketch for " + ", ".join(missing)
-        return "sketch", ""
+        if not missing:
+            return "sketch", ""
+        charged = (
+            f"every owner is charged epsilon {cfg.epsilon_owners_total:g} for its noisy relevance "
+            "count instead"
+        )
+        spec = state.allocation_spec
+        if spec is None:
+            return "counts", (
+                "no published sketch to read (the curator names no allocation spec: "
+                f"serve-curator --allocation-sketch-spec NAME): {charged}"
+            )
+        return "counts", (
+            f"no sketch published under {spec} by {', '.join(missing)} (dpmarket sketch publish "
+            f"--spec {spec}): {charged}"
+        )
 
     def budget(self) -> int:
         """The most owner points the candidates method reads: ``max(p, floor(c * p))`` with

@@ -333,7 +333,9 @@ class Selection:
         for index in sorted(released):
             entry = self.verify(released[index], index, bids[index], rff, direction)
             if entry is None:
-                self.state.drop(index, "released a point that does not match its bid")
+                self.state.drop(
+                    index, "released a point that does not match its bid", "broke the protocol"
+                )
             else:
                 pool.append(entry)
 

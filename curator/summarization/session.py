@@ -83,6 +83,16 @@ class SummarizationSession:
         (``allocation="sketch"``) when every owner that opens the session has one; otherwise,
         and when empty, by the owners' noisy relevance counts. Their publication was charged to
         their owners' ledgers; the session only post-processes them.
+    allocation_spec : str, optional
+        The catalogue spec ``owner_sketches`` were published under (the curator service's
+        ``--allocation-sketch-spec``), named in the report when an owner has none.
+    min_owners : int
+        :attr:`common.summarization.summary.OwnerSelection.min_owners`: 0 keeps the rules
+        before it (a refusal of the terms fails the request); N >= 1 leaves out owners that
+        refuse their terms or cannot be reached when the session opens, and fails unless N
+        remain.
+    excluded : sequence of str
+        Owners the consumer left out by name (not in ``owners``), for the report.
 
     Raises
     ------
@@ -107,6 +117,9 @@ class SummarizationSession:
         owner_session_id: str | None = None,
         on_charge: Callable[[Sequence[Charge]], None] | None = None,
         owner_sketches: Mapping[str, PrivateSketch] | None = None,
+        allocation_spec: str | None = None,
+        min_owners: int = 0,
+        excluded: Sequence[str] = (),
         schema: Schema | None = None,
         feature_names: Sequence[str] = (),
     ) -> None:
@@ -126,6 +139,9 @@ class SummarizationSession:
             owner_session_id=owner_session_id,
             on_charge=on_charge,
             owner_sketches=owner_sketches,
+            allocation_spec=allocation_spec,
+            min_owners=min_owners,
+            excluded=excluded,
         )
         self._offer = Offer(self.state)
         self._releases = Releases(self.state)
@@ -217,6 +233,7 @@ class SummarizationSession:
         found = disagreement(self.schema, schemas, feature_names=self.feature_names)
         if found is not None:
             raise FailedPreconditionError(f"the schemas differ: {found}")
+        state.require_min_owners()
         n = state.validation.shape[1]
         for index in active:
             owner = state.info(index)
@@ -359,6 +376,7 @@ class SummarizationSession:
             owner_spend={
                 state.owner_name(i): slot.spent for i, slot in enumerate(state.slots) if slot.spent
             },
+            left_out=state.left_out(),
         )
 
     def _result(self, summary: SummaryState, elapsed: float) -> SummaryResult:

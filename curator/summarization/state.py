@@ -73,6 +73,8 @@ class OwnerSlot:
     max_points: int = 0
     #: What the owner's own ledger recorded for this session, from CloseSession.
     spent: SessionSpend | None = None
+    #: Why the session runs without the owner, in public words (``LEFT_OUT_REASONS``).
+    left_out: str = ""
 
 
 @dataclass
@@ -116,7 +118,8 @@ class SessionState:
     ------
     InvalidArgumentError
         If the validation or seed set is malformed (shape, NaN/inf, feature counts differ), a
-        sketch is not an RFF sketch over the validation set's attributes, or there is no owner.
+        sketch is not an RFF sketch over the validation set's attributes, there is no owner, or
+        ``min_owners`` exceeds the owners given.
     """
 
     def __init__(
@@ -135,6 +138,9 @@ class SessionState:
         owner_session_id: str | None = None,
         on_charge: Callable[[Sequence[Charge]], None] | None = None,
         owner_sketches: Mapping[str, PrivateSketch] | None = None,
+        allocation_spec: str | None = None,
+        min_owners: int = 0,
+        excluded: Sequence[str] = (),
     ) -> None:
         try:
             self.validation = check_matrix(validation, "validation set")
@@ -144,6 +150,8 @@ class SessionState:
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
         self.owner_sketches = dict(owner_sketches or {})
+        #: The catalogue spec the sketches were published under (for the report), or None.
+        self.allocation_spec = allocation_spec
         for owner, sketch in self.owner_sketches.items():
             if not isinstance(sketch, PrivateSketch) or not isinstance(sketch.feature_map, RFFMap):
                 raise InvalidArgumentError(f"the sketch of owner {owner} is not an RFF sketch")
@@ -157,6 +165,14 @@ class SessionState:
         self.allocation_note = ""
         if not owners:
             raise InvalidArgumentError("at least one owner is required")
+        if min_owners > len(owners):
+            raise InvalidArgumentError(
+                f"min_owners={min_owners} exceeds the {len(owners)} owner(s) this session can ask"
+            )
+        #: The session fails unless this many owners take part (0: the rules before it).
+        self.min_owners = int(min_owners)
+        #: Owners the consumer left out by name (never asked anything).
+        self.excluded = tuple(excluded)
         self.session_id = session_id
         self.owner_session_id = owner_session_id or session_id
         self.config = config
@@ -195,15 +211,17 @@ class SessionState:
         indices: Sequence[int] | range,
         call: Callable[[int], Awaitable[T]],
         *,
-        refusals: Literal["drop", "raise"] = "drop",
+        refusals: Literal["drop", "raise", "leave_out"] = "drop",
     ) -> dict[int, T]:
         """Call owners concurrently; drop those that are unavailable; return the answers by index.
 
         An owner that refuses a step under its own policy (``FailedPreconditionError``) is
         dropped too (``refusals="drop"``, during a session), or its refusal fails the request
         with the same error naming the owner (``"raise"``, while the session opens, so nothing
-        is released). Other protocol errors abort the session naming the owner (while opening:
-        the same error class, e.g. INVALID_ARGUMENT for a d above an owner's limit).
+        is released), or it is left out as "budget refused" (``"leave_out"``, while the session
+        opens for a consumer that allows it, :attr:`min_owners`). Other protocol errors abort
+        the session naming the owner (while opening: the same error class, e.g.
+        INVALID_ARGUMENT for a d above an owner's limit).
         """
 
         async def one(index: int) -> T:
@@ -219,9 +237,13 @@ class SessionState:
         out: dict[int, T] = {}
         for index, answer in zip(indices, answers, strict=True):
             if isinstance(answer, UnavailableError):
-                self.drop(index, str(answer))
+                self.drop(index, str(answer), "unreachable")
             elif isinstance(answer, FailedPreconditionError) and refusals == "drop":
-                self.drop(index, f"refused: {answer}")
+                self.drop(index, f"refused: {answer}", "refused a step")
+            elif isinstance(answer, FailedPreconditionError) and refusals == "leave_out":
+                budget = "owner budget exceeded" in str(answer)
+                public = "budget refused" if budget else "refused the session"
+                self.drop(index, f"refused the session's terms: {answer}", public)
             elif isinstance(answer, DPMarketError) and refusals == "raise":
                 raise type(answer)(f"owner {self.owner_name(index)}: {answer}") from answer
             elif isinstance(answer, DPMarketError):
@@ -232,13 +254,14 @@ class SessionState:
                 out[index] = answer
         return out
 
-    def drop(self, index: int, reason: str) -> None:
+    def drop(self, index: int, reason: str, public: str = "broke the protocol") -> None:
         """Leave owner ``index`` out of the rest of the session, for ``reason`` (logged and
-        reported)."""
+        in error messages) and ``public`` (one of ``LEFT_OUT_REASONS``, in the report)."""
         slot = self.slots[index]
         if slot.active:
             slot.active = False
             slot.note = reason
+            slot.left_out = public
             logger.warning("owner %s dropped: %s", self.owner_name(index), reason)
             self.emit("rounds", f"owner {self.owner_name(index)} dropped: {reason}")
 
@@ -246,6 +269,35 @@ class SessionState:
         """Raise ``UnavailableError`` (with every owner's reason) when every owner dropped out."""
         if not self.active():
             raise UnavailableError("every owner dropped out: " + self.drop_notes())
+
+    def require_min_owners(self) -> None:
+        """Raise ``FailedPreconditionError`` when fewer owners than :attr:`min_owners` remain,
+        naming who was left out and why (public reasons).
+
+        Raises
+        ------
+        FailedPreconditionError
+            If ``0 < len(active) < min_owners``.
+        UnavailableError
+            If no owner remains (:meth:`require_owners`).
+        """
+        self.require_owners()
+        active = len(self.active())
+        if active < self.min_owners:
+            left = ", ".join(f"{o} ({why})" for o, why in self.left_out().items())
+            raise FailedPreconditionError(
+                f"only {active} owner(s) can take part, fewer than min_owners = "
+                f"{self.min_owners}; left out: {left}"
+            )
+
+    def left_out(self) -> dict[str, str]:
+        """Every owner the session runs without, with its public reason: those the consumer
+        excluded, then those dropped, in the owners' order."""
+        out = dict.fromkeys(self.excluded, "excluded by the consumer")
+        for i, slot in enumerate(self.slots):
+            if not slot.active:
+                out[self.owner_name(i)] = slot.left_out or "broke the protocol"
+        return out
 
     def endpoint(self, index: int) -> OwnerEndpoint:
         """Owner ``index``'s endpoint."""

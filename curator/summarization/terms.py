@@ -52,8 +52,9 @@ class Offer:
         Raises
         ------
         FailedPreconditionError
-            If an owner's policy refuses the terms (naming the owner), or the owners' policies
-            allow fewer raw points than the summary size.
+            If an owner's policy refuses the terms (naming the owner) and the session does not
+            allow leaving owners out (``min_owners`` 0), fewer than ``min_owners`` owners
+            remain, or the owners' policies allow fewer raw points than the summary size.
         UnavailableError
             If every owner dropped out.
         """
@@ -69,10 +70,17 @@ class Offer:
                 state.owner_session_id, rff, int(seeds[i]), consumer=state.consumer, terms=terms
             )
 
-        opened = await state.gather(state.active(), open_one, refusals="raise")
+        # An owner whose policy refuses the terms fails the request, unless the consumer lets
+        # the session run without it (min_owners): then it is left out, charged nothing.
+        opened = await state.gather(
+            state.active(), open_one, refusals="leave_out" if state.min_owners > 0 else "raise"
+        )
         for index, (_, max_points) in opened.items():
             state.slots[index].max_points = int(max_points)
-        state.require_owners()
+        for index in range(len(state.slots)):
+            if state.slots[index].left_out in ("budget refused", "refused the session"):
+                state.slots[index].opened = False  # it refused: there is no session to close
+        state.require_min_owners()
         allowed = sum(state.slots[i].max_points for i in state.active())
         if cfg.summary_size > allowed:
             raise FailedPreconditionError(

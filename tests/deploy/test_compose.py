@@ -841,7 +841,7 @@ def test_compose_healthcheck_runs_against_a_real_mtls_server(
         # Another identity of the same role: the server's certificate does not match.
         other = probe(f"{identity.role}:{identity.name}-other")
         assert other.exit_code != 0, other.output
-        assert "UNAVAILABLE" in other.output
+        assert f"is {identity}, not {identity.role}:{identity.name}-other" in other.output
         served.set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
         assert probe().exit_code != 0
         served.stop()

@@ -29,6 +29,7 @@ from google.protobuf.message_factory import GetMessageClass
 from sklearn.datasets import load_diabetes
 
 from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from common.errors import InvalidArgumentError
 from consumer.client import CapeFit, CuratorClient
 from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult
 from deploy.launcher import CURATOR_NAME, LocalCluster
@@ -448,8 +449,9 @@ def test_every_cape_and_secure_aggregation_rpc_of_an_owner_refuses_a_non_curator
 def test_every_rpc_of_the_cape_service_refuses_an_owner_or_curator_certificate(
     cluster: LocalCluster, caller: Identity
 ) -> None:
-    """FitCape, EstimateCapeMean and TrainCape, with requests that would run: an owner's or
-    the curator's own certificate gets PERMISSION_DENIED, and nothing is charged."""
+    """FitCape, EstimateCapeMean and TrainCape, with requests that would run, and
+    WatchCapeJob: an owner's or the curator's own certificate gets PERMISSION_DENIED, and
+    nothing is charged."""
     before = _ledgers(cluster)
     requests = {
         "FitCape": cape_pb2.FitCapeRequest(spec=cape_messages.spec_to_proto(_linear()), seed=SEED),
@@ -460,12 +462,21 @@ def test_every_rpc_of_the_cape_service_refuses_an_owner_or_curator_certificate(
             spec=cape_messages.training_to_proto(_training()), seed=SEED
         ),
     }
-    assert set(requests) == {m.name for m in CAPE_SERVICE.methods}
+    assert set(requests) | {"WatchCapeJob"} == {m.name for m in CAPE_SERVICE.methods}
     with _channel(cluster, cluster.curator_target, CURATOR, caller) as channel:
         for name, request in requests.items():
             code, details = _unary_status(channel, CAPE_SERVICE.methods_by_name[name], request)
             assert code == grpc.StatusCode.PERMISSION_DENIED, name
             assert str(caller) in details
+        watch = channel.unary_stream(
+            f"/{CAPE_SERVICE.full_name}/WatchCapeJob",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=cape_pb2.WatchCapeJobResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            list(watch(cape_pb2.WatchCapeJobRequest(request_id="k"), timeout=CALL_TIMEOUT))
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert str(caller) in (info.value.details() or "")
     assert _ledgers(cluster) == before
 
 
@@ -570,3 +581,98 @@ def test_malformed_requests_are_refused_before_any_owner_is_asked(cluster: Local
     code, details = _raw_status(cluster, "EstimateCapeMean", request)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "takes no target" in details
     assert _ledgers(cluster) == before
+
+
+# ------------------------------------------------------------------------------- the command line
+def _cli(cluster: LocalCluster, *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from deploy.cli import main
+
+    return CliRunner().invoke(
+        main,
+        [
+            args[0], args[1], "--curator", cluster.curator_target,
+            "--pki-dir", str(cluster.pki_dir), "--name", "consumer", "--seed", str(SEED),
+            *args[2:],
+        ],
+    )  # fmt: skip
+
+
+def test_cape_mean_prints_the_estimate_in_80_columns_and_json(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Issue 13: ``cape mean`` printed the noise level and the file name, not the estimate."""
+    features = [f"--feature={c}={lo:g}:{hi:g}" for c, lo, hi in FEATURES[:4]]
+    table = _cli(cluster, "cape", "mean", *features, "--out", str(tmp_path / "mean.json"))
+    assert table.exit_code == 0, table.output
+    document = json.loads((tmp_path / "mean.json").read_text(encoding="utf-8"))
+    for column, value in document["mean"].items():
+        assert f"{column} " in table.output and f"{value:.6g}" in table.output
+    assert "…" not in table.output
+    assert max(len(line) for line in table.output.splitlines()) <= 80
+    printed = _cli(cluster, "cape", "mean", *features, "--out", str(tmp_path / "m2.json"), "--json")
+    assert printed.exit_code == 0, printed.output
+    assert (
+        json.loads(printed.stdout)["mean"]
+        == json.loads((tmp_path / "m2.json").read_text(encoding="utf-8"))["mean"]
+    )
+
+
+def test_cape_logreg_takes_a_bounds_file_without_a_target_section(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Issue 13: ``--bounds F --target high`` failed unless F had a [target] section; a 0/1
+    target needs no bounds. A linear target without bounds is refused, naming what to give."""
+    bounds = tmp_path / "bounds.toml"
+    bounds.write_text(
+        "[features]\n" + "".join(f"{c} = [{lo!r}, {hi!r}]\n" for c, lo, hi in FEATURES[:3]),
+        encoding="utf-8",
+    )
+    out = str(tmp_path / "model.json")
+    fitted = _cli(
+        cluster, "cape", "logreg", "--bounds", str(bounds), "--target", "high", "--out", out
+    )
+    assert fitted.exit_code == 0, fitted.output
+    model = json.loads(Path(out).read_text(encoding="utf-8"))
+    assert list(model["weights"]) == [c for c, _, _ in FEATURES[:3]]
+    for column, weight in model["weights"].items():
+        assert f"{weight:.6g}" in fitted.output, column
+    assert f"{model['intercept']:.6g}" in fitted.output
+    refused = _cli(cluster, "cape", "linreg", "--bounds", str(bounds), "--target", "target")
+    assert refused.exit_code == 2
+    assert "a linear regression's target needs public bounds" in refused.output
+
+
+def test_cape_training_reports_its_progress_from_the_curator(cluster: LocalCluster) -> None:
+    """Every iteration's progress reaches the consumer through WatchCapeJob while TrainCape
+    runs; the network is the one trained without watching (same seed)."""
+    spec = _training(iterations=5)
+    events: list[tuple[int, int]] = []
+    with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
+        watched = client.train_cape(
+            spec,
+            seed=SEED,
+            timeout=CALL_TIMEOUT,
+            on_progress=lambda done, total: events.append((done, total)),
+        )
+        plain = client.train_cape(spec, seed=SEED, timeout=CALL_TIMEOUT)
+    np.testing.assert_array_equal(watched.parameters, plain.parameters)
+    assert events, "no progress arrived"
+    assert all(total == 5 for _, total in events)
+    done = [d for d, _ in events]
+    assert done == sorted(done) and set(done) <= set(range(6))
+    assert len(set(done) & {1, 2, 3, 4, 5}) >= 3  # most iterations were seen
+
+
+def test_watching_a_refused_training_ends_with_the_refusal(cluster: LocalCluster) -> None:
+    spec = _training(epsilon=50.0)  # outside the curator's policy: refused before it starts
+    events: list[tuple[int, int]] = []
+    with (
+        CuratorClient(cluster.curator_target, cluster.consumer_security()) as client,
+        pytest.raises(InvalidArgumentError, match="outside this curator's allowed range"),
+    ):
+        client.train_cape(
+            spec, timeout=CALL_TIMEOUT, on_progress=lambda d, t: events.append((d, t))
+        )
+    assert events == []

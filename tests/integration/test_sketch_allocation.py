@@ -100,7 +100,11 @@ def test_the_catalogues_sketches_split_the_budget_as_the_same_sketches_do_in_pro
         before = client.summarize(config, digits.validation, digits.seed_set, seed=SEED)
         counts = before.report.ledger["candidates"]
         assert counts["allocation"] == "counts"
-        assert all(o.name in counts["allocation_note"] for o in owners), counts
+        assert counts["allocation_note"].startswith(
+            f"no sketch published under {SPEC} by "
+            + ", ".join(o.name for o in owners)
+            + f" (dpmarket sketch publish --spec {SPEC}): every owner is charged epsilon 1"
+        ), counts
 
         cluster.publish_sketches(tables, cluster.log_dir / "publications", seed=SEED)
         published = {e.owner: e.sketch for e in client.sketches(SPEC)}

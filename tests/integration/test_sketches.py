@@ -175,6 +175,7 @@ def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
         owner_tables=list(tables.values()),
         sketch_specs=[directory / "mini.toml"],
         sketch_seed=0,
+        allocation_sketch_spec="mini/rff",
     ) as cluster:
         issue_all(cluster.pki_dir, [STRANGER])
         dep = Deployment(cluster, directory, tables, directory / "validation.parquet", {})
@@ -454,3 +455,111 @@ def test_sketches_survive_owner_and_curator_restarts(dep: Deployment) -> None:
     with CuratorClient(dep.cluster.curator_target, dep.cluster.consumer_security()) as client:
         assert [s.key for s in client.sketch_specs()] == keys
     assert _catalogue(dep) == catalogue
+
+
+def _publish_without_spec(
+    dep: Deployment,
+    name: str,
+    data_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    interactive: bool,
+    answer: str = "",
+) -> Any:
+    from owner import cli as owner_cli
+
+    monkeypatch.setattr(owner_cli, "_interactive", lambda: interactive)
+    return CliRunner().invoke(
+        cli_main,
+        [
+            "sketch", "publish", "--curator", dep.cluster.curator_target,
+            "--table", str(dep.tables[name]), "--data-dir", str(data_dir),
+            "--policy", str(dep.directory / "owner.toml"),
+            "--pki-dir", str(dep.cluster.pki_dir), "--name", name,
+            "--out", str(data_dir / "out.json"),
+        ],
+        input=answer,
+        terminal_width=200,
+    )  # fmt: skip
+
+
+def test_publish_without_a_spec_lists_the_costs_and_asks_or_needs_all(
+    dep: Deployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 13: ``sketch publish`` with no --spec published every spec (3 of 10 epsilon) without
+    asking. Now it lists what each spec costs, offers the spec the curator's allocation reads,
+    and publishes nothing unless a person confirms (or --spec / --all names what to publish)."""
+    fresh = tmp_path / "fresh"
+    result = _publish_without_spec(dep, "owner-UA", fresh, monkeypatch, interactive=False)
+    assert result.exit_code == 2, result.output
+    assert "choose the specs to publish: --spec NAME (repeat) or --all" in result.output
+    assert "the curator's allocation reads mini/rff" in result.output
+    assert not (fresh / "owner.sqlite3").exists() or not _entries_at(fresh)
+
+    result = _publish_without_spec(
+        dep, "owner-UA", fresh, monkeypatch, interactive=True, answer="n\n"
+    )
+    assert result.exit_code == 0, result.output
+    assert "Publish mini/rff (the spec the curator's allocation reads)" in result.output
+    assert "nothing published" in result.output
+    assert not _entries_at(fresh)
+
+    # owner-UA has published mini/rff already: offered at no cost, sent again as stored.
+    before = _entries(dep, "owner-UA")
+    state = dep.cluster.owner_state("owner-UA")
+    result = _publish_without_spec(
+        dep, "owner-UA", state, monkeypatch, interactive=True, answer="y\n"
+    )
+    assert result.exit_code == 0, result.output
+    assert "charging this owner's ledger epsilon 0, delta 0?" in result.output
+    document = json.loads((state / "out.json").read_text(encoding="utf-8"))
+    assert [(s["spec"], s["charged_now"]) for s in document["sketches"]] == [("mini/rff", False)]
+    assert _entries(dep, "owner-UA") == before
+
+
+def _entries_at(data_dir: Path) -> list[Any]:
+    with OwnerLedger(data_dir, None) as ledger:
+        return ledger.entries()
+
+
+def test_every_catalogue_command_prints_json_and_fits_80_columns(
+    dep: Deployment, tmp_path: Path
+) -> None:
+    """Issue 13: ``--json`` on every command that prints a table, and tables for 80 columns."""
+    consumer = [
+        "--curator", dep.cluster.curator_target,
+        "--pki-dir", str(dep.cluster.pki_dir), "--name", "consumer",
+    ]  # fmt: skip
+    commands = {
+        "specs": ["sketch", "specs", *consumer],
+        "list": ["sketch", "list", *consumer],
+        "explore": ["explore", *consumer, "--spec", "mini/race", "--all", "--query", "mean"],
+        "rank": ["rank-owners", *consumer, "--validation", str(dep.validation)],
+        "published": [
+            "sketch",
+            "published",
+            "--data-dir",
+            str(dep.cluster.owner_state("owner-EV")),
+        ],
+    }
+    documents = {}
+    for name, args in commands.items():
+        table = CliRunner().invoke(cli_main, args)
+        assert table.exit_code == 0, (name, table.output)
+        assert "…" not in table.output, (name, table.output)
+        assert max(len(line) for line in table.output.splitlines()) <= 80, (name, table.output)
+        printed = CliRunner().invoke(cli_main, [*args, "--json"])
+        assert printed.exit_code == 0, (name, printed.output)
+        documents[name] = json.loads(printed.stdout)
+    assert documents["specs"]["allocation_spec"] == "mini/rff"
+    assert [s["spec"] for s in documents["specs"]["specs"]] == [
+        "mini/rff",
+        "mini/race",
+        "mini/hist",
+    ]
+    assert [s["allocation"] for s in documents["specs"]["specs"]] == [True, False, False]
+    assert {(s["spec"], s["owner"]) for s in documents["list"]["sketches"]} == set(_catalogue(dep))
+    publishers = {owner for spec, owner in _catalogue(dep) if spec == "mini/race"}
+    assert set(documents["explore"]["owners"]) == publishers
+    assert {r["owner"] for r in documents["rank"]["ranking"]} == set(OWNERS)
+    assert {s["spec"] for s in documents["published"]["sketches"]} == {"mini/rff", "mini/hist"}

@@ -595,6 +595,57 @@ class CloseCapeJobResponse(_message.Message):
 Global___CloseCapeJobResponse: _TypeAlias = CloseCapeJobResponse  # noqa: Y015
 
 @_typing.final
+class WatchCapeJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """The idempotency key the job was sent with."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchCapeJobRequest: _TypeAlias = WatchCapeJobRequest  # noqa: Y015
+
+@_typing.final
+class WatchCapeJobResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITERATION_FIELD_NUMBER: _builtins.int
+    ITERATIONS_FIELD_NUMBER: _builtins.int
+    FINISHED_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    iteration: _builtins.int
+    """Iterations done and in all (1 for a mean or a regression)."""
+    iterations: _builtins.int
+    finished: _builtins.bool
+    """Whether the job has ended (the last message)."""
+    message: _builtins.str
+    """Why it failed, on the last message; empty otherwise."""
+    def __init__(
+        self,
+        *,
+        iteration: _builtins.int = ...,
+        iterations: _builtins.int = ...,
+        finished: _builtins.bool = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finished", b"finished", "iteration", b"iteration", "iterations", b"iterations", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchCapeJobResponse: _TypeAlias = WatchCapeJobResponse  # noqa: Y015
+
+@_typing.final
 class FitCapeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

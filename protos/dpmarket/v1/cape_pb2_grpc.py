@@ -413,6 +413,11 @@ class CapeServiceStub:
                 request_serializer=dpmarket_dot_v1_dot_cape__pb2.TrainCapeRequest.SerializeToString,
                 response_deserializer=dpmarket_dot_v1_dot_cape__pb2.TrainCapeResponse.FromString,
                 _registered_method=True)
+        self.WatchCapeJob = channel.unary_stream(
+                '/dpmarket.v1.CapeService/WatchCapeJob',
+                request_serializer=dpmarket_dot_v1_dot_cape__pb2.WatchCapeJobRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_cape__pb2.WatchCapeJobResponse.FromString,
+                _registered_method=True)
 
 
 class CapeServiceServicer:
@@ -457,6 +462,17 @@ class CapeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchCapeJob(self, request, context):
+        """Stream the progress of the caller's job sent with `request_id` (a training: one message per
+        iteration; a mean or a regression: one when it ends) until it ends; waits up to 60 s for the
+        job to start. Counts only: nothing computed from the owners' data. Fails with NOT_FOUND if no
+        job of the caller under that key starts in time (another consumer's key is not found
+        either).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CapeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -474,6 +490,11 @@ def add_CapeServiceServicer_to_server(servicer, server):
                     servicer.TrainCape,
                     request_deserializer=dpmarket_dot_v1_dot_cape__pb2.TrainCapeRequest.FromString,
                     response_serializer=dpmarket_dot_v1_dot_cape__pb2.TrainCapeResponse.SerializeToString,
+            ),
+            'WatchCapeJob': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchCapeJob,
+                    request_deserializer=dpmarket_dot_v1_dot_cape__pb2.WatchCapeJobRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_cape__pb2.WatchCapeJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -561,6 +582,33 @@ class CapeService:
             '/dpmarket.v1.CapeService/TrainCape',
             dpmarket_dot_v1_dot_cape__pb2.TrainCapeRequest.SerializeToString,
             dpmarket_dot_v1_dot_cape__pb2.TrainCapeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchCapeJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dpmarket.v1.CapeService/WatchCapeJob',
+            dpmarket_dot_v1_dot_cape__pb2.WatchCapeJobRequest.SerializeToString,
+            dpmarket_dot_v1_dot_cape__pb2.WatchCapeJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

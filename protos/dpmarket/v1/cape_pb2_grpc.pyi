@@ -313,6 +313,13 @@ class CapeServiceStub:
     aborts, RESOURCE_EXHAUSTED beyond the curator's limits. A training that fails after its first
     release fails with that status; what it spent stays on the owners' ledgers.
     """
+    WatchCapeJob: _grpc.UnaryStreamMultiCallable[_cape_pb2.WatchCapeJobRequest, _cape_pb2.WatchCapeJobResponse]
+    """Stream the progress of the caller's job sent with `request_id` (a training: one message per
+    iteration; a mean or a regression: one when it ends) until it ends; waits up to 60 s for the
+    job to start. Counts only: nothing computed from the owners' data. Fails with NOT_FOUND if no
+    job of the caller under that key starts in time (another consumer's key is not found
+    either).
+    """
 
 @_typing.type_check_only
 class CapeServiceAsyncStub(CapeServiceStub):
@@ -345,6 +352,13 @@ class CapeServiceAsyncStub(CapeServiceStub):
     of bounds, label not 0/1, budget) or fewer than 2 sites remain, ABORTED if a noise round
     aborts, RESOURCE_EXHAUSTED beyond the curator's limits. A training that fails after its first
     release fails with that status; what it spent stays on the owners' ledgers.
+    """
+    WatchCapeJob: _aio.UnaryStreamMultiCallable[_cape_pb2.WatchCapeJobRequest, _cape_pb2.WatchCapeJobResponse]  # type: ignore[assignment]
+    """Stream the progress of the caller's job sent with `request_id` (a training: one message per
+    iteration; a mean or a regression: one when it ends) until it ends; waits up to 60 s for the
+    job to start. Counts only: nothing computed from the owners' data. Fails with NOT_FOUND if no
+    job of the caller under that key starts in time (another consumer's key is not found
+    either).
     """
 
 class CapeServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -393,6 +407,19 @@ class CapeServiceServicer(metaclass=_abc_1.ABCMeta):
         of bounds, label not 0/1, budget) or fewer than 2 sites remain, ABORTED if a noise round
         aborts, RESOURCE_EXHAUSTED beyond the curator's limits. A training that fails after its first
         release fails with that status; what it spent stays on the owners' ledgers.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchCapeJob(
+        self,
+        request: _cape_pb2.WatchCapeJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_cape_pb2.WatchCapeJobResponse], _abc.AsyncIterator[_cape_pb2.WatchCapeJobResponse]]:
+        """Stream the progress of the caller's job sent with `request_id` (a training: one message per
+        iteration; a mean or a regression: one when it ends) until it ends; waits up to 60 s for the
+        job to start. Counts only: nothing computed from the owners' data. Fails with NOT_FOUND if no
+        job of the caller under that key starts in time (another consumer's key is not found
+        either).
         """
 
 def add_CapeServiceServicer_to_server(servicer: CapeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -308,7 +308,7 @@ class SummarizationParams(_message.Message):
     epsilon_auction: _builtins.float
     """Total epsilon of the auction's winner notification, Theorem 6 (default 1.0)."""
     delta_owners: _builtins.float
-    """delta of the auction and of the owners' composition bound (default 1e-4)."""
+    """delta of the auction and of the owners' composition bound (default 1e-6)."""
     delta_validation: _builtins.float
     """delta of the validation set's composition bound (default 0.01)."""
     epsilon_validation_total: _builtins.float
@@ -411,6 +411,8 @@ class CreateSessionRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SCHEMA_FIELD_NUMBER: _builtins.int
     FEATURE_NAMES_FIELD_NUMBER: _builtins.int
+    MIN_OWNERS_FIELD_NUMBER: _builtins.int
+    EXCLUDE_OWNERS_FIELD_NUMBER: _builtins.int
     summary_size: _builtins.int
     """p: number of owner points in the summary."""
     method: Global___Method.ValueType
@@ -421,6 +423,15 @@ class CreateSessionRequest(_message.Message):
     request_id: _builtins.str
     """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none): a retry
     with the same key and the same request returns the same session and charges nothing new.
+    """
+    min_owners: _builtins.int
+    """The fewest owners the session may run with. 0 (default): an owner whose policy refuses the
+    session's terms fails the request with FAILED_PRECONDITION (nothing released), and an owner
+    that cannot be reached is left out while one remains. N >= 1: an owner that refuses its
+    terms or cannot be reached when the session opens is left out (charged nothing, sent
+    nothing more) and named in the report's left_out; the session runs if at least N owners
+    remain, else fails with FAILED_PRECONDITION naming who was left out and why. Fails with
+    INVALID_ARGUMENT if larger than the owners the session may ask.
     """
     @_builtins.property
     def validation(self) -> _array_pb2.Array:
@@ -446,6 +457,13 @@ class CreateSessionRequest(_message.Message):
         features, in this order.
         """
 
+    @_builtins.property
+    def exclude_owners(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Owners, by name, the consumer leaves out of the session: never asked anything, named in the
+        report's left_out. Fails with INVALID_ARGUMENT for a name that is not one of the curator's
+        owners, a repeated name, or when no owner is left.
+        """
+
     def __init__(
         self,
         *,
@@ -458,10 +476,12 @@ class CreateSessionRequest(_message.Message):
         request_id: _builtins.str = ...,
         schema: _schema_pb2.DatasetSchema | None = ...,
         feature_names: _abc.Iterable[_builtins.str] | None = ...,
+        min_owners: _builtins.int = ...,
+        exclude_owners: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "params", b"params", "schema", b"schema", "seed", b"seed", "seed_set", b"seed_set", "validation", b"validation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "feature_names", b"feature_names", "method", b"method", "params", b"params", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "seed_set", b"seed_set", "summary_size", b"summary_size", "validation", b"validation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "exclude_owners", b"exclude_owners", "feature_names", b"feature_names", "method", b"method", "min_owners", b"min_owners", "params", b"params", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "seed_set", b"seed_set", "summary_size", b"summary_size", "validation", b"validation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
@@ -590,6 +610,7 @@ class SessionReport(_message.Message):
     ROUND_SECONDS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     OWNER_SPEND_FIELD_NUMBER: _builtins.int
+    LEFT_OUT_FIELD_NUMBER: _builtins.int
     method: Global___Method.ValueType
     summary_size: _builtins.int
     rounds: _builtins.int
@@ -620,6 +641,10 @@ class SessionReport(_message.Message):
     def owner_spend(self) -> _containers.RepeatedCompositeFieldContainer[Global___OwnerSpend]:
         """What each owner's own ledger recorded for this session."""
 
+    @_builtins.property
+    def left_out(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeftOutOwner]:
+        """Every owner the session ran without, with a public reason."""
+
     def __init__(
         self,
         *,
@@ -637,14 +662,42 @@ class SessionReport(_message.Message):
         round_seconds: _abc.Iterable[_builtins.float] | None = ...,
         error: _builtins.str = ...,
         owner_spend: _abc.Iterable[Global___OwnerSpend] | None = ...,
+        left_out: _abc.Iterable[Global___LeftOutOwner] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["wall_time", b"wall_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_owners_bound", b"all_owners_bound", "dropped_owners", b"dropped_owners", "error", b"error", "ledger_json", b"ledger_json", "method", b"method", "owner_points_accessed", b"owner_points_accessed", "owner_spend", b"owner_spend", "paper_bound", b"paper_bound", "rejected_points", b"rejected_points", "round_seconds", b"round_seconds", "rounds", b"rounds", "summary_size", b"summary_size", "validation_points_accessed", b"validation_points_accessed", "wall_time", b"wall_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_owners_bound", b"all_owners_bound", "dropped_owners", b"dropped_owners", "error", b"error", "ledger_json", b"ledger_json", "left_out", b"left_out", "method", b"method", "owner_points_accessed", b"owner_points_accessed", "owner_spend", b"owner_spend", "paper_bound", b"paper_bound", "rejected_points", b"rejected_points", "round_seconds", b"round_seconds", "rounds", b"rounds", "summary_size", b"summary_size", "validation_points_accessed", b"validation_points_accessed", "wall_time", b"wall_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SessionReport: _TypeAlias = SessionReport  # noqa: Y015
+
+@_typing.final
+class LeftOutOwner(_message.Message):
+    """An owner a session ran without, and why, in words that depend on the request, the owner's
+    budget or the network, never on the owner's data: "excluded by the consumer", "budget
+    refused", "refused the session", "unreachable", "refused a step", "broke the protocol".
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OWNER_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    owner_id: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        owner_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["owner_id", b"owner_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeftOutOwner: _TypeAlias = LeftOutOwner  # noqa: Y015
 
 @_typing.final
 class OwnerSpend(_message.Message):

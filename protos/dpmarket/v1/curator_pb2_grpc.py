@@ -78,10 +78,13 @@ class CuratorServiceServicer:
         with INVALID_ARGUMENT for a bad validation or seed set (shape, NaN/inf, feature count unlike
         the owners'), a summary size < 1 or larger than the owners' points, parameters outside the
         curator's policy (the message gives the allowed range), or a `request_id` reused with another
-        request; with PERMISSION_DENIED for a seeded session on a curator that does not allow them;
-        with RESOURCE_EXHAUSTED when the curator runs its maximum of sessions or the consumer exceeds
-        its request rate; with FAILED_PRECONDITION when an owner's policy refuses the session's terms;
-        with UNAVAILABLE if no owner answers. Nothing is released or charged when it fails.
+        request, or an owner selection it cannot meet (min_owners above the owners, an unknown
+        exclude_owners name); with PERMISSION_DENIED for a seeded session on a curator that does
+        not allow them; with RESOURCE_EXHAUSTED when the curator runs its maximum of sessions or the
+        consumer exceeds its request rate; with FAILED_PRECONDITION when an owner's policy refuses
+        the session's terms (unless min_owners lets the session leave it out) or fewer than
+        min_owners owners can take part; with UNAVAILABLE if no owner answers. Nothing is released
+        or charged when it fails.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -48,10 +48,13 @@ class CuratorServiceStub:
     with INVALID_ARGUMENT for a bad validation or seed set (shape, NaN/inf, feature count unlike
     the owners'), a summary size < 1 or larger than the owners' points, parameters outside the
     curator's policy (the message gives the allowed range), or a `request_id` reused with another
-    request; with PERMISSION_DENIED for a seeded session on a curator that does not allow them;
-    with RESOURCE_EXHAUSTED when the curator runs its maximum of sessions or the consumer exceeds
-    its request rate; with FAILED_PRECONDITION when an owner's policy refuses the session's terms;
-    with UNAVAILABLE if no owner answers. Nothing is released or charged when it fails.
+    request, or an owner selection it cannot meet (min_owners above the owners, an unknown
+    exclude_owners name); with PERMISSION_DENIED for a seeded session on a curator that does
+    not allow them; with RESOURCE_EXHAUSTED when the curator runs its maximum of sessions or the
+    consumer exceeds its request rate; with FAILED_PRECONDITION when an owner's policy refuses
+    the session's terms (unless min_owners lets the session leave it out) or fewer than
+    min_owners owners can take part; with UNAVAILABLE if no owner answers. Nothing is released
+    or charged when it fails.
     """
     WatchSession: _grpc.UnaryStreamMultiCallable[_curator_pb2.WatchSessionRequest, _curator_pb2.WatchSessionResponse]
     """Stream a session's progress until it ends; the last message has `finished` set and carries
@@ -84,10 +87,13 @@ class CuratorServiceAsyncStub(CuratorServiceStub):
     with INVALID_ARGUMENT for a bad validation or seed set (shape, NaN/inf, feature count unlike
     the owners'), a summary size < 1 or larger than the owners' points, parameters outside the
     curator's policy (the message gives the allowed range), or a `request_id` reused with another
-    request; with PERMISSION_DENIED for a seeded session on a curator that does not allow them;
-    with RESOURCE_EXHAUSTED when the curator runs its maximum of sessions or the consumer exceeds
-    its request rate; with FAILED_PRECONDITION when an owner's policy refuses the session's terms;
-    with UNAVAILABLE if no owner answers. Nothing is released or charged when it fails.
+    request, or an owner selection it cannot meet (min_owners above the owners, an unknown
+    exclude_owners name); with PERMISSION_DENIED for a seeded session on a curator that does
+    not allow them; with RESOURCE_EXHAUSTED when the curator runs its maximum of sessions or the
+    consumer exceeds its request rate; with FAILED_PRECONDITION when an owner's policy refuses
+    the session's terms (unless min_owners lets the session leave it out) or fewer than
+    min_owners owners can take part; with UNAVAILABLE if no owner answers. Nothing is released
+    or charged when it fails.
     """
     WatchSession: _aio.UnaryStreamMultiCallable[_curator_pb2.WatchSessionRequest, _curator_pb2.WatchSessionResponse]  # type: ignore[assignment]
     """Stream a session's progress until it ends; the last message has `finished` set and carries
@@ -123,10 +129,13 @@ class CuratorServiceServicer(metaclass=_abc_1.ABCMeta):
         with INVALID_ARGUMENT for a bad validation or seed set (shape, NaN/inf, feature count unlike
         the owners'), a summary size < 1 or larger than the owners' points, parameters outside the
         curator's policy (the message gives the allowed range), or a `request_id` reused with another
-        request; with PERMISSION_DENIED for a seeded session on a curator that does not allow them;
-        with RESOURCE_EXHAUSTED when the curator runs its maximum of sessions or the consumer exceeds
-        its request rate; with FAILED_PRECONDITION when an owner's policy refuses the session's terms;
-        with UNAVAILABLE if no owner answers. Nothing is released or charged when it fails.
+        request, or an owner selection it cannot meet (min_owners above the owners, an unknown
+        exclude_owners name); with PERMISSION_DENIED for a seeded session on a curator that does
+        not allow them; with RESOURCE_EXHAUSTED when the curator runs its maximum of sessions or the
+        consumer exceeds its request rate; with FAILED_PRECONDITION when an owner's policy refuses
+        the session's terms (unless min_owners lets the session leave it out) or fewer than
+        min_owners owners can take part; with UNAVAILABLE if no owner answers. Nothing is released
+        or charged when it fails.
         """
 
     @_abc_1.abstractmethod

@@ -442,6 +442,13 @@ class ListSketchSpecsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SPECS_FIELD_NUMBER: _builtins.int
+    ALLOCATION_SPEC_FIELD_NUMBER: _builtins.int
+    allocation_spec: _builtins.str
+    """The RFF spec whose published sketches the curator's candidates sessions read to split their
+    budget among owners (serve-curator --allocation-sketch-spec): an owner that published under
+    it is charged nothing by those sessions; one that did not makes them fall back to the noisy
+    relevance counts, charged to every owner. Empty: the curator reads no sketch.
+    """
     @_builtins.property
     def specs(self) -> _containers.RepeatedCompositeFieldContainer[Global___SketchSpec]:
         """In the catalogue's order."""
@@ -450,10 +457,11 @@ class ListSketchSpecsResponse(_message.Message):
         self,
         *,
         specs: _abc.Iterable[Global___SketchSpec] | None = ...,
+        allocation_spec: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["specs", b"specs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_spec", b"allocation_spec", "specs", b"specs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -74,7 +74,8 @@ class SketchCatalogServiceServicer:
     """
 
     def ListSketchSpecs(self, request, context):
-        """List the catalogue's specs. Served to the configured owners and to consumers.
+        """List the catalogue's specs and the one the curator's summarization allocation reads. Served
+        to the configured owners and to consumers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

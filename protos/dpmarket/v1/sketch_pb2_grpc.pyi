@@ -41,7 +41,9 @@ class SketchCatalogServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> SketchCatalogServiceAsyncStub: ...
     ListSketchSpecs: _grpc.UnaryUnaryMultiCallable[_sketch_pb2.ListSketchSpecsRequest, _sketch_pb2.ListSketchSpecsResponse]
-    """List the catalogue's specs. Served to the configured owners and to consumers."""
+    """List the catalogue's specs and the one the curator's summarization allocation reads. Served
+    to the configured owners and to consumers.
+    """
     GetSketchSpec: _grpc.UnaryUnaryMultiCallable[_sketch_pb2.GetSketchSpecRequest, _sketch_pb2.GetSketchSpecResponse]
     """One spec and, for an owner, whether it has published under it and how many more sketches
     the catalogue accepts from it. Served to the configured owners and to consumers. Fails with
@@ -76,7 +78,9 @@ class SketchCatalogServiceAsyncStub(SketchCatalogServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListSketchSpecs: _aio.UnaryUnaryMultiCallable[_sketch_pb2.ListSketchSpecsRequest, _sketch_pb2.ListSketchSpecsResponse]  # type: ignore[assignment]
-    """List the catalogue's specs. Served to the configured owners and to consumers."""
+    """List the catalogue's specs and the one the curator's summarization allocation reads. Served
+    to the configured owners and to consumers.
+    """
     GetSketchSpec: _aio.UnaryUnaryMultiCallable[_sketch_pb2.GetSketchSpecRequest, _sketch_pb2.GetSketchSpecResponse]  # type: ignore[assignment]
     """One spec and, for an owner, whether it has published under it and how many more sketches
     the catalogue accepts from it. Served to the configured owners and to consumers. Fails with
@@ -114,7 +118,9 @@ class SketchCatalogServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _sketch_pb2.ListSketchSpecsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_sketch_pb2.ListSketchSpecsResponse, _abc.Awaitable[_sketch_pb2.ListSketchSpecsResponse]]:
-        """List the catalogue's specs. Served to the configured owners and to consumers."""
+        """List the catalogue's specs and the one the curator's summarization allocation reads. Served
+        to the configured owners and to consumers.
+        """
 
     @_abc_1.abstractmethod
     def GetSketchSpec(

@@ -155,7 +155,8 @@ def test_private_ledger_charges_every_release(digits: Scenario) -> None:
         owners["mechanisms"] == 2 * cfg.iterations_subsequent * (P - 1) + ledger["auction"]["tau"]
     )
     assert 0 < validation["pld"] <= validation["theorem7"] <= validation["basic"]
-    assert 0 < owners["pld"] <= owners["theorem7"] <= owners["basic"]
+    # At delta_owners 1e-6 Theorem 7's bound is basic composition's (equal up to rounding).
+    assert 0 < owners["pld"] <= owners["theorem7"] <= owners["basic"] * (1 + 1e-12)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,112 @@
+"""Result tables that fit a terminal, and the consumer's plot (issue 13: "unreadable output").
+
+A newcomer's 80-column terminal showed ``can… │ 0.0… │ 0.6…`` and the demo's table needed 170
+columns. Tables are rendered here by rich at width 80 exactly as a terminal would show them: no
+cell may be cut to an ellipsis and no line may be wider than the terminal.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from common.summarization.summary import SummarizationConfig
+from consumer.report import (
+    comparison_table,
+    evaluate_summary,
+    mmd_curve,
+    plot_request,
+)
+from experiments.runner import simulate
+from experiments.scenarios import Scenario
+
+
+def _render(renderable: Any, width: int = 80) -> str:
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def _fits(text: str, width: int = 80) -> None:
+    assert "…" not in text, text
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= width, text
+
+
+def _eps(v: float, p: float, o: float, q: float) -> dict[str, Any]:
+    return {"validation": {"theorem7": v, "pld": p}, "owners": {"theorem7": o, "pld": q}}
+
+
+#: The demo's six rows at their widest: every method's label, flights-sized counts.
+DEMO_ROWS: list[dict[str, Any]] = [
+    {"method": "candidates", "label": "private (candidates, default)",
+     "epsilon": _eps(1.31, 1, 0, 0), "mmd2_validation": 0.0038,
+     "mmd2_over_reference_percent": -3.2, "accuracy": 0.852,
+     "owner_points_accessed": 600, "validation_points_accessed": 2456},
+    {"method": "private", "label": "private (Algorithm 3)",
+     "epsilon": _eps(1.88, 1.11, 0.299, 0.168), "mmd2_validation": 0.298,
+     "mmd2_over_reference_percent": 7532.0, "accuracy": 0.822,
+     "owner_points_accessed": 1403, "validation_points_accessed": 2456},
+    {"method": "rounds", "label": "private (rounds: Gaussian, tree, exact)",
+     "epsilon": _eps(1.0, 1.0, 2.66, 0.999), "mmd2_validation": 0.000123456,
+     "mmd2_over_reference_percent": 1499.0, "accuracy": 0.851,
+     "owner_points_accessed": 1517, "validation_points_accessed": 2456},
+    {"method": "greedy", "label": "greedy, RFF embeddings (in-process)", "epsilon": None,
+     "mmd2_validation": 0.0044, "mmd2_over_reference_percent": 13.0, "accuracy": 0.861,
+     "owner_points_accessed": 200, "validation_points_accessed": 2456},
+    {"method": "uniform", "label": "uniform sampling", "epsilon": None,
+     "mmd2_validation": 0.155, "mmd2_over_reference_percent": 3872.0, "accuracy": 0.86,
+     "owner_points_accessed": 200, "validation_points_accessed": 2456},
+    {"method": "exact-greedy", "label": "greedy, exact kernel (pooled)", "epsilon": None,
+     "mmd2_validation": 0.0039, "mmd2_over_reference_percent": 0.0, "accuracy": 0.855,
+     "owner_points_accessed": None, "validation_points_accessed": 2456},
+]  # fmt: skip
+
+
+def test_the_demo_table_fits_80_columns_without_cutting_a_value() -> None:
+    text = _render(comparison_table(DEMO_ROWS, title="flights, p = 200, seed = 0"))
+    _fits(text)
+    for value in ("0.298", "+7532%", "0.000123", "1517+2456", "1.9/1.1", "0.3/0.17", "2.7/1"):
+        assert value in text, value
+
+
+def test_the_wide_table_keeps_every_column() -> None:
+    text = _render(comparison_table(DEMO_ROWS, title="t", wide=True), width=250)
+    for header in ("MMD² to test", "K·p", "paper bound", "ε owners (Thm 7 / PLD)", "time (s)"):
+        assert header in text
+    assert "0.299 / 0.168" in text
+
+
+@pytest.mark.parametrize("method", ["candidates", "uniform"])
+def test_a_requests_own_table_fits_80_columns(digits: Scenario, method: str) -> None:
+    """The row ``dpmarket request`` prints, from a real summary and its evaluation."""
+    config = SummarizationConfig(summary_size=20, method=method, rff_dimension=32)  # type: ignore[arg-type]
+    result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=0)
+    row = evaluate_summary(result, digits.validation, config.gamma, test=digits.test, seed=0)
+    row["label"] = method
+    text = _render(comparison_table([row], title=f"{method} summary of 20 points"))
+    _fits(text)
+    assert f"{row['mmd2_validation']:.3g}" in text and f"{row['accuracy']:.3f}" in text
+
+
+def test_the_plot_draws_the_mmd_curve_and_each_owners_share(
+    digits: Scenario, tmp_path: Any
+) -> None:
+    import dataclasses
+
+    config = SummarizationConfig(summary_size=20, method="candidates", rff_dimension=32)
+    result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=0)
+    report = dataclasses.replace(result.report, left_out={"owner-x": "budget refused"})
+    result = dataclasses.replace(result, report=report)
+    path = tmp_path / "plot.png"
+    drawn = plot_request(result, digits.validation, config.gamma, path, title="t")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn["sizes"][-1] == 20
+    np.testing.assert_allclose(
+        drawn["mmd2"], mmd_curve(result.points, digits.validation, config.gamma, drawn["sizes"])
+    )
+    counts = {o: result.owner_ids.count(o) for o in set(result.owner_ids)}
+    assert drawn["shares"] == {**dict(sorted(counts.items())), "owner-x": 0}

@@ -1,0 +1,177 @@
+"""The curator checks its configured owners at start-up (issue 13: "misconfiguration surfaces
+late and looks like the consumer's fault").
+
+A real owner service (its servicer on a grpc.aio server over mTLS, in this process) answers the
+curator's :func:`curator.owners.check_owners`: a name that its certificate does not carry, and an
+allocation sketch spec of 7 columns for points of 10 features, are start-up errors naming the
+owner (and the columns); an owner that does not answer is a warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.errors import FailedPreconditionError
+from curator.owners import GrpcOwnerEndpoint, check_owners
+from deploy.pki import init_ca, issue_all
+from dpmarket.v1 import owner_pb2, owner_pb2_grpc
+from owner.data import PointSet
+from owner.protocol import Owner
+from owner.service import OwnerServicer, owner_authorizer
+from runtime.identity import Identity, identity_files
+from runtime.serving import start_server
+from runtime.transport import TransportSecurity
+
+pytestmark = pytest.mark.integration
+
+CURATOR = Identity("curator", "curator")
+OWNERS = [Identity("owner", "owner-0"), Identity("owner", "owner-1"), Identity("owner", "owner-9")]
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pki")
+    init_ca(root)
+    issue_all(root, [CURATOR, *OWNERS])
+    return root
+
+
+def _security(pki: Path, identity: Identity) -> TransportSecurity:
+    return TransportSecurity.from_files(*identity_files(pki, identity))
+
+
+async def _owner_server(pki: Path, name: str, n_features: int):  # type: ignore[no-untyped-def]
+    """Serve an owner of 20 points of ``n_features`` features; return (server, address)."""
+    identity = Identity("owner", name)
+    owner = Owner(name, PointSet(np.random.default_rng(0).random((20, n_features)), None, name))
+    security = _security(pki, identity)
+    authorizer = owner_authorizer(("curator",), security)
+
+    def register(server):  # type: ignore[no-untyped-def]
+        owner_pb2_grpc.add_OwnerServiceServicer_to_server(OwnerServicer(owner, authorizer), server)
+
+    service = owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].full_name
+    server, port, _ = await start_server(register, service, "127.0.0.1:0", security)
+    return server, f"127.0.0.1:{port}"
+
+
+def _run(pki: Path, configured: list[tuple[str, str | None]], **kwargs):  # type: ignore[no-untyped-def]
+    """Start owner-0 (10 features) and owner-1 (10 features); check ``configured`` owners,
+    each (name, address or None for owner-<name>'s own)."""
+
+    async def run():  # type: ignore[no-untyped-def]
+        servers = {n: await _owner_server(pki, n, 10) for n in ("owner-0", "owner-1")}
+        curator = _security(pki, CURATOR)
+        endpoints = [
+            GrpcOwnerEndpoint(
+                address or servers[name][1], curator, Identity("owner", name), deadline=10.0
+            )
+            for name, address in configured
+        ]
+        try:
+            return await check_owners(endpoints, **kwargs)
+        finally:
+            for endpoint in endpoints:
+                await endpoint.close()
+            for server, _ in servers.values():
+                await server.stop(None)
+
+    return asyncio.run(run())
+
+
+def test_owners_as_configured_pass(pki: Path) -> None:
+    checks = _run(
+        pki,
+        [("owner-0", None), ("owner-1", None)],
+        allocation_columns=[f"f{j}" for j in range(10)],
+        allocation_spec="digits/rff",
+    )
+    assert [(c.owner, c.error, c.warning) for c in checks] == [
+        ("owner-0", "", ""),
+        ("owner-1", "", ""),
+    ]
+
+
+def test_an_allocation_spec_of_7_columns_for_owners_of_10_is_a_start_up_error(pki: Path) -> None:
+    with pytest.raises(FailedPreconditionError) as info:
+        _run(
+            pki,
+            [("owner-0", None), ("owner-1", None)],
+            allocation_columns=[f"c{j}" for j in range(7)],
+            allocation_spec="clinic/rff",
+        )
+    message = str(info.value)
+    for owner in ("owner-0", "owner-1"):
+        assert (
+            f"--allocation-sketch-spec clinic/rff has 7 column(s) (c0, c1, c2, c3, c4, c5, c6) "
+            f"but owner {owner} at 127.0.0.1:"
+        ) in message
+    assert "holds points of 10 features" in message
+
+
+def test_an_owner_name_its_certificate_does_not_carry_is_a_start_up_error(pki: Path) -> None:
+    # owner-9 is configured at owner-1's address: the server proves owner-1.
+    async def run():  # type: ignore[no-untyped-def]
+        server, address = await _owner_server(pki, "owner-1", 10)
+        endpoint = GrpcOwnerEndpoint(address, _security(pki, CURATOR), OWNERS[2])
+        try:
+            with pytest.raises(FailedPreconditionError) as info:
+                await check_owners([endpoint])
+        finally:
+            await endpoint.close()
+            await server.stop(None)
+        return address, str(info.value)
+
+    address, message = asyncio.run(run())
+    assert message.startswith(
+        f"owner owner-9 at {address}: the server at {address} is owner:owner-1, not owner:owner-9"
+    )
+
+
+def test_an_owner_that_does_not_answer_is_a_warning(
+    pki: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        down = f"127.0.0.1:{sock.getsockname()[1]}"
+        with caplog.at_level(logging.WARNING, logger="curator.owners"):
+            checks = _run(pki, [("owner-0", None), ("owner-9", down)])
+    assert checks[0].warning == "" and checks[0].error == ""
+    assert checks[1].error == ""
+    assert checks[1].warning == (
+        f"owner owner-9 at {down}: nothing listening at {down}; sessions leave it out until it "
+        "answers"
+    )
+    assert checks[1].warning in caplog.text
+
+
+def test_the_curator_warns_when_its_allocation_would_read_no_sketch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 13: publishing sketches did not make the curator use them, and sessions then
+    charged every owner through the counts allocation without a word."""
+    from curator.cli import _warn_about_allocation
+    from curator.sketches import SketchCatalog
+
+    spec = Path(__file__).resolve().parents[2] / "deploy" / "sketches" / "flights.toml"
+    catalog = SketchCatalog.from_files(tmp_path, [spec], owners=["owner-0"], seed=0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="dpmarket"):
+            _warn_about_allocation(catalog, None, ["owner-0"])
+            _warn_about_allocation(catalog, "flights/rff", ["owner-0"])
+    finally:
+        catalog.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith(
+        "the catalogue holds RFF spec(s) flights/rff but no --allocation-sketch-spec names one"
+    )
+    assert messages[1].startswith(
+        "no sketch under flights/rff yet from owner-0: until every owner publishes one "
+        "(dpmarket sketch publish --spec flights/rff)"
+    )

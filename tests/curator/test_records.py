@@ -1,0 +1,152 @@
+"""``dpmarket curator sessions|charges``: what the curator's store holds, read without writing
+(issue 13: "a curator command to list sessions, jobs and charges").
+
+A real session manager with in-process owners fills a real curator store (a finished session, a
+refused one that stays out of the store, a failed job row written as the CAPE service writes
+it); the commands read it while the store is still open, as while the curator serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from common.summarization.summary import OwnerSelection, SummarizationConfig
+from curator.sessions import SessionManager
+from curator.store import DATABASE_FILE, CuratorRecords, CuratorStore
+from deploy.cli import main
+from experiments.scenarios import Scenario
+from owner.ledger import OwnerLedger
+from owner.local import LocalOwnerEndpoint
+from owner.policy import OwnerPolicy
+from owner.protocol import Owner
+
+CONFIG = SummarizationConfig(summary_size=8, method="candidates", rff_dimension=32)
+
+
+@pytest.fixture
+def state(tmp_path: Path, digits: Scenario) -> tuple[Path, str, CuratorStore]:
+    """A curator data directory with one finished candidates session and one failed CAPE job;
+    the store is left open (the curator still serving)."""
+    store = CuratorStore(tmp_path / "curator")
+    owners = [
+        Owner(o.name, o, ledger=OwnerLedger(tmp_path / o.name, OwnerPolicy()))
+        for o in digits.owners[:3]
+    ]
+    manager = SessionManager([LocalOwnerEndpoint(o) for o in owners], store=store)
+
+    async def run() -> str:
+        sid = await manager.create(
+            CONFIG,
+            digits.validation,
+            digits.seed_set,
+            None,
+            consumer="consumer:alice",
+            selection=OwnerSelection(min_owners=2, exclude=(digits.owners[2].name,)),
+        )
+        async for _ in manager.watch(sid, "consumer:alice"):
+            pass
+        await manager.close()
+        return sid
+
+    sid = asyncio.run(run())
+    store.create(
+        "f" * 32,
+        consumer="consumer:bob",
+        request_id="k",
+        request_digest="d",
+        method="cape-mean",
+        config={"epsilon": 1.0},
+    )
+    store.fail_document("f" * 32, "fewer than 2 sites remain", {"owner_spend": {}}, ttl=60)
+    for owner in owners:
+        assert owner.ledger is not None
+        owner.ledger.close()
+    return tmp_path / "curator", sid, store
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _invoke(*args: str) -> Any:
+    return CliRunner().invoke(main, ["curator", *args])
+
+
+def test_sessions_lists_every_session_and_job_with_what_it_charged(
+    state: tuple[Path, str, CuratorStore],
+) -> None:
+    data_dir, sid, store = state
+    before = _digest(data_dir / DATABASE_FILE)
+    printed = _invoke("sessions", "--data-dir", str(data_dir), "--json")
+    assert printed.exit_code == 0, printed.output
+    rows = json.loads(printed.stdout)["sessions"]
+    assert [(r["id"], r["kind"], r["method"], r["status"]) for r in rows] == [
+        (sid, "summarization", "candidates", "done"),
+        ("f" * 32, "cape", "cape-mean", "failed"),
+    ]
+    session = rows[0]
+    assert session["consumer"] == "consumer:alice"
+    # The charges the store holds: epsilon 1 on the owners (counts allocation), epsilon 1 on D_v.
+    assert session["charges"] == len(store.charges(sid)) > 0
+    assert session["epsilon"]["owners"] == pytest.approx(1.0)
+    assert session["epsilon"]["validation"] == pytest.approx(1.0)
+    assert session["owner_points_accessed"] > 0
+    assert list(session["left_out"].values()) == ["excluded by the consumer"]
+    assert rows[1]["error"] == "fewer than 2 sites remain" and rows[1]["charges"] == 0
+
+    table = _invoke("sessions", "--data-dir", str(data_dir))
+    assert table.exit_code == 0, table.output
+    assert sid[:8] in table.output and "candidates" in table.output
+    assert "failed: fewer than 2 sites remain" in table.output
+    assert "…" not in table.output
+    assert max(len(line) for line in table.output.splitlines()) <= 80
+    assert _digest(data_dir / DATABASE_FILE) == before  # read, never written
+
+
+def test_charges_of_one_session_by_its_short_id(state: tuple[Path, str, CuratorStore]) -> None:
+    data_dir, sid, store = state
+    printed = _invoke("charges", "--data-dir", str(data_dir), "--session", sid[:8], "--json")
+    assert printed.exit_code == 0, printed.output
+    rows = json.loads(printed.stdout)["charges"]
+    stored = store.charges(sid)
+    assert [(r["party"], r["label"], r["epsilon"], r["count"]) for r in rows] == [
+        (c.party, c.label, c.event.epsilon, c.event.count) for c in stored
+    ]
+    assert {r["session"] for r in rows} == {sid}
+    table = _invoke("charges", "--data-dir", str(data_dir), "--session", sid[:8])
+    assert table.exit_code == 0 and "relevance counts" in table.output
+    assert "…" not in table.output
+    none = _invoke("charges", "--data-dir", str(data_dir), "--session", "f%")
+    assert none.exit_code == 0 and "no charge of session 'f%'" in none.output
+
+
+def test_the_commands_refuse_a_directory_without_a_curator_store(
+    state: tuple[Path, str, CuratorStore], tmp_path: Path, digits: Scenario
+) -> None:
+    missing = _invoke("sessions", "--data-dir", str(tmp_path / "nowhere"))
+    assert missing.exit_code == 1 and "holds no curator database" in missing.output
+    owner_dir = tmp_path / digits.owners[0].name  # an owner's data directory
+    (owner_dir / DATABASE_FILE).write_bytes((owner_dir / "owner.sqlite3").read_bytes())
+    other = _invoke("charges", "--data-dir", str(owner_dir))
+    assert other.exit_code == 1 and "belongs to application 'dpmarket-owner'" in other.output
+
+
+def test_records_read_while_the_store_writes(state: tuple[Path, str, CuratorStore]) -> None:
+    data_dir, _, store = state
+    store.create(
+        "a" * 32,
+        consumer="consumer:carol",
+        request_id=None,
+        request_digest="d",
+        method="uniform",
+        config={},
+    )
+    with CuratorRecords(data_dir) as records:
+        assert records.sessions(limit=1)[0]["status"] == "running"
