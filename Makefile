@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := $(wildcard protos/dpmarket/v1/*.proto)
 OUT ?= out
 
-.PHONY: venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape demo-sketch cape-figures sketch-figures evaluate bench clean
+.PHONY: image venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape demo-sketch cape-figures sketch-figures evaluate bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -97,6 +97,13 @@ bench: $(STAMP)
 	$(PY) -m bench.secagg --into $(OUT)/bench.json
 	$(PY) -m bench.noise --out $(OUT)/bench-noise.json
 	$(PY) -m bench.sketches --out $(OUT)/bench.json
+
+# The image of deploy/Dockerfile (tag dpmarket:local) where only package registries are reachable:
+# on python:3.11-slim when it can be pulled, else on a Debian base made with debootstrap (cached
+# under ~/.cache/dpmarket); the host's CA bundle is handed to the build stage only. Variables:
+# IMAGE, BASE_IMAGE, EXTRA_CA, DPMARKET_CACHE_DIR (see deploy/build-image.sh).
+image:
+	deploy/build-image.sh
 
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache

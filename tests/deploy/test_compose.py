@@ -878,29 +878,55 @@ def test_dockerfile_healthcheck_runs_against_a_real_mtls_server(tmp_path: Path) 
 
 
 # ------------------------------------------------------------------------------ Dockerfile
+def _stages(instructions: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """The Dockerfile's stages, each from its FROM on."""
+    stages: list[list[tuple[str, str]]] = []
+    for keyword, args in instructions:
+        if keyword == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append((keyword, args))
+    return stages
+
+
 def test_dockerfile_entrypoint_user_and_sources() -> None:
     instructions = _dockerfile_instructions()
-    keywords = [k for k, _ in instructions]
-    assert instructions[0] == ("FROM", "python:3.11-slim")
-    entrypoints = [json.loads(args) for k, args in instructions if k == "ENTRYPOINT"]
+    # The base is a build argument, a public Python image by default, for every stage.
+    assert instructions[0] == ("ARG", "BASE_IMAGE=python:3.11-slim")
+    stages = _stages(instructions)
+    assert len(stages) == 2
+    assert [shlex.split(stage[0][1])[0] for stage in stages] == ["${BASE_IMAGE}"] * 2
+    build, final = stages
+    assert shlex.split(build[0][1])[1:] == ["AS", "build"]
+    keywords = [k for k, _ in final]
+    entrypoints = [json.loads(args) for k, args in final if k == "ENTRYPOINT"]
     assert entrypoints[-1] == ["dpmarket"]
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert pyproject["project"]["scripts"]["dpmarket"] == "deploy.cli:main"
-    # Runs as a non-root user from the last USER on.
-    users = [args for k, args in instructions if k == "USER"]
+    # The final stage runs as a non-root user from the last USER on.
+    users = [args for k, args in final if k == "USER"]
     assert users, "the image must not run as root"
     assert users[-1].split(":")[0] not in {"root", "0"}
     assert keywords.index("ENTRYPOINT") > max(i for i, k in enumerate(keywords) if k == "USER")
-    # `pip install .` needs pyproject, the readme and every package directory.
+    # Nothing of the build context reaches the final stage (sources, the optional CA bundle):
+    # it copies the build stage's virtual environment only.
+    copies = [shlex.split(args) for k, args in final if k in ("COPY", "ADD")]
+    assert copies == [["--from=build", "/opt/dpmarket", "/opt/dpmarket"]], copies
+    assert "extra-ca" not in json.dumps(final) and "PIP_CERT" not in json.dumps(final)
+    # The build stage: `pip install .` needs pyproject, the readme and every package directory;
+    # the CA bundle is optional (a glob beside a file that always exists).
     copied: set[str] = set()
-    for keyword, args in instructions:
+    for keyword, args in build:
         if keyword == "COPY":
             sources = [a for a in shlex.split(args)[:-1] if not a.startswith("--")]
             copied.update(s.rstrip("/") for s in sources)
     needed = {"pyproject.toml", pyproject["project"]["readme"]}
     needed |= {p.split("/")[0] for p in pyproject["tool"]["setuptools"]["package-dir"].values()}
     assert needed <= copied, f"Dockerfile does not copy {sorted(needed - copied)}"
-    assert any(k == "RUN" and "pip install ." in args for k, args in instructions)
+    assert "build/image/extra-ca.pe[m]" in copied
+    assert any(k == "RUN" and re.search(r"pip install .*--no-deps \.", a) for k, a in build)
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert "!build/image/extra-ca.pem" in ignored and ".venv*" in ignored
 
 
 def test_image_creates_every_volume_mount_point_for_its_user(config: dict[str, Any]) -> None:
