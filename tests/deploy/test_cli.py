@@ -31,3 +31,26 @@ def test_out_of_range_parameter_is_a_usage_error(tmp_path) -> None:  # type: ign
     )  # fmt: skip
     assert result.exit_code == 2
     assert "delta_owners" in result.output
+
+
+def test_scenario_sizes_the_flights_split_and_refuses_sizes_for_digits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    runner = CliRunner()
+    out = tmp_path / "flights"
+    args = ["scenario", "flights", "--out", str(out), "--owners", "2"]
+    result = runner.invoke(main, [*args, "--max-points-per-owner", "30"])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((out / "scenario.json").read_text())
+    assert [o["n_points"] for o in meta["owners"]] == [30, 30]
+    assert [o["table"] for o in meta["owners"]] == [
+        "owner-0-table.parquet",
+        "owner-1-table.parquet",
+    ]
+    assert (out / "owner-1-table.parquet").is_file()
+    digits = runner.invoke(
+        main, ["scenario", "digits", "--out", str(tmp_path / "d"), "--owners", "2"]
+    )
+    assert digits.exit_code == 2 and "fixed split" in digits.output
+    too_many = runner.invoke(main, [*args[:-1], "99", "--max-points-per-owner", "30"])
+    assert too_many.exit_code == 2 and "n_owners" in too_many.output
