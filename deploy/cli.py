@@ -48,6 +48,7 @@ from deploy.cli_common import check_outputs as _check_outputs
 from deploy.cli_common import security_from_options as _security
 from deploy.cli_common import tls_options
 from deploy.evaluate import EVAL_METHODS
+from deploy.health import health_command
 from deploy.owner_commands import owner as owner_group
 from deploy.pki import pki
 from deploy.scenarios import SCENARIO_NAMES
@@ -410,46 +411,6 @@ def serve_curator(
     finally:
         catalog.close()
         store.close()
-
-
-@main.command("health")
-@click.option("--target", required=True, metavar="HOST:PORT", help="The service to probe.")
-@click.option(
-    "--expect",
-    default=None,
-    metavar="ROLE:NAME",
-    help="The identity the service's certificate must carry (required with mTLS).",
-)
-@click.option("--timeout", default=3.0, type=click.FloatRange(min=0.1), help="Seconds.")
-@tls_options
-def health_command(target: str, expect: str | None, timeout: float, **tls: Any) -> None:
-    """Probe a service's grpc.health.v1 status over mTLS; exit 0 when it is SERVING."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from dpmarket.transport import sync_channel
-
-    role = Identity.parse(f"{expect}").role if expect else None
-    security = _security(role if tls.get("pki_dir") else None, **tls)
-    expected = None
-    if not security.insecure:
-        if not expect:
-            raise click.UsageError("--expect ROLE:NAME is required with mTLS")
-        try:
-            expected = Identity.parse(expect)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--expect") from exc
-    with sync_channel(target, security, expected) as channel:
-        try:
-            response = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=timeout
-            )
-        except grpc.RpcError as exc:
-            raise click.ClickException(f"{target}: {exc.code().name}: {exc.details()}") from exc
-    status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
-    console.print(f"{target}: {status}")
-    if response.status != health_pb2.HealthCheckResponse.SERVING:
-        raise SystemExit(1)
 
 
 # ----------------------------------------------------------------- protocol options
@@ -1560,6 +1521,7 @@ def cape_demo_command(out_dir: str, epsilon: float, delta: float, seed: int) -> 
 cape_group.add_command(cape_figures, "figures")
 
 
+main.add_command(health_command)
 main.add_command(pki)
 main.add_command(owner_group)
 main.add_command(cape_group)

@@ -54,3 +54,38 @@ def test_scenario_sizes_the_flights_split_and_refuses_sizes_for_digits(tmp_path)
     assert digits.exit_code == 2 and "fixed split" in digits.output
     too_many = runner.invoke(main, [*args[:-1], "99", "--max-points-per-owner", "30"])
     assert too_many.exit_code == 2 and "n_owners" in too_many.output
+
+
+def test_the_health_probe_and_the_ledger_start_without_numpy_or_the_protocols() -> None:
+    """`dpmarket health` (every container's health check, every few seconds) and `dpmarket
+    owner` load neither the numerical libraries nor the rest of the CLI; every other command
+    runs the whole CLI, which lists them too."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from deploy.entry import main
+sys.argv = ["dpmarket", *sys.argv[1:]]
+try:
+    main()
+except SystemExit:
+    pass
+print(sorted(m for m in ("numpy", "pandas", "scipy", "deploy.cli") if m in sys.modules))
+"""
+
+    def run(*args: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120
+        )
+        return done.stdout.strip().splitlines()
+
+    health = run("health", "--help")
+    assert any("--expect" in line for line in health)
+    assert health[-1] == "[]"
+    ledger = run("owner", "ledger", "--help")
+    assert any("--data-dir" in line for line in ledger)
+    assert ledger[-1] == "[]"
+    everything = run("--help")
+    assert everything[-1] == "['deploy.cli', 'numpy', 'pandas', 'scipy']"
+    assert {"health", "owner"} <= {line.split()[0] for line in everything if line.startswith("  ")}

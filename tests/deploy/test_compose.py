@@ -902,7 +902,7 @@ def test_dockerfile_entrypoint_user_and_sources() -> None:
     entrypoints = [json.loads(args) for k, args in final if k == "ENTRYPOINT"]
     assert entrypoints[-1] == ["dpmarket"]
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert pyproject["project"]["scripts"]["dpmarket"] == "deploy.cli:main"
+    assert pyproject["project"]["scripts"]["dpmarket"] == "deploy.entry:main"
     # The final stage runs as a non-root user from the last USER on.
     users = [args for k, args in final if k == "USER"]
     assert users, "the image must not run as root"
