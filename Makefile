@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := $(wildcard protos/dpmarket/v1/*.proto)
 OUT ?= out
 
-.PHONY: image venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape demo-sketch cape-figures sketch-figures evaluate bench clean
+.PHONY: image compose-test venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape demo-sketch cape-figures sketch-figures evaluate bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -104,6 +104,13 @@ bench: $(STAMP)
 # IMAGE, BASE_IMAGE, EXTRA_CA, DPMARKET_CACHE_DIR (see deploy/build-image.sh).
 image:
 	deploy/build-image.sh
+
+# deploy/docker-compose.yml end to end on a real Docker engine (started, as root, from Debian's
+# docker.io when none runs): the image, then tests/deploy/test_compose_stack.py (a summary, CAPE
+# jobs, sketches and exploration compared with their in-process runs; an owner and the curator
+# killed and restarted); the stack is removed with its volumes afterwards. Not part of `test`.
+compose-test: $(STAMP)
+	PYTHON=$(PY) deploy/compose-test.sh
 
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache
