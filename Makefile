@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := $(wildcard protos/dpmarket/v1/*.proto)
 OUT ?= out
 
-.PHONY: image compose-test venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape demo-sketch cape-figures sketch-figures evaluate bench clean
+.PHONY: image compose-test wan-test venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape demo-sketch cape-figures sketch-figures evaluate bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -111,6 +111,12 @@ image:
 # killed and restarted); the stack is removed with its volumes afterwards. Not part of `test`.
 compose-test: $(STAMP)
 	PYTHON=$(PY) deploy/compose-test.sh
+
+# Owners, curator and consumer on separate hosts (network namespaces, as root) over a 100 Mbit/s,
+# 100 ms round-trip WAN (tc tbf and a delaying relay, deploy/wan.py), set up by the steps of
+# deploy/README.md's "Owners on separate hosts": tests/deploy/test_wan.py. Not part of `test`.
+wan-test: $(STAMP)
+	$(PY) -m pytest -q -m wan tests/deploy/test_wan.py
 
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache
