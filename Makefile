@@ -43,7 +43,7 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 typecheck: $(STAMP)
-	$(BIN)/mypy common curator owner consumer deploy bench
+	$(BIN)/mypy common runtime curator owner consumer deploy experiments bench
 
 # The test suite: unit, statistical and integration tests (real processes, real gRPC).
 test: $(STAMP)

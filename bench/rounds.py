@@ -3,7 +3,7 @@
 For every workload (K owners of N points each) and every method (``private``, ``greedy``) the
 same session, with the same seed, runs three times in one invocation:
 
-* **in-process**: :func:`deploy.runner.simulate`, owners as plain objects in this process;
+* **in-process**: :func:`experiments.runner.simulate`, owners as plain objects in this process;
 * **networked, mTLS** (the production transport): :class:`deploy.launcher.LocalCluster` (K owner
   processes and a curator process on 127.0.0.1, certificates issued by the launcher) driven by
   :meth:`consumer.client.CuratorClient.summarize`;
@@ -350,7 +350,7 @@ def run_workload(
     """
     from consumer.client import CuratorClient
     from deploy.launcher import LocalCluster
-    from deploy.runner import simulate
+    from experiments.runner import simulate
 
     t0 = time.perf_counter()
     data = make_data(w)

@@ -70,9 +70,9 @@ from common.secagg.fixedpoint import FixedPoint
 from common.secagg.protocol import RoundParams, run_in_process
 from curator.owners import CALL_DEADLINE_SECONDS, GrpcOwnerEndpoint
 from curator.secagg import aggregate
-from deploy.pki import identity_files, init_ca, issue_all
-from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity
+from deploy.pki import init_ca, issue_all
+from runtime.identity import Identity, identity_files
+from runtime.transport import TransportSecurity
 
 SITES: tuple[int, ...] = (5, 20)
 LENGTHS: tuple[int, ...] = (1_000, 100_000)

@@ -28,14 +28,13 @@ from numpy.typing import NDArray
 from common.errors import FailedPreconditionError, NotFoundError
 from common.privacy.rng import production_rng
 from common.secagg.protocol import RoundParams
-from deploy.pki import identity_files
-from dpmarket.identity import Identity
-from dpmarket.serving import serve_until_signalled, start_server, write_port
-from dpmarket.transport import TransportSecurity
 from dpmarket.v1 import secure_aggregation_pb2, secure_aggregation_pb2_grpc
 from owner.cape_service import SecureAggregationServicer
 from owner.secagg import SiteRounds
 from owner.service import owner_authorizer, site_identity
+from runtime.identity import Identity, identity_files
+from runtime.serving import serve_until_signalled, start_server, write_port
+from runtime.transport import TransportSecurity
 
 logger = logging.getLogger(__name__)
 

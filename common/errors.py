@@ -1,10 +1,19 @@
 """Protocol errors, one class per outcome a caller must handle differently.
 
-The services map each class to a gRPC status code (``dpmarket.status``); the in-process runs raise
+The services map each class to a gRPC status code (``runtime.status``); the in-process runs raise
 them as they are. ``ValueError`` from input validation counts as :class:`InvalidArgumentError`.
+
+An owner's refusals must depend only on public inputs (the request and the owner's public
+declarations: its row count, its columns, its declared 0/1 columns, its policy and budget), never
+on its rows. Computations on the rows run under :func:`on_private_data`, which turns whatever they
+raise into a :class:`PrivateDataError`: its text stays in the owner's own log and the wire carries
+a fixed message (``dpmarket.status.abort_for``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class DPMarketError(Exception):
@@ -46,3 +55,38 @@ class UnavailableError(DPMarketError):
 
 class AbortedError(DPMarketError):
     """A session that failed; the message says why (``ABORTED``)."""
+
+
+class PrivateDataError(DPMarketError):
+    """A computation on an owner's private data failed; the message may name rows and values.
+
+    It is for the owner's own log only: a service answers ``INTERNAL`` with the fixed message of
+    any unexpected error (``dpmarket.status.abort_for``), so neither the text nor the code tells
+    a data-dependent failure from any other. The owner's checks make such a failure a bug, never
+    an answer to a request: records are clamped to the request's public bounds, and every other
+    refusal is decided on public inputs before the rows are read.
+    """
+
+
+@contextmanager
+def on_private_data(what: str) -> Iterator[None]:
+    """Run a computation on an owner's private data; re-raise any exception as
+    :class:`PrivateDataError` (``"<what>: <original message>"``, chained to the original).
+
+    Parameters
+    ----------
+    what : str
+        What is being computed, for the owner's log (e.g. ``"CAPE release"``).
+
+    Raises
+    ------
+    PrivateDataError
+        Whatever the block raised (``Exception`` subclasses; ``BaseException`` such as
+        ``KeyboardInterrupt`` passes through unchanged).
+    """
+    try:
+        yield
+    except PrivateDataError:
+        raise
+    except Exception as exc:
+        raise PrivateDataError(f"{what}: {exc}") from exc

@@ -28,11 +28,6 @@ from common.summarization.summary import (
     SummaryResult,
 )
 from consumer import convert
-from dpmarket import cape_messages, sketch_messages
-from dpmarket.identity import Identity
-from dpmarket.serving import GRPC_OPTIONS
-from dpmarket.status import error_from_rpc
-from dpmarket.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
@@ -41,6 +36,11 @@ from dpmarket.v1 import (
     sketch_pb2,
     sketch_pb2_grpc,
 )
+from runtime import cape_messages, sketch_messages
+from runtime.identity import Identity
+from runtime.serving import GRPC_OPTIONS
+from runtime.status import error_from_rpc
+from runtime.transport import TransportSecurity, sync_channel
 
 
 class SessionFailedError(AbortedError):
@@ -386,8 +386,8 @@ class CapeNetwork:
     report: dict[str, Any]
 
     def predict_proba(self, features: NDArray[np.float64]) -> NDArray[np.float64]:
-        """``P[y = 1 | x]`` for raw feature rows of shape (n, D) (mapped by the spec's bounds;
-        ``ValueError`` naming row and column for a value outside them)."""
+        """``P[y = 1 | x]`` for raw feature rows of shape (n, D) (clamped to the spec's bounds and
+        mapped by them, as the owners mapped theirs)."""
         return predict_proba(self.parameters, self.spec.scale(features), self.spec.hidden)
 
     def accuracy(self, features: NDArray[np.float64], labels: NDArray[np.float64]) -> float:

@@ -8,7 +8,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.errors import InvalidArgumentError
-from common.summarization.endpoints import SessionSpend
+from common.privacy.ledger import SessionSpend
 from common.summarization.summary import (
     PARAMETER_NAMES,
     ProgressEvent,
@@ -17,8 +17,8 @@ from common.summarization.summary import (
     SummarizationConfig,
     SummaryResult,
 )
-from dpmarket.arrays import array_to_proto, labeled_points_from_proto
 from dpmarket.v1 import curator_pb2
+from runtime.arrays import array_to_proto, labeled_points_from_proto
 
 _METHODS = {
     "private": curator_pb2.METHOD_PRIVATE,

@@ -1,4 +1,4 @@
-"""Evaluate summaries and present them: metrics, the comparison table, JSON and the MMD plot.
+"""Evaluate summaries and present them: metrics, the comparison table and the MMD plot.
 
 The consumer holds the validation set and a labeled target test set, so it is the party that
 measures a summary: exact MMD^2 (Eq. 1) to the validation set and to held-out target data, and the
@@ -7,7 +7,6 @@ accuracy of a linear SVM trained on the summary (Section 4).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,7 +19,7 @@ from rich.table import Table
 from common.summarization.kernels import mmd2
 from common.summarization.summary import SummaryResult
 from consumer.evaluation import downstream_accuracy
-from owner.data import PointSet, atomic_write
+from owner.data import PointSet
 
 
 def evaluate_summary(
@@ -219,18 +218,3 @@ def plot_mmd_curves(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def write_json(data: Any, path: str | Path) -> None:
-    """Write ``data`` as indented JSON (numpy scalars converted), atomically."""
-
-    def default(obj: Any) -> Any:
-        if isinstance(obj, np.generic):
-            return obj.item()
-        if isinstance(obj, np.ndarray):
-            return obj.tolist()
-        raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
-
-    text = json.dumps(data, indent=2, default=default) + "\n"
-    with atomic_write(path) as fh:
-        fh.write(text.encode("utf-8"))

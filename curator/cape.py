@@ -52,10 +52,9 @@ from common.errors import (
 )
 from common.ids import short_id
 from common.privacy.accounting import PrivacyEvent
-from common.privacy.ledger import Charge
+from common.privacy.ledger import Charge, SessionSpend
 from common.secagg.fixedpoint import FixedPoint
 from common.secagg.protocol import RoundParams
-from common.summarization.endpoints import SessionSpend
 from curator.secagg import AggregationOutcome, aggregate
 
 logger = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ against ``owners_epsilon`` / ``owners_delta``, the number of columns, a training
 hyper-parameters and work, seeded jobs, the consumer's request rate and the number of jobs
 running), runs the job across the owners (:mod:`curator.cape`: a capeFM model, a mean or a
 training), records the job, its charge (before any release) and its result in the curator's
-store, and answers a retried request with the same result. :class:`CapeServicer` is the thin
-gRPC adapter, open to consumers.
+store, and answers a retried request as the summarization sessions do
+(:meth:`CapeJobs.fit`). :class:`CapeServicer` is the thin gRPC adapter, open to consumers.
 """
 
 from __future__ import annotations
@@ -21,11 +21,14 @@ from typing import Any
 
 import numpy as np
 
+from common import errors
 from common.cape.endpoints import CapeSiteEndpoint
 from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.errors import (
+    AbortedError,
     DPMarketError,
     InvalidArgumentError,
+    NotFoundError,
     PermissionDeniedError,
     ResourceExhaustedError,
 )
@@ -34,14 +37,32 @@ from common.privacy.rng import make_rng
 from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
 from curator.policy import CuratorPolicy, RequestRate
 from curator.store import CuratorStore
-from dpmarket import cape_messages as msg
-from dpmarket.authz import Authorizer, rpc
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc
+from runtime import cape_messages as msg
+from runtime.authz import Authorizer, rpc
 
 logger = logging.getLogger(__name__)
 
 #: Longest accepted idempotency key.
 MAX_REQUEST_ID_LENGTH = 128
+
+
+class _Refused(Exception):
+    """A job that failed before any charge (nothing released): its key is freed."""
+
+    def __init__(self, error: DPMarketError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _failure(error: str, document: dict[str, Any] | None) -> DPMarketError:
+    """The error a stored failure is answered with again: its class (recorded in the document,
+    ``AbortedError`` when unknown, e.g. after a restart) and its message."""
+    name = (document or {}).get("error_type", "")
+    cls = getattr(errors, name, None) if name.endswith("Error") else None
+    if not (isinstance(cls, type) and issubclass(cls, DPMarketError)):
+        cls = AbortedError
+    return cls(error)
 
 
 class CapeJobs:
@@ -74,7 +95,7 @@ class CapeJobs:
         self.rate = rate
         self.call_timeout = call_timeout
         self._running = 0
-        self._done: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+        self._done: dict[tuple[str, str], tuple[str, dict[str, Any] | DPMarketError]] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     async def fit(
@@ -89,6 +110,16 @@ class CapeJobs:
         """Run a CAPE job; return its document: ``{"weights", "intercept", "report"}`` (capeFM),
         ``{"mean", "report"}`` (a mean) or ``{"parameters", "report"}`` (a training).
 
+        A retry with the same ``request_id`` and request (as summarization's CreateSession):
+
+        * of a job that succeeded returns its document, charging nothing new;
+        * of a job that failed after its charge (the owners may have released) fails again with
+          the same error class and message, charging and running nothing;
+        * of a job refused before any charge (nothing released: an owner's refusal at open, a
+          site count below two) runs afresh — a refusal leaves nothing under its key, as a
+          refused CreateSession never stores one;
+        * of a job whose result expired fails with ``NotFoundError``, charging nothing.
+
         Raises
         ------
         PermissionDeniedError
@@ -98,6 +129,8 @@ class CapeJobs:
             policy, a malformed key, or a key reused with another request.
         ResourceExhaustedError
             Beyond the request rate or the jobs running at once.
+        NotFoundError
+            For a retry whose result has expired.
         DPMarketError
             As the job's ``run`` (:mod:`curator.cape`); nothing is released when an owner
             refuses at open.
@@ -108,7 +141,10 @@ class CapeJobs:
             )
         self.policy.check_cape(spec)
         if not request_id:
-            return await self._fit(spec, seed, consumer, None, request_digest)
+            try:
+                return await self._fit(spec, seed, consumer, None, request_digest)
+            except _Refused as refused:
+                raise refused.error from None
         if len(request_id) > MAX_REQUEST_ID_LENGTH or not (
             request_id.isascii() and request_id.isprintable()
         ):
@@ -119,24 +155,53 @@ class CapeJobs:
         async with self._locks.setdefault(key, asyncio.Lock()):
             done = self._done.get(key) or self._stored(consumer, request_id)
             if done is not None:
-                digest, document = done
+                digest, outcome = done
                 if digest != request_digest:
                     raise InvalidArgumentError(
                         f"request_id {request_id!r} was already used for another request"
                     )
-                return document
-            document = await self._fit(spec, seed, consumer, request_id, request_digest)
+                if isinstance(outcome, DPMarketError):
+                    raise type(outcome)(str(outcome))
+                logger.info("CAPE request %r of %s retried: nothing new", request_id, consumer)
+                return outcome
+            try:
+                document = await self._fit(spec, seed, consumer, request_id, request_digest)
+            except _Refused as refused:
+                raise refused.error from None
+            except DPMarketError as exc:  # failed after its charge: the same answer on retry
+                self._done[key] = (request_digest, exc)
+                raise
             self._done[key] = (request_digest, document)
             return document
 
-    def _stored(self, consumer: str, request_id: str) -> tuple[str, dict[str, Any]] | None:
+    def _stored(
+        self, consumer: str, request_id: str
+    ) -> tuple[str, dict[str, Any] | DPMarketError] | None:
+        """What the store holds under a key, with the digest of the request that used it: a
+        document, a failure to answer again, or nothing (no job, or a job refused before any
+        charge, whose key is freed here whatever request comes now: a refused summarization
+        request stores no key either)."""
         if self.store is None:
             return None
         row = self.store.find_request(consumer, request_id)
         if row is None:
             return None
-        document = self.store.document(row.id)
-        return None if document is None else (row.request_digest, document)
+        digest = row.request_digest  # the caller refuses the key for another request
+        if row.status == "done":
+            document = self.store.document(row.id)
+            if document is None:
+                return digest, NotFoundError(
+                    f"the result of request_id {request_id!r} (job {short_id(row.id)}) has "
+                    "expired; nothing was charged again (send a new request_id to run it anew)"
+                )
+            return digest, document
+        failure = self.store.failure(row.id)
+        if failure is None:  # running: only while this curator restarts
+            return digest, AbortedError(f"job {short_id(row.id)} of this request is running")
+        if not self.store.charges(row.id):  # refused before any release: run it afresh
+            self.store.forget_request(row.id)
+            return None
+        return digest, _failure(*failure)
 
     async def _fit(
         self,
@@ -154,6 +219,14 @@ class CapeJobs:
             )
         job_id = new_session_id()
         store = self.store
+        charged = False
+
+        def on_charge(charges: Sequence[Any]) -> None:
+            nonlocal charged
+            if store is not None:
+                store.record_charges(job_id, charges)
+            charged = True
+
         if store is not None:
             store.create(
                 job_id,
@@ -170,7 +243,7 @@ class CapeJobs:
             make_rng(seed),
             consumer=consumer,
             call_timeout=self.call_timeout,
-            on_charge=None if store is None else lambda c: store.record_charges(job_id, c),
+            on_charge=on_charge,
         )
         ttl = self.policy.result_ttl_seconds
         self._running += 1
@@ -180,7 +253,12 @@ class CapeJobs:
             logger.warning("CAPE job %s failed: %s", short_id(job_id), exc)
             if store is not None:
                 spend = {n: dataclasses.asdict(s) for n, s in job.owner_spend.items()}
-                store.fail_document(job_id, str(exc), {"owner_spend": spend}, ttl=ttl)
+                failed = {"owner_spend": spend, "error_type": type(exc).__name__}
+                store.fail_document(job_id, str(exc), failed, ttl=ttl)
+                if not charged and request_id is not None:
+                    store.forget_request(job_id)
+            if not charged:
+                raise _Refused(exc) from exc
             raise
         finally:
             self._running -= 1

@@ -10,7 +10,8 @@ from google.protobuf import duration_pb2
 from numpy.typing import NDArray
 
 from common.errors import InvalidArgumentError
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
+from common.privacy.ledger import SessionSpend
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.summarization.summary import (
     PARAMETER_NAMES,
     ProgressEvent,
@@ -19,8 +20,8 @@ from common.summarization.summary import (
     SummaryResult,
 )
 from common.summarization.terms import OwnerTerms
-from dpmarket.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
 from dpmarket.v1 import curator_pb2, owner_pb2, privacy_pb2
+from runtime.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
 
 
 def terms_to_proto(terms: OwnerTerms) -> privacy_pb2.PrivacyTerms:

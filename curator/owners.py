@@ -18,17 +18,12 @@ from numpy.typing import NDArray
 
 from common.cape.spec import AnyCapeSpec
 from common.errors import UnavailableError
+from common.privacy.ledger import SessionSpend
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.summarization.rff import RFFParams
 from common.summarization.terms import OwnerTerms
 from curator import convert
-from dpmarket import cape_messages as msg
-from dpmarket.arrays import array_to_proto
-from dpmarket.identity import Identity
-from dpmarket.serving import GRPC_OPTIONS
-from dpmarket.status import error_from_rpc
-from dpmarket.transport import TransportSecurity, aio_channel
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
@@ -37,6 +32,12 @@ from dpmarket.v1 import (
     secure_aggregation_pb2,
     secure_aggregation_pb2_grpc,
 )
+from runtime import cape_messages as msg
+from runtime.arrays import array_to_proto
+from runtime.identity import Identity
+from runtime.serving import GRPC_OPTIONS
+from runtime.status import error_from_rpc
+from runtime.transport import TransportSecurity, aio_channel
 
 T = TypeVar("T")
 

@@ -22,10 +22,6 @@ from curator.sessions import SessionManager
 from curator.sketch_service import SketchCatalogServicer, catalog_authorizer
 from curator.sketches import SketchCatalog
 from curator.store import CuratorStore
-from dpmarket.authz import Authorizer, rpc, rpc_stream
-from dpmarket.identity import Identity
-from dpmarket.serving import serve_until_signalled, start_server, write_port
-from dpmarket.transport import TransportSecurity
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
@@ -34,6 +30,10 @@ from dpmarket.v1 import (
     sketch_pb2,
     sketch_pb2_grpc,
 )
+from runtime.authz import Authorizer, rpc, rpc_stream
+from runtime.identity import Identity
+from runtime.serving import serve_until_signalled, start_server, write_port
+from runtime.transport import TransportSecurity
 
 logger = logging.getLogger(__name__)
 

@@ -44,9 +44,9 @@ from common.summarization.summary import (
     SummaryResult,
 )
 from curator.policy import CuratorPolicy, RequestRate
-from curator.protocol import SummarizationSession
 from curator.sketches import SketchCatalog
 from curator.store import CuratorStore, StoredSession
+from curator.summarization.session import SummarizationSession
 
 logger = logging.getLogger(__name__)
 

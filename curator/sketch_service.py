@@ -14,11 +14,11 @@ from collections.abc import Collection
 
 from curator.policy import CuratorPolicy
 from curator.sketches import SketchCatalog
-from dpmarket import sketch_messages as msg
-from dpmarket.authz import Authorizer, rpc
-from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
+from runtime import sketch_messages as msg
+from runtime.authz import Authorizer, rpc
+from runtime.identity import Identity
+from runtime.transport import TransportSecurity
 
 logger = logging.getLogger(__name__)
 

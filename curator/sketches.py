@@ -41,8 +41,8 @@ from common.sketches.sketch import PrivateSketch
 from common.sketches.spec import PublishedSketch, SketchDeclaration, SketchSpec
 from curator.policy import CuratorPolicy
 from curator.store import APPLICATION, DATABASE_FILE, MIGRATIONS
-from dpmarket.database import open_database, snapshot, transaction
-from dpmarket.sketch_messages import sketch_bytes, sketch_from_bytes, spec_bytes, spec_from_bytes
+from runtime.database import open_database, snapshot, transaction
+from runtime.sketch_messages import sketch_bytes, sketch_from_bytes, spec_bytes, spec_from_bytes
 
 __all__ = ["LocalCatalogEndpoint", "SketchCatalog", "load_declaration"]
 

@@ -1,6 +1,6 @@
 """The curator's durable state: sessions, their results and every privacy charge (SQLite).
 
-One database per curator (``curator.sqlite3`` in its data directory, :mod:`dpmarket.database`:
+One database per curator (``curator.sqlite3`` in its data directory, :mod:`runtime.database`:
 WAL, ``synchronous=FULL``, versioned schema). What it keeps and why:
 
 * ``sessions``: who created each session (the consumer identity: only it may see the session),
@@ -32,10 +32,9 @@ from typing import Any, Literal
 import numpy as np
 
 from common.privacy.accounting import PrivacyEvent
-from common.privacy.ledger import Charge
-from common.summarization.endpoints import SessionSpend
+from common.privacy.ledger import Charge, SessionSpend
 from common.summarization.summary import SessionReport, SummaryResult
-from dpmarket.database import open_database, snapshot, transaction
+from runtime.database import open_database, snapshot, transaction
 
 APPLICATION = "dpmarket-curator"
 DATABASE_FILE = "curator.sqlite3"
@@ -313,6 +312,24 @@ class CuratorStore:
                 "expires_at = ?, document = ? WHERE id = ?",
                 (error, now, now + ttl, json.dumps(document, sort_keys=True), session_id),
             )
+
+    def forget_request(self, session_id: str) -> None:
+        """Free a session's idempotency key (the row, its status and charges stay): a request
+        refused before any release leaves no answer under its key, so a retry runs afresh."""
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute("UPDATE sessions SET request_id = NULL WHERE id = ?", (session_id,))
+
+    def failure(self, session_id: str) -> tuple[str, dict[str, Any] | None] | None:
+        """A failed job's error and JSON document (None once expired), or None if the row is
+        not failed."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT error, document FROM sessions WHERE id = ? AND status = 'failed'",
+                (session_id,),
+            ).fetchone()
+        if row is None:
+            return None
+        return str(row[0] or ""), None if row[1] is None else json.loads(row[1])
 
     def document(self, session_id: str) -> dict[str, Any] | None:
         """A done job's JSON document, or None (not done, expired, or a summary session)."""

@@ -43,14 +43,14 @@ from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.privacy.noise import SeededNoise
 from common.privacy.rng import make_rng
 from curator.cape import owner_seeds
-from deploy.cape_experiments import (
+from deploy.launcher import POLICIES, LocalCluster, budget_table, owner_budgets
+from experiments.cape_experiments import (
     DIAMONDS_BOUNDS,
     DIAMONDS_FEATURES,
     DIAMONDS_TARGET,
     DIAMONDS_TARGET_COLUMN,
     diamonds_table,
 )
-from deploy.launcher import POLICIES, LocalCluster, budget_table, owner_budgets
 
 #: Owners of each deployment.
 SITES = 5
@@ -134,7 +134,10 @@ def _write_tables(frame: pd.DataFrame, directory: Path, seed: int) -> tuple[list
     return paths, parts
 
 
-def _cluster(out_dir: Path, name: str, tables: Sequence[Path]) -> LocalCluster:
+def _cluster(
+    out_dir: Path, name: str, tables: Sequence[Path], binary: Sequence[str] = ()
+) -> LocalCluster:
+    """The owner processes of one data set; ``binary``: the columns they declare 0/1."""
     state_dir = out_dir / "state" / name
     shutil.rmtree(state_dir, ignore_errors=True)  # a demo starts from fresh ledgers
     return LocalCluster(
@@ -144,6 +147,7 @@ def _cluster(out_dir: Path, name: str, tables: Sequence[Path]) -> LocalCluster:
         state_dir=state_dir,
         owner_policy=POLICIES / "demo-owner.toml",
         owner_tables=tables,
+        owner_binary_columns=binary,
     )
 
 
@@ -278,7 +282,7 @@ def run_cape_demo(
         The report.
     """
     from consumer.client import CuratorClient
-    from consumer.report import write_json
+    from runtime.files import write_json
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # ------------------------------------------------------------------------- diamonds
@@ -340,7 +344,7 @@ def run_cape_demo(
         f"2-layer network ({TRAIN_HIDDEN} hidden units, {TRAIN_ITERATIONS} iterations; epsilon "
         f"= {epsilon}, delta = {TRAIN_DELTA} per owner over the whole training)"
     )
-    with _cluster(out_dir, "spam", tables) as cluster:
+    with _cluster(out_dir, "spam", tables, binary=[SPAM_TARGET]) as cluster:
         with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
             logreg = client.fit_cape(logreg_spec, seed=seed)
             network = client.train_cape(train_spec, seed=seed)

@@ -3,7 +3,7 @@
 Every container of deploy/docker-compose.yml runs this as its health check every few seconds, so
 it lives apart from :mod:`deploy.cli` (which loads numpy, pandas, scipy and every protocol): the
 console script (:func:`deploy.entry.main`) runs it after importing only click, grpc and the
-transport, about a tenth of the CPU time of the whole CLI's start.
+runtime (:mod:`runtime.cli`), about a fifth of the CPU time of the whole CLI's start.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import click
 from rich.console import Console
 
-from deploy.cli_common import security_from_options, tls_options
-from dpmarket.identity import Identity
+from runtime.cli import security_from_options, tls_options
+from runtime.identity import Identity
 
 __all__ = ["health_command"]
 
@@ -38,7 +38,7 @@ def health_command(target: str, expect: str | None, timeout: float, **tls: Any) 
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from dpmarket.transport import sync_channel
+    from runtime.transport import sync_channel
 
     role = Identity.parse(f"{expect}").role if expect else None
     security = security_from_options(role if tls.get("pki_dir") else None, **tls)

@@ -28,12 +28,13 @@ from rich.console import Console
 from rich.table import Table
 
 from common.errors import UnavailableError
-from common.summarization.kernels import exact_kernel_greedy
-from common.summarization.summary import METHODS, SessionReport, SummarizationConfig, SummaryResult
-from deploy.pki import CA_CERT, identity_files, init_ca, issue_all
-from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity
+from common.summarization.summary import METHODS, SummarizationConfig, SummaryResult
+from deploy.pki import init_ca, issue_all
+from experiments.runner import exact_greedy_summary
 from owner.data import feature_columns
+from runtime.cli import progress_printer
+from runtime.identity import CA_CERT, Identity, identity_files
+from runtime.transport import TransportSecurity
 
 #: Seconds to wait for a service to report its port.
 START_TIMEOUT_SECONDS = 60.0
@@ -74,6 +75,9 @@ class LocalCluster:
         default).
     owner_tables : sequence of path, optional
         One table per owner (``dpmarket serve-owner --table``) for CAPE jobs.
+    owner_binary_columns : sequence of str
+        Columns every owner declares 0/1 (``serve-owner --binary-column``): the targets CAPE
+        logistic regressions and trainings may use.
     insecure : bool
         Plaintext gRPC with no certificates (``--insecure`` on every service): only to measure
         what mTLS costs (``make bench``).
@@ -104,6 +108,7 @@ class LocalCluster:
         owner_timeout: float = 30.0,
         consumers: Sequence[str] = (CONSUMER_NAME,),
         owner_tables: Sequence[str | os.PathLike[str]] = (),
+        owner_binary_columns: Sequence[str] = (),
         insecure: bool = False,
         sketch_specs: Sequence[str | os.PathLike[str]] = (),
         sketch_seed: int | None = None,
@@ -111,6 +116,7 @@ class LocalCluster:
     ) -> None:
         self.owner_files = [str(f) for f in owner_files]
         self.owner_tables = [str(t) for t in owner_tables]
+        self.owner_binary_columns = list(owner_binary_columns)
         self.owner_ids = list(owner_ids)
         self.log_dir = Path(log_dir)
         self.owner_policy = None if owner_policy is None else str(owner_policy)
@@ -213,6 +219,8 @@ class LocalCluster:
                 args += ["--data", self.owner_files[i]]
             if self.owner_tables:
                 args += ["--table", self.owner_tables[i]]
+                for column in self.owner_binary_columns:
+                    args += ["--binary-column", column]
             args += self._tls_args(owner_id)
             args += ["--data-dir", str(self.owner_state(owner_id))]
             if self.owner_policy is not None:
@@ -366,40 +374,6 @@ def _round_robin(result: SummaryResult) -> SummaryResult:
     )
 
 
-def exact_greedy_summary(
-    owners: Sequence[Any], validation: np.ndarray, seed_set: np.ndarray, p: int, gamma: float
-) -> SummaryResult:
-    """Non-private greedy with the exact kernel on the pooled data (a reference, not a service)."""
-    start = time.perf_counter()
-    pool = np.concatenate([o.features for o in owners])
-    labels = (
-        np.concatenate([o.labels for o in owners])
-        if all(o.labels is not None for o in owners)
-        else None
-    )
-    names = [o.name for o in owners for _ in range(o.n_points)]
-    index = exact_kernel_greedy(pool, validation, seed_set, p, gamma)
-    elapsed = time.perf_counter() - start
-    report = SessionReport(
-        method="greedy",
-        summary_size=p,
-        rounds=p,
-        owner_points_accessed=int(pool.shape[0]),
-        validation_points_accessed=int(validation.shape[0]),
-        all_owners_bound=len(owners) * p,
-        paper_bound=0.0,
-        dropped_owners=(),
-        ledger={},
-        wall_time_seconds=elapsed,
-    )
-    return SummaryResult(
-        points=pool[index],
-        labels=None if labels is None else labels[index],
-        owner_ids=tuple(names[i] for i in index),
-        report=report,
-    )
-
-
 #: Policy files shipped with the package (examples and the demo's).
 POLICIES = Path(__file__).resolve().parent / "policies"
 
@@ -535,11 +509,10 @@ def run_demo(
         evaluate_summary,
         mmd_curve,
         plot_mmd_curves,
-        write_json,
     )
-    from deploy.cli import progress_printer
-    from deploy.runner import publish_sketches, simulate
-    from deploy.scenarios import SCENARIOS, write_scenario
+    from experiments.runner import publish_sketches, simulate
+    from experiments.scenarios import SCENARIOS, write_scenario
+    from runtime.files import write_json
 
     wide = Console(width=max(console.width, 170))
     scenario = SCENARIOS[scenario_name](seed)

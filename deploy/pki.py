@@ -2,12 +2,12 @@
 
 ``dpmarket pki init`` creates the CA (``ca.crt``, ``ca.key``); ``dpmarket pki issue`` gives a
 curator, owner or consumer a certificate and key that state its role and name in the form
-:mod:`dpmarket.identity` reads and :mod:`dpmarket.transport` checks at every handshake; ``dpmarket
+:mod:`runtime.identity` reads and :mod:`runtime.transport` checks at every handshake; ``dpmarket
 pki show`` prints what a certificate says. Keys are ECDSA P-256, written with mode 0600.
 
 A party's directory holds ``ca.crt``, ``<role>-<name>.crt`` and ``<role>-<name>.key``
-(:func:`identity_files`): everything :meth:`dpmarket.transport.TransportSecurity.from_files` needs,
-and nothing of the CA's key.
+(:func:`runtime.identity.identity_files`): everything
+:meth:`runtime.transport.TransportSecurity.from_files` needs, and nothing of the CA's key.
 """
 
 from __future__ import annotations
@@ -27,11 +27,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from dpmarket.identity import ROLES, Identity, Role, identity_from_certificate
+from runtime.identity import (
+    CA_CERT,
+    ROLES,
+    Identity,
+    Role,
+    identity_files,
+    identity_from_certificate,
+)
 
-#: File names of the CA certificate and key in a CA directory (the certificate also in every
-#: party's directory).
-CA_CERT = "ca.crt"
+#: File name of the CA key in a CA directory (beside :data:`runtime.identity.CA_CERT`).
 CA_KEY = "ca.key"
 #: Organization in the subject of the CA and of every certificate it issues.
 ORGANIZATION = "dpmarket"
@@ -41,16 +46,6 @@ BACKDATE_SECONDS = 60
 
 _KEY_MODE = 0o600
 _CERT_MODE = 0o644
-
-
-def identity_files(directory: Path, identity: Identity) -> tuple[Path, Path, Path]:
-    """Return the paths ``(ca.crt, <role>-<name>.crt, <role>-<name>.key)`` in ``directory``.
-
-    The order is the one :meth:`dpmarket.transport.TransportSecurity.from_files` takes.
-    """
-    stem = f"{identity.role}-{identity.name}"
-    directory = Path(directory)
-    return directory / CA_CERT, directory / f"{stem}.crt", directory / f"{stem}.key"
 
 
 def init_ca(out_dir: Path, *, days: int = 3650, force: bool = False) -> tuple[Path, Path]:
@@ -130,7 +125,7 @@ def issue(
         Directory holding ``ca.crt`` and ``ca.key`` (:func:`init_ca`).
     role : {"curator", "owner", "consumer"}
     name : str
-        A DNS label (:data:`dpmarket.identity.NAME_PATTERN`), e.g. ``"owner-0"``.
+        A DNS label (:data:`runtime.identity.NAME_PATTERN`), e.g. ``"owner-0"``.
     out_dir : Path, optional
         Where to write ``<role>-<name>.crt`` and ``<role>-<name>.key`` (default ``ca_dir``;
         created if missing). When it is another directory, ``ca.crt`` is copied there too, so
@@ -233,7 +228,7 @@ def issue_all(
     -------
     dict
         For each identity, its ``(ca.crt, certificate, key)`` paths (:func:`identity_files`),
-        ready for :meth:`dpmarket.transport.TransportSecurity.from_files`.
+        ready for :meth:`runtime.transport.TransportSecurity.from_files`.
 
     Raises
     ------

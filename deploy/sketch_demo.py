@@ -42,7 +42,7 @@ from common.sketches.sketch import PrivateSketch, SketchMechanism, merge_sketche
 from common.sketches.spec import PublishedSketch, SketchSpec
 from consumer.explore import Answer, Explorer, Query, exact_answer, rank_owners
 from deploy.launcher import POLICIES, LocalCluster, budget_table, ledger_budgets
-from deploy.scenarios import flights_named_columns
+from experiments.scenarios import flights_named_columns
 
 #: The catalogue's declaration.
 SPEC_FILE = Path(__file__).resolve().parent / "sketches" / "flights.toml"
@@ -358,7 +358,7 @@ def run_sketch_demo(
         The report.
     """
     from consumer.client import CuratorClient
-    from consumer.report import write_json
+    from runtime.files import write_json
 
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -460,13 +460,12 @@ def run_sketch_demo(
 
 def _republish(cluster: LocalCluster, tables: dict[str, Path], seed: int) -> dict[str, Any]:
     """The first owner publishes again (in this process, over mTLS): nothing is charged."""
-    from deploy.pki import identity_files
-    from dpmarket.identity import Identity
-    from dpmarket.transport import TransportSecurity
     from owner.data import load_table
     from owner.ledger import OwnerLedger
     from owner.sketch_client import CatalogClient
     from owner.sketches import SketchPublisher, publish_to
+    from runtime.identity import Identity, identity_files
+    from runtime.transport import TransportSecurity
 
     owner = next(iter(tables))
     security = TransportSecurity.from_files(

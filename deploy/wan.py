@@ -37,7 +37,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["PROFILES", "DelayRelay", "Host", "RouteStats", "WanProfile", "WanTopology"]
+__all__ = [
+    "PROFILES",
+    "DelayRelay",
+    "Host",
+    "RouteStats",
+    "WanProfile",
+    "WanTopology",
+    "wait_for_port",
+]
 
 #: Bytes a relay reads at once.
 _CHUNK = 65536

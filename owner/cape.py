@@ -18,10 +18,20 @@ first of which is charged to the owner's ledger before it leaves:
 
 The noise scale depends on the owner's own row count and on public parameters only, so a curator
 cannot make an owner add less noise than its terms say.
+
+Nothing an owner answers depends on its values except the charged releases. Its records are
+clamped to the request's public bounds (:mod:`common.cape.spec`; how many were clamped goes to
+this owner's log only); a logistic regression or a training takes only a target the owner
+declared 0/1 when it started (:attr:`owner.data.Table.binary`, checked then, on its own console).
+Every refusal is then decided on public inputs alone — the request, the owner's columns, row
+count and declared 0/1 columns, its policy and budget — and the computations on the rows run under
+:func:`common.errors.on_private_data`, so that a failure there (a bug) reaches the curator as a
+fixed INTERNAL status, never as text.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,14 +56,17 @@ from common.errors import (
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
+    on_private_data,
 )
 from common.ids import short_id
+from common.privacy.ledger import SessionSpend
 from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import production_rng
 from common.secagg.protocol import RoundParams
-from common.summarization.endpoints import SessionSpend
 from owner.data import Table
 from owner.ledger import OwnerLedger
+
+logger = logging.getLogger(__name__)
 
 #: The plan of any CAPE job.
 AnyCapePlan = CapeFMPlan | CapeMeanPlan | CapeTrainingPlan
@@ -140,14 +153,53 @@ class CapeSite:
         rounds are its own)."""
         self._job(job_id, curator)
 
-    def _data(self, spec: AnyCapeSpec) -> tuple[NDArray[np.float64], NDArray[np.float64] | None]:
-        """The job's records from this owner's table, checked against the spec's bounds."""
+    def _target(self, spec: AnyCapeSpec) -> str | None:
+        """The job's target column, checked against the table's columns and, for a 0/1 target,
+        against the owner's declared 0/1 columns: public inputs only, never the values."""
         assert self.table is not None
         table = self.table
         if isinstance(spec, CapeMeanSpec):
-            return spec.checked(table.select(spec.columns)), None
-        target = spec.target if isinstance(spec, CapeTrainingSpec) else spec.target[0]
-        return spec.scaled(table.select(spec.columns), table.select([target])[:, 0])
+            target = None
+        else:
+            target = spec.target if isinstance(spec, CapeTrainingSpec) else spec.target[0]
+        table.select([*spec.columns, *([] if target is None else [target])])  # names only
+        if target is not None and spec.task != "linear" and target not in table.binary:
+            raise InvalidArgumentError(
+                f"column {target!r} is not a 0/1 column of owner {self.name}: a "
+                f"{'training' if spec.task == 'train' else 'logistic regression'} needs a target "
+                f"its owners declare 0/1 when they start (serve-owner --binary-column); this "
+                f"owner declares {list(table.binary)}"
+            )
+        return target
+
+    def _data(
+        self, job_id: str, spec: AnyCapeSpec
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64] | None]:
+        """The job's records from this owner's table, clamped to the spec's public bounds (how
+        many were clamped goes to this owner's log only) and, for a model, scaled."""
+        assert self.table is not None
+        table = self.table
+        target = self._target(spec)
+        with on_private_data(f"CAPE job {short_id(job_id)}: reading the records"):
+            raw_x = table.select(spec.columns)
+            if target is None:
+                assert isinstance(spec, CapeMeanSpec)
+                x, y, moved = spec.clamped(raw_x)
+            else:
+                assert not isinstance(spec, CapeMeanSpec)
+                x, y, moved = spec.clamped(raw_x, table.select([target])[:, 0])
+            if moved:
+                logger.info(
+                    "CAPE job %s: values clamped to the request's public bounds (this log "
+                    "only): %s of %d rows",
+                    short_id(job_id),
+                    ", ".join(f"{c!r} {n}" for c, n in moved.items()),
+                    table.n_rows,
+                )
+            if isinstance(spec, CapeMeanSpec):
+                return x, None
+            assert y is not None
+            return spec.scaled(x, y)
 
     def open(
         self, job_id: str, spec: AnyCapeSpec, seed: int, *, curator: str, consumer: str
@@ -160,8 +212,9 @@ class CapeSite:
             If this owner holds no table, or its ledger refuses the terms (for gradient
             descent, the whole training's total).
         InvalidArgumentError
-            If a column is missing or a value lies outside its public bounds (naming row and
-            column), or a label is not 0/1.
+            If a column is missing, or a logistic regression's or a training's target is not a
+            column this owner declared 0/1 (values outside the bounds are clamped, never
+            refused: the answer does not depend on them).
         ResourceExhaustedError, AlreadyExistsError
             Beyond ``max_jobs`` open jobs; a job id in use.
         """
@@ -170,8 +223,8 @@ class CapeSite:
         if not job_id:
             raise InvalidArgumentError("job_id must be a non-empty string")
         try:
-            x, y = self._data(spec)
-        except ValueError as exc:
+            x, y = self._data(job_id, spec)
+        except ValueError as exc:  # a missing column: names only
             raise InvalidArgumentError(str(exc)) from exc
         if self.ledger is not None:
             epsilon, delta = spec.cost
@@ -373,11 +426,12 @@ class CapeSite:
                 raise FailedPreconditionError("the job is not planned, or released already")
             e_hat = self._round_draws(job, round_id)
             total = _checked_vector(total, plan.size, "noise_total")
-            if isinstance(plan, CapeMeanPlan):
-                statistic = site_mean(plan, job.index, job.x)
-            else:
-                assert isinstance(plan, CapeFMPlan) and job.y is not None
-                statistic = site_coefficients(plan, job.index, job.x, job.y)
+            with on_private_data(f"CAPE job {short_id(job_id)}: the statistic"):
+                if isinstance(plan, CapeMeanPlan):
+                    statistic = site_mean(plan, job.index, job.x)
+                else:
+                    assert isinstance(plan, CapeFMPlan) and job.y is not None
+                    statistic = site_coefficients(plan, job.index, job.x, job.y)
             self._charge(job, job_id)
             job.released = True
             return site_release(plan, job.index, statistic, e_hat, total, job.noise)
@@ -442,9 +496,10 @@ class CapeSite:
                 )
             theta = _checked_vector(parameters, plan.size, "parameters")
             total = _checked_vector(total, plan.size, "noise_total")
-            gradient = site_gradient(
-                theta, job.x, job.y, clip=job.spec.clip, hidden=job.spec.hidden
-            )
+            with on_private_data(f"CAPE job {short_id(job_id)}: the gradient"):
+                gradient = site_gradient(
+                    theta, job.x, job.y, clip=job.spec.clip, hidden=job.spec.hidden
+                )
             self._charge(job, job_id)
             job.released = True
             job.last_iteration = int(iteration)

@@ -8,12 +8,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.errors import InvalidArgumentError
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
+from common.privacy.ledger import SessionSpend
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.summarization.rff import RFFParams
 from common.summarization.terms import OwnerTerms
-from dpmarket.arrays import array_from_proto, array_to_proto
-from dpmarket.identity import Identity
 from dpmarket.v1 import array_pb2, owner_pb2, privacy_pb2
+from runtime.arrays import array_from_proto, array_to_proto
+from runtime.identity import Identity
 
 PointsResponse = TypeVar(
     "PointsResponse", owner_pb2.SampleUniformResponse, owner_pb2.ProposeCandidatesResponse

@@ -16,26 +16,22 @@ Supported formats (chosen by the file suffix):
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike, NDArray
 
 from common.validation import check_matrix
+from runtime.files import atomic_write
 
 __all__ = [
     "SUPPORTED_SUFFIXES",
     "PointSet",
     "Table",
-    "atomic_write",
     "load_point_set",
     "load_table",
     "save_point_set",
@@ -229,6 +225,9 @@ def _read_table(
 class Table:
     """A numeric table with named columns: what an owner holds for joint statistics (CAPE).
 
+    Its column names, its row count and its declared 0/1 columns are the owner's public
+    declarations: an owner's answers may depend on them, never on its values.
+
     Attributes
     ----------
     columns : tuple of str
@@ -236,11 +235,55 @@ class Table:
     values : ndarray of shape (n_rows, n_columns), float64
         Finite values.
     name : str
+    binary : tuple of str
+        Columns the owner declares to hold only 0 and 1 (``serve-owner --binary-column``): the
+        only columns a logistic regression or a training may take as its target at this owner.
+
+    Raises
+    ------
+    ValueError
+        If ``values`` is not 2-D with one column per name or holds NaN or inf, or a declared 0/1
+        column is missing or holds another value (naming the row and the value: this is the
+        owner's own check when it starts, on its own console).
     """
 
     columns: tuple[str, ...]
     values: NDArray[np.float64]
     name: str
+    binary: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        values = np.asarray(self.values)
+        if values.ndim != 2 or values.shape[1] != len(self.columns):
+            raise ValueError(
+                f"table {self.name!r} must have one column per name ({len(self.columns)}), got "
+                f"values of shape {values.shape}"
+            )
+        bad = ~np.isfinite(values)
+        if bad.any():
+            row, col = (int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(
+                f"table {self.name!r} holds {int(bad.sum())} NaN or inf value(s), first at row "
+                f"{row}, column {self.columns[col]!r}"
+            )
+        binary = tuple(self.binary)
+        missing = [c for c in binary if c not in self.columns]
+        if missing:
+            raise ValueError(
+                f"table {self.name!r} has no column(s) {missing} to declare 0/1; its columns are "
+                f"{list(self.columns)}"
+            )
+        for column in binary:
+            labels = values[:, self.columns.index(column)]
+            other = (labels != 0.0) & (labels != 1.0)
+            if other.any():
+                first = int(np.argmax(other))
+                raise ValueError(
+                    f"column {column!r} of table {self.name!r} is declared 0/1 but holds "
+                    f"{labels[first]} at row {first} ({int(other.sum())} value(s) other than 0 "
+                    "and 1)"
+                )
+        object.__setattr__(self, "binary", binary)
 
     @property
     def n_rows(self) -> int:
@@ -265,8 +308,16 @@ class Table:
         return self.values[:, [index[c] for c in columns]]
 
 
-def load_table(path: str | Path, *, name: str | None = None) -> Table:
+def load_table(path: str | Path, *, name: str | None = None, binary: Sequence[str] = ()) -> Table:
     """Read a numeric table with named columns from a ``.csv`` or ``.parquet`` file.
+
+    Parameters
+    ----------
+    path : str or Path
+    name : str, optional
+        Default: the file stem.
+    binary : sequence of str
+        Columns declared to hold only 0 and 1 (:attr:`Table.binary`), checked now.
 
     Raises
     ------
@@ -274,7 +325,8 @@ def load_table(path: str | Path, *, name: str | None = None) -> Table:
         If ``path`` does not exist.
     ValueError
         If the suffix is not ``.csv``/``.parquet``, the file is empty or unreadable, a column is
-        not numeric, a value is NaN or inf (naming row and column), or column names repeat.
+        not numeric, a value is NaN or inf (naming row and column), column names repeat, or a
+        declared 0/1 column is missing or holds another value (naming row and value).
     """
     path = Path(path)
     suffix = _suffix(path)
@@ -285,7 +337,7 @@ def load_table(path: str | Path, *, name: str | None = None) -> Table:
     columns, values, _ = _read_table(path, suffix, None)
     if len(set(columns)) != len(columns):
         raise ValueError(f"{str(path)!r} repeats column names: {columns}")
-    return Table(tuple(columns), values, name if name is not None else path.stem)
+    return Table(tuple(columns), values, name if name is not None else path.stem, tuple(binary))
 
 
 def load_point_set(
@@ -395,26 +447,3 @@ def save_point_set(point_set: PointSet, path: str | Path) -> None:
             frame.to_csv(fh, index=False)
         else:
             frame.to_parquet(fh, index=False)
-
-
-@contextmanager
-def atomic_write(path: str | Path) -> Iterator[BinaryIO]:
-    """Open a temporary file beside ``path`` for writing; move it over ``path`` on success.
-
-    A reader never sees a partial file, and a failed write leaves ``path`` as it was.
-
-    Raises
-    ------
-    OSError
-        If the directory is missing or not writable.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            yield fh
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

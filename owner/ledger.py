@@ -42,8 +42,8 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
-from dpmarket.database import open_database, snapshot, transaction
 from owner.policy import OwnerPolicy
+from runtime.database import open_database, snapshot, transaction
 
 __all__ = [
     "APPLICATION",
@@ -63,7 +63,7 @@ __all__ = [
 APPLICATION = "dpmarket-owner"
 #: File name of the ledger inside the owner's data directory.
 LEDGER_FILE = "owner.sqlite3"
-#: Schema migrations of the owner's database (append only; see :mod:`dpmarket.database`).
+#: Schema migrations of the owner's database (append only; see :mod:`runtime.database`).
 MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE policies (
@@ -305,7 +305,7 @@ class OwnerLedger:
         If the file belongs to another application, or ``policy`` is ``None`` and the ledger
         records no policy.
     RuntimeError
-        If the file was written by a newer dpmarket (see :func:`dpmarket.database.open_database`).
+        If the file was written by a newer dpmarket (see :func:`runtime.database.open_database`).
 
     Notes
     -----

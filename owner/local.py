@@ -13,8 +13,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.cape.spec import AnyCapeSpec
+from common.privacy.ledger import SessionSpend
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.summarization.rff import RFFParams
 from common.summarization.terms import OwnerTerms
 from owner.cape import CapeSite

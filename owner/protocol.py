@@ -12,6 +12,12 @@ before it leaves ("charge, then release": a crash between the two wastes budget 
 releases anything uncharged). A refused charge raises ``FailedPreconditionError`` and changes
 nothing. An owner built without a ledger (in-process research runs: ``dpmarket simulate``, the
 evaluation harness, benchmarks) records and enforces nothing; the owner service always has one.
+
+Every refusal depends only on public inputs: the request, the owner's declared size and feature
+count (``GetOwnerInfo``), how many points the session has received, and the owner's policy and
+budget. The computations on the points (features, bids, counts, the local greedy) run under
+:func:`common.errors.on_private_data`, so whatever they might raise never reaches the curator as
+text (it answers INTERNAL with a fixed message; the owner's log says why).
 """
 
 from __future__ import annotations
@@ -31,11 +37,13 @@ from common.errors import (
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
+    on_private_data,
 )
 from common.ids import short_id
+from common.privacy.ledger import SessionSpend
 from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import production_rng
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint, SessionSpend
+from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
 from common.summarization.rff import RFFParams, random_fourier_features
 from common.summarization.terms import OwnerTerms
@@ -173,11 +181,12 @@ class OwnerSession:
         self._offered = None
         if self.sent.all() or self.released >= self.allowance:
             return None
-        scores = bid_scores(
-            self.features, bid_direction(self.validation_embedding, g, summary_size)
-        )
-        scores[self.sent] = -np.inf
-        best = int(np.argmax(scores))
+        with on_private_data("bid"):
+            scores = bid_scores(
+                self.features, bid_direction(self.validation_embedding, g, summary_size)
+            )
+            scores[self.sent] = -np.inf
+            best = int(np.argmax(scores))
         self._best_counts[best] += 1
         self._offered = best
         self._offered_bid = float(scores[best])
@@ -229,8 +238,9 @@ class OwnerSession:
         g = self._require_validation()
         if not np.isfinite(threshold):
             raise InvalidArgumentError(f"threshold must be finite, got {threshold}")
-        scores = bid_scores(self.features, g.astype(np.float32))
-        return int(np.count_nonzero((scores >= threshold) & ~self.sent))
+        with on_private_data("relevance count"):
+            scores = bid_scores(self.features, g.astype(np.float32))
+            return int(np.count_nonzero((scores >= threshold) & ~self.sent))
 
     def noisy_relevant_count(self, threshold: float) -> float:
         """The relevance count plus Laplace(1 / epsilon) noise, epsilon from the session's terms.
@@ -274,11 +284,15 @@ class OwnerSession:
         g = self._require_validation()
         try:
             count = check_positive_int(count, "count")
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
+        unsent = int(np.count_nonzero(~self.sent))
+        if count > unsent:
+            raise InvalidArgumentError(f"count {count} exceeds the {unsent} points not yet sent")
+        with on_private_data("local greedy"):
             chosen = embedding_greedy(
                 self.features, g, np.zeros((0, self.d)), count, exclude=self.sent
             )
-        except ValueError as exc:
-            raise InvalidArgumentError(str(exc)) from exc
         self._pay(count, "raw points (candidates)")
         self.sent[chosen] = True
         return chosen
@@ -476,7 +490,8 @@ class Owner:
                 n, self.ledger.policy.points_per_session, self.ledger.remaining().points
             )
         self._check_new(session_id)
-        features = random_fourier_features(self.data.features, rff)
+        with on_private_data("h1 features"):
+            features = random_fourier_features(self.data.features, rff)
         if self.allow_seeded_sessions:
             rng = np.random.default_rng(sampling_seed)
             noise: NoiseSource = SeededNoise(rng)

@@ -16,6 +16,7 @@ secure-aggregation service asks of the owner's jobs before it runs a round of on
 from __future__ import annotations
 
 import datetime
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,11 +28,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from numpy.typing import NDArray
 
-from common.errors import FailedPreconditionError, NotFoundError
+from common.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from common.ids import short_id
 from common.secagg.crypto import EcdsaSigner, EcdsaVerifier, SecAggError, Signer
 from common.secagg.protocol import KeyAdvertisement, RoundParams, SecAggSite, UnmaskResponse
-from dpmarket.identity import Identity, identity_from_certificate
+from runtime.identity import Identity, identity_from_certificate
+
+logger = logging.getLogger(__name__)
 
 #: Provides a site's input of a round: ``(job_id, params) -> vector of shape (vector_length,)``.
 InputSource = Callable[[str, RoundParams], NDArray[np.float64]]
@@ -259,11 +262,39 @@ class SiteRounds:
     def masked(
         self, job_id: str, round_id: bytes, ciphertexts: Mapping[str, bytes]
     ) -> NDArray[np.uint64]:
-        """Round 2: this site's masked input (its job's input for this round)."""
+        """Round 2: this site's masked input (its job's input for this round).
+
+        Raises
+        ------
+        InvalidArgumentError
+            If the input does not fit the round's fixed-point range (the curator's parameter).
+            The message names the range only: the input is a secret noise draw, and the
+            quantizer's own message (which names the offending value) goes to this owner's log.
+            The draw is discarded with the round (no release uses a round this site did not
+            finish), and whether a fresh draw fits depends on public parameters only.
+        SecAggError, FailedPreconditionError, NotFoundError
+            As :meth:`common.secagg.protocol.SecAggSite.masked_input`; their messages concern
+            the protocol's messages, not the input.
+        """
         entry = self._round(job_id, round_id)
         with entry.lock:
             vector = self.inputs(job_id, entry.site.params)
-            return entry.site.masked_input(ciphertexts, vector, self.rng(job_id))
+            try:
+                return entry.site.masked_input(ciphertexts, vector, self.rng(job_id))
+            except SecAggError:
+                raise
+            except ValueError as exc:
+                logger.warning(
+                    "round %s… of job %s: input refused (this log only): %s",
+                    round_id.hex()[:8],
+                    short_id(job_id),
+                    exc,
+                )
+                clip = entry.site.params.fixed_point.clip
+                raise InvalidArgumentError(
+                    f"this site's input does not fit the round's fixed-point range [-{clip:g}, "
+                    f"{clip:g}]"
+                ) from None
 
     def unmask(
         self, job_id: str, round_id: bytes, survivors: Sequence[str], dropped: Sequence[str]

@@ -1,7 +1,7 @@
 """gRPC servicer of a data owner: authorizes, converts, calls :class:`owner.protocol.Owner`.
 
 Every RPC is open to the ``curator`` role only, and only to the curator names the owner's policy
-lists (:class:`dpmarket.authz.Authorizer`); a session belongs to the curator identity that opened
+lists (:class:`runtime.authz.Authorizer`); a session belongs to the curator identity that opened
 it. Steps that compute or charge (features, bids, counts, releases) run in worker threads so the
 event loop keeps answering health checks and other sessions.
 """
@@ -15,10 +15,6 @@ import logging
 import grpc
 
 from common.ids import short_id
-from dpmarket.authz import Authorizer, rpc
-from dpmarket.identity import Identity
-from dpmarket.serving import serve_until_signalled, start_server, write_port
-from dpmarket.transport import TransportSecurity
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
@@ -32,6 +28,10 @@ from owner.cape import CapeSite
 from owner.cape_service import CapeSiteServicer, SecureAggregationServicer
 from owner.protocol import Owner
 from owner.secagg import SiteIdentity, SiteRounds
+from runtime.authz import Authorizer, rpc
+from runtime.identity import Identity
+from runtime.serving import serve_until_signalled, start_server, write_port
+from runtime.transport import TransportSecurity
 
 logger = logging.getLogger(__name__)
 

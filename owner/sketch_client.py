@@ -14,12 +14,12 @@ import grpc
 from common.sketches.endpoints import SpecStatus
 from common.sketches.sketch import PrivateSketch
 from common.sketches.spec import PublishedSketch
-from dpmarket import sketch_messages as msg
-from dpmarket.identity import Identity
-from dpmarket.serving import GRPC_OPTIONS
-from dpmarket.status import error_from_rpc
-from dpmarket.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
+from runtime import sketch_messages as msg
+from runtime.identity import Identity
+from runtime.serving import GRPC_OPTIONS
+from runtime.status import error_from_rpc
+from runtime.transport import TransportSecurity, sync_channel
 
 __all__ = ["CatalogClient"]
 

@@ -4,14 +4,17 @@ An owner publishes a differentially private sketch of its table once per spec of
 catalogue (M2M paper, Section 2.3); every consumer of the catalogue then computes what it likes
 from it at no further cost to the owner. :class:`SketchPublisher` is the owner's side as a plain
 state object over its own ledger (no network: ``dpmarket sketch publish`` fetches the spec and
-sends the result, :mod:`deploy.sketch_commands`):
+sends the result, :mod:`consumer.cli`):
 
 1. **Check** the spec against the owner's policy (``[sketches]``: whether it publishes at all,
    the most epsilon per sketch) and the epsilon against the spec's range; select the spec's
-   columns from the table by name and check every value against the public domain (a value
-   outside is an error naming its row and column, never clipped); ask the ledger whether the
-   charge would be accepted (per-publication and total budgets, basic composition with
-   everything else the owner has released). A refusal computes and releases nothing.
+   columns from the table by name and project every record onto the public domain
+   (:meth:`common.sketches.domain.Domain.clamp`, as OpenDP clamps: how many values moved goes to
+   the owner's log only, so whether the rows fit a domain the curator chose never decides what
+   the owner publishes); ask the ledger whether the charge would be accepted (per-publication
+   and total budgets, basic composition with everything else the owner has released). A refusal
+   computes and releases nothing, and depends on public inputs only (the spec, the policy, the
+   budget, the table's column names).
 2. **Compute** the sketch: the noise scales come from the map's sensitivities and the owner's
    epsilon, never from the curator (a curator cannot make the owner add less noise, whatever
    parameters it draws: the sensitivities do not depend on them); noise from OpenDP in
@@ -42,14 +45,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import FailedPreconditionError, InvalidArgumentError
+from common.errors import FailedPreconditionError, InvalidArgumentError, on_private_data
 from common.privacy.noise import NoiseSource, OpenDPNoise
 from common.sketches.endpoints import CatalogEndpoint
 from common.sketches.sketch import PrivateSketch
 from common.sketches.spec import PublishedSketch, SketchSpec
-from dpmarket.sketch_messages import sketch_bytes, sketch_from_bytes
 from owner.data import Table
 from owner.ledger import LedgerEntry, OwnerLedger
+from runtime.sketch_messages import sketch_bytes, sketch_from_bytes
 
 __all__ = [
     "Delivery",
@@ -183,13 +186,14 @@ class SketchPublisher:
 
     # ---------------------------------------------------------------------------- release
     def records(self, spec: SketchSpec, table: Table) -> NDArray[np.float64]:
-        """The spec's columns of ``table``, in the domain's order, every value checked.
+        """The spec's columns of ``table``, in the domain's order, projected onto the domain
+        (values outside clamped to its bounds, discrete values moved to their nearest level;
+        how many moved is logged here, never returned).
 
         Raises
         ------
         InvalidArgumentError
-            If a column is missing, or a value lies outside the domain or is not one of a
-            discrete column's levels (naming the table's row and the column).
+            If the spec names no column or a column is missing (names only).
         """
         names = list(spec.domain.names)
         if not names:
@@ -198,7 +202,16 @@ class SketchPublisher:
             values = table.select(names)
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
-        return spec.domain.check(values, f"table {table.name!r}")
+        with on_private_data(f"{spec.name}: reading the records"):
+            records, moved = spec.domain.clamp(values, f"table {table.name!r}")
+        if moved.any():
+            logger.warning(
+                "%s: values projected onto the spec's domain (this log only): %s of %d rows",
+                spec.name,
+                ", ".join(f"{names[j]!r} {int(m)}" for j, m in enumerate(moved) if m),
+                records.shape[0],
+            )
+        return records
 
     def publish(
         self,
@@ -236,8 +249,8 @@ class SketchPublisher:
             sketch, or the ledger refuses the charge (:class:`~owner.ledger.OwnerBudgetError`,
             naming what is spent and left). Nothing is computed, stored or charged.
         InvalidArgumentError
-            If the epsilon is outside the spec's range, a column is missing or a value lies
-            outside the domain (naming row and column). Nothing is charged.
+            If the epsilon is outside the spec's range or a column is missing. Nothing is
+            charged. (Values outside the domain are clamped to it, never refused.)
         """
         records = self.records(spec, table)
         digest = data_digest(records)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.scenarios import Scenario, digits_scenario
+from experiments.scenarios import Scenario, digits_scenario
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,11 @@ computes the average of its records' per-example gradients, each clipped to L2 n
 
 ``"cape"``
     one CAPE round per iteration (:mod:`common.cape.zero_sum`): the site releases ``g_s + e_s +
-    g'_s`` with ``tau`` from :func:`common.cape.privacy.calibrate_tau`; the average carries the
-    pooled mechanism's noise.
+    g'_s`` with ``tau`` from :func:`common.cape.privacy.calibrate_tau`; the average carries noise
+    of variance ``F`` times the pooled mechanism's at the same budget
+    (:func:`common.cape.privacy.collusion_factor`, ``F = S (S + S_H) / (S_H (S + 1))``: the
+    price of a guarantee against the aggregator's view of every site's release and ``S_C``
+    colluders), against ``S`` times for ``"conv"``.
 ``"conv"``
     each site releases ``g_s + N(0, tau_conv^2)``, its own Gaussian mechanism.
 ``"nonprivate"``
@@ -16,7 +19,7 @@ computes the average of its records' per-example gradients, each clipped to L2 n
 
 The paper gives neither the hidden width, the clipping norm, the step size nor the number of
 iterations; they are parameters here (the experiments' values are in
-``deploy/cape_experiments.py``). The paper states epsilon per iteration (with delta 0.01 per
+``experiments/cape_experiments.py``). The paper states epsilon per iteration (with delta 0.01 per
 iteration); :func:`total_epsilon` composes the iterations with a privacy-loss-distribution
 accountant (``common.privacy.accounting.pld_epsilon``) to the total epsilon of the whole
 training, and :func:`train_dpgd` can also be given that total budget directly.

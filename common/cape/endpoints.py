@@ -15,8 +15,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.cape.spec import AnyCapeSpec
+from common.privacy.ledger import SessionSpend
 from common.secagg.endpoints import SecureAggregationEndpoint
-from common.summarization.endpoints import SessionSpend
 
 
 class CapeSiteEndpoint(SecureAggregationEndpoint, Protocol):

@@ -10,7 +10,12 @@ minimizes ``f_hat(w) = Lambda_hat_0 + Lambda_hat_1^T w + w^T Lambda_hat_2 w``.
 Data domain (Section 4.3, Appendix H): every record has ``||x||_2 <= 1``; for linear regression
 ``y in [-1, 1]``, for logistic regression ``y in {0, 1}``. The bounds that map raw data into this
 domain are public parameters of a request (:func:`scale_to_bounds`), never statistics of the
-private data; a value outside them is an error at the data owner, never clipped.
+private data. A data owner clamps its records to them first (:mod:`common.cape.spec`, as OpenDP
+clamps), so every record it feeds here lies in the domain and the sensitivities below hold for its
+raw data (clamping maps a record to a record, so neighbours stay neighbours); the checks here
+then never fail on an owner's data, and an owner runs them under
+:func:`common.errors.on_private_data` so that their messages, which name rows and values, stay
+in its log.
 
 Neighbouring data sets differ in one record (replace-one), as in the paper.
 
@@ -134,7 +139,9 @@ def scale_to_bounds(
         If a feature value lies outside its bounds ("feature value out of bounds at row r,
         column c"), a target outside ``target_bounds`` (naming the row), a label is not 0 or 1,
         NaN/inf anywhere, or the bounds are malformed (shape, ``lo >= hi``, non-finite).
-        Values are never clipped: a record outside the public bounds would void the sensitivity.
+        Nothing is clipped here (a record outside the public bounds would void the
+        sensitivity): an owner clamps its records to the bounds before
+        (:meth:`common.cape.spec.CapeJobSpec.scaled`), so these checks never fire on its data.
     """
     t = _check_task(task)
     x = check_matrix(X, "X")

@@ -667,7 +667,9 @@ def remark3_site_taus(tau_pool: float, sizes: Sequence[int] | ArrayLike) -> NDAr
     -----
     See :func:`remark3_weights`. ``tau_s / Delta_s`` is the same for every site, so each site's
     release alone is as private as the pooled release, and the weighted CAPE estimate has
-    exactly ``tau_pool^2`` noise variance.
+    exactly ``tau_pool^2`` noise variance. With CAPE's ``kappa`` (calibrated on ``sigma_z``, which
+    carries :func:`collusion_factor`'s ``F``), that is ``F`` times the variance of the pooled-data
+    mechanism at the same ``(epsilon, delta)``.
     """
     t = check_epsilon(tau_pool, "tau_pool")
     n = _check_sizes(sizes)

@@ -8,8 +8,21 @@ bounds, at which guarantee.
 
 Every party computes the same plan from a spec and the sites' row counts, so an owner derives its
 own noise scale and guarantee instead of trusting the curator's numbers. Bounds are parameters of
-the request, never statistics of the private data; a value outside them is an error naming its
-row and column, never clipped.
+the request, never statistics of the private data. A value outside them is clamped to them, as
+OpenDP's ``make_clamp`` does (:func:`clamp_to_bounds`): what an owner answers must not depend on
+whether its rows fit the bounds a requester chose (an error naming the row, the value or how many
+lie outside would turn the bounds into a record reader and a range-count oracle). How many values
+were clamped is returned for the owner's own log only. A 0/1 target cannot be clamped into
+meaning: the owner accepts only a target column it declared 0/1 when it started (checked then, on
+its own console), and refuses any other with a message that names only public inputs.
+
+Notes
+-----
+Clamping keeps every sensitivity stated here and in :mod:`common.cape.mean`,
+:mod:`common.cape.functional_mechanism` and :mod:`common.cape.dpgd`: it maps each record to a
+record inside the box, one record at a time, so two data sets that differ in one record are still
+two data sets inside the box that differ in (at most) one record, and the mechanism's guarantee
+for data in the box holds for the raw data.
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -28,6 +42,101 @@ from common.cape.mean import CapeMeanPlan, plan_mean
 
 #: Name of the constant feature added for an intercept.
 INTERCEPT = "(intercept)"
+
+
+def clamp_to_bounds(
+    values: ArrayLike, low: ArrayLike, high: ArrayLike
+) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """Clamp every value to its column's public bounds, as OpenDP's ``make_clamp``.
+
+    Parameters
+    ----------
+    values : array-like of shape (n, D) or (n,)
+        Finite values (an owner's table is checked finite when it is loaded).
+    low, high : array-like of shape (D,) or scalars
+        The public bounds, ``low <= high``; they broadcast against a row.
+
+    Returns
+    -------
+    clamped : ndarray of the shape of ``values``, float64
+        ``min(max(value, low), high)``.
+    moved : ndarray of shape (D,) (``(1,)`` for a vector), int64
+        How many values of each column were moved. A statistic of the data: for the owner's own
+        log, never for another party.
+
+    Raises
+    ------
+    ValueError
+        If a value is NaN or infinite (a fixed message, naming no row or value).
+    """
+    x = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(x).all():
+        raise ValueError("values must be finite to be clamped")
+    lo = np.asarray(low, dtype=np.float64)
+    hi = np.asarray(high, dtype=np.float64)
+    clamped = np.minimum(np.maximum(x, lo), hi)
+    moved = np.atleast_1d((clamped != x).sum(axis=0)).astype(np.int64)
+    return clamped, moved
+
+
+class Clamped(NamedTuple):
+    """A job's records clamped to its public bounds (raw units).
+
+    Attributes
+    ----------
+    features : ndarray of shape (n, D), float64
+    target : ndarray of shape (n,), float64, or None
+        The target column (clamped for linear regression only; a 0/1 target is left as it is).
+    moved : dict of str to int
+        Values moved per column, for columns where some were. For the owner's own log only.
+    """
+
+    features: NDArray[np.float64]
+    target: NDArray[np.float64] | None
+    moved: dict[str, int]
+
+
+def _clamp_features(
+    features: ArrayLike, columns: Sequence[tuple[str, float, float]]
+) -> tuple[NDArray[np.float64], dict[str, int]]:
+    x = np.asarray(features, dtype=np.float64)
+    if x.ndim != 2 or x.shape[1] != len(columns):
+        raise ValueError(f"features must have shape (n, {len(columns)}), got {x.shape}")
+    low, high = np.asarray([c[1:] for c in columns], dtype=np.float64).reshape(-1, 2).T
+    clamped, moved = clamp_to_bounds(x, low, high)
+    return clamped, {c[0]: int(m) for c, m in zip(columns, moved, strict=True) if m}
+
+
+def _clamp_records(
+    features: ArrayLike,
+    columns: Sequence[tuple[str, float, float]],
+    target: ArrayLike,
+    target_bounds: tuple[str, float, float] | None,
+) -> Clamped:
+    """Features clamped to their bounds and the target to ``target_bounds`` (``None``: a 0/1
+    target, left as it is but required finite)."""
+    x, moved = _clamp_features(features, columns)
+    y = np.asarray(target, dtype=np.float64)
+    if y.shape != (x.shape[0],):
+        raise ValueError(f"target must have shape ({x.shape[0]},), got {y.shape}")
+    if target_bounds is None:
+        if not np.isfinite(y).all():
+            raise ValueError("values must be finite to be clamped")
+        return Clamped(x, y, moved)
+    y, moved_y = clamp_to_bounds(y, target_bounds[1], target_bounds[2])
+    if moved_y[0]:
+        moved[target_bounds[0]] = int(moved_y[0])
+    return Clamped(x, y, moved)
+
+
+def _check_labels(y: NDArray[np.float64], column: str) -> None:
+    """Raise ``ValueError`` unless ``y`` holds only 0 and 1; the message names the column only.
+
+    An owner never gets here with another column: it accepts only a target it declared 0/1 and
+    checked when it started (:class:`owner.data.Table`).
+    """
+    if not np.isin(y, (0.0, 1.0)).all():
+        raise ValueError(f"target column {column!r} must hold only 0 and 1")
 
 
 @dataclass(frozen=True)
@@ -130,10 +239,9 @@ class CapeJobSpec:
         """The feature columns, in order (the intercept excluded)."""
         return tuple(f[0] for f in self.features)
 
-    def scaled(
-        self, features: ArrayLike, target: ArrayLike
-    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """Raw records in the functional mechanism's domain (``||x|| <= 1``).
+    def clamped(self, features: ArrayLike, target: ArrayLike) -> Clamped:
+        """Raw records clamped to the public bounds (the linear target too; a logistic target
+        is left as it is).
 
         Parameters
         ----------
@@ -144,50 +252,30 @@ class CapeJobSpec:
         Raises
         ------
         ValueError
-            If a value lies outside its public bounds or a logistic target is not 0/1, naming
-            the row and the column (by its name: the spec's order need not be the table's).
+            On shapes, or a NaN or infinite value (fixed messages, naming no row or value).
         """
-        x = np.asarray(features, dtype=np.float64)
-        y = np.asarray(target, dtype=np.float64)
-        if x.ndim == 2 and x.shape[1] == len(self.features):
-            low, high = np.asarray([f[1:] for f in self.features], dtype=np.float64).T
-            _check_bounds(x, low, high, [f[0] for f in self.features])
-        if y.ndim == 1:
-            name = [self.target[0]]
-            if self.task == "linear":
-                _check_bounds(y, self.target[1], self.target[2], name)
-            else:
-                bad = (y != 0.0) & (y != 1.0)
-                if bad.any():
-                    row = int(np.argmax(bad))
-                    raise ValueError(
-                        f"target column {name[0]!r} at row {row} must be 0 or 1 for logistic "
-                        f"regression, got {y[row]}"
-                    )
+        return _clamp_records(
+            features, self.features, target, self.target if self.task == "linear" else None
+        )
+
+    def scaled(
+        self, features: ArrayLike, target: ArrayLike
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Raw records, clamped to the public bounds (:meth:`clamped`, same parameters), in the
+        functional mechanism's domain (``||x|| <= 1``, a linear target in ``[-1, 1]``).
+
+        Raises
+        ------
+        ValueError
+            On shapes or NaN/inf, or a logistic target that is not 0/1 (naming the column only).
+        """
+        x, y, _ = self.clamped(features, target)
+        assert y is not None
+        if self.task == "logistic":
+            _check_labels(y, self.target[0])
         if self.fit_intercept:
             x = np.hstack([x, np.ones((x.shape[0], 1))])
-        return scale_to_bounds(x, target, self.feature_bounds, self.target_bounds, task=self.task)
-
-
-def _check_bounds(
-    values: NDArray[np.float64], low: ArrayLike, high: ArrayLike, names: list[str]
-) -> None:
-    """Raise ``ValueError`` naming the first value (row-major) outside its column's bounds.
-
-    ``values`` has shape (n, len(names)) or (n,) (one column); ``low`` and ``high`` broadcast
-    against it.
-    """
-    lo = np.broadcast_to(np.asarray(low, dtype=np.float64), values.shape)
-    hi = np.broadcast_to(np.asarray(high, dtype=np.float64), values.shape)
-    outside = ~((values >= lo) & (values <= hi))  # NaN is outside every bound
-    if outside.any():
-        first = tuple(np.argwhere(outside)[0])
-        row, col = int(first[0]), int(first[1]) if len(first) > 1 else 0
-        raise ValueError(
-            f"value out of bounds at row {row}, column {names[col]!r}: {values[first]} not in "
-            f"[{lo[first]}, {hi[first]}] ({int(outside.sum())} value(s) outside); values are "
-            "never clipped"
-        )
+        return scale_to_bounds(x, y, self.feature_bounds, self.target_bounds, task=self.task)
 
 
 def _check_columns(
@@ -234,7 +322,8 @@ class CapeMeanSpec:
     Notes
     -----
     Sensitivity: :func:`common.cape.mean.mean_sensitivity`, ``||high - low||_2 / N_s`` under the
-    replacement of one record of one site.
+    replacement of one record of one site; it holds for the raw data because the owner clamps
+    every record into the box first (:meth:`clamped`, module Notes).
     """
 
     features: tuple[tuple[str, float, float], ...]
@@ -271,19 +360,22 @@ class CapeMeanSpec:
         """How the owner's ledger names the release."""
         return f"CAPE mean (zero-sum Gaussian noise, {self.calibration})"
 
-    def checked(self, values: ArrayLike) -> NDArray[np.float64]:
-        """The columns' values (shape (n, D), in the spec's order), checked against the bounds.
+    def clamped(self, values: ArrayLike, target: ArrayLike | None = None) -> Clamped:
+        """The columns' values (shape (n, D), in the spec's order) clamped to the bounds.
+
+        Parameters
+        ----------
+        values : array-like of shape (n, D)
+        target : None
+            A mean has no target (the argument keeps the specs' calls alike).
 
         Raises
         ------
         ValueError
-            Naming the row and the column of the first value outside its bounds (or NaN).
+            On shapes, or a NaN or infinite value (fixed messages, naming no row or value).
         """
-        x = np.asarray(values, dtype=np.float64)
-        if x.ndim != 2 or x.shape[1] != len(self.features):
-            raise ValueError(f"values must have shape (n, {len(self.features)}), got {x.shape}")
-        _check_bounds(x, self.bounds[:, 0], self.bounds[:, 1], list(self.columns))
-        return x
+        x, moved = _clamp_features(values, self.features)
+        return Clamped(x, None, moved)
 
     def plan(self, sizes: Sequence[int]) -> CapeMeanPlan:
         """The public plan for sites of these row counts."""
@@ -334,7 +426,7 @@ class CapeTrainingSpec:
     Sensitivity: each per-example gradient is clipped to norm ``C`` whatever the data, so the
     site's average moves by at most ``2 C / N_s`` when one record is replaced
     (:func:`common.cape.dpgd.site_gradient`). The bounds serve the scaling only: they are not
-    needed for privacy, but a value outside them is still refused (never clipped).
+    needed for privacy; a value outside them is clamped to them like any other job's.
     """
 
     features: tuple[tuple[str, float, float], ...]
@@ -393,19 +485,28 @@ class CapeTrainingSpec:
         """How the owner's ledger names the releases."""
         return f"CAPE gradient descent, {self.iterations} iterations (zero-sum Gaussian noise)"
 
-    def scale(self, features: ArrayLike) -> NDArray[np.float64]:
-        """Raw features -> the network's inputs ``2 (x - low) / (high - low) - 1`` in [-1, 1].
+    def clamped(self, features: ArrayLike, target: ArrayLike) -> Clamped:
+        """Raw records with the features clamped to their bounds (the 0/1 target as it is).
 
         Raises
         ------
         ValueError
-            If a value lies outside its bounds (naming row and column).
+            On shapes, or a NaN or infinite value (fixed messages, naming no row or value).
         """
-        x = np.asarray(features, dtype=np.float64)
-        if x.ndim != 2 or x.shape[1] != self.dim:
-            raise ValueError(f"features must have shape (n, {self.dim}), got {x.shape}")
+        return _clamp_records(features, self.features, target, None)
+
+    def scale(self, features: ArrayLike) -> NDArray[np.float64]:
+        """Raw features, clamped to their bounds, -> the network's inputs
+        ``2 (x - low) / (high - low) - 1`` in [-1, 1] (a consumer's own features are mapped the
+        same way before prediction).
+
+        Raises
+        ------
+        ValueError
+            On shapes, or a NaN or infinite value.
+        """
+        x, _ = _clamp_features(features, self.features)
         b = self.bounds
-        _check_bounds(x, b[:, 0], b[:, 1], list(self.columns))
         out: NDArray[np.float64] = 2.0 * (x - b[:, 0]) / (b[:, 1] - b[:, 0]) - 1.0
         return out
 
@@ -417,19 +518,13 @@ class CapeTrainingSpec:
         Raises
         ------
         ValueError
-            If a feature lies outside its bounds or a label is not 0 or 1, naming row and
-            column.
+            On shapes or NaN/inf, or a label that is not 0 or 1 (naming the column only).
         """
         x = self.scale(features)
         y = np.asarray(target, dtype=np.float64)
         if y.shape != (x.shape[0],):
             raise ValueError(f"target must have shape ({x.shape[0]},), got {y.shape}")
-        bad = (y != 0.0) & (y != 1.0)
-        if bad.any():
-            row = int(np.argmax(bad))
-            raise ValueError(
-                f"target column {self.target!r} at row {row} must be 0 or 1, got {y[row]}"
-            )
+        _check_labels(y, self.target)
         return x, y
 
     def plan(

@@ -27,7 +27,7 @@ from common.privacy.accounting import (
     pld_epsilon,
 )
 
-__all__ = ["BudgetExceededError", "Charge", "PrivacyLedger"]
+__all__ = ["BudgetExceededError", "Charge", "PrivacyLedger", "SessionSpend"]
 
 _PARTIES = ("validation", "owners", "public")
 _COUNTED = ("validation", "owners")
@@ -66,6 +66,26 @@ class Charge:
             raise ValueError(f"label must be a string, got {self.label!r}")
         if not isinstance(self.event, PrivacyEvent):
             raise ValueError(f"event must be a PrivacyEvent, got {type(self.event).__name__}")
+
+
+@dataclass(frozen=True)
+class SessionSpend:
+    """What one session spent of one owner's budget, as the owner's own ledger recorded it.
+
+    Attributes
+    ----------
+    epsilon, delta : float
+        Summed over the session's charges (``epsilon`` is ``inf`` after a non-private charge).
+    points : int
+        Raw points released.
+    non_private : bool
+        Whether a non-private charge was recorded.
+    """
+
+    epsilon: float
+    delta: float
+    points: int
+    non_private: bool = False
 
 
 class BudgetExceededError(FailedPreconditionError):

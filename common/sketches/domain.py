@@ -1,10 +1,17 @@
 """The public data domain of a sketch: a box, with optional discrete attributes.
 
-Every record an owner sketches must lie in the declared domain; a record outside is an error that
-names its row and column, never silently clipped (clipping would change the data without telling
-anyone, and the domain is part of what the sketch promises). The domain is also the support of
-the M2M prior: the estimator draws its synthetic points uniformly from it (the paper's maximum
-entropy choice, Section 3.2).
+Every record a sketch summarizes lies in the declared domain. An owner projects its records onto
+it before sketching (:meth:`Domain.clamp`, OpenDP's clamp: a continuous value to the nearest
+bound, a discrete one to the nearest level) and counts what moved in its own log only: whether an
+owner's rows fit a domain the catalogue chose must not decide what the owner answers, or a chosen
+domain would read records. :meth:`Domain.check` refuses records outside, naming row and column,
+for data whose holder wants to know (a consumer's own validation set, synthetic points). The
+domain is also the support of the M2M prior: the estimator draws its synthetic points uniformly
+from it (the paper's maximum entropy choice, Section 3.2).
+
+Projecting maps each record to one record of the domain, so two data sets that differ in one
+record still differ in at most one record after it: every sensitivity computed over the domain
+holds for the raw data.
 
 References
 ----------
@@ -171,6 +178,21 @@ class Domain:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def _records(self, x: ArrayLike, name: str) -> NDArray[np.float64]:
+        """``x`` as a C-contiguous float64 array of shape (n >= 1, d); shape and type checked."""
+        arr = np.asarray(x)
+        d = self.n_attributes
+        if arr.ndim != 2 or arr.shape[1] != d:
+            raise InvalidArgumentError(
+                f"{name} must be a 2-D array with {d} columns (one per domain attribute), got "
+                f"shape {arr.shape}"
+            )
+        if arr.shape[0] == 0:
+            raise InvalidArgumentError(f"{name} is empty: it must hold at least one record")
+        if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
+            raise InvalidArgumentError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+        return np.ascontiguousarray(arr, dtype=np.float64)
+
     def check(self, x: ArrayLike, name: str = "data") -> NDArray[np.float64]:
         """Return ``x`` as a float64 array if every record lies in the domain; raise otherwise.
 
@@ -193,18 +215,7 @@ class Domain:
             attribute that is not one of its levels. The message names the first bad row and
             column (attribute name when the domain has names), the value and the bounds.
         """
-        arr = np.asarray(x)
-        d = self.n_attributes
-        if arr.ndim != 2 or arr.shape[1] != d:
-            raise InvalidArgumentError(
-                f"{name} must be a 2-D array with {d} columns (one per domain attribute), got "
-                f"shape {arr.shape}"
-            )
-        if arr.shape[0] == 0:
-            raise InvalidArgumentError(f"{name} is empty: it must hold at least one record")
-        if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
-            raise InvalidArgumentError(f"{name} must hold real numbers, got dtype {arr.dtype}")
-        out = np.ascontiguousarray(arr, dtype=np.float64)
+        out = self._records(x, name)
         finite = np.isfinite(out)
         if not finite.all():
             row, col = (int(v) for v in np.argwhere(~finite)[0])
@@ -233,6 +244,49 @@ class Domain:
                     f"not one of the attribute's levels {lv.tolist()}"
                 )
         return out
+
+    def clamp(
+        self, x: ArrayLike, name: str = "data"
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+        """Project every record onto the domain; return the records and how many values moved.
+
+        A continuous attribute is clamped to ``[low_j, high_j]`` (OpenDP's ``make_clamp``); a
+        discrete one is moved to its nearest level (ties to the lower level).
+
+        Parameters
+        ----------
+        x : array-like of shape (n, d)
+            Records, one per row, in the domain's units; ``n >= 1``, finite.
+        name : str
+            What ``x`` is, for error messages.
+
+        Returns
+        -------
+        records : ndarray of shape (n, d), float64, C-contiguous
+            Every row passes :meth:`check`.
+        moved : ndarray of shape (d,), int64
+            How many values of each attribute were moved. A statistic of the data: for its
+            holder's own log only.
+
+        Raises
+        ------
+        InvalidArgumentError
+            (a ``ValueError``) if ``x`` is not 2-D with ``d`` columns, is empty, holds a
+            non-number, NaN or inf. The messages name no row and no value.
+        """
+        raw = self._records(x, name)
+        if not np.isfinite(raw).all():
+            raise InvalidArgumentError(f"{name} holds NaN or inf: only finite values are clamped")
+        out = np.ascontiguousarray(np.minimum(np.maximum(raw, self.low), self.high))
+        for col, lv in enumerate(self.levels):
+            if lv is None:
+                continue
+            upper = np.clip(np.searchsorted(lv, out[:, col]), 1, max(lv.shape[0] - 1, 1))
+            below = lv[upper - 1]
+            above = lv[np.minimum(upper, lv.shape[0] - 1)]
+            out[:, col] = np.where(out[:, col] - below <= above - out[:, col], below, above)
+        moved = (out != raw).sum(axis=0).astype(np.int64)
+        return out, moved
 
     def sample_uniform(self, n: int, rng: np.random.Generator) -> NDArray[np.float64]:
         """Draw ``n`` points from the uniform distribution on the domain (the default M2M prior).

@@ -526,7 +526,9 @@ class HISTMap(OneHotFeatureMap):
     -----
     Bin ``k`` of attribute ``j`` is ``[e_k, e_{k+1})`` with ``e_k = low_j + k (high_j - low_j) /
     n_bins_j``; the last bin also holds ``high_j``. A value outside ``[low_j, high_j]`` is an
-    error naming its row and column, never clipped into an edge bin.
+    error naming its row and column, never clipped into an edge bin here; an owner projects its
+    records onto the domain before (:meth:`common.sketches.domain.Domain.clamp`), which puts an
+    outside value in the edge bin as a clamped value.
 
     Sensitivities: a record falls in exactly one bin of each of the ``d`` attributes, so
     ``||Phi(x)||_1 = d`` and ``||Phi(x)||_2 = sqrt(d)`` for every record: ``Delta_1 = d`` (the

@@ -119,14 +119,14 @@ def paper_mode_events(
 
     Notes
     -----
-    This mirrors ``curator.protocol.SummarizationSession._run_greedy``: in round ``l`` the
-    summary holds ``q = seed_set_size + l - 1`` points. Round 1 releases the seed set only (party
-    ``"public"``) or, when ``q = 0``, releases nothing; every later round has ``q >= 1`` and
+    This mirrors ``curator.summarization.selection.Selection.rounds``: in round ``l``
+    the summary holds ``q = seed_set_size + l - 1`` points. Round 1 releases the seed set only
+    (party ``"public"``) or, when ``q = 0``, releases nothing; every later round has ``q >= 1`` and
     releases an h2 embedding of a set holding owners' points, charged to ``"owners"`` at
-    ``epsilon_summary / sqrt(p T_subs)`` per iteration. So the owners' charges do not depend on
-    the seed set's size. PrivAuction is charged once, in round 1, over ``tau`` bad iterations
-    (Appendix D, proof of Theorem 6). The counts assume a session that runs all ``p`` rounds
-    with at least one bid in round 1; an aborted session charges a prefix of these events.
+    ``epsilon_summary / sqrt(p T_subs)`` per iteration. So the owners' charges do not depend on the
+    seed set's size. PrivAuction is charged once, in round 1, over ``tau`` bad iterations (Appendix
+    D, proof of Theorem 6). The counts assume a session that runs all ``p`` rounds with at least one
+    bid in round 1; an aborted session charges a prefix of these events.
     Neighbouring relation: replacing one point of ``D_v`` (validation) or of one owner's data
     (owners); MWEM's sensitivity under it is 2 (``common.summarization.mwem``).
 

@@ -1,7 +1,7 @@
 """Continual release of a running sum by the binary-tree mechanism (Gaussian noise).
 
 Used by the ``"rounds"`` summarization method to release the running summary embedding each round
-(:mod:`curator.protocol`) instead of a fresh h2 (MWEM) release per round.
+(:mod:`curator.summarization.release`) instead of a fresh h2 (MWEM) release per round.
 """
 
 from __future__ import annotations

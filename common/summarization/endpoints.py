@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from common.privacy.ledger import SessionSpend
 from common.summarization.rff import RFFParams
 
 if TYPE_CHECKING:
@@ -61,26 +62,6 @@ class ReleasedPoint:
     point: NDArray[np.float64]
     label: int | None
     bid: float
-
-
-@dataclass(frozen=True)
-class SessionSpend:
-    """What one session spent of one owner's budget, as the owner's own ledger recorded it.
-
-    Attributes
-    ----------
-    epsilon, delta : float
-        Summed over the session's charges (``epsilon`` is ``inf`` after a non-private charge).
-    points : int
-        Raw points released.
-    non_private : bool
-        Whether a non-private charge was recorded.
-    """
-
-    epsilon: float
-    delta: float
-    points: int
-    non_private: bool = False
 
 
 class OwnerEndpoint(Protocol):

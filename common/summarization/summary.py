@@ -9,8 +9,8 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from common.privacy.ledger import SessionSpend
 from common.summarization.auction import AUCTION_VARIANTS, AuctionVariant
-from common.summarization.endpoints import SessionSpend
 from common.summarization.sketch_allocation import RELEVANCE_SCORES, RelevanceScore
 from common.validation import check_delta, check_epsilon, check_positive_int
 

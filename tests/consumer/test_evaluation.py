@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from consumer.evaluation import downstream_accuracy
-from deploy.scenarios import digits_scenario, flights_scenario
+from experiments.scenarios import digits_scenario, flights_scenario
 from owner.data import PointSet
 
 

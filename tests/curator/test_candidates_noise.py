@@ -10,8 +10,8 @@ from scipy import stats
 from common.privacy.accounting import PrivacyEvent, pld_epsilon
 from common.summarization.rff import draw_rff_params, random_fourier_features
 from common.summarization.summary import SummarizationConfig
-from deploy.runner import run_session
-from deploy.scenarios import Scenario
+from experiments.runner import run_session
+from experiments.scenarios import Scenario
 from owner.local import LocalOwnerEndpoint
 from owner.protocol import Owner
 

@@ -480,11 +480,13 @@ LABELLED = ("a", "b", "c", "label")
 
 
 def _labelled_tables(rows: int, sites: Sequence[str], seed: int = 0) -> list[Table]:
-    """Tables with a 0/1 label: ``label = [0.3 a - 0.5 b + 2 c + U(-1, 1) > 1.5]``."""
+    """Tables with a label their owners declare 0/1: ``label = [0.3 a - 0.5 b + 2 c + U(-1, 1)
+    > 1.5]``."""
     out = []
     for table in _tables(rows, seed, sites):
         y = (table.values[:, 3] > 1.5).astype(np.float64)
-        out.append(Table(LABELLED, np.column_stack([table.values[:, :3], y]), table.name))
+        values = np.column_stack([table.values[:, :3], y])
+        out.append(Table(LABELLED, values, table.name, binary=("label",)))
     return out
 
 

@@ -13,8 +13,8 @@ from common.summarization.continual import tree_levels
 from common.summarization.summary import SummarizationConfig, SummaryResult
 from consumer.convert import create_request_to_proto
 from curator.convert import create_request_from_proto
-from deploy.runner import run_session, simulate
-from deploy.scenarios import Scenario
+from experiments.runner import run_session, simulate
+from experiments.scenarios import Scenario
 from owner.local import LocalOwnerEndpoint
 from owner.protocol import Owner
 

@@ -12,10 +12,10 @@ from common.errors import AbortedError, UnavailableError
 from common.secagg.fixedpoint import FixedPoint
 from common.secagg.protocol import KeyAdvertisement, RoundParams
 from curator.secagg import aggregate
-from deploy.pki import identity_files, init_ca, issue_all
-from dpmarket.identity import Identity
+from deploy.pki import init_ca, issue_all
 from owner.local import LocalSecureAggregationEndpoint
 from owner.secagg import SiteIdentity, SiteRounds
+from runtime.identity import Identity, identity_files
 
 SITES = ("site-a", "site-b", "site-c", "site-d", "site-e")
 D = 40

@@ -23,7 +23,7 @@ from common.summarization.summary import ProgressEvent, SessionReport, Summariza
 from curator.policy import CuratorPolicy
 from curator.sessions import SessionManager
 from curator.store import RESTART_ERROR, CuratorStore
-from deploy.scenarios import Scenario
+from experiments.scenarios import Scenario
 from owner.ledger import OwnerLedger
 from owner.local import LocalOwnerEndpoint
 from owner.policy import OwnerPolicy

@@ -17,8 +17,8 @@ from common.summarization.sketch_allocation import (
     responsibilities,
 )
 from common.summarization.summary import SummarizationConfig
-from deploy.runner import publish_sketches, run_session, simulate
-from deploy.scenarios import Scenario
+from experiments.runner import publish_sketches, run_session, simulate
+from experiments.scenarios import Scenario
 from owner.data import PointSet
 from owner.local import LocalOwnerEndpoint
 from owner.protocol import Owner

@@ -10,7 +10,8 @@ Reads a JSON job on stdin, writes ``reference.json`` (and the summary's files) t
 the job names, and prints nothing else on stdout. Every party runs in this one process:
 
 * ``summary``: ``dpmarket simulate`` with the consumer's options (the owners' point files).
-* ``cape``: each job by :func:`deploy.runner.run_cape` on the owners' tables, named as the owners.
+* ``cape``: each job by :func:`experiments.runner.run_cape` on the owners' tables, named as the
+  owners.
 * ``sketch``: a catalogue opened from the same declaration and seed as the curator's, each owner's
   sketch published with its seeded noise and its policy (:func:`owner.sketches.publish_to`), then
   the consumer's query on the union by :class:`consumer.explore.Explorer`.
@@ -33,7 +34,7 @@ from consumer.explore import Explorer, Query
 from curator.cape import CapeMeanEstimate, CapeResult
 from curator.sketches import SketchCatalog
 from deploy.cli import main
-from deploy.runner import run_cape
+from experiments.runner import run_cape
 from owner.data import load_table
 from owner.ledger import OwnerLedger
 from owner.policy import load_owner_policy

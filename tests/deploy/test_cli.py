@@ -58,8 +58,8 @@ def test_scenario_sizes_the_flights_split_and_refuses_sizes_for_digits(tmp_path)
 
 def test_the_health_probe_and_the_ledger_start_without_numpy_or_the_protocols() -> None:
     """`dpmarket health` (every container's health check, every few seconds) and `dpmarket
-    owner` load neither the numerical libraries nor the rest of the CLI; every other command
-    runs the whole CLI, which lists them too."""
+    owner` load neither pandas, scipy nor the rest of the CLI; every other command runs the
+    whole CLI, which lists them too."""
     import subprocess
     import sys
 
@@ -71,7 +71,7 @@ try:
     main()
 except SystemExit:
     pass
-print(sorted(m for m in ("numpy", "pandas", "scipy", "deploy.cli") if m in sys.modules))
+print(sorted(m for m in ("pandas", "scipy", "deploy.cli") if m in sys.modules))
 """
 
     def run(*args: str) -> list[str]:
@@ -87,5 +87,20 @@ print(sorted(m for m in ("numpy", "pandas", "scipy", "deploy.cli") if m in sys.m
     assert any("--data-dir" in line for line in ledger)
     assert ledger[-1] == "[]"
     everything = run("--help")
-    assert everything[-1] == "['deploy.cli', 'numpy', 'pandas', 'scipy']"
+    assert everything[-1] == "['deploy.cli', 'pandas', 'scipy']"
     assert {"health", "owner"} <= {line.split()[0] for line in everything if line.startswith("  ")}
+
+
+def test_serve_owner_checks_its_declared_0_1_columns_before_serving(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The declaration is checked at start-up, on the owner's console (row and value named):
+    the owner does not start with a declaration its table contradicts."""
+    import pandas as pd
+
+    table = tmp_path / "owner-0.parquet"
+    pd.DataFrame({"x": [0.5, 1.5], "sex": [1.0, 2.0], "spam": [0.0, 1.0]}).to_parquet(table)
+    base = ["serve-owner", "--insecure", "--owner-id", "o", "--data-dir", str(tmp_path / "s")]
+    result = CliRunner().invoke(main, [*base, "--table", str(table), "--binary-column", "sex"])
+    assert result.exit_code == 1
+    assert "column 'sex' of table 'owner-0' is declared 0/1 but holds 2.0 at row 1" in result.output
+    result = CliRunner().invoke(main, [*base, "--data", str(table), "--binary-column", "spam"])
+    assert result.exit_code == 2 and "give --table" in result.output

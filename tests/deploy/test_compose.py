@@ -41,12 +41,12 @@ from common.summarization.summary import PARAMETER_NAMES, SummarizationConfig
 from common.summarization.terms import owner_terms
 from curator.policy import load_curator_policy
 from deploy.cli import main
-from deploy.pki import CA_KEY, identity_files, init_ca, issue
-from dpmarket.identity import Identity
-from dpmarket.serving import start_server
-from dpmarket.transport import TransportSecurity
+from deploy.pki import CA_KEY, init_ca, issue
 from owner.data import load_point_set, load_table
 from owner.policy import load_owner_policy
+from runtime.identity import Identity, identity_files
+from runtime.serving import start_server
+from runtime.transport import TransportSecurity
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "deploy" / "docker-compose.yml"

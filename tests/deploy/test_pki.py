@@ -14,11 +14,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from deploy.pki import identity_files, init_ca, issue, issue_all, pki
-from dpmarket.identity import (
+from deploy.pki import init_ca, issue, issue_all, pki
+from runtime.identity import (
     NAME_PATTERN,
     ROLES,
     Identity,
+    identity_files,
     identity_from_certificate,
     identity_from_pem,
 )

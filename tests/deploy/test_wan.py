@@ -33,10 +33,10 @@ from click.testing import CliRunner
 from common.cape.spec import CapeMeanSpec
 from curator.cape import CapeMeanEstimate
 from deploy.cli import main
-from deploy.runner import run_cape
 from deploy.wan import PROFILES, WanTopology, wait_for_port
-from dpmarket.identity import Identity
+from experiments.runner import run_cape
 from owner.data import load_table
+from runtime.identity import Identity
 
 pytestmark = [pytest.mark.integration, pytest.mark.wan]
 

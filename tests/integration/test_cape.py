@@ -2,9 +2,10 @@
 and train a network by gradient descent on real data.
 
 Owners hold parquet tables of scikit-learn's diabetes data (440 of its 442 rows, 88 per owner:
-columns ``c0`` .. ``c9``, ``target`` and a 0/1 ``high`` for logistic regression; all but the last
-owner also hold a column ``extra``). Two clusters, each an OS process per party started by
-:class:`deploy.launcher.LocalCluster` with seeded runs allowed:
+columns ``c0`` .. ``c9``, ``target`` and a 0/1 ``high`` for logistic regression, which every
+owner declares 0/1 when it starts; all but the last owner also hold a column ``extra``). Two
+clusters, each an OS process per party started by :class:`deploy.launcher.LocalCluster` with
+seeded runs allowed:
 
 * ``cluster``: five owners with room for many jobs; what is fitted, charged and refused.
 * ``budget_cluster``: two owners whose lifetime epsilon is 1.5 (1.0 per job).
@@ -15,6 +16,7 @@ the report's ``owner_spend`` must agree with it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,16 +31,15 @@ from sklearn.datasets import load_diabetes
 from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from consumer.client import CapeFit, CuratorClient
 from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult
-from deploy.cape_experiments import DIABETES_BOUNDS, DIABETES_TARGET
 from deploy.launcher import CURATOR_NAME, LocalCluster
-from deploy.pki import identity_files
-from deploy.runner import fit_cape, run_cape
-from dpmarket import cape_messages
-from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import cape_pb2, secure_aggregation_pb2
+from experiments.cape_experiments import DIABETES_BOUNDS, DIABETES_TARGET
+from experiments.runner import fit_cape, run_cape
 from owner.data import Table, load_table
 from owner.ledger import LedgerEntry, OwnerLedger
+from runtime import cape_messages
+from runtime.identity import Identity, identity_files
+from runtime.transport import TransportSecurity, sync_channel
 
 pytestmark = pytest.mark.integration
 
@@ -71,6 +72,8 @@ train_work = [1, 1000]
 [sessions]
 per_consumer_per_minute = 1000
 """
+#: The column every owner declares 0/1 (``serve-owner --binary-column``).
+BINARY = ("high",)
 #: Lifetime epsilon 1.5, at most 1.0 per job: one job at epsilon 1 fits, a second does not.
 BUDGET_OWNER_POLICY = """
 [budget]
@@ -145,6 +148,7 @@ def _start(
         owners,
         directory / "logs",
         owner_tables=[tables[o] for o in owners],
+        owner_binary_columns=BINARY,
         owner_policy=directory / "owner.toml",
         curator_policy=directory / "curator.toml",
     )
@@ -231,7 +235,7 @@ def _unary_status(channel: grpc.Channel, method: Any, request: Any) -> tuple[grp
 
 
 def _in_process(tables: dict[str, Path], owners: tuple[str, ...], spec: CapeJobSpec) -> CapeResult:
-    loaded: list[Table] = [load_table(tables[o]) for o in owners]
+    loaded: list[Table] = [load_table(tables[o], binary=BINARY) for o in owners]
     assert [t.name for t in loaded] == list(owners)
     result, _ = fit_cape(loaded, spec, seed=SEED)
     return result
@@ -293,7 +297,7 @@ def test_a_networked_mean_or_training_equals_the_in_process_one_and_is_charged_o
         else:
             network = client.train_cape(spec, seed=SEED, timeout=CALL_TIMEOUT)
             networked, report = network.parameters, network.report
-    local, _ = run_cape([load_table(tables[o]) for o in OWNERS], spec, seed=SEED)
+    local, _ = run_cape([load_table(tables[o], binary=BINARY) for o in OWNERS], spec, seed=SEED)
     if isinstance(local, CapeMeanEstimate):
         np.testing.assert_array_equal(networked, local.mean)
         assert networked.shape == (len(spec.features),)
@@ -334,6 +338,22 @@ def test_a_retried_fit_returns_the_same_answer_and_charges_nothing_new(
     assert _ledgers(cluster) == before
 
 
+def test_a_retried_refused_job_is_refused_again_the_same_way_charging_nothing(
+    cluster: LocalCluster,
+) -> None:
+    """A job an owner refuses at open, retried with the same request id: the same status and
+    message both times (never INTERNAL), no ledger changes; the key then serves the corrected
+    request, as a refused CreateSession leaves no key behind."""
+    before = _ledgers(cluster)
+    spec = _linear(features=(*FEATURES[:3], ("extra", 10.0, 60.0)))
+    first = _fit_status(cluster, spec, request_id="cape-refused-1")
+    again = _fit_status(cluster, spec, request_id="cape-refused-1")
+    assert first == again and first[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert _ledgers(cluster) == before
+    fit = _fit(cluster, _linear(), request_id="cape-refused-1")
+    assert _fit(cluster, _linear(), request_id="cape-refused-1").report == fit.report
+
+
 # ----------------------------------------------------------------------------------------- budgets
 def test_an_owner_without_budget_left_refuses_the_job_before_any_release(
     budget_cluster: LocalCluster,
@@ -370,21 +390,27 @@ def test_a_column_an_owner_lacks_is_refused_and_charges_nothing(cluster: LocalCl
     assert _ledgers(cluster) == before
 
 
-def test_a_value_outside_its_public_bounds_is_refused_naming_row_and_column(
+def test_values_outside_their_public_bounds_are_clamped_and_the_fit_charged_once(
     cluster: LocalCluster, tables: dict[str, Path]
 ) -> None:
     """Body mass index bounded by [10, 35], listed first, while owners hold heavier patients:
-    the first owner (in site order) refuses, naming its first row outside and the column by its
-    name (the spec's column 0 is the table's ``c2``), and nothing is charged."""
-    before = _ledgers(cluster)
+    every owner clamps them to 35 (as OpenDP does) and fits; the networked fit equals the
+    in-process one on the same tables bit for bit, every ledger gains one charge, the report
+    names no row and no count, and only each owner's own log counts the clamped values."""
     narrow = (("c2", 10.0, 35.0), *(f for f in FEATURES if f[0] != "c2"))
-    code, details = _fit_status(cluster, _linear(features=narrow))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    spec = _linear(features=narrow)
     bmi = load_table(tables[OWNERS[0]]).select(["c2"])[:, 0]
-    row = int(np.argmax(bmi > 35.0))
-    assert row > 0  # the row is named, not just the first one
-    assert OWNERS[0] in details and f"row {row}" in details and "'c2'" in details
-    assert _ledgers(cluster) == before
+    clamped = int(np.sum(bmi > 35.0))
+    assert clamped > 0
+    before = _ledgers(cluster)
+    fit = _fit(cluster, spec)
+    np.testing.assert_array_equal(fit.weights, _in_process(tables, OWNERS, spec).weights)
+    new = _new_entries(before, _ledgers(cluster))
+    assert all(len(new[o]) == 1 for o in OWNERS)
+    text = json.dumps(fit.report)
+    assert "row" not in text and "clamp" not in text and "outside" not in text
+    log = (cluster.log_dir / f"{OWNERS[0]}.log").read_text(encoding="utf-8")
+    assert f"'c2' {clamped} of {ROWS_PER_OWNER} rows" in log
 
 
 # ----------------------------------------------------------------------------------- authorization
@@ -499,20 +525,23 @@ def test_a_training_outside_the_curators_policy_is_refused_with_the_range(
     assert _ledgers(cluster) == before
 
 
-def test_a_mean_value_outside_its_bounds_or_a_label_not_0_1_is_refused_by_the_owner(
-    cluster: LocalCluster, tables: dict[str, Path]
+def test_a_target_no_owner_declared_0_1_is_refused_naming_no_row_or_value(
+    cluster: LocalCluster,
 ) -> None:
-    """The mean of body mass index bounded by [10, 35]: the first owner names its first row
-    outside and the column; a training on the continuous ``target`` as a label: the owner
-    names the row and the column. Nothing is charged."""
+    """A training or a logistic regression on the continuous ``target``: the first owner (in
+    site order) refuses at open because it did not declare the column 0/1 — a message made of
+    the request and the owner's declaration only. Nothing is charged."""
     before = _ledgers(cluster)
-    code, details = _fit_status(cluster, _mean(features=(("c2", 10.0, 35.0),)))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT
-    row = int(np.argmax(load_table(tables[OWNERS[0]]).select(["c2"])[:, 0] > 35.0))
-    assert OWNERS[0] in details and f"row {row}" in details and "'c2'" in details
-    code, details = _fit_status(cluster, _training(target="target"))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT
-    assert "target column 'target' at row 0 must be 0 or 1" in details
+    logistic = CapeJobSpec("logistic", FEATURES, ("target", 0.0, 1.0), 1.0, 1e-6)
+    for spec, task in ((_training(target="target"), "training"), (logistic, "logistic regression")):
+        code, details = _fit_status(cluster, spec)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert (
+            f"column 'target' is not a 0/1 column of owner {OWNERS[0]}: a {task} needs a target "
+            "its owners declare 0/1 when they start (serve-owner --binary-column); this owner "
+            "declares ['high']"
+        ) in details
+        assert "row" not in details
     assert _ledgers(cluster) == before
 
 

@@ -18,10 +18,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.errors import UnavailableError
 from curator.owners import GrpcOwnerEndpoint
-from deploy.pki import identity_files, init_ca, issue, issue_all
-from dpmarket.identity import Identity, peer_identity
-from dpmarket.serving import GRPC_OPTIONS
-from dpmarket.transport import (
+from deploy.pki import init_ca, issue, issue_all
+from runtime.identity import Identity, identity_files, peer_identity
+from runtime.serving import GRPC_OPTIONS, SERVER_OPTIONS
+from runtime.transport import (
     TARGET_NAME_OVERRIDE,
     TransportSecurity,
     add_port,
@@ -73,7 +73,7 @@ class RecordingHealth(health.aio.HealthServicer):  # type: ignore[name-defined]
 
 @contextlib.asynccontextmanager
 async def _serving(security: TransportSecurity) -> AsyncIterator[tuple[str, RecordingHealth]]:
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     servicer = RecordingHealth()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     port = add_port(server, "127.0.0.1:0", security)
@@ -232,7 +232,7 @@ def test_without_an_expected_identity_the_target_host_is_checked(pki_dir: Path) 
 # -------------------------------------------------------------------------------- plaintext
 def test_plaintext_has_no_identities(caplog: pytest.LogCaptureFixture) -> None:
     plaintext = TransportSecurity.plaintext()
-    with caplog.at_level(logging.WARNING, logger="dpmarket.transport"):
+    with caplog.at_level(logging.WARNING, logger="runtime.transport"):
         code, peers = _call(plaintext, lambda target: aio_channel(target, plaintext, None))
     assert code == grpc.StatusCode.OK
     assert peers == [None]

@@ -20,13 +20,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from common.summarization.summary import SummarizationConfig
 from consumer.client import CuratorClient
 from deploy.launcher import CURATOR_NAME, LocalCluster
-from deploy.pki import identity_files
-from deploy.runner import simulate
-from deploy.scenarios import Scenario, write_scenario
-from dpmarket.arrays import array_to_proto
-from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc, privacy_pb2
+from experiments.runner import simulate
+from experiments.scenarios import Scenario, write_scenario
+from runtime.arrays import array_to_proto
+from runtime.identity import Identity, identity_files
+from runtime.transport import TransportSecurity, sync_channel
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ import pytest
 from common.summarization.summary import SummarizationConfig
 from consumer.client import CuratorClient
 from deploy.launcher import LocalCluster, sketch_declaration_toml
-from deploy.runner import simulate
-from deploy.scenarios import Scenario, write_scenario
+from experiments.runner import simulate
+from experiments.scenarios import Scenario, write_scenario
 from owner.ledger import OwnerLedger
 
 pytestmark = pytest.mark.integration

@@ -38,17 +38,17 @@ from consumer.explore import QUERIES, Explorer, Query
 from curator.store import DATABASE_FILE
 from deploy.cli import main as cli_main
 from deploy.launcher import CURATOR_NAME, LocalCluster
-from deploy.pki import CA_CERT, identity_files, init_ca, issue_all
+from deploy.pki import init_ca, issue_all
 from deploy.sketch_demo import flights_tables
-from dpmarket.identity import Identity
-from dpmarket.sketch_messages import sketch_to_proto
-from dpmarket.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
 from owner.data import load_table
 from owner.ledger import OwnerLedger
 from owner.policy import load_owner_policy
 from owner.sketch_client import CatalogClient
 from owner.sketches import SketchPublisher, ledger_session, publish_to
+from runtime.identity import CA_CERT, Identity, identity_files
+from runtime.sketch_messages import sketch_to_proto
+from runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 
 pytestmark = pytest.mark.integration
 
@@ -321,28 +321,41 @@ def _policy(dep: Deployment) -> Any:
     return load_owner_policy(dep.directory / "owner.toml")
 
 
-def test_a_sketch_with_a_value_outside_the_domain_is_refused_naming_row_and_column(
-    dep: Deployment, tmp_path: Path
+def test_a_value_outside_the_domain_is_clamped_at_publication_and_counted_in_the_owners_log(
+    dep: Deployment, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """An air time of 800 minutes where the catalogue's domain ends at 720: the operator's
+    publication goes through (the value clamped to 720, as OpenDP clamps), charged once, and the
+    catalogue serves the sketch the owner stored; only the owner's own log counts the value."""
     table = load_table(dep.tables["owner-EV"])
     values = table.values.copy()
     values[42, table.columns.index("air_time")] = 800.0  # the domain ends at 720 minutes
     bad = tmp_path / "bad.csv"
     pd.DataFrame(values, columns=list(table.columns)).to_csv(bad, index=False)
-    result = CliRunner().invoke(
-        cli_main,
-        [
-            "sketch", "publish", "--curator", dep.cluster.curator_target,
-            "--table", str(bad), "--data-dir", str(tmp_path / "state"),
-            "--policy", str(dep.directory / "owner.toml"),
-            "--pki-dir", str(dep.cluster.pki_dir), "--name", "owner-EV",
-            "--spec", "mini/race",
-        ],
-    )  # fmt: skip
-    assert result.exit_code != 0
-    assert "row 42, air_time: value 800.0 lies outside the domain [0.0, 720.0]" in result.output
+    with caplog.at_level("WARNING", logger="owner.sketches"):
+        result = CliRunner().invoke(
+            cli_main,
+            [
+                "sketch", "publish", "--curator", dep.cluster.curator_target,
+                "--table", str(bad), "--data-dir", str(tmp_path / "state"),
+                "--policy", str(dep.directory / "owner.toml"),
+                "--pki-dir", str(dep.cluster.pki_dir), "--name", "owner-EV",
+                "--spec", "mini/race",
+            ],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "'air_time' 1 of 1500 rows" in caplog.text
     with OwnerLedger(tmp_path / "state", None) as ledger:
-        assert ledger.entries() == []
+        (entry,) = ledger.entries()
+        stored = SketchPublisher(ledger).stored(_spec(dep, "mini/race"))
+    assert entry.consumer == "catalogue:mini/race" and stored is not None
+    served = _catalogue(dep)[("mini/race", "owner-EV")]
+    assert served == stored.sketch.noisy_sum.tobytes() + repr(stored.sketch.noisy_count).encode()
+
+
+def _spec(dep: Deployment, name: str) -> SketchSpec:
+    with CuratorClient(dep.cluster.curator_target, dep.cluster.consumer_security()) as client:
+        return client.sketch_spec(name)
 
 
 def _local_sketch(dep: Deployment, owner: str, spec: SketchSpec) -> Any:

@@ -48,14 +48,14 @@ from consumer.convert import create_request_to_proto
 from curator.store import DATABASE_FILE, RESTART_ERROR
 from deploy.cli import main as cli_main
 from deploy.launcher import CURATOR_NAME, LocalCluster
-from deploy.pki import CA_CERT, CA_KEY, identity_files, issue
-from deploy.runner import simulate
-from deploy.scenarios import Scenario, write_scenario
-from dpmarket.arrays import array_to_proto
-from dpmarket.identity import Identity
-from dpmarket.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
+from deploy.pki import CA_KEY, issue
 from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc, privacy_pb2
+from experiments.runner import simulate
+from experiments.scenarios import Scenario, write_scenario
 from owner.ledger import LedgerEntry, OwnerLedger
+from runtime.arrays import array_to_proto
+from runtime.identity import CA_CERT, Identity, identity_files
+from runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 
 pytestmark = pytest.mark.integration
 
@@ -849,6 +849,52 @@ def _port(port_file: Path, process: subprocess.Popen[bytes], log: Path) -> int:
 
     _wait_for(ready, 60.0, f"{log.stem} reporting its port")
     return int(port_file.read_text())
+
+
+@pytest.mark.parametrize("role", ["owner", "curator"])
+def test_a_second_server_on_a_bound_port_refuses_to_start_naming_the_address(
+    files: dict[str, Path], tmp_path: Path, role: str
+) -> None:
+    """gRPC's SO_REUSEPORT is off: a second service on the port of a running one exits at once
+    with one line naming the address (no traceback), and the first keeps the port."""
+    first = _spawn(
+        ["serve-owner", "--insecure", "--data", str(files["owner-0"]), "--port", "0",
+         "--port-file", str(tmp_path / "first.port"), "--data-dir", str(tmp_path / "first")],
+        tmp_path / "first.log",
+    )  # fmt: skip
+    try:
+        port = _port(tmp_path / "first.port", first, tmp_path / "first.log")
+        args = (
+            ["serve-owner", "--data", str(files["owner-0"]), "--data-dir", str(tmp_path / "s")]
+            if role == "owner"
+            else ["serve-curator", "--owner", "127.0.0.1:1", "--data-dir", str(tmp_path / "s")]
+        )
+        second = subprocess.run(
+            [sys.executable, "-m", "deploy.cli", *args, "--insecure", "--port", str(port)],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "240"},
+        )  # fmt: skip
+        output = second.stdout + second.stderr
+        assert second.returncode == 1, output
+        assert "Traceback" not in output
+        address = f"127.0.0.1:{port}"
+        assert output.strip().splitlines()[-1] == (
+            f"Error: cannot serve on {address}: the address is in use (is another server "
+            f"running on port {port}?)"
+        )
+        with grpc.insecure_channel(address) as channel:
+            for _ in range(6):  # every connection reaches the first server
+                response = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=CALL_TIMEOUT
+                )
+                assert response.status == health_pb2.HealthCheckResponse.SERVING
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGTERM)
+        try:
+            first.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            first.kill()
+            first.wait()
 
 
 def test_insecure_services_and_requests_run_and_warn(

@@ -8,7 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from owner.data import SUPPORTED_SUFFIXES, PointSet, load_point_set, save_point_set
+from owner.data import (
+    SUPPORTED_SUFFIXES,
+    PointSet,
+    Table,
+    load_point_set,
+    load_table,
+    save_point_set,
+)
 
 
 @pytest.fixture
@@ -238,3 +245,19 @@ def test_corrupt_npy(tmp_path: Path) -> None:
     path.write_bytes(b"not a numpy file at all")
     with pytest.raises(ValueError, match=r"c\.npy"):
         load_point_set(path)
+
+
+def test_declared_0_1_columns_are_checked_when_the_table_is_loaded(tmp_path: Path) -> None:
+    """The owner's start-up check, on its own console: it names the row and the value."""
+    path = tmp_path / "owner.parquet"
+    pd.DataFrame(
+        {"x": [1.5, 2.5, 3.5], "spam": [0.0, 1.0, 1.0], "sex": [1.0, 2.0, 1.0]}
+    ).to_parquet(path)
+    table = load_table(path, binary=["spam"])
+    assert table.binary == ("spam",)
+    with pytest.raises(ValueError, match=r"column 'sex' .* declared 0/1 but holds 2\.0 at row 1"):
+        load_table(path, binary=["spam", "sex"])
+    with pytest.raises(ValueError, match=r"no column\(s\) \['label'\] to declare 0/1"):
+        load_table(path, binary=["label"])
+    with pytest.raises(ValueError, match=r"NaN or inf value\(s\), first at row 1, column 'x'"):
+        Table(("x",), np.array([[1.0], [np.nan]]), "t")

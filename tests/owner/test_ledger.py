@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
-from dpmarket.database import open_database
 from owner.ledger import (
     APPLICATION,
     LEDGER_FILE,
@@ -28,6 +27,7 @@ from owner.ledger import (
     ledger_path,
 )
 from owner.policy import OwnerPolicy
+from runtime.database import open_database
 
 Opener = Callable[..., OwnerLedger]
 

@@ -1,6 +1,7 @@
 """An owner's sketch publications: charged once with the sketch stored in the same transaction,
-refused (computing, storing and charging nothing) when the policy or the budget says no, a value
-outside the domain named by row and column, and everything durable across a restart."""
+refused (computing, storing and charging nothing) when the policy or the budget says no, values
+outside the domain clamped (counted in the owner's log only), and everything durable across a
+restart."""
 
 from __future__ import annotations
 
@@ -140,20 +141,34 @@ def test_an_owner_that_does_not_publish_refuses(ledgers: Any, specs: dict[str, S
     assert publisher.ledger.entries() == []
 
 
-def test_a_value_outside_the_domain_is_named_by_row_and_column(
-    ledgers: Any, specs: dict[str, SketchSpec]
+def test_values_outside_the_domain_are_clamped_and_counted_in_the_owners_log_only(
+    ledgers: Any, specs: dict[str, SketchSpec], caplog: pytest.LogCaptureFixture
 ) -> None:
+    """b = 10.5 in [-10, 10] and y = 0.7 of the levels {0, 1}: the sketch is that of the table
+    with b = 10 and y = 1 (as OpenDP clamps), charged like any other; how many values moved is in
+    the owner's log and nowhere in what it publishes. A missing column is refused by name."""
     table = _table(extra=False)
     values = table.values.copy()
-    values[17, 1] = 10.5  # column b is [-10, 10]
-    bad = Table(table.columns, values, "owner-0")
-    publisher = SketchPublisher(ledgers(), noise=NoNoise())  # type: ignore[arg-type]
-    with pytest.raises(InvalidArgumentError, match=r"row 17, b: value 10\.5 lies outside"):
-        publisher.publish(specs["hist"], bad, curator=CURATOR)
+    values[17, 1], values[3, 2] = 10.5, 0.7
+    projected = values.copy()
+    projected[17, 1], projected[3, 2] = 10.0, 1.0
+    ledger = ledgers()
+    publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(5)))
+    with caplog.at_level("WARNING", logger="owner.sketches"):
+        done = publisher.publish(
+            specs["hist"], Table(table.columns, values, "owner-0"), curator=CURATOR
+        )
+    expected = (
+        specs["hist"].mechanism(1.0).release(projected, SeededNoise(np.random.default_rng(5)))
+    )
+    assert done.sketch.noisy_sum.tobytes() == expected.noisy_sum.tobytes()
+    assert done.sketch.noisy_count == expected.noisy_count
+    assert "'b' 1, 'y' 1 of 300 rows" in caplog.text
+    assert [e.epsilon for e in ledger.entries()] == [1.0]
     missing = Table(("a", "y"), table.values[:, [0, 2]], "owner-0")
     with pytest.raises(InvalidArgumentError, match=r"no column\(s\) \['b'\]"):
-        publisher.publish(specs["hist"], missing, curator=CURATOR)
-    assert publisher.ledger.entries() == []
+        publisher.publish(specs["race"], missing, curator=CURATOR)
+    assert len(ledger.entries()) == 1
 
 
 def test_sketch_and_ledger_survive_a_restart(tmp_path: Path, specs: dict[str, SketchSpec]) -> None:

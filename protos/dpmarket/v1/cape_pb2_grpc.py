@@ -79,13 +79,14 @@ class CapeSiteServiceServicer:
     """
 
     def OpenCapeJob(self, request, context):
-        """Open a job: check the spec against this owner's table (columns present, every value within
-        its public bounds, a 0/1 target for logistic regression and training) and the terms (epsilon,
-        delta; a training's total over all iterations) against its policy; return the number of rows.
-        Charges nothing. Fails with INVALID_ARGUMENT for a missing column, a value out of bounds
-        (naming row and column) or a malformed spec, FAILED_PRECONDITION if the owner holds no table
-        or the terms exceed its policy or what is left, RESOURCE_EXHAUSTED beyond its open sessions,
-        ALREADY_EXISTS for a job id in use.
+        """Open a job: check the spec against this owner's table (columns present; for logistic
+        regression and training, a target the owner declared 0/1 when it started) and the terms
+        (epsilon, delta; a training's total over all iterations) against its policy; clamp the records
+        to the spec's public bounds; return the number of rows. Charges nothing. Every refusal depends
+        on the request and the owner's public declarations only, never on its values. Fails with
+        INVALID_ARGUMENT for a missing column, an undeclared 0/1 target or a malformed spec,
+        FAILED_PRECONDITION if the owner holds no table or the terms exceed its policy or what is
+        left, RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job id in use.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

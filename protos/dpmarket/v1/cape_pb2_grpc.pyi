@@ -41,13 +41,14 @@ class CapeSiteServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> CapeSiteServiceAsyncStub: ...
     OpenCapeJob: _grpc.UnaryUnaryMultiCallable[_cape_pb2.OpenCapeJobRequest, _cape_pb2.OpenCapeJobResponse]
-    """Open a job: check the spec against this owner's table (columns present, every value within
-    its public bounds, a 0/1 target for logistic regression and training) and the terms (epsilon,
-    delta; a training's total over all iterations) against its policy; return the number of rows.
-    Charges nothing. Fails with INVALID_ARGUMENT for a missing column, a value out of bounds
-    (naming row and column) or a malformed spec, FAILED_PRECONDITION if the owner holds no table
-    or the terms exceed its policy or what is left, RESOURCE_EXHAUSTED beyond its open sessions,
-    ALREADY_EXISTS for a job id in use.
+    """Open a job: check the spec against this owner's table (columns present; for logistic
+    regression and training, a target the owner declared 0/1 when it started) and the terms
+    (epsilon, delta; a training's total over all iterations) against its policy; clamp the records
+    to the spec's public bounds; return the number of rows. Charges nothing. Every refusal depends
+    on the request and the owner's public declarations only, never on its values. Fails with
+    INVALID_ARGUMENT for a missing column, an undeclared 0/1 target or a malformed spec,
+    FAILED_PRECONDITION if the owner holds no table or the terms exceed its policy or what is
+    left, RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job id in use.
     """
     PlanCapeJob: _grpc.UnaryUnaryMultiCallable[_cape_pb2.PlanCapeJobRequest, _cape_pb2.PlanCapeJobResponse]
     """Fix the sites of the next noise round and their row counts (public); the owner computes the
@@ -93,13 +94,14 @@ class CapeSiteServiceAsyncStub(CapeSiteServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     OpenCapeJob: _aio.UnaryUnaryMultiCallable[_cape_pb2.OpenCapeJobRequest, _cape_pb2.OpenCapeJobResponse]  # type: ignore[assignment]
-    """Open a job: check the spec against this owner's table (columns present, every value within
-    its public bounds, a 0/1 target for logistic regression and training) and the terms (epsilon,
-    delta; a training's total over all iterations) against its policy; return the number of rows.
-    Charges nothing. Fails with INVALID_ARGUMENT for a missing column, a value out of bounds
-    (naming row and column) or a malformed spec, FAILED_PRECONDITION if the owner holds no table
-    or the terms exceed its policy or what is left, RESOURCE_EXHAUSTED beyond its open sessions,
-    ALREADY_EXISTS for a job id in use.
+    """Open a job: check the spec against this owner's table (columns present; for logistic
+    regression and training, a target the owner declared 0/1 when it started) and the terms
+    (epsilon, delta; a training's total over all iterations) against its policy; clamp the records
+    to the spec's public bounds; return the number of rows. Charges nothing. Every refusal depends
+    on the request and the owner's public declarations only, never on its values. Fails with
+    INVALID_ARGUMENT for a missing column, an undeclared 0/1 target or a malformed spec,
+    FAILED_PRECONDITION if the owner holds no table or the terms exceed its policy or what is
+    left, RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job id in use.
     """
     PlanCapeJob: _aio.UnaryUnaryMultiCallable[_cape_pb2.PlanCapeJobRequest, _cape_pb2.PlanCapeJobResponse]  # type: ignore[assignment]
     """Fix the sites of the next noise round and their row counts (public); the owner computes the
@@ -148,13 +150,14 @@ class CapeSiteServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _cape_pb2.OpenCapeJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_cape_pb2.OpenCapeJobResponse, _abc.Awaitable[_cape_pb2.OpenCapeJobResponse]]:
-        """Open a job: check the spec against this owner's table (columns present, every value within
-        its public bounds, a 0/1 target for logistic regression and training) and the terms (epsilon,
-        delta; a training's total over all iterations) against its policy; return the number of rows.
-        Charges nothing. Fails with INVALID_ARGUMENT for a missing column, a value out of bounds
-        (naming row and column) or a malformed spec, FAILED_PRECONDITION if the owner holds no table
-        or the terms exceed its policy or what is left, RESOURCE_EXHAUSTED beyond its open sessions,
-        ALREADY_EXISTS for a job id in use.
+        """Open a job: check the spec against this owner's table (columns present; for logistic
+        regression and training, a target the owner declared 0/1 when it started) and the terms
+        (epsilon, delta; a training's total over all iterations) against its policy; clamp the records
+        to the spec's public bounds; return the number of rows. Charges nothing. Every refusal depends
+        on the request and the owner's public declarations only, never on its values. Fails with
+        INVALID_ARGUMENT for a missing column, an undeclared 0/1 target or a malformed spec,
+        FAILED_PRECONDITION if the owner holds no table or the terms exceed its policy or what is
+        left, RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job id in use.
         """
 
     @_abc_1.abstractmethod

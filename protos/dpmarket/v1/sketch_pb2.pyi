@@ -55,8 +55,8 @@ Global___SketchNoise: _TypeAlias = SketchNoise  # noqa: Y015
 
 @_typing.final
 class SketchColumn(_message.Message):
-    """One column of a public domain. Values outside [low, high] are an error at publication (naming
-    the row and the column), never clipped.
+    """One column of a public domain. An owner clamps values outside [low, high] to it at publication
+    (a discrete column's values to the nearest level), counting them in its own log only.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

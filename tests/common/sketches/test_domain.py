@@ -54,6 +54,45 @@ def test_check_names_the_row_and_column_of_a_bad_record(
         _mixed().check(x, "data")
 
 
+def test_clamp_projects_every_record_onto_the_domain_and_counts_what_moved() -> None:
+    """Continuous values to the nearest bound, discrete ones to the nearest level (ties to the
+    lower one), as OpenDP clamps; records inside do not move; every result passes check."""
+    dom = Domain(
+        low=[0.0, -5.0, 0.0],
+        high=[1.0, 5.0, 4.0],
+        names=("a", "b", "grade"),
+        levels=(None, None, [0.0, 1.0, 3.0]),
+    )
+    x = np.array(
+        [
+            [0.5, 0.0, 1.0],
+            [-0.1, 7.0, 2.0],  # a, b clamped; 2 is as near 1 as 3: the lower level
+            [1.5, -5.0, 2.6],  # a clamped; 2.6 -> 3
+            [0.0, 5.0, 9.0],  # 9 -> 4 (the bound) -> 3
+            [0.2, 1.0, -1.0],  # -1 -> 0
+        ]
+    )
+    out, moved = dom.clamp(x)
+    np.testing.assert_array_equal(
+        out,
+        [[0.5, 0.0, 1.0], [0.0, 5.0, 1.0], [1.0, -5.0, 3.0], [0.0, 5.0, 3.0], [0.2, 1.0, 0.0]],
+    )
+    np.testing.assert_array_equal(moved, [2, 1, 4])
+    np.testing.assert_array_equal(dom.check(out), out)
+    inside, none = dom.clamp(out)
+    np.testing.assert_array_equal(inside, out)
+    assert not none.any()
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_clamp_refuses_what_is_not_finite_naming_no_row_or_value(value: float) -> None:
+    x = np.tile([0.5, 0.0, 1.0], (4, 1))
+    x[2, 1] = value
+    with pytest.raises(InvalidArgumentError) as info:
+        _mixed().clamp(x, "data")
+    assert str(info.value) == "data holds NaN or inf: only finite values are clamped"
+
+
 def test_check_without_names_says_column() -> None:
     x = np.zeros((3, 2))
     x[1, 1] = 2.0
@@ -116,7 +155,8 @@ def test_common_sketches_imports_no_service_code() -> None:
     code = (
         "import sys, common.sketches, common.sketches.tasks\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "{'grpc', 'dpmarket', 'curator', 'owner', 'consumer', 'deploy'})\n"
+        "{'grpc', 'dpmarket', 'runtime', 'curator', 'owner', 'consumer', 'deploy', "
+        "'experiments'})\n"
         "print(','.join(bad))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

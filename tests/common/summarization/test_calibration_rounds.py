@@ -142,7 +142,7 @@ def test_tree_sigma_shrinks_as_the_budget_grows_and_the_levels_match() -> None:
 def test_rounds_mode_events_match_a_real_session(
     validation: str, summary: str, seed_set_size: int
 ) -> None:
-    from deploy.runner import simulate
+    from experiments.runner import simulate
     from owner.data import PointSet
 
     rng = np.random.default_rng(7)

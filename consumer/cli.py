@@ -1,0 +1,1169 @@
+"""A consumer's commands: ``request`` a summary, ``health`` of a service, the ``cape`` jobs
+(``mean``, ``linreg``, ``logreg``, ``train``), the sketch catalogue (``sketch specs``,
+``sketch list``), ``explore`` and ``rank-owners``.
+
+``request`` and the ``cape`` jobs ask the curator, over mTLS, to run a session or a job across
+the owners. Exploration and ranking read the catalogue once and compute locally
+(:mod:`consumer.explore`): no owner is called, and the validation set never leaves the
+consumer's process. :func:`protocol_options` and the input helpers are shared with
+``dpmarket simulate`` (:mod:`experiments.cli`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+from numpy.typing import NDArray
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from common.errors import DPMarketError, InvalidArgumentError
+from common.sketches.sketch import merge_sketches
+from common.sketches.spec import PublishedSketch, SketchSpec
+from common.summarization.sketch_allocation import RELEVANCE_SCORES
+from common.summarization.summary import (
+    ALLOCATIONS,
+    AUCTIONS,
+    METHODS,
+    PARAMETER_NAMES,
+    POOL_SCORINGS,
+    SUMMARY_RELEASES,
+    VALIDATION_RELEASES,
+    SummarizationConfig,
+    SummaryResult,
+)
+from consumer.client import SessionFailedError
+from owner.data import PointSet, load_point_set
+from runtime.cli import (
+    check_outputs,
+    console,
+    curator_identity,
+    curator_options,
+    progress_printer,
+    security_from_options,
+    tls_options,
+    write_output,
+)
+from runtime.files import write_json
+from runtime.identity import Identity
+
+__all__ = [
+    "CAPE_COMMANDS",
+    "Inputs",
+    "explore_command",
+    "finish",
+    "list_command",
+    "load_points",
+    "protocol_options",
+    "rank_owners_command",
+    "read_inputs",
+    "request",
+    "specs_command",
+    "summarization_config",
+]
+
+logger = logging.getLogger("dpmarket")
+
+_DEFAULTS = SummarizationConfig(summary_size=1)
+
+
+# ------------------------------------------------------------------------- summaries
+def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by ``request`` and ``simulate`` (defaults: Section 4, Table 1)."""
+    d = _DEFAULTS
+    options = [
+        click.option(
+            "--validation",
+            "validation_path",
+            required=True,
+            type=click.Path(exists=True, dir_okay=False),
+            help="The consumer's validation set D_v (.npy/.npz/.csv/.parquet; labels "
+            "are ignored and never sent).",
+        ),
+        click.option(
+            "--seed-set",
+            "seed_set_path",
+            default=None,
+            type=click.Path(exists=True, dir_okay=False),
+            help="Public seed set D_init (default: none).",
+        ),
+        click.option(
+            "-p",
+            "--summary-size",
+            required=True,
+            type=click.IntRange(min=1),
+            help="p: number of owner points in the summary.",
+        ),
+        click.option(
+            "--method",
+            type=click.Choice(METHODS),
+            default="candidates",
+            help="candidates: private candidates with exact re-ranking (the default private "
+            "method: best measured quality); private: the paper's Algorithm 3; greedy: "
+            "non-private greedy on exact mean h1 embeddings; uniform: p/K points from every "
+            "owner; rounds: Algorithm 3's per-round protocol with the releases and pool scoring "
+            "chosen by --validation-release, --summary-release and --pool-scoring.",
+        ),
+        click.option(
+            "--test",
+            "test_path",
+            default=None,
+            type=click.Path(exists=True, dir_okay=False),
+            help="Labeled target test set: adds MMD² to it and downstream accuracy.",
+        ),
+        click.option(
+            "-d",
+            "--rff-dimension",
+            default=d.rff_dimension,
+            type=click.IntRange(min=1),
+            help="d, dimension of h1.",
+        ),
+        click.option(
+            "--gamma",
+            default=d.gamma,
+            type=click.FloatRange(min=0, min_open=True),
+            help="RBF kernel parameter, exp(-gamma ||x-y||²).",
+        ),
+        click.option(
+            "--epsilon-validation",
+            default=d.epsilon_validation,
+            type=float,
+            help="epsilon per h2 iteration on D_v.",
+        ),
+        click.option(
+            "--iterations-initial",
+            default=d.iterations_initial,
+            type=int,
+            help="T_init (0: floor(d^1.5) = 1656 for d = 140).",
+        ),
+        click.option(
+            "--iterations-subsequent",
+            default=d.iterations_subsequent,
+            type=int,
+            help="T_subs, MWEM iterations per later epoch.",
+        ),
+        click.option(
+            "--epsilon-first-epoch",
+            default=d.epsilon_first_epoch,
+            type=float,
+            help="epsilon per h2 iteration in epoch 1 (public seed set).",
+        ),
+        click.option(
+            "--epsilon-summary",
+            default=d.epsilon_summary,
+            type=float,
+            help="Later epochs use epsilon_summary / sqrt(p T_subs) per iteration.",
+        ),
+        click.option(
+            "--quantization-step",
+            default=d.quantization_step,
+            type=float,
+            help="eta of the quantization grid (0: 1/d).",
+        ),
+        click.option(
+            "--epsilon-auction",
+            default=d.epsilon_auction,
+            type=float,
+            help="Total epsilon of PrivAuction (Theorem 6).",
+        ),
+        click.option(
+            "--delta-owners",
+            default=d.delta_owners,
+            type=float,
+            help="delta of the auction and of the owners' composition bound.",
+        ),
+        click.option(
+            "--delta-validation",
+            default=d.delta_validation,
+            type=float,
+            help="delta~ of the validation set's composition bound.",
+        ),
+        click.option(
+            "--epsilon-validation-total",
+            default=d.epsilon_validation_total,
+            type=float,
+            help="candidates: epsilon of the Gaussian validation embedding.",
+        ),
+        click.option(
+            "--epsilon-owners-total",
+            default=d.epsilon_owners_total,
+            type=float,
+            help="candidates: epsilon of the owners' noisy relevance counts.",
+        ),
+        click.option(
+            "--delta",
+            default=d.delta,
+            type=float,
+            help="candidates: delta of the Gaussian mechanism and of the reported epsilons.",
+        ),
+        click.option(
+            "--candidate-fraction",
+            default=d.candidate_fraction,
+            type=float,
+            help="candidates: when > 0, at most this fraction of K*p owner points are read "
+            "(the previous budget rule).",
+        ),
+        click.option(
+            "--candidate-multiple",
+            default=d.candidate_multiple,
+            type=float,
+            help="candidates: at most max(p, this * p) owner points are read, whatever K "
+            "(--candidate-fraction > 0 overrides it).",
+        ),
+        click.option(
+            "--allocation",
+            type=click.Choice(ALLOCATIONS),
+            default=d.allocation,
+            help="candidates: split the candidate budget by the owners' published sketches "
+            "(a release about D_v only; falls back to counts when an owner has none) or by the "
+            "owners' noisy relevance counts.",
+        ),
+        click.option(
+            "--relevance-score",
+            type=click.Choice(RELEVANCE_SCORES),
+            default=d.relevance_score,
+            help="candidates, sketch allocation: an owner's relevance to a validation point.",
+        ),
+        click.option(
+            "--allocation-share",
+            default=d.allocation_share,
+            type=float,
+            help="candidates, sketch allocation: share of D_v's Gaussian budget spent on the "
+            "allocation (the validation embedding gets the rest).",
+        ),
+        click.option(
+            "--relevance-threshold",
+            default=d.relevance_threshold,
+            type=float,
+            help="candidates: a point is relevant when its score is >= this * ||g||².",
+        ),
+        click.option(
+            "--candidate-even-share",
+            default=d.candidate_even_share,
+            type=float,
+            help="candidates: share of the budget split evenly before the relevance split.",
+        ),
+        click.option(
+            "--embedding-rerank",
+            is_flag=True,
+            help="candidates: re-rank by the private embedding, not the exact kernel.",
+        ),
+        click.option(
+            "--validation-release",
+            type=click.Choice(VALIDATION_RELEASES),
+            default=d.validation_release,
+            help="rounds: gtilde by the Gaussian mechanism or by h2 (MWEM) as the paper.",
+        ),
+        click.option(
+            "--summary-release",
+            type=click.Choice(SUMMARY_RELEASES),
+            default=d.summary_release,
+            help="rounds: summary embedding by the binary-tree continual release, by h2 "
+            "(MWEM) every round as the paper, or not broadcast at all.",
+        ),
+        click.option(
+            "--pool-scoring",
+            type=click.Choice(POOL_SCORINGS),
+            default=d.pool_scoring,
+            help="rounds: add the pool point with the largest exact marginal gain or the "
+            "largest private-embedding bid.",
+        ),
+        click.option(
+            "--auction-share",
+            default=d.auction_share,
+            type=float,
+            help="rounds: PrivAuction's share of epsilon_owners_total (Theorem-6 epsilon).",
+        ),
+        click.option(
+            "--auction",
+            type=click.Choice(AUCTIONS),
+            default=d.auction,
+            help="private and rounds: PrivAuction variant. pure: every rank, the first "
+            "included, is asked with probability below 1, so each bad iteration is pure "
+            "eps_auc-DP; paper: Algorithm 3 as printed, (eps_auc, 1 - e^-eps_auc)-DP per bad "
+            "iteration, charged so (owners' policies usually refuse its delta).",
+        ),
+        click.option(
+            "--seed",
+            default=None,
+            type=click.IntRange(min=0),
+            help="Seed of every random draw (reproducible runs); default: a "
+            "cryptographically seeded generator.",
+        ),
+        click.option(
+            "--out",
+            "out_path",
+            default="summary.npy",
+            type=click.Path(dir_okay=False),
+            help="Where to write the summary points (.npy; labels to .labels.npy).",
+        ),
+        click.option(
+            "--report",
+            "report_path",
+            default="report.json",
+            type=click.Path(dir_okay=False),
+            help="Where to write the JSON report.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def summarization_config(
+    summary_size: int, method: str, kwargs: dict[str, Any]
+) -> SummarizationConfig:
+    """The session's configuration from ``-p``, ``--method`` and the protocol options; a value
+    the configuration refuses is a bad parameter."""
+    try:
+        return SummarizationConfig(
+            summary_size=summary_size,
+            method=method,  # type: ignore[arg-type]
+            **{k: kwargs[k] for k in PARAMETER_NAMES},
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def load_points(path: str, *, label_column: str | None = "label") -> PointSet:
+    """Read a points file (:func:`owner.data.load_point_set`); a missing or malformed file
+    fails the command with its name."""
+    try:
+        return load_point_set(path, label_column=label_column)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _seed_set(path: str | None, n_features: int) -> NDArray[np.float64]:
+    if path is None:
+        return np.zeros((0, n_features))
+    seed_set = load_points(path)
+    _check_width(seed_set, n_features, path, "--seed-set")
+    return seed_set.features
+
+
+def _check_width(points: PointSet, n_features: int, path: str, option: str) -> None:
+    if points.n_features != n_features:
+        raise click.BadParameter(
+            f"{path} has {points.n_features} features per point but the validation set has "
+            f"{n_features}",
+            param_hint=option,
+        )
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """A consumer's inputs, all read and checked before anything is released."""
+
+    validation: PointSet
+    seed_set: NDArray[np.float64]
+    test: PointSet | None
+
+
+def read_inputs(validation_path: str, seed_set_path: str | None, test_path: str | None) -> Inputs:
+    """Read and check every input file, and check every output can be written, before a session.
+
+    A bad file (NaN/inf, wrong width, unlabeled test set, unreadable) is refused here with the
+    file's name, so no privacy is spent on a run whose results could not be evaluated or saved.
+    """
+    validation = load_points(validation_path)
+    n = validation.n_features
+    seed_set = _seed_set(seed_set_path, n)
+    test = None
+    if test_path is not None:
+        test = load_points(test_path)
+        _check_width(test, n, test_path, "--test")
+        if test.labels is None:
+            raise click.BadParameter(
+                f"{test_path} has no labels: the test set scores the summary's accuracy",
+                param_hint="--test",
+            )
+    return Inputs(validation, seed_set, test)
+
+
+def finish(
+    result: SummaryResult,
+    inputs: Inputs,
+    config: SummarizationConfig,
+    out_path: str,
+    report_path: str,
+    seed: int | None,
+) -> None:
+    """Evaluate a summary as the consumer would, write it and its report, print the table."""
+    from consumer.report import comparison_table, evaluate_summary
+    from owner.data import save_point_set
+
+    row = evaluate_summary(
+        result, inputs.validation.features, config.gamma, test=inputs.test, seed=seed or 0
+    )
+    row["label"] = config.method
+    out = Path(out_path)
+    save_point_set(PointSet(result.points, result.labels, "summary"), out)
+    write_json({"config": asdict(config), "result": row}, report_path)
+    title = f"{config.method} summary of {len(result.points)} points"
+    Console().print(comparison_table([row], title=title))
+    console.print(f"summary -> {out}, report -> {report_path}")
+
+
+def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: str) -> None:
+    """Write a failed session's report (its ledger: what it spent) and fail the command."""
+    report = asdict(exc.report) if exc.report is not None else None
+    write_json({"config": asdict(config), "error": str(exc), "report": report}, report_path)
+    spent = ""
+    if exc.report is not None and exc.report.ledger:
+        parties = {
+            party: exc.report.ledger[party]["parties"][party]["basic"]
+            for party in ("validation", "owners")
+            if party in exc.report.ledger
+        }
+        spent = "; spent (basic composition): " + ", ".join(
+            f"epsilon {eps:g} on {party}" for party, eps in parties.items()
+        )
+    raise click.ClickException(f"{exc}{spent}; report with the ledger -> {report_path}")
+
+
+@click.command("request")
+@click.option("--curator", required=True, metavar="HOST:PORT", help="The curator service.")
+@click.option(
+    "--curator-name",
+    default="curator",
+    help="The name the curator's certificate must carry.",
+)
+@click.option(
+    "--request-id",
+    default=None,
+    help="Idempotency key: a retry with the same key returns the same session and spends "
+    "nothing new (default: a fresh random key).",
+)
+@protocol_options
+@tls_options
+def request(
+    curator: str,
+    curator_name: str,
+    request_id: str | None,
+    summary_size: int,
+    method: str,
+    validation_path: str,
+    seed_set_path: str | None,
+    test_path: str | None,
+    seed: int | None,
+    out_path: str,
+    report_path: str,
+    ca_path: str | None,
+    cert_path: str | None,
+    key_path: str | None,
+    pki_dir: str | None,
+    name: str | None,
+    insecure: bool,
+    **kwargs: Any,
+) -> None:
+    """Ask a running curator (over mTLS) for a summary matching a validation set."""
+    from consumer.client import CuratorClient
+
+    security = security_from_options(
+        "consumer", ca_path, cert_path, key_path, pki_dir, name, insecure
+    )
+    config = summarization_config(summary_size, method, kwargs)
+    inputs = read_inputs(validation_path, seed_set_path, test_path)
+    check_outputs(out_path, report_path)
+    try:
+        curator_identity = Identity("curator", curator_name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--curator-name") from exc
+    progress, update = progress_printer(method)
+    try:
+        with CuratorClient(curator, security, curator=curator_identity) as client, progress:
+            result = client.summarize(
+                config,
+                inputs.validation.features,
+                inputs.seed_set,
+                seed=seed,
+                on_progress=update,
+                request_id=request_id,
+            )
+    except SessionFailedError as exc:
+        _failed(exc, config, report_path)
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finish(result, inputs, config, out_path, report_path, seed)
+
+
+# ------------------------------------------------------------------------------ CAPE
+def _bound(text: str, option: str) -> tuple[str, float, float]:
+    """``COLUMN=LOW:HIGH`` -> (column, low, high)."""
+    column, eq, rest = text.partition("=")
+    low, colon, high = rest.partition(":")
+    try:
+        if not (column and eq and colon):
+            raise ValueError("expected COLUMN=LOW:HIGH")
+        return column, float(low), float(high)
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r}: {exc}", param_hint=option) from exc
+
+
+def _bounds_file(
+    path: str, *, target: bool = True
+) -> tuple[list[tuple[str, float, float]], tuple[str, float, float] | None]:
+    """A TOML file with ``[features]`` (column = [low, high], in order) and, if ``target``,
+    ``[target]`` with one column."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        features = [(c, float(b[0]), float(b[1])) for c, b in data["features"].items()]
+        if not target:
+            return features, None
+        ((column, bounds),) = data["target"].items()
+        return features, (column, float(bounds[0]), float(bounds[1]))
+    except (OSError, tomllib.TOMLDecodeError, KeyError, ValueError, TypeError, IndexError) as exc:
+        wanted = "[features] with column = [low, high] entries" + (
+            " and a [target] with one" if target else ""
+        )
+        raise click.BadParameter(f"{path}: needs {wanted} ({exc})", param_hint="--bounds") from exc
+
+
+def _columns(bounds_path: str | None, features: tuple[str, ...]) -> list[tuple[str, float, float]]:
+    """The columns of ``--bounds`` (its ``[features]``), then those of each ``--feature``."""
+    columns = [] if bounds_path is None else _bounds_file(bounds_path, target=False)[0]
+    columns += [_bound(f, "--feature") for f in features]
+    if not columns:
+        raise click.UsageError("give the columns and their bounds (--bounds or --feature)")
+    return columns
+
+
+def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., Any]]:
+    """Options every ``dpmarket cape`` job command takes."""
+    return [
+        click.option("--curator", required=True, metavar="HOST:PORT", help="The curator."),
+        click.option("--curator-name", default="curator", help="The curator's certificate name."),
+        click.option(
+            "--bounds",
+            "bounds_path",
+            default=None,
+            type=click.Path(exists=True, dir_okay=False),
+            help="TOML file: [features] column = [low, high] (in order) and, for a model, [target] "
+            "column = [low, high]. Public bounds, never statistics of the private data; owners "
+            "clamp values outside them.",
+        ),
+        click.option(
+            "--feature",
+            "features",
+            multiple=True,
+            metavar="COLUMN=LOW:HIGH",
+            help="A column and its public bounds; repeat (after those of --bounds).",
+        ),
+        click.option("--epsilon", default=1.0, type=click.FloatRange(min=0, min_open=True)),
+        click.option(
+            "--delta",
+            default=default_delta,
+            type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+        ),
+        click.option(
+            "--colluders",
+            default=None,
+            type=click.IntRange(min=0),
+            help="S_C: owners that may collude with the curator (default ceil(S/3) - 1); the "
+            "noise variance grows with it: F = S (S + S_H) / (S_H (S + 1)) times the pooled "
+            "mechanism's, S_H = S - S_C.",
+        ),
+        click.option("--seed", default=None, type=click.IntRange(min=0), help="Reproducible runs."),
+        click.option("--request-id", default=None, help="Idempotency key (default: random)."),
+        click.option(
+            "--out",
+            "out_path",
+            default=default_out,
+            type=click.Path(dir_okay=False),
+            help="Where to write the estimate or model and its report (JSON).",
+        ),
+    ]
+
+
+_CALIBRATION_OPTION = click.option(
+    "--calibration",
+    type=click.Choice(["exact", "theorem1"]),
+    default="exact",
+    help="Noise from the exact privacy profile (tight) or Theorem 1's bound.",
+)
+
+
+def _cape_command(
+    name: str, options: list[Callable[..., Any]], doc: str
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Make ``dpmarket cape NAME`` with the shared options, then ``options``, then mTLS; the
+    command joins :data:`CAPE_COMMANDS`."""
+
+    def register(func: Callable[..., None]) -> Callable[..., None]:
+        for option in reversed(options):
+            func = option(func)
+        for option in reversed(_cape_options(*_CAPE_DEFAULTS[name])):
+            func = option(func)
+        func = tls_options(func)
+        func.__doc__ = doc
+        command = click.command(name)(func)
+        CAPE_COMMANDS.append(command)
+        return command
+
+    return register
+
+
+#: The consumer's ``dpmarket cape`` commands (:mod:`deploy.cli` puts them in the group).
+CAPE_COMMANDS: list[click.Command] = []
+
+#: Per command: default --out and --delta.
+_CAPE_DEFAULTS = {
+    "linreg": ("model.json", 1e-6),
+    "logreg": ("model.json", 1e-6),
+    "mean": ("mean.json", 1e-6),
+    "train": ("network.json", 1e-5),
+}
+
+
+def _ask_curator(
+    curator: str, curator_name: str, tls: dict[str, Any], call: Callable[[Any], Any]
+) -> Any:
+    """Call the curator as a consumer; a refusal becomes a ClickException."""
+    from consumer.client import CuratorClient
+
+    security = security_from_options("consumer", **tls)
+    try:
+        with CuratorClient(curator, security, curator=Identity("curator", curator_name)) as c:
+            return call(c)
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _delta_text(report: dict[str, Any]) -> str:
+    theorem1 = report.get("delta_theorem1")
+    return f"{report['delta_exact']:.3g} exactly" + (
+        f", {theorem1:.3g} by Theorem 1" if theorem1 is not None else ""
+    )
+
+
+def _fit_command(task: str) -> Callable[..., None]:
+    def command(
+        curator: str,
+        curator_name: str,
+        bounds_path: str | None,
+        features: tuple[str, ...],
+        target: str | None,
+        epsilon: float,
+        delta: float,
+        colluders: int | None,
+        calibration: str,
+        no_intercept: bool,
+        seed: int | None,
+        request_id: str | None,
+        out_path: str,
+        **tls: Any,
+    ) -> None:
+        from common.cape.spec import CapeJobSpec
+
+        feature_bounds, target_bound = (
+            ([], None) if bounds_path is None else _bounds_file(bounds_path)
+        )
+        feature_bounds += [_bound(f, "--feature") for f in features]
+        if target is not None:
+            target_bound = _bound(target, "--target") if "=" in target else (target, 0.0, 1.0)
+        if not feature_bounds or target_bound is None:
+            raise click.UsageError(
+                "give the features and the target (--bounds or --feature/--target)"
+            )
+        try:
+            spec = CapeJobSpec(
+                task=task,  # type: ignore[arg-type]
+                features=tuple(feature_bounds),
+                target=target_bound,
+                epsilon=epsilon,
+                delta=delta,
+                colluders=colluders,
+                calibration=calibration,
+                fit_intercept=not no_intercept,
+            )
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from exc
+        check_outputs(out_path)
+        fit = _ask_curator(
+            curator,
+            curator_name,
+            tls,
+            lambda c: c.fit_cape(spec, seed=seed, request_id=request_id),
+        )
+        model = {
+            "task": task,
+            "target": spec.target[0],
+            "weights": dict(zip(spec.columns, fit.weights.tolist(), strict=True)),
+            "intercept": fit.intercept,
+            "report": fit.report,
+        }
+        write_json(model, out_path)
+        r = fit.report
+        console.print(
+            f"{task} regression over {len(r['sites'])} owners ({', '.join(r['sites'])}); every "
+            f"owner ({epsilon}, {_delta_text(r)})-DP against the curator and "
+            f"{r['colluders']} colluder(s); model -> {out_path}"
+        )
+
+    return command
+
+
+_FIT_OPTIONS = [
+    click.option(
+        "--target",
+        default=None,
+        metavar="COLUMN[=LOW:HIGH]",
+        help="The target column and its public bounds (logistic: a column the owners declared "
+        "0/1 with serve-owner --binary-column, no bounds).",
+    ),
+    _CALIBRATION_OPTION,
+    click.option("--no-intercept", is_flag=True, help="Fit without an intercept."),
+]
+for _task, _name in (("linear", "linreg"), ("logistic", "logreg")):
+    _cape_command(
+        _name,
+        _FIT_OPTIONS,
+        f"Fit a {_task} regression across the curator's owners by capeFM (Algorithm 4).",
+    )(_fit_command(_task))
+
+
+@_cape_command(
+    "mean",
+    [_CALIBRATION_OPTION],
+    "The mean of some columns across the curator's owners by CAPE (Algorithm 2).",
+)
+def cape_mean_command(
+    curator: str,
+    curator_name: str,
+    bounds_path: str | None,
+    features: tuple[str, ...],
+    epsilon: float,
+    delta: float,
+    colluders: int | None,
+    calibration: str,
+    seed: int | None,
+    request_id: str | None,
+    out_path: str,
+    **tls: Any,
+) -> None:
+    from common.cape.spec import CapeMeanSpec
+
+    columns = _columns(bounds_path, features)
+    try:
+        spec = CapeMeanSpec(tuple(columns), epsilon, delta, colluders, calibration)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    check_outputs(out_path)
+    estimate = _ask_curator(
+        curator,
+        curator_name,
+        tls,
+        lambda c: c.estimate_cape_mean(spec, seed=seed, request_id=request_id),
+    )
+    write_json({"task": "mean", "mean": estimate.by_column, "report": estimate.report}, out_path)
+    r = estimate.report
+    console.print(
+        f"mean of {len(columns)} column(s) over {len(r['sites'])} owners "
+        f"({', '.join(r['sites'])}), noise std {r['aggregator_noise_std']:.3g} per column; "
+        f"every owner ({epsilon}, {_delta_text(r)})-DP against the curator and "
+        f"{r['colluders']} colluder(s); estimate -> {out_path}"
+    )
+
+
+@_cape_command(
+    "train",
+    [
+        click.option(
+            "--target",
+            required=True,
+            metavar="COLUMN",
+            help="The label: a column the owners declared 0/1 (serve-owner --binary-column).",
+        ),
+        click.option("--iterations", default=50, type=click.IntRange(min=1), help="T."),
+        click.option("--learning-rate", default=1.0, type=click.FloatRange(min=0, min_open=True)),
+        click.option("--hidden-units", default=16, type=click.IntRange(min=1), help="H."),
+        click.option(
+            "--clip-norm",
+            default=1.0,
+            type=click.FloatRange(min=0, min_open=True),
+            help="C: each example's gradient is clipped to this L2 norm.",
+        ),
+    ],
+    "Train the CAPE paper's 2-layer network across the curator's owners by CAPE gradient "
+    "descent (Section 5.1); --epsilon and --delta are each owner's total over all iterations.",
+)
+def cape_train_command(
+    curator: str,
+    curator_name: str,
+    bounds_path: str | None,
+    features: tuple[str, ...],
+    epsilon: float,
+    delta: float,
+    colluders: int | None,
+    target: str,
+    iterations: int,
+    learning_rate: float,
+    hidden_units: int,
+    clip_norm: float,
+    seed: int | None,
+    request_id: str | None,
+    out_path: str,
+    **tls: Any,
+) -> None:
+    from common.cape.spec import CapeTrainingSpec
+
+    columns = _columns(bounds_path, features)
+    try:
+        spec = CapeTrainingSpec(
+            features=tuple(columns),
+            target=target,
+            epsilon=epsilon,
+            delta=delta,
+            iterations=iterations,
+            learning_rate=learning_rate,
+            hidden=hidden_units,
+            clip=clip_norm,
+            colluders=colluders,
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    check_outputs(out_path)
+    network = _ask_curator(
+        curator,
+        curator_name,
+        tls,
+        lambda c: c.train_cape(spec, seed=seed, request_id=request_id),
+    )
+    write_json(
+        {
+            "task": "train",
+            "features": [{"column": c, "low": lo, "high": hi} for c, lo, hi in spec.features],
+            "target": target,
+            "hidden_units": hidden_units,
+            "network": "sigmoid(w2 . relu(W1 x + b1) + b2), x = 2 (raw - low) / (high - low) - 1",
+            "parameters": {
+                "W1": network.parameters[: hidden_units * spec.dim]
+                .reshape(hidden_units, spec.dim)
+                .tolist(),
+                "b1": network.parameters[hidden_units * spec.dim : -hidden_units - 1].tolist(),
+                "w2": network.parameters[-hidden_units - 1 : -1].tolist(),
+                "b2": float(network.parameters[-1]),
+            },
+            "report": network.report,
+        },
+        out_path,
+    )
+    r = network.report
+    console.print(
+        f"{iterations} iterations over {len(r['sites'])} owners ({', '.join(r['sites'])}); "
+        f"every owner ({r['epsilon']:.6g}, {_delta_text(r)})-DP over the whole training against "
+        f"the curator and {r['colluders']} colluder(s); network -> {out_path}"
+    )
+
+
+# -------------------------------------------------------------------------- sketches
+def _client(curator: str, curator_name: str, tls: dict[str, Any]) -> Any:
+    from consumer.client import CuratorClient
+
+    security = security_from_options("consumer", **tls)
+    return CuratorClient(curator, security, curator=curator_identity(curator_name))
+
+
+def _choose_spec(client: Any, name: str | None, kind: str | None = None) -> SketchSpec:
+    """The spec called ``name``, or the only one (of ``kind``) in the catalogue."""
+    if name is not None:
+        spec: SketchSpec = client.sketch_spec(name)
+        if kind is not None and spec.kind != kind:
+            raise click.BadParameter(
+                f"{name} is a {spec.kind} spec, not {kind}", param_hint="--spec"
+            )
+        return spec
+    specs = [s for s in client.sketch_specs() if kind is None or s.kind == kind]
+    if len(specs) != 1:
+        names = ", ".join(s.name for s in specs) or "none"
+        raise click.UsageError(f"choose a spec with --spec (the catalogue has: {names})")
+    return specs[0]
+
+
+@click.command("specs")
+@curator_options
+@tls_options
+def specs_command(curator: str, curator_name: str, **tls: Any) -> None:
+    """List the catalogue's specs (as a consumer)."""
+    try:
+        with _client(curator, curator_name, tls) as client:
+            specs = client.sketch_specs()
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+    table = RichTable(title=f"sketch specs of {curator_name}")
+    for column in ("spec", "m", "noise", "epsilon (range)", "delta", "columns"):
+        table.add_column(column)
+    for s in specs:
+        low, high = s.epsilon_range
+        table.add_row(
+            s.name,
+            str(s.feature_map.dimension),
+            s.noise,
+            f"{s.epsilon:g} ({low:g}-{high:g})",
+            f"{s.delta:g}",
+            ", ".join(f"{c['name']} [{c['low']:g}, {c['high']:g}]" for c in s.domain.describe()),
+        )
+    Console().print(table)
+
+
+@click.command("list")
+@curator_options
+@click.option("--spec", default=None, metavar="NAME", help="One spec (default: every spec).")
+@tls_options
+def list_command(curator: str, curator_name: str, spec: str | None, **tls: Any) -> None:
+    """List the published sketches (as a consumer): owner, epsilon, noisy count."""
+    try:
+        with _client(curator, curator_name, tls) as client:
+            specs = [client.sketch_spec(spec)] if spec else client.sketch_specs()
+            entries = [e for s in specs for e in client.sketches(s)]
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+    table = RichTable(title=f"published sketches at {curator_name}")
+    for column in ("spec", "owner", "epsilon", "delta", "noisy count", "m"):
+        table.add_column(column)
+    for e in entries:
+        d = e.describe()
+        table.add_row(
+            e.spec,
+            e.owner,
+            f"{d['epsilon']:g}",
+            f"{d['delta']:g}",
+            f"{d['noisy_count']:.1f}",
+            str(d["dimension"]),
+        )
+    Console().print(table)
+
+
+def _selected(
+    entries: list[PublishedSketch], owners: tuple[str, ...], spec: SketchSpec
+) -> list[PublishedSketch]:
+    found = {e.owner for e in entries}
+    missing = sorted(set(owners) - found)
+    if missing:
+        raise click.ClickException(
+            f"no sketch of {', '.join(missing)} under {spec.name} (published: "
+            f"{', '.join(sorted(found)) or 'none'})"
+        )
+    if not entries:
+        raise click.ClickException(f"no owner has published under {spec.name} yet")
+    return entries
+
+
+@click.command("explore")
+@curator_options
+@click.option("--spec", default=None, metavar="NAME", help="The spec (default: the only one).")
+@click.option("--owner", "owners", multiple=True, help="An owner; repeat for their union.")
+@click.option("--all", "all_owners", is_flag=True, help="The union of every owner's sketch.")
+@click.option(
+    "--query",
+    required=True,
+    type=click.Choice(["mean", "moment2", "cdf", "covariance", "count", "logreg"]),
+)
+@click.option(
+    "--column",
+    "columns",
+    multiple=True,
+    help="mean, moment2, cdf, covariance: a column; logreg: a feature (repeat; default every "
+    "column, but the target for logreg).",
+)
+@click.option("--point", "points", multiple=True, type=float, help="cdf: a threshold (repeat).")
+@click.option(
+    "--where",
+    "where",
+    multiple=True,
+    metavar="COLUMN<=V|COLUMN>=V|COLUMN=V",
+    help="count: a range predicate; repeat for their conjunction.",
+)
+@click.option("--target", default="", help="logreg: the 0/1 label column.")
+@click.option(
+    "--synthetic",
+    default=None,
+    type=click.IntRange(min=100),
+    help="M2M's synthetic points n_s (default 20000).",
+)
+@click.option("--seed", default=0, type=click.IntRange(min=0), help="Seed of the synthetic points.")
+@click.option(
+    "--lambda-rule",
+    default="theorem",
+    type=click.Choice(["theorem", "paper"]),
+    help="M2M's ridge parameter: sigma^2/n^2 (theorem) or sigma^2/n (the paper's experiments).",
+)
+@click.option("--intercept", is_flag=True, help="Fit an unpenalized constant in M2M.")
+@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False), help="JSON.")
+@tls_options
+def explore_command(
+    curator: str,
+    curator_name: str,
+    spec: str | None,
+    owners: tuple[str, ...],
+    all_owners: bool,
+    query: str,
+    columns: tuple[str, ...],
+    points: tuple[float, ...],
+    where: tuple[str, ...],
+    target: str,
+    synthetic: int | None,
+    seed: int,
+    lambda_rule: str,
+    intercept: bool,
+    out_path: str | None,
+    **tls: Any,
+) -> None:
+    """Estimate a statistic of one owner's data, or of several owners' union, by M2M from
+    their published sketches (computed here: no owner is asked anything)."""
+    from consumer.explore import DEFAULT_EXPLORE_SYNTHETIC, Explorer, Query, parse_where
+
+    if bool(owners) == all_owners:
+        raise click.UsageError("give --owner NAME (repeat for a union) or --all")
+    try:
+        q = Query(
+            query,
+            columns=columns,
+            points=points,
+            where=tuple(parse_where(w) for w in where),
+            target=target,
+        )
+    except InvalidArgumentError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if out_path is not None:
+        check_outputs(out_path)
+    try:
+        with _client(curator, curator_name, tls) as client:
+            chosen = _choose_spec(client, spec)
+            entries = _selected(client.sketches(chosen, list(owners) or None), owners, chosen)
+        explorer = Explorer(
+            chosen,
+            n_synthetic=synthetic or DEFAULT_EXPLORE_SYNTHETIC,
+            seed=seed,
+            lambda_rule=lambda_rule,  # type: ignore[arg-type]
+            intercept=intercept,
+        )
+        sketch = (
+            entries[0].sketch if len(entries) == 1 else merge_sketches([e.sketch for e in entries])
+        )
+        estimator = explorer.estimator(sketch)
+        answer = explorer.answer(q, estimator)
+    except (DPMarketError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    who = (
+        entries[0].owner if len(entries) == 1 else f"union of {', '.join(e.owner for e in entries)}"
+    )
+    table = RichTable(
+        title=f"{query} of {who} ({chosen.name}, n ≈ {estimator.sketch.count_estimate:.0f})"
+    )
+    table.add_column("")
+    table.add_column("estimate", justify="right")
+    for label, value in zip(answer.labels, answer.values, strict=True):
+        table.add_row(label, f"{value:.6g}")
+    Console().print(table)
+    if "count" in answer.extra:
+        console.print(f"count ≈ {answer.extra['count']:.1f} of n ≈ {answer.extra['n']:.0f}")
+    write_output(
+        {
+            "curator": f"{curator_name}@{curator}",
+            "spec": chosen.name,
+            "owners": [e.owner for e in entries],
+            "sketches": [e.describe() for e in entries],
+            "m2m": {
+                "n_synthetic": explorer.design.n_synthetic,
+                "seed": seed,
+                "lambda_rule": lambda_rule,
+                "lambda": estimator.lam,
+                "intercept": intercept,
+            },
+            "answer": answer.as_dict(),
+        },
+        out_path,
+    )
+
+
+def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
+    """The validation set in the spec's column order: a table's named columns, or an array file
+    whose columns are the spec's, in order."""
+    from owner.data import load_point_set, load_table
+
+    try:
+        if Path(path).suffix.lower() in (".csv", ".parquet"):
+            return load_table(path).select(list(spec.domain.names))
+        points = load_point_set(path, label_column=None).features
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if points.shape[1] != spec.domain.n_attributes:
+        raise click.BadParameter(
+            f"{path} has {points.shape[1]} columns, the spec {spec.domain.n_attributes} "
+            f"({', '.join(spec.domain.names)})",
+            param_hint="--validation",
+        )
+    return points
+
+
+@click.command("rank-owners")
+@curator_options
+@click.option(
+    "--validation",
+    "validation_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The consumer's validation set: .csv/.parquet with the spec's columns by name, or "
+    ".npy/.npz with them in order. It never leaves this process.",
+)
+@click.option("--spec", default=None, metavar="NAME", help="An RFF spec (default: the only one).")
+@click.option("--owner", "owners", multiple=True, help="Rank only these owners (repeat).")
+@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False), help="JSON.")
+@tls_options
+def rank_owners_command(
+    curator: str,
+    curator_name: str,
+    validation_path: str,
+    spec: str | None,
+    owners: tuple[str, ...],
+    out_path: str | None,
+    **tls: Any,
+) -> None:
+    """Rank owners by the MMD between a validation set and their RFF sketches, computed here."""
+    from consumer.explore import rank_owners
+
+    if out_path is not None:
+        check_outputs(out_path)
+    try:
+        with _client(curator, curator_name, tls) as client:
+            chosen = _choose_spec(client, spec, kind="rff")
+            validation = _validation(validation_path, chosen)
+            entries = _selected(client.sketches(chosen, list(owners) or None), owners, chosen)
+        ranking = rank_owners({e.owner: e.sketch for e in entries}, validation)
+    except (DPMarketError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    by_owner = {e.owner: e for e in entries}
+    table = RichTable(title=f"owners by MMD² to {Path(validation_path).name} ({chosen.name})")
+    for column in ("rank", "owner", "MMD² (debiased)", "epsilon", "n ≈"):
+        table.add_column(column, justify="left" if column == "owner" else "right")
+    rows = []
+    for k, (owner, value) in enumerate(ranking, 1):
+        sketch = by_owner[owner].sketch
+        rows.append({"rank": k, "owner": owner, "mmd2": value, "epsilon": sketch.mechanism.epsilon})
+        table.add_row(
+            str(k),
+            owner,
+            f"{value:.4g}",
+            f"{sketch.mechanism.epsilon:g}",
+            f"{sketch.count_estimate:.0f}",
+        )
+    Console().print(table)
+    write_output(
+        {
+            "curator": f"{curator_name}@{curator}",
+            "spec": chosen.name,
+            "validation_points": int(validation.shape[0]),
+            "ranking": rows,
+        },
+        out_path,
+    )

@@ -1,0 +1,237 @@
+"""How the candidates method splits its budget of owner points among the owners.
+
+The candidate budget (:meth:`Allocator.budget`) is split by the owners' noisy relevance counts
+(:meth:`Allocator.by_counts`: each owner adds its own Laplace noise to its count) or by the
+owners' published RFF sketches (:meth:`Allocator.by_sketches`: a Gaussian release about the
+validation set only; the sketches' cost was charged to their owners at publication).
+:meth:`Allocator.choose` decides which, from the request and the sketches at hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.privacy.accounting import PrivacyEvent
+from common.privacy.ledger import Charge
+from common.summarization.calibration import gaussian_epsilon
+from common.summarization.candidates import (
+    allocate_candidates,
+    relevance_threshold,
+    shrink_embedding,
+    validation_embedding_sensitivity,
+)
+from common.summarization.rff import random_fourier_features
+from common.summarization.sketch_allocation import (
+    noisy_relevance,
+    relevance_matrix,
+    relevance_sensitivity,
+    responsibilities,
+    split_gaussian_sigmas,
+)
+from curator.summarization.release import Releases
+from curator.summarization.state import SessionState
+
+__all__ = ["Allocator"]
+
+
+class Allocator:
+    """The candidates method's allocation of its candidate budget.
+
+    Parameters
+    ----------
+    state : SessionState
+    releases : Releases
+        Releases the Gaussian validation embedding the counts allocation sends first.
+    """
+
+    def __init__(self, state: SessionState, releases: Releases) -> None:
+        self.state = state
+        self.releases = releases
+
+    def choose(self) -> tuple[Literal["sketch", "counts"], str]:
+        """The candidates method's allocation: by sketches when asked for and every owner that
+        answered has one, else by noisy counts; with the reason."""
+        state = self.state
+        cfg = state.config
+        if cfg.method != "candidates" or cfg.allocation == "counts":
+            return "counts", "" if cfg.method != "candidates" else "requested"
+        missing = [
+            state.owner_name(i)
+            for i in state.active()
+            if state.owner_name(i) not in state.owner_sketches
+        ]
+        if missing:
+            return "counts", "no published sketch for " + ", ".join(missing)
+        return "sketch", ""
+
+    def budget(self) -> int:
+        """The most owner points the candidates method reads: ``max(p, floor(c * p))`` with
+        ``c = candidate_multiple``, whatever K; or, with ``candidate_fraction`` > 0, the previous
+        rule ``max(p, floor(candidate_fraction * K * p))``. At least p, so a single owner can
+        serve a whole summary."""
+        state = self.state
+        cfg = state.config
+        p = cfg.summary_size
+        if cfg.candidate_fraction > 0:
+            return max(p, math.floor(cfg.candidate_fraction * len(state.slots) * p + 1e-9))
+        return max(p, math.floor(cfg.candidate_multiple * p + 1e-9))
+
+    async def by_counts(
+        self, val_features: NDArray[np.floating]
+    ) -> tuple[dict[int, int], NDArray[np.float64]]:
+        """The counts allocation: gtilde at the whole validation budget, the owners' noisy
+        relevance counts, shares in proportion to them (each owner at most p)."""
+        state = self.state
+        cfg = state.config
+        p = cfg.summary_size
+        g_val, sigma = self.releases.gaussian_validation_embedding(val_features)
+        await state.gather(
+            state.active(),
+            lambda i: state.endpoint(i).set_validation_embedding(state.owner_session_id, g_val),
+        )
+        # Relevance counts, each a function of one owner's data: sensitivity 1 under replacing or
+        # adding one point, so the Laplace(1 / eps_o) noise each owner adds to its own count (the
+        # session's terms) makes the vector eps_o-DP. Charged here too: the session's ledger.
+        threshold = relevance_threshold(g_val, cfg.relevance_threshold, noise_sigma=sigma)
+        eps_o = cfg.epsilon_owners_total
+        state.ledgers["owners"].charge(
+            [
+                Charge(
+                    "owners",
+                    "relevance counts + Laplace noise (drawn by each owner)",
+                    PrivacyEvent("laplace", eps_o, 1, 1.0, scale=1.0 / eps_o),
+                )
+            ]
+        )
+        counts = await state.gather(
+            state.active(),
+            lambda i: state.endpoint(i).count_relevant(state.owner_session_id, threshold),
+        )
+        state.require_owners()
+        owners = sorted(counts)
+        noisy = np.array([counts[i] for i in owners], dtype=np.float64)
+        shares = allocate_candidates(
+            self.budget(),
+            np.maximum(noisy, 0.0),
+            [min(state.capacity(i), p) for i in owners],
+            even_share=cfg.candidate_even_share,
+        )
+        requests = {i: int(s) for i, s in zip(owners, shares, strict=True) if s > 0}
+        state.candidates_info = {
+            "allocation": "counts",
+            "allocation_note": state.allocation_note,
+            "budget": self.budget(),
+            "gaussian_sigma": sigma,
+            "relevance_threshold": threshold,
+            # Post-processing of the Laplace release, so safe to report; the exact counts are not.
+            "noisy_counts": {
+                state.owner_name(i): float(v) for i, v in zip(owners, noisy, strict=True)
+            },
+            "shares": {state.owner_name(i): s for i, s in requests.items()},
+        }
+        return requests, g_val
+
+    async def by_sketches(
+        self, val_features: NDArray[np.floating]
+    ) -> tuple[dict[int, int], NDArray[np.float64]]:
+        """The sketch allocation (:mod:`common.summarization.sketch_allocation`): gtilde and the
+        noisy mean responsibilities, two Gaussian releases about D_v whose composition is
+        ``(epsilon_validation_total, delta)``; shares from the second. Owners receive gtilde
+        shrunk towards the public seed set's mean h1 by as much as its noise hides it
+        (:func:`common.summarization.candidates.shrink_embedding`, post-processing). Owners
+        release nothing before their candidates."""
+        state = self.state
+        cfg = state.config
+        m = int(state.validation.shape[0])
+        owners = state.active()
+        sens_g = validation_embedding_sensitivity(m)
+        sens_a = relevance_sensitivity(m)
+        eps_v = cfg.epsilon_validation_total
+        sigma_g, sigma_a = split_gaussian_sigmas(
+            eps_v, cfg.delta, [sens_g, sens_a], [1.0 - cfg.allocation_share, cfg.allocation_share]
+        )
+        sketches = [state.owner_sketches[state.owner_name(i)] for i in owners]
+        relevance = await asyncio.to_thread(
+            relevance_matrix,
+            sketches,
+            state.validation,
+            score=cfg.relevance_score,
+            rng=state.rng,
+        )
+        pi = responsibilities(relevance)
+        # Charge both releases about D_v before the first leaves the curator.
+        state.ledgers["validation"].charge(
+            [
+                Charge(
+                    "validation",
+                    "gtilde = mean h1(D_v) + Gaussian noise",
+                    PrivacyEvent(
+                        "gaussian",
+                        gaussian_epsilon(sigma_g, cfg.delta, sens_g),
+                        1,
+                        sens_g,
+                        scale=sigma_g,
+                        delta=cfg.delta,
+                    ),
+                ),
+                Charge(
+                    "validation",
+                    f"sketch allocation: mean {cfg.relevance_score} responsibilities + "
+                    "Gaussian noise",
+                    PrivacyEvent(
+                        "gaussian",
+                        gaussian_epsilon(sigma_a, cfg.delta, sens_a),
+                        1,
+                        sens_a,
+                        scale=sigma_a,
+                        delta=cfg.delta,
+                    ),
+                ),
+            ]
+        )
+        g_val = val_features.mean(axis=0) + state.noise.gaussian(sigma_g, cfg.rff_dimension)
+        _, noisy = noisy_relevance(pi, sigma_a, state.noise)
+        # Post-processing of the release: the public seed set's mean h1 is the prior.
+        assert state.rff is not None
+        prior = (
+            random_fourier_features(state.seed_set, state.rff, dtype=np.float64).mean(axis=0)
+            if state.seed_set.shape[0] > 0
+            else np.zeros(cfg.rff_dimension)
+        )
+        g_val, alpha = shrink_embedding(g_val, prior, sigma_g)
+        await state.gather(
+            owners,
+            lambda i: state.endpoint(i).set_validation_embedding(state.owner_session_id, g_val),
+        )
+        state.require_owners()
+        budget = self.budget()
+        shares = allocate_candidates(
+            budget,
+            np.maximum(noisy, 0.0),
+            [min(state.capacity(i), budget) for i in owners],
+            even_share=cfg.candidate_even_share,
+        )
+        requests = {
+            i: int(s)
+            for i, s in zip(owners, shares, strict=True)
+            if s > 0 and state.slots[i].active
+        }
+        state.candidates_info = {
+            "allocation": "sketch",
+            "budget": budget,
+            "gaussian_sigma": sigma_g,
+            "embedding_shrinkage": alpha,
+            "relevance_score": cfg.relevance_score,
+            "allocation_sigma": sigma_a,
+            # The release itself (post-processing of it is what the owners see).
+            "noisy_relevance": {
+                state.owner_name(i): float(v) for i, v in zip(owners, noisy, strict=True)
+            },
+            "shares": {state.owner_name(i): s for i, s in requests.items()},
+        }
+        return requests, g_val

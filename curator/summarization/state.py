@@ -1,0 +1,312 @@
+"""The state of one summarization session, which every stage reads and updates.
+
+:class:`SessionState` holds what a session knows (its request, its owners, its randomness and
+ledgers) and what it has done so far (points accessed, rounds, the terms offered); the stages
+(:mod:`~curator.summarization.terms`, :mod:`~curator.summarization.allocation`,
+:mod:`~curator.summarization.selection`, :mod:`~curator.summarization.release`) are small
+classes acting on it, and :class:`~curator.summarization.session.SummarizationSession` runs
+them in order. The state also calls the owners: concurrently, with a deadline, dropping those
+that fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.errors import (
+    AbortedError,
+    DPMarketError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    UnavailableError,
+)
+from common.privacy.ledger import Charge, PrivacyLedger, SessionSpend
+from common.privacy.noise import NoiseSource, SeededNoise
+from common.sketches import PrivateSketch, RFFMap
+from common.summarization.auction import AuctionParams
+from common.summarization.endpoints import OwnerEndpoint, OwnerInfo
+from common.summarization.rff import RFFParams
+from common.summarization.summary import ProgressEvent, SummarizationConfig
+from common.summarization.terms import OwnerTerms
+from common.validation import check_matrix
+
+__all__ = [
+    "OwnerSlot",
+    "Party",
+    "ProgressCallback",
+    "RoundsMode",
+    "SessionState",
+    "SummaryState",
+]
+
+logger = logging.getLogger("curator.summarization.session")
+
+Party = Literal["validation", "owners", "public"]
+#: The per-round loop's modes: non-private greedy, the paper's Algorithm 3, the rounds method.
+RoundsMode = Literal["greedy", "private", "rounds"]
+
+T = TypeVar("T")
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+@dataclass
+class OwnerSlot:
+    """One owner as the session sees it: its endpoint, description and standing."""
+
+    endpoint: OwnerEndpoint
+    info: OwnerInfo | None = None
+    active: bool = True
+    note: str = ""
+    #: Whether the owner holds an open session of ours (to close at the end).
+    opened: bool = False
+    #: The most raw points this session may receive from the owner (its policy).
+    max_points: int = 0
+    #: What the owner's own ledger recorded for this session, from CloseSession.
+    spent: SessionSpend | None = None
+
+
+@dataclass
+class SummaryState:
+    """The summary points collected so far, with their labels and owners (slot indices)."""
+
+    points: list[NDArray[np.float64]] = field(default_factory=list)
+    labels: list[int | None] = field(default_factory=list)
+    owners: list[int] = field(default_factory=list)
+
+
+class SessionState:
+    """What one session knows and has done: the request, the owners, randomness and ledgers.
+
+    Parameters are those of :class:`~curator.summarization.session.SummarizationSession`.
+
+    Attributes
+    ----------
+    slots : list of OwnerSlot
+        The owners, in the order given; stages refer to an owner by its index here.
+    ledgers : dict of str to PrivacyLedger
+        ``"validation"`` and ``"owners"``: every release is charged here before it is sent.
+    allocation, allocation_note : str
+        The candidates method's allocation in effect (decided by the session's preparation) and
+        why.
+    terms : OwnerTerms or None
+        What the session offered the owners (set while preparing).
+    rff : RFFParams or None
+        h1's parameters (drawn when the session opens at the owners).
+    auction : AuctionParams or None
+        PrivAuction's parameters (private and rounds methods, set by the per-round loop).
+    candidates_info : dict
+        The candidates allocation's report (noisy counts or relevances, shares).
+    iterations, rounds_done, summary_size, points_accessed, rejected_points : int
+        Progress: auction iterations, rounds completed, summary points collected, raw owner
+        points received, released points rejected by verification.
+    round_seconds : list of float
+        Wall time of each round.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the validation or seed set is malformed (shape, NaN/inf, feature counts differ), a
+        sketch is not an RFF sketch over the validation set's attributes, or there is no owner.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        config: SummarizationConfig,
+        validation: NDArray[np.float64],
+        seed_set: NDArray[np.float64],
+        owners: Sequence[OwnerEndpoint],
+        rng: np.random.Generator,
+        *,
+        on_progress: ProgressCallback | None = None,
+        call_timeout: float | None = None,
+        noise: NoiseSource | None = None,
+        consumer: str = "consumer:local",
+        owner_session_id: str | None = None,
+        on_charge: Callable[[Sequence[Charge]], None] | None = None,
+        owner_sketches: Mapping[str, PrivateSketch] | None = None,
+    ) -> None:
+        try:
+            self.validation = check_matrix(validation, "validation set")
+            self.seed_set = check_matrix(
+                seed_set, "seed set", n_features=self.validation.shape[1], allow_empty=True
+            )
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
+        self.owner_sketches = dict(owner_sketches or {})
+        for owner, sketch in self.owner_sketches.items():
+            if not isinstance(sketch, PrivateSketch) or not isinstance(sketch.feature_map, RFFMap):
+                raise InvalidArgumentError(f"the sketch of owner {owner} is not an RFF sketch")
+            if sketch.feature_map.n_attributes != self.validation.shape[1]:
+                raise InvalidArgumentError(
+                    f"the sketch of owner {owner} describes {sketch.feature_map.n_attributes} "
+                    f"attributes but the validation set has {self.validation.shape[1]}"
+                )
+        #: The candidates method's allocation in effect (decided in prepare()).
+        self.allocation: Literal["sketch", "counts"] = "counts"
+        self.allocation_note = ""
+        if not owners:
+            raise InvalidArgumentError("at least one owner is required")
+        self.session_id = session_id
+        self.owner_session_id = owner_session_id or session_id
+        self.config = config
+        self.rng = rng
+        self.noise: NoiseSource = noise if noise is not None else SeededNoise(rng)
+        self.consumer = consumer
+        self.slots = [OwnerSlot(endpoint=o) for o in owners]
+        self.on_progress = on_progress
+        self.call_timeout = call_timeout
+        one_delta = config.method in ("candidates", "rounds")
+        self.ledgers = {
+            "validation": PrivacyLedger(
+                delta_tilde=config.delta if one_delta else config.delta_validation,
+                on_charge=on_charge,
+            ),
+            "owners": PrivacyLedger(
+                delta_tilde=config.delta if one_delta else config.delta_owners,
+                on_charge=on_charge,
+            ),
+        }
+        self.terms: OwnerTerms | None = None
+        self.rff: RFFParams | None = None
+        self.start = time.perf_counter()
+        self.candidates_info: dict[str, Any] = {}
+        self.summary_size = 0
+        self.iterations = 0
+        self.points_accessed = 0
+        self.rejected_points = 0
+        self.rounds_done = 0
+        self.round_seconds: list[float] = []
+        self.prepared = False
+        self.auction: AuctionParams | None = None
+
+    async def gather(
+        self,
+        indices: Sequence[int] | range,
+        call: Callable[[int], Awaitable[T]],
+        *,
+        refusals: Literal["drop", "raise"] = "drop",
+    ) -> dict[int, T]:
+        """Call owners concurrently; drop those that are unavailable; return the answers by index.
+
+        An owner that refuses a step under its own policy (``FailedPreconditionError``) is
+        dropped too (``refusals="drop"``, during a session), or its refusal fails the request
+        with the same error naming the owner (``"raise"``, while the session opens, so nothing
+        is released). Other protocol errors abort the session naming the owner (while opening:
+        the same error class, e.g. INVALID_ARGUMENT for a d above an owner's limit).
+        """
+
+        async def one(index: int) -> T:
+            coro = call(index)
+            if self.call_timeout is None:
+                return await coro
+            try:
+                return await asyncio.wait_for(coro, self.call_timeout)
+            except TimeoutError as exc:
+                raise UnavailableError(f"no answer within {self.call_timeout} s") from exc
+
+        answers = await asyncio.gather(*(one(i) for i in indices), return_exceptions=True)
+        out: dict[int, T] = {}
+        for index, answer in zip(indices, answers, strict=True):
+            if isinstance(answer, UnavailableError):
+                self.drop(index, str(answer))
+            elif isinstance(answer, FailedPreconditionError) and refusals == "drop":
+                self.drop(index, f"refused: {answer}")
+            elif isinstance(answer, DPMarketError) and refusals == "raise":
+                raise type(answer)(f"owner {self.owner_name(index)}: {answer}") from answer
+            elif isinstance(answer, DPMarketError):
+                raise AbortedError(f"owner {self.owner_name(index)}: {answer}") from answer
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                out[index] = answer
+        return out
+
+    def drop(self, index: int, reason: str) -> None:
+        """Leave owner ``index`` out of the rest of the session, for ``reason`` (logged and
+        reported)."""
+        slot = self.slots[index]
+        if slot.active:
+            slot.active = False
+            slot.note = reason
+            logger.warning("owner %s dropped: %s", self.owner_name(index), reason)
+            self.emit("rounds", f"owner {self.owner_name(index)} dropped: {reason}")
+
+    def require_owners(self) -> None:
+        """Raise ``UnavailableError`` (with every owner's reason) when every owner dropped out."""
+        if not self.active():
+            raise UnavailableError("every owner dropped out: " + self.drop_notes())
+
+    def endpoint(self, index: int) -> OwnerEndpoint:
+        """Owner ``index``'s endpoint."""
+        return self.slots[index].endpoint
+
+    def active(self) -> list[int]:
+        """Indices of the owners still in the session."""
+        return [i for i, s in enumerate(self.slots) if s.active]
+
+    def capacity(self, index: int) -> int:
+        """The most raw points this session may take from owner ``index``: its size, capped by
+        its policy's allowance for the session."""
+        return min(self.info(index).num_points, self.slots[index].max_points)
+
+    def info(self, index: int) -> OwnerInfo:
+        """Owner ``index``'s dataset description (known once the session is being prepared)."""
+        info = self.slots[index].info
+        assert info is not None
+        return info
+
+    def owner_name(self, index: int) -> str:
+        """Owner ``index``'s id, or its endpoint's name before it described itself."""
+        info = self.slots[index].info
+        return info.owner_id if info is not None else self.slots[index].endpoint.name
+
+    def dropped(self) -> tuple[str, ...]:
+        """Names of the owners that dropped out."""
+        return tuple(self.owner_name(i) for i, s in enumerate(self.slots) if not s.active)
+
+    def drop_notes(self) -> str:
+        """``"name: reason; ..."`` for every owner that dropped out."""
+        return "; ".join(
+            f"{self.owner_name(i)}: {s.note}" for i, s in enumerate(self.slots) if not s.active
+        )
+
+    def drop_suffix(self) -> str:
+        """``"; dropped owners: ..."`` for an error message, or ``""``."""
+        dropped = self.dropped()
+        return f"; dropped owners: {', '.join(dropped)}" if dropped else ""
+
+    async def close_owner_sessions(self) -> None:
+        """Close the session at every owner that opened it; record what its ledger recorded."""
+
+        async def close(slot: OwnerSlot) -> None:
+            slot.opened = False
+            try:
+                coro = slot.endpoint.close_session(self.owner_session_id)
+                if self.call_timeout is not None:
+                    slot.spent = await asyncio.wait_for(coro, self.call_timeout)
+                else:
+                    slot.spent = await coro
+            except (DPMarketError, TimeoutError) as exc:
+                logger.info("closing the session at %s failed: %s", slot.endpoint.name, exc)
+
+        await asyncio.gather(*(close(slot) for slot in self.slots if slot.opened))
+
+    def emit(self, stage: Literal["setup", "rounds", "done", "failed"], message: str) -> None:
+        """Report progress to ``on_progress``, if given."""
+        if self.on_progress is not None:
+            one_round = self.config.method in ("uniform", "candidates")
+            total = 1 if one_round else self.config.summary_size
+            self.on_progress(
+                ProgressEvent(stage, self.rounds_done, total, self.points_accessed, message)
+            )

@@ -1,0 +1,81 @@
+"""What a session states to the owners: its terms, and the opening that carries them.
+
+Before anything is released, the curator derives what the whole session will spend of each
+owner's privacy (:class:`~common.summarization.terms.OwnerTerms`, from the configuration alone,
+by the event lists the session's ledgers charge) and opens the session at every owner with
+those terms and h1's public parameters. Each owner checks the terms against its own policy and
+charges them to its own ledger before its first release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from common.errors import FailedPreconditionError
+from common.summarization.rff import draw_rff_params
+from common.summarization.terms import OwnerTerms, owner_terms
+from curator.summarization.state import SessionState
+
+__all__ = ["Offer"]
+
+
+class Offer:
+    """The session's offer to the owners: the terms and the opening of the session.
+
+    Parameters
+    ----------
+    state : SessionState
+    """
+
+    def __init__(self, state: SessionState) -> None:
+        self.state = state
+
+    async def terms(self) -> OwnerTerms:
+        """The session's terms for every owner (:func:`~common.summarization.terms.owner_terms`)
+        under the allocation already chosen (``state.allocation``)."""
+        state = self.state
+        return await asyncio.to_thread(
+            owner_terms,
+            state.config,
+            len(state.slots),
+            validation_size=int(state.validation.shape[0]),
+            seed_set_size=int(state.seed_set.shape[0]),
+            sketch_allocation=state.allocation == "sketch",
+        )
+
+    async def open(self, terms: OwnerTerms) -> None:
+        """Draw h1's parameters and open the session at every owner with ``terms``.
+
+        h1's parameters are public randomness: nothing is released or charged. Records each
+        owner's allowance of raw points for the session.
+
+        Raises
+        ------
+        FailedPreconditionError
+            If an owner's policy refuses the terms (naming the owner), or the owners' policies
+            allow fewer raw points than the summary size.
+        UnavailableError
+            If every owner dropped out.
+        """
+        state = self.state
+        cfg = state.config
+        rff = draw_rff_params(state.validation.shape[1], cfg.rff_dimension, cfg.gamma, state.rng)
+        state.rff = rff
+        seeds = state.rng.integers(0, 2**63 - 1, size=len(state.slots))
+
+        async def open_one(i: int) -> tuple[int, int]:
+            state.slots[i].opened = True
+            return await state.endpoint(i).open_session(
+                state.owner_session_id, rff, int(seeds[i]), consumer=state.consumer, terms=terms
+            )
+
+        opened = await state.gather(state.active(), open_one, refusals="raise")
+        for index, (_, max_points) in opened.items():
+            state.slots[index].max_points = int(max_points)
+        state.require_owners()
+        allowed = sum(state.slots[i].max_points for i in state.active())
+        if cfg.summary_size > allowed:
+            raise FailedPreconditionError(
+                f"the owners' policies allow this session at most {allowed} raw points in all, "
+                f"fewer than p = {cfg.summary_size}"
+            )

@@ -1,0 +1,262 @@
+"""The reproductions' and the evaluation's commands: ``simulate`` (every party in this process),
+``scenario`` (a bundled real-data scenario to files), ``evaluate`` (summary quality against
+epsilon), ``cape figures`` and ``sketch-experiments`` (the CAPE and M2M papers' results; their
+commands live with their experiments, so ``python -m`` runs them alone)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from common.errors import DPMarketError
+from consumer.cli import finish, load_points, protocol_options, read_inputs, summarization_config
+from experiments.cape_experiments import cape_figures
+from experiments.evaluate import EVAL_METHODS
+from experiments.scenarios import SCENARIO_NAMES
+from experiments.sketch_experiments import sketch_experiments
+from runtime.cli import check_outputs, console, progress_printer
+
+__all__ = [
+    "cape_figures",
+    "evaluate",
+    "scenario_command",
+    "simulate_command",
+    "sketch_experiments",
+]
+
+
+@click.command("simulate")
+@click.option(
+    "--owner-data",
+    "owner_paths",
+    multiple=True,
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="An owner's data file; repeat for every owner.",
+)
+@click.option(
+    "--sketch-scenario",
+    default=None,
+    type=click.Choice(sorted(SCENARIO_NAMES)),
+    help="candidates, sketch allocation: release every owner's sketch in this process with "
+    "this scenario's public domain, kernel scale and RFF map (no ledger is charged). "
+    "Default: no sketches (the counts allocation).",
+)
+@click.option(
+    "--sketch-epsilon",
+    default=1.0,
+    type=click.FloatRange(min=0, min_open=True),
+    help="epsilon of the in-process sketches (Gaussian, at --delta).",
+)
+@protocol_options
+def simulate_command(
+    owner_paths: tuple[str, ...],
+    sketch_scenario: str | None,
+    sketch_epsilon: float,
+    summary_size: int,
+    method: str,
+    validation_path: str,
+    seed_set_path: str | None,
+    test_path: str | None,
+    seed: int | None,
+    out_path: str,
+    report_path: str,
+    **kwargs: Any,
+) -> None:
+    """Run the same protocol with every party in this process (same seeds, same summary)."""
+    from experiments.runner import simulate
+
+    config = summarization_config(summary_size, method, kwargs)
+    owners = [load_points(p) for p in owner_paths]
+    inputs = read_inputs(validation_path, seed_set_path, test_path)
+    check_outputs(out_path, report_path)
+    sketches = None
+    if sketch_scenario is not None:
+        from experiments.runner import publish_sketches
+        from experiments.scenarios import SCENARIOS
+
+        scenario = SCENARIOS[sketch_scenario](0)
+        if scenario.n_features != inputs.validation.n_features:
+            raise click.BadParameter(
+                f"scenario {sketch_scenario} has {scenario.n_features} features, the validation "
+                f"set {inputs.validation.n_features}",
+                param_hint="--sketch-scenario",
+            )
+        try:
+            sketches = publish_sketches(
+                owners,
+                scenario.sketch_mechanism(sketch_epsilon, delta=config.delta),
+                seed=seed,
+                owner_ids=[o.name for o in owners],
+            )
+        except ValueError as exc:
+            raise click.ClickException(f"an owner's data cannot be sketched: {exc}") from exc
+    progress, update = progress_printer(method)
+    try:
+        with progress:
+            result = simulate(
+                owners,
+                inputs.validation.features,
+                inputs.seed_set,
+                config,
+                seed=seed,
+                on_progress=update,
+                owner_sketches=sketches,
+            )
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finish(result, inputs, config, out_path, report_path, seed)
+
+
+@click.command("scenario")
+@click.argument("name", type=click.Choice(sorted(SCENARIO_NAMES)))
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Directory for the owner, validation, seed-set and test files.",
+)
+@click.option("--seed", default=0, type=click.IntRange(min=0), help="Seed of the split.")
+@click.option(
+    "--owners",
+    "n_owners",
+    default=None,
+    type=click.IntRange(min=1),
+    help="flights, flights50: the number of owners (default: the scenario's).",
+)
+@click.option(
+    "--max-points-per-owner",
+    default=None,
+    type=click.IntRange(min=1),
+    help="flights, flights50: keep a uniform random subset of each owner's flights.",
+)
+def scenario_command(
+    name: str, out_dir: str, seed: int, n_owners: int | None, max_points_per_owner: int | None
+) -> None:
+    """Write a bundled real-data scenario (digits or nycflights13) to files; the flights
+    scenarios also write each owner's flights with named columns (owner-<i>-table.parquet)."""
+    from experiments.scenarios import SCENARIOS, write_scenario
+
+    sizes: dict[str, int] = {}
+    if n_owners is not None:
+        sizes["n_owners"] = n_owners
+    if max_points_per_owner is not None:
+        sizes["max_points_per_owner"] = max_points_per_owner
+    if sizes and name == "digits":
+        raise click.UsageError(
+            "digits has a fixed split: --owners and --max-points-per-owner apply to flights "
+            "and flights50"
+        )
+    try:
+        scenario = SCENARIOS[name](seed, **sizes)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    paths = write_scenario(scenario, out_dir)
+    console.print(scenario.description)
+    for key, path in paths.items():
+        console.print(f"  {key}: {path}")
+
+
+@click.command("evaluate")
+@click.option(
+    "--scenario",
+    "scenario_names",
+    multiple=True,
+    type=click.Choice(sorted(SCENARIO_NAMES)),
+    help="Real-data scenario; repeat for several (default: digits and flights).",
+)
+@click.option(
+    "--p",
+    "sizes",
+    multiple=True,
+    type=click.IntRange(min=1),
+    help="Summary size p; repeat for several (default: 50, 200, 500; a p above the owners' "
+    "total points is skipped).",
+)
+@click.option(
+    "--epsilon",
+    "epsilons",
+    multiple=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Privacy target, each party's epsilon at --delta; repeat (default: 0.3, 1, 3).",
+)
+@click.option(
+    "--seeds",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Number of session seeds 0..n-1 (default: 3; the scenario split always uses seed 0).",
+)
+@click.option(
+    "--method",
+    "methods",
+    multiple=True,
+    type=click.Choice(EVAL_METHODS),
+    help="Method to evaluate; repeat (default: all). paper and rounds run the pure-DP "
+    "PrivAuction; paper-auction-printed and rounds-auction-printed run it as printed in "
+    "Algorithm 3 (a larger owners' delta).",
+)
+@click.option(
+    "--delta",
+    default=1e-6,
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+    help="delta of every private method's epsilon.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default="out/evaluate",
+    type=click.Path(file_okay=False),
+    help="Directory for evaluation.json and quality_vs_epsilon.png.",
+)
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Smoke test: digits, p = 20, epsilon 1, one seed (options given explicitly win).",
+)
+def evaluate(
+    scenario_names: tuple[str, ...],
+    sizes: tuple[int, ...],
+    epsilons: tuple[float, ...],
+    seeds: int | None,
+    methods: tuple[str, ...],
+    delta: float,
+    out_dir: str,
+    quick: bool,
+) -> None:
+    """Compare every method's summary quality against epsilon over scenarios, p and seeds."""
+    from experiments.evaluate import (
+        DEFAULT_EPSILONS,
+        DEFAULT_SCENARIOS,
+        DEFAULT_SEEDS,
+        DEFAULT_SIZES,
+        QUICK,
+        run_evaluation,
+    )
+
+    defaults: dict[str, Any] = (
+        QUICK
+        if quick
+        else {
+            "scenarios": DEFAULT_SCENARIOS,
+            "sizes": DEFAULT_SIZES,
+            "epsilons": DEFAULT_EPSILONS,
+            "seeds": DEFAULT_SEEDS,
+        }
+    )
+    try:
+        run_evaluation(
+            scenario_names or defaults["scenarios"],
+            sizes or defaults["sizes"],
+            epsilons or defaults["epsilons"],
+            seeds or defaults["seeds"],
+            methods or EVAL_METHODS,
+            Path(out_dir),
+            delta=delta,
+            console=Console(),
+        )
+    except (DPMarketError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc

@@ -1,0 +1,267 @@
+"""Run protocols in one process (``dpmarket simulate``, tests, experiments), on the same code.
+
+The curator's :class:`curator.summarization.session.SummarizationSession` drives in-process
+owners through :class:`owner.local.LocalOwnerEndpoint`; the networked run drives gRPC clients
+instead. With the same seed both produce the same summary. :func:`exact_greedy_summary` is the
+non-private reference the demo and the evaluation compare against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric import ec
+from numpy.typing import NDArray
+
+from common.cape.spec import AnyCapeSpec, CapeJobSpec
+from common.privacy.ledger import SessionSpend
+from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
+from common.privacy.rng import make_rng
+from common.sketches import PrivateSketch, SketchMechanism
+from common.summarization.endpoints import OwnerEndpoint
+from common.summarization.kernels import exact_kernel_greedy
+from common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
+from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
+from curator.summarization.session import ProgressCallback, SummarizationSession
+from owner.cape import CapeSite
+from owner.data import PointSet, Table
+from owner.local import LocalCapeSiteEndpoint, LocalOwnerEndpoint
+from owner.protocol import Owner
+from owner.secagg import SiteIdentity, SiteRounds
+
+
+def simulate(
+    owners: Sequence[PointSet],
+    validation: NDArray[np.float64],
+    seed_set: NDArray[np.float64],
+    config: SummarizationConfig,
+    *,
+    seed: int | None,
+    owner_ids: Sequence[str] | None = None,
+    on_progress: ProgressCallback | None = None,
+    owner_sketches: Mapping[str, PrivateSketch] | None = None,
+) -> SummaryResult:
+    """Run one session with every owner in this process.
+
+    Parameters
+    ----------
+    owners : sequence of PointSet
+        Each owner's data, shape (n_i, n).
+    validation : ndarray of shape (m, n)
+    seed_set : ndarray of shape (n0, n)
+    config : SummarizationConfig
+    seed : int or None
+        Session seed (None: cryptographically seeded).
+    owner_ids : sequence of str, optional
+        Names of the owners (default: each point set's name).
+    owner_sketches : mapping of str to PrivateSketch, optional
+        The owners' published sketches by name (:func:`publish_sketches`), for the candidates
+        method's sketch allocation.
+
+    Raises
+    ------
+    common.errors.DPMarketError
+        As :meth:`SummarizationSession.prepare` and :meth:`SummarizationSession.run`.
+    """
+    ids = list(owner_ids) if owner_ids is not None else [o.name for o in owners]
+    # Unseeded runs draw production randomness everywhere: the owners ignore the curator's seeds.
+    seeded = seed is not None
+    endpoints = [
+        LocalOwnerEndpoint(Owner(i, data, allow_seeded_sessions=seeded))
+        for i, data in zip(ids, owners, strict=True)
+    ]
+    return run_session(
+        endpoints,
+        validation,
+        seed_set,
+        config,
+        seed=seed,
+        on_progress=on_progress,
+        owner_sketches=owner_sketches,
+    )
+
+
+def publish_sketches(
+    owners: Sequence[PointSet],
+    mechanism: SketchMechanism,
+    *,
+    seed: int | None,
+    owner_ids: Sequence[str] | None = None,
+) -> dict[str, PrivateSketch]:
+    """Every owner's private sketch, released in this process (in-process research runs).
+
+    The owner service publishes a sketch once, charged to its own ledger, to the curator's
+    catalogue; in-process runs (``dpmarket simulate``, ``evaluate``, ``demo --in-process``,
+    tests) release them here with :meth:`SketchMechanism.release` and charge no ledger, as those
+    runs charge nothing else either. The sketch's epsilon still appears in the session's report
+    (``ledger["owner_sketches"]``).
+
+    Parameters
+    ----------
+    owners : sequence of PointSet
+    mechanism : SketchMechanism
+        The public map, domain and noise (e.g.
+        :meth:`experiments.scenarios.Scenario.sketch_mechanism`).
+    seed : int or None
+        Seeds the noise (None: OpenDP's samplers).
+    owner_ids : sequence of str, optional
+        Names (default: each point set's name).
+
+    Returns
+    -------
+    dict of str to PrivateSketch
+
+    Notes
+    -----
+    Each owner's points are projected onto the mechanism's domain first
+    (:meth:`common.sketches.domain.Domain.clamp`), as the owner service does before it publishes,
+    so an in-process sketch is the one the networked owner would release.
+    """
+    ids = list(owner_ids) if owner_ids is not None else [o.name for o in owners]
+    noise: NoiseSource = SeededNoise(make_rng(seed)) if seed is not None else OpenDPNoise()
+    return {
+        name: mechanism.release(mechanism.domain.clamp(data.features)[0], noise)
+        for name, data in zip(ids, owners, strict=True)
+    }
+
+
+def run_session(
+    endpoints: Sequence[OwnerEndpoint],
+    validation: NDArray[np.float64],
+    seed_set: NDArray[np.float64],
+    config: SummarizationConfig,
+    *,
+    seed: int | None,
+    on_progress: ProgressCallback | None = None,
+    owner_sketches: Mapping[str, PrivateSketch] | None = None,
+) -> SummaryResult:
+    """Prepare and run one session against given owner endpoints, in a fresh event loop.
+
+    Parameters
+    ----------
+    endpoints : sequence of OwnerEndpoint
+        In-process owners, or wrappers of them (tests record or alter their messages).
+    validation, seed_set, config, seed, on_progress, owner_sketches
+        As :func:`simulate`.
+
+    Raises
+    ------
+    common.errors.DPMarketError
+        As :meth:`SummarizationSession.prepare` and :meth:`SummarizationSession.run`.
+    """
+
+    async def run() -> SummaryResult:
+        session = SummarizationSession(
+            "simulated-session",
+            config,
+            validation,
+            seed_set,
+            endpoints,
+            make_rng(seed),
+            on_progress=on_progress,
+            # Seeded runs (tests, evaluation) keep numpy's seeded draws; others use OpenDP.
+            noise=None if seed is not None else OpenDPNoise(),
+            owner_sketches=owner_sketches,
+        )
+        await session.prepare()
+        return await session.run()
+
+    return asyncio.run(run())
+
+
+def exact_greedy_summary(
+    owners: Sequence[Any], validation: np.ndarray, seed_set: np.ndarray, p: int, gamma: float
+) -> SummaryResult:
+    """Non-private greedy with the exact kernel on the pooled data (a reference, not a service)."""
+    start = time.perf_counter()
+    pool = np.concatenate([o.features for o in owners])
+    labels = (
+        np.concatenate([o.labels for o in owners])
+        if all(o.labels is not None for o in owners)
+        else None
+    )
+    names = [o.name for o in owners for _ in range(o.n_points)]
+    index = exact_kernel_greedy(pool, validation, seed_set, p, gamma)
+    elapsed = time.perf_counter() - start
+    report = SessionReport(
+        method="greedy",
+        summary_size=p,
+        rounds=p,
+        owner_points_accessed=int(pool.shape[0]),
+        validation_points_accessed=int(validation.shape[0]),
+        all_owners_bound=len(owners) * p,
+        paper_bound=0.0,
+        dropped_owners=(),
+        ledger={},
+        wall_time_seconds=elapsed,
+    )
+    return SummaryResult(
+        points=pool[index],
+        labels=None if labels is None else labels[index],
+        owner_ids=tuple(names[i] for i in index),
+        report=report,
+    )
+
+
+def local_cape_sites(
+    tables: Sequence[Table], *, seeded: bool = True
+) -> list[LocalCapeSiteEndpoint]:
+    """In-process CAPE sites over tables (one owner each, named after its table).
+
+    Each site gets a fresh ECDSA P-256 signing key, and every site trusts the others' keys
+    directly (no CA in one process); the networked run checks certificates instead.
+    """
+    keys = {t.name: ec.generate_private_key(ec.SECP256R1()) for t in tables}
+    publics = {name: key.public_key() for name, key in keys.items()}
+    endpoints = []
+    for table in tables:
+        site = CapeSite(table.name, table, allow_seeded_sessions=seeded)
+        identity = SiteIdentity(table.name, keys[table.name], b"", None).trusting(publics)
+        rounds = SiteRounds(
+            identity, site.noise_input, site.rng_for, on_finished=site.round_finished
+        )
+        endpoints.append(LocalCapeSiteEndpoint(site, rounds))
+    return endpoints
+
+
+def fit_cape(
+    tables: Sequence[Table], spec: CapeJobSpec, *, seed: int | None
+) -> tuple[CapeResult, dict[str, SessionSpend]]:
+    """Fit a capeFM model with every owner in this process (secure aggregation included).
+
+    With a seed, the owners' noise and rounding coins are seeded from it (the networked run with
+    the same seed and seeded owners gives the same model bit for bit); without one they come from
+    OpenDP and a CSPRNG.
+
+    Raises
+    ------
+    common.errors.DPMarketError
+        As :meth:`curator.cape.CapeJob.run`.
+    """
+    result, spend = run_cape(tables, spec, seed=seed)
+    assert isinstance(result, CapeResult)
+    return result, spend
+
+
+def run_cape(
+    tables: Sequence[Table], spec: AnyCapeSpec, *, seed: int | None
+) -> tuple[CapeResult | CapeMeanEstimate | CapeTrainingResult, dict[str, SessionSpend]]:
+    """Run any CAPE job (capeFM, mean, training) with every owner in this process, secure
+    aggregation included; the same seed gives the networked run's answer bit for bit.
+
+    Raises
+    ------
+    common.errors.DPMarketError
+        As the job's ``run`` (:mod:`curator.cape`).
+    """
+    endpoints = local_cape_sites(tables, seeded=seed is not None)
+    job = job_for("local-cape-job", spec, endpoints, make_rng(seed))
+
+    async def run() -> CapeResult | CapeMeanEstimate | CapeTrainingResult:
+        return await job.run()
+
+    return asyncio.run(run()), job.owner_spend

@@ -1,0 +1,322 @@
+"""Conversion of the CAPE and secure-aggregation messages that several services share.
+
+:class:`~common.cape.spec.CapeJobSpec` and :class:`~common.cape.spec.CapeMeanSpec` travel consumer
+-> curator -> owners as ``CapeSpec``, :class:`~common.cape.spec.CapeTrainingSpec` as
+``CapeTrainingSpec``; the secure-aggregation messages travel between the curator and the owners
+in both directions. One module converts them for every service (as :mod:`runtime.arrays` does
+for arrays).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from common.errors import InvalidArgumentError
+from common.secagg.fixedpoint import FixedPoint
+from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
+from common.secagg.shamir import Share
+from dpmarket.v1 import array_pb2, cape_pb2, secure_aggregation_pb2
+from runtime.arrays import array_from_proto, array_to_proto
+
+_TASKS = {
+    cape_pb2.CAPE_TASK_LINEAR_REGRESSION: "linear",
+    cape_pb2.CAPE_TASK_LOGISTIC_REGRESSION: "logistic",
+}
+_TASKS_TO_PROTO = {v: k for k, v in _TASKS.items()}
+_CALIBRATIONS = {
+    cape_pb2.CAPE_CALIBRATION_UNSPECIFIED: "exact",
+    cape_pb2.CAPE_CALIBRATION_EXACT: "exact",
+    cape_pb2.CAPE_CALIBRATION_THEOREM1: "theorem1",
+}
+_CALIBRATIONS_TO_PROTO = {
+    "exact": cape_pb2.CAPE_CALIBRATION_EXACT,
+    "theorem1": cape_pb2.CAPE_CALIBRATION_THEOREM1,
+}
+
+
+def spec_to_proto(spec: CapeJobSpec | CapeMeanSpec) -> cape_pb2.CapeSpec:
+    """CapeJobSpec or CapeMeanSpec -> CapeSpec."""
+    features = [cape_pb2.ColumnBound(column=c, low=lo, high=hi) for c, lo, hi in spec.features]
+    if isinstance(spec, CapeMeanSpec):
+        return cape_pb2.CapeSpec(
+            task=cape_pb2.CAPE_TASK_MEAN,
+            features=features,
+            epsilon=spec.epsilon,
+            delta=spec.delta,
+            colluders=spec.colluders or 0,
+            calibration=_CALIBRATIONS_TO_PROTO[spec.calibration],
+        )
+    column, low, high = spec.target
+    return cape_pb2.CapeSpec(
+        task=_TASKS_TO_PROTO[spec.task],
+        features=features,
+        target=cape_pb2.ColumnBound(column=column, low=low, high=high),
+        epsilon=spec.epsilon,
+        delta=spec.delta,
+        colluders=spec.colluders or 0,
+        calibration=_CALIBRATIONS_TO_PROTO[spec.calibration],
+        fit_intercept=spec.fit_intercept,
+    )
+
+
+def spec_from_proto(message: cape_pb2.CapeSpec) -> CapeJobSpec | CapeMeanSpec:
+    """CapeSpec -> CapeJobSpec (capeFM) or CapeMeanSpec (``CAPE_TASK_MEAN``).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an unknown task or calibration, a mean with a target, or a malformed spec (bounds,
+        epsilon, delta).
+    """
+    calibration = _CALIBRATIONS.get(message.calibration)
+    if calibration is None:
+        raise InvalidArgumentError(f"unknown calibration {message.calibration}")
+    if message.colluders < 0:
+        raise InvalidArgumentError(f"colluders must be >= 0, got {message.colluders}")
+    features = tuple((f.column, f.low, f.high) for f in message.features)
+    colluders = int(message.colluders) or None
+    try:
+        if message.task == cape_pb2.CAPE_TASK_MEAN:
+            if message.HasField("target") and message.target.column:
+                raise InvalidArgumentError(
+                    f"the mean takes no target, got target column {message.target.column!r}"
+                )
+            return CapeMeanSpec(features, message.epsilon, message.delta, colluders, calibration)
+        task = _TASKS.get(message.task)
+        if task is None:
+            raise InvalidArgumentError(
+                f"task must be LINEAR_REGRESSION, LOGISTIC_REGRESSION or MEAN, got {message.task}"
+            )
+        return CapeJobSpec(
+            task=task,  # type: ignore[arg-type]
+            features=features,
+            target=(message.target.column, message.target.low, message.target.high),
+            epsilon=message.epsilon,
+            delta=message.delta,
+            colluders=colluders,
+            calibration=calibration,
+            fit_intercept=message.fit_intercept,
+        )
+    except InvalidArgumentError:
+        raise
+    except ValueError as exc:
+        raise InvalidArgumentError(f"CAPE spec: {exc}") from exc
+
+
+def training_to_proto(spec: CapeTrainingSpec) -> cape_pb2.CapeTrainingSpec:
+    """CapeTrainingSpec -> its message."""
+    return cape_pb2.CapeTrainingSpec(
+        features=[cape_pb2.ColumnBound(column=c, low=lo, high=hi) for c, lo, hi in spec.features],
+        target=spec.target,
+        epsilon=spec.epsilon,
+        delta=spec.delta,
+        colluders=spec.colluders or 0,
+        iterations=spec.iterations,
+        learning_rate=spec.learning_rate,
+        hidden_units=spec.hidden,
+        clip_norm=spec.clip,
+    )
+
+
+def training_from_proto(message: cape_pb2.CapeTrainingSpec) -> CapeTrainingSpec:
+    """CapeTrainingSpec message -> CapeTrainingSpec.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a malformed spec (columns, bounds, epsilon, delta, a hyper-parameter not > 0).
+    """
+    if message.colluders < 0:
+        raise InvalidArgumentError(f"colluders must be >= 0, got {message.colluders}")
+    try:
+        return CapeTrainingSpec(
+            features=tuple((f.column, f.low, f.high) for f in message.features),
+            target=message.target,
+            epsilon=message.epsilon,
+            delta=message.delta,
+            iterations=int(message.iterations),
+            learning_rate=message.learning_rate,
+            hidden=int(message.hidden_units),
+            clip=message.clip_norm,
+            colluders=int(message.colluders) or None,
+        )
+    except ValueError as exc:
+        raise InvalidArgumentError(f"CAPE training spec: {exc}") from exc
+
+
+def job_to_proto(request: cape_pb2.OpenCapeJobRequest, spec: AnyCapeSpec) -> None:
+    """Set the ``job`` of an OpenCapeJobRequest from any CAPE spec."""
+    if isinstance(spec, CapeTrainingSpec):
+        request.training.CopyFrom(training_to_proto(spec))
+    else:
+        request.spec.CopyFrom(spec_to_proto(spec))
+
+
+def job_from_proto(request: cape_pb2.OpenCapeJobRequest) -> AnyCapeSpec:
+    """The spec of an OpenCapeJobRequest; InvalidArgumentError if it has none or is malformed."""
+    which = request.WhichOneof("job")
+    if which == "training":
+        return training_from_proto(request.training)
+    if which == "spec":
+        return spec_from_proto(request.spec)
+    raise InvalidArgumentError("OpenCapeJobRequest carries no job (spec or training)")
+
+
+def vector_to_proto(values: NDArray[np.floating]) -> array_pb2.Array:
+    """A float64 vector -> Array."""
+    return array_to_proto(np.asarray(values, dtype=np.float64))
+
+
+def vector_from_proto(
+    message: array_pb2.Array, name: str, length: int | None = None
+) -> NDArray[np.float64]:
+    """Array -> a finite float64 vector (of ``length`` if given).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If it is malformed, of the wrong length or not finite.
+    """
+    try:
+        out = array_from_proto(message, name, ndim=1, dtype=np.float64)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from exc
+    if length is not None and out.shape[0] != length:
+        raise InvalidArgumentError(f"{name} must have {length} values, got {out.shape[0]}")
+    if not np.isfinite(out).all():
+        raise InvalidArgumentError(f"{name} holds NaN or inf")
+    return out
+
+
+# ------------------------------------------------------------------------- secure aggregation
+def round_to_proto(
+    job_id: str, params: RoundParams
+) -> secure_aggregation_pb2.SecureAggregationRound:
+    """RoundParams (and its job) -> SecureAggregationRound."""
+    fp = params.fixed_point
+    return secure_aggregation_pb2.SecureAggregationRound(
+        job_id=job_id,
+        round_id=params.round_id,
+        sites=list(params.sites),
+        threshold=params.threshold,
+        vector_length=params.vector_length,
+        clip=fp.clip,
+        resolution_bits=fp.resolution_bits,
+    )
+
+
+def round_from_proto(
+    message: secure_aggregation_pb2.SecureAggregationRound,
+) -> tuple[str, RoundParams]:
+    """SecureAggregationRound -> (job id, RoundParams).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If a parameter is out of range (short round id, bad threshold, fixed point).
+    """
+    try:
+        fixed_point = FixedPoint(
+            clip=message.clip,
+            resolution_bits=int(message.resolution_bits),
+            sites=len(message.sites),
+        )
+        params = RoundParams(
+            round_id=bytes(message.round_id),
+            sites=tuple(message.sites),
+            threshold=int(message.threshold),
+            vector_length=int(message.vector_length),
+            fixed_point=fixed_point,
+        )
+    except ValueError as exc:
+        raise InvalidArgumentError(f"secure-aggregation round: {exc}") from exc
+    return message.job_id, params
+
+
+def advertisement_to_proto(
+    ad: KeyAdvertisement, certificate: bytes
+) -> secure_aggregation_pb2.KeyAdvertisement:
+    """KeyAdvertisement and the site's certificate -> KeyAdvertisement message."""
+    return secure_aggregation_pb2.KeyAdvertisement(
+        site=ad.site,
+        c_public=ad.c_public,
+        s_public=ad.s_public,
+        signature=ad.signature,
+        certificate=certificate,
+    )
+
+
+def advertisement_from_proto(
+    message: secure_aggregation_pb2.KeyAdvertisement,
+) -> tuple[KeyAdvertisement, bytes]:
+    """KeyAdvertisement message -> (KeyAdvertisement, certificate PEM)."""
+    return (
+        KeyAdvertisement(
+            site=message.site,
+            c_public=bytes(message.c_public),
+            s_public=bytes(message.s_public),
+            signature=bytes(message.signature),
+        ),
+        bytes(message.certificate),
+    )
+
+
+def ciphertexts_to_proto(
+    pairs: Iterable[tuple[str, str, bytes]],
+) -> list[secure_aggregation_pb2.SiteCiphertext]:
+    """(sender, recipient, ciphertext) triples -> SiteCiphertext messages."""
+    return [
+        secure_aggregation_pb2.SiteCiphertext(sender=s, recipient=r, ciphertext=c)
+        for s, r, c in pairs
+    ]
+
+
+def shares_to_proto(shares: dict[str, Share]) -> list[secure_aggregation_pb2.ShamirShare]:
+    """owner -> Share -> ShamirShare messages (y as big-endian bytes)."""
+    return [
+        secure_aggregation_pb2.ShamirShare(
+            owner=owner, x=share.x, y=share.y.to_bytes((share.y.bit_length() + 7) // 8 or 1, "big")
+        )
+        for owner, share in sorted(shares.items())
+    ]
+
+
+def shares_from_proto(messages: Iterable[secure_aggregation_pb2.ShamirShare]) -> dict[str, Share]:
+    """ShamirShare messages -> owner -> Share."""
+    return {m.owner: Share(x=int(m.x), y=int.from_bytes(m.y, "big")) for m in messages}
+
+
+def unmask_to_proto(response: UnmaskResponse) -> secure_aggregation_pb2.UnmaskResponse:
+    """UnmaskResponse -> its message."""
+    return secure_aggregation_pb2.UnmaskResponse(
+        self_mask_shares=shares_to_proto(response.self_mask_shares),
+        key_shares=shares_to_proto(response.key_shares),
+    )
+
+
+def unmask_from_proto(message: secure_aggregation_pb2.UnmaskResponse) -> UnmaskResponse:
+    """UnmaskResponse message -> UnmaskResponse."""
+    return UnmaskResponse(
+        self_mask_shares=shares_from_proto(message.self_mask_shares),
+        key_shares=shares_from_proto(message.key_shares),
+    )
+
+
+def masked_to_proto(masked: NDArray[np.uint64]) -> array_pb2.Array:
+    """A masked input (values mod 2^k, k <= 63) -> an int64 Array."""
+    return array_to_proto(np.asarray(masked, dtype=np.uint64).astype(np.int64))
+
+
+def masked_from_proto(message: array_pb2.Array, length: int) -> NDArray[np.uint64]:
+    """An int64 Array -> a masked input; InvalidArgumentError if malformed or negative."""
+    try:
+        values = array_from_proto(message, "masked", ndim=1, dtype=np.int64)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from exc
+    if values.shape[0] != length or (values < 0).any():
+        raise InvalidArgumentError(f"a masked input must be {length} values in [0, 2^63)")
+    return values.astype(np.uint64)

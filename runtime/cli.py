@@ -1,0 +1,223 @@
+"""What every role's ``dpmarket`` commands share: the mTLS options every gRPC command takes,
+the output check that runs before anything is released, the console and logging set-up, the
+progress bar of a summarization session, the options naming the curator, and writing a
+command's JSON output.
+
+The commands themselves live with their role (:mod:`owner.cli`, :mod:`curator.cli`,
+:mod:`consumer.cli`, :mod:`deploy.pki`, :mod:`experiments.cli`); :mod:`deploy.cli` composes them
+into the ``dpmarket`` command."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from runtime.files import write_json
+from runtime.identity import Identity, identity_files
+from runtime.transport import TransportSecurity
+
+if TYPE_CHECKING:  # the health probe imports this module: no numerical library at start
+    from common.summarization.summary import ProgressEvent
+
+__all__ = [
+    "check_outputs",
+    "console",
+    "curator_identity",
+    "curator_options",
+    "ensure_info_logging",
+    "progress_printer",
+    "security_from_options",
+    "setup_logging",
+    "tls_options",
+    "write_output",
+]
+
+logger = logging.getLogger("dpmarket")
+console = Console(stderr=True)
+
+
+def tls_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """mTLS options shared by every command that talks gRPC."""
+    options = [
+        click.option(
+            "--ca",
+            "ca_path",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="The deployment CA's certificate (ca.crt from dpmarket pki init).",
+        ),
+        click.option(
+            "--cert",
+            "cert_path",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="This party's certificate (from dpmarket pki issue).",
+        ),
+        click.option(
+            "--key",
+            "key_path",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="This party's private key.",
+        ),
+        click.option(
+            "--pki-dir",
+            default=None,
+            type=click.Path(file_okay=False),
+            help="Instead of --ca/--cert/--key: a directory holding ca.crt and "
+            "<role>-<name>.crt/.key (the layout dpmarket pki issue writes); needs --name.",
+        ),
+        click.option(
+            "--name",
+            default=None,
+            help="This party's name, to find its files in --pki-dir.",
+        ),
+        click.option(
+            "--insecure",
+            is_flag=True,
+            help="Plaintext gRPC with no identities: anyone who reaches the port is served "
+            "(development only; logged as a warning).",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def security_from_options(
+    role: str | None,
+    ca_path: str | None,
+    cert_path: str | None,
+    key_path: str | None,
+    pki_dir: str | None,
+    name: str | None,
+    insecure: bool,
+) -> TransportSecurity:
+    """Build the transport security from the TLS options; check the certificate's role."""
+    given = [o for o, v in (("--ca", ca_path), ("--cert", cert_path), ("--key", key_path)) if v]
+    if insecure:
+        if given or pki_dir:
+            raise click.UsageError("--insecure cannot be combined with certificates")
+        logger.warning(
+            "--insecure: plaintext gRPC, no identities: any process that reaches this port is "
+            "served as a trusted peer"
+        )
+        return TransportSecurity.plaintext()
+    if pki_dir:
+        if given:
+            raise click.UsageError("give either --pki-dir and --name, or --ca, --cert and --key")
+        if not name or role is None:
+            raise click.UsageError("--pki-dir needs --name (this party's certificate name)")
+        try:
+            ca_path, cert_path, key_path = (
+                str(p)
+                for p in identity_files(Path(pki_dir), Identity(role, name))  # type: ignore[arg-type]
+            )
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--name") from exc
+    elif not (ca_path and cert_path and key_path):
+        missing = sorted({"--ca", "--cert", "--key"} - set(given))
+        raise click.UsageError(
+            f"missing {', '.join(missing)}: every channel is mTLS (issue certificates with "
+            "dpmarket pki init / issue), or pass --insecure for a plaintext development setup"
+        )
+    try:
+        security = TransportSecurity.from_files(ca_path, cert_path, key_path)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    identity = security.identity
+    if role is not None and (identity is None or identity.role != role):
+        raise click.ClickException(f"the certificate {cert_path} is for {identity}, not a {role}")
+    return security
+
+
+def check_outputs(*paths: str) -> None:
+    """Create the output directories and check they are writable, before any session."""
+    for path in paths:
+        directory = Path(path).resolve().parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=directory):
+                pass
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {path}: {exc}") from exc
+
+
+def setup_logging(verbose: int) -> None:
+    """Rich output on a terminal; one plain, unwrapped line per record otherwise (services
+    writing to a log file or a container's log)."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    if console.is_terminal:
+        logging.basicConfig(
+            level=level,
+            format="%(message)s",
+            handlers=[RichHandler(console=console, show_path=False, rich_tracebacks=False)],
+        )
+    else:
+        logging.basicConfig(
+            level=level,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            datefmt="%Y-%m-%dT%H:%M:%S%z",
+        )
+
+
+def ensure_info_logging() -> None:
+    """Log at INFO at least (services report their start-up and sessions), whatever ``-v``."""
+    if logger.getEffectiveLevel() > logging.INFO:
+        logging.getLogger().setLevel(logging.INFO)
+
+
+def progress_printer(label: str) -> tuple[Progress, Callable[[ProgressEvent], None]]:
+    """A rich progress bar and the callback that advances it from session events."""
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("accessed {task.fields[accessed]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task(label, total=None, accessed=0)
+
+    def update(event: ProgressEvent) -> None:
+        progress.update(
+            task, completed=event.round, total=event.total_rounds, accessed=event.points_accessed
+        )
+        if event.message and ("dropped" in event.message or event.stage == "failed"):
+            progress.console.print(f"[yellow]{label}: {event.message}")
+
+    return progress, update
+
+
+def curator_identity(curator_name: str) -> Identity:
+    """The identity the curator's certificate must carry; a bad ``--curator-name`` is a bad
+    parameter."""
+    try:
+        return Identity("curator", curator_name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--curator-name") from exc
+
+
+def curator_options(func: Any) -> Any:
+    """``--curator HOST:PORT`` and ``--curator-name`` (what its certificate must carry)."""
+    func = click.option(
+        "--curator-name", default="curator", help="The name the curator's certificate must carry."
+    )(func)
+    return click.option("--curator", required=True, metavar="HOST:PORT", help="The curator.")(func)
+
+
+def write_output(data: Any, out_path: str | None) -> None:
+    """Write a command's JSON output to ``--out`` (atomically) and say where; nothing without
+    ``--out``."""
+    if out_path is None:
+        return
+    write_json(data, out_path)
+    console.print(f"-> {out_path}")

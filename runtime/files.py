@@ -1,0 +1,58 @@
+"""Durable files: a write that replaces a file whole or not at all, and JSON reports.
+
+Every party writes outputs a reader may open at any moment (summaries, reports, a ledger
+report): each goes through :func:`atomic_write`, so a reader never sees a partial file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+__all__ = ["atomic_write", "write_json"]
+
+
+@contextmanager
+def atomic_write(path: str | Path) -> Iterator[BinaryIO]:
+    """Open a temporary file beside ``path`` for writing; move it over ``path`` on success.
+
+    A reader never sees a partial file, and a failed write leaves ``path`` as it was.
+
+    Raises
+    ------
+    OSError
+        If the directory is missing or not writable.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(data: Any, path: str | Path) -> None:
+    """Write ``data`` as indented JSON (numpy scalars converted), atomically."""
+
+    def default(obj: Any) -> Any:
+        if isinstance(obj, np.generic):
+            return obj.item()
+        if isinstance(obj, np.ndarray):
+            return obj.tolist()
+        raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+    text = json.dumps(data, indent=2, default=default) + "\n"
+    with atomic_write(path) as fh:
+        fh.write(text.encode("utf-8"))

@@ -1,0 +1,222 @@
+"""Who a party is: its role and name, read only from a certificate the deployment CA issued.
+
+A dpmarket identity is a pair ``(role, name)``: the role is one of ``curator``, ``owner``,
+``consumer`` and the name is a DNS label. A certificate carries it three times, and all three must
+agree: the URI SAN ``spiffe://dpmarket/<role>/<name>`` (the authoritative copy), the subject
+(``OU=<role>``, ``CN=<name>``) and the DNS SAN ``<name>.<role>.dpmarket`` that clients check the
+server against at the TLS handshake (:mod:`runtime.transport`). Services never take a role or a
+name from a message body (DESIGN.md, trust boundaries); they call :func:`peer_identity`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, cast, get_args
+
+import grpc
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+Role = Literal["curator", "owner", "consumer"]
+#: Every role, in the order the protocol meets them.
+ROLES: tuple[Role, ...] = cast(tuple[Role, ...], get_args(Role))
+
+#: A name is a DNS label (RFC 1123): 1 to 63 letters, digits and inner hyphens; case is kept.
+#: Match it with ``fullmatch``.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+
+#: SPIFFE trust domain of every dpmarket identity, and the DNS suffix of the server names.
+TRUST_DOMAIN = "dpmarket"
+_SPIFFE_PREFIX = f"spiffe://{TRUST_DOMAIN}/"
+
+#: Key of the peer's PEM certificate in a gRPC auth context (set by the TLS handshake).
+_AUTH_PEM_KEY = "x509_pem_cert"
+
+#: File name of the deployment CA's certificate, in the CA's directory and in every party's.
+CA_CERT = "ca.crt"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The role and name of a party, as its certificate states them.
+
+    Parameters
+    ----------
+    role : {"curator", "owner", "consumer"}
+    name : str
+        A DNS label (:data:`NAME_PATTERN`), e.g. ``"owner-0"``; case is kept in the identity.
+
+    Raises
+    ------
+    ValueError
+        If ``role`` is not in :data:`ROLES` or ``name`` is not a DNS label.
+
+    Notes
+    -----
+    :attr:`dns_name` lowercases the name because TLS host name checks ignore case, so two names
+    that differ only in case (``owner-UA``, ``owner-ua``) cannot be told apart at the handshake of
+    a client with the server. A deployment must not issue both.
+    """
+
+    role: Role
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if not isinstance(self.name, str) or NAME_PATTERN.fullmatch(self.name) is None:
+            raise ValueError(
+                "name must be a DNS label (1-63 letters, digits or inner hyphens), "
+                f"got {self.name!r}"
+            )
+
+    def __str__(self) -> str:
+        return f"{self.role}:{self.name}"
+
+    @property
+    def uri(self) -> str:
+        """The URI SAN that carries this identity: ``spiffe://dpmarket/<role>/<name>``."""
+        return f"{_SPIFFE_PREFIX}{self.role}/{self.name}"
+
+    @property
+    def dns_name(self) -> str:
+        """The DNS SAN a client checks the server against: ``<name lowercased>.<role>.dpmarket``."""
+        return f"{self.name.lower()}.{self.role}.{TRUST_DOMAIN}"
+
+    @classmethod
+    def parse(cls, text: str) -> Identity:
+        """Parse ``"role:name"`` (the form :meth:`__str__` writes), e.g. ``"owner:owner-0"``.
+
+        Raises
+        ------
+        ValueError
+            If ``text`` has no ``:`` or the role or name is invalid.
+        """
+        role, sep, name = text.partition(":")
+        if not sep:
+            raise ValueError(f"identity must be written role:name, got {text!r}")
+        return cls(cast(Role, role), name)
+
+
+def identity_files(directory: Path, identity: Identity) -> tuple[Path, Path, Path]:
+    """Return the paths ``(ca.crt, <role>-<name>.crt, <role>-<name>.key)`` in ``directory``.
+
+    The order is the one :meth:`runtime.transport.TransportSecurity.from_files` takes.
+    """
+    stem = f"{identity.role}-{identity.name}"
+    directory = Path(directory)
+    return directory / CA_CERT, directory / f"{stem}.crt", directory / f"{stem}.key"
+
+
+def identity_from_certificate(cert: x509.Certificate) -> Identity:
+    """Read the dpmarket identity of a certificate.
+
+    The identity is the one URI SAN ``spiffe://dpmarket/<role>/<name>``; the subject must repeat
+    it (``OU=<role>``, ``CN=<name>``) and every DNS SAN under ``.dpmarket`` must be
+    ``<name lowercased>.<role>.dpmarket``. This function does not verify the signature: call it on
+    a certificate that was verified against the CA (the TLS handshake, or
+    :meth:`runtime.transport.TransportSecurity.from_files`).
+
+    Parameters
+    ----------
+    cert : cryptography.x509.Certificate
+
+    Returns
+    -------
+    Identity
+
+    Raises
+    ------
+    ValueError
+        If the certificate has no SPIFFE URI SAN, more than one, one outside the ``dpmarket``
+        trust domain or not of the form ``/<role>/<name>``, or if its subject or DNS SANs disagree
+        with that URI. The message names what was found.
+    """
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        raise ValueError(
+            f"certificate {cert.subject.rfc4514_string()!r} has no subjectAltName, "
+            f"so no {_SPIFFE_PREFIX}<role>/<name> URI"
+        ) from None
+    uris = san.get_values_for_type(x509.UniformResourceIdentifier)
+    spiffe = [uri for uri in uris if uri.lower().startswith("spiffe://")]
+    if len(spiffe) != 1:
+        raise ValueError(
+            f"certificate {cert.subject.rfc4514_string()!r} must carry exactly one "
+            f"{_SPIFFE_PREFIX}<role>/<name> URI SAN, found URIs {uris}"
+        )
+    uri = spiffe[0]
+    parts = uri[len(_SPIFFE_PREFIX) :].split("/") if uri.startswith(_SPIFFE_PREFIX) else []
+    if len(parts) != 2:
+        raise ValueError(f"URI SAN {uri!r} is not of the form {_SPIFFE_PREFIX}<role>/<name>")
+    try:
+        identity = Identity(cast(Role, parts[0]), parts[1])
+    except ValueError as exc:
+        raise ValueError(f"URI SAN {uri!r}: {exc}") from None
+
+    units = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)]
+    names = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    if units != [identity.role]:
+        raise ValueError(f"URI SAN {uri!r} names role {identity.role!r} but subject OU is {units}")
+    if names != [identity.name]:
+        raise ValueError(f"URI SAN {uri!r} names {identity.name!r} but subject CN is {names}")
+    suffix = f".{TRUST_DOMAIN}"
+    for dns in san.get_values_for_type(x509.DNSName):
+        host = dns.lower().rstrip(".")
+        if host.endswith(suffix) and host != identity.dns_name:
+            raise ValueError(
+                f"URI SAN {uri!r} requires DNS SAN {identity.dns_name!r}, found DNS SAN {dns!r}"
+            )
+    return identity
+
+
+def identity_from_pem(pem: bytes) -> Identity:
+    """Read the dpmarket identity of a PEM certificate (the first one in ``pem``).
+
+    Raises
+    ------
+    ValueError
+        If ``pem`` holds no PEM certificate, or as :func:`identity_from_certificate`.
+    """
+    try:
+        cert = x509.load_pem_x509_certificate(pem)
+    except ValueError as exc:
+        raise ValueError(f"not a PEM certificate: {exc}") from None
+    return identity_from_certificate(cert)
+
+
+def peer_identity(context: grpc.ServicerContext | grpc.aio.ServicerContext) -> Identity | None:
+    """Return the verified identity of the peer of an RPC, or None if it has none.
+
+    Parameters
+    ----------
+    context : grpc.ServicerContext or grpc.aio.ServicerContext
+        The context of the call being served.
+
+    Returns
+    -------
+    Identity or None
+        None when the peer presented no certificate: a plaintext server
+        (:meth:`runtime.transport.TransportSecurity.plaintext`), where nobody has an identity.
+
+    Raises
+    ------
+    ValueError
+        If the peer's certificate carries no valid dpmarket identity.
+
+    Notes
+    -----
+    gRPC puts ``x509_pem_cert`` in the auth context only after the TLS handshake verified the
+    peer's certificate against the server's root certificates; a server built with
+    :func:`runtime.transport.add_port` requires that certificate, so on such a server every call
+    that reaches a handler has a verified identity and None never occurs.
+    """
+    values = context.auth_context().get(_AUTH_PEM_KEY)
+    if not values:
+        return None
+    # The auth context maps each key to a list of values; gRPC's stubs disagree on that.
+    pem = values if isinstance(values, bytes) else next(iter(values))
+    return identity_from_pem(pem)

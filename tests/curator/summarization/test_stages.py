@@ -1,0 +1,72 @@
+"""The session's stages on a bare state, without running a session or calling an owner."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.errors import InvalidArgumentError
+from common.summarization.endpoints import OwnerBid, ReleasedPoint
+from common.summarization.kernels import bid_direction, bid_scores
+from common.summarization.rff import draw_rff_params, random_fourier_features
+from common.summarization.summary import SummarizationConfig
+from curator.summarization.allocation import Allocator
+from curator.summarization.release import Releases
+from curator.summarization.selection import Selection, split_evenly
+from curator.summarization.state import SessionState
+from owner.data import PointSet
+from owner.local import LocalOwnerEndpoint
+from owner.protocol import Owner
+
+
+def _state(config: SummarizationConfig, n_owners: int = 4) -> SessionState:
+    rng = np.random.default_rng(0)
+    owners = [
+        LocalOwnerEndpoint(Owner(f"owner-{k}", PointSet(rng.random((20, 3)), None, f"owner-{k}")))
+        for k in range(n_owners)
+    ]
+    return SessionState("s", config, rng.random((10, 3)), np.zeros((0, 3)), owners, rng)
+
+
+def test_split_evenly_gives_near_equal_shares_within_capacities() -> None:
+    assert split_evenly(10, [5, 5, 5]) == [4, 3, 3]
+    # A small owner gives all it has; the others share the rest evenly.
+    assert split_evenly(10, [1, 100, 100]) == [1, 5, 4]
+    assert split_evenly(3, [0, 2, 2]) == [0, 2, 1]
+    with pytest.raises(InvalidArgumentError, match="owners hold 3 points, fewer than 4"):
+        split_evenly(4, [1, 1, 1])
+
+
+def test_candidate_budget_follows_the_configuration() -> None:
+    state = _state(SummarizationConfig(summary_size=10, method="candidates"))
+    allocator = Allocator(state, Releases(state))
+    # max(p, floor(c p)) whatever K, with c = candidate_multiple (default 3) ...
+    assert allocator.budget() == 30
+    # ... or max(p, floor(f K p)) with a candidate fraction f > 0 (K = 4 owners).
+    fraction = _state(SummarizationConfig(summary_size=10, candidate_fraction=0.5))
+    assert Allocator(fraction, Releases(fraction)).budget() == 20
+
+
+def test_a_released_point_must_match_its_bid() -> None:
+    """Step 8: the curator recomputes a released point's bid; a mismatch or a malformed point
+    is rejected and counted, every released point counts as accessed."""
+    config = SummarizationConfig(summary_size=2, method="greedy", rff_dimension=16)
+    state = _state(config)
+    releases = Releases(state)
+    selection = Selection(state, Allocator(state, releases), releases)
+    rng = np.random.default_rng(1)
+    rff = draw_rff_params(3, 16, config.gamma, rng)
+    direction = bid_direction(rng.normal(size=16), np.zeros(16), 0)
+    point = rng.random(3)
+    bid = float(bid_scores(random_fourier_features(point[None, :], rff), direction)[0])
+
+    entry = selection.verify(ReleasedPoint(point, 7, bid), 0, OwnerBid(bid, 1), rff, direction)
+    assert entry is not None and entry.owner == 0 and entry.label == 7
+    np.testing.assert_array_equal(entry.point, point)
+    wrong = selection.verify(ReleasedPoint(point, 7, bid), 1, OwnerBid(bid + 1, 1), rff, direction)
+    malformed = selection.verify(
+        ReleasedPoint(np.array([np.nan, 0.0, 0.0]), None, bid), 2, OwnerBid(bid, 1), rff, direction
+    )
+    assert wrong is None and malformed is None
+    assert state.rejected_points == 2
+    assert state.points_accessed == 3

@@ -1,0 +1,123 @@
+"""Retried CAPE requests, as summarization's: the same answer for the same key, nothing charged
+twice, never a storage error; a refusal leaves nothing under its key. In-process owners and the
+curator's real SQLite store (a restart is a new :class:`CapeJobs` over the same directory)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from common.cape.spec import CapeMeanSpec
+from common.errors import (
+    AbortedError,
+    DPMarketError,
+    InvalidArgumentError,
+    UnavailableError,
+)
+from curator.cape_service import CapeJobs
+from curator.policy import CuratorPolicy, RequestRate
+from curator.store import CuratorStore
+from experiments.runner import local_cape_sites
+from owner.data import Table
+from owner.local import LocalCapeSiteEndpoint
+
+CONSUMER = "consumer:alice"
+SPEC = CapeMeanSpec((("a", 0.0, 1.0), ("b", -1.0, 1.0)), 1.0, 1e-6)
+MISSING = CapeMeanSpec((("weight", 0.0, 1.0),), 1.0, 1e-6)
+
+
+class Counting(LocalCapeSiteEndpoint):
+    """An in-process owner that counts its releases and may refuse every one."""
+
+    def __init__(self, inner: LocalCapeSiteEndpoint, *, fail_release: bool) -> None:
+        super().__init__(inner.site, inner.rounds)
+        self.fail_release = fail_release
+        self.releases = 0
+
+    async def release(self, *args: Any, **kwargs: Any) -> Any:
+        self.releases += 1
+        if self.fail_release:
+            raise UnavailableError("gone at its release")
+        return await super().release(*args, **kwargs)
+
+
+def _owners(fail_release: bool = False) -> list[Counting]:
+    rng = np.random.default_rng(0)
+    tables = [
+        Table(("a", "b"), np.column_stack([rng.uniform(0, 1, 30), rng.uniform(-1, 1, 30)]), n)
+        for n in ("site-0", "site-1", "site-2")
+    ]
+    return [Counting(e, fail_release=fail_release) for e in local_cape_sites(tables, seeded=False)]
+
+
+def _jobs(owners: list[Counting], directory: Path) -> CapeJobs:
+    return CapeJobs(
+        owners,
+        policy=CuratorPolicy(per_consumer_per_minute=1000),
+        store=CuratorStore(directory),
+        rate=RequestRate(1000),
+    )
+
+
+def _fit(jobs: CapeJobs, spec: CapeMeanSpec, request_id: str, digest: str) -> Any:
+    return asyncio.run(
+        jobs.fit(spec, None, consumer=CONSUMER, request_id=request_id, request_digest=digest)
+    )
+
+
+def _error(jobs: CapeJobs, spec: CapeMeanSpec, request_id: str, digest: str) -> DPMarketError:
+    with pytest.raises(DPMarketError) as info:
+        _fit(jobs, spec, request_id, digest)
+    return info.value
+
+
+def test_a_refused_job_retried_is_refused_again_and_its_key_then_serves_another_request(
+    tmp_path: Path,
+) -> None:
+    """An owner refuses at open (a missing column): the retry with the same key gets the same
+    refusal (not INTERNAL from a storage constraint) and charges nothing; the key holds nothing,
+    so a corrected request may use it, and its own retries return its answer."""
+    owners = _owners()
+    jobs = _jobs(owners, tmp_path)
+    first = _error(jobs, MISSING, "r-1", "missing")
+    again = _error(jobs, MISSING, "r-1", "missing")
+    assert isinstance(first, InvalidArgumentError) and type(again) is type(first)
+    assert str(again) == str(first) and "'weight'" in str(first)
+    assert jobs.store is not None
+    done = _fit(jobs, SPEC, "r-1", "mean")
+    (row,) = [jobs.store.find_request(CONSUMER, "r-1")]
+    assert row is not None and len(jobs.store.charges(row.id)) == 1
+    assert _fit(jobs, SPEC, "r-1", "mean") == done
+    # After a restart too: the stored document, nothing run or charged again.
+    restarted = _jobs(owners, tmp_path)
+    assert _fit(restarted, SPEC, "r-1", "mean") == done
+    assert sum(o.releases for o in owners) == 3 and len(jobs.store.charges(row.id)) == 1
+    with pytest.raises(InvalidArgumentError, match="already used for another request"):
+        _fit(restarted, SPEC, "r-1", "another")
+
+
+def test_a_job_that_failed_after_its_charge_fails_again_on_retry_charging_nothing(
+    tmp_path: Path,
+) -> None:
+    """Every owner is lost at its release, after the job's charge: the retry answers the same
+    error (class and message) without running the job or charging again, before and after a
+    restart of the curator."""
+    owners = _owners(fail_release=True)
+    jobs = _jobs(owners, tmp_path)
+    first = _error(jobs, SPEC, "r-2", "mean")
+    assert isinstance(first, AbortedError) and "no site released" in str(first)
+    assert jobs.store is not None
+    row = jobs.store.find_request(CONSUMER, "r-2")
+    assert row is not None and row.status == "failed"
+    charges = jobs.store.charges(row.id)
+    assert len(charges) == 1
+    releases = sum(o.releases for o in owners)
+    for retrying in (jobs, _jobs(owners, tmp_path)):
+        again = _error(retrying, SPEC, "r-2", "mean")
+        assert type(again) is AbortedError and str(again) == str(first)
+    assert sum(o.releases for o in owners) == releases
+    assert jobs.store.charges(row.id) == charges

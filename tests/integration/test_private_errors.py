@@ -1,0 +1,372 @@
+"""No data-dependent text or number leaves an owner, between real processes over mTLS.
+
+Two deployments are started as the README starts them (``dpmarket serve-owner --data … --table …``
+with the default policy, no seeded runs; ``dpmarket serve-curator`` with a sketch declaration),
+each with two owners and a curator as OS processes (:class:`deploy.launcher.LocalCluster`). Their
+owners hold different data of the same public shape — the same row counts, columns and declared
+0/1 column — deployment ``b``'s values lying far from ``a``'s and outside the bounds and domain
+that requests use. The same requests against both must get the same answers, except for the
+noise of charged releases: the issue's bounds-probing ``dpmarket cape mean --feature
+target=1000:2000``, a logistic target that holds 1 and 2 (``cape train --target sex``), the
+summarization and sketch refusals a consumer can provoke, and every refusal of the owners' own
+RPCs to a curator that probes them directly (the curator may lie).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.datasets import load_diabetes
+
+from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from common.errors import DPMarketError
+from common.summarization.rff import draw_rff_params
+from common.summarization.summary import SummarizationConfig
+from common.summarization.terms import OwnerTerms
+from consumer.client import CuratorClient
+from curator.owners import GrpcOwnerEndpoint
+from deploy.launcher import CURATOR_NAME, LocalCluster
+from deploy.pki import identity_files
+from runtime.identity import Identity
+from runtime.transport import TransportSecurity
+
+pytestmark = pytest.mark.integration
+
+OWNERS = ("owner-0", "owner-1")
+ROWS = 88
+COLUMNS = ("age", "sex", "bmi", "bp", "target", "high")
+#: Seconds: a safety net against a hang, not a timing assertion.
+TIMEOUT = 120.0
+DECLARATION = """
+name = "clinic"
+description = "age, body mass index and blood pressure; public physiological ranges"
+columns = [
+  { name = "age", low = 18.0, high = 80.0 },
+  { name = "bmi", low = 15.0, high = 45.0 },
+  { name = "bp", low = 60.0, high = 140.0 },
+]
+
+[mechanism]
+noise = "laplace"
+epsilon = 1.0
+epsilon_range = [0.5, 1.0]
+
+[maps.hist]
+bins = 4
+"""
+ADDRESS = re.compile(r"127\.0\.0\.1:\d+")
+#: Session and job ids: 128 random bits drawn per request by the curator, public.
+SESSION_ID = re.compile(r"\b[0-9a-f]{32}\b")
+
+
+def _tables(directory: Path, variant: str) -> tuple[list[Path], list[Path]]:
+    """Per owner: a point set (.npy, 3 features) and a table with ``sex`` coded 1/2 as in the
+    diabetes study and a 0/1 ``high``. Variant ``b``: other patients, heavier and older, targets
+    rescaled (nothing like ``a``'s values; the same shape)."""
+    x, y = load_diabetes(return_X_y=True, scaled=False)
+    x, y = np.asarray(x), np.asarray(y)
+    rows = slice(0, 2 * ROWS) if variant == "a" else slice(2 * ROWS, 4 * ROWS)
+    x, y = x[rows], y[rows]
+    if variant == "b":
+        x[:, 0] += 30.0  # ages beyond the domain's 80
+        x[:, 2] += 15.0  # body mass indices beyond 45
+        y = 1.5 * y
+    y = y + (0.25 if variant == "a" else 0.375)  # raw values no report could hold by chance
+    high = (y > np.median(y)).astype(np.float64)
+    rng = np.random.default_rng(0 if variant == "a" else 1)
+    points, tables = [], []
+    for i, owner in enumerate(OWNERS):
+        part = slice(i * ROWS, (i + 1) * ROWS)
+        frame = pd.DataFrame(x[part, :4], columns=list(COLUMNS[:4]))
+        frame["target"], frame["high"] = y[part], high[part]
+        tables.append(directory / f"{owner}.parquet")
+        frame.to_parquet(tables[-1])
+        points.append(directory / f"{owner}.npy")
+        scale = 1.0 if variant == "a" else 25.0
+        np.save(points[-1], scale * rng.normal(size=(ROWS, 3)))
+    return points, tables
+
+
+class Deployment:
+    """One running deployment and the raw values its owners hold."""
+
+    def __init__(self, cluster: LocalCluster, tables: list[Path], directory: Path) -> None:
+        self.cluster = cluster
+        self.tables = tables
+        self.directory = directory
+
+    def raw_targets(self) -> list[float]:
+        return [float(v) for t in self.tables for v in pd.read_parquet(t)["target"]]
+
+    def consumer(self) -> CuratorClient:
+        return CuratorClient(
+            self.cluster.curator_target, self.cluster.consumer_security(), timeout=TIMEOUT
+        )
+
+    def as_curator(self, owner: int) -> GrpcOwnerEndpoint:
+        """An owner's RPCs called directly with the curator's own certificate."""
+        curator = Identity("curator", CURATOR_NAME)
+        security = TransportSecurity.from_files(*identity_files(self.cluster.pki_dir, curator))
+        name = self.cluster.owner_ids[owner]
+        return GrpcOwnerEndpoint(
+            self.cluster.owner_targets[owner], security, Identity("owner", name), deadline=TIMEOUT
+        )
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``dpmarket ARGS --curator … --pki-dir … --name consumer`` as a consumer would run it."""
+        command = [
+            sys.executable, "-m", "deploy.cli", *args,
+            "--curator", self.cluster.curator_target,
+            "--pki-dir", str(self.cluster.pki_dir), "--name", "consumer",
+        ]  # fmt: skip
+        return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, check=False)
+
+
+@pytest.fixture(scope="module")
+def deployments(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Deployment]]:
+    out: dict[str, Deployment] = {}
+    clusters = []
+    try:
+        for variant in ("a", "b"):
+            directory = tmp_path_factory.mktemp(f"deployment-{variant}")
+            points, tables = _tables(directory, variant)
+            declaration = directory / "clinic.toml"
+            declaration.write_text(DECLARATION, encoding="utf-8")
+            cluster = LocalCluster(
+                points,
+                OWNERS,
+                directory / "logs",
+                owner_tables=tables,
+                owner_binary_columns=("high",),
+                allow_seeded_sessions=False,
+                sketch_specs=[declaration],
+                sketch_seed=0,
+            )
+            clusters.append(cluster)
+            cluster.start()
+            cluster.publish_sketches(
+                dict(zip(OWNERS, tables, strict=True)), directory / "publish", seed=None
+            )
+            out[variant] = Deployment(cluster, tables, directory)
+        yield out
+    finally:
+        for cluster in clusters:
+            cluster.stop()
+
+
+def _normalized(text: str) -> str:
+    """Addresses (ports) and the curator's random session ids differ between deployments and
+    are public: mask them."""
+    return SESSION_ID.sub("ID", ADDRESS.sub("ADDR", text))
+
+
+def _refusal(call: Callable[[], Any]) -> str:
+    with pytest.raises(DPMarketError) as info:
+        call()
+    return f"{type(info.value).__name__}: {_normalized(str(info.value))}"
+
+
+# ------------------------------------------------------------------------------- the probe
+def test_the_bounds_probe_returns_no_raw_value_and_no_count(
+    deployments: dict[str, Deployment],
+) -> None:
+    """``dpmarket cape mean --feature target=1000:2000`` (every target lies below 1000): the
+    answer is a charged DP release of the clamped data — 1000 plus noise of the stated std —
+    with the same report at both deployments apart from noise and timings, and nothing the
+    CLI prints or writes holds a raw value or speaks of rows or values outside."""
+    reports = {}
+    for variant, deployment in deployments.items():
+        out = deployment.directory / "mean.json"
+        done = deployment.cli(
+            "cape", "mean", "--feature", "target=1000:2000",
+            "--epsilon", "1", "--delta", "1e-6", "--out", str(out),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        text = out.read_text(encoding="utf-8")
+        document = json.loads(text)
+        report = document["report"]
+        std = report["aggregator_noise_std"]
+        # Six standard deviations: fails with probability below 2e-9 for a correct release.
+        assert abs(document["mean"]["target"] - 1000.0) <= 6 * std
+        printed = text + done.stdout + done.stderr
+        numbers = {float(n) for n in re.findall(r"-?\d+\.\d+(?:e-?\d+)?", printed)}
+        assert not numbers & set(deployment.raw_targets())
+        for word in ("row", "outside", "clamp", "bound"):
+            assert word not in printed.lower(), word
+        reports[variant] = {k: v for k, v in report.items() if k not in ("seconds",)}
+    assert reports["a"] == reports["b"]
+
+
+# ------------------------------------------------------------------------ consumer, CAPE path
+def test_cape_refusals_a_consumer_provokes_are_the_same_whatever_the_owners_hold(
+    deployments: dict[str, Deployment],
+) -> None:
+    """``cape train --target sex`` and ``cape logreg --target sex`` (1 and 2 in the table), a
+    column no owner has, a guarantee beyond the owners' policy: the same status and text at
+    both deployments, naming the request and the owners' declarations only."""
+    features = ("--feature", "age=18:80", "--feature", "bmi=15:45")
+    commands = [
+        ("cape", "train", *features, "--target", "sex", "--iterations", "2"),
+        ("cape", "logreg", *features, "--target", "sex"),
+    ]
+    seen: dict[str, list[str]] = {}
+    for variant, deployment in deployments.items():
+        outcomes = []
+        for command in commands:
+            done = deployment.cli(*command, "--out", str(deployment.directory / "x.json"))
+            assert done.returncode == 1
+            outcomes.append(_normalized(done.stderr.strip()))
+        bounds = (("age", 18.0, 80.0), ("bmi", 15.0, 45.0))
+        with deployment.consumer() as client:
+            for spec in (
+                CapeMeanSpec((("weight", 0.0, 200.0),), 1.0, 1e-6),
+                CapeJobSpec("linear", bounds, ("target", 0.0, 400.0), 3.0, 1e-6),
+                CapeTrainingSpec(bounds, "target", 1.0, 1e-5, 2, 1.0, 2, 1.0),
+            ):
+                if isinstance(spec, CapeMeanSpec):
+                    outcomes.append(_refusal(lambda s=spec: client.estimate_cape_mean(s)))
+                elif isinstance(spec, CapeTrainingSpec):
+                    outcomes.append(_refusal(lambda s=spec: client.train_cape(s)))
+                else:
+                    outcomes.append(_refusal(lambda s=spec: client.fit_cape(s)))
+        seen[variant] = outcomes
+    assert seen["a"] == seen["b"]
+    train, logreg, missing, budget, target = seen["a"]
+    assert "column 'sex' is not a 0/1 column of owner owner-0: a training needs" in train
+    assert "this owner declares ['high']" in train and "2.0" not in train
+    assert "logistic regression needs" in logreg
+    assert missing.startswith("InvalidArgumentError") and "['weight']" in missing
+    assert budget.startswith("FailedPreconditionError") and "epsilon" in budget
+    assert "column 'target' is not a 0/1 column" in target
+
+
+# ---------------------------------------------------------------- consumer, summarization path
+def test_summarization_refusals_a_consumer_provokes_are_the_same_whatever_the_owners_hold(
+    deployments: dict[str, Deployment],
+) -> None:
+    """A validation set of the wrong width, a summary larger than the owners' data, terms an
+    owner's policy refuses: the same status and text at both deployments."""
+    rng = np.random.default_rng(0)
+    seen = {}
+    for variant, deployment in deployments.items():
+        with deployment.consumer() as client:
+            outcomes = [
+                _refusal(
+                    lambda: client.create_session(
+                        SummarizationConfig(summary_size=5),
+                        rng.normal(size=(10, 4)),
+                        np.zeros((0, 4)),
+                    )
+                ),
+                _refusal(
+                    lambda: client.create_session(
+                        SummarizationConfig(summary_size=500),
+                        rng.normal(size=(10, 3)),
+                        np.zeros((0, 3)),
+                    )
+                ),
+                _refusal(
+                    lambda: client.create_session(
+                        SummarizationConfig(summary_size=5, epsilon_owners_total=3.0),
+                        rng.normal(size=(10, 3)),
+                        np.zeros((0, 3)),
+                    )
+                ),
+            ]
+        seen[variant] = outcomes
+    assert seen["a"] == seen["b"]
+    width, size, terms = seen["a"]
+    assert "3 features per point but the validation set has 4" in width
+    assert f"exceeds the {2 * ROWS} points" in size
+    assert terms.startswith("FailedPreconditionError")
+
+
+# ----------------------------------------------------------------------- consumer, sketch path
+def test_sketches_are_published_whatever_the_values_and_their_refusals_match(
+    deployments: dict[str, Deployment],
+) -> None:
+    """Deployment ``b``'s ages and body mass indices lie beyond the catalogue's domain: its
+    owners published anyway (clamped, counted in their own logs only), so the catalogue looks
+    the same to a consumer at both deployments, and so do its refusals."""
+    seen = {}
+    for variant, deployment in deployments.items():
+        with deployment.consumer() as client:
+            published = sorted(p.owner for p in client.sketches("clinic/hist"))
+            seen[variant] = [
+                published,
+                _refusal(lambda: client.sketches("clinic/rff")),
+                _refusal(lambda: client.sketch_spec("nope")),
+            ]
+    assert seen["a"] == seen["b"]
+    assert seen["a"][0] == list(OWNERS)
+    logs = deployments["b"].cluster.log_dir
+    assert "projected onto the spec's domain" in (logs / "publish-owner-0.log").read_text()
+    logs = deployments["a"].cluster.log_dir
+    assert "projected onto the spec's domain" not in (logs / "publish-owner-0.log").read_text()
+
+
+# ---------------------------------------------------------------- a curator probing the owners
+async def _probe(deployment: Deployment) -> list[str]:
+    """A script of calls a lying curator could make of owner-0; each outcome as text."""
+    owner = deployment.as_curator(0)  # its channel belongs to this event loop
+    rff = draw_rff_params(3, 16, 0.5, np.random.default_rng(1))
+    wide = draw_rff_params(4, 16, 0.5, np.random.default_rng(1))
+    g = np.full(16, 0.05)
+    terms = OwnerTerms("relevance count", 1.0, 0.0)
+    sex = CapeJobSpec("logistic", (("age", 18.0, 80.0),), ("sex", 0.0, 1.0), 1.0, 1e-6)
+    probe = CapeMeanSpec((("target", 1000.0, 2000.0),), 1.0, 1e-6)
+    sites = ["owner-0", "zz"]
+    steps: list[Callable[[], Awaitable[Any]]] = [
+        owner.info,
+        lambda: owner.open_session("w", wide, 0, consumer="consumer:c", terms=terms),
+        lambda: owner.bid("nope", 1, g, 0),
+        lambda: owner.open_session("s", rff, 0, consumer="consumer:c", terms=terms),
+        lambda: owner.bid("s", 1, g, 0),
+        lambda: owner.set_validation_embedding("s", g[:5]),
+        lambda: owner.set_validation_embedding("s", g),
+        lambda: owner.count_relevant("s", float("nan")),
+        lambda: owner.sample_uniform("s", 200),
+        lambda: owner.release_point("s", 3),
+        lambda: owner.propose_candidates("s", 0),
+        lambda: owner.close_session("s"),
+        lambda: owner.open_job("j", sex, 1, "consumer:c"),
+        lambda: owner.open_job("j", probe, 1, "consumer:c"),
+        lambda: owner.plan_job("j", sites, [ROWS - 1, ROWS], 0),
+        lambda: owner.plan_job("j", ["a", "b"], [ROWS, ROWS], 0),
+        lambda: owner.release("j", b"round", np.zeros(1)),
+        lambda: owner.close_job("j"),
+        lambda: owner.close_job("j"),
+    ]
+    outcomes = []
+    for step in steps:
+        try:
+            outcomes.append(f"ok: {await step()!r}")
+        except DPMarketError as exc:
+            outcomes.append(f"{type(exc).__name__}: {_normalized(str(exc))}")
+    await owner.close()
+    return outcomes
+
+
+def test_a_curator_probing_the_owners_directly_gets_the_same_answers_from_different_data(
+    deployments: dict[str, Deployment],
+) -> None:
+    """Every step of the script, refusals and successes, is answered the same by owner-0 of
+    both deployments: the owners' answers depend on the request and their public declarations
+    (row count, feature count, columns, declared 0/1 columns, policy) only."""
+    seen = {v: asyncio.run(_probe(d)) for v, d in deployments.items()}
+    assert seen["a"] == seen["b"]
+    refused = [o for o in seen["a"] if not o.startswith("ok")]
+    assert len(refused) >= 11, seen["a"]
+    assert any("count 200 exceeds the 88 points not yet sent" in o for o in refused)
+    assert any("not a 0/1 column" in o for o in refused)
+    assert any("holds 88 rows, not 87" in o for o in refused)

@@ -1,0 +1,90 @@
+"""The catalogue's messages: sketches and specs cross the wire exactly, and a receiver refuses
+whatever does not match its own public parameters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.errors import InvalidArgumentError
+from common.privacy.noise import SeededNoise
+from common.sketches.sketch import SketchMechanism
+from common.sketches.spec import PublishedSketch, SketchDeclaration, SketchSpec
+from runtime import sketch_messages as msg
+
+DECLARATION = SketchDeclaration.from_mapping(
+    {
+        "name": "wire",
+        "mechanism": {"noise": "gaussian", "epsilon": 1.0, "delta": 1e-6},
+        "columns": [
+            {"name": "a", "low": -1, "high": 1},
+            {"name": "y", "low": 0, "high": 1, "levels": [0, 1]},
+        ],
+        "maps": {
+            "rff": {"frequencies": 6, "sigma": 0.3},
+            "race": {"hashes": 2, "buckets": 4, "width": 0.5},
+            "hist": {"bins": 3},
+        },
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def specs() -> list[SketchSpec]:
+    return list(DECLARATION.draw(np.random.default_rng(0)))
+
+
+def _records() -> np.ndarray:
+    rng = np.random.default_rng(2)
+    return np.column_stack([rng.uniform(-1, 1, 50), rng.integers(0, 2, 50)])
+
+
+def test_specs_and_sketches_round_trip_bit_for_bit(specs: list[SketchSpec]) -> None:
+    for spec in specs:
+        back = msg.spec_from_bytes(msg.spec_bytes(spec))
+        assert back.key == spec.key and back.name == spec.name
+        assert back.feature_map == spec.feature_map and back.domain == spec.domain
+        sketch = spec.mechanism().release(_records(), SeededNoise(np.random.default_rng(3)))
+        again = msg.sketch_from_bytes(msg.sketch_bytes(sketch))
+        assert again.noisy_sum.tobytes() == sketch.noisy_sum.tobytes()
+        assert again.noisy_count == sketch.noisy_count
+        assert again.mechanism.sum_scale == sketch.mechanism.sum_scale
+        spec.check_sketch(again)
+        entry = PublishedSketch("owner-0", spec.name, 1.7e9 + 0.25, sketch)
+        read = msg.published_from_proto(msg.published_to_proto(entry))
+        assert (read.owner, read.spec) == ("owner-0", spec.name)
+        assert read.published_at == pytest.approx(1.7e9 + 0.25, abs=1e-6)
+
+
+def test_a_receiver_recomputes_the_scales_and_the_key(specs: list[SketchSpec]) -> None:
+    spec = specs[0]
+    sketch = spec.mechanism().release(_records(), SeededNoise(np.random.default_rng(3)))
+    message = msg.sketch_to_proto(sketch)
+    message.mechanism.sum_scale *= 0.5  # a sender claiming less noise than epsilon implies
+    with pytest.raises(InvalidArgumentError, match="sum_scale"):
+        msg.sketch_from_proto(message)
+    message = msg.sketch_to_proto(sketch)
+    message.noisy_sum.data = message.noisy_sum.data[:-8]
+    with pytest.raises(InvalidArgumentError, match="noisy_sum"):
+        msg.sketch_from_proto(message)
+    message = msg.sketch_to_proto(sketch)
+    message.mechanism.feature_map.ClearField("rff")
+    with pytest.raises(InvalidArgumentError, match="feature map is missing"):
+        msg.sketch_from_proto(message)
+    tampered = msg.spec_to_proto(spec)
+    tampered.domain.columns[0].high = 2.0
+    with pytest.raises(InvalidArgumentError, match="key received"):
+        msg.spec_from_proto(tampered)
+
+
+def test_only_private_sketches_travel(specs: list[SketchSpec]) -> None:
+    spec = specs[2]
+    exact = SketchMechanism(spec.feature_map, spec.domain, np.inf, "none").release(_records())
+    with pytest.raises(InvalidArgumentError, match="only private sketches travel"):
+        msg.sketch_to_proto(exact)
+    message = msg.sketch_to_proto(
+        spec.mechanism().release(_records(), SeededNoise(np.random.default_rng(1)))
+    )
+    message.mechanism.noise = 0
+    with pytest.raises(InvalidArgumentError, match="noise is missing"):
+        msg.sketch_from_proto(message)

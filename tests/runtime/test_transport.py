@@ -1,0 +1,120 @@
+"""TransportSecurity refuses key material that could not make a working mutual-TLS party."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from deploy.pki import init_ca, issue_all
+from runtime.identity import Identity, identity_files
+from runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, aio_channel, sync_channel
+
+OWNER_0 = Identity("owner", "owner-0")
+ALICE = Identity("consumer", "alice")
+
+
+@pytest.fixture
+def ca_dir(tmp_path: Path) -> Path:
+    init_ca(tmp_path / "ca")
+    issue_all(tmp_path / "ca", [OWNER_0, ALICE])
+    return tmp_path / "ca"
+
+
+def test_from_files_reads_the_own_identity(ca_dir: Path) -> None:
+    security = TransportSecurity.from_files(*identity_files(ca_dir, OWNER_0))
+    assert security.identity == OWNER_0
+    assert not security.insecure
+    assert isinstance(security.server_credentials(), grpc.ServerCredentials)
+    assert repr(security) == "TransportSecurity(identity=owner:owner-0)"
+    assert "PRIVATE" not in repr(security)
+
+
+def test_plaintext_has_no_identity_and_no_credentials() -> None:
+    plaintext = TransportSecurity.plaintext()
+    assert plaintext.insecure
+    assert plaintext.identity is None
+    with pytest.raises(ValueError, match="plaintext"):
+        plaintext.server_credentials()
+    with pytest.raises(ValueError, match="key_pem"):
+        TransportSecurity(None, None, b"key", insecure=True)
+
+
+def test_missing_file_is_named(ca_dir: Path) -> None:
+    ca, cert, _ = identity_files(ca_dir, OWNER_0)
+    with pytest.raises(FileNotFoundError, match=r"private key file not found: .*nope\.key"):
+        TransportSecurity.from_files(ca, cert, ca_dir / "nope.key")
+
+
+def test_missing_material_is_named(ca_dir: Path) -> None:
+    ca, cert, _ = identity_files(ca_dir, OWNER_0)
+    with pytest.raises(ValueError, match="key_pem is required"):
+        TransportSecurity(ca.read_bytes(), cert.read_bytes(), None)
+
+
+def test_key_of_another_party_is_refused(ca_dir: Path) -> None:
+    ca, cert, _ = identity_files(ca_dir, OWNER_0)
+    _, _, alice_key = identity_files(ca_dir, ALICE)
+    with pytest.raises(ValueError, match=r"consumer-alice\.key is not the private key"):
+        TransportSecurity.from_files(ca, cert, alice_key)
+
+
+def test_certificate_of_another_ca_is_refused(ca_dir: Path, tmp_path: Path) -> None:
+    init_ca(tmp_path / "other")
+    _, cert, key = identity_files(ca_dir, OWNER_0)
+    with pytest.raises(ValueError, match=r"owner-owner-0\.crt.*not issued by the CA in .*other"):
+        TransportSecurity.from_files(tmp_path / "other" / "ca.crt", cert, key)
+
+
+def test_file_without_pem_is_named(ca_dir: Path, tmp_path: Path) -> None:
+    junk = tmp_path / "junk.crt"
+    junk.write_text("junk")
+    _, cert, key = identity_files(ca_dir, OWNER_0)
+    with pytest.raises(ValueError, match=r"junk\.crt: no PEM certificate"):
+        TransportSecurity.from_files(junk, cert, key)
+
+
+def test_expired_certificate_is_refused(ca_dir: Path, tmp_path: Path) -> None:
+    ca = x509.load_pem_x509_certificate((ca_dir / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((ca_dir / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    past = datetime.now(UTC) - timedelta(days=10)
+    leaf = x509.load_pem_x509_certificate(identity_files(ca_dir, OWNER_0)[1].read_bytes())
+    san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    expired = (
+        x509.CertificateBuilder()
+        .subject_name(leaf.subject)
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(past)
+        .not_valid_after(past + timedelta(days=1))
+        .add_extension(san, critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "expired.crt", tmp_path / "expired.key"
+    cert_path.write_bytes(expired.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    with pytest.raises(ValueError, match=r"expired\.crt: .* is valid from .* not now"):
+        TransportSecurity.from_files(ca_dir / "ca.crt", cert_path, key_path)
+
+
+def test_target_name_override_belongs_to_the_expected_identity(ca_dir: Path) -> None:
+    security = TransportSecurity.from_files(*identity_files(ca_dir, ALICE))
+    options = [(TARGET_NAME_OVERRIDE, "owner-1.owner.dpmarket")]
+    with pytest.raises(ValueError, match=TARGET_NAME_OVERRIDE):
+        aio_channel("127.0.0.1:1", security, OWNER_0, options)
+    with pytest.raises(ValueError, match=TARGET_NAME_OVERRIDE):
+        sync_channel("127.0.0.1:1", security, OWNER_0, options)
