@@ -1,11 +1,12 @@
 """The ``dpmarket`` console script.
 
 ``dpmarket health`` runs in every container's health check every few seconds (deploy/Dockerfile,
-deploy/docker-compose.yml), and ``dpmarket owner ledger`` is what an owner's operator (and the
-compose test) runs to read a ledger. Starting the whole CLI, :mod:`deploy.cli`, imports numpy,
+deploy/docker-compose.yml); ``dpmarket owner ledger`` is what an owner's operator (and the
+compose test) runs to read a ledger, and ``dpmarket pki`` what the compose stack's pki job runs
+once per identity. Starting the whole CLI, :mod:`deploy.cli`, imports numpy,
 pandas, scipy and every protocol: about 1.4 s of CPU on this project's 2-core reference machine,
-so six services probed every 5 s kept 1.7 cores busy at rest. Those two commands need little of
-it (about 0.3 s), so this entry point runs them from their own modules (:data:`LIGHT_COMMANDS`)
+so six services probed every 5 s kept 1.7 cores busy at rest. Those commands need little of it
+(about 0.1-0.3 s), so this entry point runs them from their own modules (:data:`LIGHT_COMMANDS`)
 and every other command line through :func:`deploy.cli.main`, which lists them too (``dpmarket
 -v health ...`` takes that slower path).
 """
@@ -21,6 +22,7 @@ __all__ = ["LIGHT_COMMANDS", "main"]
 LIGHT_COMMANDS = {
     "health": ("deploy.health", "health_command"),
     "owner": ("owner.cli", "owner"),
+    "pki": ("deploy.pki", "pki"),
 }
 
 

@@ -57,9 +57,9 @@ def test_scenario_sizes_the_flights_split_and_refuses_sizes_for_digits(tmp_path)
 
 
 def test_the_health_probe_and_the_ledger_start_without_numpy_or_the_protocols() -> None:
-    """`dpmarket health` (every container's health check, every few seconds) and `dpmarket
-    owner` load neither pandas, scipy nor the rest of the CLI; every other command runs the
-    whole CLI, which lists them too."""
+    """`dpmarket health` (every container's health check, every few seconds), `dpmarket owner`
+    and `dpmarket pki` load neither pandas, scipy nor the rest of the CLI; every other command
+    runs the whole CLI, which lists them too."""
     import subprocess
     import sys
 
@@ -86,9 +86,13 @@ print(sorted(m for m in ("pandas", "scipy", "deploy.cli") if m in sys.modules))
     ledger = run("owner", "ledger", "--help")
     assert any("--data-dir" in line for line in ledger)
     assert ledger[-1] == "[]"
+    issue = run("pki", "issue", "--help")
+    assert any("--ca-dir" in line for line in issue)
+    assert issue[-1] == "[]"
     everything = run("--help")
     assert everything[-1] == "['deploy.cli', 'pandas', 'scipy']"
-    assert {"health", "owner"} <= {line.split()[0] for line in everything if line.startswith("  ")}
+    listed = {line.split()[0] for line in everything if line.startswith("  ")}
+    assert {"health", "owner", "pki"} <= listed
 
 
 def test_serve_owner_checks_its_declared_0_1_columns_before_serving(tmp_path) -> None:  # type: ignore[no-untyped-def]

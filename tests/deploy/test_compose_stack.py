@@ -148,6 +148,7 @@ class Stack:
 
     command: list[str]
     config: dict[str, Any]
+    _last_ledgers: dict[str, list[dict[str, Any]]] | None = None
 
     def __call__(
         self, *args: str, check: bool = True, input: bytes | None = None
@@ -234,6 +235,18 @@ class Stack:
         """Every owner's charges (read at once)."""
         with ThreadPoolExecutor(len(OWNERS)) as pool:
             return dict(zip(OWNERS, pool.map(self.ledger, OWNERS), strict=True))
+
+    def ledgers_after(self) -> dict[str, list[dict[str, Any]]]:
+        """:meth:`ledgers`, kept for the next test's :meth:`ledgers_before` (nothing acts on the
+        stack between two tests)."""
+        self._last_ledgers = self.ledgers()
+        return self._last_ledgers
+
+    def ledgers_before(self) -> dict[str, list[dict[str, Any]]]:
+        """The ledgers as the previous test last read them, or read now (each snapshot serves
+        once: a test that failed before reading them leaves none)."""
+        last, self._last_ledgers = self._last_ledgers, None
+        return last if last is not None else self.ledgers()
 
     def volume(self, name: str) -> str:
         """The engine's name of one of the project's named volumes."""
@@ -431,7 +444,7 @@ def test_the_composed_consumer_gets_the_in_process_summary(
 ) -> None:
     """The consumer service as composed (a candidates summary, seed 0) returns the summary the
     same session gives in one process; every owner's ledger gains the session's one charge."""
-    before = stack.ledgers()
+    before = stack.ledgers_before()
     stack("run", "--rm", "consumer")  # its dependencies are up; the service's own command
     command = stack.config["services"]["consumer"]["command"]
     out, report = _option(command, "--out"), _option(command, "--report")
@@ -452,7 +465,7 @@ def test_the_composed_consumer_gets_the_in_process_summary(
     assert networked["dropped_owners"] == []
     # One session at every owner: its terms charged once (epsilon 1, delta 0, with the first
     # release), then the candidates it released; together at most max(p, 3 p) points.
-    new = _new_entries(before, stack.ledgers())
+    new = _new_entries(before, stack.ledgers_after())
     assert len({e["session"] for o in OWNERS for e in new[o]}) == 1
     for owner in OWNERS:
         assert sum(e["epsilon"] for e in new[owner]) == 1.0
@@ -478,7 +491,7 @@ def _cape_argv(name: str) -> list[str]:
 def test_cape_jobs_equal_the_in_process_ones_and_charge_each_owner_once(
     stack: Stack, reference: dict[str, Any], name: str
 ) -> None:
-    before = stack.ledgers()
+    before = stack.ledgers_before()
     answer = json.loads(stack.run("consumer", *_cape_argv(name))[f"{name}.json"])
     local = reference["cape"][name]
     if name == "mean":
@@ -488,7 +501,7 @@ def test_cape_jobs_equal_the_in_process_ones_and_charge_each_owner_once(
         assert answer["intercept"] == local["intercept"]
     report = answer["report"]
     assert report["sites"] == OWNERS and report["dropped"] == {}
-    new = _new_entries(before, stack.ledgers())
+    new = _new_entries(before, stack.ledgers_after())
     for owner in OWNERS:
         (entry,) = new[owner]
         assert (entry["epsilon"], entry["delta"]) == (EPSILON, DELTA)
@@ -503,7 +516,7 @@ def test_published_sketches_answer_an_exploration_as_in_process(
     """Each owner's operator publishes with ``dpmarket sketch publish`` from the owner's own
     container (its table, ledger, policy and certificate); the consumer's ``explore`` on the
     union equals the in-process publication and M2M; each owner is charged once, by itself."""
-    before = stack.ledgers()
+    before = stack.ledgers_before()
     publications = {}
     for owner in OWNERS:  # every owner's operator at once
         command = stack.config["services"][owner]["command"]
@@ -529,7 +542,7 @@ def test_published_sketches_answer_an_exploration_as_in_process(
     local = reference["sketch"]
     assert answer["owners"] == local["owners"] == OWNERS
     assert list(answer["answer"]["values"].values()) == local["values"]
-    new = _new_entries(before, stack.ledgers())
+    new = _new_entries(before, stack.ledgers_after())
     for owner in OWNERS:
         (entry,) = new[owner]
         assert (entry["epsilon"], entry["delta"], entry["points"]) == (EPSILON, 0.0, 0)
@@ -543,7 +556,7 @@ def test_an_owner_killed_mid_training_loses_no_charge_and_the_training_completes
     """SIGKILL to one owner's container while a CAPE training runs: the training completes over
     the others (the lost owner's last iteration is averaged with its larger noise stated); once
     restarted, the owner's ledger in its volume still holds every charge, the training's once."""
-    before = stack.ledgers()
+    before = stack.ledgers_before()
     training = stack.popen("consumer", "cape", "train", *CONSUMER_TLS, *TRAINING, "--out", "t.json")
     try:
         # Killed as soon as it has charged the training (then about 1,000 iterations remain).
@@ -564,7 +577,7 @@ def test_an_owner_killed_mid_training_loses_no_charge_and_the_training_completes
 
     stack("start", KILLED)
     stack.wait_healthy(KILLED)
-    new = _new_entries(before, stack.ledgers())
+    new = _new_entries(before, stack.ledgers_after())
     (charge,) = new[KILLED]  # the training's charge survived the kill, and only once
     for owner in OWNERS:
         (entry,) = new[owner]
@@ -583,27 +596,25 @@ def test_a_restarted_curator_returns_the_stored_answer_and_charges_nothing_twice
     returns the stored network without any owner being charged; a new job reaches every owner,
     the restarted one included, and equals its in-process run."""
     first = stack.run("consumer", "cape", "train", *CONSUMER_TLS, *TRAINING, "--out", "t.json")
-    before = stack.ledgers()
+    before = stack.ledgers_before()
     _docker("kill", "--signal", "KILL", stack.container("curator"))
     stack("start", "curator")
     stack.wait_healthy("curator")
     again = stack.run("consumer", "cape", "train", *CONSUMER_TLS, *TRAINING, "--out", "t.json")
     assert json.loads(again["t.json"]) == json.loads(first["t.json"])
-    assert stack.ledgers() == before
+    assert stack.ledgers_after() == before
 
     answer = json.loads(
         stack.run("consumer", *_cape_argv("mean_after_restart"))["mean_after_restart.json"]
     )
     assert answer["report"]["sites"] == OWNERS
     assert list(answer["mean"].values()) == reference["cape"]["mean_after_restart"]["mean"]
-    new = _new_entries(before, stack.ledgers())
+    new = _new_entries(before, stack.ledgers_after())
     assert all(len(new[o]) == 1 for o in OWNERS), new
 
 
 def test_the_owners_hold_their_own_data_only(stack: Stack) -> None:
     """Each owner's volume holds its points and its table, nothing of another party's."""
     for owner in OWNERS:
-        listing = stack(
-            "run", "--rm", "--no-deps", "-T", "--entrypoint", "ls", owner, "/data"
-        ).stdout.decode()
+        listing = _docker("exec", stack.container(owner), "ls", "/data").decode()
         assert sorted(listing.split()) == sorted([f"{owner}.parquet", f"{owner}-table.parquet"])
