@@ -112,3 +112,7 @@ fi
 
 log "building $IMAGE on $BASE_IMAGE${EXTRA_CA:+ (build stage trusts $EXTRA_CA)}"
 docker build -f deploy/Dockerfile "${args[@]}" -t "$IMAGE" .
+# The image this build replaced, now untagged: each holds its own copy of the virtual
+# environment (about 1 GB), so repeated builds would fill the disk. The build stage's layers,
+# the cache of the next build, are kept.
+docker image prune -f --filter dangling=true --filter label=org.dpmarket.image=dpmarket >/dev/null
