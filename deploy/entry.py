@@ -4,9 +4,9 @@
 deploy/docker-compose.yml); ``dpmarket owner ledger`` is what an owner's operator (and the
 compose test) runs to read a ledger, and ``dpmarket pki`` what the compose stack's pki job runs
 once per identity. Starting the whole CLI, :mod:`deploy.cli`, imports numpy,
-pandas, scipy and every protocol: about 1.4 s of CPU on this project's 2-core reference machine,
-so six services probed every 5 s kept 1.7 cores busy at rest. Those commands need little of it
-(about 0.1-0.3 s), so this entry point runs them from their own modules (:data:`LIGHT_COMMANDS`)
+pandas, scipy and every protocol: 1.4 to 1.9 s of CPU on this project's 2-core reference machine,
+so six services probed every 5 s kept 1.7 cores busy at rest. Those commands need much less (0.1 to
+0.7 s), so this entry point runs them from their own modules (:data:`LIGHT_COMMANDS`)
 and every other command line through :func:`deploy.cli.main`, which lists them too (``dpmarket
 -v health ...`` takes that slower path).
 """
