@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := $(wildcard protos/dpmarket/v1/*.proto)
 OUT ?= out
 
-.PHONY: venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape demo-sketch cape-figures sketch-figures evaluate bench clean
+.PHONY: image compose-test wan-test venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape demo-sketch cape-figures sketch-figures evaluate bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -97,6 +97,26 @@ bench: $(STAMP)
 	$(PY) -m bench.secagg --into $(OUT)/bench.json
 	$(PY) -m bench.noise --out $(OUT)/bench-noise.json
 	$(PY) -m bench.sketches --out $(OUT)/bench.json
+
+# The image of deploy/Dockerfile (tag dpmarket:local) where only package registries are reachable:
+# on python:3.11-slim when it can be pulled, else on a Debian base made with debootstrap (cached
+# under ~/.cache/dpmarket); the host's CA bundle is handed to the build stage only. Variables:
+# IMAGE, BASE_IMAGE, EXTRA_CA, DPMARKET_CACHE_DIR (see deploy/build-image.sh).
+image:
+	deploy/build-image.sh
+
+# deploy/docker-compose.yml end to end on a real Docker engine (started, as root, from Debian's
+# docker.io when none runs): the image, then tests/deploy/test_compose_stack.py (a summary, CAPE
+# jobs, sketches and exploration compared with their in-process runs; an owner and the curator
+# killed and restarted); the stack is removed with its volumes afterwards. Not part of `test`.
+compose-test: $(STAMP)
+	PYTHON=$(PY) deploy/compose-test.sh
+
+# Owners, curator and consumer on separate hosts (network namespaces, as root) over a 100 Mbit/s,
+# 100 ms round-trip WAN (tc tbf and a delaying relay, deploy/wan.py), set up by the steps of
+# deploy/README.md's "Owners on separate hosts": tests/deploy/test_wan.py. Not part of `test`.
+wan-test: $(STAMP)
+	$(PY) -m pytest -q -m wan tests/deploy/test_wan.py
 
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache

@@ -63,7 +63,6 @@ __all__ = [
     "Inputs",
     "explore_command",
     "finish",
-    "health_command",
     "list_command",
     "load_points",
     "protocol_options",
@@ -630,52 +629,6 @@ def request(
         as_json=as_json,
         plot_path=plot_path,
     )
-
-
-@click.command("health")
-@click.option("--target", required=True, metavar="HOST:PORT", help="The service to probe.")
-@click.option(
-    "--expect",
-    default=None,
-    metavar="ROLE:NAME",
-    help="The identity the service's certificate must carry (required with mTLS).",
-)
-@click.option("--timeout", default=3.0, type=click.FloatRange(min=0.1), help="Seconds.")
-@tls_options
-def health_command(target: str, expect: str | None, timeout: float, **tls: Any) -> None:
-    """Probe a service's grpc.health.v1 status over mTLS; exit 0 when it is SERVING.
-
-    Any party's certificate will do (with --pki-dir, the one named --name there, whatever its
-    role). A service that cannot be reached is named with the reason in one line."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from runtime.transport import connected_channel
-
-    security = security_from_options(None, **tls)
-    expected = None
-    if not security.insecure:
-        if not expect:
-            raise click.UsageError("--expect ROLE:NAME is required with mTLS")
-        try:
-            expected = Identity.parse(expect)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--expect") from exc
-    try:
-        channel = connected_channel(target, security, expected, connect_timeout=timeout)
-    except DPMarketError as exc:
-        raise click.ClickException(str(exc)) from exc
-    with channel:
-        try:
-            response = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=timeout
-            )
-        except grpc.RpcError as exc:
-            raise click.ClickException(f"{target}: {exc.code().name}: {exc.details()}") from exc
-    status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
-    console.print(f"{target}: {status}")
-    if response.status != health_pb2.HealthCheckResponse.SERVING:
-        raise SystemExit(1)
 
 
 # ------------------------------------------------------------------------------ CAPE

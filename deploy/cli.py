@@ -2,9 +2,9 @@
 
 The root group composes each role's commands: ``serve-owner``, ``owner ledger`` and
 ``sketch publish`` / ``published`` (:mod:`owner.cli`); ``serve-curator`` and ``curator
-sessions`` / ``charges`` (:mod:`curator.cli`); ``request``, ``health``, the ``cape`` jobs,
-``sketch specs`` / ``list``, ``explore`` and ``rank-owners`` (:mod:`consumer.cli`); ``pki``
-(:mod:`deploy.pki`); ``simulate``, ``scenario``,
+sessions`` / ``charges`` (:mod:`curator.cli`); ``request``, the ``cape`` jobs, ``sketch specs`` /
+``list``, ``explore`` and ``rank-owners`` (:mod:`consumer.cli`); ``pki`` (:mod:`deploy.pki`);
+``health`` (:mod:`deploy.health`); ``simulate``, ``scenario``,
 ``evaluate``, ``cape figures`` and ``sketch-experiments`` (:mod:`experiments.cli`). The options
 they share are in :mod:`runtime.cli`. Defined here: the ``cape`` and ``sketch`` groups and the
 demos that launch the whole marketplace as separate processes (``demo``, ``cape demo``,
@@ -22,6 +22,7 @@ from rich.console import Console
 from common.errors import DPMarketError
 from consumer import cli as consumer_cli
 from curator import cli as curator_cli
+from deploy.health import health_command
 from deploy.pki import pki
 from experiments import cli as experiments_cli
 from experiments.scenarios import SCENARIO_NAMES
@@ -263,7 +264,7 @@ for _command in (
     curator_cli.serve_curator,
     curator_cli.curator,
     consumer_cli.request,
-    consumer_cli.health_command,
+    health_command,
     consumer_cli.explore_command,
     consumer_cli.rank_owners_command,
     pki,

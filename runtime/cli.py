@@ -14,17 +14,19 @@ import tempfile
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from common.summarization.summary import ProgressEvent
 from runtime.files import json_text, write_json
 from runtime.identity import ROLES, Identity, identity_files
 from runtime.transport import TransportSecurity
+
+if TYPE_CHECKING:  # the health probe imports this module: no numerical library at start
+    from common.summarization.summary import ProgressEvent
 
 __all__ = [
     "CONFIG_HELP",

@@ -33,6 +33,68 @@ def test_out_of_range_parameter_is_a_usage_error(tmp_path) -> None:  # type: ign
     assert "delta_owners" in result.output
 
 
+def test_scenario_sizes_the_flights_split_and_refuses_sizes_for_digits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    runner = CliRunner()
+    out = tmp_path / "flights"
+    args = ["scenario", "flights", "--out", str(out), "--owners", "2"]
+    result = runner.invoke(main, [*args, "--max-points-per-owner", "30"])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((out / "scenario.json").read_text())
+    assert [o["n_points"] for o in meta["owners"]] == [30, 30]
+    assert [o["table"] for o in meta["owners"]] == [
+        "owner-0-table.parquet",
+        "owner-1-table.parquet",
+    ]
+    assert (out / "owner-1-table.parquet").is_file()
+    digits = runner.invoke(
+        main, ["scenario", "digits", "--out", str(tmp_path / "d"), "--owners", "2"]
+    )
+    assert digits.exit_code == 2 and "fixed split" in digits.output
+    too_many = runner.invoke(main, [*args[:-1], "99", "--max-points-per-owner", "30"])
+    assert too_many.exit_code == 2 and "n_owners" in too_many.output
+
+
+def test_the_health_probe_and_the_ledger_start_without_numpy_or_the_protocols() -> None:
+    """`dpmarket health` (every container's health check, every few seconds) and `dpmarket pki`
+    load neither pandas, scipy nor the rest of the CLI, `dpmarket owner` neither scipy nor the
+    rest of the CLI; every other command runs the whole CLI, which lists them too."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from deploy.entry import main
+sys.argv = ["dpmarket", *sys.argv[1:]]
+try:
+    main()
+except SystemExit:
+    pass
+print(sorted(m for m in ("pandas", "scipy", "deploy.cli") if m in sys.modules))
+"""
+
+    def run(*args: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120
+        )
+        return done.stdout.strip().splitlines()
+
+    health = run("health", "--help")
+    assert any("--expect" in line for line in health)
+    assert health[-1] == "[]"
+    ledger = run("owner", "ledger", "--help")
+    assert any("--data-dir" in line for line in ledger)
+    assert ledger[-1] in ("[]", "['pandas']")  # owner.cli reads tables at module level
+    issue = run("pki", "issue", "--help")
+    assert any("--ca-dir" in line for line in issue)
+    assert issue[-1] == "[]"
+    everything = run("--help")
+    assert everything[-1] == "['deploy.cli', 'pandas', 'scipy']"
+    listed = {line.split()[0] for line in everything if line.startswith("  ")}
+    assert {"health", "owner", "pki"} <= listed
+
+
 def test_serve_owner_checks_its_declared_0_1_columns_before_serving(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The declaration is checked at start-up, on the owner's console (row and value named):
     the owner does not start with a declaration its table contradicts."""

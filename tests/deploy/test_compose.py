@@ -1,4 +1,5 @@
-"""Tests of deploy/Dockerfile and deploy/docker-compose.yml without a Docker engine.
+"""Tests of deploy/Dockerfile and deploy/docker-compose.yml without a Docker engine (the stack
+itself runs in tests/deploy/test_compose_stack.py, ``make compose-test``).
 
 The compose file is validated and normalised by ``docker-compose config`` (the only compose command
 that needs no engine) and the resolved configuration is checked: the topology of ``make demo``
@@ -41,7 +42,7 @@ from common.summarization.terms import owner_terms
 from curator.policy import load_curator_policy
 from deploy.cli import main
 from deploy.pki import CA_KEY, init_ca, issue
-from owner.data import load_point_set
+from owner.data import load_point_set, load_table
 from owner.policy import load_owner_policy
 from runtime.identity import Identity, identity_files
 from runtime.serving import start_server
@@ -51,6 +52,7 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "deploy" / "docker-compose.yml"
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
 POLICIES = REPO / "deploy" / "policies"
+SKETCH_SPECS = REPO / "deploy" / "sketches"
 OWNERS = [f"owner-{i}" for i in range(5)]
 SERVERS = {*OWNERS, "curator"}
 JOBS = {"pki", "data"}
@@ -59,8 +61,9 @@ PARTIES = {*SERVERS, "consumer"}
 ROLE_OF = {"serve-owner": "owner", "serve-curator": "curator", "request": "consumer"}
 # Mount points inside the parties' containers.
 DATA_TARGET, PKI_TARGET, STATE_TARGET, POLICY_TARGET = "/data", "/pki", "/state", "/etc/dpmarket"
+SKETCH_TARGET = "/etc/dpmarket-sketches"
 # Options whose values are files the service reads (they must exist once the data job has run).
-INPUT_OPTIONS = ("--data", "--validation", "--seed-set", "--test")
+INPUT_OPTIONS = ("--data", "--table", "--validation", "--seed-set", "--test")
 OUTPUT_OPTIONS = ("--out", "--report")
 TLS_FILE_OPTIONS = ("--ca", "--cert", "--key")
 
@@ -395,13 +398,16 @@ def _host_path(service: dict[str, Any], path: str, run: JobRun) -> Path | None:
 
 def _parse_on_host(service: dict[str, Any], *runs: JobRun) -> dict[str, Any]:
     """Parse a party's command line with the real CLI, its container paths moved to the jobs'
-    stand-in volumes (or, for the policies, to deploy/policies): every check but running it."""
+    stand-in volumes (or, for the policies and sketch declarations, to deploy/): every check but
+    running it."""
 
     def on_host(token: str) -> str:
         if not token.startswith("/"):
             return token
         if _under(token, POLICY_TARGET):
             return str(POLICIES / token[len(POLICY_TARGET) + 1 :])
+        if _under(token, SKETCH_TARGET):
+            return str(SKETCH_SPECS / token[len(SKETCH_TARGET) + 1 :])
         for run in runs:
             host = _host_path(service, token, run)
             if host is not None:
@@ -428,8 +434,14 @@ def test_services_are_the_demo_topology(config: dict[str, Any]) -> None:
             if mount.kind == "volume":
                 assert mount.source in declared, f"{name} mounts undeclared volume {mount.source}"
             else:
-                # The only bind mount: the policies, read-only.
-                assert Path(mount.source).resolve() == POLICIES, f"{name} binds {mount.source}"
+                # The only bind mounts: the policies, and the curator's sketch declarations,
+                # read-only.
+                bound = Path(mount.source).resolve()
+                if bound == SKETCH_SPECS:
+                    assert name == "curator", f"{name} binds the sketch declarations"
+                    assert mount.target == SKETCH_TARGET and mount.read_only, f"{name}: {mount}"
+                    continue
+                assert bound == POLICIES, f"{name} binds {mount.source}"
                 assert mount.target == POLICY_TARGET and mount.read_only, f"{name}: {mount}"
     for name in PARTIES:
         assert _entrypoint(services[name]) is None, f"{name} must run the image's dpmarket"
@@ -513,17 +525,36 @@ def test_each_party_mounts_only_its_own_volumes(config: dict[str, Any]) -> None:
         assert _volumes(services[name])[STATE_TARGET].source not in job_sources
 
 
-def test_each_owner_serves_its_own_file(config: dict[str, Any]) -> None:
+def test_each_owner_serves_its_own_files(config: dict[str, Any]) -> None:
+    """Its points for summarization and the same flights as a table (CAPE, sketches)."""
     services = _services(config)
     data_files = []
     for name in OWNERS:
         argv = _argv(services[name])
         assert argv[0] == "serve-owner"
         assert _value(argv, "--data") == f"{DATA_TARGET}/{name}.parquet"
+        assert _value(argv, "--table") == f"{DATA_TARGET}/{name}-table.parquet"
         assert _value(argv, "--owner-id") == name
         assert _identity(argv) == Identity("owner", name)
-        data_files.append(_value(argv, "--data"))
-    assert len(set(data_files)) == len(OWNERS)
+        data_files += [_value(argv, "--data"), _value(argv, "--table")]
+    assert len(set(data_files)) == 2 * len(OWNERS)
+
+
+def test_the_curator_serves_the_flights_sketch_catalogue(
+    config: dict[str, Any], data_run: JobRun
+) -> None:
+    """The declaration the curator loads names columns every owner's table holds."""
+    argv = _argv(_services(config)["curator"])
+    (spec,) = _values(argv, "--sketch-spec")
+    assert _under(spec, SKETCH_TARGET)
+    declaration = tomllib.loads((SKETCH_SPECS / spec[len(SKETCH_TARGET) + 1 :]).read_text())
+    columns = [c["name"] for c in declaration["columns"]]
+    for name in OWNERS:
+        table = _host_path(
+            _services(config)[name], _value(_argv(_services(config)[name]), "--table"), data_run
+        )
+        assert table is not None
+        assert set(columns) <= set(load_table(table).columns), name
 
 
 def test_curator_lists_every_owner_and_its_certificate_name_once(config: dict[str, Any]) -> None:
@@ -714,7 +745,7 @@ def test_data_job_writes_every_file_the_services_read(
         # Full parse (required options, types, choices, existing files) without running it.
         assert _parse_on_host(service, data_run, pki_run)
     owned = [data_run.volume_dirs[m.source] for m in _mounts(services["data"])]
-    assert sum(len(list(d.iterdir())) for d in owned) == len(OWNERS) + 3
+    assert sum(len(list(d.iterdir())) for d in owned) == 2 * len(OWNERS) + 3
 
 
 def test_policies_admit_the_consumers_session(
@@ -737,8 +768,9 @@ def test_policies_admit_the_consumers_session(
         seed_set_size=seed_set.n_points,
     )
     assert (terms.epsilon, terms.delta) == (1.0, 0.0)
-    # The candidates method reads at most floor(candidate_fraction * K * p) owner points.
-    points = math.floor(session.candidate_fraction * len(OWNERS) * session.summary_size)
+    # The candidates method reads at most max(p, candidate_multiple * p) owner points.
+    assert session.candidate_fraction == 0
+    points = math.floor(max(1.0, session.candidate_multiple) * session.summary_size)
 
     def policy_file(argv: list[str]) -> Path:
         path = _value(argv, "--policy")
@@ -878,29 +910,55 @@ def test_dockerfile_healthcheck_runs_against_a_real_mtls_server(tmp_path: Path) 
 
 
 # ------------------------------------------------------------------------------ Dockerfile
+def _stages(instructions: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """The Dockerfile's stages, each from its FROM on."""
+    stages: list[list[tuple[str, str]]] = []
+    for keyword, args in instructions:
+        if keyword == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append((keyword, args))
+    return stages
+
+
 def test_dockerfile_entrypoint_user_and_sources() -> None:
     instructions = _dockerfile_instructions()
-    keywords = [k for k, _ in instructions]
-    assert instructions[0] == ("FROM", "python:3.11-slim")
-    entrypoints = [json.loads(args) for k, args in instructions if k == "ENTRYPOINT"]
+    # The base is a build argument, a public Python image by default, for every stage.
+    assert instructions[0] == ("ARG", "BASE_IMAGE=python:3.11-slim")
+    stages = _stages(instructions)
+    assert len(stages) == 2
+    assert [shlex.split(stage[0][1])[0] for stage in stages] == ["${BASE_IMAGE}"] * 2
+    build, final = stages
+    assert shlex.split(build[0][1])[1:] == ["AS", "build"]
+    keywords = [k for k, _ in final]
+    entrypoints = [json.loads(args) for k, args in final if k == "ENTRYPOINT"]
     assert entrypoints[-1] == ["dpmarket"]
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert pyproject["project"]["scripts"]["dpmarket"] == "deploy.cli:main"
-    # Runs as a non-root user from the last USER on.
-    users = [args for k, args in instructions if k == "USER"]
+    assert pyproject["project"]["scripts"]["dpmarket"] == "deploy.entry:main"
+    # The final stage runs as a non-root user from the last USER on.
+    users = [args for k, args in final if k == "USER"]
     assert users, "the image must not run as root"
     assert users[-1].split(":")[0] not in {"root", "0"}
     assert keywords.index("ENTRYPOINT") > max(i for i, k in enumerate(keywords) if k == "USER")
-    # `pip install .` needs pyproject, the readme and every package directory.
+    # Nothing of the build context reaches the final stage (sources, the optional CA bundle):
+    # it copies the build stage's virtual environment only.
+    copies = [shlex.split(args) for k, args in final if k in ("COPY", "ADD")]
+    assert copies == [["--from=build", "/opt/dpmarket", "/opt/dpmarket"]], copies
+    assert "extra-ca" not in json.dumps(final) and "PIP_CERT" not in json.dumps(final)
+    # The build stage: `pip install .` needs pyproject, the readme and every package directory;
+    # the CA bundle is optional (a glob beside a file that always exists).
     copied: set[str] = set()
-    for keyword, args in instructions:
+    for keyword, args in build:
         if keyword == "COPY":
             sources = [a for a in shlex.split(args)[:-1] if not a.startswith("--")]
             copied.update(s.rstrip("/") for s in sources)
     needed = {"pyproject.toml", pyproject["project"]["readme"]}
     needed |= {p.split("/")[0] for p in pyproject["tool"]["setuptools"]["package-dir"].values()}
     assert needed <= copied, f"Dockerfile does not copy {sorted(needed - copied)}"
-    assert any(k == "RUN" and "pip install ." in args for k, args in instructions)
+    assert "build/image/extra-ca.pe[m]" in copied
+    assert any(k == "RUN" and re.search(r"pip install .*--no-deps \.", a) for k, a in build)
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert "!build/image/extra-ca.pem" in ignored and ".venv*" in ignored
 
 
 def test_image_creates_every_volume_mount_point_for_its_user(config: dict[str, Any]) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,9 @@ from experiments.scenarios import (
     flights_scenario,
     write_scenario,
 )
-from owner.data import PointSet, load_point_set
+from owner.data import PointSet, load_point_set, load_table
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _rows(x: np.ndarray) -> set[bytes]:
@@ -254,7 +258,8 @@ def test_flights50_has_fifty_airline_month_owners_inside_the_public_domain() -> 
 def _check_written(scenario: Scenario, directory: Path) -> None:
     paths = write_scenario(scenario, directory)
     k = len(scenario.owners)
-    assert set(paths) == {f"owner-{i}" for i in range(k)} | {
+    tables = {f"owner-{i}-table" for i in range(k)} if scenario.owner_tables else set()
+    assert set(paths) == {f"owner-{i}" for i in range(k)} | tables | {
         "validation",
         "seed_set",
         "test",
@@ -281,6 +286,12 @@ def _check_written(scenario: Scenario, directory: Path) -> None:
     assert meta["n_features"] == scenario.n_features
     assert [o["name"] for o in meta["owners"]] == [o.name for o in scenario.owners]
     assert [o["n_points"] for o in meta["owners"]] == [o.n_points for o in scenario.owners]
+    for i, table in enumerate(scenario.owner_tables):
+        path = paths[f"owner-{i}-table"]
+        assert path.name == f"owner-{i}-table.parquet" == meta["owners"][i]["table"]
+        loaded_table = load_table(path)
+        assert loaded_table.columns == tuple(table.columns)
+        np.testing.assert_array_equal(loaded_table.values, table.to_numpy(np.float64))
     assert meta["validation"] == {"file": "validation.npy", "n_points": len(scenario.validation)}
     assert meta["test"]["n_points"] == scenario.test.n_points
     assert meta["seed_set"]["file"] == "seed_set.npy"
@@ -293,3 +304,27 @@ def test_write_scenario_digits_round_trip(digits: Scenario, tmp_path: Path) -> N
 def test_write_scenario_flights_round_trip(tmp_path: Path) -> None:
     small = flights_scenario(seed=3, n_owners=4, max_points_per_owner=300)
     _check_written(small, tmp_path / "flights")
+
+
+def test_flights_owner_tables_hold_the_owners_flights_in_the_sketch_specs_columns() -> None:
+    """Row for row the owner's points: the same month (on the unit circle) and distance (in
+    thousands of miles); the columns and bounds of deploy/sketches/flights.toml."""
+    small = flights_scenario(seed=1, n_owners=3, max_points_per_owner=400)
+    spec = tomllib.loads((REPO / "deploy" / "sketches" / "flights.toml").read_text())
+    bounds = {c["name"]: (c["low"], c["high"]) for c in spec["columns"]}
+    assert len(small.owner_tables) == 3
+    month_cos = FLIGHTS_FEATURE_NAMES.index("month_cos")
+    distance = FLIGHTS_FEATURE_NAMES.index("distance_kmiles")
+    for owner, table in zip(small.owners, small.owner_tables, strict=True):
+        assert list(table.columns) == list(bounds)
+        for column, (low, high) in bounds.items():
+            assert table[column].between(low, high).all(), column
+        np.testing.assert_allclose(
+            owner.features[:, month_cos], np.cos(2 * np.pi * (table["month"] - 1) / 12)
+        )
+        np.testing.assert_allclose(owner.features[:, distance] * 1000, table["distance"])
+        assert owner.labels is not None
+        np.testing.assert_array_equal(owner.labels, table["delayed"].to_numpy())
+    assert digits_scenario(0).owner_tables == ()
+    with pytest.raises(ValueError, match="rows"):
+        replace(small, owner_tables=(small.owner_tables[0].iloc[:10], *small.owner_tables[1:]))

@@ -1,0 +1,71 @@
+"""``dpmarket health``: probe a service's grpc.health.v1 status over mTLS.
+
+Every container of deploy/docker-compose.yml runs this as its health check every few seconds, so
+it lives apart from :mod:`deploy.cli` (which loads numpy, pandas, scipy and every protocol): the
+console script (:func:`deploy.entry.main`) runs it after importing only click, grpc and the
+runtime (:mod:`runtime.cli`), about a fifth of the CPU time of the whole CLI's start.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.console import Console
+
+from runtime.cli import security_from_options, tls_options
+from runtime.identity import Identity
+
+__all__ = ["health_command"]
+
+console = Console(stderr=True)
+
+
+@click.command(
+    "health", context_settings={"help_option_names": ["-h", "--help"], "show_default": True}
+)
+@click.option("--target", required=True, metavar="HOST:PORT", help="The service to probe.")
+@click.option(
+    "--expect",
+    default=None,
+    metavar="ROLE:NAME",
+    help="The identity the service's certificate must carry (required with mTLS).",
+)
+@click.option("--timeout", default=3.0, type=click.FloatRange(min=0.1), help="Seconds.")
+@tls_options
+def health_command(target: str, expect: str | None, timeout: float, **tls: Any) -> None:
+    """Probe a service's grpc.health.v1 status over mTLS; exit 0 when it is SERVING.
+
+    With --pki-dir, the certificate of the expected role named --name there is presented. A
+    service that cannot be reached is named with the reason in one line."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from common.errors import DPMarketError
+    from runtime.transport import connected_channel
+
+    role = Identity.parse(f"{expect}").role if expect else None
+    security = security_from_options(role if tls.get("pki_dir") else None, **tls)
+    expected = None
+    if not security.insecure:
+        if not expect:
+            raise click.UsageError("--expect ROLE:NAME is required with mTLS")
+        try:
+            expected = Identity.parse(expect)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--expect") from exc
+    try:
+        channel = connected_channel(target, security, expected, connect_timeout=timeout)
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+    with channel:
+        try:
+            response = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=timeout
+            )
+        except grpc.RpcError as exc:
+            raise click.ClickException(f"{target}: {exc.code().name}: {exc.details()}") from exc
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+    console.print(f"{target}: {status}")
+    if response.status != health_pb2.HealthCheckResponse.SERVING:
+        raise SystemExit(1)
