@@ -5,7 +5,10 @@ fixed-point encoding of reals into ``Z_{2^k}`` (:mod:`.fixedpoint`), the primiti
 ``cryptography`` package (:mod:`.crypto`: X25519 + HKDF-SHA256, AES-256-GCM, the AES-256-CTR mask
 generator, ECDSA P-256 signatures) and the five rounds, consistency check included, as state
 objects (:mod:`.protocol`), secure against an aggregator that lies and ``S_C`` colluding sites.
-Used by CAPE (CAPE paper, Algorithm 1, step 3) to sum the sites' noise draws.
+For many sites, SecAgg+ (Bell et al., CCS 2020): the same defences on a sparse random graph whose
+seed the sites draw and whose degree grows like ``log S`` (:mod:`.graph`: the graph and the
+derivation of its parameters; :mod:`.sparse`: the six stages). Used by CAPE (CAPE paper,
+Algorithm 1, step 3) to sum the sites' noise draws.
 """
 
 from common.secagg.crypto import SecAggError, Signer, Verifier
