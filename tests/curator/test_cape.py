@@ -158,23 +158,29 @@ class Site(LocalCapeSiteEndpoint):
         self._reach("advertise")
         return await super().advertise_keys(job_id, params)
 
-    async def share_keys(self, job_id, params, advertisements, certificates):  # type: ignore[no-untyped-def]
+    async def reveal_nonce(self, job_id, params, advertisements, certificates):  # type: ignore[no-untyped-def]
+        self._reach("reveal")
+        return await super().reveal_nonce(job_id, params, advertisements, certificates)
+
+    async def share_keys(self, job_id, params, advertisements, certificates, nonces=None):  # type: ignore[no-untyped-def]
         self._reach("share")
-        return await super().share_keys(job_id, params, advertisements, certificates)
+        return await super().share_keys(job_id, params, advertisements, certificates, nonces)
 
     async def masked_input(self, job_id, params, ciphertexts):  # type: ignore[no-untyped-def]
         self._reach("mask")
         masked = await super().masked_input(job_id, params, ciphertexts)
-        self.masked[params.round_id] = masked.copy()
+        self.masked[params.round_id] = masked.vector.copy()
         return masked
 
     async def consistency_check(self, job_id, params, survivors):  # type: ignore[no-untyped-def]
         self._reach("check")
         return await super().consistency_check(job_id, params, survivors)
 
-    async def unmask(self, job_id, params, survivors, dropped, signatures):  # type: ignore[no-untyped-def]
+    async def unmask(self, job_id, params, survivors, dropped, signatures, acknowledgements=None):  # type: ignore[no-untyped-def]
         self._reach("unmask")
-        return await super().unmask(job_id, params, survivors, dropped, signatures)
+        return await super().unmask(
+            job_id, params, survivors, dropped, signatures, acknowledgements
+        )
 
     async def release(self, job_id, round_id, total):  # type: ignore[no-untyped-def]
         self._reach("release")
