@@ -70,9 +70,10 @@ from numpy.typing import NDArray
 from bench.secagg_site import job_id, synthetic_input
 from common.cape.privacy import default_colluders
 from common.privacy.rng import production_rng
+from common.secagg import run_in_process
 from common.secagg.crypto import EcdsaSigner, EcdsaVerifier
 from common.secagg.fixedpoint import FixedPoint
-from common.secagg.protocol import RoundParams, min_threshold, run_in_process
+from common.secagg.protocol import RoundParams, min_threshold
 from curator.owners import CALL_DEADLINE_SECONDS, GrpcOwnerEndpoint
 from curator.secagg import aggregate
 from deploy.pki import init_ca, issue_all

@@ -1314,8 +1314,7 @@ def run_in_process(
 ) -> NDArray[np.float64]:
     """Run one round with every site and the aggregator in this process, one after another.
 
-    A sparse round (``params.sparse``) runs :func:`common.secagg.sparse.run_sparse_in_process`,
-    which also takes the stage ``"reveal"`` and reports the phase ``reveal_nonces``.
+    Complete-graph rounds only: :func:`common.secagg.run_in_process` runs either kind.
 
     Parameters
     ----------
@@ -1355,21 +1354,10 @@ def run_in_process(
         If fewer than ``t`` sites remain at some stage (nothing is returned), or any check fails.
     ValueError
         If ``sites`` does not hold exactly ``params.sites``, a stage name is unknown, an input is
-        out of range, or only one of ``signers`` and ``verifier`` is given.
+        out of range, only one of ``signers`` and ``verifier`` is given, or the round is sparse.
     """
     if params.sparse:
-        from common.secagg.sparse import run_sparse_in_process
-
-        return run_sparse_in_process(
-            params,
-            sites,
-            drop_at=drop_at,
-            signers=signers,
-            verifier=verifier,
-            random_bytes=random_bytes,
-            rng=rng,
-            phase_seconds=phase_seconds,
-        )
+        raise ValueError("a sparse round runs in common.secagg.sparse.run_sparse_in_process")
     drops = dict(drop_at or {})
     if set(sites) != set(params.sites):
         raise ValueError(f"inputs are for {sorted(sites)}, the round's sites are {params.sites}")

@@ -1034,7 +1034,8 @@ def run_sparse_in_process(
 ) -> NDArray[np.float64]:
     """Run one SecAgg+ round with every site and the aggregator in this process.
 
-    As :func:`common.secagg.protocol.run_in_process` (which calls this for sparse rounds), with
+    As :func:`common.secagg.protocol.run_in_process` (:func:`common.secagg.run_in_process` runs
+    either), with
     the stage ``"reveal"`` added to ``drop_at`` (a site lost there aborts the round: the graph
     seed needs every advertised nonce) and the phase ``reveal_nonces`` to ``phase_seconds``.
 
