@@ -118,6 +118,7 @@ from scipy.stats import binom, hypergeom
 from common.secagg.crypto import KEY_BYTES, SecAggError, encode_fields, prg_words
 
 __all__ = [
+    "MAX_DEGREE_FRACTION",
     "SECURITY_BITS",
     "SPARSE_MIN_SITES",
     "NeighbourGraph",
@@ -135,9 +136,16 @@ __all__ = [
 #: A sparse round is valid only if the probability over its graph that the curator learns more
 #: than the complete graph would let it is at most 2^-SECURITY_BITS.
 SECURITY_BITS = 40
-#: The fewest sites a round needs for the sparse graph to be used (measured: ``bench.secagg``,
-#: bench/README.md "SecAgg+": below it the complete graph is as fast or faster).
+#: The fewest sites for which :func:`plan_graph` chooses the sparse graph (bench/README.md,
+#: "SecAgg+": below it a complete round at D = 100,000 costs at most ~0.45 s of CPU, and it
+#: tolerates (S - S_C) / 2 lost sites, where a sparse one tolerates the allowance per
+#: neighbourhood).
 SPARSE_MIN_SITES = 40
+#: :func:`plan_graph` chooses the sparse graph only when its mean degree is at most this share of
+#: the complete graph's ``S - 1``: measured, a round's work is proportional to the degree (CPU
+#: ratio sparse / complete 0.52-0.72 for degree ratios 0.54-0.78 at S = 20-100), so the sparse
+#: graph then saves at least a third of it.
+MAX_DEGREE_FRACTION = 2 / 3
 #: Site ids are read as indices into the sorted site list; the keys that pick the neighbours keep
 #: the index in their low 16 bits (so at most 2^16 sites).
 MAX_SITES = 1 << 16
@@ -485,9 +493,9 @@ def plan_graph(
     """The sparse graph for a round of ``sites`` sites, or ``None`` for the complete graph.
 
     The sparse graph is used from :data:`SPARSE_MIN_SITES` sites, when a ``k`` meets the
-    security target (:func:`min_neighbours`) with a mean degree below half of ``S - 1``
-    (otherwise the complete graph, whose work is ``S - 1`` pairs per site, costs little more and
-    tolerates far more lost sites).
+    security target (:func:`min_neighbours`) with a mean degree of at most
+    :data:`MAX_DEGREE_FRACTION` of ``S - 1`` (otherwise the complete graph, whose work is
+    ``S - 1`` pairs per site, costs little more and tolerates far more lost sites).
 
     Parameters
     ----------
@@ -510,6 +518,6 @@ def plan_graph(
     if sites < SPARSE_MIN_SITES:
         return None
     k = min_neighbours(sites, colluders, allowance, bits)
-    if k is None or expected_degree(sites, k) > (sites - 1) / 2:
+    if k is None or expected_degree(sites, k) > MAX_DEGREE_FRACTION * (sites - 1):
         return None
     return GraphPlan(k, allowance, failure_bound(sites, colluders, k, allowance))
