@@ -27,6 +27,11 @@ sites it lied to, and never both secrets of one site. Differences from Figure 4:
 reals, quantized by :mod:`common.secagg.fixedpoint`; masks are expanded by AES-256-CTR from the
 full 32-byte keys (:func:`common.secagg.crypto.prg_words`); the signed ``U3`` is bound to a digest
 of every round parameter, not only to the round id.
+
+This module is the complete graph (every site shares with and masks with every other). For many
+sites, :mod:`common.secagg.sparse` runs SecAgg+ with the same defences per neighbourhood on the
+graph of :mod:`common.secagg.graph` (``RoundParams.neighbours > 0``), which also says what the
+sparse graph changes in the argument of :class:`RoundParams`.
 """
 
 from __future__ import annotations
