@@ -21,6 +21,7 @@ from common.cape.endpoints import OpenedJob
 from common.cape.spec import AnyCapeSpec
 from common.errors import UnavailableError
 from common.privacy.ledger import SessionSpend
+from common.schema import Schema
 from common.secagg.endpoints import MaskedInput, SurvivorAttestation
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
@@ -102,6 +103,10 @@ class GrpcOwnerEndpoint:
             lambda: self._stub.GetOwnerInfo(owner_pb2.GetOwnerInfoRequest(), timeout=self.deadline)
         )
         return convert.info_from_proto(response)
+
+    async def schema(self) -> Schema | None:
+        """The owner's public schema (GetOwnerInfo's)."""
+        return (await self.info()).schema
 
     async def open_session(
         self,

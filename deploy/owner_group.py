@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 _SERVING_OPTIONS = ("host", "port", "port_file", "blas_threads")
 _OWNER_OPTIONS = (
     "data_path",
+    "schema_path",
     "table_path",
     "binary_columns",
     "label_column",

@@ -16,6 +16,7 @@ from common.cape.agreement import SizeAttestation
 from common.cape.endpoints import OpenedJob
 from common.cape.spec import AnyCapeSpec
 from common.privacy.ledger import SessionSpend
+from common.schema import Schema
 from common.secagg.endpoints import MaskedInput, SurvivorAttestation
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
@@ -164,6 +165,10 @@ class LocalCapeSiteEndpoint(LocalSecureAggregationEndpoint):
     def __init__(self, site: CapeSite, rounds: SiteRounds) -> None:
         super().__init__(site.name, rounds)
         self.site = site
+
+    async def schema(self) -> Schema | None:
+        """The schema of the site's table (:attr:`owner.data.Table.schema`)."""
+        return None if self.site.table is None else self.site.table.schema
 
     async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> OpenedJob:
         """See :meth:`CapeSite.open`."""

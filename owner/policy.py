@@ -400,3 +400,58 @@ def load_owner_policy(path: str | os.PathLike[str]) -> OwnerPolicy:
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"{path}: not a valid TOML file: {exc}") from exc
     return OwnerPolicy.from_mapping(data, source=str(path))
+
+
+#: The owner's policy file in its data directory: every owner command reads it.
+POLICY_FILE = "policy.toml"
+
+
+def data_dir_policy(
+    data_dir: str | os.PathLike[str], install: str | os.PathLike[str] | None = None
+) -> tuple[OwnerPolicy, str]:
+    """The owner's policy: ``<data_dir>/policy.toml``, which every owner command reads.
+
+    Parameters
+    ----------
+    data_dir : path
+        The owner's data directory (its ledger; created if needed when ``install`` is given).
+    install : path, optional
+        A policy file to install there: copied when the data directory holds none; when it
+        holds one, the two must say the same, or the command is refused (so two commands of one
+        owner never run under two policies).
+
+    Returns
+    -------
+    policy : OwnerPolicy
+    source : str
+        Where it came from, for the start-up line: the file, or ``"the built-in defaults (no
+        <data_dir>/policy.toml)"``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``install`` does not exist.
+    ValueError
+        If a policy file is malformed, or ``install`` differs from the installed policy (the
+        message names both files).
+    """
+    path = Path(data_dir) / POLICY_FILE
+    installed = load_owner_policy(path) if path.is_file() else None
+    if install is None:
+        if installed is None:
+            return OwnerPolicy(), f"the built-in defaults (no {path})"
+        return installed, str(path)
+    given = load_owner_policy(install)
+    if installed is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{POLICY_FILE}.tmp")
+        tmp.write_bytes(Path(install).read_bytes())
+        os.replace(tmp, path)
+        return given, f"{path} (installed from {install})"
+    if installed != given:
+        raise ValueError(
+            f"--policy {install} differs from the owner's policy {path}: an owner's policy lives "
+            f"in its data directory and every owner command reads it. Edit {path} (it applies "
+            "from the next start), or leave out --policy"
+        )
+    return installed, str(path)

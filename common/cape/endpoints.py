@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from common.cape.agreement import SizeAttestation
 from common.cape.spec import AnyCapeSpec
 from common.privacy.ledger import SessionSpend
+from common.schema import Schema
 from common.secagg.endpoints import SecureAggregationEndpoint
 
 
@@ -40,6 +41,10 @@ class OpenedJob:
 class CapeSiteEndpoint(SecureAggregationEndpoint, Protocol):
     """One owner as a CAPE site (the CAPE paper's Algorithms 1, 2 and 4, and Section 5.1's
     gradient descent)."""
+
+    async def schema(self) -> Schema | None:
+        """The owner's public schema (``None``: it declared none)."""
+        ...
 
     async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> OpenedJob:
         """Open a job; return the site's row count and its floor on ``S_C``."""

@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from dpmarket.v1 import array_pb2 as _array_pb2
 from dpmarket.v1 import privacy_pb2 as _privacy_pb2
+from dpmarket.v1 import schema_pb2 as _schema_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
@@ -600,22 +601,31 @@ class FitCapeRequest(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    SCHEMA_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none)."""
     seed: _builtins.int
     """Seed of every random draw; honoured only by a curator that allows seeded sessions."""
     @_builtins.property
     def spec(self) -> Global___CapeSpec: ...
+    @_builtins.property
+    def schema(self) -> _schema_pb2.DatasetSchema:
+        """The public schema the consumer took the spec's columns and bounds from; unset when it
+        declared none. When set, every owner's schema must equal it (FAILED_PRECONDITION naming the
+        first column that differs, before anything is charged).
+        """
+
     def __init__(
         self,
         *,
         spec: Global___CapeSpec | None = ...,
         request_id: _builtins.str = ...,
         seed: _builtins.int | None = ...,
+        schema: _schema_pb2.DatasetSchema | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
@@ -663,6 +673,7 @@ class EstimateCapeMeanRequest(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    SCHEMA_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none)."""
     seed: _builtins.int
@@ -671,16 +682,24 @@ class EstimateCapeMeanRequest(_message.Message):
     def spec(self) -> Global___CapeSpec:
         """task CAPE_TASK_MEAN; the features are the columns averaged; no target."""
 
+    @_builtins.property
+    def schema(self) -> _schema_pb2.DatasetSchema:
+        """The public schema the consumer took the spec's columns and bounds from; unset when it
+        declared none. When set, every owner's schema must equal it (FAILED_PRECONDITION naming the
+        first column that differs, before anything is charged).
+        """
+
     def __init__(
         self,
         *,
         spec: Global___CapeSpec | None = ...,
         request_id: _builtins.str = ...,
         seed: _builtins.int | None = ...,
+        schema: _schema_pb2.DatasetSchema | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
@@ -724,6 +743,7 @@ class TrainCapeRequest(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    SCHEMA_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none)."""
     seed: _builtins.int
@@ -732,16 +752,24 @@ class TrainCapeRequest(_message.Message):
     """
     @_builtins.property
     def spec(self) -> Global___CapeTrainingSpec: ...
+    @_builtins.property
+    def schema(self) -> _schema_pb2.DatasetSchema:
+        """The public schema the consumer took the spec's columns and bounds from; unset when it
+        declared none. When set, every owner's schema must equal it (FAILED_PRECONDITION naming the
+        first column that differs, before anything is charged).
+        """
+
     def __init__(
         self,
         *,
         spec: Global___CapeTrainingSpec | None = ...,
         request_id: _builtins.str = ...,
         seed: _builtins.int | None = ...,
+        schema: _schema_pb2.DatasetSchema | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
