@@ -35,6 +35,13 @@ before unmasking), and the threshold a CAPE job of ``S`` sites uses against its 
 Every result is checked against the plain sum of the survivors' inputs (within the quantization
 bound) before it is recorded.
 
+After the grid, in-process: SecAgg+ (:mod:`common.secagg.sparse`) at S = 100, D = 100,000 beside
+the complete graph (:data:`SCALE_CASES`; the case S_C = 5, allowance 2 carries the 1.0 s target),
+and Flower's SecAgg+ (flwr 1.42, :mod:`bench.flower_secaggplus`, run by a Python of its own
+virtual environment, ``out/.venv-flower``, made on first use) for the same S and D
+(:data:`FLOWER_CASES`), each Flower record with its seconds over ours (``compared_with``).
+``--no-scale`` and ``--no-flower`` skip them.
+
 Run ``python -m bench.secagg --out out/bench-secagg.json``; ``--into out/bench.json`` adds the
 records to that JSON object under the key ``secure_aggregation`` (``make bench``); ``--quick``
 for a few seconds; ``--transports in-process`` or ``grpc`` for one of them. The records have keys

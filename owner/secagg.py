@@ -14,7 +14,9 @@ secure-aggregation service asks of the owner's jobs before it runs a round of on
 anything in a round, the owner checks that the round defends against at least as many colluders
 as its policy's floor (and its job's plan) require, which fixes how high the threshold must be
 (:class:`common.secagg.protocol.RoundParams`); the survivors' signatures of the consistency check
-are verified with the same certificates as the key advertisements.
+are verified with the same certificates as the key advertisements. A sparse round (SecAgg+,
+:mod:`common.secagg.sparse`) adds a stage, :meth:`SiteRounds.reveal` (the site's graph nonce), and
+checks the certificates of its neighbours only, as their advertisements' signatures are checked.
 """
 
 from __future__ import annotations
