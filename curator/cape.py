@@ -27,13 +27,17 @@ noise from the public plan itself, checks every other site's signed row count be
 aggregation withstands a curator that lies about the survivors (:mod:`common.secagg.protocol`).
 The job's ``S_C`` is the consumer's when it chose one (every owner refuses it at open if it is
 below the owner's floor), else the paper's default ``ceil(S / 3) - 1`` raised to the highest
-floor of the sites; the noise rounds' threshold is the least ``t`` with ``2 t > S + S_C``.
+floor of the sites; the noise rounds' threshold is the least ``t`` with ``2 t > S + S_C``. From
+:data:`common.secagg.graph.SPARSE_MIN_SITES` sites the noise rounds run SecAgg+ instead
+(:func:`noise_round_params`): a sparse graph meeting the same ``2^-40`` target against the same
+``S_C``, tolerating :func:`secagg_allowance` lost sites per neighbourhood.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -61,8 +65,10 @@ from common.ids import short_id
 from common.privacy.accounting import PrivacyEvent
 from common.privacy.ledger import Charge, SessionSpend
 from common.secagg.fixedpoint import FixedPoint
+from common.secagg.graph import failure_bound as graph_failure_bound
+from common.secagg.graph import plan_graph
 from common.secagg.protocol import RoundParams, min_threshold
-from curator.secagg import AggregationOutcome, aggregate
+from curator.secagg import AggregationOutcome, SitesLostError, aggregate
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +85,63 @@ CLIP_SIGMAS = 12.0
 RESOLUTION_BITS = 30
 #: The most noise rounds a one-release job runs before giving up (each rerun drops a site).
 MAX_ROUNDS = 4
+
+
+#: Lost sites a sparse noise round tolerates in every neighbourhood, as a fraction of the sites
+#: (at least 2): a round that loses more may abort the job, where one that loses fewer re-plans.
+SECAGG_ALLOWANCE_FRACTION = 0.02
+
+
+def secagg_allowance(sites: int) -> int:
+    """The dropout allowance of a sparse noise round of ``sites`` sites:
+    ``max(2, ceil(0.02 S))`` (2 at ``S = 100``, 20 at ``S = 1,000``)."""
+    return max(2, math.ceil(SECAGG_ALLOWANCE_FRACTION * sites))
+
+
+def noise_round_params(
+    sites: Sequence[str], colluders: int, length: int, fixed_point: FixedPoint
+) -> RoundParams:
+    """The parameters of a noise round over ``sites`` against ``colluders`` colluders.
+
+    SecAgg+'s sparse graph when :func:`common.secagg.graph.plan_graph` gives one (from
+    :data:`~common.secagg.graph.SPARSE_MIN_SITES` sites, with :func:`secagg_allowance`), else
+    the complete graph with the least threshold ``t`` with ``2 t > S + S_C``. Both defend
+    against ``S_C`` colluders and a lying curator; the sparse one except with probability
+    ``2^-40`` over its graph (:mod:`common.secagg.graph`).
+
+    Raises
+    ------
+    ValueError
+        If a parameter is out of range.
+    """
+    graph = plan_graph(len(sites), colluders, secagg_allowance(len(sites)))
+    if graph is None:
+        return RoundParams.create(
+            sites, min_threshold(len(sites), colluders), length, fixed_point, colluders=colluders
+        )
+    return RoundParams.create(
+        sites,
+        0,
+        length,
+        fixed_point,
+        colluders=colluders,
+        neighbours=graph.neighbours,
+        allowance=graph.allowance,
+    )
+
+
+def round_graph_report(params: RoundParams) -> dict[str, Any]:
+    """What a report states of a noise round's secure aggregation: its graph and thresholds."""
+    if params.sparse:
+        return {
+            "graph": "sparse",
+            "neighbours": params.neighbours,
+            "allowance": params.allowance,
+            "failure_bound": graph_failure_bound(
+                len(params.sites), params.colluders, params.neighbours, params.allowance
+            ),
+        }
+    return {"graph": "complete", "threshold": params.threshold}
 
 
 @dataclass(frozen=True)
@@ -345,20 +408,24 @@ class _CapeRun(Generic[SpecT, PlanT]):
             self.sites[name].size = size
         plan = self._plan(sizes, first_iteration, sc)
         scale = max(sigma for _, sigma in planned.values())
-        params = RoundParams.create(
+        params = noise_round_params(
             alive,
-            min_threshold(len(alive), sc),
+            sc,
             self._round_length(plan),
             FixedPoint(CLIP_SIGMAS * scale, RESOLUTION_BITS, len(alive)),
-            colluders=sc,
         )
         t0 = time.perf_counter()
-        outcome: AggregationOutcome = await aggregate(
-            {n: self.sites[n].endpoint for n in alive},
-            self.job_id,
-            params,
-            timeout=self.call_timeout,
-        )
+        try:
+            outcome: AggregationOutcome = await aggregate(
+                {n: self.sites[n].endpoint for n in alive},
+                self.job_id,
+                params,
+                timeout=self.call_timeout,
+            )
+        except SitesLostError as exc:  # a sparse round lost sites before its graph was fixed
+            self.timings.add("secure_aggregation", t0)
+            self.dropped.update(exc.dropped)
+            return [n for n in alive if n not in exc.lost]
         self.timings.add("secure_aggregation", t0)
         self.dropped.update(outcome.dropped)
         # A site lost at unmasking is still a survivor (its draw is in the sum) but never
@@ -475,6 +542,7 @@ class _OneReleaseJob(_CapeRun[SpecT, OnePlanT], Generic[SpecT, OnePlanT, ResultT
                 "lost_at_release": sorted(set(alive) - set(releases)),
                 "dropped": dict(self.dropped),
                 "noise_rounds": rounds,
+                "secure_aggregation": round_graph_report(attempt.params),
                 **self._guarantee_report(plan),
             }
             t0 = time.perf_counter()
@@ -615,6 +683,7 @@ class CapeTrainingJob(_CapeRun[CapeTrainingSpec, CapeTrainingPlan]):
             segment: dict[str, Any] = {
                 "first_iteration": t,
                 "sites": list(alive),
+                "secure_aggregation": round_graph_report(attempt.params),
                 "site_noise_std": list(plan.site_scales),
                 "noise_std": plan.aggregator_std(),
             }

@@ -24,6 +24,7 @@ from common.cape.spec import AnyCapeSpec
 from common.errors import DPMarketError, FailedPreconditionError
 from common.privacy.ledger import SessionSpend
 from common.schema import Schema
+from common.secagg.endpoints import MaskedInput, SurvivorAttestation
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.summarization.rff import RFFParams
@@ -241,12 +242,33 @@ class GrpcOwnerEndpoint:
         )
         return msg.advertisement_from_proto(response.advertisement)
 
+    async def reveal_nonce(
+        self,
+        job_id: str,
+        params: RoundParams,
+        advertisements: Mapping[str, KeyAdvertisement],
+        certificates: Mapping[str, bytes],
+    ) -> bytes:
+        """RevealNonce (sparse rounds)."""
+        request = secure_aggregation_pb2.RevealNonceRequest(
+            round=msg.round_to_proto(job_id, params),
+            advertisements=[
+                msg.advertisement_to_proto(ad, certificates.get(site, b""))
+                for site, ad in sorted(advertisements.items())
+            ],
+        )
+        response = await self._call(
+            lambda: self._secagg.RevealNonce(request, timeout=self.deadline)
+        )
+        return bytes(response.nonce)
+
     async def share_keys(
         self,
         job_id: str,
         params: RoundParams,
         advertisements: Mapping[str, KeyAdvertisement],
         certificates: Mapping[str, bytes],
+        nonces: Mapping[str, bytes] | None = None,
     ) -> dict[str, bytes]:
         """ShareKeys."""
         request = secure_aggregation_pb2.ShareKeysRequest(
@@ -255,15 +277,19 @@ class GrpcOwnerEndpoint:
                 msg.advertisement_to_proto(ad, certificates.get(site, b""))
                 for site, ad in sorted(advertisements.items())
             ],
+            nonces=msg.nonces_to_proto(nonces or {}),
         )
         response = await self._call(lambda: self._secagg.ShareKeys(request, timeout=self.deadline))
         return {c.recipient: bytes(c.ciphertext) for c in response.ciphertexts}
 
+    def _me(self) -> str:
+        return self.expected.name if self.expected is not None else ""
+
     async def masked_input(
         self, job_id: str, params: RoundParams, ciphertexts: Mapping[str, bytes]
-    ) -> NDArray[np.uint64]:
+    ) -> MaskedInput:
         """MaskedInput."""
-        me = self.expected.name if self.expected is not None else ""
+        me = self._me()
         request = secure_aggregation_pb2.MaskedInputRequest(
             round=msg.round_to_proto(job_id, params),
             ciphertexts=msg.ciphertexts_to_proto(
@@ -273,11 +299,14 @@ class GrpcOwnerEndpoint:
         response = await self._call(
             lambda: self._secagg.MaskedInput(request, timeout=self.deadline)
         )
-        return msg.masked_from_proto(response.masked, params.vector_length)
+        return MaskedInput(
+            msg.masked_from_proto(response.masked, params.vector_length),
+            msg.tags_from_proto(response.acknowledgements, sender=me) if params.sparse else {},
+        )
 
     async def consistency_check(
         self, job_id: str, params: RoundParams, survivors: Sequence[str]
-    ) -> bytes:
+    ) -> SurvivorAttestation:
         """ConsistencyCheck."""
         request = secure_aggregation_pb2.ConsistencyCheckRequest(
             round=msg.round_to_proto(job_id, params), survivors=list(survivors)
@@ -285,7 +314,11 @@ class GrpcOwnerEndpoint:
         response = await self._call(
             lambda: self._secagg.ConsistencyCheck(request, timeout=self.deadline)
         )
-        return bytes(response.signature)
+        if params.sparse:
+            return SurvivorAttestation(
+                tags=msg.tags_from_proto(response.attestations, sender=self._me())
+            )
+        return SurvivorAttestation(signature=bytes(response.signature))
 
     async def unmask(
         self,
@@ -294,14 +327,24 @@ class GrpcOwnerEndpoint:
         survivors: Sequence[str],
         dropped: Sequence[str],
         signatures: Mapping[str, bytes],
+        acknowledgements: Mapping[str, bytes] | None = None,
     ) -> UnmaskResponse:
         """Unmask."""
         request = secure_aggregation_pb2.UnmaskRequest(
             round=msg.round_to_proto(job_id, params),
             survivors=list(survivors),
             dropped=list(dropped),
-            signatures=msg.signatures_to_proto(signatures),
         )
+        if params.sparse:
+            me = self._me()
+            request.attestations.extend(
+                msg.tags_to_proto((s, me, t) for s, t in sorted(signatures.items()))
+            )
+            request.acknowledgements.extend(
+                msg.tags_to_proto((s, me, t) for s, t in sorted((acknowledgements or {}).items()))
+            )
+        else:
+            request.signatures.extend(msg.signatures_to_proto(signatures))
         response = await self._call(lambda: self._secagg.Unmask(request, timeout=self.deadline))
         return msg.unmask_from_proto(response)
 

@@ -84,6 +84,11 @@ class LocalCluster:
     owner_binary_columns : sequence of str
         Columns every owner declares 0/1 (``serve-owner --binary-column``): the targets CAPE
         logistic regressions and trainings may use.
+    owners_per_process : int
+        1 (default): one ``dpmarket serve-owner`` process per owner, as in a deployment. More:
+        owners are served in groups of that many per process (:mod:`deploy.owner_group`), each
+        still with its own gRPC server, port, certificate, policy and ledger: for many owners on
+        one machine (an owner process takes ~240 MB). :meth:`kill_owner` is then refused.
     insecure : bool
         Plaintext gRPC with no certificates (``--insecure`` on every service): only to measure
         what mTLS costs (``make bench``).
@@ -119,7 +124,11 @@ class LocalCluster:
         sketch_specs: Sequence[str | os.PathLike[str]] = (),
         sketch_seed: int | None = None,
         allocation_sketch_spec: str | None = None,
+        owners_per_process: int = 1,
     ) -> None:
+        if owners_per_process < 1:
+            raise ValueError(f"owners_per_process must be >= 1, got {owners_per_process}")
+        self.owners_per_process = owners_per_process
         self.owner_files = [str(f) for f in owner_files]
         self.owner_tables = [str(t) for t in owner_tables]
         self.owner_binary_columns = list(owner_binary_columns)
@@ -214,31 +223,70 @@ class LocalCluster:
             time.sleep(0.05)
         raise UnavailableError(f"{name} did not start within {START_TIMEOUT_SECONDS:.0f} s")
 
+    def _owner_args(self, i: int, owner_id: str) -> list[str]:
+        """``serve-owner`` arguments of owner ``i`` (``--port-file`` apart)."""
+        args = ["--port", "0"]
+        if self.owner_files:
+            args += ["--data", self.owner_files[i]]
+        if self.owner_tables:
+            args += ["--table", self.owner_tables[i]]
+            for column in self.owner_binary_columns:
+                args += ["--binary-column", column]
+        args += self._tls_args(owner_id)
+        args += ["--data-dir", str(self.owner_state(owner_id))]
+        if self.owner_policy is not None:
+            args += ["--policy", self.owner_policy]
+        if self.allow_seeded_sessions:
+            args.append("--allow-seeded-sessions")
+        return args
+
     def start(self) -> None:
         """Issue the certificates, start every owner, then the curator pointed at them."""
         if not self.insecure:
             self.issue_certificates()
-        spawned = []
-        for i, owner_id in enumerate(self.owner_ids):
-            args = ["serve-owner", "--port", "0"]
-            if self.owner_files:
-                args += ["--data", self.owner_files[i]]
-            if self.owner_tables:
-                args += ["--table", self.owner_tables[i]]
-                for column in self.owner_binary_columns:
-                    args += ["--binary-column", column]
-            args += self._tls_args(owner_id)
-            args += ["--data-dir", str(self.owner_state(owner_id))]
-            if self.owner_policy is not None:
-                args += ["--policy", self.owner_policy]
-            if self.allow_seeded_sessions:
-                args.append("--allow-seeded-sessions")
-            process, port_file = self._spawn(owner_id, args)
-            self.owner_processes.append(process)
-            spawned.append((owner_id, process, port_file))
-        for owner_id, process, port_file in spawned:
-            self.owner_targets.append(f"127.0.0.1:{self._wait_port(owner_id, process, port_file)}")
+        if self.owners_per_process > 1:
+            self._start_owner_groups()
+        else:
+            spawned = []
+            for i, owner_id in enumerate(self.owner_ids):
+                args = ["serve-owner", *self._owner_args(i, owner_id)]
+                process, port_file = self._spawn(owner_id, args)
+                self.owner_processes.append(process)
+                spawned.append((owner_id, process, port_file))
+            for owner_id, process, port_file in spawned:
+                port = self._wait_port(owner_id, process, port_file)
+                self.owner_targets.append(f"127.0.0.1:{port}")
         self.start_curator()
+
+    def _start_owner_groups(self) -> None:
+        """Start the owners in groups of ``owners_per_process`` per process."""
+        size = self.owners_per_process
+        tmp = Path(self._tmp.name)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        waiting = []
+        for first in range(0, len(self.owner_ids), size):
+            group = self.owner_ids[first : first + size]
+            specs, port_files = [], []
+            for i, owner_id in enumerate(group, start=first):
+                port_file = tmp / f"{owner_id}.port"
+                port_file.unlink(missing_ok=True)
+                specs.append([*self._owner_args(i, owner_id), "--port-file", str(port_file)])
+                port_files.append(port_file)
+            name = f"owners-{first // size}"
+            spec = tmp / f"{name}.json"
+            spec.write_text(json.dumps(specs), encoding="utf-8")
+            log = (self.log_dir / f"{name}.log").open("ab")
+            process = subprocess.Popen(
+                [sys.executable, "-m", "deploy.owner_group", str(spec)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+            log.close()
+            self.owner_processes.append(process)
+            waiting += [(name, process, f) for f in port_files]
+        for name, process, port_file in waiting:
+            self.owner_targets.append(f"127.0.0.1:{self._wait_port(name, process, port_file)}")
 
     def start_curator(self) -> None:
         """Start (or restart) the curator against the running owners."""
@@ -338,7 +386,15 @@ class LocalCluster:
         self.curator_process.wait()
 
     def kill_owner(self, index: int) -> None:
-        """Kill one owner process abruptly (SIGKILL), as a crashed machine would vanish."""
+        """Kill one owner process abruptly (SIGKILL), as a crashed machine would vanish.
+
+        Raises
+        ------
+        ValueError
+            If owners share processes (``owners_per_process > 1``).
+        """
+        if self.owners_per_process > 1:
+            raise ValueError("owners share processes: killing one would kill its whole group")
         process = self.owner_processes[index]
         process.kill()
         process.wait()

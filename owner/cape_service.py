@@ -44,14 +44,24 @@ class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationSer
         )
 
     @rpc("curator")
+    async def RevealNonce(self, request, context, caller):  # type: ignore[no-untyped-def]
+        job_id, params = msg.round_from_proto(request.round)
+        self._job_of(job_id, caller)
+        ads, certificates = msg.advertisements_from_proto(request.advertisements)
+        nonce = await asyncio.to_thread(
+            self.rounds.reveal, job_id, params.round_id, ads, certificates
+        )
+        return secure_aggregation_pb2.RevealNonceResponse(nonce=nonce)
+
+    @rpc("curator")
     async def ShareKeys(self, request, context, caller):  # type: ignore[no-untyped-def]
         job_id, params = msg.round_from_proto(request.round)
         self._job_of(job_id, caller)
-        ads, certificates = {}, {}
-        for message in request.advertisements:
-            ad, certificate = msg.advertisement_from_proto(message)
-            ads[ad.site], certificates[ad.site] = ad, certificate
-        out = await asyncio.to_thread(self.rounds.share, job_id, params.round_id, ads, certificates)
+        ads, certificates = msg.advertisements_from_proto(request.advertisements)
+        nonces = msg.nonces_from_proto(request.nonces) if params.sparse else None
+        out = await asyncio.to_thread(
+            self.rounds.share, job_id, params.round_id, ads, certificates, nonces
+        )
         me = self.jobs.name
         return secure_aggregation_pb2.ShareKeysResponse(
             ciphertexts=msg.ciphertexts_to_proto((me, r, c) for r, c in sorted(out.items()))
@@ -64,22 +74,37 @@ class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationSer
         me = self.jobs.name
         cts = {c.sender: bytes(c.ciphertext) for c in request.ciphertexts if c.recipient == me}
         masked = await asyncio.to_thread(self.rounds.masked, job_id, params.round_id, cts)
-        return secure_aggregation_pb2.MaskedInputResponse(masked=msg.masked_to_proto(masked))
+        return secure_aggregation_pb2.MaskedInputResponse(
+            masked=msg.masked_to_proto(masked.vector),
+            acknowledgements=msg.tags_to_proto(
+                (me, r, t) for r, t in sorted(masked.acknowledgements.items())
+            ),
+        )
 
     @rpc("curator")
     async def ConsistencyCheck(self, request, context, caller):  # type: ignore[no-untyped-def]
         job_id, params = msg.round_from_proto(request.round)
         self._job_of(job_id, caller)
-        signature = await asyncio.to_thread(
+        attestation = await asyncio.to_thread(
             self.rounds.check, job_id, params.round_id, list(request.survivors)
         )
-        return secure_aggregation_pb2.ConsistencyCheckResponse(signature=signature)
+        me = self.jobs.name
+        return secure_aggregation_pb2.ConsistencyCheckResponse(
+            signature=attestation.signature,
+            attestations=msg.tags_to_proto((me, r, t) for r, t in sorted(attestation.tags.items())),
+        )
 
     @rpc("curator")
     async def Unmask(self, request, context, caller):  # type: ignore[no-untyped-def]
         job_id, params = msg.round_from_proto(request.round)
         self._job_of(job_id, caller)
-        signatures = msg.signatures_from_proto(request.signatures)
+        if params.sparse:
+            me = self.jobs.name
+            signatures = msg.tags_from_proto(request.attestations, recipient=me)
+            acknowledgements = msg.tags_from_proto(request.acknowledgements, recipient=me)
+        else:
+            signatures = msg.signatures_from_proto(request.signatures)
+            acknowledgements = {}
         response = await asyncio.to_thread(
             self.rounds.unmask,
             job_id,
@@ -87,6 +112,7 @@ class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationSer
             list(request.survivors),
             list(request.dropped),
             signatures,
+            acknowledgements,
         )
         return msg.unmask_to_proto(response)
 

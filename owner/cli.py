@@ -17,9 +17,10 @@ import json
 import logging
 import sqlite3
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
@@ -47,7 +48,11 @@ from runtime.cli import (
     write_output,
 )
 from runtime.schemas import load_schema
-from runtime.transport import BindError
+from runtime.transport import BindError, TransportSecurity
+
+if TYPE_CHECKING:
+    from owner.cape import CapeSite
+    from owner.protocol import Owner
 
 __all__ = [
     "ledger_report",
@@ -414,12 +419,77 @@ def serve_owner(
     """Serve one data owner's private dataset over gRPC (mTLS), under its own policy."""
     from threadpoolctl import threadpool_limits
 
-    from owner.cape import CapeSite
-    from owner.protocol import Owner
     from owner.service import serve_owner as serve
-    from owner.service import site_identity
 
     ensure_info_logging()
+    opened = open_owner(
+        data_path,
+        schema_path,
+        table_path,
+        binary_columns,
+        label_column,
+        owner_id,
+        policy_path,
+        data_dir,
+        allow_seeded_sessions,
+        **tls,
+    )
+    try:
+        with threadpool_limits(limits=blas_threads, user_api="blas"):
+            asyncio.run(
+                serve(
+                    opened.owner,
+                    f"{host}:{port}",
+                    opened.security,
+                    curators=opened.policy.curators,
+                    cape=opened.cape,
+                    port_file=port_file,
+                )
+            )
+    except BindError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        opened.ledger.close()
+
+
+@dataclass
+class OpenedOwner:
+    """An owner ready to serve (:func:`open_owner`): its protocol objects, ledger, policy and
+    transport security. Close the ledger when done."""
+
+    owner: Owner
+    cape: CapeSite
+    ledger: OwnerLedger
+    policy: OwnerPolicy
+    security: TransportSecurity
+
+
+def open_owner(
+    data_path: str | None,
+    schema_path: str | None,
+    table_path: str | None,
+    binary_columns: tuple[str, ...],
+    label_column: str,
+    owner_id: str | None,
+    policy_path: str | None,
+    data_dir: str,
+    allow_seeded_sessions: bool,
+    **tls: Any,
+) -> OpenedOwner:
+    """Read an owner's data, policy and ledger as ``serve-owner`` does, without serving it.
+
+    The options are ``serve-owner``'s (:func:`serve_owner`); :mod:`deploy.owner_group` serves
+    several owners opened this way from one process.
+
+    Raises
+    ------
+    click.UsageError, click.BadParameter, click.ClickException
+        On bad options, or data, a schema, a policy or a ledger that cannot be read.
+    """
+    from owner.cape import CapeSite
+    from owner.protocol import Owner
+    from owner.service import site_identity
+
     if schema_path is not None:
         if data_path is None or table_path is not None:
             raise click.UsageError(
@@ -491,22 +561,7 @@ def serve_owner(
         left.delta,
         left.points,
     )
-    try:
-        with threadpool_limits(limits=blas_threads, user_api="blas"):
-            asyncio.run(
-                serve(
-                    owner,
-                    f"{host}:{port}",
-                    security,
-                    curators=policy.curators,
-                    cape=cape,
-                    port_file=port_file,
-                )
-            )
-    except BindError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        ledger.close()
+    return OpenedOwner(owner, cape, ledger, policy, security)
 
 
 # ------------------------------------------------------------------------- sketches

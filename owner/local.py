@@ -17,6 +17,7 @@ from common.cape.endpoints import OpenedJob
 from common.cape.spec import AnyCapeSpec
 from common.privacy.ledger import SessionSpend
 from common.schema import Schema
+from common.secagg.endpoints import MaskedInput, SurvivorAttestation
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.summarization.rff import RFFParams
@@ -110,25 +111,36 @@ class LocalSecureAggregationEndpoint:
         """See :meth:`SiteRounds.advertise`."""
         return self.rounds.advertise(job_id, params)
 
+    async def reveal_nonce(
+        self,
+        job_id: str,
+        params: RoundParams,
+        advertisements: Mapping[str, KeyAdvertisement],
+        certificates: Mapping[str, bytes],
+    ) -> bytes:
+        """See :meth:`SiteRounds.reveal`."""
+        return self.rounds.reveal(job_id, params.round_id, advertisements, certificates)
+
     async def share_keys(
         self,
         job_id: str,
         params: RoundParams,
         advertisements: Mapping[str, KeyAdvertisement],
         certificates: Mapping[str, bytes],
+        nonces: Mapping[str, bytes] | None = None,
     ) -> dict[str, bytes]:
         """See :meth:`SiteRounds.share`."""
-        return self.rounds.share(job_id, params.round_id, advertisements, certificates)
+        return self.rounds.share(job_id, params.round_id, advertisements, certificates, nonces)
 
     async def masked_input(
         self, job_id: str, params: RoundParams, ciphertexts: Mapping[str, bytes]
-    ) -> NDArray[np.uint64]:
+    ) -> MaskedInput:
         """See :meth:`SiteRounds.masked`."""
         return self.rounds.masked(job_id, params.round_id, ciphertexts)
 
     async def consistency_check(
         self, job_id: str, params: RoundParams, survivors: Sequence[str]
-    ) -> bytes:
+    ) -> SurvivorAttestation:
         """See :meth:`SiteRounds.check`."""
         return self.rounds.check(job_id, params.round_id, survivors)
 
@@ -139,9 +151,12 @@ class LocalSecureAggregationEndpoint:
         survivors: Sequence[str],
         dropped: Sequence[str],
         signatures: Mapping[str, bytes],
+        acknowledgements: Mapping[str, bytes] | None = None,
     ) -> UnmaskResponse:
         """See :meth:`SiteRounds.unmask`."""
-        return self.rounds.unmask(job_id, params.round_id, survivors, dropped, signatures)
+        return self.rounds.unmask(
+            job_id, params.round_id, survivors, dropped, signatures, acknowledgements
+        )
 
 
 class LocalCapeSiteEndpoint(LocalSecureAggregationEndpoint):

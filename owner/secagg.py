@@ -14,7 +14,9 @@ secure-aggregation service asks of the owner's jobs before it runs a round of on
 anything in a round, the owner checks that the round defends against at least as many colluders
 as its policy's floor (and its job's plan) require, which fixes how high the threshold must be
 (:class:`common.secagg.protocol.RoundParams`); the survivors' signatures of the consistency check
-are verified with the same certificates as the key advertisements.
+are verified with the same certificates as the key advertisements. A sparse round (SecAgg+,
+:mod:`common.secagg.sparse`) adds a stage, :meth:`SiteRounds.reveal` (the site's graph nonce), and
+checks the certificates of its neighbours only, as their advertisements' signatures are checked.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from numpy.typing import NDArray
 from common.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from common.ids import short_id
 from common.secagg.crypto import EcdsaSigner, EcdsaVerifier, SecAggError, Signer
+from common.secagg.endpoints import MaskedInput, SurvivorAttestation
 from common.secagg.protocol import KeyAdvertisement, RoundParams, SecAggSite, UnmaskResponse
+from common.secagg.sparse import SparseSecAggSite, make_site
 from runtime.identity import Identity, identity_from_certificate
 
 logger = logging.getLogger(__name__)
@@ -174,12 +178,22 @@ class SiteIdentity:
 class CertificateVerifier:
     """:class:`~common.secagg.crypto.Verifier` of one round: admits each site's key from a
     certificate that chains to the CA, is valid now and names ``owner:<site>``; then checks
-    signatures with the admitted keys (and the identity's trusted keys)."""
+    signatures with the admitted keys (and the identity's trusted keys).
+
+    Certificates are admitted all at once (:meth:`admit`, complete-graph rounds, where every
+    advertisement is checked) or offered and admitted at the first signature of their site
+    (:meth:`offer`, sparse rounds, where only the neighbours' are checked)."""
 
     def __init__(self, identity: SiteIdentity) -> None:
         self._identity = identity
         self._keys: dict[str, ec.EllipticCurvePublicKey] = {}
+        self._offered: dict[str, bytes] = {}
         self._verifier = EcdsaVerifier({})
+
+    def offer(self, certificates: Mapping[str, bytes]) -> None:
+        """Keep the given sites' certificates, to be checked and admitted when a signature of
+        their site is first verified (a refused certificate then fails that verification)."""
+        self._offered.update(certificates)
 
     def admit(self, certificates: Mapping[str, bytes]) -> None:
         """Check and admit the given sites' certificates (a site with an empty certificate is
@@ -199,13 +213,16 @@ class CertificateVerifier:
         self._verifier = EcdsaVerifier(self._keys)
 
     def verify(self, site: str, message: bytes, signature: bytes) -> None:
-        """Raise :class:`SecAggError` unless ``signature`` is the admitted key's of ``site``."""
+        """Raise :class:`SecAggError` unless ``signature`` is the admitted key's of ``site``
+        (admitting its offered certificate first, if any)."""
+        if site not in self._keys and site in self._offered:
+            self.admit({site: self._offered.pop(site)})
         self._verifier.verify(site, message, signature)
 
 
 @dataclass
 class _Round:
-    site: SecAggSite
+    site: SecAggSite | SparseSecAggSite
     verifier: CertificateVerifier
     lock: threading.Lock
 
@@ -304,7 +321,7 @@ class SiteRounds:
             self.admit(job_id, params)
         key = (job_id, params.round_id)
         verifier = identity.verifier()
-        site = SecAggSite(identity.name, params, signer=identity.signer, verifier=verifier)
+        site = make_site(identity.name, params, signer=identity.signer, verifier=verifier)
         entry = _Round(site, verifier, threading.Lock())
         with self._lock:
             if key in self._rounds:
@@ -313,31 +330,66 @@ class SiteRounds:
         with entry.lock:
             return site.advertise_keys(), identity.certificate_pem
 
+    def reveal(
+        self,
+        job_id: str,
+        round_id: bytes,
+        advertisements: Mapping[str, KeyAdvertisement],
+        certificates: Mapping[str, bytes],
+    ) -> bytes:
+        """Sparse rounds, between rounds 0 and 1: record every advertisement (its certificate is
+        checked when the site turns out to be a neighbour) and reveal this site's graph nonce.
+
+        Raises
+        ------
+        FailedPreconditionError
+            For a complete-graph round, or out of order.
+        SecAggError, NotFoundError
+            As :meth:`common.secagg.sparse.SparseSecAggSite.reveal_nonce`.
+        """
+        identity = self._require_identity()
+        entry = self._round(job_id, round_id)
+        with entry.lock:
+            site = entry.site
+            if not isinstance(site, SparseSecAggSite):
+                raise FailedPreconditionError("a complete-graph round has no nonce to reveal")
+            entry.verifier.offer(
+                {s: certificates.get(s, b"") for s in advertisements if s != identity.name}
+            )
+            return site.reveal_nonce(advertisements)
+
     def share(
         self,
         job_id: str,
         round_id: bytes,
         advertisements: Mapping[str, KeyAdvertisement],
         certificates: Mapping[str, bytes],
+        nonces: Mapping[str, bytes] | None = None,
     ) -> dict[str, bytes]:
         """Round 1: check every advertisement's certificate and signature; share this site's
-        secrets. A certificate or signature that fails aborts the round at this site."""
+        secrets. A certificate or signature that fails aborts the round at this site. Sparse
+        rounds take the nonces instead (the advertisements came with :meth:`reveal`) and check
+        the neighbours' only."""
         identity = self._require_identity()
         entry = self._round(job_id, round_id)
         with entry.lock:
+            site = entry.site
+            if isinstance(site, SparseSecAggSite):
+                if nonces is None:
+                    raise FailedPreconditionError("a sparse round's key sharing needs the nonces")
+                return site.share_keys(nonces)
             try:
                 entry.verifier.admit(
                     {s: certificates.get(s, b"") for s in advertisements if s != identity.name}
                 )
             except SecAggError as exc:
                 # A refused certificate ends the round here, as a refused signature does.
-                raise entry.site.abort(str(exc)) from None
-            return entry.site.share_keys(advertisements)
+                raise site.abort(str(exc)) from None
+            return site.share_keys(advertisements)
 
-    def masked(
-        self, job_id: str, round_id: bytes, ciphertexts: Mapping[str, bytes]
-    ) -> NDArray[np.uint64]:
-        """Round 2: this site's masked input (its job's input for this round).
+    def masked(self, job_id: str, round_id: bytes, ciphertexts: Mapping[str, bytes]) -> MaskedInput:
+        """Round 2: this site's masked input (its job's input for this round), with its
+        acknowledgements in sparse rounds.
 
         Raises
         ------
@@ -355,7 +407,11 @@ class SiteRounds:
         with entry.lock:
             vector = self.inputs(job_id, entry.site.params)
             try:
-                return entry.site.masked_input(ciphertexts, vector, self.rng(job_id))
+                masked = entry.site.masked_input(ciphertexts, vector, self.rng(job_id))
+                acks = (
+                    entry.site.acknowledgements if isinstance(entry.site, SparseSecAggSite) else {}
+                )
+                return MaskedInput(masked, acks)
             except SecAggError:
                 raise
             except ValueError as exc:
@@ -371,11 +427,15 @@ class SiteRounds:
                     f"{clip:g}]"
                 ) from None
 
-    def check(self, job_id: str, round_id: bytes, survivors: Sequence[str]) -> bytes:
-        """Round 3: this site's signature of the survivor list (once per round)."""
+    def check(self, job_id: str, round_id: bytes, survivors: Sequence[str]) -> SurvivorAttestation:
+        """Round 3: this site's signature of the survivor list (sparse rounds: its tags of it
+        for its surviving neighbours), once per round."""
         entry = self._round(job_id, round_id)
         with entry.lock:
-            return entry.site.check_consistency(survivors)
+            site = entry.site
+            if isinstance(site, SparseSecAggSite):
+                return SurvivorAttestation(tags=site.attest(survivors))
+            return SurvivorAttestation(signature=site.check_consistency(survivors))
 
     def unmask(
         self,
@@ -384,12 +444,19 @@ class SiteRounds:
         survivors: Sequence[str],
         dropped: Sequence[str],
         signatures: Mapping[str, bytes],
+        acknowledgements: Mapping[str, bytes] | None = None,
     ) -> UnmaskResponse:
         """Round 4: the shares the aggregator needs, after ``t`` survivors' signatures of the
-        list this site signed are verified; the round is then over at this site."""
+        list this site signed are verified (sparse rounds: ``t_v - 1`` neighbours' tags, and the
+        acknowledgements of the survivors whose shares it reveals); the round is then over at
+        this site."""
         entry = self._round(job_id, round_id)
         with entry.lock:
-            response = entry.site.unmask(survivors, dropped, signatures)
+            site = entry.site
+            if isinstance(site, SparseSecAggSite):
+                response = site.unmask(survivors, dropped, signatures, acknowledgements or {})
+            else:
+                response = site.unmask(survivors, dropped, signatures)
         if self.on_finished is not None:
             self.on_finished(job_id, round_id, tuple(sorted(survivors)))
         return response

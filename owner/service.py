@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 
 import grpc
 
@@ -187,7 +188,32 @@ def owner_authorizer(curators: tuple[str, ...], security: TransportSecurity) -> 
     return Authorizer({"curator": curators}, insecure_peer=insecure_peer)
 
 
-async def serve_owner(
+@dataclass
+class RunningOwner:
+    """An owner's started gRPC server (:func:`start_owner`) and its idle-session reaper.
+
+    Attributes
+    ----------
+    server : grpc.aio.Server
+    port : int
+        The bound port.
+    reaper : asyncio.Task or None
+        Expires idle sessions and jobs (``None`` without an idle timeout).
+    """
+
+    server: grpc.aio.Server
+    port: int
+    reaper: asyncio.Task[None] | None
+
+    async def close(self) -> None:
+        """Stop the reaper (the server is stopped by whoever serves it)."""
+        if self.reaper is not None:
+            self.reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.reaper
+
+
+async def start_owner(
     owner: Owner,
     address: str,
     security: TransportSecurity,
@@ -195,27 +221,14 @@ async def serve_owner(
     curators: tuple[str, ...],
     cape: CapeSite | None = None,
     port_file: str | None = None,
-) -> None:
-    """Serve ``owner`` on ``address`` until SIGTERM/SIGINT; write the bound port to a file.
+) -> RunningOwner:
+    """Start serving ``owner`` on ``address`` and return at once (:func:`serve_owner` also waits
+    for a signal). Parameters as :func:`serve_owner`.
 
-    Serves the summarization protocol (``OwnerService``) and, with ``cape``, CAPE jobs
-    (``CapeSiteService``) and their secure aggregation (``SecureAggregationService``).
-
-    Parameters
-    ----------
-    owner : Owner
-        With its ledger, limits and idle timeout set.
-    cape : CapeSite, optional
-        The owner's CAPE jobs over its table (same ledger), with its signing identity
-        (:func:`site_identity`) and its policy's floor on colluders.
-    address : str
-        ``host:port``; port 0 picks a free port.
-    security : TransportSecurity
-        mTLS credentials, or plaintext (``--insecure``).
-    curators : tuple of str
-        Names of the curator certificates this owner serves (its policy's ``curators``).
-    port_file : str, optional
-        Where to write the bound port.
+    Raises
+    ------
+    runtime.serving.BindError
+        If the address cannot be bound.
     """
     authorizer = owner_authorizer(curators, security)
     names = [owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].full_name]
@@ -249,10 +262,43 @@ async def serve_owner(
     if owner.idle_timeout is not None:
         period = max(0.05, min(owner.idle_timeout / 4, 30.0))
         reaper = asyncio.create_task(_expire_idle_sessions(owner, period, cape))
+    return RunningOwner(server, port, reaper)
+
+
+async def serve_owner(
+    owner: Owner,
+    address: str,
+    security: TransportSecurity,
+    *,
+    curators: tuple[str, ...],
+    cape: CapeSite | None = None,
+    port_file: str | None = None,
+) -> None:
+    """Serve ``owner`` on ``address`` until SIGTERM/SIGINT; write the bound port to a file.
+
+    Serves the summarization protocol (``OwnerService``) and, with ``cape``, CAPE jobs
+    (``CapeSiteService``) and their secure aggregation (``SecureAggregationService``).
+
+    Parameters
+    ----------
+    owner : Owner
+        With its ledger, limits and idle timeout set.
+    cape : CapeSite, optional
+        The owner's CAPE jobs over its table (same ledger), with its signing identity
+        (:func:`site_identity`) and its policy's floor on colluders.
+    address : str
+        ``host:port``; port 0 picks a free port.
+    security : TransportSecurity
+        mTLS credentials, or plaintext (``--insecure``).
+    curators : tuple of str
+        Names of the curator certificates this owner serves (its policy's ``curators``).
+    port_file : str, optional
+        Where to write the bound port.
+    """
+    running = await start_owner(
+        owner, address, security, curators=curators, cape=cape, port_file=port_file
+    )
     try:
-        await serve_until_signalled(server)
+        await serve_until_signalled(running.server)
     finally:
-        if reaper is not None:
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
+        await running.close()

@@ -208,6 +208,8 @@ def round_to_proto(
         clip=fp.clip,
         resolution_bits=fp.resolution_bits,
         colluders=params.colluders,
+        neighbours=params.neighbours,
+        allowance=params.allowance,
     )
 
 
@@ -234,6 +236,8 @@ def round_from_proto(
             vector_length=int(message.vector_length),
             fixed_point=fixed_point,
             colluders=int(message.colluders),
+            neighbours=int(message.neighbours),
+            allowance=int(message.allowance),
         )
     except ValueError as exc:
         raise InvalidArgumentError(f"secure-aggregation round: {exc}") from exc
@@ -250,6 +254,7 @@ def advertisement_to_proto(
         s_public=ad.s_public,
         signature=ad.signature,
         certificate=certificate,
+        commitment=ad.commitment,
     )
 
 
@@ -263,9 +268,74 @@ def advertisement_from_proto(
             c_public=bytes(message.c_public),
             s_public=bytes(message.s_public),
             signature=bytes(message.signature),
+            commitment=bytes(message.commitment),
         ),
         bytes(message.certificate),
     )
+
+
+def advertisements_from_proto(
+    messages: Iterable[secure_aggregation_pb2.KeyAdvertisement],
+) -> tuple[dict[str, KeyAdvertisement], dict[str, bytes]]:
+    """KeyAdvertisement messages -> (site -> advertisement, site -> certificate PEM)."""
+    ads: dict[str, KeyAdvertisement] = {}
+    certificates: dict[str, bytes] = {}
+    for message in messages:
+        ad, certificate = advertisement_from_proto(message)
+        ads[ad.site], certificates[ad.site] = ad, certificate
+    return ads, certificates
+
+
+def nonces_to_proto(nonces: Mapping[str, bytes]) -> list[secure_aggregation_pb2.SiteNonce]:
+    """Site -> revealed graph nonce -> SiteNonce messages, sorted by site."""
+    return [secure_aggregation_pb2.SiteNonce(site=s, nonce=n) for s, n in sorted(nonces.items())]
+
+
+def nonces_from_proto(messages: Iterable[secure_aggregation_pb2.SiteNonce]) -> dict[str, bytes]:
+    """SiteNonce messages -> site -> nonce.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If a site appears twice.
+    """
+    out: dict[str, bytes] = {}
+    for message in messages:
+        if message.site in out:
+            raise InvalidArgumentError(f"two graph nonces of {message.site!r}")
+        out[message.site] = bytes(message.nonce)
+    return out
+
+
+def tags_to_proto(
+    triples: Iterable[tuple[str, str, bytes]],
+) -> list[secure_aggregation_pb2.PairTag]:
+    """(sender, recipient, tag) triples -> PairTag messages."""
+    return [secure_aggregation_pb2.PairTag(sender=s, recipient=r, tag=t) for s, r, t in triples]
+
+
+def tags_from_proto(
+    messages: Iterable[secure_aggregation_pb2.PairTag], *, sender: str = "", recipient: str = ""
+) -> dict[str, bytes]:
+    """PairTag messages from ``sender`` (keyed by recipient) or to ``recipient`` (keyed by
+    sender); tags of another sender or recipient are ignored.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If neither or both of ``sender`` and ``recipient`` are given, or a key appears twice.
+    """
+    if bool(sender) == bool(recipient):
+        raise InvalidArgumentError("give the sender or the recipient of the tags")
+    out: dict[str, bytes] = {}
+    for message in messages:
+        if (sender and message.sender != sender) or (recipient and message.recipient != recipient):
+            continue
+        key = message.recipient if sender else message.sender
+        if key in out:
+            raise InvalidArgumentError(f"two tags between {key!r} and this site")
+        out[key] = bytes(message.tag)
+    return out
 
 
 def ciphertexts_to_proto(

@@ -127,18 +127,33 @@ async def start_server(
 
 async def serve_until_signalled(server: grpc.aio.Server, grace_seconds: float = 5.0) -> None:
     """Wait for the server to end; on SIGTERM or SIGINT stop it gracefully."""
+    await serve_all_until_signalled([server], grace_seconds)
+
+
+async def serve_all_until_signalled(
+    servers: Sequence[grpc.aio.Server], grace_seconds: float = 5.0
+) -> None:
+    """Wait until every server has ended; on SIGTERM or SIGINT stop them all gracefully.
+
+    Several servers of one process (each its own port and identity: a launcher's group of
+    owners) share the process's signal handlers, which this installs once.
+    """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    waiter = asyncio.create_task(server.wait_for_termination())
+    waiter = asyncio.create_task(_all_terminated(servers))
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
     if stop.is_set():
         logger.info("signal received: stopping within %.0f s", grace_seconds)
-        await server.stop(grace_seconds)
+        await asyncio.gather(*(server.stop(grace_seconds) for server in servers))
     waiter.cancel()
     stopper.cancel()
+
+
+async def _all_terminated(servers: Sequence[grpc.aio.Server]) -> None:
+    await asyncio.gather(*(server.wait_for_termination() for server in servers))
 
 
 def write_port(path: str, port: int) -> None:

@@ -5,10 +5,19 @@ fixed-point encoding of reals into ``Z_{2^k}`` (:mod:`.fixedpoint`), the primiti
 ``cryptography`` package (:mod:`.crypto`: X25519 + HKDF-SHA256, AES-256-GCM, the AES-256-CTR mask
 generator, ECDSA P-256 signatures) and the five rounds, consistency check included, as state
 objects (:mod:`.protocol`), secure against an aggregator that lies and ``S_C`` colluding sites.
-Used by CAPE (CAPE paper, Algorithm 1, step 3) to sum the sites' noise draws.
+For many sites, SecAgg+ (Bell et al., CCS 2020): the same defences on a sparse random graph whose
+seed the sites draw and whose degree grows like ``log S`` (:mod:`.graph`: the graph and the
+derivation of its parameters; :mod:`.sparse`: the six stages). Used by CAPE (CAPE paper,
+Algorithm 1, step 3) to sum the sites' noise draws.
 """
 
-from common.secagg.crypto import SecAggError, Signer, Verifier
+from collections.abc import Mapping
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from common.secagg import protocol, sparse
+from common.secagg.crypto import RandomBytes, SecAggError, Signer, Verifier
 from common.secagg.fixedpoint import FixedPoint, dequantize_sum, quantize
 from common.secagg.protocol import (
     KeyAdvertisement,
@@ -16,9 +25,9 @@ from common.secagg.protocol import (
     SecAggAggregator,
     SecAggSite,
     UnmaskResponse,
-    run_in_process,
 )
 from common.secagg.shamir import Share, combine_shares, split_secret
+from common.secagg.sparse import SparseSecAggAggregator, SparseSecAggSite
 
 __all__ = [
     "FixedPoint",
@@ -29,6 +38,8 @@ __all__ = [
     "SecAggSite",
     "Share",
     "Signer",
+    "SparseSecAggAggregator",
+    "SparseSecAggSite",
     "UnmaskResponse",
     "Verifier",
     "combine_shares",
@@ -37,3 +48,35 @@ __all__ = [
     "run_in_process",
     "split_secret",
 ]
+
+
+def run_in_process(
+    params: RoundParams,
+    sites: Mapping[str, ArrayLike],
+    *,
+    drop_at: Mapping[str, protocol.DropStage] | None = None,
+    signers: Mapping[str, Signer] | None = None,
+    verifier: Verifier | None = None,
+    random_bytes: RandomBytes | None = None,
+    rng: np.random.Generator | None = None,
+    phase_seconds: dict[str, float] | None = None,
+) -> NDArray[np.float64]:
+    """One round with every site and the aggregator in this process, complete graph or sparse.
+
+    :func:`common.secagg.protocol.run_in_process` for a complete-graph round,
+    :func:`common.secagg.sparse.run_sparse_in_process` for a sparse one (which also takes the
+    stage ``"reveal"`` and reports the phase ``reveal_nonces``); same parameters, returns and
+    errors. ``random_bytes`` defaults to ``os.urandom``.
+    """
+    run = sparse.run_sparse_in_process if params.sparse else protocol.run_in_process
+    extra = {} if random_bytes is None else {"random_bytes": random_bytes}
+    return run(
+        params,
+        sites,
+        drop_at=drop_at,
+        signers=signers,
+        verifier=verifier,
+        rng=rng,
+        phase_seconds=phase_seconds,
+        **extra,
+    )

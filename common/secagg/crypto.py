@@ -15,6 +15,8 @@ to make runs reproducible). Nothing here logs, stores or transmits data.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -50,16 +52,19 @@ __all__ = [
     "SecAggError",
     "Signer",
     "Verifier",
+    "check_tag",
     "decrypt",
     "encode_fields",
     "encrypt",
     "generate_private_key",
+    "mac_tag",
     "mask_vector",
     "prg_words",
     "private_key_bytes",
     "private_key_from_bytes",
     "public_key_bytes",
     "shared_key",
+    "shared_keys",
 ]
 
 #: Bytes of an X25519 key (private or public), of a derived key and of a PRG seed.
@@ -117,14 +122,14 @@ def encode_fields(*fields: bytes) -> bytes:
     ValueError
         If a field is 2^32 bytes or longer.
     """
-    out = bytearray()
+    parts = []
     for field in fields:
         size = len(field)
         if size >= 1 << 32:
             raise ValueError(f"field of {size} bytes is too long to encode")
-        out += size.to_bytes(4, "big")
-        out += field
-    return bytes(out)
+        parts.append(size.to_bytes(4, "big"))
+        parts.append(field)
+    return b"".join(parts)
 
 
 def _random(random_bytes: RandomBytes, n: int) -> bytes:
@@ -210,6 +215,72 @@ def shared_key(private: X25519PrivateKey, peer_public: bytes, *, info: bytes) ->
     except ValueError as exc:
         raise SecAggError(f"key agreement failed: {exc}") from None
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(secret)
+
+
+def shared_keys(
+    private: X25519PrivateKey, peer_public: bytes, *, info: bytes, count: int
+) -> tuple[bytes, ...]:
+    """Derive ``count`` independent 32-byte keys shared with the owner of ``peer_public``.
+
+    ``HKDF-SHA256(ikm = X25519(private, peer_public), info = info, length = 32 count)`` cut into
+    ``count`` keys: one agreement for several purposes (SecAgg+ takes an encryption key and a
+    MAC key from each pair's agreement), each key independent of the others by HKDF's security.
+
+    Parameters
+    ----------
+    private : X25519PrivateKey
+    peer_public : bytes
+        The peer's raw 32-byte X25519 public key.
+    info : bytes
+        Context, as :func:`shared_key`.
+    count : int
+        ``1 <= count <= 8``.
+
+    Returns
+    -------
+    tuple of bytes
+        ``count`` keys of 32 bytes.
+
+    Raises
+    ------
+    SecAggError
+        As :func:`shared_key`.
+    ValueError
+        If ``count`` is out of range.
+    """
+    if not 1 <= count <= 8:
+        raise ValueError(f"count must lie in [1, 8], got {count}")
+    if len(peer_public) != KEY_BYTES:
+        raise SecAggError(f"an X25519 public key is {KEY_BYTES} bytes, got {len(peer_public)}")
+    try:
+        secret = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    except ValueError as exc:
+        raise SecAggError(f"key agreement failed: {exc}") from None
+    material = HKDF(
+        algorithm=hashes.SHA256(), length=KEY_BYTES * count, salt=None, info=info
+    ).derive(secret)
+    return tuple(material[i * KEY_BYTES : (i + 1) * KEY_BYTES] for i in range(count))
+
+
+def mac_tag(key: bytes, message: bytes) -> bytes:
+    """HMAC-SHA256 of ``message`` under a 32-byte pairwise key (32 bytes).
+
+    The pairwise attestations of SecAgg+: a tag under a key only two sites share convinces the
+    other site that its peer said ``message``, and nobody else can make one.
+
+    Raises
+    ------
+    ValueError
+        If ``key`` is not 32 bytes.
+    """
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"key must be {KEY_BYTES} bytes, got {len(key)}")
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def check_tag(key: bytes, message: bytes, tag: bytes) -> bool:
+    """Whether ``tag`` is :func:`mac_tag` ``(key, message)`` (compared in constant time)."""
+    return hmac.compare_digest(mac_tag(key, message), tag)
 
 
 def encrypt(

@@ -27,11 +27,17 @@ sites it lied to, and never both secrets of one site. Differences from Figure 4:
 reals, quantized by :mod:`common.secagg.fixedpoint`; masks are expanded by AES-256-CTR from the
 full 32-byte keys (:func:`common.secagg.crypto.prg_words`); the signed ``U3`` is bound to a digest
 of every round parameter, not only to the round id.
+
+This module is the complete graph (every site shares with and masks with every other). For many
+sites, :mod:`common.secagg.sparse` runs SecAgg+ with the same defences per neighbourhood on the
+graph of :mod:`common.secagg.graph` (``RoundParams.neighbours > 0``), which also says what the
+sparse graph changes in the argument of :class:`RoundParams`.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import os
 import time
@@ -45,7 +51,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 
 from common.errors import FailedPreconditionError
-from common.secagg import shamir
+from common.secagg import graph, shamir
 from common.secagg.crypto import (
     KEY_BYTES,
     EcdsaSigner,
@@ -98,7 +104,7 @@ _PARAMS_LABEL = b"dpmarket/secagg/v1/round-params"
 #: then its share of the sender's pairwise-mask private key.
 _SHARE_PAIR_BYTES = 2 * shamir.SHARE_BYTES
 
-DropStage = Literal["advertise", "share", "mask", "check", "unmask"]
+DropStage = Literal["advertise", "reveal", "share", "mask", "check", "unmask"]
 _DROP_STAGES: tuple[str, ...] = ("advertise", "share", "mask", "check", "unmask")
 
 
@@ -108,6 +114,7 @@ class Stage(enum.Enum):
     NEW = "new"
     ADVERTISED = "advertised"
     SHARED = "shared"
+    REVEALED = "revealed"
     MASKED = "masked"
     CHECKED = "checked"
     DONE = "done"
@@ -147,6 +154,31 @@ def min_threshold(sites: int, colluders: int = 0) -> int:
     return max(2, (sites + colluders) // 2 + 1)
 
 
+def _check_sparse(sites: int, threshold: int, colluders: int, k: int, allowance: int) -> None:
+    """Validate a sparse round's graph parameters (:class:`RoundParams`)."""
+    if threshold != 0:
+        raise ValueError(
+            f"a sparse round's thresholds are per neighbourhood: threshold must be 0, got "
+            f"{threshold}"
+        )
+    if not 3 <= sites <= graph.MAX_SITES:
+        raise ValueError(f"a sparse round needs 3 to {graph.MAX_SITES} sites, got {sites}")
+    if not 1 <= k <= sites - 2:
+        raise ValueError(f"neighbours must lie in [1, {sites - 2}] with {sites} sites, got {k}")
+    if allowance > k - 1:
+        raise ValueError(
+            f"allowance must lie in [0, neighbours - 1] = [0, {k - 1}] so that every "
+            f"threshold is at least 2, got {allowance}"
+        )
+    bound = graph.failure_bound(sites, colluders, k, allowance)
+    if not bound <= 2.0**-graph.SECURITY_BITS:
+        raise ValueError(
+            f"the sparse graph with k={k} neighbours and allowance {allowance} for {sites} "
+            f"sites and S_C={colluders} colluders fails with probability up to {bound:.3g}, "
+            f"above 2^-{graph.SECURITY_BITS}: choose k with common.secagg.graph.min_neighbours"
+        )
+
+
 @dataclass(frozen=True)
 class RoundParams:
     """The public parameters of one round, chosen by the aggregator and known to every party.
@@ -172,11 +204,20 @@ class RoundParams:
         ``S_C``: how many sites may collude with the aggregator (share their secrets and sign
         whatever it asks), ``0 <= S_C <= len(sites) - 1``. Each site refuses a round whose
         ``S_C`` is below what it requires (its owner's policy, its job).
+    neighbours : int, default 0
+        ``0`` for the complete graph (Bonawitz et al.); ``k >= 1`` for SecAgg+'s sparse graph,
+        in which every site chooses ``k`` random neighbours (:mod:`common.secagg.graph`,
+        :mod:`common.secagg.sparse`). A sparse round has ``threshold = 0``: its thresholds are
+        per neighbourhood, ``t_v = K_v - allowance``.
+    allowance : int, default 0
+        ``Delta``, sparse rounds only: the lost sites every neighbourhood tolerates,
+        ``0 <= Delta <= k - 1``. ``(len(sites), colluders, neighbours, allowance)`` must meet
+        :func:`common.secagg.graph.failure_bound` ``<= 2^-40``.
 
     Raises
     ------
     ValueError
-        If a parameter is out of range.
+        If a parameter is out of range, or a sparse graph misses the security target.
 
     Notes
     -----
@@ -209,6 +250,8 @@ class RoundParams:
     vector_length: int
     fixed_point: FixedPoint
     colluders: int = 0
+    neighbours: int = 0
+    allowance: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.round_id, bytes) or len(self.round_id) < ROUND_ID_BYTES:
@@ -228,7 +271,15 @@ class RoundParams:
             raise ValueError(f"threshold must be an int, got {t!r}")
         if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= max(n - 1, 0):
             raise ValueError(f"colluders must be an int in [0, n - 1] with n={n} sites, got {c!r}")
-        if t < 2 or t > n or 2 * t <= n + c:
+        k, a = self.neighbours, self.allowance
+        for name, value in (("neighbours", k), ("allowance", a)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if k:
+            _check_sparse(n, t, c, k, a)
+        elif a:
+            raise ValueError(f"a complete-graph round has no dropout allowance, got {a}")
+        elif t < 2 or t > n or 2 * t <= n + c:
             raise ValueError(
                 f"threshold must satisfy 2 <= t <= n and t > (n + S_C) / 2 with n={n} sites and "
                 f"S_C={c} colluders, got t={t}"
@@ -253,6 +304,8 @@ class RoundParams:
         fixed_point: FixedPoint,
         *,
         colluders: int = 0,
+        neighbours: int = 0,
+        allowance: int = 0,
         random_bytes: RandomBytes = os.urandom,
     ) -> RoundParams:
         """Parameters with a fresh 32-byte random ``round_id`` (from ``os.urandom`` by default)."""
@@ -263,19 +316,27 @@ class RoundParams:
             vector_length=vector_length,
             fixed_point=fixed_point,
             colluders=colluders,
+            neighbours=neighbours,
+            allowance=allowance,
         )
+
+    @property
+    def sparse(self) -> bool:
+        """Whether the round runs on SecAgg+'s sparse graph (``neighbours > 0``)."""
+        return self.neighbours > 0
 
     @property
     def modulus_bits(self) -> int:
         """``k``: masked vectors and sums are integers modulo ``2^k``."""
         return self.fixed_point.modulus_bits
 
-    @property
+    @functools.cached_property
     def digest(self) -> bytes:
         """SHA-256 of every parameter (32 bytes), bound into the signed survivor list.
 
         Two sites that accept signatures on the same ``U3`` thereby agree on the round id, the
-        sites, ``t``, ``S_C``, ``D`` and the encoding, whatever the aggregator told each.
+        sites, ``t``, ``S_C``, ``D``, the encoding and (sparse rounds) ``k`` and ``Delta``,
+        whatever the aggregator told each.
         """
         fp = self.fixed_point
         fields = [
@@ -289,6 +350,8 @@ class RoundParams:
             str(fp.sites).encode(),
             *(site.encode() for site in self.sites),
         ]
+        if self.sparse:
+            fields += [b"sparse", str(self.neighbours).encode(), str(self.allowance).encode()]
         return hashlib.sha256(encode_fields(*fields)).digest()
 
 
@@ -305,13 +368,17 @@ class KeyAdvertisement:
         32-byte X25519 public key for the pairwise masks.
     signature : bytes
         The site's :class:`~common.secagg.crypto.Signer` signature of
-        :func:`advertisement_message` ``(round_id, site, c_public, s_public)``.
+        :func:`advertisement_message` ``(round_id, site, c_public, s_public, commitment)``.
+    commitment : bytes, default b""
+        Sparse rounds: the 32-byte commitment to the site's graph nonce
+        (:func:`common.secagg.graph.nonce_commitment`); empty in complete-graph rounds.
     """
 
     site: str
     c_public: bytes
     s_public: bytes
     signature: bytes
+    commitment: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -332,29 +399,39 @@ class UnmaskResponse:
     key_shares: dict[str, Share]
 
 
-def advertisement_message(round_id: bytes, site: str, c_public: bytes, s_public: bytes) -> bytes:
+def advertisement_message(
+    round_id: bytes, site: str, c_public: bytes, s_public: bytes, commitment: bytes = b""
+) -> bytes:
     """The bytes a site signs in Round 0 (Bonawitz et al. 2017, Figure 4, Round 0).
 
-    ``encode_fields(label, round_id, site (UTF-8), c_public, s_public)``: binding the round id
-    stops the replay of an advertisement from another round; binding the site id stops one
-    site's keys being presented as another's.
+    ``encode_fields(label, round_id, site (UTF-8), c_public, s_public)``, and the graph-nonce
+    commitment last in sparse rounds: binding the round id stops the replay of an advertisement
+    from another round; binding the site id stops one site's keys being presented as another's;
+    binding the commitment fixes the site's contribution to the graph seed.
     """
-    return encode_fields(_ADVERTISE_LABEL, round_id, site.encode(), c_public, s_public)
+    fields = [_ADVERTISE_LABEL, round_id, site.encode(), c_public, s_public]
+    if commitment:
+        fields.append(commitment)
+    return encode_fields(*fields)
 
 
-def consistency_message(params: RoundParams, survivors: Iterable[str]) -> bytes:
+def consistency_message(
+    params: RoundParams, survivors: Iterable[str], graph_seed: bytes = b""
+) -> bytes:
     """The bytes a survivor signs in the ConsistencyCheck round (Bonawitz et al. 2017, Figure 4,
     Round 3).
 
-    ``encode_fields(label, round_id, params.digest, *sorted(survivors) (UTF-8))``: the label keeps
-    the signature from being valid for any other purpose (a key advertisement), the round id and
-    the digest of every parameter from being valid in another round or under other parameters,
-    and the sorted list makes the message a function of the set ``U3`` alone.
+    ``encode_fields(label, round_id, params.digest, *sorted(survivors) (UTF-8))``, and the graph
+    seed last in sparse rounds: the label keeps the signature from being valid for any other
+    purpose (a key advertisement), the round id and the digest of every parameter from being
+    valid in another round or under other parameters, the seed from being valid for another
+    graph, and the sorted list makes the message a function of the set ``U3`` alone.
     """
     names = sorted(survivors)
-    return encode_fields(
-        _CONSISTENCY_LABEL, params.round_id, params.digest, *(n.encode() for n in names)
-    )
+    fields = [_CONSISTENCY_LABEL, params.round_id, params.digest, *(n.encode() for n in names)]
+    if graph_seed:
+        fields.append(graph_seed)
+    return encode_fields(*fields)
 
 
 def _pair_info(label: bytes, round_id: bytes, a: str, b: str) -> bytes:
@@ -451,6 +528,8 @@ class SecAggSite:
     ) -> None:
         if site not in params.sites:
             raise ValueError(f"site {site!r} is not one of the round's sites {params.sites}")
+        if params.sparse:
+            raise ValueError("a sparse round runs on common.secagg.sparse.SparseSecAggSite")
         self.site = site
         self.params = params
         self._signer = signer
@@ -535,7 +614,7 @@ class SecAggSite:
                     raise SecAggError(f"the advertisement of this site ({name!r}) was replaced")
             else:
                 message = advertisement_message(
-                    self.params.round_id, name, ad.c_public, ad.s_public
+                    self.params.round_id, name, ad.c_public, ad.s_public, ad.commitment
                 )
                 try:
                     self._verifier.verify(name, message, ad.signature)
@@ -924,6 +1003,8 @@ class SecAggAggregator:
     """
 
     def __init__(self, params: RoundParams) -> None:
+        if params.sparse:
+            raise ValueError("a sparse round runs on common.secagg.sparse.SparseSecAggAggregator")
         self.params = params
         self._stage = Stage.NEW
         self._advertisements: dict[str, KeyAdvertisement] = {}
@@ -1238,6 +1319,8 @@ def run_in_process(
 ) -> NDArray[np.float64]:
     """Run one round with every site and the aggregator in this process, one after another.
 
+    Complete-graph rounds only: :func:`common.secagg.run_in_process` runs either kind.
+
     Parameters
     ----------
     params : RoundParams
@@ -1276,8 +1359,10 @@ def run_in_process(
         If fewer than ``t`` sites remain at some stage (nothing is returned), or any check fails.
     ValueError
         If ``sites`` does not hold exactly ``params.sites``, a stage name is unknown, an input is
-        out of range, or only one of ``signers`` and ``verifier`` is given.
+        out of range, only one of ``signers`` and ``verifier`` is given, or the round is sparse.
     """
+    if params.sparse:
+        raise ValueError("a sparse round runs in common.secagg.sparse.run_sparse_in_process")
     drops = dict(drop_at or {})
     if set(sites) != set(params.sites):
         raise ValueError(f"inputs are for {sorted(sites)}, the round's sites are {params.sites}")

@@ -158,23 +158,29 @@ class Site(LocalCapeSiteEndpoint):
         self._reach("advertise")
         return await super().advertise_keys(job_id, params)
 
-    async def share_keys(self, job_id, params, advertisements, certificates):  # type: ignore[no-untyped-def]
+    async def reveal_nonce(self, job_id, params, advertisements, certificates):  # type: ignore[no-untyped-def]
+        self._reach("reveal")
+        return await super().reveal_nonce(job_id, params, advertisements, certificates)
+
+    async def share_keys(self, job_id, params, advertisements, certificates, nonces=None):  # type: ignore[no-untyped-def]
         self._reach("share")
-        return await super().share_keys(job_id, params, advertisements, certificates)
+        return await super().share_keys(job_id, params, advertisements, certificates, nonces)
 
     async def masked_input(self, job_id, params, ciphertexts):  # type: ignore[no-untyped-def]
         self._reach("mask")
         masked = await super().masked_input(job_id, params, ciphertexts)
-        self.masked[params.round_id] = masked.copy()
+        self.masked[params.round_id] = masked.vector.copy()
         return masked
 
     async def consistency_check(self, job_id, params, survivors):  # type: ignore[no-untyped-def]
         self._reach("check")
         return await super().consistency_check(job_id, params, survivors)
 
-    async def unmask(self, job_id, params, survivors, dropped, signatures):  # type: ignore[no-untyped-def]
+    async def unmask(self, job_id, params, survivors, dropped, signatures, acknowledgements=None):  # type: ignore[no-untyped-def]
         self._reach("unmask")
-        return await super().unmask(job_id, params, survivors, dropped, signatures)
+        return await super().unmask(
+            job_id, params, survivors, dropped, signatures, acknowledgements
+        )
 
     async def release(self, job_id, round_id, total):  # type: ignore[no-untyped-def]
         self._reach("release")
@@ -229,7 +235,7 @@ def _exact_coefficients(spec: CapeJobSpec, site: Site, result: CapeResult) -> ND
 
 
 def _check_zero_sum_over_averaged_sites(
-    spec: CapeJobSpec, sites: dict[str, Site], result: CapeResult
+    spec: CapeJobSpec, sites: dict[str, Site], result: CapeResult, relative_step: float = 1e-6
 ) -> None:
     """The estimate is the average of releases of one noise round over exactly its sites.
 
@@ -238,7 +244,7 @@ def _check_zero_sum_over_averaged_sites(
       corrected noise ``e_s = e_hat_s - total / S`` sums to zero, within the stochastic
       rounding of secure aggregation: ``|sum_s e_s| = |sum_s e_hat_s - total|`` is less than one
       grid step per site and entry (``S * 2 clip / (2^30 - 1)``, about 1e-7 of the noise's
-      standard deviation);
+      standard deviation with 5 sites; ``relative_step`` bounds it);
     * the fit is the curator's fit of the average of those releases, bit for bit.
     """
     averaged = list(result.report["sites"])
@@ -257,7 +263,7 @@ def _check_zero_sum_over_averaged_sites(
     corrected = [zero_sum_correction(e, total, len(averaged)) for e in draws]
     step = 1.0 / params.fixed_point.scale
     assert np.max(np.abs(np.sum(corrected, axis=0))) <= len(averaged) * step
-    assert len(averaged) * step < 1e-6 * min(plan.entry_scales(0))
+    assert len(averaged) * step < relative_step * min(plan.entry_scales(0))
     fit = fit_released(plan, aggregate_releases(plan, [sites[n].releases[rid] for n in averaged]))
     weights, intercept = to_raw_coefficients(fit.w, spec.feature_bounds, spec.target_bounds)
     np.testing.assert_array_equal(result.weights, weights[:-1])

@@ -33,6 +33,8 @@ class SecureAggregationRound(_message.Message):
     CLIP_FIELD_NUMBER: _builtins.int
     RESOLUTION_BITS_FIELD_NUMBER: _builtins.int
     COLLUDERS_FIELD_NUMBER: _builtins.int
+    NEIGHBOURS_FIELD_NUMBER: _builtins.int
+    ALLOWANCE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job (e.g. a CAPE estimate) whose input the site sums."""
     round_id: _builtins.bytes
@@ -48,6 +50,13 @@ class SecureAggregationRound(_message.Message):
     """S_C: how many sites may collude with the curator; at least every site's floor (its owner's
     policy and its job), at most sites - 1.
     """
+    neighbours: _builtins.int
+    """SecAgg+: random neighbours each site chooses; 0 for the complete graph (then `threshold` is
+    the round's; in a sparse round `threshold` is 0 and each site's is its neighbourhood's size
+    minus `allowance`).
+    """
+    allowance: _builtins.int
+    """SecAgg+: lost sites every neighbourhood tolerates, in [0, neighbours - 1]; 0 when complete."""
     @_builtins.property
     def sites(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The sites of the round (owner names), sorted."""
@@ -63,10 +72,12 @@ class SecureAggregationRound(_message.Message):
         clip: _builtins.float = ...,
         resolution_bits: _builtins.int = ...,
         colluders: _builtins.int = ...,
+        neighbours: _builtins.int = ...,
+        allowance: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip", b"clip", "colluders", b"colluders", "job_id", b"job_id", "resolution_bits", b"resolution_bits", "round_id", b"round_id", "sites", b"sites", "threshold", b"threshold", "vector_length", b"vector_length"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowance", b"allowance", "clip", b"clip", "colluders", b"colluders", "job_id", b"job_id", "neighbours", b"neighbours", "resolution_bits", b"resolution_bits", "round_id", b"round_id", "sites", b"sites", "threshold", b"threshold", "vector_length", b"vector_length"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -103,6 +114,7 @@ class KeyAdvertisement(_message.Message):
     S_PUBLIC_FIELD_NUMBER: _builtins.int
     SIGNATURE_FIELD_NUMBER: _builtins.int
     CERTIFICATE_FIELD_NUMBER: _builtins.int
+    COMMITMENT_FIELD_NUMBER: _builtins.int
     site: _builtins.str
     """The site (owner name) that advertises."""
     c_public: _builtins.bytes
@@ -114,6 +126,10 @@ class KeyAdvertisement(_message.Message):
     """
     certificate: _builtins.bytes
     """The site's certificate (PEM), issued by the deployment's CA."""
+    commitment: _builtins.bytes
+    """Sparse rounds: SHA-256 commitment (32 bytes) to the site's graph nonce, covered by the
+    signature (which then signs it last); empty in complete-graph rounds.
+    """
     def __init__(
         self,
         *,
@@ -122,10 +138,11 @@ class KeyAdvertisement(_message.Message):
         s_public: _builtins.bytes = ...,
         signature: _builtins.bytes = ...,
         certificate: _builtins.bytes = ...,
+        commitment: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["c_public", b"c_public", "certificate", b"certificate", "s_public", b"s_public", "signature", b"signature", "site", b"site"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["c_public", b"c_public", "certificate", b"certificate", "commitment", b"commitment", "s_public", b"s_public", "signature", b"signature", "site", b"site"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -152,7 +169,7 @@ class AdvertiseKeysResponse(_message.Message):
 Global___AdvertiseKeysResponse: _TypeAlias = AdvertiseKeysResponse  # noqa: Y015
 
 @_typing.final
-class ShareKeysRequest(_message.Message):
+class RevealNonceRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ROUND_FIELD_NUMBER: _builtins.int
@@ -161,7 +178,7 @@ class ShareKeysRequest(_message.Message):
     def round(self) -> Global___SecureAggregationRound: ...
     @_builtins.property
     def advertisements(self) -> _containers.RepeatedCompositeFieldContainer[Global___KeyAdvertisement]:
-        """Every advertisement the curator received (this site's included)."""
+        """Every advertisement the curator received (this site's included), with the certificates."""
 
     def __init__(
         self,
@@ -172,6 +189,85 @@ class ShareKeysRequest(_message.Message):
     _HasFieldArgType: _TypeAlias = _typing.Literal["round", b"round"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
     _ClearFieldArgType: _TypeAlias = _typing.Literal["advertisements", b"advertisements", "round", b"round"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevealNonceRequest: _TypeAlias = RevealNonceRequest  # noqa: Y015
+
+@_typing.final
+class RevealNonceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NONCE_FIELD_NUMBER: _builtins.int
+    nonce: _builtins.bytes
+    """The 32 random bytes this site's advertisement committed to."""
+    def __init__(
+        self,
+        *,
+        nonce: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nonce", b"nonce"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevealNonceResponse: _TypeAlias = RevealNonceResponse  # noqa: Y015
+
+@_typing.final
+class SiteNonce(_message.Message):
+    """A site's revealed graph nonce."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SITE_FIELD_NUMBER: _builtins.int
+    NONCE_FIELD_NUMBER: _builtins.int
+    site: _builtins.str
+    nonce: _builtins.bytes
+    """32 bytes."""
+    def __init__(
+        self,
+        *,
+        site: _builtins.str = ...,
+        nonce: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nonce", b"nonce", "site", b"site"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SiteNonce: _TypeAlias = SiteNonce  # noqa: Y015
+
+@_typing.final
+class ShareKeysRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUND_FIELD_NUMBER: _builtins.int
+    ADVERTISEMENTS_FIELD_NUMBER: _builtins.int
+    NONCES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def round(self) -> Global___SecureAggregationRound: ...
+    @_builtins.property
+    def advertisements(self) -> _containers.RepeatedCompositeFieldContainer[Global___KeyAdvertisement]:
+        """Every advertisement the curator received (this site's included); empty in sparse rounds,
+        whose advertisements came with RevealNonce.
+        """
+
+    @_builtins.property
+    def nonces(self) -> _containers.RepeatedCompositeFieldContainer[Global___SiteNonce]:
+        """Sparse rounds: the nonce of every advertised site."""
+
+    def __init__(
+        self,
+        *,
+        round: Global___SecureAggregationRound | None = ...,
+        advertisements: _abc.Iterable[Global___KeyAdvertisement] | None = ...,
+        nonces: _abc.Iterable[Global___SiteNonce] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["round", b"round"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertisements", b"advertisements", "nonces", b"nonces", "round", b"round"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -253,22 +349,59 @@ class MaskedInputRequest(_message.Message):
 Global___MaskedInputRequest: _TypeAlias = MaskedInputRequest  # noqa: Y015
 
 @_typing.final
+class PairTag(_message.Message):
+    """A pairwise tag from one site to another (SecAgg+): HMAC-SHA256 (32 bytes) under a key from the
+    two sites' X25519 agreement, which the curator does not know.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SENDER_FIELD_NUMBER: _builtins.int
+    RECIPIENT_FIELD_NUMBER: _builtins.int
+    TAG_FIELD_NUMBER: _builtins.int
+    sender: _builtins.str
+    recipient: _builtins.str
+    tag: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        sender: _builtins.str = ...,
+        recipient: _builtins.str = ...,
+        tag: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["recipient", b"recipient", "sender", b"sender", "tag", b"tag"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PairTag: _TypeAlias = PairTag  # noqa: Y015
+
+@_typing.final
 class MaskedInputResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MASKED_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGEMENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def masked(self) -> _array_pb2.Array:
         """int64 of shape (vector_length,): the masked input mod 2^k (every value in [0, 2^63))."""
+
+    @_builtins.property
+    def acknowledgements(self) -> _containers.RepeatedCompositeFieldContainer[Global___PairTag]:
+        """Sparse rounds: for every neighbour this site masked with, its tag of (round, this site, the
+        neighbour): "my masked input holds our pairwise mask".
+        """
 
     def __init__(
         self,
         *,
         masked: _array_pb2.Array | None = ...,
+        acknowledgements: _abc.Iterable[Global___PairTag] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["masked", b"masked"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["masked", b"masked"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledgements", b"acknowledgements", "masked", b"masked"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -305,18 +438,26 @@ class ConsistencyCheckResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SIGNATURE_FIELD_NUMBER: _builtins.int
+    ATTESTATIONS_FIELD_NUMBER: _builtins.int
     signature: _builtins.bytes
     """ECDSA P-256 (DER) signature with the site's certificate key of (label, round_id, a SHA-256
-    digest of every round parameter, the sorted survivors).
+    digest of every round parameter, the sorted survivors). Empty in sparse rounds.
     """
+    @_builtins.property
+    def attestations(self) -> _containers.RepeatedCompositeFieldContainer[Global___PairTag]:
+        """Sparse rounds: for every surviving neighbour, this site's tag of (the same list and the
+        graph seed, this site, the neighbour).
+        """
+
     def __init__(
         self,
         *,
         signature: _builtins.bytes = ...,
+        attestations: _abc.Iterable[Global___PairTag] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["signature", b"signature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attestations", b"attestations", "signature", b"signature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -356,6 +497,8 @@ class UnmaskRequest(_message.Message):
     SURVIVORS_FIELD_NUMBER: _builtins.int
     DROPPED_FIELD_NUMBER: _builtins.int
     SIGNATURES_FIELD_NUMBER: _builtins.int
+    ATTESTATIONS_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGEMENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def round(self) -> Global___SecureAggregationRound: ...
     @_builtins.property
@@ -366,7 +509,17 @@ class UnmaskRequest(_message.Message):
     def dropped(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def signatures(self) -> _containers.RepeatedCompositeFieldContainer[Global___SurvivorSignature]:
-        """Every signature of the survivor list the curator collected (at least `threshold`)."""
+        """Every signature of the survivor list the curator collected (at least `threshold`); empty in
+        sparse rounds.
+        """
+
+    @_builtins.property
+    def attestations(self) -> _containers.RepeatedCompositeFieldContainer[Global___PairTag]:
+        """Sparse rounds: the attestations addressed to this site."""
+
+    @_builtins.property
+    def acknowledgements(self) -> _containers.RepeatedCompositeFieldContainer[Global___PairTag]:
+        """Sparse rounds: the acknowledgements addressed to this site by survivors."""
 
     def __init__(
         self,
@@ -375,10 +528,12 @@ class UnmaskRequest(_message.Message):
         survivors: _abc.Iterable[_builtins.str] | None = ...,
         dropped: _abc.Iterable[_builtins.str] | None = ...,
         signatures: _abc.Iterable[Global___SurvivorSignature] | None = ...,
+        attestations: _abc.Iterable[Global___PairTag] | None = ...,
+        acknowledgements: _abc.Iterable[Global___PairTag] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["round", b"round"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "round", b"round", "signatures", b"signatures", "survivors", b"survivors"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledgements", b"acknowledgements", "attestations", b"attestations", "dropped", b"dropped", "round", b"round", "signatures", b"signatures", "survivors", b"survivors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

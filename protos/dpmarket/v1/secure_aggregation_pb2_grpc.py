@@ -58,6 +58,11 @@ class SecureAggregationServiceStub:
                 request_serializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.AdvertiseKeysRequest.SerializeToString,
                 response_deserializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.AdvertiseKeysResponse.FromString,
                 _registered_method=True)
+        self.RevealNonce = channel.unary_unary(
+                '/dpmarket.v1.SecureAggregationService/RevealNonce',
+                request_serializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.RevealNonceRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.RevealNonceResponse.FromString,
+                _registered_method=True)
         self.ShareKeys = channel.unary_unary(
                 '/dpmarket.v1.SecureAggregationService/ShareKeys',
                 request_serializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.ShareKeysRequest.SerializeToString,
@@ -111,9 +116,21 @@ class SecureAggregationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevealNonce(self, request, context):
+        """Sparse rounds only, between rounds 0 and 1: given every advertisement (the commitments),
+        reveal this site's graph nonce. Fails with FAILED_PRECONDITION for a complete-graph round or
+        out of order, ABORTED if this site's own advertisement was replaced or one is malformed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ShareKeys(self, request, context):
         """Round 1: verify every advertisement; return this site's shares of its secrets, one AEAD
-        ciphertext per other advertised site.
+        ciphertext per other advertised site. In a sparse round: given every advertised site's nonce,
+        fix the graph, verify the neighbours' advertisements and share among the neighbours only;
+        fails with ABORTED if a nonce is missing or does not open its commitment, a neighbour's
+        signature does not verify, or fewer advertised neighbours than the threshold.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -121,7 +138,10 @@ class SecureAggregationServiceServicer:
 
     def MaskedInput(self, request, context):
         """Round 2: receive the ciphertexts addressed to this site (their senders are the sites that
-        completed round 1); return this site's masked input.
+        completed round 1); return this site's masked input (sparse rounds: and one acknowledgement
+        per neighbour it masked with). Fails with ABORTED for a ciphertext that does not
+        authenticate (or, sparse, from a site that is not a neighbour), INVALID_ARGUMENT if the
+        site's input does not fit the round's fixed-point range.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -131,7 +151,9 @@ class SecureAggregationServiceServicer:
         """Round 3 (ConsistencyCheck): given the survivors (masked input received), return this site's
         signature of them. A site signs once per round, only a list of at least `threshold` sites of
         its own round 2 that holds itself; fails with ABORTED otherwise (the round is then over for
-        it) and FAILED_PRECONDITION for a second request.
+        it) and FAILED_PRECONDITION for a second request. Sparse rounds: one pairwise tag of the list
+        per surviving neighbour instead of the signature, given a list holding this site, at least
+        its threshold of its neighbourhood and only neighbours it masked with.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -143,7 +165,9 @@ class SecureAggregationServiceServicer:
         both for one site. The survivors must be the list this site signed and the dropped sites
         exactly its round-2 sites outside it, with at least `threshold` valid signatures of that list
         from distinct survivors; fails with ABORTED otherwise (nothing revealed) and
-        FAILED_PRECONDITION for a second request.
+        FAILED_PRECONDITION for a second request. Sparse rounds: at least its threshold minus one
+        valid tags of that list from surviving neighbours (its own attestation counts as one), and
+        the acknowledgement of every surviving neighbour whose self-mask share it reveals.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -156,6 +180,11 @@ def add_SecureAggregationServiceServicer_to_server(servicer, server):
                     servicer.AdvertiseKeys,
                     request_deserializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.AdvertiseKeysRequest.FromString,
                     response_serializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.AdvertiseKeysResponse.SerializeToString,
+            ),
+            'RevealNonce': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevealNonce,
+                    request_deserializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.RevealNonceRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.RevealNonceResponse.SerializeToString,
             ),
             'ShareKeys': grpc.unary_unary_rpc_method_handler(
                     servicer.ShareKeys,
@@ -224,6 +253,33 @@ class SecureAggregationService:
             '/dpmarket.v1.SecureAggregationService/AdvertiseKeys',
             dpmarket_dot_v1_dot_secure__aggregation__pb2.AdvertiseKeysRequest.SerializeToString,
             dpmarket_dot_v1_dot_secure__aggregation__pb2.AdvertiseKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevealNonce(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.SecureAggregationService/RevealNonce',
+            dpmarket_dot_v1_dot_secure__aggregation__pb2.RevealNonceRequest.SerializeToString,
+            dpmarket_dot_v1_dot_secure__aggregation__pb2.RevealNonceResponse.FromString,
             options,
             channel_credentials,
             insecure,

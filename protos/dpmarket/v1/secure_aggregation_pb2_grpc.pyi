@@ -57,19 +57,32 @@ class SecureAggregationServiceStub:
     FAILED_PRECONDITION (before anything is sent) if the round's colluders are below the owner's
     policy floor or its job's, or the round's sites or length are not the job's plan.
     """
+    RevealNonce: _grpc.UnaryUnaryMultiCallable[_secure_aggregation_pb2.RevealNonceRequest, _secure_aggregation_pb2.RevealNonceResponse]
+    """Sparse rounds only, between rounds 0 and 1: given every advertisement (the commitments),
+    reveal this site's graph nonce. Fails with FAILED_PRECONDITION for a complete-graph round or
+    out of order, ABORTED if this site's own advertisement was replaced or one is malformed.
+    """
     ShareKeys: _grpc.UnaryUnaryMultiCallable[_secure_aggregation_pb2.ShareKeysRequest, _secure_aggregation_pb2.ShareKeysResponse]
     """Round 1: verify every advertisement; return this site's shares of its secrets, one AEAD
-    ciphertext per other advertised site.
+    ciphertext per other advertised site. In a sparse round: given every advertised site's nonce,
+    fix the graph, verify the neighbours' advertisements and share among the neighbours only;
+    fails with ABORTED if a nonce is missing or does not open its commitment, a neighbour's
+    signature does not verify, or fewer advertised neighbours than the threshold.
     """
     MaskedInput: _grpc.UnaryUnaryMultiCallable[_secure_aggregation_pb2.MaskedInputRequest, _secure_aggregation_pb2.MaskedInputResponse]
     """Round 2: receive the ciphertexts addressed to this site (their senders are the sites that
-    completed round 1); return this site's masked input.
+    completed round 1); return this site's masked input (sparse rounds: and one acknowledgement
+    per neighbour it masked with). Fails with ABORTED for a ciphertext that does not
+    authenticate (or, sparse, from a site that is not a neighbour), INVALID_ARGUMENT if the
+    site's input does not fit the round's fixed-point range.
     """
     ConsistencyCheck: _grpc.UnaryUnaryMultiCallable[_secure_aggregation_pb2.ConsistencyCheckRequest, _secure_aggregation_pb2.ConsistencyCheckResponse]
     """Round 3 (ConsistencyCheck): given the survivors (masked input received), return this site's
     signature of them. A site signs once per round, only a list of at least `threshold` sites of
     its own round 2 that holds itself; fails with ABORTED otherwise (the round is then over for
-    it) and FAILED_PRECONDITION for a second request.
+    it) and FAILED_PRECONDITION for a second request. Sparse rounds: one pairwise tag of the list
+    per surviving neighbour instead of the signature, given a list holding this site, at least
+    its threshold of its neighbourhood and only neighbours it masked with.
     """
     Unmask: _grpc.UnaryUnaryMultiCallable[_secure_aggregation_pb2.UnmaskRequest, _secure_aggregation_pb2.UnmaskResponse]
     """Round 4: given the survivors, the dropped sites and the survivors' signatures of the survivor
@@ -77,7 +90,9 @@ class SecureAggregationServiceStub:
     both for one site. The survivors must be the list this site signed and the dropped sites
     exactly its round-2 sites outside it, with at least `threshold` valid signatures of that list
     from distinct survivors; fails with ABORTED otherwise (nothing revealed) and
-    FAILED_PRECONDITION for a second request.
+    FAILED_PRECONDITION for a second request. Sparse rounds: at least its threshold minus one
+    valid tags of that list from surviving neighbours (its own attestation counts as one), and
+    the acknowledgement of every surviving neighbour whose self-mask share it reveals.
     """
 
 @_typing.type_check_only
@@ -109,19 +124,32 @@ class SecureAggregationServiceAsyncStub(SecureAggregationServiceStub):
     FAILED_PRECONDITION (before anything is sent) if the round's colluders are below the owner's
     policy floor or its job's, or the round's sites or length are not the job's plan.
     """
+    RevealNonce: _aio.UnaryUnaryMultiCallable[_secure_aggregation_pb2.RevealNonceRequest, _secure_aggregation_pb2.RevealNonceResponse]  # type: ignore[assignment]
+    """Sparse rounds only, between rounds 0 and 1: given every advertisement (the commitments),
+    reveal this site's graph nonce. Fails with FAILED_PRECONDITION for a complete-graph round or
+    out of order, ABORTED if this site's own advertisement was replaced or one is malformed.
+    """
     ShareKeys: _aio.UnaryUnaryMultiCallable[_secure_aggregation_pb2.ShareKeysRequest, _secure_aggregation_pb2.ShareKeysResponse]  # type: ignore[assignment]
     """Round 1: verify every advertisement; return this site's shares of its secrets, one AEAD
-    ciphertext per other advertised site.
+    ciphertext per other advertised site. In a sparse round: given every advertised site's nonce,
+    fix the graph, verify the neighbours' advertisements and share among the neighbours only;
+    fails with ABORTED if a nonce is missing or does not open its commitment, a neighbour's
+    signature does not verify, or fewer advertised neighbours than the threshold.
     """
     MaskedInput: _aio.UnaryUnaryMultiCallable[_secure_aggregation_pb2.MaskedInputRequest, _secure_aggregation_pb2.MaskedInputResponse]  # type: ignore[assignment]
     """Round 2: receive the ciphertexts addressed to this site (their senders are the sites that
-    completed round 1); return this site's masked input.
+    completed round 1); return this site's masked input (sparse rounds: and one acknowledgement
+    per neighbour it masked with). Fails with ABORTED for a ciphertext that does not
+    authenticate (or, sparse, from a site that is not a neighbour), INVALID_ARGUMENT if the
+    site's input does not fit the round's fixed-point range.
     """
     ConsistencyCheck: _aio.UnaryUnaryMultiCallable[_secure_aggregation_pb2.ConsistencyCheckRequest, _secure_aggregation_pb2.ConsistencyCheckResponse]  # type: ignore[assignment]
     """Round 3 (ConsistencyCheck): given the survivors (masked input received), return this site's
     signature of them. A site signs once per round, only a list of at least `threshold` sites of
     its own round 2 that holds itself; fails with ABORTED otherwise (the round is then over for
-    it) and FAILED_PRECONDITION for a second request.
+    it) and FAILED_PRECONDITION for a second request. Sparse rounds: one pairwise tag of the list
+    per surviving neighbour instead of the signature, given a list holding this site, at least
+    its threshold of its neighbourhood and only neighbours it masked with.
     """
     Unmask: _aio.UnaryUnaryMultiCallable[_secure_aggregation_pb2.UnmaskRequest, _secure_aggregation_pb2.UnmaskResponse]  # type: ignore[assignment]
     """Round 4: given the survivors, the dropped sites and the survivors' signatures of the survivor
@@ -129,7 +157,9 @@ class SecureAggregationServiceAsyncStub(SecureAggregationServiceStub):
     both for one site. The survivors must be the list this site signed and the dropped sites
     exactly its round-2 sites outside it, with at least `threshold` valid signatures of that list
     from distinct survivors; fails with ABORTED otherwise (nothing revealed) and
-    FAILED_PRECONDITION for a second request.
+    FAILED_PRECONDITION for a second request. Sparse rounds: at least its threshold minus one
+    valid tags of that list from surviving neighbours (its own attestation counts as one), and
+    the acknowledgement of every surviving neighbour whose self-mask share it reveals.
     """
 
 class SecureAggregationServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -166,13 +196,27 @@ class SecureAggregationServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
+    def RevealNonce(
+        self,
+        request: _secure_aggregation_pb2.RevealNonceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_secure_aggregation_pb2.RevealNonceResponse, _abc.Awaitable[_secure_aggregation_pb2.RevealNonceResponse]]:
+        """Sparse rounds only, between rounds 0 and 1: given every advertisement (the commitments),
+        reveal this site's graph nonce. Fails with FAILED_PRECONDITION for a complete-graph round or
+        out of order, ABORTED if this site's own advertisement was replaced or one is malformed.
+        """
+
+    @_abc_1.abstractmethod
     def ShareKeys(
         self,
         request: _secure_aggregation_pb2.ShareKeysRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_secure_aggregation_pb2.ShareKeysResponse, _abc.Awaitable[_secure_aggregation_pb2.ShareKeysResponse]]:
         """Round 1: verify every advertisement; return this site's shares of its secrets, one AEAD
-        ciphertext per other advertised site.
+        ciphertext per other advertised site. In a sparse round: given every advertised site's nonce,
+        fix the graph, verify the neighbours' advertisements and share among the neighbours only;
+        fails with ABORTED if a nonce is missing or does not open its commitment, a neighbour's
+        signature does not verify, or fewer advertised neighbours than the threshold.
         """
 
     @_abc_1.abstractmethod
@@ -182,7 +226,10 @@ class SecureAggregationServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_secure_aggregation_pb2.MaskedInputResponse, _abc.Awaitable[_secure_aggregation_pb2.MaskedInputResponse]]:
         """Round 2: receive the ciphertexts addressed to this site (their senders are the sites that
-        completed round 1); return this site's masked input.
+        completed round 1); return this site's masked input (sparse rounds: and one acknowledgement
+        per neighbour it masked with). Fails with ABORTED for a ciphertext that does not
+        authenticate (or, sparse, from a site that is not a neighbour), INVALID_ARGUMENT if the
+        site's input does not fit the round's fixed-point range.
         """
 
     @_abc_1.abstractmethod
@@ -194,7 +241,9 @@ class SecureAggregationServiceServicer(metaclass=_abc_1.ABCMeta):
         """Round 3 (ConsistencyCheck): given the survivors (masked input received), return this site's
         signature of them. A site signs once per round, only a list of at least `threshold` sites of
         its own round 2 that holds itself; fails with ABORTED otherwise (the round is then over for
-        it) and FAILED_PRECONDITION for a second request.
+        it) and FAILED_PRECONDITION for a second request. Sparse rounds: one pairwise tag of the list
+        per surviving neighbour instead of the signature, given a list holding this site, at least
+        its threshold of its neighbourhood and only neighbours it masked with.
         """
 
     @_abc_1.abstractmethod
@@ -208,7 +257,9 @@ class SecureAggregationServiceServicer(metaclass=_abc_1.ABCMeta):
         both for one site. The survivors must be the list this site signed and the dropped sites
         exactly its round-2 sites outside it, with at least `threshold` valid signatures of that list
         from distinct survivors; fails with ABORTED otherwise (nothing revealed) and
-        FAILED_PRECONDITION for a second request.
+        FAILED_PRECONDITION for a second request. Sparse rounds: at least its threshold minus one
+        valid tags of that list from surviving neighbours (its own attestation counts as one), and
+        the acknowledgement of every surviving neighbour whose self-mask share it reveals.
         """
 
 def add_SecureAggregationServiceServicer_to_server(servicer: SecureAggregationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

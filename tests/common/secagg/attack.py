@@ -45,6 +45,8 @@ def recover_input(
     masked: NDArray[np.uint64],
     seed_shares: Sequence[Share],
     key_shares: Sequence[Share],
+    *,
+    threshold: int | None = None,
 ) -> NDArray[np.float64] | None:
     """The victim's input from its masked vector and ``t`` shares of each of its secrets.
 
@@ -60,6 +62,9 @@ def recover_input(
         The victim's masked input.
     seed_shares, key_shares : sequence of Share
         Shares of the victim's self-mask seed and of its pairwise-mask private key.
+    threshold : int, optional
+        The victim's threshold: ``params.threshold`` by default (a sparse round's is the
+        victim's own ``t_v``).
 
     Returns
     -------
@@ -67,7 +72,7 @@ def recover_input(
         The victim's input (within one quantization step), or ``None`` when fewer than ``t``
         distinct shares of either secret are given.
     """
-    t = params.threshold
+    t = params.threshold if threshold is None else threshold
     seeds, keys = distinct(seed_shares), distinct(key_shares)
     if len(seeds) < t or len(keys) < t:
         return None

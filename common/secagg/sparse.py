@@ -1,0 +1,1132 @@
+"""SecAgg+ (Bell et al., CCS 2020): secure aggregation on a sparse random graph, against an
+aggregator that lies actively.
+
+The protocol of :mod:`common.secagg.protocol` (Bonawitz et al.'s Figure 4 with the
+ConsistencyCheck), with each site sharing its secrets among, masking with and checking quorums of
+its neighbours in the k-out graph of :mod:`common.secagg.graph` instead of all sites. A round has
+six stages; each is one method of :class:`SparseSecAggSite` answered by one method of
+:class:`SparseSecAggAggregator`:
+
+0. advertise: ``advertise_keys`` (the signed keys now also commit to a graph nonce) ->
+   ``collect_advertisements`` (U1);
+1. reveal: ``reveal_nonce`` (given every commitment of U1) -> ``collect_nonces`` (the graph seed:
+   every site of U1 must reveal);
+2. share: ``share_keys`` (given the nonces: the site fixes the graph, checks its neighbours'
+   signed advertisements and shares ``t_v``-of-``K_v`` among them) -> ``route_shares`` (U2);
+3. mask: ``masked_input``, with one acknowledgement per neighbour it masked with
+   (``acknowledgements``) -> ``collect_masked`` (U3, the survivors);
+4. consistency check: ``attest`` (a pairwise tag on ``U3`` for each surviving neighbour) ->
+   ``collect_attestations`` (U4);
+5. unmask: ``unmask`` (given the tags and acknowledgements addressed to it) -> ``finish``.
+
+Why every check is there, and what the sparse graph changes in the argument against an actively
+lying curator (thresholds and quorums per neighbourhood, ``t_v = K_v - Delta``; the graph's
+parameters meet a ``2^-40`` failure bound), is in :mod:`common.secagg.graph`. What stays: key
+advertisements signed with the sites' identity keys (checked for every neighbour), the
+consistency round before any unmasking share leaves a site, a site answering each stage once,
+``S_C`` bound into the parameters (each owner refuses one below its floor, as in complete-graph
+rounds), and ``2 t_v > K_v + c_v`` in every honest neighbourhood (the complete graph's
+``2 t > n + S_C``), which the graph delivers except with probability ``2^-40``.
+
+What differs from the complete-graph round besides the graph: the survivor list is attested with
+HMAC-SHA256 tags under pairwise keys (from the same X25519 agreement as the share encryption key)
+instead of ECDSA signatures, since each attestation convinces only its addressee, which is all the
+quorum argument needs, and costs microseconds instead of ~64 µs per check; the acknowledgements
+(also tags) bind a survivor's self-mask share to neighbours it really masked with; reconstruction
+uses the first ``t_v`` shares of each secret (a mask key is checked against its advertised public
+key; a wrong self-mask seed makes the sum fail its range check) rather than checking every extra
+share.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from numpy.typing import ArrayLike, NDArray
+
+from common.secagg import shamir
+from common.secagg.crypto import (
+    KEY_BYTES,
+    EcdsaSigner,
+    EcdsaVerifier,
+    MaskAccumulator,
+    RandomBytes,
+    SecAggError,
+    Signer,
+    Verifier,
+    check_tag,
+    decrypt,
+    encode_fields,
+    encrypt,
+    generate_private_key,
+    mac_tag,
+    private_key_bytes,
+    private_key_from_bytes,
+    public_key_bytes,
+    shared_key,
+    shared_keys,
+)
+from common.secagg.fixedpoint import dequantize_sum, quantize
+from common.secagg.graph import NeighbourGraph, graph_seed, nonce_commitment
+from common.secagg.protocol import (
+    _MASK_KEY_LABEL,
+    _SHARE_PAIR_BYTES,
+    KeyAdvertisement,
+    RoundParams,
+    SecAggAggregator,
+    SecAggSite,
+    Stage,
+    UnmaskResponse,
+    _check_stage,
+    _check_vector,
+    _pair_info,
+    _randbelow_from,
+    _share_associated_data,
+    _Timer,
+    advertisement_message,
+    consistency_message,
+)
+from common.secagg.shamir import Share
+
+__all__ = [
+    "SPARSE_DROP_STAGES",
+    "SparseSecAggAggregator",
+    "SparseSecAggSite",
+    "acknowledgement_message",
+    "attestation_message",
+    "make_aggregator",
+    "make_site",
+    "run_sparse_in_process",
+]
+
+_PAIR_KEYS_LABEL = b"dpmarket/secagg/v1/sparse-pair-keys"
+_ACK_LABEL = b"dpmarket/secagg/v1/sparse-mask-acknowledgement"
+_ATTEST_LABEL = b"dpmarket/secagg/v1/sparse-survivor-attestation"
+
+#: The stages of a sparse round, in order, as named by ``drop_at``.
+SPARSE_DROP_STAGES: tuple[str, ...] = ("advertise", "reveal", "share", "mask", "check", "unmask")
+
+
+def acknowledgement_message(params: RoundParams, sender: str, recipient: str) -> bytes:
+    """What ``sender`` tags for ``recipient`` with its masked input: "my masked input holds our
+    pairwise mask". Directed (sender first) so that a tag cannot be reflected to its maker."""
+    return encode_fields(
+        _ACK_LABEL, params.round_id, params.digest, sender.encode(), recipient.encode()
+    )
+
+
+def attestation_message(survivor_list: bytes, sender: str, recipient: str) -> bytes:
+    """What ``sender`` tags for ``recipient`` in the consistency check: the survivor list it
+    attests (``survivor_list``: :func:`~common.secagg.protocol.consistency_message` of the round,
+    the list and the graph seed), directed so that a tag cannot be reflected to its maker."""
+    return encode_fields(_ATTEST_LABEL, survivor_list, sender.encode(), recipient.encode())
+
+
+def _require_sparse(params: RoundParams) -> None:
+    if not params.sparse:
+        raise ValueError("a complete-graph round runs on common.secagg.protocol")
+
+
+class SparseSecAggSite:
+    """One site's side of a SecAgg+ round (the six stages of the module docstring).
+
+    Call :meth:`advertise_keys`, :meth:`reveal_nonce`, :meth:`share_keys`, :meth:`masked_input`,
+    :meth:`attest` and :meth:`unmask` once each, in that order; a call out of order (or a second
+    call) raises :class:`~common.errors.FailedPreconditionError`. A :class:`SecAggError` aborts the
+    round for this site and drops its secrets.
+
+    Parameters
+    ----------
+    site : str
+        This site's id; one of ``params.sites``.
+    params : RoundParams
+        A sparse round (``params.neighbours > 0``).
+    signer : Signer
+        Signs this site's key advertisement with its identity key.
+    verifier : Verifier
+        Checks its neighbours' advertisements against their identities (only neighbours').
+    random_bytes : callable, optional
+        Source of all key material and of the graph nonce (``os.urandom`` by default).
+
+    Raises
+    ------
+    ValueError
+        If ``site`` is not in ``params.sites`` or the round is not sparse.
+
+    Notes
+    -----
+    **What a site reveals, across the round.** It attests at most one ``U3`` (holding itself, at
+    least ``t_v`` of ``N[v]``, every surviving neighbour one it masked with), answers the
+    unmasking request once, only for that ``U3``, after ``t_v`` members of ``N[v]`` (itself
+    included) attested it to it, and reveals a survivor's self-mask share only with that
+    survivor's acknowledgement that it masked with this site. It never reveals both shares it
+    holds of one site. Why this suffices: :mod:`common.secagg.graph`.
+    """
+
+    def __init__(
+        self,
+        site: str,
+        params: RoundParams,
+        *,
+        signer: Signer,
+        verifier: Verifier,
+        random_bytes: RandomBytes = os.urandom,
+    ) -> None:
+        _require_sparse(params)
+        if site not in params.sites:
+            raise ValueError(f"site {site!r} is not one of the round's sites {params.sites}")
+        self.site = site
+        self.params = params
+        self._signer = signer
+        self._verifier = verifier
+        self._random_bytes = random_bytes
+        self._stage = Stage.NEW
+        self._c_private: X25519PrivateKey | None = None
+        self._s_private: X25519PrivateKey | None = None
+        self._nonce = b""
+        self._u1: dict[str, KeyAdvertisement] = {}
+        self._seed = b""
+        self._graph: NeighbourGraph | None = None
+        self._holders: tuple[str, ...] = ()
+        self._threshold = 0
+        self._self_mask_seed: bytes | None = None
+        self._enc_keys: dict[str, bytes] = {}
+        self._mac_keys: dict[str, bytes] = {}
+        self._held: dict[str, tuple[Share, Share]] = {}
+        self._u2: frozenset[str] = frozenset()
+        self._acks: dict[str, bytes] = {}
+        self._u3: tuple[str, ...] = ()
+
+    @property
+    def stage(self) -> Stage:
+        return self._stage
+
+    @property
+    def graph(self) -> NeighbourGraph | None:
+        """The round's graph, once :meth:`share_keys` fixed it."""
+        return self._graph
+
+    @property
+    def threshold(self) -> int:
+        """``t_v`` of this site, once the graph is fixed (0 before)."""
+        return self._threshold
+
+    @property
+    def acknowledgements(self) -> dict[str, bytes]:
+        """After :meth:`masked_input`: neighbour -> this site's tag of
+        :func:`acknowledgement_message` ``(params, site, neighbour)``, for every neighbour it
+        masked with. The aggregator forwards each to its neighbour."""
+        return dict(self._acks)
+
+    def abort(self, reason: str) -> SecAggError:
+        """End the round for this site (drop its secrets); return the error to raise."""
+        return self._abort(SecAggError(reason))
+
+    def _abort(self, exc: SecAggError) -> SecAggError:
+        self._stage = Stage.ABORTED
+        self._c_private = self._s_private = None
+        self._self_mask_seed = None
+        self._enc_keys.clear()
+        self._mac_keys.clear()
+        self._held.clear()
+        return exc
+
+    def advertise_keys(self) -> KeyAdvertisement:
+        """Stage 0: two X25519 key pairs and a commitment to a fresh graph nonce, signed.
+
+        Returns
+        -------
+        KeyAdvertisement
+            ``c_public``, ``s_public`` (32 bytes each), ``commitment``
+            (:func:`common.secagg.graph.nonce_commitment` of 32 random bytes) and the signature of
+            :func:`~common.secagg.protocol.advertisement_message` over all of them.
+
+        Raises
+        ------
+        FailedPreconditionError
+            If called twice.
+        """
+        _check_stage(self._stage, Stage.NEW, "advertise_keys")
+        c_private = generate_private_key(self._random_bytes)
+        s_private = generate_private_key(self._random_bytes)
+        nonce = self._random_bytes(KEY_BYTES)
+        if len(nonce) != KEY_BYTES:
+            raise ValueError(f"random_bytes({KEY_BYTES}) returned {len(nonce)} bytes")
+        commitment = nonce_commitment(self.params.round_id, self.site, nonce)
+        c_public, s_public = public_key_bytes(c_private), public_key_bytes(s_private)
+        message = advertisement_message(
+            self.params.round_id, self.site, c_public, s_public, commitment
+        )
+        signature = self._signer.sign(message)
+        self._c_private, self._s_private, self._nonce = c_private, s_private, nonce
+        self._stage = Stage.ADVERTISED
+        return KeyAdvertisement(self.site, c_public, s_public, signature, commitment)
+
+    def reveal_nonce(self, advertisements: Mapping[str, KeyAdvertisement]) -> bytes:
+        """Stage 1: record ``U1`` (every site's keys and commitment); reveal the graph nonce.
+
+        The nonce leaves only now, when every contribution to this site's seed is fixed
+        (:mod:`common.secagg.graph`). Signatures are checked at :meth:`share_keys`, for the
+        neighbours only; a forged advertisement of a site that is not a neighbour changes
+        nothing this site uses.
+
+        Parameters
+        ----------
+        advertisements : mapping of str to KeyAdvertisement
+            ``U1`` as the aggregator broadcasts it, this site's own included.
+
+        Returns
+        -------
+        bytes
+            The 32-byte nonce committed to in :meth:`advertise_keys`.
+
+        Raises
+        ------
+        SecAggError
+            If a site is not in the round, an advertisement is filed under another site, has a
+            key or commitment that is not 32 bytes, this site's own is missing or replaced.
+        FailedPreconditionError
+            Out of order.
+        """
+        _check_stage(self._stage, Stage.ADVERTISED, "reveal_nonce")
+        assert self._c_private is not None and self._s_private is not None
+        try:
+            own = advertisements.get(self.site)
+            if own is None:
+                raise SecAggError(f"the advertisements do not include this site ({self.site!r})")
+            expected = (
+                public_key_bytes(self._c_private),
+                public_key_bytes(self._s_private),
+                nonce_commitment(self.params.round_id, self.site, self._nonce),
+            )
+            if (own.c_public, own.s_public, own.commitment) != expected:
+                raise SecAggError(f"the advertisement of this site ({self.site!r}) was replaced")
+            for name, ad in advertisements.items():
+                if name not in self.params.sites:
+                    raise SecAggError(f"advertisement from {name!r}, which is not in the round")
+                if ad.site != name:
+                    raise SecAggError(f"advertisement filed under {name!r} names site {ad.site!r}")
+                sizes = (len(ad.c_public), len(ad.s_public), len(ad.commitment))
+                if sizes != (KEY_BYTES, KEY_BYTES, KEY_BYTES):
+                    raise SecAggError(f"advertisement of {name!r} has a field that is not 32 bytes")
+        except SecAggError as exc:
+            raise self._abort(exc) from None
+        self._u1 = dict(advertisements)
+        self._stage = Stage.REVEALED
+        return self._nonce
+
+    def share_keys(self, nonces: Mapping[str, bytes]) -> dict[str, bytes]:
+        """Stage 2: fix the graph; share this site's secrets among its neighbours, encrypted.
+
+        Derives the seed from every nonce of ``U1`` (each checked against its commitment), builds
+        the graph, checks the signed advertisement of every neighbour in ``U1`` (and that no two
+        holders share a key), splits the self-mask seed ``b_v`` and the mask key ``s_sk``
+        ``t_v``-of-``|N[v] ∩ U1|`` at the holders' x coordinates (their positions among all sites,
+        plus one), and encrypts each neighbour's pair of shares with AES-256-GCM under the first of
+        two keys from ``HKDF(X25519(c_sk_v, c_pk_u))`` (the second authenticates this pair's tags).
+
+        Parameters
+        ----------
+        nonces : mapping of str to bytes
+            Site -> its revealed nonce, for every site of ``U1``.
+
+        Returns
+        -------
+        dict of str to bytes
+            Neighbour (in ``U1``) -> ciphertext of 168 bytes.
+
+        Raises
+        ------
+        SecAggError
+            If a nonce is missing or does not open its commitment, fewer than ``t_v`` holders
+            advertised, a neighbour's signature does not verify, or two holders share a key.
+        FailedPreconditionError
+            Out of order.
+        """
+        _check_stage(self._stage, Stage.REVEALED, "share_keys")
+        assert self._c_private is not None and self._s_private is not None
+        params = self.params
+        try:
+            commitments = {name: ad.commitment for name, ad in self._u1.items()}
+            if nonces.get(self.site) != self._nonce:
+                raise SecAggError(f"the nonce of this site ({self.site!r}) was replaced")
+            seed = graph_seed(params.digest, nonces, commitments, params.round_id)
+            graph = NeighbourGraph.build(params.sites, seed, params.neighbours, params.allowance)
+            holders = tuple(sorted(graph.closed(self.site) & set(self._u1)))
+            t = graph.threshold(self.site)
+            if len(holders) < t:
+                raise SecAggError(
+                    f"{len(holders)} of this site's {len(graph.closed(self.site))} holders "
+                    f"advertised keys, below its threshold t={t}"
+                )
+            seen: set[bytes] = set()
+            for name in holders:
+                ad = self._u1[name]
+                for key in (ad.c_public, ad.s_public):
+                    if key in seen:
+                        raise SecAggError(f"advertisement of {name!r} repeats a public key")
+                    seen.add(key)
+                if name == self.site:
+                    continue
+                message = advertisement_message(
+                    params.round_id, name, ad.c_public, ad.s_public, ad.commitment
+                )
+                try:
+                    self._verifier.verify(name, message, ad.signature)
+                except Exception as exc:
+                    raise SecAggError(
+                        f"the key advertisement of {name!r} is not signed by {name!r}: {exc}"
+                    ) from None
+        except SecAggError as exc:
+            raise self._abort(exc) from None
+        randbelow = _randbelow_from(self._random_bytes)
+        b = self._random_bytes(KEY_BYTES)
+        if len(b) != KEY_BYTES:
+            raise ValueError(f"random_bytes({KEY_BYTES}) returned {len(b)} bytes")
+        xs = [graph.index(name) + 1 for name in holders]
+        seed_shares = shamir.split_secret_at(b, xs, t, randbelow=randbelow)
+        key_shares = shamir.split_secret_at(
+            private_key_bytes(self._s_private), xs, t, randbelow=randbelow
+        )
+        out: dict[str, bytes] = {}
+        for name, pair in zip(holders, zip(seed_shares, key_shares, strict=True), strict=True):
+            if name == self.site:
+                self._held[name] = pair
+                continue
+            enc_key, mac_key = shared_keys(
+                self._c_private,
+                self._u1[name].c_public,
+                info=_pair_info(_PAIR_KEYS_LABEL, params.round_id, self.site, name),
+                count=2,
+            )
+            self._enc_keys[name], self._mac_keys[name] = enc_key, mac_key
+            out[name] = encrypt(
+                enc_key,
+                pair[0].to_bytes() + pair[1].to_bytes(),
+                _share_associated_data(params.round_id, self.site, name),
+                random_bytes=self._random_bytes,
+            )
+        self._seed, self._graph, self._holders, self._threshold = seed, graph, holders, t
+        self._self_mask_seed = b
+        self._stage = Stage.SHARED
+        return out
+
+    def _receive_shares(self, ciphertexts: Mapping[str, bytes]) -> None:
+        assert self._graph is not None
+        own_x = self._graph.index(self.site) + 1
+        for sender, ciphertext in ciphertexts.items():
+            if sender == self.site or sender not in self._enc_keys:
+                raise SecAggError(f"shares from {sender!r}, which is not a neighbour in U1")
+            plaintext = decrypt(
+                self._enc_keys[sender],
+                ciphertext,
+                _share_associated_data(self.params.round_id, sender, self.site),
+            )
+            if len(plaintext) != _SHARE_PAIR_BYTES:
+                raise SecAggError(f"shares from {sender!r} are {len(plaintext)} bytes")
+            try:
+                seed_share = Share.from_bytes(plaintext[: shamir.SHARE_BYTES])
+                key_share = Share.from_bytes(plaintext[shamir.SHARE_BYTES :])
+            except ValueError as exc:
+                raise SecAggError(f"shares from {sender!r} are malformed: {exc}") from None
+            if seed_share.x != own_x or key_share.x != own_x:
+                raise SecAggError(f"shares from {sender!r} are not addressed to x={own_x}")
+            self._held[sender] = (seed_share, key_share)
+
+    def masked_input(
+        self,
+        ciphertexts: Mapping[str, bytes],
+        vector: ArrayLike,
+        rng: np.random.Generator,
+    ) -> NDArray[np.uint64]:
+        """Stage 3: this site's input, quantized and masked with its neighbours in ``U2``.
+
+        ``y_v = Q(x_v) + PRG(b_v) + sum_{u in U2_v, u < v} PRG(s_uv) - sum_{u in U2_v, u > v}
+        PRG(s_uv)`` with ``U2_v`` this site and the neighbours whose shares reached it, as in
+        :meth:`common.secagg.protocol.SecAggSite.masked_input`. Also fixes the acknowledgements
+        (:attr:`acknowledgements`) for every neighbour of ``U2_v``.
+
+        Parameters
+        ----------
+        ciphertexts : mapping of str to bytes
+            Sender -> the ciphertext it addressed to this site: from neighbours only.
+        vector : array-like of shape (vector_length,), float
+            Entries in ``[-clip, clip]``.
+        rng : numpy.random.Generator
+            Coins of the stochastic rounding.
+
+        Returns
+        -------
+        ndarray of shape (vector_length,), uint64
+
+        Raises
+        ------
+        ValueError
+            If ``vector`` is malformed or out of range (the stage stays: retry with a valid one).
+        SecAggError
+            If a sender is not a neighbour in ``U1``, a ciphertext fails authentication or holds
+            malformed shares, or ``|U2_v| < t_v``. The round is then aborted for this site.
+        FailedPreconditionError
+            Out of order.
+        """
+        _check_stage(self._stage, Stage.SHARED, "masked_input")
+        values = _check_vector(vector, self.params.vector_length)
+        quantized = quantize(values, self.params.fixed_point, rng)
+        try:
+            self._receive_shares(ciphertexts)
+            u2 = frozenset({*ciphertexts, self.site})
+            if len(u2) < self._threshold:
+                raise SecAggError(
+                    f"{len(u2)} of this site's holders completed key sharing, below its "
+                    f"threshold t={self._threshold}"
+                )
+        except SecAggError as exc:
+            raise self._abort(exc) from None
+        assert self._s_private is not None and self._self_mask_seed is not None
+        params = self.params
+        masked = quantized
+        masks = MaskAccumulator(params.vector_length)
+        masks.add(masked, self._self_mask_seed)
+        for peer in sorted(u2 - {self.site}):
+            key = shared_key(
+                self._s_private,
+                self._u1[peer].s_public,
+                info=_pair_info(_MASK_KEY_LABEL, params.round_id, self.site, peer),
+            )
+            if peer < self.site:
+                masks.add(masked, key)
+            else:
+                masks.subtract(masked, key)
+            self._acks[peer] = mac_tag(
+                self._mac_keys[peer], acknowledgement_message(params, self.site, peer)
+            )
+        masked &= np.uint64(params.fixed_point.modulus - 1)
+        self._u2 = u2
+        self._self_mask_seed = None
+        self._s_private = self._c_private = None
+        self._enc_keys.clear()
+        self._stage = Stage.MASKED
+        return masked
+
+    def attest(self, survivors: Sequence[str]) -> dict[str, bytes]:
+        """Stage 4 (ConsistencyCheck): attest the survivor list ``U3`` to every surviving
+        neighbour.
+
+        A site attests at most one ``U3`` per round, and only one it could be asked to unmask:
+        one holding itself and at least ``t_v`` of ``N[v]``, in which every neighbour is one it
+        masked with.
+
+        Parameters
+        ----------
+        survivors : sequence of str
+            ``U3``: every site whose masked input the aggregator received.
+
+        Returns
+        -------
+        dict of str to bytes
+            Surviving neighbour -> tag of :func:`attestation_message` ``(params, U3, seed, site,
+            neighbour)`` under the pair's key.
+
+        Raises
+        ------
+        SecAggError
+            If the list repeats a site, names a site outside the round, leaves this site out,
+            names a neighbour it did not mask with, or holds fewer than ``t_v`` of ``N[v]``.
+        FailedPreconditionError
+            Out of order, or a second call.
+        """
+        _check_stage(self._stage, Stage.MASKED, "attest")
+        assert self._graph is not None
+        try:
+            survivor_set = set(survivors)
+            if len(survivor_set) != len(survivors):
+                raise SecAggError("the survivor list repeats a site")
+            strangers = survivor_set - set(self.params.sites)
+            if strangers:
+                raise SecAggError(f"survivors outside the round: {sorted(strangers)}")
+            if self.site not in survivor_set:
+                raise SecAggError(f"this site ({self.site!r}) is not listed as a survivor")
+            closed = self._graph.closed(self.site)
+            unmasked = (survivor_set & closed) - self._u2
+            if unmasked:
+                raise SecAggError(
+                    f"surviving neighbours this site did not mask with: {sorted(unmasked)}"
+                )
+            if len(survivor_set & closed) < self._threshold:
+                raise SecAggError(
+                    f"{len(survivor_set & closed)} of this site's neighbourhood survive, below "
+                    f"its threshold t={self._threshold}"
+                )
+        except SecAggError as exc:
+            raise self._abort(exc) from None
+        u3 = tuple(sorted(survivor_set))
+        survivor_list = consistency_message(self.params, u3, self._seed)
+        tags = {
+            peer: mac_tag(self._mac_keys[peer], attestation_message(survivor_list, self.site, peer))
+            for peer in sorted((survivor_set & self._u2) - {self.site})
+        }
+        self._u3 = u3
+        self._stage = Stage.CHECKED
+        return tags
+
+    def unmask(
+        self,
+        survivors: Sequence[str],
+        dropped: Sequence[str],
+        attestations: Mapping[str, bytes],
+        acknowledgements: Mapping[str, bytes],
+    ) -> UnmaskResponse:
+        """Stage 5: reveal the shares the aggregator needs, and only those.
+
+        Parameters
+        ----------
+        survivors : sequence of str
+            ``U3``: must be the list this site attested.
+        dropped : sequence of str
+            ``U2 \\ U3`` as the aggregator has it; its members among this site's neighbours must
+            be exactly the neighbours of ``U2_v`` outside ``U3``.
+        attestations : mapping of str to bytes
+            Neighbour -> its tag of ``U3`` addressed to this site. At least ``t_v - 1`` must be
+            valid (this site's own attestation counts as the ``t_v``-th).
+        acknowledgements : mapping of str to bytes
+            Neighbour -> its acknowledgement addressed to this site; one is required of every
+            surviving neighbour whose self-mask share this site reveals.
+
+        Returns
+        -------
+        UnmaskResponse
+            Self-mask shares of the survivors among ``U2_v`` (this site included) and mask-key
+            shares of the others; never both for one site.
+
+        Raises
+        ------
+        SecAggError
+            If ``survivors`` is not the attested list, ``dropped`` disagrees with ``U2_v``, a
+            tag is invalid or from a site that is not a surviving neighbour, fewer than ``t_v``
+            attestations hold, or a surviving neighbour's acknowledgement is missing or invalid.
+            Nothing is revealed; the round is over for this site.
+        FailedPreconditionError
+            Out of order, or a second call.
+        """
+        _check_stage(self._stage, Stage.CHECKED, "unmask")
+        assert self._graph is not None
+        params = self.params
+        try:
+            survivor_set, dropped_set = set(survivors), set(dropped)
+            if len(survivor_set) != len(survivors) or len(dropped_set) != len(dropped):
+                raise SecAggError("the survivor or dropped list repeats a site")
+            if survivor_set != set(self._u3):
+                raise SecAggError(
+                    f"the survivors {sorted(survivor_set)} are not the list this site attested "
+                    f"{list(self._u3)}"
+                )
+            neighbours = self._graph.neighbours(self.site)
+            expected_dropped = self._u2 - survivor_set
+            if dropped_set & neighbours != expected_dropped:
+                raise SecAggError(
+                    f"the dropped neighbours {sorted(dropped_set & neighbours)} are not this "
+                    f"site's U2 \\ U3 {sorted(expected_dropped)}"
+                )
+            voters = survivor_set & neighbours
+            strangers = sorted(set(attestations) - voters)
+            if strangers:
+                raise SecAggError(
+                    f"attestations from sites that are not surviving neighbours: {strangers}"
+                )
+            valid = 1
+            survivor_list = consistency_message(params, self._u3, self._seed)
+            for sender in sorted(attestations):
+                message = attestation_message(survivor_list, sender, self.site)
+                if not check_tag(self._mac_keys[sender], message, bytes(attestations[sender])):
+                    raise SecAggError(f"{sender!r} did not attest this site's survivor list")
+                valid += 1
+            if valid < self._threshold:
+                raise SecAggError(
+                    f"{valid} attestations of the survivor list in this site's neighbourhood, "
+                    f"below its threshold t={self._threshold}"
+                )
+            for peer in sorted((self._u2 & survivor_set) - {self.site}):
+                tag = acknowledgements.get(peer)
+                message = acknowledgement_message(params, peer, self.site)
+                if tag is None or not check_tag(self._mac_keys[peer], message, bytes(tag)):
+                    raise SecAggError(
+                        f"no valid acknowledgement that {peer!r} masked its input with this site"
+                    )
+        except SecAggError as exc:
+            raise self._abort(exc) from None
+        response = UnmaskResponse(
+            self_mask_shares={v: self._held[v][0] for v in sorted(self._u2 & survivor_set)},
+            key_shares={v: self._held[v][1] for v in sorted(self._u2 - survivor_set)},
+        )
+        self._held.clear()
+        self._mac_keys.clear()
+        self._stage = Stage.DONE
+        return response
+
+
+class SparseSecAggAggregator:
+    """The aggregator's side of a SecAgg+ round (the six stages of the module docstring).
+
+    Call :meth:`collect_advertisements`, :meth:`collect_nonces`, :meth:`route_shares`,
+    :meth:`collect_masked`, :meth:`collect_attestations` and :meth:`finish` once each, in that
+    order. It holds no secret; any :class:`SecAggError` aborts the round and nothing is released.
+
+    Parameters
+    ----------
+    params : RoundParams
+        A sparse round.
+
+    Raises
+    ------
+    ValueError
+        If the round is not sparse.
+    """
+
+    def __init__(self, params: RoundParams) -> None:
+        _require_sparse(params)
+        self.params = params
+        self._stage = Stage.NEW
+        self._u1: dict[str, KeyAdvertisement] = {}
+        self._graph: NeighbourGraph | None = None
+        self._seed = b""
+        self._masked_with: dict[str, frozenset[str]] = {}
+        self._u3: tuple[str, ...] = ()
+        self._dropped: tuple[str, ...] = ()
+        self._acks: dict[str, dict[str, bytes]] = {}
+        self._attesters: tuple[str, ...] = ()
+        self._total: NDArray[np.uint64] | None = None
+
+    @property
+    def stage(self) -> Stage:
+        return self._stage
+
+    @property
+    def graph(self) -> NeighbourGraph | None:
+        """The round's graph, once :meth:`collect_nonces` fixed it."""
+        return self._graph
+
+    def _fail(self, message: str) -> SecAggError:
+        self._stage = Stage.ABORTED
+        return SecAggError(message)
+
+    def collect_advertisements(
+        self, advertisements: Mapping[str, KeyAdvertisement]
+    ) -> dict[str, KeyAdvertisement]:
+        """Stage 0: fix ``U1``; return it, sorted, to broadcast with the reveal requests.
+
+        Raises
+        ------
+        SecAggError
+            If fewer than 2 sites advertised, a site is not in the round, an advertisement is
+            filed under another site, a key or commitment is not 32 bytes, or a key repeats.
+        """
+        _check_stage(self._stage, Stage.NEW, "collect_advertisements")
+        seen: set[bytes] = set()
+        for name, ad in advertisements.items():
+            if name not in self.params.sites:
+                raise self._fail(f"advertisement from {name!r}, which is not in the round")
+            if ad.site != name:
+                raise self._fail(f"advertisement filed under {name!r} names site {ad.site!r}")
+            if len(ad.commitment) != KEY_BYTES:
+                raise self._fail(f"advertisement of {name!r} has no graph-nonce commitment")
+            for key in (ad.c_public, ad.s_public):
+                if len(key) != KEY_BYTES or key in seen:
+                    raise self._fail(f"advertisement of {name!r} has a bad or repeated key")
+                seen.add(key)
+        if len(advertisements) < 2:
+            raise self._fail(f"{len(advertisements)} sites advertised keys, below 2")
+        self._u1 = {name: advertisements[name] for name in sorted(advertisements)}
+        self._stage = Stage.ADVERTISED
+        return dict(self._u1)
+
+    def collect_nonces(self, nonces: Mapping[str, bytes]) -> dict[str, bytes]:
+        """Stage 1: fix the graph from every site's nonce; return the nonces to broadcast.
+
+        Raises
+        ------
+        SecAggError
+            If a site of ``U1`` revealed nothing (the seed cannot leave it out: see
+            :mod:`common.secagg.graph`) or a nonce does not open its commitment.
+        """
+        _check_stage(self._stage, Stage.ADVERTISED, "collect_nonces")
+        commitments = {name: ad.commitment for name, ad in self._u1.items()}
+        try:
+            seed = graph_seed(self.params.digest, nonces, commitments, self.params.round_id)
+        except SecAggError as exc:
+            raise self._fail(str(exc)) from None
+        params = self.params
+        self._seed = seed
+        self._graph = NeighbourGraph.build(params.sites, seed, params.neighbours, params.allowance)
+        self._stage = Stage.REVEALED
+        return {name: bytes(nonces[name]) for name in sorted(nonces)}
+
+    def route_shares(
+        self, from_site: Mapping[str, Mapping[str, bytes]]
+    ) -> dict[str, dict[str, bytes]]:
+        """Stage 2: fix ``U2`` (the sites that sent their shares) and route each ciphertext.
+
+        Parameters
+        ----------
+        from_site : mapping of str to (mapping of str to bytes)
+            Sender -> (neighbour -> ciphertext).
+
+        Returns
+        -------
+        dict of str to (dict of str to bytes)
+            Recipient in ``U2`` -> (sender in ``U2`` -> ciphertext addressed to it).
+
+        Raises
+        ------
+        SecAggError
+            If fewer than 2 sites sent shares, a sender is not in ``U1``, or a sender did not
+            address exactly its neighbours in ``U1``.
+        """
+        _check_stage(self._stage, Stage.REVEALED, "route_shares")
+        assert self._graph is not None
+        for sender, addressed in from_site.items():
+            if sender not in self._u1:
+                raise self._fail(f"shares from {sender!r}, which did not advertise keys")
+            expected = self._graph.neighbours(sender) & set(self._u1)
+            if set(addressed) != expected:
+                raise self._fail(
+                    f"{sender!r} addressed shares to {sorted(addressed)}, expected its "
+                    f"neighbours in U1 {sorted(expected)}"
+                )
+        if len(from_site) < 2:
+            raise self._fail(f"{len(from_site)} sites completed key sharing, below 2")
+        u2 = sorted(from_site)
+        routed = {
+            recipient: {
+                sender: bytes(from_site[sender][recipient])
+                for sender in u2
+                if recipient in from_site[sender]
+            }
+            for recipient in u2
+        }
+        self._masked_with = {r: frozenset(senders) for r, senders in routed.items()}
+        self._stage = Stage.SHARED
+        return routed
+
+    def collect_masked(
+        self,
+        inputs: Mapping[str, ArrayLike],
+        acknowledgements: Mapping[str, Mapping[str, bytes]],
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Stage 3: fix ``U3`` (the survivors), add their masked inputs up, keep their
+        acknowledgements.
+
+        Parameters
+        ----------
+        inputs : mapping of str to ndarray of shape (vector_length,), uint64
+        acknowledgements : mapping of str to (mapping of str to bytes)
+            Survivor -> its :attr:`SparseSecAggSite.acknowledgements`, which must name exactly the
+            neighbours it was routed shares from.
+
+        Returns
+        -------
+        survivors : tuple of str
+            ``U3``, sorted.
+        dropped : tuple of str
+            ``U2 \\ U3``, sorted.
+
+        Raises
+        ------
+        SecAggError
+            If fewer than 2 inputs arrived, a site is not in ``U2``, an input is malformed, or a
+            survivor's acknowledgements do not match its routed shares.
+        """
+        _check_stage(self._stage, Stage.SHARED, "collect_masked")
+        length = self.params.vector_length
+        top = np.uint64(self.params.fixed_point.modulus - 1)
+        total = np.zeros(length, dtype=np.uint64)
+        for name, vector in inputs.items():
+            if name not in self._masked_with:
+                raise self._fail(f"masked input from {name!r}, which is not in U2")
+            values = np.asarray(vector)
+            if values.dtype != np.uint64 or values.shape != (length,):
+                raise self._fail(
+                    f"masked input of {name!r} must be uint64 of shape ({length},), got "
+                    f"{values.dtype} of shape {values.shape}"
+                )
+            if values.size and values.max() > top:
+                raise self._fail(f"masked input of {name!r} has an entry >= 2^k")
+            if set(acknowledgements.get(name, {})) != self._masked_with[name]:
+                raise self._fail(f"the acknowledgements of {name!r} do not match its shares")
+            total += values
+        if len(inputs) < 2:
+            raise self._fail(f"{len(inputs)} masked inputs arrived, below 2")
+        self._u3 = tuple(sorted(inputs))
+        self._dropped = tuple(sorted(set(self._masked_with) - set(self._u3)))
+        self._acks = {name: dict(acknowledgements[name]) for name in self._u3}
+        self._total = total
+        self._stage = Stage.MASKED
+        return self._u3, self._dropped
+
+    def collect_attestations(
+        self, attestations: Mapping[str, Mapping[str, bytes]]
+    ) -> dict[str, tuple[dict[str, bytes], dict[str, bytes]]]:
+        """Stage 4: fix ``U4`` (the survivors that attested); route every tag to its addressee.
+
+        Parameters
+        ----------
+        attestations : mapping of str to (mapping of str to bytes)
+            Survivor -> its :meth:`SparseSecAggSite.attest` tags (neighbour -> tag).
+
+        Returns
+        -------
+        dict of str to (dict, dict)
+            For every site of ``U4``: (sender -> attestation tag addressed to it, sender ->
+            acknowledgement addressed to it), the last two arguments of its
+            :meth:`SparseSecAggSite.unmask`. The aggregator checks no tag.
+
+        Raises
+        ------
+        SecAggError
+            If an attester is not a survivor, or fewer than 2 attested.
+        """
+        _check_stage(self._stage, Stage.MASKED, "collect_attestations")
+        for name in attestations:
+            if name not in self._u3:
+                raise self._fail(f"an attestation of U3 from {name!r}, which is not a survivor")
+        if len(attestations) < 2:
+            raise self._fail(f"{len(attestations)} survivors attested U3, below 2")
+        attesters = tuple(sorted(attestations))
+        out: dict[str, tuple[dict[str, bytes], dict[str, bytes]]] = {}
+        for recipient in attesters:
+            tags = {
+                sender: bytes(attestations[sender][recipient])
+                for sender in attesters
+                if recipient in attestations[sender]
+            }
+            acks = {
+                sender: self._acks[sender][recipient]
+                for sender in self._u3
+                if recipient in self._acks[sender]
+            }
+            out[recipient] = (tags, acks)
+        self._attesters = attesters
+        self._stage = Stage.CHECKED
+        return out
+
+    def _reconstruct(self, owner: str, shares: list[tuple[str, Share]], what: str) -> bytes:
+        assert self._graph is not None
+        t = self._graph.threshold(owner)
+        if len(shares) < t:
+            raise self._fail(
+                f"{len(shares)} shares of {owner!r}'s {what}, below its threshold t={t}"
+            )
+        base = shares[:t]
+        for responder, share in base:
+            if share.x != self._graph.index(responder) + 1:
+                raise self._fail(
+                    f"{responder!r} sent a share of {owner!r}'s {what} for x={share.x}"
+                )
+        try:
+            return shamir.combine_shares([share for _, share in base], KEY_BYTES)
+        except ValueError as exc:
+            raise self._fail(f"cannot reconstruct {owner!r}'s {what}: {exc}") from None
+
+    def finish(self, responses: Mapping[str, UnmaskResponse]) -> NDArray[np.float64]:
+        """Stage 5: rebuild the needed secrets from ``t_v`` shares each, remove every mask and
+        return the sum of the survivors' inputs.
+
+        Parameters
+        ----------
+        responses : mapping of str to UnmaskResponse
+            Site of ``U4`` -> its :meth:`SparseSecAggSite.unmask` response.
+
+        Returns
+        -------
+        ndarray of shape (vector_length,), float64
+            The sum of the inputs of ``U3``, within ``|U3| / scale`` per entry.
+
+        Raises
+        ------
+        SecAggError
+            If a responder did not attest, a response does not hold exactly the shares its site
+            holds, a secret has fewer than ``t_v`` shares, a rebuilt mask key does not match its
+            advertisement, or the result is not a sum of ``|U3|`` quantized vectors.
+        """
+        _check_stage(self._stage, Stage.CHECKED, "finish")
+        assert self._total is not None and self._graph is not None
+        survivors = set(self._u3)
+        seed_shares: dict[str, list[tuple[str, Share]]] = {v: [] for v in self._u3}
+        key_shares: dict[str, list[tuple[str, Share]]] = {w: [] for w in self._dropped}
+        for name in sorted(responses):
+            response = responses[name]
+            if name not in self._attesters:
+                raise self._fail(f"unmasking response from {name!r}, which did not attest U3")
+            held = self._masked_with[name] | {name}
+            if (
+                set(response.self_mask_shares) != held & survivors
+                or set(response.key_shares) != held - survivors
+            ):
+                raise self._fail(f"the unmasking response of {name!r} holds the wrong shares")
+            for owner, share in response.self_mask_shares.items():
+                seed_shares[owner].append((name, share))
+            for owner, share in response.key_shares.items():
+                key_shares[owner].append((name, share))
+        params = self.params
+        total = self._total.copy()
+        masks = MaskAccumulator(params.vector_length)
+        for owner in self._u3:
+            masks.subtract(total, self._reconstruct(owner, seed_shares[owner], "self-mask seed"))
+        for owner in self._dropped:
+            raw = self._reconstruct(owner, key_shares[owner], "pairwise-mask key")
+            s_private = private_key_from_bytes(raw)
+            if public_key_bytes(s_private) != self._u1[owner].s_public:
+                raise self._fail(f"the reconstructed key of {owner!r} does not match its advert")
+            for survivor in self._u3:
+                if owner not in self._masked_with[survivor]:
+                    continue
+                key = shared_key(
+                    s_private,
+                    self._u1[survivor].s_public,
+                    info=_pair_info(_MASK_KEY_LABEL, params.round_id, owner, survivor),
+                )
+                if owner < survivor:
+                    masks.subtract(total, key)
+                else:
+                    masks.add(total, key)
+        total &= np.uint64(params.fixed_point.modulus - 1)
+        try:
+            result = dequantize_sum(total, params.fixed_point, len(self._u3))
+        except ValueError as exc:
+            raise self._fail(f"unmasking did not give a valid sum: {exc}") from None
+        self._total = None
+        self._stage = Stage.DONE
+        return result
+
+
+def make_site(
+    site: str,
+    params: RoundParams,
+    *,
+    signer: Signer,
+    verifier: Verifier,
+    random_bytes: RandomBytes = os.urandom,
+) -> SecAggSite | SparseSecAggSite:
+    """The site state object for ``params``: sparse or complete graph."""
+    cls = SparseSecAggSite if params.sparse else SecAggSite
+    return cls(site, params, signer=signer, verifier=verifier, random_bytes=random_bytes)
+
+
+def make_aggregator(params: RoundParams) -> SecAggAggregator | SparseSecAggAggregator:
+    """The aggregator state object for ``params``: sparse or complete graph."""
+    return SparseSecAggAggregator(params) if params.sparse else SecAggAggregator(params)
+
+
+def run_sparse_in_process(
+    params: RoundParams,
+    sites: Mapping[str, ArrayLike],
+    *,
+    drop_at: Mapping[str, str] | None = None,
+    signers: Mapping[str, Signer] | None = None,
+    verifier: Verifier | None = None,
+    random_bytes: RandomBytes = os.urandom,
+    rng: np.random.Generator | None = None,
+    phase_seconds: dict[str, float] | None = None,
+) -> NDArray[np.float64]:
+    """Run one SecAgg+ round with every site and the aggregator in this process.
+
+    As :func:`common.secagg.protocol.run_in_process` (:func:`common.secagg.run_in_process` runs
+    either), with
+    the stage ``"reveal"`` added to ``drop_at`` (a site lost there aborts the round: the graph
+    seed needs every advertised nonce) and the phase ``reveal_nonces`` to ``phase_seconds``.
+
+    Raises
+    ------
+    SecAggError
+        If a neighbourhood lost more sites than its threshold allows, a site was lost at
+        ``"reveal"``, or any check fails. Nothing is returned.
+    ValueError
+        If ``sites`` does not hold exactly ``params.sites``, a stage is unknown, an input is out
+        of range, or only one of ``signers`` and ``verifier`` is given.
+    """
+    _require_sparse(params)
+    drops = dict(drop_at or {})
+    if set(sites) != set(params.sites):
+        raise ValueError(f"inputs are for {sorted(sites)}, the round's sites are {params.sites}")
+    for name, stage in drops.items():
+        if name not in params.sites or stage not in SPARSE_DROP_STAGES:
+            raise ValueError(f"bad drop {name!r} at {stage!r}; stages are {SPARSE_DROP_STAGES}")
+    if (signers is None) != (verifier is None):
+        raise ValueError("give both signers and verifier, or neither")
+    if signers is None or verifier is None:
+        keys = {name: ec.generate_private_key(ec.SECP256R1()) for name in params.sites}
+        signers = {name: EcdsaSigner(key) for name, key in keys.items()}
+        verifier = EcdsaVerifier({name: key.public_key() for name, key in keys.items()})
+    if rng is None:
+        from common.privacy.rng import production_rng
+
+        rng = production_rng()
+    timer = _Timer()
+
+    def alive(stage: str) -> list[str]:
+        cut = SPARSE_DROP_STAGES.index(stage)
+        return [
+            n for n in params.sites if n not in drops or SPARSE_DROP_STAGES.index(drops[n]) > cut
+        ]
+
+    aggregator = SparseSecAggAggregator(params)
+    parties = {
+        name: SparseSecAggSite(
+            name, params, signer=signers[name], verifier=verifier, random_bytes=random_bytes
+        )
+        for name in params.sites
+    }
+
+    start = time.perf_counter()
+    u1 = aggregator.collect_advertisements(
+        {name: parties[name].advertise_keys() for name in alive("advertise")}
+    )
+    timer.add("advertise_keys", time.perf_counter() - start)
+
+    start = time.perf_counter()
+    nonces = aggregator.collect_nonces(
+        {name: parties[name].reveal_nonce(u1) for name in alive("reveal") if name in u1}
+    )
+    timer.add("reveal_nonces", time.perf_counter() - start)
+
+    start = time.perf_counter()
+    routed = aggregator.route_shares(
+        {name: parties[name].share_keys(nonces) for name in alive("share") if name in u1}
+    )
+    timer.add("share_keys", time.perf_counter() - start)
+
+    start = time.perf_counter()
+    masked = {
+        name: parties[name].masked_input(routed[name], sites[name], rng)
+        for name in alive("mask")
+        if name in routed
+    }
+    survivors, dropped = aggregator.collect_masked(
+        masked, {name: parties[name].acknowledgements for name in masked}
+    )
+    timer.add("masked_input", time.perf_counter() - start)
+
+    start = time.perf_counter()
+    forwarded = aggregator.collect_attestations(
+        {name: parties[name].attest(survivors) for name in alive("check") if name in survivors}
+    )
+    timer.add("consistency_check", time.perf_counter() - start)
+
+    start = time.perf_counter()
+    responses = {
+        name: parties[name].unmask(survivors, dropped, *forwarded[name])
+        for name in alive("unmask")
+        if name in forwarded
+    }
+    timer.add("unmask", time.perf_counter() - start)
+
+    start = time.perf_counter()
+    result = aggregator.finish(responses)
+    timer.add("finish", time.perf_counter() - start)
+    if phase_seconds is not None:
+        phase_seconds.update(timer.phases)
+    return result
