@@ -29,7 +29,6 @@ from rich.text import Text
 from common.errors import DPMarketError
 from owner.ledger import LEDGER_FILE, LedgerEntry, OwnerLedger, Totals, ledger_path
 from owner.policy import OwnerPolicy
-from runtime.transport import BindError
 from runtime.cli import (
     check_outputs,
     console,
@@ -40,6 +39,7 @@ from runtime.cli import (
     tls_options,
     write_output,
 )
+from runtime.transport import BindError
 
 __all__ = [
     "ledger_report",
@@ -515,7 +515,9 @@ def publish_command(
     try:
         with CatalogClient(curator, security, curator=curator_identity(curator_name)) as client:
             names = list(specs) or client.spec_names()
-            publisher = SketchPublisher(ledger, noise=noise)
+            publisher = SketchPublisher(
+                ledger, noise=noise, rng=None if seed is None else np.random.default_rng(seed + 1)
+            )
             deliveries = publish_to(client, publisher, table, names, epsilon=epsilon)
         left = ledger.remaining()
     except DPMarketError as exc:
