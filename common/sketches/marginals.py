@@ -578,19 +578,12 @@ class MarginalsMechanism:
         selections: list[float] = []
         model = MarginalsModel.fit(fmap, measurements, iters=SELECTION_ITERS)
         pairs = self.candidates()
-        mbi = _mbi()
         for plan in self.plan():
             rho_r = plan.selections * (
                 exponential_zcdp_rho(plan.epsilon) + gaussian_zcdp_rho(plan.sigma)
             )
             allowed = [
-                c
-                for c in pairs
-                if model.covers(c)
-                or mbi.junction_tree.hypothetical_model_size(
-                    model.mbi_domain, [*model.cliques, model.names(c)]
-                )
-                <= MAX_MODEL_MB
+                c for c in pairs if model.covers(c) or model.grown_size_mb(c) <= MAX_MODEL_MB
             ]
             if not allowed:
                 continue
@@ -840,6 +833,15 @@ class MarginalsModel:
         grow the model)."""
         names = set(self.names(clique))
         return any(names <= set(c) for c in self.mbi_model.cliques)
+
+    def grown_size_mb(self, clique: Sequence[int]) -> float:
+        """The size (MB, ``mbi``'s ``hypothetical_model_size``) of the model's junction tree if
+        ``clique`` were measured too."""
+        return float(
+            _mbi().junction_tree.hypothetical_model_size(
+                self.mbi_domain, [*self.cliques, self.names(clique)]
+            )
+        )
 
     def marginal(self, clique: Sequence[int]) -> NDArray[np.float64]:
         """The model's counts on ``clique``'s cells.
