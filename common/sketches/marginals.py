@@ -872,7 +872,17 @@ class MarginalsModel:
             joint = np.einsum(
                 f"{subscripts}->{out}", *(t for _, t in self._potentials), optimize="greedy"
             )
-            found = joint * (self.total / joint.sum())
+            mass = float(joint.sum())
+            if not (math.isfinite(mass) and mass > 0):
+                # Potentials far apart underflow the product: mbi's log-space elimination.
+                names = self.names(key)
+                factor = self.mbi_model.project(names)
+                joint = np.transpose(
+                    np.asarray(factor.datavector(flatten=False), dtype=np.float64),
+                    [factor.domain.attributes.index(a) for a in names],
+                )
+                mass = float(joint.sum())
+            found = joint * (self.total / mass)
             found.setflags(write=False)
             self._cache[key] = found
         return found
