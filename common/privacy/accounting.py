@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -688,6 +688,19 @@ def pld_epsilon(
 _ZCDP_BISECTION_STEPS = 100
 
 
+def _bisect(holds: Callable[[float], bool], low: float, high: float, *, holds_above: bool) -> float:
+    """The end of ``[low, high]`` where a monotone ``holds`` is true, after
+    :data:`_ZCDP_BISECTION_STEPS` halvings: the smallest value found true if it holds above
+    the threshold, the largest otherwise (so the result always satisfies it)."""
+    for _ in range(_ZCDP_BISECTION_STEPS):
+        mid = 0.5 * (low + high)
+        if holds(mid) == holds_above:
+            high = mid
+        else:
+            low = mid
+    return high if holds_above else low
+
+
 def _check_rho(rho: float) -> float:
     value = float(rho)
     if not (math.isfinite(value) and value >= 0.0):
@@ -844,14 +857,8 @@ def zcdp_epsilon(rho: float, delta: float) -> float:
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
     if r == 0.0:
         return 0.0
-    low, high = 0.0, r + 2.0 * math.sqrt(r * math.log(1.0 / dl))
-    for _ in range(_ZCDP_BISECTION_STEPS):
-        mid = 0.5 * (low + high)
-        if zcdp_delta(r, mid) <= dl:
-            high = mid
-        else:
-            low = mid
-    return high
+    high = r + 2.0 * math.sqrt(r * math.log(1.0 / dl))
+    return _bisect(lambda e: zcdp_delta(r, e) <= dl, 0.0, high, holds_above=True)
 
 
 @functools.lru_cache(maxsize=256)
@@ -888,11 +895,4 @@ def zcdp_rho(epsilon: float, delta: float) -> float:
     dl = float(delta)
     if not (math.isfinite(dl) and 0.0 < dl < 1.0):
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
-    low, high = 0.0, eps + 1.0
-    for _ in range(_ZCDP_BISECTION_STEPS):
-        mid = 0.5 * (low + high)
-        if zcdp_delta(mid, eps) <= dl:
-            low = mid
-        else:
-            high = mid
-    return low
+    return _bisect(lambda r: zcdp_delta(r, eps) <= dl, 0.0, eps + 1.0, holds_above=False)
