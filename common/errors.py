@@ -7,7 +7,7 @@ An owner's refusals must depend only on public inputs (the request and the owner
 declarations: its row count, its columns, its declared 0/1 columns, its policy and budget), never
 on its rows. Computations on the rows run under :func:`on_private_data`, which turns whatever they
 raise into a :class:`PrivateDataError`: its text stays in the owner's own log and the wire carries
-a fixed message (``dpmarket.status.abort_for``).
+a fixed message (``runtime.status.abort_for``).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class PrivateDataError(DPMarketError):
     """A computation on an owner's private data failed; the message may name rows and values.
 
     It is for the owner's own log only: a service answers ``INTERNAL`` with the fixed message of
-    any unexpected error (``dpmarket.status.abort_for``), so neither the text nor the code tells
+    any unexpected error (``runtime.status.abort_for``), so neither the text nor the code tells
     a data-dependent failure from any other. The owner's checks make such a failure a bug, never
     an answer to a request: records are clamped to the request's public bounds, and every other
     refusal is decided on public inputs before the rows are read.

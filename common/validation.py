@@ -1,11 +1,16 @@
-"""Input validation shared by every boundary that accepts arrays or privacy parameters."""
+"""Input validation shared by every boundary that accepts arrays, privacy parameters or
+declarations parsed from configuration files (TOML tables)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+from common.errors import InvalidArgumentError
 
 
 def check_matrix(
@@ -113,3 +118,47 @@ def check_positive_int(value: int, name: str) -> int:
     if isinstance(value, bool) or int(value) != value or int(value) < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value}")
     return int(value)
+
+
+def config_number(value: Any, where: str) -> float:
+    """A declaration's finite number (TOML integer or float; not a boolean).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming ``where`` and the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgumentError(f"{where} must be a number, got {value!r}")
+    out = float(value)
+    if not math.isfinite(out):
+        raise InvalidArgumentError(f"{where} must be finite, got {value!r}")
+    return out
+
+
+def config_table(value: Any, where: str) -> Mapping[str, Any]:
+    """A declaration's table (a TOML table).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``value`` is not a mapping, naming ``where``.
+    """
+    if not isinstance(value, Mapping):
+        raise InvalidArgumentError(f"{where} must be a table, got {value!r}")
+    return value
+
+
+def check_config_keys(table: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
+    """Refuse a key of a declaration's table that is not ``allowed``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming ``where``, the unknown keys and the allowed ones.
+    """
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        raise InvalidArgumentError(
+            f"{where}: unknown key(s) {unknown}; allowed: {', '.join(allowed)}"
+        )

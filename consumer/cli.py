@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from common.errors import DPMarketError, InvalidArgumentError
+from common.schema import Schema
 from common.sketches.marginals import MarginalsSketch
 from common.sketches.sketch import PrivateSketch, merge_sketches
 from common.sketches.spec import PublishedSketch, SketchSpec
@@ -55,6 +56,7 @@ from runtime.cli import (
 )
 from runtime.files import write_json
 from runtime.identity import Identity
+from runtime.schemas import load_schema
 
 __all__ = [
     "CAPE_COMMANDS",
@@ -305,7 +307,8 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
             "out_path",
             default="summary.npy",
             type=click.Path(dir_okay=False),
-            help="Where to write the summary points (.npy; labels to .labels.npy).",
+            help="Where to write the summary points: .npy (labels to .labels.npy), or .csv or "
+            ".parquet (the features' names, the label and each point's owner as columns).",
         ),
         click.option(
             "--report",
@@ -335,19 +338,38 @@ def summarization_config(
         raise click.BadParameter(str(exc)) from exc
 
 
-def load_points(path: str, *, label_column: str | None = "label") -> PointSet:
+def load_points(
+    path: str, *, label_column: str | None = "label", schema: Schema | None = None
+) -> PointSet:
     """Read a points file (:func:`owner.data.load_point_set`); a missing or malformed file
-    fails the command with its name."""
+    fails the command with its name. With a schema, a table's features are selected by name in
+    the schema's order (another column order is reordered, a column the schema lacks refused)."""
     try:
-        return load_point_set(path, label_column=label_column)
+        return load_point_set(path, label_column=label_column, schema=schema, by_name=True)
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 
-def _seed_set(path: str | None, n_features: int) -> NDArray[np.float64]:
+def read_schema(path: str | None, option: str = "--schema") -> Schema | None:
+    """Read a schema file (``None``: none given); a bad file is a bad parameter."""
+    if path is None:
+        return None
+    try:
+        return load_schema(path)
+    except (OSError, ValueError) as exc:
+        hint = ""
+        if "['features'" in str(exc) or "'target'" in str(exc):
+            hint = (
+                ". The [features]/[target] layout is replaced by the schema's: [[columns]] "
+                "tables (name, type, low, high or levels) and label = COLUMN (docs/reference.md)"
+            )
+        raise click.BadParameter(f"{exc}{hint}", param_hint=option) from exc
+
+
+def _seed_set(path: str | None, n_features: int, schema: Schema | None) -> NDArray[np.float64]:
     if path is None:
         return np.zeros((0, n_features))
-    seed_set = load_points(path)
+    seed_set = load_points(path, schema=schema)
     _check_width(seed_set, n_features, path, "--seed-set")
     return seed_set.features
 
@@ -368,27 +390,34 @@ class Inputs:
     validation: PointSet
     seed_set: NDArray[np.float64]
     test: PointSet | None
+    schema: Schema | None = None
 
 
-def read_inputs(validation_path: str, seed_set_path: str | None, test_path: str | None) -> Inputs:
+def read_inputs(
+    validation_path: str,
+    seed_set_path: str | None,
+    test_path: str | None,
+    schema: Schema | None = None,
+) -> Inputs:
     """Read and check every input file, and check every output can be written, before a session.
 
-    A bad file (NaN/inf, wrong width, unlabeled test set, unreadable) is refused here with the
-    file's name, so no privacy is spent on a run whose results could not be evaluated or saved.
+    A bad file (NaN/inf, wrong width, unlabeled test set, unreadable, a table unlike the
+    schema) is refused here with the file's name, so no privacy is spent on a run whose results
+    could not be evaluated or saved. With a schema, tables are read through it (columns by name).
     """
-    validation = load_points(validation_path)
+    validation = load_points(validation_path, schema=schema)
     n = validation.n_features
-    seed_set = _seed_set(seed_set_path, n)
+    seed_set = _seed_set(seed_set_path, n, schema)
     test = None
     if test_path is not None:
-        test = load_points(test_path)
+        test = load_points(test_path, schema=schema)
         _check_width(test, n, test_path, "--test")
         if test.labels is None:
             raise click.BadParameter(
                 f"{test_path} has no labels: the test set scores the summary's accuracy",
                 param_hint="--test",
             )
-    return Inputs(validation, seed_set, test)
+    return Inputs(validation, seed_set, test, schema)
 
 
 def finish(
@@ -408,7 +437,14 @@ def finish(
     )
     row["label"] = config.method
     out = Path(out_path)
-    save_point_set(PointSet(result.points, result.labels, "summary"), out)
+    names = inputs.schema.feature_names if inputs.schema is not None else inputs.validation.columns
+    label = inputs.schema.label if inputs.schema is not None else None
+    save_point_set(
+        PointSet(result.points, result.labels, "summary", columns=names),
+        out,
+        owners=result.owner_ids,
+        label_column=label or "label",
+    )
     write_json({"config": asdict(config), "result": row}, report_path)
     title = f"{config.method} summary of {len(result.points)} points"
     Console().print(comparison_table([row], title=title))
@@ -445,12 +481,21 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
     help="Idempotency key: a retry with the same key returns the same session and spends "
     "nothing new (default: a fresh random key).",
 )
+@click.option(
+    "--schema",
+    "schema_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The data's public schema (TOML): tables are read through it (features by name, in "
+    "its order) and the curator refuses owners that declare another.",
+)
 @protocol_options
 @tls_options
 def request(
     curator: str,
     curator_name: str,
     request_id: str | None,
+    schema_path: str | None,
     summary_size: int,
     method: str,
     validation_path: str,
@@ -474,7 +519,8 @@ def request(
         "consumer", ca_path, cert_path, key_path, pki_dir, name, insecure
     )
     config = summarization_config(summary_size, method, kwargs)
-    inputs = read_inputs(validation_path, seed_set_path, test_path)
+    schema = read_schema(schema_path)
+    inputs = read_inputs(validation_path, seed_set_path, test_path, schema)
     check_outputs(out_path, report_path)
     try:
         curator_identity = Identity("curator", curator_name)
@@ -490,6 +536,8 @@ def request(
                 seed=seed,
                 on_progress=update,
                 request_id=request_id,
+                schema=schema,
+                feature_names=() if schema is not None else inputs.validation.columns,
             )
     except SessionFailedError as exc:
         _failed(exc, config, report_path)
@@ -551,34 +599,46 @@ def _bound(text: str, option: str) -> tuple[str, float, float]:
         raise click.BadParameter(f"{text!r}: {exc}", param_hint=option) from exc
 
 
-def _bounds_file(
-    path: str, *, target: bool = True
-) -> tuple[list[tuple[str, float, float]], tuple[str, float, float] | None]:
-    """A TOML file with ``[features]`` (column = [low, high], in order) and, if ``target``,
-    ``[target]`` with one column."""
-    import tomllib
-
+def _feature(text: str, schema: Schema | None) -> tuple[str, float, float]:
+    """``--feature``: ``COLUMN=LOW:HIGH``, or ``COLUMN`` with its bounds from the schema."""
+    if schema is None or "=" in text:
+        return _bound(text, "--feature")
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        features = [(c, float(b[0]), float(b[1])) for c, b in data["features"].items()]
-        if not target:
-            return features, None
-        ((column, bounds),) = data["target"].items()
-        return features, (column, float(bounds[0]), float(bounds[1]))
-    except (OSError, tomllib.TOMLDecodeError, KeyError, ValueError, TypeError, IndexError) as exc:
-        wanted = "[features] with column = [low, high] entries" + (
-            " and a [target] with one" if target else ""
-        )
-        raise click.BadParameter(f"{path}: needs {wanted} ({exc})", param_hint="--bounds") from exc
+        return schema.bounds([text])[0]
+    except InvalidArgumentError as exc:
+        raise click.BadParameter(str(exc), param_hint="--feature") from exc
 
 
-def _columns(bounds_path: str | None, features: tuple[str, ...]) -> list[tuple[str, float, float]]:
-    """The columns of ``--bounds`` (its ``[features]``), then those of each ``--feature``."""
-    columns = [] if bounds_path is None else _bounds_file(bounds_path, target=False)[0]
-    columns += [_bound(f, "--feature") for f in features]
+def _columns(
+    schema: Schema | None, features: tuple[str, ...], exclude: tuple[str, ...] = ()
+) -> list[tuple[str, float, float]]:
+    """The job's columns: each ``--feature``, or else every feature column of the schema (its
+    columns but the label and ``exclude``)."""
+    if features:
+        columns = [_feature(f, schema) for f in features]
+    elif schema is not None:
+        columns = [c for c in schema.bounds() if c[0] not in exclude]
+    else:
+        columns = []
     if not columns:
         raise click.UsageError("give the columns and their bounds (--bounds or --feature)")
     return columns
+
+
+def _target(text: str | None, schema: Schema | None, task: str) -> tuple[str, float, float] | None:
+    """``--target``: ``COLUMN=LOW:HIGH``; ``COLUMN`` (bounds from the schema, or 0/1 for a
+    logistic target); or, left out, the schema's label."""
+    if text is not None and "=" in text:
+        return _bound(text, "--target")
+    column = text if text is not None else None if schema is None else schema.label
+    if column is None:
+        return None
+    if schema is None or task == "logistic":
+        return (column, 0.0, 1.0)
+    try:
+        return schema.bounds([column])[0]
+    except InvalidArgumentError as exc:
+        raise click.BadParameter(str(exc), param_hint="--target") from exc
 
 
 def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., Any]]:
@@ -588,19 +648,23 @@ def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., 
         click.option("--curator-name", default="curator", help="The curator's certificate name."),
         click.option(
             "--bounds",
+            "--schema",
             "bounds_path",
             default=None,
             type=click.Path(exists=True, dir_okay=False),
-            help="TOML file: [features] column = [low, high] (in order) and, for a model, [target] "
-            "column = [low, high]. Public bounds, never statistics of the private data; owners "
-            "clamp values outside them.",
+            help="The data's public schema (TOML, [[columns]] with public bounds): the job's "
+            "columns and bounds come from it (default: every column but the label; a model's "
+            "target: --target, or the label), and the curator refuses owners that declare "
+            "another schema. Public bounds, never statistics of the private data; owners clamp "
+            "values outside them.",
         ),
         click.option(
             "--feature",
             "features",
             multiple=True,
-            metavar="COLUMN=LOW:HIGH",
-            help="A column and its public bounds; repeat (after those of --bounds).",
+            metavar="COLUMN[=LOW:HIGH]",
+            help="A column and its public bounds (bounds from --schema when left out); repeat. "
+            "Default: the schema's columns.",
         ),
         click.option("--epsilon", default=1.0, type=click.FloatRange(min=0, min_open=True)),
         click.option(
@@ -612,7 +676,8 @@ def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., 
             "--colluders",
             default=None,
             type=click.IntRange(min=0),
-            help="S_C: owners that may collude with the curator (default ceil(S/3) - 1); the "
+            help="S_C: owners that may collude with the curator (default ceil(S/3) - 1, raised "
+            "to every owner's policy floor; an owner refuses a value below its floor); the "
             "noise variance grows with it: F = S (S + S_H) / (S_H (S + 1)) times the pooled "
             "mechanism's, S_H = S - S_C.",
         ),
@@ -708,16 +773,13 @@ def _fit_command(task: str) -> Callable[..., None]:
     ) -> None:
         from common.cape.spec import CapeJobSpec
 
-        feature_bounds, target_bound = (
-            ([], None) if bounds_path is None else _bounds_file(bounds_path)
-        )
-        feature_bounds += [_bound(f, "--feature") for f in features]
-        if target is not None:
-            target_bound = _bound(target, "--target") if "=" in target else (target, 0.0, 1.0)
-        if not feature_bounds or target_bound is None:
+        schema = read_schema(bounds_path, "--bounds")
+        target_bound = _target(target, schema, task)
+        if target_bound is None:
             raise click.UsageError(
-                "give the features and the target (--bounds or --feature/--target)"
+                "give the features and the target (--bounds with a label, or --feature/--target)"
             )
+        feature_bounds = _columns(schema, features, exclude=(target_bound[0],))
         try:
             spec = CapeJobSpec(
                 task=task,  # type: ignore[arg-type]
@@ -736,7 +798,7 @@ def _fit_command(task: str) -> Callable[..., None]:
             curator,
             curator_name,
             tls,
-            lambda c: c.fit_cape(spec, seed=seed, request_id=request_id),
+            lambda c: c.fit_cape(spec, seed=seed, request_id=request_id, schema=schema),
         )
         model = {
             "task": task,
@@ -761,8 +823,8 @@ _FIT_OPTIONS = [
         "--target",
         default=None,
         metavar="COLUMN[=LOW:HIGH]",
-        help="The target column and its public bounds (logistic: a column the owners declared "
-        "0/1 with serve-owner --binary-column, no bounds).",
+        help="The target column and its public bounds (from --schema when left out; default: "
+        "the schema's label). Logistic: a column the owners declared binary, no bounds.",
     ),
     _CALIBRATION_OPTION,
     click.option("--no-intercept", is_flag=True, help="Fit without an intercept."),
@@ -796,7 +858,8 @@ def cape_mean_command(
 ) -> None:
     from common.cape.spec import CapeMeanSpec
 
-    columns = _columns(bounds_path, features)
+    schema = read_schema(bounds_path, "--bounds")
+    columns = _columns(schema, features)
     try:
         spec = CapeMeanSpec(tuple(columns), epsilon, delta, colluders, calibration)
     except ValueError as exc:
@@ -806,7 +869,7 @@ def cape_mean_command(
         curator,
         curator_name,
         tls,
-        lambda c: c.estimate_cape_mean(spec, seed=seed, request_id=request_id),
+        lambda c: c.estimate_cape_mean(spec, seed=seed, request_id=request_id, schema=schema),
     )
     write_json({"task": "mean", "mean": estimate.by_column, "report": estimate.report}, out_path)
     r = estimate.report
@@ -860,7 +923,8 @@ def cape_train_command(
 ) -> None:
     from common.cape.spec import CapeTrainingSpec
 
-    columns = _columns(bounds_path, features)
+    schema = read_schema(bounds_path, "--bounds")
+    columns = _columns(schema, features, exclude=(target,))
     try:
         spec = CapeTrainingSpec(
             features=tuple(columns),
@@ -880,7 +944,7 @@ def cape_train_command(
         curator,
         curator_name,
         tls,
-        lambda c: c.train_cape(spec, seed=seed, request_id=request_id),
+        lambda c: c.train_cape(spec, seed=seed, request_id=request_id, schema=schema),
     )
     write_json(
         {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 from common.cape.dpgd import accuracy, predict_proba
 from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.errors import AbortedError, InvalidArgumentError
+from common.schema import Schema
 from common.sketches.spec import PublishedSketch, SketchSpec
 from common.summarization.summary import (
     ProgressEvent,
@@ -38,6 +39,7 @@ from dpmarket.v1 import (
 )
 from runtime import cape_messages, sketch_messages
 from runtime.identity import Identity
+from runtime.schemas import schema_to_proto
 from runtime.serving import GRPC_OPTIONS
 from runtime.status import error_from_rpc
 from runtime.transport import TransportSecurity, sync_channel
@@ -115,10 +117,20 @@ class CuratorClient:
         *,
         seed: int | None = None,
         request_id: str = "",
+        schema: Schema | None = None,
+        feature_names: Sequence[str] = (),
     ) -> str:
         """Start a session; return its id (CreateSession). A retry with the same
-        ``request_id`` returns the same session and charges nothing new."""
+        ``request_id`` returns the same session and charges nothing new.
+
+        ``schema`` is the public schema the validation set was read through (the curator
+        refuses owners that declare another); ``feature_names`` the validation set's column
+        names when it was read from a table without one (owners with a schema must have these
+        features, in this order)."""
         request = convert.create_request_to_proto(config, validation, seed_set, seed, request_id)
+        if schema is not None:
+            request.schema.CopyFrom(schema_to_proto(schema))
+        request.feature_names.extend(feature_names)
         try:
             response = self._stub.CreateSession(request, timeout=self.timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
@@ -154,11 +166,14 @@ class CuratorClient:
         seed: int | None = None,
         on_progress: Callable[[ProgressEvent], None] | None = None,
         request_id: str | None = None,
+        schema: Schema | None = None,
+        feature_names: Sequence[str] = (),
     ) -> SummaryResult:
         """Create a session, follow it to the end and return its summary.
 
         ``request_id`` defaults to a fresh random key, so a retried CreateSession (the client
-        retries while the curator is starting) never opens a second session.
+        retries while the curator is starting) never opens a second session. ``schema`` and
+        ``feature_names`` as :meth:`create_session`.
 
         Raises
         ------
@@ -166,7 +181,15 @@ class CuratorClient:
             If the session failed; its ``report`` holds the ledger of what it spent.
         """
         key = request_id if request_id is not None else uuid.uuid4().hex
-        session_id = self.create_session(config, validation, seed_set, seed=seed, request_id=key)
+        session_id = self.create_session(
+            config,
+            validation,
+            seed_set,
+            seed=seed,
+            request_id=key,
+            schema=schema,
+            feature_names=feature_names,
+        )
         last: tuple[ProgressEvent, SessionReport | None] | None = None
         for event, report in self.watch(session_id):
             last = (event, report)
@@ -176,10 +199,15 @@ class CuratorClient:
             raise SessionFailedError(f"session failed: {last[0].message}", session_id, last[1])
         return self.get_summary(session_id)
 
-    def _cape_call(self, method: str, request: Any, seed: int | None, timeout: float) -> Any:
-        """Call a CapeService RPC with a seed (when given); map its status to an error."""
+    def _cape_call(
+        self, method: str, request: Any, seed: int | None, timeout: float, schema: Schema | None
+    ) -> Any:
+        """Call a CapeService RPC with a seed and a schema (when given); map its status to an
+        error."""
         if seed is not None:
             request.seed = seed
+        if schema is not None:
+            request.schema.CopyFrom(schema_to_proto(schema))
         try:
             return getattr(self._cape, method)(request, timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
@@ -192,10 +220,13 @@ class CuratorClient:
         seed: int | None = None,
         request_id: str | None = None,
         timeout: float = 600.0,
+        schema: Schema | None = None,
     ) -> CapeFit:
         """Fit a model by capeFM across the curator's owners (FitCape).
 
-        ``request_id`` defaults to a fresh random key (a retry never fits twice).
+        ``request_id`` defaults to a fresh random key (a retry never fits twice). With ``schema``
+        (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
+        that declare another before anything is charged.
 
         Raises
         ------
@@ -205,7 +236,7 @@ class CuratorClient:
         request = cape_pb2.FitCapeRequest(
             spec=cape_messages.spec_to_proto(spec), request_id=_key(request_id)
         )
-        response = self._cape_call("FitCape", request, seed, timeout)
+        response = self._cape_call("FitCape", request, seed, timeout, schema)
         return CapeFit(
             weights=cape_messages.vector_from_proto(response.weights, "weights"),
             intercept=float(response.intercept),
@@ -219,10 +250,13 @@ class CuratorClient:
         seed: int | None = None,
         request_id: str | None = None,
         timeout: float = 600.0,
+        schema: Schema | None = None,
     ) -> CapeMean:
         """The mean vector of some columns across the curator's owners (EstimateCapeMean).
 
-        ``request_id`` defaults to a fresh random key (a retry never spends twice).
+        ``request_id`` defaults to a fresh random key (a retry never spends twice). With ``schema``
+        (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
+        that declare another before anything is charged.
 
         Raises
         ------
@@ -232,7 +266,7 @@ class CuratorClient:
         request = cape_pb2.EstimateCapeMeanRequest(
             spec=cape_messages.spec_to_proto(spec), request_id=_key(request_id)
         )
-        response = self._cape_call("EstimateCapeMean", request, seed, timeout)
+        response = self._cape_call("EstimateCapeMean", request, seed, timeout, schema)
         mean = cape_messages.vector_from_proto(response.mean, "mean", len(spec.features))
         return CapeMean(spec=spec, mean=mean, report=json.loads(response.report_json))
 
@@ -243,11 +277,14 @@ class CuratorClient:
         seed: int | None = None,
         request_id: str | None = None,
         timeout: float = 1800.0,
+        schema: Schema | None = None,
     ) -> CapeNetwork:
         """Train the 2-layer network by CAPE gradient descent across the curator's owners
         (TrainCape).
 
-        ``request_id`` defaults to a fresh random key (a retry never trains twice).
+        ``request_id`` defaults to a fresh random key (a retry never trains twice). With ``schema``
+        (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
+        that declare another before anything is charged.
 
         Raises
         ------
@@ -257,7 +294,7 @@ class CuratorClient:
         request = cape_pb2.TrainCapeRequest(
             spec=cape_messages.training_to_proto(spec), request_id=_key(request_id)
         )
-        response = self._cape_call("TrainCape", request, seed, timeout)
+        response = self._cape_call("TrainCape", request, seed, timeout, schema)
         parameters = cape_messages.vector_from_proto(
             response.parameters, "parameters", spec.n_params
         )

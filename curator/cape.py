@@ -20,8 +20,14 @@ iteration's average with its larger noise stated; the curator then re-plans iter
 T - 1`` without it, with ``S_C`` kept and fresh noise from a new round, so that every later
 iteration is zero-sum over exactly its sites again.
 
-The curator learns the releases and the noise rounds' sums; it is honest but curious (the paper's
-model), and each owner derives its noise from the public plan itself.
+The curator learns the releases and the noise rounds' sums. The paper's model has it honest but
+curious; here nothing an owner's guarantee depends on rests on its word: each owner derives its
+noise from the public plan itself, checks every other site's signed row count before it plans
+(:mod:`common.cape.agreement`), refuses an ``S_C`` below its policy's floor, and secure
+aggregation withstands a curator that lies about the survivors (:mod:`common.secagg.protocol`).
+The job's ``S_C`` is the consumer's when it chose one (every owner refuses it at open if it is
+below the owner's floor), else the paper's default ``ceil(S / 3) - 1`` raised to the highest
+floor of the sites; the noise rounds' threshold is the least ``t`` with ``2 t > S + S_C``.
 """
 
 from __future__ import annotations
@@ -36,9 +42,10 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+from common.cape.agreement import SizeAttestation, plan_for
 from common.cape.capefm import CapeFMPlan, aggregate_releases, fit_released
 from common.cape.dpgd import CapeTrainingPlan, init_params
-from common.cape.endpoints import CapeSiteEndpoint
+from common.cape.endpoints import CapeSiteEndpoint, OpenedJob
 from common.cape.functional_mechanism import to_raw_coefficients
 from common.cape.mean import CapeMeanPlan
 from common.cape.privacy import default_colluders
@@ -54,7 +61,7 @@ from common.ids import short_id
 from common.privacy.accounting import PrivacyEvent
 from common.privacy.ledger import Charge, SessionSpend
 from common.secagg.fixedpoint import FixedPoint
-from common.secagg.protocol import RoundParams
+from common.secagg.protocol import RoundParams, min_threshold
 from curator.secagg import AggregationOutcome, aggregate
 
 logger = logging.getLogger(__name__)
@@ -131,6 +138,7 @@ class CapeTrainingResult:
 class _Site:
     endpoint: CapeSiteEndpoint
     size: int = 0
+    min_colluders: int = 0
     opened: bool = False
     spent: SessionSpend | None = None
 
@@ -205,8 +213,11 @@ class _CapeRun(Generic[SpecT, PlanT]):
         stage: str,
         *,
         refusals: bool = False,
+        aborts: bool = False,
     ) -> dict[str, T]:
-        """Call sites concurrently; drop the unavailable (and, during the job, the refusing)."""
+        """Call sites concurrently; drop the unavailable (and, during the job, the refusing);
+        with ``aborts``, a site that aborts the job (a signed count that does not verify) fails
+        it, as with ``refusals`` any refusal does."""
 
         async def one(site: _Site) -> T:
             coro = call(site)
@@ -220,8 +231,9 @@ class _CapeRun(Generic[SpecT, PlanT]):
         answers = await asyncio.gather(*(one(self.sites[n]) for n in names), return_exceptions=True)
         out: dict[str, T] = {}
         for name, answer in zip(names, answers, strict=True):
+            fatal = refusals or (aborts and isinstance(answer, AbortedError))
             if isinstance(answer, UnavailableError) or (
-                isinstance(answer, DPMarketError) and not refusals
+                isinstance(answer, DPMarketError) and not fatal
             ):
                 self.dropped[name] = f"{stage}: {answer}"
                 logger.warning(
@@ -246,20 +258,44 @@ class _CapeRun(Generic[SpecT, PlanT]):
         seeds = owner_seeds(self.rng, list(self.sites))
         t0 = time.perf_counter()
 
-        async def open_one(site: _Site) -> int:
+        async def open_one(site: _Site) -> OpenedJob:
             site.opened = True
             return await site.endpoint.open_job(
                 self.job_id, self.spec, seeds[site.endpoint.name], self.consumer
             )
 
-        sizes = await self._each(sorted(self.sites), open_one, "open", refusals=True)
-        for name, size in sizes.items():
-            self.sites[name].size = int(size)
+        opened = await self._each(sorted(self.sites), open_one, "open", refusals=True)
+        for name, answer in opened.items():
+            self.sites[name].size = int(answer.rows)
+            self.sites[name].min_colluders = int(answer.min_colluders)
         self.timings.add("open", t0)
-        return sorted(sizes)
+        return sorted(opened)
 
-    def _plan(self, sizes: list[int], first_iteration: int, colluders: int | None) -> PlanT:
-        raise NotImplementedError
+    def _colluders(self, alive: list[str], fixed: int | None) -> int:
+        """``S_C`` of a plan over ``alive``: ``fixed`` (a training that released), the spec's,
+        or the default ``ceil(S / 3) - 1`` raised to the highest floor of the sites.
+
+        Raises
+        ------
+        FailedPreconditionError
+            If the sites' floors require more colluders than ``S - 1``.
+        """
+        if fixed is not None:
+            return fixed
+        if self.spec.colluders is not None:
+            return self.spec.colluders
+        floor = max(self.sites[n].min_colluders for n in alive)
+        colluders = max(default_colluders(len(alive)), floor)
+        if colluders > len(alive) - 1:
+            raise FailedPreconditionError(
+                f"an owner's policy requires defending against {floor} colluders, which needs "
+                f"at least {floor + 1} sites; {len(alive)} remain (dropped: {self.dropped})"
+            )
+        return colluders
+
+    def _plan(self, sizes: list[int], first_iteration: int, colluders: int) -> PlanT:
+        plan = plan_for(self.spec, sizes, colluders, first_iteration)
+        return plan  # type: ignore[return-value]
 
     @staticmethod
     def _round_length(plan: PlanT) -> int:
@@ -268,25 +304,48 @@ class _CapeRun(Generic[SpecT, PlanT]):
     async def _noise_round(
         self, alive: list[str], first_iteration: int = 0, colluders: int | None = None
     ) -> _Round[PlanT] | list[str]:
-        """Plan over ``alive`` and run its noise round; or return the sites still alive when one
-        was lost (the caller re-plans without it)."""
+        """Have every site sign its row count for a plan over ``alive``, relay the signed counts
+        to all of them to plan, and run the plan's noise round; or return the sites still alive
+        when one was lost (the caller re-plans without it).
+
+        Raises
+        ------
+        AbortedError
+            If a site aborts the job at planning (a signed count did not verify), or the round
+            aborts.
+        FailedPreconditionError
+            As :meth:`_colluders`.
+        """
         t0 = time.perf_counter()
-        sizes = [self.sites[n].size for n in alive]
+        sc = self._colluders(alive, colluders)
+        attested = await self._each(
+            alive,
+            lambda s: s.endpoint.attest_plan(self.job_id, alive, sc, first_iteration),
+            "attest",
+        )
+        if sorted(attested) != alive:
+            self.timings.add("plan", t0)
+            return sorted(attested)
         planned = await self._each(
             alive,
-            lambda s: s.endpoint.plan_job(self.job_id, alive, sizes, first_iteration),
+            lambda s: s.endpoint.plan_job(self.job_id, alive, sc, attested, first_iteration),
             "plan",
+            aborts=True,
         )
         self.timings.add("plan", t0)
         if sorted(planned) != alive:
             return sorted(planned)
-        plan = self._plan(sizes, first_iteration, colluders)
+        sizes = [_attested_rows(attested[n], n) for n in alive]
+        for name, size in zip(alive, sizes, strict=True):
+            self.sites[name].size = size
+        plan = self._plan(sizes, first_iteration, sc)
         scale = max(sigma for _, sigma in planned.values())
         params = RoundParams.create(
             alive,
-            max(2, len(alive) // 2 + 1),
+            min_threshold(len(alive), sc),
             self._round_length(plan),
             FixedPoint(CLIP_SIGMAS * scale, RESOLUTION_BITS, len(alive)),
+            colluders=sc,
         )
         t0 = time.perf_counter()
         outcome: AggregationOutcome = await aggregate(
@@ -448,9 +507,6 @@ class CapeJob(_OneReleaseJob[CapeJobSpec, CapeFMPlan, CapeResult]):
     _label = "capeFM release per site (zero-sum Gaussian)"
     _finish_phase = "fit"
 
-    def _plan(self, sizes: list[int], first_iteration: int, colluders: int | None) -> CapeFMPlan:
-        return self.spec.plan(sizes)
-
     def _finish(
         self,
         plan: CapeFMPlan,
@@ -483,9 +539,6 @@ class CapeMeanJob(_OneReleaseJob[CapeMeanSpec, CapeMeanPlan, CapeMeanEstimate]):
     _label = "CAPE mean release per site (zero-sum Gaussian)"
     _finish_phase = "average"
 
-    def _plan(self, sizes: list[int], first_iteration: int, colluders: int | None) -> CapeMeanPlan:
-        return self.spec.plan(sizes)
-
     def _finish(
         self,
         plan: CapeMeanPlan,
@@ -506,11 +559,6 @@ class CapeTrainingJob(_CapeRun[CapeTrainingSpec, CapeTrainingPlan]):
     Parameters as :class:`_CapeRun`. The initial parameters are drawn from ``rng`` after the
     owners' seeds (:func:`common.cape.dpgd.init_params`); they are public.
     """
-
-    def _plan(
-        self, sizes: list[int], first_iteration: int, colluders: int | None
-    ) -> CapeTrainingPlan:
-        return self.spec.plan(sizes, first_iteration=first_iteration, colluders=colluders)
 
     async def run(self) -> CapeTrainingResult:
         """Open, then for every iteration broadcast the parameters, average the releases and
@@ -623,6 +671,14 @@ class CapeTrainingJob(_CapeRun[CapeTrainingSpec, CapeTrainingPlan]):
             "seconds": {**self.timings.seconds, "total": time.perf_counter() - start},
         }
         return CapeTrainingResult(theta, report)
+
+
+def _attested_rows(answer: tuple[SizeAttestation, bytes], name: str) -> int:
+    """The row count a site signed (the attestation must be its own)."""
+    attestation, _ = answer
+    if attestation.site != name:
+        raise AbortedError(f"owner {name} answered with the row count of {attestation.site!r}")
+    return int(attestation.rows)
 
 
 def owner_seeds(rng: np.random.Generator, names: Sequence[str]) -> dict[str, int]:

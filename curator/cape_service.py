@@ -27,6 +27,7 @@ from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainin
 from common.errors import (
     AbortedError,
     DPMarketError,
+    FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
@@ -34,12 +35,14 @@ from common.errors import (
 )
 from common.ids import new_session_id, short_id
 from common.privacy.rng import make_rng
+from common.schema import Schema, disagreement
 from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
 from curator.policy import CuratorPolicy, RequestRate
 from curator.store import CuratorStore
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc
 from runtime import cape_messages as msg
 from runtime.authz import Authorizer, rpc
+from runtime.schemas import schema_from_proto
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +109,7 @@ class CapeJobs:
         consumer: str,
         request_id: str = "",
         request_digest: str = "",
+        schema: Schema | None = None,
     ) -> dict[str, Any]:
         """Run a CAPE job; return its document: ``{"weights", "intercept", "report"}`` (capeFM),
         ``{"mean", "report"}`` (a mean) or ``{"parameters", "report"}`` (a training).
@@ -120,6 +124,9 @@ class CapeJobs:
           refused CreateSession never stores one;
         * of a job whose result expired fails with ``NotFoundError``, charging nothing.
 
+        With a ``schema`` (the consumer's, from which it took the spec's columns and bounds),
+        every owner that answers must declare the same one, checked before anything else.
+
         Raises
         ------
         PermissionDeniedError
@@ -131,6 +138,9 @@ class CapeJobs:
             Beyond the request rate or the jobs running at once.
         NotFoundError
             For a retry whose result has expired.
+        FailedPreconditionError
+            If an owner's schema differs from ``schema`` (naming the first column that
+            differs); nothing is opened, released or charged.
         DPMarketError
             As the job's ``run`` (:mod:`curator.cape`); nothing is released when an owner
             refuses at open.
@@ -140,6 +150,8 @@ class CapeJobs:
                 "this curator does not accept seeded jobs (start it with --allow-seeded-sessions)"
             )
         self.policy.check_cape(spec)
+        if schema is not None:
+            await self._check_schema(schema)
         if not request_id:
             try:
                 return await self._fit(spec, seed, consumer, None, request_digest)
@@ -173,6 +185,21 @@ class CapeJobs:
                 raise
             self._done[key] = (request_digest, document)
             return document
+
+    async def _check_schema(self, schema: Schema) -> None:
+        """Refuse a consumer schema that an answering owner does not declare (an owner that
+        does not answer is left to the job, which drops it)."""
+        answers = await asyncio.gather(
+            *(owner.schema() for owner in self.owners), return_exceptions=True
+        )
+        schemas = {
+            owner.name: answer
+            for owner, answer in zip(self.owners, answers, strict=True)
+            if not isinstance(answer, BaseException)
+        }
+        found = disagreement(schema, schemas)
+        if found is not None:
+            raise FailedPreconditionError(f"the schemas differ: {found}")
 
     def _stored(
         self, consumer: str, request_id: str
@@ -312,6 +339,7 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
             consumer=str(caller),
             request_id=request.request_id,
             request_digest=request_digest(request),
+            schema=schema_from_proto(request.schema, "the consumer"),
         )
 
     @rpc("consumer")

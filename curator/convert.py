@@ -22,6 +22,7 @@ from common.summarization.summary import (
 from common.summarization.terms import OwnerTerms
 from dpmarket.v1 import curator_pb2, owner_pb2, privacy_pb2
 from runtime.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
+from runtime.schemas import schema_from_proto
 
 
 def terms_to_proto(terms: OwnerTerms) -> privacy_pb2.PrivacyTerms:
@@ -45,12 +46,19 @@ def spend_from_proto(message: privacy_pb2.SessionSpend) -> SessionSpend:
 
 
 def info_from_proto(message: owner_pb2.GetOwnerInfoResponse) -> OwnerInfo:
-    """GetOwnerInfoResponse -> OwnerInfo."""
+    """GetOwnerInfoResponse -> OwnerInfo.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the owner's schema is malformed or its fingerprint is not its columns'.
+    """
     return OwnerInfo(
         owner_id=message.owner_id,
         num_points=int(message.num_points),
         num_features=int(message.num_features),
         has_labels=bool(message.has_labels),
+        schema=schema_from_proto(message.schema, f"owner {message.owner_id}"),
     )
 
 

@@ -16,9 +16,12 @@ import grpc
 import numpy as np
 from numpy.typing import NDArray
 
+from common.cape.agreement import SizeAttestation
+from common.cape.endpoints import OpenedJob
 from common.cape.spec import AnyCapeSpec
 from common.errors import UnavailableError
 from common.privacy.ledger import SessionSpend
+from common.schema import Schema
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.summarization.rff import RFFParams
@@ -99,6 +102,10 @@ class GrpcOwnerEndpoint:
             lambda: self._stub.GetOwnerInfo(owner_pb2.GetOwnerInfoRequest(), timeout=self.deadline)
         )
         return convert.info_from_proto(response)
+
+    async def schema(self) -> Schema | None:
+        """The owner's public schema (GetOwnerInfo's)."""
+        return (await self.info()).schema
 
     async def open_session(
         self,
@@ -254,38 +261,76 @@ class GrpcOwnerEndpoint:
         )
         return msg.masked_from_proto(response.masked, params.vector_length)
 
+    async def consistency_check(
+        self, job_id: str, params: RoundParams, survivors: Sequence[str]
+    ) -> bytes:
+        """ConsistencyCheck."""
+        request = secure_aggregation_pb2.ConsistencyCheckRequest(
+            round=msg.round_to_proto(job_id, params), survivors=list(survivors)
+        )
+        response = await self._call(
+            lambda: self._secagg.ConsistencyCheck(request, timeout=self.deadline)
+        )
+        return bytes(response.signature)
+
     async def unmask(
         self,
         job_id: str,
         params: RoundParams,
         survivors: Sequence[str],
         dropped: Sequence[str],
+        signatures: Mapping[str, bytes],
     ) -> UnmaskResponse:
         """Unmask."""
         request = secure_aggregation_pb2.UnmaskRequest(
             round=msg.round_to_proto(job_id, params),
             survivors=list(survivors),
             dropped=list(dropped),
+            signatures=msg.signatures_to_proto(signatures),
         )
         response = await self._call(lambda: self._secagg.Unmask(request, timeout=self.deadline))
         return msg.unmask_from_proto(response)
 
     # ----------------------------------------------------------------------- CAPE (site)
-    async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> int:
+    async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> OpenedJob:
         """OpenCapeJob (the owner scans its table: allow the open-session deadline)."""
         request = cape_pb2.OpenCapeJobRequest(job_id=job_id, consumer=consumer, seed=seed)
         msg.job_to_proto(request, spec)
         response = await self._call(
             lambda: self._cape.OpenCapeJob(request, timeout=OPEN_DEADLINE_SECONDS)
         )
-        return int(response.num_rows)
+        return OpenedJob(int(response.num_rows), int(response.min_colluders))
+
+    async def attest_plan(
+        self, job_id: str, sites: Sequence[str], colluders: int, first_iteration: int = 0
+    ) -> tuple[SizeAttestation, bytes]:
+        """AttestCapePlan."""
+        request = cape_pb2.AttestCapePlanRequest(
+            job_id=job_id, sites=list(sites), colluders=colluders, first_iteration=first_iteration
+        )
+        response = await self._call(
+            lambda: self._cape.AttestCapePlan(request, timeout=self.deadline)
+        )
+        return msg.attestation_from_proto(response.attestation)
 
     async def plan_job(
-        self, job_id: str, sites: Sequence[str], sizes: Sequence[int], first_iteration: int = 0
+        self,
+        job_id: str,
+        sites: Sequence[str],
+        colluders: int,
+        attestations: Mapping[str, tuple[SizeAttestation, bytes]],
+        first_iteration: int = 0,
     ) -> tuple[int, float]:
         """PlanCapeJob."""
         request = cape_pb2.PlanCapeJobRequest(
-            job_id=job_id, sites=list(sites), sizes=list(sizes), first_iteration=first_iteration
+            job_id=job_id,
+            sites=list(sites),
+            colluders=colluders,
+            first_iteration=first_iteration,
+            attestations=[
+                msg.attestation_to_proto(attestation, certificate)
+                for _, (attestation, certificate) in sorted(attestations.items())
+            ],
         )
         response = await self._call(lambda: self._cape.PlanCapeJob(request, timeout=self.deadline))
         return int(response.statistic_length), float(response.max_noise_scale)

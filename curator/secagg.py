@@ -1,11 +1,13 @@
 """The curator as secure-aggregation aggregator: drives one round across the sites' endpoints.
 
-Each round is the four steps of Bonawitz et al. (2017, Figure 4) with the curator routing every
-message (:class:`common.secagg.protocol.SecAggAggregator` holds the aggregator's state). A site
-whose call fails (unavailable, too slow, or refusing) is a dropout at that stage: before its
-masks are fixed (advertise, share) it is simply left out; after masking its pairwise masks are
-removed from the others' shares. Fewer than ``threshold`` sites at any stage abort the round and
-nothing is released.
+Each round is the five steps of Bonawitz et al. (2017, Figure 4, the variant against an actively
+lying server) with the curator routing every message
+(:class:`common.secagg.protocol.SecAggAggregator` holds the aggregator's state). A site whose call
+fails (unavailable, too slow, or refusing) is a dropout at that stage: before its masks are fixed
+(advertise, share) it is simply left out; after masking its pairwise masks are removed from the
+others' shares; a survivor that does not sign the survivor list (or then does not unmask) still
+has its input in the sum. Fewer than ``threshold`` sites at any stage abort the round and nothing
+is released.
 """
 
 from __future__ import annotations
@@ -103,8 +105,9 @@ async def aggregate(
     phase_seconds : dict, optional
         If given, filled with the wall-clock seconds of each phase as the curator sees it (the
         names of :func:`common.secagg.protocol.run_in_process`): ``advertise_keys``,
-        ``share_keys``, ``masked_input`` and ``unmask`` (the concurrent calls and the
-        aggregator's collection of their answers), ``finish`` (reconstruction and unmasking).
+        ``share_keys``, ``masked_input``, ``consistency_check`` and ``unmask`` (the concurrent
+        calls and the aggregator's collection of their answers), ``finish`` (reconstruction and
+        unmasking).
 
     Returns
     -------
@@ -161,9 +164,18 @@ async def aggregate(
         )
         survivors, lost = aggregator.collect_masked(masked)
         lap("masked_input")
-        responses = await _call_each(
+        signatures = await _call_each(
             list(survivors),
-            lambda s: endpoints[s].unmask(job_id, params, survivors, lost),
+            lambda s: endpoints[s].consistency_check(job_id, params, survivors),
+            timeout,
+            dropped,
+            "consistency check",
+        )
+        signed = aggregator.collect_signatures(signatures)
+        lap("consistency_check")
+        responses = await _call_each(
+            sorted(signed),
+            lambda s: endpoints[s].unmask(job_id, params, survivors, lost, signed),
             timeout,
             dropped,
             "unmask",

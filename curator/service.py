@@ -32,6 +32,7 @@ from dpmarket.v1 import (
 )
 from runtime.authz import Authorizer, rpc, rpc_stream
 from runtime.identity import Identity
+from runtime.schemas import schema_from_proto
 from runtime.serving import serve_until_signalled, start_server, write_port
 from runtime.transport import TransportSecurity
 
@@ -67,6 +68,8 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
             consumer=str(caller),
             request_id=request.request_id,
             request_digest=request_digest(request),
+            schema=schema_from_proto(request.schema, "the consumer"),
+            feature_names=tuple(request.feature_names),
         )
         return curator_pb2.CreateSessionResponse(session_id=session_id)
 

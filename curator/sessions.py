@@ -34,6 +34,7 @@ from common.errors import (
 from common.ids import new_session_id, short_id
 from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import make_rng
+from common.schema import Schema
 from common.sketches import PrivateSketch
 from common.summarization.endpoints import OwnerEndpoint
 from common.summarization.summary import (
@@ -159,6 +160,8 @@ class SessionManager:
         consumer: str = "consumer:local",
         request_id: str = "",
         request_digest: str = "",
+        schema: Schema | None = None,
+        feature_names: Sequence[str] = (),
     ) -> str:
         """Check a request against the policy and the owners, then start it in the background.
 
@@ -173,6 +176,9 @@ class SessionManager:
             session and charges nothing new.
         request_digest : str
             Digest of the request without its key.
+        schema, feature_names
+            The consumer's schema or validation column names
+            (:class:`~curator.summarization.session.SummarizationSession`).
 
         Returns
         -------
@@ -212,10 +218,26 @@ class SessionManager:
                     logger.info("session %s: retried request, nothing new", short_id(found_id))
                     return found_id
                 return await self._create(
-                    config, validation, seed_set, seed, consumer, request_id, request_digest
+                    config,
+                    validation,
+                    seed_set,
+                    seed,
+                    consumer,
+                    request_id,
+                    request_digest,
+                    schema=schema,
+                    feature_names=tuple(feature_names),
                 )
         return await self._create(
-            config, validation, seed_set, seed, consumer, None, request_digest
+            config,
+            validation,
+            seed_set,
+            seed,
+            consumer,
+            None,
+            request_digest,
+            schema=schema,
+            feature_names=tuple(feature_names),
         )
 
     def _allocation_sketches(self, config: SummarizationConfig) -> dict[str, PrivateSketch]:
@@ -243,6 +265,9 @@ class SessionManager:
         consumer: str,
         request_id: str | None,
         request_digest: str,
+        *,
+        schema: Schema | None = None,
+        feature_names: tuple[str, ...] = (),
     ) -> str:
         if seed is not None and not self.policy.allow_seeded_sessions:
             raise PermissionDeniedError(
@@ -282,6 +307,8 @@ class SessionManager:
             owner_session_id=new_session_id(),
             on_charge=None if store is None else lambda c: store.record_charges(session_id, c),
             owner_sketches=self._allocation_sketches(config),
+            schema=schema,
+            feature_names=feature_names,
         )
         # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
         self.policy.check_request(config, int(session.validation.shape[0]))

@@ -22,7 +22,6 @@ import json
 import os
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 
@@ -42,13 +41,17 @@ from common.sketches.spec import AnySketch, PublishedSketch, SketchDeclaration, 
 from curator.policy import CuratorPolicy
 from curator.store import APPLICATION, DATABASE_FILE, MIGRATIONS
 from runtime.database import open_database, snapshot, transaction
+from runtime.files import read_toml
+from runtime.schemas import load_schema
 from runtime.sketch_messages import sketch_bytes, sketch_from_bytes, spec_bytes, spec_from_bytes
 
 __all__ = ["LocalCatalogEndpoint", "SketchCatalog", "load_declaration"]
 
 
 def load_declaration(path: str | os.PathLike[str]) -> SketchDeclaration:
-    """Read a sketch declaration file (TOML); its name defaults to the file's stem.
+    """Read a sketch declaration file (TOML); its name defaults to the file's stem. A
+    declaration that names a schema file (``schema = "schema.toml"``, relative to the
+    declaration's folder) takes its columns from it.
 
     Raises
     ------
@@ -59,13 +62,12 @@ def load_declaration(path: str | os.PathLike[str]) -> SketchDeclaration:
         and the key).
     """
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"sketch spec file {p} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{p}: not valid TOML: {exc}") from None
-    return SketchDeclaration.from_mapping(data, default_name=p.stem, source=str(p))
+    data = read_toml(p, "sketch spec file")
+    schema = None
+    if isinstance(data.get("schema"), str):
+        schema = load_schema(p.parent / data["schema"])
+        schema.check_confirmed(str(p.parent / data["schema"]))
+    return SketchDeclaration.from_mapping(data, default_name=p.stem, source=str(p), schema=schema)
 
 
 class SketchCatalog:

@@ -7,7 +7,8 @@ The root group composes each role's commands: ``serve-owner``, ``owner ledger`` 
 ``evaluate``, ``cape figures`` and ``sketch-experiments`` (:mod:`experiments.cli`). The options
 they share are in :mod:`runtime.cli`. Defined here: the ``cape`` and ``sketch`` groups and the
 demos that launch the whole marketplace as separate processes (``demo``, ``cape demo``,
-``sketch demo``).
+``sketch demo``) and a local deployment of one's own data (``init``, ``up``, ``down``,
+:mod:`deploy.local`).
 """
 
 from __future__ import annotations
@@ -117,6 +118,102 @@ def sketch_demo_command(out_dir: str, seed: int, in_process: bool) -> None:
         raise click.ClickException(str(exc)) from exc
 
 
+# ------------------------------------------------------------- a local deployment
+def _owner_file(text: str) -> tuple[str, str]:
+    name, eq, path = text.partition("=")
+    if not (name and eq and path):
+        raise click.BadParameter(f"{text!r}: give NAME=FILE", param_hint="--owner")
+    return name, path
+
+
+@click.command("init")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--owner",
+    "owners",
+    multiple=True,
+    required=True,
+    metavar="NAME=FILE",
+    help="An owner and its table (.csv or .parquet with a header); repeat. The tables must have "
+    "the same columns in the same order.",
+)
+@click.option("--label", default=None, metavar="COLUMN", help="The label column (classes).")
+@click.option("--consumer", default="consumer", help="The consumer's certificate name.")
+@click.option("--host", default="127.0.0.1", help="Where every service binds and is reached.")
+@click.option(
+    "--base-port",
+    default=None,
+    type=click.IntRange(1, 65535 - 64),
+    help="The curator's port; the owners take the next ones (default: free ports now).",
+)
+def init_command(
+    directory: Path,
+    owners: tuple[str, ...],
+    label: str | None,
+    consumer: str,
+    host: str,
+    base_port: int | None,
+) -> None:
+    """Write a local deployment for your own tables into DIRECTORY: the PKI, a schema drafted
+    from the data (to confirm), one config per service, the owners' policies and data
+    directories."""
+    from deploy.local import init_deployment
+
+    pairs = [_owner_file(o) for o in owners]
+    names = [n for n, _ in pairs]
+    if len(set(names)) != len(names):
+        raise click.BadParameter(f"owner names repeat: {names}", param_hint="--owner")
+    try:
+        deployment = init_deployment(
+            directory,
+            dict(pairs),
+            label=label,
+            consumer=consumer,
+            host=host,
+            base_port=base_port,
+        )
+    except (OSError, ValueError, DPMarketError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"wrote a deployment of {len(pairs)} owner(s) to {directory}/")
+    click.secho(f"{deployment.schema} is a DRAFT:", fg="yellow", bold=True)
+    click.echo(
+        "  its bounds and levels are the minimum, maximum and values of your private data, so\n"
+        "  they disclose it. Replace each by public knowledge (a documented or physical range)\n"
+        "  and delete the line `draft = true`: owners refuse to serve a draft."
+    )
+    click.echo("next:")
+    for k, command in enumerate(deployment.next_commands(), 1):
+        click.echo(f"  {k}. {command}")
+
+
+@click.command("up")
+@click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
+def up_command(directory: Path) -> None:
+    """Start the curator and every owner of a deployment (dpmarket init) in the background."""
+    from deploy.local import up
+
+    try:
+        ready = up(directory)
+    except (OSError, ValueError, DPMarketError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    for name, port in ready.items():
+        click.echo(f"{name}: serving on port {port}")
+    click.echo(f"logs in {directory / 'logs'}; stop with: dpmarket down {directory}")
+
+
+@click.command("down")
+@click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
+def down_command(directory: Path) -> None:
+    """Stop the services of a deployment started with dpmarket up."""
+    from deploy.local import down
+
+    try:
+        stopped = down(directory)
+    except (OSError, ValueError, DPMarketError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+
 # ---------------------------------------------------------------------- the groups
 @click.group("cape", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 def cape_group() -> None:
@@ -161,6 +258,9 @@ for _command in (
     consumer_cli.explore_command,
     consumer_cli.rank_owners_command,
     pki,
+    init_command,
+    up_command,
+    down_command,
     experiments_cli.simulate_command,
     experiments_cli.scenario_command,
     experiments_cli.evaluate,

@@ -383,6 +383,18 @@ def owner_budgets(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
     return ledger_budgets({o: cluster.owner_state(o) for o in cluster.owner_ids})
 
 
+def owner_ledger_entries(cluster: LocalCluster) -> dict[str, list[Any]]:
+    """Every charge of every owner of a cluster, read from its own SQLite ledger (owner ->
+    :class:`owner.ledger.LedgerEntry` list, oldest first)."""
+    from owner.ledger import OwnerLedger
+
+    out: dict[str, list[Any]] = {}
+    for owner_id in cluster.owner_ids:
+        with OwnerLedger(cluster.owner_state(owner_id), None) as ledger:
+            out[owner_id] = list(ledger.entries())
+    return out
+
+
 def ledger_budgets(data_dirs: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
     """What each owner has spent and has left, read from its own ledger (owner -> data dir)."""
     from owner.ledger import OwnerLedger

@@ -31,7 +31,8 @@ from owner.cape import CapeSite
 from owner.data import PointSet, Table
 from owner.local import LocalCapeSiteEndpoint, LocalOwnerEndpoint
 from owner.protocol import Owner
-from owner.secagg import SiteIdentity, SiteRounds
+from owner.secagg import SiteIdentity
+from owner.service import site_rounds
 
 
 def simulate(
@@ -219,12 +220,9 @@ def local_cape_sites(
     publics = {name: key.public_key() for name, key in keys.items()}
     endpoints = []
     for table in tables:
-        site = CapeSite(table.name, table, allow_seeded_sessions=seeded)
         identity = SiteIdentity(table.name, keys[table.name], b"", None).trusting(publics)
-        rounds = SiteRounds(
-            identity, site.noise_input, site.rng_for, on_finished=site.round_finished
-        )
-        endpoints.append(LocalCapeSiteEndpoint(site, rounds))
+        site = CapeSite(table.name, table, allow_seeded_sessions=seeded, identity=identity)
+        endpoints.append(LocalCapeSiteEndpoint(site, site_rounds(site)))
     return endpoints
 
 

@@ -2,10 +2,13 @@
 CAPE mean (Algorithm 2) and CAPE gradient descent (Section 5.1, one release per iteration).
 
 A job goes through: open (the spec is checked against the owner's table and the terms against its
-policy), plan (the sites and their row counts are fixed; the owner computes the plan — noise
-scales, weights and guarantee — itself from public values), one or more secure-aggregation noise
-rounds (the owner's input is a fresh zero-sum noise draw, Algorithm 1), then its releases, the
-first of which is charged to the owner's ledger before it leaves:
+policy), attest and plan (the sites, ``S_C`` and their row counts are fixed: every site signs its
+own count for the plan, and each checks every other's signature, so the curator cannot relay
+different counts to different sites; ``S_C`` is at least the owner's policy floor; the owner
+computes the plan — noise scales, weights and guarantee — itself from these public values,
+:mod:`common.cape.agreement`), one or more secure-aggregation noise rounds (the owner's input is
+a fresh zero-sum noise draw, Algorithm 1), then its releases, the first of which is charged to the
+owner's ledger before it leaves:
 
 * capeFM and the mean: one release, ``f(x_s) + e_s + g_s`` (the functional mechanism's
   coefficients or the site's mean vector);
@@ -17,7 +20,8 @@ first of which is charged to the owner's ledger before it leaves:
   iterations its charge pays for.
 
 The noise scale depends on the owner's own row count and on public parameters only, so a curator
-cannot make an owner add less noise than its terms say.
+cannot make an owner add less noise than its terms say. A signed count that does not verify
+aborts the job at this owner: it then releases nothing for it, and nothing was charged.
 
 Nothing an owner answers depends on its values except the charged releases. Its records are
 clamped to the request's public bounds (:mod:`common.cape.spec`; how many were clamped goes to
@@ -34,12 +38,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
 
+from common.cape.agreement import (
+    SizeAttestation,
+    check_attestations,
+    check_colluders,
+    plan_for,
+    plan_statement,
+)
 from common.cape.capefm import (
     CapeFMPlan,
     secure_aggregation_input,
@@ -51,6 +62,7 @@ from common.cape.dpgd import CapeTrainingPlan, site_gradient, training_noise_sha
 from common.cape.mean import CapeMeanPlan, site_mean
 from common.cape.spec import AnyCapeSpec, CapeMeanSpec, CapeTrainingSpec
 from common.errors import (
+    AbortedError,
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -65,6 +77,8 @@ from common.privacy.rng import production_rng
 from common.secagg.protocol import RoundParams
 from owner.data import Table
 from owner.ledger import OwnerLedger
+from owner.policy import DEFAULT_MIN_COLLUDERS
+from owner.secagg import SiteIdentity
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +103,7 @@ class _Job:
     survivors: dict[bytes, tuple[str, ...]] = field(default_factory=dict)
     released: bool = False
     charged: bool = False
+    aborted: str | None = None
     last_iteration: int = -1
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -117,6 +132,12 @@ class CapeSite:
         comes from OpenDP and the rounding coins from a CSPRNG-seeded generator.
     clock : callable
         Monotonic seconds (tests inject one).
+    identity : SiteIdentity, optional
+        Signs this owner's row count for a plan and checks the other sites' (their certificates
+        against the deployment CA); ``None`` refuses to plan (an ``--insecure`` owner).
+    min_colluders : int, optional
+        The policy's floor on ``S_C`` (``cape.min_colluders``; default
+        :data:`owner.policy.DEFAULT_MIN_COLLUDERS`): a job whose ``S_C`` is below it is refused.
     """
 
     def __init__(
@@ -129,8 +150,16 @@ class CapeSite:
         idle_timeout: float | None = None,
         allow_seeded_sessions: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        identity: SiteIdentity | None = None,
+        min_colluders: int = DEFAULT_MIN_COLLUDERS,
     ) -> None:
+        if isinstance(min_colluders, bool) or not isinstance(min_colluders, int):
+            raise ValueError(f"min_colluders must be an int, got {min_colluders!r}")
+        if min_colluders < 0:
+            raise ValueError(f"min_colluders must be >= 0, got {min_colluders}")
         self.name = name
+        self.identity = identity
+        self.min_colluders = min_colluders
         self.table = table
         self.ledger = ledger
         self.max_jobs = max_jobs
@@ -209,8 +238,9 @@ class CapeSite:
         Raises
         ------
         FailedPreconditionError
-            If this owner holds no table, or its ledger refuses the terms (for gradient
-            descent, the whole training's total).
+            If this owner holds no table, the spec's ``S_C`` (when the consumer set it) is below
+            this owner's floor (the message names the floor), or its ledger refuses the terms
+            (for gradient descent, the whole training's total).
         InvalidArgumentError
             If a column is missing, or a logistic regression's or a training's target is not a
             column this owner declared 0/1 (values outside the bounds are clamped, never
@@ -222,6 +252,11 @@ class CapeSite:
             raise FailedPreconditionError("this owner holds no table for CAPE jobs")
         if not job_id:
             raise InvalidArgumentError("job_id must be a non-empty string")
+        if spec.colluders is not None and spec.colluders < self.min_colluders:
+            raise FailedPreconditionError(
+                f"the job defends against S_C={spec.colluders} colluders, below this owner's "
+                f"floor of {self.min_colluders} (its policy's cape.min_colluders)"
+            )
         try:
             x, y = self._data(job_id, spec)
         except ValueError as exc:  # a missing column: names only
@@ -254,19 +289,107 @@ class CapeSite:
             self._jobs[job_id] = job
         return int(x.shape[0])
 
+    def _check_plan_inputs(
+        self, job: _Job, sites: Sequence[str], colluders: int, first_iteration: int
+    ) -> tuple[str, ...]:
+        """The sites as a tuple, once the plan's public inputs are ones this owner accepts."""
+        if job.aborted is not None:
+            raise AbortedError(f"the job was aborted at this owner: {job.aborted}")
+        if job.released and not job.training:
+            raise FailedPreconditionError("the job has released already")
+        names = tuple(sites)
+        if list(names) != sorted(set(names)):
+            raise InvalidArgumentError(f"sites must be sorted and distinct, got {list(names)}")
+        if self.name not in names:
+            raise InvalidArgumentError(f"owner {self.name} is not among the sites {names}")
+        if job.training:
+            if first_iteration <= job.last_iteration:
+                raise FailedPreconditionError(
+                    f"iteration {job.last_iteration} is released already: a new plan must start "
+                    f"after it, not at {first_iteration}"
+                )
+        elif first_iteration != 0:
+            raise InvalidArgumentError(
+                f"first_iteration is for gradient descent only, got {first_iteration}"
+            )
+        # S_C is fixed once a release was made with it: every iteration keeps the same
+        # guarantee against the same number of colluders.
+        fixed = job.plan.colluders if job.released and job.plan is not None else None
+        check_colluders(job.spec, len(names), colluders, self.min_colluders, fixed=fixed)
+        return names
+
+    def _require_identity(self) -> SiteIdentity:
+        if self.identity is None:
+            raise FailedPreconditionError(
+                "a CAPE plan needs this owner's certificate to sign its row count; it runs "
+                "without one (--insecure)"
+            )
+        return self.identity
+
+    def attest(
+        self,
+        job_id: str,
+        sites: Sequence[str],
+        colluders: int,
+        *,
+        curator: str,
+        first_iteration: int = 0,
+    ) -> tuple[SizeAttestation, bytes]:
+        """Sign this owner's row count for a plan; return it with this owner's certificate.
+
+        The signature covers :func:`common.cape.agreement.plan_statement`: the job, its spec,
+        the sites, ``S_C``, the first iteration, this owner and its count. Nothing is signed for
+        a plan this owner would refuse.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If the sites are not sorted and distinct or do not hold this owner, or
+            ``first_iteration`` is out of range.
+        FailedPreconditionError
+            If ``S_C`` is not one this owner may plan with (its floor, the spec's or the
+            default, the training's; :func:`common.cape.agreement.check_colluders`), a statistic
+            job has released, a training would re-plan an iteration released already, or this
+            owner has no identity.
+        AbortedError
+            If the job was aborted at this owner.
+        """
+        identity = self._require_identity()
+        job = self._job(job_id, curator)
+        with job.lock:
+            names = self._check_plan_inputs(job, sites, colluders, first_iteration)
+            rows = int(job.x.shape[0])
+            message = plan_statement(
+                job_id, job.spec, names, colluders, first_iteration, self.name, rows
+            )
+            signature = identity.signer.sign(message)
+        return SizeAttestation(self.name, rows, signature), identity.certificate_pem
+
     def plan(
         self,
         job_id: str,
         sites: Sequence[str],
-        sizes: Sequence[int],
+        colluders: int,
+        attestations: Mapping[str, SizeAttestation],
+        certificates: Mapping[str, bytes],
         *,
         curator: str,
         first_iteration: int = 0,
     ) -> AnyCapePlan:
-        """Fix the sites of the next noise round and compute the plan.
+        """Fix the sites, ``S_C`` and the row counts of the next noise round, and compute the
+        plan, once every site's signed count is checked.
 
         Parameters
         ----------
+        job_id : str
+        sites : sequence of str
+            The plan's sites, sorted.
+        colluders : int
+            The plan's ``S_C``.
+        attestations : mapping of str to SizeAttestation
+            Every site's signed row count (:meth:`attest`), as the curator relays them.
+        certificates : mapping of str to bytes
+            Every site's certificate (PEM; empty in-process, where the identity trusts the keys).
         first_iteration : int, default 0
             Gradient descent only: the first iteration the round covers; after releases it must
             follow the last iteration released (a statistic job must pass 0).
@@ -274,54 +397,97 @@ class CapeSite:
         Raises
         ------
         InvalidArgumentError
-            If this owner is not among the sites, its row count differs from its own, the
-            sites are not sorted and distinct, ``first_iteration`` is out of range, or the plan
-            cannot be made.
+            As :meth:`attest`, or if the plan cannot be made.
         FailedPreconditionError
-            If a statistic job has released already, or a training would re-plan an iteration
-            released already.
+            As :meth:`attest`.
+        AbortedError
+            If a site's signed count is missing, filed under another site, or does not verify
+            against its certificate (deployment CA, name = site) for exactly this plan, or this
+            owner's own count is not its own: the job is aborted at this owner (every later call
+            of it fails; it has released nothing and charged nothing). Also if it was aborted
+            before.
         """
+        identity = self._require_identity()
         job = self._job(job_id, curator)
         with job.lock:
-            if job.released and not job.training:
-                raise FailedPreconditionError("the job has released already")
-            names = tuple(sites)
-            if list(names) != sorted(set(names)) or len(names) != len(sizes):
-                raise InvalidArgumentError("sites must be sorted and distinct, one size each")
-            if self.name not in names:
-                raise InvalidArgumentError(f"owner {self.name} is not among the sites {names}")
-            index = names.index(self.name)
-            if int(sizes[index]) != job.x.shape[0]:
-                raise InvalidArgumentError(
-                    f"owner {self.name} holds {job.x.shape[0]} rows, not {sizes[index]}"
-                )
-            counts = [int(n) for n in sizes]
-            spec = job.spec
+            names = self._check_plan_inputs(job, sites, colluders, first_iteration)
             try:
-                if isinstance(spec, CapeTrainingSpec):
-                    if first_iteration <= job.last_iteration:
-                        raise FailedPreconditionError(
-                            f"iteration {job.last_iteration} is released already: a new plan "
-                            f"must start after it, not at {first_iteration}"
-                        )
-                    # S_C is fixed once a release was made with it: every iteration keeps the
-                    # same guarantee against the same number of colluders.
-                    fixed = job.plan.colluders if job.released and job.plan else None
-                    plan: AnyCapePlan = spec.plan(
-                        counts, first_iteration=first_iteration, colluders=fixed
+                own = attestations.get(self.name)
+                if own is None or own.rows != job.x.shape[0]:
+                    raise AbortedError(
+                        f"the row count relayed for this owner ({self.name}) is not the one it "
+                        "signed"
                     )
-                else:
-                    if first_iteration != 0:
-                        raise InvalidArgumentError(
-                            f"first_iteration is for gradient descent only, got {first_iteration}"
-                        )
-                    plan = spec.plan(counts)
+                verifier = identity.verifier()
+                try:
+                    verifier.admit({s: certificates.get(s, b"") for s in names})
+                except ValueError as exc:
+                    raise AbortedError(
+                        f"a signed row count comes with a bad certificate: {exc}"
+                    ) from None
+                counts = check_attestations(
+                    job_id, job.spec, names, colluders, first_iteration, attestations, verifier
+                )
+            except AbortedError as exc:
+                job.aborted = str(exc)
+                raise
+            try:
+                plan = plan_for(job.spec, counts, colluders, first_iteration)
             except ValueError as exc:
                 raise InvalidArgumentError(str(exc)) from exc
-            job.plan, job.index, job.sites = plan, index, names
+            job.plan, job.index, job.sites = plan, names.index(self.name), names
             job.draws.clear()
             job.survivors.clear()
             return plan
+
+    def check_round(self, job_id: str, params: RoundParams) -> None:
+        """Admit a secure-aggregation round of a job before this site sends anything in it
+        (:class:`owner.secagg.SiteRounds`' ``admit``).
+
+        Raises
+        ------
+        NotFoundError
+            For an unknown job (the curator was checked by the secure-aggregation service).
+        FailedPreconditionError
+            If the job is not planned (or released already, for a statistic), or the round's
+            sites, vector length or ``S_C`` are not the plan's (``S_C`` below the plan's would
+            let fewer colluders than the plan assumes learn this site's noise draw).
+        AbortedError
+            If the job was aborted at this owner.
+        """
+        job = self._any_curators_job(job_id)
+        with job.lock:
+            plan = self._round_plan(job, params)
+            if params.colluders < plan.colluders:
+                raise FailedPreconditionError(
+                    f"the round defends against S_C={params.colluders} colluders, the job's "
+                    f"plan against {plan.colluders}"
+                )
+
+    def _any_curators_job(self, job_id: str) -> _Job:
+        """A job by id, whichever curator opened it (secure aggregation checked the curator)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+        if job is None:
+            raise NotFoundError(f"unknown CAPE job {short_id(job_id)}")
+        return job
+
+    @staticmethod
+    def _round_plan(job: _Job, params: RoundParams) -> AnyCapePlan:
+        """The plan a round of ``job`` must follow (``job.lock`` held): the job is not aborted,
+        is planned (and, for a statistic, has not released), and the round's sites and length
+        are the plan's."""
+        if job.aborted is not None:
+            raise AbortedError(f"the job was aborted at this owner: {job.aborted}")
+        plan = job.plan
+        if plan is None or (job.released and not job.training):
+            raise FailedPreconditionError("the job is not planned, or released already")
+        length = plan.round_length if isinstance(plan, CapeTrainingPlan) else plan.size
+        if tuple(params.sites) != job.sites or params.vector_length != length:
+            raise FailedPreconditionError(
+                "the round's sites or vector length differ from the job's plan"
+            )
+        return plan
 
     def noise_input(self, job_id: str, params: RoundParams) -> NDArray[np.float64]:
         """Secure aggregation's input source: a fresh zero-sum noise draw for this round
@@ -335,20 +501,12 @@ class CapeSite:
             secure-aggregation service for the same curator).
         FailedPreconditionError
             If the job is not planned, or the round's sites or length are not the plan's.
+        AbortedError
+            If the job was aborted at this owner.
         """
-        with self._lock:
-            job = self._jobs.get(job_id)
-        if job is None:
-            raise NotFoundError(f"unknown CAPE job {short_id(job_id)}")
+        job = self._any_curators_job(job_id)
         with job.lock:
-            plan = job.plan
-            if plan is None or (job.released and not job.training):
-                raise FailedPreconditionError("the job is not planned, or released already")
-            length = plan.round_length if isinstance(plan, CapeTrainingPlan) else plan.size
-            if tuple(params.sites) != job.sites or params.vector_length != length:
-                raise FailedPreconditionError(
-                    "the round's sites or vector length differ from the job's plan"
-                )
+            plan = self._round_plan(job, params)
             if isinstance(plan, CapeTrainingPlan):
                 e_hat = training_noise_share(plan, job.index, job.noise)
             else:
@@ -374,6 +532,8 @@ class CapeSite:
 
     def _round_draws(self, job: _Job, round_id: bytes) -> NDArray[np.float64]:
         """This site's draws of a finished round over exactly the planned sites."""
+        if job.aborted is not None:
+            raise AbortedError(f"the job was aborted at this owner: {job.aborted}")
         e_hat = job.draws.get(round_id)
         if e_hat is None:
             raise NotFoundError(f"this site drew no noise in round {round_id.hex()[:8]}…")

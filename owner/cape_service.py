@@ -67,15 +67,26 @@ class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationSer
         return secure_aggregation_pb2.MaskedInputResponse(masked=msg.masked_to_proto(masked))
 
     @rpc("curator")
+    async def ConsistencyCheck(self, request, context, caller):  # type: ignore[no-untyped-def]
+        job_id, params = msg.round_from_proto(request.round)
+        self._job_of(job_id, caller)
+        signature = await asyncio.to_thread(
+            self.rounds.check, job_id, params.round_id, list(request.survivors)
+        )
+        return secure_aggregation_pb2.ConsistencyCheckResponse(signature=signature)
+
+    @rpc("curator")
     async def Unmask(self, request, context, caller):  # type: ignore[no-untyped-def]
         job_id, params = msg.round_from_proto(request.round)
         self._job_of(job_id, caller)
+        signatures = msg.signatures_from_proto(request.signatures)
         response = await asyncio.to_thread(
             self.rounds.unmask,
             job_id,
             params.round_id,
             list(request.survivors),
             list(request.dropped),
+            signatures,
         )
         return msg.unmask_to_proto(response)
 
@@ -110,16 +121,33 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
             spec.epsilon,
             spec.delta,
         )
-        return cape_pb2.OpenCapeJobResponse(num_rows=rows)
+        return cape_pb2.OpenCapeJobResponse(num_rows=rows, min_colluders=self.cape.min_colluders)
+
+    @rpc("curator")
+    async def AttestCapePlan(self, request, context, caller):  # type: ignore[no-untyped-def]
+        attestation, certificate = await asyncio.to_thread(
+            self.cape.attest,
+            request.job_id,
+            list(request.sites),
+            int(request.colluders),
+            curator=str(caller),
+            first_iteration=int(request.first_iteration),
+        )
+        return cape_pb2.AttestCapePlanResponse(
+            attestation=msg.attestation_to_proto(attestation, certificate)
+        )
 
     @rpc("curator")
     async def PlanCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
         sites = list(request.sites)
+        attestations, certificates = msg.attestations_from_proto(request.attestations)
         plan = await asyncio.to_thread(
             self.cape.plan,
             request.job_id,
             sites,
-            list(request.sizes),
+            int(request.colluders),
+            attestations,
+            certificates,
             curator=str(caller),
             first_iteration=int(request.first_iteration),
         )

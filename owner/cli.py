@@ -27,10 +27,14 @@ from rich.table import Table
 from rich.text import Text
 
 from common.errors import DPMarketError
+from common.schema import Schema
+from owner.data import PointSet
+from owner.data import Table as OwnerTable
 from owner.ledger import LEDGER_FILE, LedgerEntry, OwnerLedger, Totals, ledger_path
-from owner.policy import OwnerPolicy
+from owner.policy import POLICY_FILE, OwnerPolicy, data_dir_policy
 from runtime.cli import (
     check_outputs,
+    config_option,
     console,
     curator_identity,
     curator_options,
@@ -39,6 +43,7 @@ from runtime.cli import (
     tls_options,
     write_output,
 )
+from runtime.schemas import load_schema
 from runtime.transport import BindError
 
 __all__ = [
@@ -50,6 +55,18 @@ __all__ = [
 ]
 
 logger = logging.getLogger("dpmarket")
+
+DATA_DIR_HELP = (
+    f"The owner's data directory: its ledger ({LEDGER_FILE}, what its data has been charged) "
+    f"and its policy ({POLICY_FILE}). Required: an owner started elsewhere would begin a new "
+    "ledger with its whole budget."
+)
+POLICY_HELP = (
+    "A policy file (TOML: {what}; see deploy/policies/owner.toml) to install as "
+    "DATA_DIR/policy.toml, the owner's policy that every owner command reads; when DATA_DIR "
+    "holds one already the two must agree. Default: DATA_DIR/policy.toml, or the built-in "
+    "defaults when there is none."
+)
 
 
 def _iso(at: float) -> str:
@@ -199,6 +216,7 @@ def owner() -> None:
 
 
 @owner.command("ledger")
+@config_option
 @click.option(
     "--data-dir",
     required=True,
@@ -231,10 +249,13 @@ def ledger(data_dir: Path, session: str | None, as_json: bool, limit: int | None
     try:
         with OwnerLedger(data_dir, None) as book:
             report = ledger_report(book, session=session, limit=limit)
+            note = _policy_note(data_dir, book.policy)
     except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(report, indent=2, allow_nan=False))
+        if note:
+            console.print(note)
         return
     out = Console()
     if report["entries"]:
@@ -243,38 +264,98 @@ def ledger(data_dir: Path, session: str | None, as_json: bool, limit: int | None
         where = f" in session {session!r}" if session is not None else ""
         out.print(f"no charges{where} in {report['ledger']}", markup=False, highlight=False)
     out.print(_budget_table(report))
+    if note:
+        console.print(note)
+
+
+def _policy_note(data_dir: Path, recorded: OwnerPolicy) -> str:
+    """A warning when the data directory's policy file is not the one the ledger recorded at
+    the owner's last start (it applies from the next start)."""
+    try:
+        current, source = data_dir_policy(data_dir)
+    except (OSError, ValueError) as exc:
+        return f"warning: {exc}"
+    if current == recorded or not (data_dir / POLICY_FILE).is_file():
+        return ""
+    return (
+        f"note: {source} differs from the policy the ledger recorded at the owner's last start "
+        "(shown above); it applies from the next start"
+    )
 
 
 # -------------------------------------------------------------------------- service
+def read_owner_data(
+    schema_path: str | None,
+    data_path: str | None,
+    table_path: str | None,
+    binary_columns: tuple[str, ...],
+    label_column: str,
+) -> tuple[Schema | None, PointSet | None, OwnerTable | None]:
+    """Read the owner's schema and data as ``serve-owner`` takes them: with a schema, the one
+    table ``data_path`` checked against it (both capabilities); without, the points of
+    ``data_path`` and the table of ``table_path``. Any problem fails the command on the
+    owner's own console, naming the file and the column."""
+    from owner.data import load_owner_data, load_point_set, load_table
+
+    try:
+        if schema_path is not None:
+            assert data_path is not None
+            schema = load_schema(schema_path)
+            schema.check_confirmed(schema_path)
+            points, rows = load_owner_data(data_path, schema, binary=binary_columns)
+            return schema, points, rows
+        data = (
+            load_point_set(data_path, label_column=label_column) if data_path is not None else None
+        )
+        table = load_table(table_path, binary=binary_columns) if table_path is not None else None
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    return None, data, table
+
+
 @click.command("serve-owner")
 @click.option(
     "--data",
     "data_path",
     default=None,
     type=click.Path(dir_okay=False),
-    help="The owner's points for summarization: .npy, .npz, numeric .csv or .parquet.",
+    help="The owner's data. With --schema: its one table (.csv or .parquet with a header), "
+    "served for every capability. Without: the points for summarization (.npy, .npz, numeric "
+    ".csv or .parquet).",
+)
+@click.option(
+    "--schema",
+    "schema_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="The data's public schema (TOML: columns in order, types, public bounds or levels, "
+    "label). --data is checked against it now (names, order, types, bounds: errors on this "
+    "console only) and it is advertised to the curator, which refuses sessions whose consumer "
+    "or other owners declare another. A draft (dpmarket init) is refused.",
 )
 @click.option(
     "--table",
     "table_path",
     default=None,
     type=click.Path(dir_okay=False),
-    help="The owner's numeric table with named columns for joint statistics (CAPE): .csv or "
-    ".parquet. At least one of --data and --table.",
+    help="Without --schema: the owner's numeric table with named columns for joint statistics "
+    "(CAPE), .csv or .parquet. At least one of --data and --table.",
 )
 @click.option(
     "--binary-column",
     "binary_columns",
     multiple=True,
     metavar="COLUMN",
-    help="A column of --table declared to hold only 0 and 1 (checked now; repeat): the only "
-    "columns a CAPE logistic regression or training may take as its target. A public "
-    "declaration: requests are refused on it, never on the values.",
+    help="Without --schema, a shortcut: a column of --table declared to hold only 0 and 1 "
+    "(checked now; repeat), the only columns a CAPE logistic regression or training may take "
+    'as its target. With --schema, declare type = "binary" there instead (a column given '
+    "here must be binary in the schema).",
 )
 @click.option(
     "--label-column",
     default="label",
-    help="Column of integer labels in .csv/.parquet files (absent: unlabeled).",
+    help="Without --schema: the column of integer labels in .csv/.parquet files (absent: "
+    "unlabeled). With --schema, its label.",
 )
 @click.option(
     "--owner-id",
@@ -296,14 +377,13 @@ def ledger(data_dir: Path, session: str | None, as_json: bool, limit: int | None
     "policy_path",
     default=None,
     type=click.Path(dir_okay=False),
-    help="The owner's policy file (TOML: budgets, point limits, curators served; see "
-    "deploy/policies/owner.toml). Default: the built-in defaults.",
+    help=POLICY_HELP.format(what="budgets, point limits, curators served"),
 )
 @click.option(
     "--data-dir",
-    default=None,
+    required=True,
     type=click.Path(file_okay=False),
-    help="Where the owner keeps its ledger (SQLite). Default: dpmarket-state/owner-<name>.",
+    help=DATA_DIR_HELP,
 )
 @click.option(
     "--allow-seeded-sessions",
@@ -314,6 +394,7 @@ def ledger(data_dir: Path, session: str | None, as_json: bool, limit: int | None
 @tls_options
 def serve_owner(
     data_path: str | None,
+    schema_path: str | None,
     table_path: str | None,
     binary_columns: tuple[str, ...],
     label_column: str,
@@ -323,7 +404,7 @@ def serve_owner(
     port_file: str | None,
     blas_threads: int,
     policy_path: str | None,
-    data_dir: str | None,
+    data_dir: str,
     allow_seeded_sessions: bool,
     **tls: Any,
 ) -> None:
@@ -331,15 +412,20 @@ def serve_owner(
     from threadpoolctl import threadpool_limits
 
     from owner.cape import CapeSite
-    from owner.data import load_point_set, load_table
-    from owner.policy import load_owner_policy
     from owner.protocol import Owner
     from owner.service import serve_owner as serve
+    from owner.service import site_identity
 
     ensure_info_logging()
-    if data_path is None and table_path is None:
+    if schema_path is not None:
+        if data_path is None or table_path is not None:
+            raise click.UsageError(
+                "with --schema, give --data: the owner's one table, served for every capability "
+                "(no --table)"
+            )
+    elif data_path is None and table_path is None:
         raise click.UsageError("give --data (points to summarize), --table (for CAPE), or both")
-    if binary_columns and table_path is None:
+    elif binary_columns and table_path is None:
         raise click.UsageError("--binary-column declares columns of --table: give --table")
     security = security_from_options("owner", **tls)
     name = security.identity.name if security.identity is not None else None
@@ -347,20 +433,16 @@ def serve_owner(
         raise click.BadParameter(
             f"the certificate names this owner {name!r}, not {owner_id!r}", param_hint="--owner-id"
         )
-    try:
-        data = (
-            load_point_set(data_path, label_column=label_column) if data_path is not None else None
-        )
-        table = load_table(table_path, binary=binary_columns) if table_path is not None else None
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    schema, data, table = read_owner_data(
+        schema_path, data_path, table_path, binary_columns, label_column
+    )
     default_name = data.name if data is not None else table.name if table is not None else ""
     owner_id = name or owner_id or default_name
+    state = Path(data_dir)
     try:
-        policy = load_owner_policy(policy_path) if policy_path else OwnerPolicy()
+        policy, policy_source = data_dir_policy(state, policy_path)
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    state = Path(data_dir) if data_dir else Path("dpmarket-state") / f"owner-{owner_id}"
     try:
         ledger = OwnerLedger(state, policy)
     except (OSError, ValueError, RuntimeError) as exc:
@@ -373,6 +455,7 @@ def serve_owner(
         idle_timeout=policy.session_idle_timeout_seconds,
         max_rff_dimension=policy.max_rff_dimension,
         allow_seeded_sessions=allow_seeded_sessions,
+        schema=schema,
     )
     cape = CapeSite(
         owner_id,
@@ -381,6 +464,8 @@ def serve_owner(
         max_jobs=policy.max_sessions,
         idle_timeout=policy.session_idle_timeout_seconds,
         allow_seeded_sessions=allow_seeded_sessions,
+        identity=site_identity(owner_id, security),
+        min_colluders=policy.cape_min_colluders,
     )
     left = ledger.remaining()
     points = (
@@ -389,12 +474,15 @@ def serve_owner(
     rows = "no table" if table is None else f"a table of {table.n_rows} rows"
     if table is not None and table.binary:
         rows += f" (declared 0/1: {', '.join(table.binary)})"
+    if schema is not None:
+        rows += f"; schema {schema_path} (fingerprint {schema.fingerprint[:16]})"
     logger.info(
-        "owner %s: %s, %s; ledger %s; left %s: epsilon %g, delta %g, %d points",
+        "owner %s: %s, %s; ledger %s; policy %s; left %s: epsilon %g, delta %g, %d points",
         owner.owner_id,
         points,
         rows,
         ledger.path,
+        policy_source,
         left.window,
         left.epsilon,
         left.delta,
@@ -423,6 +511,7 @@ def serve_owner(
 @curator_options
 @click.option(
     "--table",
+    "--data",
     "table_path",
     required=True,
     type=click.Path(exists=True, dir_okay=False),
@@ -430,19 +519,26 @@ def serve_owner(
     "selected by name.",
 )
 @click.option(
-    "--data-dir",
+    "--schema",
+    "schema_path",
     default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The table's public schema, checked as serve-owner checks it (a draft is refused).",
+)
+@click.option(
+    "--data-dir",
+    required=True,
     type=click.Path(file_okay=False),
-    help="The owner's data directory (its ledger; published sketches are stored there too). "
-    "Default: dpmarket-state/owner-<name>, as serve-owner.",
+    help=DATA_DIR_HELP + " Published sketches are stored there too.",
 )
 @click.option(
     "--policy",
     "policy_path",
     default=None,
     type=click.Path(exists=True, dir_okay=False),
-    help="The owner's policy (TOML; [sketches] decides whether and up to which epsilon it "
-    "publishes). Default: the built-in defaults.",
+    help=POLICY_HELP.format(
+        what="its [sketches] decide whether and up to which epsilon it publishes"
+    ),
 )
 @click.option(
     "--spec",
@@ -471,7 +567,8 @@ def publish_command(
     curator: str,
     curator_name: str,
     table_path: str,
-    data_dir: str | None,
+    schema_path: str | None,
+    data_dir: str,
     policy_path: str | None,
     specs: tuple[str, ...],
     epsilon: float | None,
@@ -487,7 +584,6 @@ def publish_command(
     """
     from common.privacy.noise import OpenDPNoise, SeededNoise
     from owner.data import load_table
-    from owner.policy import load_owner_policy
     from owner.sketch_client import CatalogClient
     from owner.sketches import SketchPublisher, publish_to
 
@@ -497,14 +593,18 @@ def publish_command(
             "publishing needs the owner's certificate: the catalogue names the publisher by it"
         )
     name = security.identity.name
+    state = Path(data_dir)
     try:
-        policy = load_owner_policy(policy_path) if policy_path else OwnerPolicy()
-        table = load_table(table_path, name=name)
+        policy, _ = data_dir_policy(state, policy_path)
+        schema = None
+        if schema_path is not None:
+            schema = load_schema(schema_path)
+            schema.check_confirmed(schema_path)
+        table = load_table(table_path, name=name, schema=schema)
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     if out_path is not None:
         check_outputs(out_path)
-    state = Path(data_dir) if data_dir else Path("dpmarket-state") / f"owner-{name}"
     noise = OpenDPNoise() if seed is None else SeededNoise(np.random.default_rng(seed))
     if seed is not None:
         logger.warning("--seed: the sketches' noise is reproducible by whoever knows the seed")
@@ -567,6 +667,7 @@ def publish_command(
 
 
 @click.command("published")
+@config_option
 @click.option(
     "--data-dir",
     required=True,

@@ -15,6 +15,7 @@ from common.summarization.terms import OwnerTerms
 from dpmarket.v1 import array_pb2, owner_pb2, privacy_pb2
 from runtime.arrays import array_from_proto, array_to_proto
 from runtime.identity import Identity
+from runtime.schemas import schema_to_proto
 
 PointsResponse = TypeVar(
     "PointsResponse", owner_pb2.SampleUniformResponse, owner_pb2.ProposeCandidatesResponse
@@ -54,6 +55,7 @@ def info_to_proto(info: OwnerInfo) -> owner_pb2.GetOwnerInfoResponse:
         num_points=info.num_points,
         num_features=info.num_features,
         has_labels=info.has_labels,
+        schema=None if info.schema is None else schema_to_proto(info.schema),
     )
 
 

@@ -10,14 +10,22 @@ Supported formats (chosen by the file suffix):
 ``.npz``
     Keys ``features`` (2-D) and optionally ``labels`` (1-D).
 ``.csv`` / ``.parquet``
-    One numeric column per feature; the label column (``"label"`` by default), if present, holds
-    the labels. Written with feature columns ``f0 .. f{n_features-1}``.
+    A header line naming the columns, then one numeric column per feature; the label column
+    (``"label"`` by default), if present, holds the labels. Read by pandas (pyarrow for Parquet)
+    with the pitfalls of hand-made and pandas-default files refused, naming the file and the
+    column: a column without a name (the row index ``DataFrame.to_csv`` writes unless
+    ``index=False``), a header that reads as numbers (no header line: its first row would be
+    lost), repeated names, non-numeric values. With a public schema (:mod:`common.schema`) the
+    table is checked against it: names and order, types, bounds and levels; a consumer's table
+    may have its columns in another order (selected by name). Written with the point set's
+    column names, ``f0 .. f{n_features-1}`` when it has none.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +33,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike, NDArray
 
+from common.schema import Schema, SchemaMismatchError
 from common.validation import check_matrix
 from runtime.files import atomic_write
 
@@ -32,6 +41,7 @@ __all__ = [
     "SUPPORTED_SUFFIXES",
     "PointSet",
     "Table",
+    "load_owner_data",
     "load_point_set",
     "load_table",
     "save_point_set",
@@ -79,27 +89,40 @@ class PointSet:
         Float labels are accepted when they hold whole numbers (e.g. ``1.0``).
     name : str
         Human-readable identifier (an owner name, a file stem), used in messages and logs.
+    columns : tuple of str
+        The features' names, when read from a table (its header, or the schema's features);
+        empty when unknown (``.npy``/``.npz`` files).
 
     Attributes
     ----------
     features : ndarray of shape (n_points, n_features), float64
     labels : ndarray of shape (n_points,), int64, or None
     name : str
+    columns : tuple of str
 
     Raises
     ------
     ValueError
         If ``features`` is not 2-D, is empty, has no columns or holds NaN or inf; if ``labels``
-        is not 1-D, has a length other than ``n_points`` or holds non-integer values.
+        is not 1-D, has a length other than ``n_points`` or holds non-integer values; if
+        ``columns`` is neither empty nor one name per feature.
     """
 
     features: NDArray[np.float64]
     labels: NDArray[np.int64] | None
     name: str
+    columns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         features = check_matrix(self.features, f"features of {self.name}", allow_empty=False)
         object.__setattr__(self, "features", features)
+        columns = tuple(str(c) for c in self.columns)
+        if columns and len(columns) != features.shape[1]:
+            raise ValueError(
+                f"columns of {self.name} must name each of its {features.shape[1]} features, got "
+                f"{len(columns)}"
+            )
+        object.__setattr__(self, "columns", columns)
         if self.labels is not None:
             labels = _check_labels(self.labels, features.shape[0], self.name)
             object.__setattr__(self, "labels", labels)
@@ -165,60 +188,152 @@ def _load_npz(path: Path, name: str) -> PointSet:
     return PointSet(features=features, labels=labels, name=name)
 
 
-def _load_table(path: Path, suffix: str, label_column: str | None, name: str) -> PointSet:
-    _, values, labels = _read_table(path, suffix, label_column)
-    return PointSet(features=values, labels=labels, name=name)
+#: The name pandas gives a column whose header cell is empty (``DataFrame.to_csv`` writes the
+#: row index under an empty name unless ``index=False``).
+_UNNAMED = re.compile(r"^Unnamed: \d+$")
+#: A header cell that reads as a number: a first data row taken for the header.
+_NUMERIC = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
+
+
+def _read_frame(path: Path, suffix: str) -> pd.DataFrame:
+    """Read a .csv/.parquet table with pandas and refuse the pitfalls of tables written by hand
+    or by pandas' defaults, naming the file and the column:
+
+    * a column without a name (pandas' ``Unnamed: 0``: the row index ``to_csv`` writes unless
+      ``index=False``), which would load as one more feature;
+    * a header line that reads as numbers (a file without a header, whose first row would be
+      lost to it);
+    * a repeated column name (pandas would rename the second ``x.1``);
+    * a column that is not numeric (naming its first non-numeric value and row);
+    * no row.
+    """
+    try:
+        if suffix == ".csv":
+            header = pd.read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False)
+            frame = pd.read_csv(path)
+        else:
+            frame = pd.read_parquet(path)
+            header = pd.DataFrame([[str(c) for c in frame.columns]])
+    except pd.errors.EmptyDataError as exc:
+        raise ValueError(f"{str(path)!r} is empty: it holds no header and no points") from exc
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"cannot read {str(path)!r} as {suffix}: {exc}") from exc
+    cells = [str(c) for c in header.iloc[0].tolist()] if len(header) else []
+    if suffix == ".csv" and cells and all(_NUMERIC.fullmatch(c) for c in cells):
+        shown = ", ".join(cells[:5]) + (", ..." if len(cells) > 5 else "")
+        raise ValueError(
+            f"{str(path)!r} has no header line: its first line ({shown}) reads as numbers, so it "
+            "would be taken for the column names and its row lost. Add a first line naming the "
+            "columns (e.g. age,bmi,bp)"
+        )
+    for j, column in enumerate(frame.columns):
+        cell = cells[j] if j < len(cells) else str(column)
+        if cell.strip() == "" or _UNNAMED.fullmatch(str(column)):
+            values = frame.iloc[:, j]
+            index_like = pd.api.types.is_integer_dtype(values.dtype) and bool(
+                (values.to_numpy() == np.arange(len(values))).all()
+            )
+            raise ValueError(
+                f"column {j + 1} of {str(path)!r} has no name"
+                + (
+                    " and holds 0, 1, 2, ...: the row index pandas writes by default. Write the "
+                    "file with DataFrame.to_csv(..., index=False), or delete that column"
+                    if index_like
+                    else ": name it in the header line"
+                )
+            )
+    repeated = sorted({c for c in cells if cells.count(c) > 1})
+    if repeated:
+        raise ValueError(f"{str(path)!r} repeats column name(s) {repeated}: {cells}")
+    if len(frame) == 0:
+        raise ValueError(f"{str(path)!r} is empty: it must hold at least one point")
+    for column in frame.columns:
+        values = frame[column]
+        if not pd.api.types.is_numeric_dtype(values.dtype):
+            numbers = pd.to_numeric(values, errors="coerce")
+            bad = numbers.isna() & values.notna()
+            row = int(np.argmax(bad.to_numpy())) if bad.any() else 0
+            raise ValueError(
+                f"column {str(column)!r} of {str(path)!r} is not numeric: it holds "
+                f"{values.iloc[row]!r} at row {row}. dpmarket reads numbers only: encode the "
+                "column as numbers (a category as level codes, declared categorical in the "
+                "schema), or drop it"
+            )
+    return frame
+
+
+def _finite_values(frame: pd.DataFrame, path: Path) -> NDArray[np.float64]:
+    """The frame's values as float64; refuse NaN or inf, naming row and column."""
+    values = frame.to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        row, col = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"{str(path)!r} holds {int(bad.sum())} NaN, empty or inf value(s), first at row "
+            f"{row}, column {str(frame.columns[col])!r}"
+        )
+    return values
 
 
 def _read_table(
     path: Path, suffix: str, label_column: str | None
 ) -> tuple[list[str], NDArray[np.float64], Any]:
     """Column names, values (n_rows, n_columns) and labels of a checked .csv/.parquet table."""
-    try:
-        frame = pd.read_csv(path) if suffix == ".csv" else pd.read_parquet(path)
-    except pd.errors.EmptyDataError as exc:
-        raise ValueError(f"{str(path)!r} is empty: it holds no header and no points") from exc
-    except (ValueError, OSError) as exc:
-        raise ValueError(f"cannot read {str(path)!r} as {suffix}: {exc}") from exc
-
-    if len(frame) == 0:
-        raise ValueError(f"{str(path)!r} is empty: it must hold at least one point")
+    frame = _read_frame(path, suffix)
     labels = None
     if label_column is not None and label_column in frame.columns:
-        label_values = frame[label_column]
-        if not pd.api.types.is_numeric_dtype(label_values.dtype):
-            raise ValueError(
-                f"label column {label_column!r} of {str(path)!r} must be numeric, "
-                f"got dtype {label_values.dtype}"
-            )
-        labels = label_values.to_numpy()
+        labels = _finite_values(frame[[label_column]], path)[:, 0]
         frame = frame.drop(columns=[label_column])
     columns = [str(c) for c in frame.columns]
     if not columns:
-        raise ValueError(f"{str(path)!r} holds no feature columns (columns: {columns})")
-    for column in frame.columns:
-        if not pd.api.types.is_numeric_dtype(frame[column].dtype):
-            raise ValueError(
-                f"column {str(column)!r} of {str(path)!r} is not numeric "
-                f"(dtype {frame[column].dtype}); every column except the label column "
-                f"{label_column!r} must hold numbers"
+        raise ValueError(f"{str(path)!r} holds no feature columns (only {label_column!r})")
+    return columns, _finite_values(frame, path), labels
+
+
+def _read_schema_table(
+    path: Path, suffix: str, schema: Schema, *, by_name: bool
+) -> tuple[list[str], NDArray[np.float64]]:
+    """A table checked against ``schema``: every column in the schema's order (``by_name``:
+    the features selected by name, in the schema's order, with the label if present)."""
+    frame = _read_frame(path, suffix)
+    names = [str(c) for c in frame.columns]
+    source = repr(str(path))
+    if by_name:
+        wanted = [*schema.feature_names, *([schema.label] if schema.label in names else [])]
+        extra = [n for n in names if n not in schema.names]
+        missing = [n for n in schema.feature_names if n not in names]
+        if missing or extra:
+            problems = []
+            if missing:
+                problems.append(f"lacks the schema's column(s) {missing}")
+            if extra:
+                problems.append(f"has column(s) {extra} the schema does not declare")
+            raise SchemaMismatchError(
+                f"{source} {' and '.join(problems)} (the schema's columns: "
+                f"{', '.join(schema.names)})"
             )
-    values = frame.to_numpy(dtype=np.float64)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        row, col = (int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(
-            f"{str(path)!r} holds {int(bad.sum())} NaN or inf value(s), first at row {row}, "
-            f"column {col} ({columns[col]!r})"
-        )
-    if labels is not None:
-        finite = np.isfinite(labels.astype(np.float64))
-        if not finite.all():
-            row = int(np.argmin(finite))
-            raise ValueError(
-                f"label column {label_column!r} of {str(path)!r} holds NaN or inf at row {row}"
-            )
-    return columns, values, labels
+        frame = frame[wanted]
+        names = wanted
+        schema = Schema(tuple(schema.column(n) for n in wanted), None)
+    values = _finite_values(frame, path)
+    schema.check_table(names, values, source=source)
+    return names, values
+
+
+def _load_table(path: Path, suffix: str, label_column: str | None, name: str) -> PointSet:
+    columns, values, labels = _read_table(path, suffix, label_column)
+    return PointSet(features=values, labels=labels, name=name, columns=tuple(columns))
+
+
+def _load_schema_point_set(
+    path: Path, suffix: str, schema: Schema, name: str, by_name: bool
+) -> PointSet:
+    names, values = _read_schema_table(path, suffix, schema, by_name=by_name)
+    features = [names.index(n) for n in schema.feature_names]
+    labels: Any = None
+    if schema.label is not None and schema.label in names:
+        labels = values[:, names.index(schema.label)]
+    return PointSet(values[:, features], labels, name, columns=schema.feature_names)
 
 
 @dataclass(frozen=True)
@@ -236,8 +351,11 @@ class Table:
         Finite values.
     name : str
     binary : tuple of str
-        Columns the owner declares to hold only 0 and 1 (``serve-owner --binary-column``): the
-        only columns a logistic regression or a training may take as its target at this owner.
+        Columns the owner declares to hold only 0 and 1 (the schema's binary columns, or
+        ``serve-owner --binary-column``): the only columns a logistic regression or a training
+        may take as its target at this owner.
+    schema : Schema or None
+        The public schema the table was checked against (:func:`load_table`), if any.
 
     Raises
     ------
@@ -251,6 +369,7 @@ class Table:
     values: NDArray[np.float64]
     name: str
     binary: tuple[str, ...] = ()
+    schema: Schema | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         values = np.asarray(self.values)
@@ -308,7 +427,23 @@ class Table:
         return self.values[:, [index[c] for c in columns]]
 
 
-def load_table(path: str | Path, *, name: str | None = None, binary: Sequence[str] = ()) -> Table:
+def _table_path(path: str | Path) -> tuple[Path, str]:
+    path = Path(path)
+    suffix = _suffix(path)
+    if suffix not in (".csv", ".parquet"):
+        raise ValueError(f"a table must be .csv or .parquet, got {str(path)!r}")
+    if not path.exists():
+        raise FileNotFoundError(f"table file {str(path)!r} does not exist")
+    return path, suffix
+
+
+def load_table(
+    path: str | Path,
+    *,
+    name: str | None = None,
+    binary: Sequence[str] = (),
+    schema: Schema | None = None,
+) -> Table:
     """Read a numeric table with named columns from a ``.csv`` or ``.parquet`` file.
 
     Parameters
@@ -317,31 +452,65 @@ def load_table(path: str | Path, *, name: str | None = None, binary: Sequence[st
     name : str, optional
         Default: the file stem.
     binary : sequence of str
-        Columns declared to hold only 0 and 1 (:attr:`Table.binary`), checked now.
+        Columns declared to hold only 0 and 1 (:attr:`Table.binary`), checked now. With a
+        schema, each must be one of its binary columns (which are declared 0/1 anyway).
+    schema : Schema, optional
+        The table's public schema: its columns, in order, with their types, bounds and levels,
+        checked now (:meth:`common.schema.Schema.check_table`); its binary columns are declared
+        0/1.
 
     Raises
     ------
     FileNotFoundError
         If ``path`` does not exist.
     ValueError
-        If the suffix is not ``.csv``/``.parquet``, the file is empty or unreadable, a column is
-        not numeric, a value is NaN or inf (naming row and column), column names repeat, or a
-        declared 0/1 column is missing or holds another value (naming row and value).
+        If the suffix is not ``.csv``/``.parquet``, the file is empty or unreadable, a column
+        has no name (an index column written by pandas), the header reads as numbers (no
+        header), a column is not numeric, a value is NaN or inf (naming row and column), column
+        names repeat, a declared 0/1 column is missing or holds another value (naming row and
+        value), or the table does not match ``schema`` (naming the column).
     """
-    path = Path(path)
-    suffix = _suffix(path)
-    if suffix not in (".csv", ".parquet"):
-        raise ValueError(f"a table must be .csv or .parquet, got {str(path)!r}")
-    if not path.exists():
-        raise FileNotFoundError(f"table file {str(path)!r} does not exist")
-    columns, values, _ = _read_table(path, suffix, None)
-    if len(set(columns)) != len(columns):
-        raise ValueError(f"{str(path)!r} repeats column names: {columns}")
-    return Table(tuple(columns), values, name if name is not None else path.stem, tuple(binary))
+    path, suffix = _table_path(path)
+    table_name = name if name is not None else path.stem
+    if schema is None:
+        columns, values, _ = _read_table(path, suffix, None)
+        return Table(tuple(columns), values, table_name, tuple(binary))
+    not_binary = [c for c in binary if c not in schema.binary_columns]
+    if not_binary:
+        raise ValueError(
+            f"--binary-column {', '.join(not_binary)}: the schema does not declare "
+            f"{'it' if len(not_binary) == 1 else 'them'} binary (its binary columns: "
+            f'{", ".join(schema.binary_columns) or "none"}); declare type = "binary" there'
+        )
+    names, values = _read_schema_table(path, suffix, schema, by_name=False)
+    return Table(tuple(names), values, table_name, schema.binary_columns, schema)
+
+
+def load_owner_data(
+    path: str | Path, schema: Schema, *, name: str | None = None, binary: Sequence[str] = ()
+) -> tuple[PointSet, Table]:
+    """Read an owner's one table through its schema, for every capability: the point set it
+    summarizes (the schema's features, labels from its label column) and the table of its
+    joint statistics (every column; the schema's binary columns declared 0/1).
+
+    Raises
+    ------
+    FileNotFoundError, ValueError
+        As :func:`load_table` with ``schema``.
+    """
+    table = load_table(path, name=name, binary=binary, schema=schema)
+    features = table.select(schema.feature_names)
+    labels: Any = table.select([schema.label])[:, 0] if schema.label is not None else None
+    return PointSet(features, labels, table.name, columns=schema.feature_names), table
 
 
 def load_point_set(
-    path: str | Path, *, label_column: str | None = "label", name: str | None = None
+    path: str | Path,
+    *,
+    label_column: str | None = "label",
+    name: str | None = None,
+    schema: Schema | None = None,
+    by_name: bool = False,
 ) -> PointSet:
     """Read a point set from a ``.npy``, ``.npz``, ``.csv`` or ``.parquet`` file.
 
@@ -350,29 +519,40 @@ def load_point_set(
     path : str or Path
         File to read; the suffix selects the format (see the module docstring).
     label_column : str or None, default "label"
-        For ``.csv`` and ``.parquet``: name of the column holding integer labels. If the column
-        is absent the point set is unlabeled; ``None`` treats every column as a feature.
-        Ignored for ``.npy`` (labels come from ``<stem>.labels.npy`` when that file exists) and
-        ``.npz`` (labels come from the ``labels`` key when present).
+        For ``.csv`` and ``.parquet`` without a schema: name of the column holding integer
+        labels. If the column is absent the point set is unlabeled; ``None`` treats every column
+        as a feature. Ignored for ``.npy`` (labels come from ``<stem>.labels.npy`` when that
+        file exists) and ``.npz`` (labels come from the ``labels`` key when present).
     name : str, optional
         Name of the returned point set; defaults to the file stem.
+    schema : Schema, optional
+        A ``.csv``/``.parquet`` table's public schema: the features are its columns but the
+        label, the labels its label column. Checked: names, order, types, bounds and levels.
+    by_name : bool
+        With a schema: select the schema's features by name, in the schema's order, whatever
+        the file's order, the label column being optional (a consumer's validation or test
+        set); a column the schema lacks, or a feature the file lacks, is refused. Default: the
+        file must hold exactly the schema's columns in its order (an owner's table).
 
     Returns
     -------
     PointSet
         ``features`` of shape (n_points, n_features), float64; ``labels`` of shape (n_points,),
-        int64, or None.
+        int64, or None; ``columns`` the features' names for a table.
 
     Raises
     ------
     FileNotFoundError
         If ``path`` does not exist.
     ValueError
-        If the suffix is not supported (the message lists the supported ones); if the file is
-        empty or unreadable; if a ``.npz`` lacks ``features``; if a table column other than the
-        label column is not numeric (the message names the column); if features are not 2-D or
-        hold NaN or inf (the message names the first bad row and column); if labels are not
-        integers or do not match the number of points.
+        If the suffix is not supported (the message lists the supported ones), or a schema is
+        given for a ``.npy``/``.npz`` file; if the file is empty or unreadable; if a ``.npz``
+        lacks ``features``; if a table's column has no name (pandas' index column), its header
+        reads as numbers (no header line), a column other than the label column is not numeric
+        (the message names the column and its first non-numeric value); if features are not 2-D
+        or hold NaN or inf (the message names the first bad row and column); if labels are not
+        integers or do not match the number of points; if the table does not match ``schema``
+        (naming the column).
     """
     path = Path(path)
     suffix = _suffix(path)
@@ -381,6 +561,13 @@ def load_point_set(
     if path.is_file() and path.stat().st_size == 0:
         raise ValueError(f"point-set file {str(path)!r} is empty (0 bytes)")
     point_set_name = name if name is not None else path.stem
+    if schema is not None:
+        if suffix not in (".csv", ".parquet"):
+            raise ValueError(
+                f"{str(path)!r}: a schema names columns, so the data must be a .csv or .parquet "
+                "table with a header"
+            )
+        return _load_schema_point_set(path, suffix, schema, point_set_name, by_name)
     if suffix == ".npy":
         return _load_npy(path, point_set_name)
     if suffix == ".npz":
@@ -394,13 +581,21 @@ def feature_columns(n_features: int) -> list[str]:
     return [f"f{j}" for j in range(n_features)]
 
 
-def save_point_set(point_set: PointSet, path: str | Path) -> None:
+def save_point_set(
+    point_set: PointSet,
+    path: str | Path,
+    *,
+    owners: Sequence[str] | None = None,
+    label_column: str = "label",
+) -> None:
     """Write a point set in the format given by the suffix of ``path``.
 
-    ``.csv`` and ``.parquet`` get feature columns ``f0 .. f{n_features-1}`` (float64) and, when
-    the set is labeled, a ``label`` column (int64). ``.npy`` gets the features and, when labeled,
-    ``<stem>.labels.npy`` beside it (a stale labels file is removed when the set is unlabeled, so
-    that :func:`load_point_set` does not pick it up). ``.npz`` gets ``features`` and ``labels``.
+    ``.csv`` and ``.parquet`` get one column per feature, named as the point set's
+    :attr:`~PointSet.columns` (``f0 .. f{n_features-1}`` when it has none), float64; when the
+    set is labeled, a ``label_column`` (int64); with ``owners``, an ``owner`` column naming each
+    point's owner. ``.npy`` gets the features and, when labeled, ``<stem>.labels.npy`` beside it
+    (a stale labels file is removed when the set is unlabeled, so that :func:`load_point_set`
+    does not pick it up). ``.npz`` gets ``features`` and ``labels`` (and ``owners``, as strings).
     Every format round-trips float64 values exactly through :func:`load_point_set`.
 
     Parameters
@@ -408,14 +603,25 @@ def save_point_set(point_set: PointSet, path: str | Path) -> None:
     point_set : PointSet
     path : str or Path
         Destination; its parent directory must exist. An existing file is overwritten.
+    owners : sequence of str, optional
+        One owner name per point (a summary's :attr:`~common.summarization.summary.
+        SummaryResult.owner_ids`).
+    label_column : str
+        The labels' column in a table.
 
     Raises
     ------
     ValueError
-        If the suffix is not one of ``.npy``, ``.npz``, ``.csv``, ``.parquet``.
+        If the suffix is not one of ``.npy``, ``.npz``, ``.csv``, ``.parquet``; if ``owners``
+        does not have one entry per point; if the ``owner`` or label column's name is a
+        feature's.
     OSError
         If the file cannot be written (e.g. the parent directory does not exist).
     """
+    if owners is not None and len(owners) != point_set.n_points:
+        raise ValueError(
+            f"owners must name each of the {point_set.n_points} points, got {len(owners)}"
+        )
     path = Path(path)
     suffix = _suffix(path)
     features = point_set.features
@@ -433,15 +639,24 @@ def save_point_set(point_set: PointSet, path: str | Path) -> None:
             labels_path.unlink()
         return
     if suffix == ".npz":
-        arrays = (
-            {"features": features} if labels is None else {"features": features, "labels": labels}
-        )
+        arrays: dict[str, NDArray[Any]] = {"features": features}
+        if labels is not None:
+            arrays["labels"] = labels
+        if owners is not None:
+            arrays["owners"] = np.asarray(owners, dtype=str)
         with atomic_write(path) as fh:
-            np.savez(fh, **arrays)
+            np.savez(fh, **arrays)  # type: ignore[arg-type]
         return
-    frame = pd.DataFrame(features, columns=feature_columns(features.shape[1]))
+    names = list(point_set.columns) or feature_columns(features.shape[1])
+    extra = ([label_column] if labels is not None else []) + (["owner"] if owners else [])
+    clash = sorted(set(extra) & set(names))
+    if clash:
+        raise ValueError(f"the column name(s) {clash} are features' names: choose another")
+    frame = pd.DataFrame(features, columns=names)
     if labels is not None:
-        frame["label"] = labels
+        frame[label_column] = labels
+    if owners is not None:
+        frame["owner"] = list(owners)
     with atomic_write(path) as fh:
         if suffix == ".csv":
             frame.to_csv(fh, index=False)

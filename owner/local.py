@@ -12,8 +12,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from common.cape.agreement import SizeAttestation
+from common.cape.endpoints import OpenedJob
 from common.cape.spec import AnyCapeSpec
 from common.privacy.ledger import SessionSpend
+from common.schema import Schema
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.summarization.rff import RFFParams
@@ -123,15 +126,22 @@ class LocalSecureAggregationEndpoint:
         """See :meth:`SiteRounds.masked`."""
         return self.rounds.masked(job_id, params.round_id, ciphertexts)
 
+    async def consistency_check(
+        self, job_id: str, params: RoundParams, survivors: Sequence[str]
+    ) -> bytes:
+        """See :meth:`SiteRounds.check`."""
+        return self.rounds.check(job_id, params.round_id, survivors)
+
     async def unmask(
         self,
         job_id: str,
         params: RoundParams,
         survivors: Sequence[str],
         dropped: Sequence[str],
+        signatures: Mapping[str, bytes],
     ) -> UnmaskResponse:
         """See :meth:`SiteRounds.unmask`."""
-        return self.rounds.unmask(job_id, params.round_id, survivors, dropped)
+        return self.rounds.unmask(job_id, params.round_id, survivors, dropped, signatures)
 
 
 class LocalCapeSiteEndpoint(LocalSecureAggregationEndpoint):
@@ -141,16 +151,40 @@ class LocalCapeSiteEndpoint(LocalSecureAggregationEndpoint):
         super().__init__(site.name, rounds)
         self.site = site
 
-    async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> int:
+    async def schema(self) -> Schema | None:
+        """The schema of the site's table (:attr:`owner.data.Table.schema`)."""
+        return None if self.site.table is None else self.site.table.schema
+
+    async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> OpenedJob:
         """See :meth:`CapeSite.open`."""
-        return self.site.open(job_id, spec, seed, curator=LOCAL_CURATOR, consumer=consumer)
+        rows = self.site.open(job_id, spec, seed, curator=LOCAL_CURATOR, consumer=consumer)
+        return OpenedJob(rows, self.site.min_colluders)
+
+    async def attest_plan(
+        self, job_id: str, sites: Sequence[str], colluders: int, first_iteration: int = 0
+    ) -> tuple[SizeAttestation, bytes]:
+        """See :meth:`CapeSite.attest`."""
+        return self.site.attest(
+            job_id, sites, colluders, curator=LOCAL_CURATOR, first_iteration=first_iteration
+        )
 
     async def plan_job(
-        self, job_id: str, sites: Sequence[str], sizes: Sequence[int], first_iteration: int = 0
+        self,
+        job_id: str,
+        sites: Sequence[str],
+        colluders: int,
+        attestations: Mapping[str, tuple[SizeAttestation, bytes]],
+        first_iteration: int = 0,
     ) -> tuple[int, float]:
         """See :meth:`CapeSite.plan`."""
         plan = self.site.plan(
-            job_id, sites, sizes, curator=LOCAL_CURATOR, first_iteration=first_iteration
+            job_id,
+            sites,
+            colluders,
+            {s: a for s, (a, _) in attestations.items()},
+            {s: c for s, (_, c) in attestations.items()},
+            curator=LOCAL_CURATOR,
+            first_iteration=first_iteration,
         )
         index = list(sites).index(self.site.name)
         return plan.size, float(plan.entry_scales(index).max())

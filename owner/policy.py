@@ -26,6 +26,8 @@ comments is ``deploy/policies/owner.toml``)::
     [sketches]    # private sketches published to a curator's catalogue (dpmarket sketch publish)
     publish = true      # whether this owner publishes sketches at all
     epsilon = 1.0       # the most epsilon one sketch may spend
+    [cape]        # CAPE jobs (joint estimates with zero-sum noise) and their secure aggregation
+    min_colluders = 1   # the fewest colluding owners (S_C) a job must defend against
 
 Unknown sections or keys are refused (a misspelt key would otherwise leave a default in force
 silently).
@@ -41,7 +43,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OwnerPolicy", "load_owner_policy"]
+__all__ = ["DEFAULT_MIN_COLLUDERS", "OwnerPolicy", "load_owner_policy"]
+
+#: The default floor on the colluders ``S_C`` a CAPE job must defend against
+#: (``cape.min_colluders``): one other owner sharing everything it holds with the curator.
+DEFAULT_MIN_COLLUDERS = 1
 
 # (section, key) in the file -> field of OwnerPolicy, in file order.
 _KEYS: dict[tuple[str, str], str] = {
@@ -59,6 +65,7 @@ _KEYS: dict[tuple[str, str], str] = {
     ("limits", "max_rff_dimension"): "max_rff_dimension",
     ("sketches", "publish"): "publish_sketches",
     ("sketches", "epsilon"): "epsilon_per_sketch",
+    ("cape", "min_colluders"): "cape_min_colluders",
 }
 _KEY_OF_FIELD = {name: f"{section}.{key}" for (section, key), name in _KEYS.items()}
 _SECTIONS = tuple(dict.fromkeys(section for section, _ in _KEYS))
@@ -68,6 +75,7 @@ _SECTION_COMMENTS = {
     "access": "who is served, and how",
     "limits": "resources of the owner service",
     "sketches": "private sketches published to a curator's catalogue",
+    "cape": "CAPE jobs and their secure aggregation",
 }
 
 
@@ -177,6 +185,13 @@ class OwnerPolicy:
         The most epsilon one published sketch may spend; finite, > 0. A sketch is also one
         session of the ledger, so ``epsilon_per_session`` and what is left of ``epsilon_total``
         bound it too. ``sketches.epsilon``.
+    cape_min_colluders : int
+        The fewest colluding owners ``S_C`` a CAPE job must defend against, >= 0 (public: the
+        owner tells the curator when a job opens). A job whose consumer chose a smaller ``S_C``
+        is refused when it opens (``FAILED_PRECONDITION`` naming this floor); a job left at the
+        default ``ceil(S / 3) - 1`` is raised to it; a plan, or a secure-aggregation round (whose
+        threshold must exceed ``(S + S_C) / 2``), below it is refused before anything is sent.
+        ``cape.min_colluders``.
 
     Raises
     ------
@@ -189,7 +204,8 @@ class OwnerPolicy:
     The budgets are enforced by :class:`owner.ledger.OwnerLedger` (epsilon, delta and points;
     ``allow_non_private``); ``curators`` and the ``limits`` are enforced by the owner service;
     ``sketches`` by the owner's publisher (:class:`owner.sketches.SketchPublisher`), before the
-    ledger is asked.
+    ledger is asked; ``cape`` by the owner's CAPE site (:class:`owner.cape.CapeSite`) and its
+    secure-aggregation rounds (:class:`owner.secagg.SiteRounds`).
     """
 
     epsilon_total: float = 10.0
@@ -206,6 +222,7 @@ class OwnerPolicy:
     max_rff_dimension: int = 4096
     publish_sketches: bool = True
     epsilon_per_sketch: float = 1.0
+    cape_min_colluders: int = DEFAULT_MIN_COLLUDERS
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -264,6 +281,9 @@ class OwnerPolicy:
                 f"{_key('publish_sketches')} must be true or false, got {self.publish_sketches!r}"
             )
         put("epsilon_per_sketch", _epsilon(self.epsilon_per_sketch, "epsilon_per_sketch"))
+        floor = self.cape_min_colluders
+        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+            raise ValueError(f"{_key('cape_min_colluders')} must be an integer >= 0, got {floor!r}")
 
     @property
     def window_seconds(self) -> float:
@@ -380,3 +400,58 @@ def load_owner_policy(path: str | os.PathLike[str]) -> OwnerPolicy:
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"{path}: not a valid TOML file: {exc}") from exc
     return OwnerPolicy.from_mapping(data, source=str(path))
+
+
+#: The owner's policy file in its data directory: every owner command reads it.
+POLICY_FILE = "policy.toml"
+
+
+def data_dir_policy(
+    data_dir: str | os.PathLike[str], install: str | os.PathLike[str] | None = None
+) -> tuple[OwnerPolicy, str]:
+    """The owner's policy: ``<data_dir>/policy.toml``, which every owner command reads.
+
+    Parameters
+    ----------
+    data_dir : path
+        The owner's data directory (its ledger; created if needed when ``install`` is given).
+    install : path, optional
+        A policy file to install there: copied when the data directory holds none; when it
+        holds one, the two must say the same, or the command is refused (so two commands of one
+        owner never run under two policies).
+
+    Returns
+    -------
+    policy : OwnerPolicy
+    source : str
+        Where it came from, for the start-up line: the file, or ``"the built-in defaults (no
+        <data_dir>/policy.toml)"``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``install`` does not exist.
+    ValueError
+        If a policy file is malformed, or ``install`` differs from the installed policy (the
+        message names both files).
+    """
+    path = Path(data_dir) / POLICY_FILE
+    installed = load_owner_policy(path) if path.is_file() else None
+    if install is None:
+        if installed is None:
+            return OwnerPolicy(), f"the built-in defaults (no {path})"
+        return installed, str(path)
+    given = load_owner_policy(install)
+    if installed is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{POLICY_FILE}.tmp")
+        tmp.write_bytes(Path(install).read_bytes())
+        os.replace(tmp, path)
+        return given, f"{path} (installed from {install})"
+    if installed != given:
+        raise ValueError(
+            f"--policy {install} differs from the owner's policy {path}: an owner's policy lives "
+            f"in its data directory and every owner command reads it. Edit {path} (it applies "
+            "from the next start), or leave out --policy"
+        )
+    return installed, str(path)

@@ -43,6 +43,7 @@ from common.ids import short_id
 from common.privacy.ledger import SessionSpend
 from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import production_rng
+from common.schema import Schema
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
 from common.summarization.rff import RFFParams, random_fourier_features
@@ -362,6 +363,9 @@ class Owner:
         seed the curator sends.
     clock : callable, optional
         Seconds (monotonic); injected by tests.
+    schema : Schema, optional
+        The public schema ``data`` was checked against (its features are the schema's columns
+        but the label); advertised by :meth:`info`.
 
     Notes
     -----
@@ -381,9 +385,16 @@ class Owner:
         max_rff_dimension: int | None = None,
         allow_seeded_sessions: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        schema: Schema | None = None,
     ) -> None:
         if not owner_id:
             raise ValueError("owner_id must be a non-empty string")
+        if schema is not None and data is not None and data.n_features != len(schema.feature_names):
+            raise ValueError(
+                f"the schema declares {len(schema.feature_names)} features, the data has "
+                f"{data.n_features}"
+            )
+        self.schema = schema
         self.owner_id = owner_id
         self.data = data
         self.ledger = ledger
@@ -396,14 +407,17 @@ class Owner:
         self._lock = threading.Lock()
 
     def info(self) -> OwnerInfo:
-        """Describe the dataset (size, feature count, labels)."""
+        """Describe the dataset (size, feature count, labels, public schema)."""
         if self.data is None:
-            return OwnerInfo(self.owner_id, num_points=0, num_features=0, has_labels=False)
+            return OwnerInfo(
+                self.owner_id, num_points=0, num_features=0, has_labels=False, schema=self.schema
+            )
         return OwnerInfo(
             owner_id=self.owner_id,
             num_points=int(self.data.features.shape[0]),
             num_features=int(self.data.features.shape[1]),
             has_labels=self.data.labels is not None,
+            schema=self.schema,
         )
 
     @property

@@ -10,7 +10,11 @@ the curator to each other, not owners to owners, which is why the signatures are
 
 What an owner sums in a round is decided by the job the round belongs to, through an *input
 source* (a CAPE job's noise draw), never by the curator's messages; :class:`RoundJobs` is what the
-secure-aggregation service asks of the owner's jobs before it runs a round of one.
+secure-aggregation service asks of the owner's jobs before it runs a round of one. Before it sends
+anything in a round, the owner checks that the round defends against at least as many colluders
+as its policy's floor (and its job's plan) require, which fixes how high the threshold must be
+(:class:`common.secagg.protocol.RoundParams`); the survivors' signatures of the consistency check
+are verified with the same certificates as the key advertisements.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 #: Provides a site's input of a round: ``(job_id, params) -> vector of shape (vector_length,)``.
 InputSource = Callable[[str, RoundParams], NDArray[np.float64]]
+#: Admits a round of a job before this site sends anything in it: ``(job_id, params) -> None``,
+#: raising a :class:`~common.errors.DPMarketError` for a round the job does not allow.
+RoundCheck = Callable[[str, RoundParams], None]
 
 
 class RoundJobs(Protocol):
@@ -87,6 +94,12 @@ class SiteIdentity:
         self.certificate_pem = certificate_pem
         self._ca = None if ca_pem is None else x509.load_pem_x509_certificate(ca_pem)
         self._trusted: dict[str, ec.EllipticCurvePublicKey] = {}
+        # (site, PEM) -> (not valid before, not valid after, key) of certificates that passed.
+        self._checked: dict[
+            tuple[str, bytes],
+            tuple[datetime.datetime, datetime.datetime, ec.EllipticCurvePublicKey],
+        ] = {}
+        self._checked_lock = threading.Lock()
 
     @classmethod
     def from_pem(
@@ -115,12 +128,33 @@ class SiteIdentity:
         return CertificateVerifier(self)
 
     def check_certificate(self, site: str, pem: bytes) -> ec.EllipticCurvePublicKey:
+        """The P-256 public key of ``site``'s certificate, once the certificate is checked.
+
+        The certificate must chain to the deployment CA, be valid now and name ``owner:<site>``.
+        A certificate that passed once is remembered with its key (the PEM bytes and the site
+        name are the cache key); later calls re-check only its validity period, so a round with
+        ``S`` sites does not re-parse and re-verify ``S - 1`` certificates each time.
+
+        Raises
+        ------
+        SecAggError
+            If there is no CA, or the certificate fails a check.
+        """
         if self._ca is None:
             raise SecAggError(f"no CA to check the certificate of site {site!r}")
+        now = datetime.datetime.now(datetime.UTC)
+        with self._checked_lock:
+            known = self._checked.get((site, pem))
+        if known is not None:
+            not_before, not_after, key = known
+            if not not_before <= now <= not_after:
+                raise SecAggError(
+                    f"the certificate of site {site!r} is not acceptable: it is not valid now"
+                )
+            return key
         try:
             cert = x509.load_pem_x509_certificate(pem)
             cert.verify_directly_issued_by(self._ca)
-            now = datetime.datetime.now(datetime.UTC)
             if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
                 raise ValueError("the certificate is not valid now")
             identity = identity_from_certificate(cert)
@@ -128,9 +162,12 @@ class SiteIdentity:
             raise SecAggError(f"the certificate of site {site!r} is not acceptable: {exc}") from exc
         if identity != Identity("owner", site):
             raise SecAggError(f"a certificate of {identity} was presented for site {site!r}")
-        key = cert.public_key()
-        if not isinstance(key, ec.EllipticCurvePublicKey):
+        public = cert.public_key()
+        if not isinstance(public, ec.EllipticCurvePublicKey):
             raise SecAggError(f"the certificate of site {site!r} has no elliptic-curve key")
+        key = public
+        with self._checked_lock:
+            self._checked[site, pem] = (cert.not_valid_before_utc, cert.not_valid_after_utc, key)
         return key
 
 
@@ -142,6 +179,7 @@ class CertificateVerifier:
     def __init__(self, identity: SiteIdentity) -> None:
         self._identity = identity
         self._keys: dict[str, ec.EllipticCurvePublicKey] = {}
+        self._verifier = EcdsaVerifier({})
 
     def admit(self, certificates: Mapping[str, bytes]) -> None:
         """Check and admit the given sites' certificates (a site with an empty certificate is
@@ -158,10 +196,11 @@ class CertificateVerifier:
                 self._keys[site] = trusted
             else:
                 self._keys[site] = self._identity.check_certificate(site, pem)
+        self._verifier = EcdsaVerifier(self._keys)
 
     def verify(self, site: str, message: bytes, signature: bytes) -> None:
         """Raise :class:`SecAggError` unless ``signature`` is the admitted key's of ``site``."""
-        EcdsaVerifier(self._keys).verify(site, message, signature)
+        self._verifier.verify(site, message, signature)
 
 
 @dataclass
@@ -187,6 +226,18 @@ class SiteRounds:
     on_finished : callable, optional
         Told ``(job_id, round_id, survivors)`` when this site answers a round's unmasking: the
         sites whose inputs are in the round's sum.
+    min_colluders : int, default 0
+        The owner's floor on ``S_C`` (its policy's ``cape.min_colluders``): a round that defends
+        against fewer colluders is refused before this site sends anything.
+    admit : callable, optional
+        Checks a round against its job before this site sends anything (for CAPE: the planned
+        sites, the vector length, at least the plan's ``S_C``).
+
+    Notes
+    -----
+    A round is remembered until its job is forgotten (:meth:`forget`, when the job closes): a
+    finished or aborted round cannot be started again under the same id, and every later call
+    of it finds the round over, so no sequence of requests gets a site to answer a round twice.
     """
 
     def __init__(
@@ -195,11 +246,20 @@ class SiteRounds:
         inputs: InputSource,
         rng: Callable[[str], np.random.Generator],
         on_finished: Callable[[str, bytes, tuple[str, ...]], None] | None = None,
+        *,
+        min_colluders: int = 0,
+        admit: RoundCheck | None = None,
     ) -> None:
+        if isinstance(min_colluders, bool) or not isinstance(min_colluders, int):
+            raise ValueError(f"min_colluders must be an int, got {min_colluders!r}")
+        if min_colluders < 0:
+            raise ValueError(f"min_colluders must be >= 0, got {min_colluders}")
         self.identity = identity
         self.inputs = inputs
         self.rng = rng
         self.on_finished = on_finished
+        self.min_colluders = min_colluders
+        self.admit = admit
         self._rounds: dict[tuple[str, bytes], _Round] = {}
         self._lock = threading.Lock()
 
@@ -226,11 +286,22 @@ class SiteRounds:
         Raises
         ------
         FailedPreconditionError
-            If this owner has no identity to sign with, or the round exists already.
+            If this owner has no identity to sign with, the round defends against fewer
+            colluders than this owner's floor (the message names the floor, a public value of
+            its policy), the job does not admit the round, or the round exists already (it may
+            be over: a round id is used once).
         ValueError
             If this site is not one of the round's sites.
         """
         identity = self._require_identity()
+        if params.colluders < self.min_colluders:
+            raise FailedPreconditionError(
+                f"the round defends against S_C={params.colluders} colluders (threshold "
+                f"t={params.threshold} of {len(params.sites)} sites), below this owner's floor "
+                f"of {self.min_colluders} colluders (its policy's cape.min_colluders)"
+            )
+        if self.admit is not None:
+            self.admit(job_id, params)
         key = (job_id, params.round_id)
         verifier = identity.verifier()
         site = SecAggSite(identity.name, params, signer=identity.signer, verifier=verifier)
@@ -250,13 +321,17 @@ class SiteRounds:
         certificates: Mapping[str, bytes],
     ) -> dict[str, bytes]:
         """Round 1: check every advertisement's certificate and signature; share this site's
-        secrets."""
+        secrets. A certificate or signature that fails aborts the round at this site."""
         identity = self._require_identity()
         entry = self._round(job_id, round_id)
         with entry.lock:
-            entry.verifier.admit(
-                {s: certificates.get(s, b"") for s in advertisements if s != identity.name}
-            )
+            try:
+                entry.verifier.admit(
+                    {s: certificates.get(s, b"") for s in advertisements if s != identity.name}
+                )
+            except SecAggError as exc:
+                # A refused certificate ends the round here, as a refused signature does.
+                raise entry.site.abort(str(exc)) from None
             return entry.site.share_keys(advertisements)
 
     def masked(
@@ -296,14 +371,25 @@ class SiteRounds:
                     f"{clip:g}]"
                 ) from None
 
-    def unmask(
-        self, job_id: str, round_id: bytes, survivors: Sequence[str], dropped: Sequence[str]
-    ) -> UnmaskResponse:
-        """Round 3: the shares the aggregator needs; the round is then over at this site."""
+    def check(self, job_id: str, round_id: bytes, survivors: Sequence[str]) -> bytes:
+        """Round 3: this site's signature of the survivor list (once per round)."""
         entry = self._round(job_id, round_id)
         with entry.lock:
-            response = entry.site.unmask(survivors, dropped)
-        self.forget(job_id, round_id)
+            return entry.site.check_consistency(survivors)
+
+    def unmask(
+        self,
+        job_id: str,
+        round_id: bytes,
+        survivors: Sequence[str],
+        dropped: Sequence[str],
+        signatures: Mapping[str, bytes],
+    ) -> UnmaskResponse:
+        """Round 4: the shares the aggregator needs, after ``t`` survivors' signatures of the
+        list this site signed are verified; the round is then over at this site."""
+        entry = self._round(job_id, round_id)
+        with entry.lock:
+            response = entry.site.unmask(survivors, dropped, signatures)
         if self.on_finished is not None:
             self.on_finished(job_id, round_id, tuple(sorted(survivors)))
         return response

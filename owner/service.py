@@ -145,6 +145,20 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
         return owner_pb2.CloseSessionResponse(spent=convert.spend_to_proto(spent))
 
 
+def site_rounds(cape: CapeSite) -> SiteRounds:
+    """The secure-aggregation rounds of an owner's CAPE jobs: signed with the CAPE site's
+    identity, its noise draws as inputs, each round admitted by its job's plan and held to the
+    owner's floor on colluders."""
+    return SiteRounds(
+        cape.identity,
+        cape.noise_input,
+        cape.rng_for,
+        cape.round_finished,
+        min_colluders=cape.min_colluders,
+        admit=cape.check_round,
+    )
+
+
 def site_identity(name: str, security: TransportSecurity) -> SiteIdentity | None:
     """The owner's signing identity for secure aggregation: its mTLS key and certificate, and the
     CA; ``None`` with plaintext transport (no certificate to sign with)."""
@@ -192,7 +206,8 @@ async def serve_owner(
     owner : Owner
         With its ledger, limits and idle timeout set.
     cape : CapeSite, optional
-        The owner's CAPE jobs over its table (same ledger).
+        The owner's CAPE jobs over its table (same ledger), with its signing identity
+        (:func:`site_identity`) and its policy's floor on colluders.
     address : str
         ``host:port``; port 0 picks a free port.
     security : TransportSecurity
@@ -206,8 +221,7 @@ async def serve_owner(
     names = [owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].full_name]
     rounds: SiteRounds | None = None
     if cape is not None:
-        identity = site_identity(owner.owner_id, security)
-        rounds = SiteRounds(identity, cape.noise_input, cape.rng_for, cape.round_finished)
+        rounds = site_rounds(cape)
         names += [
             cape_pb2.DESCRIPTOR.services_by_name["CapeSiteService"].full_name,
             secure_aggregation_pb2.DESCRIPTOR.services_by_name[

@@ -9,11 +9,12 @@ for arrays).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 from numpy.typing import NDArray
 
+from common.cape.agreement import SizeAttestation
 from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.errors import InvalidArgumentError
 from common.secagg.fixedpoint import FixedPoint
@@ -206,6 +207,7 @@ def round_to_proto(
         vector_length=params.vector_length,
         clip=fp.clip,
         resolution_bits=fp.resolution_bits,
+        colluders=params.colluders,
     )
 
 
@@ -231,6 +233,7 @@ def round_from_proto(
             threshold=int(message.threshold),
             vector_length=int(message.vector_length),
             fixed_point=fixed_point,
+            colluders=int(message.colluders),
         )
     except ValueError as exc:
         raise InvalidArgumentError(f"secure-aggregation round: {exc}") from exc
@@ -288,6 +291,76 @@ def shares_to_proto(shares: dict[str, Share]) -> list[secure_aggregation_pb2.Sha
 def shares_from_proto(messages: Iterable[secure_aggregation_pb2.ShamirShare]) -> dict[str, Share]:
     """ShamirShare messages -> owner -> Share."""
     return {m.owner: Share(x=int(m.x), y=int.from_bytes(m.y, "big")) for m in messages}
+
+
+def signatures_to_proto(
+    signatures: Mapping[str, bytes],
+) -> list[secure_aggregation_pb2.SurvivorSignature]:
+    """Signer -> signature of the survivor list -> SurvivorSignature messages, sorted by site."""
+    return [
+        secure_aggregation_pb2.SurvivorSignature(site=site, signature=signature)
+        for site, signature in sorted(signatures.items())
+    ]
+
+
+def signatures_from_proto(
+    messages: Iterable[secure_aggregation_pb2.SurvivorSignature],
+) -> dict[str, bytes]:
+    """SurvivorSignature messages -> signer -> signature.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If a site signs twice.
+    """
+    out: dict[str, bytes] = {}
+    for message in messages:
+        if message.site in out:
+            raise InvalidArgumentError(f"two signatures of the survivor list by {message.site!r}")
+        out[message.site] = bytes(message.signature)
+    return out
+
+
+def attestation_to_proto(
+    attestation: SizeAttestation, certificate: bytes
+) -> cape_pb2.SiteAttestation:
+    """SizeAttestation and the site's certificate -> SiteAttestation."""
+    return cape_pb2.SiteAttestation(
+        site=attestation.site,
+        rows=attestation.rows,
+        signature=attestation.signature,
+        certificate=certificate,
+    )
+
+
+def attestation_from_proto(message: cape_pb2.SiteAttestation) -> tuple[SizeAttestation, bytes]:
+    """SiteAttestation -> (SizeAttestation, certificate PEM)."""
+    return (
+        SizeAttestation(
+            site=message.site, rows=int(message.rows), signature=bytes(message.signature)
+        ),
+        bytes(message.certificate),
+    )
+
+
+def attestations_from_proto(
+    messages: Iterable[cape_pb2.SiteAttestation],
+) -> tuple[dict[str, SizeAttestation], dict[str, bytes]]:
+    """SiteAttestation messages -> (site -> attestation, site -> certificate).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If a site appears twice.
+    """
+    attestations: dict[str, SizeAttestation] = {}
+    certificates: dict[str, bytes] = {}
+    for message in messages:
+        attestation, certificate = attestation_from_proto(message)
+        if attestation.site in attestations:
+            raise InvalidArgumentError(f"two row counts of {attestation.site!r}")
+        attestations[attestation.site], certificates[attestation.site] = attestation, certificate
+    return attestations, certificates
 
 
 def unmask_to_proto(response: UnmaskResponse) -> secure_aggregation_pb2.UnmaskResponse:

@@ -1,7 +1,7 @@
-"""What every role's ``dpmarket`` commands share: the mTLS options every gRPC command takes,
-the output check that runs before anything is released, the console and logging set-up, the
-progress bar of a summarization session, the options naming the curator, and writing a
-command's JSON output.
+"""What every role's ``dpmarket`` commands share: a configuration file per service
+(:func:`config_option`), the mTLS options every gRPC command takes, the output check that runs
+before anything is released, the console and logging set-up, the progress bar of a summarization
+session, the options naming the curator, and writing a command's JSON output.
 
 The commands themselves live with their role (:mod:`owner.cli`, :mod:`curator.cli`,
 :mod:`consumer.cli`, :mod:`deploy.pki`, :mod:`experiments.cli`); :mod:`deploy.cli` composes them
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ from runtime.identity import Identity, identity_files
 from runtime.transport import TransportSecurity
 
 __all__ = [
+    "CONFIG_HELP",
     "check_outputs",
+    "config_option",
     "console",
     "curator_identity",
     "curator_options",
@@ -42,8 +45,133 @@ logger = logging.getLogger("dpmarket")
 console = Console(stderr=True)
 
 
+CONFIG_HELP = (
+    "A TOML file of option values, keyed by the options' long names without the dashes (e.g. "
+    'data-dir = "state", owner = ["a@host:1"]); options given on the command line '
+    "override it. Keys at the top level apply to every command that takes them (one file per "
+    "service); a table named after a command ([serve-owner], [request], [cape.mean]) applies to "
+    "that command only. Relative paths are relative to the file's folder. A key no command takes "
+    "is an error."
+)
+
+
+def _option_keys(command: click.Command) -> dict[str, click.Parameter]:
+    """A command's config keys: every long option name without its dashes (also with
+    underscores), mapped to its parameter."""
+    keys: dict[str, click.Parameter] = {}
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.name == "config" or not param.expose_value:
+            continue
+        for opt in (*param.opts, *param.secondary_opts):
+            if opt.startswith("--"):
+                keys[opt[2:]] = param
+                keys[opt[2:].replace("-", "_")] = param
+    return keys
+
+
+def _commands(
+    command: click.Command, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    """Every command of a command tree, with its path below the root."""
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _commands(sub, (*path, name))
+
+
+def _command_path(ctx: click.Context) -> tuple[str, ...]:
+    names = []
+    while ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return tuple(reversed(names))
+
+
+def _config_value(param: click.Parameter, value: Any, folder: Path, where: str) -> Any:
+    """A config value for ``param``: a list for a repeated option, relative paths anchored at
+    the config file's folder."""
+    if isinstance(value, Mapping):
+        raise click.BadParameter(f"{where}: a table, not an option value", param_hint="--config")
+    if param.multiple and not isinstance(value, list):
+        value = [value]
+    if isinstance(param.type, click.Path):
+
+        def anchor(v: Any) -> Any:
+            return str(folder / v) if isinstance(v, str) and not Path(v).is_absolute() else v
+
+        value = [anchor(v) for v in value] if isinstance(value, list) else anchor(value)
+    return value
+
+
+def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """``--config``'s callback (eager): read the file and make its values the command's
+    defaults (:data:`CONFIG_HELP`)."""
+    if value is None:
+        return
+    path = Path(value)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc}", param_hint="--config") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise click.BadParameter(f"{path}: not valid TOML: {exc}", param_hint="--config") from exc
+    command = ctx.command
+    here = _command_path(ctx)
+    tree = list(_commands(ctx.find_root().command))
+    known = {key for _, c in tree for key in _option_keys(c)}
+    paths = {p for p, _ in tree}
+    mine = _option_keys(command)
+    values: dict[str, Any] = {}
+
+    def apply(table: Mapping[str, Any], prefix: tuple[str, ...], active: bool) -> None:
+        # Keys of a section apply to the commands below it; this command takes its own.
+        below = {key for p, c in tree if p[: len(prefix)] == prefix for key in _option_keys(c)}
+        where = f"{path}" + (f" [{'.'.join(prefix)}]" if prefix else "")
+        for key, item in table.items():
+            if isinstance(item, Mapping):
+                section = (*prefix, key)
+                if section not in paths:
+                    raise click.BadParameter(
+                        f"{where}: [{'.'.join(section)}] is not a dpmarket command",
+                        param_hint="--config",
+                    )
+                apply(item, section, active and here[: len(section)] == section)
+                continue
+            if key not in (below if prefix else known):
+                raise click.BadParameter(
+                    f"{where}: unknown key {key!r} (no "
+                    + (f"'{' '.join(prefix)}' " if prefix else "")
+                    + f"command has an option --{key}); "
+                    + f"{' '.join(here) or command.name} takes: "
+                    + ", ".join(sorted(k for k in mine if "_" not in k)),
+                    param_hint="--config",
+                )
+            if active and key in mine:
+                target = mine[key]
+                assert target.name is not None
+                values[target.name] = _config_value(
+                    target, item, path.resolve().parent, f"{where} {key}"
+                )
+
+    apply(data, (), True)
+    ctx.default_map = {**(ctx.default_map or {}), **values}
+
+
+def config_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--config FILE``: option values from a TOML file (:data:`CONFIG_HELP`), read first."""
+    return click.option(
+        "--config",
+        type=click.Path(exists=True, dir_okay=False),
+        is_eager=True,
+        expose_value=False,
+        callback=_load_config,
+        help=CONFIG_HELP,
+    )(func)
+
+
 def tls_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """mTLS options shared by every command that talks gRPC."""
+    """mTLS options shared by every command that talks gRPC, and ``--config``
+    (:func:`config_option`)."""
     options = [
         click.option(
             "--ca",
@@ -87,7 +215,7 @@ def tls_options(func: Callable[..., Any]) -> Callable[..., Any]:
     ]
     for option in reversed(options):
         func = option(func)
-    return func
+    return config_option(func)
 
 
 def security_from_options(

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import tempfile
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-__all__ = ["atomic_write", "write_json"]
+__all__ = ["atomic_write", "read_toml", "write_json"]
 
 
 @contextmanager
@@ -56,3 +57,28 @@ def write_json(data: Any, path: str | Path) -> None:
     text = json.dumps(data, indent=2, default=default) + "\n"
     with atomic_write(path) as fh:
         fh.write(text.encode("utf-8"))
+
+
+def read_toml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    """Parse a TOML file.
+
+    Parameters
+    ----------
+    path : str or Path
+    what : str
+        What the file is, for the message of a missing file (``"schema file"``).
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist (``"<what> <path> does not exist"``).
+    ValueError
+        If it is not valid TOML (naming the file and the decoder's message).
+    """
+    p = Path(path)
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {p} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{p}: not valid TOML: {exc}") from None

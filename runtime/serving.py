@@ -37,7 +37,7 @@ SERVER_OPTIONS = [*GRPC_OPTIONS, ("grpc.so_reuseport", 0)]
 
 
 def check_address_free(address: str) -> None:
-    """Raise :class:`~dpmarket.transport.BindError` if another socket listens on ``address``.
+    """Raise :class:`~runtime.transport.BindError` if another socket listens on ``address``.
 
     A plain socket (``SO_REUSEADDR`` on, as gRPC sets it, so a port in ``TIME_WAIT`` after a
     restart is free; ``SO_REUSEPORT`` off) tries the address first, so that a port in use is

@@ -196,7 +196,7 @@ def add_port(
     ------
     BindError
         If the address cannot be bound (with the server options of
-        :data:`dpmarket.serving.SERVER_OPTIONS`, a port another server holds cannot).
+        :data:`runtime.serving.SERVER_OPTIONS`, a port another server holds cannot).
     """
     if security.insecure:
         logger.warning(

@@ -8,31 +8,66 @@ of :mod:`common.errors`, a transport failure being :class:`common.errors.Unavail
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
+from common.cape.agreement import SizeAttestation
 from common.cape.spec import AnyCapeSpec
 from common.privacy.ledger import SessionSpend
+from common.schema import Schema
 from common.secagg.endpoints import SecureAggregationEndpoint
+
+
+@dataclass(frozen=True)
+class OpenedJob:
+    """What a site answers when a job opens (public values).
+
+    Attributes
+    ----------
+    rows : int
+        The site's row count ``N_s``.
+    min_colluders : int
+        Its owner's policy floor on ``S_C``: the job's ``S_C`` must be at least every site's.
+    """
+
+    rows: int
+    min_colluders: int
 
 
 class CapeSiteEndpoint(SecureAggregationEndpoint, Protocol):
     """One owner as a CAPE site (the CAPE paper's Algorithms 1, 2 and 4, and Section 5.1's
     gradient descent)."""
 
-    async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> int:
-        """Open a job; return the site's row count ``N_s``."""
+    async def schema(self) -> Schema | None:
+        """The owner's public schema (``None``: it declared none)."""
+        ...
+
+    async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> OpenedJob:
+        """Open a job; return the site's row count and its floor on ``S_C``."""
+        ...
+
+    async def attest_plan(
+        self, job_id: str, sites: Sequence[str], colluders: int, first_iteration: int = 0
+    ) -> tuple[SizeAttestation, bytes]:
+        """The site's row count signed for this plan, and its certificate (PEM; empty
+        in-process)."""
         ...
 
     async def plan_job(
-        self, job_id: str, sites: Sequence[str], sizes: Sequence[int], first_iteration: int = 0
+        self,
+        job_id: str,
+        sites: Sequence[str],
+        colluders: int,
+        attestations: Mapping[str, tuple[SizeAttestation, bytes]],
+        first_iteration: int = 0,
     ) -> tuple[int, float]:
-        """Fix the round's sites (for a training, from ``first_iteration`` on); return the
-        statistic's length (one iteration's for a training) and the site's largest noise
-        standard deviation."""
+        """Fix the round's sites, ``S_C`` and signed row counts (for a training, from
+        ``first_iteration`` on); return the statistic's length (one iteration's for a training)
+        and the site's largest noise standard deviation."""
         ...
 
     async def release(

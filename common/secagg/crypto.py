@@ -16,6 +16,7 @@ to make runs reproducible). Nothing here logs, stores or transmits data.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -44,6 +45,7 @@ __all__ = [
     "TAG_BYTES",
     "EcdsaSigner",
     "EcdsaVerifier",
+    "MaskAccumulator",
     "RandomBytes",
     "SecAggError",
     "Signer",
@@ -115,10 +117,14 @@ def encode_fields(*fields: bytes) -> bytes:
     ValueError
         If a field is 2^32 bytes or longer.
     """
+    out = bytearray()
     for field in fields:
-        if len(field) >= 1 << 32:
-            raise ValueError(f"field of {len(field)} bytes is too long to encode")
-    return b"".join([len(field).to_bytes(4, "big") + field for field in fields])
+        size = len(field)
+        if size >= 1 << 32:
+            raise ValueError(f"field of {size} bytes is too long to encode")
+        out += size.to_bytes(4, "big")
+        out += field
+    return bytes(out)
 
 
 def _random(random_bytes: RandomBytes, n: int) -> bytes:
@@ -329,6 +335,78 @@ def prg_words(seed: bytes, length: int) -> NDArray[np.uint64]:
     encryptor = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
     keystream = encryptor.update(_zeros(8 * length))
     return np.frombuffer(keystream, dtype="<u8")
+
+
+#: Largest keystream scratch buffer a thread keeps between calls (bytes): 8 bytes per entry of
+#: a vector of up to 4 million entries; longer vectors get a fresh buffer per call.
+_MAX_KEPT_SCRATCH = 32 << 20
+_scratch = threading.local()
+
+
+def _scratch_buffer(n_bytes: int) -> bytearray:
+    """A buffer of at least ``n_bytes`` bytes owned by the calling thread, reused across calls
+    (a fresh 800 KB allocation costs as much as expanding a mask into it, in page faults)."""
+    buffer: bytearray | None = getattr(_scratch, "buffer", None)
+    if buffer is not None and len(buffer) >= n_bytes:
+        return buffer
+    buffer = bytearray(n_bytes)
+    if n_bytes <= _MAX_KEPT_SCRATCH:
+        _scratch.buffer = buffer
+    return buffer
+
+
+class MaskAccumulator:
+    """Adds or subtracts :func:`prg_words` expansions into a vector in place, writing every
+    keystream into one scratch buffer per thread.
+
+    ``accumulator.add(total, seed)`` is ``total += prg_words(seed, len(total))`` (modulo
+    ``2^64``) and ``subtract`` its opposite, with the same words, without allocating a fresh
+    8-byte-per-entry ``bytes`` per mask.
+
+    Parameters
+    ----------
+    length : int
+        Entries of the vectors it masks, ``0 <= length <= 2^32``.
+
+    Raises
+    ------
+    ValueError
+        If ``length`` is out of range, or a seed is not 32 bytes or a vector not a uint64 vector
+        of ``length`` entries.
+
+    Notes
+    -----
+    The scratch buffer belongs to the calling thread (``threading.local``) and is used only
+    inside one :meth:`add` or :meth:`subtract` call, so accumulators in different threads (the
+    services' worker threads) never share it. It holds keystream only: no key, seed or input.
+    """
+
+    def __init__(self, length: int) -> None:
+        _check_length(length)
+        self.length = length
+
+    def _expand(self, seed: bytes, total: NDArray[np.uint64]) -> NDArray[np.uint64]:
+        if len(seed) != KEY_BYTES:
+            raise ValueError(f"seed must be {KEY_BYTES} bytes, got {len(seed)}")
+        if total.dtype != np.uint64 or total.shape != (self.length,):
+            raise ValueError(
+                f"expected a uint64 vector of {self.length} entries, got {total.dtype} of shape "
+                f"{total.shape}"
+            )
+        n_bytes = 8 * self.length
+        # update_into needs room for one block beyond the data.
+        buffer = _scratch_buffer(n_bytes + 16)
+        encryptor = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
+        encryptor.update_into(_zeros(n_bytes), buffer)
+        return np.frombuffer(buffer, dtype="<u8", count=self.length)
+
+    def add(self, total: NDArray[np.uint64], seed: bytes) -> None:
+        """``total += prg_words(seed, length)`` in place (modulo ``2^64``)."""
+        np.add(total, self._expand(seed, total), out=total)
+
+    def subtract(self, total: NDArray[np.uint64], seed: bytes) -> None:
+        """``total -= prg_words(seed, length)`` in place (modulo ``2^64``)."""
+        np.subtract(total, self._expand(seed, total), out=total)
 
 
 def mask_vector(seed: bytes, length: int, modulus_bits: int) -> NDArray[np.uint64]:

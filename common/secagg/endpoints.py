@@ -47,12 +47,20 @@ class SecureAggregationEndpoint(Protocol):
         """Round 2: the site's masked input, shape (vector_length,), values mod 2^k."""
         ...
 
+    async def consistency_check(
+        self, job_id: str, params: RoundParams, survivors: Sequence[str]
+    ) -> bytes:
+        """Round 3: the site's signature of the survivor list ``U3``."""
+        ...
+
     async def unmask(
         self,
         job_id: str,
         params: RoundParams,
         survivors: Sequence[str],
         dropped: Sequence[str],
+        signatures: Mapping[str, bytes],
     ) -> UnmaskResponse:
-        """Round 3: the shares the aggregator needs."""
+        """Round 4: the shares the aggregator needs, once the site has checked ``t`` survivors'
+        signatures of ``U3`` (``signatures``: signer -> signature)."""
         ...

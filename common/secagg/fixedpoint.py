@@ -161,10 +161,9 @@ def quantize(x: ArrayLike, fp: FixedPoint, rng: np.random.Generator) -> NDArray[
     lower = values * fp.scale
     lower += levels / 2.0
     lower += rng.random(values.shape[0])
-    np.floor(lower, out=lower)
-    # u can leave the range by a float rounding error at x = +-clip; keep the grid's ends.
-    np.minimum(lower, levels, out=lower)
-    np.maximum(lower, 0.0, out=lower)
+    # u can leave the range by a float rounding error at x = +-clip; keep the grid's ends. Once
+    # in [0, levels], the conversion to an unsigned integer truncates, which is floor().
+    np.clip(lower, 0.0, levels, out=lower)
     return lower.astype(np.uint64)
 
 

@@ -5,27 +5,34 @@ nothing else about any one of them, and the sum is still obtained when sites dro
 stage, as long as ``t`` remain. This is the ``SecureAgg`` of CAPE's Algorithm 1 (step 3), with
 which the sites compute the sum of their noise draws.
 
-A round has four stages; each is one method of :class:`SecAggSite` (per site) answered by one
-method of :class:`SecAggAggregator` (the sets ``U1 ⊇ U2 ⊇ U3`` are Bonawitz's):
+A round has five stages; each is one method of :class:`SecAggSite` (per site) answered by one
+method of :class:`SecAggAggregator` (the sets ``U1 ⊇ U2 ⊇ U3 ⊇ U4`` are Bonawitz's):
 
 0. advertise: ``SecAggSite.advertise_keys`` -> ``SecAggAggregator.collect_advertisements`` (U1);
 1. share: ``SecAggSite.share_keys`` -> ``SecAggAggregator.route_shares`` (U2);
 2. mask: ``SecAggSite.masked_input`` -> ``SecAggAggregator.collect_masked`` (U3);
-3. unmask: ``SecAggSite.unmask`` -> ``SecAggAggregator.finish`` (the sum).
+3. consistency check: ``SecAggSite.check_consistency`` (each survivor signs ``U3``) ->
+   ``SecAggAggregator.collect_signatures`` (U4, the signers);
+4. unmask: ``SecAggSite.unmask`` (given the signatures) -> ``SecAggAggregator.finish`` (the sum).
 
 Messages are plain dataclasses and bytes; a service layer moves them over the network unchanged.
 :func:`run_in_process` runs a whole round in one process, with dropouts, for tests and benchmarks.
 
-Differences from Bonawitz et al.'s Figure 4: the inputs are reals, quantized by
-:mod:`common.secagg.fixedpoint`; masks are expanded by AES-256-CTR from the full 32-byte keys
-(:func:`common.secagg.crypto.prg_words`); the ConsistencyCheck round (Round 3 of Figure 4,
-needed only against an aggregator that *actively* lies) is not implemented, see
-:meth:`SecAggSite.unmask`.
+This is the malicious-server variant of Bonawitz et al.'s Figure 4: key advertisements are signed
+with each site's identity key, and before it reveals any unmasking share a site checks that at
+least ``t`` distinct survivors signed the very ``U3`` it signed itself (the ConsistencyCheck
+round), with ``t > (n + S_C) / 2`` for ``S_C`` colluding sites (:class:`RoundParams`), so an
+aggregator that tells different sites different survivor lists gets no share at all from the
+sites it lied to, and never both secrets of one site. Differences from Figure 4: the inputs are
+reals, quantized by :mod:`common.secagg.fixedpoint`; masks are expanded by AES-256-CTR from the
+full 32-byte keys (:func:`common.secagg.crypto.prg_words`); the signed ``U3`` is bound to a digest
+of every round parameter, not only to the round id.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -43,6 +50,7 @@ from common.secagg.crypto import (
     KEY_BYTES,
     EcdsaSigner,
     EcdsaVerifier,
+    MaskAccumulator,
     RandomBytes,
     SecAggError,
     Signer,
@@ -51,7 +59,6 @@ from common.secagg.crypto import (
     encode_fields,
     encrypt,
     generate_private_key,
-    prg_words,
     private_key_bytes,
     private_key_from_bytes,
     public_key_bytes,
@@ -70,6 +77,8 @@ __all__ = [
     "Stage",
     "UnmaskResponse",
     "advertisement_message",
+    "consistency_message",
+    "min_threshold",
     "run_in_process",
 ]
 
@@ -82,13 +91,15 @@ _ADVERTISE_LABEL = b"dpmarket/secagg/v1/advertise"
 _SHARE_KEY_LABEL = b"dpmarket/secagg/v1/share-encryption-key"
 _SHARE_AD_LABEL = b"dpmarket/secagg/v1/share"
 _MASK_KEY_LABEL = b"dpmarket/secagg/v1/pairwise-mask"
+_CONSISTENCY_LABEL = b"dpmarket/secagg/v1/consistency-check"
+_PARAMS_LABEL = b"dpmarket/secagg/v1/round-params"
 
 #: Plaintext of one share ciphertext: the recipient's share of the sender's self-mask seed,
 #: then its share of the sender's pairwise-mask private key.
 _SHARE_PAIR_BYTES = 2 * shamir.SHARE_BYTES
 
-DropStage = Literal["advertise", "share", "mask", "unmask"]
-_DROP_STAGES: tuple[str, ...] = ("advertise", "share", "mask", "unmask")
+DropStage = Literal["advertise", "share", "mask", "check", "unmask"]
+_DROP_STAGES: tuple[str, ...] = ("advertise", "share", "mask", "check", "unmask")
 
 
 class Stage(enum.Enum):
@@ -98,8 +109,42 @@ class Stage(enum.Enum):
     ADVERTISED = "advertised"
     SHARED = "shared"
     MASKED = "masked"
+    CHECKED = "checked"
     DONE = "done"
     ABORTED = "aborted"
+
+
+def min_threshold(sites: int, colluders: int = 0) -> int:
+    """The smallest threshold a round of ``sites`` sites may use against ``colluders`` colluders.
+
+    Parameters
+    ----------
+    sites : int
+        ``n >= 2``.
+    colluders : int, default 0
+        ``S_C`` in ``[0, n - 1]``: sites that may collude with the aggregator.
+
+    Returns
+    -------
+    int
+        ``max(2, floor((n + S_C) / 2) + 1)``: the least ``t`` with ``2 t > n + S_C`` (see
+        :class:`RoundParams`); ``floor(n / 2) + 1`` without colluders, 4 for ``n = 5, S_C = 1``,
+        13 for ``n = 20, S_C = 5``, 14 for ``n = 20, S_C = 6``.
+
+    Raises
+    ------
+    ValueError
+        If ``sites < 2`` or ``colluders`` is outside ``[0, n - 1]``.
+    """
+    if isinstance(sites, bool) or not isinstance(sites, int) or sites < 2:
+        raise ValueError(f"a round needs at least 2 sites, got {sites!r}")
+    if isinstance(colluders, bool) or not isinstance(colluders, int):
+        raise ValueError(f"colluders must be an int, got {colluders!r}")
+    if not 0 <= colluders <= sites - 1:
+        raise ValueError(
+            f"colluders must lie in [0, {sites - 1}] with {sites} sites, got {colluders}"
+        )
+    return max(2, (sites + colluders) // 2 + 1)
 
 
 @dataclass(frozen=True)
@@ -118,11 +163,15 @@ class RoundParams:
         and each site's Shamir x coordinate. No duplicates.
     threshold : int
         ``t``: the fewest sites that must remain at every stage. ``2 <= t <= len(sites)`` and
-        ``t > len(sites) / 2``.
+        ``2 t > len(sites) + colluders`` (:func:`min_threshold` is the least such ``t``).
     vector_length : int
         ``D``: entries in every site's input vector, ``>= 1``.
     fixed_point : FixedPoint
         Encoding of the inputs; ``fixed_point.sites >= len(sites)`` so the sum cannot wrap.
+    colluders : int, default 0
+        ``S_C``: how many sites may collude with the aggregator (share their secrets and sign
+        whatever it asks), ``0 <= S_C <= len(sites) - 1``. Each site refuses a round whose
+        ``S_C`` is below what it requires (its owner's policy, its job).
 
     Raises
     ------
@@ -131,14 +180,27 @@ class RoundParams:
 
     Notes
     -----
-    **Why t > n / 2.** Each site answers the unmasking request once, revealing for every other
-    site ``v`` either its share of ``v``'s self-mask seed (``v`` survived) or its share of ``v``'s
-    pairwise-mask key (``v`` dropped), never both. To learn both secrets of ``v``, and with them
-    ``v``'s input, an aggregator must get ``t`` shares of each, from two *disjoint* sets of ``t``
-    sites (for instance by telling half of the sites that ``v`` dropped and the other half that
-    it survived). Two disjoint sets of ``t`` sites exist only if ``2 t <= n``; with ``t > n / 2``
-    they do not; this is the reason for the requirement on ``t`` in Bonawitz et al. (CCS 2017).
-    ``t >= 2``: with ``t = 1`` every share is the secret itself.
+    **Why t > (n + S_C) / 2.** Each honest site answers the unmasking request once, revealing for
+    every other site ``v`` either its share of ``v``'s self-mask seed (``v`` survived) or its
+    share of ``v``'s pairwise-mask key (``v`` dropped), never both. To learn both secrets of
+    ``v``, and with them ``v``'s input, an aggregator must make two groups of sites reveal: one
+    that believes ``v`` survived (``U3`` with ``v``) and one that believes ``v`` dropped (a
+    ``U3'`` without it). Before it reveals anything, a site checks ``t`` valid signatures, from
+    distinct members of the round, on the very ``U3`` it signed (the ConsistencyCheck round), and
+    an honest site signs one ``U3`` per round. Two sets of ``t`` signers, one for ``U3`` and one
+    for ``U3'``, both drawn from the ``n`` sites, share at least ``2 t - n`` signers, and every
+    shared signer signed two survivor lists, so it is one of the ``S_C`` colluders: the attack
+    needs ``2 t - n <= S_C``, i.e. ``2 t <= n + S_C``. With ``2 t > n + S_C`` every honest site
+    that reveals anything in a round reveals for the same ``U3``, so the aggregator gets at most
+    the colluders' ``S_C < t`` shares of the other secret of any site. The same count holds for
+    the shares themselves (each secret needs ``t`` of them, each honest site gives one kind): at
+    ``n = 5, S_C = 1`` the usual ``t = 3`` lets a curator told ``U3`` apart recover a victim's
+    input (tested); ``t = 4`` does not. ``t >= 2``: with ``t = 1`` every share is the secret.
+
+    References
+    ----------
+    Bonawitz et al. (CCS 2017), Figure 4 (Round 3, ConsistencyCheck) and Section 6 (security
+    against an active adversary controlling the server and some users).
     """
 
     round_id: bytes
@@ -146,6 +208,7 @@ class RoundParams:
     threshold: int
     vector_length: int
     fixed_point: FixedPoint
+    colluders: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.round_id, bytes) or len(self.round_id) < ROUND_ID_BYTES:
@@ -160,12 +223,15 @@ class RoundParams:
             raise ValueError(f"duplicate site ids: {duplicates}")
         object.__setattr__(self, "sites", ordered)
         n = len(ordered)
-        t = self.threshold
+        t, c = self.threshold, self.colluders
         if isinstance(t, bool) or not isinstance(t, int):
             raise ValueError(f"threshold must be an int, got {t!r}")
-        if t < 2 or t > n or 2 * t <= n:
+        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= max(n - 1, 0):
+            raise ValueError(f"colluders must be an int in [0, n - 1] with n={n} sites, got {c!r}")
+        if t < 2 or t > n or 2 * t <= n + c:
             raise ValueError(
-                f"threshold must satisfy 2 <= t <= n and t > n / 2 with n={n} sites, got t={t}"
+                f"threshold must satisfy 2 <= t <= n and t > (n + S_C) / 2 with n={n} sites and "
+                f"S_C={c} colluders, got t={t}"
             )
         d = self.vector_length
         if isinstance(d, bool) or not isinstance(d, int) or d < 1:
@@ -186,6 +252,7 @@ class RoundParams:
         vector_length: int,
         fixed_point: FixedPoint,
         *,
+        colluders: int = 0,
         random_bytes: RandomBytes = os.urandom,
     ) -> RoundParams:
         """Parameters with a fresh 32-byte random ``round_id`` (from ``os.urandom`` by default)."""
@@ -195,12 +262,34 @@ class RoundParams:
             threshold=threshold,
             vector_length=vector_length,
             fixed_point=fixed_point,
+            colluders=colluders,
         )
 
     @property
     def modulus_bits(self) -> int:
         """``k``: masked vectors and sums are integers modulo ``2^k``."""
         return self.fixed_point.modulus_bits
+
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of every parameter (32 bytes), bound into the signed survivor list.
+
+        Two sites that accept signatures on the same ``U3`` thereby agree on the round id, the
+        sites, ``t``, ``S_C``, ``D`` and the encoding, whatever the aggregator told each.
+        """
+        fp = self.fixed_point
+        fields = [
+            _PARAMS_LABEL,
+            self.round_id,
+            str(self.threshold).encode(),
+            str(self.colluders).encode(),
+            str(self.vector_length).encode(),
+            float(fp.clip).hex().encode(),
+            str(fp.resolution_bits).encode(),
+            str(fp.sites).encode(),
+            *(site.encode() for site in self.sites),
+        ]
+        return hashlib.sha256(encode_fields(*fields)).digest()
 
 
 @dataclass(frozen=True)
@@ -227,7 +316,7 @@ class KeyAdvertisement:
 
 @dataclass(frozen=True)
 class UnmaskResponse:
-    """Round 3 message of one surviving site.
+    """Round 4 (unmasking) message of one surviving site.
 
     Attributes
     ----------
@@ -251,6 +340,21 @@ def advertisement_message(round_id: bytes, site: str, c_public: bytes, s_public:
     site's keys being presented as another's.
     """
     return encode_fields(_ADVERTISE_LABEL, round_id, site.encode(), c_public, s_public)
+
+
+def consistency_message(params: RoundParams, survivors: Iterable[str]) -> bytes:
+    """The bytes a survivor signs in the ConsistencyCheck round (Bonawitz et al. 2017, Figure 4,
+    Round 3).
+
+    ``encode_fields(label, round_id, params.digest, *sorted(survivors) (UTF-8))``: the label keeps
+    the signature from being valid for any other purpose (a key advertisement), the round id and
+    the digest of every parameter from being valid in another round or under other parameters,
+    and the sorted list makes the message a function of the set ``U3`` alone.
+    """
+    names = sorted(survivors)
+    return encode_fields(
+        _CONSISTENCY_LABEL, params.round_id, params.digest, *(n.encode() for n in names)
+    )
 
 
 def _pair_info(label: bytes, round_id: bytes, a: str, b: str) -> bytes:
@@ -294,10 +398,11 @@ def _check_vector(vector: ArrayLike, length: int) -> NDArray[np.float64]:
 class SecAggSite:
     """One site's side of a secure-aggregation round (Bonawitz et al. 2017, Figure 4, "User").
 
-    Call :meth:`advertise_keys`, :meth:`share_keys`, :meth:`masked_input` and :meth:`unmask`
-    once each, in that order; a call out of order raises
-    :class:`~common.errors.FailedPreconditionError`. A :class:`SecAggError` aborts the round for
-    this site (later calls fail) and its secrets are dropped.
+    Call :meth:`advertise_keys`, :meth:`share_keys`, :meth:`masked_input`,
+    :meth:`check_consistency` and :meth:`unmask` once each, in that order; a call out of order
+    (or a second call of any) raises :class:`~common.errors.FailedPreconditionError`. A
+    :class:`SecAggError` aborts the round for this site (later calls fail) and its secrets are
+    dropped.
 
     Parameters
     ----------
@@ -305,9 +410,10 @@ class SecAggSite:
         This site's id; one of ``params.sites``.
     params : RoundParams
     signer : Signer
-        Signs this site's key advertisement with its identity key.
+        Signs this site's key advertisement and its survivor list with its identity key.
     verifier : Verifier
-        Checks every other site's advertisement against that site's identity.
+        Checks every other site's advertisement and survivor-list signature against that site's
+        identity.
     random_bytes : callable, optional
         Source of all key material (two X25519 private keys, the self-mask seed, the Shamir
         coefficients, the AEAD nonces): ``os.urandom`` by default. Tests inject a deterministic
@@ -323,7 +429,15 @@ class SecAggSite:
     State kept between stages (what a service would have to persist to survive a restart, all of
     it secret): the two private keys, the self-mask seed ``b_u`` until the masked input is sent,
     the set ``U1`` with the advertised keys, the derived share-encryption keys, and the shares
-    received from the other sites. A site that loses it simply counts as dropped.
+    received from the other sites; then the sets ``U2`` and ``U3`` this site fixed and the
+    signature it gave. A site that loses it simply counts as dropped.
+
+    **What a site reveals, across the whole round.** It signs at most one ``U3`` (a subset of its
+    own ``U2`` holding itself, of at least ``t`` sites) and answers the unmasking request at most
+    once, only for that ``U3`` and its own ``U2 \\ U3``, and only after ``t`` valid signatures of
+    that ``U3``; the state object remembers, so a second or a contradicting request finds the
+    round over. It therefore never reveals a self-mask share of a site it treats as dropped nor a
+    key share of a site it treats as alive.
     """
 
     def __init__(
@@ -348,6 +462,8 @@ class SecAggSite:
         self._self_mask_seed: bytes | None = None
         self._u1: tuple[str, ...] = ()
         self._u2: tuple[str, ...] = ()
+        self._u3: tuple[str, ...] = ()
+        self._signature = b""
         self._s_publics: dict[str, bytes] = {}
         self._share_keys: dict[str, bytes] = {}
         # sender -> (share of its self-mask seed, share of its pairwise-mask key), own included.
@@ -356,6 +472,14 @@ class SecAggSite:
     @property
     def stage(self) -> Stage:
         return self._stage
+
+    def abort(self, reason: str) -> SecAggError:
+        """End the round for this site: drop its secrets; every later call fails.
+
+        For checks made outside this object (a peer's certificate refused by the service).
+        Returns the :class:`SecAggError` to raise.
+        """
+        return self._abort(SecAggError(reason))
 
     def _abort(self, exc: SecAggError) -> SecAggError:
         self._stage = Stage.ABORTED
@@ -576,7 +700,7 @@ class SecAggSite:
         and ``u`` subtracts it (``s_uv = s_vu``: X25519 is symmetric and the HKDF info orders the
         pair), so they cancel in the sum over ``U2``; the aggregator removes the self masks
         ``PRG(b_u)`` of the survivors and, for sites of ``U2`` that sent no masked input, their
-        pairwise masks with the survivors, from the secrets reconstructed in Round 3. Masks use
+        pairwise masks with the survivors, from the secrets reconstructed in Round 4. Masks use
         only ``U2``: a site lost before or during Round 1 never enters any mask.
 
         References
@@ -600,7 +724,8 @@ class SecAggSite:
         assert self._s_private is not None and self._self_mask_seed is not None
         length, round_id = self.params.vector_length, self.params.round_id
         masked = quantized
-        masked += prg_words(self._self_mask_seed, length)
+        masks = MaskAccumulator(length)
+        masks.add(masked, self._self_mask_seed)
         for peer in u2:
             if peer == self.site:
                 continue
@@ -610,9 +735,9 @@ class SecAggSite:
                 info=_pair_info(_MASK_KEY_LABEL, round_id, self.site, peer),
             )
             if peer < self.site:
-                masked += prg_words(key, length)
+                masks.add(masked, key)
             else:
-                masked -= prg_words(key, length)
+                masks.subtract(masked, key)
         masked &= np.uint64(self.params.fixed_point.modulus - 1)
         self._u2 = u2
         # b_u and s_sk are no longer needed here; only their shares leave this site from now on.
@@ -623,15 +748,107 @@ class SecAggSite:
         self._stage = Stage.MASKED
         return masked
 
-    def unmask(self, survivors: Sequence[str], dropped: Sequence[str]) -> UnmaskResponse:
-        """Round 3: reveal the shares the aggregator needs, and only those.
+    def check_consistency(self, survivors: Sequence[str]) -> bytes:
+        """Round 3 (ConsistencyCheck): sign the survivor list ``U3`` the aggregator announces.
+
+        A site signs at most one ``U3`` per round, and only one it could be asked to unmask:
+        a subset of its own ``U2`` that holds this site and at least ``t`` sites.
 
         Parameters
         ----------
         survivors : sequence of str
             ``U3``: the sites whose masked input the aggregator received (this one included).
+
+        Returns
+        -------
+        bytes
+            This site's signature of :func:`consistency_message` ``(params, U3)``.
+
+        Raises
+        ------
+        SecAggError
+            If the list repeats a site, names a site outside this site's ``U2``, leaves this
+            site out, or holds fewer than ``t`` sites. The round is then aborted for this site.
+        FailedPreconditionError
+            If :meth:`masked_input` has not been called, or this was called before (whatever
+            list the second call names: one signature per round).
+
+        References
+        ----------
+        Bonawitz et al. (CCS 2017), Figure 4, Round 3 (ConsistencyCheck), user side.
+        """
+        _check_stage(self._stage, Stage.MASKED, "check_consistency")
+        try:
+            survivor_set = set(survivors)
+            if len(survivor_set) != len(survivors):
+                raise SecAggError("the survivor list repeats a site")
+            outside = survivor_set - set(self._u2)
+            if outside:
+                raise SecAggError(f"survivors that did not complete key sharing: {sorted(outside)}")
+            if self.site not in survivor_set:
+                raise SecAggError(f"this site ({self.site!r}) is not listed as a survivor")
+            if len(survivor_set) < self.params.threshold:
+                raise SecAggError(
+                    f"{len(survivor_set)} survivors, below the threshold t={self.params.threshold}"
+                )
+        except SecAggError as exc:
+            raise self._abort(exc) from None
+        u3 = tuple(sorted(survivor_set))
+        signature = self._signer.sign(consistency_message(self.params, u3))
+        self._u3, self._signature = u3, signature
+        self._stage = Stage.CHECKED
+        return signature
+
+    def _check_signatures(self, signatures: Mapping[str, bytes]) -> None:
+        """Count valid signatures of this site's ``U3`` from distinct members of ``U3``; raise
+        :class:`SecAggError` at the first bad one or if fewer than ``t`` are valid.
+
+        This site's own signature counts without a verification when it is the one it gave;
+        the others are verified in sorted order until ``t`` are counted: ``t`` valid signatures
+        are what the argument of :class:`RoundParams` needs, and further ones are neither
+        checked nor used."""
+        t = self.params.threshold
+        strangers = sorted(set(signatures) - set(self._u3))
+        if strangers:
+            raise SecAggError(f"signatures of sites that are not survivors: {strangers}")
+        if len(signatures) < t:
+            raise SecAggError(
+                f"{len(signatures)} signatures of the survivor list, below the threshold t={t}"
+            )
+        valid = 0
+        own = signatures.get(self.site)
+        if own is not None:
+            if bytes(own) != self._signature:
+                raise SecAggError(f"the signature of this site ({self.site!r}) was replaced")
+            valid = 1
+        message = consistency_message(self.params, self._u3)
+        others = [signer for signer in sorted(signatures) if signer != self.site]
+        for signer in others[: t - valid]:  # len(others) >= t - valid: checked above
+            try:
+                self._verifier.verify(signer, message, bytes(signatures[signer]))
+            except Exception as exc:
+                raise SecAggError(
+                    f"{signer!r} did not sign this site's survivor list: {exc}"
+                ) from None
+
+    def unmask(
+        self,
+        survivors: Sequence[str],
+        dropped: Sequence[str],
+        signatures: Mapping[str, bytes],
+    ) -> UnmaskResponse:
+        """Round 4: reveal the shares the aggregator needs, and only those.
+
+        Parameters
+        ----------
+        survivors : sequence of str
+            ``U3``: must be the list this site signed in :meth:`check_consistency`.
         dropped : sequence of str
-            ``U2 \\ U3``: the sites that completed Round 1 but sent no masked input.
+            ``U2 \\ U3``: must be exactly the sites of this site's own ``U2`` outside ``U3``.
+        signatures : mapping of str to bytes
+            Signer -> its signature of :func:`consistency_message` ``(params, U3)``: the set
+            ``U4`` the aggregator collected. At least ``t`` valid ones from distinct members of
+            ``U3`` are required (:meth:`_check_signatures`).
 
         Returns
         -------
@@ -642,51 +859,44 @@ class SecAggSite:
         Raises
         ------
         SecAggError
-            If a list repeats a site, the lists overlap, their union is not this site's ``U2``
-            (a site outside ``U2``, or a site of ``U2`` left out), fewer than ``t`` survive, or
-            this site is not listed as a survivor. The round is then aborted for this site.
+            If a list repeats a site, ``survivors`` is not the signed ``U3``, ``dropped`` is not
+            this site's ``U2 \\ U3``, a signature does not verify (or is by a site outside
+            ``U3``), or fewer than ``t`` signatures are valid. The round is then aborted for this
+            site, and nothing is revealed.
         FailedPreconditionError
-            If :meth:`masked_input` has not been called, or this was called before: a site
+            If :meth:`check_consistency` has not been called, or this was called before: a site
             answers once, so it can never be asked for the other secret of a site later.
 
         Notes
         -----
-        Against an aggregator that follows the protocol (honest but curious, DESIGN's model for
-        CAPE), this reveals nothing beyond the sum. An aggregator that *actively* tells different
-        sites different survivor lists could collect ``t`` self-mask shares and ``t`` key shares
-        of one site only if ``2 t <= n`` (see :class:`RoundParams`); Bonawitz et al.'s
-        ConsistencyCheck round (Figure 4, Round 3: the sites sign ``U3`` and check ``t`` others'
-        signatures before unmasking) closes that gap for smaller thresholds and is not
-        implemented here.
+        Why the checks suffice against an aggregator that lies actively and ``S_C`` colluding
+        sites: see :class:`RoundParams` (every honest site that gets here agrees on one ``U3``).
 
         References
         ----------
-        Bonawitz et al. (CCS 2017), Figure 4, Round 4 (Unmasking).
+        Bonawitz et al. (CCS 2017), Figure 4, Round 4 (Unmasking), user side.
         """
-        _check_stage(self._stage, Stage.MASKED, "unmask")
+        _check_stage(self._stage, Stage.CHECKED, "unmask")
         try:
             survivor_set, dropped_set = set(survivors), set(dropped)
             if len(survivor_set) != len(survivors) or len(dropped_set) != len(dropped):
                 raise SecAggError("the survivor or dropped list repeats a site")
-            overlap = survivor_set & dropped_set
-            if overlap:
-                raise SecAggError(f"sites listed both as survivors and dropped: {sorted(overlap)}")
-            outside = (survivor_set | dropped_set) - set(self._u2)
-            if outside:
-                raise SecAggError(f"sites that did not complete key sharing: {sorted(outside)}")
-            missing = set(self._u2) - survivor_set - dropped_set
-            if missing:
-                raise SecAggError(f"sites of U2 neither survived nor dropped: {sorted(missing)}")
-            if self.site not in survivor_set:
-                raise SecAggError(f"this site ({self.site!r}) is not listed as a survivor")
-            if len(survivor_set) < self.params.threshold:
+            if survivor_set != set(self._u3):
                 raise SecAggError(
-                    f"{len(survivor_set)} survivors, below the threshold t={self.params.threshold}"
+                    f"the survivors {sorted(survivor_set)} are not the list this site signed "
+                    f"{list(self._u3)}"
                 )
+            expected_dropped = set(self._u2) - survivor_set
+            if dropped_set != expected_dropped:
+                raise SecAggError(
+                    f"the dropped sites {sorted(dropped_set)} are not this site's U2 \\ U3 "
+                    f"{sorted(expected_dropped)}"
+                )
+            self._check_signatures(signatures)
         except SecAggError as exc:
             raise self._abort(exc) from None
         response = UnmaskResponse(
-            self_mask_shares={v: self._held[v][0] for v in sorted(survivor_set)},
+            self_mask_shares={v: self._held[v][0] for v in self._u3},
             key_shares={v: self._held[v][1] for v in sorted(dropped_set)},
         )
         self._held.clear()
@@ -697,10 +907,10 @@ class SecAggSite:
 class SecAggAggregator:
     """The aggregator's side of a round (Bonawitz et al. 2017, Figure 4, "Server").
 
-    Call :meth:`collect_advertisements`, :meth:`route_shares`, :meth:`collect_masked` and
-    :meth:`finish` once each, in that order. Each takes what arrived from the sites still in the
-    round; a site whose message did not arrive counts as dropped at that stage. Any
-    :class:`SecAggError` aborts the round: nothing is released.
+    Call :meth:`collect_advertisements`, :meth:`route_shares`, :meth:`collect_masked`,
+    :meth:`collect_signatures` and :meth:`finish` once each, in that order. Each takes what
+    arrived from the sites still in the round; a site whose message did not arrive counts as
+    dropped at that stage. Any :class:`SecAggError` aborts the round: nothing is released.
 
     Parameters
     ----------
@@ -709,8 +919,8 @@ class SecAggAggregator:
     Notes
     -----
     The aggregator holds no secret: its state is the advertised public keys, the sets
-    ``U1 ⊇ U2 ⊇ U3`` and the running sum of the masked inputs (which reveals nothing without
-    the unmasking shares).
+    ``U1 ⊇ U2 ⊇ U3 ⊇ U4``, the survivors' signatures of ``U3`` and the running sum of the masked
+    inputs (which reveals nothing without the unmasking shares).
     """
 
     def __init__(self, params: RoundParams) -> None:
@@ -721,6 +931,7 @@ class SecAggAggregator:
         self._u2: tuple[str, ...] = ()
         self._u3: tuple[str, ...] = ()
         self._dropped: tuple[str, ...] = ()
+        self._signatures: dict[str, bytes] = {}
         self._total: NDArray[np.uint64] | None = None
 
     @property
@@ -867,6 +1078,43 @@ class SecAggAggregator:
         self._stage = Stage.MASKED
         return self._u3, self._dropped
 
+    def collect_signatures(self, signatures: Mapping[str, bytes]) -> dict[str, bytes]:
+        """Round 3 (ConsistencyCheck): fix ``U4``, the survivors that signed ``U3``.
+
+        Parameters
+        ----------
+        signatures : mapping of str to bytes
+            Survivor -> its :meth:`SecAggSite.check_consistency` signature, for every survivor
+            whose answer arrived.
+
+        Returns
+        -------
+        dict of str to bytes
+            ``U4`` with the signatures, sorted by site: what every site of ``U4`` receives with
+            its unmasking request (:meth:`SecAggSite.unmask`). The aggregator checks no
+            signature; every site checks ``t`` of them before it reveals anything.
+
+        Raises
+        ------
+        SecAggError
+            If fewer than ``t`` signatures arrived, a signer is not a survivor, or a signature
+            is empty.
+
+        References
+        ----------
+        Bonawitz et al. (CCS 2017), Figure 4, Round 3 (ConsistencyCheck), server side.
+        """
+        _check_stage(self._stage, Stage.MASKED, "collect_signatures")
+        for name, signature in signatures.items():
+            if name not in self._u3:
+                raise self._fail(f"a signature of U3 from {name!r}, which is not a survivor")
+            if not signature:
+                raise self._fail(f"the signature of U3 from {name!r} is empty")
+        self._need(len(signatures), "survivors signed U3")
+        self._signatures = {name: bytes(signatures[name]) for name in sorted(signatures)}
+        self._stage = Stage.CHECKED
+        return dict(self._signatures)
+
     def _reconstruct(
         self, owner: str, shares: list[Share], responders: Sequence[str], what: str
     ) -> bytes:
@@ -886,7 +1134,7 @@ class SecAggAggregator:
             raise self._fail(f"cannot reconstruct {owner!r}'s {what}: {exc}") from None
 
     def finish(self, responses: Mapping[str, UnmaskResponse]) -> NDArray[np.float64]:
-        """Round 3: reconstruct the needed secrets, remove every mask and return the sum.
+        """Round 4: reconstruct the needed secrets, remove every mask and return the sum.
 
         From ``t`` or more responses, reconstructs the self-mask seed ``b_u`` of every survivor
         and the pairwise-mask private key ``s_sk_v`` of every dropped site (checked against the
@@ -897,7 +1145,7 @@ class SecAggAggregator:
         Parameters
         ----------
         responses : mapping of str to UnmaskResponse
-            Survivor -> its :meth:`SecAggSite.unmask` response.
+            Signer of ``U3`` (a site of ``U4``) -> its :meth:`SecAggSite.unmask` response.
 
         Returns
         -------
@@ -908,8 +1156,8 @@ class SecAggAggregator:
         Raises
         ------
         SecAggError
-            If fewer than ``t`` responses arrived, a responder is not a survivor, a response does
-            not hold exactly the expected shares, shares are inconsistent, a reconstructed key
+            If fewer than ``t`` responses arrived, a responder did not sign ``U3``, a response
+            does not hold exactly the expected shares, shares are inconsistent, a reconstructed key
             does not match its advertisement, or the unmasked sum is not a sum of ``|U3|``
             quantized vectors. Nothing is returned.
 
@@ -917,18 +1165,19 @@ class SecAggAggregator:
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 4 (Unmasking), server side.
         """
-        _check_stage(self._stage, Stage.MASKED, "finish")
+        _check_stage(self._stage, Stage.CHECKED, "finish")
         assert self._total is not None
         survivors, dropped = set(self._u3), set(self._dropped)
         for name, response in responses.items():
-            if name not in survivors:
-                raise self._fail(f"unmasking response from {name!r}, which is not a survivor")
+            if name not in self._signatures:
+                raise self._fail(f"unmasking response from {name!r}, which did not sign U3")
             if set(response.self_mask_shares) != survivors or set(response.key_shares) != dropped:
                 raise self._fail(f"the unmasking response of {name!r} holds the wrong shares")
         self._need(len(responses), "unmasking responses arrived")
         responders = tuple(sorted(responses))
         length, round_id = self.params.vector_length, self.params.round_id
         total = self._total.copy()
+        masks = MaskAccumulator(length)
         for owner in self._u3:
             seed = self._reconstruct(
                 owner,
@@ -936,7 +1185,7 @@ class SecAggAggregator:
                 responders,
                 "self-mask seed",
             )
-            total -= prg_words(seed, length)
+            masks.subtract(total, seed)
         for owner in self._dropped:
             raw = self._reconstruct(
                 owner,
@@ -955,9 +1204,9 @@ class SecAggAggregator:
                 )
                 # The survivor added PRG(s) if owner < survivor and subtracted it otherwise.
                 if owner < survivor:
-                    total -= prg_words(key, length)
+                    masks.subtract(total, key)
                 else:
-                    total += prg_words(key, length)
+                    masks.add(total, key)
         total &= np.uint64(self.params.fixed_point.modulus - 1)
         try:
             result = dequantize_sum(total, self.params.fixed_point, len(self._u3))
@@ -994,11 +1243,12 @@ def run_in_process(
     params : RoundParams
     sites : mapping of str to ndarray of shape (vector_length,), float
         Every site of ``params.sites`` -> its input vector.
-    drop_at : mapping of str to {"advertise", "share", "mask", "unmask"}, optional
+    drop_at : mapping of str to {"advertise", "share", "mask", "check", "unmask"}, optional
         Sites that drop out, and the stage whose message they never send: ``"advertise"`` (not
         in ``U1``), ``"share"`` (in ``U1``, not ``U2``), ``"mask"`` (in ``U2``, not ``U3``: its
-        pairwise masks are removed from shares), ``"unmask"`` (in ``U3``, its input counts, but
-        it sends no unmasking response).
+        pairwise masks are removed from shares), ``"check"`` (in ``U3``, its input counts, but
+        it signs nothing and sends no unmasking response), ``"unmask"`` (in ``U4``: it signed
+        ``U3`` but sends no unmasking response).
     signers : mapping of str to Signer, optional
         Each site's identity signer; with ``verifier``. By default fresh ECDSA P-256 keys are
         made for this run (:class:`~common.secagg.crypto.EcdsaSigner` /
@@ -1011,14 +1261,14 @@ def run_in_process(
         :func:`common.privacy.rng.production_rng`.
     phase_seconds : dict, optional
         If given, filled with the wall-clock seconds of each phase, summed over the sites and the
-        aggregator: ``advertise_keys``, ``share_keys``, ``masked_input``, ``unmask`` (sites' work
-        and the aggregator's collection in each) and ``finish`` (the aggregator's
-        reconstruction and unmasking).
+        aggregator: ``advertise_keys``, ``share_keys``, ``masked_input``, ``consistency_check``,
+        ``unmask`` (sites' work and the aggregator's collection in each) and ``finish`` (the
+        aggregator's reconstruction and unmasking).
 
     Returns
     -------
     ndarray of shape (vector_length,), float64
-        The sum of the inputs of the sites in ``U3`` (not dropped before ``"unmask"``).
+        The sum of the inputs of the sites in ``U3`` (not dropped before ``"check"``).
 
     Raises
     ------
@@ -1077,10 +1327,19 @@ def run_in_process(
     timer.add("masked_input", time.perf_counter() - start)
 
     start = time.perf_counter()
-    responses = {
-        name: parties[name].unmask(survivors, dropped)
-        for name in alive("unmask")
+    signatures = {
+        name: parties[name].check_consistency(survivors)
+        for name in alive("check")
         if name in survivors
+    }
+    signed = aggregator.collect_signatures(signatures)
+    timer.add("consistency_check", time.perf_counter() - start)
+
+    start = time.perf_counter()
+    responses = {
+        name: parties[name].unmask(survivors, dropped, signed)
+        for name in alive("unmask")
+        if name in signed
     }
     timer.add("unmask", time.perf_counter() - start)
 

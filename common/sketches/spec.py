@@ -51,6 +51,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.errors import InvalidArgumentError
+from common.schema import Column, Schema, parse_columns
 from common.sketches.domain import Domain
 from common.sketches.feature_maps import (
     FeatureMap,
@@ -70,6 +71,7 @@ from common.sketches.marginals import (
     marginals_map,
 )
 from common.sketches.sketch import DEFAULT_NUMERATOR_SHARE, PrivateSketch, SketchMechanism
+from common.validation import check_config_keys, config_number, config_table
 
 __all__ = [
     "MAP_KINDS",
@@ -122,17 +124,8 @@ def mechanism_label(kind: str, noise: str) -> str:
     return f"private sketch ({kind.upper()}, {_NOISE_NAMES.get(noise, noise)})"
 
 
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgumentError(f"{where} must be a number, got {value!r}")
-    out = float(value)
-    if not math.isfinite(out):
-        raise InvalidArgumentError(f"{where} must be finite, got {value!r}")
-    return out
-
-
 def _positive(value: Any, where: str) -> float:
-    out = _number(value, where)
+    out = config_number(value, where)
     if out <= 0:
         raise InvalidArgumentError(f"{where} must be > 0, got {value!r}")
     return out
@@ -151,20 +144,6 @@ def _name(value: Any, where: str) -> str:
             f"or digit, got {value!r}"
         )
     return value
-
-
-def _table(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise InvalidArgumentError(f"{where} must be a table, got {value!r}")
-    return value
-
-
-def _check_keys(table: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
-    unknown = sorted(set(table) - set(allowed))
-    if unknown:
-        raise InvalidArgumentError(
-            f"{where}: unknown key(s) {unknown}; allowed: {', '.join(allowed)}"
-        )
 
 
 def _epsilon_range(
@@ -457,7 +436,12 @@ class SketchDeclaration:
 
     @classmethod
     def from_mapping(
-        cls, data: Mapping[str, Any], *, default_name: str = "", source: str = "sketch spec"
+        cls,
+        data: Mapping[str, Any],
+        *,
+        default_name: str = "",
+        source: str = "sketch spec",
+        schema: Schema | None = None,
     ) -> SketchDeclaration:
         """Parse a declaration (a TOML document's tables).
 
@@ -471,8 +455,9 @@ class SketchDeclaration:
             epsilon_range = [0.1, 2.0]        # what an owner may choose; default [epsilon, epsilon]
             numerator_share = 0.98
             delta = 0.0
-            [[columns]]                       # in order; public bounds
+            [[columns]]                       # in order; public bounds (common.schema's format)
             name = "distance"
+            type = "continuous"               # optional: continuous, or categorical with levels
             low = 0.0
             high = 5000.0
             levels = [...]                    # optional: a discrete column's values
@@ -495,22 +480,35 @@ class SketchDeclaration:
             [maps.marginals.cuts]             # optional: a continuous column's cut points
             wage = [100.0, 200.0, 400.0]
 
+        Instead of ``[[columns]]``, a declaration may name a dataset's schema file, ``schema =
+        "schema.toml"`` (:mod:`common.schema`), and optionally ``columns = ["age", "bmi"]`` to
+        sketch some of its columns (default: every column). The caller reads that file and
+        passes it as ``schema``.
+
         Raises
         ------
         InvalidArgumentError
             Naming ``source`` and the key, for an unknown section or key, a missing one, a wrong
             type or an out-of-range value (bounds with ``low >= high``, levels outside them,
-            repeated column names, no map at all).
+            repeated column names, no map at all), or a ``schema`` key without ``schema``.
         """
         where = source
-        data = _table(data, where)
-        _check_keys(data, ("name", "description", "mechanism", "columns", "maps"), where)
+        data = config_table(data, where)
+        check_config_keys(
+            data, ("name", "description", "mechanism", "columns", "maps", "schema"), where
+        )
+        if ("schema" in data) != (schema is not None):
+            raise InvalidArgumentError(
+                f"{where}: the schema key names a schema file, which the caller must read"
+                if schema is None
+                else f"{where}: a schema was given but the declaration names none"
+            )
         name = _name(data.get("name", default_name), f"{where}: name")
         description = data.get("description", "")
         if not isinstance(description, str):
             raise InvalidArgumentError(f"{where}: description must be a string")
-        mech = _table(data.get("mechanism", {}), f"{where}: [mechanism]")
-        _check_keys(
+        mech = config_table(data.get("mechanism", {}), f"{where}: [mechanism]")
+        check_config_keys(
             mech,
             ("noise", "epsilon", "epsilon_range", "delta", "numerator_share"),
             f"{where}: [mechanism]",
@@ -529,7 +527,7 @@ class SketchDeclaration:
         low = _positive(bounds[0], f"{where}: mechanism.epsilon_range[0]")
         high = _positive(bounds[1], f"{where}: mechanism.epsilon_range[1]")
         _epsilon_range(epsilon, low, high, f"{where}: [mechanism]")
-        delta = _number(mech.get("delta", 0.0), f"{where}: mechanism.delta")
+        delta = config_number(mech.get("delta", 0.0), f"{where}: mechanism.delta")
         if noise == "gaussian" and not 0 < delta < 1:
             raise InvalidArgumentError(
                 f"{where}: Gaussian noise needs 0 < mechanism.delta < 1, got {delta!r}"
@@ -538,7 +536,7 @@ class SketchDeclaration:
             raise InvalidArgumentError(
                 f"{where}: Laplace noise is pure DP: mechanism.delta must be 0, got {delta!r}"
             )
-        share = _number(
+        share = config_number(
             mech.get("numerator_share", DEFAULT_NUMERATOR_SHARE),
             f"{where}: mechanism.numerator_share",
         )
@@ -546,9 +544,9 @@ class SketchDeclaration:
             raise InvalidArgumentError(
                 f"{where}: mechanism.numerator_share must lie in (0, 1), got {share!r}"
             )
-        domain = _domain(data.get("columns"), where)
-        maps_table = _table(data.get("maps", {}), f"{where}: [maps]")
-        _check_keys(maps_table, MAP_KINDS, f"{where}: [maps]")
+        domain = _domain(data.get("columns"), where, schema)
+        maps_table = config_table(data.get("maps", {}), f"{where}: [maps]")
+        check_config_keys(maps_table, MAP_KINDS, f"{where}: [maps]")
         if not maps_table:
             raise InvalidArgumentError(
                 f"{where}: declare at least one map ([maps.rff], [maps.race], [maps.hist] or "
@@ -558,7 +556,7 @@ class SketchDeclaration:
         for kind in MAP_KINDS:
             if kind in maps_table:
                 section = f"{where}: [maps.{kind}]"
-                table = _table(maps_table[kind], section)
+                table = config_table(maps_table[kind], section)
                 params = _map_parameters(kind, table, domain, section)
                 if kind == "marginals" and "delta" not in params and noise != "gaussian":
                     raise InvalidArgumentError(
@@ -658,44 +656,40 @@ class SketchDeclaration:
         return tuple(specs)
 
 
-def _domain(columns: Any, where: str) -> Domain:
-    if not isinstance(columns, list) or not columns:
-        raise InvalidArgumentError(
-            f"{where}: declare the columns in order as [[columns]] tables with name, low, high"
-        )
-    names, lows, highs, levels = [], [], [], []
-    for j, column in enumerate(columns):
-        at = f"{where}: columns[{j}]"
-        column = _table(column, at)
-        _check_keys(column, ("name", "low", "high", "levels"), at)
-        if "name" not in column or not isinstance(column["name"], str) or not column["name"]:
-            raise InvalidArgumentError(f"{at} needs a name (a non-empty string)")
-        names.append(column["name"])
-        at = f"{where}: column {column['name']!r}"
-        for key in ("low", "high"):
-            if key not in column:
-                raise InvalidArgumentError(f"{at} needs {key} (a public bound)")
-        lows.append(_number(column["low"], f"{at} low"))
-        highs.append(_number(column["high"], f"{at} high"))
-        lv = column.get("levels")
-        if lv is not None:
-            if not isinstance(lv, list) or not lv:
-                raise InvalidArgumentError(f"{at} levels must be a non-empty list of numbers")
-            lv = [_number(v, f"{at} levels") for v in lv]
-        levels.append(lv)
-    if len(set(names)) != len(names):
-        raise InvalidArgumentError(f"{where}: column names repeat: {names}")
+def columns_domain(columns: Sequence[Column], where: str = "columns") -> Domain:
+    """The sketch domain of schema columns (:mod:`common.schema`): their bounds, with the levels
+    of binary and categorical columns (integer and continuous columns are boxes).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the domain refuses them (naming ``where``).
+    """
+    levels = tuple(np.array(c.levels) if c.levels else None for c in columns)
     try:
         return Domain(
-            np.array(lows),
-            np.array(highs),
-            names=tuple(names),
-            levels=tuple(None if lv is None else np.array(lv) for lv in levels)
-            if any(lv is not None for lv in levels)
-            else (),
+            np.array([c.low for c in columns]),
+            np.array([c.high for c in columns]),
+            names=tuple(c.name for c in columns),
+            levels=levels if any(lv is not None for lv in levels) else (),
         )
     except ValueError as exc:
         raise InvalidArgumentError(f"{where}: {exc}") from None
+
+
+def _domain(columns: Any, where: str, schema: Schema | None) -> Domain:
+    if schema is None:
+        return columns_domain(parse_columns(columns, where), where)
+    if columns is None:
+        return columns_domain(schema.columns, where)
+    if not isinstance(columns, list) or not columns or not all(isinstance(c, str) for c in columns):
+        raise InvalidArgumentError(
+            f"{where}: with a schema, columns is a list of the schema's column names (default: "
+            "every column)"
+        )
+    if len(set(columns)) != len(columns):
+        raise InvalidArgumentError(f"{where}: column names repeat: {columns}")
+    return columns_domain([schema.column(c) for c in columns], where)
 
 
 def _map_parameters(
@@ -703,7 +697,7 @@ def _map_parameters(
 ) -> dict[str, Any]:
     n_columns = domain.n_attributes
     keys = _MAP_KEYS[kind]
-    _check_keys(table, (*keys, *_OPTIONAL_MAP_KEYS[kind]), where)
+    check_config_keys(table, (*keys, *_OPTIONAL_MAP_KEYS[kind]), where)
     missing = [f"{k} ({v})" for k, v in keys.items() if k not in table]
     if missing:
         raise InvalidArgumentError(f"{where}: missing {', '.join(missing)}")
@@ -755,16 +749,16 @@ def _marginals_parameters(table: Mapping[str, Any], domain: Domain, where: str) 
         if key in table:
             out[key] = _integer(table[key], f"{where} {key}")
     if "delta" in table:
-        delta = _number(table["delta"], f"{where} delta")
+        delta = config_number(table["delta"], f"{where} delta")
         if not 0 < delta < 1:
             raise InvalidArgumentError(f"{where}: delta must lie in (0, 1), got {delta!r}")
         out["delta"] = delta
     if "cuts" in table:
-        cuts = _table(table["cuts"], f"{where} cuts")
+        cuts = config_table(table["cuts"], f"{where} cuts")
         out["cuts"] = {
-            str(name): [_number(v, f"{where} cuts.{name}") for v in values]
+            str(name): [config_number(v, f"{where} cuts.{name}") for v in values]
             if isinstance(values, list)
-            else _number(values, f"{where} cuts.{name}")
+            else config_number(values, f"{where} cuts.{name}")
             for name, values in cuts.items()
         }
     try:

@@ -14,6 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.privacy.ledger import SessionSpend
+from common.schema import Schema
 from common.summarization.rff import RFFParams
 
 if TYPE_CHECKING:
@@ -22,12 +23,23 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class OwnerInfo:
-    """Public description of an owner's dataset."""
+    """Public description of an owner's dataset.
+
+    Attributes
+    ----------
+    owner_id : str
+    num_points, num_features : int
+    has_labels : bool
+    schema : Schema or None
+        The public schema the owner checked its table against when it started (its features
+        are the schema's columns but the label); ``None`` when it declared none.
+    """
 
     owner_id: str
     num_points: int
     num_features: int
     has_labels: bool
+    schema: Schema | None = None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 from common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 from common.privacy.ledger import Charge, PrivacyLedger
 from common.privacy.noise import NoiseSource
+from common.schema import Schema, disagreement
 from common.sketches import PrivateSketch
 from common.summarization.auction import parsimony_bound
 from common.summarization.endpoints import OwnerEndpoint
@@ -106,7 +107,11 @@ class SummarizationSession:
         owner_session_id: str | None = None,
         on_charge: Callable[[Sequence[Charge]], None] | None = None,
         owner_sketches: Mapping[str, PrivateSketch] | None = None,
+        schema: Schema | None = None,
+        feature_names: Sequence[str] = (),
     ) -> None:
+        self.schema = schema
+        self.feature_names = tuple(feature_names)
         self.state = SessionState(
             session_id,
             config,
@@ -172,8 +177,9 @@ class SummarizationSession:
     async def prepare(self, *, check_terms: Callable[[OwnerTerms], None] | None = None) -> None:
         """Check the request against the owners and open the session at every owner.
 
-        Asks every owner for its dataset description; checks feature counts, the summary size
-        and the kernel width; derives the session's terms (what it spends of each owner's
+        Asks every owner for its dataset description; checks that the owners and the consumer
+        declare one schema (or, without schemas, the feature counts), the summary size and the
+        kernel width; derives the session's terms (what it spends of each owner's
         privacy, :func:`~common.summarization.terms.owner_terms`) and lets ``check_terms`` (the
         curator's policy) refuse them; draws h1's parameters and opens the session at every
         owner with the terms, which each owner checks against its own policy. Nothing is
@@ -189,8 +195,9 @@ class SummarizationSession:
             points than the summary size, ``gamma`` makes every kernel value 0 or 1 on the
             validation set, or ``check_terms`` refuses the terms.
         FailedPreconditionError
-            If an owner's policy refuses the terms, or the owners' policies allow fewer raw
-            points than the summary size.
+            If the schemas of the consumer and the owners differ (naming the first column that
+            differs), an owner's policy refuses the terms, or the owners' policies allow fewer
+            raw points than the summary size.
         """
         try:
             await self._prepare(check_terms)
@@ -206,6 +213,10 @@ class SummarizationSession:
         active = state.active()
         if not active:
             raise UnavailableError("no owner answered: " + state.drop_notes())
+        schemas = {state.info(i).owner_id: state.info(i).schema for i in active}
+        found = disagreement(self.schema, schemas, feature_names=self.feature_names)
+        if found is not None:
+            raise FailedPreconditionError(f"the schemas differ: {found}")
         n = state.validation.shape[1]
         for index in active:
             owner = state.info(index)

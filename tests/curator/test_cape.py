@@ -19,6 +19,7 @@ What must hold (DESIGN, "CAPE noise"; CAPE paper, Algorithms 1, 2 and 4, Lemma 1
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from numpy.typing import NDArray
 from scipy import stats
 
+from common.cape.agreement import SizeAttestation, plan_statement
 from common.cape.capefm import aggregate_releases, fit_released, site_coefficients
 from common.cape.dpgd import init_params, site_gradient
 from common.cape.functional_mechanism import to_raw_coefficients
@@ -42,6 +44,7 @@ from common.errors import (
     UnavailableError,
 )
 from common.privacy.rng import make_rng
+from common.secagg.crypto import EcdsaSigner
 from common.secagg.fixedpoint import FixedPoint
 from common.secagg.protocol import RoundParams
 from curator.cape import CapeJob, CapeResult, job_for
@@ -56,7 +59,7 @@ TARGET = ("y", -10.0, 10.0)
 COLUMNS = ("a", "b", "c", "y")
 SITES = tuple(f"site-{i}" for i in range(5))
 #: Where a site can vanish, in protocol order (the names of :meth:`Site._reach`'s stages).
-STAGES = ("open", "plan", "advertise", "share", "mask", "unmask", "release")
+STAGES = ("open", "attest", "plan", "advertise", "share", "mask", "check", "unmask", "release")
 
 
 def _spec(epsilon: float = 1.0, delta: float = 1e-6) -> CapeJobSpec:
@@ -88,6 +91,8 @@ class Site(LocalCapeSiteEndpoint):
         The stage (one of :data:`STAGES`, or ``"gradient"``) at which the site vanishes: that
         call and every later one fail with :class:`UnavailableError`. ``"STAGE@k"`` vanishes at
         the ``k``-th call of the stage (from 1), ``"gradient@t"`` at iteration ``t``'s release.
+    floor : int
+        The owner's policy floor on ``S_C``.
     """
 
     def __init__(
@@ -96,10 +101,20 @@ class Site(LocalCapeSiteEndpoint):
         key: ec.EllipticCurvePrivateKey,
         trusted: dict[str, ec.EllipticCurvePublicKey],
         lose_at: str | None = None,
+        floor: int = 1,
     ) -> None:
-        site = CapeSite(table.name, table, allow_seeded_sessions=True)
         identity = SiteIdentity(table.name, key, b"", None).trusting(trusted)
-        rounds = SiteRounds(identity, self._input, site.rng_for, on_finished=site.round_finished)
+        site = CapeSite(
+            table.name, table, allow_seeded_sessions=True, identity=identity, min_colluders=floor
+        )
+        rounds = SiteRounds(
+            identity,
+            self._input,
+            site.rng_for,
+            on_finished=site.round_finished,
+            min_colluders=site.min_colluders,
+            admit=site.check_round,
+        )
         super().__init__(site, rounds)
         self.table = table
         self.lose_at = lose_at
@@ -131,9 +146,13 @@ class Site(LocalCapeSiteEndpoint):
         self._reach("open")
         return await super().open_job(job_id, spec, seed, consumer)
 
-    async def plan_job(self, job_id, sites, sizes, first_iteration=0):  # type: ignore[no-untyped-def]
+    async def attest_plan(self, job_id, sites, colluders, first_iteration=0):  # type: ignore[no-untyped-def]
+        self._reach("attest")
+        return await super().attest_plan(job_id, sites, colluders, first_iteration)
+
+    async def plan_job(self, job_id, sites, colluders, attestations, first_iteration=0):  # type: ignore[no-untyped-def]
         self._reach("plan")
-        return await super().plan_job(job_id, sites, sizes, first_iteration)
+        return await super().plan_job(job_id, sites, colluders, attestations, first_iteration)
 
     async def advertise_keys(self, job_id, params):  # type: ignore[no-untyped-def]
         self._reach("advertise")
@@ -149,9 +168,13 @@ class Site(LocalCapeSiteEndpoint):
         self.masked[params.round_id] = masked.copy()
         return masked
 
-    async def unmask(self, job_id, params, survivors, dropped):  # type: ignore[no-untyped-def]
+    async def consistency_check(self, job_id, params, survivors):  # type: ignore[no-untyped-def]
+        self._reach("check")
+        return await super().consistency_check(job_id, params, survivors)
+
+    async def unmask(self, job_id, params, survivors, dropped, signatures):  # type: ignore[no-untyped-def]
         self._reach("unmask")
-        return await super().unmask(job_id, params, survivors, dropped)
+        return await super().unmask(job_id, params, survivors, dropped, signatures)
 
     async def release(self, job_id, round_id, total):  # type: ignore[no-untyped-def]
         self._reach("release")
@@ -171,11 +194,21 @@ class Site(LocalCapeSiteEndpoint):
         return await super().close_job(job_id)
 
 
-def _sites(tables: Sequence[Table], lose: dict[str, str] | None = None) -> dict[str, Site]:
+def _sites(
+    tables: Sequence[Table],
+    lose: dict[str, str] | None = None,
+    floors: dict[str, int] | None = None,
+    kinds: dict[str, type[Site]] | None = None,
+) -> dict[str, Site]:
     keys = {t.name: ec.generate_private_key(ec.SECP256R1()) for t in tables}
     trusted = {name: key.public_key() for name, key in keys.items()}
-    lose = lose or {}
-    return {t.name: Site(t, keys[t.name], trusted, lose.get(t.name)) for t in tables}
+    lose, floors, kinds = lose or {}, floors or {}, kinds or {}
+    return {
+        t.name: kinds.get(t.name, Site)(
+            t, keys[t.name], trusted, lose.get(t.name), floors.get(t.name, 1)
+        )
+        for t in tables
+    }
 
 
 def _run(spec: CapeJobSpec, sites: dict[str, Site], seed: int) -> CapeResult:
@@ -243,11 +276,13 @@ def test_with_every_site_one_noise_round_and_every_release_is_averaged() -> None
 @pytest.mark.parametrize(
     ("stage", "reason", "draws"),
     [
-        ("plan", "plan", 1),  # lost before any round: the re-planned round is the only one
+        ("attest", "attest", 1),  # lost before any round: the re-planned round is the only one
+        ("plan", "plan", 1),
         ("advertise", "advertise keys", 2),
         ("share", "share keys", 2),
         ("mask", "masked input", 2),  # its keys were shared: its pairwise masks are removed
-        ("unmask", "unmask", 2),  # after masking: its draw is in the round's sum
+        ("check", "consistency check", 2),  # after masking: its draw is in the round's sum
+        ("unmask", "unmask", 2),
     ],
 )
 def test_a_site_lost_during_the_noise_round_is_left_out_and_the_round_rerun(
@@ -622,15 +657,34 @@ def test_an_owner_releases_each_iteration_once_in_order_and_only_gradients() -> 
     release are refused; so are malformed parameters."""
     spec = _training(iterations=3)
     (table,) = _labelled_tables(20, ["solo"])
-    site = CapeSite("solo", table)
+    keys = {n: ec.generate_private_key(ec.SECP256R1()) for n in ("other", "solo")}
+    trusted = {n: k.public_key() for n, k in keys.items()}
+    site = CapeSite(
+        "solo", table, identity=SiteIdentity("solo", keys["solo"], b"", None).trusting(trusted)
+    )
     site.open("job", spec, 1, curator="curator:c", consumer="consumer:x")
-    sites, sizes = ["other", "solo"], [20, 20]
-    plan = site.plan("job", sites, sizes, curator="curator:c")
-    params = RoundParams.create(sites, 2, plan.round_length, FixedPoint(1.0, 20, 2))
+    sites = ["other", "solo"]
+
+    def plan(first_iteration: int = 0) -> Any:
+        own, _ = site.attest("job", sites, 1, curator="curator:c", first_iteration=first_iteration)
+        statement = plan_statement("job", spec, sites, 1, first_iteration, "other", 20)
+        other = SizeAttestation("other", 20, EcdsaSigner(keys["other"]).sign(statement))
+        return site.plan(
+            "job",
+            sites,
+            1,
+            {"other": other, "solo": own},
+            {},
+            curator="curator:c",
+            first_iteration=first_iteration,
+        )
+
+    plan0 = plan()
+    params = RoundParams.create(sites, 2, plan0.round_length, FixedPoint(1.0, 20, 2), colluders=1)
     site.noise_input("job", params)
     site.round_finished("job", params.round_id, sites)
-    theta = np.zeros(plan.size)
-    total = np.zeros(plan.size)
+    theta = np.zeros(plan0.size)
+    total = np.zeros(plan0.size)
     rid = params.round_id
     site.release_gradient("job", rid, 1, theta, total, curator="curator:c")
     with pytest.raises(FailedPreconditionError, match="released at most once"):
@@ -640,10 +694,51 @@ def test_an_owner_releases_each_iteration_once_in_order_and_only_gradients() -> 
     with pytest.raises(InvalidArgumentError, match=r"iteration must lie in \[0, 3\)"):
         site.release_gradient("job", rid, 3, theta, total, curator="curator:c")
     with pytest.raises(InvalidArgumentError, match="parameters must be"):
-        site.release_gradient("job", rid, 2, np.full(plan.size, np.nan), total, curator="curator:c")
+        site.release_gradient(
+            "job", rid, 2, np.full(plan0.size, np.nan), total, curator="curator:c"
+        )
     with pytest.raises(FailedPreconditionError, match="releases gradients"):
         site.release("job", rid, total, curator="curator:c")
     with pytest.raises(FailedPreconditionError, match="a new plan must start after it"):
-        site.plan("job", sites, sizes, curator="curator:c", first_iteration=1)
-    later = site.plan("job", sites, sizes, curator="curator:c", first_iteration=2)
-    assert later.round_length == plan.size
+        plan(first_iteration=1)
+    later = plan(first_iteration=2)
+    assert later.round_length == plan0.size
+
+
+# ------------------------------------------------------------------------------ S_C and counts
+def test_the_default_s_c_is_raised_to_the_highest_floor_and_so_is_the_threshold() -> None:
+    """Five sites default to S_C = 1; one owner's policy requires 3: the job defends against 3
+    colluders, every site plans with it, and the noise round's threshold is the least t with
+    2 t > 5 + 3, i.e. 5 of 5."""
+    sites = _sites(_tables(40), floors={"site-3": 3})
+    result = _run(_spec(), sites, seed=31)
+    assert result.report["colluders"] == 3
+    (params,) = sites["site-0"].params.values()
+    assert (params.colluders, params.threshold) == (3, 5)
+
+
+def test_a_job_asking_for_fewer_colluders_than_an_owners_floor_releases_nothing() -> None:
+    sites = _sites(_tables(40), floors={"site-2": 2})
+    spec = dataclasses.replace(_spec(), colluders=1)
+    with pytest.raises(FailedPreconditionError, match=r"owner site-2: .*S_C=1 .* floor of 2"):
+        _run(spec, sites, seed=32)
+    assert all(not s.inputs and not s.releases for s in sites.values())
+
+
+class LiesAboutItsSize(Site):
+    """A colluding site that signs one count and hands the curator another."""
+
+    async def attest_plan(self, job_id, sites, colluders, first_iteration=0):  # type: ignore[no-untyped-def]
+        attestation, certificate = await super().attest_plan(
+            job_id, sites, colluders, first_iteration
+        )
+        return dataclasses.replace(attestation, rows=attestation.rows * 10), certificate
+
+
+def test_a_count_that_does_not_verify_aborts_the_job_before_any_noise_is_drawn() -> None:
+    """site-4 signs its own count and relays ten times more: every other owner finds the count
+    not signed for the plan and aborts the job; no site drew noise or released anything."""
+    sites = _sites(_tables(40), kinds={"site-4": LiesAboutItsSize})
+    with pytest.raises(AbortedError, match=r"row count of 'site-4' \(400\) is not signed"):
+        _run(_spec(), sites, seed=33)
+    assert all(not s.inputs and not s.releases for s in sites.values())

@@ -8,9 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.errors import AbortedError, UnavailableError
+from common.errors import (
+    AbortedError,
+    FailedPreconditionError,
+    NotFoundError,
+    UnavailableError,
+)
 from common.secagg.fixedpoint import FixedPoint
-from common.secagg.protocol import KeyAdvertisement, RoundParams
+from common.secagg.protocol import KeyAdvertisement, RoundParams, min_threshold
 from curator.secagg import aggregate
 from deploy.pki import init_ca, issue_all
 from owner.local import LocalSecureAggregationEndpoint
@@ -53,8 +58,14 @@ def _endpoints(
     return out
 
 
-def _params() -> RoundParams:
-    return RoundParams.create(SITES, 3, D, FixedPoint(clip=1.0, resolution_bits=20, sites=5))
+def _params(colluders: int = 0) -> RoundParams:
+    return RoundParams.create(
+        SITES,
+        min_threshold(len(SITES), colluders),
+        D,
+        FixedPoint(clip=1.0, resolution_bits=20, sites=5),
+        colluders=colluders,
+    )
 
 
 def test_the_curator_learns_the_sum_of_the_sites_inputs(pki: Path) -> None:
@@ -71,7 +82,14 @@ def test_the_curator_learns_the_sum_of_the_sites_inputs(pki: Path) -> None:
 def test_the_round_reports_its_phases(pki: Path) -> None:
     phases: dict[str, float] = {}
     asyncio.run(aggregate(_endpoints(pki, _inputs()), "job-1", _params(), phase_seconds=phases))
-    assert list(phases) == ["advertise_keys", "share_keys", "masked_input", "unmask", "finish"]
+    assert list(phases) == [
+        "advertise_keys",
+        "share_keys",
+        "masked_input",
+        "consistency_check",
+        "unmask",
+        "finish",
+    ]
     assert all(seconds >= 0 for seconds in phases.values())
 
 
@@ -102,6 +120,16 @@ class Dies(LocalSecureAggregationEndpoint):
             raise UnavailableError("connection reset")
         return await super().masked_input(*args, **kwargs)
 
+    async def consistency_check(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.stage == "check":
+            raise UnavailableError("connection reset")
+        return await super().consistency_check(*args, **kwargs)
+
+    async def unmask(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.stage == "unmask":
+            raise UnavailableError("connection reset")
+        return await super().unmask(*args, **kwargs)
+
 
 @pytest.mark.parametrize("stage", ["share", "mask"])
 def test_a_site_lost_mid_round_is_left_out_of_the_sum(pki: Path, stage: str) -> None:
@@ -114,6 +142,21 @@ def test_a_site_lost_mid_round_is_left_out_of_the_sum(pki: Path, stage: str) -> 
     expected = np.sum([inputs[s] for s in alive], axis=0)
     assert np.max(np.abs(outcome.total - expected)) <= 4 / params.fixed_point.scale
     assert outcome.survivors == tuple(alive)
+    assert set(outcome.dropped) == {"site-c"}
+
+
+@pytest.mark.parametrize("stage", ["check", "unmask"])
+def test_a_survivor_lost_after_masking_still_counts_in_the_sum(pki: Path, stage: str) -> None:
+    """A site that sent its masked input but then neither signs the survivor list (or signs and
+    never unmasks) is a survivor: its input is in the sum, its self mask rebuilt from shares."""
+    inputs = _inputs()
+    endpoints = _endpoints(pki, inputs)
+    endpoints["site-c"] = Dies(endpoints["site-c"], stage)
+    params = _params()
+    outcome = asyncio.run(aggregate(endpoints, "job-5", params))
+    expected = np.sum([inputs[s] for s in SITES], axis=0)
+    assert np.max(np.abs(outcome.total - expected)) <= 5 / params.fixed_point.scale
+    assert outcome.survivors == SITES
     assert set(outcome.dropped) == {"site-c"}
 
 
@@ -151,3 +194,49 @@ def test_a_certificate_of_another_site_does_not_pass(pki: Path) -> None:
     verifier = identity.verifier()
     with pytest.raises(ValueError, match="owner:site-d"):
         verifier.admit({"site-e": other.certificate_pem})
+
+
+def test_a_site_refuses_a_round_below_its_floor_of_colluders_before_sending_anything(
+    pki: Path,
+) -> None:
+    """An owner whose policy requires S_C >= 1 refuses a round that declares none (t = 3 of 5,
+    the threshold an aggregator with one colluder can split) before it advertises a key, and
+    takes part in one that declares S_C = 1 (t = 4)."""
+    inputs = _inputs()
+    rounds = SiteRounds(
+        _identity(pki, "site-a"),
+        lambda job, params: inputs["site-a"],
+        lambda job: np.random.default_rng(1),
+        min_colluders=1,
+    )
+    with pytest.raises(FailedPreconditionError, match=r"S_C=0 colluders .* floor of 1"):
+        rounds.advertise("job-6", _params(colluders=0))
+    with pytest.raises(NotFoundError):  # nothing was started
+        rounds.masked("job-6", _params(colluders=0).round_id, {})
+    ad, certificate = rounds.advertise("job-6", _params(colluders=1))
+    assert ad.site == "site-a" and certificate
+
+
+def test_a_finished_round_is_remembered_and_cannot_be_replayed(pki: Path) -> None:
+    """After a round, the same round id cannot be started again at a site (a curator replaying
+    the round would otherwise get fresh answers for it), nor unmasked a second time."""
+    endpoints = _endpoints(pki, _inputs())
+    params = _params()
+    outcome = asyncio.run(aggregate(endpoints, "job-7", params))
+    assert outcome.survivors == SITES
+    rounds = endpoints["site-a"].rounds
+    with pytest.raises(FailedPreconditionError, match="already started"):
+        rounds.advertise("job-7", params)
+    with pytest.raises(FailedPreconditionError, match="needs stage 'checked'"):
+        rounds.unmask("job-7", params.round_id, list(SITES), [], {})
+
+
+def test_checked_certificates_are_remembered_and_still_bound_to_their_site(pki: Path) -> None:
+    """A certificate that passed is not parsed again in the next round (the same key object
+    comes back), and the cache never lets it pass for another site."""
+    identity = _identity(pki, "site-a")
+    pem = _identity(pki, "site-b").certificate_pem
+    first = identity.check_certificate("site-b", pem)
+    assert identity.check_certificate("site-b", pem) is first
+    with pytest.raises(ValueError, match="owner:site-b"):
+        identity.check_certificate("site-c", pem)

@@ -169,3 +169,31 @@ def test_a_session_manager_reads_only_an_rff_spec_of_its_catalogue(tmp_path: Pat
         assert SessionManager([], sketches=c, allocation_spec="toy/rff").allocation_spec == (
             "toy/rff"
         )
+
+
+def test_a_declaration_takes_its_columns_from_a_schema_file(tmp_path: Path) -> None:
+    (tmp_path / "schema.toml").write_text(
+        'label = "b"\n\n[[columns]]\nname = "a"\nlow = 0\nhigh = 1\n\n'
+        '[[columns]]\nname = "b"\ntype = "binary"\n\n'
+        '[[columns]]\nname = "c"\ntype = "integer"\nlow = -10\nhigh = 10\n',
+        encoding="utf-8",
+    )
+    path = tmp_path / "clinics.toml"
+    path.write_text(
+        'schema = "schema.toml"\ncolumns = ["a", "c"]\n[maps.hist]\nbins = 4\n', encoding="utf-8"
+    )
+    declaration = load_declaration(path)
+    inline = copy.deepcopy(DATA)
+    inline["columns"][1]["name"] = "c"
+    inline["maps"] = {"hist": {"bins": 4}}
+    expected = SketchDeclaration.from_mapping(inline, default_name="clinics")
+    assert declaration.domain == expected.domain
+    assert declaration.as_dict()["columns"] == expected.as_dict()["columns"]
+    path.write_text('schema = "schema.toml"\n[maps.hist]\nbins = 4\n', encoding="utf-8")
+    whole = load_declaration(path)
+    assert whole.domain.names == ("a", "b", "c") and whole.domain.level_values(1) is not None
+    (tmp_path / "schema.toml").write_text(
+        'draft = true\n\n[[columns]]\nname = "a"\nlow = 0\nhigh = 1\n', encoding="utf-8"
+    )
+    with pytest.raises(InvalidArgumentError, match="is a draft"):
+        load_declaration(path)

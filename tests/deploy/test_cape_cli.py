@@ -26,11 +26,39 @@ def test_a_bound_must_be_column_low_high() -> None:
     assert code != 0 and "low < high" in output
 
 
-def test_a_bounds_file_must_hold_features_and_a_target(tmp_path: Path) -> None:
+SCHEMA = """
+[[columns]]
+name = "carat"
+low = 0
+high = 6
+
+[[columns]]
+name = "depth"
+type = "integer"
+low = 40
+high = 80
+"""
+
+
+def test_a_fit_needs_a_target_or_a_schema_label(tmp_path: Path) -> None:
+    schema = tmp_path / "schema.toml"
+    schema.write_text(SCHEMA, encoding="utf-8")
+    code, output = _run("--curator", "127.0.0.1:9", "--bounds", str(schema))
+    assert code != 0 and "the target" in output
+
+
+def test_the_old_bounds_layout_is_refused_with_the_new_one_named(tmp_path: Path) -> None:
     bounds = tmp_path / "bounds.toml"
-    bounds.write_text("[features]\ncarat = [0, 6]\n", encoding="utf-8")
+    bounds.write_text("[features]\ncarat = [0, 6]\n[target]\nprice = [0, 1]\n", encoding="utf-8")
     code, output = _run("--curator", "127.0.0.1:9", "--bounds", str(bounds))
-    assert code != 0 and "[target]" in output
+    assert code != 0 and "[[columns]]" in output and "label = COLUMN" in output
+
+
+def test_a_feature_named_without_bounds_takes_them_from_the_schema(tmp_path: Path) -> None:
+    schema = tmp_path / "schema.toml"
+    schema.write_text(SCHEMA, encoding="utf-8")
+    code, output = _command("mean", "--schema", str(schema), "--feature", "price")
+    assert code != 0 and "no column 'price'" in output and "carat, depth" in output
 
 
 def test_epsilon_must_be_positive() -> None:
@@ -56,7 +84,7 @@ def test_a_mean_needs_columns_with_bounds() -> None:
 
 def test_a_mean_reads_the_columns_of_a_bounds_file_without_a_target(tmp_path: Path) -> None:
     bounds = tmp_path / "bounds.toml"
-    bounds.write_text("[features]\ncarat = [0, 6]\n", encoding="utf-8")
+    bounds.write_text(SCHEMA, encoding="utf-8")
     code, output = _command("mean", "--bounds", str(bounds), "--feature", "depth=x:1")
     assert code != 0 and "'depth=x:1'" in output  # the file was read; the bad option named
 

@@ -37,7 +37,8 @@ def test_explore_needs_owners_or_all_and_the_options_of_its_query() -> None:
 def test_publish_needs_an_owner_certificate(tmp_path: Path) -> None:
     table = tmp_path / "t.csv"
     table.write_text("a\n1\n", encoding="utf-8")
-    args = ("sketch", "publish", "--curator", "127.0.0.1:9", "--table", str(table))
+    args = ("sketch", "publish", "--curator", "127.0.0.1:9", "--table", str(table),
+            "--data-dir", str(tmp_path / "state"))  # fmt: skip
     code, output = _run(*args)
     assert code != 0 and "--ca" in output and "--insecure" in output
     code, output = _run(*args, "--insecure")

@@ -15,6 +15,7 @@ RPCs to a curator that probes them directly (the curator may lie).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import subprocess
@@ -36,9 +37,8 @@ from common.summarization.terms import OwnerTerms
 from consumer.client import CuratorClient
 from curator.owners import GrpcOwnerEndpoint
 from deploy.launcher import CURATOR_NAME, LocalCluster
-from deploy.pki import identity_files
-from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity
+from runtime.identity import Identity, identity_files
+from runtime.transport import TransportSecurity
 
 pytestmark = pytest.mark.integration
 
@@ -326,6 +326,13 @@ async def _probe(deployment: Deployment) -> list[str]:
     sex = CapeJobSpec("logistic", (("age", 18.0, 80.0),), ("sex", 0.0, 1.0), 1.0, 1e-6)
     probe = CapeMeanSpec((("target", 1000.0, 2000.0),), 1.0, 1e-6)
     sites = ["owner-0", "zz"]
+
+    async def lying_plan() -> Any:
+        """Relay this owner's own signed row count, one row short."""
+        attestation, certificate = await owner.attest_plan("j", sites, 1, 0)
+        lie = dataclasses.replace(attestation, rows=attestation.rows - 1)
+        return await owner.plan_job("j", sites, 1, {"owner-0": (lie, certificate)}, 0)
+
     steps: list[Callable[[], Awaitable[Any]]] = [
         owner.info,
         lambda: owner.open_session("w", wide, 0, consumer="consumer:c", terms=terms),
@@ -341,8 +348,8 @@ async def _probe(deployment: Deployment) -> list[str]:
         lambda: owner.close_session("s"),
         lambda: owner.open_job("j", sex, 1, "consumer:c"),
         lambda: owner.open_job("j", probe, 1, "consumer:c"),
-        lambda: owner.plan_job("j", sites, [ROWS - 1, ROWS], 0),
-        lambda: owner.plan_job("j", ["a", "b"], [ROWS, ROWS], 0),
+        lying_plan,
+        lambda: owner.plan_job("j", ["a", "b"], 1, {}, 0),
         lambda: owner.release("j", b"round", np.zeros(1)),
         lambda: owner.close_job("j"),
         lambda: owner.close_job("j"),
@@ -369,4 +376,6 @@ def test_a_curator_probing_the_owners_directly_gets_the_same_answers_from_differ
     assert len(refused) >= 11, seen["a"]
     assert any("count 200 exceeds the 88 points not yet sent" in o for o in refused)
     assert any("not a 0/1 column" in o for o in refused)
-    assert any("holds 88 rows, not 87" in o for o in refused)
+    assert any(
+        "row count relayed for this owner (owner-0) is not the one it signed" in o for o in refused
+    )

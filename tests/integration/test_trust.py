@@ -814,7 +814,7 @@ def test_a_consumer_over_its_request_rate_is_refused(load: LocalCluster, digits:
 @pytest.mark.parametrize(
     "args",
     [
-        ["serve-owner", "--data", "{data}"],
+        ["serve-owner", "--data", "{data}", "--data-dir", "{state}"],
         ["serve-curator", "--owner", "owner-0@127.0.0.1:1"],
         ["request", "--curator", "127.0.0.1:1", "-p", "2", "--validation", "{validation}"],
     ],
@@ -823,7 +823,10 @@ def test_a_consumer_over_its_request_rate_is_refused(load: LocalCluster, digits:
 def test_commands_without_certificates_refuse_to_start_and_name_the_options(
     files: dict[str, Path], tmp_path: Path, args: list[str]
 ) -> None:
-    argv = [a.format(data=files["owner-0"], validation=files["validation"]) for a in args]
+    argv = [
+        a.format(data=files["owner-0"], validation=files["validation"], state=tmp_path / "s")
+        for a in args
+    ]
     result = CliRunner().invoke(cli_main, argv, catch_exceptions=False)
     assert result.exit_code != 0
     for option in ("--ca", "--cert", "--key", "--insecure"):

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from common.schema import Schema
 from owner.data import (
     SUPPORTED_SUFFIXES,
     PointSet,
     Table,
+    load_owner_data,
     load_point_set,
     load_table,
     save_point_set,
 )
+from runtime.schemas import load_schema
 
 
 @pytest.fixture
@@ -161,7 +165,9 @@ def test_non_numeric_column(tmp_path: Path, suffix: str) -> None:
 def test_non_numeric_label_column(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
     pd.DataFrame({"a": [1.0, 2.0], "label": ["cat", "dog"]}).to_csv(path, index=False)
-    with pytest.raises(ValueError, match="label column 'label'"):
+    with pytest.raises(
+        ValueError, match=r"column 'label' of .* is not numeric: it holds 'cat' at row 0"
+    ):
         load_point_set(path)
 
 
@@ -173,7 +179,7 @@ def test_nan_in_table(tmp_path: Path, suffix: str) -> None:
         frame.to_csv(path, index=False)
     else:
         frame.to_parquet(path, index=False)
-    with pytest.raises(ValueError, match=r"row 2, column 1 \('b'\)"):
+    with pytest.raises(ValueError, match=r"row 2, column 'b'"):
         load_point_set(path)
 
 
@@ -261,3 +267,155 @@ def test_declared_0_1_columns_are_checked_when_the_table_is_loaded(tmp_path: Pat
         load_table(path, binary=["label"])
     with pytest.raises(ValueError, match=r"NaN or inf value\(s\), first at row 1, column 'x'"):
         Table(("x",), np.array([[1.0], [np.nan]]), "t")
+
+
+# ---- what a newcomer's own files get wrong ---------------------------------------------------
+
+
+def _clinic() -> pd.DataFrame:
+    return pd.DataFrame({"age": [30, 61, 45], "bmi": [22.5, 31.0, 27.1], "high": [0, 1, 1]})
+
+
+SCHEMA_TOML = """
+label = "high"
+
+[[columns]]
+name = "age"
+type = "integer"
+low = 0
+high = 120
+
+[[columns]]
+name = "bmi"
+low = 10
+high = 60
+
+[[columns]]
+name = "high"
+type = "binary"
+"""
+
+
+@pytest.fixture
+def schema(tmp_path: Path) -> Schema:
+    path = tmp_path / "schema.toml"
+    path.write_text(SCHEMA_TOML, encoding="utf-8")
+    return load_schema(path)
+
+
+def test_a_csv_written_with_pandas_defaults_is_refused_naming_its_index_column(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "clinic.csv"
+    _clinic().to_csv(path)  # index=True: the row index becomes an unnamed first column
+    for load in (load_point_set, load_table):
+        with pytest.raises(
+            ValueError, match=r"column 1 of .*clinic\.csv' has no name and holds 0, 1"
+        ):
+            load(path)
+    assert "index=False" in _error(lambda: load_table(path))
+
+
+def test_an_unnamed_column_that_is_no_index_is_refused_too(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("a,,c\n1,5,2\n3,7,4\n", encoding="utf-8")
+    assert "column 2 of" in _error(lambda: load_table(path))
+    assert "name it in the header line" in _error(lambda: load_table(path))
+
+
+def test_a_csv_without_a_header_is_refused_rather_than_losing_its_first_row(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "clinic.csv"
+    _clinic().to_csv(path, index=False, header=False)
+    for load in (load_point_set, load_table):
+        with pytest.raises(ValueError, match=r"has no header line: its first line \(30, 22.5, 0\)"):
+            load(path)
+
+
+def test_a_text_column_is_refused_naming_its_first_text_value(tmp_path: Path) -> None:
+    path = tmp_path / "clinic.csv"
+    frame = _clinic()
+    frame["sex"] = ["1", "F", "2"]
+    frame.to_csv(path, index=False)
+    message = _error(lambda: load_table(path))
+    assert "column 'sex'" in message and "'F' at row 1" in message
+
+
+def test_a_repeated_column_name_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("a,b,a\n1,2,3\n", encoding="utf-8")
+    assert "repeats column name(s) ['a']" in _error(lambda: load_table(path))
+
+
+def _error(call: Callable[[], object]) -> str:
+    with pytest.raises(ValueError) as info:
+        call()
+    return str(info.value)
+
+
+def test_an_owner_table_is_read_through_its_schema(tmp_path: Path, schema: Schema) -> None:
+    path = tmp_path / "clinic.parquet"
+    _clinic().to_parquet(path, index=False)
+    points, table = load_owner_data(path, schema)
+    assert points.columns == ("age", "bmi") and points.features.shape == (3, 2)
+    assert points.labels is not None and points.labels.tolist() == [0, 1, 1]
+    assert table.columns == ("age", "bmi", "high") and table.binary == ("high",)
+    assert table.schema is schema
+
+
+def test_an_owner_table_in_another_order_or_outside_its_bounds_is_refused(
+    tmp_path: Path, schema: Schema
+) -> None:
+    path = tmp_path / "clinic.csv"
+    _clinic()[["bmi", "age", "high"]].to_csv(path, index=False)
+    assert "column 1 is 'bmi'" in _error(lambda: load_point_set(path, schema=schema))
+    frame = _clinic()
+    frame.loc[2, "age"] = 130
+    frame.to_csv(path, index=False)
+    message = _error(lambda: load_table(path, schema=schema))
+    assert (
+        "'age' holds 1 value(s) outside its public bounds [0, 120], first 130 at row 2" in message
+    )
+
+
+def test_a_consumer_table_in_another_order_is_reordered_by_name(
+    tmp_path: Path, schema: Schema
+) -> None:
+    path = tmp_path / "validation.csv"
+    _clinic()[["bmi", "age"]].to_csv(path, index=False)  # no label, columns swapped
+    points = load_point_set(path, schema=schema, by_name=True)
+    assert points.columns == ("age", "bmi")
+    np.testing.assert_array_equal(points.features, _clinic()[["age", "bmi"]].to_numpy(float))
+    assert points.labels is None
+    frame = _clinic()
+    frame["weight"] = 70.0
+    frame.to_csv(path, index=False)
+    message = _error(lambda: load_point_set(path, schema=schema, by_name=True))
+    assert "has column(s) ['weight'] the schema does not declare" in message
+    _clinic()[["age"]].to_csv(path, index=False)
+    assert "lacks the schema's column(s) ['bmi']" in _error(
+        lambda: load_point_set(path, schema=schema, by_name=True)
+    )
+
+
+def test_a_binary_column_flag_must_agree_with_the_schema(tmp_path: Path, schema: Schema) -> None:
+    path = tmp_path / "clinic.csv"
+    _clinic().to_csv(path, index=False)
+    assert "does not declare it binary" in _error(
+        lambda: load_table(path, schema=schema, binary=("age",))
+    )
+    assert load_table(path, schema=schema, binary=("high",)).binary == ("high",)
+
+
+def test_a_summary_table_names_its_columns_and_each_point_owner(tmp_path: Path) -> None:
+    summary = PointSet(
+        np.array([[30.0, 22.5], [61.0, 31.0]]), np.array([0, 1]), "s", columns=("age", "bmi")
+    )
+    path = tmp_path / "summary.csv"
+    save_point_set(summary, path, owners=["clinic-a", "clinic-b"], label_column="high")
+    frame = pd.read_csv(path)
+    assert list(frame.columns) == ["age", "bmi", "high", "owner"]
+    assert frame["owner"].tolist() == ["clinic-a", "clinic-b"]
+    with pytest.raises(ValueError, match="must name each of the 2 points"):
+        save_point_set(summary, path, owners=["clinic-a"])

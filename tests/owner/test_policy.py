@@ -32,6 +32,7 @@ def test_defaults() -> None:
         "max_rff_dimension": 4096,
         "publish_sketches": True,
         "epsilon_per_sketch": 1.0,
+        "cape_min_colluders": 1,
     }
     assert p.window_description == "the lifetime"
 
@@ -72,6 +73,7 @@ def test_toml_round_trip(tmp_path: Path) -> None:
         max_rff_dimension=512,
         publish_sketches=False,
         epsilon_per_sketch=0.25,
+        cape_min_colluders=0,
     )
     text = p.to_toml()
     assert OwnerPolicy.from_mapping(tomllib.loads(text)) == p
@@ -137,6 +139,10 @@ def test_invalid_toml_is_named(tmp_path: Path) -> None:
             "finite and > 0",
         ),
         ("[limits]\nmax_rff_dimension = 0\n", r"limits\.max_rff_dimension", "integer >= 1"),
+        ("[cape]\nmin_colluders = -1\n", r"cape\.min_colluders", "integer >= 0"),
+        ("[cape]\nmin_colluders = 1.5\n", r"cape\.min_colluders", "integer >= 0"),
+        ("[cape]\nmin_colluders = true\n", r"cape\.min_colluders", "integer >= 0"),
+        ("[cape]\ncolluders = 1\n", r"cape\.colluders", "min_colluders"),
     ],
 )
 def test_every_error_names_the_file_and_key(
@@ -169,3 +175,23 @@ def test_direct_construction_is_validated(field: str, value: Any, key: str) -> N
 def test_policy_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         OwnerPolicy().epsilon_total = 1.0  # type: ignore[misc]
+
+
+def test_the_policy_lives_in_the_data_dir_and_a_differing_one_is_refused(tmp_path: Path) -> None:
+    from owner.policy import POLICY_FILE, data_dir_policy
+
+    state = tmp_path / "state"
+    policy, source = data_dir_policy(state)
+    assert policy == OwnerPolicy() and "built-in defaults" in source
+    assert not state.exists()  # reading creates nothing
+    strict = tmp_path / "strict.toml"
+    strict.write_text("[budget]\nepsilon = 3.0\n", encoding="utf-8")
+    policy, source = data_dir_policy(state, strict)
+    assert policy.epsilon_total == 3.0 and "installed from" in source
+    assert (state / POLICY_FILE).read_text(encoding="utf-8") == strict.read_text(encoding="utf-8")
+    assert data_dir_policy(state)[0] == policy  # every later command reads it
+    assert data_dir_policy(state, strict)[0] == policy  # the same file again agrees
+    loose = tmp_path / "loose.toml"
+    loose.write_text("[budget]\nepsilon = 30.0\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="differs from the owner's policy"):
+        data_dir_policy(state, loose)

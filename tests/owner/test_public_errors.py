@@ -17,21 +17,24 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
 
+from common.cape.agreement import SizeAttestation, plan_statement
 from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.errors import DPMarketError
+from common.secagg.crypto import EcdsaSigner
 from common.secagg.fixedpoint import FixedPoint
 from common.secagg.protocol import RoundParams
 from common.summarization.rff import draw_rff_params
 from common.summarization.terms import OwnerTerms
 from curator.secagg import aggregate
-from deploy.pki import identity_files, init_ca, issue_all
-from dpmarket.identity import Identity
+from deploy.pki import init_ca, issue_all
 from owner.cape import CapeSite
 from owner.data import PointSet, Table
 from owner.local import LocalSecureAggregationEndpoint
 from owner.protocol import Owner
 from owner.secagg import SiteIdentity, SiteRounds
+from runtime.identity import Identity, identity_files
 
 N, D_RFF = 30, 16
 CURATOR, CONSUMER = "curator:c", "consumer:x"
@@ -150,8 +153,36 @@ def _table(seed: int) -> Table:
     return Table(COLUMNS, values, "owner", binary=("spam",))
 
 
+#: The owner's signing key and the other site's (the plan's row counts are signed).
+KEYS = {name: ec.generate_private_key(ec.SECP256R1()) for name in ("a-other", "owner")}
+
+
 def _site(seed: int) -> CapeSite:
-    return CapeSite("owner", _table(seed), max_jobs=3)
+    trusted = {name: key.public_key() for name, key in KEYS.items()}
+    identity = SiteIdentity("owner", KEYS["owner"], b"", None).trusting(trusted)
+    return CapeSite("owner", _table(seed), max_jobs=3, identity=identity)
+
+
+def _plan(
+    site: CapeSite,
+    job: str,
+    spec: Any,
+    sites: list[str],
+    sizes: list[int],
+    *,
+    curator: str = CURATOR,
+    first_iteration: int = 0,
+) -> Any:
+    """Plan ``job`` with every site's row count signed by that site's key (S_C = 1, the
+    owners' default floor), as a curator relays them."""
+    attestations = {}
+    for name, rows in zip(sites, sizes, strict=True):
+        statement = plan_statement(job, spec, sites, 1, first_iteration, name, rows)
+        signer = EcdsaSigner(KEYS.get(name, KEYS["a-other"]))
+        attestations[name] = SizeAttestation(name, rows, signer.sign(statement))
+    return site.plan(
+        job, sites, 1, attestations, {}, curator=curator, first_iteration=first_iteration
+    )
 
 
 BOUNDS = (("bmi", 10.0, 60.0), ("age", 0.0, 100.0))
@@ -175,8 +206,8 @@ def test_every_cape_refusal_is_the_same_whatever_the_owner_holds(
     owner did not declare it 0/1 (at both owners, with the same text, naming no row or value);
     the bounds probe and every job with values outside its bounds open (clamped); the plan and
     release refusals depend on the request and the public row count only."""
-    params = RoundParams.create(["a-other", "owner"], 2, 2, FixedPoint(1.0, 20, 2))
-    bad_sites = RoundParams.create(["owner", "z-other"], 2, 2, FixedPoint(1.0, 20, 2))
+    params = RoundParams.create(["a-other", "owner"], 2, 2, FixedPoint(1.0, 20, 2), colluders=1)
+    bad_sites = RoundParams.create(["owner", "z-other"], 2, 2, FixedPoint(1.0, 20, 2), colluders=1)
     total = np.zeros(2)
 
     script: list[tuple[str, Callable[[CapeSite], Any]]] = [
@@ -189,23 +220,24 @@ def test_every_cape_refusal_is_the_same_whatever_the_owner_holds(
         ("logistic on a declared target", _open(LOGISTIC, "logistic")),
         ("beyond max jobs", _open(MEAN, "one-more")),
         ("probe again", _open(PROBE, "probe")),
-        ("unknown job", lambda s: s.plan("nope", ["owner", "z"], [N, N], curator=CURATOR)),
-        ("another curator's", lambda s: s.plan("probe", ["owner", "z"], [N, N], curator="c:x")),
-        ("not a site", lambda s: s.plan("probe", ["a", "z"], [N, N], curator=CURATOR)),
-        ("unsorted", lambda s: s.plan("probe", ["z", "owner"], [N, N], curator=CURATOR)),
+        ("unknown job", lambda s: _plan(s, "nope", PROBE, ["owner", "z"], [N, N])),
         (
-            "wrong size",
-            lambda s: s.plan("probe", ["a-other", "owner"], [N, N + 1], curator=CURATOR),
+            "another curator's",
+            lambda s: _plan(s, "probe", PROBE, ["owner", "z"], [N, N], curator="c:x"),
+        ),
+        ("not a site", lambda s: _plan(s, "probe", PROBE, ["a", "z"], [N, N])),
+        ("unsorted", lambda s: _plan(s, "probe", PROBE, ["z", "owner"], [N, N])),
+        (
+            "wrong size (aborts that job)",
+            lambda s: _plan(s, "linear", LINEAR, ["a-other", "owner"], [N, N + 1]),
         ),
         (
             "first iteration of a statistic",
-            lambda s: s.plan(
-                "probe", ["a-other", "owner"], [N, N], curator=CURATOR, first_iteration=1
-            ),
+            lambda s: _plan(s, "probe", PROBE, ["a-other", "owner"], [N, N], first_iteration=1),
         ),
         ("release before a plan", lambda s: s.release("probe", b"r", total[:1], curator=CURATOR)),
         ("input before a plan", lambda s: s.noise_input("probe", params)),
-        ("plan", lambda s: s.plan("probe", ["a-other", "owner"], [N, N], curator=CURATOR)),
+        ("plan", lambda s: _plan(s, "probe", PROBE, ["a-other", "owner"], [N, N])),
         ("input of another round's sites", lambda s: s.noise_input("probe", bad_sites)),
         (
             "release of a round never drawn",
@@ -246,8 +278,10 @@ def test_a_probe_with_chosen_bounds_changes_only_the_charged_release(
         for seed in (0, 1):
             site = _site(seed)
             site.open("probe", PROBE, 1, curator=CURATOR, consumer=CONSUMER)
-            plan = site.plan("probe", ["a-other", "owner"], [N, N], curator=CURATOR)
-            params = RoundParams.create(["a-other", "owner"], 2, plan.size, FixedPoint(1e6, 20, 2))
+            plan = _plan(site, "probe", PROBE, ["a-other", "owner"], [N, N])
+            params = RoundParams.create(
+                ["a-other", "owner"], 2, plan.size, FixedPoint(1e6, 20, 2), colluders=1
+            )
             site.noise_input("probe", params)
             site.round_finished("probe", params.round_id, ["a-other", "owner"])
             releases.append(

@@ -60,7 +60,16 @@ CAPE_SERVICE = cape_pb2.DESCRIPTOR.services_by_name["CapeService"]
 SKETCH_CATALOG_SERVICE = sketch_pb2.DESCRIPTOR.services_by_name["SketchCatalogService"]
 
 #: Every proto module of the API; each of their services must be listed in SERVICES.
-PROTO_MODULES = ("array", "cape", "curator", "owner", "privacy", "secure_aggregation", "sketch")
+PROTO_MODULES = (
+    "array",
+    "cape",
+    "curator",
+    "owner",
+    "privacy",
+    "schema",
+    "secure_aggregation",
+    "sketch",
+)
 
 CURATOR = Identity("curator", "curator")
 ROGUE = Identity("curator", "rogue")

@@ -24,59 +24,66 @@ _sym_db = _symbol_database.Default()
 
 from dpmarket.v1 import array_pb2 as dpmarket_dot_v1_dot_array__pb2
 from dpmarket.v1 import privacy_pb2 as dpmarket_dot_v1_dot_privacy__pb2
+from dpmarket.v1 import schema_pb2 as dpmarket_dot_v1_dot_schema__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x64pmarket/v1/cape.proto\x12\x0b\x64pmarket.v1\x1a\x17\x64pmarket/v1/array.proto\x1a\x19\x64pmarket/v1/privacy.proto\"8\n\x0b\x43olumnBound\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\x0b\n\x03low\x18\x02 \x01(\x01\x12\x0c\n\x04high\x18\x03 \x01(\x01\"\x82\x02\n\x08\x43\x61peSpec\x12#\n\x04task\x18\x01 \x01(\x0e\x32\x15.dpmarket.v1.CapeTask\x12*\n\x08\x66\x65\x61tures\x18\x02 \x03(\x0b\x32\x18.dpmarket.v1.ColumnBound\x12(\n\x06target\x18\x03 \x01(\x0b\x32\x18.dpmarket.v1.ColumnBound\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x11\n\tcolluders\x18\x06 \x01(\x03\x12\x31\n\x0b\x63\x61libration\x18\x07 \x01(\x0e\x32\x1c.dpmarket.v1.CapeCalibration\x12\x15\n\rfit_intercept\x18\x08 \x01(\x08\"\xd5\x01\n\x10\x43\x61peTrainingSpec\x12*\n\x08\x66\x65\x61tures\x18\x01 \x03(\x0b\x32\x18.dpmarket.v1.ColumnBound\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\x01\x12\x11\n\tcolluders\x18\x05 \x01(\x03\x12\x12\n\niterations\x18\x06 \x01(\x03\x12\x15\n\rlearning_rate\x18\x07 \x01(\x01\x12\x14\n\x0chidden_units\x18\x08 \x01(\x03\x12\x11\n\tclip_norm\x18\t \x01(\x01\"\xa5\x01\n\x12OpenCapeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12%\n\x04spec\x18\x03 \x01(\x0b\x32\x15.dpmarket.v1.CapeSpecH\x00\x12\x31\n\x08training\x18\x05 \x01(\x0b\x32\x1d.dpmarket.v1.CapeTrainingSpecH\x00\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x42\x05\n\x03job\"\'\n\x13OpenCapeJobResponse\x12\x10\n\x08num_rows\x18\x01 \x01(\x03\"[\n\x12PlanCapeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05sites\x18\x02 \x03(\t\x12\r\n\x05sizes\x18\x03 \x03(\x03\x12\x17\n\x0f\x66irst_iteration\x18\x04 \x01(\x03\"H\n\x13PlanCapeJobResponse\x12\x18\n\x10statistic_length\x18\x01 \x01(\x03\x12\x17\n\x0fmax_noise_scale\x18\x02 \x01(\x01\"_\n\x12ReleaseCapeRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x0c\x12\'\n\x0bnoise_total\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\":\n\x13ReleaseCapeResponse\x12#\n\x07release\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\"\xa2\x01\n\x1aReleaseCapeGradientRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x0c\x12\x11\n\titeration\x18\x03 \x01(\x03\x12&\n\nparameters\x18\x04 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\'\n\x0bnoise_total\x18\x05 \x01(\x0b\x32\x12.dpmarket.v1.Array\"B\n\x1bReleaseCapeGradientResponse\x12#\n\x07release\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\"%\n\x13\x43loseCapeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"@\n\x14\x43loseCapeJobResponse\x12(\n\x05spent\x18\x01 \x01(\x0b\x32\x19.dpmarket.v1.SessionSpend\"e\n\x0e\x46itCapeRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.dpmarket.v1.CapeSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"^\n\x0f\x46itCapeResponse\x12#\n\x07weights\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x11\n\tintercept\x18\x02 \x01(\x01\x12\x13\n\x0breport_json\x18\x03 \x01(\t\"n\n\x17\x45stimateCapeMeanRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.dpmarket.v1.CapeSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"Q\n\x18\x45stimateCapeMeanResponse\x12 \n\x04mean\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x13\n\x0breport_json\x18\x02 \x01(\t\"o\n\x10TrainCapeRequest\x12+\n\x04spec\x18\x01 \x01(\x0b\x32\x1d.dpmarket.v1.CapeTrainingSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"P\n\x11TrainCapeResponse\x12&\n\nparameters\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x13\n\x0breport_json\x18\x02 \x01(\t*}\n\x08\x43\x61peTask\x12\x19\n\x15\x43\x41PE_TASK_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43\x41PE_TASK_LINEAR_REGRESSION\x10\x01\x12!\n\x1d\x43\x41PE_TASK_LOGISTIC_REGRESSION\x10\x02\x12\x12\n\x0e\x43\x41PE_TASK_MEAN\x10\x03*n\n\x0f\x43\x61peCalibration\x12 \n\x1c\x43\x41PE_CALIBRATION_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43\x41PE_CALIBRATION_EXACT\x10\x01\x12\x1d\n\x19\x43\x41PE_CALIBRATION_THEOREM1\x10\x02\x32\xc6\x03\n\x0f\x43\x61peSiteService\x12P\n\x0bOpenCapeJob\x12\x1f.dpmarket.v1.OpenCapeJobRequest\x1a .dpmarket.v1.OpenCapeJobResponse\x12P\n\x0bPlanCapeJob\x12\x1f.dpmarket.v1.PlanCapeJobRequest\x1a .dpmarket.v1.PlanCapeJobResponse\x12P\n\x0bReleaseCape\x12\x1f.dpmarket.v1.ReleaseCapeRequest\x1a .dpmarket.v1.ReleaseCapeResponse\x12h\n\x13ReleaseCapeGradient\x12\'.dpmarket.v1.ReleaseCapeGradientRequest\x1a(.dpmarket.v1.ReleaseCapeGradientResponse\x12S\n\x0c\x43loseCapeJob\x12 .dpmarket.v1.CloseCapeJobRequest\x1a!.dpmarket.v1.CloseCapeJobResponse2\x80\x02\n\x0b\x43\x61peService\x12\x44\n\x07\x46itCape\x12\x1b.dpmarket.v1.FitCapeRequest\x1a\x1c.dpmarket.v1.FitCapeResponse\x12_\n\x10\x45stimateCapeMean\x12$.dpmarket.v1.EstimateCapeMeanRequest\x1a%.dpmarket.v1.EstimateCapeMeanResponse\x12J\n\tTrainCape\x12\x1d.dpmarket.v1.TrainCapeRequest\x1a\x1e.dpmarket.v1.TrainCapeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x64pmarket/v1/cape.proto\x12\x0b\x64pmarket.v1\x1a\x17\x64pmarket/v1/array.proto\x1a\x19\x64pmarket/v1/privacy.proto\x1a\x18\x64pmarket/v1/schema.proto\"8\n\x0b\x43olumnBound\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\x0b\n\x03low\x18\x02 \x01(\x01\x12\x0c\n\x04high\x18\x03 \x01(\x01\"\x82\x02\n\x08\x43\x61peSpec\x12#\n\x04task\x18\x01 \x01(\x0e\x32\x15.dpmarket.v1.CapeTask\x12*\n\x08\x66\x65\x61tures\x18\x02 \x03(\x0b\x32\x18.dpmarket.v1.ColumnBound\x12(\n\x06target\x18\x03 \x01(\x0b\x32\x18.dpmarket.v1.ColumnBound\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x11\n\tcolluders\x18\x06 \x01(\x03\x12\x31\n\x0b\x63\x61libration\x18\x07 \x01(\x0e\x32\x1c.dpmarket.v1.CapeCalibration\x12\x15\n\rfit_intercept\x18\x08 \x01(\x08\"\xd5\x01\n\x10\x43\x61peTrainingSpec\x12*\n\x08\x66\x65\x61tures\x18\x01 \x03(\x0b\x32\x18.dpmarket.v1.ColumnBound\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\x01\x12\x11\n\tcolluders\x18\x05 \x01(\x03\x12\x12\n\niterations\x18\x06 \x01(\x03\x12\x15\n\rlearning_rate\x18\x07 \x01(\x01\x12\x14\n\x0chidden_units\x18\x08 \x01(\x03\x12\x11\n\tclip_norm\x18\t \x01(\x01\"\xa5\x01\n\x12OpenCapeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12%\n\x04spec\x18\x03 \x01(\x0b\x32\x15.dpmarket.v1.CapeSpecH\x00\x12\x31\n\x08training\x18\x05 \x01(\x0b\x32\x1d.dpmarket.v1.CapeTrainingSpecH\x00\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x42\x05\n\x03job\">\n\x13OpenCapeJobResponse\x12\x10\n\x08num_rows\x18\x01 \x01(\x03\x12\x15\n\rmin_colluders\x18\x02 \x01(\x03\"b\n\x15\x41ttestCapePlanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05sites\x18\x02 \x03(\t\x12\x11\n\tcolluders\x18\x03 \x01(\x03\x12\x17\n\x0f\x66irst_iteration\x18\x04 \x01(\x03\"U\n\x0fSiteAttestation\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x03\x12\x11\n\tsignature\x18\x03 \x01(\x0c\x12\x13\n\x0b\x63\x65rtificate\x18\x04 \x01(\x0c\"K\n\x16\x41ttestCapePlanResponse\x12\x31\n\x0b\x61ttestation\x18\x01 \x01(\x0b\x32\x1c.dpmarket.v1.SiteAttestation\"\xa0\x01\n\x12PlanCapeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05sites\x18\x02 \x03(\t\x12\x17\n\x0f\x66irst_iteration\x18\x04 \x01(\x03\x12\x11\n\tcolluders\x18\x05 \x01(\x03\x12\x32\n\x0c\x61ttestations\x18\x06 \x03(\x0b\x32\x1c.dpmarket.v1.SiteAttestationJ\x04\x08\x03\x10\x04R\x05sizes\"H\n\x13PlanCapeJobResponse\x12\x18\n\x10statistic_length\x18\x01 \x01(\x03\x12\x17\n\x0fmax_noise_scale\x18\x02 \x01(\x01\"_\n\x12ReleaseCapeRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x0c\x12\'\n\x0bnoise_total\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\":\n\x13ReleaseCapeResponse\x12#\n\x07release\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\"\xa2\x01\n\x1aReleaseCapeGradientRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x0c\x12\x11\n\titeration\x18\x03 \x01(\x03\x12&\n\nparameters\x18\x04 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\'\n\x0bnoise_total\x18\x05 \x01(\x0b\x32\x12.dpmarket.v1.Array\"B\n\x1bReleaseCapeGradientResponse\x12#\n\x07release\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\"%\n\x13\x43loseCapeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"@\n\x14\x43loseCapeJobResponse\x12(\n\x05spent\x18\x01 \x01(\x0b\x32\x19.dpmarket.v1.SessionSpend\"\x91\x01\n\x0e\x46itCapeRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.dpmarket.v1.CapeSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12*\n\x06schema\x18\x04 \x01(\x0b\x32\x1a.dpmarket.v1.DatasetSchemaB\x07\n\x05_seed\"^\n\x0f\x46itCapeResponse\x12#\n\x07weights\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x11\n\tintercept\x18\x02 \x01(\x01\x12\x13\n\x0breport_json\x18\x03 \x01(\t\"\x9a\x01\n\x17\x45stimateCapeMeanRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.dpmarket.v1.CapeSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12*\n\x06schema\x18\x04 \x01(\x0b\x32\x1a.dpmarket.v1.DatasetSchemaB\x07\n\x05_seed\"Q\n\x18\x45stimateCapeMeanResponse\x12 \n\x04mean\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x13\n\x0breport_json\x18\x02 \x01(\t\"\x9b\x01\n\x10TrainCapeRequest\x12+\n\x04spec\x18\x01 \x01(\x0b\x32\x1d.dpmarket.v1.CapeTrainingSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12*\n\x06schema\x18\x04 \x01(\x0b\x32\x1a.dpmarket.v1.DatasetSchemaB\x07\n\x05_seed\"P\n\x11TrainCapeResponse\x12&\n\nparameters\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x13\n\x0breport_json\x18\x02 \x01(\t*}\n\x08\x43\x61peTask\x12\x19\n\x15\x43\x41PE_TASK_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43\x41PE_TASK_LINEAR_REGRESSION\x10\x01\x12!\n\x1d\x43\x41PE_TASK_LOGISTIC_REGRESSION\x10\x02\x12\x12\n\x0e\x43\x41PE_TASK_MEAN\x10\x03*n\n\x0f\x43\x61peCalibration\x12 \n\x1c\x43\x41PE_CALIBRATION_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43\x41PE_CALIBRATION_EXACT\x10\x01\x12\x1d\n\x19\x43\x41PE_CALIBRATION_THEOREM1\x10\x02\x32\xa1\x04\n\x0f\x43\x61peSiteService\x12P\n\x0bOpenCapeJob\x12\x1f.dpmarket.v1.OpenCapeJobRequest\x1a .dpmarket.v1.OpenCapeJobResponse\x12Y\n\x0e\x41ttestCapePlan\x12\".dpmarket.v1.AttestCapePlanRequest\x1a#.dpmarket.v1.AttestCapePlanResponse\x12P\n\x0bPlanCapeJob\x12\x1f.dpmarket.v1.PlanCapeJobRequest\x1a .dpmarket.v1.PlanCapeJobResponse\x12P\n\x0bReleaseCape\x12\x1f.dpmarket.v1.ReleaseCapeRequest\x1a .dpmarket.v1.ReleaseCapeResponse\x12h\n\x13ReleaseCapeGradient\x12\'.dpmarket.v1.ReleaseCapeGradientRequest\x1a(.dpmarket.v1.ReleaseCapeGradientResponse\x12S\n\x0c\x43loseCapeJob\x12 .dpmarket.v1.CloseCapeJobRequest\x1a!.dpmarket.v1.CloseCapeJobResponse2\x80\x02\n\x0b\x43\x61peService\x12\x44\n\x07\x46itCape\x12\x1b.dpmarket.v1.FitCapeRequest\x1a\x1c.dpmarket.v1.FitCapeResponse\x12_\n\x10\x45stimateCapeMean\x12$.dpmarket.v1.EstimateCapeMeanRequest\x1a%.dpmarket.v1.EstimateCapeMeanResponse\x12J\n\tTrainCape\x12\x1d.dpmarket.v1.TrainCapeRequest\x1a\x1e.dpmarket.v1.TrainCapeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dpmarket.v1.cape_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CAPETASK']._serialized_start=2086
-  _globals['_CAPETASK']._serialized_end=2211
-  _globals['_CAPECALIBRATION']._serialized_start=2213
-  _globals['_CAPECALIBRATION']._serialized_end=2323
-  _globals['_COLUMNBOUND']._serialized_start=91
-  _globals['_COLUMNBOUND']._serialized_end=147
-  _globals['_CAPESPEC']._serialized_start=150
-  _globals['_CAPESPEC']._serialized_end=408
-  _globals['_CAPETRAININGSPEC']._serialized_start=411
-  _globals['_CAPETRAININGSPEC']._serialized_end=624
-  _globals['_OPENCAPEJOBREQUEST']._serialized_start=627
-  _globals['_OPENCAPEJOBREQUEST']._serialized_end=792
-  _globals['_OPENCAPEJOBRESPONSE']._serialized_start=794
-  _globals['_OPENCAPEJOBRESPONSE']._serialized_end=833
-  _globals['_PLANCAPEJOBREQUEST']._serialized_start=835
-  _globals['_PLANCAPEJOBREQUEST']._serialized_end=926
-  _globals['_PLANCAPEJOBRESPONSE']._serialized_start=928
-  _globals['_PLANCAPEJOBRESPONSE']._serialized_end=1000
-  _globals['_RELEASECAPEREQUEST']._serialized_start=1002
-  _globals['_RELEASECAPEREQUEST']._serialized_end=1097
-  _globals['_RELEASECAPERESPONSE']._serialized_start=1099
-  _globals['_RELEASECAPERESPONSE']._serialized_end=1157
-  _globals['_RELEASECAPEGRADIENTREQUEST']._serialized_start=1160
-  _globals['_RELEASECAPEGRADIENTREQUEST']._serialized_end=1322
-  _globals['_RELEASECAPEGRADIENTRESPONSE']._serialized_start=1324
-  _globals['_RELEASECAPEGRADIENTRESPONSE']._serialized_end=1390
-  _globals['_CLOSECAPEJOBREQUEST']._serialized_start=1392
-  _globals['_CLOSECAPEJOBREQUEST']._serialized_end=1429
-  _globals['_CLOSECAPEJOBRESPONSE']._serialized_start=1431
-  _globals['_CLOSECAPEJOBRESPONSE']._serialized_end=1495
-  _globals['_FITCAPEREQUEST']._serialized_start=1497
-  _globals['_FITCAPEREQUEST']._serialized_end=1598
-  _globals['_FITCAPERESPONSE']._serialized_start=1600
-  _globals['_FITCAPERESPONSE']._serialized_end=1694
-  _globals['_ESTIMATECAPEMEANREQUEST']._serialized_start=1696
-  _globals['_ESTIMATECAPEMEANREQUEST']._serialized_end=1806
-  _globals['_ESTIMATECAPEMEANRESPONSE']._serialized_start=1808
-  _globals['_ESTIMATECAPEMEANRESPONSE']._serialized_end=1889
-  _globals['_TRAINCAPEREQUEST']._serialized_start=1891
-  _globals['_TRAINCAPEREQUEST']._serialized_end=2002
-  _globals['_TRAINCAPERESPONSE']._serialized_start=2004
-  _globals['_TRAINCAPERESPONSE']._serialized_end=2084
-  _globals['_CAPESITESERVICE']._serialized_start=2326
-  _globals['_CAPESITESERVICE']._serialized_end=2780
-  _globals['_CAPESERVICE']._serialized_start=2783
-  _globals['_CAPESERVICE']._serialized_end=3039
+  _globals['_CAPETASK']._serialized_start=2604
+  _globals['_CAPETASK']._serialized_end=2729
+  _globals['_CAPECALIBRATION']._serialized_start=2731
+  _globals['_CAPECALIBRATION']._serialized_end=2841
+  _globals['_COLUMNBOUND']._serialized_start=117
+  _globals['_COLUMNBOUND']._serialized_end=173
+  _globals['_CAPESPEC']._serialized_start=176
+  _globals['_CAPESPEC']._serialized_end=434
+  _globals['_CAPETRAININGSPEC']._serialized_start=437
+  _globals['_CAPETRAININGSPEC']._serialized_end=650
+  _globals['_OPENCAPEJOBREQUEST']._serialized_start=653
+  _globals['_OPENCAPEJOBREQUEST']._serialized_end=818
+  _globals['_OPENCAPEJOBRESPONSE']._serialized_start=820
+  _globals['_OPENCAPEJOBRESPONSE']._serialized_end=882
+  _globals['_ATTESTCAPEPLANREQUEST']._serialized_start=884
+  _globals['_ATTESTCAPEPLANREQUEST']._serialized_end=982
+  _globals['_SITEATTESTATION']._serialized_start=984
+  _globals['_SITEATTESTATION']._serialized_end=1069
+  _globals['_ATTESTCAPEPLANRESPONSE']._serialized_start=1071
+  _globals['_ATTESTCAPEPLANRESPONSE']._serialized_end=1146
+  _globals['_PLANCAPEJOBREQUEST']._serialized_start=1149
+  _globals['_PLANCAPEJOBREQUEST']._serialized_end=1309
+  _globals['_PLANCAPEJOBRESPONSE']._serialized_start=1311
+  _globals['_PLANCAPEJOBRESPONSE']._serialized_end=1383
+  _globals['_RELEASECAPEREQUEST']._serialized_start=1385
+  _globals['_RELEASECAPEREQUEST']._serialized_end=1480
+  _globals['_RELEASECAPERESPONSE']._serialized_start=1482
+  _globals['_RELEASECAPERESPONSE']._serialized_end=1540
+  _globals['_RELEASECAPEGRADIENTREQUEST']._serialized_start=1543
+  _globals['_RELEASECAPEGRADIENTREQUEST']._serialized_end=1705
+  _globals['_RELEASECAPEGRADIENTRESPONSE']._serialized_start=1707
+  _globals['_RELEASECAPEGRADIENTRESPONSE']._serialized_end=1773
+  _globals['_CLOSECAPEJOBREQUEST']._serialized_start=1775
+  _globals['_CLOSECAPEJOBREQUEST']._serialized_end=1812
+  _globals['_CLOSECAPEJOBRESPONSE']._serialized_start=1814
+  _globals['_CLOSECAPEJOBRESPONSE']._serialized_end=1878
+  _globals['_FITCAPEREQUEST']._serialized_start=1881
+  _globals['_FITCAPEREQUEST']._serialized_end=2026
+  _globals['_FITCAPERESPONSE']._serialized_start=2028
+  _globals['_FITCAPERESPONSE']._serialized_end=2122
+  _globals['_ESTIMATECAPEMEANREQUEST']._serialized_start=2125
+  _globals['_ESTIMATECAPEMEANREQUEST']._serialized_end=2279
+  _globals['_ESTIMATECAPEMEANRESPONSE']._serialized_start=2281
+  _globals['_ESTIMATECAPEMEANRESPONSE']._serialized_end=2362
+  _globals['_TRAINCAPEREQUEST']._serialized_start=2365
+  _globals['_TRAINCAPEREQUEST']._serialized_end=2520
+  _globals['_TRAINCAPERESPONSE']._serialized_start=2522
+  _globals['_TRAINCAPERESPONSE']._serialized_end=2602
+  _globals['_CAPESITESERVICE']._serialized_start=2844
+  _globals['_CAPESITESERVICE']._serialized_end=3389
+  _globals['_CAPESERVICE']._serialized_start=3392
+  _globals['_CAPESERVICE']._serialized_end=3648
 # @@protoc_insertion_point(module_scope)

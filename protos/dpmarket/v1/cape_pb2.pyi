@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from dpmarket.v1 import array_pb2 as _array_pb2
 from dpmarket.v1 import privacy_pb2 as _privacy_pb2
+from dpmarket.v1 import schema_pb2 as _schema_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
@@ -125,7 +126,9 @@ class CapeSpec(_message.Message):
     """The guarantee of every site against the aggregator and up to `colluders` other sites."""
     delta: _builtins.float
     colluders: _builtins.int
-    """S_C; 0 means the default ceil(S / 3) - 1."""
+    """S_C; 0 means the default ceil(S / 3) - 1, raised to the highest floor of the owners'
+    policies. An owner whose floor is above a nonzero value refuses the job (FAILED_PRECONDITION).
+    """
     calibration: Global___CapeCalibration.ValueType
     fit_intercept: _builtins.bool
     """Add a constant feature (public bounds [0, 1]) so that the model has an intercept (capeFM)."""
@@ -183,7 +186,9 @@ class CapeTrainingSpec(_message.Message):
     """
     delta: _builtins.float
     colluders: _builtins.int
-    """S_C; 0 means the default ceil(S / 3) - 1 of the first plan."""
+    """S_C; 0 means the default ceil(S / 3) - 1 of the first plan, raised to the highest floor of
+    the owners' policies. An owner whose floor is above a nonzero value refuses the job.
+    """
     iterations: _builtins.int
     """T: full-batch gradient steps."""
     learning_rate: _builtins.float
@@ -263,20 +268,115 @@ class OpenCapeJobResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NUM_ROWS_FIELD_NUMBER: _builtins.int
+    MIN_COLLUDERS_FIELD_NUMBER: _builtins.int
     num_rows: _builtins.int
     """Rows of this owner's table (N_s, public in the paper's model)."""
+    min_colluders: _builtins.int
+    """The fewest colluders (S_C) this owner's policy lets a job defend against (public): the
+    job's S_C must be at least every site's.
+    """
     def __init__(
         self,
         *,
         num_rows: _builtins.int = ...,
+        min_colluders: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_rows", b"num_rows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["min_colluders", b"min_colluders", "num_rows", b"num_rows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OpenCapeJobResponse: _TypeAlias = OpenCapeJobResponse  # noqa: Y015
+
+@_typing.final
+class AttestCapePlanRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SITES_FIELD_NUMBER: _builtins.int
+    COLLUDERS_FIELD_NUMBER: _builtins.int
+    FIRST_ITERATION_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    colluders: _builtins.int
+    """S_C of the plan."""
+    first_iteration: _builtins.int
+    """As PlanCapeJobRequest.first_iteration."""
+    @_builtins.property
+    def sites(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The sites (owner names) of the plan, sorted."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        sites: _abc.Iterable[_builtins.str] | None = ...,
+        colluders: _builtins.int = ...,
+        first_iteration: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["colluders", b"colluders", "first_iteration", b"first_iteration", "job_id", b"job_id", "sites", b"sites"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttestCapePlanRequest: _TypeAlias = AttestCapePlanRequest  # noqa: Y015
+
+@_typing.final
+class SiteAttestation(_message.Message):
+    """A site's row count for one plan of a job, signed with its certificate key."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SITE_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    CERTIFICATE_FIELD_NUMBER: _builtins.int
+    site: _builtins.str
+    """The signing site (owner name)."""
+    rows: _builtins.int
+    """Its row count N_s."""
+    signature: _builtins.bytes
+    """ECDSA P-256 (DER) signature of (label, job_id, a SHA-256 digest of the spec, the sorted
+    sites, colluders, first_iteration, site, rows).
+    """
+    certificate: _builtins.bytes
+    """The site's certificate (PEM), issued by the deployment's CA."""
+    def __init__(
+        self,
+        *,
+        site: _builtins.str = ...,
+        rows: _builtins.int = ...,
+        signature: _builtins.bytes = ...,
+        certificate: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "rows", b"rows", "signature", b"signature", "site", b"site"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SiteAttestation: _TypeAlias = SiteAttestation  # noqa: Y015
+
+@_typing.final
+class AttestCapePlanResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTESTATION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def attestation(self) -> Global___SiteAttestation: ...
+    def __init__(
+        self,
+        *,
+        attestation: Global___SiteAttestation | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attestation", b"attestation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attestation", b"attestation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttestCapePlanResponse: _TypeAlias = AttestCapePlanResponse  # noqa: Y015
 
 @_typing.final
 class PlanCapeJobRequest(_message.Message):
@@ -284,30 +384,36 @@ class PlanCapeJobRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     SITES_FIELD_NUMBER: _builtins.int
-    SIZES_FIELD_NUMBER: _builtins.int
     FIRST_ITERATION_FIELD_NUMBER: _builtins.int
+    COLLUDERS_FIELD_NUMBER: _builtins.int
+    ATTESTATIONS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     first_iteration: _builtins.int
     """A training's first iteration covered by the round (0 for one-release jobs): the round's
     vector holds the noise of iterations first_iteration .. T - 1, each statistic_length long.
     """
+    colluders: _builtins.int
+    """S_C of the plan."""
     @_builtins.property
     def sites(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """The sites (owner names), sorted, and their row counts, in the same order."""
+        """The sites (owner names), sorted."""
 
     @_builtins.property
-    def sizes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def attestations(self) -> _containers.RepeatedCompositeFieldContainer[Global___SiteAttestation]:
+        """Every site's signed row count for this plan (AttestCapePlan), one per site."""
+
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         sites: _abc.Iterable[_builtins.str] | None = ...,
-        sizes: _abc.Iterable[_builtins.int] | None = ...,
         first_iteration: _builtins.int = ...,
+        colluders: _builtins.int = ...,
+        attestations: _abc.Iterable[Global___SiteAttestation] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_iteration", b"first_iteration", "job_id", b"job_id", "sites", b"sites", "sizes", b"sizes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attestations", b"attestations", "colluders", b"colluders", "first_iteration", b"first_iteration", "job_id", b"job_id", "sites", b"sites"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -495,22 +601,31 @@ class FitCapeRequest(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    SCHEMA_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none)."""
     seed: _builtins.int
     """Seed of every random draw; honoured only by a curator that allows seeded sessions."""
     @_builtins.property
     def spec(self) -> Global___CapeSpec: ...
+    @_builtins.property
+    def schema(self) -> _schema_pb2.DatasetSchema:
+        """The public schema the consumer took the spec's columns and bounds from; unset when it
+        declared none. When set, every owner's schema must equal it (FAILED_PRECONDITION naming the
+        first column that differs, before anything is charged).
+        """
+
     def __init__(
         self,
         *,
         spec: Global___CapeSpec | None = ...,
         request_id: _builtins.str = ...,
         seed: _builtins.int | None = ...,
+        schema: _schema_pb2.DatasetSchema | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
@@ -558,6 +673,7 @@ class EstimateCapeMeanRequest(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    SCHEMA_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none)."""
     seed: _builtins.int
@@ -566,16 +682,24 @@ class EstimateCapeMeanRequest(_message.Message):
     def spec(self) -> Global___CapeSpec:
         """task CAPE_TASK_MEAN; the features are the columns averaged; no target."""
 
+    @_builtins.property
+    def schema(self) -> _schema_pb2.DatasetSchema:
+        """The public schema the consumer took the spec's columns and bounds from; unset when it
+        declared none. When set, every owner's schema must equal it (FAILED_PRECONDITION naming the
+        first column that differs, before anything is charged).
+        """
+
     def __init__(
         self,
         *,
         spec: Global___CapeSpec | None = ...,
         request_id: _builtins.str = ...,
         seed: _builtins.int | None = ...,
+        schema: _schema_pb2.DatasetSchema | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
@@ -619,6 +743,7 @@ class TrainCapeRequest(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    SCHEMA_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none)."""
     seed: _builtins.int
@@ -627,16 +752,24 @@ class TrainCapeRequest(_message.Message):
     """
     @_builtins.property
     def spec(self) -> Global___CapeTrainingSpec: ...
+    @_builtins.property
+    def schema(self) -> _schema_pb2.DatasetSchema:
+        """The public schema the consumer took the spec's columns and bounds from; unset when it
+        declared none. When set, every owner's schema must equal it (FAILED_PRECONDITION naming the
+        first column that differs, before anything is charged).
+        """
+
     def __init__(
         self,
         *,
         spec: Global___CapeTrainingSpec | None = ...,
         request_id: _builtins.str = ...,
         seed: _builtins.int | None = ...,
+        schema: _schema_pb2.DatasetSchema | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015

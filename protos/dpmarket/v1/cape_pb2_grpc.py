@@ -27,12 +27,14 @@ if _version_not_supported:
 
 class CapeSiteServiceStub:
     """A CAPE job at one owner (a site). The curator (the aggregator) opens the job at every owner,
-    plans it over the sites that answered, runs the zero-sum noise round through
+    has every owner that answered sign its row count for the plan (the sites, S_C, the spec),
+    relays the signed counts to all of them to plan, runs the zero-sum noise round through
     SecureAggregationService with the job's id, then asks every site for its release (a training:
     for one release per iteration, each at the parameters the curator broadcasts). Each owner
-    derives its noise and its guarantee itself from the public plan (its own row count among the
-    sites' counts) and charges its own ledger before its first release. Served to the curators an
-    owner's policy names.
+    derives its noise and its guarantee itself from the public plan, whose every input it checked:
+    its own row count, every other site's count signed by that site, S_C at least its policy's
+    floor. It charges its own ledger before its first release. Served to the curators an owner's
+    policy names.
     """
 
     def __init__(self, channel):
@@ -45,6 +47,11 @@ class CapeSiteServiceStub:
                 '/dpmarket.v1.CapeSiteService/OpenCapeJob',
                 request_serializer=dpmarket_dot_v1_dot_cape__pb2.OpenCapeJobRequest.SerializeToString,
                 response_deserializer=dpmarket_dot_v1_dot_cape__pb2.OpenCapeJobResponse.FromString,
+                _registered_method=True)
+        self.AttestCapePlan = channel.unary_unary(
+                '/dpmarket.v1.CapeSiteService/AttestCapePlan',
+                request_serializer=dpmarket_dot_v1_dot_cape__pb2.AttestCapePlanRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_cape__pb2.AttestCapePlanResponse.FromString,
                 _registered_method=True)
         self.PlanCapeJob = channel.unary_unary(
                 '/dpmarket.v1.CapeSiteService/PlanCapeJob',
@@ -70,12 +77,14 @@ class CapeSiteServiceStub:
 
 class CapeSiteServiceServicer:
     """A CAPE job at one owner (a site). The curator (the aggregator) opens the job at every owner,
-    plans it over the sites that answered, runs the zero-sum noise round through
+    has every owner that answered sign its row count for the plan (the sites, S_C, the spec),
+    relays the signed counts to all of them to plan, runs the zero-sum noise round through
     SecureAggregationService with the job's id, then asks every site for its release (a training:
     for one release per iteration, each at the parameters the curator broadcasts). Each owner
-    derives its noise and its guarantee itself from the public plan (its own row count among the
-    sites' counts) and charges its own ledger before its first release. Served to the curators an
-    owner's policy names.
+    derives its noise and its guarantee itself from the public plan, whose every input it checked:
+    its own row count, every other site's count signed by that site, S_C at least its policy's
+    floor. It charges its own ledger before its first release. Served to the curators an owner's
+    policy names.
     """
 
     def OpenCapeJob(self, request, context):
@@ -86,20 +95,39 @@ class CapeSiteServiceServicer:
         on the request and the owner's public declarations only, never on its values. Fails with
         INVALID_ARGUMENT for a missing column, an undeclared 0/1 target or a malformed spec,
         FAILED_PRECONDITION if the owner holds no table or the terms exceed its policy or what is
-        left, RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job id in use.
+        left or the spec's colluders (when set) are below the owner's policy floor of S_C (naming the
+        floor, a public value), RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job
+        id in use.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AttestCapePlan(self, request, context):
+        """Sign this owner's row count for a plan: the job, its spec, the sites (sorted), S_C and the
+        first iteration, so that every other site can check the count the curator relays. Signs
+        nothing the owner would refuse to plan. Fails with NOT_FOUND for an unknown job,
+        INVALID_ARGUMENT if the sites are not sorted and distinct or do not hold this owner,
+        FAILED_PRECONDITION if S_C is below the owner's floor (named), below the spec's (or, when the
+        spec leaves it to the default, below ceil(S / 3) - 1), not below S, not the S_C a training
+        released with, or the job was aborted, and as PlanCapeJob for an iteration already released.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PlanCapeJob(self, request, context):
-        """Fix the sites of the next noise round and their row counts (public); the owner computes the
-        plan (noise scales, weights, guarantee) itself. Called again, with fewer sites, when a site
-        is lost: before the release (one-release jobs), or from the iteration after the last one
-        released (a training, which keeps S_C). Fails with NOT_FOUND for an unknown job,
-        INVALID_ARGUMENT if this owner or its row count is not among them or first_iteration is out
-        of range, FAILED_PRECONDITION after the release (one-release jobs) or for an iteration
-        released already (a training).
+        """Fix the sites of the next noise round, S_C and the sites' row counts, each signed by its site
+        (AttestCapePlan); the owner checks every signature against the deployment CA and the site's
+        name, then computes the plan (noise scales, weights, guarantee) itself. Called again, with
+        fewer sites, when a site is lost: before the release (one-release jobs), or from the
+        iteration after the last one released (a training, which keeps S_C). Fails with NOT_FOUND
+        for an unknown job, INVALID_ARGUMENT if this owner is not among the sites or
+        first_iteration is out of range, FAILED_PRECONDITION after the release (one-release jobs),
+        for an iteration released already (a training) or an S_C AttestCapePlan would refuse, and
+        ABORTED if a signed count is missing, does not verify, is not this owner's own count, or is
+        signed for another plan: the job is then aborted at this owner, which releases nothing for
+        it and charges nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -112,7 +140,8 @@ class CapeSiteServiceServicer:
         the terms first. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a
         training, if the round's survivors are not the planned sites (re-plan and rerun the round),
         the job released already or the terms exceed the budget left, INVALID_ARGUMENT for a
-        malformed sum.
+        malformed sum, ABORTED if the job was aborted at this owner (a signed count that did not
+        verify).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -126,7 +155,8 @@ class CapeSiteServiceServicer:
         increasing order. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION if
         the job is not a planned training, the round's survivors are not the planned sites, the
         iteration is not after the last one released or the budget is exhausted, INVALID_ARGUMENT
-        for an iteration outside the plan or malformed parameters or sum.
+        for an iteration outside the plan or malformed parameters or sum, ABORTED if the job was
+        aborted at this owner.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -146,6 +176,11 @@ def add_CapeSiteServiceServicer_to_server(servicer, server):
                     servicer.OpenCapeJob,
                     request_deserializer=dpmarket_dot_v1_dot_cape__pb2.OpenCapeJobRequest.FromString,
                     response_serializer=dpmarket_dot_v1_dot_cape__pb2.OpenCapeJobResponse.SerializeToString,
+            ),
+            'AttestCapePlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttestCapePlan,
+                    request_deserializer=dpmarket_dot_v1_dot_cape__pb2.AttestCapePlanRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_cape__pb2.AttestCapePlanResponse.SerializeToString,
             ),
             'PlanCapeJob': grpc.unary_unary_rpc_method_handler(
                     servicer.PlanCapeJob,
@@ -177,12 +212,14 @@ def add_CapeSiteServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class CapeSiteService:
     """A CAPE job at one owner (a site). The curator (the aggregator) opens the job at every owner,
-    plans it over the sites that answered, runs the zero-sum noise round through
+    has every owner that answered sign its row count for the plan (the sites, S_C, the spec),
+    relays the signed counts to all of them to plan, runs the zero-sum noise round through
     SecureAggregationService with the job's id, then asks every site for its release (a training:
     for one release per iteration, each at the parameters the curator broadcasts). Each owner
-    derives its noise and its guarantee itself from the public plan (its own row count among the
-    sites' counts) and charges its own ledger before its first release. Served to the curators an
-    owner's policy names.
+    derives its noise and its guarantee itself from the public plan, whose every input it checked:
+    its own row count, every other site's count signed by that site, S_C at least its policy's
+    floor. It charges its own ledger before its first release. Served to the curators an owner's
+    policy names.
     """
 
     @staticmethod
@@ -202,6 +239,33 @@ class CapeSiteService:
             '/dpmarket.v1.CapeSiteService/OpenCapeJob',
             dpmarket_dot_v1_dot_cape__pb2.OpenCapeJobRequest.SerializeToString,
             dpmarket_dot_v1_dot_cape__pb2.OpenCapeJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AttestCapePlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.CapeSiteService/AttestCapePlan',
+            dpmarket_dot_v1_dot_cape__pb2.AttestCapePlanRequest.SerializeToString,
+            dpmarket_dot_v1_dot_cape__pb2.AttestCapePlanResponse.FromString,
             options,
             channel_credentials,
             insecure,

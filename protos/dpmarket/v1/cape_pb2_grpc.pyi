@@ -28,12 +28,14 @@ GRPC_VERSION: str
 
 class CapeSiteServiceStub:
     """A CAPE job at one owner (a site). The curator (the aggregator) opens the job at every owner,
-    plans it over the sites that answered, runs the zero-sum noise round through
+    has every owner that answered sign its row count for the plan (the sites, S_C, the spec),
+    relays the signed counts to all of them to plan, runs the zero-sum noise round through
     SecureAggregationService with the job's id, then asks every site for its release (a training:
     for one release per iteration, each at the parameters the curator broadcasts). Each owner
-    derives its noise and its guarantee itself from the public plan (its own row count among the
-    sites' counts) and charges its own ledger before its first release. Served to the curators an
-    owner's policy names.
+    derives its noise and its guarantee itself from the public plan, whose every input it checked:
+    its own row count, every other site's count signed by that site, S_C at least its policy's
+    floor. It charges its own ledger before its first release. Served to the curators an owner's
+    policy names.
     """
 
     @_typing.overload
@@ -48,16 +50,31 @@ class CapeSiteServiceStub:
     on the request and the owner's public declarations only, never on its values. Fails with
     INVALID_ARGUMENT for a missing column, an undeclared 0/1 target or a malformed spec,
     FAILED_PRECONDITION if the owner holds no table or the terms exceed its policy or what is
-    left, RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job id in use.
+    left or the spec's colluders (when set) are below the owner's policy floor of S_C (naming the
+    floor, a public value), RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job
+    id in use.
+    """
+    AttestCapePlan: _grpc.UnaryUnaryMultiCallable[_cape_pb2.AttestCapePlanRequest, _cape_pb2.AttestCapePlanResponse]
+    """Sign this owner's row count for a plan: the job, its spec, the sites (sorted), S_C and the
+    first iteration, so that every other site can check the count the curator relays. Signs
+    nothing the owner would refuse to plan. Fails with NOT_FOUND for an unknown job,
+    INVALID_ARGUMENT if the sites are not sorted and distinct or do not hold this owner,
+    FAILED_PRECONDITION if S_C is below the owner's floor (named), below the spec's (or, when the
+    spec leaves it to the default, below ceil(S / 3) - 1), not below S, not the S_C a training
+    released with, or the job was aborted, and as PlanCapeJob for an iteration already released.
     """
     PlanCapeJob: _grpc.UnaryUnaryMultiCallable[_cape_pb2.PlanCapeJobRequest, _cape_pb2.PlanCapeJobResponse]
-    """Fix the sites of the next noise round and their row counts (public); the owner computes the
-    plan (noise scales, weights, guarantee) itself. Called again, with fewer sites, when a site
-    is lost: before the release (one-release jobs), or from the iteration after the last one
-    released (a training, which keeps S_C). Fails with NOT_FOUND for an unknown job,
-    INVALID_ARGUMENT if this owner or its row count is not among them or first_iteration is out
-    of range, FAILED_PRECONDITION after the release (one-release jobs) or for an iteration
-    released already (a training).
+    """Fix the sites of the next noise round, S_C and the sites' row counts, each signed by its site
+    (AttestCapePlan); the owner checks every signature against the deployment CA and the site's
+    name, then computes the plan (noise scales, weights, guarantee) itself. Called again, with
+    fewer sites, when a site is lost: before the release (one-release jobs), or from the
+    iteration after the last one released (a training, which keeps S_C). Fails with NOT_FOUND
+    for an unknown job, INVALID_ARGUMENT if this owner is not among the sites or
+    first_iteration is out of range, FAILED_PRECONDITION after the release (one-release jobs),
+    for an iteration released already (a training) or an S_C AttestCapePlan would refuse, and
+    ABORTED if a signed count is missing, does not verify, is not this owner's own count, or is
+    signed for another plan: the job is then aborted at this owner, which releases nothing for
+    it and charges nothing.
     """
     ReleaseCape: _grpc.UnaryUnaryMultiCallable[_cape_pb2.ReleaseCapeRequest, _cape_pb2.ReleaseCapeResponse]
     """This site's release of a one-release job (Algorithm 2; Algorithm 4, steps 5-8): f_s + e_s +
@@ -66,7 +83,8 @@ class CapeSiteServiceStub:
     the terms first. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a
     training, if the round's survivors are not the planned sites (re-plan and rerun the round),
     the job released already or the terms exceed the budget left, INVALID_ARGUMENT for a
-    malformed sum.
+    malformed sum, ABORTED if the job was aborted at this owner (a signed count that did not
+    verify).
     """
     ReleaseCapeGradient: _grpc.UnaryUnaryMultiCallable[_cape_pb2.ReleaseCapeGradientRequest, _cape_pb2.ReleaseCapeGradientResponse]
     """A training's release at one iteration: the average of this site's per-example gradients at
@@ -76,7 +94,8 @@ class CapeSiteServiceStub:
     increasing order. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION if
     the job is not a planned training, the round's survivors are not the planned sites, the
     iteration is not after the last one released or the budget is exhausted, INVALID_ARGUMENT
-    for an iteration outside the plan or malformed parameters or sum.
+    for an iteration outside the plan or malformed parameters or sum, ABORTED if the job was
+    aborted at this owner.
     """
     CloseCapeJob: _grpc.UnaryUnaryMultiCallable[_cape_pb2.CloseCapeJobRequest, _cape_pb2.CloseCapeJobResponse]
     """Forget a job; return what it spent of this owner's budget. Fails with NOT_FOUND."""
@@ -84,12 +103,14 @@ class CapeSiteServiceStub:
 @_typing.type_check_only
 class CapeSiteServiceAsyncStub(CapeSiteServiceStub):
     """A CAPE job at one owner (a site). The curator (the aggregator) opens the job at every owner,
-    plans it over the sites that answered, runs the zero-sum noise round through
+    has every owner that answered sign its row count for the plan (the sites, S_C, the spec),
+    relays the signed counts to all of them to plan, runs the zero-sum noise round through
     SecureAggregationService with the job's id, then asks every site for its release (a training:
     for one release per iteration, each at the parameters the curator broadcasts). Each owner
-    derives its noise and its guarantee itself from the public plan (its own row count among the
-    sites' counts) and charges its own ledger before its first release. Served to the curators an
-    owner's policy names.
+    derives its noise and its guarantee itself from the public plan, whose every input it checked:
+    its own row count, every other site's count signed by that site, S_C at least its policy's
+    floor. It charges its own ledger before its first release. Served to the curators an owner's
+    policy names.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -101,16 +122,31 @@ class CapeSiteServiceAsyncStub(CapeSiteServiceStub):
     on the request and the owner's public declarations only, never on its values. Fails with
     INVALID_ARGUMENT for a missing column, an undeclared 0/1 target or a malformed spec,
     FAILED_PRECONDITION if the owner holds no table or the terms exceed its policy or what is
-    left, RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job id in use.
+    left or the spec's colluders (when set) are below the owner's policy floor of S_C (naming the
+    floor, a public value), RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job
+    id in use.
+    """
+    AttestCapePlan: _aio.UnaryUnaryMultiCallable[_cape_pb2.AttestCapePlanRequest, _cape_pb2.AttestCapePlanResponse]  # type: ignore[assignment]
+    """Sign this owner's row count for a plan: the job, its spec, the sites (sorted), S_C and the
+    first iteration, so that every other site can check the count the curator relays. Signs
+    nothing the owner would refuse to plan. Fails with NOT_FOUND for an unknown job,
+    INVALID_ARGUMENT if the sites are not sorted and distinct or do not hold this owner,
+    FAILED_PRECONDITION if S_C is below the owner's floor (named), below the spec's (or, when the
+    spec leaves it to the default, below ceil(S / 3) - 1), not below S, not the S_C a training
+    released with, or the job was aborted, and as PlanCapeJob for an iteration already released.
     """
     PlanCapeJob: _aio.UnaryUnaryMultiCallable[_cape_pb2.PlanCapeJobRequest, _cape_pb2.PlanCapeJobResponse]  # type: ignore[assignment]
-    """Fix the sites of the next noise round and their row counts (public); the owner computes the
-    plan (noise scales, weights, guarantee) itself. Called again, with fewer sites, when a site
-    is lost: before the release (one-release jobs), or from the iteration after the last one
-    released (a training, which keeps S_C). Fails with NOT_FOUND for an unknown job,
-    INVALID_ARGUMENT if this owner or its row count is not among them or first_iteration is out
-    of range, FAILED_PRECONDITION after the release (one-release jobs) or for an iteration
-    released already (a training).
+    """Fix the sites of the next noise round, S_C and the sites' row counts, each signed by its site
+    (AttestCapePlan); the owner checks every signature against the deployment CA and the site's
+    name, then computes the plan (noise scales, weights, guarantee) itself. Called again, with
+    fewer sites, when a site is lost: before the release (one-release jobs), or from the
+    iteration after the last one released (a training, which keeps S_C). Fails with NOT_FOUND
+    for an unknown job, INVALID_ARGUMENT if this owner is not among the sites or
+    first_iteration is out of range, FAILED_PRECONDITION after the release (one-release jobs),
+    for an iteration released already (a training) or an S_C AttestCapePlan would refuse, and
+    ABORTED if a signed count is missing, does not verify, is not this owner's own count, or is
+    signed for another plan: the job is then aborted at this owner, which releases nothing for
+    it and charges nothing.
     """
     ReleaseCape: _aio.UnaryUnaryMultiCallable[_cape_pb2.ReleaseCapeRequest, _cape_pb2.ReleaseCapeResponse]  # type: ignore[assignment]
     """This site's release of a one-release job (Algorithm 2; Algorithm 4, steps 5-8): f_s + e_s +
@@ -119,7 +155,8 @@ class CapeSiteServiceAsyncStub(CapeSiteServiceStub):
     the terms first. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a
     training, if the round's survivors are not the planned sites (re-plan and rerun the round),
     the job released already or the terms exceed the budget left, INVALID_ARGUMENT for a
-    malformed sum.
+    malformed sum, ABORTED if the job was aborted at this owner (a signed count that did not
+    verify).
     """
     ReleaseCapeGradient: _aio.UnaryUnaryMultiCallable[_cape_pb2.ReleaseCapeGradientRequest, _cape_pb2.ReleaseCapeGradientResponse]  # type: ignore[assignment]
     """A training's release at one iteration: the average of this site's per-example gradients at
@@ -129,19 +166,22 @@ class CapeSiteServiceAsyncStub(CapeSiteServiceStub):
     increasing order. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION if
     the job is not a planned training, the round's survivors are not the planned sites, the
     iteration is not after the last one released or the budget is exhausted, INVALID_ARGUMENT
-    for an iteration outside the plan or malformed parameters or sum.
+    for an iteration outside the plan or malformed parameters or sum, ABORTED if the job was
+    aborted at this owner.
     """
     CloseCapeJob: _aio.UnaryUnaryMultiCallable[_cape_pb2.CloseCapeJobRequest, _cape_pb2.CloseCapeJobResponse]  # type: ignore[assignment]
     """Forget a job; return what it spent of this owner's budget. Fails with NOT_FOUND."""
 
 class CapeSiteServiceServicer(metaclass=_abc_1.ABCMeta):
     """A CAPE job at one owner (a site). The curator (the aggregator) opens the job at every owner,
-    plans it over the sites that answered, runs the zero-sum noise round through
+    has every owner that answered sign its row count for the plan (the sites, S_C, the spec),
+    relays the signed counts to all of them to plan, runs the zero-sum noise round through
     SecureAggregationService with the job's id, then asks every site for its release (a training:
     for one release per iteration, each at the parameters the curator broadcasts). Each owner
-    derives its noise and its guarantee itself from the public plan (its own row count among the
-    sites' counts) and charges its own ledger before its first release. Served to the curators an
-    owner's policy names.
+    derives its noise and its guarantee itself from the public plan, whose every input it checked:
+    its own row count, every other site's count signed by that site, S_C at least its policy's
+    floor. It charges its own ledger before its first release. Served to the curators an owner's
+    policy names.
     """
 
     @_abc_1.abstractmethod
@@ -157,7 +197,24 @@ class CapeSiteServiceServicer(metaclass=_abc_1.ABCMeta):
         on the request and the owner's public declarations only, never on its values. Fails with
         INVALID_ARGUMENT for a missing column, an undeclared 0/1 target or a malformed spec,
         FAILED_PRECONDITION if the owner holds no table or the terms exceed its policy or what is
-        left, RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job id in use.
+        left or the spec's colluders (when set) are below the owner's policy floor of S_C (naming the
+        floor, a public value), RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job
+        id in use.
+        """
+
+    @_abc_1.abstractmethod
+    def AttestCapePlan(
+        self,
+        request: _cape_pb2.AttestCapePlanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cape_pb2.AttestCapePlanResponse, _abc.Awaitable[_cape_pb2.AttestCapePlanResponse]]:
+        """Sign this owner's row count for a plan: the job, its spec, the sites (sorted), S_C and the
+        first iteration, so that every other site can check the count the curator relays. Signs
+        nothing the owner would refuse to plan. Fails with NOT_FOUND for an unknown job,
+        INVALID_ARGUMENT if the sites are not sorted and distinct or do not hold this owner,
+        FAILED_PRECONDITION if S_C is below the owner's floor (named), below the spec's (or, when the
+        spec leaves it to the default, below ceil(S / 3) - 1), not below S, not the S_C a training
+        released with, or the job was aborted, and as PlanCapeJob for an iteration already released.
         """
 
     @_abc_1.abstractmethod
@@ -166,13 +223,17 @@ class CapeSiteServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _cape_pb2.PlanCapeJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_cape_pb2.PlanCapeJobResponse, _abc.Awaitable[_cape_pb2.PlanCapeJobResponse]]:
-        """Fix the sites of the next noise round and their row counts (public); the owner computes the
-        plan (noise scales, weights, guarantee) itself. Called again, with fewer sites, when a site
-        is lost: before the release (one-release jobs), or from the iteration after the last one
-        released (a training, which keeps S_C). Fails with NOT_FOUND for an unknown job,
-        INVALID_ARGUMENT if this owner or its row count is not among them or first_iteration is out
-        of range, FAILED_PRECONDITION after the release (one-release jobs) or for an iteration
-        released already (a training).
+        """Fix the sites of the next noise round, S_C and the sites' row counts, each signed by its site
+        (AttestCapePlan); the owner checks every signature against the deployment CA and the site's
+        name, then computes the plan (noise scales, weights, guarantee) itself. Called again, with
+        fewer sites, when a site is lost: before the release (one-release jobs), or from the
+        iteration after the last one released (a training, which keeps S_C). Fails with NOT_FOUND
+        for an unknown job, INVALID_ARGUMENT if this owner is not among the sites or
+        first_iteration is out of range, FAILED_PRECONDITION after the release (one-release jobs),
+        for an iteration released already (a training) or an S_C AttestCapePlan would refuse, and
+        ABORTED if a signed count is missing, does not verify, is not this owner's own count, or is
+        signed for another plan: the job is then aborted at this owner, which releases nothing for
+        it and charges nothing.
         """
 
     @_abc_1.abstractmethod
@@ -187,7 +248,8 @@ class CapeSiteServiceServicer(metaclass=_abc_1.ABCMeta):
         the terms first. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a
         training, if the round's survivors are not the planned sites (re-plan and rerun the round),
         the job released already or the terms exceed the budget left, INVALID_ARGUMENT for a
-        malformed sum.
+        malformed sum, ABORTED if the job was aborted at this owner (a signed count that did not
+        verify).
         """
 
     @_abc_1.abstractmethod
@@ -203,7 +265,8 @@ class CapeSiteServiceServicer(metaclass=_abc_1.ABCMeta):
         increasing order. Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION if
         the job is not a planned training, the round's survivors are not the planned sites, the
         iteration is not after the last one released or the budget is exhausted, INVALID_ARGUMENT
-        for an iteration outside the plan or malformed parameters or sum.
+        for an iteration outside the plan or malformed parameters or sum, ABORTED if the job was
+        aborted at this owner.
         """
 
     @_abc_1.abstractmethod

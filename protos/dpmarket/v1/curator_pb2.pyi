@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from dpmarket.v1 import array_pb2 as _array_pb2
+from dpmarket.v1 import schema_pb2 as _schema_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
@@ -408,6 +409,8 @@ class CreateSessionRequest(_message.Message):
     PARAMS_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    SCHEMA_FIELD_NUMBER: _builtins.int
+    FEATURE_NAMES_FIELD_NUMBER: _builtins.int
     summary_size: _builtins.int
     """p: number of owner points in the summary."""
     method: Global___Method.ValueType
@@ -429,6 +432,20 @@ class CreateSessionRequest(_message.Message):
 
     @_builtins.property
     def params(self) -> Global___SummarizationParams: ...
+    @_builtins.property
+    def schema(self) -> _schema_pb2.DatasetSchema:
+        """The public schema the consumer read its validation set through (its features are the
+        validation set's columns, in order); unset when it declared none. Owners' schemas must
+        equal it.
+        """
+
+    @_builtins.property
+    def feature_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The names of the validation set's n columns, in order, when the consumer read them from a
+        table without a schema; empty otherwise. Owners that declared a schema must have these
+        features, in this order.
+        """
+
     def __init__(
         self,
         *,
@@ -439,10 +456,12 @@ class CreateSessionRequest(_message.Message):
         params: Global___SummarizationParams | None = ...,
         seed: _builtins.int | None = ...,
         request_id: _builtins.str = ...,
+        schema: _schema_pb2.DatasetSchema | None = ...,
+        feature_names: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "params", b"params", "seed", b"seed", "seed_set", b"seed_set", "validation", b"validation"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "params", b"params", "schema", b"schema", "seed", b"seed", "seed_set", b"seed_set", "validation", b"validation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "method", b"method", "params", b"params", "request_id", b"request_id", "seed", b"seed", "seed_set", b"seed_set", "summary_size", b"summary_size", "validation", b"validation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "feature_names", b"feature_names", "method", b"method", "params", b"params", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "seed_set", b"seed_set", "summary_size", b"summary_size", "validation", b"validation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015

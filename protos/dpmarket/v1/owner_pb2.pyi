@@ -5,6 +5,7 @@ isort:skip_file
 
 from dpmarket.v1 import array_pb2 as _array_pb2
 from dpmarket.v1 import privacy_pb2 as _privacy_pb2
+from dpmarket.v1 import schema_pb2 as _schema_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 import builtins as _builtins
@@ -41,6 +42,7 @@ class GetOwnerInfoResponse(_message.Message):
     NUM_POINTS_FIELD_NUMBER: _builtins.int
     NUM_FEATURES_FIELD_NUMBER: _builtins.int
     HAS_LABELS_FIELD_NUMBER: _builtins.int
+    SCHEMA_FIELD_NUMBER: _builtins.int
     owner_id: _builtins.str
     """Operator-chosen name of this owner."""
     num_points: _builtins.int
@@ -49,6 +51,13 @@ class GetOwnerInfoResponse(_message.Message):
     """Number of features per point."""
     has_labels: _builtins.bool
     """Whether points carry integer class labels."""
+    @_builtins.property
+    def schema(self) -> _schema_pb2.DatasetSchema:
+        """The public schema the owner checked its table against when it started; unset when the
+        owner declared none. The curator compares it with the consumer's and the other owners'
+        before a session or job opens.
+        """
+
     def __init__(
         self,
         *,
@@ -56,10 +65,11 @@ class GetOwnerInfoResponse(_message.Message):
         num_points: _builtins.int = ...,
         num_features: _builtins.int = ...,
         has_labels: _builtins.bool = ...,
+        schema: _schema_pb2.DatasetSchema | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schema", b"schema"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["has_labels", b"has_labels", "num_features", b"num_features", "num_points", b"num_points", "owner_id", b"owner_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["has_labels", b"has_labels", "num_features", b"num_features", "num_points", b"num_points", "owner_id", b"owner_id", "schema", b"schema"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

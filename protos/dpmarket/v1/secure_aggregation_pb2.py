@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dpmarket.v1 import array_pb2 as dpmarket_dot_v1_dot_array__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$dpmarket/v1/secure_aggregation.proto\x12\x0b\x64pmarket.v1\x1a\x17\x64pmarket/v1/array.proto\"\x9a\x01\n\x16SecureAggregationRound\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x0c\x12\r\n\x05sites\x18\x03 \x03(\t\x12\x11\n\tthreshold\x18\x04 \x01(\x03\x12\x15\n\rvector_length\x18\x05 \x01(\x03\x12\x0c\n\x04\x63lip\x18\x06 \x01(\x01\x12\x17\n\x0fresolution_bits\x18\x07 \x01(\x03\"J\n\x14\x41\x64vertiseKeysRequest\x12\x32\n\x05round\x18\x01 \x01(\x0b\x32#.dpmarket.v1.SecureAggregationRound\"l\n\x10KeyAdvertisement\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x10\n\x08\x63_public\x18\x02 \x01(\x0c\x12\x10\n\x08s_public\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x13\n\x0b\x63\x65rtificate\x18\x05 \x01(\x0c\"M\n\x15\x41\x64vertiseKeysResponse\x12\x34\n\radvertisement\x18\x01 \x01(\x0b\x32\x1d.dpmarket.v1.KeyAdvertisement\"}\n\x10ShareKeysRequest\x12\x32\n\x05round\x18\x01 \x01(\x0b\x32#.dpmarket.v1.SecureAggregationRound\x12\x35\n\x0e\x61\x64vertisements\x18\x02 \x03(\x0b\x32\x1d.dpmarket.v1.KeyAdvertisement\"G\n\x0eSiteCiphertext\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x11\n\trecipient\x18\x02 \x01(\t\x12\x12\n\nciphertext\x18\x03 \x01(\x0c\"E\n\x11ShareKeysResponse\x12\x30\n\x0b\x63iphertexts\x18\x01 \x03(\x0b\x32\x1b.dpmarket.v1.SiteCiphertext\"z\n\x12MaskedInputRequest\x12\x32\n\x05round\x18\x01 \x01(\x0b\x32#.dpmarket.v1.SecureAggregationRound\x12\x30\n\x0b\x63iphertexts\x18\x02 \x03(\x0b\x32\x1b.dpmarket.v1.SiteCiphertext\"9\n\x13MaskedInputResponse\x12\"\n\x06masked\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\"g\n\rUnmaskRequest\x12\x32\n\x05round\x18\x01 \x01(\x0b\x32#.dpmarket.v1.SecureAggregationRound\x12\x11\n\tsurvivors\x18\x02 \x03(\t\x12\x0f\n\x07\x64ropped\x18\x03 \x03(\t\"2\n\x0bShamirShare\x12\r\n\x05owner\x18\x01 \x01(\t\x12\t\n\x01x\x18\x02 \x01(\x03\x12\t\n\x01y\x18\x03 \x01(\x0c\"r\n\x0eUnmaskResponse\x12\x32\n\x10self_mask_shares\x18\x01 \x03(\x0b\x32\x18.dpmarket.v1.ShamirShare\x12,\n\nkey_shares\x18\x02 \x03(\x0b\x32\x18.dpmarket.v1.ShamirShare2\xd3\x02\n\x18SecureAggregationService\x12V\n\rAdvertiseKeys\x12!.dpmarket.v1.AdvertiseKeysRequest\x1a\".dpmarket.v1.AdvertiseKeysResponse\x12J\n\tShareKeys\x12\x1d.dpmarket.v1.ShareKeysRequest\x1a\x1e.dpmarket.v1.ShareKeysResponse\x12P\n\x0bMaskedInput\x12\x1f.dpmarket.v1.MaskedInputRequest\x1a .dpmarket.v1.MaskedInputResponse\x12\x41\n\x06Unmask\x12\x1a.dpmarket.v1.UnmaskRequest\x1a\x1b.dpmarket.v1.UnmaskResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$dpmarket/v1/secure_aggregation.proto\x12\x0b\x64pmarket.v1\x1a\x17\x64pmarket/v1/array.proto\"\xad\x01\n\x16SecureAggregationRound\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x0c\x12\r\n\x05sites\x18\x03 \x03(\t\x12\x11\n\tthreshold\x18\x04 \x01(\x03\x12\x15\n\rvector_length\x18\x05 \x01(\x03\x12\x0c\n\x04\x63lip\x18\x06 \x01(\x01\x12\x17\n\x0fresolution_bits\x18\x07 \x01(\x03\x12\x11\n\tcolluders\x18\x08 \x01(\x03\"J\n\x14\x41\x64vertiseKeysRequest\x12\x32\n\x05round\x18\x01 \x01(\x0b\x32#.dpmarket.v1.SecureAggregationRound\"l\n\x10KeyAdvertisement\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x10\n\x08\x63_public\x18\x02 \x01(\x0c\x12\x10\n\x08s_public\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x13\n\x0b\x63\x65rtificate\x18\x05 \x01(\x0c\"M\n\x15\x41\x64vertiseKeysResponse\x12\x34\n\radvertisement\x18\x01 \x01(\x0b\x32\x1d.dpmarket.v1.KeyAdvertisement\"}\n\x10ShareKeysRequest\x12\x32\n\x05round\x18\x01 \x01(\x0b\x32#.dpmarket.v1.SecureAggregationRound\x12\x35\n\x0e\x61\x64vertisements\x18\x02 \x03(\x0b\x32\x1d.dpmarket.v1.KeyAdvertisement\"G\n\x0eSiteCiphertext\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x11\n\trecipient\x18\x02 \x01(\t\x12\x12\n\nciphertext\x18\x03 \x01(\x0c\"E\n\x11ShareKeysResponse\x12\x30\n\x0b\x63iphertexts\x18\x01 \x03(\x0b\x32\x1b.dpmarket.v1.SiteCiphertext\"z\n\x12MaskedInputRequest\x12\x32\n\x05round\x18\x01 \x01(\x0b\x32#.dpmarket.v1.SecureAggregationRound\x12\x30\n\x0b\x63iphertexts\x18\x02 \x03(\x0b\x32\x1b.dpmarket.v1.SiteCiphertext\"9\n\x13MaskedInputResponse\x12\"\n\x06masked\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\"`\n\x17\x43onsistencyCheckRequest\x12\x32\n\x05round\x18\x01 \x01(\x0b\x32#.dpmarket.v1.SecureAggregationRound\x12\x11\n\tsurvivors\x18\x02 \x03(\t\"-\n\x18\x43onsistencyCheckResponse\x12\x11\n\tsignature\x18\x01 \x01(\x0c\"4\n\x11SurvivorSignature\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"\x9b\x01\n\rUnmaskRequest\x12\x32\n\x05round\x18\x01 \x01(\x0b\x32#.dpmarket.v1.SecureAggregationRound\x12\x11\n\tsurvivors\x18\x02 \x03(\t\x12\x0f\n\x07\x64ropped\x18\x03 \x03(\t\x12\x32\n\nsignatures\x18\x04 \x03(\x0b\x32\x1e.dpmarket.v1.SurvivorSignature\"2\n\x0bShamirShare\x12\r\n\x05owner\x18\x01 \x01(\t\x12\t\n\x01x\x18\x02 \x01(\x03\x12\t\n\x01y\x18\x03 \x01(\x0c\"r\n\x0eUnmaskResponse\x12\x32\n\x10self_mask_shares\x18\x01 \x03(\x0b\x32\x18.dpmarket.v1.ShamirShare\x12,\n\nkey_shares\x18\x02 \x03(\x0b\x32\x18.dpmarket.v1.ShamirShare2\xb4\x03\n\x18SecureAggregationService\x12V\n\rAdvertiseKeys\x12!.dpmarket.v1.AdvertiseKeysRequest\x1a\".dpmarket.v1.AdvertiseKeysResponse\x12J\n\tShareKeys\x12\x1d.dpmarket.v1.ShareKeysRequest\x1a\x1e.dpmarket.v1.ShareKeysResponse\x12P\n\x0bMaskedInput\x12\x1f.dpmarket.v1.MaskedInputRequest\x1a .dpmarket.v1.MaskedInputResponse\x12_\n\x10\x43onsistencyCheck\x12$.dpmarket.v1.ConsistencyCheckRequest\x1a%.dpmarket.v1.ConsistencyCheckResponse\x12\x41\n\x06Unmask\x12\x1a.dpmarket.v1.UnmaskRequest\x1a\x1b.dpmarket.v1.UnmaskResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,29 +33,35 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dpmarket.v1.secure_aggregat
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SECUREAGGREGATIONROUND']._serialized_start=79
-  _globals['_SECUREAGGREGATIONROUND']._serialized_end=233
-  _globals['_ADVERTISEKEYSREQUEST']._serialized_start=235
-  _globals['_ADVERTISEKEYSREQUEST']._serialized_end=309
-  _globals['_KEYADVERTISEMENT']._serialized_start=311
-  _globals['_KEYADVERTISEMENT']._serialized_end=419
-  _globals['_ADVERTISEKEYSRESPONSE']._serialized_start=421
-  _globals['_ADVERTISEKEYSRESPONSE']._serialized_end=498
-  _globals['_SHAREKEYSREQUEST']._serialized_start=500
-  _globals['_SHAREKEYSREQUEST']._serialized_end=625
-  _globals['_SITECIPHERTEXT']._serialized_start=627
-  _globals['_SITECIPHERTEXT']._serialized_end=698
-  _globals['_SHAREKEYSRESPONSE']._serialized_start=700
-  _globals['_SHAREKEYSRESPONSE']._serialized_end=769
-  _globals['_MASKEDINPUTREQUEST']._serialized_start=771
-  _globals['_MASKEDINPUTREQUEST']._serialized_end=893
-  _globals['_MASKEDINPUTRESPONSE']._serialized_start=895
-  _globals['_MASKEDINPUTRESPONSE']._serialized_end=952
-  _globals['_UNMASKREQUEST']._serialized_start=954
-  _globals['_UNMASKREQUEST']._serialized_end=1057
-  _globals['_SHAMIRSHARE']._serialized_start=1059
-  _globals['_SHAMIRSHARE']._serialized_end=1109
-  _globals['_UNMASKRESPONSE']._serialized_start=1111
-  _globals['_UNMASKRESPONSE']._serialized_end=1225
-  _globals['_SECUREAGGREGATIONSERVICE']._serialized_start=1228
-  _globals['_SECUREAGGREGATIONSERVICE']._serialized_end=1567
+  _globals['_SECUREAGGREGATIONROUND']._serialized_end=252
+  _globals['_ADVERTISEKEYSREQUEST']._serialized_start=254
+  _globals['_ADVERTISEKEYSREQUEST']._serialized_end=328
+  _globals['_KEYADVERTISEMENT']._serialized_start=330
+  _globals['_KEYADVERTISEMENT']._serialized_end=438
+  _globals['_ADVERTISEKEYSRESPONSE']._serialized_start=440
+  _globals['_ADVERTISEKEYSRESPONSE']._serialized_end=517
+  _globals['_SHAREKEYSREQUEST']._serialized_start=519
+  _globals['_SHAREKEYSREQUEST']._serialized_end=644
+  _globals['_SITECIPHERTEXT']._serialized_start=646
+  _globals['_SITECIPHERTEXT']._serialized_end=717
+  _globals['_SHAREKEYSRESPONSE']._serialized_start=719
+  _globals['_SHAREKEYSRESPONSE']._serialized_end=788
+  _globals['_MASKEDINPUTREQUEST']._serialized_start=790
+  _globals['_MASKEDINPUTREQUEST']._serialized_end=912
+  _globals['_MASKEDINPUTRESPONSE']._serialized_start=914
+  _globals['_MASKEDINPUTRESPONSE']._serialized_end=971
+  _globals['_CONSISTENCYCHECKREQUEST']._serialized_start=973
+  _globals['_CONSISTENCYCHECKREQUEST']._serialized_end=1069
+  _globals['_CONSISTENCYCHECKRESPONSE']._serialized_start=1071
+  _globals['_CONSISTENCYCHECKRESPONSE']._serialized_end=1116
+  _globals['_SURVIVORSIGNATURE']._serialized_start=1118
+  _globals['_SURVIVORSIGNATURE']._serialized_end=1170
+  _globals['_UNMASKREQUEST']._serialized_start=1173
+  _globals['_UNMASKREQUEST']._serialized_end=1328
+  _globals['_SHAMIRSHARE']._serialized_start=1330
+  _globals['_SHAMIRSHARE']._serialized_end=1380
+  _globals['_UNMASKRESPONSE']._serialized_start=1382
+  _globals['_UNMASKRESPONSE']._serialized_end=1496
+  _globals['_SECUREAGGREGATIONSERVICE']._serialized_start=1499
+  _globals['_SECUREAGGREGATIONSERVICE']._serialized_end=1935
 # @@protoc_insertion_point(module_scope)

@@ -32,17 +32,22 @@ class SecureAggregationRound(_message.Message):
     VECTOR_LENGTH_FIELD_NUMBER: _builtins.int
     CLIP_FIELD_NUMBER: _builtins.int
     RESOLUTION_BITS_FIELD_NUMBER: _builtins.int
+    COLLUDERS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job (e.g. a CAPE estimate) whose input the site sums."""
     round_id: _builtins.bytes
     """Random id chosen by the curator, at least 16 bytes; bound into signatures and ciphertexts."""
     threshold: _builtins.int
-    """Shamir threshold t: more than half the sites, at least 2."""
+    """Shamir threshold t: at least 2, and 2 t > sites + colluders."""
     vector_length: _builtins.int
     """Length of the summed vector."""
     clip: _builtins.float
     """Fixed point: inputs must lie in [-clip, clip]; resolution_bits per site."""
     resolution_bits: _builtins.int
+    colluders: _builtins.int
+    """S_C: how many sites may collude with the curator; at least every site's floor (its owner's
+    policy and its job), at most sites - 1.
+    """
     @_builtins.property
     def sites(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The sites of the round (owner names), sorted."""
@@ -57,10 +62,11 @@ class SecureAggregationRound(_message.Message):
         vector_length: _builtins.int = ...,
         clip: _builtins.float = ...,
         resolution_bits: _builtins.int = ...,
+        colluders: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip", b"clip", "job_id", b"job_id", "resolution_bits", b"resolution_bits", "round_id", b"round_id", "sites", b"sites", "threshold", b"threshold", "vector_length", b"vector_length"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip", b"clip", "colluders", b"colluders", "job_id", b"job_id", "resolution_bits", b"resolution_bits", "round_id", b"round_id", "sites", b"sites", "threshold", b"threshold", "vector_length", b"vector_length"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -269,12 +275,87 @@ class MaskedInputResponse(_message.Message):
 Global___MaskedInputResponse: _TypeAlias = MaskedInputResponse  # noqa: Y015
 
 @_typing.final
+class ConsistencyCheckRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUND_FIELD_NUMBER: _builtins.int
+    SURVIVORS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def round(self) -> Global___SecureAggregationRound: ...
+    @_builtins.property
+    def survivors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Sites whose masked input the curator received (U3)."""
+
+    def __init__(
+        self,
+        *,
+        round: Global___SecureAggregationRound | None = ...,
+        survivors: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["round", b"round"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["round", b"round", "survivors", b"survivors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsistencyCheckRequest: _TypeAlias = ConsistencyCheckRequest  # noqa: Y015
+
+@_typing.final
+class ConsistencyCheckResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    signature: _builtins.bytes
+    """ECDSA P-256 (DER) signature with the site's certificate key of (label, round_id, a SHA-256
+    digest of every round parameter, the sorted survivors).
+    """
+    def __init__(
+        self,
+        *,
+        signature: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["signature", b"signature"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsistencyCheckResponse: _TypeAlias = ConsistencyCheckResponse  # noqa: Y015
+
+@_typing.final
+class SurvivorSignature(_message.Message):
+    """One survivor's signature of the survivor list."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SITE_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    site: _builtins.str
+    """The signing site (owner name)."""
+    signature: _builtins.bytes
+    """Its ConsistencyCheckResponse.signature."""
+    def __init__(
+        self,
+        *,
+        site: _builtins.str = ...,
+        signature: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["signature", b"signature", "site", b"site"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SurvivorSignature: _TypeAlias = SurvivorSignature  # noqa: Y015
+
+@_typing.final
 class UnmaskRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ROUND_FIELD_NUMBER: _builtins.int
     SURVIVORS_FIELD_NUMBER: _builtins.int
     DROPPED_FIELD_NUMBER: _builtins.int
+    SIGNATURES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def round(self) -> Global___SecureAggregationRound: ...
     @_builtins.property
@@ -283,16 +364,21 @@ class UnmaskRequest(_message.Message):
 
     @_builtins.property
     def dropped(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def signatures(self) -> _containers.RepeatedCompositeFieldContainer[Global___SurvivorSignature]:
+        """Every signature of the survivor list the curator collected (at least `threshold`)."""
+
     def __init__(
         self,
         *,
         round: Global___SecureAggregationRound | None = ...,
         survivors: _abc.Iterable[_builtins.str] | None = ...,
         dropped: _abc.Iterable[_builtins.str] | None = ...,
+        signatures: _abc.Iterable[Global___SurvivorSignature] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["round", b"round"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "round", b"round", "survivors", b"survivors"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "round", b"round", "signatures", b"signatures", "survivors", b"survivors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,18 +26,25 @@ if _version_not_supported:
 
 
 class SecureAggregationServiceStub:
-    """Secure aggregation (Bonawitz et al., CCS 2017) with the owners as sites and the curator as the
-    aggregator, which drives the four rounds and routes every message between sites. The curator
-    learns the sum of the sites' inputs and nothing else; a site learns nothing about the others'
-    inputs. What a site sums is decided by the job the round belongs to (for CAPE, the site's own
-    noise draw, Algorithm 1), never by the curator's messages.
+    """Secure aggregation (Bonawitz et al., CCS 2017, the variant secure against a server that lies
+    actively) with the owners as sites and the curator as the aggregator, which drives the five
+    rounds and routes every message between sites. The curator learns the sum of the sites' inputs
+    and nothing else, even if it lies and up to `colluders` sites share their secrets with it; a
+    site learns nothing about the others' inputs. What a site sums is decided by the job the round
+    belongs to (for CAPE, the site's own noise draw, Algorithm 1), never by the curator's messages.
 
     Served to the curators an owner's policy names, as every owner RPC. Key advertisements are
     signed with the site's certificate key and carry the certificate, so a site detects a key the
     curator substituted (the mTLS channel authenticates site and curator to each other, not sites
-    to sites). Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a round
-    out of order, INVALID_ARGUMENT for malformed keys or ciphertexts, ABORTED when a check fails
-    (a bad signature or identity, a tampered ciphertext, fewer sites than the threshold).
+    to sites). Before a site reveals any unmasking share it checks that at least `threshold`
+    survivors signed the survivor list it signed itself (ConsistencyCheck), and a round must have
+    2 * threshold > sites + colluders, so two different survivor lists can never both gather
+    enough signatures. A round id is used once: every round is remembered until its job closes.
+    Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a round out of order
+    or repeated, or one below the owner's floor of colluders, INVALID_ARGUMENT for malformed
+    parameters, keys or ciphertexts, ABORTED when a check fails (a bad signature or identity, a
+    tampered ciphertext, a survivor list other than the one signed, fewer sites or signatures than
+    the threshold); an aborted round releases nothing more and stays aborted at that site.
     """
 
     def __init__(self, channel):
@@ -61,6 +68,11 @@ class SecureAggregationServiceStub:
                 request_serializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.MaskedInputRequest.SerializeToString,
                 response_deserializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.MaskedInputResponse.FromString,
                 _registered_method=True)
+        self.ConsistencyCheck = channel.unary_unary(
+                '/dpmarket.v1.SecureAggregationService/ConsistencyCheck',
+                request_serializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.ConsistencyCheckRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.ConsistencyCheckResponse.FromString,
+                _registered_method=True)
         self.Unmask = channel.unary_unary(
                 '/dpmarket.v1.SecureAggregationService/Unmask',
                 request_serializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.UnmaskRequest.SerializeToString,
@@ -69,22 +81,31 @@ class SecureAggregationServiceStub:
 
 
 class SecureAggregationServiceServicer:
-    """Secure aggregation (Bonawitz et al., CCS 2017) with the owners as sites and the curator as the
-    aggregator, which drives the four rounds and routes every message between sites. The curator
-    learns the sum of the sites' inputs and nothing else; a site learns nothing about the others'
-    inputs. What a site sums is decided by the job the round belongs to (for CAPE, the site's own
-    noise draw, Algorithm 1), never by the curator's messages.
+    """Secure aggregation (Bonawitz et al., CCS 2017, the variant secure against a server that lies
+    actively) with the owners as sites and the curator as the aggregator, which drives the five
+    rounds and routes every message between sites. The curator learns the sum of the sites' inputs
+    and nothing else, even if it lies and up to `colluders` sites share their secrets with it; a
+    site learns nothing about the others' inputs. What a site sums is decided by the job the round
+    belongs to (for CAPE, the site's own noise draw, Algorithm 1), never by the curator's messages.
 
     Served to the curators an owner's policy names, as every owner RPC. Key advertisements are
     signed with the site's certificate key and carry the certificate, so a site detects a key the
     curator substituted (the mTLS channel authenticates site and curator to each other, not sites
-    to sites). Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a round
-    out of order, INVALID_ARGUMENT for malformed keys or ciphertexts, ABORTED when a check fails
-    (a bad signature or identity, a tampered ciphertext, fewer sites than the threshold).
+    to sites). Before a site reveals any unmasking share it checks that at least `threshold`
+    survivors signed the survivor list it signed itself (ConsistencyCheck), and a round must have
+    2 * threshold > sites + colluders, so two different survivor lists can never both gather
+    enough signatures. A round id is used once: every round is remembered until its job closes.
+    Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a round out of order
+    or repeated, or one below the owner's floor of colluders, INVALID_ARGUMENT for malformed
+    parameters, keys or ciphertexts, ABORTED when a check fails (a bad signature or identity, a
+    tampered ciphertext, a survivor list other than the one signed, fewer sites or signatures than
+    the threshold); an aborted round releases nothing more and stays aborted at that site.
     """
 
     def AdvertiseKeys(self, request, context):
-        """Round 0: start a round of a job: two fresh X25519 public keys, signed.
+        """Round 0: start a round of a job: two fresh X25519 public keys, signed. Fails with
+        FAILED_PRECONDITION (before anything is sent) if the round's colluders are below the owner's
+        policy floor or its job's, or the round's sites or length are not the job's plan.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -106,9 +127,23 @@ class SecureAggregationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConsistencyCheck(self, request, context):
+        """Round 3 (ConsistencyCheck): given the survivors (masked input received), return this site's
+        signature of them. A site signs once per round, only a list of at least `threshold` sites of
+        its own round 2 that holds itself; fails with ABORTED otherwise (the round is then over for
+        it) and FAILED_PRECONDITION for a second request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Unmask(self, request, context):
-        """Round 3: given the survivors (masked input received) and the dropped sites, return the
-        self-mask shares of survivors and the key shares of dropped sites, never both for one site.
+        """Round 4: given the survivors, the dropped sites and the survivors' signatures of the survivor
+        list, return the self-mask shares of survivors and the key shares of dropped sites, never
+        both for one site. The survivors must be the list this site signed and the dropped sites
+        exactly its round-2 sites outside it, with at least `threshold` valid signatures of that list
+        from distinct survivors; fails with ABORTED otherwise (nothing revealed) and
+        FAILED_PRECONDITION for a second request.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -132,6 +167,11 @@ def add_SecureAggregationServiceServicer_to_server(servicer, server):
                     request_deserializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.MaskedInputRequest.FromString,
                     response_serializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.MaskedInputResponse.SerializeToString,
             ),
+            'ConsistencyCheck': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConsistencyCheck,
+                    request_deserializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.ConsistencyCheckRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.ConsistencyCheckResponse.SerializeToString,
+            ),
             'Unmask': grpc.unary_unary_rpc_method_handler(
                     servicer.Unmask,
                     request_deserializer=dpmarket_dot_v1_dot_secure__aggregation__pb2.UnmaskRequest.FromString,
@@ -146,18 +186,25 @@ def add_SecureAggregationServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class SecureAggregationService:
-    """Secure aggregation (Bonawitz et al., CCS 2017) with the owners as sites and the curator as the
-    aggregator, which drives the four rounds and routes every message between sites. The curator
-    learns the sum of the sites' inputs and nothing else; a site learns nothing about the others'
-    inputs. What a site sums is decided by the job the round belongs to (for CAPE, the site's own
-    noise draw, Algorithm 1), never by the curator's messages.
+    """Secure aggregation (Bonawitz et al., CCS 2017, the variant secure against a server that lies
+    actively) with the owners as sites and the curator as the aggregator, which drives the five
+    rounds and routes every message between sites. The curator learns the sum of the sites' inputs
+    and nothing else, even if it lies and up to `colluders` sites share their secrets with it; a
+    site learns nothing about the others' inputs. What a site sums is decided by the job the round
+    belongs to (for CAPE, the site's own noise draw, Algorithm 1), never by the curator's messages.
 
     Served to the curators an owner's policy names, as every owner RPC. Key advertisements are
     signed with the site's certificate key and carry the certificate, so a site detects a key the
     curator substituted (the mTLS channel authenticates site and curator to each other, not sites
-    to sites). Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a round
-    out of order, INVALID_ARGUMENT for malformed keys or ciphertexts, ABORTED when a check fails
-    (a bad signature or identity, a tampered ciphertext, fewer sites than the threshold).
+    to sites). Before a site reveals any unmasking share it checks that at least `threshold`
+    survivors signed the survivor list it signed itself (ConsistencyCheck), and a round must have
+    2 * threshold > sites + colluders, so two different survivor lists can never both gather
+    enough signatures. A round id is used once: every round is remembered until its job closes.
+    Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a round out of order
+    or repeated, or one below the owner's floor of colluders, INVALID_ARGUMENT for malformed
+    parameters, keys or ciphertexts, ABORTED when a check fails (a bad signature or identity, a
+    tampered ciphertext, a survivor list other than the one signed, fewer sites or signatures than
+    the threshold); an aborted round releases nothing more and stays aborted at that site.
     """
 
     @staticmethod
@@ -231,6 +278,33 @@ class SecureAggregationService:
             '/dpmarket.v1.SecureAggregationService/MaskedInput',
             dpmarket_dot_v1_dot_secure__aggregation__pb2.MaskedInputRequest.SerializeToString,
             dpmarket_dot_v1_dot_secure__aggregation__pb2.MaskedInputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConsistencyCheck(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.SecureAggregationService/ConsistencyCheck',
+            dpmarket_dot_v1_dot_secure__aggregation__pb2.ConsistencyCheckRequest.SerializeToString,
+            dpmarket_dot_v1_dot_secure__aggregation__pb2.ConsistencyCheckResponse.FromString,
             options,
             channel_credentials,
             insecure,

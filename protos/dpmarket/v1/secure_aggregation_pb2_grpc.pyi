@@ -27,18 +27,25 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class SecureAggregationServiceStub:
-    """Secure aggregation (Bonawitz et al., CCS 2017) with the owners as sites and the curator as the
-    aggregator, which drives the four rounds and routes every message between sites. The curator
-    learns the sum of the sites' inputs and nothing else; a site learns nothing about the others'
-    inputs. What a site sums is decided by the job the round belongs to (for CAPE, the site's own
-    noise draw, Algorithm 1), never by the curator's messages.
+    """Secure aggregation (Bonawitz et al., CCS 2017, the variant secure against a server that lies
+    actively) with the owners as sites and the curator as the aggregator, which drives the five
+    rounds and routes every message between sites. The curator learns the sum of the sites' inputs
+    and nothing else, even if it lies and up to `colluders` sites share their secrets with it; a
+    site learns nothing about the others' inputs. What a site sums is decided by the job the round
+    belongs to (for CAPE, the site's own noise draw, Algorithm 1), never by the curator's messages.
 
     Served to the curators an owner's policy names, as every owner RPC. Key advertisements are
     signed with the site's certificate key and carry the certificate, so a site detects a key the
     curator substituted (the mTLS channel authenticates site and curator to each other, not sites
-    to sites). Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a round
-    out of order, INVALID_ARGUMENT for malformed keys or ciphertexts, ABORTED when a check fails
-    (a bad signature or identity, a tampered ciphertext, fewer sites than the threshold).
+    to sites). Before a site reveals any unmasking share it checks that at least `threshold`
+    survivors signed the survivor list it signed itself (ConsistencyCheck), and a round must have
+    2 * threshold > sites + colluders, so two different survivor lists can never both gather
+    enough signatures. A round id is used once: every round is remembered until its job closes.
+    Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a round out of order
+    or repeated, or one below the owner's floor of colluders, INVALID_ARGUMENT for malformed
+    parameters, keys or ciphertexts, ABORTED when a check fails (a bad signature or identity, a
+    tampered ciphertext, a survivor list other than the one signed, fewer sites or signatures than
+    the threshold); an aborted round releases nothing more and stays aborted at that site.
     """
 
     @_typing.overload
@@ -46,7 +53,10 @@ class SecureAggregationServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> SecureAggregationServiceAsyncStub: ...
     AdvertiseKeys: _grpc.UnaryUnaryMultiCallable[_secure_aggregation_pb2.AdvertiseKeysRequest, _secure_aggregation_pb2.AdvertiseKeysResponse]
-    """Round 0: start a round of a job: two fresh X25519 public keys, signed."""
+    """Round 0: start a round of a job: two fresh X25519 public keys, signed. Fails with
+    FAILED_PRECONDITION (before anything is sent) if the round's colluders are below the owner's
+    policy floor or its job's, or the round's sites or length are not the job's plan.
+    """
     ShareKeys: _grpc.UnaryUnaryMultiCallable[_secure_aggregation_pb2.ShareKeysRequest, _secure_aggregation_pb2.ShareKeysResponse]
     """Round 1: verify every advertisement; return this site's shares of its secrets, one AEAD
     ciphertext per other advertised site.
@@ -55,30 +65,50 @@ class SecureAggregationServiceStub:
     """Round 2: receive the ciphertexts addressed to this site (their senders are the sites that
     completed round 1); return this site's masked input.
     """
+    ConsistencyCheck: _grpc.UnaryUnaryMultiCallable[_secure_aggregation_pb2.ConsistencyCheckRequest, _secure_aggregation_pb2.ConsistencyCheckResponse]
+    """Round 3 (ConsistencyCheck): given the survivors (masked input received), return this site's
+    signature of them. A site signs once per round, only a list of at least `threshold` sites of
+    its own round 2 that holds itself; fails with ABORTED otherwise (the round is then over for
+    it) and FAILED_PRECONDITION for a second request.
+    """
     Unmask: _grpc.UnaryUnaryMultiCallable[_secure_aggregation_pb2.UnmaskRequest, _secure_aggregation_pb2.UnmaskResponse]
-    """Round 3: given the survivors (masked input received) and the dropped sites, return the
-    self-mask shares of survivors and the key shares of dropped sites, never both for one site.
+    """Round 4: given the survivors, the dropped sites and the survivors' signatures of the survivor
+    list, return the self-mask shares of survivors and the key shares of dropped sites, never
+    both for one site. The survivors must be the list this site signed and the dropped sites
+    exactly its round-2 sites outside it, with at least `threshold` valid signatures of that list
+    from distinct survivors; fails with ABORTED otherwise (nothing revealed) and
+    FAILED_PRECONDITION for a second request.
     """
 
 @_typing.type_check_only
 class SecureAggregationServiceAsyncStub(SecureAggregationServiceStub):
-    """Secure aggregation (Bonawitz et al., CCS 2017) with the owners as sites and the curator as the
-    aggregator, which drives the four rounds and routes every message between sites. The curator
-    learns the sum of the sites' inputs and nothing else; a site learns nothing about the others'
-    inputs. What a site sums is decided by the job the round belongs to (for CAPE, the site's own
-    noise draw, Algorithm 1), never by the curator's messages.
+    """Secure aggregation (Bonawitz et al., CCS 2017, the variant secure against a server that lies
+    actively) with the owners as sites and the curator as the aggregator, which drives the five
+    rounds and routes every message between sites. The curator learns the sum of the sites' inputs
+    and nothing else, even if it lies and up to `colluders` sites share their secrets with it; a
+    site learns nothing about the others' inputs. What a site sums is decided by the job the round
+    belongs to (for CAPE, the site's own noise draw, Algorithm 1), never by the curator's messages.
 
     Served to the curators an owner's policy names, as every owner RPC. Key advertisements are
     signed with the site's certificate key and carry the certificate, so a site detects a key the
     curator substituted (the mTLS channel authenticates site and curator to each other, not sites
-    to sites). Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a round
-    out of order, INVALID_ARGUMENT for malformed keys or ciphertexts, ABORTED when a check fails
-    (a bad signature or identity, a tampered ciphertext, fewer sites than the threshold).
+    to sites). Before a site reveals any unmasking share it checks that at least `threshold`
+    survivors signed the survivor list it signed itself (ConsistencyCheck), and a round must have
+    2 * threshold > sites + colluders, so two different survivor lists can never both gather
+    enough signatures. A round id is used once: every round is remembered until its job closes.
+    Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a round out of order
+    or repeated, or one below the owner's floor of colluders, INVALID_ARGUMENT for malformed
+    parameters, keys or ciphertexts, ABORTED when a check fails (a bad signature or identity, a
+    tampered ciphertext, a survivor list other than the one signed, fewer sites or signatures than
+    the threshold); an aborted round releases nothing more and stays aborted at that site.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     AdvertiseKeys: _aio.UnaryUnaryMultiCallable[_secure_aggregation_pb2.AdvertiseKeysRequest, _secure_aggregation_pb2.AdvertiseKeysResponse]  # type: ignore[assignment]
-    """Round 0: start a round of a job: two fresh X25519 public keys, signed."""
+    """Round 0: start a round of a job: two fresh X25519 public keys, signed. Fails with
+    FAILED_PRECONDITION (before anything is sent) if the round's colluders are below the owner's
+    policy floor or its job's, or the round's sites or length are not the job's plan.
+    """
     ShareKeys: _aio.UnaryUnaryMultiCallable[_secure_aggregation_pb2.ShareKeysRequest, _secure_aggregation_pb2.ShareKeysResponse]  # type: ignore[assignment]
     """Round 1: verify every advertisement; return this site's shares of its secrets, one AEAD
     ciphertext per other advertised site.
@@ -87,24 +117,41 @@ class SecureAggregationServiceAsyncStub(SecureAggregationServiceStub):
     """Round 2: receive the ciphertexts addressed to this site (their senders are the sites that
     completed round 1); return this site's masked input.
     """
+    ConsistencyCheck: _aio.UnaryUnaryMultiCallable[_secure_aggregation_pb2.ConsistencyCheckRequest, _secure_aggregation_pb2.ConsistencyCheckResponse]  # type: ignore[assignment]
+    """Round 3 (ConsistencyCheck): given the survivors (masked input received), return this site's
+    signature of them. A site signs once per round, only a list of at least `threshold` sites of
+    its own round 2 that holds itself; fails with ABORTED otherwise (the round is then over for
+    it) and FAILED_PRECONDITION for a second request.
+    """
     Unmask: _aio.UnaryUnaryMultiCallable[_secure_aggregation_pb2.UnmaskRequest, _secure_aggregation_pb2.UnmaskResponse]  # type: ignore[assignment]
-    """Round 3: given the survivors (masked input received) and the dropped sites, return the
-    self-mask shares of survivors and the key shares of dropped sites, never both for one site.
+    """Round 4: given the survivors, the dropped sites and the survivors' signatures of the survivor
+    list, return the self-mask shares of survivors and the key shares of dropped sites, never
+    both for one site. The survivors must be the list this site signed and the dropped sites
+    exactly its round-2 sites outside it, with at least `threshold` valid signatures of that list
+    from distinct survivors; fails with ABORTED otherwise (nothing revealed) and
+    FAILED_PRECONDITION for a second request.
     """
 
 class SecureAggregationServiceServicer(metaclass=_abc_1.ABCMeta):
-    """Secure aggregation (Bonawitz et al., CCS 2017) with the owners as sites and the curator as the
-    aggregator, which drives the four rounds and routes every message between sites. The curator
-    learns the sum of the sites' inputs and nothing else; a site learns nothing about the others'
-    inputs. What a site sums is decided by the job the round belongs to (for CAPE, the site's own
-    noise draw, Algorithm 1), never by the curator's messages.
+    """Secure aggregation (Bonawitz et al., CCS 2017, the variant secure against a server that lies
+    actively) with the owners as sites and the curator as the aggregator, which drives the five
+    rounds and routes every message between sites. The curator learns the sum of the sites' inputs
+    and nothing else, even if it lies and up to `colluders` sites share their secrets with it; a
+    site learns nothing about the others' inputs. What a site sums is decided by the job the round
+    belongs to (for CAPE, the site's own noise draw, Algorithm 1), never by the curator's messages.
 
     Served to the curators an owner's policy names, as every owner RPC. Key advertisements are
     signed with the site's certificate key and carry the certificate, so a site detects a key the
     curator substituted (the mTLS channel authenticates site and curator to each other, not sites
-    to sites). Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a round
-    out of order, INVALID_ARGUMENT for malformed keys or ciphertexts, ABORTED when a check fails
-    (a bad signature or identity, a tampered ciphertext, fewer sites than the threshold).
+    to sites). Before a site reveals any unmasking share it checks that at least `threshold`
+    survivors signed the survivor list it signed itself (ConsistencyCheck), and a round must have
+    2 * threshold > sites + colluders, so two different survivor lists can never both gather
+    enough signatures. A round id is used once: every round is remembered until its job closes.
+    Fails with NOT_FOUND for an unknown job or round, FAILED_PRECONDITION for a round out of order
+    or repeated, or one below the owner's floor of colluders, INVALID_ARGUMENT for malformed
+    parameters, keys or ciphertexts, ABORTED when a check fails (a bad signature or identity, a
+    tampered ciphertext, a survivor list other than the one signed, fewer sites or signatures than
+    the threshold); an aborted round releases nothing more and stays aborted at that site.
     """
 
     @_abc_1.abstractmethod
@@ -113,7 +160,10 @@ class SecureAggregationServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _secure_aggregation_pb2.AdvertiseKeysRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_secure_aggregation_pb2.AdvertiseKeysResponse, _abc.Awaitable[_secure_aggregation_pb2.AdvertiseKeysResponse]]:
-        """Round 0: start a round of a job: two fresh X25519 public keys, signed."""
+        """Round 0: start a round of a job: two fresh X25519 public keys, signed. Fails with
+        FAILED_PRECONDITION (before anything is sent) if the round's colluders are below the owner's
+        policy floor or its job's, or the round's sites or length are not the job's plan.
+        """
 
     @_abc_1.abstractmethod
     def ShareKeys(
@@ -136,13 +186,29 @@ class SecureAggregationServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
+    def ConsistencyCheck(
+        self,
+        request: _secure_aggregation_pb2.ConsistencyCheckRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_secure_aggregation_pb2.ConsistencyCheckResponse, _abc.Awaitable[_secure_aggregation_pb2.ConsistencyCheckResponse]]:
+        """Round 3 (ConsistencyCheck): given the survivors (masked input received), return this site's
+        signature of them. A site signs once per round, only a list of at least `threshold` sites of
+        its own round 2 that holds itself; fails with ABORTED otherwise (the round is then over for
+        it) and FAILED_PRECONDITION for a second request.
+        """
+
+    @_abc_1.abstractmethod
     def Unmask(
         self,
         request: _secure_aggregation_pb2.UnmaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_secure_aggregation_pb2.UnmaskResponse, _abc.Awaitable[_secure_aggregation_pb2.UnmaskResponse]]:
-        """Round 3: given the survivors (masked input received) and the dropped sites, return the
-        self-mask shares of survivors and the key shares of dropped sites, never both for one site.
+        """Round 4: given the survivors, the dropped sites and the survivors' signatures of the survivor
+        list, return the self-mask shares of survivors and the key shares of dropped sites, never
+        both for one site. The survivors must be the list this site signed and the dropped sites
+        exactly its round-2 sites outside it, with at least `threshold` valid signatures of that list
+        from distinct survivors; fails with ABORTED otherwise (nothing revealed) and
+        FAILED_PRECONDITION for a second request.
         """
 
 def add_SecureAggregationServiceServicer_to_server(servicer: SecureAggregationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

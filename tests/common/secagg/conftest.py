@@ -56,12 +56,15 @@ class Transcript:
     masked: dict[str, NDArray[np.uint64]] = field(default_factory=dict)
     survivors: tuple[str, ...] = ()
     dropped: tuple[str, ...] = ()
+    signatures: dict[str, bytes] = field(default_factory=dict)
     responses: dict[str, UnmaskResponse] = field(default_factory=dict)
     result: NDArray[np.float64] | None = None
 
 
 class Session:
-    """One round with ``n`` sites named ``site-00``, ``site-01``, ..., driven by the test.
+    """One round with ``n`` sites named ``site-00``, ``site-01``, ..., driven by the test stage
+    by stage (``advertise``, ``share``, ``mask``, ``check``, ``unmask``; :meth:`unmask` runs the
+    consistency check first if the test did not).
 
     Reproducible: the round id, every site's key material and the rounding coins come from
     ``seed``; inputs are uniform on ``[-clip, clip]`` unless given; the sites' identities are
@@ -74,6 +77,7 @@ class Session:
         threshold: int,
         vector_length: int = 64,
         *,
+        colluders: int = 0,
         seed: int = 0,
         clip: float = 1.0,
         resolution_bits: int = 16,
@@ -83,7 +87,12 @@ class Session:
         self.names = [f"site-{i:02d}" for i in range(n)]
         self.fixed_point = FixedPoint(clip, resolution_bits, n)
         self.params = RoundParams.create(
-            self.names, threshold, vector_length, self.fixed_point, random_bytes=seeded_bytes(seed)
+            self.names,
+            threshold,
+            vector_length,
+            self.fixed_point,
+            colluders=colluders,
+            random_bytes=seeded_bytes(seed),
         )
         self.identities = identities or make_identities(self.names)
         data_rng = np.random.default_rng(seed + 10_000)
@@ -133,11 +142,23 @@ class Session:
         t.survivors, t.dropped = self.aggregator.collect_masked(t.masked)
         return t.survivors, t.dropped
 
+    def check(self, drop: Iterable[str] = ()) -> dict[str, bytes]:
+        t = self.transcript
+        signed = {
+            n: self.sites[n].check_consistency(t.survivors)
+            for n in t.survivors
+            if n not in set(drop)
+        }
+        t.signatures = self.aggregator.collect_signatures(signed)
+        return t.signatures
+
     def unmask(self, drop: Iterable[str] = ()) -> NDArray[np.float64]:
         t = self.transcript
+        if not t.signatures:
+            self.check()
         t.responses = {
-            n: self.sites[n].unmask(t.survivors, t.dropped)
-            for n in t.survivors
+            n: self.sites[n].unmask(t.survivors, t.dropped, t.signatures)
+            for n in t.signatures
             if n not in set(drop)
         }
         t.result = self.aggregator.finish(t.responses)
@@ -152,6 +173,7 @@ class Session:
         u1 = self.advertise(at("advertise"))
         routed = self.share(u1, at("share"))
         self.mask(routed, at("mask"))
+        self.check(at("check"))
         return self.unmask(at("unmask"))
 
     def expected_sum(self, included: Iterable[str]) -> NDArray[np.float64]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from collections.abc import Callable
@@ -66,7 +67,8 @@ def test_run_in_process_matches_the_staged_round_bit_for_bit(
         ("advertise", False),  # never in U1: in no mask, not in the sum
         ("share", False),  # in U1, not U2: excluded before any mask is fixed
         ("mask", False),  # in U2, not U3: its pairwise masks are removed from shares
-        ("unmask", True),  # in U3: its input counts, its self mask is rebuilt from shares
+        ("check", True),  # in U3, signs nothing: its input counts, its self mask is rebuilt
+        ("unmask", True),  # in U4: its input counts, its self mask is rebuilt from shares
     ],
 )
 def test_dropout_at_each_stage_gives_the_sum_over_the_right_sites(
@@ -82,23 +84,37 @@ def test_dropout_at_each_stage_gives_the_sum_over_the_right_sites(
 
 
 def test_dropouts_at_every_stage_in_one_round(session: SessionFactory) -> None:
-    s = session(11, 6, 300, seed=3)
+    s = session(13, 7, 300, seed=3)
     drops = {
         "site-01": "advertise",
         "site-04": "share",
         "site-05": "mask",
         "site-06": "mask",
+        "site-07": "check",
         "site-08": "unmask",
     }
     result = s.run(drops)
-    included = ["site-00", "site-02", "site-03", "site-07", "site-08", "site-09", "site-10"]
+    included = [
+        "site-00",
+        "site-02",
+        "site-03",
+        "site-07",
+        "site-08",
+        "site-09",
+        "site-10",
+        "site-11",
+        "site-12",
+    ]
     assert s.transcript.survivors == tuple(included)
     assert s.transcript.dropped == ("site-05", "site-06")
-    assert sorted(s.transcript.responses) == [n for n in included if n != "site-08"]
-    assert np.max(np.abs(result - s.expected_sum(included))) < 7 / s.fixed_point.scale
+    assert sorted(s.transcript.signatures) == [n for n in included if n != "site-07"]
+    assert sorted(s.transcript.responses) == [
+        n for n in included if n not in ("site-07", "site-08")
+    ]
+    assert np.max(np.abs(result - s.expected_sum(included))) < 9 / s.fixed_point.scale
 
 
-@pytest.mark.parametrize("stage", ["advertise", "share", "mask", "unmask"])
+@pytest.mark.parametrize("stage", ["advertise", "share", "mask", "check", "unmask"])
 def test_below_threshold_aborts_at_each_stage_and_releases_nothing(
     session: SessionFactory, stage: str
 ) -> None:
@@ -110,7 +126,7 @@ def test_below_threshold_aborts_at_each_stage_and_releases_nothing(
     assert s.transcript.result is None
 
 
-@pytest.mark.parametrize("stage", ["advertise", "share", "mask", "unmask"])
+@pytest.mark.parametrize("stage", ["advertise", "share", "mask", "check", "unmask"])
 def test_run_in_process_aborts_below_threshold(stage: str) -> None:
     fp = FixedPoint(1.0, 16, 5)
     names = [f"s{i}" for i in range(5)]
@@ -144,8 +160,12 @@ def test_stages_must_come_in_order(session: SessionFactory) -> None:
     site.advertise_keys()
     with pytest.raises(FailedPreconditionError, match="needs stage 'new'"):
         site.advertise_keys()
-    with pytest.raises(FailedPreconditionError, match="needs stage 'masked'"):
+    with pytest.raises(FailedPreconditionError, match="needs stage 'checked'"):
         s.aggregator.finish({})
+    with pytest.raises(FailedPreconditionError, match="needs stage 'masked'"):
+        site.check_consistency(s.names)
+    with pytest.raises(FailedPreconditionError, match="needs stage 'checked'"):
+        site.unmask(s.names, [], {})
 
 
 def test_an_out_of_range_input_is_refused_and_may_be_corrected(session: SessionFactory) -> None:
@@ -164,7 +184,7 @@ def test_an_out_of_range_input_is_refused_and_may_be_corrected(session: SessionF
 @pytest.mark.parametrize(
     ("sites", "threshold", "message"),
     [
-        (["a", "b", "c", "d"], 2, "t > n / 2"),  # 2 disjoint pairs could unmask different things
+        (["a", "b", "c", "d"], 2, r"t > \(n \+ S_C\) / 2"),  # 2 disjoint pairs could disagree
         (["a", "b", "c"], 1, "2 <= t"),
         (["a", "b", "c"], 4, "t <= n"),
         (["a", "b", "a"], 2, "duplicate site ids"),
@@ -174,6 +194,25 @@ def test_an_out_of_range_input_is_refused_and_may_be_corrected(session: SessionF
 def test_round_params_are_validated(sites: list[str], threshold: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         RoundParams.create(sites, threshold, 10, FixedPoint(1.0, 8, 4))
+
+
+def test_the_round_digest_binds_every_parameter() -> None:
+    """Survivors' signatures cover the digest: any parameter told differently to two sites
+    makes their signatures incompatible."""
+    params = RoundParams(bytes(range(16)), ("a", "b", "c", "d"), 3, 5, FixedPoint(1.0, 8, 4), 0)
+    variants = [
+        dataclasses.replace(params, round_id=bytes(range(1, 17))),
+        dataclasses.replace(params, sites=("a", "b", "c", "e")),
+        dataclasses.replace(params, threshold=4),
+        dataclasses.replace(params, colluders=1),
+        dataclasses.replace(params, vector_length=6),
+        dataclasses.replace(params, fixed_point=FixedPoint(2.0, 8, 4)),
+        dataclasses.replace(params, fixed_point=FixedPoint(1.0, 9, 4)),
+        dataclasses.replace(params, fixed_point=FixedPoint(1.0, 8, 5)),
+    ]
+    digests = {params.digest, *(v.digest for v in variants)}
+    assert len(digests) == 1 + len(variants)
+    assert params.digest == dataclasses.replace(params, sites=("d", "c", "b", "a")).digest
 
 
 def test_round_params_sort_sites_and_need_headroom_and_a_long_round_id() -> None:
@@ -211,8 +250,9 @@ def test_aggregator_refuses_malformed_messages(session: SessionFactory) -> None:
 def test_aggregator_refuses_a_response_with_the_wrong_shares(session: SessionFactory) -> None:
     s = session(5, 3, 10, seed=6)
     s.mask(s.share(s.advertise()), drop=["site-04"])
+    signed = s.check()
     responses = {
-        n: s.sites[n].unmask(s.transcript.survivors, s.transcript.dropped)
+        n: s.sites[n].unmask(s.transcript.survivors, s.transcript.dropped, signed)
         for n in s.transcript.survivors
     }
     response = responses["site-00"]

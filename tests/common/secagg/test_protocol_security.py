@@ -27,11 +27,13 @@ from common.secagg.protocol import (
     SecAggSite,
     Stage,
     advertisement_message,
+    consistency_message,
 )
 from common.secagg.shamir import Share
+from tests.common.secagg.conftest import Session
 
 if TYPE_CHECKING:
-    from tests.common.secagg.conftest import Identities, Session
+    from tests.common.secagg.conftest import Identities
 
     SessionFactory = Callable[..., Session]
 
@@ -159,37 +161,141 @@ def test_no_response_holds_both_secrets_of_one_site(session: SessionFactory) -> 
 
 
 @pytest.mark.parametrize(
-    ("survivors", "dropped", "message"),
+    ("survivors", "message"),
     [
-        (["site-00", "site-01", "site-02", "site-03"], ["site-03", "site-04"], "both as survivors"),
-        (["site-00", "site-01", "site-02", "site-03"], ["site-04", "site-09"], "did not complete"),
-        (["site-00", "site-01", "site-02", "site-03"], [], "neither survived nor dropped"),
-        (["site-01", "site-02", "site-03", "site-04"], ["site-00"], "not listed as a survivor"),
-        (["site-00", "site-01"], ["site-02", "site-03", "site-04"], "below the threshold t=3"),
-        (["site-00", "site-00", "site-01", "site-02"], ["site-03", "site-04"], "repeats a site"),
+        (["site-00", "site-01", "site-02", "site-09"], "did not complete key sharing"),
+        (["site-01", "site-02", "site-03", "site-04"], "not listed as a survivor"),
+        (["site-00", "site-01"], "below the threshold t=3"),
+        (["site-00", "site-00", "site-01", "site-02"], "repeats a site"),
     ],
 )
-def test_a_site_refuses_an_inconsistent_unmasking_request(
-    session: SessionFactory, survivors: list[str], dropped: list[str], message: str
+def test_a_site_refuses_to_sign_a_survivor_list_it_could_not_unmask(
+    session: SessionFactory, survivors: list[str], message: str
 ) -> None:
     s = session(5, 3, 16, seed=42)
     s.mask(s.share(s.advertise()))
     site = s.sites["site-00"]
     with pytest.raises(SecAggError, match=message):
-        site.unmask(survivors, dropped)
+        site.check_consistency(survivors)
+    assert site.stage is Stage.ABORTED
+    with pytest.raises(FailedPreconditionError):
+        site.unmask(s.transcript.survivors, [], {})
+
+
+def _checked(session: SessionFactory, seed: int) -> Session:
+    """A 5-site round (t = 3) in which site-04 sent no masked input, every survivor signed."""
+    s = session(5, 3, 16, seed=seed)
+    s.mask(s.share(s.advertise()), drop=["site-04"])
+    s.check()
+    return s
+
+
+@pytest.mark.parametrize(
+    ("survivors", "dropped", "message"),
+    [
+        (
+            ["site-00", "site-01", "site-02"],
+            ["site-03", "site-04"],
+            "not the list this site signed",
+        ),
+        (
+            ["site-00", "site-01", "site-02", "site-03", "site-04"],
+            [],
+            "not the list this site signed",
+        ),
+        (["site-00", "site-01", "site-02", "site-03"], [], r"not this site's U2 \\ U3"),
+        (
+            ["site-00", "site-01", "site-02", "site-03"],
+            ["site-03", "site-04"],
+            r"not this site's U2 \\ U3",
+        ),
+        (
+            ["site-00", "site-01", "site-02", "site-03"],
+            ["site-04", "site-09"],
+            r"not this site's U2 \\ U3",
+        ),
+        (["site-00", "site-00", "site-01", "site-02"], ["site-04"], "repeats a site"),
+    ],
+)
+def test_a_site_unmasks_only_the_survivor_list_it_signed_and_its_own_dropped_sites(
+    session: SessionFactory, survivors: list[str], dropped: list[str], message: str
+) -> None:
+    s = _checked(session, 42)
+    site = s.sites["site-00"]
+    with pytest.raises(SecAggError, match=message):
+        site.unmask(survivors, dropped, s.transcript.signatures)
+    assert site.stage is Stage.ABORTED
+    with pytest.raises(FailedPreconditionError):  # nothing more, not even the right request
+        site.unmask(s.transcript.survivors, s.transcript.dropped, s.transcript.signatures)
+
+
+def _forged_signatures(s: Session, how: str) -> dict[str, bytes]:
+    t = s.transcript
+    signatures = dict(t.signatures)
+    if how == "too few":
+        return {n: signatures[n] for n in ("site-00", "site-01")}
+    if how == "altered":
+        bad = bytearray(signatures["site-01"])
+        bad[-1] ^= 0x01
+        signatures["site-01"] = bytes(bad)
+    elif how == "by another key":
+        # site-03's identity key signs in site-01's name.
+        message = consistency_message(s.params, t.survivors)
+        signatures["site-01"] = EcdsaSigner(s.identities.keys["site-03"]).sign(message)
+    elif how == "for another list":
+        # site-01 genuinely signed a different U3 (with site-04): valid, but not for this list.
+        other = consistency_message(s.params, [*t.survivors, "site-04"])
+        signatures["site-01"] = s.identities.signers["site-01"].sign(other)
+    elif how == "under other parameters":
+        other_params = dataclasses.replace(s.params, threshold=4)
+        message = consistency_message(other_params, t.survivors)
+        signatures["site-01"] = s.identities.signers["site-01"].sign(message)
+    elif how == "own replaced":
+        signatures["site-00"] = signatures["site-01"]
+    elif how == "by a non-survivor":
+        message = consistency_message(s.params, t.survivors)
+        signatures["site-04"] = s.identities.signers["site-04"].sign(message)
+    return signatures
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("too few", "2 signatures of the survivor list, below the threshold t=3"),
+        ("altered", "'site-01' did not sign this site's survivor list"),
+        ("by another key", "'site-01' did not sign this site's survivor list"),
+        ("for another list", "'site-01' did not sign this site's survivor list"),
+        ("under other parameters", "'site-01' did not sign this site's survivor list"),
+        ("own replaced", r"signature of this site \('site-00'\) was replaced"),
+        ("by a non-survivor", r"signatures of sites that are not survivors: \['site-04'\]"),
+    ],
+)
+def test_a_site_reveals_nothing_without_t_valid_signatures_of_its_survivor_list(
+    session: SessionFactory, how: str, message: str
+) -> None:
+    s = _checked(session, 47)
+    site = s.sites["site-00"]
+    with pytest.raises(SecAggError, match=message):
+        site.unmask(s.transcript.survivors, s.transcript.dropped, _forged_signatures(s, how))
     assert site.stage is Stage.ABORTED
 
 
-def test_a_site_answers_the_unmasking_request_only_once(session: SessionFactory) -> None:
-    """A second request (e.g. now claiming site-01 dropped) gets nothing."""
+def test_a_site_signs_once_and_answers_the_unmasking_request_only_once(
+    session: SessionFactory,
+) -> None:
+    """A second signature (of a list without site-01) or a second request (now claiming
+    site-01 dropped) gets nothing."""
     s = session(5, 3, 16, seed=43)
     survivors, dropped = s.mask(s.share(s.advertise()))
     site = s.sites["site-00"]
-    first = site.unmask(survivors, dropped)
-    assert "site-01" in first.self_mask_shares
+    signed = s.check()
     others = [n for n in survivors if n != "site-01"]
+    with pytest.raises(FailedPreconditionError, match="needs stage 'masked'"):
+        site.check_consistency(others)
+    first = site.unmask(survivors, dropped, signed)
+    assert "site-01" in first.self_mask_shares
     with pytest.raises(FailedPreconditionError):
-        site.unmask(others, ["site-01"])
+        site.unmask(others, ["site-01"], signed)
 
 
 def test_a_corrupted_share_never_yields_a_wrong_sum(session: SessionFactory) -> None:
@@ -202,8 +308,9 @@ def test_a_corrupted_share_never_yields_a_wrong_sum(session: SessionFactory) -> 
 
     s = session(5, 3, 100, seed=44)
     s.mask(s.share(s.advertise()), drop=["site-04"])
+    signed = s.check()
     responses = {
-        n: s.sites[n].unmask(s.transcript.survivors, s.transcript.dropped)
+        n: s.sites[n].unmask(s.transcript.survivors, s.transcript.dropped, signed)
         for n in ["site-00", "site-01", "site-02"]
     }
     responses["site-01"].key_shares["site-04"] = corrupt(responses["site-01"].key_shares["site-04"])
@@ -212,8 +319,9 @@ def test_a_corrupted_share_never_yields_a_wrong_sum(session: SessionFactory) -> 
 
     s = session(5, 3, 100, seed=45)
     s.mask(s.share(s.advertise()), drop=["site-04"])
+    signed = s.check()
     responses = {
-        n: s.sites[n].unmask(s.transcript.survivors, s.transcript.dropped)
+        n: s.sites[n].unmask(s.transcript.survivors, s.transcript.dropped, signed)
         for n in ["site-00", "site-01", "site-02"]
     }
     shares = responses["site-02"].self_mask_shares
@@ -223,8 +331,9 @@ def test_a_corrupted_share_never_yields_a_wrong_sum(session: SessionFactory) -> 
 
     s = session(5, 3, 100, seed=46)
     s.mask(s.share(s.advertise()))
+    signed = s.check()
     responses = {
-        n: s.sites[n].unmask(s.transcript.survivors, s.transcript.dropped) for n in s.names
+        n: s.sites[n].unmask(s.transcript.survivors, s.transcript.dropped, signed) for n in s.names
     }
     shares = responses["site-04"].self_mask_shares
     shares["site-00"] = corrupt(shares["site-00"])

@@ -1,0 +1,475 @@
+"""A local deployment of one's own data: ``dpmarket init``, ``up`` and ``down``.
+
+:func:`init_deployment` writes, into one folder, everything a marketplace over the user's own
+CSV or Parquet files needs to run on this machine: the deployment's PKI (:mod:`deploy.pki`: a CA
+and a certificate for the curator, every owner and a consumer), a schema drafted from the data
+(:func:`common.schema.draft_schema`, marked as a draft), a sketch declaration over the schema's
+columns for the curator's catalogue, one configuration file per service (``--config``: every
+option of ``serve-owner``, ``serve-curator`` and the consumer's commands), each owner's data
+directory with its policy, and ``deployment.toml``, the list of services :func:`up` starts.
+
+The drafted schema's bounds are the minimum and maximum of the private data: they disclose it.
+Owners refuse to serve a draft (:meth:`common.schema.Schema.check_confirmed`), so nothing runs
+until the user has replaced every drafted bound with public knowledge and removed the draft mark.
+
+:func:`up` starts every service of a deployment as a background process (logs in ``logs/``,
+process ids and ports in ``run/``) and returns once each reports its port; :func:`down` stops
+them with SIGTERM (graceful), then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from common.errors import InvalidArgumentError, UnavailableError
+from common.schema import draft_schema
+from deploy.pki import init_ca, issue_all
+from owner.data import load_table
+from owner.policy import POLICY_FILE, OwnerPolicy
+from runtime.identity import Identity
+
+__all__ = [
+    "DEPLOYMENT_FILE",
+    "Deployment",
+    "down",
+    "init_deployment",
+    "up",
+]
+
+#: The list of a deployment's services, in the folder ``init`` writes.
+DEPLOYMENT_FILE = "deployment.toml"
+#: Seconds ``up`` waits for a service to report its port.
+START_TIMEOUT_SECONDS = 60.0
+#: Seconds ``down`` waits for a service to stop after SIGTERM before killing it.
+STOP_TIMEOUT_SECONDS = 10.0
+CURATOR = "curator"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What :func:`init_deployment` wrote.
+
+    Attributes
+    ----------
+    directory : Path
+    schema : Path
+        The drafted schema (to confirm).
+    owners : dict of str to Path
+        Each owner's configuration file.
+    curator, consumer : Path
+        The curator's and the consumer's configuration files.
+    """
+
+    directory: Path
+    schema: Path
+    owners: dict[str, Path]
+    curator: Path
+    consumer: Path
+
+    def next_commands(self) -> list[str]:
+        """The three commands that follow ``init``: confirm the schema, start, ask."""
+        d = self.directory
+        return [
+            f"$EDITOR {self.schema}   # replace every drafted bound by public knowledge, "
+            "then delete the line `draft = true`",
+            f"dpmarket up {d}",
+            f"dpmarket request --config {self.consumer} --validation VALIDATION.csv -p 20 "
+            "--out summary.csv",
+        ]
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _toml(value: object) -> str:
+    """A TOML value: strings and lists of strings as JSON (a TOML subset), numbers as is."""
+    return json.dumps(value)
+
+
+def _config(comment: str, values: Mapping[str, object]) -> str:
+    lines = [f"# {line}" if line else "#" for line in comment.splitlines()]
+    lines.append("")
+    lines += [f"{key} = {_toml(value)}" for key, value in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _sketch_declaration(name: str) -> str:
+    return f"""# A sketch declaration of the curator's catalogue (serve-curator --sketch-spec): the
+# columns of the deployment's schema, a map of each kind, and the mechanism. Specs:
+# {name}/rff, {name}/race and {name}/hist. An owner publishes with
+#   dpmarket sketch publish --config owner-NAME.toml --spec {name}/hist
+# (charged once to its ledger); consumers then explore and rank owners at no further cost.
+name = "{name}"
+schema = "schema.toml"
+
+[mechanism]
+noise = "laplace"
+epsilon = 1.0
+epsilon_range = [0.1, 1.0]
+
+[maps.rff]
+frequencies = 100
+sigma = 0.5
+
+[maps.race]
+hashes = 20
+buckets = 20
+width = 0.2
+
+[maps.hist]
+bins = 10
+"""
+
+
+def _read_owner_tables(owners: Mapping[str, Path]) -> tuple[list[str], np.ndarray]:
+    """Every owner's table (the pitfalls refused, naming file and column); they must share
+    their columns, in order."""
+    names: list[str] | None = None
+    first = ""
+    blocks = []
+    for owner, path in owners.items():
+        table = load_table(path, name=owner)
+        if names is None:
+            names, first = list(table.columns), str(path)
+        elif list(table.columns) != names:
+            raise InvalidArgumentError(
+                f"{path} has the columns {list(table.columns)}, {first} has {names}: every "
+                "owner's table must have the same columns in the same order"
+            )
+        blocks.append(table.values)
+    assert names is not None
+    return names, np.concatenate(blocks)
+
+
+def init_deployment(
+    directory: str | os.PathLike[str],
+    owners: Mapping[str, str | os.PathLike[str]],
+    *,
+    label: str | None = None,
+    consumer: str = "consumer",
+    host: str = "127.0.0.1",
+    base_port: int | None = None,
+    name: str | None = None,
+) -> Deployment:
+    """Write a local deployment for ``owners``' own tables into ``directory``.
+
+    Parameters
+    ----------
+    directory : path
+        Created; must not hold a deployment already.
+    owners : mapping of str to path
+        Owner name (its certificate's) to its table (.csv or .parquet with a header); the
+        tables must share their columns, in order.
+    label : str, optional
+        The schema's label column.
+    consumer : str
+        The consumer's certificate name.
+    host : str
+        The address every service binds and is reached at.
+    base_port : int, optional
+        The curator listens on it, the owners on the next ports; default: free ports now.
+    name : str, optional
+        The schema's and the sketch declaration's name; default: the folder's name.
+
+    Returns
+    -------
+    Deployment
+
+    Raises
+    ------
+    FileExistsError
+        If ``directory`` holds a deployment.
+    FileNotFoundError, ValueError
+        If a table is missing, unreadable, holds a pitfall (index column, no header, text) or
+        the tables' columns differ; if a name is not a valid certificate name or a column is
+        constant (no bounds can be drafted).
+
+    Notes
+    -----
+    The schema's bounds are drafted from the data and disclose it: the file says so and is
+    marked a draft, which every owner refuses to serve.
+    """
+    root = Path(directory)
+    if (root / DEPLOYMENT_FILE).exists():
+        raise FileExistsError(f"{root} holds a deployment already ({DEPLOYMENT_FILE})")
+    if not owners:
+        raise InvalidArgumentError("a deployment needs at least one owner")
+    identities = [Identity("curator", CURATOR), Identity("consumer", consumer)]
+    identities += [Identity("owner", o) for o in owners]
+    paths = {o: Path(p).resolve() for o, p in owners.items()}
+    columns, values = _read_owner_tables(paths)
+    if label is not None and label not in columns:
+        raise InvalidArgumentError(f"--label {label!r} is not a column; the columns: {columns}")
+    title = name or root.resolve().name
+    schema = draft_schema(columns, values, label=label, name=title)
+
+    root.mkdir(parents=True, exist_ok=True)
+    pki = root / "pki"
+    init_ca(pki)
+    issue_all(pki, identities)
+    schema_path = root / "schema.toml"
+    schema_path.write_text(schema.as_toml(), encoding="utf-8")
+    (root / "sketches.toml").write_text(_sketch_declaration(schema.name), encoding="utf-8")
+
+    ports = (
+        [base_port + k for k in range(len(owners) + 1)]
+        if base_port is not None
+        else [_free_port(host) for _ in range(len(owners) + 1)]
+    )
+    curator_target = f"{host}:{ports[0]}"
+    owner_files: dict[str, Path] = {}
+    services = []
+    for k, (owner, data) in enumerate(paths.items()):
+        state = root / "owners" / owner
+        state.mkdir(parents=True, exist_ok=True)
+        (state / POLICY_FILE).write_text(OwnerPolicy(curators=(CURATOR,)).to_toml(), "utf-8")
+        config = root / f"owner-{owner}.toml"
+        config.write_text(
+            _config(
+                f"Owner {owner}: dpmarket serve-owner --config {config.name}\n"
+                "(also read by: dpmarket sketch publish, dpmarket owner ledger).\n"
+                f"Its policy: owners/{owner}/{POLICY_FILE}; its ledger beside it.",
+                {
+                    "data": str(data),
+                    "schema": "schema.toml",
+                    "data-dir": f"owners/{owner}",
+                    "pki-dir": "pki",
+                    "name": owner,
+                    "host": host,
+                    "port": ports[k + 1],
+                    "curator": curator_target,
+                },
+            ),
+            encoding="utf-8",
+        )
+        owner_files[owner] = config
+        services.append(("owner", owner, config.name))
+    curator_config = root / "curator.toml"
+    curator_config.write_text(
+        _config(
+            "The curator: dpmarket serve-curator --config curator.toml",
+            {
+                "owner": [f"{o}@{host}:{ports[k + 1]}" for k, o in enumerate(paths)],
+                "host": host,
+                "port": ports[0],
+                "data-dir": "curator",
+                "pki-dir": "pki",
+                "name": CURATOR,
+                "sketch-spec": ["sketches.toml"],
+            },
+        ),
+        encoding="utf-8",
+    )
+    services.append((CURATOR, CURATOR, curator_config.name))
+    consumer_config = root / "consumer.toml"
+    consumer_config.write_text(
+        _config(
+            "The consumer: dpmarket request | cape ... | sketch list | explore | rank-owners\n"
+            "--config consumer.toml. Its tables are read through the schema (columns by name).",
+            {
+                "curator": curator_target,
+                "curator-name": CURATOR,
+                "pki-dir": "pki",
+                "name": consumer,
+                "schema": "schema.toml",
+            },
+        ),
+        encoding="utf-8",
+    )
+    manifest = "# The services `dpmarket up` starts, in order; `dpmarket down` stops them.\n"
+    for role, service, config_name in services:
+        command = "serve-curator" if role == CURATOR else "serve-owner"
+        manifest += (
+            f'\n[[service]]\nname = "{service}"\ncommand = "{command}"\nconfig = "{config_name}"\n'
+        )
+    (root / DEPLOYMENT_FILE).write_text(manifest, encoding="utf-8")
+    return Deployment(root, schema_path, owner_files, curator_config, consumer_config)
+
+
+def _services(root: Path) -> list[dict[str, str]]:
+    path = root / DEPLOYMENT_FILE
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{root} holds no deployment ({DEPLOYMENT_FILE}): create one with dpmarket init"
+        ) from None
+    services = data.get("service", [])
+    for s in services:
+        if set(s) != {"name", "command", "config"}:
+            raise InvalidArgumentError(f"{path}: each [[service]] has name, command and config")
+    return list(services)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _pid(run: Path, name: str) -> int | None:
+    path = run / f"{name}.pid"
+    if not path.is_file():
+        return None
+    pid = int(path.read_text(encoding="utf-8").strip() or 0)
+    return pid if pid > 0 and _alive(pid) else None
+
+
+def _last_line(log: Path) -> str:
+    lines = [line for line in log.read_text(encoding="utf-8", errors="replace").splitlines()]
+    return lines[-1].strip() if lines else "(empty log)"
+
+
+def up(directory: str | os.PathLike[str]) -> dict[str, str]:
+    """Start every service of a deployment in the background; return ``{name: host:port}``.
+
+    Services already running are left alone. Each runs ``dpmarket -v <command> --config
+    <file>`` in its own session (it outlives this call), writes its log to
+    ``logs/<name>.log`` and its process id and port to ``run/``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``directory`` holds no deployment.
+    UnavailableError
+        If a service exits or reports no port within :data:`START_TIMEOUT_SECONDS` (the message
+        quotes the last line of its log, e.g. a draft schema refused); the services started by
+        this call are stopped again.
+    """
+    root = Path(directory)
+    services = _services(root)
+    run, logs = root / "run", root / "logs"
+    run.mkdir(exist_ok=True)
+    logs.mkdir(exist_ok=True)
+    started: list[str] = []
+    ready: dict[str, str] = {}
+    waves: list[list[dict[str, str]]] = []
+    for service in services:  # consecutive services of one command start together
+        if waves and waves[-1][0]["command"] == service["command"]:
+            waves[-1].append(service)
+        else:
+            waves.append([service])
+    try:
+        for wave in waves:
+            spawned = []
+            for service in wave:
+                name = service["name"]
+                port_file = run / f"{name}.port"
+                if _pid(run, name) is not None and port_file.is_file():
+                    ready[name] = port_file.read_text(encoding="utf-8").strip()
+                    continue
+                port_file.unlink(missing_ok=True)
+                log_path = logs / f"{name}.log"
+                pid = _spawn(
+                    [sys.executable, "-m", "deploy.cli", "-v", service["command"],
+                     "--config", str(root / service["config"]), "--port-file", str(port_file)],
+                    log_path,
+                )  # fmt: skip
+                (run / f"{name}.pid").write_text(str(pid), encoding="utf-8")
+                started.append(name)
+                spawned.append((name, pid, port_file, log_path))
+            for name, pid, port_file, log_path in spawned:
+                ready[name] = _wait_port(name, pid, port_file, log_path)
+    except BaseException:
+        _stop(run, started)
+        raise
+    return ready
+
+
+def _spawn(argv: list[str], log_path: Path) -> int:
+    """Start ``argv`` in a new session (it outlives this process), its output appended to
+    ``log_path`` and no input; return its process id."""
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        return os.posix_spawn(
+            argv[0],
+            argv,
+            dict(os.environ),
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, devnull, 0),
+                (os.POSIX_SPAWN_DUP2, log, 1),
+                (os.POSIX_SPAWN_DUP2, log, 2),
+            ],
+            setsid=True,
+        )
+    finally:
+        os.close(devnull)
+        os.close(log)
+
+
+def _exit_code(pid: int) -> int | None:
+    """A child's exit code once it has exited (reaping it), else ``None``; ``-1`` for a process
+    of another parent that is gone."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None if _alive(pid) else -1
+    return os.waitstatus_to_exitcode(status) if done else None
+
+
+def _wait_port(name: str, pid: int, port_file: Path, log_path: Path) -> str:
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while not port_file.exists():
+        code = _exit_code(pid)
+        if code is not None:
+            raise UnavailableError(
+                f"{name} exited with code {code}: {_last_line(log_path)} (log: {log_path})"
+            )
+        if time.monotonic() > deadline:
+            raise UnavailableError(
+                f"{name} reported no port within {START_TIMEOUT_SECONDS:.0f} s (log: {log_path})"
+            )
+        time.sleep(0.05)
+    return port_file.read_text(encoding="utf-8").strip()
+
+
+def _stop(run: Path, names: Sequence[str]) -> list[str]:
+    stopped = []
+    pids = {name: _pid(run, name) for name in names}
+    for pid in pids.values():
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+    for name, pid in pids.items():
+        if pid is not None:
+            deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+            while _exit_code(pid) is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+            stopped.append(name)
+        for suffix in (".pid", ".port"):
+            (run / f"{name}{suffix}").unlink(missing_ok=True)
+    return stopped
+
+
+def down(directory: str | os.PathLike[str]) -> list[str]:
+    """Stop every running service of a deployment (SIGTERM, then SIGKILL after
+    :data:`STOP_TIMEOUT_SECONDS`); return the names of those stopped.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``directory`` holds no deployment.
+    """
+    root = Path(directory)
+    names = [s["name"] for s in _services(root)]
+    return _stop(root / "run", list(reversed(names)))

@@ -1,0 +1,99 @@
+"""``dpmarket init``: a local deployment written from one's own tables, with a drafted schema
+that nobody serves until it is confirmed."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from deploy.cli import main
+from deploy.local import DEPLOYMENT_FILE, down, init_deployment, up
+from runtime.identity import Identity, identity_files
+from runtime.schemas import load_schema
+
+
+def _tables(tmp_path: Path) -> dict[str, Path]:
+    rng = np.random.default_rng(0)
+    paths = {}
+    for k, name in enumerate(("clinic-a", "clinic-b")):
+        frame = pd.DataFrame(
+            {
+                "age": rng.integers(20 + 30 * k, 50 + 30 * k, 30),
+                "bmi": rng.uniform(18, 40, 30).round(1),
+                "high": rng.integers(0, 2, 30),
+            }
+        )
+        paths[name] = tmp_path / f"{name}.csv"
+        frame.to_csv(paths[name], index=False)
+    return paths
+
+
+def test_init_writes_pki_configs_policies_and_a_draft_schema(tmp_path: Path) -> None:
+    root = tmp_path / "clinics"
+    result = CliRunner().invoke(
+        main,
+        ["init", str(root), "--label", "high",
+         *(f"--owner={n}={p}" for n, p in _tables(tmp_path).items())],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "is a DRAFT" in result.output and "disclose" in result.output
+    lines = result.output.splitlines()
+    assert lines[-3].strip().startswith(f"1. $EDITOR {root / 'schema.toml'}")
+    assert lines[-2].strip() == f"2. dpmarket up {root}"
+    assert lines[-1].strip().startswith(f"3. dpmarket request --config {root / 'consumer.toml'}")
+
+    schema = load_schema(root / "schema.toml")
+    assert schema.draft and schema.label == "high" and schema.names == ("age", "bmi", "high")
+    assert schema.column("high").type == "binary"
+    with pytest.raises(ValueError, match="is a draft"):
+        schema.check_confirmed()
+    for identity in (
+        Identity("curator", "curator"),
+        Identity("consumer", "consumer"),
+        Identity("owner", "clinic-a"),
+        Identity("owner", "clinic-b"),
+    ):
+        assert all(p.is_file() for p in identity_files(root / "pki", identity))
+    owner = tomllib.loads((root / "owner-clinic-a.toml").read_text(encoding="utf-8"))
+    curator = tomllib.loads((root / "curator.toml").read_text(encoding="utf-8"))
+    assert owner["schema"] == "schema.toml" and owner["data-dir"] == "owners/clinic-a"
+    assert curator["owner"][0] == f"clinic-a@127.0.0.1:{owner['port']}"
+    assert owner["curator"] == f"127.0.0.1:{curator['port']}"
+    assert (root / "owners" / "clinic-a" / "policy.toml").is_file()
+    services = tomllib.loads((root / DEPLOYMENT_FILE).read_text(encoding="utf-8"))["service"]
+    assert [s["name"] for s in services] == ["clinic-a", "clinic-b", "curator"]
+    # The owner's config serves its ledger command (its data directory is found through it).
+    result = CliRunner().invoke(
+        main, ["owner", "ledger", "--config", str(root / "owner-clinic-a.toml")]
+    )
+    assert "holds no owner ledger" in result.output
+    # A second init into the same folder is refused.
+    with pytest.raises(FileExistsError):
+        init_deployment(root, _tables(tmp_path))
+
+
+def test_init_refuses_tables_with_other_columns_naming_them(tmp_path: Path) -> None:
+    tables = _tables(tmp_path)
+    pd.read_csv(tables["clinic-b"])[["bmi", "age", "high"]].to_csv(tables["clinic-b"], index=False)
+    with pytest.raises(ValueError, match=r"clinic-b\.csv has the columns \['bmi', 'age', 'high'\]"):
+        init_deployment(tmp_path / "d", tables)
+    pd.read_csv(tables["clinic-a"]).to_csv(tables["clinic-b"])  # with pandas' index column
+    with pytest.raises(ValueError, match="has no name and holds 0, 1, 2"):
+        init_deployment(tmp_path / "d", tables)
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.integration
+def test_up_refuses_a_draft_schema_and_leaves_nothing_running(tmp_path: Path) -> None:
+    root = tmp_path / "clinics"
+    init_deployment(root, _tables(tmp_path), label="high")
+    with pytest.raises(Exception, match="is a draft") as info:
+        up(root)
+    assert "owners refuse" not in str(info.value)  # the owner's own words, from its log
+    assert list((root / "run").iterdir()) == []
+    assert down(root) == []

@@ -1,0 +1,160 @@
+"""One's own data across real processes (``dpmarket init`` and ``up``, mTLS, real ledgers): the
+schema mismatch and the reordered validation columns a newcomer hit, now refused or handled."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from deploy.cli import main
+from deploy.local import down, init_deployment, up
+from owner.ledger import OwnerLedger
+
+pytestmark = pytest.mark.integration
+
+CONFIRMED = """
+label = "high"
+
+[[columns]]
+name = "age"
+type = "integer"
+low = 0
+high = 120
+
+[[columns]]
+name = "bmi"
+low = 10
+high = 70
+
+[[columns]]
+name = "bp"
+low = 40
+high = 200
+
+[[columns]]
+name = "high"
+type = "binary"
+"""
+OWNERS = ("young", "middle", "senior")
+
+
+def _frame(rng: np.random.Generator, ages: tuple[int, int], n: int) -> pd.DataFrame:
+    bmi = rng.uniform(18, 42, n).round(1)
+    return pd.DataFrame(
+        {
+            "age": rng.integers(*ages, n),
+            "bmi": bmi,
+            "bp": rng.uniform(62, 133, n).round(0),
+            "high": (bmi + rng.normal(0, 3, n) > 28).astype(int),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    tmp = tmp_path_factory.mktemp("own-data")
+    rng = np.random.default_rng(0)
+    tables = {}
+    for k, owner in enumerate(OWNERS):
+        tables[owner] = tmp / f"{owner}.csv"
+        _frame(rng, (20 + 20 * k, 40 + 20 * k), 120).to_csv(tables[owner], index=False)
+    _frame(rng, (50, 70), 30).to_csv(tmp / "validation.csv", index=False)
+    root = tmp / "clinics"
+    init_deployment(root, tables, label="high")
+    (root / "schema.toml").write_text(CONFIRMED, encoding="utf-8")
+    up(root)
+    try:
+        yield root
+    finally:
+        down(root)
+
+
+def _dpmarket(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), terminal_width=200)
+    return result.exit_code, result.output
+
+
+def _charges(root: Path) -> int:
+    total = 0
+    for owner in OWNERS:
+        with OwnerLedger(root / "owners" / owner, None) as ledger:
+            total += len(ledger.entries())
+    return total
+
+
+def test_a_consumer_schema_unlike_the_owners_is_refused_naming_the_column(
+    deployment: Path,
+) -> None:
+    other = deployment.parent / "wider.toml"
+    other.write_text(CONFIRMED.replace("high = 70", "high = 80"), encoding="utf-8")
+    before = _charges(deployment)
+    code, output = _dpmarket(
+        "request", "--config", str(deployment / "consumer.toml"), "--schema", str(other),
+        "--validation", str(deployment.parent / "validation.csv"), "-p", "10",
+        "--gamma", "1e-3", "--out", str(deployment.parent / "s.csv"),
+        "--report", str(deployment.parent / "r.json"),
+    )  # fmt: skip
+    assert code == 1
+    assert (
+        "the schemas differ: column 'bmi': the consumer declares bmi (continuous in [10, 80]), "
+        "owner young bmi (continuous in [10, 70])"
+    ) in " ".join(output.split())
+    code, output = _dpmarket(
+        "cape", "mean", "--config", str(deployment / "consumer.toml"), "--schema", str(other),
+        "--feature", "bmi", "--out", str(deployment.parent / "m.json"),
+    )  # fmt: skip
+    assert code == 1 and "the schemas differ: column 'bmi'" in " ".join(output.split())
+    assert _charges(deployment) == before  # refused before anything was charged
+
+
+def test_validation_columns_in_another_order_are_reordered_by_the_schema(
+    deployment: Path,
+) -> None:
+    validation = pd.read_csv(deployment.parent / "validation.csv")
+    reordered = deployment.parent / "reordered.csv"
+    validation[["bp", "high", "bmi", "age"]].to_csv(reordered, index=False)
+    summary = deployment.parent / "summary.csv"
+    code, output = _dpmarket(
+        "request", "--config", str(deployment / "consumer.toml"),
+        "--validation", str(reordered), "-p", "10", "--gamma", "1e-3",
+        "--out", str(summary), "--report", str(deployment.parent / "r.json"),
+    )  # fmt: skip
+    assert code == 0, output
+    frame = pd.read_csv(summary)
+    assert list(frame.columns) == ["age", "bmi", "bp", "high", "owner"]
+    assert len(frame) == 10 and set(frame["owner"]) <= set(OWNERS)
+    # Every summary point is a row of the owner it names, in the schema's column order.
+    for _, row in frame.iterrows():
+        table = pd.read_csv(deployment.parent / f"{row['owner']}.csv")
+        matches = table[["age", "bmi", "bp"]].to_numpy() == row[["age", "bmi", "bp"]].to_numpy(
+            float
+        )
+        assert matches.all(axis=1).any()
+
+
+def test_validation_columns_in_another_order_without_a_schema_are_refused(
+    deployment: Path,
+) -> None:
+    validation = pd.read_csv(deployment.parent / "validation.csv")
+    reordered = deployment.parent / "reordered-features.csv"
+    validation[["bmi", "age", "bp"]].to_csv(reordered, index=False)
+    consumer = (deployment / "consumer.toml").read_text(encoding="utf-8")
+    (deployment / "no-schema.toml").write_text(
+        consumer.replace('schema = "schema.toml"', ""), encoding="utf-8"
+    )
+    before = _charges(deployment)
+    code, output = _dpmarket(
+        "request", "--config", str(deployment / "no-schema.toml"),
+        "--validation", str(reordered), "-p", "10", "--gamma", "1e-3",
+        "--out", str(deployment.parent / "s.csv"), "--report", str(deployment.parent / "r.json"),
+    )  # fmt: skip
+    assert code == 1
+    assert "column 1 is 'bmi' in the validation set but 'age' in the owners' schema" in " ".join(
+        output.split()
+    )
+    assert _charges(deployment) == before

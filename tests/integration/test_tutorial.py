@@ -1,0 +1,71 @@
+"""The tutorial runs as written: every ``sh`` block of docs/tutorial.md, in order, in a fresh
+directory, with real processes (so the document cannot drift from the product)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from owner.ledger import OwnerLedger
+
+pytestmark = pytest.mark.integration
+
+TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorial.md"
+#: Seconds the whole tutorial may take (it takes about two minutes on 2 shared cores).
+TIMEOUT_SECONDS = 900
+
+
+def tutorial_commands(text: str) -> list[str]:
+    """The tutorial's ``sh`` blocks, in order (``text`` blocks are shown, not run)."""
+    return re.findall(r"^```sh\n(.*?)^```$", text, flags=re.DOTALL | re.MULTILINE)
+
+
+def test_the_tutorial_has_commands_for_every_step() -> None:
+    blocks = tutorial_commands(TUTORIAL.read_text(encoding="utf-8"))
+    text = "\n".join(blocks)
+    for command in ("dpmarket init", "dpmarket up", "dpmarket request", "sketch publish",
+                    "dpmarket explore", "rank-owners", "cape mean", "cape linreg", "cape logreg",
+                    "owner ledger", "dpmarket down"):  # fmt: skip
+        assert command in text, command
+
+
+def test_every_command_of_the_tutorial_runs_on_a_fresh_directory(tmp_path: Path) -> None:
+    script = "set -euo pipefail\n" + "\n".join(
+        tutorial_commands(TUTORIAL.read_text(encoding="utf-8"))
+    )
+    (tmp_path / "tutorial.sh").write_text(script, encoding="utf-8")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("COLUMNS", None)
+    try:
+        done = subprocess.run(
+            ["bash", "tutorial.sh"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_SECONDS,
+        )
+    finally:
+        if (tmp_path / "clinics" / "deployment.toml").exists():
+            subprocess.run(
+                [sys.executable, "-m", "deploy.cli", "down", "clinics"],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                timeout=120,
+            )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert list(summary.columns)[-3:] == ["progression", "high", "owner"] and len(summary) == 20
+    assert set(summary["owner"]) <= {"young", "middle", "senior"}
+    # What the tutorial says the young clinic spent: 1 (summary) + 2 (sketches) + 3 (CAPE).
+    with OwnerLedger(tmp_path / "clinics" / "owners" / "young", None) as ledger:
+        spent = ledger.window_totals()
+    assert spent.epsilon == pytest.approx(6.0, abs=1e-5)
+    assert "left" in done.stdout or "left" in done.stderr

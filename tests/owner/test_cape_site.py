@@ -1,0 +1,152 @@
+"""An owner's CAPE site decides the public inputs of its plan itself: a floor on ``S_C`` from its
+policy, and every other site's row count checked against that site's signature for exactly this
+plan. A refusal releases and charges nothing; a lie about a count aborts the job at the owner.
+
+Each test runs a real :class:`owner.cape.CapeSite` with its durable ledger
+(:class:`owner.ledger.OwnerLedger` in a temporary directory) and real ECDSA identities; the
+other sites of the plan are played by signing keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from common.cape.agreement import SizeAttestation, plan_statement
+from common.cape.spec import CapeMeanSpec
+from common.errors import AbortedError, FailedPreconditionError, NotFoundError
+from common.secagg.crypto import EcdsaSigner
+from common.secagg.fixedpoint import FixedPoint
+from common.secagg.protocol import RoundParams, min_threshold
+from owner.cape import CapeSite
+from owner.data import Table
+from owner.ledger import OwnerLedger
+from owner.policy import OwnerPolicy
+from owner.secagg import SiteIdentity
+
+CURATOR = "curator:curator"
+SITES = ("other-1", "other-2", "owner", "other-3")
+PLAN_SITES = tuple(sorted(SITES))
+ROWS = {"other-1": 30, "other-2": 50, "other-3": 70, "owner": 40}
+SPEC = CapeMeanSpec((("x", 0.0, 1.0), ("y", 0.0, 1.0)), 0.5, 1e-7)
+
+
+@pytest.fixture
+def keys() -> dict[str, ec.EllipticCurvePrivateKey]:
+    return {s: ec.generate_private_key(ec.SECP256R1()) for s in SITES}
+
+
+def _site(tmp_path: Path, keys: dict[str, ec.EllipticCurvePrivateKey], floor: int) -> CapeSite:
+    rng = np.random.default_rng(0)
+    table = Table(("x", "y"), rng.uniform(0, 1, size=(ROWS["owner"], 2)), "owner")
+    ledger = OwnerLedger(tmp_path / "owner", OwnerPolicy(cape_min_colluders=floor))
+    trusted = {s: k.public_key() for s, k in keys.items()}
+    identity = SiteIdentity("owner", keys["owner"], b"", None).trusting(trusted)
+    return CapeSite(
+        "owner", table, ledger=ledger, identity=identity, min_colluders=floor, clock=lambda: 0.0
+    )
+
+
+def _attestations(
+    site: CapeSite,
+    keys: dict[str, ec.EllipticCurvePrivateKey],
+    colluders: int,
+    spec: CapeMeanSpec = SPEC,
+) -> dict[str, SizeAttestation]:
+    out = {}
+    for name in PLAN_SITES:
+        if name == "owner":
+            out[name], _ = site.attest("job", PLAN_SITES, colluders, curator=CURATOR)
+            continue
+        message = plan_statement("job", spec, PLAN_SITES, colluders, 0, name, ROWS[name])
+        out[name] = SizeAttestation(name, ROWS[name], EcdsaSigner(keys[name]).sign(message))
+    return out
+
+
+def _entries(site: CapeSite) -> list[object]:
+    assert site.ledger is not None
+    return list(site.ledger.entries())
+
+
+def test_a_job_asking_for_fewer_colluders_than_the_floor_is_refused_when_it_opens(
+    tmp_path: Path, keys: dict[str, ec.EllipticCurvePrivateKey]
+) -> None:
+    site = _site(tmp_path, keys, floor=2)
+    with pytest.raises(FailedPreconditionError, match=r"S_C=1 colluders, below .* floor of 2"):
+        site.open("job", dataclasses.replace(SPEC, colluders=1), 1, curator=CURATOR, consumer="c")
+    with pytest.raises(NotFoundError):
+        site.attest("job", PLAN_SITES, 2, curator=CURATOR)
+    assert _entries(site) == []
+    # At the floor it opens; a plan may not go below it, and nothing is signed for one.
+    site.open("job", dataclasses.replace(SPEC, colluders=2), 1, curator=CURATOR, consumer="c")
+
+
+@pytest.mark.parametrize(("floor", "colluders"), [(1, 0), (2, 1)])
+def test_nothing_is_signed_for_a_plan_below_the_floor_or_the_default(
+    tmp_path: Path, keys: dict[str, ec.EllipticCurvePrivateKey], floor: int, colluders: int
+) -> None:
+    """Default S_C of 4 sites is 1; the floor raises it. A plan below is refused unsigned."""
+    site = _site(tmp_path, keys, floor=floor)
+    site.open("job", SPEC, 1, curator=CURATOR, consumer="c")
+    with pytest.raises(FailedPreconditionError, match=f"below the {max(floor, 1)} this owner"):
+        site.attest("job", PLAN_SITES, colluders, curator=CURATOR)
+    with pytest.raises(FailedPreconditionError, match=f"below the {max(floor, 1)} this owner"):
+        site.plan("job", PLAN_SITES, colluders, {}, {}, curator=CURATOR)
+    attestation, _ = site.attest("job", PLAN_SITES, max(floor, 1), curator=CURATOR)
+    assert attestation.rows == ROWS["owner"]
+
+
+@pytest.mark.parametrize("lie", ["another site's count", "this owner's count", "a forged count"])
+def test_a_lie_about_a_count_aborts_the_job_with_nothing_released_or_charged(
+    tmp_path: Path, keys: dict[str, ec.EllipticCurvePrivateKey], lie: str
+) -> None:
+    site = _site(tmp_path, keys, floor=1)
+    site.open("job", SPEC, 1, curator=CURATOR, consumer="c")
+    attestations = _attestations(site, keys, 1)
+    if lie == "another site's count":  # other-1 is told to be 10 times larger
+        attestations["other-1"] = dataclasses.replace(attestations["other-1"], rows=300)
+    elif lie == "this owner's count":
+        attestations["owner"] = dataclasses.replace(attestations["owner"], rows=400)
+    else:  # the curator signs other-2's count with a colluding site's key
+        message = plan_statement("job", SPEC, PLAN_SITES, 1, 0, "other-2", 5)
+        attestations["other-2"] = SizeAttestation(
+            "other-2", 5, EcdsaSigner(keys["other-3"]).sign(message)
+        )
+    with pytest.raises(AbortedError):
+        site.plan("job", PLAN_SITES, 1, attestations, {}, curator=CURATOR)
+    # The job is over at this owner: a new attestation, a round or a noise draw is refused.
+    with pytest.raises(AbortedError, match="aborted at this owner"):
+        site.attest("job", PLAN_SITES, 1, curator=CURATOR)
+    params = RoundParams.create(
+        PLAN_SITES, min_threshold(4, 1), 2, FixedPoint(1.0, 16, 4), colluders=1
+    )
+    with pytest.raises(AbortedError, match="aborted at this owner"):
+        site.check_round("job", params)
+    with pytest.raises(AbortedError, match="aborted at this owner"):
+        site.noise_input("job", params)
+    assert _entries(site) == []
+
+
+def test_an_honest_plan_is_the_signed_counts_plan_and_rounds_must_match_it(
+    tmp_path: Path, keys: dict[str, ec.EllipticCurvePrivateKey]
+) -> None:
+    site = _site(tmp_path, keys, floor=1)
+    site.open("job", SPEC, 1, curator=CURATOR, consumer="c")
+    plan = site.plan("job", PLAN_SITES, 1, _attestations(site, keys, 1), {}, curator=CURATOR)
+    expected = dataclasses.replace(SPEC, colluders=1).plan([ROWS[s] for s in PLAN_SITES])
+    assert plan.sizes == expected.sizes == tuple(ROWS[s] for s in PLAN_SITES)
+    assert plan.colluders == 1 and plan.sigma_z == expected.sigma_z
+    np.testing.assert_array_equal(plan.weights, expected.weights)
+    fp = FixedPoint(1.0, 16, 4)
+    good = RoundParams.create(PLAN_SITES, min_threshold(4, 1), plan.size, fp, colluders=1)
+    site.check_round("job", good)
+    below = RoundParams.create(PLAN_SITES, min_threshold(4, 0), plan.size, fp, colluders=0)
+    with pytest.raises(FailedPreconditionError, match="S_C=0 colluders, the job's plan against 1"):
+        site.check_round("job", below)
+    fewer = RoundParams.create(PLAN_SITES[:3], 3, plan.size, FixedPoint(1.0, 16, 3), colluders=1)
+    with pytest.raises(FailedPreconditionError, match="sites or vector length"):
+        site.check_round("job", fewer)
