@@ -1383,18 +1383,29 @@ def rank_owners_command(
         raise click.ClickException(str(exc)) from exc
     by_owner = {e.owner: e for e in entries}
     table = RichTable(title=f"owners by MMD² to {Path(validation_path).name} ({chosen.name})")
-    for column in ("rank", "owner", "MMD² (debiased)", "epsilon", "n ≈"):
-        table.add_column(column, justify="left" if column == "owner" else "right")
+    for column in ("rank", "owner", "MMD² (debiased)", "epsilon", "n ≈", "flag"):
+        table.add_column(column, justify="left" if column in ("owner", "flag") else "right")
     rows = []
     for k, (owner, value) in enumerate(ranking, 1):
         sketch = by_owner[owner].sketch
-        rows.append({"rank": k, "owner": owner, "mmd2": value, "epsilon": sketch.mechanism.epsilon})
+        row: dict[str, Any] = {
+            "rank": k,
+            "owner": owner,
+            "mmd2": max(value, 0.0),
+            "epsilon": sketch.mechanism.epsilon,
+        }
+        flag = ""
+        if value < 0:  # an MMD² is >= 0: the debiased estimate fell below it by noise
+            flag = f"clipped to 0: the debiased estimate {value:.4g} is within the noise"
+            row |= {"flag": flag, "raw": value}
+        rows.append(row)
         table.add_row(
             str(k),
             owner,
-            f"{value:.4g}",
+            f"{max(value, 0.0):.4g}",
             f"{sketch.mechanism.epsilon:g}",
             f"{sketch.count_estimate:.0f}",
+            flag,
         )
     Console().print(table)
     write_output(

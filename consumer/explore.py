@@ -37,6 +37,7 @@ bit for bit, wherever they are computed.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import re
@@ -718,7 +719,8 @@ class MarginalsExplorer:
         self.feature_map: MarginalsMap = spec.feature_map
         self.bootstrap = int(bootstrap)
         self.seed = int(seed)
-        self._models: dict[int, tuple[MarginalsModel, list[MarginalsModel]]] = {}
+        # Keyed by id(); the sketch is kept alive beside its models so that its id is not reused.
+        self._models: dict[int, tuple[MarginalsSketch, MarginalsModel, list[MarginalsModel]]] = {}
 
     @property
     def domain(self) -> Domain:
@@ -749,11 +751,14 @@ class MarginalsExplorer:
         if found is None:
             self.spec.check_sketch(sketch)
             model = MarginalsModel.fit(self.feature_map, sketch.measurements)
-            rng = np.random.default_rng([self.seed, 2, len(self._models)])
+            # Seeded by the sketch's content: an owner's errors do not depend on which other
+            # sketches this explorer fitted first.
+            digest = hashlib.sha256(b"".join(m.values.tobytes() for m in sketch.measurements))
+            rng = np.random.default_rng([self.seed, 2, int.from_bytes(digest.digest()[:8])])
             boot = model.bootstrap(self.bootstrap, rng) if self.bootstrap > 0 else []
-            found = (model, boot)
+            found = (sketch, model, boot)
             self._models[id(sketch)] = found
-        return found
+        return found[1], found[2]
 
     def answer(self, query: Query, sketches: Sequence[MarginalsSketch]) -> Answer:
         """The graphical models' answer to ``query`` for the union of ``sketches``' owners.
