@@ -869,9 +869,10 @@ class MarginalsModel:
         if found is None:
             subscripts = ",".join(s for s, _ in self._potentials)
             out = "".join(self._letters[str(c)] for c in key)
-            joint = np.einsum(
-                f"{subscripts}->{out}", *(t for _, t in self._potentials), optimize="greedy"
-            )
+            tables = [t for _, t in self._potentials]
+            expression = f"{subscripts}->{out}"
+            path = _einsum_path(expression, tuple(t.shape for t in tables))
+            joint = np.einsum(expression, *tables, optimize=path)
             mass = float(joint.sum())
             if not (math.isfinite(mass) and mass > 0):
                 # Potentials far apart underflow the product: mbi's log-space elimination.
@@ -1025,6 +1026,16 @@ class MarginalsModel:
                 e = self.feature_map.edges(j)
                 out[:, j] = ((e[:-1] + e[1:]) / 2.0)[cells[:, j]]
         return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _einsum_path(expression: str, shapes: tuple[tuple[int, ...], ...]) -> list[Any]:
+    """``numpy.einsum_path``'s greedy contraction order for ``expression`` on operands of
+    ``shapes``: computed once per model structure and query (the bootstrap models share their
+    structure), not per call (finding it costs more than contracting)."""
+    operands = [np.empty(shape, dtype=np.float64) for shape in shapes]
+    path, _ = np.einsum_path(expression, *operands, optimize="greedy")
+    return list(path)
 
 
 def _einsum_letter(j: int) -> str:
