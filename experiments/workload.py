@@ -47,6 +47,7 @@ from common.sketches.marginals import (
     MarginalsModel,
     Measurement,
     marginals_map,
+    model_size_mb,
 )
 from common.sketches.sketch import SketchMechanism
 from common.sketches.tasks import range_function
@@ -474,7 +475,7 @@ def run_table(
     lower, upper = workload.bounds(fmap, domain)
     targets = range_function(lower, upper)
     designs: dict[str, SyntheticDesign] = {}
-    all_pairs_mb = _model_size_mb(fmap, list(itertools.combinations(range(len(sizes)), 2)))
+    all_pairs_mb = model_size_mb(fmap, list(itertools.combinations(range(len(sizes)), 2)))
     for seed in seeds:
         for method in methods:
             rng = np.random.default_rng([seed, METHODS.index(method)])
@@ -550,19 +551,6 @@ def run_table(
         "seconds_per_seed": result.seconds,
         "mean": summary,
     }
-
-
-def _model_size_mb(fmap: MarginalsMap, cliques: Sequence[tuple[int, ...]]) -> float:
-    """``mbi``'s size (MB) of the junction tree of a model over ``cliques``."""
-    from common.sketches.marginals import _mbi
-
-    mbi = _mbi()
-    domain = mbi.Domain([str(j) for j in range(fmap.n_attributes)], fmap.cells.tolist())
-    return float(
-        mbi.junction_tree.hypothetical_model_size(
-            domain, [tuple(str(j) for j in c) for c in cliques]
-        )
-    )
 
 
 def _uniform(fmap: MarginalsMap, domain: Domain, cols: tuple[int, ...]) -> Array:

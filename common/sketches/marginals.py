@@ -68,6 +68,7 @@ __all__ = [
     "RoundPlan",
     "cell_weights",
     "marginals_map",
+    "model_size_mb",
 ]
 
 #: Selection rounds of the default declaration (each costs one model fit at the owner).
@@ -835,13 +836,10 @@ class MarginalsModel:
         return any(names <= set(c) for c in self.mbi_model.cliques)
 
     def grown_size_mb(self, clique: Sequence[int]) -> float:
-        """The size (MB, ``mbi``'s ``hypothetical_model_size``) of the model's junction tree if
-        ``clique`` were measured too."""
-        return float(
-            _mbi().junction_tree.hypothetical_model_size(
-                self.mbi_domain, [*self.cliques, self.names(clique)]
-            )
-        )
+        """The size (MB, :func:`model_size_mb`) of the model's junction tree if ``clique`` were
+        measured too."""
+        cliques = [tuple(int(a) for a in c) for c in self.cliques]
+        return model_size_mb(self.feature_map, [*cliques, tuple(clique)])
 
     def marginal(self, clique: Sequence[int]) -> NDArray[np.float64]:
         """The model's counts on ``clique``'s cells.
@@ -1036,6 +1034,16 @@ def _einsum_path(expression: str, shapes: tuple[tuple[int, ...], ...]) -> list[A
     operands = [np.empty(shape, dtype=np.float64) for shape in shapes]
     path, _ = np.einsum_path(expression, *operands, optimize="greedy")
     return list(path)
+
+
+def model_size_mb(feature_map: MarginalsMap, cliques: Sequence[Sequence[int]]) -> float:
+    """The size in MB of the float64 tables of the junction tree of a model over ``cliques``
+    (column indices), as ``mbi``'s ``hypothetical_model_size`` counts it."""
+    return float(
+        _mbi().junction_tree.hypothetical_model_size(
+            _mbi_domain(feature_map), [tuple(str(j) for j in c) for c in cliques]
+        )
+    )
 
 
 def _einsum_letter(j: int) -> str:
