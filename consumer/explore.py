@@ -13,8 +13,22 @@ costs the owners nothing more, whatever the consumer asks and however often.
   several: :func:`common.sketches.sketch.merge_sketches`) from one synthetic design, drawn once
   from the spec's domain; :func:`exact_answer` gives the same quantity on raw records (for those
   who hold them: the demo, tests).
+* :class:`MarginalsExplorer` answers from marginals sketches through a graphical model
+  (:class:`common.sketches.marginals.MarginalsModel`): counts, CDFs, marginal tables,
+  moments of discrete columns and synthetic records.
+* :func:`choose_source` picks, per query, which of the available specs answers it (the rule is
+  in its docstring).
 * :func:`rank_owners` orders owners by the squared MMD between the consumer's validation set and
   each owner's RFF sketch (:func:`common.sketches.sketch.sketch_mmd2`, debiased).
+
+Every answer carries a standard error per value from the release's public noise scales: exact
+(up to the count's first-order term) where the estimate is linear in the noise (M2M's means,
+moments, CDFs and counts: ``a . xi / n_hat``), by parametric bootstrap otherwise (M2M's
+covariances and logistic regressions; every graphical-model answer). An error covers the
+noise only, not the estimator's bias (M2M's linear fit, the model's independence
+assumptions). Values outside what they can be — a mean outside its column's public bounds, a
+fraction outside [0, 1], a negative variance — are clipped to the nearest possible value and
+flagged, the raw estimate kept beside it.
 
 The synthetic design's randomness is the consumer's own and protects nothing (the sketches are
 already private), so it is seeded (default 0): the same sketch and query give the same answer,
@@ -23,9 +37,11 @@ bit for bit, wherever they are computed.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +57,20 @@ from common.sketches.m2m import (
     M2MEstimator,
     SyntheticDesign,
 )
-from common.sketches.sketch import PrivateSketch, SketchLike, sketch_mmd2
+from common.sketches.marginals import (
+    DEFAULT_BOOTSTRAP,
+    MarginalsMap,
+    MarginalsModel,
+    MarginalsSketch,
+    cell_weights,
+)
+from common.sketches.sketch import (
+    PrivateSketch,
+    SketchLike,
+    SketchUnion,
+    merge_sketches,
+    sketch_mmd2,
+)
 from common.sketches.spec import SketchSpec
 
 __all__ = [
@@ -49,14 +78,23 @@ __all__ = [
     "QUERIES",
     "Answer",
     "Explorer",
+    "MarginalsExplorer",
     "Query",
+    "choose_source",
     "exact_answer",
+    "m2m_standard_errors",
+    "m2m_target",
     "parse_where",
     "rank_owners",
 ]
 
-#: The analyses a consumer can run on a sketch.
-QUERIES = ("mean", "moment2", "cdf", "covariance", "count", "logreg")
+#: The analyses a consumer can run on a sketch (``marginal`` and ``synthetic`` need a
+#: marginals sketch).
+QUERIES = ("mean", "moment2", "cdf", "covariance", "count", "logreg", "marginal", "synthetic")
+#: Two-sided normal quantile of the 95 % intervals shown beside the standard errors.
+Z95 = 1.959963984540054
+#: Bootstrap replicates of M2M's non-linear answers (covariance, logistic regression).
+M2M_BOOTSTRAP = 32
 #: Synthetic points of an exploration's design: 2e4 keeps a query under a second at m = 400
 #: (the paper uses 1e5; ``n_synthetic`` raises it).
 DEFAULT_EXPLORE_SYNTHETIC = 20_000
@@ -114,6 +152,8 @@ class Query:
         at least one.
     target : str
         ``logreg``: the label column, declared discrete with two levels in the domain.
+    rows : int
+        ``synthetic``: how many records to draw (>= 1).
 
     Raises
     ------
@@ -126,6 +166,7 @@ class Query:
     points: tuple[float, ...] = ()
     where: tuple[tuple[str, float, float], ...] = ()
     target: str = ""
+    rows: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in QUERIES:
@@ -146,11 +187,19 @@ class Query:
             raise InvalidArgumentError(f"the target {self.target!r} cannot also be a feature")
         if any(not math.isfinite(p) for p in self.points):
             raise InvalidArgumentError(f"cdf points must be finite, got {list(self.points)}")
+        if self.kind == "marginal" and not 1 <= len(self.columns) <= 3:
+            raise InvalidArgumentError(
+                f"a marginal names 1 to 3 columns (--column), got {len(self.columns)}"
+            )
+        if (self.kind == "synthetic") != (self.rows > 0):
+            raise InvalidArgumentError(
+                f"rows (>= 1) belong to synthetic, got rows = {self.rows} for {self.kind}"
+            )
 
 
 @dataclass(frozen=True)
 class Answer:
-    """A query's answer: one value per label, in order, and what else it reports.
+    """A query's answer: one value per label, in order, its error, and what else it reports.
 
     Attributes
     ----------
@@ -159,18 +208,68 @@ class Answer:
         What each value is, e.g. ``"distance"``, ``"P[distance <= 500]"``,
         ``"cov(distance, air_time)"``, ``"coef(hour)"``.
     values : ndarray of shape (len(labels),), float64
+        Clipped to what the quantity can be (module docstring); see :attr:`raw`.
     extra : dict
-        ``count``: ``count`` (the fraction times the count estimate) and ``n``; ``logreg``:
-        nothing more (the intercept is a value).
+        ``count``: ``count`` (the fraction times the count estimate) and ``n``; ``synthetic``:
+        ``records`` (rows of values in the spec's column order) and ``columns``.
+    errors : ndarray of shape (len(labels),), float64
+        Standard error of each value from the release's noise (NaN when none is available).
+    columns : tuple of tuple of str
+        The columns each value is about.
+    flags : tuple of str
+        Per value: ``""``, or why it was clipped.
+    raw : ndarray of shape (len(labels),), float64
+        The estimates before clipping.
+    source : str
+        What answered: ``"<spec> (M2M)"`` or ``"<spec> (graphical model)"``, and why.
     """
 
     query: Query
     labels: tuple[str, ...]
     values: NDArray[np.float64]
     extra: dict[str, Any] = field(default_factory=dict)
+    errors: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    columns: tuple[tuple[str, ...], ...] = ()
+    flags: tuple[str, ...] = ()
+    raw: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        k = len(self.labels)
+        if self.errors.shape != (k,):
+            object.__setattr__(self, "errors", np.full(k, np.nan))
+        if len(self.columns) != k:
+            object.__setattr__(self, "columns", ((),) * k)
+        if len(self.flags) != k:
+            object.__setattr__(self, "flags", ("",) * k)
+        if self.raw.shape != (k,):
+            object.__setattr__(self, "raw", np.asarray(self.values, dtype=np.float64).copy())
+
+    def interval(self, z: float = Z95) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """``values -+ z * errors`` (a 95 % normal interval by default)."""
+        return self.values - z * self.errors, self.values + z * self.errors
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per value: label, columns, value, standard error, 95 % interval, flag."""
+        low, high = self.interval()
+        out = []
+        for j, label in enumerate(self.labels):
+            row: dict[str, Any] = {
+                "label": label,
+                "columns": list(self.columns[j]),
+                "value": float(self.values[j]),
+                "se": None if math.isnan(self.errors[j]) else float(self.errors[j]),
+                "ci95": None if math.isnan(self.errors[j]) else [float(low[j]), float(high[j])],
+            }
+            if self.flags[j]:
+                row["flag"] = self.flags[j]
+                row["raw"] = float(self.raw[j])
+            out.append(row)
+        return out
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data: ``{"query", "values": {label: value}, **extra}``."""
+        """Plain JSON-able data: ``{"query", "source", "values": {label: value}, "rows": [...],
+        **extra}`` (:meth:`rows`)."""
         q = self.query
         query: dict[str, Any] = {"kind": q.kind}
         if q.columns:
@@ -181,9 +280,13 @@ class Answer:
             query["where"] = [[c, lo, hi] for c, lo, hi in q.where]
         if q.target:
             query["target"] = q.target
+        if q.rows:
+            query["rows"] = q.rows
         return {
             "query": query,
+            "source": self.source,
             "values": dict(zip(self.labels, self.values.tolist(), strict=True)),
+            "rows": self.rows(),
             **self.extra,
         }
 
@@ -282,6 +385,134 @@ def _check_target(query: Query, domain: Domain) -> int:
     return label
 
 
+def _value_columns(query: Query, domain: Domain) -> tuple[tuple[str, ...], ...]:
+    """The columns each value of ``query`` is about, in the order of :func:`_labels`."""
+    name = domain.attribute_name
+    if query.kind in ("mean", "moment2"):
+        return tuple((name(int(j)),) for j in _columns(query, domain))
+    if query.kind == "cdf":
+        idx = _columns(query, domain)
+        t = _thresholds(query, domain, idx)
+        return tuple((name(int(j)),) for j in idx for _ in range(t.shape[1]))
+    if query.kind == "covariance":
+        idx = _columns(query, domain)
+        rows, cols = np.triu_indices(idx.size)
+        return tuple(
+            (name(int(idx[a])), name(int(idx[b]))) for a, b in zip(rows, cols, strict=True)
+        )
+    if query.kind == "count":
+        return (tuple(dict.fromkeys(c for c, _, _ in query.where)),)
+    if query.kind == "logreg":
+        features = [name(int(j)) for j in _features(query, domain)]
+        return (*((f, query.target) for f in features), (query.target,))
+    return ()
+
+
+def _clip(
+    query: Query, domain: Domain, values: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], tuple[str, ...]]:
+    """Clip values to what the quantity can be; flag the ones moved (module docstring)."""
+    k = values.shape[0]
+    low = np.full(k, -np.inf)
+    high = np.full(k, np.inf)
+    what = [""] * k
+    if query.kind in ("mean", "moment2"):
+        idx = _columns(query, domain)
+        lo, hi = domain.low[idx], domain.high[idx]
+        if query.kind == "mean":
+            low, high = lo, hi
+            what = ["the column's public bounds"] * k
+        else:
+            low = np.where((lo <= 0) & (hi >= 0), 0.0, np.minimum(lo * lo, hi * hi))
+            high = np.maximum(lo * lo, hi * hi)
+            what = ["the squares of the column's public bounds"] * k
+    elif query.kind in ("cdf", "count", "marginal"):
+        low, high = np.zeros(k), np.ones(k)
+        what = ["[0, 1] (a fraction)"] * k
+    elif query.kind == "covariance":
+        idx = _columns(query, domain)
+        rows, cols = np.triu_indices(idx.size)
+        width = domain.width()[idx]
+        for v, (a, b) in enumerate(zip(rows, cols, strict=True)):
+            if a == b:  # a variance: in [0, w^2 / 4] (Popoviciu)
+                low[v], high[v] = 0.0, width[a] ** 2 / 4.0
+                what[v] = "a variance's range [0, w^2/4]"
+    clipped = np.clip(values, low, high)
+    flags = tuple(
+        f"clipped to {what[j]}: the raw estimate {values[j]:.6g} is impossible"
+        if clipped[j] != values[j]
+        else ""
+        for j in range(k)
+    )
+    return clipped, flags
+
+
+def m2m_target(query: Query, domain: Domain) -> tasks.Target | None:
+    """The target function of a query M2M answers linearly, or ``None`` (covariance, logreg)."""
+    if query.kind in ("mean", "moment2"):
+        return tasks.moment_function(1 if query.kind == "mean" else 2, _columns(query, domain))
+    if query.kind == "cdf":
+        idx = _columns(query, domain)
+        return tasks.cdf_function(_thresholds(query, domain, idx), idx)
+    if query.kind == "count":
+        lower, upper = _bounds(query, domain)
+        return tasks.range_function(lower, upper)
+    return None
+
+
+def m2m_standard_errors(est: M2MEstimator, target: tasks.Target) -> NDArray[np.float64]:
+    """Standard errors of M2M estimates from the sketch's public noise scales.
+
+    The estimate is ``a0 + <a, z_hat>`` with ``z_hat = (S + xi) / n_hat``: linear in the noise
+    ``xi`` of the sum, so its variance given the count is ``sigma_xi^2 ||a||^2 / n_hat^2``;
+    the count's noise ``zeta`` scales ``<a, z_hat>`` by ``n / n_hat``, adding (first order)
+    ``<a, z_hat>^2 sigma_zeta^2 / n_hat^2``.
+
+    Parameters
+    ----------
+    est : M2MEstimator
+    target : callable
+        ``f(points)``, shape (n_s,) or (n_s, k).
+
+    Returns
+    -------
+    ndarray of shape (k,), float64
+
+    Notes
+    -----
+    Only public values enter (``sigma_xi``, ``sigma_zeta``, ``n_hat``, ``a``), so the error
+    itself is post-processing. It covers the noise, not M2M's approximation bias.
+    """
+    values = target(est.points)
+    a, a0 = est.coefficients(values)
+    sketch = est.sketch
+    n_hat = float(sketch.count_estimate)
+    linear = np.atleast_1d(np.asarray(est.estimate_values(values), dtype=np.float64)) - a0
+    variance = sketch.sum_noise_variance * (a * a).sum(axis=0) + linear**2 * (
+        sketch.count_noise_variance
+    )
+    return np.asarray(np.sqrt(variance) / n_hat, dtype=np.float64)
+
+
+def _perturbed(sketch: SketchLike, rng: np.random.Generator) -> SketchLike:
+    """The sketch with a fresh draw of its own noise added (parametric bootstrap)."""
+    if isinstance(sketch, SketchUnion):
+        return merge_sketches([_perturbed_part(p, rng) for p in sketch.parts])
+    assert isinstance(sketch, PrivateSketch)
+    return _perturbed_part(sketch, rng)
+
+
+def _perturbed_part(sketch: PrivateSketch, rng: np.random.Generator) -> PrivateSketch:
+    mech = sketch.mechanism
+    assert mech.sum_scale is not None and mech.count_scale is not None
+    m = sketch.noisy_sum.shape[0]
+    if mech.mechanism == "laplace":
+        xi, zeta = rng.laplace(0.0, mech.sum_scale, m), rng.laplace(0.0, mech.count_scale)
+    else:
+        xi, zeta = rng.normal(0.0, mech.sum_scale, m), rng.normal(0.0, mech.count_scale)
+    return PrivateSketch(mech, sketch.noisy_sum + xi, sketch.noisy_count + zeta)
+
+
 class Explorer:
     """M2M answers for the sketches of one spec, from one synthetic design.
 
@@ -345,8 +576,15 @@ class Explorer:
             sketch, design=self.design, lambda_rule=self.lambda_rule, intercept=self.intercept
         )
 
-    def answer(self, query: Query, sketch: SketchLike | M2MEstimator) -> Answer:
-        """The M2M estimate of ``query`` on the sketched data.
+    def answer(
+        self, query: Query, sketch: SketchLike | M2MEstimator, *, errors: bool = True
+    ) -> Answer:
+        """The M2M estimate of ``query`` on the sketched data, with its standard errors.
+
+        Errors: :func:`m2m_standard_errors` for means, moments, CDFs and counts; for a
+        covariance or a logistic regression the spread over :data:`M2M_BOOTSTRAP` (16 for
+        logreg) re-estimates from the sketch with its noise drawn again (the bootstrap's
+        generator is seeded from :attr:`seed`: the consumer's own randomness).
 
         Raises
         ------
@@ -357,7 +595,51 @@ class Explorer:
             If the implicit-M2M weights cannot fit a logistic regression (e.g. no positive
             weight for one class).
         """
+        if query.kind in ("marginal", "synthetic"):
+            raise InvalidArgumentError(f"{query.kind} needs a marginals sketch, not M2M")
         est = sketch if isinstance(sketch, M2MEstimator) else self.estimator(sketch)
+        raw = self._estimate(query, est)
+        domain = self.domain
+        se = np.full(raw.values.shape, np.nan)
+        if errors:
+            target = m2m_target(query, domain)
+            if target is not None:
+                se = m2m_standard_errors(est, target)
+            else:
+                rng = np.random.default_rng([self.seed, 1])
+                replicates = M2M_BOOTSTRAP if query.kind != "logreg" else M2M_BOOTSTRAP // 2
+                draws = []
+                for _ in range(replicates):
+                    again = M2MEstimator(
+                        _perturbed(est.sketch, rng),
+                        design=self.design,
+                        lambda_rule=self.lambda_rule,
+                        intercept=self.intercept,
+                    )
+                    try:
+                        draws.append(self._estimate(query, again).values)
+                    except ValueError:  # a replicate whose weights cannot fit a model
+                        continue
+                if len(draws) > 1:
+                    se = np.std(np.array(draws), axis=0, ddof=1)
+        values, flags = _clip(query, domain, raw.values)
+        extra = dict(raw.extra)
+        if query.kind == "count":
+            extra["count"] = float(values[0]) * extra["n"]
+            extra["count_se"] = float(se[0]) * extra["n"]
+        return Answer(
+            query,
+            raw.labels,
+            values,
+            extra,
+            errors=se,
+            columns=_value_columns(query, domain),
+            flags=flags,
+            raw=raw.values,
+            source=f"{self.spec.name} (M2M)",
+        )
+
+    def _estimate(self, query: Query, est: M2MEstimator) -> Answer:
         domain = self.domain
         labels = _labels(query, domain)
         extra: dict[str, Any] = {}
@@ -384,6 +666,310 @@ class Explorer:
             )
             values = np.concatenate([fit.model.coef_[0], fit.model.intercept_])
         return Answer(query, labels, np.asarray(values, dtype=np.float64), extra)
+
+
+def _cell_label(fmap: MarginalsMap, domain: Domain, column: int, cell: int) -> str:
+    name = domain.attribute_name(column)
+    levels = domain.level_values(column)
+    if levels is not None:
+        return f"{name} = {levels[cell]:g}"
+    e = fmap.edges(column)
+    close = "<=" if cell == e.shape[0] - 2 else "<"
+    return f"{e[cell]:.6g} <= {name} {close} {e[cell + 1]:.6g}"
+
+
+def _marginal_labels(fmap: MarginalsMap, domain: Domain, idx: Sequence[int]) -> tuple[str, ...]:
+    cells = [range(int(fmap.cells[j])) for j in idx]
+    return tuple(
+        "P["
+        + ", ".join(_cell_label(fmap, domain, j, c) for j, c in zip(idx, combo, strict=True))
+        + "]"
+        for combo in itertools.product(*cells)
+    )
+
+
+class MarginalsExplorer:
+    """Graphical-model answers for the marginals sketches of one spec.
+
+    Each owner's sketch gets its own model (:class:`common.sketches.marginals.MarginalsModel`,
+    fitted once and kept) and :data:`~common.sketches.marginals.DEFAULT_BOOTSTRAP` bootstrap
+    models; a union of owners adds their counts (each owner's data keep exactly the guarantee
+    of its own sketch), and its bootstrap replicate ``b`` adds the owners' replicates ``b``.
+
+    Parameters
+    ----------
+    spec : SketchSpec
+        A marginals spec; every sketch answered must have been made under it.
+    bootstrap : int
+        Bootstrap models per sketch (0: no errors).
+    seed : int
+        The consumer's own randomness (bootstrap noise, synthetic records): answers repeat
+        bit for bit.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``spec`` is not a marginals spec.
+    """
+
+    def __init__(self, spec: SketchSpec, *, bootstrap: int = DEFAULT_BOOTSTRAP, seed: int = 0):
+        if not isinstance(spec.feature_map, MarginalsMap):
+            raise InvalidArgumentError(f"{spec.name} is a {spec.kind} spec, not a marginals one")
+        self.spec = spec
+        self.feature_map: MarginalsMap = spec.feature_map
+        self.bootstrap = int(bootstrap)
+        self.seed = int(seed)
+        # Keyed by id(); the sketch is kept alive beside its models so that its id is not reused.
+        self._models: dict[int, tuple[MarginalsSketch, MarginalsModel, list[MarginalsModel]]] = {}
+
+    @property
+    def domain(self) -> Domain:
+        """The spec's domain."""
+        return self.spec.domain
+
+    @staticmethod
+    def expresses(query: Query, domain: Domain) -> bool:
+        """Whether marginals answer ``query`` without approximating a column: counts, CDFs,
+        marginal tables and synthetic records; means, second moments and covariances of
+        discrete columns only (a continuous column's moments would need its values inside a
+        cell: M2M's); never a logistic regression."""
+        if query.kind in ("count", "cdf", "marginal", "synthetic"):
+            return True
+        if query.kind in ("mean", "moment2", "covariance"):
+            return all(domain.level_values(int(j)) is not None for j in _columns(query, domain))
+        return False
+
+    def models(self, sketch: MarginalsSketch) -> tuple[MarginalsModel, list[MarginalsModel]]:
+        """The fitted model of ``sketch`` and its bootstrap models (computed once).
+
+        Raises
+        ------
+        InvalidArgumentError
+            If the sketch was not made under the spec.
+        """
+        found = self._models.get(id(sketch))
+        if found is None:
+            self.spec.check_sketch(sketch)
+            model = MarginalsModel.fit(self.feature_map, sketch.measurements)
+            # Seeded by the sketch's content: an owner's errors do not depend on which other
+            # sketches this explorer fitted first.
+            digest = hashlib.sha256(b"".join(m.values.tobytes() for m in sketch.measurements))
+            rng = np.random.default_rng([self.seed, 2, int.from_bytes(digest.digest()[:8])])
+            boot = model.bootstrap(self.bootstrap, rng) if self.bootstrap > 0 else []
+            found = (sketch, model, boot)
+            self._models[id(sketch)] = found
+        return found[1], found[2]
+
+    def answer(self, query: Query, sketches: Sequence[MarginalsSketch]) -> Answer:
+        """The graphical models' answer to ``query`` for the union of ``sketches``' owners.
+
+        Parameters
+        ----------
+        query : Query
+            One :meth:`expresses` accepts.
+        sketches : sequence of MarginalsSketch
+            One per owner (at least one).
+
+        Returns
+        -------
+        Answer
+            Values, bootstrap standard errors, the columns of each value, flags.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a query marginals cannot express, an unknown column, or no sketch.
+        """
+        domain = self.domain
+        if not sketches:
+            raise InvalidArgumentError("no marginals sketch to answer from")
+        if not self.expresses(query, domain):
+            raise InvalidArgumentError(
+                f"a marginals sketch cannot express {query.kind} of continuous columns or a "
+                "logistic regression (M2M answers those)"
+            )
+        fitted = [self.models(s) for s in sketches]
+        if query.kind == "synthetic":
+            return self._synthetic(query, [m for m, _ in fitted])
+        replicates = min((len(b) for _, b in fitted), default=0)
+        main = self._values(query, [m for m, _ in fitted])
+        draws = [self._values(query, [b[r] for _, b in fitted]) for r in range(replicates)]
+        se = (
+            np.std(np.array(draws), axis=0, ddof=1)
+            if replicates > 1
+            else np.full(main.shape, np.nan)
+        )
+        values, flags = _clip(query, domain, main)
+        total = math.fsum(m.total for m, _ in fitted)
+        extra: dict[str, Any] = {}
+        if query.kind == "count":
+            extra = {
+                "count": float(values[0]) * total,
+                "n": total,
+                "count_se": float(se[0]) * total,
+            }
+        if query.kind == "marginal":
+            idx = _index(domain, query.columns).tolist()
+            labels = _marginal_labels(self.feature_map, domain, idx)
+            columns = (tuple(query.columns),) * len(labels)
+        else:
+            labels = _labels(query, domain)
+            columns = _value_columns(query, domain)
+        return Answer(
+            query,
+            labels,
+            values,
+            extra,
+            errors=se,
+            columns=columns,
+            flags=flags,
+            raw=main,
+            source=f"{self.spec.name} (graphical model)",
+        )
+
+    def _weights(self, query: Query) -> dict[int, NDArray[np.float64]]:
+        """Per-column cell weights of a count's conjunction (predicates on one column
+        intersected first)."""
+        domain = self.domain
+        lower, upper = _bounds(query, domain)
+        out = {}
+        for j in sorted(set(_index(domain, [c for c, _, _ in query.where]).tolist())):
+            out[j] = cell_weights(self.feature_map, domain, j, lower[0, j], upper[0, j])
+        return out
+
+    def _values(self, query: Query, models: Sequence[MarginalsModel]) -> NDArray[np.float64]:
+        """The query's values on the union of ``models``' data (fractions, moments)."""
+        domain = self.domain
+        fmap = self.feature_map
+        total = math.fsum(m.total for m in models)
+
+        def fraction(weights: dict[int, NDArray[np.float64]]) -> float:
+            return math.fsum(m.query(weights) for m in models) / total
+
+        if query.kind == "count":
+            return np.array([fraction(self._weights(query))])
+        if query.kind == "cdf":
+            idx = _columns(query, domain)
+            t = _thresholds(query, domain, idx)
+            return np.array(
+                [
+                    fraction({int(j): cell_weights(fmap, domain, int(j), -np.inf, float(x))})
+                    for j, row in zip(idx, t, strict=True)
+                    for x in row
+                ]
+            )
+        if query.kind == "marginal":
+            idx = _index(domain, query.columns).tolist()
+            table = sum(m.marginal(idx) for m in models)
+            return np.asarray(table, dtype=np.float64).reshape(-1) / total
+        idx = _columns(query, domain)
+        levels: dict[int, NDArray[np.float64]] = {}
+        for j in idx:
+            lv = domain.level_values(int(j))
+            assert lv is not None  # expresses(): discrete columns only
+            levels[int(j)] = lv
+        if query.kind in ("mean", "moment2"):
+            order = 1 if query.kind == "mean" else 2
+            return np.array([fraction({int(j): levels[int(j)] ** order}) for j in idx])
+        # covariance of discrete columns: E[x_a x_b] - E[x_a] E[x_b]
+        means = {int(j): fraction({int(j): levels[int(j)]}) for j in idx}
+        rows, cols = np.triu_indices(idx.size)
+        out = []
+        for a, b in zip(rows, cols, strict=True):
+            ja, jb = int(idx[a]), int(idx[b])
+            if ja == jb:
+                second = fraction({ja: levels[ja] ** 2})
+            else:
+                second = fraction({ja: levels[ja], jb: levels[jb]})
+            out.append(second - means[ja] * means[jb])
+        return np.array(out)
+
+    def _synthetic(self, query: Query, models: Sequence[MarginalsModel]) -> Answer:
+        """``query.rows`` records from the union: each owner's share of the rows in proportion
+        to its model's total (a multinomial draw), cells drawn from its model, then a discrete
+        column's level or a value uniform in a continuous column's cell."""
+        domain = self.domain
+        rng = np.random.default_rng([self.seed, 3])
+        totals = np.array([m.total for m in models])
+        shares = rng.multinomial(query.rows, totals / totals.sum())
+        cells = np.concatenate(
+            [m.sample(int(k), rng) for m, k in zip(models, shares, strict=True) if k > 0]
+        )
+        cells = cells[rng.permutation(cells.shape[0])]
+        records = np.empty(cells.shape, dtype=np.float64)
+        for j in range(domain.n_attributes):
+            levels = domain.level_values(j)
+            if levels is not None:
+                records[:, j] = levels[cells[:, j]]
+            else:
+                e = self.feature_map.edges(j)
+                u = rng.random(cells.shape[0])
+                records[:, j] = e[cells[:, j]] + u * (e[cells[:, j] + 1] - e[cells[:, j]])
+        names = [domain.attribute_name(j) for j in range(domain.n_attributes)]
+        return Answer(
+            query,
+            (),
+            np.zeros(0),
+            {"columns": names, "records": records.tolist()},
+            source=f"{self.spec.name} (graphical model)",
+        )
+
+
+def choose_source(
+    query: Query,
+    specs: Sequence[SketchSpec],
+    expected_error: Callable[[SketchSpec], float] | None = None,
+) -> tuple[SketchSpec, str]:
+    """Which spec answers ``query``, and why.
+
+    The rule:
+
+    1. A marginals spec, if one is available and :meth:`MarginalsExplorer.expresses` the
+       query (counts, CDFs, marginal tables, synthetic records, moments of discrete columns).
+       Its answers are unbiased in the cells of its discretisation up to the model's fit,
+       while M2M's counting answers carry a bias from its linear fit under a uniform prior
+       that no noise scale shows (on a census table, 12-34 times AIM's error with exact
+       sketches as with noisy ones: README, "Marginals").
+    2. Otherwise (moments of continuous columns, covariances involving one, logistic
+       regressions, or no marginals spec) the M2M spec with the smallest expected standard
+       error from its public noise scales (``expected_error(spec)``; for a covariance or a
+       logistic regression, the error of the first moments of the columns involved), i.e. the
+       sketch whose noise moves this answer least.
+
+    Parameters
+    ----------
+    query : Query
+    specs : sequence of SketchSpec
+        The specs with a sketch of every owner asked about.
+    expected_error : callable, optional
+        ``spec -> float``; needed to choose among several M2M specs.
+
+    Returns
+    -------
+    (SketchSpec, str)
+
+    Raises
+    ------
+    InvalidArgumentError
+        If no spec can answer (e.g. a marginal table without a marginals sketch).
+    """
+    marginals = [s for s in specs if s.kind == "marginals"]
+    for spec in marginals:
+        if MarginalsExplorer.expresses(query, spec.domain):
+            return spec, (
+                f"{spec.name}: a marginals sketch expresses {query.kind} (graphical model, "
+                "no linear-fit bias)"
+            )
+    m2m = [s for s in specs if s.kind != "marginals"]
+    if not m2m or query.kind in ("marginal", "synthetic"):
+        have = ", ".join(s.name for s in specs) or "none"
+        raise InvalidArgumentError(f"no published sketch answers {query.kind} (specs: {have})")
+    if len(m2m) == 1 or expected_error is None:
+        return m2m[0], f"{m2m[0].name}: the only M2M sketch available"
+    errors = {s.name: float(expected_error(s)) for s in m2m}
+    best = min(m2m, key=lambda s: (errors[s.name], s.name))
+    listed = ", ".join(f"{n} {e:.3g}" for n, e in errors.items())
+    return best, f"{best.name}: smallest expected standard error from the noise ({listed})"
 
 
 def exact_answer(query: Query, records: ArrayLike, domain: Domain) -> Answer:

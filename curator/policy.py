@@ -61,6 +61,7 @@ from typing import Any
 
 from common.cape.spec import AnyCapeSpec, CapeTrainingSpec
 from common.errors import InvalidArgumentError, ResourceExhaustedError
+from common.sketches.marginals import marginals_map
 from common.sketches.spec import SketchDeclaration
 from common.summarization.summary import METHODS, Method, SummarizationConfig
 from common.summarization.terms import OwnerTerms
@@ -279,12 +280,21 @@ class CuratorPolicy:
                 self._check_range("sketch_race_hashes", params["hashes"], f"{where}: RACE R")
                 self._check_range("sketch_race_buckets", params["buckets"], f"{where}: RACE W")
                 dimension = params["hashes"] * params["buckets"]
-            else:
+            elif kind == "hist":
                 bins = params["bins"]
                 per_column = bins if isinstance(bins, list) else [bins] * d
                 for b in per_column:
                     self._check_range("sketch_hist_bins", b, f"{where}: HIST bins")
                 dimension = sum(per_column)
+            else:
+                # A marginals map: its cells per column are bounded as HIST bins are, its delta
+                # as a Gaussian sketch's; its dimension is the number of 1-way cells.
+                fmap = marginals_map(declaration.domain, params["bins"], cuts=params.get("cuts"))
+                for b in fmap.block_sizes:
+                    self._check_range("sketch_hist_bins", int(b), f"{where}: marginals cells")
+                delta = params.get("delta", declaration.delta)
+                self._check_range("sketch_delta", delta, f"{where}: marginals delta")
+                dimension = fmap.dimension
             self._check_range("sketch_dimension", dimension, f"{where}: {kind} dimension m")
 
     def check_sketch_epsilon(self, epsilon: float, delta: float) -> None:

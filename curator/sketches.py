@@ -37,7 +37,7 @@ from common.errors import (
 from common.privacy.rng import make_rng
 from common.sketches.endpoints import SpecStatus
 from common.sketches.sketch import PrivateSketch
-from common.sketches.spec import PublishedSketch, SketchDeclaration, SketchSpec
+from common.sketches.spec import AnySketch, PublishedSketch, SketchDeclaration, SketchSpec
 from curator.policy import CuratorPolicy
 from curator.store import APPLICATION, DATABASE_FILE, MIGRATIONS
 from runtime.database import open_database, snapshot, transaction
@@ -249,7 +249,7 @@ class SketchCatalog:
             ).fetchone()
         return published is not None, max(self.policy.sketches_per_owner - int(count), 0)
 
-    def publish(self, owner: str, spec: str, sketch: PrivateSketch) -> tuple[PublishedSketch, bool]:
+    def publish(self, owner: str, spec: str, sketch: AnySketch) -> tuple[PublishedSketch, bool]:
         """Accept ``owner``'s sketch under ``spec`` and store it durably.
 
         Parameters
@@ -257,7 +257,7 @@ class SketchCatalog:
         owner : str
             The publisher's name, from its certificate.
         spec : str
-        sketch : PrivateSketch
+        sketch : PrivateSketch or MarginalsSketch
             As received (validated on construction).
 
         Returns
@@ -377,7 +377,11 @@ class SketchCatalog:
             spec = rff[0]
         elif self.spec(spec).kind != "rff":
             raise InvalidArgumentError(f"{spec!r} is a {self.spec(spec).kind} spec, not an RFF one")
-        return {e.owner: e.sketch for e in self.sketches(spec, list(owner_names))}
+        return {
+            e.owner: e.sketch
+            for e in self.sketches(spec, list(owner_names))
+            if isinstance(e.sketch, PrivateSketch)
+        }
 
 
 class LocalCatalogEndpoint:
@@ -399,6 +403,6 @@ class LocalCatalogEndpoint:
         published, left = self.catalog.status(self.owner, name)
         return SpecStatus(self.catalog.spec(name), published, left)
 
-    def publish(self, spec: str, sketch: PrivateSketch) -> tuple[PublishedSketch, bool]:
+    def publish(self, spec: str, sketch: AnySketch) -> tuple[PublishedSketch, bool]:
         """See :meth:`SketchCatalog.publish`."""
         return self.catalog.publish(self.owner, spec, sketch)

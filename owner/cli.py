@@ -696,7 +696,9 @@ def publish_command(
             if not names:
                 console.print("nothing published")
                 return
-            publisher = SketchPublisher(ledger, noise=noise)
+            publisher = SketchPublisher(
+                ledger, noise=noise, rng=None if seed is None else np.random.default_rng(seed + 1)
+            )
             deliveries = publish_to(client, publisher, table, names, epsilon=epsilon)
         left = ledger.remaining()
     except DPMarketError as exc:

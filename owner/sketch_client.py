@@ -12,8 +12,7 @@ from typing import Any
 import grpc
 
 from common.sketches.endpoints import SpecStatus
-from common.sketches.sketch import PrivateSketch
-from common.sketches.spec import PublishedSketch, SketchSpec
+from common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
 from runtime import sketch_messages as msg
 from runtime.identity import Identity
@@ -112,7 +111,7 @@ class CatalogClient:
             int(response.publications_left),
         )
 
-    def publish(self, spec: str, sketch: PrivateSketch) -> tuple[PublishedSketch, bool]:
+    def publish(self, spec: str, sketch: AnySketch) -> tuple[PublishedSketch, bool]:
         """Send a stored sketch (PublishSketch); return the catalogue entry and whether the
         catalogue held it already."""
         request = sketch_pb2.PublishSketchRequest(spec=spec, sketch=msg.sketch_to_proto(sketch))

@@ -47,9 +47,10 @@ from numpy.typing import NDArray
 
 from common.errors import FailedPreconditionError, InvalidArgumentError, on_private_data
 from common.privacy.noise import NoiseSource, OpenDPNoise
+from common.privacy.rng import production_rng
 from common.sketches.endpoints import CatalogEndpoint
-from common.sketches.sketch import PrivateSketch
-from common.sketches.spec import PublishedSketch, SketchSpec
+from common.sketches.marginals import MarginalsMechanism
+from common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
 from owner.data import Table
 from owner.ledger import LedgerEntry, OwnerLedger
 from runtime.sketch_messages import sketch_bytes, sketch_from_bytes
@@ -88,7 +89,7 @@ class Publication:
         The spec it was first published under.
     key : str
         The spec's key.
-    sketch : PrivateSketch
+    sketch : PrivateSketch or MarginalsSketch
     charge : LedgerEntry
         Its ledger entry (the only one: republishing charges nothing).
     charged_now : bool
@@ -101,7 +102,7 @@ class Publication:
 
     spec: str
     key: str
-    sketch: PrivateSketch
+    sketch: AnySketch
     charge: LedgerEntry
     charged_now: bool
     data_digest: str
@@ -118,6 +119,9 @@ class SketchPublisher:
     noise : NoiseSource, optional
         Where the sketches' noise comes from: OpenDP (the default) in production; a
         ``SeededNoise`` only in tests and explicitly seeded runs.
+    rng : numpy.random.Generator, optional
+        The marginals sketch's selections (Gumbel draws): CSPRNG-seeded by default
+        (:func:`common.privacy.rng.production_rng`); seeded only in tests and seeded runs.
     clock : callable
         Unix time, seconds.
     """
@@ -127,10 +131,12 @@ class SketchPublisher:
         ledger: OwnerLedger,
         *,
         noise: NoiseSource | None = None,
+        rng: np.random.Generator | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.ledger = ledger
         self.noise: NoiseSource = noise if noise is not None else OpenDPNoise()
+        self.rng = rng if rng is not None else production_rng()
         self.clock = clock
 
     # ---------------------------------------------------------------------------- reading
@@ -294,7 +300,11 @@ class SketchPublisher:
             "points": 0,
         }
         self.ledger.check(**charge)  # refuse before computing anything
-        sketch = mechanism.release(records, self.noise)
+        sketch: AnySketch
+        if isinstance(mechanism, MarginalsMechanism):
+            sketch = mechanism.release(records, self.noise, rng=self.rng)
+        else:
+            sketch = mechanism.release(records, self.noise)
         blob = sketch_bytes(sketch)
 
         def store(conn: sqlite3.Connection, charge_id: int) -> None:

@@ -18,8 +18,14 @@ import numpy as np
 from common.errors import InvalidArgumentError
 from common.sketches.domain import Domain
 from common.sketches.feature_maps import FeatureMap, HISTMap, RACEMap, RFFMap
+from common.sketches.marginals import (
+    MarginalsMap,
+    MarginalsMechanism,
+    MarginalsSketch,
+    Measurement,
+)
 from common.sketches.sketch import PrivateSketch, SketchMechanism
-from common.sketches.spec import Noise, PublishedSketch, SketchSpec
+from common.sketches.spec import AnyMechanism, AnySketch, Noise, PublishedSketch, SketchSpec
 from dpmarket.v1 import sketch_pb2
 from runtime.arrays import array_from_proto, array_to_proto
 
@@ -101,7 +107,19 @@ def domain_from_proto(message: sketch_pb2.SketchDomain) -> Domain:
 
 
 def feature_map_to_proto(fmap: FeatureMap) -> sketch_pb2.FeatureMap:
-    """RFFMap / RACEMap / HISTMap -> FeatureMap (parameters as packed arrays)."""
+    """RFFMap / RACEMap / HISTMap / MarginalsMap -> FeatureMap (parameters as packed arrays)."""
+    if isinstance(fmap, MarginalsMap):
+        return sketch_pb2.FeatureMap(
+            marginals=sketch_pb2.MarginalsMap(
+                low=array_to_proto(fmap.low),
+                high=array_to_proto(fmap.high),
+                cuts=array_to_proto(fmap.cuts),
+                cells=array_to_proto(np.asarray(fmap.cells, dtype=np.int64)),
+                rounds=fmap.rounds,
+                measurements=fmap.measurements,
+                max_cells=fmap.max_cells,
+            )
+        )
     if isinstance(fmap, RFFMap):
         return sketch_pb2.FeatureMap(
             rff=sketch_pb2.RffMap(omega=array_to_proto(fmap.omega), sigma=fmap.sigma)
@@ -127,7 +145,7 @@ def feature_map_to_proto(fmap: FeatureMap) -> sketch_pb2.FeatureMap:
 
 
 def feature_map_from_proto(message: sketch_pb2.FeatureMap) -> FeatureMap:
-    """FeatureMap -> RFFMap / RACEMap / HISTMap, validated by its constructor.
+    """FeatureMap -> RFFMap / RACEMap / HISTMap / MarginalsMap, validated by its constructor.
 
     Raises
     ------
@@ -154,13 +172,32 @@ def feature_map_from_proto(message: sketch_pb2.FeatureMap) -> FeatureMap:
                 array_from_proto(hist.high, "high", ndim=1, dtype=np.float64),
                 array_from_proto(hist.bins, "bins", ndim=1, dtype=np.int64),
             )
+        if kind == "marginals":
+            marg = message.marginals
+            return MarginalsMap(
+                array_from_proto(marg.low, "low", ndim=1, dtype=np.float64),
+                array_from_proto(marg.high, "high", ndim=1, dtype=np.float64),
+                array_from_proto(marg.cuts, "cuts", ndim=1, dtype=np.float64),
+                array_from_proto(marg.cells, "cells", ndim=1, dtype=np.int64),
+                rounds=int(marg.rounds),
+                measurements=int(marg.measurements),
+                max_cells=int(marg.max_cells),
+            )
     except ValueError as exc:
         raise _invalid(exc, f"{kind} feature map") from None
-    raise InvalidArgumentError("the feature map is missing (rff, race or hist)")
+    raise InvalidArgumentError("the feature map is missing (rff, race, hist or marginals)")
 
 
-def mechanism_to_proto(mechanism: SketchMechanism) -> sketch_pb2.SketchMechanism:
-    """SketchMechanism -> SketchMechanism message (a private one only)."""
+def mechanism_to_proto(mechanism: AnyMechanism) -> sketch_pb2.SketchMechanism:
+    """SketchMechanism / MarginalsMechanism -> SketchMechanism message (a private one only)."""
+    if isinstance(mechanism, MarginalsMechanism):
+        return sketch_pb2.SketchMechanism(
+            feature_map=feature_map_to_proto(mechanism.feature_map),
+            domain=domain_to_proto(mechanism.domain),
+            noise=noise_to_proto(mechanism.mechanism),
+            epsilon=mechanism.epsilon,
+            delta=mechanism.delta,
+        )
     assert mechanism.sum_scale is not None and mechanism.count_scale is not None
     return sketch_pb2.SketchMechanism(
         feature_map=feature_map_to_proto(mechanism.feature_map),
@@ -174,9 +211,9 @@ def mechanism_to_proto(mechanism: SketchMechanism) -> sketch_pb2.SketchMechanism
     )
 
 
-def mechanism_from_proto(message: sketch_pb2.SketchMechanism) -> SketchMechanism:
-    """SketchMechanism message -> SketchMechanism; the received scales must match the ones the
-    other fields imply.
+def mechanism_from_proto(message: sketch_pb2.SketchMechanism) -> AnyMechanism:
+    """SketchMechanism message -> SketchMechanism (the received scales must match the ones the
+    other fields imply) or, for a marginals map, MarginalsMechanism (Gaussian, no scales).
 
     Raises
     ------
@@ -186,6 +223,14 @@ def mechanism_from_proto(message: sketch_pb2.SketchMechanism) -> SketchMechanism
     fmap = feature_map_from_proto(message.feature_map)
     domain = domain_from_proto(message.domain)
     try:
+        if isinstance(fmap, MarginalsMap):
+            if noise_from_proto(message.noise) != "gaussian" or (
+                message.numerator_share or message.sum_scale or message.count_scale
+            ):
+                raise InvalidArgumentError(
+                    "a marginals sketch is Gaussian, without numerator_share or scales"
+                )
+            return MarginalsMechanism(fmap, domain, message.epsilon, message.delta)
         return SketchMechanism(
             fmap,
             domain,
@@ -200,8 +245,21 @@ def mechanism_from_proto(message: sketch_pb2.SketchMechanism) -> SketchMechanism
         raise _invalid(exc, "sketch mechanism") from None
 
 
-def sketch_to_proto(sketch: PrivateSketch) -> sketch_pb2.PrivateSketch:
-    """PrivateSketch -> PrivateSketch message."""
+def sketch_to_proto(sketch: AnySketch) -> sketch_pb2.PrivateSketch:
+    """PrivateSketch / MarginalsSketch -> PrivateSketch message."""
+    if isinstance(sketch, MarginalsSketch):
+        return sketch_pb2.PrivateSketch(
+            mechanism=mechanism_to_proto(sketch.mechanism),
+            marginals=sketch_pb2.MarginalsRelease(
+                measurements=[
+                    sketch_pb2.NoisyMarginal(
+                        clique=list(m.clique), values=array_to_proto(m.values), sigma=m.sigma
+                    )
+                    for m in sketch.measurements
+                ],
+                selection_epsilons=list(sketch.selections),
+            ),
+        )
     return sketch_pb2.PrivateSketch(
         mechanism=mechanism_to_proto(sketch.mechanism),
         noisy_sum=array_to_proto(np.asarray(sketch.noisy_sum, dtype=np.float64)),
@@ -209,8 +267,9 @@ def sketch_to_proto(sketch: PrivateSketch) -> sketch_pb2.PrivateSketch:
     )
 
 
-def sketch_from_proto(message: sketch_pb2.PrivateSketch) -> PrivateSketch:
-    """PrivateSketch message -> PrivateSketch, validated (:meth:`PrivateSketch.validate`).
+def sketch_from_proto(message: sketch_pb2.PrivateSketch) -> AnySketch:
+    """PrivateSketch message -> PrivateSketch or MarginalsSketch, validated
+    (:meth:`PrivateSketch.validate`, :meth:`MarginalsSketch.validate`).
 
     Raises
     ------
@@ -218,19 +277,38 @@ def sketch_from_proto(message: sketch_pb2.PrivateSketch) -> PrivateSketch:
         For anything malformed or self-inconsistent, naming it.
     """
     mechanism = mechanism_from_proto(message.mechanism)
+    if isinstance(mechanism, MarginalsMechanism) != message.HasField("marginals"):
+        raise InvalidArgumentError(
+            "a sketch carries marginals exactly when its feature map is a marginals map"
+        )
     try:
+        if isinstance(mechanism, MarginalsMechanism):
+            if message.HasField("noisy_sum") or message.noisy_count:
+                raise InvalidArgumentError("a marginals sketch has no noisy_sum or noisy_count")
+            return MarginalsSketch(
+                mechanism,
+                tuple(
+                    Measurement(
+                        tuple(int(c) for c in m.clique),
+                        array_from_proto(m.values, "values", ndim=1, dtype=np.float64),
+                        m.sigma,
+                    )
+                    for m in message.marginals.measurements
+                ),
+                tuple(message.marginals.selection_epsilons),
+            )
         total = array_from_proto(message.noisy_sum, "noisy_sum", ndim=1, dtype=np.float64)
         return PrivateSketch(mechanism, total, message.noisy_count)
     except ValueError as exc:
         raise _invalid(exc, "sketch") from None
 
 
-def sketch_bytes(sketch: PrivateSketch) -> bytes:
+def sketch_bytes(sketch: AnySketch) -> bytes:
     """The sketch's message, serialized deterministically (what owners and the catalogue store)."""
     return sketch_to_proto(sketch).SerializeToString(deterministic=True)
 
 
-def sketch_from_bytes(data: bytes) -> PrivateSketch:
+def sketch_from_bytes(data: bytes) -> AnySketch:
     """The inverse of :func:`sketch_bytes`, validated."""
     message = sketch_pb2.PrivateSketch()
     message.ParseFromString(data)

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from common.sketches.sketch import PrivateSketch
-from common.sketches.spec import PublishedSketch, SketchSpec
+from common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
 
 __all__ = ["CatalogEndpoint", "SpecStatus"]
 
@@ -48,7 +47,7 @@ class CatalogEndpoint(Protocol):
         """A spec and this owner's standing under it (``NotFoundError`` if unknown)."""
         ...
 
-    def publish(self, spec: str, sketch: PrivateSketch) -> tuple[PublishedSketch, bool]:
+    def publish(self, spec: str, sketch: AnySketch) -> tuple[PublishedSketch, bool]:
         """Hand over a sketch (already charged and stored by the owner); return the catalogue
         entry and whether the catalogue held this very sketch already."""
         ...

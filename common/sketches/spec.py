@@ -8,7 +8,8 @@ sketch_mmd2`) and one M2M design for every owner all need one map. So the catalo
 * :class:`SketchDeclaration` is what a catalogue's configuration declares, before anything is
   drawn: a public domain (a box, column by column, from documented or physical ranges, never from
   statistics of private data), the maps wanted (RFF: ``m'`` and ``sigma``; RACE: ``R``, ``W`` and
-  the bucket width; HIST: bins per column) and the mechanism (noise, the default epsilon and the
+  the bucket width; HIST: bins per column; marginals: cells per column and the selection,
+  :mod:`common.sketches.marginals`) and the mechanism (noise, the default epsilon and the
   range an owner may choose, delta, the budget split). :meth:`SketchDeclaration.draw` draws the
   random parameters once, from an injected generator.
 * :class:`SketchSpec` is one drawn map with everything public about its releases except the
@@ -60,12 +61,23 @@ from common.sketches.feature_maps import (
     draw_rff,
     histogram_map,
 )
+from common.sketches.marginals import (
+    DEFAULT_MAX_CELLS,
+    DEFAULT_MEASUREMENTS,
+    DEFAULT_ROUNDS,
+    MarginalsMap,
+    MarginalsMechanism,
+    MarginalsSketch,
+    marginals_map,
+)
 from common.sketches.sketch import DEFAULT_NUMERATOR_SHARE, PrivateSketch, SketchMechanism
 from common.validation import check_config_keys, config_number, config_table
 
 __all__ = [
     "MAP_KINDS",
     "NOISES",
+    "AnyMechanism",
+    "AnySketch",
     "Noise",
     "PublishedSketch",
     "SketchDeclaration",
@@ -76,8 +88,12 @@ __all__ = [
 Noise = Literal["laplace", "gaussian"]
 #: The noises a catalogue may ask for (the exact, non-private sketch is never published).
 NOISES: tuple[Noise, ...] = ("laplace", "gaussian")
+#: A release of any kind: a linear sketch (RFF, RACE, HIST) or a marginals sketch.
+AnySketch = PrivateSketch | MarginalsSketch
+#: The public side of a release of any kind.
+AnyMechanism = SketchMechanism | MarginalsMechanism
 #: Map sections of a declaration, in the order specs are drawn and listed.
-MAP_KINDS = ("rff", "race", "hist")
+MAP_KINDS = ("rff", "race", "hist", "marginals")
 #: A declaration's or spec's name: letters, digits, ``-``, ``_``, ``.``; a spec is
 #: ``<declaration>/<map kind>``.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -86,10 +102,19 @@ _MAP_KEYS: dict[str, dict[str, str]] = {
     "rff": {"frequencies": "m' (the sketch has m = 2 m' entries)", "sigma": "length scale"},
     "race": {"hashes": "R", "buckets": "W", "width": "bucket width"},
     "hist": {"bins": "bins per column (one number, or one per column)"},
+    "marginals": {"bins": "cells per continuous column (one number, or one per column)"},
 }
 #: Optional keys of a map's table: ``scale`` says whether ``sigma`` / ``width`` are fractions of
 #: each column's width (``"width"``, the default) or in the columns' own units (``"absolute"``).
-_OPTIONAL_MAP_KEYS: dict[str, tuple[str, ...]] = {"rff": ("scale",), "race": ("scale",), "hist": ()}
+#: A marginals map may also set its selection (``rounds``, ``measurements``, ``max_cells``),
+#: explicit cut points of continuous columns (``cuts``, a table of column name to numbers) and
+#: its own ``delta`` (it is always Gaussian: needed when the declaration's noise is Laplace).
+_OPTIONAL_MAP_KEYS: dict[str, tuple[str, ...]] = {
+    "rff": ("scale",),
+    "race": ("scale",),
+    "hist": (),
+    "marginals": ("rounds", "measurements", "max_cells", "cuts", "delta"),
+}
 _SCALES = ("width", "absolute")
 _NOISE_NAMES = {"laplace": "Laplace", "gaussian": "Gaussian"}
 
@@ -183,6 +208,10 @@ class SketchSpec:
             )
         if self.noise not in NOISES:
             raise InvalidArgumentError(f"noise must be one of {NOISES}, got {self.noise!r}")
+        if isinstance(self.feature_map, MarginalsMap) and self.noise != "gaussian":
+            raise InvalidArgumentError(
+                f"spec {self.name}: a marginals sketch is Gaussian (zCDP), got noise {self.noise!r}"
+            )
         low, high = (float(v) for v in self.epsilon_range)
         eps, low, high = _epsilon_range(float(self.epsilon), low, high, f"spec {self.name}")
         object.__setattr__(self, "epsilon", eps)
@@ -221,13 +250,14 @@ class SketchSpec:
             )
         return eps
 
-    def mechanism(self, epsilon: float | None = None) -> SketchMechanism:
+    def mechanism(self, epsilon: float | None = None) -> AnyMechanism:
         """The mechanism of a release at ``epsilon`` (default :attr:`epsilon`).
 
         Returns
         -------
-        SketchMechanism
-            Noise scales computed from the map's sensitivities and ``epsilon`` (never received).
+        SketchMechanism or MarginalsMechanism
+            Noise scales computed from the map's sensitivities and ``epsilon`` (never received);
+            a :class:`~common.sketches.marginals.MarginalsMechanism` for a marginals map.
 
         Raises
         ------
@@ -237,6 +267,8 @@ class SketchSpec:
             If the map, domain, noise and delta are inconsistent (see SketchMechanism).
         """
         eps = self.check_epsilon(self.epsilon if epsilon is None else epsilon)
+        if isinstance(self.feature_map, MarginalsMap):
+            return MarginalsMechanism(self.feature_map, self.domain, eps, self.delta)
         return SketchMechanism(
             self.feature_map,
             self.domain,
@@ -246,7 +278,7 @@ class SketchSpec:
             self.numerator_share,
         )
 
-    def check_sketch(self, sketch: PrivateSketch) -> None:
+    def check_sketch(self, sketch: AnySketch) -> None:
         """Check that ``sketch`` was released under this spec.
 
         Raises
@@ -257,6 +289,10 @@ class SketchSpec:
             sketch's own consistency (scales, shapes) is :meth:`PrivateSketch.validate`'s.
         """
         mech = sketch.mechanism
+        if isinstance(sketch, MarginalsSketch) != isinstance(self.feature_map, MarginalsMap):
+            raise InvalidArgumentError(
+                f"the sketch is a {mech.feature_map.kind} sketch, spec {self.name} is {self.kind}"
+            )
         if mech.feature_map != self.feature_map:
             raise InvalidArgumentError(
                 f"the sketch's {mech.feature_map.kind} feature map is not the one of spec "
@@ -264,11 +300,13 @@ class SketchSpec:
             )
         if mech.domain != self.domain:
             raise InvalidArgumentError(f"the sketch's domain is not the one of spec {self.name}")
-        for what, mine, theirs in (
+        checks: list[tuple[str, Any, Any]] = [
             ("noise", self.noise, mech.mechanism),
             ("delta", self.delta, mech.delta),
-            ("numerator_share", self.numerator_share, mech.numerator_share),
-        ):
+        ]
+        if isinstance(mech, SketchMechanism):
+            checks.append(("numerator_share", self.numerator_share, mech.numerator_share))
+        for what, mine, theirs in checks:
             if mine != theirs:
                 raise InvalidArgumentError(
                     f"the sketch's {what} is {theirs!r}, spec {self.name} has {mine!r}"
@@ -335,14 +373,14 @@ class PublishedSketch:
         The spec's name.
     published_at : float
         Unix time, seconds, when the catalogue accepted it.
-    sketch : PrivateSketch
+    sketch : PrivateSketch or MarginalsSketch
         Validated.
     """
 
     owner: str
     spec: str
     published_at: float
-    sketch: PrivateSketch
+    sketch: AnySketch
 
     def describe(self) -> dict[str, Any]:
         """Owner, spec, time, epsilon, delta, noise, the noisy count (no arrays)."""
@@ -376,8 +414,12 @@ class SketchDeclaration:
         ``(kind, parameters)`` in :data:`MAP_KINDS` order: ``rff``: ``frequencies`` (m'),
         ``sigma`` (fraction of every column's width); ``race``: ``hashes`` (R), ``buckets`` (W),
         ``width`` (bucket width, fraction of every column's width); ``hist``: ``bins`` (an int or
-        one per column). An RFF or RACE map declared with ``scale = "absolute"`` carries
-        ``"scale": "absolute"`` and its ``sigma`` / ``width`` are in the columns' own units.
+        one per column); ``marginals``: ``bins`` (as HIST's, for continuous columns; a discrete
+        column has one cell per level) and optionally ``rounds``, ``measurements``,
+        ``max_cells``, ``cuts`` (column name to cut points) and ``delta``
+        (:func:`common.sketches.marginals.marginals_map`). An RFF or RACE map declared with
+        ``scale = "absolute"`` carries ``"scale": "absolute"`` and its ``sigma`` / ``width`` are
+        in the columns' own units.
     noise, epsilon, epsilon_range, delta, numerator_share, description
         As :class:`SketchSpec`.
     """
@@ -429,6 +471,14 @@ class SketchDeclaration:
             width = 0.25
             [maps.hist]
             bins = 20
+            [maps.marginals]                  # noisy marginals answered by a graphical model
+            bins = 16                         # cells per continuous column (discrete: levels)
+            rounds = 4                        # optional: selection rounds
+            measurements = 16                 # optional: 2-way marginals selected in all
+            max_cells = 10000                 # optional: largest 2-way marginal selectable
+            delta = 1e-6                      # needed when mechanism.noise is "laplace"
+            [maps.marginals.cuts]             # optional: a continuous column's cut points
+            wage = [100.0, 200.0, 400.0]
 
         Instead of ``[[columns]]``, a declaration may name a dataset's schema file, ``schema =
         "schema.toml"`` (:mod:`common.schema`), and optionally ``columns = ["age", "bmi"]`` to
@@ -499,14 +549,21 @@ class SketchDeclaration:
         check_config_keys(maps_table, MAP_KINDS, f"{where}: [maps]")
         if not maps_table:
             raise InvalidArgumentError(
-                f"{where}: declare at least one map ([maps.rff], [maps.race] or [maps.hist])"
+                f"{where}: declare at least one map ([maps.rff], [maps.race], [maps.hist] or "
+                "[maps.marginals])"
             )
         maps = []
         for kind in MAP_KINDS:
             if kind in maps_table:
                 section = f"{where}: [maps.{kind}]"
                 table = config_table(maps_table[kind], section)
-                maps.append((kind, _map_parameters(kind, table, domain.n_attributes, section)))
+                params = _map_parameters(kind, table, domain, section)
+                if kind == "marginals" and "delta" not in params and noise != "gaussian":
+                    raise InvalidArgumentError(
+                        f"{section}: a marginals sketch is Gaussian: give its delta "
+                        '(0 < delta < 1) here, or declare mechanism.noise = "gaussian"'
+                    )
+                maps.append((kind, params))
         return cls(
             name=name,
             domain=domain,
@@ -547,7 +604,8 @@ class SketchDeclaration:
             RFF draws ``omega = N(0, 1)^(m' x d) / (sigma w)`` (column ``k`` divided by
             ``sigma w_k``), then RACE ``projections = N(0, 1)^(R x d) / w`` and offsets uniform on
             ``[0, width)`` (module docstring, "Scales"); with ``scale = "absolute"`` ``w`` is 1
-            for every column. HIST draws nothing.
+            for every column. HIST and marginals draw nothing (a marginals spec is always
+            Gaussian, at the map's ``delta`` or the declaration's).
 
         Returns
         -------
@@ -568,17 +626,29 @@ class SketchDeclaration:
                 fmap = RACEMap(
                     drawn.projections / scale, drawn.offsets, drawn.bucket_width, drawn.n_buckets
                 )
-            else:
+            elif kind == "hist":
                 fmap = histogram_map(self.domain, params["bins"])
+            else:
+                fmap = marginals_map(
+                    self.domain,
+                    params["bins"],
+                    rounds=params.get("rounds", DEFAULT_ROUNDS),
+                    measurements=params.get("measurements", DEFAULT_MEASUREMENTS),
+                    max_cells=params.get("max_cells", DEFAULT_MAX_CELLS),
+                    cuts=params.get("cuts"),
+                )
+            noise, delta = self.noise, self.delta
+            if kind == "marginals":
+                noise, delta = "gaussian", params.get("delta", self.delta)
             specs.append(
                 SketchSpec(
                     name=f"{self.name}/{kind}",
                     feature_map=fmap,
                     domain=self.domain,
-                    noise=self.noise,
+                    noise=noise,
                     epsilon=self.epsilon,
                     epsilon_range=self.epsilon_range,
-                    delta=self.delta,
+                    delta=delta,
                     numerator_share=self.numerator_share,
                     description=self.description,
                 )
@@ -623,8 +693,9 @@ def _domain(columns: Any, where: str, schema: Schema | None) -> Domain:
 
 
 def _map_parameters(
-    kind: str, table: Mapping[str, Any], n_columns: int, where: str
+    kind: str, table: Mapping[str, Any], domain: Domain, where: str
 ) -> dict[str, Any]:
+    n_columns = domain.n_attributes
     keys = _MAP_KEYS[kind]
     check_config_keys(table, (*keys, *_OPTIONAL_MAP_KEYS[kind]), where)
     missing = [f"{k} ({v})" for k, v in keys.items() if k not in table]
@@ -649,6 +720,8 @@ def _map_parameters(
             "width": _positive(table["width"], f"{where} width"),
             **absolute,
         }
+    if kind == "marginals":
+        return _marginals_parameters(table, domain, where)
     bins = table["bins"]
     if isinstance(bins, list):
         if len(bins) != n_columns:
@@ -657,3 +730,46 @@ def _map_parameters(
             )
         return {"bins": [_integer(b, f"{where} bins") for b in bins]}
     return {"bins": _integer(bins, f"{where} bins")}
+
+
+def _marginals_parameters(table: Mapping[str, Any], domain: Domain, where: str) -> dict[str, Any]:
+    """``[maps.marginals]``: ``bins`` as HIST's, the optional selection settings, cut points
+    and delta; the map is built here once to check them (cut points inside the bounds)."""
+    n_columns = domain.n_attributes
+    bins = table["bins"]
+    if isinstance(bins, list):
+        if len(bins) != n_columns:
+            raise InvalidArgumentError(
+                f"{where}: bins must be one number or one per column ({n_columns}), got {len(bins)}"
+            )
+        out: dict[str, Any] = {"bins": [_integer(b, f"{where} bins") for b in bins]}
+    else:
+        out = {"bins": _integer(bins, f"{where} bins")}
+    for key in ("rounds", "measurements", "max_cells"):
+        if key in table:
+            out[key] = _integer(table[key], f"{where} {key}")
+    if "delta" in table:
+        delta = config_number(table["delta"], f"{where} delta")
+        if not 0 < delta < 1:
+            raise InvalidArgumentError(f"{where}: delta must lie in (0, 1), got {delta!r}")
+        out["delta"] = delta
+    if "cuts" in table:
+        cuts = config_table(table["cuts"], f"{where} cuts")
+        out["cuts"] = {
+            str(name): [config_number(v, f"{where} cuts.{name}") for v in values]
+            if isinstance(values, list)
+            else config_number(values, f"{where} cuts.{name}")
+            for name, values in cuts.items()
+        }
+    try:
+        marginals_map(
+            domain,
+            out["bins"],
+            rounds=out.get("rounds", DEFAULT_ROUNDS),
+            measurements=out.get("measurements", DEFAULT_MEASUREMENTS),
+            max_cells=out.get("max_cells", DEFAULT_MAX_CELLS),
+            cuts=out.get("cuts"),
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"{where}: {exc}") from None
+    return out

@@ -34,10 +34,14 @@ def test_quick_run_merges_the_sketches_section(
         for key in ("design_seconds", "cholesky_seconds", "estimate_10_means_seconds"):
             assert m[key] > 0
     assert section["maps"]["rff"]["m2m"]["dimension"] == 200
+    marginals = section["marginals"]
+    assert marginals["rows"] == 3000 and marginals["columns"] == 10
+    assert marginals["publish_seconds"] > 0 and marginals["answer_seconds"] > 0
+    assert marginals["answers_with_errors"] == marginals["queries"] == 150
     assert "records/s" in capsys.readouterr().out
 
 
 def test_a_missing_report_is_created(tmp_path: Path) -> None:
     out = tmp_path / "sub" / "bench.json"
-    sketches.main(["--quick", "--out", str(out)])
+    sketches.main(["--quick", "--skip-marginals", "--out", str(out)])
     assert set(json.loads(out.read_text(encoding="utf-8"))) == {"sketches"}

@@ -13,7 +13,15 @@ from common.privacy.noise import SeededNoise
 from common.sketches.m2m import M2MEstimator
 from common.sketches.sketch import SketchMechanism, merge_sketches
 from common.sketches.spec import SketchDeclaration, SketchSpec
-from consumer.explore import Explorer, Query, exact_answer, parse_where, rank_owners
+from consumer.explore import (
+    Explorer,
+    MarginalsExplorer,
+    Query,
+    choose_source,
+    exact_answer,
+    parse_where,
+    rank_owners,
+)
 
 BINS = 20
 DECLARATION = SketchDeclaration.from_mapping(
@@ -173,3 +181,125 @@ def test_owners_rank_by_the_mmd_to_the_validation_set(specs: dict[str, SketchSpe
     outside[3, 1] = 11.0
     with pytest.raises(InvalidArgumentError, match=r"row 3, b"):
         rank_owners({"near": sketches["near"]}, outside)
+
+
+# ----------------------------------------------------------------- errors, marginals, choice
+MARGINALS = SketchDeclaration.from_mapping(
+    {
+        **_plain(DECLARATION),
+        "name": "toym",
+        "maps": {
+            "rff": {"frequencies": 50, "sigma": 0.5},
+            "hist": {"bins": BINS},
+            "marginals": {"bins": 10, "rounds": 1, "measurements": 2, "delta": 1e-6},
+        },
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def mspecs() -> dict[str, SketchSpec]:
+    return {s.kind: s for s in MARGINALS.draw(np.random.default_rng(0))}
+
+
+def test_m2m_standard_errors_cover_at_the_stated_rate() -> None:
+    """95 % intervals of a linear M2M answer (a mean, a count) cover the estimator's noise-free
+    value (the same lambda, the exact sum and count) in 1,000 seeded Gaussian releases: the
+    number of covers lies in [930, 970]. Were the intervals exact, it would be Binomial(1000,
+    0.95) and fall outside with probability 3.0e-3 per query; the first-order count term and
+    the normal approximation are checked by the same bound."""
+    from consumer.explore import Z95, m2m_standard_errors, m2m_target
+
+    spec = SketchDeclaration.from_mapping(
+        {
+            **_plain(DECLARATION),
+            "mechanism": {"noise": "gaussian", "delta": 1e-6, "epsilon": 1.0},
+            "maps": {"hist": {"bins": 10}},
+        }
+    ).draw(np.random.default_rng(0))[0]
+    x = _records(300)
+    exact_sum = spec.feature_map.feature_sum(x)
+    explorer = Explorer(spec, n_synthetic=4000, seed=2)
+    queries = [Query("mean", columns=("a",)), Query("count", where=(("b", 0.0, math.inf),))]
+    covered = np.zeros(len(queries))
+    for r in range(1000):
+        sketch = spec.mechanism().release(x, SeededNoise(np.random.default_rng(r)))
+        est = explorer.estimator(sketch)
+        for k, q in enumerate(queries):
+            target = m2m_target(q, spec.domain)
+            assert target is not None
+            values = target(est.points)
+            a, a0 = est.coefficients(values)
+            noise_free = float(a0[0] + a[:, 0] @ exact_sum / x.shape[0])
+            raw = float(np.atleast_1d(est.estimate_values(values))[0])
+            se = float(m2m_standard_errors(est, target)[0])
+            covered[k] += abs(raw - noise_free) <= Z95 * se
+    assert ((covered >= 930) & (covered <= 970)).all(), covered
+
+
+def test_answers_carry_errors_columns_and_clip_flags(specs: dict[str, SketchSpec]) -> None:
+    """A mean of 20 records at epsilon 0.1 falls outside the column's bounds: it is clipped and
+    flagged, the raw value kept; every value has its columns and a positive standard error."""
+    spec = specs["hist"]
+    explorer = Explorer(spec, n_synthetic=4000, seed=1)
+    flagged = 0
+    for seed in range(20):
+        sketch = spec.mechanism(0.1).release(_records(20), SeededNoise(np.random.default_rng(seed)))
+        answer = explorer.answer(Query("mean", columns=("a", "b")), sketch)
+        assert answer.columns == (("a",), ("b",)) and (answer.errors > 0).all()
+        for j, flag in enumerate(answer.flags):
+            lo, hi = spec.domain.low[j], spec.domain.high[j]
+            assert lo <= answer.values[j] <= hi
+            if flag:
+                flagged += 1
+                assert not lo <= answer.raw[j] <= hi and "public bounds" in flag
+                assert answer.rows()[j]["raw"] == answer.raw[j]
+    assert flagged > 0
+    cov = explorer.answer(Query("covariance", columns=("a", "b")), sketch)
+    assert cov.columns == (("a", "a"), ("a", "b"), ("b", "b")) and (cov.errors > 0).all()
+    assert (cov.values[[0, 2]] >= 0).all()
+
+
+def test_marginals_answers_track_the_truth_with_their_errors(mspecs: dict[str, SketchSpec]) -> None:
+    spec = mspecs["marginals"]
+    x = [_records(3000, seed=1), _records(2000, 0.3, seed=2)]
+    rng = np.random.default_rng(3)
+    sketches = [spec.mechanism(1.0).release(part, SeededNoise(rng), rng=rng) for part in x]
+    explorer = MarginalsExplorer(spec, bootstrap=8, seed=0)
+    union = np.concatenate(x)
+    q = Query("count", where=(("a", 0.0, 0.3), ("y", 1, 1)))
+    answer = explorer.answer(q, sketches)
+    truth = exact_answer(q, union, spec.domain).values[0]
+    assert answer.source == "toym/marginals (graphical model)"
+    assert answer.errors[0] > 0
+    # Within the noise (4 s.e.) plus the discretisation of a at its cut 0.3 (exact: no bias).
+    assert abs(answer.values[0] - truth) <= 4 * answer.errors[0] + 0.01
+    assert answer.extra["n"] == pytest.approx(5000, rel=0.02)
+    table = explorer.answer(Query("marginal", columns=("y", "a")), sketches[:1])
+    assert len(table.labels) == 2 * 10 and table.labels[0] == "P[y = 0, 0 <= a < 0.1]"
+    assert table.values.sum() == pytest.approx(1.0, abs=1e-9)
+    assert table.columns[0] == ("y", "a")
+    mean_y = explorer.answer(Query("mean", columns=("y",)), sketches)
+    assert abs(mean_y.values[0] - union[:, 2].mean()) <= 4 * mean_y.errors[0] + 1e-3
+    records = explorer.answer(Query("synthetic", rows=500), sketches).extra["records"]
+    assert len(records) == 500
+    assert spec.domain.check(np.array(records), "records").shape == (500, 3)
+    with pytest.raises(InvalidArgumentError, match="cannot express"):
+        explorer.answer(Query("mean", columns=("a",)), sketches)
+
+
+def test_choose_source_follows_the_rule(mspecs: dict[str, SketchSpec]) -> None:
+    specs = list(mspecs.values())
+    count = Query("count", where=(("a", 0.0, 0.5),))
+    chosen, why = choose_source(count, specs, lambda s: 1.0)
+    assert chosen.kind == "marginals" and "expresses count" in why
+    errors = {"toym/rff": 0.02, "toym/hist": 0.01}
+    chosen, why = choose_source(Query("mean", columns=("a",)), specs, lambda s: errors[s.name])
+    assert chosen.name == "toym/hist" and "smallest expected standard error" in why
+    chosen, _ = choose_source(Query("mean", columns=("y",)), specs, lambda s: 1.0)
+    assert chosen.kind == "marginals"  # a discrete column's moments: marginals express them
+    assert choose_source(Query("logreg", target="y"), specs, lambda s: errors[s.name])[0].kind == (
+        "hist"
+    )
+    with pytest.raises(InvalidArgumentError, match="no published sketch answers marginal"):
+        choose_source(Query("marginal", columns=("a",)), [mspecs["rff"]])

@@ -28,6 +28,10 @@ def test_explore_needs_owners_or_all_and_the_options_of_its_query() -> None:
     assert code != 0 and "target column" in output
     code, output = _run(*base, "--query", "median", "--all")
     assert code != 0 and "median" in output
+    code, output = _run(*base, "--query", "synthetic", "--all")
+    assert code != 0 and "rows (>= 1) belong to synthetic" in output
+    code, output = _run(*base, "--query", "marginal", "--all")
+    assert code != 0 and "1 to 3 columns" in output
 
 
 def test_publish_needs_an_owner_certificate(tmp_path: Path) -> None:

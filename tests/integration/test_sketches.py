@@ -394,7 +394,9 @@ def test_networked_exploration_equals_the_in_process_m2m_bit_for_bit(
         Query("count", where=(("hour", -np.inf, 12.0),)),
         Query("logreg", target="delayed", columns=("hour",)),
     ]
-    assert {q.kind for q in queries} | {"covariance"} == set(QUERIES)
+    # Every M2M query (marginal tables and synthetic records need a marginals sketch:
+    # tests/integration/test_marginals.py).
+    assert {q.kind for q in queries} | {"covariance", "marginal", "synthetic"} == set(QUERIES)
     for query in queries:
         for owner in OWNERS:
             a = explorer.answer(query, received[owner])

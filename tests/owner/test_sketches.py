@@ -208,3 +208,53 @@ def test_publish_to_refuses_before_computing_what_the_catalogue_cannot_take(
             with pytest.raises(FailedPreconditionError, match="did not record"):
                 publish_to(catalog.endpoint("owner-0"), publisher, _table(), ["toy/rff"])
             assert ledger.entries() == []
+
+
+MARGINALS = SketchDeclaration.from_mapping(
+    {
+        "name": "toym",
+        "mechanism": {"epsilon": 1.0, "epsilon_range": [0.25, 2.0]},
+        "columns": [
+            {"name": "a", "low": 0, "high": 1},
+            {"name": "b", "low": -10, "high": 10},
+            {"name": "y", "low": 0, "high": 1, "levels": [0, 1]},
+        ],
+        "maps": {"marginals": {"bins": 4, "rounds": 1, "measurements": 2, "delta": 1e-6}},
+    }
+)
+
+
+def test_a_marginals_sketch_is_published_like_any_sketch(tmp_path: Path) -> None:
+    """Charged (epsilon, delta) once before release, stored with its charge, delivered to the
+    catalogue (which validates and stores it), and free to publish again after a restart."""
+    (spec,) = MARGINALS.draw(np.random.default_rng(0))
+    with SketchCatalog(tmp_path / "curator", [MARGINALS], seed=0) as catalog:
+        with OwnerLedger(tmp_path / "owner", OwnerPolicy()) as ledger:
+            publisher = SketchPublisher(
+                ledger, noise=SeededNoise(np.random.default_rng(2)), rng=np.random.default_rng(3)
+            )
+            (done,) = publish_to(
+                catalog.endpoint("owner-0"), publisher, _table(), ["toym/marginals"]
+            )
+            assert done.publication.charged_now and not done.already_in_catalogue
+            (entry,) = ledger.entries()
+            assert (entry.mechanism, entry.epsilon, entry.delta, entry.points) == (
+                "private sketch (MARGINALS, Gaussian)",
+                1.0,
+                1e-6,
+                0,
+            )
+            sketch = done.publication.sketch
+            assert len(sketch.measurements) == 3 + 2  # type: ignore[union-attr]
+            listed = catalog.sketches("toym/marginals")[0].sketch
+            assert listed.measurements[4].values.tobytes() == (  # type: ignore[union-attr]
+                sketch.measurements[4].values.tobytes()  # type: ignore[union-attr]
+            )
+        with OwnerLedger(tmp_path / "owner", None) as ledger:
+            publisher = SketchPublisher(ledger, noise=NoNoise())  # type: ignore[arg-type]
+            (again,) = publish_to(
+                catalog.endpoint("owner-0"), publisher, _table(), ["toym/marginals"]
+            )
+            assert not again.publication.charged_now and again.already_in_catalogue
+            assert len(ledger.entries()) == 1
+    assert spec.mechanism().rho == pytest.approx(0.0243559703595, rel=1e-9)

@@ -88,3 +88,28 @@ def test_only_private_sketches_travel(specs: list[SketchSpec]) -> None:
     message.mechanism.noise = 0
     with pytest.raises(InvalidArgumentError, match="noise is missing"):
         msg.sketch_from_proto(message)
+
+
+def test_a_marginals_sketch_crosses_the_wire_exactly() -> None:
+    from common.sketches.domain import Domain
+    from common.sketches.marginals import MarginalsMechanism, MarginalsSketch, marginals_map
+
+    domain = Domain(
+        np.zeros(2), np.array([1.0, 2.0]), names=("a", "k"), levels=(None, np.arange(3.0))
+    )
+    mech = MarginalsMechanism(marginals_map(domain, 4, rounds=1, measurements=1), domain, 1.0, 1e-6)
+    rng = np.random.default_rng(0)
+    x = np.column_stack([rng.random(200), rng.integers(0, 3, 200)]).astype(float)
+    sketch = mech.release(x, rng=rng)
+    back = msg.sketch_from_bytes(msg.sketch_bytes(sketch))
+    assert isinstance(back, MarginalsSketch)
+    assert back.mechanism.feature_map == sketch.mechanism.feature_map
+    assert [m.clique for m in back.measurements] == [m.clique for m in sketch.measurements]
+    for a, b in zip(back.measurements, sketch.measurements, strict=True):
+        assert a.values.tobytes() == b.values.tobytes() and a.sigma == b.sigma
+    assert back.selections == sketch.selections
+    # A receiver refuses a release that spends more than its (epsilon, delta).
+    message = msg.sketch_to_proto(sketch)
+    message.marginals.measurements[0].sigma /= 3
+    with pytest.raises(InvalidArgumentError, match="spends rho"):
+        msg.sketch_from_proto(message)

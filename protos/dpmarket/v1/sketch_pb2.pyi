@@ -213,6 +213,58 @@ class HistMap(_message.Message):
 Global___HistMap: _TypeAlias = HistMap  # noqa: Y015
 
 @_typing.final
+class MarginalsMap(_message.Message):
+    """A marginals sketch's public discretisation and selection settings: cell k of column j is
+    [e_k, e_{k+1}) with e = [low_j, the column's cuts, high_j] (the last cell holds high_j).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOW_FIELD_NUMBER: _builtins.int
+    HIGH_FIELD_NUMBER: _builtins.int
+    CUTS_FIELD_NUMBER: _builtins.int
+    CELLS_FIELD_NUMBER: _builtins.int
+    ROUNDS_FIELD_NUMBER: _builtins.int
+    MEASUREMENTS_FIELD_NUMBER: _builtins.int
+    MAX_CELLS_FIELD_NUMBER: _builtins.int
+    rounds: _builtins.int
+    """Selection rounds, 2-way marginals selected in all, the largest selectable marginal (cells)."""
+    measurements: _builtins.int
+    max_cells: _builtins.int
+    @_builtins.property
+    def low(self) -> _array_pb2.Array:
+        """float64 of shape (d,): the domain's box."""
+
+    @_builtins.property
+    def high(self) -> _array_pb2.Array: ...
+    @_builtins.property
+    def cuts(self) -> _array_pb2.Array:
+        """float64 of shape (sum(cells) - d,): every column's interior cut points, in column order."""
+
+    @_builtins.property
+    def cells(self) -> _array_pb2.Array:
+        """int64 of shape (d,): cells per column."""
+
+    def __init__(
+        self,
+        *,
+        low: _array_pb2.Array | None = ...,
+        high: _array_pb2.Array | None = ...,
+        cuts: _array_pb2.Array | None = ...,
+        cells: _array_pb2.Array | None = ...,
+        rounds: _builtins.int = ...,
+        measurements: _builtins.int = ...,
+        max_cells: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cells", b"cells", "cuts", b"cuts", "high", b"high", "low", b"low"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cells", b"cells", "cuts", b"cuts", "high", b"high", "low", b"low", "max_cells", b"max_cells", "measurements", b"measurements", "rounds", b"rounds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MarginalsMap: _TypeAlias = MarginalsMap  # noqa: Y015
+
+@_typing.final
 class FeatureMap(_message.Message):
     """A public feature map, its parameters as data (never a seed into a library's generator)."""
 
@@ -221,28 +273,99 @@ class FeatureMap(_message.Message):
     RFF_FIELD_NUMBER: _builtins.int
     RACE_FIELD_NUMBER: _builtins.int
     HIST_FIELD_NUMBER: _builtins.int
+    MARGINALS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def rff(self) -> Global___RffMap: ...
     @_builtins.property
     def race(self) -> Global___RaceMap: ...
     @_builtins.property
     def hist(self) -> Global___HistMap: ...
+    @_builtins.property
+    def marginals(self) -> Global___MarginalsMap: ...
     def __init__(
         self,
         *,
         rff: Global___RffMap | None = ...,
         race: Global___RaceMap | None = ...,
         hist: Global___HistMap | None = ...,
+        marginals: Global___MarginalsMap | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["hist", b"hist", "kind", b"kind", "race", b"race", "rff", b"rff"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["hist", b"hist", "kind", b"kind", "marginals", b"marginals", "race", b"race", "rff", b"rff"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hist", b"hist", "kind", b"kind", "race", b"race", "rff", b"rff"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hist", b"hist", "kind", b"kind", "marginals", b"marginals", "race", b"race", "rff", b"rff"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["rff", "race", "hist"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["rff", "race", "hist", "marginals"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___FeatureMap: _TypeAlias = FeatureMap  # noqa: Y015
+
+@_typing.final
+class NoisyMarginal(_message.Message):
+    """One noisy marginal of a marginals sketch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIQUE_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    SIGMA_FIELD_NUMBER: _builtins.int
+    sigma: _builtins.float
+    """The noise's standard deviation, in records."""
+    @_builtins.property
+    def clique(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Column indices, increasing: one (a 1-way marginal) or two."""
+
+    @_builtins.property
+    def values(self) -> _array_pb2.Array:
+        """float64 of shape (cells of the clique,), C order over the clique's columns: the counts plus
+        N(0, sigma^2) noise each.
+        """
+
+    def __init__(
+        self,
+        *,
+        clique: _abc.Iterable[_builtins.int] | None = ...,
+        values: _array_pb2.Array | None = ...,
+        sigma: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["values", b"values"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clique", b"clique", "sigma", b"sigma", "values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NoisyMarginal: _TypeAlias = NoisyMarginal  # noqa: Y015
+
+@_typing.final
+class MarginalsRelease(_message.Message):
+    """What a marginals sketch releases: every column's 1-way marginal, in column order, then the
+    2-way marginals its owner selected. A receiver re-adds the zCDP cost (1 / (2 sigma^2) per
+    marginal, epsilon^2 / 8 per selection) and refuses a release above its (epsilon, delta).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEASUREMENTS_FIELD_NUMBER: _builtins.int
+    SELECTION_EPSILONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def measurements(self) -> _containers.RepeatedCompositeFieldContainer[Global___NoisyMarginal]: ...
+    @_builtins.property
+    def selection_epsilons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """The exponential-mechanism epsilon of every selection made, in order."""
+
+    def __init__(
+        self,
+        *,
+        measurements: _abc.Iterable[Global___NoisyMarginal] | None = ...,
+        selection_epsilons: _abc.Iterable[_builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["measurements", b"measurements", "selection_epsilons", b"selection_epsilons"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MarginalsRelease: _TypeAlias = MarginalsRelease  # noqa: Y015
 
 @_typing.final
 class SketchMechanism(_message.Message):
@@ -295,7 +418,9 @@ Global___SketchMechanism: _TypeAlias = SketchMechanism  # noqa: Y015
 
 @_typing.final
 class PrivateSketch(_message.Message):
-    """A released sketch: the noisy sum of features and the noisy count, with its public mechanism.
+    """A released sketch: the noisy sum of features and the noisy count, with its public mechanism;
+    or, for a marginals map, the noisy marginals (noisy_sum and noisy_count are then unset, and
+    the mechanism's numerator_share, sum_scale and count_scale are 0).
     Anything computed from it is post-processing and costs the owner nothing more.
     """
 
@@ -304,6 +429,7 @@ class PrivateSketch(_message.Message):
     MECHANISM_FIELD_NUMBER: _builtins.int
     NOISY_SUM_FIELD_NUMBER: _builtins.int
     NOISY_COUNT_FIELD_NUMBER: _builtins.int
+    MARGINALS_FIELD_NUMBER: _builtins.int
     noisy_count: _builtins.float
     """n + zeta (may be fractional)."""
     @_builtins.property
@@ -312,16 +438,21 @@ class PrivateSketch(_message.Message):
     def noisy_sum(self) -> _array_pb2.Array:
         """float64 of shape (m,): sum_i Phi(x_i) + xi."""
 
+    @_builtins.property
+    def marginals(self) -> Global___MarginalsRelease:
+        """Set exactly when the mechanism's feature map is a MarginalsMap."""
+
     def __init__(
         self,
         *,
         mechanism: Global___SketchMechanism | None = ...,
         noisy_sum: _array_pb2.Array | None = ...,
         noisy_count: _builtins.float = ...,
+        marginals: Global___MarginalsRelease | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["mechanism", b"mechanism", "noisy_sum", b"noisy_sum"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["marginals", b"marginals", "mechanism", b"mechanism", "noisy_sum", b"noisy_sum"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["mechanism", b"mechanism", "noisy_count", b"noisy_count", "noisy_sum", b"noisy_sum"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["marginals", b"marginals", "mechanism", b"mechanism", "noisy_count", b"noisy_count", "noisy_sum", b"noisy_sum"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -15,10 +15,15 @@ from common.privacy.accounting import (
     PrivacyEvent,
     advanced_composition_epsilon,
     analytic_gaussian_sigma,
+    exponential_zcdp_rho,
+    gaussian_zcdp_rho,
     kairouz_epsilon,
     kairouz_epsilon_delta,
     kairouz_epsilon_homogeneous,
     pld_epsilon,
+    zcdp_delta,
+    zcdp_epsilon,
+    zcdp_rho,
 )
 
 T_INIT, EPS_V, DELTA_V = 1656, 0.01, 0.01  # summarization paper, Section 4 (validation set)
@@ -621,3 +626,65 @@ def test_pld_approximate_events_cost_at_most_pure_plus_their_infinite_mass(
     # Listing the runs one by one or as a count is the same event.
     listed = [PrivacyEvent("approximate", eps, 1, delta=delta)] * k
     assert pld_epsilon(listed, d0 + mass) == pytest.approx(got, rel=1e-9)
+
+
+# ------------------------------------------------------------------------------------ zCDP
+# The reference value: Steinke's cdp2adp.cdp_rho(1, 1e-6), which AIM and MST call.
+ZCDP_RHO_1_1E6 = 0.024355970359538
+
+
+def test_zcdp_rho_known_answer() -> None:
+    assert zcdp_rho(1.0, 1e-6) == pytest.approx(ZCDP_RHO_1_1E6, rel=1e-10)
+    # The bisection keeps the lower side: converting back never exceeds the target.
+    assert zcdp_delta(zcdp_rho(1.0, 1e-6), 1.0) <= 1e-6
+
+
+@pytest.mark.parametrize("rho", [1e-4, 0.0243, 0.5, 3.0])
+@pytest.mark.parametrize("delta", [1e-9, 1e-6, 1e-3])
+def test_zcdp_epsilon_within_classical_bound_and_round_trips(rho: float, delta: float) -> None:
+    eps = zcdp_epsilon(rho, delta)
+    classical = rho + 2 * math.sqrt(rho * math.log(1 / delta))  # Bun & Steinke, Prop. 1.3
+    assert 0 < eps <= classical
+    assert zcdp_delta(rho, eps) <= delta * (1 + 1e-9)
+    assert zcdp_rho(eps, delta) == pytest.approx(rho, rel=1e-6)
+
+
+@pytest.mark.parametrize("rho", [0.01, 0.1, 1.0])
+@pytest.mark.parametrize("eps", [0.5, 1.0, 4.0])
+def test_zcdp_delta_below_closed_forms(rho: float, eps: float) -> None:
+    """The minimised delta is below its formula at any fixed alpha and below the standard
+    bound exp(-(eps - rho)^2 / (4 rho)) (eps >= rho)."""
+    got = zcdp_delta(rho, eps)
+    for alpha in (1.5, 2.0, 5.0, 20.0):
+        at_alpha = math.exp((alpha - 1) * (alpha * rho - eps)) / (alpha - 1)
+        at_alpha *= (1 - 1 / alpha) ** alpha
+        assert got <= min(1.0, at_alpha) * (1 + 1e-9)
+    if eps >= rho:
+        assert got <= math.exp(-((eps - rho) ** 2) / (4 * rho)) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("sigma", [0.5, 2.0, 25.0])
+def test_gaussian_zcdp_is_sound_against_the_exact_gaussian(sigma: float) -> None:
+    rho = gaussian_zcdp_rho(sigma)
+    assert rho == pytest.approx(1 / (2 * sigma**2), rel=1e-15)
+    assert gaussian_zcdp_rho(3 * sigma, 3.0) == pytest.approx(rho, rel=1e-12)
+    # The zCDP conversion is an upper bound on the Gaussian's exact epsilon: the analytic
+    # calibration at that (epsilon, delta) needs no more noise than sigma.
+    eps = zcdp_epsilon(rho, 1e-6)
+    assert analytic_gaussian_sigma(eps, 1e-6) <= sigma * (1 + 1e-6)
+
+
+def test_exponential_zcdp_rho_closed_form() -> None:
+    assert exponential_zcdp_rho(0.2) == pytest.approx(0.2**2 / 8, rel=1e-15)
+
+
+def test_zcdp_errors_name_the_value() -> None:
+    with pytest.raises(ValueError, match="-1"):
+        zcdp_delta(-1.0, 1.0)
+    with pytest.raises(ValueError, match="delta"):
+        zcdp_epsilon(0.1, 1.5)
+    with pytest.raises(ValueError, match="0"):
+        zcdp_rho(0.0, 1e-6)
+    with pytest.raises(ValueError, match="sigma"):
+        gaussian_zcdp_rho(0.0)
+    assert zcdp_delta(0.0, 1.0) == 0.0 and zcdp_epsilon(0.0, 1e-6) == 0.0

