@@ -32,6 +32,8 @@ __all__ = ["DaskEngine", "Engine", "SerialEngine", "WorkCancelled", "start_engin
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+#: Arrays larger than this are scattered to the cluster once rather than sent with every task.
+_SCATTER_BYTES = 1 << 16
 Progress = Callable[[int, int], None]
 
 
@@ -144,7 +146,16 @@ class DaskEngine:
 
         if not items:
             return []
-        shared = [self.client.scatter(a, broadcast=False, hash=False) for a in args]
+        import numpy as np
+
+        # Large arrays go to the cluster once; other arguments are small and travel with tasks.
+        shared = [
+            self.client.scatter(a, broadcast=False, hash=False)
+            if isinstance(a, np.ndarray) and a.nbytes > _SCATTER_BYTES
+            else a
+            for a in args
+        ]
+        scattered = [s for s, a in zip(shared, args, strict=True) if s is not a]
         futures = self.client.map(fn, list(items), *[[s] * len(items) for s in shared], pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
         results: list[Any] = [None] * len(items)
@@ -168,7 +179,7 @@ class DaskEngine:
             self.client.cancel(futures)
             raise
         finally:
-            for s in shared:
+            for s in scattered:
                 s.release()
         return results
 

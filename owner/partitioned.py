@@ -442,3 +442,55 @@ def _rows_one(
 ) -> tuple[NDArray[np.float64], NDArray[np.float64] | None]:
     partition, local = item
     return _rows_task(partition, reader, local)
+
+
+class PartitionedTable:
+    """An owner's table for joint statistics (CAPE) and sketches, partitioned: its public
+    declarations (column names, row count, declared 0/1 columns, schema) and its
+    :class:`PartitionedData`, whose :meth:`PartitionedData.statistic` computes on it.
+
+    Parameters
+    ----------
+    data : PartitionedData
+    name : str
+    binary : tuple of str
+        Columns declared 0/1 (checked by the validation pass).
+    schema : Schema, optional
+    """
+
+    def __init__(
+        self,
+        data: PartitionedData,
+        name: str,
+        binary: tuple[str, ...] = (),
+        schema: Any = None,
+    ) -> None:
+        missing = [c for c in binary if c not in data.dataset.columns]
+        if missing:
+            raise ValueError(
+                f"table {name!r} has no column(s) {missing} to declare 0/1; its columns are "
+                f"{list(data.dataset.columns)}"
+            )
+        self.data = data
+        self.name = name
+        self.binary = tuple(binary)
+        self.schema = schema
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Column names, in file order."""
+        return self.data.dataset.columns
+
+    @property
+    def n_rows(self) -> int:
+        """Rows in all."""
+        return self.data.n_points
+
+    def check_columns(self, columns: Sequence[str]) -> None:
+        """Raise ``ValueError`` naming the columns the table lacks (names only)."""
+        missing = [c for c in columns if c not in self.columns]
+        if missing:
+            raise ValueError(
+                f"table {self.name!r} has no column(s) {missing}; its columns are "
+                f"{list(self.columns)}"
+            )

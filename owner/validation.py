@@ -33,7 +33,11 @@ def _where(partition: Partition) -> str:
 
 
 def _check_task(
-    partition: Partition, columns: tuple[str, ...], schema: Schema | None
+    partition: Partition,
+    columns: tuple[str, ...],
+    schema: Schema | None,
+    binary: tuple[str, ...],
+    integral: tuple[str, ...],
 ) -> tuple[int, list[str]]:
     """Rows of the partition, and what in its values breaks the checks (for the owner only)."""
     values = read_partition(partition, columns, columns)
@@ -45,9 +49,28 @@ def _check_task(
             f"{_where(partition)}: {int(bad.sum())} NaN, empty or inf value(s), first at row "
             f"{row} of the partition, column {columns[col]!r}"
         )
-    elif schema is not None:
+        return int(values.shape[0]), problems
+    if schema is not None:
         for j, column in enumerate(schema.columns):
             problems += [f"{_where(partition)}: {p}" for p in column.problems(values[:, j])]
+    for name in binary:
+        v = values[:, columns.index(name)]
+        other = (v != 0.0) & (v != 1.0)
+        if other.any():
+            row = int(np.argmax(other))
+            problems.append(
+                f"{_where(partition)}: column {name!r} is declared 0/1 but holds {v[row]:g} at "
+                f"row {row} of the partition ({int(other.sum())} other value(s))"
+            )
+    for name in integral:
+        v = values[:, columns.index(name)]
+        other = v != np.round(v)
+        if other.any():
+            row = int(np.argmax(other))
+            problems.append(
+                f"{_where(partition)}: the label column {name!r} must hold integers, got "
+                f"{v[row]:g} at row {row} of the partition"
+            )
     return int(values.shape[0]), problems
 
 
@@ -56,6 +79,8 @@ def validate_dataset(
     engine: Engine,
     *,
     schema: Schema | None = None,
+    binary: tuple[str, ...] = (),
+    labels: tuple[str, ...] = (),
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
 ) -> Dataset:
@@ -69,6 +94,10 @@ def validate_dataset(
     schema : Schema, optional
         The public schema every column's values are checked against (rows in partition order:
         the rows of a partition are named relative to it).
+    binary : tuple of str
+        Columns declared to hold only 0 and 1.
+    labels : tuple of str
+        Columns that must hold whole numbers (a label column read without a schema).
     progress : callable, optional
         ``(partitions done, total)``.
 
@@ -83,8 +112,16 @@ def validate_dataset(
         Listing the problems (file, column, first row and value of each): for the owner's own
         console only — they depend on the data.
     """
+    dataset.column_indices([*binary, *labels])
     found = engine.map(
-        _check_task, dataset.partitions, dataset.columns, schema, progress=progress, cancel=cancel
+        _check_task,
+        dataset.partitions,
+        dataset.columns,
+        schema,
+        tuple(binary),
+        tuple(labels),
+        progress=progress,
+        cancel=cancel,
     )
     problems = [p for _, ps in found for p in ps]
     if problems:

@@ -69,7 +69,7 @@ class Offer:
                 state.owner_session_id, rff, int(seeds[i]), consumer=state.consumer, terms=terms
             )
 
-        opened = await state.gather(state.active(), open_one, refusals="raise")
+        opened = await state.gather(state.active(), open_one, refusals="raise", stage="open")
         for index, (_, max_points) in opened.items():
             state.slots[index].max_points = int(max_points)
         state.require_owners()
