@@ -445,6 +445,11 @@ def finish(
     write_json({"config": asdict(config), "result": row}, report_path)
     title = f"{config.method} summary of {len(result.points)} points"
     Console().print(comparison_table([row], title=title))
+    if result.report.dropped_owners:
+        console.print(
+            "owners dropped during the session (no points from them; see the curator's log for "
+            f"why): {', '.join(result.report.dropped_owners)}"
+        )
     console.print(f"summary -> {out}, report -> {report_path}")
 
 

@@ -185,9 +185,9 @@ class DaskEngine:
 
     def close(self) -> None:
         """Close the client, and the cluster when this engine started it."""
-        self.client.close()
+        self.client.close(timeout=10)
         if self.cluster is not None:
-            self.cluster.close()
+            self.cluster.close(timeout=20)
 
 
 def start_engine(
@@ -213,6 +213,9 @@ def start_engine(
     """
     from distributed import Client, LocalCluster
 
+    # Dask's own chatter (workers starting, connections closing) is not the owner's business.
+    for name in ("distributed", "tornado"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
     if scheduler is not None:
         try:
             client = Client(scheduler, timeout="10s", set_as_default=False)

@@ -234,9 +234,7 @@ def test_greedi_mmd_is_within_a_factor_of_greedy(tmp_path: Path, engine, scenari
     rff = draw_rff_params(F, D, gamma, rng)
     target = random_fourier_features(validation, rff, dtype=np.float64).mean(axis=0)
     k = 60
-    _, rows, _, stochastic = data.candidates(
-        rff, target, k, np.zeros(0, dtype=np.int64), seed=1
-    )
+    _, rows, _, stochastic = data.candidates(rff, target, k, np.zeros(0, dtype=np.int64), seed=1)
     assert stochastic == 4
     greedy = embedding_greedy(random_fourier_features(x, rff), target, np.zeros((0, D)), k)
     ours, theirs = mmd2(rows, validation, gamma), mmd2(x[greedy], validation, gamma)
