@@ -160,6 +160,19 @@ def _candidates_task(
     )
 
 
+def _h1_sum_task(
+    partition: Partition, reader: _Reader, rff: RFFParams
+) -> tuple[int, NDArray[np.float64]]:
+    """The partition's rows and the sum of their h1 features (float64), chunk by chunk."""
+    x, _ = reader.read(partition)
+    total = np.zeros(rff.d)
+    for start in range(0, x.shape[0], CHUNK_ROWS):
+        total += random_fourier_features(x[start : start + CHUNK_ROWS], rff, dtype=np.float64).sum(
+            axis=0
+        )
+    return int(x.shape[0]), total
+
+
 def _available_task(partition: Partition, sent: NDArray[np.int64]) -> int:
     return partition.rows - int(_local_exclude(partition, sent).size)
 
@@ -297,6 +310,20 @@ class PartitionedData:
                 assert row is not None
                 return best, row, label
         raise AssertionError("the merged best comes from a partition")
+
+    def h1_mean(
+        self,
+        rff: RFFParams,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+    ) -> NDArray[np.float64]:
+        """The mean h1 embedding of every point, ``sum_i h1(x_i) / n``: a sum per partition,
+        summed (each row counted once, so the sensitivity of any release of it is the in-memory
+        one's)."""
+        found = self._map(_h1_sum_task, self.reader, rff, progress=progress, cancel=cancel)
+        total = sum(t for _, t in found)
+        return np.asarray(total, dtype=np.float64) / sum(n for n, _ in found)
 
     def count_at_least(
         self,
