@@ -45,12 +45,15 @@ from owner.engine import Engine, Progress
 
 __all__ = [
     "CHUNK_ROWS",
+    "GREEDY_CHUNK_ROWS",
     "PartitionedData",
     "mean_statistic",
 ]
 
 #: Rows whose h1 features a task holds at once when it only scores (bids, counts).
 CHUNK_ROWS = 1 << 16
+#: Rows whose h1 features a candidates task holds at once (73 MiB in float32 at d = 140).
+GREEDY_CHUNK_ROWS = 1 << 17
 
 
 def _local_exclude(partition: Partition, sent: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -138,24 +141,38 @@ def _candidates_task(
     max_evaluations: int,
 ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64] | None, bool]:
     """GreeDi's first stage on the partition: global indices, raw rows and labels of its local
-    greedy choice, and whether stochastic greedy made it."""
+    greedy choice, and whether stochastic greedy made part of it.
+
+    The partition's features are computed :data:`GREEDY_CHUNK_ROWS` rows at a time: each block
+    proposes its local greedy choice, and a greedy over the blocks' union makes the partition's
+    (GreeDi within the partition), so a task holds one block's features, whatever the
+    partition's size.
+    """
     x, labels = reader.read(partition)
-    features = random_fourier_features(x, rff)
+    exclude = _local_exclude(partition, sent)
     rng = np.random.default_rng([seed, partition.index])
-    local, stochastic = local_greedy(
-        features,
-        target,
-        k,
-        rng,
-        exclude=_local_exclude(partition, sent),
-        max_evaluations=max_evaluations,
-    )
-    del features
-    rows = x[local].copy()
+    chosen: list[NDArray[np.int64]] = []
+    features: list[NDArray[np.float32]] = []
+    stochastic = False
+    for start in range(0, x.shape[0], GREEDY_CHUNK_ROWS):
+        block = random_fourier_features(x[start : start + GREEDY_CHUNK_ROWS], rff)
+        local = exclude[(exclude >= start) & (exclude < start + block.shape[0])] - start
+        picked, by_sampling = local_greedy(
+            block, target, k, rng, exclude=local, max_evaluations=max_evaluations
+        )
+        stochastic |= by_sampling
+        chosen.append(picked + start)
+        features.append(block[picked])
+        del block
+    index = np.concatenate(chosen)
+    if len(chosen) > 1 and index.size > 0:
+        order = greedi_merge(np.concatenate(features), target, min(k, index.size))
+        index = index[order]
+    rows = x[index].copy()
     return (
-        local + partition.offset,
+        index + partition.offset,
         rows,
-        None if labels is None else labels[local].copy(),
+        None if labels is None else labels[index].copy(),
         stochastic,
     )
 

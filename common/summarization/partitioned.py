@@ -50,9 +50,12 @@ __all__ = [
     "stochastic_greedy",
 ]
 
-#: Most point scorings (rows x greedy steps) an exact local greedy may do in one partition; above
-#: it the partition runs stochastic greedy (2^26: 64 steps over a million rows).
-DEFAULT_GREEDY_EVALUATIONS = 1 << 26
+#: Most point scorings (rows x greedy steps) an exact local greedy may do in one block of a
+#: partition; above it the block runs stochastic greedy. 2^22: 32 steps over a block of 2^17
+#: rows, about what computing the block's features costs (a greedy step is one matrix-vector
+#: product over the block's features; the features, 10 columns to d = 140 with a cosine, cost
+#: some 30 such products).
+DEFAULT_GREEDY_EVALUATIONS = 1 << 22
 #: Stochastic greedy's epsilon: in expectation it achieves (1 - 1/e - epsilon) of the optimum.
 STOCHASTIC_EPSILON = 0.01
 
