@@ -322,6 +322,7 @@ class GrpcOwnerEndpoint:
         response = await self._call(
             lambda: self._cape.OpenCapeJob(request, timeout=self.pass_deadline())
         )
+        self.rows = max(self.rows, int(response.num_rows))
         return OpenedJob(int(response.num_rows), int(response.min_colluders))
 
     async def attest_plan(
