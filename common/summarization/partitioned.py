@@ -101,7 +101,7 @@ def partition_best(
     excluded = np.asarray(exclude, dtype=np.int64)
     if excluded.size:
         scores[excluded] = -np.inf
-    if scores.size == 0 or (excluded.size >= scores.size and np.isneginf(scores).all()):
+    if scores.size == 0:
         return None
     i = int(np.argmax(scores))
     if np.isneginf(scores[i]):
