@@ -60,9 +60,10 @@ __all__ = [
     "read_partition",
 ]
 
-#: Most rows of one Parquet or ``.npy`` partition (row groups are never split): 2^20 rows of 10
-#: float64 columns are 80 MiB, the features of a 140-dimensional h1 of them 560 MiB in float32.
-DEFAULT_PARTITION_ROWS = 1 << 20
+#: Most rows of one Parquet or ``.npy`` partition (row groups are never split): 2^19 rows of 10
+#: float64 columns are 40 MiB; a task computes their features a block at a time. Small enough
+#: that a table of a million rows keeps two workers busy.
+DEFAULT_PARTITION_ROWS = 1 << 19
 #: Bytes of one CSV partition (about 0.9 million rows of 10 numbers written by pandas).
 DEFAULT_BLOCKSIZE = 64 << 20
 
