@@ -91,12 +91,17 @@ evaluate: $(STAMP)
 
 # Round latency in-process, over mTLS and over plaintext gRPC (bench/rounds.py); a secure-
 # aggregation round in-process and across owner processes over mTLS (bench/secagg.py, added to
-# the same JSON under "secure_aggregation"); then OpenDP's noise against numpy's (bench/noise.py).
+# the same JSON under "secure_aggregation"); then OpenDP's noise against numpy's (bench/noise.py);
+# then an owner's computations on 10^6 and 10^7 rows of Parquet on Dask against the in-memory
+# kernels (bench/owner_scale.py, under "owner_scale"; the data is generated once under
+# $(OUT)/owner-scale). 10^8 rows are opt-in: make bench OWNER_SCALE_ROWS="1e6 1e7 1e8".
+OWNER_SCALE_ROWS ?= 1e6 1e7
 bench: $(STAMP)
 	$(PY) -m bench.rounds --out $(OUT)/bench.json
 	$(PY) -m bench.secagg --into $(OUT)/bench.json
 	$(PY) -m bench.noise --out $(OUT)/bench-noise.json
 	$(PY) -m bench.sketches --out $(OUT)/bench.json
+	$(PY) -m bench.owner_scale --rows $(OWNER_SCALE_ROWS) --data $(OUT)/owner-scale --into $(OUT)/bench.json
 
 # The image of deploy/Dockerfile (tag dpmarket:local) where only package registries are reachable:
 # on python:3.11-slim when it can be pulled, else on a Debian base made with debootstrap (cached

@@ -69,6 +69,7 @@ from common.secagg.graph import failure_bound as graph_failure_bound
 from common.secagg.graph import plan_graph
 from common.secagg.protocol import RoundParams, min_threshold
 from curator.secagg import AggregationOutcome, SitesLostError, aggregate
+from curator.summarization.state import stage_deadline
 
 logger = logging.getLogger(__name__)
 
@@ -287,14 +288,19 @@ class _CapeRun(Generic[SpecT, PlanT]):
         with ``aborts``, a site that aborts the job (a signed count that does not verify) fails
         it, as with ``refusals`` any refusal does."""
 
+        # A release computes the site's statistic: a pass over its table, whose deadline grows
+        # with the rows it declared when the job opened (an opening scans nothing but names).
+        passes = stage.startswith("release")
+
         async def one(site: _Site) -> T:
             coro = call(site)
             if self.call_timeout is None:
                 return await coro
+            limit = stage_deadline(self.call_timeout, site.size, "open" if passes else "call")
             try:
-                return await asyncio.wait_for(coro, self.call_timeout)
+                return await asyncio.wait_for(coro, limit)
             except TimeoutError as exc:
-                raise UnavailableError(f"no answer within {self.call_timeout} s") from exc
+                raise UnavailableError(f"no answer within {limit:.0f} s") from exc
 
         answers = await asyncio.gather(*(one(self.sites[n]) for n in names), return_exceptions=True)
         out: dict[str, T] = {}

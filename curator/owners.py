@@ -57,7 +57,9 @@ logger = logging.getLogger(__name__)
 
 #: Deadline of a round-trip call (bids, releases), seconds.
 CALL_DEADLINE_SECONDS = 30.0
-#: Deadline of OpenSession, which computes the features of every owned point, seconds.
+#: Least deadline of a call that may pass over the owner's table (OpenSession, bids, counts,
+#: candidates, samples; CAPE's open), seconds: it grows with the owner's declared rows
+#: (:meth:`GrpcOwnerEndpoint.pass_deadline`).
 OPEN_DEADLINE_SECONDS = 300.0
 
 
@@ -89,6 +91,8 @@ class GrpcOwnerEndpoint:
         self.expected = expected
         self.deadline = deadline
         self._security = security
+        #: The owner's declared rows (from GetOwnerInfo), which scale its long calls' deadlines.
+        self.rows = 0
         self._channel = aio_channel(target, security, expected, options=GRPC_OPTIONS)
         self._stub = owner_pb2_grpc.OwnerServiceStub(self._channel)
         self._secagg = secure_aggregation_pb2_grpc.SecureAggregationServiceStub(self._channel)
@@ -113,7 +117,25 @@ class GrpcOwnerEndpoint:
         response = await self._call(
             lambda: self._stub.GetOwnerInfo(owner_pb2.GetOwnerInfoRequest(), timeout=self.deadline)
         )
-        return convert.info_from_proto(response)
+        info = convert.info_from_proto(response)
+        self.rows = info.num_points
+        return info
+
+    def pass_deadline(self) -> float:
+        """The gRPC deadline of a call that may pass over the owner's table: at least
+        :data:`OPEN_DEADLINE_SECONDS`, and :data:`~curator.summarization.state.PROGRESS_GRACE`
+        times the session's deadline for the owner's declared rows (the session's supervision,
+        which asks :meth:`progress`, decides earlier whether the owner is still working)."""
+        from curator.summarization.state import PROGRESS_GRACE, stage_deadline
+
+        scaled = PROGRESS_GRACE * stage_deadline(self.deadline, self.rows, "open") + self.deadline
+        return max(OPEN_DEADLINE_SECONDS, scaled)
+
+    async def progress(self, session_id: str) -> tuple[str, int, int, int]:
+        """GetProgress: ``(stage, done, total, ticks)`` of the session's running step."""
+        request = owner_pb2.GetProgressRequest(session_id=session_id)
+        response = await self._call(lambda: self._stub.GetProgress(request, timeout=self.deadline))
+        return response.stage, int(response.done), int(response.total), int(response.ticks)
 
     async def schema(self) -> Schema | None:
         """The owner's public schema (GetOwnerInfo's)."""
@@ -139,7 +161,7 @@ class GrpcOwnerEndpoint:
             terms=convert.terms_to_proto(terms),
         )
         response = await self._call(
-            lambda: self._stub.OpenSession(request, timeout=OPEN_DEADLINE_SECONDS)
+            lambda: self._stub.OpenSession(request, timeout=self.pass_deadline())
         )
         return int(response.num_points), int(response.max_points)
 
@@ -162,7 +184,7 @@ class GrpcOwnerEndpoint:
             summary_embedding=array_to_proto(summary_embedding),
             summary_size=q,
         )
-        response = await self._call(lambda: self._stub.Bid(request, timeout=self.deadline))
+        response = await self._call(lambda: self._stub.Bid(request, timeout=self.pass_deadline()))
         return convert.bid_from_proto(response)
 
     async def release_point(self, session_id: str, round_: int) -> ReleasedPoint:
@@ -177,7 +199,7 @@ class GrpcOwnerEndpoint:
         """SampleUniform."""
         request = owner_pb2.SampleUniformRequest(session_id=session_id, count=count)
         response = await self._call(
-            lambda: self._stub.SampleUniform(request, timeout=self.deadline)
+            lambda: self._stub.SampleUniform(request, timeout=self.pass_deadline())
         )
         return convert.points_from_proto(response)
 
@@ -185,17 +207,18 @@ class GrpcOwnerEndpoint:
         """CountRelevant: the owner's noisy relevance count."""
         request = owner_pb2.CountRelevantRequest(session_id=session_id, threshold=threshold)
         response = await self._call(
-            lambda: self._stub.CountRelevant(request, timeout=self.deadline)
+            lambda: self._stub.CountRelevant(request, timeout=self.pass_deadline())
         )
         return float(response.noisy_count)
 
     async def propose_candidates(
         self, session_id: str, count: int
     ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
-        """ProposeCandidates (the owner runs a local greedy: allow the open-session deadline)."""
+        """ProposeCandidates (the owner runs a local greedy: a deadline for a pass over its
+        table)."""
         request = owner_pb2.ProposeCandidatesRequest(session_id=session_id, count=count)
         response = await self._call(
-            lambda: self._stub.ProposeCandidates(request, timeout=OPEN_DEADLINE_SECONDS)
+            lambda: self._stub.ProposeCandidates(request, timeout=self.pass_deadline())
         )
         return convert.points_from_proto(response)
 
@@ -354,8 +377,9 @@ class GrpcOwnerEndpoint:
         request = cape_pb2.OpenCapeJobRequest(job_id=job_id, consumer=consumer, seed=seed)
         msg.job_to_proto(request, spec)
         response = await self._call(
-            lambda: self._cape.OpenCapeJob(request, timeout=OPEN_DEADLINE_SECONDS)
+            lambda: self._cape.OpenCapeJob(request, timeout=self.pass_deadline())
         )
+        self.rows = max(self.rows, int(response.num_rows))
         return OpenedJob(int(response.num_rows), int(response.min_colluders))
 
     async def attest_plan(
@@ -399,7 +423,9 @@ class GrpcOwnerEndpoint:
         request = cape_pb2.ReleaseCapeRequest(
             job_id=job_id, round_id=round_id, noise_total=msg.vector_to_proto(total)
         )
-        response = await self._call(lambda: self._cape.ReleaseCape(request, timeout=self.deadline))
+        response = await self._call(
+            lambda: self._cape.ReleaseCape(request, timeout=self.pass_deadline())
+        )
         return msg.vector_from_proto(response.release, "release", total.shape[0])
 
     async def release_gradient(
@@ -419,7 +445,7 @@ class GrpcOwnerEndpoint:
             noise_total=msg.vector_to_proto(total),
         )
         response = await self._call(
-            lambda: self._cape.ReleaseCapeGradient(request, timeout=self.deadline)
+            lambda: self._cape.ReleaseCapeGradient(request, timeout=self.pass_deadline())
         )
         return msg.vector_from_proto(response.release, "release", parameters.shape[0])
 

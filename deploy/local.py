@@ -49,10 +49,11 @@ __all__ = [
 
 #: The list of a deployment's services, in the folder ``init`` writes.
 DEPLOYMENT_FILE = "deployment.toml"
-#: Seconds ``up`` waits for a service to report its port.
-START_TIMEOUT_SECONDS = 60.0
+#: Seconds ``up`` waits for a service to report its port (an owner of a large table checks
+#: every value before it serves; a service that exits is reported at once).
+START_TIMEOUT_SECONDS = 300.0
 #: Seconds ``down`` waits for a service to stop after SIGTERM before killing it.
-STOP_TIMEOUT_SECONDS = 10.0
+STOP_TIMEOUT_SECONDS = 30.0
 CURATOR = "curator"
 
 

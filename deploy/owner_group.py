@@ -89,7 +89,7 @@ async def serve_group(specs: Sequence[Sequence[str]]) -> None:
         for r in running:
             await r.close()
         for item in opened:
-            item.ledger.close()
+            item.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -35,11 +35,13 @@ fixed INTERNAL status, never as text.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -77,6 +79,7 @@ from common.privacy.rng import production_rng
 from common.secagg.protocol import RoundParams
 from owner.data import Table
 from owner.ledger import OwnerLedger
+from owner.partitioned import PartitionedTable, mean_statistic
 from owner.policy import DEFAULT_MIN_COLLUDERS
 from owner.secagg import SiteIdentity
 
@@ -91,7 +94,7 @@ class _Job:
     spec: AnyCapeSpec
     curator: str
     consumer: str
-    x: NDArray[np.float64]
+    x: NDArray[np.float64] | None
     y: NDArray[np.float64] | None
     rng: np.random.Generator
     noise: NoiseSource
@@ -106,6 +109,8 @@ class _Job:
     aborted: str | None = None
     last_iteration: int = -1
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Rows of the job's records (``x`` is None on a partitioned table: computed per release).
+    rows: int = 0
 
     @property
     def training(self) -> bool:
@@ -143,7 +148,7 @@ class CapeSite:
     def __init__(
         self,
         name: str,
-        table: Table | None,
+        table: Table | PartitionedTable | None,
         *,
         ledger: OwnerLedger | None = None,
         max_jobs: int | None = None,
@@ -191,7 +196,11 @@ class CapeSite:
             target = None
         else:
             target = spec.target if isinstance(spec, CapeTrainingSpec) else spec.target[0]
-        table.select([*spec.columns, *([] if target is None else [target])])  # names only
+        names = [*spec.columns, *([] if target is None else [target])]
+        if isinstance(table, PartitionedTable):
+            table.check_columns(names)
+        else:
+            table.select(names)  # names only
         if target is not None and spec.task != "linear" and target not in table.binary:
             raise InvalidArgumentError(
                 f"column {target!r} is not a 0/1 column of owner {self.name}: a "
@@ -206,7 +215,7 @@ class CapeSite:
     ) -> tuple[NDArray[np.float64], NDArray[np.float64] | None]:
         """The job's records from this owner's table, clamped to the spec's public bounds (how
         many were clamped goes to this owner's log only) and, for a model, scaled."""
-        assert self.table is not None
+        assert isinstance(self.table, Table)
         table = self.table
         target = self._target(spec)
         with on_private_data(f"CAPE job {short_id(job_id)}: reading the records"):
@@ -257,8 +266,15 @@ class CapeSite:
                 f"the job defends against S_C={spec.colluders} colluders, below this owner's "
                 f"floor of {self.min_colluders} (its policy's cape.min_colluders)"
             )
+        x: NDArray[np.float64] | None = None
+        y: NDArray[np.float64] | None = None
         try:
-            x, y = self._data(job_id, spec)
+            if isinstance(self.table, PartitionedTable):
+                self._target(spec)
+                rows = self.table.n_rows
+            else:
+                x, y = self._data(job_id, spec)
+                rows = int(x.shape[0])
         except ValueError as exc:  # a missing column: names only
             raise InvalidArgumentError(str(exc)) from exc
         if self.ledger is not None:
@@ -278,7 +294,7 @@ class CapeSite:
             noise: NoiseSource = SeededNoise(rng)
         else:
             rng, noise = production_rng(), OpenDPNoise()
-        job = _Job(spec, curator, consumer, x, y, rng, noise, self.clock())
+        job = _Job(spec, curator, consumer, x, y, rng, noise, self.clock(), rows=rows)
         with self._lock:
             if job_id in self._jobs:
                 raise AlreadyExistsError(f"CAPE job {short_id(job_id)} is already open")
@@ -287,7 +303,7 @@ class CapeSite:
                     f"this owner runs at most {self.max_jobs} jobs at once; retry later"
                 )
             self._jobs[job_id] = job
-        return int(x.shape[0])
+        return rows
 
     def _check_plan_inputs(
         self, job: _Job, sites: Sequence[str], colluders: int, first_iteration: int
@@ -358,7 +374,7 @@ class CapeSite:
         job = self._job(job_id, curator)
         with job.lock:
             names = self._check_plan_inputs(job, sites, colluders, first_iteration)
-            rows = int(job.x.shape[0])
+            rows = job.rows
             message = plan_statement(
                 job_id, job.spec, names, colluders, first_iteration, self.name, rows
             )
@@ -413,7 +429,7 @@ class CapeSite:
             names = self._check_plan_inputs(job, sites, colluders, first_iteration)
             try:
                 own = attestations.get(self.name)
-                if own is None or own.rows != job.x.shape[0]:
+                if own is None or own.rows != job.rows:
                     raise AbortedError(
                         f"the row count relayed for this owner ({self.name}) is not the one it "
                         "signed"
@@ -558,6 +574,49 @@ class CapeSite:
             )
         job.charged = True
 
+    def _partitioned_statistic(
+        self,
+        job_id: str,
+        job: _Job,
+        plan: AnyCapePlan,
+        theta: NDArray[np.float64] | None = None,
+    ) -> NDArray[np.float64]:
+        """The job's statistic on a partitioned table: the same mean over rows as the in-memory
+        one (the CAPE mean, capeFM's packed coefficients, the clipped-gradient average), merged
+        from each partition's mean weighted by its rows (:func:`owner.partitioned.
+        mean_statistic`). Each row still contributes once, so the sensitivity the plan's noise is
+        calibrated to is unchanged; the noise is added once, by the caller, after the merge."""
+        table = self.table
+        assert isinstance(table, PartitionedTable)
+        spec = job.spec
+        target = self._target(spec)
+        columns = (*spec.columns, *([] if target is None else [target]))
+        if isinstance(plan, CapeMeanPlan):
+            assert isinstance(spec, CapeMeanSpec)
+            fn = functools.partial(_mean_part, spec)
+        elif isinstance(plan, CapeFMPlan):
+            fn = functools.partial(_fm_part, spec, plan.task, plan.orders)
+        else:
+            assert isinstance(spec, CapeTrainingSpec) and theta is not None
+            fn = functools.partial(_gradient_part, spec, theta)
+        found = table.data.statistic(columns, fn)
+        moved: dict[str, int] = {}
+        for _, _, m in found:
+            for column, count in m.items():
+                moved[column] = moved.get(column, 0) + count
+        if moved:
+            logger.info(
+                "CAPE job %s: values clamped to the request's public bounds (this log only): "
+                "%s of %d rows",
+                short_id(job_id),
+                ", ".join(f"{c!r} {n}" for c, n in moved.items()),
+                table.n_rows,
+            )
+        rows, value = mean_statistic([(n, v) for n, v, _ in found])
+        if rows != job.rows:
+            raise ValueError(f"the table holds {rows} rows, {job.rows} planned")
+        return value
+
     def release(
         self, job_id: str, round_id: bytes, total: NDArray[np.float64], *, curator: str
     ) -> NDArray[np.float64]:
@@ -587,7 +646,9 @@ class CapeSite:
             e_hat = self._round_draws(job, round_id)
             total = _checked_vector(total, plan.size, "noise_total")
             with on_private_data(f"CAPE job {short_id(job_id)}: the statistic"):
-                if isinstance(plan, CapeMeanPlan):
+                if job.x is None:
+                    statistic = self._partitioned_statistic(job_id, job, plan)
+                elif isinstance(plan, CapeMeanPlan):
                     statistic = site_mean(plan, job.index, job.x)
                 else:
                     assert isinstance(plan, CapeFMPlan) and job.y is not None
@@ -642,7 +703,7 @@ class CapeSite:
             plan = job.plan
             if not isinstance(plan, CapeTrainingPlan):
                 raise FailedPreconditionError("the job is not a planned training")
-            assert isinstance(job.spec, CapeTrainingSpec) and job.y is not None
+            assert isinstance(job.spec, CapeTrainingSpec)
             e_hat = self._round_draws(job, round_id)
             if iteration <= job.last_iteration:
                 raise FailedPreconditionError(
@@ -657,9 +718,13 @@ class CapeSite:
             theta = _checked_vector(parameters, plan.size, "parameters")
             total = _checked_vector(total, plan.size, "noise_total")
             with on_private_data(f"CAPE job {short_id(job_id)}: the gradient"):
-                gradient = site_gradient(
-                    theta, job.x, job.y, clip=job.spec.clip, hidden=job.spec.hidden
-                )
+                if job.x is None:
+                    gradient = self._partitioned_statistic(job_id, job, plan, theta)
+                else:
+                    assert job.y is not None
+                    gradient = site_gradient(
+                        theta, job.x, job.y, clip=job.spec.clip, hidden=job.spec.hidden
+                    )
             self._charge(job, job_id)
             job.released = True
             job.last_iteration = int(iteration)
@@ -702,3 +767,54 @@ def _checked_vector(values: NDArray[np.float64], length: int, name: str) -> NDAr
 def sorted_sites(names: Sequence[str]) -> tuple[str, ...]:
     """Site ids in the order every party uses (Python ``str`` order)."""
     return tuple(sorted(names))
+
+
+def _split(spec: AnyCapeSpec, values: NDArray[np.float64]) -> tuple[Any, Any, dict[str, int]]:
+    """A partition's records clamped to the spec's bounds (target last when the spec has one)."""
+    n_features = len(spec.columns)
+    if isinstance(spec, CapeMeanSpec):
+        x, _, moved = spec.clamped(values[:, :n_features])
+        return x, None, dict(moved)
+    x, y, moved = spec.clamped(values[:, :n_features], values[:, n_features])
+    return x, y, dict(moved)
+
+
+def _mean_part(
+    spec: CapeMeanSpec, values: NDArray[np.float64]
+) -> tuple[int, NDArray[np.float64], dict[str, int]]:
+    """One partition's CAPE mean: ``(rows, mean of the clamped records, clamped per column)``."""
+    x, _, moved = _split(spec, values)
+    if x.shape[0] == 0:
+        return 0, np.zeros(x.shape[1]), moved
+    return int(x.shape[0]), x.mean(axis=0), moved
+
+
+def _fm_part(
+    spec: AnyCapeSpec, task: str, orders: Any, values: NDArray[np.float64]
+) -> tuple[int, NDArray[np.float64], dict[str, int]]:
+    """One partition's packed functional-mechanism coefficients (means over its rows)."""
+    from common.cape.functional_mechanism import fm_coefficients, pack_coefficients
+
+    _, _, moved = _split(spec, values)
+    n_features = len(spec.columns)
+    assert not isinstance(spec, CapeMeanSpec)
+    x, y = spec.scaled(values[:, :n_features], values[:, n_features])
+    if x.shape[0] == 0:
+        return 0, np.zeros(0), moved
+    return int(x.shape[0]), pack_coefficients(fm_coefficients(x, y, task), orders), moved  # type: ignore[arg-type]
+
+
+def _gradient_part(
+    spec: CapeTrainingSpec, theta: NDArray[np.float64], values: NDArray[np.float64]
+) -> tuple[int, NDArray[np.float64], dict[str, int]]:
+    """One partition's clipped-gradient average at ``theta``."""
+    _, _, moved = _split(spec, values)
+    n_features = len(spec.columns)
+    x, y = spec.scaled(values[:, :n_features], values[:, n_features])
+    if x.shape[0] == 0:
+        return 0, np.zeros(theta.shape[0]), moved
+    return (
+        int(x.shape[0]),
+        site_gradient(theta, x, y, clip=spec.clip, hidden=spec.hidden),
+        moved,
+    )

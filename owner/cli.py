@@ -17,6 +17,7 @@ import json
 import logging
 import sqlite3
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,9 +32,11 @@ from rich.text import Text
 from common.errors import DPMarketError
 from common.schema import Schema
 from owner.data import PointSet
-from owner.data import Table as OwnerTable
+from owner.engine import Engine
 from owner.ledger import LEDGER_FILE, LedgerEntry, OwnerLedger, Totals, ledger_path
+from owner.limits import DEFAULT_IN_MEMORY_VALUES, WorkLimits
 from owner.policy import POLICY_FILE, OwnerPolicy, data_dir_policy
+from owner.sources import OwnerData
 from runtime.cli import (
     check_outputs,
     config_option,
@@ -292,33 +295,128 @@ def _policy_note(data_dir: Path, recorded: OwnerPolicy) -> str:
 
 
 # -------------------------------------------------------------------------- service
+def dask_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--dask-scheduler``, ``--dask-workers``, ``--in-memory-values`` (config keys
+    ``dask_scheduler``, ``dask_workers``, ``in_memory_values``)."""
+    options = [
+        click.option(
+            "--dask-scheduler",
+            default=None,
+            metavar="tcp://HOST:PORT",
+            help="The owner's own Dask scheduler, which computes on a table too large for "
+            "memory (its workers must see the data at the same path or URL). Default: a local "
+            "cluster of worker processes, started only for such a table.",
+        ),
+        click.option(
+            "--dask-workers",
+            default=None,
+            type=click.IntRange(min=1),
+            help="Worker processes of the local Dask cluster (default: one per CPU).",
+        ),
+        click.option(
+            "--in-memory-values",
+            default=DEFAULT_IN_MEMORY_VALUES,
+            show_default=True,
+            type=click.IntRange(min=1),
+            help="A table of at most this many values (rows x columns) is read into memory; "
+            "a larger one is served partition by partition on Dask.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def engine_starter(scheduler: str | None, workers: int | None) -> Callable[[], Engine]:
+    """What starts the owner's engine when its table is partitioned (:func:`owner.engine.
+    start_engine`); an unreachable scheduler fails the command."""
+
+    def start() -> Engine:
+        from owner.engine import start_engine
+
+        try:
+            return start_engine(scheduler, workers=workers)
+        except OSError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return start
+
+
+def work_limits(policy: OwnerPolicy, found: OwnerData) -> WorkLimits:
+    """The owner's budgets (its policy's ``limits``) and its engine's size."""
+    from owner.dataset import largest_partition
+    from owner.partitioned import PartitionedData
+
+    data = found.points
+    partitioned = isinstance(data, PartitionedData)
+    return WorkLimits(
+        memory_bytes=int(policy.session_memory_mib * 2**20),
+        step_seconds=policy.step_seconds,
+        largest_partition=largest_partition(data.dataset) if partitioned else 0,  # type: ignore[union-attr]
+        workers=found.engine.workers if found.engine is not None else 1,
+    )
+
+
 def read_owner_data(
     schema_path: str | None,
     data_path: str | None,
     table_path: str | None,
     binary_columns: tuple[str, ...],
     label_column: str,
-) -> tuple[Schema | None, PointSet | None, OwnerTable | None]:
+    *,
+    in_memory_values: int = DEFAULT_IN_MEMORY_VALUES,
+    engine: Callable[[], Engine] | None = None,
+) -> tuple[Schema | None, OwnerData]:
     """Read the owner's schema and data as ``serve-owner`` takes them: with a schema, the one
     table ``data_path`` checked against it (both capabilities); without, the points of
-    ``data_path`` and the table of ``table_path``. Any problem fails the command on the
-    owner's own console, naming the file and the column."""
-    from owner.data import load_owner_data, load_point_set, load_table
+    ``data_path`` and the table of ``table_path``. A table above ``in_memory_values`` values is
+    served partition by partition on the engine ``engine()`` starts. Any problem fails the
+    command on the owner's own console, naming the file and the column."""
+    from owner.sources import OwnerData, load_owner_data
 
     try:
         if schema_path is not None:
             assert data_path is not None
             schema = load_schema(schema_path)
             schema.check_confirmed(schema_path)
-            points, rows = load_owner_data(data_path, schema, binary=binary_columns)
-            return schema, points, rows
-        data = (
-            load_point_set(data_path, label_column=label_column) if data_path is not None else None
+            found = load_owner_data(
+                data_path,
+                schema=schema,
+                binary=binary_columns,
+                in_memory_values=in_memory_values,
+                engine=engine,
+            )
+            return schema, found
+        points = (
+            load_owner_data(
+                data_path,
+                label_column=label_column,
+                table=False,
+                in_memory_values=in_memory_values,
+                engine=engine,
+            )
+            if data_path is not None
+            else None
         )
-        table = load_table(table_path, binary=binary_columns) if table_path is not None else None
+        rows = (
+            load_owner_data(
+                table_path,
+                binary=binary_columns,
+                points=False,
+                in_memory_values=in_memory_values,
+                engine=engine,
+            )
+            if table_path is not None
+            else None
+        )
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    return None, data, table
+    engines = [d.engine for d in (points, rows) if d is not None and d.engine is not None]
+    return None, OwnerData(
+        points.points if points is not None else None,
+        rows.table if rows is not None else None,
+        engines[0] if engines else None,
+    )
 
 
 @click.command("serve-owner")
@@ -326,10 +424,11 @@ def read_owner_data(
     "--data",
     "data_path",
     default=None,
-    type=click.Path(dir_okay=False),
-    help="The owner's data. With --schema: its one table (.csv or .parquet with a header), "
-    "served for every capability. Without: the points for summarization (.npy, .npz, numeric "
-    ".csv or .parquet).",
+    help="The owner's data. With --schema: its one table (.csv or .parquet with a header, a "
+    "directory or glob of Parquet files, or an fsspec URL such as s3://bucket/table/), served "
+    "for every capability. Without: the points for summarization (.npy, .npz, numeric .csv or "
+    "Parquet). A table above --in-memory-values values is served partition by partition on "
+    "Dask.",
 )
 @click.option(
     "--schema",
@@ -399,6 +498,7 @@ def read_owner_data(
     help="Let a session's seed drive this owner's sampling and noise (reproducible runs; "
     "never in production: whoever knows the seed knows the noise).",
 )
+@dask_options
 @tls_options
 def serve_owner(
     data_path: str | None,
@@ -414,6 +514,9 @@ def serve_owner(
     policy_path: str | None,
     data_dir: str,
     allow_seeded_sessions: bool,
+    dask_scheduler: str | None,
+    dask_workers: int | None,
+    in_memory_values: int,
     **tls: Any,
 ) -> None:
     """Serve one data owner's private dataset over gRPC (mTLS), under its own policy."""
@@ -432,6 +535,9 @@ def serve_owner(
         policy_path,
         data_dir,
         allow_seeded_sessions,
+        dask_scheduler=dask_scheduler,
+        dask_workers=dask_workers,
+        in_memory_values=in_memory_values,
         **tls,
     )
     try:
@@ -449,7 +555,7 @@ def serve_owner(
     except BindError as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
-        opened.ledger.close()
+        opened.close()
 
 
 @dataclass
@@ -462,6 +568,14 @@ class OpenedOwner:
     ledger: OwnerLedger
     policy: OwnerPolicy
     security: TransportSecurity
+    #: The Dask engine of a partitioned table (None: in memory).
+    engine: Any = None
+
+    def close(self) -> None:
+        """Close the ledger and stop the Dask engine, if any."""
+        self.ledger.close()
+        if self.engine is not None:
+            self.engine.close()
 
 
 def open_owner(
@@ -474,6 +588,10 @@ def open_owner(
     policy_path: str | None,
     data_dir: str,
     allow_seeded_sessions: bool,
+    *,
+    dask_scheduler: str | None = None,
+    dask_workers: int | None = None,
+    in_memory_values: int = DEFAULT_IN_MEMORY_VALUES,
     **tls: Any,
 ) -> OpenedOwner:
     """Read an owner's data, policy and ledger as ``serve-owner`` does, without serving it.
@@ -506,10 +624,23 @@ def open_owner(
         raise click.BadParameter(
             f"the certificate names this owner {name!r}, not {owner_id!r}", param_hint="--owner-id"
         )
-    schema, data, table = read_owner_data(
-        schema_path, data_path, table_path, binary_columns, label_column
+    schema, found = read_owner_data(
+        schema_path,
+        data_path,
+        table_path,
+        binary_columns,
+        label_column,
+        in_memory_values=in_memory_values,
+        engine=engine_starter(dask_scheduler, dask_workers),
     )
-    default_name = data.name if data is not None else table.name if table is not None else ""
+    data, table = found.points, found.table
+    default_name = (
+        (data.name if isinstance(data, PointSet) else data.dataset.name)
+        if data is not None
+        else table.name
+        if table is not None
+        else ""
+    )
     owner_id = name or owner_id or default_name
     state = Path(data_dir)
     try:
@@ -529,6 +660,7 @@ def open_owner(
         max_rff_dimension=policy.max_rff_dimension,
         allow_seeded_sessions=allow_seeded_sessions,
         schema=schema,
+        limits=work_limits(policy, found),
     )
     cape = CapeSite(
         owner_id,
@@ -544,6 +676,8 @@ def open_owner(
     points = (
         "no points" if data is None else f"{data.n_points} points of {data.n_features} features"
     )
+    if found.engine is not None:
+        points += f" (partitioned, on {found.engine.workers} Dask worker(s))"
     rows = "no table" if table is None else f"a table of {table.n_rows} rows"
     if table is not None and table.binary:
         rows += f" (declared 0/1: {', '.join(table.binary)})"
@@ -561,7 +695,7 @@ def open_owner(
         left.delta,
         left.points,
     )
-    return OpenedOwner(owner, cape, ledger, policy, security)
+    return OpenedOwner(owner, cape, ledger, policy, security, found.engine)
 
 
 # ------------------------------------------------------------------------- sketches
@@ -572,9 +706,9 @@ def open_owner(
     "--data",
     "table_path",
     required=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="The owner's table (.csv or .parquet with named columns); the spec's columns are "
-    "selected by name.",
+    help="The owner's table (.csv or .parquet with named columns, a directory or glob of "
+    "Parquet files, an fsspec URL); the spec's columns are selected by name. A table above "
+    "--in-memory-values values is summed partition by partition on Dask.",
 )
 @click.option(
     "--schema",
@@ -629,6 +763,7 @@ def open_owner(
 )
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False), help="JSON.")
 @json_option
+@dask_options
 @tls_options
 def publish_command(
     curator: str,
@@ -643,6 +778,9 @@ def publish_command(
     seed: int | None,
     out_path: str | None,
     as_json: bool,
+    dask_scheduler: str | None,
+    dask_workers: int | None,
+    in_memory_values: int,
     **tls: Any,
 ) -> None:
     """Publish this owner's private sketches to a curator's catalogue: charge first, then send.
@@ -653,9 +791,9 @@ def publish_command(
     the specs and their cost are listed and the curator's allocation spec is offered.
     """
     from common.privacy.noise import OpenDPNoise, SeededNoise
-    from owner.data import load_table
     from owner.sketch_client import CatalogClient
     from owner.sketches import SketchPublisher, publish_to
+    from owner.sources import load_owner_data
 
     if specs and all_specs:
         raise click.UsageError("give --spec NAME (repeat) or --all, not both")
@@ -672,9 +810,18 @@ def publish_command(
         if schema_path is not None:
             schema = load_schema(schema_path)
             schema.check_confirmed(schema_path)
-        table = load_table(table_path, name=name, schema=schema)
+        found = load_owner_data(
+            table_path,
+            schema=schema,
+            points=False,
+            name=name,
+            in_memory_values=in_memory_values,
+            engine=engine_starter(dask_scheduler, dask_workers),
+        )
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    table = found.table
+    assert table is not None
     if out_path is not None:
         check_outputs(out_path)
     noise = OpenDPNoise() if seed is None else SeededNoise(np.random.default_rng(seed))
@@ -705,6 +852,8 @@ def publish_command(
         raise click.ClickException(str(exc)) from exc
     finally:
         ledger.close()
+        if found.engine is not None:
+            found.engine.close()
     rows: list[dict[str, Any]] = []
     for d in deliveries:
         mech = d.publication.sketch.mechanism

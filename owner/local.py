@@ -68,6 +68,10 @@ class LocalOwnerEndpoint:
         """See :meth:`Owner.bid`."""
         return self.owner.bid(session_id, round_, summary_embedding, q)
 
+    async def progress(self, session_id: str) -> tuple[str, int, int, int]:
+        """See :meth:`Owner.progress`."""
+        return self.owner.progress(session_id)
+
     async def release_point(self, session_id: str, round_: int) -> ReleasedPoint:
         """See :meth:`Owner.release_point`."""
         return self.owner.release_point(session_id, round_)

@@ -23,6 +23,8 @@ comments is ``deploy/policies/owner.toml``)::
     max_sessions = 8
     session_idle_timeout_seconds = 600
     max_rff_dimension = 4096
+    session_memory_mib = 4096   # the most memory one session's work may need (estimated)
+    step_seconds = 3600         # the longest one step (a pass over the table) may take (estimated)
     [sketches]    # private sketches published to a curator's catalogue (dpmarket sketch publish)
     publish = true      # whether this owner publishes sketches at all
     epsilon = 1.0       # the most epsilon one sketch may spend
@@ -63,6 +65,8 @@ _KEYS: dict[tuple[str, str], str] = {
     ("limits", "max_sessions"): "max_sessions",
     ("limits", "session_idle_timeout_seconds"): "session_idle_timeout_seconds",
     ("limits", "max_rff_dimension"): "max_rff_dimension",
+    ("limits", "session_memory_mib"): "session_memory_mib",
+    ("limits", "step_seconds"): "step_seconds",
     ("sketches", "publish"): "publish_sketches",
     ("sketches", "epsilon"): "epsilon_per_sketch",
     ("cape", "min_colluders"): "cape_min_colluders",
@@ -178,6 +182,12 @@ class OwnerPolicy:
     max_rff_dimension : int
         Largest random-Fourier-feature dimension a session may ask for (memory and time of h1),
         >= 1. ``limits.max_rff_dimension``.
+    session_memory_mib : float
+        The most memory (MiB) one session's work may need, estimated from public sizes when it
+        opens (:mod:`owner.limits`); finite, > 0. ``limits.session_memory_mib``.
+    step_seconds : float
+        The longest one step of a session (a pass over the table) may take, estimated likewise;
+        finite, > 0. ``limits.step_seconds``.
     publish_sketches : bool
         Whether this owner publishes private sketches (:mod:`owner.sketches`).
         ``sketches.publish``.
@@ -220,6 +230,8 @@ class OwnerPolicy:
     max_sessions: int = 8
     session_idle_timeout_seconds: float = 600.0
     max_rff_dimension: int = 4096
+    session_memory_mib: float = 4096.0
+    step_seconds: float = 3600.0
     publish_sketches: bool = True
     epsilon_per_sketch: float = 1.0
     cape_min_colluders: int = DEFAULT_MIN_COLLUDERS
@@ -276,6 +288,8 @@ class OwnerPolicy:
             )
         put("session_idle_timeout_seconds", timeout)
         put("max_rff_dimension", _integer(self.max_rff_dimension, "max_rff_dimension"))
+        put("session_memory_mib", _epsilon(self.session_memory_mib, "session_memory_mib"))
+        put("step_seconds", _epsilon(self.step_seconds, "step_seconds"))
         if not isinstance(self.publish_sketches, bool):
             raise ValueError(
                 f"{_key('publish_sketches')} must be true or false, got {self.publish_sketches!r}"

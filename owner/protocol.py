@@ -22,11 +22,14 @@ text (it answers INTERNAL with a fixed message; the owner's log says why).
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -36,6 +39,7 @@ from common.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
+    PrivateDataError,
     ResourceExhaustedError,
     on_private_data,
 )
@@ -50,7 +54,239 @@ from common.summarization.rff import RFFParams, random_fourier_features
 from common.summarization.terms import OwnerTerms
 from common.validation import check_positive_int, check_vector
 from owner.data import PointSet
+from owner.engine import WorkCancelled
 from owner.ledger import OwnerLedger
+from owner.limits import WorkLimits
+from owner.partitioned import PartitionedData
+
+logger = logging.getLogger(__name__)
+
+#: Rows whose h1 features the in-memory path computes between two progress reports.
+_FEATURE_CHUNK = 1 << 16
+
+
+@dataclass
+class Progress:
+    """How far an owner's current step has gone: what a slow owner reports to keep its caller
+    waiting (``GetProgress``). Public: counts of partitions or chunks, never values.
+
+    Attributes
+    ----------
+    stage : str
+        The step running (``"features"``, ``"bid"``, ``"count"``, ``"candidates"``, ...), or
+        ``""`` when none runs.
+    done, total : int
+        Units (partitions or chunks) done of the step's total.
+    ticks : int
+        Grows by one with every unit done in any step of the session: a caller that sees it grow
+        knows the owner is working.
+    """
+
+    stage: str = ""
+    done: int = 0
+    total: int = 0
+    ticks: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def start(self, stage: str, total: int) -> None:
+        """A step begins."""
+        with self.lock:
+            self.stage, self.done, self.total = stage, 0, total
+
+    def update(self, done: int, total: int) -> None:
+        """``done`` units of ``total`` are done."""
+        with self.lock:
+            self.done, self.total = done, total
+            self.ticks += 1
+
+    def finish(self) -> None:
+        """The step ended."""
+        with self.lock:
+            self.stage, self.done, self.total = "", 0, 0
+            self.ticks += 1
+
+    def snapshot(self) -> tuple[str, int, int, int]:
+        """``(stage, done, total, ticks)``."""
+        with self.lock:
+            return self.stage, self.done, self.total, self.ticks
+
+
+class _MemoryWork:
+    """A session's computations on a point set held in memory: today's path, the h1 features
+    of every point computed once when the session opens (a small table: see
+    :mod:`owner.limits`)."""
+
+    def __init__(self, data: PointSet | None, features: NDArray[np.float32]) -> None:
+        self.data = data
+        self.features = features
+
+    @property
+    def n_points(self) -> int:
+        return int(self.features.shape[0])
+
+    def mask(self, sent: NDArray[np.int64]) -> NDArray[np.bool_]:
+        out = np.zeros(self.n_points, dtype=bool)
+        out[sent] = True
+        return out
+
+    def best(
+        self,
+        direction: NDArray[np.float32],
+        sent: NDArray[np.int64],
+        _progress: Progress,
+        _cancel: threading.Event,
+    ) -> tuple[int, float] | None:
+        scores = bid_scores(self.features, direction)
+        scores[sent] = -np.inf
+        best = int(np.argmax(scores))
+        if np.isneginf(scores[best]):
+            return None
+        return best, float(scores[best])
+
+    def count(
+        self,
+        direction: NDArray[np.float32],
+        threshold: float,
+        sent: NDArray[np.int64],
+        _progress: Progress,
+        _cancel: threading.Event,
+    ) -> int:
+        scores = bid_scores(self.features, direction)
+        return int(np.count_nonzero((scores >= threshold) & ~self.mask(sent)))
+
+    def candidates(
+        self,
+        target: NDArray[np.floating],
+        count: int,
+        sent: NDArray[np.int64],
+        _rng: np.random.Generator,
+        _progress: Progress,
+        _cancel: threading.Event,
+    ) -> NDArray[np.int64]:
+        d = self.features.shape[1]
+        return embedding_greedy(
+            self.features, target, np.zeros((0, d)), count, exclude=self.mask(sent)
+        )
+
+    def sample(
+        self,
+        count: int,
+        sent: NDArray[np.int64],
+        rng: np.random.Generator,
+        _progress: Progress,
+        _cancel: threading.Event,
+    ) -> NDArray[np.int64]:
+        unsent = np.flatnonzero(~self.mask(sent))
+        return rng.choice(unsent, size=count, replace=False).astype(np.int64)
+
+    def points(
+        self, index: NDArray[np.int64]
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        data = self.data
+        assert data is not None  # sessions exist only over a point set (open_session)
+        labels = None if data.labels is None else data.labels[index].copy()
+        return data.features[index].copy(), labels
+
+
+class _PartitionedWork:
+    """A session's computations on a partitioned table (:class:`owner.partitioned.
+    PartitionedData`): every step a pass over the partitions, nothing of size n held. The rows
+    the session may release (bid winners, candidates, samples) are kept until released."""
+
+    def __init__(self, data: PartitionedData, rff: RFFParams) -> None:
+        self.data = data
+        self.rff = rff
+        self.rows: dict[int, tuple[NDArray[np.float64], int | None]] = {}
+
+    @property
+    def n_points(self) -> int:
+        return self.data.n_points
+
+    def _keep(self, index: NDArray[np.int64], rows: NDArray[np.float64], labels: Any) -> None:
+        for j, i in enumerate(index.tolist()):
+            self.rows[int(i)] = (rows[j], None if labels is None else int(labels[j]))
+
+    def best(
+        self,
+        direction: NDArray[np.float32],
+        sent: NDArray[np.int64],
+        progress: Progress,
+        cancel: threading.Event,
+    ) -> tuple[int, float] | None:
+        progress.start("bid", len(self.data.partitions))
+        found = self.data.best(self.rff, direction, sent, progress=progress.update, cancel=cancel)
+        if found is None:
+            return None
+        best, row, label = found
+        self._keep(np.array([best.index]), row[None, :], None if label is None else [label])
+        return best.index, best.score
+
+    def count(
+        self,
+        direction: NDArray[np.float32],
+        threshold: float,
+        sent: NDArray[np.int64],
+        progress: Progress,
+        cancel: threading.Event,
+    ) -> int:
+        progress.start("count", len(self.data.partitions))
+        return self.data.count_at_least(
+            self.rff, direction, threshold, sent, progress=progress.update, cancel=cancel
+        )
+
+    def candidates(
+        self,
+        target: NDArray[np.floating],
+        count: int,
+        sent: NDArray[np.int64],
+        rng: np.random.Generator,
+        progress: Progress,
+        cancel: threading.Event,
+    ) -> NDArray[np.int64]:
+        progress.start("candidates", len(self.data.partitions))
+        seed = int(rng.integers(0, 2**63 - 1))
+        index, rows, labels, stochastic = self.data.candidates(
+            self.rff,
+            np.asarray(target, dtype=np.float64),
+            count,
+            sent,
+            seed,
+            progress=progress.update,
+            cancel=cancel,
+        )
+        if stochastic:
+            logger.info(
+                "candidates: %d of %d partitions ran stochastic greedy",
+                stochastic,
+                len(self.data.partitions),
+            )
+        self._keep(index, rows, labels)
+        return index
+
+    def sample(
+        self,
+        count: int,
+        sent: NDArray[np.int64],
+        rng: np.random.Generator,
+        progress: Progress,
+        cancel: threading.Event,
+    ) -> NDArray[np.int64]:
+        progress.start("sample", len(self.data.partitions))
+        index, rows, labels = self.data.sample(
+            count, sent, rng, progress=progress.update, cancel=cancel
+        )
+        self._keep(index, rows, labels)
+        return index
+
+    def points(
+        self, index: NDArray[np.int64]
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        found = [self.rows.pop(int(i)) for i in index]
+        rows = np.stack([r for r, _ in found])
+        labels = [lab for _, lab in found]
+        if any(lab is None for lab in labels):
+            return rows, None
+        return rows, np.asarray(labels, dtype=np.int64)
 
 
 class OwnerSession:
@@ -58,10 +294,12 @@ class OwnerSession:
 
     Parameters
     ----------
-    features : ndarray of shape (n_points, d), float32
-        h1 features of every owned point, computed once (DESIGN: performance principles).
+    features : ndarray of shape (n_points, d), float32, or a session work object
+        h1 features of every owned point, computed once (a table held in memory), or the
+        session's computations on a partitioned table (:class:`_PartitionedWork`: every step a
+        pass over the partitions, nothing of size ``n_points`` held).
     rng : numpy.random.Generator
-        Randomness of :meth:`sample_uniform`.
+        Randomness of :meth:`sample_uniform` (and of stochastic greedy on a partitioned table).
     noise : NoiseSource, optional
         Noise of :meth:`noisy_relevant_count` (default: seeded from ``rng``).
     terms : OwnerTerms, optional
@@ -72,37 +310,83 @@ class OwnerSession:
     charge : callable ``(points, what) -> None``, optional
         Charges the owner's ledger; the first call also charges ``terms``. Raises
         ``FailedPreconditionError`` to refuse. Default: charge nothing.
+    d : int, optional
+        Dimension of h1 (default: the features' width).
+
+    Notes
+    -----
+    What the session remembers is sparse: the indices of the points sent (at most the
+    allowance) and the rounds in which each bid winner was this owner's best, so a session costs
+    the same memory whatever the table's size. Its :attr:`cancel` event stops a running step
+    (the session was closed, or its caller gave up): no further partition is computed.
     """
 
     def __init__(
         self,
-        features: NDArray[np.float32],
+        features: NDArray[np.float32] | Any,
         rng: np.random.Generator,
         *,
         noise: NoiseSource | None = None,
         terms: OwnerTerms | None = None,
         allowance: int | None = None,
         charge: Callable[[int, str], None] | None = None,
+        d: int | None = None,
     ) -> None:
-        self.features = features
+        if isinstance(features, np.ndarray):
+            self.work: _MemoryWork | _PartitionedWork = _MemoryWork(None, features)
+            self._d = int(features.shape[1])
+        else:
+            self.work = features
+            assert d is not None, "a partitioned session needs d"
+            self._d = int(d)
+        n = self.work.n_points
         self.rng = rng
         self.noise = noise if noise is not None else SeededNoise(rng)
         self.terms = terms if terms is not None else OwnerTerms("none", 0.0, 0.0)
-        self.allowance = features.shape[0] if allowance is None else int(allowance)
+        self.allowance = n if allowance is None else int(allowance)
         self._charge = charge
-        self.sent = np.zeros(features.shape[0], dtype=bool)
+        self._sent: list[int] = []
         self.released = 0
         self.validation_embedding: NDArray[np.floating] | None = None
         self.round = 0
         self._offered: int | None = None
         self._offered_bid = 0.0
         # Rounds in which each point has been this owner's best (Algorithm 3, step 14).
-        self._best_counts = np.zeros(features.shape[0], dtype=np.int64)
+        self._best_counts: dict[int, int] = {}
+        self.cancel = threading.Event()
+        self.progress = Progress()
+
+    @property
+    def features(self) -> NDArray[np.float32]:
+        """h1 features of every point (a table held in memory only)."""
+        if not isinstance(self.work, _MemoryWork):
+            raise AttributeError("a partitioned session holds no features")
+        return self.work.features
+
+    @property
+    def n_points(self) -> int:
+        """Points of the owner's table."""
+        return self.work.n_points
+
+    @property
+    def sent_indices(self) -> NDArray[np.int64]:
+        """The points sent so far, sorted."""
+        return np.array(sorted(self._sent), dtype=np.int64)
+
+    @property
+    def sent(self) -> NDArray[np.bool_]:
+        """Which points have been sent, as a mask of shape (n_points,) (for small tables)."""
+        mask = np.zeros(self.n_points, dtype=bool)
+        mask[self.sent_indices] = True
+        return mask
 
     @property
     def d(self) -> int:
         """Dimension of h1."""
-        return int(self.features.shape[1])
+        return self._d
+
+    def _mark_sent(self, index: NDArray[np.int64]) -> None:
+        self._sent.extend(int(i) for i in index)
 
     def _pay(self, points: int, what: str) -> None:
         """Charge before a release; refuse beyond the session's point allowance."""
@@ -114,6 +398,21 @@ class OwnerSession:
         if self._charge is not None:
             self._charge(points, what)
         self.released += points
+
+    @contextmanager
+    def _computing(self, what: str) -> Iterator[None]:
+        """Run a computation on the points: private errors stay here, a cancel stops it."""
+        if self.cancel.is_set():
+            raise WorkCancelled("the session was closed")
+        try:
+            with on_private_data(what):
+                yield
+        except PrivateDataError as exc:
+            if isinstance(exc.__cause__, WorkCancelled):
+                raise exc.__cause__ from None
+            raise
+        finally:
+            self.progress.finish()
 
     def set_validation_embedding(self, embedding: NDArray[np.float64]) -> None:
         """Store the private validation embedding gtilde (Algorithm 3, step 3).
@@ -140,8 +439,9 @@ class OwnerSession:
         """Bid the best unsent point of round ``round_`` (Algorithm 3, step 6, corrected sign).
 
         The score of a point x is ``gtilde . h1(x) - q/(q+1) * g . h1(x)``: one float32
-        matrix-vector product over the precomputed features, then an argmax over unsent points.
-        The first bid charges the session's terms.
+        matrix-vector product over the features, then an argmax over unsent points (on a
+        partitioned table, the best of each partition's best: the same point). The first bid
+        charges the session's terms.
 
         Parameters
         ----------
@@ -165,6 +465,8 @@ class OwnerSession:
             owner's policy refuses the session's terms.
         InvalidArgumentError
             If the embedding has the wrong length or NaN/inf, or ``summary_size < 0``.
+        WorkCancelled
+            If the session was closed while the bid was computed.
         """
         if self.validation_embedding is None:
             raise FailedPreconditionError("bid before the validation embedding was set")
@@ -180,18 +482,18 @@ class OwnerSession:
             self._pay(0, "bids")
         self.round = round_
         self._offered = None
-        if self.sent.all() or self.released >= self.allowance:
+        if len(self._sent) >= self.n_points or self.released >= self.allowance:
             return None
-        with on_private_data("bid"):
-            scores = bid_scores(
-                self.features, bid_direction(self.validation_embedding, g, summary_size)
-            )
-            scores[self.sent] = -np.inf
-            best = int(np.argmax(scores))
-        self._best_counts[best] += 1
+        direction = bid_direction(self.validation_embedding, g, summary_size)
+        with self._computing("bid"):
+            found = self.work.best(direction, self.sent_indices, self.progress, self.cancel)
+        if found is None:
+            return None
+        best, score = found
+        self._best_counts[best] = self._best_counts.get(best, 0) + 1
         self._offered = best
-        self._offered_bid = float(scores[best])
-        return OwnerBid(bid=self._offered_bid, times_best=int(self._best_counts[best]))
+        self._offered_bid = score
+        return OwnerBid(bid=self._offered_bid, times_best=self._best_counts[best])
 
     def release(self, round_: int) -> int:
         """Charge, then mark the point bid in ``round_`` as sent and return its index.
@@ -210,7 +512,7 @@ class OwnerSession:
             raise FailedPreconditionError(f"no unsent point was bid in round {round_}")
         index = self._offered
         self._pay(1, "raw point (auction)")
-        self.sent[index] = True
+        self._mark_sent(np.array([index]))
         self._offered = None
         return index
 
@@ -227,7 +529,8 @@ class OwnerSession:
     def relevant_count(self, threshold: float) -> int:
         """Count unsent points x with ``gtilde . h1(x) >= threshold`` (exact; never released).
 
-        One float32 matrix-vector product.
+        One float32 matrix-vector product (on a partitioned table, a count per partition,
+        summed: the same count).
 
         Raises
         ------
@@ -239,9 +542,10 @@ class OwnerSession:
         g = self._require_validation()
         if not np.isfinite(threshold):
             raise InvalidArgumentError(f"threshold must be finite, got {threshold}")
-        with on_private_data("relevance count"):
-            scores = bid_scores(self.features, g.astype(np.float32))
-            return int(np.count_nonzero((scores >= threshold) & ~self.sent))
+        with self._computing("relevance count"):
+            return self.work.count(
+                g.astype(np.float32), threshold, self.sent_indices, self.progress, self.cancel
+            )
 
     def noisy_relevant_count(self, threshold: float) -> float:
         """The relevance count plus Laplace(1 / epsilon) noise, epsilon from the session's terms.
@@ -249,7 +553,9 @@ class OwnerSession:
         Charges the terms first. Sensitivity: adding, removing or replacing one of this owner's
         points changes the count by at most 1 (L1 sensitivity 1), so the release is
         epsilon-DP with respect to this owner's data (Laplace mechanism); everything the
-        candidates method does with it is post-processing.
+        candidates method does with it is post-processing. On a partitioned table each row is
+        counted in its one partition, so the count and its sensitivity are the same, and the
+        noise is drawn once, here, after the partitions' counts are summed.
 
         Raises
         ------
@@ -273,7 +579,9 @@ class OwnerSession:
 
         The greedy matches the validation embedding with this owner's points alone
         (:func:`common.summarization.kernels.embedding_greedy`), so the proposal depends on
-        nothing but this owner's data and the private embedding.
+        nothing but this owner's data and the private embedding. On a partitioned table it is
+        GreeDi (:mod:`common.summarization.partitioned`): still a selection of this owner's
+        rows, each of which may be chosen once, so the privacy analysis is unchanged.
 
         Raises
         ------
@@ -287,15 +595,17 @@ class OwnerSession:
             count = check_positive_int(count, "count")
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
-        unsent = int(np.count_nonzero(~self.sent))
+        unsent = self.n_points - len(self._sent)
         if count > unsent:
             raise InvalidArgumentError(f"count {count} exceeds the {unsent} points not yet sent")
-        with on_private_data("local greedy"):
-            chosen = embedding_greedy(
-                self.features, g, np.zeros((0, self.d)), count, exclude=self.sent
+        if self.released + count > self.allowance:
+            self._pay(count, "raw points (candidates)")  # refuses before any computation
+        with self._computing("local greedy"):
+            chosen = self.work.candidates(
+                g, count, self.sent_indices, self.rng, self.progress, self.cancel
             )
         self._pay(count, "raw points (candidates)")
-        self.sent[chosen] = True
+        self._mark_sent(chosen)
         return chosen
 
     def sample_uniform(self, count: int) -> NDArray[np.int64]:
@@ -312,14 +622,15 @@ class OwnerSession:
             count = check_positive_int(count, "count")
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
-        unsent = np.flatnonzero(~self.sent)
-        if count > unsent.size:
-            raise InvalidArgumentError(
-                f"count {count} exceeds the {unsent.size} points not yet sent"
-            )
+        unsent = self.n_points - len(self._sent)
+        if count > unsent:
+            raise InvalidArgumentError(f"count {count} exceeds the {unsent} points not yet sent")
         self._pay(count, "raw points (uniform sample)")
-        chosen = self.rng.choice(unsent, size=count, replace=False).astype(np.int64)
-        self.sent[chosen] = True
+        with self._computing("uniform sample"):
+            chosen = self.work.sample(
+                count, self.sent_indices, self.rng, self.progress, self.cancel
+            )
+        self._mark_sent(chosen)
         return chosen
 
 
@@ -345,9 +656,11 @@ class Owner:
     ----------
     owner_id : str
         Name used in reports.
-    data : PointSet or None
-        The private dataset, validated (finite, 2-D, non-empty); ``None`` for an owner that
-        only takes part in joint statistics over a table (every session is then refused).
+    data : PointSet, PartitionedData or None
+        The private dataset, validated (finite, 2-D, non-empty): in memory (a small table), or
+        partitioned on an engine (:class:`owner.partitioned.PartitionedData`: every step a pass
+        over the partitions, on Dask); ``None`` for an owner that only takes part in joint
+        statistics over a table (every session is then refused).
     ledger : OwnerLedger, optional
         The owner's durable ledger and policy; ``None`` for
         in-process research runs, which then charge and enforce nothing.
@@ -366,6 +679,9 @@ class Owner:
     schema : Schema, optional
         The public schema ``data`` was checked against (its features are the schema's columns
         but the label); advertised by :meth:`info`.
+    limits : WorkLimits, optional
+        The owner's memory and time budgets: a session whose estimated work exceeds them is
+        refused when it opens (:mod:`owner.limits`); default: none.
 
     Notes
     -----
@@ -377,7 +693,7 @@ class Owner:
     def __init__(
         self,
         owner_id: str,
-        data: PointSet | None,
+        data: PointSet | PartitionedData | None,
         *,
         ledger: OwnerLedger | None = None,
         max_sessions: int | None = None,
@@ -386,6 +702,7 @@ class Owner:
         allow_seeded_sessions: bool = True,
         clock: Callable[[], float] = time.monotonic,
         schema: Schema | None = None,
+        limits: WorkLimits | None = None,
     ) -> None:
         if not owner_id:
             raise ValueError("owner_id must be a non-empty string")
@@ -403,14 +720,26 @@ class Owner:
         self.max_rff_dimension = max_rff_dimension
         self.allow_seeded_sessions = allow_seeded_sessions
         self.clock = clock
+        self.limits = limits
         self._slots: dict[str, _Slot] = {}
         self._lock = threading.Lock()
+        # Sessions whose opening was cancelled while it ran (its caller gone): not registered.
+        self._cancelled: dict[str, float] = {}
+        self._opening: dict[str, tuple[Progress, threading.Event]] = {}
 
     def info(self) -> OwnerInfo:
         """Describe the dataset (size, feature count, labels, public schema)."""
         if self.data is None:
             return OwnerInfo(
                 self.owner_id, num_points=0, num_features=0, has_labels=False, schema=self.schema
+            )
+        if isinstance(self.data, PartitionedData):
+            return OwnerInfo(
+                owner_id=self.owner_id,
+                num_points=self.data.n_points,
+                num_features=self.data.n_features,
+                has_labels=self.data.has_labels,
+                schema=self.schema,
             )
         return OwnerInfo(
             owner_id=self.owner_id,
@@ -473,22 +802,32 @@ class Owner:
         """
         if not session_id:
             raise InvalidArgumentError("session_id must be a non-empty string")
-        if self.data is None:
+        data = self.data
+        if data is None:
             raise FailedPreconditionError(f"owner {self.owner_id} holds no point set to summarize")
+        info = self.info()
         # Idle sessions go first, so that they do not hold the slots a new session needs.
         self.expire_idle()
         self._check_new(session_id)
-        if rff.n_features != self.data.features.shape[1]:
+        if rff.n_features != info.num_features:
             raise InvalidArgumentError(
                 f"h1 frequencies have {rff.n_features} columns but this owner's points have "
-                f"{self.data.features.shape[1]} features"
+                f"{info.num_features} features"
             )
         if self.max_rff_dimension is not None and rff.d > self.max_rff_dimension:
             raise InvalidArgumentError(
                 f"h1 dimension d={rff.d} exceeds this owner's limit of {self.max_rff_dimension}"
             )
+        if self.limits is not None:
+            self.limits.check_session(
+                n_rows=info.num_points,
+                n_features=info.num_features,
+                d=rff.d,
+                partitioned=isinstance(data, PartitionedData),
+                open_sessions=len(self._slots),
+            )
         terms = terms if terms is not None else OwnerTerms("none", 0.0, 0.0)
-        n = int(self.data.features.shape[0])
+        n = info.num_points
         allowance = n
         if self.ledger is not None:
             self.ledger.check(
@@ -504,25 +843,99 @@ class Owner:
                 n, self.ledger.policy.points_per_session, self.ledger.remaining().points
             )
         self._check_new(session_id)
-        with on_private_data("h1 features"):
-            features = random_fourier_features(self.data.features, rff)
         if self.allow_seeded_sessions:
             rng = np.random.default_rng(sampling_seed)
             noise: NoiseSource = SeededNoise(rng)
         else:
             rng, noise = production_rng(), OpenDPNoise()
+        progress = Progress()
+        cancel = threading.Event()
+        with self._lock:
+            self._cancelled.pop(session_id, None)
+            self._opening[session_id] = (progress, cancel)
+        try:
+            work: _MemoryWork | _PartitionedWork
+            if isinstance(data, PartitionedData):
+                work = _PartitionedWork(data, rff)
+            else:
+                work = _MemoryWork(data, self._features(data, rff, progress, cancel))
+        finally:
+            with self._lock:
+                self._opening.pop(session_id, None)
         session = OwnerSession(
-            features,
+            work,
             rng,
             noise=noise,
             terms=terms,
             allowance=allowance,
             charge=self._charger(session_id, curator, consumer, terms),
+            d=rff.d,
         )
+        session.progress, session.cancel = progress, cancel
         with self._lock:
+            if cancel.is_set() or self._cancelled.pop(session_id, None) is not None:
+                raise WorkCancelled("the session's opening was cancelled")
             self._check_new(session_id, locked=True)
             self._slots[session_id] = _Slot(session, curator, consumer, self.clock())
         return n, allowance
+
+    @staticmethod
+    def _features(
+        data: PointSet, rff: RFFParams, progress: Progress, cancel: threading.Event
+    ) -> NDArray[np.float32]:
+        """h1 features of every point of a table held in memory, chunk by chunk (row-exact:
+        the same as one call), reporting progress and stopping when cancelled."""
+        n = data.n_points
+        chunks = max(1, math.ceil(n / _FEATURE_CHUNK))
+        out = np.empty((n, rff.d), dtype=np.float32)
+        progress.start("features", chunks)
+        try:
+            with on_private_data("h1 features"):
+                for c in range(chunks):
+                    if cancel.is_set():
+                        raise WorkCancelled("the session's opening was cancelled")
+                    rows = slice(c * _FEATURE_CHUNK, (c + 1) * _FEATURE_CHUNK)
+                    out[rows] = random_fourier_features(data.features[rows], rff)
+                    progress.update(c + 1, chunks)
+        except PrivateDataError as exc:
+            if isinstance(exc.__cause__, WorkCancelled):
+                raise exc.__cause__ from None
+            raise
+        finally:
+            progress.finish()
+        return out
+
+    def cancel(self, session_id: str) -> None:
+        """Stop the session's running step at once (its caller is gone), or its opening: a
+        session whose opening is cancelled is not registered. Nothing is released."""
+        with self._lock:
+            slot = self._slots.get(session_id)
+            opening = self._opening.get(session_id)
+            if slot is None:
+                self._cancelled[session_id] = self.clock()
+                if len(self._cancelled) > 1024:
+                    self._cancelled.pop(next(iter(self._cancelled)))
+        if slot is not None:
+            slot.session.cancel.set()
+        if opening is not None:
+            opening[1].set()
+
+    def progress(self, session_id: str, curator: str = LOCAL_CURATOR) -> tuple[str, int, int, int]:
+        """``(stage, done, total, ticks)`` of the session's running step (or of its opening).
+
+        Raises
+        ------
+        NotFoundError
+            If no session of ``curator`` has that id, open or opening.
+        """
+        with self._lock:
+            slot = self._slots.get(session_id)
+            opening = self._opening.get(session_id)
+        if slot is not None and slot.curator == curator:
+            return slot.session.progress.snapshot()
+        if opening is not None:
+            return opening[0].snapshot()
+        raise NotFoundError(f"unknown session {short_id(session_id)}")
 
     def _check_new(self, session_id: str, *, locked: bool = False) -> None:
         if not locked:
@@ -623,7 +1036,7 @@ class Owner:
         with self._step(session_id, curator) as session:
             index = session.release(round_)
             bid = session.offered_bid
-        points, labels = self._points(np.array([index], dtype=np.int64))
+            points, labels = self._points(session, np.array([index], dtype=np.int64))
         return ReleasedPoint(
             point=points[0], label=None if labels is None else int(labels[0]), bid=bid
         )
@@ -633,22 +1046,19 @@ class Owner:
     ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
         """Release ``count`` uniformly drawn unsent points and their labels (uniform baseline)."""
         with self._step(session_id, curator) as session:
-            return self._points(session.sample_uniform(count))
+            return self._points(session, session.sample_uniform(count))
 
     def propose_candidates(
         self, session_id: str, count: int, curator: str = LOCAL_CURATOR
     ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
         """Release ``count`` candidates chosen by the local greedy (candidates method)."""
         with self._step(session_id, curator) as session:
-            return self._points(session.propose_candidates(count))
+            return self._points(session, session.propose_candidates(count))
 
     def _points(
-        self, index: NDArray[np.int64]
+        self, session: OwnerSession, index: NDArray[np.int64]
     ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
-        data = self.data
-        assert data is not None  # sessions exist only over a point set (open_session)
-        labels = None if data.labels is None else data.labels[index].copy()
-        return data.features[index].copy(), labels
+        return session.work.points(np.asarray(index, dtype=np.int64))
 
     def close_session(self, session_id: str, curator: str = LOCAL_CURATOR) -> SessionSpend:
         """Forget a session; return what it spent of this owner's budget.
@@ -658,8 +1068,11 @@ class Owner:
         NotFoundError
             If no session has that id, or another curator opened it.
         """
-        with self._step(session_id, curator) as session, self._lock:
+        slot = self._slot(session_id, curator)
+        slot.session.cancel.set()  # a running step stops; its lock is then free
+        with slot.lock, self._lock:
             self._slots.pop(session_id, None)
+        session = slot.session
         if self.ledger is not None:
             totals = self.ledger.session_totals(session_id)
             return SessionSpend(
@@ -679,7 +1092,11 @@ class Owner:
             return []
         cutoff = self.clock() - self.idle_timeout
         with self._lock:
-            idle = [sid for sid, slot in self._slots.items() if slot.touched < cutoff]
+            idle = [
+                sid
+                for sid, slot in self._slots.items()
+                if slot.touched < cutoff and not slot.lock.locked()
+            ]
             for sid in idle:
-                del self._slots[sid]
+                self._slots.pop(sid).session.cancel.set()
         return idle

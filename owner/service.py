@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
 
@@ -36,13 +38,28 @@ from runtime.transport import TransportSecurity
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
-    """Thin adapter: every method authorizes, converts, calls the owner, converts back."""
+    """Thin adapter: every method authorizes, converts, calls the owner, converts back.
+
+    A step that computes runs in a worker thread; when its caller goes away (it cancelled the
+    call, or its deadline passed), the session's work is cancelled at once
+    (:meth:`owner.protocol.Owner.cancel`), so nothing is left computing for nobody.
+    """
 
     def __init__(self, owner: Owner, authorizer: Authorizer) -> None:
         self.owner = owner
         self.authorizer = authorizer
+
+    async def _run(self, session_id: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except asyncio.CancelledError:
+            self.owner.cancel(session_id)
+            logger.info("session %s: its caller left; its work is cancelled", short_id(session_id))
+            raise
 
     @rpc("curator")
     async def GetOwnerInfo(self, request, context, caller):  # type: ignore[no-untyped-def]
@@ -53,7 +70,8 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
         rff = convert.rff_from_proto(request.omega, request.phase, request.gamma)
         terms = convert.terms_from_proto(request.terms)
         consumer = convert.consumer_from_proto(request.consumer)
-        num_points, max_points = await asyncio.to_thread(
+        num_points, max_points = await self._run(
+            request.session_id,
             self.owner.open_session,
             request.session_id,
             rff,
@@ -85,7 +103,8 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
     @rpc("curator")
     async def Bid(self, request, context, caller):  # type: ignore[no-untyped-def]
         embedding = convert.vector_from_proto(request.summary_embedding, "summary_embedding")
-        bid = await asyncio.to_thread(
+        bid = await self._run(
+            request.session_id,
             self.owner.bid,
             request.session_id,
             int(request.round),
@@ -107,8 +126,12 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
 
     @rpc("curator")
     async def SampleUniform(self, request, context, caller):  # type: ignore[no-untyped-def]
-        points, labels = await asyncio.to_thread(
-            self.owner.sample_uniform, request.session_id, int(request.count), str(caller)
+        points, labels = await self._run(
+            request.session_id,
+            self.owner.sample_uniform,
+            request.session_id,
+            int(request.count),
+            str(caller),
         )
         logger.info(
             "session %s: %d uniform points released", short_id(request.session_id), len(points)
@@ -117,7 +140,8 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
 
     @rpc("curator")
     async def CountRelevant(self, request, context, caller):  # type: ignore[no-untyped-def]
-        noisy = await asyncio.to_thread(
+        noisy = await self._run(
+            request.session_id,
             self.owner.noisy_relevant_count,
             request.session_id,
             float(request.threshold),
@@ -127,8 +151,12 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
 
     @rpc("curator")
     async def ProposeCandidates(self, request, context, caller):  # type: ignore[no-untyped-def]
-        points, labels = await asyncio.to_thread(
-            self.owner.propose_candidates, request.session_id, int(request.count), str(caller)
+        points, labels = await self._run(
+            request.session_id,
+            self.owner.propose_candidates,
+            request.session_id,
+            int(request.count),
+            str(caller),
         )
         logger.info("session %s: %d candidates released", short_id(request.session_id), len(points))
         return convert.points_to_proto(points, labels, owner_pb2.ProposeCandidatesResponse)
@@ -144,6 +172,11 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
             spent.points,
         )
         return owner_pb2.CloseSessionResponse(spent=convert.spend_to_proto(spent))
+
+    @rpc("curator")
+    async def GetProgress(self, request, context, caller):  # type: ignore[no-untyped-def]
+        stage, done, total, ticks = self.owner.progress(request.session_id, str(caller))
+        return owner_pb2.GetProgressResponse(stage=stage, done=done, total=total, ticks=ticks)
 
 
 def site_rounds(cape: CapeSite) -> SiteRounds:

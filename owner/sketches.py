@@ -34,6 +34,7 @@ Laplace)``, epsilon and delta of the release, 0 raw points.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import sqlite3
@@ -53,6 +54,7 @@ from common.sketches.marginals import MarginalsMechanism
 from common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
 from owner.data import Table
 from owner.ledger import LedgerEntry, OwnerLedger
+from owner.partitioned import PartitionedTable
 from runtime.sketch_messages import sketch_bytes, sketch_from_bytes
 
 __all__ = [
@@ -222,7 +224,7 @@ class SketchPublisher:
     def publish(
         self,
         spec: SketchSpec,
-        table: Table,
+        table: Table | PartitionedTable,
         *,
         curator: str,
         epsilon: float | None = None,
@@ -255,12 +257,25 @@ class SketchPublisher:
             sketch, or the ledger refuses the charge (:class:`~owner.ledger.OwnerBudgetError`,
             naming what is spent and left). Nothing is computed, stored or charged.
         InvalidArgumentError
-            If the epsilon is outside the spec's range or a column is missing. Nothing is
-            charged. (Values outside the domain are clamped to it, never refused.)
+            If the epsilon is outside the spec's range, a column is missing, or a marginals
+            spec is asked of a partitioned table. Nothing is charged. (Values outside the
+            domain are clamped to it, never refused.)
         """
-        records = self.records(spec, table)
-        digest = data_digest(records)
+        if isinstance(table, PartitionedTable) and spec.kind == "marginals":
+            raise InvalidArgumentError(
+                f"spec {spec.name}: a marginals sketch is computed from a table held in memory; "
+                "this table is partitioned (raise --in-memory-values to hold it, or publish the "
+                "catalogue's linear sketches)"
+            )
         stored = self.stored(spec)
+        if stored is not None and isinstance(table, PartitionedTable):
+            return stored  # a pass over the whole table only to compare digests is not worth it
+        if isinstance(table, PartitionedTable):
+            records = None
+            count, total, digest = self._partitioned_sum(spec, table)
+        else:
+            records = self.records(spec, table)
+            digest = data_digest(records)
         if stored is not None:
             asked = spec.epsilon if epsilon is None else float(epsilon)
             if asked != stored.sketch.mechanism.epsilon:
@@ -301,7 +316,11 @@ class SketchPublisher:
         }
         self.ledger.check(**charge)  # refuse before computing anything
         sketch: AnySketch
-        if isinstance(mechanism, MarginalsMechanism):
+        if records is None:
+            assert not isinstance(mechanism, MarginalsMechanism)  # refused above
+            with on_private_data(f"{spec.name}: the sketch"):
+                sketch = mechanism.release_sum(total, count, self.noise)
+        elif isinstance(mechanism, MarginalsMechanism):
             sketch = mechanism.release(records, self.noise, rng=self.rng)
         else:
             sketch = mechanism.release(records, self.noise)
@@ -323,6 +342,53 @@ class SketchPublisher:
             self.ledger.path,
         )
         return Publication(spec.name, spec.key, sketch, entry, True, digest, ())
+
+    def _partitioned_sum(
+        self, spec: SketchSpec, table: PartitionedTable
+    ) -> tuple[int, NDArray[np.float64], str]:
+        """The exact feature sum and count of a partitioned table's records, partition by
+        partition (each projected onto the domain as :meth:`records` does), and the digest of
+        the partitions' digests. Progress goes to this owner's log."""
+        names = list(spec.domain.names)
+        if not names:
+            raise InvalidArgumentError(f"spec {spec.name} names no columns")
+        try:
+            table.check_columns(names)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        total_parts = len(table.data.partitions)
+        step = max(1, total_parts // 10)
+        start = time.monotonic()
+
+        def progress(done: int, total: int) -> None:
+            if done % step == 0 or done == total:
+                logger.info(
+                    "%s: %d of %d partitions summed (%.0f s)",
+                    spec.name,
+                    done,
+                    total,
+                    time.monotonic() - start,
+                )
+
+        with on_private_data(f"{spec.name}: the feature sum"):
+            found = table.data.statistic(
+                names, functools.partial(_sketch_part, spec), progress=progress
+            )
+            count = sum(n for n, _, _, _ in found)
+            total = np.zeros(spec.feature_map.dimension)
+            moved = np.zeros(len(names), dtype=np.int64)
+            for _, part_sum, part_moved, _ in found:
+                total += part_sum
+                moved += part_moved
+        if moved.any():
+            logger.warning(
+                "%s: values projected onto the spec's domain (this log only): %s of %d rows",
+                spec.name,
+                ", ".join(f"{names[j]!r} {int(m)}" for j, m in enumerate(moved) if m),
+                count,
+            )
+        digest = hashlib.sha256("".join(d for _, _, _, d in found).encode()).hexdigest()
+        return count, total, digest
 
     def delivered(self, publication: Publication, *, curator: str, spec: str) -> None:
         """Record that ``curator``'s catalogue accepted the sketch under the spec name ``spec``."""
@@ -365,7 +431,7 @@ class Delivery:
 def publish_to(
     catalog: CatalogEndpoint,
     publisher: SketchPublisher,
-    table: Table,
+    table: Table | PartitionedTable,
     specs: Sequence[str],
     *,
     epsilon: float | None = None,
@@ -425,3 +491,13 @@ def publish_to(
         publisher.delivered(publication, curator=catalog.curator, spec=name)
         out.append(Delivery(name, publication, entry, again))
     return out
+
+
+def _sketch_part(
+    spec: SketchSpec, values: NDArray[np.float64]
+) -> tuple[int, NDArray[np.float64], NDArray[np.int64], str]:
+    """One partition's records projected onto the spec's domain: ``(rows, sum of their
+    features, values moved per column, digest)``."""
+    records, moved = spec.domain.clamp(values, "a partition")
+    total = spec.feature_map.feature_sum(records)
+    return int(records.shape[0]), total, np.asarray(moved, dtype=np.int64), data_digest(records)

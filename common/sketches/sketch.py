@@ -346,16 +346,59 @@ class SketchMechanism:
         if self.private and noise is None:
             raise ValueError(f"a {self.mechanism} sketch needs a noise source, got None")
         total = self.feature_map.feature_sum(data, chunk_size=chunk_size)
-        count = float(data.shape[0])
+        return self.release_sum(total, data.shape[0], noise)
+
+    def release_sum(
+        self, feature_sum: ArrayLike, count: int, noise: NoiseSource | None = None
+    ) -> PrivateSketch:
+        """Add the noise to an exact sum of features and count: the sketch of records whose
+        features were summed elsewhere (partition by partition, :mod:`owner.partitioned`).
+
+        Parameters
+        ----------
+        feature_sum : array-like of shape (m,)
+            ``sum_i Phi(x_i)`` over the records, every one inside the domain.
+        count : int
+            ``n >= 1``, the number of records summed.
+        noise : NoiseSource
+            As :meth:`release`.
+
+        Returns
+        -------
+        PrivateSketch
+
+        Raises
+        ------
+        ValueError
+            If the sum has the wrong length or is not finite, ``count < 1``, or a private
+            mechanism is given no noise source.
+
+        Notes
+        -----
+        The sum of a partition's features plus the other partitions' is the table's sum: each
+        record contributes once, so the sensitivities of the class Notes hold unchanged, and the
+        noise is drawn once, here, after the partitions are merged — never per partition.
+        """
+        total = np.asarray(feature_sum, dtype=np.float64)
+        if total.shape != (self.feature_map.dimension,) or not np.isfinite(total).all():
+            raise ValueError(
+                f"feature_sum must be a finite vector of length {self.feature_map.dimension}, "
+                f"got shape {total.shape}"
+            )
+        if int(count) < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        if self.private and noise is None:
+            raise ValueError(f"a {self.mechanism} sketch needs a noise source, got None")
+        n = float(count)
         if self.mechanism == "laplace":
             assert noise is not None and self.sum_scale is not None and self.count_scale is not None
             total = total + noise.laplace(self.sum_scale, total.shape[0])
-            count = count + float(noise.laplace(self.count_scale, 1)[0])
+            n = n + float(noise.laplace(self.count_scale, 1)[0])
         elif self.mechanism == "gaussian":
             assert noise is not None and self.sum_scale is not None and self.count_scale is not None
             total = total + noise.gaussian(self.sum_scale, total.shape[0])
-            count = count + float(noise.gaussian(self.count_scale, 1)[0])
-        return PrivateSketch(self, total, count)
+            n = n + float(noise.gaussian(self.count_scale, 1)[0])
+        return PrivateSketch(self, total, n)
 
     def describe(self) -> dict[str, Any]:
         """Every public value as plain JSON-able data (no arrays): for reports and catalogues."""

@@ -124,6 +124,7 @@ class Allocator:
         counts = await state.gather(
             state.active(),
             lambda i: state.endpoint(i).count_relevant(state.owner_session_id, threshold),
+            stage="count",
         )
         state.require_owners()
         owners = sorted(counts)

@@ -88,6 +88,7 @@ class Selection:
         results = await state.gather(
             list(requests),
             lambda i: state.endpoint(i).sample_uniform(state.owner_session_id, requests[i]),
+            stage="sample",
         )
         if len(results) != len(requests):
             raise UnavailableError(
@@ -122,6 +123,7 @@ class Selection:
         proposals = await state.gather(
             list(requests),
             lambda i: state.endpoint(i).propose_candidates(state.owner_session_id, requests[i]),
+            stage="candidates",
         )
         points: list[NDArray[np.float64]] = []
         labels: list[int | None] = []
@@ -211,6 +213,7 @@ class Selection:
             bids_by_owner = await state.gather(
                 active,
                 self._bid_call(iteration, g_sum, q_sent),
+                stage="bid",
             )
             state.require_owners()
             bids = np.full(len(state.slots), np.nan)

@@ -58,6 +58,33 @@ T = TypeVar("T")
 
 ProgressCallback = Callable[[ProgressEvent], None]
 
+#: A step whose work is a pass over the owner's table (its deadline scales with the table).
+Stage = Literal["call", "open", "bid", "count", "candidates", "sample"]
+#: Seconds per declared row a pass over an owner's table is allowed, on top of the call timeout:
+#: 50 us, 20,000 rows/s, several times below the h1 throughput ``make bench`` measures on one
+#: loaded core (bench/owner_scale.py), so that a slow owner is not dropped for its size.
+SECONDS_PER_ROW = 50e-6
+#: How many times its deadline an owner that keeps reporting progress may take.
+PROGRESS_GRACE = 10.0
+
+
+def stage_deadline(call_timeout: float, rows: int, stage: Stage) -> float:
+    """Seconds an owner has to answer a call of ``stage`` before its progress is asked for:
+    the call timeout, plus :data:`SECONDS_PER_ROW` per declared row for a pass over its table.
+
+    Parameters
+    ----------
+    call_timeout : float
+        Seconds, > 0 (``serve-curator --owner-timeout``).
+    rows : int
+        The owner's declared row count (``GetOwnerInfo``: public).
+    stage : str
+        ``"call"`` for a round trip; any other stage is a pass over the table.
+    """
+    if stage == "call":
+        return call_timeout
+    return call_timeout + SECONDS_PER_ROW * max(int(rows), 0)
+
 
 @dataclass
 class OwnerSlot:
@@ -212,6 +239,7 @@ class SessionState:
         call: Callable[[int], Awaitable[T]],
         *,
         refusals: Literal["drop", "raise", "leave_out"] = "drop",
+        stage: Stage = "call",
     ) -> dict[int, T]:
         """Call owners concurrently; drop those that are unavailable; return the answers by index.
 
@@ -222,16 +250,25 @@ class SessionState:
         opens for a consumer that allows it, :attr:`min_owners`). Other protocol errors abort
         the session naming the owner (while opening: the same error class, e.g.
         INVALID_ARGUMENT for a d above an owner's limit).
+
+        A round trip (``stage="call"``) has the call timeout. A pass over an owner's table
+        (any other ``stage``) has a deadline that scales with the owner's declared rows
+        (:func:`stage_deadline`); past it, an owner whose endpoint reports progress
+        (``progress(session_id)``, the owner's ``GetProgress``) is kept while its progress grows
+        between two checks a call timeout apart, up to :data:`PROGRESS_GRACE` times its deadline;
+        one that reports none, or cannot be asked, is dropped and its call cancelled (which
+        stops its work).
         """
 
         async def one(index: int) -> T:
             coro = call(index)
             if self.call_timeout is None:
                 return await coro
-            try:
-                return await asyncio.wait_for(coro, self.call_timeout)
-            except TimeoutError as exc:
-                raise UnavailableError(f"no answer within {self.call_timeout} s") from exc
+            info = self.slots[index].info
+            rows = info.num_points if info is not None else 0
+            limit = stage_deadline(self.call_timeout, rows, stage)
+            probe = getattr(self.endpoint(index), "progress", None) if stage != "call" else None
+            return await self._supervised(coro, limit, probe, rows)
 
         answers = await asyncio.gather(*(one(i) for i in indices), return_exceptions=True)
         out: dict[int, T] = {}
@@ -253,6 +290,64 @@ class SessionState:
             else:
                 out[index] = answer
         return out
+
+    async def _supervised(
+        self,
+        coro: Awaitable[T],
+        limit: float,
+        probe: Callable[[str], Awaitable[tuple[str, int, int, int]]] | None,
+        rows: int,
+    ) -> T:
+        """Await ``coro`` for ``limit`` seconds, then as long as ``probe`` shows progress."""
+        assert self.call_timeout is not None
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(coro)
+        start = loop.time()
+        ticks: int | None = None
+        try:
+            done, _ = await asyncio.wait({task}, timeout=limit)
+            if done:
+                return task.result()
+            if probe is None:
+                raise UnavailableError(
+                    f"no answer within {limit:.0f} s"
+                    + (
+                        f" (a deadline scaled to its {rows} rows)"
+                        if limit > self.call_timeout
+                        else ""
+                    )
+                )
+            while loop.time() - start < PROGRESS_GRACE * limit:
+                try:
+                    stage, done_units, total, now_ticks = await asyncio.wait_for(
+                        probe(self.owner_session_id), self.call_timeout
+                    )
+                except (DPMarketError, TimeoutError) as exc:
+                    raise UnavailableError(
+                        f"no answer within {limit:.0f} s, and no progress report: {exc}"
+                    ) from None
+                if ticks is not None and now_ticks == ticks:
+                    raise UnavailableError(
+                        f"no answer within {loop.time() - start:.0f} s and no progress in the "
+                        f"last {self.call_timeout:g} s"
+                    )
+                ticks = now_ticks
+                logger.info(
+                    "waiting for a slow owner: %s %d/%d after %.0f s",
+                    stage or "step",
+                    done_units,
+                    total,
+                    loop.time() - start,
+                )
+                done, _ = await asyncio.wait({task}, timeout=self.call_timeout)
+                if done:
+                    return task.result()
+            raise UnavailableError(
+                f"no answer within {PROGRESS_GRACE:g} times its deadline of {limit:.0f} s"
+            )
+        finally:
+            if not task.done():
+                task.cancel()
 
     def drop(self, index: int, reason: str, public: str = "broke the protocol") -> None:
         """Leave owner ``index`` out of the rest of the session, for ``reason`` (logged and

@@ -73,7 +73,10 @@ class Offer:
         # An owner whose policy refuses the terms fails the request, unless the consumer lets
         # the session run without it (min_owners): then it is left out, charged nothing.
         opened = await state.gather(
-            state.active(), open_one, refusals="leave_out" if state.min_owners > 0 else "raise"
+            state.active(),
+            open_one,
+            refusals="leave_out" if state.min_owners > 0 else "raise",
+            stage="open",
         )
         for index, (_, max_points) in opened.items():
             state.slots[index].max_points = int(max_points)

@@ -74,7 +74,12 @@ def _open(owner: Owner, rff: RFFParams, sid: str, terms: OwnerTerms = TERMS) -> 
 
 
 def _snapshot(session: OwnerSession) -> tuple[int, int, bytes, int]:
-    return session.round, session.released, session.sent.tobytes(), session._best_counts.sum()
+    return (
+        session.round,
+        session.released,
+        session.sent.tobytes(),
+        sum(session._best_counts.values()),
+    )
 
 
 # -------------------------------------------------------------------------- opening

@@ -30,6 +30,8 @@ def test_defaults() -> None:
         "max_sessions": 8,
         "session_idle_timeout_seconds": 600.0,
         "max_rff_dimension": 4096,
+        "session_memory_mib": 4096.0,
+        "step_seconds": 3600.0,
         "publish_sketches": True,
         "epsilon_per_sketch": 1.0,
         "cape_min_colluders": 1,

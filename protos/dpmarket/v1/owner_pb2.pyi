@@ -496,3 +496,55 @@ class CloseSessionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CloseSessionResponse: _TypeAlias = CloseSessionResponse  # noqa: Y015
+
+@_typing.final
+class GetProgressRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetProgressRequest: _TypeAlias = GetProgressRequest  # noqa: Y015
+
+@_typing.final
+class GetProgressResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STAGE_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    TICKS_FIELD_NUMBER: _builtins.int
+    stage: _builtins.str
+    """The step running ("features", "bid", "count", "candidates", "sample"), or "" when none runs."""
+    done: _builtins.int
+    """Units (partitions or chunks) of the running step done, of `total`."""
+    total: _builtins.int
+    ticks: _builtins.int
+    """Grows by one with every unit done in any step of the session: while it grows the owner is
+    working.
+    """
+    def __init__(
+        self,
+        *,
+        stage: _builtins.str = ...,
+        done: _builtins.int = ...,
+        total: _builtins.int = ...,
+        ticks: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "stage", b"stage", "ticks", b"ticks", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetProgressResponse: _TypeAlias = GetProgressResponse  # noqa: Y015

@@ -90,6 +90,11 @@ class OwnerServiceStub:
                 request_serializer=dpmarket_dot_v1_dot_owner__pb2.CloseSessionRequest.SerializeToString,
                 response_deserializer=dpmarket_dot_v1_dot_owner__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
+        self.GetProgress = channel.unary_unary(
+                '/dpmarket.v1.OwnerService/GetProgress',
+                request_serializer=dpmarket_dot_v1_dot_owner__pb2.GetProgressRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_owner__pb2.GetProgressResponse.FromString,
+                _registered_method=True)
 
 
 class OwnerServiceServicer:
@@ -115,8 +120,10 @@ class OwnerServiceServicer:
 
     def OpenSession(self, request, context):
         """Open a summarization session: check its privacy terms against the owner's policy, receive the
-        h1 parameters as data and compute the features of every owned point once (Algorithm 1).
-        Charges nothing. Fails with INVALID_ARGUMENT if the frequency matrix does not have the
+        h1 parameters as data and compute the features of every owned point once (Algorithm 1; a
+        table served partition by partition computes them in every later step instead). Charges
+        nothing. Fails with FAILED_PRECONDITION, with a fixed message, if the owner's estimate of the
+        session's memory or time exceeds its limits. Fails with INVALID_ARGUMENT if the frequency matrix does not have the
         owner's feature count as columns, if phase and frequencies disagree in d, if d exceeds the
         policy's limit, if any value is NaN or inf, or if the terms are malformed; with
         FAILED_PRECONDITION if the terms exceed the policy or the budget left (non-private terms
@@ -193,8 +200,17 @@ class OwnerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CloseSession(self, request, context):
-        """Forget a session's features and state; returns what the session spent of this owner's
-        budget. Fails with NOT_FOUND for an unknown session.
+        """Forget a session's features and state, stopping its running step at once; returns what the
+        session spent of this owner's budget. Fails with NOT_FOUND for an unknown session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetProgress(self, request, context):
+        """How far the session's running step (or its opening) has gone, in partitions or chunks of
+        the owner's table: public sizes only. A curator waiting on a long step asks it to tell a slow
+        owner from a gone one. Fails with NOT_FOUND for a session this curator has not opened.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -247,6 +263,11 @@ def add_OwnerServiceServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=dpmarket_dot_v1_dot_owner__pb2.CloseSessionRequest.FromString,
                     response_serializer=dpmarket_dot_v1_dot_owner__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'GetProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetProgress,
+                    request_deserializer=dpmarket_dot_v1_dot_owner__pb2.GetProgressRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_owner__pb2.GetProgressResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -503,6 +524,33 @@ class OwnerService:
             '/dpmarket.v1.OwnerService/CloseSession',
             dpmarket_dot_v1_dot_owner__pb2.CloseSessionRequest.SerializeToString,
             dpmarket_dot_v1_dot_owner__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.OwnerService/GetProgress',
+            dpmarket_dot_v1_dot_owner__pb2.GetProgressRequest.SerializeToString,
+            dpmarket_dot_v1_dot_owner__pb2.GetProgressResponse.FromString,
             options,
             channel_credentials,
             insecure,

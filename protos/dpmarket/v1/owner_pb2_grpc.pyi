@@ -48,8 +48,10 @@ class OwnerServiceStub:
     """Describe the owner's dataset. Never fails for an authorized caller."""
     OpenSession: _grpc.UnaryUnaryMultiCallable[_owner_pb2.OpenSessionRequest, _owner_pb2.OpenSessionResponse]
     """Open a summarization session: check its privacy terms against the owner's policy, receive the
-    h1 parameters as data and compute the features of every owned point once (Algorithm 1).
-    Charges nothing. Fails with INVALID_ARGUMENT if the frequency matrix does not have the
+    h1 parameters as data and compute the features of every owned point once (Algorithm 1; a
+    table served partition by partition computes them in every later step instead). Charges
+    nothing. Fails with FAILED_PRECONDITION, with a fixed message, if the owner's estimate of the
+    session's memory or time exceeds its limits. Fails with INVALID_ARGUMENT if the frequency matrix does not have the
     owner's feature count as columns, if phase and frequencies disagree in d, if d exceeds the
     policy's limit, if any value is NaN or inf, or if the terms are malformed; with
     FAILED_PRECONDITION if the terms exceed the policy or the budget left (non-private terms
@@ -98,8 +100,13 @@ class OwnerServiceStub:
     INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
     """
     CloseSession: _grpc.UnaryUnaryMultiCallable[_owner_pb2.CloseSessionRequest, _owner_pb2.CloseSessionResponse]
-    """Forget a session's features and state; returns what the session spent of this owner's
-    budget. Fails with NOT_FOUND for an unknown session.
+    """Forget a session's features and state, stopping its running step at once; returns what the
+    session spent of this owner's budget. Fails with NOT_FOUND for an unknown session.
+    """
+    GetProgress: _grpc.UnaryUnaryMultiCallable[_owner_pb2.GetProgressRequest, _owner_pb2.GetProgressResponse]
+    """How far the session's running step (or its opening) has gone, in partitions or chunks of
+    the owner's table: public sizes only. A curator waiting on a long step asks it to tell a slow
+    owner from a gone one. Fails with NOT_FOUND for a session this curator has not opened.
     """
 
 @_typing.type_check_only
@@ -122,8 +129,10 @@ class OwnerServiceAsyncStub(OwnerServiceStub):
     """Describe the owner's dataset. Never fails for an authorized caller."""
     OpenSession: _aio.UnaryUnaryMultiCallable[_owner_pb2.OpenSessionRequest, _owner_pb2.OpenSessionResponse]  # type: ignore[assignment]
     """Open a summarization session: check its privacy terms against the owner's policy, receive the
-    h1 parameters as data and compute the features of every owned point once (Algorithm 1).
-    Charges nothing. Fails with INVALID_ARGUMENT if the frequency matrix does not have the
+    h1 parameters as data and compute the features of every owned point once (Algorithm 1; a
+    table served partition by partition computes them in every later step instead). Charges
+    nothing. Fails with FAILED_PRECONDITION, with a fixed message, if the owner's estimate of the
+    session's memory or time exceeds its limits. Fails with INVALID_ARGUMENT if the frequency matrix does not have the
     owner's feature count as columns, if phase and frequencies disagree in d, if d exceeds the
     policy's limit, if any value is NaN or inf, or if the terms are malformed; with
     FAILED_PRECONDITION if the terms exceed the policy or the budget left (non-private terms
@@ -172,8 +181,13 @@ class OwnerServiceAsyncStub(OwnerServiceStub):
     INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
     """
     CloseSession: _aio.UnaryUnaryMultiCallable[_owner_pb2.CloseSessionRequest, _owner_pb2.CloseSessionResponse]  # type: ignore[assignment]
-    """Forget a session's features and state; returns what the session spent of this owner's
-    budget. Fails with NOT_FOUND for an unknown session.
+    """Forget a session's features and state, stopping its running step at once; returns what the
+    session spent of this owner's budget. Fails with NOT_FOUND for an unknown session.
+    """
+    GetProgress: _aio.UnaryUnaryMultiCallable[_owner_pb2.GetProgressRequest, _owner_pb2.GetProgressResponse]  # type: ignore[assignment]
+    """How far the session's running step (or its opening) has gone, in partitions or chunks of
+    the owner's table: public sizes only. A curator waiting on a long step asks it to tell a slow
+    owner from a gone one. Fails with NOT_FOUND for a session this curator has not opened.
     """
 
 class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -205,8 +219,10 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_owner_pb2.OpenSessionResponse, _abc.Awaitable[_owner_pb2.OpenSessionResponse]]:
         """Open a summarization session: check its privacy terms against the owner's policy, receive the
-        h1 parameters as data and compute the features of every owned point once (Algorithm 1).
-        Charges nothing. Fails with INVALID_ARGUMENT if the frequency matrix does not have the
+        h1 parameters as data and compute the features of every owned point once (Algorithm 1; a
+        table served partition by partition computes them in every later step instead). Charges
+        nothing. Fails with FAILED_PRECONDITION, with a fixed message, if the owner's estimate of the
+        session's memory or time exceeds its limits. Fails with INVALID_ARGUMENT if the frequency matrix does not have the
         owner's feature count as columns, if phase and frequencies disagree in d, if d exceeds the
         policy's limit, if any value is NaN or inf, or if the terms are malformed; with
         FAILED_PRECONDITION if the terms exceed the policy or the budget left (non-private terms
@@ -297,8 +313,19 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _owner_pb2.CloseSessionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_owner_pb2.CloseSessionResponse, _abc.Awaitable[_owner_pb2.CloseSessionResponse]]:
-        """Forget a session's features and state; returns what the session spent of this owner's
-        budget. Fails with NOT_FOUND for an unknown session.
+        """Forget a session's features and state, stopping its running step at once; returns what the
+        session spent of this owner's budget. Fails with NOT_FOUND for an unknown session.
+        """
+
+    @_abc_1.abstractmethod
+    def GetProgress(
+        self,
+        request: _owner_pb2.GetProgressRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_owner_pb2.GetProgressResponse, _abc.Awaitable[_owner_pb2.GetProgressResponse]]:
+        """How far the session's running step (or its opening) has gone, in partitions or chunks of
+        the owner's table: public sizes only. A curator waiting on a long step asks it to tell a slow
+        owner from a gone one. Fails with NOT_FOUND for a session this curator has not opened.
         """
 
 def add_OwnerServiceServicer_to_server(servicer: OwnerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
