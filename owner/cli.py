@@ -29,7 +29,6 @@ from rich.text import Text
 from common.errors import DPMarketError
 from owner.ledger import LEDGER_FILE, LedgerEntry, OwnerLedger, Totals, ledger_path
 from owner.policy import OwnerPolicy
-from runtime.transport import BindError
 from runtime.cli import (
     check_outputs,
     console,
@@ -40,6 +39,7 @@ from runtime.cli import (
     tls_options,
     write_output,
 )
+from runtime.transport import BindError
 
 __all__ = [
     "ledger_report",

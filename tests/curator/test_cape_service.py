@@ -21,7 +21,7 @@ from common.errors import (
 from curator.cape_service import CapeJobs
 from curator.policy import CuratorPolicy, RequestRate
 from curator.store import CuratorStore
-from deploy.runner import local_cape_sites
+from experiments.runner import local_cape_sites
 from owner.data import Table
 from owner.local import LocalCapeSiteEndpoint
 

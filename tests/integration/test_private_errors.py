@@ -37,8 +37,8 @@ from consumer.client import CuratorClient
 from curator.owners import GrpcOwnerEndpoint
 from deploy.launcher import CURATOR_NAME, LocalCluster
 from deploy.pki import identity_files
-from dpmarket.identity import Identity
-from dpmarket.transport import TransportSecurity
+from runtime.identity import Identity
+from runtime.transport import TransportSecurity
 
 pytestmark = pytest.mark.integration
 

@@ -26,12 +26,12 @@ from common.summarization.rff import draw_rff_params
 from common.summarization.terms import OwnerTerms
 from curator.secagg import aggregate
 from deploy.pki import identity_files, init_ca, issue_all
-from dpmarket.identity import Identity
 from owner.cape import CapeSite
 from owner.data import PointSet, Table
 from owner.local import LocalSecureAggregationEndpoint
 from owner.protocol import Owner
 from owner.secagg import SiteIdentity, SiteRounds
+from runtime.identity import Identity
 
 N, D_RFF = 30, 16
 CURATOR, CONSUMER = "curator:c", "consumer:x"
