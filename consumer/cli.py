@@ -30,6 +30,7 @@ from common.summarization.sketch_allocation import RELEVANCE_SCORES
 from common.summarization.summary import (
     ALLOCATIONS,
     AUCTIONS,
+    EMBEDDING_PRIORS,
     METHODS,
     PARAMETER_NAMES,
     POOL_SCORINGS,
@@ -236,7 +237,30 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
             default=d.allocation_share,
             type=float,
             help="candidates, sketch allocation: share of D_v's Gaussian budget spent on the "
-            "allocation (the validation embedding gets the rest).",
+            "allocation (the validation embedding gets the rest); 0: derived from m, K, "
+            "epsilon and delta.",
+        ),
+        click.option(
+            "--embedding-prior",
+            type=click.Choice(EMBEDDING_PRIORS),
+            default=d.embedding_prior,
+            help="candidates: what owners' proposals shrink the noisy validation embedding "
+            "towards: their own mean h1, the public seed set's (their own without one), or "
+            "nothing.",
+        ),
+        click.option(
+            "--relevance-norm-weight",
+            default=d.relevance_norm_weight,
+            type=float,
+            help="candidates, sketch allocation, MMD score: the weight in (0, 1] of each "
+            "sketch's squared norm in its distance to a validation point.",
+        ),
+        click.option(
+            "--shrinkage",
+            default=d.shrinkage,
+            type=float,
+            help="candidates: the shrinkage's strength (a multiple of the embedding's noise "
+            "variance).",
         ),
         click.option(
             "--relevance-threshold",

@@ -125,11 +125,13 @@ class GrpcOwnerEndpoint:
         return int(response.num_points), int(response.max_points)
 
     async def set_validation_embedding(
-        self, session_id: str, embedding: NDArray[np.float64]
+        self, session_id: str, embedding: NDArray[np.float64], *, shrinkage_sigma: float = 0.0
     ) -> None:
         """SetValidationEmbedding."""
         request = owner_pb2.SetValidationEmbeddingRequest(
-            session_id=session_id, validation_embedding=array_to_proto(embedding)
+            session_id=session_id,
+            validation_embedding=array_to_proto(embedding),
+            shrinkage_sigma=shrinkage_sigma,
         )
         await self._call(lambda: self._stub.SetValidationEmbedding(request, timeout=self.deadline))
 

@@ -53,10 +53,10 @@ class LocalOwnerEndpoint:
         )
 
     async def set_validation_embedding(
-        self, session_id: str, embedding: NDArray[np.float64]
+        self, session_id: str, embedding: NDArray[np.float64], *, shrinkage_sigma: float = 0.0
     ) -> None:
         """See :meth:`OwnerSession.set_validation_embedding`."""
-        self.owner.set_validation_embedding(session_id, embedding)
+        self.owner.set_validation_embedding(session_id, embedding, shrinkage_sigma=shrinkage_sigma)
 
     async def bid(
         self, session_id: str, round_: int, summary_embedding: NDArray[np.float64], q: int

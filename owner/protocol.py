@@ -43,6 +43,7 @@ from common.ids import short_id
 from common.privacy.ledger import SessionSpend
 from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import production_rng
+from common.summarization.candidates import shrink_towards_points
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
 from common.summarization.rff import RFFParams, random_fourier_features
@@ -92,6 +93,8 @@ class OwnerSession:
         self.sent = np.zeros(features.shape[0], dtype=bool)
         self.released = 0
         self.validation_embedding: NDArray[np.floating] | None = None
+        #: The validation embedding's noise per coordinate (0: use the embedding as given).
+        self.shrinkage_sigma = 0.0
         self.round = 0
         self._offered: int | None = None
         self._offered_bid = 0.0
@@ -114,13 +117,29 @@ class OwnerSession:
             self._charge(points, what)
         self.released += points
 
-    def set_validation_embedding(self, embedding: NDArray[np.float64]) -> None:
+    def set_validation_embedding(
+        self, embedding: NDArray[np.float64], *, shrinkage_sigma: float = 0.0
+    ) -> None:
         """Store the private validation embedding gtilde (Algorithm 3, step 3).
+
+        Parameters
+        ----------
+        embedding : ndarray of shape (d,)
+            gtilde, a Gaussian (or MWEM) release about the validation set.
+        shrinkage_sigma : float
+            How much noise :meth:`propose_candidates` assumes per coordinate of ``embedding``
+            (public: the release's noise standard deviation, a function of its epsilon, delta
+            and m, times the square root of the session's shrinkage strength), or 0. When > 0,
+            the proposal matches the embedding shrunk towards this owner's own mean h1 by as
+            much as that noise hides the difference
+            (:func:`common.summarization.candidates.shrink_towards_points`); bids always use
+            ``embedding`` as given (the curator verifies them against it).
 
         Raises
         ------
         InvalidArgumentError
-            If ``embedding`` is not of shape (d,) or is not finite.
+            If ``embedding`` is not of shape (d,) or is not finite, or ``shrinkage_sigma`` is
+            negative or not finite.
         FailedPreconditionError
             If a round has been bid already.
         """
@@ -128,10 +147,15 @@ class OwnerSession:
             raise FailedPreconditionError(
                 f"the validation embedding must be set before round 1; round {self.round} is done"
             )
+        if not (math.isfinite(shrinkage_sigma) and shrinkage_sigma >= 0):
+            raise InvalidArgumentError(
+                f"shrinkage_sigma must be finite and >= 0, got {shrinkage_sigma}"
+            )
         try:
             self.validation_embedding = check_vector(embedding, "validation_embedding", size=self.d)
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
+        self.shrinkage_sigma = float(shrinkage_sigma)
 
     def bid(
         self, round_: int, summary_embedding: NDArray[np.float64], summary_size: int
@@ -272,7 +296,19 @@ class OwnerSession:
 
         The greedy matches the validation embedding with this owner's points alone
         (:func:`common.summarization.kernels.embedding_greedy`), so the proposal depends on
-        nothing but this owner's data and the private embedding.
+        nothing but this owner's data and the private embedding. When the curator stated the
+        embedding's noise (``shrinkage_sigma`` > 0), the target is first shrunk towards this
+        owner's own mean h1 by as much as the noise hides the difference in the owner's own
+        scores (:func:`common.summarization.candidates.shrink_towards_points`): with a small
+        validation set the owner then proposes a representative sample of its own data (kernel
+        herding), which the curator's exact re-ranking sorts, instead of the points that match
+        the noise's direction; with a large one it follows gtilde.
+
+        Notes
+        -----
+        The shrinkage uses this owner's data, the release and the public ``shrinkage_sigma`` only,
+        and its result never leaves the owner: what leaves are the proposed points, charged as
+        every raw point. It is post-processing of the release for the validation set's privacy.
 
         Raises
         ------
@@ -290,6 +326,8 @@ class OwnerSession:
         if count > unsent:
             raise InvalidArgumentError(f"count {count} exceeds the {unsent} points not yet sent")
         with on_private_data("local greedy"):
+            if self.shrinkage_sigma > 0:
+                g, _ = shrink_towards_points(g, self.features, self.shrinkage_sigma)
             chosen = embedding_greedy(
                 self.features, g, np.zeros((0, self.d)), count, exclude=self.sent
             )
@@ -577,11 +615,16 @@ class Owner:
             yield slot.session
 
     def set_validation_embedding(
-        self, session_id: str, embedding: NDArray[np.float64], curator: str = LOCAL_CURATOR
+        self,
+        session_id: str,
+        embedding: NDArray[np.float64],
+        curator: str = LOCAL_CURATOR,
+        *,
+        shrinkage_sigma: float = 0.0,
     ) -> None:
         """See :meth:`OwnerSession.set_validation_embedding`."""
         with self._step(session_id, curator) as session:
-            session.set_validation_embedding(embedding)
+            session.set_validation_embedding(embedding, shrinkage_sigma=shrinkage_sigma)
 
     def bid(
         self,

@@ -90,9 +90,10 @@ class OwnerEndpoint(Protocol):
         ...
 
     async def set_validation_embedding(
-        self, session_id: str, embedding: NDArray[np.float64]
+        self, session_id: str, embedding: NDArray[np.float64], *, shrinkage_sigma: float = 0.0
     ) -> None:
-        """Broadcast the validation embedding gtilde."""
+        """Broadcast the validation embedding gtilde, with its noise per coordinate when the
+        owner's candidate proposal should shrink it towards the owner's own mean h1 (0: not)."""
         ...
 
     async def bid(

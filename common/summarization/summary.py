@@ -21,12 +21,16 @@ ValidationRelease = Literal["mwem", "gaussian"]
 SummaryRelease = Literal["mwem", "tree", "none"]
 PoolScoring = Literal["embedding", "exact"]
 Allocation = Literal["sketch", "counts"]
+EmbeddingPrior = Literal["owner", "seed", "none"]
 #: Allowed values of the ``"rounds"`` method's options.
 VALIDATION_RELEASES: tuple[ValidationRelease, ...] = ("mwem", "gaussian")
 SUMMARY_RELEASES: tuple[SummaryRelease, ...] = ("mwem", "tree", "none")
 POOL_SCORINGS: tuple[PoolScoring, ...] = ("embedding", "exact")
 #: How the candidates method splits its candidate budget among owners (default first).
 ALLOCATIONS: tuple[Allocation, ...] = ("sketch", "counts")
+#: What an owner's candidate proposal shrinks the noisy validation embedding towards (default
+#: first).
+EMBEDDING_PRIORS: tuple[EmbeddingPrior, ...] = ("owner", "seed", "none")
 #: PrivAuction variants (``common.summarization.auction``).
 AUCTIONS: tuple[AuctionVariant, ...] = AUCTION_VARIANTS
 
@@ -96,13 +100,30 @@ class SummarizationConfig:
         (:mod:`common.summarization.sketch_allocation`: a Gaussian release about D_v only, charged
         to the validation party; the owners pay nothing at summarization time) when every owner
         has one, else (or with ``"counts"``) by the owners' Laplace-noised relevance counts.
-    relevance_score : {"mmd", "density", "mass", "m2m"}
+    relevance_score : {"mmd", "share", "density", "mass", "m2m"}
         Sketch allocation: the per-validation-point relevance of an owner's sketch
         (:func:`common.summarization.sketch_allocation.relevance_matrix`).
+    relevance_norm_weight : float
+        Sketch allocation, ``"mmd"`` score: the weight in (0, 1] of each sketch's squared norm
+        in its distance to a validation point (1, the default: the MMD; the norm favours
+        diffuse owners).
     allocation_share : float
         Sketch allocation: share of the validation party's budget (of the squared Gaussian
         privacy-loss scale, :func:`~common.summarization.sketch_allocation.split_gaussian_sigmas`)
-        spent on the allocation; the validation embedding gets the rest. In (0, 1).
+        spent on the allocation; the validation embedding gets the rest. In (0, 1) (default
+        0.8), or 0: derived from the public m, K, epsilon and delta
+        (:func:`~common.summarization.sketch_allocation.derived_allocation_share`).
+    embedding_prior : {"seed", "owner", "none"}
+        Candidates method: what each owner's proposal shrinks the noisy validation embedding
+        towards before its local greedy: ``"seed"``, the public seed set's mean h1 (shrunk by
+        the curator, James-Stein), or without a seed set as ``"owner"``; ``"owner"``, the
+        owner's own mean h1, in the metric of its own scores
+        (:func:`common.summarization.candidates.shrink_towards_points`); ``"none"``, nothing.
+        Never towards zero: that only scales the embedding down (README, "Scenario suite").
+    shrinkage : float
+        Candidates method: the strength of that shrinkage, a multiple > 0 of the embedding's
+        noise variance (1, the default: the plug-in risk-optimal amount).
+
     relevance_threshold : float
         Candidates method: a point is relevant when its score ``gtilde . h1(x)`` is at least
         ``relevance_threshold * ||gtilde||^2`` (the typical score of a validation point).
@@ -172,6 +193,9 @@ class SummarizationConfig:
     allocation: Allocation = "sketch"
     relevance_score: RelevanceScore = "mmd"
     allocation_share: float = 0.8
+    embedding_prior: EmbeddingPrior = "seed"
+    shrinkage: float = 1.0
+    relevance_norm_weight: float = 1.0
 
     def __post_init__(self) -> None:
         check_positive_int(self.summary_size, "summary_size")
@@ -205,8 +229,19 @@ class SummarizationConfig:
             raise ValueError(
                 f"candidate_multiple must be a finite number >= 1, got {self.candidate_multiple}"
             )
-        if not (math.isfinite(self.allocation_share) and 0.0 < self.allocation_share < 1.0):
-            raise ValueError(f"allocation_share must lie in (0, 1), got {self.allocation_share}")
+        if not (math.isfinite(self.allocation_share) and 0.0 <= self.allocation_share < 1.0):
+            raise ValueError(
+                f"allocation_share must lie in (0, 1), or be 0 (derived from m and K), got "
+                f"{self.allocation_share}"
+            )
+        if not (
+            math.isfinite(self.relevance_norm_weight) and 0.0 < self.relevance_norm_weight <= 1.0
+        ):
+            raise ValueError(
+                f"relevance_norm_weight must lie in (0, 1], got {self.relevance_norm_weight}"
+            )
+        if not (math.isfinite(self.shrinkage) and self.shrinkage > 0):
+            raise ValueError(f"shrinkage must be a finite number > 0, got {self.shrinkage}")
         if not math.isfinite(self.relevance_threshold):
             raise ValueError(f"relevance_threshold must be finite, got {self.relevance_threshold}")
         if not 0.0 <= self.candidate_even_share <= 1.0:
@@ -220,6 +255,7 @@ class SummarizationConfig:
             ("auction", AUCTIONS),
             ("allocation", ALLOCATIONS),
             ("relevance_score", RELEVANCE_SCORES),
+            ("embedding_prior", EMBEDDING_PRIORS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")

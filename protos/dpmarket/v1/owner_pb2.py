@@ -26,7 +26,7 @@ from dpmarket.v1 import array_pb2 as dpmarket_dot_v1_dot_array__pb2
 from dpmarket.v1 import privacy_pb2 as dpmarket_dot_v1_dot_privacy__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64pmarket/v1/owner.proto\x12\x0b\x64pmarket.v1\x1a\x17\x64pmarket/v1/array.proto\x1a\x19\x64pmarket/v1/privacy.proto\"\x15\n\x13GetOwnerInfoRequest\"f\n\x14GetOwnerInfoResponse\x12\x10\n\x08owner_id\x18\x01 \x01(\t\x12\x12\n\nnum_points\x18\x02 \x01(\x03\x12\x14\n\x0cnum_features\x18\x03 \x01(\x03\x12\x12\n\nhas_labels\x18\x04 \x01(\x08\"\xd0\x01\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12!\n\x05omega\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12!\n\x05phase\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x15\n\rsampling_seed\x18\x04 \x01(\x04\x12\r\n\x05gamma\x18\x05 \x01(\x01\x12\x10\n\x08\x63onsumer\x18\x06 \x01(\t\x12(\n\x05terms\x18\x07 \x01(\x0b\x32\x19.dpmarket.v1.PrivacyTerms\"=\n\x13OpenSessionResponse\x12\x12\n\nnum_points\x18\x01 \x01(\x03\x12\x12\n\nmax_points\x18\x02 \x01(\x03\"e\n\x1dSetValidationEmbeddingRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x30\n\x14validation_embedding\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\" \n\x1eSetValidationEmbeddingResponse\"t\n\nBidRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12-\n\x11summary_embedding\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x14\n\x0csummary_size\x18\x04 \x01(\x03\"?\n\x0b\x42idResponse\x12\x0f\n\x07has_bid\x18\x01 \x01(\x08\x12\x0b\n\x03\x62id\x18\x02 \x01(\x01\x12\x12\n\ntimes_best\x18\x03 \x01(\x03\"8\n\x13ReleasePointRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\"d\n\x14ReleasePointResponse\x12!\n\x05point\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x12\n\x05label\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0b\n\x03\x62id\x18\x03 \x01(\x01\x42\x08\n\x06_label\"9\n\x14SampleUniformRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"_\n\x15SampleUniformResponse\x12\"\n\x06points\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\"\n\x06labels\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\"=\n\x14\x43ountRelevantRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tthreshold\x18\x02 \x01(\x01\"9\n\x15\x43ountRelevantResponse\x12\x13\n\x0bnoisy_count\x18\x02 \x01(\x01J\x04\x08\x01\x10\x02R\x05\x63ount\"=\n\x18ProposeCandidatesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"c\n\x19ProposeCandidatesResponse\x12\"\n\x06points\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\"\n\x06labels\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"@\n\x14\x43loseSessionResponse\x12(\n\x05spent\x18\x01 \x01(\x0b\x32\x19.dpmarket.v1.SessionSpend2\xa0\x06\n\x0cOwnerService\x12S\n\x0cGetOwnerInfo\x12 .dpmarket.v1.GetOwnerInfoRequest\x1a!.dpmarket.v1.GetOwnerInfoResponse\x12P\n\x0bOpenSession\x12\x1f.dpmarket.v1.OpenSessionRequest\x1a .dpmarket.v1.OpenSessionResponse\x12q\n\x16SetValidationEmbedding\x12*.dpmarket.v1.SetValidationEmbeddingRequest\x1a+.dpmarket.v1.SetValidationEmbeddingResponse\x12\x38\n\x03\x42id\x12\x17.dpmarket.v1.BidRequest\x1a\x18.dpmarket.v1.BidResponse\x12S\n\x0cReleasePoint\x12 .dpmarket.v1.ReleasePointRequest\x1a!.dpmarket.v1.ReleasePointResponse\x12V\n\rSampleUniform\x12!.dpmarket.v1.SampleUniformRequest\x1a\".dpmarket.v1.SampleUniformResponse\x12V\n\rCountRelevant\x12!.dpmarket.v1.CountRelevantRequest\x1a\".dpmarket.v1.CountRelevantResponse\x12\x62\n\x11ProposeCandidates\x12%.dpmarket.v1.ProposeCandidatesRequest\x1a&.dpmarket.v1.ProposeCandidatesResponse\x12S\n\x0c\x43loseSession\x12 .dpmarket.v1.CloseSessionRequest\x1a!.dpmarket.v1.CloseSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64pmarket/v1/owner.proto\x12\x0b\x64pmarket.v1\x1a\x17\x64pmarket/v1/array.proto\x1a\x19\x64pmarket/v1/privacy.proto\"\x15\n\x13GetOwnerInfoRequest\"f\n\x14GetOwnerInfoResponse\x12\x10\n\x08owner_id\x18\x01 \x01(\t\x12\x12\n\nnum_points\x18\x02 \x01(\x03\x12\x14\n\x0cnum_features\x18\x03 \x01(\x03\x12\x12\n\nhas_labels\x18\x04 \x01(\x08\"\xd0\x01\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12!\n\x05omega\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12!\n\x05phase\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x15\n\rsampling_seed\x18\x04 \x01(\x04\x12\r\n\x05gamma\x18\x05 \x01(\x01\x12\x10\n\x08\x63onsumer\x18\x06 \x01(\t\x12(\n\x05terms\x18\x07 \x01(\x0b\x32\x19.dpmarket.v1.PrivacyTerms\"=\n\x13OpenSessionResponse\x12\x12\n\nnum_points\x18\x01 \x01(\x03\x12\x12\n\nmax_points\x18\x02 \x01(\x03\"~\n\x1dSetValidationEmbeddingRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x30\n\x14validation_embedding\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x17\n\x0fshrinkage_sigma\x18\x03 \x01(\x01\" \n\x1eSetValidationEmbeddingResponse\"t\n\nBidRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12-\n\x11summary_embedding\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x14\n\x0csummary_size\x18\x04 \x01(\x03\"?\n\x0b\x42idResponse\x12\x0f\n\x07has_bid\x18\x01 \x01(\x08\x12\x0b\n\x03\x62id\x18\x02 \x01(\x01\x12\x12\n\ntimes_best\x18\x03 \x01(\x03\"8\n\x13ReleasePointRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\"d\n\x14ReleasePointResponse\x12!\n\x05point\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x12\n\x05label\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0b\n\x03\x62id\x18\x03 \x01(\x01\x42\x08\n\x06_label\"9\n\x14SampleUniformRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"_\n\x15SampleUniformResponse\x12\"\n\x06points\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\"\n\x06labels\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\"=\n\x14\x43ountRelevantRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tthreshold\x18\x02 \x01(\x01\"9\n\x15\x43ountRelevantResponse\x12\x13\n\x0bnoisy_count\x18\x02 \x01(\x01J\x04\x08\x01\x10\x02R\x05\x63ount\"=\n\x18ProposeCandidatesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"c\n\x19ProposeCandidatesResponse\x12\"\n\x06points\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\"\n\x06labels\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"@\n\x14\x43loseSessionResponse\x12(\n\x05spent\x18\x01 \x01(\x0b\x32\x19.dpmarket.v1.SessionSpend2\xa0\x06\n\x0cOwnerService\x12S\n\x0cGetOwnerInfo\x12 .dpmarket.v1.GetOwnerInfoRequest\x1a!.dpmarket.v1.GetOwnerInfoResponse\x12P\n\x0bOpenSession\x12\x1f.dpmarket.v1.OpenSessionRequest\x1a .dpmarket.v1.OpenSessionResponse\x12q\n\x16SetValidationEmbedding\x12*.dpmarket.v1.SetValidationEmbeddingRequest\x1a+.dpmarket.v1.SetValidationEmbeddingResponse\x12\x38\n\x03\x42id\x12\x17.dpmarket.v1.BidRequest\x1a\x18.dpmarket.v1.BidResponse\x12S\n\x0cReleasePoint\x12 .dpmarket.v1.ReleasePointRequest\x1a!.dpmarket.v1.ReleasePointResponse\x12V\n\rSampleUniform\x12!.dpmarket.v1.SampleUniformRequest\x1a\".dpmarket.v1.SampleUniformResponse\x12V\n\rCountRelevant\x12!.dpmarket.v1.CountRelevantRequest\x1a\".dpmarket.v1.CountRelevantResponse\x12\x62\n\x11ProposeCandidates\x12%.dpmarket.v1.ProposeCandidatesRequest\x1a&.dpmarket.v1.ProposeCandidatesResponse\x12S\n\x0c\x43loseSession\x12 .dpmarket.v1.CloseSessionRequest\x1a!.dpmarket.v1.CloseSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,33 +42,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPENSESSIONRESPONSE']._serialized_start=430
   _globals['_OPENSESSIONRESPONSE']._serialized_end=491
   _globals['_SETVALIDATIONEMBEDDINGREQUEST']._serialized_start=493
-  _globals['_SETVALIDATIONEMBEDDINGREQUEST']._serialized_end=594
-  _globals['_SETVALIDATIONEMBEDDINGRESPONSE']._serialized_start=596
-  _globals['_SETVALIDATIONEMBEDDINGRESPONSE']._serialized_end=628
-  _globals['_BIDREQUEST']._serialized_start=630
-  _globals['_BIDREQUEST']._serialized_end=746
-  _globals['_BIDRESPONSE']._serialized_start=748
-  _globals['_BIDRESPONSE']._serialized_end=811
-  _globals['_RELEASEPOINTREQUEST']._serialized_start=813
-  _globals['_RELEASEPOINTREQUEST']._serialized_end=869
-  _globals['_RELEASEPOINTRESPONSE']._serialized_start=871
-  _globals['_RELEASEPOINTRESPONSE']._serialized_end=971
-  _globals['_SAMPLEUNIFORMREQUEST']._serialized_start=973
-  _globals['_SAMPLEUNIFORMREQUEST']._serialized_end=1030
-  _globals['_SAMPLEUNIFORMRESPONSE']._serialized_start=1032
-  _globals['_SAMPLEUNIFORMRESPONSE']._serialized_end=1127
-  _globals['_COUNTRELEVANTREQUEST']._serialized_start=1129
-  _globals['_COUNTRELEVANTREQUEST']._serialized_end=1190
-  _globals['_COUNTRELEVANTRESPONSE']._serialized_start=1192
-  _globals['_COUNTRELEVANTRESPONSE']._serialized_end=1249
-  _globals['_PROPOSECANDIDATESREQUEST']._serialized_start=1251
-  _globals['_PROPOSECANDIDATESREQUEST']._serialized_end=1312
-  _globals['_PROPOSECANDIDATESRESPONSE']._serialized_start=1314
-  _globals['_PROPOSECANDIDATESRESPONSE']._serialized_end=1413
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1415
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1456
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1458
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1522
-  _globals['_OWNERSERVICE']._serialized_start=1525
-  _globals['_OWNERSERVICE']._serialized_end=2325
+  _globals['_SETVALIDATIONEMBEDDINGREQUEST']._serialized_end=619
+  _globals['_SETVALIDATIONEMBEDDINGRESPONSE']._serialized_start=621
+  _globals['_SETVALIDATIONEMBEDDINGRESPONSE']._serialized_end=653
+  _globals['_BIDREQUEST']._serialized_start=655
+  _globals['_BIDREQUEST']._serialized_end=771
+  _globals['_BIDRESPONSE']._serialized_start=773
+  _globals['_BIDRESPONSE']._serialized_end=836
+  _globals['_RELEASEPOINTREQUEST']._serialized_start=838
+  _globals['_RELEASEPOINTREQUEST']._serialized_end=894
+  _globals['_RELEASEPOINTRESPONSE']._serialized_start=896
+  _globals['_RELEASEPOINTRESPONSE']._serialized_end=996
+  _globals['_SAMPLEUNIFORMREQUEST']._serialized_start=998
+  _globals['_SAMPLEUNIFORMREQUEST']._serialized_end=1055
+  _globals['_SAMPLEUNIFORMRESPONSE']._serialized_start=1057
+  _globals['_SAMPLEUNIFORMRESPONSE']._serialized_end=1152
+  _globals['_COUNTRELEVANTREQUEST']._serialized_start=1154
+  _globals['_COUNTRELEVANTREQUEST']._serialized_end=1215
+  _globals['_COUNTRELEVANTRESPONSE']._serialized_start=1217
+  _globals['_COUNTRELEVANTRESPONSE']._serialized_end=1274
+  _globals['_PROPOSECANDIDATESREQUEST']._serialized_start=1276
+  _globals['_PROPOSECANDIDATESREQUEST']._serialized_end=1337
+  _globals['_PROPOSECANDIDATESRESPONSE']._serialized_start=1339
+  _globals['_PROPOSECANDIDATESRESPONSE']._serialized_end=1438
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1440
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1481
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1483
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1547
+  _globals['_OWNERSERVICE']._serialized_start=1550
+  _globals['_OWNERSERVICE']._serialized_end=2350
 # @@protoc_insertion_point(module_scope)
