@@ -188,6 +188,28 @@ def scenario_command(name: str, out_dir: str, seed: int) -> None:
     is_flag=True,
     help="Smoke test: digits, p = 20, epsilon 1, one seed (options given explicitly win).",
 )
+@click.option(
+    "--suite",
+    is_flag=True,
+    help="Run the default method on the scenario suite (experiments/suite.py: eleven "
+    "covariate-shift scenarios from other public tables) at epsilon 1, delta 1e-6, against "
+    "exact greedy, uniform sampling and uniform reads; writes <out>/suite.json (default out: "
+    "out/suite). --seeds sets the session seeds (default 3); --scenario, --p, --epsilon and "
+    "--method do not apply.",
+)
+@click.option(
+    "--loso",
+    is_flag=True,
+    help="With --suite: choose the tuned constants by leave-one-scenario-out over the suite's "
+    "grid and print the held-out table (runs are cached in <out>/cache).",
+)
+@click.option(
+    "--suite-scenario",
+    "suite_names",
+    multiple=True,
+    metavar="NAME",
+    help="With --suite: only this suite scenario; repeat.",
+)
 def evaluate(
     scenario_names: tuple[str, ...],
     sizes: tuple[int, ...],
@@ -197,8 +219,36 @@ def evaluate(
     delta: float,
     out_dir: str,
     quick: bool,
+    suite: bool,
+    loso: bool,
+    suite_names: tuple[str, ...],
 ) -> None:
-    """Compare every method's summary quality against epsilon over scenarios, p and seeds."""
+    """Compare every method's summary quality against epsilon over scenarios, p and seeds (or,
+    with --suite, the default method across the scenario suite)."""
+    if suite or loso or suite_names:
+        from experiments.suite import SUITE_NAMES
+        from experiments.suite_eval import run_suite
+
+        if not suite:
+            raise click.UsageError("--loso and --suite-scenario need --suite")
+        unknown = sorted(set(suite_names) - set(SUITE_NAMES))
+        if unknown:
+            raise click.BadParameter(
+                f"{unknown} are not suite scenarios ({', '.join(SUITE_NAMES)})",
+                param_hint="--suite-scenario",
+            )
+        out = Path("out/suite" if out_dir == "out/evaluate" else out_dir)
+        try:
+            run_suite(
+                out,
+                seeds=seeds or 3,
+                loso=loso,
+                names=list(suite_names) or None,
+                console=Console(),
+            )
+        except (DPMarketError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        return
     from experiments.evaluate import (
         DEFAULT_EPSILONS,
         DEFAULT_SCENARIOS,
