@@ -394,8 +394,10 @@ class Inputs:
 def read_inputs(validation_path: str, seed_set_path: str | None, test_path: str | None) -> Inputs:
     """Read and check every input file, and check every output can be written, before a session.
 
-    A bad file (NaN/inf, wrong width, unlabeled test set, unreadable) is refused here with the
-    file's name, so no privacy is spent on a run whose results could not be evaluated or saved.
+    A bad file (NaN/inf, wrong width, unreadable) is refused here with the file's name, so no
+    privacy is spent on a run whose results could not be evaluated or saved. A test set without
+    labels (a plain ``.npy`` with no ``<stem>.labels.npy`` beside it) is accepted: the report
+    then gives the summary's MMD² to it and no accuracy.
     """
     validation = load_points(validation_path)
     n = validation.n_features
@@ -405,9 +407,8 @@ def read_inputs(validation_path: str, seed_set_path: str | None, test_path: str 
         test = load_points(test_path)
         _check_width(test, n, test_path, "--test")
         if test.labels is None:
-            raise click.BadParameter(
-                f"{test_path} has no labels: the test set scores the summary's accuracy",
-                param_hint="--test",
+            console.print(
+                f"{test_path} has no labels: the report gives MMD² to it, and no accuracy"
             )
     return Inputs(validation, seed_set, test)
 

@@ -5,6 +5,7 @@ commands live with their experiments, so ``python -m`` runs them alone)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +13,13 @@ import click
 from rich.console import Console
 
 from common.errors import DPMarketError
+from common.sketches import PrivateSketch
 from consumer.cli import finish, load_points, protocol_options, read_inputs, summarization_config
 from experiments.cape_experiments import cape_figures
 from experiments.evaluate import EVAL_METHODS
 from experiments.scenarios import SCENARIO_NAMES
 from experiments.sketch_experiments import sketch_experiments
+from owner.data import PointSet
 from runtime.cli import check_outputs, console, progress_printer
 
 __all__ = [
@@ -47,15 +50,44 @@ __all__ = [
 )
 @click.option(
     "--sketch-epsilon",
-    default=1.0,
+    default=None,
     type=click.FloatRange(min=0, min_open=True),
-    help="epsilon of the in-process sketches (Gaussian, at --delta).",
+    help="epsilon of the in-process sketches (default: 1 with --sketch-scenario, Gaussian at "
+    "--delta; the spec's with --sketch-spec).",
+)
+@click.option(
+    "--sketch-spec",
+    "sketch_spec_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="candidates, sketch allocation, for any data: a catalogue declaration (TOML, the file "
+    "serve-curator --sketch-spec reads); every owner's sketch under its RFF spec is released "
+    "in this process as the owner service releases it (the spec's columns of the owner's "
+    "table: f0, f1, ... for .npy/.npz files). No ledger is charged.",
+)
+@click.option(
+    "--allocation-sketch-spec",
+    default=None,
+    metavar="NAME",
+    help="With --sketch-spec: the declaration's RFF spec the allocation reads (default "
+    "<declaration>/rff), as serve-curator --allocation-sketch-spec.",
+)
+@click.option(
+    "--sketch-seed",
+    default=None,
+    type=click.IntRange(min=0),
+    help="With --sketch-spec: draw the spec's parameters from this seed (as serve-curator "
+    "--sketch-seed) and owner k's sketch noise from seed * 1000 + k (as the local launcher's "
+    "sketch publish --seed). Default: a CSPRNG and OpenDP's samplers.",
 )
 @protocol_options
 def simulate_command(
     owner_paths: tuple[str, ...],
     sketch_scenario: str | None,
-    sketch_epsilon: float,
+    sketch_epsilon: float | None,
+    sketch_spec_path: str | None,
+    allocation_sketch_spec: str | None,
+    sketch_seed: int | None,
     summary_size: int,
     method: str,
     validation_path: str,
@@ -74,6 +106,19 @@ def simulate_command(
     inputs = read_inputs(validation_path, seed_set_path, test_path)
     check_outputs(out_path, report_path)
     sketches = None
+    if sketch_scenario is not None and sketch_spec_path is not None:
+        raise click.UsageError("give --sketch-scenario or --sketch-spec, not both")
+    if sketch_spec_path is not None:
+        sketches = _declared_sketches(
+            owner_paths,
+            owners,
+            sketch_spec_path,
+            spec_name=allocation_sketch_spec,
+            seed=sketch_seed,
+            epsilon=sketch_epsilon,
+        )
+    elif allocation_sketch_spec is not None or sketch_seed is not None:
+        raise click.UsageError("--allocation-sketch-spec and --sketch-seed need --sketch-spec")
     if sketch_scenario is not None:
         from experiments.runner import publish_sketches
         from experiments.scenarios import SCENARIOS
@@ -88,7 +133,9 @@ def simulate_command(
         try:
             sketches = publish_sketches(
                 owners,
-                scenario.sketch_mechanism(sketch_epsilon, delta=config.delta),
+                scenario.sketch_mechanism(
+                    1.0 if sketch_epsilon is None else sketch_epsilon, delta=config.delta
+                ),
                 seed=seed,
                 owner_ids=[o.name for o in owners],
             )
@@ -109,6 +156,40 @@ def simulate_command(
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc
     finish(result, inputs, config, out_path, report_path, seed)
+
+
+def _declared_sketches(
+    paths: Sequence[str],
+    owners: Sequence[PointSet],
+    declaration: str,
+    *,
+    spec_name: str | None,
+    seed: int | None,
+    epsilon: float | None,
+) -> dict[str, PrivateSketch]:
+    """``simulate --sketch-spec``: every owner's sketch under the declaration's RFF spec."""
+    from experiments.runner import declared_sketch_spec, release_spec_sketches
+    from owner.data import Table, feature_columns, load_table
+
+    try:
+        spec = declared_sketch_spec(declaration, spec_name=spec_name, seed=seed)
+    except (OSError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--sketch-spec") from exc
+    tables = []
+    for path, owner in zip(paths, owners, strict=True):
+        if Path(path).suffix.lower() in (".csv", ".parquet"):
+            try:
+                tables.append(load_table(path, name=owner.name))
+            except (OSError, ValueError) as exc:
+                raise click.ClickException(str(exc)) from exc
+        else:  # .npy / .npz: the columns a scenario's tables give its features
+            tables.append(
+                Table(tuple(feature_columns(owner.n_features)), owner.features, owner.name)
+            )
+    try:
+        return release_spec_sketches(tables, spec, seed=seed, epsilon=epsilon)
+    except ValueError as exc:
+        raise click.ClickException(f"an owner's data cannot be sketched: {exc}") from exc
 
 
 @click.command("scenario")
