@@ -17,10 +17,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.cape.spec import AnyCapeSpec
-from common.errors import UnavailableError
+from common.errors import FailedPreconditionError, UnavailableError
 from common.privacy.ledger import SessionSpend
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.summarization.hashes import HashAdvert
 from common.summarization.rff import RFFParams
 from common.summarization.terms import OwnerTerms
 from curator import convert
@@ -45,6 +46,13 @@ T = TypeVar("T")
 CALL_DEADLINE_SECONDS = 30.0
 #: Deadline of OpenSession, which computes the features of every owned point, seconds.
 OPEN_DEADLINE_SECONDS = 300.0
+
+
+#: Why a networked session refuses the hashes mode.
+_HASHES_IN_PROCESS = (
+    "the hashes summary (the less-trusted curator) runs in process only in this release: no "
+    "RPC carries the owners' key agreement or their hashes"
+)
 
 
 class GrpcOwnerEndpoint:
@@ -187,6 +195,28 @@ class GrpcOwnerEndpoint:
         request = owner_pb2.CloseSessionRequest(session_id=session_id)
         response = await self._call(lambda: self._stub.CloseSession(request, timeout=self.deadline))
         return convert.spend_from_proto(response.spent)
+
+    async def hash_advertise(self, session_id: str) -> HashAdvert:
+        """The hashes mode runs in process only in this release (no RPC carries it)."""
+        raise FailedPreconditionError(_HASHES_IN_PROCESS)
+
+    async def hash_distribute(
+        self, session_id: str, adverts: Mapping[str, HashAdvert]
+    ) -> dict[str, tuple[bytes, bytes]]:
+        """See :meth:`hash_advertise`."""
+        raise FailedPreconditionError(_HASHES_IN_PROCESS)
+
+    async def hash_receive(
+        self, session_id: str, adverts: Mapping[str, HashAdvert], envelope: tuple[bytes, bytes]
+    ) -> str:
+        """See :meth:`hash_advertise`."""
+        raise FailedPreconditionError(_HASHES_IN_PROCESS)
+
+    async def propose_hashes(
+        self, session_id: str, count: int, gamma: float
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        """See :meth:`hash_advertise`."""
+        raise FailedPreconditionError(_HASHES_IN_PROCESS)
 
     async def close(self) -> None:
         """Close the channel."""

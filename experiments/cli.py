@@ -291,6 +291,11 @@ def scenario_command(name: str, out_dir: str, seed: int) -> None:
     metavar="NAME",
     help="With --suite: only this suite scenario; repeat.",
 )
+@click.option(
+    "--no-hashes",
+    is_flag=True,
+    help="With --suite: skip the hashes mode's (less-trusted curator) comparison.",
+)
 def evaluate(
     scenario_names: tuple[str, ...],
     sizes: tuple[int, ...],
@@ -303,6 +308,7 @@ def evaluate(
     suite: bool,
     loso: bool,
     suite_names: tuple[str, ...],
+    no_hashes: bool,
 ) -> None:
     """Compare every method's summary quality against epsilon over scenarios, p and seeds (or,
     with --suite, the default method across the scenario suite)."""
@@ -311,7 +317,7 @@ def evaluate(
         from experiments.suite_eval import run_suite
 
         if not suite:
-            raise click.UsageError("--loso and --suite-scenario need --suite")
+            raise click.UsageError("--loso, --suite-scenario and --no-hashes need --suite")
         unknown = sorted(set(suite_names) - set(SUITE_NAMES))
         if unknown:
             raise click.BadParameter(
@@ -324,6 +330,7 @@ def evaluate(
                 out,
                 seeds=seeds or 3,
                 loso=loso,
+                hashes=not no_hashes,
                 names=list(suite_names) or None,
                 console=Console(),
             )

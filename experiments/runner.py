@@ -22,6 +22,7 @@ from common.cape.spec import AnyCapeSpec, CapeJobSpec
 from common.privacy.ledger import SessionSpend
 from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import make_rng
+from common.secagg.crypto import EcdsaSigner, EcdsaVerifier
 from common.sketches import PrivateSketch, SketchMechanism
 from common.sketches.spec import SketchSpec
 from common.summarization.endpoints import OwnerEndpoint
@@ -31,6 +32,7 @@ from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_f
 from curator.summarization.session import ProgressCallback, SummarizationSession
 from owner.cape import CapeSite
 from owner.data import PointSet, Table
+from owner.hash_keys import HashKeyParty
 from owner.local import LocalCapeSiteEndpoint, LocalOwnerEndpoint
 from owner.protocol import Owner
 from owner.secagg import SiteIdentity, SiteRounds
@@ -72,10 +74,14 @@ def simulate(
     ids = list(owner_ids) if owner_ids is not None else [o.name for o in owners]
     # Unseeded runs draw production randomness everywhere: the owners ignore the curator's seeds.
     seeded = seed is not None
-    endpoints = [
-        LocalOwnerEndpoint(Owner(i, data, allow_seeded_sessions=seeded))
-        for i, data in zip(ids, owners, strict=True)
-    ]
+    endpoints = (
+        local_hash_owners(owners, ids, seeded=seeded)
+        if config.summary_form == "hashes"
+        else [
+            LocalOwnerEndpoint(Owner(i, data, allow_seeded_sessions=seeded))
+            for i, data in zip(ids, owners, strict=True)
+        ]
+    )
     return run_session(
         endpoints,
         validation,
@@ -85,6 +91,31 @@ def simulate(
         on_progress=on_progress,
         owner_sketches=owner_sketches,
     )
+
+
+def local_hash_owners(
+    owners: Sequence[PointSet], owner_ids: Sequence[str], *, seeded: bool = True
+) -> list[LocalOwnerEndpoint]:
+    """In-process owners that take part in the hashes mode (:mod:`owner.hash_keys`).
+
+    Each owner gets a fresh ECDSA P-256 identity key and trusts the others' public keys directly
+    (no CA in one process; a deployment takes them from the owners' certificates). The secret
+    they agree on comes from ``os.urandom`` whatever the seed: it must not be reproducible by
+    whoever knows a session seed.
+    """
+    keys = {name: ec.generate_private_key(ec.SECP256R1()) for name in owner_ids}
+    verifier = EcdsaVerifier({name: key.public_key() for name, key in keys.items()})
+    return [
+        LocalOwnerEndpoint(
+            Owner(
+                name,
+                data,
+                allow_seeded_sessions=seeded,
+                hash_party=HashKeyParty(name, EcdsaSigner(keys[name]), verifier),
+            )
+        )
+        for name, data in zip(owner_ids, owners, strict=True)
+    ]
 
 
 def publish_sketches(

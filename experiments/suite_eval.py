@@ -31,7 +31,7 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,8 @@ from experiments.suite import (
     suite_scenario,
 )
 from owner.data import PointSet
+from owner.local import LocalOwnerEndpoint
+from owner.protocol import Owner
 
 __all__ = [
     "DEFAULT_SETTING",
@@ -333,6 +335,69 @@ class SuiteRunner:
 
         return _cached(self.cache_dir / "runs" / f"digits-{key}.json", compute)
 
+    def hash_run(self, setting: SuiteSetting, name: str, seed: int) -> dict[str, Any]:
+        """The setting in the hashes mode (the less-trusted curator): the linear SVM on the
+        summary's hashes, scored on the test points hashed by an owner; and, for the
+        measurement only, the exact MMD² to D_v of the points the owners hashed (read here at
+        the in-process owners, which the curator never can)."""
+        from consumer.evaluation import hash_model_accuracy
+        from experiments.runner import local_hash_owners, run_session
+
+        scenario = self.scenario(name, setting.sketch_scale)
+        config = replace(setting.config(scenario), summary_form="hashes")
+        key = _digest(
+            "hashes-v2", scenario_digest(scenario, scenario.default_p), setting.label, str(seed)
+        )
+
+        def compute() -> dict[str, Any]:
+            endpoints = [
+                _ChosenPoints(e.owner)
+                for e in local_hash_owners(scenario.owners, [o.name for o in scenario.owners])
+            ]
+            result = run_session(
+                endpoints,
+                scenario.validation,
+                scenario.seed_set,
+                config,
+                seed=seed,
+                owner_sketches=self.sketches(name, setting.sketch_scale, seed),
+            )
+            assert result.hashes is not None and result.labels is not None
+            key_id = result.report.ledger["candidates"]["hash_key_id"]
+            owner = endpoints[0].owner
+            d, gamma = config.rff_dimension, scenario.gamma
+            test = owner.hash_points(key_id, scenario.test.features, d, gamma)
+            assert scenario.test.labels is not None
+            chosen = np.concatenate([p for e in endpoints for p in e.chosen])
+            return {
+                "accuracy": hash_model_accuracy(
+                    result.hashes, result.labels, test, scenario.test.labels, seed=seed
+                ),
+                "mmd2": float(mmd2(chosen, scenario.validation, gamma)),
+                "points_read": int(result.report.owner_points_accessed),
+            }
+
+        return _cached(self.cache_dir / "runs" / f"hashes-{key}.json", compute)
+
+
+class _ChosenPoints(LocalOwnerEndpoint):
+    """An in-process owner that also keeps the points its hashes describe (for measuring the
+    hashes summary's MMD² in this harness; nothing of it reaches the session)."""
+
+    def __init__(self, owner: Owner) -> None:
+        super().__init__(owner)
+        self.chosen: list[NDArray[np.float64]] = []
+
+    async def propose_hashes(
+        self, session_id: str, count: int, gamma: float
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        before = self.owner.sessions[session_id].sent.copy()
+        out = await super().propose_hashes(session_id, count, gamma)
+        after = self.owner.sessions[session_id].sent
+        assert self.owner.data is not None
+        self.chosen.append(self.owner.data.features[after & ~before])
+        return out
+
 
 def _labels(owner: PointSet) -> NDArray[np.int64]:
     assert owner.labels is not None  # every suite scenario is labeled
@@ -393,6 +458,55 @@ def scenario_summary(
     out["points_read"] = max(r["points_read"] for r in runs)
     out["p"] = runner.scenario(name).default_p
     return out
+
+
+def hashes_summary(
+    runner: SuiteRunner, setting: SuiteSetting, name: str, seeds: Sequence[int]
+) -> dict[str, Any]:
+    """The hashes mode against the raw points on one scenario (means over seeds)."""
+    hashed = [runner.hash_run(setting, name, s) for s in seeds]
+    raw = [runner.run(setting, name, s) for s in seeds]
+    bases = [runner.baselines(name, s) for s in seeds]
+    return {
+        "scenario": name,
+        "accuracy_hashes": _mean_or_none([h["accuracy"] for h in hashed]),
+        "accuracy_points": _mean_or_none([r["accuracy"] for r in raw]),
+        "accuracy_exact": _mean_or_none([b["exact"]["accuracy"] for b in bases]),
+        "mmd2_hashes_over_exact": _geomean(
+            [h["mmd2"] / b["exact"]["mmd2"] for h, b in zip(hashed, bases, strict=True)]
+        ),
+        "mmd2_points_over_exact": _geomean(
+            [r["mmd2"] / b["exact"]["mmd2"] for r, b in zip(raw, bases, strict=True)]
+        ),
+        "points_read_hashes": max(h["points_read"] for h in hashed),
+    }
+
+
+def hashes_table(rows: Sequence[Mapping[str, Any]]) -> Table:
+    """Per scenario: accuracy of the linear SVM on the hashes summary and on the raw one."""
+    table = Table(
+        title="less-trusted curator: h1 hashes only (linear SVM on hashes) vs raw points",
+        title_justify="left",
+    )
+    for header in (
+        "scenario",
+        "accuracy hashes",
+        "accuracy points",
+        "exact greedy",
+        "MMD² × exact: hashes / points",
+        "read",
+    ):
+        table.add_column(header, justify="left" if header == "scenario" else "right")
+    for r in rows:
+        table.add_row(
+            r["scenario"],
+            _fmt(r["accuracy_hashes"], ".3f"),
+            _fmt(r["accuracy_points"], ".3f"),
+            _fmt(r["accuracy_exact"], ".3f"),
+            f"{r['mmd2_hashes_over_exact']:.2f} / {r['mmd2_points_over_exact']:.2f}",
+            str(r["points_read_hashes"]),
+        )
+    return table
 
 
 def _mean_or_none(values: Sequence[float | None]) -> float | None:
@@ -460,6 +574,7 @@ def run_suite(
     *,
     seeds: int,
     loso: bool,
+    hashes: bool = True,
     names: Sequence[str] | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
@@ -473,6 +588,9 @@ def run_suite(
         Session seeds 0 .. seeds-1.
     loso : bool
         Also choose the tuned constants by leave-one-scenario-out over :data:`SUITE_GRID`.
+    hashes : bool
+        Also run the default in the hashes mode (the less-trusted curator) and compare its
+        kernel model's accuracy with the raw summary's.
     names : sequence of str, optional
         Scenarios (default: the whole suite).
 
@@ -500,6 +618,10 @@ def run_suite(
     }
     console.print(suite_table(default, title="default method (ε = 1 per party, δ = 1e-6)"))
     console.print(_summary_line(document["summary"]["default"]))
+    if hashes:
+        rows = [hashes_summary(runner, DEFAULT_SETTING, n, seed_list) for n in names]
+        document["hashes"] = rows
+        console.print(hashes_table(rows))
     if loso:
         total = len(SUITE_GRID) * len(names)
         done = [0]

@@ -16,6 +16,7 @@ from common.cape.spec import AnyCapeSpec
 from common.privacy.ledger import SessionSpend
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.summarization.hashes import HashAdvert
 from common.summarization.rff import RFFParams
 from common.summarization.terms import OwnerTerms
 from owner.cape import CapeSite
@@ -87,6 +88,28 @@ class LocalOwnerEndpoint:
     async def close_session(self, session_id: str) -> SessionSpend:
         """See :meth:`Owner.close_session`."""
         return self.owner.close_session(session_id)
+
+    async def hash_advertise(self, session_id: str) -> HashAdvert:
+        """See :meth:`Owner.hash_advertise`."""
+        return self.owner.hash_advertise(session_id)
+
+    async def hash_distribute(
+        self, session_id: str, adverts: Mapping[str, HashAdvert]
+    ) -> dict[str, tuple[bytes, bytes]]:
+        """See :meth:`Owner.hash_distribute`."""
+        return self.owner.hash_distribute(session_id, adverts)
+
+    async def hash_receive(
+        self, session_id: str, adverts: Mapping[str, HashAdvert], envelope: tuple[bytes, bytes]
+    ) -> str:
+        """See :meth:`Owner.hash_receive`."""
+        return self.owner.hash_receive(session_id, adverts, envelope)
+
+    async def propose_hashes(
+        self, session_id: str, count: int, gamma: float
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        """See :meth:`Owner.propose_hashes`."""
+        return self.owner.propose_hashes(session_id, count, gamma)
 
 
 class LocalSecureAggregationEndpoint:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import numpy as np
@@ -45,11 +45,13 @@ from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import production_rng
 from common.summarization.candidates import shrink_towards_points
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.summarization.hashes import HashAdvert, hash_points
 from common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
 from common.summarization.rff import RFFParams, random_fourier_features
 from common.summarization.terms import OwnerTerms
-from common.validation import check_positive_int, check_vector
+from common.validation import check_matrix, check_positive_int, check_vector
 from owner.data import PointSet
+from owner.hash_keys import HashKeyParty
 from owner.ledger import OwnerLedger
 
 
@@ -291,7 +293,9 @@ class OwnerSession:
         self._pay(0, "relevance count")
         return float(count + self.noise.laplace(1.0 / epsilon, 1)[0])
 
-    def propose_candidates(self, count: int) -> NDArray[np.int64]:
+    def propose_candidates(
+        self, count: int, *, what: str = "raw points (candidates)"
+    ) -> NDArray[np.int64]:
         """Choose ``count`` unsent points by a local greedy against ``gtilde``; charge; mark sent.
 
         The greedy matches the validation embedding with this owner's points alone
@@ -331,7 +335,7 @@ class OwnerSession:
             chosen = embedding_greedy(
                 self.features, g, np.zeros((0, self.d)), count, exclude=self.sent
             )
-        self._pay(count, "raw points (candidates)")
+        self._pay(count, what)
         self.sent[chosen] = True
         return chosen
 
@@ -400,6 +404,9 @@ class Owner:
         seed the curator sends.
     clock : callable, optional
         Seconds (monotonic); injected by tests.
+    hash_party : HashKeyParty, optional
+        This owner's side of the hashes mode's key agreement (:mod:`owner.hash_keys`); without
+        it the owner takes no part in hashes sessions.
 
     Notes
     -----
@@ -419,6 +426,7 @@ class Owner:
         max_rff_dimension: int | None = None,
         allow_seeded_sessions: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        hash_party: HashKeyParty | None = None,
     ) -> None:
         if not owner_id:
             raise ValueError("owner_id must be a non-empty string")
@@ -430,6 +438,7 @@ class Owner:
         self.max_rff_dimension = max_rff_dimension
         self.allow_seeded_sessions = allow_seeded_sessions
         self.clock = clock
+        self.hash_party = hash_party
         self._slots: dict[str, _Slot] = {}
         self._lock = threading.Lock()
 
@@ -670,6 +679,88 @@ class Owner:
         """Release ``count`` candidates chosen by the local greedy (candidates method)."""
         with self._step(session_id, curator) as session:
             return self._points(session.propose_candidates(count))
+
+    # ---------------------------------------------------------------- the hashes mode
+    def _party(self) -> HashKeyParty:
+        if self.hash_party is None:
+            raise FailedPreconditionError(
+                f"owner {self.owner_id} takes no part in hashes sessions (no hash-key identity)"
+            )
+        return self.hash_party
+
+    def hash_advertise(self, session_id: str, curator: str = LOCAL_CURATOR) -> HashAdvert:
+        """The hashes mode, step 1: this owner's signed key for the session's agreement
+        (:meth:`owner.hash_keys.HashKeyParty.advertise`)."""
+        with self._step(session_id, curator):
+            return self._party().advertise(session_id)
+
+    def hash_distribute(
+        self,
+        session_id: str,
+        adverts: Mapping[str, HashAdvert],
+        curator: str = LOCAL_CURATOR,
+    ) -> dict[str, tuple[bytes, bytes]]:
+        """Step 2, at the leader: draw the secret and encrypt it to every other owner."""
+        with self._step(session_id, curator):
+            return self._party().distribute(session_id, adverts)
+
+    def hash_receive(
+        self,
+        session_id: str,
+        adverts: Mapping[str, HashAdvert],
+        envelope: tuple[bytes, bytes],
+        curator: str = LOCAL_CURATOR,
+    ) -> str:
+        """Step 3: decrypt the leader's envelope; return the secret's public id."""
+        with self._step(session_id, curator):
+            return self._party().receive(session_id, adverts, envelope)
+
+    def hash_key_id(self, session_id: str, curator: str = LOCAL_CURATOR) -> str:
+        """The public id of the session's agreed secret."""
+        with self._step(session_id, curator):
+            return self._party().key_id(session_id)
+
+    def propose_hashes(
+        self, session_id: str, count: int, gamma: float, curator: str = LOCAL_CURATOR
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        """The hashes mode's proposal: ``count`` points chosen by the local greedy (as
+        :meth:`propose_candidates`), released as their h1 hashes under the owners' secret map
+        (:func:`common.summarization.hashes.hash_parameters`, dimension d of the session's h1,
+        kernel ``gamma``), with their labels. Each hash is charged as the raw point it
+        describes: Theorem 9 protects the point only from receivers without the map.
+
+        Raises
+        ------
+        FailedPreconditionError
+            If this owner takes no part in hashes sessions, the secret is not agreed, or as
+            :meth:`OwnerSession.propose_candidates`.
+        """
+        with self._step(session_id, curator) as session:
+            party = self._party()
+            key_id = party.key_id(session_id)
+            chosen = session.propose_candidates(count, what="raw points as h1 hashes")
+            d = session.d
+        points, labels = self._points(chosen)
+        params = party.params(key_id, points.shape[1], d, gamma)
+        return hash_points(points, params), labels
+
+    def hash_points(
+        self, key_id: str, points: NDArray[np.float64], d: int, gamma: float
+    ) -> NDArray[np.float64]:
+        """h1 of a consumer's new points under the map of the secret ``key_id``, so that a
+        model trained on a hashes summary can be applied to them (only an owner can: module
+        :mod:`common.summarization.hashes`). Nothing of this owner's data is used.
+
+        Raises
+        ------
+        FailedPreconditionError
+            If this owner holds no secret with that id.
+        """
+        try:
+            x = check_matrix(points, "points")
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
+        return hash_points(x, self._party().params(key_id, x.shape[1], d, gamma))
 
     def _points(
         self, index: NDArray[np.int64]

@@ -22,6 +22,7 @@ SummaryRelease = Literal["mwem", "tree", "none"]
 PoolScoring = Literal["embedding", "exact"]
 Allocation = Literal["sketch", "counts"]
 EmbeddingPrior = Literal["owner", "seed", "none"]
+SummaryForm = Literal["points", "hashes"]
 #: Allowed values of the ``"rounds"`` method's options.
 VALIDATION_RELEASES: tuple[ValidationRelease, ...] = ("mwem", "gaussian")
 SUMMARY_RELEASES: tuple[SummaryRelease, ...] = ("mwem", "tree", "none")
@@ -31,6 +32,8 @@ ALLOCATIONS: tuple[Allocation, ...] = ("sketch", "counts")
 #: What an owner's candidate proposal shrinks the noisy validation embedding towards (default
 #: first).
 EMBEDDING_PRIORS: tuple[EmbeddingPrior, ...] = ("owner", "seed", "none")
+#: What the curator and the consumer receive of the summary (default first).
+SUMMARY_FORMS: tuple[SummaryForm, ...] = ("points", "hashes")
 #: PrivAuction variants (``common.summarization.auction``).
 AUCTIONS: tuple[AuctionVariant, ...] = AUCTION_VARIANTS
 
@@ -123,7 +126,11 @@ class SummarizationConfig:
     shrinkage : float
         Candidates method: the strength of that shrinkage, a multiple > 0 of the embedding's
         noise variance (1, the default: the plug-in risk-optimal amount).
-
+    summary_form : {"points", "hashes"}
+        Candidates method: what the curator and the consumer receive of the summary: the raw
+        points, or (the paper's less-trusted curator, Appendix F) only their h1 hashes under a
+        map the owners agree on among themselves (:mod:`common.summarization.hashes`; budget p,
+        no re-ranking). In process only in this release: networked requests do not carry it.
     relevance_threshold : float
         Candidates method: a point is relevant when its score ``gtilde . h1(x)`` is at least
         ``relevance_threshold * ||gtilde||^2`` (the typical score of a validation point).
@@ -196,6 +203,7 @@ class SummarizationConfig:
     embedding_prior: EmbeddingPrior = "seed"
     shrinkage: float = 1.0
     relevance_norm_weight: float = 1.0
+    summary_form: SummaryForm = "points"
 
     def __post_init__(self) -> None:
         check_positive_int(self.summary_size, "summary_size")
@@ -256,11 +264,16 @@ class SummarizationConfig:
             ("allocation", ALLOCATIONS),
             ("relevance_score", RELEVANCE_SCORES),
             ("embedding_prior", EMBEDDING_PRIORS),
+            ("summary_form", SUMMARY_FORMS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not (math.isfinite(self.auction_share) and 0.0 < self.auction_share <= 1.0):
             raise ValueError(f"auction_share must lie in (0, 1], got {self.auction_share}")
+        if self.summary_form == "hashes" and self.method != "candidates":
+            raise ValueError(
+                f"summary_form 'hashes' is a mode of the candidates method, got {self.method!r}"
+            )
 
     @property
     def t_init(self) -> int:
@@ -279,9 +292,12 @@ class SummarizationConfig:
 
 
 #: Protocol parameters: the SummarizationConfig fields that the SummarizationParams message
-#: carries under the same names (every field but summary_size and method).
+#: carries under the same names (every field but summary_size, method and summary_form: the
+#: hashes mode runs in process only in this release).
 PARAMETER_NAMES: tuple[str, ...] = tuple(
-    f.name for f in fields(SummarizationConfig) if f.name not in ("summary_size", "method")
+    f.name
+    for f in fields(SummarizationConfig)
+    if f.name not in ("summary_size", "method", "summary_form")
 )
 
 
@@ -333,15 +349,20 @@ class SummaryResult:
     Attributes
     ----------
     points : ndarray of shape (p, n_features), float64
+        Of shape (0, n_features) in the hashes mode.
     labels : ndarray of shape (p,), int64, or None when an owner has no labels
     owner_ids : tuple of str, length p
     report : SessionReport
+    hashes : ndarray of shape (p, d), float64, or None
+        The hashes mode (``summary_form="hashes"``): h1 of the summary points under the owners'
+        secret map (:mod:`common.summarization.hashes`); None otherwise.
     """
 
     points: NDArray[np.float64]
     labels: NDArray[np.int64] | None
     owner_ids: tuple[str, ...]
     report: SessionReport
+    hashes: NDArray[np.float64] | None = None
 
 
 @dataclass(frozen=True)

@@ -118,10 +118,13 @@ class Allocator:
         """The most owner points the candidates method reads: ``max(p, floor(c * p))`` with
         ``c = candidate_multiple``, whatever K; or, with ``candidate_fraction`` > 0, the previous
         rule ``max(p, floor(candidate_fraction * K * p))``. At least p, so a single owner can
-        serve a whole summary."""
+        serve a whole summary. Exactly p in the hashes mode, where the curator cannot re-rank
+        (:mod:`common.summarization.hashes`)."""
         state = self.state
         cfg = state.config
         p = cfg.summary_size
+        if cfg.summary_form == "hashes":  # no re-ranking: the proposals are the summary
+            return p
         if cfg.candidate_fraction > 0:
             return max(p, math.floor(cfg.candidate_fraction * len(state.slots) * p + 1e-9))
         return max(p, math.floor(cfg.candidate_multiple * p + 1e-9))
