@@ -105,16 +105,18 @@ class SummarizationConfig:
         has one, else (or with ``"counts"``) by the owners' Laplace-noised relevance counts.
     relevance_score : {"mmd", "share", "density", "mass", "m2m"}
         Sketch allocation: the per-validation-point relevance of an owner's sketch
-        (:func:`common.summarization.sketch_allocation.relevance_matrix`).
+        (:func:`common.summarization.sketch_allocation.relevance_matrix`). The default and every
+        constant of the allocation below were chosen by leave-one-scenario-out on the scenario
+        suite (:mod:`experiments.suite_eval`, README "Scenario suite").
     relevance_norm_weight : float
         Sketch allocation, ``"mmd"`` score: the weight in (0, 1] of each sketch's squared norm
-        in its distance to a validation point (1, the default: the MMD; the norm favours
-        diffuse owners).
+        in its distance to a validation point (1: the MMD; the norm favours diffuse owners;
+        default 0.25).
     allocation_share : float
         Sketch allocation: share of the validation party's budget (of the squared Gaussian
         privacy-loss scale, :func:`~common.summarization.sketch_allocation.split_gaussian_sigmas`)
-        spent on the allocation; the validation embedding gets the rest. In (0, 1) (default
-        0.8), or 0: derived from the public m, K, epsilon and delta
+        spent on the allocation; the validation embedding gets the rest. In (0, 1), or 0 (the
+        default): derived from the public m, K, epsilon and delta
         (:func:`~common.summarization.sketch_allocation.derived_allocation_share`).
     embedding_prior : {"seed", "owner", "none"}
         Candidates method: what each owner's proposal shrinks the noisy validation embedding
@@ -125,7 +127,9 @@ class SummarizationConfig:
         Never towards zero: that only scales the embedding down (README, "Scenario suite").
     shrinkage : float
         Candidates method: the strength of that shrinkage, a multiple > 0 of the embedding's
-        noise variance (1, the default: the plug-in risk-optimal amount).
+        noise variance (1: the plug-in risk-optimal amount; default 2: an owner's local greedy
+        selects the points its noisy scores favour, so it needs more than the risk-optimal
+        amount).
     summary_form : {"points", "hashes"}
         Candidates method: what the curator and the consumer receive of the summary: the raw
         points, or (the paper's less-trusted curator, Appendix F) only their h1 hashes under a
@@ -136,8 +140,8 @@ class SummarizationConfig:
         ``relevance_threshold * ||gtilde||^2`` (the typical score of a validation point).
     candidate_even_share : float
         Candidates method: share of the budget split evenly among owners before the rest is split
-        in proportion to the noisy relevance counts or decision (default 0.1; 0.2 before the
-        shrunk validation embedding: measured in the README, "Sketch allocation").
+        in proportion to the noisy relevance counts or decision (default 0.3, chosen on the
+        scenario suite; 0.1 and 0.2 before: README, "Scenario suite").
     embedding_rerank : bool
         Candidates method: choose the summary among the candidates by the private embedding
         instead of the exact kernel (to measure what exact re-ranking adds).
@@ -190,7 +194,7 @@ class SummarizationConfig:
     candidate_fraction: float = 0.0
     candidate_multiple: float = 3.0
     relevance_threshold: float = 0.5
-    candidate_even_share: float = 0.1
+    candidate_even_share: float = 0.3
     embedding_rerank: bool = False
     validation_release: ValidationRelease = "gaussian"
     summary_release: SummaryRelease = "tree"
@@ -199,10 +203,10 @@ class SummarizationConfig:
     auction: AuctionVariant = "pure"
     allocation: Allocation = "sketch"
     relevance_score: RelevanceScore = "mmd"
-    allocation_share: float = 0.8
+    allocation_share: float = 0.0
     embedding_prior: EmbeddingPrior = "seed"
-    shrinkage: float = 1.0
-    relevance_norm_weight: float = 1.0
+    shrinkage: float = 2.0
+    relevance_norm_weight: float = 0.25
     summary_form: SummaryForm = "points"
 
     def __post_init__(self) -> None:

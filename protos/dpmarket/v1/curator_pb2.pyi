@@ -368,7 +368,7 @@ class SummarizationParams(_message.Message):
     (default 0.5).
     """
     candidate_even_share: _builtins.float
-    """Candidates method: share of the budget split evenly before the relevance split (default 0.1)."""
+    """Candidates method: share of the budget split evenly before the relevance split (default 0.3)."""
     embedding_rerank: _builtins.bool
     """Candidates method: re-rank candidates by the private embedding instead of the exact kernel
     (for measuring what the exact re-ranking adds; default false).
@@ -395,17 +395,17 @@ class SummarizationParams(_message.Message):
     """Sketch allocation: the relevance score (default MMD)."""
     allocation_share: _builtins.float
     """Sketch allocation: share of the validation party's Gaussian budget spent on the
-    allocation, in (0, 1) (default 0.8); 0: derived from m, K, epsilon and delta.
+    allocation, in (0, 1); 0 (default): derived from m, K, epsilon and delta.
     """
     embedding_prior: Global___EmbeddingPrior.ValueType
     """Candidates method: what owners' proposals shrink the validation embedding towards."""
     shrinkage: _builtins.float
     """Candidates method: the shrinkage's strength, a multiple of the embedding's noise variance,
-    > 0 (default 1).
+    > 0 (default 2).
     """
     relevance_norm_weight: _builtins.float
     """Sketch allocation, MMD score: the weight in (0, 1] of each sketch's squared norm in the
-    distance to a validation point (default 1).
+    distance to a validation point (default 0.25).
     """
     def __init__(
         self,
