@@ -484,19 +484,17 @@ def hashes_summary(
 
 def hashes_table(rows: Sequence[Mapping[str, Any]]) -> Table:
     """Per scenario: accuracy of the linear SVM on the hashes summary and on the raw one."""
-    table = Table(
-        title="less-trusted curator: h1 hashes only (linear SVM on hashes) vs raw points",
-        title_justify="left",
+    table = _table(
+        "less-trusted curator: h1 hashes only (linear SVM on hashes) vs raw points",
+        (
+            "scenario",
+            "accuracy hashes",
+            "accuracy points",
+            "exact greedy",
+            "MMD² × exact: hashes / points",
+            "read",
+        ),
     )
-    for header in (
-        "scenario",
-        "accuracy hashes",
-        "accuracy points",
-        "exact greedy",
-        "MMD² × exact: hashes / points",
-        "read",
-    ):
-        table.add_column(header, justify="left" if header == "scenario" else "right")
     for r in rows:
         table.add_row(
             r["scenario"],
@@ -696,23 +694,32 @@ def _summary_line(agg: Mapping[str, Any]) -> str:
     )
 
 
+def _table(title: str, headers: Sequence[str]) -> Table:
+    """A rich table with the scenario's column left-aligned and every other right-aligned."""
+    table = Table(title=title, title_justify="left")
+    for header in headers:
+        table.add_column(header, justify="left" if header == "scenario" else "right")
+    return table
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
 def suite_table(rows: Sequence[Mapping[str, Any]], *, title: str) -> Table:
     """Per scenario: ratios to exact greedy, uniform and uniform reads; accuracies."""
-    table = Table(title=title, title_justify="left")
-    for header in (
-        "scenario",
-        "× exact",
-        "× uniform",
-        "× uniform reads",
-        "accuracy",
-        "exact / uniform / reads",
-        "read",
-    ):
-        table.add_column(header, justify="left" if header == "scenario" else "right")
+    table = _table(
+        title,
+        (
+            "scenario",
+            "× exact",
+            "× uniform",
+            "× uniform reads",
+            "accuracy",
+            "exact / uniform / reads",
+            "read",
+        ),
+    )
     for r in rows:
         table.add_row(
             r["scenario"],
