@@ -28,18 +28,24 @@ respect to ``D_v``:
    better than the proportional split: kernel densities differ between owners by small factors,
    which the proportional split flattens.
 3. The released decision ``r~ = (1/m) sum_v pi(v) + N(0, s^2 I_K)`` (:func:`noisy_relevance`),
-   and the candidate budget split in proportion to ``max(r~, 0)`` after an even share
-   (:func:`common.summarization.candidates.allocate_candidates`).
+   shrunk towards the even split ``1/K`` by as much as its noise hides it
+   (:func:`shrink_decision`), and the candidate budget split in proportion to its positive part
+   after an even share (:func:`common.summarization.candidates.allocate_candidates`). The
+   validation party's budget is split between the embedding and the decision by
+   :func:`derived_allocation_share` (public m, K, epsilon, delta) unless the request fixes it.
 4. Each owner proposes its share by a local greedy against the validation embedding released
-   beside the decision, shrunk towards the public seed set's mean h1 by as much as its noise
-   hides it (:func:`common.summarization.candidates.shrink_embedding`; post-processing). With a
-   small validation set (digits, m = 44) the unshrunk embedding's noise, not the decision's,
-   was what sent owners' proposals away from D_v (README, "Sketch allocation").
+   beside the decision, shrunk by as much as its noise hides it: towards the public seed set's
+   mean h1 (:func:`common.summarization.candidates.shrink_embedding`, at the curator) or,
+   without a seed set, towards the owner's own mean h1 in the metric of its own scores
+   (:func:`common.summarization.candidates.shrink_towards_points`, at the owner); never towards
+   zero, which only scales the embedding down (README, "Scenario suite").
 
 Privacy (Notes of :func:`relevance_sensitivity`): replacing one validation point moves ``r``
-by at most ``sqrt(2) / m`` in L2 whatever the relevance score, so the Gaussian mechanism
-calibrated on that sensitivity is ``(epsilon, delta)``-DP with respect to ``D_v``; everything the
-owners receive from it (their shares) is post-processing. The sketches are post-processed too:
+by at most ``sqrt(2) / m`` in L2 whatever the relevance score and norm weight, so the Gaussian
+mechanism calibrated on that sensitivity is ``(epsilon, delta)``-DP with respect to ``D_v``, and
+with the embedding the two compose to the validation party's ``(epsilon, delta)`` for every
+split (:func:`split_gaussian_sigmas`); everything the owners receive from it (their shares, the
+shrunk decision) is post-processing with public values. The sketches are post-processed too:
 they cost their owners nothing beyond what their publication charged.
 """
 

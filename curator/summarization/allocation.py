@@ -195,10 +195,11 @@ class Allocator:
     ) -> tuple[dict[int, int], NDArray[np.float64]]:
         """The sketch allocation (:mod:`common.summarization.sketch_allocation`): gtilde and the
         noisy mean responsibilities, two Gaussian releases about D_v whose composition is
-        ``(epsilon_validation_total, delta)``; shares from the second. Owners receive gtilde
-        shrunk towards the public seed set's mean h1 by as much as its noise hides it
-        (:func:`common.summarization.candidates.shrink_embedding`, post-processing). Owners
-        release nothing before their candidates."""
+        ``(epsilon_validation_total, delta)`` whatever the split (:meth:`allocation_share`);
+        shares from the second, shrunk towards the even split
+        (:func:`~common.summarization.sketch_allocation.shrink_decision`). Owners receive gtilde
+        and how to shrink it (:meth:`prior`); all of it post-processing of the two releases
+        with public values. Owners release nothing before their candidates."""
         state = self.state
         cfg = state.config
         m = int(state.validation.shape[0])
