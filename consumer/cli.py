@@ -33,6 +33,7 @@ from common.summarization.sketch_allocation import RELEVANCE_SCORES
 from common.summarization.summary import (
     ALLOCATIONS,
     AUCTIONS,
+    EMBEDDING_PRIORS,
     METHODS,
     PARAMETER_NAMES,
     POOL_SCORINGS,
@@ -243,7 +244,30 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
             default=d.allocation_share,
             type=float,
             help="candidates, sketch allocation: share of D_v's Gaussian budget spent on the "
-            "allocation (the validation embedding gets the rest).",
+            "allocation (the validation embedding gets the rest); 0: derived from m, K, "
+            "epsilon and delta.",
+        ),
+        click.option(
+            "--embedding-prior",
+            type=click.Choice(EMBEDDING_PRIORS),
+            default=d.embedding_prior,
+            help="candidates: what owners' proposals shrink the noisy validation embedding "
+            "towards: their own mean h1, the public seed set's (their own without one), or "
+            "nothing.",
+        ),
+        click.option(
+            "--relevance-norm-weight",
+            default=d.relevance_norm_weight,
+            type=float,
+            help="candidates, sketch allocation, MMD score: the weight in (0, 1] of each "
+            "sketch's squared norm in its distance to a validation point.",
+        ),
+        click.option(
+            "--shrinkage",
+            default=d.shrinkage,
+            type=float,
+            help="candidates: the shrinkage's strength (a multiple of the embedding's noise "
+            "variance).",
         ),
         click.option(
             "--relevance-threshold",
@@ -403,9 +427,11 @@ def read_inputs(
 ) -> Inputs:
     """Read and check every input file, and check every output can be written, before a session.
 
-    A bad file (NaN/inf, wrong width, unlabeled test set, unreadable, a table unlike the
-    schema) is refused here with the file's name, so no privacy is spent on a run whose results
-    could not be evaluated or saved. With a schema, tables are read through it (columns by name).
+    A bad file (NaN/inf, wrong width, unreadable, a table unlike the schema) is refused here
+    with the file's name, so no privacy is spent on a run whose results could not be evaluated
+    or saved. With a schema, tables are read through it (columns by name). A test set without
+    labels (a plain ``.npy`` with no ``<stem>.labels.npy`` beside it) is accepted: the report
+    then gives the summary's MMD² to it and no accuracy.
     """
     validation = load_points(validation_path, schema=schema)
     n = validation.n_features
@@ -415,9 +441,8 @@ def read_inputs(
         test = load_points(test_path, schema=schema)
         _check_width(test, n, test_path, "--test")
         if test.labels is None:
-            raise click.BadParameter(
-                f"{test_path} has no labels: the test set scores the summary's accuracy",
-                param_hint="--test",
+            console.print(
+                f"{test_path} has no labels: the report gives MMD² to it, and no accuracy"
             )
     return Inputs(validation, seed_set, test, schema)
 

@@ -57,6 +57,12 @@ _ENUM_PARAMS: dict[str, dict[str, int]] = {
         "mass": curator_pb2.RELEVANCE_SCORE_MASS,
         "m2m": curator_pb2.RELEVANCE_SCORE_M2M,
         "mmd": curator_pb2.RELEVANCE_SCORE_MMD,
+        "share": curator_pb2.RELEVANCE_SCORE_SHARE,
+    },
+    "embedding_prior": {
+        "owner": curator_pb2.EMBEDDING_PRIOR_OWNER,
+        "seed": curator_pb2.EMBEDDING_PRIOR_SEED,
+        "none": curator_pb2.EMBEDDING_PRIOR_NONE,
     },
 }
 _STAGES: dict[int, Stage] = {

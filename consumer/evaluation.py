@@ -6,6 +6,7 @@ import logging
 import warnings
 
 import numpy as np
+from numpy.typing import NDArray
 from sklearn.dummy import DummyClassifier
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.pipeline import Pipeline, make_pipeline
@@ -14,7 +15,7 @@ from sklearn.svm import LinearSVC
 
 from owner.data import PointSet
 
-__all__ = ["downstream_accuracy"]
+__all__ = ["downstream_accuracy", "hash_model_accuracy"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -96,3 +97,46 @@ def downstream_accuracy(train: PointSet, test: PointSet, *, seed: int = 0) -> fl
                 )
     predicted = model.predict(test.features)
     return float(np.mean(predicted == test.labels))
+
+
+def hash_model_accuracy(
+    hashes: NDArray[np.float64],
+    labels: NDArray[np.int64],
+    test_hashes: NDArray[np.float64],
+    test_labels: NDArray[np.int64],
+    *,
+    seed: int = 0,
+) -> float:
+    """The consumer's kernel model on a hashes summary: a linear SVM on the h1 hashes.
+
+    A linear model on random Fourier features approximates a model in the RBF kernel's
+    feature space (Rahimi & Recht 2008), which is what Appendix F of the summarization paper
+    says the hashes are for. The model is :func:`downstream_accuracy`'s (``StandardScaler`` and
+    ``LinearSVC``), trained on the summary's hashes and labels and scored on the hashes of the
+    consumer's labeled test points, which an owner computed under the same secret map
+    (:meth:`owner.protocol.Owner.hash_points`; the consumer cannot: it does not know the map).
+
+    Parameters
+    ----------
+    hashes : ndarray of shape (p, d)
+    labels : ndarray of shape (p,), int
+    test_hashes : ndarray of shape (n_test, d)
+    test_labels : ndarray of shape (n_test,), int
+    seed : int
+        ``random_state`` of ``LinearSVC``.
+
+    Returns
+    -------
+    float
+        Accuracy in [0, 1].
+
+    Raises
+    ------
+    ValueError
+        As :func:`downstream_accuracy` (e.g. hash dimensions that differ).
+    """
+    return downstream_accuracy(
+        PointSet(hashes, labels, "hashes summary"),
+        PointSet(test_hashes, test_labels, "hashed test set"),
+        seed=seed,
+    )

@@ -131,6 +131,12 @@ _ENUM_PARAMS: dict[str, dict[int, str]] = {
         curator_pb2.RELEVANCE_SCORE_MASS: "mass",
         curator_pb2.RELEVANCE_SCORE_M2M: "m2m",
         curator_pb2.RELEVANCE_SCORE_MMD: "mmd",
+        curator_pb2.RELEVANCE_SCORE_SHARE: "share",
+    },
+    "embedding_prior": {
+        curator_pb2.EMBEDDING_PRIOR_OWNER: "owner",
+        curator_pb2.EMBEDDING_PRIOR_SEED: "seed",
+        curator_pb2.EMBEDDING_PRIOR_NONE: "none",
     },
 }
 _STAGES = {

@@ -27,6 +27,7 @@ from common.schema import Schema
 from common.secagg.endpoints import MaskedInput, SurvivorAttestation
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.summarization.hashes import HashAdvert
 from common.summarization.rff import RFFParams
 from common.summarization.terms import OwnerTerms
 from curator import convert
@@ -61,6 +62,13 @@ CALL_DEADLINE_SECONDS = 30.0
 #: candidates, samples; CAPE's open), seconds: it grows with the owner's declared rows
 #: (:meth:`GrpcOwnerEndpoint.pass_deadline`).
 OPEN_DEADLINE_SECONDS = 300.0
+
+
+#: Why a networked session refuses the hashes mode.
+_HASHES_IN_PROCESS = (
+    "the hashes summary (the less-trusted curator) runs in process only in this release: no "
+    "RPC carries the owners' key agreement or their hashes"
+)
 
 
 class GrpcOwnerEndpoint:
@@ -166,11 +174,13 @@ class GrpcOwnerEndpoint:
         return int(response.num_points), int(response.max_points)
 
     async def set_validation_embedding(
-        self, session_id: str, embedding: NDArray[np.float64]
+        self, session_id: str, embedding: NDArray[np.float64], *, shrinkage_sigma: float = 0.0
     ) -> None:
         """SetValidationEmbedding."""
         request = owner_pb2.SetValidationEmbeddingRequest(
-            session_id=session_id, validation_embedding=array_to_proto(embedding)
+            session_id=session_id,
+            validation_embedding=array_to_proto(embedding),
+            shrinkage_sigma=shrinkage_sigma,
         )
         await self._call(lambda: self._stub.SetValidationEmbedding(request, timeout=self.deadline))
 
@@ -227,6 +237,28 @@ class GrpcOwnerEndpoint:
         request = owner_pb2.CloseSessionRequest(session_id=session_id)
         response = await self._call(lambda: self._stub.CloseSession(request, timeout=self.deadline))
         return convert.spend_from_proto(response.spent)
+
+    async def hash_advertise(self, session_id: str) -> HashAdvert:
+        """The hashes mode runs in process only in this release (no RPC carries it)."""
+        raise FailedPreconditionError(_HASHES_IN_PROCESS)
+
+    async def hash_distribute(
+        self, session_id: str, adverts: Mapping[str, HashAdvert]
+    ) -> dict[str, tuple[bytes, bytes]]:
+        """See :meth:`hash_advertise`."""
+        raise FailedPreconditionError(_HASHES_IN_PROCESS)
+
+    async def hash_receive(
+        self, session_id: str, adverts: Mapping[str, HashAdvert], envelope: tuple[bytes, bytes]
+    ) -> str:
+        """See :meth:`hash_advertise`."""
+        raise FailedPreconditionError(_HASHES_IN_PROCESS)
+
+    async def propose_hashes(
+        self, session_id: str, count: int, gamma: float
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        """See :meth:`hash_advertise`."""
+        raise FailedPreconditionError(_HASHES_IN_PROCESS)
 
     async def close(self) -> None:
         """Close the channel."""

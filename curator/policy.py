@@ -87,6 +87,8 @@ DEFAULT_RANGES: dict[str, tuple[float, float]] = {
     "candidate_fraction": (0.05, 1.0),
     "candidate_multiple": (1.0, 10.0),
     "allocation_share": (0.05, 0.95),
+    "shrinkage": (0.1, 10.0),
+    "relevance_norm_weight": (0.0, 1.0),
     "relevance_threshold": (0.0, 2.0),
     "candidate_even_share": (0.0, 1.0),
     "auction_share": (0.05, 1.0),
@@ -214,6 +216,8 @@ class CuratorPolicy:
                     continue
                 if f.name == "candidate_fraction" and value == 0:
                     continue  # 0: unused (the budget is candidate_multiple * p)
+                if f.name == "allocation_share" and value == 0:
+                    continue  # 0: derived from m and K (within [0.05, 0.95])
                 self._check_range(f.name, float(value))
         # Derived work limits: the MWEM iterations actually run.
         if config.method in ("private", "rounds"):

@@ -36,7 +36,7 @@ from common.summarization.summary import (
     SummaryResult,
 )
 from deploy.pki import init_ca, issue_all
-from experiments.runner import exact_greedy_summary
+from experiments.runner import exact_greedy_summary, owner_sketch_seed
 from owner.data import feature_columns
 from runtime.cli import progress_printer
 from runtime.identity import CA_CERT, Identity, identity_files
@@ -352,7 +352,7 @@ class LocalCluster:
             if self.owner_policy is not None:
                 args += ["--policy", self.owner_policy]
             if seed is not None:
-                args += ["--seed", str(seed * 1000 + k)]
+                args += ["--seed", str(owner_sketch_seed(seed, k))]
             with (self.log_dir / f"publish-{owner}.log").open("wb") as log:
                 processes[owner] = (
                     subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT),

@@ -5,6 +5,7 @@ commands live with their experiments, so ``python -m`` runs them alone)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import click
 from rich.console import Console
 
 from common.errors import DPMarketError
+from common.sketches import PrivateSketch
 from consumer.cli import (
     finish,
     load_points,
@@ -24,6 +26,7 @@ from experiments.cape_experiments import cape_figures
 from experiments.evaluate import EVAL_METHODS
 from experiments.scenarios import SCENARIO_NAMES
 from experiments.sketch_experiments import sketch_experiments
+from owner.data import PointSet
 from runtime.cli import check_outputs, console, progress_printer
 
 __all__ = [
@@ -54,16 +57,45 @@ __all__ = [
 )
 @click.option(
     "--sketch-epsilon",
-    default=1.0,
+    default=None,
     type=click.FloatRange(min=0, min_open=True),
-    help="epsilon of the in-process sketches (Gaussian, at --delta).",
+    help="epsilon of the in-process sketches (default: 1 with --sketch-scenario, Gaussian at "
+    "--delta; the spec's with --sketch-spec).",
+)
+@click.option(
+    "--sketch-spec",
+    "sketch_spec_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="candidates, sketch allocation, for any data: a catalogue declaration (TOML, the file "
+    "serve-curator --sketch-spec reads); every owner's sketch under its RFF spec is released "
+    "in this process as the owner service releases it (the spec's columns of the owner's "
+    "table: f0, f1, ... for .npy/.npz files). No ledger is charged.",
+)
+@click.option(
+    "--allocation-sketch-spec",
+    default=None,
+    metavar="NAME",
+    help="With --sketch-spec: the declaration's RFF spec the allocation reads (default "
+    "<declaration>/rff), as serve-curator --allocation-sketch-spec.",
+)
+@click.option(
+    "--sketch-seed",
+    default=None,
+    type=click.IntRange(min=0),
+    help="With --sketch-spec: draw the spec's parameters from this seed (as serve-curator "
+    "--sketch-seed) and owner k's sketch noise from seed * 1000 + k (as the local launcher's "
+    "sketch publish --seed). Default: a CSPRNG and OpenDP's samplers.",
 )
 @protocol_options
 @summary_output_options
 def simulate_command(
     owner_paths: tuple[str, ...],
     sketch_scenario: str | None,
-    sketch_epsilon: float,
+    sketch_epsilon: float | None,
+    sketch_spec_path: str | None,
+    allocation_sketch_spec: str | None,
+    sketch_seed: int | None,
     summary_size: int,
     method: str,
     validation_path: str,
@@ -85,6 +117,19 @@ def simulate_command(
     inputs = read_inputs(validation_path, seed_set_path, test_path)
     check_outputs(out_path, report_path, *([] if plot_path is None else [plot_path]))
     sketches = None
+    if sketch_scenario is not None and sketch_spec_path is not None:
+        raise click.UsageError("give --sketch-scenario or --sketch-spec, not both")
+    if sketch_spec_path is not None:
+        sketches = _declared_sketches(
+            owner_paths,
+            owners,
+            sketch_spec_path,
+            spec_name=allocation_sketch_spec,
+            seed=sketch_seed,
+            epsilon=sketch_epsilon,
+        )
+    elif allocation_sketch_spec is not None or sketch_seed is not None:
+        raise click.UsageError("--allocation-sketch-spec and --sketch-seed need --sketch-spec")
     if sketch_scenario is not None:
         from experiments.runner import publish_sketches
         from experiments.scenarios import SCENARIOS
@@ -99,7 +144,9 @@ def simulate_command(
         try:
             sketches = publish_sketches(
                 owners,
-                scenario.sketch_mechanism(sketch_epsilon, delta=config.delta),
+                scenario.sketch_mechanism(
+                    1.0 if sketch_epsilon is None else sketch_epsilon, delta=config.delta
+                ),
                 seed=seed,
                 owner_ids=[o.name for o in owners],
             )
@@ -130,6 +177,40 @@ def simulate_command(
         as_json=as_json,
         plot_path=plot_path,
     )
+
+
+def _declared_sketches(
+    paths: Sequence[str],
+    owners: Sequence[PointSet],
+    declaration: str,
+    *,
+    spec_name: str | None,
+    seed: int | None,
+    epsilon: float | None,
+) -> dict[str, PrivateSketch]:
+    """``simulate --sketch-spec``: every owner's sketch under the declaration's RFF spec."""
+    from experiments.runner import declared_sketch_spec, release_spec_sketches
+    from owner.data import Table, feature_columns, load_table
+
+    try:
+        spec = declared_sketch_spec(declaration, spec_name=spec_name, seed=seed)
+    except (OSError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--sketch-spec") from exc
+    tables = []
+    for path, owner in zip(paths, owners, strict=True):
+        if Path(path).suffix.lower() in (".csv", ".parquet"):
+            try:
+                tables.append(load_table(path, name=owner.name))
+            except (OSError, ValueError) as exc:
+                raise click.ClickException(str(exc)) from exc
+        else:  # .npy / .npz: the columns a scenario's tables give its features
+            tables.append(
+                Table(tuple(feature_columns(owner.n_features)), owner.features, owner.name)
+            )
+    try:
+        return release_spec_sketches(tables, spec, seed=seed, epsilon=epsilon)
+    except ValueError as exc:
+        raise click.ClickException(f"an owner's data cannot be sketched: {exc}") from exc
 
 
 @click.command("scenario")
@@ -238,6 +319,33 @@ def scenario_command(
     is_flag=True,
     help="Smoke test: digits, p = 20, epsilon 1, one seed (options given explicitly win).",
 )
+@click.option(
+    "--suite",
+    is_flag=True,
+    help="Run the default method on the scenario suite (experiments/suite.py: eleven "
+    "covariate-shift scenarios from other public tables) at epsilon 1, delta 1e-6, against "
+    "exact greedy, uniform sampling and uniform reads; writes <out>/suite.json (default out: "
+    "out/suite). --seeds sets the session seeds (default 3); --scenario, --p, --epsilon and "
+    "--method do not apply.",
+)
+@click.option(
+    "--loso",
+    is_flag=True,
+    help="With --suite: choose the tuned constants by leave-one-scenario-out over the suite's "
+    "grid and print the held-out table (runs are cached in <out>/cache).",
+)
+@click.option(
+    "--suite-scenario",
+    "suite_names",
+    multiple=True,
+    metavar="NAME",
+    help="With --suite: only this suite scenario; repeat.",
+)
+@click.option(
+    "--no-hashes",
+    is_flag=True,
+    help="With --suite: skip the hashes mode's (less-trusted curator) comparison.",
+)
 def evaluate(
     scenario_names: tuple[str, ...],
     sizes: tuple[int, ...],
@@ -247,8 +355,38 @@ def evaluate(
     delta: float,
     out_dir: str,
     quick: bool,
+    suite: bool,
+    loso: bool,
+    suite_names: tuple[str, ...],
+    no_hashes: bool,
 ) -> None:
-    """Compare every method's summary quality against epsilon over scenarios, p and seeds."""
+    """Compare every method's summary quality against epsilon over scenarios, p and seeds (or,
+    with --suite, the default method across the scenario suite)."""
+    if suite or loso or suite_names:
+        from experiments.suite import SUITE_NAMES
+        from experiments.suite_eval import run_suite
+
+        if not suite:
+            raise click.UsageError("--loso, --suite-scenario and --no-hashes need --suite")
+        unknown = sorted(set(suite_names) - set(SUITE_NAMES))
+        if unknown:
+            raise click.BadParameter(
+                f"{unknown} are not suite scenarios ({', '.join(SUITE_NAMES)})",
+                param_hint="--suite-scenario",
+            )
+        out = Path("out/suite" if out_dir == "out/evaluate" else out_dir)
+        try:
+            run_suite(
+                out,
+                seeds=seeds or 3,
+                loso=loso,
+                hashes=not no_hashes,
+                names=list(suite_names) or None,
+                console=Console(),
+            )
+        except (DPMarketError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        return
     from experiments.evaluate import (
         DEFAULT_EPSILONS,
         DEFAULT_SCENARIOS,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,9 @@ from common.cape.spec import AnyCapeSpec, CapeJobSpec
 from common.privacy.ledger import SessionSpend
 from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import make_rng
+from common.secagg.crypto import EcdsaSigner, EcdsaVerifier
 from common.sketches import PrivateSketch, SketchMechanism
+from common.sketches.spec import SketchSpec
 from common.summarization.endpoints import OwnerEndpoint
 from common.summarization.kernels import exact_kernel_greedy
 from common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
@@ -29,6 +32,7 @@ from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_f
 from curator.summarization.session import ProgressCallback, SummarizationSession
 from owner.cape import CapeSite
 from owner.data import PointSet, Table
+from owner.hash_keys import HashKeyParty
 from owner.local import LocalCapeSiteEndpoint, LocalOwnerEndpoint
 from owner.protocol import Owner
 from owner.secagg import SiteIdentity
@@ -71,10 +75,14 @@ def simulate(
     ids = list(owner_ids) if owner_ids is not None else [o.name for o in owners]
     # Unseeded runs draw production randomness everywhere: the owners ignore the curator's seeds.
     seeded = seed is not None
-    endpoints = [
-        LocalOwnerEndpoint(Owner(i, data, allow_seeded_sessions=seeded))
-        for i, data in zip(ids, owners, strict=True)
-    ]
+    endpoints = (
+        local_hash_owners(owners, ids, seeded=seeded)
+        if config.summary_form == "hashes"
+        else [
+            LocalOwnerEndpoint(Owner(i, data, allow_seeded_sessions=seeded))
+            for i, data in zip(ids, owners, strict=True)
+        ]
+    )
     return run_session(
         endpoints,
         validation,
@@ -84,6 +92,31 @@ def simulate(
         on_progress=on_progress,
         owner_sketches=owner_sketches,
     )
+
+
+def local_hash_owners(
+    owners: Sequence[PointSet], owner_ids: Sequence[str], *, seeded: bool = True
+) -> list[LocalOwnerEndpoint]:
+    """In-process owners that take part in the hashes mode (:mod:`owner.hash_keys`).
+
+    Each owner gets a fresh ECDSA P-256 identity key and trusts the others' public keys directly
+    (no CA in one process; a deployment takes them from the owners' certificates). The secret
+    they agree on comes from ``os.urandom`` whatever the seed: it must not be reproducible by
+    whoever knows a session seed.
+    """
+    keys = {name: ec.generate_private_key(ec.SECP256R1()) for name in owner_ids}
+    verifier = EcdsaVerifier({name: key.public_key() for name, key in keys.items()})
+    return [
+        LocalOwnerEndpoint(
+            Owner(
+                name,
+                data,
+                allow_seeded_sessions=seeded,
+                hash_party=HashKeyParty(name, EcdsaSigner(keys[name]), verifier),
+            )
+        )
+        for name, data in zip(owner_ids, owners, strict=True)
+    ]
 
 
 def publish_sketches(
@@ -128,6 +161,102 @@ def publish_sketches(
         name: mechanism.release(mechanism.domain.clamp(data.features)[0], noise)
         for name, data in zip(ids, owners, strict=True)
     }
+
+
+#: Owner ``k``'s sketch noise in a seeded run with sketch noise seed ``s`` is drawn from
+#: ``numpy.random.default_rng(s * SKETCH_SEED_STRIDE + k)``: the seed ``dpmarket sketch publish
+#: --seed`` gets from the local launcher, and the one ``dpmarket simulate --sketch-spec`` uses.
+SKETCH_SEED_STRIDE = 1000
+
+
+def owner_sketch_seed(seed: int, index: int) -> int:
+    """The sketch noise seed of owner number ``index`` (0-based, in the owners' order) in a run
+    seeded with ``seed`` (:data:`SKETCH_SEED_STRIDE`)."""
+    return int(seed) * SKETCH_SEED_STRIDE + int(index)
+
+
+def declared_sketch_spec(
+    declaration_path: str | Path, *, spec_name: str | None = None, seed: int | None
+) -> SketchSpec:
+    """The RFF spec a catalogue declaration file gives, drawn as the curator's catalogue draws it.
+
+    ``dpmarket serve-curator --sketch-spec FILE --sketch-seed S`` loads the declaration and
+    draws its parameters from :func:`common.privacy.rng.make_rng` ``(S)``; this draws the same
+    parameters from the same seed, so that sketches released in process under the result are
+    the ones the owners would publish to that catalogue.
+
+    Parameters
+    ----------
+    declaration_path : str or Path
+        A catalogue declaration (TOML, :func:`curator.sketches.load_declaration`).
+    spec_name : str, optional
+        The spec (``"<declaration>/rff"``); default: the declaration's RFF map.
+    seed : int or None
+        The catalogue's ``--sketch-seed`` (None: a CSPRNG, as a catalogue without one).
+
+    Raises
+    ------
+    FileNotFoundError, ValueError
+        As :func:`curator.sketches.load_declaration`; ``ValueError`` also when the declaration
+        has no RFF map or no spec of that name, or the spec is not an RFF spec.
+    """
+    from curator.sketches import load_declaration
+
+    declaration = load_declaration(declaration_path)
+    specs = {spec.name: spec for spec in declaration.draw(make_rng(seed))}
+    name = spec_name if spec_name is not None else f"{declaration.name}/rff"
+    if name not in specs:
+        raise ValueError(f"{declaration_path} declares the spec(s) {sorted(specs)}, not {name!r}")
+    if specs[name].kind != "rff":
+        raise ValueError(f"spec {name!r} is a {specs[name].kind} spec; the allocation reads RFF")
+    return specs[name]
+
+
+def release_spec_sketches(
+    tables: Sequence[Table], spec: SketchSpec, *, seed: int | None, epsilon: float | None = None
+) -> dict[str, PrivateSketch]:
+    """Every owner's sketch under a catalogue spec, released in this process as the owner
+    service releases it (:func:`owner.sketches.spec_records`, then the spec's mechanism).
+
+    Parameters
+    ----------
+    tables : sequence of Table
+        Each owner's table (the spec's columns are selected by name), named as the owner.
+    spec : SketchSpec
+        E.g. :func:`declared_sketch_spec`.
+    seed : int or None
+        Owner ``k``'s noise is seeded with :func:`owner_sketch_seed` ``(seed, k)``, as the local
+        launcher seeds ``dpmarket sketch publish --seed``; None: OpenDP's samplers.
+    epsilon : float, optional
+        Each sketch's epsilon (default: the spec's), within the spec's range.
+
+    Returns
+    -------
+    dict of str to PrivateSketch
+        By table name. No ledger is charged (in-process runs charge nothing).
+
+    Raises
+    ------
+    common.errors.InvalidArgumentError
+        If a table lacks a column of the spec or the epsilon is outside its range.
+    ValueError
+        If ``spec`` is a marginals spec (not a linear sketch).
+    """
+    from common.sketches.marginals import MarginalsMechanism
+    from owner.sketches import spec_records
+
+    mechanism = spec.mechanism(epsilon)
+    if isinstance(mechanism, MarginalsMechanism):
+        raise ValueError(f"spec {spec.name!r} is a marginals spec; the allocation reads RFF")
+    out = {}
+    for k, table in enumerate(tables):
+        noise: NoiseSource = (
+            OpenDPNoise()
+            if seed is None
+            else SeededNoise(np.random.default_rng(owner_sketch_seed(seed, k)))
+        )
+        out[table.name] = mechanism.release(spec_records(spec, table), noise)
+    return out
 
 
 def run_session(

@@ -132,7 +132,7 @@ class Scenario:
     seed_set : ndarray of shape (n0, n_features), float64
         Public seed set ``D_init`` from a different source than the consumer's task; it is not
         private (summarization paper, Section 4: "the seed set ... can be completely random")
-        and is never part of an owner's data.
+        and is never part of an owner's data. May be empty (n0 = 0): most consumers have none.
     gamma : float
         RBF kernel parameter, ``k(x, y) = exp(-gamma * ||x - y||**2)``, suited to the features'
         scaling.
@@ -190,7 +190,9 @@ class Scenario:
             self, "validation", check_matrix(self.validation, "validation", n_features=n_features)
         )
         object.__setattr__(
-            self, "seed_set", check_matrix(self.seed_set, "seed set", n_features=n_features)
+            self,
+            "seed_set",
+            check_matrix(self.seed_set, "seed set", n_features=n_features, allow_empty=True),
         )
         if self.test.n_features != n_features:
             raise ValueError(
@@ -691,9 +693,10 @@ def write_scenario(scenario: Scenario, directory: str | Path) -> dict[str, Path]
     """Write a scenario's sets to a directory, one file per party.
 
     Files: ``owner-<i>.parquet`` per owner (feature columns ``f0..`` and ``label``),
-    ``validation.npy`` (features only), ``seed_set.npy``, ``test.parquet`` (features and
-    ``label``), and ``scenario.json`` with the name, description, ``gamma``, ``default_p``,
-    ``n_features`` and, per set, its file name and number of points (and each owner's name).
+    ``validation.npy`` (features only), ``seed_set.npy`` (when the seed set is not empty),
+    ``test.parquet`` (features and ``label``), and ``scenario.json`` with the name,
+    description, ``gamma``, ``default_p``, ``n_features`` and, per set, its file name and
+    number of points (and each owner's name).
     Every data file reads back with :func:`owner.data.load_point_set`. A scenario with owner
     tables also writes ``owner-<i>-table.parquet`` per owner (its named columns, for
     ``serve-owner --table`` and ``sketch publish --table``; read with
@@ -739,9 +742,10 @@ def write_scenario(scenario: Scenario, directory: str | Path) -> dict[str, Path]
         owners_meta.append(meta_owner)
     sets = {
         "validation": (PointSet(scenario.validation, None, "validation"), "validation.npy"),
-        "seed_set": (PointSet(scenario.seed_set, None, "seed_set"), "seed_set.npy"),
         "test": (scenario.test, "test.parquet"),
     }
+    if scenario.seed_set.shape[0] > 0:  # a scenario without a seed set writes no file for it
+        sets["seed_set"] = (PointSet(scenario.seed_set, None, "seed_set"), "seed_set.npy")
     meta: dict[str, Any] = {
         "name": scenario.name,
         "description": scenario.description,

@@ -20,6 +20,7 @@ from common.schema import Schema
 from common.secagg.endpoints import MaskedInput, SurvivorAttestation
 from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.summarization.hashes import HashAdvert
 from common.summarization.rff import RFFParams
 from common.summarization.terms import OwnerTerms
 from owner.cape import CapeSite
@@ -57,10 +58,10 @@ class LocalOwnerEndpoint:
         )
 
     async def set_validation_embedding(
-        self, session_id: str, embedding: NDArray[np.float64]
+        self, session_id: str, embedding: NDArray[np.float64], *, shrinkage_sigma: float = 0.0
     ) -> None:
         """See :meth:`OwnerSession.set_validation_embedding`."""
-        self.owner.set_validation_embedding(session_id, embedding)
+        self.owner.set_validation_embedding(session_id, embedding, shrinkage_sigma=shrinkage_sigma)
 
     async def bid(
         self, session_id: str, round_: int, summary_embedding: NDArray[np.float64], q: int
@@ -95,6 +96,28 @@ class LocalOwnerEndpoint:
     async def close_session(self, session_id: str) -> SessionSpend:
         """See :meth:`Owner.close_session`."""
         return self.owner.close_session(session_id)
+
+    async def hash_advertise(self, session_id: str) -> HashAdvert:
+        """See :meth:`Owner.hash_advertise`."""
+        return self.owner.hash_advertise(session_id)
+
+    async def hash_distribute(
+        self, session_id: str, adverts: Mapping[str, HashAdvert]
+    ) -> dict[str, tuple[bytes, bytes]]:
+        """See :meth:`Owner.hash_distribute`."""
+        return self.owner.hash_distribute(session_id, adverts)
+
+    async def hash_receive(
+        self, session_id: str, adverts: Mapping[str, HashAdvert], envelope: tuple[bytes, bytes]
+    ) -> str:
+        """See :meth:`Owner.hash_receive`."""
+        return self.owner.hash_receive(session_id, adverts, envelope)
+
+    async def propose_hashes(
+        self, session_id: str, count: int, gamma: float
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        """See :meth:`Owner.propose_hashes`."""
+        return self.owner.propose_hashes(session_id, count, gamma)
 
 
 class LocalSecureAggregationEndpoint:

@@ -190,6 +190,20 @@ def _h1_sum_task(
     return int(x.shape[0]), total
 
 
+def _h1_moments_task(
+    partition: Partition, reader: _Reader, rff: RFFParams
+) -> tuple[int, NDArray[np.float64], NDArray[np.float64]]:
+    """The partition's rows, the sum of their h1 features and of their outer products."""
+    x, _ = reader.read(partition)
+    total = np.zeros(rff.d)
+    outer = np.zeros((rff.d, rff.d))
+    for start in range(0, x.shape[0], CHUNK_ROWS):
+        h = random_fourier_features(x[start : start + CHUNK_ROWS], rff, dtype=np.float64)
+        total += h.sum(axis=0)
+        outer += h.T @ h
+    return int(x.shape[0]), total, outer
+
+
 def _available_task(partition: Partition, sent: NDArray[np.int64]) -> int:
     return partition.rows - int(_local_exclude(partition, sent).size)
 
@@ -341,6 +355,23 @@ class PartitionedData:
         found = self._map(_h1_sum_task, self.reader, rff, progress=progress, cancel=cancel)
         total = sum(t for _, t in found)
         return np.asarray(total, dtype=np.float64) / sum(n for n, _ in found)
+
+    def h1_moments(
+        self,
+        rff: RFFParams,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """The mean h1 embedding (shape (d,)) and the uncentered second moment
+        ``sum_i h1(x_i) h1(x_i)^T / n`` (shape (d, d)) of every point, summed over partitions:
+        what :func:`common.summarization.candidates.shrink_towards_moments` reads. Never leaves
+        the owner."""
+        found = self._map(_h1_moments_task, self.reader, rff, progress=progress, cancel=cancel)
+        n = sum(k for k, _, _ in found)
+        total = np.asarray(sum(t for _, t, _ in found), dtype=np.float64)
+        outer = np.asarray(sum(o for _, _, o in found), dtype=np.float64)
+        return total / n, outer / n
 
     def count_at_least(
         self,

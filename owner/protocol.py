@@ -26,7 +26,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,13 +48,16 @@ from common.privacy.ledger import SessionSpend
 from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import production_rng
 from common.schema import Schema
+from common.summarization.candidates import shrink_towards_moments, shrink_towards_points
 from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from common.summarization.hashes import HashAdvert, hash_points
 from common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
 from common.summarization.rff import RFFParams, random_fourier_features
 from common.summarization.terms import OwnerTerms
-from common.validation import check_positive_int, check_vector
+from common.validation import check_matrix, check_positive_int, check_vector
 from owner.data import PointSet
 from owner.engine import WorkCancelled
+from owner.hash_keys import HashKeyParty
 from owner.ledger import OwnerLedger
 from owner.limits import WorkLimits
 from owner.partitioned import PartitionedData
@@ -168,6 +171,15 @@ class _MemoryWork:
             self.features, target, np.zeros((0, d)), count, exclude=self.mask(sent)
         )
 
+    def shrink(
+        self,
+        target: NDArray[np.floating],
+        sigma: float,
+        _progress: Progress,
+        _cancel: threading.Event,
+    ) -> NDArray[np.float64]:
+        return shrink_towards_points(target, self.features, sigma)[0]
+
     def sample(
         self,
         count: int,
@@ -263,6 +275,17 @@ class _PartitionedWork:
         self._keep(index, rows, labels)
         return index
 
+    def shrink(
+        self,
+        target: NDArray[np.floating],
+        sigma: float,
+        progress: Progress,
+        cancel: threading.Event,
+    ) -> NDArray[np.float64]:
+        progress.start("shrink", len(self.data.partitions))
+        mean, second = self.data.h1_moments(self.rff, progress=progress.update, cancel=cancel)
+        return shrink_towards_moments(target, mean, second, sigma)[0]
+
     def sample(
         self,
         count: int,
@@ -348,6 +371,8 @@ class OwnerSession:
         self._sent: list[int] = []
         self.released = 0
         self.validation_embedding: NDArray[np.floating] | None = None
+        #: The validation embedding's noise per coordinate (0: use the embedding as given).
+        self.shrinkage_sigma = 0.0
         self.round = 0
         self._offered: int | None = None
         self._offered_bid = 0.0
@@ -414,13 +439,29 @@ class OwnerSession:
         finally:
             self.progress.finish()
 
-    def set_validation_embedding(self, embedding: NDArray[np.float64]) -> None:
+    def set_validation_embedding(
+        self, embedding: NDArray[np.float64], *, shrinkage_sigma: float = 0.0
+    ) -> None:
         """Store the private validation embedding gtilde (Algorithm 3, step 3).
+
+        Parameters
+        ----------
+        embedding : ndarray of shape (d,)
+            gtilde, a Gaussian (or MWEM) release about the validation set.
+        shrinkage_sigma : float
+            How much noise :meth:`propose_candidates` assumes per coordinate of ``embedding``
+            (public: the release's noise standard deviation, a function of its epsilon, delta
+            and m, times the square root of the session's shrinkage strength), or 0. When > 0,
+            the proposal matches the embedding shrunk towards this owner's own mean h1 by as
+            much as that noise hides the difference
+            (:func:`common.summarization.candidates.shrink_towards_points`); bids always use
+            ``embedding`` as given (the curator verifies them against it).
 
         Raises
         ------
         InvalidArgumentError
-            If ``embedding`` is not of shape (d,) or is not finite.
+            If ``embedding`` is not of shape (d,) or is not finite, or ``shrinkage_sigma`` is
+            negative or not finite.
         FailedPreconditionError
             If a round has been bid already.
         """
@@ -428,10 +469,15 @@ class OwnerSession:
             raise FailedPreconditionError(
                 f"the validation embedding must be set before round 1; round {self.round} is done"
             )
+        if not (math.isfinite(shrinkage_sigma) and shrinkage_sigma >= 0):
+            raise InvalidArgumentError(
+                f"shrinkage_sigma must be finite and >= 0, got {shrinkage_sigma}"
+            )
         try:
             self.validation_embedding = check_vector(embedding, "validation_embedding", size=self.d)
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
+        self.shrinkage_sigma = float(shrinkage_sigma)
 
     def bid(
         self, round_: int, summary_embedding: NDArray[np.float64], summary_size: int
@@ -574,7 +620,9 @@ class OwnerSession:
         self._pay(0, "relevance count")
         return float(count + self.noise.laplace(1.0 / epsilon, 1)[0])
 
-    def propose_candidates(self, count: int) -> NDArray[np.int64]:
+    def propose_candidates(
+        self, count: int, *, what: str = "raw points (candidates)"
+    ) -> NDArray[np.int64]:
         """Choose ``count`` unsent points by a local greedy against ``gtilde``; charge; mark sent.
 
         The greedy matches the validation embedding with this owner's points alone
@@ -582,6 +630,22 @@ class OwnerSession:
         nothing but this owner's data and the private embedding. On a partitioned table it is
         GreeDi (:mod:`common.summarization.partitioned`): still a selection of this owner's
         rows, each of which may be chosen once, so the privacy analysis is unchanged.
+
+        When the curator stated the embedding's noise (``shrinkage_sigma`` > 0), the target is
+        first shrunk towards this owner's own mean h1 by as much as the noise hides the
+        difference in the owner's own scores
+        (:func:`common.summarization.candidates.shrink_towards_points`; on a partitioned table
+        from its h1 moments, one more pass, :func:`~common.summarization.candidates.
+        shrink_towards_moments`): with a small
+        validation set the owner then proposes a representative sample of its own data (kernel
+        herding), which the curator's exact re-ranking sorts, instead of the points that match
+        the noise's direction; with a large one it follows gtilde.
+
+        Notes
+        -----
+        The shrinkage uses this owner's data, the release and the public ``shrinkage_sigma`` only,
+        and its result never leaves the owner: what leaves are the proposed points, charged as
+        every raw point. It is post-processing of the release for the validation set's privacy.
 
         Raises
         ------
@@ -599,12 +663,14 @@ class OwnerSession:
         if count > unsent:
             raise InvalidArgumentError(f"count {count} exceeds the {unsent} points not yet sent")
         if self.released + count > self.allowance:
-            self._pay(count, "raw points (candidates)")  # refuses before any computation
+            self._pay(count, what)  # refuses before any computation
         with self._computing("local greedy"):
+            if self.shrinkage_sigma > 0:
+                g = self.work.shrink(g, self.shrinkage_sigma, self.progress, self.cancel)
             chosen = self.work.candidates(
                 g, count, self.sent_indices, self.rng, self.progress, self.cancel
             )
-        self._pay(count, "raw points (candidates)")
+        self._pay(count, what)
         self._mark_sent(chosen)
         return chosen
 
@@ -682,6 +748,9 @@ class Owner:
     limits : WorkLimits, optional
         The owner's memory and time budgets: a session whose estimated work exceeds them is
         refused when it opens (:mod:`owner.limits`); default: none.
+    hash_party : HashKeyParty, optional
+        This owner's side of the hashes mode's key agreement (:mod:`owner.hash_keys`); without
+        it the owner takes no part in hashes sessions.
 
     Notes
     -----
@@ -703,6 +772,7 @@ class Owner:
         clock: Callable[[], float] = time.monotonic,
         schema: Schema | None = None,
         limits: WorkLimits | None = None,
+        hash_party: HashKeyParty | None = None,
     ) -> None:
         if not owner_id:
             raise ValueError("owner_id must be a non-empty string")
@@ -721,6 +791,7 @@ class Owner:
         self.allow_seeded_sessions = allow_seeded_sessions
         self.clock = clock
         self.limits = limits
+        self.hash_party = hash_party
         self._slots: dict[str, _Slot] = {}
         self._lock = threading.Lock()
         # Sessions whose opening was cancelled while it ran (its caller gone): not registered.
@@ -1004,11 +1075,16 @@ class Owner:
             yield slot.session
 
     def set_validation_embedding(
-        self, session_id: str, embedding: NDArray[np.float64], curator: str = LOCAL_CURATOR
+        self,
+        session_id: str,
+        embedding: NDArray[np.float64],
+        curator: str = LOCAL_CURATOR,
+        *,
+        shrinkage_sigma: float = 0.0,
     ) -> None:
         """See :meth:`OwnerSession.set_validation_embedding`."""
         with self._step(session_id, curator) as session:
-            session.set_validation_embedding(embedding)
+            session.set_validation_embedding(embedding, shrinkage_sigma=shrinkage_sigma)
 
     def bid(
         self,
@@ -1054,6 +1130,88 @@ class Owner:
         """Release ``count`` candidates chosen by the local greedy (candidates method)."""
         with self._step(session_id, curator) as session:
             return self._points(session, session.propose_candidates(count))
+
+    # ---------------------------------------------------------------- the hashes mode
+    def _party(self) -> HashKeyParty:
+        if self.hash_party is None:
+            raise FailedPreconditionError(
+                f"owner {self.owner_id} takes no part in hashes sessions (no hash-key identity)"
+            )
+        return self.hash_party
+
+    def hash_advertise(self, session_id: str, curator: str = LOCAL_CURATOR) -> HashAdvert:
+        """The hashes mode, step 1: this owner's signed key for the session's agreement
+        (:meth:`owner.hash_keys.HashKeyParty.advertise`)."""
+        with self._step(session_id, curator):
+            return self._party().advertise(session_id)
+
+    def hash_distribute(
+        self,
+        session_id: str,
+        adverts: Mapping[str, HashAdvert],
+        curator: str = LOCAL_CURATOR,
+    ) -> dict[str, tuple[bytes, bytes]]:
+        """Step 2, at the leader: draw the secret and encrypt it to every other owner."""
+        with self._step(session_id, curator):
+            return self._party().distribute(session_id, adverts)
+
+    def hash_receive(
+        self,
+        session_id: str,
+        adverts: Mapping[str, HashAdvert],
+        envelope: tuple[bytes, bytes],
+        curator: str = LOCAL_CURATOR,
+    ) -> str:
+        """Step 3: decrypt the leader's envelope; return the secret's public id."""
+        with self._step(session_id, curator):
+            return self._party().receive(session_id, adverts, envelope)
+
+    def hash_key_id(self, session_id: str, curator: str = LOCAL_CURATOR) -> str:
+        """The public id of the session's agreed secret."""
+        with self._step(session_id, curator):
+            return self._party().key_id(session_id)
+
+    def propose_hashes(
+        self, session_id: str, count: int, gamma: float, curator: str = LOCAL_CURATOR
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        """The hashes mode's proposal: ``count`` points chosen by the local greedy (as
+        :meth:`propose_candidates`), released as their h1 hashes under the owners' secret map
+        (:func:`common.summarization.hashes.hash_parameters`, dimension d of the session's h1,
+        kernel ``gamma``), with their labels. Each hash is charged as the raw point it
+        describes: Theorem 9 protects the point only from receivers without the map.
+
+        Raises
+        ------
+        FailedPreconditionError
+            If this owner takes no part in hashes sessions, the secret is not agreed, or as
+            :meth:`OwnerSession.propose_candidates`.
+        """
+        with self._step(session_id, curator) as session:
+            party = self._party()
+            key_id = party.key_id(session_id)
+            chosen = session.propose_candidates(count, what="raw points as h1 hashes")
+            d = session.d
+            points, labels = self._points(session, chosen)
+        params = party.params(key_id, points.shape[1], d, gamma)
+        return hash_points(points, params), labels
+
+    def hash_points(
+        self, key_id: str, points: NDArray[np.float64], d: int, gamma: float
+    ) -> NDArray[np.float64]:
+        """h1 of a consumer's new points under the map of the secret ``key_id``, so that a
+        model trained on a hashes summary can be applied to them (only an owner can: module
+        :mod:`common.summarization.hashes`). Nothing of this owner's data is used.
+
+        Raises
+        ------
+        FailedPreconditionError
+            If this owner holds no secret with that id.
+        """
+        try:
+            x = check_matrix(points, "points")
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
+        return hash_points(x, self._party().params(key_id, x.shape[1], d, gamma))
 
     def _points(
         self, session: OwnerSession, index: NDArray[np.int64]

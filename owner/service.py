@@ -97,7 +97,9 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
     @rpc("curator")
     async def SetValidationEmbedding(self, request, context, caller):  # type: ignore[no-untyped-def]
         embedding = convert.vector_from_proto(request.validation_embedding, "validation_embedding")
-        self.owner.set_validation_embedding(request.session_id, embedding, str(caller))
+        self.owner.set_validation_embedding(
+            request.session_id, embedding, str(caller), shrinkage_sigma=request.shrinkage_sigma
+        )
         return owner_pb2.SetValidationEmbeddingResponse()
 
     @rpc("curator")

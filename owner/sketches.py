@@ -64,6 +64,7 @@ __all__ = [
     "data_digest",
     "ledger_session",
     "publish_to",
+    "spec_records",
 ]
 
 logger = logging.getLogger(__name__)
@@ -109,6 +110,36 @@ class Publication:
     charged_now: bool
     data_digest: str
     delivered_to: tuple[str, ...]
+
+
+def spec_records(spec: SketchSpec, table: Table) -> NDArray[np.float64]:
+    """The spec's columns of ``table``, in the domain's order, projected onto the domain
+    (values outside clamped to its bounds, discrete values moved to their nearest level; how
+    many moved is logged here, never returned): exactly the records an owner's sketch under
+    ``spec`` describes, whether released by the owner service or in process.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the spec names no column or a column is missing (names only).
+    """
+    names = list(spec.domain.names)
+    if not names:
+        raise InvalidArgumentError(f"spec {spec.name} names no columns")
+    try:
+        values = table.select(names)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from None
+    with on_private_data(f"{spec.name}: reading the records"):
+        records, moved = spec.domain.clamp(values, f"table {table.name!r}")
+    if moved.any():
+        logger.warning(
+            "%s: values projected onto the spec's domain (this log only): %s of %d rows",
+            spec.name,
+            ", ".join(f"{names[j]!r} {int(m)}" for j, m in enumerate(moved) if m),
+            records.shape[0],
+        )
+    return records
 
 
 class SketchPublisher:
@@ -194,32 +225,8 @@ class SketchPublisher:
 
     # ---------------------------------------------------------------------------- release
     def records(self, spec: SketchSpec, table: Table) -> NDArray[np.float64]:
-        """The spec's columns of ``table``, in the domain's order, projected onto the domain
-        (values outside clamped to its bounds, discrete values moved to their nearest level;
-        how many moved is logged here, never returned).
-
-        Raises
-        ------
-        InvalidArgumentError
-            If the spec names no column or a column is missing (names only).
-        """
-        names = list(spec.domain.names)
-        if not names:
-            raise InvalidArgumentError(f"spec {spec.name} names no columns")
-        try:
-            values = table.select(names)
-        except ValueError as exc:
-            raise InvalidArgumentError(str(exc)) from None
-        with on_private_data(f"{spec.name}: reading the records"):
-            records, moved = spec.domain.clamp(values, f"table {table.name!r}")
-        if moved.any():
-            logger.warning(
-                "%s: values projected onto the spec's domain (this log only): %s of %d rows",
-                spec.name,
-                ", ".join(f"{names[j]!r} {int(m)}" for j, m in enumerate(moved) if m),
-                records.shape[0],
-            )
-        return records
+        """The records this owner releases under ``spec``: :func:`spec_records`."""
+        return spec_records(spec, table)
 
     def publish(
         self,

@@ -236,3 +236,117 @@ def _water_fill(
         shares += give
         remaining -= float(give.sum())
     return shares
+
+
+def shrink_towards_points(
+    noisy: ArrayLike, features: ArrayLike, noise_sigma: float
+) -> tuple[NDArray[np.float64], float]:
+    """Shrink a Gaussian-noised embedding towards the mean of a point set, in that set's metric.
+
+    An owner proposing candidates scores its own points by ``g . h1(x)``; what matters is the
+    error of those scores, ``E_x[((g_hat - g) . h1(x))^2] = (g_hat - g)^T Sigma (g_hat - g)``
+    with ``Sigma = mean_x h1(x) h1(x)^T`` over its points, not the Euclidean error of the
+    d-dimensional vector. Writing ``y = noisy - mu`` (``mu`` the points' mean h1) ``= theta +
+    n``, ``n ~ N(0, sigma^2 I_d)``, the shrunk embedding ``mu + alpha y`` has the expected loss
+    ``alpha^2 (theta^T Sigma theta + sigma^2 tr Sigma) - 2 alpha theta^T Sigma theta + theta^T
+    Sigma theta``, smallest at ``alpha* = theta^T Sigma theta / (theta^T Sigma theta +
+    sigma^2 tr Sigma)``. Since ``E[y^T Sigma y] = theta^T Sigma theta + sigma^2 tr Sigma``, the
+    plug-in estimate is ``alpha = max(0, 1 - sigma^2 tr Sigma / y^T Sigma y)``. The noise
+    enters through ``tr Sigma = mean ||h1(x)||^2 <= 2`` whatever d, where the Euclidean
+    James-Stein factor (:func:`shrink_embedding`) charges ``(d - 2) sigma^2``: the noise in
+    directions the owner's points do not span moves no score and is not counted.
+
+    Parameters
+    ----------
+    noisy : array-like of shape (d,)
+        ``g + N(0, noise_sigma^2 I_d)``, the released embedding.
+    features : array-like of shape (n, d)
+        h1 features of the points (an owner's own), n >= 1.
+    noise_sigma : float
+        The release's noise per coordinate, > 0 (public).
+
+    Returns
+    -------
+    shrunk : ndarray of shape (d,), float64
+        ``mu + alpha (noisy - mu)``.
+    alpha : float
+        In [0, 1].
+
+    Raises
+    ------
+    ValueError
+        If the shapes differ, a value is not finite, or ``noise_sigma`` is not a finite number
+        > 0.
+
+    Notes
+    -----
+    Privacy: a function of the release, the public ``noise_sigma`` and the points' owner's own
+    data; post-processing for the validation set, computed where the points are.
+    """
+    y = check_vector(noisy, "noisy embedding").astype(np.float64)
+    x = np.asarray(features)
+    if x.ndim != 2 or x.shape[1] != y.shape[0] or x.shape[0] == 0:
+        raise ValueError(
+            f"features must have shape (n >= 1, {y.shape[0]}), got {getattr(x, 'shape', None)}"
+        )
+    if not (math.isfinite(noise_sigma) and noise_sigma > 0):
+        raise ValueError(f"noise_sigma must be a finite number > 0, got {noise_sigma}")
+    mu = x.mean(axis=0, dtype=np.float64)
+    diff = y - mu
+    scores = x @ diff.astype(x.dtype)
+    quad = float(np.mean(np.square(scores, dtype=np.float64)))
+    trace = float(np.mean(np.einsum("ij,ij->i", x, x, dtype=np.float64)))
+    if not (math.isfinite(quad) and math.isfinite(trace)):
+        raise ValueError("features and the embedding must be finite")
+    return _shrunk(mu, diff, quad, trace, noise_sigma)
+
+
+def shrink_towards_moments(
+    noisy: ArrayLike, mean: ArrayLike, second_moment: ArrayLike, noise_sigma: float
+) -> tuple[NDArray[np.float64], float]:
+    """:func:`shrink_towards_points` from the points' h1 moments instead of the points: for a
+    table read partition by partition, whose moments are sums over partitions.
+
+    Parameters
+    ----------
+    noisy : array-like of shape (d,)
+        The released embedding.
+    mean : array-like of shape (d,)
+        ``mu = mean_x h1(x)`` over the points.
+    second_moment : array-like of shape (d, d)
+        ``Sigma = mean_x h1(x) h1(x)^T`` (uncentered), symmetric positive semi-definite.
+    noise_sigma : float
+        The release's noise per coordinate, > 0 (public).
+
+    Returns
+    -------
+    shrunk, alpha
+        As :func:`shrink_towards_points`: ``y^T Sigma y`` with ``y = noisy - mu`` is the mean
+        squared score of the same points, and ``tr Sigma`` their mean squared norm.
+
+    Raises
+    ------
+    ValueError
+        If the shapes differ, a value is not finite, or ``noise_sigma`` is not a finite number
+        > 0.
+    """
+    y = check_vector(noisy, "noisy embedding").astype(np.float64)
+    mu = check_vector(mean, "mean", size=y.shape[0]).astype(np.float64)
+    sigma = np.asarray(second_moment, dtype=np.float64)
+    if sigma.shape != (y.shape[0], y.shape[0]) or not np.all(np.isfinite(sigma)):
+        raise ValueError(
+            f"second_moment must be a finite ({y.shape[0]}, {y.shape[0]}) matrix, "
+            f"got shape {sigma.shape}"
+        )
+    if not (math.isfinite(noise_sigma) and noise_sigma > 0):
+        raise ValueError(f"noise_sigma must be a finite number > 0, got {noise_sigma}")
+    diff = y - mu
+    return _shrunk(mu, diff, float(diff @ sigma @ diff), float(np.trace(sigma)), noise_sigma)
+
+
+def _shrunk(
+    mu: NDArray[np.float64], diff: NDArray[np.float64], quad: float, trace: float, sigma: float
+) -> tuple[NDArray[np.float64], float]:
+    """``mu + alpha diff`` with ``alpha = max(0, 1 - sigma^2 trace / quad)`` (0 when quad is 0)."""
+    alpha = 0.0 if quad <= 0.0 else max(0.0, 1.0 - sigma**2 * trace / quad)
+    return mu + alpha * diff, alpha

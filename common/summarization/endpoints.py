@@ -7,6 +7,7 @@ errors of :mod:`common.errors`; a transport failure is :class:`common.errors.Una
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -15,6 +16,7 @@ from numpy.typing import NDArray
 
 from common.privacy.ledger import SessionSpend
 from common.schema import Schema
+from common.summarization.hashes import HashAdvert
 from common.summarization.rff import RFFParams
 
 if TYPE_CHECKING:
@@ -102,9 +104,10 @@ class OwnerEndpoint(Protocol):
         ...
 
     async def set_validation_embedding(
-        self, session_id: str, embedding: NDArray[np.float64]
+        self, session_id: str, embedding: NDArray[np.float64], *, shrinkage_sigma: float = 0.0
     ) -> None:
-        """Broadcast the validation embedding gtilde."""
+        """Broadcast the validation embedding gtilde, with its noise per coordinate when the
+        owner's candidate proposal should shrink it towards the owner's own mean h1 (0: not)."""
         ...
 
     async def bid(
@@ -136,4 +139,27 @@ class OwnerEndpoint(Protocol):
 
     async def close_session(self, session_id: str) -> SessionSpend:
         """Let the owner forget the session; return what its ledger recorded for it."""
+        ...
+
+    async def hash_advertise(self, session_id: str) -> HashAdvert:
+        """The hashes mode: the owner's signed key for the session's secret
+        (:mod:`common.summarization.hashes`)."""
+        ...
+
+    async def hash_distribute(
+        self, session_id: str, adverts: Mapping[str, HashAdvert]
+    ) -> dict[str, tuple[bytes, bytes]]:
+        """The hashes mode, at the leader: the secret encrypted to every other owner."""
+        ...
+
+    async def hash_receive(
+        self, session_id: str, adverts: Mapping[str, HashAdvert], envelope: tuple[bytes, bytes]
+    ) -> str:
+        """The hashes mode: the owner decrypts the leader's envelope; the secret's public id."""
+        ...
+
+    async def propose_hashes(
+        self, session_id: str, count: int, gamma: float
+    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+        """The hashes mode: ``count`` proposals as h1 hashes under the owners' secret map."""
         ...

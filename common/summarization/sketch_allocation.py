@@ -28,18 +28,24 @@ respect to ``D_v``:
    better than the proportional split: kernel densities differ between owners by small factors,
    which the proportional split flattens.
 3. The released decision ``r~ = (1/m) sum_v pi(v) + N(0, s^2 I_K)`` (:func:`noisy_relevance`),
-   and the candidate budget split in proportion to ``max(r~, 0)`` after an even share
-   (:func:`common.summarization.candidates.allocate_candidates`).
+   shrunk towards the even split ``1/K`` by as much as its noise hides it
+   (:func:`shrink_decision`), and the candidate budget split in proportion to its positive part
+   after an even share (:func:`common.summarization.candidates.allocate_candidates`). The
+   validation party's budget is split between the embedding and the decision by
+   :func:`derived_allocation_share` (public m, K, epsilon, delta) unless the request fixes it.
 4. Each owner proposes its share by a local greedy against the validation embedding released
-   beside the decision, shrunk towards the public seed set's mean h1 by as much as its noise
-   hides it (:func:`common.summarization.candidates.shrink_embedding`; post-processing). With a
-   small validation set (digits, m = 44) the unshrunk embedding's noise, not the decision's,
-   was what sent owners' proposals away from D_v (README, "Sketch allocation").
+   beside the decision, shrunk by as much as its noise hides it: towards the public seed set's
+   mean h1 (:func:`common.summarization.candidates.shrink_embedding`, at the curator) or,
+   without a seed set, towards the owner's own mean h1 in the metric of its own scores
+   (:func:`common.summarization.candidates.shrink_towards_points`, at the owner); never towards
+   zero, which only scales the embedding down (README, "Scenario suite").
 
 Privacy (Notes of :func:`relevance_sensitivity`): replacing one validation point moves ``r``
-by at most ``sqrt(2) / m`` in L2 whatever the relevance score, so the Gaussian mechanism
-calibrated on that sensitivity is ``(epsilon, delta)``-DP with respect to ``D_v``; everything the
-owners receive from it (their shares) is post-processing. The sketches are post-processed too:
+by at most ``sqrt(2) / m`` in L2 whatever the relevance score and norm weight, so the Gaussian
+mechanism calibrated on that sensitivity is ``(epsilon, delta)``-DP with respect to ``D_v``, and
+with the embedding the two compose to the validation party's ``(epsilon, delta)`` for every
+split (:func:`split_gaussian_sigmas`); everything the owners receive from it (their shares, the
+shrunk decision) is post-processing with public values. The sketches are post-processed too:
 they cost their owners nothing beyond what their publication charged.
 """
 
@@ -55,7 +61,8 @@ from numpy.typing import ArrayLike, NDArray
 from common.privacy.accounting import analytic_gaussian_sigma
 from common.privacy.noise import NoiseSource
 from common.sketches import RFFMap, SketchLike, SyntheticDesign, regularization
-from common.validation import check_matrix, check_positive_int
+from common.summarization.candidates import shrink_embedding
+from common.validation import check_matrix, check_positive_int, check_vector
 
 __all__ = [
     "DEFAULT_M2M_SYNTHETIC",
@@ -65,13 +72,16 @@ __all__ = [
     "relevance_matrix",
     "relevance_sensitivity",
     "responsibilities",
+    "shrink_decision",
     "split_gaussian_sigmas",
 ]
 
-RelevanceScore = Literal["density", "mass", "m2m", "mmd"]
-#: Every relevance score, the default first: the MMD vote, the only one that found the digits
-#: owner reliably, and within 3 % of the best on flights (README, "Measured results").
-RELEVANCE_SCORES: tuple[RelevanceScore, ...] = ("mmd", "density", "mass", "m2m")
+RelevanceScore = Literal["share", "density", "mass", "m2m", "mmd"]
+#: Every relevance score, the default first (README, "Scenario suite").
+RELEVANCE_SCORES: tuple[RelevanceScore, ...] = ("share", "mmd", "density", "mass", "m2m")
+#: The scores whose responsibilities are a vote for the owner of largest relevance; ``"share"``
+#: splits each validation point among the owners in proportion to their kernel mass.
+VOTING_SCORES: tuple[RelevanceScore, ...] = ("mmd", "density", "mass", "m2m")
 #: Synthetic points of the M2M design of the ``"m2m"`` score (the paper uses 1e5; the estimate
 #: is an average over them, so 2e4 keeps its sampling error well below the sketches' noise).
 DEFAULT_M2M_SYNTHETIC = 20_000
@@ -188,6 +198,7 @@ def relevance_matrix(
     rng: np.random.Generator | None = None,
     bandwidth: float | None = None,
     n_synthetic: int = DEFAULT_M2M_SYNTHETIC,
+    norm_weight: float = 1.0,
 ) -> NDArray[np.float64]:
     """Relevance ``u_k(v) >= 0`` of every owner's sketch to every validation point.
 
@@ -206,6 +217,12 @@ def relevance_matrix(
         sigma).
     n_synthetic : int
         Synthetic points of the M2M design (``"m2m"``).
+    norm_weight : float
+        ``"mmd"`` only: the weight ``lambda`` in [0, 1] of the sketch's squared norm in the
+        distance ``lambda ||z_k||^2 - 2 <z_k, Phi(v)> / m'`` (1: the MMD between ``v`` and the
+        owner's data; 0: the vote for the densest owner at ``v``). The norm favours diffuse
+        owners whatever their points near ``v``, and for a small owner it is mostly its
+        sketch's noise; a weight below 1 keeps part of it (README, "Scenario suite").
 
     Returns
     -------
@@ -216,7 +233,8 @@ def relevance_matrix(
     ------
     ValueError
         If there is no sketch, a sketch is not RFF or has another attribute count than
-        ``validation``, the score is unknown, or ``"m2m"`` is asked without ``rng``.
+        ``validation``, the score is unknown, ``"m2m"`` is asked without ``rng``, or
+        ``norm_weight`` is outside [0, 1].
 
     Notes
     -----
@@ -228,6 +246,8 @@ def relevance_matrix(
         raise ValueError("the allocation needs at least one sketch")
     if score not in RELEVANCE_SCORES:
         raise ValueError(f"score must be one of {RELEVANCE_SCORES}, got {score!r}")
+    if not (math.isfinite(norm_weight) and 0.0 <= norm_weight <= 1.0):
+        raise ValueError(f"norm_weight must lie in [0, 1], got {norm_weight}")
     v = np.asarray(check_matrix(validation, "validation set"), dtype=np.float64)
     k = len(sketches)
     out = np.zeros((v.shape[0], k), dtype=np.float64)
@@ -246,12 +266,17 @@ def relevance_matrix(
             continue
         phi = fmap.features(v)  # (m, 2 m')
         scale = fmap.l2_sensitivity**2  # m': Phi(x) . Phi(y) / m' estimates k(x, y)
-        if score == "mass":
+        if score in ("mass", "share"):
             # z_hat * n_hat: the noisy sum (exactly, when the noisy count is at least 1).
             sums = np.stack(
                 [sketches[i].mean_embedding * sketches[i].count_estimate for i in group]
             )
             out[:, group] = phi @ sums.T / scale
+            if score == "share":
+                # <xi, Phi(v)> / m' ~ N(0, sigma_xi^2 / m') since ||Phi(v)||^2 = m': a mass
+                # counts only by how far it stands above its sketch's noise.
+                sd = np.array([math.sqrt(sketches[i].sum_noise_variance / scale) for i in group])
+                out[:, group] -= share_threshold(k) * sd
         elif score == "density":
             means = np.stack([sketches[i].mean_embedding for i in group])
             out[:, group] = phi @ means.T / scale
@@ -266,7 +291,7 @@ def relevance_matrix(
                 ]
             )
             norms = (np.einsum("kj,kj->k", means, means) - bias) / scale
-            out[:, group] = 2.0 * (phi @ means.T) / scale - norms
+            out[:, group] = 2.0 * (phi @ means.T) / scale - norm_weight * norms
     if score == "mmd":
         hard = np.zeros_like(out)
         hard[np.arange(out.shape[0]), np.argmax(out, axis=1)] = 1.0
@@ -370,3 +395,136 @@ def noisy_relevance(
         raise ValueError(f"sigma must be a finite number > 0, got {sigma}")
     exact = p.mean(axis=0)
     return exact, exact + noise.gaussian(sigma, exact.shape[0])
+
+
+def shrink_decision(noisy: ArrayLike, sigma: float) -> tuple[NDArray[np.float64], float]:
+    """James-Stein shrinkage of the released decision towards the even split ``1/K``.
+
+    Parameters
+    ----------
+    noisy : array-like of shape (K,)
+        ``r~ = r + N(0, sigma^2 I_K)`` (:func:`noisy_relevance`), with ``r`` on the simplex.
+    sigma : float
+        The release's noise per owner, > 0 (public).
+
+    Returns
+    -------
+    shrunk : ndarray of shape (K,), float64
+        ``1/K + alpha (r~ - 1/K)``.
+    alpha : float
+        ``max(0, 1 - (K - 2) sigma^2 / ||r~ - 1/K||^2)`` in [0, 1]; 1 for K <= 2.
+
+    Raises
+    ------
+    ValueError
+        If ``noisy`` is not a finite vector or ``sigma`` is not a finite number > 0.
+
+    Notes
+    -----
+    Post-processing of the release with the public sigma: no further privacy cost. With many
+    owners and a small validation set the noise of each owner's share (``sigma`` grows as
+    ``1/m``) is as large as the shares themselves (``1/K``); read as is, the split then follows
+    the noise and changes wildly from one session to the next. Shrunk, it moves from the even
+    split only as far as the release shows a difference (the risk argument of
+    :func:`common.summarization.candidates.shrink_embedding`, with d = K).
+    """
+    r = check_vector(noisy, "noisy decision").astype(np.float64)
+    prior = np.full(r.shape[0], 1.0 / r.shape[0])
+    return shrink_embedding(r, prior, sigma)
+
+
+#: The typical spread of an owner's scores ``g . h1(x)`` that the validation embedding must
+#: resolve (kernel units; chosen on the scenario suite, README "Scenario suite").
+SCORE_SIGNAL = 0.1
+
+
+def derived_allocation_share(
+    m: int, k: int, epsilon: float, delta: float, *, signal: float | None = None
+) -> float:
+    """The sketch allocation's share of the validation party's budget, from public m, K, epsilon
+    and delta.
+
+    The validation party's budget pays for two Gaussian releases
+    (:func:`split_gaussian_sigmas`): the embedding, whose noise per owner score is
+    ``sigma_g = 2 sqrt(2) sigma_u / (m sqrt(1 - a))``, against a signal of about ``signal``
+    (:data:`SCORE_SIGNAL`); and the decision, whose noise per owner is ``sigma_a = sqrt(2)
+    sigma_u / (m sqrt(a))``, against shares of about ``1 / K``. Each release's relative noise
+    ``x = (noise / signal)^2`` costs ``x / (1 + x)``: close to ``x`` while it is small, close to
+    1 (the release is useless) when the noise swamps the signal. The share ``a`` minimises the
+    sum of the two costs, on a grid of ``a`` in [0.05, 0.95] (step 0.01)::
+
+        x_g = A / (1 - a),  A = (2 sqrt(2) sigma_u / (m * signal))^2
+        x_a = B / a,        B = (sqrt(2) sigma_u K / m)^2
+
+    With a large validation set both releases are accurate and the split follows
+    ``a / (1 - a) = sqrt(B / A) = K signal / 2`` (flights, m = 2,456, K = 8: a = 0.29); with a
+    small one the embedding cannot be made useful and the decision gets nearly everything
+    (digits, m = 44: a = 0.95).
+
+    Parameters
+    ----------
+    m : int
+        Validation set size, >= 1.
+    k : int
+        Number of owners, >= 1.
+    epsilon, delta : float
+        The validation party's budget (``sigma_u = analytic_gaussian_sigma(epsilon, delta, 1)``).
+    signal : float, optional
+        Score signal scale, > 0 (default :data:`SCORE_SIGNAL`).
+
+    Returns
+    -------
+    float
+        ``a`` in [0.05, 0.95].
+
+    Raises
+    ------
+    ValueError
+        If an argument is out of range.
+
+    Notes
+    -----
+    A function of public values only: it changes how the budget is split, not the total, so
+    the two releases still compose to ``(epsilon, delta)`` (:func:`split_gaussian_sigmas`).
+    """
+    m = check_positive_int(m, "m")
+    k = check_positive_int(k, "k")
+    s = SCORE_SIGNAL if signal is None else float(signal)
+    if not (math.isfinite(s) and s > 0):
+        raise ValueError(f"signal must be a finite number > 0, got {signal}")
+    sigma_u = analytic_gaussian_sigma(epsilon, delta, 1.0)
+    big_a = (2.0 * math.sqrt(2.0) * sigma_u / (m * s)) ** 2
+    big_b = (math.sqrt(2.0) * sigma_u * k / m) ** 2
+    grid = np.round(np.arange(0.05, 0.9501, 0.01), 2)
+    x_g = big_a / (1.0 - grid)
+    x_a = big_b / grid
+    cost = x_g / (1.0 + x_g) + x_a / (1.0 + x_a)
+    return float(grid[int(np.argmin(cost))])
+
+
+#: Expected number of owners whose kernel mass at a validation point passes the ``"share"``
+#: score's threshold by their sketch's noise alone (the threshold is derived from K with it).
+SHARE_FALSE_POSITIVES = 0.5
+
+
+def share_threshold(k: int) -> float:
+    """The ``"share"`` score's threshold, in standard deviations of a sketch's mass noise.
+
+    ``t = Phi^{-1}(1 - SHARE_FALSE_POSITIVES / K)`` (``Phi`` the standard normal CDF, at least
+    0): among K owners whose true mass at a validation point is 0, about
+    ``SHARE_FALSE_POSITIVES`` pass ``t`` by noise alone, whatever K.
+
+    Parameters
+    ----------
+    k : int
+        Number of owners (public), >= 1.
+
+    Returns
+    -------
+    float
+        ``t >= 0``.
+    """
+    from scipy.stats import norm
+
+    k = check_positive_int(k, "k")
+    return max(0.0, float(norm.ppf(1.0 - SHARE_FALSE_POSITIVES / k)))

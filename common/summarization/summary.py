@@ -21,6 +21,8 @@ ValidationRelease = Literal["mwem", "gaussian"]
 SummaryRelease = Literal["mwem", "tree", "none"]
 PoolScoring = Literal["embedding", "exact"]
 Allocation = Literal["sketch", "counts"]
+EmbeddingPrior = Literal["owner", "seed", "none"]
+SummaryForm = Literal["points", "hashes"]
 #: Allowed values of the ``"rounds"`` method's options.
 VALIDATION_RELEASES: tuple[ValidationRelease, ...] = ("mwem", "gaussian")
 SUMMARY_RELEASES: tuple[SummaryRelease, ...] = ("mwem", "tree", "none")
@@ -30,6 +32,11 @@ ALLOCATIONS: tuple[Allocation, ...] = ("sketch", "counts")
 #: delta~ of the owners' composition bound in the summarization paper's Section 4 (its summary
 #: and auction); reproductions of the paper's settings pass it as ``delta_owners``.
 PAPER_DELTA_OWNERS = 1e-4
+#: What an owner's candidate proposal shrinks the noisy validation embedding towards (default
+#: first).
+EMBEDDING_PRIORS: tuple[EmbeddingPrior, ...] = ("owner", "seed", "none")
+#: What the curator and the consumer receive of the summary (default first).
+SUMMARY_FORMS: tuple[SummaryForm, ...] = ("points", "hashes")
 #: PrivAuction variants (``common.summarization.auction``).
 AUCTIONS: tuple[AuctionVariant, ...] = AUCTION_VARIANTS
 
@@ -102,20 +109,45 @@ class SummarizationConfig:
         (:mod:`common.summarization.sketch_allocation`: a Gaussian release about D_v only, charged
         to the validation party; the owners pay nothing at summarization time) when every owner
         has one, else (or with ``"counts"``) by the owners' Laplace-noised relevance counts.
-    relevance_score : {"mmd", "density", "mass", "m2m"}
+    relevance_score : {"mmd", "share", "density", "mass", "m2m"}
         Sketch allocation: the per-validation-point relevance of an owner's sketch
-        (:func:`common.summarization.sketch_allocation.relevance_matrix`).
+        (:func:`common.summarization.sketch_allocation.relevance_matrix`). The default and every
+        constant of the allocation below were chosen by leave-one-scenario-out on the scenario
+        suite (:mod:`experiments.suite_eval`, README "Scenario suite").
+    relevance_norm_weight : float
+        Sketch allocation, ``"mmd"`` score: the weight in (0, 1] of each sketch's squared norm
+        in its distance to a validation point (1: the MMD; the norm favours diffuse owners;
+        default 0.25).
     allocation_share : float
         Sketch allocation: share of the validation party's budget (of the squared Gaussian
         privacy-loss scale, :func:`~common.summarization.sketch_allocation.split_gaussian_sigmas`)
-        spent on the allocation; the validation embedding gets the rest. In (0, 1).
+        spent on the allocation; the validation embedding gets the rest. In (0, 1), or 0 (the
+        default): derived from the public m, K, epsilon and delta
+        (:func:`~common.summarization.sketch_allocation.derived_allocation_share`).
+    embedding_prior : {"seed", "owner", "none"}
+        Candidates method: what each owner's proposal shrinks the noisy validation embedding
+        towards before its local greedy: ``"seed"``, the public seed set's mean h1 (shrunk by
+        the curator, James-Stein), or without a seed set as ``"owner"``; ``"owner"``, the
+        owner's own mean h1, in the metric of its own scores
+        (:func:`common.summarization.candidates.shrink_towards_points`); ``"none"``, nothing.
+        Never towards zero: that only scales the embedding down (README, "Scenario suite").
+    shrinkage : float
+        Candidates method: the strength of that shrinkage, a multiple > 0 of the embedding's
+        noise variance (1: the plug-in risk-optimal amount; default 2: an owner's local greedy
+        selects the points its noisy scores favour, so it needs more than the risk-optimal
+        amount).
+    summary_form : {"points", "hashes"}
+        Candidates method: what the curator and the consumer receive of the summary: the raw
+        points, or (the paper's less-trusted curator, Appendix F) only their h1 hashes under a
+        map the owners agree on among themselves (:mod:`common.summarization.hashes`; budget p,
+        no re-ranking). In process only in this release: networked requests do not carry it.
     relevance_threshold : float
         Candidates method: a point is relevant when its score ``gtilde . h1(x)`` is at least
         ``relevance_threshold * ||gtilde||^2`` (the typical score of a validation point).
     candidate_even_share : float
         Candidates method: share of the budget split evenly among owners before the rest is split
-        in proportion to the noisy relevance counts or decision (default 0.1; 0.2 before the
-        shrunk validation embedding: measured in the README, "Sketch allocation").
+        in proportion to the noisy relevance counts or decision (default 0.3, chosen on the
+        scenario suite; 0.1 and 0.2 before: README, "Scenario suite").
     embedding_rerank : bool
         Candidates method: choose the summary among the candidates by the private embedding
         instead of the exact kernel (to measure what exact re-ranking adds).
@@ -168,7 +200,7 @@ class SummarizationConfig:
     candidate_fraction: float = 0.0
     candidate_multiple: float = 3.0
     relevance_threshold: float = 0.5
-    candidate_even_share: float = 0.1
+    candidate_even_share: float = 0.3
     embedding_rerank: bool = False
     validation_release: ValidationRelease = "gaussian"
     summary_release: SummaryRelease = "tree"
@@ -177,7 +209,11 @@ class SummarizationConfig:
     auction: AuctionVariant = "pure"
     allocation: Allocation = "sketch"
     relevance_score: RelevanceScore = "mmd"
-    allocation_share: float = 0.8
+    allocation_share: float = 0.0
+    embedding_prior: EmbeddingPrior = "seed"
+    shrinkage: float = 2.0
+    relevance_norm_weight: float = 0.25
+    summary_form: SummaryForm = "points"
 
     def __post_init__(self) -> None:
         check_positive_int(self.summary_size, "summary_size")
@@ -211,8 +247,19 @@ class SummarizationConfig:
             raise ValueError(
                 f"candidate_multiple must be a finite number >= 1, got {self.candidate_multiple}"
             )
-        if not (math.isfinite(self.allocation_share) and 0.0 < self.allocation_share < 1.0):
-            raise ValueError(f"allocation_share must lie in (0, 1), got {self.allocation_share}")
+        if not (math.isfinite(self.allocation_share) and 0.0 <= self.allocation_share < 1.0):
+            raise ValueError(
+                f"allocation_share must lie in (0, 1), or be 0 (derived from m and K), got "
+                f"{self.allocation_share}"
+            )
+        if not (
+            math.isfinite(self.relevance_norm_weight) and 0.0 < self.relevance_norm_weight <= 1.0
+        ):
+            raise ValueError(
+                f"relevance_norm_weight must lie in (0, 1], got {self.relevance_norm_weight}"
+            )
+        if not (math.isfinite(self.shrinkage) and self.shrinkage > 0):
+            raise ValueError(f"shrinkage must be a finite number > 0, got {self.shrinkage}")
         if not math.isfinite(self.relevance_threshold):
             raise ValueError(f"relevance_threshold must be finite, got {self.relevance_threshold}")
         if not 0.0 <= self.candidate_even_share <= 1.0:
@@ -226,11 +273,17 @@ class SummarizationConfig:
             ("auction", AUCTIONS),
             ("allocation", ALLOCATIONS),
             ("relevance_score", RELEVANCE_SCORES),
+            ("embedding_prior", EMBEDDING_PRIORS),
+            ("summary_form", SUMMARY_FORMS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not (math.isfinite(self.auction_share) and 0.0 < self.auction_share <= 1.0):
             raise ValueError(f"auction_share must lie in (0, 1], got {self.auction_share}")
+        if self.summary_form == "hashes" and self.method != "candidates":
+            raise ValueError(
+                f"summary_form 'hashes' is a mode of the candidates method, got {self.method!r}"
+            )
 
     @property
     def t_init(self) -> int:
@@ -249,9 +302,12 @@ class SummarizationConfig:
 
 
 #: Protocol parameters: the SummarizationConfig fields that the SummarizationParams message
-#: carries under the same names (every field but summary_size and method).
+#: carries under the same names (every field but summary_size, method and summary_form: the
+#: hashes mode runs in process only in this release).
 PARAMETER_NAMES: tuple[str, ...] = tuple(
-    f.name for f in fields(SummarizationConfig) if f.name not in ("summary_size", "method")
+    f.name
+    for f in fields(SummarizationConfig)
+    if f.name not in ("summary_size", "method", "summary_form")
 )
 
 
@@ -358,15 +414,20 @@ class SummaryResult:
     Attributes
     ----------
     points : ndarray of shape (p, n_features), float64
+        Of shape (0, n_features) in the hashes mode.
     labels : ndarray of shape (p,), int64, or None when an owner has no labels
     owner_ids : tuple of str, length p
     report : SessionReport
+    hashes : ndarray of shape (p, d), float64, or None
+        The hashes mode (``summary_form="hashes"``): h1 of the summary points under the owners'
+        secret map (:mod:`common.summarization.hashes`); None otherwise.
     """
 
     points: NDArray[np.float64]
     labels: NDArray[np.int64] | None
     owner_ids: tuple[str, ...]
     report: SessionReport
+    hashes: NDArray[np.float64] | None = None
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,13 @@ from common.summarization.candidates import (
 )
 from common.summarization.rff import random_fourier_features
 from common.summarization.sketch_allocation import (
+    VOTING_SCORES,
+    derived_allocation_share,
     noisy_relevance,
     relevance_matrix,
     relevance_sensitivity,
     responsibilities,
+    shrink_decision,
     split_gaussian_sigmas,
 )
 from curator.summarization.release import Releases
@@ -82,14 +85,59 @@ class Allocator:
             f"--spec {spec}): {charged}"
         )
 
+    def prior(
+        self, g_val: NDArray[np.float64], sigma: float
+    ) -> tuple[NDArray[np.float64], float | None, float]:
+        """What the owners receive of the released embedding: ``(embedding, alpha, sigma)``.
+
+        ``embedding_prior="owner"``, and ``"seed"`` without a seed set: gtilde as released,
+        with the noise each owner's proposal should assume (``sigma * sqrt(shrinkage)``), so
+        that each owner shrinks it towards its own mean h1 before its local greedy
+        (:func:`common.summarization.candidates.shrink_towards_points`; alpha is the owner's,
+        unknown here: None). ``"seed"`` with a seed set: gtilde shrunk here towards the public
+        seed set's mean h1 (James-Stein, the noise variance times ``shrinkage``). ``"none"``:
+        gtilde as released. Never towards a zero prior: that would only scale the embedding
+        down, and an owner's local greedy would then chase the repulsion of its own choices,
+        not D_v. Post-processing of the release with public values (sigma, the seed set) in
+        every case.
+        """
+        state = self.state
+        cfg = state.config
+        strength = math.sqrt(cfg.shrinkage)
+        if cfg.embedding_prior == "seed" and state.seed_set.shape[0] > 0:
+            assert state.rff is not None
+            seed = random_fourier_features(state.seed_set, state.rff, dtype=np.float64)
+            shrunk, alpha = shrink_embedding(g_val, seed.mean(axis=0), sigma * strength)
+            return shrunk, alpha, 0.0
+        if cfg.embedding_prior in ("owner", "seed"):
+            return g_val, None, sigma * strength
+        return g_val, 1.0, 0.0
+
+    def allocation_share(self) -> float:
+        """The sketch allocation's share of the validation party's Gaussian budget: the
+        request's ``allocation_share``, or when 0 :func:`derived_allocation_share`."""
+        state = self.state
+        cfg = state.config
+        if cfg.allocation_share > 0:
+            return cfg.allocation_share
+        return derived_allocation_share(
+            int(state.validation.shape[0]),
+            len(state.active()),
+            cfg.epsilon_validation_total,
+            cfg.delta,
+        )
+
     def budget(self) -> int:
         """The most owner points the candidates method reads: ``max(p, floor(c * p))`` with
         ``c = candidate_multiple``, whatever K; or, with ``candidate_fraction`` > 0, the previous
         rule ``max(p, floor(candidate_fraction * K * p))``. At least p, so a single owner can
-        serve a whole summary."""
+        serve a whole summary. Exactly p in the hashes mode, where the curator cannot re-rank
+        (:mod:`common.summarization.hashes`)."""
         state = self.state
         cfg = state.config
         p = cfg.summary_size
+        if cfg.summary_form == "hashes":  # no re-ranking: the proposals are the summary
+            return p
         if cfg.candidate_fraction > 0:
             return max(p, math.floor(cfg.candidate_fraction * len(state.slots) * p + 1e-9))
         return max(p, math.floor(cfg.candidate_multiple * p + 1e-9))
@@ -98,14 +146,18 @@ class Allocator:
         self, val_features: NDArray[np.floating]
     ) -> tuple[dict[int, int], NDArray[np.float64]]:
         """The counts allocation: gtilde at the whole validation budget, the owners' noisy
-        relevance counts, shares in proportion to them (each owner at most p)."""
+        relevance counts, shares in proportion to them (each owner at most the budget)."""
         state = self.state
         cfg = state.config
-        p = cfg.summary_size
         g_val, sigma = self.releases.gaussian_validation_embedding(val_features)
+        # Owners count relevant points against gtilde as released, and shrink it towards their
+        # own mean h1 for their proposals only (the seed prior is the sketch allocation's).
+        owner_sigma = sigma * math.sqrt(cfg.shrinkage) if cfg.embedding_prior != "none" else 0.0
         await state.gather(
             state.active(),
-            lambda i: state.endpoint(i).set_validation_embedding(state.owner_session_id, g_val),
+            lambda i: state.endpoint(i).set_validation_embedding(
+                state.owner_session_id, g_val, shrinkage_sigma=owner_sigma
+            ),
         )
         # Relevance counts, each a function of one owner's data: sensitivity 1 under replacing or
         # adding one point, so the Laplace(1 / eps_o) noise each owner adds to its own count (the
@@ -129,18 +181,20 @@ class Allocator:
         state.require_owners()
         owners = sorted(counts)
         noisy = np.array([counts[i] for i in owners], dtype=np.float64)
+        budget = self.budget()
         shares = allocate_candidates(
-            self.budget(),
+            budget,
             np.maximum(noisy, 0.0),
-            [min(state.capacity(i), p) for i in owners],
+            [min(state.capacity(i), budget) for i in owners],
             even_share=cfg.candidate_even_share,
         )
         requests = {i: int(s) for i, s in zip(owners, shares, strict=True) if s > 0}
         state.candidates_info = {
             "allocation": "counts",
             "allocation_note": state.allocation_note,
-            "budget": self.budget(),
+            "budget": budget,
             "gaussian_sigma": sigma,
+            "embedding_prior": cfg.embedding_prior if owner_sigma > 0 else "none",
             "relevance_threshold": threshold,
             # Post-processing of the Laplace release, so safe to report; the exact counts are not.
             "noisy_counts": {
@@ -155,10 +209,11 @@ class Allocator:
     ) -> tuple[dict[int, int], NDArray[np.float64]]:
         """The sketch allocation (:mod:`common.summarization.sketch_allocation`): gtilde and the
         noisy mean responsibilities, two Gaussian releases about D_v whose composition is
-        ``(epsilon_validation_total, delta)``; shares from the second. Owners receive gtilde
-        shrunk towards the public seed set's mean h1 by as much as its noise hides it
-        (:func:`common.summarization.candidates.shrink_embedding`, post-processing). Owners
-        release nothing before their candidates."""
+        ``(epsilon_validation_total, delta)`` whatever the split (:meth:`allocation_share`);
+        shares from the second, shrunk towards the even split
+        (:func:`~common.summarization.sketch_allocation.shrink_decision`). Owners receive gtilde
+        and how to shrink it (:meth:`prior`); all of it post-processing of the two releases
+        with public values. Owners release nothing before their candidates."""
         state = self.state
         cfg = state.config
         m = int(state.validation.shape[0])
@@ -166,8 +221,9 @@ class Allocator:
         sens_g = validation_embedding_sensitivity(m)
         sens_a = relevance_sensitivity(m)
         eps_v = cfg.epsilon_validation_total
+        share = self.allocation_share()
         sigma_g, sigma_a = split_gaussian_sigmas(
-            eps_v, cfg.delta, [sens_g, sens_a], [1.0 - cfg.allocation_share, cfg.allocation_share]
+            eps_v, cfg.delta, [sens_g, sens_a], [1.0 - share, share]
         )
         sketches = [state.owner_sketches[state.owner_name(i)] for i in owners]
         relevance = await asyncio.to_thread(
@@ -176,8 +232,9 @@ class Allocator:
             state.validation,
             score=cfg.relevance_score,
             rng=state.rng,
+            norm_weight=cfg.relevance_norm_weight,
         )
-        pi = responsibilities(relevance)
+        pi = responsibilities(relevance, vote=cfg.relevance_score in VOTING_SCORES)
         # Charge both releases about D_v before the first leaves the curator.
         state.ledgers["validation"].charge(
             [
@@ -210,23 +267,19 @@ class Allocator:
         )
         g_val = val_features.mean(axis=0) + state.noise.gaussian(sigma_g, cfg.rff_dimension)
         _, noisy = noisy_relevance(pi, sigma_a, state.noise)
-        # Post-processing of the release: the public seed set's mean h1 is the prior.
-        assert state.rff is not None
-        prior = (
-            random_fourier_features(state.seed_set, state.rff, dtype=np.float64).mean(axis=0)
-            if state.seed_set.shape[0] > 0
-            else np.zeros(cfg.rff_dimension)
-        )
-        g_val, alpha = shrink_embedding(g_val, prior, sigma_g)
+        decision, decision_alpha = shrink_decision(noisy, sigma_a)
+        g_val, alpha, owner_sigma = self.prior(g_val, sigma_g)
         await state.gather(
             owners,
-            lambda i: state.endpoint(i).set_validation_embedding(state.owner_session_id, g_val),
+            lambda i: state.endpoint(i).set_validation_embedding(
+                state.owner_session_id, g_val, shrinkage_sigma=owner_sigma
+            ),
         )
         state.require_owners()
         budget = self.budget()
         shares = allocate_candidates(
             budget,
-            np.maximum(noisy, 0.0),
+            np.maximum(decision, 0.0),
             [min(state.capacity(i), budget) for i in owners],
             even_share=cfg.candidate_even_share,
         )
@@ -239,9 +292,12 @@ class Allocator:
             "allocation": "sketch",
             "budget": budget,
             "gaussian_sigma": sigma_g,
+            "embedding_prior": cfg.embedding_prior,
             "embedding_shrinkage": alpha,
             "relevance_score": cfg.relevance_score,
+            "allocation_share": share,
             "allocation_sigma": sigma_a,
+            "decision_shrinkage": decision_alpha,
             # The release itself (post-processing of it is what the owners see).
             "noisy_relevance": {
                 state.owner_name(i): float(v) for i, v in zip(owners, noisy, strict=True)

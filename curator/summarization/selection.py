@@ -29,6 +29,7 @@ from common.summarization.auction import (
 )
 from common.summarization.calibration import rounds_auction
 from common.summarization.endpoints import OwnerBid, ReleasedPoint
+from common.summarization.hashes import leader_of
 from common.summarization.kernels import (
     bid_direction,
     bid_scores,
@@ -120,6 +121,11 @@ class Selection:
         else:
             requests, g_val = await self.allocator.by_counts(val_features)
         state.emit("rounds", f"candidate shares: {sorted(requests.values(), reverse=True)}")
+        if cfg.summary_form == "hashes":
+            await self.hashes(summary, requests)
+            state.rounds_done = 1
+            state.round_seconds.append(time.perf_counter() - round_start)
+            return
         proposals = await state.gather(
             list(requests),
             lambda i: state.endpoint(i).propose_candidates(state.owner_session_id, requests[i]),
@@ -159,6 +165,64 @@ class Selection:
         state.rounds_done = 1
         state.round_seconds.append(time.perf_counter() - round_start)
         state.emit("rounds", f"{p} of {pool.shape[0]} candidates chosen")
+
+    async def hashes(self, summary: SummaryState, requests: dict[int, int]) -> None:
+        """The hashes mode (the less-trusted curator, :mod:`common.summarization.hashes`): the
+        owners agree on a secret hash map among themselves, the curator relaying their signed
+        keys and encrypted envelopes, then send h1 hashes of their proposals under it; the
+        curator never receives a raw point, nor the map."""
+        state = self.state
+        active = state.active()
+        adverts = await state.gather(
+            active, lambda i: state.endpoint(i).hash_advertise(state.owner_session_id)
+        )
+        by_name = {state.owner_name(i): a for i, a in adverts.items()}
+        for i, advert in adverts.items():
+            if advert.owner != state.owner_name(i):
+                state.drop(i, f"advertised a hash key as {advert.owner!r}")
+                by_name.pop(state.owner_name(i), None)
+        state.require_owners()
+        names = {state.owner_name(i): i for i in state.active()}
+        leader = leader_of(by_name)
+        envelopes = await state.gather(
+            [names[leader]],
+            lambda i: state.endpoint(i).hash_distribute(state.owner_session_id, by_name),
+        )
+        if names[leader] not in envelopes:
+            raise UnavailableError(
+                f"owner {leader} could not draw the hash key: " + state.drop_notes()
+            )
+        sent = envelopes[names[leader]]
+        followers = [i for name, i in names.items() if name != leader and name in sent]
+        ids = await state.gather(
+            followers,
+            lambda i: state.endpoint(i).hash_receive(
+                state.owner_session_id, by_name, sent[state.owner_name(i)]
+            ),
+        )
+        if len(set(ids.values())) > 1:
+            raise AbortedError("the owners did not agree on one hash key")
+        asked = {i: c for i, c in requests.items() if i == names[leader] or i in ids}
+        proposals = await state.gather(
+            list(asked),
+            lambda i: state.endpoint(i).propose_hashes(
+                state.owner_session_id, asked[i], state.config.gamma
+            ),
+        )
+        for index in sorted(proposals):
+            hashes, labels = proposals[index]
+            if hashes.ndim != 2 or hashes.shape[1] != state.config.rff_dimension:
+                raise AbortedError(
+                    f"owner {state.owner_name(index)} sent hashes of shape {hashes.shape}"
+                )
+            state.points_accessed += hashes.shape[0]
+            for row in range(hashes.shape[0]):
+                summary.hashes.append(hashes[row])
+                summary.labels.append(None if labels is None else int(labels[row]))
+                summary.owners.append(index)
+        state.summary_size = len(summary.hashes)
+        state.candidates_info["hash_key_id"] = next(iter(ids.values()), "")
+        state.emit("rounds", f"{len(summary.hashes)} hashed summary points received")
 
     async def rounds(self, summary: SummaryState, rff: RFFParams, *, mode: RoundsMode) -> None:
         """The per-round loop: Algorithm 3 (``"private"``), non-private greedy on exact mean h1

@@ -296,7 +296,8 @@ class SummarizationSession:
             await state.close_owner_sessions()
         elapsed = time.perf_counter() - start
         result = self._result(summary, elapsed)
-        state.emit("done", f"summary of {len(summary.points)} points in {elapsed:.2f} s")
+        size = len(summary.points) + len(summary.hashes)
+        state.emit("done", f"summary of {size} points in {elapsed:.2f} s")
         return result
 
     async def abandon(self) -> None:
@@ -384,7 +385,7 @@ class SummarizationSession:
         labels: NDArray[np.int64] | None = None
         if summary.labels and all(label is not None for label in summary.labels):
             labels = np.asarray(summary.labels, dtype=np.int64)
-        report = self._report(len(summary.points), elapsed)
+        report = self._report(len(summary.points) + len(summary.hashes), elapsed)
         n = state.validation.shape[1]
         points = np.stack(summary.points) if summary.points else np.zeros((0, n))
         return SummaryResult(
@@ -392,4 +393,5 @@ class SummarizationSession:
             labels=labels,
             owner_ids=tuple(state.owner_name(i) for i in summary.owners),
             report=report,
+            hashes=np.stack(summary.hashes) if summary.hashes else None,
         )

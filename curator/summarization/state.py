@@ -111,6 +111,8 @@ class SummaryState:
     points: list[NDArray[np.float64]] = field(default_factory=list)
     labels: list[int | None] = field(default_factory=list)
     owners: list[int] = field(default_factory=list)
+    #: The hashes mode: h1 hashes of the summary points under the owners' secret map.
+    hashes: list[NDArray[np.float64]] = field(default_factory=list)
 
 
 class SessionState:

@@ -27,9 +27,11 @@ class Tap(LocalOwnerEndpoint):
         self.embedding: np.ndarray | None = None
         self.count = -1
 
-    async def set_validation_embedding(self, session_id, embedding):  # type: ignore[no-untyped-def]
+    async def set_validation_embedding(self, session_id, embedding, *, shrinkage_sigma=0.0):  # type: ignore[no-untyped-def]
         self.embedding = np.array(embedding)
-        await super().set_validation_embedding(session_id, embedding)
+        await super().set_validation_embedding(
+            session_id, embedding, shrinkage_sigma=shrinkage_sigma
+        )
 
     async def count_relevant(self, session_id, threshold):  # type: ignore[no-untyped-def]
         # The exact count, which never leaves the owner; the owner adds the noise itself.

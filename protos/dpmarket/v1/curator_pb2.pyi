@@ -162,6 +162,10 @@ class _RelevanceScoreEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Releva
     """M2M's estimate of the owner's points within about half the kernel width of the point."""
     RELEVANCE_SCORE_MMD: _RelevanceScore.ValueType  # 4
     """The owner whose sketch is nearest to the point in MMD."""
+    RELEVANCE_SCORE_SHARE: _RelevanceScore.ValueType  # 5
+    """The point split among the owners in proportion to their kernel mass at it, each mass
+    counted only by how far it stands above its sketch's noise.
+    """
 
 class RelevanceScore(_RelevanceScore, metaclass=_RelevanceScoreEnumTypeWrapper):
     """Sketch allocation: an owner's relevance to one validation point, from its sketch."""
@@ -176,7 +180,39 @@ RELEVANCE_SCORE_M2M: RelevanceScore.ValueType  # 3
 """M2M's estimate of the owner's points within about half the kernel width of the point."""
 RELEVANCE_SCORE_MMD: RelevanceScore.ValueType  # 4
 """The owner whose sketch is nearest to the point in MMD."""
+RELEVANCE_SCORE_SHARE: RelevanceScore.ValueType  # 5
+"""The point split among the owners in proportion to their kernel mass at it, each mass
+counted only by how far it stands above its sketch's noise.
+"""
 Global___RelevanceScore: _TypeAlias = RelevanceScore  # noqa: Y015
+
+class _EmbeddingPrior:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _EmbeddingPriorEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EmbeddingPrior.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    EMBEDDING_PRIOR_UNSPECIFIED: _EmbeddingPrior.ValueType  # 0
+    """The default, EMBEDDING_PRIOR_SEED."""
+    EMBEDDING_PRIOR_OWNER: _EmbeddingPrior.ValueType  # 1
+    """The owner's own mean h1, by as much as the noise hides the difference in its own scores."""
+    EMBEDDING_PRIOR_SEED: _EmbeddingPrior.ValueType  # 2
+    """The public seed set's mean h1 (shrunk by the curator); without a seed set, as OWNER."""
+    EMBEDDING_PRIOR_NONE: _EmbeddingPrior.ValueType  # 3
+    """No shrinkage: owners match the embedding as released."""
+
+class EmbeddingPrior(_EmbeddingPrior, metaclass=_EmbeddingPriorEnumTypeWrapper):
+    """Candidates method: what an owner's proposal shrinks the noisy validation embedding towards."""
+
+EMBEDDING_PRIOR_UNSPECIFIED: EmbeddingPrior.ValueType  # 0
+"""The default, EMBEDDING_PRIOR_SEED."""
+EMBEDDING_PRIOR_OWNER: EmbeddingPrior.ValueType  # 1
+"""The owner's own mean h1, by as much as the noise hides the difference in its own scores."""
+EMBEDDING_PRIOR_SEED: EmbeddingPrior.ValueType  # 2
+"""The public seed set's mean h1 (shrunk by the curator); without a seed set, as OWNER."""
+EMBEDDING_PRIOR_NONE: EmbeddingPrior.ValueType  # 3
+"""No shrinkage: owners match the embedding as released."""
+Global___EmbeddingPrior: _TypeAlias = EmbeddingPrior  # noqa: Y015
 
 class _Auction:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -289,6 +325,9 @@ class SummarizationParams(_message.Message):
     ALLOCATION_FIELD_NUMBER: _builtins.int
     RELEVANCE_SCORE_FIELD_NUMBER: _builtins.int
     ALLOCATION_SHARE_FIELD_NUMBER: _builtins.int
+    EMBEDDING_PRIOR_FIELD_NUMBER: _builtins.int
+    SHRINKAGE_FIELD_NUMBER: _builtins.int
+    RELEVANCE_NORM_WEIGHT_FIELD_NUMBER: _builtins.int
     rff_dimension: _builtins.int
     """h1 dimension d (default 140)."""
     gamma: _builtins.float
@@ -330,7 +369,7 @@ class SummarizationParams(_message.Message):
     (default 0.5).
     """
     candidate_even_share: _builtins.float
-    """Candidates method: share of the budget split evenly before the relevance split (default 0.2)."""
+    """Candidates method: share of the budget split evenly before the relevance split (default 0.3)."""
     embedding_rerank: _builtins.bool
     """Candidates method: re-rank candidates by the private embedding instead of the exact kernel
     (for measuring what the exact re-ranking adds; default false).
@@ -357,7 +396,17 @@ class SummarizationParams(_message.Message):
     """Sketch allocation: the relevance score (default MMD)."""
     allocation_share: _builtins.float
     """Sketch allocation: share of the validation party's Gaussian budget spent on the
-    allocation, in (0, 1) (default 0.8).
+    allocation, in (0, 1); 0 (default): derived from m, K, epsilon and delta.
+    """
+    embedding_prior: Global___EmbeddingPrior.ValueType
+    """Candidates method: what owners' proposals shrink the validation embedding towards."""
+    shrinkage: _builtins.float
+    """Candidates method: the shrinkage's strength, a multiple of the embedding's noise variance,
+    > 0 (default 2).
+    """
+    relevance_norm_weight: _builtins.float
+    """Sketch allocation, MMD score: the weight in (0, 1] of each sketch's squared norm in the
+    distance to a validation point (default 0.25).
     """
     def __init__(
         self,
@@ -389,10 +438,13 @@ class SummarizationParams(_message.Message):
         allocation: Global___Allocation.ValueType = ...,
         relevance_score: Global___RelevanceScore.ValueType = ...,
         allocation_share: _builtins.float = ...,
+        embedding_prior: Global___EmbeddingPrior.ValueType = ...,
+        shrinkage: _builtins.float = ...,
+        relevance_norm_weight: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "allocation_share", b"allocation_share", "auction", b"auction", "auction_share", b"auction_share", "candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "candidate_multiple", b"candidate_multiple", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "pool_scoring", b"pool_scoring", "quantization_step", b"quantization_step", "relevance_score", b"relevance_score", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension", "summary_release", b"summary_release", "validation_release", b"validation_release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "allocation_share", b"allocation_share", "auction", b"auction", "auction_share", b"auction_share", "candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "candidate_multiple", b"candidate_multiple", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_prior", b"embedding_prior", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "pool_scoring", b"pool_scoring", "quantization_step", b"quantization_step", "relevance_norm_weight", b"relevance_norm_weight", "relevance_score", b"relevance_score", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension", "shrinkage", b"shrinkage", "summary_release", b"summary_release", "validation_release", b"validation_release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

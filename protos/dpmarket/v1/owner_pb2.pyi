@@ -163,7 +163,15 @@ class SetValidationEmbeddingRequest(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     VALIDATION_EMBEDDING_FIELD_NUMBER: _builtins.int
+    SHRINKAGE_SIGMA_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    shrinkage_sigma: _builtins.float
+    """How much noise per coordinate ProposeCandidates assumes in validation_embedding: the
+    release's noise standard deviation (public: a function of its epsilon, delta and m) times
+    the square root of the session's shrinkage strength, or 0. When > 0, the owner's proposal
+    matches the embedding shrunk towards its own mean h1 by as much as that noise hides the
+    difference in its own scores; bids use the embedding as given.
+    """
     @_builtins.property
     def validation_embedding(self) -> _array_pb2.Array:
         """float64 of shape (d,): private estimate of the mean of h1 over the validation set."""
@@ -173,10 +181,11 @@ class SetValidationEmbeddingRequest(_message.Message):
         *,
         session_id: _builtins.str = ...,
         validation_embedding: _array_pb2.Array | None = ...,
+        shrinkage_sigma: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["validation_embedding", b"validation_embedding"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id", "validation_embedding", b"validation_embedding"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id", "shrinkage_sigma", b"shrinkage_sigma", "validation_embedding", b"validation_embedding"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

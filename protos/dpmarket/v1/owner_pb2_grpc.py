@@ -136,8 +136,8 @@ class OwnerServiceServicer:
 
     def SetValidationEmbedding(self, request, context):
         """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features.
-        Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT for a wrong length or NaN/inf,
-        FAILED_PRECONDITION if a round has already been bid.
+        Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT for a wrong length, NaN/inf or
+        a negative or NaN shrinkage_sigma, FAILED_PRECONDITION if a round has already been bid.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -60,8 +60,8 @@ class OwnerServiceStub:
     """
     SetValidationEmbedding: _grpc.UnaryUnaryMultiCallable[_owner_pb2.SetValidationEmbeddingRequest, _owner_pb2.SetValidationEmbeddingResponse]
     """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features.
-    Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT for a wrong length or NaN/inf,
-    FAILED_PRECONDITION if a round has already been bid.
+    Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT for a wrong length, NaN/inf or
+    a negative or NaN shrinkage_sigma, FAILED_PRECONDITION if a round has already been bid.
     """
     Bid: _grpc.UnaryUnaryMultiCallable[_owner_pb2.BidRequest, _owner_pb2.BidResponse]
     """Bid in a round (Algorithm 3, step 6): the largest score over unsent points of
@@ -141,8 +141,8 @@ class OwnerServiceAsyncStub(OwnerServiceStub):
     """
     SetValidationEmbedding: _aio.UnaryUnaryMultiCallable[_owner_pb2.SetValidationEmbeddingRequest, _owner_pb2.SetValidationEmbeddingResponse]  # type: ignore[assignment]
     """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features.
-    Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT for a wrong length or NaN/inf,
-    FAILED_PRECONDITION if a round has already been bid.
+    Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT for a wrong length, NaN/inf or
+    a negative or NaN shrinkage_sigma, FAILED_PRECONDITION if a round has already been bid.
     """
     Bid: _aio.UnaryUnaryMultiCallable[_owner_pb2.BidRequest, _owner_pb2.BidResponse]  # type: ignore[assignment]
     """Bid in a round (Algorithm 3, step 6): the largest score over unsent points of
@@ -237,8 +237,8 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_owner_pb2.SetValidationEmbeddingResponse, _abc.Awaitable[_owner_pb2.SetValidationEmbeddingResponse]]:
         """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features.
-        Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT for a wrong length or NaN/inf,
-        FAILED_PRECONDITION if a round has already been bid.
+        Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT for a wrong length, NaN/inf or
+        a negative or NaN shrinkage_sigma, FAILED_PRECONDITION if a round has already been bid.
         """
 
     @_abc_1.abstractmethod

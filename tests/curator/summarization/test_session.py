@@ -213,9 +213,11 @@ class RecordingEndpoint(LocalOwnerEndpoint):
         super().__init__(owner)
         self.received: list[tuple[str, object]] = []
 
-    async def set_validation_embedding(self, session_id, embedding):  # type: ignore[no-untyped-def]
-        self.received.append(("embedding", embedding.tobytes()))
-        await super().set_validation_embedding(session_id, embedding)
+    async def set_validation_embedding(self, session_id, embedding, *, shrinkage_sigma=0.0):  # type: ignore[no-untyped-def]
+        self.received.append(("embedding", embedding.tobytes(), shrinkage_sigma))
+        await super().set_validation_embedding(
+            session_id, embedding, shrinkage_sigma=shrinkage_sigma
+        )
 
     async def count_relevant(self, session_id, threshold):  # type: ignore[no-untyped-def]
         self.received.append(("threshold", threshold))
