@@ -98,7 +98,7 @@ DEFAULT_REPEAT = 7
 #: Inputs in [-CLIP, CLIP] on a grid of 2^RESOLUTION_BITS - 1 steps (k = 32 + ceil(log2 S)).
 CLIP = 1.0
 RESOLUTION_BITS = 32
-#: The targets for S = 20, D = 100,000 on the project's 2-core machine, seconds (issue 12: the
+#: The targets for S = 20, D = 100,000 on the project's 2-core machine, seconds (the
 #: consistency round included).
 TARGET_SITES = 20
 TARGET_LENGTH = 100_000
@@ -116,7 +116,7 @@ QUICK_SCALE_CASES: tuple[tuple[int, int, int, int | None, int], ...] = (
     (40, 1_000, 13, None, 0),
     (40, 1_000, 2, 2, 0),
 )
-#: The target of SecAgg+ (issue 16): S = 100, D = 100,000 in one process, seconds.
+#: The target of SecAgg+: S = 100, D = 100,000 in one process, seconds.
 SPARSE_TARGET = {"sites": 100, "vector_length": 100_000, "colluders": 5, "allowance": 2}
 SPARSE_TARGET_SECONDS = 1.0
 #: Flower's SecAgg+ in the same run: (S, D, num_shares, reconstruction_threshold); at S = 20 the

@@ -929,7 +929,7 @@ def choose_source(
        Its answers are unbiased in the cells of its discretisation up to the model's fit,
        while M2M's counting answers carry a bias from its linear fit under a uniform prior
        that no noise scale shows (on a census table, 12-34 times AIM's error with exact
-       sketches as with noisy ones: README, "Marginals").
+       sketches as with noisy ones: docs/how-it-works.md, "Marginals").
     2. Otherwise (moments of continuous columns, covariances involving one, logistic
        regressions, or no marginals spec) the M2M spec with the smallest expected standard
        error from its public noise scales (``expected_error(spec)``; for a covariance or a

@@ -80,7 +80,7 @@ _FLIGHTS_DEP_DELAY_SCALE_MIN = 30.0
 _FLIGHTS_DISTANCE_UNIT_MILES = 1000.0
 _MINUTES_PER_DAY = 1440.0
 
-#: Sketch kernel scales and sizes (public choices, measured in the README: on flights sigma =
+#: Sketch kernel scales and sizes (public choices, measured in docs/results.md: on flights sigma =
 #: 0.5 and 0.3 gave the summarizer's allocation 0.95 x exact greedy's MMD² against 1.01 x at 1,
 #: and 0.3 lost flights50 (1.10 x); on digits 0.7-3 were all worse than 1).
 _DIGITS_SKETCH_SIGMA = 1.0

@@ -69,8 +69,8 @@ __all__ = [
 ]
 
 #: The owners' sketch kernel scale as a fraction of the summarization kernel's length scale
-#: ``1 / sqrt(2 gamma)`` (chosen by leave-one-scenario-out on the suite; README, "Scenario
-#: suite").
+#: ``1 / sqrt(2 gamma)`` (chosen by leave-one-scenario-out on the suite; docs/results.md,
+#: "Scenario suite").
 SKETCH_SCALE = 0.5
 #: RFF frequencies m' of the suite's sketches.
 SKETCH_FREQUENCIES = 1000

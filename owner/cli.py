@@ -36,7 +36,6 @@ from owner.engine import Engine
 from owner.ledger import LEDGER_FILE, LedgerEntry, OwnerLedger, Totals, ledger_path
 from owner.limits import DEFAULT_IN_MEMORY_VALUES, WorkLimits
 from owner.policy import POLICY_FILE, OwnerPolicy, data_dir_policy
-from owner.sources import OwnerData
 from runtime.cli import (
     check_outputs,
     config_option,
@@ -53,9 +52,10 @@ from runtime.cli import (
 from runtime.schemas import load_schema
 from runtime.transport import BindError, TransportSecurity
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # owner.sources reads partitioned tables: scipy, not for `owner ledger`
     from owner.cape import CapeSite
     from owner.protocol import Owner
+    from owner.sources import OwnerData
 
 __all__ = [
     "ledger_report",

@@ -299,25 +299,16 @@ class RFFMap(FeatureMap):
         self, x: ArrayLike, *, chunk_size: int = DEFAULT_CHUNK_SIZE
     ) -> NDArray[np.float64]:
         """``sum_i Phi(x_i)``: the column sums of cos and of sin, chunk by chunk (see
-        :meth:`FeatureMap.feature_sum`), without assembling the feature rows.
-
-        The projections ``Omega^T x`` are computed in float64 and the cosines and sines in
-        float32 (numpy's vectorised float32 trigonometry, several times faster than float64's:
-        what an owner of 10^8 rows spends its sketch's time on), summed in float64. Each value
-        differs from the float64 feature by at most a few float32 ulps (about 1e-7 here), so
-        the sum by at most ``n * 1e-6``, far below the noise a private sketch adds (its scale is
-        ``Delta_1 / epsilon_num >= 2 m'``); every value still lies in ``[-1, 1]``, so the
-        sensitivities of the class Notes hold.
-        """
+        :meth:`FeatureMap.feature_sum`), without assembling the feature rows."""
         arr = self._check_points(x)
         step = check_positive_int(chunk_size, "chunk_size")
         mp = self.n_frequencies
         total = np.zeros(2 * mp, dtype=np.float64)
         omega_t = np.ascontiguousarray(self.omega.T)
         for start in range(0, arr.shape[0], step):
-            t = (arr[start : start + step] @ omega_t).astype(np.float32)
-            total[:mp] += np.cos(t).sum(axis=0, dtype=np.float64)
-            total[mp:] += np.sin(t, out=t).sum(axis=0, dtype=np.float64)
+            t = arr[start : start + step] @ omega_t
+            total[:mp] += np.cos(t).sum(axis=0)
+            total[mp:] += np.sin(t, out=t).sum(axis=0)
         return total
 
 

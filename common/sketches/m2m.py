@@ -24,7 +24,7 @@ The regularization ``lambda`` (Appendix B, step 2) is set from the sketch's nois
 ``n_hat`` by a rule (:func:`regularization`): ``"theorem"``, ``sigma_xi^2 / n_hat^2`` (the value
 under which the M2M loss bounds the estimate's mean squared error, Theorem 3.1), or ``"paper"``,
 ``sigma_xi^2 / n_hat`` (Eq. 5, what the paper's experiments use), or a fixed number. The default
-is ``"theorem"``, chosen by measurement (README, "Private sketches and M2M").
+is ``"theorem"``, chosen by measurement (docs/how-it-works.md, "Private sketches and M2M").
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ __all__ = [
 LambdaRule = Literal["theorem", "paper"]
 LAMBDA_RULES: tuple[LambdaRule, ...] = ("theorem", "paper")
 #: ``sigma_xi^2 / n_hat^2``, chosen by measuring both rules on Random10 and on a real data set
-#: (README, "Private sketches and M2M").
+#: (docs/how-it-works.md, "Private sketches and M2M").
 DEFAULT_LAMBDA_RULE: LambdaRule = "theorem"
 #: Floor of a rule's lambda: the paper's ``lambda = 1e-9`` "for numeric stability" of the exact
 #: sketch (Section 4.1), where the noise level is 0 and HIST's Gram matrix is singular (every

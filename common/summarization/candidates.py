@@ -66,7 +66,7 @@ def shrink_embedding(
     small and ``alpha`` close to 1 (flights, m = 2456: 0.94-0.98); with a small one the noise
     dominates and ``alpha`` is close to 0 (digits, m = 44: 0-0.17), so an owner's local greedy
     matches the public embedding with its own points (a representative proposal) instead of
-    chasing the noise's direction (a proposal far from D_v: README, "Sketch allocation").
+    chasing the noise's direction (a proposal far from D_v: docs/results.md, "Sketch allocation").
 
     Parameters
     ----------

@@ -38,7 +38,7 @@ respect to ``D_v``:
    mean h1 (:func:`common.summarization.candidates.shrink_embedding`, at the curator) or,
    without a seed set, towards the owner's own mean h1 in the metric of its own scores
    (:func:`common.summarization.candidates.shrink_towards_points`, at the owner); never towards
-   zero, which only scales the embedding down (README, "Scenario suite").
+   zero, which only scales the embedding down (docs/results.md, "Scenario suite").
 
 Privacy (Notes of :func:`relevance_sensitivity`): replacing one validation point moves ``r``
 by at most ``sqrt(2) / m`` in L2 whatever the relevance score and norm weight, so the Gaussian
@@ -77,7 +77,7 @@ __all__ = [
 ]
 
 RelevanceScore = Literal["share", "density", "mass", "m2m", "mmd"]
-#: Every relevance score, the default first (README, "Scenario suite").
+#: Every relevance score, the default first (docs/results.md, "Scenario suite").
 RELEVANCE_SCORES: tuple[RelevanceScore, ...] = ("share", "mmd", "density", "mass", "m2m")
 #: The scores whose responsibilities are a vote for the owner of largest relevance; ``"share"``
 #: splits each validation point among the owners in proportion to their kernel mass.
@@ -222,7 +222,7 @@ def relevance_matrix(
         distance ``lambda ||z_k||^2 - 2 <z_k, Phi(v)> / m'`` (1: the MMD between ``v`` and the
         owner's data; 0: the vote for the densest owner at ``v``). The norm favours diffuse
         owners whatever their points near ``v``, and for a small owner it is mostly its
-        sketch's noise; a weight below 1 keeps part of it (README, "Scenario suite").
+        sketch's noise; a weight below 1 keeps part of it (docs/results.md, "Scenario suite").
 
     Returns
     -------
@@ -434,7 +434,7 @@ def shrink_decision(noisy: ArrayLike, sigma: float) -> tuple[NDArray[np.float64]
 
 
 #: The typical spread of an owner's scores ``g . h1(x)`` that the validation embedding must
-#: resolve (kernel units; chosen on the scenario suite, README "Scenario suite").
+#: resolve (kernel units; chosen on the scenario suite, docs/results.md "Scenario suite").
 SCORE_SIGNAL = 0.1
 
 

@@ -56,7 +56,7 @@ class SummarizationConfig:
         mean h1 embeddings, p/K points drawn uniformly from every owner, or ``"rounds"``:
         Algorithm 3's per-round protocol whose validation release, summary release and pool
         scoring are chosen by ``validation_release``, ``summary_release`` and ``pool_scoring``
-        (README, "Methods").
+        (docs/how-it-works.md, "Methods").
     rff_dimension : int
         d, the dimension of h1 (Table 1: 140).
     gamma : float
@@ -113,7 +113,7 @@ class SummarizationConfig:
         Sketch allocation: the per-validation-point relevance of an owner's sketch
         (:func:`common.summarization.sketch_allocation.relevance_matrix`). The default and every
         constant of the allocation below were chosen by leave-one-scenario-out on the scenario
-        suite (:mod:`experiments.suite_eval`, README "Scenario suite").
+        suite (:mod:`experiments.suite_eval`, docs/results.md "Scenario suite").
     relevance_norm_weight : float
         Sketch allocation, ``"mmd"`` score: the weight in (0, 1] of each sketch's squared norm
         in its distance to a validation point (1: the MMD; the norm favours diffuse owners;
@@ -130,7 +130,7 @@ class SummarizationConfig:
         the curator, James-Stein), or without a seed set as ``"owner"``; ``"owner"``, the
         owner's own mean h1, in the metric of its own scores
         (:func:`common.summarization.candidates.shrink_towards_points`); ``"none"``, nothing.
-        Never towards zero: that only scales the embedding down (README, "Scenario suite").
+        Never towards zero: that only scales the embedding down (docs/results.md, "Scenario suite").
     shrinkage : float
         Candidates method: the strength of that shrinkage, a multiple > 0 of the embedding's
         noise variance (1: the plug-in risk-optimal amount; default 2: an owner's local greedy
@@ -147,7 +147,7 @@ class SummarizationConfig:
     candidate_even_share : float
         Candidates method: share of the budget split evenly among owners before the rest is split
         in proportion to the noisy relevance counts or decision (default 0.3, chosen on the
-        scenario suite; 0.1 and 0.2 before: README, "Scenario suite").
+        scenario suite; 0.1 and 0.2 before: docs/results.md, "Scenario suite").
     embedding_rerank : bool
         Candidates method: choose the summary among the candidates by the private embedding
         instead of the exact kernel (to measure what exact re-ranking adds).

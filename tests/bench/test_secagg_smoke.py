@@ -18,7 +18,9 @@ from numpy.typing import NDArray
 
 from bench import secagg
 
-QUICK = ["--quick", "--sites", "3", "--lengths", "50"]
+# The grid alone: SecAgg+ at scale has its own test below, and Flower's anchor (a virtual
+# environment of its own, installed from PyPI on first use) runs in `make bench` only.
+QUICK = ["--quick", "--sites", "3", "--lengths", "50", "--no-scale", "--no-flower"]
 DOCUMENTED_KEYS = {"sites", "vector_length", "dropouts", "transport", "median_seconds", "phases"}
 
 
@@ -40,6 +42,22 @@ def test_quick_run_writes_records(tmp_path: Path, capsys: pytest.CaptureFixture[
         assert record["max_abs_error"] < record["error_bound"]
     assert records[1]["dropped_after"] == "share_keys"
     assert "wrote" in capsys.readouterr().out
+
+
+def test_quick_scale_cases_run_the_complete_graph_and_secaggplus(tmp_path: Path) -> None:
+    out = tmp_path / "bench-secagg.json"
+    args = ["--quick", "--sites", "3", "--lengths", "50", "--no-flower"]
+    secagg.main([*args, "--transports", "in-process", "--out", str(out)])
+
+    records = json.loads(out.read_text(encoding="utf-8"))
+    scale = [r for r in records if r["sites"] == 40]
+    assert [r["graph"] for r in scale] == ["complete", "sparse"]
+    _, sparse = scale
+    assert sparse["neighbours"] < 39 and sparse["allowance"] == 2
+    assert sparse["mean_degree"] < 39  # every site talks to a fraction of the others
+    for record in scale:
+        assert record["vector_length"] == 1_000
+        assert record["max_abs_error"] < record["error_bound"]
 
 
 @pytest.mark.integration

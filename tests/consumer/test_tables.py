@@ -1,4 +1,4 @@
-"""Result tables that fit a terminal, and the consumer's plot (issue 13: "unreadable output").
+"""Result tables that fit a terminal, and the consumer's plot.
 
 A newcomer's 80-column terminal showed ``can… │ 0.0… │ 0.6…`` and the demo's table needed 170
 columns. Tables are rendered here by rich at width 80 exactly as a terminal would show them: no

@@ -1,5 +1,4 @@
-"""The curator checks its configured owners at start-up (issue 13: "misconfiguration surfaces
-late and looks like the consumer's fault").
+"""The curator checks its configured owners at start-up.
 
 A real owner service (its servicer on a grpc.aio server over mTLS, in this process) answers the
 curator's :func:`curator.owners.check_owners`: a name that its certificate does not carry, and an
@@ -154,7 +153,7 @@ def test_an_owner_that_does_not_answer_is_a_warning(
 def test_the_curator_warns_when_its_allocation_would_read_no_sketch(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 13: publishing sketches did not make the curator use them, and sessions then
+    """Publishing sketches did not make the curator use them, and sessions then
     charged every owner through the counts allocation without a word."""
     from curator.cli import _warn_about_allocation
     from curator.sketches import SketchCatalog

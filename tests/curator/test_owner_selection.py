@@ -1,5 +1,5 @@
 """Sessions continue without an exhausted, unreachable or excluded owner when the consumer allows
-it (issue 13: "one exhausted owner blocks every summarization for everyone").
+it.
 
 In-process owners keep real durable ledgers under the default owner policy; one of them has
 spent its lifetime budget already. ``min_owners`` 0 keeps the rule before it (the refusal fails

@@ -1,5 +1,4 @@
-"""``dpmarket curator sessions|charges``: what the curator's store holds, read without writing
-(issue 13: "a curator command to list sessions, jobs and charges").
+"""``dpmarket curator sessions|charges``: what the curator's store holds, read without writing.
 
 A real session manager with in-process owners fills a real curator store (a finished session, a
 refused one that stays out of the store, a failed job row written as the CAPE service writes

@@ -166,7 +166,7 @@ def test_without_sketches_the_counts_allocation_runs_unchanged(digits: Scenario)
     b = simulate(digits.owners, digits.validation, digits.seed_set, counts, seed=3)
     assert np.array_equal(a.points, b.points)
     assert a.report.ledger["candidates"]["allocation"] == "counts"
-    # The report says why, and what it cost the owners (issue 13: not silently).
+    # The report says why, and what it cost the owners (not silently).
     assert a.report.ledger["candidates"]["allocation_note"] == (
         "no published sketch to read (the curator names no allocation spec: serve-curator "
         "--allocation-sketch-spec NAME): every owner is charged epsilon 1 for its noisy "

@@ -1,5 +1,4 @@
-"""Every command's default request passes the shipped default policies (issue 13: "defaults that
-contradict each other").
+"""Every command's default request passes the shipped default policies.
 
 The defaults are read from the commands themselves (each click option's default), never copied
 here, and each request is put to the same checks it meets in a deployment under

@@ -1,4 +1,4 @@
-"""The scenario suite: built offline and deterministically, spanning what the issue asks, with a
+"""The scenario suite: built offline and deterministically, spanning K, m, d and seed sets, with a
 cached exact-greedy reference; the leave-one-scenario-out selection on known scores."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""An actively lying curator, with a colluding owner, against real owner processes (issue 12).
+"""An actively lying curator, with a colluding owner, against real owner processes.
 
 Four honest owners run as ``dpmarket serve-owner`` processes over mTLS (started by
 :class:`deploy.launcher.LocalCluster`, as the README starts them, each with its table, policy and
@@ -7,7 +7,7 @@ certificate, so every owner serves it; it also holds a fifth owner's certificate
 (``owner-4``, issued by the same CA) and plays that owner in-process: it signs whatever the
 attacker wants and hands over every share it receives. The attacks:
 
-* inconsistent survivor lists (the attack of the issue, at n = 5 sites, S_C = 1): some owners are
+* inconsistent survivor lists (the reference attack, at n = 5 sites, S_C = 1): some owners are
   told the victim survived, others that it dropped;
 * both shares of one peer asked of the same owner, in one request or in two;
 * lying row counts relayed to the owners when they plan;

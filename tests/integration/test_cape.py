@@ -602,7 +602,7 @@ def _cli(cluster: LocalCluster, *args: str) -> Any:
 def test_cape_mean_prints_the_estimate_in_80_columns_and_json(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    """Issue 13: ``cape mean`` printed the noise level and the file name, not the estimate."""
+    """``cape mean`` printed the noise level and the file name, not the estimate."""
     features = [f"--feature={c}={lo:g}:{hi:g}" for c, lo, hi in FEATURES[:4]]
     table = _cli(cluster, "cape", "mean", *features, "--out", str(tmp_path / "mean.json"))
     assert table.exit_code == 0, table.output
@@ -619,27 +619,21 @@ def test_cape_mean_prints_the_estimate_in_80_columns_and_json(
     )
 
 
-def test_cape_logreg_takes_a_bounds_file_without_a_target_section(
+def test_cape_logreg_takes_feature_bounds_without_target_bounds(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    """Issue 13: ``--bounds F --target high`` failed unless F had a [target] section; a 0/1
-    target needs no bounds. A linear target without bounds is refused, naming what to give."""
-    bounds = tmp_path / "bounds.toml"
-    bounds.write_text(
-        "[features]\n" + "".join(f"{c} = [{lo!r}, {hi!r}]\n" for c, lo, hi in FEATURES[:3]),
-        encoding="utf-8",
-    )
+    """``--feature ... --target high``: a 0/1 target needs no bounds. A linear target without
+    bounds is refused, naming what to give."""
+    features = [f"--feature={c}={lo!r}:{hi!r}" for c, lo, hi in FEATURES[:3]]
     out = str(tmp_path / "model.json")
-    fitted = _cli(
-        cluster, "cape", "logreg", "--bounds", str(bounds), "--target", "high", "--out", out
-    )
+    fitted = _cli(cluster, "cape", "logreg", *features, "--target", "high", "--out", out)
     assert fitted.exit_code == 0, fitted.output
     model = json.loads(Path(out).read_text(encoding="utf-8"))
     assert list(model["weights"]) == [c for c, _, _ in FEATURES[:3]]
     for column, weight in model["weights"].items():
         assert f"{weight:.6g}" in fitted.output, column
     assert f"{model['intercept']:.6g}" in fitted.output
-    refused = _cli(cluster, "cape", "linreg", "--bounds", str(bounds), "--target", "target")
+    refused = _cli(cluster, "cape", "linreg", *features, "--target", "target")
     assert refused.exit_code == 2
     assert "a linear regression's target needs public bounds" in refused.output
 

@@ -1,4 +1,4 @@
-"""An exhausted owner no longer blocks every summarization (issue 13), with real processes.
+"""An exhausted owner no longer blocks every summarization, with real processes.
 
 Five owner processes and a curator process over mTLS, under the shipped default policies; one
 owner's durable ledger has spent its lifetime budget before it starts. A consumer runs

@@ -6,7 +6,7 @@ each with two owners and a curator as OS processes (:class:`deploy.launcher.Loca
 owners hold different data of the same public shape — the same row counts, columns and declared
 0/1 column — deployment ``b``'s values lying far from ``a``'s and outside the bounds and domain
 that requests use. The same requests against both must get the same answers, except for the
-noise of charged releases: the issue's bounds-probing ``dpmarket cape mean --feature
+noise of charged releases: the bounds-probing ``dpmarket cape mean --feature
 target=1000:2000``, a logistic target that holds 1 and 2 (``cape train --target sex``), the
 summarization and sketch refusals a consumer can provoke, and every refusal of the owners' own
 RPCs to a curator that probes them directly (the curator may lie).

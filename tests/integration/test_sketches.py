@@ -488,7 +488,7 @@ def _publish_without_spec(
 def test_publish_without_a_spec_lists_the_costs_and_asks_or_needs_all(
     dep: Deployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 13: ``sketch publish`` with no --spec published every spec (3 of 10 epsilon) without
+    """``sketch publish`` with no --spec published every spec (3 of 10 epsilon) without
     asking. Now it lists what each spec costs, offers the spec the curator's allocation reads,
     and publishes nothing unless a person confirms (or --spec / --all names what to publish)."""
     fresh = tmp_path / "fresh"
@@ -527,7 +527,7 @@ def _entries_at(data_dir: Path) -> list[Any]:
 def test_every_catalogue_command_prints_json_and_fits_80_columns(
     dep: Deployment, tmp_path: Path
 ) -> None:
-    """Issue 13: ``--json`` on every command that prints a table, and tables for 80 columns."""
+    """``--json`` on every command that prints a table, and tables for 80 columns."""
     consumer = [
         "--curator", dep.cluster.curator_target,
         "--pki-dir", str(dep.cluster.pki_dir), "--name", "consumer",

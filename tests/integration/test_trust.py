@@ -296,6 +296,7 @@ def _owner_requests(n_features: int) -> dict[str, Any]:
         "CountRelevant": owner_pb2.CountRelevantRequest(session_id=sid, threshold=0.0),
         "ProposeCandidates": owner_pb2.ProposeCandidatesRequest(session_id=sid, count=1),
         "CloseSession": owner_pb2.CloseSessionRequest(session_id=sid),
+        "GetProgress": owner_pb2.GetProgressRequest(session_id=sid),
     }
 
 

@@ -134,7 +134,7 @@ def test_sketch_and_cape_sums_equal_the_in_memory_ones(table, engine) -> None:  
     found = data.statistic(COLUMNS, functools.partial(_sketch_part, _Spec()))
     total = sum(part[1] for part in found)
     assert sum(part[0] for part in found) == N
-    np.testing.assert_allclose(total, rff_map.feature_sum(x), rtol=1e-9, atol=1e-3)
+    np.testing.assert_allclose(total, rff_map.feature_sum(x), rtol=1e-9, atol=1e-6)
     # CAPE: the mean, capeFM's coefficients and a training's clipped-gradient average.
     bounds = [(c, -20.0, 20.0) for c in COLUMNS[:3]]
     mean_spec = CapeMeanSpec(tuple(bounds), epsilon=1.0, delta=1e-5)

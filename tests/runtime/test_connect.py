@@ -1,4 +1,4 @@
-"""Connecting fails fast and says why, in one line (issue 13, "slow, vague failures").
+"""Connecting fails fast and says why, in one line.
 
 A newcomer's typo in ``--curator`` used to wait 61 s for ``Deadline Exceeded`` under eight lines
 of gRPC handshake logs, and a certificate of another CA looked the same. Each case below meets a

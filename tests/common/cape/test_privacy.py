@@ -203,7 +203,7 @@ def test_exact_delta_is_tens_of_times_smaller_than_theorem1_at_s5_eps1() -> None
     exact = cape_exact_delta(1.0, sites=5, tau=tau, sensitivity=sens)
     assert bound == pytest.approx(1e-5, rel=1e-6)
     ratio = bound / exact
-    assert 40 < ratio < 55, ratio  # measured 47.9 (the reference: 40)
+    assert 40 < ratio < 55, ratio  # measured 47.9 (the reference: 40)
 
 
 @pytest.mark.parametrize("delta", [1e-3, 1e-5, 1e-8])

@@ -1,6 +1,6 @@
 """What an aggregator that lies about the survivors, with colluding sites, can compute.
 
-The attack of issue 12 (an aggregator telling some sites that a victim survived and others that
+The attack (an aggregator telling some sites that a victim survived and others that
 it dropped, with a colluding site handing over its shares): with ``t`` shares of the victim's
 self-mask seed and ``t`` of its pairwise-mask key, the aggregator removes every mask from the
 victim's masked vector and reads its input. :func:`recover_input` does that removal; the tests

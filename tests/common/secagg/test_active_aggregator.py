@@ -1,4 +1,4 @@
-"""An aggregator that lies about the survivors, with colluding sites (issue 12, Bonawitz et al.'s
+"""An aggregator that lies about the survivors, with colluding sites (Bonawitz et al.'s
 malicious-server model), on the in-process state objects.
 
 The attack: after every site masked its input, tell a group A of honest sites (and the victim)

@@ -1,5 +1,5 @@
 """SecAgg+ end to end on the state objects: the sum with dropouts, the per-neighbourhood checks,
-and the inconsistent-survivor attack of issue 12 on a 100-site sparse round.
+and the inconsistent-survivor attack on a 100-site sparse round.
 
 The attack (as ``test_active_aggregator.py`` runs it on the complete graph): after every site
 masked, tell some honest neighbours of a victim that it survived and others that it dropped; the
