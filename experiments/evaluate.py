@@ -941,9 +941,7 @@ def evaluation_table(document: Mapping[str, Any]) -> Table:
 
 def goals_table(document: Mapping[str, Any]) -> Table:
     """The issue's targets per scenario, p and private method: met or not, with the numbers."""
-    table = Table(
-        title="goals: a private summary worth buying", title_justify="left"
-    )
+    table = Table(title="goals: a private summary worth buying", title_justify="left")
     for header in ("scenario", "p", "method", "check", "value", "bound", "met"):
         table.add_column(
             header, justify="left" if header in ("scenario", "method", "check") else "right"
