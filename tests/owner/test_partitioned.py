@@ -26,8 +26,11 @@ import pytest
 from common.cape.dpgd import init_params, n_params, site_gradient
 from common.cape.functional_mechanism import fm_coefficients, pack_coefficients
 from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from common.errors import InvalidArgumentError
 from common.sketches.domain import Domain
 from common.sketches.feature_maps import draw_rff
+from common.sketches.spec import SketchDeclaration
+from common.summarization.candidates import shrink_towards_moments, shrink_towards_points
 from common.summarization.kernels import bid_direction, embedding_greedy, mmd2
 from common.summarization.partitioned import merge_best
 from common.summarization.rff import draw_rff_params, random_fourier_features
@@ -37,10 +40,10 @@ from owner.data import PointSet
 from owner.dataset import open_dataset
 from owner.engine import DaskEngine, SerialEngine, WorkCancelled, start_engine
 from owner.ledger import OwnerLedger
-from owner.partitioned import PartitionedData, mean_statistic
+from owner.partitioned import PartitionedData, PartitionedTable, mean_statistic
 from owner.policy import OwnerPolicy
 from owner.protocol import Owner
-from owner.sketches import _sketch_part
+from owner.sketches import SketchPublisher, _sketch_part
 from owner.validation import read_all, validate_dataset
 
 pytestmark = pytest.mark.slow
@@ -172,6 +175,43 @@ def test_sketch_and_cape_sums_equal_the_in_memory_ones(table, engine) -> None:  
     )
     _, merged = mean_statistic([(n, v) for n, v, _ in found_g])
     np.testing.assert_allclose(merged, gradient, rtol=1e-9, atol=1e-12)
+
+
+def test_the_shrinkage_from_partition_moments_equals_the_in_memory_one(table, engine) -> None:  # type: ignore[no-untyped-def]
+    """An owner's shrinkage of the noisy embedding (candidates method) from its h1 moments summed
+    over partitions equals the in-memory shrinkage from every feature row."""
+    root, x, _ = table
+    rff = draw_rff_params(F, D, 0.05, np.random.default_rng(5))
+    features = random_fourier_features(x, rff, dtype=np.float64)
+    sigma = 0.004
+    noisy = features[:300].mean(axis=0) + np.random.default_rng(6).normal(0, sigma, D)
+    expected, alpha = shrink_towards_points(noisy, features, sigma)
+    assert 0.05 < alpha < 0.95  # a real shrinkage, neither none nor total
+    mean, second = _data(root, engine).h1_moments(rff)
+    shrunk, found = shrink_towards_moments(noisy, mean, second, sigma)
+    assert found == pytest.approx(alpha, rel=1e-9)
+    np.testing.assert_allclose(shrunk, expected, rtol=1e-9, atol=1e-12)
+
+
+def test_a_marginals_sketch_of_a_partitioned_table_is_refused_charging_nothing(  # type: ignore[no-untyped-def]
+    table, engine, tmp_path: Path
+) -> None:
+    root, _, _ = table
+    declaration = SketchDeclaration.from_mapping(
+        {
+            "name": "big",
+            "mechanism": {"epsilon": 1.0},
+            "columns": [{"name": c, "low": -20, "high": 20} for c in COLUMNS[:3]],
+            "maps": {"marginals": {"bins": 4, "rounds": 1, "measurements": 2, "delta": 1e-6}},
+        }
+    )
+    (spec,) = declaration.draw(np.random.default_rng(0))
+    with OwnerLedger(tmp_path, OwnerPolicy()) as ledger:
+        publisher = SketchPublisher(ledger)
+        partitioned = PartitionedTable(_data(root, engine), "o")
+        with pytest.raises(InvalidArgumentError, match="partitioned"):
+            publisher.publish(spec, partitioned, curator="curator:c")
+        assert ledger.entries() == []
 
 
 def test_seeded_selections_are_the_same_on_dask_and_in_process(table, engine) -> None:  # type: ignore[no-untyped-def]

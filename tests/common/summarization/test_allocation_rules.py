@@ -9,7 +9,11 @@ import pytest
 
 from common.privacy.accounting import analytic_gaussian_sigma
 from common.sketches import Domain, SketchMechanism, draw_rff
-from common.summarization.candidates import shrink_embedding, shrink_towards_points
+from common.summarization.candidates import (
+    shrink_embedding,
+    shrink_towards_moments,
+    shrink_towards_points,
+)
 from common.summarization.sketch_allocation import (
     SHARE_FALSE_POSITIVES,
     derived_allocation_share,
@@ -124,6 +128,14 @@ def test_owner_shrinkage_uses_the_noise_its_scores_see() -> None:
     assert alpha > shrink_embedding(noisy, mu, sigma)[1]
     with pytest.raises(ValueError):
         shrink_towards_points(noisy, x[:, :10], sigma)
+    # The same from the points' moments (a partitioned table's path).
+    moments = shrink_towards_moments(noisy, mu, x.T @ x / n, sigma)
+    assert moments[1] == pytest.approx(alpha, rel=1e-9)
+    np.testing.assert_allclose(moments[0], shrunk, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="second_moment"):
+        shrink_towards_moments(noisy, mu, np.eye(d - 1), sigma)
+    with pytest.raises(ValueError, match="noise_sigma"):
+        shrink_towards_moments(noisy, mu, np.eye(d), 0.0)
 
 
 def test_the_owner_shrinkage_estimates_its_signal_without_bias() -> None:
