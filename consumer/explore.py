@@ -792,8 +792,10 @@ class MarginalsExplorer:
         if query.kind == "synthetic":
             return self._synthetic(query, [m for m, _ in fitted])
         replicates = min((len(b) for _, b in fitted), default=0)
-        main = self._values(query, [m for m, _ in fitted])
-        draws = [self._values(query, [b[r] for _, b in fitted]) for r in range(replicates)]
+        # A count's cell weights are the same for every model: computed once.
+        weights = self._weights(query) if query.kind == "count" else None
+        main = self._values(query, [m for m, _ in fitted], weights)
+        draws = [self._values(query, [b[r] for _, b in fitted], weights) for r in range(replicates)]
         se = (
             np.std(np.array(draws), axis=0, ddof=1)
             if replicates > 1
@@ -837,8 +839,14 @@ class MarginalsExplorer:
             out[j] = cell_weights(self.feature_map, domain, j, lower[0, j], upper[0, j])
         return out
 
-    def _values(self, query: Query, models: Sequence[MarginalsModel]) -> NDArray[np.float64]:
-        """The query's values on the union of ``models``' data (fractions, moments)."""
+    def _values(
+        self,
+        query: Query,
+        models: Sequence[MarginalsModel],
+        weights: dict[int, NDArray[np.float64]] | None = None,
+    ) -> NDArray[np.float64]:
+        """The query's values on the union of ``models``' data (fractions, moments); a count's
+        ``weights`` (:meth:`_weights`) when already computed."""
         domain = self.domain
         fmap = self.feature_map
         total = math.fsum(m.total for m in models)
@@ -847,7 +855,7 @@ class MarginalsExplorer:
             return math.fsum(m.query(weights) for m in models) / total
 
         if query.kind == "count":
-            return np.array([fraction(self._weights(query))])
+            return np.array([fraction(self._weights(query) if weights is None else weights)])
         if query.kind == "cdf":
             idx = _columns(query, domain)
             t = _thresholds(query, domain, idx)

@@ -742,10 +742,11 @@ class MarginalsModel:
     """A graphical model fitted to noisy marginals (Private-PGM), answering in numpy.
 
     Build it with :meth:`fit`. The estimation is ``mbi``'s mirror descent on the measurements'
-    squared error, weighted by their noise (McKenna et al. 2019, Algorithm 1); its potentials
-    are then read once into numpy, and every marginal is one ``numpy.einsum`` over
-    ``exp(potentials)`` (variable elimination in the order ``einsum``'s optimiser picks),
-    without per-query compilation.
+    squared error, weighted by their noise (McKenna et al. 2019, Algorithm 1). The library's
+    junction-tree message passing then calibrates it once: its beliefs on the maximal cliques
+    are read into numpy, and every marginal is a sum of one belief or one ``numpy.einsum`` over
+    the smallest subtree holding its columns (:meth:`marginal`), without per-query compilation
+    and at a cost that depends on that subtree, not on the whole model.
 
     Attributes
     ----------
@@ -768,12 +769,22 @@ class MarginalsModel:
         self.total = float(model.total)
         d = feature_map.n_attributes
         self._letters = {str(j): _einsum_letter(j) for j in range(d)}
-        self._potentials: list[tuple[str, NDArray[np.float64]]] = []
-        for clique in model.potentials.cliques:
-            table = np.asarray(model.potentials[clique].values, dtype=np.float64)
-            self._potentials.append(
-                ("".join(self._letters[a] for a in clique), np.exp(table - table.max()))
-            )
+        lib = _mbi()
+        # The junction tree of the model's cliques and its calibrated beliefs (counts on every
+        # maximal clique, summing to the total): one message-passing pass of the library's
+        # oracle, in log space (compiled once per model structure, shared by the bootstrap).
+        self._tree, _ = lib.junction_tree.make_junction_tree(model.domain, model.cliques)
+        nodes = lib.junction_tree.maximal_cliques(self._tree)
+        beliefs = lib.marginal_oracles.message_passing_shafer_shenoy(
+            model.potentials.expand(nodes), self.total
+        )
+        # Per tree node, its belief and the belief's axes (its own order of the node's variables).
+        self._beliefs: dict[tuple[str, ...], NDArray[np.float64]] = {}
+        self._axes: dict[tuple[str, ...], str] = {}
+        for node in nodes:
+            factor = beliefs[tuple(node)]
+            self._beliefs[node] = np.asarray(factor.values, dtype=np.float64)
+            self._axes[node] = "".join(self._letters[a] for a in factor.domain.attributes)
         self._cache: dict[tuple[int, ...], NDArray[np.float64]] = {}
 
     @classmethod
@@ -865,26 +876,62 @@ class MarginalsModel:
             raise ValueError(f"a marginal needs distinct columns in [0, {d}), got {list(key)}")
         found = self._cache.get(key)
         if found is None:
-            subscripts = ",".join(s for s, _ in self._potentials)
-            out = "".join(self._letters[str(c)] for c in key)
-            tables = [t for _, t in self._potentials]
-            expression = f"{subscripts}->{out}"
-            path = _einsum_path(expression, tuple(t.shape for t in tables))
-            joint = np.einsum(expression, *tables, optimize=path)
+            joint = self._junction_marginal(self.names(key))
             mass = float(joint.sum())
-            if not (math.isfinite(mass) and mass > 0):
-                # Potentials far apart underflow the product: mbi's log-space elimination.
-                names = self.names(key)
-                factor = self.mbi_model.project(names)
-                joint = np.transpose(
-                    np.asarray(factor.datavector(flatten=False), dtype=np.float64),
-                    [factor.domain.attributes.index(a) for a in names],
-                )
-                mass = float(joint.sum())
-            found = joint * (self.total / mass)
+            found = joint * (self.total / mass) if mass > 0 else joint
             found.setflags(write=False)
             self._cache[key] = found
         return found
+
+    def _junction_marginal(self, names: tuple[str, ...]) -> NDArray[np.float64]:
+        """The model's counts on ``names`` from the calibrated junction tree.
+
+        A marginal inside one maximal clique is a sum of its belief. Otherwise the variables
+        span the smallest subtree whose cliques hold them all (the union of the tree paths
+        between cliques holding them); a connected subtree of a junction tree is a junction
+        tree of its variables, whose joint is ``prod_C mu_C / prod_S mu_S`` over its cliques
+        ``C`` and separators ``S`` (Lauritzen & Spiegelhalter 1988; Koller & Friedman 2009,
+        Proposition 10.5), and one ``einsum`` sums it down to ``names``. Components of a
+        forest are independent: their product is divided by ``total`` once per extra component.
+        The work depends on the subtree, never on the whole model.
+        """
+        import networkx as nx
+
+        wanted = set(names)
+        for node, belief in self._beliefs.items():
+            if wanted <= set(node):
+                out = "".join(self._letters[a] for a in names)
+                return np.asarray(np.einsum(f"{self._axes[node]}->{out}", belief), dtype=np.float64)
+        # Terminals: for each variable, a clique holding it (the one holding most of the others).
+        terminals: set[tuple[str, ...]] = set()
+        for a in names:
+            if not any(a in t for t in terminals):
+                holding = [n for n in self._beliefs if a in n]
+                terminals.add(max(holding, key=lambda n: len(wanted & set(n))))
+        nodes: set[tuple[str, ...]] = set()
+        components = 0
+        for part in nx.connected_components(self._tree.subgraph(self._beliefs)):
+            inside = [t for t in terminals if t in part]
+            if not inside:
+                continue
+            components += 1
+            nodes.add(inside[0])
+            for t in inside[1:]:
+                nodes.update(nx.shortest_path(self._tree, inside[0], t))
+        subscripts, tables = [], []
+        for node in nodes:
+            subscripts.append(self._axes[node])
+            tables.append(self._beliefs[node])
+        for u, v in self._tree.subgraph(nodes).edges:
+            separator = tuple(a for a in u if a in v)
+            letters = "".join(self._letters[a] for a in separator)
+            sums = np.einsum(f"{self._axes[u]}->{letters}", self._beliefs[u])
+            subscripts.append(letters)
+            tables.append(np.divide(1.0, sums, out=np.zeros_like(sums), where=sums > 0))
+        expression = ",".join(subscripts) + "->" + "".join(self._letters[a] for a in names)
+        path = _einsum_path(expression, tuple(t.shape for t in tables))
+        joint = np.einsum(expression, *tables, optimize=path)
+        return np.asarray(joint, dtype=np.float64) / self.total ** (components - 1)
 
     def query(self, weights: Mapping[int, NDArray[np.float64]]) -> float:
         """The model's count of records weighted by a product of per-column cell weights
@@ -1029,7 +1076,7 @@ class MarginalsModel:
 @functools.lru_cache(maxsize=4096)
 def _einsum_path(expression: str, shapes: tuple[tuple[int, ...], ...]) -> list[Any]:
     """``numpy.einsum_path``'s greedy contraction order for ``expression`` on operands of
-    ``shapes``: computed once per model structure and query (the bootstrap models share their
+    ``shapes``: computed once per junction subtree and query (the bootstrap models share their
     structure), not per call (finding it costs more than contracting)."""
     operands = [np.empty(shape, dtype=np.float64) for shape in shapes]
     path, _ = np.einsum_path(expression, *operands, optimize="greedy")
