@@ -803,8 +803,7 @@ class SecAggSite:
         assert self._s_private is not None and self._self_mask_seed is not None
         length, round_id = self.params.vector_length, self.params.round_id
         masked = quantized
-        masks = MaskAccumulator(length)
-        masks.add(masked, self._self_mask_seed)
+        adds, subtracts = [self._self_mask_seed], list[bytes]()
         for peer in u2:
             if peer == self.site:
                 continue
@@ -813,10 +812,8 @@ class SecAggSite:
                 self._s_publics[peer],
                 info=_pair_info(_MASK_KEY_LABEL, round_id, self.site, peer),
             )
-            if peer < self.site:
-                masks.add(masked, key)
-            else:
-                masks.subtract(masked, key)
+            (adds if peer < self.site else subtracts).append(key)
+        MaskAccumulator(length).apply(masked, add=adds, subtract=subtracts)
         masked &= np.uint64(self.params.fixed_point.modulus - 1)
         self._u2 = u2
         # b_u and s_sk are no longer needed here; only their shares leave this site from now on.
@@ -1258,7 +1255,8 @@ class SecAggAggregator:
         responders = tuple(sorted(responses))
         length, round_id = self.params.vector_length, self.params.round_id
         total = self._total.copy()
-        masks = MaskAccumulator(length)
+        adds: list[bytes] = []
+        subtracts: list[bytes] = []
         for owner in self._u3:
             seed = self._reconstruct(
                 owner,
@@ -1266,7 +1264,7 @@ class SecAggAggregator:
                 responders,
                 "self-mask seed",
             )
-            masks.subtract(total, seed)
+            subtracts.append(seed)
         for owner in self._dropped:
             raw = self._reconstruct(
                 owner,
@@ -1284,10 +1282,8 @@ class SecAggAggregator:
                     info=_pair_info(_MASK_KEY_LABEL, round_id, owner, survivor),
                 )
                 # The survivor added PRG(s) if owner < survivor and subtracted it otherwise.
-                if owner < survivor:
-                    masks.subtract(total, key)
-                else:
-                    masks.add(total, key)
+                (subtracts if owner < survivor else adds).append(key)
+        MaskAccumulator(length).apply(total, add=adds, subtract=subtracts)
         total &= np.uint64(self.params.fixed_point.modulus - 1)
         try:
             result = dequantize_sum(total, self.params.fixed_point, len(self._u3))

@@ -490,21 +490,18 @@ class SparseSecAggSite:
         assert self._s_private is not None and self._self_mask_seed is not None
         params = self.params
         masked = quantized
-        masks = MaskAccumulator(params.vector_length)
-        masks.add(masked, self._self_mask_seed)
+        adds, subtracts = [self._self_mask_seed], list[bytes]()
         for peer in sorted(u2 - {self.site}):
             key = shared_key(
                 self._s_private,
                 self._u1[peer].s_public,
                 info=_pair_info(_MASK_KEY_LABEL, params.round_id, self.site, peer),
             )
-            if peer < self.site:
-                masks.add(masked, key)
-            else:
-                masks.subtract(masked, key)
+            (adds if peer < self.site else subtracts).append(key)
             self._acks[peer] = mac_tag(
                 self._mac_keys[peer], acknowledgement_message(params, self.site, peer)
             )
+        MaskAccumulator(params.vector_length).apply(masked, add=adds, subtract=subtracts)
         masked &= np.uint64(params.fixed_point.modulus - 1)
         self._u2 = u2
         self._self_mask_seed = None
@@ -973,9 +970,10 @@ class SparseSecAggAggregator:
                 key_shares[owner].append((name, share))
         params = self.params
         total = self._total.copy()
-        masks = MaskAccumulator(params.vector_length)
-        for owner in self._u3:
-            masks.subtract(total, self._reconstruct(owner, seed_shares[owner], "self-mask seed"))
+        adds: list[bytes] = []
+        subtracts = [
+            self._reconstruct(owner, seed_shares[owner], "self-mask seed") for owner in self._u3
+        ]
         for owner in self._dropped:
             raw = self._reconstruct(owner, key_shares[owner], "pairwise-mask key")
             s_private = private_key_from_bytes(raw)
@@ -989,10 +987,8 @@ class SparseSecAggAggregator:
                     self._u1[survivor].s_public,
                     info=_pair_info(_MASK_KEY_LABEL, params.round_id, owner, survivor),
                 )
-                if owner < survivor:
-                    masks.subtract(total, key)
-                else:
-                    masks.add(total, key)
+                (subtracts if owner < survivor else adds).append(key)
+        MaskAccumulator(params.vector_length).apply(total, add=adds, subtract=subtracts)
         total &= np.uint64(params.fixed_point.modulus - 1)
         try:
             result = dequantize_sum(total, params.fixed_point, len(self._u3))

@@ -11,10 +11,12 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from common.errors import AbortedError
 from common.secagg.crypto import (
+    MASK_BLOCK_WORDS,
     NONCE_BYTES,
     TAG_BYTES,
     EcdsaSigner,
     EcdsaVerifier,
+    MaskAccumulator,
     SecAggError,
     decrypt,
     encode_fields,
@@ -91,6 +93,34 @@ def test_prg_is_aes256_ctr_from_a_zero_counter_little_endian() -> None:
     assert words.tolist() == expected
     # A longer expansion starts with the shorter one (one keystream per key).
     np.testing.assert_array_equal(prg_words(seed, 100_001)[:6], words)
+
+
+@pytest.mark.parametrize("length", [0, 5, MASK_BLOCK_WORDS, 2 * MASK_BLOCK_WORDS + 7])
+def test_mask_accumulator_adds_and_subtracts_whole_expansions(length: int) -> None:
+    """Block by block, every mask's words are prg_words' (its stream continues across blocks)."""
+    adds, subtracts = [os.urandom(32) for _ in range(3)], [os.urandom(32) for _ in range(2)]
+    start = np.arange(length, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    total = start.copy()
+    MaskAccumulator(length).apply(total, add=adds, subtract=subtracts)
+    expected = start.copy()
+    for seed in adds:
+        expected += prg_words(seed, length)
+    for seed in subtracts:
+        expected -= prg_words(seed, length)
+    np.testing.assert_array_equal(total, expected)
+    one = start.copy()
+    MaskAccumulator(length).add(one, adds[0])
+    MaskAccumulator(length).subtract(one, adds[0])
+    np.testing.assert_array_equal(one, start)
+
+
+def test_mask_accumulator_rejects_bad_arguments_and_leaves_the_vector() -> None:
+    total = np.arange(10, dtype=np.uint64)
+    with pytest.raises(ValueError, match="seed must be 32 bytes"):
+        MaskAccumulator(10).apply(total, add=[os.urandom(32)], subtract=[bytes(16)])
+    np.testing.assert_array_equal(total, np.arange(10, dtype=np.uint64))
+    with pytest.raises(ValueError, match="uint64 vector of 10 entries"):
+        MaskAccumulator(10).add(np.zeros(9, dtype=np.uint64), os.urandom(32))
 
 
 def test_mask_vector_keeps_the_low_bits() -> None:
