@@ -63,6 +63,7 @@ from common.sketches.marginals import (
     MarginalsModel,
     MarginalsSketch,
     cell_weights,
+    free_compiled,
 )
 from common.sketches.sketch import (
     PrivateSketch,
@@ -756,6 +757,7 @@ class MarginalsExplorer:
             digest = hashlib.sha256(b"".join(m.values.tobytes() for m in sketch.measurements))
             rng = np.random.default_rng([self.seed, 2, int.from_bytes(digest.digest()[:8])])
             boot = model.bootstrap(self.bootstrap, rng) if self.bootstrap > 0 else []
+            free_compiled()  # answers are numpy from here on
             found = (sketch, model, boot)
             self._models[id(sketch)] = found
         return found[1], found[2]

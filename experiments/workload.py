@@ -46,6 +46,7 @@ from common.sketches.marginals import (
     MarginalsMechanism,
     MarginalsModel,
     Measurement,
+    free_compiled,
     marginals_map,
     model_size_mb,
 )
@@ -523,6 +524,7 @@ def run_table(
             else:  # uniform: the share of the domain a query covers
                 estimate = workload.answer(lambda cols: _uniform(fmap, domain, cols))
             seconds = time.perf_counter() - start
+            free_compiled()  # hundreds of AIM rounds' structures would exhaust the mappings
             err = _errors(estimate, truth, workload.kinds)
             result.add(method, err, seconds)
             con.print(

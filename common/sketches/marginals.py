@@ -67,6 +67,7 @@ __all__ = [
     "Measurement",
     "RoundPlan",
     "cell_weights",
+    "free_compiled",
     "marginals_map",
     "model_size_mb",
 ]
@@ -107,6 +108,21 @@ def _mbi() -> Any:
     import mbi
 
     return mbi
+
+
+def free_compiled() -> None:
+    """Drop the executables jax compiled for ``mbi``'s estimation and inference.
+
+    jax compiles once per model structure (set of cliques) and keeps every executable for the
+    life of the process, each holding its own memory mappings; a long-lived process that fits
+    many structures (an owner publishing sketch after sketch, a consumer fitting many owners'
+    sketches, an experiment of hundreds of AIM rounds) would eventually exhaust the kernel's
+    ``vm.max_map_count`` and abort inside LLVM. Callers drop them once a release or a fit and
+    its bootstrap (which share one structure) is done; the next structure compiles afresh.
+    """
+    import jax
+
+    jax.clear_caches()
 
 
 # ------------------------------------------------------------------------------------ map
@@ -605,6 +621,7 @@ class MarginalsMechanism:
                 measurements.append(measure(allowed[int(i)], sigma))
                 selections.append(plan.epsilon)
             model = MarginalsModel.fit(fmap, measurements, iters=SELECTION_ITERS, warm=model)
+        free_compiled()  # the selection's structures are not used again
         return MarginalsSketch(self, tuple(measurements), tuple(selections))
 
     def describe(self) -> dict[str, Any]:
