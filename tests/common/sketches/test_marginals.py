@@ -19,7 +19,9 @@ from common.sketches.marginals import (
     MarginalsModel,
     MarginalsSketch,
     Measurement,
+    _mbi,
     cell_weights,
+    free_compiled,
     marginals_map,
 )
 
@@ -266,3 +268,18 @@ def test_candidates_respect_max_cells() -> None:
     assert set(mech.candidates()) == {
         (a, b) for a, b in itertools.combinations(range(4), 2) if fmap.cells[a] * fmap.cells[b] <= 9
     }
+
+
+def test_a_release_leaves_no_compiled_model_behind() -> None:
+    """jax keeps an executable per model structure for the process's life; a release drops
+    them (a long-lived owner would otherwise exhaust its memory mappings)."""
+    oracle = _mbi().marginal_oracles.message_passing_shafer_shenoy
+    domain = _domain()
+    fmap = marginals_map(domain, 5, rounds=2, measurements=3)
+    mech = MarginalsMechanism(fmap, domain, 1.0, 1e-6)
+    sketch = mech.release(_records(500, np.random.default_rng(2)), rng=np.random.default_rng(3))
+    assert oracle._cache_size() == 0
+    MarginalsModel.fit(fmap, sketch.measurements, iters=50)
+    assert oracle._cache_size() > 0  # the fit compiled its structure
+    free_compiled()
+    assert oracle._cache_size() == 0
