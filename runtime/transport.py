@@ -15,6 +15,10 @@ named ``owner-0`` cannot stand in for owner ``owner-0``, nor one owner for anoth
 :meth:`TransportSecurity.plaintext` turns all of this off (tests and local demos only): no TLS,
 no identities.
 
+Measurement. When the environment variable ``DPMARKET_RPC_TRACE`` names a file, every channel
+opened here records each call's method, peers, times and message sizes in it
+(:mod:`runtime.rpc_trace`, gRPC client interceptors); unset, the default, nothing is installed.
+
 Connecting fails fast and says why. A client checks a new channel with
 :func:`check_connected` (or :func:`check_connected_aio`) under a short connect deadline,
 :data:`CONNECT_TIMEOUT_SECONDS`, separate from its calls' deadlines; when the channel does not
