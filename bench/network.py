@@ -24,7 +24,9 @@ its waves are not a protocol constant and have no formula). The formulas of
 both equal and checks them against the measurement).
 
 Run ``python -m bench.network --into out/bench.json`` (``make bench``: the report goes under the
-key ``network``) or ``--quick`` (K = 3, p in {2, 4}, S = 3: about 25 s on loopback).
+key ``network``) or ``--quick`` (K = 3, p in {2, 4}, S = 3: about 25 s on loopback);
+``--wan PROFILE ...`` (root) adds wall times with the owners and the curator on WAN hosts
+(:func:`run_wan`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import numpy as np
 import pandas as pd
 
 from common.summarization.summary import Method, SummarizationConfig
+from deploy.wan import PROFILES as WAN_PROFILES
 from owner.data import PointSet, save_point_set
 from runtime import rpc_trace
 
@@ -538,6 +541,141 @@ def run_secure_aggregation(
     return record
 
 
+#: Ports of the services on their WAN hosts.
+WAN_OWNER_PORT, WAN_CURATOR_PORT = 50051, 50050
+
+
+def run_wan(
+    profiles: Sequence[str], k: int, p: int, work_dir: Path, *, n_points: int, seed: int
+) -> list[dict[str, Any]]:
+    """Wall time of a default summary, a greedy summary of ``p`` points and a CAPE mean with the
+    owners and the curator on hosts of their own (:class:`deploy.wan.WanTopology`: network
+    namespaces, every link shaped to the profile's rate, every connection between hosts held
+    for the profile's delay by the harness's relay), under each profile of
+    :data:`deploy.wan.PROFILES`. The consumer is this process, reaching the curator through
+    the relay (delayed, its own link not shaped). Needs root.
+
+    Returns
+    -------
+    list of dict
+        Per profile and protocol: the record of :func:`measure_run` with ``profile``,
+        ``rtt_seconds``, ``wall_seconds`` (the consumer's call, start to answer) and
+        ``waves_times_rtt`` (the measured waves times the profile's round trip: the part of the
+        wall time no bandwidth or computation can remove).
+    """
+    from common.cape.spec import CapeMeanSpec
+    from consumer.client import CuratorClient
+    from deploy.pki import init_ca, issue_all
+    from deploy.wan import WanTopology, wait_for_port
+    from runtime.identity import Identity, identity_files
+    from runtime.transport import TransportSecurity
+
+    run_dir = work_dir / f"wan-k{k}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    files, tables = write_data(run_dir, k, n_points, seed)
+    owner_policy, curator_policy = run_dir / "owner.toml", run_dir / "curator.toml"
+    owner_policy.write_text(_OWNER_POLICY, encoding="utf-8")
+    curator_policy.write_text(_CURATOR_POLICY, encoding="utf-8")
+    owners = [f"owner-{i:02d}" for i in range(k)]
+    pki = run_dir / "pki"
+    init_ca(pki)
+    consumer = Identity("consumer", "consumer")
+    issue_all(
+        pki, [Identity("curator", "curator"), consumer, *(Identity("owner", o) for o in owners)]
+    )
+    trace = run_dir / "calls.jsonl"
+    dpmarket = str(Path(sys.executable).parent / "dpmarket")
+    rng = np.random.default_rng(seed + 1)
+    validation = rng.normal(0.0, 1.0, (50, N_FEATURES))
+    seed_set = rng.normal(0.0, 1.0, (5, N_FEATURES))
+    features = tuple((c, 0.0, 1.0) for c in COLUMNS[1:])
+    records: list[dict[str, Any]] = []
+    with (
+        _tracing(trace),
+        WanTopology([*owners, "curator"], run_dir / "hosts", WAN_PROFILES[profiles[0]]) as wan,
+    ):
+        for i, owner in enumerate(owners):
+            wan.spawn(
+                owner,
+                [dpmarket, "serve-owner", "--data", str(files[i]), "--table", str(tables[i]),
+                 "--binary-column", BINARY, "--host", "0.0.0.0", "--port", str(WAN_OWNER_PORT),
+                 "--pki-dir", str(pki), "--name", owner, "--policy", str(owner_policy),
+                 "--data-dir", "state", "--allow-seeded-sessions"],
+                owner,
+            )  # fmt: skip
+        curator = [
+            dpmarket, "serve-curator", "--host", "0.0.0.0", "--port", str(WAN_CURATOR_PORT),
+            "--pki-dir", str(pki), "--name", "curator", "--policy", str(curator_policy),
+            "--data-dir", "state", "--allow-seeded-sessions",
+        ]  # fmt: skip
+        for owner in owners:
+            wait_for_port(wan, owner, WAN_OWNER_PORT)
+            curator += ["--owner", f"{owner}@{wan.route('curator', owner, WAN_OWNER_PORT)}"]
+        wan.spawn("curator", curator, "curator")
+        wait_for_port(wan, "curator", WAN_CURATOR_PORT)
+        address = wan.hosts["curator"].address
+        port = wan.relay.add("consumer->curator", ("127.0.0.1", 0), (address, WAN_CURATOR_PORT))
+        security = TransportSecurity.from_files(*identity_files(pki, consumer))
+        with CuratorClient(f"127.0.0.1:{port}", security, timeout=600.0) as client:
+            runs: list[tuple[str, int, Callable[[], object]]] = [
+                (
+                    "summarization/candidates",
+                    p,
+                    functools.partial(
+                        client.summarize,
+                        SummarizationConfig(summary_size=p, method="candidates", rff_dimension=32),
+                        validation,
+                        seed_set,
+                        seed=seed,
+                    ),
+                ),
+                (
+                    "summarization/greedy",
+                    p,
+                    functools.partial(
+                        client.summarize,
+                        SummarizationConfig(summary_size=p, method="greedy", rff_dimension=32),
+                        validation,
+                        seed_set,
+                        seed=seed,
+                    ),
+                ),
+                (
+                    "cape/mean",
+                    0,
+                    functools.partial(
+                        client.estimate_cape_mean, CapeMeanSpec(features, 1.0, 1e-6), seed=seed
+                    ),
+                ),
+            ]
+            for name in profiles:
+                profile = WAN_PROFILES[name]
+                wan.set_profile(profile)
+                for protocol, size, call in runs:
+                    start = time.monotonic()
+                    call()
+                    end = time.monotonic()
+                    record = measure_run(trace, start, end, protocol=protocol, k=k, p=size, s=k)
+                    record["profile"] = name
+                    record["rtt_seconds"] = profile.rtt_ms / 1e3
+                    record["rate_mbit"] = profile.rate_mbit
+                    record["wall_seconds"] = end - start
+                    record["waves_times_rtt"] = (
+                        record["curator_to_owners"]["waves"] * profile.rtt_ms / 1e3
+                    )
+                    logger.info(
+                        "WAN %-6s K=%d %-26s waves %3d wall %.2f s (waves x RTT %.2f s)",
+                        name,
+                        k,
+                        protocol,
+                        record["curator_to_owners"]["waves"],
+                        record["wall_seconds"],
+                        record["waves_times_rtt"],
+                    )
+                    records.append(record)
+    return records
+
+
 def check_sparse_threshold() -> None:
     """Fail if :data:`SPARSE_FROM` is not where secure aggregation turns sparse."""
     from common.secagg.graph import SPARSE_MIN_SITES
@@ -566,6 +704,22 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
             f"{r['predicted_waves']:>4} {'yes' if r['matches'] else 'NO':>3} {m['calls']:>5} "
             f"{m['request_bytes'] / 1e3:>9.1f} {m['response_bytes'] / 1e3:>9.1f} "
             f"{c['request_bytes'] / 1e3:>6.1f}/{c['response_bytes'] / 1e3:<6.1f}"
+        )
+    return "\n".join(lines)
+
+
+def format_wan(records: Sequence[dict[str, Any]]) -> str:
+    """One line per WAN run: profile, protocol, waves, wall seconds and waves times RTT."""
+    head = (
+        f"{'profile':<7} {'protocol':<26} {'K':>2} {'p':>3} {'waves':>5} {'wall s':>7} "
+        f"{'waves x RTT s':>13}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in records:
+        lines.append(
+            f"{r['profile']:<7} {r['protocol']:<26} {r['k']:>2} {r['p']:>3} "
+            f"{r['curator_to_owners']['waves']:>5} {r['wall_seconds']:>7.2f} "
+            f"{r['waves_times_rtt']:>13.2f}"
         )
     return "\n".join(lines)
 
@@ -606,6 +760,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--n", type=int, default=200, help="rows per owner (default 200)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--wan",
+        nargs="*",
+        default=[],
+        choices=sorted(WAN_PROFILES),
+        help="also time a few protocols on WAN hosts under these deploy.wan profiles "
+        "(lan rtt20 rtt100; needs root)",
+    )
     parser.add_argument("--into", type=Path, help="merge into this JSON under 'network'")
     parser.add_argument("--out", type=Path, help="write the report alone here")
     parser.add_argument("--work-dir", type=Path, help="data, logs and call records (default: tmp)")
@@ -654,7 +816,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             args.sites if args.sites is not None else (QUICK_SITES if args.quick else DEFAULT_SITES)
         )
         report = run(ks, ps, args.methods, work, sites=sites, n_points=args.n, seed=args.seed)
+        if args.wan:
+            wan = run_wan(args.wan, max(ks), max(ps), work, n_points=args.n, seed=args.seed)
+            report["wan"] = wan
+            report["all_match"] = report["all_match"] and all(r["matches"] for r in wan)
     print(format_table(report["runs"]))
+    if report.get("wan"):
+        print()
+        print(format_wan(report["wan"]))
     for path in _write(report, args.out, args.into):
         print(f"wrote {path}", file=sys.stderr)
     return report
