@@ -15,6 +15,10 @@ named ``owner-0`` cannot stand in for owner ``owner-0``, nor one owner for anoth
 :meth:`TransportSecurity.plaintext` turns all of this off (tests and local demos only): no TLS,
 no identities.
 
+Measurement. When the environment variable ``DPMARKET_RPC_TRACE`` names a file, every channel
+opened here records each call's method, peers, times and message sizes in it
+(:mod:`runtime.rpc_trace`, gRPC client interceptors); unset, the default, nothing is installed.
+
 Connecting fails fast and says why. A client checks a new channel with
 :func:`check_connected` (or :func:`check_connected_aio`) under a short connect deadline,
 :data:`CONNECT_TIMEOUT_SECONDS`, separate from its calls' deadlines; when the channel does not
@@ -44,6 +48,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
 from common.errors import UnavailableError
+from runtime import rpc_trace
 from runtime.identity import Identity, identity_from_certificate
 
 logger = logging.getLogger(__name__)
@@ -288,9 +293,12 @@ def aio_channel(
         If ``options`` sets ``grpc.ssl_target_name_override`` and ``expected`` is given.
     """
     merged = _channel_options(target, security, expected, options)
+    interceptors = rpc_trace.aio_interceptors(*_parties(target, security, expected))
     if security.insecure:
-        return grpc.aio.insecure_channel(target, options=merged)
-    return grpc.aio.secure_channel(target, security.channel_credentials(), options=merged)
+        return grpc.aio.insecure_channel(target, options=merged, interceptors=interceptors)
+    return grpc.aio.secure_channel(
+        target, security.channel_credentials(), options=merged, interceptors=interceptors
+    )
 
 
 def sync_channel(
@@ -302,8 +310,13 @@ def sync_channel(
     """Open a blocking grpc channel to ``target``; as :func:`aio_channel` otherwise."""
     merged = _channel_options(target, security, expected, options)
     if security.insecure:
-        return grpc.insecure_channel(target, options=merged)
-    return grpc.secure_channel(target, security.channel_credentials(), options=merged)
+        channel = grpc.insecure_channel(target, options=merged)
+    else:
+        channel = grpc.secure_channel(target, security.channel_credentials(), options=merged)
+    interceptor = rpc_trace.sync_interceptor(*_parties(target, security, expected))
+    if interceptor is None:
+        return channel
+    return grpc.intercept_channel(channel, interceptor)
 
 
 # ------------------------------------------------------------------------- fail fast, say why
@@ -558,6 +571,17 @@ async def check_connected_aio(
 
 
 # ---------------------------------------------------------------------------------- helpers
+def _parties(
+    target: str, security: TransportSecurity, expected: Identity | None
+) -> tuple[str, str]:
+    """``(caller, peer)`` as :mod:`runtime.rpc_trace` records them: ``role:name`` of this party
+    and of the server (``"?"`` and the address with plaintext)."""
+    me = security.identity
+    caller = "?" if me is None else f"{me.role}:{me.name}"
+    peer = target if expected is None else f"{expected.role}:{expected.name}"
+    return caller, peer
+
+
 def _channel_options(
     target: str, security: TransportSecurity, expected: Identity | None, options: ChannelOptions
 ) -> list[tuple[str, Any]]:
