@@ -42,7 +42,7 @@ from dpmarket.v1 import (
 from runtime import cape_messages, sketch_messages
 from runtime.identity import Identity
 from runtime.schemas import schema_to_proto
-from runtime.serving import GRPC_OPTIONS
+from runtime.serving import CHANNEL_OPTIONS
 from runtime.status import error_from_rpc
 from runtime.transport import CONNECT_TIMEOUT_SECONDS, TransportSecurity, connected_channel
 
@@ -108,7 +108,7 @@ class CuratorClient:
             target,
             security,
             expected,
-            GRPC_OPTIONS,
+            CHANNEL_OPTIONS,
             connect_timeout=connect_timeout,
             peer="the curator",
         )

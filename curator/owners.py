@@ -42,7 +42,7 @@ from dpmarket.v1 import (
 from runtime import cape_messages as msg
 from runtime.arrays import array_to_proto
 from runtime.identity import Identity
-from runtime.serving import GRPC_OPTIONS
+from runtime.serving import CHANNEL_OPTIONS
 from runtime.status import error_from_rpc
 from runtime.transport import (
     CONNECT_TIMEOUT_SECONDS,
@@ -101,7 +101,7 @@ class GrpcOwnerEndpoint:
         self._security = security
         #: The owner's declared rows (from GetOwnerInfo), which scale its long calls' deadlines.
         self.rows = 0
-        self._channel = aio_channel(target, security, expected, options=GRPC_OPTIONS)
+        self._channel = aio_channel(target, security, expected, options=CHANNEL_OPTIONS)
         self._stub = owner_pb2_grpc.OwnerServiceStub(self._channel)
         self._secagg = secure_aggregation_pb2_grpc.SecureAggregationServiceStub(self._channel)
         self._cape = cape_pb2_grpc.CapeSiteServiceStub(self._channel)

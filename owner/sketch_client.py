@@ -16,7 +16,7 @@ from common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
 from runtime import sketch_messages as msg
 from runtime.identity import Identity
-from runtime.serving import GRPC_OPTIONS
+from runtime.serving import CHANNEL_OPTIONS
 from runtime.status import error_from_rpc
 from runtime.transport import CONNECT_TIMEOUT_SECONDS, TransportSecurity, connected_channel
 
@@ -64,7 +64,7 @@ class CatalogClient:
             target,
             security,
             self.identity,
-            GRPC_OPTIONS,
+            CHANNEL_OPTIONS,
             connect_timeout=connect_timeout,
             peer="the curator",
         )

@@ -29,11 +29,47 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
+#: Seconds between a client channel's keepalive PINGs, also while no call is in flight.
+#: Channels live as long as their service (the curator's to its owners, across sessions), and
+#: a NAT or firewall between hosts drops a connection it sees idle for longer than its timeout
+#: (60 s and more, commonly minutes) without telling either end; a PING every 30 s keeps the
+#: mapping alive, and one unanswered for :data:`KEEPALIVE_TIMEOUT_SECONDS` closes the
+#: connection at once, so the next call reconnects instead of waiting for its deadline.
+KEEPALIVE_SECONDS = 30.0
+KEEPALIVE_TIMEOUT_SECONDS = 10.0
+
+
+def keepalive_client_options(seconds: float = KEEPALIVE_SECONDS) -> list[tuple[str, int]]:
+    """gRPC channel arguments for a PING every ``seconds`` (also without calls), each answered
+    within :data:`KEEPALIVE_TIMEOUT_SECONDS` (or ``seconds``, if smaller)."""
+    return [
+        ("grpc.keepalive_time_ms", round(seconds * 1000)),
+        ("grpc.keepalive_timeout_ms", round(min(KEEPALIVE_TIMEOUT_SECONDS, seconds) * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+def keepalive_server_options(seconds: float = KEEPALIVE_SECONDS) -> list[tuple[str, int]]:
+    """gRPC server arguments that accept a client's PING every ``seconds`` without calls.
+
+    A gRPC server otherwise takes PINGs more often than every 5 minutes on an idle connection as
+    abuse and closes it (GOAWAY "too_many_pings"); this admits them down to two thirds of
+    ``seconds``."""
+    return [
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", round(seconds * 1000 * 2 / 3)),
+    ]
+
+
+#: Options of every client channel to another service: :data:`GRPC_OPTIONS` and the keepalive.
+CHANNEL_OPTIONS = [*GRPC_OPTIONS, *keepalive_client_options()]
 #: Options of every server the project starts (:func:`start_server`): :data:`GRPC_OPTIONS` and an
 #: exclusive port. gRPC sets ``SO_REUSEPORT`` by default, so a second process (a duplicate
 #: ``serve-owner``, or anything local) could bind a port already served and receive a share of
-#: its connections; with it off, a second server on a bound port fails to start.
-SERVER_OPTIONS = [*GRPC_OPTIONS, ("grpc.so_reuseport", 0)]
+#: its connections; with it off, a second server on a bound port fails to start. Clients'
+#: keepalive PINGs are admitted (:func:`keepalive_server_options`).
+SERVER_OPTIONS = [*GRPC_OPTIONS, ("grpc.so_reuseport", 0), *keepalive_server_options()]
 
 
 def check_address_free(address: str) -> None:

@@ -280,7 +280,7 @@ def aio_channel(
         checks the certificate against the host of ``target`` instead, which a dpmarket
         certificate passes only when that host is ``<name>.<role>.dpmarket``: pass the identity.
     options : sequence of (str, value)
-        Channel arguments, e.g. :data:`runtime.serving.GRPC_OPTIONS`; must not set
+        Channel arguments, e.g. :data:`runtime.serving.CHANNEL_OPTIONS`; must not set
         ``grpc.ssl_target_name_override`` when ``expected`` is given.
 
     Returns
