@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import logging
 import os
 import sys
@@ -48,6 +47,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bench.report import write_section
 from common.summarization.summary import Method, SummarizationConfig
 from deploy.wan import PROFILES as WAN_PROFILES
 from owner.data import PointSet, save_point_set
@@ -724,24 +724,6 @@ def format_wan(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _write(report: dict[str, Any], out: Path | None, into: Path | None) -> list[Path]:
-    written = []
-    if into is not None:
-        merged = json.loads(into.read_text(encoding="utf-8")) if into.exists() else {}
-        if not isinstance(merged, dict):
-            raise SystemExit(f"{into} does not hold a JSON object")
-        merged["network"] = report
-        into.parent.mkdir(parents=True, exist_ok=True)
-        into.write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
-        written.append(into)
-    if out is not None or into is None:
-        out = out or Path("out/bench-network.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        written.append(out)
-    return written
-
-
 QUICK_K: tuple[int, ...] = (3,)
 QUICK_P: tuple[int, ...] = (2, 4)
 DEFAULT_K: tuple[int, ...] = (3, 5)
@@ -824,7 +806,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if report.get("wan"):
         print()
         print(format_wan(report["wan"]))
-    for path in _write(report, args.out, args.into):
+    written = write_section(
+        "network", report, out=args.out, into=args.into, default_out=Path("out/bench-network.json")
+    )
+    for path in written:
         print(f"wrote {path}", file=sys.stderr)
     return report
 

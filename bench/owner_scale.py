@@ -43,7 +43,6 @@ import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -52,6 +51,8 @@ from typing import Any
 
 import numpy as np
 import psutil
+
+from bench.report import merge_section
 
 COLUMNS = tuple(f"x{j}" for j in range(10))
 ROW_GROUP = 1 << 19
@@ -475,14 +476,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"service check, {int(args.service):,} rows:", flush=True)
         section["service"] = service_check(int(args.service), args.data)
     section["machine"]["load_at_end"] = _load()
-    report: dict[str, Any] = {}
-    if args.into.is_file():
-        report = json.loads(args.into.read_text(encoding="utf-8"))
-    report["owner_scale"] = section
-    args.into.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=args.into.parent, delete=False, suffix=".tmp") as fh:
-        fh.write(json.dumps(report, indent=2) + "\n")
-    os.replace(fh.name, args.into)
+    merge_section(args.into, "owner_scale", section)
     return section
 
 

@@ -74,6 +74,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric import ec
 from numpy.typing import NDArray
 
+from bench.report import write_section
 from bench.secagg_site import job_id, synthetic_input
 from common.cape.privacy import default_colluders
 from common.privacy.rng import production_rng
@@ -767,24 +768,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _write(records: list[dict[str, Any]], out: Path | None, into: Path | None) -> list[Path]:
-    written = []
-    if into is not None:
-        report = json.loads(into.read_text(encoding="utf-8")) if into.exists() else {}
-        if not isinstance(report, dict):
-            raise SystemExit(f"{into} does not hold a JSON object")
-        report["secure_aggregation"] = records
-        into.parent.mkdir(parents=True, exist_ok=True)
-        into.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        written.append(into)
-    if out is not None or into is None:
-        out = out or Path("out/bench-secagg.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(records, indent=2) + "\n", encoding="utf-8")
-        written.append(out)
-    return written
-
-
 def _graph_cell(r: Mapping[str, Any]) -> str:
     if r.get("graph") == "sparse":
         return f"k={r['neighbours']},D={r['allowance']},Sc={r['colluders']}"
@@ -859,7 +842,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         records += flower
     if "grpc" in args.transports:
         records += measure_grpc(sites, lengths, repeat)
-    written = _write(records, args.out, args.into)
+    written = write_section(
+        "secure_aggregation",
+        records,
+        out=args.out,
+        into=args.into,
+        default_out=Path("out/bench-secagg.json"),
+    )
     print(format_table(records))
     for path in written:
         print(f"wrote {path}")

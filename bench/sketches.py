@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import math
 import os
 import sys
@@ -46,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from bench.noise import time_calls
+from bench.report import merge_section
 from bench.rounds import machine_info
 from common.privacy.noise import OpenDPNoise
 from common.sketches import (
@@ -362,15 +362,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         section["marginals"] = marginals_costs(quick)
     section["machine"]["loadavg_end"] = list(os.getloadavg())
     section["total_runtime_seconds"] = time.perf_counter() - started
-    out: Path = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {}
-    if out.exists():
-        report = json.loads(out.read_text(encoding="utf-8"))
-    report["sketches"] = section
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(out)
+    merge_section(args.out, "sketches", section)
     print(format_table(section))
     return section
 
