@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from bench.report import write_section
+from bench.rounds import BENCH_OWNER_POLICY
 from common.summarization.summary import Method, SummarizationConfig
 from deploy.wan import PROFILES as WAN_PROFILES
 from owner.data import PointSet, save_point_set
@@ -227,18 +228,6 @@ def write_data(work_dir: Path, k: int, n_points: int, seed: int) -> tuple[list[P
     return files, tables
 
 
-_OWNER_POLICY = """
-[budget]
-epsilon = 1e6
-delta = 0.9
-points = 100000000
-[session]
-epsilon = 1e5
-delta = 0.5
-points = 10000000
-[access]
-allow_non_private = true
-"""
 _CURATOR_POLICY = """
 [requests]
 methods = ["candidates", "private", "rounds", "uniform", "greedy"]
@@ -384,7 +373,7 @@ def run_cluster(
     cluster_dir.mkdir(parents=True, exist_ok=True)
     files, tables = write_data(cluster_dir, k, n_points, seed)
     owner_policy, curator_policy = cluster_dir / "owner.toml", cluster_dir / "curator.toml"
-    owner_policy.write_text(_OWNER_POLICY, encoding="utf-8")
+    owner_policy.write_text(BENCH_OWNER_POLICY, encoding="utf-8")
     curator_policy.write_text(_CURATOR_POLICY, encoding="utf-8")
     trace = cluster_dir / "calls.jsonl"
     rng = np.random.default_rng(seed + 1)
@@ -574,7 +563,7 @@ def run_wan(
     run_dir.mkdir(parents=True, exist_ok=True)
     files, tables = write_data(run_dir, k, n_points, seed)
     owner_policy, curator_policy = run_dir / "owner.toml", run_dir / "curator.toml"
-    owner_policy.write_text(_OWNER_POLICY, encoding="utf-8")
+    owner_policy.write_text(BENCH_OWNER_POLICY, encoding="utf-8")
     curator_policy.write_text(_CURATOR_POLICY, encoding="utf-8")
     owners = [f"owner-{i:02d}" for i in range(k)]
     pki = run_dir / "pki"

@@ -289,7 +289,7 @@ def _environ(extra: Mapping[str, str]) -> Iterator[None]:
 
 #: Policies of the benchmark's services: budgets far above what the measured sessions spend, and
 #: the non-private greedy baseline allowed (a benchmark measures speed, not privacy).
-_BENCH_OWNER_POLICY = """
+BENCH_OWNER_POLICY = """
 [budget]
 epsilon = 1e6
 delta = 0.9
@@ -314,7 +314,7 @@ per_consumer_per_minute = 1000
 
 def _bench_policies(work_dir: Path) -> tuple[Path, Path]:
     owner, curator = work_dir / "owner-policy.toml", work_dir / "curator-policy.toml"
-    owner.write_text(_BENCH_OWNER_POLICY, encoding="utf-8")
+    owner.write_text(BENCH_OWNER_POLICY, encoding="utf-8")
     curator.write_text(_BENCH_CURATOR_POLICY, encoding="utf-8")
     return owner, curator
 
