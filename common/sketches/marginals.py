@@ -928,18 +928,20 @@ class MarginalsModel:
         nodes: set[tuple[str, ...]] = set()
         components = 0
         for part in nx.connected_components(self._tree.subgraph(self._beliefs)):
-            inside = [t for t in terminals if t in part]
+            inside = sorted(t for t in terminals if t in part)
             if not inside:
                 continue
             components += 1
             nodes.add(inside[0])
             for t in inside[1:]:
                 nodes.update(nx.shortest_path(self._tree, inside[0], t))
+        # Sorted: the operands' order, hence the floating-point result, is the same in every
+        # process (sets of strings iterate in a per-process hash order).
         subscripts, tables = [], []
-        for node in nodes:
+        for node in sorted(nodes):
             subscripts.append(self._axes[node])
             tables.append(self._beliefs[node])
-        for u, v in self._tree.subgraph(nodes).edges:
+        for u, v in sorted(tuple(sorted(e)) for e in self._tree.subgraph(nodes).edges):
             separator = tuple(a for a in u if a in v)
             letters = "".join(self._letters[a] for a in separator)
             sums = np.einsum(f"{self._axes[u]}->{letters}", self._beliefs[u])
