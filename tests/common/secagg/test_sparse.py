@@ -300,28 +300,41 @@ def test_reflected_missing_or_foreign_tags_are_refused() -> None:
 
 def test_a_site_shown_other_commitments_computes_another_graph_and_aborts() -> None:
     """The curator shows one site a different set of commitments (a colluder's second
-    advertisement): that site's seed, hence its graph, differs; it refuses the ciphertexts of
-    sites that are not its neighbours in its own graph and reveals nothing."""
-    s = SparseSession(40, 8, 2, seed=8)
-    u1 = s.aggregator.collect_advertisements({n: s.sites[n].advertise_keys() for n in s.names})
-    victim, liar = s.names[0], s.names[-1]
-    fake_nonce = bytes(32)
-    shown = dict(u1)
-    shown[liar] = KeyAdvertisement(
-        liar,
-        u1[liar].c_public,
-        u1[liar].s_public,
-        u1[liar].signature,
-        nonce_commitment(s.params.round_id, liar, fake_nonce),
-    )
-    nonces = {n: s.sites[n].reveal_nonce(shown if n == victim else u1) for n in s.names}
-    collected = s.aggregator.collect_nonces(nonces)
-    from_site = {n: s.sites[n].share_keys(collected) for n in s.names if n != victim}
-    own = s.sites[victim].share_keys({**collected, liar: fake_nonce})
-    assert set(own) != s.graph.neighbours(victim)  # another graph
-    to_victim = {sender: cts[victim] for sender, cts in from_site.items() if victim in cts}
-    with pytest.raises(SecAggError, match="not a neighbour in U1"):
-        s.sites[victim].masked_input(to_victim, s.inputs[victim], s.rng)
+    advertisement): that site's seed, hence its graph, differs. If the colluder is its
+    neighbour in that graph, the colluder's signed advertisement does not cover the commitment
+    shown and the site refuses before sharing anything; otherwise it refuses the ciphertexts of
+    sites that are not its neighbours in its own graph. Either way it reveals nothing. Sessions
+    are tried seed by seed until the second case has occurred."""
+    refused_signature = 0
+    for seed in range(8, 28):
+        s = SparseSession(40, 8, 2, seed=seed)
+        u1 = s.aggregator.collect_advertisements({n: s.sites[n].advertise_keys() for n in s.names})
+        victim, liar = s.names[0], s.names[-1]
+        fake_nonce = bytes(32)
+        shown = dict(u1)
+        shown[liar] = KeyAdvertisement(
+            liar,
+            u1[liar].c_public,
+            u1[liar].s_public,
+            u1[liar].signature,
+            nonce_commitment(s.params.round_id, liar, fake_nonce),
+        )
+        nonces = {n: s.sites[n].reveal_nonce(shown if n == victim else u1) for n in s.names}
+        collected = s.aggregator.collect_nonces(nonces)
+        from_site = {n: s.sites[n].share_keys(collected) for n in s.names if n != victim}
+        try:
+            own = s.sites[victim].share_keys({**collected, liar: fake_nonce})
+        except SecAggError as exc:
+            assert "is not signed by" in str(exc)
+            refused_signature += 1
+            continue
+        assert set(own) != s.graph.neighbours(victim)  # another graph
+        to_victim = {sender: cts[victim] for sender, cts in from_site.items() if victim in cts}
+        with pytest.raises(SecAggError, match="not a neighbour in U1"):
+            s.sites[victim].masked_input(to_victim, s.inputs[victim], s.rng)
+        break
+    else:
+        pytest.fail(f"the colluder was the victim's neighbour in all {refused_signature} sessions")
 
 
 # ------------------------------------------------------------ the attack at S = 100
