@@ -2,9 +2,10 @@
 
 Pure protocol kernels, no I/O: Shamir sharing over GF(2^521 - 1) (:mod:`.shamir`), unbiased
 fixed-point encoding of reals into ``Z_{2^k}`` (:mod:`.fixedpoint`), the primitives from the
-``cryptography`` package (:mod:`.crypto`: X25519 + HKDF-SHA256, AES-256-GCM, the AES-256-CTR mask
-generator, ECDSA P-256 signatures) and the five rounds, consistency check included, as state
-objects (:mod:`.protocol`), secure against an aggregator that lies and ``S_C`` colluding sites.
+``cryptography`` package (:mod:`.crypto`: X25519 + HKDF-SHA256, AES-256-GCM, the AES-256
+counter-mode mask generator, ECDSA P-256 signatures) and the five rounds, consistency check
+included, as state objects (:mod:`.protocol`), secure against an aggregator that lies and ``S_C``
+colluding sites.
 For many sites, SecAgg+ (Bell et al., CCS 2020): the same defences on a sparse random graph whose
 seed the sites draw and whose degree grows like ``log S`` (:mod:`.graph`: the graph and the
 derivation of its parameters; :mod:`.sparse`: the six stages). Used by CAPE (CAPE paper,

@@ -74,8 +74,9 @@ KEY_BYTES = 32
 NONCE_BYTES = 12
 #: Bytes of the AES-GCM authentication tag appended to every ciphertext.
 TAG_BYTES = 16
-#: Longest mask in uint64 words: 2^32 words = 32 GiB of keystream, far below the 2^64 blocks
-#: (of 16 bytes) after which AES-CTR's 128-bit counter block would repeat.
+#: Longest mask in uint64 words: 2^32 words = 2^31 blocks of 16 bytes (32 GiB of keystream),
+#: below the 2^32 - 2 blocks after which the 32-bit counter of the keystream (:func:`_keystream`,
+#: from counter block 2) would wrap.
 MAX_MASK_LENGTH = 1 << 32
 
 #: A source of uniformly random bytes: ``random_bytes(n)`` returns ``n`` bytes.

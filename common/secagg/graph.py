@@ -225,10 +225,10 @@ def choose_neighbours(seed: bytes, sites: int, k: int) -> np.ndarray:
 
     Site ``i`` (its index in the sorted site list) chooses the ``k`` sites ``j != i`` with the
     smallest keys ``w[i, j]``, where ``w`` is the ``sites x sites`` array of 64-bit words of
-    :func:`~common.secagg.crypto.prg_words` (AES-256-CTR) under ``SHA-256(label, seed)``, row
-    major, with the low 16 bits of each word replaced by ``j``: the keys of a row are distinct,
-    and the ``k`` smallest of independent uniform keys are a uniform ``k``-subset (ties of the
-    top 48 bits, which the index breaks, have probability below ``sites^2 / 2^49``).
+    :func:`~common.secagg.crypto.prg_words` (AES-256 counter mode) under ``SHA-256(label, seed)``,
+    row major, with the low 16 bits of each word replaced by ``j``: the keys of a row are distinct,
+    and the ``k`` smallest of independent uniform keys are a uniform ``k``-subset (ties of the top
+    48 bits, which the index breaks, have probability below ``sites^2 / 2^49``).
 
     Parameters
     ----------

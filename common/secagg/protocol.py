@@ -24,9 +24,9 @@ least ``t`` distinct survivors signed the very ``U3`` it signed itself (the Cons
 round), with ``t > (n + S_C) / 2`` for ``S_C`` colluding sites (:class:`RoundParams`), so an
 aggregator that tells different sites different survivor lists gets no share at all from the
 sites it lied to, and never both secrets of one site. Differences from Figure 4: the inputs are
-reals, quantized by :mod:`common.secagg.fixedpoint`; masks are expanded by AES-256-CTR from the
-full 32-byte keys (:func:`common.secagg.crypto.prg_words`); the signed ``U3`` is bound to a digest
-of every round parameter, not only to the round id.
+reals, quantized by :mod:`common.secagg.fixedpoint`; masks are expanded by AES-256 counter mode
+from the full 32-byte keys (:func:`common.secagg.crypto.prg_words`); the signed ``U3`` is bound
+to a digest of every round parameter, not only to the round id.
 
 This module is the complete graph (every site shares with and masks with every other). For many
 sites, :mod:`common.secagg.sparse` runs SecAgg+ with the same defences per neighbourhood on the

@@ -20,8 +20,8 @@ drawn by the curator and sent to every owner, so it cannot serve. In the hashes 
   and sends it to every other owner encrypted under their pairwise Diffie-Hellman key with
   AES-GCM, signed; the curator relays ciphertexts and signed public keys only, and cannot
   substitute a key without a signature it cannot forge). Every owner derives ``(W, b)`` from
-  the secret (:func:`hash_parameters`: AES-256-CTR keystream, deterministic on every machine),
-  never sends it, and releases only ``h1`` of its proposed points.
+  the secret (:func:`hash_parameters`: AES-256 counter-mode keystream, deterministic on every
+  machine), never sends it, and releases only ``h1`` of its proposed points.
 * **What the curator and consumer learn** is ``h1`` of the summary points under an unknown,
   fresh ``(W, b)``: by Theorem 9, the pairwise distances among the summary points (their
   Gram matrix in the kernel), and the points' labels. Not learned: any absolute position, any
@@ -103,7 +103,7 @@ def hash_parameters(secret: bytes, n_features: int, d: int, gamma: float) -> RFF
 
     ``W`` (d x n) has i.i.d. ``N(0, 2 gamma)`` entries and ``b`` (d,) i.i.d. ``Uniform[0, 2 pi)``
     entries, the law of h1 (Algorithm 1), so ``h1(x) . h1(y)`` estimates
-    ``exp(-gamma ||x - y||^2)``. The randomness is the AES-256-CTR keystream
+    ``exp(-gamma ||x - y||^2)``. The randomness is the AES-256 counter-mode keystream
     (:func:`common.secagg.crypto.prg_words`) under ``SHA-256(label || n || d || gamma ||
     secret)``: words become uniforms on (0, 1) (53 bits), pairs of uniforms become normals by
     Box-Muller. Every owner, on any machine and library version, derives the same map, and the
