@@ -18,8 +18,8 @@ the curator's calls to the owners:
 
 (for sketch publication, the owners' calls to the curator: every owner publishes its sketches
 of a three-spec catalogue at once), and the same counts for the consumer's calls to the curator
-(``consumer_to_curator``; the consumer follows a session by a progress stream and polling, so
-its waves are not a protocol constant and have no formula). The formulas of
+(``consumer_to_curator``, against the formula's ``consumer`` round trips:
+``predicted_consumer_waves``). The formulas of
 :data:`ROUND_TRIPS` are the ones ``docs/reference.md`` states (:func:`docs_table`; a test keeps
 both equal and checks them against the measurement).
 
@@ -76,12 +76,18 @@ class RoundTrips:
         What each term is: the waves in the order they run.
     count : callable
         ``count(k, p, s, i, a) -> int``, the formula's value (``i``, ``a``: I and A).
+    consumer : int
+        The consumer's round trips to the curator, before and after the owners' waves (which
+        run between its request and its answer): a summary's CreateSession, WatchSession to
+        its last event and GetSummary; a CAPE job's one call; 0 where no consumer takes part.
+        A new channel adds its connection set-up (TCP, then TLS 1.3: two more on a WAN).
     """
 
     protocol: str
     formula: str
     terms: str
     count: Callable[[int, int, int, int, int], int]
+    consumer: int
 
 
 #: Sites from which a secure-aggregation round uses SecAgg+'s sparse graph, which adds a wave
@@ -113,6 +119,7 @@ ROUND_TRIPS: dict[str, RoundTrips] = {
             "ProposeCandidates, CloseSession; 5 with the sketch allocation (no CountRelevant); "
             "independent of K and p",
             lambda k, p, s, i, a: 6,
+            3,
         ),
         RoundTrips(
             "summarization/private",
@@ -123,6 +130,7 @@ ROUND_TRIPS: dict[str, RoundTrips] = {
             "and A <= I (fewer than p when a round takes its point from the pool of earlier "
             "releases) depend on the auction's coins; independent of K",
             lambda k, p, s, i, a: 4 + i + a,
+            3,
         ),
         RoundTrips(
             "summarization/greedy",
@@ -130,18 +138,21 @@ ROUND_TRIPS: dict[str, RoundTrips] = {
             "GetOwnerInfo, OpenSession, SetValidationEmbedding, then per round one Bid wave and "
             "one ReleasePoint wave (the top bidder), CloseSession; independent of K",
             lambda k, p, s, i, a: 4 + 2 * p,
+            3,
         ),
         RoundTrips(
             "summarization/uniform",
             "4",
             "GetOwnerInfo, OpenSession, SampleUniform, CloseSession; independent of K and p",
             lambda k, p, s, i, a: 4,
+            3,
         ),
         RoundTrips(
             "summarization/rounds",
             "4 + I + A",
             "as private",
             lambda k, p, s, i, a: 4 + i + a,
+            3,
         ),
         RoundTrips(
             "cape/mean",
@@ -149,12 +160,14 @@ ROUND_TRIPS: dict[str, RoundTrips] = {
             "OpenCapeJob, AttestCapePlan, PlanCapeJob, one secure-aggregation round of the K "
             "sites (A(K) waves, below), ReleaseCape, CloseCapeJob",
             lambda k, p, s, i, a: 5 + _secagg(k),
+            1,
         ),
         RoundTrips(
             "cape/fm",
             "5 + A(K)",
             "as cape/mean (capeFM releases its objective's coefficients in one ReleaseCape)",
             lambda k, p, s, i, a: 5 + _secagg(k),
+            1,
         ),
         RoundTrips(
             "cape/dpgd",
@@ -163,6 +176,7 @@ ROUND_TRIPS: dict[str, RoundTrips] = {
             "noise of all p = T iterations, one ReleaseCapeGradient wave per iteration, "
             "CloseCapeJob (no site lost; a lost site adds a noise round)",
             lambda k, p, s, i, a: 4 + _secagg(k) + p,
+            1,
         ),
         RoundTrips(
             "sketch-publication",
@@ -170,12 +184,14 @@ ROUND_TRIPS: dict[str, RoundTrips] = {
             "per owner, on its own and independent of K: ListSketchSpecs, then for each of the m "
             "specs it publishes GetSketchSpec and PublishSketch (owner to curator)",
             lambda k, p, s, i, a: 1 + 2 * p,
+            0,
         ),
         RoundTrips(
             "secure-aggregation",
             "A(S)",
             "A(S) = 5 for S < 40: " + _SECAGG_TERMS,
             lambda k, p, s, i, a: _secagg(s),
+            0,
         ),
     )
 }
@@ -192,11 +208,11 @@ def predicted(
 def docs_table() -> str:
     """The round-trip table of ``docs/reference.md``, generated from :data:`ROUND_TRIPS`."""
     lines = [
-        "| protocol | round trips | waves, in order |",
-        "| --- | --- | --- |",
+        "| protocol | curator to owners | consumer to curator | waves, in order |",
+        "| --- | --- | --- | --- |",
     ]
     for r in ROUND_TRIPS.values():
-        lines.append(f"| {r.protocol} | {r.formula} | {r.terms} |")
+        lines.append(f"| {r.protocol} | {r.formula} | {r.consumer} | {r.terms} |")
     return "\n".join(lines) + "\n"
 
 
@@ -312,7 +328,9 @@ def measure_run(
         "formula": ROUND_TRIPS[protocol].formula,
         "predicted_waves": expected,
         "curator_to_owners": measured,
-        "matches": measured["waves"] == expected,
+        "predicted_consumer_waves": ROUND_TRIPS[protocol].consumer,
+        "matches": measured["waves"] == expected
+        and rpc_trace.waves(consumer) == ROUND_TRIPS[protocol].consumer,
         "calls_by_method": methods,
         "consumer_to_curator": rpc_trace.totals(consumer),
         "seconds": end - start,
@@ -345,6 +363,7 @@ def measure_publication(trace: Path, start: float, end: float, *, k: int) -> dic
         "curator_to_owners": measured,
         "direction": "owners to curator",
         "waves_by_owner": {o: rpc_trace.waves(v) for o, v in sorted(by_owner.items())},
+        "predicted_consumer_waves": 0,
         "matches": len(by_owner) == k
         and all(rpc_trace.waves(v) == expected for v in by_owner.values()),
         "calls_by_method": dict(rpc_trace.iter_methods(calls)),

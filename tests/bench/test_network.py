@@ -42,6 +42,7 @@ def test_every_measured_round_trip_count_matches_its_formula(tmp_path: Path) -> 
     for run in report["runs"]:
         waves = run["curator_to_owners"]["waves"]
         assert waves == run["predicted_waves"], run
+        assert run["consumer_to_curator"]["waves"] == run["predicted_consumer_waves"], run
         assert run["matches"], run
         assert run["curator_to_owners"]["calls"] >= waves > 0
         assert run["curator_to_owners"]["request_bytes"] > 0
