@@ -498,7 +498,7 @@ class MaskAccumulator:
         Block by block: each mask's next :data:`MASK_BLOCK_WORDS` keystream words are written
         into the scratch buffer and added to the same block of ``total`` while both stay in a
         core's cache (one pass over ``total`` for all masks, rather than one per mask). Each
-        mask's AES-CTR stream continues from block to block, so the words are exactly
+        mask's counter-mode stream continues from block to block, so the words are exactly
         :func:`prg_words`'.
 
         Parameters
