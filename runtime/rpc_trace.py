@@ -158,9 +158,7 @@ class AioTraceInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
         try:
             response = await call
         except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else None
-            name = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
-            self._recorder.write(method, start, _size(request), 0, 0, name)
+            self._recorder.write(method, start, _size(request), 0, 0, _status_name(exc))
             return call  # awaiting it raises the same error for the caller
         self._recorder.write(method, start, _size(request), _size(response), 1, "OK")
         return call
@@ -187,8 +185,7 @@ class _CountingStream:
             self._close("OK")
             raise
         except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else None
-            self._close(code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN")
+            self._close(_status_name(exc))
             raise
         self._bytes += _size(message)
         self._count += 1
@@ -229,9 +226,7 @@ class SyncTraceInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamCli
         try:
             response = outcome.result()
         except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else None
-            name = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
-            self._recorder.write(method, start, _size(request), 0, 0, name)
+            self._recorder.write(method, start, _size(request), 0, 0, _status_name(exc))
             return outcome
         self._recorder.write(method, start, _size(request), _size(response), 1, "OK")
         return outcome
@@ -250,6 +245,12 @@ class SyncTraceInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamCli
             self._recorder.write(method, start, request_bytes, response_bytes, responses, code)
 
         return _CountingStream(continuation(client_call_details, request), finish)
+
+
+def _status_name(exc: grpc.RpcError) -> str:
+    """A failed call's status code name (``UNKNOWN`` when the error carries none)."""
+    code = exc.code() if hasattr(exc, "code") else None
+    return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
 
 
 def aio_interceptors(caller: str, peer: str) -> list[grpc.aio.ClientInterceptor]:
