@@ -36,6 +36,7 @@ import scipy.sparse
 from numpy.typing import ArrayLike, NDArray
 
 from common.errors import InvalidArgumentError
+from common.fourier import cos_sin32
 from common.sketches.domain import Domain
 from common.validation import check_epsilon, check_matrix, check_positive_int
 
@@ -56,6 +57,10 @@ __all__ = [
 #: Rows processed at once by :meth:`FeatureMap.features` and friends: bounds the float64 working
 #: memory to ``DEFAULT_CHUNK_SIZE * m`` values (13 MB at m = 200) whatever the number of records.
 DEFAULT_CHUNK_SIZE = 8192
+
+#: Relative margin under each declared norm that a computed RFF row is scaled into (covers the
+#: float64 rounding of the row's norms; :class:`RFFMap` Notes).
+NORM_MARGIN = 1.0 - 1e-9
 
 #: The ``kind`` of every feature map, as :func:`feature_map_from_parameters` accepts it.
 FEATURE_MAP_KINDS = ("rff", "race", "hist")
@@ -255,6 +260,16 @@ class RFFMap(FeatureMap):
       frequencies, ``||Phi(x)||_1 <= m' sqrt(2) = Delta_1`` (the paper's value, Section 2.3,
       citing Chatalic et al.). It is the supremum over ``R^d``: for a given ``omega`` and a
       bounded domain the maximum can be lower, but the bound does not depend on the data.
+
+    Computed values: the cosines and sines are evaluated in float32 (:func:`common.fourier.
+    cos_sin32`, within 4e-6 of the exact values, 15 times faster than float64), so a row's
+    norms can exceed the bounds above by about 1e-7 relative. Each row is therefore multiplied by
+    ``min(1, margin Delta_2 / ||Phi(x)||_2, margin Delta_1 / ||Phi(x)||_1)``, its norms computed
+    in float64 from the float32 values and ``margin = 1 - 1e-9`` (:data:`NORM_MARGIN`) covering
+    the float64 rounding of those norms: every row the sketch sums has an L2 norm of at most
+    ``Delta_2`` and an L1 norm of at most ``Delta_1``, by construction, so both sensitivities hold
+    for the computed sum whatever the float32 kernel's rounding. The scaling changes a row by
+    about 1e-7 relative (far below the mechanism's noise even summed over 10^8 rows).
     """
 
     omega: NDArray[np.float64]
@@ -291,24 +306,40 @@ class RFFMap(FeatureMap):
     def parameters(self) -> dict[str, Any]:
         return {"omega": self.omega, "sigma": self.sigma}
 
+    def _cos_sin_scaled(
+        self, x: NDArray[np.float64]
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+        """The cosines and sines of a block of rows, shape (rows, m') each, and each row's scale
+        into the declared norms, shape (rows,), all float64 (see the class Notes)."""
+        cos, sin = cos_sin32(x @ self.omega.T)
+        l1 = np.abs(cos).sum(axis=1, dtype=np.float64)
+        l1 += np.abs(sin).sum(axis=1, dtype=np.float64)
+        cos64, sin64 = cos.astype(np.float64), sin.astype(np.float64)
+        del cos, sin
+        l2 = np.sqrt(np.einsum("ij,ij->i", cos64, cos64) + np.einsum("ij,ij->i", sin64, sin64))
+        scale = np.minimum(self.l2_sensitivity * NORM_MARGIN / l2, 1.0)
+        np.minimum(scale, self.l1_sensitivity * NORM_MARGIN / l1, out=scale)
+        return cos64, sin64, scale
+
     def _features_chunk(self, x: NDArray[np.float64], row0: int) -> NDArray[np.float64]:
-        t = x @ self.omega.T
-        return np.concatenate([np.cos(t), np.sin(t)], axis=1)
+        cos, sin, scale = self._cos_sin_scaled(x)
+        out = np.concatenate([cos, sin], axis=1)
+        out *= scale[:, None]
+        return out
 
     def feature_sum(
         self, x: ArrayLike, *, chunk_size: int = DEFAULT_CHUNK_SIZE
     ) -> NDArray[np.float64]:
-        """``sum_i Phi(x_i)``: the column sums of cos and of sin, chunk by chunk (see
+        """``sum_i Phi(x_i)``: the column sums of the scaled cos and sin, chunk by chunk (see
         :meth:`FeatureMap.feature_sum`), without assembling the feature rows."""
         arr = self._check_points(x)
         step = check_positive_int(chunk_size, "chunk_size")
         mp = self.n_frequencies
         total = np.zeros(2 * mp, dtype=np.float64)
-        omega_t = np.ascontiguousarray(self.omega.T)
         for start in range(0, arr.shape[0], step):
-            t = arr[start : start + step] @ omega_t
-            total[:mp] += np.cos(t).sum(axis=0)
-            total[mp:] += np.sin(t, out=t).sum(axis=0)
+            cos, sin, scale = self._cos_sin_scaled(arr[start : start + step])
+            total[:mp] += scale @ cos
+            total[mp:] += scale @ sin
         return total
 
 

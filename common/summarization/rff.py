@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
+from common.fourier import cos32
 from common.validation import check_matrix, check_positive_int
 
 __all__ = ["RFFParams", "draw_rff_params", "random_fourier_features"]
@@ -165,7 +166,9 @@ def random_fourier_features(
     params : RFFParams
         The session's h1 parameters.
     dtype : numpy floating dtype, default float32
-        Output dtype. The computation is done in float64 and cast at the end.
+        Output dtype. The projection ``x @ omega.T + phase`` is computed in float64, the cosine
+        in float32 after reducing the angle in float64 (:func:`common.fourier.cos32`: within
+        4e-6 of the float64 cosine, about 15 times faster), the scaling in ``dtype``.
     chunk_size : int, default 65536
         Number of rows processed at once; bounds the float64 working memory to
         ``chunk_size * (d + n_features)`` values. The result does not depend on it (bit for bit).
@@ -173,7 +176,9 @@ def random_fourier_features(
     Returns
     -------
     ndarray of shape (n_points, d) and dtype ``dtype``
-        Every entry lies in ``[-sqrt(2/d), sqrt(2/d)]``.
+        Every entry lies in ``[-sqrt(2/d), sqrt(2/d)]`` (the cosine is clipped to ``[-1, 1]``
+        before scaling, so the bound holds exactly for float64 output: an owner's sums of h1
+        keep the sensitivity their docstrings derive from it).
 
     Raises
     ------
@@ -207,7 +212,7 @@ def random_fourier_features(
         block = np.ascontiguousarray(arr[start : start + chunk_size])
         z = np.matmul(block[:, None, :], omega_t)[:, 0, :]  # (rows, d), float64
         z += params.phase
-        np.cos(z, out=z)
-        z *= scale
-        out[start : start + block.shape[0]] = z
+        rows = out[start : start + block.shape[0]]
+        rows[...] = cos32(z)
+        rows *= scale
     return out
