@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -142,7 +142,6 @@ class DaskEngine:
     ) -> list[T]:
         """See :meth:`Engine.map`. Arguments are sent to the cluster once (scattered), not
         once per partition; results come back as each partition finishes."""
-        from distributed import as_completed
 
         if not items:
             return []
@@ -160,21 +159,24 @@ class DaskEngine:
         index = {f.key: i for i, f in enumerate(futures)}
         results: list[Any] = [None] * len(items)
         done = 0
-        pending = as_completed(futures, loop=self.client.loop)
+        finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for future in futures:
+            future.add_done_callback(finished.put)
         try:
             while done < len(items):
                 if cancel is not None and cancel.is_set():
                     raise WorkCancelled("the work was cancelled")
-                batch = pending.next_batch(block=False)
-                if not batch:
-                    time.sleep(self.poll)
+                # Wakes as soon as a partition finishes (a short job costs no polling delay),
+                # and at least every `poll` seconds to look at the cancel event.
+                try:
+                    future = finished.get(timeout=self.poll)
+                except queue.Empty:
                     continue
-                for future in batch:
-                    results[index[future.key]] = future.result()
-                    future.release()
-                    done += 1
-                    if progress is not None:
-                        progress(done, len(items))
+                results[index[future.key]] = future.result()
+                future.release()
+                done += 1
+                if progress is not None:
+                    progress(done, len(items))
         except BaseException:
             self.client.cancel(futures)
             raise
