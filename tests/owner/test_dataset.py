@@ -76,6 +76,29 @@ def test_partitions_come_from_the_metadata_and_read_back_the_rows(
     )
 
 
+def test_a_partition_read_once_is_served_from_the_cache_as_a_copy(
+    tmp_path: Path, frames: list[pd.DataFrame], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import owner.dataset as dataset_module
+
+    _write_dataset(tmp_path / "t", frames)
+    dataset = open_dataset(str(tmp_path / "t"), partition_rows=2000)
+    part = dataset.partitions[0]
+    monkeypatch.setattr(dataset_module, "_CACHE", None)
+    monkeypatch.setenv(dataset_module.PARTITION_CACHE_ENV, str(1 << 20))
+    first = read_partition(part, COLUMNS, COLUMNS)
+    first[:] = np.nan  # the caller's copy: the cache keeps the file's values
+    for path in (tmp_path / "t").iterdir():
+        path.unlink()
+    again = read_partition(part, COLUMNS, COLUMNS)
+    assert np.array_equal(again, pd.concat(frames).to_numpy(dtype=np.float64)[:2000])
+    # Without the cache the files are read again, and they are gone.
+    monkeypatch.setattr(dataset_module, "_CACHE", None)
+    monkeypatch.setenv(dataset_module.PARTITION_CACHE_ENV, "0")
+    with pytest.raises(OSError):
+        read_partition(part, COLUMNS, COLUMNS)
+
+
 def test_a_glob_and_a_file_url_name_the_same_dataset(
     tmp_path: Path, frames: list[pd.DataFrame]
 ) -> None:
