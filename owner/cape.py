@@ -62,7 +62,7 @@ from common.cape.capefm import (
 )
 from common.cape.dpgd import CapeTrainingPlan, site_gradient, training_noise_share
 from common.cape.mean import CapeMeanPlan, site_mean
-from common.cape.spec import AnyCapeSpec, CapeMeanSpec, CapeTrainingSpec
+from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from common.errors import (
     AbortedError,
     AlreadyExistsError,
@@ -795,10 +795,9 @@ def _fm_part(
     """One partition's packed functional-mechanism coefficients (means over its rows)."""
     from common.cape.functional_mechanism import fm_coefficients, pack_coefficients
 
-    _, _, moved = _split(spec, values)
-    n_features = len(spec.columns)
-    assert not isinstance(spec, CapeMeanSpec)
-    x, y = spec.scaled(values[:, :n_features], values[:, n_features])
+    assert isinstance(spec, CapeJobSpec)
+    clamped_x, clamped_y, moved = _split(spec, values)
+    x, y = spec.scale_clamped(clamped_x, clamped_y)
     if x.shape[0] == 0:
         return 0, np.zeros(0), moved
     return int(x.shape[0]), pack_coefficients(fm_coefficients(x, y, task), orders), moved  # type: ignore[arg-type]

@@ -271,6 +271,19 @@ class CapeJobSpec:
         """
         x, y, _ = self.clamped(features, target)
         assert y is not None
+        return self.scale_clamped(x, y)
+
+    def scale_clamped(
+        self, x: NDArray[np.float64], y: NDArray[np.float64]
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Records already clamped by :meth:`clamped` (shapes (n, len(features)) and (n,)), in
+        the functional mechanism's domain, as :meth:`scaled` returns them.
+
+        Raises
+        ------
+        ValueError
+            If the target is logistic and not 0/1 (naming the column only).
+        """
         if self.task == "logistic":
             _check_labels(y, self.target[0])
         if self.fit_intercept:
