@@ -46,12 +46,16 @@ from owner.engine import Engine, Progress
 __all__ = [
     "CHUNK_ROWS",
     "GREEDY_CHUNK_ROWS",
+    "SUM_ROWS",
     "PartitionedData",
     "mean_statistic",
 ]
 
-#: Rows whose h1 features a task holds at once when it only scores (bids, counts).
+#: Rows whose h1 features a bid task holds at once (the best of each block is merged).
 CHUNK_ROWS = 1 << 16
+#: Rows whose h1 features a task holds at once when it sums or counts them: small enough for the
+#: CPU's cache (2.2 MiB in float64 at d = 140; 1.6 times faster here than 2^16 rows).
+SUM_ROWS = 1 << 11
 #: Rows whose h1 features a candidates task holds at once (73 MiB in float32 at d = 140).
 GREEDY_CHUNK_ROWS = 1 << 17
 
@@ -124,9 +128,9 @@ def _count_task(
     keep = np.ones(x.shape[0], dtype=bool)
     keep[_local_exclude(partition, sent)] = False
     count = 0
-    for start in range(0, x.shape[0], CHUNK_ROWS):
-        scores = bid_scores(random_fourier_features(x[start : start + CHUNK_ROWS], rff), direction)
-        count += int(np.count_nonzero((scores >= threshold) & keep[start : start + CHUNK_ROWS]))
+    for start in range(0, x.shape[0], SUM_ROWS):
+        scores = bid_scores(random_fourier_features(x[start : start + SUM_ROWS], rff), direction)
+        count += int(np.count_nonzero((scores >= threshold) & keep[start : start + SUM_ROWS]))
     return count
 
 
@@ -183,8 +187,8 @@ def _h1_sum_task(
     """The partition's rows and the sum of their h1 features (float64), chunk by chunk."""
     x, _ = reader.read(partition)
     total = np.zeros(rff.d)
-    for start in range(0, x.shape[0], CHUNK_ROWS):
-        total += random_fourier_features(x[start : start + CHUNK_ROWS], rff, dtype=np.float64).sum(
+    for start in range(0, x.shape[0], SUM_ROWS):
+        total += random_fourier_features(x[start : start + SUM_ROWS], rff, dtype=np.float64).sum(
             axis=0
         )
     return int(x.shape[0]), total
@@ -197,8 +201,8 @@ def _h1_moments_task(
     x, _ = reader.read(partition)
     total = np.zeros(rff.d)
     outer = np.zeros((rff.d, rff.d))
-    for start in range(0, x.shape[0], CHUNK_ROWS):
-        h = random_fourier_features(x[start : start + CHUNK_ROWS], rff, dtype=np.float64)
+    for start in range(0, x.shape[0], SUM_ROWS):
+        h = random_fourier_features(x[start : start + SUM_ROWS], rff, dtype=np.float64)
         total += h.sum(axis=0)
         outer += h.T @ h
     return int(x.shape[0]), total, outer
