@@ -63,7 +63,7 @@ QUICK_ROUNDS = 10
 #: latency. ``ROUND_TARGET_MS``: networked median round latency with ``ROUND_TARGET_K`` owners of
 #: ``ROUND_TARGET_N`` points each, on loopback.
 RATIO_TARGET = 1.3
-ROUND_TARGET_MS = 30.0
+ROUND_TARGET_MS = 15.0
 ROUND_TARGET_K = 16
 ROUND_TARGET_N = 50_000
 
