@@ -29,7 +29,9 @@ in: per-core throughput of the Dask path over the in-memory kernel's.
 one: ``dpmarket init`` with a CSV of that many rows next to two small owners, ``dpmarket up``,
 then two default requests in a row (``-p 20``); it reports each request's time, the owners it
 dropped, and the owner's peak resident memory (its process tree) over both; then three requests
-at once, and what each session beyond the first added to that peak.
+at once, and what each session beyond the first added to that peak. ``--service-dataset ROWS``
+serves the generated Parquet dataset of that size the same way (its owner's ``data`` is the
+dataset's directory) and makes one request of ``-p`` points (default 200).
 
 The 1-minute load average before and after each step is in the report (the machine may be
 shared). Results go under the key ``owner_scale`` of ``--into`` (merged, like ``bench.secagg``).
@@ -353,6 +355,98 @@ def _ratios(dask_steps: dict[str, Any], memory: dict[str, Any], rows: int) -> di
     }
 
 
+def _request_command(deployment: Path, work: Path, k: int, p: int) -> list[str]:
+    """``dpmarket request`` of ``p`` points, as the tutorial runs it; files numbered ``k``."""
+    return [
+        str(Path(sys.executable).parent / "dpmarket"),
+        "request",
+        "--config",
+        str(deployment / "consumer.toml"),
+        "--validation",
+        str(work / "validation.csv"),
+        "-p",
+        str(p),
+        "--out",
+        str(work / f"summary-{k}.csv"),
+        "--report",
+        str(work / f"report-{k}.json"),
+    ]
+
+
+def _request_outcome(
+    work: Path, k: int, done: subprocess.CompletedProcess[str], t0: float
+) -> dict[str, Any]:
+    """Time, exit code, dropped owners and last error line of request ``k``."""
+    out = work / f"report-{k}.json"
+    result = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {}
+    return {
+        "seconds": round(time.perf_counter() - t0, 1),
+        "exit_code": done.returncode,
+        "dropped_owners": result.get("result", {}).get("dropped_owners"),
+        "error": done.stderr.strip().splitlines()[-1:] if done.returncode else [],
+        "load_after": _load(),
+    }
+
+
+def dataset_service_check(location: Path, rows: int, root: Path, p: int) -> dict[str, Any]:
+    """An owner serving a generated Parquet dataset (:func:`generate`) through ``dpmarket up``,
+    next to two owners of 2,000 rows of the same columns, and one default request of ``p``
+    points: its time, the owners it dropped, and the large owner's peak resident memory."""
+    import pandas as pd
+
+    from deploy.local import down, init_deployment, up
+
+    work = root / f"service-dataset-{rows}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    centers = rng.normal(scale=3.0, size=(8, len(COLUMNS)))
+
+    def frame(n: int, clusters: Sequence[int]) -> pd.DataFrame:
+        x = centers[rng.choice(clusters, n)] + rng.normal(size=(n, len(COLUMNS)))
+        return pd.DataFrame({c: x[:, j].round(4) for j, c in enumerate(COLUMNS)})
+
+    tables = {}
+    for name, clusters in (("small-a", (0, 1)), ("small-b", (2, 3)), ("big", range(8))):
+        tables[name] = work / f"{name}.csv"
+        frame(2000, list(clusters)).to_csv(tables[name], index=False)
+    frame(200, [5]).to_csv(work / "validation.csv", index=False)
+    deployment = work / "warehouse"
+    init_deployment(deployment, tables)
+    config = deployment / "owner-big.toml"
+    text = config.read_text(encoding="utf-8")
+    config.write_text(
+        text.replace(str(tables["big"].resolve()), str(location.resolve())), encoding="utf-8"
+    )
+    (deployment / "schema.toml").write_text(
+        "".join(f'[[columns]]\nname = "{c}"\nlow = -50\nhigh = 50\n\n' for c in COLUMNS),
+        encoding="utf-8",
+    )
+    started = time.perf_counter()
+    up(deployment)
+    report: dict[str, Any] = {
+        "rows": rows,
+        "p": p,
+        "start_seconds": round(time.perf_counter() - started, 1),
+    }
+    pid = int((deployment / "run" / "big.pid").read_text(encoding="utf-8").strip())
+    try:
+        with PeakRSS(pid, period=0.5) as peak:
+            t0 = time.perf_counter()
+            done = subprocess.run(
+                _request_command(deployment, work, 0, p),
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            report["request"] = _request_outcome(work, 0, done, t0)
+        report["owner_peak_rss_mib"] = round(peak.peak / 2**20, 1)
+        print(f"  {report}", flush=True)
+    finally:
+        down(deployment)
+    return report
+
+
 def service_check(rows: int, root: Path) -> dict[str, Any]:
     """A large owner started as the tutorial starts one, and two default requests in a row."""
     import pandas as pd
@@ -401,34 +495,12 @@ def service_check(rows: int, root: Path) -> dict[str, Any]:
         "start_seconds": round(time.perf_counter() - started, 1),
     }
     pid = int((deployment / "run" / "big.pid").read_text(encoding="utf-8").strip())
-    dpmarket = str(Path(sys.executable).parent / "dpmarket")
 
     def command(k: int) -> list[str]:
-        return [
-            dpmarket,
-            "request",
-            "--config",
-            str(deployment / "consumer.toml"),
-            "--validation",
-            str(work / "validation.csv"),
-            "-p",
-            "20",
-            "--out",
-            str(work / f"summary-{k}.csv"),
-            "--report",
-            str(work / f"report-{k}.json"),
-        ]
+        return _request_command(deployment, work, k, 20)
 
     def outcome(k: int, done: subprocess.CompletedProcess[str], t0: float) -> dict[str, Any]:
-        out = work / f"report-{k}.json"
-        result = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {}
-        return {
-            "seconds": round(time.perf_counter() - t0, 1),
-            "exit_code": done.returncode,
-            "dropped_owners": result.get("result", {}).get("dropped_owners"),
-            "error": done.stderr.strip().splitlines()[-1:] if done.returncode else [],
-            "load_after": _load(),
-        }
+        return _request_outcome(work, k, done, t0)
 
     requests = []
     try:
@@ -487,10 +559,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.owner_scale", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--rows", type=float, nargs="+", default=[1e6, 1e7])
+    parser.add_argument(
+        "--rows", type=float, nargs="*", default=[1e6, 1e7], help="Sizes (none: skip the steps)."
+    )
     parser.add_argument("--data", type=Path, default=Path("out/owner-scale"))
     parser.add_argument("--workers", type=int, default=None, help="Dask workers (default: CPUs)")
     parser.add_argument("--service", type=float, default=None, metavar="ROWS")
+    parser.add_argument(
+        "--service-dataset",
+        type=float,
+        default=None,
+        metavar="ROWS",
+        help="Serve the generated ROWS-row Parquet dataset through dpmarket up; one request.",
+    )
+    parser.add_argument("-p", type=int, default=200, help="Points of --service-dataset's request.")
     parser.add_argument("--into", type=Path, default=Path("out/bench.json"))
     parser.add_argument("--seed", type=int, default=0)
     return parser
@@ -538,6 +620,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.service is not None:
         print(f"service check, {int(args.service):,} rows:", flush=True)
         section["service"] = service_check(int(args.service), args.data)
+    if args.service_dataset is not None:
+        rows = int(args.service_dataset)
+        print(f"service check on the Parquet dataset, {rows:,} rows, p = {args.p}:", flush=True)
+        section["service_dataset"] = dataset_service_check(
+            generate(args.data, rows, args.seed), rows, args.data, args.p
+        )
     section["machine"]["load_at_end"] = _load()
     merge_section(args.into, "owner_scale", section)
     return section
