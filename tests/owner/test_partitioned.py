@@ -90,6 +90,18 @@ def _data(root: Path, engine: object, partition_rows: int = 25_000) -> Partition
     return PartitionedData(dataset, engine, features=COLUMNS, label="label")  # type: ignore[arg-type]
 
 
+def test_the_local_workers_run_with_the_engines_malloc_settings(engine) -> None:  # type: ignore[no-untyped-def]
+    # Dask's own MALLOC_TRIM_THRESHOLD_ (64 KiB) makes every feature block a fresh mmap.
+    import os
+
+    from owner.engine import MALLOC_ENV
+
+    seen = engine.client.run(lambda: {k: os.environ.get(k) for k in MALLOC_ENV})
+    assert len(seen) == 2
+    for env in seen.values():
+        assert env == {k: str(v) for k, v in MALLOC_ENV.items()}
+
+
 def test_the_dataset_has_the_partitioning_the_tests_rely_on(table, engine) -> None:  # type: ignore[no-untyped-def]
     root, x, _ = table
     data = _data(root, engine)
