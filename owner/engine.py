@@ -151,7 +151,6 @@ class DaskEngine:
     ) -> list[T]:
         """See :meth:`Engine.map`. Arguments are sent to the cluster once (scattered), not
         once per partition; results come back as each partition finishes."""
-
         if not items:
             return []
         import numpy as np

@@ -167,8 +167,9 @@ def random_fourier_features(
         The session's h1 parameters.
     dtype : numpy floating dtype, default float32
         Output dtype. The projection ``x @ omega.T + phase`` is computed in float64, the cosine
-        in float32 after reducing the angle in float64 (:func:`common.fourier.cos32`: within
-        4e-6 of the float64 cosine, about 15 times faster), the scaling in ``dtype``.
+        in float32 (:func:`common.fourier.cos32`, which first reduces any angle above 64 rad in
+        float64: within 4e-6 of the float64 cosine, about 15 times faster), the scaling in
+        ``dtype``.
     chunk_size : int, default 2048
         Number of rows processed at once; bounds the float64 working memory to
         ``chunk_size * (d + n_features)`` values (2.3 MiB at d = 140: the default keeps them in
