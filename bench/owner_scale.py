@@ -499,16 +499,13 @@ def service_check(rows: int, root: Path) -> dict[str, Any]:
     def command(k: int) -> list[str]:
         return _request_command(deployment, work, k, 20)
 
-    def outcome(k: int, done: subprocess.CompletedProcess[str], t0: float) -> dict[str, Any]:
-        return _request_outcome(work, k, done, t0)
-
     requests = []
     try:
         with PeakRSS(pid, period=0.2) as peak:
             for k in range(2):
                 t0 = time.perf_counter()
                 done = subprocess.run(command(k), capture_output=True, text=True, check=False)
-                requests.append(outcome(k, done, t0))
+                requests.append(_request_outcome(work, k, done, t0))
                 print(f"  request {k + 1}: {requests[-1]}", flush=True)
         report["requests"] = requests
         report["owner_peak_rss_mib"] = round(peak.peak / 2**20, 1)
@@ -525,7 +522,8 @@ def service_check(rows: int, root: Path) -> dict[str, Any]:
             for k, proc in enumerate(running):
                 stdout, stderr = proc.communicate()
                 finished.append(
-                    outcome(
+                    _request_outcome(
+                        work,
                         2 + k,
                         subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr),
                         t0,
