@@ -1,12 +1,14 @@
 """An owner's resource limits: when its table is kept in memory, and which work it refuses.
 
 **In memory or partitioned.** A table of at most :data:`DEFAULT_IN_MEMORY_VALUES` values (rows x
-columns; 32 MiB in float64, e.g. 419,430 rows of 10 columns) is read into memory and served as
-before: each session computes the h1 features of every point once, when it opens. A larger
+columns; 32 MiB in float64, e.g. 419,430 rows of 10 columns) and at most
+:data:`MAX_IN_MEMORY_ROWS` rows is read into memory and served as before: each session computes
+the h1 features of every point once, when it opens, and holds them (n x d float32: at most
+100 MiB at the default d = 140, so each further concurrent session adds no more). A larger
 table is served partition by partition on Dask (:mod:`owner.partitioned`): nothing of size n is
-held, each step is a pass over the partitions. Both give the same sums and the same bids; the
-candidates differ by design (GreeDi). ``serve-owner --in-memory-values`` (config key
-``in_memory_values``) moves the threshold.
+held, each step is a pass over the partitions, and a session holds only its state. Both give
+the same sums and the same bids; the candidates differ by design (GreeDi).
+``serve-owner --in-memory-values`` (config key ``in_memory_values``) moves the values threshold.
 
 **Budgets.** Before a session opens, the owner estimates its work from public sizes only — the
 row count, the column count, h1's dimension d and the largest partition — and refuses the
@@ -27,6 +29,7 @@ from common.errors import FailedPreconditionError
 __all__ = [
     "ASSUMED_ROWS_PER_SECOND",
     "DEFAULT_IN_MEMORY_VALUES",
+    "MAX_IN_MEMORY_ROWS",
     "REFUSED",
     "WorkLimits",
     "session_estimate",
@@ -36,6 +39,11 @@ logger = logging.getLogger(__name__)
 
 #: Most values (rows x columns) of a table kept in memory; above, it is partitioned.
 DEFAULT_IN_MEMORY_VALUES = 1 << 22
+#: Most rows of a table kept in memory, whatever its columns: an in-memory session holds the h1
+#: features of every row, 4 bytes x d per row, at most 100 MiB at the default d = 140
+#: (``SummarizationConfig.rff_dimension``); a narrow table of more rows (e.g. 2 million rows of
+#: 2 columns, 1.1 GiB of features per session) is partitioned.
+MAX_IN_MEMORY_ROWS = (100 << 20) // (4 * 140)
 #: Rows per second one worker computes h1 features of (d = 140, 10 columns), for the time
 #: estimate: a conservative figure below the ones ``make bench`` measures (bench/owner_scale.py).
 ASSUMED_ROWS_PER_SECOND = 150_000.0

@@ -32,7 +32,7 @@ from owner.dataset import (
     open_dataset,
 )
 from owner.engine import Engine, SerialEngine
-from owner.limits import DEFAULT_IN_MEMORY_VALUES
+from owner.limits import DEFAULT_IN_MEMORY_VALUES, MAX_IN_MEMORY_ROWS
 from owner.partitioned import PartitionedData, PartitionedTable
 from owner.validation import read_all, validate_dataset
 
@@ -66,8 +66,12 @@ class OwnerData:
 
 
 def is_small(dataset: Dataset, in_memory_values: int) -> bool:
-    """Whether a dataset's table fits the in-memory threshold (from its metadata only)."""
-    return estimate_bytes(dataset) <= 8 * in_memory_values
+    """Whether a dataset's table fits the in-memory thresholds (from its metadata only): at most
+    ``in_memory_values`` values and :data:`owner.limits.MAX_IN_MEMORY_ROWS` rows (estimated from
+    the bytes for a CSV not yet counted)."""
+    values = estimate_bytes(dataset) // 8
+    rows = values // max(len(dataset.columns), 1)
+    return values <= in_memory_values and rows <= MAX_IN_MEMORY_ROWS
 
 
 def _progress(what: str) -> Callable[[int, int], None]:

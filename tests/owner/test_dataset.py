@@ -195,6 +195,23 @@ def test_csv_blocks_are_cut_at_line_ends_and_counted(
     assert np.allclose(read_all(counted, SerialEngine()), whole.to_numpy(dtype=np.float64))
 
 
+def test_a_narrow_table_of_many_rows_is_partitioned(tmp_path: Path) -> None:
+    # 2 columns x (MAX_IN_MEMORY_ROWS + 1) rows: far below the in-memory values, but a session
+    # would hold n x 140 float32 features (above 100 MiB), so the table is partitioned.
+    from owner.limits import DEFAULT_IN_MEMORY_VALUES, MAX_IN_MEMORY_ROWS
+
+    n = MAX_IN_MEMORY_ROWS + 1
+    assert 2 * n < DEFAULT_IN_MEMORY_VALUES
+    x = np.random.default_rng(3).normal(size=(n, 2))
+    (tmp_path / "t").mkdir()
+    pd.DataFrame({"a": x[:, 0], "b": x[:, 1]}).to_parquet(tmp_path / "t" / "p.parquet")
+    narrow = load_owner_data(str(tmp_path / "t"), label_column=None)
+    assert narrow.partitioned
+    assert narrow.points.n_points == n  # type: ignore[union-attr]
+    pd.DataFrame({"a": x[:-1, 0], "b": x[:-1, 1]}).to_parquet(tmp_path / "t" / "p.parquet")
+    assert not load_owner_data(str(tmp_path / "t"), label_column=None).partitioned
+
+
 def test_a_small_dataset_keeps_the_in_memory_path_with_equal_data(
     tmp_path: Path, frames: list[pd.DataFrame]
 ) -> None:
