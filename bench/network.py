@@ -627,27 +627,18 @@ def run_wan(
         with CuratorClient(f"127.0.0.1:{port}", security, timeout=600.0) as client:
             runs: list[tuple[str, int, Callable[[], object]]] = [
                 (
-                    "summarization/candidates",
+                    f"summarization/{method}",
                     p,
                     functools.partial(
                         client.summarize,
-                        SummarizationConfig(summary_size=p, method="candidates", rff_dimension=32),
+                        SummarizationConfig(summary_size=p, method=method, rff_dimension=32),
                         validation,
                         seed_set,
                         seed=seed,
                     ),
-                ),
-                (
-                    "summarization/greedy",
-                    p,
-                    functools.partial(
-                        client.summarize,
-                        SummarizationConfig(summary_size=p, method="greedy", rff_dimension=32),
-                        validation,
-                        seed_set,
-                        seed=seed,
-                    ),
-                ),
+                )
+                for method in ("candidates", "greedy")
+            ] + [
                 (
                     "cape/mean",
                     0,
