@@ -13,6 +13,8 @@ from common.summarization.kernels import (
     bid_scores,
     embedding_greedy,
     exact_kernel_greedy,
+    exact_kernel_summary,
+    exchange_refine,
     marginal_gain_score,
     mmd2,
     mmd2_rff,
@@ -289,6 +291,46 @@ def test_exact_greedy_errors(data) -> None:
         exact_kernel_greedy(pool, v, seed[:, :2], 3, GAMMA)
     with pytest.raises(ValueError, match="validation set is empty"):
         exact_kernel_greedy(pool, v[:0], seed, 3, GAMMA)
+
+
+def test_exchange_refine_reaches_a_swap_local_optimum(data) -> None:
+    pool, v = data["pool"], data["validation"]
+    empty = np.empty((0, pool.shape[1]))
+    greedy = exact_kernel_greedy(pool, v, empty, 8, GAMMA)
+    refined = exchange_refine(pool, v, greedy, GAMMA, max_passes=50)
+    assert refined.dtype == np.int64 and sorted(set(refined.tolist())) == sorted(refined.tolist())
+    before, after = mmd2(pool[greedy], v, GAMMA), mmd2(pool[refined], v, GAMMA)
+    assert after <= before + 1e-12
+    # No single exchange of a chosen point for an unchosen one lowers MMD² any further.
+    chosen = set(refined.tolist())
+    for s in chosen:
+        for c in set(range(len(pool))) - chosen:
+            swapped = [c if i == s else i for i in refined.tolist()]
+            assert mmd2(pool[swapped], v, GAMMA) >= after - 1e-9
+    # Returned in the greedy's order on the chosen points.
+    order = exact_kernel_greedy(pool[refined], v, empty, 8, GAMMA)
+    np.testing.assert_array_equal(order, np.arange(8))
+
+
+def test_exact_kernel_summary_is_greedy_then_exchanges(data) -> None:
+    pool, v = data["pool"], data["validation"]
+    empty = np.empty((0, pool.shape[1]))
+    greedy = exact_kernel_greedy(pool, v, empty, 12, GAMMA)
+    summary = exact_kernel_summary(pool, v, 12, GAMMA)
+    np.testing.assert_array_equal(summary, exchange_refine(pool, v, greedy, GAMMA))
+    assert mmd2(pool[summary], v, GAMMA) <= mmd2(pool[greedy], v, GAMMA) + 1e-12
+
+
+def test_exchange_refine_errors(data) -> None:
+    pool, v = data["pool"], data["validation"]
+    with pytest.raises(ValueError, match="distinct indices into a pool of 60 points"):
+        exchange_refine(pool, v, [1, 1], GAMMA)
+    with pytest.raises(ValueError, match="distinct indices into a pool of 60 points"):
+        exchange_refine(pool, v, [60], GAMMA)
+    with pytest.raises(ValueError, match="distinct indices into a pool of 60 points"):
+        exchange_refine(pool, v, [], GAMMA)
+    with pytest.raises(ValueError, match="max_passes must be an integer >= 1"):
+        exchange_refine(pool, v, [0], GAMMA, max_passes=0)
 
 
 def _naive_rff_greedy(fp, fv, fs, p) -> list[int]:
