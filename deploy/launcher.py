@@ -695,7 +695,7 @@ def run_demo(
                         )
             budgets = owner_budgets(cluster)
     results["exact-greedy"] = exact_greedy_summary(
-        scenario.owners, scenario.validation, scenario.seed_set, p, scenario.gamma
+        scenario.owners, scenario.validation, p, scenario.gamma
     )
     results["uniform"] = _round_robin(results["uniform"])
     labels = {

@@ -719,11 +719,7 @@ def run_evaluation(
                     if (name, p) not in exact_cache:
                         g0 = time.perf_counter()
                         res = exact_greedy_summary(
-                            scenario.owners,
-                            scenario.validation,
-                            scenario.seed_set,
-                            p,
-                            scenario.gamma,
+                            scenario.owners, scenario.validation, p, scenario.gamma
                         )
                         exact_cache[(name, p)] = (res, time.perf_counter() - g0)
                     result, session_seconds = exact_cache[(name, p)]

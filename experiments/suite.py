@@ -79,7 +79,7 @@ _GAMMA_ROWS = 1000
 #: Size of a public seed set.
 _SEED_SIZE = 30
 #: Version of the exact-greedy cache's key (bump when the reference's definition changes).
-_CACHE_VERSION = "exact-greedy-v1"
+_CACHE_VERSION = "exact-greedy-v2"
 
 
 @dataclass(frozen=True)
@@ -750,7 +750,8 @@ def exact_greedy_reference(
         if path.exists():
             return np.load(path)
     pool = np.concatenate([o.features for o in scenario.owners])
-    chosen = exact_kernel_greedy(pool, scenario.validation, scenario.seed_set, p, scenario.gamma)
+    empty = np.zeros((0, scenario.n_features))
+    chosen = exact_kernel_greedy(pool, scenario.validation, empty, p, scenario.gamma)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp.npy")

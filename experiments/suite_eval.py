@@ -40,7 +40,7 @@ from numpy.typing import NDArray
 from rich.console import Console
 from rich.table import Table
 
-from common.summarization.kernels import exact_kernel_greedy, mmd2
+from common.summarization.kernels import exact_kernel_summary, mmd2
 from common.summarization.summary import SummarizationConfig
 from experiments.scenarios import Scenario
 from experiments.suite import (
@@ -244,9 +244,7 @@ class SuiteRunner:
                 seed=seed,
             )
             reads = uniform_reads(scenario, 3 * p, seed)
-            order = exact_kernel_greedy(
-                pool[reads], scenario.validation, scenario.seed_set, p, scenario.gamma
-            )
+            order = exact_kernel_summary(pool[reads], scenario.validation, p, scenario.gamma)
             chosen = reads[order]
             owner_of = np.concatenate(
                 [np.full(o.n_points, k) for k, o in enumerate(scenario.owners)]

@@ -34,7 +34,7 @@ from common.summarization.kernels import (
     bid_direction,
     bid_scores,
     embedding_greedy,
-    exact_kernel_greedy,
+    exact_kernel_summary,
     marginal_gain_score,
 )
 from common.summarization.rff import RFFParams, random_fourier_features
@@ -147,16 +147,20 @@ class Selection:
                 f"owners proposed {pool.shape[0]} candidates, fewer than p = {p}"
                 + state.drop_suffix()
             )
-        # Re-ranking, after the last message to any owner: exact marginal gains (the curator
-        # holds D_v), or the private embedding alone.
+        # Re-ranking, after the last message to any owner: the summary's own MMD² to D_v by the
+        # exact kernel (the curator holds D_v), or the private embedding alone. The seed set is
+        # not part of the summary the consumer receives, so it is not counted.
         if cfg.embedding_rerank:
-            seed_features = random_fourier_features(state.seed_set, rff, dtype=np.float64)
             order = await asyncio.to_thread(
-                embedding_greedy, random_fourier_features(pool, rff), g_val, seed_features, p
+                embedding_greedy,
+                random_fourier_features(pool, rff),
+                g_val,
+                np.zeros((0, cfg.rff_dimension)),
+                p,
             )
         else:
             order = await asyncio.to_thread(
-                exact_kernel_greedy, pool, state.validation, state.seed_set, p, cfg.gamma
+                exact_kernel_summary, pool, state.validation, p, cfg.gamma
             )
         for j in order:
             summary.points.append(pool[j])
