@@ -495,7 +495,7 @@ def rounds_mode_events(
     n_owners : int
         ``K``, >= 1.
     validation_size : int
-        ``m``, >= 1 (the Gaussian release's sensitivity is ``2 sqrt(2) / m``).
+        ``m``, >= 1 (the Gaussian release's sensitivity is ``2 / m``).
     seed_set_size : int
         Size of the public seed set, >= 0.
 
@@ -503,7 +503,7 @@ def rounds_mode_events(
     -------
     dict
         * ``"validation"``: one Gaussian event ``(epsilon_validation_total, delta)`` of
-          sensitivity ``2 sqrt(2) / m`` and sigma ``analytic_gaussian_sigma(...)``, or the
+          sensitivity ``2 / m`` and sigma ``analytic_gaussian_sigma(...)``, or the
           paper's ``T_init`` MWEM selections and measurements at ``epsilon_validation``.
         * ``"owners"``: PrivAuction's ``tau`` events (:func:`rounds_auction`,
           :func:`~common.summarization.auction.auction_events`), then for
@@ -579,7 +579,7 @@ def calibrate_rounds_mode(
         ``delta = delta``, and:
 
         * ``validation_release="gaussian"``: nothing else (the session's sigma is the closed
-          form ``analytic_gaussian_sigma(epsilon_target, delta, 2 sqrt(2) / m)``, exactly
+          form ``analytic_gaussian_sigma(epsilon_target, delta, 2 / m)``, exactly
           ``(epsilon_target, delta)``-DP); ``"mwem"``: ``epsilon_validation`` scaled so that the
           ``T_init`` MWEM iterations compose to the target.
         * ``summary_release="tree"`` or ``"none"``: nothing else (the session derives the tree's

@@ -61,7 +61,7 @@ from numpy.typing import ArrayLike, NDArray
 from common.privacy.accounting import analytic_gaussian_sigma
 from common.privacy.noise import NoiseSource
 from common.sketches import RFFMap, SketchLike, SyntheticDesign, regularization
-from common.summarization.candidates import shrink_embedding
+from common.summarization.candidates import shrink_embedding, validation_embedding_sensitivity
 from common.validation import check_matrix, check_positive_int, check_vector
 
 __all__ = [
@@ -446,20 +446,22 @@ def derived_allocation_share(
 
     The validation party's budget pays for two Gaussian releases
     (:func:`split_gaussian_sigmas`): the embedding, whose noise per owner score is
-    ``sigma_g = 2 sqrt(2) sigma_u / (m sqrt(1 - a))``, against a signal of about ``signal``
-    (:data:`SCORE_SIGNAL`); and the decision, whose noise per owner is ``sigma_a = sqrt(2)
-    sigma_u / (m sqrt(a))``, against shares of about ``1 / K``. Each release's relative noise
-    ``x = (noise / signal)^2`` costs ``x / (1 + x)``: close to ``x`` while it is small, close to
-    1 (the release is useless) when the noise swamps the signal. The share ``a`` minimises the
-    sum of the two costs, on a grid of ``a`` in [0.05, 0.95] (step 0.01)::
+    ``sigma_g = 2 sigma_u / (m sqrt(1 - a))``
+    (:func:`~common.summarization.candidates.validation_embedding_sensitivity`), against a
+    signal of about ``signal`` (:data:`SCORE_SIGNAL`); and the decision, whose noise per owner
+    is ``sigma_a = sqrt(2) sigma_u / (m sqrt(a))``, against shares of about ``1 / K``. Each
+    release's relative noise ``x = (noise / signal)^2`` costs ``x / (1 + x)``: close to ``x``
+    while it is small, close to 1 (the release is useless) when the noise swamps the signal.
+    The share ``a`` minimises the sum of the two costs, on a grid of ``a`` in [0.05, 0.95]
+    (step 0.01)::
 
-        x_g = A / (1 - a),  A = (2 sqrt(2) sigma_u / (m * signal))^2
+        x_g = A / (1 - a),  A = (2 sigma_u / (m * signal))^2
         x_a = B / a,        B = (sqrt(2) sigma_u K / m)^2
 
     With a large validation set both releases are accurate and the split follows
-    ``a / (1 - a) = sqrt(B / A) = K signal / 2`` (flights, m = 2,456, K = 8: a = 0.29); with a
-    small one the embedding cannot be made useful and the decision gets nearly everything
-    (digits, m = 44: a = 0.95).
+    ``a / (1 - a) = sqrt(B / A) = K signal / sqrt(2)`` (flights, m = 2,456, K = 8: a = 0.36);
+    with a small one the embedding cannot be made useful and the decision gets most of it
+    (digits, m = 44, K = 5: a = 0.88).
 
     Parameters
     ----------
@@ -493,8 +495,8 @@ def derived_allocation_share(
     if not (math.isfinite(s) and s > 0):
         raise ValueError(f"signal must be a finite number > 0, got {signal}")
     sigma_u = analytic_gaussian_sigma(epsilon, delta, 1.0)
-    big_a = (2.0 * math.sqrt(2.0) * sigma_u / (m * s)) ** 2
-    big_b = (math.sqrt(2.0) * sigma_u * k / m) ** 2
+    big_a = (validation_embedding_sensitivity(m) * sigma_u / s) ** 2
+    big_b = (relevance_sensitivity(m) * sigma_u * k) ** 2
     grid = np.round(np.arange(0.05, 0.9501, 0.01), 2)
     x_g = big_a / (1.0 - grid)
     x_a = big_b / grid

@@ -23,6 +23,7 @@ from common.summarization.candidates import (
     allocate_candidates,
     relevance_threshold,
     shrink_embedding,
+    validation_embedding,
     validation_embedding_sensitivity,
 )
 from common.summarization.rff import random_fourier_features
@@ -265,7 +266,9 @@ class Allocator:
                 ),
             ]
         )
-        g_val = val_features.mean(axis=0) + state.noise.gaussian(sigma_g, cfg.rff_dimension)
+        g_val = validation_embedding(val_features) + state.noise.gaussian(
+            sigma_g, cfg.rff_dimension
+        )
         _, noisy = noisy_relevance(pi, sigma_a, state.noise)
         decision, decision_alpha = shrink_decision(noisy, sigma_a)
         g_val, alpha, owner_sigma = self.prior(g_val, sigma_g)

@@ -22,7 +22,10 @@ from common.summarization.calibration import (
     gaussian_epsilon,
     rounds_tree_sigma,
 )
-from common.summarization.candidates import validation_embedding_sensitivity
+from common.summarization.candidates import (
+    validation_embedding,
+    validation_embedding_sensitivity,
+)
 from common.summarization.continual import TreePrefixSum
 from common.summarization.mwem import MWEMRelease, MWEMState
 from common.summarization.quantization import quantize_features
@@ -227,15 +230,18 @@ class Releases:
     def gaussian_validation_embedding(
         self, val_features: NDArray[np.floating]
     ) -> tuple[NDArray[np.float64], float]:
-        """gtilde = mean h1(D_v) + N(0, sigma^2 I) at (epsilon_validation_total, delta); charged.
+        """gtilde = validation_embedding(h1(D_v)) + N(0, sigma^2 I) at
+        (epsilon_validation_total, delta); charged.
 
-        L2 sensitivity 2 sqrt(2) / m under replacing one validation point (m public)."""
+        L2 sensitivity 2 / m under replacing one validation point (m public): the mean of the
+        validation points' unit-norm h1 rows (:func:`common.summarization.candidates.
+        validation_embedding`)."""
         state = self.state
         cfg = state.config
         sensitivity = validation_embedding_sensitivity(val_features.shape[0])
         eps_v = cfg.epsilon_validation_total
         sigma = analytic_gaussian_sigma(eps_v, cfg.delta, sensitivity)
-        g_val = val_features.mean(axis=0) + state.noise.gaussian(sigma, cfg.rff_dimension)
+        g_val = validation_embedding(val_features) + state.noise.gaussian(sigma, cfg.rff_dimension)
         state.ledgers["validation"].charge(
             [
                 Charge(

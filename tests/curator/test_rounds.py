@@ -101,9 +101,7 @@ def test_ledger_charges_every_release_of_each_option(
         assert val["mechanisms"] == 1
         (entry,) = ledger["validation"]["entries"]
         assert entry["event"]["mechanism"] == "gaussian"
-        assert entry["event"]["sensitivity"] == pytest.approx(
-            2 * np.sqrt(2) / digits.validation.shape[0]
-        )
+        assert entry["event"]["sensitivity"] == pytest.approx(2 / digits.validation.shape[0])
     else:
         assert val["mechanisms"] == 2 * config.t_init
     tau = ledger["auction"]["tau"]

@@ -66,16 +66,16 @@ def test_the_share_threshold_keeps_the_false_positives_per_point_fixed() -> None
 def test_the_derived_split_follows_m_and_k() -> None:
     # A small validation set cannot make the embedding useful: the decision gets nearly all.
     assert derived_allocation_share(20, 3, 1.0, 1e-6) == 0.95
-    # A large one: both releases accurate, a / (1 - a) -> K * signal / 2.
+    # A large one: both releases accurate, a / (1 - a) -> K * signal / sqrt(2).
     a = derived_allocation_share(100_000, 8, 1.0, 1e-6, signal=0.1)
-    assert a / (1 - a) == pytest.approx(8 * 0.1 / 2, abs=0.05)
+    assert a / (1 - a) == pytest.approx(8 * 0.1 / math.sqrt(2), abs=0.05)
     for m, k in ((44, 5), (300, 8), (2000, 7), (150, 40), (500, 50)):
         share = derived_allocation_share(m, k, 1.0, 1e-6)
         assert 0.05 <= share <= 0.95
     # The rule minimises the stated cost on its grid.
     m, k, s = 150, 40, 0.1
     sigma_u = analytic_gaussian_sigma(1.0, 1e-6, 1.0)
-    big_a = (2 * math.sqrt(2) * sigma_u / (m * s)) ** 2
+    big_a = (2 * sigma_u / (m * s)) ** 2
     big_b = (math.sqrt(2) * sigma_u * k / m) ** 2
 
     def cost(x: float) -> float:

@@ -90,7 +90,7 @@ def _gaussian_delta(eps: float, mu: float) -> float:
 @pytest.mark.parametrize("share", [0.2, 0.5, 0.8])
 def test_two_gaussian_releases_compose_to_the_target_exactly(share: float) -> None:
     eps, delta, m = 1.0, 1e-6, 44
-    sens = [2 * math.sqrt(2) / m, relevance_sensitivity(m)]
+    sens = [2 / m, relevance_sensitivity(m)]
     sigmas = split_gaussian_sigmas(eps, delta, sens, [1 - share, share])
     # Independent: the composed loss is Gaussian with mu^2 = sum (Delta_i / sigma_i)^2; its
     # exact delta at eps is the target.
