@@ -274,20 +274,25 @@ def _water_fill(
 def shrink_towards_points(
     noisy: ArrayLike, features: ArrayLike, noise_sigma: float
 ) -> tuple[NDArray[np.float64], float]:
-    """Shrink a Gaussian-noised embedding towards the mean of a point set, in that set's metric.
+    """Denoise a Gaussian-noised embedding in the metric of a point set's own scores (Wiener).
 
     An owner proposing candidates scores its own points by ``g . h1(x)``; what matters is the
     error of those scores, ``E_x[((g_hat - g) . h1(x))^2] = (g_hat - g)^T Sigma (g_hat - g)``
-    with ``Sigma = mean_x h1(x) h1(x)^T`` over its points, not the Euclidean error of the
-    d-dimensional vector. Writing ``y = noisy - mu`` (``mu`` the points' mean h1) ``= theta +
-    n``, ``n ~ N(0, sigma^2 I_d)``, the shrunk embedding ``mu + alpha y`` has the expected loss
-    ``alpha^2 (theta^T Sigma theta + sigma^2 tr Sigma) - 2 alpha theta^T Sigma theta + theta^T
-    Sigma theta``, smallest at ``alpha* = theta^T Sigma theta / (theta^T Sigma theta +
-    sigma^2 tr Sigma)``. Since ``E[y^T Sigma y] = theta^T Sigma theta + sigma^2 tr Sigma``, the
-    plug-in estimate is ``alpha = max(0, 1 - sigma^2 tr Sigma / y^T Sigma y)``. The noise
-    enters through ``tr Sigma = mean ||h1(x)||^2 <= 2`` whatever d, where the Euclidean
-    James-Stein factor (:func:`shrink_embedding`) charges ``(d - 2) sigma^2``: the noise in
-    directions the owner's points do not span moves no score and is not counted.
+    with ``Sigma = mean_x h1(x) h1(x)^T = U diag(lambda) U^T`` over its points, not the
+    Euclidean error of the d-dimensional vector. In the eigenbasis, ``c = U^T (noisy - mu)``
+    (``mu`` the points' mean h1) is ``theta + n`` with ``n ~ N(0, sigma^2 I_d)``: the noise is
+    the same in every direction, while the signal ``theta = U^T (g - mu)`` lives where the
+    points do. Under the prior ``theta_j ~ N(0, tau^2 lambda_j)`` (a validation set that
+    resembles the points varies from their mean as they do) the posterior mean keeps each
+    component with the Wiener gain ``w_j = tau^2 lambda_j / (tau^2 lambda_j + sigma^2)``: the
+    directions the points span strongly are kept, those they hardly span (where the noise moves
+    scores little but the signal is small too) are removed. ``tau^2`` is the moment estimate
+    from ``E[sum_j lambda_j c_j^2] = tau^2 sum_j lambda_j^2 + sigma^2 sum_j lambda_j``::
+
+        tau^2 = max(0, (y^T Sigma y - sigma^2 tr Sigma) / tr(Sigma^2)),  y = noisy - mu.
+
+    (A single factor for every direction, ``1 - sigma^2 tr Sigma / y^T Sigma y``, is the
+    special case of equal eigenvalues.)
 
     Parameters
     ----------
@@ -301,9 +306,10 @@ def shrink_towards_points(
     Returns
     -------
     shrunk : ndarray of shape (d,), float64
-        ``mu + alpha (noisy - mu)``.
-    alpha : float
-        In [0, 1].
+        ``mu + U diag(w) c``.
+    kept : float
+        In [0, 1]: the share of ``y^T Sigma y`` the gains keep, ``sum lambda w c^2 /
+        sum lambda c^2`` (1: nothing removed; 0: the points' own mean).
 
     Raises
     ------
@@ -315,6 +321,11 @@ def shrink_towards_points(
     -----
     Privacy: a function of the release, the public ``noise_sigma`` and the points' owner's own
     data; post-processing for the validation set, computed where the points are.
+
+    References
+    ----------
+    Wiener filtering with an empirical-Bayes (moment) estimate of the signal scale; the same
+    risk argument as :func:`shrink_embedding` (James & Stein 1961), per eigen-direction.
     """
     y = check_vector(noisy, "noisy embedding").astype(np.float64)
     x = np.asarray(features)
@@ -322,16 +333,16 @@ def shrink_towards_points(
         raise ValueError(
             f"features must have shape (n >= 1, {y.shape[0]}), got {getattr(x, 'shape', None)}"
         )
-    if not (math.isfinite(noise_sigma) and noise_sigma > 0):
-        raise ValueError(f"noise_sigma must be a finite number > 0, got {noise_sigma}")
-    mu = x.mean(axis=0, dtype=np.float64)
-    diff = y - mu
-    scores = x @ diff.astype(x.dtype)
-    quad = float(np.mean(np.square(scores, dtype=np.float64)))
-    trace = float(np.mean(np.einsum("ij,ij->i", x, x, dtype=np.float64)))
-    if not (math.isfinite(quad) and math.isfinite(trace)):
-        raise ValueError("features and the embedding must be finite")
-    return _shrunk(mu, diff, quad, trace, noise_sigma)
+    mean = x.mean(axis=0, dtype=np.float64)
+    second = np.zeros((x.shape[1], x.shape[1]), dtype=np.float64)
+    for start in range(0, x.shape[0], _MOMENT_BLOCK):
+        block = np.asarray(x[start : start + _MOMENT_BLOCK], dtype=np.float64)
+        second += block.T @ block
+    return shrink_towards_moments(y, mean, second / x.shape[0], noise_sigma)
+
+
+#: Rows whose h1 second moment :func:`shrink_towards_points` adds at once (in float64).
+_MOMENT_BLOCK = 8192
 
 
 def shrink_towards_moments(
@@ -353,9 +364,8 @@ def shrink_towards_moments(
 
     Returns
     -------
-    shrunk, alpha
-        As :func:`shrink_towards_points`: ``y^T Sigma y`` with ``y = noisy - mu`` is the mean
-        squared score of the same points, and ``tr Sigma`` their mean squared norm.
+    shrunk, kept
+        As :func:`shrink_towards_points`.
 
     Raises
     ------
@@ -373,13 +383,13 @@ def shrink_towards_moments(
         )
     if not (math.isfinite(noise_sigma) and noise_sigma > 0):
         raise ValueError(f"noise_sigma must be a finite number > 0, got {noise_sigma}")
-    diff = y - mu
-    return _shrunk(mu, diff, float(diff @ sigma @ diff), float(np.trace(sigma)), noise_sigma)
-
-
-def _shrunk(
-    mu: NDArray[np.float64], diff: NDArray[np.float64], quad: float, trace: float, sigma: float
-) -> tuple[NDArray[np.float64], float]:
-    """``mu + alpha diff`` with ``alpha = max(0, 1 - sigma^2 trace / quad)`` (0 when quad is 0)."""
-    alpha = 0.0 if quad <= 0.0 else max(0.0, 1.0 - sigma**2 * trace / quad)
-    return mu + alpha * diff, alpha
+    lam, basis = np.linalg.eigh(0.5 * (sigma + sigma.T))
+    lam = np.maximum(lam, 0.0)
+    c = basis.T @ (y - mu)
+    energy = lam * c * c
+    total = float(energy.sum())
+    tau2 = max(0.0, (total - noise_sigma**2 * float(lam.sum())) / max(float(lam @ lam), 1e-300))
+    if tau2 == 0.0 or total <= 0.0:
+        return mu, 0.0
+    gains = tau2 * lam / (tau2 * lam + noise_sigma**2)
+    return mu + basis @ (gains * c), float(energy @ gains) / total
