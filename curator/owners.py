@@ -222,11 +222,13 @@ class GrpcOwnerEndpoint:
         return float(response.noisy_count)
 
     async def propose_candidates(
-        self, session_id: str, count: int
+        self, session_id: str, count: int, *, uniform_count: int = 0
     ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
         """ProposeCandidates (the owner runs a local greedy: a deadline for a pass over its
         table)."""
-        request = owner_pb2.ProposeCandidatesRequest(session_id=session_id, count=count)
+        request = owner_pb2.ProposeCandidatesRequest(
+            session_id=session_id, count=count, uniform_count=uniform_count
+        )
         response = await self._call(
             lambda: self._stub.ProposeCandidates(request, timeout=self.pass_deadline())
         )

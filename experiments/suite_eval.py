@@ -418,9 +418,9 @@ def _per_owner(scenario: Scenario, owners: NDArray[np.int64]) -> dict[str, int]:
 
 def uniform_reads(scenario: Scenario, reads: int, seed: int) -> NDArray[np.int64]:
     """Indices (into the pooled owners' points) of ``reads`` points drawn uniformly, an even
-    share from every owner (:func:`curator.summarization.selection.split_evenly`), from
+    share from every owner (:func:`curator.summarization.allocation.split_evenly`), from
     ``numpy.random.default_rng(seed)``."""
-    from curator.summarization.selection import split_evenly
+    from curator.summarization.allocation import split_evenly
 
     rng = np.random.default_rng(seed)
     sizes = [o.n_points for o in scenario.owners]

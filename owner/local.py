@@ -88,10 +88,10 @@ class LocalOwnerEndpoint:
         return self.owner.noisy_relevant_count(session_id, threshold)
 
     async def propose_candidates(
-        self, session_id: str, count: int
+        self, session_id: str, count: int, *, uniform_count: int = 0
     ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
         """See :meth:`Owner.propose_candidates`."""
-        return self.owner.propose_candidates(session_id, count)
+        return self.owner.propose_candidates(session_id, count, uniform_count=uniform_count)
 
     async def close_session(self, session_id: str) -> SessionSpend:
         """See :meth:`Owner.close_session`."""

@@ -408,6 +408,7 @@ class PartitionedData:
         sent: NDArray[np.int64],
         seed: int,
         *,
+        start: NDArray[np.floating] | None = None,
         progress: Progress | None = None,
         cancel: threading.Event | None = None,
     ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64] | None, int]:
@@ -415,7 +416,8 @@ class PartitionedData:
         ran stochastic greedy.
 
         Each partition proposes its local greedy choice of ``count`` points (seeded by ``seed``
-        and its index); the owner runs the exact greedy over their union.
+        and its index); the owner runs the exact greedy over their union, continuing from the
+        h1 features ``start`` (shape (s, d)) of points already chosen, if any.
         """
         found = self._map(
             _candidates_task,
@@ -436,7 +438,7 @@ class PartitionedData:
         if index.size < count:
             raise ValueError(f"count {count} exceeds the {index.size} points not yet sent")
         union = random_fourier_features(rows, rff)
-        order = greedi_merge(union, target, count)
+        order = greedi_merge(union, target, count, start=start)
         return index[order], rows[order], (None if labels is None else labels[order]), stochastic
 
     def sample(

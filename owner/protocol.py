@@ -162,13 +162,13 @@ class _MemoryWork:
         target: NDArray[np.floating],
         count: int,
         sent: NDArray[np.int64],
+        start: NDArray[np.int64],
         _rng: np.random.Generator,
         _progress: Progress,
         _cancel: threading.Event,
     ) -> NDArray[np.int64]:
-        d = self.features.shape[1]
         return embedding_greedy(
-            self.features, target, np.zeros((0, d)), count, exclude=self.mask(sent)
+            self.features, target, self.features[start], count, exclude=self.mask(sent)
         )
 
     def shrink(
@@ -251,18 +251,22 @@ class _PartitionedWork:
         target: NDArray[np.floating],
         count: int,
         sent: NDArray[np.int64],
+        start: NDArray[np.int64],
         rng: np.random.Generator,
         progress: Progress,
         cancel: threading.Event,
     ) -> NDArray[np.int64]:
         progress.start("candidates", len(self.data.partitions))
         seed = int(rng.integers(0, 2**63 - 1))
+        kept = [self.rows[int(i)][0] for i in start]
+        start_rows = np.stack(kept) if kept else np.zeros((0, self.data.n_features))
         index, rows, labels, stochastic = self.data.candidates(
             self.rff,
             np.asarray(target, dtype=np.float64),
             count,
             sent,
             seed,
+            start=random_fourier_features(start_rows, self.rff),
             progress=progress.update,
             cancel=cancel,
         )
@@ -364,6 +368,10 @@ class OwnerSession:
             self._d = int(d)
         n = self.work.n_points
         self.rng = rng
+        #: Uniform samples draw from their own stream, spawned from ``rng`` before any draw, so
+        #: that a session's first uniform sample is the same whatever else it drew first (the
+        #: candidates method's hedge is then the uniform method's sample for the same seed).
+        self.sample_rng = rng.spawn(1)[0]
         self.noise = noise if noise is not None else SeededNoise(rng)
         self.terms = terms if terms is not None else OwnerTerms("none", 0.0, 0.0)
         self.allowance = n if allowance is None else int(allowance)
@@ -621,15 +629,19 @@ class OwnerSession:
         return float(count + self.noise.laplace(1.0 / epsilon, 1)[0])
 
     def propose_candidates(
-        self, count: int, *, what: str = "raw points (candidates)"
+        self, count: int, *, uniform_count: int = 0, what: str = "raw points (candidates)"
     ) -> NDArray[np.int64]:
-        """Choose ``count`` unsent points by a local greedy against ``gtilde``; charge; mark sent.
+        """Choose ``count`` unsent points; charge; mark sent.
 
-        The greedy matches the validation embedding with this owner's points alone
-        (:func:`common.summarization.kernels.embedding_greedy`), so the proposal depends on
-        nothing but this owner's data and the private embedding. On a partitioned table it is
-        GreeDi (:mod:`common.summarization.partitioned`): still a selection of this owner's
-        rows, each of which may be chosen once, so the privacy analysis is unchanged.
+        The first ``uniform_count`` are a uniform sample drawn exactly as
+        :meth:`sample_uniform` draws it (the candidates method's hedge: the same session seed
+        gives the uniform method's sample). The others come from a local greedy that matches
+        the validation embedding with this owner's points alone, continuing from the uniform
+        ones (:func:`common.summarization.kernels.embedding_greedy` with them as its start), so
+        the proposal depends on nothing but this owner's data and the private embedding. On a
+        partitioned table the greedy is GreeDi (:mod:`common.summarization.partitioned`, the
+        merge continuing from the uniform points): still a selection of this owner's rows, each
+        of which may be chosen once, so the privacy analysis is unchanged.
 
         When the curator stated the embedding's noise (``shrinkage_sigma`` > 0), the target is
         first shrunk towards this owner's own mean h1 by as much as the noise hides the
@@ -647,29 +659,48 @@ class OwnerSession:
         and its result never leaves the owner: what leaves are the proposed points, charged as
         every raw point. It is post-processing of the release for the validation set's privacy.
 
+        Returns
+        -------
+        ndarray of shape (count,), int64
+            The uniform sample's indices first, then the greedy's in the order it chose them.
+
         Raises
         ------
         FailedPreconditionError
             If the validation embedding is unset or the owner's point limits refuse.
         InvalidArgumentError
-            If ``count < 1`` or exceeds the unsent points.
+            If ``count < 1`` or exceeds the unsent points, or ``uniform_count`` is not in
+            ``[0, count]``.
         """
         g = self._require_validation()
         try:
             count = check_positive_int(count, "count")
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
+        if not 0 <= uniform_count <= count:
+            raise InvalidArgumentError(
+                f"uniform_count must lie in [0, count = {count}], got {uniform_count}"
+            )
         unsent = self.n_points - len(self._sent)
         if count > unsent:
             raise InvalidArgumentError(f"count {count} exceeds the {unsent} points not yet sent")
         if self.released + count > self.allowance:
             self._pay(count, what)  # refuses before any computation
         with self._computing("local greedy"):
-            if self.shrinkage_sigma > 0:
-                g = self.work.shrink(g, self.shrinkage_sigma, self.progress, self.cancel)
-            chosen = self.work.candidates(
-                g, count, self.sent_indices, self.rng, self.progress, self.cancel
-            )
+            uniform = np.zeros(0, dtype=np.int64)
+            if uniform_count > 0:
+                uniform = self.work.sample(
+                    uniform_count, self.sent_indices, self.sample_rng, self.progress, self.cancel
+                )
+            chosen = uniform
+            if count > uniform_count:
+                if self.shrinkage_sigma > 0:
+                    g = self.work.shrink(g, self.shrinkage_sigma, self.progress, self.cancel)
+                sent = np.union1d(self.sent_indices, uniform)
+                greedy = self.work.candidates(
+                    g, count - uniform_count, sent, uniform, self.rng, self.progress, self.cancel
+                )
+                chosen = np.concatenate([uniform, greedy])
         self._pay(count, what)
         self._mark_sent(chosen)
         return chosen
@@ -694,7 +725,7 @@ class OwnerSession:
         self._pay(count, "raw points (uniform sample)")
         with self._computing("uniform sample"):
             chosen = self.work.sample(
-                count, self.sent_indices, self.rng, self.progress, self.cancel
+                count, self.sent_indices, self.sample_rng, self.progress, self.cancel
             )
         self._mark_sent(chosen)
         return chosen
@@ -1125,11 +1156,19 @@ class Owner:
             return self._points(session, session.sample_uniform(count))
 
     def propose_candidates(
-        self, session_id: str, count: int, curator: str = LOCAL_CURATOR
+        self,
+        session_id: str,
+        count: int,
+        curator: str = LOCAL_CURATOR,
+        *,
+        uniform_count: int = 0,
     ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
-        """Release ``count`` candidates chosen by the local greedy (candidates method)."""
+        """Release ``count`` candidates, the first ``uniform_count`` a uniform sample, the rest
+        chosen by the local greedy (candidates method; :meth:`OwnerSession.propose_candidates`)."""
         with self._step(session_id, curator) as session:
-            return self._points(session, session.propose_candidates(count))
+            return self._points(
+                session, session.propose_candidates(count, uniform_count=uniform_count)
+            )
 
     # ---------------------------------------------------------------- the hashes mode
     def _party(self) -> HashKeyParty:

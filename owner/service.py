@@ -159,6 +159,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
             request.session_id,
             int(request.count),
             str(caller),
+            uniform_count=int(request.uniform_count),
         )
         logger.info("session %s: %d candidates released", short_id(request.session_id), len(points))
         return convert.points_to_proto(points, labels, owner_pb2.ProposeCandidatesResponse)

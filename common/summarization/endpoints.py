@@ -132,9 +132,10 @@ class OwnerEndpoint(Protocol):
         ...
 
     async def propose_candidates(
-        self, session_id: str, count: int
+        self, session_id: str, count: int, *, uniform_count: int = 0
     ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
-        """Ask for ``count`` candidates chosen by the owner's local greedy."""
+        """Ask for ``count`` candidates: the first ``uniform_count`` a uniform sample, the rest
+        chosen by the owner's local greedy continuing from them."""
         ...
 
     async def close_session(self, session_id: str) -> SessionSpend:

@@ -237,7 +237,11 @@ def local_greedy(
 
 
 def greedi_merge(
-    union_features: ArrayLike, target_embedding: ArrayLike, k: int
+    union_features: ArrayLike,
+    target_embedding: ArrayLike,
+    k: int,
+    *,
+    start: ArrayLike | None = None,
 ) -> NDArray[np.int64]:
     """GreeDi's second stage: the exact greedy over the union of the partitions' choices.
 
@@ -248,6 +252,9 @@ def greedi_merge(
     target_embedding : array-like of shape (d,)
     k : int
         ``1 <= k <= m``.
+    start : array-like of shape (s, d), optional
+        Features of points already chosen, from which the greedy continues (counted in its
+        summary, never returned); none by default.
 
     Returns
     -------
@@ -266,7 +273,8 @@ def greedi_merge(
     Representative Elements in Massive Data", NeurIPS 2013 (Algorithm 2).
     """
     f = np.asarray(union_features)
-    return embedding_greedy(f, target_embedding, np.zeros((0, f.shape[1])), k)
+    first = np.zeros((0, f.shape[1])) if start is None else np.asarray(start)
+    return embedding_greedy(f, target_embedding, first, k)
 
 
 def sample_counts(

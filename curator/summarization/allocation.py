@@ -1,6 +1,8 @@
 """How the candidates method splits its budget of owner points among the owners.
 
-The candidate budget (:meth:`Allocator.budget`) is split by the owners' noisy relevance counts
+The candidate budget (:meth:`Allocator.budget`) starts with a uniform sample of p points, split
+as the uniform method splits its summary (:meth:`Allocator.hedge`); the rest is split by the
+owners' noisy relevance counts
 (:meth:`Allocator.by_counts`: each owner adds its own Laplace noise to its count) or by the
 owners' published RFF sketches (:meth:`Allocator.by_sketches`: a Gaussian release about the
 validation set only; the sketches' cost was charged to their owners at publication).
@@ -11,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Literal
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
+from common.errors import InvalidArgumentError
 from common.privacy.accounting import PrivacyEvent
 from common.privacy.ledger import Charge
 from common.summarization.calibration import gaussian_epsilon
@@ -40,7 +44,15 @@ from common.summarization.sketch_allocation import (
 from curator.summarization.release import Releases
 from curator.summarization.state import SessionState
 
-__all__ = ["Allocator"]
+__all__ = ["Allocator", "CandidateRequest", "split_evenly"]
+
+
+class CandidateRequest(NamedTuple):
+    """What the candidates method asks one owner for: ``points`` points, of which the first
+    ``uniform`` are a uniform sample (the hedge) and the rest the owner's local greedy."""
+
+    points: int
+    uniform: int
 
 
 class Allocator:
@@ -143,9 +155,47 @@ class Allocator:
             return max(p, math.floor(cfg.candidate_fraction * len(state.slots) * p + 1e-9))
         return max(p, math.floor(cfg.candidate_multiple * p + 1e-9))
 
+    def hedge(self, owners: Sequence[int]) -> list[int]:
+        """The uniform sample the budget starts with, per owner in ``owners``: p points split as
+        the uniform method splits its summary (:func:`split_evenly`), when the budget is at
+        least 2p and the curator re-ranks (not in the hashes mode); nothing otherwise.
+
+        Each owner draws its share exactly as the uniform method's sample
+        (:meth:`owner.protocol.OwnerSession.propose_candidates`), so for the same session seed
+        the candidates hold the uniform method's summary, and the curator returns it when its
+        own choice is not better (:meth:`curator.summarization.selection.Selection.candidates`):
+        the default's MMD² to D_v is never above uniform sampling's (with the exact
+        re-ranking; ``embedding_rerank`` reads the sample but does not compare). The sample is data
+        independent, so it changes no privacy figure; it costs p of the budget's reads.
+        """
+        state = self.state
+        cfg = state.config
+        p = cfg.summary_size
+        if cfg.summary_form == "hashes" or self.budget() < 2 * p:
+            return [0] * len(owners)
+        return split_evenly(p, [state.capacity(i) for i in owners])
+
+    def requests(
+        self, owners: Sequence[int], weights: NDArray[np.float64], hedge: Sequence[int]
+    ) -> dict[int, CandidateRequest]:
+        """Each owner's request: its uniform share plus its share of the rest of the budget,
+        an even part and then in proportion to ``weights`` (:func:`allocate_candidates`),
+        within its capacity."""
+        state = self.state
+        budget = self.budget()
+        caps = [min(state.capacity(i), budget) - h for i, h in zip(owners, hedge, strict=True)]
+        shares = allocate_candidates(
+            budget - sum(hedge), weights, caps, even_share=state.config.candidate_even_share
+        )
+        return {
+            i: CandidateRequest(int(s) + h, h)
+            for i, s, h in zip(owners, shares, hedge, strict=True)
+            if s + h > 0 and state.slots[i].active
+        }
+
     async def by_counts(
         self, val_features: NDArray[np.floating]
-    ) -> tuple[dict[int, int], NDArray[np.float64]]:
+    ) -> tuple[dict[int, CandidateRequest], NDArray[np.float64]]:
         """The counts allocation: gtilde at the whole validation budget, the owners' noisy
         relevance counts, shares in proportion to them (each owner at most the budget)."""
         state = self.state
@@ -182,18 +232,13 @@ class Allocator:
         state.require_owners()
         owners = sorted(counts)
         noisy = np.array([counts[i] for i in owners], dtype=np.float64)
-        budget = self.budget()
-        shares = allocate_candidates(
-            budget,
-            np.maximum(noisy, 0.0),
-            [min(state.capacity(i), budget) for i in owners],
-            even_share=cfg.candidate_even_share,
-        )
-        requests = {i: int(s) for i, s in zip(owners, shares, strict=True) if s > 0}
+        hedge = self.hedge(owners)
+        requests = self.requests(owners, np.maximum(noisy, 0.0), hedge)
         state.candidates_info = {
             "allocation": "counts",
             "allocation_note": state.allocation_note,
-            "budget": budget,
+            "budget": self.budget(),
+            "uniform_shares": {state.owner_name(i): r.uniform for i, r in requests.items()},
             "gaussian_sigma": sigma,
             "embedding_prior": cfg.embedding_prior if owner_sigma > 0 else "none",
             "relevance_threshold": threshold,
@@ -201,13 +246,13 @@ class Allocator:
             "noisy_counts": {
                 state.owner_name(i): float(v) for i, v in zip(owners, noisy, strict=True)
             },
-            "shares": {state.owner_name(i): s for i, s in requests.items()},
+            "shares": {state.owner_name(i): r.points for i, r in requests.items()},
         }
         return requests, g_val
 
     async def by_sketches(
         self, val_features: NDArray[np.floating]
-    ) -> tuple[dict[int, int], NDArray[np.float64]]:
+    ) -> tuple[dict[int, CandidateRequest], NDArray[np.float64]]:
         """The sketch allocation (:mod:`common.summarization.sketch_allocation`): gtilde and the
         noisy mean responsibilities, two Gaussian releases about D_v whose composition is
         ``(epsilon_validation_total, delta)`` whatever the split (:meth:`allocation_share`);
@@ -279,21 +324,12 @@ class Allocator:
             ),
         )
         state.require_owners()
-        budget = self.budget()
-        shares = allocate_candidates(
-            budget,
-            np.maximum(decision, 0.0),
-            [min(state.capacity(i), budget) for i in owners],
-            even_share=cfg.candidate_even_share,
-        )
-        requests = {
-            i: int(s)
-            for i, s in zip(owners, shares, strict=True)
-            if s > 0 and state.slots[i].active
-        }
+        hedge = self.hedge(owners)
+        requests = self.requests(owners, np.maximum(decision, 0.0), hedge)
         state.candidates_info = {
             "allocation": "sketch",
-            "budget": budget,
+            "budget": self.budget(),
+            "uniform_shares": {state.owner_name(i): r.uniform for i, r in requests.items()},
             "gaussian_sigma": sigma_g,
             "embedding_prior": cfg.embedding_prior,
             "embedding_shrinkage": alpha,
@@ -305,6 +341,30 @@ class Allocator:
             "noisy_relevance": {
                 state.owner_name(i): float(v) for i, v in zip(owners, noisy, strict=True)
             },
-            "shares": {state.owner_name(i): s for i, s in requests.items()},
+            "shares": {state.owner_name(i): r.points for i, r in requests.items()},
         }
         return requests, g_val
+
+
+def split_evenly(total: int, capacities: Sequence[int]) -> list[int]:
+    """Split ``total`` into near-equal shares (p/K each) that respect each owner's capacity.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the capacities sum to less than ``total``.
+    """
+    if sum(capacities) < total:
+        raise InvalidArgumentError(f"owners hold {sum(capacities)} points, fewer than {total}")
+    shares = [0] * len(capacities)
+    remaining = total
+    open_ = [i for i, c in enumerate(capacities) if c > 0]
+    while remaining > 0:
+        each, extra = divmod(remaining, len(open_))
+        for rank, i in enumerate(list(open_)):
+            want = each + (1 if rank < extra else 0)
+            give = min(want, capacities[i] - shares[i])
+            shares[i] += give
+            remaining -= give
+        open_ = [i for i in open_ if shares[i] < capacities[i]]
+    return shares

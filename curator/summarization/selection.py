@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import AbortedError, InvalidArgumentError, UnavailableError
+from common.errors import AbortedError, UnavailableError
 from common.privacy.ledger import Charge
 from common.summarization.auction import (
     AuctionParams,
@@ -34,15 +34,17 @@ from common.summarization.kernels import (
     bid_direction,
     bid_scores,
     embedding_greedy,
+    exact_kernel_greedy,
     exact_kernel_summary,
     marginal_gain_score,
+    mmd2,
 )
 from common.summarization.rff import RFFParams, random_fourier_features
-from curator.summarization.allocation import Allocator
+from curator.summarization.allocation import Allocator, split_evenly
 from curator.summarization.release import Releases
 from curator.summarization.state import RoundsMode, SessionState, SummaryState
 
-__all__ = ["BID_ATOL", "BID_RTOL", "PoolEntry", "Selection", "split_evenly"]
+__all__ = ["BID_ATOL", "BID_RTOL", "PoolEntry", "Selection"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +112,9 @@ class Selection:
     async def candidates(self, summary: SummaryState, rff: RFFParams) -> None:
         """The candidates method (:mod:`common.summarization.candidates`): one private embedding,
         a private allocation of the candidate budget (by the owners' sketches or by their noisy
-        relevance counts), local greedy proposals, exact re-ranking by the trusted curator."""
+        relevance counts) after a uniform sample of p points (:meth:`Allocator.hedge`), local
+        greedy proposals, exact re-ranking by the trusted curator, which returns the uniform
+        sample instead when its own choice is not closer to D_v."""
         state = self.state
         cfg = state.config
         round_start = time.perf_counter()
@@ -120,23 +124,33 @@ class Selection:
             requests, g_val = await self.allocator.by_sketches(val_features)
         else:
             requests, g_val = await self.allocator.by_counts(val_features)
-        state.emit("rounds", f"candidate shares: {sorted(requests.values(), reverse=True)}")
+        counts = sorted((r.points for r in requests.values()), reverse=True)
+        state.emit("rounds", f"candidate shares: {counts}")
         if cfg.summary_form == "hashes":
-            await self.hashes(summary, requests)
+            await self.hashes(summary, {i: r.points for i, r in requests.items()})
             state.rounds_done = 1
             state.round_seconds.append(time.perf_counter() - round_start)
             return
         proposals = await state.gather(
             list(requests),
-            lambda i: state.endpoint(i).propose_candidates(state.owner_session_id, requests[i]),
+            lambda i: state.endpoint(i).propose_candidates(
+                state.owner_session_id, requests[i].points, uniform_count=requests[i].uniform
+            ),
             stage="candidates",
         )
         points: list[NDArray[np.float64]] = []
         labels: list[int | None] = []
         owner_of: list[int] = []
+        uniform_rows: list[int] = []
         for index in sorted(proposals):
             pts, lbl = proposals[index]
             self.check_points(pts, index)
+            if pts.shape[0] != requests[index].points:
+                raise AbortedError(
+                    f"owner {state.owner_name(index)} sent {pts.shape[0]} candidates, "
+                    f"not the {requests[index].points} asked for"
+                )
+            uniform_rows.extend(range(len(owner_of), len(owner_of) + requests[index].uniform))
             state.points_accessed += pts.shape[0]
             points.append(pts)
             labels.extend([None] * pts.shape[0] if lbl is None else [int(v) for v in lbl])
@@ -162,6 +176,8 @@ class Selection:
             order = await asyncio.to_thread(
                 exact_kernel_summary, pool, state.validation, p, cfg.gamma
             )
+            if len(uniform_rows) == p:
+                order = await asyncio.to_thread(self.hedged, pool, order, uniform_rows)
         for j in order:
             summary.points.append(pool[j])
             summary.labels.append(labels[j])
@@ -169,6 +185,31 @@ class Selection:
         state.rounds_done = 1
         state.round_seconds.append(time.perf_counter() - round_start)
         state.emit("rounds", f"{p} of {pool.shape[0]} candidates chosen")
+
+    def hedged(
+        self, pool: NDArray[np.float64], chosen: NDArray[np.int64], uniform: Sequence[int]
+    ) -> NDArray[np.int64]:
+        """``chosen``, or the uniform sample in the pool (:meth:`Allocator.hedge`) when its MMD²
+        to D_v is lower: the summary is never farther from D_v than uniform sampling's with the
+        same session seed. Recorded in the report (``ledger.candidates.hedge``)."""
+        state = self.state
+        gamma = state.config.gamma
+        ours = mmd2(pool[chosen], state.validation, gamma)
+        sample = np.asarray(uniform, dtype=np.int64)
+        theirs = mmd2(pool[sample], state.validation, gamma)
+        kept = "uniform sample" if theirs < ours else "selection"
+        state.candidates_info["hedge"] = {
+            "uniform_points": int(sample.size),
+            "kept": kept,
+            "mmd2_selection": ours,
+            "mmd2_uniform_sample": theirs,
+        }
+        if kept == "selection":
+            return chosen
+        empty = np.zeros((0, pool.shape[1]))
+        return sample[
+            exact_kernel_greedy(pool[sample], state.validation, empty, sample.size, gamma)
+        ]
 
     async def hashes(self, summary: SummaryState, requests: dict[int, int]) -> None:
         """The hashes mode (the less-trusted curator, :mod:`common.summarization.hashes`): the
@@ -461,27 +502,3 @@ class Selection:
                 for event in auction_events(params)
             ]
         )
-
-
-def split_evenly(total: int, capacities: Sequence[int]) -> list[int]:
-    """Split ``total`` into near-equal shares (p/K each) that respect each owner's capacity.
-
-    Raises
-    ------
-    InvalidArgumentError
-        If the capacities sum to less than ``total``.
-    """
-    if sum(capacities) < total:
-        raise InvalidArgumentError(f"owners hold {sum(capacities)} points, fewer than {total}")
-    shares = [0] * len(capacities)
-    remaining = total
-    open_ = [i for i, c in enumerate(capacities) if c > 0]
-    while remaining > 0:
-        each, extra = divmod(remaining, len(open_))
-        for rank, i in enumerate(list(open_)):
-            want = each + (1 if rank < extra else 0)
-            give = min(want, capacities[i] - shares[i])
-            shares[i] += give
-            remaining -= give
-        open_ = [i for i in open_ if shares[i] < capacities[i]]
-    return shares

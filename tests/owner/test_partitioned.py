@@ -324,6 +324,26 @@ def test_the_ledger_charges_the_same_either_way(table, engine, tmp_path: Path) -
     assert entries[0] == entries[1]
 
 
+def test_the_hedge_is_the_uniform_sample_of_the_same_seed(table, engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """ProposeCandidates' first uniform_count points are exactly SampleUniform's draw in a
+    session of the same seed, whatever the session drew before (its count noise here), on
+    both paths; the rest continue the greedy and never repeat them."""
+    root, x, y = table
+    terms = OwnerTerms("candidates: count and candidates", 0.5, 1e-7)
+    rff = draw_rff_params(F, D, 0.05, np.random.default_rng(7))
+    g = random_fourier_features(x[:200], rff, dtype=np.float64).mean(axis=0)
+    for name, data in (("memory", PointSet(x, y, "o")), ("dask", _data(root, engine))):
+        owner = _owner(data, tmp_path / name)
+        owner.open_session("s", rff, 9, terms=terms)
+        owner.set_validation_embedding("s", g, shrinkage_sigma=0.01)
+        owner.noisy_relevant_count("s", 0.1)
+        points, _ = owner.propose_candidates("s", 30, uniform_count=10)
+        owner.open_session("t", rff, 9)
+        sample, _ = owner.sample_uniform("t", 10)
+        np.testing.assert_array_equal(points[:10], sample)
+        assert len({tuple(r) for r in points}) == 30, name
+
+
 def test_closing_a_session_stops_its_running_step(table, engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     root, x, _ = table
     data = _data(root, engine, partition_rows=12_500)

@@ -114,6 +114,8 @@ def test_every_summarization_refusal_is_the_same_whatever_the_owner_holds() -> N
         ("release", lambda o: o.release_point("s", 1)),
         ("release twice", lambda o: o.release_point("s", 1)),
         ("no candidates", lambda o: o.propose_candidates("s", 0)),
+        ("more uniform than candidates", lambda o: o.propose_candidates("s", 1, uniform_count=2)),
+        ("negative uniform", lambda o: o.propose_candidates("s", 1, uniform_count=-1)),
         ("more candidates than unsent", lambda o: o.propose_candidates("s", N)),
         ("more samples than unsent", lambda o: o.sample_uniform("s", N)),
         ("every other point", lambda o: o.sample_uniform("s", N - 1)),
@@ -124,7 +126,7 @@ def test_every_summarization_refusal_is_the_same_whatever_the_owner_holds() -> N
     ]
     outcomes = _same_outcomes(_owner, script)
     refused = [name for (name, _), (kind, _) in zip(script, outcomes, strict=True) if kind != "ok"]
-    assert len(refused) >= 24, refused  # the script walks the error paths, not only successes
+    assert len(refused) >= 26, refused  # the script walks the error paths, not only successes
     assert outcomes[[n for n, _ in script].index("more samples than unsent")] == (
         "InvalidArgumentError",
         f"count {N} exceeds the {N - 1} points not yet sent",

@@ -421,17 +421,24 @@ class ProposeCandidatesRequest(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     COUNT_FIELD_NUMBER: _builtins.int
+    UNIFORM_COUNT_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     count: _builtins.int
+    """Points to release, uniform ones included, >= 1."""
+    uniform_count: _builtins.int
+    """How many of them are a uniform sample (the candidates method's hedge), 0 <= uniform_count <=
+    count; 0: every point by the greedy.
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         count: _builtins.int = ...,
+        uniform_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "session_id", b"session_id", "uniform_count", b"uniform_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -445,7 +452,9 @@ class ProposeCandidatesResponse(_message.Message):
     LABELS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def points(self) -> _array_pb2.Array:
-        """float64 of shape (count, num_features), in the order the local greedy chose them."""
+        """float64 of shape (count, num_features): the uniform sample first, then the greedy's points
+        in the order it chose them.
+        """
 
     @_builtins.property
     def labels(self) -> _array_pb2.Array:

@@ -189,11 +189,13 @@ class OwnerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ProposeCandidates(self, request, context):
-        """Release `count` unsent points chosen by a greedy that matches the validation embedding with
-        this owner's points alone (the candidates method); charged first. The points are never offered
-        again. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
-        embedding is not set, the terms were not charged or the policy's point limits are reached,
-        INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
+        """Release `count` unsent points (the candidates method), charged first: the first
+        `uniform_count` drawn uniformly at random as SampleUniform draws them, the rest chosen by a
+        greedy that matches the validation embedding with this owner's points alone, continuing
+        from the uniform ones. The points are never offered again. Fails with NOT_FOUND for an
+        unknown session, FAILED_PRECONDITION if the validation embedding is not set, the terms were
+        not charged or the policy's point limits are reached, INVALID_ARGUMENT if `count` is 0 or
+        exceeds the unsent points, or `uniform_count` is negative or above `count`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -93,11 +93,13 @@ class OwnerServiceStub:
     threshold.
     """
     ProposeCandidates: _grpc.UnaryUnaryMultiCallable[_owner_pb2.ProposeCandidatesRequest, _owner_pb2.ProposeCandidatesResponse]
-    """Release `count` unsent points chosen by a greedy that matches the validation embedding with
-    this owner's points alone (the candidates method); charged first. The points are never offered
-    again. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
-    embedding is not set, the terms were not charged or the policy's point limits are reached,
-    INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
+    """Release `count` unsent points (the candidates method), charged first: the first
+    `uniform_count` drawn uniformly at random as SampleUniform draws them, the rest chosen by a
+    greedy that matches the validation embedding with this owner's points alone, continuing
+    from the uniform ones. The points are never offered again. Fails with NOT_FOUND for an
+    unknown session, FAILED_PRECONDITION if the validation embedding is not set, the terms were
+    not charged or the policy's point limits are reached, INVALID_ARGUMENT if `count` is 0 or
+    exceeds the unsent points, or `uniform_count` is negative or above `count`.
     """
     CloseSession: _grpc.UnaryUnaryMultiCallable[_owner_pb2.CloseSessionRequest, _owner_pb2.CloseSessionResponse]
     """Forget a session's features and state, stopping its running step at once; returns what the
@@ -174,11 +176,13 @@ class OwnerServiceAsyncStub(OwnerServiceStub):
     threshold.
     """
     ProposeCandidates: _aio.UnaryUnaryMultiCallable[_owner_pb2.ProposeCandidatesRequest, _owner_pb2.ProposeCandidatesResponse]  # type: ignore[assignment]
-    """Release `count` unsent points chosen by a greedy that matches the validation embedding with
-    this owner's points alone (the candidates method); charged first. The points are never offered
-    again. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
-    embedding is not set, the terms were not charged or the policy's point limits are reached,
-    INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
+    """Release `count` unsent points (the candidates method), charged first: the first
+    `uniform_count` drawn uniformly at random as SampleUniform draws them, the rest chosen by a
+    greedy that matches the validation embedding with this owner's points alone, continuing
+    from the uniform ones. The points are never offered again. Fails with NOT_FOUND for an
+    unknown session, FAILED_PRECONDITION if the validation embedding is not set, the terms were
+    not charged or the policy's point limits are reached, INVALID_ARGUMENT if `count` is 0 or
+    exceeds the unsent points, or `uniform_count` is negative or above `count`.
     """
     CloseSession: _aio.UnaryUnaryMultiCallable[_owner_pb2.CloseSessionRequest, _owner_pb2.CloseSessionResponse]  # type: ignore[assignment]
     """Forget a session's features and state, stopping its running step at once; returns what the
@@ -300,11 +304,13 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _owner_pb2.ProposeCandidatesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_owner_pb2.ProposeCandidatesResponse, _abc.Awaitable[_owner_pb2.ProposeCandidatesResponse]]:
-        """Release `count` unsent points chosen by a greedy that matches the validation embedding with
-        this owner's points alone (the candidates method); charged first. The points are never offered
-        again. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
-        embedding is not set, the terms were not charged or the policy's point limits are reached,
-        INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points.
+        """Release `count` unsent points (the candidates method), charged first: the first
+        `uniform_count` drawn uniformly at random as SampleUniform draws them, the rest chosen by a
+        greedy that matches the validation embedding with this owner's points alone, continuing
+        from the uniform ones. The points are never offered again. Fails with NOT_FOUND for an
+        unknown session, FAILED_PRECONDITION if the validation embedding is not set, the terms were
+        not charged or the policy's point limits are reached, INVALID_ARGUMENT if `count` is 0 or
+        exceeds the unsent points, or `uniform_count` is negative or above `count`.
         """
 
     @_abc_1.abstractmethod

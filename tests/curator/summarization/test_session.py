@@ -223,9 +223,9 @@ class RecordingEndpoint(LocalOwnerEndpoint):
         self.received.append(("threshold", threshold))
         return await super().count_relevant(session_id, threshold)
 
-    async def propose_candidates(self, session_id, count):  # type: ignore[no-untyped-def]
+    async def propose_candidates(self, session_id, count, *, uniform_count=0):  # type: ignore[no-untyped-def]
         self.received.append(("count", count))
-        return await super().propose_candidates(session_id, count)
+        return await super().propose_candidates(session_id, count, uniform_count=uniform_count)
 
 
 def test_candidates_stays_within_its_budget_and_charges_both_parties(digits: Scenario) -> None:
@@ -295,3 +295,66 @@ def test_candidates_at_huge_epsilon_matches_greedy_quality(digits: Scenario) -> 
     ours = mmd2(result.points, digits.validation, config.gamma)
     reference = mmd2(greedy, digits.validation, config.gamma)
     assert ours <= 2.0 * reference
+
+
+@pytest.mark.parametrize("allocation", ["counts", "sketch"])
+def test_the_default_is_never_farther_from_d_v_than_uniform_sampling(
+    digits: Scenario, allocation: str
+) -> None:
+    """The candidates' budget starts with the uniform method's own sample (same session seed),
+    and the curator keeps it when its choice is not closer to D_v: on every seed the summary's
+    MMD² is at most uniform sampling's, and the report's figure for the sample is exactly it."""
+    from common.summarization.kernels import mmd2
+    from experiments.runner import publish_sketches
+
+    config = SummarizationConfig(summary_size=P, method="candidates", allocation=allocation)  # type: ignore[arg-type]
+    for seed in range(6):
+        sketches = publish_sketches(
+            digits.owners, digits.sketch_mechanism(1.0, delta=1e-6), seed=1000 + seed
+        )
+        result = simulate(
+            digits.owners,
+            digits.validation,
+            digits.seed_set,
+            config,
+            seed=seed,
+            owner_sketches=sketches,
+        )
+        uniform = simulate(
+            digits.owners,
+            digits.validation,
+            digits.seed_set,
+            SummarizationConfig(summary_size=P, method="uniform"),
+            seed=seed,
+        )
+        hedge = result.report.ledger["candidates"]["hedge"]
+        ours = mmd2(result.points, digits.validation, config.gamma)
+        theirs = mmd2(uniform.points, digits.validation, config.gamma)
+        assert hedge["mmd2_uniform_sample"] == pytest.approx(theirs, rel=1e-12)
+        assert ours <= theirs
+        assert result.report.owner_points_accessed == 3 * P
+
+
+def test_the_curator_returns_the_uniform_sample_when_it_is_closer() -> None:
+    """The hedge's decision itself: a selection farther from D_v than the uniform sample is
+    replaced by the sample (in greedy order), and the report says so."""
+    from types import SimpleNamespace
+
+    from common.summarization.kernels import mmd2
+    from curator.summarization.selection import Selection
+
+    rng = np.random.default_rng(0)
+    validation = rng.normal(size=(30, 2))
+    pool = np.concatenate([rng.normal(size=(5, 2)), rng.normal(8.0, 1.0, size=(5, 2))])
+    state = SimpleNamespace(
+        config=SimpleNamespace(gamma=0.5), validation=validation, candidates_info={}
+    )
+    selection = Selection(state, None, None)  # type: ignore[arg-type]
+    far = np.arange(5, 10)
+    kept = selection.hedged(pool, far, [0, 1, 2, 3, 4])
+    assert sorted(kept.tolist()) == [0, 1, 2, 3, 4]
+    assert state.candidates_info["hedge"]["kept"] == "uniform sample"
+    assert mmd2(pool[kept], validation, 0.5) < mmd2(pool[far], validation, 0.5)
+    near = np.arange(0, 5)
+    np.testing.assert_array_equal(selection.hedged(pool, near, [5, 6, 7, 8, 9]), near)
+    assert state.candidates_info["hedge"]["kept"] == "selection"

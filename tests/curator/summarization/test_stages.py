@@ -10,9 +10,9 @@ from common.summarization.endpoints import OwnerBid, ReleasedPoint
 from common.summarization.kernels import bid_direction, bid_scores
 from common.summarization.rff import draw_rff_params, random_fourier_features
 from common.summarization.summary import SummarizationConfig
-from curator.summarization.allocation import Allocator
+from curator.summarization.allocation import Allocator, split_evenly
 from curator.summarization.release import Releases
-from curator.summarization.selection import Selection, split_evenly
+from curator.summarization.selection import Selection
 from curator.summarization.state import SessionState
 from owner.data import PointSet
 from owner.local import LocalOwnerEndpoint
