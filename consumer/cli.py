@@ -279,7 +279,8 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
             "--candidate-even-share",
             default=d.candidate_even_share,
             type=float,
-            help="candidates: share of the budget split evenly before the relevance split.",
+            help="candidates: share of the budget beyond the uniform sample of p points that is "
+            "split evenly before the relevance split.",
         ),
         click.option(
             "--embedding-rerank",

@@ -145,9 +145,9 @@ class SummarizationConfig:
         Candidates method: a point is relevant when its score ``gtilde . h1(x)`` is at least
         ``relevance_threshold * ||gtilde||^2`` (the typical score of a validation point).
     candidate_even_share : float
-        Candidates method: share of the budget split evenly among owners before the rest is split
-        in proportion to the noisy relevance counts or decision (default 0.3, chosen on the
-        scenario suite; 0.1 and 0.2 before: docs/results.md, "Scenario suite").
+        Candidates method: share of the budget beyond its uniform sample of p points that is
+        split evenly among owners before the rest is split in proportion to the noisy relevance
+        counts or decision (chosen on the scenario suite: docs/results.md, "Scenario suite").
     embedding_rerank : bool
         Candidates method: choose the summary among the candidates by the private embedding
         instead of the exact kernel (to measure what exact re-ranking adds).

@@ -176,13 +176,14 @@ class Allocator:
         return split_evenly(p, [state.capacity(i) for i in owners])
 
     def requests(
-        self, owners: Sequence[int], weights: NDArray[np.float64], hedge: Sequence[int]
+        self, owners: Sequence[int], weights: NDArray[np.float64]
     ) -> dict[int, CandidateRequest]:
-        """Each owner's request: its uniform share plus its share of the rest of the budget,
-        an even part and then in proportion to ``weights`` (:func:`allocate_candidates`),
-        within its capacity."""
+        """Each owner's request: its uniform share (:meth:`hedge`) plus its share of the rest of
+        the budget, an even part and then in proportion to ``weights``
+        (:func:`allocate_candidates`), within its capacity."""
         state = self.state
         budget = self.budget()
+        hedge = self.hedge(owners)
         caps = [min(state.capacity(i), budget) - h for i, h in zip(owners, hedge, strict=True)]
         shares = allocate_candidates(
             budget - sum(hedge), weights, caps, even_share=state.config.candidate_even_share
@@ -232,8 +233,7 @@ class Allocator:
         state.require_owners()
         owners = sorted(counts)
         noisy = np.array([counts[i] for i in owners], dtype=np.float64)
-        hedge = self.hedge(owners)
-        requests = self.requests(owners, np.maximum(noisy, 0.0), hedge)
+        requests = self.requests(owners, np.maximum(noisy, 0.0))
         state.candidates_info = {
             "allocation": "counts",
             "allocation_note": state.allocation_note,
@@ -324,8 +324,7 @@ class Allocator:
             ),
         )
         state.require_owners()
-        hedge = self.hedge(owners)
-        requests = self.requests(owners, np.maximum(decision, 0.0), hedge)
+        requests = self.requests(owners, np.maximum(decision, 0.0))
         state.candidates_info = {
             "allocation": "sketch",
             "budget": self.budget(),

@@ -369,7 +369,9 @@ class SummarizationParams(_message.Message):
     (default 0.5).
     """
     candidate_even_share: _builtins.float
-    """Candidates method: share of the budget split evenly before the relevance split (default 0.3)."""
+    """Candidates method: share of the budget beyond the uniform sample of p points that is split
+    evenly before the relevance split (default 0.3).
+    """
     embedding_rerank: _builtins.bool
     """Candidates method: re-rank candidates by the private embedding instead of the exact kernel
     (for measuring what the exact re-ranking adds; default false).
