@@ -174,7 +174,12 @@ class GrpcOwnerEndpoint:
         return int(response.num_points), int(response.max_points)
 
     async def set_validation_embedding(
-        self, session_id: str, embedding: NDArray[np.float64], *, shrinkage_sigma: float = 0.0
+        self,
+        session_id: str,
+        embedding: NDArray[np.float64],
+        *,
+        shrinkage_sigma: float = 0.0,
+        prior_embedding: NDArray[np.float64] | None = None,
     ) -> None:
         """SetValidationEmbedding."""
         request = owner_pb2.SetValidationEmbeddingRequest(
@@ -182,6 +187,8 @@ class GrpcOwnerEndpoint:
             validation_embedding=array_to_proto(embedding),
             shrinkage_sigma=shrinkage_sigma,
         )
+        if prior_embedding is not None:
+            request.prior_embedding.CopyFrom(array_to_proto(prior_embedding))
         await self._call(lambda: self._stub.SetValidationEmbedding(request, timeout=self.deadline))
 
     async def bid(

@@ -58,10 +58,20 @@ class LocalOwnerEndpoint:
         )
 
     async def set_validation_embedding(
-        self, session_id: str, embedding: NDArray[np.float64], *, shrinkage_sigma: float = 0.0
+        self,
+        session_id: str,
+        embedding: NDArray[np.float64],
+        *,
+        shrinkage_sigma: float = 0.0,
+        prior_embedding: NDArray[np.float64] | None = None,
     ) -> None:
         """See :meth:`OwnerSession.set_validation_embedding`."""
-        self.owner.set_validation_embedding(session_id, embedding, shrinkage_sigma=shrinkage_sigma)
+        self.owner.set_validation_embedding(
+            session_id,
+            embedding,
+            shrinkage_sigma=shrinkage_sigma,
+            prior_embedding=prior_embedding,
+        )
 
     async def bid(
         self, session_id: str, round_: int, summary_embedding: NDArray[np.float64], q: int

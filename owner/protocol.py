@@ -175,10 +175,11 @@ class _MemoryWork:
         self,
         target: NDArray[np.floating],
         sigma: float,
+        prior: NDArray[np.floating] | None,
         _progress: Progress,
         _cancel: threading.Event,
     ) -> NDArray[np.float64]:
-        return shrink_towards_points(target, self.features, sigma)[0]
+        return shrink_towards_points(target, self.features, sigma, prior=prior)[0]
 
     def sample(
         self,
@@ -283,12 +284,13 @@ class _PartitionedWork:
         self,
         target: NDArray[np.floating],
         sigma: float,
+        prior: NDArray[np.floating] | None,
         progress: Progress,
         cancel: threading.Event,
     ) -> NDArray[np.float64]:
         progress.start("shrink", len(self.data.partitions))
         mean, second = self.data.h1_moments(self.rff, progress=progress.update, cancel=cancel)
-        return shrink_towards_moments(target, mean, second, sigma)[0]
+        return shrink_towards_moments(target, mean, second, sigma, prior=prior)[0]
 
     def sample(
         self,
@@ -381,6 +383,7 @@ class OwnerSession:
         self.validation_embedding: NDArray[np.floating] | None = None
         #: The validation embedding's noise per coordinate (0: use the embedding as given).
         self.shrinkage_sigma = 0.0
+        self.prior_embedding: NDArray[np.floating] | None = None
         self.round = 0
         self._offered: int | None = None
         self._offered_bid = 0.0
@@ -448,7 +451,11 @@ class OwnerSession:
             self.progress.finish()
 
     def set_validation_embedding(
-        self, embedding: NDArray[np.float64], *, shrinkage_sigma: float = 0.0
+        self,
+        embedding: NDArray[np.float64],
+        *,
+        shrinkage_sigma: float = 0.0,
+        prior_embedding: NDArray[np.float64] | None = None,
     ) -> None:
         """Store the private validation embedding gtilde (Algorithm 3, step 3).
 
@@ -460,16 +467,19 @@ class OwnerSession:
             How much noise :meth:`propose_candidates` assumes per coordinate of ``embedding``
             (public: the release's noise standard deviation, a function of its epsilon, delta
             and m, times the square root of the session's shrinkage strength), or 0. When > 0,
-            the proposal matches the embedding shrunk towards this owner's own mean h1 by as
-            much as that noise hides the difference
+            the proposal matches the embedding shrunk towards this owner's own mean h1, or
+            towards ``prior_embedding`` when it lies nearer to that in the metric of this
+            owner's scores, by as much as that noise hides the difference
             (:func:`common.summarization.candidates.shrink_towards_points`); bids always use
             ``embedding`` as given (the curator verifies them against it).
+        prior_embedding : ndarray of shape (d,), optional
+            A public embedding (the request's seed set's mean h1).
 
         Raises
         ------
         InvalidArgumentError
-            If ``embedding`` is not of shape (d,) or is not finite, or ``shrinkage_sigma`` is
-            negative or not finite.
+            If ``embedding`` or ``prior_embedding`` is not of shape (d,) or is not finite, or
+            ``shrinkage_sigma`` is negative or not finite.
         FailedPreconditionError
             If a round has been bid already.
         """
@@ -483,6 +493,11 @@ class OwnerSession:
             )
         try:
             self.validation_embedding = check_vector(embedding, "validation_embedding", size=self.d)
+            self.prior_embedding = (
+                None
+                if prior_embedding is None
+                else check_vector(prior_embedding, "prior_embedding", size=self.d)
+            )
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
         self.shrinkage_sigma = float(shrinkage_sigma)
@@ -644,14 +659,14 @@ class OwnerSession:
         of which may be chosen once, so the privacy analysis is unchanged.
 
         When the curator stated the embedding's noise (``shrinkage_sigma`` > 0), the target is
-        first shrunk towards this owner's own mean h1 by as much as the noise hides the
-        difference in the owner's own scores
+        first shrunk (James-Stein) towards this owner's own mean h1, or towards the public prior
+        embedding when it lies nearer to that in the metric of the owner's own scores
         (:func:`common.summarization.candidates.shrink_towards_points`; on a partitioned table
         from its h1 moments, one more pass, :func:`~common.summarization.candidates.
-        shrink_towards_moments`): with a small
-        validation set the owner then proposes a representative sample of its own data (kernel
-        herding), which the curator's exact re-ranking sorts, instead of the points that match
-        the noise's direction; with a large one it follows gtilde.
+        shrink_towards_moments`): with a small validation set the owner then proposes a
+        representative sample (kernel herding), which the curator's exact re-ranking sorts,
+        instead of the points that match the noise's direction; with a large one it follows
+        gtilde.
 
         Notes
         -----
@@ -695,7 +710,9 @@ class OwnerSession:
             chosen = uniform
             if count > uniform_count:
                 if self.shrinkage_sigma > 0:
-                    g = self.work.shrink(g, self.shrinkage_sigma, self.progress, self.cancel)
+                    g = self.work.shrink(
+                        g, self.shrinkage_sigma, self.prior_embedding, self.progress, self.cancel
+                    )
                 sent = np.union1d(self.sent_indices, uniform)
                 greedy = self.work.candidates(
                     g, count - uniform_count, sent, uniform, self.rng, self.progress, self.cancel
@@ -1112,10 +1129,13 @@ class Owner:
         curator: str = LOCAL_CURATOR,
         *,
         shrinkage_sigma: float = 0.0,
+        prior_embedding: NDArray[np.float64] | None = None,
     ) -> None:
         """See :meth:`OwnerSession.set_validation_embedding`."""
         with self._step(session_id, curator) as session:
-            session.set_validation_embedding(embedding, shrinkage_sigma=shrinkage_sigma)
+            session.set_validation_embedding(
+                embedding, shrinkage_sigma=shrinkage_sigma, prior_embedding=prior_embedding
+            )
 
     def bid(
         self,

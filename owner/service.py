@@ -97,8 +97,17 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
     @rpc("curator")
     async def SetValidationEmbedding(self, request, context, caller):  # type: ignore[no-untyped-def]
         embedding = convert.vector_from_proto(request.validation_embedding, "validation_embedding")
+        prior = (
+            convert.vector_from_proto(request.prior_embedding, "prior_embedding")
+            if request.HasField("prior_embedding")
+            else None
+        )
         self.owner.set_validation_embedding(
-            request.session_id, embedding, str(caller), shrinkage_sigma=request.shrinkage_sigma
+            request.session_id,
+            embedding,
+            str(caller),
+            shrinkage_sigma=request.shrinkage_sigma,
+            prior_embedding=prior,
         )
         return owner_pb2.SetValidationEmbeddingResponse()
 

@@ -272,27 +272,25 @@ def _water_fill(
 
 
 def shrink_towards_points(
-    noisy: ArrayLike, features: ArrayLike, noise_sigma: float
-) -> tuple[NDArray[np.float64], float]:
-    """Denoise a Gaussian-noised embedding in the metric of a point set's own scores (Wiener).
+    noisy: ArrayLike,
+    features: ArrayLike,
+    noise_sigma: float,
+    *,
+    prior: ArrayLike | None = None,
+) -> tuple[NDArray[np.float64], float, bool]:
+    """Shrink a Gaussian-noised embedding towards a point set's own mean h1, or towards a public
+    prior when the release lies nearer to that in the metric of the set's own scores.
 
-    An owner proposing candidates scores its own points by ``g . h1(x)``; what matters is the
-    error of those scores, ``E_x[((g_hat - g) . h1(x))^2] = (g_hat - g)^T Sigma (g_hat - g)``
-    with ``Sigma = mean_x h1(x) h1(x)^T = U diag(lambda) U^T`` over its points, not the
-    Euclidean error of the d-dimensional vector. In the eigenbasis, ``c = U^T (noisy - mu)``
-    (``mu`` the points' mean h1) is ``theta + n`` with ``n ~ N(0, sigma^2 I_d)``: the noise is
-    the same in every direction, while the signal ``theta = U^T (g - mu)`` lives where the
-    points do. Under the prior ``theta_j ~ N(0, tau^2 lambda_j)`` (a validation set that
-    resembles the points varies from their mean as they do) the posterior mean keeps each
-    component with the Wiener gain ``w_j = tau^2 lambda_j / (tau^2 lambda_j + sigma^2)``: the
-    directions the points span strongly are kept, those they hardly span (where the noise moves
-    scores little but the signal is small too) are removed. ``tau^2`` is the moment estimate
-    from ``E[sum_j lambda_j c_j^2] = tau^2 sum_j lambda_j^2 + sigma^2 sum_j lambda_j``::
-
-        tau^2 = max(0, (y^T Sigma y - sigma^2 tr Sigma) / tr(Sigma^2)),  y = noisy - mu.
-
-    (A single factor for every direction, ``1 - sigma^2 tr Sigma / y^T Sigma y``, is the
-    special case of equal eigenvalues.)
+    An owner proposing candidates scores its own points by ``g . h1(x)``; the error of those
+    scores is measured by ``Sigma = mean_x h1(x) h1(x)^T`` over its points. Of the two priors,
+    its own mean ``mu`` and a public ``prior`` (the seed set's mean h1), it takes the one with
+    the smaller ``(noisy - pi)^T Sigma (noisy - pi)``: both distances carry the same expected
+    noise, ``sigma^2 tr Sigma``, so the comparison is between the priors' distances to the
+    validation embedding where the owner's scores see it. It then shrinks towards it by
+    positive-part James-Stein (:func:`shrink_embedding`), whose factor charges the noise of all
+    d directions: with a small validation set the proposal is a representative sample of the
+    owner's points (or of those nearest the public prior), which the curator's exact re-ranking
+    sorts; with a large one it follows the embedding.
 
     Parameters
     ----------
@@ -302,14 +300,16 @@ def shrink_towards_points(
         h1 features of the points (an owner's own), n >= 1.
     noise_sigma : float
         The release's noise per coordinate, > 0 (public).
+    prior : array-like of shape (d,), optional
+        A public embedding fixed before the release.
 
     Returns
     -------
     shrunk : ndarray of shape (d,), float64
-        ``mu + U diag(w) c``.
-    kept : float
-        In [0, 1]: the share of ``y^T Sigma y`` the gains keep, ``sum lambda w c^2 /
-        sum lambda c^2`` (1: nothing removed; 0: the points' own mean).
+    alpha : float
+        The James-Stein factor in [0, 1] (1: the release as is).
+    public : bool
+        Whether ``prior`` was the nearer (False without one).
 
     Raises
     ------
@@ -319,13 +319,8 @@ def shrink_towards_points(
 
     Notes
     -----
-    Privacy: a function of the release, the public ``noise_sigma`` and the points' owner's own
-    data; post-processing for the validation set, computed where the points are.
-
-    References
-    ----------
-    Wiener filtering with an empirical-Bayes (moment) estimate of the signal scale; the same
-    risk argument as :func:`shrink_embedding` (James & Stein 1961), per eigen-direction.
+    Privacy: a function of the release, the public ``noise_sigma`` and ``prior`` and the points'
+    owner's own data; post-processing for the validation set, computed where the points are.
     """
     y = check_vector(noisy, "noisy embedding").astype(np.float64)
     x = np.asarray(features)
@@ -335,10 +330,12 @@ def shrink_towards_points(
         )
     mean = x.mean(axis=0, dtype=np.float64)
     second = np.zeros((x.shape[1], x.shape[1]), dtype=np.float64)
-    for start in range(0, x.shape[0], _MOMENT_BLOCK):
-        block = np.asarray(x[start : start + _MOMENT_BLOCK], dtype=np.float64)
-        second += block.T @ block
-    return shrink_towards_moments(y, mean, second / x.shape[0], noise_sigma)
+    if prior is not None:
+        for start in range(0, x.shape[0], _MOMENT_BLOCK):
+            block = np.asarray(x[start : start + _MOMENT_BLOCK], dtype=np.float64)
+            second += block.T @ block
+        second /= x.shape[0]
+    return shrink_towards_moments(y, mean, second, noise_sigma, prior=prior)
 
 
 #: Rows whose h1 second moment :func:`shrink_towards_points` adds at once (in float64).
@@ -346,8 +343,13 @@ _MOMENT_BLOCK = 8192
 
 
 def shrink_towards_moments(
-    noisy: ArrayLike, mean: ArrayLike, second_moment: ArrayLike, noise_sigma: float
-) -> tuple[NDArray[np.float64], float]:
+    noisy: ArrayLike,
+    mean: ArrayLike,
+    second_moment: ArrayLike,
+    noise_sigma: float,
+    *,
+    prior: ArrayLike | None = None,
+) -> tuple[NDArray[np.float64], float, bool]:
     """:func:`shrink_towards_points` from the points' h1 moments instead of the points: for a
     table read partition by partition, whose moments are sums over partitions.
 
@@ -358,13 +360,16 @@ def shrink_towards_moments(
     mean : array-like of shape (d,)
         ``mu = mean_x h1(x)`` over the points.
     second_moment : array-like of shape (d, d)
-        ``Sigma = mean_x h1(x) h1(x)^T`` (uncentered), symmetric positive semi-definite.
+        ``Sigma = mean_x h1(x) h1(x)^T`` (uncentered), symmetric positive semi-definite; read
+        only with a ``prior``.
     noise_sigma : float
         The release's noise per coordinate, > 0 (public).
+    prior : array-like of shape (d,), optional
+        A public embedding fixed before the release.
 
     Returns
     -------
-    shrunk, kept
+    shrunk, alpha, public
         As :func:`shrink_towards_points`.
 
     Raises
@@ -375,21 +380,19 @@ def shrink_towards_moments(
     """
     y = check_vector(noisy, "noisy embedding").astype(np.float64)
     mu = check_vector(mean, "mean", size=y.shape[0]).astype(np.float64)
-    sigma = np.asarray(second_moment, dtype=np.float64)
-    if sigma.shape != (y.shape[0], y.shape[0]) or not np.all(np.isfinite(sigma)):
-        raise ValueError(
-            f"second_moment must be a finite ({y.shape[0]}, {y.shape[0]}) matrix, "
-            f"got shape {sigma.shape}"
-        )
     if not (math.isfinite(noise_sigma) and noise_sigma > 0):
         raise ValueError(f"noise_sigma must be a finite number > 0, got {noise_sigma}")
-    lam, basis = np.linalg.eigh(0.5 * (sigma + sigma.T))
-    lam = np.maximum(lam, 0.0)
-    c = basis.T @ (y - mu)
-    energy = lam * c * c
-    total = float(energy.sum())
-    tau2 = max(0.0, (total - noise_sigma**2 * float(lam.sum())) / max(float(lam @ lam), 1e-300))
-    if tau2 == 0.0 or total <= 0.0:
-        return mu, 0.0
-    gains = tau2 * lam / (tau2 * lam + noise_sigma**2)
-    return mu + basis @ (gains * c), float(energy @ gains) / total
+    public = False
+    if prior is not None:
+        g0 = check_vector(prior, "prior embedding", size=y.shape[0]).astype(np.float64)
+        sigma = np.asarray(second_moment, dtype=np.float64)
+        if sigma.shape != (y.shape[0], y.shape[0]) or not np.all(np.isfinite(sigma)):
+            raise ValueError(
+                f"second_moment must be a finite ({y.shape[0]}, {y.shape[0]}) matrix, "
+                f"got shape {sigma.shape}"
+            )
+        own, other = y - mu, y - g0
+        if float(other @ sigma @ other) < float(own @ sigma @ own):
+            mu, public = g0, True
+    shrunk, alpha = shrink_embedding(y, mu, noise_sigma)
+    return shrunk, alpha, public

@@ -104,10 +104,16 @@ class OwnerEndpoint(Protocol):
         ...
 
     async def set_validation_embedding(
-        self, session_id: str, embedding: NDArray[np.float64], *, shrinkage_sigma: float = 0.0
+        self,
+        session_id: str,
+        embedding: NDArray[np.float64],
+        *,
+        shrinkage_sigma: float = 0.0,
+        prior_embedding: NDArray[np.float64] | None = None,
     ) -> None:
         """Broadcast the validation embedding gtilde, with its noise per coordinate when the
-        owner's candidate proposal should shrink it towards the owner's own mean h1 (0: not)."""
+        owner's candidate proposal should shrink it towards the owner's own mean h1 or the
+        public ``prior_embedding``, whichever it lies nearer to (0: no shrinkage)."""
         ...
 
     async def bid(

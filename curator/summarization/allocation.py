@@ -26,7 +26,6 @@ from common.summarization.calibration import gaussian_epsilon
 from common.summarization.candidates import (
     allocate_candidates,
     relevance_threshold,
-    shrink_embedding,
     validation_embedding,
     validation_embedding_sensitivity,
 )
@@ -98,33 +97,30 @@ class Allocator:
             f"--spec {spec}): {charged}"
         )
 
-    def prior(
-        self, g_val: NDArray[np.float64], sigma: float
-    ) -> tuple[NDArray[np.float64], float | None, float]:
-        """What the owners receive of the released embedding: ``(embedding, alpha, sigma)``.
+    def owner_view(self, sigma: float) -> tuple[float, NDArray[np.float64] | None]:
+        """How each owner denoises the released embedding before its local greedy:
+        ``(shrinkage_sigma, prior_embedding)`` for SetValidationEmbedding.
 
-        ``embedding_prior="owner"``, and ``"seed"`` without a seed set: gtilde as released,
-        with the noise each owner's proposal should assume (``sigma * sqrt(shrinkage)``), so
-        that each owner shrinks it towards its own mean h1 before its local greedy
-        (:func:`common.summarization.candidates.shrink_towards_points`; alpha is the owner's,
-        unknown here: None). ``"seed"`` with a seed set: gtilde shrunk here towards the public
-        seed set's mean h1 (James-Stein, the noise variance times ``shrinkage``). ``"none"``:
+        ``embedding_prior="owner"``: the noise each owner's proposal should assume,
+        ``sigma * sqrt(shrinkage)``, so that it shrinks gtilde (James-Stein) towards its own
+        mean h1 (:func:`common.summarization.candidates.shrink_towards_points`). ``"seed"``: the
+        same, and with a seed set its public mean h1 as a second prior, which an owner takes
+        when gtilde lies nearer to it in the metric of the owner's own scores. ``"none"``:
         gtilde as released. Never towards a zero prior: that would only scale the embedding
         down, and an owner's local greedy would then chase the repulsion of its own choices,
-        not D_v. Post-processing of the release with public values (sigma, the seed set) in
-        every case.
+        not D_v. Post-processing of the release with public values (sigma, the seed set) and
+        the owner's own data, at the owner.
         """
         state = self.state
         cfg = state.config
-        strength = math.sqrt(cfg.shrinkage)
+        if cfg.embedding_prior == "none":
+            return 0.0, None
+        prior = None
         if cfg.embedding_prior == "seed" and state.seed_set.shape[0] > 0:
             assert state.rff is not None
             seed = random_fourier_features(state.seed_set, state.rff, dtype=np.float64)
-            shrunk, alpha = shrink_embedding(g_val, seed.mean(axis=0), sigma * strength)
-            return shrunk, alpha, 0.0
-        if cfg.embedding_prior in ("owner", "seed"):
-            return g_val, None, sigma * strength
-        return g_val, 1.0, 0.0
+            prior = seed.mean(axis=0)
+        return sigma * math.sqrt(cfg.shrinkage), prior
 
     def allocation_share(self) -> float:
         """The sketch allocation's share of the validation party's Gaussian budget: the
@@ -202,13 +198,13 @@ class Allocator:
         state = self.state
         cfg = state.config
         g_val, sigma = self.releases.gaussian_validation_embedding(val_features)
-        # Owners count relevant points against gtilde as released, and shrink it towards their
-        # own mean h1 for their proposals only (the seed prior is the sketch allocation's).
-        owner_sigma = sigma * math.sqrt(cfg.shrinkage) if cfg.embedding_prior != "none" else 0.0
+        # Owners count relevant points against gtilde as released, and denoise it for their
+        # proposals only.
+        owner_sigma, prior = self.owner_view(sigma)
         await state.gather(
             state.active(),
             lambda i: state.endpoint(i).set_validation_embedding(
-                state.owner_session_id, g_val, shrinkage_sigma=owner_sigma
+                state.owner_session_id, g_val, shrinkage_sigma=owner_sigma, prior_embedding=prior
             ),
         )
         # Relevance counts, each a function of one owner's data: sensitivity 1 under replacing or
@@ -316,11 +312,11 @@ class Allocator:
         )
         _, noisy = noisy_relevance(pi, sigma_a, state.noise)
         decision, decision_alpha = shrink_decision(noisy, sigma_a)
-        g_val, alpha, owner_sigma = self.prior(g_val, sigma_g)
+        owner_sigma, prior = self.owner_view(sigma_g)
         await state.gather(
             owners,
             lambda i: state.endpoint(i).set_validation_embedding(
-                state.owner_session_id, g_val, shrinkage_sigma=owner_sigma
+                state.owner_session_id, g_val, shrinkage_sigma=owner_sigma, prior_embedding=prior
             ),
         )
         state.require_owners()
@@ -331,7 +327,6 @@ class Allocator:
             "uniform_shares": {state.owner_name(i): r.uniform for i, r in requests.items()},
             "gaussian_sigma": sigma_g,
             "embedding_prior": cfg.embedding_prior,
-            "embedding_shrinkage": alpha,
             "relevance_score": cfg.relevance_score,
             "allocation_share": share,
             "allocation_sigma": sigma_a,

@@ -28,10 +28,12 @@ class Tap(LocalOwnerEndpoint):
         self.embedding: np.ndarray | None = None
         self.count = -1
 
-    async def set_validation_embedding(self, session_id, embedding, *, shrinkage_sigma=0.0):  # type: ignore[no-untyped-def]
+    async def set_validation_embedding(
+        self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None
+    ):  # type: ignore[no-untyped-def]
         self.embedding = np.array(embedding)
         await super().set_validation_embedding(
-            session_id, embedding, shrinkage_sigma=shrinkage_sigma
+            session_id, embedding, shrinkage_sigma=shrinkage_sigma, prior_embedding=prior_embedding
         )
 
     async def count_relevant(self, session_id, threshold):  # type: ignore[no-untyped-def]

@@ -42,10 +42,12 @@ class RecordingEndpoint(LocalOwnerEndpoint):
         super().__init__(owner)
         self.received: list[tuple[int, str, object]] = []
 
-    async def set_validation_embedding(self, session_id, embedding, *, shrinkage_sigma=0.0):  # type: ignore[no-untyped-def]
+    async def set_validation_embedding(
+        self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None
+    ):  # type: ignore[no-untyped-def]
         self.received.append((0, "embedding", embedding.tobytes()))
         await super().set_validation_embedding(
-            session_id, embedding, shrinkage_sigma=shrinkage_sigma
+            session_id, embedding, shrinkage_sigma=shrinkage_sigma, prior_embedding=prior_embedding
         )
 
     async def bid(self, session_id, round_, summary_embedding, q):  # type: ignore[no-untyped-def]

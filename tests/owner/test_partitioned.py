@@ -197,11 +197,12 @@ def test_the_shrinkage_from_partition_moments_equals_the_in_memory_one(table, en
     features = random_fourier_features(x, rff, dtype=np.float64)
     sigma = 0.004
     noisy = features[:300].mean(axis=0) + np.random.default_rng(6).normal(0, sigma, D)
-    expected, alpha = shrink_towards_points(noisy, features, sigma)
+    prior = features[-300:].mean(axis=0)
+    expected, alpha, public = shrink_towards_points(noisy, features, sigma, prior=prior)
     assert 0.05 < alpha < 0.95  # a real shrinkage, neither none nor total
     mean, second = _data(root, engine).h1_moments(rff)
-    shrunk, found = shrink_towards_moments(noisy, mean, second, sigma)
-    assert found == pytest.approx(alpha, rel=1e-9)
+    shrunk, found, found_public = shrink_towards_moments(noisy, mean, second, sigma, prior=prior)
+    assert found == pytest.approx(alpha, rel=1e-9) and found_public == public
     np.testing.assert_allclose(shrunk, expected, rtol=1e-9, atol=1e-12)
 
 

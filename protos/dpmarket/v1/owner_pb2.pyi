@@ -164,17 +164,25 @@ class SetValidationEmbeddingRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     VALIDATION_EMBEDDING_FIELD_NUMBER: _builtins.int
     SHRINKAGE_SIGMA_FIELD_NUMBER: _builtins.int
+    PRIOR_EMBEDDING_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     shrinkage_sigma: _builtins.float
     """How much noise per coordinate ProposeCandidates assumes in validation_embedding: the
     release's noise standard deviation (public: a function of its epsilon, delta and m) times
     the square root of the session's shrinkage strength, or 0. When > 0, the owner's proposal
-    matches the embedding shrunk towards its own mean h1 by as much as that noise hides the
-    difference in its own scores; bids use the embedding as given.
+    matches the embedding shrunk (James-Stein) towards its own mean h1, or towards
+    prior_embedding when the embedding lies nearer to it in the metric of the owner's own
+    scores, by as much as that noise hides the difference; bids use the embedding as given.
     """
     @_builtins.property
     def validation_embedding(self) -> _array_pb2.Array:
         """float64 of shape (d,): private estimate of the mean of h1 over the validation set."""
+
+    @_builtins.property
+    def prior_embedding(self) -> _array_pb2.Array:
+        """float64 of shape (d,), optional: a public embedding the proposal may shrink towards instead
+        of the owner's own mean h1 (the mean h1 of the request's public seed set).
+        """
 
     def __init__(
         self,
@@ -182,10 +190,11 @@ class SetValidationEmbeddingRequest(_message.Message):
         session_id: _builtins.str = ...,
         validation_embedding: _array_pb2.Array | None = ...,
         shrinkage_sigma: _builtins.float = ...,
+        prior_embedding: _array_pb2.Array | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["validation_embedding", b"validation_embedding"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["prior_embedding", b"prior_embedding", "validation_embedding", b"validation_embedding"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id", "shrinkage_sigma", b"shrinkage_sigma", "validation_embedding", b"validation_embedding"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prior_embedding", b"prior_embedding", "session_id", b"session_id", "shrinkage_sigma", b"shrinkage_sigma", "validation_embedding", b"validation_embedding"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -213,10 +213,12 @@ class RecordingEndpoint(LocalOwnerEndpoint):
         super().__init__(owner)
         self.received: list[tuple[str, object]] = []
 
-    async def set_validation_embedding(self, session_id, embedding, *, shrinkage_sigma=0.0):  # type: ignore[no-untyped-def]
+    async def set_validation_embedding(
+        self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None
+    ):  # type: ignore[no-untyped-def]
         self.received.append(("embedding", embedding.tobytes(), shrinkage_sigma))
         await super().set_validation_embedding(
-            session_id, embedding, shrinkage_sigma=shrinkage_sigma
+            session_id, embedding, shrinkage_sigma=shrinkage_sigma, prior_embedding=prior_embedding
         )
 
     async def count_relevant(self, session_id, threshold):  # type: ignore[no-untyped-def]
