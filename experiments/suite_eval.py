@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 #: Version of the cached run records: bump when the protocol's results change.
-RESULTS_VERSION = "suite-v2"
+RESULTS_VERSION = "suite-v3"
 #: Privacy of every run: epsilon per party (the validation set, and each owner's sketch) and
 #: delta.
 EPSILON = 1.0
