@@ -252,8 +252,8 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
             type=click.Choice(EMBEDDING_PRIORS),
             default=d.embedding_prior,
             help="candidates: what owners' proposals shrink the noisy validation embedding "
-            "towards: their own mean h1, the public seed set's (their own without one), or "
-            "nothing.",
+            "towards: their own mean h1; the public seed set's or their own, whichever the "
+            "release lies nearer to; or nothing.",
         ),
         click.option(
             "--relevance-norm-weight",

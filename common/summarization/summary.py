@@ -124,18 +124,17 @@ class SummarizationConfig:
         spent on the allocation; the validation embedding gets the rest. In (0, 1), or 0 (the
         default): derived from the public m, K, epsilon and delta
         (:func:`~common.summarization.sketch_allocation.derived_allocation_share`).
-    embedding_prior : {"seed", "owner", "none"}
+    embedding_prior : {"owner", "seed", "none"}
         Candidates method: what each owner's proposal shrinks the noisy validation embedding
-        towards before its local greedy: ``"seed"``, the public seed set's mean h1 (shrunk by
-        the curator, James-Stein), or without a seed set as ``"owner"``; ``"owner"``, the
-        owner's own mean h1, in the metric of its own scores
-        (:func:`common.summarization.candidates.shrink_towards_points`); ``"none"``, nothing.
-        Never towards zero: that only scales the embedding down (docs/results.md, "Scenario suite").
+        towards (James-Stein, at the owner) before its local greedy: ``"owner"`` (the default),
+        the owner's own mean h1; ``"seed"``, the public seed set's mean h1 or the owner's own,
+        whichever the release lies nearer to in the metric of the owner's scores (the owner's
+        own without a seed set); ``"none"``, nothing
+        (:func:`common.summarization.candidates.shrink_towards_points`). Never towards zero:
+        that only scales the embedding down (docs/results.md, "Scenario suite").
     shrinkage : float
         Candidates method: the strength of that shrinkage, a multiple > 0 of the embedding's
-        noise variance (1: the plug-in risk-optimal amount; default 2: an owner's local greedy
-        selects the points its noisy scores favour, so it needs more than the risk-optimal
-        amount).
+        noise variance (1, the default: the James-Stein amount).
     summary_form : {"points", "hashes"}
         Candidates method: what the curator and the consumer receive of the summary: the raw
         points, or (the paper's less-trusted curator, Appendix F) only their h1 hashes under a
@@ -200,7 +199,7 @@ class SummarizationConfig:
     candidate_fraction: float = 0.0
     candidate_multiple: float = 3.0
     relevance_threshold: float = 0.5
-    candidate_even_share: float = 0.3
+    candidate_even_share: float = 0.0
     embedding_rerank: bool = False
     validation_release: ValidationRelease = "gaussian"
     summary_release: SummaryRelease = "tree"
@@ -210,8 +209,8 @@ class SummarizationConfig:
     allocation: Allocation = "sketch"
     relevance_score: RelevanceScore = "mmd"
     allocation_share: float = 0.0
-    embedding_prior: EmbeddingPrior = "seed"
-    shrinkage: float = 2.0
+    embedding_prior: EmbeddingPrior = "owner"
+    shrinkage: float = 1.0
     relevance_norm_weight: float = 0.25
     summary_form: SummaryForm = "points"
 

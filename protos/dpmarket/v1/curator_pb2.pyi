@@ -193,11 +193,13 @@ class _EmbeddingPrior:
 class _EmbeddingPriorEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EmbeddingPrior.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     EMBEDDING_PRIOR_UNSPECIFIED: _EmbeddingPrior.ValueType  # 0
-    """The default, EMBEDDING_PRIOR_SEED."""
+    """The default, EMBEDDING_PRIOR_OWNER."""
     EMBEDDING_PRIOR_OWNER: _EmbeddingPrior.ValueType  # 1
-    """The owner's own mean h1, by as much as the noise hides the difference in its own scores."""
+    """The owner's own mean h1, by as much as the noise hides the difference (James-Stein)."""
     EMBEDDING_PRIOR_SEED: _EmbeddingPrior.ValueType  # 2
-    """The public seed set's mean h1 (shrunk by the curator); without a seed set, as OWNER."""
+    """The public seed set's mean h1 or the owner's own, whichever the release lies nearer to in
+    the metric of the owner's scores; without a seed set, as OWNER.
+    """
     EMBEDDING_PRIOR_NONE: _EmbeddingPrior.ValueType  # 3
     """No shrinkage: owners match the embedding as released."""
 
@@ -205,11 +207,13 @@ class EmbeddingPrior(_EmbeddingPrior, metaclass=_EmbeddingPriorEnumTypeWrapper):
     """Candidates method: what an owner's proposal shrinks the noisy validation embedding towards."""
 
 EMBEDDING_PRIOR_UNSPECIFIED: EmbeddingPrior.ValueType  # 0
-"""The default, EMBEDDING_PRIOR_SEED."""
+"""The default, EMBEDDING_PRIOR_OWNER."""
 EMBEDDING_PRIOR_OWNER: EmbeddingPrior.ValueType  # 1
-"""The owner's own mean h1, by as much as the noise hides the difference in its own scores."""
+"""The owner's own mean h1, by as much as the noise hides the difference (James-Stein)."""
 EMBEDDING_PRIOR_SEED: EmbeddingPrior.ValueType  # 2
-"""The public seed set's mean h1 (shrunk by the curator); without a seed set, as OWNER."""
+"""The public seed set's mean h1 or the owner's own, whichever the release lies nearer to in
+the metric of the owner's scores; without a seed set, as OWNER.
+"""
 EMBEDDING_PRIOR_NONE: EmbeddingPrior.ValueType  # 3
 """No shrinkage: owners match the embedding as released."""
 Global___EmbeddingPrior: _TypeAlias = EmbeddingPrior  # noqa: Y015
@@ -370,7 +374,7 @@ class SummarizationParams(_message.Message):
     """
     candidate_even_share: _builtins.float
     """Candidates method: share of the budget beyond the uniform sample of p points that is split
-    evenly before the relevance split (default 0.3).
+    evenly before the relevance split (default 0).
     """
     embedding_rerank: _builtins.bool
     """Candidates method: re-rank candidates by the private embedding instead of the exact kernel
@@ -404,7 +408,7 @@ class SummarizationParams(_message.Message):
     """Candidates method: what owners' proposals shrink the validation embedding towards."""
     shrinkage: _builtins.float
     """Candidates method: the shrinkage's strength, a multiple of the embedding's noise variance,
-    > 0 (default 2).
+    > 0 (default 1).
     """
     relevance_norm_weight: _builtins.float
     """Sketch allocation, MMD score: the weight in (0, 1] of each sketch's squared norm in the
