@@ -191,19 +191,16 @@ class Selection:
     ) -> NDArray[np.int64]:
         """``chosen``, or the uniform sample in the pool (:meth:`Allocator.hedge`) when its MMD²
         to D_v is lower: the summary is never farther from D_v than uniform sampling's with the
-        same session seed. Recorded in the report (``ledger.candidates.hedge``)."""
+        same session seed. The report says which was kept (``ledger.candidates.hedge``), as the
+        summary itself shows; no statistic of the points not delivered leaves the curator."""
         state = self.state
         gamma = state.config.gamma
-        ours = mmd2(pool[chosen], state.validation, gamma)
         sample = np.asarray(uniform, dtype=np.int64)
-        theirs = mmd2(pool[sample], state.validation, gamma)
-        kept = "uniform sample" if theirs < ours else "selection"
-        state.candidates_info["hedge"] = {
-            "uniform_points": int(sample.size),
-            "kept": kept,
-            "mmd2_selection": ours,
-            "mmd2_uniform_sample": theirs,
-        }
+        ours = mmd2(pool[chosen], state.validation, gamma)
+        kept = (
+            "uniform sample" if mmd2(pool[sample], state.validation, gamma) < ours else "selection"
+        )
+        state.candidates_info["hedge"] = {"uniform_points": int(sample.size), "kept": kept}
         if kept == "selection":
             return chosen
         empty = np.zeros((0, pool.shape[1]))
