@@ -32,6 +32,7 @@ from common.summarization.hashes import HashAdvert
 from common.summarization.rff import RFFParams
 from common.summarization.terms import OwnerTerms
 from curator import convert
+from curator.summarization.state import PROGRESS_GRACE, stage_deadline
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
@@ -217,8 +218,6 @@ class GrpcOwnerEndpoint:
         :data:`OPEN_DEADLINE_SECONDS`, and :data:`~curator.summarization.state.PROGRESS_GRACE`
         times the session's deadline for the owner's declared rows (the session's supervision,
         which asks :meth:`progress`, decides earlier whether the owner is still working)."""
-        from curator.summarization.state import PROGRESS_GRACE, stage_deadline
-
         scaled = PROGRESS_GRACE * stage_deadline(self.deadline, self.rows, "open") + self.deadline
         return max(OPEN_DEADLINE_SECONDS, scaled)
 
