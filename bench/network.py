@@ -126,7 +126,8 @@ ROUND_TRIPS: dict[str, RoundTrips] = {
             "4 + I + A",
             "GetOwnerInfo, OpenSession, SetValidationEmbedding, then per auction iteration one "
             "Bid wave, and one ReleasePoint wave (the owners the auction asks, concurrently) "
-            "when it asks any, CloseSession; I (p, plus one per iteration that acquired no point) "
+            "when it asks any, both steps of each owner's RunRounds stream, CloseSession; I (p, "
+            "plus one per iteration that acquired no point) "
             "and A <= I (fewer than p when a round takes its point from the pool of earlier "
             "releases) depend on the auction's coins; independent of K",
             lambda k, p, s, i, a: 4 + i + a,
@@ -136,7 +137,8 @@ ROUND_TRIPS: dict[str, RoundTrips] = {
             "summarization/greedy",
             "4 + 2p",
             "GetOwnerInfo, OpenSession, SetValidationEmbedding, then per round one Bid wave and "
-            "one ReleasePoint wave (the top bidder), CloseSession; independent of K",
+            "one ReleasePoint wave (the top bidder), steps of each owner's RunRounds stream, "
+            "CloseSession; independent of K",
             lambda k, p, s, i, a: 4 + 2 * p,
             3,
         ),
@@ -314,9 +316,9 @@ def measure_run(
     )
     measured = rpc_trace.totals(owners)
     methods = dict(rpc_trace.iter_methods(owners))
-    # The auction's I and A: its Bid waves and its ReleasePoint waves.
-    iterations = rpc_trace.waves(r for r in owners if r.method.endswith("/Bid"))
-    asked = rpc_trace.waves(r for r in owners if r.method.endswith("/ReleasePoint"))
+    # The auction's I and A: its Bid waves and its ReleasePoint waves (RunRounds steps).
+    iterations = rpc_trace.waves(r for r in owners if r.name == "RunRounds.bid")
+    asked = rpc_trace.waves(r for r in owners if r.name == "RunRounds.release_point")
     expected = predicted(protocol, k=k, p=p, s=s, iterations=iterations, asked=asked)
     return {
         "protocol": protocol,

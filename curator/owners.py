@@ -9,10 +9,11 @@ the owner names it was configured with, whatever answers at an address.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -21,7 +22,7 @@ from numpy.typing import NDArray
 from common.cape.agreement import SizeAttestation
 from common.cape.endpoints import OpenedJob
 from common.cape.spec import AnyCapeSpec
-from common.errors import DPMarketError, FailedPreconditionError
+from common.errors import DPMarketError, FailedPreconditionError, UnavailableError
 from common.privacy.ledger import SessionSpend
 from common.schema import Schema
 from common.secagg.endpoints import MaskedInput, SurvivorAttestation
@@ -31,6 +32,7 @@ from common.summarization.hashes import HashAdvert
 from common.summarization.rff import RFFParams
 from common.summarization.terms import OwnerTerms
 from curator import convert
+from curator.summarization.state import PROGRESS_GRACE, stage_deadline
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
@@ -71,6 +73,86 @@ _HASHES_IN_PROCESS = (
 )
 
 
+class RoundsStream:
+    """One session's ``RunRounds`` stream to one owner: its steps (Bid, ReleasePoint) one at a
+    time, each answered in order on the same stream.
+
+    The rounds of a session send the owner one step after another (a bid, then perhaps a
+    release, then the next round's bid), so one stream carries them all and each step costs a
+    message each way instead of a call.
+
+    Parameters
+    ----------
+    stub : OwnerServiceStub
+    peer : str
+        Names the owner in error messages (``"owner at HOST:PORT"``).
+
+    Notes
+    -----
+    A step that fails, times out or is cancelled ends the stream (cancelling it at the owner,
+    which stops the step's work); :attr:`broken` then says so and its endpoint opens another
+    stream for a later step. No step is ever sent twice.
+    """
+
+    def __init__(self, stub: owner_pb2_grpc.OwnerServiceAsyncStub, peer: str) -> None:
+        self._call = stub.RunRounds(None)  # read and write: no request iterator
+        self._peer = peer
+        self._lock = asyncio.Lock()
+        self.broken = False
+
+    async def step(self, request: owner_pb2.RunRoundsRequest, timeout: float) -> Any:
+        """Send one step and return its answer (the ``RunRoundsResponse``'s step message).
+
+        Parameters
+        ----------
+        request : RunRoundsRequest
+        timeout : float
+            Seconds to wait for the answer.
+
+        Raises
+        ------
+        common.errors.DPMarketError
+            The owner's status for the step, mapped as for a unary call
+            (:func:`runtime.status.error_from_rpc`); ``UnavailableError`` when no answer came
+            within ``timeout`` or the owner ended the stream.
+        """
+        async with self._lock:
+            try:
+                async with asyncio.timeout(timeout):
+                    with contextlib.suppress(asyncio.InvalidStateError):
+                        await self._call.write(request)  # if the stream has ended, read says how
+                    response = await self._call.read()
+            except grpc.RpcError as exc:
+                self._fail()
+                raise error_from_rpc(exc, self._peer) from None
+            except TimeoutError:
+                self._fail()
+                raise UnavailableError(
+                    f"{self._peer}: no answer within {timeout:.0f} s (DEADLINE_EXCEEDED)"
+                ) from None
+            except BaseException:
+                self._fail()
+                raise
+            if not isinstance(response, owner_pb2.RunRoundsResponse):  # EOF
+                self._fail()
+                raise UnavailableError(f"{self._peer}: the owner ended the session's rounds")
+            step = request.WhichOneof("step")
+            if step is None or response.WhichOneof("step") != step:
+                self._fail()
+                raise UnavailableError(f"{self._peer}: answered a {step} step with another")
+            return getattr(response, step)
+
+    def _fail(self) -> None:
+        self.broken = True
+        self._call.cancel()
+
+    async def close(self) -> None:
+        """Close the curator's side; the owner then ends the stream."""
+        if not self.broken:
+            with contextlib.suppress(asyncio.InvalidStateError, grpc.RpcError):
+                await self._call.done_writing()
+
+
 class GrpcOwnerEndpoint:
     """Talks to one owner service over a ``grpc.aio`` channel, with a deadline on every call.
 
@@ -103,6 +185,8 @@ class GrpcOwnerEndpoint:
         self.rows = 0
         self._channel = aio_channel(target, security, expected, options=CHANNEL_OPTIONS)
         self._stub = owner_pb2_grpc.OwnerServiceStub(self._channel)
+        #: Each open session's RunRounds stream, by session id (opened at its first step).
+        self._rounds: dict[str, RoundsStream] = {}
         self._secagg = secure_aggregation_pb2_grpc.SecureAggregationServiceStub(self._channel)
         self._cape = cape_pb2_grpc.CapeSiteServiceStub(self._channel)
 
@@ -134,8 +218,6 @@ class GrpcOwnerEndpoint:
         :data:`OPEN_DEADLINE_SECONDS`, and :data:`~curator.summarization.state.PROGRESS_GRACE`
         times the session's deadline for the owner's declared rows (the session's supervision,
         which asks :meth:`progress`, decides earlier whether the owner is still working)."""
-        from curator.summarization.state import PROGRESS_GRACE, stage_deadline
-
         scaled = PROGRESS_GRACE * stage_deadline(self.deadline, self.rows, "open") + self.deadline
         return max(OPEN_DEADLINE_SECONDS, scaled)
 
@@ -194,21 +276,32 @@ class GrpcOwnerEndpoint:
     async def bid(
         self, session_id: str, round_: int, summary_embedding: NDArray[np.float64], q: int
     ) -> OwnerBid | None:
-        """Bid."""
-        request = owner_pb2.BidRequest(
-            session_id=session_id,
-            round=round_,
-            summary_embedding=array_to_proto(summary_embedding),
-            summary_size=q,
+        """Bid, a step of the session's RunRounds stream."""
+        request = owner_pb2.RunRoundsRequest(
+            bid=owner_pb2.BidRequest(
+                session_id=session_id,
+                round=round_,
+                summary_embedding=array_to_proto(summary_embedding),
+                summary_size=q,
+            )
         )
-        response = await self._call(lambda: self._stub.Bid(request, timeout=self.pass_deadline()))
+        response = await self._rounds_stream(session_id).step(request, self.pass_deadline())
         return convert.bid_from_proto(response)
 
     async def release_point(self, session_id: str, round_: int) -> ReleasedPoint:
-        """ReleasePoint."""
-        request = owner_pb2.ReleasePointRequest(session_id=session_id, round=round_)
-        response = await self._call(lambda: self._stub.ReleasePoint(request, timeout=self.deadline))
+        """ReleasePoint, a step of the session's RunRounds stream."""
+        request = owner_pb2.RunRoundsRequest(
+            release_point=owner_pb2.ReleasePointRequest(session_id=session_id, round=round_)
+        )
+        response = await self._rounds_stream(session_id).step(request, self.deadline)
         return convert.released_from_proto(response)
+
+    def _rounds_stream(self, session_id: str) -> RoundsStream:
+        """The session's RunRounds stream: the open one, or a new one."""
+        stream = self._rounds.get(session_id)
+        if stream is None or stream.broken:
+            stream = self._rounds[session_id] = RoundsStream(self._stub, f"owner at {self.target}")
+        return stream
 
     async def sample_uniform(
         self, session_id: str, count: int
@@ -243,6 +336,9 @@ class GrpcOwnerEndpoint:
 
     async def close_session(self, session_id: str) -> SessionSpend:
         """CloseSession: what the owner's ledger recorded for the session."""
+        stream = self._rounds.pop(session_id, None)
+        if stream is not None:
+            await stream.close()
         request = owner_pb2.CloseSessionRequest(session_id=session_id)
         response = await self._call(lambda: self._stub.CloseSession(request, timeout=self.deadline))
         return convert.spend_from_proto(response.spent)
@@ -270,7 +366,8 @@ class GrpcOwnerEndpoint:
         raise FailedPreconditionError(_HASHES_IN_PROCESS)
 
     async def close(self) -> None:
-        """Close the channel."""
+        """Close the channel (and every session's RunRounds stream on it)."""
+        self._rounds.clear()
         await self._channel.close(None)
 
     async def connect(self, timeout: float = CONNECT_TIMEOUT_SECONDS) -> None:

@@ -30,6 +30,7 @@ __all__ = [
     "ASSUMED_ROWS_PER_SECOND",
     "DEFAULT_IN_MEMORY_VALUES",
     "MAX_IN_MEMORY_ROWS",
+    "QUICK_STEP_BYTES",
     "REFUSED",
     "WorkLimits",
     "session_estimate",
@@ -44,6 +45,10 @@ DEFAULT_IN_MEMORY_VALUES = 1 << 22
 #: (``SummarizationConfig.rff_dimension``); a narrow table of more rows (e.g. 2 million rows of
 #: 2 columns, 1.1 GiB of features per session) is partitioned.
 MAX_IN_MEMORY_ROWS = (100 << 20) // (4 * 140)
+#: Most bytes of features a step may read on the service's event loop rather than in a worker
+#: thread (a bid of a session held in memory: one matrix-vector product over them, about 5 ms at
+#: this size here): the largest in-memory session at the default d = 140.
+QUICK_STEP_BYTES = 100 << 20
 #: Rows per second one worker computes h1 features of (d = 140, 10 columns), for the time
 #: estimate: a conservative figure below the ones ``make bench`` measures (bench/owner_scale.py).
 ASSUMED_ROWS_PER_SECOND = 150_000.0

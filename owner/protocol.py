@@ -59,7 +59,7 @@ from owner.data import PointSet
 from owner.engine import WorkCancelled
 from owner.hash_keys import HashKeyParty
 from owner.ledger import OwnerLedger
-from owner.limits import WorkLimits
+from owner.limits import QUICK_STEP_BYTES, WorkLimits
 from owner.partitioned import PartitionedData
 
 logger = logging.getLogger(__name__)
@@ -1148,6 +1148,27 @@ class Owner:
         """See :meth:`OwnerSession.bid`."""
         with self._step(session_id, curator) as session:
             return session.bid(round_, summary_embedding, summary_size)
+
+    def quick_bid(self, session_id: str, curator: str = LOCAL_CURATOR) -> bool:
+        """Whether the session's next bid is short enough to run on the caller's thread (the
+        service's event loop) rather than in a worker thread: its features are held in memory
+        (at most :data:`~owner.limits.QUICK_STEP_BYTES`), its terms are already charged (the
+        bid writes no ledger) and no other step of the session runs.
+
+        Raises
+        ------
+        NotFoundError
+            If no session has that id, or another curator opened it.
+        """
+        slot = self._slot(session_id, curator)
+        session = slot.session
+        work = session.work
+        return (
+            isinstance(work, _MemoryWork)
+            and work.features.nbytes <= QUICK_STEP_BYTES
+            and session.round > 0
+            and not slot.lock.locked()
+        )
 
     def noisy_relevant_count(
         self, session_id: str, threshold: float, curator: str = LOCAL_CURATOR

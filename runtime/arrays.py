@@ -6,6 +6,8 @@ Arrays cross the wire as packed little-endian bytes in C order with explicit dty
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -68,12 +70,12 @@ def array_from_proto(
     wire_dtype = _FROM_WIRE.get(message.dtype)
     if wire_dtype is None:
         raise ValueError(f"{name}: dtype is missing or unknown ({message.dtype})")
-    shape = tuple(int(s) for s in message.shape)
-    if any(s < 0 for s in shape):
+    shape = tuple(message.shape)  # Python ints: no overflow in the product below
+    if shape and min(shape) < 0:
         raise ValueError(f"{name}: shape {shape} has a negative dimension")
     if ndim is not None and len(shape) != ndim:
         raise ValueError(f"{name}: expected a {ndim}-D array, got shape {shape}")
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = math.prod(shape)
     if count > MAX_ELEMENTS:
         raise ValueError(f"{name}: {count} elements exceed the limit of {MAX_ELEMENTS}")
     if len(message.data) != count * wire_dtype.itemsize:

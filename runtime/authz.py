@@ -3,7 +3,7 @@
 A caller's role and name come only from its certificate, verified against the deployment's CA
 during the mTLS handshake (:mod:`runtime.transport`); nothing in a message body names the
 caller. Every servicer method is wrapped with :func:`rpc` (unary) or :func:`rpc_stream`
-(server streaming), which states the roles that may call it; the wrapper
+(server or bidirectional streaming), which states the roles that may call it; the wrapper
 
 1. reads the caller's :class:`~runtime.identity.Identity` from the verified certificate, or
    answers ``UNAUTHENTICATED`` when there is none;
@@ -147,7 +147,9 @@ def rpc(*roles: Role) -> Callable[[Callable[..., Awaitable[Any]]], Unary]:
 
 
 def rpc_stream(*roles: Role) -> Callable[[Callable[..., AsyncIterator[Any]]], Streaming]:
-    """Decorate an async-generator (server-streaming) servicer method, as :func:`rpc`."""
+    """Decorate an async-generator servicer method, as :func:`rpc`: server streaming
+    ``(self, request, context, caller)`` or bidirectional streaming ``(self, request_iterator,
+    context, caller)``. The caller is authorized before the handler reads any request."""
     _check_roles(roles)
 
     def decorate(handler: Callable[..., AsyncIterator[Any]]) -> Streaming:

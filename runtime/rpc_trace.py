@@ -3,8 +3,9 @@
 When the environment variable :data:`TRACE_ENV` names a file, every channel that
 :mod:`runtime.transport` opens (``aio_channel``, ``sync_channel`` and so every channel of the
 curator, the owners and the consumer client) carries gRPC client interceptors (the library's
-``grpc.aio.UnaryUnaryClientInterceptor`` and ``grpc.UnaryUnaryClientInterceptor`` /
-``grpc.UnaryStreamClientInterceptor``) that append one JSON line per call to that file. Unset
+``grpc.aio.UnaryUnaryClientInterceptor`` / ``grpc.aio.StreamStreamClientInterceptor`` and
+``grpc.UnaryUnaryClientInterceptor`` / ``grpc.UnaryStreamClientInterceptor``) that append one
+JSON line per call (per exchange of a bidirectional stream) to that file. Unset
 (the default, and what production runs), no interceptor is installed and nothing changes. The
 variable is read when a channel is created, so a process started with it (a
 :class:`deploy.launcher.LocalCluster` inherits the launcher's environment) records every call.
@@ -27,6 +28,12 @@ A record holds only names, sizes and times, never a value of a message:
     Messages received (1 for a unary call; the count of a server stream).
 ``code``
     The gRPC status code name (``OK`` when the call succeeded).
+``step``
+    Empty for a call. A bidirectional stream whose requests are answered one for one and in
+    order (``OwnerService/RunRounds``) is recorded as one record per exchange, a request and its
+    answer, as if each were a unary call (its ``start`` when the request is sent, its ``end`` when
+    the answer arrives); ``step`` names the field the request's oneof sets (``bid``,
+    ``release_point``). The stream itself has no record.
 
 Critical-path round trips (:func:`waves`): the calls of one request (one party to its peers)
 are merged by their ``[start, end]`` intervals; every maximal group of overlapping intervals is
@@ -38,11 +45,13 @@ least one round-trip time on a WAN), whatever the number of calls in it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -66,6 +75,14 @@ class CallRecord:
     response_bytes: int
     responses: int
     code: str
+    step: str = ""
+
+    @property
+    def name(self) -> str:
+        """The RPC's name (the method's last component), and for an exchange of a stream its
+        step after a dot: ``Bid``, ``RunRounds.bid``."""
+        name = self.method.rsplit("/", 1)[-1]
+        return f"{name}.{self.step}" if self.step else name
 
 
 def trace_path() -> Path | None:
@@ -99,6 +116,14 @@ def _size(message: Any) -> int:
     return int(size()) if size is not None else 0
 
 
+def _step(message: Any) -> str:
+    """The field a message's only oneof sets (``""`` when it has none or sets none)."""
+    oneofs: Sequence[Any] = message.DESCRIPTOR.oneofs if hasattr(message, "DESCRIPTOR") else ()
+    if len(oneofs) != 1:
+        return ""
+    return str(message.WhichOneof(oneofs[0].name) or "")
+
+
 class _Recorder:
     """Builds and writes the records of one channel."""
 
@@ -115,6 +140,7 @@ class _Recorder:
         response_bytes: int,
         responses: int,
         code: str,
+        step: str = "",
     ) -> None:
         _append(
             self.path,
@@ -128,12 +154,13 @@ class _Recorder:
                 response_bytes,
                 responses,
                 code,
+                step,
             ),
         )
 
 
-class AioTraceInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
-    """Records every unary call of a ``grpc.aio`` channel; the call itself is returned as is.
+class _Recording:
+    """What every trace interceptor holds: the recorder of its channel's calls.
 
     Parameters
     ----------
@@ -145,6 +172,11 @@ class AioTraceInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
 
     def __init__(self, path: Path, caller: str, peer: str) -> None:
         self._recorder = _Recorder(path, caller, peer)
+
+
+class AioTraceInterceptor(_Recording, grpc.aio.UnaryUnaryClientInterceptor):
+    """Records every unary call of a ``grpc.aio`` channel; the call itself is returned as is.
+    Parameters as :class:`_Recording`."""
 
     async def intercept_unary_unary(
         self,
@@ -162,6 +194,62 @@ class AioTraceInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
             return call  # awaiting it raises the same error for the caller
         self._recorder.write(method, start, _size(request), _size(response), 1, "OK")
         return call
+
+
+class AioExchangeTraceInterceptor(_Recording, grpc.aio.StreamStreamClientInterceptor):
+    """Records every exchange of a bidirectional stream of a ``grpc.aio`` channel, for streams
+    whose requests are answered one for one and in order: one record per request and its
+    answer (see the module docstring, ``step``). Messages pass through unchanged. Parameters as
+    :class:`_Recording`."""
+
+    async def intercept_stream_stream(
+        self,
+        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Any],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request_iterator: Any,
+    ) -> Any:
+        method = _method_name(client_call_details)
+        sent: deque[tuple[float, int, str]] = deque()
+
+        async def requests() -> AsyncIterator[Any]:
+            async for request in _aiter(request_iterator):
+                sent.append((time.monotonic(), _size(request), _step(request)))
+                yield request
+
+        call = await continuation(client_call_details, requests())
+
+        def finish(response_bytes: int, code: str) -> None:
+            start, request_bytes, step = sent.popleft()
+            responses = 1 if code == "OK" else 0
+            self._recorder.write(
+                method, start, request_bytes, response_bytes, responses, code, step
+            )
+
+        async def responses() -> AsyncIterator[Any]:
+            try:
+                async for response in call:
+                    finish(_size(response), "OK")
+                    yield response
+            except grpc.RpcError as exc:
+                if sent:
+                    finish(0, _status_name(exc))
+                raise
+            except asyncio.CancelledError:
+                if sent:
+                    finish(0, "CANCELLED")
+                raise
+
+        return responses()
+
+
+async def _aiter(requests: Any) -> AsyncIterator[Any]:
+    """The messages of a stream's request iterator, asynchronous or not."""
+    if hasattr(requests, "__aiter__"):
+        async for request in requests:
+            yield request
+    else:
+        for request in requests:
+            yield request
 
 
 class _CountingStream:
@@ -206,13 +294,12 @@ class _CountingStream:
         return getattr(self._call, name)
 
 
-class SyncTraceInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+class SyncTraceInterceptor(
+    _Recording, grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor
+):
     """Records every unary call and server stream of a blocking channel (as
     :class:`AioTraceInterceptor`; a stream's record is written when it ends, fails or is
     cancelled, never for a stream left unread)."""
-
-    def __init__(self, path: Path, caller: str, peer: str) -> None:
-        self._recorder = _Recorder(path, caller, peer)
 
     def intercept_unary_unary(
         self,
@@ -254,13 +341,16 @@ def _status_name(exc: grpc.RpcError) -> str:
 
 
 def aio_interceptors(caller: str, peer: str) -> list[grpc.aio.ClientInterceptor]:
-    """The interceptors of a new ``grpc.aio`` channel: one :class:`AioTraceInterceptor` when
-    :data:`TRACE_ENV` is set, none otherwise."""
+    """The interceptors of a new ``grpc.aio`` channel: an :class:`AioTraceInterceptor` and an
+    :class:`AioExchangeTraceInterceptor` when :data:`TRACE_ENV` is set, none otherwise."""
     path = trace_path()
     if path is None:
         return []
     # The typed stubs leave ClientInterceptor abstract ("cast or ignore").
-    return [cast(grpc.aio.ClientInterceptor, AioTraceInterceptor(path, caller, peer))]
+    return [
+        cast(grpc.aio.ClientInterceptor, AioTraceInterceptor(path, caller, peer)),
+        cast(grpc.aio.ClientInterceptor, AioExchangeTraceInterceptor(path, caller, peer)),
+    ]
 
 
 def sync_interceptor(caller: str, peer: str) -> SyncTraceInterceptor | None:
@@ -330,9 +420,9 @@ def totals(records: Sequence[CallRecord]) -> dict[str, int]:
 
 
 def iter_methods(records: Iterable[CallRecord]) -> Iterator[tuple[str, int]]:
-    """``(method, calls)`` per method name (its last path component), in first-call order."""
+    """``(name, calls)`` per :attr:`CallRecord.name` (a stream's exchanges by step), in
+    first-call order."""
     counts: dict[str, int] = {}
     for r in sorted(records, key=lambda r: r.start):
-        name = r.method.rsplit("/", 1)[-1]
-        counts[name] = counts.get(name, 0) + 1
+        counts[r.name] = counts.get(r.name, 0) + 1
     yield from counts.items()

@@ -38,7 +38,8 @@ def test_quick_run_writes_report_with_identical_summaries(
     assert report["data"]["synthetic"] is True
     assert {"nproc", "platform", "numpy", "blas"} <= report["machine"].keys()
     assert report["parameters"]["quick"] is True
-    assert set(report["floor"]["k_owners_sequential_ms"]) == {str(k) for k in rounds.QUICK_K}
+    for key in ("k_owners_sequential_ms", "k_owners_read_ms"):
+        assert set(report["floor"][key]) == {str(k) for k in rounds.QUICK_K}, key
     assert set(report["targets"]) == {"networked_vs_in_process", "round_latency_k16_n50k"}
 
     assert [w["k"] for w in report["workloads"]] == list(rounds.QUICK_K)

@@ -208,6 +208,20 @@ def test_owner_maps_out_of_order_stages_to_statuses(cluster: LocalCluster) -> No
     assert _status(stub.Bid, bid)[0] == grpc.StatusCode.FAILED_PRECONDITION
     release = owner_pb2.ReleasePointRequest(session_id="s-direct", round=1)
     assert _status(stub.ReleasePoint, release)[0] == grpc.StatusCode.FAILED_PRECONDITION
+    # The same steps on a RunRounds stream end it with the same statuses.
+    for step in (
+        owner_pb2.RunRoundsRequest(bid=bid),
+        owner_pb2.RunRoundsRequest(release_point=release),
+    ):
+        assert _status(stub.RunRounds, iter([step]))[0] == grpc.StatusCode.FAILED_PRECONDITION
+    unknown = owner_pb2.BidRequest(
+        session_id="nope", round=1, summary_embedding=bid.summary_embedding
+    )
+    assert _status(stub.RunRounds, iter([owner_pb2.RunRoundsRequest(bid=unknown)]))[0] == (
+        grpc.StatusCode.NOT_FOUND
+    )
+    code, details = _status(stub.RunRounds, iter([owner_pb2.RunRoundsRequest()]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "bid or a release_point" in details
     bad_embedding = owner_pb2.SetValidationEmbeddingRequest(
         session_id="s-direct", validation_embedding=array_to_proto(np.zeros(d + 1))
     )
@@ -215,6 +229,76 @@ def test_owner_maps_out_of_order_stages_to_statuses(cluster: LocalCluster) -> No
         grpc.StatusCode.INVALID_ARGUMENT
     )
     stub.CloseSession(owner_pb2.CloseSessionRequest(session_id="s-direct"), timeout=10)
+    channel.close()
+
+
+def test_a_rounds_stream_answers_as_the_unary_steps(cluster: LocalCluster) -> None:
+    """Two sessions opened alike at one owner: one bids and releases by unary calls, the other
+    by one RunRounds stream; every answer is the same (bids, times best, released points)."""
+    owner = Identity("owner", cluster.owner_ids[0])
+    channel = _channel(cluster, cluster.owner_targets[0], owner, CURATOR)
+    stub = owner_pb2_grpc.OwnerServiceStub(channel)
+    n = int(stub.GetOwnerInfo(owner_pb2.GetOwnerInfoRequest(), timeout=10).num_features)
+    rng = np.random.default_rng(5)
+    d = 16
+    omega, phase = rng.normal(scale=0.3, size=(d, n)), rng.uniform(0, 2 * np.pi, size=d)
+    embeddings = [rng.normal(scale=0.1, size=d) for _ in range(4)]
+    terms = privacy_pb2.PrivacyTerms(mechanism="test", epsilon=0.5, delta=0.0)
+    for sid in ("s-unary", "s-stream"):
+        stub.OpenSession(
+            owner_pb2.OpenSessionRequest(
+                session_id=sid,
+                omega=array_to_proto(omega),
+                phase=array_to_proto(phase),
+                gamma=0.1,
+                consumer="consumer:consumer",
+                terms=terms,
+            ),
+            timeout=30,
+        )
+        stub.SetValidationEmbedding(
+            owner_pb2.SetValidationEmbeddingRequest(
+                session_id=sid, validation_embedding=array_to_proto(embeddings[0])
+            ),
+            timeout=10,
+        )
+
+    def steps(sid: str) -> list[owner_pb2.RunRoundsRequest]:
+        out = []
+        for r, g in enumerate(embeddings[1:], start=1):
+            out.append(
+                owner_pb2.RunRoundsRequest(
+                    bid=owner_pb2.BidRequest(
+                        session_id=sid, round=r, summary_embedding=array_to_proto(g), summary_size=r
+                    )
+                )
+            )
+            if r != 2:  # round 2's point is not asked for
+                out.append(
+                    owner_pb2.RunRoundsRequest(
+                        release_point=owner_pb2.ReleasePointRequest(session_id=sid, round=r)
+                    )
+                )
+        return out
+
+    unary = []
+    for step in steps("s-unary"):
+        if step.WhichOneof("step") == "bid":
+            unary.append(owner_pb2.RunRoundsResponse(bid=stub.Bid(step.bid, timeout=10)))
+        else:
+            released = stub.ReleasePoint(step.release_point, timeout=10)
+            unary.append(owner_pb2.RunRoundsResponse(release_point=released))
+    streamed = list(stub.RunRounds(iter(steps("s-stream")), timeout=30))
+    assert streamed == unary
+    assert [r.WhichOneof("step") for r in streamed] == [
+        "bid",
+        "release_point",
+        "bid",
+        "bid",
+        "release_point",
+    ]
+    for sid in ("s-unary", "s-stream"):
+        stub.CloseSession(owner_pb2.CloseSessionRequest(session_id=sid), timeout=10)
     channel.close()
 
 

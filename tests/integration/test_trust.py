@@ -292,6 +292,11 @@ def _owner_requests(n_features: int) -> dict[str, Any]:
             session_id=sid, round=1, summary_embedding=array_to_proto(np.zeros(8)), summary_size=0
         ),
         "ReleasePoint": owner_pb2.ReleasePointRequest(session_id=sid, round=1),
+        "RunRounds": owner_pb2.RunRoundsRequest(
+            bid=owner_pb2.BidRequest(
+                session_id=sid, round=1, summary_embedding=array_to_proto(np.zeros(8))
+            )
+        ),
         "SampleUniform": owner_pb2.SampleUniformRequest(session_id=sid, count=1),
         "CountRelevant": owner_pb2.CountRelevantRequest(session_id=sid, threshold=0.0),
         "ProposeCandidates": owner_pb2.ProposeCandidatesRequest(session_id=sid, count=1),
@@ -316,7 +321,11 @@ def _call_every_rpc(
 ) -> dict[str, tuple[grpc.StatusCode, str]]:
     assert set(requests) == {m.name for m in service.methods}, "a new RPC needs a request here"
     return {
-        m.name: _status(getattr(stub, m.name), requests[m.name], m.server_streaming)
+        m.name: _status(
+            getattr(stub, m.name),
+            iter([requests[m.name]]) if m.client_streaming else requests[m.name],
+            m.server_streaming,
+        )
         for m in service.methods
     }
 

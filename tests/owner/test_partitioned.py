@@ -31,7 +31,7 @@ from common.sketches.domain import Domain
 from common.sketches.feature_maps import draw_rff
 from common.sketches.spec import SketchDeclaration
 from common.summarization.candidates import shrink_towards_moments, shrink_towards_points
-from common.summarization.kernels import bid_direction, embedding_greedy, mmd2
+from common.summarization.kernels import bid_direction, bid_scores, embedding_greedy, mmd2
 from common.summarization.partitioned import merge_best
 from common.summarization.rff import draw_rff_params, random_fourier_features
 from common.summarization.terms import OwnerTerms
@@ -121,14 +121,15 @@ def test_bids_and_counts_equal_the_in_memory_ones(table, engine) -> None:  # typ
     sent = np.array([17, 40_000, 99_999], dtype=np.int64)
     for q in (0, 5):
         direction = bid_direction(g, features[1000:1010].astype(np.float64).mean(axis=0), q)
-        scores = features @ direction
+        scores = bid_scores(features, direction)  # the in-memory owner's scores
         scores[sent] = -np.inf
         best, row, _ = data.best(rff, direction, sent)  # type: ignore[misc]
         assert best.index == int(np.argmax(scores)) and best.score == float(scores.max())
         assert np.array_equal(row, x[best.index])
-    threshold = float(np.quantile(features @ g.astype(np.float32), 0.9))
-    expected = int(np.count_nonzero(features @ g.astype(np.float32) >= threshold)) - int(
-        np.count_nonzero((features[sent] @ g.astype(np.float32)) >= threshold)
+    counted = bid_scores(features, g)
+    threshold = float(np.quantile(counted, 0.9))
+    expected = int(np.count_nonzero(counted >= threshold)) - int(
+        np.count_nonzero(counted[sent] >= threshold)
     )
     assert data.count_at_least(rff, g.astype(np.float32), threshold, sent) == expected
     assert merge_best([None, None]) is None

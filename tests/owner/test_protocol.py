@@ -124,3 +124,20 @@ def test_uniform_sample_is_without_replacement_and_exhausts(owner: Owner, rff) -
         owner.sample_uniform("s", 1)
     with pytest.raises(InvalidArgumentError, match="count"):
         owner.sample_uniform("s", 0)
+
+
+def test_a_bid_is_quick_only_in_memory_after_the_terms_and_with_the_session_idle(
+    owner: Owner, rff, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The service runs a bid on its event loop only when it reads a small table's features in
+    memory, writes no ledger (the first bid charges the terms) and waits for no other step."""
+    session = _open(owner, rff)
+    assert not owner.quick_bid("s")  # the first bid charges the session's terms
+    session.bid(1, np.zeros(D), 0)
+    assert owner.quick_bid("s")
+    with owner._step("s", "curator:local"):  # another step of the session is running
+        assert not owner.quick_bid("s")
+    monkeypatch.setattr("owner.protocol.QUICK_STEP_BYTES", session.features.nbytes - 1)
+    assert not owner.quick_bid("s")
+    with pytest.raises(NotFoundError):
+        owner.quick_bid("s", curator="curator:other")

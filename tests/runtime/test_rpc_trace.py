@@ -7,11 +7,13 @@ import asyncio
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from dpmarket.v1 import owner_pb2, owner_pb2_grpc
 from runtime import rpc_trace
 from runtime.rpc_trace import CallRecord
 from runtime.transport import TransportSecurity, aio_channel, sync_channel
@@ -57,18 +59,23 @@ def test_select_filters_by_roles_and_window() -> None:
     }
 
 
-@pytest.fixture
-def health_server() -> Iterator[str]:
-    server = grpc.server(ThreadPoolExecutor(2))
-    servicer = health.HealthServicer()
-    servicer.set("svc", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+def _serving(server: grpc.Server) -> Iterator[str]:
+    """Serve on a free loopback port; yield ``host:port``; stop."""
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
         yield f"127.0.0.1:{port}"
     finally:
         server.stop(None)
+
+
+@pytest.fixture
+def health_server() -> Iterator[str]:
+    server = grpc.server(ThreadPoolExecutor(2))
+    servicer = health.HealthServicer()
+    servicer.set("svc", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    yield from _serving(server)
 
 
 def test_off_by_default_installs_nothing(
@@ -127,3 +134,66 @@ def test_records_sizes_names_and_times_of_real_calls(
     # The two concurrent aio calls make one wave; with the sync calls before them, four.
     assert rpc_trace.waves(records[3:]) == 1
     assert rpc_trace.waves(records) == 4
+
+
+def _rounds_handler(requests: Iterator[owner_pb2.RunRoundsRequest], context: Any) -> Any:
+    """A RunRounds stream that bids for every bid step and refuses every release."""
+    for request in requests:
+        if request.WhichOneof("step") != "bid":
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no point")
+        yield owner_pb2.RunRoundsResponse(bid=owner_pb2.BidResponse(has_bid=True, bid=0.5))
+
+
+@pytest.fixture
+def rounds_server() -> Iterator[str]:
+    server = grpc.server(ThreadPoolExecutor(2))
+    handler = grpc.stream_stream_rpc_method_handler(
+        _rounds_handler,
+        request_deserializer=owner_pb2.RunRoundsRequest.FromString,
+        response_serializer=owner_pb2.RunRoundsResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("dpmarket.v1.OwnerService", {"RunRounds": handler}),)
+    )
+    yield from _serving(server)
+
+
+def test_records_each_exchange_of_a_stream_as_a_call(
+    rounds_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = tmp_path / "calls.jsonl"
+    monkeypatch.setenv(rpc_trace.TRACE_ENV, str(trace))
+    bid = owner_pb2.RunRoundsRequest(bid=owner_pb2.BidRequest(session_id="s", round=1))
+    release = owner_pb2.RunRoundsRequest(
+        release_point=owner_pb2.ReleasePointRequest(session_id="s", round=1)
+    )
+
+    async def exchanges() -> None:
+        async with aio_channel(rounds_server, TransportSecurity.plaintext(), None) as channel:
+            call = owner_pb2_grpc.OwnerServiceStub(channel).RunRounds(None)
+            for _ in range(2):
+                await call.write(bid)
+                answer = await call.read()
+                assert isinstance(answer, owner_pb2.RunRoundsResponse) and answer.bid.has_bid
+            await call.write(release)
+            with pytest.raises(grpc.RpcError) as refused:
+                await call.read()
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+    asyncio.run(exchanges())
+
+    records = rpc_trace.read_records(trace)
+    assert [(r.name, r.code, r.responses) for r in records] == [
+        ("RunRounds.bid", "OK", 1),
+        ("RunRounds.bid", "OK", 1),
+        ("RunRounds.release_point", "FAILED_PRECONDITION", 0),
+    ]
+    assert {r.method for r in records} == {"/dpmarket.v1.OwnerService/RunRounds"}
+    assert records[0].request_bytes == bid.ByteSize()
+    assert records[2].request_bytes == release.ByteSize()
+    # One after another: each exchange is its own wave, as a unary call would be.
+    assert rpc_trace.waves(records) == 3
+    assert dict(rpc_trace.iter_methods(records)) == {
+        "RunRounds.bid": 2,
+        "RunRounds.release_point": 1,
+    }

@@ -333,6 +333,58 @@ class ReleasePointResponse(_message.Message):
 Global___ReleasePointResponse: _TypeAlias = ReleasePointResponse  # noqa: Y015
 
 @_typing.final
+class RunRoundsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BID_FIELD_NUMBER: _builtins.int
+    RELEASE_POINT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def bid(self) -> Global___BidRequest: ...
+    @_builtins.property
+    def release_point(self) -> Global___ReleasePointRequest: ...
+    def __init__(
+        self,
+        *,
+        bid: Global___BidRequest | None = ...,
+        release_point: Global___ReleasePointRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["bid", b"bid", "release_point", b"release_point", "step", b"step"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bid", b"bid", "release_point", b"release_point", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_step: _TypeAlias = _typing.Literal["bid", "release_point"]  # noqa: Y015
+    _WhichOneofArgType_step: _TypeAlias = _typing.Literal["step", b"step"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_step) -> _WhichOneofReturnType_step | None: ...
+
+Global___RunRoundsRequest: _TypeAlias = RunRoundsRequest  # noqa: Y015
+
+@_typing.final
+class RunRoundsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BID_FIELD_NUMBER: _builtins.int
+    RELEASE_POINT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def bid(self) -> Global___BidResponse: ...
+    @_builtins.property
+    def release_point(self) -> Global___ReleasePointResponse: ...
+    def __init__(
+        self,
+        *,
+        bid: Global___BidResponse | None = ...,
+        release_point: Global___ReleasePointResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["bid", b"bid", "release_point", b"release_point", "step", b"step"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bid", b"bid", "release_point", b"release_point", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_step: _TypeAlias = _typing.Literal["bid", "release_point"]  # noqa: Y015
+    _WhichOneofArgType_step: _TypeAlias = _typing.Literal["step", b"step"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_step) -> _WhichOneofReturnType_step | None: ...
+
+Global___RunRoundsResponse: _TypeAlias = RunRoundsResponse  # noqa: Y015
+
+@_typing.final
 class SampleUniformRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -70,6 +70,11 @@ class OwnerServiceStub:
                 request_serializer=dpmarket_dot_v1_dot_owner__pb2.ReleasePointRequest.SerializeToString,
                 response_deserializer=dpmarket_dot_v1_dot_owner__pb2.ReleasePointResponse.FromString,
                 _registered_method=True)
+        self.RunRounds = channel.stream_stream(
+                '/dpmarket.v1.OwnerService/RunRounds',
+                request_serializer=dpmarket_dot_v1_dot_owner__pb2.RunRoundsRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_owner__pb2.RunRoundsResponse.FromString,
+                _registered_method=True)
         self.SampleUniform = channel.unary_unary(
                 '/dpmarket.v1.OwnerService/SampleUniform',
                 request_serializer=dpmarket_dot_v1_dot_owner__pb2.SampleUniformRequest.SerializeToString,
@@ -165,6 +170,19 @@ class OwnerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunRounds(self, request_iterator, context):
+        """Run a session's rounds on one stream: the curator sends one RunRoundsRequest per step (a Bid
+        or a ReleasePoint, each with its session id) and the owner answers each with one
+        RunRoundsResponse holding the same step's response, in order, one step at a time. A step
+        does, checks and charges exactly what the unary RPC of the same name does; one stream per
+        session saves a call per owner per step. The stream ends OK when the curator closes its
+        side; a step that fails ends it with that step's status (as Bid and ReleasePoint fail), and
+        INVALID_ARGUMENT for a request that names no step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SampleUniform(self, request, context):
         """Release `count` unsent points drawn uniformly without replacement (the uniform sampling
         baseline); charged first. Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if
@@ -245,6 +263,11 @@ def add_OwnerServiceServicer_to_server(servicer, server):
                     servicer.ReleasePoint,
                     request_deserializer=dpmarket_dot_v1_dot_owner__pb2.ReleasePointRequest.FromString,
                     response_serializer=dpmarket_dot_v1_dot_owner__pb2.ReleasePointResponse.SerializeToString,
+            ),
+            'RunRounds': grpc.stream_stream_rpc_method_handler(
+                    servicer.RunRounds,
+                    request_deserializer=dpmarket_dot_v1_dot_owner__pb2.RunRoundsRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_owner__pb2.RunRoundsResponse.SerializeToString,
             ),
             'SampleUniform': grpc.unary_unary_rpc_method_handler(
                     servicer.SampleUniform,
@@ -418,6 +441,33 @@ class OwnerService:
             '/dpmarket.v1.OwnerService/ReleasePoint',
             dpmarket_dot_v1_dot_owner__pb2.ReleasePointRequest.SerializeToString,
             dpmarket_dot_v1_dot_owner__pb2.ReleasePointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunRounds(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/dpmarket.v1.OwnerService/RunRounds',
+            dpmarket_dot_v1_dot_owner__pb2.RunRoundsRequest.SerializeToString,
+            dpmarket_dot_v1_dot_owner__pb2.RunRoundsResponse.FromString,
             options,
             channel_credentials,
             insecure,

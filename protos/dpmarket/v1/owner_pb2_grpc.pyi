@@ -77,6 +77,15 @@ class OwnerServiceStub:
     Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if `round` is not the last
     round bid, the point was already released or the policy's point limits are reached.
     """
+    RunRounds: _grpc.StreamStreamMultiCallable[_owner_pb2.RunRoundsRequest, _owner_pb2.RunRoundsResponse]
+    """Run a session's rounds on one stream: the curator sends one RunRoundsRequest per step (a Bid
+    or a ReleasePoint, each with its session id) and the owner answers each with one
+    RunRoundsResponse holding the same step's response, in order, one step at a time. A step
+    does, checks and charges exactly what the unary RPC of the same name does; one stream per
+    session saves a call per owner per step. The stream ends OK when the curator closes its
+    side; a step that fails ends it with that step's status (as Bid and ReleasePoint fail), and
+    INVALID_ARGUMENT for a request that names no step.
+    """
     SampleUniform: _grpc.UnaryUnaryMultiCallable[_owner_pb2.SampleUniformRequest, _owner_pb2.SampleUniformResponse]
     """Release `count` unsent points drawn uniformly without replacement (the uniform sampling
     baseline); charged first. Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if
@@ -159,6 +168,15 @@ class OwnerServiceAsyncStub(OwnerServiceStub):
     (Algorithm 3, steps 12-14); the point is charged first. The point is never offered again.
     Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if `round` is not the last
     round bid, the point was already released or the policy's point limits are reached.
+    """
+    RunRounds: _aio.StreamStreamMultiCallable[_owner_pb2.RunRoundsRequest, _owner_pb2.RunRoundsResponse]  # type: ignore[assignment]
+    """Run a session's rounds on one stream: the curator sends one RunRoundsRequest per step (a Bid
+    or a ReleasePoint, each with its session id) and the owner answers each with one
+    RunRoundsResponse holding the same step's response, in order, one step at a time. A step
+    does, checks and charges exactly what the unary RPC of the same name does; one stream per
+    session saves a call per owner per step. The stream ends OK when the curator closes its
+    side; a step that fails ends it with that step's status (as Bid and ReleasePoint fail), and
+    INVALID_ARGUMENT for a request that names no step.
     """
     SampleUniform: _aio.UnaryUnaryMultiCallable[_owner_pb2.SampleUniformRequest, _owner_pb2.SampleUniformResponse]  # type: ignore[assignment]
     """Release `count` unsent points drawn uniformly without replacement (the uniform sampling
@@ -269,6 +287,21 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         (Algorithm 3, steps 12-14); the point is charged first. The point is never offered again.
         Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if `round` is not the last
         round bid, the point was already released or the policy's point limits are reached.
+        """
+
+    @_abc_1.abstractmethod
+    def RunRounds(
+        self,
+        request_iterator: _MaybeAsyncIterator[_owner_pb2.RunRoundsRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_owner_pb2.RunRoundsResponse], _abc.AsyncIterator[_owner_pb2.RunRoundsResponse]]:
+        """Run a session's rounds on one stream: the curator sends one RunRoundsRequest per step (a Bid
+        or a ReleasePoint, each with its session id) and the owner answers each with one
+        RunRoundsResponse holding the same step's response, in order, one step at a time. A step
+        does, checks and charges exactly what the unary RPC of the same name does; one stream per
+        session saves a call per owner per step. The stream ends OK when the curator closes its
+        side; a step that fails ends it with that step's status (as Bid and ReleasePoint fail), and
+        INVALID_ARGUMENT for a request that names no step.
         """
 
     @_abc_1.abstractmethod
