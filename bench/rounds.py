@@ -4,6 +4,9 @@ For every workload (K owners of N points each) and every method (``private``, ``
 same session, with the same seed, runs three times in one invocation:
 
 * **in-process**: :func:`experiments.runner.simulate`, owners as plain objects in this process;
+* **in-process with ledgers**: the same owners each charging a durable ledger under the networked
+  owners' policy (SQLite, ``synchronous=FULL``), as an owner process does before every release:
+  the networked run over this one isolates what the transport costs;
 * **networked, mTLS** (the production transport): :class:`deploy.launcher.LocalCluster` (K owner
   processes and a curator process on 127.0.0.1, certificates issued by the launcher) driven by
   :meth:`consumer.client.CuratorClient.summarize`;
@@ -337,6 +340,23 @@ def _bench_policies(work_dir: Path) -> tuple[Path, Path]:
     return owner, curator
 
 
+def _ledgered_owners(owners: Sequence[PointSet], root: Path, policy_path: Path) -> list[Any]:
+    """In-process owners that each charge a durable ledger (in ``root``) under the networked
+    owners' policy, as an owner process does before every release."""
+    from owner.ledger import OwnerLedger
+    from owner.local import LocalOwnerEndpoint
+    from owner.policy import load_owner_policy
+    from owner.protocol import Owner
+
+    policy = load_owner_policy(policy_path)
+    return [
+        LocalOwnerEndpoint(
+            Owner(o.name, o, ledger=OwnerLedger(root / o.name, policy), allow_seeded_sessions=True)
+        )
+        for o in owners
+    ]
+
+
 #: The networked transports, in the order the first method runs them (later methods alternate).
 TRANSPORTS: tuple[str, ...] = ("mtls", "plaintext")
 #: ``transport`` label of each networked run in the report.
@@ -368,7 +388,7 @@ def run_workload(
     """
     from consumer.client import CuratorClient
     from deploy.launcher import LocalCluster
-    from experiments.runner import simulate
+    from experiments.runner import run_session, simulate
 
     t0 = time.perf_counter()
     data = make_data(w)
@@ -428,6 +448,21 @@ def run_workload(
                 local_rec["round_latency"]["median_ms"],
                 local_rec["end_to_end_seconds"],
             )
+            # The same in process, with every owner charging a durable ledger under the
+            # networked owners' policy: what an owner process does besides its transport.
+            load = os.getloadavg()[0]
+            start = time.perf_counter()
+            ledgered = run_session(
+                _ledgered_owners(data.owners, work_dir / f"ledgers-{method}", owner_policy),
+                data.validation,
+                data.seed_set,
+                config,
+                seed=w.seed,
+                on_progress=_progress_logger(f"{label} in-process, ledgers", w.rounds),
+            )
+            ledgered_rec = run_record(
+                ledgered, time.perf_counter() - start, w, "in-process-ledgers", load
+            )
             order = TRANSPORTS if index % 2 == 0 else TRANSPORTS[::-1]
             results: dict[str, SummaryResult] = {}
             recs: dict[str, dict[str, Any]] = {}
@@ -457,10 +492,13 @@ def run_workload(
                 )
             record["methods"][method] = {
                 "in_process": local_rec,
+                "in_process_ledgers": ledgered_rec,
                 "networked": recs["mtls"],
                 "networked_plaintext": recs["plaintext"],
                 "networked_order": list(order),
                 "networked_over_in_process": compare(local_rec, recs["mtls"]),
+                "networked_over_in_process_ledgers": compare(ledgered_rec, recs["mtls"]),
+                "ledgers_summary_identical": same_summary(local, ledgered)["summaries_identical"],
                 "plaintext_over_in_process": compare(local_rec, recs["plaintext"]),
                 "mtls_over_plaintext": compare(recs["plaintext"], recs["mtls"]),
                 **same_summary(local, results["mtls"]),
@@ -617,6 +655,7 @@ def mtls_cost(workloads: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 #: Rows of the table: report key of the run and the ratio it is shown with.
 _TABLE_RUNS: tuple[tuple[str, str | None], ...] = (
     ("in_process", None),
+    ("in_process_ledgers", None),
     ("networked", "networked_over_in_process"),
     ("networked_plaintext", "plaintext_over_in_process"),
 )
@@ -643,6 +682,7 @@ def format_table(report: dict[str, Any]) -> str:
                 tput = r["bid_throughput_points_per_second"]
                 ratio = None if ratio_key is None else m[ratio_key]["median_round"]
                 identical = {
+                    "in_process_ledgers": m["ledgers_summary_identical"],
                     "networked": m["summaries_identical"],
                     "networked_plaintext": m["plaintext_summary_identical"],
                 }.get(key)
@@ -656,6 +696,14 @@ def format_table(report: dict[str, Any]) -> str:
                     f"{_fmt(ratio, '9.2f')} "
                     f"{same:>5}"
                 )
+    lines.append("")
+    for rec in report["workloads"]:
+        for method, m in rec["methods"].items():
+            lines.append(
+                f"K={rec['k']} N={rec['n_points']} {method}: networked median round over the "
+                "in-process one with the owners' durable ledgers (the transport alone): x"
+                f"{_fmt(m['networked_over_in_process_ledgers']['median_round'], '.2f')}"
+            )
     lines.append("")
     for c in report["mtls_cost"]:
         lines.append(

@@ -50,10 +50,16 @@ def test_quick_run_writes_report_with_identical_summaries(
             assert result["summaries_identical"] is True, method
             assert result["points_identical"] is True, method
             assert result["plaintext_summary_identical"] is True, method
+            assert result["ledgers_summary_identical"] is True, method
             assert sorted(result["networked_order"]) == ["mtls", "plaintext"]
             assert result["networked"]["transport"] == "grpc-loopback-mtls"
             assert result["networked_plaintext"]["transport"] == "grpc-loopback-plaintext"
-            for transport in ("in_process", "networked", "networked_plaintext"):
+            for transport in (
+                "in_process",
+                "in_process_ledgers",
+                "networked",
+                "networked_plaintext",
+            ):
                 run = result[transport]
                 assert run["round_latency"]["rounds"] == rounds.QUICK_ROUNDS
                 assert {"median_ms", "p90_ms", "max_ms", "mean_ms"} <= run["round_latency"].keys()
@@ -63,7 +69,11 @@ def test_quick_run_writes_report_with_identical_summaries(
                     "bid_throughput_points_per_second",
                 } <= run.keys()
                 assert run["dropped_owners"] == []
-            for ratios in ("networked_over_in_process", "mtls_over_plaintext"):
+            for ratios in (
+                "networked_over_in_process",
+                "networked_over_in_process_ledgers",
+                "mtls_over_plaintext",
+            ):
                 assert {"median_round", "p90_round", "end_to_end"} <= result[ratios].keys()
             tls = result["networked"]["round_latency"]["median_ms"]
             plain = result["networked_plaintext"]["round_latency"]["median_ms"]
