@@ -22,6 +22,11 @@ unit in the last place above the double nearest 0.3. So that three steps of 0.1 
 0.3, an epsilon or delta limit is compared with a relative slack of :data:`RELATIVE_SLACK`
 (1e-12), many orders of magnitude below the error of any floating-point noise sampler; point
 counts are compared exactly.
+
+A lifetime budget is decided from running totals (table ``charge_totals``, one row per
+``(epsilon, delta, non_private)``) that a trigger updates in each charge's transaction, so a
+decision reads a few rows however long the history; a rolling window reads the window's charges
+(indexed by time), a session its own. The database refuses to update or delete a charge.
 """
 
 from __future__ import annotations
@@ -105,6 +110,35 @@ MIGRATIONS: tuple[str, ...] = (
         at REAL NOT NULL,
         PRIMARY KEY (sketch, curator, spec)
     );
+    """,
+    # 2 -> 3: running totals of the charges, one row per (epsilon, delta, non_private), kept by
+    # a trigger in the transaction of each insert, so that a lifetime budget is decided from a
+    # few rows rather than a scan of every charge ever made. Charges are append-only: the
+    # database refuses to change or delete one, so the totals cannot drift from them.
+    """
+    CREATE TABLE charge_totals (
+        epsilon REAL NOT NULL,
+        delta REAL NOT NULL,
+        non_private INTEGER NOT NULL,
+        charges INTEGER NOT NULL,
+        points INTEGER NOT NULL,
+        PRIMARY KEY (epsilon, delta, non_private)
+    );
+    INSERT INTO charge_totals (epsilon, delta, non_private, charges, points)
+        SELECT epsilon, delta, non_private, COUNT(*), SUM(points) FROM charges
+        GROUP BY epsilon, delta, non_private;
+    CREATE TRIGGER charges_add_to_totals AFTER INSERT ON charges BEGIN
+        INSERT INTO charge_totals (epsilon, delta, non_private, charges, points)
+            VALUES (NEW.epsilon, NEW.delta, NEW.non_private, 1, NEW.points)
+            ON CONFLICT (epsilon, delta, non_private) DO UPDATE
+            SET charges = charges + 1, points = points + excluded.points;
+    END;
+    CREATE TRIGGER charges_no_update BEFORE UPDATE ON charges BEGIN
+        SELECT RAISE(ABORT, 'charges are append-only');
+    END;
+    CREATE TRIGGER charges_no_delete BEFORE DELETE ON charges BEGIN
+        SELECT RAISE(ABORT, 'charges are append-only');
+    END;
     """,
 )
 
@@ -434,10 +468,23 @@ class OwnerLedger:
             non_private=bool(non_private),
         )
 
+    def _lifetime_spent(self) -> _Spent:
+        """Totals of every charge, from the running totals (a few rows, whatever the history)."""
+        rows = self._conn.execute(
+            "SELECT epsilon, delta, non_private, charges, points FROM charge_totals"
+        ).fetchall()
+        private = [(e, d, n) for e, d, non_private, n, _ in rows if not non_private]
+        return _Spent(
+            epsilon=_exact_sum((e, n) for e, _, n in private),
+            delta=_exact_sum((d, n) for _, d, n in private),
+            points=sum(int(points) for *_, points in rows),
+            non_private=any(bool(row[2]) for row in rows),
+        )
+
     def _window_spent(self, now: float) -> _Spent:
         seconds = self._policy.window_seconds
         if math.isinf(seconds):
-            return self._spent("1", ())
+            return self._lifetime_spent()
         return self._spent("at > ?", (now - seconds,))
 
     def _session_spent(self, session: str) -> _Spent:

@@ -366,6 +366,86 @@ def test_non_private_is_recorded_when_allowed(open_ledger: Opener) -> None:
         ledger.charge(**step(epsilon=math.inf, points=6))
 
 
+# ------------------------------------------------------------------------------ running totals
+MIXED_STEPS = [
+    step(session=f"s{i % 3}", epsilon=eps, delta=dlt, points=pts)
+    for i, (eps, dlt, pts) in enumerate(
+        [(0.1, 0.0, 1), (0.1, 1e-9, 0), (0.3, 0.0, 7), (0.1, 0.0, 2), (math.inf, 0.0, 4)] * 7
+    )
+]
+
+
+def _summed(entries: list[Any]) -> Totals:
+    """What the listed charges add up to, the way the ledger's docstring defines it."""
+    private = [e for e in entries if not e.non_private]
+    return Totals(
+        epsilon=math.fsum(e.epsilon for e in private),
+        delta=math.fsum(e.delta for e in private),
+        points=sum(e.points for e in entries),
+        non_private=any(e.non_private for e in entries),
+    )
+
+
+def test_lifetime_totals_equal_the_sum_of_the_charges(open_ledger: Opener) -> None:
+    # A lifetime budget is decided from running totals, not a scan: they must be the exact sum.
+    ledger = open_ledger(OwnerPolicy(allow_non_private=True, points_per_session=1000))
+    assert ledger.window_totals() == Totals(0.0, 0.0, 0, False)
+    for args in MIXED_STEPS:
+        ledger.charge(**args)
+    assert ledger.window_totals() == _summed(ledger.entries())
+    assert ledger.window_totals().points == 98
+
+
+def test_running_totals_are_built_for_a_ledger_written_before_them(tmp_path: Path) -> None:
+    # A schema-2 ledger (before the running totals) with charges: opening it adds the totals,
+    # and the budget decision sees every earlier charge.
+    path = ledger_path(tmp_path / "owner")
+    with closing(open_database(path, MIGRATIONS[:2], application=APPLICATION)) as conn:
+        conn.execute(
+            "INSERT INTO policies (applied_at, toml) VALUES (0, ?)",
+            (OwnerPolicy(allow_non_private=True, points_per_session=1000).to_toml(),),
+        )
+        for i, args in enumerate(MIXED_STEPS):
+            conn.execute(
+                "INSERT INTO charges (at, session, consumer, curator, mechanism, epsilon, "
+                "delta, points, non_private) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    float(i),
+                    args["session"],
+                    args["consumer"],
+                    args["curator"],
+                    args["mechanism"],
+                    args["epsilon"],
+                    args["delta"],
+                    args["points"],
+                    int(args["epsilon"] == math.inf),
+                ),
+            )
+    with OwnerLedger(tmp_path / "owner", None) as ledger:
+        before = ledger.window_totals()
+        assert before == _summed(ledger.entries())
+        assert before.epsilon == pytest.approx(0.6 * 7)
+    policy = OwnerPolicy(epsilon_total=before.epsilon + 0.25, allow_non_private=True)
+    with OwnerLedger(tmp_path / "owner", policy) as ledger:
+        with pytest.raises(OwnerBudgetError, match="epsilon over the lifetime"):
+            ledger.charge(**step(session="new", epsilon=0.5, points=0))
+        ledger.charge(**step(session="new", epsilon=0.25, points=0))
+        assert ledger.window_totals() == _summed(ledger.entries())
+
+
+@pytest.mark.parametrize(
+    "statement",
+    ["DELETE FROM charges", "UPDATE charges SET epsilon = 0", "UPDATE charges SET at = 0"],
+)
+def test_charges_are_append_only(open_ledger: Opener, statement: str) -> None:
+    ledger = open_ledger()
+    ledger.charge(**step())
+    with pytest.raises(sqlite3.IntegrityError, match="charges are append-only"):
+        ledger.write(lambda conn: conn.execute(statement))
+    assert ledger.window_totals() == Totals(0.5, 0.0, 10, False)
+    assert count_rows(ledger.path) == 1
+
+
 # ------------------------------------------------------------------------------ concurrency
 def _hammer(charge: Callable[[], None], threads: int) -> tuple[int, int, int]:
     """Run ``charge`` from ``threads`` threads at once; count accepted, refused, busy."""
