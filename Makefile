@@ -45,9 +45,12 @@ format: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy common runtime curator owner consumer deploy experiments bench
 
-# The test suite: unit, statistical and integration tests (real processes, real gRPC).
+# The test suite: unit, statistical and integration tests (real processes, real gRPC), one
+# pytest-xdist worker per CPU; a test module stays on one worker, so its fixtures start once.
+# `make test PYTEST_WORKERS=0` runs it in this process.
+PYTEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not integration"
