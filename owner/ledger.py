@@ -23,10 +23,12 @@ unit in the last place above the double nearest 0.3. So that three steps of 0.1 
 (1e-12), many orders of magnitude below the error of any floating-point noise sampler; point
 counts are compared exactly.
 
-A lifetime budget is decided from running totals (table ``charge_totals``, one row per
-``(epsilon, delta, non_private)``) that a trigger updates in each charge's transaction, so a
-decision reads a few rows however long the history; a rolling window reads the window's charges
-(indexed by time), a session its own. The database refuses to update or delete a charge.
+A budget is decided from running totals (table ``charge_totals``, one row per UTC day and
+``(epsilon, delta, non_private)``) that a trigger updates in each charge's transaction: the
+window's whole days from their totals, the part of a day at its start from its charges (by their
+time index), so a decision reads a few rows per day of the window however long the history. A
+session's limits read the session's own charges. The database refuses to update or delete a
+charge.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from runtime.database import open_database, snapshot, transaction
 
 __all__ = [
     "APPLICATION",
+    "DAY",
     "LEDGER_FILE",
     "MAX_NAME_LENGTH",
     "MIGRATIONS",
@@ -111,26 +114,28 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (sketch, curator, spec)
     );
     """,
-    # 2 -> 3: running totals of the charges, one row per (epsilon, delta, non_private), kept by
-    # a trigger in the transaction of each insert, so that a lifetime budget is decided from a
-    # few rows rather than a scan of every charge ever made. Charges are append-only: the
+    # 2 -> 3: running totals of the charges per UTC day and (epsilon, delta, non_private), kept
+    # by a trigger in the transaction of each insert, so that a budget is decided from a few
+    # rows per day rather than a scan of every charge ever made. Charges are append-only: the
     # database refuses to change or delete one, so the totals cannot drift from them.
     """
     CREATE TABLE charge_totals (
+        day INTEGER NOT NULL,
         epsilon REAL NOT NULL,
         delta REAL NOT NULL,
         non_private INTEGER NOT NULL,
         charges INTEGER NOT NULL,
         points INTEGER NOT NULL,
-        PRIMARY KEY (epsilon, delta, non_private)
+        PRIMARY KEY (day, epsilon, delta, non_private)
     );
-    INSERT INTO charge_totals (epsilon, delta, non_private, charges, points)
-        SELECT epsilon, delta, non_private, COUNT(*), SUM(points) FROM charges
-        GROUP BY epsilon, delta, non_private;
+    INSERT INTO charge_totals (day, epsilon, delta, non_private, charges, points)
+        SELECT CAST(at / 86400 AS INTEGER), epsilon, delta, non_private, COUNT(*), SUM(points)
+        FROM charges GROUP BY CAST(at / 86400 AS INTEGER), epsilon, delta, non_private;
     CREATE TRIGGER charges_add_to_totals AFTER INSERT ON charges BEGIN
-        INSERT INTO charge_totals (epsilon, delta, non_private, charges, points)
-            VALUES (NEW.epsilon, NEW.delta, NEW.non_private, 1, NEW.points)
-            ON CONFLICT (epsilon, delta, non_private) DO UPDATE
+        INSERT INTO charge_totals (day, epsilon, delta, non_private, charges, points)
+            VALUES (CAST(NEW.at / 86400 AS INTEGER), NEW.epsilon, NEW.delta, NEW.non_private, 1,
+                    NEW.points)
+            ON CONFLICT (day, epsilon, delta, non_private) DO UPDATE
             SET charges = charges + 1, points = points + excluded.points;
     END;
     CREATE TRIGGER charges_no_update BEFORE UPDATE ON charges BEGIN
@@ -144,6 +149,8 @@ MIGRATIONS: tuple[str, ...] = (
 
 #: Relative slack of the epsilon and delta comparisons (absorbs the rounding of decimal values).
 RELATIVE_SLACK = 1e-12
+#: Seconds in a day: the running totals' unit of time (UTC days since the epoch).
+DAY = 86_400.0
 #: Longest session, consumer, curator or mechanism name accepted, in characters.
 MAX_NAME_LENGTH = 256
 
@@ -273,6 +280,19 @@ class _Spent:
 
     def totals(self) -> Totals:
         return Totals(float(self.epsilon), float(self.delta), self.points, self.non_private)
+
+
+def _from_groups(groups: Iterable[tuple[float, float, int, int, int]]) -> _Spent:
+    """Totals from ``(epsilon, delta, non_private, charges, points)`` groups (a group may repeat):
+    a non-private group's epsilon and delta are not composed; its points count."""
+    rows = list(groups)
+    private = [(e, d, n) for e, d, non_private, n, _ in rows if not non_private]
+    return _Spent(
+        epsilon=_exact_sum((e, n) for e, _, n in private),
+        delta=_exact_sum((d, n) for _, d, n in private),
+        points=sum(int(points) for *_, points in rows),
+        non_private=any(bool(row[2]) for row in rows),
+    )
 
 
 def _name(value: Any, what: str) -> str:
@@ -451,41 +471,34 @@ class OwnerLedger:
     # ------------------------------------------------------------------ sums
     def _spent(self, where: str, params: tuple[Any, ...]) -> _Spent:
         """Totals of the charges matching ``where`` (an SQL condition on ``charges``)."""
-        groups = self._conn.execute(
-            f"SELECT epsilon, delta, COUNT(*) FROM charges WHERE non_private = 0 AND ({where}) "
-            "GROUP BY epsilon, delta",
-            params,
-        ).fetchall()
-        points, non_private = self._conn.execute(
-            "SELECT COALESCE(SUM(points), 0), COALESCE(MAX(non_private), 0) FROM charges "
-            f"WHERE {where}",
-            params,
-        ).fetchone()
-        return _Spent(
-            epsilon=_exact_sum((e, n) for e, _, n in groups),
-            delta=_exact_sum((d, n) for _, d, n in groups),
-            points=int(points),
-            non_private=bool(non_private),
-        )
-
-    def _lifetime_spent(self) -> _Spent:
-        """Totals of every charge, from the running totals (a few rows, whatever the history)."""
-        rows = self._conn.execute(
-            "SELECT epsilon, delta, non_private, charges, points FROM charge_totals"
-        ).fetchall()
-        private = [(e, d, n) for e, d, non_private, n, _ in rows if not non_private]
-        return _Spent(
-            epsilon=_exact_sum((e, n) for e, _, n in private),
-            delta=_exact_sum((d, n) for _, d, n in private),
-            points=sum(int(points) for *_, points in rows),
-            non_private=any(bool(row[2]) for row in rows),
+        return _from_groups(
+            self._conn.execute(
+                "SELECT epsilon, delta, non_private, COUNT(*), SUM(points) FROM charges "
+                f"WHERE {where} GROUP BY epsilon, delta, non_private",
+                params,
+            ).fetchall()
         )
 
     def _window_spent(self, now: float) -> _Spent:
+        """Totals of the charges made after ``now - window`` (all of them for a lifetime): the
+        running totals of every UTC day wholly inside the window, and the charges of the part
+        of a day at its start, found by their time index."""
         seconds = self._policy.window_seconds
-        if math.isinf(seconds):
-            return self._lifetime_spent()
-        return self._spent("at > ?", (now - seconds,))
+        first_day = 1 if math.isinf(seconds) else max(1, math.floor((now - seconds) / DAY) + 1)
+        whole_days = self._conn.execute(
+            "SELECT epsilon, delta, non_private, SUM(charges), SUM(points) FROM charge_totals "
+            "WHERE day >= ? GROUP BY epsilon, delta, non_private",
+            (first_day,),
+        ).fetchall()
+        # Days >= 1 hold exactly the charges made at or after first_day * DAY (CAST truncates,
+        # and those times are positive); the rest of the window is scanned.
+        start = -math.inf if math.isinf(seconds) else now - seconds
+        part = self._conn.execute(
+            "SELECT epsilon, delta, non_private, COUNT(*), SUM(points) FROM charges "
+            "WHERE at > ? AND at < ? GROUP BY epsilon, delta, non_private",
+            (start, first_day * DAY),
+        ).fetchall()
+        return _from_groups(whole_days + part)
 
     def _session_spent(self, session: str) -> _Spent:
         return self._spent("session = ?", (session,))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import sqlite3
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 from common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 from owner.ledger import (
     APPLICATION,
+    DAY,
     LEDGER_FILE,
     MIGRATIONS,
     OwnerBudgetError,
@@ -410,7 +412,7 @@ def test_running_totals_are_built_for_a_ledger_written_before_them(tmp_path: Pat
                 "INSERT INTO charges (at, session, consumer, curator, mechanism, epsilon, "
                 "delta, points, non_private) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    float(i),
+                    19_700 * DAY + i * 3_600.0,
                     args["session"],
                     args["consumer"],
                     args["curator"],
@@ -431,6 +433,47 @@ def test_running_totals_are_built_for_a_ledger_written_before_them(tmp_path: Pat
             ledger.charge(**step(session="new", epsilon=0.5, points=0))
         ledger.charge(**step(session="new", epsilon=0.25, points=0))
         assert ledger.window_totals() == _summed(ledger.entries())
+
+
+def test_window_totals_equal_the_sum_of_the_charges_in_the_window(open_ledger: Opener) -> None:
+    # A rolling window is decided from the totals of its whole UTC days plus the charges of the
+    # part of a day at its start: at every end of the window, including one whose start falls
+    # exactly on a midnight where a charge was made, the totals are the exact sum of the charges
+    # made after the start.
+    now = [0.0]
+    ledger = open_ledger(
+        OwnerPolicy(
+            window_days=3.0,
+            epsilon_total=1e6,
+            delta_total=0.5,
+            points_total=10**9,
+            epsilon_per_session=1e6,
+            delta_per_session=0.5,
+            points_per_session=10**9,
+            allow_non_private=True,
+        ),
+        clock=lambda: now[0],
+    )
+    rng = random.Random(7)
+    midnight = 19_700 * DAY
+    t = midnight - 2.5 * DAY
+    for i in range(300):
+        t = midnight if i == 100 else t + rng.uniform(0.0, 0.1 * DAY)
+        now[0] = t
+        ledger.charge(
+            **step(
+                session=f"s{i % 5}",
+                epsilon=math.inf if i % 17 == 0 else rng.choice([0.1, 0.25]),
+                delta=rng.choice([0.0, 1e-9]),
+                points=rng.randrange(4),
+            )
+        )
+    assert any(e.at == midnight for e in ledger.entries())
+    for end in (t, t + 0.3 * DAY, t + DAY, midnight + 3 * DAY, t + 2.99 * DAY, t + 40 * DAY):
+        now[0] = end
+        inside = [e for e in ledger.entries() if e.at > end - 3 * DAY]
+        assert ledger.window_totals() == _summed(inside), end
+    assert ledger.window_totals() == Totals(0.0, 0.0, 0, False)
 
 
 @pytest.mark.parametrize(
