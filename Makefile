@@ -106,6 +106,7 @@ bench: $(STAMP)
 	$(PY) -m bench.rounds --out $(OUT)/bench.json
 	$(PY) -m bench.secagg --into $(OUT)/bench.json
 	$(PY) -m bench.noise --out $(OUT)/bench-noise.json
+	$(PY) -m bench.ledger --into $(OUT)/bench.json
 	$(PY) -m bench.sketches --out $(OUT)/bench.json
 	$(PY) -m bench.owner_scale --rows $(OWNER_SCALE_ROWS) --data $(OUT)/owner-scale --into $(OUT)/bench.json
 	$(PY) -m bench.network --into $(OUT)/bench.json $$([ "$$(id -u)" = 0 ] && echo --wan lan rtt20 rtt100)
