@@ -19,7 +19,6 @@ import logging
 import math
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from bench.report import write_section
+from bench.report import configure_logging, write_section
 from bench.rounds import machine_info
 from owner.ledger import OwnerLedger, ledger_path
 from owner.policy import OwnerPolicy
@@ -130,11 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark, write the report (under ``"owner_ledger"``), print the table."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    configure_logging(args.verbose)
     started = time.perf_counter()
     histories = QUICK_HISTORIES if args.quick else HISTORIES
     steps = QUICK_STEPS if args.quick else STEPS

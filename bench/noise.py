@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from bench.report import configure_logging
 from bench.rounds import machine_info
 from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from common.privacy.rng import production_rng
@@ -321,11 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark, write the JSON report, print the table; return the report."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    configure_logging(args.verbose)
     logger.setLevel(logging.DEBUG if args.verbose else logging.INFO)
     started = time.perf_counter()
     large: int = args.large_size or (QUICK_LARGE_SIZE if args.quick else LARGE_SIZE)

@@ -4,12 +4,23 @@ benchmarks fill, each under its own key, without losing the others' sections."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["merge_section", "write_section"]
+__all__ = ["configure_logging", "merge_section", "write_section"]
+
+
+def configure_logging(verbose: bool) -> None:
+    """A benchmark's log on stderr: timestamped, at DEBUG with ``--verbose``, else INFO."""
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
 
 
 def merge_section(path: Path, key: str, section: Any) -> Path:

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from bench.report import configure_logging
 from common.summarization.summary import Method, ProgressEvent, SummarizationConfig, SummaryResult
 from owner.data import PointSet, save_point_set
 
@@ -827,11 +828,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark, write the JSON report, print the table; return the report."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    configure_logging(args.verbose)
     logger.setLevel(logging.DEBUG if args.verbose else logging.INFO)
     started = time.perf_counter()
     k_values: list[int] = args.k or list(QUICK_K if args.quick else DEFAULT_K)
