@@ -28,7 +28,7 @@ from typing import Any
 
 from bench.report import configure_logging, write_section
 from bench.rounds import machine_info
-from owner.ledger import OwnerLedger, ledger_path
+from owner.ledger import DAY, OwnerLedger, ledger_path
 from owner.policy import OwnerPolicy
 
 logger = logging.getLogger("bench.ledger")
@@ -40,7 +40,6 @@ STEPS = 40
 QUICK_STEPS = 5
 #: Epsilon of one earlier charge and of the timed step (a round's bid release).
 EPSILON = 0.01
-DAY = 86_400.0
 NOW = 1.9e9
 #: Budgets large enough that no step is refused: the decision is timed, not the refusal.
 POLICIES = {
