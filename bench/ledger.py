@@ -1,13 +1,14 @@
 """Cost of an owner's budget decision against the length of its ledger's history.
 
-Every release an owner makes is first charged to its durable ledger (:class:`owner.ledger.
+Every release an owner makes is first charged to its durable ledger (:class:`dpmarket.owner.ledger.
 OwnerLedger`): one ``BEGIN IMMEDIATE`` transaction that sums what is spent, decides, inserts and
 commits with ``synchronous=FULL``. An owner serves sessions for months, so the decision must not
 grow with the history. For each history length H this benchmark writes H earlier charges (spread
-over the last 365 days, in one transaction, as many sessions of 50 rounds) into a fresh ledger,
-then times :meth:`~owner.ledger.OwnerLedger.charge` and :meth:`~owner.ledger.OwnerLedger.check`
-of one more step, under a lifetime policy (decided from the running totals) and under a 30-day
-rolling window (decided from the window's charges, found by their time index).
+over the last 365 days, in one transaction, as many sessions of 50 rounds) into a fresh ledger, then
+times :meth:`~dpmarket.owner.ledger.OwnerLedger.charge` and
+:meth:`~dpmarket.owner.ledger.OwnerLedger.check` of one more step, under a lifetime policy (decided
+from the running totals) and under a 30-day rolling window (decided from the window's charges, found
+by their time index).
 
 Run ``python -m bench.ledger --into out/bench.json`` (``make bench``), or ``--quick``.
 """
@@ -28,8 +29,8 @@ from typing import Any
 
 from bench.report import configure_logging, write_section
 from bench.rounds import machine_info
-from owner.ledger import DAY, OwnerLedger, ledger_path
-from owner.policy import OwnerPolicy
+from dpmarket.owner.ledger import DAY, OwnerLedger, ledger_path
+from dpmarket.owner.policy import OwnerPolicy
 
 logger = logging.getLogger("bench.ledger")
 

@@ -7,15 +7,15 @@ from typing import TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import InvalidArgumentError
-from common.privacy.ledger import SessionSpend
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
-from common.summarization.rff import RFFParams
-from common.summarization.terms import OwnerTerms
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from dpmarket.common.summarization.rff import RFFParams
+from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.runtime.arrays import array_from_proto, array_to_proto
+from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.schemas import schema_to_proto
 from dpmarket.v1 import array_pb2, owner_pb2, privacy_pb2
-from runtime.arrays import array_from_proto, array_to_proto
-from runtime.identity import Identity
-from runtime.schemas import schema_to_proto
 
 PointsResponse = TypeVar(
     "PointsResponse", owner_pb2.SampleUniformResponse, owner_pb2.ProposeCandidatesResponse

@@ -1,27 +1,27 @@
 """The owner's own durable privacy ledger: charge, then release.
 
-An owner trusts neither the curator nor the consumer (DESIGN.md, parties and trust), so it keeps
-its own record of what its data has lost and enforces its own :class:`~owner.policy.OwnerPolicy`
-whatever it is asked. Every release goes through :meth:`OwnerLedger.charge` first: the charge is
-committed to ``DATA_DIR/owner.sqlite3`` before ``charge`` returns, and the caller releases only
-after that. A crash between the two wastes budget but never releases anything uncharged; a step
-the policy refuses raises :class:`OwnerBudgetError` (``FAILED_PRECONDITION``) and writes nothing.
+An owner trusts neither the curator nor the consumer (DESIGN.md, parties and trust), so it keeps its
+own record of what its data has lost and enforces its own
+:class:`~dpmarket.owner.policy.OwnerPolicy` whatever it is asked. Every release goes through
+:meth:`OwnerLedger.charge` first: the charge is committed to ``DATA_DIR/owner.sqlite3`` before
+``charge`` returns, and the caller releases only after that. A crash between the two wastes budget
+but never releases anything uncharged; a step the policy refuses raises :class:`OwnerBudgetError`
+(``FAILED_PRECONDITION``) and writes nothing.
 
 Composition
 -----------
-Charges compose by *basic* composition: the epsilons of a session (or of the window) add up, and
-so do the deltas. Basic composition holds for any mechanisms whatsoever, chosen adaptively, in
-any interleaving; the owner sees only its own side of each session and cannot assume anything
-about the mechanisms, the other sessions or how the curator and consumers combine what they
-receive, so it uses the bound that needs no assumption. (Tighter accountants, such as the
-curator's Theorem-7 ledger in :mod:`common.privacy.ledger`, rely on knowing every mechanism.)
-Sums do not accumulate rounding: a total is the correctly rounded value of the exact sum of the
-stored doubles (what :func:`math.fsum` of the listed entries gives), however many charges there
-are. Decimal values still round once: the doubles nearest 0.1, 0.1 and 0.1 sum exactly to one
-unit in the last place above the double nearest 0.3. So that three steps of 0.1 fit a budget of
-0.3, an epsilon or delta limit is compared with a relative slack of :data:`RELATIVE_SLACK`
-(1e-12), many orders of magnitude below the error of any floating-point noise sampler; point
-counts are compared exactly.
+Charges compose by *basic* composition: the epsilons of a session (or of the window) add up, and so
+do the deltas. Basic composition holds for any mechanisms whatsoever, chosen adaptively, in any
+interleaving; the owner sees only its own side of each session and cannot assume anything about the
+mechanisms, the other sessions or how the curator and consumers combine what they receive, so it
+uses the bound that needs no assumption. (Tighter accountants, such as the curator's Theorem-7
+ledger in :mod:`dpmarket.common.privacy.ledger`, rely on knowing every mechanism.) Sums do not
+accumulate rounding: a total is the correctly rounded value of the exact sum of the stored doubles
+(what :func:`math.fsum` of the listed entries gives), however many charges there are. Decimal values
+still round once: the doubles nearest 0.1, 0.1 and 0.1 sum exactly to one unit in the last place
+above the double nearest 0.3. So that three steps of 0.1 fit a budget of 0.3, an epsilon or delta
+limit is compared with a relative slack of :data:`RELATIVE_SLACK` (1e-12), many orders of magnitude
+below the error of any floating-point noise sampler; point counts are compared exactly.
 
 A budget is decided from running totals (table ``charge_totals``, one row per UTC day and
 ``(epsilon, delta, non_private)``) that a trigger updates in each charge's transaction: the
@@ -48,9 +48,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
-from owner.policy import OwnerPolicy
-from runtime.database import open_database, snapshot, transaction
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.runtime.database import open_database, snapshot, transaction
 
 __all__ = [
     "APPLICATION",
@@ -71,7 +71,7 @@ __all__ = [
 APPLICATION = "dpmarket-owner"
 #: File name of the ledger inside the owner's data directory.
 LEDGER_FILE = "owner.sqlite3"
-#: Schema migrations of the owner's database (append only; see :mod:`runtime.database`).
+#: Schema migrations of the owner's database (append only; see :mod:`dpmarket.runtime.database`).
 MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE policies (
@@ -93,10 +93,10 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX charges_by_session ON charges (session);
     CREATE INDEX charges_by_at ON charges (at);
     """,
-    # 1 -> 2: the private sketches this owner released (owner.sketches). A sketch is written in
-    # the transaction of its charge, so it is stored exactly when it is charged; a release is
-    # identified by its spec's key (map, domain, noise) and made at most once. Deliveries record
-    # which curator's catalogue accepted it, under which spec name.
+    # 1 -> 2: the private sketches this owner released (dpmarket.owner.sketches). A sketch is
+    # written in the transaction of its charge, so it is stored exactly when it is charged; a
+    # release is identified by its spec's key (map, domain, noise) and made at most once. Deliveries
+    # record which curator's catalogue accepted it, under which spec name.
     """
     CREATE TABLE sketches (
         id INTEGER PRIMARY KEY,
@@ -167,7 +167,7 @@ def ledger_path(data_dir: str | os.PathLike[str]) -> Path:
 class OwnerBudgetError(FailedPreconditionError):
     """A step the owner's policy refuses: it would exceed a budget or a session limit.
 
-    A :class:`~common.errors.FailedPreconditionError`, so the service answers
+    A :class:`~dpmarket.common.errors.FailedPreconditionError`, so the service answers
     ``FAILED_PRECONDITION``; the message names each limit the step would exceed, what is spent,
     what the step asks and what is left. Nothing was charged.
     """
@@ -337,7 +337,7 @@ class _Request:
 
 
 class OwnerLedger:
-    """One owner's durable ledger, enforcing its :class:`~owner.policy.OwnerPolicy`.
+    """One owner's durable ledger, enforcing its :class:`~dpmarket.owner.policy.OwnerPolicy`.
 
     Parameters
     ----------
@@ -359,7 +359,8 @@ class OwnerLedger:
         If the file belongs to another application, or ``policy`` is ``None`` and the ledger
         records no policy.
     RuntimeError
-        If the file was written by a newer dpmarket (see :func:`runtime.database.open_database`).
+        If the file was written by a newer dpmarket (see
+        :func:`dpmarket.runtime.database.open_database`).
 
     Notes
     -----
@@ -605,7 +606,7 @@ class OwnerLedger:
         record : callable, optional
             ``record(connection, charge_id)``, run inside the charge's transaction after its
             insert: writes what must become durable exactly when the charge does (a published
-            sketch, :mod:`owner.sketches`). An exception from it rolls the charge back.
+            sketch, :mod:`dpmarket.owner.sketches`). An exception from it rolls the charge back.
 
         Returns
         -------

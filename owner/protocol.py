@@ -2,22 +2,22 @@
 
 One :class:`Owner` holds a private dataset and any number of sessions; each protocol stage is a
 method that takes and returns arrays, so it runs in-process (tests, ``dpmarket simulate``) and
-behind the gRPC servicer (:mod:`owner.service`) with identical results.
+behind the gRPC servicer (:mod:`dpmarket.owner.service`) with identical results.
 
 The owner enforces its own policy whatever the curator asks. A session opens with
-:class:`~common.summarization.terms.OwnerTerms`, what the whole session spends of this owner's
-privacy; the owner checks them against its ledger when the session opens and charges them
-before its first release (a relevance count, a bid or a point), then charges every raw point
-before it leaves ("charge, then release": a crash between the two wastes budget but never
-releases anything uncharged). A refused charge raises ``FailedPreconditionError`` and changes
-nothing. An owner built without a ledger (in-process research runs: ``dpmarket simulate``, the
-evaluation harness, benchmarks) records and enforces nothing; the owner service always has one.
+:class:`~dpmarket.common.summarization.terms.OwnerTerms`, what the whole session spends of this
+owner's privacy; the owner checks them against its ledger when the session opens and charges them
+before its first release (a relevance count, a bid or a point), then charges every raw point before
+it leaves ("charge, then release": a crash between the two wastes budget but never releases anything
+uncharged). A refused charge raises ``FailedPreconditionError`` and changes nothing. An owner built
+without a ledger (in-process research runs: ``dpmarket simulate``, the evaluation harness,
+benchmarks) records and enforces nothing; the owner service always has one.
 
 Every refusal depends only on public inputs: the request, the owner's declared size and feature
 count (``GetOwnerInfo``), how many points the session has received, and the owner's policy and
 budget. The computations on the points (features, bids, counts, the local greedy) run under
-:func:`common.errors.on_private_data`, so whatever they might raise never reaches the curator as
-text (it answers INTERNAL with a fixed message; the owner's log says why).
+:func:`dpmarket.common.errors.on_private_data`, so whatever they might raise never reaches the
+curator as text (it answers INTERNAL with a fixed message; the owner's log says why).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import (
+from dpmarket.common.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -43,24 +43,24 @@ from common.errors import (
     ResourceExhaustedError,
     on_private_data,
 )
-from common.ids import short_id
-from common.privacy.ledger import SessionSpend
-from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
-from common.privacy.rng import production_rng
-from common.schema import Schema
-from common.summarization.candidates import shrink_towards_moments, shrink_towards_points
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
-from common.summarization.hashes import HashAdvert, hash_points
-from common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
-from common.summarization.rff import RFFParams, random_fourier_features
-from common.summarization.terms import OwnerTerms
-from common.validation import check_matrix, check_positive_int, check_vector
-from owner.data import PointSet
-from owner.engine import WorkCancelled
-from owner.hash_keys import HashKeyParty
-from owner.ledger import OwnerLedger
-from owner.limits import QUICK_STEP_BYTES, WorkLimits
-from owner.partitioned import PartitionedData
+from dpmarket.common.ids import short_id
+from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
+from dpmarket.common.privacy.rng import production_rng
+from dpmarket.common.schema import Schema
+from dpmarket.common.summarization.candidates import shrink_towards_moments, shrink_towards_points
+from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from dpmarket.common.summarization.hashes import HashAdvert, hash_points
+from dpmarket.common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
+from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
+from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.engine import WorkCancelled
+from dpmarket.owner.hash_keys import HashKeyParty
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.limits import QUICK_STEP_BYTES, WorkLimits
+from dpmarket.owner.partitioned import PartitionedData
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class Progress:
 class _MemoryWork:
     """A session's computations on a point set held in memory: today's path, the h1 features
     of every point computed once when the session opens (a small table: see
-    :mod:`owner.limits`)."""
+    :mod:`dpmarket.owner.limits`)."""
 
     def __init__(self, data: PointSet | None, features: NDArray[np.float32]) -> None:
         self.data = data
@@ -202,7 +202,7 @@ class _MemoryWork:
 
 
 class _PartitionedWork:
-    """A session's computations on a partitioned table (:class:`owner.partitioned.
+    """A session's computations on a partitioned table (:class:`dpmarket.owner.partitioned.
     PartitionedData`): every step a pass over the partitions, nothing of size n held. The rows
     the session may release (bid winners, candidates, samples) are kept until released."""
 
@@ -465,13 +465,13 @@ class OwnerSession:
             gtilde, a Gaussian (or MWEM) release about the validation set.
         shrinkage_sigma : float
             How much noise :meth:`propose_candidates` assumes per coordinate of ``embedding``
-            (public: the release's noise standard deviation, a function of its epsilon, delta
-            and m, times the square root of the session's shrinkage strength), or 0. When > 0,
-            the proposal matches the embedding shrunk towards this owner's own mean h1, or
-            towards ``prior_embedding`` when it lies nearer to that in the metric of this
-            owner's scores, by as much as that noise hides the difference
-            (:func:`common.summarization.candidates.shrink_towards_points`); bids always use
-            ``embedding`` as given (the curator verifies them against it).
+            (public: the release's noise standard deviation, a function of its epsilon, delta and m,
+            times the square root of the session's shrinkage strength), or 0. When > 0, the proposal
+            matches the embedding shrunk towards this owner's own mean h1, or towards
+            ``prior_embedding`` when it lies nearer to that in the metric of this owner's scores, by
+            as much as that noise hides the difference
+            (:func:`dpmarket.common.summarization.candidates.shrink_towards_points`); bids always
+            use ``embedding`` as given (the curator verifies them against it).
         prior_embedding : ndarray of shape (d,), optional
             A public embedding (the request's seed set's mean h1).
 
@@ -648,25 +648,24 @@ class OwnerSession:
     ) -> NDArray[np.int64]:
         """Choose ``count`` unsent points; charge; mark sent.
 
-        The first ``uniform_count`` are a uniform sample drawn exactly as
-        :meth:`sample_uniform` draws it (the candidates method's hedge: the same session seed
-        gives the uniform method's sample). The others come from a local greedy that matches
-        the validation embedding with this owner's points alone, continuing from the uniform
-        ones (:func:`common.summarization.kernels.embedding_greedy` with them as its start), so
+        The first ``uniform_count`` are a uniform sample drawn exactly as :meth:`sample_uniform`
+        draws it (the candidates method's hedge: the same session seed gives the uniform method's
+        sample). The others come from a local greedy that matches the validation embedding with this
+        owner's points alone, continuing from the uniform ones
+        (:func:`dpmarket.common.summarization.kernels.embedding_greedy` with them as its start), so
         the proposal depends on nothing but this owner's data and the private embedding. On a
-        partitioned table the greedy is GreeDi (:mod:`common.summarization.partitioned`, the
-        merge continuing from the uniform points): still a selection of this owner's rows, each
+        partitioned table the greedy is GreeDi (:mod:`dpmarket.common.summarization.partitioned`,
+        the merge continuing from the uniform points): still a selection of this owner's rows, each
         of which may be chosen once, so the privacy analysis is unchanged.
 
-        When the curator stated the embedding's noise (``shrinkage_sigma`` > 0), the target is
-        first shrunk (James-Stein) towards this owner's own mean h1, or towards the public prior
-        embedding when it lies nearer to that in the metric of the owner's own scores
-        (:func:`common.summarization.candidates.shrink_towards_points`; on a partitioned table
-        from its h1 moments, one more pass, :func:`~common.summarization.candidates.
+        When the curator stated the embedding's noise (``shrinkage_sigma`` > 0), the target is first
+        shrunk (James-Stein) towards this owner's own mean h1, or towards the public prior embedding
+        when it lies nearer to that in the metric of the owner's own scores
+        (:func:`dpmarket.common.summarization.candidates.shrink_towards_points`; on a partitioned
+        table from its h1 moments, one more pass, :func:`~dpmarket.common.summarization.candidates.
         shrink_towards_moments`): with a small validation set the owner then proposes a
-        representative sample (kernel herding), which the curator's exact re-ranking sorts,
-        instead of the points that match the noise's direction; with a large one it follows
-        gtilde.
+        representative sample (kernel herding), which the curator's exact re-ranking sorts, instead
+        of the points that match the noise's direction; with a large one it follows gtilde.
 
         Notes
         -----
@@ -772,8 +771,8 @@ class Owner:
         Name used in reports.
     data : PointSet, PartitionedData or None
         The private dataset, validated (finite, 2-D, non-empty): in memory (a small table), or
-        partitioned on an engine (:class:`owner.partitioned.PartitionedData`: every step a pass
-        over the partitions, on Dask); ``None`` for an owner that only takes part in joint
+        partitioned on an engine (:class:`dpmarket.owner.partitioned.PartitionedData`: every step a
+        pass over the partitions, on Dask); ``None`` for an owner that only takes part in joint
         statistics over a table (every session is then refused).
     ledger : OwnerLedger, optional
         The owner's durable ledger and policy; ``None`` for
@@ -795,10 +794,10 @@ class Owner:
         but the label); advertised by :meth:`info`.
     limits : WorkLimits, optional
         The owner's memory and time budgets: a session whose estimated work exceeds them is
-        refused when it opens (:mod:`owner.limits`); default: none.
+        refused when it opens (:mod:`dpmarket.owner.limits`); default: none.
     hash_party : HashKeyParty, optional
-        This owner's side of the hashes mode's key agreement (:mod:`owner.hash_keys`); without
-        it the owner takes no part in hashes sessions.
+        This owner's side of the hashes mode's key agreement (:mod:`dpmarket.owner.hash_keys`);
+        without it the owner takes no part in hashes sessions.
 
     Notes
     -----
@@ -1151,8 +1150,8 @@ class Owner:
 
     def quick_bid(self, session_id: str, curator: str = LOCAL_CURATOR) -> bool:
         """Whether the session's next bid is short enough to run on the caller's thread (the
-        service's event loop) rather than in a worker thread: its features are held in memory
-        (at most :data:`~owner.limits.QUICK_STEP_BYTES`), its terms are already charged (the
+        service's event loop) rather than in a worker thread: its features are held in memory (at
+        most :data:`~dpmarket.owner.limits.QUICK_STEP_BYTES`), its terms are already charged (the
         bid writes no ledger) and no other step of the session runs.
 
         Raises
@@ -1221,7 +1220,7 @@ class Owner:
 
     def hash_advertise(self, session_id: str, curator: str = LOCAL_CURATOR) -> HashAdvert:
         """The hashes mode, step 1: this owner's signed key for the session's agreement
-        (:meth:`owner.hash_keys.HashKeyParty.advertise`)."""
+        (:meth:`dpmarket.owner.hash_keys.HashKeyParty.advertise`)."""
         with self._step(session_id, curator):
             return self._party().advertise(session_id)
 
@@ -1256,8 +1255,8 @@ class Owner:
     ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
         """The hashes mode's proposal: ``count`` points chosen by the local greedy (as
         :meth:`propose_candidates`), released as their h1 hashes under the owners' secret map
-        (:func:`common.summarization.hashes.hash_parameters`, dimension d of the session's h1,
-        kernel ``gamma``), with their labels. Each hash is charged as the raw point it
+        (:func:`dpmarket.common.summarization.hashes.hash_parameters`, dimension d of the session's
+        h1, kernel ``gamma``), with their labels. Each hash is charged as the raw point it
         describes: Theorem 9 protects the point only from receivers without the map.
 
         Raises
@@ -1280,7 +1279,7 @@ class Owner:
     ) -> NDArray[np.float64]:
         """h1 of a consumer's new points under the map of the secret ``key_id``, so that a
         model trained on a hashes summary can be applied to them (only an owner can: module
-        :mod:`common.summarization.hashes`). Nothing of this owner's data is used.
+        :mod:`dpmarket.common.summarization.hashes`). Nothing of this owner's data is used.
 
         Raises
         ------

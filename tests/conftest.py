@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.scenarios import Scenario, digits_scenario
-from owner.ledger import OwnerLedger
+from dpmarket.experiments.scenarios import Scenario, digits_scenario
+from dpmarket.owner.ledger import OwnerLedger
 
 
 @pytest.fixture(scope="session")

@@ -23,8 +23,8 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.privacy.accounting import PrivacyEvent
-from common.validation import check_delta, check_epsilon, check_positive_int
+from dpmarket.common.privacy.accounting import PrivacyEvent
+from dpmarket.common.validation import check_delta, check_epsilon, check_positive_int
 
 #: PrivAuction variants: Algorithm 3 as printed, or the pure-DP variant.
 AuctionVariant = Literal["paper", "pure"]

@@ -1,11 +1,11 @@
 """What a summarization session spends of each owner's privacy: the terms an owner is offered.
 
 Before a session opens, the curator tells every owner what the whole session will cost its data
-(:class:`OwnerTerms`); the owner checks the terms against its own policy and charges them to its
-own ledger before its first release. The terms are computed here, from the session's
-configuration alone, by the same event lists the curator's ledger charges
-(:mod:`common.summarization.calibration`), so that what an owner is told and what the session
-charges cannot drift apart.
+(:class:`OwnerTerms`); the owner checks the terms against its own policy and charges them to its own
+ledger before its first release. The terms are computed here, from the session's configuration
+alone, by the same event lists the curator's ledger charges
+(:mod:`dpmarket.common.summarization.calibration`), so that what an owner is told and what the
+session charges cannot drift apart.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from common.privacy.accounting import PrivacyEvent, pld_epsilon
-from common.summarization.calibration import paper_mode_events, rounds_mode_events
-from common.summarization.summary import SummarizationConfig
-from common.validation import check_positive_int
+from dpmarket.common.privacy.accounting import PrivacyEvent, pld_epsilon
+from dpmarket.common.summarization.calibration import paper_mode_events, rounds_mode_events
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.validation import check_positive_int
 
 __all__ = ["OwnerTerms", "approximate_delta", "owner_terms"]
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from common.errors import InvalidArgumentError
-from common.summarization.summary import SummarizationConfig
-from common.summarization.terms import OwnerTerms
-from curator.policy import (
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.curator.policy import (
     DEFAULT_RANGES,
     CuratorPolicy,
     load_curator_policy,

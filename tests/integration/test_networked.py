@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.summarization.summary import SummarizationConfig
-from consumer.client import CuratorClient
-from deploy.launcher import CURATOR_NAME, LocalCluster
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
+from dpmarket.experiments.runner import simulate
+from dpmarket.experiments.scenarios import Scenario, write_scenario
+from dpmarket.runtime.arrays import array_to_proto
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc, privacy_pb2
-from experiments.runner import simulate
-from experiments.scenarios import Scenario, write_scenario
-from runtime.arrays import array_to_proto
-from runtime.identity import Identity, identity_files
-from runtime.transport import TransportSecurity, sync_channel
 
 pytestmark = pytest.mark.integration
 
@@ -351,7 +351,7 @@ def test_cli_request_and_simulate_write_the_same_summary(
         "--validation", str(files["validation"]), "--seed-set", str(files["seed_set"]),
         "--test", str(files["test"]), "-p", "10", "--method", "private", "--seed", "4",
     ]  # fmt: skip
-    dpmarket = [sys.executable, "-m", "deploy.cli"]
+    dpmarket = [sys.executable, "-m", "dpmarket.deploy.cli"]
     owners = [arg for path in _owner_files(files) for arg in ("--owner-data", str(path))]
     consumer_tls = ["--pki-dir", str(cluster.pki_dir), "--name", CONSUMER.name]
     runs = {
@@ -378,7 +378,7 @@ def test_cli_reports_a_bad_file_clearly(files: dict[str, Path], tmp_path: Path) 
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,x\n", encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "simulate", "--owner-data", str(bad),
+        [sys.executable, "-m", "dpmarket.deploy.cli", "simulate", "--owner-data", str(bad),
          "--validation", str(files["validation"]), "-p", "3"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

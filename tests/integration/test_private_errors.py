@@ -1,15 +1,15 @@
 """No data-dependent text or number leaves an owner, between real processes over mTLS.
 
 Two deployments are started as the README starts them (``dpmarket serve-owner --data … --table …``
-with the default policy, no seeded runs; ``dpmarket serve-curator`` with a sketch declaration),
-each with two owners and a curator as OS processes (:class:`deploy.launcher.LocalCluster`). Their
-owners hold different data of the same public shape — the same row counts, columns and declared
-0/1 column — deployment ``b``'s values lying far from ``a``'s and outside the bounds and domain
-that requests use. The same requests against both must get the same answers, except for the
-noise of charged releases: the bounds-probing ``dpmarket cape mean --feature
-target=1000:2000``, a logistic target that holds 1 and 2 (``cape train --target sex``), the
-summarization and sketch refusals a consumer can provoke, and every refusal of the owners' own
-RPCs to a curator that probes them directly (the curator may lie).
+with the default policy, no seeded runs; ``dpmarket serve-curator`` with a sketch declaration), each
+with two owners and a curator as OS processes (:class:`dpmarket.deploy.launcher.LocalCluster`).
+Their owners hold different data of the same public shape — the same row counts, columns and
+declared 0/1 column — deployment ``b``'s values lying far from ``a``'s and outside the bounds and
+domain that requests use. The same requests against both must get the same answers, except for the
+noise of charged releases: the bounds-probing ``dpmarket cape mean --feature target=1000:2000``, a
+logistic target that holds 1 and 2 (``cape train --target sex``), the summarization and sketch
+refusals a consumer can provoke, and every refusal of the owners' own RPCs to a curator that probes
+them directly (the curator may lie).
 """
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ import pandas as pd
 import pytest
 from sklearn.datasets import load_diabetes
 
-from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.errors import DPMarketError
-from common.summarization.rff import draw_rff_params
-from common.summarization.summary import SummarizationConfig
-from common.summarization.terms import OwnerTerms
-from consumer.client import CuratorClient
-from curator.owners import GrpcOwnerEndpoint
-from deploy.launcher import CURATOR_NAME, LocalCluster
-from runtime.identity import Identity, identity_files
-from runtime.transport import TransportSecurity
+from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import DPMarketError
+from dpmarket.common.summarization.rff import draw_rff_params
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.curator.owners import GrpcOwnerEndpoint
+from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity
 
 pytestmark = pytest.mark.integration
 
@@ -125,7 +125,7 @@ class Deployment:
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """``dpmarket ARGS --curator … --pki-dir … --name consumer`` as a consumer would run it."""
         command = [
-            sys.executable, "-m", "deploy.cli", *args,
+            sys.executable, "-m", "dpmarket.deploy.cli", *args,
             "--curator", self.cluster.curator_target,
             "--pki-dir", str(self.cluster.pki_dir), "--name", "consumer",
         ]  # fmt: skip

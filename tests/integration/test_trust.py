@@ -1,8 +1,8 @@
 """The trust boundaries hold between real processes, over real gRPC, with real certificates.
 
-Four small clusters (two owners of the digits scenario and a curator, each an OS process started
-by :class:`deploy.launcher.LocalCluster`), each shared by the tests of one concern so that their
-state can be checked exactly:
+Four small clusters (two owners of the digits scenario and a curator, each an OS process started by
+:class:`dpmarket.deploy.launcher.LocalCluster`), each shared by the tests of one concern so that
+their state can be checked exactly:
 
 * ``guard``: nothing may get through; the owners' ledgers and the curator's charges stay empty.
 * ``budget``: tight owner budgets, spent exactly and refused beyond.
@@ -41,21 +41,21 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.ids import short_id
-from common.summarization.summary import SummarizationConfig
-from consumer.client import CuratorClient
-from consumer.convert import create_request_to_proto
-from curator.store import DATABASE_FILE, RESTART_ERROR
-from deploy.cli import main as cli_main
-from deploy.launcher import CURATOR_NAME, LocalCluster
-from deploy.pki import CA_KEY, issue
+from dpmarket.common.ids import short_id
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.consumer.convert import create_request_to_proto
+from dpmarket.curator.store import DATABASE_FILE, RESTART_ERROR
+from dpmarket.deploy.cli import main as cli_main
+from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
+from dpmarket.deploy.pki import CA_KEY, issue
+from dpmarket.experiments.runner import simulate
+from dpmarket.experiments.scenarios import Scenario, write_scenario
+from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
+from dpmarket.runtime.arrays import array_to_proto
+from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
+from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc, privacy_pb2
-from experiments.runner import simulate
-from experiments.scenarios import Scenario, write_scenario
-from owner.ledger import LedgerEntry, OwnerLedger
-from runtime.arrays import array_to_proto
-from runtime.identity import CA_CERT, Identity, identity_files
-from runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 
 pytestmark = pytest.mark.integration
 
@@ -847,7 +847,7 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "COLUMNS": "240"}
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "deploy.cli", *args],
+            [sys.executable, "-m", "dpmarket.deploy.cli", *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -883,7 +883,7 @@ def test_a_second_server_on_a_bound_port_refuses_to_start_naming_the_address(
             else ["serve-curator", "--owner", "127.0.0.1:1", "--data-dir", str(tmp_path / "s")]
         )
         second = subprocess.run(
-            [sys.executable, "-m", "deploy.cli", *args, "--insecure", "--port", str(port)],
+            [sys.executable, "-m", "dpmarket.deploy.cli", *args, "--insecure", "--port", str(port)],
             capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "240"},
         )  # fmt: skip
         output = second.stdout + second.stderr
@@ -932,7 +932,7 @@ def test_insecure_services_and_requests_run_and_warn(
         processes.append(curator)
         curator_port = _port(tmp_path / "curator.port", curator, logs["curator"])
         request = subprocess.run(
-            [sys.executable, "-m", "deploy.cli", "request", "--insecure",
+            [sys.executable, "-m", "dpmarket.deploy.cli", "request", "--insecure",
              "--curator", f"127.0.0.1:{curator_port}", "-p", "3", "--method", "uniform",
              "--validation", str(files["validation"]), "--out", str(tmp_path / "s.npy"),
              "--report", str(tmp_path / "r.json")],

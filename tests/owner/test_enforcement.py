@@ -1,8 +1,8 @@
 """An owner enforces its own policy whatever the curator asks, and a refusal changes nothing.
 
-Every test runs an :class:`owner.protocol.Owner` with its real durable ledger
-(:class:`owner.ledger.OwnerLedger` in a temporary directory) and injected clocks: the owner's
-monotonic clock (idle sessions) and the ledger's Unix clock (rolling budget windows).
+Every test runs an :class:`dpmarket.owner.protocol.Owner` with its real durable ledger
+(:class:`dpmarket.owner.ledger.OwnerLedger` in a temporary directory) and injected clocks: the
+owner's monotonic clock (idle sessions) and the ledger's Unix clock (rolling budget windows).
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.errors import (
+from dpmarket.common.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
 )
-from common.summarization.rff import RFFParams, draw_rff_params
-from common.summarization.terms import OwnerTerms
-from owner.data import PointSet
-from owner.ledger import OwnerLedger
-from owner.policy import OwnerPolicy
-from owner.protocol import LOCAL_CURATOR, Owner, OwnerSession
+from dpmarket.common.summarization.rff import RFFParams, draw_rff_params
+from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.owner.protocol import LOCAL_CURATOR, Owner, OwnerSession
 
 D = 16
 N_POINTS = 30

@@ -23,28 +23,28 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common.cape.dpgd import init_params, n_params, site_gradient
-from common.cape.functional_mechanism import fm_coefficients, pack_coefficients
-from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.errors import InvalidArgumentError
-from common.sketches.domain import Domain
-from common.sketches.feature_maps import draw_rff
-from common.sketches.spec import SketchDeclaration
-from common.summarization.candidates import shrink_towards_moments, shrink_towards_points
-from common.summarization.kernels import bid_direction, bid_scores, embedding_greedy, mmd2
-from common.summarization.partitioned import merge_best
-from common.summarization.rff import draw_rff_params, random_fourier_features
-from common.summarization.terms import OwnerTerms
-from owner.cape import _fm_part, _gradient_part, _mean_part
-from owner.data import PointSet
-from owner.dataset import open_dataset
-from owner.engine import DaskEngine, SerialEngine, WorkCancelled, start_engine
-from owner.ledger import OwnerLedger
-from owner.partitioned import PartitionedData, PartitionedTable, mean_statistic
-from owner.policy import OwnerPolicy
-from owner.protocol import Owner
-from owner.sketches import SketchPublisher, _sketch_part
-from owner.validation import read_all, validate_dataset
+from dpmarket.common.cape.dpgd import init_params, n_params, site_gradient
+from dpmarket.common.cape.functional_mechanism import fm_coefficients, pack_coefficients
+from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.feature_maps import draw_rff
+from dpmarket.common.sketches.spec import SketchDeclaration
+from dpmarket.common.summarization.candidates import shrink_towards_moments, shrink_towards_points
+from dpmarket.common.summarization.kernels import bid_direction, bid_scores, embedding_greedy, mmd2
+from dpmarket.common.summarization.partitioned import merge_best
+from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
+from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.owner.cape import _fm_part, _gradient_part, _mean_part
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.dataset import open_dataset
+from dpmarket.owner.engine import DaskEngine, SerialEngine, WorkCancelled, start_engine
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.partitioned import PartitionedData, PartitionedTable, mean_statistic
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.owner.protocol import Owner
+from dpmarket.owner.sketches import SketchPublisher, _sketch_part
+from dpmarket.owner.validation import read_all, validate_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +94,7 @@ def test_the_local_workers_run_with_the_engines_malloc_settings(engine) -> None:
     # Dask's own MALLOC_TRIM_THRESHOLD_ (64 KiB) makes every feature block a fresh mmap.
     import os
 
-    from owner.engine import MALLOC_ENV
+    from dpmarket.owner.engine import MALLOC_ENV
 
     seen = engine.client.run(lambda: {k: os.environ.get(k) for k in MALLOC_ENV})
     assert len(seen) == 2

@@ -5,16 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.errors import (
+from dpmarket.common.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
 )
-from common.summarization.kernels import bid_direction
-from common.summarization.rff import draw_rff_params, random_fourier_features
-from owner.data import PointSet
-from owner.protocol import Owner
+from dpmarket.common.summarization.kernels import bid_direction
+from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.protocol import Owner
 
 D = 32
 
@@ -137,7 +137,7 @@ def test_a_bid_is_quick_only_in_memory_after_the_terms_and_with_the_session_idle
     assert owner.quick_bid("s")
     with owner._step("s", "curator:local"):  # another step of the session is running
         assert not owner.quick_bid("s")
-    monkeypatch.setattr("owner.protocol.QUICK_STEP_BYTES", session.features.nbytes - 1)
+    monkeypatch.setattr("dpmarket.owner.protocol.QUICK_STEP_BYTES", session.features.nbytes - 1)
     assert not owner.quick_bid("s")
     with pytest.raises(NotFoundError):
         owner.quick_bid("s", curator="curator:other")

@@ -19,22 +19,22 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from common.cape.agreement import SizeAttestation, plan_statement
-from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.errors import DPMarketError
-from common.secagg.crypto import EcdsaSigner
-from common.secagg.fixedpoint import FixedPoint
-from common.secagg.protocol import RoundParams
-from common.summarization.rff import draw_rff_params
-from common.summarization.terms import OwnerTerms
-from curator.secagg import aggregate
-from deploy.pki import init_ca, issue_all
-from owner.cape import CapeSite
-from owner.data import PointSet, Table
-from owner.local import LocalSecureAggregationEndpoint
-from owner.protocol import Owner
-from owner.secagg import SiteIdentity, SiteRounds
-from runtime.identity import Identity, identity_files
+from dpmarket.common.cape.agreement import SizeAttestation, plan_statement
+from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import DPMarketError
+from dpmarket.common.secagg.crypto import EcdsaSigner
+from dpmarket.common.secagg.fixedpoint import FixedPoint
+from dpmarket.common.secagg.protocol import RoundParams
+from dpmarket.common.summarization.rff import draw_rff_params
+from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.curator.secagg import aggregate
+from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.owner.cape import CapeSite
+from dpmarket.owner.data import PointSet, Table
+from dpmarket.owner.local import LocalSecureAggregationEndpoint
+from dpmarket.owner.protocol import Owner
+from dpmarket.owner.secagg import SiteIdentity, SiteRounds
+from dpmarket.runtime.identity import Identity, identity_files
 
 N, D_RFF = 30, 16
 CURATOR, CONSUMER = "curator:c", "consumer:x"
@@ -252,7 +252,7 @@ def test_every_cape_refusal_is_the_same_whatever_the_owner_holds(
         ("close", lambda s: s.close("probe", curator=CURATOR)),
         ("close again", lambda s: s.close("probe", curator=CURATOR)),
     ]
-    with caplog.at_level("INFO", logger="owner.cape"):
+    with caplog.at_level("INFO", logger="dpmarket.owner.cape"):
         outcomes = _same_outcomes(_site, script)
     names = [n for n, _ in script]
     assert outcomes[names.index("logistic on an undeclared target")] == (
@@ -276,7 +276,7 @@ def test_a_probe_with_chosen_bounds_changes_only_the_charged_release(
     releases the mean of its values clamped to the bounds (here exactly 1000 before noise) and
     the same for any data below them; the count of clamped rows is in its log only."""
     releases = []
-    with caplog.at_level("INFO", logger="owner.cape"):
+    with caplog.at_level("INFO", logger="dpmarket.owner.cape"):
         for seed in (0, 1):
             site = _site(seed)
             site.open("probe", PROBE, 1, curator=CURATOR, consumer=CONSUMER)
@@ -328,7 +328,7 @@ def test_an_input_outside_the_rounds_range_is_refused_without_naming_it(
     text; the value is in the site's own log."""
     params = RoundParams.create(SITES, 2, 4, FixedPoint(clip=1.0, resolution_bits=20, sites=3))
     reasons = []
-    with caplog.at_level("WARNING", logger="owner.secagg"):
+    with caplog.at_level("WARNING", logger="dpmarket.owner.secagg"):
         for secret in (1.7319, -42.5):
             inputs = {s: np.full(4, 0.25) for s in SITES}
             inputs["site-c"] = np.array([0.0, secret, 0.0, 0.0])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.database import open_database, snapshot, transaction
+from dpmarket.runtime.database import open_database, snapshot, transaction
 
 V1 = "CREATE TABLE things (id INTEGER PRIMARY KEY, name TEXT NOT NULL);"
 # A semicolon inside a string literal and a trigger body must not split the script.

@@ -1,4 +1,4 @@
-"""Known answers for the terms a session offers each owner (common.summarization.terms)."""
+"""Known answers for the terms a session offers each owner (dpmarket.common.summarization.terms)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from common.privacy.accounting import PrivacyEvent, pld_epsilon
-from common.summarization.auction import auction_parameters
-from common.summarization.calibration import paper_mode_events, rounds_auction
-from common.summarization.summary import SummarizationConfig
-from common.summarization.terms import OwnerTerms, approximate_delta, owner_terms
+from dpmarket.common.privacy.accounting import PrivacyEvent, pld_epsilon
+from dpmarket.common.summarization.auction import auction_parameters
+from dpmarket.common.summarization.calibration import paper_mode_events, rounds_auction
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.terms import OwnerTerms, approximate_delta, owner_terms
 
 K, M, N_SEED = 5, 40, 10
 
