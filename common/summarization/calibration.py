@@ -39,6 +39,7 @@ __all__ = [
     "rounds_auction",
     "rounds_mode_events",
     "rounds_tree_sigma",
+    "session_auction",
 ]
 
 #: Sensitivity ``Delta`` of MWEM's score and measurement (``dpmarket.common.summarization.mwem``):
@@ -387,6 +388,27 @@ def _pure_epsilon_for_target(tau: int, target: float, delta: float) -> float:
         return pld_epsilon([PrivacyEvent("pure", c * target / tau, tau)], delta)
 
     return _solve_factor(epsilon_of, target, "PrivAuction alone") * target / tau
+
+
+def session_auction(config: SummarizationConfig, n_owners: int) -> AuctionParams | None:
+    """PrivAuction's parameters in a per-round session of ``config`` with ``K`` owners: Appendix D's
+    at ``(epsilon_auction, delta_owners)`` for the private method, :func:`rounds_auction` for
+    the rounds method, ``None`` for every other method (the non-private greedy asks its top
+    bidder; the one-round methods hold no auction).
+
+    Raises
+    ------
+    ValueError
+        If ``n_owners`` is not an integer ``>= 1``.
+    """
+    k = check_positive_int(n_owners, "n_owners")
+    if config.method == "private":
+        return auction_parameters(
+            config.epsilon_auction, config.delta_owners, k, variant=config.auction
+        )
+    if config.method == "rounds":
+        return rounds_auction(config, k)
+    return None
 
 
 def rounds_auction(config: SummarizationConfig, n_owners: int) -> AuctionParams:

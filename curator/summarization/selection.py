@@ -23,11 +23,11 @@ from dpmarket.common.privacy.ledger import Charge
 from dpmarket.common.summarization.auction import (
     AuctionParams,
     auction_events,
-    auction_parameters,
     choose_owners_to_ask,
     rank_owners,
+    repeat_limit,
 )
-from dpmarket.common.summarization.calibration import rounds_auction
+from dpmarket.common.summarization.calibration import session_auction
 from dpmarket.common.summarization.endpoints import OwnerBid, ReleasedPoint
 from dpmarket.common.summarization.hashes import leader_of
 from dpmarket.common.summarization.kernels import (
@@ -279,17 +279,7 @@ class Selection:
         seed_features = random_fourier_features(state.seed_set, rff, dtype=np.float64)
         # Step 3: the validation embedding gtilde.
         g_val = await asyncio.to_thread(self.releases.validation_embedding, val_features, mode)
-        if mode != "greedy":
-            state.auction = (
-                auction_parameters(
-                    cfg.epsilon_auction,
-                    cfg.delta_owners,
-                    len(state.slots),
-                    variant=cfg.auction,
-                )
-                if mode == "private"
-                else rounds_auction(cfg, len(state.slots))
-            )
+        state.auction = session_auction(cfg, len(state.slots))
         await state.gather(
             state.active(),
             lambda i: state.endpoint(i).set_validation_embedding(state.owner_session_id, g_val),
@@ -303,7 +293,9 @@ class Selection:
         iteration = 0
         released_for = 0
         g_sum, q_sent = np.zeros(cfg.rff_dimension), 0
-        max_repeats = (state.auction.tau if state.auction is not None else 0) + 1
+        # The owners' terms state the iterations this allows (iteration_limit): each owner
+        # refuses a Bid beyond them.
+        max_repeats = repeat_limit(state.auction)
         repeats = 0
         while len(summary.points) < p:
             iteration += 1
