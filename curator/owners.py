@@ -38,6 +38,7 @@ from dpmarket.runtime.arrays import array_to_proto
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.serving import CHANNEL_OPTIONS
 from dpmarket.runtime.status import error_from_rpc
+from dpmarket.runtime.terms import terms_to_proto
 from dpmarket.runtime.transport import (
     CONNECT_TIMEOUT_SECONDS,
     ConnectError,
@@ -249,7 +250,7 @@ class GrpcOwnerEndpoint:
             sampling_seed=sampling_seed,
             gamma=rff.gamma,
             consumer=consumer,
-            terms=convert.terms_to_proto(terms),
+            terms=terms_to_proto(terms),
         )
         response = await self._call(
             lambda: self._stub.OpenSession(request, timeout=self.pass_deadline())

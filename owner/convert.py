@@ -11,7 +11,6 @@ from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from dpmarket.common.summarization.rff import RFFParams
-from dpmarket.common.summarization.terms import OwnerTerms
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.schemas import schema_to_proto
@@ -86,28 +85,6 @@ def points_to_proto(
     if labels is not None:
         response.labels.CopyFrom(array_to_proto(labels.astype(np.int64)))
     return response
-
-
-def terms_from_proto(message: privacy_pb2.PrivacyTerms) -> OwnerTerms:
-    """PrivacyTerms -> OwnerTerms.
-
-    Raises
-    ------
-    InvalidArgumentError
-        If epsilon or delta is out of range (negative, NaN, infinite without ``non_private``) or
-        the description is empty or longer than 256 characters.
-    """
-    if not message.mechanism or len(message.mechanism) > 256:
-        raise InvalidArgumentError("terms.mechanism must be 1 to 256 characters")
-    try:
-        return OwnerTerms(
-            message.mechanism,
-            float(message.epsilon),
-            float(message.delta),
-            non_private=bool(message.non_private),
-        )
-    except ValueError as exc:
-        raise InvalidArgumentError(f"terms: {exc}") from exc
 
 
 def consumer_from_proto(text: str) -> str:

@@ -20,8 +20,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
 from dpmarket.common.ids import short_id
+from dpmarket.common.summarization.terms import Step
 from dpmarket.owner import convert
 from dpmarket.owner.cape import CapeSite
 from dpmarket.owner.cape_service import CapeSiteServicer, SecureAggregationServicer
@@ -30,6 +31,7 @@ from dpmarket.owner.secagg import SiteIdentity, SiteRounds
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.serving import serve_until_signalled, start_server, write_port
+from dpmarket.runtime.terms import terms_from_proto
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import (
     cape_pb2,
@@ -72,7 +74,12 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
     @rpc("curator")
     async def OpenSession(self, request, context, caller):  # type: ignore[no-untyped-def]
         rff = convert.rff_from_proto(request.omega, request.phase, request.gamma)
-        terms = convert.terms_from_proto(request.terms)
+        terms = terms_from_proto(request.terms)
+        if Step.HASHES in terms.steps:
+            raise FailedPreconditionError(
+                f"method {terms.method.value} runs in process only: no RPC of this service "
+                "carries the hashes mode's key agreement"
+            )
         consumer = convert.consumer_from_proto(request.consumer)
         num_points, max_points = await self._run(
             request.session_id,
@@ -80,20 +87,21 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
             request.session_id,
             rff,
             int(request.sampling_seed),
+            terms=terms,
             curator=str(caller),
             consumer=consumer,
-            terms=terms,
         )
         logger.info(
-            "session %s opened by %s for %s: d=%d, terms %s (epsilon=%g, delta=%g), "
-            "at most %d points",
+            "session %s opened by %s for %s: d=%d, method %s (epsilon=%g, delta=%g, "
+            "at most %d rounds), at most %d points",
             short_id(request.session_id),
             caller,
             consumer,
             rff.d,
-            terms.mechanism,
+            terms.method.value,
             terms.epsilon,
             terms.delta,
+            terms.max_rounds,
             max_points,
         )
         return owner_pb2.OpenSessionResponse(num_points=num_points, max_points=max_points)

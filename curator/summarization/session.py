@@ -356,9 +356,11 @@ class SummarizationSession:
             )
         if state.terms is not None:
             ledger["owner_terms"] = {
-                "mechanism": state.terms.mechanism,
+                "method": state.terms.method.value,
+                "mechanism": state.terms.description,
                 "epsilon": state.terms.epsilon,
                 "delta": state.terms.delta,
+                "max_rounds": state.terms.max_rounds,
                 "non_private": state.terms.non_private,
             }
         return SessionReport(

@@ -33,7 +33,7 @@ from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpe
 from dpmarket.common.errors import DPMarketError
 from dpmarket.common.summarization.rff import draw_rff_params
 from dpmarket.common.summarization.summary import SummarizationConfig
-from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.curator.owners import GrpcOwnerEndpoint
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
@@ -322,7 +322,8 @@ async def _probe(deployment: Deployment) -> list[str]:
     rff = draw_rff_params(3, 16, 0.5, np.random.default_rng(1))
     wide = draw_rff_params(4, 16, 0.5, np.random.default_rng(1))
     g = np.full(16, 0.05)
-    terms = OwnerTerms("relevance count", 1.0, 0.0)
+    terms = OwnerTerms(SessionMethod.CANDIDATES_COUNTS, 1.0, 0.0)
+    uniform = OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0)
     sex = CapeJobSpec("logistic", (("age", 18.0, 80.0),), ("sex", 0.0, 1.0), 1.0, 1e-6)
     probe = CapeMeanSpec((("target", 1000.0, 2000.0),), 1.0, 1e-6)
     sites = ["owner-0", "zz"]
@@ -342,10 +343,13 @@ async def _probe(deployment: Deployment) -> list[str]:
         lambda: owner.set_validation_embedding("s", g[:5]),
         lambda: owner.set_validation_embedding("s", g),
         lambda: owner.count_relevant("s", float("nan")),
-        lambda: owner.sample_uniform("s", 200),
+        lambda: owner.sample_uniform("s", 1),
         lambda: owner.release_point("s", 3),
         lambda: owner.propose_candidates("s", 0),
         lambda: owner.close_session("s"),
+        lambda: owner.open_session("u", rff, 0, consumer="consumer:c", terms=uniform),
+        lambda: owner.sample_uniform("u", 200),
+        lambda: owner.close_session("u"),
         lambda: owner.open_job("j", sex, 1, "consumer:c"),
         lambda: owner.open_job("j", probe, 1, "consumer:c"),
         lying_plan,

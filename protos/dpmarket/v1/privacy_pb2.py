@@ -24,15 +24,13 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64pmarket/v1/privacy.proto\x12\x0b\x64pmarket.v1\"V\n\x0cPrivacyTerms\x12\x11\n\tmechanism\x18\x01 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x02 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x01\x12\x13\n\x0bnon_private\x18\x04 \x01(\x08\"S\n\x0cSessionSpend\x12\x0f\n\x07\x65psilon\x18\x01 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x02 \x01(\x01\x12\x0e\n\x06points\x18\x03 \x01(\x03\x12\x13\n\x0bnon_private\x18\x04 \x01(\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64pmarket/v1/privacy.proto\x12\x0b\x64pmarket.v1\"S\n\x0cSessionSpend\x12\x0f\n\x07\x65psilon\x18\x01 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x02 \x01(\x01\x12\x0e\n\x06points\x18\x03 \x01(\x03\x12\x13\n\x0bnon_private\x18\x04 \x01(\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dpmarket.v1.privacy_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PRIVACYTERMS']._serialized_start=42
-  _globals['_PRIVACYTERMS']._serialized_end=128
-  _globals['_SESSIONSPEND']._serialized_start=130
-  _globals['_SESSIONSPEND']._serialized_end=213
+  _globals['_SESSIONSPEND']._serialized_start=42
+  _globals['_SESSIONSPEND']._serialized_end=125
 # @@protoc_insertion_point(module_scope)
