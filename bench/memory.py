@@ -190,7 +190,8 @@ def flood(
     finally:
         sampler.halt.set()
         sampler.join()
-    return Flood(statuses, before, sampler.peak - before, after - before, seconds)
+    peak = max(sampler.peak, after)
+    return Flood(statuses, before, peak - before, after - before, seconds)
 
 
 def _status(call: Callable[..., bytes], payload: bytes) -> str:
