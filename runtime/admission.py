@@ -225,7 +225,8 @@ class _Gate:
             if len(raw) > limit:
                 raise RequestTooLargeError(
                     f"a {rpc} request of {len(raw)} bytes exceeds this method's limit of "
-                    f"{limit} bytes (docs/reference.md, message limits)"
+                    f"{limit} bytes, set by the service's policy (docs/reference.md, "
+                    '"Message limits"): send a smaller request'
                 )
             if parse is None:
                 return raw
@@ -274,11 +275,10 @@ class _Gate:
             except _REFUSALS as exc:
                 return await self._refuse(exc, context)
             try:
-                request = await self._read_one(context)
-            except _UNREADABLE as exc:
-                release()
-                return await self._refuse(exc, context)
-            try:
+                try:
+                    request = await self._read_one(context)
+                except _UNREADABLE as exc:
+                    return await self._refuse(exc, context)
                 return await inner(request, context)
             finally:
                 release()
@@ -431,8 +431,8 @@ class Admission(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def _any_identity(self, context: grpc.aio.ServicerContext) -> str:
         """Any verified dpmarket identity (the health and reflection services)."""
-        if self.insecure:
-            return "insecure"
+        if self.insecure:  # no identities: each connection is a caller
+            return f"insecure {context.peer()}"
         try:
             identity = peer_identity(context)
         except ValueError as exc:

@@ -214,6 +214,15 @@ def test_a_refused_caller_is_answered_before_its_request_is_read(pki: Path) -> N
     _run(pki, scenario)
 
 
+async def _until(condition: Callable[[], bool]) -> None:
+    """Wait for ``condition`` (polling every 10 ms); fail after :data:`DEADLINE` seconds."""
+    for _ in range(int(DEADLINE * 100)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition did not hold in time")
+
+
 async def _drain(call: Any) -> list[Any]:
     return [message async for message in call]
 
@@ -259,9 +268,9 @@ def test_a_service_serves_at_most_its_calls_at_once_and_refusals_take_no_slot(pk
 
     async def scenario(connect, owner, curator):  # type: ignore[no-untyped-def]
         stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
-        held = [asyncio.ensure_future(stub.GetProgress(_progress(10))) for _ in range(2)]
-        while owner.reached < 2:
-            await asyncio.sleep(0.01)
+        calls = [stub.GetProgress(_progress(10), timeout=DEADLINE) for _ in range(2)]
+        held = [asyncio.ensure_future(call) for call in calls]
+        await _until(lambda: owner.reached == 2)
         code, details = await _code(stub.GetProgress(_progress(PROGRESS_LIMIT), timeout=DEADLINE))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "its limit of 2 calls at once" in details
@@ -269,10 +278,12 @@ def test_a_service_serves_at_most_its_calls_at_once_and_refusals_take_no_slot(pk
         alice = owner_pb2_grpc.OwnerServiceStub(connect(ALICE))
         code, _ = await _code(alice.GetProgress(_progress(10), timeout=DEADLINE))
         assert code == grpc.StatusCode.PERMISSION_DENIED
+        # A call its client cancels gives its slot back.
+        calls[0].cancel()
+        held.append(asyncio.ensure_future(stub.GetProgress(_progress(10), timeout=DEADLINE)))
+        await _until(lambda: owner.reached == 3)
         owner.release.set()
-        assert [r.done for r in await asyncio.gather(*held)] == [8, 8]
-        owner.hold = False
-        assert (await stub.GetProgress(_progress(10), timeout=DEADLINE)).done == 8
+        assert [r.done for r in await asyncio.gather(*held[1:])] == [8, 8]
         assert owner.reached == 3
 
     _run(pki, scenario, owner)
