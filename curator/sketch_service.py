@@ -17,7 +17,12 @@ from dpmarket.common.sketches.marginals import MarginalsMap
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.runtime import sketch_messages as msg
-from dpmarket.runtime.admission import SMALL_REQUEST_BYTES, VALUE_BYTES, ServiceLimits
+from dpmarket.runtime.admission import (
+    DEFAULT_CONCURRENT_CALLS,
+    SMALL_REQUEST_BYTES,
+    VALUE_BYTES,
+    ServiceLimits,
+)
 from dpmarket.runtime.authz import Authorizer, rpc
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.transport import TransportSecurity
@@ -47,7 +52,8 @@ def catalog_limits(catalog: SketchCatalog) -> ServiceLimits:
     domain again: at most twice the spec's encoding), its noisy sum (the map's dimension ``m``
     values) and, for a marginals sketch, its noisy marginals (``m`` one-way cells and at most
     ``measurements x max_cells`` two-way ones); the largest over the specs, beside the ids. The
-    other RPCs carry names only.
+    other RPCs carry names only. Calls at once: one per configured owner (each publishes on its
+    own schedule, all may at once) beside the default.
     """
     largest = 0
     for spec in catalog.specs():
@@ -56,7 +62,11 @@ def catalog_limits(catalog: SketchCatalog) -> ServiceLimits:
         if isinstance(fmap, MarginalsMap):
             values += fmap.dimension + fmap.measurements * fmap.max_cells
         largest = max(largest, 2 * len(msg.spec_bytes(spec)) + VALUE_BYTES * values)
-    return ServiceLimits({"PublishSketch": SMALL_REQUEST_BYTES + largest})
+    owners = 0 if catalog.owners is None else len(catalog.owners)
+    return ServiceLimits(
+        {"PublishSketch": SMALL_REQUEST_BYTES + largest},
+        concurrent_calls=DEFAULT_CONCURRENT_CALLS + owners,
+    )
 
 
 class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):

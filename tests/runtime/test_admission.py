@@ -24,10 +24,15 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.secagg.protocol import KeyAdvertisement
+from dpmarket.common.sketches.marginals import MarginalsMechanism
+from dpmarket.common.sketches.spec import SketchDeclaration
 from dpmarket.curator.cape_service import cape_limits
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.service import curator_limits
+from dpmarket.curator.sketch_service import catalog_limits
+from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.deploy.pki import init_ca, issue_all
 from dpmarket.owner.cape import CapeSite
 from dpmarket.owner.cape_service import (
@@ -39,7 +44,7 @@ from dpmarket.owner.cape_service import (
 from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.service import owner_limits
-from dpmarket.runtime import cape_messages
+from dpmarket.runtime import cape_messages, sketch_messages
 from dpmarket.runtime.admission import (
     OPEN_CALLS_PER_CALLER,
     SMALL_REQUEST_BYTES,
@@ -59,6 +64,7 @@ from dpmarket.v1 import (
     owner_pb2_grpc,
     privacy_pb2,
     secure_aggregation_pb2,
+    sketch_pb2,
 )
 from tests.runtime.test_authz import SERVICES
 
@@ -452,3 +458,39 @@ def test_the_curators_limits_follow_its_policy() -> None:
     )
     fit = cape_pb2.FitCapeRequest(spec=spec, request_id="r" * 128)
     assert fit.ByteSize() <= cape_limits(CuratorPolicy()).request_bytes("FitCape")
+
+
+def test_the_catalogues_limits_admit_a_sketch_of_each_of_its_specs(tmp_path: Path) -> None:
+    """PublishSketch's limit, from the catalogue's specs (a marginals one among them), admits a
+    real sketch of each RFF, RACE and HIST spec; the catalogue takes a call of each configured
+    owner at once."""
+    columns = [{"name": "a", "low": 0, "high": 1}, {"name": "b", "low": -10, "high": 10}]
+    declaration = SketchDeclaration.from_mapping(
+        {
+            "name": "toy",
+            "mechanism": {"epsilon": 1.0, "epsilon_range": [0.5, 2.0]},
+            "columns": columns,
+            "maps": {
+                "rff": {"frequencies": 64, "sigma": 0.5},
+                "race": {"hashes": 8, "buckets": 16, "width": 0.25},
+                "hist": {"bins": 32},
+                "marginals": {"bins": 10, "rounds": 2, "measurements": 4, "delta": 1e-6},
+            },
+        }
+    )
+    owners = [f"owner-{i}" for i in range(100)]
+    rng = np.random.default_rng(0)
+    records = np.column_stack([rng.uniform(0, 1, 200), rng.uniform(-10, 10, 200)])
+    with SketchCatalog(tmp_path, [declaration], owners=owners, seed=0) as catalog:
+        limits = catalog_limits(catalog)
+        assert limits.concurrent_calls >= len(owners)
+        assert len(catalog.specs()) == 4
+        for spec in catalog.specs():
+            mechanism = spec.mechanism(1.0)
+            if isinstance(mechanism, MarginalsMechanism):
+                continue  # its release fits a graphical model (seconds); its limit is larger
+            sketch = mechanism.release(records, SeededNoise(np.random.default_rng(1)))
+            request = sketch_pb2.PublishSketchRequest(
+                spec=spec.name, sketch=sketch_messages.sketch_to_proto(sketch)
+            )
+            assert request.ByteSize() <= limits.request_bytes("PublishSketch"), spec.name
