@@ -417,7 +417,8 @@ def cape_limits(policy: CuratorPolicy) -> ServiceLimits:
     """CapeService's receive limits, from the curator's policy: ``FitCape``,
     ``EstimateCapeMean`` and ``TrainCape`` carry a spec naming at most the policy's
     ``cape_columns`` bound of columns and a schema of as many
-    (:data:`~dpmarket.runtime.admission.COLUMN_BYTES` each, twice), ``WatchCapeJob`` a request id."""
+    (:data:`~dpmarket.runtime.admission.COLUMN_BYTES` each, twice), ``WatchCapeJob`` a request
+    id."""
     columns = int(policy.ranges.get("cape_columns", DEFAULT_RANGES["cape_columns"])[1])
     job = SMALL_REQUEST_BYTES + 2 * (columns + 1) * COLUMN_BYTES
     return ServiceLimits({"FitCape": job, "EstimateCapeMean": job, "TrainCape": job})

@@ -166,7 +166,8 @@ def test_requests_at_the_edges_of_every_range_are_accepted() -> None:
 
 
 def test_the_values_of_a_request_are_bounded_as_its_receive_limit_assumes() -> None:
-    """(m + n0) x n: what CreateSession's receive limit is derived from (dpmarket.curator.service)."""
+    """(m + n0) x n: what CreateSession's receive limit is derived from
+    (dpmarket.curator.service)."""
     config = SummarizationConfig(summary_size=10, method="candidates")
     high = int(DEFAULT_RANGES["validation_values"][1])
     CuratorPolicy().check_request(config, 40, high)
