@@ -62,7 +62,6 @@ from dpmarket.v1 import (
     curator_pb2_grpc,
     owner_pb2,
     owner_pb2_grpc,
-    privacy_pb2,
     secure_aggregation_pb2,
     sketch_pb2,
 )
@@ -356,7 +355,9 @@ def test_the_owners_limits_admit_requests_at_its_policy_bounds_and_name_its_rpcs
     rpcs = {m.name for m in owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].methods}
     assert set(limits.requests) <= rpcs
     session = "s" * 256
-    terms = privacy_pb2.PrivacyTerms(mechanism="m" * 200, epsilon=1.0, delta=1e-6)
+    terms = owner_pb2.SessionTerms(
+        method=owner_pb2.SESSION_METHOD_PRIVATE, epsilon=1.0, delta=1e-6, max_rounds=2**62
+    )
     embedding = array_to_proto(np.zeros(d))
     requests = {
         "OpenSession": owner_pb2.OpenSessionRequest(
