@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -17,11 +18,12 @@ import grpc
 from dpmarket.curator import convert
 from dpmarket.curator.cape_service import CapeJobs, CapeServicer
 from dpmarket.curator.owners import GrpcOwnerEndpoint
-from dpmarket.curator.policy import CuratorPolicy
+from dpmarket.curator.policy import DEFAULT_RANGES, CuratorPolicy
 from dpmarket.curator.sessions import SessionManager
 from dpmarket.curator.sketch_service import SketchCatalogServicer, catalog_authorizer
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.curator.store import CuratorStore
+from dpmarket.runtime.admission import VALUE_BYTES, ServiceLimits, largest_request
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.schemas import schema_from_proto
@@ -40,6 +42,21 @@ logger = logging.getLogger(__name__)
 
 #: The identity every caller of a plaintext (``--insecure``) curator is taken to have.
 INSECURE_CONSUMER = Identity("consumer", "insecure")
+#: Bytes of a CreateSession request beside its two arrays: the parameters, the schema and the
+#: feature names (about 2,000 columns' worth).
+CREATE_SESSION_OVERHEAD_BYTES = 1 << 20
+
+
+def curator_limits(policy: CuratorPolicy) -> ServiceLimits:
+    """CuratorService's receive limits, from the curator's policy.
+
+    ``CreateSession`` carries the validation and seed sets, ``(m + n0) x n`` float64 values of
+    which the policy admits at most its ``validation_values`` bound, and
+    :data:`CREATE_SESSION_OVERHEAD_BYTES` more; ``WatchSession`` and ``GetSummary`` carry a
+    session id (:data:`~dpmarket.runtime.admission.SMALL_REQUEST_BYTES`).
+    """
+    values = int(policy.ranges.get("validation_values", DEFAULT_RANGES["validation_values"])[1])
+    return ServiceLimits({"CreateSession": CREATE_SESSION_OVERHEAD_BYTES + VALUE_BYTES * values})
 
 
 def request_digest(request: curator_pb2.CreateSessionRequest) -> str:
@@ -56,6 +73,12 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
     def __init__(self, manager: SessionManager, authorizer: Authorizer) -> None:
         self.manager = manager
         self.authorizer = authorizer
+
+    @functools.cached_property
+    def limits(self) -> ServiceLimits:
+        """This service's receive limits and calls at once (:func:`curator_limits`), read by
+        :class:`dpmarket.runtime.admission.Admission` when the service is first called."""
+        return curator_limits(self.manager.policy)
 
     @rpc("consumer")
     async def CreateSession(self, request, context, caller):  # type: ignore[no-untyped-def]
@@ -148,21 +171,22 @@ async def serve_curator(
         owners, policy=policy, store=store, rate=manager.rate, call_timeout=call_timeout
     )
 
-    def register(server: grpc.aio.Server) -> None:
-        curator_pb2_grpc.add_CuratorServiceServicer_to_server(
-            CuratorServicer(manager, authorizer), server
+    sessions = CuratorServicer(manager, authorizer)
+    jobs = CapeServicer(cape, authorizer)
+    catalog = None
+    if sketches is not None:
+        owner_names = [o.expected.name for o in owners if o.expected is not None]
+        catalog = SketchCatalogServicer(
+            sketches,
+            catalog_authorizer(policy, owner_names, security, INSECURE_CONSUMER),
+            allocation_spec,
         )
-        cape_pb2_grpc.add_CapeServiceServicer_to_server(CapeServicer(cape, authorizer), server)
-        if sketches is not None:
-            owner_names = [o.expected.name for o in owners if o.expected is not None]
-            sketch_pb2_grpc.add_SketchCatalogServiceServicer_to_server(
-                SketchCatalogServicer(
-                    sketches,
-                    catalog_authorizer(policy, owner_names, security, INSECURE_CONSUMER),
-                    allocation_spec,
-                ),
-                server,
-            )
+
+    def register(server: grpc.aio.Server) -> None:
+        curator_pb2_grpc.add_CuratorServiceServicer_to_server(sessions, server)
+        cape_pb2_grpc.add_CapeServiceServicer_to_server(jobs, server)
+        if catalog is not None:
+            sketch_pb2_grpc.add_SketchCatalogServiceServicer_to_server(catalog, server)
 
     names = [
         curator_pb2.DESCRIPTOR.services_by_name["CuratorService"].full_name,
@@ -170,7 +194,13 @@ async def serve_curator(
     ]
     if sketches is not None:
         names.append(sketch_pb2.DESCRIPTOR.services_by_name["SketchCatalogService"].full_name)
-    server, port, _ = await start_server(register, names, address, security)
+    server, port, _ = await start_server(
+        register,
+        names,
+        address,
+        security,
+        max_request_bytes=largest_request([sessions, jobs, catalog]),
+    )
     logger.info("curator serving on port %d for %d owner(s)", port, len(owners))
     if port_file:
         write_port(port_file, port)

@@ -348,7 +348,8 @@ class SessionManager:
             feature_names=feature_names,
         )
         # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
-        self.policy.check_request(config, int(session.validation.shape[0]))
+        m, n = session.validation.shape
+        self.policy.check_request(config, m, (m + seed_set.shape[0]) * n)
         self.rate.check(consumer)
         if self.running + self._starting >= self.policy.max_running:
             raise ResourceExhaustedError(
