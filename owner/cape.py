@@ -319,6 +319,7 @@ class CapeSite:
             raise InvalidArgumentError(f"sites must be sorted and distinct, got {list(names)}")
         if self.name not in names:
             raise InvalidArgumentError(f"owner {self.name} is not among the sites {names}")
+        self._require_identity().check_roster(names)
         if job.training:
             if first_iteration <= job.last_iteration:
                 raise FailedPreconditionError(
@@ -366,8 +367,9 @@ class CapeSite:
         FailedPreconditionError
             If ``S_C`` is not one this owner may plan with (its floor, the spec's or the default,
             the training's; :func:`dpmarket.common.cape.agreement.check_colluders`), a statistic job
-            has released, a training would re-plan an iteration released already, or this owner has
-            no identity.
+            has released, a training would re-plan an iteration released already, this owner has
+            no identity, or a site is not on this owner's roster (its policy's ``[peers]``: the
+            curator cannot add a site, :meth:`dpmarket.owner.secagg.SiteIdentity.check_roster`).
         AbortedError
             If the job was aborted at this owner.
         """
@@ -419,7 +421,9 @@ class CapeSite:
             As :meth:`attest`.
         AbortedError
             If a site's signed count is missing, filed under another site, or does not verify
-            against its certificate (deployment CA, name = site) for exactly this plan, or this
+            against its certificate (deployment CA, name = site, the key this owner pins for
+            the site) for exactly this plan (every site signs the same sorted sites, so a
+            roster the curator changed between sites fails here), or this
             owner's own count is not its own: the job is aborted at this owner (every later call
             of it fails; it has released nothing and charged nothing). Also if it was aborted
             before.
