@@ -498,7 +498,9 @@ class SiteRounds:
             The message names the range only: the input is a secret noise draw, and the
             quantizer's own message (which names the offending value) goes to this owner's log.
             The draw is discarded with the round (no release uses a round this site did not
-            finish), and whether a fresh draw fits depends on public parameters only.
+            finish; the input source may refuse a second draw for the same round, as a CAPE
+            job does, so the curator runs a new round), and whether a fresh draw fits depends
+            on public parameters only.
         SecAggError, FailedPreconditionError, NotFoundError
             As :meth:`dpmarket.common.secagg.protocol.SecAggSite.masked_input`; their messages
             concern the protocol's messages, not the input.
