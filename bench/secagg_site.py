@@ -28,6 +28,7 @@ from numpy.typing import NDArray
 from dpmarket.common.errors import FailedPreconditionError, NotFoundError
 from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.secagg.protocol import RoundParams
+from dpmarket.deploy.pki import owner_pins
 from dpmarket.owner.cape_service import SecureAggregationServicer
 from dpmarket.owner.secagg import SiteRounds
 from dpmarket.owner.service import owner_authorizer, site_identity
@@ -134,7 +135,10 @@ async def serve(
     """Serve the site on ``127.0.0.1:port`` until SIGTERM; write the bound port to a file."""
     security = TransportSecurity.from_files(*identity_files(pki_dir, Identity("owner", name)))
     jobs = SyntheticJobs(name, Identity("curator", curator), lengths, seed, clip)
-    rounds = SiteRounds(site_identity(name, security), jobs.input, jobs.rng_for)
+    # The roster: every owner certificate the benchmark issued into the PKI folder.
+    rounds = SiteRounds(
+        site_identity(name, security, owner_pins(pki_dir)), jobs.input, jobs.rng_for
+    )
     authorizer = owner_authorizer((curator,), security)
 
     servicer = SecureAggregationServicer(rounds, jobs, authorizer)

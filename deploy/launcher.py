@@ -35,9 +35,10 @@ from dpmarket.common.summarization.summary import (
     SummarizationConfig,
     SummaryResult,
 )
-from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
 from dpmarket.experiments.runner import exact_greedy_summary, owner_sketch_seed
 from dpmarket.owner.data import feature_columns
+from dpmarket.owner.policy import OwnerPolicy, load_owner_policy
 from dpmarket.runtime.cli import progress_printer
 from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
 from dpmarket.runtime.transport import TransportSecurity
@@ -71,7 +72,10 @@ class LocalCluster:
         (each owner's ledger) and ``curator/`` (sessions and charges). Default: a temporary
         directory removed on exit.
     owner_policy, curator_policy : path, optional
-        Policy files passed to every owner and to the curator (default: built-in defaults).
+        Policy files of every owner and of the curator (default: built-in defaults). With
+        certificates, each owner gets ``owner_policy`` with a ``[peers]`` section added: the
+        public-key pins of every owner of the cluster and of ``peer_owners``
+        (:attr:`owner_policy_file`), as ``dpmarket init`` writes them.
     allow_seeded_sessions : bool
         Passed to the curator and the owners (reproducible runs).
     owner_timeout : float
@@ -84,6 +88,10 @@ class LocalCluster:
     owner_binary_columns : sequence of str
         Columns every owner declares 0/1 (``serve-owner --binary-column``): the targets CAPE
         logistic regressions and trainings may use.
+    peer_owners : sequence of str
+        Owners the cluster does not run (a test plays them in-process) that are issued
+        certificates and pinned in every owner's ``[peers]``, as an owner the operators agreed
+        on would be.
     owners_per_process : int
         1 (default): one ``dpmarket serve-owner`` process per owner, as in a deployment. More:
         owners are served in groups of that many per process (:mod:`dpmarket.deploy.owner_group`),
@@ -125,6 +133,7 @@ class LocalCluster:
         sketch_seed: int | None = None,
         allocation_sketch_spec: str | None = None,
         owners_per_process: int = 1,
+        peer_owners: Sequence[str] = (),
     ) -> None:
         if owners_per_process < 1:
             raise ValueError(f"owners_per_process must be >= 1, got {owners_per_process}")
@@ -135,6 +144,7 @@ class LocalCluster:
         self.owner_ids = list(owner_ids)
         self.log_dir = Path(log_dir)
         self.owner_policy = None if owner_policy is None else str(owner_policy)
+        self.peer_owners = list(peer_owners)
         self.curator_policy = None if curator_policy is None else str(curator_policy)
         self.allow_seeded_sessions = allow_seeded_sessions
         self.owner_timeout = owner_timeout
@@ -189,12 +199,32 @@ class LocalCluster:
             init_ca(self.pki_dir)
         identities = [
             Identity("curator", CURATOR_NAME),
-            *(Identity("owner", o) for o in self.owner_ids),
+            *(Identity("owner", o) for o in [*self.owner_ids, *self.peer_owners]),
             *(Identity("consumer", c) for c in self.consumers),
         ]
         missing = [i for i in identities if not identity_files(self.pki_dir, i)[1].exists()]
         if missing:
             issue_all(self.pki_dir, missing)
+
+    @property
+    def owner_policy_file(self) -> str | None:
+        """The policy file every owner command of the cluster gets (``--policy``): with
+        certificates, ``owner_policy`` (or the defaults) with the ``[peers]`` pins of every owner
+        of the cluster and of ``peer_owners``, written into the state directory; plaintext
+        clusters pass ``owner_policy`` as it is (no CAPE without certificates)."""
+        if self.insecure:
+            return self.owner_policy
+        return str(self.state_dir / "owner-policy.toml")
+
+    def _write_owner_policy(self) -> None:
+        """Write :attr:`owner_policy_file`: the owners pin each other's keys, as ``dpmarket
+        init`` makes them."""
+        base = OwnerPolicy() if self.owner_policy is None else load_owner_policy(self.owner_policy)
+        pins = owner_pins(self.pki_dir, [*self.owner_ids, *self.peer_owners])
+        policy = dataclasses.replace(base, peers=tuple(pins.items()))
+        path = Path(str(self.owner_policy_file))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(policy.to_toml(), encoding="utf-8")
 
     def _spawn(self, name: str, args: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -242,8 +272,8 @@ class LocalCluster:
                 args += ["--binary-column", column]
         args += self._tls_args(owner_id)
         args += ["--data-dir", str(self.owner_state(owner_id))]
-        if self.owner_policy is not None:
-            args += ["--policy", self.owner_policy]
+        if self.owner_policy_file is not None:
+            args += ["--policy", self.owner_policy_file]
         if self.allow_seeded_sessions:
             args.append("--allow-seeded-sessions")
         return args
@@ -252,6 +282,7 @@ class LocalCluster:
         """Issue the certificates, start every owner, then the curator pointed at them."""
         if not self.insecure:
             self.issue_certificates()
+            self._write_owner_policy()
         if self.owners_per_process > 1:
             self._start_owner_groups()
         else:
@@ -357,8 +388,8 @@ class LocalCluster:
                 *self._tls_args(owner),
                 "--out", str(out), "--all",
             ]  # fmt: skip
-            if self.owner_policy is not None:
-                args += ["--policy", self.owner_policy]
+            if self.owner_policy_file is not None:
+                args += ["--policy", self.owner_policy_file]
             if seed is not None:
                 args += ["--seed", str(owner_sketch_seed(seed, k))]
             with (self.log_dir / f"publish-{owner}.log").open("wb") as log:

@@ -1,12 +1,21 @@
 """A local deployment of one's own data: ``dpmarket init``, ``up`` and ``down``.
 
-:func:`init_deployment` writes, into one folder, everything a marketplace over the user's own CSV or
-Parquet files needs to run on this machine: the deployment's PKI (:mod:`dpmarket.deploy.pki`: a CA
-and a certificate for the curator, every owner and a consumer), a schema drafted from the data
-(:func:`dpmarket.common.schema.draft_schema`, marked as a draft), a sketch declaration over the
-schema's columns for the curator's catalogue, one configuration file per service (``--config``:
-every option of ``serve-owner``, ``serve-curator`` and the consumer's commands), each owner's data
-directory with its policy, and ``deployment.toml``, the list of services :func:`up` starts.
+:func:`init_deployment` writes, into one folder, everything a marketplace over the user's own
+CSV or Parquet files needs to run on this machine: the deployment's PKI
+(:mod:`dpmarket.deploy.pki`: a CA in the offline folder ``ca/``, which no service reads, and a
+certificate for the curator, every owner and a consumer, each in the service's own
+``pki/<role>-<name>/`` with ``ca.crt`` and nothing of the CA's key), a schema drafted from the
+data (:func:`dpmarket.common.schema.draft_schema`, marked as a draft), a sketch declaration over
+the schema's columns for the curator's catalogue, one configuration file per service
+(``--config``: every option of ``serve-owner``, ``serve-curator`` and the consumer's commands),
+each owner's data directory with its policy — whose ``[peers]`` pin every other owner's public
+key, the roster of its CAPE jobs — and ``deployment.toml``, the list of services :func:`up`
+starts.
+
+The CA's key signs certificates and nothing else: no service needs it to run. Whoever holds it
+can mint a certificate under any name, so ``init`` leaves it in ``ca/`` for the operator to move
+off the machine (docs/howto-certificates.md, "The offline CA"), and pins what it cannot forge:
+each owner accepts as a CAPE peer only the keys its policy lists.
 
 The drafted schema's bounds are the minimum and maximum of the private data: they disclose it.
 Owners refuse to serve a draft (:meth:`dpmarket.common.schema.Schema.check_confirmed`), so nothing
@@ -35,16 +44,18 @@ import numpy as np
 
 from dpmarket.common.errors import InvalidArgumentError, UnavailableError
 from dpmarket.common.schema import draft_schema
-from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
 from dpmarket.owner.data import load_table
 from dpmarket.owner.policy import POLICY_FILE, OwnerPolicy
 from dpmarket.runtime.identity import Identity
 
 __all__ = [
+    "CA_DIR",
     "DEPLOYMENT_FILE",
     "Deployment",
     "down",
     "init_deployment",
+    "service_pki_dir",
     "up",
 ]
 
@@ -56,6 +67,14 @@ START_TIMEOUT_SECONDS = 300.0
 #: Seconds ``down`` waits for a service to stop after SIGTERM before killing it.
 STOP_TIMEOUT_SECONDS = 30.0
 CURATOR = "curator"
+#: The CA's folder in a deployment (``ca.crt``, ``ca.key``): read by ``dpmarket pki issue`` only.
+CA_DIR = "ca"
+
+
+def service_pki_dir(identity: Identity) -> Path:
+    """A service's own PKI folder in a deployment, relative to it: ``pki/<role>-<name>``, with
+    ``ca.crt`` and the service's certificate and key (never the CA's key)."""
+    return Path("pki") / f"{identity.role}-{identity.name}"
 
 
 @dataclass(frozen=True)
@@ -71,6 +90,8 @@ class Deployment:
         Each owner's configuration file.
     curator, consumer : Path
         The curator's and the consumer's configuration files.
+    ca : Path
+        The CA's folder (``ca.crt`` and ``ca.key``): no service reads it; keep it offline.
     """
 
     directory: Path
@@ -78,6 +99,7 @@ class Deployment:
     owners: dict[str, Path]
     curator: Path
     consumer: Path
+    ca: Path
 
     def next_commands(self) -> list[str]:
         """The three commands that follow ``init``: confirm the schema, start, ask."""
@@ -220,9 +242,16 @@ def init_deployment(
     schema = draft_schema(columns, values, label=label, name=title)
 
     root.mkdir(parents=True, exist_ok=True)
-    pki = root / "pki"
-    init_ca(pki)
-    issue_all(pki, identities)
+    ca = root / CA_DIR
+    init_ca(ca)
+    pki_dirs = {identity: service_pki_dir(identity) for identity in identities}
+    for identity, pki_dir in pki_dirs.items():
+        issue_all(ca, [identity], out_dir=root / pki_dir)
+    pins = {
+        i.name: owner_pins(root / d, [i.name])[i.name]
+        for i, d in pki_dirs.items()
+        if i.role == "owner"
+    }
     schema_path = root / "schema.toml"
     schema_path.write_text(schema.as_toml(), encoding="utf-8")
     (root / "sketches.toml").write_text(_sketch_declaration(schema.name), encoding="utf-8")
@@ -238,7 +267,9 @@ def init_deployment(
     for k, (owner, data) in enumerate(paths.items()):
         state = root / "owners" / owner
         state.mkdir(parents=True, exist_ok=True)
-        (state / POLICY_FILE).write_text(OwnerPolicy(curators=(CURATOR,)).to_toml(), "utf-8")
+        peers = tuple((o, pin) for o, pin in pins.items() if o != owner)
+        policy = OwnerPolicy(curators=(CURATOR,), peers=peers)
+        (state / POLICY_FILE).write_text(policy.to_toml(), "utf-8")
         config = root / f"owner-{owner}.toml"
         config.write_text(
             _config(
@@ -249,7 +280,7 @@ def init_deployment(
                     "data": str(data),
                     "schema": "schema.toml",
                     "data-dir": f"owners/{owner}",
-                    "pki-dir": "pki",
+                    "pki-dir": str(service_pki_dir(Identity("owner", owner))),
                     "name": owner,
                     "host": host,
                     "port": ports[k + 1],
@@ -269,7 +300,7 @@ def init_deployment(
                 "host": host,
                 "port": ports[0],
                 "data-dir": "curator",
-                "pki-dir": "pki",
+                "pki-dir": str(service_pki_dir(Identity("curator", CURATOR))),
                 "name": CURATOR,
                 "sketch-spec": ["sketches.toml"],
             },
@@ -285,7 +316,7 @@ def init_deployment(
             {
                 "curator": curator_target,
                 "curator-name": CURATOR,
-                "pki-dir": "pki",
+                "pki-dir": str(service_pki_dir(Identity("consumer", consumer))),
                 "name": consumer,
                 "schema": "schema.toml",
             },
@@ -299,7 +330,7 @@ def init_deployment(
             f'\n[[service]]\nname = "{service}"\ncommand = "{command}"\nconfig = "{config_name}"\n'
         )
     (root / DEPLOYMENT_FILE).write_text(manifest, encoding="utf-8")
-    return Deployment(root, schema_path, owner_files, curator_config, consumer_config)
+    return Deployment(root, schema_path, owner_files, curator_config, consumer_config, ca)
 
 
 def _services(root: Path) -> list[dict[str, str]]:

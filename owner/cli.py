@@ -662,6 +662,10 @@ def open_owner(
         schema=schema,
         limits=work_limits(policy, found),
     )
+    try:
+        identity = site_identity(owner_id, security, policy.peer_pins)
+    except ValueError as exc:
+        raise click.ClickException(f"{policy_source}: [peers]: {exc}") from exc
     cape = CapeSite(
         owner_id,
         table,
@@ -669,9 +673,21 @@ def open_owner(
         max_jobs=policy.max_sessions,
         idle_timeout=policy.session_idle_timeout_seconds,
         allow_seeded_sessions=allow_seeded_sessions,
-        identity=site_identity(owner_id, security),
+        identity=identity,
         min_colluders=policy.cape_min_colluders,
     )
+    if identity is not None and table is not None:
+        peers = sorted(identity.roster - {owner_id})
+        if peers:
+            logger.info("owner %s: CAPE peers (pinned keys): %s", owner_id, ", ".join(peers))
+        else:
+            logger.warning(
+                "owner %s: its policy pins no CAPE peers ([peers] of %s): every CAPE job will "
+                "be refused until its operator lists them (dpmarket pki show CERT prints a "
+                "peer's public-key pin)",
+                owner_id,
+                policy_source,
+            )
     left = ledger.remaining()
     points = (
         "no points" if data is None else f"{data.n_points} points of {data.n_features} features"

@@ -30,9 +30,11 @@ comments is ``deploy/policies/owner.toml``)::
     epsilon = 1.0       # the most epsilon one sketch may spend
     [cape]        # CAPE jobs (joint estimates with zero-sum noise) and their secure aggregation
     min_colluders = 1   # the fewest colluding owners (S_C) a job must defend against
+    [peers]       # the owners accepted as CAPE / secure-aggregation peers, with their key pins
+    owner-1 = "3f0c…"   # 64 hex digits: SHA-256 of the owner's public key (dpmarket pki show)
 
 Unknown sections or keys are refused (a misspelt key would otherwise leave a default in force
-silently).
+silently); ``[peers]`` is the one section whose keys are names (owner names, each a DNS label).
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ from __future__ import annotations
 import math
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from dpmarket.runtime.identity import Identity, normalize_fingerprint
 
 __all__ = ["DEFAULT_MIN_COLLUDERS", "OwnerPolicy", "load_owner_policy"]
 
@@ -81,6 +85,11 @@ _SECTION_COMMENTS = {
     "sketches": "private sketches published to a curator's catalogue",
     "cape": "CAPE jobs and their secure aggregation",
 }
+#: The section of pinned peers: ``name = "pin"`` lines rather than fixed keys.
+_PEERS = "peers"
+_PEERS_COMMENT = (
+    "the owners accepted as CAPE / secure-aggregation peers: name = SHA-256 of its public key"
+)
 
 
 def _key(name: str) -> str:
@@ -138,6 +147,30 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, tuple):
         return "[" + ", ".join(_toml_string(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def _peers(value: Any) -> tuple[tuple[str, str], ...]:
+    """``peers`` as sorted ``(name, pin)`` pairs, each name an owner name and each pin
+    normalized (:func:`dpmarket.runtime.identity.normalize_fingerprint`)."""
+    items = value.items() if isinstance(value, Mapping) else value
+    if isinstance(items, str) or not isinstance(items, Iterable):
+        raise ValueError(f"[{_PEERS}] must map owner names to pins, got {value!r}")
+    out: dict[str, str] = {}
+    for item in items:
+        if not (isinstance(item, tuple | list) and len(item) == 2):
+            raise ValueError(f"[{_PEERS}] must map owner names to pins, got {value!r}")
+        name, pin = item
+        try:
+            Identity("owner", name)
+        except ValueError as exc:
+            raise ValueError(f"[{_PEERS}]: {name!r} is not an owner name: {exc}") from None
+        if name in out:
+            raise ValueError(f"[{_PEERS}] lists {name!r} twice")
+        try:
+            out[name] = normalize_fingerprint(pin)
+        except ValueError as exc:
+            raise ValueError(f"[{_PEERS}] {name}: {exc}") from None
+    return tuple(sorted(out.items()))
 
 
 @dataclass(frozen=True)
@@ -202,6 +235,18 @@ class OwnerPolicy:
         default ``ceil(S / 3) - 1`` is raised to it; a plan, or a secure-aggregation round (whose
         threshold must exceed ``(S + S_C) / 2``), below it is refused before anything is sent.
         ``cape.min_colluders``.
+    peers : tuple of (str, str)
+        The owners this owner accepts as peers of a CAPE job and of its secure-aggregation
+        rounds, each with the pin of its public key
+        (:func:`dpmarket.runtime.identity.key_fingerprint`: 64 hexadecimal digits), sorted by
+        name; a mapping is accepted and sorted. A job whose sites include a name not listed is
+        refused before this owner signs or sends anything
+        (``FAILED_PRECONDITION`` naming the sites), and a certificate presented for a listed
+        name whose key does not have the pinned fingerprint aborts the job or round
+        (``ABORTED``): a party holding the deployment CA's key can mint a certificate under any
+        name, but not for a key it does not hold. Empty (the default) accepts no peer, so a CAPE
+        job is refused until the operator lists them (``dpmarket init`` writes them).
+        Section ``[peers]``, one ``name = "pin"`` line per peer.
 
     Raises
     ------
@@ -236,6 +281,7 @@ class OwnerPolicy:
     publish_sketches: bool = True
     epsilon_per_sketch: float = 1.0
     cape_min_colluders: int = DEFAULT_MIN_COLLUDERS
+    peers: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -299,6 +345,12 @@ class OwnerPolicy:
         floor = self.cape_min_colluders
         if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
             raise ValueError(f"{_key('cape_min_colluders')} must be an integer >= 0, got {floor!r}")
+        put("peers", _peers(self.peers))
+
+    @property
+    def peer_pins(self) -> dict[str, str]:
+        """``[peers]`` as a mapping: owner name -> the pin of its public key."""
+        return dict(self.peers)
 
     @property
     def window_seconds(self) -> float:
@@ -339,13 +391,16 @@ class OwnerPolicy:
             raise ValueError(f"{source}: a policy must be a table of sections, got {data!r}")
         kwargs: dict[str, Any] = {}
         for section, table in data.items():
-            if section not in _SECTIONS:
+            if section not in (*_SECTIONS, _PEERS):
                 raise ValueError(
                     f"{source}: unknown section [{section}]; allowed: "
-                    + ", ".join(f"[{s}]" for s in _SECTIONS)
+                    + ", ".join(f"[{s}]" for s in (*_SECTIONS, _PEERS))
                 )
             if not isinstance(table, Mapping):
                 raise ValueError(f"{source}: [{section}] must be a table, got {table!r}")
+            if section == _PEERS:
+                kwargs["peers"] = dict(table)
+                continue
             for key, value in table.items():
                 if (section, key) not in _KEYS:
                     allowed = [k for s, k in _KEYS if s == section]
@@ -376,12 +431,15 @@ class OwnerPolicy:
             for (s, key), name in _KEYS.items():
                 if s == section:
                     lines.append(f"{key} = {_toml_value(getattr(self, name))}")
+        lines += ["", f"[{_PEERS}]  # {_PEERS_COMMENT}"]
+        lines += [f"{name} = {_toml_string(pin)}" for name, pin in self.peers]
         return "\n".join(lines) + "\n"
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a JSON-serialisable dict (``curators`` as a list)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["curators"] = list(self.curators)
+        out["peers"] = dict(self.peers)
         return out
 
 

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -299,13 +299,24 @@ def site_rounds(cape: CapeSite) -> SiteRounds:
     )
 
 
-def site_identity(name: str, security: TransportSecurity) -> SiteIdentity | None:
-    """The owner's signing identity for secure aggregation: its mTLS key and certificate, and the
-    CA; ``None`` with plaintext transport (no certificate to sign with)."""
+def site_identity(
+    name: str, security: TransportSecurity, peers: Mapping[str, str]
+) -> SiteIdentity | None:
+    """The owner's signing identity for secure aggregation: its mTLS key and certificate, the
+    CA, and its roster (``peers``: its policy's ``[peers]``, name -> public-key pin); ``None``
+    with plaintext transport (no certificate to sign with).
+
+    Raises
+    ------
+    ValueError
+        If the roster pins another key for this owner's own name than its certificate's.
+    """
     if security.insecure or security.key_pem is None or security.cert_pem is None:
         return None
     assert security.ca_pem is not None
-    return SiteIdentity.from_pem(name, security.key_pem, security.cert_pem, security.ca_pem)
+    return SiteIdentity.from_pem(
+        name, security.key_pem, security.cert_pem, security.ca_pem, peers=peers
+    )
 
 
 async def _expire_idle_sessions(owner: Owner, period: float, cape: CapeSite | None) -> None:

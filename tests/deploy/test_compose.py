@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -35,6 +36,7 @@ from typing import Any, TypeVar
 
 import pytest
 from click.testing import CliRunner
+from cryptography import x509
 from grpc_health.v1 import health_pb2
 
 from dpmarket.common.summarization.summary import PARAMETER_NAMES, SummarizationConfig
@@ -44,7 +46,7 @@ from dpmarket.deploy.cli import main
 from dpmarket.deploy.pki import CA_KEY, init_ca, issue
 from dpmarket.owner.data import load_point_set, load_table
 from dpmarket.owner.policy import load_owner_policy
-from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.identity import Identity, identity_files, key_fingerprint
 from dpmarket.runtime.serving import start_server
 from dpmarket.runtime.transport import TransportSecurity
 
@@ -704,9 +706,27 @@ def test_pki_job_gives_each_party_its_identity(config: dict[str, Any], pki_run: 
         pki_dir = _host_path(services[name], _value(argv, "--pki-dir"), pki_run)
         assert pki_dir is not None, f"{name}'s --pki-dir is not a volume the pki job fills"
         ca, cert, key = identity_files(pki_dir, identity)
-        assert sorted(p.name for p in pki_dir.iterdir()) == sorted([ca.name, cert.name, key.name])
+        # An owner also gets its policy, whose [peers] pin every owner's key (its CAPE roster).
+        policy = ["policy.toml"] if identity.role == "owner" else []
+        assert sorted(p.name for p in pki_dir.iterdir()) == sorted(
+            [ca.name, cert.name, key.name, *policy]
+        )
         assert key.stat().st_mode & 0o077 == 0, f"{key} is readable by others"
         assert TransportSecurity.from_files(ca, cert, key).identity == identity
+    owners = {o: _host_path(services[o], PKI_TARGET, pki_run) for o in OWNERS}
+    pins = {
+        o: key_fingerprint(
+            x509.load_pem_x509_certificate(
+                identity_files(d, Identity("owner", o))[1].read_bytes()  # type: ignore[arg-type]
+            )
+        )
+        for o, d in owners.items()
+    }
+    for owner, directory in owners.items():
+        assert directory is not None
+        policy_path = directory / "policy.toml"
+        assert load_owner_policy(policy_path).peer_pins == pins, owner
+        assert _value(_argv(services[owner]), "--policy") == f"{PKI_TARGET}/policy.toml"
 
 
 def test_pki_job_refuses_identities_of_another_ca(
@@ -779,7 +799,13 @@ def test_policies_admit_the_consumers_session(
 
     curator_argv = _argv(services["curator"])
     for name in OWNERS:
-        policy = load_owner_policy(policy_file(_argv(services[name])))
+        # The production defaults, with the pki job's [peers].
+        owner_policy = _host_path(
+            services[name], _value(_argv(services[name]), "--policy"), pki_run
+        )
+        assert owner_policy is not None
+        policy = load_owner_policy(owner_policy)
+        assert dataclasses.replace(policy, peers=()) == load_owner_policy(POLICIES / "owner.toml")
         assert terms.epsilon <= policy.epsilon_per_session <= policy.epsilon_total
         assert terms.delta <= policy.delta_per_session <= policy.delta_total
         assert points <= policy.points_per_session <= policy.points_total

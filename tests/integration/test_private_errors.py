@@ -326,7 +326,7 @@ async def _probe(deployment: Deployment) -> list[str]:
     uniform = OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0)
     sex = CapeJobSpec("logistic", (("age", 18.0, 80.0),), ("sex", 0.0, 1.0), 1.0, 1e-6)
     probe = CapeMeanSpec((("target", 1000.0, 2000.0),), 1.0, 1e-6)
-    sites = ["owner-0", "zz"]
+    sites = ["owner-0", "owner-1"]
 
     async def lying_plan() -> Any:
         """Relay this owner's own signed row count, one row short."""
@@ -352,6 +352,7 @@ async def _probe(deployment: Deployment) -> list[str]:
         lambda: owner.close_session("u"),
         lambda: owner.open_job("j", sex, 1, "consumer:c"),
         lambda: owner.open_job("j", probe, 1, "consumer:c"),
+        lambda: owner.attest_plan("j", ["owner-0", "zz"], 1, 0),  # a site off the roster
         lying_plan,
         lambda: owner.plan_job("j", ["a", "b"], 1, {}, 0),
         lambda: owner.release("j", b"round", np.zeros(1)),
@@ -383,3 +384,4 @@ def test_a_curator_probing_the_owners_directly_gets_the_same_answers_from_differ
     assert any(
         "row count relayed for this owner (owner-0) is not the one it signed" in o for o in refused
     )
+    assert any("does not accept ['zz'] as peers" in o for o in refused)

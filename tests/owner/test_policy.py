@@ -35,6 +35,7 @@ def test_defaults() -> None:
         "publish_sketches": True,
         "epsilon_per_sketch": 1.0,
         "cape_min_colluders": 1,
+        "peers": {},
     }
     assert p.window_description == "the lifetime"
 
@@ -76,7 +77,9 @@ def test_toml_round_trip(tmp_path: Path) -> None:
         publish_sketches=False,
         epsilon_per_sketch=0.25,
         cape_min_colluders=0,
+        peers={"owner-b": "AB" * 32, "owner-a": "sha256:" + ":".join(["0f"] * 32)},
     )
+    assert p.peers == (("owner-a", "0f" * 32), ("owner-b", "ab" * 32))
     text = p.to_toml()
     assert OwnerPolicy.from_mapping(tomllib.loads(text)) == p
     path = tmp_path / "p.toml"
@@ -145,6 +148,10 @@ def test_invalid_toml_is_named(tmp_path: Path) -> None:
         ("[cape]\nmin_colluders = 1.5\n", r"cape\.min_colluders", "integer >= 0"),
         ("[cape]\nmin_colluders = true\n", r"cape\.min_colluders", "integer >= 0"),
         ("[cape]\ncolluders = 1\n", r"cape\.colluders", "min_colluders"),
+        ("peers = 1\n", r"\[peers\]", "table"),
+        ("[peers]\nowner-1 = 'abc'\n", r"\[peers\] owner-1", "64 hexadecimal digits"),
+        ("[peers]\nowner-1 = 12\n", r"\[peers\] owner-1", "string"),
+        (f"[peers]\n'owner 1' = '{'a' * 64}'\n", r"\[peers\]", "not an owner name"),
     ],
 )
 def test_every_error_names_the_file_and_key(
