@@ -577,6 +577,7 @@ def run_wan(
     from consumer.client import CuratorClient
     from deploy.pki import init_ca, issue_all
     from deploy.wan import WanTopology, wait_for_port
+    from owner.ledger_admin import init_ledger
     from runtime.identity import Identity, identity_files
     from runtime.transport import TransportSecurity
 
@@ -605,6 +606,13 @@ def run_wan(
         WanTopology([*owners, "curator"], run_dir / "hosts", WAN_PROFILES[profiles[0]]) as wan,
     ):
         for i, owner in enumerate(owners):
+            # Each owner's new ledger, bound to its certificate (dpmarket owner ledger init).
+            init_ledger(
+                wan.hosts[owner].directory / "state",
+                owner,
+                TransportSecurity.from_files(*identity_files(pki, Identity("owner", owner))),
+                policy=owner_policy,
+            )
             wan.spawn(
                 owner,
                 [dpmarket, "serve-owner", "--data", str(files[i]), "--table", str(tables[i]),

@@ -6,7 +6,9 @@ and a certificate for the curator, every owner and a consumer), a schema drafted
 (:func:`common.schema.draft_schema`, marked as a draft), a sketch declaration over the schema's
 columns for the curator's catalogue, one configuration file per service (``--config``: every
 option of ``serve-owner``, ``serve-curator`` and the consumer's commands), each owner's data
-directory with its policy, and ``deployment.toml``, the list of services :func:`up` starts.
+directory with its policy and its ledger (:func:`owner.ledger_admin.init_ledger`: the only
+place an owner's ledger is created), and ``deployment.toml``, the list of services :func:`up`
+starts.
 
 The drafted schema's bounds are the minimum and maximum of the private data: they disclose it.
 Owners refuse to serve a draft (:meth:`common.schema.Schema.check_confirmed`), so nothing runs
@@ -36,8 +38,10 @@ from common.errors import InvalidArgumentError, UnavailableError
 from common.schema import draft_schema
 from deploy.pki import init_ca, issue_all
 from owner.data import load_table
+from owner.ledger_admin import init_ledger
 from owner.policy import POLICY_FILE, OwnerPolicy
-from runtime.identity import Identity
+from runtime.identity import Identity, identity_files
+from runtime.transport import TransportSecurity
 
 __all__ = [
     "DEPLOYMENT_FILE",
@@ -238,6 +242,10 @@ def init_deployment(
         state = root / "owners" / owner
         state.mkdir(parents=True, exist_ok=True)
         (state / POLICY_FILE).write_text(OwnerPolicy(curators=(CURATOR,)).to_toml(), "utf-8")
+        # The owner's ledger, created now and bound to its certificate: no owner command
+        # creates one, so a ledger lost later is refused rather than started again.
+        identity = Identity("owner", owner)
+        init_ledger(state, owner, TransportSecurity.from_files(*identity_files(pki, identity)))
         config = root / f"owner-{owner}.toml"
         config.write_text(
             _config(

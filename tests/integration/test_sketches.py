@@ -297,7 +297,7 @@ def test_an_unconfigured_owner_and_a_consumer_cannot_publish(
     before = _catalogue(dep)
     security = _owner_security(cluster, STRANGER)
     with (
-        OwnerLedger(tmp_path / "stranger", _policy(dep)) as ledger,
+        OwnerLedger.create(tmp_path / "stranger", _policy(dep)) as ledger,
         CatalogClient(cluster.curator_target, security) as client,
     ):
         publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(0)))
