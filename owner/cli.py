@@ -1,5 +1,6 @@
-"""A data owner's commands, all run on the owner's own machine: ``serve-owner``, ``owner ledger``,
-``sketch publish`` and ``sketch published``.
+"""A data owner's commands, all run on the owner's own machine: ``serve-owner``, ``owner ledger``
+(and its ``init``, ``backup``, ``restore``, ``verify``, ``resolve``, ``rebind``), ``sketch
+publish`` and ``sketch published``.
 
 ``serve-owner`` serves the owner's data over mTLS under its own policy and ledger. ``sketch
 publish`` fetches specs from the curator's catalogue, computes and charges each sketch to the
@@ -271,8 +272,8 @@ def ledger(
     Uses the policy last recorded in the ledger (no policy file needed). Non-private releases
     are listed with epsilon inf and are not summed into epsilon or delta. The subcommands
     create the ledger (init), copy it while the owner serves (backup), put a copy back
-    (restore), check it whole (verify) and clear a rollback the owner found (resolve): see
-    docs/howto-ledger.md.
+    (restore), check it whole (verify), clear a rollback the owner found (resolve) and bind it
+    to a new CA (rebind): see docs/howto-ledger.md.
     """
     if ctx.invoked_subcommand is not None:
         return
