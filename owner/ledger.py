@@ -555,12 +555,23 @@ class OwnerLedger:
         owner: LedgerOwner | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self._open(data_dir, policy, owner, clock, create=False)
+
+    def _open(
+        self,
+        data_dir: str | os.PathLike[str],
+        policy: OwnerPolicy | None,
+        owner: LedgerOwner | None,
+        clock: Callable[[], float],
+        *,
+        create: bool,
+    ) -> None:
         self._path = ledger_path(data_dir)
         self._clock = clock
         self._lock = threading.Lock()
         try:
             self._conn = open_database(
-                self._path, MIGRATIONS, application=APPLICATION, create=False
+                self._path, MIGRATIONS, application=APPLICATION, create=create
             )
         except DatabaseMissingError as exc:
             raise LedgerMissingError(
@@ -615,8 +626,8 @@ class OwnerLedger:
                 "backup (dpmarket owner ledger restore); only if this owner has never served, "
                 "move those files away and create it again"
             )
-        open_database(path, MIGRATIONS, application=APPLICATION).close()
-        ledger = cls(data_dir, policy, owner=owner, clock=clock)
+        ledger = cls.__new__(cls)
+        ledger._open(data_dir, policy, owner, clock, create=True)
         logger.info(
             "new ledger %s in %s for owner %s",
             ledger.identity.ledger_id,

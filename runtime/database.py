@@ -241,9 +241,11 @@ def open_database(
     Creates the parent directory (unless ``create`` is false); connects with
     ``isolation_level=None`` (every transaction is explicit: use :func:`transaction`) and
     ``check_same_thread=False``; sets ``journal_mode=WAL`` (readers never block the writer),
-    ``synchronous=FULL`` (a committed transaction survives power loss, not only a process
-    crash), ``foreign_keys=ON`` and ``busy_timeout`` = :data:`BUSY_TIMEOUT_MS`; checks the
-    ``application`` record; runs the pending ``migrations`` (see the module docstring).
+    ``foreign_keys=ON`` and ``busy_timeout`` = :data:`BUSY_TIMEOUT_MS`; checks the
+    ``application`` record; runs the pending ``migrations`` (see the module docstring), both
+    at ``synchronous=NORMAL`` (a power loss may undo the last of them, which the next open
+    runs again); then sets ``synchronous=FULL``: every transaction of the caller survives a
+    power loss once it has committed (and makes the migrations before it durable too).
 
     Parameters
     ----------
@@ -315,16 +317,21 @@ def open_database(
                 f"{path} holds no database of {application!r} (no application record)",
                 reason="foreign",
             )
+        # Switching to WAL and the claim and migrations below commit without waiting for the
+        # disk (a power loss may undo the last of them, never corrupt the file: the next open
+        # runs them again), so that creating a database costs one sync, not one per migration;
+        # every transaction after them is durable when it commits.
+        conn.execute("PRAGMA synchronous = NORMAL")
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise RuntimeError(
                 f"{path}: the file system refused journal_mode=WAL (got {mode!r}); put the data "
                 "directory on a local file system"
             )
-        conn.execute("PRAGMA synchronous = FULL")
         conn.execute("PRAGMA foreign_keys = ON")
         _check_application(conn, path, application)
         _migrate(conn, path, migrations)
+        conn.execute("PRAGMA synchronous = FULL")
     except BaseException:
         conn.close()
         raise
