@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 from numpy.typing import NDArray
 
 from common.cape.agreement import SizeAttestation
@@ -225,7 +226,13 @@ class GrpcOwnerEndpoint:
     def _held_receipt(self) -> privacy_pb2.LedgerReceipt | None:
         """The owner's last receipt this curator keeps, to present as a session or job opens."""
         held = None if self.receipts is None else self.receipts.owner_receipt(self.name)
-        return None if held is None else privacy_pb2.LedgerReceipt.FromString(held)
+        if held is None:
+            return None
+        try:
+            return privacy_pb2.LedgerReceipt.FromString(held)
+        except DecodeError:  # not one the owner returned: present none
+            logger.warning("the stored ledger receipt of owner %s does not parse", self.name)
+            return None
 
     def _keep_receipt(
         self, response: owner_pb2.CloseSessionResponse | cape_pb2.CloseCapeJobResponse
