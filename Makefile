@@ -27,7 +27,7 @@ proto: $(STAMP)
 
 # Fail when the committed generated modules differ from what the .proto sources generate.
 proto-check: $(STAMP)
-	$(PY) -m deploy.proto_check
+	$(PY) -m dpmarket.deploy.proto_check
 
 # buf lint (STANDARD rules) on the .proto sources; buf comes from the npm registry.
 BUF_VERSION ?= 1.75.0
@@ -43,7 +43,7 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 typecheck: $(STAMP)
-	$(BIN)/mypy common runtime curator owner consumer deploy experiments bench
+	$(BIN)/mypy -p dpmarket -p bench
 
 # The test suite: unit, statistical and integration tests (real processes, real gRPC), one
 # pytest-xdist worker per CPU; a test module stays on one worker, so its fixtures start once.

@@ -1,14 +1,15 @@
 """Cost of an owner's budget decision against the length of its ledger's history.
 
-Every release an owner makes is first charged to its durable ledger (:class:`owner.ledger.
+Every release an owner makes is first charged to its durable ledger (:class:`dpmarket.owner.ledger.
 OwnerLedger`): one ``BEGIN IMMEDIATE`` transaction that sums what is spent, decides, inserts,
 chains the charge to the one before it (a SHA-256 over the previous hash and the row) and
 commits with ``synchronous=FULL``. An owner serves sessions for months, so the decision must not
 grow with the history. For each history length H this benchmark writes H earlier charges (spread
-over the last 365 days, in one transaction, as many sessions of 50 rounds) into a fresh ledger,
-then times :meth:`~owner.ledger.OwnerLedger.charge` and :meth:`~owner.ledger.OwnerLedger.check`
-of one more step, under a lifetime policy (decided from the running totals) and under a 30-day
-rolling window (decided from the window's charges, found by their time index).
+over the last 365 days, in one transaction, as many sessions of 50 rounds) into a fresh ledger, then
+times :meth:`~dpmarket.owner.ledger.OwnerLedger.charge` and
+:meth:`~dpmarket.owner.ledger.OwnerLedger.check` of one more step, under a lifetime policy (decided
+from the running totals) and under a 30-day rolling window (decided from the window's charges, found
+by their time index).
 
 Run ``python -m bench.ledger --into out/bench.json`` (``make bench``), or ``--quick``.
 """
@@ -29,9 +30,9 @@ from typing import Any
 
 from bench.report import configure_logging, write_section
 from bench.rounds import machine_info
-from owner.ledger import DAY, OwnerLedger, ledger_path
-from owner.ledger_chain import charge_hash, genesis
-from owner.policy import OwnerPolicy
+from dpmarket.owner.ledger import DAY, OwnerLedger, ledger_path
+from dpmarket.owner.ledger_chain import charge_hash, genesis
+from dpmarket.owner.policy import OwnerPolicy
 
 logger = logging.getLogger("bench.ledger")
 
@@ -58,7 +59,7 @@ def write_history(data_dir: Path, policy: OwnerPolicy, history: int) -> None:
     """Create a ledger under ``policy`` and add ``history`` charges of :data:`EPSILON`, one
     point each, dated uniformly over the 365 days before :data:`NOW`, in one transaction (the
     ledger's trigger keeps its running totals), each chained as a charge is
-    (:func:`owner.ledger_chain.charge_hash`), so the timed charges extend a chain of that
+    (:func:`dpmarket.owner.ledger_chain.charge_hash`), so the timed charges extend a chain of that
     length."""
     OwnerLedger.create(data_dir, policy, clock=lambda: NOW).close()
     rows = [

@@ -1,14 +1,14 @@
 """What the network costs, per protocol: round trips on the critical path, calls and bytes.
 
-Every protocol runs once per size on a :class:`deploy.launcher.LocalCluster` (K ``serve-owner``
-processes and a ``serve-curator`` process on 127.0.0.1 over mTLS), with the call record of
-:mod:`runtime.rpc_trace` switched on for every process (``DPMARKET_RPC_TRACE``, inherited by the
-services), then a secure-aggregation round of S site processes (those of
-:mod:`bench.secagg`) driven by this process as the curator. For each run the report gives, from
-the curator's calls to the owners:
+Every protocol runs once per size on a :class:`dpmarket.deploy.launcher.LocalCluster` (K
+``serve-owner`` processes and a ``serve-curator`` process on 127.0.0.1 over mTLS), with the call
+record of :mod:`dpmarket.runtime.rpc_trace` switched on for every process (``DPMARKET_RPC_TRACE``,
+inherited by the services), then a secure-aggregation round of S site processes (those of
+:mod:`bench.secagg`) driven by this process as the curator. For each run the report gives, from the
+curator's calls to the owners:
 
 ``waves``
-    Round trips on the critical path (:func:`runtime.rpc_trace.waves`: maximal groups of
+    Round trips on the critical path (:func:`dpmarket.runtime.rpc_trace.waves`: maximal groups of
     overlapping calls; owners called concurrently make one wave);
 ``calls``, ``request_bytes``, ``response_bytes``
     The curator's calls to owners, the bytes it sent them and received from them (serialized
@@ -49,10 +49,10 @@ import pandas as pd
 
 from bench.report import write_section
 from bench.rounds import BENCH_OWNER_POLICY
-from common.summarization.summary import Method, SummarizationConfig
-from deploy.wan import PROFILES as WAN_PROFILES
-from owner.data import PointSet, save_point_set
-from runtime import rpc_trace
+from dpmarket.common.summarization.summary import Method, SummarizationConfig
+from dpmarket.deploy.wan import PROFILES as WAN_PROFILES
+from dpmarket.owner.data import PointSet, save_point_set
+from dpmarket.runtime import rpc_trace
 
 logger = logging.getLogger("bench.network")
 
@@ -91,7 +91,7 @@ class RoundTrips:
 
 
 #: Sites from which a secure-aggregation round uses SecAgg+'s sparse graph, which adds a wave
-#: (:data:`common.secagg.graph.SPARSE_MIN_SITES`; the bench checks the two agree).
+#: (:data:`dpmarket.common.secagg.graph.SPARSE_MIN_SITES`; the bench checks the two agree).
 SPARSE_FROM = 40
 
 
@@ -386,9 +386,9 @@ def run_cluster(
 ) -> list[dict[str, Any]]:
     """Run every summarization method at every p and the CAPE jobs on one cluster of ``k``
     owners; return one record per run (:func:`measure_run`)."""
-    from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-    from consumer.client import CuratorClient
-    from deploy.launcher import LocalCluster
+    from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+    from dpmarket.consumer.client import CuratorClient
+    from dpmarket.deploy.launcher import LocalCluster
 
     cluster_dir = work_dir / f"k{k}"
     cluster_dir.mkdir(parents=True, exist_ok=True)
@@ -486,7 +486,7 @@ def run_secure_aggregation(
 ) -> dict[str, Any]:
     """One secure-aggregation round of ``sites`` site processes (the sites of
     :mod:`bench.secagg`: real servicers over mTLS, each drawing its own input of ``length``
-    values) driven by this process as the curator (:func:`curator.secagg.aggregate`); the
+    values) driven by this process as the curator (:func:`dpmarket.curator.secagg.aggregate`); the
     record of :func:`measure_run`."""
     import asyncio
 
@@ -500,13 +500,13 @@ def run_secure_aggregation(
         threshold_for,
     )
     from bench.secagg_site import job_id
-    from common.secagg.fixedpoint import FixedPoint
-    from common.secagg.protocol import RoundParams
-    from curator.owners import CALL_DEADLINE_SECONDS, GrpcOwnerEndpoint
-    from curator.secagg import aggregate
-    from deploy.pki import init_ca, issue_all
-    from runtime.identity import Identity, identity_files
-    from runtime.transport import TransportSecurity
+    from dpmarket.common.secagg.fixedpoint import FixedPoint
+    from dpmarket.common.secagg.protocol import RoundParams
+    from dpmarket.curator.owners import CALL_DEADLINE_SECONDS, GrpcOwnerEndpoint
+    from dpmarket.curator.secagg import aggregate
+    from dpmarket.deploy.pki import init_ca, issue_all
+    from dpmarket.runtime.identity import Identity, identity_files
+    from dpmarket.runtime.transport import TransportSecurity
 
     run_dir = work_dir / f"secagg-s{sites}"
     pki_dir = run_dir / "pki"
@@ -559,10 +559,10 @@ def run_wan(
     profiles: Sequence[str], k: int, p: int, work_dir: Path, *, n_points: int, seed: int
 ) -> list[dict[str, Any]]:
     """Wall time of a default summary, a greedy summary of ``p`` points and a CAPE mean with the
-    owners and the curator on hosts of their own (:class:`deploy.wan.WanTopology`: network
+    owners and the curator on hosts of their own (:class:`dpmarket.deploy.wan.WanTopology`: network
     namespaces, every link shaped to the profile's rate, every connection between hosts held
     for the profile's delay by the harness's relay), under each profile of
-    :data:`deploy.wan.PROFILES`. The consumer is this process, reaching the curator through
+    :data:`dpmarket.deploy.wan.PROFILES`. The consumer is this process, reaching the curator through
     the relay (delayed, its own link not shaped). Needs root.
 
     Returns
@@ -573,13 +573,13 @@ def run_wan(
         ``waves_times_rtt`` (the measured waves times the profile's round trip: the part of the
         wall time no bandwidth or computation can remove).
     """
-    from common.cape.spec import CapeMeanSpec
-    from consumer.client import CuratorClient
-    from deploy.pki import init_ca, issue_all
-    from deploy.wan import WanTopology, wait_for_port
-    from owner.ledger_admin import init_ledger
-    from runtime.identity import Identity, identity_files
-    from runtime.transport import TransportSecurity
+    from dpmarket.common.cape.spec import CapeMeanSpec
+    from dpmarket.consumer.client import CuratorClient
+    from dpmarket.deploy.pki import init_ca, issue_all
+    from dpmarket.deploy.wan import WanTopology, wait_for_port
+    from dpmarket.owner.ledger_admin import init_ledger
+    from dpmarket.runtime.identity import Identity, identity_files
+    from dpmarket.runtime.transport import TransportSecurity
 
     run_dir = work_dir / f"wan-k{k}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -687,7 +687,7 @@ def run_wan(
 
 def check_sparse_threshold() -> None:
     """Fail if :data:`SPARSE_FROM` is not where secure aggregation turns sparse."""
-    from common.secagg.graph import SPARSE_MIN_SITES
+    from dpmarket.common.secagg.graph import SPARSE_MIN_SITES
 
     if SPARSE_MIN_SITES != SPARSE_FROM:
         raise AssertionError(f"SPARSE_FROM is {SPARSE_FROM}, the graph's {SPARSE_MIN_SITES}")
@@ -756,7 +756,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         default=[],
         choices=sorted(WAN_PROFILES),
-        help="also time a few protocols on WAN hosts under these deploy.wan profiles "
+        help="also time a few protocols on WAN hosts under these dpmarket.deploy.wan profiles "
         "(lan rtt20 rtt100; needs root)",
     )
     parser.add_argument("--into", type=Path, help="merge into this JSON under 'network'")
@@ -786,8 +786,8 @@ def run(
     return {
         "definition": (
             "waves: maximal groups of overlapping [start, end] intervals of the curator's calls "
-            "to owners during one request (runtime.rpc_trace.waves); bytes: serialized protobuf "
-            "messages (ByteSize), framing not counted"
+            "to owners during one request (dpmarket.runtime.rpc_trace.waves); bytes: serialized "
+            "protobuf messages (ByteSize), framing not counted"
         ),
         "transport": "grpc-loopback-mtls",
         "formulas": {r.protocol: r.formula for r in ROUND_TRIPS.values()},

@@ -1,12 +1,13 @@
 """Cost of the noise sources: OpenDP's floating-point-safe samplers against numpy.
 
 For every case (a noise kind and vector length the protocols use) both sources of
-:mod:`common.privacy.noise` are timed in one invocation, through their public methods (argument
-checks included):
+:mod:`dpmarket.common.privacy.noise` are timed in one invocation, through their public methods
+(argument checks included):
 
-* **numpy**: :class:`~common.privacy.noise.SeededNoise` on
-  :func:`common.privacy.rng.production_rng` (the CSPRNG-seeded PCG64 that production used before);
-* **opendp**: :class:`~common.privacy.noise.OpenDPNoise` (the production source now).
+* **numpy**: :class:`~dpmarket.common.privacy.noise.SeededNoise` on
+  :func:`dpmarket.common.privacy.rng.production_rng` (the CSPRNG-seeded PCG64 that production used
+  before);
+* **opendp**: :class:`~dpmarket.common.privacy.noise.OpenDPNoise` (the production source now).
 
 Per call it reports the median over ``--repeat`` timeit-style repeats (each repeat runs the call
 enough times to last ``--min-seconds``, measured with ``time.perf_counter``), the OpenDP/numpy
@@ -38,8 +39,8 @@ from typing import Any, Literal
 
 from bench.report import configure_logging
 from bench.rounds import machine_info
-from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
-from common.privacy.rng import production_rng
+from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
+from dpmarket.common.privacy.rng import production_rng
 
 logger = logging.getLogger("bench.noise")
 
@@ -149,7 +150,7 @@ def opendp_import_ms() -> dict[str, Any]:
 
 def build_us(kind: Kind, scale: float, size: int) -> float:
     """Time building one OpenDP measurement (a cache miss of ``OpenDPNoise``), in microseconds."""
-    from common.privacy.noise import _opendp_measurement
+    from dpmarket.common.privacy.noise import _opendp_measurement
 
     _opendp_measurement.cache_clear()
     t0 = time.perf_counter()

@@ -6,7 +6,7 @@ about 8 GB of Parquet and tens of minutes on 2 cores), a Parquet dataset is gene
 ``out/owner-scale/rows-N/`` (row groups of 2^19 rows; reused by later runs; skipped, saying so,
 when the disk has not room for it), a local Dask cluster of one worker process per core is
 started, and each owner computation is timed as the owner service runs it
-(:class:`owner.partitioned.PartitionedData`):
+(:class:`dpmarket.owner.partitioned.PartitionedData`):
 
 * ``validate``: the start-up pass (every value checked, every partition counted);
 * ``h1_embedding``: the mean h1 embedding (d = 140) of every row, a sum per partition;
@@ -181,10 +181,10 @@ def _timed(
 
 
 def _problem(rng: np.random.Generator) -> dict[str, Any]:
-    from common.cape.spec import CapeJobSpec, CapeMeanSpec
-    from common.sketches.domain import Domain
-    from common.sketches.feature_maps import draw_rff
-    from common.summarization.rff import draw_rff_params
+    from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec
+    from dpmarket.common.sketches.domain import Domain
+    from dpmarket.common.sketches.feature_maps import draw_rff
+    from dpmarket.common.summarization.rff import draw_rff_params
 
     bounds = tuple((c, -20.0, 20.0) for c in COLUMNS)
 
@@ -202,11 +202,11 @@ def _problem(rng: np.random.Generator) -> dict[str, Any]:
 
 def partitioned_steps(location: Path, engine: Any, rows: int, seed: int) -> dict[str, Any]:
     """Every owner computation on the dataset, on ``engine``."""
-    from owner.cape import _fm_part, _mean_part
-    from owner.dataset import open_dataset
-    from owner.partitioned import PartitionedData, mean_statistic
-    from owner.sketches import _sketch_part
-    from owner.validation import validate_dataset
+    from dpmarket.owner.cape import _fm_part, _mean_part
+    from dpmarket.owner.dataset import open_dataset
+    from dpmarket.owner.partitioned import PartitionedData, mean_statistic
+    from dpmarket.owner.sketches import _sketch_part
+    from dpmarket.owner.validation import validate_dataset
 
     workers = engine.workers
     problem = _problem(np.random.default_rng(seed))
@@ -282,12 +282,12 @@ def in_memory_steps(location: Path, rows: int, seed: int) -> dict[str, Any]:
     """The same computations as the in-memory owner runs them, in this process on one core."""
     from threadpoolctl import threadpool_limits
 
-    from common.cape.functional_mechanism import fm_coefficients, pack_coefficients
-    from common.summarization.kernels import bid_scores, embedding_greedy
-    from common.summarization.rff import random_fourier_features
-    from owner.dataset import open_dataset
-    from owner.engine import SerialEngine
-    from owner.validation import read_all
+    from dpmarket.common.cape.functional_mechanism import fm_coefficients, pack_coefficients
+    from dpmarket.common.summarization.kernels import bid_scores, embedding_greedy
+    from dpmarket.common.summarization.rff import random_fourier_features
+    from dpmarket.owner.dataset import open_dataset
+    from dpmarket.owner.engine import SerialEngine
+    from dpmarket.owner.validation import read_all
 
     problem = _problem(np.random.default_rng(seed))
     rff = problem["rff"]
@@ -394,7 +394,7 @@ def dataset_service_check(location: Path, rows: int, root: Path, p: int) -> dict
     points: its time, the owners it dropped, and the large owner's peak resident memory."""
     import pandas as pd
 
-    from deploy.local import down, init_deployment, up
+    from dpmarket.deploy.local import down, init_deployment, up
 
     work = root / f"service-dataset-{rows}"
     shutil.rmtree(work, ignore_errors=True)
@@ -451,7 +451,7 @@ def service_check(rows: int, root: Path) -> dict[str, Any]:
     """A large owner started as the tutorial starts one, and two default requests in a row."""
     import pandas as pd
 
-    from deploy.local import down, init_deployment, up
+    from dpmarket.deploy.local import down, init_deployment, up
 
     work = root / f"service-{rows}"
     shutil.rmtree(work, ignore_errors=True)
@@ -578,7 +578,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark, merge the section into the report, print the lines."""
-    from owner.engine import start_engine
+    from dpmarket.owner.engine import start_engine
 
     args = build_parser().parse_args(argv)
     args.data.mkdir(parents=True, exist_ok=True)

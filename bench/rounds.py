@@ -3,13 +3,14 @@
 For every workload (K owners of N points each) and every method (``private``, ``greedy``) the
 same session, with the same seed, runs three times in one invocation:
 
-* **in-process**: :func:`experiments.runner.simulate`, owners as plain objects in this process;
+* **in-process**: :func:`dpmarket.experiments.runner.simulate`, owners as plain objects in this
+  process;
 * **in-process with ledgers**: the same owners each charging a durable ledger under the networked
   owners' policy (SQLite, ``synchronous=FULL``), as an owner process does before every release:
   the networked run over this one isolates what the transport costs;
-* **networked, mTLS** (the production transport): :class:`deploy.launcher.LocalCluster` (K owner
-  processes and a curator process on 127.0.0.1, certificates issued by the launcher) driven by
-  :meth:`consumer.client.CuratorClient.summarize`;
+* **networked, mTLS** (the production transport): :class:`dpmarket.deploy.launcher.LocalCluster` (K
+  owner processes and a curator process on 127.0.0.1, certificates issued by the launcher) driven by
+  :meth:`dpmarket.consumer.client.CuratorClient.summarize`;
 * **networked, plaintext**: the same on a second cluster started with ``insecure=True`` (every
   service ``--insecure``), to measure what mTLS costs.
 
@@ -45,8 +46,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from bench.report import configure_logging
-from common.summarization.summary import Method, ProgressEvent, SummarizationConfig, SummaryResult
-from owner.data import PointSet, save_point_set
+from dpmarket.common.summarization.summary import (
+    Method,
+    ProgressEvent,
+    SummarizationConfig,
+    SummaryResult,
+)
+from dpmarket.owner.data import PointSet, save_point_set
 
 logger = logging.getLogger("bench.rounds")
 
@@ -229,8 +235,8 @@ def arithmetic_floor(
     number: int = 10,
 ) -> dict[str, Any]:
     """Time a round's arithmetic: per owner its bid scores
-    (:func:`common.summarization.kernels.bid_scores`, one float32 dot product per point), mask
-    and argmax.
+    (:func:`dpmarket.common.summarization.kernels.bid_scores`, one float32 dot product per point),
+    mask and argmax.
 
     ``per_owner_ms`` repeats the bid on one matrix (which may stay in the last-level cache);
     ``k_owners_sequential_ms[K]`` runs it over K distinct matrices one after the other on one
@@ -242,7 +248,7 @@ def arithmetic_floor(
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from common.summarization.kernels import bid_scores
+    from dpmarket.common.summarization.kernels import bid_scores
 
     rng = np.random.default_rng(seed)
     scale = np.float32(np.sqrt(2.0 / d))
@@ -344,10 +350,10 @@ def _bench_policies(work_dir: Path) -> tuple[Path, Path]:
 def _ledgered_owners(owners: Sequence[PointSet], root: Path, policy_path: Path) -> list[Any]:
     """In-process owners that each charge a durable ledger (in ``root``) under the networked
     owners' policy, as an owner process does before every release."""
-    from owner.ledger import OwnerLedger
-    from owner.local import LocalOwnerEndpoint
-    from owner.policy import load_owner_policy
-    from owner.protocol import Owner
+    from dpmarket.owner.ledger import OwnerLedger
+    from dpmarket.owner.local import LocalOwnerEndpoint
+    from dpmarket.owner.policy import load_owner_policy
+    from dpmarket.owner.protocol import Owner
 
     policy = load_owner_policy(policy_path)
     return [
@@ -383,18 +389,18 @@ def run_workload(
     """Run every method in-process, over mTLS and over plaintext gRPC; return its JSON record.
 
     Two clusters serve the same owner files: the production one (mTLS, certificates issued by
-    :class:`deploy.launcher.LocalCluster`) and a plaintext one (``insecure=True``, every service
-    with ``--insecure``), both up for the whole workload. Per method the in-process run comes
-    first, then the two networked runs, whose order alternates from one method to the next
+    :class:`dpmarket.deploy.launcher.LocalCluster`) and a plaintext one (``insecure=True``, every
+    service with ``--insecure``), both up for the whole workload. Per method the in-process run
+    comes first, then the two networked runs, whose order alternates from one method to the next
     (mTLS first for the first method) so that a drift in machine load does not always favour the
     same transport. All three runs use the same seed, so their summaries must be equal.
 
     ``service_env`` is added to the environment of the owner and curator processes only (e.g.
     ``OPENBLAS_NUM_THREADS=1`` to measure a fix); the in-process run is unaffected.
     """
-    from consumer.client import CuratorClient
-    from deploy.launcher import LocalCluster
-    from experiments.runner import run_session, simulate
+    from dpmarket.consumer.client import CuratorClient
+    from dpmarket.deploy.launcher import LocalCluster
+    from dpmarket.experiments.runner import run_session, simulate
 
     t0 = time.perf_counter()
     data = make_data(w)

@@ -6,25 +6,26 @@ and remove its pairwise masks) a round runs ``--repeat`` times after one warm-up
 transport:
 
 ``in-process``
-    :func:`common.secagg.protocol.run_in_process`. Everything is sequential: the reported seconds
-    are the total work of all ``S`` sites and the aggregator, as one core would do it. The sites'
-    identity keys (their certificate keys in the service) are made once per workload, outside
+    :func:`dpmarket.common.secagg.protocol.run_in_process`. Everything is sequential: the reported
+    seconds are the total work of all ``S`` sites and the aggregator, as one core would do it. The
+    sites' identity keys (their certificate keys in the service) are made once per workload, outside
     the timing.
 ``grpc``
     ``S`` owner processes (``python -m bench.secagg_site``: the real
-    :class:`owner.cape_service.SecureAggregationServicer`, :class:`owner.secagg.SiteRounds` and
-    :class:`owner.secagg.SiteIdentity`, certificates issued by :mod:`deploy.pki`, mTLS) and this
-    process as the curator, driving each round with :func:`curator.secagg.aggregate` over
-    :class:`curator.owners.GrpcOwnerEndpoint` (``grpc.aio``), as a CAPE job's noise round does.
-    The processes start once per ``S`` (start-up is reported apart, never in a round) and serve
-    every ``D``: each site holds one benchmark job per length, whose input it draws itself
-    (:class:`bench.secagg_site.SyntheticJobs`). The dropout is real: the dropped site's process
-    is killed (SIGKILL) as soon as its ShareKeys answer has reached the curator, so the
-    curator's MaskedInput call finds nobody (UNAVAILABLE); the kill and the wait until the
-    process is gone fall in the ``share_keys`` phase (``median_kill_seconds``). Between rounds,
-    outside the timing, the site is restarted, its connection opened and its first round run
-    (untimed, as every site's first round is). CPU seconds are those of the curator process and
-    of every site process (``/proc/<pid>/stat``, 10 ms ticks), killed ones included.
+    :class:`dpmarket.owner.cape_service.SecureAggregationServicer`,
+    :class:`dpmarket.owner.secagg.SiteRounds` and :class:`dpmarket.owner.secagg.SiteIdentity`,
+    certificates issued by :mod:`dpmarket.deploy.pki`, mTLS) and this process as the curator,
+    driving each round with :func:`dpmarket.curator.secagg.aggregate` over
+    :class:`dpmarket.curator.owners.GrpcOwnerEndpoint` (``grpc.aio``), as a CAPE job's noise round
+    does. The processes start once per ``S`` (start-up is reported apart, never in a round) and
+    serve every ``D``: each site holds one benchmark job per length, whose input it draws itself
+    (:class:`bench.secagg_site.SyntheticJobs`). The dropout is real: the dropped site's process is
+    killed (SIGKILL) as soon as its ShareKeys answer has reached the curator, so the curator's
+    MaskedInput call finds nobody (UNAVAILABLE); the kill and the wait until the process is gone
+    fall in the ``share_keys`` phase (``median_kill_seconds``). Between rounds, outside the timing,
+    the site is restarted, its connection opened and its first round run (untimed, as every site's
+    first round is). CPU seconds are those of the curator process and of every site process
+    (``/proc/<pid>/stat``, 10 ms ticks), killed ones included.
 
 Each run is a production round: a fresh round id, key material from ``os.urandom``, the rounding
 coins from a CSPRNG-seeded generator, ECDSA P-256 signatures on the key advertisements checked by
@@ -35,9 +36,9 @@ before unmasking), and the threshold a CAPE job of ``S`` sites uses against its 
 Every result is checked against the plain sum of the survivors' inputs (within the quantization
 bound) before it is recorded.
 
-After the grid, in-process: SecAgg+ (:mod:`common.secagg.sparse`) at S = 100, D = 100,000 beside
-the complete graph (:data:`SCALE_CASES`; the case S_C = 5, allowance 2 carries the 1.0 s target),
-and Flower's SecAgg+ (flwr 1.42, :mod:`bench.flower_secaggplus`, run by a Python of its own
+After the grid, in-process: SecAgg+ (:mod:`dpmarket.common.secagg.sparse`) at S = 100, D = 100,000
+beside the complete graph (:data:`SCALE_CASES`; the case S_C = 5, allowance 2 carries the 1.0 s
+target), and Flower's SecAgg+ (flwr 1.42, :mod:`bench.flower_secaggplus`, run by a Python of its own
 virtual environment, ``out/.venv-flower``, made on first use) for the same S and D
 (:data:`FLOWER_CASES`), each Flower record with its seconds over ours (``compared_with``).
 ``--no-scale`` and ``--no-flower`` skip them.
@@ -76,18 +77,18 @@ from numpy.typing import NDArray
 
 from bench.report import write_section
 from bench.secagg_site import job_id, synthetic_input
-from common.cape.privacy import default_colluders
-from common.privacy.rng import production_rng
-from common.secagg import run_in_process
-from common.secagg.crypto import EcdsaSigner, EcdsaVerifier
-from common.secagg.fixedpoint import FixedPoint
-from common.secagg.graph import expected_degree, failure_bound, min_neighbours
-from common.secagg.protocol import RoundParams, min_threshold
-from curator.owners import CALL_DEADLINE_SECONDS, GrpcOwnerEndpoint
-from curator.secagg import aggregate
-from deploy.pki import init_ca, issue_all
-from runtime.identity import Identity, identity_files
-from runtime.transport import TransportSecurity
+from dpmarket.common.cape.privacy import default_colluders
+from dpmarket.common.privacy.rng import production_rng
+from dpmarket.common.secagg import run_in_process
+from dpmarket.common.secagg.crypto import EcdsaSigner, EcdsaVerifier
+from dpmarket.common.secagg.fixedpoint import FixedPoint
+from dpmarket.common.secagg.graph import expected_degree, failure_bound, min_neighbours
+from dpmarket.common.secagg.protocol import RoundParams, min_threshold
+from dpmarket.curator.owners import CALL_DEADLINE_SECONDS, GrpcOwnerEndpoint
+from dpmarket.curator.secagg import aggregate
+from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity
 
 SITES: tuple[int, ...] = (5, 20)
 LENGTHS: tuple[int, ...] = (1_000, 100_000)
@@ -154,7 +155,7 @@ def colluders_for(sites: int) -> int:
 
 def threshold_for(sites: int) -> int:
     """The smallest threshold allowed against :func:`colluders_for` colluders: the least ``t``
-    with ``2 t > S + S_C`` (:func:`common.secagg.protocol.min_threshold`)."""
+    with ``2 t > S + S_C`` (:func:`dpmarket.common.secagg.protocol.min_threshold`)."""
     return min_threshold(sites, colluders_for(sites))
 
     return sites // 2 + 1
@@ -205,7 +206,7 @@ def measure(
 
     The complete graph against ``colluders`` (CAPE's default for ``sites`` when ``None``) with
     the least threshold, or, with ``allowance``, SecAgg+'s sparse graph with the least ``k``
-    meeting the 2^-40 target (:func:`common.secagg.graph.min_neighbours`)."""
+    meeting the 2^-40 target (:func:`dpmarket.common.secagg.graph.min_neighbours`)."""
     names = site_names(sites)
     keys = {name: ec.generate_private_key(ec.SECP256R1()) for name in names}
     signers = {name: EcdsaSigner(key) for name, key in keys.items()}
@@ -429,7 +430,8 @@ class SiteProcesses:
     names : sequence of str
         Owner names; each has a certificate in ``pki_dir``.
     pki_dir : Path
-        The CA's certificate and every party's key and certificate (:func:`deploy.pki.issue`).
+        The CA's certificate and every party's key and certificate
+        (:func:`dpmarket.deploy.pki.issue`).
     lengths : sequence of int
         The vector lengths the sites hold a job for.
     work_dir : Path
@@ -714,7 +716,7 @@ def measure_grpc(
             started = time.perf_counter()
             with running_sites(site_names(sites), pki_dir, lengths, work) as processes:
                 startup = time.perf_counter() - started
-                with _quiet("curator.secagg"):
+                with _quiet("dpmarket.curator.secagg"):
                     records += asyncio.run(
                         _measure_grpc_workloads(processes, security, lengths, repeat, startup)
                     )

@@ -2,14 +2,14 @@
 
 ``python -m bench.secagg_site --pki-dir DIR --name owner-00 --lengths 1000 100000 --port-file F``
 serves what an owner serves for secure aggregation (``SecureAggregationService`` through
-:class:`owner.cape_service.SecureAggregationServicer`, rounds in :class:`owner.secagg.SiteRounds`,
-key advertisements signed with the owner's certificate key by :class:`owner.secagg.SiteIdentity`,
-health and reflection, the owner's authorization), with its certificate from ``deploy/pki.py``.
-Only the jobs differ: instead of CAPE jobs, the site holds :class:`SyntheticJobs`, one job per
-vector length, opened for the curator named on the command line, whose input is a fixed synthetic
-vector. As in production the site decides what it sums, not the curator's messages: a round of a
-job must have the job's vector length, and the input comes from the site's own seed, which the
-benchmark uses to check the sum.
+:class:`dpmarket.owner.cape_service.SecureAggregationServicer`, rounds in
+:class:`dpmarket.owner.secagg.SiteRounds`, key advertisements signed with the owner's certificate
+key by :class:`dpmarket.owner.secagg.SiteIdentity`, health and reflection, the owner's
+authorization), with its certificate from ``deploy/pki.py``. Only the jobs differ: instead of CAPE
+jobs, the site holds :class:`SyntheticJobs`, one job per vector length, opened for the curator named
+on the command line, whose input is a fixed synthetic vector. As in production the site decides what
+it sums, not the curator's messages: a round of a job must have the job's vector length, and the
+input comes from the site's own seed, which the benchmark uses to check the sum.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ import grpc
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import FailedPreconditionError, NotFoundError
-from common.privacy.rng import production_rng
-from common.secagg.protocol import RoundParams
+from dpmarket.common.errors import FailedPreconditionError, NotFoundError
+from dpmarket.common.privacy.rng import production_rng
+from dpmarket.common.secagg.protocol import RoundParams
+from dpmarket.owner.cape_service import SecureAggregationServicer
+from dpmarket.owner.secagg import SiteRounds
+from dpmarket.owner.service import owner_authorizer, site_identity
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.serving import serve_until_signalled, start_server, write_port
+from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import secure_aggregation_pb2, secure_aggregation_pb2_grpc
-from owner.cape_service import SecureAggregationServicer
-from owner.secagg import SiteRounds
-from owner.service import owner_authorizer, site_identity
-from runtime.identity import Identity, identity_files
-from runtime.serving import serve_until_signalled, start_server, write_port
-from runtime.transport import TransportSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,8 @@ def synthetic_input(site: str, length: int, seed: int, clip: float) -> NDArray[n
 
 
 class SyntheticJobs:
-    """A site's benchmark jobs: the :class:`owner.secagg.RoundJobs` of the site service, and
+    """A site's benchmark jobs: the :class:`dpmarket.owner.secagg.RoundJobs` of the site service,
+    and
     its input source.
 
     Parameters
@@ -95,7 +96,7 @@ class SyntheticJobs:
             raise NotFoundError(f"no benchmark job {job_id!r} for {curator}")
 
     def input(self, job_id: str, params: RoundParams) -> NDArray[np.float64]:
-        """The input source of :class:`owner.secagg.SiteRounds`: the job's vector.
+        """The input source of :class:`dpmarket.owner.secagg.SiteRounds`: the job's vector.
 
         Raises
         ------

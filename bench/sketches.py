@@ -12,14 +12,14 @@ Cases (records uniform on ``[0, 1]^10``, the paper's feature maps):
   an estimate from precomputed target moments, and the implicit weights. RFF at ``m = 200`` is
   the headline number.
 
-* **marginals** (:mod:`common.sketches.marginals`), on a real table: 30,000 rows of ggplot2's
-  diamonds, its 10 columns on a public discretisation (7 continuous columns in 8 cells, cut,
-  colour and clarity as their levels): one publication (``MarginalsMechanism.release`` at
-  epsilon 1, delta 1e-6, OpenDP's noise, a CSPRNG for the selections: the owner's whole work,
-  jax compilation included, in a fresh process it is the first release), the consumer's fit
-  and its 32 bootstrap models, and answering 1,500 counting queries (every 1- and 2-way cell,
-  then 3-predicate range queries) with their standard errors
-  (``consumer.explore.MarginalsExplorer``). Single runs (wall seconds), not medians.
+* **marginals** (:mod:`dpmarket.common.sketches.marginals`), on a real table: 30,000 rows of
+  ggplot2's diamonds, its 10 columns on a public discretisation (7 continuous columns in 8 cells,
+  cut, colour and clarity as their levels): one publication (``MarginalsMechanism.release`` at
+  epsilon 1, delta 1e-6, OpenDP's noise, a CSPRNG for the selections: the owner's whole work, jax
+  compilation included, in a fresh process it is the first release), the consumer's fit and its 32
+  bootstrap models, and answering 1,500 counting queries (every 1- and 2-way cell, then 3-predicate
+  range queries) with their standard errors (``dpmarket.consumer.explore.MarginalsExplorer``).
+  Single runs (wall seconds), not medians.
 
 Timings are medians of ``timeit``-style repeats (:func:`bench.noise.time_calls`). BLAS runs with
 its configured threads (the machine's BLAS settings are in the report). The section is written
@@ -47,8 +47,8 @@ import numpy as np
 from bench.noise import time_calls
 from bench.report import merge_section
 from bench.rounds import machine_info
-from common.privacy.noise import OpenDPNoise
-from common.sketches import (
+from dpmarket.common.privacy.noise import OpenDPNoise
+from dpmarket.common.sketches import (
     Domain,
     FeatureMap,
     M2MEstimator,
@@ -58,7 +58,7 @@ from common.sketches import (
     draw_rff,
     histogram_map,
 )
-from common.sketches.tasks import moment_function
+from dpmarket.common.sketches.tasks import moment_function
 
 D = 10
 #: Records per throughput case, and synthetic points per M2M case (full and quick).
@@ -190,10 +190,10 @@ def diamonds_table(n_rows: int, rng: np.random.Generator) -> tuple[Domain, np.nd
 
 def marginals_costs(quick: bool) -> dict[str, Any]:
     """Publication, fit and workload seconds of the marginals sketch (module docstring)."""
-    from common.privacy.rng import production_rng
-    from common.sketches.marginals import MarginalsMechanism, marginals_map
-    from common.sketches.spec import SketchSpec
-    from consumer.explore import MarginalsExplorer, Query
+    from dpmarket.common.privacy.rng import production_rng
+    from dpmarket.common.sketches.marginals import MarginalsMechanism, marginals_map
+    from dpmarket.common.sketches.spec import SketchSpec
+    from dpmarket.consumer.explore import MarginalsExplorer, Query
 
     rows, queries = (3_000, 150) if quick else (30_000, 1_500)
     domain, x = diamonds_table(rows, np.random.default_rng(0))

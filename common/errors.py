@@ -1,13 +1,14 @@
 """Protocol errors, one class per outcome a caller must handle differently.
 
-The services map each class to a gRPC status code (``runtime.status``); the in-process runs raise
-them as they are. ``ValueError`` from input validation counts as :class:`InvalidArgumentError`.
+The services map each class to a gRPC status code (``dpmarket.runtime.status``); the in-process runs
+raise them as they are. ``ValueError`` from input validation counts as
+:class:`InvalidArgumentError`.
 
 An owner's refusals must depend only on public inputs (the request and the owner's public
 declarations: its row count, its columns, its declared 0/1 columns, its policy and budget), never
 on its rows. Computations on the rows run under :func:`on_private_data`, which turns whatever they
 raise into a :class:`PrivateDataError`: its text stays in the owner's own log and the wire carries
-a fixed message (``runtime.status.abort_for``).
+a fixed message (``dpmarket.runtime.status.abort_for``).
 """
 
 from __future__ import annotations
@@ -60,11 +61,11 @@ class AbortedError(DPMarketError):
 class PrivateDataError(DPMarketError):
     """A computation on an owner's private data failed; the message may name rows and values.
 
-    It is for the owner's own log only: a service answers ``INTERNAL`` with the fixed message of
-    any unexpected error (``runtime.status.abort_for``), so neither the text nor the code tells
-    a data-dependent failure from any other. The owner's checks make such a failure a bug, never
-    an answer to a request: records are clamped to the request's public bounds, and every other
-    refusal is decided on public inputs before the rows are read.
+    It is for the owner's own log only: a service answers ``INTERNAL`` with the fixed message of any
+    unexpected error (``dpmarket.runtime.status.abort_for``), so neither the text nor the code tells
+    a data-dependent failure from any other. The owner's checks make such a failure a bug, never an
+    answer to a request: records are clamped to the request's public bounds, and every other refusal
+    is decided on public inputs before the rows are read.
     """
 
 

@@ -1,14 +1,14 @@
 """Cosines and sines of random Fourier projections, evaluated in float32.
 
-Random Fourier features (the summarization's h1, :mod:`common.summarization.rff`; the M2M RFF
-sketch, :class:`common.sketches.feature_maps.RFFMap`) spend almost all their time in ``cos`` and
-``sin``: measured here, 17-18 ns per float64 value against 1.0-1.3 ns per float32 value (numpy's
-SIMD kernels). The projections ``omega . x`` stay in float64 and are rounded to float32 as they
-are when every angle is at most :data:`DIRECT_LIMIT` (64 rad) in magnitude, an argument error of
-at most ``64 * 2**-24 ~ 3.8e-6``; a block with a larger angle is first reduced to ``[-pi, pi]`` in
-float64 (error at most ``pi * 2**-24 ~ 1.9e-7``; four more float64 passes, so only when needed).
-The cosine and sine are then off by that plus numpy's float32 error (a few units in the last
-place): at most about 4e-6 in absolute terms, far below the Monte Carlo error of any feature map
+Random Fourier features (the summarization's h1, :mod:`dpmarket.common.summarization.rff`; the M2M
+RFF sketch, :class:`dpmarket.common.sketches.feature_maps.RFFMap`) spend almost all their time in
+``cos`` and ``sin``: measured here, 17-18 ns per float64 value against 1.0-1.3 ns per float32 value
+(numpy's SIMD kernels). The projections ``omega . x`` stay in float64 and are rounded to float32 as
+they are when every angle is at most :data:`DIRECT_LIMIT` (64 rad) in magnitude, an argument error
+of at most ``64 * 2**-24 ~ 3.8e-6``; a block with a larger angle is first reduced to ``[-pi, pi]``
+in float64 (error at most ``pi * 2**-24 ~ 1.9e-7``; four more float64 passes, so only when needed).
+The cosine and sine are then off by that plus numpy's float32 error (a few units in the last place):
+at most about 4e-6 in absolute terms, far below the Monte Carlo error of any feature map
 (``1/sqrt(d)``) and, summed over rows, below any release's noise.
 
 Nothing here bounds a sensitivity by itself: callers that release sums of these values enforce

@@ -11,7 +11,7 @@ One declaration serves every capability and every party:
 * a **consumer** reads its validation set through it (columns selected and ordered by name) and
   takes CAPE's public bounds from it (:meth:`Schema.bounds`);
 * a catalogue's **sketch declaration** declares its columns in the same ``[[columns]]`` format,
-  or takes them from a schema file (:mod:`common.sketches.spec`).
+  or takes them from a schema file (:mod:`dpmarket.common.sketches.spec`).
 
 The TOML layout (:meth:`Schema.from_mapping`)::
 
@@ -44,7 +44,7 @@ The :attr:`Schema.fingerprint` is the SHA-256 of the canonical public schema (co
 types, bounds, levels and the label; not the name, description or draft flag): two parties with
 the same fingerprint hold the same declaration.
 
-Pure: no I/O (the commands read the files, :mod:`owner.data` the tables).
+Pure: no I/O (the commands read the files, :mod:`dpmarket.owner.data` the tables).
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.errors import InvalidArgumentError
-from common.validation import check_config_keys, config_number, config_table
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.validation import check_config_keys, config_number, config_table
 
 __all__ = [
     "COLUMN_TYPES",

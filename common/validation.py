@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.errors import InvalidArgumentError
+from dpmarket.common.errors import InvalidArgumentError
 
 
 def check_matrix(

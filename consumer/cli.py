@@ -4,9 +4,9 @@
 
 ``request`` and the ``cape`` jobs ask the curator, over mTLS, to run a session or a job across
 the owners. Exploration and ranking read the catalogue once and compute locally
-(:mod:`consumer.explore`): no owner is called, and the validation set never leaves the
+(:mod:`dpmarket.consumer.explore`): no owner is called, and the validation set never leaves the
 consumer's process. :func:`protocol_options` and the input helpers are shared with
-``dpmarket simulate`` (:mod:`experiments.cli`).
+``dpmarket simulate`` (:mod:`dpmarket.experiments.cli`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from numpy.typing import NDArray
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from common.errors import DPMarketError, InvalidArgumentError
-from common.schema import Schema
-from common.sketches.marginals import MarginalsSketch
-from common.sketches.sketch import PrivateSketch, merge_sketches
-from common.sketches.spec import PublishedSketch, SketchSpec
-from common.summarization.sketch_allocation import RELEVANCE_SCORES
-from common.summarization.summary import (
+from dpmarket.common.errors import DPMarketError, InvalidArgumentError
+from dpmarket.common.schema import Schema
+from dpmarket.common.sketches.marginals import MarginalsSketch
+from dpmarket.common.sketches.sketch import PrivateSketch, merge_sketches
+from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
+from dpmarket.common.summarization.sketch_allocation import RELEVANCE_SCORES
+from dpmarket.common.summarization.summary import (
     ALLOCATIONS,
     AUCTIONS,
     EMBEDDING_PRIORS,
@@ -43,9 +43,9 @@ from common.summarization.summary import (
     SummarizationConfig,
     SummaryResult,
 )
-from consumer.client import SessionFailedError
-from owner.data import PointSet, load_point_set
-from runtime.cli import (
+from dpmarket.consumer.client import SessionFailedError
+from dpmarket.owner.data import PointSet, load_point_set
+from dpmarket.runtime.cli import (
     check_outputs,
     console,
     curator_identity,
@@ -57,9 +57,9 @@ from runtime.cli import (
     tls_options,
     write_output,
 )
-from runtime.files import write_json
-from runtime.identity import Identity
-from runtime.schemas import load_schema
+from dpmarket.runtime.files import write_json
+from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.schemas import load_schema
 
 __all__ = [
     "CAPE_COMMANDS",
@@ -368,7 +368,7 @@ def summarization_config(
 def load_points(
     path: str, *, label_column: str | None = "label", schema: Schema | None = None
 ) -> PointSet:
-    """Read a points file (:func:`owner.data.load_point_set`); a missing or malformed file
+    """Read a points file (:func:`dpmarket.owner.data.load_point_set`); a missing or malformed file
     fails the command with its name. With a schema, a table's features are selected by name in
     the schema's order (another column order is reordered, a column the schema lacks refused)."""
     try:
@@ -487,10 +487,10 @@ def finish(
 
     The report (``{"config", "result"}``) goes to ``report_path`` and, with ``as_json``, to
     stdout instead of the table; ``plot_path`` also gets the plot
-    (:func:`consumer.report.plot_request`).
+    (:func:`dpmarket.consumer.report.plot_request`).
     """
-    from consumer.report import comparison_table, evaluate_summary, plot_request
-    from owner.data import save_point_set
+    from dpmarket.consumer.report import comparison_table, evaluate_summary, plot_request
+    from dpmarket.owner.data import save_point_set
 
     row = evaluate_summary(
         result, inputs.validation.features, config.gamma, test=inputs.test, seed=seed or 0
@@ -611,7 +611,7 @@ def request(
     **kwargs: Any,
 ) -> None:
     """Ask a running curator (over mTLS) for a summary matching a validation set."""
-    from consumer.client import CuratorClient
+    from dpmarket.consumer.client import CuratorClient
 
     security = security_from_options(
         "consumer", ca_path, cert_path, key_path, pki_dir, name, insecure
@@ -801,7 +801,7 @@ def _cape_command(
     return register
 
 
-#: The consumer's ``dpmarket cape`` commands (:mod:`deploy.cli` puts them in the group).
+#: The consumer's ``dpmarket cape`` commands (:mod:`dpmarket.deploy.cli` puts them in the group).
 CAPE_COMMANDS: list[click.Command] = []
 
 #: Per command: default --out and --delta.
@@ -817,7 +817,7 @@ def _ask_curator(
     curator: str, curator_name: str, tls: dict[str, Any], call: Callable[[Any], Any]
 ) -> Any:
     """Call the curator as a consumer; a refusal becomes a ClickException."""
-    from consumer.client import CuratorClient
+    from dpmarket.consumer.client import CuratorClient
 
     security = security_from_options("consumer", **tls)
     try:
@@ -852,7 +852,7 @@ def _fit_command(task: str) -> Callable[..., None]:
         as_json: bool,
         **tls: Any,
     ) -> None:
-        from common.cape.spec import CapeJobSpec
+        from dpmarket.common.cape.spec import CapeJobSpec
 
         schema = read_schema(bounds_path, "--bounds")
         target_bound = _target(target, schema, task)
@@ -952,7 +952,7 @@ def cape_mean_command(
     as_json: bool,
     **tls: Any,
 ) -> None:
-    from common.cape.spec import CapeMeanSpec
+    from dpmarket.common.cape.spec import CapeMeanSpec
 
     schema = read_schema(bounds_path, "--bounds")
     columns = _columns(schema, features)
@@ -1034,7 +1034,7 @@ def cape_train_command(
 ) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from common.cape.spec import CapeTrainingSpec
+    from dpmarket.common.cape.spec import CapeTrainingSpec
 
     schema = read_schema(bounds_path, "--bounds")
     columns = _columns(schema, features, exclude=(target,))
@@ -1106,7 +1106,7 @@ def cape_train_command(
 
 # -------------------------------------------------------------------------- sketches
 def _client(curator: str, curator_name: str, tls: dict[str, Any]) -> Any:
-    from consumer.client import CuratorClient
+    from dpmarket.consumer.client import CuratorClient
 
     security = security_from_options("consumer", **tls)
     return CuratorClient(curator, security, curator=curator_identity(curator_name))
@@ -1279,7 +1279,7 @@ def _expected_error(
 ) -> float:
     """Mean standard error of ``query`` (or of the involved columns' means, for a covariance or
     a logistic regression) from ``spec``'s sketches' public noise scales."""
-    from consumer.explore import Query, m2m_standard_errors, m2m_target
+    from dpmarket.consumer.explore import Query, m2m_standard_errors, m2m_target
 
     explorer = make(spec)
     sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
@@ -1380,10 +1380,10 @@ def explore_command(
     """Answer a question about one owner's data, or several owners' union, from their
     published sketches, with its standard error (computed here: no owner is asked anything).
 
-    Each query is answered from the best sketch available (consumer.explore.choose_source):
+    Each query is answered from the best sketch available (dpmarket.consumer.explore.choose_source):
     a marginals sketch for what it expresses (counts, CDFs, marginals, synthetic records,
     moments of discrete columns), else the M2M sketch whose noise moves the answer least."""
-    from consumer.explore import (
+    from dpmarket.consumer.explore import (
         DEFAULT_EXPLORE_SYNTHETIC,
         Explorer,
         MarginalsExplorer,
@@ -1512,7 +1512,7 @@ def _print_answer(answer: Any, title: str) -> None:
 def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
     """The validation set in the spec's column order: a table's named columns, or an array file
     whose columns are the spec's, in order."""
-    from owner.data import load_point_set, load_table
+    from dpmarket.owner.data import load_point_set, load_table
 
     try:
         if Path(path).suffix.lower() in (".csv", ".parquet"):
@@ -1555,7 +1555,7 @@ def rank_owners_command(
     **tls: Any,
 ) -> None:
     """Rank owners by the MMD between a validation set and their RFF sketches, computed here."""
-    from consumer.explore import rank_owners
+    from dpmarket.consumer.explore import rank_owners
 
     if out_path is not None:
         check_outputs(out_path)

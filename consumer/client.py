@@ -1,5 +1,6 @@
 """Client library of the consumer: submit a validation set, follow progress, get the summary;
-run CAPE jobs; read the sketch catalogue (exploration itself is local: :mod:`consumer.explore`).
+run CAPE jobs; read the sketch catalogue (exploration itself is local:
+:mod:`dpmarket.consumer.explore`).
 
 The channel is mTLS: the consumer proves its identity with its certificate and checks the
 curator's (role and name) at the handshake.
@@ -18,19 +19,25 @@ import grpc
 import numpy as np
 from numpy.typing import NDArray
 
-from common.cape.dpgd import accuracy, predict_proba
-from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.errors import AbortedError, InvalidArgumentError
-from common.schema import Schema
-from common.sketches.spec import PublishedSketch, SketchSpec
-from common.summarization.summary import (
+from dpmarket.common.cape.dpgd import accuracy, predict_proba
+from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import AbortedError, InvalidArgumentError
+from dpmarket.common.schema import Schema
+from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
+from dpmarket.common.summarization.summary import (
     OwnerSelection,
     ProgressEvent,
     SessionReport,
     SummarizationConfig,
     SummaryResult,
 )
-from consumer import convert
+from dpmarket.consumer import convert
+from dpmarket.runtime import cape_messages, sketch_messages
+from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.schemas import schema_to_proto
+from dpmarket.runtime.serving import CHANNEL_OPTIONS
+from dpmarket.runtime.status import error_from_rpc
+from dpmarket.runtime.transport import CONNECT_TIMEOUT_SECONDS, TransportSecurity, connected_channel
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
@@ -39,12 +46,6 @@ from dpmarket.v1 import (
     sketch_pb2,
     sketch_pb2_grpc,
 )
-from runtime import cape_messages, sketch_messages
-from runtime.identity import Identity
-from runtime.schemas import schema_to_proto
-from runtime.serving import CHANNEL_OPTIONS
-from runtime.status import error_from_rpc
-from runtime.transport import CONNECT_TIMEOUT_SECONDS, TransportSecurity, connected_channel
 
 
 class SessionFailedError(AbortedError):
@@ -78,15 +79,15 @@ class CuratorClient:
         Deadline of unary calls, seconds.
     connect_timeout : float or None
         The channel must connect within this many seconds (TCP and the mTLS handshake), or the
-        constructor raises :class:`runtime.transport.ConnectError` saying why (nothing
+        constructor raises :class:`dpmarket.runtime.transport.ConnectError` saying why (nothing
         listening, a certificate of another CA, a server of another name); None: no check,
         calls wait for the curator up to their deadline.
 
     Raises
     ------
-    runtime.transport.ConnectError
+    dpmarket.runtime.transport.ConnectError
         From the constructor, as ``connect_timeout`` says.
-    common.errors.DPMarketError
+    dpmarket.common.errors.DPMarketError
         Every method raises the error matching the curator's status (e.g.
         ``InvalidArgumentError`` for a malformed validation set, ``NotFoundError`` for an unknown
         session, ``UnavailableError`` when the curator cannot be reached).
@@ -254,7 +255,7 @@ class CuratorClient:
 
         Raises
         ------
-        common.errors.DPMarketError
+        dpmarket.common.errors.DPMarketError
             The error matching the curator's status.
         """
         request = cape_pb2.FitCapeRequest(
@@ -284,7 +285,7 @@ class CuratorClient:
 
         Raises
         ------
-        common.errors.DPMarketError
+        dpmarket.common.errors.DPMarketError
             The error matching the curator's status.
         """
         request = cape_pb2.EstimateCapeMeanRequest(
@@ -315,7 +316,7 @@ class CuratorClient:
 
         Raises
         ------
-        common.errors.DPMarketError
+        dpmarket.common.errors.DPMarketError
             The error matching the curator's status.
         """
         key = _key(request_id)
@@ -407,7 +408,7 @@ class CuratorClient:
 
         Raises
         ------
-        common.errors.DPMarketError
+        dpmarket.common.errors.DPMarketError
             ``NotFoundError`` for an unknown spec, ``PermissionDeniedError`` for a consumer the
             curator does not serve; ``InvalidArgumentError`` for a sketch that is inconsistent
             or not made under the spec.

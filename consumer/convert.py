@@ -7,9 +7,9 @@ import json
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import InvalidArgumentError
-from common.privacy.ledger import SessionSpend
-from common.summarization.summary import (
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.summarization.summary import (
     PARAMETER_NAMES,
     OwnerSelection,
     ProgressEvent,
@@ -18,8 +18,8 @@ from common.summarization.summary import (
     SummarizationConfig,
     SummaryResult,
 )
+from dpmarket.runtime.arrays import array_to_proto, labeled_points_from_proto
 from dpmarket.v1 import curator_pb2
-from runtime.arrays import array_to_proto, labeled_points_from_proto
 
 _METHODS = {
     "private": curator_pb2.METHOD_PRIVATE,

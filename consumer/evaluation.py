@@ -13,7 +13,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
 
-from owner.data import PointSet
+from dpmarket.owner.data import PointSet
 
 __all__ = ["downstream_accuracy", "hash_model_accuracy"]
 
@@ -109,12 +109,13 @@ def hash_model_accuracy(
 ) -> float:
     """The consumer's kernel model on a hashes summary: a linear SVM on the h1 hashes.
 
-    A linear model on random Fourier features approximates a model in the RBF kernel's
-    feature space (Rahimi & Recht 2008), which is what Appendix F of the summarization paper
-    says the hashes are for. The model is :func:`downstream_accuracy`'s (``StandardScaler`` and
-    ``LinearSVC``), trained on the summary's hashes and labels and scored on the hashes of the
-    consumer's labeled test points, which an owner computed under the same secret map
-    (:meth:`owner.protocol.Owner.hash_points`; the consumer cannot: it does not know the map).
+    A linear model on random Fourier features approximates a model in the RBF kernel's feature space
+    (Rahimi & Recht 2008), which is what Appendix F of the summarization paper says the hashes are
+    for. The model is :func:`downstream_accuracy`'s (``StandardScaler`` and ``LinearSVC``), trained
+    on the summary's hashes and labels and scored on the hashes of the consumer's labeled test
+    points, which an owner computed under the same secret map
+    (:meth:`dpmarket.owner.protocol.Owner.hash_points`; the consumer cannot: it does not know the
+    map).
 
     Parameters
     ----------

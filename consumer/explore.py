@@ -1,25 +1,25 @@
 """Exploration of published sketches: M2M answers and owner ranking, computed by the consumer.
 
-Everything here is post-processing of sketches the consumer already holds (read from the
-curator's catalogue, :meth:`consumer.client.CuratorClient.sketches`): no owner is called, no
-owner learns a query, and the consumer's validation set never leaves this process. Each query
-costs the owners nothing more, whatever the consumer asks and however often.
+Everything here is post-processing of sketches the consumer already holds (read from the curator's
+catalogue, :meth:`dpmarket.consumer.client.CuratorClient.sketches`): no owner is called, no owner
+learns a query, and the consumer's validation set never leaves this process. Each query costs the
+owners nothing more, whatever the consumer asks and however often.
 
 * :class:`Query` is one analysis of the M2M paper's Sections 3.4-3.5 on named columns: ``mean``
   and ``moment2`` (raw moments), ``cdf`` (at chosen points), ``covariance``, ``count`` (a
   conjunction of range predicates: the fraction of records and the count) and ``logreg`` (a
   logistic regression by implicit M2M).
 * :class:`Explorer` answers queries for any sketch of one spec (one owner's, or the union of
-  several: :func:`common.sketches.sketch.merge_sketches`) from one synthetic design, drawn once
-  from the spec's domain; :func:`exact_answer` gives the same quantity on raw records (for those
-  who hold them: the demo, tests).
+  several: :func:`dpmarket.common.sketches.sketch.merge_sketches`) from one synthetic design, drawn
+  once from the spec's domain; :func:`exact_answer` gives the same quantity on raw records (for
+  those who hold them: the demo, tests).
 * :class:`MarginalsExplorer` answers from marginals sketches through a graphical model
-  (:class:`common.sketches.marginals.MarginalsModel`): counts, CDFs, marginal tables,
+  (:class:`dpmarket.common.sketches.marginals.MarginalsModel`): counts, CDFs, marginal tables,
   moments of discrete columns and synthetic records.
 * :func:`choose_source` picks, per query, which of the available specs answers it (the rule is
   in its docstring).
 * :func:`rank_owners` orders owners by the squared MMD between the consumer's validation set and
-  each owner's RFF sketch (:func:`common.sketches.sketch.sketch_mmd2`, debiased).
+  each owner's RFF sketch (:func:`dpmarket.common.sketches.sketch.sketch_mmd2`, debiased).
 
 Every answer carries a standard error per value from the release's public noise scales: exact
 (up to the count's first-order term) where the estimate is linear in the noise (M2M's means,
@@ -48,16 +48,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.errors import InvalidArgumentError
-from common.sketches import tasks
-from common.sketches.domain import Domain
-from common.sketches.m2m import (
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.sketches import tasks
+from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.m2m import (
     DEFAULT_LAMBDA_RULE,
     LambdaRule,
     M2MEstimator,
     SyntheticDesign,
 )
-from common.sketches.marginals import (
+from dpmarket.common.sketches.marginals import (
     DEFAULT_BOOTSTRAP,
     MarginalsMap,
     MarginalsModel,
@@ -65,14 +65,14 @@ from common.sketches.marginals import (
     cell_weights,
     free_compiled,
 )
-from common.sketches.sketch import (
+from dpmarket.common.sketches.sketch import (
     PrivateSketch,
     SketchLike,
     SketchUnion,
     merge_sketches,
     sketch_mmd2,
 )
-from common.sketches.spec import SketchSpec
+from dpmarket.common.sketches.spec import SketchSpec
 
 __all__ = [
     "DEFAULT_EXPLORE_SYNTHETIC",
@@ -526,9 +526,9 @@ class Explorer:
     seed : int
         Seed of the synthetic points (the consumer's own randomness; module docstring).
     lambda_rule : {"theorem", "paper"} or float
-        M2M's ridge parameter (:func:`common.sketches.m2m.regularization`).
+        M2M's ridge parameter (:func:`dpmarket.common.sketches.m2m.regularization`).
     intercept : bool
-        Fit an unpenalized constant (:class:`common.sketches.m2m.M2MEstimator`).
+        Fit an unpenalized constant (:class:`dpmarket.common.sketches.m2m.M2MEstimator`).
 
     Notes
     -----
@@ -692,10 +692,11 @@ def _marginal_labels(fmap: MarginalsMap, domain: Domain, idx: Sequence[int]) -> 
 class MarginalsExplorer:
     """Graphical-model answers for the marginals sketches of one spec.
 
-    Each owner's sketch gets its own model (:class:`common.sketches.marginals.MarginalsModel`,
-    fitted once and kept) and :data:`~common.sketches.marginals.DEFAULT_BOOTSTRAP` bootstrap
-    models; a union of owners adds their counts (each owner's data keep exactly the guarantee
-    of its own sketch), and its bootstrap replicate ``b`` adds the owners' replicates ``b``.
+    Each owner's sketch gets its own model
+    (:class:`dpmarket.common.sketches.marginals.MarginalsModel`, fitted once and kept) and
+    :data:`~dpmarket.common.sketches.marginals.DEFAULT_BOOTSTRAP` bootstrap models; a union of
+    owners adds their counts (each owner's data keep exactly the guarantee of its own sketch), and
+    its bootstrap replicate ``b`` adds the owners' replicates ``b``.
 
     Parameters
     ----------

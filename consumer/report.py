@@ -17,11 +17,11 @@ from numpy.typing import NDArray
 from rich import box
 from rich.table import Table
 
-from common.privacy.ledger import SessionSpend
-from common.summarization.kernels import mmd2
-from common.summarization.summary import SummaryResult
-from consumer.evaluation import downstream_accuracy
-from owner.data import PointSet
+from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.summarization.kernels import mmd2
+from dpmarket.common.summarization.summary import SummaryResult
+from dpmarket.consumer.evaluation import downstream_accuracy
+from dpmarket.owner.data import PointSet
 
 
 def evaluate_summary(

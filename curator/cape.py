@@ -2,15 +2,15 @@
 descent (Section 5.1) across the owners.
 
 Every job opens at every owner, is planned over the owners that answered, runs its zero-sum noise
-round through secure aggregation (:mod:`curator.secagg`), then collects the sites' releases and
-averages them. The zero-sum property must hold over exactly the sites whose releases are
+round through secure aggregation (:mod:`dpmarket.curator.secagg`), then collects the sites' releases
+and averages them. The zero-sum property must hold over exactly the sites whose releases are
 averaged, and the stated noise must be the estimate's:
 
 * a site lost in a noise round (at any stage) makes the curator re-plan without it and rerun the
   round before anyone releases (the earlier draws were never released);
 * a site lost at its release, when the others have released and charged already, is not rerun:
   the curator averages the releases it received and states their larger noise (the lost sites'
-  zero-sum corrections remain; :func:`common.cape.zero_sum.partial_average_variance`).
+  zero-sum corrections remain; :func:`dpmarket.common.cape.zero_sum.partial_average_variance`).
 
 :class:`CapeJob` (capeFM) and :class:`CapeMeanJob` release once per site. :class:`CapeTrainingJob`
 releases once per site and iteration: one noise round draws the zero-sum noise of every remaining
@@ -23,14 +23,14 @@ iteration is zero-sum over exactly its sites again.
 The curator learns the releases and the noise rounds' sums. The paper's model has it honest but
 curious; here nothing an owner's guarantee depends on rests on its word: each owner derives its
 noise from the public plan itself, checks every other site's signed row count before it plans
-(:mod:`common.cape.agreement`), refuses an ``S_C`` below its policy's floor, and secure
-aggregation withstands a curator that lies about the survivors (:mod:`common.secagg.protocol`).
-The job's ``S_C`` is the consumer's when it chose one (every owner refuses it at open if it is
-below the owner's floor), else the paper's default ``ceil(S / 3) - 1`` raised to the highest
-floor of the sites; the noise rounds' threshold is the least ``t`` with ``2 t > S + S_C``. From
-:data:`common.secagg.graph.SPARSE_MIN_SITES` sites the noise rounds run SecAgg+ instead
-(:func:`noise_round_params`): a sparse graph meeting the same ``2^-40`` target against the same
-``S_C``, tolerating :func:`secagg_allowance` lost sites per neighbourhood.
+(:mod:`dpmarket.common.cape.agreement`), refuses an ``S_C`` below its policy's floor, and secure
+aggregation withstands a curator that lies about the survivors
+(:mod:`dpmarket.common.secagg.protocol`). The job's ``S_C`` is the consumer's when it chose one
+(every owner refuses it at open if it is below the owner's floor), else the paper's default ``ceil(S
+/ 3) - 1`` raised to the highest floor of the sites; the noise rounds' threshold is the least ``t``
+with ``2 t > S + S_C``. From :data:`dpmarket.common.secagg.graph.SPARSE_MIN_SITES` sites the noise
+rounds run SecAgg+ instead (:func:`noise_round_params`): a sparse graph meeting the same ``2^-40``
+target against the same ``S_C``, tolerating :func:`secagg_allowance` lost sites per neighbourhood.
 """
 
 from __future__ import annotations
@@ -46,30 +46,30 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from common.cape.agreement import SizeAttestation, plan_for
-from common.cape.capefm import CapeFMPlan, aggregate_releases, fit_released
-from common.cape.dpgd import CapeTrainingPlan, init_params
-from common.cape.endpoints import CapeSiteEndpoint, OpenedJob
-from common.cape.functional_mechanism import to_raw_coefficients
-from common.cape.mean import CapeMeanPlan
-from common.cape.privacy import default_colluders
-from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.errors import (
+from dpmarket.common.cape.agreement import SizeAttestation, plan_for
+from dpmarket.common.cape.capefm import CapeFMPlan, aggregate_releases, fit_released
+from dpmarket.common.cape.dpgd import CapeTrainingPlan, init_params
+from dpmarket.common.cape.endpoints import CapeSiteEndpoint, OpenedJob
+from dpmarket.common.cape.functional_mechanism import to_raw_coefficients
+from dpmarket.common.cape.mean import CapeMeanPlan
+from dpmarket.common.cape.privacy import default_colluders
+from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import (
     AbortedError,
     DPMarketError,
     FailedPreconditionError,
     InvalidArgumentError,
     UnavailableError,
 )
-from common.ids import short_id
-from common.privacy.accounting import PrivacyEvent
-from common.privacy.ledger import Charge, SessionSpend
-from common.secagg.fixedpoint import FixedPoint
-from common.secagg.graph import failure_bound as graph_failure_bound
-from common.secagg.graph import plan_graph
-from common.secagg.protocol import RoundParams, min_threshold
-from curator.secagg import AggregationOutcome, SitesLostError, aggregate
-from curator.summarization.state import stage_deadline
+from dpmarket.common.ids import short_id
+from dpmarket.common.privacy.accounting import PrivacyEvent
+from dpmarket.common.privacy.ledger import Charge, SessionSpend
+from dpmarket.common.secagg.fixedpoint import FixedPoint
+from dpmarket.common.secagg.graph import failure_bound as graph_failure_bound
+from dpmarket.common.secagg.graph import plan_graph
+from dpmarket.common.secagg.protocol import RoundParams, min_threshold
+from dpmarket.curator.secagg import AggregationOutcome, SitesLostError, aggregate
+from dpmarket.curator.summarization.state import stage_deadline
 
 logger = logging.getLogger(__name__)
 
@@ -104,11 +104,11 @@ def noise_round_params(
 ) -> RoundParams:
     """The parameters of a noise round over ``sites`` against ``colluders`` colluders.
 
-    SecAgg+'s sparse graph when :func:`common.secagg.graph.plan_graph` gives one (from
-    :data:`~common.secagg.graph.SPARSE_MIN_SITES` sites, with :func:`secagg_allowance`), else
-    the complete graph with the least threshold ``t`` with ``2 t > S + S_C``. Both defend
-    against ``S_C`` colluders and a lying curator; the sparse one except with probability
-    ``2^-40`` over its graph (:mod:`common.secagg.graph`).
+    SecAgg+'s sparse graph when :func:`dpmarket.common.secagg.graph.plan_graph` gives one (from
+    :data:`~dpmarket.common.secagg.graph.SPARSE_MIN_SITES` sites, with :func:`secagg_allowance`),
+    else the complete graph with the least threshold ``t`` with ``2 t > S + S_C``. Both defend
+    against ``S_C`` colluders and a lying curator; the sparse one except with probability ``2^-40``
+    over its graph (:mod:`dpmarket.common.secagg.graph`).
 
     Raises
     ------
@@ -188,8 +188,8 @@ class CapeTrainingResult:
     Attributes
     ----------
     parameters : ndarray of shape (P,), float64
-        ``W1`` (row-major), ``b1``, ``w2``, ``b2`` (:mod:`common.cape.dpgd`), on the features
-        mapped to [-1, 1] by their public bounds.
+        ``W1`` (row-major), ``b1``, ``w2``, ``b2`` (:mod:`dpmarket.common.cape.dpgd`), on the
+        features mapped to [-1, 1] by their public bounds.
     report : dict
         Sites and their iterations, noise per iteration, the total guarantee, timings.
     """
@@ -636,7 +636,7 @@ class CapeTrainingJob(_CapeRun[CapeTrainingSpec, CapeTrainingPlan]):
     """CAPE gradient descent of the 2-layer network across owners (Section 5.1).
 
     Parameters as :class:`_CapeRun`. The initial parameters are drawn from ``rng`` after the
-    owners' seeds (:func:`common.cape.dpgd.init_params`); they are public.
+    owners' seeds (:func:`dpmarket.common.cape.dpgd.init_params`); they are public.
     """
 
     async def run(self) -> CapeTrainingResult:
@@ -766,7 +766,7 @@ def _attested_rows(answer: tuple[SizeAttestation, bytes], name: str) -> int:
 def owner_seeds(rng: np.random.Generator, names: Sequence[str]) -> dict[str, int]:
     """The seed each owner's noise is drawn from (honoured only by owners allowing seeded runs):
     the job's first draws from ``rng``, one per owner in sorted order. A training's initial
-    parameters are the next draws (:func:`common.cape.dpgd.init_params`), so a caller that
+    parameters are the next draws (:func:`dpmarket.common.cape.dpgd.init_params`), so a caller that
     replays these draws from the same seed gets the same starting point."""
     draws = rng.integers(0, 2**63 - 1, size=len(names))
     return {n: int(v) for n, v in zip(sorted(names), draws, strict=True)}

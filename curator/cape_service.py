@@ -3,7 +3,7 @@
 :class:`CapeJobs` checks a request against the curator's policy (the guarantee to every owner
 against ``owners_epsilon`` / ``owners_delta``, the number of columns, a training's
 hyper-parameters and work, seeded jobs, the consumer's request rate and the number of jobs
-running), runs the job across the owners (:mod:`curator.cape`: a capeFM model, a mean or a
+running), runs the job across the owners (:mod:`dpmarket.curator.cape`: a capeFM model, a mean or a
 training), records the job, its charge (before any release) and its result in the curator's
 store, and answers a retried request as the summarization sessions do
 (:meth:`CapeJobs.fit`). :class:`CapeServicer` is the thin gRPC adapter, open to consumers.
@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from common import errors
-from common.cape.endpoints import CapeSiteEndpoint
-from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.errors import (
+from dpmarket.common import errors
+from dpmarket.common.cape.endpoints import CapeSiteEndpoint
+from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import (
     AbortedError,
     DPMarketError,
     FailedPreconditionError,
@@ -33,16 +33,16 @@ from common.errors import (
     PermissionDeniedError,
     ResourceExhaustedError,
 )
-from common.ids import new_session_id, short_id
-from common.privacy.rng import make_rng
-from common.schema import Schema, disagreement
-from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
-from curator.policy import CuratorPolicy, RequestRate
-from curator.store import CuratorStore
+from dpmarket.common.ids import new_session_id, short_id
+from dpmarket.common.privacy.rng import make_rng
+from dpmarket.common.schema import Schema, disagreement
+from dpmarket.curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
+from dpmarket.curator.policy import CuratorPolicy, RequestRate
+from dpmarket.curator.store import CuratorStore
+from dpmarket.runtime import cape_messages as msg
+from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
+from dpmarket.runtime.schemas import schema_from_proto
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc
-from runtime import cape_messages as msg
-from runtime.authz import Authorizer, rpc, rpc_stream
-from runtime.schemas import schema_from_proto
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ class CapeJobs:
             If an owner's schema differs from ``schema`` (naming the first column that
             differs); nothing is opened, released or charged.
         DPMarketError
-            As the job's ``run`` (:mod:`curator.cape`); nothing is released when an owner
+            As the job's ``run`` (:mod:`dpmarket.curator.cape`); nothing is released when an owner
             refuses at open.
         """
         if seed is not None and not self.policy.allow_seeded_sessions:

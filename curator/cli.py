@@ -11,16 +11,16 @@ from typing import Any
 
 import click
 
-from common.errors import DPMarketError
-from runtime.cli import (
+from dpmarket.common.errors import DPMarketError
+from dpmarket.runtime.cli import (
     ensure_info_logging,
     json_option,
     print_json,
     security_from_options,
     tls_options,
 )
-from runtime.identity import Identity
-from runtime.transport import BindError
+from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.transport import BindError
 
 __all__ = ["curator", "serve_curator"]
 
@@ -151,11 +151,11 @@ def serve_curator(
 ) -> None:
     """Serve the parsimonious curator for a fixed set of owners (mTLS), with its catalogue of
     the owners' private sketches."""
-    from curator.owners import GrpcOwnerEndpoint, check_owners
-    from curator.policy import CuratorPolicy, load_curator_policy
-    from curator.service import serve_curator as serve
-    from curator.sketches import SketchCatalog
-    from curator.store import CuratorStore
+    from dpmarket.curator.owners import GrpcOwnerEndpoint, check_owners
+    from dpmarket.curator.policy import CuratorPolicy, load_curator_policy
+    from dpmarket.curator.service import serve_curator as serve
+    from dpmarket.curator.sketches import SketchCatalog
+    from dpmarket.curator.store import CuratorStore
 
     ensure_info_logging()
     security = security_from_options("curator", **tls)
@@ -258,7 +258,7 @@ _DATA_DIR = click.option(
 def _records(data_dir: str) -> Any:
     import sqlite3
 
-    from curator.store import CuratorRecords
+    from dpmarket.curator.store import CuratorRecords
 
     try:
         return CuratorRecords(data_dir)

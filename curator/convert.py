@@ -9,10 +9,10 @@ import numpy as np
 from google.protobuf import duration_pb2
 from numpy.typing import NDArray
 
-from common.errors import InvalidArgumentError
-from common.privacy.ledger import SessionSpend
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
-from common.summarization.summary import (
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from dpmarket.common.summarization.summary import (
     PARAMETER_NAMES,
     OwnerSelection,
     ProgressEvent,
@@ -20,20 +20,9 @@ from common.summarization.summary import (
     SummarizationConfig,
     SummaryResult,
 )
-from common.summarization.terms import OwnerTerms
+from dpmarket.runtime.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
+from dpmarket.runtime.schemas import schema_from_proto
 from dpmarket.v1 import curator_pb2, owner_pb2, privacy_pb2
-from runtime.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
-from runtime.schemas import schema_from_proto
-
-
-def terms_to_proto(terms: OwnerTerms) -> privacy_pb2.PrivacyTerms:
-    """OwnerTerms -> PrivacyTerms."""
-    return privacy_pb2.PrivacyTerms(
-        mechanism=terms.mechanism,
-        epsilon=terms.epsilon,
-        delta=terms.delta,
-        non_private=terms.non_private,
-    )
 
 
 def spend_from_proto(message: privacy_pb2.SessionSpend) -> SessionSpend:

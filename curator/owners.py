@@ -1,6 +1,6 @@
 """gRPC client of an owner, seen by the curator as a
-:class:`common.summarization.endpoints.OwnerEndpoint` and, on the same channel, a
-:class:`common.cape.endpoints.CapeSiteEndpoint` (CAPE and secure aggregation).
+:class:`dpmarket.common.summarization.endpoints.OwnerEndpoint` and, on the same channel, a
+:class:`dpmarket.common.cape.endpoints.CapeSiteEndpoint` (CAPE and secure aggregation).
 
 The channel is mTLS with the owner's identity checked at the handshake: the curator talks only to
 the owner names it was configured with, whatever answers at an address.
@@ -20,20 +20,33 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from numpy.typing import NDArray
 
-from common.cape.agreement import SizeAttestation
-from common.cape.endpoints import OpenedJob
-from common.cape.spec import AnyCapeSpec
-from common.errors import DPMarketError, FailedPreconditionError, UnavailableError
-from common.privacy.ledger import SessionSpend
-from common.schema import Schema
-from common.secagg.endpoints import MaskedInput, SurvivorAttestation
-from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
-from common.summarization.hashes import HashAdvert
-from common.summarization.rff import RFFParams
-from common.summarization.terms import OwnerTerms
-from curator import convert
-from curator.summarization.state import PROGRESS_GRACE, stage_deadline
+from dpmarket.common.cape.agreement import SizeAttestation
+from dpmarket.common.cape.endpoints import OpenedJob
+from dpmarket.common.cape.spec import AnyCapeSpec
+from dpmarket.common.errors import DPMarketError, FailedPreconditionError, UnavailableError
+from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.schema import Schema
+from dpmarket.common.secagg.endpoints import MaskedInput, SurvivorAttestation
+from dpmarket.common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
+from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from dpmarket.common.summarization.hashes import HashAdvert
+from dpmarket.common.summarization.rff import RFFParams
+from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.curator import convert
+from dpmarket.curator.summarization.state import PROGRESS_GRACE, stage_deadline
+from dpmarket.runtime import cape_messages as msg
+from dpmarket.runtime.arrays import array_to_proto
+from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.serving import CHANNEL_OPTIONS
+from dpmarket.runtime.status import error_from_rpc
+from dpmarket.runtime.terms import terms_to_proto
+from dpmarket.runtime.transport import (
+    CONNECT_TIMEOUT_SECONDS,
+    ConnectError,
+    TransportSecurity,
+    aio_channel,
+    check_connected_aio,
+)
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
@@ -42,18 +55,6 @@ from dpmarket.v1 import (
     privacy_pb2,
     secure_aggregation_pb2,
     secure_aggregation_pb2_grpc,
-)
-from runtime import cape_messages as msg
-from runtime.arrays import array_to_proto
-from runtime.identity import Identity
-from runtime.serving import CHANNEL_OPTIONS
-from runtime.status import error_from_rpc
-from runtime.transport import (
-    CONNECT_TIMEOUT_SECONDS,
-    ConnectError,
-    TransportSecurity,
-    aio_channel,
-    check_connected_aio,
 )
 
 T = TypeVar("T")
@@ -113,10 +114,10 @@ class RoundsStream:
 
         Raises
         ------
-        common.errors.DPMarketError
+        dpmarket.common.errors.DPMarketError
             The owner's status for the step, mapped as for a unary call
-            (:func:`runtime.status.error_from_rpc`); ``UnavailableError`` when no answer came
-            within ``timeout`` or the owner ended the stream.
+            (:func:`dpmarket.runtime.status.error_from_rpc`); ``UnavailableError`` when no answer
+            came within ``timeout`` or the owner ended the stream.
         """
         async with self._lock:
             try:
@@ -156,8 +157,9 @@ class RoundsStream:
 
 
 class ReceiptBook(Protocol):
-    """Durable keeping of each owner's last ledger receipt (:class:`curator.store.CuratorStore`).
-    Receipts are opaque here: only the owner that signed one reads it."""
+    """Durable keeping of each owner's last ledger receipt
+    (:class:`dpmarket.curator.store.CuratorStore`). Receipts are opaque here: only the owner that
+    signed one reads it."""
 
     def owner_receipt(self, owner: str) -> bytes | None:
         """The last receipt ``owner`` returned, serialized, or None."""
@@ -252,8 +254,9 @@ class GrpcOwnerEndpoint:
 
     def pass_deadline(self) -> float:
         """The gRPC deadline of a call that may pass over the owner's table: at least
-        :data:`OPEN_DEADLINE_SECONDS`, and :data:`~curator.summarization.state.PROGRESS_GRACE`
-        times the session's deadline for the owner's declared rows (the session's supervision,
+        :data:`OPEN_DEADLINE_SECONDS`, and
+        :data:`~dpmarket.curator.summarization.state.PROGRESS_GRACE` times the session's deadline
+        for the owner's declared rows (the session's supervision,
         which asks :meth:`progress`, decides earlier whether the owner is still working)."""
         scaled = PROGRESS_GRACE * stage_deadline(self.deadline, self.rows, "open") + self.deadline
         return max(OPEN_DEADLINE_SECONDS, scaled)
@@ -285,7 +288,7 @@ class GrpcOwnerEndpoint:
             sampling_seed=sampling_seed,
             gamma=rff.gamma,
             consumer=consumer,
-            terms=convert.terms_to_proto(terms),
+            terms=terms_to_proto(terms),
             ledger_receipt=self._held_receipt(),
         )
         response = await self._call(
@@ -415,9 +418,9 @@ class GrpcOwnerEndpoint:
 
         Raises
         ------
-        runtime.transport.ConnectError
+        dpmarket.runtime.transport.ConnectError
             (an ``UnavailableError``) If the channel is not connected in time; the message says
-            why (:func:`runtime.transport.check_connected_aio`): nothing listening, a
+            why (:func:`dpmarket.runtime.transport.check_connected_aio`): nothing listening, a
             certificate of another CA, a server that proves another identity.
         """
         await check_connected_aio(
@@ -739,7 +742,7 @@ async def check_owners(
 
     Raises
     ------
-    common.errors.FailedPreconditionError
+    dpmarket.common.errors.FailedPreconditionError
         If any owner's check found an error; the message lists them, one per owner.
     """
     checks = await asyncio.gather(

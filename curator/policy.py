@@ -1,9 +1,9 @@
 """The curator's policy: what a requester may ask for, and how much work and state it may cause.
 
 Every requester parameter has an allowed range; a request outside it is refused with
-``INVALID_ARGUMENT`` naming the range, before anything is released or charged. Noise parameters
-are derived from the range-checked epsilon and delta only. The session's total spend of the
-owners' privacy (:func:`common.summarization.terms.owner_terms`) is bounded too, and each owner
+``INVALID_ARGUMENT`` naming the range, before anything is released or charged. Noise parameters are
+derived from the range-checked epsilon and delta only. The session's total spend of the owners'
+privacy (:func:`dpmarket.common.summarization.terms.owner_terms`) is bounded too, and each owner
 checks it against its own policy again.
 
 The policy file is TOML (parsed with :mod:`tomllib`); every key is optional::
@@ -59,12 +59,12 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from common.cape.spec import AnyCapeSpec, CapeTrainingSpec
-from common.errors import InvalidArgumentError, ResourceExhaustedError
-from common.sketches.marginals import marginals_map
-from common.sketches.spec import SketchDeclaration
-from common.summarization.summary import METHODS, Method, SummarizationConfig
-from common.summarization.terms import OwnerTerms
+from dpmarket.common.cape.spec import AnyCapeSpec, CapeTrainingSpec
+from dpmarket.common.errors import InvalidArgumentError, ResourceExhaustedError
+from dpmarket.common.sketches.marginals import marginals_map
+from dpmarket.common.sketches.spec import SketchDeclaration
+from dpmarket.common.summarization.summary import METHODS, Method, SummarizationConfig
+from dpmarket.common.summarization.terms import OwnerTerms
 
 #: Allowed [low, high] of every numeric requester parameter (both inclusive). The defaults admit
 #: the documented defaults of every method and bound the work one request can cause.

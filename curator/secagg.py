@@ -2,17 +2,17 @@
 
 Each round is the five steps of Bonawitz et al. (2017, Figure 4, the variant against an actively
 lying server) with the curator routing every message
-(:class:`common.secagg.protocol.SecAggAggregator` holds the aggregator's state), or, for a sparse
-round (``params.neighbours > 0``), the six of SecAgg+ (Bell et al. 2020;
-:class:`common.secagg.sparse.SparseSecAggAggregator`): the sites also reveal their graph nonces,
-and the curator routes the pairwise tags (acknowledgements, attestations) to their addressees.
-Every stage calls every site concurrently. A site whose call fails (unavailable, too slow, or
-refusing) is a dropout at that stage: before its masks are fixed (advertise, share) it is simply
-left out; after masking its pairwise masks are removed from the others' shares; a survivor that
-does not sign the survivor list (or then does not unmask) still has its input in the sum. Fewer
+(:class:`dpmarket.common.secagg.protocol.SecAggAggregator` holds the aggregator's state), or, for a
+sparse round (``params.neighbours > 0``), the six of SecAgg+ (Bell et al. 2020;
+:class:`dpmarket.common.secagg.sparse.SparseSecAggAggregator`): the sites also reveal their graph
+nonces, and the curator routes the pairwise tags (acknowledgements, attestations) to their
+addressees. Every stage calls every site concurrently. A site whose call fails (unavailable, too
+slow, or refusing) is a dropout at that stage: before its masks are fixed (advertise, share) it is
+simply left out; after masking its pairwise masks are removed from the others' shares; a survivor
+that does not sign the survivor list (or then does not unmask) still has its input in the sum. Fewer
 than ``threshold`` sites at any stage (sparse: more than the allowance lost in a neighbourhood)
-abort the round and nothing is released; so does, in a sparse round, a site lost before it
-revealed its nonce (:class:`SitesLostError`: the caller may start a round without it).
+abort the round and nothing is released; so does, in a sparse round, a site lost before it revealed
+its nonce (:class:`SitesLostError`: the caller may start a round without it).
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from typing import TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import AbortedError, DPMarketError
-from common.ids import short_id
-from common.secagg.crypto import SecAggError
-from common.secagg.endpoints import SecureAggregationEndpoint
-from common.secagg.protocol import KeyAdvertisement, RoundParams, SecAggAggregator
-from common.secagg.sparse import SparseSecAggAggregator
+from dpmarket.common.errors import AbortedError, DPMarketError
+from dpmarket.common.ids import short_id
+from dpmarket.common.secagg.crypto import SecAggError
+from dpmarket.common.secagg.endpoints import SecureAggregationEndpoint
+from dpmarket.common.secagg.protocol import KeyAdvertisement, RoundParams, SecAggAggregator
+from dpmarket.common.secagg.sparse import SparseSecAggAggregator
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ async def aggregate(
         Seconds after which a site that has not answered a call is a dropout.
     phase_seconds : dict, optional
         If given, filled with the wall-clock seconds of each phase as the curator sees it (the
-        names of :func:`common.secagg.protocol.run_in_process`): ``advertise_keys``,
+        names of :func:`dpmarket.common.secagg.protocol.run_in_process`): ``advertise_keys``,
         (sparse rounds) ``reveal_nonces``, ``share_keys``, ``masked_input``,
         ``consistency_check`` and ``unmask`` (the concurrent calls and the aggregator's
         collection of their answers), ``finish`` (reconstruction and unmasking).
@@ -205,7 +205,7 @@ async def _complete_round(
     dropped: dict[str, str],
     lap: Callable[[str], None],
 ) -> tuple[NDArray[np.float64], tuple[str, ...]]:
-    """Bonawitz et al.'s five rounds (:class:`common.secagg.protocol.SecAggAggregator`)."""
+    """Bonawitz et al.'s five rounds (:class:`dpmarket.common.secagg.protocol.SecAggAggregator`)."""
     aggregator = SecAggAggregator(params)
     ads = await _advertise(endpoints, job_id, params, timeout, dropped)
     advertisements = aggregator.collect_advertisements({s: a for s, (a, _) in ads.items()})
@@ -261,7 +261,7 @@ async def _sparse_round(
     dropped: dict[str, str],
     lap: Callable[[str], None],
 ) -> tuple[NDArray[np.float64], tuple[str, ...]]:
-    """SecAgg+'s six stages (:class:`common.secagg.sparse.SparseSecAggAggregator`)."""
+    """SecAgg+'s six stages (:class:`dpmarket.common.secagg.sparse.SparseSecAggAggregator`)."""
     aggregator = SparseSecAggAggregator(params)
     ads = await _advertise(endpoints, job_id, params, timeout, dropped)
     advertisements = aggregator.collect_advertisements({s: a for s, (a, _) in ads.items()})

@@ -14,14 +14,19 @@ from collections.abc import Sequence
 
 import grpc
 
-from curator import convert
-from curator.cape_service import CapeJobs, CapeServicer
-from curator.owners import GrpcOwnerEndpoint
-from curator.policy import CuratorPolicy
-from curator.sessions import SessionManager
-from curator.sketch_service import SketchCatalogServicer, catalog_authorizer
-from curator.sketches import SketchCatalog
-from curator.store import CuratorStore
+from dpmarket.curator import convert
+from dpmarket.curator.cape_service import CapeJobs, CapeServicer
+from dpmarket.curator.owners import GrpcOwnerEndpoint
+from dpmarket.curator.policy import CuratorPolicy
+from dpmarket.curator.sessions import SessionManager
+from dpmarket.curator.sketch_service import SketchCatalogServicer, catalog_authorizer
+from dpmarket.curator.sketches import SketchCatalog
+from dpmarket.curator.store import CuratorStore
+from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
+from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.schemas import schema_from_proto
+from dpmarket.runtime.serving import serve_until_signalled, start_server, write_port
+from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
@@ -30,11 +35,6 @@ from dpmarket.v1 import (
     sketch_pb2,
     sketch_pb2_grpc,
 )
-from runtime.authz import Authorizer, rpc, rpc_stream
-from runtime.identity import Identity
-from runtime.schemas import schema_from_proto
-from runtime.serving import serve_until_signalled, start_server, write_port
-from runtime.transport import TransportSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ async def serve_curator(
         manager (``manager.sketches``), whose allocation may read the published sketches.
     allocation_spec : str, optional
         The catalogue's RFF spec the candidates method's allocation reads
-        (:class:`~curator.sessions.SessionManager`).
+        (:class:`~dpmarket.curator.sessions.SessionManager`).
     call_timeout : float, optional
         Seconds after which an owner that has not answered a call is dropped.
     port_file : str, optional

@@ -1,11 +1,11 @@
 """Session registry of the curator service: who may create, see and fetch which session.
 
-Plain asyncio, no gRPC: the servicer (:mod:`curator.service`) only authorizes and converts. The
-manager enforces the curator's policy (:mod:`curator.policy`) before anything is released:
-parameter ranges, the session's total spend of the owners' privacy, seeded sessions, the number
-of sessions running at once and each consumer's request rate. A session belongs to the consumer
-identity that created it; any other consumer gets ``NOT_FOUND``. Sessions, results and every
-charge are written to the durable store (:mod:`curator.store`) when one is given.
+Plain asyncio, no gRPC: the servicer (:mod:`dpmarket.curator.service`) only authorizes and converts.
+The manager enforces the curator's policy (:mod:`dpmarket.curator.policy`) before anything is
+released: parameter ranges, the session's total spend of the owners' privacy, seeded sessions, the
+number of sessions running at once and each consumer's request rate. A session belongs to the
+consumer identity that created it; any other consumer gets ``NOT_FOUND``. Sessions, results and
+every charge are written to the durable store (:mod:`dpmarket.curator.store`) when one is given.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import (
+from dpmarket.common.errors import (
     AbortedError,
     DPMarketError,
     FailedPreconditionError,
@@ -31,13 +31,13 @@ from common.errors import (
     PermissionDeniedError,
     ResourceExhaustedError,
 )
-from common.ids import new_session_id, short_id
-from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
-from common.privacy.rng import make_rng
-from common.schema import Schema
-from common.sketches import PrivateSketch
-from common.summarization.endpoints import OwnerEndpoint
-from common.summarization.summary import (
+from dpmarket.common.ids import new_session_id, short_id
+from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
+from dpmarket.common.privacy.rng import make_rng
+from dpmarket.common.schema import Schema
+from dpmarket.common.sketches import PrivateSketch
+from dpmarket.common.summarization.endpoints import OwnerEndpoint
+from dpmarket.common.summarization.summary import (
     OwnerSelection,
     ProgressEvent,
     SessionReport,
@@ -45,10 +45,10 @@ from common.summarization.summary import (
     SummarizationConfig,
     SummaryResult,
 )
-from curator.policy import CuratorPolicy, RequestRate
-from curator.sketches import SketchCatalog
-from curator.store import CuratorStore, StoredSession
-from curator.summarization.session import SummarizationSession
+from dpmarket.curator.policy import CuratorPolicy, RequestRate
+from dpmarket.curator.sketches import SketchCatalog
+from dpmarket.curator.store import CuratorStore, StoredSession
+from dpmarket.curator.summarization.session import SummarizationSession
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class SessionManager:
             Digest of the request without its key.
         schema, feature_names
             The consumer's schema or validation column names
-            (:class:`~curator.summarization.session.SummarizationSession`).
+            (:class:`~dpmarket.curator.summarization.session.SummarizationSession`).
 
         Returns
         -------

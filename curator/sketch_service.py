@@ -12,13 +12,13 @@ import asyncio
 import logging
 from collections.abc import Collection
 
-from curator.policy import CuratorPolicy
-from curator.sketches import SketchCatalog
+from dpmarket.curator.policy import CuratorPolicy
+from dpmarket.curator.sketches import SketchCatalog
+from dpmarket.runtime import sketch_messages as msg
+from dpmarket.runtime.authz import Authorizer, rpc
+from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
-from runtime import sketch_messages as msg
-from runtime.authz import Authorizer, rpc
-from runtime.identity import Identity
-from runtime.transport import TransportSecurity
 
 logger = logging.getLogger(__name__)
 

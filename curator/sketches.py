@@ -1,19 +1,19 @@
 """The curator's catalogue of private sketches: the specs it serves and the sketches published.
 
-:class:`SketchCatalog` is a plain object over the curator's SQLite store (no gRPC): the
-catalogue's servicer (:mod:`curator.sketch_service`) is a thin adapter over it, and in-process
-code (the summarizer's allocation, simulations, tests) uses it directly.
+:class:`SketchCatalog` is a plain object over the curator's SQLite store (no gRPC): the catalogue's
+servicer (:mod:`dpmarket.curator.sketch_service`) is a thin adapter over it, and in-process code
+(the summarizer's allocation, simulations, tests) uses it directly.
 
 Specs come from declaration files (TOML, parsed with :mod:`tomllib`; the layout is documented in
-:meth:`common.sketches.spec.SketchDeclaration.from_mapping` and ``deploy/sketches/flights.toml``)
-that ``dpmarket serve-curator --sketch-spec FILE`` reads. The first time a declaration is loaded
-the catalogue checks it against the curator's policy, draws its random parameters (RFF
-frequencies, RACE projections and offsets) from a CSPRNG-seeded generator, or from a seed only
-when one is given explicitly (``--sketch-seed``), and stores the specs, parameters included:
-they never change afterwards, across restarts, so that every sketch ever published under a spec
-stays comparable with every other. Loading a declaration again checks that it is the one stored
-(a changed declaration needs a new name). Stored specs are served whether or not their file is
-given again.
+:meth:`dpmarket.common.sketches.spec.SketchDeclaration.from_mapping` and
+``deploy/sketches/flights.toml``) that ``dpmarket serve-curator --sketch-spec FILE`` reads. The
+first time a declaration is loaded the catalogue checks it against the curator's policy, draws its
+random parameters (RFF frequencies, RACE projections and offsets) from a CSPRNG-seeded generator, or
+from a seed only when one is given explicitly (``--sketch-seed``), and stores the specs, parameters
+included: they never change afterwards, across restarts, so that every sketch ever published under a
+spec stays comparable with every other. Loading a declaration again checks that it is the one stored
+(a changed declaration needs a new name). Stored specs are served whether or not their file is given
+again.
 """
 
 from __future__ import annotations
@@ -27,23 +27,28 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import (
+from dpmarket.common.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
 )
-from common.privacy.rng import make_rng
-from common.sketches.endpoints import SpecStatus
-from common.sketches.sketch import PrivateSketch
-from common.sketches.spec import AnySketch, PublishedSketch, SketchDeclaration, SketchSpec
-from curator.policy import CuratorPolicy
-from curator.store import APPLICATION, DATABASE_FILE, MIGRATIONS
-from runtime.database import open_database, snapshot, transaction
-from runtime.files import read_toml
-from runtime.schemas import load_schema
-from runtime.sketch_messages import sketch_bytes, sketch_from_bytes, spec_bytes, spec_from_bytes
+from dpmarket.common.privacy.rng import make_rng
+from dpmarket.common.sketches.endpoints import SpecStatus
+from dpmarket.common.sketches.sketch import PrivateSketch
+from dpmarket.common.sketches.spec import AnySketch, PublishedSketch, SketchDeclaration, SketchSpec
+from dpmarket.curator.policy import CuratorPolicy
+from dpmarket.curator.store import APPLICATION, DATABASE_FILE, MIGRATIONS
+from dpmarket.runtime.database import open_database, snapshot, transaction
+from dpmarket.runtime.files import read_toml
+from dpmarket.runtime.schemas import load_schema
+from dpmarket.runtime.sketch_messages import (
+    sketch_bytes,
+    sketch_from_bytes,
+    spec_bytes,
+    spec_from_bytes,
+)
 
 __all__ = ["LocalCatalogEndpoint", "SketchCatalog", "load_declaration"]
 
@@ -82,12 +87,13 @@ class SketchCatalog:
       sketches published by those owners, validated, keyed by owner name; owners that published
       none are left out (possibly an empty dict). They all share one spec's map (the first RFF
       spec, or ``spec``), so they can be merged and compared with one embedding of a point set
-      (:func:`common.sketches.sketch.sketch_mmd2`).
+      (:func:`dpmarket.common.sketches.sketch.sketch_mmd2`).
     * :meth:`sketches` ``(spec, owners=None) -> list[PublishedSketch]``: the catalogue entries of
       a spec.
     * :meth:`publish` ``(owner, spec, sketch)``: an owner's publication, checked;
       :meth:`endpoint` ``(owner)`` is the catalogue as that owner sees it in-process (what
-      :func:`owner.sketches.publish_to` takes; over the network, ``owner.sketch_client``).
+      :func:`dpmarket.owner.sketches.publish_to` takes; over the network,
+      ``dpmarket.owner.sketch_client``).
 
     Parameters
     ----------
@@ -386,7 +392,7 @@ class SketchCatalog:
 
 class LocalCatalogEndpoint:
     """A :class:`SketchCatalog` as one owner sees it, in-process
-    (:class:`common.sketches.endpoints.CatalogEndpoint`)."""
+    (:class:`dpmarket.common.sketches.endpoints.CatalogEndpoint`)."""
 
     def __init__(self, catalog: SketchCatalog, owner: str, curator: str) -> None:
         self.catalog = catalog

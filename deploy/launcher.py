@@ -28,19 +28,19 @@ from numpy.typing import NDArray
 from rich.console import Console
 from rich.table import Table
 
-from common.errors import UnavailableError
-from common.summarization.summary import (
+from dpmarket.common.errors import UnavailableError
+from dpmarket.common.summarization.summary import (
     METHODS,
     PAPER_DELTA_OWNERS,
     SummarizationConfig,
     SummaryResult,
 )
-from deploy.pki import init_ca, issue_all
-from experiments.runner import exact_greedy_summary, owner_sketch_seed
-from owner.data import feature_columns
-from runtime.cli import progress_printer
-from runtime.identity import CA_CERT, Identity, identity_files
-from runtime.transport import TransportSecurity
+from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.experiments.runner import exact_greedy_summary, owner_sketch_seed
+from dpmarket.owner.data import feature_columns
+from dpmarket.runtime.cli import progress_printer
+from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity
 
 #: Seconds to wait for a service to report its port.
 START_TIMEOUT_SECONDS = 60.0
@@ -86,9 +86,9 @@ class LocalCluster:
         logistic regressions and trainings may use.
     owners_per_process : int
         1 (default): one ``dpmarket serve-owner`` process per owner, as in a deployment. More:
-        owners are served in groups of that many per process (:mod:`deploy.owner_group`), each
-        still with its own gRPC server, port, certificate, policy and ledger: for many owners on
-        one machine (an owner process takes ~240 MB). :meth:`kill_owner` is then refused.
+        owners are served in groups of that many per process (:mod:`dpmarket.deploy.owner_group`),
+        each still with its own gRPC server, port, certificate, policy and ledger: for many owners
+        on one machine (an owner process takes ~240 MB). :meth:`kill_owner` is then refused.
     insecure : bool
         Plaintext gRPC with no certificates (``--insecure`` on every service): only to measure
         what mTLS costs (``make bench``).
@@ -216,8 +216,8 @@ class LocalCluster:
         its certificate, under the cluster's owner policy (``dpmarket owner ledger init``);
         return their names. A data directory holding a ledger file, even an empty one, is left
         as it is (its owner then starts on it, or refuses to)."""
-        from owner.ledger import LEDGER_FILE
-        from owner.ledger_admin import init_ledger
+        from dpmarket.owner.ledger import LEDGER_FILE
+        from dpmarket.owner.ledger_admin import init_ledger
 
         created = []
         for owner_id in self.owner_ids:
@@ -234,7 +234,15 @@ class LocalCluster:
         port_file.unlink(missing_ok=True)
         log = (self.log_dir / f"{name}.log").open("ab")
         process = subprocess.Popen(
-            [sys.executable, "-m", "deploy.cli", "-v", *args, "--port-file", str(port_file)],
+            [
+                sys.executable,
+                "-m",
+                "dpmarket.deploy.cli",
+                "-v",
+                *args,
+                "--port-file",
+                str(port_file),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -311,7 +319,7 @@ class LocalCluster:
             spec.write_text(json.dumps(specs), encoding="utf-8")
             log = (self.log_dir / f"{name}.log").open("ab")
             process = subprocess.Popen(
-                [sys.executable, "-m", "deploy.owner_group", str(spec)],
+                [sys.executable, "-m", "dpmarket.deploy.owner_group", str(spec)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -376,7 +384,7 @@ class LocalCluster:
         for k, (owner, table) in enumerate(tables.items()):
             out = out_dir / f"publish-{owner}.json"
             args = [
-                sys.executable, "-m", "deploy.cli", "-v", "sketch", "publish",
+                sys.executable, "-m", "dpmarket.deploy.cli", "-v", "sketch", "publish",
                 "--curator", self.curator_target,
                 "--table", str(table),
                 "--data-dir", str(self.owner_state(owner)),
@@ -481,8 +489,8 @@ def owner_budgets(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
 
 def owner_ledger_entries(cluster: LocalCluster) -> dict[str, list[Any]]:
     """Every charge of every owner of a cluster, read from its own SQLite ledger (owner ->
-    :class:`owner.ledger.LedgerEntry` list, oldest first)."""
-    from owner.ledger import OwnerLedger
+    :class:`dpmarket.owner.ledger.LedgerEntry` list, oldest first)."""
+    from dpmarket.owner.ledger import OwnerLedger
 
     out: dict[str, list[Any]] = {}
     for owner_id in cluster.owner_ids:
@@ -493,7 +501,7 @@ def owner_ledger_entries(cluster: LocalCluster) -> dict[str, list[Any]]:
 
 def ledger_budgets(data_dirs: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
     """What each owner has spent and has left, read from its own ledger (owner -> data dir)."""
-    from owner.ledger import OwnerLedger
+    from dpmarket.owner.ledger import OwnerLedger
 
     out: dict[str, dict[str, Any]] = {}
     for owner_id, data_dir in data_dirs.items():
@@ -567,7 +575,7 @@ def sketch_declaration_toml(
     Returns
     -------
     str
-        TOML text (:meth:`common.sketches.spec.SketchDeclaration.from_mapping` reads it).
+        TOML text (:meth:`dpmarket.common.sketches.spec.SketchDeclaration.from_mapping` reads it).
     """
     columns = ",\n".join(
         f"  {{ name = {json.dumps(c)}, low = {float(lo)!r}, high = {float(hi)!r} }}"
@@ -615,17 +623,17 @@ def run_demo(
     dict
         The JSON report.
     """
-    from consumer.client import CuratorClient
-    from consumer.report import (
+    from dpmarket.consumer.client import CuratorClient
+    from dpmarket.consumer.report import (
         add_relative_mmd,
         comparison_table,
         evaluate_summary,
         mmd_curve,
         plot_mmd_curves,
     )
-    from experiments.runner import publish_sketches, simulate
-    from experiments.scenarios import SCENARIOS, write_scenario
-    from runtime.files import write_json
+    from dpmarket.experiments.runner import publish_sketches, simulate
+    from dpmarket.experiments.scenarios import SCENARIOS, write_scenario
+    from dpmarket.runtime.files import write_json
 
     out = Console(width=max(console.width, 170)) if wide else console
     scenario = SCENARIOS[scenario_name](seed)

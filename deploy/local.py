@@ -1,18 +1,19 @@
 """A local deployment of one's own data: ``dpmarket init``, ``up`` and ``down``.
 
-:func:`init_deployment` writes, into one folder, everything a marketplace over the user's own
-CSV or Parquet files needs to run on this machine: the deployment's PKI (:mod:`deploy.pki`: a CA
+:func:`init_deployment` writes, into one folder, everything a marketplace over the user's own CSV or
+Parquet files needs to run on this machine: the deployment's PKI (:mod:`dpmarket.deploy.pki`: a CA
 and a certificate for the curator, every owner and a consumer), a schema drafted from the data
-(:func:`common.schema.draft_schema`, marked as a draft), a sketch declaration over the schema's
-columns for the curator's catalogue, one configuration file per service (``--config``: every
-option of ``serve-owner``, ``serve-curator`` and the consumer's commands), each owner's data
-directory with its policy and its ledger (:func:`owner.ledger_admin.init_ledger`: the only
-place an owner's ledger is created), and ``deployment.toml``, the list of services :func:`up`
-starts.
+(:func:`dpmarket.common.schema.draft_schema`, marked as a draft), a sketch declaration over the
+schema's columns for the curator's catalogue, one configuration file per service (``--config``:
+every option of ``serve-owner``, ``serve-curator`` and the consumer's commands), each owner's data
+directory with its policy and its ledger (:func:`dpmarket.owner.ledger_admin.init_ledger`: the
+only place an owner's ledger is created), and ``deployment.toml``, the list of services
+:func:`up` starts.
 
 The drafted schema's bounds are the minimum and maximum of the private data: they disclose it.
-Owners refuse to serve a draft (:meth:`common.schema.Schema.check_confirmed`), so nothing runs
-until the user has replaced every drafted bound with public knowledge and removed the draft mark.
+Owners refuse to serve a draft (:meth:`dpmarket.common.schema.Schema.check_confirmed`), so nothing
+runs until the user has replaced every drafted bound with public knowledge and removed the draft
+mark.
 
 :func:`up` starts every service of a deployment as a background process (logs in ``logs/``,
 process ids and ports in ``run/``) and returns once each reports its port; :func:`down` stops
@@ -34,14 +35,14 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import InvalidArgumentError, UnavailableError
-from common.schema import draft_schema
-from deploy.pki import init_ca, issue_all
-from owner.data import load_table
-from owner.ledger_admin import init_ledger
-from owner.policy import POLICY_FILE, OwnerPolicy
-from runtime.identity import Identity, identity_files
-from runtime.transport import TransportSecurity
+from dpmarket.common.errors import InvalidArgumentError, UnavailableError
+from dpmarket.common.schema import draft_schema
+from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.owner.data import load_table
+from dpmarket.owner.ledger_admin import init_ledger
+from dpmarket.owner.policy import POLICY_FILE, OwnerPolicy
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity
 
 __all__ = [
     "DEPLOYMENT_FILE",
@@ -388,7 +389,7 @@ def up(directory: str | os.PathLike[str]) -> dict[str, str]:
                 port_file.unlink(missing_ok=True)
                 log_path = logs / f"{name}.log"
                 pid = _spawn(
-                    [sys.executable, "-m", "deploy.cli", "-v", service["command"],
+                    [sys.executable, "-m", "dpmarket.deploy.cli", "-v", service["command"],
                      "--config", str(root / service["config"]), "--port-file", str(port_file)],
                     log_path,
                 )  # fmt: skip

@@ -1,4 +1,5 @@
-"""Several data owners served from one OS process: ``python -m deploy.owner_group SPEC.json``.
+"""Several data owners served from one OS process: ``python -m dpmarket.deploy.owner_group
+SPEC.json``.
 
 For running many owners on one machine (the 100-owner integration test and benchmarks): an owner
 process costs about 240 MB of resident memory whatever its data (the interpreter, numpy, pandas,
@@ -10,7 +11,7 @@ argument list per owner (the same options, parsed by the same command, including
 ``--port-file``). SIGTERM or SIGINT stops every server gracefully.
 
 A deployment runs one ``dpmarket serve-owner`` per owner, each on its own machine; this module is
-a launcher's (:class:`deploy.launcher.LocalCluster` with ``owners_per_process``).
+a launcher's (:class:`dpmarket.deploy.launcher.LocalCluster` with ``owners_per_process``).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from typing import Any
 
 import click
 
-from owner.cli import OpenedOwner, open_owner, serve_owner
-from runtime.cli import ensure_info_logging
+from dpmarket.owner.cli import OpenedOwner, open_owner, serve_owner
+from dpmarket.runtime.cli import ensure_info_logging
 
 logger = logging.getLogger(__name__)
 
-#: ``serve-owner`` options that :func:`owner.cli.open_owner` does not take.
+#: ``serve-owner`` options that :func:`dpmarket.owner.cli.open_owner` does not take.
 _SERVING_OPTIONS = ("host", "port", "port_file", "blas_threads")
 _OWNER_OPTIONS = (
     "data_path",
@@ -46,7 +47,7 @@ _OWNER_OPTIONS = (
 
 
 def parse_owner(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One owner's ``serve-owner`` arguments -> (its :func:`~owner.cli.open_owner` keyword
+    """One owner's ``serve-owner`` arguments -> (its :func:`~dpmarket.owner.cli.open_owner` keyword
     arguments, its serving options ``host``, ``port``, ``port_file``).
 
     Raises
@@ -62,8 +63,8 @@ def parse_owner(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 async def serve_group(specs: Sequence[Sequence[str]]) -> None:
     """Open every owner of ``specs`` and serve each on its own port until a signal."""
-    from owner.service import start_owner
-    from runtime.serving import serve_all_until_signalled
+    from dpmarket.owner.service import start_owner
+    from dpmarket.runtime.serving import serve_all_until_signalled
 
     opened: list[OpenedOwner] = []
     running = []
@@ -94,7 +95,9 @@ async def serve_group(specs: Sequence[Sequence[str]]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Serve the owners of a spec file (see the module docstring)."""
-    parser = argparse.ArgumentParser(prog="python -m deploy.owner_group", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m dpmarket.deploy.owner_group", description=__doc__
+    )
     parser.add_argument("spec", type=Path, help="JSON list of serve-owner argument lists")
     args = parser.parse_args(argv)
     specs = json.loads(args.spec.read_text(encoding="utf-8"))

@@ -2,12 +2,13 @@
 
 ``dpmarket pki init`` creates the CA (``ca.crt``, ``ca.key``); ``dpmarket pki issue`` gives a
 curator, owner or consumer a certificate and key that state its role and name in the form
-:mod:`runtime.identity` reads and :mod:`runtime.transport` checks at every handshake; ``dpmarket
-pki show`` prints what a certificate says. Keys are ECDSA P-256, written with mode 0600.
+:mod:`dpmarket.runtime.identity` reads and :mod:`dpmarket.runtime.transport` checks at every
+handshake; ``dpmarket pki show`` prints what a certificate says. Keys are ECDSA P-256, written with
+mode 0600.
 
 A party's directory holds ``ca.crt``, ``<role>-<name>.crt`` and ``<role>-<name>.key``
-(:func:`runtime.identity.identity_files`): everything
-:meth:`runtime.transport.TransportSecurity.from_files` needs, and nothing of the CA's key.
+(:func:`dpmarket.runtime.identity.identity_files`): everything
+:meth:`dpmarket.runtime.transport.TransportSecurity.from_files` needs, and nothing of the CA's key.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from runtime.identity import (
+from dpmarket.runtime.identity import (
     CA_CERT,
     ROLES,
     Identity,
@@ -36,7 +37,7 @@ from runtime.identity import (
     identity_from_certificate,
 )
 
-#: File name of the CA key in a CA directory (beside :data:`runtime.identity.CA_CERT`).
+#: File name of the CA key in a CA directory (beside :data:`dpmarket.runtime.identity.CA_CERT`).
 CA_KEY = "ca.key"
 #: Organization in the subject of the CA and of every certificate it issues.
 ORGANIZATION = "dpmarket"
@@ -125,7 +126,7 @@ def issue(
         Directory holding ``ca.crt`` and ``ca.key`` (:func:`init_ca`).
     role : {"curator", "owner", "consumer"}
     name : str
-        A DNS label (:data:`runtime.identity.NAME_PATTERN`), e.g. ``"owner-0"``.
+        A DNS label (:data:`dpmarket.runtime.identity.NAME_PATTERN`), e.g. ``"owner-0"``.
     out_dir : Path, optional
         Where to write ``<role>-<name>.crt`` and ``<role>-<name>.key`` (default ``ca_dir``;
         created if missing). When it is another directory, ``ca.crt`` is copied there too, so
@@ -228,7 +229,7 @@ def issue_all(
     -------
     dict
         For each identity, its ``(ca.crt, certificate, key)`` paths (:func:`identity_files`),
-        ready for :meth:`runtime.transport.TransportSecurity.from_files`.
+        ready for :meth:`dpmarket.runtime.transport.TransportSecurity.from_files`.
 
     Raises
     ------

@@ -1,7 +1,7 @@
 """Check that the committed generated protobuf modules match the ``.proto`` sources.
 
-Run as ``python -m deploy.proto_check`` (``make proto-check``); exits 1 and names the stale files
-when ``make proto`` would change anything.
+Run as ``python -m dpmarket.deploy.proto_check`` (``make proto-check``); exits 1 and names the stale
+files when ``make proto`` would change anything.
 """
 
 from __future__ import annotations

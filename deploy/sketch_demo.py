@@ -6,7 +6,7 @@ departure hour, distance, air time, late arrival) with public bounds. The five l
 (UA, B6, EV, DL, AA) are five owners, one airline each; the consumer's validation set is 1,000
 Endeavor Air (9E) flights, an airline no owner holds.
 
-Separate processes over mTLS (:class:`deploy.launcher.LocalCluster`): a curator serving the
+Separate processes over mTLS (:class:`dpmarket.deploy.launcher.LocalCluster`): a curator serving the
 flights catalogue (three specs: RFF, RACE, HIST, parameters drawn once) and five owner services
 holding their tables. Each owner's operator then runs ``dpmarket sketch publish`` (one process
 per owner, concurrently) with the owner's table, data directory (its ledger) and policy: three
@@ -37,12 +37,17 @@ from numpy.typing import NDArray
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from common.privacy.noise import SeededNoise
-from common.sketches.sketch import PrivateSketch, SketchMechanism, merge_sketches, sketch_mmd2
-from common.sketches.spec import PublishedSketch, SketchSpec
-from consumer.explore import Answer, Explorer, Query, exact_answer, rank_owners
-from deploy.launcher import POLICIES, LocalCluster, budget_table, ledger_budgets
-from experiments.scenarios import flights_named_columns
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.sketch import (
+    PrivateSketch,
+    SketchMechanism,
+    merge_sketches,
+    sketch_mmd2,
+)
+from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
+from dpmarket.consumer.explore import Answer, Explorer, Query, exact_answer, rank_owners
+from dpmarket.deploy.launcher import POLICIES, LocalCluster, budget_table, ledger_budgets
+from dpmarket.experiments.scenarios import flights_named_columns
 
 #: The catalogue's declaration.
 SPEC_FILE = Path(__file__).resolve().parent / "sketches" / "flights.toml"
@@ -105,8 +110,8 @@ def _digest(paths: Sequence[Path]) -> str:
 
 def _ledger_state(state: Path) -> list[tuple[Any, ...]]:
     """What an owner's ledger holds: every charge, and every sketch stored and delivered."""
-    from owner.ledger import OwnerLedger
-    from owner.sketches import SketchPublisher
+    from dpmarket.owner.ledger import OwnerLedger
+    from dpmarket.owner.sketches import SketchPublisher
 
     with OwnerLedger(state, None) as ledger:
         charges = [(e.id, e.session, e.mechanism, e.epsilon, e.delta) for e in ledger.entries()]
@@ -295,11 +300,11 @@ def _in_process(
     out_dir: Path, tables: dict[str, pd.DataFrame], seed: int
 ) -> tuple[list[SketchSpec], dict[str, list[PublishedSketch]], dict[str, Any], dict[str, Any]]:
     """Publication with every party in this process: the same code as over gRPC, minus gRPC."""
-    from curator.sketches import SketchCatalog
-    from owner.data import Table
-    from owner.ledger import OwnerLedger
-    from owner.policy import load_owner_policy
-    from owner.sketches import SketchPublisher, publish_to
+    from dpmarket.curator.sketches import SketchCatalog
+    from dpmarket.owner.data import Table
+    from dpmarket.owner.ledger import OwnerLedger
+    from dpmarket.owner.policy import load_owner_policy
+    from dpmarket.owner.sketches import SketchPublisher, publish_to
 
     state = out_dir / "state"
     policy = load_owner_policy(POLICIES / "demo-owner.toml")
@@ -360,8 +365,8 @@ def run_sketch_demo(
     dict
         The report.
     """
-    from consumer.client import CuratorClient
-    from runtime.files import write_json
+    from dpmarket.consumer.client import CuratorClient
+    from dpmarket.runtime.files import write_json
 
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -463,12 +468,12 @@ def run_sketch_demo(
 
 def _republish(cluster: LocalCluster, tables: dict[str, Path], seed: int) -> dict[str, Any]:
     """The first owner publishes again (in this process, over mTLS): nothing is charged."""
-    from owner.data import load_table
-    from owner.ledger import OwnerLedger
-    from owner.sketch_client import CatalogClient
-    from owner.sketches import SketchPublisher, publish_to
-    from runtime.identity import Identity, identity_files
-    from runtime.transport import TransportSecurity
+    from dpmarket.owner.data import load_table
+    from dpmarket.owner.ledger import OwnerLedger
+    from dpmarket.owner.sketch_client import CatalogClient
+    from dpmarket.owner.sketches import SketchPublisher, publish_to
+    from dpmarket.runtime.identity import Identity, identity_files
+    from dpmarket.runtime.transport import TransportSecurity
 
     owner = next(iter(tables))
     security = TransportSecurity.from_files(

@@ -28,15 +28,15 @@ of those trends on our numbers.
 Methods (linear regression). ``nonprivate``: exact least squares on the pooled data.
 ``pooled``: Algorithm 3 on the pooled data. ``capeFM``: Algorithm 4, each site ``(epsilon,
 delta)``-DP against the aggregator and ``S_C = ceil(S/3) - 1`` colluders by the exact Gaussian
-profile (:func:`common.cape.capefm.plan_capefm`). ``capeFM (paper tau)``: Algorithm 4 with
+profile (:func:`dpmarket.common.cape.capefm.plan_capefm`). ``capeFM (paper tau)``: Algorithm 4 with
 Section 5.2's ``tau_j^s = Delta_j^s / epsilon sqrt(2 log(1.25/delta))`` per order (its real
 delta, larger than the target, is in the JSON). ``conv``: independent per-site Gaussian
 mechanisms, averaged. ``local``: Algorithm 3 on one site. ``dp-fm``: Zhang et al.'s
 functional mechanism (epsilon-DP, does not depend on delta). Objective perturbation is not run
 for linear regression (no guarantee for the square loss; see
-:func:`common.cape.functional_mechanism.objective_perturbation_logistic`).
+:func:`dpmarket.common.cape.functional_mechanism.objective_perturbation_logistic`).
 
-Data preparation uses public bounds only (:func:`common.cape.functional_mechanism.
+Data preparation uses public bounds only (:func:`dpmarket.common.cape.functional_mechanism.
 scale_to_bounds`): synthetic features are drawn in ``[-1, 1]`` with ``|y| <= 1`` by construction;
 the real data sets use generous domain ranges written below, not their observed extremes (the
 paper normalized with the data's own maxima, which is not private). The real-data models get a
@@ -62,10 +62,10 @@ from numpy.typing import NDArray
 from rich.console import Console
 from scipy import stats
 
-from common.cape.capefm import run_baseline, run_capefm
-from common.cape.dpgd import accuracy, train_dpgd
-from common.cape.functional_mechanism import empirical_loss, scale_to_bounds
-from common.cape.privacy import (
+from dpmarket.common.cape.capefm import run_baseline, run_capefm
+from dpmarket.common.cape.dpgd import accuracy, train_dpgd
+from dpmarket.common.cape.functional_mechanism import empirical_loss, scale_to_bounds
+from dpmarket.common.cape.privacy import (
     calibrate_tau,
     cape_exact_delta,
     collusion_factor,
@@ -73,7 +73,7 @@ from common.cape.privacy import (
     printed_collusion_factor,
     theorem1_delta,
 )
-from common.privacy.noise import SeededNoise
+from dpmarket.common.privacy.noise import SeededNoise
 
 __all__ = ["FIGURES", "FULL", "LINREG_METHODS", "QUICK", "cape_figures", "run_cape_figures"]
 
@@ -926,5 +926,5 @@ def cape_figures(
     run_cape_figures(out_dir, quick=quick, runs=runs, figures=figures or FIGURES, seed=seed)
 
 
-if __name__ == "__main__":  # python -m experiments.cape_experiments [--quick] [--out DIR]
+if __name__ == "__main__":  # python -m dpmarket.experiments.cape_experiments [--quick] [--out DIR]
     cape_figures()

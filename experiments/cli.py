@@ -12,9 +12,9 @@ from typing import Any
 import click
 from rich.console import Console
 
-from common.errors import DPMarketError
-from common.sketches import PrivateSketch
-from consumer.cli import (
+from dpmarket.common.errors import DPMarketError
+from dpmarket.common.sketches import PrivateSketch
+from dpmarket.consumer.cli import (
     finish,
     load_points,
     protocol_options,
@@ -22,12 +22,12 @@ from consumer.cli import (
     summarization_config,
     summary_output_options,
 )
-from experiments.cape_experiments import cape_figures
-from experiments.evaluate import EVAL_METHODS
-from experiments.scenarios import SCENARIO_NAMES
-from experiments.sketch_experiments import sketch_experiments
-from owner.data import PointSet
-from runtime.cli import check_outputs, console, progress_printer
+from dpmarket.experiments.cape_experiments import cape_figures
+from dpmarket.experiments.evaluate import EVAL_METHODS
+from dpmarket.experiments.scenarios import SCENARIO_NAMES
+from dpmarket.experiments.sketch_experiments import sketch_experiments
+from dpmarket.owner.data import PointSet
+from dpmarket.runtime.cli import check_outputs, console, progress_printer
 
 __all__ = [
     "cape_figures",
@@ -110,7 +110,7 @@ def simulate_command(
     **kwargs: Any,
 ) -> None:
     """Run the same protocol with every party in this process (same seeds, same summary)."""
-    from experiments.runner import simulate
+    from dpmarket.experiments.runner import simulate
 
     config = summarization_config(summary_size, method, kwargs)
     owners = [load_points(p) for p in owner_paths]
@@ -131,8 +131,8 @@ def simulate_command(
     elif allocation_sketch_spec is not None or sketch_seed is not None:
         raise click.UsageError("--allocation-sketch-spec and --sketch-seed need --sketch-spec")
     if sketch_scenario is not None:
-        from experiments.runner import publish_sketches
-        from experiments.scenarios import SCENARIOS
+        from dpmarket.experiments.runner import publish_sketches
+        from dpmarket.experiments.scenarios import SCENARIOS
 
         scenario = SCENARIOS[sketch_scenario](0)
         if scenario.n_features != inputs.validation.n_features:
@@ -189,8 +189,8 @@ def _declared_sketches(
     epsilon: float | None,
 ) -> dict[str, PrivateSketch]:
     """``simulate --sketch-spec``: every owner's sketch under the declaration's RFF spec."""
-    from experiments.runner import declared_sketch_spec, release_spec_sketches
-    from owner.data import Table, feature_columns, load_table
+    from dpmarket.experiments.runner import declared_sketch_spec, release_spec_sketches
+    from dpmarket.owner.data import Table, feature_columns, load_table
 
     try:
         spec = declared_sketch_spec(declaration, spec_name=spec_name, seed=seed)
@@ -241,7 +241,7 @@ def scenario_command(
 ) -> None:
     """Write a bundled real-data scenario (digits or nycflights13) to files; the flights
     scenarios also write each owner's flights with named columns (owner-<i>-table.parquet)."""
-    from experiments.scenarios import SCENARIOS, write_scenario
+    from dpmarket.experiments.scenarios import SCENARIOS, write_scenario
 
     sizes: dict[str, int] = {}
     if n_owners is not None:
@@ -363,8 +363,8 @@ def evaluate(
     """Compare every method's summary quality against epsilon over scenarios, p and seeds (or,
     with --suite, the default method across the scenario suite)."""
     if suite or loso or suite_names:
-        from experiments.suite import SUITE_NAMES
-        from experiments.suite_eval import run_suite
+        from dpmarket.experiments.suite import SUITE_NAMES
+        from dpmarket.experiments.suite_eval import run_suite
 
         if not suite:
             raise click.UsageError("--loso, --suite-scenario and --no-hashes need --suite")
@@ -387,7 +387,7 @@ def evaluate(
         except (DPMarketError, ValueError) as exc:
             raise click.ClickException(str(exc)) from exc
         return
-    from experiments.evaluate import (
+    from dpmarket.experiments.evaluate import (
         DEFAULT_EPSILONS,
         DEFAULT_SCENARIOS,
         DEFAULT_SEEDS,

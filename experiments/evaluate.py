@@ -1,10 +1,10 @@
 """Evaluation harness: summary quality against privacy, over scenarios, sizes and seeds.
 
 ``dpmarket evaluate`` (``make evaluate``) runs every summarization method in one process
-(:func:`experiments.runner.simulate`, the same protocol code as the services) on the bundled
-scenarios, for several summary sizes ``p``, privacy targets ``epsilon`` and session seeds, and
-measures each summary as the consumer would (:func:`consumer.report.evaluate_summary`). It
-answers the issue "Make the private summary worth buying" with numbers: how close each private
+(:func:`dpmarket.experiments.runner.simulate`, the same protocol code as the services) on the
+bundled scenarios, for several summary sizes ``p``, privacy targets ``epsilon`` and session seeds,
+and measures each summary as the consumer would (:func:`dpmarket.consumer.report.evaluate_summary`).
+It answers the issue "Make the private summary worth buying" with numbers: how close each private
 method gets to uniform sampling and to the exact-kernel greedy reference, at what privacy cost and
 how many raw owner points the curator reads.
 
@@ -20,9 +20,9 @@ Methods (:data:`EVAL_METHODS`):
     p/K points from every owner (session method ``"uniform"``).
 ``paper``
     Algorithm 3 (session method ``"private"``) with its per-iteration epsilons scaled by
-    :func:`common.summarization.calibration.calibrate_paper_mode` so that each party's PLD epsilon
-    at ``delta`` equals the target. PrivAuction is the pure-DP variant (``auction="pure"``, the
-    default).
+    :func:`dpmarket.common.summarization.calibration.calibrate_paper_mode` so that each party's PLD
+    epsilon at ``delta`` equals the target. PrivAuction is the pure-DP variant (``auction="pure"``,
+    the default).
 ``paper-auction-printed``
     The same with PrivAuction as printed in Algorithm 3 (``auction="paper"``: rank 1 always
     asked). Calibrated as the pure auction (the calibration cannot scale the printed auction's
@@ -31,11 +31,11 @@ Methods (:data:`EVAL_METHODS`):
     epsilon at ``delta + 1 - (1 - (1 - exp(-eps_auc)))**tau`` instead (``owners_delta_spent``).
 ``candidates``
     The candidates method with ``epsilon_validation_total = epsilon_owners_total = epsilon`` at
-    ``delta``; it re-ranks the candidates with the exact kernel. Its budget is split by the
-    owners' sketches (the default allocation), each owner's released in-process at
-    ``epsilon`` (:meth:`experiments.scenarios.Scenario.sketch_mechanism`, Gaussian at ``delta``,
-    noise seeded by the session seed; no ledger is charged in-process, and the sketch's
-    epsilon is added to the owners' figure: ``owners_epsilon_with_sketch``).
+    ``delta``; it re-ranks the candidates with the exact kernel. Its budget is split by the owners'
+    sketches (the default allocation), each owner's released in-process at ``epsilon``
+    (:meth:`dpmarket.experiments.scenarios.Scenario.sketch_mechanism`, Gaussian at ``delta``, noise
+    seeded by the session seed; no ledger is charged in-process, and the sketch's epsilon is added
+    to the owners' figure: ``owners_epsilon_with_sketch``).
 ``candidates-counts``
     The same with the previous allocation, by the owners' Laplace-noised relevance counts
     (``allocation="counts"``), at the same budget.
@@ -47,8 +47,8 @@ Methods (:data:`EVAL_METHODS`):
 ``rounds``
     The per-round protocol (session method ``"rounds"``) with its defaults: Gaussian validation
     embedding, binary-tree summary release, exact pool scoring, PrivAuction;
-    :func:`common.summarization.calibration.calibrate_rounds_mode` makes each party's PLD epsilon
-    the target. PrivAuction is the pure-DP variant (the default).
+    :func:`dpmarket.common.summarization.calibration.calibrate_rounds_mode` makes each party's PLD
+    epsilon the target. PrivAuction is the pure-DP variant (the default).
 ``rounds-auction-printed``
     The same with PrivAuction as printed (``auction="paper"``), calibrated as ``rounds``; its
     owners' delta grows as for ``paper-auction-printed``.
@@ -89,7 +89,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from common.summarization.summary import SummarizationConfig, SummaryResult
+from dpmarket.common.summarization.summary import SummarizationConfig, SummaryResult
 
 __all__ = [
     "DEFAULT_EPSILONS",
@@ -242,7 +242,7 @@ def _session_config(
     if epsilon is None:  # pragma: no cover - guarded by the caller
         raise ValueError(f"method {method!r} needs an epsilon")
     if method in _PAPER_OPTIONS:
-        from common.summarization.calibration import calibrate_paper_mode
+        from dpmarket.common.summarization.calibration import calibrate_paper_mode
 
         base = SummarizationConfig(
             summary_size=p,
@@ -264,7 +264,7 @@ def _session_config(
             **_CANDIDATES_OPTIONS[method],  # type: ignore[arg-type]
         )
     if method in _ROUNDS_OPTIONS:
-        from common.summarization.calibration import calibrate_rounds_mode
+        from dpmarket.common.summarization.calibration import calibrate_rounds_mode
 
         rounds = SummarizationConfig(
             summary_size=p,
@@ -343,7 +343,7 @@ def _record(
     config: SummarizationConfig | None,
 ) -> dict[str, Any]:
     """Measure one summary; the machine-independent part of a run record."""
-    from consumer.report import evaluate_summary
+    from dpmarket.consumer.report import evaluate_summary
 
     row = evaluate_summary(
         result, scenario.validation, scenario.gamma, test=scenario.test, seed=seed
@@ -613,7 +613,7 @@ def run_evaluation(
     Parameters
     ----------
     scenarios : sequence of str
-        Names in :data:`experiments.scenarios.SCENARIOS` (split with seed 0).
+        Names in :data:`dpmarket.experiments.scenarios.SCENARIOS` (split with seed 0).
     sizes : sequence of int
         Summary sizes p; a p larger than the scenario's total owner points is skipped (and listed
         under ``"skipped"``).
@@ -653,13 +653,13 @@ def run_evaluation(
 
     Notes
     -----
-    A run that raises (a :class:`common.errors.DPMarketError`, a ``ValueError`` from the
+    A run that raises (a :class:`dpmarket.common.errors.DPMarketError`, a ``ValueError`` from the
     calibration, or a bug) is recorded as failed with the exception's type and message, printed,
     and the evaluation goes on; aggregates count only successful runs, and a goal that needs a
     failed cell is ``None`` (not evaluated).
     """
-    from experiments.runner import exact_greedy_summary, publish_sketches, simulate
-    from experiments.scenarios import SCENARIOS
+    from dpmarket.experiments.runner import exact_greedy_summary, publish_sketches, simulate
+    from dpmarket.experiments.scenarios import SCENARIOS
 
     console = console or Console()
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
@@ -842,7 +842,7 @@ def _timing_means(timings: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _write_outputs(document: dict[str, Any], out: Path, console: Console) -> None:
-    from runtime.files import write_json
+    from dpmarket.runtime.files import write_json
 
     write_json(document, out / "evaluation.json")
     plot_quality_vs_epsilon(document, out / "quality_vs_epsilon.png")

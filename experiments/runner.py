@@ -1,9 +1,9 @@
 """Run protocols in one process (``dpmarket simulate``, tests, experiments), on the same code.
 
-The curator's :class:`curator.summarization.session.SummarizationSession` drives in-process
-owners through :class:`owner.local.LocalOwnerEndpoint`; the networked run drives gRPC clients
-instead. With the same seed both produce the same summary. :func:`exact_greedy_summary` is the
-non-private reference the demo and the evaluation compare against.
+The curator's :class:`dpmarket.curator.summarization.session.SummarizationSession` drives in-process
+owners through :class:`dpmarket.owner.local.LocalOwnerEndpoint`; the networked run drives gRPC
+clients instead. With the same seed both produce the same summary. :func:`exact_greedy_summary` is
+the non-private reference the demo and the evaluation compare against.
 """
 
 from __future__ import annotations
@@ -18,25 +18,25 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric import ec
 from numpy.typing import NDArray
 
-from common.cape.spec import AnyCapeSpec, CapeJobSpec
-from common.privacy.ledger import SessionSpend
-from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
-from common.privacy.rng import make_rng
-from common.secagg.crypto import EcdsaSigner, EcdsaVerifier
-from common.sketches import PrivateSketch, SketchMechanism
-from common.sketches.spec import SketchSpec
-from common.summarization.endpoints import OwnerEndpoint
-from common.summarization.kernels import exact_kernel_greedy
-from common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
-from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
-from curator.summarization.session import ProgressCallback, SummarizationSession
-from owner.cape import CapeSite
-from owner.data import PointSet, Table
-from owner.hash_keys import HashKeyParty
-from owner.local import LocalCapeSiteEndpoint, LocalOwnerEndpoint
-from owner.protocol import Owner
-from owner.secagg import SiteIdentity
-from owner.service import site_rounds
+from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec
+from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
+from dpmarket.common.privacy.rng import make_rng
+from dpmarket.common.secagg.crypto import EcdsaSigner, EcdsaVerifier
+from dpmarket.common.sketches import PrivateSketch, SketchMechanism
+from dpmarket.common.sketches.spec import SketchSpec
+from dpmarket.common.summarization.endpoints import OwnerEndpoint
+from dpmarket.common.summarization.kernels import exact_kernel_greedy
+from dpmarket.common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
+from dpmarket.curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
+from dpmarket.curator.summarization.session import ProgressCallback, SummarizationSession
+from dpmarket.owner.cape import CapeSite
+from dpmarket.owner.data import PointSet, Table
+from dpmarket.owner.hash_keys import HashKeyParty
+from dpmarket.owner.local import LocalCapeSiteEndpoint, LocalOwnerEndpoint
+from dpmarket.owner.protocol import Owner
+from dpmarket.owner.secagg import SiteIdentity
+from dpmarket.owner.service import site_rounds
 
 
 def simulate(
@@ -69,7 +69,7 @@ def simulate(
 
     Raises
     ------
-    common.errors.DPMarketError
+    dpmarket.common.errors.DPMarketError
         As :meth:`SummarizationSession.prepare` and :meth:`SummarizationSession.run`.
     """
     ids = list(owner_ids) if owner_ids is not None else [o.name for o in owners]
@@ -97,7 +97,7 @@ def simulate(
 def local_hash_owners(
     owners: Sequence[PointSet], owner_ids: Sequence[str], *, seeded: bool = True
 ) -> list[LocalOwnerEndpoint]:
-    """In-process owners that take part in the hashes mode (:mod:`owner.hash_keys`).
+    """In-process owners that take part in the hashes mode (:mod:`dpmarket.owner.hash_keys`).
 
     Each owner gets a fresh ECDSA P-256 identity key and trusts the others' public keys directly
     (no CA in one process; a deployment takes them from the owners' certificates). The secret
@@ -139,7 +139,7 @@ def publish_sketches(
     owners : sequence of PointSet
     mechanism : SketchMechanism
         The public map, domain and noise (e.g.
-        :meth:`experiments.scenarios.Scenario.sketch_mechanism`).
+        :meth:`dpmarket.experiments.scenarios.Scenario.sketch_mechanism`).
     seed : int or None
         Seeds the noise (None: OpenDP's samplers).
     owner_ids : sequence of str, optional
@@ -152,8 +152,8 @@ def publish_sketches(
     Notes
     -----
     Each owner's points are projected onto the mechanism's domain first
-    (:meth:`common.sketches.domain.Domain.clamp`), as the owner service does before it publishes,
-    so an in-process sketch is the one the networked owner would release.
+    (:meth:`dpmarket.common.sketches.domain.Domain.clamp`), as the owner service does before it
+    publishes, so an in-process sketch is the one the networked owner would release.
     """
     ids = list(owner_ids) if owner_ids is not None else [o.name for o in owners]
     noise: NoiseSource = SeededNoise(make_rng(seed)) if seed is not None else OpenDPNoise()
@@ -180,15 +180,15 @@ def declared_sketch_spec(
 ) -> SketchSpec:
     """The RFF spec a catalogue declaration file gives, drawn as the curator's catalogue draws it.
 
-    ``dpmarket serve-curator --sketch-spec FILE --sketch-seed S`` loads the declaration and
-    draws its parameters from :func:`common.privacy.rng.make_rng` ``(S)``; this draws the same
-    parameters from the same seed, so that sketches released in process under the result are
-    the ones the owners would publish to that catalogue.
+    ``dpmarket serve-curator --sketch-spec FILE --sketch-seed S`` loads the declaration and draws
+    its parameters from :func:`dpmarket.common.privacy.rng.make_rng` ``(S)``; this draws the same
+    parameters from the same seed, so that sketches released in process under the result are the
+    ones the owners would publish to that catalogue.
 
     Parameters
     ----------
     declaration_path : str or Path
-        A catalogue declaration (TOML, :func:`curator.sketches.load_declaration`).
+        A catalogue declaration (TOML, :func:`dpmarket.curator.sketches.load_declaration`).
     spec_name : str, optional
         The spec (``"<declaration>/rff"``); default: the declaration's RFF map.
     seed : int or None
@@ -197,10 +197,10 @@ def declared_sketch_spec(
     Raises
     ------
     FileNotFoundError, ValueError
-        As :func:`curator.sketches.load_declaration`; ``ValueError`` also when the declaration
-        has no RFF map or no spec of that name, or the spec is not an RFF spec.
+        As :func:`dpmarket.curator.sketches.load_declaration`; ``ValueError`` also when the
+        declaration has no RFF map or no spec of that name, or the spec is not an RFF spec.
     """
-    from curator.sketches import load_declaration
+    from dpmarket.curator.sketches import load_declaration
 
     declaration = load_declaration(declaration_path)
     specs = {spec.name: spec for spec in declaration.draw(make_rng(seed))}
@@ -216,7 +216,7 @@ def release_spec_sketches(
     tables: Sequence[Table], spec: SketchSpec, *, seed: int | None, epsilon: float | None = None
 ) -> dict[str, PrivateSketch]:
     """Every owner's sketch under a catalogue spec, released in this process as the owner
-    service releases it (:func:`owner.sketches.spec_records`, then the spec's mechanism).
+    service releases it (:func:`dpmarket.owner.sketches.spec_records`, then the spec's mechanism).
 
     Parameters
     ----------
@@ -237,13 +237,13 @@ def release_spec_sketches(
 
     Raises
     ------
-    common.errors.InvalidArgumentError
+    dpmarket.common.errors.InvalidArgumentError
         If a table lacks a column of the spec or the epsilon is outside its range.
     ValueError
         If ``spec`` is a marginals spec (not a linear sketch).
     """
-    from common.sketches.marginals import MarginalsMechanism
-    from owner.sketches import spec_records
+    from dpmarket.common.sketches.marginals import MarginalsMechanism
+    from dpmarket.owner.sketches import spec_records
 
     mechanism = spec.mechanism(epsilon)
     if isinstance(mechanism, MarginalsMechanism):
@@ -280,7 +280,7 @@ def run_session(
 
     Raises
     ------
-    common.errors.DPMarketError
+    dpmarket.common.errors.DPMarketError
         As :meth:`SummarizationSession.prepare` and :meth:`SummarizationSession.run`.
     """
 
@@ -369,8 +369,8 @@ def fit_cape(
 
     Raises
     ------
-    common.errors.DPMarketError
-        As :meth:`curator.cape.CapeJob.run`.
+    dpmarket.common.errors.DPMarketError
+        As :meth:`dpmarket.curator.cape.CapeJob.run`.
     """
     result, spend = run_cape(tables, spec, seed=seed)
     assert isinstance(result, CapeResult)
@@ -385,8 +385,8 @@ def run_cape(
 
     Raises
     ------
-    common.errors.DPMarketError
-        As the job's ``run`` (:mod:`curator.cape`).
+    dpmarket.common.errors.DPMarketError
+        As the job's ``run`` (:mod:`dpmarket.curator.cape`).
     """
     endpoints = local_cape_sites(tables, seeded=seed is not None)
     job = job_for("local-cape-job", spec, endpoints, make_rng(seed))

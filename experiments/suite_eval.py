@@ -1,12 +1,12 @@
 """The default method measured on the scenario suite, and its constants chosen on it.
 
-``dpmarket evaluate --suite`` runs the default summarization method (the candidates method
-with the session's default settings, the owners' sketches published in process at epsilon 1)
-on every scenario of :mod:`experiments.suite`, at epsilon = 1 per party and delta = 1e-6, and
+``dpmarket evaluate --suite`` runs the default summarization method (the candidates method with the
+session's default settings, the owners' sketches published in process at epsilon 1) on every
+scenario of :mod:`dpmarket.experiments.suite`, at epsilon = 1 per party and delta = 1e-6, and
 reports per scenario and as median / worst:
 
 * its MMD² to D_v over exact greedy's (non-private greedy with the exact kernel on the pooled
-  data, :func:`experiments.suite.exact_greedy_reference`);
+  data, :func:`dpmarket.experiments.suite.exact_greedy_reference`);
 * over uniform sampling's (p/K points from every owner, the paper's baseline);
 * over *uniform reads* at the same points read: ``3p`` points drawn uniformly from the owners
   (``3p/K`` each), of which the curator keeps ``p`` by exact greedy (the strongest baseline
@@ -40,10 +40,10 @@ from numpy.typing import NDArray
 from rich.console import Console
 from rich.table import Table
 
-from common.summarization.kernels import exact_kernel_summary, mmd2
-from common.summarization.summary import SummarizationConfig
-from experiments.scenarios import Scenario
-from experiments.suite import (
+from dpmarket.common.summarization.kernels import exact_kernel_summary, mmd2
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.experiments.scenarios import Scenario
+from dpmarket.experiments.suite import (
     SKETCH_SCALE,
     SUITE,
     SUITE_NAMES,
@@ -51,9 +51,9 @@ from experiments.suite import (
     scenario_digest,
     suite_scenario,
 )
-from owner.data import PointSet
-from owner.local import LocalOwnerEndpoint
-from owner.protocol import Owner
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.local import LocalOwnerEndpoint
+from dpmarket.owner.protocol import Owner
 
 __all__ = [
     "DEFAULT_SETTING",
@@ -96,7 +96,7 @@ class SuiteSetting:
         :class:`SummarizationConfig` fields (the rest are its defaults).
     sketch_scale : float
         The owners' sketch kernel scale as a fraction of ``1 / sqrt(2 gamma)`` (a catalogue
-        declaration's choice, :data:`experiments.suite.SKETCH_SCALE`).
+        declaration's choice, :data:`dpmarket.experiments.suite.SKETCH_SCALE`).
     """
 
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -191,7 +191,7 @@ def _cached(path: Path, compute: Any) -> dict[str, Any]:
 
 
 def _accuracy(points: NDArray[np.float64], labels: Any, scenario: Scenario, seed: int) -> float:
-    from consumer.report import downstream_accuracy
+    from dpmarket.consumer.report import downstream_accuracy
 
     return float(downstream_accuracy(PointSet(points, labels, "summary"), scenario.test, seed=seed))
 
@@ -219,7 +219,7 @@ class SuiteRunner:
 
     def sketches(self, name: str, sketch_scale: float, seed: int) -> Any:
         """Every owner's sketch released in process at epsilon 1 (Gaussian, delta 1e-6)."""
-        from experiments.runner import publish_sketches
+        from dpmarket.experiments.runner import publish_sketches
 
         key = (name, float(sketch_scale), seed)
         if key not in self._sketches:
@@ -238,7 +238,7 @@ class SuiteRunner:
         key = _digest("baselines", scenario_digest(scenario, p), str(seed))
 
         def compute() -> dict[str, Any]:
-            from experiments.runner import simulate
+            from dpmarket.experiments.runner import simulate
 
             pool = np.concatenate([o.features for o in scenario.owners])
             labels = np.concatenate([_labels(o) for o in scenario.owners])
@@ -278,7 +278,7 @@ class SuiteRunner:
         )
 
         def compute() -> dict[str, Any]:
-            from experiments.runner import simulate
+            from dpmarket.experiments.runner import simulate
 
             start = time.perf_counter()
             result = simulate(
@@ -303,8 +303,8 @@ class SuiteRunner:
     def digits(self, setting: SuiteSetting) -> dict[str, Any]:
         """The setting on the bundled digits scenario (p = 50, seeds 0-9, its own sketch
         declaration): mean downstream accuracy, and exact greedy's."""
-        from experiments.runner import publish_sketches, simulate
-        from experiments.scenarios import digits_scenario
+        from dpmarket.experiments.runner import publish_sketches, simulate
+        from dpmarket.experiments.scenarios import digits_scenario
 
         scenario = digits_scenario(0)
         p = scenario.default_p
@@ -345,8 +345,8 @@ class SuiteRunner:
         summary's hashes, scored on the test points hashed by an owner; and, for the
         measurement only, the exact MMD² to D_v of the points the owners hashed (read here at
         the in-process owners, which the curator never can)."""
-        from consumer.evaluation import hash_model_accuracy
-        from experiments.runner import local_hash_owners, run_session
+        from dpmarket.consumer.evaluation import hash_model_accuracy
+        from dpmarket.experiments.runner import local_hash_owners, run_session
 
         scenario = self.scenario(name, setting.sketch_scale)
         config = replace(setting.config(scenario), summary_form="hashes")
@@ -429,9 +429,9 @@ def _per_owner(scenario: Scenario, owners: NDArray[np.int64]) -> dict[str, int]:
 
 def uniform_reads(scenario: Scenario, reads: int, seed: int) -> NDArray[np.int64]:
     """Indices (into the pooled owners' points) of ``reads`` points drawn uniformly, an even
-    share from every owner (:func:`curator.summarization.allocation.split_evenly`), from
+    share from every owner (:func:`dpmarket.curator.summarization.allocation.split_evenly`), from
     ``numpy.random.default_rng(seed)``."""
-    from curator.summarization.allocation import split_evenly
+    from dpmarket.curator.summarization.allocation import split_evenly
 
     rng = np.random.default_rng(seed)
     sizes = [o.n_points for o in scenario.owners]
@@ -615,7 +615,7 @@ def run_suite(
     dict
         What ``suite.json`` holds.
     """
-    from runtime.files import write_json
+    from dpmarket.runtime.files import write_json
 
     console = console or Console()
     names = list(names or SUITE_NAMES)

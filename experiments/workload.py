@@ -5,8 +5,9 @@
 3-predicate range queries over a public discretisation, answered at epsilon = 1 per owner
 (delta = 1e-6 where a mechanism needs one) by
 
-* ``catalogue`` — the marginals sketch (:class:`common.sketches.marginals.MarginalsMechanism`,
-  the owner's own selection and measurement; answers through its graphical model);
+* ``catalogue`` — the marginals sketch
+  (:class:`dpmarket.common.sketches.marginals.MarginalsMechanism`, the owner's own selection and
+  measurement; answers through its graphical model);
 * ``AIM`` and ``MST`` — McKenna et al.'s mechanisms, run with the ``mbi`` library's estimation
   (the ``mbi`` wheel ships no mechanisms: :func:`aim` and :func:`mst` port the reference
   implementations of ``private-pgm``'s ``mechanisms/`` onto the library's primitives; MST without
@@ -36,12 +37,12 @@ from numpy.typing import NDArray
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from common.privacy.accounting import exponential_zcdp_rho, gaussian_zcdp_rho, zcdp_rho
-from common.privacy.noise import SeededNoise
-from common.sketches.domain import Domain
-from common.sketches.feature_maps import FeatureMap, RFFMap, draw_rff, histogram_map
-from common.sketches.m2m import M2MEstimator, SyntheticDesign
-from common.sketches.marginals import (
+from dpmarket.common.privacy.accounting import exponential_zcdp_rho, gaussian_zcdp_rho, zcdp_rho
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.feature_maps import FeatureMap, RFFMap, draw_rff, histogram_map
+from dpmarket.common.sketches.m2m import M2MEstimator, SyntheticDesign
+from dpmarket.common.sketches.marginals import (
     MarginalsMap,
     MarginalsMechanism,
     MarginalsModel,
@@ -50,8 +51,8 @@ from common.sketches.marginals import (
     marginals_map,
     model_size_mb,
 )
-from common.sketches.sketch import SketchMechanism
-from common.sketches.tasks import range_function
+from dpmarket.common.sketches.sketch import SketchMechanism
+from dpmarket.common.sketches.tasks import range_function
 
 Array = NDArray[np.float64]
 
@@ -307,7 +308,7 @@ def aim(
     """AIM (McKenna et al., VLDB 2022) on the workload of every 2-way marginal.
 
     A port of ``private-pgm``'s ``mechanisms/aim.py`` onto ``mbi``'s estimation (through
-    :class:`common.sketches.marginals.MarginalsModel`): every 1-way marginal measured at
+    :class:`dpmarket.common.sketches.marginals.MarginalsModel`): every 1-way marginal measured at
     ``sigma = sqrt(T / (1.8 rho))``, then rounds of the exponential mechanism (``epsilon =
     sqrt(0.8 rho / T)``) over the downward closure of the workload, weighted by their overlap
     with it and limited by a model size growing with the budget spent, scored by the

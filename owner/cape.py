@@ -6,9 +6,9 @@ policy), attest and plan (the sites, ``S_C`` and their row counts are fixed: eve
 own count for the plan, and each checks every other's signature, so the curator cannot relay
 different counts to different sites; ``S_C`` is at least the owner's policy floor; the owner
 computes the plan — noise scales, weights and guarantee — itself from these public values,
-:mod:`common.cape.agreement`), one or more secure-aggregation noise rounds (the owner's input is
-a fresh zero-sum noise draw, Algorithm 1), then its releases, the first of which is charged to the
-owner's ledger before it leaves:
+:mod:`dpmarket.common.cape.agreement`), one or more secure-aggregation noise rounds (the owner's
+input is a fresh zero-sum noise draw, Algorithm 1), then its releases, the first of which is charged
+to the owner's ledger before it leaves:
 
 * capeFM and the mean: one release, ``f(x_s) + e_s + g_s`` (the functional mechanism's
   coefficients or the site's mean vector);
@@ -23,14 +23,14 @@ The noise scale depends on the owner's own row count and on public parameters on
 cannot make an owner add less noise than its terms say. A signed count that does not verify
 aborts the job at this owner: it then releases nothing for it, and nothing was charged.
 
-Nothing an owner answers depends on its values except the charged releases. Its records are
-clamped to the request's public bounds (:mod:`common.cape.spec`; how many were clamped goes to
-this owner's log only); a logistic regression or a training takes only a target the owner
-declared 0/1 when it started (:attr:`owner.data.Table.binary`, checked then, on its own console).
-Every refusal is then decided on public inputs alone — the request, the owner's columns, row
-count and declared 0/1 columns, its policy and budget — and the computations on the rows run under
-:func:`common.errors.on_private_data`, so that a failure there (a bug) reaches the curator as a
-fixed INTERNAL status, never as text.
+Nothing an owner answers depends on its values except the charged releases. Its records are clamped
+to the request's public bounds (:mod:`dpmarket.common.cape.spec`; how many were clamped goes to this
+owner's log only); a logistic regression or a training takes only a target the owner declared 0/1
+when it started (:attr:`dpmarket.owner.data.Table.binary`, checked then, on its own console). Every
+refusal is then decided on public inputs alone — the request, the owner's columns, row count and
+declared 0/1 columns, its policy and budget — and the computations on the rows run under
+:func:`dpmarket.common.errors.on_private_data`, so that a failure there (a bug) reaches the curator
+as a fixed INTERNAL status, never as text.
 """
 
 from __future__ import annotations
@@ -46,24 +46,24 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from common.cape.agreement import (
+from dpmarket.common.cape.agreement import (
     SizeAttestation,
     check_attestations,
     check_colluders,
     plan_for,
     plan_statement,
 )
-from common.cape.capefm import (
+from dpmarket.common.cape.capefm import (
     CapeFMPlan,
     secure_aggregation_input,
     site_coefficients,
     site_noise_share,
     site_release,
 )
-from common.cape.dpgd import CapeTrainingPlan, site_gradient, training_noise_share
-from common.cape.mean import CapeMeanPlan, site_mean
-from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.errors import (
+from dpmarket.common.cape.dpgd import CapeTrainingPlan, site_gradient, training_noise_share
+from dpmarket.common.cape.mean import CapeMeanPlan, site_mean
+from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import (
     AbortedError,
     AlreadyExistsError,
     FailedPreconditionError,
@@ -72,16 +72,16 @@ from common.errors import (
     ResourceExhaustedError,
     on_private_data,
 )
-from common.ids import short_id
-from common.privacy.ledger import SessionSpend
-from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
-from common.privacy.rng import production_rng
-from common.secagg.protocol import RoundParams
-from owner.data import Table
-from owner.ledger import OwnerLedger
-from owner.partitioned import PartitionedTable, mean_statistic
-from owner.policy import DEFAULT_MIN_COLLUDERS
-from owner.secagg import SiteIdentity
+from dpmarket.common.ids import short_id
+from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
+from dpmarket.common.privacy.rng import production_rng
+from dpmarket.common.secagg.protocol import RoundParams
+from dpmarket.owner.data import Table
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.partitioned import PartitionedTable, mean_statistic
+from dpmarket.owner.policy import DEFAULT_MIN_COLLUDERS
+from dpmarket.owner.secagg import SiteIdentity
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,8 @@ class CapeSite:
         against the deployment CA); ``None`` refuses to plan (an ``--insecure`` owner).
     min_colluders : int, optional
         The policy's floor on ``S_C`` (``cape.min_colluders``; default
-        :data:`owner.policy.DEFAULT_MIN_COLLUDERS`): a job whose ``S_C`` is below it is refused.
+        :data:`dpmarket.owner.policy.DEFAULT_MIN_COLLUDERS`): a job whose ``S_C`` is below it is
+        refused.
     """
 
     def __init__(
@@ -353,9 +354,9 @@ class CapeSite:
     ) -> tuple[SizeAttestation, bytes]:
         """Sign this owner's row count for a plan; return it with this owner's certificate.
 
-        The signature covers :func:`common.cape.agreement.plan_statement`: the job, its spec,
-        the sites, ``S_C``, the first iteration, this owner and its count. Nothing is signed for
-        a plan this owner would refuse.
+        The signature covers :func:`dpmarket.common.cape.agreement.plan_statement`: the job, its
+        spec, the sites, ``S_C``, the first iteration, this owner and its count. Nothing is signed
+        for a plan this owner would refuse.
 
         Raises
         ------
@@ -363,10 +364,10 @@ class CapeSite:
             If the sites are not sorted and distinct or do not hold this owner, or
             ``first_iteration`` is out of range.
         FailedPreconditionError
-            If ``S_C`` is not one this owner may plan with (its floor, the spec's or the
-            default, the training's; :func:`common.cape.agreement.check_colluders`), a statistic
-            job has released, a training would re-plan an iteration released already, or this
-            owner has no identity.
+            If ``S_C`` is not one this owner may plan with (its floor, the spec's or the default,
+            the training's; :func:`dpmarket.common.cape.agreement.check_colluders`), a statistic job
+            has released, a training would re-plan an iteration released already, or this owner has
+            no identity.
         AbortedError
             If the job was aborted at this owner.
         """
@@ -458,7 +459,7 @@ class CapeSite:
 
     def check_round(self, job_id: str, params: RoundParams) -> None:
         """Admit a secure-aggregation round of a job before this site sends anything in it
-        (:class:`owner.secagg.SiteRounds`' ``admit``).
+        (:class:`dpmarket.owner.secagg.SiteRounds`' ``admit``).
 
         Raises
         ------
@@ -583,7 +584,7 @@ class CapeSite:
     ) -> NDArray[np.float64]:
         """The job's statistic on a partitioned table: the same mean over rows as the in-memory
         one (the CAPE mean, capeFM's packed coefficients, the clipped-gradient average), merged
-        from each partition's mean weighted by its rows (:func:`owner.partitioned.
+        from each partition's mean weighted by its rows (:func:`dpmarket.owner.partitioned.
         mean_statistic`). Each row still contributes once, so the sensitivity the plan's noise is
         calibrated to is unchanged; the noise is added once, by the caller, after the merge."""
         table = self.table
@@ -793,7 +794,7 @@ def _fm_part(
     spec: AnyCapeSpec, task: str, orders: Any, values: NDArray[np.float64]
 ) -> tuple[int, NDArray[np.float64], dict[str, int]]:
     """One partition's packed functional-mechanism coefficients (means over its rows)."""
-    from common.cape.functional_mechanism import fm_coefficients, pack_coefficients
+    from dpmarket.common.cape.functional_mechanism import fm_coefficients, pack_coefficients
 
     assert isinstance(spec, CapeJobSpec)
     clamped_x, clamped_y, moved = _split(spec, values)

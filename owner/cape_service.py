@@ -1,8 +1,9 @@
 """gRPC servicers of an owner's joint-statistics protocols: secure aggregation and CAPE.
 
-Thin adapters like :mod:`owner.service`: every RPC is open to the curators the owner's policy
-names (the same :class:`runtime.authz.Authorizer`), converts, and calls
-:class:`owner.secagg.SiteRounds` or :class:`owner.cape.CapeSite` in a worker thread.
+Thin adapters like :mod:`dpmarket.owner.service`: every RPC is open to the curators the owner's
+policy names (the same :class:`dpmarket.runtime.authz.Authorizer`), converts, and calls
+:class:`dpmarket.owner.secagg.SiteRounds` or :class:`dpmarket.owner.cape.CapeSite` in a worker
+thread.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from common.ids import short_id
+from dpmarket.common.ids import short_id
+from dpmarket.owner import convert
+from dpmarket.owner.cape import CapeSite
+from dpmarket.owner.secagg import RoundJobs, SiteRounds
+from dpmarket.runtime import cape_messages as msg
+from dpmarket.runtime.authz import Authorizer, rpc
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc, secure_aggregation_pb2, secure_aggregation_pb2_grpc
-from owner import convert
-from owner.cape import CapeSite
-from owner.secagg import RoundJobs, SiteRounds
-from runtime import cape_messages as msg
-from runtime.authz import Authorizer, rpc
 
 logger = logging.getLogger(__name__)
 

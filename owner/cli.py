@@ -4,11 +4,11 @@ publish`` and ``sketch published``.
 
 ``serve-owner`` serves the owner's data over mTLS under its own policy and ledger. ``sketch
 publish`` fetches specs from the curator's catalogue, computes and charges each sketch to the
-owner's own ledger (stored beside it), then sends it (:func:`owner.sketches.publish_to`);
-``sketch published`` lists, offline, what the owner's data directory has released.
-``owner ledger`` prints what the owner's ledger (:mod:`owner.ledger`) has charged and what is
-left of each budget, under the policy last recorded in the ledger, so it needs no policy file
-and can run while the owner service is serving (SQLite's WAL lets it read beside the writer).
+owner's own ledger (stored beside it), then sends it (:func:`dpmarket.owner.sketches.publish_to`);
+``sketch published`` lists, offline, what the owner's data directory has released. ``owner ledger``
+prints what the owner's ledger (:mod:`dpmarket.owner.ledger`) has charged and what is left of each
+budget, under the policy last recorded in the ledger, so it needs no policy file and can run while
+the owner service is serving (SQLite's WAL lets it read beside the writer).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from common.errors import DPMarketError
-from common.schema import Schema
-from owner.data import PointSet
-from owner.engine import Engine
-from owner.ledger import (
+from dpmarket.common.errors import DPMarketError
+from dpmarket.common.schema import Schema
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.engine import Engine
+from dpmarket.owner.ledger import (
     LEDGER_FILE,
     LedgerEntry,
     LedgerMissingError,
@@ -42,10 +42,10 @@ from owner.ledger import (
     Totals,
     ledger_path,
 )
-from owner.ledger_chain import LedgerOwner
-from owner.limits import DEFAULT_IN_MEMORY_VALUES, WorkLimits
-from owner.policy import POLICY_FILE, OwnerPolicy, data_dir_policy
-from runtime.cli import (
+from dpmarket.owner.ledger_chain import LedgerOwner
+from dpmarket.owner.limits import DEFAULT_IN_MEMORY_VALUES, WorkLimits
+from dpmarket.owner.policy import POLICY_FILE, OwnerPolicy, data_dir_policy
+from dpmarket.runtime.cli import (
     check_outputs,
     config_option,
     console,
@@ -58,13 +58,13 @@ from runtime.cli import (
     tls_options,
     write_output,
 )
-from runtime.schemas import load_schema
-from runtime.transport import BindError, TransportSecurity
+from dpmarket.runtime.schemas import load_schema
+from dpmarket.runtime.transport import BindError, TransportSecurity
 
-if TYPE_CHECKING:  # owner.sources reads partitioned tables: scipy, not for `owner ledger`
-    from owner.cape import CapeSite
-    from owner.protocol import Owner
-    from owner.sources import OwnerData
+if TYPE_CHECKING:  # dpmarket.owner.sources reads partitioned tables: scipy, not for `owner ledger`
+    from dpmarket.owner.cape import CapeSite
+    from dpmarket.owner.protocol import Owner
+    from dpmarket.owner.sources import OwnerData
 
 __all__ = [
     "ledger_report",
@@ -337,7 +337,7 @@ def ledger_init(data_dir: Path, policy_path: str | None, owner_id: str | None, *
         raise click.UsageError("with --insecure, name the owner: --owner-id NAME")
     else:
         name = owner_id
-    from owner.ledger_admin import init_ledger
+    from dpmarket.owner.ledger_admin import init_ledger
 
     try:
         identity = init_ledger(data_dir, name, security, policy=policy_path)
@@ -369,7 +369,7 @@ def ledger_backup(data_dir: Path, out_path: Path) -> None:
     SQLite's online backup API: every committed charge, those still only in the -wal file
     included (a copy of owner.sqlite3 alone loses them). The copy is verified.
     """
-    from owner.ledger_admin import backup_ledger
+    from dpmarket.owner.ledger_admin import backup_ledger
 
     try:
         found = backup_ledger(data_dir, out_path)
@@ -405,7 +405,7 @@ def ledger_restore(data_dir: Path, backup_path: Path, replace_other_ledger: bool
     are moved aside, never deleted. Charges made after the backup was taken are not in it: a
     curator's receipt of them makes the owner refuse to serve until resolved (see resolve).
     """
-    from owner.ledger_admin import restore_ledger
+    from dpmarket.owner.ledger_admin import restore_ledger
 
     try:
         found, moved = restore_ledger(data_dir, backup_path, replace_other=replace_other_ledger)
@@ -444,7 +444,7 @@ def ledger_verify(data_dir: Path | None, file_path: Path | None, as_json: bool, 
     owner's. Exits with 1 when anything is wrong, or the ledger was found behind a receipt and
     not resolved.
     """
-    from owner.ledger_admin import verify_file
+    from dpmarket.owner.ledger_admin import verify_file
 
     if (data_dir is None) == (file_path is None):
         raise click.UsageError("give --data-dir DIR or --file FILE")
@@ -510,7 +510,7 @@ def ledger_rebind(data_dir: Path, **tls: Any) -> None:
     to the CA that issued its old certificate, is refused as another deployment's until its
     operator runs this with the owner's new certificate. The owner's name must be the ledger's.
     """
-    from owner.ledger_chain import LedgerOwner
+    from dpmarket.owner.ledger_chain import LedgerOwner
 
     security = security_from_options("owner", **tls)
     if security.identity is None:
@@ -639,11 +639,11 @@ def dask_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def engine_starter(scheduler: str | None, workers: int | None) -> Callable[[], Engine]:
-    """What starts the owner's engine when its table is partitioned (:func:`owner.engine.
+    """What starts the owner's engine when its table is partitioned (:func:`dpmarket.owner.engine.
     start_engine`); an unreachable scheduler fails the command."""
 
     def start() -> Engine:
-        from owner.engine import start_engine
+        from dpmarket.owner.engine import start_engine
 
         try:
             return start_engine(scheduler, workers=workers)
@@ -655,8 +655,8 @@ def engine_starter(scheduler: str | None, workers: int | None) -> Callable[[], E
 
 def work_limits(policy: OwnerPolicy, found: OwnerData) -> WorkLimits:
     """The owner's budgets (its policy's ``limits``) and its engine's size."""
-    from owner.dataset import largest_partition
-    from owner.partitioned import PartitionedData
+    from dpmarket.owner.dataset import largest_partition
+    from dpmarket.owner.partitioned import PartitionedData
 
     data = found.points
     partitioned = isinstance(data, PartitionedData)
@@ -683,7 +683,7 @@ def read_owner_data(
     ``data_path`` and the table of ``table_path``. A table above ``in_memory_values`` values is
     served partition by partition on the engine ``engine()`` starts. Any problem fails the
     command on the owner's own console, naming the file and the column."""
-    from owner.sources import OwnerData, load_owner_data
+    from dpmarket.owner.sources import OwnerData, load_owner_data
 
     try:
         if schema_path is not None:
@@ -833,7 +833,7 @@ def serve_owner(
     """Serve one data owner's private dataset over gRPC (mTLS), under its own policy."""
     from threadpoolctl import threadpool_limits
 
-    from owner.service import serve_owner as serve
+    from dpmarket.owner.service import serve_owner as serve
 
     ensure_info_logging()
     opened = open_owner(
@@ -907,17 +907,17 @@ def open_owner(
 ) -> OpenedOwner:
     """Read an owner's data, policy and ledger as ``serve-owner`` does, without serving it.
 
-    The options are ``serve-owner``'s (:func:`serve_owner`); :mod:`deploy.owner_group` serves
-    several owners opened this way from one process.
+    The options are ``serve-owner``'s (:func:`serve_owner`); :mod:`dpmarket.deploy.owner_group`
+    serves several owners opened this way from one process.
 
     Raises
     ------
     click.UsageError, click.BadParameter, click.ClickException
         On bad options, or data, a schema, a policy or a ledger that cannot be read.
     """
-    from owner.cape import CapeSite
-    from owner.protocol import Owner
-    from owner.service import site_identity
+    from dpmarket.owner.cape import CapeSite
+    from dpmarket.owner.protocol import Owner
+    from dpmarket.owner.service import site_identity
 
     if schema_path is not None:
         if data_path is None or table_path is not None:
@@ -1098,10 +1098,10 @@ def publish_command(
     stored, charging nothing. Name the specs (--spec) or take every one (--all); with neither,
     the specs and their cost are listed and the curator's allocation spec is offered.
     """
-    from common.privacy.noise import OpenDPNoise, SeededNoise
-    from owner.sketch_client import CatalogClient
-    from owner.sketches import SketchPublisher, publish_to
-    from owner.sources import load_owner_data
+    from dpmarket.common.privacy.noise import OpenDPNoise, SeededNoise
+    from dpmarket.owner.sketch_client import CatalogClient
+    from dpmarket.owner.sketches import SketchPublisher, publish_to
+    from dpmarket.owner.sources import load_owner_data
 
     if specs and all_specs:
         raise click.UsageError("give --spec NAME (repeat) or --all, not both")
@@ -1281,7 +1281,7 @@ def _choose_specs(
 @json_option
 def published_command(data_dir: str, as_json: bool) -> None:
     """List the sketches this owner's data directory has released (offline, read-only)."""
-    from owner.sketches import SketchPublisher
+    from dpmarket.owner.sketches import SketchPublisher
 
     try:
         with OwnerLedger(data_dir, None) as ledger:

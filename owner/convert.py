@@ -7,15 +7,14 @@ from typing import TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import InvalidArgumentError
-from common.privacy.ledger import SessionSpend
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
-from common.summarization.rff import RFFParams
-from common.summarization.terms import OwnerTerms
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from dpmarket.common.summarization.rff import RFFParams
+from dpmarket.runtime.arrays import array_from_proto, array_to_proto
+from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.schemas import schema_to_proto
 from dpmarket.v1 import array_pb2, cape_pb2, owner_pb2, privacy_pb2
-from runtime.arrays import array_from_proto, array_to_proto
-from runtime.identity import Identity
-from runtime.schemas import schema_to_proto
 
 PointsResponse = TypeVar(
     "PointsResponse", owner_pb2.SampleUniformResponse, owner_pb2.ProposeCandidatesResponse
@@ -86,28 +85,6 @@ def points_to_proto(
     if labels is not None:
         response.labels.CopyFrom(array_to_proto(labels.astype(np.int64)))
     return response
-
-
-def terms_from_proto(message: privacy_pb2.PrivacyTerms) -> OwnerTerms:
-    """PrivacyTerms -> OwnerTerms.
-
-    Raises
-    ------
-    InvalidArgumentError
-        If epsilon or delta is out of range (negative, NaN, infinite without ``non_private``) or
-        the description is empty or longer than 256 characters.
-    """
-    if not message.mechanism or len(message.mechanism) > 256:
-        raise InvalidArgumentError("terms.mechanism must be 1 to 256 characters")
-    try:
-        return OwnerTerms(
-            message.mechanism,
-            float(message.epsilon),
-            float(message.delta),
-            non_private=bool(message.non_private),
-        )
-    except ValueError as exc:
-        raise InvalidArgumentError(f"terms: {exc}") from exc
 
 
 def consumer_from_proto(text: str) -> str:

@@ -12,13 +12,13 @@ Supported formats (chosen by the file suffix):
 ``.csv`` / ``.parquet``
     A header line naming the columns, then one numeric column per feature; the label column
     (``"label"`` by default), if present, holds the labels. Read by pandas (pyarrow for Parquet)
-    with the pitfalls of hand-made and pandas-default files refused, naming the file and the
-    column: a column without a name (the row index ``DataFrame.to_csv`` writes unless
-    ``index=False``), a header that reads as numbers (no header line: its first row would be
-    lost), repeated names, non-numeric values. With a public schema (:mod:`common.schema`) the
-    table is checked against it: names and order, types, bounds and levels; a consumer's table
-    may have its columns in another order (selected by name). Written with the point set's
-    column names, ``f0 .. f{n_features-1}`` when it has none.
+    with the pitfalls of hand-made and pandas-default files refused, naming the file and the column:
+    a column without a name (the row index ``DataFrame.to_csv`` writes unless ``index=False``), a
+    header that reads as numbers (no header line: its first row would be lost), repeated names,
+    non-numeric values. With a public schema (:mod:`dpmarket.common.schema`) the table is checked
+    against it: names and order, types, bounds and levels; a consumer's table may have its columns
+    in another order (selected by name). Written with the point set's column names, ``f0 ..
+    f{n_features-1}`` when it has none.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike, NDArray
 
-from common.schema import Schema, SchemaMismatchError
-from common.validation import check_matrix
-from runtime.files import atomic_write
+from dpmarket.common.schema import Schema, SchemaMismatchError
+from dpmarket.common.validation import check_matrix
+from dpmarket.runtime.files import atomic_write
 
 __all__ = [
     "SUPPORTED_SUFFIXES",
@@ -456,8 +456,8 @@ def load_table(
         schema, each must be one of its binary columns (which are declared 0/1 anyway).
     schema : Schema, optional
         The table's public schema: its columns, in order, with their types, bounds and levels,
-        checked now (:meth:`common.schema.Schema.check_table`); its binary columns are declared
-        0/1.
+        checked now (:meth:`dpmarket.common.schema.Schema.check_table`); its binary columns are
+        declared 0/1.
 
     Raises
     ------
@@ -604,7 +604,7 @@ def save_point_set(
     path : str or Path
         Destination; its parent directory must exist. An existing file is overwritten.
     owners : sequence of str, optional
-        One owner name per point (a summary's :attr:`~common.summarization.summary.
+        One owner name per point (a summary's :attr:`~dpmarket.common.summarization.summary.
         SummaryResult.owner_ids`).
     label_column : str
         The labels' column in a table.

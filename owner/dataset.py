@@ -15,19 +15,19 @@ Partitions, by format:
     pyarrow, through fsspec for remote URLs; a directory's ``_metadata`` summary, when present,
     names the files the dataset must hold.
 ``.csv``
-    Byte ranges of about ``blocksize`` bytes, cut at line ends (:func:`fsspec.utils.read_block`,
-    the cutting dask's ``read_csv`` uses): the row counts are known only once every block has been
-    read (:func:`owner.validation.validate_dataset` counts them). Numeric CSV only: a quoted
+    Byte ranges of about ``blocksize`` bytes, cut at line ends (:func:`fsspec.utils.read_block`, the
+    cutting dask's ``read_csv`` uses): the row counts are known only once every block has been read
+    (:func:`dpmarket.owner.validation.validate_dataset` counts them). Numeric CSV only: a quoted
     field holding a line break would be cut.
 ``.npy``
     Row ranges of a memory-mapped array (columns ``f0 .. f{n-1}``).
 
-What is checked here, at start-up, on the metadata only: that every file exists and can be
-opened, that every file holds the same columns in the same order (a **schema drift** between
-files is refused naming the file and the column), that the columns are numeric, and, with a
-public schema, that the names and order are the schema's. The values are checked by a pass over
-every partition (:mod:`owner.validation`), also at start-up. Every message here names files and
-columns, never values: it is for the owner's console, and the service does not start.
+What is checked here, at start-up, on the metadata only: that every file exists and can be opened,
+that every file holds the same columns in the same order (a **schema drift** between files is
+refused naming the file and the column), that the columns are numeric, and, with a public schema,
+that the names and order are the schema's. The values are checked by a pass over every partition
+(:mod:`dpmarket.owner.validation`), also at start-up. Every message here names files and columns,
+never values: it is for the owner's console, and the service does not start.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import zict
 from fsspec.utils import read_block
 from numpy.typing import NDArray
 
-from common.schema import Schema, SchemaMismatchError
+from dpmarket.common.schema import Schema, SchemaMismatchError
 
 __all__ = [
     "DEFAULT_BLOCKSIZE",

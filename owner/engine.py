@@ -1,7 +1,7 @@
 """Where an owner's per-partition work runs: in its own process, or on Dask.
 
-An :class:`Engine` maps a function over partitions and returns the results in partition order;
-the owner merges them (sums as sums, selections by their merge rule, :mod:`owner.partitioned`).
+An :class:`Engine` maps a function over partitions and returns the results in partition order; the
+owner merges them (sums as sums, selections by their merge rule, :mod:`dpmarket.owner.partitioned`).
 
 * :class:`SerialEngine` runs every partition in the calling thread (tests, small tables);
 * :class:`DaskEngine` runs them on ``dask.distributed``: a :class:`distributed.LocalCluster` of
@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from common.errors import AbortedError
+from dpmarket.common.errors import AbortedError
 
 __all__ = ["DaskEngine", "Engine", "SerialEngine", "WorkCancelled", "start_engine"]
 

@@ -1,9 +1,9 @@
 """The owners' shared secret of the hashes mode, agreed among owners through the curator.
 
-The less-trusted curator's session (:mod:`common.summarization.hashes`) needs a hash map
+The less-trusted curator's session (:mod:`dpmarket.common.summarization.hashes`) needs a hash map
 ``(W, b)`` that every owner knows and the curator does not. The owners talk only through the
 curator, so they agree on it like secure aggregation's sites agree on pairwise keys (Bonawitz et
-al. 2017, Section 3), with the same primitives (:mod:`common.secagg.crypto`):
+al. 2017, Section 3), with the same primitives (:mod:`dpmarket.common.secagg.crypto`):
 
 1. **Advertise.** Each owner draws an X25519 key pair for the session and signs
    ``(label, session, owner, public key)`` with its identity key (ECDSA P-256, the key of its
@@ -24,7 +24,7 @@ confidentiality). An active curator cannot substitute its own X25519 key for an 
 public key and envelope is signed by an identity key it does not hold, and a signature over the
 session id and the names stops replays into another session or to another owner. It can drop
 owners (those get no secret and cannot propose hashes), never learn the secret, unless an owner
-colludes with it, which defeats the mode (stated in :mod:`common.summarization.hashes`).
+colludes with it, which defeats the mode (stated in :mod:`dpmarket.common.summarization.hashes`).
 
 The secret is kept per session after the session closes, so that the owner can later hash the
 consumer's new points under the same map (:meth:`HashKeyParty.params`).
@@ -37,8 +37,8 @@ from collections.abc import Callable, Mapping
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from common.errors import FailedPreconditionError, InvalidArgumentError
-from common.secagg.crypto import (
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
+from dpmarket.common.secagg.crypto import (
     SecAggError,
     Signer,
     Verifier,
@@ -49,14 +49,14 @@ from common.secagg.crypto import (
     public_key_bytes,
     shared_key,
 )
-from common.summarization.hashes import (
+from dpmarket.common.summarization.hashes import (
     SECRET_BYTES,
     HashAdvert,
     hash_key_id,
     hash_parameters,
     leader_of,
 )
-from common.summarization.rff import RFFParams
+from dpmarket.common.summarization.rff import RFFParams
 
 __all__ = ["HashKeyParty"]
 

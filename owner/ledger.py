@@ -1,27 +1,27 @@
 """The owner's own durable privacy ledger: charge, then release.
 
-An owner trusts neither the curator nor the consumer (DESIGN.md, parties and trust), so it keeps
-its own record of what its data has lost and enforces its own :class:`~owner.policy.OwnerPolicy`
-whatever it is asked. Every release goes through :meth:`OwnerLedger.charge` first: the charge is
-committed to ``DATA_DIR/owner.sqlite3`` before ``charge`` returns, and the caller releases only
-after that. A crash between the two wastes budget but never releases anything uncharged; a step
-the policy refuses raises :class:`OwnerBudgetError` (``FAILED_PRECONDITION``) and writes nothing.
+An owner trusts neither the curator nor the consumer (DESIGN.md, parties and trust), so it keeps its
+own record of what its data has lost and enforces its own
+:class:`~dpmarket.owner.policy.OwnerPolicy` whatever it is asked. Every release goes through
+:meth:`OwnerLedger.charge` first: the charge is committed to ``DATA_DIR/owner.sqlite3`` before
+``charge`` returns, and the caller releases only after that. A crash between the two wastes budget
+but never releases anything uncharged; a step the policy refuses raises :class:`OwnerBudgetError`
+(``FAILED_PRECONDITION``) and writes nothing.
 
 Composition
 -----------
-Charges compose by *basic* composition: the epsilons of a session (or of the window) add up, and
-so do the deltas. Basic composition holds for any mechanisms whatsoever, chosen adaptively, in
-any interleaving; the owner sees only its own side of each session and cannot assume anything
-about the mechanisms, the other sessions or how the curator and consumers combine what they
-receive, so it uses the bound that needs no assumption. (Tighter accountants, such as the
-curator's Theorem-7 ledger in :mod:`common.privacy.ledger`, rely on knowing every mechanism.)
-Sums do not accumulate rounding: a total is the correctly rounded value of the exact sum of the
-stored doubles (what :func:`math.fsum` of the listed entries gives), however many charges there
-are. Decimal values still round once: the doubles nearest 0.1, 0.1 and 0.1 sum exactly to one
-unit in the last place above the double nearest 0.3. So that three steps of 0.1 fit a budget of
-0.3, an epsilon or delta limit is compared with a relative slack of :data:`RELATIVE_SLACK`
-(1e-12), many orders of magnitude below the error of any floating-point noise sampler; point
-counts are compared exactly.
+Charges compose by *basic* composition: the epsilons of a session (or of the window) add up, and so
+do the deltas. Basic composition holds for any mechanisms whatsoever, chosen adaptively, in any
+interleaving; the owner sees only its own side of each session and cannot assume anything about the
+mechanisms, the other sessions or how the curator and consumers combine what they receive, so it
+uses the bound that needs no assumption. (Tighter accountants, such as the curator's Theorem-7
+ledger in :mod:`dpmarket.common.privacy.ledger`, rely on knowing every mechanism.) Sums do not
+accumulate rounding: a total is the correctly rounded value of the exact sum of the stored doubles
+(what :func:`math.fsum` of the listed entries gives), however many charges there are. Decimal values
+still round once: the doubles nearest 0.1, 0.1 and 0.1 sum exactly to one unit in the last place
+above the double nearest 0.3. So that three steps of 0.1 fit a budget of 0.3, an epsilon or delta
+limit is compared with a relative slack of :data:`RELATIVE_SLACK` (1e-12), many orders of magnitude
+below the error of any floating-point noise sampler; point counts are compared exactly.
 
 A budget is decided from running totals (table ``charge_totals``, one row per UTC day and
 ``(epsilon, delta, non_private)``) that a trigger updates in each charge's transaction: the
@@ -36,10 +36,11 @@ Opening a ledger requires the file to exist and be an owner ledger: a missing fi
 (a failed copy, a full disk, ``: > owner.sqlite3``) or another SQLite file is refused
 (:class:`LedgerMissingError`), since starting again from nothing would give the owner its whole
 budget back. A ledger is created only on request (:meth:`OwnerLedger.create`: ``dpmarket owner
-ledger init`` or ``dpmarket init``) and is bound to its owner (:mod:`owner.ledger_chain`): a
-ledger of another owner or deployment is refused (:class:`~owner.ledger_chain.ForeignLedgerError`).
-Charges form a hash chain (:mod:`owner.ledger_chain`), and the owner signs receipts of its
-ledger's state for the curator (:meth:`OwnerLedger.receipt`); a ledger found behind a receipt it
+ledger init`` or ``dpmarket init``) and is bound to its owner
+(:mod:`dpmarket.owner.ledger_chain`): a ledger of another owner or deployment is refused
+(:class:`~dpmarket.owner.ledger_chain.ForeignLedgerError`). Charges form a hash chain
+(:mod:`dpmarket.owner.ledger_chain`), and the owner signs receipts of its ledger's state for the
+curator (:meth:`OwnerLedger.receipt`); a ledger found behind a receipt it
 signed (:meth:`OwnerLedger.check_receipt`) refuses every charge until its operator resolves it
 (:meth:`OwnerLedger.resolve_rollbacks`, ``dpmarket owner ledger resolve``).
 """
@@ -62,9 +63,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
-from dpmarket.v1 import privacy_pb2
-from owner.ledger_chain import (
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from dpmarket.owner.ledger_chain import (
     LedgerIdentity,
     LedgerOwner,
     add_chain,
@@ -73,8 +73,8 @@ from owner.ledger_chain import (
     head,
     read_identity,
 )
-from owner.policy import OwnerPolicy
-from owner.receipts import (
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.owner.receipts import (
     ReceiptError,
     SealedTotals,
     open_receipt,
@@ -82,13 +82,14 @@ from owner.receipts import (
     sign_receipt,
     unseal_totals,
 )
-from runtime.database import (
+from dpmarket.runtime.database import (
     DatabaseMissingError,
     Migration,
     open_database,
     snapshot,
     transaction,
 )
+from dpmarket.v1 import privacy_pb2
 
 __all__ = [
     "APPLICATION",
@@ -115,7 +116,7 @@ logger = logging.getLogger(__name__)
 APPLICATION = "dpmarket-owner"
 #: File name of the ledger inside the owner's data directory.
 LEDGER_FILE = "owner.sqlite3"
-#: Schema migrations of the owner's database (append only; see :mod:`runtime.database`).
+#: Schema migrations of the owner's database (append only; see :mod:`dpmarket.runtime.database`).
 MIGRATIONS: tuple[Migration, ...] = (
     """
     CREATE TABLE policies (
@@ -137,10 +138,10 @@ MIGRATIONS: tuple[Migration, ...] = (
     CREATE INDEX charges_by_session ON charges (session);
     CREATE INDEX charges_by_at ON charges (at);
     """,
-    # 1 -> 2: the private sketches this owner released (owner.sketches). A sketch is written in
-    # the transaction of its charge, so it is stored exactly when it is charged; a release is
-    # identified by its spec's key (map, domain, noise) and made at most once. Deliveries record
-    # which curator's catalogue accepted it, under which spec name.
+    # 1 -> 2: the private sketches this owner released (dpmarket.owner.sketches). A sketch is
+    # written in the transaction of its charge, so it is stored exactly when it is charged; a
+    # release is identified by its spec's key (map, domain, noise) and made at most once. Deliveries
+    # record which curator's catalogue accepted it, under which spec name.
     """
     CREATE TABLE sketches (
         id INTEGER PRIMARY KEY,
@@ -317,7 +318,7 @@ class Resolution:
 class OwnerBudgetError(FailedPreconditionError):
     """A step the owner's policy refuses: it would exceed a budget or a session limit.
 
-    A :class:`~common.errors.FailedPreconditionError`, so the service answers
+    A :class:`~dpmarket.common.errors.FailedPreconditionError`, so the service answers
     ``FAILED_PRECONDITION``; the message names each limit the step would exceed, what is spent,
     what the step asks and what is left. Nothing was charged.
     """
@@ -493,7 +494,7 @@ class _Request:
 
 
 class OwnerLedger:
-    """One owner's durable ledger, enforcing its :class:`~owner.policy.OwnerPolicy`.
+    """One owner's durable ledger, enforcing its :class:`~dpmarket.owner.policy.OwnerPolicy`.
 
     Parameters
     ----------
@@ -506,7 +507,7 @@ class OwnerLedger:
         policy file. ``None``: use the last recorded policy and record nothing (inspection).
     owner : LedgerOwner, optional
         The owner that serves with this ledger: its name, deployment CA and certificate key
-        (:meth:`~owner.ledger_chain.LedgerOwner.from_security`). The ledger must be its own
+        (:meth:`~dpmarket.owner.ledger_chain.LedgerOwner.from_security`). The ledger must be its own
         (an unbound ledger is bound to it, a renewed certificate's key is added), and its key
         signs :meth:`receipt`. ``None``: no identity check and no receipts (inspection,
         in-process runs).
@@ -525,7 +526,8 @@ class OwnerLedger:
         If the file belongs to another application, or ``policy`` is ``None`` and the ledger
         records no policy.
     RuntimeError
-        If the file was written by a newer dpmarket (see :func:`runtime.database.open_database`).
+        If the file was written by a newer dpmarket (see
+        :func:`dpmarket.runtime.database.open_database`).
     sqlite3.DatabaseError
         If the file is not an SQLite database (a damaged header, a half-truncated file).
 
@@ -952,7 +954,7 @@ class OwnerLedger:
         record : callable, optional
             ``record(connection, charge_id)``, run inside the charge's transaction after its
             insert: writes what must become durable exactly when the charge does (a published
-            sketch, :mod:`owner.sketches`). An exception from it rolls the charge back.
+            sketch, :mod:`dpmarket.owner.sketches`). An exception from it rolls the charge back.
 
         Returns
         -------
@@ -985,7 +987,7 @@ class OwnerLedger:
         The sums, the decision and the insert run in one ``BEGIN IMMEDIATE`` transaction, so
         concurrent charges (threads, processes) cannot together exceed a limit. A quantity a
         step does not ask for (0) is never the reason for a refusal. The charge is chained
-        (:func:`owner.ledger_chain.append_chain`) in the same transaction: one indexed read
+        (:func:`dpmarket.owner.ledger_chain.append_chain`) in the same transaction: one indexed read
         and one SHA-256, whatever the ledger's length.
         """
         request = self._request(session, consumer, curator, mechanism, epsilon, delta, points)
@@ -1027,7 +1029,7 @@ class OwnerLedger:
         -------
         LedgerReceipt or None
             The ledger's id, owner, last charge and chain head, the time, and its lifetime
-            totals sealed under the ledger's own key (:func:`owner.receipts.seal_totals`);
+            totals sealed under the ledger's own key (:func:`dpmarket.owner.receipts.seal_totals`);
             None when the ledger was opened without a signing key (plaintext owner,
             inspection). Cost: an indexed read, a sum over the running totals, one AES-GCM
             and one ECDSA signature.

@@ -1,7 +1,7 @@
 """An owner operator's care of its ledger: create it, back it up, restore it, verify it.
 
-``dpmarket owner ledger init | backup | restore | verify`` (:mod:`owner.cli`) run these; the
-how-to is docs/howto-ledger.md.
+``dpmarket owner ledger init | backup | restore | verify`` (:mod:`dpmarket.owner.cli`) run these;
+the how-to is docs/howto-ledger.md.
 
 * :func:`init_ledger` creates an owner's ledger, bound to its certificate: what ``dpmarket owner
   ledger init``, ``dpmarket init`` and the launchers run for a new owner, and the only way a
@@ -16,12 +16,12 @@ how-to is docs/howto-ledger.md.
   file would be replayed onto it) and copies the backup in.
 * :func:`verify_file` checks a ledger or a backup whole: SQLite's integrity, the schema, the
   identity (and, given the owner's certificate, that it is this owner's), the hash chain and the
-  running totals (:func:`owner.ledger_chain.verify_ledger`).
+  running totals (:func:`dpmarket.owner.ledger_chain.verify_ledger`).
 
 A backup holds the state of the ledger when it was taken: restoring it loses the charges made
-since. The receipts the owner signed for its curators catch that (:mod:`owner.receipts`); the
-owner then refuses to serve until its operator restores a newer backup or resolves the rollback
-(:meth:`owner.ledger.OwnerLedger.resolve_rollbacks`).
+since. The receipts the owner signed for its curators catch that
+(:mod:`dpmarket.owner.receipts`); the owner then refuses to serve until its operator restores a
+newer backup or resolves the rollback (:meth:`dpmarket.owner.ledger.OwnerLedger.resolve_rollbacks`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
-from owner.ledger import APPLICATION, MIGRATIONS, TABLES, OwnerLedger, ledger_path
-from owner.ledger_chain import (
+from dpmarket.owner.ledger import APPLICATION, MIGRATIONS, TABLES, OwnerLedger, ledger_path
+from dpmarket.owner.ledger_chain import (
     ChainProblem,
     ForeignLedgerError,
     LedgerIdentity,
@@ -40,9 +40,9 @@ from owner.ledger_chain import (
     Verification,
     verify_ledger,
 )
-from owner.policy import data_dir_policy
-from runtime.database import backup_database, open_read_only
-from runtime.transport import TransportSecurity
+from dpmarket.owner.policy import data_dir_policy
+from dpmarket.runtime.database import backup_database, open_read_only
+from dpmarket.runtime.transport import TransportSecurity
 
 __all__ = ["backup_ledger", "init_ledger", "restore_ledger", "verify_file"]
 

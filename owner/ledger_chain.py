@@ -8,17 +8,17 @@ Every charge has a row in ``charge_chain`` holding ``hash_i = SHA-256(CHARGE_TAG
 The chain's head ``(i, hash_i)`` at the last charge commits to every charge before it: a charge
 changed, removed or inserted anywhere but at the end changes every later hash
 (:func:`verify_ledger` recomputes them), and the charges removed *from the end* are what the
-receipts the owner signs catch (:mod:`owner.receipts`). Appending costs one indexed read of the
-previous hash and one SHA-256 of a few hundred bytes: O(1) in the ledger's history.
+receipts the owner signs catch (:mod:`dpmarket.owner.receipts`). Appending costs one indexed read
+of the previous hash and one SHA-256 of a few hundred bytes: O(1) in the ledger's history.
 
 Identity
 --------
 ``ledger_identity`` holds the ledger's random id (128 bits), the owner it belongs to (its
 certificate's name) and the fingerprint of the deployment CA that issued that certificate, and
-the ledger's sealing key (receipts' totals, :func:`owner.receipts.seal_totals`). ``ledger_keys``
-lists every certificate key the owner has served with (a renewed certificate adds its key), the
-keys a receipt must be signed with. A ledger of another owner or of another deployment is
-*foreign* and refused (:meth:`LedgerOwner.check`).
+the ledger's sealing key (receipts' totals, :func:`dpmarket.owner.receipts.seal_totals`).
+``ledger_keys`` lists every certificate key the owner has served with (a renewed certificate adds
+its key), the keys a receipt must be signed with. A ledger of another owner or of another
+deployment is *foreign* and refused (:meth:`LedgerOwner.check`).
 
 Migration
 ---------
@@ -46,9 +46,9 @@ from typing import Any
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
-from owner.receipts import Signer, public_key_der, public_key_fingerprint
-from runtime.database import execute_script
-from runtime.transport import TransportSecurity
+from dpmarket.owner.receipts import Signer, public_key_der, public_key_fingerprint
+from dpmarket.runtime.database import execute_script
+from dpmarket.runtime.transport import TransportSecurity
 
 __all__ = [
     "CHARGE_TAG",

@@ -1,8 +1,8 @@
 """In-process owner endpoints: the curator's view of an owner's objects, without a network.
 
 ``dpmarket simulate``, the tests and the benchmarks run the whole protocol in one process through
-this adapter; the networked run goes through ``curator.owners.GrpcOwnerEndpoint`` instead, and
-both give the same summary for the same seeds.
+this adapter; the networked run goes through ``dpmarket.curator.owners.GrpcOwnerEndpoint`` instead,
+and both give the same summary for the same seeds.
 """
 
 from __future__ import annotations
@@ -12,20 +12,20 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from common.cape.agreement import SizeAttestation
-from common.cape.endpoints import OpenedJob
-from common.cape.spec import AnyCapeSpec
-from common.privacy.ledger import SessionSpend
-from common.schema import Schema
-from common.secagg.endpoints import MaskedInput, SurvivorAttestation
-from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
-from common.summarization.hashes import HashAdvert
-from common.summarization.rff import RFFParams
-from common.summarization.terms import OwnerTerms
-from owner.cape import CapeSite
-from owner.protocol import LOCAL_CURATOR, Owner
-from owner.secagg import SiteRounds
+from dpmarket.common.cape.agreement import SizeAttestation
+from dpmarket.common.cape.endpoints import OpenedJob
+from dpmarket.common.cape.spec import AnyCapeSpec
+from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.schema import Schema
+from dpmarket.common.secagg.endpoints import MaskedInput, SurvivorAttestation
+from dpmarket.common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
+from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from dpmarket.common.summarization.hashes import HashAdvert
+from dpmarket.common.summarization.rff import RFFParams
+from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.owner.cape import CapeSite
+from dpmarket.owner.protocol import LOCAL_CURATOR, Owner
+from dpmarket.owner.secagg import SiteRounds
 
 
 class LocalOwnerEndpoint:
@@ -131,7 +131,7 @@ class LocalOwnerEndpoint:
 
 
 class LocalSecureAggregationEndpoint:
-    """Async adapter that calls an in-process owner's :class:`owner.secagg.SiteRounds`."""
+    """Async adapter that calls an in-process owner's :class:`dpmarket.owner.secagg.SiteRounds`."""
 
     def __init__(self, name: str, rounds: SiteRounds) -> None:
         self._name = name
@@ -204,7 +204,7 @@ class LocalCapeSiteEndpoint(LocalSecureAggregationEndpoint):
         self.site = site
 
     async def schema(self) -> Schema | None:
-        """The schema of the site's table (:attr:`owner.data.Table.schema`)."""
+        """The schema of the site's table (:attr:`dpmarket.owner.data.Table.schema`)."""
         return None if self.site.table is None else self.site.table.schema
 
     async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> OpenedJob:

@@ -1,12 +1,12 @@
 """An owner's computations on a dataset larger than memory, partition by partition.
 
-:class:`PartitionedData` is an owner's table as a :class:`~owner.dataset.Dataset` and an
-:class:`~owner.engine.Engine`: every computation maps a task over the partitions (each task reads
-its partition's columns, computes, and returns a small result) and merges the results here. No
+:class:`PartitionedData` is an owner's table as a :class:`~dpmarket.owner.dataset.Dataset` and an
+:class:`~dpmarket.owner.engine.Engine`: every computation maps a task over the partitions (each task
+reads its partition's columns, computes, and returns a small result) and merges the results here. No
 array of ``n x D`` values or features is ever held whole: a task holds one partition's rows and
 their features, and drops them when it returns.
 
-What is merged how (:mod:`common.summarization.partitioned` for the selections):
+What is merged how (:mod:`dpmarket.common.summarization.partitioned` for the selections):
 
 * sums over rows are sums: h1 scores counted above a threshold, a sketch's feature sum, CAPE's
   means, functional-mechanism coefficients and clipped-gradient averages (each a mean over rows,
@@ -17,7 +17,7 @@ What is merged how (:mod:`common.summarization.partitioned` for the selections):
 Privacy: each row contributes once to each merged result, exactly as in the in-memory
 computation, so every mechanism's sensitivity and analysis is unchanged; the owner draws the
 noise once, after the merge, never per partition. The tasks run on private data: what they raise
-is re-raised at the owner under :func:`common.errors.on_private_data` by the callers.
+is re-raised at the owner under :func:`dpmarket.common.errors.on_private_data` by the callers.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from common.summarization.partitioned import (
+from dpmarket.common.summarization.partitioned import (
     DEFAULT_GREEDY_EVALUATIONS,
     Best,
     greedi_merge,
@@ -39,9 +39,9 @@ from common.summarization.partitioned import (
     partition_best,
     sample_counts,
 )
-from common.summarization.rff import RFFParams, random_fourier_features
-from owner.dataset import Dataset, Partition, read_partition
-from owner.engine import Engine, Progress
+from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
+from dpmarket.owner.dataset import Dataset, Partition, read_partition
+from dpmarket.owner.engine import Engine, Progress
 
 __all__ = [
     "CHUNK_ROWS",
@@ -122,7 +122,7 @@ def _count_task(
     sent: NDArray[np.int64],
 ) -> int:
     """Unsent points of the partition whose score ``h1(x) . direction`` is >= threshold."""
-    from common.summarization.kernels import bid_scores
+    from dpmarket.common.summarization.kernels import bid_scores
 
     x, _ = reader.read(partition)
     keep = np.ones(x.shape[0], dtype=bool)
@@ -265,14 +265,15 @@ class PartitionedData:
     Parameters
     ----------
     dataset : Dataset
-        Validated, with its row counts (:func:`owner.validation.validate_dataset`).
+        Validated, with its row counts (:func:`dpmarket.owner.validation.validate_dataset`).
     engine : Engine
     features : sequence of str
         The columns that are the summarized points' features (the schema's features).
     label : str, optional
         The label column, if any.
     max_evaluations : int
-        :func:`common.summarization.partitioned.local_greedy`'s switch to stochastic greedy.
+        :func:`dpmarket.common.summarization.partitioned.local_greedy`'s switch to stochastic
+        greedy.
     """
 
     def __init__(
@@ -368,8 +369,8 @@ class PartitionedData:
         cancel: threading.Event | None = None,
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """The mean h1 embedding (shape (d,)) and the uncentered second moment
-        ``sum_i h1(x_i) h1(x_i)^T / n`` (shape (d, d)) of every point, summed over partitions:
-        what :func:`common.summarization.candidates.shrink_towards_moments` reads. Never leaves
+        ``sum_i h1(x_i) h1(x_i)^T / n`` (shape (d, d)) of every point, summed over partitions: what
+        :func:`dpmarket.common.summarization.candidates.shrink_towards_moments` reads. Never leaves
         the owner."""
         found = self._map(_h1_moments_task, self.reader, rff, progress=progress, cancel=cancel)
         n = sum(k for k, _, _ in found)

@@ -1,8 +1,8 @@
 """The owner's own privacy and data-release policy, read from a TOML file.
 
 An owner trusts no other party (DESIGN.md, parties and trust): whatever the curator asks, it
-releases only what its policy allows, and its :class:`~owner.ledger.OwnerLedger` charges every
-release against this policy before it happens.
+releases only what its policy allows, and its :class:`~dpmarket.owner.ledger.OwnerLedger` charges
+every release against this policy before it happens.
 
 File layout (every key optional; the defaults are those of :class:`OwnerPolicy`; an example with
 comments is ``deploy/policies/owner.toml``)::
@@ -184,12 +184,12 @@ class OwnerPolicy:
         >= 1. ``limits.max_rff_dimension``.
     session_memory_mib : float
         The most memory (MiB) one session's work may need, estimated from public sizes when it
-        opens (:mod:`owner.limits`); finite, > 0. ``limits.session_memory_mib``.
+        opens (:mod:`dpmarket.owner.limits`); finite, > 0. ``limits.session_memory_mib``.
     step_seconds : float
         The longest one step of a session (a pass over the table) may take, estimated likewise;
         finite, > 0. ``limits.step_seconds``.
     publish_sketches : bool
-        Whether this owner publishes private sketches (:mod:`owner.sketches`).
+        Whether this owner publishes private sketches (:mod:`dpmarket.owner.sketches`).
         ``sketches.publish``.
     epsilon_per_sketch : float
         The most epsilon one published sketch may spend; finite, > 0. A sketch is also one
@@ -211,11 +211,12 @@ class OwnerPolicy:
 
     Notes
     -----
-    The budgets are enforced by :class:`owner.ledger.OwnerLedger` (epsilon, delta and points;
-    ``allow_non_private``); ``curators`` and the ``limits`` are enforced by the owner service;
-    ``sketches`` by the owner's publisher (:class:`owner.sketches.SketchPublisher`), before the
-    ledger is asked; ``cape`` by the owner's CAPE site (:class:`owner.cape.CapeSite`) and its
-    secure-aggregation rounds (:class:`owner.secagg.SiteRounds`).
+    The budgets are enforced by :class:`dpmarket.owner.ledger.OwnerLedger` (epsilon, delta and
+    points; ``allow_non_private``); ``curators`` and the ``limits`` are enforced by the owner
+    service; ``sketches`` by the owner's publisher
+    (:class:`dpmarket.owner.sketches.SketchPublisher`), before the ledger is asked; ``cape`` by the
+    owner's CAPE site (:class:`dpmarket.owner.cape.CapeSite`) and its secure-aggregation rounds
+    (:class:`dpmarket.owner.secagg.SiteRounds`).
     """
 
     epsilon_total: float = 10.0

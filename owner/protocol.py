@@ -2,22 +2,31 @@
 
 One :class:`Owner` holds a private dataset and any number of sessions; each protocol stage is a
 method that takes and returns arrays, so it runs in-process (tests, ``dpmarket simulate``) and
-behind the gRPC servicer (:mod:`owner.service`) with identical results.
+behind the gRPC servicer (:mod:`dpmarket.owner.service`) with identical results.
 
 The owner enforces its own policy whatever the curator asks. A session opens with
-:class:`~common.summarization.terms.OwnerTerms`, what the whole session spends of this owner's
-privacy; the owner checks them against its ledger when the session opens and charges them
-before its first release (a relevance count, a bid or a point), then charges every raw point
-before it leaves ("charge, then release": a crash between the two wastes budget but never
-releases anything uncharged). A refused charge raises ``FailedPreconditionError`` and changes
-nothing. An owner built without a ledger (in-process research runs: ``dpmarket simulate``, the
-evaluation harness, benchmarks) records and enforces nothing; the owner service always has one.
+:class:`~dpmarket.common.summarization.terms.OwnerTerms`, the method it runs and what the whole
+session spends of this owner's privacy; the owner checks them against its ledger when the session
+opens and charges them before its first release (a relevance count, a bid or a point), then charges
+every raw point before it leaves ("charge, then release": a crash between the two wastes budget
+but never releases anything uncharged). A refused charge raises ``FailedPreconditionError`` and
+changes nothing. An owner built without a ledger (in-process research runs: ``dpmarket
+simulate``, the evaluation harness, benchmarks) records and charges nothing; the owner service
+always has one.
+
+Every session is a state machine the owner enforces, ledger or not (:mod:`dpmarket.owner.steps`): it
+answers only the steps of the terms' method, in their order, each once (the rounds once per
+round, up to the terms' ``max_rounds``). A repeated noisy release returns the release already
+made (CountRelevant at the same threshold), never fresh noise; an identical
+SetValidationEmbedding is a no-op; every other repeat, a step out of order and a step of another
+method are refused with ``FailedPreconditionError`` before anything runs or is charged.
 
 Every refusal depends only on public inputs: the request, the owner's declared size and feature
-count (``GetOwnerInfo``), how many points the session has received, and the owner's policy and
-budget. The computations on the points (features, bids, counts, the local greedy) run under
-:func:`common.errors.on_private_data`, so whatever they might raise never reaches the curator as
-text (it answers INTERNAL with a fixed message; the owner's log says why).
+count (``GetOwnerInfo``), the session's terms, the steps it has taken and how many points it has
+received, and the owner's policy and budget. The computations on the points (features, bids,
+counts, the local greedy) run under :func:`dpmarket.common.errors.on_private_data`, so whatever
+they might raise never reaches the curator as text (it answers INTERNAL with a fixed message; the
+owner's log says why).
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import (
+from dpmarket.common.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -43,24 +52,25 @@ from common.errors import (
     ResourceExhaustedError,
     on_private_data,
 )
-from common.ids import short_id
-from common.privacy.ledger import SessionSpend
-from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
-from common.privacy.rng import production_rng
-from common.schema import Schema
-from common.summarization.candidates import shrink_towards_moments, shrink_towards_points
-from common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
-from common.summarization.hashes import HashAdvert, hash_points
-from common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
-from common.summarization.rff import RFFParams, random_fourier_features
-from common.summarization.terms import OwnerTerms
-from common.validation import check_matrix, check_positive_int, check_vector
-from owner.data import PointSet
-from owner.engine import WorkCancelled
-from owner.hash_keys import HashKeyParty
-from owner.ledger import OwnerLedger
-from owner.limits import QUICK_STEP_BYTES, WorkLimits
-from owner.partitioned import PartitionedData
+from dpmarket.common.ids import short_id
+from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
+from dpmarket.common.privacy.rng import production_rng
+from dpmarket.common.schema import Schema
+from dpmarket.common.summarization.candidates import shrink_towards_moments, shrink_towards_points
+from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from dpmarket.common.summarization.hashes import HashAdvert, hash_points
+from dpmarket.common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
+from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
+from dpmarket.common.summarization.terms import OwnerTerms, Step
+from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.engine import WorkCancelled
+from dpmarket.owner.hash_keys import HashKeyParty
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.limits import QUICK_STEP_BYTES, WorkLimits
+from dpmarket.owner.partitioned import PartitionedData
+from dpmarket.owner.steps import SessionSteps
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +127,7 @@ class Progress:
 class _MemoryWork:
     """A session's computations on a point set held in memory: today's path, the h1 features
     of every point computed once when the session opens (a small table: see
-    :mod:`owner.limits`)."""
+    :mod:`dpmarket.owner.limits`)."""
 
     def __init__(self, data: PointSet | None, features: NDArray[np.float32]) -> None:
         self.data = data
@@ -202,7 +212,7 @@ class _MemoryWork:
 
 
 class _PartitionedWork:
-    """A session's computations on a partitioned table (:class:`owner.partitioned.
+    """A session's computations on a partitioned table (:class:`dpmarket.owner.partitioned.
     PartitionedData`): every step a pass over the partitions, nothing of size n held. The rows
     the session may release (bid winners, candidates, samples) are kept until released."""
 
@@ -329,11 +339,11 @@ class OwnerSession:
         pass over the partitions, nothing of size ``n_points`` held).
     rng : numpy.random.Generator
         Randomness of :meth:`sample_uniform` (and of stochastic greedy on a partitioned table).
+    terms : OwnerTerms
+        The method the session runs, which decides the steps it answers
+        (:mod:`dpmarket.owner.steps`), and what it spends of this owner's privacy.
     noise : NoiseSource, optional
         Noise of :meth:`noisy_relevant_count` (default: seeded from ``rng``).
-    terms : OwnerTerms, optional
-        What the session spends of this owner's privacy (default: nothing, which makes
-        :meth:`noisy_relevant_count` unavailable).
     allowance : int, optional
         The most raw points this session may receive (default: all).
     charge : callable ``(points, what) -> None``, optional
@@ -345,9 +355,10 @@ class OwnerSession:
     Notes
     -----
     What the session remembers is sparse: the indices of the points sent (at most the
-    allowance) and the rounds in which each bid winner was this owner's best, so a session costs
-    the same memory whatever the table's size. Its :attr:`cancel` event stops a running step
-    (the session was closed, or its caller gave up): no further partition is computed.
+    allowance), the rounds in which each bid winner was this owner's best, its step in the
+    terms' method and its one noisy release, so a session costs the same memory whatever the
+    table's size. Its :attr:`cancel` event stops a running step (the session was closed, or its
+    caller gave up): no further partition is computed.
     """
 
     def __init__(
@@ -355,8 +366,8 @@ class OwnerSession:
         features: NDArray[np.float32] | Any,
         rng: np.random.Generator,
         *,
+        terms: OwnerTerms,
         noise: NoiseSource | None = None,
-        terms: OwnerTerms | None = None,
         allowance: int | None = None,
         charge: Callable[[int, str], None] | None = None,
         d: int | None = None,
@@ -375,7 +386,11 @@ class OwnerSession:
         #: candidates method's hedge is then the uniform method's sample for the same seed).
         self.sample_rng = rng.spawn(1)[0]
         self.noise = noise if noise is not None else SeededNoise(rng)
-        self.terms = terms if terms is not None else OwnerTerms("none", 0.0, 0.0)
+        self.terms = terms
+        #: Where the session stands among the steps its terms allow.
+        self.steps = SessionSteps(terms)
+        #: The noisy relevance count released, and the threshold it was counted at.
+        self._count: tuple[float, float] | None = None
         self.allowance = n if allowance is None else int(allowance)
         self._charge = charge
         self._sent: list[int] = []
@@ -465,13 +480,13 @@ class OwnerSession:
             gtilde, a Gaussian (or MWEM) release about the validation set.
         shrinkage_sigma : float
             How much noise :meth:`propose_candidates` assumes per coordinate of ``embedding``
-            (public: the release's noise standard deviation, a function of its epsilon, delta
-            and m, times the square root of the session's shrinkage strength), or 0. When > 0,
-            the proposal matches the embedding shrunk towards this owner's own mean h1, or
-            towards ``prior_embedding`` when it lies nearer to that in the metric of this
-            owner's scores, by as much as that noise hides the difference
-            (:func:`common.summarization.candidates.shrink_towards_points`); bids always use
-            ``embedding`` as given (the curator verifies them against it).
+            (public: the release's noise standard deviation, a function of its epsilon, delta and m,
+            times the square root of the session's shrinkage strength), or 0. When > 0, the proposal
+            matches the embedding shrunk towards this owner's own mean h1, or towards
+            ``prior_embedding`` when it lies nearer to that in the metric of this owner's scores, by
+            as much as that noise hides the difference
+            (:func:`dpmarket.common.summarization.candidates.shrink_towards_points`); bids always
+            use ``embedding`` as given (the curator verifies them against it).
         prior_embedding : ndarray of shape (d,), optional
             A public embedding (the request's seed set's mean h1).
 
@@ -481,26 +496,61 @@ class OwnerSession:
             If ``embedding`` or ``prior_embedding`` is not of shape (d,) or is not finite, or
             ``shrinkage_sigma`` is negative or not finite.
         FailedPreconditionError
-            If a round has been bid already.
+            If the terms' method takes no validation embedding (uniform), or the embedding was
+            set already and this one differs (the same embedding again changes nothing).
+
+        Notes
+        -----
+        Set once: every later step (the count, the proposal, the bids) reads this embedding, so
+        a curator that could change it between steps would get answers about one owner's data
+        the terms never described (two counts against two embeddings for the price of one).
         """
-        if self.round > 0:
-            raise FailedPreconditionError(
-                f"the validation embedding must be set before round 1; round {self.round} is done"
-            )
+        repeat = self.steps.taken(Step.VALIDATION_EMBEDDING)
+        if not repeat:
+            self.steps.check(Step.VALIDATION_EMBEDDING)
         if not (math.isfinite(shrinkage_sigma) and shrinkage_sigma >= 0):
             raise InvalidArgumentError(
                 f"shrinkage_sigma must be finite and >= 0, got {shrinkage_sigma}"
             )
         try:
-            self.validation_embedding = check_vector(embedding, "validation_embedding", size=self.d)
-            self.prior_embedding = (
+            validation = check_vector(embedding, "validation_embedding", size=self.d)
+            prior = (
                 None
                 if prior_embedding is None
                 else check_vector(prior_embedding, "prior_embedding", size=self.d)
             )
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
+        if repeat:
+            if not self._same_embedding(validation, float(shrinkage_sigma), prior):
+                raise FailedPreconditionError(
+                    "the validation embedding is set once per session and this one differs "
+                    "from it; open a new session for another embedding"
+                )
+            return
+        self.validation_embedding = validation
+        self.prior_embedding = prior
         self.shrinkage_sigma = float(shrinkage_sigma)
+        self.steps.done(Step.VALIDATION_EMBEDDING)
+
+    def _same_embedding(
+        self,
+        embedding: NDArray[np.floating],
+        shrinkage_sigma: float,
+        prior: NDArray[np.floating] | None,
+    ) -> bool:
+        """Whether a repeated SetValidationEmbedding holds exactly what was set."""
+        assert self.validation_embedding is not None
+        same_prior = (prior is None and self.prior_embedding is None) or (
+            prior is not None
+            and self.prior_embedding is not None
+            and np.array_equal(prior, self.prior_embedding)
+        )
+        return (
+            same_prior
+            and shrinkage_sigma == self.shrinkage_sigma
+            and np.array_equal(embedding, self.validation_embedding)
+        )
 
     def bid(
         self, round_: int, summary_embedding: NDArray[np.float64], summary_size: int
@@ -515,7 +565,7 @@ class OwnerSession:
         Parameters
         ----------
         round_ : int
-            Must be the previous round + 1.
+            Must be the previous round + 1, and at most the terms' ``max_rounds``.
         summary_embedding : ndarray of shape (d,)
             g, the (private) mean h1 embedding of the current summary.
         summary_size : int
@@ -530,17 +580,22 @@ class OwnerSession:
         Raises
         ------
         FailedPreconditionError
-            If the validation embedding is unset, ``round_`` is not the next round, or the
-            owner's policy refuses the session's terms.
+            If the terms' method has no rounds, the validation embedding is unset, ``round_`` is
+            not the next round or is beyond the terms' ``max_rounds``, or the owner's policy
+            refuses the session's terms.
         InvalidArgumentError
             If the embedding has the wrong length or NaN/inf, or ``summary_size < 0``.
         WorkCancelled
             If the session was closed while the bid was computed.
         """
-        if self.validation_embedding is None:
-            raise FailedPreconditionError("bid before the validation embedding was set")
+        self.steps.check(Step.ROUNDS)
         if round_ != self.round + 1:
             raise FailedPreconditionError(f"expected round {self.round + 1}, got round {round_}")
+        if round_ > self.terms.max_rounds:
+            raise FailedPreconditionError(
+                f"the session's terms cover {self.terms.max_rounds} Bid rounds; round {round_} "
+                "is beyond them"
+            )
         if summary_size < 0:
             raise InvalidArgumentError(f"summary_size must be >= 0, got {summary_size}")
         try:
@@ -553,6 +608,7 @@ class OwnerSession:
         self._offered = None
         if len(self._sent) >= self.n_points or self.released >= self.allowance:
             return None
+        assert self.validation_embedding is not None  # the step before the rounds
         direction = bid_direction(self.validation_embedding, g, summary_size)
         with self._computing("bid"):
             found = self.work.best(direction, self.sent_indices, self.progress, self.cancel)
@@ -570,9 +626,10 @@ class OwnerSession:
         Raises
         ------
         FailedPreconditionError
-            If ``round_`` is not the last round bid, that round's point was already released, or
-            the owner's point limits refuse it.
+            If the terms' method has no rounds, ``round_`` is not the last round bid, that
+            round's point was already released, or the owner's point limits refuse it.
         """
+        self.steps.check(Step.ROUNDS)
         if round_ != self.round or self.round == 0:
             raise FailedPreconditionError(
                 f"round {round_} is not the last round bid (last bid: round {self.round})"
@@ -617,7 +674,8 @@ class OwnerSession:
             )
 
     def noisy_relevant_count(self, threshold: float) -> float:
-        """The relevance count plus Laplace(1 / epsilon) noise, epsilon from the session's terms.
+        """The relevance count plus Laplace(1 / epsilon) noise, epsilon from the session's terms,
+        released once per session.
 
         Charges the terms first. Sensitivity: adding, removing or replacing one of this owner's
         points changes the count by at most 1 (L1 sensitivity 1), so the release is
@@ -629,44 +687,70 @@ class OwnerSession:
         Raises
         ------
         FailedPreconditionError
-            If the validation embedding is unset, the terms carry no epsilon, or the owner's
-            policy refuses them.
+            If the terms' method has no count (only the count allocation's has), the
+            validation embedding is unset, the count was released at another threshold, or the
+            owner's policy refuses the terms.
         InvalidArgumentError
             If ``threshold`` is NaN or infinite.
+
+        Notes
+        -----
+        The terms charge one release. A repeat at the same threshold returns the value already
+        released (post-processing: nothing new, nothing charged); a repeat at another threshold
+        is refused. Fresh noise for every call would let a curator average the noise away
+        (``n`` calls leave a Laplace error of standard deviation ``sqrt(2 / n) / epsilon``) while
+        the session is charged once.
         """
+        if not np.isfinite(threshold):
+            raise InvalidArgumentError(f"threshold must be finite, got {threshold}")
+        if self._count is not None:
+            counted_at, released = self._count
+            if float(threshold) == counted_at:
+                return released
+            raise FailedPreconditionError(
+                f"CountRelevant was answered in this session at threshold {counted_at!r}; a "
+                f"session releases one count, so threshold {float(threshold)!r} is refused"
+            )
+        self.steps.check(Step.COUNT)
         count = self.relevant_count(threshold)
         epsilon = self.terms.epsilon
-        if not (math.isfinite(epsilon) and epsilon > 0):
-            raise FailedPreconditionError(
-                f"a noisy count needs session terms with a finite epsilon > 0, got {epsilon}"
-            )
+        assert math.isfinite(epsilon) and epsilon > 0  # OwnerTerms: a method with a count
         self._pay(0, "relevance count")
-        return float(count + self.noise.laplace(1.0 / epsilon, 1)[0])
+        released = float(count + self.noise.laplace(1.0 / epsilon, 1)[0])
+        self._count = (float(threshold), released)
+        self.steps.done(Step.COUNT)
+        return released
 
     def propose_candidates(
-        self, count: int, *, uniform_count: int = 0, what: str = "raw points (candidates)"
+        self,
+        count: int,
+        *,
+        uniform_count: int = 0,
+        what: str = "raw points (candidates)",
+        step: Step = Step.CANDIDATES,
     ) -> NDArray[np.int64]:
-        """Choose ``count`` unsent points; charge; mark sent.
+        """Choose ``count`` unsent points; charge; mark sent. Once per session: the step
+        ``step`` of the terms' method (``CANDIDATES``, or ``HASHES`` for the hashes mode's
+        proposal).
 
-        The first ``uniform_count`` are a uniform sample drawn exactly as
-        :meth:`sample_uniform` draws it (the candidates method's hedge: the same session seed
-        gives the uniform method's sample). The others come from a local greedy that matches
-        the validation embedding with this owner's points alone, continuing from the uniform
-        ones (:func:`common.summarization.kernels.embedding_greedy` with them as its start), so
+        The first ``uniform_count`` are a uniform sample drawn exactly as :meth:`sample_uniform`
+        draws it (the candidates method's hedge: the same session seed gives the uniform method's
+        sample). The others come from a local greedy that matches the validation embedding with this
+        owner's points alone, continuing from the uniform ones
+        (:func:`dpmarket.common.summarization.kernels.embedding_greedy` with them as its start), so
         the proposal depends on nothing but this owner's data and the private embedding. On a
-        partitioned table the greedy is GreeDi (:mod:`common.summarization.partitioned`, the
-        merge continuing from the uniform points): still a selection of this owner's rows, each
+        partitioned table the greedy is GreeDi (:mod:`dpmarket.common.summarization.partitioned`,
+        the merge continuing from the uniform points): still a selection of this owner's rows, each
         of which may be chosen once, so the privacy analysis is unchanged.
 
-        When the curator stated the embedding's noise (``shrinkage_sigma`` > 0), the target is
-        first shrunk (James-Stein) towards this owner's own mean h1, or towards the public prior
-        embedding when it lies nearer to that in the metric of the owner's own scores
-        (:func:`common.summarization.candidates.shrink_towards_points`; on a partitioned table
-        from its h1 moments, one more pass, :func:`~common.summarization.candidates.
+        When the curator stated the embedding's noise (``shrinkage_sigma`` > 0), the target is first
+        shrunk (James-Stein) towards this owner's own mean h1, or towards the public prior embedding
+        when it lies nearer to that in the metric of the owner's own scores
+        (:func:`dpmarket.common.summarization.candidates.shrink_towards_points`; on a partitioned
+        table from its h1 moments, one more pass, :func:`~dpmarket.common.summarization.candidates.
         shrink_towards_moments`): with a small validation set the owner then proposes a
-        representative sample (kernel herding), which the curator's exact re-ranking sorts,
-        instead of the points that match the noise's direction; with a large one it follows
-        gtilde.
+        representative sample (kernel herding), which the curator's exact re-ranking sorts, instead
+        of the points that match the noise's direction; with a large one it follows gtilde.
 
         Notes
         -----
@@ -682,11 +766,14 @@ class OwnerSession:
         Raises
         ------
         FailedPreconditionError
-            If the validation embedding is unset or the owner's point limits refuse.
+            If the terms' method has no such step, a step before it (the validation embedding,
+            the count allocation's count) is not done, the proposal was made already, or the
+            owner's point limits refuse.
         InvalidArgumentError
             If ``count < 1`` or exceeds the unsent points, or ``uniform_count`` is not in
             ``[0, count]``.
         """
+        self.steps.check(step)
         g = self._require_validation()
         try:
             count = check_positive_int(count, "count")
@@ -720,18 +807,22 @@ class OwnerSession:
                 chosen = np.concatenate([uniform, greedy])
         self._pay(count, what)
         self._mark_sent(chosen)
+        self.steps.done(step)
         return chosen
 
     def sample_uniform(self, count: int) -> NDArray[np.int64]:
         """Charge, then mark ``count`` unsent points drawn uniformly without replacement as sent.
+        Once per session, under the uniform method's terms.
 
         Raises
         ------
         InvalidArgumentError
             If ``count < 1`` or exceeds the unsent points.
         FailedPreconditionError
-            If the owner's point limits refuse.
+            If the terms' method is not uniform, the sample was drawn already, or the owner's
+            point limits refuse.
         """
+        self.steps.check(Step.SAMPLE)
         try:
             count = check_positive_int(count, "count")
         except ValueError as exc:
@@ -745,6 +836,7 @@ class OwnerSession:
                 count, self.sent_indices, self.sample_rng, self.progress, self.cancel
             )
         self._mark_sent(chosen)
+        self.steps.done(Step.SAMPLE)
         return chosen
 
 
@@ -772,8 +864,8 @@ class Owner:
         Name used in reports.
     data : PointSet, PartitionedData or None
         The private dataset, validated (finite, 2-D, non-empty): in memory (a small table), or
-        partitioned on an engine (:class:`owner.partitioned.PartitionedData`: every step a pass
-        over the partitions, on Dask); ``None`` for an owner that only takes part in joint
+        partitioned on an engine (:class:`dpmarket.owner.partitioned.PartitionedData`: every step a
+        pass over the partitions, on Dask); ``None`` for an owner that only takes part in joint
         statistics over a table (every session is then refused).
     ledger : OwnerLedger, optional
         The owner's durable ledger and policy; ``None`` for
@@ -795,10 +887,10 @@ class Owner:
         but the label); advertised by :meth:`info`.
     limits : WorkLimits, optional
         The owner's memory and time budgets: a session whose estimated work exceeds them is
-        refused when it opens (:mod:`owner.limits`); default: none.
+        refused when it opens (:mod:`dpmarket.owner.limits`); default: none.
     hash_party : HashKeyParty, optional
-        This owner's side of the hashes mode's key agreement (:mod:`owner.hash_keys`); without
-        it the owner takes no part in hashes sessions.
+        This owner's side of the hashes mode's key agreement (:mod:`dpmarket.owner.hash_keys`);
+        without it the owner takes no part in hashes sessions.
 
     Notes
     -----
@@ -880,9 +972,9 @@ class Owner:
         rff: RFFParams,
         sampling_seed: int,
         *,
+        terms: OwnerTerms,
         curator: str = LOCAL_CURATOR,
         consumer: str = "consumer:local",
-        terms: OwnerTerms | None = None,
     ) -> tuple[int, int]:
         """Check a new session's terms, compute h1 features of every point; charges nothing.
 
@@ -894,11 +986,12 @@ class Owner:
             h1's parameters, drawn by the curator.
         sampling_seed : int
             Seeds this session's randomness when seeded sessions are allowed.
+        terms : OwnerTerms
+            The method the session runs (which decides the steps it may ask,
+            :mod:`dpmarket.owner.steps`) and what it spends of this owner's privacy.
         curator, consumer : str
             Identities (``"role:name"``) of the curator that opens the session (only it may use
             the session) and of the consumer it serves (recorded in the ledger).
-        terms : OwnerTerms, optional
-            What the session spends of this owner's privacy; default nothing (uniform-style).
 
         Returns
         -------
@@ -945,7 +1038,6 @@ class Owner:
                 partitioned=isinstance(data, PartitionedData),
                 open_sessions=len(self._slots),
             )
-        terms = terms if terms is not None else OwnerTerms("none", 0.0, 0.0)
         n = info.num_points
         allowance = n
         if self.ledger is not None:
@@ -984,8 +1076,8 @@ class Owner:
         session = OwnerSession(
             work,
             rng,
-            noise=noise,
             terms=terms,
+            noise=noise,
             allowance=allowance,
             charge=self._charger(session_id, curator, consumer, terms),
             d=rff.d,
@@ -1151,8 +1243,8 @@ class Owner:
 
     def quick_bid(self, session_id: str, curator: str = LOCAL_CURATOR) -> bool:
         """Whether the session's next bid is short enough to run on the caller's thread (the
-        service's event loop) rather than in a worker thread: its features are held in memory
-        (at most :data:`~owner.limits.QUICK_STEP_BYTES`), its terms are already charged (the
+        service's event loop) rather than in a worker thread: its features are held in memory (at
+        most :data:`~dpmarket.owner.limits.QUICK_STEP_BYTES`), its terms are already charged (the
         bid writes no ledger) and no other step of the session runs.
 
         Raises
@@ -1221,9 +1313,19 @@ class Owner:
 
     def hash_advertise(self, session_id: str, curator: str = LOCAL_CURATOR) -> HashAdvert:
         """The hashes mode, step 1: this owner's signed key for the session's agreement
-        (:meth:`owner.hash_keys.HashKeyParty.advertise`)."""
-        with self._step(session_id, curator):
-            return self._party().advertise(session_id)
+        (:meth:`dpmarket.owner.hash_keys.HashKeyParty.advertise`), once per session.
+
+        Raises
+        ------
+        FailedPreconditionError
+            If the terms' method is not a hashes method, a step before it is not done, the key
+            was advertised already, or this owner takes no part in hashes sessions.
+        """
+        with self._step(session_id, curator) as session:
+            session.steps.check(Step.HASH_ADVERT)
+            advert = self._party().advertise(session_id)
+            session.steps.done(Step.HASH_ADVERT)
+            return advert
 
     def hash_distribute(
         self,
@@ -1231,9 +1333,14 @@ class Owner:
         adverts: Mapping[str, HashAdvert],
         curator: str = LOCAL_CURATOR,
     ) -> dict[str, tuple[bytes, bytes]]:
-        """Step 2, at the leader: draw the secret and encrypt it to every other owner."""
-        with self._step(session_id, curator):
-            return self._party().distribute(session_id, adverts)
+        """Step 2, at the leader: draw the secret and encrypt it to every other owner. Once per
+        session, instead of :meth:`hash_receive` (FailedPreconditionError as
+        :meth:`hash_advertise`)."""
+        with self._step(session_id, curator) as session:
+            session.steps.check(Step.HASH_SECRET)
+            envelopes = self._party().distribute(session_id, adverts)
+            session.steps.done(Step.HASH_SECRET)
+            return envelopes
 
     def hash_receive(
         self,
@@ -1242,9 +1349,14 @@ class Owner:
         envelope: tuple[bytes, bytes],
         curator: str = LOCAL_CURATOR,
     ) -> str:
-        """Step 3: decrypt the leader's envelope; return the secret's public id."""
-        with self._step(session_id, curator):
-            return self._party().receive(session_id, adverts, envelope)
+        """Step 3: decrypt the leader's envelope; return the secret's public id. Once per
+        session, instead of :meth:`hash_distribute` (FailedPreconditionError as
+        :meth:`hash_advertise`)."""
+        with self._step(session_id, curator) as session:
+            session.steps.check(Step.HASH_SECRET)
+            key_id = self._party().receive(session_id, adverts, envelope)
+            session.steps.done(Step.HASH_SECRET)
+            return key_id
 
     def hash_key_id(self, session_id: str, curator: str = LOCAL_CURATOR) -> str:
         """The public id of the session's agreed secret."""
@@ -1256,20 +1368,23 @@ class Owner:
     ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
         """The hashes mode's proposal: ``count`` points chosen by the local greedy (as
         :meth:`propose_candidates`), released as their h1 hashes under the owners' secret map
-        (:func:`common.summarization.hashes.hash_parameters`, dimension d of the session's h1,
-        kernel ``gamma``), with their labels. Each hash is charged as the raw point it
+        (:func:`dpmarket.common.summarization.hashes.hash_parameters`, dimension d of the session's
+        h1, kernel ``gamma``), with their labels. Each hash is charged as the raw point it
         describes: Theorem 9 protects the point only from receivers without the map.
 
         Raises
         ------
         FailedPreconditionError
-            If this owner takes no part in hashes sessions, the secret is not agreed, or as
-            :meth:`OwnerSession.propose_candidates`.
+            If the terms' method is not a hashes method, this owner takes no part in hashes
+            sessions, the secret is not agreed, or as :meth:`OwnerSession.propose_candidates`.
         """
         with self._step(session_id, curator) as session:
+            session.steps.check(Step.HASHES)
             party = self._party()
             key_id = party.key_id(session_id)
-            chosen = session.propose_candidates(count, what="raw points as h1 hashes")
+            chosen = session.propose_candidates(
+                count, what="raw points as h1 hashes", step=Step.HASHES
+            )
             d = session.d
             points, labels = self._points(session, chosen)
         params = party.params(key_id, points.shape[1], d, gamma)
@@ -1280,7 +1395,7 @@ class Owner:
     ) -> NDArray[np.float64]:
         """h1 of a consumer's new points under the map of the secret ``key_id``, so that a
         model trained on a hashes summary can be applied to them (only an owner can: module
-        :mod:`common.summarization.hashes`). Nothing of this owner's data is used.
+        :mod:`dpmarket.common.summarization.hashes`). Nothing of this owner's data is used.
 
         Raises
         ------

@@ -2,19 +2,20 @@
 
 An owner signs, with its own certificate key, the state of its ledger when a session or job
 closes (a ``LedgerState`` message: the ledger's id, the sequence number of its last charge and
-the hash chain's head there, :mod:`owner.ledger_chain`) and returns it to the curator, which keeps
-the last receipt per owner and presents it when it next opens a session or job with that owner
-(:mod:`curator.store`). The owner checks a presented receipt against its own ledger
-(:meth:`owner.ledger.OwnerLedger.check_receipt`): a ledger that holds fewer charges than a
-receipt it signed, or other charges up to it, has lost charges, and the owner refuses to serve.
+the hash chain's head there, :mod:`dpmarket.owner.ledger_chain`) and returns it to the curator,
+which keeps the last receipt per owner and presents it when it next opens a session or job with
+that owner (:mod:`dpmarket.curator.store`). The owner checks a presented receipt against its own
+ledger (:meth:`dpmarket.owner.ledger.OwnerLedger.check_receipt`): a ledger that holds fewer
+charges than a receipt it signed, or other charges up to it, has lost charges, and the owner
+refuses to serve.
 
 Only the owner reads a receipt. It verifies its own signature with its own public keys, so a
 curator cannot forge a receipt that makes the owner refuse, nor hide a rollback behind one; a
 curator can only withhold its receipt (see docs/howto-ledger.md for what that leaves). The
 ledger's running totals travel in the receipt encrypted under a key only the ledger holds
 (AES-256-GCM), so that its operator can charge back exactly what a rollback lost
-(:meth:`owner.ledger.OwnerLedger.resolve_rollbacks`) without telling any curator how much of the
-owner's budget is spent.
+(:meth:`dpmarket.owner.ledger.OwnerLedger.resolve_rollbacks`) without telling any curator how
+much of the owner's budget is spent.
 """
 
 from __future__ import annotations

@@ -1,22 +1,23 @@
 """An owner's side of secure aggregation: its rounds, and its identity as a signing site.
 
-A round of :mod:`common.secagg` needs every site to sign its key advertisement with a key bound to
-its identity, and to check every other site's advertisement the same way, so that the curator,
-which routes every message, cannot substitute a key (Bonawitz et al. 2017, the active-adversary
-variant). Owners already hold such a key: their mTLS certificate's ECDSA P-256 key, issued by the
-deployment CA with the owner's name in it. :class:`SiteIdentity` signs with it and checks other
-sites' certificates against the CA and their names. The mTLS channel authenticates an owner and
-the curator to each other, not owners to owners, which is why the signatures are needed.
+A round of :mod:`dpmarket.common.secagg` needs every site to sign its key advertisement with a key
+bound to its identity, and to check every other site's advertisement the same way, so that the
+curator, which routes every message, cannot substitute a key (Bonawitz et al. 2017, the
+active-adversary variant). Owners already hold such a key: their mTLS certificate's ECDSA P-256 key,
+issued by the deployment CA with the owner's name in it. :class:`SiteIdentity` signs with it and
+checks other sites' certificates against the CA and their names. The mTLS channel authenticates an
+owner and the curator to each other, not owners to owners, which is why the signatures are needed.
 
-What an owner sums in a round is decided by the job the round belongs to, through an *input
-source* (a CAPE job's noise draw), never by the curator's messages; :class:`RoundJobs` is what the
+What an owner sums in a round is decided by the job the round belongs to, through an *input source*
+(a CAPE job's noise draw), never by the curator's messages; :class:`RoundJobs` is what the
 secure-aggregation service asks of the owner's jobs before it runs a round of one. Before it sends
-anything in a round, the owner checks that the round defends against at least as many colluders
-as its policy's floor (and its job's plan) require, which fixes how high the threshold must be
-(:class:`common.secagg.protocol.RoundParams`); the survivors' signatures of the consistency check
-are verified with the same certificates as the key advertisements. A sparse round (SecAgg+,
-:mod:`common.secagg.sparse`) adds a stage, :meth:`SiteRounds.reveal` (the site's graph nonce), and
-checks the certificates of its neighbours only, as their advertisements' signatures are checked.
+anything in a round, the owner checks that the round defends against at least as many colluders as
+its policy's floor (and its job's plan) require, which fixes how high the threshold must be
+(:class:`dpmarket.common.secagg.protocol.RoundParams`); the survivors' signatures of the consistency
+check are verified with the same certificates as the key advertisements. A sparse round (SecAgg+,
+:mod:`dpmarket.common.secagg.sparse`) adds a stage, :meth:`SiteRounds.reveal` (the site's graph
+nonce), and checks the certificates of its neighbours only, as their advertisements' signatures are
+checked.
 """
 
 from __future__ import annotations
@@ -34,28 +35,33 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from numpy.typing import NDArray
 
-from common.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from common.ids import short_id
-from common.secagg.crypto import EcdsaSigner, EcdsaVerifier, SecAggError, Signer
-from common.secagg.endpoints import MaskedInput, SurvivorAttestation
-from common.secagg.protocol import KeyAdvertisement, RoundParams, SecAggSite, UnmaskResponse
-from common.secagg.sparse import SparseSecAggSite, make_site
-from runtime.identity import Identity, identity_from_certificate
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from dpmarket.common.ids import short_id
+from dpmarket.common.secagg.crypto import EcdsaSigner, EcdsaVerifier, SecAggError, Signer
+from dpmarket.common.secagg.endpoints import MaskedInput, SurvivorAttestation
+from dpmarket.common.secagg.protocol import (
+    KeyAdvertisement,
+    RoundParams,
+    SecAggSite,
+    UnmaskResponse,
+)
+from dpmarket.common.secagg.sparse import SparseSecAggSite, make_site
+from dpmarket.runtime.identity import Identity, identity_from_certificate
 
 logger = logging.getLogger(__name__)
 
 #: Provides a site's input of a round: ``(job_id, params) -> vector of shape (vector_length,)``.
 InputSource = Callable[[str, RoundParams], NDArray[np.float64]]
 #: Admits a round of a job before this site sends anything in it: ``(job_id, params) -> None``,
-#: raising a :class:`~common.errors.DPMarketError` for a round the job does not allow.
+#: raising a :class:`~dpmarket.common.errors.DPMarketError` for a round the job does not allow.
 RoundCheck = Callable[[str, RoundParams], None]
 
 
 class RoundJobs(Protocol):
     """The jobs whose secure-aggregation rounds an owner takes part in.
 
-    :class:`owner.cape.CapeSite` (CAPE jobs) in production. The secure-aggregation service runs
-    a round only for a job that :meth:`check_curator` accepts for the calling curator; what the
+    :class:`dpmarket.owner.cape.CapeSite` (CAPE jobs) in production. The secure-aggregation service
+    runs a round only for a job that :meth:`check_curator` accepts for the calling curator; what the
     owner sums in it comes from the job's :data:`InputSource`.
     """
 
@@ -66,7 +72,8 @@ class RoundJobs(Protocol):
 
     def check_curator(self, job_id: str, curator: str) -> None:
         """Return if ``curator`` (``role:name``) opened ``job_id``; raise
-        :class:`~common.errors.NotFoundError` otherwise (an unknown job, or another curator's)."""
+        :class:`~dpmarket.common.errors.NotFoundError` otherwise (an unknown job, or another
+        curator's)."""
         ...
 
 
@@ -176,7 +183,7 @@ class SiteIdentity:
 
 
 class CertificateVerifier:
-    """:class:`~common.secagg.crypto.Verifier` of one round: admits each site's key from a
+    """:class:`~dpmarket.common.secagg.crypto.Verifier` of one round: admits each site's key from a
     certificate that chains to the CA, is valid now and names ``owner:<site>``; then checks
     signatures with the admitted keys (and the identity's trusted keys).
 
@@ -345,7 +352,7 @@ class SiteRounds:
         FailedPreconditionError
             For a complete-graph round, or out of order.
         SecAggError, NotFoundError
-            As :meth:`common.secagg.sparse.SparseSecAggSite.reveal_nonce`.
+            As :meth:`dpmarket.common.secagg.sparse.SparseSecAggSite.reveal_nonce`.
         """
         identity = self._require_identity()
         entry = self._round(job_id, round_id)
@@ -400,8 +407,8 @@ class SiteRounds:
             The draw is discarded with the round (no release uses a round this site did not
             finish), and whether a fresh draw fits depends on public parameters only.
         SecAggError, FailedPreconditionError, NotFoundError
-            As :meth:`common.secagg.protocol.SecAggSite.masked_input`; their messages concern
-            the protocol's messages, not the input.
+            As :meth:`dpmarket.common.secagg.protocol.SecAggSite.masked_input`; their messages
+            concern the protocol's messages, not the input.
         """
         entry = self._round(job_id, round_id)
         with entry.lock:

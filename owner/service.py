@@ -1,11 +1,12 @@
-"""gRPC servicer of a data owner: authorizes, converts, calls :class:`owner.protocol.Owner`.
+"""gRPC servicer of a data owner: authorizes, converts, calls
+:class:`dpmarket.owner.protocol.Owner`.
 
 Every RPC is open to the ``curator`` role only, and only to the curator names the owner's policy
-lists (:class:`runtime.authz.Authorizer`); a session belongs to the curator identity that opened
-it. Steps that compute or charge (features, bids, counts, releases) run in worker threads so the
-event loop keeps answering health checks and other sessions; only a bid that reads no more than
+lists (:class:`dpmarket.runtime.authz.Authorizer`); a session belongs to the curator identity that
+opened it. Steps that compute or charge (features, bids, counts, releases) run in worker threads so
+the event loop keeps answering health checks and other sessions; only a bid that reads no more than
 a few milliseconds' worth of features held in memory and writes nothing runs on the loop
-(:meth:`owner.protocol.Owner.quick_bid`), sparing every round two thread switches.
+(:meth:`dpmarket.owner.protocol.Owner.quick_bid`), sparing every round two thread switches.
 """
 
 from __future__ import annotations
@@ -19,8 +20,19 @@ from typing import Any, TypeVar
 
 import grpc
 
-from common.errors import InvalidArgumentError
-from common.ids import short_id
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
+from dpmarket.common.ids import short_id
+from dpmarket.common.summarization.terms import Step
+from dpmarket.owner import convert
+from dpmarket.owner.cape import CapeSite
+from dpmarket.owner.cape_service import CapeSiteServicer, SecureAggregationServicer
+from dpmarket.owner.protocol import Owner
+from dpmarket.owner.secagg import SiteIdentity, SiteRounds
+from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
+from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.serving import serve_until_signalled, start_server, write_port
+from dpmarket.runtime.terms import terms_from_proto
+from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
@@ -29,15 +41,6 @@ from dpmarket.v1 import (
     secure_aggregation_pb2,
     secure_aggregation_pb2_grpc,
 )
-from owner import convert
-from owner.cape import CapeSite
-from owner.cape_service import CapeSiteServicer, SecureAggregationServicer
-from owner.protocol import Owner
-from owner.secagg import SiteIdentity, SiteRounds
-from runtime.authz import Authorizer, rpc, rpc_stream
-from runtime.identity import Identity
-from runtime.serving import serve_until_signalled, start_server, write_port
-from runtime.transport import TransportSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +52,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
 
     A step that computes runs in a worker thread; when its caller goes away (it cancelled the
     call, or its deadline passed), the session's work is cancelled at once
-    (:meth:`owner.protocol.Owner.cancel`), so nothing is left computing for nobody.
+    (:meth:`dpmarket.owner.protocol.Owner.cancel`), so nothing is left computing for nobody.
     """
 
     def __init__(self, owner: Owner, authorizer: Authorizer) -> None:
@@ -71,7 +74,12 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
     @rpc("curator")
     async def OpenSession(self, request, context, caller):  # type: ignore[no-untyped-def]
         rff = convert.rff_from_proto(request.omega, request.phase, request.gamma)
-        terms = convert.terms_from_proto(request.terms)
+        terms = terms_from_proto(request.terms)
+        if Step.HASHES in terms.steps:
+            raise FailedPreconditionError(
+                f"method {terms.method.value} runs in process only: no RPC of this service "
+                "carries the hashes mode's key agreement"
+            )
         consumer = convert.consumer_from_proto(request.consumer)
         ledger = self.owner.ledger
         if ledger is not None:  # a ledger behind a receipt its owner signed refuses the open
@@ -83,20 +91,21 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
             request.session_id,
             rff,
             int(request.sampling_seed),
+            terms=terms,
             curator=str(caller),
             consumer=consumer,
-            terms=terms,
         )
         logger.info(
-            "session %s opened by %s for %s: d=%d, terms %s (epsilon=%g, delta=%g), "
-            "at most %d points",
+            "session %s opened by %s for %s: d=%d, method %s (epsilon=%g, delta=%g, "
+            "at most %d rounds), at most %d points",
             short_id(request.session_id),
             caller,
             consumer,
             rff.d,
-            terms.mechanism,
+            terms.method.value,
             terms.epsilon,
             terms.delta,
+            terms.max_rounds,
             max_points,
         )
         return owner_pb2.OpenSessionResponse(num_points=num_points, max_points=max_points)
@@ -140,7 +149,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
 
     async def _bid(self, request: owner_pb2.BidRequest, caller: Identity) -> owner_pb2.BidResponse:
         """One Bid step (the unary RPC's and RunRounds'): on the event loop when the owner says
-        it is quick (:meth:`owner.protocol.Owner.quick_bid`: a millisecond product over
+        it is quick (:meth:`dpmarket.owner.protocol.Owner.quick_bid`: a millisecond product over
         features in memory), in a worker thread otherwise."""
         embedding = convert.vector_from_proto(request.summary_embedding, "summary_embedding")
         args = (
@@ -307,7 +316,7 @@ async def start_owner(
 
     Raises
     ------
-    runtime.serving.BindError
+    dpmarket.runtime.serving.BindError
         If the address cannot be bound.
     """
     authorizer = owner_authorizer(curators, security)

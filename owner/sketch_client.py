@@ -2,7 +2,7 @@
 
 The channel is mTLS: the owner proves its identity with its certificate (the catalogue takes the
 publisher's name from it) and checks the curator's at the handshake. The owner only ever sends
-what :class:`owner.sketches.SketchPublisher` charged and stored first.
+what :class:`dpmarket.owner.sketches.SketchPublisher` charged and stored first.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from typing import Any
 
 import grpc
 
-from common.sketches.endpoints import SpecStatus
-from common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
+from dpmarket.common.sketches.endpoints import SpecStatus
+from dpmarket.common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
+from dpmarket.runtime import sketch_messages as msg
+from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.serving import CHANNEL_OPTIONS
+from dpmarket.runtime.status import error_from_rpc
+from dpmarket.runtime.transport import CONNECT_TIMEOUT_SECONDS, TransportSecurity, connected_channel
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
-from runtime import sketch_messages as msg
-from runtime.identity import Identity
-from runtime.serving import CHANNEL_OPTIONS
-from runtime.status import error_from_rpc
-from runtime.transport import CONNECT_TIMEOUT_SECONDS, TransportSecurity, connected_channel
 
 __all__ = ["CatalogClient"]
 
@@ -38,13 +38,13 @@ class CatalogClient:
         Deadline of every call, seconds.
     connect_timeout : float or None
         The channel must connect within this many seconds, or the constructor raises
-        :class:`runtime.transport.ConnectError` saying why; None: no check.
+        :class:`dpmarket.runtime.transport.ConnectError` saying why; None: no check.
 
     Raises
     ------
-    runtime.transport.ConnectError
+    dpmarket.runtime.transport.ConnectError
         From the constructor, as ``connect_timeout`` says.
-    common.errors.DPMarketError
+    dpmarket.common.errors.DPMarketError
         Every method raises the error matching the curator's status.
     """
 

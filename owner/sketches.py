@@ -4,14 +4,14 @@ An owner publishes a differentially private sketch of its table once per spec of
 catalogue (M2M paper, Section 2.3); every consumer of the catalogue then computes what it likes
 from it at no further cost to the owner. :class:`SketchPublisher` is the owner's side as a plain
 state object over its own ledger (no network: ``dpmarket sketch publish`` fetches the spec and
-sends the result, :mod:`consumer.cli`):
+sends the result, :mod:`dpmarket.consumer.cli`):
 
 1. **Check** the spec against the owner's policy (``[sketches]``: whether it publishes at all,
-   the most epsilon per sketch) and the epsilon against the spec's range; select the spec's
-   columns from the table by name and project every record onto the public domain
-   (:meth:`common.sketches.domain.Domain.clamp`, as OpenDP clamps: how many values moved goes to
-   the owner's log only, so whether the rows fit a domain the curator chose never decides what
-   the owner publishes); ask the ledger whether the charge would be accepted (per-publication
+   the most epsilon per sketch) and the epsilon against the spec's range; select the spec's columns
+   from the table by name and project every record onto the public domain
+   (:meth:`dpmarket.common.sketches.domain.Domain.clamp`, as OpenDP clamps: how many values moved
+   goes to the owner's log only, so whether the rows fit a domain the curator chose never decides
+   what the owner publishes); ask the ledger whether the charge would be accepted (per-publication
    and total budgets, basic composition with everything else the owner has released). A refusal
    computes and releases nothing, and depends on public inputs only (the spec, the policy, the
    budget, the table's column names).
@@ -46,16 +46,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import FailedPreconditionError, InvalidArgumentError, on_private_data
-from common.privacy.noise import NoiseSource, OpenDPNoise
-from common.privacy.rng import production_rng
-from common.sketches.endpoints import CatalogEndpoint
-from common.sketches.marginals import MarginalsMechanism
-from common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
-from owner.data import Table
-from owner.ledger import LedgerEntry, OwnerLedger
-from owner.partitioned import PartitionedTable
-from runtime.sketch_messages import sketch_bytes, sketch_from_bytes
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, on_private_data
+from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise
+from dpmarket.common.privacy.rng import production_rng
+from dpmarket.common.sketches.endpoints import CatalogEndpoint
+from dpmarket.common.sketches.marginals import MarginalsMechanism
+from dpmarket.common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
+from dpmarket.owner.data import Table
+from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
+from dpmarket.owner.partitioned import PartitionedTable
+from dpmarket.runtime.sketch_messages import sketch_bytes, sketch_from_bytes
 
 __all__ = [
     "Delivery",
@@ -154,7 +154,7 @@ class SketchPublisher:
         ``SeededNoise`` only in tests and explicitly seeded runs.
     rng : numpy.random.Generator, optional
         The marginals sketch's selections (Gumbel draws): CSPRNG-seeded by default
-        (:func:`common.privacy.rng.production_rng`); seeded only in tests and seeded runs.
+        (:func:`dpmarket.common.privacy.rng.production_rng`); seeded only in tests and seeded runs.
     clock : callable
         Unix time, seconds.
     """
@@ -261,8 +261,9 @@ class SketchPublisher:
         ------
         FailedPreconditionError
             If the policy does not publish sketches, the epsilon exceeds the policy's limit per
-            sketch, or the ledger refuses the charge (:class:`~owner.ledger.OwnerBudgetError`,
-            naming what is spent and left). Nothing is computed, stored or charged.
+            sketch, or the ledger refuses the charge
+            (:class:`~dpmarket.owner.ledger.OwnerBudgetError`, naming what is spent and left).
+            Nothing is computed, stored or charged.
         InvalidArgumentError
             If the epsilon is outside the spec's range, a column is missing, or a marginals
             spec is asked of a partitioned table. Nothing is charged. (Values outside the
@@ -455,7 +456,7 @@ def publish_to(
     Parameters
     ----------
     catalog : CatalogEndpoint
-        A gRPC client (``owner.sketch_client.CatalogClient``) or an in-process adapter.
+        A gRPC client (``dpmarket.owner.sketch_client.CatalogClient``) or an in-process adapter.
     publisher : SketchPublisher
     table : Table
     specs : sequence of str
@@ -470,7 +471,7 @@ def publish_to(
 
     Raises
     ------
-    common.errors.DPMarketError
+    dpmarket.common.errors.DPMarketError
         The first refusal (this owner's policy or budget, the spec's range, the domain, the
         catalogue's); the specs before it are published and delivered, nothing of the failing
         one is released.

@@ -2,14 +2,14 @@
 
 :func:`load_owner_data` decides, from the data's public metadata only (row and column counts, or
 bytes for a CSV), whether the table is small enough to keep in memory
-(:data:`owner.limits.DEFAULT_IN_MEMORY_VALUES`): then it returns today's
-:class:`~owner.data.PointSet` and :class:`~owner.data.Table` (a single file through
-:mod:`owner.data`, a directory or URL read whole and checked alike); otherwise it starts the
-owner's engine (:func:`owner.engine.start_engine`), checks every value by one pass over the
-partitions (:func:`owner.validation.validate_dataset`) and returns a
-:class:`~owner.partitioned.PartitionedData` and a :class:`~owner.partitioned.PartitionedTable`
-over it. Either way a problem refuses the start on the owner's own console, naming the file and
-the column.
+(:data:`dpmarket.owner.limits.DEFAULT_IN_MEMORY_VALUES`): then it returns today's
+:class:`~dpmarket.owner.data.PointSet` and :class:`~dpmarket.owner.data.Table` (a single file
+through :mod:`dpmarket.owner.data`, a directory or URL read whole and checked alike); otherwise it
+starts the owner's engine (:func:`dpmarket.owner.engine.start_engine`), checks every value by one
+pass over the partitions (:func:`dpmarket.owner.validation.validate_dataset`) and returns a
+:class:`~dpmarket.owner.partitioned.PartitionedData` and a
+:class:`~dpmarket.owner.partitioned.PartitionedTable` over it. Either way a problem refuses the
+start on the owner's own console, naming the file and the column.
 """
 
 from __future__ import annotations
@@ -21,20 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.schema import Schema
-from owner.data import PointSet, Table, load_point_set, load_table
-from owner.data import load_owner_data as load_file_data
-from owner.dataset import (
+from dpmarket.common.schema import Schema
+from dpmarket.owner.data import PointSet, Table, load_point_set, load_table
+from dpmarket.owner.data import load_owner_data as load_file_data
+from dpmarket.owner.dataset import (
     Dataset,
     DatasetError,
     estimate_bytes,
     is_dataset_location,
     open_dataset,
 )
-from owner.engine import Engine, SerialEngine
-from owner.limits import DEFAULT_IN_MEMORY_VALUES, MAX_IN_MEMORY_ROWS
-from owner.partitioned import PartitionedData, PartitionedTable
-from owner.validation import read_all, validate_dataset
+from dpmarket.owner.engine import Engine, SerialEngine
+from dpmarket.owner.limits import DEFAULT_IN_MEMORY_VALUES, MAX_IN_MEMORY_ROWS
+from dpmarket.owner.partitioned import PartitionedData, PartitionedTable
+from dpmarket.owner.validation import read_all, validate_dataset
 
 __all__ = ["OwnerData", "is_small", "load_owner_data"]
 
@@ -67,7 +67,8 @@ class OwnerData:
 
 def is_small(dataset: Dataset, in_memory_values: int) -> bool:
     """Whether a dataset's table fits the in-memory thresholds (from its metadata only): at most
-    ``in_memory_values`` values and :data:`owner.limits.MAX_IN_MEMORY_ROWS` rows (estimated from
+    ``in_memory_values`` values and :data:`dpmarket.owner.limits.MAX_IN_MEMORY_ROWS` rows (estimated
+    from
     the bytes for a CSV not yet counted)."""
     values = estimate_bytes(dataset) // 8
     rows = values // max(len(dataset.columns), 1)
@@ -104,7 +105,7 @@ def load_owner_data(
     Parameters
     ----------
     location : str
-        A file, directory, glob or fsspec URL (:func:`owner.dataset.open_dataset`).
+        A file, directory, glob or fsspec URL (:func:`dpmarket.owner.dataset.open_dataset`).
     schema : Schema, optional
         The table's public schema: with it, the points are its features (labels from its label
         column) and the table every column (its binary columns declared 0/1).
@@ -125,9 +126,10 @@ def load_owner_data(
     Raises
     ------
     FileNotFoundError, ValueError
-        As :func:`owner.data.load_table` for a small file; :class:`owner.dataset.DatasetError`
-        (a ``ValueError``) naming the file and the column for a dataset that cannot be read
-        (a missing partition, schema drift between files, values that break the checks).
+        As :func:`dpmarket.owner.data.load_table` for a small file;
+        :class:`dpmarket.owner.dataset.DatasetError` (a ``ValueError``) naming the file and the
+        column for a dataset that cannot be read (a missing partition, schema drift between files,
+        values that break the checks).
     """
     single = not is_dataset_location(location)
     if single and not Path(location).exists():

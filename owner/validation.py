@@ -1,9 +1,9 @@
 """The start-up pass over an owner's dataset: every value checked, every partition counted.
 
 :func:`validate_dataset` reads every partition once (on the owner's engine, so on Dask for a large
-table) and checks its values as :meth:`common.schema.Schema.check_table` checks an in-memory
-table — finite, and with a schema the declared types, bounds and levels — and counts its rows
-(a CSV's row counts are known only then). A problem refuses the owner's start, on its own
+table) and checks its values as :meth:`dpmarket.common.schema.Schema.check_table` checks an
+in-memory table — finite, and with a schema the declared types, bounds and levels — and counts its
+rows (a CSV's row counts are known only then). A problem refuses the owner's start, on its own
 console only, naming the file, the column and where in the file; nothing is served or charged.
 """
 
@@ -15,9 +15,9 @@ import threading
 import numpy as np
 from numpy.typing import NDArray
 
-from common.schema import Schema
-from owner.dataset import Dataset, DatasetError, Partition, read_partition
-from owner.engine import Engine, Progress
+from dpmarket.common.schema import Schema
+from dpmarket.owner.dataset import Dataset, DatasetError, Partition, read_partition
+from dpmarket.owner.engine import Engine, Progress
 
 __all__ = ["read_all", "validate_dataset"]
 
@@ -89,7 +89,8 @@ def validate_dataset(
     Parameters
     ----------
     dataset : Dataset
-        As :func:`owner.dataset.open_dataset` returns it (its columns the schema's, if any).
+        As :func:`dpmarket.owner.dataset.open_dataset` returns it (its columns the schema's, if
+        any).
     engine : Engine
     schema : Schema, optional
         The public schema every column's values are checked against (rows in partition order:

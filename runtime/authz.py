@@ -1,17 +1,17 @@
 """Per-RPC authentication and authorization: who calls, and whether that role may call this RPC.
 
 A caller's role and name come only from its certificate, verified against the deployment's CA
-during the mTLS handshake (:mod:`runtime.transport`); nothing in a message body names the
+during the mTLS handshake (:mod:`dpmarket.runtime.transport`); nothing in a message body names the
 caller. Every servicer method is wrapped with :func:`rpc` (unary) or :func:`rpc_stream`
 (server or bidirectional streaming), which states the roles that may call it; the wrapper
 
-1. reads the caller's :class:`~runtime.identity.Identity` from the verified certificate, or
+1. reads the caller's :class:`~dpmarket.runtime.identity.Identity` from the verified certificate, or
    answers ``UNAUTHENTICATED`` when there is none;
 2. answers ``PERMISSION_DENIED`` when the role may not call this RPC or the name is not one this
    service serves (an owner serves only the curators its policy names; a curator serves the
    consumers its CA certified and is served only by the owners it was configured with);
 3. passes the identity to the handler as ``caller`` and maps the handler's errors to statuses
-   (:mod:`runtime.status`), so no stack trace reaches the wire.
+   (:mod:`dpmarket.runtime.status`), so no stack trace reaches the wire.
 
 With ``require_client_auth`` a TLS client without a certificate never reaches a handler: the
 handshake fails and the caller sees ``UNAVAILABLE``. ``UNAUTHENTICATED`` is what a handler answers
@@ -30,9 +30,9 @@ from typing import Any, Protocol
 
 import grpc
 
-from common.errors import PermissionDeniedError, UnauthenticatedError
-from runtime.identity import ROLES, Identity, Role, peer_identity
-from runtime.status import abort_for
+from dpmarket.common.errors import PermissionDeniedError, UnauthenticatedError
+from dpmarket.runtime.identity import ROLES, Identity, Role, peer_identity
+from dpmarket.runtime.status import abort_for
 
 #: Attribute set on every wrapped servicer method: the roles that may call it.
 ROLES_ATTRIBUTE = "__dpmarket_roles__"
@@ -127,7 +127,7 @@ def rpc(*roles: Role) -> Callable[[Callable[..., Awaitable[Any]]], Unary]:
 
     The servicer must have an ``authorizer`` attribute (:class:`Authorizer`). The wrapper
     authorizes the caller for ``roles`` before the handler runs, passes its identity as
-    ``caller`` and turns every error into a status (:func:`runtime.status.abort_for`).
+    ``caller`` and turns every error into a status (:func:`dpmarket.runtime.status.abort_for`).
     """
     _check_roles(roles)
 

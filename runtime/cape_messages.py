@@ -1,10 +1,10 @@
 """Conversion of the CAPE and secure-aggregation messages that several services share.
 
-:class:`~common.cape.spec.CapeJobSpec` and :class:`~common.cape.spec.CapeMeanSpec` travel consumer
--> curator -> owners as ``CapeSpec``, :class:`~common.cape.spec.CapeTrainingSpec` as
-``CapeTrainingSpec``; the secure-aggregation messages travel between the curator and the owners
-in both directions. One module converts them for every service (as :mod:`runtime.arrays` does
-for arrays).
+:class:`~dpmarket.common.cape.spec.CapeJobSpec` and :class:`~dpmarket.common.cape.spec.CapeMeanSpec`
+travel consumer -> curator -> owners as ``CapeSpec``,
+:class:`~dpmarket.common.cape.spec.CapeTrainingSpec` as ``CapeTrainingSpec``; the secure-aggregation
+messages travel between the curator and the owners in both directions. One module converts them for
+every service (as :mod:`dpmarket.runtime.arrays` does for arrays).
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 from numpy.typing import NDArray
 
-from common.cape.agreement import SizeAttestation
-from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.errors import InvalidArgumentError
-from common.secagg.fixedpoint import FixedPoint
-from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
-from common.secagg.shamir import Share
+from dpmarket.common.cape.agreement import SizeAttestation
+from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.secagg.fixedpoint import FixedPoint
+from dpmarket.common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
+from dpmarket.common.secagg.shamir import Share
+from dpmarket.runtime.arrays import array_from_proto, array_to_proto
 from dpmarket.v1 import array_pb2, cape_pb2, secure_aggregation_pb2
-from runtime.arrays import array_from_proto, array_to_proto
 
 _TASKS = {
     cape_pb2.CAPE_TASK_LINEAR_REGRESSION: "linear",

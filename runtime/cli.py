@@ -3,8 +3,9 @@
 before anything is released, the console and logging set-up, the progress bar of a summarization
 session, the options naming the curator, and writing a command's JSON output.
 
-The commands themselves live with their role (:mod:`owner.cli`, :mod:`curator.cli`,
-:mod:`consumer.cli`, :mod:`deploy.pki`, :mod:`experiments.cli`); :mod:`deploy.cli` composes them
+The commands themselves live with their role (:mod:`dpmarket.owner.cli`,
+:mod:`dpmarket.curator.cli`, :mod:`dpmarket.consumer.cli`, :mod:`dpmarket.deploy.pki`,
+:mod:`dpmarket.experiments.cli`); :mod:`dpmarket.deploy.cli` composes them
 into the ``dpmarket`` command."""
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from runtime.files import json_text, write_json
-from runtime.identity import ROLES, Identity, identity_files
-from runtime.transport import TransportSecurity
+from dpmarket.runtime.files import json_text, write_json
+from dpmarket.runtime.identity import ROLES, Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity
 
 if TYPE_CHECKING:  # the health probe imports this module: no numerical library at start
-    from common.summarization.summary import ProgressEvent
+    from dpmarket.common.summarization.summary import ProgressEvent
 
 __all__ = [
     "CONFIG_HELP",
@@ -382,7 +383,7 @@ def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def print_json(data: Any) -> None:
-    """Print ``data`` as JSON on stdout (:func:`runtime.files.json_text`)."""
+    """Print ``data`` as JSON on stdout (:func:`dpmarket.runtime.files.json_text`)."""
     click.echo(json_text(data), nl=False)
 
 

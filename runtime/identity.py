@@ -4,8 +4,8 @@ A dpmarket identity is a pair ``(role, name)``: the role is one of ``curator``, 
 ``consumer`` and the name is a DNS label. A certificate carries it three times, and all three must
 agree: the URI SAN ``spiffe://dpmarket/<role>/<name>`` (the authoritative copy), the subject
 (``OU=<role>``, ``CN=<name>``) and the DNS SAN ``<name>.<role>.dpmarket`` that clients check the
-server against at the TLS handshake (:mod:`runtime.transport`). Services never take a role or a
-name from a message body (DESIGN.md, trust boundaries); they call :func:`peer_identity`.
+server against at the TLS handshake (:mod:`dpmarket.runtime.transport`). Services never take a role
+or a name from a message body (DESIGN.md, trust boundaries); they call :func:`peer_identity`.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class Identity:
 def identity_files(directory: Path, identity: Identity) -> tuple[Path, Path, Path]:
     """Return the paths ``(ca.crt, <role>-<name>.crt, <role>-<name>.key)`` in ``directory``.
 
-    The order is the one :meth:`runtime.transport.TransportSecurity.from_files` takes.
+    The order is the one :meth:`dpmarket.runtime.transport.TransportSecurity.from_files` takes.
     """
     stem = f"{identity.role}-{identity.name}"
     directory = Path(directory)
@@ -118,7 +118,7 @@ def identity_from_certificate(cert: x509.Certificate) -> Identity:
     it (``OU=<role>``, ``CN=<name>``) and every DNS SAN under ``.dpmarket`` must be
     ``<name lowercased>.<role>.dpmarket``. This function does not verify the signature: call it on
     a certificate that was verified against the CA (the TLS handshake, or
-    :meth:`runtime.transport.TransportSecurity.from_files`).
+    :meth:`dpmarket.runtime.transport.TransportSecurity.from_files`).
 
     Parameters
     ----------
@@ -201,7 +201,8 @@ def peer_identity(context: grpc.ServicerContext | grpc.aio.ServicerContext) -> I
     -------
     Identity or None
         None when the peer presented no certificate: a plaintext server
-        (:meth:`runtime.transport.TransportSecurity.plaintext`), where nobody has an identity.
+        (:meth:`dpmarket.runtime.transport.TransportSecurity.plaintext`), where nobody has an
+        identity.
 
     Raises
     ------
@@ -210,10 +211,10 @@ def peer_identity(context: grpc.ServicerContext | grpc.aio.ServicerContext) -> I
 
     Notes
     -----
-    gRPC puts ``x509_pem_cert`` in the auth context only after the TLS handshake verified the
-    peer's certificate against the server's root certificates; a server built with
-    :func:`runtime.transport.add_port` requires that certificate, so on such a server every call
-    that reaches a handler has a verified identity and None never occurs.
+    gRPC puts ``x509_pem_cert`` in the auth context only after the TLS handshake verified the peer's
+    certificate against the server's root certificates; a server built with
+    :func:`dpmarket.runtime.transport.add_port` requires that certificate, so on such a server every
+    call that reaches a handler has a verified identity and None never occurs.
 
     A service's callers are few and call often (a curator: K owners' bids every round), so each
     distinct certificate is parsed once (:data:`PEER_CACHE_SIZE` kept, least recently used

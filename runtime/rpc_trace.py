@@ -1,14 +1,14 @@
 """Count what the network costs: an opt-in record of every client RPC (a measurement facility).
 
 When the environment variable :data:`TRACE_ENV` names a file, every channel that
-:mod:`runtime.transport` opens (``aio_channel``, ``sync_channel`` and so every channel of the
-curator, the owners and the consumer client) carries gRPC client interceptors (the library's
+:mod:`dpmarket.runtime.transport` opens (``aio_channel``, ``sync_channel`` and so every channel of
+the curator, the owners and the consumer client) carries gRPC client interceptors (the library's
 ``grpc.aio.UnaryUnaryClientInterceptor`` / ``grpc.aio.StreamStreamClientInterceptor`` and
-``grpc.UnaryUnaryClientInterceptor`` / ``grpc.UnaryStreamClientInterceptor``) that append one
-JSON line per call (per exchange of a bidirectional stream) to that file. Unset
-(the default, and what production runs), no interceptor is installed and nothing changes. The
-variable is read when a channel is created, so a process started with it (a
-:class:`deploy.launcher.LocalCluster` inherits the launcher's environment) records every call.
+``grpc.UnaryUnaryClientInterceptor`` / ``grpc.UnaryStreamClientInterceptor``) that append one JSON
+line per call (per exchange of a bidirectional stream) to that file. Unset (the default, and what
+production runs), no interceptor is installed and nothing changes. The variable is read when a
+channel is created, so a process started with it (a :class:`dpmarket.deploy.launcher.LocalCluster`
+inherits the launcher's environment) records every call.
 
 A record holds only names, sizes and times, never a value of a message:
 

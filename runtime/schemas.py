@@ -1,14 +1,15 @@
 """A dataset's public schema on disk and on the wire: reading a schema file (TOML) and the
-``DatasetSchema`` message every party sends (:mod:`common.schema` holds the schema itself)."""
+``DatasetSchema`` message every party sends (:mod:`dpmarket.common.schema` holds the schema
+itself)."""
 
 from __future__ import annotations
 
 import os
 
-from common.errors import InvalidArgumentError
-from common.schema import COLUMN_TYPES, Column, Schema
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.schema import COLUMN_TYPES, Column, Schema
+from dpmarket.runtime.files import read_toml
 from dpmarket.v1 import schema_pb2
-from runtime.files import read_toml
 
 __all__ = ["load_schema", "schema_from_proto", "schema_to_proto"]
 
@@ -23,7 +24,7 @@ assert set(_TYPE_TO_PROTO) == set(COLUMN_TYPES)
 
 
 def load_schema(path: str | os.PathLike[str]) -> Schema:
-    """Read a schema file (TOML; layout in :mod:`common.schema`).
+    """Read a schema file (TOML; layout in :mod:`dpmarket.common.schema`).
 
     Raises
     ------

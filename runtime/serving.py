@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from runtime.transport import BindError, TransportSecurity, add_port
+from dpmarket.runtime.transport import BindError, TransportSecurity, add_port
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,8 @@ SERVER_OPTIONS = [*GRPC_OPTIONS, ("grpc.so_reuseport", 0), *keepalive_server_opt
 
 
 def check_address_free(address: str) -> None:
-    """Raise :class:`~runtime.transport.BindError` if another socket listens on ``address``.
+    """Raise :class:`~dpmarket.runtime.transport.BindError` if another socket listens on
+    ``address``.
 
     A plain socket (``SO_REUSEADDR`` on, as gRPC sets it, so a port in ``TIME_WAIT`` after a
     restart is free; ``SO_REUSEPORT`` off) tries the address first, so that a port in use is
@@ -129,11 +130,11 @@ async def start_server(
     ``servicer_adder`` registers the servicers of ``service_names`` (full names, e.g.
     ``dpmarket.v1.OwnerService``); each is reported SERVING by the health service.
 
-    ``address`` may end in ``:0`` to let the OS choose a free port (tests). The port is mTLS
-    (client certificates required) unless ``security`` is plaintext (``--insecure``, logged as
-    a warning by :func:`runtime.transport.add_port`). Health and reflection share the port, so
-    only holders of a certificate of the deployment's CA reach them; reflection describes the
-    API, which every caller's authorization already constrains per RPC.
+    ``address`` may end in ``:0`` to let the OS choose a free port (tests). The port is mTLS (client
+    certificates required) unless ``security`` is plaintext (``--insecure``, logged as a warning by
+    :func:`dpmarket.runtime.transport.add_port`). Health and reflection share the port, so only
+    holders of a certificate of the deployment's CA reach them; reflection describes the API, which
+    every caller's authorization already constrains per RPC.
 
     The port is exclusive (:data:`SERVER_OPTIONS`): a second server on a bound port fails here.
 

@@ -1,12 +1,12 @@
 """Conversion of the sketch catalogue's messages, shared by the curator, the owners and consumers.
 
-Specs travel curator -> owners and consumers as ``SketchSpec``; sketches travel owner -> curator
--> consumers as ``PrivateSketch`` (inside ``PublishedSketch``). Arrays are packed float64 / int64
-(:mod:`runtime.arrays`), so every value crosses the wire exactly and a sketch read back equals,
-bit for bit, the one sent. Every ``*_from_proto`` validates what it builds: a sketch through
-:meth:`~common.sketches.sketch.PrivateSketch.validate` (scales recomputed from the public
-parameters, shapes, finiteness), a spec by recomputing its key. One module converts them for
-every service (as :mod:`runtime.cape_messages` does for CAPE).
+Specs travel curator -> owners and consumers as ``SketchSpec``; sketches travel owner -> curator ->
+consumers as ``PrivateSketch`` (inside ``PublishedSketch``). Arrays are packed float64 / int64
+(:mod:`dpmarket.runtime.arrays`), so every value crosses the wire exactly and a sketch read back
+equals, bit for bit, the one sent. Every ``*_from_proto`` validates what it builds: a sketch through
+:meth:`~dpmarket.common.sketches.sketch.PrivateSketch.validate` (scales recomputed from the public
+parameters, shapes, finiteness), a spec by recomputing its key. One module converts them for every
+service (as :mod:`dpmarket.runtime.cape_messages` does for CAPE).
 """
 
 from __future__ import annotations
@@ -15,19 +15,25 @@ from typing import cast
 
 import numpy as np
 
-from common.errors import InvalidArgumentError
-from common.sketches.domain import Domain
-from common.sketches.feature_maps import FeatureMap, HISTMap, RACEMap, RFFMap
-from common.sketches.marginals import (
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.feature_maps import FeatureMap, HISTMap, RACEMap, RFFMap
+from dpmarket.common.sketches.marginals import (
     MarginalsMap,
     MarginalsMechanism,
     MarginalsSketch,
     Measurement,
 )
-from common.sketches.sketch import PrivateSketch, SketchMechanism
-from common.sketches.spec import AnyMechanism, AnySketch, Noise, PublishedSketch, SketchSpec
+from dpmarket.common.sketches.sketch import PrivateSketch, SketchMechanism
+from dpmarket.common.sketches.spec import (
+    AnyMechanism,
+    AnySketch,
+    Noise,
+    PublishedSketch,
+    SketchSpec,
+)
+from dpmarket.runtime.arrays import array_from_proto, array_to_proto
 from dpmarket.v1 import sketch_pb2
-from runtime.arrays import array_from_proto, array_to_proto
 
 _NOISES: dict[sketch_pb2.SketchNoise.ValueType, Noise] = {
     sketch_pb2.SKETCH_NOISE_LAPLACE: "laplace",

@@ -1,6 +1,6 @@
-"""Mapping between :mod:`common.errors` and gRPC status codes, both directions.
+"""Mapping between :mod:`dpmarket.common.errors` and gRPC status codes, both directions.
 
-Servicers wrap every handler with :func:`runtime.authz.rpc`, which aborts with
+Servicers wrap every handler with :func:`dpmarket.runtime.authz.rpc`, which aborts with
 :func:`abort_for`; clients turn a failed call back into the same exception with
 :func:`error_from_rpc`. No stack trace ever goes on the wire.
 """
@@ -11,7 +11,7 @@ import logging
 
 import grpc
 
-from common import errors
+from dpmarket.common import errors
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def status_for(exc: BaseException) -> grpc.StatusCode | None:
 
 
 def error_from_rpc(exc: grpc.RpcError, peer: str) -> errors.DPMarketError:
-    """Turn a failed call into the matching :mod:`common.errors` exception.
+    """Turn a failed call into the matching :mod:`dpmarket.common.errors` exception.
 
     Codes with no protocol meaning (INTERNAL, UNKNOWN, ...) become :class:`errors.AbortedError`.
     """
@@ -65,8 +65,8 @@ def error_from_rpc(exc: grpc.RpcError, peer: str) -> errors.DPMarketError:
     return cls(f"{peer}: {details}" + ("" if details.endswith(suffix) else suffix))
 
 
-#: The details of every INTERNAL status: the same whatever failed, so that neither a stack
-#: trace nor an owner's private data (:class:`common.errors.PrivateDataError`) reaches the wire.
+#: The details of every INTERNAL status: the same whatever failed, so that neither a stack trace nor
+#: an owner's private data (:class:`dpmarket.common.errors.PrivateDataError`) reaches the wire.
 INTERNAL_MESSAGE = "internal error; see the server log"
 
 
@@ -74,10 +74,10 @@ async def abort_for(exc: BaseException, context: grpc.aio.ServicerContext, where
     """Abort the call with the status of ``exc`` (always raises).
 
     Protocol errors abort with their code and message; an ``AbortError`` (the call was already
-    aborted) propagates; a :class:`~common.errors.PrivateDataError` is logged here (its message
-    may name an owner's rows) and, like any other exception (logged with its traceback), aborts
-    with INTERNAL and :data:`INTERNAL_MESSAGE`, so no stack trace and no private value reaches
-    the wire.
+    aborted) propagates; a :class:`~dpmarket.common.errors.PrivateDataError` is logged here (its
+    message may name an owner's rows) and, like any other exception (logged with its traceback),
+    aborts with INTERNAL and :data:`INTERNAL_MESSAGE`, so no stack trace and no private value
+    reaches the wire.
     """
     if isinstance(exc, grpc.aio.AbortError):
         raise exc

@@ -1,23 +1,24 @@
 """Mutual TLS for every dpmarket channel: server ports, client channels, the key material.
 
-Trust model. One deployment CA (``dpmarket pki``, :mod:`deploy.pki`) issues every party a
-certificate that names its role and name (:mod:`runtime.identity`); the role and name of a peer
-come from that verified certificate and never from a message. Both ends present a certificate and
-check the other's against the CA: a server built with :func:`add_port` requires a client
+Trust model. One deployment CA (``dpmarket pki``, :mod:`dpmarket.deploy.pki`) issues every party a
+certificate that names its role and name (:mod:`dpmarket.runtime.identity`); the role and name of a
+peer come from that verified certificate and never from a message. Both ends present a certificate
+and check the other's against the CA: a server built with :func:`add_port` requires a client
 certificate at the handshake, so a client without one, a plaintext client or a client whose
 certificate another CA issued fails with ``UNAVAILABLE`` before any handler runs, and handlers read
-the caller with :func:`runtime.identity.peer_identity`. A client also checks *which* server it
-reached: gRPC's only check of a server's certificate beyond the CA signature is the host name,
-so a channel built with an ``expected`` identity sets ``grpc.ssl_target_name_override`` to the
-DNS name ``<name>.<role>.dpmarket`` that the CA writes only into that party's certificate. The
-handshake then fails unless the server is exactly that role and name: a curator certificate
-named ``owner-0`` cannot stand in for owner ``owner-0``, nor one owner for another.
-:meth:`TransportSecurity.plaintext` turns all of this off (tests and local demos only): no TLS,
-no identities.
+the caller with :func:`dpmarket.runtime.identity.peer_identity`. A client also checks *which* server
+it reached: gRPC's only check of a server's certificate beyond the CA signature is the host name, so
+a channel built with an ``expected`` identity sets ``grpc.ssl_target_name_override`` to the DNS name
+``<name>.<role>.dpmarket`` that the CA writes only into that party's certificate. The handshake then
+fails unless the server is exactly that role and name: a curator certificate named ``owner-0``
+cannot stand in for owner ``owner-0``, nor one owner for another.
+:meth:`TransportSecurity.plaintext` turns all of this off (tests and local demos only): no TLS, no
+identities.
 
-Measurement. When the environment variable ``DPMARKET_RPC_TRACE`` names a file, every channel
-opened here records each call's method, peers, times and message sizes in it
-(:mod:`runtime.rpc_trace`, gRPC client interceptors); unset, the default, nothing is installed.
+Measurement. When the environment variable ``DPMARKET_RPC_TRACE`` names a file, every channel opened
+here records each call's method, peers, times and message sizes in it
+(:mod:`dpmarket.runtime.rpc_trace`, gRPC client interceptors); unset, the default, nothing is
+installed.
 
 Connecting fails fast and says why. A client checks a new channel with
 :func:`check_connected` (or :func:`check_connected_aio`) under a short connect deadline,
@@ -47,9 +48,9 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
-from common.errors import UnavailableError
-from runtime import rpc_trace
-from runtime.identity import Identity, identity_from_certificate
+from dpmarket.common.errors import UnavailableError
+from dpmarket.runtime import rpc_trace
+from dpmarket.runtime.identity import Identity, identity_from_certificate
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ class TransportSecurity:
         missing or unreadable, the key does not match the certificate, the certificate is not
         issued by a CA in ``ca_pem``, a certificate is outside its validity period, or the
         certificate carries no dpmarket identity
-        (:func:`runtime.identity.identity_from_certificate`).
+        (:func:`dpmarket.runtime.identity.identity_from_certificate`).
     """
 
     ca_pem: bytes | None
@@ -163,7 +164,7 @@ class TransportSecurity:
         ----------
         ca, cert, key : path-like
             Files as ``dpmarket pki issue`` writes them: ``ca.crt``, ``<role>-<name>.crt`` and
-            ``<role>-<name>.key`` (:func:`runtime.identity.identity_files`).
+            ``<role>-<name>.key`` (:func:`dpmarket.runtime.identity.identity_files`).
 
         Raises
         ------
@@ -242,7 +243,7 @@ def add_port(
     ------
     BindError
         If the address cannot be bound (with the server options of
-        :data:`runtime.serving.SERVER_OPTIONS`, a port another server holds cannot).
+        :data:`dpmarket.runtime.serving.SERVER_OPTIONS`, a port another server holds cannot).
     """
     if security.insecure:
         logger.warning(
@@ -280,7 +281,7 @@ def aio_channel(
         checks the certificate against the host of ``target`` instead, which a dpmarket
         certificate passes only when that host is ``<name>.<role>.dpmarket``: pass the identity.
     options : sequence of (str, value)
-        Channel arguments, e.g. :data:`runtime.serving.CHANNEL_OPTIONS`; must not set
+        Channel arguments, e.g. :data:`dpmarket.runtime.serving.CHANNEL_OPTIONS`; must not set
         ``grpc.ssl_target_name_override`` when ``expected`` is given.
 
     Returns
@@ -482,7 +483,7 @@ def check_connected(
     Raises
     ------
     ConnectError
-        (an :class:`~common.errors.UnavailableError`) If the channel is not ready: nothing
+        (an :class:`~dpmarket.common.errors.UnavailableError`) If the channel is not ready: nothing
         listening, nothing answering within ``timeout``, a certificate of another CA on either
         side, a server of another identity.
     """
@@ -574,7 +575,8 @@ async def check_connected_aio(
 def _parties(
     target: str, security: TransportSecurity, expected: Identity | None
 ) -> tuple[str, str]:
-    """``(caller, peer)`` as :mod:`runtime.rpc_trace` records them: ``role:name`` of this party
+    """``(caller, peer)`` as :mod:`dpmarket.runtime.rpc_trace` records them: ``role:name`` of this
+    party
     and of the server (``"?"`` and the address with plaintext)."""
     me = security.identity
     caller = "?" if me is None else f"{me.role}:{me.name}"

@@ -1,16 +1,20 @@
 """Shared fixtures and helpers: the bundled digits scenario, small and real; a new owner
 ledger, as ``dpmarket owner ledger init`` creates one; an owner ledger whose lifetime budget is
-spent."""
+spent; the bids a deviating curator steers to read a column."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
+from numpy.typing import NDArray
 
-from experiments.scenarios import Scenario, digits_scenario
-from owner.ledger import OwnerLedger
-from owner.policy import OwnerPolicy
+from dpmarket.common.summarization.rff import RFFParams
+from dpmarket.experiments.scenarios import Scenario, digits_scenario
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.policy import OwnerPolicy
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +42,45 @@ def new_ledger(data_dir: Path, policy: OwnerPolicy | None = None) -> Path:
     it), for an owner a test starts by hand; return ``data_dir``."""
     OwnerLedger.create(data_dir, policy or OwnerPolicy()).close()
     return data_dir
+
+
+class ColumnProbe:
+    """How a deviating curator reads the largest and smallest values of columns of an owner's
+    data, one Bid each (issue 25, attack 2).
+
+    It draws h1's parameters itself, so it sends frequencies that make h1's coordinate ``k``
+    ``sqrt(2/d) cos(x_c / scale + pi/2) = -sqrt(2/d) sin(x_c / scale)`` for the ``k``-th column
+    ``c`` it reads, monotone in ``x_c`` while ``|x_c| < scale pi/2``, and every other coordinate
+    0; then it steers the bid's direction (``gtilde - q/(q+1) g`` with gtilde 0 and q = 1) to
+    ``-e_k`` (the owner's best point has the largest ``x_c``) or ``+e_k`` (the smallest), and
+    inverts the sine.
+
+    Parameters
+    ----------
+    n_features, d : int
+        The owner's feature count and h1's dimension (``d >= len(columns)``).
+    columns : tuple of int
+        The columns read.
+    scale : float
+        Above twice the largest ``|x_c|`` (a public bound, e.g. from the schema), so that the
+        sine is inverted where it is well conditioned.
+    """
+
+    def __init__(self, n_features: int, d: int, columns: tuple[int, ...], scale: float) -> None:
+        omega = np.zeros((d, n_features))
+        for k, column in enumerate(columns):
+            omega[k, column] = 1.0 / scale
+        self.rff = RFFParams(omega=omega, phase=np.full(d, math.pi / 2), gamma=1.0)
+        self.d, self.scale = d, scale
+
+    def summary_embedding(self, k: int, largest: bool) -> NDArray[np.float64]:
+        """The ``g`` (with ``q = 1`` and gtilde 0) that steers the bid to the largest (or
+        smallest) value of the ``k``-th column read."""
+        g = np.zeros(self.d)
+        g[k] = 2.0 if largest else -2.0  # the direction is -g/2
+        return g
+
+    def value(self, bid: float, largest: bool) -> float:
+        """The column's value at the owner's best point, from its bid."""
+        sine = bid / math.sqrt(2.0 / self.d)
+        return self.scale * math.asin(sine if largest else -sine)

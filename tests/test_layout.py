@@ -22,10 +22,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("common", "runtime", "curator", "owner", "consumer", "deploy", "experiments", "bench")
 ROLES = ("curator", "owner", "consumer")
+#: The one top-level name the wheel installs: every package but ``bench`` lives under it.
+NAMESPACE = "dpmarket"
 
 #: Imports between roles the code makes on purpose: the consumer reads and writes point files in
-#: the format the owners load them in (:mod:`owner.data`).
-ALLOWED_ROLE_EDGES = {("consumer", "owner.data")}
+#: the format the owners load them in (:mod:`dpmarket.owner.data`).
+ALLOWED_ROLE_EDGES = {("consumer", "dpmarket.owner.data")}
 
 
 @dataclass
@@ -38,14 +40,16 @@ class ImportGraph:
     external: dict[str, set[str]] = field(default_factory=dict)
 
 
-def _module_files(root: Path, packages: Iterable[str]) -> dict[str, Path]:
+def _module_files(root: Path, packages: Iterable[str], namespace: str = "") -> dict[str, Path]:
+    """Module name -> file; every package but the benchmarks installs under ``namespace``."""
     files = {}
     for package in packages:
+        prefix = f"{namespace}." if namespace and package != "bench" else ""
         for path in sorted((root / package).rglob("*.py")):
             parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
-            files[".".join(parts)] = path
+            files[prefix + ".".join(parts)] = path
     return files
 
 
@@ -67,9 +71,10 @@ def _imported_names(module: str, is_package: bool, tree: ast.AST) -> list[str]:
     return names
 
 
-def build_graph(root: Path, packages: Iterable[str]) -> ImportGraph:
-    """Read every module of ``packages`` under ``root`` and resolve its imports."""
-    graph = ImportGraph(_module_files(root, packages))
+def build_graph(root: Path, packages: Iterable[str], namespace: str = "") -> ImportGraph:
+    """Read every module of ``packages`` under ``root`` (installed under ``namespace``) and
+    resolve its imports."""
+    graph = ImportGraph(_module_files(root, packages, namespace))
     for module, path in graph.files.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         targets, external = set(), set()
@@ -115,15 +120,17 @@ def find_cycle(edges: Mapping[str, Iterable[str]]) -> list[str] | None:
 
 
 def _package(module: str) -> str:
-    return module.split(".")[0]
+    """The layer of a project module: its folder (``dpmarket.owner.cli`` -> ``owner``)."""
+    return module.removeprefix(f"{NAMESPACE}.").split(".")[0]
 
 
 def _violations(graph: ImportGraph, importer: str, forbidden: Iterable[str]) -> list[str]:
     """``importer``'s imports of a module in (or under) one of ``forbidden``."""
     bad = []
     for module in sorted(m for m in graph.files if _package(m) == importer):
-        for target in sorted(graph.edges[module] | graph.external[module]):
-            top = target.split(".")[0]
+        tops = [(t, _package(t)) for t in graph.edges[module]]
+        tops += [(t, t.split(".")[0]) for t in graph.external[module]]
+        for target, top in sorted(tops):
             if top in forbidden or any(top.startswith(f"{f}_") for f in forbidden):
                 bad.append(f"{module} -> {target}")
     return bad
@@ -131,7 +138,7 @@ def _violations(graph: ImportGraph, importer: str, forbidden: Iterable[str]) -> 
 
 @pytest.fixture(scope="module")
 def graph() -> ImportGraph:
-    return build_graph(REPO, PACKAGES)
+    return build_graph(REPO, PACKAGES, NAMESPACE)
 
 
 def test_the_graph_reads_every_kind_of_import(tmp_path: Path) -> None:
@@ -163,9 +170,10 @@ def test_the_graph_covers_the_project(graph: ImportGraph) -> None:
     found = {_package(m) for m in graph.files}
     assert found == set(PACKAGES)
     # A few edges that must be seen, one of each kind (guards against a graph that reads nothing).
-    assert "runtime.transport" in graph.edges["runtime.serving"]  # module level
-    assert "deploy.launcher" in graph.edges["deploy.cli"]  # inside a function
-    assert "common.summarization.terms" in graph.edges["common.summarization.endpoints"]  # typing
+    assert "dpmarket.runtime.transport" in graph.edges["dpmarket.runtime.serving"]  # module level
+    assert "dpmarket.deploy.launcher" in graph.edges["dpmarket.deploy.cli"]  # inside a function
+    endpoints = graph.edges["dpmarket.common.summarization.endpoints"]
+    assert "dpmarket.common.summarization.terms" in endpoints  # typing
 
 
 def test_no_import_circle(graph: ImportGraph) -> None:
@@ -207,3 +215,13 @@ def test_a_role_imports_no_other_role_nor_deploy(graph: ImportGraph, role: str) 
 def test_experiments_do_not_import_deploy(graph: ImportGraph) -> None:
     bad = _violations(graph, "experiments", ("deploy", "bench"))
     assert not bad, "deploy may use the experiments, not the other way round:\n" + "\n".join(bad)
+
+
+def test_every_import_of_the_project_goes_through_the_namespace(graph: ImportGraph) -> None:
+    """``import owner.cli`` would load a second copy of a module the wheel installs as
+    ``dpmarket.owner.cli`` (and, installed, fail): project code names the namespace."""
+    bare = set(PACKAGES) - {"bench"}
+    bad = sorted(
+        f"{m} -> {t}" for m in graph.files for t in graph.external[m] if t.split(".")[0] in bare
+    )
+    assert not bad, f"import through {NAMESPACE}.:\n" + "\n".join(bad)

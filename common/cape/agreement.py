@@ -13,7 +13,7 @@ on the same statement (:func:`check_attestations`): all the sites that plan then
 floor, by the spec's ``S_C`` when the consumer chose one, and otherwise by the paper's default.
 
 Pure: bytes in, bytes out; the signing and the certificate checks are the caller's
-(:class:`common.secagg.crypto.Signer`, :class:`common.secagg.crypto.Verifier`).
+(:class:`dpmarket.common.secagg.crypto.Signer`, :class:`dpmarket.common.secagg.crypto.Verifier`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from common.cape.capefm import CapeFMPlan
-from common.cape.dpgd import CapeTrainingPlan
-from common.cape.mean import CapeMeanPlan
-from common.cape.privacy import default_colluders
-from common.cape.spec import AnyCapeSpec, CapeTrainingSpec
-from common.errors import AbortedError, FailedPreconditionError
-from common.secagg.crypto import Verifier, encode_fields
+from dpmarket.common.cape.capefm import CapeFMPlan
+from dpmarket.common.cape.dpgd import CapeTrainingPlan
+from dpmarket.common.cape.mean import CapeMeanPlan
+from dpmarket.common.cape.privacy import default_colluders
+from dpmarket.common.cape.spec import AnyCapeSpec, CapeTrainingSpec
+from dpmarket.common.errors import AbortedError, FailedPreconditionError
+from dpmarket.common.secagg.crypto import Verifier, encode_fields
 
 __all__ = [
     "SizeAttestation",
@@ -57,7 +57,8 @@ class SizeAttestation:
     rows : int
         Its row count ``N_s``.
     signature : bytes
-        The site's :class:`~common.secagg.crypto.Signer` signature of :func:`plan_statement`.
+        The site's :class:`~dpmarket.common.secagg.crypto.Signer` signature of
+        :func:`plan_statement`.
     """
 
     site: str
@@ -120,8 +121,8 @@ def required_colluders(spec: AnyCapeSpec, sites: int, floor: int) -> int:
     Returns
     -------
     int
-        ``max(floor, spec.colluders)`` when the consumer chose ``S_C``, else ``max(floor,
-        ceil(S / 3) - 1)`` (the paper's default, :func:`common.cape.privacy.default_colluders`).
+        ``max(floor, spec.colluders)`` when the consumer chose ``S_C``, else ``max(floor, ceil(S /
+        3) - 1)`` (the paper's default, :func:`dpmarket.common.cape.privacy.default_colluders`).
     """
     chosen = spec.colluders if spec.colluders is not None else default_colluders(sites)
     return max(int(floor), int(chosen))

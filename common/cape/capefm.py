@@ -21,12 +21,12 @@ aggregator    ``lam = aggregate_releases(plan, releases)``;
 
 What is released and its sensitivity: each site releases its packed coefficients ``Lambda_j^s``
 (order 1: ``D`` values, order 2: ``D^2`` values, order 0 optionally) plus CAPE noise. Order ``j``
-has L2 sensitivity ``Delta_j(N_s)`` (:func:`common.cape.functional_mechanism.fm_sensitivities`),
-the stack divided order-wise by ``Delta_j`` has sensitivity ``sqrt(k)``; the site noise is
-``tau_j^s = kappa Delta_j(N_s)`` with ``kappa`` calibrated by
-:func:`common.cape.privacy.calibrate_tau` for sensitivity ``sqrt(k)`` against ``S_C`` colluders.
-All sites must release: a site lost after the noise round voids the round
-(:mod:`common.cape.zero_sum`).
+has L2 sensitivity ``Delta_j(N_s)``
+(:func:`dpmarket.common.cape.functional_mechanism.fm_sensitivities`), the stack divided order-wise
+by ``Delta_j`` has sensitivity ``sqrt(k)``; the site noise is ``tau_j^s = kappa Delta_j(N_s)`` with
+``kappa`` calibrated by :func:`dpmarket.common.cape.privacy.calibrate_tau` for sensitivity
+``sqrt(k)`` against ``S_C`` colluders. All sites must release: a site lost after the noise round
+voids the round (:mod:`dpmarket.common.cape.zero_sum`).
 
 References
 ----------
@@ -44,7 +44,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.cape.functional_mechanism import (
+from dpmarket.common.cape.functional_mechanism import (
     FMCoefficients,
     FMRelease,
     Task,
@@ -62,13 +62,13 @@ from common.cape.functional_mechanism import (
     stacked_sensitivity,
     unpack_coefficients,
 )
-from common.cape.privacy import (
+from dpmarket.common.cape.privacy import (
     Calibration,
     cape_guarantee,
     gaussian_sigma,
     remark3_weights,
 )
-from common.cape.zero_sum import (
+from dpmarket.common.cape.zero_sum import (
     CapePlan,
     cape_average,
     cape_release,
@@ -79,9 +79,9 @@ from common.cape.zero_sum import (
     sum_noise_shares,
     zero_sum_correction,
 )
-from common.cape.zero_sum import secure_aggregation_input as _secagg_input
-from common.privacy.noise import NoiseSource
-from common.validation import check_delta, check_epsilon, check_positive_int
+from dpmarket.common.cape.zero_sum import secure_aggregation_input as _secagg_input
+from dpmarket.common.privacy.noise import NoiseSource
+from dpmarket.common.validation import check_delta, check_epsilon, check_positive_int
 
 __all__ = [
     "BASELINES",
@@ -137,7 +137,7 @@ class CapeFMPlan:
         ``{j: tau_j^s}`` per site.
     sigma_z : float
         Standard deviation of the privacy loss of one site's whole release against ``S_C``
-        colluders and the aggregator (:func:`common.cape.privacy.collusion_factor`).
+        colluders and the aggregator (:func:`dpmarket.common.cape.privacy.collusion_factor`).
     delta_exact : float
         Exact delta at ``epsilon`` of that loss.
     delta_theorem1 : float or None
@@ -178,9 +178,10 @@ class CapeFMPlan:
     def aggregator_scales(self, released: Sequence[int] | None = None) -> dict[int, float]:
         """``{j: std}`` of the noise left at the aggregator per entry of order ``j``.
 
-        With every site released, ``sqrt(sum_s w_s^2 (tau_j^s)^2 / S)`` (only the ``g_s``
-        survive; Lemma 1). With only the sites ``released`` (indices) averaged, the larger std of
-        :func:`common.cape.zero_sum.partial_average_variance` (the lost sites' ``e_s`` remain).
+        With every site released, ``sqrt(sum_s w_s^2 (tau_j^s)^2 / S)`` (only the ``g_s`` survive;
+        Lemma 1). With only the sites ``released`` (indices) averaged, the larger std of
+        :func:`dpmarket.common.cape.zero_sum.partial_average_variance` (the lost sites' ``e_s``
+        remain).
         """
         kept = range(self.sites) if released is None else released
         return {
@@ -313,7 +314,7 @@ def site_coefficients(
     site : int
         This site's index in the plan.
     X_s : array-like of shape (N_s, D)
-        Records in the domain (``||x|| <= 1``; :func:`common.cape.functional_mechanism.
+        Records in the domain (``||x|| <= 1``; :func:`dpmarket.common.cape.functional_mechanism.
         scale_to_bounds` with the request's public bounds).
     y_s : array-like of shape (N_s,)
 
@@ -452,8 +453,8 @@ def fit_released(
     aggregate : array-like of shape (plan.size,)
         :func:`aggregate_releases`.
     floor : float, optional
-        Eigenvalue floor; default :func:`common.cape.functional_mechanism.default_floor` of the
-        aggregator's order-2 noise (public).
+        Eigenvalue floor; default :func:`dpmarket.common.cape.functional_mechanism.default_floor` of
+        the aggregator's order-2 noise (public).
     released : sequence of int, optional
         As for :func:`aggregate_releases`: the noise of the average is then larger.
 
@@ -559,7 +560,7 @@ def run_capefm(
         As :func:`plan_capefm`.
     feature_bounds : array-like of shape (D, 2), optional
     target_bounds : array-like of shape (2,), optional
-        Public bounds (:func:`common.cape.functional_mechanism.scale_to_bounds`).
+        Public bounds (:func:`dpmarket.common.cape.functional_mechanism.scale_to_bounds`).
     floor : float, optional
         As :func:`fit_released`.
 
@@ -665,8 +666,8 @@ def run_baseline(
     rng : numpy.random.Generator
         Used by ``"objpert"`` only (direction, then norm of its noise vector).
     noise : NoiseSource
-        Draws: ``"pooled"`` / ``"local"``: orders 1, 2 (0 first if released); ``"conv"``: for
-        each site in order, its orders; ``"dpfm"``: as :func:`common.cape.functional_mechanism.
+        Draws: ``"pooled"`` / ``"local"``: orders 1, 2 (0 first if released); ``"conv"``: for each
+        site in order, its orders; ``"dpfm"``: as :func:`dpmarket.common.cape.functional_mechanism.
         dpfm`; none for ``"nonprivate"`` and ``"objpert"``.
     calibration : {"analytic", "paper"}
         For ``"pooled"``, ``"conv"``, ``"local"``: analytic Gaussian calibration of the stacked
@@ -684,7 +685,8 @@ def run_baseline(
     ------
     ValueError
         On an unknown method, ``"objpert"`` with linear regression (see
-        :func:`common.cape.functional_mechanism.objective_perturbation_logistic`), or invalid data.
+        :func:`dpmarket.common.cape.functional_mechanism.objective_perturbation_logistic`), or
+        invalid data.
     """
     data = prepare_sites(sites_data, task, feature_bounds, target_bounds)
     x_all, y_all = _pool(data)

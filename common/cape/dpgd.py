@@ -6,10 +6,10 @@ computes the average of its records' per-example gradients, each clipped to L2 n
 (:func:`site_gradient`), and releases it with noise; the aggregator averages and takes a step:
 
 ``"cape"``
-    one CAPE round per iteration (:mod:`common.cape.zero_sum`): the site releases ``g_s + e_s +
-    g'_s`` with ``tau`` from :func:`common.cape.privacy.calibrate_tau`; the average carries noise
-    of variance ``F`` times the pooled mechanism's at the same budget
-    (:func:`common.cape.privacy.collusion_factor`, ``F = S (S + S_H) / (S_H (S + 1))``: the
+    one CAPE round per iteration (:mod:`dpmarket.common.cape.zero_sum`): the site releases ``g_s +
+    e_s + g'_s`` with ``tau`` from :func:`dpmarket.common.cape.privacy.calibrate_tau`; the average
+    carries noise of variance ``F`` times the pooled mechanism's at the same budget
+    (:func:`dpmarket.common.cape.privacy.collusion_factor`, ``F = S (S + S_H) / (S_H (S + 1))``: the
     price of a guarantee against the aggregator's view of every site's release and ``S_C``
     colluders), against ``S`` times for ``"conv"``.
 ``"conv"``
@@ -21,7 +21,7 @@ The paper gives neither the hidden width, the clipping norm, the step size nor t
 iterations; they are parameters here (the experiments' values are in
 ``experiments/cape_experiments.py``). The paper states epsilon per iteration (with delta 0.01 per
 iteration); :func:`total_epsilon` composes the iterations with a privacy-loss-distribution
-accountant (``common.privacy.accounting.pld_epsilon``) to the total epsilon of the whole
+accountant (``dpmarket.common.privacy.accounting.pld_epsilon``) to the total epsilon of the whole
 training, and :func:`train_dpgd` can also be given that total budget directly.
 
 Parameters are a flat vector ``theta`` of length ``P = H D + 2 H + 1``: ``W1`` (row-major),
@@ -44,7 +44,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.cape.privacy import (
+from dpmarket.common.cape.privacy import (
     calibrate_tau,
     collusion_factor,
     default_colluders,
@@ -53,7 +53,7 @@ from common.cape.privacy import (
     remark3_weights,
     theorem1_delta_from_loss,
 )
-from common.cape.zero_sum import (
+from dpmarket.common.cape.zero_sum import (
     cape_average,
     cape_release,
     conv_release,
@@ -63,9 +63,9 @@ from common.cape.zero_sum import (
     sum_noise_shares,
     zero_sum_correction,
 )
-from common.privacy.accounting import PrivacyEvent, pld_epsilon
-from common.privacy.noise import NoiseSource
-from common.validation import check_delta, check_epsilon, check_matrix, check_positive_int
+from dpmarket.common.privacy.accounting import PrivacyEvent, pld_epsilon
+from dpmarket.common.privacy.noise import NoiseSource
+from dpmarket.common.validation import check_delta, check_epsilon, check_matrix, check_positive_int
 
 __all__ = [
     "SCHEMES",
@@ -242,13 +242,13 @@ def total_epsilon(loss_sigma: float, iterations: int, delta_total: float) -> flo
 
     Composes ``iterations`` runs of a Gaussian mechanism whose sensitivity-to-noise ratio (the
     standard deviation of its privacy loss) is ``loss_sigma`` with
-    :func:`common.privacy.accounting.pld_epsilon` (``PrivacyEvent("gaussian", sensitivity=
+    :func:`dpmarket.common.privacy.accounting.pld_epsilon` (``PrivacyEvent("gaussian", sensitivity=
     loss_sigma, scale=1, count=iterations)``).
 
     Parameters
     ----------
     loss_sigma : float
-        ``> 0``: ``sigma_z`` for CAPE (:func:`common.cape.privacy.privacy_loss_sigma`),
+        ``> 0``: ``sigma_z`` for CAPE (:func:`dpmarket.common.cape.privacy.privacy_loss_sigma`),
         ``Delta / tau`` for a plain Gaussian release.
     iterations : int
         ``>= 1``.
@@ -538,7 +538,7 @@ class CapeTrainingPlan:
 
     def aggregator_std(self, released: Sequence[int] | None = None) -> float:
         """Noise std per coordinate of one iteration's averaged gradient: ``sqrt(sum_s w_s^2
-        tau_s^2 / S)``, or the larger one of :func:`common.cape.zero_sum.
+        tau_s^2 / S)``, or the larger one of :func:`dpmarket.common.cape.zero_sum.
         partial_average_variance` when only the sites ``released`` (indices) are averaged."""
         kept = range(self.sites) if released is None else released
         return math.sqrt(float(partial_average_variance(self.weights, self.site_scales, kept)))

@@ -1,9 +1,10 @@
 """What the curator needs from an owner in a CAPE job, independent of transport.
 
-A CAPE site is also a secure-aggregation site (:class:`common.secagg.endpoints.
+A CAPE site is also a secure-aggregation site (:class:`dpmarket.common.secagg.endpoints.
 SecureAggregationEndpoint`): the job's zero-sum noise round runs through it. Implementations: an
-in-process adapter (``owner.local``) and a gRPC client (``curator.owners``); both raise the errors
-of :mod:`common.errors`, a transport failure being :class:`common.errors.UnavailableError`.
+in-process adapter (``dpmarket.owner.local``) and a gRPC client (``dpmarket.curator.owners``); both
+raise the errors of :mod:`dpmarket.common.errors`, a transport failure being
+:class:`dpmarket.common.errors.UnavailableError`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from common.cape.agreement import SizeAttestation
-from common.cape.spec import AnyCapeSpec
-from common.privacy.ledger import SessionSpend
-from common.schema import Schema
-from common.secagg.endpoints import SecureAggregationEndpoint
+from dpmarket.common.cape.agreement import SizeAttestation
+from dpmarket.common.cape.spec import AnyCapeSpec
+from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.schema import Schema
+from dpmarket.common.secagg.endpoints import SecureAggregationEndpoint
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,14 @@ averages over the records: ``Lambda_0`` (scalar), ``Lambda_1`` (shape ``(D,)``) 
 (shape ``(D, D)``). Algorithm 3 releases ``Lambda_hat_j = Lambda_j + N(0, tau_j^2)`` entrywise and
 minimizes ``f_hat(w) = Lambda_hat_0 + Lambda_hat_1^T w + w^T Lambda_hat_2 w``.
 
-Data domain (Section 4.3, Appendix H): every record has ``||x||_2 <= 1``; for linear regression
-``y in [-1, 1]``, for logistic regression ``y in {0, 1}``. The bounds that map raw data into this
-domain are public parameters of a request (:func:`scale_to_bounds`), never statistics of the
-private data. A data owner clamps its records to them first (:mod:`common.cape.spec`, as OpenDP
-clamps), so every record it feeds here lies in the domain and the sensitivities below hold for its
-raw data (clamping maps a record to a record, so neighbours stay neighbours); the checks here
-then never fail on an owner's data, and an owner runs them under
-:func:`common.errors.on_private_data` so that their messages, which name rows and values, stay
-in its log.
+Data domain (Section 4.3, Appendix H): every record has ``||x||_2 <= 1``; for linear regression ``y
+in [-1, 1]``, for logistic regression ``y in {0, 1}``. The bounds that map raw data into this domain
+are public parameters of a request (:func:`scale_to_bounds`), never statistics of the private data.
+A data owner clamps its records to them first (:mod:`dpmarket.common.cape.spec`, as OpenDP clamps),
+so every record it feeds here lies in the domain and the sensitivities below hold for its raw data
+(clamping maps a record to a record, so neighbours stay neighbours); the checks here then never fail
+on an owner's data, and an owner runs them under :func:`dpmarket.common.errors.on_private_data` so
+that their messages, which name rows and values, stay in its log.
 
 Neighbouring data sets differ in one record (replace-one), as in the paper.
 
@@ -39,10 +38,10 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import minimize
 
-from common.cape.privacy import gaussian_sigma
-from common.cape.zero_sum import draw_gaussian
-from common.privacy.noise import NoiseSource
-from common.validation import check_delta, check_epsilon, check_matrix, check_positive_int
+from dpmarket.common.cape.privacy import gaussian_sigma
+from dpmarket.common.cape.zero_sum import draw_gaussian
+from dpmarket.common.privacy.noise import NoiseSource
+from dpmarket.common.validation import check_delta, check_epsilon, check_matrix, check_positive_int
 
 __all__ = [
     "DOMAIN_TOLERANCE",
@@ -136,12 +135,12 @@ def scale_to_bounds(
     Raises
     ------
     ValueError
-        If a feature value lies outside its bounds ("feature value out of bounds at row r,
-        column c"), a target outside ``target_bounds`` (naming the row), a label is not 0 or 1,
-        NaN/inf anywhere, or the bounds are malformed (shape, ``lo >= hi``, non-finite).
-        Nothing is clipped here (a record outside the public bounds would void the
-        sensitivity): an owner clamps its records to the bounds before
-        (:meth:`common.cape.spec.CapeJobSpec.scaled`), so these checks never fire on its data.
+        If a feature value lies outside its bounds ("feature value out of bounds at row r, column
+        c"), a target outside ``target_bounds`` (naming the row), a label is not 0 or 1, NaN/inf
+        anywhere, or the bounds are malformed (shape, ``lo >= hi``, non-finite). Nothing is clipped
+        here (a record outside the public bounds would void the sensitivity): an owner clamps its
+        records to the bounds before (:meth:`dpmarket.common.cape.spec.CapeJobSpec.scaled`), so
+        these checks never fire on its data.
     """
     t = _check_task(task)
     x = check_matrix(X, "X")
@@ -535,7 +534,7 @@ def order_scales(kappa: float, task: Task, n: int, orders: Sequence[int]) -> dic
         Noise multiplier of the stacked, per-order-normalized release: a Gaussian mechanism of
         sensitivity :func:`stacked_sensitivity` and noise ``kappa`` (e.g. ``kappa =
         gaussian_sigma(epsilon, delta, sqrt(k))`` for a central release, or
-        ``common.cape.privacy.calibrate_tau(..., sensitivity=sqrt(k))`` for a CAPE site).
+        ``dpmarket.common.cape.privacy.calibrate_tau(..., sensitivity=sqrt(k))`` for a CAPE site).
     task : {"linear", "logistic"}
     n : int
         Records averaged (``N`` or ``N_s``).

@@ -1,39 +1,41 @@
 """The CAPE estimate of a mean vector across sites (Algorithm 2 applied to the sites' means).
 
 Each site ``s`` holds ``N_s`` records ``x_i`` in a public box ``[low, high]`` of ``R^D`` and
-releases its mean ``f(x_s) = (1/N_s) sum_i x_i`` through CAPE (:mod:`common.cape.zero_sum`):
+releases its mean ``f(x_s) = (1/N_s) sum_i x_i`` through CAPE
+(:mod:`dpmarket.common.cape.zero_sum`):
 
 ============  =========================================================================
 public        :func:`plan_mean` (bounds, sizes ``N_s``, epsilon, delta, ``S_C``): the noise
               ``tau_s = kappa Delta_s`` of every site, Remark 3's weights ``w_s = N_s / N``,
               the guarantee. Every party computes it from public values.
-site s        ``e_hat_s`` (:func:`common.cape.capefm.site_noise_share`); its (weighted) sum
+site s        ``e_hat_s`` (:func:`dpmarket.common.cape.capefm.site_noise_share`); its (weighted) sum
               goes through secure aggregation; then it releases
-              ``site_mean(...) + e_s + g_s`` (:func:`common.cape.capefm.site_release`).
-aggregator    ``sum_s w_s a_hat_s`` (:func:`common.cape.capefm.aggregate_releases`): the pooled
+              ``site_mean(...) + e_s + g_s`` (:func:`dpmarket.common.cape.capefm.site_release`).
+aggregator    ``sum_s w_s a_hat_s`` (:func:`dpmarket.common.cape.capefm.aggregate_releases`): the
+pooled
               mean plus noise of standard deviation :meth:`CapeMeanPlan.aggregator_std`.
 ============  =========================================================================
 
 Sensitivity (:func:`mean_sensitivity`). Neighbouring data sets differ in one record of one site,
-*replaced* by another record of the box (``N_s`` is public and unchanged, as in the paper's
-mean example with sensitivity ``1 / N_s``). The site's mean moves by ``(x' - x) / N_s``, and
-``||x' - x||_2 <= ||high - low||_2`` for two points of the box (attained by opposite corners),
-so ``Delta_s = ||high - low||_2 / N_s``. The noise is isotropic: every coordinate gets the same
-``tau_s``, in the columns' raw units. The sensitivity holds for an owner's raw data, whatever it
-holds: the owner clamps every record into the box first (:mod:`common.cape.spec`), which maps
-one replaced record to one replaced record of the box.
+*replaced* by another record of the box (``N_s`` is public and unchanged, as in the paper's mean
+example with sensitivity ``1 / N_s``). The site's mean moves by ``(x' - x) / N_s``, and ``||x' -
+x||_2 <= ||high - low||_2`` for two points of the box (attained by opposite corners), so ``Delta_s =
+||high - low||_2 / N_s``. The noise is isotropic: every coordinate gets the same ``tau_s``, in the
+columns' raw units. The sensitivity holds for an owner's raw data, whatever it holds: the owner
+clamps every record into the box first (:mod:`dpmarket.common.cape.spec`), which maps one replaced
+record to one replaced record of the box.
 
-Lemma 1 and Remark 3: with ``w_s = N_s / N``, ``w_s tau_s = kappa ||high - low||_2 / N`` is the
-same at every site, the ``e_s`` cancel in the weighted average and the ``g_s ~ N(0, tau_s^2 /
-S)`` leave a variance ``sum_s w_s^2 tau_s^2 / S = (kappa ||high - low||_2 / N)^2`` per coordinate:
-the pooled-data Gaussian mechanism's with the same multiplier ``kappa``
-(:func:`common.cape.privacy.remark3_weights`). That ``kappa`` is calibrated against the
-aggregator's view of every site's release and ``S_C`` colluders, whose privacy loss has
-``sigma_z^2 = F / kappa^2`` with ``F = S (S + S_H) / (S_H (S + 1))``
-(:func:`common.cape.privacy.collusion_factor`); the pooled mechanism at the same ``(epsilon,
-delta)`` needs only ``kappa / sqrt(F)``. So the estimate's variance is ``F`` times the pooled
-mechanism's at the same guarantee (``CapeMeanPlan.baseline_stds()["pooled"]``): 1.875 at ``S =
-5, S_C = 1``, ``2 S / (S + 1)`` without colluders, against ``S`` times for independent noise per
+Lemma 1 and Remark 3: with ``w_s = N_s / N``, ``w_s tau_s = kappa ||high - low||_2 / N`` is the same
+at every site, the ``e_s`` cancel in the weighted average and the ``g_s ~ N(0, tau_s^2 / S)`` leave
+a variance ``sum_s w_s^2 tau_s^2 / S = (kappa ||high - low||_2 / N)^2`` per coordinate: the
+pooled-data Gaussian mechanism's with the same multiplier ``kappa``
+(:func:`dpmarket.common.cape.privacy.remark3_weights`). That ``kappa`` is calibrated against the
+aggregator's view of every site's release and ``S_C`` colluders, whose privacy loss has ``sigma_z^2
+= F / kappa^2`` with ``F = S (S + S_H) / (S_H (S + 1))``
+(:func:`dpmarket.common.cape.privacy.collusion_factor`); the pooled mechanism at the same
+``(epsilon, delta)`` needs only ``kappa / sqrt(F)``. So the estimate's variance is ``F`` times the
+pooled mechanism's at the same guarantee (``CapeMeanPlan.baseline_stds()["pooled"]``): 1.875 at ``S
+= 5, S_C = 1``, ``2 S / (S + 1)`` without colluders, against ``S`` times for independent noise per
 site.
 
 References
@@ -51,23 +53,23 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.cape.capefm import (
+from dpmarket.common.cape.capefm import (
     aggregate_noise_shares,
     aggregate_releases,
     secure_aggregation_input,
     site_noise_share,
     site_release,
 )
-from common.cape.privacy import (
+from dpmarket.common.cape.privacy import (
     Calibration,
     cape_guarantee,
     gaussian_sigma,
     remark3_weights,
 )
-from common.cape.zero_sum import check_zero_sum, conv_release, partial_average_variance
-from common.cape.zero_sum import zero_sum_correction as _correction
-from common.privacy.noise import NoiseSource
-from common.validation import check_positive_int
+from dpmarket.common.cape.zero_sum import check_zero_sum, conv_release, partial_average_variance
+from dpmarket.common.cape.zero_sum import zero_sum_correction as _correction
+from dpmarket.common.privacy.noise import NoiseSource
+from dpmarket.common.validation import check_positive_int
 
 __all__ = [
     "MEAN_BASELINES",
@@ -126,9 +128,9 @@ def mean_sensitivity(bounds: ArrayLike, n: int) -> float:
 def check_box(values: ArrayLike, bounds: ArrayLike, name: str = "values") -> NDArray[np.float64]:
     """``values`` as a float64 matrix of shape (n, D) inside the box; ``ValueError`` otherwise.
 
-    NaN and inf are outside every box. Nothing is clipped here: an owner clamps its records into
-    the box before (:meth:`common.cape.spec.CapeMeanSpec.clamped`), so this never fails on its
-    data (and it runs under :func:`common.errors.on_private_data` at the owner).
+    NaN and inf are outside every box. Nothing is clipped here: an owner clamps its records into the
+    box before (:meth:`dpmarket.common.cape.spec.CapeMeanSpec.clamped`), so this never fails on its
+    data (and it runs under :func:`dpmarket.common.errors.on_private_data` at the owner).
     """
     b = _check_bounds(bounds)
     x = np.asarray(values, dtype=np.float64)
@@ -167,7 +169,7 @@ class CapeMeanPlan:
     site_scales : tuple of float
         ``tau_s`` per site, in the columns' units.
     sigma_z : float
-        Standard deviation of one site's privacy loss (:class:`common.cape.privacy.
+        Standard deviation of one site's privacy loss (:class:`dpmarket.common.cape.privacy.
         SiteGuarantee`).
     delta_exact : float
         Exact delta at ``epsilon``.
@@ -213,7 +215,7 @@ class CapeMeanPlan:
 
         With every site released, Lemma 1's ``sqrt(sum_s w_s^2 tau_s^2 / S)`` ``= kappa
         ||high - low||_2 / N``; with only the sites ``released`` (indices) averaged, the larger
-        value of :func:`common.cape.zero_sum.partial_average_variance`.
+        value of :func:`dpmarket.common.cape.zero_sum.partial_average_variance`.
         """
         kept = range(self.sites) if released is None else released
         return math.sqrt(float(partial_average_variance(self.weights, self.site_scales, kept)))
@@ -257,7 +259,7 @@ def plan_mean(
     colluders : int, optional
         ``S_C``; default ``ceil(S / 3) - 1``.
     calibration : {"exact", "theorem1", "paper"}
-        As :func:`common.cape.privacy.cape_guarantee` (one statistic: ``unit = 1``).
+        As :func:`dpmarket.common.cape.privacy.cape_guarantee` (one statistic: ``unit = 1``).
 
     Returns
     -------

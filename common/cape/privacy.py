@@ -32,7 +32,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
-from common.validation import check_delta, check_epsilon, check_positive_int
+from dpmarket.common.validation import check_delta, check_epsilon, check_positive_int
 
 __all__ = [
     "Calibration",
@@ -558,7 +558,7 @@ def gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> fl
 
     The root of ``Phi(r/2 - epsilon/r) - e^epsilon Phi(-r/2 - epsilon/r) = delta`` in ``r =
     sensitivity / sigma``, by the same bisection as :func:`calibrate_tau` (cached): the same
-    value as :func:`common.privacy.accounting.analytic_gaussian_sigma` (``dp_accounting``'s
+    value as :func:`dpmarket.common.privacy.accounting.analytic_gaussian_sigma` (``dp_accounting``'s
     search, about 0.2 s a call) in about 50 microseconds, which experiments with thousands of
     calibrations need.
 
@@ -624,19 +624,19 @@ def remark3_weights(sizes: Sequence[int] | ArrayLike) -> NDArray[np.float64]:
 
     Notes
     -----
-    Remark 3 asks for ``a_cape = sum_s w_s a_hat_s`` with ``sum_s w_s e_s = 0`` and ``Var(sum_s
-    w_s g_s) = tau_pool^2`` and defers the scheme to the authors' earlier paper. The scheme here:
-    for a statistic whose site sensitivity is ``Delta_s = c / N_s`` (a mean over the site's
-    records; the pooled one has ``c / N``), take ``w_s = N_s / N`` (so ``sum_s w_s f(x_s)`` is the
-    pooled statistic), ``tau_s = kappa Delta_s`` (:func:`remark3_site_taus`), ``e_hat_s ~ N(0,
-    tau_s^2)``, secure aggregation of ``w_s e_hat_s`` and ``e_s = e_hat_s - (sum_r w_r e_hat_r) /
-    (S w_s)`` (:func:`common.cape.zero_sum.zero_sum_correction` with ``weight``), ``g_s ~ N(0,
-    tau_s^2 / S)``. Then ``sum_s w_s e_s = 0``; ``Var e_s = (1 - 1/S) tau_s^2`` (because ``w_s
-    tau_s = kappa c / N`` is the same for every site); ``Var(sum_s w_s g_s) = sum_s (kappa c /
-    N)^2 / S = (kappa c / N)^2 = tau_pool^2``. Privacy: ``w_s a_hat_s`` is an invertible
-    rescaling of ``a_hat_s``, and the rescaled releases are exactly the symmetric setting with
-    noise ``kappa c / N`` and sensitivity ``c / N`` for every site, so Theorem 1 holds with the
-    ratio ``Delta_s / tau_s = 1 / kappa``.
+    Remark 3 asks for ``a_cape = sum_s w_s a_hat_s`` with ``sum_s w_s e_s = 0`` and ``Var(sum_s w_s
+    g_s) = tau_pool^2`` and defers the scheme to the authors' earlier paper. The scheme here: for a
+    statistic whose site sensitivity is ``Delta_s = c / N_s`` (a mean over the site's records; the
+    pooled one has ``c / N``), take ``w_s = N_s / N`` (so ``sum_s w_s f(x_s)`` is the pooled
+    statistic), ``tau_s = kappa Delta_s`` (:func:`remark3_site_taus`), ``e_hat_s ~ N(0, tau_s^2)``,
+    secure aggregation of ``w_s e_hat_s`` and ``e_s = e_hat_s - (sum_r w_r e_hat_r) / (S w_s)``
+    (:func:`dpmarket.common.cape.zero_sum.zero_sum_correction` with ``weight``), ``g_s ~ N(0,
+    tau_s^2 / S)``. Then ``sum_s w_s e_s = 0``; ``Var e_s = (1 - 1/S) tau_s^2`` (because ``w_s tau_s
+    = kappa c / N`` is the same for every site); ``Var(sum_s w_s g_s) = sum_s (kappa c / N)^2 / S =
+    (kappa c / N)^2 = tau_pool^2``. Privacy: ``w_s a_hat_s`` is an invertible rescaling of
+    ``a_hat_s``, and the rescaled releases are exactly the symmetric setting with noise ``kappa c /
+    N`` and sensitivity ``c / N`` for every site, so Theorem 1 holds with the ratio ``Delta_s /
+    tau_s = 1 / kappa``.
     """
     n = _check_sizes(sizes)
     out: NDArray[np.float64] = n / n.sum()

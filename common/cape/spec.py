@@ -18,11 +18,11 @@ its own console), and refuses any other with a message that names only public in
 
 Notes
 -----
-Clamping keeps every sensitivity stated here and in :mod:`common.cape.mean`,
-:mod:`common.cape.functional_mechanism` and :mod:`common.cape.dpgd`: it maps each record to a
-record inside the box, one record at a time, so two data sets that differ in one record are still
-two data sets inside the box that differ in (at most) one record, and the mechanism's guarantee
-for data in the box holds for the raw data.
+Clamping keeps every sensitivity stated here and in :mod:`dpmarket.common.cape.mean`,
+:mod:`dpmarket.common.cape.functional_mechanism` and :mod:`dpmarket.common.cape.dpgd`: it maps each
+record to a record inside the box, one record at a time, so two data sets that differ in one record
+are still two data sets inside the box that differ in (at most) one record, and the mechanism's
+guarantee for data in the box holds for the raw data.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.cape.capefm import CapeFMPlan, plan_capefm
-from common.cape.dpgd import CapeTrainingPlan, n_params, plan_training, training_loss_sigma
-from common.cape.functional_mechanism import Task, scale_to_bounds
-from common.cape.mean import CapeMeanPlan, plan_mean
+from dpmarket.common.cape.capefm import CapeFMPlan, plan_capefm
+from dpmarket.common.cape.dpgd import CapeTrainingPlan, n_params, plan_training, training_loss_sigma
+from dpmarket.common.cape.functional_mechanism import Task, scale_to_bounds
+from dpmarket.common.cape.mean import CapeMeanPlan, plan_mean
 
 #: Name of the constant feature added for an intercept.
 INTERCEPT = "(intercept)"
@@ -133,7 +133,7 @@ def _check_labels(y: NDArray[np.float64], column: str) -> None:
     """Raise ``ValueError`` unless ``y`` holds only 0 and 1; the message names the column only.
 
     An owner never gets here with another column: it accepts only a target it declared 0/1 and
-    checked when it started (:class:`owner.data.Table`).
+    checked when it started (:class:`dpmarket.owner.data.Table`).
     """
     if not np.isin(y, (0.0, 1.0)).all():
         raise ValueError(f"target column {column!r} must hold only 0 and 1")
@@ -334,9 +334,9 @@ class CapeMeanSpec:
 
     Notes
     -----
-    Sensitivity: :func:`common.cape.mean.mean_sensitivity`, ``||high - low||_2 / N_s`` under the
-    replacement of one record of one site; it holds for the raw data because the owner clamps
-    every record into the box first (:meth:`clamped`, module Notes).
+    Sensitivity: :func:`dpmarket.common.cape.mean.mean_sensitivity`, ``||high - low||_2 / N_s``
+    under the replacement of one record of one site; it holds for the raw data because the owner
+    clamps every record into the box first (:meth:`clamped`, module Notes).
     """
 
     features: tuple[tuple[str, float, float], ...]
@@ -436,10 +436,10 @@ class CapeTrainingSpec:
 
     Notes
     -----
-    Sensitivity: each per-example gradient is clipped to norm ``C`` whatever the data, so the
-    site's average moves by at most ``2 C / N_s`` when one record is replaced
-    (:func:`common.cape.dpgd.site_gradient`). The bounds serve the scaling only: they are not
-    needed for privacy; a value outside them is clamped to them like any other job's.
+    Sensitivity: each per-example gradient is clipped to norm ``C`` whatever the data, so the site's
+    average moves by at most ``2 C / N_s`` when one record is replaced
+    (:func:`dpmarket.common.cape.dpgd.site_gradient`). The bounds serve the scaling only: they are
+    not needed for privacy; a value outside them is clamped to them like any other job's.
     """
 
     features: tuple[tuple[str, float, float], ...]
@@ -489,7 +489,8 @@ class CapeTrainingSpec:
     @property
     def cost(self) -> tuple[float, float]:
         """``(epsilon, delta)`` of the whole training charged to every owner: the PLD
-        accountant's total at ``delta`` (:func:`common.cape.dpgd.training_loss_sigma`), never
+        accountant's total at ``delta`` (:func:`dpmarket.common.cape.dpgd.training_loss_sigma`),
+        never
         above the request."""
         return training_loss_sigma(self.epsilon, self.delta, self.iterations)[1], self.delta
 

@@ -4,7 +4,7 @@ One CAPE round, for sites ``s = 1..S`` holding a statistic ``f_s`` (an array of 
 
 1. site: ``e_hat_s = draw_noise_share(tau_s, m, noise)`` (Algorithm 1, step 2);
 2. aggregator: ``total = sum_s e_hat_s`` (:func:`sum_noise_shares`; in production the sum goes
-   through secure aggregation, ``common.secagg``, so the aggregator learns only the sum);
+   through secure aggregation, ``dpmarket.common.secagg``, so the aggregator learns only the sum);
 3. site: ``e_s = zero_sum_correction(e_hat_s, total, S)`` (Algorithm 1, step 5);
 4. site: ``a_hat_s = cape_release(f_s, e_s, tau_g, noise)`` with ``tau_g^2 = tau_s^2 / S``
    (Algorithm 2, steps 4-5); only ``a_hat_s`` leaves the site;
@@ -19,7 +19,7 @@ estimate, noise that ``tau_pool`` does not include and :func:`partial_average_va
 :func:`check_zero_sum` verifies the property for a set of shares (for tests and the
 in-process drivers; the aggregator never sees ``e_s``).
 
-Remark 3 (unequal sizes): pass ``weight = w_s = N_s / N`` (:func:`common.cape.privacy.
+Remark 3 (unequal sizes): pass ``weight = w_s = N_s / N`` (:func:`dpmarket.common.cape.privacy.
 remark3_weights`) to :func:`secure_aggregation_input` and :func:`zero_sum_correction` and the same
 weights to :func:`cape_average`; then ``sum_s w_s e_s = 0``.
 
@@ -38,8 +38,8 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.privacy.noise import NoiseSource
-from common.validation import check_epsilon, check_positive_int
+from dpmarket.common.privacy.noise import NoiseSource
+from dpmarket.common.validation import check_epsilon, check_positive_int
 
 __all__ = [
     "CapePlan",
@@ -65,8 +65,9 @@ class CapePlan(Protocol):
     """The public plan of one CAPE release, as the site-side steps need it.
 
     Every party computes it from public values (the task, the sites' row counts, epsilon, delta,
-    ``S_C``): :class:`common.cape.capefm.CapeFMPlan`, :class:`common.cape.mean.CapeMeanPlan`,
-    :class:`common.cape.dpgd.CapeTrainingPlan` (one iteration's release).
+    ``S_C``): :class:`dpmarket.common.cape.capefm.CapeFMPlan`,
+    :class:`dpmarket.common.cape.mean.CapeMeanPlan`,
+    :class:`dpmarket.common.cape.dpgd.CapeTrainingPlan` (one iteration's release).
     """
 
     @property
@@ -156,7 +157,8 @@ def draw_gaussian(tau: float | ArrayLike, size: int, noise: NoiseSource) -> NDAr
     size : int
         Number of entries, ``>= 1``.
     noise : NoiseSource
-        Where the draws come from (:class:`~common.privacy.noise.OpenDPNoise` in production).
+        Where the draws come from (:class:`~dpmarket.common.privacy.noise.OpenDPNoise` in
+        production).
 
     Returns
     -------
@@ -192,7 +194,7 @@ def draw_noise_share(
     ----------
     tau_s : float or array-like of shape (size,)
         The site's noise standard deviation (per entry if an array), ``> 0``, in the statistic's
-        units (:func:`common.cape.privacy.calibrate_tau`).
+        units (:func:`dpmarket.common.cape.privacy.calibrate_tau`).
     size : int
         Length of the (flattened) statistic.
     noise : NoiseSource
@@ -240,8 +242,8 @@ def secure_aggregation_input(
 def sum_noise_shares(shares: Sequence[ArrayLike]) -> NDArray[np.float64]:
     """Aggregator side, Algorithm 1 step 3 (in process): ``sum_s`` of the sites' inputs.
 
-    In production this sum is computed by secure aggregation (``common.secagg``) so that the
-    aggregator learns nothing else; this function is its in-process stand-in.
+    In production this sum is computed by secure aggregation (``dpmarket.common.secagg``) so that
+    the aggregator learns nothing else; this function is its in-process stand-in.
 
     Parameters
     ----------
@@ -337,7 +339,7 @@ def cape_release(
 
     Notes
     -----
-    Privacy (Theorem 1, :func:`common.cape.privacy.theorem1_delta`): with ``f_s`` of L2
+    Privacy (Theorem 1, :func:`dpmarket.common.cape.privacy.theorem1_delta`): with ``f_s`` of L2
     sensitivity ``Delta`` and ``tau_g = tau / sqrt(S)``, the release is as private as a Gaussian
     mechanism with ratio ``sigma_z = (Delta / tau) sqrt(F)`` against an adversary of the
     aggregator and ``S_C`` sites.

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from common.errors import FailedPreconditionError
-from common.privacy.accounting import (
+from dpmarket.common.errors import FailedPreconditionError
+from dpmarket.common.privacy.accounting import (
     PrivacyEvent,
     _check_delta_tilde,
     _kairouz_from_groups,
@@ -52,7 +52,7 @@ class Charge:
     ------
     ValueError
         If ``party`` is unknown, ``label`` is not a string or ``event`` is not a
-        :class:`~common.privacy.accounting.PrivacyEvent`.
+        :class:`~dpmarket.common.privacy.accounting.PrivacyEvent`.
     """
 
     party: Literal["validation", "owners", "public"]

@@ -204,8 +204,8 @@ class OpenDPNoise:
     ``vector_domain(atom_domain(T=float, nan=False), size=size)`` with ``l1_distance``, or
     ``make_gaussian`` with ``l2_distance``) to a zero vector of length ``size`` and returns the
     result, which is the noise itself. Measurements are built once per (kind, scale, size) and
-    cached (at most 256 in the process, least recently used evicted). OpenDP's privacy maps are
-    not used: accounting stays with :mod:`common.privacy.accounting`, which is given the same
+    cached (at most 256 in the process, least recently used evicted). OpenDP's privacy maps are not
+    used: accounting stays with :mod:`dpmarket.common.privacy.accounting`, which is given the same
     ``scale`` / ``sigma``.
 
     Raises
@@ -309,11 +309,11 @@ def noise_source(seed: int | None) -> NoiseSource:
     Parameters
     ----------
     seed : int or None
-        ``None`` in production: :class:`OpenDPNoise` (floating-point safe, OS entropy). An int
-        ``>= 0`` for tests and explicitly seeded sessions: :class:`SeededNoise` on
+        ``None`` in production: :class:`OpenDPNoise` (floating-point safe, OS entropy). An int ``>=
+        0`` for tests and explicitly seeded sessions: :class:`SeededNoise` on
         ``np.random.default_rng(seed)`` (see its Notes: not for releases whose privacy matters).
-        :func:`common.privacy.rng.make_rng` follows the same convention for the session's other
-        randomness.
+        :func:`dpmarket.common.privacy.rng.make_rng` follows the same convention for the session's
+        other randomness.
 
     Returns
     -------

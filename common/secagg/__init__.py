@@ -17,18 +17,18 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.secagg import protocol, sparse
-from common.secagg.crypto import RandomBytes, SecAggError, Signer, Verifier
-from common.secagg.fixedpoint import FixedPoint, dequantize_sum, quantize
-from common.secagg.protocol import (
+from dpmarket.common.secagg import protocol, sparse
+from dpmarket.common.secagg.crypto import RandomBytes, SecAggError, Signer, Verifier
+from dpmarket.common.secagg.fixedpoint import FixedPoint, dequantize_sum, quantize
+from dpmarket.common.secagg.protocol import (
     KeyAdvertisement,
     RoundParams,
     SecAggAggregator,
     SecAggSite,
     UnmaskResponse,
 )
-from common.secagg.shamir import Share, combine_shares, split_secret
-from common.secagg.sparse import SparseSecAggAggregator, SparseSecAggSite
+from dpmarket.common.secagg.shamir import Share, combine_shares, split_secret
+from dpmarket.common.secagg.sparse import SparseSecAggAggregator, SparseSecAggSite
 
 __all__ = [
     "FixedPoint",
@@ -64,9 +64,9 @@ def run_in_process(
 ) -> NDArray[np.float64]:
     """One round with every site and the aggregator in this process, complete graph or sparse.
 
-    :func:`common.secagg.protocol.run_in_process` for a complete-graph round,
-    :func:`common.secagg.sparse.run_sparse_in_process` for a sparse one (which also takes the
-    stage ``"reveal"`` and reports the phase ``reveal_nonces``); same parameters, returns and
+    :func:`dpmarket.common.secagg.protocol.run_in_process` for a complete-graph round,
+    :func:`dpmarket.common.secagg.sparse.run_sparse_in_process` for a sparse one (which also takes
+    the stage ``"reveal"`` and reports the phase ``reveal_nonces``); same parameters, returns and
     errors. ``random_bytes`` defaults to ``os.urandom``.
     """
     run = sparse.run_sparse_in_process if params.sparse else protocol.run_in_process

@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 from numpy.typing import NDArray
 
-from common.errors import AbortedError
+from dpmarket.common.errors import AbortedError
 
 __all__ = [
     "KEY_BYTES",
@@ -88,8 +88,8 @@ class SecAggError(AbortedError, ValueError):
     identity did not verify, a message was malformed or inconsistent, or fewer than the threshold
     of sites remain. The round releases nothing.
 
-    A :class:`ValueError` (bad protocol input) and a :class:`common.errors.AbortedError`, which the
-    services map to gRPC ``ABORTED``.
+    A :class:`ValueError` (bad protocol input) and a :class:`dpmarket.common.errors.AbortedError`,
+    which the services map to gRPC ``ABORTED``.
     """
 
 

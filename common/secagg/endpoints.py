@@ -1,11 +1,12 @@
 """What the aggregator needs from a site in a secure-aggregation round, independent of transport.
 
-The curator drives a round (:mod:`curator.secagg`) through these endpoints: an in-process adapter
-around an owner's :class:`owner.secagg.SiteRounds` or a gRPC client. Both raise the errors of
-:mod:`common.errors`; a transport failure is :class:`common.errors.UnavailableError` and makes the
-site a dropout at that stage. Complete-graph rounds (Bonawitz et al.) use five of the calls;
-sparse rounds (SecAgg+, :mod:`common.secagg.sparse`) also :meth:`reveal_nonce`, and the pairwise
-tags of :class:`MaskedInput` and :class:`SurvivorAttestation`.
+The curator drives a round (:mod:`dpmarket.curator.secagg`) through these endpoints: an in-process
+adapter around an owner's :class:`dpmarket.owner.secagg.SiteRounds` or a gRPC client. Both raise the
+errors of :mod:`dpmarket.common.errors`; a transport failure is
+:class:`dpmarket.common.errors.UnavailableError` and makes the site a dropout at that stage.
+Complete-graph rounds (Bonawitz et al.) use five of the calls; sparse rounds (SecAgg+,
+:mod:`dpmarket.common.secagg.sparse`) also :meth:`reveal_nonce`, and the pairwise tags of
+:class:`MaskedInput` and :class:`SurvivorAttestation`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
+from dpmarket.common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class MaskedInput:
         The masked input, values mod ``2^k``.
     acknowledgements : dict of str to bytes
         Sparse rounds: neighbour -> this site's acknowledgement that it masked with it
-        (:attr:`common.secagg.sparse.SparseSecAggSite.acknowledgements`); empty otherwise.
+        (:attr:`dpmarket.common.secagg.sparse.SparseSecAggSite.acknowledgements`); empty otherwise.
     """
 
     vector: NDArray[np.uint64]

@@ -123,8 +123,8 @@ def quantize(x: ArrayLike, fp: FixedPoint, rng: np.random.Generator) -> NDArray[
     fp : FixedPoint
     rng : numpy.random.Generator
         Source of the rounding coins (``n`` uniform draws on ``[0, 1)``). Production passes a
-        CSPRNG-seeded generator (:func:`common.privacy.rng.production_rng`); tests pass seeded
-        ones.
+        CSPRNG-seeded generator (:func:`dpmarket.common.privacy.rng.production_rng`); tests pass
+        seeded ones.
 
     Returns
     -------

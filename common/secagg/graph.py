@@ -85,7 +85,7 @@ site chose ``v``):
   :func:`cohesion_failure_bound` sums ``C(S_H, s) P[f_v <= Delta]^s`` over ``s``.
 
 :func:`failure_bound` is their sum; a sparse round is valid only when it is at most ``2^-40``
-(``SECURITY_BITS``; :class:`common.secagg.protocol.RoundParams` refuses others), and
+(``SECURITY_BITS``; :class:`dpmarket.common.secagg.protocol.RoundParams` refuses others), and
 :func:`min_neighbours` is the least ``k`` that reaches it. Numbers (tested): at ``S = 100`` with
 ``S_C = 5`` and ``Delta = 5``, ``k = 15`` (mean degree 28 of 99); ``S_C = 10``: 19; ``S_C = 33``
 (CAPE's default ``ceil(S/3) - 1``): 30 (mean degree 51); at ``S = 1,000``, ``S_C = 50``,
@@ -115,7 +115,7 @@ import numpy as np
 from scipy.special import gammaln, logsumexp
 from scipy.stats import binom, hypergeom
 
-from common.secagg.crypto import KEY_BYTES, SecAggError, encode_fields, prg_words
+from dpmarket.common.secagg.crypto import KEY_BYTES, SecAggError, encode_fields, prg_words
 
 __all__ = [
     "MAX_DEGREE_FRACTION",
@@ -187,7 +187,7 @@ def graph_seed(
     Parameters
     ----------
     params_digest : bytes
-        :attr:`common.secagg.protocol.RoundParams.digest`.
+        :attr:`dpmarket.common.secagg.protocol.RoundParams.digest`.
     nonces : mapping of str to bytes
         Site -> its revealed 32-byte nonce.
     commitments : mapping of str to bytes
@@ -225,10 +225,10 @@ def choose_neighbours(seed: bytes, sites: int, k: int) -> np.ndarray:
 
     Site ``i`` (its index in the sorted site list) chooses the ``k`` sites ``j != i`` with the
     smallest keys ``w[i, j]``, where ``w`` is the ``sites x sites`` array of 64-bit words of
-    :func:`~common.secagg.crypto.prg_words` (AES-256 counter mode) under ``SHA-256(label, seed)``,
-    row major, with the low 16 bits of each word replaced by ``j``: the keys of a row are distinct,
-    and the ``k`` smallest of independent uniform keys are a uniform ``k``-subset (ties of the top
-    48 bits, which the index breaks, have probability below ``sites^2 / 2^49``).
+    :func:`~dpmarket.common.secagg.crypto.prg_words` (AES-256 counter mode) under ``SHA-256(label,
+    seed)``, row major, with the low 16 bits of each word replaced by ``j``: the keys of a row are
+    distinct, and the ``k`` smallest of independent uniform keys are a uniform ``k``-subset (ties of
+    the top 48 bits, which the index breaks, have probability below ``sites^2 / 2^49``).
 
     Parameters
     ----------

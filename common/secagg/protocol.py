@@ -19,19 +19,19 @@ Messages are plain dataclasses and bytes; a service layer moves them over the ne
 :func:`run_in_process` runs a whole round in one process, with dropouts, for tests and benchmarks.
 
 This is the malicious-server variant of Bonawitz et al.'s Figure 4: key advertisements are signed
-with each site's identity key, and before it reveals any unmasking share a site checks that at
-least ``t`` distinct survivors signed the very ``U3`` it signed itself (the ConsistencyCheck
-round), with ``t > (n + S_C) / 2`` for ``S_C`` colluding sites (:class:`RoundParams`), so an
-aggregator that tells different sites different survivor lists gets no share at all from the
-sites it lied to, and never both secrets of one site. Differences from Figure 4: the inputs are
-reals, quantized by :mod:`common.secagg.fixedpoint`; masks are expanded by AES-256 counter mode
-from the full 32-byte keys (:func:`common.secagg.crypto.prg_words`); the signed ``U3`` is bound
-to a digest of every round parameter, not only to the round id.
+with each site's identity key, and before it reveals any unmasking share a site checks that at least
+``t`` distinct survivors signed the very ``U3`` it signed itself (the ConsistencyCheck round), with
+``t > (n + S_C) / 2`` for ``S_C`` colluding sites (:class:`RoundParams`), so an aggregator that
+tells different sites different survivor lists gets no share at all from the sites it lied to, and
+never both secrets of one site. Differences from Figure 4: the inputs are reals, quantized by
+:mod:`dpmarket.common.secagg.fixedpoint`; masks are expanded by AES-256 counter mode from the full
+32-byte keys (:func:`dpmarket.common.secagg.crypto.prg_words`); the signed ``U3`` is bound to a
+digest of every round parameter, not only to the round id.
 
 This module is the complete graph (every site shares with and masks with every other). For many
-sites, :mod:`common.secagg.sparse` runs SecAgg+ with the same defences per neighbourhood on the
-graph of :mod:`common.secagg.graph` (``RoundParams.neighbours > 0``), which also says what the
-sparse graph changes in the argument of :class:`RoundParams`.
+sites, :mod:`dpmarket.common.secagg.sparse` runs SecAgg+ with the same defences per neighbourhood on
+the graph of :mod:`dpmarket.common.secagg.graph` (``RoundParams.neighbours > 0``), which also says
+what the sparse graph changes in the argument of :class:`RoundParams`.
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 
-from common.errors import FailedPreconditionError
-from common.secagg import graph, shamir
-from common.secagg.crypto import (
+from dpmarket.common.errors import FailedPreconditionError
+from dpmarket.common.secagg import graph, shamir
+from dpmarket.common.secagg.crypto import (
     KEY_BYTES,
     EcdsaSigner,
     EcdsaVerifier,
@@ -70,8 +70,8 @@ from common.secagg.crypto import (
     public_key_bytes,
     shared_key,
 )
-from common.secagg.fixedpoint import FixedPoint, dequantize_sum, quantize
-from common.secagg.shamir import Share
+from dpmarket.common.secagg.fixedpoint import FixedPoint, dequantize_sum, quantize
+from dpmarket.common.secagg.shamir import Share
 
 __all__ = [
     "ROUND_ID_BYTES",
@@ -175,7 +175,8 @@ def _check_sparse(sites: int, threshold: int, colluders: int, k: int, allowance:
         raise ValueError(
             f"the sparse graph with k={k} neighbours and allowance {allowance} for {sites} "
             f"sites and S_C={colluders} colluders fails with probability up to {bound:.3g}, "
-            f"above 2^-{graph.SECURITY_BITS}: choose k with common.secagg.graph.min_neighbours"
+            f"above 2^-{graph.SECURITY_BITS}: choose k with "
+            "dpmarket.common.secagg.graph.min_neighbours"
         )
 
 
@@ -205,14 +206,14 @@ class RoundParams:
         whatever it asks), ``0 <= S_C <= len(sites) - 1``. Each site refuses a round whose
         ``S_C`` is below what it requires (its owner's policy, its job).
     neighbours : int, default 0
-        ``0`` for the complete graph (Bonawitz et al.); ``k >= 1`` for SecAgg+'s sparse graph,
-        in which every site chooses ``k`` random neighbours (:mod:`common.secagg.graph`,
-        :mod:`common.secagg.sparse`). A sparse round has ``threshold = 0``: its thresholds are
-        per neighbourhood, ``t_v = K_v - allowance``.
+        ``0`` for the complete graph (Bonawitz et al.); ``k >= 1`` for SecAgg+'s sparse graph, in
+        which every site chooses ``k`` random neighbours (:mod:`dpmarket.common.secagg.graph`,
+        :mod:`dpmarket.common.secagg.sparse`). A sparse round has ``threshold = 0``: its thresholds
+        are per neighbourhood, ``t_v = K_v - allowance``.
     allowance : int, default 0
         ``Delta``, sparse rounds only: the lost sites every neighbourhood tolerates,
         ``0 <= Delta <= k - 1``. ``(len(sites), colluders, neighbours, allowance)`` must meet
-        :func:`common.secagg.graph.failure_bound` ``<= 2^-40``.
+        :func:`dpmarket.common.secagg.graph.failure_bound` ``<= 2^-40``.
 
     Raises
     ------
@@ -367,11 +368,11 @@ class KeyAdvertisement:
     s_public : bytes
         32-byte X25519 public key for the pairwise masks.
     signature : bytes
-        The site's :class:`~common.secagg.crypto.Signer` signature of
+        The site's :class:`~dpmarket.common.secagg.crypto.Signer` signature of
         :func:`advertisement_message` ``(round_id, site, c_public, s_public, commitment)``.
     commitment : bytes, default b""
         Sparse rounds: the 32-byte commitment to the site's graph nonce
-        (:func:`common.secagg.graph.nonce_commitment`); empty in complete-graph rounds.
+        (:func:`dpmarket.common.secagg.graph.nonce_commitment`); empty in complete-graph rounds.
     """
 
     site: str
@@ -477,7 +478,7 @@ class SecAggSite:
 
     Call :meth:`advertise_keys`, :meth:`share_keys`, :meth:`masked_input`,
     :meth:`check_consistency` and :meth:`unmask` once each, in that order; a call out of order
-    (or a second call of any) raises :class:`~common.errors.FailedPreconditionError`. A
+    (or a second call of any) raises :class:`~dpmarket.common.errors.FailedPreconditionError`. A
     :class:`SecAggError` aborts the round for this site (later calls fail) and its secrets are
     dropped.
 
@@ -529,7 +530,9 @@ class SecAggSite:
         if site not in params.sites:
             raise ValueError(f"site {site!r} is not one of the round's sites {params.sites}")
         if params.sparse:
-            raise ValueError("a sparse round runs on common.secagg.sparse.SparseSecAggSite")
+            raise ValueError(
+                "a sparse round runs on dpmarket.common.secagg.sparse.SparseSecAggSite"
+            )
         self.site = site
         self.params = params
         self._signer = signer
@@ -739,10 +742,11 @@ class SecAggSite:
     ) -> NDArray[np.uint64]:
         """Round 2: return this site's input, quantized and masked.
 
-        ``y_u = Q(x_u) + PRG(b_u) + sum_{v in U2, v < u} PRG(s_uv) - sum_{v in U2, v > u}
-        PRG(s_uv)  (mod 2^k)``, with ``Q`` the stochastic rounding of
-        :func:`~common.secagg.fixedpoint.quantize`, ``s_uv = HKDF(X25519(s_sk_u, s_pk_v))`` bound
-        to the round and the pair, and ``PRG`` = :func:`~common.secagg.crypto.prg_words`.
+        ``y_u = Q(x_u) + PRG(b_u) + sum_{v in U2, v < u} PRG(s_uv) - sum_{v in U2, v > u} PRG(s_uv)
+        (mod 2^k)``, with ``Q`` the stochastic rounding of
+        :func:`~dpmarket.common.secagg.fixedpoint.quantize`, ``s_uv = HKDF(X25519(s_sk_u, s_pk_v))``
+        bound to the round and the pair, and ``PRG`` =
+        :func:`~dpmarket.common.secagg.crypto.prg_words`.
 
         Parameters
         ----------
@@ -1001,7 +1005,9 @@ class SecAggAggregator:
 
     def __init__(self, params: RoundParams) -> None:
         if params.sparse:
-            raise ValueError("a sparse round runs on common.secagg.sparse.SparseSecAggAggregator")
+            raise ValueError(
+                "a sparse round runs on dpmarket.common.secagg.sparse.SparseSecAggAggregator"
+            )
         self.params = params
         self._stage = Stage.NEW
         self._advertisements: dict[str, KeyAdvertisement] = {}
@@ -1229,7 +1235,7 @@ class SecAggAggregator:
         -------
         ndarray of shape (vector_length,), float64
             The sum of the survivors' (``U3``) input vectors, within ``|U3| / scale`` per entry
-            (:func:`~common.secagg.fixedpoint.dequantize_sum`).
+            (:func:`~dpmarket.common.secagg.fixedpoint.dequantize_sum`).
 
         Raises
         ------
@@ -1315,7 +1321,7 @@ def run_in_process(
 ) -> NDArray[np.float64]:
     """Run one round with every site and the aggregator in this process, one after another.
 
-    Complete-graph rounds only: :func:`common.secagg.run_in_process` runs either kind.
+    Complete-graph rounds only: :func:`dpmarket.common.secagg.run_in_process` runs either kind.
 
     Parameters
     ----------
@@ -1330,14 +1336,14 @@ def run_in_process(
         ``U3`` but sends no unmasking response).
     signers : mapping of str to Signer, optional
         Each site's identity signer; with ``verifier``. By default fresh ECDSA P-256 keys are
-        made for this run (:class:`~common.secagg.crypto.EcdsaSigner` /
-        :class:`~common.secagg.crypto.EcdsaVerifier`).
+        made for this run (:class:`~dpmarket.common.secagg.crypto.EcdsaSigner` /
+        :class:`~dpmarket.common.secagg.crypto.EcdsaVerifier`).
     verifier : Verifier, optional
     random_bytes : callable, optional
         Source of every site's key material (``os.urandom`` by default).
     rng : numpy.random.Generator, optional
         Coins of the stochastic rounding, used by the sites in sorted order. By default
-        :func:`common.privacy.rng.production_rng`.
+        :func:`dpmarket.common.privacy.rng.production_rng`.
     phase_seconds : dict, optional
         If given, filled with the wall-clock seconds of each phase, summed over the sites and the
         aggregator: ``advertise_keys``, ``share_keys``, ``masked_input``, ``consistency_check``,
@@ -1358,7 +1364,9 @@ def run_in_process(
         out of range, only one of ``signers`` and ``verifier`` is given, or the round is sparse.
     """
     if params.sparse:
-        raise ValueError("a sparse round runs in common.secagg.sparse.run_sparse_in_process")
+        raise ValueError(
+            "a sparse round runs in dpmarket.common.secagg.sparse.run_sparse_in_process"
+        )
     drops = dict(drop_at or {})
     if set(sites) != set(params.sites):
         raise ValueError(f"inputs are for {sorted(sites)}, the round's sites are {params.sites}")
@@ -1372,7 +1380,7 @@ def run_in_process(
         signers = {name: EcdsaSigner(key) for name, key in keys.items()}
         verifier = EcdsaVerifier({name: key.public_key() for name, key in keys.items()})
     if rng is None:
-        from common.privacy.rng import production_rng
+        from dpmarket.common.privacy.rng import production_rng
 
         rng = production_rng()
     timer = _Timer()

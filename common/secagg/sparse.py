@@ -1,10 +1,10 @@
 """SecAgg+ (Bell et al., CCS 2020): secure aggregation on a sparse random graph, against an
 aggregator that lies actively.
 
-The protocol of :mod:`common.secagg.protocol` (Bonawitz et al.'s Figure 4 with the
+The protocol of :mod:`dpmarket.common.secagg.protocol` (Bonawitz et al.'s Figure 4 with the
 ConsistencyCheck), with each site sharing its secrets among, masking with and checking quorums of
-its neighbours in the k-out graph of :mod:`common.secagg.graph` instead of all sites. A round has
-six stages; each is one method of :class:`SparseSecAggSite` answered by one method of
+its neighbours in the k-out graph of :mod:`dpmarket.common.secagg.graph` instead of all sites. A
+round has six stages; each is one method of :class:`SparseSecAggSite` answered by one method of
 :class:`SparseSecAggAggregator`:
 
 0. advertise: ``advertise_keys`` (the signed keys now also commit to a graph nonce) ->
@@ -21,12 +21,12 @@ six stages; each is one method of :class:`SparseSecAggSite` answered by one meth
 
 Why every check is there, and what the sparse graph changes in the argument against an actively
 lying curator (thresholds and quorums per neighbourhood, ``t_v = K_v - Delta``; the graph's
-parameters meet a ``2^-40`` failure bound), is in :mod:`common.secagg.graph`. What stays: key
-advertisements signed with the sites' identity keys (checked for every neighbour), the
+parameters meet a ``2^-40`` failure bound), is in :mod:`dpmarket.common.secagg.graph`. What stays:
+key advertisements signed with the sites' identity keys (checked for every neighbour), the
 consistency round before any unmasking share leaves a site, a site answering each stage once,
 ``S_C`` bound into the parameters (each owner refuses one below its floor, as in complete-graph
-rounds), and ``2 t_v > K_v + c_v`` in every honest neighbourhood (the complete graph's
-``2 t > n + S_C``), which the graph delivers except with probability ``2^-40``.
+rounds), and ``2 t_v > K_v + c_v`` in every honest neighbourhood (the complete graph's ``2 t > n +
+S_C``), which the graph delivers except with probability ``2^-40``.
 
 What differs from the complete-graph round besides the graph: the survivor list is attested with
 HMAC-SHA256 tags under pairwise keys (from the same X25519 agreement as the share encryption key)
@@ -49,8 +49,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 
-from common.secagg import shamir
-from common.secagg.crypto import (
+from dpmarket.common.secagg import shamir
+from dpmarket.common.secagg.crypto import (
     KEY_BYTES,
     EcdsaSigner,
     EcdsaVerifier,
@@ -71,9 +71,9 @@ from common.secagg.crypto import (
     shared_key,
     shared_keys,
 )
-from common.secagg.fixedpoint import dequantize_sum, quantize
-from common.secagg.graph import NeighbourGraph, graph_seed, nonce_commitment
-from common.secagg.protocol import (
+from dpmarket.common.secagg.fixedpoint import dequantize_sum, quantize
+from dpmarket.common.secagg.graph import NeighbourGraph, graph_seed, nonce_commitment
+from dpmarket.common.secagg.protocol import (
     _MASK_KEY_LABEL,
     _SHARE_PAIR_BYTES,
     KeyAdvertisement,
@@ -91,7 +91,7 @@ from common.secagg.protocol import (
     advertisement_message,
     consistency_message,
 )
-from common.secagg.shamir import Share
+from dpmarket.common.secagg.shamir import Share
 
 __all__ = [
     "SPARSE_DROP_STAGES",
@@ -122,14 +122,15 @@ def acknowledgement_message(params: RoundParams, sender: str, recipient: str) ->
 
 def attestation_message(survivor_list: bytes, sender: str, recipient: str) -> bytes:
     """What ``sender`` tags for ``recipient`` in the consistency check: the survivor list it
-    attests (``survivor_list``: :func:`~common.secagg.protocol.consistency_message` of the round,
+    attests (``survivor_list``: :func:`~dpmarket.common.secagg.protocol.consistency_message` of the
+    round,
     the list and the graph seed), directed so that a tag cannot be reflected to its maker."""
     return encode_fields(_ATTEST_LABEL, survivor_list, sender.encode(), recipient.encode())
 
 
 def _require_sparse(params: RoundParams) -> None:
     if not params.sparse:
-        raise ValueError("a complete-graph round runs on common.secagg.protocol")
+        raise ValueError("a complete-graph round runs on dpmarket.common.secagg.protocol")
 
 
 class SparseSecAggSite:
@@ -137,8 +138,8 @@ class SparseSecAggSite:
 
     Call :meth:`advertise_keys`, :meth:`reveal_nonce`, :meth:`share_keys`, :meth:`masked_input`,
     :meth:`attest` and :meth:`unmask` once each, in that order; a call out of order (or a second
-    call) raises :class:`~common.errors.FailedPreconditionError`. A :class:`SecAggError` aborts the
-    round for this site and drops its secrets.
+    call) raises :class:`~dpmarket.common.errors.FailedPreconditionError`. A :class:`SecAggError`
+    aborts the round for this site and drops its secrets.
 
     Parameters
     ----------
@@ -165,7 +166,7 @@ class SparseSecAggSite:
     unmasking request once, only for that ``U3``, after ``t_v`` members of ``N[v]`` (itself
     included) attested it to it, and reveals a survivor's self-mask share only with that
     survivor's acknowledgement that it masked with this site. It never reveals both shares it
-    holds of one site. Why this suffices: :mod:`common.secagg.graph`.
+    holds of one site. Why this suffices: :mod:`dpmarket.common.secagg.graph`.
     """
 
     def __init__(
@@ -243,8 +244,9 @@ class SparseSecAggSite:
         -------
         KeyAdvertisement
             ``c_public``, ``s_public`` (32 bytes each), ``commitment``
-            (:func:`common.secagg.graph.nonce_commitment` of 32 random bytes) and the signature of
-            :func:`~common.secagg.protocol.advertisement_message` over all of them.
+            (:func:`dpmarket.common.secagg.graph.nonce_commitment` of 32 random bytes) and the
+            signature of :func:`~dpmarket.common.secagg.protocol.advertisement_message` over all of
+            them.
 
         Raises
         ------
@@ -271,7 +273,7 @@ class SparseSecAggSite:
         """Stage 1: record ``U1`` (every site's keys and commitment); reveal the graph nonce.
 
         The nonce leaves only now, when every contribution to this site's seed is fixed
-        (:mod:`common.secagg.graph`). Signatures are checked at :meth:`share_keys`, for the
+        (:mod:`dpmarket.common.secagg.graph`). Signatures are checked at :meth:`share_keys`, for the
         neighbours only; a forged advertisement of a site that is not a neighbour changes
         nothing this site uses.
 
@@ -448,8 +450,8 @@ class SparseSecAggSite:
 
         ``y_v = Q(x_v) + PRG(b_v) + sum_{u in U2_v, u < v} PRG(s_uv) - sum_{u in U2_v, u > v}
         PRG(s_uv)`` with ``U2_v`` this site and the neighbours whose shares reached it, as in
-        :meth:`common.secagg.protocol.SecAggSite.masked_input`. Also fixes the acknowledgements
-        (:attr:`acknowledgements`) for every neighbour of ``U2_v``.
+        :meth:`dpmarket.common.secagg.protocol.SecAggSite.masked_input`. Also fixes the
+        acknowledgements (:attr:`acknowledgements`) for every neighbour of ``U2_v``.
 
         Parameters
         ----------
@@ -748,7 +750,7 @@ class SparseSecAggAggregator:
         ------
         SecAggError
             If a site of ``U1`` revealed nothing (the seed cannot leave it out: see
-            :mod:`common.secagg.graph`) or a nonce does not open its commitment.
+            :mod:`dpmarket.common.secagg.graph`) or a nonce does not open its commitment.
         """
         _check_stage(self._stage, Stage.ADVERTISED, "collect_nonces")
         commitments = {name: ad.commitment for name, ad in self._u1.items()}
@@ -1030,10 +1032,10 @@ def run_sparse_in_process(
 ) -> NDArray[np.float64]:
     """Run one SecAgg+ round with every site and the aggregator in this process.
 
-    As :func:`common.secagg.protocol.run_in_process` (:func:`common.secagg.run_in_process` runs
-    either), with
-    the stage ``"reveal"`` added to ``drop_at`` (a site lost there aborts the round: the graph
-    seed needs every advertised nonce) and the phase ``reveal_nonces`` to ``phase_seconds``.
+    As :func:`dpmarket.common.secagg.protocol.run_in_process`
+    (:func:`dpmarket.common.secagg.run_in_process` runs either), with the stage ``"reveal"`` added
+    to ``drop_at`` (a site lost there aborts the round: the graph seed needs every advertised nonce)
+    and the phase ``reveal_nonces`` to ``phase_seconds``.
 
     Raises
     ------
@@ -1058,7 +1060,7 @@ def run_sparse_in_process(
         signers = {name: EcdsaSigner(key) for name, key in keys.items()}
         verifier = EcdsaVerifier({name: key.public_key() for name, key in keys.items()})
     if rng is None:
-        from common.privacy.rng import production_rng
+        from dpmarket.common.privacy.rng import production_rng
 
         rng = production_rng()
     timer = _Timer()

@@ -6,18 +6,18 @@ or Gaussian noise, epsilon, the budget split, hence the noise scales), charges
 :meth:`SketchMechanism.privacy_events` to its ledger and releases a :class:`PrivateSketch`: the
 noisy sum of features and the noisy count. A consumer checks what it received
 (:meth:`PrivateSketch.validate`), merges owners (:func:`merge_sketches`) and runs as many analyses
-as it likes through an :class:`M2MEstimator` (:mod:`common.sketches.tasks`: moments, CDFs,
+as it likes through an :class:`M2MEstimator` (:mod:`dpmarket.common.sketches.tasks`: moments, CDFs,
 covariance, counting queries, implicit-M2M logistic regression) at no further privacy cost.
 
-Modules: :mod:`~common.sketches.domain`, :mod:`~common.sketches.feature_maps`,
-:mod:`~common.sketches.sketch`, :mod:`~common.sketches.m2m`, :mod:`~common.sketches.tasks`, and
-:mod:`~common.sketches.spec` (what a deployment's catalogue asks every owner to publish: one
-public map per spec, so that owners' sketches can be merged and compared).
-Pure numpy/scipy: no I/O, no gRPC, no logging of data.
+Modules: :mod:`~dpmarket.common.sketches.domain`, :mod:`~dpmarket.common.sketches.feature_maps`,
+:mod:`~dpmarket.common.sketches.sketch`, :mod:`~dpmarket.common.sketches.m2m`,
+:mod:`~dpmarket.common.sketches.tasks`, and :mod:`~dpmarket.common.sketches.spec` (what a
+deployment's catalogue asks every owner to publish: one public map per spec, so that owners'
+sketches can be merged and compared). Pure numpy/scipy: no I/O, no gRPC, no logging of data.
 """
 
-from common.sketches.domain import Domain
-from common.sketches.feature_maps import (
+from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.feature_maps import (
     DEFAULT_CHUNK_SIZE,
     FEATURE_MAP_KINDS,
     FeatureMap,
@@ -30,7 +30,7 @@ from common.sketches.feature_maps import (
     feature_map_from_parameters,
     histogram_map,
 )
-from common.sketches.m2m import (
+from dpmarket.common.sketches.m2m import (
     DEFAULT_LAMBDA_RULE,
     DEFAULT_N_SYNTHETIC,
     LAMBDA_RULES,
@@ -42,7 +42,7 @@ from common.sketches.m2m import (
     TargetMoments,
     regularization,
 )
-from common.sketches.sketch import (
+from dpmarket.common.sketches.sketch import (
     DEFAULT_NUMERATOR_SHARE,
     MECHANISMS,
     Mechanism,
@@ -53,7 +53,7 @@ from common.sketches.sketch import (
     merge_sketches,
     sketch_mmd2,
 )
-from common.sketches.spec import PublishedSketch, SketchDeclaration, SketchSpec
+from dpmarket.common.sketches.spec import PublishedSketch, SketchDeclaration, SketchSpec
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.errors import InvalidArgumentError
-from common.validation import check_positive_int
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.validation import check_positive_int
 
 __all__ = ["Domain"]
 

@@ -1,9 +1,10 @@
 """What an owner needs from a sketch catalogue to publish, independent of transport.
 
-Implementations: a gRPC client (``owner.sketch_client.CatalogClient``, the owner's certificate
-naming the publisher) and an in-process adapter (``curator.sketches.SketchCatalog.endpoint``);
-both raise the errors of :mod:`common.errors`, a transport failure being
-:class:`common.errors.UnavailableError`.
+Implementations: a gRPC client (``dpmarket.owner.sketch_client.CatalogClient``, the owner's
+certificate naming the publisher) and an in-process adapter
+(``dpmarket.curator.sketches.SketchCatalog.endpoint``); both raise the errors of
+:mod:`dpmarket.common.errors`, a transport failure being
+:class:`dpmarket.common.errors.UnavailableError`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
+from dpmarket.common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
 
 __all__ = ["CatalogEndpoint", "SpecStatus"]
 

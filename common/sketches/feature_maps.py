@@ -35,10 +35,10 @@ import numpy as np
 import scipy.sparse
 from numpy.typing import ArrayLike, NDArray
 
-from common.errors import InvalidArgumentError
-from common.fourier import cos_sin32
-from common.sketches.domain import Domain
-from common.validation import check_epsilon, check_matrix, check_positive_int
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.fourier import cos_sin32
+from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.validation import check_epsilon, check_matrix, check_positive_int
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -239,7 +239,7 @@ class RFFMap(FeatureMap):
         The kernel's length scale (the paper's sigma), > 0, in the units ``omega`` was drawn in:
         the data's units for :func:`draw_rff`; a fraction of each column's width for a
         catalogue spec, whose columns are scaled by their widths
-        (:mod:`common.sketches.spec`). Recorded for the consumer; the features depend on
+        (:mod:`dpmarket.common.sketches.spec`). Recorded for the consumer; the features depend on
         ``omega`` only.
 
     Raises
@@ -264,7 +264,7 @@ class RFFMap(FeatureMap):
       citing Chatalic et al.). It is the supremum over ``R^d``: for a given ``omega`` and a
       bounded domain the maximum can be lower, but the bound does not depend on the data.
 
-    Computed values: the cosines and sines are evaluated in float32 (:func:`common.fourier.
+    Computed values: the cosines and sines are evaluated in float32 (:func:`dpmarket.common.fourier.
     cos_sin32`, within 4e-6 of the exact values, 15 times faster than float64), so a row's
     norms can exceed the bounds above by about 1e-7 relative. Each row is therefore multiplied by
     ``min(1, margin Delta_2 / ||Phi(x)||_2, margin Delta_1 / ||Phi(x)||_1)``, its norms computed
@@ -562,9 +562,9 @@ class HISTMap(OneHotFeatureMap):
     Notes
     -----
     Bin ``k`` of attribute ``j`` is ``[e_k, e_{k+1})`` with ``e_k = low_j + k (high_j - low_j) /
-    n_bins_j``; the last bin also holds ``high_j``. A value outside ``[low_j, high_j]`` is an
-    error naming its row and column, never clipped into an edge bin here; an owner projects its
-    records onto the domain before (:meth:`common.sketches.domain.Domain.clamp`), which puts an
+    n_bins_j``; the last bin also holds ``high_j``. A value outside ``[low_j, high_j]`` is an error
+    naming its row and column, never clipped into an edge bin here; an owner projects its records
+    onto the domain before (:meth:`dpmarket.common.sketches.domain.Domain.clamp`), which puts an
     outside value in the edge bin as a clamped value.
 
     Sensitivities: a record falls in exactly one bin of each of the ``d`` attributes, so

@@ -39,10 +39,10 @@ import scipy.linalg
 import scipy.sparse
 from numpy.typing import ArrayLike, NDArray
 
-from common.sketches.domain import Domain
-from common.sketches.feature_maps import DEFAULT_CHUNK_SIZE, FeatureMap, OneHotFeatureMap
-from common.sketches.sketch import SketchLike
-from common.validation import check_matrix, check_positive_int
+from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.feature_maps import DEFAULT_CHUNK_SIZE, FeatureMap, OneHotFeatureMap
+from dpmarket.common.sketches.sketch import SketchLike
+from dpmarket.common.validation import check_matrix, check_positive_int
 
 __all__ = [
     "DEFAULT_LAMBDA_RULE",

@@ -10,7 +10,7 @@ queries, marginals and synthetic samples from it, with errors by parametric boot
 public noise scales. Everything a consumer computes is post-processing of the release.
 
 Privacy is accounted in zero-concentrated DP: the owner's ``(epsilon, delta)`` becomes a budget
-``rho`` (:func:`common.privacy.accounting.zcdp_rho`, the tight conversion), which the 1-way
+``rho`` (:func:`dpmarket.common.privacy.accounting.zcdp_rho`, the tight conversion), which the 1-way
 measurements, the selections and the 2-way measurements split by adding their ``rho``
 (:meth:`MarginalsMechanism.plan`). The release states every noise scale and every selection's
 epsilon, so a receiver re-adds them (:meth:`MarginalsSketch.validate`).
@@ -41,16 +41,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.privacy.accounting import (
+from dpmarket.common.privacy.accounting import (
     PrivacyEvent,
     exponential_zcdp_rho,
     gaussian_zcdp_rho,
     zcdp_rho,
 )
-from common.privacy.noise import NoiseSource, SeededNoise
-from common.sketches.domain import Domain
-from common.sketches.feature_maps import OneHotFeatureMap
-from common.validation import check_positive_int
+from dpmarket.common.privacy.noise import NoiseSource, SeededNoise
+from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.feature_maps import OneHotFeatureMap
+from dpmarket.common.validation import check_positive_int
 
 if TYPE_CHECKING:
     import mbi
@@ -157,12 +157,11 @@ class MarginalsMap(OneHotFeatureMap):
 
     Notes
     -----
-    As a feature map it is the one-hot of each column's cell (a HIST map with the declared
-    cells): ``Delta_1 = d``, ``Delta_2 = sqrt(d)``. The release is not a noisy sum of these
-    features but noisy marginal tables (:class:`MarginalsMechanism`), whose sensitivities are
-    derived there. Not registered with
-    :func:`common.sketches.feature_maps.feature_map_from_parameters` (its release has its own
-    type, :class:`MarginalsSketch`).
+    As a feature map it is the one-hot of each column's cell (a HIST map with the declared cells):
+    ``Delta_1 = d``, ``Delta_2 = sqrt(d)``. The release is not a noisy sum of these features but
+    noisy marginal tables (:class:`MarginalsMechanism`), whose sensitivities are derived there. Not
+    registered with :func:`dpmarket.common.sketches.feature_maps.feature_map_from_parameters` (its
+    release has its own type, :class:`MarginalsSketch`).
     """
 
     low: NDArray[np.float64]
@@ -449,29 +448,28 @@ class MarginalsMechanism:
     changes by one unit vector: L2 (and L1) sensitivity 1.
 
     *Measurements.* ``N(0, sigma^2)`` noise on each cell of a marginal is
-    ``1 / (2 sigma^2)``-zCDP (:func:`common.privacy.accounting.gaussian_zcdp_rho`).
+    ``1 / (2 sigma^2)``-zCDP (:func:`dpmarket.common.privacy.accounting.gaussian_zcdp_rho`).
 
-    *Selections.* A candidate 2-way marginal ``c`` is scored
-    ``q_c = ||M_c(D) - M_c(model)||_1 - sqrt(2/pi) sigma n_c`` (AIM's bias-corrected error: the
-    model is fitted to earlier releases only, and ``sqrt(2/pi) sigma n_c`` is the expected L1
-    norm of the noise the measurement would add over its ``n_c`` cells). Adding or removing a
-    record changes ``M_c(D)`` by a unit vector and nothing else, so ``q_c`` changes by at most 1:
-    sensitivity 1. The exponential mechanism picks ``c`` with probability proportional to
-    ``exp(epsilon q_c / 2)``, ``epsilon^2 / 8``-zCDP
-    (:func:`common.privacy.accounting.exponential_zcdp_rho`); ``k`` selections of a round are
-    drawn at once as the top ``k`` of ``epsilon q_c / 2 + Gumbel(0, 1)``, which has the
-    distribution of ``k`` exponential mechanisms run one after another without replacement
-    (Durfee & Rogers 2019), hence costs ``k epsilon^2 / 8``.
+    *Selections.* A candidate 2-way marginal ``c`` is scored ``q_c = ||M_c(D) - M_c(model)||_1 -
+    sqrt(2/pi) sigma n_c`` (AIM's bias-corrected error: the model is fitted to earlier releases
+    only, and ``sqrt(2/pi) sigma n_c`` is the expected L1 norm of the noise the measurement would
+    add over its ``n_c`` cells). Adding or removing a record changes ``M_c(D)`` by a unit vector and
+    nothing else, so ``q_c`` changes by at most 1: sensitivity 1. The exponential mechanism picks
+    ``c`` with probability proportional to ``exp(epsilon q_c / 2)``, ``epsilon^2 / 8``-zCDP
+    (:func:`dpmarket.common.privacy.accounting.exponential_zcdp_rho`); ``k`` selections of a round
+    are drawn at once as the top ``k`` of ``epsilon q_c / 2 + Gumbel(0, 1)``, which has the
+    distribution of ``k`` exponential mechanisms run one after another without replacement (Durfee &
+    Rogers 2019), hence costs ``k epsilon^2 / 8``.
 
-    *Budget* (:meth:`plan`). ``rho_1 = 0.2 rho`` measures all ``d`` 1-way marginals at
-    ``sigma_1 = sqrt(d / (2 rho_1))``; each of the ``T`` rounds gets ``rho_r = 0.8 rho / T``,
-    ``0.1 rho_r`` for its ``k = ceil(K / T)`` selections (``epsilon_r = sqrt(0.8 rho_r / k)``)
-    and ``0.9 rho_r`` for their measurements (``sigma_r = sqrt(k / (1.8 rho_r))``). A round
-    with fewer candidates than ``k`` spends its unused selection budget on its measurements.
-    zCDP composes adaptively by adding ``rho``, so the release is ``rho``-zCDP, hence
-    ``(epsilon, delta)``-DP (:func:`common.privacy.accounting.zcdp_rho` returns a ``rho`` whose
-    tight conversion gives at most ``delta`` at ``epsilon``). The ledger records that
-    ``(epsilon, delta)`` (:meth:`privacy_events`).
+    *Budget* (:meth:`plan`). ``rho_1 = 0.2 rho`` measures all ``d`` 1-way marginals at ``sigma_1 =
+    sqrt(d / (2 rho_1))``; each of the ``T`` rounds gets ``rho_r = 0.8 rho / T``, ``0.1 rho_r`` for
+    its ``k = ceil(K / T)`` selections (``epsilon_r = sqrt(0.8 rho_r / k)``) and ``0.9 rho_r`` for
+    their measurements (``sigma_r = sqrt(k / (1.8 rho_r))``). A round with fewer candidates than
+    ``k`` spends its unused selection budget on its measurements. zCDP composes adaptively by adding
+    ``rho``, so the release is ``rho``-zCDP, hence ``(epsilon, delta)``-DP
+    (:func:`dpmarket.common.privacy.accounting.zcdp_rho` returns a ``rho`` whose tight conversion
+    gives at most ``delta`` at ``epsilon``). The ledger records that ``(epsilon, delta)``
+    (:meth:`privacy_events`).
 
     References
     ----------
@@ -559,13 +557,13 @@ class MarginalsMechanism:
         ----------
         x : array-like of shape (n, d)
             The owner's records, inside the domain (projected onto it first:
-            :meth:`common.sketches.domain.Domain.clamp`).
+            :meth:`dpmarket.common.sketches.domain.Domain.clamp`).
         noise : NoiseSource, optional
             The Gaussian noise of the measurements (OpenDP's in production); default
             ``SeededNoise(rng)``.
         rng : numpy.random.Generator
             The selections' Gumbel draws (CSPRNG-seeded in production,
-            :func:`common.privacy.rng.production_rng`).
+            :func:`dpmarket.common.privacy.rng.production_rng`).
 
         Returns
         -------

@@ -1,10 +1,10 @@
 """Private sketches (M2M paper, Section 2.3): a noisy sum of features and a noisy count.
 
-An owner holding records ``x_1..x_n`` in a public :class:`~common.sketches.domain.Domain` releases,
-once, ``(Sigma_Phi(D) + xi, n + zeta)``: the sum of a public feature map over its records plus
-noise, and its record count plus noise. The consumer's sketch is their ratio
-``z_hat = (sum_i Phi(x_i) + xi) / (n + zeta)`` (Eq. 2), and the released triplet
-``(Phi, z_hat, n + zeta)`` is what M2M works from (Section 3).
+An owner holding records ``x_1..x_n`` in a public :class:`~dpmarket.common.sketches.domain.Domain`
+releases, once, ``(Sigma_Phi(D) + xi, n + zeta)``: the sum of a public feature map over its records
+plus noise, and its record count plus noise. The consumer's sketch is their ratio ``z_hat = (sum_i
+Phi(x_i) + xi) / (n + zeta)`` (Eq. 2), and the released triplet ``(Phi, z_hat, n + zeta)`` is what
+M2M works from (Section 3).
 
 * :class:`SketchMechanism` fixes everything public before any data is touched — feature map,
   domain, mechanism, epsilon (and delta), the budget split, hence the noise scales — and lists the
@@ -34,10 +34,15 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.privacy.accounting import PrivacyEvent, analytic_gaussian_sigma
-from common.privacy.noise import NoiseSource
-from common.sketches.domain import Domain
-from common.sketches.feature_maps import DEFAULT_CHUNK_SIZE, FeatureMap, HISTMap, OneHotFeatureMap
+from dpmarket.common.privacy.accounting import PrivacyEvent, analytic_gaussian_sigma
+from dpmarket.common.privacy.noise import NoiseSource
+from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.feature_maps import (
+    DEFAULT_CHUNK_SIZE,
+    FeatureMap,
+    HISTMap,
+    OneHotFeatureMap,
+)
 
 __all__ = [
     "DEFAULT_NUMERATOR_SHARE",
@@ -136,12 +141,12 @@ class SketchMechanism:
 
     *Gaussian*: ``xi ~ N(0, s_1^2 I_m)`` and ``zeta ~ N(0, s_2^2)``. Whitening each part by its
     standard deviation, the pair is one Gaussian mechanism with unit noise on a query whose L2
-    sensitivity is ``mu = sqrt((Delta_2 / s_1)^2 + (1 / s_2)^2)`` (both parts change together
-    when a record is added). With ``sigma_u = analytic_gaussian_sigma(epsilon, delta, 1)`` (Balle
-    & Wang's exact calibration, :func:`common.privacy.accounting.analytic_gaussian_sigma`), the
-    choice ``s_1 = Delta_2 sigma_u / sqrt(s)``, ``s_2 = sigma_u / sqrt(1 - s)`` gives
-    ``mu^2 = (s + 1 - s) / sigma_u^2``, i.e. exactly the ``(epsilon, delta)``-DP Gaussian mechanism
-    with sensitivity 1 and noise ``sigma_u``; that single event is what is charged.
+    sensitivity is ``mu = sqrt((Delta_2 / s_1)^2 + (1 / s_2)^2)`` (both parts change together when a
+    record is added). With ``sigma_u = analytic_gaussian_sigma(epsilon, delta, 1)`` (Balle & Wang's
+    exact calibration, :func:`dpmarket.common.privacy.accounting.analytic_gaussian_sigma`), the
+    choice ``s_1 = Delta_2 sigma_u / sqrt(s)``, ``s_2 = sigma_u / sqrt(1 - s)`` gives ``mu^2 = (s +
+    1 - s) / sigma_u^2``, i.e. exactly the ``(epsilon, delta)``-DP Gaussian mechanism with
+    sensitivity 1 and noise ``sigma_u``; that single event is what is charged.
 
     References
     ----------
@@ -352,7 +357,7 @@ class SketchMechanism:
         self, feature_sum: ArrayLike, count: int, noise: NoiseSource | None = None
     ) -> PrivateSketch:
         """Add the noise to an exact sum of features and count: the sketch of records whose
-        features were summed elsewhere (partition by partition, :mod:`owner.partitioned`).
+        features were summed elsewhere (partition by partition, :mod:`dpmarket.owner.partitioned`).
 
         Parameters
         ----------
@@ -722,7 +727,7 @@ def sketch_mmd2(
     Post-processing of the sketch: it costs the sketched data nothing more. ``points`` enters
     the value directly, so releasing the value is a release about ``points``.
     """
-    from common.summarization.kernels import mmd2_rff
+    from dpmarket.common.summarization.kernels import mmd2_rff
 
     fmap = sketch.feature_map
     v = sketch.domain.check(points, "points")

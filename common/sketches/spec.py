@@ -1,40 +1,40 @@
 """Sketch specifications: what a deployment's catalogue asks its owners to publish.
 
 A private sketch is useful beyond its owner only if everyone uses the *same* public feature map:
-the union of several owners' sketches (:func:`~common.sketches.sketch.merge_sketches`), the
-comparison of a sketch with a consumer's validation set (:func:`~common.sketches.sketch.
+the union of several owners' sketches (:func:`~dpmarket.common.sketches.sketch.merge_sketches`), the
+comparison of a sketch with a consumer's validation set (:func:`~dpmarket.common.sketches.sketch.
 sketch_mmd2`) and one M2M design for every owner all need one map. So the catalogue fixes it.
 
 * :class:`SketchDeclaration` is what a catalogue's configuration declares, before anything is
   drawn: a public domain (a box, column by column, from documented or physical ranges, never from
   statistics of private data), the maps wanted (RFF: ``m'`` and ``sigma``; RACE: ``R``, ``W`` and
   the bucket width; HIST: bins per column; marginals: cells per column and the selection,
-  :mod:`common.sketches.marginals`) and the mechanism (noise, the default epsilon and the
+  :mod:`dpmarket.common.sketches.marginals`) and the mechanism (noise, the default epsilon and the
   range an owner may choose, delta, the budget split). :meth:`SketchDeclaration.draw` draws the
   random parameters once, from an injected generator.
 * :class:`SketchSpec` is one drawn map with everything public about its releases except the
-  owner's epsilon: :meth:`SketchSpec.mechanism` gives the :class:`~common.sketches.sketch.
+  owner's epsilon: :meth:`SketchSpec.mechanism` gives the :class:`~dpmarket.common.sketches.sketch.
   SketchMechanism` an owner publishes with, and :meth:`SketchSpec.check_sketch` checks that a
   received sketch was made under the spec. :attr:`SketchSpec.key` identifies the release a spec
   describes (the same key: the same map, domain and noise), so an owner releases one sketch per
   key whatever the spec is called.
 * :class:`PublishedSketch` is a catalogue entry: the sketch, its owner, its spec, when.
 
-Scales. Columns come in their own units (months, miles, minutes), so one length scale in raw
-units would weigh them arbitrarily. The catalogue's RFF and RACE maps work on the columns
-divided by their widths ``w_k = high_k - low_k``: RFF draws ``omega_jk ~ N(0, (sigma w_k)^-2)``,
-the Gaussian kernel ``exp(-sum_k (x_k - x'_k)^2 / (2 sigma^2 w_k^2))`` (length scale ``sigma w_k``
-along column ``k``), and RACE projects on ``a_rk / w_k`` with ``a_rk ~ N(0, 1)`` and a bucket width
-in the same normalized units. ``sigma`` and the bucket width are thus fractions of each column's
-width; :attr:`~common.sketches.feature_maps.RFFMap.sigma` records the declared fraction. A map
+Scales. Columns come in their own units (months, miles, minutes), so one length scale in raw units
+would weigh them arbitrarily. The catalogue's RFF and RACE maps work on the columns divided by their
+widths ``w_k = high_k - low_k``: RFF draws ``omega_jk ~ N(0, (sigma w_k)^-2)``, the Gaussian kernel
+``exp(-sum_k (x_k - x'_k)^2 / (2 sigma^2 w_k^2))`` (length scale ``sigma w_k`` along column ``k``),
+and RACE projects on ``a_rk / w_k`` with ``a_rk ~ N(0, 1)`` and a bucket width in the same
+normalized units. ``sigma`` and the bucket width are thus fractions of each column's width;
+:attr:`~dpmarket.common.sketches.feature_maps.RFFMap.sigma` records the declared fraction. A map
 declared with ``scale = "absolute"`` skips the division: its ``sigma`` (or bucket width) is in the
 columns' own units, for columns already on one public scale (e.g. the features a summarization
-scenario feeds its kernel, whose length scale is a public choice in those units). The maps
-are still plain :class:`~common.sketches.feature_maps.RFFMap` / :class:`RACEMap` values (their
-parameters are data), with the sensitivities derived there: they do not depend on ``omega`` or
-the projections, so a curator cannot weaken an owner's guarantee by the parameters it draws.
+scenario feeds its kernel, whose length scale is a public choice in those units). The maps are still
+plain :class:`~dpmarket.common.sketches.feature_maps.RFFMap` / :class:`RACEMap` values (their
+parameters are data), with the sensitivities derived there: they do not depend on ``omega`` or the
+projections, so a curator cannot weaken an owner's guarantee by the parameters it draws.
 
-Pure: no I/O (the curator reads the TOML files, :mod:`curator.sketches`).
+Pure: no I/O (the curator reads the TOML files, :mod:`dpmarket.curator.sketches`).
 """
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import InvalidArgumentError
-from common.schema import Column, Schema, parse_columns
-from common.sketches.domain import Domain
-from common.sketches.feature_maps import (
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.schema import Column, Schema, parse_columns
+from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.feature_maps import (
     FeatureMap,
     RACEMap,
     RFFMap,
@@ -61,7 +61,7 @@ from common.sketches.feature_maps import (
     draw_rff,
     histogram_map,
 )
-from common.sketches.marginals import (
+from dpmarket.common.sketches.marginals import (
     DEFAULT_MAX_CELLS,
     DEFAULT_MEASUREMENTS,
     DEFAULT_ROUNDS,
@@ -70,8 +70,8 @@ from common.sketches.marginals import (
     MarginalsSketch,
     marginals_map,
 )
-from common.sketches.sketch import DEFAULT_NUMERATOR_SHARE, PrivateSketch, SketchMechanism
-from common.validation import check_config_keys, config_number, config_table
+from dpmarket.common.sketches.sketch import DEFAULT_NUMERATOR_SHARE, PrivateSketch, SketchMechanism
+from dpmarket.common.validation import check_config_keys, config_number, config_table
 
 __all__ = [
     "MAP_KINDS",
@@ -257,7 +257,7 @@ class SketchSpec:
         -------
         SketchMechanism or MarginalsMechanism
             Noise scales computed from the map's sensitivities and ``epsilon`` (never received);
-            a :class:`~common.sketches.marginals.MarginalsMechanism` for a marginals map.
+            a :class:`~dpmarket.common.sketches.marginals.MarginalsMechanism` for a marginals map.
 
         Raises
         ------
@@ -417,7 +417,7 @@ class SketchDeclaration:
         one per column); ``marginals``: ``bins`` (as HIST's, for continuous columns; a discrete
         column has one cell per level) and optionally ``rounds``, ``measurements``,
         ``max_cells``, ``cuts`` (column name to cut points) and ``delta``
-        (:func:`common.sketches.marginals.marginals_map`). An RFF or RACE map declared with
+        (:func:`dpmarket.common.sketches.marginals.marginals_map`). An RFF or RACE map declared with
         ``scale = "absolute"`` carries ``"scale": "absolute"`` and its ``sigma`` / ``width`` are
         in the columns' own units.
     noise, epsilon, epsilon_range, delta, numerator_share, description
@@ -447,43 +447,28 @@ class SketchDeclaration:
 
         Layout::
 
-            name = "flights"                  # optional: default_name (the file's stem)
-            description = "..."
-            [mechanism]
-            noise = "laplace"                 # or "gaussian" (then delta)
-            epsilon = 1.0                     # default epsilon of a publication
-            epsilon_range = [0.1, 2.0]        # what an owner may choose; default [epsilon, epsilon]
-            numerator_share = 0.98
-            delta = 0.0
-            [[columns]]                       # in order; public bounds (common.schema's format)
-            name = "distance"
-            type = "continuous"               # optional: continuous, or categorical with levels
-            low = 0.0
-            high = 5000.0
-            levels = [...]                    # optional: a discrete column's values
-            [maps.rff]
-            frequencies = 100
-            sigma = 0.2
-            scale = "width"                   # optional: or "absolute" (sigma in column units)
-            [maps.race]
-            hashes = 20
-            buckets = 20
-            width = 0.25
-            [maps.hist]
-            bins = 20
-            [maps.marginals]                  # noisy marginals answered by a graphical model
-            bins = 16                         # cells per continuous column (discrete: levels)
-            rounds = 4                        # optional: selection rounds
-            measurements = 16                 # optional: 2-way marginals selected in all
-            max_cells = 10000                 # optional: largest 2-way marginal selectable
-            delta = 1e-6                      # needed when mechanism.noise is "laplace"
-            [maps.marginals.cuts]             # optional: a continuous column's cut points
-            wage = [100.0, 200.0, 400.0]
+            name = "flights"                  # optional: default_name (the file's stem) description
+            = "..." [mechanism] noise = "laplace"                 # or "gaussian" (then delta)
+            epsilon = 1.0                     # default epsilon of a publication epsilon_range =
+            [0.1, 2.0]        # what an owner may choose; default [epsilon, epsilon] numerator_share
+            = 0.98 delta = 0.0 [[columns]]                       # in order; public bounds
+            (dpmarket.common.schema's format) name = "distance" type = "continuous"               #
+            optional: continuous, or categorical with levels low = 0.0 high = 5000.0 levels = [...]
+            # optional: a discrete column's values [maps.rff] frequencies = 100 sigma = 0.2 scale =
+            "width"                   # optional: or "absolute" (sigma in column units) [maps.race]
+            hashes = 20 buckets = 20 width = 0.25 [maps.hist] bins = 20 [maps.marginals]
+            # noisy marginals answered by a graphical model bins = 16                         #
+            cells per continuous column (discrete: levels) rounds = 4                        #
+            optional: selection rounds measurements = 16                 # optional: 2-way marginals
+            selected in all max_cells = 10000                 # optional: largest 2-way marginal
+            selectable delta = 1e-6                      # needed when mechanism.noise is "laplace"
+            [maps.marginals.cuts]             # optional: a continuous column's cut points wage =
+            [100.0, 200.0, 400.0]
 
         Instead of ``[[columns]]``, a declaration may name a dataset's schema file, ``schema =
-        "schema.toml"`` (:mod:`common.schema`), and optionally ``columns = ["age", "bmi"]`` to
-        sketch some of its columns (default: every column). The caller reads that file and
-        passes it as ``schema``.
+        "schema.toml"`` (:mod:`dpmarket.common.schema`), and optionally ``columns = ["age", "bmi"]``
+        to sketch some of its columns (default: every column). The caller reads that file and passes
+        it as ``schema``.
 
         Raises
         ------
@@ -600,12 +585,12 @@ class SketchDeclaration:
         Parameters
         ----------
         rng : numpy.random.Generator
-            A CSPRNG-seeded generator (:func:`common.privacy.rng.production_rng`) in production.
-            RFF draws ``omega = N(0, 1)^(m' x d) / (sigma w)`` (column ``k`` divided by
+            A CSPRNG-seeded generator (:func:`dpmarket.common.privacy.rng.production_rng`) in
+            production. RFF draws ``omega = N(0, 1)^(m' x d) / (sigma w)`` (column ``k`` divided by
             ``sigma w_k``), then RACE ``projections = N(0, 1)^(R x d) / w`` and offsets uniform on
-            ``[0, width)`` (module docstring, "Scales"); with ``scale = "absolute"`` ``w`` is 1
-            for every column. HIST and marginals draw nothing (a marginals spec is always
-            Gaussian, at the map's ``delta`` or the declaration's).
+            ``[0, width)`` (module docstring, "Scales"); with ``scale = "absolute"`` ``w`` is 1 for
+            every column. HIST and marginals draw nothing (a marginals spec is always Gaussian, at
+            the map's ``delta`` or the declaration's).
 
         Returns
         -------
@@ -657,7 +642,8 @@ class SketchDeclaration:
 
 
 def columns_domain(columns: Sequence[Column], where: str = "columns") -> Domain:
-    """The sketch domain of schema columns (:mod:`common.schema`): their bounds, with the levels
+    """The sketch domain of schema columns (:mod:`dpmarket.common.schema`): their bounds, with the
+    levels
     of binary and categorical columns (integer and continuous columns are boxes).
 
     Raises

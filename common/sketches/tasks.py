@@ -1,8 +1,8 @@
 """Data-analysis tasks on top of M2M (M2M paper, Sections 3.4-3.5).
 
 Each statistical task is the average of some target function over the data; its M2M estimate is
-:meth:`~common.sketches.m2m.M2MEstimator.estimate` of that function. The target functions are
-public here (``moment_function``, ``cdf_function``, ``centered_product_function``,
+:meth:`~dpmarket.common.sketches.m2m.M2MEstimator.estimate` of that function. The target functions
+are public here (``moment_function``, ``cdf_function``, ``centered_product_function``,
 ``range_function``), so the exact value on a data set ``x`` is ``f(x).mean(axis=0)``: the
 experiments and tests compute truth and estimate with the same code.
 
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.sketches.m2m import M2MEstimator
-from common.validation import check_positive_int
+from dpmarket.common.sketches.m2m import M2MEstimator
+from dpmarket.common.validation import check_positive_int
 
 if TYPE_CHECKING:
     from sklearn.linear_model import LogisticRegression

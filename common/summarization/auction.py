@@ -23,8 +23,8 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.privacy.accounting import PrivacyEvent
-from common.validation import check_delta, check_epsilon, check_positive_int
+from dpmarket.common.privacy.accounting import PrivacyEvent
+from dpmarket.common.validation import check_delta, check_epsilon, check_positive_int
 
 #: PrivAuction variants: Algorithm 3 as printed, or the pure-DP variant.
 AuctionVariant = Literal["paper", "pure"]
@@ -39,8 +39,10 @@ __all__ = [
     "auction_parameters",
     "choose_owners_to_ask",
     "expected_points_per_round",
+    "iteration_limit",
     "parsimony_bound",
     "rank_owners",
+    "repeat_limit",
 ]
 
 
@@ -414,3 +416,55 @@ def parsimony_bound(p: int, n_owners: int, params: AuctionParams, validation_siz
     k = check_positive_int(n_owners, "n_owners")
     m = check_positive_int(validation_size, "validation_size")
     return p * (1.0 + 1.0 / params.eps_auc + k / params.tau) + m
+
+
+def repeat_limit(params: AuctionParams | None) -> int:
+    """How many auction iterations in a row may acquire no point with the session bidding again;
+    one more aborts it.
+
+    An iteration acquires nothing when the auction asks nobody (the pure variant) or every point
+    it received failed verification, and the pool is empty; the session then bids again. The
+    ``tau`` rule forces an ask within ``tau`` iterations, so ``tau + 1`` repeats are allowed;
+    without an auction (non-private greedy, which always asks its top bidder) only one, after an
+    owner's point failed verification.
+
+    Parameters
+    ----------
+    params : AuctionParams or None
+        The session's auction, or ``None`` for the non-private greedy.
+
+    Returns
+    -------
+    int, >= 1
+    """
+    return (params.tau if params is not None else 0) + 1
+
+
+def iteration_limit(summary_size: int, params: AuctionParams | None) -> int:
+    """The most auction iterations (Bid rounds at every owner) a session of ``p`` points runs.
+
+    Each summary point takes at most ``repeat_limit(params) + 1`` iterations: up to
+    :func:`repeat_limit` that acquire nothing, then one that acquires a point (or the one more
+    empty iteration after which the session aborts). The per-round methods' terms state this
+    bound and each owner refuses a Bid beyond it
+    (:class:`~dpmarket.common.summarization.terms.OwnerTerms`).
+
+    Parameters
+    ----------
+    summary_size : int
+        ``p``, >= 1.
+    params : AuctionParams or None
+        As :func:`repeat_limit`.
+
+    Returns
+    -------
+    int
+        ``p * (repeat_limit(params) + 1)``.
+
+    Raises
+    ------
+    ValueError
+        If ``summary_size`` is not an integer >= 1.
+    """
+    p = check_positive_int(summary_size, "summary_size")
+    return p * (repeat_limit(params) + 1)

@@ -16,17 +16,17 @@ import math
 from collections.abc import Callable
 from typing import Literal
 
-from common.privacy.accounting import (
+from dpmarket.common.privacy.accounting import (
     PrivacyEvent,
     analytic_gaussian_sigma,
     kairouz_epsilon_delta,
     pld_epsilon,
 )
-from common.summarization.auction import AuctionParams, auction_events, auction_parameters
-from common.summarization.candidates import H1_NORM_BOUND, validation_embedding_sensitivity
-from common.summarization.continual import TreePrefixSum, tree_levels
-from common.summarization.summary import SummarizationConfig
-from common.validation import check_delta, check_epsilon, check_positive_int
+from dpmarket.common.summarization.auction import AuctionParams, auction_events, auction_parameters
+from dpmarket.common.summarization.candidates import H1_NORM_BOUND, validation_embedding_sensitivity
+from dpmarket.common.summarization.continual import TreePrefixSum, tree_levels
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.validation import check_delta, check_epsilon, check_positive_int
 
 __all__ = [
     "CALIBRATION_RTOL",
@@ -39,10 +39,11 @@ __all__ = [
     "rounds_auction",
     "rounds_mode_events",
     "rounds_tree_sigma",
+    "session_auction",
 ]
 
-#: Sensitivity ``Delta`` of MWEM's score and measurement (``common.summarization.mwem``): every
-#: coordinate of the quantized sum moves by at most 2 when one point of the set is replaced.
+#: Sensitivity ``Delta`` of MWEM's score and measurement (``dpmarket.common.summarization.mwem``):
+#: every coordinate of the quantized sum moves by at most 2 when one point of the set is replaced.
 MWEM_SENSITIVITY = 2.0
 #: Calibrated epsilons lie in ``[(1 - CALIBRATION_RTOL) * target, target]``.
 CALIBRATION_RTOL = 1e-3
@@ -93,10 +94,10 @@ def paper_mode_events(
     -------
     dict
         ``{"validation": [...], "owners": [...], "public": [...]}``, each a list of
-        :class:`~common.privacy.accounting.PrivacyEvent` whose repeat counts add up to what the
-        session charges (it charges one pair of events per h2 release; these lists merge the
-        identical
-        ones, which every accountant of :mod:`common.privacy.accounting` treats alike):
+        :class:`~dpmarket.common.privacy.accounting.PrivacyEvent` whose repeat counts add up to what
+        the session charges (it charges one pair of events per h2 release; these lists merge the
+        identical ones, which every accountant of :mod:`dpmarket.common.privacy.accounting` treats
+        alike):
 
         * ``"validation"``: ``T_init`` exponential-mechanism selections and ``T_init`` Laplace
           measurements (sensitivity 2, scale ``2 / epsilon_validation``) at
@@ -119,7 +120,7 @@ def paper_mode_events(
 
     Notes
     -----
-    This mirrors ``curator.summarization.selection.Selection.rounds``: in round ``l``
+    This mirrors ``dpmarket.curator.summarization.selection.Selection.rounds``: in round ``l``
     the summary holds ``q = seed_set_size + l - 1`` points. Round 1 releases the seed set only
     (party ``"public"``) or, when ``q = 0``, releases nothing; every later round has ``q >= 1`` and
     releases an h2 embedding of a set holding owners' points, charged to ``"owners"`` at
@@ -128,7 +129,7 @@ def paper_mode_events(
     D, proof of Theorem 6). The counts assume a session that runs all ``p`` rounds with at least one
     bid in round 1; an aborted session charges a prefix of these events.
     Neighbouring relation: replacing one point of ``D_v`` (validation) or of one owner's data
-    (owners); MWEM's sensitivity under it is 2 (``common.summarization.mwem``).
+    (owners); MWEM's sensitivity under it is 2 (``dpmarket.common.summarization.mwem``).
 
     References
     ----------
@@ -253,10 +254,9 @@ def calibrate_paper_mode(
         Size of the public seed set, ``>= 0`` (it changes no counted charge, see
         :func:`paper_mode_events`, but is checked and passed on).
     method : {"pld", "theorem7"}, default "pld"
-        Accountant the target is met with: :func:`~common.privacy.accounting.pld_epsilon` at
-        ``delta`` (the ledger's ``"pld"`` figure) or Theorem 7 with slack ``delta`` (its
-        ``"theorem7"``
-        figure; all events are pure, so it holds at ``delta`` too).
+        Accountant the target is met with: :func:`~dpmarket.common.privacy.accounting.pld_epsilon`
+        at ``delta`` (the ledger's ``"pld"`` figure) or Theorem 7 with slack ``delta`` (its
+        ``"theorem7"`` figure; all events are pure, so it holds at ``delta`` too).
 
     Returns
     -------
@@ -339,12 +339,10 @@ def calibrate_paper_mode(
 def gaussian_epsilon(sigma: float, delta: float, sensitivity: float) -> float:
     """epsilon at ``delta`` of one Gaussian mechanism with noise ``sigma`` and L2 ``sensitivity``.
 
-    The inverse of :func:`~common.privacy.accounting.analytic_gaussian_sigma` (exact privacy
-    profile, ``dp_accounting``'s ``GaussianPrivacyLoss``, bisected on epsilon keeping the upper
-    end),
-    nudged up by ``1e-9`` relative so that the
-    event ``PrivacyEvent("gaussian", eps, sensitivity=sensitivity, scale=sigma, delta=delta)``
-    passes its consistency check.
+    The inverse of :func:`~dpmarket.common.privacy.accounting.analytic_gaussian_sigma` (exact
+    privacy profile, ``dp_accounting``'s ``GaussianPrivacyLoss``, bisected on epsilon keeping the
+    upper end), nudged up by ``1e-9`` relative so that the event ``PrivacyEvent("gaussian", eps,
+    sensitivity=sensitivity, scale=sigma, delta=delta)`` passes its consistency check.
 
     Raises
     ------
@@ -390,6 +388,27 @@ def _pure_epsilon_for_target(tau: int, target: float, delta: float) -> float:
         return pld_epsilon([PrivacyEvent("pure", c * target / tau, tau)], delta)
 
     return _solve_factor(epsilon_of, target, "PrivAuction alone") * target / tau
+
+
+def session_auction(config: SummarizationConfig, n_owners: int) -> AuctionParams | None:
+    """PrivAuction's parameters in a per-round session of ``config`` with ``K`` owners: Appendix D's
+    at ``(epsilon_auction, delta_owners)`` for the private method, :func:`rounds_auction` for
+    the rounds method, ``None`` for every other method (the non-private greedy asks its top
+    bidder; the one-round methods hold no auction).
+
+    Raises
+    ------
+    ValueError
+        If ``n_owners`` is not an integer ``>= 1``.
+    """
+    k = check_positive_int(n_owners, "n_owners")
+    if config.method == "private":
+        return auction_parameters(
+            config.epsilon_auction, config.delta_owners, k, variant=config.auction
+        )
+    if config.method == "rounds":
+        return rounds_auction(config, k)
+    return None
 
 
 def rounds_auction(config: SummarizationConfig, n_owners: int) -> AuctionParams:
@@ -462,9 +481,9 @@ def rounds_tree_sigma(config: SummarizationConfig, n_owners: int) -> float:
     :data:`TREE_INCREMENT_SENSITIVITY` (``2 sqrt(2)``) and noise ``sigma``, composed with
     PrivAuction's ``tau`` pure ``eps_auc`` events (:func:`rounds_auction`), have PLD epsilon at
     ``config.delta`` in ``[(1 - 1e-3), 1] * epsilon_owners_total``; ``levels =``
-    :func:`common.summarization.continual.tree_levels` ``(p - 1)`` (rounds 2..p release the prefix
-    sums of the first 1..p-1 acquired points). Cached: a pure function of the configuration and
-    ``K``.
+    :func:`dpmarket.common.summarization.continual.tree_levels` ``(p - 1)`` (rounds 2..p release the
+    prefix sums of the first 1..p-1 acquired points). Cached: a pure function of the configuration
+    and ``K``.
 
     Returns
     -------
@@ -506,7 +525,7 @@ def rounds_mode_events(
           sensitivity ``2 / m`` and sigma ``analytic_gaussian_sigma(...)``, or the
           paper's ``T_init`` MWEM selections and measurements at ``epsilon_validation``.
         * ``"owners"``: PrivAuction's ``tau`` events (:func:`rounds_auction`,
-          :func:`~common.summarization.auction.auction_events`), then for
+          :func:`~dpmarket.common.summarization.auction.auction_events`), then for
           ``"tree"`` ``levels`` Gaussian events (sensitivity ``2 sqrt(2)``, sigma
           :func:`rounds_tree_sigma`, ``delta``), for ``"mwem"`` ``(p - 1) T_subs`` selections
           and measurements at ``epsilon_summary / sqrt(p T_subs)``, for ``"none"`` nothing more.

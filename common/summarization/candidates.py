@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.validation import check_matrix, check_positive_int, check_vector
+from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
 
 #: L2 norm bound of one h1 feature vector: ``||h1(x)||^2 = (2/d) sum cos^2 <= 2``.
 H1_NORM_BOUND = math.sqrt(2.0)

@@ -1,7 +1,7 @@
 """Continual release of a running sum by the binary-tree mechanism (Gaussian noise).
 
 Used by the ``"rounds"`` summarization method to release the running summary embedding each round
-(:mod:`curator.summarization.release`) instead of a fresh h2 (MWEM) release per round.
+(:mod:`dpmarket.curator.summarization.release`) instead of a fresh h2 (MWEM) release per round.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.privacy.noise import NoiseSource, SeededNoise
-from common.validation import check_epsilon, check_positive_int, check_vector
+from dpmarket.common.privacy.noise import NoiseSource, SeededNoise
+from dpmarket.common.validation import check_epsilon, check_positive_int, check_vector
 
 __all__ = ["TreePrefixSum", "tree_levels"]
 

@@ -1,8 +1,9 @@
 """What the curator needs from an owner, independent of transport.
 
 The curator's protocol logic talks to :class:`OwnerEndpoint` objects: an in-process adapter around
-an ``owner.protocol.Owner`` (``owner.local``) or a gRPC client (``curator.owners``). Both raise the
-errors of :mod:`common.errors`; a transport failure is :class:`common.errors.UnavailableError`.
+an ``dpmarket.owner.protocol.Owner`` (``dpmarket.owner.local``) or a gRPC client
+(``dpmarket.curator.owners``). Both raise the errors of :mod:`dpmarket.common.errors`; a transport
+failure is :class:`dpmarket.common.errors.UnavailableError`.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from common.privacy.ledger import SessionSpend
-from common.schema import Schema
-from common.summarization.hashes import HashAdvert
-from common.summarization.rff import RFFParams
+from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.schema import Schema
+from dpmarket.common.summarization.hashes import HashAdvert
+from dpmarket.common.summarization.rff import RFFParams
 
 if TYPE_CHECKING:
-    from common.summarization.terms import OwnerTerms
+    from dpmarket.common.summarization.terms import OwnerTerms
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ class ReleasedPoint:
 
 
 class OwnerEndpoint(Protocol):
-    """Asynchronous view of one owner, as the curator uses it (see ``owner.protocol.Owner``)."""
+    """Asynchronous view of one owner, as the curator uses it (see
+    ``dpmarket.owner.protocol.Owner``)."""
 
     @property
     def name(self) -> str:
@@ -150,7 +152,7 @@ class OwnerEndpoint(Protocol):
 
     async def hash_advertise(self, session_id: str) -> HashAdvert:
         """The hashes mode: the owner's signed key for the session's secret
-        (:mod:`common.summarization.hashes`)."""
+        (:mod:`dpmarket.common.summarization.hashes`)."""
         ...
 
     async def hash_distribute(

@@ -9,19 +9,19 @@ points' geometry up to rigid motions, nothing more.
 
 Who may know ``(W, b)``
 -----------------------
-Theorem 9 is a statement about a receiver that does **not** know ``(W, b)``: with them, ``h1``
-is a system of ``d >= n`` known cosines and ``x`` is recovered from ``h1(x)`` (or from ``h1`` of
-a few known points by regression). The session's own h1 (:mod:`common.summarization.rff`) is
+Theorem 9 is a statement about a receiver that does **not** know ``(W, b)``: with them, ``h1`` is a
+system of ``d >= n`` known cosines and ``x`` is recovered from ``h1(x)`` (or from ``h1`` of a few
+known points by regression). The session's own h1 (:mod:`dpmarket.common.summarization.rff`) is
 drawn by the curator and sent to every owner, so it cannot serve. In the hashes mode:
 
 * **The owners draw and know the hash map; the curator and the consumer never do.** The owners
-  agree on a 32-byte secret among themselves (:mod:`owner.hash_keys`: each owner advertises an
-  X25519 key signed with its identity key; the owner with the smallest name draws the secret
-  and sends it to every other owner encrypted under their pairwise Diffie-Hellman key with
-  AES-GCM, signed; the curator relays ciphertexts and signed public keys only, and cannot
-  substitute a key without a signature it cannot forge). Every owner derives ``(W, b)`` from
-  the secret (:func:`hash_parameters`: AES-256 counter-mode keystream, deterministic on every
-  machine), never sends it, and releases only ``h1`` of its proposed points.
+  agree on a 32-byte secret among themselves (:mod:`dpmarket.owner.hash_keys`: each owner advertises
+  an X25519 key signed with its identity key; the owner with the smallest name draws the secret and
+  sends it to every other owner encrypted under their pairwise Diffie-Hellman key with AES-GCM,
+  signed; the curator relays ciphertexts and signed public keys only, and cannot substitute a key
+  without a signature it cannot forge). Every owner derives ``(W, b)`` from the secret
+  (:func:`hash_parameters`: AES-256 counter-mode keystream, deterministic on every machine), never
+  sends it, and releases only ``h1`` of its proposed points.
 * **What the curator and consumer learn** is ``h1`` of the summary points under an unknown,
   fresh ``(W, b)``: by Theorem 9, the pairwise distances among the summary points (their
   Gram matrix in the kernel), and the points' labels. Not learned: any absolute position, any
@@ -41,9 +41,9 @@ drawn by the curator and sent to every owner, so it cannot serve. In the hashes 
   points at an owner, as that owner would, to score the model.
 * **Collusion.** A curator colluding with one owner learns ``(W, b)`` and Theorem 9 gives
   nothing; the owners' raw-point charges still hold (every hash is charged as the raw point
-  it describes, :meth:`owner.protocol.Owner.propose_hashes`).
+  it describes, :meth:`dpmarket.owner.protocol.Owner.propose_hashes`).
 
-Pure: numpy and the ``cryptography`` primitives of :mod:`common.secagg.crypto`; no I/O.
+Pure: numpy and the ``cryptography`` primitives of :mod:`dpmarket.common.secagg.crypto`; no I/O.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.secagg.crypto import encode_fields, prg_words
-from common.summarization.rff import RFFParams, random_fourier_features
-from common.validation import check_positive_int
+from dpmarket.common.secagg.crypto import encode_fields, prg_words
+from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
+from dpmarket.common.validation import check_positive_int
 
 __all__ = [
     "SECRET_BYTES",
@@ -78,7 +78,8 @@ _KEY_ID_LABEL = b"dpmarket hash key id v1"
 @dataclass(frozen=True)
 class HashAdvert:
     """One owner's signed X25519 public key for a session's hash-key agreement
-    (:mod:`owner.hash_keys`): the owner's name, the raw 32-byte key, its identity signature."""
+    (:mod:`dpmarket.owner.hash_keys`): the owner's name, the raw 32-byte key, its identity
+    signature."""
 
     owner: str
     public_key: bytes
@@ -104,7 +105,7 @@ def hash_parameters(secret: bytes, n_features: int, d: int, gamma: float) -> RFF
     ``W`` (d x n) has i.i.d. ``N(0, 2 gamma)`` entries and ``b`` (d,) i.i.d. ``Uniform[0, 2 pi)``
     entries, the law of h1 (Algorithm 1), so ``h1(x) . h1(y)`` estimates
     ``exp(-gamma ||x - y||^2)``. The randomness is the AES-256 counter-mode keystream
-    (:func:`common.secagg.crypto.prg_words`) under ``SHA-256(label || n || d || gamma ||
+    (:func:`dpmarket.common.secagg.crypto.prg_words`) under ``SHA-256(label || n || d || gamma ||
     secret)``: words become uniforms on (0, 1) (53 bits), pairs of uniforms become normals by
     Box-Muller. Every owner, on any machine and library version, derives the same map, and the
     map of another ``(n, d, gamma)`` is unrelated.

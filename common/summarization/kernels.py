@@ -3,7 +3,7 @@
 The objective is the normalized MMD objective ``J`` of Eq. 3 (Kim et al., 2016) with the RBF kernel
 ``k(x, y) = exp(-gamma * ||x - y||**2)``. Everything here is exact (no random features, no
 noise) except :func:`mmd2_rff`, :func:`bid_direction`, :func:`bid_scores` and :func:`rff_greedy`,
-which work on h1 features (:mod:`common.summarization.rff`).
+which work on h1 features (:mod:`dpmarket.common.summarization.rff`).
 
 Kernel blocks are computed as ``exp(-gamma * max(||x||^2 - 2 x.y + ||y||^2, 0))``, the formula of
 scikit-learn's ``rbf_kernel``, in chunks so that no matrix larger than ``chunk_size`` by
@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from sklearn.metrics.pairwise import rbf_kernel as _sk_rbf_kernel
 
-from common.validation import check_matrix, check_positive_int, check_vector
+from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
 
 __all__ = [
     "bid_direction",
@@ -217,7 +217,8 @@ def mmd2_rff(features_x: ArrayLike, features_y: ArrayLike) -> float:
     Parameters
     ----------
     features_x : array-like of shape (n_x, d)
-        h1 features of the first set (:func:`common.summarization.rff.random_fourier_features`).
+        h1 features of the first set
+        (:func:`dpmarket.common.summarization.rff.random_fourier_features`).
     features_y : array-like of shape (n_y, d)
         h1 features of the second set, same h1 parameters.
 
@@ -402,8 +403,8 @@ def bid_scores(features: ArrayLike, direction: ArrayLike) -> NDArray[np.float32]
     ----------
     features : array-like of shape (n_points, d), float32
         h1 features of an owner's points, computed once per session by
-        :func:`common.summarization.rff.random_fourier_features` (finite by construction, so not
-        re-scanned for NaN here; other dtypes are converted to float32).
+        :func:`dpmarket.common.summarization.rff.random_fourier_features` (finite by construction,
+        so not re-scanned for NaN here; other dtypes are converted to float32).
     direction : array-like of shape (d,)
         From :func:`bid_direction`; converted to float32.
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.privacy.noise import NoiseSource, SeededNoise
-from common.summarization.quantization import quantization_grid, quantize_features
-from common.validation import check_epsilon, check_matrix, check_positive_int, check_vector
+from dpmarket.common.privacy.noise import NoiseSource, SeededNoise
+from dpmarket.common.summarization.quantization import quantization_grid, quantize_features
+from dpmarket.common.validation import check_epsilon, check_matrix, check_positive_int, check_vector
 
 __all__ = ["MWEMRelease", "MWEMState", "h2_private_mean"]
 
@@ -125,10 +125,11 @@ class MWEMState:
     ``max_i |w(D_Q, i) - w(P_avg, i)| / q <= 2 sqrt(d ln|S| / T) + (3c + 2) Delta ln d / (q eps)``.
 
     **Noise.** The Laplace measurements come from :meth:`release`'s ``noise`` source: OpenDP's
-    floating-point-safe sampler in production sessions (:class:`common.privacy.noise.OpenDPNoise`,
-    hardened against the attacks of Mironov 2012), seeded numpy draws from ``rng`` in tests and
-    seeded sessions. The selection's uniform draw comes from ``rng`` (CSPRNG-seeded in
-    production, :func:`common.privacy.rng.production_rng`); DESIGN.md, "Noise sources".
+    floating-point-safe sampler in production sessions
+    (:class:`dpmarket.common.privacy.noise.OpenDPNoise`, hardened against the attacks of Mironov
+    2012), seeded numpy draws from ``rng`` in tests and seeded sessions. The selection's uniform
+    draw comes from ``rng`` (CSPRNG-seeded in production,
+    :func:`dpmarket.common.privacy.rng.production_rng`); DESIGN.md, "Noise sources".
 
     References
     ----------
@@ -201,9 +202,9 @@ class MWEMState:
             Source of the selection and Laplace noise (two draws per iteration, always in the
             same order, so ``T = a + b`` in one call equals ``a`` then ``b`` on one state).
         noise : NoiseSource, optional
-            Source of the Laplace noise instead (production: OpenDP's floating-point-safe
-            sampler, :class:`common.privacy.noise.OpenDPNoise`); default ``SeededNoise(rng)``,
-            the same draws as ``rng.laplace``.
+            Source of the Laplace noise instead (production: OpenDP's floating-point-safe sampler,
+            :class:`dpmarket.common.privacy.noise.OpenDPNoise`); default ``SeededNoise(rng)``, the
+            same draws as ``rng.laplace``.
 
         Returns
         -------
@@ -284,9 +285,9 @@ def h2_private_mean(
 ) -> MWEMRelease:
     """Compute h2: the MWEM private mean of a set of h1 features.
 
-    Quantizes ``features`` (:func:`common.summarization.quantization.quantize_features`), sums the
-    quantized columns and runs :meth:`MWEMState.release` from ``state`` (a fresh uniform state if
-    ``None``).
+    Quantizes ``features`` (:func:`dpmarket.common.summarization.quantization.quantize_features`),
+    sums the quantized columns and runs :meth:`MWEMState.release` from ``state`` (a fresh uniform
+    state if ``None``).
 
     Parameters
     ----------

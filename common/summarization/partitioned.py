@@ -23,7 +23,7 @@ Privacy: every row still contributes once to whatever the owner releases (a sum 
 selection is a selection of rows), so the analysis of each mechanism is unchanged; the noise is
 drawn once, by the owner, after the merge — never per partition.
 
-Pure: no I/O (the owner reads the partitions, :mod:`owner.partitioned`).
+Pure: no I/O (the owner reads the partitions, :mod:`dpmarket.owner.partitioned`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.summarization.kernels import bid_scores, embedding_greedy
-from common.validation import check_positive_int, check_vector
+from dpmarket.common.summarization.kernels import bid_scores, embedding_greedy
+from dpmarket.common.validation import check_positive_int, check_vector
 
 __all__ = [
     "DEFAULT_GREEDY_EVALUATIONS",
@@ -86,7 +86,7 @@ def partition_best(
     features : array-like of shape (rows, d), float32
         h1 features of the partition's rows.
     direction : array-like of shape (d,)
-        :func:`common.summarization.kernels.bid_direction`.
+        :func:`dpmarket.common.summarization.kernels.bid_direction`.
     offset : int
         Global index of the partition's first row.
     exclude : array-like of int

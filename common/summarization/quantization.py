@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.validation import check_matrix
+from dpmarket.common.validation import check_matrix
 
 __all__ = ["quantization_grid", "quantize_features", "stochastic_quantize"]
 
@@ -167,7 +167,7 @@ def quantize_features(
     ``sqrt(2/d) * cos(.)`` can exceed ``sqrt(2/d)`` by a rounding error, which is not a caller bug.
     Quantization acts on each point separately, so replacing one point of the input changes one
     row of the output only (the basis of the sensitivity argument in
-    :mod:`common.summarization.mwem`).
+    :mod:`dpmarket.common.summarization.mwem`).
 
     References
     ----------

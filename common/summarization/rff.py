@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
-from common.fourier import cos32
-from common.validation import check_matrix, check_positive_int
+from dpmarket.common.fourier import cos32
+from dpmarket.common.validation import check_matrix, check_positive_int
 
 __all__ = ["RFFParams", "draw_rff_params", "random_fourier_features"]
 
@@ -119,7 +119,8 @@ def draw_rff_params(n_features: int, d: int, gamma: float, rng: np.random.Genera
     gamma : float
         RBF kernel parameter, > 0 (the paper's experiments use ``gamma = 0.1``).
     rng : numpy.random.Generator
-        Source of randomness; production code passes :func:`common.privacy.rng.production_rng`.
+        Source of randomness; production code passes
+        :func:`dpmarket.common.privacy.rng.production_rng`.
 
     Returns
     -------
@@ -166,9 +167,9 @@ def random_fourier_features(
     params : RFFParams
         The session's h1 parameters.
     dtype : numpy floating dtype, default float32
-        Output dtype. The projection ``x @ omega.T + phase`` is computed in float64, the cosine
-        in float32 (:func:`common.fourier.cos32`, which first reduces any angle above 64 rad in
-        float64: within 4e-6 of the float64 cosine, about 15 times faster), the scaling in
+        Output dtype. The projection ``x @ omega.T + phase`` is computed in float64, the cosine in
+        float32 (:func:`dpmarket.common.fourier.cos32`, which first reduces any angle above 64 rad
+        in float64: within 4e-6 of the float64 cosine, about 15 times faster), the scaling in
         ``dtype``.
     chunk_size : int, default 2048
         Number of rows processed at once; bounds the float64 working memory to

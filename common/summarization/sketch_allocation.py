@@ -1,11 +1,11 @@
 """The candidates method's sketch allocation: owners' published sketches decide where to read.
 
-Every owner publishes, once, a differentially private RFF sketch of its data (M2M paper,
-Section 2.3; :mod:`common.sketches`): a noisy sum of random Fourier features and a noisy count,
+Every owner publishes, once, a differentially private RFF sketch of its data (M2M paper, Section
+2.3; :mod:`dpmarket.common.sketches`): a noisy sum of random Fourier features and a noisy count,
 already charged to its own ledger and reusable by every consumer. The curator, which holds the
-consumer's validation set ``D_v``, scores every owner's relevance to ``D_v`` from those sketches
-and releases to the owners only a K-dimensional decision that is differentially private with
-respect to ``D_v``:
+consumer's validation set ``D_v``, scores every owner's relevance to ``D_v`` from those sketches and
+releases to the owners only a K-dimensional decision that is differentially private with respect to
+``D_v``:
 
 1. For every validation point ``v`` and owner ``k`` a non-negative relevance ``u_k(v)``, a
    function of ``v`` and of the public sketches only (:func:`relevance_matrix`):
@@ -30,15 +30,15 @@ respect to ``D_v``:
 3. The released decision ``r~ = (1/m) sum_v pi(v) + N(0, s^2 I_K)`` (:func:`noisy_relevance`),
    shrunk towards the even split ``1/K`` by as much as its noise hides it
    (:func:`shrink_decision`), and the candidate budget split in proportion to its positive part
-   after an even share (:func:`common.summarization.candidates.allocate_candidates`). The
+   after an even share (:func:`dpmarket.common.summarization.candidates.allocate_candidates`). The
    validation party's budget is split between the embedding and the decision by
    :func:`derived_allocation_share` (public m, K, epsilon, delta) unless the request fixes it.
 4. Each owner proposes its share by a local greedy against the validation embedding released
-   beside the decision, shrunk by as much as its noise hides it: towards the public seed set's
-   mean h1 (:func:`common.summarization.candidates.shrink_embedding`, at the curator) or,
+   beside the decision, shrunk by as much as its noise hides it: towards the public seed set's mean
+   h1 (:func:`dpmarket.common.summarization.candidates.shrink_embedding`, at the curator) or,
    without a seed set, towards the owner's own mean h1 in the metric of its own scores
-   (:func:`common.summarization.candidates.shrink_towards_points`, at the owner); never towards
-   zero, which only scales the embedding down (docs/results.md, "Scenario suite").
+   (:func:`dpmarket.common.summarization.candidates.shrink_towards_points`, at the owner); never
+   towards zero, which only scales the embedding down (docs/results.md, "Scenario suite").
 
 Privacy (Notes of :func:`relevance_sensitivity`): replacing one validation point moves ``r``
 by at most ``sqrt(2) / m`` in L2 whatever the relevance score and norm weight, so the Gaussian
@@ -58,11 +58,14 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from common.privacy.accounting import analytic_gaussian_sigma
-from common.privacy.noise import NoiseSource
-from common.sketches import RFFMap, SketchLike, SyntheticDesign, regularization
-from common.summarization.candidates import shrink_embedding, validation_embedding_sensitivity
-from common.validation import check_matrix, check_positive_int, check_vector
+from dpmarket.common.privacy.accounting import analytic_gaussian_sigma
+from dpmarket.common.privacy.noise import NoiseSource
+from dpmarket.common.sketches import RFFMap, SketchLike, SyntheticDesign, regularization
+from dpmarket.common.summarization.candidates import (
+    shrink_embedding,
+    validation_embedding_sensitivity,
+)
+from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
 
 __all__ = [
     "DEFAULT_M2M_SYNTHETIC",
@@ -426,7 +429,7 @@ def shrink_decision(noisy: ArrayLike, sigma: float) -> tuple[NDArray[np.float64]
     ``1/m``) is as large as the shares themselves (``1/K``); read as is, the split then follows
     the noise and changes wildly from one session to the next. Shrunk, it moves from the even
     split only as far as the release shows a difference (the risk argument of
-    :func:`common.summarization.candidates.shrink_embedding`, with d = K).
+    :func:`dpmarket.common.summarization.candidates.shrink_embedding`, with d = K).
     """
     r = check_vector(noisy, "noisy decision").astype(np.float64)
     prior = np.full(r.shape[0], 1.0 / r.shape[0])
@@ -447,7 +450,7 @@ def derived_allocation_share(
     The validation party's budget pays for two Gaussian releases
     (:func:`split_gaussian_sigmas`): the embedding, whose noise per owner score is
     ``sigma_g = 2 sigma_u / (m sqrt(1 - a))``
-    (:func:`~common.summarization.candidates.validation_embedding_sensitivity`), against a
+    (:func:`~dpmarket.common.summarization.candidates.validation_embedding_sensitivity`), against a
     signal of about ``signal`` (:data:`SCORE_SIGNAL`); and the decision, whose noise per owner
     is ``sigma_a = sqrt(2) sigma_u / (m sqrt(a))``, against shares of about ``1 / K``. Each
     release's relative noise ``x = (noise / signal)^2`` costs ``x / (1 + x)``: close to ``x``

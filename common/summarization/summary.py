@@ -9,10 +9,10 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from common.privacy.ledger import SessionSpend
-from common.summarization.auction import AUCTION_VARIANTS, AuctionVariant
-from common.summarization.sketch_allocation import RELEVANCE_SCORES, RelevanceScore
-from common.validation import check_delta, check_epsilon, check_positive_int
+from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.summarization.auction import AUCTION_VARIANTS, AuctionVariant
+from dpmarket.common.summarization.sketch_allocation import RELEVANCE_SCORES, RelevanceScore
+from dpmarket.common.validation import check_delta, check_epsilon, check_positive_int
 
 Method = Literal["private", "greedy", "uniform", "candidates", "rounds"]
 Stage = Literal["setup", "rounds", "done", "failed"]
@@ -37,7 +37,7 @@ PAPER_DELTA_OWNERS = 1e-4
 EMBEDDING_PRIORS: tuple[EmbeddingPrior, ...] = ("owner", "seed", "none")
 #: What the curator and the consumer receive of the summary (default first).
 SUMMARY_FORMS: tuple[SummaryForm, ...] = ("points", "hashes")
-#: PrivAuction variants (``common.summarization.auction``).
+#: PrivAuction variants (``dpmarket.common.summarization.auction``).
 AUCTIONS: tuple[AuctionVariant, ...] = AUCTION_VARIANTS
 
 
@@ -50,12 +50,11 @@ class SummarizationConfig:
     summary_size : int
         p, the number of owner points in the summary (seed set excluded).
     method : {"candidates", "private", "greedy", "uniform", "rounds"}
-        The candidates method (:mod:`common.summarization.candidates`, the default: best measured
-        quality at a given epsilon), Algorithm 3 (h2 embeddings + PrivAuction), non-private greedy
-        on exact
-        mean h1 embeddings, p/K points drawn uniformly from every owner, or ``"rounds"``:
-        Algorithm 3's per-round protocol whose validation release, summary release and pool
-        scoring are chosen by ``validation_release``, ``summary_release`` and ``pool_scoring``
+        The candidates method (:mod:`dpmarket.common.summarization.candidates`, the default: best
+        measured quality at a given epsilon), Algorithm 3 (h2 embeddings + PrivAuction), non-private
+        greedy on exact mean h1 embeddings, p/K points drawn uniformly from every owner, or
+        ``"rounds"``: Algorithm 3's per-round protocol whose validation release, summary release and
+        pool scoring are chosen by ``validation_release``, ``summary_release`` and ``pool_scoring``
         (docs/how-it-works.md, "Methods").
     rff_dimension : int
         d, the dimension of h1 (Table 1: 140).
@@ -106,40 +105,41 @@ class SummarizationConfig:
         overrides it).
     allocation : {"sketch", "counts"}
         Candidates method: split the candidate budget by the owners' published RFF sketches
-        (:mod:`common.summarization.sketch_allocation`: a Gaussian release about D_v only, charged
-        to the validation party; the owners pay nothing at summarization time) when every owner
-        has one, else (or with ``"counts"``) by the owners' Laplace-noised relevance counts.
+        (:mod:`dpmarket.common.summarization.sketch_allocation`: a Gaussian release about D_v only,
+        charged to the validation party; the owners pay nothing at summarization time) when every
+        owner has one, else (or with ``"counts"``) by the owners' Laplace-noised relevance counts.
     relevance_score : {"mmd", "share", "density", "mass", "m2m"}
         Sketch allocation: the per-validation-point relevance of an owner's sketch
-        (:func:`common.summarization.sketch_allocation.relevance_matrix`). The default and every
-        constant of the allocation below were chosen by leave-one-scenario-out on the scenario
-        suite (:mod:`experiments.suite_eval`, docs/results.md "Scenario suite").
+        (:func:`dpmarket.common.summarization.sketch_allocation.relevance_matrix`). The default and
+        every constant of the allocation below were chosen by leave-one-scenario-out on the scenario
+        suite (:mod:`dpmarket.experiments.suite_eval`, docs/results.md "Scenario suite").
     relevance_norm_weight : float
         Sketch allocation, ``"mmd"`` score: the weight in (0, 1] of each sketch's squared norm
         in its distance to a validation point (1: the MMD; the norm favours diffuse owners;
         default 0.25).
     allocation_share : float
         Sketch allocation: share of the validation party's budget (of the squared Gaussian
-        privacy-loss scale, :func:`~common.summarization.sketch_allocation.split_gaussian_sigmas`)
-        spent on the allocation; the validation embedding gets the rest. In (0, 1), or 0 (the
-        default): derived from the public m, K, epsilon and delta
-        (:func:`~common.summarization.sketch_allocation.derived_allocation_share`).
+        privacy-loss scale,
+        :func:`~dpmarket.common.summarization.sketch_allocation.split_gaussian_sigmas`) spent on the
+        allocation; the validation embedding gets the rest. In (0, 1), or 0 (the default): derived
+        from the public m, K, epsilon and delta
+        (:func:`~dpmarket.common.summarization.sketch_allocation.derived_allocation_share`).
     embedding_prior : {"owner", "seed", "none"}
-        Candidates method: what each owner's proposal shrinks the noisy validation embedding
-        towards (James-Stein, at the owner) before its local greedy: ``"owner"`` (the default),
-        the owner's own mean h1; ``"seed"``, the public seed set's mean h1 or the owner's own,
-        whichever the release lies nearer to in the metric of the owner's scores (the owner's
-        own without a seed set); ``"none"``, nothing
-        (:func:`common.summarization.candidates.shrink_towards_points`). Never towards zero:
-        that only scales the embedding down (docs/results.md, "Scenario suite").
+        Candidates method: what each owner's proposal shrinks the noisy validation embedding towards
+        (James-Stein, at the owner) before its local greedy: ``"owner"`` (the default), the owner's
+        own mean h1; ``"seed"``, the public seed set's mean h1 or the owner's own, whichever the
+        release lies nearer to in the metric of the owner's scores (the owner's own without a seed
+        set); ``"none"``, nothing
+        (:func:`dpmarket.common.summarization.candidates.shrink_towards_points`). Never towards
+        zero: that only scales the embedding down (docs/results.md, "Scenario suite").
     shrinkage : float
         Candidates method: the strength of that shrinkage, a multiple > 0 of the embedding's
         noise variance (1, the default: the James-Stein amount).
     summary_form : {"points", "hashes"}
-        Candidates method: what the curator and the consumer receive of the summary: the raw
-        points, or (the paper's less-trusted curator, Appendix F) only their h1 hashes under a
-        map the owners agree on among themselves (:mod:`common.summarization.hashes`; budget p,
-        no re-ranking). In process only in this release: networked requests do not carry it.
+        Candidates method: what the curator and the consumer receive of the summary: the raw points,
+        or (the paper's less-trusted curator, Appendix F) only their h1 hashes under a map the
+        owners agree on among themselves (:mod:`dpmarket.common.summarization.hashes`; budget p, no
+        re-ranking). In process only in this release: networked requests do not carry it.
     relevance_threshold : float
         Candidates method: a point is relevant when its score ``gtilde . h1(x)`` is at least
         ``relevance_threshold * ||gtilde||^2`` (the typical score of a validation point).
@@ -156,14 +156,13 @@ class SummarizationConfig:
         (``epsilon_validation`` per iteration, ``T_init`` iterations).
     summary_release : {"tree", "mwem", "none"}
         Rounds method: the running summary embedding by the binary-tree continual release of the
-        prefix sum of h1 of the acquired points (:mod:`common.summarization.continual`; noise
-        calibrated so the owners' PLD epsilon is ``epsilon_owners_total``), by h2 each round as the
-        paper, or not
-        at all (owners bid with the validation embedding only).
+        prefix sum of h1 of the acquired points (:mod:`dpmarket.common.summarization.continual`;
+        noise calibrated so the owners' PLD epsilon is ``epsilon_owners_total``), by h2 each round
+        as the paper, or not at all (owners bid with the validation embedding only).
     pool_scoring : {"exact", "embedding"}
         Rounds method: the curator adds the pool point with the largest exact marginal gain
-        (:func:`common.summarization.kernels.marginal_gain_score`; it holds D_v and the summary) or
-        the largest private-embedding bid (the paper's step 15).
+        (:func:`dpmarket.common.summarization.kernels.marginal_gain_score`; it holds D_v and the
+        summary) or the largest private-embedding bid (the paper's step 15).
     auction_share : float
         Rounds method, ``summary_release`` "tree" or "mwem": PrivAuction gets
         ``auction_share * epsilon_owners_total`` as its Theorem-6 epsilon, in (0, 1].
@@ -172,7 +171,7 @@ class SummarizationConfig:
         rank, the first included, with a probability below 1, so that each bad iteration is pure
         ``eps_auc``-DP; ``"paper"`` is Algorithm 3 as printed, whose bad iterations are
         ``(eps_auc, 1 - exp(-eps_auc))``-DP and are charged so
-        (:func:`common.summarization.auction.auction_events`).
+        (:func:`dpmarket.common.summarization.auction.auction_events`).
 
     Raises
     ------
@@ -419,7 +418,7 @@ class SummaryResult:
     report : SessionReport
     hashes : ndarray of shape (p, d), float64, or None
         The hashes mode (``summary_form="hashes"``): h1 of the summary points under the owners'
-        secret map (:mod:`common.summarization.hashes`); None otherwise.
+        secret map (:mod:`dpmarket.common.summarization.hashes`); None otherwise.
     """
 
     points: NDArray[np.float64]

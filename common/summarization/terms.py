@@ -1,65 +1,221 @@
-"""What a summarization session spends of each owner's privacy: the terms an owner is offered.
+"""What a summarization session spends of each owner's privacy, and what it may ask: its terms.
 
 Before a session opens, the curator tells every owner what the whole session will cost its data
-(:class:`OwnerTerms`); the owner checks the terms against its own policy and charges them to its
-own ledger before its first release. The terms are computed here, from the session's
-configuration alone, by the same event lists the curator's ledger charges
-(:mod:`common.summarization.calibration`), so that what an owner is told and what the session
-charges cannot drift apart.
+and which method it runs (:class:`OwnerTerms`); the owner checks the terms against its own policy
+and charges them to its own ledger before its first release. The terms are computed here, from
+the session's configuration alone, by the same event lists the curator's ledger charges
+(:mod:`dpmarket.common.summarization.calibration`), so that what an owner is told and what the
+session charges cannot drift apart.
+
+The method is typed (:class:`SessionMethod`), not a description: each owner derives from it the
+steps it answers, in their order (:data:`METHOD_STEPS`), and refuses every other step, so a
+curator cannot ask for a data-dependent answer the terms do not charge (a bid under the uniform
+method's ``(0, 0)``) nor repeat a noisy release for fresh noise (:mod:`dpmarket.owner.steps`).
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 
-from common.privacy.accounting import PrivacyEvent, pld_epsilon
-from common.summarization.calibration import paper_mode_events, rounds_mode_events
-from common.summarization.summary import SummarizationConfig
-from common.validation import check_positive_int
+from dpmarket.common.privacy.accounting import PrivacyEvent, pld_epsilon
+from dpmarket.common.summarization.auction import iteration_limit
+from dpmarket.common.summarization.calibration import (
+    paper_mode_events,
+    rounds_mode_events,
+    session_auction,
+)
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.validation import check_positive_int
 
-__all__ = ["OwnerTerms", "approximate_delta", "owner_terms"]
+__all__ = [
+    "METHOD_STEPS",
+    "OwnerTerms",
+    "SessionMethod",
+    "Step",
+    "TermsEpsilon",
+    "approximate_delta",
+    "owner_terms",
+]
+
+
+class SessionMethod(enum.Enum):
+    """The method a session runs at an owner, as its terms state it.
+
+    One value per way the curator may use an owner: the summarization methods, the candidates
+    method split by its allocation (the noisy counts are a release of the owner's data, the
+    sketches' shares are not) and by the form of its summary (raw points, or the less-trusted
+    curator's hashes, :mod:`dpmarket.common.summarization.hashes`).
+    """
+
+    UNIFORM = "uniform"
+    CANDIDATES_COUNTS = "candidates-counts"
+    CANDIDATES_SKETCH = "candidates-sketch"
+    HASHES_COUNTS = "hashes-counts"
+    HASHES_SKETCH = "hashes-sketch"
+    PRIVATE = "private"
+    ROUNDS = "rounds"
+    GREEDY = "greedy"
+
+
+class Step(enum.Enum):
+    """A step of a summarization session at an owner: an RPC of ``OwnerService`` (or an
+    in-process call of the hashes mode), named by its value."""
+
+    VALIDATION_EMBEDDING = "SetValidationEmbedding"
+    SAMPLE = "SampleUniform"
+    COUNT = "CountRelevant"
+    CANDIDATES = "ProposeCandidates"
+    HASH_ADVERT = "HashAdvertise"
+    HASH_SECRET = "HashDistribute/HashReceive"
+    HASHES = "ProposeHashes"
+    ROUNDS = "Bid/ReleasePoint"
+
+
+#: The steps each method's terms allow, in the order an owner answers them. Every step is
+#: answered once, except the rounds (one Bid per round, up to the terms' ``max_rounds``, and
+#: at most one ReleasePoint of the point bid in the round just bid).
+METHOD_STEPS: dict[SessionMethod, tuple[Step, ...]] = {
+    SessionMethod.UNIFORM: (Step.SAMPLE,),
+    SessionMethod.CANDIDATES_COUNTS: (Step.VALIDATION_EMBEDDING, Step.COUNT, Step.CANDIDATES),
+    SessionMethod.CANDIDATES_SKETCH: (Step.VALIDATION_EMBEDDING, Step.CANDIDATES),
+    SessionMethod.HASHES_COUNTS: (
+        Step.VALIDATION_EMBEDDING,
+        Step.COUNT,
+        Step.HASH_ADVERT,
+        Step.HASH_SECRET,
+        Step.HASHES,
+    ),
+    SessionMethod.HASHES_SKETCH: (
+        Step.VALIDATION_EMBEDDING,
+        Step.HASH_ADVERT,
+        Step.HASH_SECRET,
+        Step.HASHES,
+    ),
+    SessionMethod.PRIVATE: (Step.VALIDATION_EMBEDDING, Step.ROUNDS),
+    SessionMethod.ROUNDS: (Step.VALIDATION_EMBEDDING, Step.ROUNDS),
+    SessionMethod.GREEDY: (Step.VALIDATION_EMBEDDING, Step.ROUNDS),
+}
+
+
+class TermsEpsilon(enum.Enum):
+    """What a method's terms must state as epsilon, from what its steps release."""
+
+    #: Raw points only (each charged as a point): ``(0, 0)``.
+    NONE = "0: raw points only"
+    #: The owner's own Laplace count, the one release its epsilon pays for: finite, > 0.
+    OWNER_NOISE = "> 0: the owner's Laplace relevance count"
+    #: Bids to the curator, whose releases and auction the epsilon pays for: finite, > 0.
+    CURATOR_RELEASES = "> 0: the curator's embeddings and auction over the bids"
+    #: Exact statistics to every owner: infinite (non-private).
+    NON_PRIVATE = "inf: non-private"
+
+
+#: What each method's epsilon must be (checked by :class:`OwnerTerms`).
+METHOD_EPSILON: dict[SessionMethod, TermsEpsilon] = {
+    SessionMethod.UNIFORM: TermsEpsilon.NONE,
+    SessionMethod.CANDIDATES_COUNTS: TermsEpsilon.OWNER_NOISE,
+    SessionMethod.CANDIDATES_SKETCH: TermsEpsilon.NONE,
+    SessionMethod.HASHES_COUNTS: TermsEpsilon.OWNER_NOISE,
+    SessionMethod.HASHES_SKETCH: TermsEpsilon.NONE,
+    SessionMethod.PRIVATE: TermsEpsilon.CURATOR_RELEASES,
+    SessionMethod.ROUNDS: TermsEpsilon.CURATOR_RELEASES,
+    SessionMethod.GREEDY: TermsEpsilon.NON_PRIVATE,
+}
 
 
 @dataclass(frozen=True)
 class OwnerTerms:
-    """The privacy a session spends of one owner's data, as offered to the owner.
+    """What a session may ask of one owner and what it spends of the owner's privacy.
 
     Attributes
     ----------
-    mechanism : str
-        Description for the owner's ledger.
+    method : SessionMethod
+        The method the session runs; the owner answers only its steps (:data:`METHOD_STEPS`).
     epsilon : float
         epsilon of the whole session with respect to one owner's data (replace one point of one
-        owner's data); ``0`` when the session releases only raw points (uniform sampling);
-        ``inf`` for a non-private session.
+        owner's data): ``0`` for the methods that release only raw points (uniform, the
+        candidates method with the sketch allocation); finite and ``> 0`` for the count
+        allocation (the owner's Laplace count, drawn at this epsilon, is its only release that
+        is not a raw point) and the per-round methods; ``inf`` for the non-private greedy.
     delta : float
-        The delta at which ``epsilon`` holds, in ``[0, 1)``.
-    non_private : bool
-        The session releases exact statistics of the owners' data to the other owners.
+        The delta at which ``epsilon`` holds, in ``[0, 1)``; ``0`` with ``epsilon`` 0.
+    max_rounds : int
+        The per-round methods: the most Bid rounds the session runs
+        (:func:`~dpmarket.common.summarization.auction.iteration_limit`), >= 1; 0 for the others.
+    description : str
+        What the epsilon pays for, for the curator's report; decides nothing and is not sent to
+        the owners (an owner describes a session by its method).
 
     Raises
     ------
     ValueError
-        If ``epsilon`` is negative or NaN, infinite without ``non_private``, or ``delta`` is
-        outside ``[0, 1)``.
+        If ``method`` is not a :class:`SessionMethod`, ``epsilon`` is not what the method
+        releases (:data:`METHOD_EPSILON`: 0, finite and > 0, or infinite), ``delta`` is outside
+        ``[0, 1)`` (or not 0 with ``epsilon`` 0), or ``max_rounds`` is not >= 1 for a
+        per-round method and 0 for the others.
     """
 
-    mechanism: str
+    method: SessionMethod
     epsilon: float
     delta: float
-    non_private: bool = False
+    max_rounds: int = 0
+    description: str = ""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.method, SessionMethod):
+            raise ValueError(
+                f"method must be one of {[m.value for m in SessionMethod]}, got {self.method!r}"
+            )
         eps, dl = float(self.epsilon), float(self.delta)
+        name = self.method.value
         if math.isnan(eps) or eps < 0:
             raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
-        if math.isinf(eps) and not self.non_private:
-            raise ValueError("an infinite epsilon is only meaningful for non-private terms")
         if not (math.isfinite(dl) and 0.0 <= dl < 1.0):
             raise ValueError(f"delta must lie in [0, 1), got {self.delta}")
+        rule = METHOD_EPSILON[self.method]
+        if rule is TermsEpsilon.NONE and (eps != 0.0 or dl != 0.0):
+            raise ValueError(
+                f"the {name} method releases only raw points: its epsilon and delta must be 0, "
+                f"got ({eps:g}, {dl:g})"
+            )
+        if rule in (TermsEpsilon.OWNER_NOISE, TermsEpsilon.CURATOR_RELEASES) and not (
+            math.isfinite(eps) and eps > 0
+        ):
+            raise ValueError(
+                f"the {name} method needs a finite epsilon > 0 ({rule.value}), got {eps:g}"
+            )
+        if rule is TermsEpsilon.NON_PRIVATE and not math.isinf(eps):
+            raise ValueError(
+                f"the {name} method is non-private: its epsilon must be inf, got {eps:g}"
+            )
+        rounds = self.max_rounds
+        if isinstance(rounds, bool) or int(rounds) != rounds:
+            raise ValueError(f"max_rounds must be an integer, got {rounds!r}")
+        if Step.ROUNDS in METHOD_STEPS[self.method]:
+            if rounds < 1:
+                raise ValueError(f"the {name} method bids in rounds: max_rounds must be >= 1")
+        elif rounds != 0:
+            raise ValueError(f"the {name} method has no rounds: max_rounds must be 0")
         object.__setattr__(self, "epsilon", eps)
         object.__setattr__(self, "delta", dl)
+        object.__setattr__(self, "max_rounds", int(rounds))
+
+    @property
+    def non_private(self) -> bool:
+        """The session releases exact statistics of the owners' data to the other owners."""
+        return METHOD_EPSILON[self.method] is TermsEpsilon.NON_PRIVATE
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """The steps the terms allow, in order (:data:`METHOD_STEPS`)."""
+        return METHOD_STEPS[self.method]
+
+    @property
+    def mechanism(self) -> str:
+        """How an owner's ledger names the session's terms: the method."""
+        return self.method.value
 
 
 def approximate_delta(events: list[PrivacyEvent]) -> float:
@@ -73,13 +229,19 @@ def approximate_delta(events: list[PrivacyEvent]) -> float:
     return -math.expm1(log_keep)
 
 
-def _composed(events: list[PrivacyEvent], base_delta: float, label: str) -> OwnerTerms:
+def _composed(
+    events: list[PrivacyEvent],
+    base_delta: float,
+    label: str,
+    method: SessionMethod,
+    max_rounds: int,
+) -> OwnerTerms:
     """``(pld_epsilon(events, delta), delta)`` with ``delta`` the base delta plus the
     approximate events' infinite-loss mass (:func:`approximate_delta`)."""
     delta = base_delta + approximate_delta(events)
     if delta >= 1.0:
         raise ValueError(f"{label}: the session's delta {delta:.6g} is not below 1")
-    return OwnerTerms(label, pld_epsilon(events, delta) if events else 0.0, delta)
+    return OwnerTerms(method, pld_epsilon(events, delta), delta, max_rounds, label)
 
 
 def owner_terms(
@@ -109,16 +271,23 @@ def owner_terms(
     Returns
     -------
     OwnerTerms
-        * ``"uniform"``: ``(0, 0)``: only raw points, which the owner's point limits bound.
-        * ``"greedy"``: non-private (exact embeddings of acquired points reach every owner).
-        * ``"candidates"``: ``(epsilon_owners_total, 0)``: the one Laplace release of the
-          relevance counts, whose noise the owner draws itself; with the sketch allocation
-          ``(0, 0)``: the owners release only raw points to the trusted curator, and the shares
-          they receive are post-processing of the published sketches (whose epsilon their
-          publication charged once) and of a release about D_v.
-        * ``"private"``: the PLD epsilon of :func:`paper_mode_events`'s owner events at
-          ``delta_owners`` plus, for the printed auction, its infinite-loss mass.
-        * ``"rounds"``: the same for :func:`rounds_mode_events` at ``delta``.
+        * ``"uniform"``: method ``UNIFORM``, ``(0, 0)``: only raw points, which the owner's
+          point limits bound.
+        * ``"greedy"``: ``GREEDY``, non-private (exact embeddings of acquired points reach every
+          owner), at most ``2 p`` Bid rounds.
+        * ``"candidates"``: ``CANDIDATES_COUNTS``, ``(epsilon_owners_total, 0)``: the one
+          Laplace release of the relevance count, whose noise the owner draws itself; with the
+          sketch allocation ``CANDIDATES_SKETCH``, ``(0, 0)``: the owners release only raw
+          points to the trusted curator, and the shares they receive are post-processing of the
+          published sketches (whose epsilon their publication charged once) and of a release
+          about D_v. ``HASHES_COUNTS`` and ``HASHES_SKETCH`` alike with ``summary_form
+          "hashes"``.
+        * ``"private"``: ``PRIVATE``, the PLD epsilon of :func:`paper_mode_events`'s owner
+          events at ``delta_owners`` plus, for the printed auction, its infinite-loss mass.
+        * ``"rounds"``: ``ROUNDS``, the same for :func:`rounds_mode_events` at ``delta``.
+
+        The per-round methods state the most Bid rounds the session runs
+        (:func:`~dpmarket.common.summarization.auction.iteration_limit` of the session's auction).
 
     Raises
     ------
@@ -138,17 +307,24 @@ def owner_terms(
     m = check_positive_int(validation_size, "validation_size")
     method = config.method
     if method == "uniform":
-        return OwnerTerms("uniform sample: raw points only", 0.0, 0.0)
+        return OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0, 0, "uniform sample: raw points only")
+    p = config.summary_size
     if method == "greedy":
-        return OwnerTerms("non-private greedy: exact embeddings", math.inf, 0.0, non_private=True)
+        rounds = iteration_limit(p, None)
+        label = "non-private greedy: exact embeddings"
+        return OwnerTerms(SessionMethod.GREEDY, math.inf, 0.0, rounds, label)
+    hashes = config.summary_form == "hashes"
     if method == "candidates" and sketch_allocation:
-        return OwnerTerms("candidates by published sketches: raw points only", 0.0, 0.0)
+        kind = SessionMethod.HASHES_SKETCH if hashes else SessionMethod.CANDIDATES_SKETCH
+        return OwnerTerms(kind, 0.0, 0.0, 0, "candidates by published sketches: raw points only")
     if method == "candidates":
-        return OwnerTerms("Laplace relevance count", config.epsilon_owners_total, 0.0)
+        kind = SessionMethod.HASHES_COUNTS if hashes else SessionMethod.CANDIDATES_COUNTS
+        return OwnerTerms(kind, config.epsilon_owners_total, 0.0, 0, "Laplace relevance count")
+    rounds = iteration_limit(p, session_auction(config, k))
     if method == "private":
         events = paper_mode_events(config, k, seed_set_size=seed_set_size)["owners"]
         label = f"h2 summary embeddings + PrivAuction ({config.auction})"
-        return _composed(events, config.delta_owners, label)
+        return _composed(events, config.delta_owners, label, SessionMethod.PRIVATE, rounds)
     events = rounds_mode_events(config, k, validation_size=m, seed_set_size=seed_set_size)["owners"]
     label = f"{config.summary_release} summary release + PrivAuction ({config.auction})"
-    return _composed(events, config.delta, label)
+    return _composed(events, config.delta, label, SessionMethod.ROUNDS, rounds)

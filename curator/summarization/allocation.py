@@ -19,18 +19,18 @@ from typing import Literal, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import InvalidArgumentError
-from common.privacy.accounting import PrivacyEvent
-from common.privacy.ledger import Charge
-from common.summarization.calibration import gaussian_epsilon
-from common.summarization.candidates import (
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.privacy.accounting import PrivacyEvent
+from dpmarket.common.privacy.ledger import Charge
+from dpmarket.common.summarization.calibration import gaussian_epsilon
+from dpmarket.common.summarization.candidates import (
     allocate_candidates,
     relevance_threshold,
     validation_embedding,
     validation_embedding_sensitivity,
 )
-from common.summarization.rff import random_fourier_features
-from common.summarization.sketch_allocation import (
+from dpmarket.common.summarization.rff import random_fourier_features
+from dpmarket.common.summarization.sketch_allocation import (
     VOTING_SCORES,
     derived_allocation_share,
     noisy_relevance,
@@ -40,8 +40,8 @@ from common.summarization.sketch_allocation import (
     shrink_decision,
     split_gaussian_sigmas,
 )
-from curator.summarization.release import Releases
-from curator.summarization.state import SessionState
+from dpmarket.curator.summarization.release import Releases
+from dpmarket.curator.summarization.state import SessionState
 
 __all__ = ["Allocator", "CandidateRequest", "split_evenly"]
 
@@ -101,15 +101,15 @@ class Allocator:
         """How each owner denoises the released embedding before its local greedy:
         ``(shrinkage_sigma, prior_embedding)`` for SetValidationEmbedding.
 
-        ``embedding_prior="owner"``: the noise each owner's proposal should assume,
-        ``sigma * sqrt(shrinkage)``, so that it shrinks gtilde (James-Stein) towards its own
-        mean h1 (:func:`common.summarization.candidates.shrink_towards_points`). ``"seed"``: the
-        same, and with a seed set its public mean h1 as a second prior, which an owner takes
-        when gtilde lies nearer to it in the metric of the owner's own scores. ``"none"``:
-        gtilde as released. Never towards a zero prior: that would only scale the embedding
-        down, and an owner's local greedy would then chase the repulsion of its own choices,
-        not D_v. Post-processing of the release with public values (sigma, the seed set) and
-        the owner's own data, at the owner.
+        ``embedding_prior="owner"``: the noise each owner's proposal should assume, ``sigma *
+        sqrt(shrinkage)``, so that it shrinks gtilde (James-Stein) towards its own mean h1
+        (:func:`dpmarket.common.summarization.candidates.shrink_towards_points`). ``"seed"``: the
+        same, and with a seed set its public mean h1 as a second prior, which an owner takes when
+        gtilde lies nearer to it in the metric of the owner's own scores. ``"none"``: gtilde as
+        released. Never towards a zero prior: that would only scale the embedding down, and an
+        owner's local greedy would then chase the repulsion of its own choices, not D_v.
+        Post-processing of the release with public values (sigma, the seed set) and the owner's own
+        data, at the owner.
         """
         state = self.state
         cfg = state.config
@@ -141,7 +141,7 @@ class Allocator:
         ``c = candidate_multiple``, whatever K; or, with ``candidate_fraction`` > 0, the previous
         rule ``max(p, floor(candidate_fraction * K * p))``. At least p, so a single owner can
         serve a whole summary. Exactly p in the hashes mode, where the curator cannot re-rank
-        (:mod:`common.summarization.hashes`)."""
+        (:mod:`dpmarket.common.summarization.hashes`)."""
         state = self.state
         cfg = state.config
         p = cfg.summary_size
@@ -157,12 +157,13 @@ class Allocator:
         least 2p and the curator re-ranks (not in the hashes mode); nothing otherwise.
 
         Each owner draws its share exactly as the uniform method's sample
-        (:meth:`owner.protocol.OwnerSession.propose_candidates`), so for the same session seed
-        the candidates hold the uniform method's summary, and the curator returns it when its
-        own choice is not better (:meth:`curator.summarization.selection.Selection.candidates`):
-        the default's MMD² to D_v is never above uniform sampling's (with the exact
-        re-ranking; ``embedding_rerank`` reads the sample but does not compare). The sample is data
-        independent, so it changes no privacy figure; it costs p of the budget's reads.
+        (:meth:`dpmarket.owner.protocol.OwnerSession.propose_candidates`), so for the same session
+        seed the candidates hold the uniform method's summary, and the curator returns it when its
+        own choice is not better
+        (:meth:`dpmarket.curator.summarization.selection.Selection.candidates`): the default's MMD²
+        to D_v is never above uniform sampling's (with the exact re-ranking; ``embedding_rerank``
+        reads the sample but does not compare). The sample is data independent, so it changes no
+        privacy figure; it costs p of the budget's reads.
         """
         state = self.state
         cfg = state.config
@@ -249,12 +250,13 @@ class Allocator:
     async def by_sketches(
         self, val_features: NDArray[np.floating]
     ) -> tuple[dict[int, CandidateRequest], NDArray[np.float64]]:
-        """The sketch allocation (:mod:`common.summarization.sketch_allocation`): gtilde and the
+        """The sketch allocation (:mod:`dpmarket.common.summarization.sketch_allocation`): gtilde
+        and the
         noisy mean responsibilities, two Gaussian releases about D_v whose composition is
-        ``(epsilon_validation_total, delta)`` whatever the split (:meth:`allocation_share`);
-        shares from the second, shrunk towards the even split
-        (:func:`~common.summarization.sketch_allocation.shrink_decision`). Owners receive gtilde
-        and how to shrink it (:meth:`prior`); all of it post-processing of the two releases
+        ``(epsilon_validation_total, delta)`` whatever the split (:meth:`allocation_share`); shares
+        from the second, shrunk towards the even split
+        (:func:`~dpmarket.common.summarization.sketch_allocation.shrink_decision`). Owners receive
+        gtilde and how to shrink it (:meth:`prior`); all of it post-processing of the two releases
         with public values. Owners release nothing before their candidates."""
         state = self.state
         cfg = state.config

@@ -15,21 +15,21 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from common.privacy.accounting import PrivacyEvent, analytic_gaussian_sigma
-from common.privacy.ledger import Charge
-from common.summarization.calibration import (
+from dpmarket.common.privacy.accounting import PrivacyEvent, analytic_gaussian_sigma
+from dpmarket.common.privacy.ledger import Charge
+from dpmarket.common.summarization.calibration import (
     TREE_INCREMENT_SENSITIVITY,
     gaussian_epsilon,
     rounds_tree_sigma,
 )
-from common.summarization.candidates import (
+from dpmarket.common.summarization.candidates import (
     validation_embedding,
     validation_embedding_sensitivity,
 )
-from common.summarization.continual import TreePrefixSum
-from common.summarization.mwem import MWEMRelease, MWEMState
-from common.summarization.quantization import quantize_features
-from curator.summarization.state import Party, RoundsMode, SessionState
+from dpmarket.common.summarization.continual import TreePrefixSum
+from dpmarket.common.summarization.mwem import MWEMRelease, MWEMState
+from dpmarket.common.summarization.quantization import quantize_features
+from dpmarket.curator.summarization.state import Party, RoundsMode, SessionState
 
 __all__ = [
     "ExactSummary",
@@ -125,7 +125,7 @@ class MWEMSummary(SummaryRelease):
 class TreeSummary(SummaryRelease):
     """Rounds method: ``g_l = (sum h1(D_init) + noisy prefix sum of h1 of acquired points) / q``,
     the prefix sum released by the binary tree
-    (:class:`common.summarization.continual.TreePrefixSum`)."""
+    (:class:`dpmarket.common.summarization.continual.TreePrefixSum`)."""
 
     def __init__(
         self, state: SessionState, seed_features: NDArray[np.floating], sigma: float
@@ -234,7 +234,7 @@ class Releases:
         (epsilon_validation_total, delta); charged.
 
         L2 sensitivity 2 / m under replacing one validation point (m public): the mean of the
-        validation points' unit-norm h1 rows (:func:`common.summarization.candidates.
+        validation points' unit-norm h1 rows (:func:`dpmarket.common.summarization.candidates.
         validation_embedding`)."""
         state = self.state
         cfg = state.config

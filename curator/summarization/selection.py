@@ -18,19 +18,19 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import AbortedError, UnavailableError
-from common.privacy.ledger import Charge
-from common.summarization.auction import (
+from dpmarket.common.errors import AbortedError, UnavailableError
+from dpmarket.common.privacy.ledger import Charge
+from dpmarket.common.summarization.auction import (
     AuctionParams,
     auction_events,
-    auction_parameters,
     choose_owners_to_ask,
     rank_owners,
+    repeat_limit,
 )
-from common.summarization.calibration import rounds_auction
-from common.summarization.endpoints import OwnerBid, ReleasedPoint
-from common.summarization.hashes import leader_of
-from common.summarization.kernels import (
+from dpmarket.common.summarization.calibration import session_auction
+from dpmarket.common.summarization.endpoints import OwnerBid, ReleasedPoint
+from dpmarket.common.summarization.hashes import leader_of
+from dpmarket.common.summarization.kernels import (
     bid_direction,
     bid_scores,
     embedding_greedy,
@@ -39,10 +39,10 @@ from common.summarization.kernels import (
     marginal_gain_score,
     mmd2,
 )
-from common.summarization.rff import RFFParams, random_fourier_features
-from curator.summarization.allocation import Allocator, split_evenly
-from curator.summarization.release import Releases
-from curator.summarization.state import RoundsMode, SessionState, SummaryState
+from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
+from dpmarket.curator.summarization.allocation import Allocator, split_evenly
+from dpmarket.curator.summarization.release import Releases
+from dpmarket.curator.summarization.state import RoundsMode, SessionState, SummaryState
 
 __all__ = ["BID_ATOL", "BID_RTOL", "PoolEntry", "Selection"]
 
@@ -110,7 +110,8 @@ class Selection:
         state.emit("rounds", "uniform sample received")
 
     async def candidates(self, summary: SummaryState, rff: RFFParams) -> None:
-        """The candidates method (:mod:`common.summarization.candidates`): one private embedding,
+        """The candidates method (:mod:`dpmarket.common.summarization.candidates`): one private
+        embedding,
         a private allocation of the candidate budget (by the owners' sketches or by their noisy
         relevance counts) after a uniform sample of p points (:meth:`Allocator.hedge`), local
         greedy proposals, exact re-ranking by the trusted curator, which returns the uniform
@@ -209,10 +210,11 @@ class Selection:
         ]
 
     async def hashes(self, summary: SummaryState, requests: dict[int, int]) -> None:
-        """The hashes mode (the less-trusted curator, :mod:`common.summarization.hashes`): the
-        owners agree on a secret hash map among themselves, the curator relaying their signed
-        keys and encrypted envelopes, then send h1 hashes of their proposals under it; the
-        curator never receives a raw point, nor the map."""
+        """The hashes mode (the less-trusted curator,
+        :mod:`dpmarket.common.summarization.hashes`): the owners agree on a secret hash map among
+        themselves, the curator relaying their signed keys and encrypted envelopes, then send h1
+        hashes of their proposals under it; the curator never receives a raw point, nor the
+        map."""
         state = self.state
         active = state.active()
         adverts = await state.gather(
@@ -277,17 +279,7 @@ class Selection:
         seed_features = random_fourier_features(state.seed_set, rff, dtype=np.float64)
         # Step 3: the validation embedding gtilde.
         g_val = await asyncio.to_thread(self.releases.validation_embedding, val_features, mode)
-        if mode != "greedy":
-            state.auction = (
-                auction_parameters(
-                    cfg.epsilon_auction,
-                    cfg.delta_owners,
-                    len(state.slots),
-                    variant=cfg.auction,
-                )
-                if mode == "private"
-                else rounds_auction(cfg, len(state.slots))
-            )
+        state.auction = session_auction(cfg, len(state.slots))
         await state.gather(
             state.active(),
             lambda i: state.endpoint(i).set_validation_embedding(state.owner_session_id, g_val),
@@ -301,7 +293,9 @@ class Selection:
         iteration = 0
         released_for = 0
         g_sum, q_sent = np.zeros(cfg.rff_dimension), 0
-        max_repeats = (state.auction.tau if state.auction is not None else 0) + 1
+        # The owners' terms state the iterations this allows (iteration_limit): each owner
+        # refuses a Bid beyond them.
+        max_repeats = repeat_limit(state.auction)
         repeats = 0
         while len(summary.points) < p:
             iteration += 1

@@ -1,17 +1,18 @@
 """The curator's side of the summarization protocol (Algorithm 3): one session, run by stage.
 
 A :class:`SummarizationSession` drives any sequence of
-:class:`common.summarization.endpoints.OwnerEndpoint`
+:class:`dpmarket.common.summarization.endpoints.OwnerEndpoint`
 objects: in-process owners (``dpmarket simulate``, tests, benchmarks) or gRPC clients (the
 curator service). Given the same seed and owners it makes the same random draws in the same order,
 so both runs return the same summary bit for bit.
 
-The session keeps its state in a :class:`~curator.summarization.state.SessionState` and runs the
-stages on it: the terms offered to the owners (:mod:`~curator.summarization.terms`), the
-candidates method's allocation (:mod:`~curator.summarization.allocation`), the selection of the
-summary's points (:mod:`~curator.summarization.selection`) and the releases about the validation
-set and the summary (:mod:`~curator.summarization.release`); then it reports what it accessed
-and spent.
+The session keeps its state in a :class:`~dpmarket.curator.summarization.state.SessionState` and
+runs the stages on it: the terms offered to the owners
+(:mod:`~dpmarket.curator.summarization.terms`), the candidates method's allocation
+(:mod:`~dpmarket.curator.summarization.allocation`), the selection of the summary's points
+(:mod:`~dpmarket.curator.summarization.selection`) and the releases about the validation set and the
+summary (:mod:`~dpmarket.curator.summarization.release`); then it reports what it accessed and
+spent.
 """
 
 from __future__ import annotations
@@ -24,21 +25,21 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
-from common.privacy.ledger import Charge, PrivacyLedger
-from common.privacy.noise import NoiseSource
-from common.schema import Schema, disagreement
-from common.sketches import PrivateSketch
-from common.summarization.auction import parsimony_bound
-from common.summarization.endpoints import OwnerEndpoint
-from common.summarization.kernels import check_kernel_width
-from common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
-from common.summarization.terms import OwnerTerms
-from curator.summarization.allocation import Allocator
-from curator.summarization.release import Releases
-from curator.summarization.selection import Selection
-from curator.summarization.state import ProgressCallback, SessionState, SummaryState
-from curator.summarization.terms import Offer
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from dpmarket.common.privacy.ledger import Charge, PrivacyLedger
+from dpmarket.common.privacy.noise import NoiseSource
+from dpmarket.common.schema import Schema, disagreement
+from dpmarket.common.sketches import PrivateSketch
+from dpmarket.common.summarization.auction import parsimony_bound
+from dpmarket.common.summarization.endpoints import OwnerEndpoint
+from dpmarket.common.summarization.kernels import check_kernel_width
+from dpmarket.common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
+from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.curator.summarization.allocation import Allocator
+from dpmarket.curator.summarization.release import Releases
+from dpmarket.curator.summarization.selection import Selection
+from dpmarket.curator.summarization.state import ProgressCallback, SessionState, SummaryState
+from dpmarket.curator.summarization.terms import Offer
 
 __all__ = ["SummarizationSession"]
 
@@ -67,7 +68,7 @@ class SummarizationSession:
     noise : NoiseSource, optional
         Source of every noise draw (Gaussian embedding, tree nodes, MWEM measurements); default
         ``SeededNoise(rng)``, the same stream as ``rng`` (tests, seeded sessions). Production
-        sessions pass :class:`~common.privacy.noise.OpenDPNoise`.
+        sessions pass :class:`~dpmarket.common.privacy.noise.OpenDPNoise`.
     consumer : str
         Identity (``"consumer:NAME"``) of the consumer the session serves; owners record it.
     owner_session_id : str, optional
@@ -87,7 +88,7 @@ class SummarizationSession:
         The catalogue spec ``owner_sketches`` were published under (the curator service's
         ``--allocation-sketch-spec``), named in the report when an owner has none.
     min_owners : int
-        :attr:`common.summarization.summary.OwnerSelection.min_owners`: 0 keeps the rules
+        :attr:`dpmarket.common.summarization.summary.OwnerSelection.min_owners`: 0 keeps the rules
         before it (a refusal of the terms fails the request); N >= 1 leaves out owners that
         refuse their terms or cannot be reached when the session opens, and fails unless N
         remain.
@@ -195,12 +196,12 @@ class SummarizationSession:
 
         Asks every owner for its dataset description; checks that the owners and the consumer
         declare one schema (or, without schemas, the feature counts), the summary size and the
-        kernel width; derives the session's terms (what it spends of each owner's
-        privacy, :func:`~common.summarization.terms.owner_terms`) and lets ``check_terms`` (the
-        curator's policy) refuse them; draws h1's parameters and opens the session at every
-        owner with the terms, which each owner checks against its own policy. Nothing is
-        released or charged: h1's parameters are public randomness. Owners that do not answer
-        are dropped (and named in the report). On failure, sessions already opened are closed.
+        kernel width; derives the session's terms (what it spends of each owner's privacy,
+        :func:`~dpmarket.common.summarization.terms.owner_terms`) and lets ``check_terms`` (the
+        curator's policy) refuse them; draws h1's parameters and opens the session at every owner
+        with the terms, which each owner checks against its own policy. Nothing is released or
+        charged: h1's parameters are public randomness. Owners that do not answer are dropped (and
+        named in the report). On failure, sessions already opened are closed.
 
         Raises
         ------
@@ -355,9 +356,11 @@ class SummarizationSession:
             )
         if state.terms is not None:
             ledger["owner_terms"] = {
-                "mechanism": state.terms.mechanism,
+                "method": state.terms.method.value,
+                "mechanism": state.terms.description,
                 "epsilon": state.terms.epsilon,
                 "delta": state.terms.delta,
+                "max_rounds": state.terms.max_rounds,
                 "non_private": state.terms.non_private,
             }
         return SessionReport(

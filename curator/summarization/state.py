@@ -2,11 +2,11 @@
 
 :class:`SessionState` holds what a session knows (its request, its owners, its randomness and
 ledgers) and what it has done so far (points accessed, rounds, the terms offered); the stages
-(:mod:`~curator.summarization.terms`, :mod:`~curator.summarization.allocation`,
-:mod:`~curator.summarization.selection`, :mod:`~curator.summarization.release`) are small
-classes acting on it, and :class:`~curator.summarization.session.SummarizationSession` runs
-them in order. The state also calls the owners: concurrently, with a deadline, dropping those
-that fail.
+(:mod:`~dpmarket.curator.summarization.terms`, :mod:`~dpmarket.curator.summarization.allocation`,
+:mod:`~dpmarket.curator.summarization.selection`, :mod:`~dpmarket.curator.summarization.release`)
+are small classes acting on it, and
+:class:`~dpmarket.curator.summarization.session.SummarizationSession` runs them in order. The state
+also calls the owners: concurrently, with a deadline, dropping those that fail.
 """
 
 from __future__ import annotations
@@ -21,22 +21,22 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from common.errors import (
+from dpmarket.common.errors import (
     AbortedError,
     DPMarketError,
     FailedPreconditionError,
     InvalidArgumentError,
     UnavailableError,
 )
-from common.privacy.ledger import Charge, PrivacyLedger, SessionSpend
-from common.privacy.noise import NoiseSource, SeededNoise
-from common.sketches import PrivateSketch, RFFMap
-from common.summarization.auction import AuctionParams
-from common.summarization.endpoints import OwnerEndpoint, OwnerInfo
-from common.summarization.rff import RFFParams
-from common.summarization.summary import ProgressEvent, SummarizationConfig
-from common.summarization.terms import OwnerTerms
-from common.validation import check_matrix
+from dpmarket.common.privacy.ledger import Charge, PrivacyLedger, SessionSpend
+from dpmarket.common.privacy.noise import NoiseSource, SeededNoise
+from dpmarket.common.sketches import PrivateSketch, RFFMap
+from dpmarket.common.summarization.auction import AuctionParams
+from dpmarket.common.summarization.endpoints import OwnerEndpoint, OwnerInfo
+from dpmarket.common.summarization.rff import RFFParams
+from dpmarket.common.summarization.summary import ProgressEvent, SummarizationConfig
+from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.common.validation import check_matrix
 
 __all__ = [
     "OwnerSlot",
@@ -47,7 +47,7 @@ __all__ = [
     "SummaryState",
 ]
 
-logger = logging.getLogger("curator.summarization.session")
+logger = logging.getLogger("dpmarket.curator.summarization.session")
 
 Party = Literal["validation", "owners", "public"]
 #: The per-round loop's modes: non-private greedy, the paper's Algorithm 3, the rounds method.
@@ -118,7 +118,7 @@ class SummaryState:
 class SessionState:
     """What one session knows and has done: the request, the owners, randomness and ledgers.
 
-    Parameters are those of :class:`~curator.summarization.session.SummarizationSession`.
+    Parameters are those of :class:`~dpmarket.curator.summarization.session.SummarizationSession`.
 
     Attributes
     ----------

@@ -1,20 +1,20 @@
 """What a session states to the owners: its terms, and the opening that carries them.
 
-Before anything is released, the curator derives what the whole session will spend of each
-owner's privacy (:class:`~common.summarization.terms.OwnerTerms`, from the configuration alone,
-by the event lists the session's ledgers charge) and opens the session at every owner with
-those terms and h1's public parameters. Each owner checks the terms against its own policy and
-charges them to its own ledger before its first release.
+Before anything is released, the curator derives what the whole session will spend of each owner's
+privacy (:class:`~dpmarket.common.summarization.terms.OwnerTerms`, from the configuration alone, by
+the event lists the session's ledgers charge) and opens the session at every owner with those terms
+and h1's public parameters. Each owner checks the terms against its own policy and charges them to
+its own ledger before its first release.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from common.errors import FailedPreconditionError
-from common.summarization.rff import draw_rff_params
-from common.summarization.terms import OwnerTerms, owner_terms
-from curator.summarization.state import SessionState
+from dpmarket.common.errors import FailedPreconditionError
+from dpmarket.common.summarization.rff import draw_rff_params
+from dpmarket.common.summarization.terms import OwnerTerms, owner_terms
+from dpmarket.curator.summarization.state import SessionState
 
 __all__ = ["Offer"]
 
@@ -31,7 +31,8 @@ class Offer:
         self.state = state
 
     async def terms(self) -> OwnerTerms:
-        """The session's terms for every owner (:func:`~common.summarization.terms.owner_terms`)
+        """The session's terms for every owner
+        (:func:`~dpmarket.common.summarization.terms.owner_terms`)
         under the allocation already chosen (``state.allocation``)."""
         state = self.state
         return await asyncio.to_thread(

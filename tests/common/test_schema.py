@@ -8,8 +8,8 @@ import tomllib
 import numpy as np
 import pytest
 
-from common.errors import InvalidArgumentError
-from common.schema import Column, Schema, SchemaMismatchError, disagreement, draft_schema
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.schema import Column, Schema, SchemaMismatchError, disagreement, draft_schema
 
 SCHEMA = """
 name = "clinic"

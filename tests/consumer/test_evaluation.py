@@ -1,4 +1,4 @@
-"""Tests of consumer.evaluation.downstream_accuracy."""
+"""Tests of dpmarket.consumer.evaluation.downstream_accuracy."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import logging
 import numpy as np
 import pytest
 
-from consumer.evaluation import downstream_accuracy
-from experiments.scenarios import digits_scenario, flights_scenario
-from owner.data import PointSet
+from dpmarket.consumer.evaluation import downstream_accuracy
+from dpmarket.experiments.scenarios import digits_scenario, flights_scenario
+from dpmarket.owner.data import PointSet
 
 
 def _blobs(n: int, seed: int, shift: float = 6.0) -> PointSet:
@@ -70,7 +70,7 @@ def test_no_convergence_trouble_on_scenario_summaries(caplog: pytest.LogCaptureF
     rng = np.random.default_rng(0)
     digits = digits_scenario(seed=0)
     flights = flights_scenario(seed=0, max_points_per_owner=2000)
-    with caplog.at_level(logging.WARNING, logger="consumer.evaluation"):
+    with caplog.at_level(logging.WARNING, logger="dpmarket.consumer.evaluation"):
         for scenario in (digits, flights):
             features = np.vstack([o.features for o in scenario.owners])
             labels = np.concatenate([o.labels for o in scenario.owners if o.labels is not None])
@@ -85,12 +85,12 @@ def test_no_convergence_trouble_on_scenario_summaries(caplog: pytest.LogCaptureF
 def test_convergence_warning_is_logged_not_raised(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import consumer.evaluation as evaluation
+    import dpmarket.consumer.evaluation as evaluation
 
     monkeypatch.setattr(evaluation, "_MAX_ITER", 1)
     rng = np.random.default_rng(8)
     train = PointSet(rng.normal(size=(30, 50)), rng.integers(0, 2, 30), "hard")
-    with caplog.at_level(logging.WARNING, logger="consumer.evaluation"):
+    with caplog.at_level(logging.WARNING, logger="dpmarket.consumer.evaluation"):
         accuracy = downstream_accuracy(train, train)
     assert 0.0 <= accuracy <= 1.0
     assert any("did not converge on 'hard'" in r.getMessage() for r in caplog.records)

@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from common.errors import InvalidArgumentError
-from common.privacy.noise import SeededNoise
-from common.sketches.m2m import M2MEstimator
-from common.sketches.sketch import SketchMechanism, merge_sketches
-from common.sketches.spec import SketchDeclaration, SketchSpec
-from consumer.explore import (
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.m2m import M2MEstimator
+from dpmarket.common.sketches.sketch import SketchMechanism, merge_sketches
+from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
+from dpmarket.consumer.explore import (
     Explorer,
     MarginalsExplorer,
     Query,
@@ -208,7 +208,7 @@ def test_m2m_standard_errors_cover_at_the_stated_rate() -> None:
     number of covers lies in [930, 970]. Were the intervals exact, it would be Binomial(1000,
     0.95) and fall outside with probability 3.0e-3 per query; the first-order count term and
     the normal approximation are checked by the same bound."""
-    from consumer.explore import Z95, m2m_standard_errors, m2m_target
+    from dpmarket.consumer.explore import Z95, m2m_standard_errors, m2m_target
 
     spec = SketchDeclaration.from_mapping(
         {

@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from common.summarization.summary import SummarizationConfig
-from consumer.report import (
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.consumer.report import (
     comparison_table,
     evaluate_summary,
     mmd_curve,
     plot_request,
 )
-from experiments.runner import simulate
-from experiments.scenarios import Scenario
+from dpmarket.experiments.runner import simulate
+from dpmarket.experiments.scenarios import Scenario
 
 
 def _render(renderable: Any, width: int = 80) -> str:

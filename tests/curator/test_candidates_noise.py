@@ -7,14 +7,14 @@ import math
 import numpy as np
 from scipy import stats
 
-from common.privacy.accounting import PrivacyEvent, pld_epsilon
-from common.summarization.candidates import validation_embedding
-from common.summarization.rff import draw_rff_params, random_fourier_features
-from common.summarization.summary import SummarizationConfig
-from experiments.runner import run_session
-from experiments.scenarios import Scenario
-from owner.local import LocalOwnerEndpoint
-from owner.protocol import Owner
+from dpmarket.common.privacy.accounting import PrivacyEvent, pld_epsilon
+from dpmarket.common.summarization.candidates import validation_embedding
+from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.experiments.runner import run_session
+from dpmarket.experiments.scenarios import Scenario
+from dpmarket.owner.local import LocalOwnerEndpoint
+from dpmarket.owner.protocol import Owner
 
 EPS = 0.7
 DELTA = 1e-6

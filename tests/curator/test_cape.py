@@ -1,10 +1,10 @@
 """The curator as CAPE aggregator (capeFM, Algorithm 4) against in-process owners.
 
-Every site is a real :class:`owner.cape.CapeSite` with its secure-aggregation rounds
-(:class:`owner.secagg.SiteRounds`, real key agreement and masks), wrapped so that the test sees
-what crosses the boundary between an owner and the curator (the noise round's inputs, the masked
-vectors, the broadcast total, the releases) and can make a site vanish at any stage, as a crashed
-machine would: every later call to it fails as unavailable.
+Every site is a real :class:`dpmarket.owner.cape.CapeSite` with its secure-aggregation rounds
+(:class:`dpmarket.owner.secagg.SiteRounds`, real key agreement and masks), wrapped so that the test
+sees what crosses the boundary between an owner and the curator (the noise round's inputs, the
+masked vectors, the broadcast total, the releases) and can make a site vanish at any stage, as a
+crashed machine would: every later call to it fails as unavailable.
 
 What must hold (DESIGN, "CAPE noise"; CAPE paper, Algorithms 1, 2 and 4, Lemma 1):
 
@@ -30,28 +30,28 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from numpy.typing import NDArray
 from scipy import stats
 
-from common.cape.agreement import SizeAttestation, plan_statement
-from common.cape.capefm import aggregate_releases, fit_released, site_coefficients
-from common.cape.dpgd import init_params, site_gradient
-from common.cape.functional_mechanism import to_raw_coefficients
-from common.cape.privacy import collusion_factor
-from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.cape.zero_sum import zero_sum_correction
-from common.errors import (
+from dpmarket.common.cape.agreement import SizeAttestation, plan_statement
+from dpmarket.common.cape.capefm import aggregate_releases, fit_released, site_coefficients
+from dpmarket.common.cape.dpgd import init_params, site_gradient
+from dpmarket.common.cape.functional_mechanism import to_raw_coefficients
+from dpmarket.common.cape.privacy import collusion_factor
+from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.cape.zero_sum import zero_sum_correction
+from dpmarket.common.errors import (
     AbortedError,
     FailedPreconditionError,
     InvalidArgumentError,
     UnavailableError,
 )
-from common.privacy.rng import make_rng
-from common.secagg.crypto import EcdsaSigner
-from common.secagg.fixedpoint import FixedPoint
-from common.secagg.protocol import RoundParams
-from curator.cape import CapeJob, CapeResult, job_for
-from owner.cape import CapeSite
-from owner.data import Table
-from owner.local import LocalCapeSiteEndpoint
-from owner.secagg import SiteIdentity, SiteRounds
+from dpmarket.common.privacy.rng import make_rng
+from dpmarket.common.secagg.crypto import EcdsaSigner
+from dpmarket.common.secagg.fixedpoint import FixedPoint
+from dpmarket.common.secagg.protocol import RoundParams
+from dpmarket.curator.cape import CapeJob, CapeResult, job_for
+from dpmarket.owner.cape import CapeSite
+from dpmarket.owner.data import Table
+from dpmarket.owner.local import LocalCapeSiteEndpoint
+from dpmarket.owner.secagg import SiteIdentity, SiteRounds
 
 #: Public bounds of the synthetic tables' features and target.
 FEATURES = (("a", 0.0, 10.0), ("b", -5.0, 5.0), ("c", 0.0, 1.0))

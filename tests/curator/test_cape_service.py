@@ -11,19 +11,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common.cape.spec import CapeMeanSpec
-from common.errors import (
+from dpmarket.common.cape.spec import CapeMeanSpec
+from dpmarket.common.errors import (
     AbortedError,
     DPMarketError,
     InvalidArgumentError,
     UnavailableError,
 )
-from curator.cape_service import CapeJobs
-from curator.policy import CuratorPolicy, RequestRate
-from curator.store import CuratorStore
-from experiments.runner import local_cape_sites
-from owner.data import Table
-from owner.local import LocalCapeSiteEndpoint
+from dpmarket.curator.cape_service import CapeJobs
+from dpmarket.curator.policy import CuratorPolicy, RequestRate
+from dpmarket.curator.store import CuratorStore
+from dpmarket.experiments.runner import local_cape_sites
+from dpmarket.owner.data import Table
+from dpmarket.owner.local import LocalCapeSiteEndpoint
 
 CONSUMER = "consumer:alice"
 SPEC = CapeMeanSpec((("a", 0.0, 1.0), ("b", -1.0, 1.0)), 1.0, 1e-6)

@@ -4,7 +4,7 @@ Each owner here waits, in every call of the stages under test, on a barrier shar
 owners of the stage: the barrier opens only once every owner's call is in flight, so a curator
 that called owners one after another would never get a first answer (the test's deadline, a
 safety net against that hang and no timing assertion, would then fail it). The CAPE job has 40
-sites, so its noise round runs SecAgg+ (:mod:`common.secagg.sparse`), whose six stages are
+sites, so its noise round runs SecAgg+ (:mod:`dpmarket.common.secagg.sparse`), whose six stages are
 checked the same way, as is a re-plan after a site lost before revealing its graph nonce.
 """
 
@@ -17,13 +17,13 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from common.summarization.summary import SummarizationConfig
-from curator.cape import CapeJob
-from experiments.runner import run_session
-from experiments.scenarios import Scenario
-from owner.data import PointSet
-from owner.local import LocalOwnerEndpoint
-from owner.protocol import Owner
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.curator.cape import CapeJob
+from dpmarket.experiments.runner import run_session
+from dpmarket.experiments.scenarios import Scenario
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.local import LocalOwnerEndpoint
+from dpmarket.owner.protocol import Owner
 from tests.curator.test_cape import (
     Site,
     _check_zero_sum_over_averaged_sites,

@@ -7,11 +7,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common.summarization.summary import SummarizationConfig
-from consumer.evaluation import hash_model_accuracy
-from experiments.runner import local_hash_owners, publish_sketches, run_session
-from experiments.scenarios import Scenario
-from owner.local import LocalOwnerEndpoint
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.consumer.evaluation import hash_model_accuracy
+from dpmarket.experiments.runner import local_hash_owners, publish_sketches, run_session
+from dpmarket.experiments.scenarios import Scenario
+from dpmarket.owner.local import LocalOwnerEndpoint
 
 P = 20
 

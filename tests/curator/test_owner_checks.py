@@ -1,8 +1,8 @@
 """The curator checks its configured owners at start-up.
 
 A real owner service (its servicer on a grpc.aio server over mTLS, in this process) answers the
-curator's :func:`curator.owners.check_owners`: a name that its certificate does not carry, and an
-allocation sketch spec of 7 columns for points of 10 features, are start-up errors naming the
+curator's :func:`dpmarket.curator.owners.check_owners`: a name that its certificate does not carry,
+and an allocation sketch spec of 7 columns for points of 10 features, are start-up errors naming the
 owner (and the columns); an owner that does not answer is a warning.
 """
 
@@ -16,16 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.errors import FailedPreconditionError
-from curator.owners import GrpcOwnerEndpoint, check_owners
-from deploy.pki import init_ca, issue_all
+from dpmarket.common.errors import FailedPreconditionError
+from dpmarket.curator.owners import GrpcOwnerEndpoint, check_owners
+from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.protocol import Owner
+from dpmarket.owner.service import OwnerServicer, owner_authorizer
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.serving import start_server
+from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import owner_pb2, owner_pb2_grpc
-from owner.data import PointSet
-from owner.protocol import Owner
-from owner.service import OwnerServicer, owner_authorizer
-from runtime.identity import Identity, identity_files
-from runtime.serving import start_server
-from runtime.transport import TransportSecurity
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +139,7 @@ def test_an_owner_that_does_not_answer_is_a_warning(
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         down = f"127.0.0.1:{sock.getsockname()[1]}"
-        with caplog.at_level(logging.WARNING, logger="curator.owners"):
+        with caplog.at_level(logging.WARNING, logger="dpmarket.curator.owners"):
             checks = _run(pki, [("owner-0", None), ("owner-9", down)])
     assert checks[0].warning == "" and checks[0].error == ""
     assert checks[1].error == ""
@@ -155,8 +155,8 @@ def test_the_curator_warns_when_its_allocation_would_read_no_sketch(
 ) -> None:
     """Publishing sketches did not make the curator use them, and sessions then
     charged every owner through the counts allocation without a word."""
-    from curator.cli import _warn_about_allocation
-    from curator.sketches import SketchCatalog
+    from dpmarket.curator.cli import _warn_about_allocation
+    from dpmarket.curator.sketches import SketchCatalog
 
     spec = Path(__file__).resolve().parents[2] / "deploy" / "sketches" / "flights.toml"
     catalog = SketchCatalog.from_files(tmp_path, [spec], owners=["owner-0"], seed=0)

@@ -15,20 +15,20 @@ from typing import Any
 
 import pytest
 
-from common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
-from common.summarization.summary import (
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from dpmarket.common.summarization.summary import (
     LEFT_OUT_REASONS,
     OwnerSelection,
     SummarizationConfig,
     SummaryResult,
 )
-from curator.policy import CuratorPolicy
-from curator.sessions import SessionManager
-from experiments.scenarios import Scenario
-from owner.ledger import OwnerLedger
-from owner.local import LocalOwnerEndpoint
-from owner.policy import OwnerPolicy
-from owner.protocol import Owner
+from dpmarket.curator.policy import CuratorPolicy
+from dpmarket.curator.sessions import SessionManager
+from dpmarket.experiments.scenarios import Scenario
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.local import LocalOwnerEndpoint
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.owner.protocol import Owner
 from tests.conftest import exhaust
 
 CONFIG = SummarizationConfig(summary_size=10, method="candidates", rff_dimension=32)

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from common.errors import InvalidArgumentError
-from common.summarization.summary import SummarizationConfig
-from common.summarization.terms import OwnerTerms
-from curator.policy import (
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
+from dpmarket.curator.policy import (
     DEFAULT_RANGES,
     CuratorPolicy,
     load_curator_policy,
@@ -166,10 +166,10 @@ def test_requests_at_the_edges_of_every_range_are_accepted() -> None:
 
 
 def test_session_terms_are_bounded_too() -> None:
-    POLICY.check_terms(OwnerTerms("t", 3.0, 1e-5))
+    POLICY.check_terms(OwnerTerms(SessionMethod.PRIVATE, 3.0, 1e-5, 10))
     with pytest.raises(InvalidArgumentError, match=r"epsilon on owners' data = 3\.5 .*\[0, 3\]"):
-        POLICY.check_terms(OwnerTerms("t", 3.5, 0.0))
+        POLICY.check_terms(OwnerTerms(SessionMethod.CANDIDATES_COUNTS, 3.5, 0.0))
     with pytest.raises(InvalidArgumentError, match=r"delta on owners' data = 0\.1 "):
-        POLICY.check_terms(OwnerTerms("printed auction", 1.0, 0.1))
+        POLICY.check_terms(OwnerTerms(SessionMethod.PRIVATE, 1.0, 0.1, 10))
     # Non-private terms are the method check's to refuse (greedy must be served).
-    POLICY.check_terms(OwnerTerms("exact", math.inf, 0.0, non_private=True))
+    POLICY.check_terms(OwnerTerms(SessionMethod.GREEDY, math.inf, 0.0, 10))

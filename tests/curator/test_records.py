@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from common.summarization.summary import OwnerSelection, SummarizationConfig
-from curator.sessions import SessionManager
-from curator.store import DATABASE_FILE, CuratorRecords, CuratorStore
-from deploy.cli import main
-from experiments.scenarios import Scenario
-from owner.ledger import OwnerLedger
-from owner.local import LocalOwnerEndpoint
-from owner.policy import OwnerPolicy
-from owner.protocol import Owner
+from dpmarket.common.summarization.summary import OwnerSelection, SummarizationConfig
+from dpmarket.curator.sessions import SessionManager
+from dpmarket.curator.store import DATABASE_FILE, CuratorRecords, CuratorStore
+from dpmarket.deploy.cli import main
+from dpmarket.experiments.scenarios import Scenario
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.local import LocalOwnerEndpoint
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.owner.protocol import Owner
 
 CONFIG = SummarizationConfig(summary_size=8, method="candidates", rff_dimension=32)
 

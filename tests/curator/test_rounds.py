@@ -7,16 +7,16 @@ import itertools
 import numpy as np
 import pytest
 
-from common.summarization.auction import auction_parameters
-from common.summarization.calibration import rounds_auction
-from common.summarization.continual import tree_levels
-from common.summarization.summary import SummarizationConfig, SummaryResult
-from consumer.convert import create_request_to_proto
-from curator.convert import create_request_from_proto
-from experiments.runner import run_session, simulate
-from experiments.scenarios import Scenario
-from owner.local import LocalOwnerEndpoint
-from owner.protocol import Owner
+from dpmarket.common.summarization.auction import auction_parameters
+from dpmarket.common.summarization.calibration import rounds_auction
+from dpmarket.common.summarization.continual import tree_levels
+from dpmarket.common.summarization.summary import SummarizationConfig, SummaryResult
+from dpmarket.consumer.convert import create_request_to_proto
+from dpmarket.curator.convert import create_request_from_proto
+from dpmarket.experiments.runner import run_session, simulate
+from dpmarket.experiments.scenarios import Scenario
+from dpmarket.owner.local import LocalOwnerEndpoint
+from dpmarket.owner.protocol import Owner
 
 P = 20
 COMBINATIONS = list(
@@ -157,7 +157,7 @@ def test_no_summary_release_sends_a_zero_embedding_and_size_zero(digits: Scenari
 
 def test_exact_pool_scoring_beats_embedding_scoring_on_digits(digits: Scenario) -> None:
     """Measured, not guaranteed: the exact choice is closer to D_v in MMD² (mean of 3 seeds)."""
-    from common.summarization.kernels import mmd2
+    from dpmarket.common.summarization.kernels import mmd2
 
     def quality(scoring: str) -> float:
         config = _config("gaussian", "tree", scoring)

@@ -9,19 +9,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.cape.spec import CapeMeanSpec
-from common.errors import FailedPreconditionError
-from common.schema import Column, Schema
-from common.summarization.summary import SummarizationConfig
-from curator.cape_service import CapeJobs
-from curator.policy import CuratorPolicy, RequestRate
-from curator.summarization.session import SummarizationSession
-from experiments.runner import local_cape_sites
-from owner.data import PointSet, Table
-from owner.ledger import OwnerLedger
-from owner.local import LocalCapeSiteEndpoint, LocalOwnerEndpoint
-from owner.policy import OwnerPolicy
-from owner.protocol import Owner
+from dpmarket.common.cape.spec import CapeMeanSpec
+from dpmarket.common.errors import FailedPreconditionError
+from dpmarket.common.schema import Column, Schema
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.curator.cape_service import CapeJobs
+from dpmarket.curator.policy import CuratorPolicy, RequestRate
+from dpmarket.curator.summarization.session import SummarizationSession
+from dpmarket.experiments.runner import local_cape_sites
+from dpmarket.owner.data import PointSet, Table
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.local import LocalCapeSiteEndpoint, LocalOwnerEndpoint
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.owner.protocol import Owner
 
 COLUMNS = (
     Column("age", "integer", 0, 120),

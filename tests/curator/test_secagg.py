@@ -8,19 +8,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.errors import (
+from dpmarket.common.errors import (
     AbortedError,
     FailedPreconditionError,
     NotFoundError,
     UnavailableError,
 )
-from common.secagg.fixedpoint import FixedPoint
-from common.secagg.protocol import KeyAdvertisement, RoundParams, min_threshold
-from curator.secagg import aggregate
-from deploy.pki import init_ca, issue_all
-from owner.local import LocalSecureAggregationEndpoint
-from owner.secagg import SiteIdentity, SiteRounds
-from runtime.identity import Identity, identity_files
+from dpmarket.common.secagg.fixedpoint import FixedPoint
+from dpmarket.common.secagg.protocol import KeyAdvertisement, RoundParams, min_threshold
+from dpmarket.curator.secagg import aggregate
+from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.owner.local import LocalSecureAggregationEndpoint
+from dpmarket.owner.secagg import SiteIdentity, SiteRounds
+from dpmarket.runtime.identity import Identity, identity_files
 
 SITES = ("site-a", "site-b", "site-c", "site-d", "site-e")
 D = 40

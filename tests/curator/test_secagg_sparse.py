@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.errors import AbortedError, FailedPreconditionError, UnavailableError
-from common.secagg.fixedpoint import FixedPoint
-from common.secagg.graph import min_neighbours
-from common.secagg.protocol import RoundParams, Stage
-from curator.secagg import SitesLostError, aggregate
-from deploy.pki import init_ca, issue_all
-from owner.local import LocalSecureAggregationEndpoint
-from owner.secagg import SiteIdentity, SiteRounds
-from runtime.identity import Identity, identity_files
+from dpmarket.common.errors import AbortedError, FailedPreconditionError, UnavailableError
+from dpmarket.common.secagg.fixedpoint import FixedPoint
+from dpmarket.common.secagg.graph import min_neighbours
+from dpmarket.common.secagg.protocol import RoundParams, Stage
+from dpmarket.curator.secagg import SitesLostError, aggregate
+from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.owner.local import LocalSecureAggregationEndpoint
+from dpmarket.owner.secagg import SiteIdentity, SiteRounds
+from dpmarket.runtime.identity import Identity, identity_files
 
 SITES = tuple(f"site-{i:02d}" for i in range(40))
 COLLUDERS, ALLOWANCE = 2, 2

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from common.errors import (
+from dpmarket.common.errors import (
     AbortedError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -19,15 +19,15 @@ from common.errors import (
     PermissionDeniedError,
     ResourceExhaustedError,
 )
-from common.summarization.summary import ProgressEvent, SessionReport, SummarizationConfig
-from curator.policy import CuratorPolicy
-from curator.sessions import SessionManager
-from curator.store import RESTART_ERROR, CuratorStore
-from experiments.scenarios import Scenario
-from owner.ledger import OwnerLedger
-from owner.local import LocalOwnerEndpoint
-from owner.policy import OwnerPolicy
-from owner.protocol import Owner
+from dpmarket.common.summarization.summary import ProgressEvent, SessionReport, SummarizationConfig
+from dpmarket.curator.policy import CuratorPolicy
+from dpmarket.curator.sessions import SessionManager
+from dpmarket.curator.store import RESTART_ERROR, CuratorStore
+from dpmarket.experiments.scenarios import Scenario
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.local import LocalOwnerEndpoint
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.owner.protocol import Owner
 
 ALICE, BOB = "consumer:alice", "consumer:bob"
 CONFIG = SummarizationConfig(summary_size=5, method="candidates", rff_dimension=32)

@@ -8,20 +8,20 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from common.sketches import Domain, SketchMechanism, draw_rff
-from common.summarization.candidates import validation_embedding
-from common.summarization.rff import random_fourier_features
-from common.summarization.sketch_allocation import (
+from dpmarket.common.sketches import Domain, SketchMechanism, draw_rff
+from dpmarket.common.summarization.candidates import validation_embedding
+from dpmarket.common.summarization.rff import random_fourier_features
+from dpmarket.common.summarization.sketch_allocation import (
     relevance_matrix,
     relevance_sensitivity,
     responsibilities,
 )
-from common.summarization.summary import SummarizationConfig
-from experiments.runner import publish_sketches, run_session, simulate
-from experiments.scenarios import Scenario
-from owner.data import PointSet
-from owner.local import LocalOwnerEndpoint
-from owner.protocol import Owner
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.experiments.runner import publish_sketches, run_session, simulate
+from dpmarket.experiments.scenarios import Scenario
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.local import LocalOwnerEndpoint
+from dpmarket.owner.protocol import Owner
 
 D = 3
 DOMAIN = Domain(np.full(D, -4.0), np.full(D, 4.0))
@@ -192,7 +192,7 @@ def test_a_sketch_over_other_attributes_is_refused() -> None:
         PointSet(np.hstack([o.features, np.zeros((o.n_points, 1))]), None, o.name) for o in owners
     ]
     sketches = publish_sketches(wide, mech, seed=0)
-    from common.errors import InvalidArgumentError
+    from dpmarket.common.errors import InvalidArgumentError
 
     with pytest.raises(InvalidArgumentError, match="attributes"):
         simulate(owners, validation, seed_set, _config(), seed=0, owner_sketches=sketches)

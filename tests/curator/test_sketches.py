@@ -11,18 +11,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common.errors import (
+from dpmarket.common.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
 )
-from common.privacy.noise import SeededNoise
-from common.sketches.sketch import PrivateSketch
-from common.sketches.spec import SketchDeclaration
-from curator.policy import CuratorPolicy, policy_from_mapping
-from curator.sketches import SketchCatalog, load_declaration
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.sketch import PrivateSketch
+from dpmarket.common.sketches.spec import SketchDeclaration
+from dpmarket.curator.policy import CuratorPolicy, policy_from_mapping
+from dpmarket.curator.sketches import SketchCatalog, load_declaration
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA: dict[str, Any] = {
@@ -117,7 +117,7 @@ def test_publications_are_checked_and_kept_one_per_owner_and_spec(tmp_path: Path
 
 def _wide_epsilon(catalog: SketchCatalog, name: str, epsilon: float) -> PrivateSketch:
     """A sketch under the spec's map at an epsilon the spec does not accept."""
-    from common.sketches.sketch import SketchMechanism
+    from dpmarket.common.sketches.sketch import SketchMechanism
 
     spec = catalog.spec(name)
     mech = SketchMechanism(spec.feature_map, spec.domain, epsilon, "laplace")
@@ -157,7 +157,7 @@ def test_published_is_the_allocation_interface(tmp_path: Path) -> None:
 
 
 def test_a_session_manager_reads_only_an_rff_spec_of_its_catalogue(tmp_path: Path) -> None:
-    from curator.sessions import SessionManager
+    from dpmarket.curator.sessions import SessionManager
 
     with pytest.raises(InvalidArgumentError, match="needs a sketch catalogue"):
         SessionManager([], allocation_spec="toy/rff")

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.privacy.accounting import PrivacyEvent
-from common.privacy.ledger import Charge
-from common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
-from curator.store import RESTART_ERROR, CuratorStore
+from dpmarket.common.privacy.accounting import PrivacyEvent
+from dpmarket.common.privacy.ledger import Charge
+from dpmarket.common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
+from dpmarket.curator.store import RESTART_ERROR, CuratorStore
 
 CONFIG = SummarizationConfig(summary_size=2, method="candidates")
 CHARGES = [

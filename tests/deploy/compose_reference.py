@@ -10,11 +10,12 @@ Reads a JSON job on stdin, writes ``reference.json`` (and the summary's files) t
 the job names, and prints nothing else on stdout. Every party runs in this one process:
 
 * ``summary``: ``dpmarket simulate`` with the consumer's options (the owners' point files).
-* ``cape``: each job by :func:`experiments.runner.run_cape` on the owners' tables, named as the
-  owners.
+* ``cape``: each job by :func:`dpmarket.experiments.runner.run_cape` on the owners' tables, named as
+  the owners.
 * ``sketch``: a catalogue opened from the same declaration and seed as the curator's, each owner's
-  sketch published with its seeded noise and its policy (:func:`owner.sketches.publish_to`), then
-  the consumer's query on the union by :class:`consumer.explore.Explorer`.
+  sketch published with its seeded noise and its policy
+  (:func:`dpmarket.owner.sketches.publish_to`), then the consumer's query on the union by
+  :class:`dpmarket.consumer.explore.Explorer`.
 """
 
 from __future__ import annotations
@@ -27,18 +28,18 @@ from typing import Any
 
 import numpy as np
 
-from common.cape.spec import CapeJobSpec, CapeMeanSpec
-from common.privacy.noise import SeededNoise
-from common.sketches.sketch import merge_sketches
-from consumer.explore import Explorer, Query
-from curator.cape import CapeMeanEstimate, CapeResult
-from curator.sketches import SketchCatalog
-from deploy.cli import main
-from experiments.runner import run_cape
-from owner.data import load_table
-from owner.ledger import OwnerLedger
-from owner.policy import load_owner_policy
-from owner.sketches import SketchPublisher, publish_to
+from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.sketch import merge_sketches
+from dpmarket.consumer.explore import Explorer, Query
+from dpmarket.curator.cape import CapeMeanEstimate, CapeResult
+from dpmarket.curator.sketches import SketchCatalog
+from dpmarket.deploy.cli import main
+from dpmarket.experiments.runner import run_cape
+from dpmarket.owner.data import load_table
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.policy import load_owner_policy
+from dpmarket.owner.sketches import SketchPublisher, publish_to
 
 
 def _summary(job: dict[str, Any], out: Path) -> dict[str, Any]:

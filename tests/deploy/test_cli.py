@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from common.summarization.summary import METHODS, PARAMETER_NAMES
-from deploy.cli import main
+from dpmarket.common.summarization.summary import METHODS, PARAMETER_NAMES
+from dpmarket.deploy.cli import main
 
 
 @pytest.mark.parametrize("command", ["request", "simulate"])
@@ -65,13 +65,13 @@ def test_the_health_probe_and_the_ledger_start_without_numpy_or_the_protocols() 
 
     code = """
 import sys
-from deploy.entry import main
+from dpmarket.deploy.entry import main
 sys.argv = ["dpmarket", *sys.argv[1:]]
 try:
     main()
 except SystemExit:
     pass
-print(sorted(m for m in ("pandas", "scipy", "deploy.cli") if m in sys.modules))
+print(sorted(m for m in ("pandas", "scipy", "dpmarket.deploy.cli") if m in sys.modules))
 """
 
     def run(*args: str) -> list[str]:
@@ -85,12 +85,12 @@ print(sorted(m for m in ("pandas", "scipy", "deploy.cli") if m in sys.modules))
     assert health[-1] == "[]"
     ledger = run("owner", "ledger", "--help")
     assert any("--data-dir" in line for line in ledger)
-    assert ledger[-1] in ("[]", "['pandas']")  # owner.cli reads tables at module level
+    assert ledger[-1] in ("[]", "['pandas']")  # dpmarket.owner.cli reads tables at module level
     issue = run("pki", "issue", "--help")
     assert any("--ca-dir" in line for line in issue)
     assert issue[-1] == "[]"
     everything = run("--help")
-    assert everything[-1] == "['deploy.cli', 'pandas', 'scipy']"
+    assert everything[-1] == "['dpmarket.deploy.cli', 'pandas', 'scipy']"
     listed = {line.split()[0] for line in everything if line.startswith("  ")}
     assert {"health", "owner", "pki"} <= listed
 

@@ -37,16 +37,16 @@ import pytest
 from click.testing import CliRunner
 from grpc_health.v1 import health_pb2
 
-from common.summarization.summary import PARAMETER_NAMES, SummarizationConfig
-from common.summarization.terms import owner_terms
-from curator.policy import load_curator_policy
-from deploy.cli import main
-from deploy.pki import CA_KEY, init_ca, issue
-from owner.data import load_point_set, load_table
-from owner.policy import load_owner_policy
-from runtime.identity import Identity, identity_files
-from runtime.serving import start_server
-from runtime.transport import TransportSecurity
+from dpmarket.common.summarization.summary import PARAMETER_NAMES, SummarizationConfig
+from dpmarket.common.summarization.terms import owner_terms
+from dpmarket.curator.policy import load_curator_policy
+from dpmarket.deploy.cli import main
+from dpmarket.deploy.pki import CA_KEY, init_ca, issue
+from dpmarket.owner.data import load_point_set, load_table
+from dpmarket.owner.policy import load_owner_policy
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.serving import start_server
+from dpmarket.runtime.transport import TransportSecurity
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "deploy" / "docker-compose.yml"
@@ -750,8 +750,8 @@ def test_ledgers_job_creates_each_owners_ledger_bound_to_its_certificate(
 ) -> None:
     """Each owner starts on the ledger the job created in its own state volume; a second run
     keeps them; a volume that lost its ledger stops the job rather than start one anew."""
-    from owner.ledger_admin import verify_file
-    from owner.ledger_chain import LedgerOwner
+    from dpmarket.owner.ledger_admin import verify_file
+    from dpmarket.owner.ledger_chain import LedgerOwner
 
     services = _services(config)
     for name in OWNERS:
@@ -997,7 +997,7 @@ def test_dockerfile_entrypoint_user_and_sources() -> None:
     entrypoints = [json.loads(args) for k, args in final if k == "ENTRYPOINT"]
     assert entrypoints[-1] == ["dpmarket"]
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert pyproject["project"]["scripts"]["dpmarket"] == "deploy.entry:main"
+    assert pyproject["project"]["scripts"]["dpmarket"] == "dpmarket.deploy.entry:main"
     # The final stage runs as a non-root user from the last USER on.
     users = [args for k, args in final if k == "USER"]
     assert users, "the image must not run as root"

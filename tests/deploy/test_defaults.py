@@ -19,22 +19,22 @@ import click
 import numpy as np
 import pytest
 
-from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.summarization.summary import ALLOCATIONS
-from consumer import cli as consumer_cli
-from curator.policy import CuratorPolicy, load_curator_policy
-from curator.sketches import LocalCatalogEndpoint, SketchCatalog
-from curator.summarization.session import SummarizationSession
-from deploy.cli import cape_group, main
-from experiments.runner import publish_sketches
-from experiments.scenarios import Scenario
-from owner.cape import CapeSite
-from owner.data import PointSet, Table
-from owner.ledger import OwnerLedger
-from owner.local import LocalOwnerEndpoint
-from owner.policy import OwnerPolicy, load_owner_policy
-from owner.protocol import Owner
-from owner.sketches import SketchPublisher, publish_to
+from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.summarization.summary import ALLOCATIONS
+from dpmarket.consumer import cli as consumer_cli
+from dpmarket.curator.policy import CuratorPolicy, load_curator_policy
+from dpmarket.curator.sketches import LocalCatalogEndpoint, SketchCatalog
+from dpmarket.curator.summarization.session import SummarizationSession
+from dpmarket.deploy.cli import cape_group, main
+from dpmarket.experiments.runner import publish_sketches
+from dpmarket.experiments.scenarios import Scenario
+from dpmarket.owner.cape import CapeSite
+from dpmarket.owner.data import PointSet, Table
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.local import LocalOwnerEndpoint
+from dpmarket.owner.policy import OwnerPolicy, load_owner_policy
+from dpmarket.owner.protocol import Owner
+from dpmarket.owner.sketches import SketchPublisher, publish_to
 
 POLICIES = Path(__file__).resolve().parents[2] / "deploy" / "policies"
 SKETCH_SPECS = Path(__file__).resolve().parents[2] / "deploy" / "sketches"

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from deploy.wan import PROFILES, DelayRelay
+from dpmarket.deploy.wan import PROFILES, DelayRelay
 
 
 @pytest.fixture

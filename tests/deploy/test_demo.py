@@ -7,8 +7,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from common.summarization.summary import METHODS
-from deploy.launcher import run_demo
+from dpmarket.common.summarization.summary import METHODS
+from dpmarket.deploy.launcher import run_demo
 
 
 def test_demo_in_process_reports_every_method(tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from deploy.cli import main
-from deploy.local import DEPLOYMENT_FILE, down, init_deployment, up
-from runtime.identity import Identity, identity_files
-from runtime.schemas import load_schema
+from dpmarket.deploy.cli import main
+from dpmarket.deploy.local import DEPLOYMENT_FILE, down, init_deployment, up
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.schemas import load_schema
 
 
 def _tables(tmp_path: Path) -> dict[str, Path]:

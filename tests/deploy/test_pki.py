@@ -14,8 +14,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from deploy.pki import init_ca, issue, issue_all, pki
-from runtime.identity import (
+from dpmarket.deploy.pki import init_ca, issue, issue_all, pki
+from dpmarket.runtime.identity import (
     NAME_PATTERN,
     ROLES,
     Identity,

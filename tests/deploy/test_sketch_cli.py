@@ -6,7 +6,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from deploy.cli import main
+from dpmarket.deploy.cli import main
 
 
 def _run(*args: str) -> tuple[int, str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from deploy.sketch_demo import OWNER_CARRIERS, QUERIES, run_sketch_demo
+from dpmarket.deploy.sketch_demo import OWNER_CARRIERS, QUERIES, run_sketch_demo
 
 
 def test_sketch_demo_in_process_reports_every_query(tmp_path: Path) -> None:

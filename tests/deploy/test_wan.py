@@ -1,5 +1,5 @@
 """Owners on separate hosts over a WAN: the steps of deploy/README.md ("Owners on separate
-hosts"), run on hosts made of network namespaces (:mod:`deploy.wan`, ``make wan-test``).
+hosts"), run on hosts made of network namespaces (:mod:`dpmarket.deploy.wan`, ``make wan-test``).
 
 Five hosts, each a network namespace with one address, its own directory and its own
 certificate: three owners, the curator and a consumer (``alice``); the CA is a directory of the
@@ -30,13 +30,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from common.cape.spec import CapeMeanSpec
-from curator.cape import CapeMeanEstimate
-from deploy.cli import main
-from deploy.wan import PROFILES, WanTopology, wait_for_port
-from experiments.runner import run_cape
-from owner.data import load_table
-from runtime.identity import Identity
+from dpmarket.common.cape.spec import CapeMeanSpec
+from dpmarket.curator.cape import CapeMeanEstimate
+from dpmarket.deploy.cli import main
+from dpmarket.deploy.wan import PROFILES, WanTopology, wait_for_port
+from dpmarket.experiments.runner import run_cape
+from dpmarket.owner.data import load_table
+from dpmarket.runtime.identity import Identity
 
 pytestmark = [pytest.mark.integration, pytest.mark.wan]
 

@@ -1,4 +1,5 @@
-"""Smoke test of experiments.cape_experiments: the quick grid writes every figure as PNG + JSON."""
+"""Smoke test of dpmarket.experiments.cape_experiments: the quick grid writes every figure as PNG +
+JSON."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from experiments.cape_experiments import FIGURES, LINREG_METHODS, cape_figures
+from dpmarket.experiments.cape_experiments import FIGURES, LINREG_METHODS, cape_figures
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

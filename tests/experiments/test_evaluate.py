@@ -1,4 +1,4 @@
-"""Tests of experiments.evaluate: the quick evaluation grid end to end, in process."""
+"""Tests of dpmarket.experiments.evaluate: the quick evaluation grid end to end, in process."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from experiments.evaluate import (
+from dpmarket.experiments.evaluate import (
     EPSILON_FREE_METHODS,
     EVAL_METHODS,
     PRIVATE_METHODS,
@@ -161,7 +161,7 @@ def test_printed_auction_spends_more_owner_delta(
 
 
 def test_cli_offers_every_method() -> None:
-    from deploy.cli import main
+    from dpmarket.deploy.cli import main
 
     command = main.commands["evaluate"]
     (option,) = [p for p in command.params if p.name == "methods"]

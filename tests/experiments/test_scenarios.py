@@ -1,4 +1,4 @@
-"""Tests of experiments.scenarios: the digits and flights splits and their files."""
+"""Tests of dpmarket.experiments.scenarios: the digits and flights splits and their files."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from experiments.scenarios import (
+from dpmarket.experiments.scenarios import (
     DIGITS_OWNER_GROUPS,
     FLIGHTS_CONSUMER_CARRIER,
     FLIGHTS_FEATURE_NAMES,
@@ -24,7 +24,7 @@ from experiments.scenarios import (
     flights_scenario,
     write_scenario,
 )
-from owner.data import PointSet, load_point_set, load_table
+from dpmarket.owner.data import PointSet, load_point_set, load_table
 
 REPO = Path(__file__).resolve().parents[2]
 

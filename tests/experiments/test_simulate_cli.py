@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 from click.testing import CliRunner
 
-from deploy.cli import main
-from deploy.launcher import sketch_declaration_toml
-from experiments.scenarios import Scenario, write_scenario
+from dpmarket.deploy.cli import main
+from dpmarket.deploy.launcher import sketch_declaration_toml
+from dpmarket.experiments.scenarios import Scenario, write_scenario
 
 
 def _files(digits: Scenario, tmp_path: Path) -> dict[str, Path]:

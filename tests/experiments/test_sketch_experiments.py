@@ -1,4 +1,5 @@
-"""Smoke test of experiments.sketch_experiments: the quick settings write every experiment as PNG +
+"""Smoke test of dpmarket.experiments.sketch_experiments: the quick settings write every experiment
+as PNG +
 JSON with the documented keys, through ``dpmarket sketch-experiments``."""
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from common.privacy.noise import SeededNoise
-from common.sketches import Domain, M2MEstimator, SketchMechanism, draw_rff, tasks
-from deploy.cli import main
-from experiments.sketch_experiments import CDF_POINTS, EXPERIMENTS, MAPS, TASKS, Battery
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches import Domain, M2MEstimator, SketchMechanism, draw_rff, tasks
+from dpmarket.deploy.cli import main
+from dpmarket.experiments.sketch_experiments import CDF_POINTS, EXPERIMENTS, MAPS, TASKS, Battery
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -82,7 +83,7 @@ def test_bad_arguments_are_refused() -> None:
 
 def test_figure3_covariance_by_linearity_is_the_papers_two_stage_estimate() -> None:
     """The battery assembles the covariance from E[x_i x_j], E[x_i] and E[1]; M2M is linear in
-    its target, so this equals :func:`common.sketches.tasks.covariance` (means first)."""
+    its target, so this equals :func:`dpmarket.common.sketches.tasks.covariance` (means first)."""
     rng = np.random.default_rng(0)
     dom = Domain.unit(3)
     x = rng.beta(2, 5, size=(500, 3))

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common.summarization.kernels import exact_kernel_greedy
-from experiments.suite import (
+from dpmarket.common.summarization.kernels import exact_kernel_greedy
+from dpmarket.experiments.suite import (
     SKETCH_SCALE,
     SUITE,
     SUITE_NAMES,
@@ -20,7 +20,7 @@ from experiments.suite import (
     scenario_digest,
     suite_scenario,
 )
-from experiments.suite_eval import SuiteSetting, leave_one_scenario_out, uniform_reads
+from dpmarket.experiments.suite_eval import SuiteSetting, leave_one_scenario_out, uniform_reads
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def test_uniform_reads_take_an_even_share_of_every_owner() -> None:
 def test_leave_one_scenario_out_holds_each_scenario_out_and_minimises_the_worst(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import experiments.suite_eval as se
+    import dpmarket.experiments.suite_eval as se
 
     a, b, c = (SuiteSetting({"candidate_even_share": e}) for e in (0.1, 0.2, 0.3))
     ratios = {

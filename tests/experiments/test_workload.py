@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from common.sketches.domain import Domain
-from experiments.workload import (
+from dpmarket.common.sketches.domain import Domain
+from dpmarket.experiments.workload import (
     METHODS,
     Workload,
     WorkloadTable,

@@ -1,11 +1,11 @@
 """An actively lying curator, with a colluding owner, against real owner processes.
 
 Four honest owners run as ``dpmarket serve-owner`` processes over mTLS (started by
-:class:`deploy.launcher.LocalCluster`, as the README starts them, each with its table, policy and
-durable SQLite ledger). The attacker is its own gRPC client holding the deployment's curator
-certificate, so every owner serves it; it also holds a fifth owner's certificate and key
-(``owner-4``, issued by the same CA) and plays that owner in-process: it signs whatever the
-attacker wants and hands over every share it receives. The attacks:
+:class:`dpmarket.deploy.launcher.LocalCluster`, as the README starts them, each with its table,
+policy and durable SQLite ledger). The attacker is its own gRPC client holding the deployment's
+curator certificate, so every owner serves it; it also holds a fifth owner's certificate and key
+(``owner-4``, issued by the same CA) and plays that owner in-process: it signs whatever the attacker
+wants and hands over every share it receives. The attacks:
 
 * inconsistent survivor lists (the reference attack, at n = 5 sites, S_C = 1): some owners are
   told the victim survived, others that it dropped;
@@ -37,12 +37,12 @@ import pandas as pd
 import pytest
 from sklearn.datasets import load_diabetes
 
-from common.cape.agreement import SizeAttestation, plan_statement
-from common.cape.spec import CapeMeanSpec
-from common.secagg import shamir
-from common.secagg.crypto import EcdsaSigner, generate_private_key, public_key_bytes
-from common.secagg.fixedpoint import FixedPoint
-from common.secagg.protocol import (
+from dpmarket.common.cape.agreement import SizeAttestation, plan_statement
+from dpmarket.common.cape.spec import CapeMeanSpec
+from dpmarket.common.secagg import shamir
+from dpmarket.common.secagg.crypto import EcdsaSigner, generate_private_key, public_key_bytes
+from dpmarket.common.secagg.fixedpoint import FixedPoint
+from dpmarket.common.secagg.protocol import (
     KeyAdvertisement,
     RoundParams,
     SecAggSite,
@@ -50,15 +50,15 @@ from common.secagg.protocol import (
     consistency_message,
     min_threshold,
 )
-from consumer.client import CuratorClient
-from deploy.launcher import CURATOR_NAME, LocalCluster, owner_ledger_entries
-from deploy.pki import issue_all
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster, owner_ledger_entries
+from dpmarket.deploy.pki import issue_all
+from dpmarket.experiments.cape_experiments import DIABETES_BOUNDS
+from dpmarket.owner.secagg import SiteIdentity
+from dpmarket.runtime import cape_messages as msg
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc, secure_aggregation_pb2, secure_aggregation_pb2_grpc
-from experiments.cape_experiments import DIABETES_BOUNDS
-from owner.secagg import SiteIdentity
-from runtime import cape_messages as msg
-from runtime.identity import Identity, identity_files
-from runtime.transport import TransportSecurity, sync_channel
 from tests.common.secagg.attack import distinct, recover_input
 
 pytestmark = pytest.mark.integration

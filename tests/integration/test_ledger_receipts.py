@@ -23,23 +23,23 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common.errors import FailedPreconditionError
-from common.summarization.rff import draw_rff_params
-from common.summarization.terms import OwnerTerms
-from curator.owners import GrpcOwnerEndpoint
-from curator.store import CuratorStore
-from deploy.pki import init_ca, issue_all
+from dpmarket.common.errors import FailedPreconditionError
+from dpmarket.common.summarization.rff import draw_rff_params
+from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
+from dpmarket.curator.owners import GrpcOwnerEndpoint
+from dpmarket.curator.store import CuratorStore
+from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.ledger import ROLLBACK_MESSAGE, OwnerLedger
+from dpmarket.owner.ledger_admin import backup_ledger, init_ledger, restore_ledger
+from dpmarket.owner.ledger_chain import LedgerOwner
+from dpmarket.owner.protocol import Owner
+from dpmarket.owner.receipts import Signer, sign_receipt
+from dpmarket.owner.service import OwnerServicer, owner_authorizer
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.serving import start_server
+from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import owner_pb2, owner_pb2_grpc, privacy_pb2
-from owner.data import PointSet
-from owner.ledger import ROLLBACK_MESSAGE, OwnerLedger
-from owner.ledger_admin import backup_ledger, init_ledger, restore_ledger
-from owner.ledger_chain import LedgerOwner
-from owner.protocol import Owner
-from owner.receipts import Signer, sign_receipt
-from owner.service import OwnerServicer, owner_authorizer
-from runtime.identity import Identity, identity_files
-from runtime.serving import start_server
-from runtime.transport import TransportSecurity
 
 pytestmark = pytest.mark.integration
 
@@ -128,7 +128,7 @@ async def session(endpoint: GrpcOwnerEndpoint, points: int = 2) -> str:
     sid = next(_session_ids)
     rff = draw_rff_params(N_FEATURES, 8, 0.5, np.random.default_rng(1))
     await endpoint.open_session(
-        sid, rff, 0, consumer="consumer:c", terms=OwnerTerms("uniform", 0.0, 0.0)
+        sid, rff, 0, consumer="consumer:c", terms=OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0)
     )
     await endpoint.sample_uniform(sid, points)
     await endpoint.close_session(sid)

@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from common.sketches.marginals import MarginalsSketch
-from consumer.client import CuratorClient
-from consumer.explore import MarginalsExplorer, Query
-from deploy.cli import main as cli_main
-from deploy.launcher import LocalCluster
-from deploy.sketch_demo import flights_tables
-from owner.ledger import OwnerLedger
-from owner.sketches import SketchPublisher
+from dpmarket.common.sketches.marginals import MarginalsSketch
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.consumer.explore import MarginalsExplorer, Query
+from dpmarket.deploy.cli import main as cli_main
+from dpmarket.deploy.launcher import LocalCluster
+from dpmarket.deploy.sketch_demo import flights_tables
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.sketches import SketchPublisher
 
 pytestmark = pytest.mark.integration
 
@@ -96,7 +96,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalClu
         sketch_seed=0,
     ) as running:
         args = [
-            sys.executable, "-m", "deploy.cli", "sketch", "publish",
+            sys.executable, "-m", "dpmarket.deploy.cli", "sketch", "publish",
             "--curator", running.curator_target, "--table", str(table),
             "--data-dir", str(running.owner_state(OWNER)),
             "--policy", str(directory / "owner.toml"),

@@ -16,12 +16,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from common.errors import UnavailableError
-from curator.owners import GrpcOwnerEndpoint
-from deploy.pki import init_ca, issue, issue_all
-from runtime.identity import Identity, identity_files, peer_identity
-from runtime.serving import GRPC_OPTIONS, SERVER_OPTIONS
-from runtime.transport import (
+from dpmarket.common.errors import UnavailableError
+from dpmarket.curator.owners import GrpcOwnerEndpoint
+from dpmarket.deploy.pki import init_ca, issue, issue_all
+from dpmarket.runtime.identity import Identity, identity_files, peer_identity
+from dpmarket.runtime.serving import GRPC_OPTIONS, SERVER_OPTIONS
+from dpmarket.runtime.transport import (
     TARGET_NAME_OVERRIDE,
     TransportSecurity,
     add_port,
@@ -233,7 +233,7 @@ def test_without_an_expected_identity_the_target_host_is_checked(pki_dir: Path) 
 # -------------------------------------------------------------------------------- plaintext
 def test_plaintext_has_no_identities(caplog: pytest.LogCaptureFixture) -> None:
     plaintext = TransportSecurity.plaintext()
-    with caplog.at_level(logging.WARNING, logger="runtime.transport"):
+    with caplog.at_level(logging.WARNING, logger="dpmarket.runtime.transport"):
         code, peers = _call(plaintext, lambda target: aio_channel(target, plaintext, None))
     assert code == grpc.StatusCode.OK
     assert peers == [None]

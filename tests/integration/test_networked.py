@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.summarization.summary import SummarizationConfig
-from consumer.client import CuratorClient
-from deploy.launcher import CURATOR_NAME, LocalCluster
-from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc, privacy_pb2
-from experiments.runner import simulate
-from experiments.scenarios import Scenario, write_scenario
-from runtime.arrays import array_to_proto
-from runtime.identity import Identity, identity_files
-from runtime.transport import TransportSecurity, sync_channel
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
+from dpmarket.experiments.runner import simulate
+from dpmarket.experiments.scenarios import Scenario, write_scenario
+from dpmarket.runtime.arrays import array_to_proto
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity, sync_channel
+from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
@@ -184,7 +184,9 @@ def test_owner_maps_out_of_order_stages_to_statuses(cluster: LocalCluster) -> No
         session_id="s-direct", round=1, summary_embedding=array_to_proto(np.zeros(d))
     )
     assert _status(stub.Bid, bid)[0] == grpc.StatusCode.NOT_FOUND
-    terms = privacy_pb2.PrivacyTerms(mechanism="test", epsilon=0.5, delta=0.0)
+    terms = owner_pb2.SessionTerms(
+        method=owner_pb2.SESSION_METHOD_PRIVATE, epsilon=0.5, delta=1e-6, max_rounds=10
+    )
     bad_open = owner_pb2.OpenSessionRequest(
         session_id="s-direct",
         omega=array_to_proto(rng.normal(size=(d, n + 1))),
@@ -203,6 +205,20 @@ def test_owner_maps_out_of_order_stages_to_statuses(cluster: LocalCluster) -> No
         consumer="consumer:consumer",
         terms=terms,
     )
+    # Terms whose epsilon does not pay for their method's steps, and the in-process hashes
+    # methods, are refused before anything is computed.
+    for method, epsilon, code, text in (
+        (owner_pb2.SESSION_METHOD_UNSPECIFIED, 0.5, grpc.StatusCode.INVALID_ARGUMENT, "method"),
+        (owner_pb2.SESSION_METHOD_CANDIDATES_COUNTS, 0.0, grpc.StatusCode.INVALID_ARGUMENT,
+         "needs a finite epsilon > 0"),
+        (owner_pb2.SESSION_METHOD_HASHES_SKETCH, 0.0, grpc.StatusCode.FAILED_PRECONDITION,
+         "runs in process only"),
+    ):  # fmt: skip
+        wrong = owner_pb2.OpenSessionRequest()
+        wrong.CopyFrom(good_open)
+        wrong.terms.CopyFrom(owner_pb2.SessionTerms(method=method, epsilon=epsilon))
+        got, details = _status(stub.OpenSession, wrong)
+        assert got == code and text in details, (got, details)
     stub.OpenSession(good_open, timeout=30)
     assert _status(stub.OpenSession, good_open)[0] == grpc.StatusCode.ALREADY_EXISTS
     assert _status(stub.Bid, bid)[0] == grpc.StatusCode.FAILED_PRECONDITION
@@ -243,7 +259,9 @@ def test_a_rounds_stream_answers_as_the_unary_steps(cluster: LocalCluster) -> No
     d = 16
     omega, phase = rng.normal(scale=0.3, size=(d, n)), rng.uniform(0, 2 * np.pi, size=d)
     embeddings = [rng.normal(scale=0.1, size=d) for _ in range(4)]
-    terms = privacy_pb2.PrivacyTerms(mechanism="test", epsilon=0.5, delta=0.0)
+    terms = owner_pb2.SessionTerms(
+        method=owner_pb2.SESSION_METHOD_PRIVATE, epsilon=0.5, delta=1e-6, max_rounds=10
+    )
     for sid in ("s-unary", "s-stream"):
         stub.OpenSession(
             owner_pb2.OpenSessionRequest(
@@ -351,7 +369,7 @@ def test_cli_request_and_simulate_write_the_same_summary(
         "--validation", str(files["validation"]), "--seed-set", str(files["seed_set"]),
         "--test", str(files["test"]), "-p", "10", "--method", "private", "--seed", "4",
     ]  # fmt: skip
-    dpmarket = [sys.executable, "-m", "deploy.cli"]
+    dpmarket = [sys.executable, "-m", "dpmarket.deploy.cli"]
     owners = [arg for path in _owner_files(files) for arg in ("--owner-data", str(path))]
     consumer_tls = ["--pki-dir", str(cluster.pki_dir), "--name", CONSUMER.name]
     runs = {
@@ -378,7 +396,7 @@ def test_cli_reports_a_bad_file_clearly(files: dict[str, Path], tmp_path: Path) 
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,x\n", encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "simulate", "--owner-data", str(bad),
+        [sys.executable, "-m", "dpmarket.deploy.cli", "simulate", "--owner-data", str(bad),
          "--validation", str(files["validation"]), "-p", "3"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

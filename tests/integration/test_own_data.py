@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from deploy.cli import main
-from deploy.local import down, init_deployment, up
-from owner.ledger import OwnerLedger
+from dpmarket.deploy.cli import main
+from dpmarket.deploy.local import down, init_deployment, up
+from dpmarket.owner.ledger import OwnerLedger
 
 pytestmark = pytest.mark.integration
 

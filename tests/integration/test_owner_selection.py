@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from deploy.cli import main
-from deploy.launcher import LocalCluster
-from experiments.scenarios import Scenario, write_scenario
-from owner.ledger import OwnerLedger
-from owner.policy import OwnerPolicy
+from dpmarket.deploy.cli import main
+from dpmarket.deploy.launcher import LocalCluster
+from dpmarket.experiments.scenarios import Scenario, write_scenario
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.policy import OwnerPolicy
 from tests.conftest import exhaust
 
 pytestmark = pytest.mark.integration

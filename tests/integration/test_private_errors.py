@@ -1,15 +1,15 @@
 """No data-dependent text or number leaves an owner, between real processes over mTLS.
 
 Two deployments are started as the README starts them (``dpmarket serve-owner --data … --table …``
-with the default policy, no seeded runs; ``dpmarket serve-curator`` with a sketch declaration),
-each with two owners and a curator as OS processes (:class:`deploy.launcher.LocalCluster`). Their
-owners hold different data of the same public shape — the same row counts, columns and declared
-0/1 column — deployment ``b``'s values lying far from ``a``'s and outside the bounds and domain
-that requests use. The same requests against both must get the same answers, except for the
-noise of charged releases: the bounds-probing ``dpmarket cape mean --feature
-target=1000:2000``, a logistic target that holds 1 and 2 (``cape train --target sex``), the
-summarization and sketch refusals a consumer can provoke, and every refusal of the owners' own
-RPCs to a curator that probes them directly (the curator may lie).
+with the default policy, no seeded runs; ``dpmarket serve-curator`` with a sketch declaration), each
+with two owners and a curator as OS processes (:class:`dpmarket.deploy.launcher.LocalCluster`).
+Their owners hold different data of the same public shape — the same row counts, columns and
+declared 0/1 column — deployment ``b``'s values lying far from ``a``'s and outside the bounds and
+domain that requests use. The same requests against both must get the same answers, except for the
+noise of charged releases: the bounds-probing ``dpmarket cape mean --feature target=1000:2000``, a
+logistic target that holds 1 and 2 (``cape train --target sex``), the summarization and sketch
+refusals a consumer can provoke, and every refusal of the owners' own RPCs to a curator that probes
+them directly (the curator may lie).
 """
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ import pandas as pd
 import pytest
 from sklearn.datasets import load_diabetes
 
-from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.errors import DPMarketError
-from common.summarization.rff import draw_rff_params
-from common.summarization.summary import SummarizationConfig
-from common.summarization.terms import OwnerTerms
-from consumer.client import CuratorClient
-from curator.owners import GrpcOwnerEndpoint
-from deploy.launcher import CURATOR_NAME, LocalCluster
-from runtime.identity import Identity, identity_files
-from runtime.transport import TransportSecurity
+from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import DPMarketError
+from dpmarket.common.summarization.rff import draw_rff_params
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.curator.owners import GrpcOwnerEndpoint
+from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity
 
 pytestmark = pytest.mark.integration
 
@@ -125,7 +125,7 @@ class Deployment:
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """``dpmarket ARGS --curator … --pki-dir … --name consumer`` as a consumer would run it."""
         command = [
-            sys.executable, "-m", "deploy.cli", *args,
+            sys.executable, "-m", "dpmarket.deploy.cli", *args,
             "--curator", self.cluster.curator_target,
             "--pki-dir", str(self.cluster.pki_dir), "--name", "consumer",
         ]  # fmt: skip
@@ -322,7 +322,8 @@ async def _probe(deployment: Deployment) -> list[str]:
     rff = draw_rff_params(3, 16, 0.5, np.random.default_rng(1))
     wide = draw_rff_params(4, 16, 0.5, np.random.default_rng(1))
     g = np.full(16, 0.05)
-    terms = OwnerTerms("relevance count", 1.0, 0.0)
+    terms = OwnerTerms(SessionMethod.CANDIDATES_COUNTS, 1.0, 0.0)
+    uniform = OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0)
     sex = CapeJobSpec("logistic", (("age", 18.0, 80.0),), ("sex", 0.0, 1.0), 1.0, 1e-6)
     probe = CapeMeanSpec((("target", 1000.0, 2000.0),), 1.0, 1e-6)
     sites = ["owner-0", "zz"]
@@ -342,10 +343,13 @@ async def _probe(deployment: Deployment) -> list[str]:
         lambda: owner.set_validation_embedding("s", g[:5]),
         lambda: owner.set_validation_embedding("s", g),
         lambda: owner.count_relevant("s", float("nan")),
-        lambda: owner.sample_uniform("s", 200),
+        lambda: owner.sample_uniform("s", 1),
         lambda: owner.release_point("s", 3),
         lambda: owner.propose_candidates("s", 0),
         lambda: owner.close_session("s"),
+        lambda: owner.open_session("u", rff, 0, consumer="consumer:c", terms=uniform),
+        lambda: owner.sample_uniform("u", 200),
+        lambda: owner.close_session("u"),
         lambda: owner.open_job("j", sex, 1, "consumer:c"),
         lambda: owner.open_job("j", probe, 1, "consumer:c"),
         lying_plan,

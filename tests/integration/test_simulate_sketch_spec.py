@@ -18,11 +18,11 @@ import sys
 import numpy as np
 import pytest
 
-from common.summarization.summary import SummarizationConfig
-from consumer.client import CuratorClient
-from deploy.launcher import LocalCluster
-from experiments.scenarios import write_scenario
-from experiments.suite import suite_scenario
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.deploy.launcher import LocalCluster
+from dpmarket.experiments.scenarios import write_scenario
+from dpmarket.experiments.suite import suite_scenario
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +91,7 @@ def test_simulate_with_a_declared_spec_gives_the_networked_summary(
 
     out, report = directory / "summary.npy", directory / "report.json"
     command = [
-        sys.executable, "-m", "deploy.cli", "simulate",
+        sys.executable, "-m", "dpmarket.deploy.cli", "simulate",
         *(arg for name in names for arg in ("--owner-data", str(tables[name]))),
         "--validation", str(files["validation"]), "-p", str(P),
         "--gamma", repr(scenario.gamma), "--test", str(files["test"]),

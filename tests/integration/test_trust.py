@@ -1,11 +1,12 @@
 """The trust boundaries hold between real processes, over real gRPC, with real certificates.
 
-Four small clusters (two owners of the digits scenario and a curator, each an OS process started
-by :class:`deploy.launcher.LocalCluster`), each shared by the tests of one concern so that their
-state can be checked exactly:
+Four small clusters (two owners of the digits scenario and a curator, each an OS process started by
+:class:`dpmarket.deploy.launcher.LocalCluster`), each shared by the tests of one concern so that
+their state can be checked exactly:
 
 * ``guard``: nothing may get through; the owners' ledgers and the curator's charges stay empty.
-* ``budget``: tight owner budgets, spent exactly and refused beyond.
+* ``budget``: tight owner budgets, spent exactly and refused beyond; a curator that deviates
+  from its sessions' terms gets nothing they do not charge (the owner's state machine).
 * ``lifecycle``: short idle timeout and result TTL; the curator is killed and restarted.
 * ``load``: the most work the curator's policy admits, its concurrency and rate limits.
 
@@ -41,22 +42,24 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.ids import short_id
-from common.summarization.summary import SummarizationConfig
-from consumer.client import CuratorClient
-from consumer.convert import create_request_to_proto
-from curator.store import DATABASE_FILE, RESTART_ERROR
-from deploy.cli import main as cli_main
-from deploy.launcher import CURATOR_NAME, LocalCluster
-from deploy.pki import CA_KEY, issue
-from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc, privacy_pb2
-from experiments.runner import simulate
-from experiments.scenarios import Scenario, write_scenario
-from owner.ledger import LedgerEntry, OwnerLedger
-from runtime.arrays import array_to_proto
-from runtime.identity import CA_CERT, Identity, identity_files
-from runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
-from tests.conftest import new_ledger
+from dpmarket.common.ids import short_id
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.summarization.rff import RFFParams, draw_rff_params, random_fourier_features
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.consumer.convert import create_request_to_proto
+from dpmarket.curator.store import DATABASE_FILE, RESTART_ERROR
+from dpmarket.deploy.cli import main as cli_main
+from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
+from dpmarket.deploy.pki import CA_KEY, issue
+from dpmarket.experiments.runner import simulate
+from dpmarket.experiments.scenarios import Scenario, write_scenario
+from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
+from dpmarket.runtime.arrays import array_to_proto
+from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
+from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
+from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc
+from tests.conftest import ColumnProbe, new_ledger
 
 pytestmark = pytest.mark.integration
 
@@ -284,7 +287,9 @@ def _owner_requests(n_features: int) -> dict[str, Any]:
             sampling_seed=1,
             gamma=0.1,
             consumer=str(CONSUMER),
-            terms=privacy_pb2.PrivacyTerms(mechanism="probe", epsilon=0.1, delta=0.0),
+            terms=owner_pb2.SessionTerms(
+                method=owner_pb2.SESSION_METHOD_CANDIDATES_COUNTS, epsilon=0.1
+            ),
         ),
         "SetValidationEmbedding": owner_pb2.SetValidationEmbeddingRequest(
             session_id=sid, validation_embedding=array_to_proto(np.full(8, 0.01))
@@ -504,6 +509,156 @@ def test_owners_spend_exactly_what_sessions_cost_and_refuse_beyond_their_budget(
         )
         assert taken == result.report.owner_points_accessed
         assert result.report.ledger["owner_terms"]["epsilon"] == EPSILON
+
+
+def _open_request(sid: str, rff: RFFParams, terms: owner_pb2.SessionTerms) -> Any:
+    """OpenSession as a curator would send it, with h1's parameters of its choosing."""
+    return owner_pb2.OpenSessionRequest(
+        session_id=sid,
+        omega=array_to_proto(rff.omega),
+        phase=array_to_proto(rff.phase),
+        sampling_seed=25,
+        gamma=rff.gamma,
+        consumer=str(CONSUMER),
+        terms=terms,
+    )
+
+
+def _embedding_request(sid: str, embedding: np.ndarray) -> Any:
+    return owner_pb2.SetValidationEmbeddingRequest(
+        session_id=sid, validation_embedding=array_to_proto(embedding)
+    )
+
+
+def _new_entries(
+    before: dict[str, list[LedgerEntry]], after: dict[str, list[LedgerEntry]]
+) -> dict[str, list[LedgerEntry]]:
+    """The charges each owner's ledger recorded between two reads."""
+    return {owner: after[owner][len(before[owner]) :] for owner in after}
+
+
+def test_a_repeated_noisy_count_is_the_same_release_charged_once(
+    budget: LocalCluster, digits: Scenario
+) -> None:
+    """Issue 25, attack 1: a curator calls CountRelevant 200 times in one session. Every call
+    returns the one noisy count the terms charged (one ledger entry); another threshold is
+    refused. Control: 20,000 fresh Laplace(1 / epsilon) draws on the owner's exact count, as
+    each call drew before, average back to the exact count."""
+    owner_id, data = budget.owner_ids[0], digits.owners[OWNERS[0]]
+    epsilon, sid = 0.05, "attack-1-repeated-count"
+    rff = draw_rff_params(digits.n_features, D, 0.5, np.random.default_rng(25))
+    g = random_fourier_features(digits.validation, rff, dtype=np.float64).mean(axis=0)
+    threshold = float(np.median(random_fourier_features(data.features, rff) @ g))
+    terms = owner_pb2.SessionTerms(
+        method=owner_pb2.SESSION_METHOD_CANDIDATES_COUNTS, epsilon=epsilon
+    )
+    count = owner_pb2.CountRelevantRequest(session_id=sid, threshold=threshold)
+    before = _ledgers(budget)
+    with _channel(budget, budget.owner_targets[0], Identity("owner", owner_id), CURATOR) as ch:
+        stub = owner_pb2_grpc.OwnerServiceStub(ch)
+        stub.OpenSession(_open_request(sid, rff, terms), timeout=CALL_TIMEOUT)
+        stub.SetValidationEmbedding(_embedding_request(sid, g), timeout=CALL_TIMEOUT)
+        answers = [stub.CountRelevant(count, timeout=CALL_TIMEOUT).noisy_count for _ in range(200)]
+        other = owner_pb2.CountRelevantRequest(session_id=sid, threshold=threshold + 0.01)
+        code, details = _status(stub.CountRelevant, other)
+        stub.CloseSession(owner_pb2.CloseSessionRequest(session_id=sid), timeout=CALL_TIMEOUT)
+    assert len(set(answers)) == 1, "a repeated count must return the same release"
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "releases one count" in details
+    new = _new_entries(before, _ledgers(budget))
+    assert [(e.session, e.epsilon, e.delta, e.points) for e in new[owner_id]] == [
+        (sid, epsilon, 0.0, 0)
+    ]
+    assert all(entries == [] for owner, entries in new.items() if owner != owner_id)
+    # Control: what 200 calls (here 20,000, for epsilon 0.05) with fresh noise would give.
+    exact = int(np.count_nonzero(random_fourier_features(data.features, rff) @ g >= threshold))
+    fresh = exact + SeededNoise(np.random.default_rng(1)).laplace(1.0 / epsilon, 20_000)
+    assert round(float(fresh.mean())) == exact
+    assert float(np.mean(answers)) == pytest.approx(answers[0], abs=1e-9)
+
+
+def test_bids_are_answered_only_under_terms_that_charge_them(
+    budget: LocalCluster, digits: Scenario
+) -> None:
+    """Issue 25, attack 2: under terms that charge nothing (uniform's and the sketch
+    allocation's (0, 0)), four Bids steered to read the largest and smallest values of two
+    columns are refused, on unary calls and on a RunRounds stream, and so is a second
+    validation embedding; the ledgers record nothing. Control: the same four Bids under terms
+    that charge them (private, epsilon 0.02) return those exact values, and the owner's ledger
+    records the charge."""
+    owner_id, data = budget.owner_ids[0], digits.owners[OWNERS[0]].features
+    columns = (6, 60)
+    probe = ColumnProbe(digits.n_features, D, columns, scale=2.0)  # the schema's bound: [0, 1]
+    steers = [(k, largest) for k in range(len(columns)) for largest in (True, False)]
+    zero = np.zeros(D)
+
+    def bid(sid: str, round_: int, k: int, largest: bool) -> Any:
+        return owner_pb2.BidRequest(
+            session_id=sid,
+            round=round_,
+            summary_embedding=array_to_proto(probe.summary_embedding(k, largest)),
+            summary_size=1,
+        )
+
+    free = {
+        "attack-2-uniform": owner_pb2.SessionTerms(method=owner_pb2.SESSION_METHOD_UNIFORM),
+        "attack-2-sketch": owner_pb2.SessionTerms(
+            method=owner_pb2.SESSION_METHOD_CANDIDATES_SKETCH
+        ),
+    }
+    before = _ledgers(budget)
+    refused: list[tuple[str, grpc.StatusCode, str]] = []
+    with _channel(budget, budget.owner_targets[0], Identity("owner", owner_id), CURATOR) as ch:
+        stub = owner_pb2_grpc.OwnerServiceStub(ch)
+        for sid, terms in free.items():
+            stub.OpenSession(_open_request(sid, probe.rff, terms), timeout=CALL_TIMEOUT)
+            if sid == "attack-2-sketch":
+                stub.SetValidationEmbedding(_embedding_request(sid, zero), timeout=CALL_TIMEOUT)
+                stub.SetValidationEmbedding(_embedding_request(sid, zero), timeout=CALL_TIMEOUT)
+            calls: list[tuple[str, Any, Any]] = [
+                ("SetValidationEmbedding", stub.SetValidationEmbedding,
+                 _embedding_request(sid, zero + 0.1)),
+                *(("Bid", stub.Bid, bid(sid, 1, k, largest)) for k, largest in steers),
+                ("RunRounds", stub.RunRounds,
+                 iter([owner_pb2.RunRoundsRequest(bid=bid(sid, 1, 0, True))])),
+                ("ReleasePoint", stub.ReleasePoint,
+                 owner_pb2.ReleasePointRequest(session_id=sid, round=1)),
+                ("CountRelevant", stub.CountRelevant,
+                 owner_pb2.CountRelevantRequest(session_id=sid)),
+            ]  # fmt: skip
+            for name, call, request in calls:
+                code, details = _status(call, request, streaming=name == "RunRounds")
+                refused.append((f"{sid} {name}", code, details))
+            stub.CloseSession(owner_pb2.CloseSessionRequest(session_id=sid), timeout=CALL_TIMEOUT)
+        after_refusals = _ledgers(budget)
+        # Control: the same bids under terms that charge them.
+        sid = "attack-2-charged"
+        private = owner_pb2.SessionTerms(
+            method=owner_pb2.SESSION_METHOD_PRIVATE, epsilon=0.02, delta=1e-7, max_rounds=4
+        )
+        stub.OpenSession(_open_request(sid, probe.rff, private), timeout=CALL_TIMEOUT)
+        stub.SetValidationEmbedding(_embedding_request(sid, zero), timeout=CALL_TIMEOUT)
+        read = [
+            probe.value(stub.Bid(bid(sid, r, k, largest), timeout=CALL_TIMEOUT).bid, largest)
+            for r, (k, largest) in enumerate(steers, start=1)
+        ]
+        code, details = _status(stub.Bid, bid(sid, 5, 0, True))
+        refused.append((f"{sid} Bid beyond the terms' rounds", code, details))
+        stub.CloseSession(owner_pb2.CloseSessionRequest(session_id=sid), timeout=CALL_TIMEOUT)
+    for what, code, details in refused:
+        assert code == grpc.StatusCode.FAILED_PRECONDITION, (what, code, details)
+    messages = {what: details for what, _, details in refused}
+    assert "(method uniform) allow no Bid" in messages["attack-2-uniform Bid"]
+    assert "set once per session" in messages["attack-2-sketch SetValidationEmbedding"]
+    assert "terms cover 4 Bid rounds" in messages["attack-2-charged Bid beyond the terms' rounds"]
+    assert after_refusals == before, "a refused step records nothing"
+    exact = [
+        data[:, columns[k]].max() if largest else data[:, columns[k]].min() for k, largest in steers
+    ]
+    np.testing.assert_allclose(read, exact, atol=1e-4)
+    new = _new_entries(before, _ledgers(budget))
+    assert [(e.session, e.epsilon, e.delta, e.points) for e in new[owner_id]] == [
+        (sid, 0.02, 1e-7, 0)
+    ]
 
 
 # =================================================================== lifecycle cluster
@@ -848,7 +1003,7 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "COLUMNS": "240"}
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "deploy.cli", *args],
+            [sys.executable, "-m", "dpmarket.deploy.cli", *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -886,7 +1041,7 @@ def test_a_second_server_on_a_bound_port_refuses_to_start_naming_the_address(
             else ["serve-curator", "--owner", "127.0.0.1:1", "--data-dir", str(tmp_path / "s")]
         )
         second = subprocess.run(
-            [sys.executable, "-m", "deploy.cli", *args, "--insecure", "--port", str(port)],
+            [sys.executable, "-m", "dpmarket.deploy.cli", *args, "--insecure", "--port", str(port)],
             capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "240"},
         )  # fmt: skip
         output = second.stdout + second.stderr
@@ -936,7 +1091,7 @@ def test_insecure_services_and_requests_run_and_warn(
         processes.append(curator)
         curator_port = _port(tmp_path / "curator.port", curator, logs["curator"])
         request = subprocess.run(
-            [sys.executable, "-m", "deploy.cli", "request", "--insecure",
+            [sys.executable, "-m", "dpmarket.deploy.cli", "request", "--insecure",
              "--curator", f"127.0.0.1:{curator_port}", "-p", "3", "--method", "uniform",
              "--validation", str(files["validation"]), "--out", str(tmp_path / "s.npy"),
              "--report", str(tmp_path / "r.json")],

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from owner.ledger import OwnerLedger
+from dpmarket.owner.ledger import OwnerLedger
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +54,7 @@ def test_every_command_of_the_tutorial_runs_on_a_fresh_directory(tmp_path: Path)
     finally:
         if (tmp_path / "clinics" / "deployment.toml").exists():
             subprocess.run(
-                [sys.executable, "-m", "deploy.cli", "down", "clinics"],
+                [sys.executable, "-m", "dpmarket.deploy.cli", "down", "clinics"],
                 cwd=tmp_path,
                 env=env,
                 capture_output=True,

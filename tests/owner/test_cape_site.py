@@ -2,8 +2,8 @@
 policy, and every other site's row count checked against that site's signature for exactly this
 plan. A refusal releases and charges nothing; a lie about a count aborts the job at the owner.
 
-Each test runs a real :class:`owner.cape.CapeSite` with its durable ledger
-(:class:`owner.ledger.OwnerLedger` in a temporary directory) and real ECDSA identities; the
+Each test runs a real :class:`dpmarket.owner.cape.CapeSite` with its durable ledger
+(:class:`dpmarket.owner.ledger.OwnerLedger` in a temporary directory) and real ECDSA identities; the
 other sites of the plan are played by signing keys.
 """
 
@@ -16,17 +16,17 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from common.cape.agreement import SizeAttestation, plan_statement
-from common.cape.spec import CapeMeanSpec
-from common.errors import AbortedError, FailedPreconditionError, NotFoundError
-from common.secagg.crypto import EcdsaSigner
-from common.secagg.fixedpoint import FixedPoint
-from common.secagg.protocol import RoundParams, min_threshold
-from owner.cape import CapeSite
-from owner.data import Table
-from owner.ledger import OwnerLedger
-from owner.policy import OwnerPolicy
-from owner.secagg import SiteIdentity
+from dpmarket.common.cape.agreement import SizeAttestation, plan_statement
+from dpmarket.common.cape.spec import CapeMeanSpec
+from dpmarket.common.errors import AbortedError, FailedPreconditionError, NotFoundError
+from dpmarket.common.secagg.crypto import EcdsaSigner
+from dpmarket.common.secagg.fixedpoint import FixedPoint
+from dpmarket.common.secagg.protocol import RoundParams, min_threshold
+from dpmarket.owner.cape import CapeSite
+from dpmarket.owner.data import Table
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.owner.secagg import SiteIdentity
 
 CURATOR = "curator:curator"
 SITES = ("other-1", "other-2", "owner", "other-3")

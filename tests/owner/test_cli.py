@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from owner.cli import owner
-from owner.ledger import OwnerLedger
-from owner.policy import OwnerPolicy
+from dpmarket.owner.cli import owner
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.policy import OwnerPolicy
 
 T0 = 1_714_564_800.0  # 2024-05-01T12:00:00Z
 

@@ -1,4 +1,4 @@
-"""Tests of owner.data: PointSet validation and the file formats."""
+"""Tests of dpmarket.owner.data: PointSet validation and the file formats."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common.schema import Schema
-from owner.data import (
+from dpmarket.common.schema import Schema
+from dpmarket.owner.data import (
     SUPPORTED_SUFFIXES,
     PointSet,
     Table,
@@ -19,7 +19,7 @@ from owner.data import (
     load_table,
     save_point_set,
 )
-from runtime.schemas import load_schema
+from dpmarket.runtime.schemas import load_schema
 
 
 @pytest.fixture

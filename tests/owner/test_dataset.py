@@ -11,13 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common.schema import Column, Schema
-from owner.data import load_owner_data as load_file
-from owner.dataset import DatasetError, open_dataset, read_partition
-from owner.engine import SerialEngine
-from owner.partitioned import PartitionedData, PartitionedTable
-from owner.sources import load_owner_data
-from owner.validation import read_all, validate_dataset
+from dpmarket.common.schema import Column, Schema
+from dpmarket.owner.data import load_owner_data as load_file
+from dpmarket.owner.dataset import DatasetError, open_dataset, read_partition
+from dpmarket.owner.engine import SerialEngine
+from dpmarket.owner.partitioned import PartitionedData, PartitionedTable
+from dpmarket.owner.sources import load_owner_data
+from dpmarket.owner.validation import read_all, validate_dataset
 
 COLUMNS = ("a", "b", "c", "label")
 SCHEMA = Schema(
@@ -79,7 +79,7 @@ def test_partitions_come_from_the_metadata_and_read_back_the_rows(
 def test_a_partition_read_once_is_served_from_the_cache_as_a_copy(
     tmp_path: Path, frames: list[pd.DataFrame], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import owner.dataset as dataset_module
+    import dpmarket.owner.dataset as dataset_module
 
     _write_dataset(tmp_path / "t", frames)
     dataset = open_dataset(str(tmp_path / "t"), partition_rows=2000)
@@ -198,7 +198,7 @@ def test_csv_blocks_are_cut_at_line_ends_and_counted(
 def test_a_narrow_table_of_many_rows_is_partitioned(tmp_path: Path) -> None:
     # 2 columns x (MAX_IN_MEMORY_ROWS + 1) rows: far below the in-memory values, but a session
     # would hold n x 140 float32 features (above 100 MiB), so the table is partitioned.
-    from owner.limits import DEFAULT_IN_MEMORY_VALUES, MAX_IN_MEMORY_ROWS
+    from dpmarket.owner.limits import DEFAULT_IN_MEMORY_VALUES, MAX_IN_MEMORY_ROWS
 
     n = MAX_IN_MEMORY_ROWS + 1
     assert 2 * n < DEFAULT_IN_MEMORY_VALUES

@@ -1,8 +1,8 @@
 """An owner enforces its own policy whatever the curator asks, and a refusal changes nothing.
 
-Every test runs an :class:`owner.protocol.Owner` with its real durable ledger
-(:class:`owner.ledger.OwnerLedger` in a temporary directory) and injected clocks: the owner's
-monotonic clock (idle sessions) and the ledger's Unix clock (rolling budget windows).
+Every test runs an :class:`dpmarket.owner.protocol.Owner` with its real durable ledger
+(:class:`dpmarket.owner.ledger.OwnerLedger` in a temporary directory) and injected clocks: the
+owner's monotonic clock (idle sessions) and the ledger's Unix clock (rolling budget windows).
 """
 
 from __future__ import annotations
@@ -13,22 +13,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.errors import (
+from dpmarket.common.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
 )
-from common.summarization.rff import RFFParams, draw_rff_params
-from common.summarization.terms import OwnerTerms
-from owner.data import PointSet
-from owner.ledger import OwnerLedger
-from owner.policy import OwnerPolicy
-from owner.protocol import LOCAL_CURATOR, Owner, OwnerSession
+from dpmarket.common.summarization.rff import RFFParams, draw_rff_params
+from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.owner.protocol import LOCAL_CURATOR, Owner, OwnerSession
 
 D = 16
 N_POINTS = 30
-TERMS = OwnerTerms("test terms", 0.4, 1e-7)
+TERMS = OwnerTerms(SessionMethod.PRIVATE, 0.4, 1e-7, max_rounds=100)
+UNIFORM = OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0)
 
 
 class Clock:
@@ -91,14 +92,14 @@ def test_terms_beyond_the_session_limit_are_refused_at_open_and_nothing_opens(
         owner.open_session("s", rff, 0, terms=TERMS)
     assert owner.sessions == {} and ledger.entries() == []
     with pytest.raises(FailedPreconditionError, match="delta in session"):
-        owner.open_session("s", rff, 0, terms=OwnerTerms("t", 0.1, 1e-5))
+        owner.open_session("s", rff, 0, terms=OwnerTerms(SessionMethod.PRIVATE, 0.1, 1e-5, 9))
     assert owner.sessions == {} and ledger.entries() == []
 
 
 def test_non_private_terms_are_refused_unless_the_policy_allows_them(
     data: PointSet, rff: RFFParams, tmp_path: Path
 ) -> None:
-    exact = OwnerTerms("exact embeddings", math.inf, 0.0, non_private=True)
+    exact = OwnerTerms(SessionMethod.GREEDY, math.inf, 0.0, max_rounds=10)
     owner, ledger = _owner(data, tmp_path)
     with pytest.raises(FailedPreconditionError, match="allow_non_private = false"):
         owner.open_session("s", rff, 0, terms=exact)
@@ -127,7 +128,7 @@ def test_a_session_belongs_to_the_curator_that_opened_it(
         lambda: owner.set_validation_embedding("s", np.zeros(D), "curator:other"),
         lambda: owner.bid("s", 1, np.zeros(D), 0, "curator:other"),
         lambda: owner.release_point("s", 1, "curator:other"),
-        lambda: owner.sample_uniform("s", 1, "curator:other"),
+        lambda: owner.release_point("s", 2, "curator:other"),
         lambda: owner.close_session("s", "curator:other"),
     ):
         with pytest.raises(NotFoundError, match="unknown session"):
@@ -186,15 +187,19 @@ def test_the_point_allowance_is_enforced_and_a_refusal_changes_nothing(
     for round_ in (1, 2, 3):
         assert owner.bid("s", round_, np.zeros(D), round_ - 1) is not None
         owner.release_point("s", round_)
-    # The allowance is used up: no more bids, and a uniform sample is refused.
+    # The allowance is used up: no more bids.
     assert owner.bid("s", 4, np.zeros(D), 3) is None
     before = _snapshot(session)
-    with pytest.raises(FailedPreconditionError, match="may receive 3 raw points"):
-        owner.sample_uniform("s", 1)
     with pytest.raises(FailedPreconditionError, match="no unsent point was bid in round 4"):
         owner.release_point("s", 4)
     assert _snapshot(session) == before
     assert ledger.session_totals("s").points == 3 == int(session.sent.sum())
+    # A uniform sample beyond the allowance is refused before anything is drawn or charged.
+    owner.open_session("u", rff, 0, terms=UNIFORM)
+    with pytest.raises(FailedPreconditionError, match="may receive 3 raw points"):
+        owner.sample_uniform("u", 4)
+    assert ledger.session_totals("u").points == 0 and not owner.session("u").sent.any()
+    assert owner.sample_uniform("u", 3)[0].shape == (3, 3)
 
 
 def test_a_refused_release_does_not_mark_the_point_sent_and_a_later_allowed_one_works(
@@ -233,7 +238,7 @@ def test_times_best_is_cumulative_over_rounds_not_consecutive() -> None:
     """Algorithm 3, step 14 counts the rounds a point has been its owner's best ("chosen tau
     times"): best in rounds 1 and 3 but not 2 makes 2 in round 3."""
     features = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)  # points A and B
-    session = OwnerSession(features, np.random.default_rng(0))
+    session = OwnerSession(features, np.random.default_rng(0), terms=TERMS)
     session.set_validation_embedding(np.array([1.0, 0.0]))
     first = session.bid(1, np.zeros(2), 0)  # direction (1, 0): A scores 1, B 0
     assert first is not None and session._offered == 0 and first.times_best == 1
@@ -276,9 +281,9 @@ def test_opening_a_session_first_expires_idle_ones_to_free_a_slot(
 ) -> None:
     monotonic = Clock(0.0)
     owner = Owner("o", data, max_sessions=1, idle_timeout=5.0, clock=monotonic)
-    owner.open_session("a", rff, 0, curator=LOCAL_CURATOR)
+    owner.open_session("a", rff, 0, curator=LOCAL_CURATOR, terms=UNIFORM)
     with pytest.raises(ResourceExhaustedError):
-        owner.open_session("b", rff, 0)
+        owner.open_session("b", rff, 0, terms=UNIFORM)
     monotonic.now = 6.0
-    owner.open_session("b", rff, 0)
+    owner.open_session("b", rff, 0, terms=UNIFORM)
     assert list(owner.sessions) == ["b"]

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from common.errors import FailedPreconditionError, InvalidArgumentError
-from common.secagg.crypto import EcdsaSigner, EcdsaVerifier
-from common.summarization.hashes import (
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
+from dpmarket.common.secagg.crypto import EcdsaSigner, EcdsaVerifier
+from dpmarket.common.summarization.hashes import (
     HashAdvert,
     hash_key_id,
     hash_parameters,
     hash_points,
     leader_of,
 )
-from owner.hash_keys import HashKeyParty
+from dpmarket.owner.hash_keys import HashKeyParty
 
 NAMES = ("owner-b", "owner-a", "owner-c")
 

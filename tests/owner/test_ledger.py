@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
-from owner.ledger import (
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from dpmarket.owner.ledger import (
     APPLICATION,
     DAY,
     LEDGER_FILE,
@@ -28,8 +28,8 @@ from owner.ledger import (
     Totals,
     ledger_path,
 )
-from owner.policy import OwnerPolicy
-from runtime.database import open_database
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.runtime.database import open_database
 
 Opener = Callable[..., OwnerLedger]
 
@@ -112,8 +112,8 @@ def test_a_crash_right_after_charge_keeps_the_charge(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import os, sys
-        from owner.ledger import OwnerLedger
-        from owner.policy import OwnerPolicy
+        from dpmarket.owner.ledger import OwnerLedger
+        from dpmarket.owner.policy import OwnerPolicy
         ledger = OwnerLedger.create(sys.argv[1], OwnerPolicy())
         entry = ledger.charge(session="crash", consumer="c", curator="curator",
                               mechanism="raw points", epsilon=0.75, delta=1e-7, points=4)

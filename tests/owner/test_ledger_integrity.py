@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from deploy.pki import init_ca, issue, issue_all
-from owner.cli import owner as owner_cli
-from owner.cli import serve_owner
-from owner.ledger import (
+from dpmarket.deploy.pki import init_ca, issue, issue_all
+from dpmarket.owner.cli import owner as owner_cli
+from dpmarket.owner.cli import serve_owner
+from dpmarket.owner.ledger import (
     APPLICATION,
     MIGRATIONS,
     ROLLBACK_MESSAGE,
@@ -37,12 +37,12 @@ from owner.ledger import (
     OwnerLedger,
     ledger_path,
 )
-from owner.ledger_admin import backup_ledger, init_ledger, restore_ledger, verify_file
-from owner.ledger_chain import ForeignLedgerError, LedgerOwner, _check_totals
-from owner.policy import OwnerPolicy
-from runtime.database import open_database
-from runtime.identity import Identity, identity_files
-from runtime.transport import TransportSecurity
+from dpmarket.owner.ledger_admin import backup_ledger, init_ledger, restore_ledger, verify_file
+from dpmarket.owner.ledger_chain import ForeignLedgerError, LedgerOwner, _check_totals
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.runtime.database import open_database
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity
 
 ALICE, BOB = Identity("owner", "alice"), Identity("owner", "bob")
 
@@ -326,8 +326,8 @@ def test_a_ledger_behind_a_receipt_it_signed_refuses_to_charge(
 _CHARGER = textwrap.dedent(
     """
     import sys, time
-    from owner.ledger import OwnerLedger
-    from owner.policy import OwnerPolicy
+    from dpmarket.owner.ledger import OwnerLedger
+    from dpmarket.owner.policy import OwnerPolicy
     ledger = OwnerLedger(sys.argv[1], OwnerPolicy())
     for k in range(int(sys.argv[2])):
         ledger.charge(session="live", consumer="consumer:c", curator="curator:curator",

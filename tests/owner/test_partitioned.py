@@ -23,28 +23,28 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common.cape.dpgd import init_params, n_params, site_gradient
-from common.cape.functional_mechanism import fm_coefficients, pack_coefficients
-from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.errors import InvalidArgumentError
-from common.sketches.domain import Domain
-from common.sketches.feature_maps import draw_rff
-from common.sketches.spec import SketchDeclaration
-from common.summarization.candidates import shrink_towards_moments, shrink_towards_points
-from common.summarization.kernels import bid_direction, bid_scores, embedding_greedy, mmd2
-from common.summarization.partitioned import merge_best
-from common.summarization.rff import draw_rff_params, random_fourier_features
-from common.summarization.terms import OwnerTerms
-from owner.cape import _fm_part, _gradient_part, _mean_part
-from owner.data import PointSet
-from owner.dataset import open_dataset
-from owner.engine import DaskEngine, SerialEngine, WorkCancelled, start_engine
-from owner.ledger import OwnerLedger
-from owner.partitioned import PartitionedData, PartitionedTable, mean_statistic
-from owner.policy import OwnerPolicy
-from owner.protocol import Owner
-from owner.sketches import SketchPublisher, _sketch_part
-from owner.validation import read_all, validate_dataset
+from dpmarket.common.cape.dpgd import init_params, n_params, site_gradient
+from dpmarket.common.cape.functional_mechanism import fm_coefficients, pack_coefficients
+from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.feature_maps import draw_rff
+from dpmarket.common.sketches.spec import SketchDeclaration
+from dpmarket.common.summarization.candidates import shrink_towards_moments, shrink_towards_points
+from dpmarket.common.summarization.kernels import bid_direction, bid_scores, embedding_greedy, mmd2
+from dpmarket.common.summarization.partitioned import merge_best
+from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
+from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
+from dpmarket.owner.cape import _fm_part, _gradient_part, _mean_part
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.dataset import open_dataset
+from dpmarket.owner.engine import DaskEngine, SerialEngine, WorkCancelled, start_engine
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.partitioned import PartitionedData, PartitionedTable, mean_statistic
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.owner.protocol import Owner
+from dpmarket.owner.sketches import SketchPublisher, _sketch_part
+from dpmarket.owner.validation import read_all, validate_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -56,6 +56,10 @@ COLUMNS = tuple(f"x{j}" for j in range(F))
 #: with exact local greedy (greedy maximises the h1 objective, not the exact-kernel MMD², so
 #: GreeDi can do better on the latter).
 GREEDI_FACTOR = 1.5
+COUNTS = OwnerTerms(SessionMethod.CANDIDATES_COUNTS, 0.5, 0.0)
+SKETCH = OwnerTerms(SessionMethod.CANDIDATES_SKETCH, 0.0, 0.0)
+ROUNDS = OwnerTerms(SessionMethod.PRIVATE, 0.5, 1e-7, max_rounds=10)
+UNIFORM = OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +98,7 @@ def test_the_local_workers_run_with_the_engines_malloc_settings(engine) -> None:
     # Dask's own MALLOC_TRIM_THRESHOLD_ (64 KiB) makes every feature block a fresh mmap.
     import os
 
-    from owner.engine import MALLOC_ENV
+    from dpmarket.owner.engine import MALLOC_ENV
 
     seen = engine.client.run(lambda: {k: os.environ.get(k) for k in MALLOC_ENV})
     assert len(seen) == 2
@@ -302,27 +306,33 @@ def _owner(data: object, tmp: Path) -> Owner:
 
 def test_the_ledger_charges_the_same_either_way(table, engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     root, x, y = table
-    terms = OwnerTerms("candidates: count and candidates", 0.5, 1e-7)
     rff = draw_rff_params(F, D, 0.05, np.random.default_rng(7))
     g = random_fourier_features(x[:200], rff, dtype=np.float64).mean(axis=0)
     entries = []
     for name, data in (("memory", PointSet(x, y, "o")), ("dask", _data(root, engine))):
         owner = _owner(data, tmp_path / name)
-        owner.open_session("s", rff, 9, terms=terms)
+        owner.open_session("s", rff, 9, terms=COUNTS)
         owner.set_validation_embedding("s", g)
         owner.noisy_relevant_count("s", 0.1)
         points, labels = owner.propose_candidates("s", 30)
         assert points.shape == (30, F) and labels is not None
-        bid = owner.bid("s", 1, g, 0)
+        owner.open_session("r", rff, 9, terms=ROUNDS)
+        owner.set_validation_embedding("r", g)
+        bid = owner.bid("r", 1, g, 0)
         assert bid is not None
-        owner.release_point("s", 1)
-        owner.sample_uniform("s", 5)
-        spent = owner.close_session("s")
+        owner.release_point("r", 1)
+        owner.open_session("u", rff, 9, terms=UNIFORM)
+        owner.sample_uniform("u", 5)
+        spent = [owner.close_session(sid) for sid in ("s", "r", "u")]
         assert owner.ledger is not None
         entries.append(
             [(e.mechanism, e.epsilon, e.delta, e.points) for e in owner.ledger.entries()]
         )
-        assert (spent.epsilon, spent.delta, spent.points) == (0.5, 1e-7, 36)
+        assert [(s.epsilon, s.delta, s.points) for s in spent] == [
+            (0.5, 0.0, 30),
+            (0.5, 1e-7, 1),
+            (0.0, 0.0, 5),
+        ]
     assert entries[0] == entries[1]
 
 
@@ -331,16 +341,15 @@ def test_the_hedge_is_the_uniform_sample_of_the_same_seed(table, engine, tmp_pat
     session of the same seed, whatever the session drew before (its count noise here), on
     both paths; the rest continue the greedy and never repeat them."""
     root, x, y = table
-    terms = OwnerTerms("candidates: count and candidates", 0.5, 1e-7)
     rff = draw_rff_params(F, D, 0.05, np.random.default_rng(7))
     g = random_fourier_features(x[:200], rff, dtype=np.float64).mean(axis=0)
     for name, data in (("memory", PointSet(x, y, "o")), ("dask", _data(root, engine))):
         owner = _owner(data, tmp_path / name)
-        owner.open_session("s", rff, 9, terms=terms)
+        owner.open_session("s", rff, 9, terms=COUNTS)
         owner.set_validation_embedding("s", g, shrinkage_sigma=0.01)
         owner.noisy_relevant_count("s", 0.1)
         points, _ = owner.propose_candidates("s", 30, uniform_count=10)
-        owner.open_session("t", rff, 9)
+        owner.open_session("t", rff, 9, terms=UNIFORM)
         sample, _ = owner.sample_uniform("t", 10)
         np.testing.assert_array_equal(points[:10], sample)
         assert len({tuple(r) for r in points}) == 30, name
@@ -351,7 +360,7 @@ def test_closing_a_session_stops_its_running_step(table, engine, tmp_path: Path)
     data = _data(root, engine, partition_rows=12_500)
     owner = Owner("o", data)
     rff = draw_rff_params(F, D, 0.05, np.random.default_rng(8))
-    owner.open_session("s", rff, 1)
+    owner.open_session("s", rff, 1, terms=SKETCH)
     owner.set_validation_embedding(
         "s", random_fourier_features(x[:50], rff, dtype=np.float64).mean(axis=0)
     )

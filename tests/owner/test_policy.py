@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from owner.policy import OwnerPolicy, load_owner_policy
+from dpmarket.owner.policy import OwnerPolicy, load_owner_policy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "owner.toml"
 
@@ -180,7 +180,7 @@ def test_policy_is_frozen() -> None:
 
 
 def test_the_policy_lives_in_the_data_dir_and_a_differing_one_is_refused(tmp_path: Path) -> None:
-    from owner.policy import POLICY_FILE, data_dir_policy
+    from dpmarket.owner.policy import POLICY_FILE, data_dir_policy
 
     state = tmp_path / "state"
     policy, source = data_dir_policy(state)

@@ -5,18 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.errors import (
+from dpmarket.common.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
 )
-from common.summarization.kernels import bid_direction
-from common.summarization.rff import draw_rff_params, random_fourier_features
-from owner.data import PointSet
-from owner.protocol import Owner
+from dpmarket.common.summarization.kernels import bid_direction
+from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
+from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.protocol import Owner
 
 D = 32
+ROUNDS = OwnerTerms(SessionMethod.PRIVATE, 1.0, 1e-6, max_rounds=100)
+UNIFORM = OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0)
 
 
 @pytest.fixture
@@ -31,7 +34,7 @@ def rff():  # type: ignore[no-untyped-def]
 
 
 def _open(owner: Owner, rff, sid: str = "s"):  # type: ignore[no-untyped-def]
-    owner.open_session(sid, rff, 7)
+    owner.open_session(sid, rff, 7, terms=ROUNDS)
     session = owner.session(sid)
     session.set_validation_embedding(np.full(D, 0.01))
     return session
@@ -70,9 +73,9 @@ def test_times_best_counts_consecutive_rounds_and_resets_on_release(owner: Owner
 
 
 def test_stages_out_of_order_fail(owner: Owner, rff) -> None:  # type: ignore[no-untyped-def]
-    owner.open_session("s", rff, 0)
+    owner.open_session("s", rff, 0, terms=ROUNDS)
     session = owner.session("s")
-    with pytest.raises(FailedPreconditionError, match="validation embedding"):
+    with pytest.raises(FailedPreconditionError, match="after SetValidationEmbedding"):
         session.bid(1, np.zeros(D), 0)
     session.set_validation_embedding(np.zeros(D))
     with pytest.raises(FailedPreconditionError, match="expected round 1"):
@@ -80,8 +83,8 @@ def test_stages_out_of_order_fail(owner: Owner, rff) -> None:  # type: ignore[no
     with pytest.raises(FailedPreconditionError, match="last round bid"):
         owner.release_point("s", 1)
     session.bid(1, np.zeros(D), 0)
-    with pytest.raises(FailedPreconditionError, match="before round 1"):
-        session.set_validation_embedding(np.zeros(D))
+    with pytest.raises(FailedPreconditionError, match="set once per session"):
+        session.set_validation_embedding(np.ones(D))
     owner.release_point("s", 1)
     with pytest.raises(FailedPreconditionError, match="no unsent point was bid"):
         owner.release_point("s", 1)
@@ -100,30 +103,28 @@ def test_bad_input_is_rejected_and_changes_nothing(owner: Owner, rff) -> None:  
 
 
 def test_session_errors(owner: Owner, rff) -> None:  # type: ignore[no-untyped-def]
-    owner.open_session("s", rff, 0)
+    owner.open_session("s", rff, 0, terms=UNIFORM)
     with pytest.raises(AlreadyExistsError):
-        owner.open_session("s", rff, 0)
+        owner.open_session("s", rff, 0, terms=UNIFORM)
     with pytest.raises(NotFoundError, match="unknown session"):
         owner.session("nope")
     wrong = draw_rff_params(4, D, 0.5, np.random.default_rng(1))
     with pytest.raises(InvalidArgumentError, match="4 columns"):
-        owner.open_session("t", wrong, 0)
+        owner.open_session("t", wrong, 0, terms=UNIFORM)
     owner.close_session("s")
     with pytest.raises(NotFoundError):
         owner.close_session("s")
 
 
-def test_uniform_sample_is_without_replacement_and_exhausts(owner: Owner, rff) -> None:  # type: ignore[no-untyped-def]
-    owner.open_session("s", rff, 3)
-    a, la = owner.sample_uniform("s", 25)
-    b, lb = owner.sample_uniform("s", 15)
-    both = np.concatenate([a, b])
-    assert len({tuple(r) for r in both}) == 40
-    assert la is not None and lb is not None
+def test_uniform_sample_is_without_replacement_and_bounded(owner: Owner, rff) -> None:  # type: ignore[no-untyped-def]
+    owner.open_session("s", rff, 3, terms=UNIFORM)
     with pytest.raises(InvalidArgumentError, match="exceeds"):
-        owner.sample_uniform("s", 1)
+        owner.sample_uniform("s", 41)
     with pytest.raises(InvalidArgumentError, match="count"):
         owner.sample_uniform("s", 0)
+    points, labels = owner.sample_uniform("s", 40)
+    assert len({tuple(r) for r in points}) == 40
+    assert labels is not None
 
 
 def test_a_bid_is_quick_only_in_memory_after_the_terms_and_with_the_session_idle(
@@ -137,7 +138,7 @@ def test_a_bid_is_quick_only_in_memory_after_the_terms_and_with_the_session_idle
     assert owner.quick_bid("s")
     with owner._step("s", "curator:local"):  # another step of the session is running
         assert not owner.quick_bid("s")
-    monkeypatch.setattr("owner.protocol.QUICK_STEP_BYTES", session.features.nbytes - 1)
+    monkeypatch.setattr("dpmarket.owner.protocol.QUICK_STEP_BYTES", session.features.nbytes - 1)
     assert not owner.quick_bid("s")
     with pytest.raises(NotFoundError):
         owner.quick_bid("s", curator="curator:other")

@@ -19,22 +19,22 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from common.cape.agreement import SizeAttestation, plan_statement
-from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.errors import DPMarketError
-from common.secagg.crypto import EcdsaSigner
-from common.secagg.fixedpoint import FixedPoint
-from common.secagg.protocol import RoundParams
-from common.summarization.rff import draw_rff_params
-from common.summarization.terms import OwnerTerms
-from curator.secagg import aggregate
-from deploy.pki import init_ca, issue_all
-from owner.cape import CapeSite
-from owner.data import PointSet, Table
-from owner.local import LocalSecureAggregationEndpoint
-from owner.protocol import Owner
-from owner.secagg import SiteIdentity, SiteRounds
-from runtime.identity import Identity, identity_files
+from dpmarket.common.cape.agreement import SizeAttestation, plan_statement
+from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import DPMarketError
+from dpmarket.common.secagg.crypto import EcdsaSigner
+from dpmarket.common.secagg.fixedpoint import FixedPoint
+from dpmarket.common.secagg.protocol import RoundParams
+from dpmarket.common.summarization.rff import draw_rff_params
+from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
+from dpmarket.curator.secagg import aggregate
+from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.owner.cape import CapeSite
+from dpmarket.owner.data import PointSet, Table
+from dpmarket.owner.local import LocalSecureAggregationEndpoint
+from dpmarket.owner.protocol import Owner
+from dpmarket.owner.secagg import SiteIdentity, SiteRounds
+from dpmarket.runtime.identity import Identity, identity_files
 
 N, D_RFF = 30, 16
 CURATOR, CONSUMER = "curator:c", "consumer:x"
@@ -82,57 +82,81 @@ def test_every_summarization_refusal_is_the_same_whatever_the_owner_holds() -> N
     rff = draw_rff_params(3, D_RFF, 0.5, np.random.default_rng(1))
     wide = draw_rff_params(4, D_RFF, 0.5, np.random.default_rng(1))
     big = draw_rff_params(3, 128, 0.5, np.random.default_rng(1))
-    terms = OwnerTerms("count", 1.0, 0.0)
+    counts = OwnerTerms(SessionMethod.CANDIDATES_COUNTS, 1.0, 0.0)
+    rounds = OwnerTerms(SessionMethod.PRIVATE, 1.0, 1e-6, max_rounds=2)
+    uniform = OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0)
     g = np.full(D_RFF, 0.05)
 
     script: list[tuple[str, Callable[[Owner], Any]]] = [
-        ("empty id", lambda o: o.open_session("", rff, 0)),
-        ("wrong feature count", lambda o: o.open_session("s", wide, 0)),
-        ("d above the limit", lambda o: o.open_session("s", big, 0)),
-        ("open", lambda o: o.open_session("s", rff, 0, terms=terms)),
-        ("open again", lambda o: o.open_session("s", rff, 0)),
-        ("open a second", lambda o: o.open_session("t", rff, 0)),
-        ("beyond max sessions", lambda o: o.open_session("u", rff, 0)),
+        ("empty id", lambda o: o.open_session("", rff, 0, terms=counts)),
+        ("wrong feature count", lambda o: o.open_session("s", wide, 0, terms=counts)),
+        ("d above the limit", lambda o: o.open_session("s", big, 0, terms=counts)),
+        ("open", lambda o: o.open_session("s", rff, 0, terms=counts)),
+        ("open again", lambda o: o.open_session("s", rff, 0, terms=counts)),
+        ("open a second", lambda o: o.open_session("t", rff, 0, terms=rounds)),
+        ("beyond max sessions", lambda o: o.open_session("u", rff, 0, terms=uniform)),
         ("unknown session", lambda o: o.bid("nope", 1, g, 0)),
-        ("another curator's", lambda o: o.bid("s", 1, g, 0, curator="curator:other")),
-        ("bid before embedding", lambda o: o.bid("s", 1, g, 0)),
+        ("another curator's", lambda o: o.bid("t", 1, g, 0, curator="curator:other")),
+        # The counts session: its steps in order, each once; nothing of another method.
+        ("bid under counts terms", lambda o: o.bid("s", 1, g, 0)),
+        ("sample under counts terms", lambda o: o.sample_uniform("s", 1)),
         ("count before embedding", lambda o: o.noisy_relevant_count("s", 0.0)),
+        ("candidates before embedding", lambda o: o.propose_candidates("s", 1)),
         ("embedding of wrong size", lambda o: o.set_validation_embedding("s", g[:3])),
         ("embedding with nan", lambda o: o.set_validation_embedding("s", np.full(D_RFF, np.nan))),
         ("embedding", lambda o: o.set_validation_embedding("s", g)),
+        ("the same embedding", lambda o: o.set_validation_embedding("s", g)),
+        ("another embedding", lambda o: o.set_validation_embedding("s", 2 * g)),
+        ("candidates before the count", lambda o: o.propose_candidates("s", 1)),
         ("nan threshold", lambda o: o.noisy_relevant_count("s", float("nan"))),
-        ("count without epsilon", lambda o: o.noisy_relevant_count("t", 0.0)),
-        ("wrong round", lambda o: o.bid("s", 2, g, 0)),
-        ("negative summary size", lambda o: o.bid("s", 1, g, -1)),
-        ("summary embedding with inf", lambda o: o.bid("s", 1, np.full(D_RFF, np.inf), 0)),
-        ("release before a bid", lambda o: o.release_point("s", 1)),
-        (
-            "embedding after a bid",
-            lambda o: (o.bid("s", 1, g, 0), o.set_validation_embedding("s", g)),
-        ),
-        ("release another round", lambda o: o.release_point("s", 2)),
-        ("release", lambda o: o.release_point("s", 1)),
-        ("release twice", lambda o: o.release_point("s", 1)),
+        ("count", lambda o: o.noisy_relevant_count("s", 0.0)),
+        ("count again", lambda o: o.noisy_relevant_count("s", 0.0)),
+        ("count at another threshold", lambda o: o.noisy_relevant_count("s", 0.5)),
         ("no candidates", lambda o: o.propose_candidates("s", 0)),
         ("more uniform than candidates", lambda o: o.propose_candidates("s", 1, uniform_count=2)),
         ("negative uniform", lambda o: o.propose_candidates("s", 1, uniform_count=-1)),
-        ("more candidates than unsent", lambda o: o.propose_candidates("s", N)),
-        ("more samples than unsent", lambda o: o.sample_uniform("s", N)),
-        ("every other point", lambda o: o.sample_uniform("s", N - 1)),
-        ("nothing left", lambda o: o.propose_candidates("s", 1)),
-        ("bid with nothing left", lambda o: o.bid("s", 2, g, 0)),
+        ("more candidates than unsent", lambda o: o.propose_candidates("s", N + 1)),
+        ("candidates", lambda o: o.propose_candidates("s", N - 1)),
+        ("candidates again", lambda o: o.propose_candidates("s", 1)),
         ("close", lambda o: o.close_session("s")),
         ("close again", lambda o: o.close_session("s")),
+        # The rounds session.
+        ("bid before embedding", lambda o: o.bid("t", 1, g, 0)),
+        ("count under rounds terms", lambda o: o.noisy_relevant_count("t", 0.0)),
+        ("rounds embedding", lambda o: o.set_validation_embedding("t", g)),
+        ("candidates under rounds terms", lambda o: o.propose_candidates("t", 1)),
+        ("wrong round", lambda o: o.bid("t", 2, g, 0)),
+        ("negative summary size", lambda o: o.bid("t", 1, g, -1)),
+        ("summary embedding with inf", lambda o: o.bid("t", 1, np.full(D_RFF, np.inf), 0)),
+        ("release before a bid", lambda o: o.release_point("t", 1)),
+        (
+            "another embedding after a bid",
+            lambda o: (o.bid("t", 1, g, 0), o.set_validation_embedding("t", 2 * g)),
+        ),
+        ("release another round", lambda o: o.release_point("t", 2)),
+        ("release", lambda o: o.release_point("t", 1)),
+        ("release twice", lambda o: o.release_point("t", 1)),
+        ("second round", lambda o: o.bid("t", 2, g, 1)),
+        ("beyond the terms' rounds", lambda o: o.bid("t", 3, g, 1)),
+        ("close the rounds", lambda o: o.close_session("t")),
+        # The uniform session.
+        ("open uniform", lambda o: o.open_session("u", rff, 0, terms=uniform)),
+        ("embedding under uniform terms", lambda o: o.set_validation_embedding("u", g)),
+        ("bid under uniform terms", lambda o: o.bid("u", 1, g, 0)),
+        ("more samples than the points", lambda o: o.sample_uniform("u", N + 1)),
+        ("sample", lambda o: o.sample_uniform("u", N - 1)),
+        ("sample again", lambda o: o.sample_uniform("u", 1)),
+        ("close uniform", lambda o: o.close_session("u")),
     ]
     outcomes = _same_outcomes(_owner, script)
     refused = [name for (name, _), (kind, _) in zip(script, outcomes, strict=True) if kind != "ok"]
-    assert len(refused) >= 26, refused  # the script walks the error paths, not only successes
-    assert outcomes[[n for n, _ in script].index("more samples than unsent")] == (
+    assert len(refused) >= 38, refused  # the script walks the error paths, not only successes
+    assert outcomes[[n for n, _ in script].index("more samples than the points")] == (
         "InvalidArgumentError",
-        f"count {N} exceeds the {N - 1} points not yet sent",
+        f"count {N + 1} exceeds the {N} points not yet sent",
     )
     data = Owner("no-data", None)
-    assert _outcome(lambda: data.open_session("s", rff, 0)) == (
+    assert _outcome(lambda: data.open_session("s", rff, 0, terms=uniform)) == (
         "FailedPreconditionError",
         "owner no-data holds no point set to summarize",
     )
@@ -252,7 +276,7 @@ def test_every_cape_refusal_is_the_same_whatever_the_owner_holds(
         ("close", lambda s: s.close("probe", curator=CURATOR)),
         ("close again", lambda s: s.close("probe", curator=CURATOR)),
     ]
-    with caplog.at_level("INFO", logger="owner.cape"):
+    with caplog.at_level("INFO", logger="dpmarket.owner.cape"):
         outcomes = _same_outcomes(_site, script)
     names = [n for n, _ in script]
     assert outcomes[names.index("logistic on an undeclared target")] == (
@@ -276,7 +300,7 @@ def test_a_probe_with_chosen_bounds_changes_only_the_charged_release(
     releases the mean of its values clamped to the bounds (here exactly 1000 before noise) and
     the same for any data below them; the count of clamped rows is in its log only."""
     releases = []
-    with caplog.at_level("INFO", logger="owner.cape"):
+    with caplog.at_level("INFO", logger="dpmarket.owner.cape"):
         for seed in (0, 1):
             site = _site(seed)
             site.open("probe", PROBE, 1, curator=CURATOR, consumer=CONSUMER)
@@ -328,7 +352,7 @@ def test_an_input_outside_the_rounds_range_is_refused_without_naming_it(
     text; the value is in the site's own log."""
     params = RoundParams.create(SITES, 2, 4, FixedPoint(clip=1.0, resolution_bits=20, sites=3))
     reasons = []
-    with caplog.at_level("WARNING", logger="owner.secagg"):
+    with caplog.at_level("WARNING", logger="dpmarket.owner.secagg"):
         for secret in (1.7319, -42.5):
             inputs = {s: np.full(4, 0.25) for s in SITES}
             inputs["site-c"] = np.array([0.0, secret, 0.0, 0.0])

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from common.errors import FailedPreconditionError, InvalidArgumentError
-from common.privacy.noise import SeededNoise
-from common.sketches.spec import SketchDeclaration, SketchSpec
-from curator.sketches import SketchCatalog
-from owner.data import Table
-from owner.ledger import OwnerBudgetError, OwnerLedger, ledger_path
-from owner.policy import OwnerPolicy
-from owner.sketches import SketchPublisher, ledger_session, publish_to
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
+from dpmarket.curator.sketches import SketchCatalog
+from dpmarket.owner.data import Table
+from dpmarket.owner.ledger import OwnerBudgetError, OwnerLedger, ledger_path
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.owner.sketches import SketchPublisher, ledger_session, publish_to
 
 CURATOR = "curator:curator"
 DECLARATION = SketchDeclaration.from_mapping(
@@ -156,7 +156,7 @@ def test_values_outside_the_domain_are_clamped_and_counted_in_the_owners_log_onl
     projected[17, 1], projected[3, 2] = 10.0, 1.0
     ledger = ledgers()
     publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(5)))
-    with caplog.at_level("WARNING", logger="owner.sketches"):
+    with caplog.at_level("WARNING", logger="dpmarket.owner.sketches"):
         done = publisher.publish(
             specs["hist"], Table(table.columns, values, "owner-0"), curator=CURATOR
         )
@@ -190,7 +190,7 @@ def test_sketch_and_ledger_survive_a_restart(tmp_path: Path, specs: dict[str, Sk
 def test_publish_to_refuses_before_computing_what_the_catalogue_cannot_take(
     tmp_path: Path, specs: dict[str, SketchSpec]
 ) -> None:
-    from curator.policy import CuratorPolicy
+    from dpmarket.curator.policy import CuratorPolicy
 
     with SketchCatalog(
         tmp_path / "curator", [DECLARATION], seed=0, policy=CuratorPolicy(sketches_per_owner=1)

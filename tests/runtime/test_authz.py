@@ -26,12 +26,17 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from google.protobuf.message_factory import GetMessageClass
 
-from common.errors import PermissionDeniedError, UnauthenticatedError
-from curator.cape_service import CapeServicer
-from curator.policy import CuratorPolicy
-from curator.service import INSECURE_CONSUMER, CuratorServicer, curator_authorizer
-from curator.sketch_service import SketchCatalogServicer, catalog_authorizer
-from deploy.pki import CA_KEY, init_ca, issue_all
+from dpmarket.common.errors import PermissionDeniedError, UnauthenticatedError
+from dpmarket.curator.cape_service import CapeServicer
+from dpmarket.curator.policy import CuratorPolicy
+from dpmarket.curator.service import INSECURE_CONSUMER, CuratorServicer, curator_authorizer
+from dpmarket.curator.sketch_service import SketchCatalogServicer, catalog_authorizer
+from dpmarket.deploy.pki import CA_KEY, init_ca, issue_all
+from dpmarket.owner.cape_service import CapeSiteServicer, SecureAggregationServicer
+from dpmarket.owner.service import OwnerServicer, owner_authorizer
+from dpmarket.runtime.authz import ROLES_ATTRIBUTE, Authorizer, rpc, rpc_stream
+from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
@@ -44,11 +49,6 @@ from dpmarket.v1 import (
     sketch_pb2,
     sketch_pb2_grpc,
 )
-from owner.cape_service import CapeSiteServicer, SecureAggregationServicer
-from owner.service import OwnerServicer, owner_authorizer
-from runtime.authz import ROLES_ATTRIBUTE, Authorizer, rpc, rpc_stream
-from runtime.identity import CA_CERT, Identity, identity_files
-from runtime.transport import TransportSecurity
 
 OWNER_SERVICE = owner_pb2.DESCRIPTOR.services_by_name["OwnerService"]
 CAPE_SITE_SERVICE = cape_pb2.DESCRIPTOR.services_by_name["CapeSiteService"]
@@ -141,7 +141,7 @@ def test_every_rpc_is_implemented_and_states_its_roles(service, servicer, genera
         assert handler is not getattr(generated, method.name)
         expected = _roles(roles, method.name)
         assert getattr(handler, ROLES_ATTRIBUTE, None) == expected, (
-            f"{service.name}.{method.name} is not wrapped by runtime.authz.rpc{expected}"
+            f"{service.name}.{method.name} is not wrapped by dpmarket.runtime.authz.rpc{expected}"
         )
         streaming = method.server_streaming
         assert inspect.isasyncgenfunction(handler) == streaming, method.name

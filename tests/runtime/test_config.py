@@ -10,8 +10,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from deploy.cli import main
-from runtime.cli import config_option
+from dpmarket.deploy.cli import main
+from dpmarket.runtime.cli import config_option
 
 seen: dict[str, Any] = {}
 

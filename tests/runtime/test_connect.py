@@ -1,10 +1,10 @@
 """Connecting fails fast and says why, in one line.
 
-A newcomer's typo in ``--curator`` used to wait 61 s for ``Deadline Exceeded`` under eight lines
-of gRPC handshake logs, and a certificate of another CA looked the same. Each case below meets a
-real socket or a real mTLS gRPC server on loopback: the channel's connect check
-(:func:`runtime.transport.check_connected`, deadline :data:`CONNECT_TIMEOUT_SECONDS`) must end
-with the cause. The only timing asserted is a generous wall-clock bound (20 s) against a hang.
+A newcomer's typo in ``--curator`` used to wait 61 s for ``Deadline Exceeded`` under eight lines of
+gRPC handshake logs, and a certificate of another CA looked the same. Each case below meets a real
+socket or a real mTLS gRPC server on loopback: the channel's connect check
+(:func:`dpmarket.runtime.transport.check_connected`, deadline :data:`CONNECT_TIMEOUT_SECONDS`) must
+end with the cause. The only timing asserted is a generous wall-clock bound (20 s) against a hang.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ import pytest
 from click.testing import CliRunner
 from grpc_health.v1 import health, health_pb2_grpc
 
-from consumer.client import CuratorClient
-from curator.owners import GrpcOwnerEndpoint
-from deploy.cli import main
-from deploy.pki import init_ca, issue, issue_all
-from runtime.identity import Identity, identity_files
-from runtime.serving import SERVER_OPTIONS
-from runtime.transport import (
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.curator.owners import GrpcOwnerEndpoint
+from dpmarket.deploy.cli import main
+from dpmarket.deploy.pki import init_ca, issue, issue_all
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.serving import SERVER_OPTIONS
+from dpmarket.runtime.transport import (
     CONNECT_TIMEOUT_SECONDS,
     ConnectError,
     TransportSecurity,
@@ -169,7 +169,7 @@ def _dpmarket(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """``dpmarket ARGS`` as a user runs it: a fresh process, GRPC_VERBOSITY not set."""
     env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
     return subprocess.run(
-        [sys.executable, "-m", "deploy.cli", *args],
+        [sys.executable, "-m", "dpmarket.deploy.cli", *args],
         cwd=cwd,
         env=env,
         capture_output=True,

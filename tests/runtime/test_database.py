@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.database import (
+from dpmarket.runtime.database import (
     DatabaseMissingError,
     backup_database,
     open_database,

@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from runtime.serving import (
+from dpmarket.runtime.serving import (
     CHANNEL_OPTIONS,
     GRPC_OPTIONS,
     KEEPALIVE_SECONDS,

@@ -13,10 +13,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from dpmarket.runtime import rpc_trace
+from dpmarket.runtime.rpc_trace import CallRecord
+from dpmarket.runtime.transport import TransportSecurity, aio_channel, sync_channel
 from dpmarket.v1 import owner_pb2, owner_pb2_grpc
-from runtime import rpc_trace
-from runtime.rpc_trace import CallRecord
-from runtime.transport import TransportSecurity, aio_channel, sync_channel
 
 CHECK = "/grpc.health.v1.Health/Check"
 

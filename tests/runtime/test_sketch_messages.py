@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.errors import InvalidArgumentError
-from common.privacy.noise import SeededNoise
-from common.sketches.sketch import SketchMechanism
-from common.sketches.spec import PublishedSketch, SketchDeclaration, SketchSpec
-from runtime import sketch_messages as msg
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.sketch import SketchMechanism
+from dpmarket.common.sketches.spec import PublishedSketch, SketchDeclaration, SketchSpec
+from dpmarket.runtime import sketch_messages as msg
 
 DECLARATION = SketchDeclaration.from_mapping(
     {
@@ -91,8 +91,12 @@ def test_only_private_sketches_travel(specs: list[SketchSpec]) -> None:
 
 
 def test_a_marginals_sketch_crosses_the_wire_exactly() -> None:
-    from common.sketches.domain import Domain
-    from common.sketches.marginals import MarginalsMechanism, MarginalsSketch, marginals_map
+    from dpmarket.common.sketches.domain import Domain
+    from dpmarket.common.sketches.marginals import (
+        MarginalsMechanism,
+        MarginalsSketch,
+        marginals_map,
+    )
 
     domain = Domain(
         np.zeros(2), np.array([1.0, 2.0]), names=("a", "k"), levels=(None, np.arange(3.0))

@@ -8,8 +8,8 @@ import asyncio
 import grpc
 import pytest
 
-from common import errors
-from runtime.status import INTERNAL_MESSAGE, abort_for, error_from_rpc
+from dpmarket.common import errors
+from dpmarket.runtime.status import INTERNAL_MESSAGE, abort_for, error_from_rpc
 
 
 class _Failed(grpc.RpcError):
@@ -75,7 +75,7 @@ def test_a_failure_on_private_data_leaves_as_the_fixed_internal_status_only(
     """Whatever the rows hold, the wire carries INTERNAL and the one fixed message of every
     internal error; the detail is in the owner's log."""
     statuses = set()
-    with caplog.at_level("ERROR", logger="runtime.status"):
+    with caplog.at_level("ERROR", logger="dpmarket.runtime.status"):
         for value in (151.0, 2.0, -7.5):
             statuses.add(_abort(_private(value)))
     assert statuses == {(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)}

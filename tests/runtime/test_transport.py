@@ -11,9 +11,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from deploy.pki import init_ca, issue_all
-from runtime.identity import Identity, identity_files
-from runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, aio_channel, sync_channel
+from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import (
+    TARGET_NAME_OVERRIDE,
+    TransportSecurity,
+    aio_channel,
+    sync_channel,
+)
 
 OWNER_0 = Identity("owner", "owner-0")
 ALICE = Identity("consumer", "alice")

@@ -8,6 +8,7 @@ from dpmarket.v1 import privacy_pb2 as _privacy_pb2
 from dpmarket.v1 import schema_pb2 as _schema_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -18,6 +19,55 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _SessionMethod:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SessionMethodEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SessionMethod.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SESSION_METHOD_UNSPECIFIED: _SessionMethod.ValueType  # 0
+    SESSION_METHOD_UNIFORM: _SessionMethod.ValueType  # 1
+    """p/K uniformly drawn raw points: SampleUniform."""
+    SESSION_METHOD_CANDIDATES_COUNTS: _SessionMethod.ValueType  # 2
+    """The candidates method, its shares by the owners' noisy relevance counts."""
+    SESSION_METHOD_CANDIDATES_SKETCH: _SessionMethod.ValueType  # 3
+    """The candidates method, its shares by the owners' published sketches."""
+    SESSION_METHOD_HASHES_COUNTS: _SessionMethod.ValueType  # 4
+    """The less-trusted curator's hashes summary, shares by noisy counts (in process only)."""
+    SESSION_METHOD_HASHES_SKETCH: _SessionMethod.ValueType  # 5
+    """The less-trusted curator's hashes summary, shares by sketches (in process only)."""
+    SESSION_METHOD_PRIVATE: _SessionMethod.ValueType  # 6
+    """Algorithm 3 (h2 embeddings, PrivAuction)."""
+    SESSION_METHOD_ROUNDS: _SessionMethod.ValueType  # 7
+    """Algorithm 3's loop with the rounds method's releases."""
+    SESSION_METHOD_GREEDY: _SessionMethod.ValueType  # 8
+    """Non-private greedy: refused unless the owner's policy allows non-private sessions."""
+
+class SessionMethod(_SessionMethod, metaclass=_SessionMethodEnumTypeWrapper):
+    """The method a session runs at an owner: the owner answers only its steps, in their order
+    (see OwnerService). The candidates method is split by its allocation (the noisy counts are a
+    release of the owner's data; the sketches' shares are not) and by the form of its summary.
+    """
+
+SESSION_METHOD_UNSPECIFIED: SessionMethod.ValueType  # 0
+SESSION_METHOD_UNIFORM: SessionMethod.ValueType  # 1
+"""p/K uniformly drawn raw points: SampleUniform."""
+SESSION_METHOD_CANDIDATES_COUNTS: SessionMethod.ValueType  # 2
+"""The candidates method, its shares by the owners' noisy relevance counts."""
+SESSION_METHOD_CANDIDATES_SKETCH: SessionMethod.ValueType  # 3
+"""The candidates method, its shares by the owners' published sketches."""
+SESSION_METHOD_HASHES_COUNTS: SessionMethod.ValueType  # 4
+"""The less-trusted curator's hashes summary, shares by noisy counts (in process only)."""
+SESSION_METHOD_HASHES_SKETCH: SessionMethod.ValueType  # 5
+"""The less-trusted curator's hashes summary, shares by sketches (in process only)."""
+SESSION_METHOD_PRIVATE: SessionMethod.ValueType  # 6
+"""Algorithm 3 (h2 embeddings, PrivAuction)."""
+SESSION_METHOD_ROUNDS: SessionMethod.ValueType  # 7
+"""Algorithm 3's loop with the rounds method's releases."""
+SESSION_METHOD_GREEDY: SessionMethod.ValueType  # 8
+"""Non-private greedy: refused unless the owner's policy allows non-private sessions."""
+Global___SessionMethod: _TypeAlias = SessionMethod  # noqa: Y015
 
 @_typing.final
 class GetOwnerInfoRequest(_message.Message):
@@ -111,8 +161,8 @@ class OpenSessionRequest(_message.Message):
         """h1 phases, float64 of shape (d,), drawn from Uniform[0, 2 pi)."""
 
     @_builtins.property
-    def terms(self) -> _privacy_pb2.PrivacyTerms:
-        """What the session spends of this owner's privacy."""
+    def terms(self) -> Global___SessionTerms:
+        """What the session may ask and what it spends of this owner's privacy."""
 
     @_builtins.property
     def ledger_receipt(self) -> _privacy_pb2.LedgerReceipt:
@@ -131,7 +181,7 @@ class OpenSessionRequest(_message.Message):
         sampling_seed: _builtins.int = ...,
         gamma: _builtins.float = ...,
         consumer: _builtins.str = ...,
-        terms: _privacy_pb2.PrivacyTerms | None = ...,
+        terms: Global___SessionTerms | None = ...,
         ledger_receipt: _privacy_pb2.LedgerReceipt | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["ledger_receipt", b"ledger_receipt", "omega", b"omega", "phase", b"phase", "terms", b"terms"]  # noqa: Y015
@@ -141,6 +191,48 @@ class OpenSessionRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OpenSessionRequest: _TypeAlias = OpenSessionRequest  # noqa: Y015
+
+@_typing.final
+class SessionTerms(_message.Message):
+    """What a summarization session may ask of an owner and what it spends of the owner's privacy,
+    as the curator declares it. The owner checks it against its own policy when the session
+    opens and charges it to its own ledger before its first release (count, bid or point).
+    Malformed terms are refused with INVALID_ARGUMENT: an unspecified method, an epsilon that is
+    not what the method's steps release (0 for uniform and candidates-sketch, which release raw
+    points only; finite and > 0 for candidates-counts, whose noisy count is drawn at it, and for
+    private and rounds; inf for greedy), a delta outside [0, 1) (or not 0 with epsilon 0), or
+    max_rounds not >= 1 for a method with rounds and 0 for the others.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    METHOD_FIELD_NUMBER: _builtins.int
+    EPSILON_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    MAX_ROUNDS_FIELD_NUMBER: _builtins.int
+    method: Global___SessionMethod.ValueType
+    epsilon: _builtins.float
+    """epsilon and delta of the whole session with respect to one owner's data."""
+    delta: _builtins.float
+    max_rounds: _builtins.int
+    """private, rounds and greedy: the most Bid rounds the session runs (its summary size times
+    the auction iterations one point may take); 0 for the other methods.
+    """
+    def __init__(
+        self,
+        *,
+        method: Global___SessionMethod.ValueType = ...,
+        epsilon: _builtins.float = ...,
+        delta: _builtins.float = ...,
+        max_rounds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "epsilon", b"epsilon", "max_rounds", b"max_rounds", "method", b"method"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionTerms: _TypeAlias = SessionTerms  # noqa: Y015
 
 @_typing.final
 class OpenSessionResponse(_message.Message):

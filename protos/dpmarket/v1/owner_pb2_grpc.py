@@ -37,6 +37,22 @@ class OwnerServiceStub:
     every raw point) and answers FAILED_PRECONDITION, saying what is left, for a step that would
     exceed the policy; a refused step releases and charges nothing. Sessions the curator has not
     touched for the policy's idle timeout are closed (NOT_FOUND afterwards).
+
+    Every session is a state machine the owner enforces: its terms state its method
+    (SessionMethod), and the owner answers only that method's steps, in their order, each once
+    (Bid and ReleasePoint once per round, up to the terms' max_rounds):
+
+    uniform                           SampleUniform
+    candidates-counts                 SetValidationEmbedding, CountRelevant, ProposeCandidates
+    candidates-sketch                 SetValidationEmbedding, ProposeCandidates
+    private, rounds, greedy           SetValidationEmbedding, then Bid and ReleasePoint per round
+
+    (the hashes methods run in process only). A step of another method, a step out of order and
+    a repeated step are refused with FAILED_PRECONDITION, before anything is computed or charged;
+    the exceptions return what was already answered, never anything new: CountRelevant again at
+    the same threshold returns the same noisy count, and SetValidationEmbedding again with the
+    same embedding changes nothing. GetOwnerInfo, GetProgress and CloseSession are answered in
+    every state.
     """
 
     def __init__(self, channel):
@@ -114,6 +130,22 @@ class OwnerServiceServicer:
     every raw point) and answers FAILED_PRECONDITION, saying what is left, for a step that would
     exceed the policy; a refused step releases and charges nothing. Sessions the curator has not
     touched for the policy's idle timeout are closed (NOT_FOUND afterwards).
+
+    Every session is a state machine the owner enforces: its terms state its method
+    (SessionMethod), and the owner answers only that method's steps, in their order, each once
+    (Bid and ReleasePoint once per round, up to the terms' max_rounds):
+
+    uniform                           SampleUniform
+    candidates-counts                 SetValidationEmbedding, CountRelevant, ProposeCandidates
+    candidates-sketch                 SetValidationEmbedding, ProposeCandidates
+    private, rounds, greedy           SetValidationEmbedding, then Bid and ReleasePoint per round
+
+    (the hashes methods run in process only). A step of another method, a step out of order and
+    a repeated step are refused with FAILED_PRECONDITION, before anything is computed or charged;
+    the exceptions return what was already answered, never anything new: CountRelevant again at
+    the same threshold returns the same noisy count, and SetValidationEmbedding again with the
+    same embedding changes nothing. GetOwnerInfo, GetProgress and CloseSession are answered in
+    every state.
     """
 
     def GetOwnerInfo(self, request, context):
@@ -142,9 +174,10 @@ class OwnerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetValidationEmbedding(self, request, context):
-        """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features.
-        Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT for a wrong length, NaN/inf or
-        a negative or NaN shrinkage_sigma, FAILED_PRECONDITION if a round has already been bid.
+        """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features,
+        once per session (the same embedding again is a no-op). Fails with NOT_FOUND for an unknown
+        session, INVALID_ARGUMENT for a wrong length, NaN/inf or a negative or NaN shrinkage_sigma,
+        FAILED_PRECONDITION if the terms' method takes none (uniform) or another embedding was set.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -154,9 +187,10 @@ class OwnerServiceServicer:
         """Bid in a round (Algorithm 3, step 6): the largest score over unsent points of
         `validation_embedding . h1(x) - q/(q+1) * summary_embedding . h1(x)`. The first bid charges
         the session's privacy terms. An owner whose session allowance of raw points is used up has
-        no bid. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
-        embedding is not set, the round is not the next one or the terms exceed the budget left,
-        INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
+        no bid. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms'
+        method has no rounds (only private, rounds and greedy have), the validation embedding is
+        not set, the round is not the next one or beyond the terms' max_rounds, or the terms exceed
+        the budget left, INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -165,8 +199,9 @@ class OwnerServiceServicer:
     def ReleasePoint(self, request, context):
         """Release the point this owner bid in `round`, because the curator's auction asked for it
         (Algorithm 3, steps 12-14); the point is charged first. The point is never offered again.
-        Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if `round` is not the last
-        round bid, the point was already released or the policy's point limits are reached.
+        Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms' method has no
+        rounds, `round` is not the last round bid, the point was already released or the policy's
+        point limits are reached.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -187,9 +222,10 @@ class OwnerServiceServicer:
 
     def SampleUniform(self, request, context):
         """Release `count` unsent points drawn uniformly without replacement (the uniform sampling
-        baseline); charged first. Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if
-        `count` is 0 or exceeds the unsent points, FAILED_PRECONDITION beyond the policy's point
-        limits or the session's terms.
+        baseline), once per session; charged first. Fails with NOT_FOUND for an unknown session,
+        INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points, FAILED_PRECONDITION if the
+        terms' method is not uniform, the sample was drawn already, or beyond the policy's point
+        limits.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -199,10 +235,12 @@ class OwnerServiceServicer:
         """The candidates method's relevance statistic: the number of unsent points x with
         `validation_embedding . h1(x) >= threshold` plus Laplace(1 / epsilon) noise that the owner
         draws itself, epsilon being the session terms' epsilon (L1 sensitivity 1: adding, removing or
-        replacing one point changes the count by at most 1). Charges the terms first. Fails with
-        NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not set,
-        the terms have no epsilon or exceed the budget left, INVALID_ARGUMENT for a NaN or infinite
-        threshold.
+        replacing one point changes the count by at most 1). Charges the terms first. Released once
+        per session: the same threshold again returns the same noisy count and charges nothing.
+        Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms' method has no
+        count (only candidates-counts has), the validation embedding is not set, the count was
+        released at another threshold or the terms exceed the budget left, INVALID_ARGUMENT for a
+        NaN or infinite threshold.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -212,10 +250,12 @@ class OwnerServiceServicer:
         """Release `count` unsent points (the candidates method), charged first: the first
         `uniform_count` drawn uniformly at random as SampleUniform draws them, the rest chosen by a
         greedy that matches the validation embedding with this owner's points alone, continuing
-        from the uniform ones. The points are never offered again. Fails with NOT_FOUND for an
-        unknown session, FAILED_PRECONDITION if the validation embedding is not set, the terms were
-        not charged or the policy's point limits are reached, INVALID_ARGUMENT if `count` is 0 or
-        exceeds the unsent points, or `uniform_count` is negative or above `count`.
+        from the uniform ones. The points are never offered again. Once per session. Fails with
+        NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms' method is not a
+        candidates method, a step before it (SetValidationEmbedding, and CountRelevant under
+        candidates-counts) is not done, the candidates were proposed already or the policy's point
+        limits are reached, INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points, or
+        `uniform_count` is negative or above `count`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -316,6 +356,22 @@ class OwnerService:
     every raw point) and answers FAILED_PRECONDITION, saying what is left, for a step that would
     exceed the policy; a refused step releases and charges nothing. Sessions the curator has not
     touched for the policy's idle timeout are closed (NOT_FOUND afterwards).
+
+    Every session is a state machine the owner enforces: its terms state its method
+    (SessionMethod), and the owner answers only that method's steps, in their order, each once
+    (Bid and ReleasePoint once per round, up to the terms' max_rounds):
+
+    uniform                           SampleUniform
+    candidates-counts                 SetValidationEmbedding, CountRelevant, ProposeCandidates
+    candidates-sketch                 SetValidationEmbedding, ProposeCandidates
+    private, rounds, greedy           SetValidationEmbedding, then Bid and ReleasePoint per round
+
+    (the hashes methods run in process only). A step of another method, a step out of order and
+    a repeated step are refused with FAILED_PRECONDITION, before anything is computed or charged;
+    the exceptions return what was already answered, never anything new: CountRelevant again at
+    the same threshold returns the same noisy count, and SetValidationEmbedding again with the
+    same embedding changes nothing. GetOwnerInfo, GetProgress and CloseSession are answered in
+    every state.
     """
 
     @staticmethod

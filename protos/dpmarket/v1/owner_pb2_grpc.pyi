@@ -38,6 +38,22 @@ class OwnerServiceStub:
     every raw point) and answers FAILED_PRECONDITION, saying what is left, for a step that would
     exceed the policy; a refused step releases and charges nothing. Sessions the curator has not
     touched for the policy's idle timeout are closed (NOT_FOUND afterwards).
+
+    Every session is a state machine the owner enforces: its terms state its method
+    (SessionMethod), and the owner answers only that method's steps, in their order, each once
+    (Bid and ReleasePoint once per round, up to the terms' max_rounds):
+
+      uniform                           SampleUniform
+      candidates-counts                 SetValidationEmbedding, CountRelevant, ProposeCandidates
+      candidates-sketch                 SetValidationEmbedding, ProposeCandidates
+      private, rounds, greedy           SetValidationEmbedding, then Bid and ReleasePoint per round
+
+    (the hashes methods run in process only). A step of another method, a step out of order and
+    a repeated step are refused with FAILED_PRECONDITION, before anything is computed or charged;
+    the exceptions return what was already answered, never anything new: CountRelevant again at
+    the same threshold returns the same noisy count, and SetValidationEmbedding again with the
+    same embedding changes nothing. GetOwnerInfo, GetProgress and CloseSession are answered in
+    every state.
     """
 
     @_typing.overload
@@ -61,23 +77,26 @@ class OwnerServiceStub:
     an earlier receipt its operator has not resolved.
     """
     SetValidationEmbedding: _grpc.UnaryUnaryMultiCallable[_owner_pb2.SetValidationEmbeddingRequest, _owner_pb2.SetValidationEmbeddingResponse]
-    """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features.
-    Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT for a wrong length, NaN/inf or
-    a negative or NaN shrinkage_sigma, FAILED_PRECONDITION if a round has already been bid.
+    """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features,
+    once per session (the same embedding again is a no-op). Fails with NOT_FOUND for an unknown
+    session, INVALID_ARGUMENT for a wrong length, NaN/inf or a negative or NaN shrinkage_sigma,
+    FAILED_PRECONDITION if the terms' method takes none (uniform) or another embedding was set.
     """
     Bid: _grpc.UnaryUnaryMultiCallable[_owner_pb2.BidRequest, _owner_pb2.BidResponse]
     """Bid in a round (Algorithm 3, step 6): the largest score over unsent points of
     `validation_embedding . h1(x) - q/(q+1) * summary_embedding . h1(x)`. The first bid charges
     the session's privacy terms. An owner whose session allowance of raw points is used up has
-    no bid. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
-    embedding is not set, the round is not the next one or the terms exceed the budget left,
-    INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
+    no bid. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms'
+    method has no rounds (only private, rounds and greedy have), the validation embedding is
+    not set, the round is not the next one or beyond the terms' max_rounds, or the terms exceed
+    the budget left, INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
     """
     ReleasePoint: _grpc.UnaryUnaryMultiCallable[_owner_pb2.ReleasePointRequest, _owner_pb2.ReleasePointResponse]
     """Release the point this owner bid in `round`, because the curator's auction asked for it
     (Algorithm 3, steps 12-14); the point is charged first. The point is never offered again.
-    Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if `round` is not the last
-    round bid, the point was already released or the policy's point limits are reached.
+    Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms' method has no
+    rounds, `round` is not the last round bid, the point was already released or the policy's
+    point limits are reached.
     """
     RunRounds: _grpc.StreamStreamMultiCallable[_owner_pb2.RunRoundsRequest, _owner_pb2.RunRoundsResponse]
     """Run a session's rounds on one stream: the curator sends one RunRoundsRequest per step (a Bid
@@ -90,27 +109,32 @@ class OwnerServiceStub:
     """
     SampleUniform: _grpc.UnaryUnaryMultiCallable[_owner_pb2.SampleUniformRequest, _owner_pb2.SampleUniformResponse]
     """Release `count` unsent points drawn uniformly without replacement (the uniform sampling
-    baseline); charged first. Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if
-    `count` is 0 or exceeds the unsent points, FAILED_PRECONDITION beyond the policy's point
-    limits or the session's terms.
+    baseline), once per session; charged first. Fails with NOT_FOUND for an unknown session,
+    INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points, FAILED_PRECONDITION if the
+    terms' method is not uniform, the sample was drawn already, or beyond the policy's point
+    limits.
     """
     CountRelevant: _grpc.UnaryUnaryMultiCallable[_owner_pb2.CountRelevantRequest, _owner_pb2.CountRelevantResponse]
     """The candidates method's relevance statistic: the number of unsent points x with
     `validation_embedding . h1(x) >= threshold` plus Laplace(1 / epsilon) noise that the owner
     draws itself, epsilon being the session terms' epsilon (L1 sensitivity 1: adding, removing or
-    replacing one point changes the count by at most 1). Charges the terms first. Fails with
-    NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not set,
-    the terms have no epsilon or exceed the budget left, INVALID_ARGUMENT for a NaN or infinite
-    threshold.
+    replacing one point changes the count by at most 1). Charges the terms first. Released once
+    per session: the same threshold again returns the same noisy count and charges nothing.
+    Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms' method has no
+    count (only candidates-counts has), the validation embedding is not set, the count was
+    released at another threshold or the terms exceed the budget left, INVALID_ARGUMENT for a
+    NaN or infinite threshold.
     """
     ProposeCandidates: _grpc.UnaryUnaryMultiCallable[_owner_pb2.ProposeCandidatesRequest, _owner_pb2.ProposeCandidatesResponse]
     """Release `count` unsent points (the candidates method), charged first: the first
     `uniform_count` drawn uniformly at random as SampleUniform draws them, the rest chosen by a
     greedy that matches the validation embedding with this owner's points alone, continuing
-    from the uniform ones. The points are never offered again. Fails with NOT_FOUND for an
-    unknown session, FAILED_PRECONDITION if the validation embedding is not set, the terms were
-    not charged or the policy's point limits are reached, INVALID_ARGUMENT if `count` is 0 or
-    exceeds the unsent points, or `uniform_count` is negative or above `count`.
+    from the uniform ones. The points are never offered again. Once per session. Fails with
+    NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms' method is not a
+    candidates method, a step before it (SetValidationEmbedding, and CountRelevant under
+    candidates-counts) is not done, the candidates were proposed already or the policy's point
+    limits are reached, INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points, or
+    `uniform_count` is negative or above `count`.
     """
     CloseSession: _grpc.UnaryUnaryMultiCallable[_owner_pb2.CloseSessionRequest, _owner_pb2.CloseSessionResponse]
     """Forget a session's features and state, stopping its running step at once; returns what the
@@ -135,6 +159,22 @@ class OwnerServiceAsyncStub(OwnerServiceStub):
     every raw point) and answers FAILED_PRECONDITION, saying what is left, for a step that would
     exceed the policy; a refused step releases and charges nothing. Sessions the curator has not
     touched for the policy's idle timeout are closed (NOT_FOUND afterwards).
+
+    Every session is a state machine the owner enforces: its terms state its method
+    (SessionMethod), and the owner answers only that method's steps, in their order, each once
+    (Bid and ReleasePoint once per round, up to the terms' max_rounds):
+
+      uniform                           SampleUniform
+      candidates-counts                 SetValidationEmbedding, CountRelevant, ProposeCandidates
+      candidates-sketch                 SetValidationEmbedding, ProposeCandidates
+      private, rounds, greedy           SetValidationEmbedding, then Bid and ReleasePoint per round
+
+    (the hashes methods run in process only). A step of another method, a step out of order and
+    a repeated step are refused with FAILED_PRECONDITION, before anything is computed or charged;
+    the exceptions return what was already answered, never anything new: CountRelevant again at
+    the same threshold returns the same noisy count, and SetValidationEmbedding again with the
+    same embedding changes nothing. GetOwnerInfo, GetProgress and CloseSession are answered in
+    every state.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -155,23 +195,26 @@ class OwnerServiceAsyncStub(OwnerServiceStub):
     an earlier receipt its operator has not resolved.
     """
     SetValidationEmbedding: _aio.UnaryUnaryMultiCallable[_owner_pb2.SetValidationEmbeddingRequest, _owner_pb2.SetValidationEmbeddingResponse]  # type: ignore[assignment]
-    """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features.
-    Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT for a wrong length, NaN/inf or
-    a negative or NaN shrinkage_sigma, FAILED_PRECONDITION if a round has already been bid.
+    """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features,
+    once per session (the same embedding again is a no-op). Fails with NOT_FOUND for an unknown
+    session, INVALID_ARGUMENT for a wrong length, NaN/inf or a negative or NaN shrinkage_sigma,
+    FAILED_PRECONDITION if the terms' method takes none (uniform) or another embedding was set.
     """
     Bid: _aio.UnaryUnaryMultiCallable[_owner_pb2.BidRequest, _owner_pb2.BidResponse]  # type: ignore[assignment]
     """Bid in a round (Algorithm 3, step 6): the largest score over unsent points of
     `validation_embedding . h1(x) - q/(q+1) * summary_embedding . h1(x)`. The first bid charges
     the session's privacy terms. An owner whose session allowance of raw points is used up has
-    no bid. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
-    embedding is not set, the round is not the next one or the terms exceed the budget left,
-    INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
+    no bid. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms'
+    method has no rounds (only private, rounds and greedy have), the validation embedding is
+    not set, the round is not the next one or beyond the terms' max_rounds, or the terms exceed
+    the budget left, INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
     """
     ReleasePoint: _aio.UnaryUnaryMultiCallable[_owner_pb2.ReleasePointRequest, _owner_pb2.ReleasePointResponse]  # type: ignore[assignment]
     """Release the point this owner bid in `round`, because the curator's auction asked for it
     (Algorithm 3, steps 12-14); the point is charged first. The point is never offered again.
-    Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if `round` is not the last
-    round bid, the point was already released or the policy's point limits are reached.
+    Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms' method has no
+    rounds, `round` is not the last round bid, the point was already released or the policy's
+    point limits are reached.
     """
     RunRounds: _aio.StreamStreamMultiCallable[_owner_pb2.RunRoundsRequest, _owner_pb2.RunRoundsResponse]  # type: ignore[assignment]
     """Run a session's rounds on one stream: the curator sends one RunRoundsRequest per step (a Bid
@@ -184,27 +227,32 @@ class OwnerServiceAsyncStub(OwnerServiceStub):
     """
     SampleUniform: _aio.UnaryUnaryMultiCallable[_owner_pb2.SampleUniformRequest, _owner_pb2.SampleUniformResponse]  # type: ignore[assignment]
     """Release `count` unsent points drawn uniformly without replacement (the uniform sampling
-    baseline); charged first. Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if
-    `count` is 0 or exceeds the unsent points, FAILED_PRECONDITION beyond the policy's point
-    limits or the session's terms.
+    baseline), once per session; charged first. Fails with NOT_FOUND for an unknown session,
+    INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points, FAILED_PRECONDITION if the
+    terms' method is not uniform, the sample was drawn already, or beyond the policy's point
+    limits.
     """
     CountRelevant: _aio.UnaryUnaryMultiCallable[_owner_pb2.CountRelevantRequest, _owner_pb2.CountRelevantResponse]  # type: ignore[assignment]
     """The candidates method's relevance statistic: the number of unsent points x with
     `validation_embedding . h1(x) >= threshold` plus Laplace(1 / epsilon) noise that the owner
     draws itself, epsilon being the session terms' epsilon (L1 sensitivity 1: adding, removing or
-    replacing one point changes the count by at most 1). Charges the terms first. Fails with
-    NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not set,
-    the terms have no epsilon or exceed the budget left, INVALID_ARGUMENT for a NaN or infinite
-    threshold.
+    replacing one point changes the count by at most 1). Charges the terms first. Released once
+    per session: the same threshold again returns the same noisy count and charges nothing.
+    Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms' method has no
+    count (only candidates-counts has), the validation embedding is not set, the count was
+    released at another threshold or the terms exceed the budget left, INVALID_ARGUMENT for a
+    NaN or infinite threshold.
     """
     ProposeCandidates: _aio.UnaryUnaryMultiCallable[_owner_pb2.ProposeCandidatesRequest, _owner_pb2.ProposeCandidatesResponse]  # type: ignore[assignment]
     """Release `count` unsent points (the candidates method), charged first: the first
     `uniform_count` drawn uniformly at random as SampleUniform draws them, the rest chosen by a
     greedy that matches the validation embedding with this owner's points alone, continuing
-    from the uniform ones. The points are never offered again. Fails with NOT_FOUND for an
-    unknown session, FAILED_PRECONDITION if the validation embedding is not set, the terms were
-    not charged or the policy's point limits are reached, INVALID_ARGUMENT if `count` is 0 or
-    exceeds the unsent points, or `uniform_count` is negative or above `count`.
+    from the uniform ones. The points are never offered again. Once per session. Fails with
+    NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms' method is not a
+    candidates method, a step before it (SetValidationEmbedding, and CountRelevant under
+    candidates-counts) is not done, the candidates were proposed already or the policy's point
+    limits are reached, INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points, or
+    `uniform_count` is negative or above `count`.
     """
     CloseSession: _aio.UnaryUnaryMultiCallable[_owner_pb2.CloseSessionRequest, _owner_pb2.CloseSessionResponse]  # type: ignore[assignment]
     """Forget a session's features and state, stopping its running step at once; returns what the
@@ -228,6 +276,22 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
     every raw point) and answers FAILED_PRECONDITION, saying what is left, for a step that would
     exceed the policy; a refused step releases and charges nothing. Sessions the curator has not
     touched for the policy's idle timeout are closed (NOT_FOUND afterwards).
+
+    Every session is a state machine the owner enforces: its terms state its method
+    (SessionMethod), and the owner answers only that method's steps, in their order, each once
+    (Bid and ReleasePoint once per round, up to the terms' max_rounds):
+
+      uniform                           SampleUniform
+      candidates-counts                 SetValidationEmbedding, CountRelevant, ProposeCandidates
+      candidates-sketch                 SetValidationEmbedding, ProposeCandidates
+      private, rounds, greedy           SetValidationEmbedding, then Bid and ReleasePoint per round
+
+    (the hashes methods run in process only). A step of another method, a step out of order and
+    a repeated step are refused with FAILED_PRECONDITION, before anything is computed or charged;
+    the exceptions return what was already answered, never anything new: CountRelevant again at
+    the same threshold returns the same noisy count, and SetValidationEmbedding again with the
+    same embedding changes nothing. GetOwnerInfo, GetProgress and CloseSession are answered in
+    every state.
     """
 
     @_abc_1.abstractmethod
@@ -264,9 +328,10 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _owner_pb2.SetValidationEmbeddingRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_owner_pb2.SetValidationEmbeddingResponse, _abc.Awaitable[_owner_pb2.SetValidationEmbeddingResponse]]:
-        """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features.
-        Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT for a wrong length, NaN/inf or
-        a negative or NaN shrinkage_sigma, FAILED_PRECONDITION if a round has already been bid.
+        """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features,
+        once per session (the same embedding again is a no-op). Fails with NOT_FOUND for an unknown
+        session, INVALID_ARGUMENT for a wrong length, NaN/inf or a negative or NaN shrinkage_sigma,
+        FAILED_PRECONDITION if the terms' method takes none (uniform) or another embedding was set.
         """
 
     @_abc_1.abstractmethod
@@ -278,9 +343,10 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         """Bid in a round (Algorithm 3, step 6): the largest score over unsent points of
         `validation_embedding . h1(x) - q/(q+1) * summary_embedding . h1(x)`. The first bid charges
         the session's privacy terms. An owner whose session allowance of raw points is used up has
-        no bid. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation
-        embedding is not set, the round is not the next one or the terms exceed the budget left,
-        INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
+        no bid. Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms'
+        method has no rounds (only private, rounds and greedy have), the validation embedding is
+        not set, the round is not the next one or beyond the terms' max_rounds, or the terms exceed
+        the budget left, INVALID_ARGUMENT for a wrong embedding length, NaN/inf or negative size.
         """
 
     @_abc_1.abstractmethod
@@ -291,8 +357,9 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_owner_pb2.ReleasePointResponse, _abc.Awaitable[_owner_pb2.ReleasePointResponse]]:
         """Release the point this owner bid in `round`, because the curator's auction asked for it
         (Algorithm 3, steps 12-14); the point is charged first. The point is never offered again.
-        Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if `round` is not the last
-        round bid, the point was already released or the policy's point limits are reached.
+        Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms' method has no
+        rounds, `round` is not the last round bid, the point was already released or the policy's
+        point limits are reached.
         """
 
     @_abc_1.abstractmethod
@@ -317,9 +384,10 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_owner_pb2.SampleUniformResponse, _abc.Awaitable[_owner_pb2.SampleUniformResponse]]:
         """Release `count` unsent points drawn uniformly without replacement (the uniform sampling
-        baseline); charged first. Fails with NOT_FOUND for an unknown session, INVALID_ARGUMENT if
-        `count` is 0 or exceeds the unsent points, FAILED_PRECONDITION beyond the policy's point
-        limits or the session's terms.
+        baseline), once per session; charged first. Fails with NOT_FOUND for an unknown session,
+        INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points, FAILED_PRECONDITION if the
+        terms' method is not uniform, the sample was drawn already, or beyond the policy's point
+        limits.
         """
 
     @_abc_1.abstractmethod
@@ -331,10 +399,12 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         """The candidates method's relevance statistic: the number of unsent points x with
         `validation_embedding . h1(x) >= threshold` plus Laplace(1 / epsilon) noise that the owner
         draws itself, epsilon being the session terms' epsilon (L1 sensitivity 1: adding, removing or
-        replacing one point changes the count by at most 1). Charges the terms first. Fails with
-        NOT_FOUND for an unknown session, FAILED_PRECONDITION if the validation embedding is not set,
-        the terms have no epsilon or exceed the budget left, INVALID_ARGUMENT for a NaN or infinite
-        threshold.
+        replacing one point changes the count by at most 1). Charges the terms first. Released once
+        per session: the same threshold again returns the same noisy count and charges nothing.
+        Fails with NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms' method has no
+        count (only candidates-counts has), the validation embedding is not set, the count was
+        released at another threshold or the terms exceed the budget left, INVALID_ARGUMENT for a
+        NaN or infinite threshold.
         """
 
     @_abc_1.abstractmethod
@@ -346,10 +416,12 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         """Release `count` unsent points (the candidates method), charged first: the first
         `uniform_count` drawn uniformly at random as SampleUniform draws them, the rest chosen by a
         greedy that matches the validation embedding with this owner's points alone, continuing
-        from the uniform ones. The points are never offered again. Fails with NOT_FOUND for an
-        unknown session, FAILED_PRECONDITION if the validation embedding is not set, the terms were
-        not charged or the policy's point limits are reached, INVALID_ARGUMENT if `count` is 0 or
-        exceeds the unsent points, or `uniform_count` is negative or above `count`.
+        from the uniform ones. The points are never offered again. Once per session. Fails with
+        NOT_FOUND for an unknown session, FAILED_PRECONDITION if the terms' method is not a
+        candidates method, a step before it (SetValidationEmbedding, and CountRelevant under
+        candidates-counts) is not done, the candidates were proposed already or the policy's point
+        limits are reached, INVALID_ARGUMENT if `count` is 0 or exceeds the unsent points, or
+        `uniform_count` is negative or above `count`.
         """
 
     @_abc_1.abstractmethod

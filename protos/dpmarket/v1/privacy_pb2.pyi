@@ -17,46 +17,6 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
-class PrivacyTerms(_message.Message):
-    """The privacy a session or job spends of an owner's data, as the curator declares it. The owner
-    checks it against its own policy when the session opens and charges it to its own ledger before
-    its first release (count, bid, point or statistic).
-    """
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    MECHANISM_FIELD_NUMBER: _builtins.int
-    EPSILON_FIELD_NUMBER: _builtins.int
-    DELTA_FIELD_NUMBER: _builtins.int
-    NON_PRIVATE_FIELD_NUMBER: _builtins.int
-    mechanism: _builtins.str
-    """Description recorded in the owner's ledger, e.g. "Laplace relevance count"."""
-    epsilon: _builtins.float
-    """epsilon and delta of the whole session with respect to one owner's data; (0, 0) for a
-    session that releases nothing but raw points (uniform sampling).
-    """
-    delta: _builtins.float
-    non_private: _builtins.bool
-    """The session releases exact statistics of the owners' data to the other owners (non-private
-    greedy); refused unless the owner's policy allows non-private sessions.
-    """
-    def __init__(
-        self,
-        *,
-        mechanism: _builtins.str = ...,
-        epsilon: _builtins.float = ...,
-        delta: _builtins.float = ...,
-        non_private: _builtins.bool = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "epsilon", b"epsilon", "mechanism", b"mechanism", "non_private", b"non_private"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___PrivacyTerms: _TypeAlias = PrivacyTerms  # noqa: Y015
-
-@_typing.final
 class SessionSpend(_message.Message):
     """Totals of one session or job in an owner's ledger."""
 

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from common.cape.agreement import (
+from dpmarket.common.cape.agreement import (
     SizeAttestation,
     check_attestations,
     check_colluders,
@@ -18,9 +18,9 @@ from common.cape.agreement import (
     required_colluders,
     spec_digest,
 )
-from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from common.errors import AbortedError, FailedPreconditionError
-from common.secagg.crypto import EcdsaSigner, EcdsaVerifier
+from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import AbortedError, FailedPreconditionError
+from dpmarket.common.secagg.crypto import EcdsaSigner, EcdsaVerifier
 
 SITES = ("a", "b", "c", "d", "e")
 SIZES = {"a": 100, "b": 40, "c": 60, "d": 80, "e": 20}

@@ -1,4 +1,5 @@
-"""Tests of common.cape.dpgd: back-propagation, clipping, sensitivity, accounting, training."""
+"""Tests of dpmarket.common.cape.dpgd: back-propagation, clipping, sensitivity, accounting,
+training."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.optimize import approx_fprime, brentq
 
-from common.cape.dpgd import (
+from dpmarket.common.cape.dpgd import (
     accuracy,
     init_params,
     iteration_loss_sigma,
@@ -23,8 +24,8 @@ from common.cape.dpgd import (
     training_loss_sigma,
     training_noise_share,
 )
-from common.cape.privacy import collusion_factor, exact_delta
-from common.privacy.noise import SeededNoise
+from dpmarket.common.cape.privacy import collusion_factor, exact_delta
+from dpmarket.common.privacy.noise import SeededNoise
 
 H, DIM = 4, 3
 

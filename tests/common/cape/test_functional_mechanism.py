@@ -1,4 +1,4 @@
-"""Tests of common.cape.functional_mechanism: coefficients, sensitivities on worst-case
+"""Tests of dpmarket.common.cape.functional_mechanism: coefficients, sensitivities on worst-case
 neighbouring data sets, the PSD projection, public bounds, dp-fm and objective perturbation."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common.cape.functional_mechanism import (
+from dpmarket.common.cape.functional_mechanism import (
     FMCoefficients,
     check_domain,
     default_floor,
@@ -30,8 +30,8 @@ from common.cape.functional_mechanism import (
     to_raw_coefficients,
     unpack_coefficients,
 )
-from common.cape.privacy import exact_delta, gaussian_sigma
-from common.privacy.noise import SeededNoise
+from dpmarket.common.cape.privacy import exact_delta, gaussian_sigma
+from dpmarket.common.privacy.noise import SeededNoise
 
 D = 6
 

@@ -1,4 +1,5 @@
-"""Tests of common.cape.mean: the mean's sensitivity, Lemma 1 and Remark 3 for the CAPE mean,
+"""Tests of dpmarket.common.cape.mean: the mean's sensitivity, Lemma 1 and Remark 3 for the CAPE
+mean,
 Proposition 1 against conv, and bad input.
 
 Variance tests compare the sample second moment of ``n`` independent errors (the mean is known:
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common.cape.mean import (
+from dpmarket.common.cape.mean import (
     check_box,
     mean_baseline,
     mean_sensitivity,
@@ -22,8 +23,8 @@ from common.cape.mean import (
     run_cape_mean,
     site_mean,
 )
-from common.cape.privacy import calibrate_tau, gaussian_sigma
-from common.privacy.noise import SeededNoise
+from dpmarket.common.cape.privacy import calibrate_tau, gaussian_sigma
+from dpmarket.common.privacy.noise import SeededNoise
 
 FAILURE = 1e-6
 #: Columns of different ranges: the noise is isotropic, scaled by the box's diagonal.

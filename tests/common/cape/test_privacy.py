@@ -1,4 +1,5 @@
-"""Tests of common.cape.privacy: Theorem 1 (rederived and printed), the exact delta, calibration
+"""Tests of dpmarket.common.cape.privacy: Theorem 1 (rederived and printed), the exact delta,
+calibration
 and Remark 3's weights."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from common.cape.privacy import (
+from dpmarket.common.cape.privacy import (
     calibrate_tau,
     cape_exact_delta,
     collusion_factor,
@@ -25,7 +26,7 @@ from common.cape.privacy import (
     theorem1_delta,
     unweighted_variance_ratio,
 )
-from common.privacy.accounting import analytic_gaussian_sigma
+from dpmarket.common.privacy.accounting import analytic_gaussian_sigma
 
 # (S, N, tau, epsilon): the symmetric setting of Theorem 1, Delta = 1 / N_s = S / N.
 THEOREM1_TABLE = [

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec, clamp_to_bounds
+from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec, clamp_to_bounds
 
 FEATURES = (("bmi", 10.0, 60.0), ("age", 0.0, 100.0))
 

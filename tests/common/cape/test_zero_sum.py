@@ -1,4 +1,5 @@
-"""Tests of common.cape.zero_sum: Algorithm 1's zero-sum property, Lemma 1 and Proposition 1.
+"""Tests of dpmarket.common.cape.zero_sum: Algorithm 1's zero-sum property, Lemma 1 and Proposition
+1.
 
 Variance tests compare the sample variance of ``n`` independent estimate errors with the theory
 through the chi-square law of ``sum x^2 / sigma^2 ~ chi2(n)`` (the mean is known to be 0), with
@@ -12,8 +13,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common.cape.privacy import remark3_site_taus, remark3_weights
-from common.cape.zero_sum import (
+from dpmarket.common.cape.privacy import remark3_site_taus, remark3_weights
+from dpmarket.common.cape.zero_sum import (
     cape_average,
     cape_release,
     check_zero_sum,
@@ -26,7 +27,7 @@ from common.cape.zero_sum import (
     variances,
     zero_sum_correction,
 )
-from common.privacy.noise import SeededNoise
+from dpmarket.common.privacy.noise import SeededNoise
 
 FAILURE = 1e-6
 

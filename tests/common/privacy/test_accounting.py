@@ -1,4 +1,5 @@
-"""Tests for common.privacy.accounting: Theorem 7, advanced composition and PLD composition."""
+"""Tests for dpmarket.common.privacy.accounting: Theorem 7, advanced composition and PLD
+composition."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import optimize, stats
 
-from common.privacy.accounting import (
+from dpmarket.common.privacy.accounting import (
     PrivacyEvent,
     advanced_composition_epsilon,
     analytic_gaussian_sigma,

@@ -1,4 +1,4 @@
-"""Tests for common.privacy.ledger: per-party charges, budgets, reports."""
+"""Tests for dpmarket.common.privacy.ledger: per-party charges, budgets, reports."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from common.privacy.accounting import (
+from dpmarket.common.privacy.accounting import (
     PrivacyEvent,
     advanced_composition_epsilon,
     analytic_gaussian_sigma,
@@ -16,7 +16,7 @@ from common.privacy.accounting import (
     kairouz_epsilon_homogeneous,
     pld_epsilon,
 )
-from common.privacy.ledger import BudgetExceededError, Charge, PrivacyLedger
+from dpmarket.common.privacy.ledger import BudgetExceededError, Charge, PrivacyLedger
 
 DT = 0.01
 

@@ -1,4 +1,4 @@
-"""Tests for common.privacy.noise: OpenDP and seeded numpy noise sources.
+"""Tests for dpmarket.common.privacy.noise: OpenDP and seeded numpy noise sources.
 
 Distribution tests are Kolmogorov-Smirnov tests at threshold ``p > 1e-4``. Under the null
 hypothesis the p-value of a continuous distribution is uniform, so each such test fails
@@ -19,7 +19,7 @@ import pytest
 from numpy.typing import NDArray
 from scipy import stats
 
-from common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise, noise_source
+from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise, noise_source
 
 KS_THRESHOLD = 1e-4
 # Enough OpenDP draws for the KS test to reject a 2x wrong scale: the largest CDF gap between
@@ -89,7 +89,7 @@ def test_opendp_noise_is_fresh_and_shaped() -> None:
 
 
 def test_opendp_measurement_is_cached_per_kind_scale_and_size() -> None:
-    from common.privacy.noise import _opendp_measurement
+    from dpmarket.common.privacy.noise import _opendp_measurement
 
     source = OpenDPNoise()
     source.laplace(0.123, 7)

@@ -16,17 +16,17 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from common.secagg import shamir
-from common.secagg.crypto import (
+from dpmarket.common.secagg import shamir
+from dpmarket.common.secagg.crypto import (
     KEY_BYTES,
     MaskAccumulator,
     private_key_from_bytes,
     public_key_bytes,
     shared_key,
 )
-from common.secagg.fixedpoint import dequantize_sum
-from common.secagg.protocol import _MASK_KEY_LABEL, RoundParams, _pair_info
-from common.secagg.shamir import Share
+from dpmarket.common.secagg.fixedpoint import dequantize_sum
+from dpmarket.common.secagg.protocol import _MASK_KEY_LABEL, RoundParams, _pair_info
+from dpmarket.common.secagg.shamir import Share
 
 
 def distinct(shares: Iterable[Share]) -> list[Share]:

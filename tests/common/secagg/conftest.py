@@ -11,9 +11,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from numpy.typing import NDArray
 
-from common.secagg.crypto import EcdsaSigner, EcdsaVerifier
-from common.secagg.fixedpoint import FixedPoint
-from common.secagg.protocol import (
+from dpmarket.common.secagg.crypto import EcdsaSigner, EcdsaVerifier
+from dpmarket.common.secagg.fixedpoint import FixedPoint
+from dpmarket.common.secagg.protocol import (
     KeyAdvertisement,
     RoundParams,
     SecAggAggregator,

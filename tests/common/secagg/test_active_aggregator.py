@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from common.secagg import FixedPoint, RoundParams, SecAggError
-from common.secagg.protocol import consistency_message, min_threshold
-from common.secagg.shamir import Share
+from dpmarket.common.secagg import FixedPoint, RoundParams, SecAggError
+from dpmarket.common.secagg.protocol import consistency_message, min_threshold
+from dpmarket.common.secagg.shamir import Share
 from tests.common.secagg.attack import distinct, recover_input
 from tests.common.secagg.conftest import Session
 

@@ -9,8 +9,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from common.errors import AbortedError
-from common.secagg.crypto import (
+from dpmarket.common.errors import AbortedError
+from dpmarket.common.secagg.crypto import (
     MASK_BLOCK_WORDS,
     NONCE_BYTES,
     TAG_BYTES,

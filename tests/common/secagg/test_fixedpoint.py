@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.secagg.fixedpoint import FixedPoint, dequantize_sum, quantize
+from dpmarket.common.secagg.fixedpoint import FixedPoint, dequantize_sum, quantize
 
 
 def test_parameters_by_hand() -> None:

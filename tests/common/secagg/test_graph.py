@@ -1,8 +1,8 @@
 """The sparse graph of SecAgg+: its seed, its choices, and the numbers of its derivation.
 
-The bounds of :mod:`common.secagg.graph` are checked three ways: known answers (the parameters the
-module docstring states), minimality (``k - 1`` misses the target), and against the random graph
-itself, by simulation on graphs small enough to enumerate every set of sites.
+The bounds of :mod:`dpmarket.common.secagg.graph` are checked three ways: known answers (the
+parameters the module docstring states), minimality (``k - 1`` misses the target), and against the
+random graph itself, by simulation on graphs small enough to enumerate every set of sites.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest, chisquare, hypergeom
 
-from common.secagg import FixedPoint, RoundParams, SecAggError
-from common.secagg.graph import (
+from dpmarket.common.secagg import FixedPoint, RoundParams, SecAggError
+from dpmarket.common.secagg.graph import (
     SECURITY_BITS,
     NeighbourGraph,
     choose_neighbours,

@@ -17,11 +17,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from scipy import stats
 
-from common.errors import FailedPreconditionError
-from common.secagg import FixedPoint, RoundParams, SecAggError
-from common.secagg.crypto import EcdsaSigner, generate_private_key, public_key_bytes
-from common.secagg.fixedpoint import quantize
-from common.secagg.protocol import (
+from dpmarket.common.errors import FailedPreconditionError
+from dpmarket.common.secagg import FixedPoint, RoundParams, SecAggError
+from dpmarket.common.secagg.crypto import EcdsaSigner, generate_private_key, public_key_bytes
+from dpmarket.common.secagg.fixedpoint import quantize
+from dpmarket.common.secagg.protocol import (
     KeyAdvertisement,
     SecAggAggregator,
     SecAggSite,
@@ -29,7 +29,7 @@ from common.secagg.protocol import (
     advertisement_message,
     consistency_message,
 )
-from common.secagg.shamir import Share
+from dpmarket.common.secagg.shamir import Share
 from tests.common.secagg.conftest import Session
 
 if TYPE_CHECKING:

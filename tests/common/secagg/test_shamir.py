@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.secagg.shamir import (
+from dpmarket.common.secagg.shamir import (
     PRIME,
     SHARE_BYTES,
     Share,

@@ -3,10 +3,10 @@ and the inconsistent-survivor attack on a 100-site sparse round.
 
 The attack (as ``test_active_aggregator.py`` runs it on the complete graph): after every site
 masked, tell some honest neighbours of a victim that it survived and others that it dropped; the
-colluders attest both survivor lists (they hold their pairwise keys) and hand over every share
-they hold. With thresholds that satisfy Condition A of :mod:`common.secagg.graph` the attacker
-never holds ``t_v`` shares of both of the victim's secrets, whatever the split; with thresholds
-that violate it (the positive control) the same code recovers the victim's input.
+colluders attest both survivor lists (they hold their pairwise keys) and hand over every share they
+hold. With thresholds that satisfy Condition A of :mod:`dpmarket.common.secagg.graph` the attacker
+never holds ``t_v`` shares of both of the victim's secrets, whatever the split; with thresholds that
+violate it (the positive control) the same code recovers the victim's input.
 """
 
 from __future__ import annotations
@@ -19,19 +19,19 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-import common.secagg.protocol as protocol
-from common.errors import FailedPreconditionError
-from common.secagg import FixedPoint, RoundParams, SecAggError, run_in_process
-from common.secagg.crypto import mac_tag
-from common.secagg.graph import NeighbourGraph, nonce_commitment
-from common.secagg.protocol import (
+import dpmarket.common.secagg.protocol as protocol
+from dpmarket.common.errors import FailedPreconditionError
+from dpmarket.common.secagg import FixedPoint, RoundParams, SecAggError, run_in_process
+from dpmarket.common.secagg.crypto import mac_tag
+from dpmarket.common.secagg.graph import NeighbourGraph, nonce_commitment
+from dpmarket.common.secagg.protocol import (
     KeyAdvertisement,
     Stage,
     advertisement_message,
     consistency_message,
 )
-from common.secagg.shamir import Share
-from common.secagg.sparse import (
+from dpmarket.common.secagg.shamir import Share
+from dpmarket.common.secagg.sparse import (
     SparseSecAggAggregator,
     SparseSecAggSite,
     acknowledgement_message,

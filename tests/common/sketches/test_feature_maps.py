@@ -1,4 +1,5 @@
-"""Tests for common.sketches.feature_maps: values, sizes, sensitivities, parameters as data."""
+"""Tests for dpmarket.common.sketches.feature_maps: values, sizes, sensitivities, parameters as
+data."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy.optimize import minimize
 
-from common.sketches import (
+from dpmarket.common.sketches import (
     Domain,
     FeatureMap,
     HISTMap,
@@ -46,7 +47,7 @@ def test_rff_features_are_cos_and_sin_of_the_projections() -> None:
     assert isinstance(fmap, RFFMap)
     x = DOMAIN.sample_uniform(50, np.random.default_rng(0))
     t = x @ fmap.omega.T
-    # float32 cosines and sines: within the 4e-6 common.fourier documents.
+    # float32 cosines and sines: within the 4e-6 dpmarket.common.fourier documents.
     np.testing.assert_allclose(fmap.features(x), np.hstack([np.cos(t), np.sin(t)]), atol=4e-6)
     assert (fmap.dimension, fmap.n_frequencies) == (32, 16)
     assert fmap.l1_sensitivity == pytest.approx(16 * math.sqrt(2))

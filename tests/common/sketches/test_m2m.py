@@ -1,4 +1,4 @@
-"""Tests for common.sketches.m2m: the ridge solve, the lambda rules, implicit weights, and
+"""Tests for dpmarket.common.sketches.m2m: the ridge solve, the lambda rules, implicit weights, and
 known-accuracy properties of M2M on exact sketches."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from common.privacy.noise import SeededNoise
-from common.sketches import (
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches import (
     Domain,
     FeatureMap,
     M2MEstimator,

@@ -1,4 +1,4 @@
-"""Tests for common.sketches.marginals: the map, the mechanism's accounting and noise, the
+"""Tests for dpmarket.common.sketches.marginals: the map, the mechanism's accounting and noise, the
 selection, the graphical model (against mbi's own projection), sampling and the bootstrap."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common.privacy.accounting import exponential_zcdp_rho, gaussian_zcdp_rho, zcdp_rho
-from common.privacy.noise import SeededNoise
-from common.sketches.domain import Domain
-from common.sketches.marginals import (
+from dpmarket.common.privacy.accounting import exponential_zcdp_rho, gaussian_zcdp_rho, zcdp_rho
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.marginals import (
     MarginalsMap,
     MarginalsMechanism,
     MarginalsModel,

@@ -1,4 +1,5 @@
-"""Tests for common.sketches.sketch: sensitivities on neighbouring data, noise scales and the
+"""Tests for dpmarket.common.sketches.sketch: sensitivities on neighbouring data, noise scales and
+the
 budget split, the Gaussian variant, self-consistency checks and unions.
 
 Distribution tests are Kolmogorov-Smirnov tests at threshold ``p > 1e-4`` on seeded draws
@@ -16,10 +17,10 @@ import pytest
 from numpy.typing import NDArray
 from scipy import stats
 
-from common.errors import InvalidArgumentError
-from common.privacy.accounting import analytic_gaussian_sigma, pld_epsilon
-from common.privacy.noise import SeededNoise
-from common.sketches import (
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.privacy.accounting import analytic_gaussian_sigma, pld_epsilon
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches import (
     DEFAULT_NUMERATOR_SHARE,
     Domain,
     FeatureMap,
@@ -322,7 +323,7 @@ def test_union_refuses_different_maps_or_domains() -> None:
 
 # ------------------------------------------------------------------ kernel distance
 def test_sketch_mmd2_estimates_the_gaussian_kernel_mmd() -> None:
-    from common.summarization.kernels import mmd2
+    from dpmarket.common.summarization.kernels import mmd2
 
     rng = np.random.default_rng(12)
     fmap = draw_rff(D, 2000, 2.0, rng)

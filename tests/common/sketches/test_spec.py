@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common.errors import InvalidArgumentError
-from common.privacy.noise import SeededNoise
-from common.sketches import draw_race, draw_rff
-from common.sketches.sketch import SketchMechanism
-from common.sketches.spec import SketchDeclaration, SketchSpec, mechanism_label
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches import draw_race, draw_rff
+from dpmarket.common.sketches.sketch import SketchMechanism
+from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec, mechanism_label
 
 DECLARATION: dict[str, Any] = {
     "name": "toy",

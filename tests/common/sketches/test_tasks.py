@@ -1,4 +1,5 @@
-"""Tests for common.sketches.tasks: moments, CDF, covariance, counting queries and implicit-M2M
+"""Tests for dpmarket.common.sketches.tasks: moments, CDF, covariance, counting queries and
+implicit-M2M
 logistic regression, on exact sketches with known answers (truth from the same target
 functions on the data)."""
 
@@ -11,7 +12,7 @@ import pytest
 from numpy.typing import NDArray
 from sklearn.metrics import roc_auc_score
 
-from common.sketches import (
+from dpmarket.common.sketches import (
     Domain,
     FeatureMap,
     M2MEstimator,

@@ -7,14 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from common.privacy.accounting import analytic_gaussian_sigma
-from common.sketches import Domain, SketchMechanism, draw_rff
-from common.summarization.candidates import (
+from dpmarket.common.privacy.accounting import analytic_gaussian_sigma
+from dpmarket.common.sketches import Domain, SketchMechanism, draw_rff
+from dpmarket.common.summarization.candidates import (
     shrink_embedding,
     shrink_towards_moments,
     shrink_towards_points,
 )
-from common.summarization.sketch_allocation import (
+from dpmarket.common.summarization.sketch_allocation import (
     SHARE_FALSE_POSITIVES,
     derived_allocation_share,
     relevance_matrix,

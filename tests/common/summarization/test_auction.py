@@ -1,4 +1,5 @@
-"""Tests for common.summarization.auction (PrivAuction, Algorithm 3 steps 11-16, Appendix D)."""
+"""Tests for dpmarket.common.summarization.auction (PrivAuction, Algorithm 3 steps 11-16, Appendix
+D)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from common.summarization.auction import (
+from dpmarket.common.summarization.auction import (
     AuctionParams,
     ask_probabilities,
     auction_events,

@@ -1,4 +1,5 @@
-"""Tests for common.summarization.calibration: the private method's events and their calibration to
+"""Tests for dpmarket.common.summarization.calibration: the private method's events and their
+calibration to
 a target."""
 
 from __future__ import annotations
@@ -11,15 +12,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from common.privacy.accounting import PrivacyEvent, kairouz_epsilon, pld_epsilon
-from common.summarization.auction import auction_parameters
-from common.summarization.calibration import (
+from dpmarket.common.privacy.accounting import PrivacyEvent, kairouz_epsilon, pld_epsilon
+from dpmarket.common.summarization.auction import auction_parameters
+from dpmarket.common.summarization.calibration import (
     CALIBRATION_RTOL,
     MWEM_SENSITIVITY,
     calibrate_paper_mode,
     paper_mode_events,
 )
-from common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.summary import SummarizationConfig
 
 DELTA = 1e-6
 CALIBRATED_FIELDS = {
@@ -94,8 +95,8 @@ def test_paper_mode_events_rejects_bad_input(n_owners: int, seed_set_size: int, 
     ],
 )
 def test_paper_mode_events_match_a_real_session(seed_set_size: int) -> None:
-    from experiments.runner import simulate
-    from owner.data import PointSet
+    from dpmarket.experiments.runner import simulate
+    from dpmarket.owner.data import PointSet
 
     rng = np.random.default_rng(7)
     owners = [

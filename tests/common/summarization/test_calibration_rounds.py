@@ -8,9 +8,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from common.privacy.accounting import PrivacyEvent, analytic_gaussian_sigma, pld_epsilon
-from common.summarization.auction import auction_parameters
-from common.summarization.calibration import (
+from dpmarket.common.privacy.accounting import PrivacyEvent, analytic_gaussian_sigma, pld_epsilon
+from dpmarket.common.summarization.auction import auction_parameters
+from dpmarket.common.summarization.calibration import (
     CALIBRATION_RTOL,
     TREE_INCREMENT_SENSITIVITY,
     calibrate_rounds_mode,
@@ -19,9 +19,9 @@ from common.summarization.calibration import (
     rounds_mode_events,
     rounds_tree_sigma,
 )
-from common.summarization.candidates import validation_embedding_sensitivity
-from common.summarization.continual import tree_levels
-from common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.candidates import validation_embedding_sensitivity
+from dpmarket.common.summarization.continual import tree_levels
+from dpmarket.common.summarization.summary import SummarizationConfig
 
 DELTA = 1e-6
 OPTIONS = [
@@ -142,8 +142,8 @@ def test_tree_sigma_shrinks_as_the_budget_grows_and_the_levels_match() -> None:
 def test_rounds_mode_events_match_a_real_session(
     validation: str, summary: str, seed_set_size: int
 ) -> None:
-    from experiments.runner import simulate
-    from owner.data import PointSet
+    from dpmarket.experiments.runner import simulate
+    from dpmarket.owner.data import PointSet
 
     rng = np.random.default_rng(7)
     owners = [

@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.summarization.candidates import (
+from dpmarket.common.summarization.candidates import (
     allocate_candidates,
     relevance_threshold,
     shrink_embedding,
     validation_embedding,
     validation_embedding_sensitivity,
 )
-from common.summarization.rff import draw_rff_params, random_fourier_features
+from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
 
 
 def test_sensitivity_bounds_the_change_of_the_mean_embedding() -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common.summarization.continual import TreePrefixSum, tree_levels
+from dpmarket.common.summarization.continual import TreePrefixSum, tree_levels
 
 
 @pytest.mark.parametrize(

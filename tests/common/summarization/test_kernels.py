@@ -1,4 +1,4 @@
-"""Tests for common.summarization.kernels: Eq. 1, Eq. 3, Lemma 3 and the non-private greedy
+"""Tests for dpmarket.common.summarization.kernels: Eq. 1, Eq. 3, Lemma 3 and the non-private greedy
 baselines."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from common.summarization.kernels import (
+from dpmarket.common.summarization.kernels import (
     bid_direction,
     bid_scores,
     embedding_greedy,
@@ -22,7 +22,7 @@ from common.summarization.kernels import (
     rbf_kernel,
     rff_greedy,
 )
-from common.summarization.rff import draw_rff_params, random_fourier_features
+from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
 
 GAMMA = 0.3
 

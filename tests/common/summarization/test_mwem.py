@@ -1,4 +1,5 @@
-"""Tests for common.summarization.mwem: h2, the MWEM private mean (summarization paper, Algorithm
+"""Tests for dpmarket.common.summarization.mwem: h2, the MWEM private mean (summarization paper,
+Algorithm
 2)."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common.summarization.mwem import MWEMRelease, MWEMState, h2_private_mean
-from common.summarization.quantization import quantization_grid, quantize_features
+from dpmarket.common.summarization.mwem import MWEMRelease, MWEMState, h2_private_mean
+from dpmarket.common.summarization.quantization import quantization_grid, quantize_features
 
 DELTA = 2.0  # sensitivity of w(D_Q, i) and psi_i under replacement of one point
 

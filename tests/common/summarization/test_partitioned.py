@@ -1,12 +1,13 @@
-"""The pure merge rules of the partitioned owner (:mod:`common.summarization.partitioned`)."""
+"""The pure merge rules of the partitioned owner
+(:mod:`dpmarket.common.summarization.partitioned`)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from common.summarization.kernels import bid_scores, embedding_greedy
-from common.summarization.partitioned import (
+from dpmarket.common.summarization.kernels import bid_scores, embedding_greedy
+from dpmarket.common.summarization.partitioned import (
     Best,
     greedi_merge,
     local_greedy,

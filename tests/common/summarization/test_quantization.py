@@ -1,4 +1,4 @@
-"""Tests for common.summarization.quantization (summarization paper, Appendix B)."""
+"""Tests for dpmarket.common.summarization.quantization (summarization paper, Appendix B)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common.summarization.quantization import (
+from dpmarket.common.summarization.quantization import (
     quantization_grid,
     quantize_features,
     stochastic_quantize,

@@ -1,4 +1,4 @@
-"""Tests for common.summarization.rff (h1, Algorithm 1).
+"""Tests for dpmarket.common.summarization.rff (h1, Algorithm 1).
 
 Error bounds for ``h1(x) @ h1(y)``: with ``theta_i = (omega_i, b_i)`` i.i.d.,
 ``h1(x) @ h1(y) = (1/d) sum_i Z_i`` with ``Z_i = 2 cos(omega_i.x + b_i) cos(omega_i.y + b_i)
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common.summarization.kernels import rbf_kernel
-from common.summarization.rff import RFFParams, draw_rff_params, random_fourier_features
+from dpmarket.common.summarization.kernels import rbf_kernel
+from dpmarket.common.summarization.rff import RFFParams, draw_rff_params, random_fourier_features
 
 
 def _bernstein_t(n: int, var: float, b: float, log_term: float) -> float:
@@ -108,7 +108,7 @@ def test_features_formula_shape_dtype_and_range() -> None:
     f = random_fourier_features(x, params)
     assert f.shape == (50, 64) and f.dtype == np.float32
     expected = math.sqrt(2 / 64) * np.cos(x @ params.omega.T + params.phase)
-    # float32 cosines (within 4e-6, common.fourier), scaled by sqrt(2/64) ~ 0.18
+    # float32 cosines (within 4e-6, dpmarket.common.fourier), scaled by sqrt(2/64) ~ 0.18
     np.testing.assert_allclose(f, expected, rtol=0, atol=4e-6 * math.sqrt(2 / 64))
     f64 = random_fourier_features(x, params, dtype=np.float64)
     assert f64.dtype == np.float64

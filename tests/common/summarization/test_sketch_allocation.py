@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from common.privacy.accounting import PrivacyEvent, pld_epsilon
-from common.privacy.noise import SeededNoise
-from common.sketches import Domain, PrivateSketch, SketchMechanism, draw_rff
-from common.summarization.calibration import gaussian_epsilon
-from common.summarization.sketch_allocation import (
+from dpmarket.common.privacy.accounting import PrivacyEvent, pld_epsilon
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches import Domain, PrivateSketch, SketchMechanism, draw_rff
+from dpmarket.common.summarization.calibration import gaussian_epsilon
+from dpmarket.common.summarization.sketch_allocation import (
     RELEVANCE_SCORES,
     noisy_relevance,
     relevance_matrix,

@@ -1,4 +1,4 @@
-"""Known answers for the terms a session offers each owner (common.summarization.terms)."""
+"""Known answers for the terms a session offers each owner (dpmarket.common.summarization.terms)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,18 @@ import math
 
 import pytest
 
-from common.privacy.accounting import PrivacyEvent, pld_epsilon
-from common.summarization.auction import auction_parameters
-from common.summarization.calibration import paper_mode_events, rounds_auction
-from common.summarization.summary import SummarizationConfig
-from common.summarization.terms import OwnerTerms, approximate_delta, owner_terms
+from dpmarket.common.privacy.accounting import PrivacyEvent, pld_epsilon
+from dpmarket.common.summarization.auction import auction_parameters
+from dpmarket.common.summarization.calibration import paper_mode_events, rounds_auction
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.terms import (
+    METHOD_STEPS,
+    OwnerTerms,
+    SessionMethod,
+    Step,
+    approximate_delta,
+    owner_terms,
+)
 
 K, M, N_SEED = 5, 40, 10
 
@@ -24,17 +31,60 @@ def _terms(**config: object) -> OwnerTerms:
 def test_uniform_releases_only_raw_points() -> None:
     terms = _terms(method="uniform")
     assert (terms.epsilon, terms.delta, terms.non_private) == (0.0, 0.0, False)
+    assert (terms.method, terms.max_rounds, terms.steps) == (
+        SessionMethod.UNIFORM,
+        0,
+        (Step.SAMPLE,),
+    )
 
 
 def test_greedy_is_non_private() -> None:
     terms = _terms(method="greedy")
     assert terms.non_private and terms.epsilon == math.inf and terms.delta == 0.0
+    # One Bid round per point, and one more whenever a released point fails verification.
+    assert (terms.method, terms.max_rounds) == (SessionMethod.GREEDY, 2 * 20)
 
 
 @pytest.mark.parametrize("eps_o", [0.1, 1.0, 2.5])
 def test_candidates_spend_the_laplace_count_alone(eps_o: float) -> None:
     terms = _terms(method="candidates", epsilon_owners_total=eps_o)
     assert (terms.epsilon, terms.delta, terms.non_private) == (eps_o, 0.0, False)
+    assert terms.method is SessionMethod.CANDIDATES_COUNTS and terms.max_rounds == 0
+    # The count is the one release the epsilon pays for; the proposal is raw points.
+    assert terms.steps == (Step.VALIDATION_EMBEDDING, Step.COUNT, Step.CANDIDATES)
+
+
+@pytest.mark.parametrize(
+    ("form", "sketch", "method"),
+    [
+        ("points", True, SessionMethod.CANDIDATES_SKETCH),
+        ("hashes", False, SessionMethod.HASHES_COUNTS),
+        ("hashes", True, SessionMethod.HASHES_SKETCH),
+    ],
+)
+def test_the_candidates_terms_name_their_allocation_and_form(
+    form: str, sketch: bool, method: SessionMethod
+) -> None:
+    cfg = SummarizationConfig(summary_size=20, method="candidates", summary_form=form)  # type: ignore[arg-type]
+    terms = owner_terms(cfg, K, validation_size=M, seed_set_size=N_SEED, sketch_allocation=sketch)
+    assert terms.method is method
+    assert (terms.epsilon, terms.delta) == (
+        (0.0, 0.0) if sketch else (cfg.epsilon_owners_total, 0.0)
+    )
+    assert (Step.COUNT in terms.steps) is not sketch
+    assert (Step.HASHES in terms.steps) is (form == "hashes")
+    assert Step.CANDIDATES not in terms.steps or form == "points"
+
+
+@pytest.mark.parametrize("method", ["private", "rounds"])
+def test_the_per_round_terms_bound_the_bid_rounds_by_the_auction(method: str) -> None:
+    """At most tau + 2 auction iterations per summary point: the curator's loop bids again
+    after up to tau + 1 iterations in a row that acquire nothing, and aborts at the next one
+    (curator.summarization.selection)."""
+    terms = _terms(method=method)
+    tau = auction_parameters(1.0, 1e-6, K).tau  # ceil(K^(2/3)): K alone sets it
+    assert terms.max_rounds == 20 * (tau + 2)
+    assert terms.steps == (Step.VALIDATION_EMBEDDING, Step.ROUNDS)
 
 
 @pytest.mark.parametrize("summary_release", ["tree", "none"])
@@ -99,19 +149,47 @@ def test_approximate_delta_counts_only_approximate_events() -> None:
     assert approximate_delta(events[2:]) == 0.0
 
 
+U, C, S, P, G = (
+    SessionMethod.UNIFORM,
+    SessionMethod.CANDIDATES_COUNTS,
+    SessionMethod.CANDIDATES_SKETCH,
+    SessionMethod.PRIVATE,
+    SessionMethod.GREEDY,
+)
+
+
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        (("t", -0.1, 0.0), "epsilon must be >= 0"),
-        (("t", math.nan, 0.0), "epsilon must be >= 0"),
-        (("t", math.inf, 0.0), "only meaningful for non-private"),
-        (("t", 1.0, 1.0), r"delta must lie in \[0, 1\)"),
-        (("t", 1.0, -1e-9), r"delta must lie in \[0, 1\)"),
+        (("uniform", 0.0, 0.0), "method must be one of"),
+        ((C, -0.1, 0.0), "epsilon must be >= 0"),
+        ((C, math.nan, 0.0), "epsilon must be >= 0"),
+        ((C, 1.0, 1.0), r"delta must lie in \[0, 1\)"),
+        ((C, 1.0, -1e-9), r"delta must lie in \[0, 1\)"),
+        # The epsilon must be what the method's steps release.
+        ((U, 0.5, 0.0), "releases only raw points: its epsilon and delta must be 0"),
+        ((S, 0.0, 1e-6), "releases only raw points"),
+        ((C, 0.0, 0.0), "needs a finite epsilon > 0"),
+        ((C, math.inf, 0.0), "needs a finite epsilon > 0"),
+        ((P, 0.0, 1e-6, 10), "needs a finite epsilon > 0"),
+        ((G, 5.0, 0.0, 10), "non-private: its epsilon must be inf"),
+        # Rounds for the per-round methods only.
+        ((P, 1.0, 1e-6), "max_rounds must be >= 1"),
+        ((G, math.inf, 0.0, 0), "max_rounds must be >= 1"),
+        ((C, 1.0, 0.0, 3), "has no rounds: max_rounds must be 0"),
+        ((P, 1.0, 1e-6, 2.5), "max_rounds must be an integer"),
     ],
 )
-def test_owner_terms_refuse_malformed_values(args: tuple[str, float, float], match: str) -> None:
+def test_owner_terms_refuse_malformed_values(args: tuple[object, ...], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        OwnerTerms(*args)
+        OwnerTerms(*args)  # type: ignore[arg-type]
+
+
+def test_every_method_has_its_steps_and_the_rounds_come_last() -> None:
+    assert set(METHOD_STEPS) == set(SessionMethod)
+    for method, steps in METHOD_STEPS.items():
+        assert len(set(steps)) == len(steps), method
+        assert Step.ROUNDS not in steps[:-1], method
 
 
 def test_owner_terms_refuse_bad_counts() -> None:

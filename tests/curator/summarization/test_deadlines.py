@@ -8,9 +8,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from common.summarization.endpoints import OwnerInfo
-from common.summarization.summary import SummarizationConfig
-from curator.summarization.state import (
+from dpmarket.common.summarization.endpoints import OwnerInfo
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.curator.summarization.state import (
     PROGRESS_GRACE,
     SECONDS_PER_ROW,
     SessionState,

@@ -8,16 +8,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from common.errors import AbortedError, InvalidArgumentError, UnavailableError
-from common.summarization.endpoints import OwnerBid, ReleasedPoint
-from common.summarization.kernels import rff_greedy
-from common.summarization.rff import draw_rff_params, random_fourier_features
-from common.summarization.summary import SummarizationConfig, SummaryResult
-from curator.summarization.session import SummarizationSession
-from experiments.runner import run_session, simulate
-from experiments.scenarios import Scenario
-from owner.local import LocalOwnerEndpoint
-from owner.protocol import Owner
+from dpmarket.common.errors import AbortedError, InvalidArgumentError, UnavailableError
+from dpmarket.common.summarization.endpoints import OwnerBid, ReleasedPoint
+from dpmarket.common.summarization.kernels import rff_greedy
+from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
+from dpmarket.common.summarization.summary import SummarizationConfig, SummaryResult
+from dpmarket.curator.summarization.session import SummarizationSession
+from dpmarket.experiments.runner import run_session, simulate
+from dpmarket.experiments.scenarios import Scenario
+from dpmarket.owner.local import LocalOwnerEndpoint
+from dpmarket.owner.protocol import Owner
 
 P = 20
 
@@ -281,7 +281,7 @@ def test_candidates_at_huge_epsilon_matches_greedy_quality(digits: Scenario) -> 
     """As epsilon grows the method becomes exact greedy on the owners' local proposals: not the
     same points as greedy on all the data, and not as good (the counts allocation gives the
     owner of the 3s and 4s the fewest reads; 1.52x exact greedy's MMD² measured), but within 2x."""
-    from common.summarization.kernels import exact_kernel_greedy, mmd2
+    from dpmarket.common.summarization.kernels import exact_kernel_greedy, mmd2
 
     config = SummarizationConfig(
         summary_size=P,
@@ -321,8 +321,8 @@ def test_the_default_is_never_farther_from_d_v_than_uniform_sampling(
     """The candidates' budget starts with the uniform method's own sample (same session seed),
     and the curator keeps it when its choice is not closer to D_v: on every seed the uniform
     points read are exactly the uniform method's summary, and the summary's MMD² is at most its."""
-    from common.summarization.kernels import mmd2
-    from experiments.runner import publish_sketches
+    from dpmarket.common.summarization.kernels import mmd2
+    from dpmarket.experiments.runner import publish_sketches
 
     config = SummarizationConfig(summary_size=P, method="candidates", allocation=allocation)  # type: ignore[arg-type]
     for seed in range(6):
@@ -360,8 +360,8 @@ def test_the_curator_returns_the_uniform_sample_when_it_is_closer() -> None:
     replaced by the sample (in greedy order), and the report says so."""
     from types import SimpleNamespace
 
-    from common.summarization.kernels import mmd2
-    from curator.summarization.selection import Selection
+    from dpmarket.common.summarization.kernels import mmd2
+    from dpmarket.curator.summarization.selection import Selection
 
     rng = np.random.default_rng(0)
     validation = rng.normal(size=(30, 2))

@@ -5,18 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.errors import InvalidArgumentError
-from common.summarization.endpoints import OwnerBid, ReleasedPoint
-from common.summarization.kernels import bid_direction, bid_scores
-from common.summarization.rff import draw_rff_params, random_fourier_features
-from common.summarization.summary import SummarizationConfig
-from curator.summarization.allocation import Allocator, split_evenly
-from curator.summarization.release import Releases
-from curator.summarization.selection import Selection
-from curator.summarization.state import SessionState
-from owner.data import PointSet
-from owner.local import LocalOwnerEndpoint
-from owner.protocol import Owner
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.summarization.endpoints import OwnerBid, ReleasedPoint
+from dpmarket.common.summarization.kernels import bid_direction, bid_scores
+from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
+from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.curator.summarization.allocation import Allocator, split_evenly
+from dpmarket.curator.summarization.release import Releases
+from dpmarket.curator.summarization.selection import Selection
+from dpmarket.curator.summarization.state import SessionState
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.local import LocalOwnerEndpoint
+from dpmarket.owner.protocol import Owner
 
 
 def _state(config: SummarizationConfig, n_owners: int = 4) -> SessionState:
