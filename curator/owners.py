@@ -13,10 +13,11 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 from numpy.typing import NDArray
 
 from dpmarket.common.cape.agreement import SizeAttestation
@@ -51,6 +52,7 @@ from dpmarket.v1 import (
     cape_pb2_grpc,
     owner_pb2,
     owner_pb2_grpc,
+    privacy_pb2,
     secure_aggregation_pb2,
     secure_aggregation_pb2_grpc,
 )
@@ -154,6 +156,18 @@ class RoundsStream:
                 await self._call.done_writing()
 
 
+class ReceiptBook(Protocol):
+    """Durable keeping of each owner's last ledger receipt
+    (:class:`dpmarket.curator.store.CuratorStore`). Receipts are opaque here: only the owner that
+    signed one reads it."""
+
+    def owner_receipt(self, owner: str) -> bytes | None:
+        """The last receipt ``owner`` returned, serialized, or None."""
+
+    def record_owner_receipt(self, owner: str, receipt: bytes) -> None:
+        """Keep ``receipt`` as ``owner``'s last, durably."""
+
+
 class GrpcOwnerEndpoint:
     """Talks to one owner service over a ``grpc.aio`` channel, with a deadline on every call.
 
@@ -168,6 +182,10 @@ class GrpcOwnerEndpoint:
         with mTLS.
     deadline : float
         Deadline of round-trip calls, seconds.
+    receipts : ReceiptBook, optional
+        Where the owner's ledger receipts are kept (the curator's store): the last one is
+        presented when a session or job opens, the one a close returns replaces it. None: no
+        receipt is kept or presented.
     """
 
     def __init__(
@@ -177,10 +195,12 @@ class GrpcOwnerEndpoint:
         expected: Identity | None,
         *,
         deadline: float = CALL_DEADLINE_SECONDS,
+        receipts: ReceiptBook | None = None,
     ) -> None:
         self.target = target
         self.expected = expected
         self.deadline = deadline
+        self.receipts = receipts
         self._security = security
         #: The owner's declared rows (from GetOwnerInfo), which scale its long calls' deadlines.
         self.rows = 0
@@ -204,6 +224,24 @@ class GrpcOwnerEndpoint:
             return await make()
         except grpc.RpcError as exc:
             raise error_from_rpc(exc, f"owner at {self.target}") from None
+
+    def _held_receipt(self) -> privacy_pb2.LedgerReceipt | None:
+        """The owner's last receipt this curator keeps, to present as a session or job opens."""
+        held = None if self.receipts is None else self.receipts.owner_receipt(self.name)
+        if held is None:
+            return None
+        try:
+            return privacy_pb2.LedgerReceipt.FromString(held)
+        except DecodeError:  # not one the owner returned: present none
+            logger.warning("the stored ledger receipt of owner %s does not parse", self.name)
+            return None
+
+    def _keep_receipt(
+        self, response: owner_pb2.CloseSessionResponse | cape_pb2.CloseCapeJobResponse
+    ) -> None:
+        """Keep the receipt a close returned (it replaces the one held)."""
+        if self.receipts is not None and response.HasField("receipt"):
+            self.receipts.record_owner_receipt(self.name, response.receipt.SerializeToString())
 
     async def info(self) -> OwnerInfo:
         """GetOwnerInfo."""
@@ -251,6 +289,7 @@ class GrpcOwnerEndpoint:
             gamma=rff.gamma,
             consumer=consumer,
             terms=terms_to_proto(terms),
+            ledger_receipt=self._held_receipt(),
         )
         response = await self._call(
             lambda: self._stub.OpenSession(request, timeout=self.pass_deadline())
@@ -343,6 +382,7 @@ class GrpcOwnerEndpoint:
             await stream.close()
         request = owner_pb2.CloseSessionRequest(session_id=session_id)
         response = await self._call(lambda: self._stub.CloseSession(request, timeout=self.deadline))
+        self._keep_receipt(response)
         return convert.spend_from_proto(response.spent)
 
     async def hash_advertise(self, session_id: str) -> HashAdvert:
@@ -514,7 +554,9 @@ class GrpcOwnerEndpoint:
     # ----------------------------------------------------------------------- CAPE (site)
     async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> OpenedJob:
         """OpenCapeJob (the owner scans its table: allow the open-session deadline)."""
-        request = cape_pb2.OpenCapeJobRequest(job_id=job_id, consumer=consumer, seed=seed)
+        request = cape_pb2.OpenCapeJobRequest(
+            job_id=job_id, consumer=consumer, seed=seed, ledger_receipt=self._held_receipt()
+        )
         msg.job_to_proto(request, spec)
         response = await self._call(
             lambda: self._cape.OpenCapeJob(request, timeout=self.pass_deadline())
@@ -593,6 +635,7 @@ class GrpcOwnerEndpoint:
         """CloseCapeJob."""
         request = cape_pb2.CloseCapeJobRequest(job_id=job_id)
         response = await self._call(lambda: self._cape.CloseCapeJob(request, timeout=self.deadline))
+        self._keep_receipt(response)
         return convert.spend_from_proto(response.spent)
 
 

@@ -11,6 +11,9 @@ why:
   so a curator that crashes mid-session still knows what was spent. Charges are never deleted.
 * ``sketch_declarations``, ``sketch_specs``, ``sketches``: the sketch catalogue, kept by
   :class:`dpmarket.curator.sketches.SketchCatalog` on its own connection to the same file.
+* ``owner_receipts``: the last ledger receipt each owner returned (at the close of a session or
+  job), kept durably and presented when the next session or job with that owner opens, so that
+  an owner whose ledger was restored from an older copy finds out (:mod:`dpmarket.owner.receipts`).
 
 On start, :meth:`CuratorStore.recover` marks every session still ``running`` as failed ("the
 curator restarted") and rebuilds its report from its charges; finished sessions' results survive
@@ -100,6 +103,15 @@ MIGRATIONS: tuple[str, ...] = (
         UNIQUE (spec, owner)
     );
     CREATE INDEX sketches_by_owner ON sketches (owner);
+    """,
+    # 3 -> 4: the last ledger receipt each owner signed for this curator (LedgerReceipt
+    # messages, opaque here), presented when the next session or job with that owner opens.
+    """
+    CREATE TABLE owner_receipts (
+        owner TEXT PRIMARY KEY,
+        receipt BLOB NOT NULL,
+        received_at REAL NOT NULL
+    );
     """,
 )
 
@@ -394,7 +406,26 @@ class CuratorStore:
             )
             return int(cursor.rowcount)
 
+    def record_owner_receipt(self, owner: str, receipt: bytes) -> None:
+        """Keep ``receipt`` (a serialized LedgerReceipt) as the last one ``owner`` returned,
+        durably (committed before this returns), replacing the one held before."""
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute(
+                "INSERT INTO owner_receipts (owner, receipt, received_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (owner) DO UPDATE SET receipt = excluded.receipt, "
+                "received_at = excluded.received_at",
+                (owner, receipt, self._clock()),
+            )
+
     # ------------------------------------------------------------------------------- reads
+    def owner_receipt(self, owner: str) -> bytes | None:
+        """The last ledger receipt ``owner`` returned (serialized LedgerReceipt), or None."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT receipt FROM owner_receipts WHERE owner = ?", (owner,)
+            ).fetchone()
+        return None if row is None else bytes(row[0])
+
     def get(self, session_id: str) -> StoredSession | None:
         """A session row, or None."""
         with self._lock, snapshot(self._conn) as conn:

@@ -9,7 +9,9 @@ data (:func:`dpmarket.common.schema.draft_schema`, marked as a draft), a sketch 
 the schema's columns for the curator's catalogue, one configuration file per service
 (``--config``: every option of ``serve-owner``, ``serve-curator`` and the consumer's commands),
 each owner's data directory with its policy — whose ``[peers]`` pin every other owner's public
-key, the roster of its CAPE jobs — and ``deployment.toml``, the list of services :func:`up`
+key, the roster of its CAPE jobs — and its ledger
+(:func:`dpmarket.owner.ledger_admin.init_ledger`: the only place an owner's ledger is created),
+and ``deployment.toml``, the list of services :func:`up`
 starts.
 
 The CA's key signs certificates and nothing else: no service needs it to run. Whoever holds it
@@ -46,8 +48,10 @@ from dpmarket.common.errors import InvalidArgumentError, UnavailableError
 from dpmarket.common.schema import draft_schema
 from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
 from dpmarket.owner.data import load_table
+from dpmarket.owner.ledger_admin import init_ledger
 from dpmarket.owner.policy import POLICY_FILE, OwnerPolicy
-from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity
 
 __all__ = [
     "CA_DIR",
@@ -270,6 +274,11 @@ def init_deployment(
         peers = tuple((o, pin) for o, pin in pins.items() if o != owner)
         policy = OwnerPolicy(curators=(CURATOR,), peers=peers)
         (state / POLICY_FILE).write_text(policy.to_toml(), "utf-8")
+        # The owner's ledger, created now and bound to its certificate: no owner command
+        # creates one, so a ledger lost later is refused rather than started again.
+        identity = Identity("owner", owner)
+        security = TransportSecurity.from_files(*identity_files(root / pki_dirs[identity], identity))
+        init_ledger(state, owner, security)
         config = root / f"owner-{owner}.toml"
         config.write_text(
             _config(

@@ -313,7 +313,7 @@ def _in_process(
         names = [s.name for s in catalog.specs()]
         for k, (owner, frame) in enumerate(tables.items()):
             table = Table(tuple(frame.columns), frame.to_numpy(np.float64), owner)
-            with OwnerLedger(state / f"owner-{owner}", policy) as ledger:
+            with OwnerLedger.create(state / f"owner-{owner}", policy) as ledger:
                 publisher = SketchPublisher(
                     ledger, noise=SeededNoise(np.random.default_rng(seed * 1000 + k))
                 )

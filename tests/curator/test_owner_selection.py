@@ -46,7 +46,7 @@ class Gone(LocalOwnerEndpoint):
 def _owners(tmp_path: Path, digits: Scenario) -> tuple[list[Owner], list[OwnerLedger]]:
     owners, ledgers = [], []
     for i, data in enumerate(digits.owners[:K]):
-        ledger = OwnerLedger(tmp_path / data.name, OwnerPolicy())
+        ledger = OwnerLedger.create(tmp_path / data.name, OwnerPolicy())
         if i == EXHAUSTED:
             exhaust(ledger)
         owners.append(Owner(data.name, data, ledger=ledger))

@@ -95,7 +95,7 @@ def _world(
     store = CuratorStore(tmp_path / "curator", clock=clock)
     owners, ledgers = [], []
     for data in digits.owners[:2]:
-        ledger = OwnerLedger(tmp_path / data.name, owner_policy or OwnerPolicy())
+        ledger = OwnerLedger.create(tmp_path / data.name, owner_policy or OwnerPolicy())
         owners.append(Owner(data.name, data, ledger=ledger))
         ledgers.append(ledger)
     manager = SessionManager(

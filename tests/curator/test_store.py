@@ -202,3 +202,21 @@ def test_a_recovered_sessions_report_expires_like_any_other_but_its_charges_stay
     assert row is not None and row.status == "failed" and row.report is None
     assert again.charges("crashed") == CHARGES
     again.close()
+
+
+def test_each_owners_last_ledger_receipt_survives_reopening(tmp_path: Path) -> None:
+    """What the curator presents at an owner's next session must outlive a curator restart: a
+    receipt kept only in memory would be lost with it, and a rolled-back owner go unseen."""
+    store = CuratorStore(tmp_path / "curator")
+    assert store.owner_receipt("owner-0") is None
+    store.record_owner_receipt("owner-0", b"first")
+    store.record_owner_receipt("owner-1", b"other")
+    store.record_owner_receipt("owner-0", b"second")  # the last one replaces the one before
+    store.close()
+    again = CuratorStore(tmp_path / "curator")
+    try:
+        assert again.owner_receipt("owner-0") == b"second"
+        assert again.owner_receipt("owner-1") == b"other"
+        assert again.owner_receipt("owner-2") is None
+    finally:
+        again.close()

@@ -38,7 +38,7 @@ def cluster(digits: Scenario, tmp_path_factory: pytest.TempPathFactory) -> Itera
     state = tmp_path_factory.mktemp("state")
     names = [o.name for o in digits.owners[:K]]
     exhausted = names[-1]
-    with OwnerLedger(state / f"owner-{exhausted}", OwnerPolicy()) as ledger:
+    with OwnerLedger.create(state / f"owner-{exhausted}", OwnerPolicy()) as ledger:
         exhaust(ledger)  # the default lifetime budget, epsilon 10, spent before
     with LocalCluster(
         [files[f"owner-{i}"] for i in range(K)],

@@ -49,6 +49,7 @@ from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
 from dpmarket.runtime.sketch_messages import sketch_to_proto
 from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
+from tests.conftest import new_ledger
 
 pytestmark = pytest.mark.integration
 
@@ -297,7 +298,7 @@ def test_an_unconfigured_owner_and_a_consumer_cannot_publish(
     before = _catalogue(dep)
     security = _owner_security(cluster, STRANGER)
     with (
-        OwnerLedger(tmp_path / "stranger", _policy(dep)) as ledger,
+        OwnerLedger.create(tmp_path / "stranger", _policy(dep)) as ledger,
         CatalogClient(cluster.curator_target, security) as client,
     ):
         publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(0)))
@@ -338,7 +339,7 @@ def test_a_value_outside_the_domain_is_clamped_at_publication_and_counted_in_the
             cli_main,
             [
                 "sketch", "publish", "--curator", dep.cluster.curator_target,
-                "--table", str(bad), "--data-dir", str(tmp_path / "state"),
+                "--table", str(bad), "--data-dir", str(new_ledger(tmp_path / "state")),
                 "--policy", str(dep.directory / "owner.toml"),
                 "--pki-dir", str(dep.cluster.pki_dir), "--name", "owner-EV",
                 "--spec", "mini/race",
@@ -491,7 +492,7 @@ def test_publish_without_a_spec_lists_the_costs_and_asks_or_needs_all(
     """``sketch publish`` with no --spec published every spec (3 of 10 epsilon) without
     asking. Now it lists what each spec costs, offers the spec the curator's allocation reads,
     and publishes nothing unless a person confirms (or --spec / --all names what to publish)."""
-    fresh = tmp_path / "fresh"
+    fresh = new_ledger(tmp_path / "fresh")
     result = _publish_without_spec(dep, "owner-UA", fresh, monkeypatch, interactive=False)
     assert result.exit_code == 2, result.output
     assert "choose the specs to publish: --spec NAME (repeat) or --all" in result.output

@@ -61,7 +61,7 @@ from dpmarket.runtime.arrays import array_to_proto
 from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
 from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 from dpmarket.v1 import array_pb2, curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc
-from tests.conftest import ColumnProbe
+from tests.conftest import ColumnProbe, new_ledger
 
 pytestmark = pytest.mark.integration
 
@@ -1134,13 +1134,15 @@ def test_a_second_server_on_a_bound_port_refuses_to_start_naming_the_address(
     with one line naming the address (no traceback), and the first keeps the port."""
     first = _spawn(
         ["serve-owner", "--insecure", "--data", str(files["owner-0"]), "--port", "0",
-         "--port-file", str(tmp_path / "first.port"), "--data-dir", str(tmp_path / "first")],
+         "--port-file", str(tmp_path / "first.port"),
+         "--data-dir", str(new_ledger(tmp_path / "first"))],
         tmp_path / "first.log",
     )  # fmt: skip
     try:
         port = _port(tmp_path / "first.port", first, tmp_path / "first.log")
+        data = str(files["owner-0"])
         args = (
-            ["serve-owner", "--data", str(files["owner-0"]), "--data-dir", str(tmp_path / "s")]
+            ["serve-owner", "--data", data, "--data-dir", str(new_ledger(tmp_path / "s"))]
             if role == "owner"
             else ["serve-curator", "--owner", "127.0.0.1:1", "--data-dir", str(tmp_path / "s")]
         )
@@ -1179,7 +1181,8 @@ def test_insecure_services_and_requests_run_and_warn(
     logs = {name: tmp_path / f"{name}.log" for name in ("owner", "curator", "request")}
     owner = _spawn(
         ["serve-owner", "--insecure", "--data", str(files["owner-0"]), "--port", "0",
-         "--port-file", str(tmp_path / "owner.port"), "--data-dir", str(tmp_path / "owner")],
+         "--port-file", str(tmp_path / "owner.port"),
+         "--data-dir", str(new_ledger(tmp_path / "owner"))],
         logs["owner"],
     )  # fmt: skip
     processes = [owner]

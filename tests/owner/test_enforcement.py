@@ -57,7 +57,7 @@ def _owner(
     data: PointSet, tmp_path: Path, ledger_clock: Clock | None = None, **policy: object
 ) -> tuple[Owner, OwnerLedger]:
     p = OwnerPolicy(**policy)  # type: ignore[arg-type]
-    ledger = OwnerLedger(tmp_path / "owner", p, clock=ledger_clock or Clock())
+    ledger = OwnerLedger.create(tmp_path / "owner", p, clock=ledger_clock or Clock())
     owner = Owner(
         "o",
         data,
@@ -254,7 +254,7 @@ def test_expire_idle_closes_only_sessions_untouched_for_the_timeout(
     data: PointSet, rff: RFFParams, tmp_path: Path
 ) -> None:
     monotonic = Clock(100.0)
-    ledger = OwnerLedger(tmp_path / "owner", OwnerPolicy(), clock=Clock())
+    ledger = OwnerLedger.create(tmp_path / "owner", OwnerPolicy(), clock=Clock())
     owner = Owner("o", data, ledger=ledger, idle_timeout=10.0, clock=monotonic)
     assert Owner("o", data).expire_idle() == [], "no timeout: nothing ever expires"
     _open(owner, rff, "a")
