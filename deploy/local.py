@@ -277,7 +277,8 @@ def init_deployment(
         # The owner's ledger, created now and bound to its certificate: no owner command
         # creates one, so a ledger lost later is refused rather than started again.
         identity = Identity("owner", owner)
-        security = TransportSecurity.from_files(*identity_files(root / pki_dirs[identity], identity))
+        files = identity_files(root / pki_dirs[identity], identity)
+        security = TransportSecurity.from_files(*files)
         init_ledger(state, owner, security)
         config = root / f"owner-{owner}.toml"
         config.write_text(
