@@ -997,7 +997,9 @@ class Owner:
         -------
         tuple of int
             ``(num_points, max_points)``: this owner's size and the most raw points the session
-            may receive under its policy.
+            may receive under its policy: ``policy.session_points(num_points)`` (the session's
+            points and its fraction of the table) less what the session id was charged
+            already, within what is left of the window's points budget.
 
         Raises
         ------
@@ -1050,8 +1052,14 @@ class Owner:
                 delta=terms.delta,
                 points=0,
             )
-            allowance = min(
-                n, self.ledger.policy.points_per_session, self.ledger.remaining().points
+            # The policy's share of this table for one session (its points and its fraction
+            # of the rows), less what this session id was charged already (a session reopened
+            # under its id gets no fresh share), within what is left of the window's budget.
+            policy = self.ledger.policy
+            already = self.ledger.session_totals(session_id).points
+            allowance = max(
+                0,
+                min(n, policy.session_points(n) - already, self.ledger.remaining().points),
             )
         self._check_new(session_id)
         if self.allow_seeded_sessions:

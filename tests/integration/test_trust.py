@@ -779,6 +779,7 @@ points = 1000000
 epsilon = 100.0
 delta = 0.1
 points = 100000
+points_fraction = 1.0
 [limits]
 session_idle_timeout_seconds = {IDLE_SECONDS}
 """

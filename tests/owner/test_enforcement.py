@@ -276,6 +276,24 @@ def test_expire_idle_closes_only_sessions_untouched_for_the_timeout(
     assert owner.expire_idle() == ["b"] and owner.sessions == {}
 
 
+def test_a_session_receives_at_most_its_share_of_the_table_even_reopened(
+    data: PointSet, rff: RFFParams, tmp_path: Path
+) -> None:
+    """The default policy gives one session a quarter of the table (7 of 30 rows), not the
+    1,000 points ``session.points`` allows; a session reopened under its id gets no fresh
+    share. The control: with ``points_fraction = 1`` the whole table is allowed."""
+    owner, ledger = _owner(data, tmp_path)
+    assert owner.open_session("s", rff, 0, terms=TERMS) == (N_POINTS, 7)
+    owner.sample_uniform("s", 5)
+    owner.close_session("s")
+    assert owner.open_session("s", rff, 0, terms=TERMS) == (N_POINTS, 2)
+    with pytest.raises(FailedPreconditionError, match="may receive 2 raw points"):
+        owner.sample_uniform("s", 3)
+    assert ledger.session_totals("s").points == 5
+    whole, _ = _owner(data, tmp_path / "whole", points_fraction_per_session=1.0)
+    assert whole.open_session("t", rff, 0, terms=TERMS) == (N_POINTS, N_POINTS)
+
+
 def test_opening_a_session_first_expires_idle_ones_to_free_a_slot(
     data: PointSet, rff: RFFParams, tmp_path: Path
 ) -> None:
