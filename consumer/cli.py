@@ -560,11 +560,13 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
 )
 @click.option(
     "--min-owners",
-    default=0,
-    type=click.IntRange(min=0),
+    default=None,
+    type=click.IntRange(min=1),
+    metavar="N",
     help="Let the session run without owners that refuse their terms (budget) or cannot be "
-    "reached, as long as at least N take part; the report names who was left out and why. "
-    "0: an owner's refusal fails the request (nothing spent).",
+    "reached when it opens, as long as at least N take part; the report names who was left "
+    "out and why. Default: every owner asked (all but --exclude-owner) must take part, or the "
+    "request fails saying how many were reachable, nothing spent.",
 )
 @click.option(
     "--exclude-owner",
@@ -588,7 +590,7 @@ def request(
     curator: str,
     curator_name: str,
     request_id: str | None,
-    min_owners: int,
+    min_owners: int | None,
     exclude_owners: tuple[str, ...],
     schema_path: str | None,
     summary_size: int,
@@ -618,7 +620,7 @@ def request(
     )
     config = summarization_config(summary_size, method, kwargs)
     try:
-        selection = OwnerSelection(min_owners, exclude_owners)
+        selection = OwnerSelection(min_owners or 0, exclude_owners)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--exclude-owner") from exc
     schema = read_schema(schema_path)

@@ -142,8 +142,9 @@ class CuratorClient:
         """Start a session; return its id (CreateSession). A retry with the same
         ``request_id`` returns the same session and charges nothing new.
 
-        ``selection``: owners to leave out by name and the fewest the session may run with
-        (default: every owner, any refusal of the terms fails the request). ``schema`` is the
+        ``selection``: owners to leave out by name and the fewest the session may open with
+        (default: every owner asked; an owner that refuses its terms or cannot be reached
+        fails the request, nothing spent). ``schema`` is the
         public schema the validation set was read through (the curator refuses owners that
         declare another); ``feature_names`` the validation set's column names when it was read
         from a table without one (owners with a schema must have these features, in this

@@ -63,11 +63,17 @@ from dpmarket.common.errors import (
 )
 from dpmarket.common.ids import short_id
 from dpmarket.common.privacy.accounting import PrivacyEvent
-from dpmarket.common.privacy.ledger import Charge, SessionSpend
+from dpmarket.common.privacy.ledger import (
+    UNKNOWN_NOT_RETURNED,
+    UNKNOWN_UNREACHABLE,
+    Charge,
+    SessionSpend,
+)
 from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.graph import failure_bound as graph_failure_bound
 from dpmarket.common.secagg.graph import plan_graph
 from dpmarket.common.secagg.protocol import RoundParams, min_threshold
+from dpmarket.curator.disclosure import NoAnswerError, public_error, public_text
 from dpmarket.curator.secagg import AggregationOutcome, SitesLostError, aggregate
 from dpmarket.curator.summarization.state import stage_deadline
 
@@ -300,21 +306,24 @@ class _CapeRun(Generic[SpecT, PlanT]):
             try:
                 return await asyncio.wait_for(coro, limit)
             except TimeoutError as exc:
-                raise UnavailableError(f"no answer within {limit:.0f} s") from exc
+                raise NoAnswerError(f"no answer within {limit:.0f} s") from exc
 
         answers = await asyncio.gather(*(one(self.sites[n]) for n in names), return_exceptions=True)
         out: dict[str, T] = {}
         for name, answer in zip(names, answers, strict=True):
             fatal = refusals or (aborts and isinstance(answer, AbortedError))
+            # The report and the errors a consumer reads state an owner's failure publicly
+            # (no address, no budget figure); the curator's log has the whole answer.
             if isinstance(answer, UnavailableError) or (
                 isinstance(answer, DPMarketError) and not fatal
             ):
-                self.dropped[name] = f"{stage}: {answer}"
+                self.dropped[name] = f"{stage}: {public_text(answer)}"
                 logger.warning(
                     "job %s: site %s dropped at %s: %s", short_id(self.job_id), name, stage, answer
                 )
             elif isinstance(answer, DPMarketError):
-                raise type(answer)(f"owner {name}: {answer}") from answer
+                where = f"job {short_id(self.job_id)}, {stage}"
+                raise public_error(name, answer, where=where) from answer
             elif isinstance(answer, BaseException):
                 raise answer
             else:
@@ -467,12 +476,18 @@ class _CapeRun(Generic[SpecT, PlanT]):
                 )
             except (DPMarketError, TimeoutError) as exc:
                 logger.info("closing job at %s failed: %s", site.endpoint.name, exc)
+                # Not missing from the report: the site may have charged the job.
+                unreachable = isinstance(exc, UnavailableError | TimeoutError)
+                site.spent = SessionSpend.unknown_because(
+                    UNKNOWN_UNREACHABLE if unreachable else UNKNOWN_NOT_RETURNED
+                )
 
         await asyncio.gather(*(close(s) for s in self.sites.values() if s.opened))
 
     @property
     def owner_spend(self) -> dict[str, SessionSpend]:
-        """What each owner's ledger recorded for the job (after :meth:`run`)."""
+        """What each owner's ledger recorded for the job (after :meth:`run`), for every owner
+        the job was opened at (one whose record could not be got marked ``unknown``)."""
         return {n: s.spent for n, s in self.sites.items() if s.spent is not None}
 
     def _need_two(self, alive: list[str], what: str) -> None:

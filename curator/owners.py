@@ -88,7 +88,8 @@ class RoundsStream:
     ----------
     stub : OwnerServiceStub
     peer : str
-        Names the owner in error messages (``"owner at HOST:PORT"``).
+        Names the owner in error messages (``"owner NAME"``: its name, never its address,
+        which the curator's errors must not carry to a consumer).
 
     Notes
     -----
@@ -223,7 +224,7 @@ class GrpcOwnerEndpoint:
         try:
             return await make()
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, f"owner at {self.target}") from None
+            raise error_from_rpc(exc, f"owner {self.name}") from None
 
     def _held_receipt(self) -> privacy_pb2.LedgerReceipt | None:
         """The owner's last receipt this curator keeps, to present as a session or job opens."""
@@ -341,7 +342,7 @@ class GrpcOwnerEndpoint:
         """The session's RunRounds stream: the open one, or a new one."""
         stream = self._rounds.get(session_id)
         if stream is None or stream.broken:
-            stream = self._rounds[session_id] = RoundsStream(self._stub, f"owner at {self.target}")
+            stream = self._rounds[session_id] = RoundsStream(self._stub, f"owner {self.name}")
         return stream
 
     async def sample_uniform(

@@ -172,8 +172,8 @@ class SessionManager:
         config, validation, seed_set, seed
             The request (validation of shape (m, n), seed set (n0, n)).
         selection : OwnerSelection, optional
-            Owners the consumer leaves out by name, and the fewest owners the session may run
-            with (default: every owner, the rules of ``min_owners`` 0).
+            Owners the consumer leaves out by name, and the fewest owners the session may open
+            with (default: every owner it asks).
         consumer : str
             The caller's verified identity, ``"consumer:NAME"``.
         request_id : str

@@ -63,7 +63,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from dpmarket.common.errors import (
+    BudgetRefusedError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    UnavailableError,
+)
 from dpmarket.owner.ledger_chain import (
     LedgerIdentity,
     LedgerOwner,
@@ -315,12 +320,13 @@ class Resolution:
     charge: int | None
 
 
-class OwnerBudgetError(FailedPreconditionError):
+class OwnerBudgetError(BudgetRefusedError):
     """A step the owner's policy refuses: it would exceed a budget or a session limit.
 
-    A :class:`~dpmarket.common.errors.FailedPreconditionError`, so the service answers
-    ``FAILED_PRECONDITION``; the message names each limit the step would exceed, what is spent,
-    what the step asks and what is left. Nothing was charged.
+    A :class:`~dpmarket.common.errors.BudgetRefusedError` (``FAILED_PRECONDITION``, marked as a
+    budget refusal on the wire); the message names each limit the step would exceed, what is spent,
+    what the step asks and what is left: for the curator, which relays it to a consumer only as a
+    fixed text. Nothing was charged.
     """
 
 

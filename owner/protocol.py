@@ -45,6 +45,7 @@ from numpy.typing import NDArray
 
 from dpmarket.common.errors import (
     AlreadyExistsError,
+    BudgetRefusedError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
@@ -442,7 +443,7 @@ class OwnerSession:
     def _pay(self, points: int, what: str) -> None:
         """Charge before a release; refuse beyond the session's point allowance."""
         if self.released + points > self.allowance:
-            raise FailedPreconditionError(
+            raise BudgetRefusedError(
                 f"this session may receive {self.allowance} raw points from this owner; "
                 f"{self.released} released, {points} more asked"
             )

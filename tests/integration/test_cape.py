@@ -278,6 +278,7 @@ def test_networked_fit_equals_in_process_fit_and_each_owner_charges_it_once(
             "delta": entry.delta,
             "points": 0,
             "non_private": False,
+            "unknown": "",  # the owner's own record
         }
     assert len(sessions) == 1  # one job, the same id at every owner
 
@@ -372,8 +373,11 @@ def test_an_owner_without_budget_left_refuses_the_job_before_any_release(
     for refused in (_linear(epsilon=1.0), _mean(epsilon=1.0), _training(epsilon=1.0)):
         code, details = _fit_status(budget_cluster, refused)
         assert code == grpc.StatusCode.FAILED_PRECONDITION, refused.task
-        assert "budget" in details and "epsilon" in details and "0.5 left" in details
+        # The owners tell the curator what is left; the consumer reads "budget refused" only.
+        assert "(budget refused)" in details and "0.5 left" not in details
         assert _ledgers(budget_cluster) == after_first
+    curator_log = (budget_cluster.log_dir / "curator.log").read_text(encoding="utf-8")
+    assert "epsilon" in curator_log and "0.5 left" in curator_log
 
     last = _fit(budget_cluster, _linear(epsilon=0.5))
     assert last.report["sites"] == list(owners)

@@ -585,7 +585,11 @@ def test_owners_spend_exactly_what_sessions_cost_and_refuse_beyond_their_budget(
             request = create_request_to_proto(config, digits.validation, digits.seed_set, n)
             code, details = _status(stub.CreateSession, request)
     assert code == grpc.StatusCode.FAILED_PRECONDITION, details
-    assert "epsilon over the lifetime" in details and "0.1 left" in details
+    # The owners told the curator what is spent and left; the consumer reads neither.
+    assert "(budget refused)" in details and "left out: " in details
+    assert "epsilon over the lifetime" not in details and "0.1 left" not in details
+    log = _log(budget, "curator")
+    assert "epsilon over the lifetime" in log and "0.1 left" in log
     # The refused session released and charged nothing, anywhere.
     assert _ledgers(budget) == ledgers
     assert _charges(budget) == charges
