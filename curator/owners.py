@@ -63,6 +63,24 @@ logger = logging.getLogger(__name__)
 
 #: Deadline of a round-trip call (bids, releases), seconds.
 CALL_DEADLINE_SECONDS = 30.0
+#: The longest the curator's channel to an owner waits between two attempts to reconnect,
+#: milliseconds (gRPC's default grows to 120 s): an owner restarted after a failed call is
+#: reconnected within this, not minutes later (its channel fails calls fast while it waits).
+MAX_RECONNECT_BACKOFF_MS = 1000
+#: Channel arguments of the curator's channels to its owners: :data:`CHANNEL_OPTIONS` and the
+#: short reconnect backoff.
+OWNER_CHANNEL_OPTIONS = [
+    *CHANNEL_OPTIONS,
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+]
+#: Seconds a session or job waits, when it starts, for its owners' channels to connect (an
+#: owner restarted a moment ago, or whose last connection failed): past it, an owner that is
+#: still not connected is unreachable for that request.
+READY_TIMEOUT_SECONDS = CONNECT_TIMEOUT_SECONDS
+#: The curator's health service reports each owner's connection under this prefix and the
+#: owner's name (``owner:NAME``): SERVING while the curator's channel to it is connected.
+OWNER_HEALTH_PREFIX = "owner:"
 #: Least deadline of a call that may pass over the owner's table (OpenSession, bids, counts,
 #: candidates, samples; CAPE's open), seconds: it grows with the owner's declared rows
 #: (:meth:`GrpcOwnerEndpoint.pass_deadline`).
@@ -205,7 +223,7 @@ class GrpcOwnerEndpoint:
         self._security = security
         #: The owner's declared rows (from GetOwnerInfo), which scale its long calls' deadlines.
         self.rows = 0
-        self._channel = aio_channel(target, security, expected, options=CHANNEL_OPTIONS)
+        self._channel = aio_channel(target, security, expected, options=OWNER_CHANNEL_OPTIONS)
         self._stub = owner_pb2_grpc.OwnerServiceStub(self._channel)
         #: Each open session's RunRounds stream, by session id (opened at its first step).
         self._rounds: dict[str, RoundsStream] = {}
@@ -432,6 +450,52 @@ class GrpcOwnerEndpoint:
             timeout=timeout,
             peer=f"owner {self.name}",
         )
+
+    async def wait_ready(self, timeout: float = READY_TIMEOUT_SECONDS) -> bool:
+        """Ask the channel to connect and wait up to ``timeout`` seconds until it is; return
+        whether it is connected (never raises: an owner that is not is unreachable for the
+        call that follows, which fails at once).
+
+        Notes
+        -----
+        A channel whose last connection failed fails calls at once until its next attempt
+        (:data:`MAX_RECONNECT_BACKOFF_MS` at most): without this wait, the first request after
+        an owner restarts could find it unreachable although it serves.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        state = self._channel.get_state(try_to_connect=True)
+        while state != grpc.ChannelConnectivity.READY:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._channel.wait_for_state_change(state), left)
+            except TimeoutError:
+                return False
+            state = self._channel.get_state(try_to_connect=True)
+        return True
+
+    async def keep_connected(self, report: Callable[[bool], Awaitable[None]]) -> None:
+        """Keep the channel connected while the curator serves, reporting every change.
+
+        Asks the channel to connect whenever it is idle or its connection failed, so that an
+        owner that (re)starts is connected within :data:`MAX_RECONNECT_BACKOFF_MS` whether or
+        not a session asks for it; calls ``report(True)`` when it connects and
+        ``report(False)`` when it is not connected (first call: the state now). Runs until
+        cancelled, or the endpoint is closed.
+        """
+        known: bool | None = None
+        while True:
+            state = self._channel.get_state(try_to_connect=True)
+            if state == grpc.ChannelConnectivity.SHUTDOWN:  # the endpoint was closed
+                await report(False)
+                return
+            ready = state == grpc.ChannelConnectivity.READY
+            if ready != known:
+                await report(ready)
+                known = ready
+            await self._channel.wait_for_state_change(state)
 
     # ------------------------------------------------------------ secure aggregation (site)
     async def advertise_keys(
@@ -730,6 +794,18 @@ async def check_owner(
             ),
         )
     return OwnerCheck(name, endpoint.target)
+
+
+async def wait_for_owners(
+    endpoints: Sequence[object], timeout: float = READY_TIMEOUT_SECONDS
+) -> None:
+    """Wait, up to ``timeout`` seconds in all, until every owner's channel is connected (the
+    endpoints that have a channel: :meth:`GrpcOwnerEndpoint.wait_ready`; in-process owners
+    are ready). Never raises: a session or job that follows finds an owner still not
+    connected unreachable, and says so."""
+    waits = [e.wait_ready(timeout) for e in endpoints if isinstance(e, GrpcOwnerEndpoint)]
+    if waits:
+        await asyncio.gather(*waits)
 
 
 async def check_owners(

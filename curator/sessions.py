@@ -45,6 +45,7 @@ from dpmarket.common.summarization.summary import (
     SummarizationConfig,
     SummaryResult,
 )
+from dpmarket.curator.owners import wait_for_owners
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.curator.store import CuratorStore, StoredSession
@@ -357,6 +358,9 @@ class SessionManager:
             )
         self._starting += 1
         try:
+            # An owner restarted a moment ago (or whose last connection failed) is connected
+            # before the session asks it anything, within a bounded wait.
+            await wait_for_owners(owners)
             await session.prepare(check_terms=self.policy.check_terms)
             if store is not None:
                 try:
