@@ -84,14 +84,22 @@ def evaluate_summary(
 
 def owner_spend(spend: Mapping[str, SessionSpend]) -> dict[str, dict[str, Any]]:
     """What each owner's own ledger recorded for the session, as JSON: ``{owner: {"epsilon"
-    (None for a non-private session), "delta", "points", "non_private"}}``."""
+    (None for a non-private session), "delta", "points", "non_private"}}``; an owner whose
+    record the curator could not get is ``{owner: {"unknown": reason, "epsilon": None,
+    "delta": None, "points": None, "non_private": None}}`` (its own ledger says what it
+    charged)."""
     return {
-        owner: {
-            "epsilon": None if s.non_private else s.epsilon,
-            "delta": s.delta,
-            "points": s.points,
-            "non_private": s.non_private,
-        }
+        owner: (
+            dict.fromkeys(("epsilon", "delta", "points", "non_private"), None)
+            | {"unknown": s.unknown}
+            if s.unknown
+            else {
+                "epsilon": None if s.non_private else s.epsilon,
+                "delta": s.delta,
+                "points": s.points,
+                "non_private": s.non_private,
+            }
+        )
         for owner, s in sorted(spend.items())
     }
 

@@ -213,15 +213,25 @@ async def serve_curator(
         write_port(port_file, port)
     period = max(0.05, min(policy.fetched_result_ttl_seconds / 2, 30.0))
     reaper = asyncio.create_task(manager.expire_forever(period))
+    # Sessions a restart interrupted: ask their owners what they charged (and free them there).
+    reconcile = asyncio.create_task(_logged(manager.reconcile(), "asking owners for records"))
     try:
         await serve_until_signalled(server)
     finally:
-        for task in (reaper, *monitors):
+        for task in (reaper, reconcile, *monitors):
             task.cancel()
-        for task in (reaper, *monitors):
+        for task in (reaper, reconcile, *monitors):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await manager.close()
+
+
+async def _logged(work: Awaitable[object], what: str) -> None:
+    """Run background ``work``; log (never raise) what it fails with."""
+    try:
+        await work
+    except Exception:
+        logger.exception("%s failed", what)
 
 
 def _owner_health(health_status: HealthStatus, owner: str) -> Callable[[bool], Awaitable[None]]:

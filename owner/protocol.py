@@ -1425,25 +1425,42 @@ class Owner:
     def close_session(self, session_id: str, curator: str = LOCAL_CURATOR) -> SessionSpend:
         """Forget a session; return what it spent of this owner's budget.
 
+        A session this owner closed already (idle, or closed before) is answered from the
+        ledger alone when ``curator`` was charged under it: so a curator that restarted
+        mid-session learns what the session cost (``CuratorStore.recover``).
+
         Raises
         ------
         NotFoundError
-            If no session has that id, or another curator opened it.
+            If no session has that id, or another curator opened it (and, for a closed one,
+            the ledger holds no charge of ``curator``'s under that id).
         """
-        slot = self._slot(session_id, curator)
+        try:
+            slot = self._slot(session_id, curator)
+        except NotFoundError:
+            if self.ledger is None or not any(
+                e.curator == curator for e in self.ledger.entries(session=session_id, limit=1)
+            ):
+                raise
+            return self._spent(session_id)
         slot.session.cancel.set()  # a running step stops; its lock is then free
         with slot.lock, self._lock:
             self._slots.pop(session_id, None)
         session = slot.session
         if self.ledger is not None:
-            totals = self.ledger.session_totals(session_id)
-            return SessionSpend(
-                math.inf if totals.non_private else totals.epsilon,
-                totals.delta,
-                totals.points,
-                totals.non_private,
-            )
+            return self._spent(session_id)
         return SessionSpend(0.0, 0.0, session.released, False)
+
+    def _spent(self, session_id: str) -> SessionSpend:
+        """What the ledger recorded for a session."""
+        assert self.ledger is not None
+        totals = self.ledger.session_totals(session_id)
+        return SessionSpend(
+            math.inf if totals.non_private else totals.epsilon,
+            totals.delta,
+            totals.points,
+            totals.non_private,
+        )
 
     def expire_idle(self) -> list[str]:
         """Close the sessions nobody touched for ``idle_timeout`` seconds; return their ids.

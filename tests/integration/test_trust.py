@@ -926,13 +926,37 @@ def test_a_curator_killed_mid_session_reports_it_failed_and_nothing_is_paid_twic
                       for p, _, e in stored if p == party)
         )  # fmt: skip
 
-    # Owners wait out their idle timeout, then free the dead session (its ledger stays).
+    # Owners free the dead session (its ledger stays): when idle for their timeout, or when the
+    # restarted curator closes it to ask what it cost, whichever comes first.
     for owner_id, owner_sid in owner_sids.items():
         _wait_for(
-            lambda o=owner_id, s=owner_sid: f"session {short_id(s)} expired" in _log(lifecycle, o),
+            lambda o=owner_id, s=owner_sid: any(
+                f"session {short_id(s)} {what}" in _log(lifecycle, o)
+                for what in ("expired", "closed")
+            ),
             IDLE_SECONDS + 60.0,
-            f"{owner_id} expiring session {short_id(owner_sid)}",
+            f"{owner_id} freeing session {short_id(owner_sid)}",
         )
+
+    # The restarted curator rebuilt what each owner charged the session from its store (where
+    # the session was open, under which id) and the owners' ledgers: the report the consumer
+    # reads names every owner with its ledger's figures, not an empty owner_spend.
+    def owner_spend() -> dict[str, Any]:
+        with CuratorClient(lifecycle.curator_target, lifecycle.consumer_security()) as client:
+            return dict(_finish(client, sid)[1].owner_spend)
+
+    _wait_for(
+        lambda: (spend := owner_spend()) and not any(s.unknown for s in spend.values()),
+        60.0,
+        "the restarted curator's record of what each owner charged",
+    )
+    spend = owner_spend()
+    assert sorted(spend) == sorted(owner_sids)
+    for owner_id, owner_sid in owner_sids.items():
+        entries = [e for e in _ledger(lifecycle, owner_id) if e.session == owner_sid]
+        assert spend[owner_id].points == sum(e.points for e in entries) > 0
+        assert spend[owner_id].epsilon == pytest.approx(math.fsum(e.epsilon for e in entries))
+        assert spend[owner_id].delta == pytest.approx(math.fsum(e.delta for e in entries))
     released = 0
     for owner_id, owner_sid in owner_sids.items():
         entries = [e for e in _ledger(lifecycle, owner_id) if e.session == owner_sid]

@@ -274,6 +274,14 @@ def test_expire_idle_closes_only_sessions_untouched_for_the_timeout(
     assert ledger.session_totals("a").points == 1 and ledger.session_totals("a").epsilon == 0.4
     monotonic.now = 130.0
     assert owner.expire_idle() == ["b"] and owner.sessions == {}
+    # Closing an expired session (a curator that restarted, asking what it cost) is answered
+    # from the ledger, to the curator that was charged under it only.
+    spent = owner.close_session("a")
+    assert (spent.epsilon, spent.delta, spent.points) == (0.4, 1e-7, 1)
+    with pytest.raises(NotFoundError):
+        owner.close_session("a", "curator:other")
+    with pytest.raises(NotFoundError):
+        owner.close_session("never-opened")
 
 
 def test_a_session_receives_at_most_its_share_of_the_table_even_reopened(
