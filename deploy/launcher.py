@@ -828,9 +828,9 @@ def run_demo(
         "methods": rows,
         "curves": {label: {"sizes": s, "mmd2": v} for label, (s, v) in curves.items()},
     }
-    write_json(report, out_dir / "report.json")
-    if budgets:
+    if budgets:  # read from the owners' own ledgers, before the report is written
         report["owner_budgets"] = budgets
+    write_json(report, out_dir / "report.json")
     out.print(comparison_table(rows, title=f"{scenario.name}, p = {p}, seed = {seed}", wide=wide))
     if budgets:
         out.print(budget_table(budgets))
