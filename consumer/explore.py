@@ -52,7 +52,11 @@ from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.sketches import tasks
 from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.feature_maps import HISTMap
-from dpmarket.common.sketches.intervals import DEFAULT_REPLICATES, count_estimate
+from dpmarket.common.sketches.intervals import (
+    DEFAULT_REPLICATES,
+    count_estimate,
+    release_totals,
+)
 from dpmarket.common.sketches.m2m import (
     DEFAULT_LAMBDA_RULE,
     LambdaRule,
@@ -264,7 +268,9 @@ class Answer:
         if len(self.reasons) != k:
             object.__setattr__(self, "reasons", ("",) * k)
         if len(self.basis) != k:
-            object.__setattr__(self, "basis", ("noise only: the estimator's bias is not bounded",) * k)
+            object.__setattr__(
+                self, "basis", ("noise only: the estimator's bias is not bounded",) * k
+            )
         if self.errors.shape != (k,):
             object.__setattr__(self, "errors", np.full(k, np.nan))
         if len(self.columns) != k:
@@ -541,6 +547,9 @@ def _bounded_flags(
     flags: list[str] = []
     reasons: list[str] = []
     span = high - low
+    # Judged on the interval before it is cut to the possible range: cutting a wild estimate's
+    # interval at a bound makes it narrow, and exactly those would otherwise pass unflagged.
+    raw_width = raw_high - raw_low
     for j in range(k):
         if raw_high[j] < low[j] or raw_low[j] > high[j]:
             flags.append("clipped")
@@ -554,11 +563,12 @@ def _bounded_flags(
                 f"the record count is known within {100 * count_rse:.0f} % only: the noise "
                 "dominates every ratio"
             )
-        elif np.isfinite(span[j]) and hi[j] - lo[j] > UNINFORMATIVE * span[j]:
+        elif np.isfinite(span[j]) and raw_width[j] > UNINFORMATIVE * span[j]:
             flags.append("uninformative")
             reasons.append(
-                f"the interval spans {100 * (hi[j] - lo[j]) / span[j]:.0f} % of {what[j]}: "
-                "the sketch barely constrains this value"
+                f"the interval, {raw_width[j]:.4g} wide before it is cut to {what[j]}, spans "
+                f"more than {100 * UNINFORMATIVE:.0f} % of it: the sketch barely constrains "
+                "this value"
             )
         else:
             flags.append("")
@@ -794,7 +804,7 @@ class Explorer:
     def _bounded(
         self, query: Query, sketch: SketchLike, *, errors: bool, replicates: int | None
     ) -> Answer:
-        """Means, moments, CDFs, counts, covariances with bias-bounded intervals (:meth:`answer`)."""
+        """Means, moments, CDFs, counts, covariances: bias-bounded intervals (:meth:`answer`)."""
         domain = self.domain
         fmap = self.spec.feature_map
         rng = np.random.default_rng([self.seed, 4])
@@ -848,8 +858,7 @@ class Explorer:
             extra["lambda"] = lam.tolist()
             source = f"{self.spec.name} (M2M)"
             n_columns = idx.size
-        total = np.asarray(sketch.noisy_sum, dtype=np.float64)[None, :]
-        n_hat, n_var = count_estimate(sketch, total, np.array([float(sketch.noisy_count)]))
+        n_hat, n_var = count_estimate(sketch, *release_totals(sketch))
         n = float(n_hat[0])
         k = len(labels)
         if errors:
@@ -862,9 +871,7 @@ class Explorer:
             low = high = np.zeros(0)
             se, bias = np.full(k, np.nan), np.full(k, np.nan)
         if query.kind == "count":
-            extra.update(
-                count=float(values[0]) * n, n=n, count_se=float(se[0]) * n
-            )
+            extra.update(count=float(values[0]) * n, n=n, count_se=float(se[0]) * n)
         if query.kind == "covariance":
             rows, cols = np.triu_indices(idx.size)
             basis = tuple(

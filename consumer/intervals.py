@@ -47,6 +47,7 @@ from dpmarket.common.sketches.intervals import (
     bounded_interval,
     count_estimate,
     m2m_residual_range,
+    release_totals,
 )
 from dpmarket.common.sketches.m2m import SyntheticDesign, regularization
 from dpmarket.common.sketches.sketch import SketchLike
@@ -88,9 +89,7 @@ class _HistColumns:
         return f
 
 
-def _variance(
-    cols: _HistColumns, column: int, center: float
-) -> Callable[[Array, Array], Triple]:
+def _variance(cols: _HistColumns, column: int, center: float) -> Callable[[Array, Array], Triple]:
     """The variance's bounds (module docstring) for a fixed ``center``."""
     second = cols.functional(column, BinTarget("centered2", center=center))
     first = cols.functional(column, BinTarget("power", order=1))
@@ -100,7 +99,9 @@ def _variance(
         bp, bl, bh = second(sums, n_hat)
         mp, ml, mh = first(sums, n_hat)
         far = np.maximum((ml - center) ** 2, (mh - center) ** 2)
-        near = np.where((ml <= center) & (center <= mh), 0.0, np.minimum((ml - center) ** 2, (mh - center) ** 2))
+        near = np.where(
+            (ml <= center) & (center <= mh), 0.0, np.minimum((ml - center) ** 2, (mh - center) ** 2)
+        )
         return bp - (mp - center) ** 2, np.maximum(bl - far, 0.0), np.minimum(bh - near, cap)
 
     return f
@@ -205,8 +206,8 @@ def _frechet(parts: list[Callable[[Array, Array], Triple]]) -> Callable[[Array, 
 def _hist_point_means(
     cols: _HistColumns, columns: NDArray[np.int64], sketch: SketchLike
 ) -> NDArray[np.float64]:
-    total = np.asarray(sketch.noisy_sum, dtype=np.float64)[None, :]
-    n0, _ = count_estimate(sketch, total, np.array([float(sketch.noisy_count)]))
+    total, count = release_totals(sketch)
+    n0, _ = count_estimate(sketch, total, count)
     means = []
     for j in columns:
         p, _, _ = cols.functional(int(j), BinTarget("power", order=1))(total, n0)
@@ -258,8 +259,7 @@ class _M2MLinear:
         tm = design.target_moments(values)
         n_hat, _ = count_estimate(
             sketch,
-            np.asarray(sketch.noisy_sum, dtype=np.float64)[None, :],
-            np.array([float(sketch.noisy_count)]),
+            *release_totals(sketch),
         )
         n = float(n_hat[0])
         var_sum = float(sketch.sum_noise_variance)
@@ -337,8 +337,8 @@ def m2m_bounded(
     means = _M2MLinear(
         design, sketch, points[:, columns], lambda_rule=lambda_rule, intercept=intercept
     )
-    total = np.asarray(sketch.noisy_sum, dtype=np.float64)[None, :]
-    n0, _ = count_estimate(sketch, total, np.array([float(sketch.noisy_count)]))
+    total, count = release_totals(sketch)
+    n0, _ = count_estimate(sketch, total, count)
     centers = means(total, n0)[0][0]
     rows, cols = np.triu_indices(columns.size)
     centred = points[:, columns] - centers[None, :]
@@ -389,9 +389,7 @@ def interval_basis(kind: str, query_kind: str, n_columns: int) -> str:
                 "identify a relation between columns; the value assumes independence"
             )
         return "every bin's mass anywhere in its bin (binning bound), widened by the noise"
-    return (
-        "M2M's residual range over the design (its fit and shrinkage), widened by the noise"
-    )
+    return "M2M's residual range over the design (its fit and shrinkage), widened by the noise"
 
 
 def finite_or_nan(values: Array) -> Array:

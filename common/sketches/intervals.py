@@ -55,6 +55,7 @@ __all__ = [
     "count_estimate",
     "m2m_residual_range",
     "noise_replicates",
+    "release_totals",
 ]
 
 #: Nominal coverage of every interval.
@@ -71,6 +72,14 @@ def _parts(sketch: SketchLike) -> tuple[PrivateSketch, ...]:
         return sketch.parts
     assert isinstance(sketch, PrivateSketch)
     return (sketch,)
+
+
+def release_totals(sketch: SketchLike) -> tuple[Array, Array]:
+    """The release's noisy sum, shape (1, m), and noisy count, shape (1,) (a union's add its
+    parts')."""
+    parts = _parts(sketch)
+    total = np.sum([p.noisy_sum for p in parts], axis=0)[None, :]
+    return total, np.array([math.fsum(p.noisy_count for p in parts)])
 
 
 def noise_replicates(
@@ -338,9 +347,7 @@ def bounded_interval(
     -------
     Bounded
     """
-    parts = _parts(sketch)
-    total = np.sum([p.noisy_sum for p in parts], axis=0)[None, :]
-    count = np.array([math.fsum(p.noisy_count for p in parts)])
+    total, count = release_totals(sketch)
     n0, _ = count_estimate(sketch, total, count)
     point, low, high = (np.asarray(v, dtype=np.float64)[0] for v in estimate(total, n0))
     sums, counts = noise_replicates(sketch, replicates, rng)
