@@ -21,14 +21,15 @@ owners nothing more, whatever the consumer asks and however often.
 * :func:`rank_owners` orders owners by the squared MMD between the consumer's validation set and
   each owner's RFF sketch (:func:`dpmarket.common.sketches.sketch.sketch_mmd2`, debiased).
 
-Every answer carries a standard error per value from the release's public noise scales: exact
-(up to the count's first-order term) where the estimate is linear in the noise (M2M's means,
-moments, CDFs and counts: ``a . xi / n_hat``), by parametric bootstrap otherwise (M2M's
-covariances and logistic regressions; every graphical-model answer). An error covers the
-noise only, not the estimator's bias (M2M's linear fit, the model's independence
-assumptions). Values outside what they can be — a mean outside its column's public bounds, a
-fraction outside [0, 1], a negative variance — are clipped to the nearest possible value and
-flagged, the raw estimate kept beside it.
+Every answer carries, per value, a standard error, a 95 % interval and a flag with its reason.
+For HIST, RFF and RACE means, moments, CDFs, counts and covariances the interval includes a bound
+on the estimator's bias (the binning of a histogram, Fréchet or Cauchy-Schwarz bounds for what one
+histogram per column does not identify, M2M's residual range for its fit and shrinkage), widened
+by the 95 % quantile of the noise (:mod:`dpmarket.consumer.intervals` states each construction);
+a logistic regression's bias is not bounded, so its coefficients are flagged ``unbounded``, and
+the graphical model's errors are its bootstrap's over the noise. Values and intervals are cut to
+what the quantity can be — a mean to its column's public bounds, a fraction to [0, 1], a variance
+to [0, w^2/4] — the raw estimate kept beside them; :data:`FLAGS` lists why a value is flagged.
 
 The synthetic design's randomness is the consumer's own and protects nothing (the sketches are
 already private), so it is seeded (default 0): the same sketch and query give the same answer,

@@ -81,10 +81,16 @@ class _HistColumns:
     def functional(self, column: int, target: BinTarget) -> Callable[[Array, Array], Triple]:
         low, high, mid = bin_ranges(self.fmap, self.domain, column, target)
         a, b = int(self.offsets[column]), int(self.offsets[column + 1])
+        # The bins' true masses add up to 1 exactly, so sum_k p_k g_k = c + sum_k p_k (g_k - c)
+        # for any constant c: centring on the middle of g's range keeps the noise of the
+        # masses' sum from multiplying g's offset (a year near 2006 would otherwise carry
+        # 2006 times the count's relative error).
+        c = (float(low.min()) + float(high.max())) / 2.0
+        low, high, mid = low - c, high - c, mid - c
 
         def f(sums: Array, n_hat: Array) -> Triple:
             p = sums[:, a:b] / n_hat[:, None]
-            return p @ mid, p @ low, p @ high
+            return c + p @ mid, c + p @ low, c + p @ high
 
         return f
 
