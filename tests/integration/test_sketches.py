@@ -375,11 +375,18 @@ def test_networked_exploration_equals_the_in_process_m2m_bit_for_bit(
         "explore", "--curator", dep.cluster.curator_target,
         "--pki-dir", str(dep.cluster.pki_dir), "--name", "consumer",
         "--spec", "mini/rff", "--owner", "owner-EV", "--query", "covariance",
-        "--synthetic", "2000", "--seed", "3", "--out", str(out),
+        "--synthetic", "2000", "--seed", "3", "--out", str(out), "--json",
     ]  # fmt: skip
     result = CliRunner().invoke(cli_main, args)
     assert result.exit_code == 0, result.output
     networked = json.loads(out.read_text(encoding="utf-8"))
+    assert json.loads(result.output) == networked  # --json prints what --out writes
+    # Per value: the value, its standard error, its interval (bias bound included), how the
+    # interval was built, and a flag with its reason (null when none).
+    for row in networked["answer"]["rows"]:
+        assert {"value", "se", "ci95", "bias_bound", "basis", "flag", "reason"} <= set(row)
+        assert row["ci95"][0] <= row["value"] <= row["ci95"][1]
+        assert (row["flag"] is None) == (row["reason"] is None)
     with CuratorClient(dep.cluster.curator_target, dep.cluster.consumer_security()) as client:
         spec = client.sketch_spec("mini/rff")
         received = {e.owner: e.sketch for e in client.sketches(spec)}
