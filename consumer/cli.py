@@ -1277,20 +1277,24 @@ def _explore_candidates(
 
 
 def _expected_error(
-    query: Any, spec: SketchSpec, entries: list[PublishedSketch], make: Any
+    query: Any, spec: SketchSpec, entries: list[PublishedSketch], make: Any, answers: dict[str, Any]
 ) -> float:
-    """Mean standard error of ``query`` (or of the involved columns' means, for a covariance or
-    a logistic regression) from ``spec``'s sketches' public noise scales."""
+    """Mean half-width of ``spec``'s 95 % interval for ``query``, bias bound included (its
+    answer, kept in ``answers``); for a logistic regression, whose bias no sketch bounds, the
+    mean standard error of the involved columns' means from the public noise scales."""
     from dpmarket.consumer.explore import Query, m2m_standard_errors, m2m_target
 
     explorer = make(spec)
     sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
     sketch = sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
+    if query.kind != "logreg":
+        answer = explorer.answer(query, sketch)
+        answers[spec.name] = answer
+        low, high = answer.interval()
+        return float(np.mean((high - low) / 2.0))
     estimator = explorer.estimator(sketch)
-    target = m2m_target(query, spec.domain)
-    if target is None:
-        columns = tuple(dict.fromkeys((*query.columns, *([query.target] if query.target else []))))
-        target = m2m_target(Query("mean", columns=columns), spec.domain)
+    columns = tuple(dict.fromkeys((*query.columns, *([query.target] if query.target else []))))
+    target = m2m_target(Query("mean", columns=columns), spec.domain)
     assert target is not None
     return float(np.mean(m2m_standard_errors(estimator, target)))
 
@@ -1426,10 +1430,11 @@ def explore_command(
         with _client(curator, curator_name, tls) as client:
             candidates = _explore_candidates(client, spec, owners)
         by_name = {s.name: (s, e) for s, e in candidates}
+        answered: dict[str, Any] = {}
         chosen, reason = choose_source(
             q,
             [s for s, _ in candidates],
-            lambda s: _expected_error(q, s, by_name[s.name][1], make),
+            lambda s: _expected_error(q, s, by_name[s.name][1], make, answered),
         )
         entries = by_name[chosen.name][1]
         details: dict[str, Any]
@@ -1444,8 +1449,8 @@ def explore_command(
             sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
             sketch = sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
             estimator = explorer.estimator(sketch)
-            answer = explorer.answer(q, estimator)
-            n_hat = float(estimator.sketch.count_estimate)
+            answer = answered.get(chosen.name) or explorer.answer(q, estimator)
+            n_hat = float(answer.extra.get("n", estimator.sketch.count_estimate))
             details = {
                 "m2m": {
                     "n_synthetic": explorer.design.n_synthetic,
@@ -1487,7 +1492,7 @@ def explore_command(
 
 def _print_answer(answer: Any, title: str) -> None:
     """The answer as a table: every value with its columns, standard error, 95 % interval and
-    flag (a clipped value)."""
+    flag; then how the intervals were built and why values are flagged."""
     table = RichTable(title=title, title_justify="left")
     for column in ("", "columns", "estimate", "± s.e.", "95 % interval", "flag"):
         left = column in ("", "columns", "flag")
@@ -1506,9 +1511,15 @@ def _print_answer(answer: Any, title: str) -> None:
             f"{row['value']:.6g}",
             "—" if se is None else f"{se:.3g}",
             "—" if ci is None else f"[{ci[0]:.4g}, {ci[1]:.4g}]",
-            row.get("flag", ""),
+            row["flag"] or "",
         )
-    Console().print(table)
+    out = Console()
+    out.print(table)
+    for basis in dict.fromkeys(row["basis"] for row in answer.rows()):
+        out.print(f"interval: {basis}")
+    reasons = dict.fromkeys((row["flag"], row["reason"]) for row in answer.rows() if row["flag"])
+    for flag, reason in reasons:
+        out.print(f"{flag}: {reason}")
 
 
 def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:

@@ -381,6 +381,12 @@ def test_networked_exploration_equals_the_in_process_m2m_bit_for_bit(
     result = CliRunner().invoke(cli_main, args)
     assert result.exit_code == 0, result.output
     networked = json.loads(out.read_text(encoding="utf-8"))
+    # Per value: the value, its standard error, its interval (bias bound included), how the
+    # interval was built, and a flag with its reason (null when none).
+    for row in networked["answer"]["rows"]:
+        assert {"value", "se", "ci95", "bias_bound", "basis", "flag", "reason"} <= set(row)
+        assert row["ci95"][0] <= row["value"] <= row["ci95"][1]
+        assert (row["flag"] is None) == (row["reason"] is None)
     with CuratorClient(dep.cluster.curator_target, dep.cluster.consumer_security()) as client:
         spec = client.sketch_spec("mini/rff")
         received = {e.owner: e.sketch for e in client.sketches(spec)}
