@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 from dpmarket.common.cape.dpgd import accuracy, predict_proba
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.cape.uncertainty import Estimate
 from dpmarket.common.errors import AbortedError, InvalidArgumentError
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
@@ -452,6 +453,21 @@ class CapeFit:
     intercept: float
     report: dict[str, Any]
 
+    @property
+    def estimates(self) -> tuple[Estimate, ...]:
+        """Every coefficient (the columns, then the intercept) with its standard error, 95 %
+        interval and flags, as the curator computed them from the release
+        (:func:`dpmarket.common.cape.uncertainty.capefm_estimates`)."""
+        return _estimates(self.report)
+
+
+def _estimates(report: dict[str, Any]) -> tuple[Estimate, ...]:
+    """The report's ``estimates``; ``InvalidArgumentError`` if they are missing or malformed."""
+    try:
+        return tuple(Estimate.from_json(e) for e in report["estimates"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"the curator's report has no valid estimates: {exc}") from None
+
 
 @dataclass(frozen=True)
 class CapeMean:
@@ -477,6 +493,12 @@ class CapeMean:
         """Column -> its estimated mean."""
         return dict(zip(self.spec.columns, self.mean.tolist(), strict=True))
 
+    @property
+    def estimates(self) -> tuple[Estimate, ...]:
+        """Every column's mean with its exact standard error, 95 % interval and flags
+        (:func:`dpmarket.common.cape.uncertainty.mean_estimates`)."""
+        return _estimates(self.report)
+
 
 @dataclass(frozen=True)
 class CapeNetwork:
@@ -496,6 +518,12 @@ class CapeNetwork:
     spec: CapeTrainingSpec
     parameters: NDArray[np.float64]
     report: dict[str, Any]
+
+    @property
+    def estimates(self) -> tuple[Estimate, ...]:
+        """Every parameter, flagged ``no_interval`` (no interval can be computed for a network:
+        :func:`dpmarket.common.cape.uncertainty.training_estimates`)."""
+        return _estimates(self.report)
 
     def predict_proba(self, features: NDArray[np.float64]) -> NDArray[np.float64]:
         """``P[y = 1 | x]`` for raw feature rows of shape (n, D) (clamped to the spec's bounds and
