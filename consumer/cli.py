@@ -1597,6 +1597,55 @@ def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
     return points
 
 
+#: Flags of a ranking's row, and how its table names them.
+_RANK_FLAGS = {"clipped": "clipped", "order_not_resolved": "tie?"}
+#: What a ranking's intervals cover.
+_RANK_COVERS = (
+    "the squared MMD of the exact Gaussian kernel between the owner's records and the validation "
+    "set, over the draw of the spec's frequencies and of the noise (the RFF approximation, the "
+    "sum's and the count's noise; dpmarket.common.sketches.mmd)"
+)
+
+
+def _ranking_row(rank: int, ranked: Any, sketch: Any) -> dict[str, Any]:
+    """One owner of ``rank-owners``: its MMD², standard error, interval and flags."""
+    e = ranked.estimate
+    flags = []
+    if e.value < 0:  # an MMD² is >= 0: the debiased estimate fell below it by noise
+        flags.append(
+            {
+                "code": "clipped",
+                "reason": f"clipped to 0: the debiased estimate {e.value:.4g} is within the noise",
+                "severity": "warning",
+            }
+        )
+    if ranked.unresolved:
+        ties = ", ".join(f"{o} (difference {d:+.3g} ± {se:.3g})" for o, d, se in ranked.unresolved)
+        flags.append(
+            {
+                "code": "order_not_resolved",
+                "reason": f"its order against {ties} is within the noise and the RFF "
+                "approximation (the difference's 95 % interval contains 0)",
+                "severity": "warning",
+            }
+        )
+    row: dict[str, Any] = {
+        "rank": rank,
+        "owner": ranked.owner,
+        "mmd2": max(e.value, 0.0),
+        "standard_error": e.standard_error,
+        "interval": [max(e.low, 0.0), max(e.high, 0.0)],
+        "level": e.level,
+        "covers": _RANK_COVERS,
+        "flags": flags,
+        "epsilon": sketch.mechanism.epsilon,
+        "n": sketch.count_estimate,
+    }
+    if e.value < 0:
+        row["raw"] = e.value
+    return row
+
+
 @click.command("rank-owners")
 @curator_options
 @click.option(
@@ -1639,22 +1688,10 @@ def rank_owners_command(
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     by_owner = {e.owner: e for e in entries}
-    rows: list[dict[str, Any]] = []
-    for k, (owner, value) in enumerate(ranking, 1):
-        sketch = by_owner[owner].sketch
-        row: dict[str, Any] = {
-            "rank": k,
-            "owner": owner,
-            "mmd2": max(value, 0.0),
-            "epsilon": sketch.mechanism.epsilon,
-            "n": sketch.count_estimate,
-        }
-        if value < 0:  # an MMD² is >= 0: the debiased estimate fell below it by noise
-            row |= {
-                "flag": f"clipped to 0: the debiased estimate {value:.4g} is within the noise",
-                "raw": value,
-            }
-        rows.append(row)
+    rows = [
+        _ranking_row(k, ranked, by_owner[ranked.owner].sketch)
+        for k, ranked in enumerate(ranking, 1)
+    ]
     document = {
         "curator": f"{curator_name}@{curator}",
         "spec": chosen.name,
@@ -1669,8 +1706,8 @@ def rank_owners_command(
         title=f"owners by MMD² to {Path(validation_path).name} ({chosen.name})",
         title_justify="left",
     )
-    for column in ("rank", "owner", "MMD² (debiased)", "epsilon", "n ≈", "flag"):
-        left = column in ("owner", "flag")
+    for column in ("rank", "owner", "MMD²", "95 % interval", "ε", "n ≈", "flags"):
+        left = column in ("owner", "flags")
         table.add_column(
             column,
             justify="left" if left else "right",
@@ -1678,12 +1715,22 @@ def rank_owners_command(
             no_wrap=not left,
         )
     for r in rows:
+        low, high = r["interval"]
         table.add_row(
             str(r["rank"]),
             r["owner"],
-            f"{r['mmd2']:.4g}",
+            f"{r['mmd2']:.3g}",
+            f"[{low:.3g}, {high:.3g}]",
             f"{r['epsilon']:g}",
             f"{r['n']:.0f}",
-            r.get("flag", ""),
+            ", ".join(_RANK_FLAGS[f["code"]] for f in r["flags"]),
         )
     Console().print(table)
+    for code, name in _RANK_FLAGS.items():
+        reasons = [
+            f"{r['owner']}: {f['reason']}" for r in rows for f in r["flags"] if f["code"] == code
+        ]
+        if reasons:
+            console.print(f"[yellow]{name}[/yellow] " + "; ".join(reasons), highlight=False)
+    if rows:
+        console.print(f"intervals: {_RANK_COVERS}", highlight=False)
