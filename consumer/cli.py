@@ -1634,7 +1634,9 @@ def _ranking_row(rank: int, ranked: Any, sketch: Any) -> dict[str, Any]:
         "owner": ranked.owner,
         "mmd2": max(e.value, 0.0),
         "standard_error": e.standard_error,
-        "interval": [max(e.low, 0.0), max(e.high, 0.0)],
+        # A Gaussian kernel's MMD² lies in [0, 2] (0 <= k <= 1 = k(x, x)): clipping the
+        # interval to it keeps every truth it covered.
+        "interval": [min(max(e.low, 0.0), 2.0), min(max(e.high, 0.0), 2.0)],
         "level": e.level,
         "covers": _RANK_COVERS,
         "flags": flags,

@@ -122,7 +122,7 @@ def _diabetes() -> tuple[tuple[tuple[str, float, float], ...], tuple[str, float,
 
 
 def _case_diamonds_mean() -> Case:
-    from dpmarket.deploy.cape_demo import diamonds_mean_spec
+    from dpmarket.experiments.cape_data import diamonds_mean_spec
     from dpmarket.experiments.cape_experiments import diamonds_table
 
     spec = diamonds_mean_spec(EPSILON, DELTA)
@@ -135,7 +135,7 @@ def _case_diabetes_mean() -> Case:
 
 
 def _case_diamonds_linreg() -> Case:
-    from dpmarket.deploy.cape_demo import diamonds_spec
+    from dpmarket.experiments.cape_data import diamonds_spec
     from dpmarket.experiments.cape_experiments import diamonds_table
 
     spec = diamonds_spec(EPSILON, DELTA)
@@ -151,7 +151,7 @@ def _case_diabetes_linreg() -> Case:
 
 
 def _case_spam_logreg() -> Case:
-    from dpmarket.deploy.cape_demo import spam_logistic_spec, spam_table
+    from dpmarket.experiments.cape_data import spam_logistic_spec, spam_table
 
     spec = spam_logistic_spec(EPSILON, DELTA)
     frame = spam_table()
