@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from dpmarket.common.cape.dpgd import accuracy, predict_proba
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from dpmarket.common.cape.uncertainty import Estimate
+from dpmarket.common.cape.uncertainty import Estimate, training_estimates
 from dpmarket.common.errors import AbortedError, InvalidArgumentError
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
@@ -521,9 +521,24 @@ class CapeNetwork:
 
     @property
     def estimates(self) -> tuple[Estimate, ...]:
-        """Every parameter, flagged ``no_interval`` (no interval can be computed for a network:
-        :func:`dpmarket.common.cape.uncertainty.training_estimates`)."""
-        return _estimates(self.report)
+        """Every parameter (``spec.parameter_labels``), flagged ``no_interval``: no interval can
+        be computed for a network; its noise std is at least the learning rate times the last
+        iteration's (:func:`dpmarket.common.cape.uncertainty.training_estimates`).
+
+        Raises
+        ------
+        InvalidArgumentError
+            If the report states no noise per iteration.
+        """
+        try:
+            last = float(self.report["noise_std_per_iteration"][-1])
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise InvalidArgumentError(
+                f"the curator's report states no noise per iteration: {exc}"
+            ) from None
+        return training_estimates(
+            self.parameters, self.spec.parameter_labels, self.spec.learning_rate, last
+        )
 
     def predict_proba(self, features: NDArray[np.float64]) -> NDArray[np.float64]:
         """``P[y = 1 | x]`` for raw feature rows of shape (n, D) (clamped to the spec's bounds and

@@ -53,12 +53,7 @@ from dpmarket.common.cape.endpoints import CapeSiteEndpoint, OpenedJob
 from dpmarket.common.cape.mean import CapeMeanPlan
 from dpmarket.common.cape.privacy import default_colluders
 from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from dpmarket.common.cape.uncertainty import (
-    Estimate,
-    capefm_estimates,
-    mean_estimates,
-    training_estimates,
-)
+from dpmarket.common.cape.uncertainty import Estimate, capefm_estimates, mean_estimates
 from dpmarket.common.errors import (
     AbortedError,
     DPMarketError,
@@ -205,15 +200,15 @@ class CapeTrainingResult:
         ``W1`` (row-major), ``b1``, ``w2``, ``b2`` (:mod:`dpmarket.common.cape.dpgd`), on the
         features mapped to [-1, 1] by their public bounds.
     report : dict
-        Sites and their iterations, noise per iteration, the total guarantee, timings.
-    estimates : tuple of Estimate
-        Every parameter (``spec.parameter_labels``), flagged: no interval can be computed
-        (:func:`dpmarket.common.cape.uncertainty.training_estimates`).
+        Sites and their iterations, noise per iteration, the total guarantee, timings. No
+        ``estimates``: a network has no interval, and the consumer flags every parameter itself
+        from the parameters and the last iteration's noise
+        (:func:`dpmarket.common.cape.uncertainty.training_estimates`), which keeps the reply
+        the size of the parameters.
     """
 
     parameters: NDArray[np.float64]
     report: dict[str, Any]
-    estimates: tuple[Estimate, ...] = ()
 
 
 @dataclass
@@ -758,7 +753,6 @@ class CapeTrainingJob(_CapeRun[CapeTrainingSpec, CapeTrainingPlan]):
                     alive = [alive[j] for j in released]
                     break
         assert first_plan is not None
-        estimates = training_estimates(theta, spec.parameter_labels, spec.learning_rate, stds[-1])
         report = {
             "task": "train",
             "sites": segments[0]["sites"],
@@ -782,10 +776,9 @@ class CapeTrainingJob(_CapeRun[CapeTrainingSpec, CapeTrainingPlan]):
             "sigma_z": first_plan.sigma_z,
             "noise_std_per_iteration": stds,
             "baseline_noise_std": first_plan.baseline_stds(),
-            "estimates": [e.to_json() for e in estimates],
             "seconds": {**self.timings.seconds, "total": time.perf_counter() - start},
         }
-        return CapeTrainingResult(theta, report, estimates)
+        return CapeTrainingResult(theta, report)
 
 
 def _attested_rows(answer: tuple[SizeAttestation, bytes], name: str) -> int:

@@ -36,7 +36,11 @@ from dpmarket.common.cape.dpgd import init_params, site_gradient
 from dpmarket.common.cape.functional_mechanism import to_raw_coefficients
 from dpmarket.common.cape.privacy import collusion_factor
 from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from dpmarket.common.cape.uncertainty import capefm_estimates, mean_estimates
+from dpmarket.common.cape.uncertainty import (
+    capefm_estimates,
+    mean_estimates,
+    training_estimates,
+)
 from dpmarket.common.cape.zero_sum import zero_sum_correction
 from dpmarket.common.errors import (
     AbortedError,
@@ -629,14 +633,17 @@ def test_a_training_steps_on_the_average_of_every_iterations_releases() -> None:
     plan = spec.plan([30] * 5)
     assert report["epsilon"] == plan.epsilon <= spec.epsilon
     assert report["noise_std_per_iteration"] == [plan.aggregator_std()] * spec.iterations
-    # No interval for a network: every parameter is flagged, with the last step's noise floor.
-    assert [e.label for e in result.estimates] == list(spec.parameter_labels)
-    assert [e.value for e in result.estimates] == result.parameters.tolist()
+    # No interval for a network: the consumer flags every parameter from the parameters and the
+    # last step's noise; the reply carries no per-parameter text (it stays the parameters' size).
+    assert "estimates" not in report
+    last = report["noise_std_per_iteration"][-1]
+    estimates = training_estimates(result.parameters, spec.parameter_labels, 1.0, last)
+    assert [e.label for e in estimates] == list(spec.parameter_labels)
+    assert [e.value for e in estimates] == result.parameters.tolist()
     floor = f"{spec.learning_rate * plan.aggregator_std():.3g}"
-    for e in result.estimates:
+    for e in estimates:
         (flag,) = e.flags
         assert e.low is None and flag.code == "no_interval" and floor in flag.reason
-    assert report["estimates"] == [e.to_json() for e in result.estimates]
 
 
 def test_a_site_lost_mid_training_leaves_one_iteration_with_its_noise_stated_then_a_new_round() -> (
