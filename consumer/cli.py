@@ -1610,12 +1610,17 @@ _RANK_COVERS = (
 def _ranking_row(rank: int, ranked: Any, sketch: Any) -> dict[str, Any]:
     """One owner of ``rank-owners``: its MMD², standard error, interval and flags."""
     e = ranked.estimate
+    # A Gaussian kernel's MMD² lies in [0, 2] (0 <= k <= 1 = k(x, x)): a debiased estimate
+    # outside is clipped and flagged (the raw value kept), and so is the interval, which keeps
+    # every truth it covered.
+    shown = min(max(e.value, 0.0), 2.0)
     flags = []
-    if e.value < 0:  # an MMD² is >= 0: the debiased estimate fell below it by noise
+    if shown != e.value:
         flags.append(
             {
                 "code": "clipped",
-                "reason": f"clipped to 0: the debiased estimate {e.value:.4g} is within the noise",
+                "reason": f"clipped to {shown:g}: the debiased estimate {e.value:.4g} lies "
+                "outside [0, 2], where an MMD² can be: the noise moved it there",
                 "severity": "warning",
             }
         )
@@ -1632,10 +1637,8 @@ def _ranking_row(rank: int, ranked: Any, sketch: Any) -> dict[str, Any]:
     row: dict[str, Any] = {
         "rank": rank,
         "owner": ranked.owner,
-        "mmd2": max(e.value, 0.0),
+        "mmd2": shown,
         "standard_error": e.standard_error,
-        # A Gaussian kernel's MMD² lies in [0, 2] (0 <= k <= 1 = k(x, x)): clipping the
-        # interval to it keeps every truth it covered.
         "interval": [min(max(e.low, 0.0), 2.0), min(max(e.high, 0.0), 2.0)],
         "level": e.level,
         "covers": _RANK_COVERS,
@@ -1643,7 +1646,7 @@ def _ranking_row(rank: int, ranked: Any, sketch: Any) -> dict[str, Any]:
         "epsilon": sketch.mechanism.epsilon,
         "n": sketch.count_estimate,
     }
-    if e.value < 0:
+    if shown != e.value:
         row["raw"] = e.value
     return row
 
