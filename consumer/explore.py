@@ -19,7 +19,9 @@ owners nothing more, whatever the consumer asks and however often.
 * :func:`choose_source` picks, per query, which of the available specs answers it (the rule is
   in its docstring).
 * :func:`rank_owners` orders owners by the squared MMD between the consumer's validation set and
-  each owner's RFF sketch (:func:`dpmarket.common.sketches.sketch.sketch_mmd2`, debiased).
+  each owner's RFF sketch (:func:`dpmarket.common.sketches.sketch.sketch_mmd2`, debiased), each
+  with its interval and the owners its order is not resolved against
+  (:mod:`dpmarket.common.sketches.mmd`).
 
 Every answer carries, per value, a standard error, a 95 % interval and a flag with its reason.
 For HIST, RFF and RACE means, moments, CDFs, counts and covariances the interval includes a bound
@@ -72,12 +74,12 @@ from dpmarket.common.sketches.marginals import (
     cell_weights,
     free_compiled,
 )
+from dpmarket.common.sketches.mmd import MMDEstimate, mmd2_difference, sketch_mmd2_estimate
 from dpmarket.common.sketches.sketch import (
     PrivateSketch,
     SketchLike,
     SketchUnion,
     merge_sketches,
-    sketch_mmd2,
 )
 from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.consumer.intervals import hist_bounded, interval_basis, m2m_bounded
@@ -90,6 +92,7 @@ __all__ = [
     "Explorer",
     "MarginalsExplorer",
     "Query",
+    "RankedOwner",
     "choose_source",
     "exact_answer",
     "m2m_standard_errors",
@@ -1287,10 +1290,35 @@ def exact_answer(query: Query, records: ArrayLike, domain: Domain) -> Answer:
     return Answer(query, labels, np.asarray(values, dtype=np.float64), extra)
 
 
-def rank_owners(
-    sketches: Mapping[str, PrivateSketch], validation: ArrayLike
-) -> list[tuple[str, float]]:
-    """Owners ordered by the squared MMD between ``validation`` and their RFF sketches.
+@dataclass(frozen=True)
+class RankedOwner:
+    """One owner in a ranking by MMD to the consumer's validation set.
+
+    Attributes
+    ----------
+    owner : str
+    estimate : MMDEstimate
+        The debiased squared MMD with its standard error and 95 % interval
+        (:func:`dpmarket.common.sketches.mmd.sketch_mmd2_estimate`).
+    unresolved : tuple of (str, float, float)
+        Every other owner whose order against this one the sketches do not resolve: its name,
+        the difference ``this - other`` and its standard error
+        (:func:`dpmarket.common.sketches.mmd.mmd2_difference`).
+    """
+
+    owner: str
+    estimate: MMDEstimate
+    unresolved: tuple[tuple[str, float, float], ...] = ()
+
+    @property
+    def mmd2(self) -> float:
+        """The debiased squared MMD (can be slightly negative)."""
+        return self.estimate.value
+
+
+def rank_owners(sketches: Mapping[str, PrivateSketch], validation: ArrayLike) -> list[RankedOwner]:
+    """Owners ordered by the squared MMD between ``validation`` and their RFF sketches, each with
+    its interval and the owners it is not resolved against.
 
     Parameters
     ----------
@@ -1301,9 +1329,14 @@ def rank_owners(
 
     Returns
     -------
-    list of (owner, mmd2)
-        Smallest first (the best match); ``mmd2`` debiased by the noise's expected
-        contribution, so it can be slightly negative.
+    list of RankedOwner
+        Smallest MMD first (the best match); each MMD debiased by the noise's expected
+        contribution, so it can be slightly negative. Its interval covers the squared MMD of
+        the exact Gaussian kernel between the owner's records and ``validation``, over the draw
+        of the spec's frequencies and of the noise (the RFF approximation, the sum's and the
+        count's noise). Two owners are unresolved when the interval of the difference of their
+        values contains 0 (the shared frequencies make this test sharper than comparing the two
+        intervals).
 
     Raises
     ------
@@ -1316,12 +1349,23 @@ def rank_owners(
     Computed here: the validation set and the ranking never leave the consumer. Each value is
     post-processing of a sketch (no owner pays anything for it).
     """
-    scores = []
+    estimates = {}
     for owner, sketch in sketches.items():
         if sketch.feature_map.kind != "rff":
             raise InvalidArgumentError(
                 f"owners are ranked by RFF sketches (a kernel mean embedding); {owner}'s is "
                 f"{sketch.feature_map.kind}"
             )
-        scores.append((owner, sketch_mmd2(sketch, validation)))
-    return sorted(scores, key=lambda item: (item[1], item[0]))
+        estimates[owner] = sketch_mmd2_estimate(sketch, validation)
+    order = sorted(estimates, key=lambda o: (estimates[o].value, o))
+    out = []
+    for owner in order:
+        unresolved = []
+        for other in order:
+            if other == owner:
+                continue
+            diff, se, resolved = mmd2_difference(estimates[owner], estimates[other])
+            if not resolved:
+                unresolved.append((other, diff, se))
+        out.append(RankedOwner(owner, estimates[owner], tuple(unresolved)))
+    return out

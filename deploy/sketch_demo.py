@@ -246,9 +246,18 @@ def _ranking(
     return {
         "spec": spec.name,
         "validation": f"{VALIDATION_SIZE} {CONSUMER_CARRIER} flights",
-        "private": [{"owner": o, "mmd2": v} for o, v in private],
+        "private": [
+            {
+                "owner": r.owner,
+                "mmd2": r.mmd2,
+                "standard_error": r.estimate.standard_error,
+                "interval": [r.estimate.low, r.estimate.high],
+                "order_not_resolved_against": [o for o, _, _ in r.unresolved],
+            }
+            for r in private
+        ],
         "exact": [{"owner": o, "mmd2": v} for o, v in exact],
-        "same_order": [o for o, _ in private] == [o for o, _ in exact],
+        "same_order": [r.owner for r in private] == [o for o, _ in exact],
         "seconds": elapsed,
     }
 

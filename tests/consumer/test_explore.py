@@ -11,7 +11,7 @@ import pytest
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.sketches.m2m import M2MEstimator
-from dpmarket.common.sketches.sketch import SketchMechanism, merge_sketches
+from dpmarket.common.sketches.sketch import SketchMechanism, merge_sketches, sketch_mmd2
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.consumer.explore import (
     Explorer,
@@ -173,7 +173,11 @@ def test_owners_rank_by_the_mmd_to_the_validation_set(specs: dict[str, SketchSpe
         "farther": spec.mechanism(1.0).release(_records(3000, 0.8, seed=4), noise),
     }
     ranking = rank_owners(sketches, _records(500, 0.0, seed=7))
-    assert [o for o, _ in ranking] == ["near", "far", "farther"]
+    assert [r.owner for r in ranking] == ["near", "far", "farther"]
+    for r in ranking:
+        assert r.estimate.low < r.mmd2 < r.estimate.high
+        assert r.mmd2 == pytest.approx(sketch_mmd2(sketches[r.owner], _records(500, seed=7)))
+    assert ranking[0].unresolved == ()  # 3,000 records apart by 0.5: the order is clear
     hist = specs["hist"].mechanism(1.0).release(_records(100), noise)
     with pytest.raises(InvalidArgumentError, match="ranked by RFF sketches"):
         rank_owners({"h": hist}, _records(10))

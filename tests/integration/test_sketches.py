@@ -431,6 +431,10 @@ def test_owners_never_see_the_validation_set_or_any_query(dep: Deployment, tmp_p
     assert result.exit_code == 0, result.output
     ranked = json.loads(ranking.read_text(encoding="utf-8"))["ranking"]
     assert [r["owner"] for r in ranked] == ["owner-EV", "owner-UA"]  # 9E flies like EV
+    for r in ranked:  # each MMD with its error, interval, and flags that give their reason
+        low, high = r["interval"]
+        assert r["standard_error"] > 0 and low <= r["mmd2"] <= high and r["covers"]
+        assert all(f["code"] and f["reason"] for f in r["flags"])
     for query in (
         ["--query", "count", "--where", "distance>=1000", "--where", "hour<=12"],
         ["--query", "logreg", "--target", "delayed", "--column", "hour"],
