@@ -62,9 +62,11 @@ from dpmarket.common.sketches.marginals import (
     MarginalsMap,
     MarginalsModel,
     MarginalsSketch,
+    Measurement,
     cell_weights,
     free_compiled,
 )
+from dpmarket.common.sketches.marginals_bounds import fraction_bounds
 from dpmarket.common.sketches.sketch import (
     PrivateSketch,
     SketchLike,
@@ -223,6 +225,17 @@ class Answer:
         The estimates before clipping.
     source : str
         What answered: ``"<spec> (M2M)"`` or ``"<spec> (graphical model)"``, and why.
+    bounds : ndarray of shape (len(labels), 2), float64, optional
+        Explicit 95 % intervals, when they are not ``values -+ Z95 errors`` (the marginals
+        sketch's, :class:`MarginalsExplorer`); empty otherwise.
+    bases : tuple of str
+        Per value, what its interval covers: ``"noise"`` (``values -+ Z95 errors``: the noise
+        only), ``"measured"`` (a measured marginal's unbiased estimate: noise, and the model's
+        departure from it) or ``"bounds"`` (Fréchet bounds that hold whatever the joint); ``""``
+        when not stated.
+    notes : tuple of str
+        Per value: ``""``, or why the *value* (not its interval) is not an estimate to rely on,
+        e.g. the graphical model's guess for columns no measurement holds together.
     """
 
     query: Query
@@ -234,9 +247,16 @@ class Answer:
     flags: tuple[str, ...] = ()
     raw: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     source: str = ""
+    bounds: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 2)))
+    bases: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         k = len(self.labels)
+        if len(self.bases) != k:
+            object.__setattr__(self, "bases", ("",) * k)
+        if len(self.notes) != k:
+            object.__setattr__(self, "notes", ("",) * k)
         if self.errors.shape != (k,):
             object.__setattr__(self, "errors", np.full(k, np.nan))
         if len(self.columns) != k:
@@ -247,24 +267,40 @@ class Answer:
             object.__setattr__(self, "raw", np.asarray(self.values, dtype=np.float64).copy())
 
     def interval(self, z: float = Z95) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """``values -+ z * errors`` (a 95 % normal interval by default)."""
+        """:attr:`bounds` when given (at ``z = Z95``), else ``values -+ z * errors`` (a 95 %
+        normal interval by default)."""
+        if self.bounds.shape == (len(self.labels), 2) and self.bounds.size and z == Z95:
+            return self.bounds[:, 0].copy(), self.bounds[:, 1].copy()
         return self.values - z * self.errors, self.values + z * self.errors
 
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per value: label, columns, value, standard error, 95 % interval, flag."""
+        """One dict per value: label, columns, value, standard error (``se``), 95 % interval
+        (``ci95``), what the interval covers (``interval``, when stated: :attr:`bases`), and
+        ``flags``: a list of ``{"on": "value" | "interval", "reason": ...}`` (a note on the
+        value, :attr:`notes`; a clipped value, :attr:`flags`); ``flag`` joins their reasons
+        and ``raw`` is the estimate before clipping."""
         low, high = self.interval()
         out = []
         for j, label in enumerate(self.labels):
+            missing = math.isnan(low[j]) or math.isnan(high[j])
             row: dict[str, Any] = {
                 "label": label,
                 "columns": list(self.columns[j]),
                 "value": float(self.values[j]),
                 "se": None if math.isnan(self.errors[j]) else float(self.errors[j]),
-                "ci95": None if math.isnan(self.errors[j]) else [float(low[j]), float(high[j])],
+                "ci95": None if missing else [float(low[j]), float(high[j])],
             }
+            if self.bases[j]:
+                row["interval"] = self.bases[j]
+            flags = []
+            if self.notes[j]:
+                flags.append({"on": "value", "reason": self.notes[j]})
             if self.flags[j]:
-                row["flag"] = self.flags[j]
+                flags.append({"on": "interval", "reason": self.flags[j]})
                 row["raw"] = float(self.raw[j])
+            row["flags"] = flags
+            if flags:
+                row["flag"] = "; ".join(f["reason"] for f in flags)
             out.append(row)
         return out
 
@@ -805,6 +841,11 @@ class MarginalsExplorer:
             else np.full(main.shape, np.nan)
         )
         values, flags = _clip(query, domain, main)
+        bounds, bases, notes = self._intervals(query, sketches, values, weights)
+        noise = np.isnan(bounds).any(axis=1)
+        bounds[noise, 0] = values[noise] - Z95 * se[noise]
+        bounds[noise, 1] = values[noise] + Z95 * se[noise]
+        values = np.where(noise, values, np.clip(values, bounds[:, 0], bounds[:, 1]))
         total = math.fsum(m.total for m, _ in fitted)
         extra: dict[str, Any] = {}
         if query.kind == "count":
@@ -812,6 +853,7 @@ class MarginalsExplorer:
                 "count": float(values[0]) * total,
                 "n": total,
                 "count_se": float(se[0]) * total,
+                "count_ci95": [float(bounds[0, 0]) * total, float(bounds[0, 1]) * total],
             }
         if query.kind == "marginal":
             idx = _index(domain, query.columns).tolist()
@@ -830,6 +872,113 @@ class MarginalsExplorer:
             flags=flags,
             raw=main,
             source=f"{self.spec.name} (graphical model)",
+            bounds=bounds,
+            bases=bases,
+            notes=notes,
+        )
+
+    def _value_weights(self, query: Query) -> list[dict[int, NDArray[np.float64]]]:
+        """Per value of ``query`` (count, cdf, marginal, mean, moment2), the per-column cell
+        weights whose weighted count over the rows is that value."""
+        domain, fmap = self.domain, self.feature_map
+        if query.kind == "count":
+            return [self._weights(query)]
+        if query.kind == "cdf":
+            idx = _columns(query, domain)
+            t = _thresholds(query, domain, idx)
+            return [
+                {int(j): cell_weights(fmap, domain, int(j), -np.inf, float(x))}
+                for j, row in zip(idx, t, strict=True)
+                for x in row
+            ]
+        if query.kind == "marginal":
+            idx = _index(domain, query.columns).tolist()
+            out = []
+            for combo in itertools.product(*(range(int(fmap.cells[j])) for j in idx)):
+                weights = {}
+                for j, c in zip(idx, combo, strict=True):
+                    w = np.zeros(int(fmap.cells[j]))
+                    w[c] = 1.0
+                    weights[int(j)] = w
+                out.append(weights)
+            return out
+        order = 1 if query.kind == "mean" else 2
+        out = []
+        for j in _columns(query, domain):
+            levels = domain.level_values(int(j))
+            assert levels is not None  # expresses(): discrete columns only
+            out.append({int(j): levels**order})
+        return out
+
+    def _intervals(
+        self,
+        query: Query,
+        sketches: Sequence[MarginalsSketch],
+        values: NDArray[np.float64],
+        weights: dict[int, NDArray[np.float64]] | None,
+    ) -> tuple[NDArray[np.float64], tuple[str, ...], tuple[str, ...]]:
+        """Every value's 95 % interval, what it covers, and a note on the value.
+
+        Counts, CDFs, marginal cells, means and second moments:
+        :func:`dpmarket.common.sketches.marginals_bounds.fraction_bounds` from the owners'
+        measurements — the unbiased estimate's interval where one measured marginal holds the
+        value's columns (``"measured"``; widened to hold the model's value if it lies outside),
+        Fréchet bounds that hold whatever the joint otherwise (``"bounds"``; the model's value,
+        an independence guess there, is noted as such and moved inside them when outside).
+        Covariances: the bootstrap's ``-+ Z95 se`` (``"noise"``), noted as the model's guess
+        when the pair was never measured.
+        """
+        k = values.shape[0]
+        parts = [s.measurements for s in sketches]
+        cells = [int(c) for c in self.feature_map.cells]
+        if query.kind == "covariance":
+            return self._covariance_intervals(query, parts, values)
+        per_value = self._value_weights(query) if weights is None else [weights]
+        bounds = np.empty((k, 2))
+        bases, notes = [], []
+        for v, w in enumerate(per_value):
+            low, high, measured = fraction_bounds(parts, cells, w)
+            if measured:
+                low, high = min(low, float(values[v])), max(high, float(values[v]))
+                note = ""
+            else:
+                note = (
+                    "the graphical model's guess: no measured marginal holds these columns "
+                    "together, so it assumes them independent given what was measured; the "
+                    "interval is the Fréchet bounds from the measured marginals, which hold "
+                    "whatever the joint"
+                )
+                if not low <= values[v] <= high:
+                    note += f" (the model's {values[v]:.6g} lay outside them: moved inside)"
+            bounds[v] = (low, high)
+            bases.append("measured" if measured else "bounds")
+            notes.append(note)
+        return bounds, tuple(bases), tuple(notes)
+
+    def _covariance_intervals(
+        self,
+        query: Query,
+        parts: Sequence[Sequence[Measurement]],
+        values: NDArray[np.float64],
+    ) -> tuple[NDArray[np.float64], tuple[str, ...], tuple[str, ...]]:
+        """Covariances: no bound from the marginals (module docstring), so NaN bounds (the
+        caller's ``-+ Z95 se`` replaces them) and a note where the pair was never measured."""
+        idx = _columns(query, self.domain)
+        rows, cols = np.triu_indices(idx.size)
+        notes = []
+        for a, b in zip(rows, cols, strict=True):
+            pair = {int(idx[a]), int(idx[b])}
+            held = all(any(pair <= set(m.clique) for m in ms) for ms in parts)
+            notes.append(
+                ""
+                if held
+                else "the graphical model's independence guess: the pair was never measured "
+                "together, and its interval covers the noise only"
+            )
+        return (
+            np.full((values.shape[0], 2), np.nan),
+            ("noise",) * values.shape[0],
+            tuple(notes),
         )
 
     def _weights(self, query: Query) -> dict[int, NDArray[np.float64]]:
