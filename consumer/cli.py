@@ -1475,9 +1475,11 @@ def explore_command(
     _print_answer(answer, f"{query} of {who} ({answer.source}, n ≈ {n_hat:.0f})")
     console.print(f"answered from {reason}")
     if "count" in answer.extra:
+        interval = answer.extra.get("count_ci95")
         console.print(
-            f"count ≈ {answer.extra['count']:.1f} ± {answer.extra['count_se']:.1f} of "
-            f"n ≈ {answer.extra['n']:.0f}"
+            f"count ≈ {answer.extra['count']:.1f} ± {answer.extra['count_se']:.1f}"
+            + (f", 95 % interval [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else "")
+            + f" of n ≈ {answer.extra['n']:.0f}"
         )
     if q.kind == "synthetic":
         console.print(f"{len(answer.extra['records'])} synthetic records (--out writes them)")
@@ -1485,7 +1487,7 @@ def explore_command(
 
 def _print_answer(answer: Any, title: str) -> None:
     """The answer as a table: every value with its columns, standard error, 95 % interval and
-    flag (a clipped value)."""
+    flags (a clipped value; a value that is a model's guess inside bounds)."""
     table = RichTable(title=title, title_justify="left")
     for column in ("", "columns", "estimate", "± s.e.", "95 % interval", "flag"):
         left = column in ("", "columns", "flag")

@@ -152,6 +152,17 @@ def test_explore_chooses_per_query_and_equals_the_in_process_answer(
         [stored.sketch],
     )
     assert row["value"] == float(local.values[0]) and row["se"] == float(local.errors[0])
+    # Every value carries its 95 % interval, what that interval covers, and flags with reasons:
+    # Fréchet bounds and a note on the value (the model's guess) where no measured marginal
+    # holds both columns; the measured marginal's unbiased interval otherwise.
+    low, high = row["ci95"]
+    assert low <= row["value"] <= high and [low, high] == local.bounds[0].tolist()
+    assert row["interval"] in ("measured", "bounds") and isinstance(row["flags"], list)
+    assert all(set(f) == {"on", "reason"} and f["reason"] for f in row["flags"])
+    guess = [f for f in row["flags"] if f["on"] == "value"]
+    assert bool(guess) == (row["interval"] == "bounds")
+    assert not guess or ("guess" in guess[0]["reason"] and guess[0]["reason"] in row["flag"])
+    assert count["answer"]["count_ci95"][0] <= count["answer"]["count"]
     # A continuous column's mean is M2M's (the only M2M sketch here).
     mean = _explore(running, "--query", "mean", "--column", "distance")
     assert mean["spec"] == "mini/rff" and mean["answer"]["source"] == "mini/rff (M2M)"
@@ -159,3 +170,5 @@ def test_explore_chooses_per_query_and_equals_the_in_process_answer(
     table = _explore(running, "--query", "marginal", "--column", "delayed")
     assert table["spec"] == "mini/marginals"
     assert sum(r["value"] for r in table["answer"]["rows"]) == pytest.approx(1.0)
+    # A 1-way table is measured: unbiased intervals, no flag.
+    assert all(r["interval"] == "measured" and r["flags"] == [] for r in table["answer"]["rows"])
