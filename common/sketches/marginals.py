@@ -328,7 +328,8 @@ def default_measurements(
     dependence : float
         ``D``, default :data:`DEPENDENCE`.
     per_column : float
-        ``m``: at most ``m d`` measurements (0, the default :data:`PER_COLUMN`... no cap).
+        ``m``: at most ``m d`` measurements (0, the default: no such cap). A rule the
+        leave-one-table-out choice compared.
 
     Returns
     -------
@@ -566,8 +567,9 @@ class MarginalsMechanism:
     Rogers 2019), hence costs ``k epsilon^2 / 8``.
 
     *Budget* (:meth:`plan`). ``rho_1 = 0.2 rho`` measures all ``d`` 1-way marginals at ``sigma_1 =
-    sqrt(d / (2 rho_1))``; each of the ``T`` rounds gets ``rho_r = 0.8 rho / T``, ``0.1 rho_r`` for
-    its ``k = ceil(K / T)`` selections (``epsilon_r = sqrt(0.8 rho_r / k)``) and ``0.9 rho_r`` for
+    sqrt(d / (2 rho_1))``; each of the ``T`` rounds (:attr:`rounds`) gets ``rho_r = 0.8 rho / T``,
+    ``0.1 rho_r`` for its ``k = ceil(K / T)`` selections (``K`` = :attr:`measurements`: the map's,
+    or derived from the domain, ``rho`` and the declared rows) (``epsilon_r = sqrt(0.8 rho_r / k)``) and ``0.9 rho_r`` for
     their measurements (``sigma_r = sqrt(k / (1.8 rho_r))``). A round with fewer candidates than
     ``k`` spends its unused selection budget on its measurements. zCDP composes adaptively by adding
     ``rho``, so the release is ``rho``-zCDP, hence ``(epsilon, delta)``-DP
