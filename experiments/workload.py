@@ -19,7 +19,9 @@
 * ``uniform`` — answering without data (the fraction of the domain a query covers).
 
 Errors are mean absolute errors as a fraction of the table's rows, over the 2-way cells, the
-range queries, and all queries (1-way cells included), averaged over the seeds. The document
+range queries, and all queries (1-way cells included), averaged over the seeds. Times are CPU
+seconds of the process (``time.process_time``: on a shared machine, wall time would measure the
+other users' load). The document
 ends, one line per table, with ``TABLE: catalogue error / AIM error = R``.
 """
 
@@ -673,7 +675,7 @@ CACHED = ("AIM", "MST", "laplace-2way", "hist+m2m", "rff+m2m")
 
 
 #: Changes whenever the catalogue's mechanism or intervals change (its cached answers expire).
-CATALOGUE_VERSION = "bounds-1"
+CATALOGUE_VERSION = "bounds-1 cpu"
 
 
 def _coverage(
@@ -763,7 +765,7 @@ def run_table(
     for seed in seeds:
         for method in methods:
             rng = np.random.default_rng([seed, METHODS.index(method)])
-            start = time.perf_counter()
+            start = time.process_time()
             extra = ""
             key = BaselineCache.key(table, method, EPSILON, DELTA, seed, salt)
             found = cache.get(key) if cache is not None and method in CACHED else None
@@ -779,7 +781,7 @@ def run_table(
                 found = cache.get(key) if cache is not None else None
                 if found is None:
                     sketch = mech.release(table.records, SeededNoise(rng), rng=rng)
-                    published = time.perf_counter() - start
+                    published = time.process_time() - start
                     model = MarginalsModel.fit(fmap, sketch.measurements)
                     estimate = workload.answer(_model_marginal(model))
                     measurements = list(sketch.measurements)
@@ -792,7 +794,7 @@ def run_table(
                         cache.put(
                             key,
                             estimate,
-                            time.perf_counter() - start,
+                            time.process_time() - start,
                             extra,
                             measurements=[
                                 [list(m.clique), m.values.tolist(), m.sigma] for m in measurements
@@ -846,7 +848,7 @@ def run_table(
                 estimate = np.atleast_1d(est.estimate(targets))
             else:  # uniform: the share of the domain a query covers
                 estimate = workload.answer(lambda cols: _uniform(fmap, domain, cols))
-            seconds = time.perf_counter() - start
+            seconds = time.process_time() - start
             if found is not None:
                 seconds = float(found["seconds"])
             elif cache is not None and method in CACHED:
