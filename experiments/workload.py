@@ -108,9 +108,9 @@ class WorkloadTable:
         Inside the domain.
     bins : list of int
         Equal-width cells of every continuous column (ignored for discrete ones).
-    measurements : int, optional
-        The marginals sketch's 2-way selections (default: the catalogue's default for the
-        domain).
+    measurements, rounds : int, optional
+        The marginals sketch's 2-way selections and rounds (default: the catalogue's defaults
+        for the domain).
     """
 
     name: str
@@ -118,6 +118,7 @@ class WorkloadTable:
     records: Array
     bins: list[int]
     measurements: int | None = None
+    rounds: int | None = None
 
     def marginals_map(
         self, *, rounds: int | None = None, measurements: int | None = None
@@ -127,7 +128,7 @@ class WorkloadTable:
         return marginals_map(
             self.domain,
             self.bins,
-            rounds=rounds or AUTO,
+            rounds=rounds or self.rounds or AUTO,
             measurements=measurements or self.measurements or AUTO,
             rows=self.declared_rows,
         )
@@ -675,7 +676,7 @@ CACHED = ("AIM", "MST", "laplace-2way", "hist+m2m", "rff+m2m")
 
 
 #: Changes whenever the catalogue's mechanism or intervals change (its cached answers expire).
-CATALOGUE_VERSION = "bounds-1 cpu"
+CATALOGUE_VERSION = "bounds-1 cpu independent-first-round"
 
 
 def _coverage(
@@ -986,29 +987,30 @@ def run_workload(
     return doc
 
 
-#: The rules :func:`run_loto` chooses among: (dependence D, at most m d measurements; 0: no cap)
-#: of :func:`dpmarket.common.sketches.marginals.default_measurements`.
-RULES = ((0.03, 0.0), (0.06, 0.0), (0.12, 0.0), (0.03, 2.0), (0.06, 2.0), (0.12, 2.0))
+#: The rules :func:`run_loto` chooses among: (dependence D of
+#: :func:`dpmarket.common.sketches.marginals.default_measurements`, selection rounds T).
+RULES = ((0.03, 1), (0.06, 1), (0.12, 1), (0.06, 2))
 BASELINES = ("AIM", "MST", "laplace-2way")
 
 
-def _rule_measurements(table: WorkloadTable, rule: tuple[float, float]) -> int:
+def _rule_settings(table: WorkloadTable, rule: tuple[float, int]) -> tuple[int, int]:
+    """``(measurements, rounds)`` of ``rule`` on ``table``."""
     fmap = table.marginals_map()
-    return default_measurements(
+    k = default_measurements(
         [int(c) for c in fmap.cells],
         zcdp_rho(EPSILON, DELTA),
         table.declared_rows,
         fmap.max_cells,
         dependence=rule[0],
-        per_column=rule[1],
     )
+    return k, min(int(rule[1]), k)
 
 
 def run_loto(
     *,
     tables: Sequence[str] = tuple(TABLES),
     seeds: Sequence[int] = (0, 1),
-    rules: Sequence[tuple[float, float]] = RULES,
+    rules: Sequence[tuple[float, int]] = RULES,
     cache: BaselineCache | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
@@ -1028,17 +1030,17 @@ def run_loto(
         "vs_best", "publish_seconds", "aim_seconds", "intervals"}]}``.
     """
     con = console or Console(stderr=True)
-    docs: dict[str, dict[int, dict[str, Any]]] = {}
+    docs: dict[str, dict[tuple[int, int], dict[str, Any]]] = {}
     base: dict[str, dict[str, Any]] = {}
-    counts: dict[str, dict[tuple[float, float], int]] = {}
+    counts: dict[str, dict[tuple[float, int], tuple[int, int]]] = {}
     for name in tables:
         table = TABLES[name]()
-        counts[name] = {r: _rule_measurements(table, r) for r in rules}
+        counts[name] = {r: _rule_settings(table, r) for r in rules}
         base[name] = run_table(table, seeds, methods=BASELINES, console=con, cache=cache)
         docs[name] = {}
-        for k in sorted(set(counts[name].values())):
-            docs[name][k] = run_table(
-                WorkloadTable(table.name, table.domain, table.records, table.bins, k),
+        for k, t in sorted(set(counts[name].values())):
+            docs[name][k, t] = run_table(
+                WorkloadTable(table.name, table.domain, table.records, table.bins, k, t),
                 seeds,
                 methods=("catalogue",),
                 console=con,
@@ -1063,7 +1065,8 @@ def run_loto(
             {
                 "table": name,
                 "rule": list(rule),
-                "measurements": counts[name][rule],
+                "measurements": counts[name][rule][0],
+                "rounds": counts[name][rule][1],
                 "vs_aim": ratios[name][rule],
                 "vs_best": doc["mean"]["catalogue"]["all"] / best,
                 "error": doc["mean"]["catalogue"]["all"],
@@ -1078,11 +1081,11 @@ def run_loto(
         "delta": DELTA,
         "seeds": list(seeds),
         "rules": [list(r) for r in rules],
-        "measurements": {
-            t: {f"{r[0]:g}/{r[1]:g}": k for r, k in c.items()} for t, c in counts.items()
+        "settings": {
+            t: {f"{r[0]:g}/{r[1]:g}": list(k) for r, k in c.items()} for t, c in counts.items()
         },
         "baselines": base,
-        "catalogue": {t: {str(k): d for k, d in v.items()} for t, v in docs.items()},
+        "catalogue": {t: {f"K={k} T={r}": d for (k, r), d in v.items()} for t, v in docs.items()},
         "ratios": {t: {f"{r[0]:g}/{r[1]:g}": v for r, v in rs.items()} for t, rs in ratios.items()},
         "held_out": held_out,
     }
@@ -1095,7 +1098,7 @@ def print_loto(doc: Mapping[str, Any], console: Console) -> None:
         f"seeds {doc['seeds']}"
     )
     for column in (
-        "table", "rule (D/m)", "K", "error", "/ AIM", "/ best", "publish s", "AIM s",
+        "table", "rule (D/T)", "K/T", "error", "/ AIM", "/ best", "publish s", "AIM s",
         "cover 1-way", "cover 2-way", "cover range", "guess 2-way",
     ):  # fmt: skip
         table.add_column(column, justify="left" if column == "table" else "right")
@@ -1104,7 +1107,7 @@ def print_loto(doc: Mapping[str, Any], console: Console) -> None:
         table.add_row(
             h["table"],
             f"{h['rule'][0]:g}/{h['rule'][1]:g}",
-            str(h["measurements"]),
+            f"{h['measurements']}/{h['rounds']}",
             f"{h['error']:.2e}",
             f"{h['vs_aim']:.3f}",
             f"{h['vs_best']:.3f}",

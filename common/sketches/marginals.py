@@ -310,7 +310,6 @@ def default_measurements(
     max_cells: int = DEFAULT_MAX_CELLS,
     *,
     dependence: float = DEPENDENCE,
-    per_column: float = 0.0,
 ) -> int:
     """How many 2-way marginals a marginals sketch measures by default.
 
@@ -327,17 +326,14 @@ def default_measurements(
         Pairs with more cells are not candidates.
     dependence : float
         ``D``, default :data:`DEPENDENCE`.
-    per_column : float
-        ``m``: at most ``m d`` measurements (0, the default: no such cap). A rule the
-        leave-one-table-out choice compared.
 
     Returns
     -------
     int
         ``K = floor(2 (1 - s) (1 - o) rho (D n / (sqrt(2 / pi) c))^2)``, clipped to ``[min(d -
-        1, P), P]`` (and below ``m d`` when ``m > 0``), with ``P`` the candidate pairs, ``c``
-        their mean cells, ``n`` the rows, ``s`` = :data:`SELECTION_SHARE`, ``o`` =
-        :data:`ONEWAY_SHARE`; at least 1.
+        1, P), P]``, with ``P`` the candidate pairs, ``c`` their mean cells, ``n`` the rows,
+        ``D`` = ``dependence``, ``s`` = :data:`SELECTION_SHARE`, ``o`` = :data:`ONEWAY_SHARE`;
+        at least 1.
 
     Raises
     ------
@@ -366,8 +362,6 @@ def default_measurements(
     mean_cells = float(np.mean(pairs))
     scale = 2.0 * (1.0 - SELECTION_SHARE) * (1.0 - ONEWAY_SHARE) * rho
     k = math.floor(scale * (dependence * n / (math.sqrt(2.0 / math.pi) * mean_cells)) ** 2)
-    if per_column > 0:
-        k = min(k, math.floor(per_column * len(cells)))
     return max(1, min(len(pairs), max(min(len(cells) - 1, len(pairs)), k)))
 
 
@@ -566,16 +560,21 @@ class MarginalsMechanism:
     distribution of ``k`` exponential mechanisms run one after another without replacement (Durfee &
     Rogers 2019), hence costs ``k epsilon^2 / 8``.
 
-    *Budget* (:meth:`plan`). ``rho_1 = 0.2 rho`` measures all ``d`` 1-way marginals at ``sigma_1 =
-    sqrt(d / (2 rho_1))``; each of the ``T`` rounds (:attr:`rounds`) gets ``rho_r = 0.8 rho / T``,
-    ``0.1 rho_r`` for its ``k = ceil(K / T)`` selections (``K`` = :attr:`measurements`: the map's,
-    or derived from the domain, ``rho`` and the declared rows) (``epsilon_r = sqrt(0.8 rho_r / k)``) and ``0.9 rho_r`` for
-    their measurements (``sigma_r = sqrt(k / (1.8 rho_r))``). A round with fewer candidates than
-    ``k`` spends its unused selection budget on its measurements. zCDP composes adaptively by adding
-    ``rho``, so the release is ``rho``-zCDP, hence ``(epsilon, delta)``-DP
-    (:func:`dpmarket.common.privacy.accounting.zcdp_rho` returns a ``rho`` whose tight conversion
-    gives at most ``delta`` at ``epsilon``). The ledger records that ``(epsilon, delta)``
-    (:meth:`privacy_events`).
+    *Budget* (:meth:`plan`). ``rho_1 = 0.2 rho`` measures all ``d`` 1-way marginals at
+    ``sigma_1 = sqrt(d / (2 rho_1))``; each of the ``T`` rounds (:attr:`rounds`) gets ``rho_r =
+    0.8 rho / T``, ``0.1 rho_r`` for its ``k = ceil(K / T)`` selections (``K`` =
+    :attr:`measurements`: the map's, or derived from the domain, ``rho`` and the declared rows)
+    (``epsilon_r = sqrt(0.8 rho_r / k)``) and ``0.9 rho_r`` for their measurements (``sigma_r =
+    sqrt(k / (1.8 rho_r))``). A round with fewer candidates than ``k`` spends its unused selection
+    budget on its measurements. zCDP composes adaptively by adding ``rho``, so the release is
+    ``rho``-zCDP, hence ``(epsilon, delta)``-DP (:func:`dpmarket.common.privacy.accounting.zcdp_rho`
+    returns a ``rho`` whose tight conversion gives at most ``delta`` at ``epsilon``). The ledger
+    records that ``(epsilon, delta)`` (:meth:`privacy_events`).
+
+    *Models scored against.* The first round scores against the 1-way measurements' own model
+    (every column independent: closed form, no fit); each later round against a graphical model
+    fitted to everything measured so far. No model is fitted after the last round (the owner
+    needs none), so a single round costs no fit at all.
 
     References
     ----------
@@ -714,9 +713,10 @@ class MarginalsMechanism:
         sigma1 = self.oneway_sigma
         measurements = [measure((j,), sigma1) for j in range(self.domain.n_attributes)]
         selections: list[float] = []
-        model = MarginalsModel.fit(fmap, measurements, iters=SELECTION_ITERS)
+        model: MarginalsModel | _IndependentModel = _IndependentModel(fmap, measurements)
         pairs = self.candidates()
-        for plan in self.plan():
+        plans = self.plan()
+        for r, plan in enumerate(plans):
             rho_r = plan.selections * (
                 exponential_zcdp_rho(plan.epsilon) + gaussian_zcdp_rho(plan.sigma)
             )
@@ -741,7 +741,9 @@ class MarginalsMechanism:
             for i in chosen:
                 measurements.append(measure(allowed[int(i)], sigma))
                 selections.append(plan.epsilon)
-            model = MarginalsModel.fit(fmap, measurements, iters=SELECTION_ITERS, warm=model)
+            if r + 1 < len(plans):  # the next round scores against a model of everything so far
+                warm = model if isinstance(model, MarginalsModel) else None
+                model = MarginalsModel.fit(fmap, measurements, iters=SELECTION_ITERS, warm=warm)
         free_compiled()  # the selection's structures are not used again
         return MarginalsSketch(self, tuple(measurements), tuple(selections))
 
@@ -878,6 +880,39 @@ class MarginalsSketch:
 
 
 # ------------------------------------------------------------------------------------ model
+class _IndependentModel:
+    """What the 1-way measurements alone say: every column independent, each 1-way marginal
+    its measurement clipped at 0 and scaled to their inverse-variance weighted total (the
+    graphical model of the 1-way marginals, in closed form: the first round scores against it
+    without a fit)."""
+
+    def __init__(self, feature_map: MarginalsMap, measurements: Sequence[Measurement]) -> None:
+        d = feature_map.n_attributes
+        ones = measurements[:d]
+        totals = np.array([m.values.sum() for m in ones])
+        weights = np.array([1.0 / (m.sigma**2 * m.values.size) for m in ones])
+        self.total = max(1.0, float(np.sum(totals * weights) / np.sum(weights)))
+        self.shares = []
+        for m in ones:
+            kept = np.clip(m.values, 0.0, None)
+            mass = float(kept.sum())
+            self.shares.append(kept / mass if mass > 0 else np.full(kept.size, 1.0 / kept.size))
+        self.feature_map = feature_map
+
+    def marginal(self, clique: Sequence[int]) -> NDArray[np.float64]:
+        out = np.ones(())
+        for j in clique:
+            out = np.multiply.outer(out, self.shares[int(j)])
+        return np.asarray(out * self.total, dtype=np.float64)
+
+    def covers(self, clique: Sequence[int]) -> bool:
+        return len(clique) <= 1
+
+    def grown_size_mb(self, clique: Sequence[int]) -> float:
+        d = self.feature_map.n_attributes
+        return model_size_mb(self.feature_map, [*((j,) for j in range(d)), tuple(clique)])
+
+
 class MarginalsModel:
     """A graphical model fitted to noisy marginals (Private-PGM), answering in numpy.
 
