@@ -558,7 +558,11 @@ class MarginalsMechanism:
     (:func:`dpmarket.common.privacy.accounting.exponential_zcdp_rho`); ``k`` selections of a round
     are drawn at once as the top ``k`` of ``epsilon q_c / 2 + Gumbel(0, 1)``, which has the
     distribution of ``k`` exponential mechanisms run one after another without replacement (Durfee &
-    Rogers 2019), hence costs ``k epsilon^2 / 8``.
+    Rogers 2019), hence costs ``k epsilon^2 / 8``. A candidate that would grow the model past
+    :data:`MAX_MODEL_MB` with the round's earlier picks is passed over: the next pick is then the
+    exponential mechanism over the candidates still allowed (a set fixed by the earlier, public,
+    picks; the Gumbel argmax of a subset does not depend on the others' keys), and a round that
+    runs out of candidates spends less than its plan.
 
     *Budget* (:meth:`plan`). ``rho_1 = 0.2 rho`` measures all ``d`` 1-way marginals at
     ``sigma_1 = sqrt(d / (2 rho_1))``; each of the ``T`` rounds (:attr:`rounds`) gets ``rho_r =
@@ -737,10 +741,18 @@ class MarginalsMechanism:
                 ]
             )
             keys = plan.epsilon * scores / 2.0 + rng.gumbel(size=scores.size)
-            chosen = np.argsort(-keys, kind="stable")[:k]
-            for i in chosen:
-                measurements.append(measure(allowed[int(i)], sigma))
+            held = [m.clique for m in measurements]
+            picked = 0
+            for i in np.argsort(-keys, kind="stable"):
+                if picked == k:
+                    break
+                candidate = allowed[int(i)]
+                if model_size_mb(fmap, [*held, candidate]) > MAX_MODEL_MB:
+                    continue  # with this round's earlier picks, it would outgrow the model
+                held.append(candidate)
+                measurements.append(measure(candidate, sigma))
                 selections.append(plan.epsilon)
+                picked += 1
             if r + 1 < len(plans):  # the next round scores against a model of everything so far
                 warm = model if isinstance(model, MarginalsModel) else None
                 model = MarginalsModel.fit(fmap, measurements, iters=SELECTION_ITERS, warm=warm)
