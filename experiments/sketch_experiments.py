@@ -1057,6 +1057,18 @@ def _settings(quick: bool, trials: int | None, n_synthetic: int | None) -> Setti
     return base
 
 
+def _rule(text: str) -> tuple[float, int]:
+    """``"0.06/1"`` -> ``(0.06, 1)``."""
+    dependence, _, rounds = text.partition("/")
+    try:
+        out = (float(dependence), int(rounds))
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give D/T, e.g. 0.06/1", param_hint="--rule") from None
+    if not (out[0] > 0 and out[1] >= 1):
+        raise click.BadParameter(f"{text!r}: D > 0 and T >= 1", param_hint="--rule")
+    return out
+
+
 def run_workload_experiment(
     out_dir: str | Path,
     *,
@@ -1066,6 +1078,7 @@ def run_workload_experiment(
     methods: Sequence[str] | None = None,
     cache: str | Path | None = None,
     loto: bool = False,
+    rules: Sequence[tuple[float, int]] | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
     """The counting-query workload (:mod:`dpmarket.experiments.workload`) into
@@ -1076,6 +1089,7 @@ def run_workload_experiment(
 
     from dpmarket.experiments.workload import (
         METHODS,
+        RULES,
         TABLES,
         BaselineCache,
         print_loto,
@@ -1093,6 +1107,7 @@ def run_workload_experiment(
             doc = run_loto(
                 tables=tuple(tables or TABLES),
                 seeds=seeds,
+                rules=tuple(rules or RULES),
                 cache=None if cache is None else BaselineCache(cache),
                 console=con,
             )
@@ -1161,6 +1176,14 @@ def run_workload_experiment(
     "--seeds", type=click.IntRange(min=1), default=5, help="workload: releases per method."
 )
 @click.option(
+    "--rule",
+    "rules",
+    multiple=True,
+    metavar="D/T",
+    help="workload --loto: only these rules (dependence D, rounds T; repeat; default the four "
+    "of workload.RULES).",
+)
+@click.option(
     "--loto",
     is_flag=True,
     help="workload: choose the marginals sketch's default measurement rule on all tables but "
@@ -1177,6 +1200,7 @@ def sketch_experiments(
     methods: tuple[str, ...],
     cache: str | None,
     seeds: int,
+    rules: tuple[str, ...],
     loto: bool,
 ) -> None:
     """Reproduce the M2M paper's Table 1, Figures 3 and 4 and the lambda-rule evaluation; or
@@ -1194,6 +1218,7 @@ def sketch_experiments(
             methods=methods or None,
             cache=cache,
             loto=loto,
+            rules=[_rule(r) for r in rules] or None,
             console=Console(),
         )
         experiments = tuple(e for e in experiments if e != "workload")
