@@ -76,9 +76,11 @@ __all__ = [
     "model_size_mb",
 ]
 
-#: The most selection rounds a default plan runs (each costs one model fit at the owner: four
-#: keep publication under a tenth of AIM's time, which runs 16 rounds and more).
-DEFAULT_ROUNDS = 4
+#: The most selection rounds a default plan runs. One: the first round scores against the 1-way
+#: measurements' closed-form model, so a one-round release fits no model at all (each later
+#: round costs a fit at the owner: two rounds took 8 times one round's CPU time on Arrests,
+#: four rounds 19 times, against AIM's many rounds; docs/how-it-works.md).
+DEFAULT_ROUNDS = 1
 #: ``measurements = 0`` / ``rounds = 0`` in a map: derive them from the domain, the budget and
 #: the declared rows (:func:`default_measurements`, :func:`default_rounds`).
 AUTO = 0
@@ -367,7 +369,7 @@ def default_measurements(
 
 def default_rounds(measurements: int) -> int:
     """Selection rounds by default: :data:`DEFAULT_ROUNDS`, or one per measurement when there
-    are fewer."""
+    are fewer (never below 1)."""
     return max(1, min(DEFAULT_ROUNDS, int(measurements)))
 
 

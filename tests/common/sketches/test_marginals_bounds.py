@@ -19,6 +19,7 @@ from scipy.stats import binom
 from dpmarket.common.privacy.accounting import zcdp_rho
 from dpmarket.common.sketches.marginals import (
     ASSUMED_ROWS,
+    DEFAULT_ROUNDS,
     Measurement,
     default_measurements,
     default_rounds,
@@ -228,6 +229,6 @@ def test_the_default_measurement_count_adapts_to_the_domain() -> None:
     # More budget, more measurements; no declared rows: ASSUMED_ROWS.
     assert default_measurements([6] * 11, zcdp_rho(4.0, 1e-6), 12_000) > middle
     assert default_measurements([6] * 11, rho) == default_measurements([6] * 11, rho, ASSUMED_ROWS)
-    assert default_rounds(28) == 4 and default_rounds(2) == 2
+    assert default_rounds(28) == DEFAULT_ROUNDS == 1 and default_rounds(0) == 1
     with pytest.raises(ValueError, match="rho"):
         default_measurements([2, 2], 0.0)
