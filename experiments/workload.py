@@ -1009,7 +1009,7 @@ def run_workload(
 
 #: The rules :func:`run_loto` chooses among: (dependence D of
 #: :func:`dpmarket.common.sketches.marginals.default_measurements`, selection rounds T).
-RULES = ((0.03, 1), (0.06, 1), (0.12, 1), (0.06, 2))
+RULES = ((0.03, 1), (0.06, 1), (0.12, 1))
 BASELINES = ("AIM", "MST", "laplace-2way")
 #: The largest publication time, as a share of AIM's, a chosen rule may take on the tables it
 #: is chosen on (the issue's goal: a tenth).
