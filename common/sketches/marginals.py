@@ -87,7 +87,7 @@ AUTO = 0
 #: The typical dependence between two columns that :func:`default_measurements` plans for: the
 #: L1 distance between a pair's joint distribution and the product of its margins, as a
 #: fraction of the rows, that a measurement should be able to see above its noise. Chosen
-#: leave-one-table-out on six tables (docs/results.md, "Counting queries").
+#: leave-one-table-out over 0.03 and 0.06 on five tables (docs/results.md, "Counting queries").
 DEPENDENCE = 0.06
 #: Rows assumed per owner when a declaration states none (``rows``): a small table, hence few
 #: measurements (the noise weighs more on a small table's cells).
