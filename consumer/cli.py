@@ -78,7 +78,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from dpmarket.common.cape.uncertainty import Estimate, Flag
+    from dpmarket.common.cape.uncertainty import Estimate
+    from dpmarket.common.uncertainty import Flag
 
 logger = logging.getLogger("dpmarket")
 
@@ -890,7 +891,7 @@ def _print_flags(estimates: Sequence[Estimate]) -> None:
         for f in e.flags:
             seen.setdefault(f.code, (f, []))[1].append(e.label)
     for code, (flag, labels) in seen.items():
-        style = "red" if flag.severity == "unreliable" else "yellow"
+        style = "red" if flag.on == "interval" else "yellow"
         where = ", ".join(labels) if len(labels) <= 6 else f"{len(labels)} values"
         console.print(
             f"[{style}]{_FLAG_NAMES.get(code, code)}[/{style}] ({where}): "
@@ -1344,22 +1345,18 @@ def _explore_candidates(
     return out
 
 
-def _expected_error(
-    query: Any, spec: SketchSpec, entries: list[PublishedSketch], make: Any, answers: dict[str, Any]
-) -> float:
-    """Mean half-width of ``spec``'s 95 % interval for ``query``, bias bound included (its
-    answer, kept in ``answers``); for a logistic regression, whose bias no sketch bounds, the
-    mean standard error of the involved columns' means from the public noise scales."""
-    from dpmarket.consumer.explore import Query, m2m_standard_errors, m2m_target
+def _expected_error(query: Any, spec: SketchSpec, answer_of: Any, make: Any, entries: Any) -> float:
+    """Mean half-width of ``spec``'s honest 95 % interval for ``query``
+    (:func:`dpmarket.consumer.explore.honest_half_width` of ``answer_of(spec)``, which keeps the
+    answer); for a logistic regression, whose bias no sketch bounds (every interval untrusted),
+    the mean standard error of the involved columns' means from the public noise scales."""
+    from dpmarket.consumer.explore import Query, honest_half_width, m2m_standard_errors, m2m_target
 
+    if query.kind != "logreg":
+        return honest_half_width(answer_of(spec), spec.domain)
     explorer = make(spec)
     sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
     sketch = sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
-    if query.kind != "logreg":
-        answer = explorer.answer(query, sketch)
-        answers[spec.name] = answer
-        low, high = answer.interval()
-        return float(np.mean((high - low) / 2.0))
     estimator = explorer.estimator(sketch)
     columns = tuple(dict.fromkeys((*query.columns, *([query.target] if query.target else []))))
     target = m2m_target(Query("mean", columns=columns), spec.domain)
@@ -1455,8 +1452,9 @@ def explore_command(
     published sketches, with its standard error (computed here: no owner is asked anything).
 
     Each query is answered from the best sketch available (dpmarket.consumer.explore.choose_source):
-    a marginals sketch for what it expresses (counts, CDFs, marginals, synthetic records,
-    moments of discrete columns), else the M2M sketch whose noise moves the answer least."""
+    among the sketches that express it (a marginals sketch: counts, CDFs, marginals, synthetic
+    records, moments of discrete columns; HIST, RFF, RACE: all but marginals and records), the
+    one whose honest 95 % interval is narrowest."""
     from dpmarket.consumer.explore import (
         DEFAULT_EXPLORE_SYNTHETIC,
         Explorer,
@@ -1494,22 +1492,40 @@ def explore_command(
             )
         return explorers[chosen.name]
 
+    marginals_explorers: dict[str, MarginalsExplorer] = {}
+    answered: dict[str, Any] = {}
+
+    def answer_of(chosen: SketchSpec) -> Any:
+        """``chosen``'s answer for the owners asked about (computed once)."""
+        if chosen.name not in answered:
+            entries = by_name[chosen.name][1]
+            if chosen.kind == "marginals":
+                tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
+                marginals_explorers[chosen.name] = MarginalsExplorer(
+                    chosen, bootstrap=bootstrap, seed=seed
+                )
+                answered[chosen.name] = marginals_explorers[chosen.name].answer(q, tables)
+            else:
+                sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
+                sketch = sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
+                answered[chosen.name] = make(chosen).answer(q, sketch)
+        return answered[chosen.name]
+
     try:
         with _client(curator, curator_name, tls) as client:
             candidates = _explore_candidates(client, spec, owners)
         by_name = {s.name: (s, e) for s, e in candidates}
-        answered: dict[str, Any] = {}
         chosen, reason = choose_source(
             q,
             [s for s, _ in candidates],
-            lambda s: _expected_error(q, s, by_name[s.name][1], make, answered),
+            lambda s: _expected_error(q, s, answer_of, make, by_name[s.name][1]),
         )
         entries = by_name[chosen.name][1]
+        answer = answer_of(chosen)
         details: dict[str, Any]
         if chosen.kind == "marginals":
+            marginals = marginals_explorers[chosen.name]
             tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
-            marginals = MarginalsExplorer(chosen, bootstrap=bootstrap, seed=seed)
-            answer = marginals.answer(q, tables)
             n_hat = math.fsum(marginals.models(s)[0].total for s in tables)
             details = {"graphical_model": {"bootstrap": bootstrap, "seed": seed}}
         else:
@@ -1517,7 +1533,6 @@ def explore_command(
             sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
             sketch = sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
             estimator = explorer.estimator(sketch)
-            answer = answered.get(chosen.name) or explorer.answer(q, estimator)
             n_hat = float(answer.extra.get("n", estimator.sketch.count_estimate))
             details = {
                 "m2m": {
@@ -1550,9 +1565,11 @@ def explore_command(
     _print_answer(answer, f"{query} of {who} ({answer.source}, n ≈ {n_hat:.0f})")
     console.print(f"answered from {reason}")
     if "count" in answer.extra:
+        interval = answer.extra.get("count_interval")
         console.print(
-            f"count ≈ {answer.extra['count']:.1f} ± {answer.extra['count_se']:.1f} of "
-            f"n ≈ {answer.extra['n']:.0f}"
+            f"count ≈ {answer.extra['count']:.1f} ± {answer.extra['count_standard_error']:.1f}"
+            + (f", 95 % interval [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else "")
+            + f" of n ≈ {answer.extra['n']:.0f}"
         )
     if q.kind == "synthetic":
         console.print(f"{len(answer.extra['records'])} synthetic records (--out writes them)")
@@ -1560,34 +1577,38 @@ def explore_command(
 
 def _print_answer(answer: Any, title: str) -> None:
     """The answer as a table: every value with its columns, standard error, 95 % interval and
-    flag; then how the intervals were built and why values are flagged."""
+    flags (their codes; a code on the interval is upper case); then what each interval covers
+    and why values are flagged."""
     table = RichTable(title=title, title_justify="left")
-    for column in ("", "columns", "estimate", "± s.e.", "95 % interval", "flag"):
-        left = column in ("", "columns", "flag")
+    for column in ("", "columns", "estimate", "± s.e.", "95 % interval", "flags"):
+        left = column in ("", "columns", "flags")
         table.add_column(
             column,
             justify="left" if left else "right",
             overflow="fold" if left else "ellipsis",
             no_wrap=not left,
         )
-    for row in answer.rows():
-        se = row["se"]
-        ci = row["ci95"]
+    rows = answer.rows()
+    for row in rows:
+        se = row["standard_error"]
+        ci = row["interval"]
         table.add_row(
             row["label"],
             ", ".join(row["columns"]),
             f"{row['value']:.6g}",
             "—" if se is None else f"{se:.3g}",
             "—" if ci is None else f"[{ci[0]:.4g}, {ci[1]:.4g}]",
-            row["flag"] or "",
+            ", ".join(
+                f["code"].upper() if f["on"] == "interval" else f["code"] for f in row["flags"]
+            ),
         )
     out = Console()
     out.print(table)
-    for basis in dict.fromkeys(row["basis"] for row in answer.rows()):
-        out.print(f"interval: {basis}")
-    reasons = dict.fromkeys((row["flag"], row["reason"]) for row in answer.rows() if row["flag"])
-    for flag, reason in reasons:
-        out.print(f"{flag}: {reason}")
+    for basis, covers in dict.fromkeys((row["basis"], row["covers"]) for row in rows):
+        out.print(f"interval ({basis}): {covers}", highlight=False)
+    reasons = dict.fromkeys((f["code"], f["on"], f["reason"]) for row in rows for f in row["flags"])
+    for code, on, reason in reasons:
+        out.print(f"{code} (on the {on}): {reason}", highlight=False)
 
 
 def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
@@ -1621,7 +1642,11 @@ _RANK_COVERS = (
 
 
 def _ranking_row(rank: int, ranked: Any, sketch: Any) -> dict[str, Any]:
-    """One owner of ``rank-owners``: its MMD², standard error, interval and flags."""
+    """One owner of ``rank-owners``: its rank, name, the MMD² as a row of
+    :func:`dpmarket.common.uncertainty.interval_row` (value, standard error, interval, basis,
+    flags), its ε and count."""
+    from dpmarket.common.uncertainty import Flag, interval_row
+
     e = ranked.estimate
     # A Gaussian kernel's MMD² lies in [0, 2] (0 <= k <= 1 = k(x, x)): a debiased estimate
     # outside is clipped and flagged (the raw value kept), and so is the interval, which keeps
@@ -1630,32 +1655,37 @@ def _ranking_row(rank: int, ranked: Any, sketch: Any) -> dict[str, Any]:
     flags = []
     if shown != e.value:
         flags.append(
-            {
-                "code": "clipped",
-                "reason": f"clipped to {shown:g}: the debiased estimate {e.value:.4g} lies "
-                "outside [0, 2], where an MMD² can be: the noise moved it there",
-                "severity": "warning",
-            }
+            Flag(
+                "clipped",
+                f"clipped to {shown:g}: the debiased estimate {e.value:.4g} lies outside "
+                "[0, 2], where an MMD² can be: the noise moved it there",
+                "value",
+            )
         )
     if ranked.unresolved:
         ties = ", ".join(f"{o} (difference {d:+.3g} ± {se:.3g})" for o, d, se in ranked.unresolved)
         flags.append(
-            {
-                "code": "order_not_resolved",
-                "reason": f"its order against {ties} is within the noise and the RFF "
-                "approximation (the difference's 95 % interval contains 0)",
-                "severity": "warning",
-            }
+            Flag(
+                "order_not_resolved",
+                f"its order against {ties} is within the noise and the RFF approximation (the "
+                "difference's 95 % interval contains 0)",
+                "value",
+            )
         )
     row: dict[str, Any] = {
         "rank": rank,
         "owner": ranked.owner,
-        "mmd2": shown,
-        "standard_error": e.standard_error,
-        "interval": [min(max(e.low, 0.0), 2.0), min(max(e.high, 0.0), 2.0)],
-        "level": e.level,
-        "covers": _RANK_COVERS,
-        "flags": flags,
+        **interval_row(
+            f"MMD²({ranked.owner}, validation)",
+            shown,
+            e.standard_error,
+            min(max(e.low, 0.0), 2.0),
+            min(max(e.high, 0.0), 2.0),
+            basis="noise",
+            covers=_RANK_COVERS,
+            flags=flags,
+            level=e.level,
+        ),
         "epsilon": sketch.mechanism.epsilon,
         "n": sketch.count_estimate,
     }
@@ -1737,7 +1767,7 @@ def rank_owners_command(
         table.add_row(
             str(r["rank"]),
             r["owner"],
-            f"{r['mmd2']:.3g}",
+            f"{r['value']:.3g}",
             f"[{low:.3g}, {high:.3g}]",
             f"{r['epsilon']:g}",
             f"{r['n']:.0f}",

@@ -379,23 +379,53 @@ def m2m_bounded(
     return bounded_interval(estimate, sketch, rng, **kwargs), lam
 
 
-def interval_basis(kind: str, query_kind: str, n_columns: int) -> str:
-    """One line saying how a value's interval was built and what it covers."""
+def interval_basis(kind: str, query_kind: str, n_columns: int) -> tuple[str, str]:
+    """What a value's interval covers (its basis,
+    :data:`dpmarket.common.uncertainty.BASES`) and one line on how it was built.
+
+    Parameters
+    ----------
+    kind : {"hist", "rff", "race"}
+        The sketch kind.
+    query_kind : str
+        :attr:`dpmarket.consumer.explore.Query.kind`.
+    n_columns : int
+        The columns the value is about (a count's predicated columns; 1 for a variance).
+
+    Returns
+    -------
+    (str, str)
+        ``"noise"`` for a logistic regression (its bias is not bounded), ``"bounds"`` where one
+        histogram per column leaves the value unidentified (a count over several columns, a
+        covariance of two: bounds that hold whatever the joint, around the independence
+        guess), ``"noise+bias"`` otherwise; and the construction in words.
+    """
     if query_kind == "logreg":
-        return "noise only (bootstrap over the release's noise): the fit's bias is not bounded"
+        return (
+            "noise",
+            "bootstrap over the release's noise (16 refits): the fit's bias is not bounded",
+        )
     if kind == "hist":
         if query_kind == "count" and n_columns > 1:
             return (
+                "bounds",
                 "Fréchet bounds of the conjunction from each column's histogram (they hold "
-                "whatever the joint), widened by the noise; the value assumes independence"
+                "whatever the joint), widened by the noise; the value assumes independence",
             )
         if query_kind == "covariance" and n_columns > 1:
             return (
+                "bounds",
                 "|cov| <= sd_a sd_b (Cauchy-Schwarz): one histogram per column does not "
-                "identify a relation between columns; the value assumes independence"
+                "identify a relation between columns; the value assumes independence",
             )
-        return "every bin's mass anywhere in its bin (binning bound), widened by the noise"
-    return "M2M's residual range over the design (its fit and shrinkage), widened by the noise"
+        return (
+            "noise+bias",
+            "every bin's mass anywhere in its bin (binning bound), widened by the noise",
+        )
+    return (
+        "noise+bias",
+        "M2M's residual range over the design (its fit and shrinkage), widened by the noise",
+    )
 
 
 def finite_or_nan(values: Array) -> Array:

@@ -90,7 +90,7 @@ def _coverage(
         covered += (low <= truth + 1e-12) & (truth - 1e-12 <= high)
         half = Z95 * answer.errors
         control += (answer.values - half <= truth) & (truth <= answer.values + half)
-        flagged += np.array([f != "" for f in answer.flags])
+        flagged += np.array([f != "" for f in answer.codes("interval")])
     return covered, control, flagged
 
 
@@ -157,8 +157,8 @@ def test_logistic_regressions_are_flagged_unbounded(specs: dict[str, SketchSpec]
         .release(_at_bin_edges(2000), SeededNoise(np.random.default_rng(0)))
     )
     answer = explorer.answer(Query("logreg", target="y", columns=("a",)), sketch, errors=False)
-    assert answer.flags == ("unbounded", "unbounded")
-    assert all("not identified" in r for r in answer.reasons)
+    assert answer.codes() == ("unbounded", "unbounded")
+    assert all("not identified" in f.reason for (f,) in answer.flags)
     assert all(row["bias_bound"] is None for row in answer.rows())
 
 
@@ -175,10 +175,10 @@ def test_a_wild_estimate_is_flagged_not_passed_off_by_its_cut_interval(
             specs["hist"].mechanism(1.0).release(records, SeededNoise(np.random.default_rng(seed)))
         )
         answer = explorer.answer(Query("mean", columns=("a",)), sketch, replicates=REPLICATES)
-        assert answer.flags[0] in ("uninformative", "few-records", "clipped")
+        assert answer.codes()[0] in ("uninformative", "few-records", "clipped")
         row = answer.rows()[0]
-        assert row["flag"] == answer.flags[0] and row["reason"]
-        assert row["ci95"][0] >= 0.0 and row["ci95"][1] <= 10.0
+        assert row["flags"][0]["code"] == answer.codes()[0] and row["flags"][0]["reason"]
+        assert row["interval"][0] >= 0.0 and row["interval"][1] <= 10.0
 
 
 def test_answer_rows_carry_value_error_interval_bias_and_flag(specs: dict[str, SketchSpec]) -> None:
@@ -192,10 +192,10 @@ def test_answer_rows_carry_value_error_interval_bias_and_flag(specs: dict[str, S
     )
     answer = explorer.answer(HIST_QUERIES["covariance"], sketch, replicates=REPLICATES)
     rows = answer.as_dict()["rows"]
-    assert [set(r) >= {"label", "columns", "value", "se", "ci95", "bias_bound", "basis", "flag",
-                       "reason"} for r in rows] == [True] * 3  # fmt: skip
+    assert [set(r) >= {"label", "columns", "value", "standard_error", "interval", "bias_bound",
+                       "covers", "flags"} for r in rows] == [True] * 3  # fmt: skip
     variance, cross, _ = rows
-    assert variance["ci95"][0] <= variance["value"] <= variance["ci95"][1]
-    assert variance["bias_bound"] > 0 and "binning bound" in variance["basis"]
-    assert "Cauchy-Schwarz" in cross["basis"] and cross["value"] == 0.0
-    assert (cross["flag"] is None) == (cross["reason"] is None)
+    assert variance["interval"][0] <= variance["value"] <= variance["interval"][1]
+    assert variance["bias_bound"] > 0 and "binning bound" in variance["covers"]
+    assert "Cauchy-Schwarz" in cross["covers"] and cross["value"] == 0.0
+    assert all(f["code"] and f["reason"] for f in cross["flags"])
