@@ -72,6 +72,7 @@ __all__ = [
     "aggregate_paths",
     "half_names",
     "path_summary",
+    "paths_markdown",
     "paths_table",
     "rff_greedy_reference",
     "run_half",
@@ -262,7 +263,7 @@ def path_summary(
             sum(r["mmd2"] > b["uniform"]["mmd2"] for r, b in zip(runs, bases, strict=True))
         ),
         "worst_over_median_seed": float(exact.max() / np.median(exact)),
-        "hedge_kept": int(sum(bool(r["hedge_kept"]) for r in runs)),
+        "hedge_kept": int(sum(r.get("hedge_kept") == "uniform sample" for r in runs)),
         "points_read": max(r["points_read"] for r in runs),
         "p": paths.runner.scenario(name).default_p,
         "rff_over_exact": _geomean(
@@ -413,3 +414,40 @@ def run_half(
     write_json(document, out / "suite.json")
     console.print(f"results -> {out / 'suite.json'} ({document['seconds_total']:.0f} s in all)")
     return document
+
+
+def paths_markdown(rows: Mapping[str, Sequence[Mapping[str, Any]]], names: Sequence[str]) -> str:
+    """:func:`paths_table` as a Markdown table (for docs/results.md), with the median and worst
+    rows."""
+    labels = [f"{path} eps={eps:g}" for path in PATHS for eps in EPSILONS]
+    head = (
+        "| scenario | counts ε=1 × exact | ε=1,000 × exact | ε=1,000 × RFF greedy | seeds worst / "
+        "median (ε=1) | sketch ε=1 × exact | ε=1,000 × exact | ε=1,000 × RFF greedy | seeds "
+        "worst / median (ε=1) | RFF greedy × exact | uniform × exact |"
+    )
+    lines = [head, "|" + " --- |" * 11]
+
+    def cells(get: Any) -> list[str]:
+        out = []
+        for path in PATHS:
+            one, free = (f"{path} eps={eps:g}" for eps in EPSILONS)
+            out += [
+                get(one, "over_exact"),
+                get(free, "over_exact"),
+                get(free, "over_rff"),
+                get(one, "worst_over_median_seed"),
+            ]
+        return out
+
+    for i, name in enumerate(names):
+        ref = rows[labels[0]][i]
+        row = cells(lambda label, key, i=i: f"{rows[label][i][key]:.2f}")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(row)
+            + f" | {ref['rff_over_exact']:.2f} | {ref['uniform_over_exact']:.0f} |"
+        )
+    for stat, fn in (("median", np.median), ("worst", np.max)):
+        row = cells(lambda label, key, fn=fn: f"**{fn([r[key] for r in rows[label]]):.2f}**")
+        lines.append(f"| **{stat}** | " + " | ".join(row) + " | | |")
+    return "\n".join(lines) + "\n"

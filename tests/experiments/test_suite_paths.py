@@ -72,7 +72,8 @@ class _Fake:
         self.runner = self
 
     def run(self, ps: Any, name: str, seed: int) -> dict[str, Any]:
-        return {"mmd2": self.mmd[seed], "hedge_kept": seed == 0, "points_read": 30}
+        kept = "uniform sample" if seed == 0 else "selection"
+        return {"mmd2": self.mmd[seed], "hedge_kept": kept, "points_read": 30}
 
     def baselines(self, name: str, seed: int) -> dict[str, Any]:
         return {"exact": {"mmd2": 0.5}, "uniform": {"mmd2": 10.0}}
