@@ -108,7 +108,8 @@ class Deployment:
             f"$EDITOR {self.schema}   # replace every drafted bound by public knowledge, "
             "then delete the line `draft = true`",
             f"dpmarket up {d}",
-            f"dpmarket request --config {self.consumer} --validation VALIDATION.csv -p 20 "
+            f"dpmarket consumer request --config {self.consumer} --validation VALIDATION.csv "
+            "-p 20 "
             "--out summary.csv",
         ]
 
@@ -311,8 +312,8 @@ def init_deployment(
     consumer_config = root / "consumer.toml"
     consumer_config.write_text(
         _config(
-            "The consumer: dpmarket request | cape ... | sketch list | explore | rank-owners\n"
-            "--config consumer.toml. Its tables are read through the schema (columns by name).",
+            "The consumer: dpmarket consumer request | cape ... | sketches | explore |\n"
+            "rank-owners --config consumer.toml. Its tables are read through the schema (columns by name).",
             {
                 "curator": curator_target,
                 "curator-name": CURATOR,
@@ -325,7 +326,7 @@ def init_deployment(
     )
     manifest = "# The services `dpmarket up` starts, in order; `dpmarket down` stops them.\n"
     for role, service, config_name in services:
-        command = "serve-curator" if role == CURATOR else "serve-owner"
+        command = "curator serve" if role == CURATOR else "owner serve"
         manifest += (
             f'\n[[service]]\nname = "{service}"\ncommand = "{command}"\nconfig = "{config_name}"\n'
         )
@@ -412,7 +413,7 @@ def up(directory: str | os.PathLike[str]) -> dict[str, str]:
                 port_file.unlink(missing_ok=True)
                 log_path = logs / f"{name}.log"
                 pid = _spawn(
-                    [sys.executable, "-m", "dpmarket.deploy.cli", "-v", service["command"],
+                    [sys.executable, "-m", "dpmarket", "-v", *service["command"].split(),
                      "--config", str(root / service["config"]), "--port-file", str(port_file)],
                     log_path,
                 )  # fmt: skip

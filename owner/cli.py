@@ -58,8 +58,8 @@ if TYPE_CHECKING:  # dpmarket.owner.sources reads partitioned tables: scipy, not
     from dpmarket.owner.sources import OwnerData
 
 __all__ = [
+    "ledger",
     "ledger_report",
-    "owner",
     "publish_command",
     "published_command",
     "serve_owner",
@@ -221,12 +221,7 @@ def _budget_table(report: dict[str, Any]) -> Table:
     return table
 
 
-@click.group("owner", context_settings={"help_option_names": ["-h", "--help"]})
-def owner() -> None:
-    """Tools for a data owner: inspect its own privacy ledger."""
-
-
-@owner.command("ledger")
+@click.command("ledger", context_settings={"help_option_names": ["-h", "--help"]})
 @config_option
 @click.option(
     "--data-dir",

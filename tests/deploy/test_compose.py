@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import click
 import pytest
 from click.testing import CliRunner
 from cryptography import x509
@@ -42,7 +43,7 @@ from grpc_health.v1 import health_pb2
 from dpmarket.common.summarization.summary import PARAMETER_NAMES, SummarizationConfig
 from dpmarket.common.summarization.terms import owner_terms
 from dpmarket.curator.policy import load_curator_policy
-from dpmarket.deploy.cli import main
+from dpmarket.deploy.cli import main, resolve
 from dpmarket.deploy.pki import CA_KEY, init_ca, issue
 from dpmarket.owner.data import load_point_set, load_table
 from dpmarket.owner.policy import load_owner_policy
@@ -59,8 +60,12 @@ OWNERS = [f"owner-{i}" for i in range(5)]
 SERVERS = {*OWNERS, "curator"}
 JOBS = {"pki", "data"}
 PARTIES = {*SERVERS, "consumer"}
-# The role each party's subcommand runs as (its certificate must carry it).
-ROLE_OF = {"serve-owner": "owner", "serve-curator": "curator", "request": "consumer"}
+# The command each party's container runs, and the role its certificate must carry.
+ROLE_OF = {
+    ("owner", "serve"): "owner",
+    ("curator", "serve"): "curator",
+    ("consumer", "request"): "consumer",
+}
 # Mount points inside the parties' containers.
 DATA_TARGET, PKI_TARGET, STATE_TARGET, POLICY_TARGET = "/data", "/pki", "/state", "/etc/dpmarket"
 SKETCH_TARGET = "/etc/dpmarket-sketches"
@@ -202,9 +207,15 @@ def _split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _path(argv: list[str]) -> tuple[str, ...]:
+    """The ``dpmarket`` command a command line runs (its path, e.g. ``("owner", "serve")``)."""
+    path, _, _ = resolve(argv)
+    return path
+
+
 def _identity(argv: list[str]) -> Identity:
-    """The identity a party's command line runs as: its subcommand's role and its --name."""
-    return Identity(ROLE_OF[argv[0]], _value(argv, "--name"))  # type: ignore[arg-type]
+    """The identity a party's command line runs as: its command's role and its --name."""
+    return Identity(ROLE_OF[_path(argv)], _value(argv, "--name"))  # type: ignore[arg-type]
 
 
 def _published_container_ports(service: dict[str, Any]) -> list[int]:
@@ -416,9 +427,8 @@ def _parse_on_host(service: dict[str, Any], *runs: JobRun) -> dict[str, Any]:
                 return str(host)
         return token
 
-    argv = _argv(service)
-    command = main.commands[argv[0]]
-    with command.make_context(argv[0], [on_host(t) for t in argv[1:]]) as ctx:
+    path, command, args = resolve(_argv(service))
+    with command.make_context(path[-1], [on_host(t) for t in args]) as ctx:
         return dict(ctx.params)
 
 
@@ -447,7 +457,7 @@ def test_services_are_the_demo_topology(config: dict[str, Any]) -> None:
                 assert mount.target == POLICY_TARGET and mount.read_only, f"{name}: {mount}"
     for name in PARTIES:
         assert _entrypoint(services[name]) is None, f"{name} must run the image's dpmarket"
-        assert ROLE_OF[_argv(services[name])[0]] == _identity(_argv(services[name])).role
+        assert ROLE_OF[_path(_argv(services[name]))] == _identity(_argv(services[name])).role
 
 
 def test_networks_separate_the_owners_from_the_consumer(config: dict[str, Any]) -> None:
@@ -533,7 +543,7 @@ def test_each_owner_serves_its_own_files(config: dict[str, Any]) -> None:
     data_files = []
     for name in OWNERS:
         argv = _argv(services[name])
-        assert argv[0] == "serve-owner"
+        assert _path(argv) == ("owner", "serve")
         assert _value(argv, "--data") == f"{DATA_TARGET}/{name}.parquet"
         assert _value(argv, "--table") == f"{DATA_TARGET}/{name}-table.parquet"
         assert _value(argv, "--owner-id") == name
@@ -562,7 +572,7 @@ def test_the_curator_serves_the_flights_sketch_catalogue(
 def test_curator_lists_every_owner_and_its_certificate_name_once(config: dict[str, Any]) -> None:
     services = _services(config)
     argv = _argv(services["curator"])
-    assert argv[0] == "serve-curator"
+    assert _path(argv) == ("curator", "serve")
     assert _identity(argv) == Identity("curator", "curator")
     counts = Counter(_values(argv, "--owner"))
     assert all(n == 1 for n in counts.values()), counts
@@ -577,7 +587,7 @@ def test_consumer_requests_a_private_summary_from_the_curator(config: dict[str, 
     services = _services(config)
     argv = _argv(services["consumer"])
     curator = _argv(services["curator"])
-    assert argv[0] == "request"
+    assert _path(argv) == ("consumer", "request")
     assert _value(argv, "--method") == "candidates"
     host, port = _split_address(_value(argv, "--curator"))
     assert host == "curator"
@@ -662,7 +672,7 @@ def test_ports_match_the_command_lines(config: dict[str, Any]) -> None:
 
 def test_healthchecks_probe_the_service_with_its_own_identity(config: dict[str, Any]) -> None:
     services = _services(config)
-    health = main.commands["health"]
+    _, health, _ = resolve(["health"])
     for name in SERVERS:
         argv = _argv(services[name])
         identity = _identity(argv)
@@ -682,15 +692,16 @@ def test_compose_commands_are_real_subcommands_and_options(config: dict[str, Any
     runner = CliRunner()
     for name in PARTIES:
         argv = _argv(_services(config)[name])
-        subcommand = argv[0]
-        assert subcommand in main.commands, f"{name}: dpmarket has no subcommand {subcommand}"
-        result = runner.invoke(main, [subcommand, "--help"])
+        path, command, args = resolve(argv)
+        assert not isinstance(command, click.Group), f"{name}: `dpmarket {argv[0]}` is a group"
+        assert list(path) == argv[: len(path)], f"{name}: {argv[: len(path)]} is an old name"
+        result = runner.invoke(main, [*path, "--help"])
         assert result.exit_code == 0, result.output
-        for token in argv[1:]:
+        for token in args:
             if token.startswith("-"):
                 option = token.split("=", 1)[0]
                 assert _option_in_help(option, result.output), (
-                    f"{name}: `dpmarket {subcommand}` has no option {option}"
+                    f"{name}: `dpmarket {' '.join(path)}` has no option {option}"
                 )
 
 
