@@ -607,14 +607,14 @@ def run_wan(
         for i, owner in enumerate(owners):
             wan.spawn(
                 owner,
-                [dpmarket, "serve-owner", "--data", str(files[i]), "--table", str(tables[i]),
+                [dpmarket, "owner", "serve", "--data", str(files[i]), "--table", str(tables[i]),
                  "--binary-column", BINARY, "--host", "0.0.0.0", "--port", str(WAN_OWNER_PORT),
                  "--pki-dir", str(pki), "--name", owner, "--policy", str(owner_policy),
                  "--data-dir", "state", "--allow-seeded-sessions"],
                 owner,
             )  # fmt: skip
         curator = [
-            dpmarket, "serve-curator", "--host", "0.0.0.0", "--port", str(WAN_CURATOR_PORT),
+            dpmarket, "curator", "serve", "--host", "0.0.0.0", "--port", str(WAN_CURATOR_PORT),
             "--pki-dir", str(pki), "--name", "curator", "--policy", str(curator_policy),
             "--data-dir", "state", "--allow-seeded-sessions",
         ]  # fmt: skip
