@@ -33,9 +33,10 @@ def test_without_an_engine_the_first_line_says_so(tmp_path: Path) -> None:
 def test_without_a_docker_command_the_first_line_says_so(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    dirname = shutil.which("dirname")
-    assert dirname is not None
-    (bin_dir / "dirname").symlink_to(dirname)
+    for tool in ("dirname", "rm"):  # what the script runs before and after its check
+        found = shutil.which(tool)
+        assert found is not None
+        (bin_dir / tool).symlink_to(found)
     done = _build({**os.environ, "PATH": str(bin_dir)})
     assert done.returncode == 1
     assert done.stderr.splitlines() == [
