@@ -1018,3 +1018,53 @@ def test_image_creates_every_volume_mount_point_for_its_user(config: dict[str, A
         if mount.kind == "volume"
     }
     assert targets <= created, f"the image does not create {sorted(targets - created)}"
+
+
+# ------------------------------------------------------- deploy/README.md's host consumer
+def _readme_block(heading: str) -> str:
+    """The first ``sh`` block under ``heading`` in deploy/README.md, its lines joined."""
+    text = (REPO / "deploy" / "README.md").read_text(encoding="utf-8")
+    section = text.split(heading, 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, flags=re.DOTALL)
+    assert block is not None, f"no sh block under {heading}"
+    return block.group(1).replace("\\\n", " ")
+
+
+def test_the_readme_consumer_on_the_host_asks_with_the_stacks_own_data(
+    config: dict[str, Any], data_run: JobRun
+) -> None:
+    """Its validation and seed sets are the consumer's files of the flights scenario (not
+    another scenario's points, which the owners would not match), and it asks what the
+    `consumer` service asks, of the curator's published port."""
+    services = _services(config)
+    block = _readme_block("### A consumer on the host")
+    request = next(
+        shlex.split(line) for line in block.splitlines() if "dpmarket consumer request" in line
+    )
+    path, command, args = resolve(request[1:])
+    assert path == ("consumer", "request")
+    # The files it reads come out of the consumer's data volume, as the data job wrote them.
+    copied = re.search(r"tar -C /data -cf - ([^']+)' \| tar -C (\S+) -xf -", block)
+    assert copied is not None, block
+    names, host_dir = copied.group(1).split(), copied.group(2)
+    consumer_volume = data_run.volume_dirs[_volumes(services["consumer"])[DATA_TARGET].source]
+    for option in ("--validation", "--seed-set"):
+        file = Path(_value(args, option))
+        assert str(file.parent) == host_dir and file.name in names, option
+        assert (consumer_volume / file.name).is_file(), option
+    owner_volume = data_run.volume_dirs[_volumes(services["owner-0"])[DATA_TARGET].source]
+    owner_points = load_point_set(owner_volume / "owner-0.parquet").features
+    validation = load_point_set(consumer_volume / "validation.npy").features
+    assert validation.shape[1] == owner_points.shape[1]
+    # The request parses, and asks what the consumer service asks.
+    consumer = _argv(services["consumer"])
+    for option in ("-p", "--gamma", "--method", "--curator-name"):
+        assert _value(args, option) == _value(consumer, option), option
+    curator_port = _port(_argv(services["curator"]))
+    assert _value(args, "--curator") == f"127.0.0.1:{curator_port}"
+    assert curator_port in _published_container_ports(services["curator"])
+    on_host = [
+        str(consumer_volume / Path(a).name) if a.startswith(f"{host_dir}/") else a for a in args
+    ]
+    with command.make_context(path[-1], on_host) as ctx:
+        assert ctx.params["method"] == "candidates"
