@@ -346,10 +346,10 @@ class LazyGroup(click.Group):
         """``path`` with an old name at its start replaced by the new one (the configuration
         file's sections, :func:`dpmarket.runtime.cli.config_option`, name commands either way)."""
         found = _alias(path, self.aliases)
-        if found is None or found[1] is None:
+        if found is None:
             return tuple(path)
         old, new = found
-        return (*new, *path[len(old) :])
+        return tuple(path) if new is None else (*new, *path[len(old) :])
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.spec.commands)

@@ -313,7 +313,8 @@ def init_deployment(
     consumer_config.write_text(
         _config(
             "The consumer: dpmarket consumer request | cape ... | sketches | explore |\n"
-            "rank-owners --config consumer.toml. Its tables are read through the schema (columns by name).",
+            "rank-owners --config consumer.toml. Its tables are read through the schema\n"
+            "(columns by name).",
             {
                 "curator": curator_target,
                 "curator-name": CURATOR,

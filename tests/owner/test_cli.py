@@ -42,7 +42,8 @@ def data_dir(tmp_path: Path) -> Path:
 
 
 def invoke(*args: str) -> str:
-    result = CliRunner().invoke(command_at("owner"), list(args), env={"COLUMNS": "200"}, terminal_width=200)
+    owner = command_at("owner")
+    result = CliRunner().invoke(owner, list(args), env={"COLUMNS": "200"}, terminal_width=200)
     assert result.exit_code == 0, result.output
     return result.output
 
@@ -110,7 +111,8 @@ def test_session_and_limit(data_dir: Path) -> None:
 
 
 def test_no_ledger_is_a_clear_error(tmp_path: Path) -> None:
-    result = CliRunner().invoke(command_at("owner"), ["ledger", "--data-dir", str(tmp_path / "nothing")])
+    owner = command_at("owner")
+    result = CliRunner().invoke(owner, ["ledger", "--data-dir", str(tmp_path / "nothing")])
     assert result.exit_code == 1
     assert "holds no owner ledger" in result.output
     assert not (tmp_path / "nothing").exists()
