@@ -1,4 +1,4 @@
-"""The curator's commands: ``serve-curator``, the parsimonious curator for a fixed set of owners
+"""The curator's commands: ``curator serve``, the parsimonious curator for a fixed set of owners
 with its catalogue of the owners' private sketches, over mTLS; ``curator sessions`` and
 ``curator charges``, what its durable store holds (read-only)."""
 
@@ -246,7 +246,7 @@ _DATA_DIR = click.option(
     "--data-dir",
     required=True,
     type=click.Path(file_okay=False),
-    help="The curator's data directory (serve-curator --data-dir; holds curator.sqlite3).",
+    help="The curator's data directory (curator serve --data-dir; holds curator.sqlite3).",
 )
 
 

@@ -7,7 +7,7 @@ certificate for the curator, every owner and a consumer, each in the service's o
 ``pki/<role>-<name>/`` with ``ca.crt`` and nothing of the CA's key), a schema drafted from the
 data (:func:`dpmarket.common.schema.draft_schema`, marked as a draft), a sketch declaration over
 the schema's columns for the curator's catalogue, one configuration file per service
-(``--config``: every option of ``serve-owner``, ``serve-curator`` and the consumer's commands),
+(``--config``: every option of ``owner serve``, ``curator serve`` and the consumer's commands),
 each owner's data directory with its policy — whose ``[peers]`` pin every other owner's public
 key, the roster of its CAPE jobs — and ``deployment.toml``, the list of services :func:`up`
 starts.
@@ -133,10 +133,10 @@ def _config(comment: str, values: Mapping[str, object]) -> str:
 
 
 def _sketch_declaration(name: str) -> str:
-    return f"""# A sketch declaration of the curator's catalogue (serve-curator --sketch-spec): the
+    return f"""# A sketch declaration of the curator's catalogue (curator serve --sketch-spec): the
 # columns of the deployment's schema, a map of each kind, and the mechanism. Specs:
 # {name}/rff, {name}/race and {name}/hist. An owner publishes with
-#   dpmarket sketch publish --config owner-NAME.toml --spec {name}/hist
+#   dpmarket owner publish --config owner-NAME.toml --spec {name}/hist
 # (charged once to its ledger); consumers then explore and rank owners at no further cost.
 name = "{name}"
 schema = "schema.toml"
@@ -274,8 +274,8 @@ def init_deployment(
         config = root / f"owner-{owner}.toml"
         config.write_text(
             _config(
-                f"Owner {owner}: dpmarket serve-owner --config {config.name}\n"
-                "(also read by: dpmarket sketch publish, dpmarket owner ledger).\n"
+                f"Owner {owner}: dpmarket owner serve --config {config.name}\n"
+                "(also read by: dpmarket owner publish, dpmarket owner ledger).\n"
                 f"Its policy: owners/{owner}/{POLICY_FILE}; its ledger beside it.",
                 {
                     "data": str(data),
@@ -295,7 +295,7 @@ def init_deployment(
     curator_config = root / "curator.toml"
     curator_config.write_text(
         _config(
-            "The curator: dpmarket serve-curator --config curator.toml",
+            "The curator: dpmarket curator serve --config curator.toml",
             {
                 "owner": [f"{o}@{host}:{ports[k + 1]}" for k, o in enumerate(paths)],
                 "host": host,

@@ -52,9 +52,9 @@ CONFIG_HELP = (
     "A TOML file of option values, keyed by the options' long names without the dashes (e.g. "
     'data-dir = "state", owner = ["a@host:1"]); options given on the command line '
     "override it. Keys at the top level apply to every command that takes them (one file per "
-    "service); a table named after a command ([serve-owner], [request], [cape.mean]) applies to "
-    "that command only. Relative paths are relative to the file's folder. A key no command takes "
-    "is an error."
+    "party); a table named after a command ([owner.serve], [consumer.request], "
+    "[consumer.cape.mean]) applies to that command only. Relative paths are relative to the "
+    "file's folder. A key no command takes is an error."
 )
 
 
