@@ -381,10 +381,13 @@ class LazyGroup(click.Group):
         if found is not None:
             old, new = found
             if new is None:
+                moved = [
+                    f"dpmarket {' '.join(target)}"
+                    for source, target in self.aliases.items()
+                    if target is not None and source[: len(old)] == old and source != old
+                ]
                 raise click.UsageError(
-                    f"dpmarket {' '.join(old)} is split by party: dpmarket owner "
-                    "publish|published, dpmarket consumer specs|sketches, dpmarket demo-sketch",
-                    ctx,
+                    f"dpmarket {' '.join(old)} is split by party: {', '.join(moved)}", ctx
                 )
             click.echo(
                 f"dpmarket {' '.join(old)} is now dpmarket {' '.join(new)} "
