@@ -102,11 +102,12 @@ def test_the_listing_imports_no_command() -> None:
     assert owner == []
 
 
-def test_the_health_probe_loads_no_numerical_library() -> None:
-    """Every container runs it every few seconds."""
-    (health,) = _probe(["health", "--help"])
-    assert "pandas" not in health and "scipy" not in health
-    assert not any(m.startswith("dpmarket.") for m in health), health
+def test_the_health_probe_and_the_pki_load_no_party() -> None:
+    """Every container runs the probe every few seconds; the pki job runs once per identity."""
+    health, pki = _probe(["health", "--help"], ["pki", "issue", "--help"])
+    for loaded in (health, pki):
+        assert "pandas" not in loaded and "scipy" not in loaded
+        assert not any(m.startswith("dpmarket.") for m in loaded), loaded
 
 
 def test_no_service_command_imports_the_lab(tmp_path: Path) -> None:
