@@ -390,8 +390,7 @@ class LazyGroup(click.Group):
                     f"dpmarket {' '.join(old)} is split by party: {', '.join(moved)}", ctx
                 )
             click.echo(
-                f"dpmarket {' '.join(old)} is now dpmarket {' '.join(new)} "
-                "(the old name will be removed)",
+                f"dpmarket {' '.join(old)} is now dpmarket {' '.join(new)} (deprecated)",
                 err=True,
             )
             args = [*new, *args[len(old) :]]

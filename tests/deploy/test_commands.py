@@ -187,10 +187,10 @@ def test_old_names_run_the_new_commands_after_one_notice() -> None:
             continue
         assert result.exit_code == 0, (old, result.output)
         assert result.stderr == (
-            f"dpmarket {' '.join(old)} is now dpmarket {' '.join(new)} "
-            "(the old name will be removed)\n"
+            f"dpmarket {' '.join(old)} is now dpmarket {' '.join(new)} (deprecated)\n"
         )
         assert result.stdout.startswith(f"Usage: dpmarket {' '.join(new)} "), old
+        assert len(result.stderr) <= 81  # one line in 80 columns
         assert command_at(*old) is command_at(*new)
     # An old name's second word: `cape mean` is `consumer cape mean`.
     assert command_at("cape", "mean") is command_at("consumer", "cape", "mean")

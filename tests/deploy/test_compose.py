@@ -61,7 +61,7 @@ SERVERS = {*OWNERS, "curator"}
 JOBS = {"pki", "data"}
 PARTIES = {*SERVERS, "consumer"}
 # The command each party's container runs, and the role its certificate must carry.
-ROLE_OF = {
+ROLE_OF: dict[tuple[str, ...], str] = {
     ("owner", "serve"): "owner",
     ("curator", "serve"): "curator",
     ("consumer", "request"): "consumer",
