@@ -200,6 +200,12 @@ _LAB = Group(
             lab=True,
             config=False,
         ),
+        "cape-coverage": Command(
+            "dpmarket.experiments.cape_coverage:cape_coverage",
+            "How often CAPE's intervals cover the pooled answer.",
+            lab=True,
+            config=False,
+        ),
         "sketch-figures": Command(
             "dpmarket.experiments.sketch_experiments:sketch_experiments",
             "The M2M paper's Table 1 and Figures 3 and 4.",
@@ -279,6 +285,7 @@ ALIASES: Mapping[tuple[str, ...], tuple[str, ...] | None] = {
     ("cape",): ("consumer", "cape"),
     ("cape", "demo"): ("demo-cape",),
     ("cape", "figures"): ("lab", "cape-figures"),
+    ("cape", "coverage"): ("lab", "cape-coverage"),
     ("sketch",): None,
     ("sketch", "publish"): ("owner", "publish"),
     ("sketch", "published"): ("owner", "published"),
