@@ -318,7 +318,7 @@ def ledger(
 def ledger_init(data_dir: Path, policy_path: str | None, owner_id: str | None, **tls: Any) -> None:
     """Create the owner's ledger, empty, bound to this owner's certificate.
 
-    The only way a ledger is created: serve-owner, sketch publish and every other owner command
+    The only way a ledger is created: owner serve, owner publish and every other owner command
     refuse a data directory without one (or with an empty or foreign one), since a new ledger
     starts the owner's budget again in full. Refused if DATA_DIR holds a ledger already.
     """
@@ -579,7 +579,7 @@ def _policy_note(data_dir: Path, recorded: OwnerPolicy) -> str:
 def open_ledger(
     data_dir: Path, policy: OwnerPolicy, name: str, security: TransportSecurity
 ) -> OwnerLedger:
-    """Open the owner ``name``'s ledger for a command that charges it (serve-owner, sketch
+    """Open the owner ``name``'s ledger for a command that charges it (owner serve, owner
     publish), bound to its certificate: a missing, empty, damaged or foreign ledger fails the
     command, saying what to do."""
     try:
@@ -675,7 +675,7 @@ def read_owner_data(
     in_memory_values: int = DEFAULT_IN_MEMORY_VALUES,
     engine: Callable[[], Engine] | None = None,
 ) -> tuple[Schema | None, OwnerData]:
-    """Read the owner's schema and data as ``serve-owner`` takes them: with a schema, the one
+    """Read the owner's schema and data as ``owner serve`` takes them: with a schema, the one
     table ``data_path`` checked against it (both capabilities); without, the points of
     ``data_path`` and the table of ``table_path``. A table above ``in_memory_values`` values is
     served partition by partition on the engine ``engine()`` starts. Any problem fails the
@@ -902,9 +902,9 @@ def open_owner(
     in_memory_values: int = DEFAULT_IN_MEMORY_VALUES,
     **tls: Any,
 ) -> OpenedOwner:
-    """Read an owner's data, policy and ledger as ``serve-owner`` does, without serving it.
+    """Read an owner's data, policy and ledger as ``owner serve`` does, without serving it.
 
-    The options are ``serve-owner``'s (:func:`serve_owner`); :mod:`dpmarket.deploy.owner_group`
+    The options are ``owner serve``'s (:func:`serve_owner`); :mod:`dpmarket.deploy.owner_group`
     serves several owners opened this way from one process.
 
     Raises
@@ -1036,7 +1036,7 @@ def open_owner(
     "schema_path",
     default=None,
     type=click.Path(exists=True, dir_okay=False),
-    help="The table's public schema, checked as serve-owner checks it (a draft is refused).",
+    help="The table's public schema, checked as owner serve checks it (a draft is refused).",
 )
 @click.option(
     "--data-dir",

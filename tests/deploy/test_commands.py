@@ -136,14 +136,17 @@ def test_an_owner_starts_and_serves_without_the_lab(tmp_path: Path) -> None:
     every import logged by ``python -X importtime``."""
     (tmp_path / "t.csv").write_text("a,b\n1,2\n3,4\n5,6\n", encoding="utf-8")
     (tmp_path / "owner.toml").write_text(
-        'data = "t.csv"\ndata-dir = "state"\ninsecure = true\nport = 0\nport-file = "port"\n',
+        'data = "t.csv"\ndata-dir = "state"\ninsecure = true\nowner-id = "t"\nport = 0\n'
+        'port-file = "port"\n',
         encoding="utf-8",
     )
+    config = ["--config", str(tmp_path / "owner.toml")]
+    init = [sys.executable, "-m", "dpmarket", "owner", "ledger", "init", *config]
+    subprocess.run(init, cwd=tmp_path, check=True, capture_output=True, timeout=120)
     log = tmp_path / "imports.log"
     with log.open("w") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-X", "importtime", "-m", "dpmarket", "owner", "serve",
-             "--config", str(tmp_path / "owner.toml")],
+            [sys.executable, "-X", "importtime", "-m", "dpmarket", "owner", "serve", *config],
             stdout=subprocess.DEVNULL, stderr=stderr, cwd=tmp_path,
         )  # fmt: skip
     try:
