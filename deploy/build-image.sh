@@ -37,6 +37,18 @@ trap 'rm -rf "${cleanup[@]}"' EXIT
 
 image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
 
+# A Docker engine first: without one, every step below fails, the base image's pull (or a
+# debootstrap base, minutes) first, with an error that blames the registry.
+if ! command -v docker >/dev/null 2>&1; then
+  log "no docker command: install Docker (deploy/docker-engine.sh does, as root), then make image"
+  exit 1
+fi
+if ! engine_error=$(docker info 2>&1 >/dev/null); then
+  log "no Docker engine answers ($(printf '%s' "$engine_error" | grep -m1 . || true)): start one" \
+    "(deploy/docker-engine.sh, as root), then make image"
+  exit 1
+fi
+
 # The debootstrap base, tagged by a hash of its inputs; made once, then kept as a tarball.
 debootstrap_base() {
   local key tag tarball rootfs

@@ -1,11 +1,11 @@
-"""A data owner's commands, all run on the owner's own machine: ``serve-owner``, ``owner ledger``
-(and its ``init``, ``backup``, ``restore``, ``verify``, ``resolve``, ``rebind``), ``sketch
-publish`` and ``sketch published``.
+"""A data owner's commands (``dpmarket owner ...``), all run on the owner's own machine: ``serve``,
+``ledger`` (and its ``init``, ``backup``, ``restore``, ``verify``, ``resolve``, ``rebind``),
+``publish`` and ``published``.
 
-``serve-owner`` serves the owner's data over mTLS under its own policy and ledger. ``sketch
+``owner serve`` serves the owner's data over mTLS under its own policy and ledger. ``owner
 publish`` fetches specs from the curator's catalogue, computes and charges each sketch to the
 owner's own ledger (stored beside it), then sends it (:func:`dpmarket.owner.sketches.publish_to`);
-``sketch published`` lists, offline, what the owner's data directory has released. ``owner ledger``
+``owner published`` lists, offline, what the owner's data directory has released. ``owner ledger``
 prints what the owner's ledger (:mod:`dpmarket.owner.ledger`) has charged and what is left of each
 budget, under the policy last recorded in the ledger, so it needs no policy file and can run while
 the owner service is serving (SQLite's WAL lets it read beside the writer).
@@ -67,8 +67,8 @@ if TYPE_CHECKING:  # dpmarket.owner.sources reads partitioned tables: scipy, not
     from dpmarket.owner.sources import OwnerData
 
 __all__ = [
+    "ledger",
     "ledger_report",
-    "owner",
     "publish_command",
     "published_command",
     "serve_owner",
@@ -230,11 +230,6 @@ def _budget_table(report: dict[str, Any]) -> Table:
     return table
 
 
-@click.group("owner", context_settings={"help_option_names": ["-h", "--help"]})
-def owner() -> None:
-    """Tools for a data owner: create, inspect, back up, restore and verify its privacy ledger."""
-
-
 _LEDGER_DIR = click.option(
     "--data-dir",
     required=True,
@@ -243,7 +238,9 @@ _LEDGER_DIR = click.option(
 )
 
 
-@owner.group("ledger", invoke_without_command=True)
+@click.group(
+    "ledger", invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @config_option
 @click.option(
     "--data-dir",
@@ -321,7 +318,7 @@ def ledger(
 def ledger_init(data_dir: Path, policy_path: str | None, owner_id: str | None, **tls: Any) -> None:
     """Create the owner's ledger, empty, bound to this owner's certificate.
 
-    The only way a ledger is created: serve-owner, sketch publish and every other owner command
+    The only way a ledger is created: owner serve, owner publish and every other owner command
     refuse a data directory without one (or with an empty or foreign one), since a new ledger
     starts the owner's budget again in full. Refused if DATA_DIR holds a ledger already.
     """
@@ -582,7 +579,7 @@ def _policy_note(data_dir: Path, recorded: OwnerPolicy) -> str:
 def open_ledger(
     data_dir: Path, policy: OwnerPolicy, name: str, security: TransportSecurity
 ) -> OwnerLedger:
-    """Open the owner ``name``'s ledger for a command that charges it (serve-owner, sketch
+    """Open the owner ``name``'s ledger for a command that charges it (owner serve, owner
     publish), bound to its certificate: a missing, empty, damaged or foreign ledger fails the
     command, saying what to do."""
     try:
@@ -678,7 +675,7 @@ def read_owner_data(
     in_memory_values: int = DEFAULT_IN_MEMORY_VALUES,
     engine: Callable[[], Engine] | None = None,
 ) -> tuple[Schema | None, OwnerData]:
-    """Read the owner's schema and data as ``serve-owner`` takes them: with a schema, the one
+    """Read the owner's schema and data as ``owner serve`` takes them: with a schema, the one
     table ``data_path`` checked against it (both capabilities); without, the points of
     ``data_path`` and the table of ``table_path``. A table above ``in_memory_values`` values is
     served partition by partition on the engine ``engine()`` starts. Any problem fails the
@@ -905,9 +902,9 @@ def open_owner(
     in_memory_values: int = DEFAULT_IN_MEMORY_VALUES,
     **tls: Any,
 ) -> OpenedOwner:
-    """Read an owner's data, policy and ledger as ``serve-owner`` does, without serving it.
+    """Read an owner's data, policy and ledger as ``owner serve`` does, without serving it.
 
-    The options are ``serve-owner``'s (:func:`serve_owner`); :mod:`dpmarket.deploy.owner_group`
+    The options are ``owner serve``'s (:func:`serve_owner`); :mod:`dpmarket.deploy.owner_group`
     serves several owners opened this way from one process.
 
     Raises
@@ -1039,7 +1036,7 @@ def open_owner(
     "schema_path",
     default=None,
     type=click.Path(exists=True, dir_okay=False),
-    help="The table's public schema, checked as serve-owner checks it (a draft is refused).",
+    help="The table's public schema, checked as owner serve checks it (a draft is refused).",
 )
 @click.option(
     "--data-dir",

@@ -69,7 +69,7 @@ def keepalive_server_options(seconds: float = KEEPALIVE_SECONDS) -> list[tuple[s
 CHANNEL_OPTIONS = [*GRPC_OPTIONS, *keepalive_client_options()]
 #: Options of every server the project starts (:func:`start_server`, which lowers the receive
 #: limit to the largest of its RPCs'): :data:`GRPC_OPTIONS` and an exclusive port. gRPC sets
-#: ``SO_REUSEPORT`` by default, so a second process (a duplicate ``serve-owner``, or anything
+#: ``SO_REUSEPORT`` by default, so a second process (a duplicate ``owner serve``, or anything
 #: local) could bind a port already served and receive a share of its connections; with it off,
 #: a second server on a bound port fails to start. Clients' keepalive PINGs are admitted
 #: (:func:`keepalive_server_options`).

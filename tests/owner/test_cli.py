@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dpmarket.owner.cli import owner
+from dpmarket.deploy.cli import command_at
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.policy import OwnerPolicy
 
@@ -42,6 +42,7 @@ def data_dir(tmp_path: Path) -> Path:
 
 
 def invoke(*args: str) -> str:
+    owner = command_at("owner")
     result = CliRunner().invoke(owner, list(args), env={"COLUMNS": "200"}, terminal_width=200)
     assert result.exit_code == 0, result.output
     return result.output
@@ -110,6 +111,7 @@ def test_session_and_limit(data_dir: Path) -> None:
 
 
 def test_no_ledger_is_a_clear_error(tmp_path: Path) -> None:
+    owner = command_at("owner")
     result = CliRunner().invoke(owner, ["ledger", "--data-dir", str(tmp_path / "nothing")])
     assert result.exit_code == 1
     assert "holds no owner ledger" in result.output
