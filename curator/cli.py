@@ -20,6 +20,7 @@ from dpmarket.runtime.cli import (
     tls_options,
 )
 from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.metrics import metrics_options, start_metrics
 from dpmarket.runtime.transport import BindError
 
 __all__ = ["curator", "serve_curator"]
@@ -134,6 +135,7 @@ def _warn_about_allocation(catalog: Any, spec: str | None, owners: list[str]) ->
     "features, in order. Without it, or for owners that published no sketch under it, sessions "
     "split the budget by the owners' noisy relevance counts.",
 )
+@metrics_options
 @tls_options
 def serve_curator(
     owners: tuple[str, ...],
@@ -147,6 +149,8 @@ def serve_curator(
     sketch_specs: tuple[str, ...],
     sketch_seed: int | None,
     allocation_sketch_spec: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
     **tls: Any,
 ) -> None:
     """Serve the parsimonious curator for a fixed set of owners (mTLS), with its catalogue of
@@ -159,6 +163,7 @@ def serve_curator(
 
     ensure_info_logging()
     security = security_from_options("curator", **tls)
+    start_metrics(metrics_host, metrics_port, logger)
     targets = [_owner_target(text, security.insecure) for text in owners]
     try:
         policy = load_curator_policy(policy_path) if policy_path else CuratorPolicy()

@@ -17,6 +17,7 @@ import grpc
 
 from dpmarket.curator import convert
 from dpmarket.curator.cape_service import CapeJobs, CapeServicer
+from dpmarket.curator.metrics import CuratorCollector
 from dpmarket.curator.owners import GrpcOwnerEndpoint
 from dpmarket.curator.policy import DEFAULT_RANGES, CuratorPolicy
 from dpmarket.curator.sessions import SessionManager
@@ -26,6 +27,7 @@ from dpmarket.curator.store import CuratorStore
 from dpmarket.runtime.admission import VALUE_BYTES, ServiceLimits, largest_request
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.metrics import register_all
 from dpmarket.runtime.schemas import schema_from_proto
 from dpmarket.runtime.serving import serve_until_signalled, start_server, write_port
 from dpmarket.runtime.transport import TransportSecurity
@@ -201,6 +203,7 @@ async def serve_curator(
         security,
         max_request_bytes=largest_request([sessions, jobs, catalog]),
     )
+    register_all([CuratorCollector(manager, str(security.identity or "insecure"))])
     logger.info("curator serving on port %d for %d owner(s)", port, len(owners))
     if port_file:
         write_port(port_file, port)

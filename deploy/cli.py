@@ -3,13 +3,14 @@
 The root group composes each role's commands: ``serve-owner``, ``owner ledger`` and ``sketch
 publish`` / ``published`` (:mod:`dpmarket.owner.cli`); ``serve-curator`` and ``curator sessions`` /
 ``charges`` (:mod:`dpmarket.curator.cli`); ``request``, the ``cape`` jobs, ``sketch specs`` /
-``list``, ``explore`` and ``rank-owners`` (:mod:`dpmarket.consumer.cli`); ``pki``
-(:mod:`dpmarket.deploy.pki`); ``health`` (:mod:`dpmarket.deploy.health`); ``simulate``,
-``scenario``, ``evaluate``, ``cape figures`` and ``sketch-experiments``
-(:mod:`dpmarket.experiments.cli`). The options they share are in :mod:`dpmarket.runtime.cli`.
-Defined here: the ``cape`` and ``sketch`` groups and the demos that launch the whole marketplace as
-separate processes (``demo``, ``cape demo``, ``sketch demo``) and a local deployment of one's own
-data (``init``, ``up``, ``down``, :mod:`dpmarket.deploy.local`).
+``list``, ``explore`` and ``rank-owners`` (:mod:`dpmarket.consumer.cli`); ``console``, each
+party's web console (:mod:`dpmarket.console.cli`); ``pki`` (:mod:`dpmarket.deploy.pki`);
+``health`` (:mod:`dpmarket.deploy.health`); ``simulate``, ``scenario``, ``evaluate``, ``cape
+figures`` and ``sketch-experiments`` (:mod:`dpmarket.experiments.cli`). The options they share
+are in :mod:`dpmarket.runtime.cli`. Defined here: the ``cape`` and ``sketch`` groups and the
+demos that launch the whole marketplace as separate processes (``demo``, ``cape demo``, ``sketch
+demo``) and a local deployment of one's own data (``init``, ``up``, ``down``,
+:mod:`dpmarket.deploy.local`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import click
 from rich.console import Console
 
 from dpmarket.common.errors import DPMarketError
+from dpmarket.console.cli import console_command
 from dpmarket.consumer import cli as consumer_cli
 from dpmarket.curator import cli as curator_cli
 from dpmarket.deploy.health import health_command
@@ -275,6 +277,7 @@ for _command in (
     health_command,
     consumer_cli.explore_command,
     consumer_cli.rank_owners_command,
+    console_command,
     pki,
     init_command,
     up_command,

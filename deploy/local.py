@@ -312,13 +312,16 @@ def init_deployment(
     consumer_config.write_text(
         _config(
             "The consumer: dpmarket request | cape ... | sketch list | explore | rank-owners\n"
-            "--config consumer.toml. Its tables are read through the schema (columns by name).",
+            "--config consumer.toml. Its tables are read through the schema (columns by name).\n"
+            "Its data directory keeps its sessions' records and its console's token\n"
+            "(dpmarket console --config consumer.toml).",
             {
                 "curator": curator_target,
                 "curator-name": CURATOR,
                 "pki-dir": str(service_pki_dir(Identity("consumer", consumer))),
                 "name": consumer,
                 "schema": "schema.toml",
+                "data-dir": "consumer",
             },
         ),
         encoding="utf-8",

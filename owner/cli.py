@@ -49,6 +49,7 @@ from dpmarket.runtime.cli import (
     tls_options,
     write_output,
 )
+from dpmarket.runtime.metrics import metrics_options, start_metrics
 from dpmarket.runtime.schemas import load_schema
 from dpmarket.runtime.transport import BindError, TransportSecurity
 
@@ -499,6 +500,7 @@ def read_owner_data(
     "never in production: whoever knows the seed knows the noise).",
 )
 @dask_options
+@metrics_options
 @tls_options
 def serve_owner(
     data_path: str | None,
@@ -517,6 +519,8 @@ def serve_owner(
     dask_scheduler: str | None,
     dask_workers: int | None,
     in_memory_values: int,
+    metrics_port: int | None,
+    metrics_host: str,
     **tls: Any,
 ) -> None:
     """Serve one data owner's private dataset over gRPC (mTLS), under its own policy."""
@@ -525,6 +529,7 @@ def serve_owner(
     from dpmarket.owner.service import serve_owner as serve
 
     ensure_info_logging()
+    start_metrics(metrics_host, metrics_port, logger)
     opened = open_owner(
         data_path,
         schema_path,
