@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -64,6 +65,8 @@ __all__ = [
     "publish_command",
     "published_command",
     "serve_owner",
+    "short_mechanism",
+    "short_session",
 ]
 
 logger = logging.getLogger("dpmarket")
@@ -167,33 +170,93 @@ def _num(x: float) -> str:
     return f"{x:.6g}"
 
 
-def _charges_table(report: dict[str, Any]) -> Table:
+#: Words a compact ledger table shortens, in order (``--wide`` shows them whole).
+_ABBREVIATIONS = (
+    ("private sketch", "sketch"),
+    ("relevance count", "count"),
+    ("raw points", "points"),
+    ("candidates", "cand."),
+    ("Laplace", "Lap."),
+    ("Gaussian", "Gauss."),
+    ("secure aggregation", "SecAgg"),
+    ("regression", "reg."),
+    ("; ", ": "),
+)
+
+
+def short_mechanism(text: str) -> str:
+    """A mechanism as a compact table shows it: ``"private sketch (HIST, Laplace)"`` ->
+    ``"sketch (HIST, Lap.)"``, ``"raw points (candidates)"`` -> ``"points (cand.)"``."""
+    for long, short in _ABBREVIATIONS:
+        text = text.replace(long, short)
+    return text
+
+
+def short_session(session: str) -> str:
+    """A session id as a compact table shows it: the first 8 characters of a random id, the
+    spec of a sketch's session (``sketch:clinics/hist:<key>`` -> ``clinics/hist``)."""
+    parts = session.split(":")
+    if len(parts) >= 2 and parts[0] == "sketch":
+        return parts[1]
+    return session[:8]
+
+
+def _charges_table(report: dict[str, Any], *, wide: bool = False) -> Table:
+    """The charges: every column in full with ``wide``; else fitting 80 columns (time to the
+    minute, short ids, abbreviated mechanisms, no curator column)."""
     non_private = any(e["non_private"] for e in report["entries"])
+    caption = (
+        "inf: a non-private release (not summed into epsilon or delta)" if non_private else None
+    )
+    if not wide:
+        caption = "; ".join(
+            c for c in (caption, "--wide: every column, whole ids and mechanisms") if c
+        )
     table = Table(
         title=f"charges in {report['ledger']}",
         title_justify="left",
-        caption="inf: a non-private release (not summed into epsilon or delta)"
-        if non_private
-        else None,
+        caption=caption,
         caption_justify="left",
+        **({} if wide else {"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True}),
     )
-    # Fixed-width columns never wrap; names fold rather than lose characters to an ellipsis.
-    table.add_column("time (UTC)", no_wrap=True)
-    for header in ("session", "consumer", "curator", "mechanism"):
-        table.add_column(header, overflow="fold")
-    for header in ("epsilon", "delta", "points"):
-        table.add_column(header, justify="right", no_wrap=True)
+    if wide:
+        # Fixed-width columns never wrap; names fold rather than lose characters to an ellipsis.
+        table.add_column("time (UTC)", no_wrap=True)
+        for header in ("session", "consumer", "curator", "mechanism"):
+            table.add_column(header, overflow="fold")
+        for header in ("epsilon", "delta", "points"):
+            table.add_column(header, justify="right", no_wrap=True)
+    else:
+        table.add_column("UTC", no_wrap=True)
+        table.add_column("session", no_wrap=True)
+        table.add_column("consumer", overflow="fold")
+        table.add_column("mechanism", overflow="fold")
+        for header in ("ε", "δ", "pts"):
+            table.add_column(header, justify="right", no_wrap=True)
     for e in report["entries"]:
-        table.add_row(
-            e["time"],
-            Text(e["session"]),
-            Text(e["consumer"]),
-            Text(e["curator"]),
-            Text(e["mechanism"]),
-            "inf" if e["non_private"] else _num(e["epsilon"]),
-            _num(e["delta"]),
-            str(e["points"]),
-        )
+        epsilon = "inf" if e["non_private"] else _num(e["epsilon"])
+        if wide:
+            table.add_row(
+                e["time"],
+                Text(e["session"]),
+                Text(e["consumer"]),
+                Text(e["curator"]),
+                Text(e["mechanism"]),
+                epsilon,
+                _num(e["delta"]),
+                str(e["points"]),
+            )
+        else:
+            table.add_row(
+                e["time"][5:16].replace("T", " "),
+                Text(short_session(e["session"])),
+                Text(e["consumer"].split(":", 1)[-1] if e["consumer"].startswith("consumer:")
+                     else e["consumer"].split(":", 1)[0]),
+                Text(short_mechanism(e["mechanism"])),
+                epsilon,
+                f"{e['delta']:.2g}",
+                str(e["points"]),
+            )  # fmt: skip
     return table
 
 
@@ -247,7 +310,14 @@ def owner() -> None:
     default=None,
     help="Only the last N charges (the totals always cover every charge).",
 )
-def ledger(data_dir: Path, session: str | None, as_json: bool, limit: int | None) -> None:
+@click.option(
+    "--wide",
+    is_flag=True,
+    help="Every column, whole ids and mechanisms (default: a table for 80 columns).",
+)
+def ledger(
+    data_dir: Path, session: str | None, as_json: bool, limit: int | None, wide: bool
+) -> None:
     """Show what the owner's data has been charged, and what is left of each budget.
 
     Uses the policy last recorded in the ledger (no policy file needed). Non-private releases
@@ -271,7 +341,7 @@ def ledger(data_dir: Path, session: str | None, as_json: bool, limit: int | None
         return
     out = Console()
     if report["entries"]:
-        out.print(_charges_table(report))
+        out.print(_charges_table(report, wide=wide))
     else:
         where = f" in session {session!r}" if session is not None else ""
         out.print(f"no charges{where} in {report['ledger']}", markup=False, highlight=False)
