@@ -21,7 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from dpmarket.runtime.admission import SMALL_REQUEST_BYTES, Admission
-from dpmarket.runtime.metrics import installed_metrics
+from dpmarket.runtime.metrics import ServiceMetrics, installed_metrics
 from dpmarket.runtime.transport import BindError, TransportSecurity, add_port
 
 logger = logging.getLogger(__name__)
@@ -131,6 +131,7 @@ async def start_server(
     security: TransportSecurity,
     *,
     max_request_bytes: int = SMALL_REQUEST_BYTES,
+    metrics: ServiceMetrics | None = None,
 ) -> tuple[grpc.aio.Server, int, HealthStatus]:
     """Start a grpc.aio server with health checking and reflection; return it and its port.
 
@@ -151,8 +152,8 @@ async def start_server(
     every caller's authorization already constrains per RPC.
 
     The port is exclusive (:data:`SERVER_OPTIONS`): a second server on a bound port fails here.
-    When the process serves metrics (:func:`dpmarket.runtime.metrics.enable_metrics`), every call
-    is counted by its status and time.
+    Every call is counted, by its status and time, into ``metrics`` (default: the process's, when
+    it serves them: :func:`dpmarket.runtime.metrics.enable_metrics`; none otherwise).
 
     Raises
     ------
@@ -169,7 +170,7 @@ async def start_server(
     interceptors: list[grpc.aio.ServerInterceptor] = [
         Admission(max_request_bytes, insecure=security.insecure)
     ]
-    metrics = installed_metrics()
+    metrics = metrics if metrics is not None else installed_metrics()
     if metrics is not None:  # counted first, so that admission's refusals are counted too
         interceptors.insert(0, metrics.interceptor(str(security.identity or "insecure")))
     server = grpc.aio.server(options=options, interceptors=interceptors)

@@ -6,8 +6,9 @@ written: at module level, inside a function (imports deferred for start-up time)
 
 Layers, bottom up: ``common`` (pure kernels: no gRPC, no generated protobuf code, no services),
 ``runtime`` (the service runtime every party shares), the roles ``curator``, ``owner`` and
-``consumer``, the parties' web ``console`` (which reads each role's own state), then ``experiments`` (reproductions and the evaluation harness) and ``deploy``
-(the command line, the launcher and the demos, which may use the experiments).
+``consumer``, the parties' web ``console`` (which reads each role's own state), then
+``experiments`` (reproductions and the evaluation harness) and ``deploy`` (the command line, the
+launcher and the demos, which may use the experiments).
 """
 
 from __future__ import annotations
