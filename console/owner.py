@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dpmarket.console.probe import Probe, probe
-from dpmarket.owner.cli import ledger_report
+from dpmarket.owner.cli import ledger_report, short_session
 from dpmarket.owner.ledger import OwnerLedger, ledger_path
 from dpmarket.owner.sketches import SketchPublisher
 from dpmarket.runtime.identity import Identity
@@ -105,6 +105,7 @@ class OwnerConsole:
                 e["session"],
                 {
                     "session": e["session"],
+                    "short": short_session(e["session"]),
                     "consumer": e["consumer"],
                     "curator": e["curator"],
                     "mechanisms": [],
