@@ -145,5 +145,11 @@ compose-monitoring-test: $(STAMP)
 wan-test: $(STAMP)
 	$(PY) -m pytest -q -m wan tests/deploy/test_wan.py
 
+# The consoles on the tutorial's deployment (bench/console.py): each page's time, fetched as a
+# signed-in program (10 times after a warm-up), and the RPCs an owner served meanwhile against
+# those the pages make; into $(OUT)/bench.json under "console" (about 3 minutes on 2 cores).
+console-bench: $(STAMP)
+	$(PY) -m bench.console --out $(OUT)/bench.json
+
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache

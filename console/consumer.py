@@ -160,6 +160,10 @@ class ConsumerConsole:
         self.jobs: dict[str, SummaryJob] = {}
         self._lock = threading.Lock()
         self._catalogue: Catalogue | None = None
+        #: Each spec's M2M explorer, kept for the console's lifetime (its synthetic design); one
+        #: exploration at a time uses them.
+        self._explorers: dict[Any, Any] = {}
+        self._exploring = threading.Lock()
 
     # ------------------------------------------------------------------------ catalogue
     def catalogue(self) -> Catalogue:
@@ -240,9 +244,14 @@ class ConsumerConsole:
                 where=tuple(parse_where(w) for w in form.get("where", ())),
                 target=form.get("target", ""),
             )
-            explored = explore_sketches(
-                self.client, query, spec=form.get("spec") or None, owners=tuple(form["owners"])
-            )
+            with self._exploring:
+                explored = explore_sketches(
+                    self.client,
+                    query,
+                    spec=form.get("spec") or None,
+                    owners=tuple(form["owners"]),
+                    explorers=self._explorers,
+                )
         except click.ClickException as exc:
             raise UserError(exc.format_message()) from exc
         except (DPMarketError, ValueError) as exc:

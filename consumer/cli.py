@@ -1388,13 +1388,17 @@ def explore_sketches(
     lambda_rule: str = "theorem",
     intercept: bool = False,
     bootstrap: int = 32,
+    explorers: dict[Any, Any] | None = None,
 ) -> Explored:
     """Answer ``query`` from the catalogue as ``dpmarket explore`` does: read the sketches of
     ``owners`` (every owner when empty) under ``spec`` (a spec, a declaration, or the only
     declaration), choose the best source (:func:`dpmarket.consumer.explore.choose_source`) and
     answer locally; no owner is asked anything. ``client`` is a
     :class:`~dpmarket.consumer.client.CuratorClient`; the other arguments are ``explore``'s
-    options. (``explore`` and the consumer's console, :mod:`dpmarket.console`, both call this.)
+    options. ``explorers``, when given, keeps each spec's M2M explorer (its synthetic design, the
+    costly part) across calls with the same options: the consumer's console passes one dict for
+    its lifetime. (``explore`` and the consumer's console, :mod:`dpmarket.console`, both call
+    this.)
 
     Raises
     ------
@@ -1410,18 +1414,19 @@ def explore_sketches(
         choose_source,
     )
 
-    explorers: dict[str, Explorer] = {}
+    kept: dict[Any, Explorer] = explorers if explorers is not None else {}
 
     def make(chosen: SketchSpec) -> Explorer:
-        if chosen.name not in explorers:
-            explorers[chosen.name] = Explorer(
+        key = (chosen.name, chosen.key, synthetic, seed, lambda_rule, intercept)
+        if key not in kept:
+            kept[key] = Explorer(
                 chosen,
                 n_synthetic=synthetic or DEFAULT_EXPLORE_SYNTHETIC,
                 seed=seed,
                 lambda_rule=lambda_rule,  # type: ignore[arg-type]
                 intercept=intercept,
             )
-        return explorers[chosen.name]
+        return kept[key]
 
     candidates = _explore_candidates(client, spec, owners)
     by_name = {s.name: (s, e) for s, e in candidates}
