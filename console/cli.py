@@ -207,7 +207,7 @@ def _party(
         except (OSError, ValueError) as exc:
             raise click.BadParameter(str(exc)) from exc
         client = CuratorClient(
-            curator, security, curator=expected, timeout=15.0, connect_timeout=None
+            curator, security, curator=expected, timeout=10.0, connect_timeout=None
         )
         return ConsumerConsole(client, data_dir, schema)
     if identity.role == "owner":
