@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dpmarket.console.consumer import age_text
-from dpmarket.console.probe import Probe, probe
+from dpmarket.console.probe import Probe, Prober
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.curator.store import DATABASE_FILE, CuratorRecords
 from dpmarket.runtime.identity import Identity
@@ -58,12 +58,15 @@ class CuratorConsole:
     #: Last time each owner answered a health check of this console (Unix seconds).
     last_up: dict[str, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.prober = Prober(self.security)
+
     def probes(self) -> list[Probe]:
         """One health check per owner, concurrently."""
         if not self.owners:
             return []
         with ThreadPoolExecutor(max_workers=min(16, len(self.owners))) as pool:
-            found = list(pool.map(lambda o: probe(o[1], self.security, o[0]), self.owners))
+            found = list(pool.map(lambda o: self.prober.check(o[1], o[0]), self.owners))
         for (identity, _), result in zip(self.owners, found, strict=True):
             if result.up:
                 self.last_up[identity.name] = result.at

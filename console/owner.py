@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpmarket.console.probe import Probe, probe
+from dpmarket.console.probe import Probe, Prober
 from dpmarket.owner.cli import ledger_report, short_session
 from dpmarket.owner.ledger import OwnerLedger, ledger_path
 from dpmarket.owner.sketches import SketchPublisher
@@ -67,6 +67,9 @@ class OwnerConsole:
     security: TransportSecurity
     service: str | None
     identity: Identity
+
+    def __post_init__(self) -> None:
+        self.prober = Prober(self.security)
 
     def view(self) -> dict[str, Any]:
         """Everything the owner's page shows.
@@ -126,7 +129,7 @@ class OwnerConsole:
             s["last"] = e["time"]
         health: Probe | None = None
         if self.service is not None:
-            health = probe(self.service, self.security, self.identity)
+            health = self.prober.check(self.service, self.identity)
         return {
             "ledger": report["ledger"],
             "window": report["window"],

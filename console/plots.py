@@ -44,6 +44,7 @@ _SIZE = re.compile(r'\s(width|height)="[^"]*pt"')
 def _svg(fig: Figure, label: str) -> str:
     """``fig`` as an inline, width-following SVG element labelled ``label`` (its ``aria-label``)."""
     buffer = io.StringIO()
+    # The tight bounding box keeps every label; a layout engine on top would lay it out twice.
     fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
     text = buffer.getvalue()
     start = text.index("<svg")
@@ -54,7 +55,7 @@ def _svg(fig: Figure, label: str) -> str:
 
 def _figure(width: float, height: float) -> Figure:
     with matplotlib.rc_context(_RC):
-        fig = Figure(figsize=(width, height), layout="constrained")
+        fig = Figure(figsize=(width, height))
         fig.set_dpi(96)
     return fig
 
