@@ -43,20 +43,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_console(clinics: Path, config: str) -> tuple[subprocess.Popen[str], str, str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "dpmarket.deploy.cli", "console", "--config", str(clinics / config)],
+def _spawn_console(clinics: Path, config: str) -> subprocess.Popen[str]:
+    command = ["console", "--config", str(clinics / config)]
+    return subprocess.Popen(
+        [sys.executable, "-m", "dpmarket.deploy.cli", *command],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env=environment(),
-    )  # fmt: skip
+    )
+
+
+def _console_address(process: subprocess.Popen[str], role: str) -> tuple[str, str]:
     assert process.stdout is not None
     for line in process.stdout:
         found = re.search(r"(https?://[^/\s]+)/login\?token=(\S+)", line)
         if found:
-            return process, found.group(1), found.group(2)
-    raise RuntimeError(f"the console of {config} printed no address")
+            return found.group(1), found.group(2)
+    raise RuntimeError(f"the {role} console printed no address")
 
 
 def _fetch(url: str, token: str, data: bytes | None = None, kind: str = "") -> float:
@@ -124,10 +128,10 @@ def run(repeat: int) -> dict[str, Any]:
                 env=environment(), check=True, capture_output=True,
             )  # fmt: skip
             started = {}
-            for role, config in ROLES.items():
-                process, url, token = _start_console(clinics, config)
-                consoles.append(process)
-                started[role] = (url, token)
+            spawned = {role: _spawn_console(clinics, config) for role, config in ROLES.items()}
+            consoles.extend(spawned.values())
+            for role, process in spawned.items():
+                started[role] = _console_address(process, role)
             validation = root / "validation.csv"
             explore = b"query=mean&column=bmi&column=progression"
             form = "application/x-www-form-urlencoded"

@@ -74,31 +74,32 @@ class Console:
             return exc.code, exc.read().decode("utf-8")
 
 
-def _start(deployment: Path, config: str, role: str) -> Console:
+def _spawn(deployment: Path, config: str) -> subprocess.Popen[str]:
     command = ["console", "--config", str(deployment / config)]
-    process = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "dpmarket.deploy.cli", *command],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env=environment(),
     )
+
+
+def _address(process: subprocess.Popen[str], role: str) -> Console:
+    """The console's address and token, from the sign-in line it prints when it starts."""
     assert process.stdout is not None
     deadline = time.monotonic() + START_SECONDS
     lines: list[str] = []
-    url = token = ""
-    while time.monotonic() < deadline and not token:
+    while time.monotonic() < deadline:
         line = process.stdout.readline()
         if not line:
             break
         lines.append(line)
         found = re.search(r"(https?://[^/\s]+)/login\?token=(\S+)", line)
         if found:
-            url, token = found.group(1), found.group(2)
-    if not token:
-        process.kill()
-        raise AssertionError(f"the {role} console printed no address:\n{''.join(lines)}")
-    return Console(role, process, url, token)
+            return Console(role, process, found.group(1), found.group(2))
+    process.kill()
+    raise AssertionError(f"the {role} console printed no address:\n{''.join(lines)}")
 
 
 @pytest.fixture(scope="module")
@@ -119,24 +120,22 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def consoles(deployment: Path) -> Iterator[dict[str, Console]]:
     started: dict[str, Console] = {}
+    configs = {"consumer": "consumer.toml", "owner": "owner-young.toml", "curator": "curator.toml"}
+    processes = {role: _spawn(deployment, config) for role, config in configs.items()}
     try:
-        for role, config in (
-            ("consumer", "consumer.toml"),
-            ("owner", "owner-young.toml"),
-            ("curator", "curator.toml"),
-        ):
-            started[role] = _start(deployment, config, role)
+        for role, process in processes.items():  # they start at once; each prints its line
+            started[role] = _address(process, role)
         yield started
     finally:
-        for console in started.values():
-            console.process.terminate()
-        for console in started.values():
+        for process in processes.values():
+            process.terminate()
+        for process in processes.values():
             try:
-                console.process.wait(timeout=30)
+                process.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                console.process.kill()
-            if console.process.stdout is not None:
-                console.process.stdout.close()
+                process.kill()
+            if process.stdout is not None:
+                process.stdout.close()
 
 
 @pytest.fixture(scope="module")
