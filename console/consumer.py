@@ -257,6 +257,7 @@ class ConsumerConsole:
         except (DPMarketError, ValueError) as exc:
             raise UserError(str(exc)) from exc
         answer = explored.answer
+        rows = answer.rows()
         owners = [e.owner for e in explored.entries]
         who = owners[0] if len(owners) == 1 else f"the union of {', '.join(owners)}"
         return {
@@ -266,7 +267,8 @@ class ConsumerConsole:
             "owners": owners,
             "n": explored.n_hat,
             "source": answer.source,
-            "rows": answer.rows(),
+            "rows": rows,
+            "bases": list(dict.fromkeys(r["basis"] for r in rows if r.get("basis"))),
         }
 
     def rank(self, upload: bytes, filename: str, spec: str | None) -> dict[str, Any]:

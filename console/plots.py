@@ -60,7 +60,12 @@ def _figure(width: float, height: float) -> Figure:
     return fig
 
 
-def interval_plot(rows: Sequence[Mapping[str, Any]], *, title: str) -> str:
+def interval_plot(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    title: str,
+    xlabel: str = "estimate with its 95 % interval (orange: flagged)",
+) -> str:
     """An answer's values with their 95 % intervals; flagged values in orange, marked ``!``.
 
     Parameters
@@ -87,33 +92,34 @@ def interval_plot(rows: Sequence[Mapping[str, Any]], *, title: str) -> str:
                 )
         ax.set_yticks(range(len(rows)), [str(r["label"]) for r in reversed(rows)])
         ax.set_title(title, loc="left")
-        ax.set_xlabel("estimate with its 95 % interval (orange: flagged)")
+        ax.set_xlabel(xlabel)
         ax.grid(axis="x", color="#e5e5e5")
         return _svg(fig, title)
 
 
 def ranking_plot(rows: Sequence[Mapping[str, Any]], *, title: str) -> str:
-    """Owners by MMD² to the validation set (smaller: a closer match); flagged bars hatched.
+    """Owners by MMD² to the validation set (smaller: a closer match), each with its 95 %
+    interval; flagged owners (clipped, or an order within the noise) in orange.
 
     Parameters
     ----------
     rows : sequence of mapping
-        ``owner``, ``mmd2`` (>= 0) and ``flag`` (absent or ""), best first.
+        ``owner``, ``mmd2``, ``interval`` (``[low, high]``) and ``flags`` (a list), best first:
+        :func:`dpmarket.consumer.cli.rank_sketches`'s rows.
     """
-    with matplotlib.rc_context(_RC):
-        fig = _figure(6.4, 0.6 + 0.32 * max(len(rows), 1))
-        ax = fig.add_subplot()
-        owners = [str(r["owner"]) for r in rows][::-1]
-        values = [float(r["mmd2"]) for r in rows][::-1]
-        flags = [bool(r.get("flag")) for r in rows][::-1]
-        bars = ax.barh(owners, values, color=[ORANGE if f else BLUE for f in flags])
-        for bar, flagged in zip(bars, flags, strict=True):
-            if flagged:
-                bar.set_hatch("//")
-        ax.set_title(title, loc="left")
-        ax.set_xlabel("MMD² to the validation set (debiased; orange: clipped at 0)")
-        ax.grid(axis="x", color="#e5e5e5")
-        return _svg(fig, title)
+    return interval_plot(
+        [
+            {
+                "label": r["owner"],
+                "value": r["mmd2"],
+                "ci95": r.get("interval"),
+                "flag": ", ".join(f["code"] for f in r.get("flags", ())),
+            }
+            for r in rows
+        ],
+        title=title,
+        xlabel="MMD² to the validation set, with its 95 % interval (orange: flagged)",
+    )
 
 
 def mmd_curve_plot(sizes: Sequence[int], values: Sequence[float], *, title: str) -> str:

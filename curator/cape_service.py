@@ -38,6 +38,7 @@ from dpmarket.common.ids import new_session_id, short_id
 from dpmarket.common.privacy.rng import make_rng
 from dpmarket.common.schema import Schema, disagreement
 from dpmarket.curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
+from dpmarket.curator.owners import wait_for_owners
 from dpmarket.curator.policy import DEFAULT_RANGES, CuratorPolicy, RequestRate
 from dpmarket.curator.store import CuratorStore
 from dpmarket.runtime import cape_messages as msg
@@ -180,6 +181,9 @@ class CapeJobs:
                 "this curator does not accept seeded jobs (start it with --allow-seeded-sessions)"
             )
         self.policy.check_cape(spec)
+        # An owner restarted a moment ago (or whose last connection failed) is connected before
+        # the job asks it anything, within a bounded wait.
+        await wait_for_owners(self.owners)
         if schema is not None:
             await self._check_schema(schema)
         if not request_id:

@@ -11,14 +11,15 @@ import contextlib
 import functools
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from dpmarket.curator import convert
 from dpmarket.curator.cape_service import CapeJobs, CapeServicer
 from dpmarket.curator.metrics import CuratorCollector
-from dpmarket.curator.owners import GrpcOwnerEndpoint
+from dpmarket.curator.owners import OWNER_HEALTH_PREFIX, GrpcOwnerEndpoint
 from dpmarket.curator.policy import DEFAULT_RANGES, CuratorPolicy
 from dpmarket.curator.sessions import SessionManager
 from dpmarket.curator.sketch_service import SketchCatalogServicer, catalog_authorizer
@@ -29,7 +30,7 @@ from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.metrics import register_all
 from dpmarket.runtime.schemas import schema_from_proto
-from dpmarket.runtime.serving import serve_until_signalled, start_server, write_port
+from dpmarket.runtime.serving import HealthStatus, serve_until_signalled, start_server, write_port
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import (
     cape_pb2,
@@ -196,7 +197,7 @@ async def serve_curator(
     ]
     if sketches is not None:
         names.append(sketch_pb2.DESCRIPTOR.services_by_name["SketchCatalogService"].full_name)
-    server, port, _ = await start_server(
+    server, port, health_status = await start_server(
         register,
         names,
         address,
@@ -204,15 +205,46 @@ async def serve_curator(
         max_request_bytes=largest_request([sessions, jobs, catalog]),
     )
     register_all([CuratorCollector(manager, str(security.identity or "insecure"))])
+    # Each owner's channel is kept connected, and its state reported by the health service
+    # under OWNER_HEALTH_PREFIX + name (SERVING: connected): `dpmarket up` waits for it.
+    monitors = [
+        asyncio.create_task(owner.keep_connected(_owner_health(health_status, owner.name)))
+        for owner in owners
+    ]
     logger.info("curator serving on port %d for %d owner(s)", port, len(owners))
     if port_file:
         write_port(port_file, port)
     period = max(0.05, min(policy.fetched_result_ttl_seconds / 2, 30.0))
     reaper = asyncio.create_task(manager.expire_forever(period))
+    # Sessions a restart interrupted: ask their owners what they charged (and free them there).
+    reconcile = asyncio.create_task(_logged(manager.reconcile(), "asking owners for records"))
     try:
         await serve_until_signalled(server)
     finally:
-        reaper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reaper
+        for task in (reaper, reconcile, *monitors):
+            task.cancel()
+        for task in (reaper, reconcile, *monitors):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await manager.close()
+
+
+async def _logged(work: Awaitable[object], what: str) -> None:
+    """Run background ``work``; log (never raise) what it fails with."""
+    try:
+        await work
+    except Exception:
+        logger.exception("%s failed", what)
+
+
+def _owner_health(health_status: HealthStatus, owner: str) -> Callable[[bool], Awaitable[None]]:
+    """What reports one owner's connection in the curator's health service."""
+    service = OWNER_HEALTH_PREFIX + owner
+
+    async def report(connected: bool) -> None:
+        serving = health_pb2.HealthCheckResponse.SERVING
+        status = serving if connected else health_pb2.HealthCheckResponse.NOT_SERVING
+        await health_status.set(service, status)
+        logger.info("owner %s: %s", owner, "connected" if connected else "not connected")
+
+    return report

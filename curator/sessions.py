@@ -45,6 +45,7 @@ from dpmarket.common.summarization.summary import (
     SummarizationConfig,
     SummaryResult,
 )
+from dpmarket.curator.owners import wait_for_owners
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.curator.store import CuratorStore, StoredSession
@@ -182,8 +183,8 @@ class SessionManager:
         config, validation, seed_set, seed
             The request (validation of shape (m, n), seed set (n0, n)).
         selection : OwnerSelection, optional
-            Owners the consumer leaves out by name, and the fewest owners the session may run
-            with (default: every owner, the rules of ``min_owners`` 0).
+            Owners the consumer leaves out by name, and the fewest owners the session may open
+            with (default: every owner it asks).
         consumer : str
             The caller's verified identity, ``"consumer:NAME"``.
         request_id : str
@@ -337,6 +338,7 @@ class SessionManager:
         rng = make_rng(seed)
         noise: NoiseSource = SeededNoise(rng) if seed is not None else OpenDPNoise()
         store = self.store
+        owner_session_id = new_session_id()
         session = SummarizationSession(
             session_id,
             config,
@@ -348,8 +350,13 @@ class SessionManager:
             call_timeout=self.call_timeout,
             noise=noise,
             consumer=consumer,
-            owner_session_id=new_session_id(),
+            owner_session_id=owner_session_id,
             on_charge=None if store is None else lambda c: store.record_charges(session_id, c),
+            on_owner_spend=(
+                None
+                if store is None
+                else lambda owner, spend: store.record_owner_spend(session_id, owner, spend)
+            ),
             owner_sketches=self._allocation_sketches(config, owners),
             allocation_spec=self.allocation_spec,
             min_owners=selection.min_owners,
@@ -367,6 +374,9 @@ class SessionManager:
             )
         self._starting += 1
         try:
+            # An owner restarted a moment ago (or whose last connection failed) is connected
+            # before the session asks it anything, within a bounded wait.
+            await wait_for_owners(owners)
             await session.prepare(check_terms=self.policy.check_terms)
             if store is not None:
                 try:
@@ -378,6 +388,9 @@ class SessionManager:
                         method=config.method,
                         config=dataclasses.asdict(config),
                     )
+                    # Where the session is open: a restarted curator asks these owners what
+                    # they charged it.
+                    store.owners_opened(session_id, owner_session_id, session.opened_owners())
                 except BaseException:
                     await session.abandon()
                     raise
@@ -543,6 +556,54 @@ class SessionManager:
         for sid in gone:
             logger.info("session %s expired", short_id(sid))
         return max(len(gone), stored)
+
+    async def reconcile(self) -> int:
+        """Ask the owners what they recorded for the sessions a restart interrupted, and
+        record it (the stored reports then carry it); return how many records were got.
+
+        A restarted curator calls this once it serves: each owner at which such a session was open
+        closes it (freeing it at once) and answers with its ledger's record, also for a session it
+        already closed for being idle. An owner that cannot be reached keeps the mark
+        :data:`~dpmarket.common.privacy.ledger.UNKNOWN_RESTARTED`; the session's report says so.
+        """
+        if self.store is None:
+            return 0
+        store = self.store
+        pending = store.unrecorded_owner_sessions()
+        by_name = {o.name: o for o in self.owners}
+        wanted = [by_name[o] for o in dict.fromkeys(o for _, o, _ in pending) if o in by_name]
+        await wait_for_owners(wanted)
+        timeout = self.call_timeout
+
+        async def ask(session_id: str, owner: str, owner_session: str) -> bool:
+            endpoint = by_name.get(owner)
+            if endpoint is None:
+                return False
+            try:
+                coro = endpoint.close_session(owner_session)
+                spend = await (coro if timeout is None else asyncio.wait_for(coro, timeout))
+            except (DPMarketError, TimeoutError) as exc:
+                logger.warning(
+                    "session %s: owner %s's record stays unknown: %s",
+                    short_id(session_id),
+                    owner,
+                    exc,
+                )
+                return False
+            store.record_owner_spend(session_id, owner, spend)
+            return True
+
+        got = await asyncio.gather(*(ask(*row) for row in pending))
+        for session_id in dict.fromkeys(sid for sid, _, _ in pending):
+            store.refresh_owner_spend(session_id)
+        if pending:
+            logger.info(
+                "owners' records of %d interrupted session(s): %d of %d got",
+                len({sid for sid, _, _ in pending}),
+                sum(got),
+                len(pending),
+            )
+        return sum(got)
 
     async def expire_forever(self, period: float) -> None:
         """Run :meth:`expire` every ``period`` seconds until cancelled."""

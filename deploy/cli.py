@@ -258,6 +258,7 @@ for _command in consumer_cli.CAPE_COMMANDS:
     cape_group.add_command(_command)
 cape_group.add_command(cape_demo_command)
 cape_group.add_command(experiments_cli.cape_figures, "figures")
+cape_group.add_command(experiments_cli.cape_coverage, "coverage")
 
 for _command in (
     owner_cli.publish_command,

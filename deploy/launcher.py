@@ -107,6 +107,11 @@ class LocalCluster:
     allocation_sketch_spec : str, optional
         The RFF spec whose sketches the candidates method's allocation reads
         (``serve-curator --allocation-sketch-spec``).
+    init_ledgers : bool
+        True (default): create the ledger of every owner whose data directory holds none, bound
+        to its certificate, as a new deployment's set-up does (``dpmarket owner ledger init``);
+        an empty or damaged ledger file is never replaced. False: an owner without its ledger
+        refuses to start (as every owner started by hand does).
 
     Raises
     ------
@@ -134,6 +139,7 @@ class LocalCluster:
         allocation_sketch_spec: str | None = None,
         owners_per_process: int = 1,
         peer_owners: Sequence[str] = (),
+        init_ledgers: bool = True,
     ) -> None:
         if owners_per_process < 1:
             raise ValueError(f"owners_per_process must be >= 1, got {owners_per_process}")
@@ -153,6 +159,7 @@ class LocalCluster:
         self.sketch_specs = [str(p) for p in sketch_specs]
         self.sketch_seed = sketch_seed
         self.allocation_sketch_spec = allocation_sketch_spec
+        self.init_ledgers = init_ledgers
         self.owner_processes: list[subprocess.Popen[bytes]] = []
         self.owner_targets: list[str] = []
         self.curator_process: subprocess.Popen[bytes] | None = None
@@ -226,6 +233,33 @@ class LocalCluster:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(policy.to_toml(), encoding="utf-8")
 
+    def owner_security(self, owner_id: str) -> TransportSecurity:
+        """mTLS credentials of an owner of the cluster (plaintext if insecure)."""
+        if self.insecure:
+            return TransportSecurity.plaintext()
+        return TransportSecurity.from_files(
+            *identity_files(self.pki_dir, Identity("owner", owner_id))
+        )
+
+    def create_ledgers(self) -> list[str]:
+        """Create the ledger of every owner whose data directory holds no ledger file, bound to
+        its certificate, under the cluster's owner policy (``dpmarket owner ledger init``);
+        return their names. A data directory holding a ledger file, even an empty one, is left
+        as it is (its owner then starts on it, or refuses to)."""
+        from dpmarket.owner.ledger import LEDGER_FILE
+        from dpmarket.owner.ledger_admin import init_ledger
+
+        created = []
+        for owner_id in self.owner_ids:
+            state = self.owner_state(owner_id)
+            if (state / LEDGER_FILE).exists():
+                continue
+            init_ledger(
+                state, owner_id, self.owner_security(owner_id), policy=self.owner_policy_file
+            )
+            created.append(owner_id)
+        return created
+
     def _spawn(self, name: str, args: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         port_file = Path(self._tmp.name) / f"{name}.port"
@@ -283,6 +317,8 @@ class LocalCluster:
         if not self.insecure:
             self.issue_certificates()
             self._write_owner_policy()
+        if self.init_ledgers:
+            self.create_ledgers()
         if self.owners_per_process > 1:
             self._start_owner_groups()
         else:
@@ -792,9 +828,9 @@ def run_demo(
         "methods": rows,
         "curves": {label: {"sizes": s, "mmd2": v} for label, (s, v) in curves.items()},
     }
-    write_json(report, out_dir / "report.json")
-    if budgets:
+    if budgets:  # read from the owners' own ledgers, before the report is written
         report["owner_budgets"] = budgets
+    write_json(report, out_dir / "report.json")
     out.print(comparison_table(rows, title=f"{scenario.name}, p = {p}, seed = {seed}", wide=wide))
     if budgets:
         out.print(budget_table(budgets))

@@ -215,6 +215,10 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
     async def OpenCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
         spec = msg.job_from_proto(request)
         consumer = convert.consumer_from_proto(request.consumer)
+        ledger = self.cape.ledger
+        if ledger is not None:  # a ledger behind a receipt its owner signed refuses the open
+            presented = convert.presented_receipt(request)
+            await asyncio.to_thread(ledger.check_receipt, presented, curator=str(caller))
         rows = await asyncio.to_thread(
             self.cape.open,
             request.job_id,
@@ -294,10 +298,12 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
     async def CloseCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
         spent = await asyncio.to_thread(self.cape.close, request.job_id, curator=str(caller))
         self.rounds.forget(request.job_id)
+        ledger = self.cape.ledger
+        receipt = None if ledger is None else await asyncio.to_thread(ledger.receipt)
         logger.info(
             "CAPE job %s closed: spent epsilon=%g, delta=%g",
             short_id(request.job_id),
             spent.epsilon,
             spent.delta,
         )
-        return cape_pb2.CloseCapeJobResponse(spent=convert.spend_to_proto(spent))
+        return cape_pb2.CloseCapeJobResponse(spent=convert.spend_to_proto(spent), receipt=receipt)

@@ -16,6 +16,7 @@ comments is ``deploy/policies/owner.toml``)::
     epsilon = 2.0
     delta = 1e-6
     points = 1000
+    points_fraction = 0.25   # and at most this fraction of the owner's table (rounded down)
     [access]
     curators = ["curator"]      # names of the curator certificates this owner serves
     allow_non_private = false   # whether exact (epsilon = inf) releases may be served at all
@@ -44,16 +45,29 @@ import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from dpmarket.runtime.identity import Identity, normalize_fingerprint
 
-__all__ = ["DEFAULT_MIN_COLLUDERS", "OwnerPolicy", "load_owner_policy"]
+__all__ = [
+    "DEFAULT_MIN_COLLUDERS",
+    "DEFAULT_POINTS_FRACTION",
+    "OwnerPolicy",
+    "load_owner_policy",
+]
 
 #: The default floor on the colluders ``S_C`` a CAPE job must defend against
 #: (``cape.min_colluders``): one other owner sharing everything it holds with the curator.
 DEFAULT_MIN_COLLUDERS = 1
+#: The default share of an owner's table one session may receive (``session.points_fraction``).
+#: The default method (candidates) reads at most ``3p`` raw points in all, split over the K
+#: owners (``3p / K`` each when split evenly): at a quarter, every owner serves an even share
+#: of any summary up to a twelfth of the pooled rows (``p <= N / 12``, ``N = K n``), and an
+#: allocation that leans on one owner takes the rest from the others, while no single session
+#: reads more than a quarter of any owner's table.
+DEFAULT_POINTS_FRACTION = 0.25
 
 # (section, key) in the file -> field of OwnerPolicy, in file order.
 _KEYS: dict[tuple[str, str], str] = {
@@ -64,6 +78,7 @@ _KEYS: dict[tuple[str, str], str] = {
     ("session", "epsilon"): "epsilon_per_session",
     ("session", "delta"): "delta_per_session",
     ("session", "points"): "points_per_session",
+    ("session", "points_fraction"): "points_fraction_per_session",
     ("access", "curators"): "curators",
     ("access", "allow_non_private"): "allow_non_private",
     ("limits", "max_sessions"): "max_sessions",
@@ -201,6 +216,11 @@ class OwnerPolicy:
     points_per_session : int
         Raw points released to one session; >= 1 and <= ``points_total``.
         ``session.points``.
+    points_fraction_per_session : float
+        The most raw points one session may receive as a fraction of this owner's table, in
+        (0, 1]: a session gets at most ``floor(fraction * rows)`` of them, and at most
+        ``points_per_session`` (:meth:`session_points`). ``session.points_fraction``; default
+        :data:`DEFAULT_POINTS_FRACTION`.
     allow_non_private : bool
         Whether non-private sessions (exact embeddings, epsilon = inf) may be served at all.
         ``access.allow_non_private``.
@@ -271,6 +291,7 @@ class OwnerPolicy:
     epsilon_per_session: float = 2.0
     delta_per_session: float = 1e-6
     points_per_session: int = 1000
+    points_fraction_per_session: float = DEFAULT_POINTS_FRACTION
     allow_non_private: bool = False
     curators: tuple[str, ...] = ("curator",)
     max_sessions: int = 8
@@ -309,6 +330,13 @@ class OwnerPolicy:
                     f"got {value!r}"
                 )
             put(name, value)
+        fraction = _number(self.points_fraction_per_session, "points_fraction_per_session")
+        if not (math.isfinite(fraction) and 0.0 < fraction <= 1.0):
+            raise ValueError(
+                f"{_key('points_fraction_per_session')} must be in (0, 1] (a share of the "
+                f"owner's rows), got {self.points_fraction_per_session!r}"
+            )
+        put("points_fraction_per_session", fraction)
         if not isinstance(self.allow_non_private, bool):
             raise ValueError(
                 f"{_key('allow_non_private')} must be true or false, got {self.allow_non_private!r}"
@@ -351,6 +379,24 @@ class OwnerPolicy:
     def peer_pins(self) -> dict[str, str]:
         """``[peers]`` as a mapping: owner name -> the pin of its public key."""
         return dict(self.peers)
+
+    def session_points(self, rows: int) -> int:
+        """The most raw points one session may receive from a table of ``rows`` rows.
+
+        Parameters
+        ----------
+        rows : int
+            The owner's row count (its public ``num_points``), >= 0.
+
+        Returns
+        -------
+        int
+            ``min(points_per_session, floor(points_fraction_per_session * rows))``; the
+            fraction is taken as the decimal written in the policy (``0.29`` of 100 rows is 29,
+            not the 28 a binary product would round down to).
+        """
+        share = math.floor(Fraction(repr(self.points_fraction_per_session)) * max(int(rows), 0))
+        return min(self.points_per_session, share)
 
     @property
     def window_seconds(self) -> float:

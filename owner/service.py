@@ -139,6 +139,10 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
                 "carries the hashes mode's key agreement"
             )
         consumer = convert.consumer_from_proto(request.consumer)
+        ledger = self.owner.ledger
+        if ledger is not None:  # a ledger behind a receipt its owner signed refuses the open
+            presented = convert.presented_receipt(request)
+            await asyncio.to_thread(ledger.check_receipt, presented, curator=str(caller))
         num_points, max_points = await self._run(
             request.session_id,
             self.owner.open_session,
@@ -272,6 +276,8 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
     @rpc("curator")
     async def CloseSession(self, request, context, caller):  # type: ignore[no-untyped-def]
         spent = await asyncio.to_thread(self.owner.close_session, request.session_id, str(caller))
+        ledger = self.owner.ledger
+        receipt = None if ledger is None else await asyncio.to_thread(ledger.receipt)
         logger.info(
             "session %s closed: spent epsilon=%g, delta=%g, %d points",
             short_id(request.session_id),
@@ -279,7 +285,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
             spent.delta,
             spent.points,
         )
-        return owner_pb2.CloseSessionResponse(spent=convert.spend_to_proto(spent))
+        return owner_pb2.CloseSessionResponse(spent=convert.spend_to_proto(spent), receipt=receipt)
 
     @rpc("curator")
     async def GetProgress(self, request, context, caller):  # type: ignore[no-untyped-def]

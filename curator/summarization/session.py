@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
-from dpmarket.common.privacy.ledger import Charge, PrivacyLedger
+from dpmarket.common.privacy.ledger import Charge, PrivacyLedger, SessionSpend
 from dpmarket.common.privacy.noise import NoiseSource
 from dpmarket.common.schema import Schema, disagreement
 from dpmarket.common.sketches import PrivateSketch
@@ -88,12 +88,14 @@ class SummarizationSession:
         The catalogue spec ``owner_sketches`` were published under (the curator service's
         ``--allocation-sketch-spec``), named in the report when an owner has none.
     min_owners : int
-        :attr:`dpmarket.common.summarization.summary.OwnerSelection.min_owners`: 0 keeps the rules
-        before it (a refusal of the terms fails the request); N >= 1 leaves out owners that
-        refuse their terms or cannot be reached when the session opens, and fails unless N
-        remain.
+        :attr:`dpmarket.common.summarization.summary.OwnerSelection.min_owners`: owners that refuse
+        their terms or cannot be reached when the session opens are left out, and the session
+        fails unless ``min_owners`` remain (0: every owner in ``owners``).
     excluded : sequence of str
         Owners the consumer left out by name (not in ``owners``), for the report.
+    on_owner_spend : callable, optional
+        ``on_owner_spend(owner, spend)`` as soon as the session is closed at an owner: what
+        its ledger recorded, or why that is unknown (the curator service stores it durably).
 
     Raises
     ------
@@ -123,6 +125,7 @@ class SummarizationSession:
         excluded: Sequence[str] = (),
         schema: Schema | None = None,
         feature_names: Sequence[str] = (),
+        on_owner_spend: Callable[[str, SessionSpend], None] | None = None,
     ) -> None:
         self.schema = schema
         self.feature_names = tuple(feature_names)
@@ -143,6 +146,7 @@ class SummarizationSession:
             allocation_spec=allocation_spec,
             min_owners=min_owners,
             excluded=excluded,
+            on_owner_spend=on_owner_spend,
         )
         self._offer = Offer(self.state)
         self._releases = Releases(self.state)
@@ -200,21 +204,24 @@ class SummarizationSession:
         :func:`~dpmarket.common.summarization.terms.owner_terms`) and lets ``check_terms`` (the
         curator's policy) refuse them; draws h1's parameters and opens the session at every owner
         with the terms, which each owner checks against its own policy. Nothing is released or
-        charged: h1's parameters are public randomness. Owners that do not answer are dropped (and
-        named in the report). On failure, sessions already opened are closed.
+        charged: h1's parameters are public randomness. Owners that do not answer or refuse the
+        terms are left out (and named in the report), and the session opens only if as many owners
+        remain as it requires (every owner it asks, unless ``min_owners`` says otherwise). On
+        failure, sessions already opened are closed.
 
         Raises
         ------
         UnavailableError
-            If no owner answers.
+            If no owner answers, or fewer owners answer than the session requires.
         InvalidArgumentError
             If an owner's feature count differs from the validation set's, the owners hold fewer
             points than the summary size, ``gamma`` makes every kernel value 0 or 1 on the
             validation set, or ``check_terms`` refuses the terms.
         FailedPreconditionError
             If the schemas of the consumer and the owners differ (naming the first column that
-            differs), an owner's policy refuses the terms, or the owners' policies allow fewer
-            raw points than the summary size.
+            differs), owners' policies refuse the terms and fewer owners remain than the
+            session requires, or the owners' policies allow fewer raw points than the summary
+            size.
         """
         try:
             await self._prepare(check_terms)
@@ -230,11 +237,11 @@ class SummarizationSession:
         active = state.active()
         if not active:
             raise UnavailableError("no owner answered: " + state.drop_notes())
+        state.require_min_owners()
         schemas = {state.info(i).owner_id: state.info(i).schema for i in active}
         found = disagreement(self.schema, schemas, feature_names=self.feature_names)
         if found is not None:
             raise FailedPreconditionError(f"the schemas differ: {found}")
-        state.require_min_owners()
         n = state.validation.shape[1]
         for index in active:
             owner = state.info(index)
@@ -300,6 +307,10 @@ class SummarizationSession:
         size = len(summary.points) + len(summary.hashes)
         state.emit("done", f"summary of {size} points in {elapsed:.2f} s")
         return result
+
+    def opened_owners(self) -> list[str]:
+        """The owners that hold an open session of ours (after :meth:`prepare`), by name."""
+        return self.state.opened_owners()
 
     async def abandon(self) -> None:
         """Close the session at every owner that opened it (a prepared session not run)."""

@@ -77,11 +77,13 @@ def test_init_writes_pki_configs_policies_and_a_draft_schema(tmp_path: Path) -> 
     assert (root / "owners" / "clinic-a" / "policy.toml").is_file()
     services = tomllib.loads((root / DEPLOYMENT_FILE).read_text(encoding="utf-8"))["service"]
     assert [s["name"] for s in services] == ["clinic-a", "clinic-b", "curator"]
-    # The owner's config serves its ledger command (its data directory is found through it).
+    # Each owner's ledger is created by init, bound to its certificate; the owner's config
+    # serves its ledger command (its data directory is found through it).
     result = CliRunner().invoke(
-        main, ["owner", "ledger", "--config", str(root / "owner-clinic-a.toml")]
+        main, ["owner", "ledger", "verify", "--config", str(root / "owner-clinic-a.toml")]
     )
-    assert "holds no owner ledger" in result.output
+    assert result.exit_code == 0, result.output
+    assert "of owner clinic-a, 0 charges" in result.output
     # A second init into the same folder is refused.
     with pytest.raises(FileExistsError):
         init_deployment(root, _tables(tmp_path))

@@ -158,6 +158,11 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
             ]
             _pki("peers", "--policy", policy, "--out", policy, *others)
         shutil.copy2(REPO / "deploy" / "policies" / "curator.toml", dep.dir(CURATOR))
+        # Each owner creates its ledger, bound to its certificate (it never starts without).
+        for owner in OWNERS:
+            topology.run(owner, [DPMARKET, "owner", "ledger", "init", "--data-dir", "state",
+                                 "--policy", "owner.toml", "--pki-dir", "pki",
+                                 "--name", owner])  # fmt: skip
         for name in ("validation.npy", "seed_set.npy"):
             shutil.copy2(dep.data / name, dep.dir(CONSUMER) / name)
         # The WAN: the curator reaches each owner's port, the consumer the curator's.

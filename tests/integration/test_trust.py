@@ -61,7 +61,7 @@ from dpmarket.runtime.arrays import array_to_proto
 from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
 from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 from dpmarket.v1 import array_pb2, curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc
-from tests.conftest import ColumnProbe
+from tests.conftest import ColumnProbe, new_ledger
 
 pytestmark = pytest.mark.integration
 
@@ -585,7 +585,11 @@ def test_owners_spend_exactly_what_sessions_cost_and_refuse_beyond_their_budget(
             request = create_request_to_proto(config, digits.validation, digits.seed_set, n)
             code, details = _status(stub.CreateSession, request)
     assert code == grpc.StatusCode.FAILED_PRECONDITION, details
-    assert "epsilon over the lifetime" in details and "0.1 left" in details
+    # The owners told the curator what is spent and left; the consumer reads neither.
+    assert "(budget refused)" in details and "left out: " in details
+    assert "epsilon over the lifetime" not in details and "0.1 left" not in details
+    log = _log(budget, "curator")
+    assert "epsilon over the lifetime" in log and "0.1 left" in log
     # The refused session released and charged nothing, anywhere.
     assert _ledgers(budget) == ledgers
     assert _charges(budget) == charges
@@ -779,6 +783,7 @@ points = 1000000
 epsilon = 100.0
 delta = 0.1
 points = 100000
+points_fraction = 1.0
 [limits]
 session_idle_timeout_seconds = {IDLE_SECONDS}
 """
@@ -921,13 +926,37 @@ def test_a_curator_killed_mid_session_reports_it_failed_and_nothing_is_paid_twic
                       for p, _, e in stored if p == party)
         )  # fmt: skip
 
-    # Owners wait out their idle timeout, then free the dead session (its ledger stays).
+    # Owners free the dead session (its ledger stays): when idle for their timeout, or when the
+    # restarted curator closes it to ask what it cost, whichever comes first.
     for owner_id, owner_sid in owner_sids.items():
         _wait_for(
-            lambda o=owner_id, s=owner_sid: f"session {short_id(s)} expired" in _log(lifecycle, o),
+            lambda o=owner_id, s=owner_sid: any(
+                f"session {short_id(s)} {what}" in _log(lifecycle, o)
+                for what in ("expired", "closed")
+            ),
             IDLE_SECONDS + 60.0,
-            f"{owner_id} expiring session {short_id(owner_sid)}",
+            f"{owner_id} freeing session {short_id(owner_sid)}",
         )
+
+    # The restarted curator rebuilt what each owner charged the session from its store (where
+    # the session was open, under which id) and the owners' ledgers: the report the consumer
+    # reads names every owner with its ledger's figures, not an empty owner_spend.
+    def owner_spend() -> dict[str, Any]:
+        with CuratorClient(lifecycle.curator_target, lifecycle.consumer_security()) as client:
+            return dict(_finish(client, sid)[1].owner_spend)
+
+    _wait_for(
+        lambda: (spend := owner_spend()) and not any(s.unknown for s in spend.values()),
+        60.0,
+        "the restarted curator's record of what each owner charged",
+    )
+    spend = owner_spend()
+    assert sorted(spend) == sorted(owner_sids)
+    for owner_id, owner_sid in owner_sids.items():
+        entries = [e for e in _ledger(lifecycle, owner_id) if e.session == owner_sid]
+        assert spend[owner_id].points == sum(e.points for e in entries) > 0
+        assert spend[owner_id].epsilon == pytest.approx(math.fsum(e.epsilon for e in entries))
+        assert spend[owner_id].delta == pytest.approx(math.fsum(e.delta for e in entries))
     released = 0
     for owner_id, owner_sid in owner_sids.items():
         entries = [e for e in _ledger(lifecycle, owner_id) if e.session == owner_sid]
@@ -1134,13 +1163,15 @@ def test_a_second_server_on_a_bound_port_refuses_to_start_naming_the_address(
     with one line naming the address (no traceback), and the first keeps the port."""
     first = _spawn(
         ["serve-owner", "--insecure", "--data", str(files["owner-0"]), "--port", "0",
-         "--port-file", str(tmp_path / "first.port"), "--data-dir", str(tmp_path / "first")],
+         "--port-file", str(tmp_path / "first.port"),
+         "--data-dir", str(new_ledger(tmp_path / "first"))],
         tmp_path / "first.log",
     )  # fmt: skip
     try:
         port = _port(tmp_path / "first.port", first, tmp_path / "first.log")
+        data = str(files["owner-0"])
         args = (
-            ["serve-owner", "--data", str(files["owner-0"]), "--data-dir", str(tmp_path / "s")]
+            ["serve-owner", "--data", data, "--data-dir", str(new_ledger(tmp_path / "s"))]
             if role == "owner"
             else ["serve-curator", "--owner", "127.0.0.1:1", "--data-dir", str(tmp_path / "s")]
         )
@@ -1179,7 +1210,8 @@ def test_insecure_services_and_requests_run_and_warn(
     logs = {name: tmp_path / f"{name}.log" for name in ("owner", "curator", "request")}
     owner = _spawn(
         ["serve-owner", "--insecure", "--data", str(files["owner-0"]), "--port", "0",
-         "--port-file", str(tmp_path / "owner.port"), "--data-dir", str(tmp_path / "owner")],
+         "--port-file", str(tmp_path / "owner.port"),
+         "--data-dir", str(new_ledger(tmp_path / "owner"))],
         logs["owner"],
     )  # fmt: skip
     processes = [owner]

@@ -44,7 +44,7 @@ def keys() -> dict[str, ec.EllipticCurvePrivateKey]:
 def _site(tmp_path: Path, keys: dict[str, ec.EllipticCurvePrivateKey], floor: int) -> CapeSite:
     rng = np.random.default_rng(0)
     table = Table(("x", "y"), rng.uniform(0, 1, size=(ROWS["owner"], 2)), "owner")
-    ledger = OwnerLedger(tmp_path / "owner", OwnerPolicy(cape_min_colluders=floor))
+    ledger = OwnerLedger.create(tmp_path / "owner", OwnerPolicy(cape_min_colluders=floor))
     trusted = {s: k.public_key() for s, k in keys.items()}
     identity = SiteIdentity("owner", keys["owner"], b"", None).trusting(trusted)
     return CapeSite(
