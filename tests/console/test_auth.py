@@ -25,7 +25,7 @@ OWNER = Identity("owner", "young")
 
 @pytest.fixture
 def console(tmp_path: Path) -> tuple[TestClient, ConsoleToken]:
-    with OwnerLedger(tmp_path, OwnerPolicy()) as ledger:
+    with OwnerLedger.create(tmp_path, OwnerPolicy()) as ledger:
         ledger.charge(
             session="s1",
             consumer="consumer:alice",

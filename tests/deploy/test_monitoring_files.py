@@ -41,7 +41,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     metrics.observe("owner:o", "/dpmarket.v1.OwnerService/Bid", grpc.StatusCode.OK, 0.01)
     metrics.observe("owner:o", "/dpmarket.v1.OwnerService/Bid", grpc.StatusCode.NOT_FOUND, 0.01)
     metrics.in_progress.labels("owner:o", "dpmarket.v1.OwnerService").set(0)
-    with OwnerLedger(tmp_path_factory.mktemp("owner"), OwnerPolicy()) as ledger:
+    with OwnerLedger.create(tmp_path_factory.mktemp("owner"), OwnerPolicy()) as ledger:
         metrics.register(OwnerCollector(Owner("o", None, ledger=ledger)))
         metrics.register(CuratorCollector(SessionManager([]), "curator:c"))
         text = generate_latest(metrics.registry).decode()

@@ -57,7 +57,7 @@ def _render(renderable: Any, width: int) -> str:
 
 
 def _report(tmp_path: Path) -> dict[str, Any]:
-    with OwnerLedger(tmp_path, OwnerPolicy()) as ledger:
+    with OwnerLedger.create(tmp_path, OwnerPolicy()) as ledger:
         for session, consumer, mechanism, epsilon, points in CHARGES:
             ledger.charge(
                 session=session,

@@ -154,7 +154,7 @@ def test_a_server_without_metrics_counts_nothing(pki: Path) -> None:
 
 def test_an_owner_exports_its_budget_from_its_own_ledger(tmp_path: Path) -> None:
     policy = OwnerPolicy(epsilon_total=10.0, points_total=500, points_per_session=100)
-    with OwnerLedger(tmp_path, policy) as ledger:
+    with OwnerLedger.create(tmp_path, policy) as ledger:
         for k, (eps, points) in enumerate([(1.0, 0), (0.5, 7), (0.25, 3)]):
             ledger.charge(
                 session=f"s{k}",
