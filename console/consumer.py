@@ -44,7 +44,7 @@ from dpmarket.common.errors import DPMarketError
 from dpmarket.common.schema import Schema
 from dpmarket.common.summarization.summary import OwnerSelection, SummarizationConfig
 from dpmarket.consumer.client import CuratorClient
-from dpmarket.consumer.history import RecordedSession, SessionHistory
+from dpmarket.consumer.history import RecordedSession, SessionHistory, spent
 
 __all__ = ["Catalogue", "ConsumerConsole", "SummaryJob", "UserError"]
 
@@ -355,12 +355,7 @@ class ConsumerConsole:
 
     def _follow(self, job: SummaryJob) -> None:
         """Follow a session to its end, fetch, write and record its summary."""
-        from dpmarket.consumer.report import (
-            epsilon_summary,
-            evaluate_summary,
-            mmd_curve,
-            owner_spend,
-        )
+        from dpmarket.consumer.report import evaluate_summary, mmd_curve
         from dpmarket.owner.data import PointSet, save_point_set
 
         cfg = job.config
@@ -378,13 +373,7 @@ class ConsumerConsole:
                 )
                 last_report = report
             if job.events and job.events[-1]["stage"] == "failed":
-                result = None
-                if last_report is not None:
-                    result = {
-                        "epsilon": epsilon_summary(last_report.ledger),
-                        "owner_spend": owner_spend(last_report.owner_spend),
-                        "left_out": dict(last_report.left_out),
-                    }
+                result = spent(last_report)
                 error = job.events[-1]["message"] or "the session failed"
                 record = self.history.record(
                     status="failed",

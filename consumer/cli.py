@@ -695,17 +695,8 @@ def request(
 
 def _record_failure(data_dir: str, exc: SessionFailedError, config: SummarizationConfig) -> None:
     """Record a failed request in the consumer's history (best effort: a warning on error)."""
-    from dpmarket.consumer.history import SessionHistory
-    from dpmarket.consumer.report import epsilon_summary, owner_spend
+    from dpmarket.consumer.history import SessionHistory, spent
 
-    report = exc.report
-    result = None
-    if report is not None:
-        result = {
-            "epsilon": epsilon_summary(report.ledger),
-            "owner_spend": owner_spend(report.owner_spend),
-            "left_out": dict(report.left_out),
-        }
     try:
         SessionHistory(data_dir).record(
             status="failed",
@@ -713,7 +704,7 @@ def _record_failure(data_dir: str, exc: SessionFailedError, config: Summarizatio
             method=config.method,
             summary_size=config.summary_size,
             session_id=exc.session_id,
-            result=result,
+            result=spent(exc.report),
             error=str(exc),
         )
     except OSError as err:

@@ -24,7 +24,7 @@ from typing import Any
 
 from dpmarket.runtime.files import atomic_write
 
-__all__ = ["HISTORY_DIR", "RecordedSession", "SessionHistory"]
+__all__ = ["HISTORY_DIR", "RecordedSession", "SessionHistory", "spent"]
 
 #: The folder of the records, inside the consumer's data directory.
 HISTORY_DIR = "sessions"
@@ -92,6 +92,26 @@ class RecordedSession:
     def short_id(self) -> str:
         """The first 8 characters of the session id, or of the key."""
         return (self.session_id or self.key.partition("-")[2] or self.key)[:8]
+
+
+def spent(report: Any) -> dict[str, Any] | None:
+    """What a failed session's report says it spent, as :meth:`SessionHistory.record` takes it:
+    ``{"epsilon", "owner_spend", "left_out"}`` (None without a report).
+
+    Parameters
+    ----------
+    report : SessionReport or None
+        The last WatchSession message's report (ledger included).
+    """
+    if report is None:
+        return None
+    from dpmarket.consumer.report import epsilon_summary, owner_spend
+
+    return {
+        "epsilon": epsilon_summary(report.ledger),
+        "owner_spend": owner_spend(report.owner_spend),
+        "left_out": dict(report.left_out),
+    }
 
 
 class SessionHistory:
