@@ -73,7 +73,8 @@ def _bind(host: str, port: int) -> socket.socket:
     "--port",
     default=None,
     type=click.IntRange(0, 65535),
-    help="This party's own service: its port (the config's port), for its health check.",
+    help="This party's own service: its port (the config's port), for its health check (an "
+    "owner's) or its channels to the owners (the curator's).",
 )
 @click.option("--curator", default=None, metavar="HOST:PORT", help="A consumer's curator.")
 @click.option(
@@ -215,6 +216,7 @@ def _party(
 
         return OwnerConsole(data_dir, security, service_target(host, port), identity)
     from dpmarket.console.curator import CuratorConsole
+    from dpmarket.console.owner import service_target
 
     targets = []
     for text in owners:
@@ -225,4 +227,4 @@ def _party(
             targets.append((Identity("owner", name), address))
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--owner") from exc
-    return CuratorConsole(data_dir, security, targets)
+    return CuratorConsole(data_dir, security, targets, service_target(host, port), identity)

@@ -3,9 +3,10 @@
 Everything but the health checks comes from the curator's own store, read as ``dpmarket curator
 sessions`` reads it (:class:`dpmarket.curator.store.CuratorRecords`) and from its catalogue
 (:class:`dpmarket.curator.sketches.SketchCatalog`); each owner is asked one ``grpc.health.v1``
-Check per page, over mTLS with the curator's certificate. What the page shows is what the curator
-holds about each party: who asked for what, when, how it ended and what it charged; never a
-summary's points, a consumer's validation set or an owner's ledger.
+Check per page, over mTLS with the curator's certificate, and the curator's own service whether
+its channel to each owner is connected (its health service's ``owner:NAME``). What the page
+shows is what the curator holds about each party: who asked for what, when, how it ended and
+what it charged; never a summary's points, a consumer's validation set or an owner's ledger.
 
 Extension point
 ---------------
@@ -27,6 +28,7 @@ from typing import Any
 
 from dpmarket.console.consumer import age_text
 from dpmarket.console.probe import Probe, Prober
+from dpmarket.curator.owners import OWNER_HEALTH_PREFIX
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.curator.store import DATABASE_FILE, CuratorRecords
 from dpmarket.runtime.identity import Identity
@@ -50,24 +52,42 @@ class CuratorConsole:
         The curator's certificate, for the owners' health checks.
     owners : sequence of (Identity, str)
         Each configured owner and its address (``serve-curator --owner NAME@HOST:PORT``).
+    service : str or None
+        ``host:port`` of the curator's own service, whose health service reports each owner's
+        channel (``owner:NAME``: SERVING while connected); None: not asked.
+    identity : Identity or None
+        The curator's identity (what its service's certificate carries).
     """
 
     data_dir: Path
     security: TransportSecurity
     owners: Sequence[tuple[Identity, str]]
+    service: str | None = None
+    identity: Identity | None = None
     #: Last time each owner answered a health check of this console (Unix seconds).
     last_up: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.prober = Prober(self.security)
 
-    def probes(self) -> list[Probe]:
-        """One health check per owner, concurrently."""
+    def probes(self) -> list[tuple[Probe, Probe | None]]:
+        """Per owner, concurrently: its own answer to a health check, and (with ``service``)
+        whether the curator's service holds a connected channel to it."""
         if not self.owners:
             return []
+
+        def both(owner: tuple[Identity, str]) -> tuple[Probe, Probe | None]:
+            own = self.prober.check(owner[1], owner[0])
+            link = None
+            if self.service is not None:
+                link = self.prober.check(
+                    self.service, self.identity, OWNER_HEALTH_PREFIX + owner[0].name
+                )
+            return own, link
+
         with ThreadPoolExecutor(max_workers=min(16, len(self.owners))) as pool:
-            found = list(pool.map(lambda o: self.prober.check(o[1], o[0]), self.owners))
-        for (identity, _), result in zip(self.owners, found, strict=True):
+            found = list(pool.map(both, self.owners))
+        for (identity, _), (result, _) in zip(self.owners, found, strict=True):
             if result.up:
                 self.last_up[identity.name] = result.at
         return found
@@ -78,10 +98,10 @@ class CuratorConsole:
         Returns
         -------
         dict
-            ``owners`` (name, address, health, last seen up, last session, last
-            publication), ``running`` and ``sessions`` (newest first, as ``curator sessions``),
-            ``catalogue`` (spec, owner, ε, age), ``rates`` (requests per hour and per consumer
-            over the last :data:`RATE_HOURS` hours).
+            ``owners`` (name, address, health, the curator's channel to it, last seen up,
+            last session, last publication), ``running`` and ``sessions`` (newest first, as
+            ``curator sessions``), ``catalogue`` (spec, owner, ε, age), ``rates`` (requests
+            per hour and per consumer over the last :data:`RATE_HOURS` hours).
 
         Raises
         ------
@@ -110,7 +130,7 @@ class CuratorConsole:
         sessions.reverse()  # newest first
         health = self.probes()
         rows = []
-        for (identity, target), result in zip(self.owners, health, strict=True):
+        for (identity, target), (result, link) in zip(self.owners, health, strict=True):
             name = identity.name
             last_session = next((s["created"] for s in sessions if name not in s["left_out"]), None)
             published: list[float] = [c["published_at"] for c in catalogue if c["owner"] == name]
@@ -119,6 +139,7 @@ class CuratorConsole:
                     "name": name,
                     "target": target,
                     "health": result,
+                    "link": link,
                     "last_up": _ago(now, self.last_up.get(name)),
                     "last_session": last_session,
                     "last_publication": _ago(now, max(published) if published else None),

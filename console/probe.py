@@ -68,9 +68,10 @@ class Prober:
         self._channels: dict[tuple[str, Identity | None], grpc.Channel] = {}
         self._lock = threading.Lock()
 
-    def check(self, target: str, expected: Identity | None) -> Probe:
-        """Check ``target``'s health (service ``""``), proving the party's identity and checking
-        that the server is ``expected``; never raises for a service that is down."""
+    def check(self, target: str, expected: Identity | None, service: str = "") -> Probe:
+        """Check ``target``'s health (of ``service``; ``""``: the whole server), proving the
+        party's identity and checking that the server is ``expected``; never raises for a
+        service that is down."""
         start, at = time.perf_counter(), time.time()
         key = (target, expected)
         with self._lock:
@@ -83,7 +84,7 @@ class Prober:
                 with self._lock:
                     self._channels[key] = channel
             response = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=self.timeout
+                health_pb2.HealthCheckRequest(service=service), timeout=self.timeout
             )
         except DPMarketError as exc:
             return Probe(target, "UNREACHABLE", str(exc), time.perf_counter() - start, at)

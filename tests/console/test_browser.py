@@ -297,8 +297,12 @@ def test_the_curator_sees_its_owners_sessions_and_catalogue(
     page = _signed_in(browser, consoles["curator"])
     page.goto(f"{consoles['curator'].url}/curator")
     owners = page.locator("#owners tbody tr").all()
-    health = {r.locator("td").nth(0).inner_text(): r.locator(".badge").inner_text() for r in owners}
+    health = {
+        r.locator("td").nth(0).inner_text(): r.locator(".badge").first.inner_text() for r in owners
+    }
     assert health == {"young": "SERVING", "middle": "SERVING", "senior": "SERVING"}
+    # The curator's own service holds a connected channel to each (its health service says so).
+    assert {r.locator(".badge.link").inner_text() for r in owners} == {"connected"}
     with CuratorRecords(deployment / "curator") as records:
         stored = records.sessions()
     text = page.locator("#sessions").inner_text()
