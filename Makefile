@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := $(wildcard protos/dpmarket/v1/*.proto)
 OUT ?= out
 
-.PHONY: image compose-test wan-test wheel-test venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape demo-sketch cape-figures sketch-figures evaluate bench clean
+.PHONY: image compose-test wan-test wheel-test compose-monitoring-test browser console-bench venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape demo-sketch cape-figures sketch-figures evaluate bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,7 +55,12 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not integration"
 
-check: lint typecheck proto-check proto-lint test
+# Debian's Chromium for the console's browser tests (tests/console/test_browser.py): installed
+# with apt when missing (as root; deploy/chromium.sh), never a browser Playwright downloads.
+browser:
+	deploy/chromium.sh
+
+check: lint typecheck proto-check proto-lint browser test
 
 # The marketplace on scikit-learn's digits: curator, five owners and a consumer as separate
 # processes on localhost; prints the table and writes $(OUT)/demo/report.json and mmd.png.
@@ -135,11 +140,24 @@ compose-test: $(STAMP)
 wheel-test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m wheel tests/deploy/test_wheel.py
 
+# The compose stack's optional monitoring profile: the owners, the curator and Prometheus (from
+# Debian's package, deploy/monitoring/Dockerfile) on a real Docker engine; Prometheus scrapes
+# every service and runs every query of deploy/monitoring/dashboard.json
+# (tests/deploy/test_compose_monitoring.py). Not part of `test`.
+compose-monitoring-test: $(STAMP)
+	PYTHON=$(PY) deploy/compose-monitoring-test.sh
+
 # Owners, curator and consumer on separate hosts (network namespaces, as root) over a 100 Mbit/s,
 # 100 ms round-trip WAN (tc tbf and a delaying relay, deploy/wan.py), set up by the steps of
 # deploy/README.md's "Owners on separate hosts": tests/deploy/test_wan.py. Not part of `test`.
 wan-test: $(STAMP)
 	$(PY) -m pytest -q -m wan tests/deploy/test_wan.py
+
+# The consoles on the tutorial's deployment (bench/console.py): each page's time, fetched as a
+# signed-in program (10 times after a warm-up), and the RPCs an owner served meanwhile against
+# those the pages make; into $(OUT)/bench.json under "console" (about 3 minutes on 2 cores).
+console-bench: $(STAMP)
+	$(PY) -m bench.console --out $(OUT)/bench.json
 
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache

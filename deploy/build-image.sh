@@ -16,6 +16,9 @@
 #   DEBIAN_MIRROR      debootstrap's mirror (default http://deb.debian.org/debian)
 #   HTTP_PROXY, HTTPS_PROXY, NO_PROXY (and lower-case): passed to the build when set (Docker's
 #                      predefined proxy arguments: they stay out of the image's history).
+#   MONITORING         1: also build dpmarket-prometheus:local (deploy/monitoring/Dockerfile:
+#                      Debian's prometheus package) on the same base, for the compose stack's
+#                      monitoring profile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -128,3 +131,11 @@ docker build -f deploy/Dockerfile "${args[@]}" -t "$IMAGE" .
 # environment (about 1 GB), so repeated builds would fill the disk. The build stage's layers,
 # the cache of the next build, are kept.
 docker image prune -f --filter dangling=true --filter label=org.dpmarket.image=dpmarket >/dev/null
+
+if [ "${MONITORING:-0}" = 1 ]; then
+  log "building dpmarket-prometheus:local on $BASE_IMAGE"
+  docker build -f deploy/monitoring/Dockerfile --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+    -t dpmarket-prometheus:local .
+  docker image prune -f --filter dangling=true \
+    --filter label=org.dpmarket.image=dpmarket-prometheus >/dev/null
+fi

@@ -127,12 +127,10 @@ _CURATOR = Group(
         "sessions": Command(
             "dpmarket.curator.cli:sessions_command",
             "The sessions and jobs the curator has run (read-only).",
-            config=False,
         ),
         "charges": Command(
             "dpmarket.curator.cli:charges_command",
             "What each owner charged for a session (read-only).",
-            config=False,
         ),
     },
 )
@@ -264,12 +262,16 @@ TREE = Group(
         "health": Command(
             "dpmarket.deploy.health:health_command", "Probe a service's health over mTLS."
         ),
+        "console": Command(
+            "dpmarket.console.cli:console_command",
+            "This party's web console, on its own credentials.",
+        ),
         "lab": _LAB,
     },
     sections=(
         ("Your marketplace", ("init", "up", "down", "demo", "demo-cape", "demo-sketch")),
         ("Parties", ("owner", "curator", "consumer")),
-        ("Every party", ("pki", "health")),
+        ("Every party", ("pki", "health", "console")),
         ("Reproductions (pip install 'dpmarket[lab]')", ("lab",)),
     ),
 )

@@ -327,13 +327,15 @@ def init_deployment(
         _config(
             "The consumer: dpmarket consumer request | cape ... | sketches | explore |\n"
             "rank-owners --config consumer.toml. Its tables are read through the schema\n"
-            "(columns by name).",
+            "(columns by name). Its data directory keeps its sessions' records and its\n"
+            "console's token (dpmarket console --config consumer.toml).",
             {
                 "curator": curator_target,
                 "curator-name": CURATOR,
                 "pki-dir": str(service_pki_dir(Identity("consumer", consumer))),
                 "name": consumer,
                 "schema": "schema.toml",
+                "data-dir": "consumer",
             },
         ),
         encoding="utf-8",

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -58,6 +59,7 @@ from dpmarket.runtime.cli import (
     tls_options,
     write_output,
 )
+from dpmarket.runtime.metrics import metrics_options, start_metrics
 from dpmarket.runtime.schemas import load_schema
 from dpmarket.runtime.transport import BindError, TransportSecurity
 
@@ -72,6 +74,8 @@ __all__ = [
     "publish_command",
     "published_command",
     "serve_owner",
+    "short_mechanism",
+    "short_session",
 ]
 
 logger = logging.getLogger("dpmarket")
@@ -175,33 +179,94 @@ def _num(x: float) -> str:
     return f"{x:.6g}"
 
 
-def _charges_table(report: dict[str, Any]) -> Table:
+#: Words a compact ledger table shortens, in order (``--wide`` shows them whole).
+_ABBREVIATIONS = (
+    ("private sketch", "sketch"),
+    ("relevance count", "count"),
+    ("raw points", "points"),
+    ("candidates", "cand."),
+    ("Laplace", "Lap."),
+    ("Gaussian", "Gauss."),
+    ("secure aggregation", "SecAgg"),
+    ("regression", "reg."),
+    ("; ", ": "),
+)
+
+
+def short_mechanism(text: str) -> str:
+    """A mechanism as a compact table shows it: ``"private sketch (HIST, Laplace)"`` ->
+    ``"sketch (HIST, Lap.)"``, ``"raw points (candidates)"`` -> ``"points (cand.)"``."""
+    for long, short in _ABBREVIATIONS:
+        text = text.replace(long, short)
+    return text
+
+
+def short_session(session: str) -> str:
+    """A session id as a compact table shows it: the first 8 characters of a random id, the
+    spec of a sketch's session (``sketch:clinics/hist:<key>`` -> ``clinics/hist``)."""
+    parts = session.split(":")
+    if len(parts) >= 2 and parts[0] == "sketch":
+        return parts[1]
+    return session[:8]
+
+
+def _charges_table(report: dict[str, Any], *, wide: bool = False) -> Table:
+    """The charges: every column in full with ``wide``; else fitting 80 columns (time to the
+    minute, short ids, abbreviated mechanisms, no curator column)."""
     non_private = any(e["non_private"] for e in report["entries"])
+    caption = (
+        "inf: a non-private release (not summed into epsilon or delta)" if non_private else None
+    )
+    if not wide:
+        caption = "; ".join(
+            c for c in (caption, "--wide: every column, whole ids and mechanisms") if c
+        )
     table = Table(
         title=f"charges in {report['ledger']}",
         title_justify="left",
-        caption="inf: a non-private release (not summed into epsilon or delta)"
-        if non_private
-        else None,
+        caption=caption,
         caption_justify="left",
     )
-    # Fixed-width columns never wrap; names fold rather than lose characters to an ellipsis.
-    table.add_column("time (UTC)", no_wrap=True)
-    for header in ("session", "consumer", "curator", "mechanism"):
-        table.add_column(header, overflow="fold")
-    for header in ("epsilon", "delta", "points"):
-        table.add_column(header, justify="right", no_wrap=True)
+    if not wide:
+        table.box, table.pad_edge, table.collapse_padding = box.SIMPLE_HEAD, False, True
+    if wide:
+        # Fixed-width columns never wrap; names fold rather than lose characters to an ellipsis.
+        table.add_column("time (UTC)", no_wrap=True)
+        for header in ("session", "consumer", "curator", "mechanism"):
+            table.add_column(header, overflow="fold")
+        for header in ("epsilon", "delta", "points"):
+            table.add_column(header, justify="right", no_wrap=True)
+    else:
+        table.add_column("UTC", no_wrap=True)
+        table.add_column("session", no_wrap=True)
+        table.add_column("consumer", overflow="fold")
+        table.add_column("mechanism", overflow="fold")
+        for header in ("ε", "δ", "pts"):
+            table.add_column(header, justify="right", no_wrap=True)
     for e in report["entries"]:
-        table.add_row(
-            e["time"],
-            Text(e["session"]),
-            Text(e["consumer"]),
-            Text(e["curator"]),
-            Text(e["mechanism"]),
-            "inf" if e["non_private"] else _num(e["epsilon"]),
-            _num(e["delta"]),
-            str(e["points"]),
-        )
+        epsilon = "inf" if e["non_private"] else _num(e["epsilon"])
+        if wide:
+            table.add_row(
+                e["time"],
+                Text(e["session"]),
+                Text(e["consumer"]),
+                Text(e["curator"]),
+                Text(e["mechanism"]),
+                epsilon,
+                _num(e["delta"]),
+                str(e["points"]),
+            )
+        else:
+            table.add_row(
+                e["time"][5:16].replace("T", " "),
+                Text(short_session(e["session"])),
+                Text(e["consumer"].split(":", 1)[-1] if e["consumer"].startswith("consumer:")
+                     else e["consumer"].split(":", 1)[0]),
+                Text(short_mechanism(e["mechanism"])),
+                epsilon,
+                f"{e['delta']:.2g}",
+                str(e["points"]),
+            )  # fmt: skip
     return table
 
 
@@ -260,9 +325,19 @@ _LEDGER_DIR = click.option(
     default=None,
     help="Only the last N charges (the totals always cover every charge).",
 )
+@click.option(
+    "--wide",
+    is_flag=True,
+    help="Every column, whole ids and mechanisms (default: a table for 80 columns).",
+)
 @click.pass_context
 def ledger(
-    ctx: click.Context, data_dir: Path | None, session: str | None, as_json: bool, limit: int | None
+    ctx: click.Context,
+    data_dir: Path | None,
+    session: str | None,
+    as_json: bool,
+    limit: int | None,
+    wide: bool,
 ) -> None:
     """Show what the owner's data has been charged, and what is left of each budget.
 
@@ -291,7 +366,7 @@ def ledger(
         return
     out = Console()
     if report["entries"]:
-        out.print(_charges_table(report))
+        out.print(_charges_table(report, wide=wide))
     else:
         where = f" in session {session!r}" if session is not None else ""
         out.print(f"no charges{where} in {report['ledger']}", markup=False, highlight=False)
@@ -807,6 +882,7 @@ def read_owner_data(
     "never in production: whoever knows the seed knows the noise).",
 )
 @dask_options
+@metrics_options
 @tls_options
 def serve_owner(
     data_path: str | None,
@@ -825,6 +901,8 @@ def serve_owner(
     dask_scheduler: str | None,
     dask_workers: int | None,
     in_memory_values: int,
+    metrics_port: int | None,
+    metrics_host: str,
     **tls: Any,
 ) -> None:
     """Serve one data owner's private dataset over gRPC (mTLS), under its own policy."""
@@ -833,6 +911,7 @@ def serve_owner(
     from dpmarket.owner.service import serve_owner as serve
 
     ensure_info_logging()
+    start_metrics(metrics_host, metrics_port, logger)
     opened = open_owner(
         data_path,
         schema_path,

@@ -6,8 +6,9 @@ written: at module level, inside a function (imports deferred for start-up time)
 
 Layers, bottom up: ``common`` (pure kernels: no gRPC, no generated protobuf code, no services),
 ``runtime`` (the service runtime every party shares), the roles ``curator``, ``owner`` and
-``consumer``, then ``experiments`` (reproductions and the evaluation harness) and ``deploy``
-(the command line, the launcher and the demos, which may use the experiments).
+``consumer``, the parties' web ``console`` (which reads each role's own state), then
+``experiments`` (reproductions and the evaluation harness) and ``deploy`` (the command line, the
+launcher and the demos, which may use the experiments).
 """
 
 from __future__ import annotations
@@ -20,7 +21,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("common", "runtime", "curator", "owner", "consumer", "deploy", "experiments", "bench")
+PACKAGES = (
+    "common",
+    "runtime",
+    "curator",
+    "owner",
+    "consumer",
+    "console",
+    "deploy",
+    "experiments",
+    "bench",
+)
 ROLES = ("curator", "owner", "consumer")
 #: The one top-level name the wheel installs: every package but ``bench`` lives under it.
 NAMESPACE = "dpmarket"
@@ -210,6 +221,13 @@ def test_a_role_imports_no_other_role_nor_deploy(graph: ImportGraph, role: str) 
     assert not bad, f"{role} must not import deploy, experiments or another role:\n" + "\n".join(
         bad
     )
+
+
+def test_the_console_imports_neither_deploy_nor_experiments(graph: ImportGraph) -> None:
+    bad = _violations(graph, "console", ("deploy", "experiments", "bench"))
+    for module in sorted(m for m in graph.files if _package(m) in (*ROLES, "runtime", "common")):
+        bad += [f"{module} -> {t}" for t in graph.edges[module] if _package(t) == "console"]
+    assert not bad, "the console sits above the roles and below deploy:\n" + "\n".join(bad)
 
 
 def test_experiments_do_not_import_deploy(graph: ImportGraph) -> None:

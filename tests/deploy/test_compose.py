@@ -147,7 +147,9 @@ def config() -> dict[str, Any]:
 
 
 def _services(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return config["services"]
+    """The stack's services, without those of optional profiles (the monitoring profile's
+    Prometheus: tests/deploy/test_monitoring_files.py)."""
+    return {name: s for name, s in config["services"].items() if not s.get("profiles")}
 
 
 def _argv(service: dict[str, Any]) -> list[str]:

@@ -49,7 +49,7 @@ def invoke(*args: str) -> str:
 
 
 def test_table_lists_the_charges_and_what_is_left(data_dir: Path) -> None:
-    out = invoke("ledger", "--data-dir", str(data_dir))
+    out = invoke("ledger", "--data-dir", str(data_dir), "--wide")
     for text in (
         "2024-05-01T12:00:00Z",
         "2024-05-01T12:02:00Z",
@@ -72,6 +72,15 @@ def test_table_lists_the_charges_and_what_is_left(data_dir: Path) -> None:
     assert ["2024-05-01T12:02:00Z", "sess-b", "bob", "curator", "exact embedding", "inf", "0",
             "7"] in rows  # fmt: skip
     assert "non-private releases" in out
+
+
+def test_the_default_table_is_compact(data_dir: Path) -> None:
+    out = invoke("ledger", "--data-dir", str(data_dir))
+    for text in ("05-01 12:00", "05-01 12:02", "sess-a", "sess-b", "alice", "bob", "points"):
+        assert text in out, text
+    assert "2024-05-01T12:00:00Z" not in out and "--wide" in out
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines()]
+    assert ["over the lifetime", "epsilon", "1.75", "4", "2.25"] in rows
 
 
 def test_json_has_the_same_content(data_dir: Path) -> None:
