@@ -1,7 +1,7 @@
 """The tutorial's deployment, for the console's browser tests and benchmark: docs/tutorial.md's
 commands, as written, up to the clinics' sketches (three clinics, a curator and a consumer over
-mTLS; one summary requested with ``dpmarket request``; every clinic's HIST and RFF sketches
-published), in a fresh directory."""
+mTLS; one summary requested with ``dpmarket request``; every clinic's HIST, RFF and marginals
+sketches published), in a fresh directory."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorial.md"
 #: The last tutorial command this deployment runs (the blocks after it are not run).
-LAST = "dpmarket sketch publish"
+LAST = "dpmarket owner publish"
 #: Seconds the commands may take (about a minute on 2 shared cores).
 TIMEOUT_SECONDS = 600
 
