@@ -79,6 +79,7 @@ from dpmarket.common.sketches.marginals import (
     MarginalsModel,
     MarginalsSketch,
     Measurement,
+    bound_weights,
     cell_weights,
     free_compiled,
 )
@@ -1140,7 +1141,7 @@ class MarginalsExplorer:
             else np.full(main.shape, np.nan)
         )
         values, clip_flags = _clip(query, domain, main)
-        bounds, basis, covers, flags = self._intervals(query, sketches, values, weights)
+        bounds, basis, covers, flags = self._intervals(query, sketches, values)
         noise = np.isnan(bounds).any(axis=1)
         bounds[noise, 0] = values[noise] - Z95 * se[noise]
         bounds[noise, 1] = values[noise] + Z95 * se[noise]
@@ -1178,17 +1179,22 @@ class MarginalsExplorer:
             covers=covers,
         )
 
-    def _value_weights(self, query: Query) -> list[dict[int, NDArray[np.float64]]]:
+    def _value_weights(
+        self, query: Query, *, bounds: bool = False
+    ) -> list[dict[int, NDArray[np.float64]]]:
         """Per value of ``query`` (count, cdf, marginal, mean, moment2), the per-column cell
-        weights whose weighted count over the rows is that value."""
+        weights whose weighted count over the rows is that value; with ``bounds``, which cells
+        a count's or a CDF's predicates hold whole, in part or not at all, whatever the values
+        inside a cell (:func:`~dpmarket.common.sketches.marginals.bound_weights`)."""
         domain, fmap = self.domain, self.feature_map
+        weigh = bound_weights if bounds else cell_weights
         if query.kind == "count":
-            return [self._weights(query)]
+            return [self._weights(query, weigh)]
         if query.kind == "cdf":
             idx = _columns(query, domain)
             t = _thresholds(query, domain, idx)
             return [
-                {int(j): cell_weights(fmap, domain, int(j), -np.inf, float(x))}
+                {int(j): weigh(fmap, domain, int(j), -np.inf, float(x))}
                 for j, row in zip(idx, t, strict=True)
                 for x in row
             ]
@@ -1216,7 +1222,6 @@ class MarginalsExplorer:
         query: Query,
         sketches: Sequence[MarginalsSketch],
         values: NDArray[np.float64],
-        weights: dict[int, NDArray[np.float64]] | None,
     ) -> tuple[NDArray[np.float64], tuple[str, ...], tuple[str, ...], tuple[tuple[Flag, ...], ...]]:
         """Every value's 95 % interval, its basis, how it was built, and its flags.
 
@@ -1239,7 +1244,7 @@ class MarginalsExplorer:
         cells = [int(c) for c in self.feature_map.cells]
         if query.kind == "covariance":
             return self._covariance_intervals(query, parts, values)
-        per_value = self._value_weights(query) if weights is None else [weights]
+        per_value = self._value_weights(query, bounds=True)
         bounds = np.empty((k, 2))
         basis: list[str] = []
         covers: list[str] = []
@@ -1311,14 +1316,17 @@ class MarginalsExplorer:
             tuple(flags),
         )
 
-    def _weights(self, query: Query) -> dict[int, NDArray[np.float64]]:
+    def _weights(
+        self, query: Query, weigh: Callable[..., NDArray[np.float64]] = cell_weights
+    ) -> dict[int, NDArray[np.float64]]:
         """Per-column cell weights of a count's conjunction (predicates on one column
-        intersected first)."""
+        intersected first), by ``weigh`` (:func:`~dpmarket.common.sketches.marginals.cell_weights`
+        or :func:`~dpmarket.common.sketches.marginals.bound_weights`)."""
         domain = self.domain
         lower, upper = _bounds(query, domain)
         out = {}
         for j in sorted(set(_index(domain, [c for c, _, _ in query.where]).tolist())):
-            out[j] = cell_weights(self.feature_map, domain, j, lower[0, j], upper[0, j])
+            out[j] = weigh(self.feature_map, domain, j, lower[0, j], upper[0, j])
         return out
 
     def _values(

@@ -68,6 +68,7 @@ __all__ = [
     "MarginalsSketch",
     "Measurement",
     "RoundPlan",
+    "bound_weights",
     "cell_weights",
     "default_measurements",
     "default_rounds",
@@ -465,6 +466,34 @@ def cell_weights(
     lo = np.clip(low, e[:-1], e[1:])
     hi = np.clip(high, e[:-1], e[1:])
     return np.clip((hi - lo) / (e[1:] - e[:-1]), 0.0, 1.0)
+
+
+def bound_weights(
+    fmap: MarginalsMap, domain: Domain, column: int, low: float, high: float
+) -> NDArray[np.float64]:
+    """Which cells of ``column`` the predicate ``low <= x <= high`` holds whole (1), in part
+    (0.5) or not at all (0), whatever the values inside a cell: the weights bounds need
+    (:func:`dpmarket.common.sketches.marginals_bounds.count_bounds` reads only whether a weight
+    is 0, 1 or between).
+
+    A continuous column's cell ``[e_k, e_{k+1})`` (the last one closed) holds values from
+    ``e_k`` on: a predicate that ends at ``e_k`` (``x <= 3`` and the cell ``[3, 10)``, holding
+    the records at exactly 3, as an integer-valued column does) holds part of it, where
+    :func:`cell_weights`' uniform share gives 0. A discrete column's cells are exact
+    (:func:`cell_weights`).
+
+    Returns
+    -------
+    ndarray of shape (cells[column],), float64, entries in {0, 0.5, 1}.
+    """
+    if domain.level_values(column) is not None:
+        return cell_weights(fmap, domain, column, low, high)
+    e = fmap.edges(column)
+    left, right = e[:-1], e[1:]
+    last = np.arange(left.size) == left.size - 1
+    reach = (high >= left) & ((low < right) | (last & (low <= right)))
+    whole = (low <= left) & (high >= right)
+    return np.where(whole, 1.0, np.where(reach, 0.5, 0.0))
 
 
 # ------------------------------------------------------------------------------------ release
