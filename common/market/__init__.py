@@ -37,6 +37,8 @@ from dpmarket.common.market.money import (
     value_units,
 )
 from dpmarket.common.market.payouts import (
+    POINT_VALUE_MEAN,
+    POINT_VALUE_SPREAD,
     PayoutRelease,
     PayoutSensitivity,
     ProportionalSplit,
@@ -79,6 +81,8 @@ __all__ = [
     "EPSILON_UNITS",
     "MAX_EXACT_OWNERS",
     "MICRO_CREDITS",
+    "POINT_VALUE_MEAN",
+    "POINT_VALUE_SPREAD",
     "VALUE_UNITS",
     "Attribution",
     "Charge",

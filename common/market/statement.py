@@ -38,6 +38,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
 from dpmarket.common.market.money import epsilon_units, format_credits, value_units
 from dpmarket.common.market.payouts import (
+    POINT_VALUE_MEAN,
+    POINT_VALUE_SPREAD,
     PayoutRelease,
     ProportionalSplit,
     ValueReward,
@@ -115,6 +117,8 @@ class StatementHeader:
     reward_rule : {"none", "value", "proportional"}
     reward : int
         The rule's reward, micro-credits (per unit of value, or split).
+    point_mean, point_spread : int
+        The value rule's prior on one point's value, nano-value (0 for the other rules).
     max_cost : int
         The quote's maximum, micro-credits.
 
@@ -131,6 +135,8 @@ class StatementHeader:
     noise_scale: int
     reward_rule: str
     reward: int
+    point_mean: int
+    point_spread: int
     max_cost: int
 
     def __post_init__(self) -> None:
@@ -406,6 +412,13 @@ class SessionRecord:
     epsilon_payout: float = 0.0
 
 
+def _prior(release: PayoutRelease | None) -> tuple[int, int]:
+    """The value rule's prior constants, or zeros."""
+    if release is not None and isinstance(release.rule, ValueReward):
+        return release.rule.point_mean, release.rule.point_spread
+    return 0, 0
+
+
 def settle(
     session_id: str,
     consumer: str,
@@ -505,6 +518,8 @@ def settle(
         noise_scale=value_units(release.noise_scale) if release is not None else 0,
         reward_rule=release.rule.name if release is not None else "none",
         reward=release.rule.reward if release is not None else 0,
+        point_mean=_prior(release)[0],
+        point_spread=_prior(release)[1],
         max_cost=quoted.total,
     )
     statement = Statement(header, tuple(lines))
@@ -532,6 +547,9 @@ class SettlementTerms:
     reward_rule : {"none", "value", "proportional"}
     reward : int
         The rule's reward, micro-credits (0 without a rule).
+    point_mean, point_spread : int
+        The value rule's prior (:class:`~dpmarket.common.market.payouts.ValueReward`), ignored
+        by the other rules.
 
     Raises
     ------
@@ -544,6 +562,8 @@ class SettlementTerms:
     payout_epsilon: float = 0.0
     reward_rule: str = "none"
     reward: int = 0
+    point_mean: int = POINT_VALUE_MEAN
+    point_spread: int = POINT_VALUE_SPREAD
 
     def __post_init__(self) -> None:
         for name in ("summary_size", "validation_size"):
@@ -559,26 +579,39 @@ class SettlementTerms:
             )
         epsilon_units(self.payout_epsilon)
 
+    def rule(self) -> ValueReward | ProportionalSplit | None:
+        """The reward rule the terms fixed (None without a payout release)."""
+        if self.reward_rule == "value":
+            return ValueReward(self.reward, self.point_mean, self.point_spread)
+        if self.reward_rule == "proportional":
+            return ProportionalSplit(self.reward)
+        return None
+
     def header_fields(self) -> dict[str, int | str]:
         """The header fields these terms decide, as the statement states them."""
-        if self.reward_rule == "none":
+        rule = self.rule()
+        if rule is None:
             return {
                 "summary_size": self.summary_size,
                 "payout_epsilon": 0,
                 "noise_scale": 0,
                 "reward_rule": "none",
                 "reward": 0,
+                "point_mean": 0,
+                "point_spread": 0,
             }
-        rule = (ValueReward if self.reward_rule == "value" else ProportionalSplit)(self.reward)
         scale = payout_noise_scale(
             self.validation_size, self.summary_size, self.payout_epsilon, rule
         )
+        prior = (rule.point_mean, rule.point_spread) if isinstance(rule, ValueReward) else (0, 0)
         return {
             "summary_size": self.summary_size,
             "payout_epsilon": epsilon_units(self.payout_epsilon),
             "noise_scale": value_units(scale),
             "reward_rule": self.reward_rule,
             "reward": self.reward,
+            "point_mean": prior[0],
+            "point_spread": prior[1],
         }
 
 
@@ -684,8 +717,9 @@ def check_statement(
     if header.reward_rule == "value":
         reward = None
         if line.points_delivered <= header.summary_size:
-            reward = ValueReward(header.reward).payout(
-                line.value, line.points_delivered, header.summary_size
+            rule = ValueReward(header.reward, header.point_mean, header.point_spread)
+            reward = rule.payout(
+                line.value, line.points_delivered, header.summary_size, header.noise_scale
             )
         expect("reward", line.reward, reward)
     elif header.reward_rule == "proportional":

@@ -4,6 +4,8 @@ non-negative, exact amounts."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -233,11 +235,34 @@ def test_the_release_refuses_a_bad_epsilon() -> None:
 
 # ------------------------------------------------------------------ reward rules
 def test_value_reward_pays_each_owner_within_its_cap() -> None:
+    """Without noise the estimate is the value itself, paid within [0, n_j / p]."""
     rule = ValueReward(1_000_000)
     # shares in nano-value; p = 10: the caps are n_j / p.
-    pays = rule.payouts([250_000_000, -5, 900_000_000, 0], [5, 2, 3, 0], 10)
+    pays = rule.payouts([250_000_000, -5, 900_000_000, 0], [5, 2, 3, 0], 10, 0)
     assert pays == (250_000, 0, 300_000, 0)
     assert sum(pays) <= rule.max_total()
+
+
+def test_value_reward_shrinks_a_noisy_value_towards_its_points_prior() -> None:
+    """The weight on the noisy value is tau^2 w^2 / (tau^2 w^2 + 2 b^2): all of it without noise,
+    none with tau = 0 (pay by points: mu per point), and more for an owner with more points."""
+    mu, tau, b = 300_000_000, 100_000_000, 50_000_000  # nano-value
+    rule = ValueReward(10**6, mu, tau)
+    share = 50_000_000  # 0.05 of J
+    w = Fraction(4, 20)
+    weight = (Fraction(tau, 10**9) * w) ** 2 / (
+        (Fraction(tau, 10**9) * w) ** 2 + 2 * Fraction(b, 10**9) ** 2
+    )
+    expected = w * Fraction(mu, 10**9) + weight * (Fraction(share, 10**9) - w * Fraction(mu, 10**9))
+    assert rule.estimate(share, 4, 20, b) == expected
+    assert rule.payout(share, 4, 20, b) == int(10**6 * expected)  # floor of a positive value
+    assert ValueReward(10**6, mu, 0).payout(share, 4, 20, b) == 10**6 * 4 * 3 // 200
+    assert rule.estimate(share, 4, 20, 0) == Fraction(share, 10**9)
+    # Monotone in the noisy value for a given count.
+    pays = [rule.payout(s, 4, 20, b) for s in range(-(10**8), 3 * 10**8, 10**7)]
+    assert pays == sorted(pays)
+    with pytest.raises(ValueError, match="count"):
+        rule.payout(share, 21, 20, b)
 
 
 @settings(max_examples=200, deadline=None)
@@ -258,7 +283,7 @@ def test_payouts_are_non_negative_and_exact(reward: int, shares: list[int], data
         for pay, s, n in zip(split, shares, counts, strict=True)
         if s <= 0 and any(x > 0 for x in shares)
     )
-    value = ValueReward(reward).payouts(shares, counts, p)
+    value = ValueReward(reward).payouts(shares, counts, p, 10**7)
     assert min(value) >= 0 and sum(value) <= reward
 
 
@@ -267,3 +292,5 @@ def test_reward_rules_refuse_money_as_floats() -> None:
         ValueReward(1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="sum to p"):
         ProportionalSplit(10).payouts([1, 2], [1, 1], 3)
+    with pytest.raises(ValueError, match="nano-value"):
+        ValueReward(10, point_spread=-1)

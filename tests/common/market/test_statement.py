@@ -139,7 +139,7 @@ def test_any_changed_field_fails_the_signature(kind: str) -> None:
         with pytest.raises(StatementError):
             verify_statement(dataclasses.replace(view, line=line), view_signature, key.public_key())
         changed += 1
-    assert changed == 8 + 11
+    assert changed == 10 + 11
     # A dropped line, another key, the view's signature on the statement: refused.
     with pytest.raises(StatementError):
         verify_statement(
@@ -219,6 +219,8 @@ def test_the_owner_refuses_any_mismatch() -> None:
         "consumer",
         "noise_scale",
         "payout_epsilon",
+        "point_mean",
+        "point_spread",
     } <= refused
     # Its own ledger disagreeing with an honest statement: refused too.
     with pytest.raises(StatementMismatchError, match="epsilon_session"):
