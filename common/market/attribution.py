@@ -182,7 +182,8 @@ class SummaryBlocks:
 
         Notes
         -----
-        Cost: ``p m + p (p + 1) / 2`` kernel evaluations, in blocks of at most 2,048 rows.
+        Cost: ``p m + p^2`` kernel evaluations (of the ``p x p`` block only the lower triangle is
+        summed), in blocks of at most 2,048 rows.
         """
         s = check_matrix(points, "summary")
         v = check_matrix(validation, "validation set", n_features=s.shape[1])

@@ -36,8 +36,8 @@ paper's game ``v(C) = J(S_C)`` is only bounded by ``(2 / m) (1 + 2 min(K - 1, ln
 ``Delta v`` is ``2 / m`` times a weighted mean of ``delta`` over the coalition's owners, the
 Shapley vector of which has L1 norm at most ``2 E_pi[sum_t n_t / N_t] - 1`` (``n_t`` the points
 of the t-th owner of a random order, ``N_t`` those of the first ``t``; the sum is at most
-``1 + min(K - 1, ln p)`` because ``n_t / N_t <= ln(N_t / N_{t-1})``): 8 to 12 times the noise
-for ``p`` = 30 to 200.
+``1 + min(K - 1, ln p)`` because ``n_t / N_t <= ln(N_t / N_{t-1})``): a bound 8 to 12 times
+larger for ``p`` = 30 to 200.
 
 **(ii) Sensitivity to one delivered point of owner j.** ``kS(y)`` moves by ``dk(y) / p`` at every
 other ``y``, ``dk(y) = k(y, x') - k(y, x)`` in [-1, 1] (the self term ``k(x, x) = 1`` does not
