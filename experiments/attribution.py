@@ -18,9 +18,10 @@ delivered counts ``n_j`` alone (no privacy needed: each owner knows its own), th
 leave-one-out and the embedding game's values.
 
 The value rule's prior (:data:`~dpmarket.common.market.payouts.POINT_VALUE_MEAN`,
-:data:`~dpmarket.common.market.payouts.POINT_VALUE_SPREAD`) is fitted on the suite's scenarios
-with more than 16 owners, which the goal does not measure (:data:`PRIOR_SCENARIOS`,
-:func:`prior_fit`): the embedding game's Shapley values are in closed form whatever K.
+:data:`~dpmarket.common.market.payouts.POINT_VALUE_SPREAD`) is fitted on the design half of the
+suite's split (``experiments/suite_split.toml``, :func:`prior_fit`; the embedding game's Shapley
+values are in closed form whatever K); each scenario's half is reported beside it, and the
+held-out half is the measure.
 
 And the cost: the time of the attribution (kernel blocks, the paper's rule, exact Shapley values
 of the paper's game over 2^16 coalitions, leave-one-out, the embedding game's closed form) and
@@ -66,6 +67,7 @@ from dpmarket.common.market import (
 )
 from dpmarket.common.market.payouts import POINT_VALUE_MEAN, POINT_VALUE_SPREAD
 from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.experiments.suite_split import load_split, require_design
 
 __all__ = [
     "COST_SCENARIOS",
@@ -89,8 +91,6 @@ COST_SCENARIOS: tuple[str, ...] = ("digits-16", "txhousing-16")
 COST_P = 200
 #: Noise draws per session and epsilon.
 DRAWS = 200
-#: Where the value rule's prior is chosen: the suite's scenarios with more than 16 owners.
-PRIOR_SCENARIOS: tuple[str, ...] = ("baseball-40", "diamonds-50")
 
 
 def spearman(x: NDArray[np.float64], y: NDArray[np.float64]) -> float:
@@ -107,6 +107,7 @@ class ScenarioAttribution:
     """One scenario's measurements (means over session seeds; lists per seed where noted)."""
 
     name: str
+    half: str
     owners: int
     m: int
     p: int
@@ -180,7 +181,13 @@ def measure_scenario(
     """
     scenario = _scenario(name)
     owners = tuple(o.name for o in scenario.owners)
-    out = ScenarioAttribution(name, len(owners), scenario.validation.shape[0], scenario.default_p)
+    out = ScenarioAttribution(
+        name,
+        load_split().half_of(name),
+        len(owners),
+        scenario.validation.shape[0],
+        scenario.default_p,
+    )
     rules: dict[str, ValueReward | ProportionalSplit] = {
         "value": ValueReward(10**6),
         "proportional": ProportionalSplit(10**6),
@@ -227,15 +234,21 @@ def measure_scenario(
     return out
 
 
-def prior_fit(names: Sequence[str] = (), seeds: int = 2) -> dict[str, Any]:
-    """The value rule's prior fitted on held-out scenarios (empirical Bayes): the mean and the
-    standard deviation, over the owners with a delivered point, of a point's value
-    ``phi_j / (n_j / p)`` (the embedding game's exact Shapley value per share of the summary),
-    on the scenarios ``names`` (default :data:`PRIOR_SCENARIOS`), seeds 0 .. seeds - 1. How
-    :data:`~dpmarket.common.market.payouts.POINT_VALUE_MEAN` and
+def prior_fit(seeds: int = 2) -> dict[str, Any]:
+    """The value rule's prior fitted on the design half of the suite (empirical Bayes): the mean
+    and the standard deviation, over the owners with a delivered point, of a point's value
+    ``phi_j / (n_j / p)`` (the embedding game's exact Shapley value per share of the summary)
+    on every design scenario, whatever its K (the values are in closed form), session seeds
+    0 .. seeds - 1. How :data:`~dpmarket.common.market.payouts.POINT_VALUE_MEAN` and
     :data:`~dpmarket.common.market.payouts.POINT_VALUE_SPREAD` were chosen (rounded to 0.01).
+
+    Raises
+    ------
+    dpmarket.experiments.suite_split.HeldOutScenarioError
+        Never for the recorded split (the check guards against a held-out scenario).
     """
-    names = tuple(names) or PRIOR_SCENARIOS
+    names = load_split().design
+    require_design(names, "the value rule's prior")
     per_point: list[float] = []
     for name in names:
         scenario = _scenario(name)
@@ -347,11 +360,13 @@ def attribution_table(
     results: Sequence[ScenarioAttribution], epsilons: Sequence[float]
 ) -> tuple[Table, Table]:
     """Two tables of Spearman correlations: against the embedding game's exact Shapley values
-    (the payouts' own utility: the cost of privacy) and against the paper's game's."""
+    (the payouts' own utility: the cost of privacy) and against the paper's game's; each row
+    names its scenario's half of the suite's split (the held-out half is the measure)."""
     keys = [f"{e:g}" for e in epsilons]
     own = Table(title="Spearman with the embedding game's exact Shapley values (value rule)")
     for name, justify in (
         ("scenario", "left"),
+        ("half", "left"),
         ("K/has", "right"),
         ("m/p", "right"),
         ("counts", "right"),
@@ -362,11 +377,12 @@ def attribution_table(
     own.add_column("raw ε 1", justify="right")
     own.add_column("split ε 1", justify="right")
     paper = Table(title="Spearman with the exact Shapley values of J(S_C)")
-    for name in ("scenario", "rule", "LOO", "e exact", "counts", "ε 1", "ε 10", "p5 ε 1"):
-        paper.add_column(name, justify="left" if name == "scenario" else "right")
+    for name in ("scenario", "half", "rule", "LOO", "e exact", "counts", "ε 1", "ε 10", "p5 ε 1"):
+        paper.add_column(name, justify="left" if name in ("scenario", "half") else "right")
     for r in results:
         row = [
             r.name,
+            r.half,
             f"{r.owners}/{_mean(r.delivering):.0f}",
             f"{r.m}/{r.p}",
             f"{_mean(r.counts_e):.2f}",
@@ -377,6 +393,7 @@ def attribution_table(
         own.add_row(*row)
         paper.add_row(
             r.name,
+            r.half,
             f"{_mean(r.paper_rule):.2f}",
             f"{_mean(r.leave_one_out):.2f}",
             f"{_mean(r.embedding):.2f}",
@@ -441,10 +458,10 @@ def run_attribution(
         console.print(table)
     if fit:
         console.print(
-            f"value rule's prior fitted on {', '.join(fit['scenarios'])} ({fit['owners']} "
-            f"owners): a point's value has mean {fit['point_mean']:.3f} and standard deviation "
-            f"{fit['point_spread']:.3f}; the default is {POINT_VALUE_MEAN / 1e9:g}, "
-            f"{POINT_VALUE_SPREAD / 1e9:g}"
+            f"value rule's prior fitted on the design half ({len(fit['scenarios'])} scenarios, "
+            f"{fit['owners']} owners): a point's value has mean {fit['point_mean']:.3f} and "
+            f"standard deviation {fit['point_spread']:.3f}; the default is "
+            f"{POINT_VALUE_MEAN / 1e9:g}, {POINT_VALUE_SPREAD / 1e9:g}"
         )
     for c in costs:
         console.print(

@@ -39,6 +39,7 @@ def test_the_experiment_measures_a_scenario_and_writes_its_record(tmp_path: Path
     assert written == json.loads(json.dumps(report))
     (scenario,) = written["scenarios"]
     assert scenario["name"] == "wine-3" and scenario["owners"] == 3
+    assert scenario["half"] == "held-out"
     for rule in ("value", "proportional"):
         for key in ("payouts_j", "payouts_e", "payouts_j5"):
             assert set(scenario[key][rule]) == {"1", "10"}
