@@ -1,4 +1,4 @@
-"""The market's value attribution on the scenario suite (``dpmarket evaluate --attribution``).
+"""The market's value attribution on the scenario suite (``dpmarket lab evaluate --attribution``).
 
 For every suite scenario with at most :data:`MAX_OWNERS` owners, the default method's summary
 (run in process, :func:`dpmarket.experiments.runner.simulate`, as ``evaluate --suite`` runs it:

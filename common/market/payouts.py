@@ -134,7 +134,7 @@ def _check_counts(shares: Sequence[int], counts: Sequence[int], p: int) -> None:
 
 #: ValueReward's prior on the value of one delivered point ``phi_j / (n_j / p)``, in nano-value
 #: (units of J / 10^9): its mean and standard deviation across owners, fitted (to 0.01) by
-#: ``dpmarket evaluate --attribution`` on the design half of the scenario suite
+#: ``dpmarket lab evaluate --attribution`` on the design half of the scenario suite
 #: (``experiments/suite_split.toml``; docs/results.md, "The market").
 POINT_VALUE_MEAN = 410_000_000
 POINT_VALUE_SPREAD = 210_000_000

@@ -1,4 +1,4 @@
-"""``dpmarket evaluate --attribution`` (experiments/attribution.py) on one small scenario."""
+"""``dpmarket lab evaluate --attribution`` (experiments/attribution.py) on one small scenario."""
 
 from __future__ import annotations
 
