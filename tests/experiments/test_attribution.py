@@ -60,3 +60,19 @@ def test_a_scenario_with_too_many_owners_for_exact_shapley_is_refused(tmp_path: 
             prior=False,
             console=Console(file=io.StringIO()),
         )
+
+
+def test_the_command_runs_the_experiment_on_its_own_and_names_a_refused_scenario(
+    tmp_path: Path,
+) -> None:
+    from click.testing import CliRunner
+
+    from dpmarket.deploy.cli import main
+
+    runner = CliRunner()
+    mixed = runner.invoke(main, ["lab", "evaluate", "--attribution", "--suite"])
+    assert mixed.exit_code == 2 and "--attribution runs on its own" in mixed.output
+    args = ["lab", "evaluate", "--attribution", "--suite-scenario", "diamonds-50"]
+    refused = runner.invoke(main, [*args, "--out", str(tmp_path / "out")])
+    assert refused.exit_code == 1 and "diamonds-50 has 50 owners" in refused.output
+    assert not (tmp_path / "out").exists()  # refused before anything ran or was written
