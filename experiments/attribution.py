@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from scipy.stats import rankdata
@@ -60,6 +61,7 @@ from dpmarket.common.market import (
     exact_shapley,
     leave_one_out,
     paper_rule,
+    payout_noise_scale,
     quote,
     release_payouts,
     settle,
@@ -119,6 +121,12 @@ class ScenarioAttribution:
     counts_j: list[float] = field(default_factory=list)
     #: The delivered counts against the embedding game's Shapley values.
     counts_e: list[float] = field(default_factory=list)
+    #: Per seed: ``J(S)``, the summary's value (every game's grand value), and the standard
+    #: deviation of the embedding game's exact values over the owners with a delivered point
+    #: divided by the payout noise scale at epsilon 1 (value rule): how much of the ranking the
+    #: noise leaves.
+    grand: list[float] = field(default_factory=list)
+    signal_noise: list[float] = field(default_factory=list)
     #: ``{rule: {epsilon: [mean Spearman per seed]}}`` of the payouts against the paper's game's
     #: Shapley values (``payouts_j``) and the embedding game's (``payouts_e``); ``payouts_j5``:
     #: the 5th percentile over draws.
@@ -212,6 +220,10 @@ def measure_scenario(
         out.embedding.append(spearman(embedded, shapley))
         out.counts_j.append(spearman(share, shapley))
         out.counts_e.append(spearman(share, embedded))
+        out.grand.append(game.grand_value())
+        active = blocks.counts > 0
+        scale = payout_noise_scale(blocks.m, blocks.p, 1.0, rules["value"])
+        out.signal_noise.append(float(embedded[active].std() / scale))
         for rule_name, rule in rules.items():
             noise = SeededNoise(np.random.default_rng(10_000 * seed + 7))
             for eps, key in zip(epsilons, keys, strict=True):
@@ -359,41 +371,47 @@ def _mean(values: Sequence[float]) -> float:
 def attribution_table(
     results: Sequence[ScenarioAttribution], epsilons: Sequence[float]
 ) -> tuple[Table, Table]:
-    """Two tables of Spearman correlations: against the embedding game's exact Shapley values
-    (the payouts' own utility: the cost of privacy) and against the paper's game's; each row
-    names its scenario's half of the suite's split (the held-out half is the measure)."""
+    """Two tables of Spearman correlations, each within 80 columns for five epsilons: against the
+    embedding game's exact Shapley values (the payouts' own utility: the cost of privacy) and
+    against the paper's game's, with the summary's value ``J(S)`` and the values' spread over the
+    noise at epsilon 1 (``sd/b``); each row names its scenario's half of the suite's split
+    (``h``: D design, H held-out; the held-out half is the measure). ``n_j``: ranking by the
+    delivered counts; ``raw``: the value rule's release paid without shrinkage, epsilon 1;
+    ``prop``: the proportional split, epsilon 1; ``rule``: the paper's rule; ``e``: the
+    embedding game's exact values; ``p5 1``: the 5th percentile over draws at epsilon 1."""
     keys = [f"{e:g}" for e in epsilons]
-    own = Table(title="Spearman with the embedding game's exact Shapley values (value rule)")
-    for name, justify in (
-        ("scenario", "left"),
-        ("half", "left"),
-        ("K/has", "right"),
-        ("m/p", "right"),
-        ("counts", "right"),
-    ):
-        own.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for key in keys:
-        own.add_column(f"ε {key}", justify="right")
-    own.add_column("raw ε 1", justify="right")
-    own.add_column("split ε 1", justify="right")
-    paper = Table(title="Spearman with the exact Shapley values of J(S_C)")
-    for name in ("scenario", "half", "rule", "LOO", "e exact", "counts", "ε 1", "ε 10", "p5 ε 1"):
-        paper.add_column(name, justify="left" if name in ("scenario", "half") else "right")
+
+    def table(title: str, columns: Sequence[str]) -> Table:
+        out = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        for name in columns:
+            left = name in ("scenario", "h")
+            out.add_column(name, justify="left" if left else "right", no_wrap=True)
+        return out
+
+    own = table(
+        "Spearman with the embedding game's exact Shapley values (value rule)",
+        ["scenario", "h", "K/has", "n_j", *(f"ε {k}" for k in keys), "raw", "prop"],
+    )
+    paper = table(
+        "Spearman with the exact Shapley values of J(S_C)",
+        ["scenario", "h", "J(S)", "sd/b", "rule", "LOO", "e", "n_j", "ε 1", "ε 10", "p5 1"],
+    )
     for r in results:
-        row = [
+        half = "H" if r.half == "held-out" else "D"
+        own.add_row(
             r.name,
-            r.half,
+            half,
             f"{r.owners}/{_mean(r.delivering):.0f}",
-            f"{r.m}/{r.p}",
             f"{_mean(r.counts_e):.2f}",
-        ]
-        row += [f"{_mean(r.payouts_e['value'][k]):.2f}" for k in keys]
-        row.append(f"{_mean(r.unshrunk_e.get('1', [])):.2f}")
-        row.append(f"{_mean(r.payouts_e['proportional'].get('1', [])):.2f}")
-        own.add_row(*row)
+            *(f"{_mean(r.payouts_e['value'][k]):.2f}" for k in keys),
+            f"{_mean(r.unshrunk_e.get('1', [])):.2f}",
+            f"{_mean(r.payouts_e['proportional'].get('1', [])):.2f}",
+        )
         paper.add_row(
             r.name,
-            r.half,
+            half,
+            f"{_mean(r.grand):.2f}",
+            f"{_mean(r.signal_noise):.1f}",
             f"{_mean(r.paper_rule):.2f}",
             f"{_mean(r.leave_one_out):.2f}",
             f"{_mean(r.embedding):.2f}",

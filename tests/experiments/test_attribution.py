@@ -33,7 +33,7 @@ def test_the_experiment_measures_a_scenario_and_writes_its_record(tmp_path: Path
         cost=False,
         prior=False,
         draws=5,
-        console=Console(file=out, width=120),
+        console=Console(file=out, width=80),
     )
     written = json.loads((tmp_path / "attribution.json").read_text())
     assert written == json.loads(json.dumps(report))
@@ -47,8 +47,14 @@ def test_the_experiment_measures_a_scenario_and_writes_its_record(tmp_path: Path
     assert set(scenario["unshrunk_e"]) == {"1", "10"}
     for key in ("paper_rule", "leave_one_out", "embedding", "counts_j", "counts_e"):
         assert len(scenario[key]) == 1 and -1 <= scenario[key][0] <= 1
+    (value,) = scenario["grand"]
+    (spread,) = scenario["signal_noise"]
+    assert -1.0 <= value <= 1.0 and spread >= 0.0
     assert written["prior_fit"] == {}
-    assert "wine-3" in out.getvalue() and "embedding game" in out.getvalue()
+    printed = out.getvalue()
+    assert "wine-3" in printed and "embedding game" in printed
+    # Both tables fit 80 columns whole: nothing cut short.
+    assert "…" not in printed and max(len(line) for line in printed.splitlines()) <= 80
 
 
 def test_a_scenario_with_too_many_owners_for_exact_shapley_is_refused(tmp_path: Path) -> None:
