@@ -511,6 +511,7 @@ def finish(
         out,
         owners=result.owner_ids,
         label_column=label or "label",
+        schema=inputs.schema,
     )
     document = {"config": asdict(config), "result": row}
     write_json(document, report_path)

@@ -32,7 +32,7 @@ from dpmarket.common.schema import Schema, disagreement
 from dpmarket.common.sketches import PrivateSketch
 from dpmarket.common.summarization.auction import parsimony_bound
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
-from dpmarket.common.summarization.kernels import check_kernel_width
+from dpmarket.common.summarization.kernels import check_validation_set
 from dpmarket.common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
 from dpmarket.common.summarization.terms import OwnerTerms
 from dpmarket.curator.summarization.allocation import Allocator
@@ -257,7 +257,7 @@ class SummarizationSession:
                 f"{len(active)} owner(s) hold"
             )
         try:
-            check_kernel_width(state.validation, state.config.gamma)
+            check_validation_set(state.validation, state.config.gamma)
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
         state.allocation, state.allocation_note = self._allocator.choose()
