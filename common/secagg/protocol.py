@@ -445,14 +445,36 @@ def _share_associated_data(round_id: bytes, sender: str, recipient: str) -> byte
     return encode_fields(_SHARE_AD_LABEL, round_id, sender.encode(), recipient.encode())
 
 
+#: Bytes :func:`_randbelow_from` asks its source for at a time (one call serves a sharing's
+#: coefficients: 66 bytes each for the field of :mod:`dpmarket.common.secagg.shamir`).
+_RANDOM_CHUNK_BYTES = 4096
+
+
 def _randbelow_from(random_bytes: RandomBytes) -> Callable[[int], int]:
-    """Uniform integers in ``[0, bound)`` by rejection sampling from ``random_bytes``."""
+    """Uniform integers in ``[0, bound)`` by rejection sampling from ``random_bytes``.
+
+    The bytes are drawn :data:`_RANDOM_CHUNK_BYTES` at a time and used in order, each once (a
+    call of ``os.urandom`` per coefficient cost as much as the polynomial's evaluation); what is
+    left when the function is dropped is never used.
+    """
+    pool = b""
+    used = 0
+
+    def take(n_bytes: int) -> bytes:
+        nonlocal pool, used
+        if used + n_bytes > len(pool):
+            fresh = random_bytes(max(n_bytes, _RANDOM_CHUNK_BYTES))
+            if len(fresh) < n_bytes:
+                raise ValueError(f"random_bytes returned {len(fresh)} bytes, below {n_bytes}")
+            pool, used = pool[used:] + fresh, 0
+        used += n_bytes
+        return pool[used - n_bytes : used]
 
     def randbelow(bound: int) -> int:
         bits = bound.bit_length()
         n_bytes = (bits + 7) // 8
         while True:
-            value = int.from_bytes(random_bytes(n_bytes), "big") >> (8 * n_bytes - bits)
+            value = int.from_bytes(take(n_bytes), "big") >> (8 * n_bytes - bits)
             if value < bound:
                 return value
 
