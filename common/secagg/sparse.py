@@ -3,7 +3,8 @@ aggregator that lies actively.
 
 The protocol of :mod:`dpmarket.common.secagg.protocol` (Bonawitz et al.'s Figure 4 with the
 ConsistencyCheck), with each site sharing its secrets among, masking with and checking quorums of
-its neighbours in the k-out graph of :mod:`dpmarket.common.secagg.graph` instead of all sites. A
+its neighbours in the graph of :mod:`dpmarket.common.secagg.graph` (a k-out graph and a ring)
+instead of all sites. A
 round has six stages; each is one method of :class:`SparseSecAggSite` answered by one method of
 :class:`SparseSecAggAggregator`:
 
@@ -358,7 +359,9 @@ class SparseSecAggSite:
             if nonces.get(self.site) != self._nonce:
                 raise SecAggError(f"the nonce of this site ({self.site!r}) was replaced")
             seed = graph_seed(params.digest, nonces, commitments, params.round_id)
-            graph = NeighbourGraph.build(params.sites, seed, params.neighbours, params.allowance)
+            graph = NeighbourGraph.build(
+                params.sites, seed, params.neighbours, params.allowance, params.ring
+            )
             holders = tuple(sorted(graph.closed(self.site) & set(self._u1)))
             t = graph.threshold(self.site)
             if len(holders) < t:
@@ -760,7 +763,9 @@ class SparseSecAggAggregator:
             raise self._fail(str(exc)) from None
         params = self.params
         self._seed = seed
-        self._graph = NeighbourGraph.build(params.sites, seed, params.neighbours, params.allowance)
+        self._graph = NeighbourGraph.build(
+            params.sites, seed, params.neighbours, params.allowance, params.ring
+        )
         self._stage = Stage.REVEALED
         return {name: bytes(nonces[name]) for name in sorted(nonces)}
 
