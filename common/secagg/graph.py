@@ -303,19 +303,31 @@ def choose_neighbours(seed: bytes, sites: int, k: int) -> np.ndarray:
     ValueError
         If a parameter is out of range.
     """
+    _check_choice_args(seed, sites, k)
+    return np.nonzero(_choice_matrix(seed, sites, k))[1].reshape(sites, k).astype(np.int64)
+
+
+def _check_choice_args(seed: bytes, sites: int, k: int) -> None:
     if len(seed) != KEY_BYTES:
         raise ValueError(f"the graph seed is {KEY_BYTES} bytes, got {len(seed)}")
     if not 2 <= sites <= MAX_SITES:
         raise ValueError(f"sites must lie in [2, {MAX_SITES}], got {sites}")
     if not 1 <= k <= sites - 1:
         raise ValueError(f"k must lie in [1, {sites - 1}] with {sites} sites, got {k}")
+
+
+def _choice_matrix(seed: bytes, sites: int, k: int) -> np.ndarray:
+    """``chosen[i, j]``: site ``i`` chose ``j`` (:func:`choose_neighbours`; arguments checked
+    there or by :meth:`NeighbourGraph.build`). The keys of a row are distinct, so exactly the
+    ``k`` at most the row's ``k``-th smallest are chosen."""
     key = hashlib.sha256(encode_fields(_CHOICE_LABEL, seed)).digest()
     words = prg_words(key, sites * sites).reshape(sites, sites)
-    index = np.arange(sites, dtype=np.uint64)
-    keys = (words & ~np.uint64(0xFFFF)) | index[None, :]
-    keys[index.astype(np.int64), index.astype(np.int64)] = np.iinfo(np.uint64).max
-    chosen = np.argpartition(keys, k - 1, axis=1)[:, :k]
-    return np.sort(chosen, axis=1).astype(np.int64)
+    index = np.arange(sites)
+    keys = (words & ~np.uint64(0xFFFF)) | index.astype(np.uint64)[None, :]
+    keys[index, index] = np.iinfo(np.uint64).max
+    kth = np.partition(keys, k - 1, axis=1)[:, k - 1 : k]
+    chosen: np.ndarray = keys <= kth
+    return chosen
 
 
 def ring_order(seed: bytes, sites: int) -> np.ndarray:
@@ -393,13 +405,12 @@ class NeighbourGraph:
         """
         n = len(sites)
         _check_ring(n, ring)
-        choices = choose_neighbours(seed, n, k)
-        adjacency = np.zeros((n, n), dtype=bool)
-        adjacency[np.repeat(np.arange(n), k), choices.ravel()] = True
+        _check_choice_args(seed, n, k)
+        adjacency = _choice_matrix(seed, n, k)
         if ring:
             order = ring_order(seed, n)
-            for offset in range(1, ring // 2 + 1):
-                adjacency[order, np.roll(order, -offset)] = True
+            ahead = order[(np.arange(n)[:, None] + np.arange(1, ring // 2 + 1)[None, :]) % n]
+            adjacency[np.repeat(order, ring // 2), ahead.ravel()] = True
         adjacency |= adjacency.T
         return cls(sites, adjacency, allowance)
 

@@ -417,6 +417,14 @@ class UnmaskResponse:
     key_shares: dict[str, Share]
 
 
+@functools.lru_cache(maxsize=64)
+def _encoded_prefix(*fields: bytes) -> bytes:
+    """``encode_fields(*fields)``, kept: the leading fields a round's per-pair messages share (a
+    label, the round id, ...). ``encode_fields(*a) + encode_fields(*b) == encode_fields(*a, *b)``,
+    so a message is its prefix and the encoding of its own fields. Holds public bytes only."""
+    return encode_fields(*fields)
+
+
 def advertisement_message(
     round_id: bytes, site: str, c_public: bytes, s_public: bytes, commitment: bytes = b""
 ) -> bytes:
@@ -427,10 +435,10 @@ def advertisement_message(
     from another round; binding the site id stops one site's keys being presented as another's;
     binding the commitment fixes the site's contribution to the graph seed.
     """
-    fields = [_ADVERTISE_LABEL, round_id, site.encode(), c_public, s_public]
+    prefix = _encoded_prefix(_ADVERTISE_LABEL, round_id)
     if commitment:
-        fields.append(commitment)
-    return encode_fields(*fields)
+        return prefix + encode_fields(site.encode(), c_public, s_public, commitment)
+    return prefix + encode_fields(site.encode(), c_public, s_public)
 
 
 def consistency_message(
@@ -454,12 +462,13 @@ def consistency_message(
 
 def _pair_info(label: bytes, round_id: bytes, a: str, b: str) -> bytes:
     """HKDF info for the key of the unordered pair {a, b} in this round."""
-    low, high = sorted((a, b))
-    return encode_fields(label, round_id, low.encode(), high.encode())
+    low, high = (a, b) if a <= b else (b, a)
+    return _encoded_prefix(label, round_id) + encode_fields(low.encode(), high.encode())
 
 
 def _share_associated_data(round_id: bytes, sender: str, recipient: str) -> bytes:
-    return encode_fields(_SHARE_AD_LABEL, round_id, sender.encode(), recipient.encode())
+    prefix = _encoded_prefix(_SHARE_AD_LABEL, round_id)
+    return prefix + encode_fields(sender.encode(), recipient.encode())
 
 
 #: Bytes :func:`_randbelow_from` asks its source for at a time (one call serves a sharing's

@@ -85,6 +85,7 @@ from dpmarket.common.secagg.protocol import (
     UnmaskResponse,
     _check_stage,
     _check_vector,
+    _encoded_prefix,
     _pair_info,
     _randbelow_from,
     _share_associated_data,
@@ -116,9 +117,8 @@ SPARSE_DROP_STAGES: tuple[str, ...] = ("advertise", "reveal", "share", "mask", "
 def acknowledgement_message(params: RoundParams, sender: str, recipient: str) -> bytes:
     """What ``sender`` tags for ``recipient`` with its masked input: "my masked input holds our
     pairwise mask". Directed (sender first) so that a tag cannot be reflected to its maker."""
-    return encode_fields(
-        _ACK_LABEL, params.round_id, params.digest, sender.encode(), recipient.encode()
-    )
+    prefix = _encoded_prefix(_ACK_LABEL, params.round_id, params.digest)
+    return prefix + encode_fields(sender.encode(), recipient.encode())
 
 
 def attestation_message(survivor_list: bytes, sender: str, recipient: str) -> bytes:
@@ -126,7 +126,8 @@ def attestation_message(survivor_list: bytes, sender: str, recipient: str) -> by
     attests (``survivor_list``: :func:`~dpmarket.common.secagg.protocol.consistency_message` of the
     round,
     the list and the graph seed), directed so that a tag cannot be reflected to its maker."""
-    return encode_fields(_ATTEST_LABEL, survivor_list, sender.encode(), recipient.encode())
+    prefix = _encoded_prefix(_ATTEST_LABEL, survivor_list)
+    return prefix + encode_fields(sender.encode(), recipient.encode())
 
 
 def _require_sparse(params: RoundParams) -> None:
