@@ -130,11 +130,11 @@ al.); probabilities are over the seed. ``n = S - 1`` other sites, ``S_H = S - S_
 (tested): at ``S = 100`` and ``Delta = 2``, ``S_C = 5``: ``k = 5``, ring 8 (mean degree 17.0; the
 k-out graph alone: ``k = 9``, 17.2); ``S_C = 33`` (CAPE's default ``ceil(S/3) - 1``): ``k = 8``,
 ring 22 (33.9; alone ``k = 22``, 39.1). ``Delta = 5``, ``S_C = 33``: ``k = 13``, ring 30 (46.9;
-alone 30, 50.9). The floor for this ``S_C`` and ``Delta``: a graph in which every neighbourhood
-is a uniform subset of ``d`` sites fails Condition A somewhere with probability about ``S_H P[
-Hyp(n, S_H - 1, d) <= 2 Delta - 1]``, ``2^-39.3`` at ``d = 29`` and ``2^-42.4`` at 30, so no
-such graph has mean degree below 30 (and a regular one needs a proof of Condition B that the
-ring alone does not have). ``k`` grows like ``log S`` at a fixed fraction of colluders and a fixed
+alone 30, 50.9). The floor for this ``S_C`` and ``Delta`` under the same union over sites: in a
+graph whose every neighbourhood is a uniform subset of ``d`` sites, ``S_H P[Hyp(n, S_H - 1, d) <=
+2 Delta - 1]`` is ``2^-39.3`` at ``d = 29`` and ``2^-42.4`` at 30, so such a graph needs degree
+30 (and a proof of Condition B, which the ring alone does not have); the ring's 33.9 is within
+13 % of it. ``k`` grows like ``log S`` at a fixed fraction of colluders and a fixed
 allowance (Bell et al.'s ``O(log n)`` degree), while the complete graph's degree grows like ``S``.
 
 A wrong graph (bound exceeded) gives the curator no more than a chance of ``2^-40`` per round:

@@ -364,6 +364,43 @@ def test_the_k_out_graph_alone_cannot_do_with_21_choices_against_33_colluders() 
     assert min_neighbours(sites, colluders, allowance) == 22
 
 
+def test_a_plan_at_a_measurable_target_meets_it_and_a_smaller_degree_does_not() -> None:
+    """The planner against the graphs it builds, at a target loose enough to measure: 40 sites,
+    CAPE's default 13 colluders, Delta = 2 and a target of 2^-4 give k = 6 and a ring of 4. Over
+    4,000 graphs of :meth:`NeighbourGraph.build`, Condition A fails somewhere (an honest site
+    with at most 2 Delta - 1 honest neighbours) in about 2 % of them, within the bound and
+    below the target. The controls, the same k with a ring 2 smaller and the k-out graph alone
+    one choice below its own least k (8), each with its bound above the target, fail in about
+    8 to 10 %: significantly above the target (one-sided binomial tests, p < 1e-4), so the
+    degree the bound asks for is needed by the graph itself, not only by the bound."""
+    sites, colluders, allowance, bits = 40, 13, 2, 4
+    target = 2.0**-bits
+    plan = best_graph(sites, colluders, allowance, bits=bits)
+    assert plan is not None and (plan.neighbours, plan.ring) == (6, 4)
+    assert min_neighbours(sites, colluders, allowance, bits) == 8
+    names = [f"s{i:02d}" for i in range(sites)]
+    honest = sites - colluders
+    trials = 4000
+
+    def failures(k: int, ring: int) -> int:
+        rng = np.random.default_rng(12 + 100 * k + ring)
+        count = 0
+        for _ in range(trials):
+            adjacency = NeighbourGraph.build(names, rng.bytes(32), k, allowance, ring).adjacency
+            honest_degrees = adjacency[:honest, :honest].sum(axis=1)  # the last S_C collude
+            count += bool(np.any(1 + honest_degrees <= 2 * allowance))
+        return count
+
+    bound = secrecy_failure_bound(sites, colluders, plan.neighbours, allowance, plan.ring)
+    assert plan.failure <= target and bound < 0.5 * target
+    planned = failures(plan.neighbours, plan.ring)
+    assert planned / trials <= bound + 4 * math.sqrt(bound / trials)
+    assert binomtest(planned, trials, target, alternative="less").pvalue < 1e-6
+    for k, ring in ((plan.neighbours, plan.ring - 2), (7, 0)):
+        assert failure_bound(sites, colluders, k, allowance, ring) > target
+        assert binomtest(failures(k, ring), trials, target, alternative="greater").pvalue < 1e-4
+
+
 @pytest.mark.parametrize(
     ("sites", "colluders", "allowance", "k", "ring", "degree"),
     [
