@@ -63,13 +63,17 @@ from dpmarket.runtime.schemas import load_schema
 
 __all__ = [
     "CAPE_COMMANDS",
+    "Explored",
     "Inputs",
+    "cape_group",
     "explore_command",
+    "explore_sketches",
     "finish",
     "list_command",
     "load_points",
     "protocol_options",
     "rank_owners_command",
+    "rank_sketches",
     "read_inputs",
     "request",
     "specs_command",
@@ -485,12 +489,12 @@ def finish(
     wide: bool = False,
     as_json: bool = False,
     plot_path: str | None = None,
-) -> None:
+) -> dict[str, Any]:
     """Evaluate a summary as the consumer would, write it and its report, show the result.
 
     The report (``{"config", "result"}``) goes to ``report_path`` and, with ``as_json``, to
     stdout instead of the table; ``plot_path`` also gets the plot
-    (:func:`dpmarket.consumer.report.plot_request`).
+    (:func:`dpmarket.consumer.report.plot_request`). Returns the report.
     """
     from dpmarket.consumer.report import comparison_table, evaluate_summary, plot_request
     from dpmarket.owner.data import save_point_set
@@ -529,6 +533,7 @@ def finish(
         )
     written = f"summary -> {out}, report -> {report_path}"
     console.print(written + ("" if plot_path is None else f", plot -> {plot_path}"))
+    return document
 
 
 def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: str) -> None:
@@ -586,6 +591,14 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
     help="The data's public schema (TOML): tables are read through it (features by name, in "
     "its order) and the curator refuses owners that declare another.",
 )
+@click.option(
+    "--data-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="The consumer's data directory: each request's outcome (method, spend, each owner's "
+    "share, MMD², where the summary went; never the validation set) is recorded in its "
+    "sessions/ folder, where `dpmarket console` lists the consumer's past sessions.",
+)
 @protocol_options
 @summary_output_options
 @tls_options
@@ -596,6 +609,7 @@ def request(
     min_owners: int | None,
     exclude_owners: tuple[str, ...],
     schema_path: str | None,
+    data_dir: str | None,
     summary_size: int,
     method: str,
     validation_path: str,
@@ -648,10 +662,12 @@ def request(
                 feature_names=() if schema is not None else inputs.validation.columns,
             )
     except SessionFailedError as exc:
+        if data_dir is not None:
+            _record_failure(data_dir, exc, config)
         _failed(exc, config, report_path)
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc
-    finish(
+    document = finish(
         result,
         inputs,
         config,
@@ -662,6 +678,38 @@ def request(
         as_json=as_json,
         plot_path=plot_path,
     )
+    if data_dir is not None:
+        from dpmarket.consumer.history import SessionHistory
+
+        try:
+            SessionHistory(data_dir).record(
+                status="done",
+                source="request",
+                method=config.method,
+                summary_size=config.summary_size,
+                result=document["result"],
+                summary_path=str(Path(out_path).resolve()),
+            )
+        except OSError as exc:
+            console.print(f"[yellow]not recorded in {data_dir}: {exc}", highlight=False)
+
+
+def _record_failure(data_dir: str, exc: SessionFailedError, config: SummarizationConfig) -> None:
+    """Record a failed request in the consumer's history (best effort: a warning on error)."""
+    from dpmarket.consumer.history import SessionHistory, spent
+
+    try:
+        SessionHistory(data_dir).record(
+            status="failed",
+            source="request",
+            method=config.method,
+            summary_size=config.summary_size,
+            session_id=exc.session_id,
+            result=spent(exc.report),
+            error=str(exc),
+        )
+    except OSError as err:
+        console.print(f"[yellow]not recorded in {data_dir}: {err}", highlight=False)
 
 
 # ------------------------------------------------------------------------------ CAPE
@@ -806,7 +854,7 @@ def _cape_command(
     return register
 
 
-#: The consumer's ``dpmarket cape`` commands (:mod:`dpmarket.deploy.cli` puts them in the group).
+#: The consumer's ``dpmarket consumer cape`` commands (:func:`cape_group`).
 CAPE_COMMANDS: list[click.Command] = []
 
 #: Per command: default --out and --delta.
@@ -1367,6 +1415,120 @@ def _expected_error(
     return float(np.mean(m2m_standard_errors(estimator, target)))
 
 
+@dataclass(frozen=True)
+class Explored:
+    """An answer from the catalogue (:func:`explore_sketches`).
+
+    Attributes
+    ----------
+    spec : SketchSpec
+        The spec that answered.
+    reason : str
+        Why it was chosen (:func:`dpmarket.consumer.explore.choose_source`).
+    entries : list of PublishedSketch
+        The sketches it read (one owner's, or the union's).
+    answer : Answer
+        Values with standard errors, 95 % intervals and flags.
+    n_hat : float
+        The noisy count of records behind the answer.
+    details : dict
+        How it was computed (M2M's or the graphical model's settings).
+    """
+
+    spec: SketchSpec
+    reason: str
+    entries: list[PublishedSketch]
+    answer: Any
+    n_hat: float
+    details: dict[str, Any]
+
+
+def explore_sketches(
+    client: Any,
+    query: Any,
+    *,
+    spec: str | None = None,
+    owners: tuple[str, ...] = (),
+    synthetic: int | None = None,
+    seed: int = 0,
+    lambda_rule: str = "theorem",
+    intercept: bool = False,
+    bootstrap: int = 32,
+    explorers: dict[Any, Any] | None = None,
+) -> Explored:
+    """Answer ``query`` from the catalogue as ``dpmarket explore`` does: read the sketches of
+    ``owners`` (every owner when empty) under ``spec`` (a spec, a declaration, or the only
+    declaration), choose the best source (:func:`dpmarket.consumer.explore.choose_source`) and
+    answer locally; no owner is asked anything. ``client`` is a
+    :class:`~dpmarket.consumer.client.CuratorClient`; the other arguments are ``explore``'s
+    options. ``explorers``, when given, keeps each spec's M2M explorer (its synthetic design, the
+    costly part) across calls with the same options: the consumer's console passes one dict for
+    its lifetime. (``explore`` and the consumer's console, :mod:`dpmarket.console`, both call
+    this.)
+
+    Raises
+    ------
+    click.ClickException, click.UsageError
+        No spec or sketch fits (the message lists what the catalogue has).
+    dpmarket.common.errors.DPMarketError, ValueError
+        From the curator or the computation.
+    """
+    from dpmarket.consumer.explore import (
+        DEFAULT_EXPLORE_SYNTHETIC,
+        Explorer,
+        MarginalsExplorer,
+        choose_source,
+    )
+
+    kept: dict[Any, Explorer] = explorers if explorers is not None else {}
+
+    def make(chosen: SketchSpec) -> Explorer:
+        key = (chosen.name, chosen.key, synthetic, seed, lambda_rule, intercept)
+        if key not in kept:
+            kept[key] = Explorer(
+                chosen,
+                n_synthetic=synthetic or DEFAULT_EXPLORE_SYNTHETIC,
+                seed=seed,
+                lambda_rule=lambda_rule,  # type: ignore[arg-type]
+                intercept=intercept,
+            )
+        return kept[key]
+
+    candidates = _explore_candidates(client, spec, owners)
+    by_name = {s.name: (s, e) for s, e in candidates}
+    answered: dict[str, Any] = {}
+    chosen, reason = choose_source(
+        query,
+        [s for s, _ in candidates],
+        lambda s: _expected_error(query, s, by_name[s.name][1], make, answered),
+    )
+    entries = by_name[chosen.name][1]
+    details: dict[str, Any]
+    if chosen.kind == "marginals":
+        tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
+        marginals = MarginalsExplorer(chosen, bootstrap=bootstrap, seed=seed)
+        answer = marginals.answer(query, tables)
+        n_hat = math.fsum(marginals.models(s)[0].total for s in tables)
+        details = {"graphical_model": {"bootstrap": bootstrap, "seed": seed}}
+    else:
+        explorer = make(chosen)
+        sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
+        sketch = sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
+        estimator = explorer.estimator(sketch)
+        answer = answered.get(chosen.name) or explorer.answer(query, estimator)
+        n_hat = float(answer.extra.get("n", estimator.sketch.count_estimate))
+        details = {
+            "m2m": {
+                "n_synthetic": explorer.design.n_synthetic,
+                "seed": seed,
+                "lambda_rule": lambda_rule,
+                "lambda": estimator.lam,
+                "intercept": intercept,
+            }
+        }
+    return Explored(chosen, reason, entries, answer, n_hat, details)
+
+
 @click.command("explore")
 @curator_options
 @click.option(
@@ -1457,14 +1619,7 @@ def explore_command(
     Each query is answered from the best sketch available (dpmarket.consumer.explore.choose_source):
     a marginals sketch for what it expresses (counts, CDFs, marginals, synthetic records,
     moments of discrete columns), else the M2M sketch whose noise moves the answer least."""
-    from dpmarket.consumer.explore import (
-        DEFAULT_EXPLORE_SYNTHETIC,
-        Explorer,
-        MarginalsExplorer,
-        Query,
-        choose_source,
-        parse_where,
-    )
+    from dpmarket.consumer.explore import Query, parse_where
 
     if bool(owners) == all_owners:
         raise click.UsageError("give --owner NAME (repeat for a union) or --all")
@@ -1481,55 +1636,23 @@ def explore_command(
         raise click.UsageError(str(exc)) from exc
     if out_path is not None:
         check_outputs(out_path)
-    explorers: dict[str, Explorer] = {}
-
-    def make(chosen: SketchSpec) -> Explorer:
-        if chosen.name not in explorers:
-            explorers[chosen.name] = Explorer(
-                chosen,
-                n_synthetic=synthetic or DEFAULT_EXPLORE_SYNTHETIC,
-                seed=seed,
-                lambda_rule=lambda_rule,  # type: ignore[arg-type]
-                intercept=intercept,
-            )
-        return explorers[chosen.name]
-
     try:
         with _client(curator, curator_name, tls) as client:
-            candidates = _explore_candidates(client, spec, owners)
-        by_name = {s.name: (s, e) for s, e in candidates}
-        answered: dict[str, Any] = {}
-        chosen, reason = choose_source(
-            q,
-            [s for s, _ in candidates],
-            lambda s: _expected_error(q, s, by_name[s.name][1], make, answered),
-        )
-        entries = by_name[chosen.name][1]
-        details: dict[str, Any]
-        if chosen.kind == "marginals":
-            tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
-            marginals = MarginalsExplorer(chosen, bootstrap=bootstrap, seed=seed)
-            answer = marginals.answer(q, tables)
-            n_hat = math.fsum(marginals.models(s)[0].total for s in tables)
-            details = {"graphical_model": {"bootstrap": bootstrap, "seed": seed}}
-        else:
-            explorer = make(chosen)
-            sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
-            sketch = sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
-            estimator = explorer.estimator(sketch)
-            answer = answered.get(chosen.name) or explorer.answer(q, estimator)
-            n_hat = float(answer.extra.get("n", estimator.sketch.count_estimate))
-            details = {
-                "m2m": {
-                    "n_synthetic": explorer.design.n_synthetic,
-                    "seed": seed,
-                    "lambda_rule": lambda_rule,
-                    "lambda": estimator.lam,
-                    "intercept": intercept,
-                }
-            }
+            explored = explore_sketches(
+                client,
+                q,
+                spec=spec,
+                owners=owners,
+                synthetic=synthetic,
+                seed=seed,
+                lambda_rule=lambda_rule,
+                intercept=intercept,
+                bootstrap=bootstrap,
+            )
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    chosen, reason, entries = explored.spec, explored.reason, explored.entries
+    answer, n_hat, details = explored.answer, explored.n_hat, explored.details
     who = (
         entries[0].owner if len(entries) == 1 else f"union of {', '.join(e.owner for e in entries)}"
     )
@@ -1664,6 +1787,40 @@ def _ranking_row(rank: int, ranked: Any, sketch: Any) -> dict[str, Any]:
     return row
 
 
+def rank_sketches(
+    client: Any, validation_path: str, spec: str | None, owners: tuple[str, ...] = ()
+) -> tuple[SketchSpec, NDArray[np.float64], list[dict[str, Any]]]:
+    """Rank owners as ``dpmarket rank-owners`` does: the RFF spec ``spec`` (or the only one),
+    the validation file read in its column order, and one row per owner, best first
+    (:func:`_ranking_row`: ``rank``, ``owner``, ``mmd2``, ``standard_error``, ``interval``,
+    ``flags``, ``epsilon``, ``n``).
+    Computed here: the validation set never leaves this process. (``rank-owners`` and the
+    consumer's console, :mod:`dpmarket.console`, both call this.)
+
+    Raises
+    ------
+    click.ClickException, click.UsageError, click.BadParameter
+        No RFF spec or sketch fits, or the file does not match the spec.
+    dpmarket.common.errors.DPMarketError, ValueError
+        From the curator or the computation.
+    """
+    from dpmarket.consumer.explore import rank_owners
+
+    chosen = _choose_spec(client, spec, kind="rff")
+    validation = _validation(validation_path, chosen)
+    entries = _selected(client.sketches(chosen, list(owners) or None), owners, chosen)
+    ranking = rank_owners(
+        {e.owner: e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)},
+        validation,
+    )
+    by_owner = {e.owner: e for e in entries}
+    rows = [
+        _ranking_row(k, ranked, by_owner[ranked.owner].sketch)
+        for k, ranked in enumerate(ranking, 1)
+    ]
+    return chosen, validation, rows
+
+
 @click.command("rank-owners")
 @curator_options
 @click.option(
@@ -1690,26 +1847,13 @@ def rank_owners_command(
     **tls: Any,
 ) -> None:
     """Rank owners by the MMD between a validation set and their RFF sketches, computed here."""
-    from dpmarket.consumer.explore import rank_owners
-
     if out_path is not None:
         check_outputs(out_path)
     try:
         with _client(curator, curator_name, tls) as client:
-            chosen = _choose_spec(client, spec, kind="rff")
-            validation = _validation(validation_path, chosen)
-            entries = _selected(client.sketches(chosen, list(owners) or None), owners, chosen)
-        ranking = rank_owners(
-            {e.owner: e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)},
-            validation,
-        )
+            chosen, validation, rows = rank_sketches(client, validation_path, spec, owners)
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    by_owner = {e.owner: e for e in entries}
-    rows = [
-        _ranking_row(k, ranked, by_owner[ranked.owner].sketch)
-        for k, ranked in enumerate(ranking, 1)
-    ]
     document = {
         "curator": f"{curator_name}@{curator}",
         "spec": chosen.name,
@@ -1752,3 +1896,19 @@ def rank_owners_command(
             console.print(f"[yellow]{name}[/yellow] " + "; ".join(reasons), highlight=False)
     if rows:
         console.print(f"intervals: {_RANK_COVERS}", highlight=False)
+
+
+@click.group("cape", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+def cape_group() -> None:
+    """Joint estimates and models across owners by CAPE (zero-sum noise through secure
+    aggregation): means, linear and logistic regressions, a network by gradient descent.
+
+    At the same (epsilon, delta) per owner the answer's noise variance is F = S (S + S_H) /
+    (S_H (S + 1)) times the pooled-data mechanism's (S owners, S_H = S - S_C of them honest;
+    F = 1.875 at S = 5, S_C = 1), against S times for independent noise per owner. Values
+    outside the public bounds are clamped to them by every owner; a logistic or training target
+    must be a column the owners declared 0/1 (owner serve --binary-column)."""
+
+
+for _command in CAPE_COMMANDS:
+    cape_group.add_command(_command)

@@ -130,7 +130,7 @@ def _cli_publish(dep: Deployment, owner: str, out: Path, *specs: str) -> dict[st
         "--curator", dep.cluster.curator_target,
         "--table", str(dep.tables[owner]),
         "--data-dir", str(dep.cluster.owner_state(owner)),
-        "--policy", str(dep.directory / "owner.toml"),
+        "--policy", str(dep.cluster.owner_policy_file),
         "--pki-dir", str(dep.cluster.pki_dir), "--name", owner,
         "--seed", "11", "--out", str(out),
     ]  # fmt: skip
@@ -340,7 +340,7 @@ def test_a_value_outside_the_domain_is_clamped_at_publication_and_counted_in_the
             [
                 "sketch", "publish", "--curator", dep.cluster.curator_target,
                 "--table", str(bad), "--data-dir", str(new_ledger(tmp_path / "state")),
-                "--policy", str(dep.directory / "owner.toml"),
+                "--policy", str(dep.cluster.owner_policy_file),
                 "--pki-dir", str(dep.cluster.pki_dir), "--name", "owner-EV",
                 "--spec", "mini/race",
             ],
@@ -487,7 +487,7 @@ def _publish_without_spec(
         [
             "sketch", "publish", "--curator", dep.cluster.curator_target,
             "--table", str(dep.tables[name]), "--data-dir", str(data_dir),
-            "--policy", str(dep.directory / "owner.toml"),
+            "--policy", str(dep.cluster.owner_policy_file),
             "--pki-dir", str(dep.cluster.pki_dir), "--name", name,
             "--out", str(data_dir / "out.json"),
         ],
