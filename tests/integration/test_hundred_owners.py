@@ -116,7 +116,8 @@ def test_a_cape_mean_of_100_owners_runs_secagg_plus_and_is_within_its_noise(
     cluster: LocalCluster, scenario: Scenario
 ) -> None:
     """A CAPE mean over the 100 owners' flights at epsilon = 1: its noise round is sparse
-    (SecAgg+ against the default S_C = 33), every owner's ledger records one new charge, and
+    (SecAgg+ against the default S_C = 33, on k = 8 choices and a ring of 22 carried to every
+    owner in the round's message), every owner's ledger records one new charge, and
     each coordinate lies within 6 reported noise standard deviations (plus the quantization
     steps of the noise round) of the pooled mean (failure probability below 3e-8 for 13
     Gaussian coordinates)."""
@@ -130,9 +131,10 @@ def test_a_cape_mean_of_100_owners_runs_secagg_plus_and_is_within_its_noise(
     with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
         estimate = client.estimate_cape_mean(spec, seed=7, timeout=TIMEOUT)
     report = estimate.report
-    assert report["secure_aggregation"]["graph"] == "sparse"
+    graph = report["secure_aggregation"]
+    assert graph["graph"] == "sparse" and (graph["neighbours"], graph["ring"]) == (8, 22)
     assert report["colluders"] == 33
-    assert report["secure_aggregation"]["failure_bound"] <= 2.0**-40
+    assert graph["failure_bound"] <= 2.0**-40
     assert len(report["sites"]) == OWNERS and not report["dropped"]
     after = owner_ledger_entries(cluster)
     assert all(len(after[o]) == len(before[o]) + 1 for o in after)
