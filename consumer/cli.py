@@ -29,20 +29,21 @@ from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.marginals import MarginalsSketch
 from dpmarket.common.sketches.sketch import PrivateSketch, merge_sketches
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
-from dpmarket.common.summarization.sketch_allocation import RELEVANCE_SCORES
-from dpmarket.common.summarization.summary import (
+from dpmarket.common.summarization.methods import (
     ALLOCATIONS,
     AUCTIONS,
     EMBEDDING_PRIORS,
     METHODS,
-    PARAMETER_NAMES,
     POOL_SCORINGS,
     SUMMARY_RELEASES,
     VALIDATION_RELEASES,
-    OwnerSelection,
     SummarizationConfig,
-    SummaryResult,
+    check_field,
+    config_from_fields,
+    method_fields,
 )
+from dpmarket.common.summarization.sketch_allocation import RELEVANCE_SCORES
+from dpmarket.common.summarization.summary import OwnerSelection, SummaryResult
 from dpmarket.consumer.client import SessionFailedError
 from dpmarket.owner.data import PointSet, load_point_set
 from dpmarket.runtime.cli import (
@@ -79,7 +80,15 @@ __all__ = [
 
 logger = logging.getLogger("dpmarket")
 
-_DEFAULTS = SummarizationConfig(summary_size=1)
+
+class _Defaults:
+    """Every method's defaults, by field name."""
+
+    def __getattr__(self, name: str) -> Any:
+        return method_fields()[name].default
+
+
+_DEFAULTS = _Defaults()
 
 
 # ------------------------------------------------------------------------- summaries
@@ -353,14 +362,15 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def summarization_config(
     summary_size: int, method: str, kwargs: dict[str, Any]
 ) -> SummarizationConfig:
-    """The session's configuration from ``-p``, ``--method`` and the protocol options; a value
-    the configuration refuses is a bad parameter."""
+    """The session's configuration from ``-p``, ``--method`` and the protocol options in
+    ``kwargs`` (other keys are ignored); a value out of range is a bad parameter, whichever
+    method reads it."""
+    known = method_fields()
+    values = {k: v for k, v in kwargs.items() if k in known and k != "summary_size"}
     try:
-        return SummarizationConfig(
-            summary_size=summary_size,
-            method=method,  # type: ignore[arg-type]
-            **{k: kwargs[k] for k in PARAMETER_NAMES},
-        )
+        for name, value in values.items():
+            check_field(name, value)
+        return config_from_fields(method, {**values, "summary_size": summary_size})
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
 
@@ -505,7 +515,7 @@ def finish(
         owners=result.owner_ids,
         label_column=label or "label",
     )
-    document = {"config": asdict(config), "result": row}
+    document = {"config": config.to_json(), "result": row}
     write_json(document, report_path)
     title = f"{config.method} summary of {len(result.points)} points"
     if plot_path is not None:
@@ -531,7 +541,7 @@ def finish(
 def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: str) -> None:
     """Write a failed session's report (its ledger: what it spent) and fail the command."""
     report = asdict(exc.report) if exc.report is not None else None
-    write_json({"config": asdict(config), "error": str(exc), "report": report}, report_path)
+    write_json({"config": config.to_json(), "error": str(exc), "report": report}, report_path)
     spent = ""
     if exc.report is not None and exc.report.ledger:
         parties = {

@@ -24,11 +24,11 @@ from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpe
 from dpmarket.common.errors import AbortedError, InvalidArgumentError
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
+from dpmarket.common.summarization.methods import SummarizationConfig
 from dpmarket.common.summarization.summary import (
     OwnerSelection,
     ProgressEvent,
     SessionReport,
-    SummarizationConfig,
     SummaryResult,
 )
 from dpmarket.consumer import convert

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import json
+from dataclasses import fields
+from typing import Any
 
 import numpy as np
 from google.protobuf import duration_pb2
@@ -12,12 +14,16 @@ from numpy.typing import NDArray
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
-from dpmarket.common.summarization.summary import (
+from dpmarket.common.summarization.methods import (
     PARAMETER_NAMES,
+    SummarizationConfig,
+    check_field,
+    config_from_fields,
+)
+from dpmarket.common.summarization.summary import (
     OwnerSelection,
     ProgressEvent,
     SessionReport,
-    SummarizationConfig,
     SummaryResult,
 )
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
@@ -138,10 +144,16 @@ _STAGES = {
 
 def create_request_from_proto(
     request: curator_pb2.CreateSessionRequest,
-) -> tuple[SummarizationConfig, NDArray[np.float64], NDArray[np.float64], int | None]:
-    """CreateSessionRequest -> (config, validation (m, n), seed set (n0, n), seed or None).
+) -> tuple[
+    SummarizationConfig, NDArray[np.float64], NDArray[np.float64], int | None, dict[str, Any]
+]:
+    """CreateSessionRequest -> (config, validation (m, n), seed set (n0, n), seed or None,
+    unread parameters).
 
-    Zero-valued parameters take the documented defaults of :class:`SummarizationConfig`.
+    The method's configuration (:mod:`dpmarket.common.summarization.methods`) takes the fields
+    the method reads; zero-valued ones take their documented defaults. Every other parameter
+    the request sets (the wire carries every method's) is checked as its own method checks it
+    and returned by name, for the curator's policy to bound; the session ignores it.
 
     Raises
     ------
@@ -170,15 +182,17 @@ def create_request_from_proto(
                         f"{name} must be one of {sorted(table)}, got {overrides[name]}"
                     )
                 overrides[name] = table[overrides[name]]
-        config = SummarizationConfig(
-            summary_size=int(request.summary_size),
-            method=method,  # type: ignore[arg-type]
-            **overrides,
+        for name, value in overrides.items():
+            check_field(name, value)
+        config = config_from_fields(
+            method, {"summary_size": int(request.summary_size), **overrides}
         )
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from exc
+    read = {f.name for f in fields(config)}
+    unread = {k: v for k, v in overrides.items() if k not in read}
     seed = int(request.seed) if request.HasField("seed") else None
-    return config, validation, seed_set, seed
+    return config, validation, seed_set, seed, unread
 
 
 def selection_from_proto(request: curator_pb2.CreateSessionRequest) -> OwnerSelection:

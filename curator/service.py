@@ -59,12 +59,13 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
 
     @rpc("consumer")
     async def CreateSession(self, request, context, caller):  # type: ignore[no-untyped-def]
-        config, validation, seed_set, seed = convert.create_request_from_proto(request)
+        config, validation, seed_set, seed, unread = convert.create_request_from_proto(request)
         session_id = await self.manager.create(
             config,
             validation,
             seed_set,
             seed,
+            unread=unread,
             selection=convert.selection_from_proto(request),
             consumer=str(caller),
             request_id=request.request_id,

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -37,12 +37,12 @@ from dpmarket.common.privacy.rng import make_rng
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches import PrivateSketch
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
+from dpmarket.common.summarization.methods import AllocationFields, SummarizationConfig
 from dpmarket.common.summarization.summary import (
     OwnerSelection,
     ProgressEvent,
     SessionReport,
     Stage,
-    SummarizationConfig,
     SummaryResult,
 )
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
@@ -164,6 +164,7 @@ class SessionManager:
         request_digest: str = "",
         schema: Schema | None = None,
         feature_names: Sequence[str] = (),
+        unread: Mapping[str, Any] | None = None,
     ) -> str:
         """Check a request against the policy and the owners, then start it in the background.
 
@@ -184,6 +185,9 @@ class SessionManager:
         schema, feature_names
             The consumer's schema or validation column names
             (:class:`~dpmarket.curator.summarization.session.SummarizationSession`).
+        unread : mapping, optional
+            Parameters of other methods the request carried: bounded by the policy, then
+            ignored.
 
         Returns
         -------
@@ -235,6 +239,7 @@ class SessionManager:
                     request_digest,
                     schema=schema,
                     feature_names=tuple(feature_names),
+                    unread=unread or {},
                 )
         return await self._create(
             config,
@@ -247,6 +252,7 @@ class SessionManager:
             request_digest,
             schema=schema,
             feature_names=tuple(feature_names),
+            unread=unread or {},
         )
 
     def _select(self, selection: OwnerSelection) -> list[OwnerEndpoint]:
@@ -273,7 +279,11 @@ class SessionManager:
         self, config: SummarizationConfig, owners: Sequence[OwnerEndpoint]
     ) -> dict[str, PrivateSketch]:
         """The owners' sketches a candidates session's allocation reads (empty: counts)."""
-        if config.method != "candidates" or self.sketches is None or self.allocation_spec is None:
+        if (
+            not isinstance(config, AllocationFields)
+            or self.sketches is None
+            or self.allocation_spec is None
+        ):
             return {}
         return self.sketches.published([o.name for o in owners], spec=self.allocation_spec)
 
@@ -300,6 +310,7 @@ class SessionManager:
         *,
         schema: Schema | None = None,
         feature_names: tuple[str, ...] = (),
+        unread: Mapping[str, Any],
     ) -> str:
         selection = selection if selection is not None else OwnerSelection()
         owners = self._select(selection)
@@ -348,7 +359,7 @@ class SessionManager:
             feature_names=feature_names,
         )
         # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
-        self.policy.check_request(config, int(session.validation.shape[0]))
+        self.policy.check_request(config, int(session.validation.shape[0]), unread=unread)
         self.rate.check(consumer)
         if self.running + self._starting >= self.policy.max_running:
             raise ResourceExhaustedError(
@@ -365,7 +376,7 @@ class SessionManager:
                         request_id=request_id,
                         request_digest=request_digest,
                         method=config.method,
-                        config=dataclasses.asdict(config),
+                        config=config.to_json(),
                     )
                 except BaseException:
                     await session.abandon()

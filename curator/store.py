@@ -35,6 +35,7 @@ import numpy as np
 
 from dpmarket.common.privacy.accounting import PrivacyEvent
 from dpmarket.common.privacy.ledger import Charge, SessionSpend
+from dpmarket.common.summarization.methods import config_from_json
 from dpmarket.common.summarization.summary import SessionReport, SummaryResult
 from dpmarket.runtime.database import open_database, open_read_only, snapshot, transaction
 
@@ -455,11 +456,11 @@ class CuratorStore:
                 "SELECT config_json FROM sessions WHERE id = ?", (session_id,)
             ).fetchone()
         config = json.loads(config_json)
-        one_delta = method in ("candidates", "rounds") or method.startswith("cape")
-        deltas = {
-            "validation": config["delta"] if one_delta else config["delta_validation"],
-            "owners": config["delta"] if one_delta else config["delta_owners"],
-        }
+        if method.startswith("cape"):
+            deltas = {"validation": config["delta"], "owners": config["delta"]}
+        else:
+            validation, owners = config_from_json(config).ledger_deltas()
+            deltas = {"validation": validation, "owners": owners}
         ledger: dict[str, Any] = {}
         if charges:
             # As the session kept them: D_v's charges in one ledger, the rest in the owners'.

@@ -9,7 +9,6 @@ sessions) and policy, each binding port 0 and reporting its real port through a 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -29,10 +28,15 @@ from rich.console import Console
 from rich.table import Table
 
 from dpmarket.common.errors import UnavailableError
-from dpmarket.common.summarization.summary import (
+from dpmarket.common.summarization.methods import (
     METHODS,
     PAPER_DELTA_OWNERS,
+    CandidatesConfig,
+    PrivateConfig,
     SummarizationConfig,
+    method_config,
+)
+from dpmarket.common.summarization.summary import (
     SummaryResult,
 )
 from dpmarket.deploy.pki import init_ca, issue_all
@@ -613,19 +617,21 @@ def run_demo(
         f"{len(owner_ids)} owners ({sum(o.n_points for o in scenario.owners)} points), "
         f"m = {scenario.validation.shape[0]} validation points, p = {p}, gamma = {scenario.gamma}"
     )
-    configs = {
-        m: SummarizationConfig(summary_size=p, method=m, gamma=scenario.gamma) for m in METHODS
+    configs: dict[str, SummarizationConfig] = {
+        m: method_config(m, summary_size=p, gamma=scenario.gamma) for m in METHODS
     }
     # Algorithm 3 at the paper's settings (Section 4: delta~ 1e-4 on the owners), which the
     # demo's owner policy (deploy/policies/demo-owner.toml) allows one session.
-    configs["private"] = dataclasses.replace(configs["private"], delta_owners=PAPER_DELTA_OWNERS)
+    private = PrivateConfig(summary_size=p, gamma=scenario.gamma, delta_owners=PAPER_DELTA_OWNERS)
+    candidates = CandidatesConfig(summary_size=p, gamma=scenario.gamma)
+    configs.update(private=private, candidates=candidates)
     results: dict[str, SummaryResult] = {}
     budgets: dict[str, dict[str, Any]] = {}
     networked = [] if in_process else [m for m in METHODS if m != "greedy"]
     # Every owner publishes one private RFF sketch of its data (epsilon 1 at the candidates
     # method's delta) before any session; the candidates method's allocation reads them.
     sketched = scenario.domain_low is not None
-    delta = configs["candidates"].delta
+    delta = candidates.delta
     for method, config in configs.items():
         if method in networked:
             continue
@@ -757,7 +763,7 @@ def run_demo(
             if in_process
             else "gRPC with mTLS, separate processes (greedy, RFF: in-process reference)"
         ),
-        "config": {k: v for k, v in configs["private"].__dict__.items() if k != "method"},
+        "config": {k: v for k, v in private.to_json().items() if k != "method"},
         "methods": rows,
         "curves": {label: {"sizes": s, "mmd2": v} for label, (s, v) in curves.items()},
     }
@@ -783,9 +789,9 @@ def run_demo(
         )
     out.print(
         "ε: Theorem 7 (Kairouz et al.) / PLD (dp-accounting); Algorithm 3 at the paper's settings "
-        f"for delta~ = {configs['private'].delta_validation} (D_v) and "
-        f"{configs['private'].delta_owners} (owners), candidates for delta = "
-        f"{configs['candidates'].delta}. '% over greedy' is against the exact-kernel greedy on "
+        f"for delta~ = {private.delta_validation} (D_v) and "
+        f"{private.delta_owners} (owners), candidates for delta = "
+        f"{candidates.delta}. '% over greedy' is against the exact-kernel greedy on "
         "pooled data."
     )
     console.print(f"report -> {out_dir / 'report.json'}, plot -> {plot_path}")

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from dpmarket.common.errors import DPMarketError
 from dpmarket.common.sketches import PrivateSketch
+from dpmarket.common.summarization.methods import DEFAULT_DELTA, GaussianFields
 from dpmarket.consumer.cli import (
     finish,
     load_points,
@@ -141,11 +142,13 @@ def simulate_command(
                 f"set {inputs.validation.n_features}",
                 param_hint="--sketch-scenario",
             )
+        # The sketches' delta is the session's (the default delta for a method without one).
+        delta = config.delta if isinstance(config, GaussianFields) else DEFAULT_DELTA
         try:
             sketches = publish_sketches(
                 owners,
                 scenario.sketch_mechanism(
-                    1.0 if sketch_epsilon is None else sketch_epsilon, delta=config.delta
+                    1.0 if sketch_epsilon is None else sketch_epsilon, delta=delta
                 ),
                 seed=seed,
                 owner_ids=[o.name for o in owners],

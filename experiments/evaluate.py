@@ -89,7 +89,14 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from dpmarket.common.summarization.summary import SummarizationConfig, SummaryResult
+from dpmarket.common.summarization.methods import (
+    CandidatesConfig,
+    PrivateConfig,
+    RoundsConfig,
+    SummarizationConfig,
+    method_config,
+)
+from dpmarket.common.summarization.summary import SummaryResult
 
 __all__ = [
     "DEFAULT_EPSILONS",
@@ -202,12 +209,12 @@ _PRINTED_AUCTION: dict[str, str] = {
     "paper-auction-printed": "paper",
     "rounds-auction-printed": "rounds",
 }
-#: The paper mode's variants' options (the rest are SummarizationConfig's defaults).
+#: The paper mode's variants' options (the rest are PrivateConfig's defaults).
 _PAPER_OPTIONS: dict[str, dict[str, str]] = {
     "paper": {},
     "paper-auction-printed": {"auction": "paper"},
 }
-#: The candidates variants' options (the rest are SummarizationConfig's defaults).
+#: The candidates variants' options (the rest are CandidatesConfig's defaults).
 _CANDIDATES_OPTIONS: dict[str, dict[str, Any]] = {
     "candidates": {},
     "candidates-counts": {"allocation": "counts"},
@@ -216,7 +223,7 @@ _CANDIDATES_OPTIONS: dict[str, dict[str, Any]] = {
     "candidates-sketch-m2m": {"relevance_score": "m2m"},
     "candidates-embedding-rerank": {"embedding_rerank": True},
 }
-#: The rounds variants' options (the rest are SummarizationConfig's defaults).
+#: The rounds variants' options (the rest are RoundsConfig's defaults).
 _ROUNDS_OPTIONS: dict[str, dict[str, str]] = {
     "rounds": {},
     "rounds-auction-printed": {"auction": "paper"},
@@ -238,25 +245,19 @@ def _session_config(
 ) -> SummarizationConfig:
     """The session configuration of one evaluated method (not for ``exact-greedy``)."""
     if method in ("greedy", "uniform"):
-        return SummarizationConfig(summary_size=p, method=method, gamma=gamma)  # type: ignore[arg-type]
+        return method_config(method, summary_size=p, gamma=gamma)
     if epsilon is None:  # pragma: no cover - guarded by the caller
         raise ValueError(f"method {method!r} needs an epsilon")
     if method in _PAPER_OPTIONS:
         from dpmarket.common.summarization.calibration import calibrate_paper_mode
 
-        base = SummarizationConfig(
-            summary_size=p,
-            method="private",
-            gamma=gamma,
-            **_PAPER_OPTIONS[method],  # type: ignore[arg-type]
-        )
+        base = PrivateConfig(summary_size=p, gamma=gamma, **_PAPER_OPTIONS[method])  # type: ignore[arg-type]
         return calibrate_paper_mode(
             base, n_owners, epsilon_target=epsilon, delta=delta, seed_set_size=seed_set_size
         )
     if method in _CANDIDATES_OPTIONS:
-        return SummarizationConfig(
+        return CandidatesConfig(
             summary_size=p,
-            method="candidates",
             gamma=gamma,
             epsilon_validation_total=epsilon,
             epsilon_owners_total=epsilon,
@@ -266,12 +267,7 @@ def _session_config(
     if method in _ROUNDS_OPTIONS:
         from dpmarket.common.summarization.calibration import calibrate_rounds_mode
 
-        rounds = SummarizationConfig(
-            summary_size=p,
-            method="rounds",
-            gamma=gamma,
-            **_ROUNDS_OPTIONS[method],  # type: ignore[arg-type]
-        )
+        rounds = RoundsConfig(summary_size=p, gamma=gamma, **_ROUNDS_OPTIONS[method])  # type: ignore[arg-type]
         return calibrate_rounds_mode(rounds, n_owners, epsilon_target=epsilon, delta=delta)
     raise ValueError(f"method must be one of {EVAL_METHODS}, got {method!r}")
 
@@ -737,7 +733,7 @@ def run_evaluation(
                         )
                     config = configs[key]
                     sketches = None
-                    if config.method == "candidates" and config.allocation == "sketch":
+                    if isinstance(config, CandidatesConfig) and config.allocation == "sketch":
                         assert eps is not None
                         if (name, eps, seed) not in sketch_cache:
                             sketch_cache[(name, eps, seed)] = publish_sketches(

@@ -27,7 +27,8 @@ from dpmarket.common.sketches import PrivateSketch, SketchMechanism
 from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
 from dpmarket.common.summarization.kernels import exact_kernel_greedy
-from dpmarket.common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
+from dpmarket.common.summarization.methods import HashesConfig, SummarizationConfig
+from dpmarket.common.summarization.summary import SessionReport, SummaryResult
 from dpmarket.curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
 from dpmarket.curator.summarization.session import ProgressCallback, SummarizationSession
 from dpmarket.owner.cape import CapeSite
@@ -77,7 +78,7 @@ def simulate(
     seeded = seed is not None
     endpoints = (
         local_hash_owners(owners, ids, seeded=seeded)
-        if config.summary_form == "hashes"
+        if isinstance(config, HashesConfig)
         else [
             LocalOwnerEndpoint(Owner(i, data, allow_seeded_sessions=seeded))
             for i, data in zip(ids, owners, strict=True)

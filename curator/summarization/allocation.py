@@ -29,6 +29,7 @@ from dpmarket.common.summarization.candidates import (
     validation_embedding,
     validation_embedding_sensitivity,
 )
+from dpmarket.common.summarization.methods import AllocationFields, CandidatesConfig, HashesConfig
 from dpmarket.common.summarization.rff import random_fourier_features
 from dpmarket.common.summarization.sketch_allocation import (
     VOTING_SCORES,
@@ -68,13 +69,22 @@ class Allocator:
         self.state = state
         self.releases = releases
 
+    @property
+    def config(self) -> AllocationFields:
+        """The candidates method's configuration (or its hashes mode's)."""
+        config = self.state.config
+        assert isinstance(config, AllocationFields)
+        return config
+
     def choose(self) -> tuple[Literal["sketch", "counts"], str]:
         """The candidates method's allocation: by sketches when asked for and every owner that
         answered has one, else by noisy counts; with the reason."""
         state = self.state
-        cfg = state.config
-        if cfg.method != "candidates" or cfg.allocation == "counts":
-            return "counts", "" if cfg.method != "candidates" else "requested"
+        if not isinstance(state.config, AllocationFields):
+            return "counts", ""
+        cfg = self.config
+        if cfg.allocation == "counts":
+            return "counts", "requested"
         missing = [
             state.owner_name(i)
             for i in state.active()
@@ -112,7 +122,7 @@ class Allocator:
         data, at the owner.
         """
         state = self.state
-        cfg = state.config
+        cfg = self.config
         if cfg.embedding_prior == "none":
             return 0.0, None
         prior = None
@@ -126,7 +136,7 @@ class Allocator:
         """The sketch allocation's share of the validation party's Gaussian budget: the
         request's ``allocation_share``, or when 0 :func:`derived_allocation_share`."""
         state = self.state
-        cfg = state.config
+        cfg = self.config
         if cfg.allocation_share > 0:
             return cfg.allocation_share
         return derived_allocation_share(
@@ -143,10 +153,11 @@ class Allocator:
         serve a whole summary. Exactly p in the hashes mode, where the curator cannot re-rank
         (:mod:`dpmarket.common.summarization.hashes`)."""
         state = self.state
-        cfg = state.config
+        cfg = self.config
         p = cfg.summary_size
-        if cfg.summary_form == "hashes":  # no re-ranking: the proposals are the summary
+        if isinstance(cfg, HashesConfig):  # no re-ranking: the proposals are the summary
             return p
+        assert isinstance(cfg, CandidatesConfig)
         if cfg.candidate_fraction > 0:
             return max(p, math.floor(cfg.candidate_fraction * len(state.slots) * p + 1e-9))
         return max(p, math.floor(cfg.candidate_multiple * p + 1e-9))
@@ -166,9 +177,9 @@ class Allocator:
         privacy figure; it costs p of the budget's reads.
         """
         state = self.state
-        cfg = state.config
+        cfg = self.config
         p = cfg.summary_size
-        if cfg.summary_form == "hashes" or self.budget() < 2 * p:
+        if isinstance(cfg, HashesConfig) or self.budget() < 2 * p:
             return [0] * len(owners)
         return split_evenly(p, [state.capacity(i) for i in owners])
 
@@ -183,7 +194,7 @@ class Allocator:
         hedge = self.hedge(owners)
         caps = [min(state.capacity(i), budget) - h for i, h in zip(owners, hedge, strict=True)]
         shares = allocate_candidates(
-            budget - sum(hedge), weights, caps, even_share=state.config.candidate_even_share
+            budget - sum(hedge), weights, caps, even_share=self.config.candidate_even_share
         )
         return {
             i: CandidateRequest(int(s) + h, h)
@@ -197,7 +208,7 @@ class Allocator:
         """The counts allocation: gtilde at the whole validation budget, the owners' noisy
         relevance counts, shares in proportion to them (each owner at most the budget)."""
         state = self.state
-        cfg = state.config
+        cfg = self.config
         g_val, sigma = self.releases.gaussian_validation_embedding(val_features)
         # Owners count relevant points against gtilde as released, and denoise it for their
         # proposals only.
@@ -259,7 +270,7 @@ class Allocator:
         gtilde and how to shrink it (:meth:`prior`); all of it post-processing of the two releases
         with public values. Owners release nothing before their candidates."""
         state = self.state
-        cfg = state.config
+        cfg = self.config
         m = int(state.validation.shape[0])
         owners = state.active()
         sens_g = validation_embedding_sensitivity(m)

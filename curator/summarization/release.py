@@ -27,6 +27,7 @@ from dpmarket.common.summarization.candidates import (
     validation_embedding_sensitivity,
 )
 from dpmarket.common.summarization.continual import TreePrefixSum
+from dpmarket.common.summarization.methods import GaussianFields, H2Fields, RoundsConfig
 from dpmarket.common.summarization.mwem import MWEMRelease, MWEMState
 from dpmarket.common.summarization.quantization import quantize_features
 from dpmarket.curator.summarization.state import Party, RoundsMode, SessionState
@@ -83,6 +84,8 @@ class MWEMSummary(SummaryRelease):
         charge: Callable[[Party, str, MWEMRelease], None],
     ) -> None:
         cfg = state.config
+        assert isinstance(cfg, H2Fields)
+        self.config = cfg
         self.state = state
         self.charge = charge
         self.q = seed_features.shape[0]
@@ -96,7 +99,7 @@ class MWEMSummary(SummaryRelease):
 
     def release(self, round_: int) -> tuple[NDArray[np.float64], int]:
         state = self.state
-        cfg = state.config
+        cfg = self.config
         if self.q == 0:
             return np.zeros(cfg.rff_dimension), 0
         public = round_ == 1
@@ -154,6 +157,7 @@ class TreeSummary(SummaryRelease):
         ``levels`` released nodes, each a Gaussian mechanism of L2 sensitivity 2 sqrt(2)."""
         state = self.state
         cfg = state.config
+        assert isinstance(cfg, GaussianFields)
         sigma, levels, sens = self.tree.sigma, self.tree.levels, TREE_INCREMENT_SENSITIVITY
         state.ledgers["owners"].charge(
             [
@@ -213,8 +217,9 @@ class Releases:
         cfg = state.config
         if mode == "greedy":
             return val_features.mean(axis=0)
-        if mode == "rounds" and cfg.validation_release == "gaussian":
+        if isinstance(cfg, RoundsConfig) and cfg.validation_release == "gaussian":
             return self.gaussian_validation_embedding(val_features)[0]
+        assert isinstance(cfg, H2Fields)
         val_sums = quantize_features(val_features, cfg.eta, state.rng).sum(axis=0)
         release = MWEMState(cfg.rff_dimension, cfg.eta).release(
             val_sums,
@@ -238,6 +243,7 @@ class Releases:
         validation_embedding`)."""
         state = self.state
         cfg = state.config
+        assert isinstance(cfg, GaussianFields)
         sensitivity = validation_embedding_sensitivity(val_features.shape[0])
         eps_v = cfg.epsilon_validation_total
         sigma = analytic_gaussian_sigma(eps_v, cfg.delta, sensitivity)
@@ -262,7 +268,7 @@ class Releases:
         cfg = state.config
         if mode == "greedy":
             return ExactSummary(seed_features)
-        if mode == "private" or cfg.summary_release == "mwem":
+        if not isinstance(cfg, RoundsConfig) or cfg.summary_release == "mwem":
             return MWEMSummary(self.state, seed_features, self.charge_mwem)
         if cfg.summary_release == "tree":
             return TreeSummary(self.state, seed_features, rounds_tree_sigma(cfg, len(state.slots)))

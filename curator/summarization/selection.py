@@ -39,6 +39,7 @@ from dpmarket.common.summarization.kernels import (
     marginal_gain_score,
     mmd2,
 )
+from dpmarket.common.summarization.methods import CandidatesConfig, HashesConfig, RoundsConfig
 from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
 from dpmarket.curator.summarization.allocation import Allocator, split_evenly
 from dpmarket.curator.summarization.release import Releases
@@ -118,6 +119,7 @@ class Selection:
         sample instead when its own choice is not closer to D_v."""
         state = self.state
         cfg = state.config
+        assert isinstance(cfg, CandidatesConfig | HashesConfig)
         round_start = time.perf_counter()
         p = cfg.summary_size
         val_features = random_fourier_features(state.validation, rff, dtype=np.float64)
@@ -127,7 +129,7 @@ class Selection:
             requests, g_val = await self.allocator.by_counts(val_features)
         counts = sorted((r.points for r in requests.values()), reverse=True)
         state.emit("rounds", f"candidate shares: {counts}")
-        if cfg.summary_form == "hashes":
+        if isinstance(cfg, HashesConfig):
             await self.hashes(summary, {i: r.points for i, r in requests.items()})
             state.rounds_done = 1
             state.round_seconds.append(time.perf_counter() - round_start)
@@ -165,7 +167,7 @@ class Selection:
         # Re-ranking, after the last message to any owner: the summary's own MMD² to D_v by the
         # exact kernel (the curator holds D_v), or the private embedding alone. The seed set is
         # not part of the summary the consumer receives, so it is not counted.
-        if cfg.embedding_rerank:
+        if isinstance(cfg, CandidatesConfig) and cfg.embedding_rerank:
             order = await asyncio.to_thread(
                 embedding_greedy,
                 random_fourier_features(pool, rff),
@@ -410,7 +412,7 @@ class Selection:
         summary (seed set included), which the trusted curator holds."""
         state = self.state
         cfg = state.config
-        if cfg.method == "rounds" and cfg.pool_scoring == "exact":
+        if isinstance(cfg, RoundsConfig) and cfg.pool_scoring == "exact":
             current = np.concatenate(
                 [
                     state.seed_set,

@@ -33,7 +33,8 @@ from dpmarket.common.sketches import PrivateSketch
 from dpmarket.common.summarization.auction import parsimony_bound
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
 from dpmarket.common.summarization.kernels import check_kernel_width
-from dpmarket.common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
+from dpmarket.common.summarization.methods import SummarizationConfig
+from dpmarket.common.summarization.summary import SessionReport, SummaryResult
 from dpmarket.common.summarization.terms import OwnerTerms
 from dpmarket.curator.summarization.allocation import Allocator
 from dpmarket.curator.summarization.release import Releases

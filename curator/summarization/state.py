@@ -33,8 +33,9 @@ from dpmarket.common.privacy.noise import NoiseSource, SeededNoise
 from dpmarket.common.sketches import PrivateSketch, RFFMap
 from dpmarket.common.summarization.auction import AuctionParams
 from dpmarket.common.summarization.endpoints import OwnerEndpoint, OwnerInfo
+from dpmarket.common.summarization.methods import SummarizationConfig
 from dpmarket.common.summarization.rff import RFFParams
-from dpmarket.common.summarization.summary import ProgressEvent, SummarizationConfig
+from dpmarket.common.summarization.summary import ProgressEvent
 from dpmarket.common.summarization.terms import OwnerTerms
 from dpmarket.common.validation import check_matrix
 
@@ -211,16 +212,10 @@ class SessionState:
         self.slots = [OwnerSlot(endpoint=o) for o in owners]
         self.on_progress = on_progress
         self.call_timeout = call_timeout
-        one_delta = config.method in ("candidates", "rounds")
+        delta_validation, delta_owners = config.ledger_deltas()
         self.ledgers = {
-            "validation": PrivacyLedger(
-                delta_tilde=config.delta if one_delta else config.delta_validation,
-                on_charge=on_charge,
-            ),
-            "owners": PrivacyLedger(
-                delta_tilde=config.delta if one_delta else config.delta_owners,
-                on_charge=on_charge,
-            ),
+            "validation": PrivacyLedger(delta_tilde=delta_validation, on_charge=on_charge),
+            "owners": PrivacyLedger(delta_tilde=delta_owners, on_charge=on_charge),
         }
         self.terms: OwnerTerms | None = None
         self.rff: RFFParams | None = None

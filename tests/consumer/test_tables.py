@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import CandidatesConfig, method_config
 from dpmarket.consumer.report import (
     comparison_table,
     evaluate_summary,
@@ -83,7 +83,7 @@ def test_the_wide_table_keeps_every_column() -> None:
 @pytest.mark.parametrize("method", ["candidates", "uniform"])
 def test_a_requests_own_table_fits_80_columns(digits: Scenario, method: str) -> None:
     """The row ``dpmarket request`` prints, from a real summary and its evaluation."""
-    config = SummarizationConfig(summary_size=20, method=method, rff_dimension=32)  # type: ignore[arg-type]
+    config = method_config(method, summary_size=20, rff_dimension=32)
     result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=0)
     row = evaluate_summary(result, digits.validation, config.gamma, test=digits.test, seed=0)
     row["label"] = method
@@ -97,7 +97,7 @@ def test_the_plot_draws_the_mmd_curve_and_each_owners_share(
 ) -> None:
     import dataclasses
 
-    config = SummarizationConfig(summary_size=20, method="candidates", rff_dimension=32)
+    config = CandidatesConfig(summary_size=20, rff_dimension=32)
     result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=0)
     report = dataclasses.replace(result.report, left_out={"owner-x": "budget refused"})
     result = dataclasses.replace(result, report=report)

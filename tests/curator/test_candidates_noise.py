@@ -9,8 +9,8 @@ from scipy import stats
 
 from dpmarket.common.privacy.accounting import PrivacyEvent, pld_epsilon
 from dpmarket.common.summarization.candidates import validation_embedding
+from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
-from dpmarket.common.summarization.summary import SummarizationConfig
 from dpmarket.experiments.runner import run_session
 from dpmarket.experiments.scenarios import Scenario
 from dpmarket.owner.local import LocalOwnerEndpoint
@@ -44,9 +44,8 @@ class Tap(LocalOwnerEndpoint):
 
 def _session(digits: Scenario, seed: int):  # type: ignore[no-untyped-def]
     taps = [Tap(Owner(o.name, o)) for o in digits.owners]
-    config = SummarizationConfig(
+    config = CandidatesConfig(
         summary_size=10,
-        method="candidates",
         epsilon_validation_total=EPS,
         epsilon_owners_total=EPS,
         delta=DELTA,

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import HashesConfig, method_config
 from dpmarket.consumer.evaluation import hash_model_accuracy
 from dpmarket.experiments.runner import local_hash_owners, publish_sketches, run_session
 from dpmarket.experiments.scenarios import Scenario
@@ -37,7 +37,7 @@ def _run(digits: Scenario) -> tuple[Any, list[_Recording]]:
     owners = list(digits.owners)
     endpoints = [_Recording(e) for e in local_hash_owners(owners, [o.name for o in owners])]
     sketches = publish_sketches(owners, digits.sketch_mechanism(1.0, delta=1e-6), seed=1)
-    config = SummarizationConfig(summary_size=P, summary_form="hashes")
+    config = HashesConfig(summary_size=P)
     result = run_session(
         endpoints, digits.validation, digits.seed_set, config, seed=0, owner_sketches=sketches
     )
@@ -86,4 +86,4 @@ def test_a_model_on_the_hashes_applies_to_points_an_owner_hashes(digits: Scenari
 
 def test_the_hashes_mode_belongs_to_the_candidates_method() -> None:
     with pytest.raises(ValueError, match="candidates"):
-        SummarizationConfig(summary_size=5, method="rounds", summary_form="hashes")
+        method_config("rounds", summary_size=5, summary_form="hashes")

@@ -16,12 +16,8 @@ from typing import Any
 import pytest
 
 from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
-from dpmarket.common.summarization.summary import (
-    LEFT_OUT_REASONS,
-    OwnerSelection,
-    SummarizationConfig,
-    SummaryResult,
-)
+from dpmarket.common.summarization.methods import CandidatesConfig
+from dpmarket.common.summarization.summary import LEFT_OUT_REASONS, OwnerSelection, SummaryResult
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.sessions import SessionManager
 from dpmarket.experiments.scenarios import Scenario
@@ -31,7 +27,7 @@ from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
 from tests.conftest import exhaust
 
-CONFIG = SummarizationConfig(summary_size=10, method="candidates", rff_dimension=32)
+CONFIG = CandidatesConfig(summary_size=10, rff_dimension=32)
 K = 5
 EXHAUSTED = 4  # index of the owner whose lifetime budget is spent
 

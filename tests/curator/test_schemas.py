@@ -12,7 +12,7 @@ import pytest
 from dpmarket.common.cape.spec import CapeMeanSpec
 from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.common.schema import Column, Schema
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.curator.cape_service import CapeJobs
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
 from dpmarket.curator.summarization.session import SummarizationSession
@@ -48,7 +48,7 @@ def _owner(
 
 def _session(owners: list[Owner], **declared: object) -> SummarizationSession:
     validation = _rows(9)[:10, :2]
-    config = SummarizationConfig(summary_size=5, method="candidates", gamma=0.001)
+    config = CandidatesConfig(summary_size=5, gamma=0.001)
     return SummarizationSession(
         "s" * 32,
         config,

@@ -19,7 +19,12 @@ from dpmarket.common.errors import (
     PermissionDeniedError,
     ResourceExhaustedError,
 )
-from dpmarket.common.summarization.summary import ProgressEvent, SessionReport, SummarizationConfig
+from dpmarket.common.summarization.methods import (
+    CandidatesConfig,
+    SummarizationConfig,
+    UniformConfig,
+)
+from dpmarket.common.summarization.summary import ProgressEvent, SessionReport
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.sessions import SessionManager
 from dpmarket.curator.store import RESTART_ERROR, CuratorStore
@@ -30,7 +35,7 @@ from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
 
 ALICE, BOB = "consumer:alice", "consumer:bob"
-CONFIG = SummarizationConfig(summary_size=5, method="candidates", rff_dimension=32)
+CONFIG = CandidatesConfig(summary_size=5, rff_dimension=32)
 T = TypeVar("T")
 
 
@@ -203,7 +208,7 @@ def test_malformed_request_ids_are_refused(tmp_path: Path, digits: Scenario, key
 
 # --------------------------------------------------------------------------- limits
 def test_the_request_rate_is_limited_per_consumer(tmp_path: Path, digits: Scenario) -> None:
-    uniform = dataclasses.replace(CONFIG, method="uniform")
+    uniform = UniformConfig(summary_size=CONFIG.summary_size, rff_dimension=CONFIG.rff_dimension)
 
     async def body(w: World) -> None:
         for _ in range(2):

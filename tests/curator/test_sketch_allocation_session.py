@@ -10,13 +10,13 @@ from scipy import optimize, stats
 
 from dpmarket.common.sketches import Domain, SketchMechanism, draw_rff
 from dpmarket.common.summarization.candidates import validation_embedding
+from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.rff import random_fourier_features
 from dpmarket.common.summarization.sketch_allocation import (
     relevance_matrix,
     relevance_sensitivity,
     responsibilities,
 )
-from dpmarket.common.summarization.summary import SummarizationConfig
 from dpmarket.experiments.runner import publish_sketches, run_session, simulate
 from dpmarket.experiments.scenarios import Scenario
 from dpmarket.owner.data import PointSet
@@ -55,10 +55,9 @@ def _mechanism() -> SketchMechanism:
     return SketchMechanism(fmap, DOMAIN, 1.0, "gaussian", DELTA)
 
 
-def _config(p: int = 10, **kw: object) -> SummarizationConfig:
-    return SummarizationConfig(
+def _config(p: int = 10, **kw: object) -> CandidatesConfig:
+    return CandidatesConfig(
         summary_size=p,
-        method="candidates",
         rff_dimension=32,
         gamma=0.5,
         epsilon_validation_total=EPS,
@@ -96,7 +95,7 @@ def test_the_decision_noise_has_its_stated_scale_and_the_ledger_its_stated_epsil
             list(sketches.values()),
             validation,
             score="mmd",
-            norm_weight=SummarizationConfig(summary_size=1).relevance_norm_weight,
+            norm_weight=CandidatesConfig(summary_size=1).relevance_norm_weight,
         )
         exact = responsibilities(u).mean(axis=0)
         noisy = np.array([info["noisy_relevance"][o.name] for o in owners])
@@ -161,10 +160,8 @@ def test_the_owner_holding_the_consumers_data_gets_most_of_the_budget() -> None:
 
 def test_without_sketches_the_counts_allocation_runs_unchanged(digits: Scenario) -> None:
     # Sketches requested but absent: the counts allocation, bit for bit.
-    config = SummarizationConfig(summary_size=10, method="candidates", rff_dimension=64)
-    counts = SummarizationConfig(
-        summary_size=10, method="candidates", rff_dimension=64, allocation="counts"
-    )
+    config = CandidatesConfig(summary_size=10, rff_dimension=64)
+    counts = CandidatesConfig(summary_size=10, rff_dimension=64, allocation="counts")
     a = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=3)
     b = simulate(digits.owners, digits.validation, digits.seed_set, counts, seed=3)
     assert np.array_equal(a.points, b.points)
@@ -177,9 +174,7 @@ def test_without_sketches_the_counts_allocation_runs_unchanged(digits: Scenario)
     )
     assert a.report.ledger["owner_terms"]["epsilon"] == 1.0
     # The previous budget rule (0.5 K p) still reads 0.5 K p points.
-    old = SummarizationConfig(
-        summary_size=10, method="candidates", rff_dimension=64, candidate_fraction=0.5
-    )
+    old = CandidatesConfig(summary_size=10, rff_dimension=64, candidate_fraction=0.5)
     c = simulate(digits.owners, digits.validation, digits.seed_set, old, seed=3)
     assert c.report.owner_points_accessed == 25
 

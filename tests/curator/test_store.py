@@ -12,10 +12,11 @@ import pytest
 
 from dpmarket.common.privacy.accounting import PrivacyEvent
 from dpmarket.common.privacy.ledger import Charge
-from dpmarket.common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
+from dpmarket.common.summarization.methods import CandidatesConfig
+from dpmarket.common.summarization.summary import SessionReport, SummaryResult
 from dpmarket.curator.store import RESTART_ERROR, CuratorStore
 
-CONFIG = SummarizationConfig(summary_size=2, method="candidates")
+CONFIG = CandidatesConfig(summary_size=2)
 CHARGES = [
     Charge("validation", "gtilde", PrivacyEvent("laplace", 0.5, 1, 1.0)),
     Charge("owners", "relevance counts", PrivacyEvent("laplace", 0.3, 1, 1.0)),

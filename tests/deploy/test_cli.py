@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from dpmarket.common.summarization.summary import METHODS, PARAMETER_NAMES
+from dpmarket.common.summarization.methods import METHODS, PARAMETER_NAMES
 from dpmarket.deploy.cli import main
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from dpmarket.common.summarization.summary import ALLOCATIONS
+from dpmarket.common.summarization.methods import ALLOCATIONS
 from dpmarket.consumer import cli as consumer_cli
 from dpmarket.curator.policy import CuratorPolicy, load_curator_policy
 from dpmarket.curator.sketches import LocalCatalogEndpoint, SketchCatalog

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import GreedyConfig, method_config
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
 from dpmarket.experiments.runner import simulate
@@ -105,7 +105,7 @@ CURATOR = Identity("curator", CURATOR_NAME)
 def test_networked_run_equals_in_process_run(
     cluster: LocalCluster, digits: Scenario, method: str
 ) -> None:
-    config = SummarizationConfig(summary_size=P, method=method)  # type: ignore[arg-type]
+    config = method_config(method, summary_size=P)
     with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
         events = []
         networked = client.summarize(
@@ -345,7 +345,7 @@ def test_an_owner_that_dies_mid_session_is_dropped_and_reported(
     digits: Scenario, files: dict[str, Path], policies: tuple[Path, Path], tmp_path: Path
 ) -> None:
     names = [o.name for o in digits.owners]
-    config = SummarizationConfig(summary_size=120, method="greedy")
+    config = GreedyConfig(summary_size=120)
     with (
         _start(digits, files, tmp_path, policies) as cluster,
         CuratorClient(cluster.curator_target, cluster.consumer_security()) as client,

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.deploy.launcher import LocalCluster
 from dpmarket.experiments.scenarios import write_scenario
@@ -73,7 +73,7 @@ def test_simulate_with_a_declared_spec_gives_the_networked_summary(
     (directory / "curator.toml").write_text(CURATOR_POLICY, encoding="utf-8")
     names = [f"owner-{i}" for i in range(len(scenario.owners))]  # the files' stems
     tables = {name: files[name] for name in names}
-    config = SummarizationConfig(summary_size=P, gamma=scenario.gamma)
+    config = CandidatesConfig(summary_size=P, gamma=scenario.gamma)
     with LocalCluster(
         list(tables.values()),
         names,

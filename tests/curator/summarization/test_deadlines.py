@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dpmarket.common.summarization.endpoints import OwnerInfo
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.curator.summarization.state import (
     PROGRESS_GRACE,
     SECONDS_PER_ROW,
@@ -51,7 +51,7 @@ class _Owner:
 def _state(owners: list[_Owner], rows: list[int]) -> SessionState:
     state = SessionState(
         "s",
-        SummarizationConfig(summary_size=1),
+        CandidatesConfig(summary_size=1),
         np.zeros((2, 3)),
         np.zeros((0, 3)),
         owners,  # type: ignore[arg-type]

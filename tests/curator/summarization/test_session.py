@@ -11,8 +11,15 @@ import pytest
 from dpmarket.common.errors import AbortedError, InvalidArgumentError, UnavailableError
 from dpmarket.common.summarization.endpoints import OwnerBid, ReleasedPoint
 from dpmarket.common.summarization.kernels import rff_greedy
+from dpmarket.common.summarization.methods import (
+    CandidatesConfig,
+    GreedyConfig,
+    SummarizationConfig,
+    UniformConfig,
+    method_config,
+)
 from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
-from dpmarket.common.summarization.summary import SummarizationConfig, SummaryResult
+from dpmarket.common.summarization.summary import SummaryResult
 from dpmarket.curator.summarization.session import SummarizationSession
 from dpmarket.experiments.runner import run_session, simulate
 from dpmarket.experiments.scenarios import Scenario
@@ -23,7 +30,7 @@ P = 20
 
 
 def _config(method: str, **kw) -> SummarizationConfig:  # type: ignore[no-untyped-def]
-    return SummarizationConfig(summary_size=P, method=method, **kw)  # type: ignore[arg-type]
+    return method_config(method, summary_size=P, **kw)
 
 
 def _run(scenario: Scenario, endpoints, config, seed: int = 3) -> SummaryResult:  # type: ignore[no-untyped-def]
@@ -137,7 +144,7 @@ def test_owners_running_out_of_points_fails_clearly(digits: Scenario) -> None:
     small = [replace(o, features=o.features[:3], labels=o.labels[:3]) for o in digits.owners[:2]]
     endpoints = [LocalOwnerEndpoint(Owner(o.name, o)) for o in small]
     endpoints.append(SpyEndpoint(Owner("dies", digits.owners[2]), die_after=1))
-    config = SummarizationConfig(summary_size=10, method="greedy")
+    config = GreedyConfig(summary_size=10)
     with pytest.raises(AbortedError, match="no owner has a point left"):
         _run(digits, endpoints, config)
 
@@ -190,7 +197,7 @@ def test_bad_validation_set_is_rejected_before_anything_is_released(
 
 def test_summary_larger_than_the_data_is_rejected(digits: Scenario) -> None:
     total = sum(o.n_points for o in digits.owners)
-    config = SummarizationConfig(summary_size=total + 1)
+    config = CandidatesConfig(summary_size=total + 1)
     with pytest.raises(InvalidArgumentError, match="exceeds"):
         simulate(digits.owners, digits.validation, digits.seed_set, config, seed=0)
 
@@ -231,7 +238,7 @@ class RecordingEndpoint(LocalOwnerEndpoint):
 
 
 def test_candidates_stays_within_its_budget_and_charges_both_parties(digits: Scenario) -> None:
-    config = SummarizationConfig(summary_size=P, method="candidates", candidate_fraction=0.5)
+    config = CandidatesConfig(summary_size=P, candidate_fraction=0.5)
     result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=4)
     budget = int(0.5 * len(digits.owners) * P)
     assert P <= result.report.owner_points_accessed <= budget
@@ -254,9 +261,7 @@ def test_exact_reranking_never_changes_what_owners_receive(digits: Scenario) -> 
     points = []
     for embedding_rerank in (False, True):
         endpoints = [RecordingEndpoint(Owner(o.name, o)) for o in digits.owners]
-        config = SummarizationConfig(
-            summary_size=P, method="candidates", embedding_rerank=embedding_rerank
-        )
+        config = CandidatesConfig(summary_size=P, embedding_rerank=embedding_rerank)
         result = _run(digits, endpoints, config, seed=8)
         logs.append([e.received for e in endpoints])
         points.append(result.points)
@@ -266,7 +271,7 @@ def test_exact_reranking_never_changes_what_owners_receive(digits: Scenario) -> 
 
 def test_candidates_budget_never_falls_below_p(digits: Scenario) -> None:
     """A fraction below 1/K still reads p points (and no more); a single owner serves p."""
-    config = SummarizationConfig(summary_size=P, method="candidates", candidate_fraction=0.1)
+    config = CandidatesConfig(summary_size=P, candidate_fraction=0.1)
     result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=0)
     assert result.report.owner_points_accessed == P
     assert result.report.ledger["candidates"]["budget"] == P
@@ -283,9 +288,8 @@ def test_candidates_at_huge_epsilon_matches_greedy_quality(digits: Scenario) -> 
     owner of the 3s and 4s the fewest reads; 1.52x exact greedy's MMD² measured), but within 2x."""
     from dpmarket.common.summarization.kernels import exact_kernel_greedy, mmd2
 
-    config = SummarizationConfig(
+    config = CandidatesConfig(
         summary_size=P,
-        method="candidates",
         epsilon_validation_total=100.0,
         epsilon_owners_total=100.0,
         candidate_fraction=1.0,
@@ -324,7 +328,7 @@ def test_the_default_is_never_farther_from_d_v_than_uniform_sampling(
     from dpmarket.common.summarization.kernels import mmd2
     from dpmarket.experiments.runner import publish_sketches
 
-    config = SummarizationConfig(summary_size=P, method="candidates", allocation=allocation)  # type: ignore[arg-type]
+    config = CandidatesConfig(summary_size=P, allocation=allocation)  # type: ignore[arg-type]
     for seed in range(6):
         sketches = publish_sketches(
             digits.owners, digits.sketch_mechanism(1.0, delta=1e-6), seed=1000 + seed
@@ -344,7 +348,7 @@ def test_the_default_is_never_farther_from_d_v_than_uniform_sampling(
             digits.owners,
             digits.validation,
             digits.seed_set,
-            SummarizationConfig(summary_size=P, method="uniform"),
+            UniformConfig(summary_size=P),
             seed=seed,
         )
         read = np.concatenate([u for e in endpoints for u in e.uniform])

@@ -8,8 +8,12 @@ import pytest
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.summarization.endpoints import OwnerBid, ReleasedPoint
 from dpmarket.common.summarization.kernels import bid_direction, bid_scores
+from dpmarket.common.summarization.methods import (
+    CandidatesConfig,
+    GreedyConfig,
+    SummarizationConfig,
+)
 from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
-from dpmarket.common.summarization.summary import SummarizationConfig
 from dpmarket.curator.summarization.allocation import Allocator, split_evenly
 from dpmarket.curator.summarization.release import Releases
 from dpmarket.curator.summarization.selection import Selection
@@ -38,19 +42,19 @@ def test_split_evenly_gives_near_equal_shares_within_capacities() -> None:
 
 
 def test_candidate_budget_follows_the_configuration() -> None:
-    state = _state(SummarizationConfig(summary_size=10, method="candidates"))
+    state = _state(CandidatesConfig(summary_size=10))
     allocator = Allocator(state, Releases(state))
     # max(p, floor(c p)) whatever K, with c = candidate_multiple (default 3) ...
     assert allocator.budget() == 30
     # ... or max(p, floor(f K p)) with a candidate fraction f > 0 (K = 4 owners).
-    fraction = _state(SummarizationConfig(summary_size=10, candidate_fraction=0.5))
+    fraction = _state(CandidatesConfig(summary_size=10, candidate_fraction=0.5))
     assert Allocator(fraction, Releases(fraction)).budget() == 20
 
 
 def test_a_released_point_must_match_its_bid() -> None:
     """Step 8: the curator recomputes a released point's bid; a mismatch or a malformed point
     is rejected and counted, every released point counts as accessed."""
-    config = SummarizationConfig(summary_size=2, method="greedy", rff_dimension=16)
+    config = GreedyConfig(summary_size=2, rff_dimension=16)
     state = _state(config)
     releases = Releases(state)
     selection = Selection(state, Allocator(state, releases), releases)
