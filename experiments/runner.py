@@ -28,9 +28,13 @@ from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
 from dpmarket.common.summarization.kernels import exact_kernel_greedy
 from dpmarket.common.summarization.methods import HashesConfig, SummarizationConfig
-from dpmarket.common.summarization.summary import SessionReport, SummaryResult
+from dpmarket.common.summarization.summary import SessionReport, SessionRequest, SummaryResult
 from dpmarket.curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
-from dpmarket.curator.summarization.session import ProgressCallback, SummarizationSession
+from dpmarket.curator.summarization.session import (
+    ProgressCallback,
+    SessionContext,
+    SummarizationSession,
+)
 from dpmarket.owner.cape import CapeSite
 from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.hash_keys import HashKeyParty
@@ -286,17 +290,15 @@ def run_session(
     """
 
     async def run() -> SummaryResult:
+        # Seeded runs (tests, evaluation) keep numpy's seeded draws; others use OpenDP.
         session = SummarizationSession(
-            "simulated-session",
-            config,
-            validation,
-            seed_set,
+            SessionRequest(config, validation, seed_set, seed=seed),
             endpoints,
-            make_rng(seed),
-            on_progress=on_progress,
-            # Seeded runs (tests, evaluation) keep numpy's seeded draws; others use OpenDP.
-            noise=None if seed is not None else OpenDPNoise(),
-            owner_sketches=owner_sketches,
+            SessionContext(
+                session_id="simulated-session",
+                on_progress=on_progress,
+                owner_sketches=owner_sketches or {},
+            ),
         )
         await session.prepare()
         return await session.run()

@@ -10,7 +10,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dpmarket.common.privacy.ledger import SessionSpend
-from dpmarket.common.summarization.methods import Method
+from dpmarket.common.schema import Schema
+from dpmarket.common.summarization.methods import Method, SummarizationConfig
 
 Stage = Literal["setup", "rounds", "done", "failed"]
 
@@ -149,3 +150,53 @@ class ProgressEvent:
     def finished(self) -> bool:
         """Whether the session has ended (done or failed)."""
         return self.stage in ("done", "failed")
+
+
+@dataclass(frozen=True)
+class SessionRequest:
+    """What a consumer asks of a summarization session.
+
+    Attributes
+    ----------
+    config : SummarizationConfig
+        The method's configuration (its type is the method), p among its fields.
+    validation : ndarray of shape (m, n)
+        The consumer's validation set D_v (features only; its labels never leave the consumer).
+    seed_set : ndarray of shape (n0, n), or None
+        The public seed set D_init; None: none (zero rows).
+    seed : int or None
+        Seeds every random draw of the session, noise included (reproducible runs; a curator
+        honours it only with ``--allow-seeded-sessions``); None: a CSPRNG-seeded generator and
+        OpenDP's samplers.
+    selection : OwnerSelection
+        Owners to leave out by name, and the fewest the session may run with.
+    schema : Schema or None
+        The public schema the validation set was read through (owners that declare another are
+        refused).
+    feature_names : tuple of str
+        The validation set's column names when it was read from a table without a schema
+        (owners with a schema must have these features, in this order).
+    unread : dict of str to value
+        Parameters of other methods the request carried (the wire carries every method's):
+        bounded by the curator's policy like the method's own, then ignored.
+
+    Notes
+    -----
+    The arrays are checked by the session that runs the request (shape, NaN/inf, widths).
+    """
+
+    config: SummarizationConfig
+    validation: NDArray[np.float64]
+    seed_set: NDArray[np.float64] | None = None
+    seed: int | None = None
+    selection: OwnerSelection = field(default_factory=lambda: OwnerSelection())
+    schema: Schema | None = None
+    feature_names: tuple[str, ...] = ()
+    unread: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def seed_points(self) -> NDArray[np.float64]:
+        """The seed set, of shape (n0, n) (zero rows when there is none)."""
+        if self.seed_set is not None:
+            return self.seed_set
+        return np.zeros((0, np.shape(self.validation)[-1]))

@@ -17,7 +17,12 @@ import pytest
 
 from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 from dpmarket.common.summarization.methods import CandidatesConfig
-from dpmarket.common.summarization.summary import LEFT_OUT_REASONS, OwnerSelection, SummaryResult
+from dpmarket.common.summarization.summary import (
+    LEFT_OUT_REASONS,
+    OwnerSelection,
+    SessionRequest,
+    SummaryResult,
+)
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.sessions import SessionManager
 from dpmarket.experiments.scenarios import Scenario
@@ -65,9 +70,14 @@ def _summarize(
 
     async def run() -> SummaryResult:
         try:
-            sid = await manager.create(
-                CONFIG, digits.validation, digits.seed_set, 3, selection=selection
+            request = SessionRequest(
+                CONFIG,
+                digits.validation,
+                digits.seed_set,
+                seed=3,
+                selection=selection or OwnerSelection(),
             )
+            sid = await manager.create(request)
             async for _ in manager.watch(sid):
                 pass
             return manager.result(sid)

@@ -189,7 +189,7 @@ def test_rounds_options_survive_the_proto_round_trip(
 ) -> None:
     config = _config(validation, summary, scoring, auction_share=0.25)
     request = create_request_to_proto(config, np.zeros((3, 2)), np.zeros((0, 2)), seed=None)
-    back, _, _, _, _ = create_request_from_proto(request)
+    back = create_request_from_proto(request).config
     assert back == config
 
 
@@ -200,7 +200,7 @@ def test_unset_rounds_options_take_the_defaults() -> None:
     request.params.ClearField("summary_release")
     request.params.ClearField("pool_scoring")
     request.params.ClearField("auction_share")
-    back, _, _, _, _ = create_request_from_proto(request)
+    back = create_request_from_proto(request).config
     assert (back.validation_release, back.summary_release, back.pool_scoring) == (
         "gaussian",
         "tree",

@@ -19,8 +19,8 @@ from dpmarket.common.summarization.methods import (
     method_config,
 )
 from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
-from dpmarket.common.summarization.summary import SummaryResult
-from dpmarket.curator.summarization.session import SummarizationSession
+from dpmarket.common.summarization.summary import SessionRequest, SummaryResult
+from dpmarket.curator.summarization.session import SessionContext, SummarizationSession
 from dpmarket.experiments.runner import run_session, simulate
 from dpmarket.experiments.scenarios import Scenario
 from dpmarket.owner.local import LocalOwnerEndpoint
@@ -180,14 +180,10 @@ def test_bad_validation_set_is_rejected_before_anything_is_released(
     endpoints = _endpoints(digits)
 
     async def go() -> None:
-        session = SummarizationSession(
-            "t",
-            _config("private"),
-            validation,
-            np.zeros((0, validation.shape[1])),
-            endpoints,
-            np.random.default_rng(0),
+        request = SessionRequest(
+            _config("private"), validation, np.zeros((0, validation.shape[1])), seed=0
         )
+        session = SummarizationSession(request, endpoints, SessionContext(session_id="t"))
         await session.prepare()
 
     with pytest.raises(InvalidArgumentError, match=message):
@@ -362,23 +358,22 @@ def test_the_default_is_never_farther_from_d_v_than_uniform_sampling(
 def test_the_curator_returns_the_uniform_sample_when_it_is_closer() -> None:
     """The hedge's decision itself: a selection farther from D_v than the uniform sample is
     replaced by the sample (in greedy order), and the report says so."""
-    from types import SimpleNamespace
-
     from dpmarket.common.summarization.kernels import mmd2
-    from dpmarket.curator.summarization.selection import Selection
+    from dpmarket.curator.summarization.candidates import CandidatesStrategy
+    from dpmarket.curator.summarization.state import SessionState
+    from dpmarket.owner.data import PointSet
 
     rng = np.random.default_rng(0)
     validation = rng.normal(size=(30, 2))
     pool = np.concatenate([rng.normal(size=(5, 2)), rng.normal(8.0, 1.0, size=(5, 2))])
-    state = SimpleNamespace(
-        config=SimpleNamespace(gamma=0.5), validation=validation, candidates_info={}
-    )
-    selection = Selection(state, None, None)  # type: ignore[arg-type]
+    config = CandidatesConfig(summary_size=5, gamma=0.5)
+    owner = LocalOwnerEndpoint(Owner("o", PointSet(pool, None, "o")))
+    strategy = CandidatesStrategy(SessionState(SessionRequest(config, validation), [owner]), config)
     far = np.arange(5, 10)
-    kept = selection.hedged(pool, far, [0, 1, 2, 3, 4])
+    kept = strategy.hedged(pool, far, [0, 1, 2, 3, 4])
     assert sorted(kept.tolist()) == [0, 1, 2, 3, 4]
-    assert state.candidates_info["hedge"]["kept"] == "uniform sample"
+    assert strategy.info["hedge"]["kept"] == "uniform sample"
     assert mmd2(pool[kept], validation, 0.5) < mmd2(pool[far], validation, 0.5)
     near = np.arange(0, 5)
-    np.testing.assert_array_equal(selection.hedged(pool, near, [5, 6, 7, 8, 9]), near)
-    assert state.candidates_info["hedge"]["kept"] == "selection"
+    np.testing.assert_array_equal(strategy.hedged(pool, near, [5, 6, 7, 8, 9]), near)
+    assert strategy.info["hedge"]["kept"] == "selection"
