@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from dpmarket.common.summarization.methods import (
     config_from_fields,
     method_fields,
 )
+from dpmarket.common.summarization.session_ledger import CountsAllocationReport
 from dpmarket.common.summarization.sketch_allocation import RELEVANCE_SCORES
 from dpmarket.common.summarization.summary import OwnerSelection, SummaryResult
 from dpmarket.consumer.client import SessionFailedError
@@ -502,10 +503,12 @@ def finish(
     from dpmarket.consumer.report import comparison_table, evaluate_summary, plot_request
     from dpmarket.owner.data import save_point_set
 
-    row = evaluate_summary(
-        result, inputs.validation.features, config.gamma, test=inputs.test, seed=seed or 0
+    evaluation = replace(
+        evaluate_summary(
+            result, inputs.validation.features, config.gamma, test=inputs.test, seed=seed or 0
+        ),
+        label=config.method,
     )
-    row["label"] = config.method
     out = Path(out_path)
     names = inputs.schema.feature_names if inputs.schema is not None else inputs.validation.columns
     label = inputs.schema.label if inputs.schema is not None else None
@@ -515,7 +518,7 @@ def finish(
         owners=result.owner_ids,
         label_column=label or "label",
     )
-    document = {"config": config.to_json(), "result": row}
+    document = {"config": config.to_json(), "result": evaluation.to_json()}
     write_json(document, report_path)
     title = f"{config.method} summary of {len(result.points)} points"
     if plot_path is not None:
@@ -523,11 +526,15 @@ def finish(
     if as_json:
         print_json(document)
     else:
-        Console().print(comparison_table([row], title=title, wide=wide))
-    candidates = result.report.ledger.get("candidates", {})
-    note = candidates.get("allocation_note", "")
-    if candidates.get("allocation") == "counts" and note not in ("", "requested"):
-        console.print(f"[yellow]budget split by noisy counts: {note}", highlight=False)
+        Console().print(comparison_table([evaluation], title=title, wide=wide))
+    allocation = result.report.ledger.candidates
+    if isinstance(allocation, CountsAllocationReport) and allocation.allocation_note not in (
+        "",
+        "requested",
+    ):
+        console.print(
+            f"[yellow]budget split by noisy counts: {allocation.allocation_note}", highlight=False
+        )
     if result.report.left_out:
         console.print(
             "[yellow]left out: "
@@ -540,14 +547,14 @@ def finish(
 
 def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: str) -> None:
     """Write a failed session's report (its ledger: what it spent) and fail the command."""
-    report = asdict(exc.report) if exc.report is not None else None
+    report = exc.report.to_json() if exc.report is not None else None
     write_json({"config": config.to_json(), "error": str(exc), "report": report}, report_path)
     spent = ""
-    if exc.report is not None and exc.report.ledger:
+    if exc.report is not None and not exc.report.ledger.empty:
         parties = {
-            party: exc.report.ledger[party]["parties"][party]["basic"]
+            party: book.parties[party].basic
             for party in ("validation", "owners")
-            if party in exc.report.ledger
+            if (book := exc.report.ledger.party(party)) is not None  # type: ignore[arg-type]
         }
         spent = "; spent (basic composition): " + ", ".join(
             f"epsilon {eps:g} on {party}" for party, eps in parties.items()

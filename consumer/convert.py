@@ -11,6 +11,7 @@ from numpy.typing import NDArray
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.summarization.methods import SummarizationConfig
+from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import (
     OwnerSelection,
     ProgressEvent,
@@ -134,7 +135,7 @@ def report_from_proto(r: curator_pb2.SessionReport) -> SessionReport:
         all_owners_bound=int(r.all_owners_bound),
         paper_bound=float(r.paper_bound),
         dropped_owners=tuple(r.dropped_owners),
-        ledger=json.loads(r.ledger_json) if r.ledger_json else {},
+        ledger=SessionLedger.from_json(json.loads(r.ledger_json) if r.ledger_json else {}),
         wall_time_seconds=r.wall_time.ToTimedelta().total_seconds(),
         rejected_points=int(r.rejected_points),
         round_seconds=tuple(r.round_seconds),

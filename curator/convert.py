@@ -243,7 +243,7 @@ def report_to_proto(r: SessionReport) -> curator_pb2.SessionReport:
         all_owners_bound=r.all_owners_bound,
         paper_bound=r.paper_bound,
         dropped_owners=list(r.dropped_owners),
-        ledger_json=json.dumps(r.ledger, sort_keys=True),
+        ledger_json=json.dumps(r.ledger.to_json(), sort_keys=True),
         wall_time=wall_time,
         rejected_points=r.rejected_points,
         round_seconds=list(r.round_seconds),

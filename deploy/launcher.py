@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -36,9 +37,8 @@ from dpmarket.common.summarization.methods import (
     SummarizationConfig,
     method_config,
 )
-from dpmarket.common.summarization.summary import (
-    SummaryResult,
-)
+from dpmarket.common.summarization.session_ledger import SketchAllocationReport
+from dpmarket.common.summarization.summary import SummaryResult
 from dpmarket.deploy.pki import init_ca, issue_all
 from dpmarket.experiments.runner import exact_greedy_summary, owner_sketch_seed
 from dpmarket.owner.data import feature_columns
@@ -595,6 +595,7 @@ def run_demo(
     """
     from dpmarket.consumer.client import CuratorClient
     from dpmarket.consumer.report import (
+        MMDCurve,
         add_relative_mmd,
         comparison_table,
         evaluate_summary,
@@ -722,20 +723,23 @@ def run_demo(
     }
     rows = []
     for key, result in results.items():
-        row = evaluate_summary(
-            result, scenario.validation, scenario.gamma, test=scenario.test, seed=seed
+        evaluation = replace(
+            evaluate_summary(
+                result, scenario.validation, scenario.gamma, test=scenario.test, seed=seed
+            ),
+            method=key,
+            label=labels[key],
         )
-        row["method"] = key
-        row["label"] = labels[key]
         if key == "exact-greedy":
-            row["owner_points_accessed"] = None
-            row["all_owners_bound"] = None
-        rows.append(row)
-    add_relative_mmd(rows, reference="exact-greedy")
+            evaluation = replace(evaluation, owner_points_accessed=None, all_owners_bound=None)
+        rows.append(evaluation)
+    rows = add_relative_mmd(rows, reference="exact-greedy")
     step = max(1, p // 20)
     sizes = list(range(step, p + 1, step))
     curves = {
-        labels[k]: (sizes, mmd_curve(r.points, scenario.validation, scenario.gamma, sizes))
+        labels[k]: MMDCurve(
+            tuple(sizes), tuple(mmd_curve(r.points, scenario.validation, scenario.gamma, sizes))
+        )
         for k, r in results.items()
     }
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -764,8 +768,10 @@ def run_demo(
             else "gRPC with mTLS, separate processes (greedy, RFF: in-process reference)"
         ),
         "config": {k: v for k, v in private.to_json().items() if k != "method"},
-        "methods": rows,
-        "curves": {label: {"sizes": s, "mmd2": v} for label, (s, v) in curves.items()},
+        "methods": [row.to_json() for row in rows],
+        "curves": {
+            label: {"sizes": list(c.sizes), "mmd2": list(c.mmd2)} for label, c in curves.items()
+        },
     }
     write_json(report, out_dir / "report.json")
     if budgets:
@@ -773,16 +779,15 @@ def run_demo(
     out.print(comparison_table(rows, title=f"{scenario.name}, p = {p}, seed = {seed}", wide=wide))
     if budgets:
         out.print(budget_table(budgets))
-    allocation = results["candidates"].report.ledger.get("candidates", {})
-    if allocation.get("allocation") == "sketch":
-        sketch_eps = sorted(
-            {s["epsilon"] for s in results["candidates"].report.ledger["owner_sketches"].values()}
-        )
+    ledger = results["candidates"].report.ledger
+    allocation = ledger.candidates
+    if isinstance(allocation, SketchAllocationReport) and ledger.owner_sketches is not None:
+        sketch_eps = sorted({s.epsilon for s in ledger.owner_sketches.values()})
         out.print(
-            f"candidates: the budget of {allocation['budget']} candidates was split by the owners' "
-            f"published sketches ({allocation['relevance_score']} vote, released with Gaussian "
-            f"noise sigma {allocation['allocation_sigma']:.3g}): "
-            + ", ".join(f"{o} {n}" for o, n in allocation["shares"].items())
+            f"candidates: the budget of {allocation.budget} candidates was split by the owners' "
+            f"published sketches ({allocation.relevance_score} vote, released with Gaussian "
+            f"noise sigma {allocation.allocation_sigma:.3g}): "
+            + ", ".join(f"{o} {n}" for o, n in allocation.shares.items())
             + "; owners spend nothing in the session, their sketch (epsilon "
             + "/".join(f"{e:g}" for e in sketch_eps)
             + ", published once and read by every session) is on their ledgers."

@@ -96,6 +96,7 @@ from dpmarket.common.summarization.methods import (
     SummarizationConfig,
     method_config,
 )
+from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SummaryResult
 
 __all__ = [
@@ -280,7 +281,7 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _party_epsilons(ledger: Mapping[str, Any]) -> dict[str, Any]:
+def _party_epsilons(ledger: SessionLedger) -> dict[str, Any]:
     """Each party's privacy as the session's ledger reports it.
 
     Returns
@@ -298,26 +299,27 @@ def _party_epsilons(ledger: Mapping[str, Any]) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for party in ("validation", "owners"):
-        report = ledger.get(party)
-        row = (report or {}).get("parties", {}).get(party, {})
-        out[f"epsilon_{party}_pld"] = _finite(row.get("pld"))
-        out[f"epsilon_{party}_theorem7"] = _finite(row.get("theorem7"))
-        out[f"delta_{party}"] = None if report is None else report.get("delta_tilde")
+        report = ledger.party(party)  # type: ignore[arg-type]
+        row = None if report is None else report.parties[party]
+        out[f"epsilon_{party}_pld"] = _finite(None if row is None else row.pld)
+        out[f"epsilon_{party}_theorem7"] = _finite(None if row is None else row.theorem7)
+        out[f"delta_{party}"] = None if report is None else report.delta_tilde
+    owners = ledger.owners
     out["delta_owners_theorem7"] = _finite(
-        ledger.get("owners", {}).get("parties", {}).get("owners", {}).get("delta_total")
+        None if owners is None else owners.parties["owners"].delta_total
     )
-    terms: Mapping[str, Any] = ledger.get("owner_terms") or {}
-    non_private = bool(terms.get("non_private"))
-    spent = bool(terms) and not non_private
-    out["owners_epsilon_spent"] = _finite(terms.get("epsilon")) if spent else None
-    out["owners_delta_spent"] = _finite(terms.get("delta")) if spent else None
+    terms = ledger.owner_terms
+    non_private = terms is not None and terms.non_private
+    spent = terms is not None and not non_private
+    out["owners_epsilon_spent"] = _finite(terms.epsilon) if spent and terms else None
+    out["owners_delta_spent"] = _finite(terms.delta) if spent and terms else None
     out["owners_non_private"] = non_private
     # The published sketches' own budget (charged once, at publication), added by basic
     # composition to what the session charges: the owners' figure with the sketch, not
     # amortised over the consumers who reuse it.
-    sketches: Mapping[str, Any] = ledger.get("owner_sketches") or {}
-    sketch_eps = max((float(v["epsilon"]) for v in sketches.values()), default=0.0)
-    sketch_delta = max((float(v["delta"]) for v in sketches.values()), default=0.0)
+    sketches = ledger.owner_sketches or {}
+    sketch_eps = max((float(v.epsilon) for v in sketches.values()), default=0.0)
+    sketch_delta = max((float(v.delta) for v in sketches.values()), default=0.0)
     out["sketch_epsilon"] = sketch_eps if sketches else None
     out["owners_epsilon_with_sketch"] = (
         None if out["owners_epsilon_spent"] is None else out["owners_epsilon_spent"] + sketch_eps
@@ -346,6 +348,7 @@ def _record(
     )
     k = len(scenario.owners)
     accessed = int(result.report.owner_points_accessed)
+    ledger = result.report.ledger
     record: dict[str, Any] = {
         "scenario": scenario.name,
         "p": p,
@@ -353,29 +356,27 @@ def _record(
         "epsilon": epsilon,
         "seed": seed,
         "status": "ok",
-        "summary_size": int(row["summary_size"]),
-        "mmd2_validation": float(row["mmd2_validation"]),
-        "mmd2_test": row["mmd2_test"],
-        "accuracy": row["accuracy"],
+        "summary_size": int(row.summary_size),
+        "mmd2_validation": float(row.mmd2_validation),
+        "mmd2_test": row.mmd2_test,
+        "accuracy": row.accuracy,
         "owner_points_accessed": accessed,
         "accessed_fraction": accessed / (k * p),
         "points_read_over_p": accessed / p,
         "rejected_points": int(result.report.rejected_points),
         "dropped_owners": list(result.report.dropped_owners),
-        "points_per_owner": row["points_per_owner"],
-        **_party_epsilons(result.report.ledger),
+        "points_per_owner": {o: b.points for o, b in row.owners.items() if b.points},
+        **_party_epsilons(ledger),
     }
-    auction = result.report.ledger.get("auction")
-    if auction is not None:
+    if ledger.auction is not None:
         record["auction"] = {
-            key: auction.get(key)
+            key: getattr(ledger.auction, key)
             for key in ("variant", "eps_auc", "tau", "delta_per_bad_iteration")
         }
-    candidates = result.report.ledger.get("candidates")
-    if candidates is not None:
-        record["candidate_budget"] = candidates.get("budget")
-        record["candidate_shares"] = candidates.get("shares")
-        record["allocation"] = candidates.get("allocation")
+    if ledger.candidates is not None:
+        record["candidate_budget"] = ledger.candidates.budget
+        record["candidate_shares"] = ledger.candidates.shares
+        record["allocation"] = ledger.candidates.allocation
     if config is not None and method in _PAPER_OPTIONS:
         record["paper_config"] = {
             key: getattr(config, key)

@@ -28,6 +28,7 @@ from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
 from dpmarket.common.summarization.kernels import exact_kernel_greedy
 from dpmarket.common.summarization.methods import HashesConfig, SummarizationConfig
+from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SessionReport, SessionRequest, SummaryResult
 from dpmarket.curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
 from dpmarket.curator.summarization.session import (
@@ -137,7 +138,7 @@ def publish_sketches(
     catalogue; in-process runs (``dpmarket simulate``, ``evaluate``, ``demo --in-process``,
     tests) release them here with :meth:`SketchMechanism.release` and charge no ledger, as those
     runs charge nothing else either. The sketch's epsilon still appears in the session's report
-    (``ledger["owner_sketches"]``).
+    (the ledger's ``owner_sketches``).
 
     Parameters
     ----------
@@ -332,7 +333,7 @@ def exact_greedy_summary(
         all_owners_bound=len(owners) * p,
         paper_bound=0.0,
         dropped_owners=(),
-        ledger={},
+        ledger=SessionLedger(),
         wall_time_seconds=elapsed,
     )
     return SummaryResult(

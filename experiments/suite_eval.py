@@ -48,6 +48,7 @@ from dpmarket.common.summarization.methods import (
     SummarizationConfig,
     UniformConfig,
 )
+from dpmarket.common.summarization.session_ledger import SketchAllocationReport
 from dpmarket.experiments.scenarios import Scenario
 from dpmarket.experiments.suite import (
     SKETCH_SCALE,
@@ -298,12 +299,14 @@ class SuiteRunner:
                 seed=seed,
                 owner_sketches=self.sketches(name, setting.sketch_scale, seed),
             )
-            info = result.report.ledger.get("candidates", {})
+            info = result.report.ledger.candidates
             return {
                 **_measure(scenario, result.points, result.labels, seed),
                 "points_read": int(result.report.owner_points_accessed),
-                "shares": info.get("shares", {}),
-                "allocation_share": info.get("allocation_share"),
+                "shares": {} if info is None else info.shares,
+                "allocation_share": (
+                    info.allocation_share if isinstance(info, SketchAllocationReport) else None
+                ),
                 "seconds": time.perf_counter() - start,
             }
 
@@ -381,7 +384,9 @@ class SuiteRunner:
                 owner_sketches=self.sketches(name, setting.sketch_scale, seed),
             )
             assert result.hashes is not None and result.labels is not None
-            key_id = result.report.ledger["candidates"]["hash_key_id"]
+            assert result.report.ledger.candidates is not None
+            key_id = result.report.ledger.candidates.hash_key_id
+            assert key_id is not None
             owner = endpoints[0].owner
             d, gamma = config.rff_dimension, scenario.gamma
             test = owner.hash_points(key_id, scenario.test.features, d, gamma)

@@ -3,7 +3,8 @@ method's configuration: :mod:`dpmarket.common.summarization.methods`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 import numpy as np
@@ -12,6 +13,7 @@ from numpy.typing import NDArray
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.schema import Schema
 from dpmarket.common.summarization.methods import Method, SummarizationConfig
+from dpmarket.common.summarization.session_ledger import SessionLedger
 
 Stage = Literal["setup", "rounds", "done", "failed"]
 
@@ -28,9 +30,10 @@ class SessionReport:
         K * p.
     paper_bound : float
         Lemma 5's expected bound ``p (1/eps_auc + K/tau) + m`` (private method; 0 otherwise).
-    ledger : dict
-        The privacy ledger's report (per party, per composition method); empty for non-private
-        methods.
+    ledger : SessionLedger
+        The session's privacy ledger (per party, per composition method) and the parts that
+        explain it (terms, allocation, auction); empty for a session that failed before it
+        opened.
     wall_time_seconds : float
         Seconds from the start of the session to its end.
     round_seconds : tuple of float
@@ -52,13 +55,45 @@ class SessionReport:
     all_owners_bound: int
     paper_bound: float
     dropped_owners: tuple[str, ...]
-    ledger: dict[str, Any]
+    ledger: SessionLedger
     wall_time_seconds: float
     rejected_points: int = 0
     round_seconds: tuple[float, ...] = ()
     error: str = ""
     owner_spend: dict[str, SessionSpend] = field(default_factory=dict)
     left_out: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as the JSON object the curator stores and ``report.json`` holds: every
+        field by name, the ledger as :meth:`SessionLedger.to_json`, owner spends as objects
+        (infinities as JSON ``Infinity``)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update(
+            dropped_owners=list(self.dropped_owners),
+            ledger=self.ledger.to_json(),
+            round_seconds=list(self.round_seconds),
+            owner_spend={owner: asdict(spend) for owner, spend in self.owner_spend.items()},
+            left_out=dict(self.left_out),
+        )
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SessionReport:
+        """The inverse of :meth:`to_json`.
+
+        Raises
+        ------
+        ValueError, TypeError, KeyError
+            If ``data`` is not a report's JSON object.
+        """
+        values = dict(data)
+        values["dropped_owners"] = tuple(values.get("dropped_owners", ()))
+        values["round_seconds"] = tuple(values.get("round_seconds", ()))
+        values["ledger"] = SessionLedger.from_json(values.get("ledger") or {})
+        values["owner_spend"] = {
+            owner: SessionSpend(**spend) for owner, spend in values.get("owner_spend", {}).items()
+        }
+        return cls(**values)
 
 
 #: The public reasons a session gives for running without an owner (``SessionReport.left_out``):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,6 +31,11 @@ from dpmarket.common.summarization.candidates import (
 )
 from dpmarket.common.summarization.methods import AllocationFields
 from dpmarket.common.summarization.rff import random_fourier_features
+from dpmarket.common.summarization.session_ledger import (
+    AllocationReport,
+    CountsAllocationReport,
+    SketchAllocationReport,
+)
 from dpmarket.common.summarization.sketch_allocation import (
     VOTING_SCORES,
     derived_allocation_share,
@@ -47,8 +52,8 @@ from dpmarket.curator.summarization.state import SessionState
 __all__ = ["Allocation", "Allocator", "CandidateBudget", "CandidateRequest", "split_evenly"]
 
 #: The owners' requests by slot index, the validation embedding sent, and the allocation's
-#: report (``ledger["candidates"]``).
-Allocation = tuple[dict[int, "CandidateRequest"], NDArray[np.float64], dict[str, Any]]
+#: report (the ledger's ``candidates``).
+Allocation = tuple[dict[int, "CandidateRequest"], NDArray[np.float64], AllocationReport]
 
 
 class CandidateRequest(NamedTuple):
@@ -238,20 +243,19 @@ class Allocator:
         owners = sorted(counts)
         noisy = np.array([counts[i] for i in owners], dtype=np.float64)
         requests = self.requests(owners, np.maximum(noisy, 0.0))
-        info = {
-            "allocation": "counts",
-            "allocation_note": note,
-            "budget": self.budget.total,
-            "uniform_shares": {state.owner_name(i): r.uniform for i, r in requests.items()},
-            "gaussian_sigma": sigma,
-            "embedding_prior": cfg.embedding_prior if owner_sigma > 0 else "none",
-            "relevance_threshold": threshold,
+        info = CountsAllocationReport(
+            allocation_note=note,
+            budget=self.budget.total,
+            uniform_shares={state.owner_name(i): r.uniform for i, r in requests.items()},
+            gaussian_sigma=sigma,
+            embedding_prior=cfg.embedding_prior if owner_sigma > 0 else "none",
+            relevance_threshold=threshold,
             # Post-processing of the Laplace release, so safe to report; the exact counts are not.
-            "noisy_counts": {
+            noisy_counts={
                 state.owner_name(i): float(v) for i, v in zip(owners, noisy, strict=True)
             },
-            "shares": {state.owner_name(i): r.points for i, r in requests.items()},
-        }
+            shares={state.owner_name(i): r.points for i, r in requests.items()},
+        )
         return requests, g_val, info
 
     async def by_sketches(self, val_features: NDArray[np.floating]) -> Allocation:
@@ -298,22 +302,21 @@ class Allocator:
         )
         state.require_owners()
         requests = self.requests(owners, np.maximum(decision, 0.0))
-        info = {
-            "allocation": "sketch",
-            "budget": self.budget.total,
-            "uniform_shares": {state.owner_name(i): r.uniform for i, r in requests.items()},
-            "gaussian_sigma": sigma_g,
-            "embedding_prior": cfg.embedding_prior,
-            "relevance_score": cfg.relevance_score,
-            "allocation_share": share,
-            "allocation_sigma": sigma_a,
-            "decision_shrinkage": decision_alpha,
+        info = SketchAllocationReport(
+            budget=self.budget.total,
+            uniform_shares={state.owner_name(i): r.uniform for i, r in requests.items()},
+            gaussian_sigma=sigma_g,
+            embedding_prior=cfg.embedding_prior,
+            relevance_score=cfg.relevance_score,
+            allocation_share=share,
+            allocation_sigma=sigma_a,
+            decision_shrinkage=decision_alpha,
             # The release itself (post-processing of it is what the owners see).
-            "noisy_relevance": {
+            noisy_relevance={
                 state.owner_name(i): float(v) for i, v in zip(owners, noisy, strict=True)
             },
-            "shares": {state.owner_name(i): r.points for i, r in requests.items()},
-        }
+            shares={state.owner_name(i): r.points for i, r in requests.items()},
+        )
         return requests, g_val, info
 
     def _charge_sketch_releases(

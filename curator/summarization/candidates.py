@@ -12,10 +12,11 @@ owners agree on among themselves (:class:`HashesStrategy`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,6 +31,12 @@ from dpmarket.common.summarization.kernels import (
 )
 from dpmarket.common.summarization.methods import AllocationFields, CandidatesConfig, HashesConfig
 from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
+from dpmarket.common.summarization.session_ledger import (
+    AllocationReport,
+    HedgeReport,
+    SessionLedger,
+    SketchCost,
+)
 from dpmarket.curator.summarization.allocation import (
     Allocation,
     Allocator,
@@ -56,8 +63,8 @@ class AllocatedStrategy(Strategy[A]):
         self.allocator = Allocator(state, config, Releases(state), self.budget())
         self._allocation: Literal["sketch", "counts"] = "counts"
         self._note = ""
-        #: The allocation's report (``ledger["candidates"]``), once allocated.
-        self.info: dict[str, Any] = {}
+        #: The allocation's report (the ledger's ``candidates``), once allocated.
+        self.info: AllocationReport | None = None
 
     def budget(self) -> CandidateBudget:
         """The most owner points the method reads, and whether it starts with a uniform
@@ -81,29 +88,26 @@ class AllocatedStrategy(Strategy[A]):
             return await self.allocator.by_sketches(val_features)
         return await self.allocator.by_counts(val_features, self._note)
 
-    def ledger_parts(self) -> dict[str, Any]:
-        """``candidates`` (the allocation's report) and, with the sketch allocation,
-        ``owner_sketches``: what the sketches cost their owners, charged once, at publication,
-        to each owner's own ledger (in-process runs release them without a ledger), not to this
-        session."""
+    def ledger(self, ledger: SessionLedger) -> SessionLedger:
+        """``ledger`` with the allocation's report and, with the sketch allocation, what the
+        sketches cost their owners: charged once, at publication, to each owner's own ledger
+        (in-process runs release them without a ledger), not to this session."""
         state = self.state
-        parts: dict[str, Any] = {}
-        if self.info:
-            parts["candidates"] = self.info
+        sketches = None
         if self._allocation == "sketch":
             names = {state.owner_name(i) for i in range(len(state.slots))}
-            parts["owner_sketches"] = {
-                owner: {
-                    "epsilon": sketch.mechanism.epsilon,
-                    "delta": sketch.mechanism.delta,
-                    "mechanism": sketch.mechanism.mechanism,
-                    "frequencies": sketch.feature_map.dimension // 2,
-                    "sigma": getattr(sketch.feature_map, "sigma", None),
-                }
+            sketches = {
+                owner: SketchCost(
+                    epsilon=sketch.mechanism.epsilon,
+                    delta=sketch.mechanism.delta,
+                    mechanism=sketch.mechanism.mechanism,
+                    frequencies=sketch.feature_map.dimension // 2,
+                    sigma=getattr(sketch.feature_map, "sigma", None),
+                )
                 for owner, sketch in sorted(state.owner_sketches.items())
                 if owner in names
             }
-        return parts
+        return dataclasses.replace(ledger, candidates=self.info, owner_sketches=sketches)
 
 
 class CandidatesStrategy(AllocatedStrategy[CandidatesConfig]):
@@ -211,30 +215,32 @@ class CandidatesStrategy(AllocatedStrategy[CandidatesConfig]):
             )
         order = await asyncio.to_thread(exact_kernel_summary, pool, state.validation, p, cfg.gamma)
         if len(uniform_rows) == p:
-            order = await asyncio.to_thread(self.hedged, pool, order, uniform_rows)
+            order, hedge = await asyncio.to_thread(self.hedged, pool, order, uniform_rows)
+            assert self.info is not None
+            self.info = dataclasses.replace(self.info, hedge=hedge)
         return order
 
     def hedged(
         self, pool: NDArray[np.float64], chosen: NDArray[np.int64], uniform: Sequence[int]
-    ) -> NDArray[np.int64]:
+    ) -> tuple[NDArray[np.int64], HedgeReport]:
         """``chosen``, or the uniform sample in the pool (:meth:`Allocator.hedge`) when its MMD²
         to D_v is lower: the summary is never farther from D_v than uniform sampling's with the
-        same session seed. The report says which was kept (``ledger.candidates.hedge``), as the
-        summary itself shows; no statistic of the points not delivered leaves the curator."""
+        same session seed; and which was kept, for the report (``ledger.candidates.hedge``), as
+        the summary itself shows. No statistic of the points not delivered leaves the
+        curator."""
         state = self.state
         gamma = self.config.gamma
         sample = np.asarray(uniform, dtype=np.int64)
         ours = mmd2(pool[chosen], state.validation, gamma)
-        kept = (
+        kept: Literal["selection", "uniform sample"] = (
             "uniform sample" if mmd2(pool[sample], state.validation, gamma) < ours else "selection"
         )
-        self.info["hedge"] = {"uniform_points": int(sample.size), "kept": kept}
+        hedge = HedgeReport(uniform_points=int(sample.size), kept=kept)
         if kept == "selection":
-            return chosen
+            return chosen, hedge
         empty = np.zeros((0, pool.shape[1]))
-        return sample[
-            exact_kernel_greedy(pool[sample], state.validation, empty, sample.size, gamma)
-        ]
+        order = exact_kernel_greedy(pool[sample], state.validation, empty, sample.size, gamma)
+        return sample[order], hedge
 
 
 class HashesStrategy(AllocatedStrategy[HashesConfig]):
@@ -282,7 +288,8 @@ class HashesStrategy(AllocatedStrategy[HashesConfig]):
                 summary.labels.append(None if labels is None else int(labels[row]))
                 summary.owners.append(index)
         state.summary_size = len(summary.hashes)
-        self.info["hash_key_id"] = key_id
+        assert self.info is not None
+        self.info = dataclasses.replace(self.info, hash_key_id=key_id)
         state.emit("rounds", f"{len(summary.hashes)} hashed summary points received")
         state.finish_round(1, round_start)
 

@@ -11,12 +11,13 @@ releases (the validation embedding, the summary's), its auction and how it score
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -45,6 +46,7 @@ from dpmarket.common.summarization.methods import (
     SummarizationConfig,
 )
 from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
+from dpmarket.common.summarization.session_ledger import AuctionReport, SessionLedger
 from dpmarket.curator.summarization.release import (
     ExactSummary,
     MWEMSummary,
@@ -349,24 +351,24 @@ class RoundsLoop(Strategy[R]):
             ]
         )
 
-    def ledger_parts(self) -> dict[str, Any]:
-        """``auction``: PrivAuction's parameters and iterations (none without an auction)."""
+    def ledger(self, ledger: SessionLedger) -> SessionLedger:
+        """``ledger`` with PrivAuction's parameters and iterations (unchanged without an
+        auction)."""
         if self.auction is None:
-            return {}
-        eps_auc, tau = self.auction.eps_auc, self.auction.tau
+            return ledger
+        eps_auc = self.auction.eps_auc
         pure = self.auction.variant == "pure"
-        return {
-            "auction": {
-                "variant": self.auction.variant,
-                "eps_auc": eps_auc,
-                "tau": tau,
-                # The printed auction: "not asked" at rank 1 (probability 0) versus rank 2
-                # (1 - e^-eps_auc) has no bounded ratio, so a bad iteration is
-                # (eps_auc, 1 - e^-eps_auc)-DP; charged so in the owners' ledger.
-                "delta_per_bad_iteration": 0.0 if pure else -math.expm1(-eps_auc),
-                "iterations": self.iterations,
-            }
-        }
+        auction = AuctionReport(
+            variant=self.auction.variant,
+            eps_auc=eps_auc,
+            tau=self.auction.tau,
+            # The printed auction: "not asked" at rank 1 (probability 0) versus rank 2
+            # (1 - e^-eps_auc) has no bounded ratio, so a bad iteration is
+            # (eps_auc, 1 - e^-eps_auc)-DP; charged so in the owners' ledger.
+            delta_per_bad_iteration=0.0 if pure else -math.expm1(-eps_auc),
+            iterations=self.iterations,
+        )
+        return dataclasses.replace(ledger, auction=auction)
 
     def paper_bound(self) -> float:
         """Lemma 5's ``p (1/eps_auc + K/tau) + m`` with an auction; 0 without."""

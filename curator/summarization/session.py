@@ -15,6 +15,7 @@ candidates and its hashes mode), then reports what it accessed and spent.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -28,6 +29,7 @@ from dpmarket.common.schema import disagreement
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
 from dpmarket.common.summarization.kernels import check_kernel_width
 from dpmarket.common.summarization.methods import SummarizationConfig
+from dpmarket.common.summarization.session_ledger import SessionLedger, TermsReport
 from dpmarket.common.summarization.summary import SessionReport, SessionRequest, SummaryResult
 from dpmarket.common.summarization.terms import OwnerTerms
 from dpmarket.curator.summarization.state import (
@@ -240,19 +242,15 @@ class SummarizationSession:
         state = self.state
         cfg = state.config
         k = len(state.slots)
-        ledger: dict[str, Any] = {}
+        ledger = SessionLedger()
         if any(led.entries for led in state.ledgers.values()):
-            ledger = {party: led.report() for party, led in state.ledgers.items()}
-        ledger.update(self.strategy.ledger_parts())
+            ledger = SessionLedger(
+                validation=state.ledgers["validation"].report(),
+                owners=state.ledgers["owners"].report(),
+            )
+        ledger = self.strategy.ledger(ledger)
         if state.terms is not None:
-            ledger["owner_terms"] = {
-                "method": state.terms.method.value,
-                "mechanism": state.terms.description,
-                "epsilon": state.terms.epsilon,
-                "delta": state.terms.delta,
-                "max_rounds": state.terms.max_rounds,
-                "non_private": state.terms.non_private,
-            }
+            ledger = dataclasses.replace(ledger, owner_terms=TermsReport.from_terms(state.terms))
         return SessionReport(
             method=cfg.method,
             summary_size=summary_size,

@@ -12,10 +12,11 @@ method's name.
 
 from __future__ import annotations
 
-from typing import Any, Generic, Literal, TypeVar
+from typing import Generic, Literal, TypeVar
 
 from dpmarket.common.summarization.methods import SummarizationConfig
 from dpmarket.common.summarization.rff import RFFParams
+from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.curator.summarization.state import SessionState, SummaryState
 
 __all__ = ["Strategy"]
@@ -75,10 +76,10 @@ class Strategy(Generic[C]):
         raise NotImplementedError
 
     # ----------------------------------------------------------------------------- report
-    def ledger_parts(self) -> dict[str, Any]:
-        """The method's parts of the session's ledger report (its allocation, its auction),
-        by key; none by default."""
-        return {}
+    def ledger(self, ledger: SessionLedger) -> SessionLedger:
+        """``ledger`` with the method's own parts of the session's report (its allocation,
+        its auction); unchanged by default."""
+        return ledger
 
     def paper_bound(self) -> float:
         """Lemma 5's expected bound on the points the session reads (the auction's methods);

@@ -7,6 +7,7 @@ cell may be cut to an ellipsis and no line may be wider than the terminal.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from typing import Any
 
@@ -86,17 +87,15 @@ def test_a_requests_own_table_fits_80_columns(digits: Scenario, method: str) -> 
     config = method_config(method, summary_size=20, rff_dimension=32)
     result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=0)
     row = evaluate_summary(result, digits.validation, config.gamma, test=digits.test, seed=0)
-    row["label"] = method
+    row = dataclasses.replace(row, label=method)
     text = _render(comparison_table([row], title=f"{method} summary of 20 points"))
     _fits(text)
-    assert f"{row['mmd2_validation']:.3g}" in text and f"{row['accuracy']:.3f}" in text
+    assert f"{row.mmd2_validation:.3g}" in text and f"{row.accuracy:.3f}" in text
 
 
 def test_the_plot_draws_the_mmd_curve_and_each_owners_share(
     digits: Scenario, tmp_path: Any
 ) -> None:
-    import dataclasses
-
     config = CandidatesConfig(summary_size=20, rff_dimension=32)
     result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=0)
     report = dataclasses.replace(result.report, left_out={"owner-x": "budget refused"})
@@ -104,9 +103,9 @@ def test_the_plot_draws_the_mmd_curve_and_each_owners_share(
     path = tmp_path / "plot.png"
     drawn = plot_request(result, digits.validation, config.gamma, path, title="t")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert drawn["sizes"][-1] == 20
+    assert drawn.sizes[-1] == 20
     np.testing.assert_allclose(
-        drawn["mmd2"], mmd_curve(result.points, digits.validation, config.gamma, drawn["sizes"])
+        drawn.mmd2, mmd_curve(result.points, digits.validation, config.gamma, drawn.sizes)
     )
     counts = {o: result.owner_ids.count(o) for o in set(result.owner_ids)}
-    assert drawn["shares"] == {**dict(sorted(counts.items())), "owner-x": 0}
+    assert drawn.shares == {**dict(sorted(counts.items())), "owner-x": 0}

@@ -65,7 +65,7 @@ def test_gaussian_noise_matches_its_stated_sensitivity_and_budget(digits: Scenar
     standardized = []
     for seed in range(12):
         config, taps, result = _session(digits, seed)
-        event = result.report.ledger["validation"]["entries"][0]["event"]
+        event = result.report.ledger.to_json()["validation"]["entries"][0]["event"]
         m = digits.validation.shape[0]
         assert event["sensitivity"] == 2 / m
         sigma = event["scale"]
@@ -90,7 +90,7 @@ def test_laplace_count_noise_matches_its_budget(digits: Scenario) -> None:
     noise = []
     for seed in range(60):
         _, taps, result = _session(digits, seed)
-        noisy = result.report.ledger["candidates"]["noisy_counts"]
+        noisy = result.report.ledger.to_json()["candidates"]["noisy_counts"]
         noise += [noisy[t.owner.owner_id] - t.count for t in taps]
     # 300 draws of Laplace(1/eps): KS fails with probability 1e-4 when calibrated.
     assert stats.kstest(noise, "laplace", args=(0, 1 / EPS)).pvalue > 1e-4
@@ -99,7 +99,7 @@ def test_laplace_count_noise_matches_its_budget(digits: Scenario) -> None:
 
 def test_reported_epsilons_match_an_independent_computation(digits: Scenario) -> None:
     _, _, result = _session(digits, 0)
-    ledger = result.report.ledger
+    ledger = result.report.ledger.to_json()
     validation = ledger["validation"]["parties"]["validation"]
     owners = ledger["owners"]["parties"]["owners"]
     # One Gaussian release calibrated to (EPS, DELTA): its PLD epsilon at DELTA is EPS.

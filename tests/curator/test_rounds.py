@@ -86,7 +86,7 @@ def test_every_option_combination_runs_in_process(
     assert report.method == "rounds" and report.rounds == P
     assert P <= report.owner_points_accessed <= len(digits.owners) * P
     assert report.rejected_points == 0 and report.dropped_owners == ()
-    assert "auction" in report.ledger
+    assert "auction" in report.ledger.to_json()
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_ledger_charges_every_release_of_each_option(
 ) -> None:
     config = _config(validation, summary, "exact")
     result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=2)
-    ledger = result.report.ledger
+    ledger = result.report.ledger.to_json()
     k = len(digits.owners)
     val = ledger["validation"]["parties"]["validation"]
     owners = ledger["owners"]["parties"]["owners"]

@@ -82,7 +82,7 @@ def test_the_decision_noise_has_its_stated_scale_and_the_ledger_its_stated_epsil
         result = simulate(
             owners, validation, seed_set, _config(), seed=seed, owner_sketches=sketches
         )
-        ledger = result.report.ledger
+        ledger = result.report.ledger.to_json()
         info = ledger["candidates"]
         assert info["allocation"] == "sketch"
         entries = ledger["validation"]["entries"]
@@ -133,7 +133,7 @@ def test_the_budget_does_not_grow_with_the_number_of_owners() -> None:
                 seed=0,
                 owner_sketches=sketches,
             )
-            assert result.report.ledger["candidates"]["budget"] == 3 * p
+            assert result.report.ledger.to_json()["candidates"]["budget"] == 3 * p
             assert result.report.owner_points_accessed <= 3 * p
 
 
@@ -151,7 +151,7 @@ def test_the_owner_holding_the_consumers_data_gets_most_of_the_budget() -> None:
         result = simulate(
             owners, validation, seed_set, _config(), seed=seed, owner_sketches=sketches
         )
-        info = result.report.ledger["candidates"]
+        info = result.report.ledger.to_json()["candidates"]
         shares, uniform = info["shares"], info["uniform_shares"]
         assert sum(uniform.values()) == 10 and max(uniform.values()) == 2
         assert max(shares, key=shares.get) == "owner-1", shares
@@ -165,14 +165,14 @@ def test_without_sketches_the_counts_allocation_runs_unchanged(digits: Scenario)
     a = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=3)
     b = simulate(digits.owners, digits.validation, digits.seed_set, counts, seed=3)
     assert np.array_equal(a.points, b.points)
-    assert a.report.ledger["candidates"]["allocation"] == "counts"
+    assert a.report.ledger.to_json()["candidates"]["allocation"] == "counts"
     # The report says why, and what it cost the owners (not silently).
-    assert a.report.ledger["candidates"]["allocation_note"] == (
+    assert a.report.ledger.to_json()["candidates"]["allocation_note"] == (
         "no published sketch to read (the curator names no allocation spec: serve-curator "
         "--allocation-sketch-spec NAME): every owner is charged epsilon 1 for its noisy "
         "relevance count instead"
     )
-    assert a.report.ledger["owner_terms"]["epsilon"] == 1.0
+    assert a.report.ledger.to_json()["owner_terms"]["epsilon"] == 1.0
     # The previous budget rule (0.5 K p) still reads 0.5 K p points.
     old = CandidatesConfig(summary_size=10, rff_dimension=64, candidate_fraction=0.5)
     c = simulate(digits.owners, digits.validation, digits.seed_set, old, seed=3)
@@ -229,7 +229,7 @@ def test_owners_receive_the_release_the_noise_and_the_public_seed_prior() -> Non
         result = run_session(
             endpoints, validation, seed_set, config, seed=0, owner_sketches=sketches
         )
-        sigma = result.report.ledger["candidates"]["gaussian_sigma"]
+        sigma = result.report.ledger.to_json()["candidates"]["gaussian_sigma"]
         first = endpoints[0]
         assert first.embedding is not None and first.rff is not None
         for other in endpoints[1:]:
@@ -248,4 +248,4 @@ def test_owners_receive_the_release_the_noise_and_the_public_seed_prior() -> Non
             np.testing.assert_array_equal(first.prior, seed_mean)
         else:
             assert first.prior is None
-        assert len(result.report.ledger["validation"]["entries"]) == 2
+        assert len(result.report.ledger.to_json()["validation"]["entries"]) == 2

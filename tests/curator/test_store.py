@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from dpmarket.common.privacy.accounting import PrivacyEvent
-from dpmarket.common.privacy.ledger import Charge
+from dpmarket.common.privacy.ledger import Charge, LedgerReport
 from dpmarket.common.summarization.methods import CandidatesConfig
+from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SessionReport, SummaryResult
 from dpmarket.curator.store import RESTART_ERROR, CuratorStore
 
@@ -54,7 +55,7 @@ def _result(points: np.ndarray) -> SummaryResult:
         all_owners_bound=4,
         paper_bound=0.0,
         dropped_owners=(),
-        ledger={"owners": {"parties": {}}},
+        ledger=SessionLedger(owners=LedgerReport(1e-6, {}, ())),
         wall_time_seconds=0.5,
     )
     return SummaryResult(points, np.array([1, 2]), ("o-1", "o-2"), report)
@@ -99,7 +100,7 @@ def test_recover_fails_running_sessions_once_and_keeps_their_charges(tmp_path: P
     assert not row.has_result
     assert row.report is not None and row.report.error == RESTART_ERROR
     # The rebuilt report's ledger holds what was charged, party by party.
-    parties = row.report.ledger
+    parties = row.report.ledger.to_json()
     assert parties["validation"]["parties"]["validation"]["basic"] == pytest.approx(0.5)
     assert parties["owners"]["parties"]["owners"]["basic"] == pytest.approx(0.3)
     assert again.charges("running") == CHARGES

@@ -87,7 +87,7 @@ def test_simulate_with_a_declared_spec_gives_the_networked_summary(
         cluster.publish_sketches(tables, directory / "publications", seed=SEED)
         with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
             networked = client.summarize(config, scenario.validation, scenario.seed_set, seed=SEED)
-    assert networked.report.ledger["candidates"]["allocation"] == "sketch"
+    assert networked.report.ledger.to_json()["candidates"]["allocation"] == "sketch"
 
     out, report = directory / "summary.npy", directory / "report.json"
     command = [
@@ -102,7 +102,9 @@ def test_simulate_with_a_declared_spec_gives_the_networked_summary(
     assert done.returncode == 0, done.stderr + done.stdout
     np.testing.assert_array_equal(np.load(out), networked.points)
     ledger = json.loads(report.read_text(encoding="utf-8"))["result"]["ledger"]
-    assert ledger["candidates"]["shares"] == networked.report.ledger["candidates"]["shares"]
+    assert (
+        ledger["candidates"]["shares"] == networked.report.ledger.to_json()["candidates"]["shares"]
+    )
     assert ledger["candidates"]["noisy_relevance"] == pytest.approx(
-        networked.report.ledger["candidates"]["noisy_relevance"], rel=0, abs=0
+        networked.report.ledger.to_json()["candidates"]["noisy_relevance"], rel=0, abs=0
     )

@@ -500,7 +500,7 @@ def test_owners_spend_exactly_what_sessions_cost_and_refuse_beyond_their_budget(
         for owner_sid, result in zip(sessions, results, strict=True):
             points = sum(e.points for e in entries if e.session == owner_sid)
             report = result.report
-            assert points == report.ledger["candidates"]["shares"].get(owner_id, 0)
+            assert points == report.ledger.to_json()["candidates"]["shares"].get(owner_id, 0)
             assert points == report.owner_spend[owner_id].points
             assert report.owner_spend[owner_id].epsilon == EPSILON
     for i, result in enumerate(results):
@@ -511,7 +511,7 @@ def test_owners_spend_exactly_what_sessions_cost_and_refuse_beyond_their_budget(
             if e.session == _owner_sessions(entries, CONSUMER)[i]
         )
         assert taken == result.report.owner_points_accessed
-        assert result.report.ledger["owner_terms"]["epsilon"] == EPSILON
+        assert result.report.ledger.to_json()["owner_terms"]["epsilon"] == EPSILON
 
 
 def _open_request(sid: str, rff: RFFParams, terms: owner_pb2.SessionTerms) -> Any:
@@ -812,7 +812,7 @@ def test_a_curator_killed_mid_session_reports_it_failed_and_nothing_is_paid_twic
     parties = {party for party, _, _ in stored}
     assert parties == {"validation", "owners"}
     for party in parties:
-        basic = report.ledger[party]["parties"][party]["basic"]
+        basic = report.ledger.to_json()[party]["parties"][party]["basic"]
         assert basic == pytest.approx(
             math.fsum(json.loads(e)["epsilon"] * json.loads(e)["count"]
                       for p, _, e in stored if p == party)

@@ -114,7 +114,7 @@ def test_paper_mode_events_match_a_real_session(seed_set_size: int) -> None:
         delta_validation=1e-3,
     )
     result = simulate(owners, validation, seed_set, cfg, seed=3)
-    ledger = result.report.ledger
+    ledger = result.report.ledger.to_json()
     events = paper_mode_events(cfg, len(owners), seed_set_size=seed_set_size)
     for party, delta_tilde in (("validation", 1e-3), ("owners", 1e-5)):
         report = ledger[party]

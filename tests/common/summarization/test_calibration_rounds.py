@@ -158,7 +158,7 @@ def test_rounds_mode_events_match_a_real_session(
         delta=DELTA,
     )
     result = simulate(owners, validation_set, seed_set, cfg, seed=3)
-    ledger = result.report.ledger
+    ledger = result.report.ledger.to_json()
     events = rounds_mode_events(cfg, len(owners), validation_size=50, seed_set_size=seed_set_size)
     for party in ("validation", "owners"):
         report = ledger[party]

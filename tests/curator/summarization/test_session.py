@@ -59,9 +59,9 @@ def test_greedy_equals_rff_greedy_on_the_pooled_data(digits: Scenario) -> None:
     np.testing.assert_array_equal(result.points, pool[index])
     assert result.report.owner_points_accessed == P
     # Nothing is charged (nothing is private), and the owners are told so.
-    assert set(result.report.ledger) == {"owner_terms"}
-    assert result.report.ledger["owner_terms"]["non_private"] is True
-    assert result.report.ledger["owner_terms"]["epsilon"] == np.inf
+    assert set(result.report.ledger.to_json()) == {"owner_terms"}
+    assert result.report.ledger.to_json()["owner_terms"]["non_private"] is True
+    assert result.report.ledger.to_json()["owner_terms"]["epsilon"] == np.inf
 
 
 def test_uniform_takes_p_over_k_from_every_owner(digits: Scenario) -> None:
@@ -151,7 +151,7 @@ def test_owners_running_out_of_points_fails_clearly(digits: Scenario) -> None:
 
 def test_private_ledger_charges_every_release(digits: Scenario) -> None:
     result = simulate(digits.owners, digits.validation, digits.seed_set, _config("private"), seed=2)
-    ledger = result.report.ledger
+    ledger = result.report.ledger.to_json()
     cfg = _config("private")
     validation = ledger["validation"]["parties"]["validation"]
     owners = ledger["owners"]["parties"]["owners"]
@@ -239,7 +239,7 @@ def test_candidates_stays_within_its_budget_and_charges_both_parties(digits: Sce
     budget = int(0.5 * len(digits.owners) * P)
     assert P <= result.report.owner_points_accessed <= budget
     assert len({tuple(r) for r in result.points}) == P
-    ledger = result.report.ledger
+    ledger = result.report.ledger.to_json()
     validation = ledger["validation"]["parties"]["validation"]
     owners = ledger["owners"]["parties"]["owners"]
     assert validation["mechanisms"] == owners["mechanisms"] == 1
@@ -270,7 +270,7 @@ def test_candidates_budget_never_falls_below_p(digits: Scenario) -> None:
     config = CandidatesConfig(summary_size=P, candidate_fraction=0.1)
     result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=0)
     assert result.report.owner_points_accessed == P
-    assert result.report.ledger["candidates"]["budget"] == P
+    assert result.report.ledger.to_json()["candidates"]["budget"] == P
     single = simulate(
         digits.owners[:1], digits.validation, digits.seed_set, _config("candidates"), seed=1
     )
@@ -349,7 +349,7 @@ def test_the_default_is_never_farther_from_d_v_than_uniform_sampling(
         )
         read = np.concatenate([u for e in endpoints for u in e.uniform])
         assert {tuple(r) for r in read} == {tuple(r) for r in uniform.points}
-        assert result.report.ledger["candidates"]["hedge"]["uniform_points"] == P
+        assert result.report.ledger.to_json()["candidates"]["hedge"]["uniform_points"] == P
         ours = mmd2(result.points, digits.validation, config.gamma)
         assert ours <= mmd2(uniform.points, digits.validation, config.gamma)
         assert result.report.owner_points_accessed == 3 * P
@@ -370,10 +370,11 @@ def test_the_curator_returns_the_uniform_sample_when_it_is_closer() -> None:
     owner = LocalOwnerEndpoint(Owner("o", PointSet(pool, None, "o")))
     strategy = CandidatesStrategy(SessionState(SessionRequest(config, validation), [owner]), config)
     far = np.arange(5, 10)
-    kept = strategy.hedged(pool, far, [0, 1, 2, 3, 4])
+    kept, hedge = strategy.hedged(pool, far, [0, 1, 2, 3, 4])
     assert sorted(kept.tolist()) == [0, 1, 2, 3, 4]
-    assert strategy.info["hedge"]["kept"] == "uniform sample"
+    assert hedge.kept == "uniform sample"
     assert mmd2(pool[kept], validation, 0.5) < mmd2(pool[far], validation, 0.5)
     near = np.arange(0, 5)
-    np.testing.assert_array_equal(strategy.hedged(pool, near, [5, 6, 7, 8, 9]), near)
-    assert strategy.info["hedge"]["kept"] == "selection"
+    chosen, hedge = strategy.hedged(pool, near, [5, 6, 7, 8, 9])
+    np.testing.assert_array_equal(chosen, near)
+    assert hedge.kept == "selection"
