@@ -30,24 +30,21 @@ from dpmarket.common.sketches.marginals import MarginalsSketch
 from dpmarket.common.sketches.sketch import PrivateSketch, merge_sketches
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
 from dpmarket.common.summarization.methods import (
-    ALLOCATIONS,
-    AUCTIONS,
-    EMBEDDING_PRIORS,
-    METHODS,
-    POOL_SCORINGS,
-    SUMMARY_RELEASES,
-    VALIDATION_RELEASES,
     SummarizationConfig,
-    check_field,
-    config_from_fields,
-    method_fields,
 )
 from dpmarket.common.summarization.session_ledger import CountsAllocationReport
-from dpmarket.common.summarization.sketch_allocation import RELEVANCE_SCORES
 from dpmarket.common.summarization.summary import OwnerSelection, SummaryResult
 from dpmarket.consumer.client import SessionFailedError
+from dpmarket.consumer.options import (
+    BASIC_FIELDS,
+    METHOD_SECTIONS,
+    check_method_options,
+    method_options,
+    summarization_config,
+)
 from dpmarket.owner.data import PointSet, load_point_set
 from dpmarket.runtime.cli import (
+    SectionedCommand,
     check_outputs,
     console,
     curator_identity,
@@ -82,28 +79,52 @@ __all__ = [
 logger = logging.getLogger("dpmarket")
 
 
-class _Defaults:
-    """Every method's defaults, by field name."""
-
-    def __getattr__(self, name: str) -> Any:
-        return method_fields()[name].default
-
-
-_DEFAULTS = _Defaults()
-
-
 # ------------------------------------------------------------------------- summaries
+#: Where ``request`` and ``simulate`` list the options their commands add, after the basics,
+#: and the methods' sections (:data:`dpmarket.consumer.options.SECTIONS`), in the help's order.
+BASIC_OPTIONS = (
+    "config",
+    "curator",
+    "owner_paths",
+    "validation_path",
+    *BASIC_FIELDS[:1],
+    "method",
+    *BASIC_FIELDS[1:],
+    "seed",
+    "out_path",
+    "report_path",
+)
+INPUT_OPTIONS = ("seed_set_path", "test_path")
+OUTPUT_OPTIONS = ("wide", "as_json", "plot_path")
+TLS_OPTIONS = ("ca_path", "cert_path", "key_path", "pki_dir", "name", "insecure")
+#: ``--config``'s help in the basics (its whole help: ``runtime.cli.CONFIG_HELP``, every other
+#: command's ``--help``).
+CONFIG_BRIEF = "Option values from a TOML file."
+
+
+def summary_sections(*command: tuple[str, tuple[str, ...]]) -> list[tuple[str, tuple[str, ...]]]:
+    """The help's sections of a summarization command: the basics, the command's own
+    sections, inputs and outputs, the methods' options, the connection."""
+    return [
+        ("Basics", BASIC_OPTIONS),
+        *command,
+        ("Inputs and outputs", (*INPUT_OPTIONS, *OUTPUT_OPTIONS)),
+        *((title, ()) for title in METHOD_SECTIONS),
+        ("Connection (mTLS)", TLS_OPTIONS),
+    ]
+
+
 def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Options shared by ``request`` and ``simulate`` (defaults: Section 4, Table 1)."""
-    d = _DEFAULTS
-    options = [
+    """Options shared by ``request`` and ``simulate``: the inputs, the outputs and the
+    method's options (:func:`dpmarket.consumer.options.method_options`, generated from the
+    methods' configuration fields; defaults: Section 4, Table 1)."""
+    options: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         click.option(
             "--validation",
             "validation_path",
             required=True,
             type=click.Path(exists=True, dir_okay=False),
-            help="The consumer's validation set D_v (.npy/.npz/.csv/.parquet; labels "
-            "are ignored and never sent).",
+            help="The validation set D_v (no labels sent).",
         ),
         click.option(
             "--seed-set",
@@ -112,23 +133,7 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
             type=click.Path(exists=True, dir_okay=False),
             help="Public seed set D_init (default: none).",
         ),
-        click.option(
-            "-p",
-            "--summary-size",
-            required=True,
-            type=click.IntRange(min=1),
-            help="p: number of owner points in the summary.",
-        ),
-        click.option(
-            "--method",
-            type=click.Choice(METHODS),
-            default="candidates",
-            help="candidates: private candidates with exact re-ranking (the default private "
-            "method: best measured quality); private: the paper's Algorithm 3; greedy: "
-            "non-private greedy on exact mean h1 embeddings; uniform: p/K points from every "
-            "owner; rounds: Algorithm 3's per-round protocol with the releases and pool scoring "
-            "chosen by --validation-release, --summary-release and --pool-scoring.",
-        ),
+        method_options,
         click.option(
             "--test",
             "test_path",
@@ -137,243 +142,29 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
             help="Labeled target test set: adds MMD² to it and downstream accuracy.",
         ),
         click.option(
-            "-d",
-            "--rff-dimension",
-            default=d.rff_dimension,
-            type=click.IntRange(min=1),
-            help="d, dimension of h1.",
-        ),
-        click.option(
-            "--gamma",
-            default=d.gamma,
-            type=click.FloatRange(min=0, min_open=True),
-            help="RBF kernel parameter, exp(-gamma ||x-y||²).",
-        ),
-        click.option(
-            "--epsilon-validation",
-            default=d.epsilon_validation,
-            type=float,
-            help="epsilon per h2 iteration on D_v.",
-        ),
-        click.option(
-            "--iterations-initial",
-            default=d.iterations_initial,
-            type=int,
-            help="T_init (0: floor(d^1.5) = 1656 for d = 140).",
-        ),
-        click.option(
-            "--iterations-subsequent",
-            default=d.iterations_subsequent,
-            type=int,
-            help="T_subs, MWEM iterations per later epoch.",
-        ),
-        click.option(
-            "--epsilon-first-epoch",
-            default=d.epsilon_first_epoch,
-            type=float,
-            help="epsilon per h2 iteration in epoch 1 (public seed set).",
-        ),
-        click.option(
-            "--epsilon-summary",
-            default=d.epsilon_summary,
-            type=float,
-            help="Later epochs use epsilon_summary / sqrt(p T_subs) per iteration.",
-        ),
-        click.option(
-            "--quantization-step",
-            default=d.quantization_step,
-            type=float,
-            help="eta of the quantization grid (0: 1/d).",
-        ),
-        click.option(
-            "--epsilon-auction",
-            default=d.epsilon_auction,
-            type=float,
-            help="Total epsilon of PrivAuction (Theorem 6).",
-        ),
-        click.option(
-            "--delta-owners",
-            default=d.delta_owners,
-            type=float,
-            help="delta of the auction and of the owners' composition bound.",
-        ),
-        click.option(
-            "--delta-validation",
-            default=d.delta_validation,
-            type=float,
-            help="delta~ of the validation set's composition bound.",
-        ),
-        click.option(
-            "--epsilon-validation-total",
-            default=d.epsilon_validation_total,
-            type=float,
-            help="candidates: epsilon of the Gaussian validation embedding.",
-        ),
-        click.option(
-            "--epsilon-owners-total",
-            default=d.epsilon_owners_total,
-            type=float,
-            help="candidates: epsilon of the owners' noisy relevance counts.",
-        ),
-        click.option(
-            "--delta",
-            default=d.delta,
-            type=float,
-            help="candidates: delta of the Gaussian mechanism and of the reported epsilons.",
-        ),
-        click.option(
-            "--candidate-fraction",
-            default=d.candidate_fraction,
-            type=float,
-            help="candidates: when > 0, at most this fraction of K*p owner points are read "
-            "(the previous budget rule).",
-        ),
-        click.option(
-            "--candidate-multiple",
-            default=d.candidate_multiple,
-            type=float,
-            help="candidates: at most max(p, this * p) owner points are read, whatever K "
-            "(--candidate-fraction > 0 overrides it).",
-        ),
-        click.option(
-            "--allocation",
-            type=click.Choice(ALLOCATIONS),
-            default=d.allocation,
-            help="candidates: split the candidate budget by the owners' published sketches "
-            "(a release about D_v only; falls back to counts when an owner has none) or by the "
-            "owners' noisy relevance counts.",
-        ),
-        click.option(
-            "--relevance-score",
-            type=click.Choice(RELEVANCE_SCORES),
-            default=d.relevance_score,
-            help="candidates, sketch allocation: an owner's relevance to a validation point.",
-        ),
-        click.option(
-            "--allocation-share",
-            default=d.allocation_share,
-            type=float,
-            help="candidates, sketch allocation: share of D_v's Gaussian budget spent on the "
-            "allocation (the validation embedding gets the rest); 0: derived from m, K, "
-            "epsilon and delta.",
-        ),
-        click.option(
-            "--embedding-prior",
-            type=click.Choice(EMBEDDING_PRIORS),
-            default=d.embedding_prior,
-            help="candidates: what owners' proposals shrink the noisy validation embedding "
-            "towards: their own mean h1; the public seed set's or their own, whichever the "
-            "release lies nearer to; or nothing.",
-        ),
-        click.option(
-            "--relevance-norm-weight",
-            default=d.relevance_norm_weight,
-            type=float,
-            help="candidates, sketch allocation, MMD score: the weight in (0, 1] of each "
-            "sketch's squared norm in its distance to a validation point.",
-        ),
-        click.option(
-            "--shrinkage",
-            default=d.shrinkage,
-            type=float,
-            help="candidates: the shrinkage's strength (a multiple of the embedding's noise "
-            "variance).",
-        ),
-        click.option(
-            "--relevance-threshold",
-            default=d.relevance_threshold,
-            type=float,
-            help="candidates: a point is relevant when its score is >= this * ||g||².",
-        ),
-        click.option(
-            "--candidate-even-share",
-            default=d.candidate_even_share,
-            type=float,
-            help="candidates: share of the budget beyond the uniform sample of p points that is "
-            "split evenly before the relevance split.",
-        ),
-        click.option(
-            "--embedding-rerank",
-            is_flag=True,
-            help="candidates: re-rank by the private embedding, not the exact kernel.",
-        ),
-        click.option(
-            "--validation-release",
-            type=click.Choice(VALIDATION_RELEASES),
-            default=d.validation_release,
-            help="rounds: gtilde by the Gaussian mechanism or by h2 (MWEM) as the paper.",
-        ),
-        click.option(
-            "--summary-release",
-            type=click.Choice(SUMMARY_RELEASES),
-            default=d.summary_release,
-            help="rounds: summary embedding by the binary-tree continual release, by h2 "
-            "(MWEM) every round as the paper, or not broadcast at all.",
-        ),
-        click.option(
-            "--pool-scoring",
-            type=click.Choice(POOL_SCORINGS),
-            default=d.pool_scoring,
-            help="rounds: add the pool point with the largest exact marginal gain or the "
-            "largest private-embedding bid.",
-        ),
-        click.option(
-            "--auction-share",
-            default=d.auction_share,
-            type=float,
-            help="rounds: PrivAuction's share of epsilon_owners_total (Theorem-6 epsilon).",
-        ),
-        click.option(
-            "--auction",
-            type=click.Choice(AUCTIONS),
-            default=d.auction,
-            help="private and rounds: PrivAuction variant. pure: every rank, the first "
-            "included, is asked with probability below 1, so each bad iteration is pure "
-            "eps_auc-DP; paper: Algorithm 3 as printed, (eps_auc, 1 - e^-eps_auc)-DP per bad "
-            "iteration, charged so (owners' policies usually refuse its delta).",
-        ),
-        click.option(
             "--seed",
             default=None,
             type=click.IntRange(min=0),
-            help="Seed of every random draw (reproducible runs); default: a "
-            "cryptographically seeded generator.",
+            help="Seed every draw (default: a CSPRNG).",
         ),
         click.option(
             "--out",
             "out_path",
             default="summary.npy",
             type=click.Path(dir_okay=False),
-            help="Where to write the summary points: .npy (labels to .labels.npy), or .csv or "
-            ".parquet (the features' names, the label and each point's owner as columns).",
+            help="The summary (.npy, .csv or .parquet).",
         ),
         click.option(
             "--report",
             "report_path",
             default="report.json",
             type=click.Path(dir_okay=False),
-            help="Where to write the JSON report.",
+            help="The JSON report.",
         ),
     ]
     for option in reversed(options):
         func = option(func)
     return func
-
-
-def summarization_config(
-    summary_size: int, method: str, kwargs: dict[str, Any]
-) -> SummarizationConfig:
-    """The session's configuration from ``-p``, ``--method`` and the protocol options in
-    ``kwargs`` (other keys are ignored); a value out of range is a bad parameter, whichever
-    method reads it."""
-    known = method_fields()
-    values = {k: v for k, v in kwargs.items() if k in known and k != "summary_size"}
-    try:
-        for name, value in values.items():
-            check_field(name, value)
-        return config_from_fields(method, {**values, "summary_size": summary_size})
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
 
 
 def load_points(
@@ -562,7 +353,17 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
     raise click.ClickException(f"{exc}{spent}; report with the ledger -> {report_path}")
 
 
-@click.command("request")
+@click.command(
+    "request",
+    cls=SectionedCommand,
+    sections=summary_sections(
+        (
+            "Request",
+            ("curator_name", "request_id", "min_owners", "exclude_owners", "schema_path"),
+        )
+    ),
+    briefs={"config": CONFIG_BRIEF},
+)
 @click.option("--curator", required=True, metavar="HOST:PORT", help="The curator service.")
 @click.option(
     "--curator-name",
@@ -630,6 +431,7 @@ def request(
     """Ask a running curator (over mTLS) for a summary matching a validation set."""
     from dpmarket.consumer.client import CuratorClient
 
+    check_method_options(click.get_current_context(), method)
     security = security_from_options(
         "consumer", ca_path, cert_path, key_path, pki_dir, name, insecure
     )

@@ -22,13 +22,15 @@ from dpmarket.consumer.cli import (
     read_inputs,
     summarization_config,
     summary_output_options,
+    summary_sections,
 )
+from dpmarket.consumer.options import check_method_options
 from dpmarket.experiments.cape_experiments import cape_figures
 from dpmarket.experiments.evaluate import EVAL_METHODS
 from dpmarket.experiments.scenarios import SCENARIO_NAMES
 from dpmarket.experiments.sketch_experiments import sketch_experiments
 from dpmarket.owner.data import PointSet
-from dpmarket.runtime.cli import check_outputs, console, progress_printer
+from dpmarket.runtime.cli import SectionedCommand, check_outputs, console, progress_printer
 
 __all__ = [
     "cape_figures",
@@ -39,7 +41,22 @@ __all__ = [
 ]
 
 
-@click.command("simulate")
+@click.command(
+    "simulate",
+    cls=SectionedCommand,
+    sections=summary_sections(
+        (
+            "Sketches in this process",
+            (
+                "sketch_scenario",
+                "sketch_epsilon",
+                "sketch_spec_path",
+                "allocation_sketch_spec",
+                "sketch_seed",
+            ),
+        )
+    ),
+)
 @click.option(
     "--owner-data",
     "owner_paths",
@@ -113,6 +130,7 @@ def simulate_command(
     """Run the same protocol with every party in this process (same seeds, same summary)."""
     from dpmarket.experiments.runner import simulate
 
+    check_method_options(click.get_current_context(), method)
     config = summarization_config(summary_size, method, kwargs)
     owners = [load_points(p) for p in owner_paths]
     inputs = read_inputs(validation_path, seed_set_path, test_path)

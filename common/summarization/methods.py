@@ -116,6 +116,9 @@ class Param:
         The allowed values of a choice, the default first.
     short : str, optional
         A short command-line flag (``"-d"``).
+    brief : str, optional
+        A few words for a listing where :attr:`help` is too long (``dpmarket request --help``'s
+        basics).
     """
 
     help: str
@@ -124,6 +127,7 @@ class Param:
     check: Callable[[str, Any], object] | None = None
     choices: tuple[str, ...] = ()
     short: str | None = None
+    brief: str | None = None
 
 
 def param(
@@ -135,10 +139,11 @@ def param(
     check: Callable[[str, Any], object] | None = None,
     choices: tuple[str, ...] = (),
     short: str | None = None,
+    brief: str | None = None,
 ) -> Any:
     """A dataclass field with its :class:`Param` (``default`` :data:`dataclasses.MISSING`: a
     required field)."""
-    info = Param(help, unit, source, check, choices, short)
+    info = Param(help, unit, source, check, choices, short, brief)
     return dataclasses.field(default=default, metadata={_PARAM: info})
 
 
@@ -270,6 +275,7 @@ class SummarizationConfig:
         source="summarization paper, Algorithm 3 (input p)",
         check=_positive_int,
         short="-p",
+        brief="p: owner points in the summary.",
     )
     rff_dimension: int = param(
         140,
@@ -403,6 +409,7 @@ class GaussianFields(SummarizationConfig):
         unit="epsilon",
         source="the Gaussian mechanism's exact profile (Balle & Wang 2018); docs/how-it-works.md",
         check=_positive,
+        brief="epsilon spent on D_v.",
     )
     epsilon_owners_total: float = param(
         1.0,
@@ -411,6 +418,7 @@ class GaussianFields(SummarizationConfig):
         unit="epsilon",
         source="Laplace mechanism; PLD accounting (dp-accounting)",
         check=_positive,
+        brief="epsilon spent on each owner's data.",
     )
     delta: float = param(
         DEFAULT_DELTA,
@@ -418,6 +426,7 @@ class GaussianFields(SummarizationConfig):
         unit="delta",
         source="docs/how-it-works.md, 'Privacy accounting'",
         check=_delta,
+        brief="delta of both parties' guarantees.",
     )
 
     def ledger_deltas(self) -> tuple[float, float]:
