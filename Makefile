@@ -101,6 +101,7 @@ evaluate: $(STAMP)
 # Last, every protocol's round trips on the critical path, calls and bytes against the formulas of
 # docs/reference.md (bench/network.py, under "network"); as root, also the wall time of a default
 # summary, a greedy one and a CAPE mean with the parties on WAN hosts (LAN, 20 and 100 ms RTT).
+# Then what concurrent 230 MB requests a service refuses make it hold (bench/memory.py, "memory").
 OWNER_SCALE_ROWS ?= 1e6 1e7
 bench: $(STAMP)
 	$(PY) -m bench.rounds --out $(OUT)/bench.json
@@ -110,6 +111,7 @@ bench: $(STAMP)
 	$(PY) -m bench.sketches --out $(OUT)/bench.json
 	$(PY) -m bench.owner_scale --rows $(OWNER_SCALE_ROWS) --data $(OUT)/owner-scale --into $(OUT)/bench.json
 	$(PY) -m bench.network --into $(OUT)/bench.json $$([ "$$(id -u)" = 0 ] && echo --wan lan rtt20 rtt100)
+	$(PY) -m bench.memory --into $(OUT)/bench.json
 
 # The image of deploy/Dockerfile (tag dpmarket:local) where only package registries are reachable:
 # on python:3.11-slim when it can be pulled, else on a Debian base made with debootstrap (cached

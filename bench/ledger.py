@@ -1,7 +1,8 @@
 """Cost of an owner's budget decision against the length of its ledger's history.
 
 Every release an owner makes is first charged to its durable ledger (:class:`dpmarket.owner.ledger.
-OwnerLedger`): one ``BEGIN IMMEDIATE`` transaction that sums what is spent, decides, inserts and
+OwnerLedger`): one ``BEGIN IMMEDIATE`` transaction that sums what is spent, decides, inserts,
+chains the charge to the one before it (a SHA-256 over the previous hash and the row) and
 commits with ``synchronous=FULL``. An owner serves sessions for months, so the decision must not
 grow with the history. For each history length H this benchmark writes H earlier charges (spread
 over the last 365 days, in one transaction, as many sessions of 50 rounds) into a fresh ledger, then
@@ -30,6 +31,7 @@ from typing import Any
 from bench.report import configure_logging, write_section
 from bench.rounds import machine_info
 from dpmarket.owner.ledger import DAY, OwnerLedger, ledger_path
+from dpmarket.owner.ledger_chain import charge_hash, genesis
 from dpmarket.owner.policy import OwnerPolicy
 
 logger = logging.getLogger("bench.ledger")
@@ -54,20 +56,29 @@ POLICIES = {
 
 
 def write_history(data_dir: Path, policy: OwnerPolicy, history: int) -> None:
-    """Open a fresh ledger under ``policy`` and add ``history`` charges of :data:`EPSILON`, one
+    """Create a ledger under ``policy`` and add ``history`` charges of :data:`EPSILON`, one
     point each, dated uniformly over the 365 days before :data:`NOW`, in one transaction (the
-    ledger's trigger keeps its running totals)."""
-    OwnerLedger(data_dir, policy, clock=lambda: NOW).close()
+    ledger's trigger keeps its running totals), each chained as a charge is
+    (:func:`dpmarket.owner.ledger_chain.charge_hash`), so the timed charges extend a chain of that
+    length."""
+    OwnerLedger.create(data_dir, policy, clock=lambda: NOW).close()
     rows = [
-        (NOW - 365 * DAY * (j + 1) / max(history, 1), f"s{j // 50}", EPSILON)
+        (j + 1, NOW - 365 * DAY * (j + 1) / max(history, 1), f"s{j // 50}", EPSILON)
         for j in range(history)
     ]
     with closing(sqlite3.connect(ledger_path(data_dir))) as conn, conn:
         conn.executemany(
-            "INSERT INTO charges (at, session, consumer, curator, mechanism, epsilon, delta, "
-            "points, non_private) VALUES (?, ?, 'consumer', 'curator', 'bid', ?, 0, 1, 0)",
+            "INSERT INTO charges (id, at, session, consumer, curator, mechanism, epsilon, delta, "
+            "points, non_private) VALUES (?, ?, ?, 'consumer', 'curator', 'bid', ?, 0, 1, 0)",
             rows,
         )
+        (ledger_id,) = conn.execute("SELECT ledger_id FROM ledger_identity").fetchone()
+        chain, previous = [], genesis(ledger_id)
+        for charge_id, at, session, epsilon in rows:
+            row = (charge_id, at, session, "consumer", "curator", "bid", epsilon, 0.0, 1, 0)
+            previous = charge_hash(previous, row)
+            chain.append((charge_id, previous))
+        conn.executemany("INSERT INTO charge_chain (charge, hash) VALUES (?, ?)", chain)
 
 
 def time_steps(data_dir: Path, policy: OwnerPolicy, steps: int) -> dict[str, float]:

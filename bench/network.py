@@ -577,6 +577,7 @@ def run_wan(
     from dpmarket.consumer.client import CuratorClient
     from dpmarket.deploy.pki import init_ca, issue_all
     from dpmarket.deploy.wan import WanTopology, wait_for_port
+    from dpmarket.owner.ledger_admin import init_ledger
     from dpmarket.runtime.identity import Identity, identity_files
     from dpmarket.runtime.transport import TransportSecurity
 
@@ -605,6 +606,13 @@ def run_wan(
         WanTopology([*owners, "curator"], run_dir / "hosts", WAN_PROFILES[profiles[0]]) as wan,
     ):
         for i, owner in enumerate(owners):
+            # Each owner's new ledger, bound to its certificate (dpmarket owner ledger init).
+            init_ledger(
+                wan.hosts[owner].directory / "state",
+                owner,
+                TransportSecurity.from_files(*identity_files(pki, Identity("owner", owner))),
+                policy=owner_policy,
+            )
             wan.spawn(
                 owner,
                 [dpmarket, "serve-owner", "--data", str(files[i]), "--table", str(tables[i]),

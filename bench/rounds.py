@@ -354,7 +354,12 @@ def _ledgered_owners(owners: Sequence[PointSet], root: Path, policy_path: Path) 
     policy = load_owner_policy(policy_path)
     return [
         LocalOwnerEndpoint(
-            Owner(o.name, o, ledger=OwnerLedger(root / o.name, policy), allow_seeded_sessions=True)
+            Owner(
+                o.name,
+                o,
+                ledger=OwnerLedger.create(root / o.name, policy),
+                allow_seeded_sessions=True,
+            )
         )
         for o in owners
     ]

@@ -28,9 +28,11 @@ from numpy.typing import NDArray
 from dpmarket.common.errors import FailedPreconditionError, NotFoundError
 from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.secagg.protocol import RoundParams
+from dpmarket.deploy.pki import owner_pins
 from dpmarket.owner.cape_service import SecureAggregationServicer
 from dpmarket.owner.secagg import SiteRounds
 from dpmarket.owner.service import owner_authorizer, site_identity
+from dpmarket.runtime.admission import largest_request
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.serving import serve_until_signalled, start_server, write_port
 from dpmarket.runtime.transport import TransportSecurity
@@ -133,17 +135,24 @@ async def serve(
     """Serve the site on ``127.0.0.1:port`` until SIGTERM; write the bound port to a file."""
     security = TransportSecurity.from_files(*identity_files(pki_dir, Identity("owner", name)))
     jobs = SyntheticJobs(name, Identity("curator", curator), lengths, seed, clip)
-    rounds = SiteRounds(site_identity(name, security), jobs.input, jobs.rng_for)
+    # The roster: every owner certificate the benchmark issued into the PKI folder.
+    rounds = SiteRounds(
+        site_identity(name, security, owner_pins(pki_dir)), jobs.input, jobs.rng_for
+    )
     authorizer = owner_authorizer((curator,), security)
 
+    servicer = SecureAggregationServicer(rounds, jobs, authorizer)
+
     def register(server: grpc.aio.Server) -> None:
-        secure_aggregation_pb2_grpc.add_SecureAggregationServiceServicer_to_server(
-            SecureAggregationServicer(rounds, jobs, authorizer), server
-        )
+        secure_aggregation_pb2_grpc.add_SecureAggregationServiceServicer_to_server(servicer, server)
 
     service = secure_aggregation_pb2.DESCRIPTOR.services_by_name["SecureAggregationService"]
     server, bound, _ = await start_server(
-        register, [service.full_name], f"127.0.0.1:{port}", security
+        register,
+        [service.full_name],
+        f"127.0.0.1:{port}",
+        security,
+        max_request_bytes=largest_request([servicer]),
     )
     logger.info("benchmark site %s serving on port %d", name, bound)
     write_port(port_file, bound)

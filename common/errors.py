@@ -15,10 +15,37 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RemoteStatus:
+    """How another service answered a call that failed (set by the client that made it).
+
+    Attributes
+    ----------
+    code : str
+        The gRPC status code's name, e.g. ``"FAILED_PRECONDITION"``.
+    details : str
+        The service's own text, without the name of the peer it came from.
+    """
+
+    code: str
+    details: str
 
 
 class DPMarketError(Exception):
-    """Base class of the errors a protocol step raises on purpose."""
+    """Base class of the errors a protocol step raises on purpose.
+
+    Attributes
+    ----------
+    remote : RemoteStatus or None
+        For an error another service answered (``dpmarket.runtime.status.error_from_rpc``): its
+        status code and its own text, so that a party relaying it can decide what of it to pass on;
+        ``None`` for an error raised here.
+    """
+
+    remote: RemoteStatus | None = None
 
 
 class InvalidArgumentError(DPMarketError, ValueError):
@@ -35,6 +62,17 @@ class AlreadyExistsError(DPMarketError):
 
 class FailedPreconditionError(DPMarketError):
     """A protocol stage called out of order, or a budget exhausted (``FAILED_PRECONDITION``)."""
+
+
+class BudgetRefusedError(FailedPreconditionError):
+    """A party's privacy budget refuses a step (``FAILED_PRECONDITION``).
+
+    Its message may say what is spent and what is left: figures meant for the party's configured
+    peer only (an owner's curator). Whoever relays the refusal to anyone else states it in a fixed
+    text instead (the curator to a consumer: :mod:`dpmarket.curator.disclosure`). The services mark
+    it on the wire (:mod:`dpmarket.runtime.status`), so the peer recognises it without reading the
+    text.
+    """
 
 
 class PermissionDeniedError(DPMarketError):

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
@@ -75,6 +75,9 @@ __all__ = [
     "summarization_config",
     "summary_output_options",
 ]
+
+if TYPE_CHECKING:
+    from dpmarket.common.cape.uncertainty import Estimate, Flag
 
 logger = logging.getLogger("dpmarket")
 
@@ -378,11 +381,13 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
 )
 @click.option(
     "--min-owners",
-    default=0,
-    type=click.IntRange(min=0),
+    default=None,
+    type=click.IntRange(min=1),
+    metavar="N",
     help="Let the session run without owners that refuse their terms (budget) or cannot be "
-    "reached, as long as at least N take part; the report names who was left out and why. "
-    "0: an owner's refusal fails the request (nothing spent).",
+    "reached when it opens, as long as at least N take part; the report names who was left "
+    "out and why. Default: every owner asked (all but --exclude-owner) must take part, or the "
+    "request fails saying how many were reachable, nothing spent.",
 )
 @click.option(
     "--exclude-owner",
@@ -406,7 +411,7 @@ def request(
     curator: str,
     curator_name: str,
     request_id: str | None,
-    min_owners: int,
+    min_owners: int | None,
     exclude_owners: tuple[str, ...],
     schema_path: str | None,
     summary_size: int,
@@ -437,7 +442,7 @@ def request(
     )
     config = summarization_config(summary_size, method, kwargs)
     try:
-        selection = OwnerSelection(min_owners, exclude_owners)
+        selection = OwnerSelection(min_owners or 0, exclude_owners)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--exclude-owner") from exc
     schema = read_schema(schema_path)
@@ -653,6 +658,70 @@ def _delta_text(report: dict[str, Any]) -> str:
     )
 
 
+#: How a table names each flag of :mod:`dpmarket.common.cape.uncertainty` (short; the reasons
+#: follow the table).
+_FLAG_NAMES = {
+    "sign_not_resolved": "sign?",
+    "noise_dominates": "noisy",
+    "outside_bounds": "outside",
+    "shrunk": "shrunk",
+    "undetermined": "UNRELIABLE",
+    "no_interval": "no interval",
+}
+
+
+def _without_estimates(report: dict[str, Any]) -> dict[str, Any]:
+    """The report without its ``estimates`` (a document carries them at its top level)."""
+    return {k: v for k, v in report.items() if k != "estimates"}
+
+
+def _estimates_table(title: str, header: str, estimates: Sequence[Estimate]) -> RichTable:
+    """One row per estimate: label, value, standard error, 95 % interval, flags (short)."""
+    table = RichTable(title=title, title_justify="left")
+    table.add_column("column", overflow="fold")
+    table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("std. err.", justify="right", no_wrap=True)
+    table.add_column("95 % interval", justify="right", no_wrap=True)
+    table.add_column("flags", overflow="fold")
+    for e in estimates:
+        se = "-" if e.standard_error is None else f"{e.standard_error:.3g}"
+        interval = "-" if e.low is None else f"[{e.low:.4g}, {e.high:.4g}]"
+        flags = ", ".join(_FLAG_NAMES.get(f.code, f.code) for f in e.flags)
+        table.add_row(e.label, f"{e.value:.6g}", se, interval, flags)
+    return table
+
+
+#: What a flag whose reason quotes one value's numbers means, for the legend under a table
+#: (the JSON holds every value's own reason).
+_FLAG_LEGEND = {
+    "sign_not_resolved": "the 95 % interval contains 0: the noise alone could give the sign",
+    "noise_dominates": "the standard error exceeds the value's magnitude",
+    "outside_bounds": "the value lies outside the column's bounds, where no mean of clamped "
+    "records can be: the noise moved it there",
+}
+
+
+def _print_flags(estimates: Sequence[Estimate]) -> None:
+    """Under a table: what each flag means and the values it marks; then what the intervals
+    cover."""
+    seen: dict[str, tuple[Flag, list[str]]] = {}
+    for e in estimates:
+        for f in e.flags:
+            seen.setdefault(f.code, (f, []))[1].append(e.label)
+    for code, (flag, labels) in seen.items():
+        style = "red" if flag.severity == "unreliable" else "yellow"
+        where = ", ".join(labels) if len(labels) <= 6 else f"{len(labels)} values"
+        console.print(
+            f"[{style}]{_FLAG_NAMES.get(code, code)}[/{style}] ({where}): "
+            + _FLAG_LEGEND.get(code, flag.reason),
+            highlight=False,
+        )
+    if estimates and estimates[0].low is not None:
+        console.print(
+            f"intervals: {estimates[0].method}; they cover {estimates[0].covers}", highlight=False
+        )
+
+
 def _fit_command(task: str) -> Callable[..., None]:
     def command(
         curator: str,
@@ -700,29 +769,29 @@ def _fit_command(task: str) -> Callable[..., None]:
             tls,
             lambda c: c.fit_cape(spec, seed=seed, request_id=request_id, schema=schema),
         )
+        estimates = fit.estimates
         model = {
             "task": task,
             "target": spec.target[0],
             "weights": dict(zip(spec.columns, fit.weights.tolist(), strict=True)),
             "intercept": fit.intercept,
-            "report": fit.report,
+            "estimates": [e.to_json() for e in estimates],
+            "report": _without_estimates(fit.report),
         }
         write_json(model, out_path)
         r = fit.report
         if as_json:
             print_json(model)
         else:
-            table = RichTable(
-                title=f"{task} regression of {spec.target[0]} over {len(r['sites'])} owners",
-                title_justify="left",
+            shown = estimates if spec.fit_intercept else estimates[:-1]
+            Console().print(
+                _estimates_table(
+                    f"{task} regression of {spec.target[0]} over {len(r['sites'])} owners",
+                    "weight" if task == "linear" else "log-odds",
+                    shown,
+                )
             )
-            table.add_column("column", overflow="fold")
-            table.add_column("weight" if task == "linear" else "weight (log-odds)", justify="right")
-            for column, weight in model["weights"].items():
-                table.add_row(column, f"{weight:.6g}")
-            if spec.fit_intercept:
-                table.add_row("(intercept)", f"{fit.intercept:.6g}")
-            Console().print(table)
+            _print_flags(shown)
         console.print(
             f"{task} regression over {len(r['sites'])} owners ({', '.join(r['sites'])}); every "
             f"owner ({epsilon}, {_delta_text(r)})-DP against the curator and "
@@ -786,22 +855,20 @@ def cape_mean_command(
         tls,
         lambda c: c.estimate_cape_mean(spec, seed=seed, request_id=request_id, schema=schema),
     )
-    document = {"task": "mean", "mean": estimate.by_column, "report": estimate.report}
+    estimates = estimate.estimates
+    document = {
+        "task": "mean",
+        "mean": estimate.by_column,
+        "estimates": [e.to_json() for e in estimates],
+        "report": _without_estimates(estimate.report),
+    }
     write_json(document, out_path)
     r = estimate.report
     if as_json:
         print_json(document)
     else:
-        table = RichTable(
-            title=f"mean over {len(r['sites'])} owners (noise std {r['aggregator_noise_std']:.3g} "
-            "per column)",
-            title_justify="left",
-        )
-        table.add_column("column", overflow="fold")
-        table.add_column("mean", justify="right")
-        for column, value in estimate.by_column.items():
-            table.add_row(column, f"{value:.6g}")
-        Console().print(table)
+        Console().print(_estimates_table(f"mean over {len(r['sites'])} owners", "mean", estimates))
+        _print_flags(estimates)
     console.print(
         f"mean of {len(columns)} column(s) over {len(r['sites'])} owners "
         f"({', '.join(r['sites'])}), noise std {r['aggregator_noise_std']:.3g} per column; "
@@ -910,11 +977,14 @@ def cape_train_command(
             "w2": network.parameters[-hidden_units - 1 : -1].tolist(),
             "b2": float(network.parameters[-1]),
         },
-        "report": network.report,
+        "estimates": [e.to_json() for e in network.estimates],
+        "report": _without_estimates(network.report),
     }
     write_json(document, out_path)
     if as_json:
         print_json(document)
+    else:
+        _print_flags(network.estimates)
     r = network.report
     console.print(
         f"{iterations} iterations over {len(r['sites'])} owners ({', '.join(r['sites'])}); "
@@ -1094,20 +1164,24 @@ def _explore_candidates(
 
 
 def _expected_error(
-    query: Any, spec: SketchSpec, entries: list[PublishedSketch], make: Any
+    query: Any, spec: SketchSpec, entries: list[PublishedSketch], make: Any, answers: dict[str, Any]
 ) -> float:
-    """Mean standard error of ``query`` (or of the involved columns' means, for a covariance or
-    a logistic regression) from ``spec``'s sketches' public noise scales."""
+    """Mean half-width of ``spec``'s 95 % interval for ``query``, bias bound included (its
+    answer, kept in ``answers``); for a logistic regression, whose bias no sketch bounds, the
+    mean standard error of the involved columns' means from the public noise scales."""
     from dpmarket.consumer.explore import Query, m2m_standard_errors, m2m_target
 
     explorer = make(spec)
     sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
     sketch = sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
+    if query.kind != "logreg":
+        answer = explorer.answer(query, sketch)
+        answers[spec.name] = answer
+        low, high = answer.interval()
+        return float(np.mean((high - low) / 2.0))
     estimator = explorer.estimator(sketch)
-    target = m2m_target(query, spec.domain)
-    if target is None:
-        columns = tuple(dict.fromkeys((*query.columns, *([query.target] if query.target else []))))
-        target = m2m_target(Query("mean", columns=columns), spec.domain)
+    columns = tuple(dict.fromkeys((*query.columns, *([query.target] if query.target else []))))
+    target = m2m_target(Query("mean", columns=columns), spec.domain)
     assert target is not None
     return float(np.mean(m2m_standard_errors(estimator, target)))
 
@@ -1243,10 +1317,11 @@ def explore_command(
         with _client(curator, curator_name, tls) as client:
             candidates = _explore_candidates(client, spec, owners)
         by_name = {s.name: (s, e) for s, e in candidates}
+        answered: dict[str, Any] = {}
         chosen, reason = choose_source(
             q,
             [s for s, _ in candidates],
-            lambda s: _expected_error(q, s, by_name[s.name][1], make),
+            lambda s: _expected_error(q, s, by_name[s.name][1], make, answered),
         )
         entries = by_name[chosen.name][1]
         details: dict[str, Any]
@@ -1261,8 +1336,8 @@ def explore_command(
             sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
             sketch = sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
             estimator = explorer.estimator(sketch)
-            answer = explorer.answer(q, estimator)
-            n_hat = float(estimator.sketch.count_estimate)
+            answer = answered.get(chosen.name) or explorer.answer(q, estimator)
+            n_hat = float(answer.extra.get("n", estimator.sketch.count_estimate))
             details = {
                 "m2m": {
                     "n_synthetic": explorer.design.n_synthetic,
@@ -1304,7 +1379,7 @@ def explore_command(
 
 def _print_answer(answer: Any, title: str) -> None:
     """The answer as a table: every value with its columns, standard error, 95 % interval and
-    flag (a clipped value)."""
+    flag; then how the intervals were built and why values are flagged."""
     table = RichTable(title=title, title_justify="left")
     for column in ("", "columns", "estimate", "± s.e.", "95 % interval", "flag"):
         left = column in ("", "columns", "flag")
@@ -1323,9 +1398,15 @@ def _print_answer(answer: Any, title: str) -> None:
             f"{row['value']:.6g}",
             "—" if se is None else f"{se:.3g}",
             "—" if ci is None else f"[{ci[0]:.4g}, {ci[1]:.4g}]",
-            row.get("flag", ""),
+            row["flag"] or "",
         )
-    Console().print(table)
+    out = Console()
+    out.print(table)
+    for basis in dict.fromkeys(row["basis"] for row in answer.rows()):
+        out.print(f"interval: {basis}")
+    reasons = dict.fromkeys((row["flag"], row["reason"]) for row in answer.rows() if row["flag"])
+    for flag, reason in reasons:
+        out.print(f"{flag}: {reason}")
 
 
 def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
@@ -1346,6 +1427,60 @@ def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
             param_hint="--validation",
         )
     return points
+
+
+#: Flags of a ranking's row, and how its table names them.
+_RANK_FLAGS = {"clipped": "clipped", "order_not_resolved": "tie?"}
+#: What a ranking's intervals cover.
+_RANK_COVERS = (
+    "the squared MMD of the exact Gaussian kernel between the owner's records and the validation "
+    "set, over the draw of the spec's frequencies and of the noise (the RFF approximation, the "
+    "sum's and the count's noise; dpmarket.common.sketches.mmd)"
+)
+
+
+def _ranking_row(rank: int, ranked: Any, sketch: Any) -> dict[str, Any]:
+    """One owner of ``rank-owners``: its MMD², standard error, interval and flags."""
+    e = ranked.estimate
+    # A Gaussian kernel's MMD² lies in [0, 2] (0 <= k <= 1 = k(x, x)): a debiased estimate
+    # outside is clipped and flagged (the raw value kept), and so is the interval, which keeps
+    # every truth it covered.
+    shown = min(max(e.value, 0.0), 2.0)
+    flags = []
+    if shown != e.value:
+        flags.append(
+            {
+                "code": "clipped",
+                "reason": f"clipped to {shown:g}: the debiased estimate {e.value:.4g} lies "
+                "outside [0, 2], where an MMD² can be: the noise moved it there",
+                "severity": "warning",
+            }
+        )
+    if ranked.unresolved:
+        ties = ", ".join(f"{o} (difference {d:+.3g} ± {se:.3g})" for o, d, se in ranked.unresolved)
+        flags.append(
+            {
+                "code": "order_not_resolved",
+                "reason": f"its order against {ties} is within the noise and the RFF "
+                "approximation (the difference's 95 % interval contains 0)",
+                "severity": "warning",
+            }
+        )
+    row: dict[str, Any] = {
+        "rank": rank,
+        "owner": ranked.owner,
+        "mmd2": shown,
+        "standard_error": e.standard_error,
+        "interval": [min(max(e.low, 0.0), 2.0), min(max(e.high, 0.0), 2.0)],
+        "level": e.level,
+        "covers": _RANK_COVERS,
+        "flags": flags,
+        "epsilon": sketch.mechanism.epsilon,
+        "n": sketch.count_estimate,
+    }
+    if shown != e.value:
+        row["raw"] = e.value
+    return row
 
 
 @click.command("rank-owners")
@@ -1390,22 +1525,10 @@ def rank_owners_command(
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     by_owner = {e.owner: e for e in entries}
-    rows: list[dict[str, Any]] = []
-    for k, (owner, value) in enumerate(ranking, 1):
-        sketch = by_owner[owner].sketch
-        row: dict[str, Any] = {
-            "rank": k,
-            "owner": owner,
-            "mmd2": max(value, 0.0),
-            "epsilon": sketch.mechanism.epsilon,
-            "n": sketch.count_estimate,
-        }
-        if value < 0:  # an MMD² is >= 0: the debiased estimate fell below it by noise
-            row |= {
-                "flag": f"clipped to 0: the debiased estimate {value:.4g} is within the noise",
-                "raw": value,
-            }
-        rows.append(row)
+    rows = [
+        _ranking_row(k, ranked, by_owner[ranked.owner].sketch)
+        for k, ranked in enumerate(ranking, 1)
+    ]
     document = {
         "curator": f"{curator_name}@{curator}",
         "spec": chosen.name,
@@ -1420,8 +1543,8 @@ def rank_owners_command(
         title=f"owners by MMD² to {Path(validation_path).name} ({chosen.name})",
         title_justify="left",
     )
-    for column in ("rank", "owner", "MMD² (debiased)", "epsilon", "n ≈", "flag"):
-        left = column in ("owner", "flag")
+    for column in ("rank", "owner", "MMD²", "95 % interval", "ε", "n ≈", "flags"):
+        left = column in ("owner", "flags")
         table.add_column(
             column,
             justify="left" if left else "right",
@@ -1429,12 +1552,22 @@ def rank_owners_command(
             no_wrap=not left,
         )
     for r in rows:
+        low, high = r["interval"]
         table.add_row(
             str(r["rank"]),
             r["owner"],
-            f"{r['mmd2']:.4g}",
+            f"{r['mmd2']:.3g}",
+            f"[{low:.3g}, {high:.3g}]",
             f"{r['epsilon']:g}",
             f"{r['n']:.0f}",
-            r.get("flag", ""),
+            ", ".join(_RANK_FLAGS[f["code"]] for f in r["flags"]),
         )
     Console().print(table)
+    for code, name in _RANK_FLAGS.items():
+        reasons = [
+            f"{r['owner']}: {f['reason']}" for r in rows for f in r["flags"] if f["code"] == code
+        ]
+        if reasons:
+            console.print(f"[yellow]{name}[/yellow] " + "; ".join(reasons), highlight=False)
+    if rows:
+        console.print(f"intervals: {_RANK_COVERS}", highlight=False)

@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 from dpmarket.common.cape.dpgd import accuracy, predict_proba
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.cape.uncertainty import Estimate, training_estimates
 from dpmarket.common.errors import AbortedError, InvalidArgumentError
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
@@ -142,8 +143,9 @@ class CuratorClient:
         """Start a session; return its id (CreateSession). A retry with the same
         ``request_id`` returns the same session and charges nothing new.
 
-        ``selection``: owners to leave out by name and the fewest the session may run with
-        (default: every owner, any refusal of the terms fails the request). ``schema`` is the
+        ``selection``: owners to leave out by name and the fewest the session may open with
+        (default: every owner asked; an owner that refuses its terms or cannot be reached
+        fails the request, nothing spent). ``schema`` is the
         public schema the validation set was read through (the curator refuses owners that
         declare another); ``feature_names`` the validation set's column names when it was read
         from a table without one (owners with a schema must have these features, in this
@@ -452,6 +454,21 @@ class CapeFit:
     intercept: float
     report: dict[str, Any]
 
+    @property
+    def estimates(self) -> tuple[Estimate, ...]:
+        """Every coefficient (the columns, then the intercept) with its standard error, 95 %
+        interval and flags, as the curator computed them from the release
+        (:func:`dpmarket.common.cape.uncertainty.capefm_estimates`)."""
+        return _estimates(self.report)
+
+
+def _estimates(report: dict[str, Any]) -> tuple[Estimate, ...]:
+    """The report's ``estimates``; ``InvalidArgumentError`` if they are missing or malformed."""
+    try:
+        return tuple(Estimate.from_json(e) for e in report["estimates"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"the curator's report has no valid estimates: {exc}") from None
+
 
 @dataclass(frozen=True)
 class CapeMean:
@@ -477,6 +494,12 @@ class CapeMean:
         """Column -> its estimated mean."""
         return dict(zip(self.spec.columns, self.mean.tolist(), strict=True))
 
+    @property
+    def estimates(self) -> tuple[Estimate, ...]:
+        """Every column's mean with its exact standard error, 95 % interval and flags
+        (:func:`dpmarket.common.cape.uncertainty.mean_estimates`)."""
+        return _estimates(self.report)
+
 
 @dataclass(frozen=True)
 class CapeNetwork:
@@ -496,6 +519,27 @@ class CapeNetwork:
     spec: CapeTrainingSpec
     parameters: NDArray[np.float64]
     report: dict[str, Any]
+
+    @property
+    def estimates(self) -> tuple[Estimate, ...]:
+        """Every parameter (``spec.parameter_labels``), flagged ``no_interval``: no interval can
+        be computed for a network; its noise std is at least the learning rate times the last
+        iteration's (:func:`dpmarket.common.cape.uncertainty.training_estimates`).
+
+        Raises
+        ------
+        InvalidArgumentError
+            If the report states no noise per iteration.
+        """
+        try:
+            last = float(self.report["noise_std_per_iteration"][-1])
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise InvalidArgumentError(
+                f"the curator's report states no noise per iteration: {exc}"
+            ) from None
+        return training_estimates(
+            self.parameters, self.spec.parameter_labels, self.spec.learning_rate, last
+        )
 
     def predict_proba(self, features: NDArray[np.float64]) -> NDArray[np.float64]:
         """``P[y = 1 | x]`` for raw feature rows of shape (n, D) (clamped to the spec's bounds and

@@ -146,6 +146,7 @@ def report_from_proto(r: curator_pb2.SessionReport) -> SessionReport:
                 delta=float(o.delta),
                 points=int(o.points),
                 non_private=bool(o.non_private),
+                unknown=o.unknown,
             )
             for o in r.owner_spend
         },

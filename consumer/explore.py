@@ -19,16 +19,19 @@ owners nothing more, whatever the consumer asks and however often.
 * :func:`choose_source` picks, per query, which of the available specs answers it (the rule is
   in its docstring).
 * :func:`rank_owners` orders owners by the squared MMD between the consumer's validation set and
-  each owner's RFF sketch (:func:`dpmarket.common.sketches.sketch.sketch_mmd2`, debiased).
+  each owner's RFF sketch (:func:`dpmarket.common.sketches.sketch.sketch_mmd2`, debiased), each
+  with its interval and the owners its order is not resolved against
+  (:mod:`dpmarket.common.sketches.mmd`).
 
-Every answer carries a standard error per value from the release's public noise scales: exact
-(up to the count's first-order term) where the estimate is linear in the noise (M2M's means,
-moments, CDFs and counts: ``a . xi / n_hat``), by parametric bootstrap otherwise (M2M's
-covariances and logistic regressions; every graphical-model answer). An error covers the
-noise only, not the estimator's bias (M2M's linear fit, the model's independence
-assumptions). Values outside what they can be — a mean outside its column's public bounds, a
-fraction outside [0, 1], a negative variance — are clipped to the nearest possible value and
-flagged, the raw estimate kept beside it.
+Every answer carries, per value, a standard error, a 95 % interval and a flag with its reason.
+For HIST, RFF and RACE means, moments, CDFs, counts and covariances the interval includes a bound
+on the estimator's bias (the binning of a histogram, Fréchet or Cauchy-Schwarz bounds for what one
+histogram per column does not identify, M2M's residual range for its fit and shrinkage), widened
+by the 95 % quantile of the noise (:mod:`dpmarket.consumer.intervals` states each construction);
+a logistic regression's bias is not bounded, so its coefficients are flagged ``unbounded``, and
+the graphical model's errors are its bootstrap's over the noise. Values and intervals are cut to
+what the quantity can be — a mean to its column's public bounds, a fraction to [0, 1], a variance
+to [0, w^2/4] — the raw estimate kept beside them; :data:`FLAGS` lists why a value is flagged.
 
 The synthetic design's randomness is the consumer's own and protects nothing (the sketches are
 already private), so it is seeded (default 0): the same sketch and query give the same answer,
@@ -51,6 +54,12 @@ from numpy.typing import ArrayLike, NDArray
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.sketches import tasks
 from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.feature_maps import HISTMap
+from dpmarket.common.sketches.intervals import (
+    DEFAULT_REPLICATES,
+    count_estimate,
+    release_totals,
+)
 from dpmarket.common.sketches.m2m import (
     DEFAULT_LAMBDA_RULE,
     LambdaRule,
@@ -65,22 +74,25 @@ from dpmarket.common.sketches.marginals import (
     cell_weights,
     free_compiled,
 )
+from dpmarket.common.sketches.mmd import MMDEstimate, mmd2_difference, sketch_mmd2_estimate
 from dpmarket.common.sketches.sketch import (
     PrivateSketch,
     SketchLike,
     SketchUnion,
     merge_sketches,
-    sketch_mmd2,
 )
 from dpmarket.common.sketches.spec import SketchSpec
+from dpmarket.consumer.intervals import hist_bounded, interval_basis, m2m_bounded
 
 __all__ = [
     "DEFAULT_EXPLORE_SYNTHETIC",
+    "FLAGS",
     "QUERIES",
     "Answer",
     "Explorer",
     "MarginalsExplorer",
     "Query",
+    "RankedOwner",
     "choose_source",
     "exact_answer",
     "m2m_standard_errors",
@@ -218,11 +230,24 @@ class Answer:
     columns : tuple of tuple of str
         The columns each value is about.
     flags : tuple of str
-        Per value: ``""``, or why it was clipped.
+        Per value: ``""`` (nothing to warn about), or a short code of why the value should not
+        be trusted as it stands (:data:`FLAGS`); :attr:`reasons` says it in words.
     raw : ndarray of shape (len(labels),), float64
         The estimates before clipping.
     source : str
-        What answered: ``"<spec> (M2M)"`` or ``"<spec> (graphical model)"``, and why.
+        What answered: ``"<spec> (M2M)"``, ``"<spec> (histogram)"`` or
+        ``"<spec> (graphical model)"``, and why.
+    low, high : ndarray of shape (len(labels),), float64
+        The 95 % interval, when it is not ``values -+ 1.96 errors``: it then includes a bound on
+        the estimator's bias (:attr:`bias`) and lies within what the quantity can be. Empty:
+        the normal interval of :attr:`errors`.
+    bias : ndarray of shape (len(labels),), float64
+        Half-width of the bias bound inside the interval; NaN where the bias is not bounded
+        (the interval covers the noise only, and :attr:`flags` says so where it matters).
+    reasons : tuple of str
+        Per flagged value, why, in words (``""`` otherwise).
+    basis : tuple of str
+        Per value, how its interval was built and what it covers.
     """
 
     query: Query
@@ -234,9 +259,22 @@ class Answer:
     flags: tuple[str, ...] = ()
     raw: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     source: str = ""
+    low: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    high: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    bias: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    reasons: tuple[str, ...] = ()
+    basis: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         k = len(self.labels)
+        if self.bias.shape != (k,):
+            object.__setattr__(self, "bias", np.full(k, np.nan))
+        if len(self.reasons) != k:
+            object.__setattr__(self, "reasons", ("",) * k)
+        if len(self.basis) != k:
+            object.__setattr__(
+                self, "basis", ("noise only: the estimator's bias is not bounded",) * k
+            )
         if self.errors.shape != (k,):
             object.__setattr__(self, "errors", np.full(k, np.nan))
         if len(self.columns) != k:
@@ -247,23 +285,32 @@ class Answer:
             object.__setattr__(self, "raw", np.asarray(self.values, dtype=np.float64).copy())
 
     def interval(self, z: float = Z95) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """``values -+ z * errors`` (a 95 % normal interval by default)."""
+        """The 95 % interval: :attr:`low`, :attr:`high` when given (bias bound included), else
+        ``values -+ z * errors`` (``z`` applies to the latter only)."""
+        k = len(self.labels)
+        if self.low.shape == (k,) and self.high.shape == (k,):
+            return self.low, self.high
         return self.values - z * self.errors, self.values + z * self.errors
 
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per value: label, columns, value, standard error, 95 % interval, flag."""
+        """One dict per value: label, columns, value, standard error, 95 % interval, the bias
+        bound inside it, how it was built, and its flag with the reason (``null`` when none)."""
         low, high = self.interval()
         out = []
         for j, label in enumerate(self.labels):
+            bounded = bool(np.isfinite(low[j]) and np.isfinite(high[j]))
             row: dict[str, Any] = {
                 "label": label,
                 "columns": list(self.columns[j]),
                 "value": float(self.values[j]),
                 "se": None if math.isnan(self.errors[j]) else float(self.errors[j]),
-                "ci95": None if math.isnan(self.errors[j]) else [float(low[j]), float(high[j])],
+                "ci95": [float(low[j]), float(high[j])] if bounded else None,
+                "bias_bound": None if math.isnan(self.bias[j]) else float(self.bias[j]),
+                "basis": self.basis[j],
+                "flag": self.flags[j] or None,
+                "reason": self.reasons[j] or None,
             }
-            if self.flags[j]:
-                row["flag"] = self.flags[j]
+            if self.raw[j] != self.values[j]:
                 row["raw"] = float(self.raw[j])
             out.append(row)
         return out
@@ -409,11 +456,27 @@ def _value_columns(query: Query, domain: Domain) -> tuple[tuple[str, ...], ...]:
     return ()
 
 
-def _clip(
-    query: Query, domain: Domain, values: NDArray[np.float64]
-) -> tuple[NDArray[np.float64], tuple[str, ...]]:
-    """Clip values to what the quantity can be; flag the ones moved (module docstring)."""
-    k = values.shape[0]
+#: Why a value is flagged (:attr:`Answer.flags`); :attr:`Answer.reasons` says it in words.
+FLAGS = {
+    "clipped": "the estimate is impossible (outside what the quantity can be) even allowing for "
+    "its interval",
+    "uninformative": "the interval spans more than half of what the quantity can be: the bias "
+    "bound or the noise dominates and the value says little",
+    "unbounded": "the estimator's bias cannot be bounded from the release: the interval covers "
+    "the noise only",
+    "few-records": "the record count is estimated within 20 % or worse: the noise dominates",
+}
+#: The share of its possible range above which an interval is flagged ``uninformative``.
+UNINFORMATIVE = 0.5
+#: The count estimate's relative standard error above which a value is flagged ``few-records``.
+FEW_RECORDS = 0.2
+
+
+def _possible(
+    query: Query, domain: Domain, k: int
+) -> tuple[NDArray[np.float64], NDArray[np.float64], list[str]]:
+    """What each of the ``k`` values can be, whatever the data: ``(low, high, description)``
+    (infinite where nothing bounds it)."""
     low = np.full(k, -np.inf)
     high = np.full(k, np.inf)
     what = [""] * k
@@ -421,7 +484,7 @@ def _clip(
         idx = _columns(query, domain)
         lo, hi = domain.low[idx], domain.high[idx]
         if query.kind == "mean":
-            low, high = lo, hi
+            low, high = lo.copy(), hi.copy()
             what = ["the column's public bounds"] * k
         else:
             low = np.where((lo <= 0) & (hi >= 0), 0.0, np.minimum(lo * lo, hi * hi))
@@ -438,14 +501,83 @@ def _clip(
             if a == b:  # a variance: in [0, w^2 / 4] (Popoviciu)
                 low[v], high[v] = 0.0, width[a] ** 2 / 4.0
                 what[v] = "a variance's range [0, w^2/4]"
+            else:  # |cov| <= sd_a sd_b <= w_a w_b / 4
+                high[v] = width[a] * width[b] / 4.0
+                low[v] = -high[v]
+                what[v] = "a covariance's range [-w_a w_b/4, w_a w_b/4]"
+    return low, high, what
+
+
+def _clip(
+    query: Query, domain: Domain, values: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], tuple[str, ...], tuple[str, ...]]:
+    """Clip values to what the quantity can be; flag the ones moved (module docstring).
+
+    Returns the clipped values, the flags and their reasons (for answers whose interval is the
+    noise's only: any clipped value is flagged)."""
+    k = values.shape[0]
+    low, high, what = _possible(query, domain, k)
     clipped = np.clip(values, low, high)
-    flags = tuple(
-        f"clipped to {what[j]}: the raw estimate {values[j]:.6g} is impossible"
-        if clipped[j] != values[j]
-        else ""
+    moved = [bool(clipped[j] != values[j]) for j in range(k)]
+    flags = tuple("clipped" if m else "" for m in moved)
+    reasons = tuple(
+        f"clipped to {what[j]}: the raw estimate {values[j]:.6g} is impossible" if moved[j] else ""
         for j in range(k)
     )
-    return clipped, flags
+    return clipped, flags, reasons
+
+
+def _bounded_flags(
+    query: Query,
+    domain: Domain,
+    raw: NDArray[np.float64],
+    raw_low: NDArray[np.float64],
+    raw_high: NDArray[np.float64],
+    count_rse: float,
+) -> tuple[
+    NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], tuple[str, ...], tuple[str, ...]
+]:
+    """Values and intervals of a bounded answer within what the quantity can be, and flags.
+
+    A value outside the possible range is clipped silently when its interval still reaches the
+    range (the noise or the bias bound explains it), and flagged ``clipped`` when it does not;
+    an interval wider than :data:`UNINFORMATIVE` of the range is flagged ``uninformative``; a
+    count estimate with a relative standard error above :data:`FEW_RECORDS`, ``few-records``."""
+    k = raw.shape[0]
+    low, high, what = _possible(query, domain, k)
+    values = np.clip(raw, low, high)
+    lo = np.clip(raw_low, low, high)
+    hi = np.clip(raw_high, low, high)
+    flags: list[str] = []
+    reasons: list[str] = []
+    span = high - low
+    # Judged on the interval before it is cut to the possible range: cutting a wild estimate's
+    # interval at a bound makes it narrow, and exactly those would otherwise pass unflagged.
+    raw_width = raw_high - raw_low
+    for j in range(k):
+        if raw_high[j] < low[j] or raw_low[j] > high[j]:
+            flags.append("clipped")
+            reasons.append(
+                f"clipped to {what[j]}: the raw estimate {raw[j]:.6g} and its whole interval "
+                f"[{raw_low[j]:.4g}, {raw_high[j]:.4g}] are impossible"
+            )
+        elif count_rse > FEW_RECORDS:
+            flags.append("few-records")
+            reasons.append(
+                f"the record count is known within {100 * count_rse:.0f} % only: the noise "
+                "dominates every ratio"
+            )
+        elif np.isfinite(span[j]) and raw_width[j] > UNINFORMATIVE * span[j]:
+            flags.append("uninformative")
+            reasons.append(
+                f"the interval, {raw_width[j]:.4g} wide before it is cut to {what[j]}, spans "
+                f"more than {100 * UNINFORMATIVE:.0f} % of it: the sketch barely constrains "
+                "this value"
+            )
+        else:
+            flags.append("")
+            reasons.append("")
+    return values, lo, hi, tuple(flags), tuple(reasons)
 
 
 def m2m_target(query: Query, domain: Domain) -> tasks.Target | None:
@@ -578,14 +710,42 @@ class Explorer:
         )
 
     def answer(
-        self, query: Query, sketch: SketchLike | M2MEstimator, *, errors: bool = True
+        self,
+        query: Query,
+        sketch: SketchLike | M2MEstimator,
+        *,
+        errors: bool = True,
+        replicates: int | None = None,
     ) -> Answer:
-        """The M2M estimate of ``query`` on the sketched data, with its standard errors.
+        """The estimate of ``query`` on the sketched data, with its interval and flags.
 
-        Errors: :func:`m2m_standard_errors` for means, moments, CDFs and counts; for a
-        covariance or a logistic regression the spread over :data:`M2M_BOOTSTRAP` (16 for
-        logreg) re-estimates from the sketch with its noise drawn again (the bootstrap's
-        generator is seeded from :attr:`seed`: the consumer's own randomness).
+        Means, moments, CDFs, counts and covariances (:mod:`dpmarket.consumer.intervals`, where
+        each construction is stated): from a HIST sketch, read from the bins; from an RFF or
+        RACE sketch, by M2M with an unpenalized intercept. Either way the 95 % interval is
+        ``[L_hat - q, U_hat + q]``: bounds ``[L, U]`` on the quantity that hold whatever the
+        records (the binning bound, Fréchet or Cauchy-Schwarz bounds for what one histogram per
+        column does not identify, M2M's residual range for its fit and shrinkage), widened by
+        ``q``, the 95 % quantile of their noise over ``replicates`` draws of the release's
+        public noise law (generator seeded from :attr:`seed`). The standard error is the point
+        estimate's spread over the same draws. Values and intervals are cut to what the
+        quantity can be; flags (:data:`FLAGS`): ``clipped`` (impossible even allowing for the
+        interval), ``uninformative`` (the interval spans more than half of what the value can
+        be), ``few-records`` (the count estimate's relative error exceeds 20 %).
+
+        A logistic regression is fitted by implicit M2M with the explorer's lambda rule and
+        intercept; its errors are the spread over :data:`M2M_BOOTSTRAP` // 2 refits to the
+        sketch with its noise drawn again; its bias is not bounded, so every coefficient is
+        flagged ``unbounded``.
+
+        Parameters
+        ----------
+        query : Query
+        sketch : PrivateSketch, SketchUnion or M2MEstimator
+            An estimator's sketch is used (its lambda and intercept only for ``logreg``).
+        errors : bool
+            ``False``: point estimates only (no interval, no noise replicates).
+        replicates : int, optional
+            Noise replicates behind an interval (default 1,000).
 
         Raises
         ------
@@ -599,45 +759,146 @@ class Explorer:
         if query.kind in ("marginal", "synthetic"):
             raise InvalidArgumentError(f"{query.kind} needs a marginals sketch, not M2M")
         est = sketch if isinstance(sketch, M2MEstimator) else self.estimator(sketch)
+        if query.kind != "logreg":
+            return self._bounded(query, est.sketch, errors=errors, replicates=replicates)
         raw = self._estimate(query, est)
         domain = self.domain
         se = np.full(raw.values.shape, np.nan)
         if errors:
-            target = m2m_target(query, domain)
-            if target is not None:
-                se = m2m_standard_errors(est, target)
-            else:
-                rng = np.random.default_rng([self.seed, 1])
-                replicates = M2M_BOOTSTRAP if query.kind != "logreg" else M2M_BOOTSTRAP // 2
-                draws = []
-                for _ in range(replicates):
-                    again = M2MEstimator(
-                        _perturbed(est.sketch, rng),
-                        design=self.design,
-                        lambda_rule=self.lambda_rule,
-                        intercept=self.intercept,
-                    )
-                    try:
-                        draws.append(self._estimate(query, again).values)
-                    except ValueError:  # a replicate whose weights cannot fit a model
-                        continue
-                if len(draws) > 1:
-                    se = np.std(np.array(draws), axis=0, ddof=1)
-        values, flags = _clip(query, domain, raw.values)
-        extra = dict(raw.extra)
-        if query.kind == "count":
-            extra["count"] = float(values[0]) * extra["n"]
-            extra["count_se"] = float(se[0]) * extra["n"]
+            rng = np.random.default_rng([self.seed, 1])
+            draws = []
+            for _ in range(M2M_BOOTSTRAP // 2):
+                again = M2MEstimator(
+                    _perturbed(est.sketch, rng),
+                    design=self.design,
+                    lambda_rule=self.lambda_rule,
+                    intercept=self.intercept,
+                )
+                try:
+                    draws.append(self._estimate(query, again).values)
+                except ValueError:  # a replicate whose weights cannot fit a model
+                    continue
+            if len(draws) > 1:
+                se = np.std(np.array(draws), axis=0, ddof=1)
+        k = raw.values.shape[0]
+        if isinstance(self.spec.feature_map, HISTMap):
+            reason = (
+                "not identified: one histogram per column holds no relation between the label "
+                "and the features (the fit is a guess); the interval covers the noise only"
+            )
+        else:
+            reason = (
+                "M2M's bias on a logistic regression cannot be bounded from the release: the "
+                "interval covers the noise only"
+            )
         return Answer(
             query,
             raw.labels,
+            raw.values,
+            dict(raw.extra),
+            errors=se,
+            columns=_value_columns(query, domain),
+            flags=("unbounded",) * k,
+            raw=raw.values,
+            source=f"{self.spec.name} (M2M)",
+            reasons=(reason,) * k,
+            basis=(interval_basis(self.spec.kind, "logreg", 0),) * k,
+        )
+
+    def _bounded(
+        self, query: Query, sketch: SketchLike, *, errors: bool, replicates: int | None
+    ) -> Answer:
+        """Means, moments, CDFs, counts, covariances: bias-bounded intervals (:meth:`answer`)."""
+        domain = self.domain
+        fmap = self.spec.feature_map
+        rng = np.random.default_rng([self.seed, 4])
+        reps = (replicates or DEFAULT_REPLICATES) if errors else 2
+        labels = _labels(query, domain)
+        idx = _columns(query, domain) if query.kind != "count" else np.zeros(0, dtype=np.int64)
+        extra: dict[str, Any] = {}
+        if isinstance(fmap, HISTMap):
+            predicates: dict[int, tuple[float, float]] = {}
+            if query.kind == "count":
+                lower, upper = _bounds(query, domain)
+                for j in np.flatnonzero(np.isfinite(lower[0]) | np.isfinite(upper[0])):
+                    predicates[int(j)] = (float(lower[0, j]), float(upper[0, j]))
+            bounded = hist_bounded(
+                query.kind,
+                fmap,
+                domain,
+                sketch,
+                rng,
+                columns=idx,
+                thresholds=_thresholds(query, domain, idx) if query.kind == "cdf" else None,
+                predicates=predicates,
+                replicates=reps,
+            )
+            source = f"{self.spec.name} (histogram)"
+            n_columns = len(predicates) if query.kind == "count" else idx.size
+        else:
+            if query.kind == "covariance":
+                bounded, lam = m2m_bounded(
+                    "covariance",
+                    self.design,
+                    sketch,
+                    rng,
+                    columns=idx,
+                    lambda_rule=self.lambda_rule,
+                    replicates=reps,
+                )
+            else:
+                target = m2m_target(query, domain)
+                assert target is not None
+                values = np.asarray(target(self.design.points), dtype=np.float64)
+                bounded, lam = m2m_bounded(
+                    "linear",
+                    self.design,
+                    sketch,
+                    rng,
+                    values=values.reshape(values.shape[0], -1),
+                    lambda_rule=self.lambda_rule,
+                    replicates=reps,
+                )
+            extra["lambda"] = lam.tolist()
+            source = f"{self.spec.name} (M2M)"
+            n_columns = idx.size
+        n_hat, n_var = count_estimate(sketch, *release_totals(sketch))
+        n = float(n_hat[0])
+        k = len(labels)
+        if errors:
+            values, low, high, flags, reasons = _bounded_flags(
+                query, domain, bounded.value, bounded.low, bounded.high, math.sqrt(n_var) / n
+            )
+            se, bias = bounded.se, bounded.bias
+        else:
+            values, flags, reasons = _clip(query, domain, bounded.value)
+            low = high = np.zeros(0)
+            se, bias = np.full(k, np.nan), np.full(k, np.nan)
+        if query.kind == "count":
+            extra.update(count=float(values[0]) * n, n=n, count_se=float(se[0]) * n)
+        if query.kind == "covariance":
+            rows, cols = np.triu_indices(idx.size)
+            basis = tuple(
+                interval_basis(self.spec.kind, "covariance", 1 if a == b else 2)
+                for a, b in zip(rows, cols, strict=True)
+            )
+        else:
+            basis = (interval_basis(self.spec.kind, query.kind, n_columns),) * k
+        return Answer(
+            query,
+            labels,
             values,
             extra,
             errors=se,
             columns=_value_columns(query, domain),
             flags=flags,
-            raw=raw.values,
-            source=f"{self.spec.name} (M2M)",
+            raw=bounded.value,
+            source=source,
+            low=low,
+            high=high,
+            bias=bias,
+            reasons=reasons,
+            basis=basis,
         )
 
     def _estimate(self, query: Query, est: M2MEstimator) -> Answer:
@@ -804,7 +1065,7 @@ class MarginalsExplorer:
             if replicates > 1
             else np.full(main.shape, np.nan)
         )
-        values, flags = _clip(query, domain, main)
+        values, flags, reasons = _clip(query, domain, main)
         total = math.fsum(m.total for m, _ in fitted)
         extra: dict[str, Any] = {}
         if query.kind == "count":
@@ -830,6 +1091,8 @@ class MarginalsExplorer:
             flags=flags,
             raw=main,
             source=f"{self.spec.name} (graphical model)",
+            reasons=reasons,
+            basis=("noise only (bootstrap over the graphical model's measurements)",) * len(labels),
         )
 
     def _weights(self, query: Query) -> dict[int, NDArray[np.float64]]:
@@ -942,10 +1205,13 @@ def choose_source(
        that no noise scale shows (on a census table, 12-34 times AIM's error with exact
        sketches as with noisy ones: docs/how-it-works.md, "Marginals").
     2. Otherwise (moments of continuous columns, covariances involving one, logistic
-       regressions, or no marginals spec) the M2M spec with the smallest expected standard
-       error from its public noise scales (``expected_error(spec)``; for a covariance or a
-       logistic regression, the error of the first moments of the columns involved), i.e. the
-       sketch whose noise moves this answer least.
+       regressions, or no marginals spec) the HIST, RFF or RACE spec with the narrowest 95 %
+       interval, bias bound included (``expected_error(spec)``: the mean half-width of the
+       spec's answer, :meth:`Explorer.answer`; for a logistic regression, whose bias no sketch
+       bounds, the standard error of the involved columns' means). A sketch whose noise is
+       small but whose estimator cannot resolve the query (M2M's fit of a threshold, one
+       histogram per column for a relation between columns) thus loses to one whose honest
+       interval is narrower.
 
     Parameters
     ----------
@@ -953,7 +1219,8 @@ def choose_source(
     specs : sequence of SketchSpec
         The specs with a sketch of every owner asked about.
     expected_error : callable, optional
-        ``spec -> float``; needed to choose among several M2M specs.
+        ``spec -> float``, the expected half-width of the answer's 95 % interval; needed to
+        choose among several HIST, RFF or RACE specs.
 
     Returns
     -------
@@ -980,7 +1247,7 @@ def choose_source(
     errors = {s.name: float(expected_error(s)) for s in m2m}
     best = min(m2m, key=lambda s: (errors[s.name], s.name))
     listed = ", ".join(f"{n} {e:.3g}" for n, e in errors.items())
-    return best, f"{best.name}: smallest expected standard error from the noise ({listed})"
+    return best, f"{best.name}: narrowest 95 % interval, bias bound included ({listed})"
 
 
 def exact_answer(query: Query, records: ArrayLike, domain: Domain) -> Answer:
@@ -1023,10 +1290,35 @@ def exact_answer(query: Query, records: ArrayLike, domain: Domain) -> Answer:
     return Answer(query, labels, np.asarray(values, dtype=np.float64), extra)
 
 
-def rank_owners(
-    sketches: Mapping[str, PrivateSketch], validation: ArrayLike
-) -> list[tuple[str, float]]:
-    """Owners ordered by the squared MMD between ``validation`` and their RFF sketches.
+@dataclass(frozen=True)
+class RankedOwner:
+    """One owner in a ranking by MMD to the consumer's validation set.
+
+    Attributes
+    ----------
+    owner : str
+    estimate : MMDEstimate
+        The debiased squared MMD with its standard error and 95 % interval
+        (:func:`dpmarket.common.sketches.mmd.sketch_mmd2_estimate`).
+    unresolved : tuple of (str, float, float)
+        Every other owner whose order against this one the sketches do not resolve: its name,
+        the difference ``this - other`` and its standard error
+        (:func:`dpmarket.common.sketches.mmd.mmd2_difference`).
+    """
+
+    owner: str
+    estimate: MMDEstimate
+    unresolved: tuple[tuple[str, float, float], ...] = ()
+
+    @property
+    def mmd2(self) -> float:
+        """The debiased squared MMD (can be slightly negative)."""
+        return self.estimate.value
+
+
+def rank_owners(sketches: Mapping[str, PrivateSketch], validation: ArrayLike) -> list[RankedOwner]:
+    """Owners ordered by the squared MMD between ``validation`` and their RFF sketches, each with
+    its interval and the owners it is not resolved against.
 
     Parameters
     ----------
@@ -1037,9 +1329,14 @@ def rank_owners(
 
     Returns
     -------
-    list of (owner, mmd2)
-        Smallest first (the best match); ``mmd2`` debiased by the noise's expected
-        contribution, so it can be slightly negative.
+    list of RankedOwner
+        Smallest MMD first (the best match); each MMD debiased by the noise's expected
+        contribution, so it can be slightly negative. Its interval covers the squared MMD of
+        the exact Gaussian kernel between the owner's records and ``validation``, over the draw
+        of the spec's frequencies and of the noise (the RFF approximation, the sum's and the
+        count's noise). Two owners are unresolved when the interval of the difference of their
+        values contains 0 (the shared frequencies make this test sharper than comparing the two
+        intervals).
 
     Raises
     ------
@@ -1052,12 +1349,23 @@ def rank_owners(
     Computed here: the validation set and the ranking never leave the consumer. Each value is
     post-processing of a sketch (no owner pays anything for it).
     """
-    scores = []
+    estimates = {}
     for owner, sketch in sketches.items():
         if sketch.feature_map.kind != "rff":
             raise InvalidArgumentError(
                 f"owners are ranked by RFF sketches (a kernel mean embedding); {owner}'s is "
                 f"{sketch.feature_map.kind}"
             )
-        scores.append((owner, sketch_mmd2(sketch, validation)))
-    return sorted(scores, key=lambda item: (item[1], item[0]))
+        estimates[owner] = sketch_mmd2_estimate(sketch, validation)
+    order = sorted(estimates, key=lambda o: (estimates[o].value, o))
+    out = []
+    for owner in order:
+        unresolved = []
+        for other in order:
+            if other == owner:
+                continue
+            diff, se, resolved = mmd2_difference(estimates[owner], estimates[other])
+            if not resolved:
+                unresolved.append((other, diff, se))
+        out.append(RankedOwner(owner, estimates[owner], tuple(unresolved)))
+    return out

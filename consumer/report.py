@@ -21,9 +21,10 @@ import numpy as np
 from numpy.typing import NDArray
 from rich import box
 from rich.table import Table
+from scipy.stats import binomtest
 
 from dpmarket.common.privacy.ledger import SessionSpend
-from dpmarket.common.summarization.kernels import mmd2
+from dpmarket.common.summarization.kernels import PopulationMMD, mmd2, mmd2_to_population
 from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SummaryResult
 from dpmarket.consumer.evaluation import downstream_accuracy
@@ -93,6 +94,12 @@ class SummaryEvaluation:
     mmd2_over_reference_percent : float or None
         ``(MMD² - ref) / ref * 100`` (Figure 1's measure); None when the reference's MMD² is
         not positive.
+    population : PopulationMMD or None
+        The summary's MMD² to the distribution the test set was drawn from, with its interval
+        (:func:`~dpmarket.common.summarization.kernels.mmd2_to_population`); None without a
+        test set.
+    n_test : int or None
+        Test points behind :attr:`accuracy` and :attr:`population`.
     """
 
     method: str
@@ -113,17 +120,25 @@ class SummaryEvaluation:
     label: str | None = None
     relative_to: str | None = None
     mmd2_over_reference_percent: float | None = None
+    population: PopulationMMD | None = None
+    n_test: int | None = None
 
     @property
     def epsilon(self) -> dict[str, Any] | None:
         """The reported epsilons (:func:`epsilon_summary`)."""
         return epsilon_summary(self.ledger)
 
+    @property
+    def uncertainty(self) -> dict[str, Any]:
+        """What each number is: exact, a bound, or an estimate with its interval
+        (:func:`uncertainty`), as JSON."""
+        return uncertainty({"accuracy": self.accuracy}, self.population, self.n_test)
+
     def to_json(self) -> dict[str, Any]:
         """The evaluation as the JSON row ``report.json`` holds (its ``result``): the fields
         above, the ledger as JSON, its ``epsilon`` summary, and the owners split into
-        ``points_per_owner``, ``owner_spend`` (:func:`owner_spend`) and ``left_out``;
-        ``label`` when set, ``mmd2_over_reference_percent`` when compared."""
+        ``points_per_owner``, ``owner_spend`` (:func:`owner_spend`) and ``left_out``, its
+        ``uncertainty``; ``label`` when set, ``mmd2_over_reference_percent`` when compared."""
         row: dict[str, Any] = {
             "method": self.method,
             "summary_size": self.summary_size,
@@ -145,6 +160,7 @@ class SummaryEvaluation:
                 {o: b.spend for o, b in self.owners.items() if b.spend is not None}
             ),
             "left_out": {o: b.left_out for o, b in self.owners.items() if b.left_out},
+            "uncertainty": self.uncertainty,
         }
         if self.label is not None:
             row["label"] = self.label
@@ -179,12 +195,15 @@ def evaluate_summary(
     -------
     SummaryEvaluation
         MMD² to D_v and to the test set (or None), accuracy (or None when either the summary
-        or the test set has no labels), the session report's figures and every owner's part.
+        or the test set has no labels), the session report's figures and every owner's part;
+        its :attr:`~SummaryEvaluation.uncertainty` says what each number is, with an interval
+        where it is an estimate (:func:`uncertainty`).
     """
     r = result.report
-    mmd2_test = accuracy = None
+    mmd2_test = accuracy = population = None
     if test is not None:
-        mmd2_test = mmd2(result.points, test.features, gamma)
+        population = mmd2_to_population(result.points, test.features, gamma)
+        mmd2_test = population.v_statistic
         if result.labels is not None and test.labels is not None:
             train = PointSet(result.points, result.labels, f"{r.method} summary")
             accuracy = downstream_accuracy(train, test, seed=seed)
@@ -204,6 +223,8 @@ def evaluate_summary(
         wall_time_seconds=r.wall_time_seconds,
         ledger=r.ledger,
         owners=owner_breakdown(result),
+        population=population,
+        n_test=None if test is None else test.n_points,
     )
 
 
@@ -220,16 +241,102 @@ def owner_breakdown(result: SummaryResult) -> dict[str, OwnerBreakdown]:
     }
 
 
+#: What each exact number of a summary's report is (it has no interval: nothing in it is noisy).
+EXACT_NOTES = {
+    "mmd2_validation": "exact: computed by the consumer from the summary and D_v themselves (no "
+    "noise); in-sample, so optimistic as a measure against the target distribution (the "
+    "summary was chosen to match D_v)",
+    "mmd2_over_reference_percent": "exact, in-sample: the ratio of two exact MMD² to D_v",
+    "points_per_owner": "exact: the summary's points counted by the owner they came from",
+    "owner_points_accessed": "exact: raw points the curator received, counted",
+    "epsilon": "upper bounds on the privacy loss from the accountants, at the stated delta: "
+    "guarantees, not estimates",
+}
+
+
+def uncertainty(
+    row: Mapping[str, Any],
+    population: PopulationMMD | None,
+    n_test: int | None,
+    *,
+    level: float = 0.95,
+) -> dict[str, Any]:
+    """What each number of a summary's report is: exact (with a note), or an estimate with its
+    standard error and interval.
+
+    Parameters
+    ----------
+    row : mapping
+        :func:`evaluate_summary`'s row (``accuracy`` read from it).
+    population : PopulationMMD, optional
+        The summary's MMD² to the test set's distribution
+        (:func:`dpmarket.common.summarization.kernels.mmd2_to_population`, at ``level``).
+    n_test : int, optional
+        Test points behind ``accuracy``.
+    level : float
+        Of the accuracy's interval.
+
+    Returns
+    -------
+    dict
+        ``{field: {"kind": "exact" | "bound", "note"}}`` for the exact numbers, and for
+        ``mmd2_test`` and ``accuracy`` (when measured) ``{"kind": "estimate", "value",
+        "standard_error", "interval", "level", "covers"}``: the summary's MMD² to the
+        distribution the test set was drawn from (its ``value`` is the unbiased estimate, below
+        the report's V-statistic by about ``1 / n_test``), and the classifier's accuracy on it
+        (Wilson score interval). Both cover the test set's sampling error only: the summary and
+        the classifier are fixed.
+    """
+    out: dict[str, Any] = {
+        field: {"kind": "bound" if field == "epsilon" else "exact", "note": note}
+        for field, note in EXACT_NOTES.items()
+    }
+    if population is None or n_test is None:
+        return out
+    out["mmd2_test"] = {
+        "kind": "estimate",
+        "value": population.value,
+        "standard_error": population.standard_error,
+        "interval": [population.low, population.high],
+        "level": population.level,
+        "covers": "the summary's MMD² to the distribution the test set was drawn from (the "
+        "test set's sampling error; the summary fixed)",
+    }
+    accuracy = row.get("accuracy")
+    if accuracy is not None:
+        n = n_test
+        k = round(accuracy * n)
+        interval = binomtest(k, n).proportion_ci(confidence_level=level, method="wilson")
+        out["accuracy"] = {
+            "kind": "estimate",
+            "value": accuracy,
+            "standard_error": math.sqrt(accuracy * (1.0 - accuracy) / n),
+            "interval": [float(interval.low), float(interval.high)],
+            "level": level,
+            "covers": "the classifier's accuracy on the distribution the test set was drawn "
+            f"from (Wilson interval over its {n} points; the summary and the classifier fixed)",
+        }
+    return out
+
+
 def owner_spend(spend: Mapping[str, SessionSpend]) -> dict[str, dict[str, Any]]:
     """What each owner's own ledger recorded for the session, as JSON: ``{owner: {"epsilon"
-    (None for a non-private session), "delta", "points", "non_private"}}``."""
+    (None for a non-private session), "delta", "points", "non_private"}}``; an owner whose
+    record the curator could not get is ``{owner: {"unknown": reason, "epsilon": None,
+    "delta": None, "points": None, "non_private": None}}`` (its own ledger says what it
+    charged)."""
     return {
-        owner: {
-            "epsilon": None if s.non_private else s.epsilon,
-            "delta": s.delta,
-            "points": s.points,
-            "non_private": s.non_private,
-        }
+        owner: (
+            dict.fromkeys(("epsilon", "delta", "points", "non_private"), None)
+            | {"unknown": s.unknown}
+            if s.unknown
+            else {
+                "epsilon": None if s.non_private else s.epsilon,
+                "delta": s.delta,
+                "points": s.points,
+                "non_private": s.non_private,
+            }
+        )
         for owner, s in sorted(spend.items())
     }
 
@@ -296,6 +403,24 @@ def _epsilons(row: Mapping[str, Any], spec: str, sep: str) -> tuple[str, str]:
     )
 
 
+def _with_interval(row: Mapping[str, Any], field: str, spec: str) -> str:
+    """``value±half-width`` of the 95 % interval when the row's ``uncertainty`` has one."""
+    text = _fmt(row.get(field), spec)
+    stated = (row.get("uncertainty") or {}).get(field) or {}
+    interval = stated.get("interval")
+    if text == "-" or interval is None:
+        return text
+    return f"{text}±{format((interval[1] - interval[0]) / 2, spec)}"
+
+
+def _interval(row: Mapping[str, Any], field: str, spec: str) -> str:
+    """``[low, high]`` of the row's ``uncertainty`` for ``field``, or ``-``."""
+    interval = ((row.get("uncertainty") or {}).get(field) or {}).get("interval")
+    if interval is None:
+        return "-"
+    return f"[{format(interval[0], spec)}, {format(interval[1], spec)}]"
+
+
 def comparison_table(
     evaluations: Sequence[SummaryEvaluation | Mapping[str, Any]],
     *,
@@ -325,7 +450,8 @@ def comparison_table(
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         collapse_padding=True,
-        caption="points read: owners' + D_v's; ε: Theorem 7/PLD",
+        caption="points read: owners' + D_v's; ε: Theorem 7/PLD; MMD² D_v: exact, in-sample; "
+        "acc.: on the test set, ± its 95 % interval's half-width",
         caption_justify="left",
     )
     reference = any(r.get("mmd2_over_reference_percent") is not None for r in rows)
@@ -349,7 +475,7 @@ def comparison_table(
             pct = row.get("mmd2_over_reference_percent")
             cells.append("-" if pct is None else f"{pct:+.0f}%")
         if accuracy:
-            cells.append(_fmt(row.get("accuracy"), ".3f"))
+            cells.append(_with_interval(row, "accuracy", ".3f"))
         cells += [points, eps_v, eps_o]
         table.add_row(*cells)
     return table
@@ -363,6 +489,7 @@ def _wide_table(rows: Sequence[Mapping[str, Any]], *, title: str) -> Table:
         "MMD² to D_v",
         "% over greedy",
         "MMD² to test",
+        "its 95 % interval (population)",
         "accuracy",
         "accessed (owners + D_v)",
         "K·p",
@@ -380,7 +507,8 @@ def _wide_table(rows: Sequence[Mapping[str, Any]], *, title: str) -> Table:
             _fmt(row["mmd2_validation"], ".4g"),
             _fmt(row.get("mmd2_over_reference_percent"), "+.0f"),
             _fmt(row.get("mmd2_test"), ".4g"),
-            _fmt(row.get("accuracy"), ".3f"),
+            _interval(row, "mmd2_test", ".3g"),
+            _with_interval(row, "accuracy", ".3f"),
             "-" if accessed is None else f"{accessed} + {row.get('validation_points_accessed', 0)}",
             _fmt(row.get("all_owners_bound"), "d"),
             _fmt(row.get("paper_bound"), ".0f"),

@@ -50,10 +50,10 @@ from dpmarket.common.cape.agreement import SizeAttestation, plan_for
 from dpmarket.common.cape.capefm import CapeFMPlan, aggregate_releases, fit_released
 from dpmarket.common.cape.dpgd import CapeTrainingPlan, init_params
 from dpmarket.common.cape.endpoints import CapeSiteEndpoint, OpenedJob
-from dpmarket.common.cape.functional_mechanism import to_raw_coefficients
 from dpmarket.common.cape.mean import CapeMeanPlan
 from dpmarket.common.cape.privacy import default_colluders
 from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.cape.uncertainty import Estimate, capefm_estimates, mean_estimates
 from dpmarket.common.errors import (
     AbortedError,
     DPMarketError,
@@ -63,11 +63,17 @@ from dpmarket.common.errors import (
 )
 from dpmarket.common.ids import short_id
 from dpmarket.common.privacy.accounting import PrivacyEvent
-from dpmarket.common.privacy.ledger import Charge, SessionSpend
+from dpmarket.common.privacy.ledger import (
+    UNKNOWN_NOT_RETURNED,
+    UNKNOWN_UNREACHABLE,
+    Charge,
+    SessionSpend,
+)
 from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.graph import failure_bound as graph_failure_bound
 from dpmarket.common.secagg.graph import plan_graph
 from dpmarket.common.secagg.protocol import RoundParams, min_threshold
+from dpmarket.curator.disclosure import NoAnswerError, public_error, public_text
 from dpmarket.curator.secagg import AggregationOutcome, SitesLostError, aggregate
 from dpmarket.curator.summarization.state import stage_deadline
 
@@ -157,12 +163,17 @@ class CapeResult:
         Prediction (or logit) = ``intercept + x @ weights``.
     report : dict
         Sites, dropped sites, the plan (noise, guarantee by the exact profile and by Theorem 1),
-        owners' spend, rounds, timings.
+        owners' spend, rounds, timings; ``estimates``: :attr:`estimates` as JSON.
+    estimates : tuple of Estimate
+        Every raw coefficient (``spec.coefficient_labels``: the columns, then the intercept) with
+        its bootstrap standard error, 95 % interval and flags
+        (:func:`dpmarket.common.cape.uncertainty.capefm_estimates`).
     """
 
     weights: NDArray[np.float64]
     intercept: float
     report: dict[str, Any]
+    estimates: tuple[Estimate, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -175,10 +186,14 @@ class CapeMeanEstimate:
         The mean of each column, in the spec's order and the columns' units.
     report : dict
         As :attr:`CapeResult.report`, with the noise std of the baselines.
+    estimates : tuple of Estimate
+        Every column's mean with its exact standard error, 95 % interval and flags
+        (:func:`dpmarket.common.cape.uncertainty.mean_estimates`).
     """
 
     mean: NDArray[np.float64]
     report: dict[str, Any]
+    estimates: tuple[Estimate, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,7 +206,11 @@ class CapeTrainingResult:
         ``W1`` (row-major), ``b1``, ``w2``, ``b2`` (:mod:`dpmarket.common.cape.dpgd`), on the
         features mapped to [-1, 1] by their public bounds.
     report : dict
-        Sites and their iterations, noise per iteration, the total guarantee, timings.
+        Sites and their iterations, noise per iteration, the total guarantee, timings. No
+        ``estimates``: a network has no interval, and the consumer flags every parameter itself
+        from the parameters and the last iteration's noise
+        (:func:`dpmarket.common.cape.uncertainty.training_estimates`), which keeps the reply
+        the size of the parameters.
     """
 
     parameters: NDArray[np.float64]
@@ -300,21 +319,24 @@ class _CapeRun(Generic[SpecT, PlanT]):
             try:
                 return await asyncio.wait_for(coro, limit)
             except TimeoutError as exc:
-                raise UnavailableError(f"no answer within {limit:.0f} s") from exc
+                raise NoAnswerError(f"no answer within {limit:.0f} s") from exc
 
         answers = await asyncio.gather(*(one(self.sites[n]) for n in names), return_exceptions=True)
         out: dict[str, T] = {}
         for name, answer in zip(names, answers, strict=True):
             fatal = refusals or (aborts and isinstance(answer, AbortedError))
+            # The report and the errors a consumer reads state an owner's failure publicly
+            # (no address, no budget figure); the curator's log has the whole answer.
             if isinstance(answer, UnavailableError) or (
                 isinstance(answer, DPMarketError) and not fatal
             ):
-                self.dropped[name] = f"{stage}: {answer}"
+                self.dropped[name] = f"{stage}: {public_text(answer)}"
                 logger.warning(
                     "job %s: site %s dropped at %s: %s", short_id(self.job_id), name, stage, answer
                 )
             elif isinstance(answer, DPMarketError):
-                raise type(answer)(f"owner {name}: {answer}") from answer
+                where = f"job {short_id(self.job_id)}, {stage}"
+                raise public_error(name, answer, where=where) from answer
             elif isinstance(answer, BaseException):
                 raise answer
             else:
@@ -467,12 +489,18 @@ class _CapeRun(Generic[SpecT, PlanT]):
                 )
             except (DPMarketError, TimeoutError) as exc:
                 logger.info("closing job at %s failed: %s", site.endpoint.name, exc)
+                # Not missing from the report: the site may have charged the job.
+                unreachable = isinstance(exc, UnavailableError | TimeoutError)
+                site.spent = SessionSpend.unknown_because(
+                    UNKNOWN_UNREACHABLE if unreachable else UNKNOWN_NOT_RETURNED
+                )
 
         await asyncio.gather(*(close(s) for s in self.sites.values() if s.opened))
 
     @property
     def owner_spend(self) -> dict[str, SessionSpend]:
-        """What each owner's ledger recorded for the job (after :meth:`run`)."""
+        """What each owner's ledger recorded for the job (after :meth:`run`), for every owner
+        the job was opened at (one whose record could not be got marked ``unknown``)."""
         return {n: s.spent for n, s in self.sites.items() if s.spent is not None}
 
     def _need_two(self, alive: list[str], what: str) -> None:
@@ -596,16 +624,26 @@ class CapeJob(_OneReleaseJob[CapeJobSpec, CapeFMPlan, CapeResult]):
         spec = self.spec
         averaged = aggregate_releases(plan, releases, partial)
         fit = fit_released(plan, averaged, released=partial)
-        weights, intercept = to_raw_coefficients(fit.w, spec.feature_bounds, spec.target_bounds)
-        if spec.fit_intercept:
-            intercept += float(weights[-1])
-            weights = weights[:-1]
+        weights, intercept = spec.raw_coefficients(fit.w)
+        # The bootstrap's draws come after every draw the job made before (the owners' seeds):
+        # post-processing of the release, reproducible with the job's seed.
+        estimates = capefm_estimates(
+            plan,
+            fit,
+            spec.coefficient_labels,
+            spec.raw_map(),
+            np.random.default_rng(self.rng.integers(0, 2**63 - 1)),
+            task_covers=spec.covers,
+            released=partial,
+            values=np.append(weights, intercept),
+        )
         report["aggregator_noise_std"] = plan.aggregator_scales(partial)
         report["site_noise_std"] = [dict(sc) for sc in plan.site_scales]
         report["baseline_noise_std"] = plan.baseline_scales()
         report["eigenvalues_clipped"] = fit.clipped
         report["eigenvalue_floor"] = fit.floor
-        return CapeResult(weights=weights, intercept=float(intercept), report=report)
+        report["estimates"] = [e.to_json() for e in estimates]
+        return CapeResult(weights=weights, intercept=intercept, report=report, estimates=estimates)
 
 
 class CapeMeanJob(_OneReleaseJob[CapeMeanSpec, CapeMeanPlan, CapeMeanEstimate]):
@@ -625,11 +663,14 @@ class CapeMeanJob(_OneReleaseJob[CapeMeanSpec, CapeMeanPlan, CapeMeanEstimate]):
         partial: list[int] | None,
         report: dict[str, Any],
     ) -> CapeMeanEstimate:
+        mean = aggregate_releases(plan, releases, partial)
+        estimates = mean_estimates(plan, mean, self.spec.columns, released=partial)
         report["columns"] = list(self.spec.columns)
         report["aggregator_noise_std"] = plan.aggregator_std(partial)
         report["site_noise_std"] = list(plan.site_scales)
         report["baseline_noise_std"] = plan.baseline_stds()
-        return CapeMeanEstimate(aggregate_releases(plan, releases, partial), report)
+        report["estimates"] = [e.to_json() for e in estimates]
+        return CapeMeanEstimate(mean, report, estimates)
 
 
 class CapeTrainingJob(_CapeRun[CapeTrainingSpec, CapeTrainingPlan]):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -37,9 +38,11 @@ from dpmarket.common.ids import new_session_id, short_id
 from dpmarket.common.privacy.rng import make_rng
 from dpmarket.common.schema import Schema, disagreement
 from dpmarket.curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
-from dpmarket.curator.policy import CuratorPolicy, RequestRate
+from dpmarket.curator.owners import wait_for_owners
+from dpmarket.curator.policy import DEFAULT_RANGES, CuratorPolicy, RequestRate
 from dpmarket.curator.store import CuratorStore
 from dpmarket.runtime import cape_messages as msg
+from dpmarket.runtime.admission import COLUMN_BYTES, SMALL_REQUEST_BYTES, ServiceLimits
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.schemas import schema_from_proto
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc
@@ -178,6 +181,9 @@ class CapeJobs:
                 "this curator does not accept seeded jobs (start it with --allow-seeded-sessions)"
             )
         self.policy.check_cape(spec)
+        # An owner restarted a moment ago (or whose last connection failed) is connected before
+        # the job asks it anything, within a bounded wait.
+        await wait_for_owners(self.owners)
         if schema is not None:
             await self._check_schema(schema)
         if not request_id:
@@ -411,12 +417,29 @@ def request_digest(request: Any) -> str:
     return hashlib.sha256(request.DESCRIPTOR.full_name.encode() + b"\0" + body).hexdigest()
 
 
+def cape_limits(policy: CuratorPolicy) -> ServiceLimits:
+    """CapeService's receive limits, from the curator's policy: ``FitCape``,
+    ``EstimateCapeMean`` and ``TrainCape`` carry a spec naming at most the policy's
+    ``cape_columns`` bound of columns and a schema of as many
+    (:data:`~dpmarket.runtime.admission.COLUMN_BYTES` each, twice), ``WatchCapeJob`` a request
+    id."""
+    columns = int(policy.ranges.get("cape_columns", DEFAULT_RANGES["cape_columns"])[1])
+    job = SMALL_REQUEST_BYTES + 2 * (columns + 1) * COLUMN_BYTES
+    return ServiceLimits({"FitCape": job, "EstimateCapeMean": job, "TrainCape": job})
+
+
 class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
     """Thin adapter over :class:`CapeJobs`, open to consumers."""
 
     def __init__(self, jobs: CapeJobs, authorizer: Authorizer) -> None:
         self.jobs = jobs
         self.authorizer = authorizer
+
+    @functools.cached_property
+    def limits(self) -> ServiceLimits:
+        """This service's receive limits and calls at once (:func:`cape_limits`), read by
+        :class:`dpmarket.runtime.admission.Admission` when the service is first called."""
+        return cape_limits(self.jobs.policy)
 
     async def _run(self, request: Any, spec: AnyCapeSpec, caller: object) -> dict[str, Any]:
         seed = int(request.seed) if request.HasField("seed") else None

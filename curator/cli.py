@@ -208,7 +208,7 @@ def serve_curator(
 
     async def run() -> None:
         endpoints = [
-            GrpcOwnerEndpoint(target, security, expected, deadline=owner_timeout)
+            GrpcOwnerEndpoint(target, security, expected, deadline=owner_timeout, receipts=store)
             for expected, target in targets
         ]
         try:

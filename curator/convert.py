@@ -255,6 +255,7 @@ def report_to_proto(r: SessionReport) -> curator_pb2.SessionReport:
                 delta=spend.delta,
                 points=spend.points,
                 non_private=spend.non_private,
+                unknown=spend.unknown,
             )
             for owner, spend in sorted(r.owner_spend.items())
         ],

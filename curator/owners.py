@@ -13,10 +13,11 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 from numpy.typing import NDArray
 
 from dpmarket.common.cape.agreement import SizeAttestation
@@ -51,6 +52,7 @@ from dpmarket.v1 import (
     cape_pb2_grpc,
     owner_pb2,
     owner_pb2_grpc,
+    privacy_pb2,
     secure_aggregation_pb2,
     secure_aggregation_pb2_grpc,
 )
@@ -61,6 +63,24 @@ logger = logging.getLogger(__name__)
 
 #: Deadline of a round-trip call (bids, releases), seconds.
 CALL_DEADLINE_SECONDS = 30.0
+#: The longest the curator's channel to an owner waits between two attempts to reconnect,
+#: milliseconds (gRPC's default grows to 120 s): an owner restarted after a failed call is
+#: reconnected within this, not minutes later (its channel fails calls fast while it waits).
+MAX_RECONNECT_BACKOFF_MS = 1000
+#: Channel arguments of the curator's channels to its owners: :data:`CHANNEL_OPTIONS` and the
+#: short reconnect backoff.
+OWNER_CHANNEL_OPTIONS = [
+    *CHANNEL_OPTIONS,
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+]
+#: Seconds a session or job waits, when it starts, for its owners' channels to connect (an
+#: owner restarted a moment ago, or whose last connection failed): past it, an owner that is
+#: still not connected is unreachable for that request.
+READY_TIMEOUT_SECONDS = CONNECT_TIMEOUT_SECONDS
+#: The curator's health service reports each owner's connection under this prefix and the
+#: owner's name (``owner:NAME``): SERVING while the curator's channel to it is connected.
+OWNER_HEALTH_PREFIX = "owner:"
 #: Least deadline of a call that may pass over the owner's table (OpenSession, bids, counts,
 #: candidates, samples; CAPE's open), seconds: it grows with the owner's declared rows
 #: (:meth:`GrpcOwnerEndpoint.pass_deadline`).
@@ -86,7 +106,8 @@ class RoundsStream:
     ----------
     stub : OwnerServiceStub
     peer : str
-        Names the owner in error messages (``"owner at HOST:PORT"``).
+        Names the owner in error messages (``"owner NAME"``: its name, never its address,
+        which the curator's errors must not carry to a consumer).
 
     Notes
     -----
@@ -154,6 +175,18 @@ class RoundsStream:
                 await self._call.done_writing()
 
 
+class ReceiptBook(Protocol):
+    """Durable keeping of each owner's last ledger receipt
+    (:class:`dpmarket.curator.store.CuratorStore`). Receipts are opaque here: only the owner that
+    signed one reads it."""
+
+    def owner_receipt(self, owner: str) -> bytes | None:
+        """The last receipt ``owner`` returned, serialized, or None."""
+
+    def record_owner_receipt(self, owner: str, receipt: bytes) -> None:
+        """Keep ``receipt`` as ``owner``'s last, durably."""
+
+
 class GrpcOwnerEndpoint:
     """Talks to one owner service over a ``grpc.aio`` channel, with a deadline on every call.
 
@@ -168,6 +201,10 @@ class GrpcOwnerEndpoint:
         with mTLS.
     deadline : float
         Deadline of round-trip calls, seconds.
+    receipts : ReceiptBook, optional
+        Where the owner's ledger receipts are kept (the curator's store): the last one is
+        presented when a session or job opens, the one a close returns replaces it. None: no
+        receipt is kept or presented.
     """
 
     def __init__(
@@ -177,14 +214,16 @@ class GrpcOwnerEndpoint:
         expected: Identity | None,
         *,
         deadline: float = CALL_DEADLINE_SECONDS,
+        receipts: ReceiptBook | None = None,
     ) -> None:
         self.target = target
         self.expected = expected
         self.deadline = deadline
+        self.receipts = receipts
         self._security = security
         #: The owner's declared rows (from GetOwnerInfo), which scale its long calls' deadlines.
         self.rows = 0
-        self._channel = aio_channel(target, security, expected, options=CHANNEL_OPTIONS)
+        self._channel = aio_channel(target, security, expected, options=OWNER_CHANNEL_OPTIONS)
         self._stub = owner_pb2_grpc.OwnerServiceStub(self._channel)
         #: Each open session's RunRounds stream, by session id (opened at its first step).
         self._rounds: dict[str, RoundsStream] = {}
@@ -203,7 +242,25 @@ class GrpcOwnerEndpoint:
         try:
             return await make()
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, f"owner at {self.target}") from None
+            raise error_from_rpc(exc, f"owner {self.name}") from None
+
+    def _held_receipt(self) -> privacy_pb2.LedgerReceipt | None:
+        """The owner's last receipt this curator keeps, to present as a session or job opens."""
+        held = None if self.receipts is None else self.receipts.owner_receipt(self.name)
+        if held is None:
+            return None
+        try:
+            return privacy_pb2.LedgerReceipt.FromString(held)
+        except DecodeError:  # not one the owner returned: present none
+            logger.warning("the stored ledger receipt of owner %s does not parse", self.name)
+            return None
+
+    def _keep_receipt(
+        self, response: owner_pb2.CloseSessionResponse | cape_pb2.CloseCapeJobResponse
+    ) -> None:
+        """Keep the receipt a close returned (it replaces the one held)."""
+        if self.receipts is not None and response.HasField("receipt"):
+            self.receipts.record_owner_receipt(self.name, response.receipt.SerializeToString())
 
     async def info(self) -> OwnerInfo:
         """GetOwnerInfo."""
@@ -251,6 +308,7 @@ class GrpcOwnerEndpoint:
             gamma=rff.gamma,
             consumer=consumer,
             terms=terms_to_proto(terms),
+            ledger_receipt=self._held_receipt(),
         )
         response = await self._call(
             lambda: self._stub.OpenSession(request, timeout=self.pass_deadline())
@@ -302,7 +360,7 @@ class GrpcOwnerEndpoint:
         """The session's RunRounds stream: the open one, or a new one."""
         stream = self._rounds.get(session_id)
         if stream is None or stream.broken:
-            stream = self._rounds[session_id] = RoundsStream(self._stub, f"owner at {self.target}")
+            stream = self._rounds[session_id] = RoundsStream(self._stub, f"owner {self.name}")
         return stream
 
     async def sample_uniform(
@@ -343,6 +401,7 @@ class GrpcOwnerEndpoint:
             await stream.close()
         request = owner_pb2.CloseSessionRequest(session_id=session_id)
         response = await self._call(lambda: self._stub.CloseSession(request, timeout=self.deadline))
+        self._keep_receipt(response)
         return convert.spend_from_proto(response.spent)
 
     async def hash_advertise(self, session_id: str) -> HashAdvert:
@@ -391,6 +450,52 @@ class GrpcOwnerEndpoint:
             timeout=timeout,
             peer=f"owner {self.name}",
         )
+
+    async def wait_ready(self, timeout: float = READY_TIMEOUT_SECONDS) -> bool:
+        """Ask the channel to connect and wait up to ``timeout`` seconds until it is; return
+        whether it is connected (never raises: an owner that is not is unreachable for the
+        call that follows, which fails at once).
+
+        Notes
+        -----
+        A channel whose last connection failed fails calls at once until its next attempt
+        (:data:`MAX_RECONNECT_BACKOFF_MS` at most): without this wait, the first request after
+        an owner restarts could find it unreachable although it serves.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        state = self._channel.get_state(try_to_connect=True)
+        while state != grpc.ChannelConnectivity.READY:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._channel.wait_for_state_change(state), left)
+            except TimeoutError:
+                return False
+            state = self._channel.get_state(try_to_connect=True)
+        return True
+
+    async def keep_connected(self, report: Callable[[bool], Awaitable[None]]) -> None:
+        """Keep the channel connected while the curator serves, reporting every change.
+
+        Asks the channel to connect whenever it is idle or its connection failed, so that an
+        owner that (re)starts is connected within :data:`MAX_RECONNECT_BACKOFF_MS` whether or
+        not a session asks for it; calls ``report(True)`` when it connects and
+        ``report(False)`` when it is not connected (first call: the state now). Runs until
+        cancelled, or the endpoint is closed.
+        """
+        known: bool | None = None
+        while True:
+            state = self._channel.get_state(try_to_connect=True)
+            if state == grpc.ChannelConnectivity.SHUTDOWN:  # the endpoint was closed
+                await report(False)
+                return
+            ready = state == grpc.ChannelConnectivity.READY
+            if ready != known:
+                await report(ready)
+                known = ready
+            await self._channel.wait_for_state_change(state)
 
     # ------------------------------------------------------------ secure aggregation (site)
     async def advertise_keys(
@@ -514,7 +619,9 @@ class GrpcOwnerEndpoint:
     # ----------------------------------------------------------------------- CAPE (site)
     async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> OpenedJob:
         """OpenCapeJob (the owner scans its table: allow the open-session deadline)."""
-        request = cape_pb2.OpenCapeJobRequest(job_id=job_id, consumer=consumer, seed=seed)
+        request = cape_pb2.OpenCapeJobRequest(
+            job_id=job_id, consumer=consumer, seed=seed, ledger_receipt=self._held_receipt()
+        )
         msg.job_to_proto(request, spec)
         response = await self._call(
             lambda: self._cape.OpenCapeJob(request, timeout=self.pass_deadline())
@@ -593,6 +700,7 @@ class GrpcOwnerEndpoint:
         """CloseCapeJob."""
         request = cape_pb2.CloseCapeJobRequest(job_id=job_id)
         response = await self._call(lambda: self._cape.CloseCapeJob(request, timeout=self.deadline))
+        self._keep_receipt(response)
         return convert.spend_from_proto(response.spent)
 
 
@@ -686,6 +794,18 @@ async def check_owner(
             ),
         )
     return OwnerCheck(name, endpoint.target)
+
+
+async def wait_for_owners(
+    endpoints: Sequence[object], timeout: float = READY_TIMEOUT_SECONDS
+) -> None:
+    """Wait, up to ``timeout`` seconds in all, until every owner's channel is connected (the
+    endpoints that have a channel: :meth:`GrpcOwnerEndpoint.wait_ready`; in-process owners
+    are ready). Never raises: a session or job that follows finds an owner still not
+    connected unreachable, and says so."""
+    waits = [e.wait_ready(timeout) for e in endpoints if isinstance(e, GrpcOwnerEndpoint)]
+    if waits:
+        await asyncio.gather(*waits)
 
 
 async def check_owners(

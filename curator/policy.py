@@ -18,6 +18,7 @@ The policy file is TOML (parsed with :mod:`tomllib`); every key is optional::
     owners_epsilon = [0.0, 4.0]         # the session's epsilon on the owners' data, all releases
     owners_delta = [0.0, 1e-5]          # and its delta (the printed PrivAuction's ~0.1 is refused)
     validation_points = [1, 100000]     # m
+    validation_values = [1, 2097152]    # (m + n0) x n: the values of the validation and seed sets
     methods = ["candidates", "private", "rounds", "uniform"]   # "greedy" is non-private
     cape_columns = [1, 1000]            # columns of a CAPE job (features, or those averaged)
     train_iterations = [1, 1000]        # CAPE gradient descent: T
@@ -96,6 +97,10 @@ DEFAULT_RANGES: dict[str, tuple[float, float]] = {
     "owners_epsilon": (0.0, 4.0),
     "owners_delta": (0.0, 1e-3),
     "validation_points": (1, 100_000),
+    # (m + n0) x n float64 values of a request's validation and seed sets: 16 MiB, e.g. 100,000
+    # points of 20 features. CreateSession's receive limit derives from it
+    # (dpmarket.curator.service.curator_limits).
+    "validation_values": (1, 1 << 21),
     # CAPE jobs: columns of any job, and the public hyper-parameters of gradient descent. The
     # work of a training is bounded through T x P: one noise round sums T x P values per site,
     # and the curator averages S vectors of P values T times.
@@ -116,6 +121,14 @@ DEFAULT_RANGES: dict[str, tuple[float, float]] = {
     "sketch_epsilon": (0.01, 4.0),
     "sketch_delta": (1e-12, 1e-5),
 }
+
+
+def _shown(x: float) -> str:
+    """A number for a message: whole numbers in full (2097152, not 2.09715e+06), others as %g."""
+    if math.isfinite(x) and float(x).is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:g}"
+
 
 _SESSION_KEYS = (
     "max_running",
@@ -190,19 +203,30 @@ class CuratorPolicy:
         low, high = self.ranges.get(name, DEFAULT_RANGES[name])
         if not (math.isfinite(value) and low <= value <= high):
             raise InvalidArgumentError(
-                f"{what or name} = {value:g} is outside this curator's allowed range "
-                f"[{low:g}, {high:g}]"
+                f"{what or name} = {_shown(value)} is outside this curator's allowed range "
+                f"[{_shown(low)}, {_shown(high)}]"
             )
 
     def check_request(
         self,
         config: SummarizationConfig,
         validation_points: int,
+        values: int | None = None,
         *,
         unread: Mapping[str, Any] | None = None,
     ) -> None:
         """Check every requester parameter of a session against its range: the method's, and
         ``unread``, those of other methods the request carried (which the session ignores).
+
+        Parameters
+        ----------
+        config : SummarizationConfig
+        validation_points : int
+            ``m``, the validation set's points.
+        values : int, optional
+            ``(m + n0) x n``, the values of the validation and seed sets (not checked if None).
+        unread : mapping of str to value, optional
+            Parameters of other methods the request carried.
 
         Raises
         ------
@@ -216,8 +240,12 @@ class CuratorPolicy:
                 f"{', '.join(self.methods)})"
             )
         self._check_range("validation_points", validation_points, "validation set size m")
-        values = {f.name: getattr(config, f.name) for f in fields(config)}
-        for name, value in {**values, **(unread or {})}.items():
+        if values is not None:
+            self._check_range(
+                "validation_values", values, "values of the validation and seed sets (m + n0) x n"
+            )
+        parameters = {f.name: getattr(config, f.name) for f in fields(config)}
+        for name, value in {**parameters, **(unread or {})}.items():
             if name in DEFAULT_RANGES and isinstance(value, int | float):
                 if isinstance(value, bool):
                     continue

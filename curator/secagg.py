@@ -33,6 +33,7 @@ from dpmarket.common.secagg.crypto import SecAggError
 from dpmarket.common.secagg.endpoints import SecureAggregationEndpoint
 from dpmarket.common.secagg.protocol import KeyAdvertisement, RoundParams, SecAggAggregator
 from dpmarket.common.secagg.sparse import SparseSecAggAggregator
+from dpmarket.curator.disclosure import public_text
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ async def _call_each(
     out: dict[str, T] = {}
     for site, answer in zip(sites, answers, strict=True):
         if isinstance(answer, DPMarketError | ValueError):
-            dropped[site] = f"{stage}: {answer}"
+            dropped[site] = f"{stage}: {public_text(answer)}"  # in the consumer's report
             logger.warning("site %s dropped at %s: %s", site, stage, answer)
         elif isinstance(answer, BaseException):
             raise answer

@@ -8,23 +8,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from dpmarket.curator import convert
 from dpmarket.curator.cape_service import CapeJobs, CapeServicer
-from dpmarket.curator.owners import GrpcOwnerEndpoint
-from dpmarket.curator.policy import CuratorPolicy
+from dpmarket.curator.owners import OWNER_HEALTH_PREFIX, GrpcOwnerEndpoint
+from dpmarket.curator.policy import DEFAULT_RANGES, CuratorPolicy
 from dpmarket.curator.sessions import SessionManager
 from dpmarket.curator.sketch_service import SketchCatalogServicer, catalog_authorizer
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.curator.store import CuratorStore
+from dpmarket.runtime.admission import VALUE_BYTES, ServiceLimits, largest_request
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity
-from dpmarket.runtime.serving import serve_until_signalled, start_server, write_port
+from dpmarket.runtime.serving import HealthStatus, serve_until_signalled, start_server, write_port
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import (
     cape_pb2,
@@ -39,6 +42,21 @@ logger = logging.getLogger(__name__)
 
 #: The identity every caller of a plaintext (``--insecure``) curator is taken to have.
 INSECURE_CONSUMER = Identity("consumer", "insecure")
+#: Bytes of a CreateSession request beside its two arrays: the parameters, the schema and the
+#: feature names (about 2,000 columns' worth).
+CREATE_SESSION_OVERHEAD_BYTES = 1 << 20
+
+
+def curator_limits(policy: CuratorPolicy) -> ServiceLimits:
+    """CuratorService's receive limits, from the curator's policy.
+
+    ``CreateSession`` carries the validation and seed sets, ``(m + n0) x n`` float64 values of
+    which the policy admits at most its ``validation_values`` bound, and
+    :data:`CREATE_SESSION_OVERHEAD_BYTES` more; ``WatchSession`` and ``GetSummary`` carry a
+    session id (:data:`~dpmarket.runtime.admission.SMALL_REQUEST_BYTES`).
+    """
+    values = int(policy.ranges.get("validation_values", DEFAULT_RANGES["validation_values"])[1])
+    return ServiceLimits({"CreateSession": CREATE_SESSION_OVERHEAD_BYTES + VALUE_BYTES * values})
 
 
 def request_digest(request: curator_pb2.CreateSessionRequest) -> str:
@@ -55,6 +73,12 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
     def __init__(self, manager: SessionManager, authorizer: Authorizer) -> None:
         self.manager = manager
         self.authorizer = authorizer
+
+    @functools.cached_property
+    def limits(self) -> ServiceLimits:
+        """This service's receive limits and calls at once (:func:`curator_limits`), read by
+        :class:`dpmarket.runtime.admission.Admission` when the service is first called."""
+        return curator_limits(self.manager.policy)
 
     @rpc("consumer")
     async def CreateSession(self, request, context, caller):  # type: ignore[no-untyped-def]
@@ -140,21 +164,22 @@ async def serve_curator(
         owners, policy=policy, store=store, rate=manager.rate, call_timeout=call_timeout
     )
 
-    def register(server: grpc.aio.Server) -> None:
-        curator_pb2_grpc.add_CuratorServiceServicer_to_server(
-            CuratorServicer(manager, authorizer), server
+    sessions = CuratorServicer(manager, authorizer)
+    jobs = CapeServicer(cape, authorizer)
+    catalog = None
+    if sketches is not None:
+        owner_names = [o.expected.name for o in owners if o.expected is not None]
+        catalog = SketchCatalogServicer(
+            sketches,
+            catalog_authorizer(policy, owner_names, security, INSECURE_CONSUMER),
+            allocation_spec,
         )
-        cape_pb2_grpc.add_CapeServiceServicer_to_server(CapeServicer(cape, authorizer), server)
-        if sketches is not None:
-            owner_names = [o.expected.name for o in owners if o.expected is not None]
-            sketch_pb2_grpc.add_SketchCatalogServiceServicer_to_server(
-                SketchCatalogServicer(
-                    sketches,
-                    catalog_authorizer(policy, owner_names, security, INSECURE_CONSUMER),
-                    allocation_spec,
-                ),
-                server,
-            )
+
+    def register(server: grpc.aio.Server) -> None:
+        curator_pb2_grpc.add_CuratorServiceServicer_to_server(sessions, server)
+        cape_pb2_grpc.add_CapeServiceServicer_to_server(jobs, server)
+        if catalog is not None:
+            sketch_pb2_grpc.add_SketchCatalogServiceServicer_to_server(catalog, server)
 
     names = [
         curator_pb2.DESCRIPTOR.services_by_name["CuratorService"].full_name,
@@ -162,16 +187,53 @@ async def serve_curator(
     ]
     if sketches is not None:
         names.append(sketch_pb2.DESCRIPTOR.services_by_name["SketchCatalogService"].full_name)
-    server, port, _ = await start_server(register, names, address, security)
+    server, port, health_status = await start_server(
+        register,
+        names,
+        address,
+        security,
+        max_request_bytes=largest_request([sessions, jobs, catalog]),
+    )
+    # Each owner's channel is kept connected, and its state reported by the health service
+    # under OWNER_HEALTH_PREFIX + name (SERVING: connected): `dpmarket up` waits for it.
+    monitors = [
+        asyncio.create_task(owner.keep_connected(_owner_health(health_status, owner.name)))
+        for owner in owners
+    ]
     logger.info("curator serving on port %d for %d owner(s)", port, len(owners))
     if port_file:
         write_port(port_file, port)
     period = max(0.05, min(policy.fetched_result_ttl_seconds / 2, 30.0))
     reaper = asyncio.create_task(manager.expire_forever(period))
+    # Sessions a restart interrupted: ask their owners what they charged (and free them there).
+    reconcile = asyncio.create_task(_logged(manager.reconcile(), "asking owners for records"))
     try:
         await serve_until_signalled(server)
     finally:
-        reaper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reaper
+        for task in (reaper, reconcile, *monitors):
+            task.cancel()
+        for task in (reaper, reconcile, *monitors):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await manager.close()
+
+
+async def _logged(work: Awaitable[object], what: str) -> None:
+    """Run background ``work``; log (never raise) what it fails with."""
+    try:
+        await work
+    except Exception:
+        logger.exception("%s failed", what)
+
+
+def _owner_health(health_status: HealthStatus, owner: str) -> Callable[[bool], Awaitable[None]]:
+    """What reports one owner's connection in the curator's health service."""
+    service = OWNER_HEALTH_PREFIX + owner
+
+    async def report(connected: bool) -> None:
+        serving = health_pb2.HealthCheckResponse.SERVING
+        status = serving if connected else health_pb2.HealthCheckResponse.NOT_SERVING
+        await health_status.set(service, status)
+        logger.info("owner %s: %s", owner, "connected" if connected else "not connected")
+
+    return report

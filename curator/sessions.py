@@ -39,6 +39,7 @@ from dpmarket.common.summarization.summary import (
     Stage,
     SummaryResult,
 )
+from dpmarket.curator.owners import wait_for_owners
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.curator.store import CuratorStore, StoredSession
@@ -159,9 +160,9 @@ class SessionManager:
         ----------
         request : SessionRequest
             The consumer's request: the method's configuration, D_v of shape (m, n), the seed
-            set (n0, n), the seed, the owners it leaves out (by default none, and the rules of
-            ``min_owners`` 0), its schema and the parameters of other methods it carried (which
-            the policy bounds too).
+            set (n0, n), the seed, the owners it leaves out and the fewest it may open with (by
+            default every owner it asks), its schema and the parameters of other methods it
+            carried (which the policy bounds too).
         consumer : str
             The caller's verified identity, ``"consumer:NAME"``.
         request_id : str
@@ -279,7 +280,9 @@ class SessionManager:
         )
         session = self._session(request, owners, managed)
         # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
-        self.policy.check_request(config, int(session.validation.shape[0]), unread=request.unread)
+        m, n = session.validation.shape
+        values = (m + session.state.seed_set.shape[0]) * n
+        self.policy.check_request(config, m, values, unread=request.unread)
         self.rate.check(consumer)
         if self.running + self._starting >= self.policy.max_running:
             raise ResourceExhaustedError(
@@ -287,6 +290,9 @@ class SessionManager:
             )
         self._starting += 1
         try:
+            # An owner restarted a moment ago (or whose last connection failed) is connected
+            # before the session asks it anything, within a bounded wait.
+            await wait_for_owners(owners)
             await session.prepare(check_terms=self.policy.check_terms)
             if store is not None:
                 try:
@@ -297,6 +303,11 @@ class SessionManager:
                         request_digest=request_digest,
                         method=config.method,
                         config=config.to_json(),
+                    )
+                    # Where the session is open: a restarted curator asks these owners what
+                    # they charged it.
+                    store.owners_opened(
+                        session_id, session.state.owner_session_id, session.opened_owners()
                     )
                 except BaseException:
                     await session.abandon()
@@ -343,6 +354,11 @@ class SessionManager:
                 allocation_spec=self.allocation_spec,
                 on_progress=record,
                 on_charge=None if store is None else lambda c: store.record_charges(session_id, c),
+                on_owner_spend=(
+                    None
+                    if store is None
+                    else lambda owner, spend: store.record_owner_spend(session_id, owner, spend)
+                ),
             ),
         )
 
@@ -493,6 +509,54 @@ class SessionManager:
         for sid in gone:
             logger.info("session %s expired", short_id(sid))
         return max(len(gone), stored)
+
+    async def reconcile(self) -> int:
+        """Ask the owners what they recorded for the sessions a restart interrupted, and
+        record it (the stored reports then carry it); return how many records were got.
+
+        A restarted curator calls this once it serves: each owner at which such a session was open
+        closes it (freeing it at once) and answers with its ledger's record, also for a session it
+        already closed for being idle. An owner that cannot be reached keeps the mark
+        :data:`~dpmarket.common.privacy.ledger.UNKNOWN_RESTARTED`; the session's report says so.
+        """
+        if self.store is None:
+            return 0
+        store = self.store
+        pending = store.unrecorded_owner_sessions()
+        by_name = {o.name: o for o in self.owners}
+        wanted = [by_name[o] for o in dict.fromkeys(o for _, o, _ in pending) if o in by_name]
+        await wait_for_owners(wanted)
+        timeout = self.call_timeout
+
+        async def ask(session_id: str, owner: str, owner_session: str) -> bool:
+            endpoint = by_name.get(owner)
+            if endpoint is None:
+                return False
+            try:
+                coro = endpoint.close_session(owner_session)
+                spend = await (coro if timeout is None else asyncio.wait_for(coro, timeout))
+            except (DPMarketError, TimeoutError) as exc:
+                logger.warning(
+                    "session %s: owner %s's record stays unknown: %s",
+                    short_id(session_id),
+                    owner,
+                    exc,
+                )
+                return False
+            store.record_owner_spend(session_id, owner, spend)
+            return True
+
+        got = await asyncio.gather(*(ask(*row) for row in pending))
+        for session_id in dict.fromkeys(sid for sid, _, _ in pending):
+            store.refresh_owner_spend(session_id)
+        if pending:
+            logger.info(
+                "owners' records of %d interrupted session(s): %d of %d got",
+                len({sid for sid, _, _ in pending}),
+                sum(got),
+                len(pending),
+            )
+        return sum(got)
 
     async def expire_forever(self, period: float) -> None:
         """Run :meth:`expire` every ``period`` seconds until cancelled."""

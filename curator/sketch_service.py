@@ -9,12 +9,20 @@ curator identity is served nothing. The publisher's name is its certificate's.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Collection
 
+from dpmarket.common.sketches.marginals import MarginalsMap
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.runtime import sketch_messages as msg
+from dpmarket.runtime.admission import (
+    DEFAULT_CONCURRENT_CALLS,
+    SMALL_REQUEST_BYTES,
+    VALUE_BYTES,
+    ServiceLimits,
+)
 from dpmarket.runtime.authz import Authorizer, rpc
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.transport import TransportSecurity
@@ -37,6 +45,30 @@ def catalog_authorizer(
     return Authorizer({"consumer": policy.consumers or None, "owner": tuple(owners)})
 
 
+def catalog_limits(catalog: SketchCatalog) -> ServiceLimits:
+    """SketchCatalogService's receive limits, from the catalogue's specs.
+
+    ``PublishSketch`` carries one sketch of a spec: its mechanism (the spec's feature map and
+    domain again: at most twice the spec's encoding), its noisy sum (the map's dimension ``m``
+    values) and, for a marginals sketch, its noisy marginals (``m`` one-way cells and at most
+    ``measurements x max_cells`` two-way ones); the largest over the specs, beside the ids. The
+    other RPCs carry names only. Calls at once: one per configured owner (each publishes on its
+    own schedule, all may at once) beside the default.
+    """
+    largest = 0
+    for spec in catalog.specs():
+        fmap = spec.feature_map
+        values = fmap.dimension
+        if isinstance(fmap, MarginalsMap):
+            values += fmap.dimension + fmap.measurements * fmap.max_cells
+        largest = max(largest, 2 * len(msg.spec_bytes(spec)) + VALUE_BYTES * values)
+    owners = 0 if catalog.owners is None else len(catalog.owners)
+    return ServiceLimits(
+        {"PublishSketch": SMALL_REQUEST_BYTES + largest},
+        concurrent_calls=DEFAULT_CONCURRENT_CALLS + owners,
+    )
+
+
 class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
     """Thin adapter over a :class:`SketchCatalog`; reads and writes run in worker threads.
 
@@ -49,6 +81,12 @@ class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
         self.catalog = catalog
         self.authorizer = authorizer
         self.allocation_spec = allocation_spec
+
+    @functools.cached_property
+    def limits(self) -> ServiceLimits:
+        """This service's receive limits and calls at once (:func:`catalog_limits`), read by
+        :class:`dpmarket.runtime.admission.Admission` when the service is first called."""
+        return catalog_limits(self.catalog)
 
     @rpc("owner", "consumer")
     async def ListSketchSpecs(self, request, context, caller):  # type: ignore[no-untyped-def]

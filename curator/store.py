@@ -9,12 +9,20 @@ why:
   ``failed``), error, final report (ledger included) and, until it expires, the summary itself.
 * ``charges``: every charge of every session's ledger, written *before* the release it pays for,
   so a curator that crashes mid-session still knows what was spent. Charges are never deleted.
+* ``owner_spend``: at which owners each session was opened (and under which owner-side id),
+  and what each owner's ledger recorded for it, written as soon as the curator knows it (when
+  it closes the session there), or why it does not.
 * ``sketch_declarations``, ``sketch_specs``, ``sketches``: the sketch catalogue, kept by
   :class:`dpmarket.curator.sketches.SketchCatalog` on its own connection to the same file.
+* ``owner_receipts``: the last ledger receipt each owner returned (at the close of a session or
+  job), kept durably and presented when the next session or job with that owner opens, so that
+  an owner whose ledger was restored from an older copy finds out (:mod:`dpmarket.owner.receipts`).
 
 On start, :meth:`CuratorStore.recover` marks every session still ``running`` as failed ("the
-curator restarted") and rebuilds its report from its charges; finished sessions' results survive
-until they expire (:meth:`CuratorStore.expire` drops the summary, keeps the row and the charges).
+curator restarted") and rebuilds its report from its charges and its owners' records (those not
+yet known marked so; the restarted curator then asks the owners,
+:meth:`CuratorStore.unrecorded_owner_sessions`); finished sessions' results survive until they
+expire (:meth:`CuratorStore.expire` drops the summary, keeps the row and the charges).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from typing import Any, Literal
 import numpy as np
 
 from dpmarket.common.privacy.accounting import PrivacyEvent
-from dpmarket.common.privacy.ledger import Charge
+from dpmarket.common.privacy.ledger import UNKNOWN_RESTARTED, Charge, SessionSpend
 from dpmarket.common.summarization.methods import config_from_json
 from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SessionReport, SummaryResult
@@ -102,6 +110,33 @@ MIGRATIONS: tuple[str, ...] = (
         UNIQUE (spec, owner)
     );
     CREATE INDEX sketches_by_owner ON sketches (owner);
+    """,
+    # 3 -> 4: the last ledger receipt each owner signed for this curator (LedgerReceipt
+    # messages, opaque here), presented when the next session or job with that owner opens.
+    """
+    CREATE TABLE owner_receipts (
+        owner TEXT PRIMARY KEY,
+        receipt BLOB NOT NULL,
+        received_at REAL NOT NULL
+    );
+    """,
+    # 4 -> 5: what each owner charged a session, as the owner's ledger recorded it (returned
+    # when the curator closes the session there), written as soon as the curator knows it; a
+    # row is made when the session opens (figures and reason NULL: not known yet), so that a
+    # restarted curator knows at which owners, under which owner-side id, to ask for it.
+    """
+    CREATE TABLE owner_spend (
+        session TEXT NOT NULL REFERENCES sessions (id),
+        owner TEXT NOT NULL,
+        owner_session TEXT NOT NULL,
+        epsilon REAL,
+        delta REAL,
+        points INTEGER,
+        non_private INTEGER,
+        unknown TEXT,
+        at REAL NOT NULL,
+        PRIMARY KEY (session, owner)
+    );
     """,
 )
 
@@ -262,6 +297,81 @@ class CuratorStore:
                 rows,
             )
 
+    def owners_opened(self, session_id: str, owner_session: str, owners: Sequence[str]) -> None:
+        """Record that the session is open at ``owners`` under ``owner_session`` (what they
+        will charge it is not known yet)."""
+        now = self._clock()
+        with self._lock, transaction(self._conn) as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO owner_spend (session, owner, owner_session, at) "
+                "VALUES (?, ?, ?, ?)",
+                [(session_id, owner, owner_session, now) for owner in owners],
+            )
+
+    def record_owner_spend(self, session_id: str, owner: str, spend: SessionSpend) -> None:
+        """Write what ``owner``'s ledger recorded for the session (or why it is unknown),
+        durably, as soon as the curator knows it; a row the session did not open first is
+        ignored (nothing to record it against)."""
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute(
+                "UPDATE owner_spend SET epsilon = ?, delta = ?, points = ?, non_private = ?, "
+                "unknown = ?, at = ? WHERE session = ? AND owner = ?",
+                (
+                    spend.epsilon,
+                    spend.delta,
+                    spend.points,
+                    int(spend.non_private),
+                    spend.unknown,
+                    self._clock(),
+                    session_id,
+                    owner,
+                ),
+            )
+
+    def owner_spend(self, session_id: str) -> dict[str, SessionSpend | None]:
+        """What each owner the session was opened at recorded for it, by owner: its spend
+        (``unknown`` set when the curator has no record), or None while not known yet."""
+        with self._lock, snapshot(self._conn) as conn:
+            rows = conn.execute(
+                "SELECT owner, epsilon, delta, points, non_private, unknown FROM owner_spend "
+                "WHERE session = ? ORDER BY owner",
+                (session_id,),
+            ).fetchall()
+        out: dict[str, SessionSpend | None] = {}
+        for owner, epsilon, delta, points, non_private, unknown in rows:
+            if unknown is None:
+                out[owner] = None
+            elif unknown:
+                out[owner] = SessionSpend.unknown_because(unknown)
+            else:
+                out[owner] = SessionSpend(epsilon, delta, int(points), bool(non_private))
+        return out
+
+    def unrecorded_owner_sessions(self) -> list[tuple[str, str, str]]:
+        """``(session, owner, owner_session)`` of every owner whose record of a session a
+        restart interrupted (:meth:`recover`): what a restarted curator asks the owners for."""
+        with self._lock, snapshot(self._conn) as conn:
+            rows = conn.execute(
+                "SELECT session, owner, owner_session FROM owner_spend WHERE unknown = ? "
+                "ORDER BY session, owner",
+                (UNKNOWN_RESTARTED,),
+            ).fetchall()
+        return [(str(a), str(b), str(c)) for a, b, c in rows]
+
+    def refresh_owner_spend(self, session_id: str) -> None:
+        """Rewrite a finished session's stored report with the owners' records as they stand
+        (after a restarted curator got them); an expired report stays expired."""
+        stored = self.get(session_id)
+        if stored is None or stored.report is None:
+            return
+        spend = {o: s for o, s in self.owner_spend(session_id).items() if s is not None}
+        report = dataclasses.replace(stored.report, owner_spend=spend)
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute(
+                "UPDATE sessions SET report_json = ? WHERE id = ? AND report_json IS NOT NULL",
+                (report_to_json(report), session_id),
+            )
+
     def finish(self, session_id: str, result: SummaryResult, *, ttl: float) -> None:
         """Mark a session done and store its summary until ``ttl`` seconds from now."""
         now = self._clock()
@@ -353,8 +463,10 @@ class CuratorStore:
     def recover(self, *, ttl: float) -> list[str]:
         """Mark every running session failed (the curator restarted); keep its charges.
 
-        Its report (rebuilt from its charges) expires ``ttl`` seconds from now, like any
-        finished session's; the charges stay.
+        Its report (rebuilt from its charges and its owners' records: those not known yet are marked
+        :data:`~dpmarket.common.privacy.ledger.UNKNOWN_RESTARTED`, which the restarted curator asks
+        the owners for) expires ``ttl`` seconds from now, like any finished session's; the charges
+        stay.
 
         Returns
         -------
@@ -367,6 +479,12 @@ class CuratorStore:
             ).fetchall()
         recovered = []
         for session_id, method in rows:
+            # Owners whose record the session had not got yet: marked, to ask them for it.
+            with self._lock, transaction(self._conn) as conn:
+                conn.execute(
+                    "UPDATE owner_spend SET unknown = ? WHERE session = ? AND unknown IS NULL",
+                    (UNKNOWN_RESTARTED, session_id),
+                )
             report = self._report_from_charges(session_id, method, RESTART_ERROR)
             self.fail(session_id, RESTART_ERROR, report, ttl=ttl)
             recovered.append(session_id)
@@ -390,7 +508,26 @@ class CuratorStore:
             )
             return int(cursor.rowcount)
 
+    def record_owner_receipt(self, owner: str, receipt: bytes) -> None:
+        """Keep ``receipt`` (a serialized LedgerReceipt) as the last one ``owner`` returned,
+        durably (committed before this returns), replacing the one held before."""
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute(
+                "INSERT INTO owner_receipts (owner, receipt, received_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (owner) DO UPDATE SET receipt = excluded.receipt, "
+                "received_at = excluded.received_at",
+                (owner, receipt, self._clock()),
+            )
+
     # ------------------------------------------------------------------------------- reads
+    def owner_receipt(self, owner: str) -> bytes | None:
+        """The last ledger receipt ``owner`` returned (serialized LedgerReceipt), or None."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT receipt FROM owner_receipts WHERE owner = ?", (owner,)
+            ).fetchone()
+        return None if row is None else bytes(row[0])
+
     def get(self, session_id: str) -> StoredSession | None:
         """A session row, or None."""
         with self._lock, snapshot(self._conn) as conn:
@@ -478,6 +615,9 @@ class CuratorStore:
             ledger=ledger,
             wall_time_seconds=0.0,
             error=error,
+            owner_spend={
+                o: spend for o, spend in self.owner_spend(session_id).items() if spend is not None
+            },
         )
 
     @staticmethod

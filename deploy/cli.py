@@ -163,9 +163,10 @@ def init_command(
     host: str,
     base_port: int | None,
 ) -> None:
-    """Write a local deployment for your own tables into DIRECTORY: the PKI, a schema drafted
-    from the data (to confirm), one config per service, the owners' policies and data
-    directories."""
+    """Write a local deployment for your own tables into DIRECTORY: the PKI (the CA in an
+    offline folder, ca/; each service's certificate in its own pki/ folder), a schema drafted
+    from the data (to confirm), one config per service, the owners' policies (each pinning the
+    other owners' public keys) and data directories."""
     from dpmarket.deploy.local import init_deployment
 
     pairs = [_owner_file(o) for o in owners]
@@ -184,6 +185,13 @@ def init_command(
     except (OSError, ValueError, DPMarketError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"wrote a deployment of {len(pairs)} owner(s) to {directory}/")
+    click.secho(f"{deployment.ca}/ holds the CA's private key:", fg="yellow", bold=True)
+    click.echo(
+        "  no service reads it; whoever holds it can issue a certificate under any name. Move\n"
+        "  it off this machine and bring it back only to issue a certificate\n"
+        '  (docs/howto-certificates.md, "The offline CA"). Each owner\'s policy pins the\n'
+        "  other owners' public keys ([peers]): a CAPE job runs only among those keys."
+    )
     click.secho(f"{deployment.schema} is a DRAFT:", fg="yellow", bold=True)
     click.echo(
         "  its bounds and levels are the minimum, maximum and values of your private data, so\n"
@@ -248,6 +256,7 @@ for _command in consumer_cli.CAPE_COMMANDS:
     cape_group.add_command(_command)
 cape_group.add_command(cape_demo_command)
 cape_group.add_command(experiments_cli.cape_figures, "figures")
+cape_group.add_command(experiments_cli.cape_coverage, "coverage")
 
 for _command in (
     owner_cli.publish_command,

@@ -31,9 +31,18 @@ console = Console(stderr=True)
     metavar="ROLE:NAME",
     help="The identity the service's certificate must carry (required with mTLS).",
 )
+@click.option(
+    "--service",
+    default="",
+    metavar="NAME",
+    help="The service whose status to ask: empty for the whole server; at a curator, "
+    "owner:NAME is SERVING while it is connected to that owner.",
+)
 @click.option("--timeout", default=3.0, type=click.FloatRange(min=0.1), help="Seconds.")
 @tls_options
-def health_command(target: str, expect: str | None, timeout: float, **tls: Any) -> None:
+def health_command(
+    target: str, expect: str | None, service: str, timeout: float, **tls: Any
+) -> None:
     """Probe a service's grpc.health.v1 status over mTLS; exit 0 when it is SERVING.
 
     Any party's certificate will do (with --pki-dir, the one named --name there, whatever its
@@ -60,11 +69,11 @@ def health_command(target: str, expect: str | None, timeout: float, **tls: Any) 
     with channel:
         try:
             response = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=timeout
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
             )
         except grpc.RpcError as exc:
             raise click.ClickException(f"{target}: {exc.code().name}: {exc.details()}") from exc
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
-    console.print(f"{target}: {status}")
+    console.print(f"{target}{f' {service}' if service else ''}: {status}")
     if response.status != health_pb2.HealthCheckResponse.SERVING:
         raise SystemExit(1)

@@ -9,6 +9,7 @@ sessions) and policy, each binding port 0 and reporting its real port through a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -39,9 +40,10 @@ from dpmarket.common.summarization.methods import (
 )
 from dpmarket.common.summarization.session_ledger import SketchAllocationReport
 from dpmarket.common.summarization.summary import SummaryResult
-from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
 from dpmarket.experiments.runner import exact_greedy_summary, owner_sketch_seed
 from dpmarket.owner.data import feature_columns
+from dpmarket.owner.policy import OwnerPolicy, load_owner_policy
 from dpmarket.runtime.cli import progress_printer
 from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
 from dpmarket.runtime.transport import TransportSecurity
@@ -75,7 +77,10 @@ class LocalCluster:
         (each owner's ledger) and ``curator/`` (sessions and charges). Default: a temporary
         directory removed on exit.
     owner_policy, curator_policy : path, optional
-        Policy files passed to every owner and to the curator (default: built-in defaults).
+        Policy files of every owner and of the curator (default: built-in defaults). With
+        certificates, each owner gets ``owner_policy`` with a ``[peers]`` section added: the
+        public-key pins of every owner of the cluster and of ``peer_owners``
+        (:attr:`owner_policy_file`), as ``dpmarket init`` writes them.
     allow_seeded_sessions : bool
         Passed to the curator and the owners (reproducible runs).
     owner_timeout : float
@@ -88,6 +93,10 @@ class LocalCluster:
     owner_binary_columns : sequence of str
         Columns every owner declares 0/1 (``serve-owner --binary-column``): the targets CAPE
         logistic regressions and trainings may use.
+    peer_owners : sequence of str
+        Owners the cluster does not run (a test plays them in-process) that are issued
+        certificates and pinned in every owner's ``[peers]``, as an owner the operators agreed
+        on would be.
     owners_per_process : int
         1 (default): one ``dpmarket serve-owner`` process per owner, as in a deployment. More:
         owners are served in groups of that many per process (:mod:`dpmarket.deploy.owner_group`),
@@ -103,6 +112,11 @@ class LocalCluster:
     allocation_sketch_spec : str, optional
         The RFF spec whose sketches the candidates method's allocation reads
         (``serve-curator --allocation-sketch-spec``).
+    init_ledgers : bool
+        True (default): create the ledger of every owner whose data directory holds none, bound
+        to its certificate, as a new deployment's set-up does (``dpmarket owner ledger init``);
+        an empty or damaged ledger file is never replaced. False: an owner without its ledger
+        refuses to start (as every owner started by hand does).
 
     Raises
     ------
@@ -129,6 +143,8 @@ class LocalCluster:
         sketch_seed: int | None = None,
         allocation_sketch_spec: str | None = None,
         owners_per_process: int = 1,
+        peer_owners: Sequence[str] = (),
+        init_ledgers: bool = True,
     ) -> None:
         if owners_per_process < 1:
             raise ValueError(f"owners_per_process must be >= 1, got {owners_per_process}")
@@ -139,6 +155,7 @@ class LocalCluster:
         self.owner_ids = list(owner_ids)
         self.log_dir = Path(log_dir)
         self.owner_policy = None if owner_policy is None else str(owner_policy)
+        self.peer_owners = list(peer_owners)
         self.curator_policy = None if curator_policy is None else str(curator_policy)
         self.allow_seeded_sessions = allow_seeded_sessions
         self.owner_timeout = owner_timeout
@@ -147,6 +164,7 @@ class LocalCluster:
         self.sketch_specs = [str(p) for p in sketch_specs]
         self.sketch_seed = sketch_seed
         self.allocation_sketch_spec = allocation_sketch_spec
+        self.init_ledgers = init_ledgers
         self.owner_processes: list[subprocess.Popen[bytes]] = []
         self.owner_targets: list[str] = []
         self.curator_process: subprocess.Popen[bytes] | None = None
@@ -193,12 +211,59 @@ class LocalCluster:
             init_ca(self.pki_dir)
         identities = [
             Identity("curator", CURATOR_NAME),
-            *(Identity("owner", o) for o in self.owner_ids),
+            *(Identity("owner", o) for o in [*self.owner_ids, *self.peer_owners]),
             *(Identity("consumer", c) for c in self.consumers),
         ]
         missing = [i for i in identities if not identity_files(self.pki_dir, i)[1].exists()]
         if missing:
             issue_all(self.pki_dir, missing)
+
+    @property
+    def owner_policy_file(self) -> str | None:
+        """The policy file every owner command of the cluster gets (``--policy``): with
+        certificates, ``owner_policy`` (or the defaults) with the ``[peers]`` pins of every owner
+        of the cluster and of ``peer_owners``, written into the state directory; plaintext
+        clusters pass ``owner_policy`` as it is (no CAPE without certificates)."""
+        if self.insecure:
+            return self.owner_policy
+        return str(self.state_dir / "owner-policy.toml")
+
+    def _write_owner_policy(self) -> None:
+        """Write :attr:`owner_policy_file`: the owners pin each other's keys, as ``dpmarket
+        init`` makes them."""
+        base = OwnerPolicy() if self.owner_policy is None else load_owner_policy(self.owner_policy)
+        pins = owner_pins(self.pki_dir, [*self.owner_ids, *self.peer_owners])
+        policy = dataclasses.replace(base, peers=tuple(pins.items()))
+        path = Path(str(self.owner_policy_file))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(policy.to_toml(), encoding="utf-8")
+
+    def owner_security(self, owner_id: str) -> TransportSecurity:
+        """mTLS credentials of an owner of the cluster (plaintext if insecure)."""
+        if self.insecure:
+            return TransportSecurity.plaintext()
+        return TransportSecurity.from_files(
+            *identity_files(self.pki_dir, Identity("owner", owner_id))
+        )
+
+    def create_ledgers(self) -> list[str]:
+        """Create the ledger of every owner whose data directory holds no ledger file, bound to
+        its certificate, under the cluster's owner policy (``dpmarket owner ledger init``);
+        return their names. A data directory holding a ledger file, even an empty one, is left
+        as it is (its owner then starts on it, or refuses to)."""
+        from dpmarket.owner.ledger import LEDGER_FILE
+        from dpmarket.owner.ledger_admin import init_ledger
+
+        created = []
+        for owner_id in self.owner_ids:
+            state = self.owner_state(owner_id)
+            if (state / LEDGER_FILE).exists():
+                continue
+            init_ledger(
+                state, owner_id, self.owner_security(owner_id), policy=self.owner_policy_file
+            )
+            created.append(owner_id)
+        return created
 
     def _spawn(self, name: str, args: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -246,8 +311,8 @@ class LocalCluster:
                 args += ["--binary-column", column]
         args += self._tls_args(owner_id)
         args += ["--data-dir", str(self.owner_state(owner_id))]
-        if self.owner_policy is not None:
-            args += ["--policy", self.owner_policy]
+        if self.owner_policy_file is not None:
+            args += ["--policy", self.owner_policy_file]
         if self.allow_seeded_sessions:
             args.append("--allow-seeded-sessions")
         return args
@@ -256,6 +321,9 @@ class LocalCluster:
         """Issue the certificates, start every owner, then the curator pointed at them."""
         if not self.insecure:
             self.issue_certificates()
+            self._write_owner_policy()
+        if self.init_ledgers:
+            self.create_ledgers()
         if self.owners_per_process > 1:
             self._start_owner_groups()
         else:
@@ -361,8 +429,8 @@ class LocalCluster:
                 *self._tls_args(owner),
                 "--out", str(out), "--all",
             ]  # fmt: skip
-            if self.owner_policy is not None:
-                args += ["--policy", self.owner_policy]
+            if self.owner_policy_file is not None:
+                args += ["--policy", self.owner_policy_file]
             if seed is not None:
                 args += ["--seed", str(owner_sketch_seed(seed, k))]
             with (self.log_dir / f"publish-{owner}.log").open("wb") as log:
@@ -773,9 +841,9 @@ def run_demo(
             label: {"sizes": list(c.sizes), "mmd2": list(c.mmd2)} for label, c in curves.items()
         },
     }
-    write_json(report, out_dir / "report.json")
-    if budgets:
+    if budgets:  # read from the owners' own ledgers, before the report is written
         report["owner_budgets"] = budgets
+    write_json(report, out_dir / "report.json")
     out.print(comparison_table(rows, title=f"{scenario.name}, p = {p}, seed = {seed}", wide=wide))
     if budgets:
         out.print(budget_table(budgets))

@@ -1,12 +1,23 @@
 """A local deployment of one's own data: ``dpmarket init``, ``up`` and ``down``.
 
-:func:`init_deployment` writes, into one folder, everything a marketplace over the user's own CSV or
-Parquet files needs to run on this machine: the deployment's PKI (:mod:`dpmarket.deploy.pki`: a CA
-and a certificate for the curator, every owner and a consumer), a schema drafted from the data
-(:func:`dpmarket.common.schema.draft_schema`, marked as a draft), a sketch declaration over the
-schema's columns for the curator's catalogue, one configuration file per service (``--config``:
-every option of ``serve-owner``, ``serve-curator`` and the consumer's commands), each owner's data
-directory with its policy, and ``deployment.toml``, the list of services :func:`up` starts.
+:func:`init_deployment` writes, into one folder, everything a marketplace over the user's own
+CSV or Parquet files needs to run on this machine: the deployment's PKI
+(:mod:`dpmarket.deploy.pki`: a CA in the offline folder ``ca/``, which no service reads, and a
+certificate for the curator, every owner and a consumer, each in the service's own
+``pki/<role>-<name>/`` with ``ca.crt`` and nothing of the CA's key), a schema drafted from the
+data (:func:`dpmarket.common.schema.draft_schema`, marked as a draft), a sketch declaration over
+the schema's columns for the curator's catalogue, one configuration file per service
+(``--config``: every option of ``serve-owner``, ``serve-curator`` and the consumer's commands),
+each owner's data directory with its policy — whose ``[peers]`` pin every other owner's public
+key, the roster of its CAPE jobs — and its ledger
+(:func:`dpmarket.owner.ledger_admin.init_ledger`: the only place an owner's ledger is created),
+and ``deployment.toml``, the list of services :func:`up`
+starts.
+
+The CA's key signs certificates and nothing else: no service needs it to run. Whoever holds it
+can mint a certificate under any name, so ``init`` leaves it in ``ca/`` for the operator to move
+off the machine (docs/howto-certificates.md, "The offline CA"), and pins what it cannot forge:
+each owner accepts as a CAPE peer only the keys its policy lists.
 
 The drafted schema's bounds are the minimum and maximum of the private data: they disclose it.
 Owners refuse to serve a draft (:meth:`dpmarket.common.schema.Schema.check_confirmed`), so nothing
@@ -35,16 +46,20 @@ import numpy as np
 
 from dpmarket.common.errors import InvalidArgumentError, UnavailableError
 from dpmarket.common.schema import draft_schema
-from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
 from dpmarket.owner.data import load_table
+from dpmarket.owner.ledger_admin import init_ledger
 from dpmarket.owner.policy import POLICY_FILE, OwnerPolicy
-from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity
 
 __all__ = [
+    "CA_DIR",
     "DEPLOYMENT_FILE",
     "Deployment",
     "down",
     "init_deployment",
+    "service_pki_dir",
     "up",
 ]
 
@@ -53,9 +68,20 @@ DEPLOYMENT_FILE = "deployment.toml"
 #: Seconds ``up`` waits for a service to report its port (an owner of a large table checks
 #: every value before it serves; a service that exits is reported at once).
 START_TIMEOUT_SECONDS = 300.0
+#: Seconds ``up`` waits, once every service reports its port, for the curator to report
+#: every owner connected (its health service: ``owner:NAME`` SERVING).
+CONNECT_TIMEOUT_SECONDS = 60.0
 #: Seconds ``down`` waits for a service to stop after SIGTERM before killing it.
 STOP_TIMEOUT_SECONDS = 30.0
 CURATOR = "curator"
+#: The CA's folder in a deployment (``ca.crt``, ``ca.key``): read by ``dpmarket pki issue`` only.
+CA_DIR = "ca"
+
+
+def service_pki_dir(identity: Identity) -> Path:
+    """A service's own PKI folder in a deployment, relative to it: ``pki/<role>-<name>``, with
+    ``ca.crt`` and the service's certificate and key (never the CA's key)."""
+    return Path("pki") / f"{identity.role}-{identity.name}"
 
 
 @dataclass(frozen=True)
@@ -71,6 +97,8 @@ class Deployment:
         Each owner's configuration file.
     curator, consumer : Path
         The curator's and the consumer's configuration files.
+    ca : Path
+        The CA's folder (``ca.crt`` and ``ca.key``): no service reads it; keep it offline.
     """
 
     directory: Path
@@ -78,6 +106,7 @@ class Deployment:
     owners: dict[str, Path]
     curator: Path
     consumer: Path
+    ca: Path
 
     def next_commands(self) -> list[str]:
         """The three commands that follow ``init``: confirm the schema, start, ask."""
@@ -220,9 +249,16 @@ def init_deployment(
     schema = draft_schema(columns, values, label=label, name=title)
 
     root.mkdir(parents=True, exist_ok=True)
-    pki = root / "pki"
-    init_ca(pki)
-    issue_all(pki, identities)
+    ca = root / CA_DIR
+    init_ca(ca)
+    pki_dirs = {identity: service_pki_dir(identity) for identity in identities}
+    for identity, pki_dir in pki_dirs.items():
+        issue_all(ca, [identity], out_dir=root / pki_dir)
+    pins = {
+        i.name: owner_pins(root / d, [i.name])[i.name]
+        for i, d in pki_dirs.items()
+        if i.role == "owner"
+    }
     schema_path = root / "schema.toml"
     schema_path.write_text(schema.as_toml(), encoding="utf-8")
     (root / "sketches.toml").write_text(_sketch_declaration(schema.name), encoding="utf-8")
@@ -238,7 +274,15 @@ def init_deployment(
     for k, (owner, data) in enumerate(paths.items()):
         state = root / "owners" / owner
         state.mkdir(parents=True, exist_ok=True)
-        (state / POLICY_FILE).write_text(OwnerPolicy(curators=(CURATOR,)).to_toml(), "utf-8")
+        peers = tuple((o, pin) for o, pin in pins.items() if o != owner)
+        policy = OwnerPolicy(curators=(CURATOR,), peers=peers)
+        (state / POLICY_FILE).write_text(policy.to_toml(), "utf-8")
+        # The owner's ledger, created now and bound to its certificate: no owner command
+        # creates one, so a ledger lost later is refused rather than started again.
+        identity = Identity("owner", owner)
+        files = identity_files(root / pki_dirs[identity], identity)
+        security = TransportSecurity.from_files(*files)
+        init_ledger(state, owner, security)
         config = root / f"owner-{owner}.toml"
         config.write_text(
             _config(
@@ -249,7 +293,7 @@ def init_deployment(
                     "data": str(data),
                     "schema": "schema.toml",
                     "data-dir": f"owners/{owner}",
-                    "pki-dir": "pki",
+                    "pki-dir": str(service_pki_dir(Identity("owner", owner))),
                     "name": owner,
                     "host": host,
                     "port": ports[k + 1],
@@ -269,7 +313,7 @@ def init_deployment(
                 "host": host,
                 "port": ports[0],
                 "data-dir": "curator",
-                "pki-dir": "pki",
+                "pki-dir": str(service_pki_dir(Identity("curator", CURATOR))),
                 "name": CURATOR,
                 "sketch-spec": ["sketches.toml"],
             },
@@ -285,7 +329,7 @@ def init_deployment(
             {
                 "curator": curator_target,
                 "curator-name": CURATOR,
-                "pki-dir": "pki",
+                "pki-dir": str(service_pki_dir(Identity("consumer", consumer))),
                 "name": consumer,
                 "schema": "schema.toml",
             },
@@ -299,7 +343,7 @@ def init_deployment(
             f'\n[[service]]\nname = "{service}"\ncommand = "{command}"\nconfig = "{config_name}"\n'
         )
     (root / DEPLOYMENT_FILE).write_text(manifest, encoding="utf-8")
-    return Deployment(root, schema_path, owner_files, curator_config, consumer_config)
+    return Deployment(root, schema_path, owner_files, curator_config, consumer_config, ca)
 
 
 def _services(root: Path) -> list[dict[str, str]]:
@@ -345,7 +389,9 @@ def up(directory: str | os.PathLike[str]) -> dict[str, str]:
 
     Services already running are left alone. Each runs ``dpmarket -v <command> --config
     <file>`` in its own session (it outlives this call), writes its log to
-    ``logs/<name>.log`` and its process id and port to ``run/``.
+    ``logs/<name>.log`` and its process id and port to ``run/``. Returns once every service
+    reports its port and the curator reports a connection to every owner (so the next
+    request finds every owner, one restarted by this call included).
 
     Raises
     ------
@@ -353,7 +399,8 @@ def up(directory: str | os.PathLike[str]) -> dict[str, str]:
         If ``directory`` holds no deployment.
     UnavailableError
         If a service exits or reports no port within :data:`START_TIMEOUT_SECONDS` (the message
-        quotes the last line of its log, e.g. a draft schema refused); the services started by
+        quotes the last line of its log, e.g. a draft schema refused), or the curator reports
+        an owner not connected within :data:`CONNECT_TIMEOUT_SECONDS`; the services started by
         this call are stopped again.
     """
     root = Path(directory)
@@ -390,10 +437,64 @@ def up(directory: str | os.PathLike[str]) -> dict[str, str]:
                 spawned.append((name, pid, port_file, log_path))
             for name, pid, port_file, log_path in spawned:
                 ready[name] = _wait_port(name, pid, port_file, log_path)
+        for service in services:
+            if service["command"] == "serve-curator":
+                _wait_connected(root, service, ready[service["name"]], logs)
     except BaseException:
         _stop(run, started)
         raise
     return ready
+
+
+def _wait_connected(root: Path, service: Mapping[str, str], port: str, logs: Path) -> None:
+    """Wait until the curator reports a connection to each of its owners (its health service,
+    ``owner:NAME``), so that the next request finds every owner ``up`` reported serving.
+
+    Raises
+    ------
+    UnavailableError
+        If an owner is not connected within :data:`CONNECT_TIMEOUT_SECONDS` (naming it and the
+        curator's log).
+    """
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from dpmarket.curator.owners import OWNER_HEALTH_PREFIX
+    from dpmarket.runtime.identity import identity_files
+    from dpmarket.runtime.transport import TransportSecurity, connected_channel
+
+    config = tomllib.loads((root / service["config"]).read_text(encoding="utf-8"))
+    owners = [str(text).split("@", 1)[0] for text in config.get("owner", [])]
+    if not owners or "pki-dir" not in config:  # plaintext deployments name owners by address
+        return
+    identity = Identity("curator", str(config.get("name", CURATOR)))
+    security = TransportSecurity.from_files(*identity_files(root / config["pki-dir"], identity))
+    target = f"{config.get('host', '127.0.0.1')}:{port}"
+    pending = set(owners)
+    deadline = time.monotonic() + CONNECT_TIMEOUT_SECONDS
+    with connected_channel(target, security, identity) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while pending:
+            for owner in sorted(pending):
+                request = health_pb2.HealthCheckRequest(service=OWNER_HEALTH_PREFIX + owner)
+                try:
+                    status = health.Check(request, timeout=5.0).status
+                except grpc.RpcError as exc:  # NOT_FOUND: its monitor has not reported yet
+                    if exc.code() != grpc.StatusCode.NOT_FOUND:
+                        raise UnavailableError(
+                            f"{service['name']}: health check failed: {exc.code().name}"
+                        ) from None
+                    continue
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    pending.discard(owner)
+            if pending and time.monotonic() > deadline:
+                raise UnavailableError(
+                    f"{service['name']} reports no connection to owner(s) "
+                    f"{', '.join(sorted(pending))} after {CONNECT_TIMEOUT_SECONDS:.0f} s "
+                    f"(log: {logs / (service['name'] + '.log')})"
+                )
+            if pending:
+                time.sleep(0.05)
 
 
 def _spawn(argv: list[str], log_path: Path) -> int:

@@ -1,10 +1,12 @@
-"""The deployment CA: create it, issue every party its certificate, inspect certificates.
+"""The deployment CA: create it, issue every party its certificate, inspect certificates, pin
+owners' keys in a policy.
 
 ``dpmarket pki init`` creates the CA (``ca.crt``, ``ca.key``); ``dpmarket pki issue`` gives a
 curator, owner or consumer a certificate and key that state its role and name in the form
 :mod:`dpmarket.runtime.identity` reads and :mod:`dpmarket.runtime.transport` checks at every
-handshake; ``dpmarket pki show`` prints what a certificate says. Keys are ECDSA P-256, written with
-mode 0600.
+handshake; ``dpmarket pki show`` prints what a certificate says (its public-key pin included);
+``dpmarket pki peers`` writes owners' pins into an owner policy's ``[peers]``. Keys are ECDSA
+P-256, written with mode 0600.
 
 A party's directory holds ``ca.crt``, ``<role>-<name>.crt`` and ``<role>-<name>.key``
 (:func:`dpmarket.runtime.identity.identity_files`): everything
@@ -14,6 +16,7 @@ A party's directory holds ``ca.crt``, ``<role>-<name>.crt`` and ``<role>-<name>.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import secrets
@@ -35,6 +38,7 @@ from dpmarket.runtime.identity import (
     Role,
     identity_files,
     identity_from_certificate,
+    key_fingerprint,
 )
 
 #: File name of the CA key in a CA directory (beside :data:`dpmarket.runtime.identity.CA_CERT`).
@@ -117,6 +121,7 @@ def issue(
     out_dir: Path | None = None,
     days: int = 365,
     force: bool = False,
+    keep_key: bool = False,
 ) -> tuple[Path, Path]:
     """Issue a party its certificate and key, signed by the CA in ``ca_dir``.
 
@@ -135,6 +140,10 @@ def issue(
         Validity in days (>= 1); cut to the CA's own end of validity.
     force : bool, default False
         Overwrite existing files.
+    keep_key : bool, default False
+        Renew: certify the key already in ``<role>-<name>.key`` instead of a fresh one (its
+        certificate is replaced without ``force``), so that the public-key pin other owners
+        hold for it (:func:`dpmarket.runtime.identity.key_fingerprint`) stays valid.
 
     Returns
     -------
@@ -150,7 +159,9 @@ def issue(
         If ``ca_dir`` holds no ``ca.crt`` or ``ca.key``.
     FileExistsError
         If the certificate or key exists, or ``out_dir`` has a different ``ca.crt``, and
-        ``force`` is not set.
+        ``force`` is not set (with ``keep_key``: only a different ``ca.crt``).
+    FileNotFoundError
+        With ``keep_key``, if there is no key to keep.
 
     Notes
     -----
@@ -168,14 +179,14 @@ def issue(
     ca_copy, cert_path, key_path = identity_files(out_dir, identity)
     copy_ca = not _same_dir(out_dir, ca_dir)
     ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
-    _refuse_existing([cert_path, key_path], force)
+    _refuse_existing([] if keep_key else [cert_path, key_path], force)
     if copy_ca and not force and ca_copy.exists() and ca_copy.read_bytes() != ca_pem:
         raise FileExistsError(
             f"{ca_copy} exists and is not the certificate of the CA in {ca_dir}; "
             "use --force to replace it"
         )
 
-    key = ec.generate_private_key(ec.SECP256R1())
+    key = _kept_key(key_path) if keep_key else ec.generate_private_key(ec.SECP256R1())
     now = datetime.now(UTC)
     not_after = min(now + timedelta(days=days), ca_cert.not_valid_after_utc)
     ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
@@ -208,7 +219,8 @@ def issue(
         .sign(ca_key, hashes.SHA256())
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(key_path, _key_pem(key), _KEY_MODE)
+    if not keep_key:
+        _write_atomic(key_path, _key_pem(key), _KEY_MODE)
     _write_atomic(cert_path, cert.public_bytes(serialization.Encoding.PEM), _CERT_MODE)
     if copy_ca:
         _write_atomic(ca_copy, ca_pem, _CERT_MODE)
@@ -279,7 +291,51 @@ def describe(cert: x509.Certificate) -> list[tuple[str, str]]:
         )
     digest = hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
     lines.append(("SHA-256 fingerprint", digest))
+    lines.append(("public-key pin", key_fingerprint(cert)))
     return lines
+
+
+def owner_pins(directory: Path, names: Iterable[str] | None = None) -> dict[str, str]:
+    """The public-key pins of the owner certificates in a directory: what an owner policy's
+    ``[peers]`` lists (:func:`dpmarket.runtime.identity.key_fingerprint`).
+
+    Parameters
+    ----------
+    directory : Path
+        Holds ``owner-<name>.crt`` files (a CA directory after :func:`issue_all`, or a folder of
+        the certificates the owners exchanged).
+    names : iterable of str, optional
+        The owners to pin; default every ``owner-*.crt`` in ``directory``.
+
+    Returns
+    -------
+    dict of str to str
+        Owner name -> pin, for the certificates whose identity is ``owner:<name>``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If a named owner has no certificate there.
+    ValueError
+        If a certificate is not PEM or does not name the owner its file is named after.
+    """
+    directory = Path(directory)
+    if names is None:
+        paths = {p.stem.removeprefix("owner-"): p for p in sorted(directory.glob("owner-*.crt"))}
+    else:
+        paths = {n: identity_files(directory, Identity("owner", n))[1] for n in names}
+    pins: dict[str, str] = {}
+    for name, path in paths.items():
+        try:
+            cert = x509.load_pem_x509_certificate(path.read_bytes())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no certificate of owner {name!r}: {path} not found") from None
+        except ValueError as exc:
+            raise ValueError(f"{path}: no PEM certificate ({exc})") from None
+        if identity_from_certificate(cert) != Identity("owner", name):
+            raise ValueError(f"{path} is not the certificate of owner:{name}")
+        pins[name] = key_fingerprint(cert)
+    return pins
 
 
 # -------------------------------------------------------------------------------- the CLI
@@ -339,16 +395,32 @@ def init_command(out_dir: Path, days: int, force: bool) -> None:
 )
 @click.option("--days", default=365, type=click.IntRange(min=1), help="Validity in days.")
 @click.option("--force", is_flag=True, help="Overwrite existing files.")
+@click.option(
+    "--keep-key",
+    is_flag=True,
+    help="Renew: certify the party's existing key (in --out) instead of a new one, so the "
+    "public-key pin other owners hold for it stays valid.",
+)
 def issue_command(
-    ca_dir: Path, role: Role, name: str, out_dir: Path | None, days: int, force: bool
+    ca_dir: Path,
+    role: Role,
+    name: str,
+    out_dir: Path | None,
+    days: int,
+    force: bool,
+    keep_key: bool,
 ) -> None:
     """Issue a curator, owner or consumer its certificate and key."""
     try:
-        cert_path, key_path = issue(ca_dir, role, name, out_dir=out_dir, days=days, force=force)
+        cert_path, key_path = issue(
+            ca_dir, role, name, out_dir=out_dir, days=days, force=force, keep_key=keep_key
+        )
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
     click.echo(f"{Identity(role, name)}: certificate {cert_path}")
     click.echo(f"{Identity(role, name)}: key         {key_path} (mode 0600)")
+    click.echo(f"{Identity(role, name)}: public-key pin {key_fingerprint(cert)}")
 
 
 @pki.command("show")
@@ -368,6 +440,61 @@ def show_command(file: Path) -> None:
         width = max(len(key) for key, _ in lines)
         for key, value in lines:
             click.echo(f"{key + ':':<{width + 1}} {value}")
+
+
+@pki.command("peers")
+@click.argument(
+    "certificates",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+)
+@click.option(
+    "--policy",
+    "base",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The owner policy to add the pins to (default: the built-in defaults).",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the policy (it may be --policy itself).",
+)
+def peers_command(certificates: tuple[Path, ...], base: Path | None, out: Path) -> None:
+    """Pin the owners of CERTIFICATES as CAPE peers in an owner policy ([peers]).
+
+    Each certificate must be an owner's; its public-key pin is added under the owner's name.
+    A name the policy already pins to another key is refused: edit the file to change a pin.
+    Take the certificates from the peers' operators, never from the curator.
+    """
+    from dpmarket.owner.policy import OwnerPolicy, load_owner_policy
+
+    try:
+        policy = OwnerPolicy() if base is None else load_owner_policy(base)
+        pins = policy.peer_pins
+        for path in certificates:
+            try:
+                cert = x509.load_pem_x509_certificate(path.read_bytes())
+                identity = identity_from_certificate(cert)
+            except ValueError as exc:
+                raise ValueError(f"{path}: not an owner certificate ({exc})") from None
+            if identity.role != "owner":
+                raise ValueError(f"{path} is the certificate of {identity}, not of an owner")
+            pin = key_fingerprint(cert)
+            if pins.get(identity.name, pin) != pin:
+                raise ValueError(
+                    f"{identity.name} is pinned to {pins[identity.name]} already and {path} has "
+                    f"the key {pin}: edit [peers] to change a pin"
+                )
+            pins[identity.name] = pin
+        text = dataclasses.replace(policy, peers=tuple(pins.items())).to_toml()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(out, text.encode("utf-8"), _CERT_MODE)
+    except (ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{out}: [peers] pins {', '.join(sorted(pins))}")
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -436,6 +563,21 @@ def _refuse_existing(paths: Iterable[Path], force: bool) -> None:
 
 def _same_dir(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
+
+
+def _kept_key(path: Path) -> ec.EllipticCurvePrivateKey:
+    """The party's existing P-256 key (``issue(keep_key=True)``)."""
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"no key to keep: {path} not found (issue without --keep-key for a new key)"
+        ) from None
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: no unencrypted PEM private key ({exc})") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or not isinstance(key.curve, ec.SECP256R1):
+        raise ValueError(f"{path}: not a P-256 key")
+    return key
 
 
 def _load_ca(ca_dir: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:

@@ -246,9 +246,18 @@ def _ranking(
     return {
         "spec": spec.name,
         "validation": f"{VALIDATION_SIZE} {CONSUMER_CARRIER} flights",
-        "private": [{"owner": o, "mmd2": v} for o, v in private],
+        "private": [
+            {
+                "owner": r.owner,
+                "mmd2": r.mmd2,
+                "standard_error": r.estimate.standard_error,
+                "interval": [r.estimate.low, r.estimate.high],
+                "order_not_resolved_against": [o for o, _, _ in r.unresolved],
+            }
+            for r in private
+        ],
         "exact": [{"owner": o, "mmd2": v} for o, v in exact],
-        "same_order": [o for o, _ in private] == [o for o, _ in exact],
+        "same_order": [r.owner for r in private] == [o for o, _ in exact],
         "seconds": elapsed,
     }
 
@@ -313,7 +322,7 @@ def _in_process(
         names = [s.name for s in catalog.specs()]
         for k, (owner, frame) in enumerate(tables.items()):
             table = Table(tuple(frame.columns), frame.to_numpy(np.float64), owner)
-            with OwnerLedger(state / f"owner-{owner}", policy) as ledger:
+            with OwnerLedger.create(state / f"owner-{owner}", policy) as ledger:
                 publisher = SketchPublisher(
                     ledger, noise=SeededNoise(np.random.default_rng(seed * 1000 + k))
                 )

@@ -1,7 +1,8 @@
 """The reproductions' and the evaluation's commands: ``simulate`` (every party in this process),
 ``scenario`` (a bundled real-data scenario to files), ``evaluate`` (summary quality against
-epsilon), ``cape figures`` and ``sketch-experiments`` (the CAPE and M2M papers' results; their
-commands live with their experiments, so ``python -m`` runs them alone)."""
+epsilon), ``cape figures`` and ``sketch-experiments`` (the CAPE and M2M papers' results) and
+``cape coverage`` (CAPE's intervals against the truth); their commands live with their
+experiments, so ``python -m`` runs them alone."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from dpmarket.consumer.cli import (
     summary_sections,
 )
 from dpmarket.consumer.options import check_method_options
+from dpmarket.experiments.cape_coverage import cape_coverage
 from dpmarket.experiments.cape_experiments import cape_figures
 from dpmarket.experiments.evaluate import EVAL_METHODS
 from dpmarket.experiments.scenarios import SCENARIO_NAMES
@@ -33,6 +35,7 @@ from dpmarket.owner.data import PointSet
 from dpmarket.runtime.cli import SectionedCommand, check_outputs, console, progress_printer
 
 __all__ = [
+    "cape_coverage",
     "cape_figures",
     "evaluate",
     "scenario_command",

@@ -1083,7 +1083,9 @@ def run_workload_experiment(
 
 
 @click.command("sketch-experiments", context_settings={"show_default": True})
-@click.argument("experiments", nargs=-1, type=click.Choice([*EXPERIMENTS, "workload", "all"]))
+@click.argument(
+    "experiments", nargs=-1, type=click.Choice([*EXPERIMENTS, "workload", "coverage", "all"])
+)
 @click.option(
     "--out",
     "out_dir",
@@ -1109,7 +1111,25 @@ def run_workload_experiment(
     help="workload: only these tables (repeat; default both).",
 )
 @click.option(
-    "--seeds", type=click.IntRange(min=1), default=5, help="workload: releases per method."
+    "--seeds",
+    type=click.IntRange(min=1),
+    default=None,
+    help="workload: releases per method (default 5); coverage: releases per table (default 3).",
+)
+@click.option("--skip-marginals", is_flag=True, help="coverage: leave the marginals sketches out.")
+@click.option("--skip-logreg", is_flag=True, help="coverage: leave the logistic regressions out.")
+@click.option(
+    "--counts",
+    type=click.IntRange(min=1),
+    default=None,
+    help="coverage: count queries per seed (default 40).",
+)
+@click.option(
+    "--coverage-table",
+    "coverage_tables",
+    multiple=True,
+    help="coverage: only these tables of dpmarket.experiments.tables (repeat; default the "
+    "tuning tables, then the held-out ones).",
 )
 def sketch_experiments(
     experiments: tuple[str, ...],
@@ -1119,19 +1139,47 @@ def sketch_experiments(
     n_synthetic: int | None,
     seed: int,
     tables: tuple[str, ...],
-    seeds: int,
+    seeds: int | None,
+    skip_marginals: bool,
+    skip_logreg: bool,
+    counts: int | None,
+    coverage_tables: tuple[str, ...],
 ) -> None:
     """Reproduce the M2M paper's Table 1, Figures 3 and 4 and the lambda-rule evaluation; or
     run the counting-query workload against AIM and MST (``workload``, not part of ``all``).
 
-    EXPERIMENTS: any of table1, lambda, figure3, figure4, workload, or all (the default: the
-    paper's four).
+    EXPERIMENTS: any of table1, lambda, figure3, figure4, workload, coverage, or all (the
+    default: the paper's four). ``coverage``: the coverage of explore's 95 % intervals per query
+    kind and sketch kind (dpmarket.experiments.coverage), not part of ``all``.
     """
+    if "coverage" in experiments:
+        from dpmarket.experiments.coverage import run_coverage
+        from dpmarket.experiments.tables import HELD_OUT, TUNING
+
+        chosen_tables = (
+            [t for t in coverage_tables if t not in HELD_OUT] if coverage_tables else TUNING
+        )
+        held = [t for t in coverage_tables if t in HELD_OUT] if coverage_tables else HELD_OUT
+        run_coverage(
+            out_dir,
+            tables=chosen_tables,
+            held_out=held,
+            seeds=tuple(range(seed, seed + (seeds or 3))),
+            quick=quick,
+            marginals=not skip_marginals,
+            logreg=not skip_logreg,
+            n_synthetic=n_synthetic,
+            counts=counts,
+            console=Console(),
+        )
+        experiments = tuple(e for e in experiments if e != "coverage")
+        if not experiments:
+            return
     if "workload" in experiments:
         run_workload_experiment(
             out_dir,
             quick=quick,
-            seeds=tuple(range(seed, seed + seeds)),
+            seeds=tuple(range(seed, seed + (seeds or 5))),
             tables=tables or None,
             console=Console(),
         )

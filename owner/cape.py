@@ -319,6 +319,7 @@ class CapeSite:
             raise InvalidArgumentError(f"sites must be sorted and distinct, got {list(names)}")
         if self.name not in names:
             raise InvalidArgumentError(f"owner {self.name} is not among the sites {names}")
+        self._require_identity().check_roster(names)
         if job.training:
             if first_iteration <= job.last_iteration:
                 raise FailedPreconditionError(
@@ -366,8 +367,9 @@ class CapeSite:
         FailedPreconditionError
             If ``S_C`` is not one this owner may plan with (its floor, the spec's or the default,
             the training's; :func:`dpmarket.common.cape.agreement.check_colluders`), a statistic job
-            has released, a training would re-plan an iteration released already, or this owner has
-            no identity.
+            has released, a training would re-plan an iteration released already, this owner has
+            no identity, or a site is not on this owner's roster (its policy's ``[peers]``: the
+            curator cannot add a site, :meth:`dpmarket.owner.secagg.SiteIdentity.check_roster`).
         AbortedError
             If the job was aborted at this owner.
         """
@@ -419,7 +421,9 @@ class CapeSite:
             As :meth:`attest`.
         AbortedError
             If a site's signed count is missing, filed under another site, or does not verify
-            against its certificate (deployment CA, name = site) for exactly this plan, or this
+            against its certificate (deployment CA, name = site, the key this owner pins for
+            the site) for exactly this plan (every site signs the same sorted sites, so a
+            roster the curator changed between sites fails here), or this
             owner's own count is not its own: the job is aborted at this owner (every later call
             of it fails; it has released nothing and charged nothing). Also if it was aborted
             before.
@@ -474,12 +478,7 @@ class CapeSite:
         """
         job = self._any_curators_job(job_id)
         with job.lock:
-            plan = self._round_plan(job, params)
-            if params.colluders < plan.colluders:
-                raise FailedPreconditionError(
-                    f"the round defends against S_C={params.colluders} colluders, the job's "
-                    f"plan against {plan.colluders}"
-                )
+            self._round_plan(job, params)
 
     def _any_curators_job(self, job_id: str) -> _Job:
         """A job by id, whichever curator opened it (secure aggregation checked the curator)."""
@@ -492,8 +491,9 @@ class CapeSite:
     @staticmethod
     def _round_plan(job: _Job, params: RoundParams) -> AnyCapePlan:
         """The plan a round of ``job`` must follow (``job.lock`` held): the job is not aborted,
-        is planned (and, for a statistic, has not released), and the round's sites and length
-        are the plan's."""
+        is planned (and, for a statistic, has not released), the round's sites and length are
+        the plan's, and it defends against at least the plan's ``S_C`` (a lower threshold would
+        let fewer colluders than the plan assumes learn this site's draw)."""
         if job.aborted is not None:
             raise AbortedError(f"the job was aborted at this owner: {job.aborted}")
         plan = job.plan
@@ -504,12 +504,17 @@ class CapeSite:
             raise FailedPreconditionError(
                 "the round's sites or vector length differ from the job's plan"
             )
+        if params.colluders < plan.colluders:
+            raise FailedPreconditionError(
+                f"the round defends against S_C={params.colluders} colluders, the job's "
+                f"plan against {plan.colluders}"
+            )
         return plan
 
     def noise_input(self, job_id: str, params: RoundParams) -> NDArray[np.float64]:
         """Secure aggregation's input source: a fresh zero-sum noise draw for this round
         (Algorithm 1, step 2; for gradient descent, every iteration the plan covers), kept for
-        the releases; the round must be over the planned sites.
+        the releases; the round must follow the job's current plan, and draws once.
 
         Raises
         ------
@@ -517,13 +522,23 @@ class CapeSite:
             For an unknown job (no curator check here: the round was authorized by the
             secure-aggregation service for the same curator).
         FailedPreconditionError
-            If the job is not planned, or the round's sites or length are not the plan's.
+            If the job is not planned, the round's sites or length are not the plan's, it
+            defends against fewer colluders than the plan (checked again here, not only when
+            the round was admitted: a round admitted under an earlier plan with a lower ``S_C``
+            must not carry a draw calibrated for more colluders), or this site drew for the
+            round already (a repeated masked input would otherwise keep a draw other than the
+            one summed: the zero-sum property would break in silence).
         AbortedError
             If the job was aborted at this owner.
         """
         job = self._any_curators_job(job_id)
         with job.lock:
             plan = self._round_plan(job, params)
+            if params.round_id in job.draws:
+                raise FailedPreconditionError(
+                    f"this site drew its noise for round {params.round_id.hex()[:8]}… already: a "
+                    "round takes one draw"
+                )
             if isinstance(plan, CapeTrainingPlan):
                 e_hat = training_noise_share(plan, job.index, job.noise)
             else:

@@ -4,11 +4,16 @@ Thin adapters like :mod:`dpmarket.owner.service`: every RPC is open to the curat
 policy names (the same :class:`dpmarket.runtime.authz.Authorizer`), converts, and calls
 :class:`dpmarket.owner.secagg.SiteRounds` or :class:`dpmarket.owner.cape.CapeSite` in a worker
 thread.
+
+Their receive limits (:mod:`dpmarket.runtime.admission`) are sized for jobs and rounds of at most
+:data:`MAX_SITES` sites and trainings of at most :data:`MAX_HIDDEN_UNITS` hidden units over the
+owner's own columns (:func:`cape_site_limits`, :func:`secure_aggregation_limits`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from dpmarket.common.ids import short_id
@@ -16,10 +21,76 @@ from dpmarket.owner import convert
 from dpmarket.owner.cape import CapeSite
 from dpmarket.owner.secagg import RoundJobs, SiteRounds
 from dpmarket.runtime import cape_messages as msg
+from dpmarket.runtime.admission import (
+    COLUMN_BYTES,
+    DEFAULT_CONCURRENT_CALLS,
+    SMALL_REQUEST_BYTES,
+    VALUE_BYTES,
+    ServiceLimits,
+)
 from dpmarket.runtime.authz import Authorizer, rpc
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc, secure_aggregation_pb2, secure_aggregation_pb2_grpc
 
 logger = logging.getLogger(__name__)
+
+#: Sites of a CAPE job or a secure-aggregation round the owner's messages are sized for.
+MAX_SITES = 1024
+#: Bytes one site may add to a message: its name, two public keys, a signature and its PEM
+#: certificate (an advertisement: 1.3 KiB measured, P-256, a 63-character name), a graph nonce, a
+#: ciphertext of its shares and two pair tags (2.4 KiB in all; tests/runtime/test_admission.py).
+SITE_BYTES = 4 << 10
+#: Hidden units of a CAPE training the owner's messages are sized for: the curator's default
+#: policy's bound (``train_hidden_units``).
+MAX_HIDDEN_UNITS = 256
+_ROUND_RPCS = (
+    "AdvertiseKeys",
+    "RevealNonce",
+    "ShareKeys",
+    "MaskedInput",
+    "ConsistencyCheck",
+    "Unmask",
+)
+
+
+def _calls(max_jobs: int | None) -> int:
+    """Calls at once: four per job the owner keeps open, at least the default."""
+    return max(DEFAULT_CONCURRENT_CALLS, 4 * (max_jobs or 0))
+
+
+def secure_aggregation_limits() -> ServiceLimits:
+    """SecureAggregationService's receive limits: every round message carries the round's
+    sites and, per site, at most its keys, certificate, nonce, ciphertext and tags
+    (:data:`MAX_SITES` x :data:`SITE_BYTES` beside the ids and scalars). Calls at once: the
+    default (a job's round makes one call at a time)."""
+    round_message = SMALL_REQUEST_BYTES + MAX_SITES * SITE_BYTES
+    return ServiceLimits(dict.fromkeys(_ROUND_RPCS, round_message))
+
+
+def cape_site_limits(cape: CapeSite) -> ServiceLimits:
+    """CapeSiteService's receive limits, from the owner's columns ``C`` (float64 values):
+
+    * ``OpenCapeJob``: a spec naming at most ``C`` feature columns and a target;
+    * ``AttestCapePlan``, ``PlanCapeJob``: the sites, and each site's signed row count and
+      certificate (:data:`MAX_SITES` x :data:`SITE_BYTES`);
+    * ``ReleaseCape``: the noise total of a statistic of at most ``(C + 2)^2`` values (capeFM's
+      packed coefficients ``1 + D + D^2`` with ``D <= C + 1``; a mean's ``C``);
+    * ``ReleaseCapeGradient``: the parameters and the noise total, ``P = H (D + 2) + 1`` values
+      each with ``D <= C`` and ``H <=`` :data:`MAX_HIDDEN_UNITS`;
+    * ``CloseCapeJob``: ids only.
+    """
+    c = 0 if cape.table is None else len(cape.table.columns)
+    parameters = MAX_HIDDEN_UNITS * (c + 2) + 1
+    sites = SMALL_REQUEST_BYTES + MAX_SITES * SITE_BYTES
+    return ServiceLimits(
+        {
+            "OpenCapeJob": SMALL_REQUEST_BYTES + (c + 1) * COLUMN_BYTES,
+            "AttestCapePlan": sites,
+            "PlanCapeJob": sites,
+            "ReleaseCape": SMALL_REQUEST_BYTES + VALUE_BYTES * (c + 2) ** 2,
+            "ReleaseCapeGradient": SMALL_REQUEST_BYTES + 2 * VALUE_BYTES * parameters,
+        },
+        concurrent_calls=_calls(cape.max_jobs),
+    )
 
 
 class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationServiceServicer):
@@ -30,6 +101,14 @@ class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationSer
         self.rounds = rounds
         self.jobs = jobs
         self.authorizer = authorizer
+
+    @functools.cached_property
+    def limits(self) -> ServiceLimits:
+        """This service's receive limits and calls at once
+        (:func:`secure_aggregation_limits`), read by :class:`dpmarket.runtime.admission.Admission`
+        when the
+        service is first called."""
+        return secure_aggregation_limits()
 
     def _job_of(self, job_id: str, caller: object) -> None:
         """A round may only be run for a job the calling curator opened."""
@@ -126,10 +205,20 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
         self.rounds = rounds
         self.authorizer = authorizer
 
+    @functools.cached_property
+    def limits(self) -> ServiceLimits:
+        """This service's receive limits and calls at once (:func:`cape_site_limits`), read by
+        :class:`dpmarket.runtime.admission.Admission` when the service is first called."""
+        return cape_site_limits(self.cape)
+
     @rpc("curator")
     async def OpenCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
         spec = msg.job_from_proto(request)
         consumer = convert.consumer_from_proto(request.consumer)
+        ledger = self.cape.ledger
+        if ledger is not None:  # a ledger behind a receipt its owner signed refuses the open
+            presented = convert.presented_receipt(request)
+            await asyncio.to_thread(ledger.check_receipt, presented, curator=str(caller))
         rows = await asyncio.to_thread(
             self.cape.open,
             request.job_id,
@@ -209,10 +298,12 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
     async def CloseCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
         spent = await asyncio.to_thread(self.cape.close, request.job_id, curator=str(caller))
         self.rounds.forget(request.job_id)
+        ledger = self.cape.ledger
+        receipt = None if ledger is None else await asyncio.to_thread(ledger.receipt)
         logger.info(
             "CAPE job %s closed: spent epsilon=%g, delta=%g",
             short_id(request.job_id),
             spent.epsilon,
             spent.delta,
         )
-        return cape_pb2.CloseCapeJobResponse(spent=convert.spend_to_proto(spent))
+        return cape_pb2.CloseCapeJobResponse(spent=convert.spend_to_proto(spent), receipt=receipt)

@@ -1,5 +1,6 @@
-"""A data owner's commands, all run on the owner's own machine: ``serve-owner``, ``owner ledger``,
-``sketch publish`` and ``sketch published``.
+"""A data owner's commands, all run on the owner's own machine: ``serve-owner``, ``owner ledger``
+(and its ``init``, ``backup``, ``restore``, ``verify``, ``resolve``, ``rebind``), ``sketch
+publish`` and ``sketch published``.
 
 ``serve-owner`` serves the owner's data over mTLS under its own policy and ledger. ``sketch
 publish`` fetches specs from the curator's catalogue, computes and charges each sketch to the
@@ -33,7 +34,15 @@ from dpmarket.common.errors import DPMarketError
 from dpmarket.common.schema import Schema
 from dpmarket.owner.data import PointSet
 from dpmarket.owner.engine import Engine
-from dpmarket.owner.ledger import LEDGER_FILE, LedgerEntry, OwnerLedger, Totals, ledger_path
+from dpmarket.owner.ledger import (
+    LEDGER_FILE,
+    LedgerEntry,
+    LedgerMissingError,
+    OwnerLedger,
+    Totals,
+    ledger_path,
+)
+from dpmarket.owner.ledger_chain import LedgerOwner
 from dpmarket.owner.limits import DEFAULT_IN_MEMORY_VALUES, WorkLimits
 from dpmarket.owner.policy import POLICY_FILE, OwnerPolicy, data_dir_policy
 from dpmarket.runtime.cli import (
@@ -223,14 +232,22 @@ def _budget_table(report: dict[str, Any]) -> Table:
 
 @click.group("owner", context_settings={"help_option_names": ["-h", "--help"]})
 def owner() -> None:
-    """Tools for a data owner: inspect its own privacy ledger."""
+    """Tools for a data owner: create, inspect, back up, restore and verify its privacy ledger."""
 
 
-@owner.command("ledger")
+_LEDGER_DIR = click.option(
+    "--data-dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help=f"The owner's data directory (holds {LEDGER_FILE}).",
+)
+
+
+@owner.group("ledger", invoke_without_command=True)
 @config_option
 @click.option(
     "--data-dir",
-    required=True,
+    default=None,
     type=click.Path(file_okay=False, path_type=Path),
     help=f"The owner's data directory (holds {LEDGER_FILE}).",
 )
@@ -246,21 +263,28 @@ def owner() -> None:
     default=None,
     help="Only the last N charges (the totals always cover every charge).",
 )
-def ledger(data_dir: Path, session: str | None, as_json: bool, limit: int | None) -> None:
+@click.pass_context
+def ledger(
+    ctx: click.Context, data_dir: Path | None, session: str | None, as_json: bool, limit: int | None
+) -> None:
     """Show what the owner's data has been charged, and what is left of each budget.
 
     Uses the policy last recorded in the ledger (no policy file needed). Non-private releases
-    are listed with epsilon inf and are not summed into epsilon or delta.
+    are listed with epsilon inf and are not summed into epsilon or delta. The subcommands
+    create the ledger (init), copy it while the owner serves (backup), put a copy back
+    (restore), check it whole (verify), clear a rollback the owner found (resolve) and bind it
+    to a new CA (rebind): see docs/howto-ledger.md.
     """
-    if not ledger_path(data_dir).is_file():
-        raise click.ClickException(
-            f"{data_dir} holds no owner ledger ({LEDGER_FILE} not found): is it the data "
-            "directory of an owner that has served a session?"
-        )
+    if ctx.invoked_subcommand is not None:
+        return
+    if data_dir is None:
+        raise click.UsageError("give --data-dir DIR (or a subcommand: init, backup, ...)")
     try:
         with OwnerLedger(data_dir, None) as book:
             report = ledger_report(book, session=session, limit=limit)
             note = _policy_note(data_dir, book.policy)
+    except LedgerMissingError as exc:
+        raise click.ClickException(f"{data_dir} holds no owner ledger: {exc}") from exc
     except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
@@ -279,6 +303,266 @@ def ledger(data_dir: Path, session: str | None, as_json: bool, limit: int | None
         console.print(note)
 
 
+@ledger.command("init")
+@_LEDGER_DIR
+@click.option(
+    "--policy",
+    "policy_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help=POLICY_HELP.format(what="budgets, point limits, curators served"),
+)
+@click.option(
+    "--owner-id",
+    default=None,
+    help="With --insecure only: the owner's name (with certificates, the certificate's).",
+)
+@tls_options
+def ledger_init(data_dir: Path, policy_path: str | None, owner_id: str | None, **tls: Any) -> None:
+    """Create the owner's ledger, empty, bound to this owner's certificate.
+
+    The only way a ledger is created: serve-owner, sketch publish and every other owner command
+    refuse a data directory without one (or with an empty or foreign one), since a new ledger
+    starts the owner's budget again in full. Refused if DATA_DIR holds a ledger already.
+    """
+    security = security_from_options("owner", **tls)
+    if security.identity is not None:
+        name = security.identity.name
+        if owner_id is not None and owner_id != name:
+            raise click.BadParameter(
+                f"the certificate names this owner {name!r}, not {owner_id!r}",
+                param_hint="--owner-id",
+            )
+    elif owner_id is None:
+        raise click.UsageError("with --insecure, name the owner: --owner-id NAME")
+    else:
+        name = owner_id
+    from dpmarket.owner.ledger_admin import init_ledger
+
+    try:
+        identity = init_ledger(data_dir, name, security, policy=policy_path)
+    except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    console.print(
+        f"ledger {identity.ledger_id} created in {ledger_path(data_dir)} for owner "
+        f"{identity.owner}"
+        + ("" if identity.ca is None else f" (deployment CA {identity.ca[:16]})")
+        + f"; back it up with: dpmarket owner ledger backup --data-dir {data_dir} --out FILE",
+        markup=False,
+        highlight=False,
+    )
+
+
+@ledger.command("backup")
+@config_option
+@_LEDGER_DIR
+@click.option(
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The backup file (must not exist): one self-contained SQLite file.",
+)
+def ledger_backup(data_dir: Path, out_path: Path) -> None:
+    """Copy the ledger consistently, while the owner may be serving.
+
+    SQLite's online backup API: every committed charge, those still only in the -wal file
+    included (a copy of owner.sqlite3 alone loses them). The copy is verified.
+    """
+    from dpmarket.owner.ledger_admin import backup_ledger
+
+    try:
+        found = backup_ledger(data_dir, out_path)
+    except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    console.print(
+        f"{out_path}: {found.charges} charges up to charge {found.sequence} (chain head "
+        f"{found.head.hex()[:16]}), verified",
+        markup=False,
+        highlight=False,
+    )
+
+
+@ledger.command("restore")
+@config_option
+@_LEDGER_DIR
+@click.option(
+    "--from",
+    "backup_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The backup to restore (from dpmarket owner ledger backup).",
+)
+@click.option(
+    "--replace-other-ledger",
+    is_flag=True,
+    help="Restore even though DATA_DIR holds another ledger (another ledger id) than the backup's.",
+)
+def ledger_restore(data_dir: Path, backup_path: Path, replace_other_ledger: bool) -> None:
+    """Put a backup in place of the ledger. Stop the owner first.
+
+    The backup is verified first; the files it replaces (owner.sqlite3 and its -wal and -shm)
+    are moved aside, never deleted. Charges made after the backup was taken are not in it: a
+    curator's receipt of them makes the owner refuse to serve until resolved (see resolve).
+    """
+    from dpmarket.owner.ledger_admin import restore_ledger
+
+    try:
+        found, moved = restore_ledger(data_dir, backup_path, replace_other=replace_other_ledger)
+    except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    for path in moved:
+        console.print(f"moved aside: {path}", markup=False, highlight=False)
+    console.print(
+        f"{ledger_path(data_dir)} restored from {backup_path}: {found.charges} charges up to "
+        f"charge {found.sequence}",
+        markup=False,
+        highlight=False,
+    )
+
+
+@ledger.command("verify")
+@click.option(
+    "--data-dir",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help=f"The owner's data directory (its {LEDGER_FILE} is verified).",
+)
+@click.option(
+    "--file",
+    "file_path",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A ledger file to verify instead, e.g. a backup.",
+)
+@json_option
+@tls_options
+def ledger_verify(data_dir: Path | None, file_path: Path | None, as_json: bool, **tls: Any) -> None:
+    """Check a ledger whole: file, schema, identity, hash chain and running totals.
+
+    With the owner's certificate (--pki-dir/--name, --config), also that the ledger is this
+    owner's. Exits with 1 when anything is wrong, or the ledger was found behind a receipt and
+    not resolved.
+    """
+    from dpmarket.owner.ledger_admin import verify_file
+
+    if (data_dir is None) == (file_path is None):
+        raise click.UsageError("give --data-dir DIR or --file FILE")
+    path = file_path if file_path is not None else ledger_path(data_dir)  # type: ignore[arg-type]
+    identified = tls["insecure"] or tls["pki_dir"] or tls["cert_path"]
+    owner_check = None
+    if identified:
+        security = security_from_options("owner", **tls)
+        if security.identity is not None:
+            owner_check = LedgerOwner.from_security(security.identity.name, security)
+    try:
+        found = verify_file(path, owner=owner_check)
+    except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
+        raise click.ClickException(f"{path}: {exc}") from exc
+    identity = found.identity
+    epsilon, delta, points = float(found.totals[0]), float(found.totals[1]), found.totals[2]
+    document: dict[str, Any] = {
+        "ledger": str(path),
+        "ok": found.ok,
+        "ledger_id": None if identity is None else identity.ledger_id,
+        "owner": None if identity is None else identity.owner,
+        "ca": None if identity is None else identity.ca,
+        "charges": found.charges,
+        "chained_from_creation": None if identity is None else identity.charges_at_creation == 0,
+        "sequence": found.sequence,
+        "head": found.head.hex(),
+        "totals": {"epsilon": epsilon, "delta": delta, "points": points},
+        "open_rollbacks": found.open_rollbacks,
+        "problems": [{"charge": p.charge, "what": p.what} for p in found.problems],
+    }
+    if as_json:
+        print_json(document)
+    else:
+        click.echo(
+            f"{path}: ledger {document['ledger_id']} of owner {document['owner'] or '(unbound)'}"
+            f", {found.charges} charges, chain head at charge {found.sequence} "
+            f"({found.head.hex()[:16]}); lifetime epsilon {epsilon:.6g}, delta {delta:.3g}, "
+            f"{points} points"
+        )
+        if identity is not None and identity.charges_at_creation:
+            click.echo(
+                f"the first {identity.charges_at_creation} charges were chained when the ledger "
+                "was upgraded to a chain: unchanged since then"
+            )
+        for problem in found.problems:
+            click.echo(f"problem: {problem.what}")
+        if found.open_rollbacks:
+            click.echo(
+                f"{found.open_rollbacks} receipt(s) show this ledger behind what its owner signed: "
+                f"the owner serves nothing until dpmarket owner ledger resolve (or a newer backup)"
+            )
+    if not found.ok:
+        sys.exit(1)
+
+
+@ledger.command("rebind")
+@_LEDGER_DIR
+@tls_options
+def ledger_rebind(data_dir: Path, **tls: Any) -> None:
+    """Bind the ledger to this owner's certificate of a new CA.
+
+    After the deployment's CA was replaced (docs/howto-certificates.md), an owner's ledger, bound
+    to the CA that issued its old certificate, is refused as another deployment's until its
+    operator runs this with the owner's new certificate. The owner's name must be the ledger's.
+    """
+    from dpmarket.owner.ledger_chain import LedgerOwner
+
+    security = security_from_options("owner", **tls)
+    if security.identity is None:
+        raise click.UsageError("rebind needs the owner's certificate (--pki-dir and --name)")
+    owner_id = LedgerOwner.from_security(security.identity.name, security)
+    try:
+        with OwnerLedger(data_dir, None) as book:
+            before, after = book.rebind(owner_id)
+    except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    console.print(
+        f"{ledger_path(data_dir)}: owner {owner_id.name} bound to CA "
+        f"{(after or 'none')[:16]} (was {(before or 'none')[:16]})",
+        markup=False,
+        highlight=False,
+    )
+
+
+@ledger.command("resolve")
+@config_option
+@_LEDGER_DIR
+def ledger_resolve(data_dir: Path) -> None:
+    """Clear a rollback the owner found: charge what the lost charges spent, then serve again.
+
+    When a curator presents a receipt the owner signed for charges its ledger no longer holds
+    (restored from an older copy), the owner refuses every session. Restore a newer backup if
+    there is one; otherwise this charges, as one entry now, what the receipt's totals hold
+    beyond the ledger's charges up to it, and the owner serves again.
+    """
+    try:
+        with OwnerLedger(data_dir, None) as book:
+            resolved = book.resolve_rollbacks()
+    except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not resolved:
+        console.print(f"{ledger_path(data_dir)}: no rollback to resolve")
+        return
+    for r in resolved:
+        charged = (
+            f"charged epsilon {r.epsilon:.6g}, delta {r.delta:.3g}, {r.points} points (charge "
+            f"{r.charge})"
+            if r.charge is not None
+            else "nothing was missing"
+        )
+        console.print(
+            f"rollback {r.rollback} (receipt up to charge {r.receipt_sequence} presented by "
+            f"{r.curator}, ledger at charge {r.ledger_sequence}): {charged}",
+            markup=False,
+            highlight=False,
+        )
+
+
 def _policy_note(data_dir: Path, recorded: OwnerPolicy) -> str:
     """A warning when the data directory's policy file is not the one the ledger recorded at
     the owner's last start (it applies from the next start)."""
@@ -295,6 +579,33 @@ def _policy_note(data_dir: Path, recorded: OwnerPolicy) -> str:
 
 
 # -------------------------------------------------------------------------- service
+def open_ledger(
+    data_dir: Path, policy: OwnerPolicy, name: str, security: TransportSecurity
+) -> OwnerLedger:
+    """Open the owner ``name``'s ledger for a command that charges it (serve-owner, sketch
+    publish), bound to its certificate: a missing, empty, damaged or foreign ledger fails the
+    command, saying what to do."""
+    try:
+        ledger = OwnerLedger(data_dir, policy, owner=LedgerOwner.from_security(name, security))
+        if any(resolved is None for *_, resolved in ledger.rollbacks()):
+            logger.error(
+                "%s is behind a receipt this owner signed and the rollback is not resolved: "
+                "every session and job is refused until a newer backup is restored or "
+                "dpmarket owner ledger resolve --data-dir %s runs (docs/howto-ledger.md)",
+                ledger.path,
+                data_dir,
+            )
+        return ledger
+    except sqlite3.DatabaseError as exc:
+        raise click.ClickException(
+            f"{ledger_path(data_dir)} is not a readable ledger ({exc}): restore it from its "
+            f"latest backup: dpmarket owner ledger restore --data-dir {data_dir} --from BACKUP "
+            "(docs/howto-ledger.md)"
+        ) from exc
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 def dask_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """``--dask-scheduler``, ``--dask-workers``, ``--in-memory-values`` (config keys
     ``dask_scheduler``, ``dask_workers``, ``in_memory_values``)."""
@@ -647,10 +958,7 @@ def open_owner(
         policy, policy_source = data_dir_policy(state, policy_path)
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    try:
-        ledger = OwnerLedger(state, policy)
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise click.ClickException(f"{state}: {exc}") from exc
+    ledger = open_ledger(state, policy, owner_id, security)
     owner = Owner(
         owner_id,
         data,
@@ -662,6 +970,10 @@ def open_owner(
         schema=schema,
         limits=work_limits(policy, found),
     )
+    try:
+        identity = site_identity(owner_id, security, policy.peer_pins)
+    except ValueError as exc:
+        raise click.ClickException(f"{policy_source}: [peers]: {exc}") from exc
     cape = CapeSite(
         owner_id,
         table,
@@ -669,9 +981,21 @@ def open_owner(
         max_jobs=policy.max_sessions,
         idle_timeout=policy.session_idle_timeout_seconds,
         allow_seeded_sessions=allow_seeded_sessions,
-        identity=site_identity(owner_id, security),
+        identity=identity,
         min_colluders=policy.cape_min_colluders,
     )
+    if identity is not None and table is not None:
+        peers = sorted(identity.roster - {owner_id})
+        if peers:
+            logger.info("owner %s: CAPE peers (pinned keys): %s", owner_id, ", ".join(peers))
+        else:
+            logger.warning(
+                "owner %s: its policy pins no CAPE peers ([peers] of %s): every CAPE job will "
+                "be refused until its operator lists them (dpmarket pki show CERT prints a "
+                "peer's public-key pin)",
+                owner_id,
+                policy_source,
+            )
     left = ledger.remaining()
     points = (
         "no points" if data is None else f"{data.n_points} points of {data.n_features} features"
@@ -827,10 +1151,7 @@ def publish_command(
     noise = OpenDPNoise() if seed is None else SeededNoise(np.random.default_rng(seed))
     if seed is not None:
         logger.warning("--seed: the sketches' noise is reproducible by whoever knows the seed")
-    try:
-        ledger = OwnerLedger(state, policy)
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise click.ClickException(f"{state}: {exc}") from exc
+    ledger = open_ledger(state, policy, name, security)
     try:
         with CatalogClient(curator, security, curator=curator_identity(curator_name)) as client:
             if specs:

@@ -14,7 +14,7 @@ from dpmarket.common.summarization.rff import RFFParams
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.schemas import schema_to_proto
-from dpmarket.v1 import array_pb2, owner_pb2, privacy_pb2
+from dpmarket.v1 import array_pb2, cape_pb2, owner_pb2, privacy_pb2
 
 PointsResponse = TypeVar(
     "PointsResponse", owner_pb2.SampleUniformResponse, owner_pb2.ProposeCandidatesResponse
@@ -112,3 +112,10 @@ def spend_to_proto(spend: SessionSpend) -> privacy_pb2.SessionSpend:
         points=spend.points,
         non_private=spend.non_private,
     )
+
+
+def presented_receipt(
+    request: owner_pb2.OpenSessionRequest | cape_pb2.OpenCapeJobRequest,
+) -> privacy_pb2.LedgerReceipt | None:
+    """The ledger receipt an OpenSession or OpenCapeJob request presents, or None."""
+    return request.ledger_receipt if request.HasField("ledger_receipt") else None

@@ -243,7 +243,10 @@ def start_engine(
             n_workers=n,
             threads_per_worker=1,
             processes=True,
-            dashboard_address=None,
+            # The scheduler's HTTP server (no dashboard) on a free port: a fixed 8787 collides
+            # with a second owner's engine on the same host.
+            dashboard_address="127.0.0.1:0",
+            scheduler_kwargs={"dashboard": False},
             memory_limit=memory_limit,
             silence_logs=logging.WARNING,
         )

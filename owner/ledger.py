@@ -29,10 +29,25 @@ window's whole days from their totals, the part of a day at its start from its c
 time index), so a decision reads a few rows per day of the window however long the history. A
 session's limits read the session's own charges. The database refuses to update or delete a
 charge.
+
+A ledger is never created in silence
+-------------------------------------
+Opening a ledger requires the file to exist and be an owner ledger: a missing file, an empty one
+(a failed copy, a full disk, ``: > owner.sqlite3``) or another SQLite file is refused
+(:class:`LedgerMissingError`), since starting again from nothing would give the owner its whole
+budget back. A ledger is created only on request (:meth:`OwnerLedger.create`: ``dpmarket owner
+ledger init`` or ``dpmarket init``) and is bound to its owner
+(:mod:`dpmarket.owner.ledger_chain`): a ledger of another owner or deployment is refused
+(:class:`~dpmarket.owner.ledger_chain.ForeignLedgerError`). Charges form a hash chain
+(:mod:`dpmarket.owner.ledger_chain`), and the owner signs receipts of its ledger's state for the
+curator (:meth:`OwnerLedger.receipt`); a ledger found behind a receipt it
+signed (:meth:`OwnerLedger.check_receipt`) refuses every charge until its operator resolves it
+(:meth:`OwnerLedger.resolve_rollbacks`, ``dpmarket owner ledger resolve``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sqlite3
@@ -48,9 +63,38 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from dpmarket.common.errors import (
+    BudgetRefusedError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    UnavailableError,
+)
+from dpmarket.owner.ledger_chain import (
+    LedgerIdentity,
+    LedgerOwner,
+    add_chain,
+    append_chain,
+    hash_at,
+    head,
+    read_identity,
+)
 from dpmarket.owner.policy import OwnerPolicy
-from dpmarket.runtime.database import open_database, snapshot, transaction
+from dpmarket.owner.receipts import (
+    ReceiptError,
+    SealedTotals,
+    open_receipt,
+    seal_totals,
+    sign_receipt,
+    unseal_totals,
+)
+from dpmarket.runtime.database import (
+    DatabaseMissingError,
+    Migration,
+    open_database,
+    snapshot,
+    transaction,
+)
+from dpmarket.v1 import privacy_pb2
 
 __all__ = [
     "APPLICATION",
@@ -59,20 +103,26 @@ __all__ = [
     "MAX_NAME_LENGTH",
     "MIGRATIONS",
     "RELATIVE_SLACK",
+    "ROLLBACK_MESSAGE",
     "LedgerEntry",
+    "LedgerMissingError",
+    "LedgerRollbackError",
     "OwnerBudgetError",
     "OwnerLedger",
     "Remaining",
+    "Resolution",
     "Totals",
     "ledger_path",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: The ``meta.application`` of an owner's database.
 APPLICATION = "dpmarket-owner"
 #: File name of the ledger inside the owner's data directory.
 LEDGER_FILE = "owner.sqlite3"
 #: Schema migrations of the owner's database (append only; see :mod:`dpmarket.runtime.database`).
-MIGRATIONS: tuple[str, ...] = (
+MIGRATIONS: tuple[Migration, ...] = (
     """
     CREATE TABLE policies (
         applied_at REAL NOT NULL,
@@ -145,6 +195,10 @@ MIGRATIONS: tuple[str, ...] = (
         SELECT RAISE(ABORT, 'charges are append-only');
     END;
     """,
+    # 3 -> 4: the ledger's identity (id, owner, deployment CA, sealing key) and keys, the hash
+    # chain of the charges (existing charges chained in order), and the receipts the ledger was
+    # found behind (owner.ledger_chain.add_chain).
+    add_chain,
 )
 
 #: Relative slack of the epsilon and delta comparisons (absorbs the rounding of decimal values).
@@ -159,17 +213,120 @@ T = TypeVar("T")
 _COLUMNS = "id, at, session, consumer, curator, mechanism, epsilon, delta, points, non_private"
 
 
+#: What the owner answers, and every charge raises, while its ledger is behind a receipt it
+#: signed: fixed, with no budget figure.
+ROLLBACK_MESSAGE = (
+    "this owner's ledger is behind a receipt it signed (it was restored from an older copy or "
+    "lost charges): the owner serves nothing until its operator resolves it"
+)
+#: The ledger's tables at the current schema (what ``verify`` expects).
+TABLES = (
+    "meta",
+    "policies",
+    "charges",
+    "sketches",
+    "sketch_deliveries",
+    "charge_totals",
+    "ledger_identity",
+    "ledger_keys",
+    "charge_chain",
+    "ledger_rollbacks",
+)
+
+
 def ledger_path(data_dir: str | os.PathLike[str]) -> Path:
     """The ledger file of the owner whose data directory is ``data_dir``."""
     return Path(data_dir) / LEDGER_FILE
 
 
-class OwnerBudgetError(FailedPreconditionError):
+def _side_files(path: Path) -> list[Path]:
+    """SQLite's files beside a database: its write-ahead log, shared memory, rollback journal."""
+    return [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal")]
+
+
+class LedgerMissingError(FileNotFoundError):
+    """The data directory holds no ledger the owner may use: the file is missing, empty or not
+    an owner ledger. The message says what happened and what to do; nothing was written.
+
+    Attributes
+    ----------
+    reason : {"missing", "empty", "foreign"}
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _missing_message(path: Path, reason: str) -> str:
+    data_dir = path.parent
+    restore = (
+        f"restore it from its latest backup: dpmarket owner ledger restore --data-dir "
+        f"{data_dir} --from BACKUP (docs/howto-ledger.md)"
+    )
+    if reason == "missing":
+        return (
+            f"no owner ledger at {path}: an owner never starts without its ledger (a new one "
+            f"would give back its whole budget). If this owner has served before, {restore}. "
+            f"If it never has, create its ledger: dpmarket owner ledger init --data-dir {data_dir}"
+        )
+    what = (
+        "is empty (0 bytes): truncated by a failed copy, a full disk or `: > file`, its charges "
+        "are gone from this file"
+        if reason == "empty"
+        else "is not an owner ledger (an SQLite file with no dpmarket-owner record)"
+    )
+    return (
+        f"{path} {what}; the owner does not start on it. To recover, {restore}. Only if this "
+        f"owner has never served: move the file away and run dpmarket owner ledger init "
+        f"--data-dir {data_dir}"
+    )
+
+
+class LedgerRollbackError(FailedPreconditionError):
+    """The ledger is behind a receipt its owner signed (restored from an older copy, or charges
+    lost): every charge is refused until the operator resolves it. The message is
+    :data:`ROLLBACK_MESSAGE` (fixed, no budget figure)."""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What :meth:`OwnerLedger.resolve_rollbacks` charged for one receipt the ledger was behind.
+
+    Attributes
+    ----------
+    rollback : int
+        The rollback's number in the ledger.
+    curator : str
+        Who presented the receipt.
+    receipt_sequence, ledger_sequence : int
+        The receipt's last charge, and the ledger's when the rollback was found.
+    epsilon, delta : float
+        Charged now: what the receipt's totals hold beyond the charges this ledger shares with
+        it (rounded up).
+    points : int
+        Likewise, raw points.
+    charge : int or None
+        The charge recorded, or None when nothing was missing.
+    """
+
+    rollback: int
+    curator: str
+    receipt_sequence: int
+    ledger_sequence: int
+    epsilon: float
+    delta: float
+    points: int
+    charge: int | None
+
+
+class OwnerBudgetError(BudgetRefusedError):
     """A step the owner's policy refuses: it would exceed a budget or a session limit.
 
-    A :class:`~dpmarket.common.errors.FailedPreconditionError`, so the service answers
-    ``FAILED_PRECONDITION``; the message names each limit the step would exceed, what is spent,
-    what the step asks and what is left. Nothing was charged.
+    A :class:`~dpmarket.common.errors.BudgetRefusedError` (``FAILED_PRECONDITION``, marked as a
+    budget refusal on the wire); the message names each limit the step would exceed, what is spent,
+    what the step asks and what is left: for the curator, which relays it to a consumer only as a
+    fixed text. Nothing was charged.
     """
 
 
@@ -295,6 +452,12 @@ def _from_groups(groups: Iterable[tuple[float, float, int, int, int]]) -> _Spent
     )
 
 
+def _round_up(value: Fraction) -> float:
+    """The least double >= ``value``."""
+    x = float(value)
+    return math.nextafter(x, math.inf) if Fraction(x) < value else x
+
+
 def _name(value: Any, what: str) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_NAME_LENGTH:
         shown = value if not isinstance(value, str) else value[:40]
@@ -342,25 +505,37 @@ class OwnerLedger:
     Parameters
     ----------
     data_dir : str or path-like
-        The owner's data directory; the ledger is ``data_dir / "owner.sqlite3"`` (created, with
-        the directory, if absent).
+        The owner's data directory; the ledger is ``data_dir / "owner.sqlite3"``, which must
+        exist (create it with :meth:`create`).
     policy : OwnerPolicy or None
         The policy in force. It is recorded in the ledger (a new ``policies`` row when its
         text differs from the last one recorded), so the ledger can be read later without the
         policy file. ``None``: use the last recorded policy and record nothing (inspection).
+    owner : LedgerOwner, optional
+        The owner that serves with this ledger: its name, deployment CA and certificate key
+        (:meth:`~dpmarket.owner.ledger_chain.LedgerOwner.from_security`). The ledger must be its own
+        (an unbound ledger is bound to it, a renewed certificate's key is added), and its key
+        signs :meth:`receipt`. ``None``: no identity check and no receipts (inspection,
+        in-process runs).
     clock : callable returning float
         Unix time in seconds; the time of each charge and the end of the rolling window.
 
     Raises
     ------
-    FileNotFoundError
-        If ``policy`` is ``None`` and ``data_dir`` holds no ledger (nothing is created then).
+    LedgerMissingError
+        (a ``FileNotFoundError``) If the ledger file is missing, empty (0 bytes) or not an
+        owner ledger; the message says what to do. Nothing is created or written.
+    ForeignLedgerError
+        (a ``ValueError``) If the ledger belongs to another owner, or to an owner of the same
+        name in another deployment (another CA).
     ValueError
         If the file belongs to another application, or ``policy`` is ``None`` and the ledger
         records no policy.
     RuntimeError
         If the file was written by a newer dpmarket (see
         :func:`dpmarket.runtime.database.open_database`).
+    sqlite3.DatabaseError
+        If the file is not an SQLite database (a damaged header, a half-truncated file).
 
     Notes
     -----
@@ -385,19 +560,125 @@ class OwnerLedger:
         data_dir: str | os.PathLike[str],
         policy: OwnerPolicy | None,
         *,
+        owner: LedgerOwner | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self._open(data_dir, policy, owner, clock, create=False)
+
+    def _open(
+        self,
+        data_dir: str | os.PathLike[str],
+        policy: OwnerPolicy | None,
+        owner: LedgerOwner | None,
+        clock: Callable[[], float],
+        *,
+        create: bool,
+    ) -> None:
         self._path = ledger_path(data_dir)
-        if policy is None and not self._path.exists():
-            raise FileNotFoundError(f"no owner ledger at {self._path}")
         self._clock = clock
         self._lock = threading.Lock()
-        self._conn = open_database(self._path, MIGRATIONS, application=APPLICATION)
         try:
+            self._conn = open_database(
+                self._path, MIGRATIONS, application=APPLICATION, create=create
+            )
+        except DatabaseMissingError as exc:
+            raise LedgerMissingError(
+                _missing_message(self._path, exc.reason), reason=exc.reason
+            ) from None
+        self._signer = owner.signer if owner is not None else None
+        try:
+            self._identity = self._bind(owner)
             self._policy = self._record_policy(policy)
         except BaseException:
             self._conn.close()
             raise
+
+    @classmethod
+    def create(
+        cls,
+        data_dir: str | os.PathLike[str],
+        policy: OwnerPolicy,
+        *,
+        owner: LedgerOwner | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> OwnerLedger:
+        """Create a new, empty ledger in ``data_dir`` (and the directory) and open it.
+
+        What ``dpmarket owner ledger init`` and ``dpmarket init`` run; nothing else creates a
+        ledger. The ledger draws its id and is bound to ``owner``; without ``owner`` it stays
+        unbound until the first owner that serves it (in-process runs and tests).
+
+        Parameters
+        ----------
+        data_dir, policy, owner, clock
+            As for :class:`OwnerLedger`; ``policy`` is recorded as the ledger's first.
+
+        Returns
+        -------
+        OwnerLedger
+            Open; the caller closes it.
+
+        Raises
+        ------
+        FileExistsError
+            If ``data_dir`` holds a ledger file already (even an empty one) or SQLite's files
+            beside one: a ledger is never replaced by a new one (restore it, or move it away
+            first).
+        """
+        path = ledger_path(data_dir)
+        found = [p.name for p in (path, *_side_files(path)) if p.exists()]
+        if found:
+            raise FileExistsError(
+                f"{Path(data_dir)} holds a ledger already ({', '.join(found)}): a new ledger "
+                "would give this owner its whole budget back. Restore a damaged ledger from a "
+                "backup (dpmarket owner ledger restore); only if this owner has never served, "
+                "move those files away and create it again"
+            )
+        ledger = cls.__new__(cls)
+        ledger._open(data_dir, policy, owner, clock, create=True)
+        logger.info(
+            "new ledger %s in %s for owner %s",
+            ledger.identity.ledger_id,
+            path,
+            ledger.identity.owner or "(unbound)",
+        )
+        return ledger
+
+    def _bind(self, owner: LedgerOwner | None) -> LedgerIdentity:
+        """Check that the ledger is ``owner``'s (bind an unbound one, add a renewed key)."""
+        if owner is None:
+            with snapshot(self._conn):
+                return read_identity(self._conn)
+        with transaction(self._conn):
+            identity = read_identity(self._conn)
+            owner.check(identity, str(self._path))
+            now = float(self._clock())
+            if identity.owner is None:
+                self._conn.execute(
+                    "UPDATE ledger_identity SET owner = ?, ca = ?", (owner.name, owner.ca)
+                )
+                if head(self._conn)[0] > 0:  # an upgraded ledger, or one used in process
+                    logger.warning(
+                        "ledger %s (%s) holds charges but had no owner: it is bound to owner "
+                        "%s from now on",
+                        identity.ledger_id,
+                        self._path,
+                        owner.name,
+                    )
+            key = owner.key
+            if key is not None and key[0] not in identity.keys:
+                self._conn.execute(
+                    "INSERT INTO ledger_keys (fingerprint, public_key, added_at) VALUES (?, ?, ?)",
+                    (key[0], key[1], now),
+                )
+                if identity.keys:
+                    logger.info(
+                        "ledger %s: certificate key %s of owner %s added (a renewed certificate)",
+                        identity.ledger_id,
+                        key[0][:16],
+                        owner.name,
+                    )
+            return read_identity(self._conn)
 
     def _record_policy(self, policy: OwnerPolicy | None) -> OwnerPolicy:
         if policy is None:
@@ -421,6 +702,38 @@ class OwnerLedger:
                 )
         return policy
 
+    def rebind(self, owner: LedgerOwner) -> tuple[str | None, str | None]:
+        """Bind the ledger to ``owner``'s certificate of a new CA (the deployment's CA was
+        replaced: docs/howto-certificates.md); its key is added. The owner's name must be the
+        ledger's.
+
+        Returns
+        -------
+        (str or None, str or None)
+            The CA fingerprints before and after.
+
+        Raises
+        ------
+        ForeignLedgerError
+            If the ledger belongs to another owner name.
+        """
+        with self._lock, _unavailable_when_busy(self._path), transaction(self._conn):
+            identity = read_identity(self._conn)
+            if identity.owner not in (None, owner.name):
+                LedgerOwner(owner.name, identity.ca).check(identity, str(self._path))
+            self._conn.execute(
+                "UPDATE ledger_identity SET owner = ?, ca = ?", (owner.name, owner.ca)
+            )
+        self._identity = self._bind(owner)
+        logger.warning(
+            "ledger %s of owner %s bound to CA %s (was %s)",
+            identity.ledger_id,
+            owner.name,
+            owner.ca,
+            identity.ca,
+        )
+        return identity.ca, owner.ca
+
     # ------------------------------------------------------------------ properties
     @property
     def policy(self) -> OwnerPolicy:
@@ -431,6 +744,16 @@ class OwnerLedger:
     def path(self) -> Path:
         """The ledger's database file."""
         return self._path
+
+    @property
+    def identity(self) -> LedgerIdentity:
+        """Whose ledger this is (as found when it was opened)."""
+        return self._identity
+
+    def head(self) -> tuple[int, bytes]:
+        """``(sequence, hash)`` of the chain's last charge (``(0, genesis)`` with none)."""
+        with self._lock, snapshot(self._conn):
+            return head(self._conn)
 
     # ------------------------------------------------------------------ validation
     @staticmethod
@@ -548,9 +871,40 @@ class OwnerLedger:
         return out
 
     def _refuse(self, request: _Request, now: float) -> None:
+        self._refuse_if_rolled_back()
         refusals = self._refusals(request, now)
         if refusals:
             raise OwnerBudgetError("owner budget exceeded: " + "; ".join(refusals))
+
+    def _refuse_if_rolled_back(self) -> None:
+        """Raise :class:`LedgerRollbackError` while a rollback found is not resolved."""
+        found = self._conn.execute(
+            "SELECT 1 FROM ledger_rollbacks WHERE resolved_at IS NULL LIMIT 1"
+        ).fetchone()
+        if found is not None:
+            raise LedgerRollbackError(ROLLBACK_MESSAGE)
+
+    def _insert(self, request: _Request, now: float) -> int:
+        """Insert and chain one charge (inside the caller's write transaction); its id."""
+        cursor = self._conn.execute(
+            "INSERT INTO charges (at, session, consumer, curator, mechanism, epsilon, delta, "
+            "points, non_private) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                now,
+                request.session,
+                request.consumer,
+                request.curator,
+                request.mechanism,
+                request.epsilon,
+                request.delta,
+                request.points,
+                int(request.non_private),
+            ),
+        )
+        row_id = cursor.lastrowid
+        assert row_id is not None
+        append_chain(self._conn, row_id)
+        return row_id
 
     # ------------------------------------------------------------------ public API
     def check(
@@ -616,6 +970,10 @@ class OwnerLedger:
 
         Raises
         ------
+        LedgerRollbackError
+            If the ledger was found behind a receipt its owner signed and its operator has not
+            resolved it (:meth:`check_receipt`); the message is :data:`ROLLBACK_MESSAGE`.
+            Nothing is written.
         OwnerBudgetError
             If the release is non-private and the policy does not allow it, or it would make
             the session's epsilon, delta or points exceed the per-session limits, or the
@@ -634,29 +992,15 @@ class OwnerLedger:
         -----
         The sums, the decision and the insert run in one ``BEGIN IMMEDIATE`` transaction, so
         concurrent charges (threads, processes) cannot together exceed a limit. A quantity a
-        step does not ask for (0) is never the reason for a refusal.
+        step does not ask for (0) is never the reason for a refusal. The charge is chained
+        (:func:`dpmarket.owner.ledger_chain.append_chain`) in the same transaction: one indexed read
+        and one SHA-256, whatever the ledger's length.
         """
         request = self._request(session, consumer, curator, mechanism, epsilon, delta, points)
         with self._lock, _unavailable_when_busy(self._path), transaction(self._conn):
             now = float(self._clock())
             self._refuse(request, now)
-            cursor = self._conn.execute(
-                "INSERT INTO charges (at, session, consumer, curator, mechanism, epsilon, delta, "
-                "points, non_private) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    now,
-                    request.session,
-                    request.consumer,
-                    request.curator,
-                    request.mechanism,
-                    request.epsilon,
-                    request.delta,
-                    request.points,
-                    int(request.non_private),
-                ),
-            )
-            row_id = cursor.lastrowid
-            assert row_id is not None
+            row_id = self._insert(request, now)
             if record is not None:
                 record(self._conn, row_id)
         return LedgerEntry(
@@ -671,6 +1015,259 @@ class OwnerLedger:
             points=request.points,
             non_private=request.non_private,
         )
+
+    # ------------------------------------------------------------------ receipts
+    def _lifetime_spent(self) -> _Spent:
+        return _from_groups(
+            self._conn.execute(
+                "SELECT epsilon, delta, non_private, SUM(charges), SUM(points) FROM charge_totals "
+                "GROUP BY epsilon, delta, non_private"
+            ).fetchall()
+        )
+
+    def _seal_key(self) -> bytes:
+        return bytes(self._conn.execute("SELECT seal_key FROM ledger_identity").fetchone()[0])
+
+    def receipt(self) -> privacy_pb2.LedgerReceipt | None:
+        """A receipt of the ledger's state now, signed with the owner's certificate key.
+
+        Returns
+        -------
+        LedgerReceipt or None
+            The ledger's id, owner, last charge and chain head, the time, and its lifetime
+            totals sealed under the ledger's own key (:func:`dpmarket.owner.receipts.seal_totals`);
+            None when the ledger was opened without a signing key (plaintext owner,
+            inspection). Cost: an indexed read, a sum over the running totals, one AES-GCM
+            and one ECDSA signature.
+        """
+        if self._signer is None or self._identity.owner is None:
+            return None
+        with self._lock, snapshot(self._conn):
+            sequence, digest = head(self._conn)
+            spent = self._lifetime_spent()
+            key = self._seal_key()
+        state = privacy_pb2.LedgerState(
+            ledger_id=self._identity.ledger_id,
+            owner=self._identity.owner,
+            sequence=sequence,
+            head=digest,
+            signed_at=float(self._clock()),
+        )
+        state.sealed_totals = seal_totals(
+            key,
+            SealedTotals(spent.epsilon, spent.delta, spent.points),
+            ledger_id=state.ledger_id,
+            sequence=sequence,
+            head=digest,
+        )
+        return sign_receipt(self._signer, state)
+
+    def check_receipt(self, receipt: privacy_pb2.LedgerReceipt | None, *, curator: str) -> None:
+        """Check a receipt a curator presents against this ledger, before a session or job opens.
+
+        Parameters
+        ----------
+        receipt : LedgerReceipt or None
+            The last receipt the curator holds from this owner (None or empty: it holds none).
+        curator : str
+            Its identity, for the owner's log and the rollback's record.
+
+        Raises
+        ------
+        LedgerRollbackError
+            If a rollback found earlier is not resolved, or the receipt shows one now: it is
+            signed by one of this ledger's keys, names this ledger, and the ledger holds fewer
+            charges than it covers, or other charges up to it (its chain hash there differs).
+            The rollback is recorded (every later charge is refused too) and logged on the
+            owner's console with what its operator can do; the message is
+            :data:`ROLLBACK_MESSAGE`.
+
+        Notes
+        -----
+        A receipt this ledger's keys did not sign, or one of another ledger (signed by this
+        owner for a ledger it had before), changes nothing: it is logged and ignored, so a
+        curator can neither make the owner refuse with a forged receipt nor hide a rollback
+        with one. A receipt already resolved (:meth:`resolve_rollbacks`) is accepted.
+        """
+        if receipt is None or not (receipt.state or receipt.signature):
+            with self._lock, _unavailable_when_busy(self._path), snapshot(self._conn):
+                self._refuse_if_rolled_back()
+            return
+        found = None
+        with self._lock, _unavailable_when_busy(self._path), transaction(self._conn):
+            self._refuse_if_rolled_back()
+            keys = {
+                str(f): bytes(k)
+                for f, k in self._conn.execute("SELECT fingerprint, public_key FROM ledger_keys")
+            }
+            try:
+                state, _ = open_receipt(receipt, keys)
+            except ReceiptError as exc:
+                logger.warning(
+                    "%s presented a ledger receipt this owner did not sign (%s): ignored",
+                    curator,
+                    exc,
+                )
+                return
+            if state.ledger_id != self._identity.ledger_id:
+                logger.warning(
+                    "%s presented a receipt of another ledger of this owner (ledger %s, up to "
+                    "charge %d), not of this one (%s): ignored. If this ledger replaced a lost "
+                    "one, the charges of that one are not counted here (docs/howto-ledger.md)",
+                    curator,
+                    state.ledger_id,
+                    state.sequence,
+                    self._identity.ledger_id,
+                )
+                return
+            if hash_at(self._conn, state.sequence) == state.head or self._resolved(state):
+                return
+            sequence, _ = head(self._conn)
+            self._conn.execute(
+                "INSERT INTO ledger_rollbacks (detected_at, curator, receipt, sequence, head, "
+                "ledger_sequence) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    float(self._clock()),
+                    curator,
+                    receipt.SerializeToString(),
+                    state.sequence,
+                    bytes(state.head),
+                    sequence,
+                ),
+            )
+            found = (state.sequence, sequence)
+        logger.error(
+            "ledger %s is behind a receipt this owner signed, presented by %s: the receipt "
+            "covers %d charges, the ledger %s. It was restored from an older copy or lost "
+            "charges; the owner refuses every session and job until its operator restores a "
+            "newer copy or runs: dpmarket owner ledger resolve --data-dir %s "
+            "(docs/howto-ledger.md)",
+            self._path,
+            curator,
+            found[0],
+            f"holds {found[1]}" if found[1] < found[0] else "holds other charges up to there",
+            self._path.parent,
+        )
+        raise LedgerRollbackError(ROLLBACK_MESSAGE)
+
+    def _resolved(self, state: privacy_pb2.LedgerState) -> bool:
+        return (
+            self._conn.execute(
+                "SELECT 1 FROM ledger_rollbacks WHERE sequence = ? AND head = ? "
+                "AND resolved_at IS NOT NULL LIMIT 1",
+                (state.sequence, bytes(state.head)),
+            ).fetchone()
+            is not None
+        )
+
+    def rollbacks(self) -> list[tuple[int, float, str, int, int, float | None]]:
+        """Every rollback found: ``(number, detected_at, curator, receipt's last charge,
+        ledger's last charge then, resolved_at or None)``, oldest first."""
+        with self._lock, snapshot(self._conn):
+            rows = self._conn.execute(
+                "SELECT id, detected_at, curator, sequence, ledger_sequence, resolved_at "
+                "FROM ledger_rollbacks ORDER BY id"
+            ).fetchall()
+        return [(int(r[0]), float(r[1]), str(r[2]), int(r[3]), int(r[4]), r[5]) for r in rows]
+
+    def resolve_rollbacks(self) -> list[Resolution]:
+        """Resolve every rollback found: charge what each receipt shows was lost, then serve.
+
+        For each receipt the ledger was found behind, the charges it covers that this ledger
+        does not hold are charged again as one entry (session ``ledger-rollback-N``), now:
+        the receipt's sealed lifetime totals minus the totals of this ledger's charges up to
+        the receipt's last charge that were made before the receipt was signed (rounded up;
+        nothing when the difference is not positive). The policy's limits do not apply: the
+        charge records privacy already spent. The receipt is then accepted when presented
+        again, and the ledger serves.
+
+        Returns
+        -------
+        list of Resolution
+            One per rollback resolved (empty when none was open).
+
+        Raises
+        ------
+        ValueError
+            If a recorded receipt's totals cannot be read (not sealed by this ledger): restore
+            a newer copy of the ledger instead.
+
+        Notes
+        -----
+        The charges common to the receipt and the ledger were all made before the receipt was
+        signed, and those charged after a restore were made after it, so the difference is
+        exactly what the lost charges spent when the ledger was restored from an older copy of
+        itself (it is more, never less, if the ledger's clock went back or several receipts
+        show the same loss). Charging it now, rather than at the lost charges' times, keeps it
+        in a rolling window at least as long as they would have stayed.
+        """
+        out: list[Resolution] = []
+        with self._lock, _unavailable_when_busy(self._path), transaction(self._conn):
+            now = float(self._clock())
+            key = self._seal_key()
+            rows = self._conn.execute(
+                "SELECT id, curator, receipt, ledger_sequence FROM ledger_rollbacks "
+                "WHERE resolved_at IS NULL ORDER BY id"
+            ).fetchall()
+            for number, curator, blob, ledger_sequence in rows:
+                state = privacy_pb2.LedgerState.FromString(
+                    privacy_pb2.LedgerReceipt.FromString(bytes(blob)).state
+                )
+                try:
+                    lost = unseal_totals(
+                        key,
+                        state.sealed_totals,
+                        ledger_id=state.ledger_id,
+                        sequence=state.sequence,
+                        head=bytes(state.head),
+                    )
+                except ReceiptError as exc:
+                    raise ValueError(
+                        f"rollback {number}: {exc}; restore a newer copy of the ledger instead"
+                    ) from None
+                shared = self._spent(
+                    "id <= ? AND at <= ?",
+                    (min(state.sequence, head(self._conn)[0]), state.signed_at),
+                )
+                epsilon = _round_up(max(lost.epsilon - shared.epsilon, Fraction(0)))
+                delta = min(
+                    _round_up(max(lost.delta - shared.delta, Fraction(0))), math.nextafter(1.0, 0)
+                )
+                points = max(lost.points - shared.points, 0)
+                charge_id = None
+                if epsilon > 0 or delta > 0 or points > 0:
+                    charge_id = self._insert(
+                        _Request(
+                            session=f"ledger-rollback-{number}",
+                            consumer="operator",
+                            curator=str(curator),
+                            mechanism=(
+                                f"charges lost in a rollback (receipt up to charge "
+                                f"{state.sequence}, ledger at charge {ledger_sequence})"
+                            ),
+                            epsilon=epsilon,
+                            delta=delta,
+                            points=points,
+                        ),
+                        now,
+                    )
+                self._conn.execute(
+                    "UPDATE ledger_rollbacks SET resolved_at = ?, charge = ? WHERE id = ?",
+                    (now, charge_id, number),
+                )
+                out.append(
+                    Resolution(
+                        rollback=int(number),
+                        curator=str(curator),
+                        receipt_sequence=int(state.sequence),
+                        ledger_sequence=int(ledger_sequence),
+                        epsilon=epsilon,
+                        delta=delta,
+                        points=points,
+                        charge=charge_id,
+                    )
+                )
+        return out
 
     def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``query(connection)`` on one consistent snapshot of the owner's database (reads

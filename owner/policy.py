@@ -16,6 +16,7 @@ comments is ``deploy/policies/owner.toml``)::
     epsilon = 2.0
     delta = 1e-6
     points = 1000
+    points_fraction = 0.25   # and at most this fraction of the owner's table (rounded down)
     [access]
     curators = ["curator"]      # names of the curator certificates this owner serves
     allow_non_private = false   # whether exact (epsilon = inf) releases may be served at all
@@ -30,9 +31,11 @@ comments is ``deploy/policies/owner.toml``)::
     epsilon = 1.0       # the most epsilon one sketch may spend
     [cape]        # CAPE jobs (joint estimates with zero-sum noise) and their secure aggregation
     min_colluders = 1   # the fewest colluding owners (S_C) a job must defend against
+    [peers]       # the owners accepted as CAPE / secure-aggregation peers, with their key pins
+    owner-1 = "3f0c…"   # 64 hex digits: SHA-256 of the owner's public key (dpmarket pki show)
 
 Unknown sections or keys are refused (a misspelt key would otherwise leave a default in force
-silently).
+silently); ``[peers]`` is the one section whose keys are names (owner names, each a DNS label).
 """
 
 from __future__ import annotations
@@ -40,16 +43,31 @@ from __future__ import annotations
 import math
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_MIN_COLLUDERS", "OwnerPolicy", "load_owner_policy"]
+from dpmarket.runtime.identity import Identity, normalize_fingerprint
+
+__all__ = [
+    "DEFAULT_MIN_COLLUDERS",
+    "DEFAULT_POINTS_FRACTION",
+    "OwnerPolicy",
+    "load_owner_policy",
+]
 
 #: The default floor on the colluders ``S_C`` a CAPE job must defend against
 #: (``cape.min_colluders``): one other owner sharing everything it holds with the curator.
 DEFAULT_MIN_COLLUDERS = 1
+#: The default share of an owner's table one session may receive (``session.points_fraction``).
+#: The default method (candidates) reads at most ``3p`` raw points in all, split over the K
+#: owners (``3p / K`` each when split evenly): at a quarter, every owner serves an even share
+#: of any summary up to a twelfth of the pooled rows (``p <= N / 12``, ``N = K n``), and an
+#: allocation that leans on one owner takes the rest from the others, while no single session
+#: reads more than a quarter of any owner's table.
+DEFAULT_POINTS_FRACTION = 0.25
 
 # (section, key) in the file -> field of OwnerPolicy, in file order.
 _KEYS: dict[tuple[str, str], str] = {
@@ -60,6 +78,7 @@ _KEYS: dict[tuple[str, str], str] = {
     ("session", "epsilon"): "epsilon_per_session",
     ("session", "delta"): "delta_per_session",
     ("session", "points"): "points_per_session",
+    ("session", "points_fraction"): "points_fraction_per_session",
     ("access", "curators"): "curators",
     ("access", "allow_non_private"): "allow_non_private",
     ("limits", "max_sessions"): "max_sessions",
@@ -81,6 +100,11 @@ _SECTION_COMMENTS = {
     "sketches": "private sketches published to a curator's catalogue",
     "cape": "CAPE jobs and their secure aggregation",
 }
+#: The section of pinned peers: ``name = "pin"`` lines rather than fixed keys.
+_PEERS = "peers"
+_PEERS_COMMENT = (
+    "the owners accepted as CAPE / secure-aggregation peers: name = SHA-256 of its public key"
+)
 
 
 def _key(name: str) -> str:
@@ -140,6 +164,30 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
+def _peers(value: Any) -> tuple[tuple[str, str], ...]:
+    """``peers`` as sorted ``(name, pin)`` pairs, each name an owner name and each pin
+    normalized (:func:`dpmarket.runtime.identity.normalize_fingerprint`)."""
+    items = value.items() if isinstance(value, Mapping) else value
+    if isinstance(items, str) or not isinstance(items, Iterable):
+        raise ValueError(f"[{_PEERS}] must map owner names to pins, got {value!r}")
+    out: dict[str, str] = {}
+    for item in items:
+        if not (isinstance(item, tuple | list) and len(item) == 2):
+            raise ValueError(f"[{_PEERS}] must map owner names to pins, got {value!r}")
+        name, pin = item
+        try:
+            Identity("owner", name)
+        except ValueError as exc:
+            raise ValueError(f"[{_PEERS}]: {name!r} is not an owner name: {exc}") from None
+        if name in out:
+            raise ValueError(f"[{_PEERS}] lists {name!r} twice")
+        try:
+            out[name] = normalize_fingerprint(pin)
+        except ValueError as exc:
+            raise ValueError(f"[{_PEERS}] {name}: {exc}") from None
+    return tuple(sorted(out.items()))
+
+
 @dataclass(frozen=True)
 class OwnerPolicy:
     """What one data owner agrees to release, whatever the curator asks.
@@ -168,6 +216,11 @@ class OwnerPolicy:
     points_per_session : int
         Raw points released to one session; >= 1 and <= ``points_total``.
         ``session.points``.
+    points_fraction_per_session : float
+        The most raw points one session may receive as a fraction of this owner's table, in
+        (0, 1]: a session gets at most ``floor(fraction * rows)`` of them, and at most
+        ``points_per_session`` (:meth:`session_points`). ``session.points_fraction``; default
+        :data:`DEFAULT_POINTS_FRACTION`.
     allow_non_private : bool
         Whether non-private sessions (exact embeddings, epsilon = inf) may be served at all.
         ``access.allow_non_private``.
@@ -202,6 +255,18 @@ class OwnerPolicy:
         default ``ceil(S / 3) - 1`` is raised to it; a plan, or a secure-aggregation round (whose
         threshold must exceed ``(S + S_C) / 2``), below it is refused before anything is sent.
         ``cape.min_colluders``.
+    peers : tuple of (str, str)
+        The owners this owner accepts as peers of a CAPE job and of its secure-aggregation
+        rounds, each with the pin of its public key
+        (:func:`dpmarket.runtime.identity.key_fingerprint`: 64 hexadecimal digits), sorted by
+        name; a mapping is accepted and sorted. A job whose sites include a name not listed is
+        refused before this owner signs or sends anything
+        (``FAILED_PRECONDITION`` naming the sites), and a certificate presented for a listed
+        name whose key does not have the pinned fingerprint aborts the job or round
+        (``ABORTED``): a party holding the deployment CA's key can mint a certificate under any
+        name, but not for a key it does not hold. Empty (the default) accepts no peer, so a CAPE
+        job is refused until the operator lists them (``dpmarket init`` writes them).
+        Section ``[peers]``, one ``name = "pin"`` line per peer.
 
     Raises
     ------
@@ -226,6 +291,7 @@ class OwnerPolicy:
     epsilon_per_session: float = 2.0
     delta_per_session: float = 1e-6
     points_per_session: int = 1000
+    points_fraction_per_session: float = DEFAULT_POINTS_FRACTION
     allow_non_private: bool = False
     curators: tuple[str, ...] = ("curator",)
     max_sessions: int = 8
@@ -236,6 +302,7 @@ class OwnerPolicy:
     publish_sketches: bool = True
     epsilon_per_sketch: float = 1.0
     cape_min_colluders: int = DEFAULT_MIN_COLLUDERS
+    peers: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -263,6 +330,13 @@ class OwnerPolicy:
                     f"got {value!r}"
                 )
             put(name, value)
+        fraction = _number(self.points_fraction_per_session, "points_fraction_per_session")
+        if not (math.isfinite(fraction) and 0.0 < fraction <= 1.0):
+            raise ValueError(
+                f"{_key('points_fraction_per_session')} must be in (0, 1] (a share of the "
+                f"owner's rows), got {self.points_fraction_per_session!r}"
+            )
+        put("points_fraction_per_session", fraction)
         if not isinstance(self.allow_non_private, bool):
             raise ValueError(
                 f"{_key('allow_non_private')} must be true or false, got {self.allow_non_private!r}"
@@ -299,6 +373,30 @@ class OwnerPolicy:
         floor = self.cape_min_colluders
         if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
             raise ValueError(f"{_key('cape_min_colluders')} must be an integer >= 0, got {floor!r}")
+        put("peers", _peers(self.peers))
+
+    @property
+    def peer_pins(self) -> dict[str, str]:
+        """``[peers]`` as a mapping: owner name -> the pin of its public key."""
+        return dict(self.peers)
+
+    def session_points(self, rows: int) -> int:
+        """The most raw points one session may receive from a table of ``rows`` rows.
+
+        Parameters
+        ----------
+        rows : int
+            The owner's row count (its public ``num_points``), >= 0.
+
+        Returns
+        -------
+        int
+            ``min(points_per_session, floor(points_fraction_per_session * rows))``; the
+            fraction is taken as the decimal written in the policy (``0.29`` of 100 rows is 29,
+            not the 28 a binary product would round down to).
+        """
+        share = math.floor(Fraction(repr(self.points_fraction_per_session)) * max(int(rows), 0))
+        return min(self.points_per_session, share)
 
     @property
     def window_seconds(self) -> float:
@@ -339,13 +437,16 @@ class OwnerPolicy:
             raise ValueError(f"{source}: a policy must be a table of sections, got {data!r}")
         kwargs: dict[str, Any] = {}
         for section, table in data.items():
-            if section not in _SECTIONS:
+            if section not in (*_SECTIONS, _PEERS):
                 raise ValueError(
                     f"{source}: unknown section [{section}]; allowed: "
-                    + ", ".join(f"[{s}]" for s in _SECTIONS)
+                    + ", ".join(f"[{s}]" for s in (*_SECTIONS, _PEERS))
                 )
             if not isinstance(table, Mapping):
                 raise ValueError(f"{source}: [{section}] must be a table, got {table!r}")
+            if section == _PEERS:
+                kwargs["peers"] = dict(table)
+                continue
             for key, value in table.items():
                 if (section, key) not in _KEYS:
                     allowed = [k for s, k in _KEYS if s == section]
@@ -376,12 +477,15 @@ class OwnerPolicy:
             for (s, key), name in _KEYS.items():
                 if s == section:
                     lines.append(f"{key} = {_toml_value(getattr(self, name))}")
+        lines += ["", f"[{_PEERS}]  # {_PEERS_COMMENT}"]
+        lines += [f"{name} = {_toml_string(pin)}" for name, pin in self.peers]
         return "\n".join(lines) + "\n"
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a JSON-serialisable dict (``curators`` as a list)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["curators"] = list(self.curators)
+        out["peers"] = dict(self.peers)
         return out
 
 

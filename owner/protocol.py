@@ -45,6 +45,7 @@ from numpy.typing import NDArray
 
 from dpmarket.common.errors import (
     AlreadyExistsError,
+    BudgetRefusedError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
@@ -442,7 +443,7 @@ class OwnerSession:
     def _pay(self, points: int, what: str) -> None:
         """Charge before a release; refuse beyond the session's point allowance."""
         if self.released + points > self.allowance:
-            raise FailedPreconditionError(
+            raise BudgetRefusedError(
                 f"this session may receive {self.allowance} raw points from this owner; "
                 f"{self.released} released, {points} more asked"
             )
@@ -997,7 +998,9 @@ class Owner:
         -------
         tuple of int
             ``(num_points, max_points)``: this owner's size and the most raw points the session
-            may receive under its policy.
+            may receive under its policy: ``policy.session_points(num_points)`` (the session's
+            points and its fraction of the table) less what the session id was charged
+            already, within what is left of the window's points budget.
 
         Raises
         ------
@@ -1050,8 +1053,14 @@ class Owner:
                 delta=terms.delta,
                 points=0,
             )
-            allowance = min(
-                n, self.ledger.policy.points_per_session, self.ledger.remaining().points
+            # The policy's share of this table for one session (its points and its fraction
+            # of the rows), less what this session id was charged already (a session reopened
+            # under its id gets no fresh share), within what is left of the window's budget.
+            policy = self.ledger.policy
+            already = self.ledger.session_totals(session_id).points
+            allowance = max(
+                0,
+                min(n, policy.session_points(n) - already, self.ledger.remaining().points),
             )
         self._check_new(session_id)
         if self.allow_seeded_sessions:
@@ -1416,25 +1425,42 @@ class Owner:
     def close_session(self, session_id: str, curator: str = LOCAL_CURATOR) -> SessionSpend:
         """Forget a session; return what it spent of this owner's budget.
 
+        A session this owner closed already (idle, or closed before) is answered from the
+        ledger alone when ``curator`` was charged under it: so a curator that restarted
+        mid-session learns what the session cost (``CuratorStore.recover``).
+
         Raises
         ------
         NotFoundError
-            If no session has that id, or another curator opened it.
+            If no session has that id, or another curator opened it (and, for a closed one,
+            the ledger holds no charge of ``curator``'s under that id).
         """
-        slot = self._slot(session_id, curator)
+        try:
+            slot = self._slot(session_id, curator)
+        except NotFoundError:
+            if self.ledger is None or not any(
+                e.curator == curator for e in self.ledger.entries(session=session_id, limit=1)
+            ):
+                raise
+            return self._spent(session_id)
         slot.session.cancel.set()  # a running step stops; its lock is then free
         with slot.lock, self._lock:
             self._slots.pop(session_id, None)
         session = slot.session
         if self.ledger is not None:
-            totals = self.ledger.session_totals(session_id)
-            return SessionSpend(
-                math.inf if totals.non_private else totals.epsilon,
-                totals.delta,
-                totals.points,
-                totals.non_private,
-            )
+            return self._spent(session_id)
         return SessionSpend(0.0, 0.0, session.released, False)
+
+    def _spent(self, session_id: str) -> SessionSpend:
+        """What the ledger recorded for a session."""
+        assert self.ledger is not None
+        totals = self.ledger.session_totals(session_id)
+        return SessionSpend(
+            math.inf if totals.non_private else totals.epsilon,
+            totals.delta,
+            totals.points,
+            totals.non_private,
+        )
 
     def expire_idle(self) -> list[str]:
         """Close the sessions nobody touched for ``idle_timeout`` seconds; return their ids.

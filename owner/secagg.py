@@ -5,8 +5,12 @@ bound to its identity, and to check every other site's advertisement the same wa
 curator, which routes every message, cannot substitute a key (Bonawitz et al. 2017, the
 active-adversary variant). Owners already hold such a key: their mTLS certificate's ECDSA P-256 key,
 issued by the deployment CA with the owner's name in it. :class:`SiteIdentity` signs with it and
-checks other sites' certificates against the CA and their names. The mTLS channel authenticates an
-owner and the curator to each other, not owners to owners, which is why the signatures are needed.
+checks other sites' certificates against the CA, their names and the owner's roster: the peers its
+policy lists with the pins of their public keys (``[peers]``). The CA alone would not do: whoever
+holds its key can mint a certificate under any name, and a curator that could would add sites it
+plays itself to a victim's job; no one can mint a certificate for a pinned key. The mTLS channel
+authenticates an owner and the curator to each other, not owners to owners, which is why the
+signatures are needed.
 
 What an owner sums in a round is decided by the job the round belongs to, through an *input source*
 (a CAPE job's noise draw), never by the curator's messages; :class:`RoundJobs` is what the
@@ -46,7 +50,13 @@ from dpmarket.common.secagg.protocol import (
     UnmaskResponse,
 )
 from dpmarket.common.secagg.sparse import SparseSecAggSite, make_site
-from dpmarket.runtime.identity import Identity, identity_from_certificate
+from dpmarket.runtime.identity import (
+    Identity,
+    identity_from_certificate,
+    key_fingerprint,
+    normalize_fingerprint,
+    public_key_fingerprint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +88,8 @@ class RoundJobs(Protocol):
 
 
 class SiteIdentity:
-    """A site's signing key and certificate, and the CA its peers' certificates must chain to.
+    """A site's signing key and certificate, the CA its peers' certificates must chain to, and
+    the peers it accepts with the pins of their keys.
 
     Parameters
     ----------
@@ -91,6 +102,30 @@ class SiteIdentity:
     ca_pem : bytes or None
         The deployment CA's certificate; ``None`` accepts the keys given to
         :meth:`trusting` only (in-process runs, tests).
+    peers : mapping of str to str, optional
+        The owner's roster (its policy's ``[peers]``): the names of the sites it accepts as
+        peers, each with the pin of its public key
+        (:func:`dpmarket.runtime.identity.key_fingerprint`).
+        A certificate is accepted only for a listed name and only with the pinned key; this
+        site's own name is always on the roster, with its own key. Empty (the default) accepts
+        no certificate of another site.
+
+    Raises
+    ------
+    ValueError
+        If a pin is not 64 hexadecimal digits, or this site's own pin (if listed) is not its
+        own key's.
+
+    Notes
+    -----
+    Why pins, beside the CA: the CA vouches for names, and whoever holds its key (the operator
+    who ran ``dpmarket init``, possibly the curator's) can mint an owner certificate under any
+    name. A curator that could do so and were taken at the CA's word could run a CAPE job with
+    one honest owner and sites it plays itself: the round's sum minus its own draws is the
+    victim's noise share, and the victim's release then carries only its small local noise
+    (``tests/integration/test_active_curator.py``, the Sybil attack). A pin is the owner's own
+    record of each peer's key, exchanged out of band when the deployment was set up; the CA's
+    key cannot produce a certificate with a pinned key it does not hold.
     """
 
     def __init__(
@@ -99,11 +134,21 @@ class SiteIdentity:
         private_key: ec.EllipticCurvePrivateKey,
         certificate_pem: bytes,
         ca_pem: bytes | None,
+        *,
+        peers: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
         self.signer: Signer = EcdsaSigner(private_key)
         self.certificate_pem = certificate_pem
         self._ca = None if ca_pem is None else x509.load_pem_x509_certificate(ca_pem)
+        own = public_key_fingerprint(private_key.public_key())
+        pins = {site: normalize_fingerprint(pin) for site, pin in (peers or {}).items()}
+        if pins.get(name, own) != own:
+            raise ValueError(
+                f"the roster pins {pins[name]} for this site ({name!r}), whose own key is {own}"
+            )
+        pins[name] = own
+        self._pins = pins
         self._trusted: dict[str, ec.EllipticCurvePublicKey] = {}
         # (site, PEM) -> (not valid before, not valid after, key) of certificates that passed.
         self._checked: dict[
@@ -114,25 +159,57 @@ class SiteIdentity:
 
     @classmethod
     def from_pem(
-        cls, name: str, key_pem: bytes, certificate_pem: bytes, ca_pem: bytes
+        cls,
+        name: str,
+        key_pem: bytes,
+        certificate_pem: bytes,
+        ca_pem: bytes,
+        *,
+        peers: Mapping[str, str] | None = None,
     ) -> SiteIdentity:
-        """From the PEM files of the site's mTLS credentials.
+        """From the PEM files of the site's mTLS credentials and its roster (``peers``, as the
+        constructor's).
 
         Raises
         ------
         ValueError
-            If the key is not a P-256 private key.
+            If the key is not a P-256 private key, or as the constructor.
         """
         key = serialization.load_pem_private_key(key_pem, password=None)
         if not isinstance(key, ec.EllipticCurvePrivateKey):
             raise ValueError("the certificate key is not an elliptic-curve key")
-        return cls(name, key, certificate_pem, ca_pem)
+        return cls(name, key, certificate_pem, ca_pem, peers=peers)
 
     def trusting(self, keys: Mapping[str, ec.EllipticCurvePublicKey]) -> SiteIdentity:
         """This identity, also accepting the given sites' keys without certificates (in-process
-        runs, where no CA exists)."""
+        runs, where no CA exists): each is put on the roster with its key."""
         self._trusted.update(keys)
+        for site, key in keys.items():
+            self._pins[site] = public_key_fingerprint(key)
         return self
+
+    @property
+    def roster(self) -> frozenset[str]:
+        """The sites this identity accepts as peers: its pinned names and itself."""
+        return frozenset(self._pins)
+
+    def check_roster(self, sites: Sequence[str]) -> None:
+        """Raise unless every site of a job or round is on this owner's roster.
+
+        Raises
+        ------
+        FailedPreconditionError
+            Naming the sites that are not (the names are the curator's request, the roster this
+            owner's policy: public inputs only), and what the operator can do.
+        """
+        strangers = sorted(set(sites) - set(self._pins))
+        if strangers:
+            raise FailedPreconditionError(
+                f"owner {self.name} does not accept {strangers} as peers: its roster (the "
+                f"[peers] of its policy) lists {sorted(set(self._pins) - {self.name})}. A peer "
+                "is added by its operator with its name and public-key pin (dpmarket pki show "
+                "CERT), never by the curator"
+            )
 
     def verifier(self) -> CertificateVerifier:
         """A fresh verifier for one round; it admits sites as their certificates arrive."""
@@ -141,15 +218,17 @@ class SiteIdentity:
     def check_certificate(self, site: str, pem: bytes) -> ec.EllipticCurvePublicKey:
         """The P-256 public key of ``site``'s certificate, once the certificate is checked.
 
-        The certificate must chain to the deployment CA, be valid now and name ``owner:<site>``.
-        A certificate that passed once is remembered with its key (the PEM bytes and the site
-        name are the cache key); later calls re-check only its validity period, so a round with
-        ``S`` sites does not re-parse and re-verify ``S - 1`` certificates each time.
+        The certificate must chain to the deployment CA, be valid now, name ``owner:<site>``
+        and carry the key this owner pins for ``site`` (its roster). A certificate that passed
+        once is remembered with its key (the PEM bytes and the site name are the cache key);
+        later calls re-check only its validity period, so a round with ``S`` sites does not
+        re-parse and re-verify ``S - 1`` certificates each time.
 
         Raises
         ------
         SecAggError
-            If there is no CA, or the certificate fails a check.
+            If there is no CA, or the certificate fails a check (``site`` not on the roster, or
+            its key not the pinned one, included).
         """
         if self._ca is None:
             raise SecAggError(f"no CA to check the certificate of site {site!r}")
@@ -176,6 +255,18 @@ class SiteIdentity:
         public = cert.public_key()
         if not isinstance(public, ec.EllipticCurvePublicKey):
             raise SecAggError(f"the certificate of site {site!r} has no elliptic-curve key")
+        pin = self._pins.get(site)
+        if pin is None:
+            raise SecAggError(
+                f"site {site!r} is not on this owner's roster (the [peers] of its policy)"
+            )
+        found = key_fingerprint(cert)
+        if found != pin:
+            raise SecAggError(
+                f"the certificate presented for site {site!r} has the key {found[:16]}…, not the "
+                f"key {pin[:16]}… this owner pins for it: a certificate the CA issued under "
+                f"{site!r} for another key"
+            )
         key = public
         with self._checked_lock:
             self._checked[site, pem] = (cert.not_valid_before_utc, cert.not_valid_after_utc, key)
@@ -312,8 +403,9 @@ class SiteRounds:
         FailedPreconditionError
             If this owner has no identity to sign with, the round defends against fewer
             colluders than this owner's floor (the message names the floor, a public value of
-            its policy), the job does not admit the round, or the round exists already (it may
-            be over: a round id is used once).
+            its policy), a site of the round is not on this owner's roster
+            (:meth:`SiteIdentity.check_roster`), the job does not admit the round, or the round
+            exists already (it may be over: a round id is used once).
         ValueError
             If this site is not one of the round's sites.
         """
@@ -324,6 +416,7 @@ class SiteRounds:
                 f"t={params.threshold} of {len(params.sites)} sites), below this owner's floor "
                 f"of {self.min_colluders} colluders (its policy's cape.min_colluders)"
             )
+        identity.check_roster(params.sites)
         if self.admit is not None:
             self.admit(job_id, params)
         key = (job_id, params.round_id)
@@ -405,7 +498,9 @@ class SiteRounds:
             The message names the range only: the input is a secret noise draw, and the
             quantizer's own message (which names the offending value) goes to this owner's log.
             The draw is discarded with the round (no release uses a round this site did not
-            finish), and whether a fresh draw fits depends on public parameters only.
+            finish; the input source may refuse a second draw for the same round, as a CAPE
+            job does, so the curator runs a new round), and whether a fresh draw fits depends
+            on public parameters only.
         SecAggError, FailedPreconditionError, NotFoundError
             As :meth:`dpmarket.common.secagg.protocol.SecAggSite.masked_input`; their messages
             concern the protocol's messages, not the input.

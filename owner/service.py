@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,8 +27,16 @@ from dpmarket.common.summarization.terms import Step
 from dpmarket.owner import convert
 from dpmarket.owner.cape import CapeSite
 from dpmarket.owner.cape_service import CapeSiteServicer, SecureAggregationServicer
+from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.secagg import SiteIdentity, SiteRounds
+from dpmarket.runtime.admission import (
+    DEFAULT_CONCURRENT_CALLS,
+    SMALL_REQUEST_BYTES,
+    VALUE_BYTES,
+    ServiceLimits,
+    largest_request,
+)
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.serving import serve_until_signalled, start_server, write_port
@@ -47,6 +56,47 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def owner_limits(owner: Owner) -> ServiceLimits:
+    """OwnerService's receive limits and calls at once, from the owner's public sizes and policy.
+
+    With ``d`` the largest h1 dimension the owner serves (its policy's
+    ``limits.max_rff_dimension``) and ``n`` its features per point, in float64 values, each
+    beside :data:`~dpmarket.runtime.admission.SMALL_REQUEST_BYTES` for the ids, terms and scalars:
+
+    * ``OpenSession``: h1's ``omega`` (``d x n``) and ``phase`` (``d``);
+    * ``SetValidationEmbedding``: the validation and prior embeddings (``d`` each);
+    * ``Bid`` and each ``RunRounds`` message: the summary's embedding (``d``);
+    * every other RPC: ids and scalars only.
+
+    Calls at once: four per session the owner keeps open (a step, its ``RunRounds`` stream, a
+    progress poll, a close), at least :data:`~dpmarket.runtime.admission.DEFAULT_CONCURRENT_CALLS`.
+
+    Parameters
+    ----------
+    owner : Owner
+        Its ``max_rff_dimension`` (None: the policy's default) and ``max_sessions``.
+
+    Returns
+    -------
+    ServiceLimits
+    """
+    d = owner.max_rff_dimension or OwnerPolicy.max_rff_dimension
+    n = owner.info().num_features
+    embedding = SMALL_REQUEST_BYTES + VALUE_BYTES * d
+    calls = DEFAULT_CONCURRENT_CALLS
+    if owner.max_sessions is not None:
+        calls = max(calls, 4 * owner.max_sessions)
+    return ServiceLimits(
+        {
+            "OpenSession": SMALL_REQUEST_BYTES + VALUE_BYTES * d * (n + 1),
+            "SetValidationEmbedding": SMALL_REQUEST_BYTES + 2 * VALUE_BYTES * d,
+            "Bid": embedding,
+            "RunRounds": embedding,
+        },
+        concurrent_calls=calls,
+    )
+
+
 class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
     """Thin adapter: every method authorizes, converts, calls the owner, converts back.
 
@@ -58,6 +108,12 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
     def __init__(self, owner: Owner, authorizer: Authorizer) -> None:
         self.owner = owner
         self.authorizer = authorizer
+
+    @functools.cached_property
+    def limits(self) -> ServiceLimits:
+        """This service's receive limits and calls at once (:func:`owner_limits`), read by
+        :class:`dpmarket.runtime.admission.Admission` when the service is first called."""
+        return owner_limits(self.owner)
 
     async def _run(self, session_id: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
@@ -81,6 +137,10 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
                 "carries the hashes mode's key agreement"
             )
         consumer = convert.consumer_from_proto(request.consumer)
+        ledger = self.owner.ledger
+        if ledger is not None:  # a ledger behind a receipt its owner signed refuses the open
+            presented = convert.presented_receipt(request)
+            await asyncio.to_thread(ledger.check_receipt, presented, curator=str(caller))
         num_points, max_points = await self._run(
             request.session_id,
             self.owner.open_session,
@@ -214,6 +274,8 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
     @rpc("curator")
     async def CloseSession(self, request, context, caller):  # type: ignore[no-untyped-def]
         spent = await asyncio.to_thread(self.owner.close_session, request.session_id, str(caller))
+        ledger = self.owner.ledger
+        receipt = None if ledger is None else await asyncio.to_thread(ledger.receipt)
         logger.info(
             "session %s closed: spent epsilon=%g, delta=%g, %d points",
             short_id(request.session_id),
@@ -221,7 +283,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
             spent.delta,
             spent.points,
         )
-        return owner_pb2.CloseSessionResponse(spent=convert.spend_to_proto(spent))
+        return owner_pb2.CloseSessionResponse(spent=convert.spend_to_proto(spent), receipt=receipt)
 
     @rpc("curator")
     async def GetProgress(self, request, context, caller):  # type: ignore[no-untyped-def]
@@ -243,13 +305,24 @@ def site_rounds(cape: CapeSite) -> SiteRounds:
     )
 
 
-def site_identity(name: str, security: TransportSecurity) -> SiteIdentity | None:
-    """The owner's signing identity for secure aggregation: its mTLS key and certificate, and the
-    CA; ``None`` with plaintext transport (no certificate to sign with)."""
+def site_identity(
+    name: str, security: TransportSecurity, peers: Mapping[str, str]
+) -> SiteIdentity | None:
+    """The owner's signing identity for secure aggregation: its mTLS key and certificate, the
+    CA, and its roster (``peers``: its policy's ``[peers]``, name -> public-key pin); ``None``
+    with plaintext transport (no certificate to sign with).
+
+    Raises
+    ------
+    ValueError
+        If the roster pins another key for this owner's own name than its certificate's.
+    """
     if security.insecure or security.key_pem is None or security.cert_pem is None:
         return None
     assert security.ca_pem is not None
-    return SiteIdentity.from_pem(name, security.key_pem, security.cert_pem, security.ca_pem)
+    return SiteIdentity.from_pem(
+        name, security.key_pem, security.cert_pem, security.ca_pem, peers=peers
+    )
 
 
 async def _expire_idle_sessions(owner: Owner, period: float, cape: CapeSite | None) -> None:
@@ -325,17 +398,29 @@ async def start_owner(
             ].full_name,
         ]
 
+    servicer = OwnerServicer(owner, authorizer)
+    site = None if cape is None or rounds is None else CapeSiteServicer(cape, rounds, authorizer)
+    aggregation = (
+        None
+        if cape is None or rounds is None
+        else SecureAggregationServicer(rounds, cape, authorizer)
+    )
+
     def register(server: grpc.aio.Server) -> None:
-        owner_pb2_grpc.add_OwnerServiceServicer_to_server(OwnerServicer(owner, authorizer), server)
-        if cape is not None and rounds is not None:
-            cape_pb2_grpc.add_CapeSiteServiceServicer_to_server(
-                CapeSiteServicer(cape, rounds, authorizer), server
-            )
+        owner_pb2_grpc.add_OwnerServiceServicer_to_server(servicer, server)
+        if site is not None and aggregation is not None:
+            cape_pb2_grpc.add_CapeSiteServiceServicer_to_server(site, server)
             secure_aggregation_pb2_grpc.add_SecureAggregationServiceServicer_to_server(
-                SecureAggregationServicer(rounds, cape, authorizer), server
+                aggregation, server
             )
 
-    server, port, _ = await start_server(register, names, address, security)
+    server, port, _ = await start_server(
+        register,
+        names,
+        address,
+        security,
+        max_request_bytes=largest_request([servicer, site, aggregation]),
+    )
     logger.info(
         "owner %s serving on port %d for curator(s) %s", owner.owner_id, port, ", ".join(curators)
     )

@@ -13,6 +13,12 @@ caller. Every servicer method is wrapped with :func:`rpc` (unary) or :func:`rpc_
 3. passes the identity to the handler as ``caller`` and maps the handler's errors to statuses
    (:mod:`dpmarket.runtime.status`), so no stack trace reaches the wire.
 
+On a server built by :func:`dpmarket.runtime.serving.start_server` the same check runs first at the
+call's start, before its request is read (:class:`dpmarket.runtime.admission.Admission` reads the
+roles this module sets on each wrapper, :data:`ROLES_ATTRIBUTE`, and the servicer's ``authorizer``),
+so a refused party makes the service hold none of its request; the wrapper's own check stays, for
+every other way a handler is called.
+
 With ``require_client_auth`` a TLS client without a certificate never reaches a handler: the
 handshake fails and the caller sees ``UNAVAILABLE``. ``UNAUTHENTICATED`` is what a handler answers
 a connection whose certificate carries no dpmarket identity (a certificate of the CA without the

@@ -7,14 +7,16 @@ process or another, can interleave with.
 
 Migrations
 ----------
-A service describes its schema as a list of SQL scripts: ``migrations[i]`` takes the schema from
-version ``i`` to version ``i + 1`` (``migrations[0]`` creates it from nothing). The version a file
-is at is SQLite's ``PRAGMA user_version``, 0 in a new file. Opening runs the pending scripts in
-order, each in its own transaction that also bumps ``user_version``, so a crash leaves the file at
-a whole version and the next open resumes from there.
+A service describes its schema as a list of migrations: ``migrations[i]`` takes the schema from
+version ``i`` to version ``i + 1`` (``migrations[0]`` creates it from nothing). A migration is an
+SQL script or, when a step needs what SQL cannot compute (a hash over existing rows), a function
+``migration(connection)`` that runs its statements on the connection it is given. The version a
+file is at is SQLite's ``PRAGMA user_version``, 0 in a new file. Opening runs the pending
+migrations in order, each in its own transaction that also bumps ``user_version``, so a crash
+leaves the file at a whole version and the next open resumes from there.
 
-- To change a schema, *append* a script; never edit or remove one that has been released, since
-  databases in the field are already past it and would never run the edited text.
+- To change a schema, *append* a migration; never edit or remove one that has been released,
+  since databases in the field are already past it and would never run the edited version.
 - Versions are sequential; there are no branches and no down-migrations.
 - A file at a version newer than the scripts this build knows was written by a newer dpmarket:
   it is refused (``RuntimeError``) rather than read with a schema that may have changed meaning.
@@ -22,17 +24,47 @@ a whole version and the next open resumes from there.
 Each database also holds a ``meta(key, value)`` table, created before any migration, whose
 ``application`` entry names the service that owns the file (e.g. ``"dpmarket-owner"``), so that
 pointing one service at another's data directory fails loudly instead of silently adding tables.
+
+A service whose state must never start again from nothing in silence (an owner's ledger) opens
+with ``create=False``: a missing file, an empty one, or an SQLite file without its application
+record is then refused (:class:`DatabaseMissingError`) rather than created; the service creates
+its file only on an explicit request. :func:`backup_database` copies a database consistently while
+its service runs (SQLite's online backup API: the pages committed to the ``-wal`` file included).
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing, contextmanager
 from pathlib import Path
 
-__all__ = ["BUSY_TIMEOUT_MS", "open_database", "open_read_only", "snapshot", "transaction"]
+__all__ = [
+    "BUSY_TIMEOUT_MS",
+    "DatabaseMissingError",
+    "Migration",
+    "backup_database",
+    "execute_script",
+    "open_database",
+    "open_read_only",
+    "snapshot",
+    "transaction",
+]
+
+#: One schema step: an SQL script, or a function that runs its statements on the connection.
+Migration = str | Callable[[sqlite3.Connection], None]
+
+
+class DatabaseMissingError(FileNotFoundError):
+    """A database opened with ``create=False`` is missing, empty (0 bytes) or holds no record of
+    its application: nothing was created or written. ``reason`` is ``"missing"``, ``"empty"``
+    or ``"foreign"``."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
 
 #: How long a statement waits for another writer's lock before failing, in milliseconds.
 BUSY_TIMEOUT_MS = 5000
@@ -120,6 +152,25 @@ def _statements(script: str) -> Iterator[str]:
         raise ValueError(f"migration script ends with an incomplete statement: {pending[:80]!r}")
 
 
+def execute_script(conn: sqlite3.Connection, script: str) -> None:
+    """Run an SQL script statement by statement on ``conn``, inside the caller's transaction
+    (``sqlite3.Connection.executescript`` would commit it first): what a migration that is a
+    function runs its DDL with."""
+    for statement in _statements(script):
+        conn.execute(statement)
+
+
+def _application_of(conn: sqlite3.Connection) -> str | None:
+    """The ``meta.application`` record of a database, or None (no ``meta`` table or record)."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'application'").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return None
+        raise
+    return None if row is None else str(row[0])
+
+
 def _check_application(conn: sqlite3.Connection, path: Path, application: str) -> None:
     """Create ``meta``, claim a new file for ``application``, refuse another application's."""
     with transaction(conn):
@@ -145,7 +196,7 @@ def _check_application(conn: sqlite3.Connection, path: Path, application: str) -
         conn.execute("INSERT INTO meta (key, value) VALUES ('application', ?)", (application,))
 
 
-def _migrate(conn: sqlite3.Connection, path: Path, migrations: Sequence[str]) -> None:
+def _migrate(conn: sqlite3.Connection, path: Path, migrations: Sequence[Migration]) -> None:
     """Run the pending migrations, one transaction each; refuse a newer schema."""
     known = len(migrations)
     while True:
@@ -160,34 +211,58 @@ def _migrate(conn: sqlite3.Connection, path: Path, migrations: Sequence[str]) ->
                 )
             if version == known:
                 return
-            for statement in _statements(migrations[version]):
-                conn.execute(statement)
+            migration = migrations[version]
+            if callable(migration):
+                migration(conn)
+            else:
+                execute_script(conn, migration)
             conn.execute(f"PRAGMA user_version = {version + 1}")
 
 
+def _refuse_missing(path: Path, application: str) -> None:
+    """Refuse (:class:`DatabaseMissingError`) a missing or empty file (``create=False``)."""
+    if not path.exists():
+        raise DatabaseMissingError(f"{path} does not exist", reason="missing")
+    if path.is_file() and path.stat().st_size == 0:
+        raise DatabaseMissingError(
+            f"{path} is empty (0 bytes): not a database of {application!r}", reason="empty"
+        )
+
+
 def open_database(
-    path: str | os.PathLike[str], migrations: Sequence[str], *, application: str
+    path: str | os.PathLike[str],
+    migrations: Sequence[Migration],
+    *,
+    application: str,
+    create: bool = True,
 ) -> sqlite3.Connection:
     """Open or create a service's SQLite database and bring its schema up to date.
 
-    Creates the parent directory; connects with ``isolation_level=None`` (every transaction is
-    explicit: use :func:`transaction`) and ``check_same_thread=False``; sets
-    ``journal_mode=WAL`` (readers never block the writer), ``synchronous=FULL`` (a committed
-    transaction survives power loss, not only a process crash), ``foreign_keys=ON`` and
-    ``busy_timeout`` = :data:`BUSY_TIMEOUT_MS`; checks the ``application`` record; runs the
-    pending ``migrations`` (see the module docstring).
+    Creates the parent directory (unless ``create`` is false); connects with
+    ``isolation_level=None`` (every transaction is explicit: use :func:`transaction`) and
+    ``check_same_thread=False``; sets ``journal_mode=WAL`` (readers never block the writer),
+    ``foreign_keys=ON`` and ``busy_timeout`` = :data:`BUSY_TIMEOUT_MS`; checks the
+    ``application`` record; runs the pending ``migrations`` (see the module docstring), both
+    at ``synchronous=NORMAL`` (a power loss may undo the last of them, which the next open
+    runs again); then sets ``synchronous=FULL``: every transaction of the caller survives a
+    power loss once it has committed (and makes the migrations before it durable too).
 
     Parameters
     ----------
     path : str or path-like
         The database file, e.g. ``data_dir / "owner.sqlite3"``. SQLite keeps ``-wal`` and
         ``-shm`` files beside it.
-    migrations : sequence of str
-        ``migrations[i]`` is the SQL script from schema version ``i`` to ``i + 1``. A script
-        must not contain ``BEGIN``/``COMMIT``: each runs inside its own transaction.
+    migrations : sequence of str or callable
+        ``migrations[i]`` takes the schema from version ``i`` to ``i + 1``: an SQL script, or a
+        function called with the connection. Neither may ``BEGIN``/``COMMIT``: each runs inside
+        its own transaction.
     application : str
         Name of the owning service, e.g. ``"dpmarket-owner"``; stored in ``meta`` by the first
         open and compared on every later one.
+    create : bool, default True
+        Whether a missing or new file may be created (and claimed for ``application``). False:
+        only a database that already records ``application`` is opened; nothing is created or
+        written otherwise.
 
     Returns
     -------
@@ -196,6 +271,9 @@ def open_database(
 
     Raises
     ------
+    DatabaseMissingError
+        With ``create=False``: if the file does not exist, is empty (0 bytes), or is an SQLite
+        database with no application record (nothing is written to it).
     ValueError
         If ``application`` is empty, the file belongs to another application (the message
         names both), or it is an SQLite file with tables but no application record.
@@ -218,21 +296,42 @@ def open_database(
     if not application:
         raise ValueError("application must be a non-empty name, got ''")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    else:
+        _refuse_missing(path, application)
+        # mode=rw never creates the file (sqlite3.connect would).
+        conn = sqlite3.connect(
+            f"{path.resolve().as_uri()}?mode=rw",
+            uri=True,
+            isolation_level=None,
+            check_same_thread=False,
+        )
     try:
         # The busy timeout first: switching to WAL and the checks below wait for other writers.
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        if not create and _application_of(conn) is None:
+            # Read before anything is written: the file is left exactly as it was found.
+            raise DatabaseMissingError(
+                f"{path} holds no database of {application!r} (no application record)",
+                reason="foreign",
+            )
+        # Switching to WAL and the claim and migrations below commit without waiting for the
+        # disk (a power loss may undo the last of them, never corrupt the file: the next open
+        # runs them again), so that creating a database costs one sync, not one per migration;
+        # every transaction after them is durable when it commits.
+        conn.execute("PRAGMA synchronous = NORMAL")
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise RuntimeError(
                 f"{path}: the file system refused journal_mode=WAL (got {mode!r}); put the data "
                 "directory on a local file system"
             )
-        conn.execute("PRAGMA synchronous = FULL")
         conn.execute("PRAGMA foreign_keys = ON")
         _check_application(conn, path, application)
         _migrate(conn, path, migrations)
+        conn.execute("PRAGMA synchronous = FULL")
     except BaseException:
         conn.close()
         raise
@@ -277,12 +376,9 @@ def open_read_only(
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
     try:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        try:
-            row = conn.execute("SELECT value FROM meta WHERE key = 'application'").fetchone()
-        except sqlite3.OperationalError:
-            row = None
-        if row is None or row[0] != application:
-            owner = "no application" if row is None else f"application {row[0]!r}"
+        found = _application_of(conn)
+        if found != application:
+            owner = "no application" if found is None else f"application {found!r}"
             raise ValueError(f"{path} belongs to {owner}, not {application!r}")
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         if version != schema_version:
@@ -299,3 +395,75 @@ def open_read_only(
         conn.close()
         raise
     return conn
+
+
+def backup_database(
+    source: str | os.PathLike[str], out: str | os.PathLike[str], *, application: str
+) -> Path:
+    """Copy a service's database consistently, while its service may be writing to it.
+
+    Uses SQLite's online backup API (:meth:`sqlite3.Connection.backup`): the copy is one
+    consistent snapshot of every committed transaction, those still only in the ``-wal`` file
+    included (a copy of the main file alone misses them). The copy is written beside ``out``
+    under a temporary name, switched to ``journal_mode=DELETE`` (one self-contained file, no
+    ``-wal`` beside it), synced, then renamed to ``out``: a crash leaves no half-written
+    ``out``.
+
+    Parameters
+    ----------
+    source : path
+        The database, e.g. ``data_dir / "owner.sqlite3"``; only read (``mode=ro``).
+    out : path
+        The copy; must not exist. Its directory is created.
+    application : str
+        The service that must own ``source`` (its ``meta`` record).
+
+    Returns
+    -------
+    Path
+        ``out``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``source`` does not exist.
+    FileExistsError
+        If ``out`` exists.
+    ValueError
+        If ``source`` belongs to another application or to none.
+    sqlite3.DatabaseError
+        If ``source`` is not an SQLite database, or the copy fails (``out`` is then not
+        written).
+    """
+    source, out = Path(source), Path(out)
+    if not source.is_file():
+        raise FileNotFoundError(f"{source} does not exist")
+    if out.exists():
+        raise FileExistsError(f"{out} exists: choose a new file for the backup")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.partial")
+    partial.unlink(missing_ok=True)
+    src = sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        src.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        found = _application_of(src)
+        if found != application:
+            owner = "no application" if found is None else f"application {found!r}"
+            raise ValueError(f"{source} belongs to {owner}, not {application!r}")
+        with closing(sqlite3.connect(partial, isolation_level=None)) as dst:
+            src.backup(dst)
+            dst.execute("PRAGMA journal_mode = DELETE")
+        with open(partial, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(partial, out)
+        directory = os.open(out.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a power loss
+        finally:
+            os.close(directory)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    finally:
+        src.close()
+    return out

@@ -11,6 +11,7 @@ or a name from a message body (DESIGN.md, trust boundaries); they call :func:`pe
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Literal, cast, get_args
 
 import grpc
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import NameOID
 
 Role = Literal["curator", "owner", "consumer"]
@@ -99,6 +102,52 @@ class Identity:
         if not sep:
             raise ValueError(f"identity must be written role:name, got {text!r}")
         return cls(cast(Role, role), name)
+
+
+#: A public-key pin: the SHA-256 of a key's SubjectPublicKeyInfo, 64 hexadecimal digits.
+FINGERPRINT_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+
+
+def key_fingerprint(cert: x509.Certificate) -> str:
+    """The pin of a certificate's public key: SHA-256 of its SubjectPublicKeyInfo (DER), as 64
+    lowercase hexadecimal digits (the form of an owner policy's ``[peers]`` entries and of
+    ``dpmarket pki show``'s "public-key pin" line).
+
+    The pin names the key, not the certificate: a certificate re-issued for the same key keeps
+    it, and a certificate the CA mints for the same name with another key has another one. That
+    is what makes it worth pinning: whoever holds the CA's key can issue a certificate under any
+    name, but not one for a key it does not hold.
+    """
+    return public_key_fingerprint(cert.public_key())
+
+
+def public_key_fingerprint(key: CertificatePublicKeyTypes) -> str:
+    """:func:`key_fingerprint` of a bare public key (SHA-256 of its SubjectPublicKeyInfo)."""
+    der = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return hashlib.sha256(der).hexdigest()
+
+
+def normalize_fingerprint(text: str) -> str:
+    """A pin as written by a person: 64 hexadecimal digits, case ignored, optionally prefixed
+    ``sha256:`` and grouped by ``:`` (as ``openssl`` prints them); return the canonical form.
+
+    Raises
+    ------
+    ValueError
+        If ``text`` is not a string of 64 hexadecimal digits in that form; the message says how
+        to get one (``dpmarket pki show CERT``).
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"a public-key pin must be a string, got {text!r}")
+    body = text.strip().lower().removeprefix("sha256:").replace(":", "")
+    if FINGERPRINT_PATTERN.fullmatch(body) is None:
+        raise ValueError(
+            f"a public-key pin is the SHA-256 of the key, 64 hexadecimal digits, got {text!r} "
+            "(dpmarket pki show CERT prints it as 'public-key pin')"
+        )
+    return body
 
 
 def identity_files(directory: Path, identity: Identity) -> tuple[Path, Path, Path]:

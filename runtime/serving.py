@@ -1,7 +1,8 @@
 """Server plumbing shared by the curator and owner services.
 
 Every service registers ``grpc.health.v1`` and reflection, sets explicit message size limits for
-array payloads and stops gracefully on SIGTERM (CONVENTIONS.md, tooling).
+array payloads (each RPC its own receive limit, checked with the caller's role before a request is
+read: :mod:`dpmarket.runtime.admission`) and stops gracefully on SIGTERM (CONVENTIONS.md, tooling).
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from dpmarket.runtime.admission import SMALL_REQUEST_BYTES, Admission
 from dpmarket.runtime.transport import BindError, TransportSecurity, add_port
 
 logger = logging.getLogger(__name__)
 
-#: Largest message accepted or sent, in bytes (array payloads).
+#: Largest message a client channel accepts, and a client or a server sends, in bytes (array
+#: payloads). A server receives at most its RPCs' own limits (:func:`start_server`).
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -64,11 +67,12 @@ def keepalive_server_options(seconds: float = KEEPALIVE_SECONDS) -> list[tuple[s
 
 #: Options of every client channel to another service: :data:`GRPC_OPTIONS` and the keepalive.
 CHANNEL_OPTIONS = [*GRPC_OPTIONS, *keepalive_client_options()]
-#: Options of every server the project starts (:func:`start_server`): :data:`GRPC_OPTIONS` and an
-#: exclusive port. gRPC sets ``SO_REUSEPORT`` by default, so a second process (a duplicate
-#: ``serve-owner``, or anything local) could bind a port already served and receive a share of
-#: its connections; with it off, a second server on a bound port fails to start. Clients'
-#: keepalive PINGs are admitted (:func:`keepalive_server_options`).
+#: Options of every server the project starts (:func:`start_server`, which lowers the receive
+#: limit to the largest of its RPCs'): :data:`GRPC_OPTIONS` and an exclusive port. gRPC sets
+#: ``SO_REUSEPORT`` by default, so a second process (a duplicate ``serve-owner``, or anything
+#: local) could bind a port already served and receive a share of its connections; with it off,
+#: a second server on a bound port fails to start. Clients' keepalive PINGs are admitted
+#: (:func:`keepalive_server_options`).
 SERVER_OPTIONS = [*GRPC_OPTIONS, ("grpc.so_reuseport", 0), *keepalive_server_options()]
 
 
@@ -124,11 +128,20 @@ async def start_server(
     service_names: str | Sequence[str],
     address: str,
     security: TransportSecurity,
+    *,
+    max_request_bytes: int = SMALL_REQUEST_BYTES,
 ) -> tuple[grpc.aio.Server, int, HealthStatus]:
     """Start a grpc.aio server with health checking and reflection; return it and its port.
 
     ``servicer_adder`` registers the servicers of ``service_names`` (full names, e.g.
     ``dpmarket.v1.OwnerService``); each is reported SERVING by the health service.
+
+    Every call is admitted before its request is read
+    (:class:`dpmarket.runtime.admission.Admission`): the caller's role, its service's calls at once,
+    its RPC's receive limit. The server receives no message above ``max_request_bytes``, which must
+    be the largest receive limit of the servicers registered
+    (:func:`dpmarket.runtime.admission.largest_request`); gRPC refuses a larger message from its
+    declared length, before buffering it.
 
     ``address`` may end in ``:0`` to let the OS choose a free port (tests). The port is mTLS (client
     certificates required) unless ``security`` is plaintext (``--insecure``, logged as a warning by
@@ -146,7 +159,14 @@ async def start_server(
     """
     names = (service_names,) if isinstance(service_names, str) else tuple(service_names)
     check_address_free(address)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    options = [
+        *((k, v) for k, v in SERVER_OPTIONS if k != "grpc.max_receive_message_length"),
+        ("grpc.max_receive_message_length", max_request_bytes),
+    ]
+    server = grpc.aio.server(
+        options=options,
+        interceptors=[Admission(max_request_bytes, insecure=security.insecure)],
+    )
     servicer_adder(server)
     # health.aio exists at run time; grpc-stubs' health module lacks it (an untyped value here).
     health_servicer: HealthStatus = health.aio.HealthServicer()  # type: ignore[attr-defined]

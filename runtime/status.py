@@ -8,6 +8,8 @@ Servicers wrap every handler with :func:`dpmarket.runtime.authz.rpc`, which abor
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from typing import Any
 
 import grpc
 
@@ -50,19 +52,43 @@ def status_for(exc: BaseException) -> grpc.StatusCode | None:
     return None
 
 
+#: Trailing metadata that marks a refusal by a party's privacy budget
+#: (:class:`errors.BudgetRefusedError`), so the caller recognises it without reading the text.
+REFUSAL_KEY = "dpmarket-refusal"
+BUDGET_REFUSAL = "budget"
+
+
+def _budget_refusal(exc: grpc.RpcError) -> bool:
+    """Whether a failed call's trailing metadata marks a budget refusal."""
+    try:
+        trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    except Exception:  # a status without metadata has no mark
+        return False
+    # (key, value) pairs: grpc.aio's Metadata, or the sync API's tuple of metadata pairs.
+    pairs: Iterable[Any] = trailing or ()
+    return any(tuple(item) == (REFUSAL_KEY, BUDGET_REFUSAL) for item in pairs)
+
+
 def error_from_rpc(exc: grpc.RpcError, peer: str) -> errors.DPMarketError:
     """Turn a failed call into the matching :mod:`dpmarket.common.errors` exception.
 
-    Codes with no protocol meaning (INTERNAL, UNKNOWN, ...) become :class:`errors.AbortedError`.
+    Codes with no protocol meaning (INTERNAL, UNKNOWN, ...) become :class:`errors.AbortedError`;
+    a ``FAILED_PRECONDITION`` marked as a budget refusal (:func:`abort_for`) becomes
+    :class:`errors.BudgetRefusedError`. The message is ``"{peer}: {details} (CODE)"``; the
+    exception's ``remote`` keeps the code and the details alone.
     """
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     # grpc types details() as optional: a status without details has none to relay.
     details = (exc.details() if hasattr(exc, "details") else str(exc)) or ""
     cls = _EXCEPTIONS.get(code, errors.AbortedError)
+    if code == grpc.StatusCode.FAILED_PRECONDITION and _budget_refusal(exc):
+        cls = errors.BudgetRefusedError
     # A status relayed by a service (a curator passing on an owner's refusal) already ends with
     # its code: name it once.
     suffix = f" ({code.name})"
-    return cls(f"{peer}: {details}" + ("" if details.endswith(suffix) else suffix))
+    error = cls(f"{peer}: {details}" + ("" if details.endswith(suffix) else suffix))
+    error.remote = errors.RemoteStatus(code.name, details.removesuffix(suffix))
+    return error
 
 
 #: The details of every INTERNAL status: the same whatever failed, so that neither a stack trace nor
@@ -88,6 +114,8 @@ async def abort_for(exc: BaseException, context: grpc.aio.ServicerContext, where
         else:
             logger.error("internal error in %s", where, exc_info=exc)
         await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+    elif isinstance(exc, errors.BudgetRefusedError):
+        await context.abort(code, str(exc), trailing_metadata=((REFUSAL_KEY, BUDGET_REFUSAL),))
     else:
         await context.abort(code, str(exc))
     raise AssertionError("context.abort returned")  # pragma: no cover

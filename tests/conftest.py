@@ -1,9 +1,11 @@
-"""Shared fixtures and helpers: the bundled digits scenario, small and real; an owner ledger
-whose lifetime budget is spent; the bids a deviating curator steers to read a column."""
+"""Shared fixtures and helpers: the bundled digits scenario, small and real; a new owner
+ledger, as ``dpmarket owner ledger init`` creates one; an owner ledger whose lifetime budget is
+spent; the bids a deviating curator steers to read a column."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from numpy.typing import NDArray
 from dpmarket.common.summarization.rff import RFFParams
 from dpmarket.experiments.scenarios import Scenario, digits_scenario
 from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.policy import OwnerPolicy
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +35,13 @@ def exhaust(ledger: OwnerLedger) -> None:
             delta=0.0,
             points=0,
         )
+
+
+def new_ledger(data_dir: Path, policy: OwnerPolicy | None = None) -> Path:
+    """Create an owner's ledger in ``data_dir`` (unbound: the first owner that serves it binds
+    it), for an owner a test starts by hand; return ``data_dir``."""
+    OwnerLedger.create(data_dir, policy or OwnerPolicy()).close()
+    return data_dir
 
 
 class ColumnProbe:

@@ -37,7 +37,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from dpmarket.common.cape.capefm import CapeFMPlan, plan_capefm
 from dpmarket.common.cape.dpgd import CapeTrainingPlan, n_params, plan_training, training_loss_sigma
-from dpmarket.common.cape.functional_mechanism import Task, scale_to_bounds
+from dpmarket.common.cape.functional_mechanism import Task, scale_to_bounds, to_raw_coefficients
 from dpmarket.common.cape.mean import CapeMeanPlan, plan_mean
 
 #: Name of the constant feature added for an intercept.
@@ -238,6 +238,62 @@ class CapeJobSpec:
     def columns(self) -> tuple[str, ...]:
         """The feature columns, in order (the intercept excluded)."""
         return tuple(f[0] for f in self.features)
+
+    @property
+    def coefficient_labels(self) -> tuple[str, ...]:
+        """What :meth:`raw_coefficients` returns, in order: the columns, then :data:`INTERCEPT`
+        (a model in raw units has one even without ``fit_intercept``: the scaling shifts)."""
+        return (*self.columns, INTERCEPT)
+
+    def raw_coefficients(self, w: ArrayLike) -> tuple[NDArray[np.float64], float]:
+        """A fit on :meth:`scaled` records in the columns' raw units.
+
+        Parameters
+        ----------
+        w : array-like of shape (dim,)
+            Weights on the scaled features (the constant feature last, with an intercept).
+
+        Returns
+        -------
+        weights : ndarray of shape (len(features),), float64
+        intercept : float
+            Prediction (or logit) ``= intercept + x @ weights`` on raw, clamped records.
+        """
+        weights, intercept = to_raw_coefficients(w, self.feature_bounds, self.target_bounds)
+        if self.fit_intercept:
+            intercept += float(weights[-1])
+            weights = weights[:-1]
+        return weights, float(intercept)
+
+    def raw_map(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """``(M, c)``, shapes ``(K, dim)`` and ``(K,)``: the raw coefficients
+        (:attr:`coefficient_labels`, ``K`` of them) are ``M @ w + c``.
+
+        :meth:`raw_coefficients` is affine in ``w`` (``to_raw_coefficients`` scales and shifts),
+        so its values at ``0`` and at the unit vectors give ``M`` and ``c`` exactly.
+        """
+
+        def stacked(w: NDArray[np.float64]) -> NDArray[np.float64]:
+            weights, intercept = self.raw_coefficients(w)
+            return np.append(weights, intercept)
+
+        c = stacked(np.zeros(self.dim))
+        m = np.column_stack([stacked(e) - c for e in np.eye(self.dim)])
+        return m, c
+
+    @property
+    def covers(self) -> str:
+        """What a fit's interval covers (:mod:`dpmarket.common.cape.uncertainty`)."""
+        model = (
+            "ordinary least squares"
+            if self.task == "linear"
+            else "the minimizer of the logistic loss's second-order Taylor approximation (the "
+            "functional mechanism's cost; not the maximum-likelihood fit)"
+        )
+        return (
+            f"the non-private fit on the pooled records clamped into the public bounds: {model} "
+            "(noise only: no sampling error of the data)"
+        )
 
     def clamped(self, features: ArrayLike, target: ArrayLike) -> Clamped:
         """Raw records clamped to the public bounds (the linear target too; a logistic target
@@ -480,6 +536,18 @@ class CapeTrainingSpec:
     def n_params(self) -> int:
         """``P = H (D + 2) + 1``."""
         return n_params(self.dim, self.hidden)
+
+    @property
+    def parameter_labels(self) -> tuple[str, ...]:
+        """A name per parameter, in the flat vector's order: ``W1[h,column]`` (row-major),
+        ``b1[h]``, ``w2[h]``, ``b2``."""
+        hidden = range(self.hidden)
+        return (
+            *(f"W1[{h},{c}]" for h in hidden for c in self.columns),
+            *(f"b1[{h}]" for h in hidden),
+            *(f"w2[{h}]" for h in hidden),
+            "b2",
+        )
 
     @property
     def bounds(self) -> NDArray[np.float64]:

@@ -28,6 +28,9 @@ from dpmarket.common.privacy.accounting import (
 )
 
 __all__ = [
+    "UNKNOWN_NOT_RETURNED",
+    "UNKNOWN_RESTARTED",
+    "UNKNOWN_UNREACHABLE",
     "BudgetExceededError",
     "Charge",
     "LedgerReport",
@@ -75,6 +78,15 @@ class Charge:
             raise ValueError(f"event must be a PrivacyEvent, got {type(self.event).__name__}")
 
 
+#: Why the curator has no record of what an owner charged a session (:attr:`SessionSpend.unknown`),
+#: in public words: the owner could not be reached to close the session.
+UNKNOWN_UNREACHABLE = "owner unreachable"
+#: ... the curator restarted while the session ran (until a restarted curator gets the record).
+UNKNOWN_RESTARTED = "the curator restarted during the session"
+#: ... the owner answered the closing without its record.
+UNKNOWN_NOT_RETURNED = "the owner returned no record"
+
+
 @dataclass(frozen=True)
 class SessionSpend:
     """What one session spent of one owner's budget, as the owner's own ledger recorded it.
@@ -87,12 +99,23 @@ class SessionSpend:
         Raw points released.
     non_private : bool
         Whether a non-private charge was recorded.
+    unknown : str
+        Empty when the figures are the owner's record. Otherwise why the curator does not have
+        it (:data:`UNKNOWN_UNREACHABLE`, :data:`UNKNOWN_RESTARTED`,
+        :data:`UNKNOWN_NOT_RETURNED`); the figures are then 0 and say nothing: the owner may
+        have charged the session (its ledger says what).
     """
 
     epsilon: float
     delta: float
     points: int
     non_private: bool = False
+    unknown: str = ""
+
+    @classmethod
+    def unknown_because(cls, reason: str) -> SessionSpend:
+        """A spend whose record the curator does not have, for ``reason``."""
+        return cls(0.0, 0.0, 0, False, reason)
 
 
 @dataclass(frozen=True)

@@ -115,12 +115,15 @@ class OwnerSelection:
     Parameters
     ----------
     min_owners : int, default 0
-        0: as before, an owner whose policy refuses the session's terms fails the request
-        (``FAILED_PRECONDITION``, nothing released) and an owner that cannot be reached is left
-        out while one remains. N >= 1: an owner that refuses its terms ("budget refused") or
-        cannot be reached ("unreachable") when the session opens is left out, and the session
-        runs if at least N owners remain (else ``FAILED_PRECONDITION`` naming who was left out
-        and why). A left-out owner is charged nothing and sent nothing after its refusal.
+        The fewest owners the session may open with. 0: every owner it asks (all but
+        ``exclude``). An owner that refuses its terms ("budget refused", "refused the
+        session") or cannot be reached ("unreachable") when the session opens is left out,
+        and the session runs if at least ``min_owners`` (by default: all) owners remain; else
+        it fails, nothing released or charged anywhere, saying how many of the owners asked
+        were reachable and who was left out and why (``UNAVAILABLE`` when an owner could not be
+        reached, else ``FAILED_PRECONDITION``). A left-out owner is charged nothing and sent
+        nothing after its refusal. An owner lost later, mid-session, is dropped and the
+        session finishes with the others (the report names it).
     exclude : tuple of str, default ()
         Owners, by name, the consumer leaves out: never asked anything.
 

@@ -57,10 +57,13 @@ class SummarizationSession:
         parameters, quantization, MWEM, auction coins, the owners' sampling seeds, noise; in a
         fixed order), the owners it leaves out and its schema.
     owners : sequence of OwnerEndpoint
-        The owners the session asks (those the consumer excluded already left out).
+        The owners the session asks (those the consumer excluded already left out). Owners
+        that refuse their terms or cannot be reached when the session opens are left out, and
+        the session fails unless ``request.selection.min_owners`` remain (0: every owner in
+        ``owners``).
     context : SessionContext, optional
         The curator's side: ids, the consumer's identity, deadlines, the owners' published
-        sketches, observers of progress and charges.
+        sketches, observers of progress, charges and the owners' records.
 
     Raises
     ------
@@ -134,21 +137,24 @@ class SummarizationSession:
         :func:`~dpmarket.common.summarization.terms.owner_terms`) and lets ``check_terms`` (the
         curator's policy) refuse them; draws h1's parameters and opens the session at every owner
         with the terms, which each owner checks against its own policy. Nothing is released or
-        charged: h1's parameters are public randomness. Owners that do not answer are dropped (and
-        named in the report). On failure, sessions already opened are closed.
+        charged: h1's parameters are public randomness. Owners that do not answer or refuse the
+        terms are left out (and named in the report), and the session opens only if as many owners
+        remain as it requires (every owner it asks, unless ``min_owners`` says otherwise). On
+        failure, sessions already opened are closed.
 
         Raises
         ------
         UnavailableError
-            If no owner answers.
+            If no owner answers, or fewer owners answer than the session requires.
         InvalidArgumentError
             If an owner's feature count differs from the validation set's, the owners hold fewer
             points than the summary size, ``gamma`` makes every kernel value 0 or 1 on the
             validation set, or ``check_terms`` refuses the terms.
         FailedPreconditionError
             If the schemas of the consumer and the owners differ (naming the first column that
-            differs), an owner's policy refuses the terms, or the owners' policies allow fewer
-            raw points than the summary size.
+            differs), owners' policies refuse the terms and fewer owners remain than the
+            session requires, or the owners' policies allow fewer raw points than the summary
+            size.
         """
         try:
             await self._prepare(check_terms)
@@ -164,12 +170,12 @@ class SummarizationSession:
         active = state.active()
         if not active:
             raise UnavailableError("no owner answered: " + state.drop_notes())
+        state.require_min_owners()
         schemas = {state.info(i).owner_id: state.info(i).schema for i in active}
         request = self.request
         found = disagreement(request.schema, schemas, feature_names=request.feature_names)
         if found is not None:
             raise FailedPreconditionError(f"the schemas differ: {found}")
-        state.require_min_owners()
         n = state.validation.shape[1]
         for index in active:
             owner = state.info(index)
@@ -224,6 +230,10 @@ class SummarizationSession:
         size = len(summary.points) + len(summary.hashes)
         state.emit("done", f"summary of {size} points in {elapsed:.2f} s")
         return result
+
+    def opened_owners(self) -> list[str]:
+        """The owners that hold an open session of ours (after :meth:`prepare`), by name."""
+        return self.state.opened_owners()
 
     async def abandon(self) -> None:
         """Close the session at every owner that opened it (a prepared session not run)."""

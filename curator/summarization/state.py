@@ -22,12 +22,20 @@ from numpy.typing import NDArray
 
 from dpmarket.common.errors import (
     AbortedError,
+    BudgetRefusedError,
     DPMarketError,
     FailedPreconditionError,
     InvalidArgumentError,
     UnavailableError,
 )
-from dpmarket.common.privacy.ledger import Charge, PrivacyLedger, SessionSpend
+from dpmarket.common.ids import short_id
+from dpmarket.common.privacy.ledger import (
+    UNKNOWN_NOT_RETURNED,
+    UNKNOWN_UNREACHABLE,
+    Charge,
+    PrivacyLedger,
+    SessionSpend,
+)
 from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from dpmarket.common.privacy.rng import make_rng
 from dpmarket.common.sketches import PrivateSketch, RFFMap
@@ -36,6 +44,7 @@ from dpmarket.common.summarization.rff import RFFParams
 from dpmarket.common.summarization.summary import ProgressEvent, SessionRequest
 from dpmarket.common.summarization.terms import OwnerTerms
 from dpmarket.common.validation import check_matrix
+from dpmarket.curator.disclosure import NoAnswerError, public_error, public_text
 
 __all__ = [
     "OwnerSlot",
@@ -142,6 +151,9 @@ class SessionContext:
     on_charge : callable or None
         Receives every charge to the session's ledgers before the release it pays for (the
         curator service writes them to its durable store).
+    on_owner_spend : callable or None
+        ``on_owner_spend(owner, spend)`` as soon as the session is closed at an owner: what its
+        ledger recorded, or why that is unknown (the curator service stores it durably).
     """
 
     session_id: str = "session"
@@ -152,6 +164,7 @@ class SessionContext:
     allocation_spec: str | None = None
     on_progress: ProgressCallback | None = None
     on_charge: Callable[[Sequence[Charge]], None] | None = None
+    on_owner_spend: Callable[[str, SessionSpend], None] | None = None
 
 
 class SessionState:
@@ -228,7 +241,8 @@ class SessionState:
             raise InvalidArgumentError(
                 f"min_owners={min_owners} exceeds the {len(owners)} owner(s) this session can ask"
             )
-        #: The session fails unless this many owners take part (0: the rules before it).
+        #: The session fails unless this many owners take part when it opens (0: every owner
+        #: it asks, :attr:`required_owners`).
         self.min_owners = int(min_owners)
         #: Owners the consumer left out by name (never asked anything).
         self.excluded = tuple(request.selection.exclude)
@@ -241,6 +255,8 @@ class SessionState:
             SeededNoise(self.rng) if request.seed is not None else OpenDPNoise()
         )
         self.consumer = context.consumer
+        #: Receives each owner's record of the session (or why there is none) when it closes.
+        self.on_owner_spend = context.on_owner_spend
         self.slots = [OwnerSlot(endpoint=o) for o in owners]
         self.on_progress = context.on_progress
         self.call_timeout = context.call_timeout
@@ -302,11 +318,13 @@ class SessionState:
 
         An owner that refuses a step under its own policy (``FailedPreconditionError``) is
         dropped too (``refusals="drop"``, during a session), or its refusal fails the request
-        with the same error naming the owner (``"raise"``, while the session opens, so nothing
-        is released), or it is left out as "budget refused" (``"leave_out"``, while the session
-        opens for a consumer that allows it, :attr:`min_owners`). Other protocol errors abort
-        the session naming the owner (while opening: the same error class, e.g.
-        INVALID_ARGUMENT for a d above an owner's limit).
+        with the same error naming the owner (``"raise"``), or it is left out as "budget
+        refused" or "refused the session" (``"leave_out"``, while the session opens; the
+        session then requires :attr:`required_owners`). Other protocol errors abort the session
+        naming the owner (with ``"raise"`` and ``"leave_out"``: the same error class, e.g.
+        INVALID_ARGUMENT for a d above an owner's limit). Every reason and message names the
+        owner and states its failure publicly (:func:`dpmarket.curator.disclosure.public_text`: no
+        address, no budget figure); the curator's log has the owner's whole answer.
 
         A round trip (``stage="call"``) has the call timeout. A pass over an owner's table
         (any other ``stage``) has a deadline that scales with the owner's declared rows
@@ -330,22 +348,29 @@ class SessionState:
         answers = await asyncio.gather(*(one(i) for i in indices), return_exceptions=True)
         out: dict[int, T] = {}
         for index, answer in zip(indices, answers, strict=True):
-            if isinstance(answer, UnavailableError):
-                self.drop(index, str(answer), "unreachable")
-            elif isinstance(answer, FailedPreconditionError) and refusals == "drop":
-                self.drop(index, f"refused: {answer}", "refused a step")
-            elif isinstance(answer, FailedPreconditionError) and refusals == "leave_out":
-                budget = "owner budget exceeded" in str(answer)
-                public = "budget refused" if budget else "refused the session"
-                self.drop(index, f"refused the session's terms: {answer}", public)
-            elif isinstance(answer, DPMarketError) and refusals == "raise":
-                raise type(answer)(f"owner {self.owner_name(index)}: {answer}") from answer
-            elif isinstance(answer, DPMarketError):
-                raise AbortedError(f"owner {self.owner_name(index)}: {answer}") from answer
-            elif isinstance(answer, BaseException):
-                raise answer
-            else:
+            if not isinstance(answer, BaseException):
                 out[index] = answer
+                continue
+            if not isinstance(answer, DPMarketError):
+                raise answer
+            # What reaches the consumer (errors, progress messages, the report) is the
+            # owner's name and a public text; the whole answer goes to the curator's log.
+            name = self.owner_name(index)
+            where = f"session {short_id(self.session_id)}, {stage}"
+            public = public_error(name, answer, where=where)
+            text = public_text(answer)
+            if isinstance(answer, UnavailableError):
+                self.drop(index, text, "unreachable")
+            elif isinstance(answer, FailedPreconditionError) and refusals == "drop":
+                self.drop(index, f"refused: {text}", "refused a step")
+            elif isinstance(answer, FailedPreconditionError) and refusals == "leave_out":
+                budget = isinstance(answer, BudgetRefusedError)
+                reason = "budget refused" if budget else "refused the session"
+                self.drop(index, f"refused the session's terms: {text}", reason)
+            elif refusals in ("raise", "leave_out"):
+                raise public from answer
+            else:
+                raise AbortedError(str(public)) from answer
         return out
 
     async def _supervised(
@@ -366,7 +391,7 @@ class SessionState:
             if done:
                 return task.result()
             if probe is None:
-                raise UnavailableError(
+                raise NoAnswerError(
                     f"no answer within {limit:.0f} s"
                     + (
                         f" (a deadline scaled to its {rows} rows)"
@@ -380,11 +405,11 @@ class SessionState:
                         probe(self.owner_session_id), self.call_timeout
                     )
                 except (DPMarketError, TimeoutError) as exc:
-                    raise UnavailableError(
+                    raise NoAnswerError(
                         f"no answer within {limit:.0f} s, and no progress report: {exc}"
                     ) from None
                 if ticks is not None and now_ticks == ticks:
-                    raise UnavailableError(
+                    raise NoAnswerError(
                         f"no answer within {loop.time() - start:.0f} s and no progress in the "
                         f"last {self.call_timeout:g} s"
                     )
@@ -399,7 +424,7 @@ class SessionState:
                 done, _ = await asyncio.wait({task}, timeout=self.call_timeout)
                 if done:
                     return task.result()
-            raise UnavailableError(
+            raise NoAnswerError(
                 f"no answer within {PROGRESS_GRACE:g} times its deadline of {limit:.0f} s"
             )
         finally:
@@ -422,25 +447,41 @@ class SessionState:
         if not self.active():
             raise UnavailableError("every owner dropped out: " + self.drop_notes())
 
+    @property
+    def required_owners(self) -> int:
+        """The fewest owners the session may open with: :attr:`min_owners`, or every owner it
+        asks (those the consumer did not exclude) when that is 0."""
+        return self.min_owners or len(self.slots)
+
     def require_min_owners(self) -> None:
-        """Raise ``FailedPreconditionError`` when fewer owners than :attr:`min_owners` remain,
-        naming who was left out and why (public reasons).
+        """Raise when fewer owners than :attr:`required_owners` remain, saying how many of the
+        owners asked were reachable and naming who was left out and why (public reasons).
 
         Raises
         ------
-        FailedPreconditionError
-            If ``0 < len(active) < min_owners``.
         UnavailableError
-            If no owner remains (:meth:`require_owners`).
+            If an owner that was left out could not be reached (a retry may find it).
+        FailedPreconditionError
+            If the owners left out refused the session (their budget or policy).
         """
-        self.require_owners()
         active = len(self.active())
-        if active < self.min_owners:
-            left = ", ".join(f"{o} ({why})" for o, why in self.left_out().items())
-            raise FailedPreconditionError(
-                f"only {active} owner(s) can take part, fewer than min_owners = "
-                f"{self.min_owners}; left out: {left}"
-            )
+        required = self.required_owners
+        if active >= max(required, 1):
+            return
+        asked = len(self.slots)
+        reachable = sum(1 for s in self.slots if s.left_out != "unreachable")
+        left = ", ".join(
+            f"{o} ({why})"
+            for o, why in self.left_out().items()
+            if why != "excluded by the consumer"
+        )
+        needs = f"all {asked}" if self.min_owners == 0 else f"at least {required}"
+        cls = UnavailableError if reachable < asked else FailedPreconditionError
+        raise cls(
+            f"{reachable} of the {asked} owner(s) this request asks were reachable and {active} "
+            f"can take part; the request needs {needs} (--min-owners N lets it run with N); "
+            f"left out: {left}"
+        )
 
     def left_out(self) -> dict[str, str]:
         """Every owner the session runs without, with its public reason: those the consumer
@@ -491,9 +532,15 @@ class SessionState:
         return f"; dropped owners: {', '.join(dropped)}" if dropped else ""
 
     async def close_owner_sessions(self) -> None:
-        """Close the session at every owner that opened it; record what its ledger recorded."""
+        """Close the session at every owner that opened it; record what its ledger recorded.
 
-        async def close(slot: OwnerSlot) -> None:
+        An owner that cannot be reached (or answers without its record) keeps a place in the
+        report, its spend marked unknown with the reason (``SessionSpend.unknown``): a dropped
+        owner may have charged the session. Each record, or its absence, goes to
+        ``on_owner_spend`` as soon as it is known.
+        """
+
+        async def close(index: int, slot: OwnerSlot) -> None:
             slot.opened = False
             try:
                 coro = slot.endpoint.close_session(self.owner_session_id)
@@ -503,8 +550,21 @@ class SessionState:
                     slot.spent = await coro
             except (DPMarketError, TimeoutError) as exc:
                 logger.info("closing the session at %s failed: %s", slot.endpoint.name, exc)
+                unreachable = isinstance(exc, UnavailableError | TimeoutError)
+                slot.spent = SessionSpend.unknown_because(
+                    UNKNOWN_UNREACHABLE if unreachable else UNKNOWN_NOT_RETURNED
+                )
+            if self.on_owner_spend is not None:
+                try:
+                    self.on_owner_spend(self.owner_name(index), slot.spent)
+                except Exception:  # the report still carries it
+                    logger.exception("recording what owner %s charged", self.owner_name(index))
 
-        await asyncio.gather(*(close(slot) for slot in self.slots if slot.opened))
+        await asyncio.gather(*(close(i, slot) for i, slot in enumerate(self.slots) if slot.opened))
+
+    def opened_owners(self) -> list[str]:
+        """The owners that hold an open session of ours, by name."""
+        return [self.owner_name(i) for i, slot in enumerate(self.slots) if slot.opened]
 
     def emit(self, stage: Literal["setup", "rounds", "done", "failed"], message: str) -> None:
         """Report progress to ``on_progress``, if given."""

@@ -53,11 +53,13 @@ class Offer:
         Raises
         ------
         FailedPreconditionError
-            If an owner's policy refuses the terms (naming the owner) and the session does not
-            allow leaving owners out (``min_owners`` 0), fewer than ``min_owners`` owners
-            remain, or the owners' policies allow fewer raw points than the summary size.
+            If owners' policies refuse the terms and fewer owners remain than the session
+            requires (every owner, unless ``min_owners`` says otherwise; the message names who
+            was left out, "budget refused", never a budget figure), or the owners' policies
+            allow fewer raw points than the summary size.
         UnavailableError
-            If every owner dropped out.
+            If an owner cannot be reached and fewer remain than required, or every owner
+            dropped out.
         """
         state = self.state
         cfg = state.config
@@ -71,14 +73,9 @@ class Offer:
                 state.owner_session_id, rff, int(seeds[i]), consumer=state.consumer, terms=terms
             )
 
-        # An owner whose policy refuses the terms fails the request, unless the consumer lets
-        # the session run without it (min_owners): then it is left out, charged nothing.
-        opened = await state.gather(
-            state.active(),
-            open_one,
-            refusals="leave_out" if state.min_owners > 0 else "raise",
-            stage="open",
-        )
+        # An owner whose policy refuses the terms is left out, charged nothing; the session
+        # then opens only if as many owners as it requires remain (every owner by default).
+        opened = await state.gather(state.active(), open_one, refusals="leave_out", stage="open")
         for index, (_, max_points) in opened.items():
             state.slots[index].max_points = int(max_points)
         for index in range(len(state.slots)):
@@ -87,7 +84,9 @@ class Offer:
         state.require_min_owners()
         allowed = sum(state.slots[i].max_points for i in state.active())
         if cfg.summary_size > allowed:
+            # How many they allow follows from what is left of their budgets: not said here.
             raise FailedPreconditionError(
-                f"the owners' policies allow this session at most {allowed} raw points in all, "
-                f"fewer than p = {cfg.summary_size}"
+                f"the owners' policies allow this session fewer raw points than p = "
+                f"{cfg.summary_size} (their per-session share of their tables, or what is left "
+                "of their budgets): ask for a smaller summary"
             )

@@ -107,3 +107,21 @@ def test_a_networked_sum_that_differs_from_the_inputs_is_not_recorded(
     with pytest.raises(AssertionError, match="above the quantization bound"):
         secagg.main([*QUICK, "--transports", "grpc", "--out", str(out)])
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_baseline_tree_runs_each_in_process_case_beside_this_one() -> None:
+    """``--baseline TREE``: a case with the other tree's code, then this tree's, each in a
+    process of its own (here the same tree stands in for another revision), each sum checked;
+    the ratios are recorded and printed."""
+    case = {"sites": 3, "length": 50, "dropouts": 0, "repeat": 1}
+    records = secagg.measure_against(secagg.ROOT, [case])
+    assert [r["transport"] for r in records] == ["in-process", "in-process baseline"]
+    ours, base = records
+    ratios = ours["compared_with_baseline"]
+    assert ratios["baseline"] == str(secagg.ROOT) == base["source"]
+    assert ratios["cpu_ratio"] == ours["median_cpu_seconds"] / base["median_cpu_seconds"]
+    for record in records:
+        assert (record["sites"], record["vector_length"]) == (3, 50)
+        assert record["max_abs_error"] < record["error_bound"]
+    assert "this tree / baseline at S=3, D=50" in secagg.format_table(records)

@@ -11,7 +11,7 @@ import pytest
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.sketches.m2m import M2MEstimator
-from dpmarket.common.sketches.sketch import SketchMechanism, merge_sketches
+from dpmarket.common.sketches.sketch import SketchMechanism, merge_sketches, sketch_mmd2
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.consumer.explore import (
     Explorer,
@@ -173,7 +173,11 @@ def test_owners_rank_by_the_mmd_to_the_validation_set(specs: dict[str, SketchSpe
         "farther": spec.mechanism(1.0).release(_records(3000, 0.8, seed=4), noise),
     }
     ranking = rank_owners(sketches, _records(500, 0.0, seed=7))
-    assert [o for o, _ in ranking] == ["near", "far", "farther"]
+    assert [r.owner for r in ranking] == ["near", "far", "farther"]
+    for r in ranking:
+        assert r.estimate.low < r.mmd2 < r.estimate.high
+        assert r.mmd2 == pytest.approx(sketch_mmd2(sketches[r.owner], _records(500, seed=7)))
+    assert ranking[0].unresolved == ()  # 3,000 records apart by 0.5: the order is clear
     hist = specs["hist"].mechanism(1.0).release(_records(100), noise)
     with pytest.raises(InvalidArgumentError, match="ranked by RFF sketches"):
         rank_owners({"h": hist}, _records(10))
@@ -238,8 +242,9 @@ def test_m2m_standard_errors_cover_at_the_stated_rate() -> None:
 
 
 def test_answers_carry_errors_columns_and_clip_flags(specs: dict[str, SketchSpec]) -> None:
-    """A mean of 20 records at epsilon 0.1 falls outside the column's bounds: it is clipped and
-    flagged, the raw value kept; every value has its columns and a positive standard error."""
+    """A mean of 20 records at epsilon 0.1 is noise: every value is flagged (its count is
+    unknown within 20 %, or even its interval is impossible), clipped into the column's bounds
+    with the raw value kept; every value has its columns and a positive standard error."""
     spec = specs["hist"]
     explorer = Explorer(spec, n_synthetic=4000, seed=1)
     flagged = 0
@@ -250,13 +255,14 @@ def test_answers_carry_errors_columns_and_clip_flags(specs: dict[str, SketchSpec
         for j, flag in enumerate(answer.flags):
             lo, hi = spec.domain.low[j], spec.domain.high[j]
             assert lo <= answer.values[j] <= hi
-            if flag:
+            assert flag in ("few-records", "clipped"), flag
+            assert answer.rows()[j]["reason"] == answer.reasons[j] != ""
+            if not lo <= answer.raw[j] <= hi:
                 flagged += 1
-                assert not lo <= answer.raw[j] <= hi and "public bounds" in flag
                 assert answer.rows()[j]["raw"] == answer.raw[j]
     assert flagged > 0
     cov = explorer.answer(Query("covariance", columns=("a", "b")), sketch)
-    assert cov.columns == (("a", "a"), ("a", "b"), ("b", "b")) and (cov.errors > 0).all()
+    assert cov.columns == (("a", "a"), ("a", "b"), ("b", "b")) and (cov.errors[[0, 2]] > 0).all()
     assert (cov.values[[0, 2]] >= 0).all()
 
 
@@ -295,7 +301,7 @@ def test_choose_source_follows_the_rule(mspecs: dict[str, SketchSpec]) -> None:
     assert chosen.kind == "marginals" and "expresses count" in why
     errors = {"toym/rff": 0.02, "toym/hist": 0.01}
     chosen, why = choose_source(Query("mean", columns=("a",)), specs, lambda s: errors[s.name])
-    assert chosen.name == "toym/hist" and "smallest expected standard error" in why
+    assert chosen.name == "toym/hist" and "narrowest 95 % interval" in why
     chosen, _ = choose_source(Query("mean", columns=("y",)), specs, lambda s: 1.0)
     assert chosen.kind == "marginals"  # a discrete column's moments: marginals express them
     assert choose_source(Query("logreg", target="y"), specs, lambda s: errors[s.name])[0].kind == (

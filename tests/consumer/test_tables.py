@@ -91,6 +91,17 @@ def test_a_requests_own_table_fits_80_columns(digits: Scenario, method: str) -> 
     text = _render(comparison_table([row], title=f"{method} summary of 20 points"))
     _fits(text)
     assert f"{row.mmd2_validation:.3g}" in text and f"{row.accuracy:.3f}" in text
+    # Every number says what it is: the test set's estimates carry their interval.
+    stated = row.to_json()["uncertainty"]
+    assert stated["mmd2_validation"]["kind"] == "exact" and stated["epsilon"]["kind"] == "bound"
+    low, high = stated["accuracy"]["interval"]
+    assert row.accuracy is not None and row.mmd2_test is not None
+    assert low < row.accuracy < high and stated["accuracy"]["covers"]
+    assert f"{row.accuracy:.3f}±{(high - low) / 2:.3f}" in text
+    low, high = stated["mmd2_test"]["interval"]
+    assert low < stated["mmd2_test"]["value"] < high <= row.mmd2_test + 5 * (high - low)
+    wide = _render(comparison_table([row], title="t", wide=True), width=250)
+    assert f"[{low:.3g}, {high:.3g}]" in wide
 
 
 def test_the_plot_draws_the_mmd_curve_and_each_owners_share(

@@ -36,6 +36,11 @@ from dpmarket.common.cape.dpgd import init_params, site_gradient
 from dpmarket.common.cape.functional_mechanism import to_raw_coefficients
 from dpmarket.common.cape.privacy import collusion_factor
 from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.cape.uncertainty import (
+    capefm_estimates,
+    mean_estimates,
+    training_estimates,
+)
 from dpmarket.common.cape.zero_sum import zero_sum_correction
 from dpmarket.common.errors import (
     AbortedError,
@@ -342,6 +347,22 @@ def test_a_site_lost_at_its_release_leaves_an_average_with_its_larger_noise_stat
     weights, intercept = to_raw_coefficients(fit.w, spec.feature_bounds, spec.target_bounds)
     np.testing.assert_array_equal(result.weights, weights[:-1])
     assert result.intercept == float(intercept + weights[-1])
+    # The intervals are the bootstrap of that larger noise, drawn after the owners' seeds.
+    rng = np.random.default_rng(3)
+    rng.integers(0, 2**63 - 1, size=len(SITES))
+    expected = capefm_estimates(
+        plan,
+        fit,
+        spec.coefficient_labels,
+        spec.raw_map(),
+        np.random.default_rng(rng.integers(0, 2**63 - 1)),
+        task_covers=spec.covers,
+        released=released,
+        values=[*result.weights, result.intercept],
+    )
+    assert result.estimates == expected
+    assert report["estimates"] == [e.to_json() for e in expected]
+    assert [e.value for e in expected] == [*result.weights, result.intercept]
 
 
 def test_no_release_at_all_aborts_the_job() -> None:
@@ -503,6 +524,8 @@ def test_a_mean_is_the_average_of_one_round_of_releases_over_exactly_its_sites()
     assert report["baseline_noise_std"] == plan.baseline_stds()
     exact = np.vstack([s.table.values for s in sites.values()]).mean(axis=0)
     assert np.all(np.abs(result.mean - exact) <= 6 * plan.aggregator_std())
+    assert result.estimates == mean_estimates(plan, result.mean, MEAN.columns)
+    assert report["estimates"] == [e.to_json() for e in result.estimates]
 
 
 def test_a_mean_with_a_site_lost_at_its_release_states_the_larger_noise() -> None:
@@ -514,6 +537,7 @@ def test_a_mean_with_a_site_lost_at_its_release_states_the_larger_noise() -> Non
     stated = result.report["aggregator_noise_std"]
     assert stated == plan.aggregator_std([0, 1, 3, 4])
     assert stated == pytest.approx(plan.aggregator_std() * math.sqrt(2.5))
+    assert all(e.standard_error == stated for e in result.estimates)
 
 
 # ---------------------------------------------------------------------- gradient descent
@@ -609,6 +633,17 @@ def test_a_training_steps_on_the_average_of_every_iterations_releases() -> None:
     plan = spec.plan([30] * 5)
     assert report["epsilon"] == plan.epsilon <= spec.epsilon
     assert report["noise_std_per_iteration"] == [plan.aggregator_std()] * spec.iterations
+    # No interval for a network: the consumer flags every parameter from the parameters and the
+    # last step's noise; the reply carries no per-parameter text (it stays the parameters' size).
+    assert "estimates" not in report
+    last = report["noise_std_per_iteration"][-1]
+    estimates = training_estimates(result.parameters, spec.parameter_labels, 1.0, last)
+    assert [e.label for e in estimates] == list(spec.parameter_labels)
+    assert [e.value for e in estimates] == result.parameters.tolist()
+    floor = f"{spec.learning_rate * plan.aggregator_std():.3g}"
+    for e in estimates:
+        (flag,) = e.flags
+        assert e.low is None and flag.code == "no_interval" and floor in flag.reason
 
 
 def test_a_site_lost_mid_training_leaves_one_iteration_with_its_noise_stated_then_a_new_round() -> (

@@ -22,6 +22,7 @@ from dpmarket.deploy.pki import init_ca, issue_all
 from dpmarket.owner.data import PointSet
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.service import OwnerServicer, owner_authorizer
+from dpmarket.runtime.admission import largest_request
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.serving import start_server
 from dpmarket.runtime.transport import TransportSecurity
@@ -52,11 +53,15 @@ async def _owner_server(pki: Path, name: str, n_features: int):  # type: ignore[
     security = _security(pki, identity)
     authorizer = owner_authorizer(("curator",), security)
 
+    servicer = OwnerServicer(owner, authorizer)
+
     def register(server):  # type: ignore[no-untyped-def]
-        owner_pb2_grpc.add_OwnerServiceServicer_to_server(OwnerServicer(owner, authorizer), server)
+        owner_pb2_grpc.add_OwnerServiceServicer_to_server(servicer, server)
 
     service = owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].full_name
-    server, port, _ = await start_server(register, service, "127.0.0.1:0", security)
+    server, port, _ = await start_server(
+        register, service, "127.0.0.1:0", security, max_request_bytes=largest_request([servicer])
+    )
     return server, f"127.0.0.1:{port}"
 
 

@@ -2,9 +2,11 @@
 it.
 
 In-process owners keep real durable ledgers under the default owner policy; one of them has
-spent its lifetime budget already. ``min_owners`` 0 keeps the rule before it (the refusal fails
-the request, nothing spent); ``min_owners`` N leaves the exhausted owner out when N others
-remain, names it in the report with a public reason, and charges it nothing.
+spent its lifetime budget already. By default (``min_owners`` 0) a request needs every owner it
+asks: the refusal, or an owner that cannot be reached, fails it, nothing spent, saying how many
+owners were reachable and naming who was left out with a public reason (never a budget figure);
+``min_owners`` N leaves the exhausted owner out when N others remain, names it in the report
+with a public reason, and charges it nothing.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class Gone(LocalOwnerEndpoint):
 def _owners(tmp_path: Path, digits: Scenario) -> tuple[list[Owner], list[OwnerLedger]]:
     owners, ledgers = [], []
     for i, data in enumerate(digits.owners[:K]):
-        ledger = OwnerLedger(tmp_path / data.name, OwnerPolicy())
+        ledger = OwnerLedger.create(tmp_path / data.name, OwnerPolicy())
         if i == EXHAUSTED:
             exhaust(ledger)
         owners.append(Owner(data.name, data, ledger=ledger))
@@ -99,8 +101,30 @@ def test_by_default_an_exhausted_owner_fails_the_request_and_nothing_is_spent(
 ) -> None:
     outcome, entries = _summarize(tmp_path, digits, None)
     assert isinstance(outcome, FailedPreconditionError)
-    assert f"owner {digits.owners[EXHAUSTED].name}: " in str(outcome)
-    assert "owner budget exceeded" in str(outcome)
+    assert str(outcome) == (
+        "5 of the 5 owner(s) this request asks were reachable and 4 can take part; the request "
+        "needs all 5 (--min-owners N lets it run with N); left out: "
+        f"{digits.owners[EXHAUSTED].name} (budget refused)"
+    )
+    assert [len(e) for e in entries] == [0, 0, 0, 0, 5]
+
+
+def test_by_default_an_unreachable_owner_fails_the_request_saying_how_many_answered(
+    tmp_path: Path, digits: Scenario
+) -> None:
+    """The control of the rule: with ``min_owners`` 4 the same owners run the session without
+    the unreachable one (the test below); by default it fails, nothing charged anywhere, with
+    UNAVAILABLE (a retry may find the owner) naming how many were reachable, no address."""
+    outcome, entries = _summarize(
+        tmp_path, digits, OwnerSelection(exclude=(digits.owners[EXHAUSTED].name,)), gone=0
+    )
+    assert isinstance(outcome, UnavailableError)
+    assert str(outcome) == (
+        "3 of the 4 owner(s) this request asks were reachable and 3 can take part; the request "
+        f"needs all 4 (--min-owners N lets it run with N); left out: {digits.owners[0].name} "
+        "(unreachable)"
+    )
+    assert "10.0.0.9" not in str(outcome)
     assert [len(e) for e in entries] == [0, 0, 0, 0, 5]
 
 
@@ -126,7 +150,8 @@ def test_too_few_owners_left_fails_naming_who_and_why(tmp_path: Path, digits: Sc
     outcome, entries = _summarize(tmp_path, digits, OwnerSelection(min_owners=5))
     assert isinstance(outcome, FailedPreconditionError)
     assert str(outcome) == (
-        "only 4 owner(s) can take part, fewer than min_owners = 5; left out: "
+        "5 of the 5 owner(s) this request asks were reachable and 4 can take part; the request "
+        "needs at least 5 (--min-owners N lets it run with N); left out: "
         f"{digits.owners[EXHAUSTED].name} (budget refused)"
     )
     assert [len(e) for e in entries] == [0, 0, 0, 0, 5]  # nothing released, nothing charged

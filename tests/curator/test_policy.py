@@ -166,6 +166,18 @@ def test_requests_at_the_edges_of_every_range_are_accepted() -> None:
             POLICY.check_request(config, validation_points=0)
 
 
+def test_the_values_of_a_request_are_bounded_as_its_receive_limit_assumes() -> None:
+    """(m + n0) x n: what CreateSession's receive limit is derived from
+    (dpmarket.curator.service)."""
+    config = CandidatesConfig(summary_size=10)
+    high = int(DEFAULT_RANGES["validation_values"][1])
+    CuratorPolicy().check_request(config, 40, high)
+    with pytest.raises(InvalidArgumentError) as info:
+        CuratorPolicy().check_request(config, 40, high + 1)
+    assert f"(m + n0) x n = {high + 1}" in str(info.value)
+    assert f"[1, {high}]" in str(info.value)
+
+
 def test_session_terms_are_bounded_too() -> None:
     POLICY.check_terms(OwnerTerms(SessionMethod.PRIVATE, 3.0, 1e-5, 10))
     with pytest.raises(InvalidArgumentError, match=r"epsilon on owners' data = 3\.5 .*\[0, 3\]"):

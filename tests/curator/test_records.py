@@ -36,7 +36,7 @@ def state(tmp_path: Path, digits: Scenario) -> tuple[Path, str, CuratorStore]:
     the store is left open (the curator still serving)."""
     store = CuratorStore(tmp_path / "curator")
     owners = [
-        Owner(o.name, o, ledger=OwnerLedger(tmp_path / o.name, OwnerPolicy()))
+        Owner(o.name, o, ledger=OwnerLedger.create(tmp_path / o.name, OwnerPolicy()))
         for o in digits.owners[:3]
     ]
     manager = SessionManager([LocalOwnerEndpoint(o) for o in owners], store=store)

@@ -42,7 +42,7 @@ def _owner(
     tmp_path: Path, name: str, schema: Schema | None, seed: int
 ) -> tuple[Owner, OwnerLedger]:
     rows = _rows(seed)
-    ledger = OwnerLedger(tmp_path / name, OwnerPolicy())
+    ledger = OwnerLedger.create(tmp_path / name, OwnerPolicy())
     points = PointSet(rows[:, :2], rows[:, 2].astype(int), name, columns=("age", "bmi"))
     return Owner(name, points, ledger=ledger, schema=schema), ledger
 

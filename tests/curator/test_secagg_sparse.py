@@ -13,7 +13,7 @@ from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.graph import min_neighbours
 from dpmarket.common.secagg.protocol import RoundParams, Stage
 from dpmarket.curator.secagg import SitesLostError, aggregate
-from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
 from dpmarket.owner.local import LocalSecureAggregationEndpoint
 from dpmarket.owner.secagg import SiteIdentity, SiteRounds
 from dpmarket.runtime.identity import Identity, identity_files
@@ -33,7 +33,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _identity(pki: Path, site: str) -> SiteIdentity:
     ca, cert, key = identity_files(pki, Identity("owner", site))
-    return SiteIdentity.from_pem(site, key.read_bytes(), cert.read_bytes(), ca.read_bytes())
+    return SiteIdentity.from_pem(
+        site, key.read_bytes(), cert.read_bytes(), ca.read_bytes(), peers=owner_pins(pki)
+    )
 
 
 def _inputs() -> dict[str, np.ndarray]:

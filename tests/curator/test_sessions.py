@@ -96,7 +96,7 @@ def _world(
     store = CuratorStore(tmp_path / "curator", clock=clock)
     owners, ledgers = [], []
     for data in digits.owners[:2]:
-        ledger = OwnerLedger(tmp_path / data.name, owner_policy or OwnerPolicy())
+        ledger = OwnerLedger.create(tmp_path / data.name, owner_policy or OwnerPolicy())
         owners.append(Owner(data.name, data, ledger=ledger))
         ledgers.append(ledger)
     manager = SessionManager(
@@ -247,8 +247,13 @@ def test_refused_requests_release_and_charge_nothing(tmp_path: Path, digits: Sce
             )
         # The owners' policies refuse the terms: epsilon_owners_total above their per-session 2.
         over_budget = dataclasses.replace(CONFIG, epsilon_owners_total=3.0)
-        with pytest.raises(FailedPreconditionError, match="owner owner-0-1: owner budget exceeded"):
+        with pytest.raises(FailedPreconditionError) as refused:
             await w.create(config=over_budget)
+        # The owners' refusals name what is spent and left; the consumer reads none of it.
+        assert "left out: owner-0-1 (budget refused), owner-3-4 (budget refused)" in str(
+            refused.value
+        )
+        assert "spent" not in str(refused.value) and " of 2" not in str(refused.value)
         assert w.sessions() == 0 and w.charges() == 0
         assert w.ledger_entries() == [0, 0]
         assert all(owner.sessions == {} for owner in w.owners), "opened sessions are closed"

@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from dpmarket.common.privacy.accounting import PrivacyEvent
-from dpmarket.common.privacy.ledger import Charge, LedgerReport
+from dpmarket.common.privacy.ledger import (
+    UNKNOWN_RESTARTED,
+    UNKNOWN_UNREACHABLE,
+    Charge,
+    LedgerReport,
+    SessionSpend,
+)
 from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SessionReport, SummaryResult
@@ -113,6 +119,39 @@ def test_recover_fails_running_sessions_once_and_keeps_their_charges(tmp_path: P
     assert third.charges("running") == CHARGES
 
 
+def test_what_owners_charged_is_kept_as_soon_as_known_and_rebuilt_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """A session open at three owners when the curator dies: one had closed it (its record is
+    written as soon as it came), one could not be reached, one was still open. The restarted
+    curator's report names all three: the record, the reason, and "restarted" for the one it
+    then asks (and, once asked, its record)."""
+    store = CuratorStore(tmp_path)
+    _create(store, "s")
+    store.owners_opened("s", "owner-side-id", ["o-1", "o-2", "o-3"])
+    store.record_owner_spend("s", "o-1", SessionSpend(0.5, 1e-6, 7))
+    store.record_owner_spend("s", "o-2", SessionSpend.unknown_because(UNKNOWN_UNREACHABLE))
+    store.close()  # the curator "crashes" here, the session running
+
+    again = CuratorStore(tmp_path)
+    assert again.recover(ttl=100.0) == ["s"]
+    report = again.get("s").report  # type: ignore[union-attr]
+    assert report is not None
+    assert report.owner_spend == {
+        "o-1": SessionSpend(0.5, 1e-6, 7),
+        "o-2": SessionSpend.unknown_because(UNKNOWN_UNREACHABLE),
+        "o-3": SessionSpend.unknown_because(UNKNOWN_RESTARTED),
+    }
+    # What the restarted curator asks the owners for: only the record a restart interrupted.
+    assert again.unrecorded_owner_sessions() == [("s", "o-3", "owner-side-id")]
+    again.record_owner_spend("s", "o-3", SessionSpend(0.5, 1e-6, 2))
+    again.refresh_owner_spend("s")
+    assert again.unrecorded_owner_sessions() == []
+    report = again.get("s").report  # type: ignore[union-attr]
+    assert report is not None and report.owner_spend["o-3"] == SessionSpend(0.5, 1e-6, 2)
+    assert report.error == RESTART_ERROR
+
+
 def test_results_expire_on_the_clock_but_rows_and_charges_stay(tmp_path: Path) -> None:
     clock = Clock(1_000.0)
     store = CuratorStore(tmp_path, clock=clock)
@@ -204,3 +243,21 @@ def test_a_recovered_sessions_report_expires_like_any_other_but_its_charges_stay
     assert row is not None and row.status == "failed" and row.report is None
     assert again.charges("crashed") == CHARGES
     again.close()
+
+
+def test_each_owners_last_ledger_receipt_survives_reopening(tmp_path: Path) -> None:
+    """What the curator presents at an owner's next session must outlive a curator restart: a
+    receipt kept only in memory would be lost with it, and a rolled-back owner go unseen."""
+    store = CuratorStore(tmp_path / "curator")
+    assert store.owner_receipt("owner-0") is None
+    store.record_owner_receipt("owner-0", b"first")
+    store.record_owner_receipt("owner-1", b"other")
+    store.record_owner_receipt("owner-0", b"second")  # the last one replaces the one before
+    store.close()
+    again = CuratorStore(tmp_path / "curator")
+    try:
+        assert again.owner_receipt("owner-0") == b"second"
+        assert again.owner_receipt("owner-1") == b"other"
+        assert again.owner_receipt("owner-2") is None
+    finally:
+        again.close()

@@ -79,7 +79,7 @@ def _sketch(job: dict[str, Any], tables: dict[str, Any], scratch: Path) -> dict[
         scratch / "curator", [job["declaration"]], owners=list(tables), seed=job["catalogue_seed"]
     ) as catalog:
         for owner, table in tables.items():
-            with OwnerLedger(scratch / owner, policy) as ledger:
+            with OwnerLedger.create(scratch / owner, policy) as ledger:
                 noise = SeededNoise(np.random.default_rng(job["owner_seeds"][owner]))
                 publish_to(
                     catalog.endpoint(owner),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -35,6 +36,7 @@ from typing import Any, TypeVar
 
 import pytest
 from click.testing import CliRunner
+from cryptography import x509
 from grpc_health.v1 import health_pb2
 
 from dpmarket.common.summarization.methods import CandidatesConfig, config_from_fields
@@ -44,7 +46,7 @@ from dpmarket.deploy.cli import main
 from dpmarket.deploy.pki import CA_KEY, init_ca, issue
 from dpmarket.owner.data import load_point_set, load_table
 from dpmarket.owner.policy import load_owner_policy
-from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.identity import Identity, identity_files, key_fingerprint
 from dpmarket.runtime.serving import start_server
 from dpmarket.runtime.transport import TransportSecurity
 
@@ -55,7 +57,7 @@ POLICIES = REPO / "deploy" / "policies"
 SKETCH_SPECS = REPO / "deploy" / "sketches"
 OWNERS = [f"owner-{i}" for i in range(5)]
 SERVERS = {*OWNERS, "curator"}
-JOBS = {"pki", "data"}
+JOBS = {"pki", "data", "ledgers"}
 PARTIES = {*SERVERS, "consumer"}
 # The role each party's subcommand runs as (its certificate must carry it).
 ROLE_OF = {"serve-owner": "owner", "serve-curator": "curator", "request": "consumer"}
@@ -388,6 +390,22 @@ def data_run(config: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -
     return _run_job(_services(config)["data"], tmp_path_factory.mktemp("data-job"))
 
 
+def _ledgers_job(config: dict[str, Any], pki_run: JobRun, root: Path) -> JobRun:
+    """The ledgers job run on ``root``, its certificate volumes holding what the pki job wrote."""
+    service = _services(config)["ledgers"]
+    for target, mount in _volumes(service).items():
+        if mount.read_only:
+            shutil.copytree(pki_run.volume_dirs[mount.source], root / target.lstrip("/"))
+    return _run_job(service, root)
+
+
+@pytest.fixture(scope="module")
+def ledgers_run(
+    config: dict[str, Any], pki_run: JobRun, tmp_path_factory: pytest.TempPathFactory
+) -> JobRun:
+    return _ledgers_job(config, pki_run, tmp_path_factory.mktemp("ledgers-job"))
+
+
 def _host_path(service: dict[str, Any], path: str, run: JobRun) -> Path | None:
     """Where a path inside ``service`` lies among the job's stand-in volumes (None: not there)."""
     for target, mount in _volumes(service).items():
@@ -518,11 +536,16 @@ def test_each_party_mounts_only_its_own_volumes(config: dict[str, Any]) -> None:
             assert not volumes[STATE_TARGET].read_only
         if name in OWNERS:
             assert volumes[DATA_TARGET].read_only, f"{name} mounts its data read-write"
-    # No volume is shared by two parties, and no job mounts a party's state.
+    # No volume is shared by two parties, and no job but the ledgers job mounts a party's
+    # state: it mounts each owner's (to create its ledger) and nothing of the curator's.
     assert all(n == 1 for n in owners_of.values()), owners_of
-    job_sources = {m.source for job in JOBS for m in _mounts(services[job])}
+    job_sources = {m.source for job in JOBS - {"ledgers"} for m in _mounts(services[job])}
+    ledger_sources = {m.source for m in _mounts(services["ledgers"]) if not m.read_only}
     for name in SERVERS:
-        assert _volumes(services[name])[STATE_TARGET].source not in job_sources
+        state = _volumes(services[name])[STATE_TARGET].source
+        assert state not in job_sources
+        assert (state in ledger_sources) == (name in OWNERS), name
+    assert len(ledger_sources) == len(OWNERS)
 
 
 def test_each_owner_serves_its_own_files(config: dict[str, Any]) -> None:
@@ -607,7 +630,7 @@ def test_start_order_uses_conditions(config: dict[str, Any]) -> None:
     services = _services(config)
     done = "service_completed_successfully"
     for name in OWNERS:
-        assert _depends_on(services[name]) == {"pki": done, "data": done}
+        assert _depends_on(services[name]) == {"pki": done, "data": done, "ledgers": done}
     assert _depends_on(services["curator"]) == {
         "pki": done,
         **dict.fromkeys(OWNERS, "service_healthy"),
@@ -617,8 +640,9 @@ def test_start_order_uses_conditions(config: dict[str, Any]) -> None:
         "data": done,
         "curator": "service_healthy",
     }
-    for name in JOBS:
+    for name in JOBS - {"ledgers"}:
         assert not _depends_on(services[name])
+    assert _depends_on(services["ledgers"]) == {"pki": done}  # it reads the certificates
     for name, service in services.items():
         for dependency, condition in _depends_on(service).items():
             assert dependency in services, f"{name} depends on unknown {dependency}"
@@ -704,9 +728,27 @@ def test_pki_job_gives_each_party_its_identity(config: dict[str, Any], pki_run: 
         pki_dir = _host_path(services[name], _value(argv, "--pki-dir"), pki_run)
         assert pki_dir is not None, f"{name}'s --pki-dir is not a volume the pki job fills"
         ca, cert, key = identity_files(pki_dir, identity)
-        assert sorted(p.name for p in pki_dir.iterdir()) == sorted([ca.name, cert.name, key.name])
+        # An owner also gets its policy, whose [peers] pin every owner's key (its CAPE roster).
+        policy = ["policy.toml"] if identity.role == "owner" else []
+        assert sorted(p.name for p in pki_dir.iterdir()) == sorted(
+            [ca.name, cert.name, key.name, *policy]
+        )
         assert key.stat().st_mode & 0o077 == 0, f"{key} is readable by others"
         assert TransportSecurity.from_files(ca, cert, key).identity == identity
+    owners = {o: _host_path(services[o], PKI_TARGET, pki_run) for o in OWNERS}
+    pins = {
+        o: key_fingerprint(
+            x509.load_pem_x509_certificate(
+                identity_files(d, Identity("owner", o))[1].read_bytes()  # type: ignore[arg-type]
+            )
+        )
+        for o, d in owners.items()
+    }
+    for owner, directory in owners.items():
+        assert directory is not None
+        policy_path = directory / "policy.toml"
+        assert load_owner_policy(policy_path).peer_pins == pins, owner
+        assert _value(_argv(services[owner]), "--policy") == f"{PKI_TARGET}/policy.toml"
 
 
 def test_pki_job_refuses_identities_of_another_ca(
@@ -721,6 +763,47 @@ def test_pki_job_refuses_identities_of_another_ca(
     shutil.rmtree(root / pki_run.volume_dirs[ca_volume].relative_to(pki_run.root))
     with pytest.raises(AssertionError, match="another CA"):
         _run_job(pki, root)
+
+
+def test_ledgers_job_creates_each_owners_ledger_bound_to_its_certificate(
+    config: dict[str, Any], pki_run: JobRun, ledgers_run: JobRun
+) -> None:
+    """Each owner starts on the ledger the job created in its own state volume; a second run
+    keeps them; a volume that lost its ledger stops the job rather than start one anew."""
+    from dpmarket.owner.ledger_admin import verify_file
+    from dpmarket.owner.ledger_chain import LedgerOwner
+
+    services = _services(config)
+    for name in OWNERS:
+        argv = _argv(services[name])
+        state = _host_path(services[name], _value(argv, "--data-dir"), ledgers_run)
+        assert state is not None, f"{name}'s --data-dir is not a volume the ledgers job fills"
+        pki = _host_path(services[name], _value(argv, "--pki-dir"), pki_run)
+        assert pki is not None
+        security = TransportSecurity.from_files(*identity_files(pki, _identity(argv)))
+        found = verify_file(
+            state / "owner.sqlite3", owner=LedgerOwner.from_security(name, security)
+        )
+        assert found.ok and found.identity is not None and found.identity.owner == name
+    # A second run (an `up` again) keeps every ledger.
+    before = _snapshot(ledgers_run.root)
+    again = _run_job(services["ledgers"], ledgers_run.root)
+    assert _snapshot(ledgers_run.root) == before
+    assert again.outputs[0].count("keeping the ledger") == len(OWNERS)
+
+
+def test_ledgers_job_refuses_a_volume_that_lost_its_ledger(
+    config: dict[str, Any], ledgers_run: JobRun, tmp_path: Path
+) -> None:
+    root = tmp_path / "ledgers-job"
+    shutil.copytree(ledgers_run.root, root)
+    state = _volumes(_services(config)["owner-2"])[STATE_TARGET].source
+    lost = root / ledgers_run.volume_dirs[state].relative_to(ledgers_run.root)
+    (lost / "owner.sqlite3").unlink()
+    (lost / "policy.toml").write_text("", encoding="utf-8")  # what else the owner kept there
+    with pytest.raises(AssertionError, match="restore owner-2's ledger from its backup"):
+        _run_job(_services(config)["ledgers"], root)
+    assert not (lost / "owner.sqlite3").exists()
 
 
 def test_data_job_writes_every_file_the_services_read(
@@ -776,7 +859,13 @@ def test_policies_admit_the_consumers_session(
 
     curator_argv = _argv(services["curator"])
     for name in OWNERS:
-        policy = load_owner_policy(policy_file(_argv(services[name])))
+        # The production defaults, with the pki job's [peers].
+        owner_policy = _host_path(
+            services[name], _value(_argv(services[name]), "--policy"), pki_run
+        )
+        assert owner_policy is not None
+        policy = load_owner_policy(owner_policy)
+        assert dataclasses.replace(policy, peers=()) == load_owner_policy(POLICIES / "owner.toml")
         assert terms.epsilon <= policy.epsilon_per_session <= policy.epsilon_total
         assert terms.delta <= policy.delta_per_session <= policy.delta_total
         assert points <= policy.points_per_session <= policy.points_total

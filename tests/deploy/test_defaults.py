@@ -65,7 +65,7 @@ def _defaults(command: click.Command) -> dict[str, Any]:
 
 
 def _ledgers(tmp_path: Path, policy: OwnerPolicy, n: int) -> list[OwnerLedger]:
-    return [OwnerLedger(tmp_path / f"owner-{i}", policy) for i in range(n)]
+    return [OwnerLedger.create(tmp_path / f"owner-{i}", policy) for i in range(n)]
 
 
 # ----------------------------------------------------------------------------- request
@@ -166,7 +166,7 @@ def test_cape_defaults_pass_both_policies(
     curator_policy.check_cape(spec)
     rng = np.random.default_rng(0)
     table = Table(("x", "y"), np.c_[rng.random(40), rng.integers(0, 2, 40)], "t", binary=("y",))
-    with OwnerLedger(tmp_path / "owner", owner_policy) as ledger:
+    with OwnerLedger.create(tmp_path / "owner", owner_policy) as ledger:
         site = CapeSite("owner-0", table, ledger=ledger)
         assert site.open("job", spec, 0, curator="curator:curator", consumer="consumer:c") == 40
 
@@ -195,7 +195,7 @@ def test_sketch_publish_defaults_pass_both_policies(
         low = np.array([c["low"] for c in specs[0].domain.describe()])
         high = np.array([c["high"] for c in specs[0].domain.describe()])
         table = Table(tuple(columns), low + (high - low) * rng.random((50, len(columns))), "o")
-        with OwnerLedger(tmp_path / "owner", owner_policy) as ledger:
+        with OwnerLedger.create(tmp_path / "owner", owner_policy) as ledger:
             deliveries = publish_to(
                 LocalCatalogEndpoint(catalog, "owner-0", "curator:curator"),
                 SketchPublisher(ledger),

@@ -10,10 +10,19 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from cryptography import x509
 
 from dpmarket.deploy.cli import main
-from dpmarket.deploy.local import DEPLOYMENT_FILE, down, init_deployment, up
-from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.deploy.local import (
+    CA_DIR,
+    DEPLOYMENT_FILE,
+    down,
+    init_deployment,
+    service_pki_dir,
+    up,
+)
+from dpmarket.owner.policy import load_owner_policy
+from dpmarket.runtime.identity import Identity, identity_files, key_fingerprint
 from dpmarket.runtime.schemas import load_schema
 
 
@@ -58,7 +67,8 @@ def test_init_writes_pki_configs_policies_and_a_draft_schema(tmp_path: Path) -> 
         Identity("owner", "clinic-a"),
         Identity("owner", "clinic-b"),
     ):
-        assert all(p.is_file() for p in identity_files(root / "pki", identity))
+        pki_dir = root / service_pki_dir(identity)
+        assert all(p.is_file() for p in identity_files(pki_dir, identity))
     owner = tomllib.loads((root / "owner-clinic-a.toml").read_text(encoding="utf-8"))
     curator = tomllib.loads((root / "curator.toml").read_text(encoding="utf-8"))
     assert owner["schema"] == "schema.toml" and owner["data-dir"] == "owners/clinic-a"
@@ -67,14 +77,52 @@ def test_init_writes_pki_configs_policies_and_a_draft_schema(tmp_path: Path) -> 
     assert (root / "owners" / "clinic-a" / "policy.toml").is_file()
     services = tomllib.loads((root / DEPLOYMENT_FILE).read_text(encoding="utf-8"))["service"]
     assert [s["name"] for s in services] == ["clinic-a", "clinic-b", "curator"]
-    # The owner's config serves its ledger command (its data directory is found through it).
+    # Each owner's ledger is created by init, bound to its certificate; the owner's config
+    # serves its ledger command (its data directory is found through it).
     result = CliRunner().invoke(
-        main, ["owner", "ledger", "--config", str(root / "owner-clinic-a.toml")]
+        main, ["owner", "ledger", "verify", "--config", str(root / "owner-clinic-a.toml")]
     )
-    assert "holds no owner ledger" in result.output
+    assert result.exit_code == 0, result.output
+    assert "of owner clinic-a, 0 charges" in result.output
     # A second init into the same folder is refused.
     with pytest.raises(FileExistsError):
         init_deployment(root, _tables(tmp_path))
+
+
+def test_init_keeps_the_ca_key_out_of_every_service_and_pins_the_owners(tmp_path: Path) -> None:
+    """The CA's key is in ``ca/`` only, which no service configuration names; every service's
+    PKI folder holds the CA certificate and its own key; each owner's policy pins every other
+    owner's public key (and only theirs), as the certificates issued say."""
+    root = tmp_path / "clinics"
+    deployment = init_deployment(root, _tables(tmp_path), label="high")
+    assert deployment.ca == root / CA_DIR
+    assert sorted(p.name for p in (root / CA_DIR).iterdir()) == ["ca.crt", "ca.key"]
+    assert [p for p in root.rglob("ca.key")] == [root / CA_DIR / "ca.key"]
+    keys = {p.relative_to(root) for p in root.rglob("*.key")}
+    assert keys == {
+        Path(CA_DIR) / "ca.key",
+        Path("pki/curator-curator/curator-curator.key"),
+        Path("pki/consumer-consumer/consumer-consumer.key"),
+        Path("pki/owner-clinic-a/owner-clinic-a.key"),
+        Path("pki/owner-clinic-b/owner-clinic-b.key"),
+    }
+    configs = [*deployment.owners.values(), deployment.curator, deployment.consumer]
+    for config in configs:
+        values = tomllib.loads(config.read_text(encoding="utf-8"))
+        pki_dir = root / values["pki-dir"]
+        assert pki_dir.parent == root / "pki" and not (pki_dir / "ca.key").exists()
+        assert CA_DIR not in Path(values["pki-dir"]).parts
+        assert (pki_dir / "ca.crt").read_bytes() == (root / CA_DIR / "ca.crt").read_bytes()
+        # Every service's own key only.
+        assert len(list(pki_dir.glob("*.key"))) == 1
+    pins = {}
+    for name in ("clinic-a", "clinic-b"):
+        identity = Identity("owner", name)
+        cert = identity_files(root / service_pki_dir(identity), identity)[1]
+        pins[name] = key_fingerprint(x509.load_pem_x509_certificate(cert.read_bytes()))
+    for name, other in (("clinic-a", "clinic-b"), ("clinic-b", "clinic-a")):
+        policy = load_owner_policy(root / "owners" / name / "policy.toml")
+        assert policy.peer_pins == {other: pins[other]}
 
 
 def test_init_refuses_tables_with_other_columns_naming_them(tmp_path: Path) -> None:

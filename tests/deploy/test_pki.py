@@ -14,7 +14,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from dpmarket.deploy.pki import init_ca, issue, issue_all, pki
+from dpmarket.deploy.pki import init_ca, issue, issue_all, owner_pins, pki
+from dpmarket.owner.policy import load_owner_policy
 from dpmarket.runtime.identity import (
     NAME_PATTERN,
     ROLES,
@@ -22,6 +23,7 @@ from dpmarket.runtime.identity import (
     identity_files,
     identity_from_certificate,
     identity_from_pem,
+    key_fingerprint,
 )
 
 
@@ -333,6 +335,34 @@ def test_cli_init_issue_show(tmp_path: Path) -> None:
     assert "yes (path length 0)" in result.output
 
 
+def test_the_public_key_pin_is_shown_and_survives_a_renewal_with_the_same_key(
+    tmp_path: Path,
+) -> None:
+    """``pki show`` and ``pki issue`` print the pin owners list in ``[peers]``; ``--keep-key``
+    renews a certificate for the same key (the pin holds), a plain ``--force`` re-issue makes a
+    new key (every peer must update its pin: how a leaked key is retired)."""
+    runner = CliRunner()
+    ca, out = tmp_path / "ca", tmp_path / "owner-0"
+    assert runner.invoke(pki, ["init", "--out", str(ca)]).exit_code == 0
+    argv = ["issue", "--ca-dir", str(ca), "--role", "owner", "--name", "owner-0", "--out", str(out)]
+    first = runner.invoke(pki, argv)
+    assert first.exit_code == 0, first.output
+    cert = out / "owner-owner-0.crt"
+    pin = key_fingerprint(x509.load_pem_x509_certificate(cert.read_bytes()))
+    assert f"public-key pin {pin}" in first.output
+    shown = runner.invoke(pki, ["show", str(cert)])
+    assert re.search(rf"public-key pin:\s+{pin}", shown.output), shown.output
+    serial = x509.load_pem_x509_certificate(cert.read_bytes()).serial_number
+    renewed = runner.invoke(pki, [*argv, "--keep-key", "--days", "30"])
+    assert renewed.exit_code == 0, renewed.output
+    again = x509.load_pem_x509_certificate(cert.read_bytes())
+    assert again.serial_number != serial and key_fingerprint(again) == pin
+    assert runner.invoke(pki, [*argv, "--force"]).exit_code == 0
+    assert key_fingerprint(x509.load_pem_x509_certificate(cert.read_bytes())) != pin
+    missing = runner.invoke(pki, [*argv[:-1], str(tmp_path / "nobody"), "--keep-key"])
+    assert missing.exit_code != 0 and "no key to keep" in missing.output
+
+
 def test_cli_errors_are_clear(tmp_path: Path) -> None:
     runner = CliRunner()
     ca = str(tmp_path / "ca")
@@ -365,3 +395,35 @@ def test_cli_errors_are_clear(tmp_path: Path) -> None:
     result = runner.invoke(pki, ["show", str(tmp_path / "junk.pem")])
     assert result.exit_code == 1
     assert "no PEM certificate" in result.output
+
+
+def test_pki_peers_pins_owner_certificates_in_a_policy_and_refuses_a_changed_pin(
+    tmp_path: Path,
+) -> None:
+    """``pki peers`` adds each owner certificate's pin to ``[peers]`` (the rest of the policy
+    kept); a certificate of another role, or one whose key differs from a pin already there,
+    is refused and the file left as it was."""
+    runner = CliRunner()
+    ca = tmp_path / "ca"
+    init_ca(ca)
+    issue_all(ca, [Identity("owner", "owner-1"), Identity("owner", "owner-2")])
+    issue_all(ca, [Identity("consumer", "alice")])
+    base = tmp_path / "policy.toml"
+    base.write_text("[budget]\nepsilon = 3.0\n", encoding="utf-8")
+    certs = [str(ca / f"owner-owner-{i}.crt") for i in (1, 2)]
+    result = runner.invoke(pki, ["peers", "--policy", str(base), "--out", str(base), *certs])
+    assert result.exit_code == 0, result.output
+    policy = load_owner_policy(base)
+    assert policy.epsilon_total == 3.0
+    assert policy.peer_pins == owner_pins(ca, ["owner-1", "owner-2"])
+    before = base.read_bytes()
+    consumer = str(ca / "consumer-alice.crt")
+    result = runner.invoke(pki, ["peers", "--policy", str(base), "--out", str(base), consumer])
+    assert result.exit_code != 0 and "not of an owner" in result.output
+    other = tmp_path / "other"
+    issue(ca, "owner", "owner-1", out_dir=other)  # the same name, another key
+    result = runner.invoke(
+        pki, ["peers", "--policy", str(base), "--out", str(base), str(other / "owner-owner-1.crt")]
+    )
+    assert result.exit_code != 0 and "pinned to" in result.output
+    assert base.read_bytes() == before

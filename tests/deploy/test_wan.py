@@ -148,7 +148,21 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
             for name in (f"{owner}.parquet", f"{owner}-table.parquet"):
                 shutil.copy2(dep.data / name, dep.dir(owner) / name)
             shutil.copy2(REPO / "deploy" / "policies" / "owner.toml", dep.dir(owner))
+            # Its roster: the other owners' certificates (public), as the CA's operator hands
+            # them out, pinned in its policy's [peers].
+            policy = str(dep.dir(owner) / "owner.toml")
+            others = [
+                str(dep.ca / "issued" / other / f"owner-{other}.crt")
+                for other in OWNERS
+                if other != owner
+            ]
+            _pki("peers", "--policy", policy, "--out", policy, *others)
         shutil.copy2(REPO / "deploy" / "policies" / "curator.toml", dep.dir(CURATOR))
+        # Each owner creates its ledger, bound to its certificate (it never starts without).
+        for owner in OWNERS:
+            topology.run(owner, [DPMARKET, "owner", "ledger", "init", "--data-dir", "state",
+                                 "--policy", "owner.toml", "--pki-dir", "pki",
+                                 "--name", owner])  # fmt: skip
         for name in ("validation.npy", "seed_set.npy"):
             shutil.copy2(dep.data / name, dep.dir(CONSUMER) / name)
         # The WAN: the curator reaches each owner's port, the consumer the curator's.
@@ -261,9 +275,10 @@ def test_a_default_summary_and_a_cape_mean_over_a_100_ms_wan_equal_their_in_proc
 def test_a_rotated_owner_certificate_is_served_and_the_curator_needs_no_change(
     deployment: Deployment,
 ) -> None:
-    """deploy/README.md, "Rotating an owner's certificate": a new key and certificate of the
-    same name from the CA, installed on the owner's host, the owner restarted; the curator keeps
-    its command line and accepts the new certificate, since it checks the CA and the name."""
+    """deploy/README.md, "Rotating an owner's certificate": a new certificate of the same name
+    for the same key (``--keep-key``, so the other owners' pins hold) from the CA, installed on
+    the owner's host, the owner restarted; the curator keeps its command line and accepts the
+    new certificate, since it checks the CA and the name, and the other owners plan with it."""
     dep = deployment
     owner = "owner-0"
     curator_pki = dep.dir(CURATOR) / "pki"
@@ -271,9 +286,9 @@ def test_a_rotated_owner_certificate_is_served_and_the_curator_needs_no_change(
     client_key = curator_pki / "curator-curator.key"
     before = _served_certificate(dep.owner_routes[owner], *client, client_key)
 
-    issued = dep.ca / "rotated" / owner
+    issued = dep.ca / "issued" / owner
     _pki("issue", "--ca-dir", str(dep.ca / "ca"), "--role", "owner", "--name", owner,
-         "--out", str(issued))  # fmt: skip
+         "--out", str(issued), "--keep-key")  # fmt: skip
     _install_identity(issued, dep.dir(owner), Identity("owner", owner))
     dep.topology.stop(dep.owner_processes[owner])
     dep.owner_processes[owner] = dep.topology.spawn(owner, _owner_argv(owner), owner)

@@ -13,7 +13,11 @@ wants and hands over every share it receives. The attacks:
 * lying row counts relayed to the owners when they plan;
 * S_C (and so the threshold) below the owners' policy floor;
 * key advertisements replayed from another round, or substituted (signed by the colluder, or
-  with another party's certificate).
+  with another party's certificate);
+* Sybil sites: the attacker also holds the CA's key, mints owner certificates (under new names,
+  and under the genuine owners' names for its own keys) and runs a job with the victim and sites
+  it plays, which would hand it the victim's noise share (the control, from the kernels, shows
+  the promised epsilon of 1 becoming 2.08); every owner accepts only the peers its policy pins.
 
 Each must be refused with nothing released — the test asserts what the attacker received: no
 share of the victim beyond the colluder's own where it would matter, no ciphertext, no release —
@@ -35,12 +39,23 @@ import grpc
 import numpy as np
 import pandas as pd
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+from scipy.optimize import brentq
 from sklearn.datasets import load_diabetes
 
-from dpmarket.common.cape.agreement import SizeAttestation, plan_statement
+from dpmarket.common.cape.agreement import SizeAttestation, plan_for, plan_statement
+from dpmarket.common.cape.capefm import secure_aggregation_input, site_noise_share, site_release
+from dpmarket.common.cape.mean import CapeMeanPlan, mean_sensitivity, site_mean
+from dpmarket.common.cape.privacy import exact_delta
 from dpmarket.common.cape.spec import CapeMeanSpec
-from dpmarket.common.secagg import shamir
-from dpmarket.common.secagg.crypto import EcdsaSigner, generate_private_key, public_key_bytes
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.secagg import run_in_process, shamir
+from dpmarket.common.secagg.crypto import (
+    EcdsaSigner,
+    EcdsaVerifier,
+    generate_private_key,
+    public_key_bytes,
+)
 from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.protocol import (
     KeyAdvertisement,
@@ -52,7 +67,7 @@ from dpmarket.common.secagg.protocol import (
 )
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster, owner_ledger_entries
-from dpmarket.deploy.pki import issue_all
+from dpmarket.deploy.pki import issue, owner_pins
 from dpmarket.experiments.cape_experiments import DIABETES_BOUNDS
 from dpmarket.owner.secagg import SiteIdentity
 from dpmarket.runtime import cape_messages as msg
@@ -97,7 +112,9 @@ def _tables(directory: Path, owners: Sequence[str]) -> list[Path]:
     return out
 
 
-def _cluster(directory: Path, owners: Sequence[str], policy: str) -> LocalCluster:
+def _cluster(
+    directory: Path, owners: Sequence[str], policy: str, peer_owners: Sequence[str] = ()
+) -> LocalCluster:
     (directory / "owner.toml").write_text(policy, encoding="utf-8")
     return LocalCluster(
         [],
@@ -105,14 +122,16 @@ def _cluster(directory: Path, owners: Sequence[str], policy: str) -> LocalCluste
         directory / "logs",
         owner_tables=_tables(directory, owners),
         owner_policy=directory / "owner.toml",
+        peer_owners=peer_owners,
     )
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with _cluster(tmp_path_factory.mktemp("active-curator"), HONEST, OWNER_POLICY) as running:
-        # The colluding owner's certificate, from the same CA: the attacker holds it and its key.
-        issue_all(running.pki_dir, [Identity("owner", COLLUDER)])
+    # The colluding owner is a genuine owner the others agreed on (its key is on every honest
+    # owner's roster); the attacker holds its certificate and key, and the CA's key.
+    directory = tmp_path_factory.mktemp("active-curator")
+    with _cluster(directory, HONEST, OWNER_POLICY, peer_owners=(COLLUDER,)) as running:
         yield running
 
 
@@ -158,7 +177,11 @@ class Attacker:
         }
         ca, cert, key = identity_files(cluster.pki_dir, Identity("owner", COLLUDER))
         self.colluder = SiteIdentity.from_pem(
-            COLLUDER, key.read_bytes(), cert.read_bytes(), ca.read_bytes()
+            COLLUDER,
+            key.read_bytes(),
+            cert.read_bytes(),
+            ca.read_bytes(),
+            peers=owner_pins(cluster.pki_dir, SITES),
         )
         self.pki_dir = cluster.pki_dir
 
@@ -629,3 +652,141 @@ def test_a_consumer_asking_below_the_owners_floor_is_refused_and_the_default_is_
         for owner in owners:
             new = [e for e in after[owner] if e not in before[owner]]
             assert [(e.epsilon, e.delta) for e in new] == [(SPEC.epsilon, SPEC.delta)]
+
+
+# ---------------------------------------------------- Sybil sites minted with the CA's key
+#: The Sybil attack of issue 25 at 8 sites: the victim and seven sites the attacker plays.
+SYBILS = tuple(f"sybil-{i}" for i in range(7))
+#: The default S_C of 8 sites, ceil(8 / 3) - 1, above the owners' floor of 1.
+SYBIL_COLLUDERS = 2
+
+
+def _mint(cluster: LocalCluster, name: str, out_dir: Path) -> SiteIdentity:
+    """What a party holding the deployment CA's key can do: issue an owner certificate under
+    any name, for a key of its own (into its own folder: the genuine owner's files stay)."""
+    issue(cluster.pki_dir, "owner", name, out_dir=out_dir)
+    ca, cert, key = identity_files(out_dir, Identity("owner", name))
+    return SiteIdentity.from_pem(name, key.read_bytes(), cert.read_bytes(), ca.read_bytes())
+
+
+def _minted_attestation(
+    identity: SiteIdentity, job_id: str, sites: Sequence[str], colluders: int
+) -> tuple[SizeAttestation, bytes]:
+    statement = plan_statement(job_id, SPEC, sites, colluders, 0, identity.name, ROWS)
+    attestation = SizeAttestation(identity.name, ROWS, identity.signer.sign(statement))
+    return attestation, identity.certificate_pem
+
+
+def test_sybil_sites_minted_with_the_ca_key_are_refused_before_the_victim_releases_anything(
+    cluster: LocalCluster, attacker: Attacker, tmp_path: Path
+) -> None:
+    """The attacker holds the curator's certificate and the CA's key. (1) It mints seven owner
+    certificates under new names and asks the victim to plan a job with them: the victim refuses
+    before it signs anything (FAILED_PRECONDITION naming the sites off its roster). (2) It mints
+    certificates under the genuine owners' names, for its own keys, and relays counts signed
+    with them: the victim aborts the job (ABORTED: not the pinned keys). Either way no noise
+    round starts, nothing is released and no ledger is charged. The control, with the roster
+    bypassed in the kernels, is the test after this one."""
+    before = _ledgers(cluster)
+    # (1) New names.
+    job = _job("sybil-names")
+    attacker.open(job)
+    sites = tuple(sorted((VICTIM, *SYBILS)))
+    minted = {name: _mint(cluster, name, tmp_path / name) for name in SYBILS}
+    request = cape_pb2.AttestCapePlanRequest(
+        job_id=job, sites=list(sites), colluders=SYBIL_COLLUDERS
+    )
+    refusal = attacker.refused(attacker.cape[VICTIM].AttestCapePlan, request)
+    assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION, refusal
+    assert f"does not accept {list(SYBILS)} as peers" in refusal.details
+    attested = {s: _minted_attestation(minted[s], job, sites, SYBIL_COLLUDERS) for s in SYBILS}
+    attested[VICTIM] = attacker.attest(job, VICTIM, SITES, 1)  # its own, for another plan
+    plan = attacker.plan_request(job, sites, SYBIL_COLLUDERS, attested)
+    refusal = attacker.refused(attacker.cape[VICTIM].PlanCapeJob, plan)
+    assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION, refusal
+    assert "does not accept" in refusal.details
+    params = RoundParams.create(
+        sites, min_threshold(len(sites), SYBIL_COLLUDERS), 3, FixedPoint(1.0, 30, len(sites)),
+        colluders=SYBIL_COLLUDERS,
+    )  # fmt: skip
+    advertise = secure_aggregation_pb2.AdvertiseKeysRequest(round=msg.round_to_proto(job, params))
+    refusal = attacker.refused(attacker.secagg[VICTIM].AdvertiseKeys, advertise)
+    assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION, refusal
+    attacker.close_job(job)
+
+    # (2) The genuine owners' names, the attacker's keys.
+    job = _job("sybil-keys")
+    attacker.open(job)
+    others = [s for s in SITES if s != VICTIM]
+    forged = {name: _mint(cluster, name, tmp_path / f"forged-{name}") for name in others}
+    attested = {s: _minted_attestation(forged[s], job, SITES, 1) for s in others}
+    attested[VICTIM] = attacker.attest(job, VICTIM, SITES, 1)
+    refusal = attacker.refused(
+        attacker.cape[VICTIM].PlanCapeJob, attacker.plan_request(job, SITES, 1, attested)
+    )
+    assert refusal.code == grpc.StatusCode.ABORTED, refusal
+    assert "this owner pins for it" in refusal.details
+    params = attacker.params(3, 1.0)
+    advertise = secure_aggregation_pb2.AdvertiseKeysRequest(round=msg.round_to_proto(job, params))
+    refusal = attacker.refused(attacker.secagg[VICTIM].AdvertiseKeys, advertise)
+    assert refusal.code == grpc.StatusCode.ABORTED and "aborted at this owner" in refusal.details
+    release = cape_pb2.ReleaseCapeRequest(job_id=job, round_id=params.round_id)
+    release.noise_total.CopyFrom(msg.vector_to_proto(np.zeros(3)))
+    refusal = attacker.refused(attacker.cape[VICTIM].ReleaseCape, release)
+    assert refusal.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ABORTED)
+    attacker.close_job(job)
+    assert _ledgers(cluster) == before
+
+
+def _effective_epsilon(noise_std: float, sensitivity: float, delta: float) -> float:
+    """The least epsilon at which a Gaussian mechanism with this noise and L2 sensitivity is
+    (epsilon, delta)-DP (its exact profile, :func:`dpmarket.common.cape.privacy.exact_delta`)."""
+    ratio = sensitivity / noise_std
+    return float(brentq(lambda e: exact_delta(e, ratio * ratio / 2, ratio) - delta, 0.0, 1000.0))
+
+
+def test_control_with_the_roster_bypassed_the_sybils_remove_the_victims_noise_share() -> None:
+    """The control of the test above, from the kernels (no owner accepts an unpinned site, so
+    there is no switch to turn off): a victim plans the 8-site job with seven sites the attacker
+    plays, as an owner taking any certified site would. The round is real secure aggregation
+    (:func:`dpmarket.common.secagg.run_in_process`); the Sybils' inputs are zeros. The round's sum
+    is then the victim's own draw, so the attacker removes the victim's zero-sum correction and its
+    draw from the release, and only the small local noise g_s remains: the promised (1, 1e-6)
+    becomes (2.08, 1e-6), as the issue measured."""
+    sites = tuple(sorted((VICTIM, *SYBILS)))
+    victim = sites.index(VICTIM)
+    plan = plan_for(SPEC, [ROWS] * len(sites), SYBIL_COLLUDERS)
+    assert isinstance(plan, CapeMeanPlan)
+    assert (plan.epsilon, plan.delta) == (SPEC.epsilon, SPEC.delta)
+    rng = np.random.default_rng(25)
+    noise = SeededNoise(rng)
+    x = SPEC.clamped(rng.uniform(0.0, 200.0, (ROWS, len(COLUMNS))))[0]
+    e_hat = site_noise_share(plan, victim, noise)
+    inputs = {s: np.zeros(plan.size) for s in sites}
+    inputs[VICTIM] = secure_aggregation_input(plan, victim, e_hat)
+    keys = {s: ec.generate_private_key(ec.SECP256R1()) for s in sites}
+    clip = 12.0 * float(plan.entry_scales(victim).max())
+    params = RoundParams.create(
+        sites, min_threshold(len(sites), SYBIL_COLLUDERS), plan.size,
+        FixedPoint(clip, 40, len(sites)), colluders=SYBIL_COLLUDERS,
+    )  # fmt: skip
+    total = run_in_process(
+        params,
+        inputs,
+        signers={s: EcdsaSigner(k) for s, k in keys.items()},
+        verifier=EcdsaVerifier({s: k.public_key() for s, k in keys.items()}),
+        rng=rng,
+    )
+    # The victim's noise share, recovered from the sum (to the quantization step).
+    recovered = total - sum(inputs[s] for s in SYBILS)
+    np.testing.assert_allclose(recovered, e_hat, atol=len(sites) * 2 * clip / 2**40)
+    truth = site_mean(plan, victim, x)
+    release = site_release(plan, victim, truth, e_hat, total, noise)
+    # e_s = e_hat - total / S: the attacker adds the correction back and removes the draw.
+    estimate = release + total / len(sites) - recovered
+    sensitivity = mean_sensitivity(plan.bounds, ROWS)
+    local_std = float(plan.entry_scales(victim).max()) / np.sqrt(len(sites))
+    assert np.max(np.abs(estimate - truth)) < 6 * local_std  # only g_s is left
+    effective = _effective_epsilon(local_std, sensitivity, SPEC.delta)
+    assert effective == pytest.approx(2.08, abs=0.01)
+    assert effective > 2 * SPEC.epsilon

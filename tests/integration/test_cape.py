@@ -278,6 +278,7 @@ def test_networked_fit_equals_in_process_fit_and_each_owner_charges_it_once(
             "delta": entry.delta,
             "points": 0,
             "non_private": False,
+            "unknown": "",  # the owner's own record
         }
     assert len(sessions) == 1  # one job, the same id at every owner
 
@@ -372,8 +373,11 @@ def test_an_owner_without_budget_left_refuses_the_job_before_any_release(
     for refused in (_linear(epsilon=1.0), _mean(epsilon=1.0), _training(epsilon=1.0)):
         code, details = _fit_status(budget_cluster, refused)
         assert code == grpc.StatusCode.FAILED_PRECONDITION, refused.task
-        assert "budget" in details and "epsilon" in details and "0.5 left" in details
+        # The owners tell the curator what is left; the consumer reads "budget refused" only.
+        assert "(budget refused)" in details and "0.5 left" not in details
         assert _ledgers(budget_cluster) == after_first
+    curator_log = (budget_cluster.log_dir / "curator.log").read_text(encoding="utf-8")
+    assert "epsilon" in curator_log and "0.5 left" in curator_log
 
     last = _fit(budget_cluster, _linear(epsilon=0.5))
     assert last.report["sites"] == list(owners)
@@ -408,8 +412,13 @@ def test_values_outside_their_public_bounds_are_clamped_and_the_fit_charged_once
     np.testing.assert_array_equal(fit.weights, _in_process(tables, OWNERS, spec).weights)
     new = _new_entries(before, _ledgers(cluster))
     assert all(len(new[o]) == 1 for o in OWNERS)
-    text = json.dumps(fit.report)
+    # The estimates' fixed wording names public terms (what an interval covers: the records
+    # "clamped" into the bounds; a value "outside" its interval), the same for every job; their
+    # numbers come from the release. Everything else must not mention rows or clamping.
+    report = {k: v for k, v in fit.report.items() if k != "estimates"}
+    text = json.dumps(report)
     assert "row" not in text and "clamp" not in text and "outside" not in text
+    assert {e.covers for e in fit.estimates} == {spec.covers}
     log = (cluster.log_dir / f"{OWNERS[0]}.log").read_text(encoding="utf-8")
     assert f"'c2' {clamped} of {ROWS_PER_OWNER} rows" in log
 
@@ -599,24 +608,49 @@ def _cli(cluster: LocalCluster, *args: str) -> Any:
     )  # fmt: skip
 
 
+def _check_estimates(document: dict[str, Any], labels: list[str], values: list[float]) -> None:
+    """A CAPE document's ``estimates``: per answer, in order, its value, standard error,
+    interval and flags, each flag with its code, reason and severity."""
+    estimates = document["estimates"]
+    assert [e["label"] for e in estimates] == labels
+    for e, value in zip(estimates, values, strict=True):
+        assert e["value"] == value
+        assert e["level"] == 0.95 and e["method"] and e["covers"]
+        if e["interval"] is None:  # a network: no interval, and a flag that says why
+            assert e["standard_error"] is None and e["flags"]
+        else:
+            low, high = e["interval"]
+            assert e["standard_error"] > 0 and low < high
+        for flag in e["flags"]:
+            assert flag["code"] and flag["reason"] and flag["severity"] in ("warning", "unreliable")
+    assert "estimates" not in document["report"]  # once, at the top
+
+
 def test_cape_mean_prints_the_estimate_in_80_columns_and_json(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    """``cape mean`` printed the noise level and the file name, not the estimate."""
+    """``cape mean`` printed the noise level and the file name, not the estimate; then the
+    estimate without its standard error and interval."""
     features = [f"--feature={c}={lo:g}:{hi:g}" for c, lo, hi in FEATURES[:4]]
     table = _cli(cluster, "cape", "mean", *features, "--out", str(tmp_path / "mean.json"))
     assert table.exit_code == 0, table.output
     document = json.loads((tmp_path / "mean.json").read_text(encoding="utf-8"))
+    _check_estimates(document, list(document["mean"]), list(document["mean"].values()))
     for column, value in document["mean"].items():
         assert f"{column} " in table.output and f"{value:.6g}" in table.output
+    for e in document["estimates"]:
+        low, high = e["interval"]
+        assert f"{e['standard_error']:.3g}" in table.output
+        assert f"[{low:.4g}, {high:.4g}]" in table.output
+        assert e["standard_error"] == document["report"]["aggregator_noise_std"]
+    assert "they cover the mean of the pooled records" in " ".join(table.output.split())
     assert "…" not in table.output
     assert max(len(line) for line in table.output.splitlines()) <= 80
     printed = _cli(cluster, "cape", "mean", *features, "--out", str(tmp_path / "m2.json"), "--json")
     assert printed.exit_code == 0, printed.output
-    assert (
-        json.loads(printed.stdout)["mean"]
-        == json.loads((tmp_path / "m2.json").read_text(encoding="utf-8"))["mean"]
-    )
+    written = json.loads((tmp_path / "m2.json").read_text(encoding="utf-8"))
+    assert json.loads(printed.stdout)["mean"] == written["mean"]
+    assert json.loads(printed.stdout)["estimates"] == written["estimates"]
 
 
 def test_cape_logreg_takes_feature_bounds_without_target_bounds(
@@ -633,9 +667,32 @@ def test_cape_logreg_takes_feature_bounds_without_target_bounds(
     for column, weight in model["weights"].items():
         assert f"{weight:.6g}" in fitted.output, column
     assert f"{model['intercept']:.6g}" in fitted.output
-    refused = _cli(cluster, "cape", "linreg", *features, "--target", "target")
-    assert refused.exit_code == 2
-    assert "a linear regression's target needs public bounds" in refused.output
+    _check_estimates(
+        model,
+        [*model["weights"], "(intercept)"],
+        [*model["weights"].values(), model["intercept"]],
+    )
+    # 440 rows at epsilon 1: the noise hides the fit, and the table says so under it.
+    flags = {f["code"]: f for e in model["estimates"] for f in e["flags"]}
+    assert "shrunk" in flags
+    assert flags["shrunk"]["reason"][:60] in " ".join(fitted.output.split())
+
+
+def test_cape_train_json_flags_every_weight_without_an_interval(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    out = str(tmp_path / "network.json")
+    printed = _cli(
+        cluster, "cape", "train", "--target", "high", "--iterations", "2", "--hidden-units", "2",
+        *(f"--feature={c}={lo!r}:{hi!r}" for c, lo, hi in FEATURES[:2]), "--out", out, "--json",
+    )  # fmt: skip
+    assert printed.exit_code == 0, printed.output
+    network = json.loads(printed.stdout)
+    p = network["parameters"]
+    values = [v for row in p["W1"] for v in row] + p["b1"] + p["w2"] + [p["b2"]]
+    labels = ["W1[0,c0]", "W1[0,c1]", "W1[1,c0]", "W1[1,c1]", "b1[0]", "b1[1]", "w2[0]"]
+    _check_estimates(network, [*labels, "w2[1]", "b2"], values)
+    assert all([f["code"] for f in e["flags"]] == ["no_interval"] for e in network["estimates"])
 
 
 def test_cape_training_reports_its_progress_from_the_curator(cluster: LocalCluster) -> None:

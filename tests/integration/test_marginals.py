@@ -99,7 +99,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalClu
             sys.executable, "-m", "dpmarket.deploy.cli", "sketch", "publish",
             "--curator", running.curator_target, "--table", str(table),
             "--data-dir", str(running.owner_state(OWNER)),
-            "--policy", str(directory / "owner.toml"),
+            "--policy", str(running.owner_policy_file),
             "--pki-dir", str(running.pki_dir), "--name", OWNER, "--seed", "7",
             "--spec", "mini/rff", "--spec", "mini/marginals",
             "--out", str(directory / "published.json"),

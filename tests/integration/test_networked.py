@@ -360,6 +360,12 @@ def test_an_owner_that_dies_mid_session_is_dropped_and_reported(
     assert killed
     assert result.report.dropped_owners == (names[1],)
     assert result.points.shape == (120, digits.n_features)
+    # The dropped owner is not missing from what the owners charged: its record could not be
+    # got (it may have charged the session), and the report says so; the others' are there.
+    spend = result.report.owner_spend
+    assert sorted(spend) == sorted(names[: len(spend)]) and names[1] in spend
+    assert spend[names[1]].unknown == "owner unreachable"
+    assert all(not s.unknown for o, s in spend.items() if o != names[1])
 
 
 def test_cli_request_and_simulate_write_the_same_summary(

@@ -3,6 +3,10 @@ schema mismatch and the reordered validation columns a newcomer hit, now refused
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -158,3 +162,59 @@ def test_validation_columns_in_another_order_without_a_schema_are_refused(
         output.split()
     )
     assert _charges(deployment) == before
+
+
+# Last in the module: it kills an owner (and has `up` start it again).
+@pytest.mark.slow
+def test_a_request_needs_every_owner_and_one_up_restarted_is_reachable_at_once(
+    deployment: Path,
+) -> None:
+    """An owner's machine dies (SIGKILL): a request without ``--min-owners`` fails, nothing
+    charged anywhere, saying how many owners were reachable and naming the owner, never its
+    address. While the owner stays down the curator's channel keeps failing its attempts (gRPC
+    spaces them out up to two minutes apart by default); ``dpmarket up`` starts the owner
+    again and returns once the curator reports it connected, and the very next request gets
+    every owner."""
+    run = deployment / "run"
+    pid = int((run / "senior.pid").read_text(encoding="utf-8"))
+    port = (run / "senior.port").read_text(encoding="utf-8").strip()
+    os.kill(pid, signal.SIGKILL)
+    try:
+        os.waitpid(pid, 0)  # `up` (the fixture, in this process) started it: reap it
+    except ChildProcessError:
+        while Path(f"/proc/{pid}").exists():
+            time.sleep(0.05)
+    report = deployment.parent / "restart.json"
+    request = (
+        "request", "--config", str(deployment / "consumer.toml"),
+        "--validation", str(deployment.parent / "validation.csv"), "-p", "10", "--gamma", "1e-3",
+        "--out", str(deployment.parent / "restart.csv"), "--report", str(report),
+    )  # fmt: skip
+    before = _charges(deployment)
+    code, output = _dpmarket(*request)
+    assert code == 1, output
+    text = " ".join(output.split())
+    assert (
+        "2 of the 3 owner(s) this request asks were reachable and 2 can take part; the request "
+        "needs all 3 (--min-owners N lets it run with N); left out: senior (unreachable)"
+    ) in text
+    assert f":{port}" not in text
+    assert _charges(deployment) == before  # nothing released, nothing charged
+    curator = f"127.0.0.1:{(run / 'curator.port').read_text(encoding='utf-8').strip()}"
+    health = (
+        "health", "--target", curator, "--expect", "curator:curator",
+        "--pki-dir", str(deployment / "pki"), "--name", "consumer", "--service", "owner:senior",
+    )  # fmt: skip
+    code, output = _dpmarket(*health)
+    assert code == 1 and "owner:senior: NOT_SERVING" in output
+
+    time.sleep(6.0)  # the owner stays down a while: the curator's channel backs off meanwhile
+    started = up(deployment)
+    assert started["senior"] == port
+    code, output = _dpmarket(*health)  # `up` returned: the curator is connected to it
+    assert code == 0 and "owner:senior: SERVING" in output, output
+    code, output = _dpmarket(*request)
+    assert code == 0, output
+    result = json.loads(report.read_text(encoding="utf-8"))["result"]
+    assert result["left_out"] == {}
+    assert sorted(result["owner_spend"]) == sorted(OWNERS)

@@ -10,6 +10,10 @@ noise of charged releases: the bounds-probing ``dpmarket cape mean --feature tar
 logistic target that holds 1 and 2 (``cape train --target sex``), the summarization and sketch
 refusals a consumer can provoke, and every refusal of the owners' own RPCs to a curator that probes
 them directly (the curator may lie).
+
+The two deployments' owners also run under different budgets (``b``'s are smaller) at other
+addresses: what a consumer reads of an owner's refusal names neither (the owner's refusal to
+the curator may say what is spent and left; the curator passes on a fixed text).
 """
 
 from __future__ import annotations
@@ -63,6 +67,19 @@ epsilon_range = [0.5, 1.0]
 
 [maps.hist]
 bins = 4
+"""
+#: Deployment ``b``'s owners' policy: smaller budgets than the defaults ``a`` runs under (10 in
+#: all, 2 per session), the same points; both refuse a session or job asking epsilon 3.
+SMALLER_BUDGETS = """
+[budget]
+epsilon = 8.0
+[session]
+epsilon = 1.5
+"""
+#: Both curators: the module's requests exceed the default 10 per consumer and minute.
+CURATOR_POLICY = """
+[sessions]
+per_consumer_per_minute = 1000
 """
 ADDRESS = re.compile(r"127\.0\.0\.1:\d+")
 #: Session and job ids: 128 random bits drawn per request by the curator, public.
@@ -142,6 +159,12 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             points, tables = _tables(directory, variant)
             declaration = directory / "clinic.toml"
             declaration.write_text(DECLARATION, encoding="utf-8")
+            curator_policy = directory / "curator-policy.toml"
+            curator_policy.write_text(CURATOR_POLICY, encoding="utf-8")
+            policy = None
+            if variant == "b":
+                policy = directory / "owner-policy.toml"
+                policy.write_text(SMALLER_BUDGETS, encoding="utf-8")
             cluster = LocalCluster(
                 points,
                 OWNERS,
@@ -151,6 +174,8 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
                 allow_seeded_sessions=False,
                 sketch_specs=[declaration],
                 sketch_seed=0,
+                owner_policy=policy,
+                curator_policy=curator_policy,
             )
             clusters.append(cluster)
             cluster.start()
@@ -246,7 +271,10 @@ def test_cape_refusals_a_consumer_provokes_are_the_same_whatever_the_owners_hold
     assert "this owner declares ['high']" in train and "2.0" not in train
     assert "logistic regression needs" in logreg
     assert missing.startswith("InvalidArgumentError") and "['weight']" in missing
-    assert budget.startswith("FailedPreconditionError") and "epsilon" in budget
+    assert budget == (
+        "BudgetRefusedError: curator at ADDR: owner owner-0: its privacy budget does not "
+        "allow this session (budget refused) (FAILED_PRECONDITION)"
+    )
     assert "column 'target' is not a 0/1 column" in target
 
 
@@ -289,6 +317,46 @@ def test_summarization_refusals_a_consumer_provokes_are_the_same_whatever_the_ow
     assert "3 features per point but the validation set has 4" in width
     assert f"exceeds the {2 * ROWS} points" in size
     assert terms.startswith("FailedPreconditionError")
+    assert "left out: owner-0 (budget refused), owner-1 (budget refused)" in terms
+
+
+def test_budget_refusals_read_the_same_whatever_the_owners_budgets_and_addresses(
+    deployments: dict[str, Deployment],
+) -> None:
+    """``dpmarket request`` and ``dpmarket cape mean`` asking epsilon 3 of every owner: both
+    deployments' owners refuse (2 and 1.5 per session), their refusals to the curator saying
+    what is spent and left at each; the consumer reads the same text at both, naming the owners
+    and "budget refused", no owner address and no budget figure. Only the curator's address,
+    which the consumer gave itself, differs."""
+    validation = np.random.default_rng(0).normal(size=(10, 3))
+    seen = {}
+    for variant, deployment in deployments.items():
+        path = deployment.directory / "validation.npy"
+        np.save(path, validation)
+        outputs = []
+        for command in (
+            ("request", "--validation", str(path), "-p", "5", "--epsilon-owners-total", "3",
+             "--out", str(deployment.directory / "s.npy"),
+             "--report", str(deployment.directory / "r.json")),
+            ("cape", "mean", "--feature", "age=18:80", "--epsilon", "3", "--delta", "1e-6",
+             "--out", str(deployment.directory / "m.json")),
+        ):  # fmt: skip
+            done = deployment.cli(*command)
+            assert done.returncode == 1, done.stdout + done.stderr
+            text = done.stdout + done.stderr
+            for target in deployment.cluster.owner_targets:
+                assert target not in text and target.rsplit(":", 1)[1] not in text, text
+            outputs.append(text.replace(deployment.cluster.curator_target, "CURATOR"))
+        seen[variant] = outputs
+        # The owners' own refusals did state their figures: to the curator, in its log.
+        curator_log = (deployment.cluster.log_dir / "curator.log").read_text(encoding="utf-8")
+        assert "owner budget exceeded" in curator_log and re.search(r"\d left", curator_log)
+    assert seen["a"] == seen["b"]
+    request, cape = seen["a"]
+    assert "left out: owner-0 (budget refused), owner-1 (budget refused)" in request
+    assert "owner owner-0: its privacy budget does not allow this session" in cape
+    for text in (request, cape):
+        assert not re.search(r"spent|\d left|1\.5|of (2|8|10)\b", text), text
 
 
 # ----------------------------------------------------------------------- consumer, sketch path
@@ -326,7 +394,7 @@ async def _probe(deployment: Deployment) -> list[str]:
     uniform = OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0)
     sex = CapeJobSpec("logistic", (("age", 18.0, 80.0),), ("sex", 0.0, 1.0), 1.0, 1e-6)
     probe = CapeMeanSpec((("target", 1000.0, 2000.0),), 1.0, 1e-6)
-    sites = ["owner-0", "zz"]
+    sites = ["owner-0", "owner-1"]
 
     async def lying_plan() -> Any:
         """Relay this owner's own signed row count, one row short."""
@@ -352,6 +420,7 @@ async def _probe(deployment: Deployment) -> list[str]:
         lambda: owner.close_session("u"),
         lambda: owner.open_job("j", sex, 1, "consumer:c"),
         lambda: owner.open_job("j", probe, 1, "consumer:c"),
+        lambda: owner.attest_plan("j", ["owner-0", "zz"], 1, 0),  # a site off the roster
         lying_plan,
         lambda: owner.plan_job("j", ["a", "b"], 1, {}, 0),
         lambda: owner.release("j", b"round", np.zeros(1)),
@@ -383,3 +452,4 @@ def test_a_curator_probing_the_owners_directly_gets_the_same_answers_from_differ
     assert any(
         "row count relayed for this owner (owner-0) is not the one it signed" in o for o in refused
     )
+    assert any("does not accept ['zz'] as peers" in o for o in refused)

@@ -35,6 +35,7 @@ delta = 1e-4
 [session]
 epsilon = 1.0
 delta = 1e-6
+points_fraction = 1.0  # as simulate's owners, which run without a policy: the same allowance
 [sketches]
 publish = true
 epsilon = 1.0

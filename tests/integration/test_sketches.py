@@ -49,6 +49,7 @@ from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
 from dpmarket.runtime.sketch_messages import sketch_to_proto
 from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
+from tests.conftest import new_ledger
 
 pytestmark = pytest.mark.integration
 
@@ -129,7 +130,7 @@ def _cli_publish(dep: Deployment, owner: str, out: Path, *specs: str) -> dict[st
         "--curator", dep.cluster.curator_target,
         "--table", str(dep.tables[owner]),
         "--data-dir", str(dep.cluster.owner_state(owner)),
-        "--policy", str(dep.directory / "owner.toml"),
+        "--policy", str(dep.cluster.owner_policy_file),
         "--pki-dir", str(dep.cluster.pki_dir), "--name", owner,
         "--seed", "11", "--out", str(out),
     ]  # fmt: skip
@@ -297,7 +298,7 @@ def test_an_unconfigured_owner_and_a_consumer_cannot_publish(
     before = _catalogue(dep)
     security = _owner_security(cluster, STRANGER)
     with (
-        OwnerLedger(tmp_path / "stranger", _policy(dep)) as ledger,
+        OwnerLedger.create(tmp_path / "stranger", _policy(dep)) as ledger,
         CatalogClient(cluster.curator_target, security) as client,
     ):
         publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(0)))
@@ -338,8 +339,8 @@ def test_a_value_outside_the_domain_is_clamped_at_publication_and_counted_in_the
             cli_main,
             [
                 "sketch", "publish", "--curator", dep.cluster.curator_target,
-                "--table", str(bad), "--data-dir", str(tmp_path / "state"),
-                "--policy", str(dep.directory / "owner.toml"),
+                "--table", str(bad), "--data-dir", str(new_ledger(tmp_path / "state")),
+                "--policy", str(dep.cluster.owner_policy_file),
                 "--pki-dir", str(dep.cluster.pki_dir), "--name", "owner-EV",
                 "--spec", "mini/race",
             ],
@@ -380,6 +381,12 @@ def test_networked_exploration_equals_the_in_process_m2m_bit_for_bit(
     result = CliRunner().invoke(cli_main, args)
     assert result.exit_code == 0, result.output
     networked = json.loads(out.read_text(encoding="utf-8"))
+    # Per value: the value, its standard error, its interval (bias bound included), how the
+    # interval was built, and a flag with its reason (null when none).
+    for row in networked["answer"]["rows"]:
+        assert {"value", "se", "ci95", "bias_bound", "basis", "flag", "reason"} <= set(row)
+        assert row["ci95"][0] <= row["value"] <= row["ci95"][1]
+        assert (row["flag"] is None) == (row["reason"] is None)
     with CuratorClient(dep.cluster.curator_target, dep.cluster.consumer_security()) as client:
         spec = client.sketch_spec("mini/rff")
         received = {e.owner: e.sketch for e in client.sketches(spec)}
@@ -424,6 +431,10 @@ def test_owners_never_see_the_validation_set_or_any_query(dep: Deployment, tmp_p
     assert result.exit_code == 0, result.output
     ranked = json.loads(ranking.read_text(encoding="utf-8"))["ranking"]
     assert [r["owner"] for r in ranked] == ["owner-EV", "owner-UA"]  # 9E flies like EV
+    for r in ranked:  # each MMD with its error, interval, and flags that give their reason
+        low, high = r["interval"]
+        assert r["standard_error"] > 0 and low <= r["mmd2"] <= high and r["covers"]
+        assert all(f["code"] and f["reason"] for f in r["flags"])
     for query in (
         ["--query", "count", "--where", "distance>=1000", "--where", "hour<=12"],
         ["--query", "logreg", "--target", "delayed", "--column", "hour"],
@@ -476,7 +487,7 @@ def _publish_without_spec(
         [
             "sketch", "publish", "--curator", dep.cluster.curator_target,
             "--table", str(dep.tables[name]), "--data-dir", str(data_dir),
-            "--policy", str(dep.directory / "owner.toml"),
+            "--policy", str(dep.cluster.owner_policy_file),
             "--pki-dir", str(dep.cluster.pki_dir), "--name", name,
             "--out", str(data_dir / "out.json"),
         ],
@@ -491,7 +502,7 @@ def test_publish_without_a_spec_lists_the_costs_and_asks_or_needs_all(
     """``sketch publish`` with no --spec published every spec (3 of 10 epsilon) without
     asking. Now it lists what each spec costs, offers the spec the curator's allocation reads,
     and publishes nothing unless a person confirms (or --spec / --all names what to publish)."""
-    fresh = tmp_path / "fresh"
+    fresh = new_ledger(tmp_path / "fresh")
     result = _publish_without_spec(dep, "owner-UA", fresh, monkeypatch, interactive=False)
     assert result.exit_code == 2, result.output
     assert "choose the specs to publish: --spec NAME (repeat) or --all" in result.output

@@ -34,6 +34,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+import psutil
 import pytest
 from click.testing import CliRunner
 from cryptography import x509
@@ -42,6 +43,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.memory import Flood, flood
 from dpmarket.common.ids import short_id
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.summarization.methods import (
@@ -64,8 +66,8 @@ from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
 from dpmarket.runtime.arrays import array_to_proto
 from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
 from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
-from dpmarket.v1 import curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc
-from tests.conftest import ColumnProbe
+from dpmarket.v1 import array_pb2, curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc
+from tests.conftest import ColumnProbe, new_ledger
 
 pytestmark = pytest.mark.integration
 
@@ -404,6 +406,110 @@ def test_curator_rpcs_refuse_owners_and_curators(guard: LocalCluster, digits: Sc
     assert _ledgers(guard) == {owner: [] for owner in guard.owner_ids}
 
 
+#: Concurrent requests of a flood, and the size of each: far above what any RPC of either service
+#: may receive, small enough to keep the test fast (a refused request is not read, whatever
+#: its size: the issue measured eight of 230 MB).
+FLOOD_CALLS = 8
+FLOOD_BYTES = 20_000_000
+#: The most a service's RSS may grow from a flood it refuses (the issue's goal).
+RSS_BOUND = 64 << 20
+#: A server built as before admission (:mod:`dpmarket.runtime.admission`): a servicer whose ``rpc``
+#: wrapper authorizes as the owner's does, on a server that reads every request (up to 256 MiB)
+#: before the wrapper refuses it. Arguments: the PKI directory and the owner's name; prints its
+#: port.
+OLD_SERVER = """
+import asyncio, sys
+from pathlib import Path
+import grpc
+from dpmarket.v1 import owner_pb2_grpc
+from dpmarket.runtime.authz import Authorizer, rpc
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.serving import SERVER_OPTIONS
+from dpmarket.runtime.transport import TransportSecurity, add_port
+
+class Owner(owner_pb2_grpc.OwnerServiceServicer):
+    authorizer = Authorizer({"curator": ("curator",)})
+
+    @rpc("curator")
+    async def OpenSession(self, request, context, caller):
+        raise AssertionError("a refused call reached its handler")
+
+async def main():
+    me = Identity("owner", sys.argv[2])
+    security = TransportSecurity.from_files(*identity_files(Path(sys.argv[1]), me))
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    owner_pb2_grpc.add_OwnerServiceServicer_to_server(Owner(), server)
+    port = add_port(server, "127.0.0.1:0", security)
+    await server.start()
+    print(port, flush=True)
+    await server.wait_for_termination()
+
+asyncio.run(main())
+"""
+
+
+def _flooded(
+    cluster: LocalCluster,
+    caller: Identity | str,
+    target: str,
+    expected: Identity,
+    path: str,
+    payload: bytes,
+    pid: int,
+) -> Flood:
+    with _connect(cluster, caller, target, expected) as channel:
+        return flood(channel, path, payload, FLOOD_CALLS, psutil.Process(pid), settle=0.2)
+
+
+def test_a_refused_or_oversized_request_is_not_held_by_the_service(
+    guard: LocalCluster, tmp_path: Path
+) -> None:
+    """Eight concurrent 20 MB requests that a service refuses raise its RSS by at most 64 MiB:
+    refused for the caller's role or identity before a byte is read, or for exceeding the RPC's
+    receive limit before being parsed. Control: a server built the old way, whose servicer
+    refuses the same calls after each request was read, grows by more."""
+    owner_me = Identity("owner", guard.owner_ids[0])
+    owner_target, owner_pid = guard.owner_targets[0], guard.owner_processes[0].pid
+    assert guard.curator_process is not None
+    curator_pid = guard.curator_process.pid
+    validation = array_pb2.Array(
+        dtype=array_pb2.DTYPE_FLOAT64, shape=[FLOOD_BYTES // 512, 64], data=bytes(FLOOD_BYTES)
+    )
+    opening = owner_pb2.OpenSessionRequest(session_id="s", omega=validation).SerializeToString()
+    creating = curator_pb2.CreateSessionRequest(validation=validation).SerializeToString()
+    open_session = "/dpmarket.v1.OwnerService/OpenSession"
+    create_session = "/dpmarket.v1.CuratorService/CreateSession"
+    cases = [
+        (CONSUMER, owner_target, owner_me, open_session, opening, owner_pid, "PERMISSION_DENIED"),
+        (NO_IDENTITY, owner_target, owner_me, open_session, opening, owner_pid, "UNAUTHENTICATED"),
+        (owner_me, guard.curator_target, CURATOR, create_session, creating, curator_pid,
+         "PERMISSION_DENIED"),
+        # A consumer may create sessions, but not of this size (the method's own limit).
+        (CONSUMER, guard.curator_target, CURATOR, create_session, creating, curator_pid,
+         "RESOURCE_EXHAUSTED"),
+    ]  # fmt: skip
+    for caller, target, expected, path, payload, pid, status in cases:
+        flooded = _flooded(guard, caller, target, expected, path, payload, pid)
+        what = (str(caller), path, flooded)
+        assert flooded.statuses == [status] * FLOOD_CALLS, what
+        assert flooded.peak_growth <= RSS_BOUND, what
+    assert _ledgers(guard) == {owner: [] for owner in guard.owner_ids}
+    assert _curator_db(guard, "SELECT COUNT(*) FROM sessions") == [(0,)]
+    # Control: the server of before reads every request in full, then refuses it.
+    with subprocess.Popen(
+        [sys.executable, "-c", OLD_SERVER, str(guard.pki_dir), owner_me.name],
+        stdout=subprocess.PIPE,
+    ) as old:
+        try:
+            assert old.stdout is not None
+            target = f"127.0.0.1:{int(old.stdout.readline())}"
+            flooded = _flooded(guard, CONSUMER, target, owner_me, open_session, opening, old.pid)
+        finally:
+            old.kill()
+    assert flooded.statuses == ["PERMISSION_DENIED"] * FLOOD_CALLS
+    assert flooded.peak_growth > RSS_BOUND, flooded
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
@@ -482,7 +588,11 @@ def test_owners_spend_exactly_what_sessions_cost_and_refuse_beyond_their_budget(
             request = create_request_to_proto(config, digits.validation, digits.seed_set, n)
             code, details = _status(stub.CreateSession, request)
     assert code == grpc.StatusCode.FAILED_PRECONDITION, details
-    assert "epsilon over the lifetime" in details and "0.1 left" in details
+    # The owners told the curator what is spent and left; the consumer reads neither.
+    assert "(budget refused)" in details and "left out: " in details
+    assert "epsilon over the lifetime" not in details and "0.1 left" not in details
+    log = _log(budget, "curator")
+    assert "epsilon over the lifetime" in log and "0.1 left" in log
     # The refused session released and charged nothing, anywhere.
     assert _ledgers(budget) == ledgers
     assert _charges(budget) == charges
@@ -676,6 +786,7 @@ points = 1000000
 epsilon = 100.0
 delta = 0.1
 points = 100000
+points_fraction = 1.0
 [limits]
 session_idle_timeout_seconds = {IDLE_SECONDS}
 """
@@ -818,13 +929,37 @@ def test_a_curator_killed_mid_session_reports_it_failed_and_nothing_is_paid_twic
                       for p, _, e in stored if p == party)
         )  # fmt: skip
 
-    # Owners wait out their idle timeout, then free the dead session (its ledger stays).
+    # Owners free the dead session (its ledger stays): when idle for their timeout, or when the
+    # restarted curator closes it to ask what it cost, whichever comes first.
     for owner_id, owner_sid in owner_sids.items():
         _wait_for(
-            lambda o=owner_id, s=owner_sid: f"session {short_id(s)} expired" in _log(lifecycle, o),
+            lambda o=owner_id, s=owner_sid: any(
+                f"session {short_id(s)} {what}" in _log(lifecycle, o)
+                for what in ("expired", "closed")
+            ),
             IDLE_SECONDS + 60.0,
-            f"{owner_id} expiring session {short_id(owner_sid)}",
+            f"{owner_id} freeing session {short_id(owner_sid)}",
         )
+
+    # The restarted curator rebuilt what each owner charged the session from its store (where
+    # the session was open, under which id) and the owners' ledgers: the report the consumer
+    # reads names every owner with its ledger's figures, not an empty owner_spend.
+    def owner_spend() -> dict[str, Any]:
+        with CuratorClient(lifecycle.curator_target, lifecycle.consumer_security()) as client:
+            return dict(_finish(client, sid)[1].owner_spend)
+
+    _wait_for(
+        lambda: (spend := owner_spend()) and not any(s.unknown for s in spend.values()),
+        60.0,
+        "the restarted curator's record of what each owner charged",
+    )
+    spend = owner_spend()
+    assert sorted(spend) == sorted(owner_sids)
+    for owner_id, owner_sid in owner_sids.items():
+        entries = [e for e in _ledger(lifecycle, owner_id) if e.session == owner_sid]
+        assert spend[owner_id].points == sum(e.points for e in entries) > 0
+        assert spend[owner_id].epsilon == pytest.approx(math.fsum(e.epsilon for e in entries))
+        assert spend[owner_id].delta == pytest.approx(math.fsum(e.delta for e in entries))
     released = 0
     for owner_id, owner_sid in owner_sids.items():
         entries = [e for e in _ledger(lifecycle, owner_id) if e.session == owner_sid]
@@ -1029,13 +1164,15 @@ def test_a_second_server_on_a_bound_port_refuses_to_start_naming_the_address(
     with one line naming the address (no traceback), and the first keeps the port."""
     first = _spawn(
         ["serve-owner", "--insecure", "--data", str(files["owner-0"]), "--port", "0",
-         "--port-file", str(tmp_path / "first.port"), "--data-dir", str(tmp_path / "first")],
+         "--port-file", str(tmp_path / "first.port"),
+         "--data-dir", str(new_ledger(tmp_path / "first"))],
         tmp_path / "first.log",
     )  # fmt: skip
     try:
         port = _port(tmp_path / "first.port", first, tmp_path / "first.log")
+        data = str(files["owner-0"])
         args = (
-            ["serve-owner", "--data", str(files["owner-0"]), "--data-dir", str(tmp_path / "s")]
+            ["serve-owner", "--data", data, "--data-dir", str(new_ledger(tmp_path / "s"))]
             if role == "owner"
             else ["serve-curator", "--owner", "127.0.0.1:1", "--data-dir", str(tmp_path / "s")]
         )
@@ -1074,7 +1211,8 @@ def test_insecure_services_and_requests_run_and_warn(
     logs = {name: tmp_path / f"{name}.log" for name in ("owner", "curator", "request")}
     owner = _spawn(
         ["serve-owner", "--insecure", "--data", str(files["owner-0"]), "--port", "0",
-         "--port-file", str(tmp_path / "owner.port"), "--data-dir", str(tmp_path / "owner")],
+         "--port-file", str(tmp_path / "owner.port"),
+         "--data-dir", str(new_ledger(tmp_path / "owner"))],
         logs["owner"],
     )  # fmt: skip
     processes = [owner]

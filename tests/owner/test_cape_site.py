@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -43,7 +44,7 @@ def keys() -> dict[str, ec.EllipticCurvePrivateKey]:
 def _site(tmp_path: Path, keys: dict[str, ec.EllipticCurvePrivateKey], floor: int) -> CapeSite:
     rng = np.random.default_rng(0)
     table = Table(("x", "y"), rng.uniform(0, 1, size=(ROWS["owner"], 2)), "owner")
-    ledger = OwnerLedger(tmp_path / "owner", OwnerPolicy(cape_min_colluders=floor))
+    ledger = OwnerLedger.create(tmp_path / "owner", OwnerPolicy(cape_min_colluders=floor))
     trusted = {s: k.public_key() for s, k in keys.items()}
     identity = SiteIdentity("owner", keys["owner"], b"", None).trusting(trusted)
     return CapeSite(
@@ -150,3 +151,89 @@ def test_an_honest_plan_is_the_signed_counts_plan_and_rounds_must_match_it(
     fewer = RoundParams.create(PLAN_SITES[:3], 3, plan.size, FixedPoint(1.0, 16, 3), colluders=1)
     with pytest.raises(FailedPreconditionError, match="sites or vector length"):
         site.check_round("job", fewer)
+
+
+# ------------------------------------------------------- the job's steps: once, and in order
+def _planned(
+    tmp_path: Path, keys: dict[str, ec.EllipticCurvePrivateKey], colluders: int = 1
+) -> tuple[CapeSite, Any]:
+    site = _site(tmp_path, keys, floor=1)
+    site.open("job", SPEC, 1, curator=CURATOR, consumer="c")
+    attestations = _attestations(site, keys, colluders)
+    return site, site.plan("job", PLAN_SITES, colluders, attestations, {}, curator=CURATOR)
+
+
+def _round(plan: Any, colluders: int = 1) -> RoundParams:
+    threshold = min_threshold(len(PLAN_SITES), colluders)
+    fixed_point = FixedPoint(1.0, 16, len(PLAN_SITES))
+    return RoundParams.create(PLAN_SITES, threshold, plan.size, fixed_point, colluders=colluders)
+
+
+def test_a_repeated_release_is_refused_and_charged_once(
+    tmp_path: Path, keys: dict[str, ec.EllipticCurvePrivateKey]
+) -> None:
+    """The release is made once per job: a repeat (the curator asking again, for fresh noise on
+    the same statistic) gets FAILED_PRECONDITION and the ledger keeps its one charge."""
+    site, plan = _planned(tmp_path, keys)
+    params = _round(plan)
+    site.check_round("job", params)
+    site.noise_input("job", params)
+    site.round_finished("job", params.round_id, PLAN_SITES)
+    total = np.zeros(plan.size)
+    site.release("job", params.round_id, total, curator=CURATOR)
+    assert [(e.epsilon, e.delta) for e in _entries(site)] == [(SPEC.epsilon, SPEC.delta)]
+    with pytest.raises(FailedPreconditionError, match="released already"):
+        site.release("job", params.round_id, total, curator=CURATOR)
+    # Nor a new round, nor a new plan: the statistic is out.
+    with pytest.raises(FailedPreconditionError, match="released already"):
+        site.noise_input("job", _round(plan))
+    with pytest.raises(FailedPreconditionError, match="released already"):
+        site.attest("job", PLAN_SITES, 1, curator=CURATOR)
+    assert len(_entries(site)) == 1
+
+
+def test_a_release_over_a_round_whose_survivors_are_not_the_planned_sites_is_refused(
+    tmp_path: Path, keys: dict[str, ec.EllipticCurvePrivateKey]
+) -> None:
+    """The round summed three of the four planned sites' draws: its sum is not zero-sum over the
+    sites released over, so the release is refused with nothing charged; the full round works."""
+    site, plan = _planned(tmp_path, keys)
+    params = _round(plan)
+    site.noise_input("job", params)
+    site.round_finished("job", params.round_id, PLAN_SITES[1:])
+    total = np.zeros(plan.size)
+    with pytest.raises(FailedPreconditionError, match="survivors are not the planned sites"):
+        site.release("job", params.round_id, total, curator=CURATOR)
+    assert _entries(site) == []
+    full = _round(plan)
+    site.noise_input("job", full)
+    site.round_finished("job", full.round_id, PLAN_SITES)
+    site.release("job", full.round_id, total, curator=CURATOR)
+    assert len(_entries(site)) == 1
+
+
+def test_a_round_draws_once_and_only_under_the_plan_it_defends(
+    tmp_path: Path, keys: dict[str, ec.EllipticCurvePrivateKey]
+) -> None:
+    """(1) A second masked input of one round would draw fresh noise and keep it in place of the
+    draw that was summed: refused, the first draw kept. (2) A round admitted under a plan at
+    S_C = 1, whose masked input the curator asks for after re-planning at S_C = 2: its threshold
+    protects against one colluder, the draw would be calibrated for two, so the draw is refused
+    (before this fix only the admission checked S_C)."""
+    site, plan = _planned(tmp_path, keys)
+    params = _round(plan)
+    site.noise_input("job", params)
+    kept = site._jobs["job"].draws[params.round_id].copy()
+    with pytest.raises(FailedPreconditionError, match=r"drew its noise for round .* already"):
+        site.noise_input("job", params)
+    np.testing.assert_array_equal(site._jobs["job"].draws[params.round_id], kept)
+
+    weak = _round(plan, colluders=1)
+    site.check_round("job", weak)  # admitted under the plan at S_C = 1
+    attestations = _attestations(site, keys, 2)
+    stronger = site.plan("job", PLAN_SITES, 2, attestations, {}, curator=CURATOR)
+    assert stronger.colluders == 2
+    with pytest.raises(FailedPreconditionError, match="S_C=1 colluders, the job's plan against 2"):
+        site.noise_input("job", weak)
+    site.noise_input("job", _round(stronger, colluders=2))  # control
+    assert _entries(site) == []

@@ -26,7 +26,7 @@ def data_dir(tmp_path: Path) -> Path:
         ("sess-a", "alice", "raw points", 0.25, 0.0, 40),
         ("sess-b", "bob", "exact embedding", math.inf, 0.0, 7),
     ]
-    with OwnerLedger(tmp_path / "owner", policy, clock=lambda: now[0]) as ledger:
+    with OwnerLedger.create(tmp_path / "owner", policy, clock=lambda: now[0]) as ledger:
         for session, consumer, mechanism, epsilon, delta, points in charges:
             ledger.charge(
                 session=session,

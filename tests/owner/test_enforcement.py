@@ -57,7 +57,7 @@ def _owner(
     data: PointSet, tmp_path: Path, ledger_clock: Clock | None = None, **policy: object
 ) -> tuple[Owner, OwnerLedger]:
     p = OwnerPolicy(**policy)  # type: ignore[arg-type]
-    ledger = OwnerLedger(tmp_path / "owner", p, clock=ledger_clock or Clock())
+    ledger = OwnerLedger.create(tmp_path / "owner", p, clock=ledger_clock or Clock())
     owner = Owner(
         "o",
         data,
@@ -254,7 +254,7 @@ def test_expire_idle_closes_only_sessions_untouched_for_the_timeout(
     data: PointSet, rff: RFFParams, tmp_path: Path
 ) -> None:
     monotonic = Clock(100.0)
-    ledger = OwnerLedger(tmp_path / "owner", OwnerPolicy(), clock=Clock())
+    ledger = OwnerLedger.create(tmp_path / "owner", OwnerPolicy(), clock=Clock())
     owner = Owner("o", data, ledger=ledger, idle_timeout=10.0, clock=monotonic)
     assert Owner("o", data).expire_idle() == [], "no timeout: nothing ever expires"
     _open(owner, rff, "a")
@@ -274,6 +274,32 @@ def test_expire_idle_closes_only_sessions_untouched_for_the_timeout(
     assert ledger.session_totals("a").points == 1 and ledger.session_totals("a").epsilon == 0.4
     monotonic.now = 130.0
     assert owner.expire_idle() == ["b"] and owner.sessions == {}
+    # Closing an expired session (a curator that restarted, asking what it cost) is answered
+    # from the ledger, to the curator that was charged under it only.
+    spent = owner.close_session("a")
+    assert (spent.epsilon, spent.delta, spent.points) == (0.4, 1e-7, 1)
+    with pytest.raises(NotFoundError):
+        owner.close_session("a", "curator:other")
+    with pytest.raises(NotFoundError):
+        owner.close_session("never-opened")
+
+
+def test_a_session_receives_at_most_its_share_of_the_table_even_reopened(
+    data: PointSet, rff: RFFParams, tmp_path: Path
+) -> None:
+    """The default policy gives one session a quarter of the table (7 of 30 rows), not the
+    1,000 points ``session.points`` allows; a session reopened under its id gets no fresh
+    share. The control: with ``points_fraction = 1`` the whole table is allowed."""
+    owner, ledger = _owner(data, tmp_path)
+    assert owner.open_session("s", rff, 0, terms=TERMS) == (N_POINTS, 7)
+    owner.sample_uniform("s", 5)
+    owner.close_session("s")
+    assert owner.open_session("s", rff, 0, terms=TERMS) == (N_POINTS, 2)
+    with pytest.raises(FailedPreconditionError, match="may receive 2 raw points"):
+        owner.sample_uniform("s", 3)
+    assert ledger.session_totals("s").points == 5
+    whole, _ = _owner(data, tmp_path / "whole", points_fraction_per_session=1.0)
+    assert whole.open_session("t", rff, 0, terms=TERMS) == (N_POINTS, N_POINTS)
 
 
 def test_opening_a_session_first_expires_idle_ones_to_free_a_slot(

@@ -41,7 +41,12 @@ def open_ledger(tmp_path: Path) -> Iterator[Opener]:
 
     def opener(policy: OwnerPolicy | None = None, **kwargs: Any) -> OwnerLedger:
         data_dir = kwargs.pop("data_dir", tmp_path / "owner")
-        ledger = OwnerLedger(data_dir, policy if policy is not None else OwnerPolicy(), **kwargs)
+        # The first open creates the ledger (as dpmarket owner ledger init does); later ones
+        # open it.
+        new = not ledger_path(data_dir).exists()
+        ledger = (OwnerLedger.create if new else OwnerLedger)(
+            data_dir, policy if policy is not None else OwnerPolicy(), **kwargs
+        )
         opened.append(ledger)
         return ledger
 
@@ -109,7 +114,7 @@ def test_a_crash_right_after_charge_keeps_the_charge(tmp_path: Path) -> None:
         import os, sys
         from dpmarket.owner.ledger import OwnerLedger
         from dpmarket.owner.policy import OwnerPolicy
-        ledger = OwnerLedger(sys.argv[1], OwnerPolicy())
+        ledger = OwnerLedger.create(sys.argv[1], OwnerPolicy())
         entry = ledger.charge(session="crash", consumer="c", curator="curator",
                               mechanism="raw points", epsilon=0.75, delta=1e-7, points=4)
         print(entry.id, flush=True)

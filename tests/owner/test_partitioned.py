@@ -224,7 +224,7 @@ def test_a_marginals_sketch_of_a_partitioned_table_is_refused_charging_nothing( 
         }
     )
     (spec,) = declaration.draw(np.random.default_rng(0))
-    with OwnerLedger(tmp_path, OwnerPolicy()) as ledger:
+    with OwnerLedger.create(tmp_path, OwnerPolicy()) as ledger:
         publisher = SketchPublisher(ledger)
         partitioned = PartitionedTable(_data(root, engine), "o")
         with pytest.raises(InvalidArgumentError, match="partitioned"):
@@ -301,7 +301,7 @@ def test_greedi_mmd_is_within_a_factor_of_greedy(tmp_path: Path, engine, scenari
 
 def _owner(data: object, tmp: Path) -> Owner:
     policy = OwnerPolicy(points_per_session=500, points_total=5000)
-    return Owner("o", data, ledger=OwnerLedger(tmp, policy))  # type: ignore[arg-type]
+    return Owner("o", data, ledger=OwnerLedger.create(tmp, policy))  # type: ignore[arg-type]
 
 
 def test_the_ledger_charges_the_same_either_way(table, engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -25,6 +25,7 @@ def test_defaults() -> None:
         "epsilon_per_session": 2.0,
         "delta_per_session": 1e-6,
         "points_per_session": 1000,
+        "points_fraction_per_session": 0.25,
         "allow_non_private": False,
         "curators": ["curator"],
         "max_sessions": 8,
@@ -35,6 +36,7 @@ def test_defaults() -> None:
         "publish_sketches": True,
         "epsilon_per_sketch": 1.0,
         "cape_min_colluders": 1,
+        "peers": {},
     }
     assert p.window_description == "the lifetime"
 
@@ -68,6 +70,7 @@ def test_toml_round_trip(tmp_path: Path) -> None:
         epsilon_per_session=0.1,
         delta_per_session=0.0,
         points_per_session=17,
+        points_fraction_per_session=0.29,
         allow_non_private=True,
         curators=("curator-1", 'we"ird\\name\x01'),
         max_sessions=3,
@@ -76,7 +79,9 @@ def test_toml_round_trip(tmp_path: Path) -> None:
         publish_sketches=False,
         epsilon_per_sketch=0.25,
         cape_min_colluders=0,
+        peers={"owner-b": "AB" * 32, "owner-a": "sha256:" + ":".join(["0f"] * 32)},
     )
+    assert p.peers == (("owner-a", "0f" * 32), ("owner-b", "ab" * 32))
     text = p.to_toml()
     assert OwnerPolicy.from_mapping(tomllib.loads(text)) == p
     path = tmp_path / "p.toml"
@@ -131,6 +136,10 @@ def test_invalid_toml_is_named(tmp_path: Path) -> None:
         ("[session]\ndelta = 1\n", r"session\.delta", r"\[0, 1\)"),
         ("[session]\npoints = 20001\n", r"session\.points", r"<= budget\.points"),
         ("[session]\npoints = -5\n", r"session\.points", "integer >= 1"),
+        ("[session]\npoints_fraction = 0\n", r"session\.points_fraction", r"\(0, 1\]"),
+        ("[session]\npoints_fraction = 1.5\n", r"session\.points_fraction", r"\(0, 1\]"),
+        ("[session]\npoints_fraction = nan\n", r"session\.points_fraction", r"\(0, 1\]"),
+        ("[session]\npoints_fraction = '10%'\n", r"session\.points_fraction", "number"),
         ("[access]\ncurators = []\n", r"access\.curators", "at least one"),
         ("[access]\ncurators = ['a', '']\n", r"access\.curators", "non-empty string"),
         ("[access]\ncurators = ['a', 'a']\n", r"access\.curators", "repeat"),
@@ -145,6 +154,10 @@ def test_invalid_toml_is_named(tmp_path: Path) -> None:
         ("[cape]\nmin_colluders = 1.5\n", r"cape\.min_colluders", "integer >= 0"),
         ("[cape]\nmin_colluders = true\n", r"cape\.min_colluders", "integer >= 0"),
         ("[cape]\ncolluders = 1\n", r"cape\.colluders", "min_colluders"),
+        ("peers = 1\n", r"\[peers\]", "table"),
+        ("[peers]\nowner-1 = 'abc'\n", r"\[peers\] owner-1", "64 hexadecimal digits"),
+        ("[peers]\nowner-1 = 12\n", r"\[peers\] owner-1", "string"),
+        (f"[peers]\n'owner 1' = '{'a' * 64}'\n", r"\[peers\]", "not an owner name"),
     ],
 )
 def test_every_error_names_the_file_and_key(
@@ -172,6 +185,24 @@ def test_every_error_names_the_file_and_key(
 def test_direct_construction_is_validated(field: str, value: Any, key: str) -> None:
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         dataclasses.replace(OwnerPolicy(), **{field: value})
+
+
+@pytest.mark.parametrize(
+    ("fraction", "points", "rows", "expected"),
+    [
+        (0.25, 1000, 837, 209),  # the issue's table: a quarter, not all 837 rows
+        (0.25, 1000, 10**6, 1000),  # a large table: the session's points bound it
+        (0.29, 1000, 100, 29),  # the decimal written, not the binary product (28.999...)
+        (0.1, 1000, 9, 0),  # rounded down: a table of 9 rows gives no point at 10 %
+        (1.0, 50, 837, 50),
+        (1.0, 1000, 837, 837),
+    ],
+)
+def test_a_session_reads_at_most_its_fraction_of_the_table(
+    fraction: float, points: int, rows: int, expected: int
+) -> None:
+    policy = OwnerPolicy(points_per_session=points, points_fraction_per_session=fraction)
+    assert policy.session_points(rows) == expected
 
 
 def test_policy_is_frozen() -> None:

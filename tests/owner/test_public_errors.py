@@ -28,7 +28,7 @@ from dpmarket.common.secagg.protocol import RoundParams
 from dpmarket.common.summarization.rff import draw_rff_params
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.curator.secagg import aggregate
-from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
 from dpmarket.owner.cape import CapeSite
 from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.local import LocalSecureAggregationEndpoint
@@ -333,7 +333,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _rounds(pki: Path, inputs: dict[str, np.ndarray]) -> Iterator[tuple[str, SiteRounds]]:
     for i, site in enumerate(SITES):
         ca, cert, key = identity_files(pki, Identity("owner", site))
-        identity = SiteIdentity.from_pem(site, key.read_bytes(), cert.read_bytes(), ca.read_bytes())
+        identity = SiteIdentity.from_pem(
+            site, key.read_bytes(), cert.read_bytes(), ca.read_bytes(), peers=owner_pins(pki)
+        )
         yield (
             site,
             SiteRounds(

@@ -69,7 +69,7 @@ def rff() -> RFFParams:
 
 @pytest.fixture
 def ledger(tmp_path: Path) -> OwnerLedger:
-    return OwnerLedger(tmp_path / "owner", OwnerPolicy())
+    return OwnerLedger.create(tmp_path / "owner", OwnerPolicy())
 
 
 @pytest.fixture
@@ -133,14 +133,14 @@ def test_open_session_serves_non_private_terms_only_when_the_policy_allows_them(
     data: PointSet, rff: RFFParams, tmp_path: Path
 ) -> None:
     greedy = OwnerTerms(SessionMethod.GREEDY, math.inf, 0.0, max_rounds=4)
-    ledger = OwnerLedger(tmp_path / "a", OwnerPolicy())
+    ledger = OwnerLedger.create(tmp_path / "a", OwnerPolicy())
     _refused(
         lambda: Owner("o", data, ledger=ledger).open_session("s", rff, 0, terms=greedy),
         "allow_non_private = false",
     )
     assert ledger.entries() == []
     allowing = Owner(
-        "o", data, ledger=OwnerLedger(tmp_path / "b", OwnerPolicy(allow_non_private=True))
+        "o", data, ledger=OwnerLedger.create(tmp_path / "b", OwnerPolicy(allow_non_private=True))
     )
     allowing.open_session("s", rff, 0, terms=greedy)
     allowing.set_validation_embedding("s", G)

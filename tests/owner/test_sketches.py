@@ -18,7 +18,7 @@ from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.owner.data import Table
-from dpmarket.owner.ledger import OwnerBudgetError, OwnerLedger
+from dpmarket.owner.ledger import OwnerBudgetError, OwnerLedger, ledger_path
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.sketches import SketchPublisher, ledger_session, publish_to
 
@@ -71,7 +71,9 @@ def ledgers(tmp_path: Path) -> Iterator[Any]:
     opened: list[OwnerLedger] = []
 
     def open_ledger(policy: OwnerPolicy | None = None) -> OwnerLedger:
-        ledger = OwnerLedger(tmp_path / "owner", policy or OwnerPolicy())
+        data_dir = tmp_path / "owner"
+        new = not ledger_path(data_dir).exists()  # the first open creates it
+        ledger = (OwnerLedger.create if new else OwnerLedger)(data_dir, policy or OwnerPolicy())
         opened.append(ledger)
         return ledger
 
@@ -172,7 +174,7 @@ def test_values_outside_the_domain_are_clamped_and_counted_in_the_owners_log_onl
 
 
 def test_sketch_and_ledger_survive_a_restart(tmp_path: Path, specs: dict[str, SketchSpec]) -> None:
-    with OwnerLedger(tmp_path / "owner", OwnerPolicy()) as ledger:
+    with OwnerLedger.create(tmp_path / "owner", OwnerPolicy()) as ledger:
         first = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(3))).publish(
             specs["race"], _table(), curator=CURATOR
         )
@@ -193,7 +195,7 @@ def test_publish_to_refuses_before_computing_what_the_catalogue_cannot_take(
     with SketchCatalog(
         tmp_path / "curator", [DECLARATION], seed=0, policy=CuratorPolicy(sketches_per_owner=1)
     ) as catalog:
-        with OwnerLedger(tmp_path / "a", OwnerPolicy()) as ledger:
+        with OwnerLedger.create(tmp_path / "a", OwnerPolicy()) as ledger:
             publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(0)))
             done = publish_to(catalog.endpoint("owner-0"), publisher, _table(), ["toy/rff"])
             assert [d.publication.charged_now for d in done] == [True]
@@ -203,7 +205,7 @@ def test_publish_to_refuses_before_computing_what_the_catalogue_cannot_take(
                 publish_to(catalog.endpoint("owner-0"), publisher, _table(), ["toy/hist"])
             assert len(ledger.entries()) == 1
         # Another data directory of the same owner: the catalogue holds its sketch already.
-        with OwnerLedger(tmp_path / "b", OwnerPolicy()) as ledger:
+        with OwnerLedger.create(tmp_path / "b", OwnerPolicy()) as ledger:
             publisher = SketchPublisher(ledger, noise=NoNoise())  # type: ignore[arg-type]
             with pytest.raises(FailedPreconditionError, match="did not record"):
                 publish_to(catalog.endpoint("owner-0"), publisher, _table(), ["toy/rff"])
@@ -229,7 +231,7 @@ def test_a_marginals_sketch_is_published_like_any_sketch(tmp_path: Path) -> None
     catalogue (which validates and stores it), and free to publish again after a restart."""
     (spec,) = MARGINALS.draw(np.random.default_rng(0))
     with SketchCatalog(tmp_path / "curator", [MARGINALS], seed=0) as catalog:
-        with OwnerLedger(tmp_path / "owner", OwnerPolicy()) as ledger:
+        with OwnerLedger.create(tmp_path / "owner", OwnerPolicy()) as ledger:
             publisher = SketchPublisher(
                 ledger, noise=SeededNoise(np.random.default_rng(2)), rng=np.random.default_rng(3)
             )

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.runtime.database import open_database, snapshot, transaction
+from dpmarket.runtime.database import (
+    DatabaseMissingError,
+    backup_database,
+    open_database,
+    snapshot,
+    transaction,
+)
 
 V1 = "CREATE TABLE things (id INTEGER PRIMARY KEY, name TEXT NOT NULL);"
 # A semicolon inside a string literal and a trigger body must not split the script.
@@ -112,3 +118,63 @@ def test_transaction_excludes_other_writers(tmp_path: Path) -> None:
             # A reader is not blocked by the writer (WAL).
             with snapshot(b):
                 assert b.execute("SELECT COUNT(*) FROM things").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("state", ["missing", "empty", "foreign"])
+def test_create_false_refuses_a_file_it_would_have_started_afresh_and_writes_nothing(
+    tmp_path: Path, state: str
+) -> None:
+    path = tmp_path / "svc.sqlite3"
+    if state == "empty":
+        path.write_bytes(b"")
+    elif state == "foreign":
+        with closing(sqlite3.connect(path)) as conn:
+            conn.execute("PRAGMA user_version = 0")  # a valid SQLite file with nothing in it
+    before = path.read_bytes() if path.exists() else None
+    with pytest.raises(DatabaseMissingError) as info:
+        open_database(path, [V1], application="svc", create=False)
+    assert info.value.reason == state
+    assert (path.read_bytes() if path.exists() else None) == before
+    assert not path.with_name(path.name + "-wal").exists()
+    # Control: opened with create (the default), the same file becomes a new, empty database.
+    with closing(open_database(path, [V1], application="svc")) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM things").fetchone()[0] == 0
+    open_database(path, [V1], application="svc", create=False).close()  # now it is svc's
+
+
+def test_a_migration_may_be_a_function_run_in_its_transaction(tmp_path: Path) -> None:
+    path = tmp_path / "svc.sqlite3"
+
+    def upper_names(conn: sqlite3.Connection) -> None:
+        assert conn.in_transaction
+        for thing_id, name in conn.execute("SELECT id, name FROM things").fetchall():
+            conn.execute("UPDATE things SET name = ? WHERE id = ?", (name.upper(), thing_id))
+
+    with closing(open_database(path, [V1], application="svc")) as conn, transaction(conn):
+        conn.execute("INSERT INTO things (name) VALUES ('old')")
+    with closing(open_database(path, [V1, upper_names], application="svc")) as conn:
+        assert conn.execute("SELECT name FROM things").fetchall() == [("OLD",)]
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def test_a_backup_holds_what_only_the_wal_holds(tmp_path: Path) -> None:
+    path = tmp_path / "svc.sqlite3"
+    open_database(path, [V1], application="svc").close()  # the schema checkpointed to the file
+    with closing(open_database(path, [V1], application="svc")) as writer:
+        with transaction(writer):
+            writer.execute("INSERT INTO things (name) VALUES ('in the wal')")
+        assert path.with_name(path.name + "-wal").stat().st_size > 0  # not checkpointed yet
+        # Control: the main file alone does not hold the row yet.
+        alone = tmp_path / "alone.sqlite3"
+        alone.write_bytes(path.read_bytes())
+        with closing(sqlite3.connect(alone)) as conn:
+            assert conn.execute("SELECT COUNT(*) FROM things").fetchone()[0] == 0
+        out = backup_database(path, tmp_path / "copy" / "svc.sqlite3", application="svc")
+    assert not out.with_name(out.name + "-wal").exists()
+    with closing(sqlite3.connect(out)) as conn:
+        assert conn.execute("SELECT name FROM things").fetchall() == [("in the wal",)]
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    with pytest.raises(FileExistsError):
+        backup_database(path, out, application="svc")
+    with pytest.raises(ValueError, match="not 'other'"):
+        backup_database(path, tmp_path / "x.sqlite3", application="other")

@@ -13,14 +13,22 @@ from dpmarket.runtime.status import INTERNAL_MESSAGE, abort_for, error_from_rpc
 
 
 class _Failed(grpc.RpcError):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        self._code, self._details = code, details
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        details: str,
+        trailing: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        self._code, self._details, self._trailing = code, details, trailing
 
     def code(self) -> grpc.StatusCode:
         return self._code
 
     def details(self) -> str:
         return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._trailing
 
 
 def test_a_failed_call_becomes_the_error_of_its_code_naming_peer_and_code() -> None:
@@ -50,9 +58,13 @@ class _Context:
 
     def __init__(self) -> None:
         self.status: tuple[grpc.StatusCode, str] | None = None
+        self.trailing: tuple[tuple[str, str], ...] = ()
 
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+    async def abort(
+        self, code: grpc.StatusCode, details: str, trailing_metadata: tuple[()] = ()
+    ) -> None:
         self.status = (code, details)
+        self.trailing = tuple(trailing_metadata)
         raise _Aborted
 
 
@@ -94,3 +106,20 @@ def test_deliberate_errors_keep_their_code_and_text_and_pass_through_the_guard()
     assert info.value is inner
     with pytest.raises(KeyboardInterrupt), errors.on_private_data("outer"):
         raise KeyboardInterrupt
+
+
+def test_a_budget_refusal_is_marked_on_the_wire_and_recognised_without_its_text() -> None:
+    """An owner's budget refusal leaves as FAILED_PRECONDITION with a mark in its trailing
+    metadata; its caller (the curator) gets a BudgetRefusedError, whatever the text says, and
+    keeps the owner's own text apart from its name. The control: the same status unmarked is
+    a plain FailedPreconditionError."""
+    context = _Context()
+    with pytest.raises(_Aborted):
+        asyncio.run(abort_for(errors.BudgetRefusedError("spent 1 of 2, 1 left"), context, "Bid"))  # type: ignore[arg-type]
+    assert context.status == (grpc.StatusCode.FAILED_PRECONDITION, "spent 1 of 2, 1 left")
+    marked = _Failed(grpc.StatusCode.FAILED_PRECONDITION, "spent 1 of 2, 1 left", context.trailing)
+    exc = error_from_rpc(marked, "owner o")
+    assert isinstance(exc, errors.BudgetRefusedError)
+    assert exc.remote == errors.RemoteStatus("FAILED_PRECONDITION", "spent 1 of 2, 1 left")
+    plain = error_from_rpc(_Failed(grpc.StatusCode.FAILED_PRECONDITION, "x"), "owner o")
+    assert type(plain) is errors.FailedPreconditionError

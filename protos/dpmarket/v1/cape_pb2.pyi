@@ -230,6 +230,7 @@ class OpenCapeJobRequest(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     TRAINING_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    LEDGER_RECEIPT_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Curator-chosen random job id (at least 128 bits)."""
     consumer: _builtins.str
@@ -244,6 +245,10 @@ class OpenCapeJobRequest(_message.Message):
     def training(self) -> Global___CapeTrainingSpec:
         """Gradient descent, one release per iteration."""
 
+    @_builtins.property
+    def ledger_receipt(self) -> _privacy_pb2.LedgerReceipt:
+        """The last receipt this curator holds from this owner, as in OpenSessionRequest."""
+
     def __init__(
         self,
         *,
@@ -252,10 +257,11 @@ class OpenCapeJobRequest(_message.Message):
         spec: Global___CapeSpec | None = ...,
         training: Global___CapeTrainingSpec | None = ...,
         seed: _builtins.int = ...,
+        ledger_receipt: _privacy_pb2.LedgerReceipt | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "spec", b"spec", "training", b"training"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "ledger_receipt", b"ledger_receipt", "spec", b"spec", "training", b"training"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "job", b"job", "job_id", b"job_id", "seed", b"seed", "spec", b"spec", "training", b"training"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "job", b"job", "job_id", b"job_id", "ledger_receipt", b"ledger_receipt", "seed", b"seed", "spec", b"spec", "training", b"training"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_job: _TypeAlias = _typing.Literal["spec", "training"]  # noqa: Y015
     _WhichOneofArgType_job: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
@@ -579,16 +585,22 @@ class CloseCapeJobResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SPENT_FIELD_NUMBER: _builtins.int
+    RECEIPT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def spent(self) -> _privacy_pb2.SessionSpend: ...
+    @_builtins.property
+    def receipt(self) -> _privacy_pb2.LedgerReceipt:
+        """The owner's signed receipt of its ledger now, as in CloseSessionResponse."""
+
     def __init__(
         self,
         *,
         spent: _privacy_pb2.SessionSpend | None = ...,
+        receipt: _privacy_pb2.LedgerReceipt | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["spent", b"spent"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "spent", b"spent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["spent", b"spent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "spent", b"spent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

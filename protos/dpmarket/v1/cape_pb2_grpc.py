@@ -97,7 +97,8 @@ class CapeSiteServiceServicer:
         FAILED_PRECONDITION if the owner holds no table or the terms exceed its policy or what is
         left or the spec's colluders (when set) are below the owner's policy floor of S_C (naming the
         floor, a public value), RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job
-        id in use.
+        id in use; FAILED_PRECONDITION (a fixed message) if the owner's ledger is behind
+        `ledger_receipt` or behind an earlier receipt its operator has not resolved.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -52,7 +52,8 @@ class CapeSiteServiceStub:
     FAILED_PRECONDITION if the owner holds no table or the terms exceed its policy or what is
     left or the spec's colluders (when set) are below the owner's policy floor of S_C (naming the
     floor, a public value), RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job
-    id in use.
+    id in use; FAILED_PRECONDITION (a fixed message) if the owner's ledger is behind
+    `ledger_receipt` or behind an earlier receipt its operator has not resolved.
     """
     AttestCapePlan: _grpc.UnaryUnaryMultiCallable[_cape_pb2.AttestCapePlanRequest, _cape_pb2.AttestCapePlanResponse]
     """Sign this owner's row count for a plan: the job, its spec, the sites (sorted), S_C and the
@@ -124,7 +125,8 @@ class CapeSiteServiceAsyncStub(CapeSiteServiceStub):
     FAILED_PRECONDITION if the owner holds no table or the terms exceed its policy or what is
     left or the spec's colluders (when set) are below the owner's policy floor of S_C (naming the
     floor, a public value), RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job
-    id in use.
+    id in use; FAILED_PRECONDITION (a fixed message) if the owner's ledger is behind
+    `ledger_receipt` or behind an earlier receipt its operator has not resolved.
     """
     AttestCapePlan: _aio.UnaryUnaryMultiCallable[_cape_pb2.AttestCapePlanRequest, _cape_pb2.AttestCapePlanResponse]  # type: ignore[assignment]
     """Sign this owner's row count for a plan: the job, its spec, the sites (sorted), S_C and the
@@ -199,7 +201,8 @@ class CapeSiteServiceServicer(metaclass=_abc_1.ABCMeta):
         FAILED_PRECONDITION if the owner holds no table or the terms exceed its policy or what is
         left or the spec's colluders (when set) are below the owner's policy floor of S_C (naming the
         floor, a public value), RESOURCE_EXHAUSTED beyond its open sessions, ALREADY_EXISTS for a job
-        id in use.
+        id in use; FAILED_PRECONDITION (a fixed message) if the owner's ledger is behind
+        `ledger_receipt` or behind an earlier receipt its operator has not resolved.
         """
 
     @_abc_1.abstractmethod

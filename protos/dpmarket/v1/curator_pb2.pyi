@@ -483,13 +483,14 @@ class CreateSessionRequest(_message.Message):
     with the same key and the same request returns the same session and charges nothing new.
     """
     min_owners: _builtins.int
-    """The fewest owners the session may run with. 0 (default): an owner whose policy refuses the
-    session's terms fails the request with FAILED_PRECONDITION (nothing released), and an owner
-    that cannot be reached is left out while one remains. N >= 1: an owner that refuses its
-    terms or cannot be reached when the session opens is left out (charged nothing, sent
-    nothing more) and named in the report's left_out; the session runs if at least N owners
-    remain, else fails with FAILED_PRECONDITION naming who was left out and why. Fails with
-    INVALID_ARGUMENT if larger than the owners the session may ask.
+    """The fewest owners the session may open with; 0 (default): every owner it asks (all but
+    exclude_owners). An owner that refuses its terms or cannot be reached when the session
+    opens is left out (charged nothing, sent nothing more) and named in the report's left_out;
+    the session runs if at least min_owners (by default: all) owners remain, else fails,
+    nothing released or charged, saying how many of the owners asked were reachable and who was
+    left out and why: with UNAVAILABLE if an owner could not be reached, else with
+    FAILED_PRECONDITION. Fails with INVALID_ARGUMENT if larger than the owners the session may
+    ask.
     """
     @_builtins.property
     def validation(self) -> _array_pb2.Array:
@@ -697,7 +698,9 @@ class SessionReport(_message.Message):
 
     @_builtins.property
     def owner_spend(self) -> _containers.RepeatedCompositeFieldContainer[Global___OwnerSpend]:
-        """What each owner's own ledger recorded for this session."""
+        """What each owner's own ledger recorded for this session, for every owner the session was
+        opened at (one whose record the curator could not get is marked unknown).
+        """
 
     @_builtins.property
     def left_out(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeftOutOwner]:
@@ -768,12 +771,18 @@ class OwnerSpend(_message.Message):
     DELTA_FIELD_NUMBER: _builtins.int
     POINTS_FIELD_NUMBER: _builtins.int
     NON_PRIVATE_FIELD_NUMBER: _builtins.int
+    UNKNOWN_FIELD_NUMBER: _builtins.int
     owner_id: _builtins.str
     epsilon: _builtins.float
     delta: _builtins.float
     points: _builtins.int
     """Raw points released."""
     non_private: _builtins.bool
+    unknown: _builtins.str
+    """Empty when the figures above are the owner's own record. Otherwise why the curator does not
+    have it, in public words ("owner unreachable", "the curator restarted during the session",
+    ...): the figures are then 0 and say nothing.
+    """
     def __init__(
         self,
         *,
@@ -782,10 +791,11 @@ class OwnerSpend(_message.Message):
         delta: _builtins.float = ...,
         points: _builtins.int = ...,
         non_private: _builtins.bool = ...,
+        unknown: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "epsilon", b"epsilon", "non_private", b"non_private", "owner_id", b"owner_id", "points", b"points"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "epsilon", b"epsilon", "non_private", b"non_private", "owner_id", b"owner_id", "points", b"points", "unknown", b"unknown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

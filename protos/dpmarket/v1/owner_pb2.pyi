@@ -136,6 +136,7 @@ class OpenSessionRequest(_message.Message):
     GAMMA_FIELD_NUMBER: _builtins.int
     CONSUMER_FIELD_NUMBER: _builtins.int
     TERMS_FIELD_NUMBER: _builtins.int
+    LEDGER_RECEIPT_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Curator-chosen random session id (at least 128 bits), unique per curator; unrelated to the id
     the consumer knows.
@@ -163,6 +164,14 @@ class OpenSessionRequest(_message.Message):
     def terms(self) -> Global___SessionTerms:
         """What the session may ask and what it spends of this owner's privacy."""
 
+    @_builtins.property
+    def ledger_receipt(self) -> _privacy_pb2.LedgerReceipt:
+        """The last receipt this curator holds from this owner (a CloseSession's or CloseCapeJob's),
+        unset if none. The owner checks it against its own ledger: if the ledger is behind a
+        receipt the owner signed, it fails with FAILED_PRECONDITION (a fixed message) and serves
+        nothing until its operator resolves it; a receipt it did not sign changes nothing.
+        """
+
     def __init__(
         self,
         *,
@@ -173,10 +182,11 @@ class OpenSessionRequest(_message.Message):
         gamma: _builtins.float = ...,
         consumer: _builtins.str = ...,
         terms: Global___SessionTerms | None = ...,
+        ledger_receipt: _privacy_pb2.LedgerReceipt | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["omega", b"omega", "phase", b"phase", "terms", b"terms"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ledger_receipt", b"ledger_receipt", "omega", b"omega", "phase", b"phase", "terms", b"terms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "gamma", b"gamma", "omega", b"omega", "phase", b"phase", "sampling_seed", b"sampling_seed", "session_id", b"session_id", "terms", b"terms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "gamma", b"gamma", "ledger_receipt", b"ledger_receipt", "omega", b"omega", "phase", b"phase", "sampling_seed", b"sampling_seed", "session_id", b"session_id", "terms", b"terms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -651,18 +661,27 @@ class CloseSessionResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SPENT_FIELD_NUMBER: _builtins.int
+    RECEIPT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def spent(self) -> _privacy_pb2.SessionSpend:
         """What the session spent of this owner's budget, as its own ledger records it."""
+
+    @_builtins.property
+    def receipt(self) -> _privacy_pb2.LedgerReceipt:
+        """The owner's signed receipt of its ledger now, its charges for the session included; unset
+        when the owner has no certificate key (plaintext transport). Keep it and present it in the
+        next OpenSession or OpenCapeJob with this owner.
+        """
 
     def __init__(
         self,
         *,
         spent: _privacy_pb2.SessionSpend | None = ...,
+        receipt: _privacy_pb2.LedgerReceipt | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["spent", b"spent"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "spent", b"spent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["spent", b"spent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "spent", b"spent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

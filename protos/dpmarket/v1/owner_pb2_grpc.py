@@ -165,7 +165,9 @@ class OwnerServiceServicer:
         policy's limit, if any value is NaN or inf, or if the terms are malformed; with
         FAILED_PRECONDITION if the terms exceed the policy or the budget left (non-private terms
         without the policy allowing them included); with RESOURCE_EXHAUSTED if the owner already
-        holds its policy's number of open sessions; with ALREADY_EXISTS if the session id is in use.
+        holds its policy's number of open sessions; with ALREADY_EXISTS if the session id is in use;
+        with FAILED_PRECONDITION (a fixed message) if the ledger is behind `ledger_receipt` or behind
+        an earlier receipt its operator has not resolved.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

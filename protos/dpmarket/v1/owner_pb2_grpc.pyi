@@ -72,7 +72,9 @@ class OwnerServiceStub:
     policy's limit, if any value is NaN or inf, or if the terms are malformed; with
     FAILED_PRECONDITION if the terms exceed the policy or the budget left (non-private terms
     without the policy allowing them included); with RESOURCE_EXHAUSTED if the owner already
-    holds its policy's number of open sessions; with ALREADY_EXISTS if the session id is in use.
+    holds its policy's number of open sessions; with ALREADY_EXISTS if the session id is in use;
+    with FAILED_PRECONDITION (a fixed message) if the ledger is behind `ledger_receipt` or behind
+    an earlier receipt its operator has not resolved.
     """
     SetValidationEmbedding: _grpc.UnaryUnaryMultiCallable[_owner_pb2.SetValidationEmbeddingRequest, _owner_pb2.SetValidationEmbeddingResponse]
     """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features,
@@ -188,7 +190,9 @@ class OwnerServiceAsyncStub(OwnerServiceStub):
     policy's limit, if any value is NaN or inf, or if the terms are malformed; with
     FAILED_PRECONDITION if the terms exceed the policy or the budget left (non-private terms
     without the policy allowing them included); with RESOURCE_EXHAUSTED if the owner already
-    holds its policy's number of open sessions; with ALREADY_EXISTS if the session id is in use.
+    holds its policy's number of open sessions; with ALREADY_EXISTS if the session id is in use;
+    with FAILED_PRECONDITION (a fixed message) if the ledger is behind `ledger_receipt` or behind
+    an earlier receipt its operator has not resolved.
     """
     SetValidationEmbedding: _aio.UnaryUnaryMultiCallable[_owner_pb2.SetValidationEmbeddingRequest, _owner_pb2.SetValidationEmbeddingResponse]  # type: ignore[assignment]
     """Receive the private validation embedding (Algorithm 3, step 3), a length-d mean of h1 features,
@@ -313,7 +317,9 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
         policy's limit, if any value is NaN or inf, or if the terms are malformed; with
         FAILED_PRECONDITION if the terms exceed the policy or the budget left (non-private terms
         without the policy allowing them included); with RESOURCE_EXHAUSTED if the owner already
-        holds its policy's number of open sessions; with ALREADY_EXISTS if the session id is in use.
+        holds its policy's number of open sessions; with ALREADY_EXISTS if the session id is in use;
+        with FAILED_PRECONDITION (a fixed message) if the ledger is behind `ledger_receipt` or behind
+        an earlier receipt its operator has not resolved.
         """
 
     @_abc_1.abstractmethod

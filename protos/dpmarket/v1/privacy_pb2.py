@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64pmarket/v1/privacy.proto\x12\x0b\x64pmarket.v1\"S\n\x0cSessionSpend\x12\x0f\n\x07\x65psilon\x18\x01 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x02 \x01(\x01\x12\x0e\n\x06points\x18\x03 \x01(\x03\x12\x13\n\x0bnon_private\x18\x04 \x01(\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64pmarket/v1/privacy.proto\x12\x0b\x64pmarket.v1\"S\n\x0cSessionSpend\x12\x0f\n\x07\x65psilon\x18\x01 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x02 \x01(\x01\x12\x0e\n\x06points\x18\x03 \x01(\x03\x12\x13\n\x0bnon_private\x18\x04 \x01(\x08\"y\n\x0bLedgerState\x12\x11\n\tledger_id\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x03\x12\x0c\n\x04head\x18\x04 \x01(\x0c\x12\x11\n\tsigned_at\x18\x05 \x01(\x01\x12\x15\n\rsealed_totals\x18\x06 \x01(\x0c\"1\n\rLedgerReceipt\x12\r\n\x05state\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,4 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SESSIONSPEND']._serialized_start=42
   _globals['_SESSIONSPEND']._serialized_end=125
+  _globals['_LEDGERSTATE']._serialized_start=127
+  _globals['_LEDGERSTATE']._serialized_end=248
+  _globals['_LEDGERRECEIPT']._serialized_start=250
+  _globals['_LEDGERRECEIPT']._serialized_end=299
 # @@protoc_insertion_point(module_scope)

@@ -47,3 +47,86 @@ class SessionSpend(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SessionSpend: _TypeAlias = SessionSpend  # noqa: Y015
+
+@_typing.final
+class LedgerState(_message.Message):
+    """The state of an owner's ledger at one charge, as the owner signs it in a LedgerReceipt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEDGER_ID_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    HEAD_FIELD_NUMBER: _builtins.int
+    SIGNED_AT_FIELD_NUMBER: _builtins.int
+    SEALED_TOTALS_FIELD_NUMBER: _builtins.int
+    ledger_id: _builtins.str
+    """The ledger's random id (128 bits, hex), drawn when the ledger was created."""
+    owner: _builtins.str
+    """The owner's name (its certificate's)."""
+    sequence: _builtins.int
+    """Sequence number of the last charge the state covers (the ledger's charge ids run 1, 2, ...;
+    0: no charge yet).
+    """
+    head: _builtins.bytes
+    """SHA-256 hash chain over every charge up to `sequence` (32 bytes): each charge's hash commits
+    to the previous one's, so two ledgers agree at `sequence` only if they hold the same charges.
+    """
+    signed_at: _builtins.float
+    """When the owner signed, Unix time in seconds (the owner's clock)."""
+    sealed_totals: _builtins.bytes
+    """The ledger's running totals at `sequence`, encrypted (AES-256-GCM) under a key only the
+    ledger holds: what its operator charges back if the ledger is found behind this state.
+    Opaque to everyone else.
+    """
+    def __init__(
+        self,
+        *,
+        ledger_id: _builtins.str = ...,
+        owner: _builtins.str = ...,
+        sequence: _builtins.int = ...,
+        head: _builtins.bytes = ...,
+        signed_at: _builtins.float = ...,
+        sealed_totals: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["head", b"head", "ledger_id", b"ledger_id", "owner", b"owner", "sealed_totals", b"sealed_totals", "sequence", b"sequence", "signed_at", b"signed_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LedgerState: _TypeAlias = LedgerState  # noqa: Y015
+
+@_typing.final
+class LedgerReceipt(_message.Message):
+    """A receipt an owner returns when a session or job closes: the state of its ledger, signed with
+    the owner's certificate key. The curator keeps the last one per owner and presents it when it
+    next opens a session or job with that owner; an owner whose ledger is behind a receipt it
+    signed (restored from an older copy, or charges lost) refuses to serve until its operator
+    resolves it. Only the owner checks a receipt, against its own keys: a receipt it did not sign,
+    or of another ledger, changes nothing.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    state: _builtins.bytes
+    """A serialized LedgerState."""
+    signature: _builtins.bytes
+    """ECDSA (SHA-256, DER) signature by the owner's certificate key of the bytes
+    "dpmarket ledger receipt v1" + 0x00 + `state`.
+    """
+    def __init__(
+        self,
+        *,
+        state: _builtins.bytes = ...,
+        signature: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["signature", b"signature", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LedgerReceipt: _TypeAlias = LedgerReceipt  # noqa: Y015

@@ -1,0 +1,624 @@
+"""Standard errors, 95 % intervals and warnings for CAPE's answers, from the known noise law.
+
+Every CAPE answer is a function of the aggregator's average ``a_hat = a + n`` of the sites'
+releases, where ``a`` is the pooled statistic (the sites' exact statistics averaged with Remark 3's
+weights) and ``n`` the noise left after the zero-sum shares cancel: Gaussian, independent across
+entries, of the standard deviation the public plan states (``CapeMeanPlan.aggregator_std``,
+``CapeFMPlan.aggregator_scales``; larger, and still Gaussian, when a site was lost at its release:
+:func:`dpmarket.common.cape.zero_sum.partial_average_variance`). So the noise's effect on an answer
+is known exactly, and computing it is post-processing of the release: no owner releases anything
+more, no privacy is spent.
+
+==========  ====================================================================================
+answer      interval (``level`` 0.95 by default) and what it covers
+==========  ====================================================================================
+mean        ``a_hat_d -+ z sigma``, ``sigma`` the plan's noise std (:func:`mean_estimates`). Exact:
+            the estimate is linear in the noise. Covers the mean of the pooled records *after each
+            owner clamped them into the public bounds*, with probability ``level`` over the noise.
+capeFM      Parametric bootstrap over the noise (:func:`capefm_estimates`): draw ``n*`` from the
+            known law, re-solve the fit from ``a_hat + n*``, map to the raw units, and take the
+            2.5 % and 97.5 % quantiles of the draws (the standard error is their standard
+            deviation). The re-solves use an eigenvalue floor of one noise standard deviation, not
+            the release's larger one (which shrinks the released value in a way no bootstrap sees;
+            :func:`capefm_estimates`, Notes). Covers the non-private fit of the same model on the
+            pooled, clamped records: ordinary least squares for ``linear``; for ``logistic`` the
+            minimizer of the second-order Taylor approximation of the logistic loss the functional
+            mechanism releases (Appendix H), not the maximum-likelihood fit.
+network     No interval (:func:`training_estimates`): the loss of the 2-layer network is not
+            convex, so the noise's effect on the weights cannot be propagated from what the
+            aggregator holds (re-running gradient descent needs the data). Every parameter is
+            flagged, with the one exact statement available: its noise standard deviation is at
+            least ``learning_rate x`` the last iteration's (that step's noise enters the final
+            parameters linearly and independently of everything before).
+==========  ====================================================================================
+
+None of these intervals includes sampling error of the data (the owners' records are the
+population they describe), nor the bias of clamping records into public bounds.
+
+Warnings (:class:`Flag`), per value:
+
+* ``sign_not_resolved`` (warning): the interval contains 0, so the noise alone could have given
+  the sign.
+* ``noise_dominates`` (warning): the standard error exceeds the value's magnitude.
+* ``outside_bounds`` (warning, mean): the value lies outside the column's bounds, where no mean of
+  clamped records can be: the noise moved it there.
+* ``shrunk`` (warning, capeFM): the release's eigenvalue floor raised eigenvalues of the released
+  Gram matrix (:func:`dpmarket.common.cape.functional_mechanism.fit_coefficients`): the value is
+  shrunk towards 0 along directions the noise hides, and may lie outside its interval (which is
+  built on the less regularized solve).
+* ``undetermined`` (unreliable, capeFM): an eigenvalue of the released Gram matrix lies within one
+  noise standard deviation of 0, so the data do not determine the fit along it: the interval then
+  covers the non-private fit only if that fit is small along it.
+* ``no_interval`` (unreliable, network): as above.
+
+A ``warning`` leaves the interval meaning what it says; an ``unreliable`` flag says it does not.
+
+References
+----------
+CAPE paper, Lemma 1 (the aggregator's noise), Algorithm 4 and Appendix H (capeFM); B. Efron and
+R. Tibshirani, *An Introduction to the Bootstrap* (1993), Chapter 13 (percentile and basic
+intervals).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.stats import norm
+
+from dpmarket.common.cape.capefm import CapeFMPlan
+from dpmarket.common.cape.functional_mechanism import FMRelease, fit_coefficients
+from dpmarket.common.cape.mean import CapeMeanPlan
+from dpmarket.common.validation import check_positive_int
+
+__all__ = [
+    "DEFAULT_LEVEL",
+    "Estimate",
+    "Flag",
+    "Severity",
+    "bootstrap_replicates",
+    "capefm_bootstrap",
+    "capefm_estimates",
+    "mean_estimates",
+    "noise_flags",
+    "training_estimates",
+]
+
+#: Nominal coverage of every interval.
+DEFAULT_LEVEL = 0.95
+#: Bootstrap draws for a small model; fewer for a large one (:func:`bootstrap_replicates`).
+MAX_REPLICATES = 1000
+#: The fewest draws a bootstrap takes, whatever the model's size.
+MIN_REPLICATES = 200
+#: Work budget of one bootstrap, in units of ``D^3`` (one eigendecomposition costs about that):
+#: 1000 draws up to ``D = 50``; 200 at ``D`` above 85 (a few seconds at ``D = 200``).
+BOOTSTRAP_WORK = 1.25e8
+#: The eigenvalue floor of the solve an interval is built on, in noise standard deviations of one
+#: entry of the aggregator's ``Lambda_2`` (:func:`capefm_estimates`, Notes).
+INTERVAL_FLOOR_SIGMAS = 1.0
+#: Entries of the ``(draws, D, D)`` arrays held at once by the bootstrap (32 MB of float64).
+_BATCH_ENTRIES = 4_000_000
+
+Severity = Literal["warning", "unreliable"]
+Method = Literal["basic", "percentile"]
+
+
+@dataclass(frozen=True)
+class Flag:
+    """Why a value needs care.
+
+    Attributes
+    ----------
+    code : str
+        ``"sign_not_resolved"``, ``"noise_dominates"``, ``"outside_bounds"``, ``"shrunk"`` or
+        ``"no_interval"`` (module docstring).
+    reason : str
+        One sentence with the numbers behind it.
+    severity : {"warning", "unreliable"}
+        ``"warning"``: the value is weak but its interval means what it says;
+        ``"unreliable"``: the interval does not cover what it states.
+    """
+
+    code: str
+    reason: str
+    severity: Severity = "warning"
+
+    def to_json(self) -> dict[str, str]:
+        """``{"code", "reason", "severity"}``."""
+        return {"code": self.code, "reason": self.reason, "severity": self.severity}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Flag:
+        """Inverse of :meth:`to_json`.
+
+        Raises
+        ------
+        ValueError
+            On a missing field or an unknown severity.
+        """
+        severity = data.get("severity", "warning")
+        if severity not in ("warning", "unreliable"):
+            raise ValueError(f"flag severity must be 'warning' or 'unreliable', got {severity!r}")
+        return cls(str(data["code"]), str(data["reason"]), severity)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One answer with its uncertainty.
+
+    Attributes
+    ----------
+    label : str
+        What the value is (a column, ``"(intercept)"``, a network parameter's name).
+    value : float
+        The released estimate, in the column's raw units.
+    standard_error : float or None
+        Standard deviation of the estimate due to the noise (``None``: not available).
+    low, high : float or None
+        The interval at ``level`` (``None``: not available).
+    level : float
+        Nominal coverage of ``[low, high]``.
+    method : str
+        How the interval was made.
+    covers : str
+        What the interval covers, with probability ``level`` over the noise.
+    flags : tuple of Flag
+    """
+
+    label: str
+    value: float
+    standard_error: float | None
+    low: float | None
+    high: float | None
+    level: float
+    method: str
+    covers: str
+    flags: tuple[Flag, ...] = ()
+
+    @property
+    def reliable(self) -> bool:
+        """Whether the interval means what it says (no ``unreliable`` flag, and there is one)."""
+        return self.low is not None and all(f.severity != "unreliable" for f in self.flags)
+
+    def contains(self, truth: float) -> bool:
+        """Whether ``low <= truth <= high`` (``False`` without an interval)."""
+        return self.low is not None and self.high is not None and self.low <= truth <= self.high
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"label", "value", "standard_error", "interval": [low, high] | None, "level",
+        "method", "covers", "flags": [{"code", "reason", "severity"}]}``."""
+        interval = None if self.low is None or self.high is None else [self.low, self.high]
+        return {
+            "label": self.label,
+            "value": self.value,
+            "standard_error": self.standard_error,
+            "interval": interval,
+            "level": self.level,
+            "method": self.method,
+            "covers": self.covers,
+            "flags": [f.to_json() for f in self.flags],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Estimate:
+        """Inverse of :meth:`to_json`.
+
+        Raises
+        ------
+        ValueError
+            On a missing field or an interval that is not a pair.
+        """
+        try:
+            interval = data["interval"]
+            if interval is not None and len(interval) != 2:
+                raise ValueError(f"an interval is [low, high], got {interval!r}")
+            se = data["standard_error"]
+            return cls(
+                label=str(data["label"]),
+                value=float(data["value"]),
+                standard_error=None if se is None else float(se),
+                low=None if interval is None else float(interval[0]),
+                high=None if interval is None else float(interval[1]),
+                level=float(data["level"]),
+                method=str(data["method"]),
+                covers=str(data["covers"]),
+                flags=tuple(Flag.from_json(f) for f in data["flags"]),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed estimate {data!r}: {exc}") from None
+
+
+def _z(level: float) -> float:
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    return float(norm.ppf(0.5 + level / 2.0))
+
+
+def noise_flags(value: float, standard_error: float, low: float, high: float) -> list[Flag]:
+    """The warnings of a value whose noise is known: ``sign_not_resolved`` when ``low <= 0 <=
+    high``, ``noise_dominates`` when ``standard_error > |value|``.
+
+    Parameters
+    ----------
+    value, standard_error, low, high : float
+        The estimate, its standard error and its interval.
+
+    Returns
+    -------
+    list of Flag
+        Both of severity ``"warning"``: the interval still means what it says.
+    """
+    out = []
+    if low <= 0.0 <= high:
+        out.append(
+            Flag(
+                "sign_not_resolved",
+                f"the interval [{low:.4g}, {high:.4g}] contains 0: the noise alone could give "
+                "this sign",
+            )
+        )
+    if standard_error > abs(value):
+        out.append(
+            Flag(
+                "noise_dominates",
+                f"the noise's standard error {standard_error:.4g} exceeds the value's magnitude "
+                f"{abs(value):.4g}",
+            )
+        )
+    return out
+
+
+#: What a mean's interval covers.
+MEAN_COVERS = (
+    "the mean of the pooled records after each owner clamped them into the public bounds (noise "
+    "only: no sampling error of the data)"
+)
+
+
+def mean_estimates(
+    plan: CapeMeanPlan,
+    estimate: ArrayLike,
+    labels: Sequence[str],
+    *,
+    released: Sequence[int] | None = None,
+    level: float = DEFAULT_LEVEL,
+) -> tuple[Estimate, ...]:
+    """Every column of a CAPE mean with its exact standard error and interval.
+
+    Parameters
+    ----------
+    plan : CapeMeanPlan
+        The plan the releases followed.
+    estimate : array-like of shape (D,)
+        The aggregator's average (:func:`dpmarket.common.cape.capefm.aggregate_releases`).
+    labels : sequence of str, length D
+        The columns.
+    released : sequence of int, optional
+        The sites that released, when some were lost after the noise round.
+    level : float
+        Nominal coverage.
+
+    Returns
+    -------
+    tuple of Estimate, one per column
+
+    Raises
+    ------
+    ValueError
+        If the lengths disagree or ``level`` is not in (0, 1).
+
+    Notes
+    -----
+    The estimate is ``pooled mean + n`` with ``n ~ N(0, sigma^2 I)`` and ``sigma =
+    plan.aggregator_std(released)`` (Lemma 1; ``F`` times the pooled mechanism's variance), so
+    ``estimate_d -+ z sigma`` covers the pooled mean of column ``d`` with probability exactly
+    ``level``; ``z = Phi^-1((1 + level) / 2)``.
+    """
+    v = np.asarray(estimate, dtype=np.float64)
+    if v.shape != (plan.dim,) or len(labels) != plan.dim:
+        raise ValueError(
+            f"estimate and labels must have length {plan.dim}, got {v.shape} and {len(labels)}"
+        )
+    z = _z(level)
+    sigma = plan.aggregator_std(released)
+    out = []
+    for d, label in enumerate(labels):
+        value = float(v[d])
+        low, high = value - z * sigma, value + z * sigma
+        flags = noise_flags(value, sigma, low, high)
+        lo_b, hi_b = float(plan.bounds[d, 0]), float(plan.bounds[d, 1])
+        if not lo_b <= value <= hi_b:
+            flags.append(
+                Flag(
+                    "outside_bounds",
+                    f"{value:.4g} lies outside the bounds [{lo_b:g}, {hi_b:g}], where no mean "
+                    "of clamped records can be: the noise moved it there",
+                )
+            )
+        out.append(
+            Estimate(
+                label=label,
+                value=value,
+                standard_error=sigma,
+                low=low,
+                high=high,
+                level=level,
+                method="analytic (Gaussian noise of known variance)",
+                covers=MEAN_COVERS,
+                flags=tuple(flags),
+            )
+        )
+    return tuple(out)
+
+
+def bootstrap_replicates(dim: int) -> int:
+    """Draws of a capeFM bootstrap for ``D`` coefficients: ``BOOTSTRAP_WORK / D^3`` between
+    :data:`MIN_REPLICATES` and :data:`MAX_REPLICATES`."""
+    d = check_positive_int(dim, "dim")
+    return int(min(MAX_REPLICATES, max(MIN_REPLICATES, BOOTSTRAP_WORK // d**3)))
+
+
+def capefm_bootstrap(
+    plan: CapeFMPlan,
+    fit: FMRelease,
+    rng: np.random.Generator,
+    replicates: int,
+    *,
+    released: Sequence[int] | None = None,
+) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """Re-solve a capeFM fit under fresh draws of its noise: the parametric bootstrap.
+
+    Parameters
+    ----------
+    plan : CapeFMPlan
+    fit : FMRelease
+        :func:`dpmarket.common.cape.capefm.fit_released` of the averaged releases: its noisy
+        (unsymmetrized) coefficients and floor.
+    rng : numpy.random.Generator
+        The bootstrap's draws (post-processing: they protect nothing, so a seeded generator
+        serves).
+    replicates : int
+        ``B``.
+    released : sequence of int, optional
+        The sites that released (the noise is then larger).
+
+    Returns
+    -------
+    weights : ndarray of shape (B, D), float64
+        The scaled-domain weights re-solved from ``Lambda_hat + n*_b``.
+    clipped : ndarray of shape (B,), int64
+        Eigenvalues each re-solve raised to the floor.
+
+    Notes
+    -----
+    ``n*_b`` has the law of the aggregator's noise: independent Gaussian entries of the plan's
+    per-order standard deviation, ``D`` for ``Lambda_1`` and ``D^2`` for the unsymmetrized
+    ``Lambda_2`` (order 0 does not move the minimizer). Each draw is solved as
+    :func:`dpmarket.common.cape.functional_mechanism.minimize_fm` solves the release: symmetrize,
+    raise the eigenvalues below the same floor to it, ``w = -(1/2) P^-1 lam1``.
+    """
+    b = check_positive_int(replicates, "replicates")
+    scales = plan.aggregator_scales(released)
+    d = plan.dim
+    lam1 = np.asarray(fit.coefficients.lam1, dtype=np.float64)
+    lam2 = np.asarray(fit.coefficients.lam2, dtype=np.float64)
+    weights = np.empty((b, d))
+    clipped = np.empty(b, dtype=np.int64)
+    batch = max(1, _BATCH_ENTRIES // (d * d))
+    for start in range(0, b, batch):
+        k = min(batch, b - start)
+        l1 = lam1 + rng.normal(0.0, scales[1], (k, d))
+        l2 = lam2 + rng.normal(0.0, scales[2], (k, d, d))
+        sym = 0.5 * (l2 + np.swapaxes(l2, 1, 2))
+        vals, vecs = np.linalg.eigh(sym)
+        clipped[start : start + k] = np.sum(vals < fit.floor, axis=1)
+        inv = 1.0 / np.maximum(vals, fit.floor)
+        proj = np.einsum("bji,bj->bi", vecs, l1) * inv
+        weights[start : start + k] = -0.5 * np.einsum("bij,bj->bi", vecs, proj)
+    return weights, clipped
+
+
+def capefm_estimates(
+    plan: CapeFMPlan,
+    fit: FMRelease,
+    labels: Sequence[str],
+    raw_map: tuple[ArrayLike, ArrayLike],
+    rng: np.random.Generator,
+    *,
+    task_covers: str,
+    released: Sequence[int] | None = None,
+    replicates: int | None = None,
+    level: float = DEFAULT_LEVEL,
+    method: Method = "percentile",
+    interval_floor: float | None = None,
+    values: ArrayLike | None = None,
+) -> tuple[Estimate, ...]:
+    """Every coefficient of a capeFM fit, in raw units, with a bootstrap standard error and
+    interval (:func:`capefm_bootstrap`).
+
+    Parameters
+    ----------
+    plan : CapeFMPlan
+    fit : FMRelease
+        The released fit.
+    labels : sequence of str, length K
+        What each raw coefficient is.
+    raw_map : (M, c)
+        ``M`` of shape (K, D) and ``c`` of shape (K,): the raw coefficients are ``M @ w + c``
+        (:meth:`dpmarket.common.cape.spec.CapeJobSpec.raw_map`; affine, so every draw maps
+        exactly).
+    rng : numpy.random.Generator
+    task_covers : str
+        What the non-private fit is, for :attr:`Estimate.covers`.
+    released : sequence of int, optional
+        The sites that released, when some were lost after the noise round.
+    replicates : int, optional
+        ``B``; default :func:`bootstrap_replicates` of ``D``.
+    level : float
+    method : {"percentile", "basic"}
+        ``"percentile"`` (default): the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of
+        the draws; ``"basic"``: those quantiles reflected around the solve, ``[2 v - q_hi, 2 v -
+        q_lo]`` (kept to measure against: it over-covers where the fit is skewed, e.g. 0.99 on
+        spam7, against 0.96 for the percentile interval; docs/results.md).
+    interval_floor : float, optional
+        The eigenvalue floor of the fit the interval is built on; default
+        :data:`INTERVAL_FLOOR_SIGMAS` times the aggregator's order-2 noise std.
+    values : array-like of shape (K,), optional
+        The released raw coefficients as the caller computed them (so that the estimates repeat
+        them bit for bit); default ``M @ fit.w + c``.
+
+    Returns
+    -------
+    tuple of Estimate, one per label
+
+    Raises
+    ------
+    ValueError
+        If the shapes disagree, or ``method`` or ``level`` is invalid.
+
+    Notes
+    -----
+    Which fit the interval is built on. The released fit raises every eigenvalue of the noisy
+    Gram matrix below ``2 sigma_2 sqrt(2 D)`` (the noise's spectral norm, doubled:
+    :func:`dpmarket.common.cape.functional_mechanism.default_floor`), which serves prediction
+    but shrinks the coefficients along those directions by an amount no bootstrap sees: every
+    re-solve is shrunk alike. One eigenvalue's noise is only ``sigma_2`` (``v^T E v`` for a unit
+    ``v``), so the interval is built on the same solve with the floor at ``INTERVAL_FLOOR_SIGMAS
+    sigma_2``: its bias is second order wherever an eigenvalue is resolved, and its bootstrap
+    spread is wide where one is not. The released value keeps the larger floor, so it may lie
+    outside its interval (flag ``shrunk``).
+    """
+    m = np.asarray(raw_map[0], dtype=np.float64)
+    c = np.asarray(raw_map[1], dtype=np.float64)
+    k = len(labels)
+    if m.shape != (k, plan.dim) or c.shape != (k,):
+        raise ValueError(
+            f"raw_map must be ({k}, {plan.dim}) and ({k},) for {k} labels, got {m.shape} and "
+            f"{c.shape}"
+        )
+    if method not in ("basic", "percentile"):
+        raise ValueError(f"method must be 'basic' or 'percentile', got {method!r}")
+    _z(level)
+    scales = plan.aggregator_scales(released)
+    floor = INTERVAL_FLOOR_SIGMAS * scales[2] if interval_floor is None else interval_floor
+    solve = fit_coefficients(fit.coefficients, noise_std2=scales[2], floor=floor, scales=scales)
+    b = bootstrap_replicates(plan.dim) if replicates is None else replicates
+    draws, _ = capefm_bootstrap(plan, solve, rng, b, released=released)
+    values = m @ fit.w + c if values is None else np.asarray(values, dtype=np.float64)
+    if values.shape != (k,):
+        raise ValueError(f"values must have shape ({k},), got {values.shape}")
+    centers = m @ solve.w + c
+    raw = draws @ m.T + c
+    alpha = (1.0 - level) / 2.0
+    q_lo, q_hi = np.quantile(raw, [alpha, 1.0 - alpha], axis=0)
+    if method == "basic":
+        lows, highs = 2.0 * centers - q_hi, 2.0 * centers - q_lo
+    else:
+        lows, highs = q_lo, q_hi
+    ses = raw.std(axis=0, ddof=1)
+    name = f"parametric bootstrap over the noise ({b} draws), {method} interval"
+    out = []
+    for j, label in enumerate(labels):
+        value, se = float(values[j]), float(ses[j])
+        low, high = float(lows[j]), float(highs[j])
+        flags = noise_flags(value, se, low, high)
+        if fit.clipped:
+            where = "" if low <= value <= high else "; it lies outside its interval"
+            flags.append(
+                Flag(
+                    "shrunk",
+                    f"the value is regularized: the noise floor {fit.floor:.3g} raised "
+                    f"{fit.clipped} of the {plan.dim} eigenvalues of the released Gram matrix, "
+                    f"shrinking it towards 0 along directions the noise hides{where}; the "
+                    "interval is built on the solve with a floor of one noise std",
+                )
+            )
+        if solve.clipped:
+            flags.append(
+                Flag(
+                    "undetermined",
+                    f"{solve.clipped} eigenvalue(s) of the released Gram matrix lie within one "
+                    "noise std of 0: the data do not determine the fit along them, and the "
+                    "interval holds only if the non-private fit is small there",
+                    "unreliable",
+                )
+            )
+        out.append(
+            Estimate(
+                label=label,
+                value=value,
+                standard_error=se,
+                low=low,
+                high=high,
+                level=level,
+                method=name,
+                covers=task_covers,
+                flags=tuple(flags),
+            )
+        )
+    return tuple(out)
+
+
+def training_estimates(
+    parameters: ArrayLike,
+    labels: Sequence[str],
+    learning_rate: float,
+    last_noise_std: float,
+) -> tuple[Estimate, ...]:
+    """Every parameter of a network trained by CAPE gradient descent, flagged ``no_interval``.
+
+    Parameters
+    ----------
+    parameters : array-like of shape (P,)
+    labels : sequence of str, length P
+    learning_rate : float
+        The step size.
+    last_noise_std : float
+        The noise standard deviation of the last iteration's averaged gradient.
+
+    Returns
+    -------
+    tuple of Estimate
+        ``standard_error``, ``low`` and ``high`` are ``None``.
+
+    Raises
+    ------
+    ValueError
+        If the lengths disagree.
+
+    Notes
+    -----
+    ``theta_T = theta_{T-1} - eta (g(theta_{T-1}) + n_{T-1})`` with ``n_{T-1}`` independent of
+    ``theta_{T-1}``: the final parameters' noise variance is at least ``eta^2 sigma_{T-1}^2`` per
+    coordinate. Nothing tighter can be said without the data (the network is not convex).
+    """
+    theta = np.asarray(parameters, dtype=np.float64)
+    if theta.ndim != 1 or len(labels) != theta.shape[0]:
+        raise ValueError(
+            f"parameters and labels must have one length, got {theta.shape} and {len(labels)}"
+        )
+    floor = learning_rate * last_noise_std
+    flag = Flag(
+        "no_interval",
+        "the network is not convex: the noise's effect on its weights cannot be computed "
+        f"from the release; each weight's noise std is at least {floor:.3g} (the last step's)",
+        "unreliable",
+    )
+    return tuple(
+        Estimate(
+            label=label,
+            value=float(theta[j]),
+            standard_error=None,
+            low=None,
+            high=None,
+            level=DEFAULT_LEVEL,
+            method="none",
+            covers="nothing",
+            flags=(flag,),
+        )
+        for j, label in enumerate(labels)
+    )

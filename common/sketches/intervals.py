@@ -1,0 +1,365 @@
+"""Intervals that cover the estimator's bias as well as the noise: the kernels behind ``explore``.
+
+A sketch answer is wrong for two reasons: the release's noise, and the estimator's bias (the
+binning of a histogram, M2M's linear fit and its shrinkage). A standard error covers the first
+only. Every interval built here is
+
+    [L_hat - q, U_hat + q]
+
+where ``[L, U]`` is a pair of functionals of the *noise-free* release between which the true
+answer lies whatever the records (a bound on the bias, derived per estimator below), ``L_hat`` and
+``U_hat`` the same functionals of the noisy release, and ``q`` the 95 % quantile of
+``max(L_hat - L, U - U_hat)`` over the release's noise, drawn from its public law (a parametric
+simulation: :func:`noise_replicates`). The interval then holds with probability at least 95 %
+over the noise for every data set, up to the simulation's plug-in (the replicates are centred on
+the noisy release, not the true one) and, for M2M, the design's estimate of a supremum
+(:func:`m2m_residual_range`).
+
+* :func:`count_estimate` combines the noisy count with every one-hot block's noisy total (each is
+  ``n`` plus independent noise): an inverse-variance average, 3-8 times less variable than the
+  count alone for the catalogue's HIST and RACE maps.
+* :func:`bin_ranges` gives, per histogram bin, the least, largest and average value of a target
+  function over the values the bin can hold: the histogram's bounds are then
+  ``sum_k p_k min_k g <= mean(g) <= sum_k p_k max_k g`` (the worst case over where the mass sits
+  in each bin).
+* :func:`m2m_residual_range` bounds M2M's bias: ``mean(f) - <a, z> - a0`` is the data's average
+  of the residual ``r = f - <a, Phi> - a0``, hence within ``[min r, max r]`` over the domain.
+* :func:`bounded_interval` turns bounds and replicates into the interval, the standard error of
+  the point estimate and the half-width of the bias bound.
+
+Pure numpy: the replicates' generator is the consumer's own (seeded), and only public values
+(the release, its noise scales, the map) enter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.feature_maps import HISTMap, OneHotFeatureMap
+from dpmarket.common.sketches.m2m import SyntheticDesign
+from dpmarket.common.sketches.sketch import PrivateSketch, SketchLike, SketchUnion
+
+__all__ = [
+    "COVERAGE",
+    "DEFAULT_REPLICATES",
+    "BinTarget",
+    "Bounded",
+    "bin_ranges",
+    "bounded_interval",
+    "count_estimate",
+    "m2m_residual_range",
+    "noise_replicates",
+    "release_totals",
+]
+
+#: Nominal coverage of every interval.
+COVERAGE = 0.95
+#: Noise replicates behind each interval's quantile (the quantile's own Monte Carlo error is
+#: about 0.007 in coverage at 1,000).
+DEFAULT_REPLICATES = 1000
+
+Array = NDArray[np.float64]
+
+
+def _parts(sketch: SketchLike) -> tuple[PrivateSketch, ...]:
+    if isinstance(sketch, SketchUnion):
+        return sketch.parts
+    assert isinstance(sketch, PrivateSketch)
+    return (sketch,)
+
+
+def release_totals(sketch: SketchLike) -> tuple[Array, Array]:
+    """The release's noisy sum, shape (1, m), and noisy count, shape (1,) (a union's add its
+    parts')."""
+    parts = _parts(sketch)
+    total = np.sum([p.noisy_sum for p in parts], axis=0)[None, :]
+    return total, np.array([math.fsum(p.noisy_count for p in parts)])
+
+
+def noise_replicates(
+    sketch: SketchLike, replicates: int, rng: np.random.Generator
+) -> tuple[Array, Array]:
+    """The release with ``replicates`` fresh draws of its own noise added.
+
+    Parameters
+    ----------
+    sketch : PrivateSketch or SketchUnion
+        Each part's noise is drawn from its own mechanism (Laplace or Gaussian) at its own
+        public scales; a union's replicate adds its parts'.
+    replicates : int
+        ``R >= 2``.
+    rng : numpy.random.Generator
+        The consumer's own randomness.
+
+    Returns
+    -------
+    sums : ndarray of shape (R, m)
+        ``noisy_sum + xi*``.
+    counts : ndarray of shape (R,)
+        ``noisy_count + zeta*``.
+
+    Notes
+    -----
+    The law of ``noisy_release* - noisy_release`` is the law of ``noisy_release - release``
+    exactly (the noise is additive and independent of the data), so any functional linear in
+    the release has, across replicates, exactly the noise distribution of its estimate; for a
+    ratio (a sum over a noisy count) the replicates are the usual plug-in approximation.
+    """
+    parts = _parts(sketch)
+    m = parts[0].noisy_sum.shape[0]
+    xi = np.zeros((replicates, m))
+    zeta = np.zeros(replicates)
+    for part in parts:
+        mech = part.mechanism
+        assert mech.sum_scale is not None and mech.count_scale is not None
+        if mech.mechanism == "laplace":
+            xi += rng.laplace(0.0, mech.sum_scale, (replicates, m))
+            zeta += rng.laplace(0.0, mech.count_scale, replicates)
+        elif mech.mechanism == "gaussian":
+            xi += rng.normal(0.0, mech.sum_scale, (replicates, m))
+            zeta += rng.normal(0.0, mech.count_scale, replicates)
+    total = np.sum([p.noisy_sum for p in parts], axis=0)
+    count = math.fsum(p.noisy_count for p in parts)
+    return total[None, :] + xi, count + zeta
+
+
+def count_estimate(sketch: SketchLike, sums: Array, counts: Array) -> tuple[Array, float]:
+    """The record count from the noisy count and every one-hot block's noisy total.
+
+    Parameters
+    ----------
+    sketch : PrivateSketch or SketchUnion
+        For its map and noise variances.
+    sums : ndarray of shape (R, m)
+    counts : ndarray of shape (R,)
+
+    Returns
+    -------
+    n_hat : ndarray of shape (R,)
+        Floored at 1 (the least count a release can have).
+    variance : float
+        The variance of ``n_hat`` before the floor.
+
+    Notes
+    -----
+    Every record has exactly one 1 in each block of a one-hot map (HIST: a column; RACE: a
+    hash), so each block's noisy total is ``n`` plus the sum of its ``B`` coordinates' noise, of
+    variance ``B sigma_xi^2``, independent of the count's noise ``sigma_zeta^2`` and of the other
+    blocks'. The inverse-variance average of these unbiased estimates is unbiased with variance
+    ``1 / (1/sigma_zeta^2 + sum_b 1/(B_b sigma_xi^2))``. An RFF map has no such blocks: the
+    noisy count alone. This is post-processing of the release.
+    """
+    var_count = float(sketch.count_noise_variance)
+    var_sum = float(sketch.sum_noise_variance)
+    fmap = sketch.feature_map
+    if not isinstance(fmap, OneHotFeatureMap) or var_sum == 0.0 or var_count == 0.0:
+        return np.maximum(counts, 1.0), var_count
+    sizes = fmap.block_sizes
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    totals = np.add.reduceat(sums, offsets[:-1], axis=1)  # (R, blocks)
+    w_blocks = 1.0 / (sizes * var_sum)
+    w_count = 1.0 / var_count
+    norm = w_count + w_blocks.sum()
+    n_hat = (w_count * counts + totals @ w_blocks) / norm
+    return np.maximum(n_hat, 1.0), 1.0 / norm
+
+
+@dataclass(frozen=True)
+class BinTarget:
+    """A function of one column whose range over a histogram bin is known in closed form.
+
+    Attributes
+    ----------
+    kind : {"power", "centered2", "indicator"}
+        ``"power"``: ``x ** order``; ``"centered2"``: ``(x - center) ** 2``; ``"indicator"``:
+        ``1{low <= x <= high}``.
+    order : int
+        For ``"power"``: 1 or 2.
+    center : float
+    low, high : float
+        For ``"indicator"`` (``-inf`` / ``inf`` open a side).
+    """
+
+    kind: str
+    order: int = 1
+    center: float = 0.0
+    low: float = -math.inf
+    high: float = math.inf
+
+    def values(self, x: Array) -> Array:
+        """The function at values ``x`` (any shape)."""
+        if self.kind == "power":
+            return np.asarray(x, dtype=np.float64) ** self.order
+        if self.kind == "centered2":
+            return (np.asarray(x, dtype=np.float64) - self.center) ** 2
+        return ((x >= self.low) & (x <= self.high)).astype(np.float64)
+
+    def on_interval(self, a: float, b: float, closed: bool) -> tuple[float, float, float]:
+        """``(min, max, average)`` over ``[a, b)`` (``[a, b]`` when ``closed``), the average
+        under the uniform distribution."""
+        if self.kind == "power" and self.order == 1:
+            return a, b, (a + b) / 2.0
+        if self.kind in ("power", "centered2"):
+            c = self.center if self.kind == "centered2" else 0.0
+            lo = 0.0 if a <= c <= b else min((a - c) ** 2, (b - c) ** 2)
+            hi = max((a - c) ** 2, (b - c) ** 2)
+            u, v = a - c, b - c
+            return lo, hi, (u * u + u * v + v * v) / 3.0
+        contained = self.low <= a and self.high >= b
+        touches = self.high >= a and (self.low <= b if closed else self.low < b)
+        overlap = max(0.0, min(b, self.high) - max(a, self.low))
+        return float(contained), float(touches), overlap / (b - a)
+
+
+def bin_ranges(
+    fmap: HISTMap, domain: Domain, column: int, target: BinTarget
+) -> tuple[Array, Array, Array]:
+    """Least, largest and average value of ``target`` over what each bin of a column can hold.
+
+    Parameters
+    ----------
+    fmap : HISTMap
+    domain : Domain
+        A discrete column's bins hold its levels only (an empty bin gets 0, 0, 0: its true mass
+        is 0, so its coefficient only weighs noise); a continuous column's bin ``k`` holds
+        ``[e_k, e_{k+1})``, the last one ``[e_{B-1}, e_B]``, clipped to the domain's bounds.
+    column : int
+    target : BinTarget
+
+    Returns
+    -------
+    low, high, mid : ndarray of shape (n_bins[column],)
+        The average is over the bin's levels (discrete) or uniform over its interval.
+    """
+    edges = fmap.bin_edges(column)
+    bins = int(fmap.n_bins[column])
+    low = np.zeros(bins)
+    high = np.zeros(bins)
+    mid = np.zeros(bins)
+    levels = domain.level_values(column)
+    if levels is not None:
+        point = np.zeros((levels.shape[0], domain.n_attributes))
+        point[:, column] = levels
+        point = np.clip(point, fmap.low, fmap.high)
+        which = fmap.bucket_indices(point)[:, column] - int(fmap.n_bins[:column].sum())
+        vals = target.values(levels)
+        for k in range(bins):
+            here = vals[which == k]
+            if here.size:
+                low[k], high[k], mid[k] = here.min(), here.max(), here.mean()
+        return low, high, mid
+    lo_d, hi_d = float(domain.low[column]), float(domain.high[column])
+    for k in range(bins):
+        a, b = max(float(edges[k]), lo_d), min(float(edges[k + 1]), hi_d)
+        if a > b:
+            continue
+        low[k], high[k], mid[k] = target.on_interval(a, b, closed=k == bins - 1)
+    return low, high, mid
+
+
+def m2m_residual_range(
+    design: SyntheticDesign, values: Array, a: Array, a0: Array
+) -> tuple[Array, Array]:
+    """Range of M2M's residual ``r = f - <a, Phi> - a0`` over the design's points.
+
+    Parameters
+    ----------
+    design : SyntheticDesign
+    values : ndarray of shape (n_s, k)
+        ``f`` at the design's points.
+    a : ndarray of shape (m, k)
+    a0 : ndarray of shape (k,)
+
+    Returns
+    -------
+    low, high : ndarray of shape (k,)
+        ``min r`` and ``max r``.
+
+    Notes
+    -----
+    The noise-free estimate is ``<a, z> + a0 = mean_i(f(x_i)) - mean_i(r(x_i))``, so the
+    truth lies in ``[estimate + min r, estimate + max r]`` with the extremes taken over the
+    domain, wherever the records sit (the bias of the linear fit and of its shrinkage both live
+    in ``r``). The design's ``n_s`` points stand for the domain: an estimate of the supremum
+    (exact for a function of one-hot buckets that every bucket's points reach), reported as such.
+    """
+    fitted = np.asarray(design.matrix @ a, dtype=np.float64) + a0[None, :]
+    r = values - fitted
+    return r.min(axis=0), r.max(axis=0)
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """A value with a 95 % interval that includes a bound on its estimator's bias.
+
+    Attributes
+    ----------
+    value : ndarray of shape (k,)
+        The point estimate.
+    low, high : ndarray of shape (k,)
+        The interval ``[L_hat - q, U_hat + q]`` (module docstring).
+    se : ndarray of shape (k,)
+        Standard deviation of the point estimate over the noise replicates.
+    bias : ndarray of shape (k,)
+        ``(U_hat - L_hat) / 2``: the half-width of the bias bound alone.
+    noise : ndarray of shape (k,)
+        ``q``, the noise's share of the half-width.
+    """
+
+    value: Array
+    low: Array
+    high: Array
+    se: Array
+    bias: Array
+    noise: Array
+
+
+def bounded_interval(
+    estimate: Callable[[Array, Array], tuple[Array, Array, Array]],
+    sketch: SketchLike,
+    rng: np.random.Generator,
+    *,
+    replicates: int = DEFAULT_REPLICATES,
+    coverage: float = COVERAGE,
+) -> Bounded:
+    """The interval of a bounded estimator (module docstring).
+
+    Parameters
+    ----------
+    estimate : callable
+        ``estimate(sums, n_hat) -> (point, low, high)``, with ``sums`` of shape (R, m) and
+        ``n_hat`` of shape (R,) (:func:`count_estimate`), each output of shape (R, k): the point
+        estimate and the bounds ``L``, ``U`` of the quantity computed from that release.
+    sketch : PrivateSketch or SketchUnion
+    rng : numpy.random.Generator
+        Draws the noise replicates.
+    replicates : int
+    coverage : float
+        Nominal coverage, in (0, 1).
+
+    Returns
+    -------
+    Bounded
+    """
+    total, count = release_totals(sketch)
+    n0, _ = count_estimate(sketch, total, count)
+    point, low, high = (np.asarray(v, dtype=np.float64)[0] for v in estimate(total, n0))
+    sums, counts = noise_replicates(sketch, replicates, rng)
+    n_star, _ = count_estimate(sketch, sums, counts)
+    p_star, l_star, h_star = (np.asarray(v, dtype=np.float64) for v in estimate(sums, n_star))
+    excess = np.maximum(l_star - low[None, :], high[None, :] - h_star)
+    q = np.maximum(np.quantile(excess, coverage, axis=0), 0.0)
+    return Bounded(
+        value=point,
+        low=low - q,
+        high=high + q,
+        se=p_star.std(axis=0, ddof=1),
+        bias=(high - low) / 2.0,
+        noise=q,
+    )

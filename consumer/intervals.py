@@ -1,0 +1,405 @@
+"""Query-level intervals of ``explore`` that include a bound on the estimator's bias.
+
+:class:`dpmarket.consumer.explore.Explorer` answers through here every query whose bias can be
+bounded from the release and the public map; the kernels (noise replicates, bin ranges, M2M's
+residual range, the interval itself) are :mod:`dpmarket.common.sketches.intervals`. Per sketch
+kind and query kind, the point estimate and the bounds ``[L, U]`` that hold for every data set
+(before the noise, which :func:`~dpmarket.common.sketches.intervals.bounded_interval` adds):
+
+HIST (read from the bins directly: ``p_k`` = bin ``k``'s noisy count over the combined count
+estimate, :func:`~dpmarket.common.sketches.intervals.count_estimate`)
+    *mean, moment2, cdf, one-column count*: ``g`` averaged over the data lies between
+    ``sum_k p_k min_{bin k} g`` and ``sum_k p_k max_{bin k} g`` (worst case over where the mass
+    sits in each bin; a discrete column's bins hold its levels only, so a binary column's mean is
+    exact up to the noise); the point estimate takes ``g``'s average in each bin.
+    *count over several columns*: the Fréchet bounds of a conjunction from each column's bounds,
+    ``max(0, sum_j L_j - (k - 1)) <= P <= min_j U_j`` (they hold whatever the joint, which one
+    histogram per column does not identify); the point estimate is the product (independence).
+    *variance*: ``var = E(x - c)^2 - (E x - c)^2`` for the point estimate ``c`` of the mean: the
+    first term bounded bin by bin, the second over the mean's bounds.
+    *covariance of two columns*: not identified; ``|cov| <= sd_a sd_b`` (Cauchy-Schwarz) with
+    each standard deviation at its variance's upper bound; point estimate 0 (independence).
+RFF and RACE (M2M with an unpenalized intercept; the ridge parameter per value from the rule's
+value times 10^-3 .. 10, the one giving the narrowest expected interval)
+    *mean, moment2, cdf, count*: ``[estimate + min r, estimate + max r]``, ``r`` M2M's residual
+    over the design (:func:`~dpmarket.common.sketches.intervals.m2m_residual_range`), which
+    holds the fit's approximation error and its shrinkage.
+    *covariance*: ``E(x_a - c_a)(x_b - c_b) - (E x_a - c_a)(E x_b - c_b)`` with both terms
+    bounded that way (interval arithmetic for the product).
+Logistic regressions (every kind): no bound on the bias; the interval is the noise's
+(bootstrap) and the value is flagged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.feature_maps import HISTMap
+from dpmarket.common.sketches.intervals import (
+    BinTarget,
+    Bounded,
+    bin_ranges,
+    bounded_interval,
+    count_estimate,
+    m2m_residual_range,
+    release_totals,
+)
+from dpmarket.common.sketches.m2m import SyntheticDesign, regularization
+from dpmarket.common.sketches.sketch import SketchLike
+
+__all__ = [
+    "LAMBDA_FACTORS",
+    "hist_bounded",
+    "m2m_bounded",
+]
+
+Array = NDArray[np.float64]
+#: Multiples of the lambda rule's value tried per value (the narrowest expected interval wins).
+LAMBDA_FACTORS = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
+_Z = 1.959963984540054
+#: (point, low, high), each of shape (R, k).
+Triple = tuple[Array, Array, Array]
+
+
+def _hist_offsets(fmap: HISTMap) -> NDArray[np.int64]:
+    return np.concatenate([[0], np.cumsum(fmap.n_bins)]).astype(np.int64)
+
+
+class _HistColumns:
+    """Per-column bounded functionals of a HIST release."""
+
+    def __init__(self, fmap: HISTMap, domain: Domain) -> None:
+        self.fmap = fmap
+        self.domain = domain
+        self.offsets = _hist_offsets(fmap)
+
+    def functional(self, column: int, target: BinTarget) -> Callable[[Array, Array], Triple]:
+        low, high, mid = bin_ranges(self.fmap, self.domain, column, target)
+        a, b = int(self.offsets[column]), int(self.offsets[column + 1])
+        # The bins' true masses add up to 1 exactly, so sum_k p_k g_k = c + sum_k p_k (g_k - c)
+        # for any constant c: centring on the middle of g's range keeps the noise of the
+        # masses' sum from multiplying g's offset (a year near 2006 would otherwise carry
+        # 2006 times the count's relative error).
+        c = (float(low.min()) + float(high.max())) / 2.0
+        low, high, mid = low - c, high - c, mid - c
+
+        def f(sums: Array, n_hat: Array) -> Triple:
+            p = sums[:, a:b] / n_hat[:, None]
+            return c + p @ mid, c + p @ low, c + p @ high
+
+        return f
+
+
+def _variance(cols: _HistColumns, column: int, center: float) -> Callable[[Array, Array], Triple]:
+    """The variance's bounds (module docstring) for a fixed ``center``."""
+    second = cols.functional(column, BinTarget("centered2", center=center))
+    first = cols.functional(column, BinTarget("power", order=1))
+    cap = cols.domain.width()[column] ** 2 / 4.0
+
+    def f(sums: Array, n_hat: Array) -> Triple:
+        bp, bl, bh = second(sums, n_hat)
+        mp, ml, mh = first(sums, n_hat)
+        far = np.maximum((ml - center) ** 2, (mh - center) ** 2)
+        near = np.where(
+            (ml <= center) & (center <= mh), 0.0, np.minimum((ml - center) ** 2, (mh - center) ** 2)
+        )
+        return bp - (mp - center) ** 2, np.maximum(bl - far, 0.0), np.minimum(bh - near, cap)
+
+    return f
+
+
+def hist_bounded(
+    kind: str,
+    fmap: HISTMap,
+    domain: Domain,
+    sketch: SketchLike,
+    rng: np.random.Generator,
+    *,
+    columns: NDArray[np.int64] | None = None,
+    thresholds: Array | None = None,
+    predicates: dict[int, tuple[float, float]] | None = None,
+    replicates: int | None = None,
+) -> Bounded:
+    """Bounded answers of a HIST release (module docstring).
+
+    Parameters
+    ----------
+    kind : {"mean", "moment2", "cdf", "count", "covariance"}
+    fmap : HISTMap
+    domain : Domain
+    sketch : PrivateSketch or SketchUnion
+        Made under ``fmap``.
+    rng : numpy.random.Generator
+        The noise replicates' generator.
+    columns : ndarray of int
+        ``mean``, ``moment2``, ``cdf``, ``covariance``: the columns, in the query's order.
+    thresholds : ndarray of shape (len(columns), q)
+        ``cdf``: the points per column.
+    predicates : dict of column -> (low, high)
+        ``count``: one (intersected) range per column.
+    replicates : int, optional
+        Noise replicates (default :data:`~dpmarket.common.sketches.intervals.DEFAULT_REPLICATES`).
+
+    Returns
+    -------
+    Bounded
+        Values in the order :func:`dpmarket.consumer.explore._labels` lists them.
+    """
+    cols = _HistColumns(fmap, domain)
+    parts: list[Callable[[Array, Array], Triple]]
+    if kind in ("mean", "moment2"):
+        assert columns is not None
+        order = 1 if kind == "mean" else 2
+        parts = [cols.functional(int(j), BinTarget("power", order=order)) for j in columns]
+        estimate = _stack(parts)
+    elif kind == "cdf":
+        assert columns is not None and thresholds is not None
+        parts = [
+            cols.functional(int(j), BinTarget("indicator", high=float(t)))
+            for j, row in zip(columns, thresholds, strict=True)
+            for t in row
+        ]
+        estimate = _stack(parts)
+    elif kind == "count":
+        assert predicates
+        parts = [
+            cols.functional(j, BinTarget("indicator", low=lo, high=hi))
+            for j, (lo, hi) in sorted(predicates.items())
+        ]
+        estimate = _frechet(parts)
+    elif kind == "covariance":
+        assert columns is not None
+        estimate = _hist_covariance(cols, columns, sketch)
+    else:
+        raise ValueError(f"HIST bounds answer mean, moment2, cdf, count, covariance; got {kind!r}")
+    kwargs = {} if replicates is None else {"replicates": replicates}
+    return bounded_interval(estimate, sketch, rng, **kwargs)
+
+
+def _stack(parts: list[Callable[[Array, Array], Triple]]) -> Callable[[Array, Array], Triple]:
+    def f(sums: Array, n_hat: Array) -> Triple:
+        out = [part(sums, n_hat) for part in parts]
+        return (
+            np.column_stack([o[0] for o in out]),
+            np.column_stack([o[1] for o in out]),
+            np.column_stack([o[2] for o in out]),
+        )
+
+    return f
+
+
+def _frechet(parts: list[Callable[[Array, Array], Triple]]) -> Callable[[Array, Array], Triple]:
+    """A conjunction's Fréchet bounds from its columns' bounds; point: independence."""
+
+    def f(sums: Array, n_hat: Array) -> Triple:
+        out = [part(sums, n_hat) for part in parts]
+        k = len(out)
+        point = np.prod([np.clip(o[0], 0.0, 1.0) for o in out], axis=0)
+        low = np.maximum(np.sum([o[1] for o in out], axis=0) - (k - 1), 0.0)
+        high = np.min([o[2] for o in out], axis=0)
+        if k == 1:
+            point, low, high = out[0]
+        return point[:, None], low[:, None], high[:, None]
+
+    return f
+
+
+def _hist_point_means(
+    cols: _HistColumns, columns: NDArray[np.int64], sketch: SketchLike
+) -> NDArray[np.float64]:
+    total, count = release_totals(sketch)
+    n0, _ = count_estimate(sketch, total, count)
+    means = []
+    for j in columns:
+        p, _, _ = cols.functional(int(j), BinTarget("power", order=1))(total, n0)
+        lo, hi = float(cols.domain.low[j]), float(cols.domain.high[j])
+        means.append(float(np.clip(p[0], lo, hi)))
+    return np.array(means)
+
+
+def _hist_covariance(
+    cols: _HistColumns, columns: NDArray[np.int64], sketch: SketchLike
+) -> Callable[[Array, Array], Triple]:
+    centers = _hist_point_means(cols, columns, sketch)
+    variances = [_variance(cols, int(j), float(c)) for j, c in zip(columns, centers, strict=True)]
+    rows, cols_ = np.triu_indices(columns.size)
+
+    def f(sums: Array, n_hat: Array) -> Triple:
+        var = [v(sums, n_hat) for v in variances]
+        point, low, high = [], [], []
+        for a, b in zip(rows, cols_, strict=True):
+            if a == b:
+                point.append(var[a][0])
+                low.append(var[a][1])
+                high.append(var[a][2])
+            else:
+                bound = np.sqrt(np.maximum(var[a][2], 0.0) * np.maximum(var[b][2], 0.0))
+                point.append(np.zeros_like(bound))
+                low.append(-bound)
+                high.append(bound)
+        return np.column_stack(point), np.column_stack(low), np.column_stack(high)
+
+    return f
+
+
+# ----------------------------------------------------------------------------------- M2M
+class _M2MLinear:
+    """M2M coefficients and residual range of linear targets, the ridge parameter chosen per
+    target among ``rule x LAMBDA_FACTORS`` by the expected half-width."""
+
+    def __init__(
+        self,
+        design: SyntheticDesign,
+        sketch: SketchLike,
+        values: Array,
+        *,
+        lambda_rule: str | float,
+        intercept: bool,
+    ) -> None:
+        k = values.shape[1]
+        tm = design.target_moments(values)
+        n_hat, _ = count_estimate(
+            sketch,
+            *release_totals(sketch),
+        )
+        n = float(n_hat[0])
+        var_sum = float(sketch.sum_noise_variance)
+        if isinstance(lambda_rule, str):
+            base = regularization(sketch, lambda_rule)  # type: ignore[arg-type]
+            grid = [base * f for f in LAMBDA_FACTORS]
+        else:
+            grid = [float(lambda_rule)]
+        best = np.full(k, np.inf)
+        self.a = np.zeros((design.dimension, k))
+        self.a0 = np.zeros(k)
+        self.r_low = np.zeros(k)
+        self.r_high = np.zeros(k)
+        self.lam = np.zeros(k)
+        for lam in grid:
+            try:
+                a, a0 = design.coefficients(tm, lam, intercept=intercept)
+            except ValueError:  # not positive definite at this lambda
+                continue
+            lo, hi = m2m_residual_range(design, values, a, a0)
+            width = (hi - lo) / 2.0 + _Z * np.sqrt(var_sum * (a * a).sum(axis=0)) / n
+            better = width < best
+            best = np.where(better, width, best)
+            self.a[:, better] = a[:, better]
+            self.a0[better] = a0[better]
+            self.r_low[better] = lo[better]
+            self.r_high[better] = hi[better]
+            self.lam[better] = lam
+
+    def __call__(self, sums: Array, n_hat: Array) -> Triple:
+        point = sums @ self.a / n_hat[:, None] + self.a0[None, :]
+        return point, point + self.r_low[None, :], point + self.r_high[None, :]
+
+
+def m2m_bounded(
+    kind: str,
+    design: SyntheticDesign,
+    sketch: SketchLike,
+    rng: np.random.Generator,
+    *,
+    values: Array | None = None,
+    columns: NDArray[np.int64] | None = None,
+    lambda_rule: str | float = "theorem",
+    intercept: bool = True,
+    replicates: int | None = None,
+) -> tuple[Bounded, Array]:
+    """Bounded M2M answers of an RFF or RACE release (module docstring).
+
+    Parameters
+    ----------
+    kind : {"linear", "covariance"}
+        ``linear``: the targets' ``values`` at the design's points, shape (n_s, k) (mean,
+        moment2, cdf, count); ``covariance``: the ``columns`` (upper triangle in
+        ``numpy.triu_indices`` order).
+    design : SyntheticDesign
+    sketch : PrivateSketch or SketchUnion
+    rng : numpy.random.Generator
+    lambda_rule : {"theorem", "paper"} or float
+        A rule's value is scaled by :data:`LAMBDA_FACTORS`; a float is used as is.
+    intercept : bool
+    replicates : int, optional
+
+    Returns
+    -------
+    (Bounded, ndarray)
+        The answers and the ridge parameter of each.
+    """
+    kwargs = {} if replicates is None else {"replicates": replicates}
+    if kind == "linear":
+        assert values is not None
+        fit = _M2MLinear(design, sketch, values, lambda_rule=lambda_rule, intercept=intercept)
+        return bounded_interval(fit, sketch, rng, **kwargs), fit.lam
+    assert columns is not None
+    points = design.points
+    means = _M2MLinear(
+        design, sketch, points[:, columns], lambda_rule=lambda_rule, intercept=intercept
+    )
+    total, count = release_totals(sketch)
+    n0, _ = count_estimate(sketch, total, count)
+    centers = means(total, n0)[0][0]
+    rows, cols = np.triu_indices(columns.size)
+    centred = points[:, columns] - centers[None, :]
+    products = _M2MLinear(
+        design,
+        sketch,
+        centred[:, rows] * centred[:, cols],
+        lambda_rule=lambda_rule,
+        intercept=intercept,
+    )
+
+    def estimate(sums: Array, n_hat: Array) -> Triple:
+        mp, ml, mh = means(sums, n_hat)
+        bp, bl, bh = products(sums, n_hat)
+        dl, dh = ml - centers[None, :], mh - centers[None, :]
+        dp = mp - centers[None, :]
+        corners = np.stack(
+            [
+                dl[:, rows] * dl[:, cols],
+                dl[:, rows] * dh[:, cols],
+                dh[:, rows] * dl[:, cols],
+                dh[:, rows] * dh[:, cols],
+            ]
+        )
+        pmin, pmax = corners.min(axis=0), corners.max(axis=0)
+        diagonal = rows == cols
+        straddles = (dl <= 0.0) & (dh >= 0.0)
+        pmin[:, diagonal] = np.where(straddles, 0.0, np.minimum(dl**2, dh**2))
+        return bp - dp[:, rows] * dp[:, cols], bl - pmax, bh - pmin
+
+    lam = np.maximum(means.lam[rows], products.lam)
+    return bounded_interval(estimate, sketch, rng, **kwargs), lam
+
+
+def interval_basis(kind: str, query_kind: str, n_columns: int) -> str:
+    """One line saying how a value's interval was built and what it covers."""
+    if query_kind == "logreg":
+        return "noise only (bootstrap over the release's noise): the fit's bias is not bounded"
+    if kind == "hist":
+        if query_kind == "count" and n_columns > 1:
+            return (
+                "Fréchet bounds of the conjunction from each column's histogram (they hold "
+                "whatever the joint), widened by the noise; the value assumes independence"
+            )
+        if query_kind == "covariance" and n_columns > 1:
+            return (
+                "|cov| <= sd_a sd_b (Cauchy-Schwarz): one histogram per column does not "
+                "identify a relation between columns; the value assumes independence"
+            )
+        return "every bin's mass anywhere in its bin (binning bound), widened by the noise"
+    return "M2M's residual range over the design (its fit and shrinkage), widened by the noise"
+
+
+def finite_or_nan(values: Array) -> Array:
+    """``values`` with infinities replaced by NaN (for JSON)."""
+    out = np.asarray(values, dtype=np.float64).copy()
+    out[~np.isfinite(out)] = math.nan
+    return out

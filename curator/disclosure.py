@@ -1,0 +1,160 @@
+"""What of an owner's failure the curator tells a consumer.
+
+The curator is the party an owner serves, so what an owner answers it may say more than a
+consumer may read: a budget refusal states what the owner's budget has spent and has left
+(:class:`~dpmarket.common.errors.BudgetRefusedError`), and a channel that failed carries the owner's
+address in gRPC's own text. Whatever the curator passes on to a consumer about an owner — an
+error status, a ``WatchSession`` message, the reasons in a report — names the owner (owner names
+are public within a deployment) and states its failure by one of the fixed texts below, chosen by
+the outcome's kind alone; only where the owner's own text is public by construction (a refusal
+of the request's parameters or of a step, which an owner decides on public inputs alone: the
+request and its public declarations) is that text passed on, without the owner's address. The
+curator's log keeps the whole text for its operator.
+
+Texts by outcome
+----------------
+===========================================  =============================================
+outcome                                      what a consumer reads
+===========================================  =============================================
+budget refusal (the owner's ledger)          :data:`BUDGET_REFUSED`
+unreachable, no answer                       :data:`UNREACHABLE`
+the curator's own deadline passed            its own text (:class:`NoAnswerError`)
+the curator's identity refused               :data:`REFUSED_CURATOR`
+INTERNAL, UNKNOWN, any other failure         :data:`FAILED`
+INVALID_ARGUMENT, FAILED_PRECONDITION,       the owner's own text (public inputs only)
+NOT_FOUND, ALREADY_EXISTS,
+RESOURCE_EXHAUSTED, ABORTED
+===========================================  =============================================
+"""
+
+from __future__ import annotations
+
+import logging
+
+from dpmarket.common.errors import (
+    AbortedError,
+    AlreadyExistsError,
+    BudgetRefusedError,
+    DPMarketError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnauthenticatedError,
+    UnavailableError,
+)
+
+__all__ = [
+    "BUDGET_REFUSED",
+    "FAILED",
+    "REFUSED_CURATOR",
+    "UNREACHABLE",
+    "NoAnswerError",
+    "public_error",
+    "public_text",
+]
+
+logger = logging.getLogger(__name__)
+
+#: An owner's ledger refused the step: its budget, a per-session limit or its refusal of
+#: non-private terms. The figures stay between the owner and the curator.
+BUDGET_REFUSED = "its privacy budget does not allow this session (budget refused)"
+#: The owner did not answer: nothing listening, the connection lost, gRPC's deadline passed.
+UNREACHABLE = "unreachable (no answer)"
+#: The owner refused the curator's identity.
+REFUSED_CURATOR = "refused this curator's identity"
+#: Any other failure: an internal error of the owner, a status gRPC made up.
+FAILED = "failed (its operator's log says why)"
+
+#: Outcomes whose text an owner decides on public inputs alone (the request, its declared
+#: schema, row count, feature count, 0/1 columns and policy limits): passed on as the owner
+#: wrote it. A budget refusal is a FailedPreconditionError too, and is matched first.
+_PUBLIC_TEXT = (
+    InvalidArgumentError,
+    FailedPreconditionError,
+    NotFoundError,
+    AlreadyExistsError,
+    ResourceExhaustedError,
+)
+
+
+class NoAnswerError(UnavailableError):
+    """The curator stopped waiting for an owner's answer (``UNAVAILABLE``): the message states
+    the curator's own deadline and what it saw of the owner's progress, both public."""
+
+
+def public_text(exc: BaseException) -> str:
+    """What a consumer may read of an owner's failed call (without the owner's name).
+
+    Parameters
+    ----------
+    exc : BaseException
+        What the call raised: an error the owner answered (``exc.remote`` set by
+        :func:`dpmarket.runtime.status.error_from_rpc`), one an in-process owner raised, or the
+        curator's own (a deadline).
+
+    Returns
+    -------
+    str
+        A fixed text for the outcome's kind (see the module's table), or the owner's own text
+        for a refusal decided on public inputs, never its address or a budget figure.
+    """
+    if isinstance(exc, BudgetRefusedError):
+        return BUDGET_REFUSED
+    if isinstance(exc, NoAnswerError):
+        return str(exc)
+    if isinstance(exc, UnavailableError):
+        return UNREACHABLE
+    if isinstance(exc, PermissionDeniedError | UnauthenticatedError):
+        return REFUSED_CURATOR
+    remote = exc.remote if isinstance(exc, DPMarketError) else None
+    # An owner in process raises its refusals as they are; over gRPC an ABORTED status is the
+    # owner's own (INTERNAL, UNKNOWN and the rest also arrive as AbortedError).
+    if isinstance(exc, _PUBLIC_TEXT) or (
+        isinstance(exc, AbortedError) and (remote is None or remote.code == "ABORTED")
+    ):
+        return remote.details if remote is not None else str(exc)
+    return FAILED
+
+
+def public_error(owner: str, exc: DPMarketError, *, where: str = "") -> DPMarketError:
+    """The error to relay to a consumer for owner ``owner``'s failed call: the same class,
+    ``"owner NAME: <public text>"``; the whole text goes to the curator's log.
+
+    Parameters
+    ----------
+    owner : str
+        The owner's name.
+    exc : DPMarketError
+        What the call raised.
+    where : str
+        The session or job and step, for the log line.
+
+    Returns
+    -------
+    DPMarketError
+        A new exception of ``type(exc)``, chained by the caller if it raises it.
+    """
+    remote = exc.remote
+    detail = f"{remote.details} ({remote.code})" if remote is not None else str(exc)
+    logger.warning("owner %s%s: %s", owner, f" ({where})" if where else "", detail)
+    # The protocol class the exception is (a subclass may take other arguments).
+    cls = next(c for c in _CLASSES if isinstance(exc, c))
+    return cls(f"owner {owner}: {public_text(exc)}")
+
+
+#: The classes :func:`public_error` relays, most specific first.
+_CLASSES: tuple[type[DPMarketError], ...] = (
+    BudgetRefusedError,
+    InvalidArgumentError,
+    FailedPreconditionError,
+    NotFoundError,
+    AlreadyExistsError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+    ResourceExhaustedError,
+    UnavailableError,
+    AbortedError,
+    DPMarketError,
+)

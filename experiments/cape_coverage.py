@@ -1,0 +1,364 @@
+"""How often CAPE's 95 % intervals cover the pooled non-private answer (``dpmarket cape coverage``).
+
+Each case runs one CAPE job again and again on the same owners' tables, each repetition with its
+own seed, through the path the service takes: the curator's job
+(:class:`dpmarket.curator.cape.CapeJob`, :class:`~dpmarket.curator.cape.CapeMeanJob`) with every
+owner in this process (:func:`dpmarket.experiments.runner.local_cape_sites`: real secure
+aggregation, the owners' clamping, their noise), the curator's aggregation and fit, and the
+intervals it reports (:mod:`dpmarket.common.cape.uncertainty`). The truth of every answer is the
+non-private answer on the pooled, clamped records: their mean, or the non-private fit of the same
+model (:func:`dpmarket.common.cape.capefm.run_baseline` ``"nonprivate"``) in raw units.
+
+Cases (every owner at epsilon 1, delta 1e-6, ``S_C`` the default 1 of five owners):
+
+======================  ==========================================================================
+``diamonds-mean``       ggplot2's diamonds (53,940 rows) in five random fifths, as ``make
+                        demo-cape`` holds them: the mean of its seven columns.
+``diabetes-mean``       scikit-learn's diabetes (442 rows) in five parts: the mean of its eleven
+                        columns.
+``diamonds-linreg``     the demo's regression of log price on six features and an intercept.
+``diabetes-linreg``     the tutorial's kind of regression: progression on ten features (noise
+                        dominates: every answer is flagged).
+``spam-logreg``         DAAG's spam7 (4,601 e-mails) as the demo holds it: spam on six features.
+======================  ==========================================================================
+
+Beside each interval as reported, the same releases give the controls: a mean's interval without
+the collusion factor ``F`` (a pooled mechanism's noise), and for a fit the bootstrap without
+``F``, the basic (reflected) bootstrap interval, and the bootstrap of the released fit with its
+own eigenvalue floor (which cannot see the floor's shrinkage).
+
+``python -m dpmarket.experiments.cape_coverage --reps 200 --out out/cape-coverage.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+from numpy.typing import NDArray
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from dpmarket.common.cape.capefm import CapeFMPlan, aggregate_releases, fit_released, run_baseline
+from dpmarket.common.cape.mean import CapeMeanPlan
+from dpmarket.common.cape.privacy import collusion_factor
+from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec
+from dpmarket.common.cape.uncertainty import Estimate, capefm_estimates, mean_estimates
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.privacy.rng import make_rng
+from dpmarket.curator.cape import CapeJob, CapeMeanEstimate, CapeMeanJob, CapeResult
+from dpmarket.experiments.runner import local_cape_sites
+from dpmarket.owner.data import Table
+
+__all__ = ["CASES", "Case", "cape_coverage", "run_case"]
+
+Array = NDArray[np.float64]
+SITES = 5
+EPSILON, DELTA = 1.0, 1e-6
+
+
+@dataclass(frozen=True)
+class Case:
+    """One job repeated: its spec, the owners' tables and the truth of every answer.
+
+    Attributes
+    ----------
+    name : str
+    spec : CapeMeanSpec or CapeJobSpec
+    tables : tuple of Table
+        One per owner.
+    truth : ndarray of shape (K,)
+        The pooled non-private answer, in the estimates' order.
+    """
+
+    name: str
+    spec: CapeMeanSpec | CapeJobSpec
+    tables: tuple[Table, ...]
+    truth: Array
+
+
+def _tables(columns: Sequence[str], values: Array, seed: int) -> tuple[Table, ...]:
+    """Five owners, each a random fifth of the rows."""
+    parts = np.array_split(np.random.default_rng(seed).permutation(values.shape[0]), SITES)
+    return tuple(Table(tuple(columns), values[p], f"owner-{i}") for i, p in enumerate(parts))
+
+
+def _mean_case(name: str, spec: CapeMeanSpec, values: Array) -> Case:
+    clamped = spec.clamped(values).features
+    return Case(name, spec, _tables(spec.columns, values, 0), clamped.mean(axis=0))
+
+
+def _fit_case(name: str, spec: CapeJobSpec, x: Array, y: Array, binary: bool = False) -> Case:
+    xs, ys = spec.scaled(x, y)
+    noise = SeededNoise(np.random.default_rng(0))  # the non-private fit draws none
+    fit = run_baseline(
+        "nonprivate", [(xs, ys)], spec.task, EPSILON, DELTA, rng=make_rng(0), noise=noise
+    )
+    weights, intercept = spec.raw_coefficients(fit.w)
+    columns = (*spec.columns, spec.target[0])
+    tables = _tables(columns, np.column_stack([x, y]), 0)
+    if binary:
+        tables = tuple(Table(t.columns, t.values, t.name, binary=(spec.target[0],)) for t in tables)
+    return Case(name, spec, tables, np.append(weights, intercept))
+
+
+def _diabetes() -> tuple[tuple[tuple[str, float, float], ...], tuple[str, float, float], Array]:
+    from sklearn.datasets import load_diabetes
+
+    from dpmarket.experiments.cape_experiments import DIABETES_BOUNDS, DIABETES_TARGET
+
+    x, y = load_diabetes(return_X_y=True, scaled=False)
+    features = tuple((f"c{i}", lo, hi) for i, (lo, hi) in enumerate(DIABETES_BOUNDS))
+    return features, ("progression", *DIABETES_TARGET), np.column_stack([x, y])
+
+
+def _case_diamonds_mean() -> Case:
+    from dpmarket.experiments.cape_data import diamonds_mean_spec
+    from dpmarket.experiments.cape_experiments import diamonds_table
+
+    spec = diamonds_mean_spec(EPSILON, DELTA)
+    return _mean_case("diamonds-mean", spec, diamonds_table()[list(spec.columns)].to_numpy())
+
+
+def _case_diabetes_mean() -> Case:
+    features, target, values = _diabetes()
+    return _mean_case("diabetes-mean", CapeMeanSpec((*features, target), EPSILON, DELTA), values)
+
+
+def _case_diamonds_linreg() -> Case:
+    from dpmarket.experiments.cape_data import diamonds_spec
+    from dpmarket.experiments.cape_experiments import diamonds_table
+
+    spec = diamonds_spec(EPSILON, DELTA)
+    frame = diamonds_table()
+    x, y = frame[list(spec.columns)].to_numpy(), frame[spec.target[0]].to_numpy()
+    return _fit_case("diamonds-linreg", spec, x, y)
+
+
+def _case_diabetes_linreg() -> Case:
+    features, target, values = _diabetes()
+    spec = CapeJobSpec("linear", features, target, EPSILON, DELTA)
+    return _fit_case("diabetes-linreg", spec, values[:, :-1], values[:, -1])
+
+
+def _case_spam_logreg() -> Case:
+    from dpmarket.experiments.cape_data import spam_logistic_spec, spam_table
+
+    spec = spam_logistic_spec(EPSILON, DELTA)
+    frame = spam_table()
+    x, y = frame[list(spec.columns)].to_numpy(), frame[spec.target[0]].to_numpy()
+    return _fit_case("spam-logreg", spec, x, y, binary=True)
+
+
+#: Every case, by name: built when asked (each loads its data).
+CASES: dict[str, Callable[[], Case]] = {
+    "diamonds-mean": _case_diamonds_mean,
+    "diabetes-mean": _case_diabetes_mean,
+    "diamonds-linreg": _case_diamonds_linreg,
+    "diabetes-linreg": _case_diabetes_linreg,
+    "spam-logreg": _case_spam_logreg,
+}
+
+
+def _without_f(plan: Any) -> Any:
+    """The plan with every site's noise divided by ``sqrt(F)`` (the controls')."""
+    root = math.sqrt(collusion_factor(plan.sites, plan.colluders))
+    if isinstance(plan, CapeMeanPlan):
+        return dataclasses.replace(plan, site_scales=tuple(s / root for s in plan.site_scales))
+    scaled = tuple({j: v / root for j, v in sc.items()} for sc in plan.site_scales)
+    return dataclasses.replace(plan, site_scales=scaled)
+
+
+@dataclass
+class _Seen:
+    """What a job's aggregation received, so that the controls reuse the same releases."""
+
+    plan: Any = None
+    releases: list[Array] | None = None
+    partial: list[int] | None = None
+
+
+class _RecordingFit(CapeJob):
+    seen = _Seen()
+
+    def _finish(
+        self, plan: CapeFMPlan, releases: list[Array], partial: list[int] | None, report: Any
+    ) -> CapeResult:
+        self.seen = _Seen(plan, list(releases), partial)
+        return super()._finish(plan, releases, partial, report)
+
+
+class _RecordingMean(CapeMeanJob):
+    seen = _Seen()
+
+    def _finish(
+        self, plan: CapeMeanPlan, releases: list[Array], partial: list[int] | None, report: Any
+    ) -> CapeMeanEstimate:
+        self.seen = _Seen(plan, list(releases), partial)
+        return super()._finish(plan, releases, partial, report)
+
+
+def _controls(case: Case, seen: _Seen, seed: int) -> dict[str, tuple[Estimate, ...]]:
+    """The control intervals on the job's own releases."""
+    plan, partial = seen.plan, seen.partial
+    assert plan is not None and seen.releases is not None
+    averaged = aggregate_releases(plan, seen.releases, partial)
+    if isinstance(case.spec, CapeMeanSpec):
+        naive = mean_estimates(_without_f(plan), averaged, case.spec.columns, released=partial)
+        return {"without F": naive}
+    spec = case.spec
+    assert isinstance(plan, CapeFMPlan)
+    fit = fit_released(plan, averaged, released=partial)
+    common: dict[str, Any] = {"task_covers": spec.covers, "released": partial}
+    labels, raw_map = spec.coefficient_labels, spec.raw_map()
+
+    def rng(k: int) -> np.random.Generator:
+        return np.random.default_rng([seed, 99, k])
+
+    return {
+        "without F": capefm_estimates(_without_f(plan), fit, labels, raw_map, rng(0), **common),
+        "basic interval": capefm_estimates(
+            plan, fit, labels, raw_map, rng(1), method="basic", **common
+        ),
+        "released floor": capefm_estimates(
+            plan, fit, labels, raw_map, rng(2), interval_floor=fit.floor, **common
+        ),
+    }
+
+
+def _one(
+    case: Case, seed: int, production_noise: bool
+) -> tuple[tuple[Estimate, ...], dict[str, tuple[Estimate, ...]]]:
+    """One job through the curator with in-process owners, and its controls."""
+    endpoints = local_cape_sites(case.tables, seeded=not production_noise)
+    if isinstance(case.spec, CapeMeanSpec):
+        mean_job = _RecordingMean(f"coverage-{seed}", case.spec, endpoints, make_rng(seed))
+        estimates = asyncio.run(mean_job.run()).estimates
+        seen = mean_job.seen
+    else:
+        fit_job = _RecordingFit(f"coverage-{seed}", case.spec, endpoints, make_rng(seed))
+        estimates = asyncio.run(fit_job.run()).estimates
+        seen = fit_job.seen
+    return estimates, _controls(case, seen, seed)
+
+
+def _tally(rows: list[tuple[Estimate, ...]], truth: Array) -> dict[str, Any]:
+    """Coverage over every answer of every repetition, and over the reliable ones."""
+    covered = np.array(
+        [[e.contains(float(t)) for e, t in zip(r, truth, strict=True)] for r in rows]
+    )
+    reliable = np.array([[e.reliable for e in r] for r in rows])
+    codes: dict[str, int] = {}
+    for r in rows:
+        for e in r:
+            for f in e.flags:
+                codes[f.code] = codes.get(f.code, 0) + 1
+    answers = covered.size
+    return {
+        "answers": int(answers),
+        "coverage": float(covered.mean()),
+        "coverage_per_answer": covered.mean(axis=0).round(3).tolist(),
+        "reliable_answers": int(reliable.sum()),
+        "coverage_reliable": float(covered[reliable].mean()) if reliable.any() else None,
+        "unreliable_fraction": float(1.0 - reliable.mean()),
+        "flag_fractions": {c: n / answers for c, n in sorted(codes.items())},
+    }
+
+
+def run_case(
+    case: Case, reps: int, seed: int = 0, *, production_noise: bool = False
+) -> dict[str, Any]:
+    """Repeat ``case`` ``reps`` times (seeds ``seed .. seed + reps - 1``); return its tally.
+
+    With ``production_noise`` the owners draw their noise as a deployed owner does (OpenDP's
+    samplers, CSPRNG seeds) instead of from the seed.
+
+    Returns
+    -------
+    dict
+        ``case``, ``reps``, ``labels``, ``truth``, ``reported`` (:func:`_tally` of the intervals
+        the curator reported), ``controls`` (the same per control), ``seconds``.
+    """
+    start = time.perf_counter()
+    reported: list[tuple[Estimate, ...]] = []
+    controls: dict[str, list[tuple[Estimate, ...]]] = {}
+    for r in range(seed, seed + reps):
+        estimates, extra = _one(case, r, production_noise)
+        reported.append(estimates)
+        for name, values in extra.items():
+            controls.setdefault(name, []).append(values)
+    return {
+        "case": case.name,
+        "reps": reps,
+        "labels": [e.label for e in reported[0]],
+        "truth": case.truth.tolist(),
+        "reported": _tally(reported, case.truth),
+        "controls": {name: _tally(rows, case.truth) for name, rows in controls.items()},
+        "production_noise": production_noise,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+@click.command("coverage")
+@click.option("--reps", default=200, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--case",
+    "cases",
+    multiple=True,
+    type=click.Choice(sorted(CASES)),
+    help="Run only these cases (repeat); default: every case.",
+)
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option(
+    "--production-noise",
+    is_flag=True,
+    help="The owners draw their noise from OpenDP's samplers, as deployed (default: seeded numpy).",
+)
+@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False), help="JSON.")
+def cape_coverage(
+    reps: int, cases: tuple[str, ...], seed: int, production_noise: bool, out_path: str | None
+) -> None:
+    """Measure how often CAPE's 95 % intervals cover the pooled non-private answer."""
+    console = Console(width=100)
+    results = []
+    for name in cases or tuple(CASES):
+        result = run_case(CASES[name](), reps, seed, production_noise=production_noise)
+        results.append(result)
+        console.print(f"{name}: {reps} repetitions in {result['seconds']:.0f} s", highlight=False)
+    table = RichTable(title=f"coverage of 95 % intervals over {reps} repetitions (percent)")
+    for header in ("case", "interval", "answers", "covered", "covered (reliable)", "unreliable"):
+        table.add_column(header, justify="left" if header in ("case", "interval") else "right")
+    for result in results:
+        rows = [("reported", result["reported"]), *result["controls"].items()]
+        for label, tally in rows:
+            table.add_row(
+                result["case"] if label == "reported" else "",
+                label,
+                str(tally["answers"]),
+                _pct(tally["coverage"]),
+                _pct(tally["coverage_reliable"]),
+                _pct(tally["unreliable_fraction"]),
+            )
+    console.print(table)
+    if out_path is not None:
+        path = Path(out_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"reps": reps, "cases": results}, indent=1), encoding="utf-8")
+        console.print(f"-> {path}")
+
+
+if __name__ == "__main__":  # python -m dpmarket.experiments.cape_coverage [--reps N] [--out F]
+    cape_coverage()

@@ -1,0 +1,250 @@
+"""An owner operator's care of its ledger: create it, back it up, restore it, verify it.
+
+``dpmarket owner ledger init | backup | restore | verify`` (:mod:`dpmarket.owner.cli`) run these;
+the how-to is docs/howto-ledger.md.
+
+* :func:`init_ledger` creates an owner's ledger, bound to its certificate: what ``dpmarket owner
+  ledger init``, ``dpmarket init`` and the launchers run for a new owner, and the only way a
+  ledger comes to exist.
+* :func:`backup_ledger` copies the ledger with SQLite's online backup API while the owner serves:
+  one consistent snapshot, the charges still only in ``owner.sqlite3-wal`` included (after a
+  crash or kill -9 the last charges live there, and a copy of ``owner.sqlite3`` alone loses
+  them); the copy is one self-contained file, verified after it is written.
+* :func:`restore_ledger` puts a backup in place of the ledger (the owner stopped): it checks the
+  backup first (an owner ledger, its chain whole, the same ledger as the one it replaces),
+  moves the current files aside (never deletes them; a stale ``-wal`` left beside a restored
+  file would be replayed onto it) and copies the backup in.
+* :func:`verify_file` checks a ledger or a backup whole: SQLite's integrity, the schema, the
+  identity (and, given the owner's certificate, that it is this owner's), the hash chain and the
+  running totals (:func:`dpmarket.owner.ledger_chain.verify_ledger`).
+
+A backup holds the state of the ledger when it was taken: restoring it loses the charges made
+since. The receipts the owner signed for its curators catch that
+(:mod:`dpmarket.owner.receipts`); the owner then refuses to serve until its operator restores a
+newer backup or resolves the rollback (:meth:`dpmarket.owner.ledger.OwnerLedger.resolve_rollbacks`).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+
+from dpmarket.owner.ledger import APPLICATION, MIGRATIONS, TABLES, OwnerLedger, ledger_path
+from dpmarket.owner.ledger_chain import (
+    ChainProblem,
+    ForeignLedgerError,
+    LedgerIdentity,
+    LedgerOwner,
+    Verification,
+    verify_ledger,
+)
+from dpmarket.owner.policy import data_dir_policy
+from dpmarket.runtime.database import backup_database, open_read_only
+from dpmarket.runtime.transport import TransportSecurity
+
+__all__ = ["backup_ledger", "init_ledger", "restore_ledger", "verify_file"]
+
+
+def init_ledger(
+    data_dir: str | os.PathLike[str],
+    name: str,
+    security: TransportSecurity,
+    *,
+    policy: str | os.PathLike[str] | None = None,
+) -> LedgerIdentity:
+    """Create the ledger of owner ``name`` in ``data_dir``, bound to its certificate.
+
+    Parameters
+    ----------
+    data_dir : path
+        The owner's data directory (created if needed).
+    name : str
+        The owner's name (its certificate's).
+    security : TransportSecurity
+        Its mTLS credentials (the ledger records the CA that issued its certificate and the
+        certificate's key), or plaintext (the name only).
+    policy : path, optional
+        A policy file to install as ``data_dir/policy.toml`` (as ``serve-owner --policy``
+        does); the policy in force is recorded as the ledger's first.
+
+    Returns
+    -------
+    LedgerIdentity
+        The new ledger's.
+
+    Raises
+    ------
+    FileExistsError
+        If ``data_dir`` holds a ledger (or SQLite's files of one) already.
+    ValueError
+        If the policy file is malformed or differs from the one installed, or the certificate
+        key is not an elliptic-curve key.
+    """
+    found, _ = data_dir_policy(data_dir, policy)
+    owner = LedgerOwner.from_security(name, security)
+    with OwnerLedger.create(data_dir, found, owner=owner) as ledger:
+        return ledger.identity
+
+
+def verify_file(path: str | os.PathLike[str], *, owner: LedgerOwner | None = None) -> Verification:
+    """Verify an owner ledger file (a data directory's, or a backup), read-only.
+
+    Parameters
+    ----------
+    path : path
+        The file.
+    owner : LedgerOwner, optional
+        The owner it must belong to: a ledger bound to another owner or deployment is a
+        problem.
+
+    Returns
+    -------
+    Verification
+        With ``problems`` empty when the ledger is whole.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist.
+    ValueError
+        If the file is not an owner ledger.
+    RuntimeError
+        If its schema is not this build's (the message says whether to upgrade dpmarket or
+        start the owner once to migrate it).
+    sqlite3.DatabaseError
+        If it is not an SQLite database.
+    """
+    path = Path(path)
+    if path.is_file() and path.stat().st_size == 0:
+        raise ValueError(f"{path} is empty (0 bytes): not an owner ledger")
+    conn = open_read_only(path, application=APPLICATION, schema_version=len(MIGRATIONS))
+    try:
+        found = verify_ledger(conn, expected_tables=TABLES)
+    finally:
+        conn.close()
+    if owner is not None and found.identity is not None:
+        try:
+            owner.check(found.identity, str(path))
+        except ForeignLedgerError as exc:
+            found = Verification(
+                found.identity,
+                found.charges,
+                found.sequence,
+                found.head,
+                found.totals,
+                found.open_rollbacks,
+                (*found.problems, ChainProblem(0, str(exc))),
+            )
+    return found
+
+
+def backup_ledger(data_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> Verification:
+    """Copy an owner's ledger to ``out``, consistently, while the owner may be serving.
+
+    Parameters
+    ----------
+    data_dir : path
+        The owner's data directory.
+    out : path
+        The backup file; must not exist.
+
+    Returns
+    -------
+    Verification
+        Of the copy.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``data_dir`` holds no ledger.
+    FileExistsError
+        If ``out`` exists.
+    ValueError
+        If the ledger is not an owner ledger, or the copy does not verify (it is then removed).
+    """
+    source = ledger_path(data_dir)
+    if source.is_file() and source.stat().st_size == 0:
+        raise ValueError(f"{source} is empty (0 bytes): there is no ledger to back up")
+    copy = backup_database(source, out, application=APPLICATION)
+    try:
+        found = verify_file(copy)
+    except (ValueError, RuntimeError, sqlite3.DatabaseError):
+        copy.unlink(missing_ok=True)
+        raise
+    if found.problems:
+        copy.unlink(missing_ok=True)
+        raise ValueError(
+            f"the copy of {source} does not verify, so no backup was kept: "
+            + "; ".join(p.what for p in found.problems)
+            + " (dpmarket owner ledger verify shows the ledger's own state)"
+        )
+    return found
+
+
+def restore_ledger(
+    data_dir: str | os.PathLike[str],
+    backup: str | os.PathLike[str],
+    *,
+    replace_other: bool = False,
+) -> tuple[Verification, list[Path]]:
+    """Put ``backup`` in place of the owner's ledger; run it with the owner stopped.
+
+    Parameters
+    ----------
+    data_dir : path
+        The owner's data directory.
+    backup : path
+        A backup (:func:`backup_ledger`), or any copy of an owner ledger.
+    replace_other : bool
+        Allow replacing a readable ledger with a backup of *another* ledger (another ledger id).
+
+    Returns
+    -------
+    (Verification, list of Path)
+        The restored ledger's verification, and where the files it replaced were moved
+        (``owner.sqlite3.replaced-<UTC time>`` and its ``-wal``/``-shm``), if any.
+
+    Raises
+    ------
+    ValueError
+        If the backup does not verify, or it is of another ledger than the one in
+        ``data_dir`` (unless ``replace_other``).
+    FileNotFoundError
+        If ``backup`` does not exist.
+    """
+    target = ledger_path(data_dir)
+    found = verify_file(backup)
+    if found.problems:
+        raise ValueError(
+            f"{backup} does not verify, so it was not restored: "
+            + "; ".join(p.what for p in found.problems)
+        )
+    if target.is_file() and target.stat().st_size > 0 and not replace_other:
+        try:
+            current = verify_file(target)
+        except (ValueError, RuntimeError, sqlite3.DatabaseError):
+            current = None  # damaged or unreadable: the backup replaces it
+        if (
+            current is not None
+            and current.identity is not None
+            and found.identity is not None
+            and current.identity.ledger_id != found.identity.ledger_id
+        ):
+            raise ValueError(
+                f"{backup} is a backup of ledger {found.identity.ledger_id} (owner "
+                f"{found.identity.owner}), but {target} is ledger {current.identity.ledger_id} "
+                f"(owner {current.identity.owner}): check that it is this owner's backup, or "
+                "pass --replace-other-ledger"
+            )
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    moved: list[Path] = []
+    for path in (target, *(target.with_name(target.name + s) for s in ("-wal", "-shm"))):
+        if path.exists():
+            aside = path.with_name(f"{target.name}.replaced-{stamp}{path.name[len(target.name) :]}")
+            os.replace(path, aside)
+            moved.append(aside)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    backup_database(backup, target, application=APPLICATION)
+    return verify_file(target), moved

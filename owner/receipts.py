@@ -1,0 +1,221 @@
+"""Signed receipts of an owner's ledger: what lets a ledger restored from an older copy be found.
+
+An owner signs, with its own certificate key, the state of its ledger when a session or job
+closes (a ``LedgerState`` message: the ledger's id, the sequence number of its last charge and
+the hash chain's head there, :mod:`dpmarket.owner.ledger_chain`) and returns it to the curator,
+which keeps the last receipt per owner and presents it when it next opens a session or job with
+that owner (:mod:`dpmarket.curator.store`). The owner checks a presented receipt against its own
+ledger (:meth:`dpmarket.owner.ledger.OwnerLedger.check_receipt`): a ledger that holds fewer
+charges than a receipt it signed, or other charges up to it, has lost charges, and the owner
+refuses to serve.
+
+Only the owner reads a receipt. It verifies its own signature with its own public keys, so a
+curator cannot forge a receipt that makes the owner refuse, nor hide a rollback behind one; a
+curator can only withhold its receipt (see docs/howto-ledger.md for what that leaves). The
+ledger's running totals travel in the receipt encrypted under a key only the ledger holds
+(AES-256-GCM), so that its operator can charge back exactly what a rollback lost
+(:meth:`dpmarket.owner.ledger.OwnerLedger.resolve_rollbacks`) without telling any curator how
+much of the owner's budget is spent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from fractions import Fraction
+
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from google.protobuf.message import DecodeError
+
+from dpmarket.v1 import privacy_pb2
+
+__all__ = [
+    "RECEIPT_CONTEXT",
+    "ReceiptError",
+    "SealedTotals",
+    "Signer",
+    "open_receipt",
+    "public_key_der",
+    "public_key_fingerprint",
+    "seal_totals",
+    "sign_receipt",
+    "unseal_totals",
+]
+
+#: Prefix of every signed receipt: the owner's key also signs TLS handshakes and secure
+#: aggregation messages, and none of those can be taken for a receipt.
+RECEIPT_CONTEXT = b"dpmarket ledger receipt v1\x00"
+_NONCE_BYTES = 12
+
+
+class ReceiptError(ValueError):
+    """A presented receipt is not one this ledger can use: malformed, not signed by any of the
+    ledger's keys, or of another ledger. The message is for the owner's own console."""
+
+
+@dataclass(frozen=True)
+class SealedTotals:
+    """A ledger's running totals at a sequence number, as sealed in a receipt.
+
+    Attributes
+    ----------
+    epsilon, delta : Fraction
+        Exact sums over the private charges up to the sequence number (basic composition).
+    points : int
+        Raw points released, non-private releases included.
+    """
+
+    epsilon: Fraction
+    delta: Fraction
+    points: int
+
+
+class Signer:
+    """The owner's receipt-signing key: the private key of its certificate.
+
+    Parameters
+    ----------
+    private_key : EllipticCurvePrivateKey
+        The key of the owner's mTLS certificate (ECDSA; the deployment issues P-256 keys).
+
+    Raises
+    ------
+    ValueError
+        If the key is not an elliptic-curve key.
+    """
+
+    def __init__(self, private_key: ec.EllipticCurvePrivateKey) -> None:
+        if not isinstance(private_key, ec.EllipticCurvePrivateKey):
+            raise ValueError(
+                f"receipts are signed with an elliptic-curve key, got {type(private_key).__name__}"
+            )
+        self._key = private_key
+
+    @classmethod
+    def from_pem(cls, key_pem: bytes) -> Signer:
+        """From an unencrypted PEM private key (the owner's ``owner-NAME.key``)."""
+        key = serialization.load_pem_private_key(key_pem, password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError(
+                f"receipts are signed with an elliptic-curve key, got {type(key).__name__}"
+            )
+        return cls(key)
+
+    @property
+    def public_key(self) -> ec.EllipticCurvePublicKey:
+        return self._key.public_key()
+
+    def sign(self, state: bytes) -> bytes:
+        """ECDSA/SHA-256 signature (DER) of :data:`RECEIPT_CONTEXT` + ``state``."""
+        return self._key.sign(RECEIPT_CONTEXT + state, ec.ECDSA(hashes.SHA256()))
+
+
+def public_key_der(key: ec.EllipticCurvePublicKey) -> bytes:
+    """A public key as DER SubjectPublicKeyInfo (how the ledger records its keys)."""
+    return key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def public_key_fingerprint(der: bytes) -> str:
+    """SHA-256 of a DER SubjectPublicKeyInfo, hex: a key's name in the ledger and in messages."""
+    return hashlib.sha256(der).hexdigest()
+
+
+def _aad(ledger_id: str, sequence: int, head: bytes) -> bytes:
+    return f"dpmarket ledger totals v1\x00{ledger_id}\x00{sequence}\x00".encode() + head
+
+
+def seal_totals(
+    key: bytes, totals: SealedTotals, *, ledger_id: str, sequence: int, head: bytes
+) -> bytes:
+    """Encrypt ``totals`` with AES-256-GCM under the ledger's own key, bound to the state.
+
+    Returns nonce (12 random bytes) + ciphertext + tag. The exact sums are kept as fractions
+    (numerator/denominator strings), so the charge-back on a rollback adds no rounding.
+    """
+    plain = json.dumps(
+        {
+            "epsilon": [str(totals.epsilon.numerator), str(totals.epsilon.denominator)],
+            "delta": [str(totals.delta.numerator), str(totals.delta.denominator)],
+            "points": totals.points,
+        },
+        sort_keys=True,
+    ).encode()
+    nonce = os.urandom(_NONCE_BYTES)
+    return nonce + AESGCM(key).encrypt(nonce, plain, _aad(ledger_id, sequence, head))
+
+
+def unseal_totals(
+    key: bytes, sealed: bytes, *, ledger_id: str, sequence: int, head: bytes
+) -> SealedTotals:
+    """Decrypt what :func:`seal_totals` sealed.
+
+    Raises
+    ------
+    ReceiptError
+        If ``sealed`` was not sealed under ``key`` for this state, or is malformed.
+    """
+    try:
+        plain = AESGCM(key).decrypt(
+            sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:], _aad(ledger_id, sequence, head)
+        )
+        data = json.loads(plain)
+        return SealedTotals(
+            epsilon=Fraction(int(data["epsilon"][0]), int(data["epsilon"][1])),
+            delta=Fraction(int(data["delta"][0]), int(data["delta"][1])),
+            points=int(data["points"]),
+        )
+    except (InvalidTag, ValueError, KeyError, TypeError, IndexError, ZeroDivisionError) as exc:
+        raise ReceiptError(f"the receipt's sealed totals do not open: {exc!r}") from None
+
+
+def sign_receipt(signer: Signer, state: privacy_pb2.LedgerState) -> privacy_pb2.LedgerReceipt:
+    """Serialize and sign a ledger state."""
+    data = state.SerializeToString()
+    return privacy_pb2.LedgerReceipt(state=data, signature=signer.sign(data))
+
+
+def open_receipt(
+    receipt: privacy_pb2.LedgerReceipt, keys: dict[str, bytes]
+) -> tuple[privacy_pb2.LedgerState, str]:
+    """Check a receipt's signature against the ledger's own keys and read its state.
+
+    Parameters
+    ----------
+    receipt : LedgerReceipt
+    keys : dict of str to bytes
+        The ledger's public keys: fingerprint -> DER SubjectPublicKeyInfo.
+
+    Returns
+    -------
+    (LedgerState, str)
+        The signed state and the fingerprint of the key that signed it.
+
+    Raises
+    ------
+    ReceiptError
+        If the receipt is empty or malformed, or no key of ``keys`` signed it.
+    """
+    if not receipt.state or not receipt.signature:
+        raise ReceiptError("the receipt is empty")
+    signed = RECEIPT_CONTEXT + receipt.state
+    for fingerprint, der in keys.items():
+        key = serialization.load_der_public_key(der)
+        if not isinstance(key, ec.EllipticCurvePublicKey):
+            continue
+        try:
+            key.verify(receipt.signature, signed, ec.ECDSA(hashes.SHA256()))
+        except InvalidSignature:
+            continue
+        try:
+            state = privacy_pb2.LedgerState.FromString(receipt.state)
+        except DecodeError as exc:
+            raise ReceiptError(f"the signed state does not parse: {exc}") from None
+        return state, fingerprint
+    raise ReceiptError("no key of this ledger signed the receipt")

@@ -1,0 +1,201 @@
+"""explore's intervals cover the truth, bias included: one coverage test per query kind.
+
+Each test draws ``N`` seeded releases of one table whose records sit where the estimator is most
+biased (a histogram's records at the lower edge of their bins, so that every bin's midpoint is off
+by almost half a bin; M2M's records in one corner of the domain), answers the query, and counts
+the releases whose 95 % interval holds the exact answer. Were the coverage exactly 95 %, the
+count would be Binomial(N, 0.95) and fall below ``LOWER`` (its 1e-4 quantile) with probability at
+most 1e-4: the stated failure probability of each test. The control, the same answer's interval
+without its bias term (``value -+ 1.96 standard error``, what explore printed before), fails the
+same bound on the same releases.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import binom
+
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
+from dpmarket.consumer.explore import Z95, Explorer, Query, exact_answer
+
+#: Releases per test.
+N = 100
+#: The 1e-4 quantile of Binomial(N, 0.95): a coverage count below it has probability <= 1e-4.
+LOWER = int(binom.ppf(1e-4, N, 0.95))
+#: Noise replicates behind each interval (the quantile's Monte Carlo error at 200 is absorbed by
+#: the bound: the intervals here are conservative by construction).
+REPLICATES = 200
+
+DECLARATION = SketchDeclaration.from_mapping(
+    {
+        "name": "edges",
+        "mechanism": {"epsilon": 1.0, "epsilon_range": [1.0, 100.0]},
+        "columns": [
+            {"name": "a", "low": 0, "high": 10},
+            {"name": "b", "low": 0, "high": 10},
+            {"name": "y", "low": 0, "high": 1, "levels": [0, 1]},
+        ],
+        "maps": {"rff": {"frequencies": 30, "sigma": 0.5}, "hist": {"bins": 5}},
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def specs() -> dict[str, SketchSpec]:
+    return {s.kind: s for s in DECLARATION.draw(np.random.default_rng(0))}
+
+
+def _at_bin_edges(n: int) -> np.ndarray:
+    """Records at the lower edge of the 2-wide bins of a and b (b follows a), y half ones."""
+    rng = np.random.default_rng(11)
+    a = 2.0 * rng.integers(0, 4, n) + 0.01
+    b = np.minimum(a + 2.0 * rng.integers(0, 2, n), 8.01)
+    y = (rng.random(n) < 0.5).astype(float)
+    return np.column_stack([a, b, y])
+
+
+def _in_a_corner(n: int) -> np.ndarray:
+    rng = np.random.default_rng(12)
+    a = rng.uniform(8.5, 10.0, n)
+    b = rng.uniform(0.0, 1.5, n)
+    y = (rng.random(n) < 0.9).astype(float)
+    return np.column_stack([a, b, y])
+
+
+def _coverage(
+    spec: SketchSpec,
+    records: np.ndarray,
+    query: Query,
+    *,
+    releases: int = N,
+    epsilon: float = 1.0,
+    n_synthetic: int = 1000,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per value: how many of the releases' intervals hold the truth, the same for the control,
+    and how many were flagged."""
+    explorer = Explorer(spec, n_synthetic=n_synthetic, seed=0)
+    truth = exact_answer(query, records, spec.domain).values
+    covered = np.zeros(truth.shape[0], dtype=int)
+    control = np.zeros(truth.shape[0], dtype=int)
+    flagged = np.zeros(truth.shape[0], dtype=int)
+    mechanism = spec.mechanism(epsilon)
+    for seed in range(releases):
+        sketch = mechanism.release(records, SeededNoise(np.random.default_rng(seed)))
+        answer = explorer.answer(query, sketch, replicates=REPLICATES)
+        low, high = answer.interval()
+        covered += (low <= truth + 1e-12) & (truth - 1e-12 <= high)
+        half = Z95 * answer.errors
+        control += (answer.values - half <= truth) & (truth <= answer.values + half)
+        flagged += np.array([f != "" for f in answer.flags])
+    return covered, control, flagged
+
+
+HIST_QUERIES = {
+    "mean": Query("mean", columns=("a", "b", "y")),
+    "moment2": Query("moment2", columns=("a", "b")),
+    "cdf": Query("cdf", columns=("a",), points=(1.0, 5.0)),
+    "count": Query("count", where=(("a", -math.inf, 1.0), ("b", -math.inf, 1.0))),
+    "covariance": Query("covariance", columns=("a", "b")),
+}
+
+
+@pytest.mark.parametrize("kind", list(HIST_QUERIES))
+def test_histogram_intervals_cover_where_the_bins_are_most_biased(
+    specs: dict[str, SketchSpec], kind: str
+) -> None:
+    """HIST, records at their bins' lower edges (bias near the bound): every value's interval
+    covers in at least LOWER of N releases; the noise-only control misses nearly always."""
+    covered, control, flagged = _coverage(specs["hist"], _at_bin_edges(4000), HIST_QUERIES[kind])
+    assert (covered >= LOWER).all(), (kind, covered, LOWER)
+    biased = control < LOWER
+    assert biased.any(), (kind, control)  # the control fails the same bound
+    if kind != "covariance":  # a cross-covariance from histograms is Cauchy-Schwarz-wide
+        assert (flagged == 0).all(), (kind, flagged)
+
+
+M2M_QUERIES = {
+    "mean": Query("mean", columns=("a", "b")),
+    "count": Query("count", where=(("a", 9.0, math.inf),)),
+    "covariance": Query("covariance", columns=("a", "b")),
+}
+
+
+#: Releases per M2M test (each answer fits M2M five times): 60, whose 1e-4 quantile is below.
+N_M2M = 60
+LOWER_M2M = int(binom.ppf(1e-4, N_M2M, 0.95))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(M2M_QUERIES))
+def test_m2m_intervals_cover_the_fit_and_its_shrinkage(
+    specs: dict[str, SketchSpec], kind: str
+) -> None:
+    """RFF, records in a corner of the domain (far from the uniform prior), epsilon 50: M2M's
+    residual range bounds the fit's bias (at least LOWER_M2M of N_M2M releases cover, failure
+    probability 1e-4). For a count, whose indicator M2M fits worst, the noise-only control
+    fails the bound; a mean's and a covariance's fit are accurate enough here that it covers
+    too (their control is the histogram's test above)."""
+    covered, control, _ = _coverage(
+        specs["rff"], _in_a_corner(20_000), M2M_QUERIES[kind], releases=N_M2M, epsilon=50.0
+    )
+    assert (covered >= LOWER_M2M).all(), (kind, covered, LOWER_M2M)
+    if kind == "count":
+        assert (control < LOWER_M2M).any(), (kind, control)
+
+
+def test_logistic_regressions_are_flagged_unbounded(specs: dict[str, SketchSpec]) -> None:
+    """No sketch bounds an implicit-M2M fit's bias: every coefficient is flagged, with its
+    reason (the histogram's says the relation is not identified)."""
+    explorer = Explorer(specs["hist"], n_synthetic=500, seed=0)
+    sketch = (
+        specs["hist"]
+        .mechanism(1.0)
+        .release(_at_bin_edges(2000), SeededNoise(np.random.default_rng(0)))
+    )
+    answer = explorer.answer(Query("logreg", target="y", columns=("a",)), sketch, errors=False)
+    assert answer.flags == ("unbounded", "unbounded")
+    assert all("not identified" in r for r in answer.reasons)
+    assert all(row["bias_bound"] is None for row in answer.rows())
+
+
+def test_a_wild_estimate_is_flagged_not_passed_off_by_its_cut_interval(
+    specs: dict[str, SketchSpec],
+) -> None:
+    """20 records at epsilon 1 in a 3-column histogram: the mean's interval, before it is cut
+    to the column's bounds, spans most of them, so the value is flagged (``uninformative`` or
+    ``few-records``) and every flag has its reason."""
+    explorer = Explorer(specs["hist"], n_synthetic=500, seed=0)
+    records = _at_bin_edges(20)
+    for seed in range(5):
+        sketch = (
+            specs["hist"].mechanism(1.0).release(records, SeededNoise(np.random.default_rng(seed)))
+        )
+        answer = explorer.answer(Query("mean", columns=("a",)), sketch, replicates=REPLICATES)
+        assert answer.flags[0] in ("uninformative", "few-records", "clipped")
+        row = answer.rows()[0]
+        assert row["flag"] == answer.flags[0] and row["reason"]
+        assert row["ci95"][0] >= 0.0 and row["ci95"][1] <= 10.0
+
+
+def test_answer_rows_carry_value_error_interval_bias_and_flag(specs: dict[str, SketchSpec]) -> None:
+    """The JSON shape explore prints: per value, the value, standard error, interval, the bias
+    bound inside it, how it was built, and the flag with its reason (null when none)."""
+    explorer = Explorer(specs["hist"], n_synthetic=500, seed=0)
+    sketch = (
+        specs["hist"]
+        .mechanism(1.0)
+        .release(_at_bin_edges(4000), SeededNoise(np.random.default_rng(0)))
+    )
+    answer = explorer.answer(HIST_QUERIES["covariance"], sketch, replicates=REPLICATES)
+    rows = answer.as_dict()["rows"]
+    assert [set(r) >= {"label", "columns", "value", "se", "ci95", "bias_bound", "basis", "flag",
+                       "reason"} for r in rows] == [True] * 3  # fmt: skip
+    variance, cross, _ = rows
+    assert variance["ci95"][0] <= variance["value"] <= variance["ci95"][1]
+    assert variance["bias_bound"] > 0 and "binning bound" in variance["basis"]
+    assert "Cauchy-Schwarz" in cross["basis"] and cross["value"] == 0.0
+    assert (cross["flag"] is None) == (cross["reason"] is None)

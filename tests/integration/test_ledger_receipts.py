@@ -1,0 +1,249 @@
+"""A ledger restored from an older copy is found by the receipts its owner signed.
+
+A real owner service (its servicer on a grpc.aio server over mTLS, in this process, with the
+deployment's certificates) and the curator's real owner client and store: the owner signs a
+receipt of its ledger at every CloseSession, the curator keeps the last one durably and presents
+it at the next OpenSession. The owner's ledger is then restored from a backup taken before the
+last session (``dpmarket owner ledger backup`` / ``restore``): without a receipt the owner serves
+on with the lost charges forgotten (the control); with the curator's receipt it refuses, with a
+fixed message, until its operator resolves it, which charges exactly what was lost. A forged
+receipt, one of another ledger, or bytes that are no receipt change nothing the owner does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dpmarket.common.errors import FailedPreconditionError
+from dpmarket.common.summarization.rff import draw_rff_params
+from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
+from dpmarket.curator.owners import GrpcOwnerEndpoint
+from dpmarket.curator.store import CuratorStore
+from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.owner.data import PointSet
+from dpmarket.owner.ledger import ROLLBACK_MESSAGE, OwnerLedger
+from dpmarket.owner.ledger_admin import backup_ledger, init_ledger, restore_ledger
+from dpmarket.owner.ledger_chain import LedgerOwner
+from dpmarket.owner.protocol import Owner
+from dpmarket.owner.receipts import Signer, sign_receipt
+from dpmarket.owner.service import OwnerServicer, owner_authorizer
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.serving import start_server
+from dpmarket.runtime.transport import TransportSecurity
+from dpmarket.v1 import owner_pb2, owner_pb2_grpc, privacy_pb2
+
+pytestmark = pytest.mark.integration
+
+CURATOR = Identity("curator", "curator")
+OWNER = Identity("owner", "owner-0")
+N_FEATURES = 4
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pki")
+    init_ca(root)
+    issue_all(root, [CURATOR, OWNER])
+    return root
+
+
+def _security(pki: Path, identity: Identity) -> TransportSecurity:
+    return TransportSecurity.from_files(*identity_files(pki, identity))
+
+
+class Deployment:
+    """One owner (its data directory and ledger, bound to its certificate) and the curator's
+    store, with a clock that only moves forward (shared by every ledger opened)."""
+
+    def __init__(self, pki: Path, root: Path) -> None:
+        self.pki = pki
+        self.data_dir = root / "owner-0"
+        self.store = CuratorStore(root / "curator")
+        self.security = _security(pki, OWNER)
+        ticks = itertools.count(1)
+        self.clock: Callable[[], float] = lambda: 1.9e9 + next(ticks)
+        init_ledger(self.data_dir, OWNER.name, self.security)
+        self.points = PointSet(np.random.default_rng(0).random((30, N_FEATURES)), None, "o")
+
+    def ledger(self) -> OwnerLedger:
+        owner = LedgerOwner.from_security(OWNER.name, self.security)
+        return OwnerLedger(self.data_dir, None, owner=owner, clock=self.clock)
+
+    def run(
+        self,
+        script: Callable[[GrpcOwnerEndpoint, GrpcOwnerEndpoint], Awaitable[Any]],
+    ) -> Any:
+        """Serve the owner (its ledger opened now) and run ``script(with_receipts,
+        without_receipts)``: two curator clients, one keeping and presenting receipts through
+        the store, one that presents none (the defence off)."""
+
+        async def main() -> Any:
+            ledger = self.ledger()
+            owner = Owner(OWNER.name, self.points, ledger=ledger)
+            authorizer = owner_authorizer((CURATOR.name,), self.security)
+
+            def register(server: Any) -> None:
+                owner_pb2_grpc.add_OwnerServiceServicer_to_server(
+                    OwnerServicer(owner, authorizer), server
+                )
+
+            service = owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].full_name
+            server, port, _ = await start_server(register, service, "127.0.0.1:0", self.security)
+            curator = _security(self.pki, CURATOR)
+            target = f"127.0.0.1:{port}"
+            keeping = GrpcOwnerEndpoint(target, curator, OWNER, deadline=20, receipts=self.store)
+            plain = GrpcOwnerEndpoint(target, curator, OWNER, deadline=20)
+            try:
+                return await script(keeping, plain)
+            finally:
+                await keeping.close()
+                await plain.close()
+                await server.stop(None)
+                ledger.close()
+
+        return asyncio.run(main())
+
+
+@pytest.fixture
+def deployment(pki: Path, tmp_path: Path) -> Iterator[Deployment]:
+    d = Deployment(pki, tmp_path)
+    yield d
+    d.store.close()
+
+
+_session_ids = (f"session-{k:04d}-{os.urandom(8).hex()}" for k in itertools.count())
+
+
+async def session(endpoint: GrpcOwnerEndpoint, points: int = 2) -> str:
+    """A uniform-sampling session: open, draw ``points`` points (charged), close."""
+    sid = next(_session_ids)
+    rff = draw_rff_params(N_FEATURES, 8, 0.5, np.random.default_rng(1))
+    await endpoint.open_session(
+        sid, rff, 0, consumer="consumer:c", terms=OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0)
+    )
+    await endpoint.sample_uniform(sid, points)
+    await endpoint.close_session(sid)
+    return sid
+
+
+def charges(d: Deployment) -> list[tuple[str, int]]:
+    with OwnerLedger(d.data_dir, None) as ledger:
+        return [(e.session, e.points) for e in ledger.entries()]
+
+
+def test_a_ledger_restored_from_an_older_copy_is_refused_until_resolved(
+    deployment: Deployment, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = deployment
+    backup = tmp_path / "backups" / "owner-0.sqlite3"
+
+    async def two_sessions_and_a_backup_between(
+        keeping: GrpcOwnerEndpoint, _: GrpcOwnerEndpoint
+    ) -> tuple[str, str]:
+        first = await session(keeping)
+        await asyncio.to_thread(backup_ledger, d.data_dir, backup)  # while the owner serves
+        return first, await session(keeping)
+
+    first, second = d.run(two_sessions_and_a_backup_between)
+    held = d.store.owner_receipt(OWNER.name)
+    assert held is not None  # the curator keeps the owner's last receipt, durably
+    state = privacy_pb2.LedgerState.FromString(privacy_pb2.LedgerReceipt.FromString(held).state)
+    assert state.sequence == 2
+    assert charges(d) == [(first, 2), (second, 2)]
+    restore_ledger(d.data_dir, backup)  # the older copy: the second session's charge is gone
+    assert charges(d) == [(first, 2)]
+
+    # Control (the defence off): a curator that presents no receipt is served by the restored
+    # ledger, which has forgotten the second session's charge.
+    forgotten = d.run(lambda _, plain: session(plain))
+    assert charges(d) == [(first, 2), (forgotten, 2)]
+
+    # The curator's receipt (up to the second session's charge) shows the rollback: refused,
+    # with a fixed message, nothing charged; the owner's console says what to do.
+    caplog.set_level(logging.ERROR, logger="owner.ledger")
+
+    async def refused(keeping: GrpcOwnerEndpoint, plain: GrpcOwnerEndpoint) -> list[str]:
+        messages = []
+        for endpoint in (keeping, plain):  # once found, refused to every curator
+            with pytest.raises(FailedPreconditionError) as info:
+                await session(endpoint)
+            messages.append(str(info.value))
+        return messages
+
+    for message in d.run(refused):
+        assert ROLLBACK_MESSAGE in message
+        assert "epsilon" not in message and "points" not in message  # no budget figure
+    assert charges(d) == [(first, 2), (forgotten, 2)]
+    assert "dpmarket owner ledger resolve --data-dir" in caplog.text
+
+    # The operator resolves it: what the receipt shows was lost (the second session's two
+    # points) is charged again, and the owner serves the curator's receipt from then on.
+    with OwnerLedger(d.data_dir, None, clock=d.clock) as ledger:
+        (resolution,) = ledger.resolve_rollbacks()
+    assert (resolution.points, resolution.epsilon, resolution.receipt_sequence) == (2, 0.0, 2)
+    after = d.run(lambda keeping, _: session(keeping))
+    assert charges(d) == [(first, 2), (forgotten, 2), ("ledger-rollback-1", 2), (after, 2)]
+
+
+# ------------------------------------------------------------------------ forged receipts
+def _state(d: Deployment, sequence: int, ledger_id: str | None = None) -> privacy_pb2.LedgerState:
+    with OwnerLedger(d.data_dir, None) as ledger:
+        identity = ledger.identity
+    return privacy_pb2.LedgerState(
+        ledger_id=ledger_id or identity.ledger_id,
+        owner=OWNER.name,
+        sequence=sequence,
+        head=os.urandom(32),
+        signed_at=2e9,
+    )
+
+
+def _present(receipt: privacy_pb2.LedgerReceipt) -> Callable[..., Awaitable[Any]]:
+    """A script whose curator presents ``receipt`` at the next OpenSession (as a curator that
+    lies would: it controls what it stores), then runs one session."""
+
+    async def script(keeping: GrpcOwnerEndpoint, plain: GrpcOwnerEndpoint) -> str:
+        assert keeping.receipts is not None
+        keeping.receipts.record_owner_receipt(OWNER.name, receipt.SerializeToString())
+        return await session(keeping)
+
+    return script
+
+
+def test_a_forged_receipt_changes_nothing_the_owner_does(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = deployment
+    d.run(lambda keeping, _: session(keeping))
+    curator_key = Signer.from_pem(_security(d.pki, CURATOR).key_pem or b"")
+    owner_key = Signer.from_pem(d.security.key_pem or b"")
+    caplog.set_level(logging.WARNING, logger="owner.ledger")
+    # A receipt 'far ahead' of the ledger, signed by the curator's own key; one of another
+    # ledger (signed by the owner's key: the owner's earlier ledger); bytes that are no
+    # receipt. Each is ignored: the session is served and charged as without a receipt.
+    presented = [
+        sign_receipt(curator_key, _state(d, 99)),
+        sign_receipt(owner_key, _state(d, 99, ledger_id="0" * 32)),
+        privacy_pb2.LedgerReceipt(state=b"\x01\x02 not a state", signature=b"not a signature"),
+    ]
+    for receipt in presented:
+        d.run(_present(receipt))
+    assert len(charges(d)) == 1 + len(presented)
+    assert "did not sign" in caplog.text and "another ledger of this owner" in caplog.text
+    with OwnerLedger(d.data_dir, None) as ledger:
+        assert ledger.rollbacks() == []
+
+    # Control: the same state signed with the owner's own key is a receipt it signed, and the
+    # ledger is behind it: refused, nothing charged.
+    with pytest.raises(FailedPreconditionError, match="behind a receipt it signed"):
+        d.run(_present(sign_receipt(owner_key, _state(d, 99))))
+    assert len(charges(d)) == 1 + len(presented)

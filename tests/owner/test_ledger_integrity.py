@@ -1,0 +1,410 @@
+"""A ledger cannot be reset, swapped, rewritten, rolled back or lost in silence.
+
+Each defence with its control, the attack's effect when the defence is off: a missing, empty or
+foreign ledger file is refused (without the refusal, SQLite opens it as a fresh ledger with the
+whole budget, or another owner's ledger is charged); a charge rewritten in the file is found by
+``verify`` (without the chain, SQLite's own check and the running totals see nothing); a ledger
+behind a receipt its owner signed refuses to charge (without the receipt it charges on); a
+backup taken with ``dpmarket owner ledger backup`` holds every charge, those only in the
+``-wal`` file after a SIGKILL included (a copy of ``owner.sqlite3`` alone loses them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from contextlib import closing
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from dpmarket.deploy.pki import init_ca, issue, issue_all
+from dpmarket.owner.cli import owner as owner_cli
+from dpmarket.owner.cli import serve_owner
+from dpmarket.owner.ledger import (
+    APPLICATION,
+    MIGRATIONS,
+    ROLLBACK_MESSAGE,
+    LedgerMissingError,
+    LedgerRollbackError,
+    OwnerLedger,
+    ledger_path,
+)
+from dpmarket.owner.ledger_admin import backup_ledger, init_ledger, restore_ledger, verify_file
+from dpmarket.owner.ledger_chain import ForeignLedgerError, LedgerOwner, _check_totals
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.runtime.database import open_database
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity
+
+ALICE, BOB = Identity("owner", "alice"), Identity("owner", "bob")
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two deployments (two CAs), each with owners alice and bob."""
+    out = {}
+    for name in ("here", "elsewhere"):
+        root = tmp_path_factory.mktemp(name)
+        init_ca(root)
+        issue_all(root, [ALICE, BOB])
+        out[name] = root
+    return out
+
+
+def security(pki: dict[str, Path], identity: Identity, where: str = "here") -> TransportSecurity:
+    return TransportSecurity.from_files(*identity_files(pki[where], identity))
+
+
+def charge(ledger: OwnerLedger, session: str = "s", epsilon: float = 0.5, points: int = 1) -> None:
+    ledger.charge(
+        session=session,
+        consumer="consumer:c",
+        curator="curator:curator",
+        mechanism="Laplace relevance count",
+        epsilon=epsilon,
+        delta=0.0,
+        points=points,
+    )
+
+
+# ------------------------------------------------------------------ missing, empty, foreign
+def _serve(data_dir: Path, table: Path) -> tuple[int, str]:
+    """``dpmarket serve-owner`` as its operator starts it (plaintext, owner o): its exit code
+    and output; it reaches serving only with a ledger it may use."""
+    result = CliRunner().invoke(
+        serve_owner,
+        ["--insecure", "--owner-id", "o", "--data", str(table), "--data-dir", str(data_dir)],
+    )
+    return result.exit_code, " ".join(result.output.split())
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Path:
+    path = tmp_path / "o.npy"
+    np.save(path, np.random.default_rng(0).random((10, 3)))
+    return path
+
+
+def test_a_missing_ledger_is_refused_saying_what_to_do(tmp_path: Path, table: Path) -> None:
+    data_dir = tmp_path / "owner"
+    code, output = _serve(data_dir, table)
+    assert code == 1
+    assert "no owner ledger at" in output
+    assert f"dpmarket owner ledger init --data-dir {data_dir}" in output
+    assert "dpmarket owner ledger restore" in output
+    assert not ledger_path(data_dir).exists()  # nothing created
+    # Control: the service database's old behaviour (create when missing) starts a fresh ledger.
+    open_database(ledger_path(data_dir), MIGRATIONS, application=APPLICATION).close()
+    with OwnerLedger(data_dir, OwnerPolicy()) as fresh:
+        assert fresh.entries() == [] and fresh.remaining().epsilon == OwnerPolicy().epsilon_total
+
+
+def test_an_empty_ledger_file_is_refused_and_left_as_found(tmp_path: Path, table: Path) -> None:
+    data_dir = tmp_path / "owner"
+    with OwnerLedger.create(data_dir, OwnerPolicy()) as ledger:
+        for k in range(4):
+            charge(ledger, session=f"s{k}", epsilon=2.0)
+    ledger_path(data_dir).write_bytes(b"")  # `: > owner.sqlite3`, a failed copy, a full disk
+    code, output = _serve(data_dir, table)
+    assert code == 1
+    assert "is empty (0 bytes)" in output and "dpmarket owner ledger restore" in output
+    assert ledger_path(data_dir).stat().st_size == 0  # nothing written to it
+    with pytest.raises(LedgerMissingError) as info:
+        OwnerLedger(data_dir, None)
+    assert info.value.reason == "empty"
+    # Control: opened as any service database is, the 0-byte file is a new ledger with the
+    # whole budget back (what this release's owners did, with one INFO line).
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(ledger_path(data_dir), ledger_path(copy))
+    open_database(ledger_path(copy), MIGRATIONS, application=APPLICATION).close()
+    with OwnerLedger(copy, OwnerPolicy()) as reset:
+        assert reset.remaining().epsilon == OwnerPolicy().epsilon_total  # 8 forgotten
+
+
+def test_a_sqlite_file_that_is_no_ledger_is_refused(tmp_path: Path) -> None:
+    data_dir = tmp_path / "owner"
+    data_dir.mkdir()
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")  # a valid, empty SQLite file: no ledger
+    size = ledger_path(data_dir).stat().st_size
+    with pytest.raises(LedgerMissingError, match="is not an owner ledger") as info:
+        OwnerLedger(data_dir, OwnerPolicy())
+    assert info.value.reason == "foreign"
+    assert ledger_path(data_dir).stat().st_size == size
+
+
+def test_init_never_replaces_a_ledger(tmp_path: Path) -> None:
+    data_dir = tmp_path / "owner"
+    init_ledger(data_dir, "o", TransportSecurity.plaintext())
+    with pytest.raises(FileExistsError, match="holds a ledger already"):
+        init_ledger(data_dir, "o", TransportSecurity.plaintext())
+    ledger_path(data_dir).write_bytes(b"")
+    with pytest.raises(FileExistsError, match="holds a ledger already"):
+        init_ledger(data_dir, "o", TransportSecurity.plaintext())
+
+
+def test_a_ledger_of_another_owner_or_deployment_is_refused(
+    pki: dict[str, Path], tmp_path: Path
+) -> None:
+    alice_dir = tmp_path / "alice"
+    init_ledger(alice_dir, "alice", security(pki, ALICE))
+    with OwnerLedger(alice_dir, OwnerPolicy()) as ledger:
+        for k in range(4):
+            charge(ledger, session=f"s{k}", epsilon=2.0)
+    alice = LedgerOwner.from_security("alice", security(pki, ALICE))
+    with OwnerLedger(alice_dir, None, owner=alice) as ledger:
+        assert ledger.identity.owner == "alice" and ledger.receipt() is not None
+    # bob pointed at alice's data directory; alice of another deployment (another CA) given
+    # this deployment's alice's ledger.
+    bob = LedgerOwner.from_security("bob", security(pki, BOB))
+    with pytest.raises(ForeignLedgerError, match="the ledger of owner 'alice', not of 'bob'"):
+        OwnerLedger(alice_dir, OwnerPolicy(), owner=bob)
+    other = LedgerOwner.from_security("alice", security(pki, ALICE, "elsewhere"))
+    with pytest.raises(ForeignLedgerError, match="of another deployment") as info:
+        OwnerLedger(alice_dir, OwnerPolicy(), owner=other)
+    assert "restore this owner's own ledger from its backup" in str(info.value)
+    # Control: without the binding, bob serves on alice's ledger (her budget, his data).
+    with OwnerLedger(alice_dir, OwnerPolicy()) as unchecked:
+        assert unchecked.remaining().epsilon == pytest.approx(2.0)
+
+
+def test_a_renewed_certificate_of_the_same_owner_and_ca_is_its_own(
+    pki: dict[str, Path], tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "alice"
+    init_ledger(data_dir, "alice", security(pki, ALICE))
+    renewed = tmp_path / "renewed"
+    shutil.copytree(pki["here"], renewed)
+    issue(renewed, "owner", "alice", out_dir=renewed / "alice", force=True)
+    fresh = TransportSecurity.from_files(*identity_files(renewed / "alice", ALICE))
+    assert fresh.key_pem != security(pki, ALICE).key_pem
+    with OwnerLedger(data_dir, None, owner=LedgerOwner.from_security("alice", fresh)) as ledger:
+        assert len(ledger.identity.keys) == 2  # the new key signs receipts from now on
+
+
+def test_after_a_new_ca_the_ledger_is_rebound_explicitly(
+    pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """The deployment's CA replaced (docs/howto-certificates.md): the owner's ledger is refused
+    until its operator binds it to the new CA; another owner's name is never taken."""
+    data_dir = tmp_path / "alice"
+    init_ledger(data_dir, "alice", security(pki, ALICE))
+    new_ca = LedgerOwner.from_security("alice", security(pki, ALICE, "elsewhere"))
+    with pytest.raises(ForeignLedgerError, match="dpmarket owner ledger rebind"):
+        OwnerLedger(data_dir, None, owner=new_ca)
+    bob_new_ca = LedgerOwner.from_security("bob", security(pki, BOB, "elsewhere"))
+    with OwnerLedger(data_dir, None) as ledger, pytest.raises(ForeignLedgerError):
+        ledger.rebind(bob_new_ca)
+    result = CliRunner().invoke(
+        owner_cli,
+        ["ledger", "rebind", "--data-dir", str(data_dir),
+         "--pki-dir", str(pki["elsewhere"]), "--name", "alice"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    with OwnerLedger(data_dir, None, owner=new_ca) as ledger:
+        assert ledger.identity.ca == new_ca.ca and len(ledger.identity.keys) == 2
+
+
+# ------------------------------------------------------------------ the chain and verify
+def _ledger_with_charges(data_dir: Path, n: int = 5) -> None:
+    with OwnerLedger.create(data_dir, OwnerPolicy()) as ledger:
+        for k in range(n):
+            charge(ledger, session=f"s{k}", epsilon=0.5, points=k)
+
+
+def test_verify_finds_a_charge_rewritten_in_the_file(tmp_path: Path) -> None:
+    data_dir = tmp_path / "owner"
+    _ledger_with_charges(data_dir)
+    assert verify_file(ledger_path(data_dir)).ok
+    # Someone with the file lowers charge 3's epsilon and adjusts the running totals to match.
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn, conn:
+        conn.execute("DROP TRIGGER charges_no_update")
+        conn.execute("UPDATE charges SET epsilon = 0.01 WHERE id = 3")
+        conn.execute("DELETE FROM charge_totals")
+        conn.execute(
+            "INSERT INTO charge_totals SELECT CAST(at / 86400 AS INTEGER), epsilon, delta, "
+            "non_private, COUNT(*), SUM(points) FROM charges GROUP BY 1, 2, 3, 4"
+        )
+    found = verify_file(ledger_path(data_dir))
+    assert not found.ok
+    assert [p.charge for p in found.problems] == [3]
+    assert "does not match its chain hash" in found.problems[0].what
+    result = CliRunner().invoke(owner_cli, ["ledger", "verify", "--data-dir", str(data_dir)])
+    assert result.exit_code == 1 and "charge 3 does not match" in result.output
+    # Control: without the chain, nothing else sees it: SQLite's check passes, the totals
+    # agree with the charges, and the ledger serves with the lowered spend.
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn:
+        assert _check_totals(conn) == []
+    with OwnerLedger(data_dir, None) as ledger:
+        assert ledger.window_totals().epsilon == pytest.approx(4 * 0.5 + 0.01)
+
+
+def test_verify_finds_a_charge_removed_from_the_middle(tmp_path: Path) -> None:
+    data_dir = tmp_path / "owner"
+    _ledger_with_charges(data_dir)
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn, conn:
+        conn.execute("DROP TRIGGER charges_no_delete")
+        conn.execute("DROP TRIGGER charge_chain_no_delete")
+        conn.execute("DELETE FROM charge_chain WHERE charge = 2")
+        conn.execute("DELETE FROM charges WHERE id = 2")
+    found = verify_file(ledger_path(data_dir))
+    assert [p.charge for p in found.problems if p.charge] == [3]
+
+
+def test_a_ledger_of_the_current_release_migrates_and_gets_a_chain(tmp_path: Path) -> None:
+    """A ledger at schema 3 (this release before the chain) with charges: opening it chains
+    them in order, and the first owner that serves it binds it."""
+    data_dir = tmp_path / "owner"
+    with closing(
+        open_database(ledger_path(data_dir), MIGRATIONS[:3], application=APPLICATION)
+    ) as c:
+        c.execute(
+            "INSERT INTO policies (applied_at, toml) VALUES (0, ?)", (OwnerPolicy().to_toml(),)
+        )
+        for k in range(4):
+            c.execute(
+                "INSERT INTO charges (at, session, consumer, curator, mechanism, epsilon, delta, "
+                "points, non_private) VALUES (?, ?, 'c', 'k', 'm', 0.25, 0, 1, 0)",
+                (1.9e9 + k, f"s{k}"),
+            )
+    with OwnerLedger(data_dir, None) as ledger:
+        assert ledger.identity.owner is None and ledger.identity.charges_at_creation == 4
+        assert ledger.head()[0] == 4
+    found = verify_file(ledger_path(data_dir))
+    assert found.ok and found.charges == 4 and found.totals[0] == 1
+    with OwnerLedger(data_dir, OwnerPolicy(), owner=LedgerOwner("o")) as ledger:
+        charge(ledger)
+        assert ledger.identity.owner == "o"
+    assert verify_file(ledger_path(data_dir)).ok
+
+
+# ------------------------------------------------------------------ receipts (in process)
+def test_a_ledger_behind_a_receipt_it_signed_refuses_to_charge(
+    pki: dict[str, Path], tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "alice"
+    init_ledger(data_dir, "alice", security(pki, ALICE))
+    alice = LedgerOwner.from_security("alice", security(pki, ALICE))
+    backup = tmp_path / "backup.sqlite3"
+    with OwnerLedger(data_dir, None, owner=alice) as ledger:
+        charge(ledger, session="first", epsilon=1.0, points=3)
+        backup_ledger(data_dir, backup)
+        charge(ledger, session="second", epsilon=2.0, points=5)
+        receipt = ledger.receipt()
+        ledger.check_receipt(receipt, curator="curator:curator")  # its own state: fine
+    restore_ledger(data_dir, backup)
+    with OwnerLedger(data_dir, None, owner=alice) as ledger:
+        # Control: presented nothing, the restored ledger charges on, the 2.0 forgotten.
+        assert ledger.window_totals().epsilon == 1.0
+        ledger.check_receipt(None, curator="curator:curator")
+        with pytest.raises(LedgerRollbackError, match=ROLLBACK_MESSAGE.split("(")[0]):
+            ledger.check_receipt(receipt, curator="curator:curator")
+        with pytest.raises(LedgerRollbackError):  # every later charge, whoever asks
+            charge(ledger, session="third", epsilon=0.1)
+        with pytest.raises(LedgerRollbackError):
+            ledger.check_receipt(None, curator="curator:other")
+        (resolved,) = ledger.resolve_rollbacks()
+        assert (resolved.epsilon, resolved.points) == (2.0, 5)  # exactly what was lost
+        assert ledger.window_totals().epsilon == 3.0
+        ledger.check_receipt(receipt, curator="curator:curator")  # resolved: accepted
+        charge(ledger, session="third", epsilon=0.1)
+    assert verify_file(ledger_path(data_dir)).ok
+
+
+# ------------------------------------------------------------------ backup and restore
+_CHARGER = textwrap.dedent(
+    """
+    import sys, time
+    from dpmarket.owner.ledger import OwnerLedger
+    from dpmarket.owner.policy import OwnerPolicy
+    ledger = OwnerLedger(sys.argv[1], OwnerPolicy())
+    for k in range(int(sys.argv[2])):
+        ledger.charge(session="live", consumer="consumer:c", curator="curator:curator",
+                      mechanism="raw points", epsilon=0.125, delta=1e-7, points=k)
+        print(k, flush=True)
+    print("charged", flush=True)
+    time.sleep(600)  # mid-session: killed here
+    """
+)
+
+
+def test_a_backup_round_trips_every_charge_the_wal_holds_after_sigkill(tmp_path: Path) -> None:
+    data_dir = tmp_path / "owner"
+    OwnerLedger.create(data_dir, OwnerPolicy()).close()
+    n = 7
+    process = subprocess.Popen(
+        [sys.executable, "-c", _CHARGER, str(data_dir), str(n)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert process.stdout is not None
+        lines = [process.stdout.readline().strip() for _ in range(n + 1)]
+        assert lines[-1] == "charged", lines
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+        if process.stdout is not None:
+            process.stdout.close()
+    wal = data_dir / "owner.sqlite3-wal"
+    assert wal.is_file() and wal.stat().st_size > 0  # the charges live in the WAL
+
+    # Control: a copy of owner.sqlite3 alone (what `cp` of the file backs up) has none of them.
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(ledger_path(data_dir), ledger_path(alone))
+    with OwnerLedger(alone, None) as copied:
+        assert copied.entries() == []
+
+    out = tmp_path / "backups" / "owner.sqlite3"
+    result = CliRunner().invoke(
+        owner_cli, ["ledger", "backup", "--data-dir", str(data_dir), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"{n} charges up to charge {n}" in " ".join(result.output.split())
+    assert not out.with_name(out.name + "-wal").exists()  # one self-contained file
+    restored = tmp_path / "restored"
+    result = CliRunner().invoke(
+        owner_cli, ["ledger", "restore", "--data-dir", str(restored), "--from", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    with OwnerLedger(data_dir, None) as original, OwnerLedger(restored, None) as copy:
+        assert len(original.entries()) == n
+        assert copy.entries() == original.entries()
+        assert copy.identity == original.identity and copy.head() == original.head()
+
+
+def test_restore_moves_the_replaced_files_aside_and_refuses_another_ledger(
+    tmp_path: Path,
+) -> None:
+    data_dir, other = tmp_path / "owner", tmp_path / "other"
+    _ledger_with_charges(data_dir, 2)
+    _ledger_with_charges(other, 3)
+    backup = tmp_path / "other.sqlite3"
+    backup_ledger(other, backup)
+    with pytest.raises(ValueError, match="is a backup of ledger"):
+        restore_ledger(data_dir, backup)
+    with OwnerLedger(data_dir, None) as ledger:
+        assert len(ledger.entries()) == 2
+    ledger_path(data_dir).write_bytes(b"")  # lost: the backup of this owner's own ledger
+    mine = tmp_path / "mine.sqlite3"
+    _ledger_with_charges(tmp_path / "source", 4)
+    backup_ledger(tmp_path / "source", mine)
+    found, moved = restore_ledger(data_dir, mine)
+    assert found.charges == 4 and [p.name.split(".replaced-")[0] for p in moved] == [
+        "owner.sqlite3"
+    ]
+    assert moved[0].stat().st_size == 0  # kept, not deleted

@@ -1,0 +1,497 @@
+"""Every call is admitted before its request is read: role, calls at once, the RPC's own limit.
+
+Real grpc.aio servers started by :func:`dpmarket.runtime.serving.start_server` over mTLS with
+certificates of a test CA serve small probe servicers (an owner's unary ``GetProgress`` and
+bidirectional ``RunRounds``, a curator's server-streaming ``WatchSession``) whose handlers count
+what reaches them. A status of ``PERMISSION_DENIED`` for a request above the server's own receive
+limit shows that nothing of it was read: gRPC answers a message it reads above that limit
+``RESOURCE_EXHAUSTED``. The limits every production servicer declares are checked against requests
+built at its policy's bounds. How much memory a refused party can make a real service process hold
+is measured in ``tests/integration/test_trust.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.secagg.protocol import KeyAdvertisement
+from dpmarket.common.sketches.marginals import MarginalsMechanism
+from dpmarket.common.sketches.spec import SketchDeclaration
+from dpmarket.curator.cape_service import cape_limits
+from dpmarket.curator.policy import CuratorPolicy
+from dpmarket.curator.service import curator_limits
+from dpmarket.curator.sketch_service import catalog_limits
+from dpmarket.curator.sketches import SketchCatalog
+from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.owner.cape import CapeSite
+from dpmarket.owner.cape_service import (
+    MAX_SITES,
+    SITE_BYTES,
+    cape_site_limits,
+    secure_aggregation_limits,
+)
+from dpmarket.owner.data import PointSet, Table
+from dpmarket.owner.protocol import Owner
+from dpmarket.owner.service import owner_limits
+from dpmarket.runtime import cape_messages, sketch_messages
+from dpmarket.runtime.admission import (
+    OPEN_CALLS_PER_CALLER,
+    SMALL_REQUEST_BYTES,
+    ServiceLimits,
+    largest_request,
+)
+from dpmarket.runtime.arrays import array_to_proto
+from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.serving import start_server
+from dpmarket.runtime.transport import TransportSecurity, aio_channel
+from dpmarket.v1 import (
+    cape_pb2,
+    curator_pb2,
+    curator_pb2_grpc,
+    owner_pb2,
+    owner_pb2_grpc,
+    secure_aggregation_pb2,
+    sketch_pb2,
+)
+from tests.runtime.test_authz import SERVICES
+
+CURATOR = Identity("curator", "curator")
+OWNER = Identity("owner", "owner-0")
+ALICE = Identity("consumer", "alice")
+BOB = Identity("consumer", "bob")
+#: The probe owner's limits: GetProgress's, RunRounds' and the server's (the largest: Bid's).
+PROGRESS_LIMIT = 4096
+ROUNDS_LIMIT = 8192
+SERVER_LIMIT = 256 << 10
+#: Deadline of every call: a safety net against a hang, not a timing assertion.
+DEADLINE = 30.0
+SEND = [("grpc.max_send_message_length", 64 << 20)]
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pki")
+    init_ca(root)
+    issue_all(root, [CURATOR, OWNER, ALICE, BOB])
+    return root
+
+
+def _security(pki: Path, identity: Identity) -> TransportSecurity:
+    return TransportSecurity.from_files(*identity_files(pki, identity))
+
+
+class ProbeOwner(owner_pb2_grpc.OwnerServiceServicer):
+    """An owner's GetProgress and RunRounds for the curator; counts the requests they read.
+
+    ``GetProgress`` waits for :attr:`release` while :attr:`hold` is set."""
+
+    def __init__(self, concurrent_calls: int = 64) -> None:
+        self.authorizer = Authorizer({"curator": ("curator",)})
+        self.limits = ServiceLimits(
+            {"GetProgress": PROGRESS_LIMIT, "RunRounds": ROUNDS_LIMIT, "Bid": SERVER_LIMIT},
+            concurrent_calls=concurrent_calls,
+        )
+        self.reached = 0
+        self.hold = False
+        self.release = asyncio.Event()
+
+    @rpc("curator")
+    async def GetProgress(self, request, context, caller):  # type: ignore[no-untyped-def]
+        self.reached += 1
+        if self.hold:
+            await self.release.wait()
+        return owner_pb2.GetProgressResponse(done=len(request.session_id))
+
+    @rpc_stream("curator")
+    async def RunRounds(self, request_iterator, context, caller):  # type: ignore[no-untyped-def]
+        async for _request in request_iterator:
+            self.reached += 1
+            yield owner_pb2.RunRoundsResponse(bid=owner_pb2.BidResponse(times_best=self.reached))
+
+
+class ProbeCurator(curator_pb2_grpc.CuratorServiceServicer):
+    """A curator's WatchSession for consumers: two events per call."""
+
+    def __init__(self) -> None:
+        self.authorizer = Authorizer({"consumer": None})
+        self.reached = 0
+
+    @rpc_stream("consumer")
+    async def WatchSession(self, request, context, caller):  # type: ignore[no-untyped-def]
+        self.reached += 1
+        for round_ in (1, 2):
+            yield curator_pb2.WatchSessionResponse(round=round_, message=request.session_id[:8])
+
+
+Scenario = Callable[[Callable[[Identity], grpc.aio.Channel], ProbeOwner, ProbeCurator], Any]
+
+
+def _run(pki: Path, scenario: Scenario, owner: ProbeOwner | None = None) -> None:
+    """Serve the probes (as one owner-0 server) and run ``scenario(connect, owner, curator)``."""
+    owner = owner or ProbeOwner()
+    curator = ProbeCurator()
+
+    async def main() -> None:
+        def register(server: grpc.aio.Server) -> None:
+            owner_pb2_grpc.add_OwnerServiceServicer_to_server(owner, server)
+            curator_pb2_grpc.add_CuratorServiceServicer_to_server(curator, server)
+
+        names = ["dpmarket.v1.OwnerService", "dpmarket.v1.CuratorService"]
+        security = _security(pki, OWNER)
+        limit = largest_request([owner, curator])
+        assert limit == SERVER_LIMIT
+        server, port, _ = await start_server(
+            register, names, "127.0.0.1:0", security, max_request_bytes=limit
+        )
+        channels: list[grpc.aio.Channel] = []
+
+        def connect(caller: Identity) -> grpc.aio.Channel:
+            channel = aio_channel(f"127.0.0.1:{port}", _security(pki, caller), OWNER, SEND)
+            channels.append(channel)
+            return channel
+
+        try:
+            await scenario(connect, owner, curator)
+        finally:
+            for channel in channels:
+                await channel.close()
+            await server.stop(None)
+
+    asyncio.run(main())
+
+
+async def _code(call: Coroutine[Any, Any, Any] | Any) -> tuple[grpc.StatusCode, str]:
+    try:
+        await call
+    except grpc.aio.AioRpcError as exc:
+        return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def _progress(size: int) -> owner_pb2.GetProgressRequest:
+    """A GetProgressRequest of exactly ``size`` bytes (``size >= 2``)."""
+    n = size - 2
+    request = owner_pb2.GetProgressRequest(session_id="x" * n)
+    while request.ByteSize() > size:
+        n -= 1
+        request.session_id = "x" * n
+    assert request.ByteSize() == size
+    return request
+
+
+# ------------------------------------------------------------------------------ behaviour
+def test_a_refused_caller_is_answered_before_its_request_is_read(pki: Path) -> None:
+    async def scenario(connect, owner, curator):  # type: ignore[no-untyped-def]
+        huge = _progress(4 * SERVER_LIMIT)  # above what this server reads at all
+        for caller in (ALICE, CURATOR):
+            stub = owner_pb2_grpc.OwnerServiceStub(connect(caller))
+            code, details = await _code(stub.GetProgress(huge, timeout=DEADLINE))
+            if caller == ALICE:
+                # Refused on the certificate: read, the request would be RESOURCE_EXHAUSTED.
+                assert code == grpc.StatusCode.PERMISSION_DENIED, details
+                assert "may not call" in details
+            else:
+                assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+        assert owner.reached == 0
+        # The same for a stream: refused at its start, before its first message is read.
+        stub = owner_pb2_grpc.OwnerServiceStub(connect(ALICE))
+        big = owner_pb2.RunRoundsRequest(bid=owner_pb2.BidRequest(session_id="y" * SERVER_LIMIT))
+        code, _ = await _code(_drain(stub.RunRounds(iter([big]), timeout=DEADLINE)))
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+        curator_stub = curator_pb2_grpc.CuratorServiceStub(connect(CURATOR))
+        watch = curator_pb2.WatchSessionRequest(session_id="z" * (4 * SERVER_LIMIT))
+        code, _ = await _code(_drain(curator_stub.WatchSession(watch, timeout=DEADLINE)))
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+        assert owner.reached == 0 and curator.reached == 0
+
+    _run(pki, scenario)
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Wait for ``condition`` (polling every 10 ms); fail after :data:`DEADLINE` seconds."""
+    for _ in range(int(DEADLINE * 100)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition did not hold in time")
+
+
+async def _drain(call: Any) -> list[Any]:
+    return [message async for message in call]
+
+
+def test_an_admitted_request_is_held_to_its_rpcs_own_limit_unparsed(pki: Path) -> None:
+    async def scenario(connect, owner, curator):  # type: ignore[no-untyped-def]
+        stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
+        request = _progress(PROGRESS_LIMIT)
+        response = await stub.GetProgress(request, timeout=DEADLINE)
+        assert response.done == len(request.session_id)
+        code, details = await _code(stub.GetProgress(_progress(PROGRESS_LIMIT + 1)))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert (
+            f"a GetProgress request of {PROGRESS_LIMIT + 1} bytes exceeds this method's limit "
+            f"of {PROGRESS_LIMIT} bytes"
+        ) in details
+        assert owner.reached == 1
+        # Each message of a client stream is held to the limit as its handler reads it.
+        small = owner_pb2.RunRoundsRequest(bid=owner_pb2.BidRequest(session_id="s"))
+        large = owner_pb2.RunRoundsRequest(bid=owner_pb2.BidRequest(session_id="l" * ROUNDS_LIMIT))
+        responses: list[Any] = []
+
+        async def stream() -> None:
+            async for message in stub.RunRounds(iter([small, small, large]), timeout=DEADLINE):
+                responses.append(message)
+
+        code, details = await _code(stream())
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+        assert "RunRounds request of" in details
+        assert [r.bid.times_best for r in responses] == [2, 3]
+        assert owner.reached == 3
+        # A consumer's admitted server stream is served whole.
+        watcher = curator_pb2_grpc.CuratorServiceStub(connect(ALICE))
+        events = await _drain(watcher.WatchSession(curator_pb2.WatchSessionRequest(session_id="s")))
+        assert [e.round for e in events] == [1, 2]
+
+    _run(pki, scenario)
+
+
+def test_a_service_serves_at_most_its_calls_at_once_and_refusals_take_no_slot(pki: Path) -> None:
+    owner = ProbeOwner(concurrent_calls=2)
+    owner.hold = True
+
+    async def scenario(connect, owner, curator):  # type: ignore[no-untyped-def]
+        stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
+        calls = [stub.GetProgress(_progress(10), timeout=DEADLINE) for _ in range(2)]
+        held = [asyncio.ensure_future(call) for call in calls]
+        await _until(lambda: owner.reached == 2)
+        code, details = await _code(stub.GetProgress(_progress(PROGRESS_LIMIT), timeout=DEADLINE))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "its limit of 2 calls at once" in details
+        # A refused caller is refused for what it is, and takes no slot.
+        alice = owner_pb2_grpc.OwnerServiceStub(connect(ALICE))
+        code, _ = await _code(alice.GetProgress(_progress(10), timeout=DEADLINE))
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+        # A call its client cancels gives its slot back.
+        calls[0].cancel()
+        held.append(asyncio.ensure_future(stub.GetProgress(_progress(10), timeout=DEADLINE)))
+        await _until(lambda: owner.reached == 3)
+        owner.release.set()
+        assert [r.done for r in await asyncio.gather(*held[1:])] == [8, 8]
+        assert owner.reached == 3
+
+    _run(pki, scenario, owner)
+
+
+def test_health_and_reflection_serve_every_identity_within_small_limits(pki: Path) -> None:
+    async def scenario(connect, owner, curator):  # type: ignore[no-untyped-def]
+        health = health_pb2_grpc.HealthStub(connect(ALICE))
+        response = await health.Check(health_pb2.HealthCheckRequest(), timeout=DEADLINE)
+        assert response.status == health_pb2.HealthCheckResponse.SERVING
+        big = health_pb2.HealthCheckRequest(service="h" * SMALL_REQUEST_BYTES)
+        code, _ = await _code(health.Check(big, timeout=DEADLINE))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # One caller holds at most OPEN_CALLS_PER_CALLER calls at once; another is served.
+        watches = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(2)]
+        for watch in watches:
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+        assert len(watches) == OPEN_CALLS_PER_CALLER
+        code, details = await _code(health.Check(health_pb2.HealthCheckRequest()))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "consumer:alice has its limit of 2 calls at once" in details
+        other = health_pb2_grpc.HealthStub(connect(BOB))
+        assert (await other.Check(health_pb2.HealthCheckRequest())).status == response.status
+        for watch in watches:
+            watch.cancel()
+        reflection = reflection_pb2_grpc.ServerReflectionStub(connect(BOB))
+        ask = reflection_pb2.ServerReflectionRequest(list_services="")
+        answers = await _drain(reflection.ServerReflectionInfo(iter([ask]), timeout=DEADLINE))
+        listed = {s.name for s in answers[0].list_services_response.service}
+        assert "dpmarket.v1.OwnerService" in listed
+
+    _run(pki, scenario)
+
+
+# ------------------------------------------------------------------ the services' limits
+LIMITS = {
+    "OwnerService": "owner_limits",
+    "CapeSiteService": "cape_site_limits",
+    "SecureAggregationService": "secure_aggregation_limits",
+    "CuratorService": "curator_limits",
+    "CapeService": "cape_limits",
+    "SketchCatalogService": "catalog_limits",
+}
+
+
+@pytest.mark.parametrize(
+    ("service", "servicer"), [(s[0], s[1]) for s in SERVICES], ids=lambda v: getattr(v, "name", "")
+)
+def test_every_servicer_states_its_limits_for_its_own_rpcs(service: Any, servicer: Any) -> None:
+    """Each servicer's ``limits`` comes from its limits function (docs/reference.md)."""
+    prop = vars(servicer).get("limits")
+    assert isinstance(prop, functools.cached_property), f"{servicer.__name__} states no limits"
+    assert LIMITS[service.name] in (prop.func.__doc__ or ""), servicer.__name__
+
+
+def _owner(n_features: int) -> Owner:
+    points = PointSet(np.zeros((3, n_features)), None, "owner-0")
+    return Owner("owner-0", points, max_rff_dimension=512, max_sessions=8)
+
+
+def test_the_owners_limits_admit_requests_at_its_policy_bounds_and_name_its_rpcs() -> None:
+    n, d = 17, 512
+    limits = owner_limits(_owner(n))
+    rpcs = {m.name for m in owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].methods}
+    assert set(limits.requests) <= rpcs
+    session = "s" * 256
+    terms = owner_pb2.SessionTerms(
+        method=owner_pb2.SESSION_METHOD_PRIVATE, epsilon=1.0, delta=1e-6, max_rounds=2**62
+    )
+    embedding = array_to_proto(np.zeros(d))
+    requests = {
+        "OpenSession": owner_pb2.OpenSessionRequest(
+            session_id=session,
+            omega=array_to_proto(np.zeros((d, n))),
+            phase=embedding,
+            sampling_seed=2**63,
+            gamma=1.0,
+            consumer="consumer:" + "c" * 63,
+            terms=terms,
+        ),
+        "SetValidationEmbedding": owner_pb2.SetValidationEmbeddingRequest(
+            session_id=session,
+            validation_embedding=embedding,
+            shrinkage_sigma=1.0,
+            prior_embedding=embedding,
+        ),
+        "Bid": owner_pb2.BidRequest(
+            session_id=session, round=2**40, summary_embedding=embedding, summary_size=2**40
+        ),
+        "RunRounds": owner_pb2.RunRoundsRequest(
+            bid=owner_pb2.BidRequest(session_id=session, summary_embedding=embedding)
+        ),
+        "ReleasePoint": owner_pb2.ReleasePointRequest(session_id=session, round=2**40),
+    }
+    for name, request in requests.items():
+        assert request.ByteSize() <= limits.request_bytes(name), name
+    # An omega wider than the owner's features does not fit.
+    wide = owner_pb2.OpenSessionRequest(omega=array_to_proto(np.zeros((d, 2 * n + 10))))
+    assert wide.ByteSize() > limits.request_bytes("OpenSession")
+    assert limits.concurrent_calls >= 32
+
+
+def test_the_cape_sites_limits_admit_jobs_of_their_sized_sites_and_columns(pki: Path) -> None:
+    columns = tuple(f"column-{'c' * 200}-{j}" for j in range(6))
+    table = Table(columns, np.zeros((4, len(columns))), "owner-0")
+    limits = cape_site_limits(CapeSite("owner-0", table))
+    rounds = secure_aggregation_limits()
+    for service, stated in (("CapeSiteService", limits), ("SecureAggregationService", rounds)):
+        file = cape_pb2 if service == "CapeSiteService" else secure_aggregation_pb2
+        names = {m.name for m in file.DESCRIPTOR.services_by_name[service].methods}
+        assert set(stated.requests) <= names
+    # One site's share of a round's largest message, with a real certificate.
+    certificate = identity_files(pki, OWNER)[1].read_bytes()
+    site = "o" * 63
+    advertisement = cape_messages.advertisement_to_proto(
+        KeyAdvertisement(site, bytes(32), bytes(32), bytes(72), bytes(32)), certificate
+    )
+    per_site = (
+        secure_aggregation_pb2.ShareKeysRequest(
+            round=secure_aggregation_pb2.SecureAggregationRound(sites=[site]),
+            advertisements=[advertisement],
+            nonces=[secure_aggregation_pb2.SiteNonce(site=site, nonce=bytes(32))],
+        ).ByteSize()
+        + secure_aggregation_pb2.SiteCiphertext(
+            sender=site, recipient=site, ciphertext=bytes(512)
+        ).ByteSize()
+        + 2 * secure_aggregation_pb2.PairTag(sender=site, recipient=site, tag=bytes(32)).ByteSize()
+    )
+    assert per_site <= SITE_BYTES
+    assert rounds.request_bytes("ShareKeys") >= MAX_SITES * SITE_BYTES
+    # A training of 256 hidden units over every column, and capeFM's coefficients.
+    d = len(columns)
+    parameters = array_to_proto(np.zeros(256 * (d + 2) + 1))
+    gradient = cape_pb2.ReleaseCapeGradientRequest(
+        job_id="j" * 64, round_id=bytes(32), parameters=parameters, noise_total=parameters
+    )
+    assert gradient.ByteSize() <= limits.request_bytes("ReleaseCapeGradient")
+    release = cape_pb2.ReleaseCapeRequest(
+        job_id="j" * 64, round_id=bytes(32), noise_total=array_to_proto(np.zeros((d + 2) ** 2))
+    )
+    assert release.ByteSize() <= limits.request_bytes("ReleaseCape")
+    spec = cape_pb2.CapeSpec(
+        features=[cape_pb2.ColumnBound(column=c, low=-1.0, high=1.0) for c in columns[:-1]],
+        target=cape_pb2.ColumnBound(column=columns[-1], low=0.0, high=1.0),
+    )
+    job = cape_pb2.OpenCapeJobRequest(job_id="j" * 64, consumer="consumer:c", spec=spec)
+    assert job.ByteSize() <= limits.request_bytes("OpenCapeJob")
+
+
+def test_the_curators_limits_follow_its_policy() -> None:
+    policy = CuratorPolicy().with_overrides(ranges={"validation_values": (1, 64 * 1000)})
+    limits = curator_limits(policy)
+    validation = array_to_proto(np.zeros((900, 64)))
+    seed_set = array_to_proto(np.zeros((100, 64)))
+    names = [f"feature-{j}" for j in range(64)]
+    request = curator_pb2.CreateSessionRequest(
+        validation=validation, seed_set=seed_set, request_id="r" * 128, feature_names=names
+    )
+    assert request.ByteSize() <= limits.request_bytes("CreateSession")
+    assert limits.request_bytes("CreateSession") < curator_limits(CuratorPolicy()).request_bytes(
+        "CreateSession"
+    )
+    columns = int(CuratorPolicy().ranges["cape_columns"][1])
+    spec = cape_pb2.CapeSpec(
+        features=[
+            cape_pb2.ColumnBound(column="f" * 250, low=-1.0, high=1.0) for _ in range(columns)
+        ]
+    )
+    fit = cape_pb2.FitCapeRequest(spec=spec, request_id="r" * 128)
+    assert fit.ByteSize() <= cape_limits(CuratorPolicy()).request_bytes("FitCape")
+
+
+def test_the_catalogues_limits_admit_a_sketch_of_each_of_its_specs(tmp_path: Path) -> None:
+    """PublishSketch's limit, from the catalogue's specs (a marginals one among them), admits a
+    real sketch of each RFF, RACE and HIST spec; the catalogue takes a call of each configured
+    owner at once."""
+    columns = [{"name": "a", "low": 0, "high": 1}, {"name": "b", "low": -10, "high": 10}]
+    declaration = SketchDeclaration.from_mapping(
+        {
+            "name": "toy",
+            "mechanism": {"epsilon": 1.0, "epsilon_range": [0.5, 2.0]},
+            "columns": columns,
+            "maps": {
+                "rff": {"frequencies": 64, "sigma": 0.5},
+                "race": {"hashes": 8, "buckets": 16, "width": 0.25},
+                "hist": {"bins": 32},
+                "marginals": {"bins": 10, "rounds": 2, "measurements": 4, "delta": 1e-6},
+            },
+        }
+    )
+    owners = [f"owner-{i}" for i in range(100)]
+    rng = np.random.default_rng(0)
+    records = np.column_stack([rng.uniform(0, 1, 200), rng.uniform(-10, 10, 200)])
+    with SketchCatalog(tmp_path, [declaration], owners=owners, seed=0) as catalog:
+        limits = catalog_limits(catalog)
+        assert limits.concurrent_calls >= len(owners)
+        assert len(catalog.specs()) == 4
+        for spec in catalog.specs():
+            mechanism = spec.mechanism(1.0)
+            if isinstance(mechanism, MarginalsMechanism):
+                continue  # its release fits a graphical model (seconds); its limit is larger
+            sketch = mechanism.release(records, SeededNoise(np.random.default_rng(1)))
+            request = sketch_pb2.PublishSketchRequest(
+                spec=spec.name, sketch=sketch_messages.sketch_to_proto(sketch)
+            )
+            assert request.ByteSize() <= limits.request_bytes("PublishSketch"), spec.name
