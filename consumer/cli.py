@@ -12,7 +12,6 @@ consumer's process. :func:`protocol_options` and the input helpers are shared wi
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,9 +25,7 @@ from rich.table import Table as RichTable
 
 from dpmarket.common.errors import DPMarketError, InvalidArgumentError
 from dpmarket.common.schema import Schema
-from dpmarket.common.sketches.marginals import MarginalsSketch
-from dpmarket.common.sketches.sketch import PrivateSketch, merge_sketches
-from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
+from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.summarization.methods import (
     SummarizationConfig,
 )
@@ -1001,22 +998,6 @@ def _client(curator: str, curator_name: str, tls: dict[str, Any]) -> Any:
     return CuratorClient(curator, security, curator=curator_identity(curator_name))
 
 
-def _choose_spec(client: Any, name: str | None, kind: str | None = None) -> SketchSpec:
-    """The spec called ``name``, or the only one (of ``kind``) in the catalogue."""
-    if name is not None:
-        spec: SketchSpec = client.sketch_spec(name)
-        if kind is not None and spec.kind != kind:
-            raise click.BadParameter(
-                f"{name} is a {spec.kind} spec, not {kind}", param_hint="--spec"
-            )
-        return spec
-    specs = [s for s in client.sketch_specs() if kind is None or s.kind == kind]
-    if len(specs) != 1:
-        names = ", ".join(s.name for s in specs) or "none"
-        raise click.UsageError(f"choose a spec with --spec (the catalogue has: {names})")
-    return specs[0]
-
-
 @click.command("specs")
 @curator_options
 @json_option
@@ -1121,71 +1102,6 @@ def list_command(
     Console().print(table)
 
 
-def _selected(
-    entries: list[PublishedSketch], owners: tuple[str, ...], spec: SketchSpec
-) -> list[PublishedSketch]:
-    found = {e.owner for e in entries}
-    missing = sorted(set(owners) - found)
-    if missing:
-        raise click.ClickException(
-            f"no sketch of {', '.join(missing)} under {spec.name} (published: "
-            f"{', '.join(sorted(found)) or 'none'})"
-        )
-    if not entries:
-        raise click.ClickException(f"no owner has published under {spec.name} yet")
-    return entries
-
-
-def _explore_candidates(
-    client: Any, name: str | None, owners: tuple[str, ...]
-) -> list[tuple[SketchSpec, list[PublishedSketch]]]:
-    """The specs ``--spec`` allows (one spec, every spec of a declaration, or every spec), each
-    with the sketches of the owners asked about; specs missing one of them are left out."""
-    if name is not None and "/" in name:
-        specs = [client.sketch_spec(name)]
-    else:
-        specs = [s for s in client.sketch_specs() if name is None or s.name.split("/")[0] == name]
-        declarations = {s.name.split("/")[0] for s in specs}
-        if not specs or len(declarations) > 1:
-            listed = ", ".join(sorted(declarations)) or "none"
-            raise click.UsageError(
-                f"name a declaration or a spec with --spec (the catalogue has: {listed})"
-            )
-    out = []
-    for spec in specs:
-        entries = client.sketches(spec, list(owners) or None)
-        if entries and set(owners) <= {e.owner for e in entries}:
-            out.append((spec, entries))
-    if not out:
-        names = ", ".join(s.name for s in specs)
-        who = ", ".join(owners) or "any owner"
-        raise click.ClickException(f"no sketch of {who} under {names}")
-    return out
-
-
-def _expected_error(
-    query: Any, spec: SketchSpec, entries: list[PublishedSketch], make: Any, answers: dict[str, Any]
-) -> float:
-    """Mean half-width of ``spec``'s 95 % interval for ``query``, bias bound included (its
-    answer, kept in ``answers``); for a logistic regression, whose bias no sketch bounds, the
-    mean standard error of the involved columns' means from the public noise scales."""
-    from dpmarket.consumer.explore import Query, m2m_standard_errors, m2m_target
-
-    explorer = make(spec)
-    sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
-    sketch = sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
-    if query.kind != "logreg":
-        answer = explorer.answer(query, sketch)
-        answers[spec.name] = answer
-        low, high = answer.interval()
-        return float(np.mean((high - low) / 2.0))
-    estimator = explorer.estimator(sketch)
-    columns = tuple(dict.fromkeys((*query.columns, *([query.target] if query.target else []))))
-    target = m2m_target(Query("mean", columns=columns), spec.domain)
-    assert target is not None
-    return float(np.mean(m2m_standard_errors(estimator, target)))
-
-
 @click.command("explore")
 @curator_options
 @click.option(
@@ -1276,14 +1192,8 @@ def explore_command(
     Each query is answered from the best sketch available (dpmarket.consumer.explore.choose_source):
     a marginals sketch for what it expresses (counts, CDFs, marginals, synthetic records,
     moments of discrete columns), else the M2M sketch whose noise moves the answer least."""
-    from dpmarket.consumer.explore import (
-        DEFAULT_EXPLORE_SYNTHETIC,
-        Explorer,
-        MarginalsExplorer,
-        Query,
-        choose_source,
-        parse_where,
-    )
+    from dpmarket.consumer.catalogue import ExploreOptions, SpecChoiceError, explore
+    from dpmarket.consumer.explore import Query, parse_where
 
     if bool(owners) == all_owners:
         raise click.UsageError("give --owner NAME (repeat for a union) or --all")
@@ -1300,68 +1210,26 @@ def explore_command(
         raise click.UsageError(str(exc)) from exc
     if out_path is not None:
         check_outputs(out_path)
-    explorers: dict[str, Explorer] = {}
-
-    def make(chosen: SketchSpec) -> Explorer:
-        if chosen.name not in explorers:
-            explorers[chosen.name] = Explorer(
-                chosen,
-                n_synthetic=synthetic or DEFAULT_EXPLORE_SYNTHETIC,
-                seed=seed,
-                lambda_rule=lambda_rule,  # type: ignore[arg-type]
-                intercept=intercept,
-            )
-        return explorers[chosen.name]
-
+    options = ExploreOptions(
+        synthetic=synthetic,
+        seed=seed,
+        lambda_rule=lambda_rule,  # type: ignore[arg-type]
+        intercept=intercept,
+        bootstrap=bootstrap,
+    )
     try:
         with _client(curator, curator_name, tls) as client:
-            candidates = _explore_candidates(client, spec, owners)
-        by_name = {s.name: (s, e) for s, e in candidates}
-        answered: dict[str, Any] = {}
-        chosen, reason = choose_source(
-            q,
-            [s for s, _ in candidates],
-            lambda s: _expected_error(q, s, by_name[s.name][1], make, answered),
-        )
-        entries = by_name[chosen.name][1]
-        details: dict[str, Any]
-        if chosen.kind == "marginals":
-            tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
-            marginals = MarginalsExplorer(chosen, bootstrap=bootstrap, seed=seed)
-            answer = marginals.answer(q, tables)
-            n_hat = math.fsum(marginals.models(s)[0].total for s in tables)
-            details = {"graphical_model": {"bootstrap": bootstrap, "seed": seed}}
-        else:
-            explorer = make(chosen)
-            sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
-            sketch = sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
-            estimator = explorer.estimator(sketch)
-            answer = answered.get(chosen.name) or explorer.answer(q, estimator)
-            n_hat = float(answer.extra.get("n", estimator.sketch.count_estimate))
-            details = {
-                "m2m": {
-                    "n_synthetic": explorer.design.n_synthetic,
-                    "seed": seed,
-                    "lambda_rule": lambda_rule,
-                    "lambda": estimator.lam,
-                    "intercept": intercept,
-                }
-            }
+            found = explore(client, q, spec=spec, owners=owners, options=options)
+    except SpecChoiceError as exc:
+        raise click.UsageError(str(exc)) from exc
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    entries, answer = found.entries, found.answer
     who = (
         entries[0].owner if len(entries) == 1 else f"union of {', '.join(e.owner for e in entries)}"
     )
-    report = {
-        "curator": f"{curator_name}@{curator}",
-        "spec": chosen.name,
-        "source": answer.source,
-        "reason": reason,
-        "owners": [e.owner for e in entries],
-        "sketches": [e.describe() for e in entries],
-        **details,
-        "answer": answer.as_dict(),
-    }
+    report = found.to_json(f"{curator_name}@{curator}")
+    reason, n_hat = found.reason, found.n_hat
     write_output(report, out_path)
     if as_json:
         print_json(report)
@@ -1509,30 +1377,31 @@ def rank_owners_command(
     **tls: Any,
 ) -> None:
     """Rank owners by the MMD between a validation set and their RFF sketches, computed here."""
-    from dpmarket.consumer.explore import rank_owners
+    from dpmarket.consumer.catalogue import SpecChoiceError, rank
 
     if out_path is not None:
         check_outputs(out_path)
     try:
         with _client(curator, curator_name, tls) as client:
-            chosen = _choose_spec(client, spec, kind="rff")
-            validation = _validation(validation_path, chosen)
-            entries = _selected(client.sketches(chosen, list(owners) or None), owners, chosen)
-        ranking = rank_owners(
-            {e.owner: e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)},
-            validation,
-        )
+            ranking = rank(
+                client,
+                lambda chosen: _validation(validation_path, chosen),
+                spec=spec,
+                owners=owners,
+            )
+    except SpecChoiceError as exc:
+        raise click.UsageError(str(exc)) from exc
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    by_owner = {e.owner: e for e in entries}
+    chosen = ranking.spec
     rows = [
-        _ranking_row(k, ranked, by_owner[ranked.owner].sketch)
-        for k, ranked in enumerate(ranking, 1)
+        _ranking_row(k, ranked, ranking.sketches[ranked.owner])
+        for k, ranked in enumerate(ranking.owners, 1)
     ]
     document = {
         "curator": f"{curator_name}@{curator}",
         "spec": chosen.name,
-        "validation_points": int(validation.shape[0]),
+        "validation_points": ranking.validation_points,
         "ranking": rows,
     }
     write_output(document, out_path)

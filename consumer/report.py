@@ -549,6 +549,27 @@ def mmd_curve(
     return [mmd2(points[:k], validation, gamma) for k in sizes if 0 < k <= points.shape[0]]
 
 
+def summary_curve(result: SummaryResult, validation: NDArray[np.float64], gamma: float) -> MMDCurve:
+    """MMD² to the validation set of the summary's first k points, for k up to p (50 steps at
+    most, p last), and every owner's share (those left out: 0, after the others).
+
+    Parameters
+    ----------
+    result : SummaryResult
+        Points of shape (p, n) in the order they were added, their owners, the report.
+    validation : ndarray of shape (m, n)
+    gamma : float
+        RBF kernel parameter of the MMD.
+    """
+    p = int(result.points.shape[0])
+    step = max(1, p // 50)
+    sizes = sorted({*range(step, p + 1, step), p}) if p else []
+    values = mmd_curve(result.points, validation, gamma, sizes)
+    counts = _count(result.owner_ids)
+    owners = sorted(counts) + [o for o in result.report.left_out if o not in counts]
+    return MMDCurve(tuple(sizes), tuple(values), {o: counts.get(o, 0) for o in owners})
+
+
 def plot_mmd_curves(
     curves: Mapping[str, MMDCurve],
     path: str | Path,
@@ -635,13 +656,10 @@ def plot_request(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    p = int(result.points.shape[0])
-    step = max(1, p // 50)
-    sizes = sorted({*range(step, p + 1, step), p}) if p else []
-    values = mmd_curve(result.points, validation, gamma, sizes)
-    shares = _count(result.owner_ids)
+    drawn = summary_curve(result, validation, gamma)
+    sizes, values, shares = list(drawn.sizes), list(drawn.mmd2), drawn.shares
     left_out = dict(result.report.left_out)
-    owners = sorted(shares) + [o for o in left_out if o not in shares]
+    owners = list(shares)
     fig, (curve, bars) = plt.subplots(1, 2, figsize=(11, 4))
     curve.plot(sizes, values, marker="o", markersize=3)
     curve.set_yscale("log")
@@ -649,10 +667,10 @@ def plot_request(
     curve.set_ylabel("MMD² to the validation set")
     curve.grid(True, alpha=0.3)
     counts = [shares.get(o, 0) for o in owners]
-    bars.bar(range(len(owners)), counts, color=["C0" if o in shares else "0.7" for o in owners])
+    bars.bar(range(len(owners)), counts, color=["C0" if shares[o] else "0.7" for o in owners])
     bars.set_xticks(
         range(len(owners)),
-        [o if o in shares else f"{o}\n({left_out[o]})" for o in owners],
+        [f"{o}\n({left_out[o]})" if not shares[o] and o in left_out else o for o in owners],
         rotation=30,
         ha="right",
         fontsize=8,
@@ -663,4 +681,4 @@ def plot_request(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return MMDCurve(tuple(sizes), tuple(values), {o: shares.get(o, 0) for o in owners})
+    return drawn
