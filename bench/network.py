@@ -1,7 +1,7 @@
 """What the network costs, per protocol: round trips on the critical path, calls and bytes.
 
 Every protocol runs once per size on a :class:`dpmarket.deploy.launcher.LocalCluster` (K
-``serve-owner`` processes and a ``serve-curator`` process on 127.0.0.1 over mTLS), with the call
+``owner serve`` processes and a ``curator serve`` process on 127.0.0.1 over mTLS), with the call
 record of :mod:`dpmarket.runtime.rpc_trace` switched on for every process (``DPMARKET_RPC_TRACE``,
 inherited by the services), then a secure-aggregation round of S site processes (those of
 :mod:`bench.secagg`) driven by this process as the curator. For each run the report gives, from the
@@ -282,7 +282,7 @@ width = 0.25
 bins = [4, 4, 4, 4]
 """
 )
-#: Specs of :data:`_SKETCH_SPEC`, all published by every owner (``sketch publish --all``).
+#: Specs of :data:`_SKETCH_SPEC`, all published by every owner (``owner publish --all``).
 SKETCH_SPECS = 3
 
 
@@ -615,14 +615,14 @@ def run_wan(
             )
             wan.spawn(
                 owner,
-                [dpmarket, "serve-owner", "--data", str(files[i]), "--table", str(tables[i]),
+                [dpmarket, "owner", "serve", "--data", str(files[i]), "--table", str(tables[i]),
                  "--binary-column", BINARY, "--host", "0.0.0.0", "--port", str(WAN_OWNER_PORT),
                  "--pki-dir", str(pki), "--name", owner, "--policy", str(owner_policy),
                  "--data-dir", "state", "--allow-seeded-sessions"],
                 owner,
             )  # fmt: skip
         curator = [
-            dpmarket, "serve-curator", "--host", "0.0.0.0", "--port", str(WAN_CURATOR_PORT),
+            dpmarket, "curator", "serve", "--host", "0.0.0.0", "--port", str(WAN_CURATOR_PORT),
             "--pki-dir", str(pki), "--name", "curator", "--policy", str(curator_policy),
             "--data-dir", "state", "--allow-seeded-sessions",
         ]  # fmt: skip

@@ -356,9 +356,11 @@ def _ratios(dask_steps: dict[str, Any], memory: dict[str, Any], rows: int) -> di
 
 
 def _request_command(deployment: Path, work: Path, k: int, p: int) -> list[str]:
-    """``dpmarket request`` of ``p`` points, as the tutorial runs it; files numbered ``k``."""
+    """``dpmarket consumer request`` of ``p`` points, as the tutorial runs it; files numbered
+    ``k``."""
     return [
         str(Path(sys.executable).parent / "dpmarket"),
+        "consumer",
         "request",
         "--config",
         str(deployment / "consumer.toml"),

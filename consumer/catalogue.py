@@ -1,8 +1,8 @@
-"""What a consumer answers from the curator's sketch catalogue: ``explore`` and ``rank-owners``.
+"""What a consumer answers from the sketch catalogue: ``consumer explore``, ``rank-owners``.
 
 Both read the owners' published sketches once and compute here (:mod:`dpmarket.consumer.explore`):
 no owner is called, and the validation set never leaves the consumer's process. This module is
-their one home: ``dpmarket explore`` / ``dpmarket rank-owners`` print what :func:`explore` and
+their one home: ``dpmarket consumer explore`` / ``rank-owners`` print what :func:`explore` and
 :func:`rank` return, and :class:`dpmarket.client.Consumer` returns it.
 """
 
@@ -108,7 +108,7 @@ class Exploration:
         return tuple(e.owner for e in self.entries)
 
     def to_json(self, curator: str) -> dict[str, Any]:
-        """What ``dpmarket explore --json`` prints (``curator``: ``NAME@HOST:PORT``)."""
+        """What ``dpmarket consumer explore --json`` prints (``curator``: ``NAME@HOST:PORT``)."""
         return {
             "curator": curator,
             "spec": self.spec.name,
@@ -250,6 +250,7 @@ def explore(
     spec: str | None = None,
     owners: Sequence[str] = (),
     options: ExploreOptions | None = None,
+    explorers: dict[Any, Explorer] | None = None,
 ) -> Exploration:
     """Answer ``query`` about ``owners``' data (their union; none: any owner) from their
     published sketches, with standard errors, computed here (no owner is asked anything).
@@ -270,6 +271,10 @@ def explore(
     owners : sequence of str
         The owners asked about.
     options : ExploreOptions, optional
+    explorers : dict, optional
+        Keeps each spec's M2M explorer (its synthetic design, the costly part) across calls,
+        keyed by the spec and the options: the consumer's console passes one dict for its
+        lifetime.
 
     Returns
     -------
@@ -285,18 +290,19 @@ def explore(
         From the catalogue or the estimators.
     """
     options = options if options is not None else ExploreOptions()
-    explorers: dict[str, Explorer] = {}
+    kept: dict[Any, Explorer] = explorers if explorers is not None else {}
 
     def make(chosen: SketchSpec) -> Explorer:
-        if chosen.name not in explorers:
-            explorers[chosen.name] = Explorer(
+        key = (chosen.name, chosen.key, options)
+        if key not in kept:
+            kept[key] = Explorer(
                 chosen,
                 n_synthetic=options.synthetic or DEFAULT_EXPLORE_SYNTHETIC,
                 seed=options.seed,
                 lambda_rule=options.lambda_rule,
                 intercept=options.intercept,
             )
-        return explorers[chosen.name]
+        return kept[key]
 
     candidates = _candidates(client, spec, owners)
     by_name = {s.name: (s, e) for s, e in candidates}

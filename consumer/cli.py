@@ -60,12 +60,14 @@ from dpmarket.runtime.schemas import load_schema
 __all__ = [
     "CAPE_COMMANDS",
     "Inputs",
+    "cape_group",
     "explore_command",
     "finish",
     "list_command",
     "load_points",
     "protocol_options",
     "rank_owners_command",
+    "rank_sketches",
     "read_inputs",
     "request",
     "specs_command",
@@ -75,6 +77,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from dpmarket.common.cape.uncertainty import Estimate, Flag
+    from dpmarket.consumer.catalogue import Ranking
 
 logger = logging.getLogger("dpmarket")
 
@@ -284,12 +287,12 @@ def finish(
     wide: bool = False,
     as_json: bool = False,
     plot_path: str | None = None,
-) -> None:
+) -> dict[str, Any]:
     """Evaluate a summary as the consumer would, write it and its report, show the result.
 
     The report (``{"config", "result"}``) goes to ``report_path`` and, with ``as_json``, to
     stdout instead of the table; ``plot_path`` also gets the plot
-    (:func:`dpmarket.consumer.report.plot_request`).
+    (:func:`dpmarket.consumer.report.plot_request`). Returns the report.
     """
     from dpmarket.consumer.report import comparison_table, evaluate_summary, plot_request
     from dpmarket.owner.data import save_point_set
@@ -334,6 +337,7 @@ def finish(
         )
     written = f"summary -> {out}, report -> {report_path}"
     console.print(written + ("" if plot_path is None else f", plot -> {plot_path}"))
+    return document
 
 
 def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: str) -> None:
@@ -401,6 +405,14 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
     help="The data's public schema (TOML): tables are read through it (features by name, in "
     "its order) and the curator refuses owners that declare another.",
 )
+@click.option(
+    "--data-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="The consumer's data directory: each request's outcome (method, spend, each owner's "
+    "share, MMD², where the summary went; never the validation set) is recorded in its "
+    "sessions/ folder, where `dpmarket console` lists the consumer's past sessions.",
+)
 @protocol_options
 @summary_output_options
 @tls_options
@@ -411,6 +423,7 @@ def request(
     min_owners: int | None,
     exclude_owners: tuple[str, ...],
     schema_path: str | None,
+    data_dir: str | None,
     summary_size: int,
     method: str,
     validation_path: str,
@@ -464,10 +477,12 @@ def request(
                 feature_names=() if schema is not None else inputs.validation.columns,
             )
     except SessionFailedError as exc:
+        if data_dir is not None:
+            _record_failure(data_dir, exc, config)
         _failed(exc, config, report_path)
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc
-    finish(
+    document = finish(
         result,
         inputs,
         config,
@@ -478,6 +493,38 @@ def request(
         as_json=as_json,
         plot_path=plot_path,
     )
+    if data_dir is not None:
+        from dpmarket.consumer.history import SessionHistory
+
+        try:
+            SessionHistory(data_dir).record(
+                status="done",
+                source="request",
+                method=config.method,
+                summary_size=config.summary_size,
+                result=document["result"],
+                summary_path=str(Path(out_path).resolve()),
+            )
+        except OSError as exc:
+            console.print(f"[yellow]not recorded in {data_dir}: {exc}", highlight=False)
+
+
+def _record_failure(data_dir: str, exc: SessionFailedError, config: SummarizationConfig) -> None:
+    """Record a failed request in the consumer's history (best effort: a warning on error)."""
+    from dpmarket.consumer.history import SessionHistory, spent
+
+    try:
+        SessionHistory(data_dir).record(
+            status="failed",
+            source="request",
+            method=config.method,
+            summary_size=config.summary_size,
+            session_id=exc.session_id,
+            result=spent(exc.report),
+            error=str(exc),
+        )
+    except OSError as err:
+        console.print(f"[yellow]not recorded in {data_dir}: {err}", highlight=False)
 
 
 # ------------------------------------------------------------------------------ CAPE
@@ -622,7 +669,7 @@ def _cape_command(
     return register
 
 
-#: The consumer's ``dpmarket cape`` commands (:mod:`dpmarket.deploy.cli` puts them in the group).
+#: The consumer's ``dpmarket consumer cape`` commands (:func:`cape_group`).
 CAPE_COMMANDS: list[click.Command] = []
 
 #: Per command: default --out and --delta.
@@ -1351,6 +1398,37 @@ def _ranking_row(rank: int, ranked: Any, sketch: Any) -> dict[str, Any]:
     return row
 
 
+def rank_sketches(
+    client: Any, validation_path: str, spec: str | None, owners: tuple[str, ...] = ()
+) -> tuple[Ranking, list[dict[str, Any]]]:
+    """Rank owners as ``dpmarket rank-owners`` does (:func:`dpmarket.consumer.catalogue.rank`):
+    the RFF spec ``spec`` (or the only one), the validation file read in its column order, and
+    one row per owner, best first (:func:`_ranking_row`: ``rank``, ``owner``, ``mmd2``,
+    ``standard_error``, ``interval``, ``flags``, ``epsilon``, ``n``).
+    Computed here: the validation set never leaves this process. (``rank-owners`` and the
+    consumer's console, :mod:`dpmarket.console`, both call this.)
+
+    Raises
+    ------
+    click.BadParameter
+        The file does not match the spec.
+    dpmarket.consumer.catalogue.SpecChoiceError
+        No RFF spec is named and the catalogue has not exactly one.
+    dpmarket.common.errors.DPMarketError, ValueError
+        From the curator or the computation (no sketch of an owner asked about, ...).
+    """
+    from dpmarket.consumer.catalogue import rank
+
+    ranking = rank(
+        client, lambda chosen: _validation(validation_path, chosen), spec=spec, owners=owners
+    )
+    rows = [
+        _ranking_row(k, ranked, ranking.sketches[ranked.owner])
+        for k, ranked in enumerate(ranking.owners, 1)
+    ]
+    return ranking, rows
+
+
 @click.command("rank-owners")
 @curator_options
 @click.option(
@@ -1377,27 +1455,18 @@ def rank_owners_command(
     **tls: Any,
 ) -> None:
     """Rank owners by the MMD between a validation set and their RFF sketches, computed here."""
-    from dpmarket.consumer.catalogue import SpecChoiceError, rank
+    from dpmarket.consumer.catalogue import SpecChoiceError
 
     if out_path is not None:
         check_outputs(out_path)
     try:
         with _client(curator, curator_name, tls) as client:
-            ranking = rank(
-                client,
-                lambda chosen: _validation(validation_path, chosen),
-                spec=spec,
-                owners=owners,
-            )
+            ranking, rows = rank_sketches(client, validation_path, spec, owners)
     except SpecChoiceError as exc:
         raise click.UsageError(str(exc)) from exc
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     chosen = ranking.spec
-    rows = [
-        _ranking_row(k, ranked, ranking.sketches[ranked.owner])
-        for k, ranked in enumerate(ranking.owners, 1)
-    ]
     document = {
         "curator": f"{curator_name}@{curator}",
         "spec": chosen.name,
@@ -1440,3 +1509,19 @@ def rank_owners_command(
             console.print(f"[yellow]{name}[/yellow] " + "; ".join(reasons), highlight=False)
     if rows:
         console.print(f"intervals: {_RANK_COVERS}", highlight=False)
+
+
+@click.group("cape", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+def cape_group() -> None:
+    """Joint estimates and models across owners by CAPE (zero-sum noise through secure
+    aggregation): means, linear and logistic regressions, a network by gradient descent.
+
+    At the same (epsilon, delta) per owner the answer's noise variance is F = S (S + S_H) /
+    (S_H (S + 1)) times the pooled-data mechanism's (S owners, S_H = S - S_C of them honest;
+    F = 1.875 at S = 5, S_C = 1), against S times for independent noise per owner. Values
+    outside the public bounds are clamped to them by every owner; a logistic or training target
+    must be a column the owners declared 0/1 (owner serve --binary-column)."""
+
+
+for _command in CAPE_COMMANDS:
+    cape_group.add_command(_command)

@@ -1,4 +1,4 @@
-"""The curator's commands: ``serve-curator``, the parsimonious curator for a fixed set of owners
+"""The curator's commands: ``curator serve``, the parsimonious curator for a fixed set of owners
 with its catalogue of the owners' private sketches, over mTLS; ``curator sessions`` and
 ``curator charges``, what its durable store holds (read-only)."""
 
@@ -13,6 +13,7 @@ import click
 
 from dpmarket.common.errors import DPMarketError
 from dpmarket.runtime.cli import (
+    config_option,
     ensure_info_logging,
     json_option,
     print_json,
@@ -20,9 +21,10 @@ from dpmarket.runtime.cli import (
     tls_options,
 )
 from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.metrics import metrics_options, start_metrics
 from dpmarket.runtime.transport import BindError
 
-__all__ = ["curator", "serve_curator"]
+__all__ = ["charges_command", "serve_curator", "sessions_command"]
 
 logger = logging.getLogger("dpmarket")
 
@@ -134,6 +136,7 @@ def _warn_about_allocation(catalog: Any, spec: str | None, owners: list[str]) ->
     "features, in order. Without it, or for owners that published no sketch under it, sessions "
     "split the budget by the owners' noisy relevance counts.",
 )
+@metrics_options
 @tls_options
 def serve_curator(
     owners: tuple[str, ...],
@@ -147,6 +150,8 @@ def serve_curator(
     sketch_specs: tuple[str, ...],
     sketch_seed: int | None,
     allocation_sketch_spec: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
     **tls: Any,
 ) -> None:
     """Serve the parsimonious curator for a fixed set of owners (mTLS), with its catalogue of
@@ -159,6 +164,7 @@ def serve_curator(
 
     ensure_info_logging()
     security = security_from_options("curator", **tls)
+    start_metrics(metrics_host, metrics_port, logger)
     targets = [_owner_target(text, security.insecure) for text in owners]
     try:
         policy = load_curator_policy(policy_path) if policy_path else CuratorPolicy()
@@ -242,16 +248,11 @@ def serve_curator(
 
 
 # -------------------------------------------------------------------------- the store
-@click.group("curator", context_settings={"help_option_names": ["-h", "--help"]})
-def curator() -> None:
-    """Tools for a curator's operator: what its store holds (read-only, also while serving)."""
-
-
 _DATA_DIR = click.option(
     "--data-dir",
     required=True,
     type=click.Path(file_okay=False),
-    help="The curator's data directory (serve-curator --data-dir; holds curator.sqlite3).",
+    help="The curator's data directory (curator serve --data-dir; holds curator.sqlite3).",
 )
 
 
@@ -270,31 +271,54 @@ def _eps(book: dict[str, float], party: str) -> str:
     return f"{book[party]:.3g}" if party in book else "-"
 
 
-@curator.command("sessions")
+@click.command("sessions", context_settings={"help_option_names": ["-h", "--help"]})
+@config_option
 @_DATA_DIR
 @click.option(
     "--limit", type=click.IntRange(min=1), default=None, help="Only the last N sessions and jobs."
 )
+@click.option(
+    "--wide",
+    is_flag=True,
+    help="Every column: whole ids and times, kind, δ, charges, who was left out, whether the "
+    "result is kept (default: a table for 80 columns).",
+)
 @json_option
-def sessions_command(data_dir: str, limit: int | None, as_json: bool) -> None:
+def sessions_command(data_dir: str, limit: int | None, wide: bool, as_json: bool) -> None:
     """List the summarization sessions and CAPE jobs: who asked, what, how it ended, and what
     it charged (basic composition of its charges, on the owners' data and on D_v)."""
-    from rich import box
     from rich.console import Console
-    from rich.table import Table
 
     with _records(data_dir) as records:
         rows = records.sessions(limit=limit)
     if as_json:
         print_json({"data_dir": data_dir, "sessions": rows})
         return
+    table = _wide_sessions(rows) if wide else _compact_sessions(rows)
+    out = Console()
+    out.print(f"curator store {data_dir}", markup=False, highlight=False)
+    if rows:
+        out.print(table)
+    else:
+        out.print(f"no session in {data_dir}", markup=False, highlight=False)
+    failed = [r for r in rows if r["status"] == "failed"]
+    for r in failed:
+        out.print(f"{r['id'][:8]} failed: {r['error']}", markup=False, highlight=False)
+
+
+def _compact_sessions(rows: list[dict[str, Any]]) -> Any:
+    """The sessions for 80 columns: short ids, times to the minute, ε by party."""
+    from rich import box
+    from rich.table import Table
+
     table = Table(
         title="sessions and jobs",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         collapse_padding=True,
-        caption="created: UTC; ε: basic composition; points: owner points read",
+        caption="created: UTC; ε: basic composition; points: owner points read; --wide: every "
+        "column",
         caption_justify="left",
     )
     table.add_column("id", no_wrap=True)
@@ -316,18 +340,45 @@ def sessions_command(data_dir: str, limit: int | None, as_json: bool) -> None:
             _eps(r["epsilon"], "validation"),
             "-" if points is None else str(points),
         )
-    out = Console()
-    out.print(f"curator store {data_dir}", markup=False, highlight=False)
-    if rows:
-        out.print(table)
-    else:
-        out.print(f"no session in {data_dir}", markup=False, highlight=False)
-    failed = [r for r in rows if r["status"] == "failed"]
-    for r in failed:
-        out.print(f"{r['id'][:8]} failed: {r['error']}", markup=False, highlight=False)
+    return table
 
 
-@curator.command("charges")
+def _wide_sessions(rows: list[dict[str, Any]]) -> Any:
+    """Every column of ``curator sessions --json``'s rows but the error (printed below)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="sessions and jobs", title_justify="left")
+    for header in ("id", "kind", "created (UTC)", "finished (UTC)", "consumer", "method", "status"):
+        table.add_column(header, overflow="fold")
+    for header in ("charges", "ε owners", "ε D_v", "δ owners", "δ D_v", "points"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("left out", overflow="fold")
+    table.add_column("result kept", no_wrap=True)
+    for r in rows:
+        points = r["owner_points_accessed"]
+        table.add_row(
+            Text(r["id"]),
+            r["kind"],
+            r["created"] or "",
+            r["finished"] or "",
+            Text(r["consumer"]),
+            r["method"],
+            r["status"],
+            str(r["charges"]),
+            _eps(r["epsilon"], "owners"),
+            _eps(r["epsilon"], "validation"),
+            _eps(r["delta"], "owners"),
+            _eps(r["delta"], "validation"),
+            "-" if points is None else str(points),
+            Text(", ".join(f"{o} ({why})" for o, why in r["left_out"].items())),
+            "yes" if r["result_kept"] else "no",
+        )
+    return table
+
+
+@click.command("charges", context_settings={"help_option_names": ["-h", "--help"]})
+@config_option
 @_DATA_DIR
 @click.option(
     "--session",

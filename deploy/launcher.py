@@ -329,7 +329,7 @@ class LocalCluster:
         else:
             spawned = []
             for i, owner_id in enumerate(self.owner_ids):
-                args = ["serve-owner", *self._owner_args(i, owner_id)]
+                args = ["owner", "serve", *self._owner_args(i, owner_id)]
                 process, port_file = self._spawn(owner_id, args)
                 self.owner_processes.append(process)
                 spawned.append((owner_id, process, port_file))
@@ -370,7 +370,7 @@ class LocalCluster:
 
     def start_curator(self) -> None:
         """Start (or restart) the curator against the running owners."""
-        args = ["serve-curator", "--port", "0", "--owner-timeout", str(self.owner_timeout)]
+        args = ["curator", "serve", "--port", "0", "--owner-timeout", str(self.owner_timeout)]
         args += self._tls_args(CURATOR_NAME)
         args += ["--data-dir", str(self.curator_state)]
         for owner_id, target in zip(self.owner_ids, self.owner_targets, strict=True):
@@ -422,7 +422,7 @@ class LocalCluster:
         for k, (owner, table) in enumerate(tables.items()):
             out = out_dir / f"publish-{owner}.json"
             args = [
-                sys.executable, "-m", "dpmarket.deploy.cli", "-v", "sketch", "publish",
+                sys.executable, "-m", "dpmarket.deploy.cli", "-v", "owner", "publish",
                 "--curator", self.curator_target,
                 "--table", str(table),
                 "--data-dir", str(self.owner_state(owner)),

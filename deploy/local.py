@@ -7,7 +7,7 @@ certificate for the curator, every owner and a consumer, each in the service's o
 ``pki/<role>-<name>/`` with ``ca.crt`` and nothing of the CA's key), a schema drafted from the
 data (:func:`dpmarket.common.schema.draft_schema`, marked as a draft), a sketch declaration over
 the schema's columns for the curator's catalogue, one configuration file per service
-(``--config``: every option of ``serve-owner``, ``serve-curator`` and the consumer's commands),
+(``--config``: every option of ``owner serve``, ``curator serve`` and the consumer's commands),
 each owner's data directory with its policy — whose ``[peers]`` pin every other owner's public
 key, the roster of its CAPE jobs — and its ledger
 (:func:`dpmarket.owner.ledger_admin.init_ledger`: the only place an owner's ledger is created),
@@ -115,7 +115,8 @@ class Deployment:
             f"$EDITOR {self.schema}   # replace every drafted bound by public knowledge, "
             "then delete the line `draft = true`",
             f"dpmarket up {d}",
-            f"dpmarket request --config {self.consumer} --validation VALIDATION.csv -p 20 "
+            f"dpmarket consumer request --config {self.consumer} --validation VALIDATION.csv "
+            "-p 20 "
             "--out summary.csv",
         ]
 
@@ -139,10 +140,10 @@ def _config(comment: str, values: Mapping[str, object]) -> str:
 
 
 def _sketch_declaration(name: str) -> str:
-    return f"""# A sketch declaration of the curator's catalogue (serve-curator --sketch-spec): the
+    return f"""# A sketch declaration of the curator's catalogue (curator serve --sketch-spec): the
 # columns of the deployment's schema, a map of each kind, and the mechanism. Specs:
 # {name}/rff, {name}/race and {name}/hist. An owner publishes with
-#   dpmarket sketch publish --config owner-NAME.toml --spec {name}/hist
+#   dpmarket owner publish --config owner-NAME.toml --spec {name}/hist
 # (charged once to its ledger); consumers then explore and rank owners at no further cost.
 name = "{name}"
 schema = "schema.toml"
@@ -286,8 +287,8 @@ def init_deployment(
         config = root / f"owner-{owner}.toml"
         config.write_text(
             _config(
-                f"Owner {owner}: dpmarket serve-owner --config {config.name}\n"
-                "(also read by: dpmarket sketch publish, dpmarket owner ledger).\n"
+                f"Owner {owner}: dpmarket owner serve --config {config.name}\n"
+                "(also read by: dpmarket owner publish, dpmarket owner ledger).\n"
                 f"Its policy: owners/{owner}/{POLICY_FILE}; its ledger beside it.",
                 {
                     "data": str(data),
@@ -307,7 +308,7 @@ def init_deployment(
     curator_config = root / "curator.toml"
     curator_config.write_text(
         _config(
-            "The curator: dpmarket serve-curator --config curator.toml",
+            "The curator: dpmarket curator serve --config curator.toml",
             {
                 "owner": [f"{o}@{host}:{ports[k + 1]}" for k, o in enumerate(paths)],
                 "host": host,
@@ -324,21 +325,24 @@ def init_deployment(
     consumer_config = root / "consumer.toml"
     consumer_config.write_text(
         _config(
-            "The consumer: dpmarket request | cape ... | sketch list | explore | rank-owners\n"
-            "--config consumer.toml. Its tables are read through the schema (columns by name).",
+            "The consumer: dpmarket consumer request | cape ... | sketches | explore |\n"
+            "rank-owners --config consumer.toml. Its tables are read through the schema\n"
+            "(columns by name). Its data directory keeps its sessions' records and its\n"
+            "console's token (dpmarket console --config consumer.toml).",
             {
                 "curator": curator_target,
                 "curator-name": CURATOR,
                 "pki-dir": str(service_pki_dir(Identity("consumer", consumer))),
                 "name": consumer,
                 "schema": "schema.toml",
+                "data-dir": "consumer",
             },
         ),
         encoding="utf-8",
     )
     manifest = "# The services `dpmarket up` starts, in order; `dpmarket down` stops them.\n"
     for role, service, config_name in services:
-        command = "serve-curator" if role == CURATOR else "serve-owner"
+        command = "curator serve" if role == CURATOR else "owner serve"
         manifest += (
             f'\n[[service]]\nname = "{service}"\ncommand = "{command}"\nconfig = "{config_name}"\n'
         )
@@ -428,7 +432,7 @@ def up(directory: str | os.PathLike[str]) -> dict[str, str]:
                 port_file.unlink(missing_ok=True)
                 log_path = logs / f"{name}.log"
                 pid = _spawn(
-                    [sys.executable, "-m", "dpmarket.deploy.cli", "-v", service["command"],
+                    [sys.executable, "-m", "dpmarket", "-v", *service["command"].split(),
                      "--config", str(root / service["config"]), "--port-file", str(port_file)],
                     log_path,
                 )  # fmt: skip

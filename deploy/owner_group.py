@@ -6,11 +6,11 @@ process costs about 240 MB of resident memory whatever its data (the interpreter
 pyarrow, grpc, cryptography), so 100 owner processes would need some 24 GB. Here each owner keeps
 everything that makes it an owner: its own gRPC server on its own port, its own certificate (its
 identity in mTLS and in secure aggregation), its own policy and its own durable ledger; only the
-interpreter and the event loop are shared. ``SPEC.json`` is a JSON list with one ``serve-owner``
+interpreter and the event loop are shared. ``SPEC.json`` is a JSON list with one ``owner serve``
 argument list per owner (the same options, parsed by the same command, including
 ``--port-file``). SIGTERM or SIGINT stops every server gracefully.
 
-A deployment runs one ``dpmarket serve-owner`` per owner, each on its own machine; this module is
+A deployment runs one ``dpmarket owner serve`` per owner, each on its own machine; this module is
 a launcher's (:class:`dpmarket.deploy.launcher.LocalCluster` with ``owners_per_process``).
 """
 
@@ -31,7 +31,7 @@ from dpmarket.runtime.cli import ensure_info_logging
 
 logger = logging.getLogger(__name__)
 
-#: ``serve-owner`` options that :func:`dpmarket.owner.cli.open_owner` does not take.
+#: ``owner serve`` options that :func:`dpmarket.owner.cli.open_owner` does not take.
 _SERVING_OPTIONS = ("host", "port", "port_file", "blas_threads")
 _OWNER_OPTIONS = (
     "data_path",
@@ -47,15 +47,15 @@ _OWNER_OPTIONS = (
 
 
 def parse_owner(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One owner's ``serve-owner`` arguments -> (its :func:`~dpmarket.owner.cli.open_owner` keyword
+    """One owner's ``owner serve`` arguments -> (its :func:`~dpmarket.owner.cli.open_owner` keyword
     arguments, its serving options ``host``, ``port``, ``port_file``).
 
     Raises
     ------
     click.UsageError
-        If the arguments are not valid ``serve-owner`` arguments.
+        If the arguments are not valid ``owner serve`` arguments.
     """
-    context = serve_owner.make_context("serve-owner", list(argv))
+    context = serve_owner.make_context("owner serve", list(argv))
     params = dict(context.params)
     serving = {k: params.pop(k) for k in _SERVING_OPTIONS}
     return params, serving
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m dpmarket.deploy.owner_group", description=__doc__
     )
-    parser.add_argument("spec", type=Path, help="JSON list of serve-owner argument lists")
+    parser.add_argument("spec", type=Path, help="JSON list of owner serve argument lists")
     args = parser.parse_args(argv)
     specs = json.loads(args.spec.read_text(encoding="utf-8"))
     if not isinstance(specs, list) or not all(isinstance(s, list) for s in specs):

@@ -8,7 +8,7 @@ Endeavor Air (9E) flights, an airline no owner holds.
 
 Separate processes over mTLS (:class:`dpmarket.deploy.launcher.LocalCluster`): a curator serving the
 flights catalogue (three specs: RFF, RACE, HIST, parameters drawn once) and five owner services
-holding their tables. Each owner's operator then runs ``dpmarket sketch publish`` (one process
+holding their tables. Each owner's operator then runs ``dpmarket owner publish`` (one process
 per owner, concurrently) with the owner's table, data directory (its ledger) and policy: three
 sketches at epsilon 1 each, charged to the owner's own ledger before they are sent. One owner
 publishes again to show that a second publication charges nothing. The consumer (this process)

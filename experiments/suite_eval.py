@@ -58,6 +58,7 @@ from dpmarket.experiments.suite import (
     scenario_digest,
     suite_scenario,
 )
+from dpmarket.experiments.suite_split import require_design
 from dpmarket.owner.data import PointSet
 from dpmarket.owner.local import LocalOwnerEndpoint
 from dpmarket.owner.protocol import Owner
@@ -307,6 +308,8 @@ class SuiteRunner:
                 "allocation_share": (
                     info.allocation_share if isinstance(info, SketchAllocationReport) else None
                 ),
+                "allocation": None if info is None else info.allocation,
+                "hedge_kept": None if info is None or info.hedge is None else info.hedge.kept,
                 "seconds": time.perf_counter() - start,
             }
 
@@ -559,13 +562,22 @@ def leave_one_scenario_out(
     competes and the result says so. The setting chosen on every scenario is reported as the
     default.
 
+    Only the design half of the suite's split may be read
+    (:func:`dpmarket.experiments.suite_split.require_design`).
+
     Returns
     -------
     dict
         ``held_out`` (one row per scenario: the chosen setting's label and its
         :func:`scenario_summary`), ``chosen_on_all`` (label), ``scores`` (every setting's mean
         log ratio per scenario), ``admissible`` (how many settings ``admissible`` accepted).
+
+    Raises
+    ------
+    HeldOutScenarioError
+        If one of ``names`` is not in the design half: nothing is run.
     """
+    require_design(names, "leave-one-scenario-out")
     table: dict[str, dict[str, float]] = {}
     summaries: dict[tuple[str, str], dict[str, Any]] = {}
     for setting in grid:
@@ -622,17 +634,25 @@ def run_suite(
         Also run the default in the hashes mode (the less-trusted curator) and compare its
         kernel model's accuracy with the raw summary's.
     names : sequence of str, optional
-        Scenarios (default: the whole suite).
+        Scenarios (default: the whole suite). With ``loso``, all in the design half of the
+        suite's split.
 
     Returns
     -------
     dict
         What ``suite.json`` holds.
+
+    Raises
+    ------
+    HeldOutScenarioError
+        With ``loso``, if a scenario is not in the design half (before anything runs).
     """
     from dpmarket.runtime.files import write_json
 
     console = console or Console()
     names = list(names or SUITE_NAMES)
+    if loso:  # before anything runs: no number of a held-out scenario is shown
+        require_design(names, "leave-one-scenario-out (--loso)")
     seed_list = list(range(seeds))
     runner = SuiteRunner(out / "cache")
     start = time.perf_counter()

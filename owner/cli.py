@@ -1,11 +1,11 @@
-"""A data owner's commands, all run on the owner's own machine: ``serve-owner``, ``owner ledger``
-(and its ``init``, ``backup``, ``restore``, ``verify``, ``resolve``, ``rebind``), ``sketch
-publish`` and ``sketch published``.
+"""A data owner's commands (``dpmarket owner ...``), all run on the owner's own machine: ``serve``,
+``ledger`` (and its ``init``, ``backup``, ``restore``, ``verify``, ``resolve``, ``rebind``),
+``publish`` and ``published``.
 
-``serve-owner`` serves the owner's data over mTLS under its own policy and ledger. ``sketch
+``owner serve`` serves the owner's data over mTLS under its own policy and ledger. ``owner
 publish`` fetches specs from the curator's catalogue, computes and charges each sketch to the
 owner's own ledger (stored beside it), then sends it (:func:`dpmarket.owner.sketches.publish_to`);
-``sketch published`` lists, offline, what the owner's data directory has released. ``owner ledger``
+``owner published`` lists, offline, what the owner's data directory has released. ``owner ledger``
 prints what the owner's ledger (:mod:`dpmarket.owner.ledger`) has charged and what is left of each
 budget, under the policy last recorded in the ledger, so it needs no policy file and can run while
 the owner service is serving (SQLite's WAL lets it read beside the writer).
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -55,6 +56,7 @@ from dpmarket.runtime.cli import (
     tls_options,
     write_output,
 )
+from dpmarket.runtime.metrics import metrics_options, start_metrics
 from dpmarket.runtime.schemas import load_schema
 from dpmarket.runtime.transport import BindError, TransportSecurity
 
@@ -64,11 +66,13 @@ if TYPE_CHECKING:  # dpmarket.owner.sources reads partitioned tables: scipy, not
     from dpmarket.owner.sources import OwnerData
 
 __all__ = [
+    "ledger",
     "ledger_report",
-    "owner",
     "publish_command",
     "published_command",
     "serve_owner",
+    "short_mechanism",
+    "short_session",
 ]
 
 logger = logging.getLogger("dpmarket")
@@ -118,33 +122,94 @@ def _num(x: float) -> str:
     return f"{x:.6g}"
 
 
-def _charges_table(report: dict[str, Any]) -> Table:
+#: Words a compact ledger table shortens, in order (``--wide`` shows them whole).
+_ABBREVIATIONS = (
+    ("private sketch", "sketch"),
+    ("relevance count", "count"),
+    ("raw points", "points"),
+    ("candidates", "cand."),
+    ("Laplace", "Lap."),
+    ("Gaussian", "Gauss."),
+    ("secure aggregation", "SecAgg"),
+    ("regression", "reg."),
+    ("; ", ": "),
+)
+
+
+def short_mechanism(text: str) -> str:
+    """A mechanism as a compact table shows it: ``"private sketch (HIST, Laplace)"`` ->
+    ``"sketch (HIST, Lap.)"``, ``"raw points (candidates)"`` -> ``"points (cand.)"``."""
+    for long, short in _ABBREVIATIONS:
+        text = text.replace(long, short)
+    return text
+
+
+def short_session(session: str) -> str:
+    """A session id as a compact table shows it: the first 8 characters of a random id, the
+    spec of a sketch's session (``sketch:clinics/hist:<key>`` -> ``clinics/hist``)."""
+    parts = session.split(":")
+    if len(parts) >= 2 and parts[0] == "sketch":
+        return parts[1]
+    return session[:8]
+
+
+def _charges_table(report: dict[str, Any], *, wide: bool = False) -> Table:
+    """The charges: every column in full with ``wide``; else fitting 80 columns (time to the
+    minute, short ids, abbreviated mechanisms, no curator column)."""
     non_private = any(e["non_private"] for e in report["entries"])
+    caption = (
+        "inf: a non-private release (not summed into epsilon or delta)" if non_private else None
+    )
+    if not wide:
+        caption = "; ".join(
+            c for c in (caption, "--wide: every column, whole ids and mechanisms") if c
+        )
     table = Table(
         title=f"charges in {report['ledger']}",
         title_justify="left",
-        caption="inf: a non-private release (not summed into epsilon or delta)"
-        if non_private
-        else None,
+        caption=caption,
         caption_justify="left",
     )
-    # Fixed-width columns never wrap; names fold rather than lose characters to an ellipsis.
-    table.add_column("time (UTC)", no_wrap=True)
-    for header in ("session", "consumer", "curator", "mechanism"):
-        table.add_column(header, overflow="fold")
-    for header in ("epsilon", "delta", "points"):
-        table.add_column(header, justify="right", no_wrap=True)
+    if not wide:
+        table.box, table.pad_edge, table.collapse_padding = box.SIMPLE_HEAD, False, True
+    if wide:
+        # Fixed-width columns never wrap; names fold rather than lose characters to an ellipsis.
+        table.add_column("time (UTC)", no_wrap=True)
+        for header in ("session", "consumer", "curator", "mechanism"):
+            table.add_column(header, overflow="fold")
+        for header in ("epsilon", "delta", "points"):
+            table.add_column(header, justify="right", no_wrap=True)
+    else:
+        table.add_column("UTC", no_wrap=True)
+        table.add_column("session", no_wrap=True)
+        table.add_column("consumer", overflow="fold")
+        table.add_column("mechanism", overflow="fold")
+        for header in ("ε", "δ", "pts"):
+            table.add_column(header, justify="right", no_wrap=True)
     for e in report["entries"]:
-        table.add_row(
-            e["time"],
-            Text(e["session"]),
-            Text(e["consumer"]),
-            Text(e["curator"]),
-            Text(e["mechanism"]),
-            "inf" if e["non_private"] else _num(e["epsilon"]),
-            _num(e["delta"]),
-            str(e["points"]),
-        )
+        epsilon = "inf" if e["non_private"] else _num(e["epsilon"])
+        if wide:
+            table.add_row(
+                e["time"],
+                Text(e["session"]),
+                Text(e["consumer"]),
+                Text(e["curator"]),
+                Text(e["mechanism"]),
+                epsilon,
+                _num(e["delta"]),
+                str(e["points"]),
+            )
+        else:
+            table.add_row(
+                e["time"][5:16].replace("T", " "),
+                Text(short_session(e["session"])),
+                Text(e["consumer"].split(":", 1)[-1] if e["consumer"].startswith("consumer:")
+                     else e["consumer"].split(":", 1)[0]),
+                Text(short_mechanism(e["mechanism"])),
+                epsilon,
+                f"{e['delta']:.2g}",
+                str(e["points"]),
+            )  # fmt: skip
     return table
 
 
@@ -173,11 +238,6 @@ def _budget_table(report: dict[str, Any]) -> Table:
     return table
 
 
-@click.group("owner", context_settings={"help_option_names": ["-h", "--help"]})
-def owner() -> None:
-    """Tools for a data owner: create, inspect, back up, restore and verify its privacy ledger."""
-
-
 _LEDGER_DIR = click.option(
     "--data-dir",
     required=True,
@@ -186,7 +246,9 @@ _LEDGER_DIR = click.option(
 )
 
 
-@owner.group("ledger", invoke_without_command=True)
+@click.group(
+    "ledger", invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @config_option
 @click.option(
     "--data-dir",
@@ -206,9 +268,19 @@ _LEDGER_DIR = click.option(
     default=None,
     help="Only the last N charges (the totals always cover every charge).",
 )
+@click.option(
+    "--wide",
+    is_flag=True,
+    help="Every column, whole ids and mechanisms (default: a table for 80 columns).",
+)
 @click.pass_context
 def ledger(
-    ctx: click.Context, data_dir: Path | None, session: str | None, as_json: bool, limit: int | None
+    ctx: click.Context,
+    data_dir: Path | None,
+    session: str | None,
+    as_json: bool,
+    limit: int | None,
+    wide: bool,
 ) -> None:
     """Show what the owner's data has been charged, and what is left of each budget.
 
@@ -237,7 +309,7 @@ def ledger(
         return
     out = Console()
     if report["entries"]:
-        out.print(_charges_table(report))
+        out.print(_charges_table(report, wide=wide))
     else:
         where = f" in session {session!r}" if session is not None else ""
         out.print(f"no charges{where} in {report['ledger']}", markup=False, highlight=False)
@@ -264,7 +336,7 @@ def ledger(
 def ledger_init(data_dir: Path, policy_path: str | None, owner_id: str | None, **tls: Any) -> None:
     """Create the owner's ledger, empty, bound to this owner's certificate.
 
-    The only way a ledger is created: serve-owner, sketch publish and every other owner command
+    The only way a ledger is created: owner serve, owner publish and every other owner command
     refuse a data directory without one (or with an empty or foreign one), since a new ledger
     starts the owner's budget again in full. Refused if DATA_DIR holds a ledger already.
     """
@@ -525,7 +597,7 @@ def _policy_note(data_dir: Path, recorded: OwnerPolicy) -> str:
 def open_ledger(
     data_dir: Path, policy: OwnerPolicy, name: str, security: TransportSecurity
 ) -> OwnerLedger:
-    """Open the owner ``name``'s ledger for a command that charges it (serve-owner, sketch
+    """Open the owner ``name``'s ledger for a command that charges it (owner serve, owner
     publish), bound to its certificate (:func:`dpmarket.owner.publishing.open_owner_ledger`): a
     missing, empty, damaged or foreign ledger fails the command, saying what to do."""
     from dpmarket.owner.publishing import open_owner_ledger
@@ -619,7 +691,7 @@ def read_owner_data(
     in_memory_values: int = DEFAULT_IN_MEMORY_VALUES,
     engine: Callable[[], Engine] | None = None,
 ) -> tuple[Schema | None, OwnerData]:
-    """Read the owner's schema and data as ``serve-owner`` takes them: with a schema, the one
+    """Read the owner's schema and data as ``owner serve`` takes them: with a schema, the one
     table ``data_path`` checked against it (both capabilities); without, the points of
     ``data_path`` and the table of ``table_path``. A table above ``in_memory_values`` values is
     served partition by partition on the engine ``engine()`` starts. Any problem fails the
@@ -751,6 +823,7 @@ def read_owner_data(
     "never in production: whoever knows the seed knows the noise).",
 )
 @dask_options
+@metrics_options
 @tls_options
 def serve_owner(
     data_path: str | None,
@@ -769,6 +842,8 @@ def serve_owner(
     dask_scheduler: str | None,
     dask_workers: int | None,
     in_memory_values: int,
+    metrics_port: int | None,
+    metrics_host: str,
     **tls: Any,
 ) -> None:
     """Serve one data owner's private dataset over gRPC (mTLS), under its own policy."""
@@ -777,6 +852,7 @@ def serve_owner(
     from dpmarket.owner.service import serve_owner as serve
 
     ensure_info_logging()
+    start_metrics(metrics_host, metrics_port, logger)
     opened = open_owner(
         data_path,
         schema_path,
@@ -846,9 +922,9 @@ def open_owner(
     in_memory_values: int = DEFAULT_IN_MEMORY_VALUES,
     **tls: Any,
 ) -> OpenedOwner:
-    """Read an owner's data, policy and ledger as ``serve-owner`` does, without serving it.
+    """Read an owner's data, policy and ledger as ``owner serve`` does, without serving it.
 
-    The options are ``serve-owner``'s (:func:`serve_owner`); :mod:`dpmarket.deploy.owner_group`
+    The options are ``owner serve``'s (:func:`serve_owner`); :mod:`dpmarket.deploy.owner_group`
     serves several owners opened this way from one process.
 
     Raises
@@ -980,7 +1056,7 @@ def open_owner(
     "schema_path",
     default=None,
     type=click.Path(exists=True, dir_okay=False),
-    help="The table's public schema, checked as serve-owner checks it (a draft is refused).",
+    help="The table's public schema, checked as owner serve checks it (a draft is refused).",
 )
 @click.option(
     "--data-dir",

@@ -1,7 +1,7 @@
 """An owner publishes its private sketches to a curator's catalogue: read the table, open the
 ledger, charge, then send.
 
-:func:`publish_sketches` is the one home of ``dpmarket sketch publish`` and
+:func:`publish_sketches` is the one home of ``dpmarket owner publish`` and
 :func:`dpmarket.client.publish`: the owner's data read as its service reads it, its own ledger
 opened (bound to its certificate), each spec's sketch checked against its policy and charged
 together with the sketch before anything is sent (:func:`dpmarket.owner.sketches.publish_to`).
@@ -56,7 +56,7 @@ class Publishing:
     left: Remaining
 
     def to_json(self, curator: str) -> dict[str, Any]:
-        """What ``dpmarket sketch publish --json`` prints (``curator``: ``NAME@HOST:PORT``)."""
+        """What ``dpmarket owner publish --json`` prints (``curator``: ``NAME@HOST:PORT``)."""
         rows = []
         for d in self.deliveries:
             mech = d.publication.sketch.mechanism
@@ -84,7 +84,7 @@ class Publishing:
 def open_owner_ledger(
     data_dir: Path, policy: OwnerPolicy | None, name: str, security: TransportSecurity
 ) -> OwnerLedger:
-    """Open the owner ``name``'s ledger for a command that charges it (serve-owner, sketch
+    """Open the owner ``name``'s ledger for a command that charges it (owner serve, owner
     publish), bound to its certificate; log an unresolved rollback (every session and job is
     refused until it is resolved).
 
@@ -140,7 +140,7 @@ def publish_sketches(
     specs : sequence of str
         The specs to publish; empty: ``choose``'s, or every spec of the catalogue.
     choose : callable, optional
-        Picks the specs when none are named (``dpmarket sketch publish`` asks a person).
+        Picks the specs when none are named (``dpmarket owner publish`` asks a person).
     epsilon : float, optional
         Each sketch's epsilon (default: its spec's), within the spec's range.
     seed : int, optional

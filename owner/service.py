@@ -27,6 +27,7 @@ from dpmarket.common.summarization.terms import Step
 from dpmarket.owner import convert
 from dpmarket.owner.cape import CapeSite
 from dpmarket.owner.cape_service import CapeSiteServicer, SecureAggregationServicer
+from dpmarket.owner.metrics import OwnerCollector
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.secagg import SiteIdentity, SiteRounds
@@ -39,6 +40,7 @@ from dpmarket.runtime.admission import (
 )
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.metrics import register_all
 from dpmarket.runtime.serving import serve_until_signalled, start_server, write_port
 from dpmarket.runtime.terms import terms_from_proto
 from dpmarket.runtime.transport import TransportSecurity
@@ -466,6 +468,7 @@ async def serve_owner(
     running = await start_owner(
         owner, address, security, curators=curators, cape=cape, port_file=port_file
     )
+    register_all([OwnerCollector(owner)])
     try:
         await serve_until_signalled(running.server)
     finally:

@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dpmarket.runtime.files import json_text, write_json
 from dpmarket.runtime.identity import ROLES, Identity, identity_files
+from dpmarket.runtime.logs import console, ensure_info_logging, setup_logging
 from dpmarket.runtime.transport import TransportSecurity
 
 if TYPE_CHECKING:  # the health probe imports this module: no numerical library at start
@@ -49,16 +48,15 @@ __all__ = [
 ]
 
 logger = logging.getLogger("dpmarket")
-console = Console(stderr=True)
 
 
 CONFIG_HELP = (
     "A TOML file of option values, keyed by the options' long names without the dashes (e.g. "
     'data-dir = "state", owner = ["a@host:1"]); options given on the command line '
     "override it. Keys at the top level apply to every command that takes them (one file per "
-    "service); a table named after a command ([serve-owner], [request], [cape.mean]) applies to "
-    "that command only. Relative paths are relative to the file's folder. A key no command takes "
-    "is an error."
+    "party); a table named after a command ([owner.serve], [consumer.request], "
+    "[consumer.cape.mean]) applies to that command only. Relative paths are relative to the "
+    "file's folder. A key no command takes is an error."
 )
 
 
@@ -79,11 +77,18 @@ def _option_keys(command: click.Command) -> dict[str, click.Parameter]:
 def _commands(
     command: click.Command, path: tuple[str, ...] = ()
 ) -> Iterator[tuple[tuple[str, ...], click.Command]]:
-    """Every command of a command tree, with its path below the root."""
+    """Every command of a command tree that may take ``--config``, with its path below the root.
+
+    A group that loads its commands on demand (:class:`dpmarket.deploy.cli.LazyGroup`) names
+    those whose tree takes ``--config`` (``config_commands``): only they are imported."""
     yield path, command
     if isinstance(command, click.Group):
-        for name, sub in command.commands.items():
-            yield from _commands(sub, (*path, name))
+        ctx = click.Context(command, info_name=path[-1] if path else None)
+        names = getattr(command, "config_commands", command.list_commands)(ctx)
+        for name in names:
+            sub = command.get_command(ctx, name)
+            if sub is not None:
+                yield from _commands(sub, (*path, name))
 
 
 def _command_path(ctx: click.Context) -> tuple[str, ...]:
@@ -124,30 +129,48 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
         raise click.BadParameter(f"{path}: not valid TOML: {exc}", param_hint="--config") from exc
     command = ctx.command
     here = _command_path(ctx)
-    tree = list(_commands(ctx.find_root().command))
+    root = ctx.find_root().command
+    # An old name of a command (a hidden alias of the root) names the same section as its new.
+    canonical: Callable[[tuple[str, ...]], tuple[str, ...]] = getattr(root, "canonical_path", tuple)
+    tree = list(_commands(root))
     known = {key for _, c in tree for key in _option_keys(c)}
     paths = {p for p, _ in tree}
     mine = _option_keys(command)
     values: dict[str, Any] = {}
 
-    def apply(table: Mapping[str, Any], prefix: tuple[str, ...], active: bool) -> None:
+    def apply(
+        table: Mapping[str, Any], raw: tuple[str, ...], prefix: tuple[str, ...] | None, active: bool
+    ) -> None:
         # Keys of a section apply to the commands below it; this command takes its own.
-        below = {key for p, c in tree if p[: len(prefix)] == prefix for key in _option_keys(c)}
-        where = f"{path}" + (f" [{'.'.join(prefix)}]" if prefix else "")
+        # ``raw`` is the section as written, ``prefix`` the command path it names (None: an old
+        # group whose commands moved to different groups, which holds sections only).
+        where = f"{path}" + (f" [{'.'.join(raw)}]" if raw else "")
+        if prefix is None:
+            below: set[str] = set()
+        else:
+            below = {key for p, c in tree if p[: len(prefix)] == prefix for key in _option_keys(c)}
         for key, item in table.items():
             if isinstance(item, Mapping):
-                section = (*prefix, key)
-                if section not in paths:
+                section_raw = (*raw, key)
+                section = canonical(section_raw)
+                if section in paths:
+                    apply(item, section_raw, section, active and here[: len(section)] == section)
+                elif item and all(isinstance(v, Mapping) for v in item.values()):
+                    apply(item, section_raw, None, active)
+                else:
                     raise click.BadParameter(
-                        f"{where}: [{'.'.join(section)}] is not a dpmarket command",
+                        f"{where}: [{'.'.join(section_raw)}] is not a dpmarket command",
                         param_hint="--config",
                     )
-                apply(item, section, active and here[: len(section)] == section)
                 continue
+            if prefix is None:
+                raise click.BadParameter(
+                    f"{where} is not a dpmarket command", param_hint="--config"
+                )
             if key not in (below if prefix else known):
                 raise click.BadParameter(
                     f"{where}: unknown key {key!r} (no "
-                    + (f"'{' '.join(prefix)}' " if prefix else "")
+                    + (f"'{' '.join(raw)}' " if raw else "")
                     + f"command has an option --{key}); "
                     + f"{' '.join(here) or command.name} takes: "
                     + ", ".join(sorted(k for k in mine if "_" not in k)),
@@ -160,7 +183,7 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
                     target, item, path.resolve().parent, f"{where} {key}"
                 )
 
-    apply(data, (), True)
+    apply(data, (), (), True)
     ctx.default_map = {**(ctx.default_map or {}), **values}
 
 
@@ -391,30 +414,6 @@ def check_outputs(*paths: str) -> None:
                 pass
         except OSError as exc:
             raise click.ClickException(f"cannot write {path}: {exc}") from exc
-
-
-def setup_logging(verbose: int) -> None:
-    """Rich output on a terminal; one plain, unwrapped line per record otherwise (services
-    writing to a log file or a container's log)."""
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    if console.is_terminal:
-        logging.basicConfig(
-            level=level,
-            format="%(message)s",
-            handlers=[RichHandler(console=console, show_path=False, rich_tracebacks=False)],
-        )
-    else:
-        logging.basicConfig(
-            level=level,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            datefmt="%Y-%m-%dT%H:%M:%S%z",
-        )
-
-
-def ensure_info_logging() -> None:
-    """Log at INFO at least (services report their start-up and sessions), whatever ``-v``."""
-    if logger.getEffectiveLevel() > logging.INFO:
-        logging.getLogger().setLevel(logging.INFO)
 
 
 def progress_printer(label: str) -> tuple[Progress, Callable[[ProgressEvent], None]]:

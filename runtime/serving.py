@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from dpmarket.runtime.admission import SMALL_REQUEST_BYTES, Admission
+from dpmarket.runtime.metrics import ServiceMetrics, installed_metrics
 from dpmarket.runtime.transport import BindError, TransportSecurity, add_port
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def keepalive_server_options(seconds: float = KEEPALIVE_SECONDS) -> list[tuple[s
 CHANNEL_OPTIONS = [*GRPC_OPTIONS, *keepalive_client_options()]
 #: Options of every server the project starts (:func:`start_server`, which lowers the receive
 #: limit to the largest of its RPCs'): :data:`GRPC_OPTIONS` and an exclusive port. gRPC sets
-#: ``SO_REUSEPORT`` by default, so a second process (a duplicate ``serve-owner``, or anything
+#: ``SO_REUSEPORT`` by default, so a second process (a duplicate ``owner serve``, or anything
 #: local) could bind a port already served and receive a share of its connections; with it off,
 #: a second server on a bound port fails to start. Clients' keepalive PINGs are admitted
 #: (:func:`keepalive_server_options`).
@@ -130,6 +131,7 @@ async def start_server(
     security: TransportSecurity,
     *,
     max_request_bytes: int = SMALL_REQUEST_BYTES,
+    metrics: ServiceMetrics | None = None,
 ) -> tuple[grpc.aio.Server, int, HealthStatus]:
     """Start a grpc.aio server with health checking and reflection; return it and its port.
 
@@ -150,6 +152,8 @@ async def start_server(
     every caller's authorization already constrains per RPC.
 
     The port is exclusive (:data:`SERVER_OPTIONS`): a second server on a bound port fails here.
+    Every call is counted, by its status and time, into ``metrics`` (default: the process's, when
+    it serves them: :func:`dpmarket.runtime.metrics.enable_metrics`; none otherwise).
 
     Raises
     ------
@@ -163,10 +167,13 @@ async def start_server(
         *((k, v) for k, v in SERVER_OPTIONS if k != "grpc.max_receive_message_length"),
         ("grpc.max_receive_message_length", max_request_bytes),
     ]
-    server = grpc.aio.server(
-        options=options,
-        interceptors=[Admission(max_request_bytes, insecure=security.insecure)],
-    )
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        Admission(max_request_bytes, insecure=security.insecure)
+    ]
+    metrics = metrics if metrics is not None else installed_metrics()
+    if metrics is not None:  # counted first, so that admission's refusals are counted too
+        interceptors.insert(0, metrics.interceptor(str(security.identity or "insecure")))
+    server = grpc.aio.server(options=options, interceptors=interceptors)
     servicer_adder(server)
     # health.aio exists at run time; grpc-stubs' health module lacks it (an untyped value here).
     health_servicer: HealthStatus = health.aio.HealthServicer()  # type: ignore[attr-defined]

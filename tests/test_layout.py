@@ -6,8 +6,9 @@ written: at module level, inside a function (imports deferred for start-up time)
 
 Layers, bottom up: ``common`` (pure kernels: no gRPC, no generated protobuf code, no services),
 ``runtime`` (the service runtime every party shares), the roles ``curator``, ``owner`` and
-``consumer``, then ``experiments`` (reproductions and the evaluation harness) and ``deploy``
-(the command line, the launcher and the demos, which may use the experiments).
+``consumer``, the parties' web ``console`` (which reads each role's own state), then
+``experiments`` (reproductions and the evaluation harness) and ``deploy`` (the command line, the
+launcher and the demos, which may use the experiments).
 """
 
 from __future__ import annotations
@@ -20,7 +21,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("common", "runtime", "curator", "owner", "consumer", "deploy", "experiments", "bench")
+PACKAGES = (
+    "common",
+    "runtime",
+    "curator",
+    "owner",
+    "consumer",
+    "console",
+    "deploy",
+    "experiments",
+    "bench",
+)
 ROLES = ("curator", "owner", "consumer")
 #: The one top-level name the wheel installs: every package but ``bench`` lives under it.
 NAMESPACE = "dpmarket"
@@ -171,7 +182,7 @@ def test_the_graph_covers_the_project(graph: ImportGraph) -> None:
     assert found == set(PACKAGES)
     # A few edges that must be seen, one of each kind (guards against a graph that reads nothing).
     assert "dpmarket.runtime.transport" in graph.edges["dpmarket.runtime.serving"]  # module level
-    assert "dpmarket.deploy.launcher" in graph.edges["dpmarket.deploy.cli"]  # inside a function
+    assert "dpmarket.deploy.launcher" in graph.edges["dpmarket.deploy.demo_cli"]  # in a function
     endpoints = graph.edges["dpmarket.common.summarization.endpoints"]
     assert "dpmarket.common.summarization.terms" in endpoints  # typing
 
@@ -212,9 +223,39 @@ def test_a_role_imports_no_other_role_nor_deploy(graph: ImportGraph, role: str) 
     )
 
 
+def test_the_console_imports_neither_deploy_nor_experiments(graph: ImportGraph) -> None:
+    bad = _violations(graph, "console", ("deploy", "experiments", "bench"))
+    for module in sorted(m for m in graph.files if _package(m) in (*ROLES, "runtime", "common")):
+        bad += [f"{module} -> {t}" for t in graph.edges[module] if _package(t) == "console"]
+    assert not bad, "the console sits above the roles and below deploy:\n" + "\n".join(bad)
+
+
 def test_experiments_do_not_import_deploy(graph: ImportGraph) -> None:
     bad = _violations(graph, "experiments", ("deploy", "bench"))
     assert not bad, "deploy may use the experiments, not the other way round:\n" + "\n".join(bad)
+
+
+#: The deploy modules that may import the lab (dpmarket.experiments): the demos, which run on its
+#: bundled data (``dpmarket demo``, ``demo-cape``, ``demo-sketch``; the lab extra).
+LAB_USERS = {
+    "dpmarket.deploy.demo_cli",
+    "dpmarket.deploy.launcher",
+    "dpmarket.deploy.cape_demo",
+    "dpmarket.deploy.sketch_demo",
+}
+
+
+def test_only_the_demos_import_the_lab(graph: ImportGraph) -> None:
+    """The product apart from the lab: no deploy module but the demos imports the experiments
+    (tests/deploy/test_commands.py checks what each command loads when it runs)."""
+    bad = [
+        f"{m} -> {t}"
+        for m in sorted(graph.files)
+        if _package(m) == "deploy" and m not in LAB_USERS
+        for t in sorted(graph.edges[m])
+        if _package(t) == "experiments"
+    ]
+    assert not bad, "only the demos may import the lab:\n" + "\n".join(bad)
 
 
 def test_every_import_of_the_project_goes_through_the_namespace(graph: ImportGraph) -> None:

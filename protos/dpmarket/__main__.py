@@ -1,6 +1,6 @@
 """``python -m dpmarket``: the ``dpmarket`` command."""
 
-from dpmarket.deploy.entry import main
+from dpmarket.deploy.cli import main
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="dpmarket")

@@ -19,8 +19,9 @@ Every call raises the :class:`dpmarket.common.errors.DPMarketError` matching wha
 (``InvalidArgumentError`` for a malformed validation set, ``FailedPreconditionError`` for an
 owner's policy refusing a session, ``UnavailableError`` when the curator cannot be reached); a
 summarization session that failed raises :class:`~dpmarket.consumer.client.SessionFailedError`,
-whose ``report`` holds what it spent. The command line (``dpmarket request``, ``explore``,
-``rank-owners``, ``cape``, ``owner ledger``, ``sketch publish``) runs the same code.
+whose ``report`` holds what it spent. The command line (``dpmarket consumer request``,
+``explore``, ``rank-owners``, ``cape``; ``dpmarket owner ledger``, ``publish``) runs the same
+code.
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ class Consumer:
         test: PointSet | None = None,
         seed: int = 0,
     ) -> SummaryEvaluation:
-        """Measure a summary as ``dpmarket request`` does
+        """Measure a summary as ``dpmarket consumer request`` does
         (:func:`~dpmarket.consumer.report.evaluate_summary`): MMD² to D_v and to a labeled test
         set, the accuracy of a linear SVM trained on it, every owner's part."""
         points = np.asarray(validation, dtype=np.float64)
@@ -348,7 +349,7 @@ def publish(
 ) -> Publishing:
     """Publish an owner's private sketches of ``table`` under ``specs`` (default: every spec of
     the curator's catalogue), each charged to the owner's own ledger before it is sent:
-    ``dpmarket sketch publish``.
+    ``dpmarket owner publish``.
 
     Parameters
     ----------

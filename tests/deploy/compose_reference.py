@@ -9,7 +9,7 @@ same numerical libraries as the services, bit for bit:
 Reads a JSON job on stdin, writes ``reference.json`` (and the summary's files) to the directory
 the job names, and prints nothing else on stdout. Every party runs in this one process:
 
-* ``summary``: ``dpmarket simulate`` with the consumer's options (the owners' point files).
+* ``summary``: ``dpmarket lab simulate`` with the consumer's options (the owners' point files).
 * ``cape``: each job by :func:`dpmarket.experiments.runner.run_cape` on the owners' tables, named as
   the owners.
 * ``sketch``: a catalogue opened from the same declaration and seed as the curator's, each owner's

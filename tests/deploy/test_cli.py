@@ -56,45 +56,6 @@ def test_scenario_sizes_the_flights_split_and_refuses_sizes_for_digits(tmp_path)
     assert too_many.exit_code == 2 and "n_owners" in too_many.output
 
 
-def test_the_health_probe_and_the_ledger_start_without_numpy_or_the_protocols() -> None:
-    """`dpmarket health` (every container's health check, every few seconds) and `dpmarket pki`
-    load neither pandas, scipy nor the rest of the CLI, `dpmarket owner` neither scipy nor the
-    rest of the CLI; every other command runs the whole CLI, which lists them too."""
-    import subprocess
-    import sys
-
-    code = """
-import sys
-from dpmarket.deploy.entry import main
-sys.argv = ["dpmarket", *sys.argv[1:]]
-try:
-    main()
-except SystemExit:
-    pass
-print(sorted(m for m in ("pandas", "scipy", "dpmarket.deploy.cli") if m in sys.modules))
-"""
-
-    def run(*args: str) -> list[str]:
-        done = subprocess.run(
-            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120
-        )
-        return done.stdout.strip().splitlines()
-
-    health = run("health", "--help")
-    assert any("--expect" in line for line in health)
-    assert health[-1] == "[]"
-    ledger = run("owner", "ledger", "--help")
-    assert any("--data-dir" in line for line in ledger)
-    assert ledger[-1] in ("[]", "['pandas']")  # dpmarket.owner.cli reads tables at module level
-    issue = run("pki", "issue", "--help")
-    assert any("--ca-dir" in line for line in issue)
-    assert issue[-1] == "[]"
-    everything = run("--help")
-    assert everything[-1] == "['dpmarket.deploy.cli', 'pandas', 'scipy']"
-    listed = {line.split()[0] for line in everything if line.startswith("  ")}
-    assert {"health", "owner", "pki"} <= listed
-
-
 def test_serve_owner_checks_its_declared_0_1_columns_before_serving(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The declaration is checked at start-up, on the owner's console (row and value named):
     the owner does not start with a declaration its table contradicts."""

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import click
 import pytest
 from click.testing import CliRunner
 from cryptography import x509
@@ -42,7 +43,7 @@ from grpc_health.v1 import health_pb2
 from dpmarket.common.summarization.methods import CandidatesConfig, config_from_fields
 from dpmarket.common.summarization.terms import owner_terms
 from dpmarket.curator.policy import load_curator_policy
-from dpmarket.deploy.cli import main
+from dpmarket.deploy.cli import main, resolve
 from dpmarket.deploy.pki import CA_KEY, init_ca, issue
 from dpmarket.owner.data import load_point_set, load_table
 from dpmarket.owner.policy import load_owner_policy
@@ -59,8 +60,12 @@ OWNERS = [f"owner-{i}" for i in range(5)]
 SERVERS = {*OWNERS, "curator"}
 JOBS = {"pki", "data", "ledgers"}
 PARTIES = {*SERVERS, "consumer"}
-# The role each party's subcommand runs as (its certificate must carry it).
-ROLE_OF = {"serve-owner": "owner", "serve-curator": "curator", "request": "consumer"}
+# The command each party's container runs, and the role its certificate must carry.
+ROLE_OF: dict[tuple[str, ...], str] = {
+    ("owner", "serve"): "owner",
+    ("curator", "serve"): "curator",
+    ("consumer", "request"): "consumer",
+}
 # Mount points inside the parties' containers.
 DATA_TARGET, PKI_TARGET, STATE_TARGET, POLICY_TARGET = "/data", "/pki", "/state", "/etc/dpmarket"
 SKETCH_TARGET = "/etc/dpmarket-sketches"
@@ -142,7 +147,9 @@ def config() -> dict[str, Any]:
 
 
 def _services(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return config["services"]
+    """The stack's services, without those of optional profiles (the monitoring profile's
+    Prometheus: tests/deploy/test_monitoring_files.py)."""
+    return {name: s for name, s in config["services"].items() if not s.get("profiles")}
 
 
 def _argv(service: dict[str, Any]) -> list[str]:
@@ -202,9 +209,15 @@ def _split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _path(argv: list[str]) -> tuple[str, ...]:
+    """The ``dpmarket`` command a command line runs (its path, e.g. ``("owner", "serve")``)."""
+    path, _, _ = resolve(argv)
+    return path
+
+
 def _identity(argv: list[str]) -> Identity:
-    """The identity a party's command line runs as: its subcommand's role and its --name."""
-    return Identity(ROLE_OF[argv[0]], _value(argv, "--name"))  # type: ignore[arg-type]
+    """The identity a party's command line runs as: its command's role and its --name."""
+    return Identity(ROLE_OF[_path(argv)], _value(argv, "--name"))  # type: ignore[arg-type]
 
 
 def _published_container_ports(service: dict[str, Any]) -> list[int]:
@@ -432,9 +445,8 @@ def _parse_on_host(service: dict[str, Any], *runs: JobRun) -> dict[str, Any]:
                 return str(host)
         return token
 
-    argv = _argv(service)
-    command = main.commands[argv[0]]
-    with command.make_context(argv[0], [on_host(t) for t in argv[1:]]) as ctx:
+    path, command, args = resolve(_argv(service))
+    with command.make_context(path[-1], [on_host(t) for t in args]) as ctx:
         return dict(ctx.params)
 
 
@@ -463,7 +475,7 @@ def test_services_are_the_demo_topology(config: dict[str, Any]) -> None:
                 assert mount.target == POLICY_TARGET and mount.read_only, f"{name}: {mount}"
     for name in PARTIES:
         assert _entrypoint(services[name]) is None, f"{name} must run the image's dpmarket"
-        assert ROLE_OF[_argv(services[name])[0]] == _identity(_argv(services[name])).role
+        assert ROLE_OF[_path(_argv(services[name]))] == _identity(_argv(services[name])).role
 
 
 def test_networks_separate_the_owners_from_the_consumer(config: dict[str, Any]) -> None:
@@ -554,7 +566,7 @@ def test_each_owner_serves_its_own_files(config: dict[str, Any]) -> None:
     data_files = []
     for name in OWNERS:
         argv = _argv(services[name])
-        assert argv[0] == "serve-owner"
+        assert _path(argv) == ("owner", "serve")
         assert _value(argv, "--data") == f"{DATA_TARGET}/{name}.parquet"
         assert _value(argv, "--table") == f"{DATA_TARGET}/{name}-table.parquet"
         assert _value(argv, "--owner-id") == name
@@ -583,7 +595,7 @@ def test_the_curator_serves_the_flights_sketch_catalogue(
 def test_curator_lists_every_owner_and_its_certificate_name_once(config: dict[str, Any]) -> None:
     services = _services(config)
     argv = _argv(services["curator"])
-    assert argv[0] == "serve-curator"
+    assert _path(argv) == ("curator", "serve")
     assert _identity(argv) == Identity("curator", "curator")
     counts = Counter(_values(argv, "--owner"))
     assert all(n == 1 for n in counts.values()), counts
@@ -598,7 +610,7 @@ def test_consumer_requests_a_private_summary_from_the_curator(config: dict[str, 
     services = _services(config)
     argv = _argv(services["consumer"])
     curator = _argv(services["curator"])
-    assert argv[0] == "request"
+    assert _path(argv) == ("consumer", "request")
     assert _value(argv, "--method") == "candidates"
     host, port = _split_address(_value(argv, "--curator"))
     assert host == "curator"
@@ -684,7 +696,7 @@ def test_ports_match_the_command_lines(config: dict[str, Any]) -> None:
 
 def test_healthchecks_probe_the_service_with_its_own_identity(config: dict[str, Any]) -> None:
     services = _services(config)
-    health = main.commands["health"]
+    _, health, _ = resolve(["health"])
     for name in SERVERS:
         argv = _argv(services[name])
         identity = _identity(argv)
@@ -704,15 +716,16 @@ def test_compose_commands_are_real_subcommands_and_options(config: dict[str, Any
     runner = CliRunner()
     for name in PARTIES:
         argv = _argv(_services(config)[name])
-        subcommand = argv[0]
-        assert subcommand in main.commands, f"{name}: dpmarket has no subcommand {subcommand}"
-        result = runner.invoke(main, [subcommand, "--help"])
+        path, command, args = resolve(argv)
+        assert not isinstance(command, click.Group), f"{name}: `dpmarket {argv[0]}` is a group"
+        assert list(path) == argv[: len(path)], f"{name}: {argv[: len(path)]} is an old name"
+        result = runner.invoke(main, [*path, "--help"])
         assert result.exit_code == 0, result.output
-        for token in argv[1:]:
+        for token in args:
             if token.startswith("-"):
                 option = token.split("=", 1)[0]
                 assert _option_in_help(option, result.output), (
-                    f"{name}: `dpmarket {subcommand}` has no option {option}"
+                    f"{name}: `dpmarket {' '.join(path)}` has no option {option}"
                 )
 
 
@@ -1067,3 +1080,53 @@ def test_image_creates_every_volume_mount_point_for_its_user(config: dict[str, A
         if mount.kind == "volume"
     }
     assert targets <= created, f"the image does not create {sorted(targets - created)}"
+
+
+# ------------------------------------------------------- deploy/README.md's host consumer
+def _readme_block(heading: str) -> str:
+    """The first ``sh`` block under ``heading`` in deploy/README.md, its lines joined."""
+    text = (REPO / "deploy" / "README.md").read_text(encoding="utf-8")
+    section = text.split(heading, 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, flags=re.DOTALL)
+    assert block is not None, f"no sh block under {heading}"
+    return block.group(1).replace("\\\n", " ")
+
+
+def test_the_readme_consumer_on_the_host_asks_with_the_stacks_own_data(
+    config: dict[str, Any], data_run: JobRun
+) -> None:
+    """Its validation and seed sets are the consumer's files of the flights scenario (not
+    another scenario's points, which the owners would not match), and it asks what the
+    `consumer` service asks, of the curator's published port."""
+    services = _services(config)
+    block = _readme_block("### A consumer on the host")
+    request = next(
+        shlex.split(line) for line in block.splitlines() if "dpmarket consumer request" in line
+    )
+    path, command, args = resolve(request[1:])
+    assert path == ("consumer", "request")
+    # The files it reads come out of the consumer's data volume, as the data job wrote them.
+    copied = re.search(r"tar -C /data -cf - ([^']+)' \| tar -C (\S+) -xf -", block)
+    assert copied is not None, block
+    names, host_dir = copied.group(1).split(), copied.group(2)
+    consumer_volume = data_run.volume_dirs[_volumes(services["consumer"])[DATA_TARGET].source]
+    for option in ("--validation", "--seed-set"):
+        file = Path(_value(args, option))
+        assert str(file.parent) == host_dir and file.name in names, option
+        assert (consumer_volume / file.name).is_file(), option
+    owner_volume = data_run.volume_dirs[_volumes(services["owner-0"])[DATA_TARGET].source]
+    owner_points = load_point_set(owner_volume / "owner-0.parquet").features
+    validation = load_point_set(consumer_volume / "validation.npy").features
+    assert validation.shape[1] == owner_points.shape[1]
+    # The request parses, and asks what the consumer service asks.
+    consumer = _argv(services["consumer"])
+    for option in ("-p", "--gamma", "--method", "--curator-name"):
+        assert _value(args, option) == _value(consumer, option), option
+    curator_port = _port(_argv(services["curator"]))
+    assert _value(args, "--curator") == f"127.0.0.1:{curator_port}"
+    assert curator_port in _published_container_ports(services["curator"])
+    on_host = [
+        str(consumer_volume / Path(a).name) if a.startswith(f"{host_dir}/") else a for a in args
+    ]
+    with command.make_context(path[-1], on_host) as ctx:
+        assert ctx.params["method"] == "candidates"

@@ -10,7 +10,7 @@ entry points, the ``dpmarket`` CLI in the stack's containers, as a user would ru
 
 * the consumer service as composed: a private summary by the default (candidates) method;
 * the consumer's ``cape mean`` and ``cape linreg`` (zero-sum noise by secure aggregation);
-* each owner's ``sketch publish`` (in a one-off container of that owner: its volumes, its
+* each owner's ``owner publish`` (in a one-off container of that owner: its volumes, its
   certificate, its network), then the consumer's ``explore`` on the union;
 * faults: an owner's container killed (SIGKILL) in the middle of a CAPE training and restarted,
   the curator killed and restarted; what each owner spent is read from its own ledger in its own
@@ -71,7 +71,8 @@ BOUNDS = {
     "delayed": (0.0, 1.0),
 }
 EPSILON, DELTA = 1.0, 1e-6
-#: The CAPE jobs compared with the in-process runs: (options of `dpmarket cape ...`, the job).
+#: The CAPE jobs compared with the in-process runs: (options of `dpmarket consumer cape ...`,
+#: the job).
 CAPE_JOBS: dict[str, dict[str, Any]] = {
     "mean": {
         "task": "mean",
@@ -358,10 +359,10 @@ def reference(stack: Stack, image: str) -> dict[str, Any]:
     """Every compared job run in one process, in the image, with no network, on the owners' and
     the consumer's own files (tests/deploy/compose_reference.py)."""
     consumer = list(stack.config["services"]["consumer"]["command"])
-    assert consumer[0] == "request"
-    simulate = ["simulate"]
+    assert consumer[:2] == ["consumer", "request"]
+    simulate = ["lab", "simulate"]
     skip_next = False
-    for token in consumer[1:]:
+    for token in consumer[2:]:
         if skip_next:
             skip_next = False
         elif token in ("--curator", "--curator-name", "--pki-dir", "--name", "--out", "--report"):
@@ -477,7 +478,7 @@ def test_the_composed_consumer_gets_the_in_process_summary(
 def _cape_argv(name: str) -> list[str]:
     job = CAPE_JOBS[name]
     command = "mean" if job["task"] == "mean" else "linreg"
-    argv = ["cape", command, *CONSUMER_TLS]
+    argv = ["consumer", "cape", command, *CONSUMER_TLS]
     for column, low, high in job["features"]:
         argv += ["--feature", f"{column}={low}:{high}"]
     if "target" in job:
@@ -513,7 +514,7 @@ def test_cape_jobs_equal_the_in_process_ones_and_charge_each_owner_once(
 def test_published_sketches_answer_an_exploration_as_in_process(
     stack: Stack, reference: dict[str, Any]
 ) -> None:
-    """Each owner's operator publishes with ``dpmarket sketch publish`` from the owner's own
+    """Each owner's operator publishes with ``dpmarket owner publish`` from the owner's own
     container (its table, ledger, policy and certificate); the consumer's ``explore`` on the
     union equals the in-process publication and M2M; each owner is charged once, by itself."""
     before = stack.ledgers_before()
@@ -521,7 +522,7 @@ def test_published_sketches_answer_an_exploration_as_in_process(
     for owner in OWNERS:  # every owner's operator at once
         command = stack.config["services"][owner]["command"]
         publications[owner] = stack.popen(
-            owner, "sketch", "publish", "--curator", "curator:50050",
+            owner, "owner", "publish", "--curator", "curator:50050",
             "--table", _option(command, "--table"), "--data-dir", _option(command, "--data-dir"),
             "--policy", _option(command, "--policy"),
             "--pki-dir", "/pki", "--name", owner,
@@ -534,7 +535,7 @@ def test_published_sketches_answer_an_exploration_as_in_process(
         assert row["spec"] == SKETCH_SPEC and row["charged_now"]
     answer = json.loads(
         stack.run(
-            "consumer", "explore", *CONSUMER_TLS, "--spec", SKETCH_SPEC, "--all",
+            "consumer", "consumer", "explore", *CONSUMER_TLS, "--spec", SKETCH_SPEC, "--all",
             "--query", EXPLORE["query"], "--synthetic", str(EXPLORE["synthetic"]),
             "--seed", str(EXPLORE["seed"]), "--out", "explore.json",
         )["explore.json"]
@@ -557,7 +558,9 @@ def test_an_owner_killed_mid_training_loses_no_charge_and_the_training_completes
     the others (the lost owner's last iteration is averaged with its larger noise stated); once
     restarted, the owner's ledger in its volume still holds every charge, the training's once."""
     before = stack.ledgers_before()
-    training = stack.popen("consumer", "cape", "train", *CONSUMER_TLS, *TRAINING, "--out", "t.json")
+    training = stack.popen(
+        "consumer", "consumer", "cape", "train", *CONSUMER_TLS, *TRAINING, "--out", "t.json"
+    )
     try:
         # Killed as soon as it has charged the training (then about 1,000 iterations remain).
         deadline = time.monotonic() + HEALTH_TIMEOUT
@@ -598,12 +601,16 @@ def test_a_restarted_curator_returns_the_stored_answer_and_charges_nothing_twice
     """The curator killed (SIGKILL) and started again: the retried training (same request id)
     returns the stored network without any owner being charged; a new job reaches every owner,
     the restarted one included, and equals its in-process run."""
-    first = stack.run("consumer", "cape", "train", *CONSUMER_TLS, *TRAINING, "--out", "t.json")
+    first = stack.run(
+        "consumer", "consumer", "cape", "train", *CONSUMER_TLS, *TRAINING, "--out", "t.json"
+    )
     before = stack.ledgers_before()
     _docker("kill", "--signal", "KILL", stack.container("curator"))
     stack("start", "curator")
     stack.wait_healthy("curator")
-    again = stack.run("consumer", "cape", "train", *CONSUMER_TLS, *TRAINING, "--out", "t.json")
+    again = stack.run(
+        "consumer", "consumer", "cape", "train", *CONSUMER_TLS, *TRAINING, "--out", "t.json"
+    )
     assert json.loads(again["t.json"]) == json.loads(first["t.json"])
     assert stack.ledgers_after() == before
 

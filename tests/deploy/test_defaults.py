@@ -23,10 +23,11 @@ from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpe
 from dpmarket.common.summarization.methods import ALLOCATIONS
 from dpmarket.common.summarization.summary import SessionRequest
 from dpmarket.consumer import cli as consumer_cli
+from dpmarket.consumer.cli import cape_group
 from dpmarket.curator.policy import CuratorPolicy, load_curator_policy
 from dpmarket.curator.sketches import LocalCatalogEndpoint, SketchCatalog
 from dpmarket.curator.summarization.session import SessionContext, SummarizationSession
-from dpmarket.deploy.cli import cape_group, main
+from dpmarket.deploy.cli import command_at
 from dpmarket.experiments.runner import publish_sketches
 from dpmarket.experiments.scenarios import Scenario
 from dpmarket.owner.cape import CapeSite
@@ -184,7 +185,7 @@ def test_sketch_publish_defaults_pass_both_policies(
     """Every shipped sketch declaration loads under the curator's policy, and an owner
     publishes each of its specs at the spec's default epsilon (``sketch publish --all``)
     under its own policy and ledger."""
-    assert _defaults(main.commands["sketch"].commands["publish"])["epsilon"] is None  # the spec's
+    assert _defaults(command_at("owner", "publish"))["epsilon"] is None  # the spec's
     catalog = SketchCatalog.from_files(
         tmp_path / "curator", [SKETCH_SPECS / declaration], policy=curator_policy, seed=0
     )

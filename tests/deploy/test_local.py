@@ -54,7 +54,11 @@ def test_init_writes_pki_configs_policies_and_a_draft_schema(tmp_path: Path) -> 
     lines = result.output.splitlines()
     assert lines[-3].strip().startswith(f"1. $EDITOR {root / 'schema.toml'}")
     assert lines[-2].strip() == f"2. dpmarket up {root}"
-    assert lines[-1].strip().startswith(f"3. dpmarket request --config {root / 'consumer.toml'}")
+    assert (
+        lines[-1]
+        .strip()
+        .startswith(f"3. dpmarket consumer request --config {root / 'consumer.toml'}")
+    )
 
     schema = load_schema(root / "schema.toml")
     assert schema.draft and schema.label == "high" and schema.names == ("age", "bmi", "high")

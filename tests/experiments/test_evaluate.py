@@ -161,9 +161,9 @@ def test_printed_auction_spends_more_owner_delta(
 
 
 def test_cli_offers_every_method() -> None:
-    from dpmarket.deploy.cli import main
+    from dpmarket.deploy.cli import command_at
 
-    command = main.commands["evaluate"]
+    command = command_at("lab", "evaluate")
     (option,) = [p for p in command.params if p.name == "methods"]
     assert tuple(option.type.choices) == EVAL_METHODS  # type: ignore[attr-defined]
 

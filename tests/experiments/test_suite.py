@@ -12,6 +12,7 @@ import pytest
 
 from dpmarket.common.summarization.kernels import exact_kernel_greedy
 from dpmarket.experiments.suite import (
+    FIRST_SUITE,
     SKETCH_SCALE,
     SUITE,
     SUITE_NAMES,
@@ -21,6 +22,12 @@ from dpmarket.experiments.suite import (
     suite_scenario,
 )
 from dpmarket.experiments.suite_eval import SuiteSetting, leave_one_scenario_out, uniform_reads
+from dpmarket.experiments.suite_split import load_split
+from dpmarket.experiments.suite_tables import FAMILIES
+
+#: Scenarios whose table holds many distinct records with equal values: Portal's traps catch
+#: several pocket mice of the same weight and hindfoot length on one night, one per plot.
+_REPEATED_RECORDS = {"surveys-24": 0.5, "surveys-12": 0.25}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +36,7 @@ def suite() -> list[Any]:
 
 
 def test_the_suite_spans_the_issues_ranges(suite: list[Any]) -> None:
-    assert len(suite) >= 10
+    assert len(suite) >= 30
     ks = [len(s.owners) for s in suite]
     ms = [s.validation.shape[0] for s in suite]
     ds = [s.n_features for s in suite]
@@ -40,6 +47,28 @@ def test_the_suite_spans_the_issues_ranges(suite: list[Any]) -> None:
     assert 0 < len(with_seed) < len(suite)
     # None of the scenarios the defaults were first tuned on.
     assert not {"digits", "flights", "flights50"} & set(SUITE_NAMES)
+
+
+def test_every_family_has_the_pattern_issue_27_names(suite: list[Any]) -> None:
+    by_name = {s.name: s for s in suite}
+    families: dict[str, list[Any]] = {}
+    for entry in SUITE:
+        families.setdefault(entry.family, []).append(by_name[entry.name])
+    assert set(families) == set(FAMILIES)
+    assert [e.name for e in SUITE[:11]] == [e.name for e in FIRST_SUITE]
+    assert all(e.family == "first" for e in FIRST_SUITE)
+    for family, members in families.items():
+        assert len(members) >= 4, family
+        ks = [len(s.owners) for s in members]
+        ms = [s.validation.shape[0] for s in members]
+        if family == "rare-category":
+            assert max(ks) <= 6
+        elif family == "spread-thin":
+            assert min(ks) >= 8 and max(ks) <= 50
+        elif family == "small-m":
+            assert min(ks) >= 8 and min(ms) >= 20 and max(ms) <= 100
+        elif family == "one-owner":
+            assert set(ks) == {3}
 
 
 def test_every_scenario_builds_deterministically(suite: list[Any]) -> None:
@@ -62,7 +91,7 @@ def test_every_scenario_is_a_covariate_shift_with_labels_and_a_public_domain(
         # (Tables of counts hold distinct records with equal values, so a few rows may repeat.)
         rows = {r.tobytes() for r in pool}
         shared = np.mean([v.tobytes() in rows for v in s.validation])
-        assert shared < 0.2, (s.name, shared)
+        assert shared < _REPEATED_RECORDS.get(s.name, 0.2), (s.name, shared)
         assert s.test.labels is not None and all(o.labels is not None for o in s.owners)
         assert np.unique(s.test.labels).size >= 2, s.name
         assert s.sketch_sigma == pytest.approx(SKETCH_SCALE / math.sqrt(2 * s.gamma))
@@ -138,11 +167,14 @@ def test_leave_one_scenario_out_holds_each_scenario_out_and_minimises_the_worst(
         return {"scenario": name, "over_exact": ratios[setting.label][name], "seeds": seeds}
 
     monkeypatch.setattr(se, "scenario_summary", summary)
-    out = leave_one_scenario_out(None, [a, b, c], ["s1", "s2", "s3"], [0])  # type: ignore[arg-type]
+    # Constants are chosen on the design half of the split only.
+    s1, s2, s3 = load_split().design[:3]
+    ratios = {k: dict(zip((s1, s2, s3), r.values(), strict=True)) for k, r in ratios.items()}
+    out = leave_one_scenario_out(None, [a, b, c], [s1, s2, s3], [0])  # type: ignore[arg-type]
     assert out["chosen_on_all"] == b.label
     held = {r["scenario"]: (r["setting"], r["over_exact"]) for r in out["held_out"]}
     # Each held-out scenario gets the setting whose worst ratio on the other two is smallest.
-    assert held == {"s1": (b.label, 2.0), "s2": (c.label, 8.0), "s3": (a.label, 9.0)}
+    assert held == {s1: (b.label, 2.0), s2: (c.label, 8.0), s3: (a.label, 9.0)}
 
 
 def test_every_suite_entry_names_its_pattern() -> None:

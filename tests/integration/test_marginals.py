@@ -111,7 +111,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalClu
 
 def _explore(running: LocalCluster, *query: str) -> dict[str, Any]:
     args = [
-        "explore", "--curator", running.curator_target,
+        "consumer", "explore", "--curator", running.curator_target,
         "--pki-dir", str(running.pki_dir), "--name", "consumer",
         "--owner", OWNER, "--synthetic", "1000", "--bootstrap", "4", "--json", *query,
     ]  # fmt: skip

@@ -203,7 +203,8 @@ def test_a_request_needs_every_owner_and_one_up_restarted_is_reachable_at_once(
     curator = f"127.0.0.1:{(run / 'curator.port').read_text(encoding='utf-8').strip()}"
     health = (
         "health", "--target", curator, "--expect", "curator:curator",
-        "--pki-dir", str(deployment / "pki"), "--name", "consumer", "--service", "owner:senior",
+        "--pki-dir", str(deployment / "pki" / "consumer-consumer"), "--name", "consumer",
+        "--service", "owner:senior",
     )  # fmt: skip
     code, output = _dpmarket(*health)
     assert code == 1 and "owner:senior: NOT_SERVING" in output

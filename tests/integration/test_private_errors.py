@@ -34,6 +34,7 @@ import pytest
 from sklearn.datasets import load_diabetes
 
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.cape.uncertainty import MEAN_COVERS
 from dpmarket.common.errors import DPMarketError
 from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.rff import draw_rff_params
@@ -214,7 +215,7 @@ def test_the_bounds_probe_returns_no_raw_value_and_no_count(
         out = deployment.directory / "mean.json"
         done = deployment.cli(
             "cape", "mean", "--feature", "target=1000:2000",
-            "--epsilon", "1", "--delta", "1e-6", "--out", str(out),
+            "--epsilon", "1", "--delta", "1e-6", "--out", str(out), "--json",
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         text = out.read_text(encoding="utf-8")
@@ -226,8 +227,15 @@ def test_the_bounds_probe_returns_no_raw_value_and_no_count(
         printed = text + done.stdout + done.stderr
         numbers = {float(n) for n in re.findall(r"-?\d+\.\d+(?:e-?\d+)?", printed)}
         assert not numbers & set(deployment.raw_targets())
+        # The estimates' interval and flags are post-processing of the charged release, worded
+        # from a fixed vocabulary of public terms (what the interval covers names the clamp to
+        # the request's bounds); everything else must not speak of rows or values outside.
+        estimates = document.pop("estimates")
+        assert [e["covers"] for e in estimates] == [MEAN_COVERS]
+        # stdout: the same document (--json), then one line of what was estimated.
+        rest = json.dumps(document) + done.stdout.strip().splitlines()[-1] + done.stderr
         for word in ("row", "outside", "clamp", "bound"):
-            assert word not in printed.lower(), word
+            assert word not in rest.lower(), word
         reports[variant] = {k: v for k, v in report.items() if k not in ("seconds",)}
     assert reports["a"] == reports["b"]
 

@@ -29,9 +29,11 @@ def tutorial_commands(text: str) -> list[str]:
 def test_the_tutorial_has_commands_for_every_step() -> None:
     blocks = tutorial_commands(TUTORIAL.read_text(encoding="utf-8"))
     text = "\n".join(blocks)
-    for command in ("dpmarket init", "dpmarket up", "dpmarket request", "sketch publish",
-                    "dpmarket explore", "rank-owners", "cape mean", "cape linreg", "cape logreg",
-                    "owner ledger", "dpmarket down"):  # fmt: skip
+    for command in ("dpmarket init", "dpmarket up", "dpmarket consumer request",
+                    "dpmarket owner publish", "dpmarket consumer explore",
+                    "dpmarket consumer rank-owners", "dpmarket consumer cape mean",
+                    "dpmarket consumer cape linreg", "dpmarket consumer cape logreg",
+                    "dpmarket owner ledger", "dpmarket down"):  # fmt: skip
         assert command in text, command
 
 

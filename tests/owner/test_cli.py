@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dpmarket.owner.cli import owner
+from dpmarket.deploy.cli import command_at
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.policy import OwnerPolicy
 
@@ -42,13 +42,14 @@ def data_dir(tmp_path: Path) -> Path:
 
 
 def invoke(*args: str) -> str:
+    owner = command_at("owner")
     result = CliRunner().invoke(owner, list(args), env={"COLUMNS": "200"}, terminal_width=200)
     assert result.exit_code == 0, result.output
     return result.output
 
 
 def test_table_lists_the_charges_and_what_is_left(data_dir: Path) -> None:
-    out = invoke("ledger", "--data-dir", str(data_dir))
+    out = invoke("ledger", "--data-dir", str(data_dir), "--wide")
     for text in (
         "2024-05-01T12:00:00Z",
         "2024-05-01T12:02:00Z",
@@ -71,6 +72,15 @@ def test_table_lists_the_charges_and_what_is_left(data_dir: Path) -> None:
     assert ["2024-05-01T12:02:00Z", "sess-b", "bob", "curator", "exact embedding", "inf", "0",
             "7"] in rows  # fmt: skip
     assert "non-private releases" in out
+
+
+def test_the_default_table_is_compact(data_dir: Path) -> None:
+    out = invoke("ledger", "--data-dir", str(data_dir))
+    for text in ("05-01 12:00", "05-01 12:02", "sess-a", "sess-b", "alice", "bob", "points"):
+        assert text in out, text
+    assert "2024-05-01T12:00:00Z" not in out and "--wide" in out
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines()]
+    assert ["over the lifetime", "epsilon", "1.75", "4", "2.25"] in rows
 
 
 def test_json_has_the_same_content(data_dir: Path) -> None:
@@ -110,6 +120,7 @@ def test_session_and_limit(data_dir: Path) -> None:
 
 
 def test_no_ledger_is_a_clear_error(tmp_path: Path) -> None:
+    owner = command_at("owner")
     result = CliRunner().invoke(owner, ["ledger", "--data-dir", str(tmp_path / "nothing")])
     assert result.exit_code == 1
     assert "holds no owner ledger" in result.output

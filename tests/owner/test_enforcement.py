@@ -291,10 +291,10 @@ def test_a_session_receives_at_most_its_share_of_the_table_even_reopened(
     1,000 points ``session.points`` allows; a session reopened under its id gets no fresh
     share. The control: with ``points_fraction = 1`` the whole table is allowed."""
     owner, ledger = _owner(data, tmp_path)
-    assert owner.open_session("s", rff, 0, terms=TERMS) == (N_POINTS, 7)
+    assert owner.open_session("s", rff, 0, terms=UNIFORM) == (N_POINTS, 7)
     owner.sample_uniform("s", 5)
     owner.close_session("s")
-    assert owner.open_session("s", rff, 0, terms=TERMS) == (N_POINTS, 2)
+    assert owner.open_session("s", rff, 0, terms=UNIFORM) == (N_POINTS, 2)
     with pytest.raises(FailedPreconditionError, match="may receive 2 raw points"):
         owner.sample_uniform("s", 3)
     assert ledger.session_totals("s").points == 5

@@ -65,7 +65,7 @@ def _identity(
 
 def _site(tmp_path: Path, identity: SiteIdentity) -> CapeSite:
     table = Table(("x", "y"), np.random.default_rng(0).uniform(0, 1, (ROWS, 2)), OWNER)
-    ledger = OwnerLedger(tmp_path / OWNER, OwnerPolicy())
+    ledger = OwnerLedger.create(tmp_path / OWNER, OwnerPolicy())
     return CapeSite(OWNER, table, ledger=ledger, identity=identity, clock=lambda: 0.0)
 
 

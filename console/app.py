@@ -1,0 +1,411 @@
+"""The console as a Starlette application: one party's pages, behind its token.
+
+:func:`create_app` serves the pages of one role, the one of the certificate the console runs
+with (:mod:`dpmarket.console.cli`): a consumer's console has the consumer's routes only, an
+owner's the owner's, a curator's the curator's. Another role's page is not there (404), so a
+console run with a consumer's certificate has no route to an owner's ledger or to the curator's
+sessions, besides holding no credential that would read them.
+
+Pages are rendered on the server (Jinja2 templates, matplotlib SVG plots,
+:mod:`dpmarket.console.plots`); the one script (``static/console.js``) follows a summary's progress
+from its server-sent events. Every response carries a Content-Security-Policy that allows this
+origin only (no CDN: the console works offline), forbids framing, and sends no referrer (so a
+login address with the token never leaks to another site).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import (
+    FileResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from dpmarket.common.errors import DPMarketError
+from dpmarket.common.summarization.methods import METHODS
+from dpmarket.console import plots
+from dpmarket.console.auth import COOKIE, ConsoleToken, TokenMiddleware
+from dpmarket.console.consumer import ConsumerConsole, UserError
+from dpmarket.console.curator import CuratorConsole
+from dpmarket.console.owner import OwnerConsole
+from dpmarket.runtime.identity import Identity
+
+__all__ = ["Party", "create_app"]
+
+HERE = Path(__file__).resolve().parent
+Party = ConsumerConsole | OwnerConsole | CuratorConsole
+#: Seconds between two looks at a running summary for its event stream.
+EVENT_POLL_SECONDS = 0.2
+#: Explore's query kinds offered by the form (``synthetic`` draws records: not a plot).
+EXPLORE_QUERIES = ("mean", "moment2", "cdf", "count", "covariance", "logreg", "marginal")
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+class _SecurityHeaders:
+    """ASGI middleware adding :data:`SECURITY_HEADERS` to every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {k.lower() for k, _ in headers}
+                for key, value in SECURITY_HEADERS.items():
+                    if key.lower().encode() not in present:
+                        headers.append((key.lower().encode(), value.encode()))
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _utc(at: float) -> str:
+    """Unix time as ``2024-05-01 12:00 UTC``."""
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _number(value: float | None, spec: str = ".4g") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    return format(value, spec)
+
+
+def create_app(
+    party: Party, identity: Identity, token: ConsoleToken, *, secure_cookie: bool = False
+) -> Starlette:
+    """The console's ASGI application for ``party``.
+
+    Parameters
+    ----------
+    party : ConsumerConsole, OwnerConsole or CuratorConsole
+        What the pages read (its role decides which pages exist).
+    identity : Identity
+        The party's identity, shown on every page.
+    token : ConsoleToken
+        The token every page but ``/login`` requires (:mod:`dpmarket.console.auth`).
+    secure_cookie : bool
+        Mark the token's cookie ``Secure`` (the console is served over HTTPS).
+    """
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.filters["num"] = _number
+    templates.env.filters["utc"] = _utc
+    templates.env.globals["identity"] = identity
+    role = identity.role
+
+    def page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
+        return templates.TemplateResponse(
+            request, name, {"role": role, "now": time.time(), **context}, status_code=status
+        )
+
+    async def home(request: Request) -> Response:
+        return RedirectResponse(f"/{role}", status_code=303)
+
+    async def login(request: Request) -> Response:
+        presented = request.query_params.get("token")
+        if request.method == "POST":
+            form = await request.form()
+            presented = str(form.get("token", ""))
+            target = str(form.get("next", "/"))
+        else:
+            target = request.query_params.get("next", "/")
+        if not _local(target):
+            target = "/"
+        if presented is None:
+            return page(request, "login.html", {"next": target, "error": ""})
+        if not token.matches(presented.strip()):
+            return page(
+                request,
+                "login.html",
+                {"next": target, "error": "That is not this console's token."},
+                401,
+            )
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(
+            COOKIE, token.value, httponly=True, samesite="strict", secure=secure_cookie, path="/"
+        )
+        return response
+
+    async def logout(request: Request) -> Response:
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE, path="/")
+        return response
+
+    routes: list[Any] = [
+        Route("/", home),
+        Route("/login", login, methods=["GET", "POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+    ]
+    if isinstance(party, ConsumerConsole):
+        routes += _consumer_routes(party, page)
+    elif isinstance(party, OwnerConsole):
+        routes += _owner_routes(party, page)
+    else:
+        routes += _curator_routes(party, page)
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(_SecurityHeaders), Middleware(TokenMiddleware, token=token)],
+    )
+
+
+def _local(target: str) -> bool:
+    """Whether ``target`` is a path of this console (no scheme, host or ``//``)."""
+    parts = urlsplit(target)
+    return not parts.scheme and not parts.netloc and target.startswith("/")
+
+
+Page = Callable[..., Response]
+
+
+# ------------------------------------------------------------------------------- consumer
+def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
+    async def overview(request: Request, extra: dict[str, Any] | None = None) -> Response:
+        error, catalogue = "", None
+        try:
+            catalogue = await run_in_threadpool(consumer.catalogue)
+        except DPMarketError as exc:
+            error = f"the curator did not answer: {exc}"
+        history = await run_in_threadpool(consumer.history.entries, 20)
+        last = next((r for r in history if r.status == "done"), None)
+        share_svg = ""
+        if last is not None and last.points_per_owner:
+            share_svg = plots.share_plot(
+                last.points_per_owner,
+                last.left_out,
+                title=f"each owner's share of your last summary ({last.short_id})",
+            )
+        context = {
+            "catalogue": catalogue,
+            "error": error,
+            "history": history,
+            "last": last,
+            "share_svg": share_svg,
+            "running": [j for j in consumer.jobs.values() if not j.finished],
+            "queries": EXPLORE_QUERIES,
+            "methods": METHODS,
+            "request_id": uuid.uuid4().hex,
+            **(extra or {}),
+        }
+        return page(request, "consumer.html", context, 503 if error else 200)
+
+    async def explore(request: Request) -> Response:
+        form = await request.form()
+        owners = [str(o) for o in form.getlist("owner") if str(o)]
+        question = {
+            "query": str(form.get("query", "mean")),
+            "spec": str(form.get("spec", "")),
+            "owners": owners,
+            "columns": [str(c) for c in form.getlist("column") if str(c)],
+            "points": _split(str(form.get("points", ""))),
+            "where": [w for w in (x.strip() for x in str(form.get("where", "")).split(";")) if w],
+            "target": str(form.get("target", "")),
+        }
+        try:
+            answer = await run_in_threadpool(consumer.explore, question)
+        except UserError as exc:
+            return await _with_status(overview(request, {"explore_error": str(exc)}), 400)
+        svg = plots.interval_plot(answer["rows"], title=answer["title"])
+        return page(request, "explore.html", {"answer": answer, "svg": svg, "question": question})
+
+    async def rank(request: Request) -> Response:
+        form = await request.form()
+        upload = form.get("validation")
+        data, name = await _read_upload(upload)
+        try:
+            ranking = await run_in_threadpool(
+                consumer.rank, data, name, str(form.get("spec", "")) or None
+            )
+        except UserError as exc:
+            return await _with_status(overview(request, {"rank_error": str(exc)}), 400)
+        svg = plots.ranking_plot(ranking["rows"], title=f"owners by MMD² to {name}")
+        return page(request, "ranking.html", {"ranking": ranking, "svg": svg, "file": name})
+
+    async def summary(request: Request) -> Response:
+        form = await request.form()
+        data, name = await _read_upload(form.get("validation"))
+        try:
+            gamma_text = str(form.get("gamma", "")).strip()
+            session_id = await run_in_threadpool(
+                lambda: consumer.start_summary(
+                    data,
+                    name,
+                    summary_size=int(str(form.get("p", "0")) or 0),
+                    method=str(form.get("method", "candidates")),
+                    gamma=float(gamma_text) if gamma_text else None,
+                    min_owners=int(str(form.get("min_owners", "0")) or 0),
+                    request_id=str(form.get("request_id", "")) or uuid.uuid4().hex,
+                )
+            )
+        except (UserError, ValueError) as exc:
+            return await _with_status(overview(request, {"summary_error": str(exc)}), 400)
+        return RedirectResponse(f"/consumer/sessions/{session_id}", status_code=303)
+
+    async def session(request: Request) -> Response:
+        key = request.path_params["key"]
+        job = consumer.jobs.get(key)
+        if job is not None and not job.finished:
+            return page(request, "progress.html", {"job": job})
+        record = job.record if job is not None else None
+        if record is None:
+            record = await run_in_threadpool(consumer.record, key)
+        if record is None:
+            error = job.error if job is not None else f"no session {key} in your history"
+            return page(request, "missing.html", {"message": error}, 404)
+        share_svg = curve_svg = ""
+        if record.points_per_owner or record.left_out:
+            share_svg = plots.share_plot(
+                record.points_per_owner, record.left_out, title="each owner's share"
+            )
+        if record.mmd_curve.get("sizes"):
+            curve_svg = plots.mmd_curve_plot(
+                [int(s) for s in record.mmd_curve["sizes"]],
+                record.mmd_curve["mmd2"],
+                title="MMD² of the summary's first k points to your validation set",
+            )
+        downloadable = consumer.summary_file(record) is not None
+        return page(
+            request,
+            "session.html",
+            {
+                "record": record,
+                "share_svg": share_svg,
+                "curve_svg": curve_svg,
+                "downloadable": downloadable,
+            },
+        )
+
+    async def events(request: Request) -> Response:
+        job = consumer.jobs.get(request.path_params["key"])
+        if job is None:
+            return Response("no running session of this console by that id", status_code=404)
+
+        async def stream() -> AsyncIterator[str]:
+            sent = 0
+            while True:
+                events = job.events[sent:]
+                for event in events:
+                    yield f"data: {json.dumps(event)}\n\n"
+                sent += len(events)
+                if job.finished:
+                    yield f"event: end\ndata: {json.dumps({'error': job.error})}\n\n"
+                    return
+                if await request.is_disconnected():
+                    return
+                await asyncio.sleep(EVENT_POLL_SECONDS)
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"X-Accel-Buffering": "no"}
+        )
+
+    async def download(request: Request) -> Response:
+        record = await run_in_threadpool(consumer.record, request.path_params["key"])
+        path = None if record is None else consumer.summary_file(record)
+        if record is None or path is None:
+            return Response("this summary's file is not in your data directory", status_code=404)
+        return FileResponse(
+            path, media_type="text/csv", filename=f"summary-{record.short_id}{path.suffix}"
+        )
+
+    return [
+        Route("/consumer", overview),
+        Route("/consumer/explore", explore, methods=["POST"]),
+        Route("/consumer/rank", rank, methods=["POST"]),
+        Route("/consumer/summary", summary, methods=["POST"]),
+        Route("/consumer/sessions/{key}", session),
+        Route("/consumer/sessions/{key}/events", events),
+        Route("/consumer/sessions/{key}/summary.csv", download),
+    ]
+
+
+async def _with_status(response: Awaitable[Response], status: int) -> Response:
+    done = await response
+    done.status_code = status
+    return done
+
+
+async def _read_upload(upload: Any) -> tuple[bytes, str]:
+    if isinstance(upload, UploadFile):
+        return await upload.read(), upload.filename or "validation"
+    return b"", ""
+
+
+def _split(text: str) -> list[str]:
+    return [t for t in (x.strip() for x in text.replace(";", ",").split(",")) if t]
+
+
+# --------------------------------------------------------------------------------- owner
+def _owner_routes(owner: OwnerConsole, page: Page) -> list[Route]:
+    async def overview(request: Request) -> Response:
+        try:
+            view = await run_in_threadpool(owner.view)
+        except FileNotFoundError as exc:
+            return page(request, "missing.html", {"message": str(exc)}, 503)
+        entries = view["entries"]
+        charges_svg = ""
+        if entries:
+            charges_svg = plots.charges_plot(
+                [e["at"] for e in entries],
+                [e["epsilon"] or 0.0 for e in entries],
+                [e["points"] for e in entries],
+                title=f"charges to {identity_name(owner)}'s ledger over time (UTC)",
+            )
+        return page(request, "owner.html", {"view": view, "charges_svg": charges_svg})
+
+    return [Route("/owner", overview)]
+
+
+def identity_name(owner: OwnerConsole) -> str:
+    return owner.identity.name
+
+
+# ------------------------------------------------------------------------------- curator
+def _curator_routes(curator: CuratorConsole, page: Page) -> list[Route]:
+    async def overview(request: Request) -> Response:
+        try:
+            view = await run_in_threadpool(curator.view)
+        except FileNotFoundError as exc:
+            return page(request, "missing.html", {"message": str(exc)}, 503)
+        rates = view["rates"]
+        rate_svg = plots.rate_plot(
+            rates["hours"], rates["counts"], title="requests per hour (UTC), by consumer"
+        )
+        return page(request, "curator.html", {"view": view, "rate_svg": rate_svg})
+
+    return [Route("/curator", overview)]

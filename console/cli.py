@@ -1,0 +1,230 @@
+"""``dpmarket console``: serve one party's console on its own credentials.
+
+The role is the certificate's (``--pki-dir`` and ``--name``, or ``--ca``/``--cert``/``--key``): a
+consumer's certificate gives the consumer's pages, an owner's the owner's, the curator's the
+curator's. ``--config`` takes the party's own configuration file as ``dpmarket init`` writes it:
+its ``data-dir`` (where the console keeps its token), ``host`` and ``port`` (the party's own
+service, whose health the owner's page checks), ``curator`` (the consumer's curator), ``owner``
+(the curator's owners) and ``schema`` (the consumer's) are read from it; ``listen`` (or a
+``[console]`` table in the file) is where the console itself serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dpmarket.runtime.cli import security_from_options, tls_options
+from dpmarket.runtime.identity import Identity
+
+__all__ = ["console_command"]
+
+logger = logging.getLogger("dpmarket")
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise click.BadParameter(f"{text!r}: give HOST:PORT (port 0: any free port)")
+    return host.strip("[]"), int(port)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise click.ClickException(f"cannot serve the console on {host}:{port}: {exc}") from exc
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+@click.command(
+    "console", context_settings={"help_option_names": ["-h", "--help"], "show_default": True}
+)
+@click.option(
+    "--listen",
+    default="127.0.0.1:0",
+    metavar="HOST:PORT",
+    help="Where the console serves (port 0: any free port, printed). Another address than "
+    "127.0.0.1 lets other machines in: they need the token, and HTTPS (--https-cert) keeps it "
+    "from the network.",
+)
+@click.option(
+    "--data-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="The party's data directory (its config's data-dir): the owner's ledger, the "
+    "curator's store, the consumer's session records; the console's token is kept there "
+    "(console-token, mode 0600).",
+)
+@click.option(
+    "--host", default=None, help="This party's own service: its address (the config's host)."
+)
+@click.option(
+    "--port",
+    default=None,
+    type=click.IntRange(0, 65535),
+    help="This party's own service: its port (the config's port), for its health check (an "
+    "owner's) or its channels to the owners (the curator's).",
+)
+@click.option("--curator", default=None, metavar="HOST:PORT", help="A consumer's curator.")
+@click.option(
+    "--curator-name", default="curator", help="The name the curator's certificate must carry."
+)
+@click.option(
+    "--owner",
+    "owners",
+    multiple=True,
+    metavar="NAME@HOST:PORT",
+    help="A curator's owner (the config's owner list), for its health check; repeat.",
+)
+@click.option(
+    "--schema",
+    "schema_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="A consumer's public schema: validation files are read through it.",
+)
+@click.option(
+    "--https-cert",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Serve HTTPS with this certificate (PEM), e.g. for remote use.",
+)
+@click.option(
+    "--https-key",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The private key of --https-cert.",
+)
+@tls_options
+def console_command(
+    listen: str,
+    data_dir: str | None,
+    host: str | None,
+    port: int | None,
+    curator: str | None,
+    curator_name: str,
+    owners: tuple[str, ...],
+    schema_path: str | None,
+    https_cert: str | None,
+    https_key: str | None,
+    **tls: Any,
+) -> None:
+    """Serve this party's web console (its role is its certificate's): the consumer's catalogue,
+    exploration and summaries; the owner's budget, charges, sketches and policy; the curator's
+    owners, sessions and catalogue. Every page needs the console's token (printed once)."""
+    import uvicorn
+
+    from dpmarket.console.app import create_app
+    from dpmarket.console.auth import ConsoleToken
+
+    security = security_from_options(None, **tls)
+    identity = security.identity
+    if identity is None:
+        raise click.UsageError(
+            "the console runs on the party's own certificate (--pki-dir and --name, or --ca, "
+            "--cert and --key): it has no role without one"
+        )
+    if data_dir is None:
+        raise click.UsageError(
+            f"give --data-dir: the {identity.role}'s data directory (or data-dir in its config)"
+        )
+    if bool(https_cert) != bool(https_key):
+        raise click.UsageError("give both --https-cert and --https-key")
+    bind_host, bind_port = _listen(listen)
+    party = _party(identity, security, Path(data_dir), host, port, curator, curator_name, owners,
+                   schema_path)  # fmt: skip
+    try:
+        token = ConsoleToken.load_or_create(data_dir)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    app = create_app(party, identity, token, secure_cookie=https_cert is not None)
+    sock = _bind(bind_host, bind_port)
+    bound = sock.getsockname()[1]
+    scheme = "https" if https_cert else "http"
+    shown = f"[{bind_host}]" if ":" in bind_host else bind_host
+    base = f"{scheme}://{shown}:{bound}"
+    click.echo(f"{identity}'s console: {base}/")
+    if token.created:
+        click.echo(
+            f"its token (printed this once; kept in {token.path}, mode 0600):\n"
+            f"  {base}/login?token={token.value}"
+        )
+    else:
+        click.echo(f"sign in with the token in {token.path}")
+    if bind_host not in ("127.0.0.1", "localhost", "::1") and not https_cert:
+        logger.warning(
+            "the console serves %s over plain HTTP: the token and the pages cross the network "
+            "in the clear; use --https-cert/--https-key or an SSH tunnel",
+            bind_host,
+        )
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        lifespan="off",
+        ssl_certfile=https_cert,
+        ssl_keyfile=https_key,
+        proxy_headers=False,
+        server_header=False,
+    )
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def _party(
+    identity: Identity,
+    security: Any,
+    data_dir: Path,
+    host: str | None,
+    port: int | None,
+    curator: str | None,
+    curator_name: str,
+    owners: tuple[str, ...],
+    schema_path: str | None,
+) -> Any:
+    """The role's console object, from the options its role reads."""
+    if identity.role == "consumer":
+        from dpmarket.console.consumer import ConsumerConsole
+        from dpmarket.consumer.client import CuratorClient
+        from dpmarket.runtime.schemas import load_schema
+
+        if curator is None:
+            raise click.UsageError("a consumer's console needs --curator HOST:PORT")
+        try:
+            schema = load_schema(schema_path) if schema_path else None
+            expected = Identity("curator", curator_name)
+        except (OSError, ValueError) as exc:
+            raise click.BadParameter(str(exc)) from exc
+        client = CuratorClient(
+            curator, security, curator=expected, timeout=10.0, connect_timeout=None
+        )
+        return ConsumerConsole(client, data_dir, schema)
+    if identity.role == "owner":
+        from dpmarket.console.owner import OwnerConsole, service_target
+
+        return OwnerConsole(data_dir, security, service_target(host, port), identity)
+    from dpmarket.console.curator import CuratorConsole
+    from dpmarket.console.owner import service_target
+
+    targets = []
+    for text in owners:
+        name, at, address = text.rpartition("@")
+        if not at:
+            raise click.BadParameter(f"{text!r}: give NAME@HOST:PORT", param_hint="--owner")
+        try:
+            targets.append((Identity("owner", name), address))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--owner") from exc
+    return CuratorConsole(data_dir, security, targets, service_target(host, port), identity)

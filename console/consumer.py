@@ -1,0 +1,471 @@
+"""What the consumer's console reads and does: the catalogue, exploration, rankings, summaries.
+
+Every call goes to the consumer's curator over mTLS with the consumer's own certificate
+(:class:`dpmarket.consumer.client.CuratorClient`); exploration and ranking are computed here from
+the published sketches, as ``dpmarket explore`` and ``rank-owners`` compute them
+(:func:`dpmarket.consumer.catalogue.explore`, :func:`dpmarket.consumer.cli.rank_sketches`),
+so no owner is asked anything. A summary request runs as a session at the curator; a thread
+follows its WatchSession stream (:class:`SummaryJob`), fetches the summary, writes it to the
+consumer's data directory and records the outcome in the consumer's history
+(:mod:`dpmarket.consumer.history`), which also lists what ``dpmarket request --data-dir`` ran.
+The validation set a form uploads is read from a private temporary file and deleted at once; it
+stays in this process's memory only while its session runs.
+
+Extension points
+----------------
+* **The typed client** (:mod:`dpmarket.client`): :class:`ConsumerConsole` is the one place
+  that calls the curator and the exploration functions. Exploration and ranking already run the
+  functions ``dpmarket.client.Consumer.explore`` and ``rank_owners`` wrap
+  (:mod:`dpmarket.consumer.catalogue`); the body of :meth:`SummaryJob.run` could call
+  ``Consumer.summarize`` instead of following the stream itself, and the templates keep reading
+  the same fields.
+* **Quotes and statements** (the market, issue 29): a quote belongs in
+  :meth:`ConsumerConsole.start_summary` before ``create_session`` (shown on the request form),
+  a session's statement beside its record (:class:`~dpmarket.consumer.history.RecordedSession`);
+  the session page has a section for each once they exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from dpmarket.common.errors import DPMarketError
+from dpmarket.common.schema import Schema
+from dpmarket.common.summarization.methods import SummarizationConfig, method_config
+from dpmarket.common.summarization.summary import OwnerSelection
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.consumer.history import RecordedSession, SessionHistory, spent
+
+__all__ = ["Catalogue", "ConsumerConsole", "SummaryJob", "UserError"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a catalogue read is reused (the sketches change only when an owner publishes).
+CATALOGUE_TTL_SECONDS = 10.0
+#: Summary jobs kept in memory (the oldest finished ones are forgotten beyond it).
+MAX_JOBS = 16
+#: Largest validation file a form may upload, bytes.
+MAX_UPLOAD_BYTES = 64 << 20
+
+
+class UserError(Exception):
+    """A request the console refuses with a message for the person at the browser."""
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """The sketch catalogue as the consumer sees it.
+
+    Attributes
+    ----------
+    specs : list of dict
+        ``{"name", "kind", "epsilon", "delta", "columns": [{"name", "low", "high", ...}],
+        "allocation": bool}`` per spec.
+    sketches : list of dict
+        ``{"spec", "owner", "epsilon", "delta", "noisy_count", "published_at", "age"}`` per
+        published sketch.
+    owners : list of str
+        Every owner with a published sketch.
+    schema : list of dict
+        The consumer's public schema (its columns), or empty.
+    """
+
+    specs: list[dict[str, Any]]
+    sketches: list[dict[str, Any]]
+    owners: list[str]
+    schema: list[dict[str, Any]]
+    read_at: float
+
+
+def age_text(seconds: float) -> str:
+    """A duration in words a person reads at a glance: ``"42 s"``, ``"5 min"``, ``"3 h"``,
+    ``"2 d"``."""
+    seconds = max(seconds, 0.0)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+@dataclass
+class SummaryJob:
+    """A summary session this console started, followed to its end.
+
+    Attributes
+    ----------
+    session_id : str
+    config : SummarizationConfig
+    events : list of dict
+        Progress as it came (``stage``, ``round``, ``total_rounds``, ``points_accessed``,
+        ``message``).
+    record : RecordedSession or None
+        The outcome, once recorded.
+    error : str
+        Why the job failed ("" otherwise).
+    """
+
+    session_id: str
+    config: SummarizationConfig
+    validation: Any
+    names: list[str]
+    label: str
+    request_id: str = ""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    record: RecordedSession | None = None
+    error: str = ""
+    finished: bool = False
+    started: float = field(default_factory=time.time)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def add(self, event: dict[str, Any]) -> None:
+        with self.changed:
+            self.events.append(event)
+            self.changed.notify_all()
+
+    def finish(self, record: RecordedSession | None, error: str = "") -> None:
+        with self.changed:
+            self.record, self.error, self.finished = record, error, True
+            self.validation = None  # the validation set is not kept once the session has ended
+            self.changed.notify_all()
+
+
+class ConsumerConsole:
+    """The consumer's side of the console.
+
+    Parameters
+    ----------
+    client : CuratorClient
+        Connected with the consumer's certificate.
+    data_dir : Path
+        The consumer's data directory: its history and its summaries.
+    schema : Schema, optional
+        The consumer's public schema (validation files are read through it).
+    """
+
+    def __init__(self, client: CuratorClient, data_dir: Path, schema: Schema | None) -> None:
+        self.client = client
+        self.data_dir = Path(data_dir)
+        self.schema = schema
+        self.history = SessionHistory(self.data_dir)
+        self.jobs: dict[str, SummaryJob] = {}
+        self._lock = threading.Lock()
+        self._catalogue: Catalogue | None = None
+        #: Each spec's M2M explorer, kept for the console's lifetime (its synthetic design); one
+        #: exploration at a time uses them.
+        self._explorers: dict[Any, Any] = {}
+        self._exploring = threading.Lock()
+
+    # ------------------------------------------------------------------------ catalogue
+    def catalogue(self) -> Catalogue:
+        """The specs and published sketches (ListSketchSpecs, then ListSketches per spec)."""
+        with self._lock:
+            cached = self._catalogue
+        now = time.time()
+        if cached is not None and now - cached.read_at < CATALOGUE_TTL_SECONDS:
+            return cached
+        specs, allocation = self.client.sketch_catalogue()
+        spec_rows, sketch_rows = [], []
+        for spec in specs:
+            spec_rows.append(
+                {
+                    "name": spec.name,
+                    "kind": spec.kind,
+                    "epsilon": spec.epsilon,
+                    "delta": spec.delta,
+                    "columns": spec.domain.describe(),
+                    "allocation": spec.name == allocation,
+                }
+            )
+            for entry in self.client.sketches(spec):
+                d = entry.describe()
+                sketch_rows.append(
+                    {
+                        "spec": entry.spec,
+                        "owner": entry.owner,
+                        "epsilon": d["epsilon"],
+                        "delta": d["delta"],
+                        "noisy_count": d["noisy_count"],
+                        "published_at": entry.published_at,
+                        "age": age_text(now - entry.published_at),
+                    }
+                )
+        schema = []
+        if self.schema is not None:
+            schema = [
+                {
+                    "name": c.name,
+                    "type": c.type,
+                    "describe": c.describe(),
+                    "label": c.name == self.schema.label,
+                }
+                for c in self.schema.columns
+            ]
+        catalogue = Catalogue(
+            spec_rows, sketch_rows, sorted({s["owner"] for s in sketch_rows}), schema, now
+        )
+        with self._lock:
+            self._catalogue = catalogue
+        return catalogue
+
+    # ------------------------------------------------------------------------ exploring
+    def explore(self, form: dict[str, Any]) -> dict[str, Any]:
+        """Answer an exploration form: ``query``, ``spec``, ``owners`` (none: every owner),
+        ``columns``, ``points``, ``where``, ``target``.
+
+        Returns
+        -------
+        dict
+            ``{"title", "spec", "reason", "owners", "n", "source", "rows"}``, ``rows`` as
+            :meth:`dpmarket.consumer.explore.Answer.rows` (each with its 95 % interval and flag).
+
+        Raises
+        ------
+        UserError
+            For a malformed question, or one no sketch answers.
+        """
+        from dpmarket.consumer.catalogue import explore
+        from dpmarket.consumer.explore import Query, parse_where
+
+        try:
+            query = Query(
+                form["query"],
+                columns=tuple(form.get("columns", ())),
+                points=tuple(float(p) for p in form.get("points", ())),
+                where=tuple(parse_where(w) for w in form.get("where", ())),
+                target=form.get("target", ""),
+            )
+            with self._exploring:
+                explored = explore(
+                    self.client,
+                    query,
+                    spec=form.get("spec") or None,
+                    owners=tuple(form["owners"]),
+                    explorers=self._explorers,
+                )
+        except click.ClickException as exc:
+            raise UserError(exc.format_message()) from exc
+        except (DPMarketError, ValueError) as exc:
+            raise UserError(str(exc)) from exc
+        answer = explored.answer
+        rows = answer.rows()
+        owners = [e.owner for e in explored.entries]
+        who = owners[0] if len(owners) == 1 else f"the union of {', '.join(owners)}"
+        return {
+            "title": f"{query.kind} of {who}",
+            "spec": explored.spec.name,
+            "reason": explored.reason,
+            "owners": owners,
+            "n": explored.n_hat,
+            "source": answer.source,
+            "rows": rows,
+            "bases": list(dict.fromkeys(r["basis"] for r in rows if r.get("basis"))),
+        }
+
+    def rank(self, upload: bytes, filename: str, spec: str | None) -> dict[str, Any]:
+        """Rank the owners against an uploaded validation file (``rank-owners``).
+
+        Raises
+        ------
+        UserError
+            For a file that cannot be read or does not match the spec, or no RFF sketch.
+        """
+        from dpmarket.consumer.cli import rank_sketches
+
+        with self._uploaded(upload, filename) as path:
+            try:
+                ranking, rows = rank_sketches(self.client, str(path), spec)
+            except click.ClickException as exc:
+                raise UserError(exc.format_message()) from exc
+            except (DPMarketError, ValueError) as exc:
+                raise UserError(str(exc)) from exc
+        return {
+            "spec": ranking.spec.name,
+            "validation_points": ranking.validation_points,
+            "rows": rows,
+        }
+
+    # ------------------------------------------------------------------------ summaries
+    def start_summary(
+        self,
+        upload: bytes,
+        filename: str,
+        *,
+        summary_size: int,
+        method: str,
+        gamma: float | None,
+        min_owners: int,
+        request_id: str,
+    ) -> str:
+        """Read the validation file, create the session (CreateSession) and follow it in a
+        thread; return its id. A form posted twice (the same ``request_id``) gets the same
+        session.
+
+        Raises
+        ------
+        UserError
+            For a file or parameters the console or the curator refuses (nothing is spent).
+        """
+        from dpmarket.owner.data import load_point_set
+
+        try:
+            config = method_config(method, summary_size=summary_size)
+            if gamma is not None:
+                config = dataclasses.replace(config, gamma=gamma)
+            selection = OwnerSelection(min_owners=min_owners)
+        except ValueError as exc:
+            raise UserError(str(exc)) from exc
+        with self._uploaded(upload, filename) as path:
+            try:
+                points = load_point_set(path, schema=self.schema, by_name=True)
+            except (OSError, ValueError) as exc:
+                raise UserError(f"{filename}: {exc}") from exc
+        existing = next((j for j in self.jobs.values() if j.request_id == request_id), None)
+        if existing is not None:
+            return existing.session_id
+        try:
+            session_id = self.client.create_session(
+                config,
+                points.features,
+                np.zeros((0, points.n_features)),
+                request_id=request_id,
+                selection=selection,
+                schema=self.schema,
+                feature_names=() if self.schema is not None else points.columns,
+            )
+        except DPMarketError as exc:
+            raise UserError(str(exc)) from exc
+        names = list(self.schema.feature_names if self.schema is not None else points.columns)
+        label = (self.schema.label if self.schema is not None else None) or "label"
+        job = SummaryJob(session_id, config, points.features, names, label, request_id)
+        with self._lock:
+            self.jobs[session_id] = job
+            finished = [k for k, j in self.jobs.items() if j.finished]
+            for k in finished[: max(0, len(self.jobs) - MAX_JOBS)]:
+                del self.jobs[k]
+        threading.Thread(
+            target=self._follow, args=(job,), name=f"summary-{session_id[:8]}", daemon=True
+        ).start()
+        return session_id
+
+    def _follow(self, job: SummaryJob) -> None:
+        """Follow a session to its end, fetch, write and record its summary."""
+        from dpmarket.consumer.report import evaluate_summary, summary_curve
+        from dpmarket.owner.data import PointSet, save_point_set
+
+        cfg = job.config
+        try:
+            last_report = None
+            for event, report in self.client.watch(job.session_id):
+                job.add(
+                    {
+                        "stage": event.stage,
+                        "round": event.round,
+                        "total_rounds": event.total_rounds,
+                        "points_accessed": event.points_accessed,
+                        "message": event.message,
+                    }
+                )
+                last_report = report
+            if job.events and job.events[-1]["stage"] == "failed":
+                result = spent(last_report)
+                error = job.events[-1]["message"] or "the session failed"
+                record = self.history.record(
+                    status="failed",
+                    source="console",
+                    method=cfg.method,
+                    summary_size=cfg.summary_size,
+                    session_id=job.session_id,
+                    result=result,
+                    error=error,
+                )
+                job.finish(record, error)
+                return
+            summary = self.client.get_summary(job.session_id)
+            folder = self.data_dir / "summaries"
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path = folder / f"{job.session_id}.csv"
+            save_point_set(
+                PointSet(summary.points, summary.labels, "summary", columns=tuple(job.names)),
+                path,
+                owners=summary.owner_ids,
+                label_column=job.label,
+            )
+            os.chmod(path, 0o600)
+            row = evaluate_summary(summary, job.validation, cfg.gamma)
+            curve = summary_curve(summary, job.validation, cfg.gamma)
+            record = self.history.record(
+                status="done",
+                source="console",
+                method=cfg.method,
+                summary_size=cfg.summary_size,
+                session_id=job.session_id,
+                result=row.to_json(),
+                summary_path=str(path),
+                mmd_curve={"sizes": [float(s) for s in curve.sizes], "mmd2": list(curve.mmd2)},
+            )
+            job.finish(record)
+        except (DPMarketError, OSError, ValueError) as exc:
+            logger.warning("summary %s: %s", job.session_id[:8], exc)
+            job.finish(None, str(exc))
+
+    def record(self, key: str) -> RecordedSession | None:
+        """A recorded session by its key or its session id."""
+        found = self.history.get(key)
+        if found is not None:
+            return found
+        return next(
+            (r for r in self.history.entries() if r.session_id and r.session_id == key), None
+        )
+
+    def summary_file(self, record: RecordedSession) -> Path | None:
+        """The summary file of a record, when it is the consumer's and still there."""
+        if not record.summary_path:
+            return None
+        path = Path(record.summary_path)
+        return path if path.is_file() else None
+
+    # ------------------------------------------------------------------------ uploads
+    def _uploaded(self, data: bytes, filename: str) -> _Upload:
+        if not data:
+            raise UserError("choose a validation file (.csv, .parquet, .npy)")
+        if len(data) > MAX_UPLOAD_BYTES:
+            raise UserError(f"{filename} is over {MAX_UPLOAD_BYTES >> 20} MiB")
+        suffix = Path(filename).suffix.lower()
+        if suffix not in (".csv", ".parquet", ".npy", ".npz"):
+            raise UserError(f"{filename}: a .csv, .parquet, .npy or .npz file, please")
+        return _Upload(data, suffix, self.data_dir)
+
+
+class _Upload:
+    """An uploaded file on disk for as long as it is read: a private temporary file (0600) in
+    the consumer's data directory, deleted on exit."""
+
+    def __init__(self, data: bytes, suffix: str, folder: Path) -> None:
+        self.data, self.suffix, self.folder = data, suffix, folder
+        self.path: Path | None = None
+
+    def __enter__(self) -> Path:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(
+            prefix=f".upload-{uuid.uuid4().hex[:8]}-", suffix=self.suffix, dir=self.folder
+        )
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(self.data)
+        self.path = Path(name)
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)

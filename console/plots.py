@@ -1,0 +1,203 @@
+"""The console's plots, drawn on the server by matplotlib as inline SVG.
+
+Nothing is fetched by the browser (deployments may be offline): every plot is an ``<svg>`` element
+in the page, its text kept as text (``svg.fonttype = "none"``) so that it scales, can be searched
+and is read by screen readers and tests, and its size follows the page's width (the fixed width
+and height matplotlib writes are dropped; the ``viewBox`` stays). Each function takes plain
+numbers and returns the SVG markup; none reads a party's state.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+from matplotlib.figure import Figure
+
+__all__ = [
+    "charges_plot",
+    "interval_plot",
+    "mmd_curve_plot",
+    "ranking_plot",
+    "rate_plot",
+    "share_plot",
+]
+
+#: Colours (colour-blind safe: Okabe-Ito) for estimates, flagged values and bars.
+BLUE, ORANGE, GREY, GREEN = "#0072B2", "#D55E00", "#999999", "#009E73"
+_RC: Any = {
+    "svg.fonttype": "none",
+    "font.size": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+}
+_SIZE = re.compile(r'\s(width|height)="[^"]*pt"')
+
+
+def _svg(fig: Figure, label: str) -> str:
+    """``fig`` as an inline, width-following SVG element labelled ``label`` (its ``aria-label``)."""
+    buffer = io.StringIO()
+    # The tight bounding box keeps every label; a layout engine on top would lay it out twice.
+    fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
+    text = buffer.getvalue()
+    start = text.index("<svg")
+    svg = _SIZE.sub("", text[start:], count=2)
+    safe = label.replace('"', "'").replace("<", "(").replace(">", ")")
+    return svg.replace("<svg", f'<svg class="plot" role="img" aria-label="{safe}"', 1)
+
+
+def _figure(width: float, height: float) -> Figure:
+    with matplotlib.rc_context(_RC):
+        fig = Figure(figsize=(width, height))
+        fig.set_dpi(96)
+    return fig
+
+
+def interval_plot(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    title: str,
+    xlabel: str = "estimate with its 95 % interval (orange: flagged)",
+) -> str:
+    """An answer's values with their 95 % intervals; flagged values in orange, marked ``!``.
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+        :meth:`dpmarket.consumer.explore.Answer.rows`: ``label``, ``value``, ``ci95`` (``[low,
+        high]`` or None) and ``flag`` (absent or "" when none).
+    title : str
+    """
+    with matplotlib.rc_context(_RC):
+        fig = _figure(6.4, 0.5 + 0.32 * max(len(rows), 1))
+        ax = fig.add_subplot()
+        for k, row in enumerate(rows):
+            y = len(rows) - 1 - k
+            flagged = bool(row.get("flag"))
+            colour = ORANGE if flagged else BLUE
+            ci = row.get("ci95")
+            if ci is not None and all(math.isfinite(v) for v in ci):
+                ax.plot(ci, [y, y], color=colour, linewidth=2.2, solid_capstyle="butt")
+            ax.plot([row["value"]], [y], "o", color=colour, markersize=5)
+            if flagged:
+                ax.annotate(
+                    "!", (row["value"], y), xytext=(6, 2), textcoords="offset points", color=ORANGE
+                )
+        ax.set_yticks(range(len(rows)), [str(r["label"]) for r in reversed(rows)])
+        ax.set_title(title, loc="left")
+        ax.set_xlabel(xlabel)
+        ax.grid(axis="x", color="#e5e5e5")
+        return _svg(fig, title)
+
+
+def ranking_plot(rows: Sequence[Mapping[str, Any]], *, title: str) -> str:
+    """Owners by MMD² to the validation set (smaller: a closer match), each with its 95 %
+    interval; flagged owners (clipped, or an order within the noise) in orange.
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+        ``owner``, ``mmd2``, ``interval`` (``[low, high]``) and ``flags`` (a list), best first:
+        :func:`dpmarket.consumer.cli.rank_sketches`'s rows.
+    """
+    return interval_plot(
+        [
+            {
+                "label": r["owner"],
+                "value": r["mmd2"],
+                "ci95": r.get("interval"),
+                "flag": ", ".join(f["code"] for f in r.get("flags", ())),
+            }
+            for r in rows
+        ],
+        title=title,
+        xlabel="MMD² to the validation set, with its 95 % interval (orange: flagged)",
+    )
+
+
+def mmd_curve_plot(sizes: Sequence[int], values: Sequence[float], *, title: str) -> str:
+    """MMD² to the validation set of the summary's first k points, against k."""
+    with matplotlib.rc_context(_RC):
+        fig = _figure(6.4, 2.6)
+        ax = fig.add_subplot()
+        ax.plot(list(sizes), list(values), color=BLUE, marker="." if len(sizes) < 30 else None)
+        ax.set_xlabel("k: the summary's first k points")
+        ax.set_ylabel("MMD² to your validation set")
+        ax.set_title(title, loc="left")
+        ax.grid(color="#e5e5e5")
+        return _svg(fig, title)
+
+
+def share_plot(shares: Mapping[str, int], left_out: Mapping[str, str], *, title: str) -> str:
+    """Each owner's points in the summary (owners left out drawn at 0, with the reason)."""
+    owners = sorted(shares) + [o for o in left_out if o not in shares]
+    with matplotlib.rc_context(_RC):
+        fig = _figure(6.4, 0.6 + 0.32 * max(len(owners), 1))
+        ax = fig.add_subplot()
+        total = max(sum(shares.values()), 1)
+        values = [shares.get(o, 0) for o in owners]
+        ax.barh(owners[::-1], values[::-1], color=GREEN)
+        for y, owner in enumerate(owners[::-1]):
+            n = shares.get(owner, 0)
+            text = f"{n} ({100 * n / total:.0f} %)" if owner in shares else left_out[owner]
+            ax.annotate(text, (n, y), xytext=(4, 0), textcoords="offset points", va="center")
+        ax.set_xlabel("points of the summary")
+        ax.set_title(title, loc="left")
+        ax.set_xlim(0, max([*values, 1]) * 1.35)
+        return _svg(fig, title)
+
+
+def charges_plot(
+    times: Sequence[float], epsilons: Sequence[float], points: Sequence[int], *, title: str
+) -> str:
+    """The ledger over time: cumulative ε (basic composition) and raw points released."""
+    # The ledger before its first charge: nothing spent.
+    times, epsilons, points = [times[0], *times], [0.0, *epsilons], [0, *points]
+    when: Any = [datetime.fromtimestamp(t, UTC) for t in times]
+    with matplotlib.rc_context(_RC):
+        fig = _figure(6.4, 2.6)
+        ax = fig.add_subplot()
+        ax.step(when, _cumsum(epsilons), where="post", color=BLUE, label="ε (cumulative)")
+        ax.set_ylabel("ε charged", color=BLUE)
+        other = ax.twinx()
+        other.step(when, _cumsum(points), where="post", color=ORANGE, label="points")
+        other.set_ylabel("raw points released", color=ORANGE)
+        other.spines["right"].set_visible(True)
+        ax.set_title(title, loc="left")
+        ax.grid(color="#e5e5e5")
+        fig.autofmt_xdate()
+        return _svg(fig, title)
+
+
+def rate_plot(hours: Sequence[str], counts: Mapping[str, Sequence[int]], *, title: str) -> str:
+    """Requests per hour (UTC), stacked by consumer."""
+    with matplotlib.rc_context(_RC):
+        fig = _figure(6.4, 2.4)
+        ax = fig.add_subplot()
+        bottom = [0] * len(hours)
+        palette = [BLUE, ORANGE, GREEN, "#CC79A7", "#E69F00", "#56B4E9", GREY]
+        for k, (who, values) in enumerate(sorted(counts.items())):
+            ax.bar(range(len(hours)), values, bottom=bottom, label=who, color=palette[k % 7])
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        step = max(1, len(hours) // 8)
+        ax.set_xticks(range(0, len(hours), step), list(hours)[::step])
+        ax.set_ylabel("requests")
+        ax.set_title(title, loc="left")
+        if counts:
+            ax.legend(loc="upper left", frameon=False)
+        return _svg(fig, title)
+
+
+def _cumsum(values: Sequence[float]) -> list[float]:
+    out, total = [], 0.0
+    for v in values:
+        total += v
+        out.append(total)
+    return out

@@ -1,0 +1,345 @@
+"""Each party's console in a real headless Chromium, on the tutorial's deployment.
+
+One deployment (docs/tutorial.md's commands up to the clinics' sketches: three clinics, a curator
+and a consumer over mTLS, one summary asked with ``dpmarket request``), one console per role
+(``dpmarket console --config PARTY.toml``, the consumer's, the young clinic's and the curator's,
+each a process on its own certificate) and one browser (Debian's Chromium, driven by Playwright;
+never a browser Playwright downloads) serve every test. Pages are checked on their content, as a
+newcomer reads them: the clinic's remaining budget equals what its own ledger says, the last
+summary's per-owner share equals the consumer's record, a catalogue answer comes with its interval.
+Each role's main page is saved as a screenshot into docs/ (docs/howto-console.md shows them).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpmarket.consumer.history import SessionHistory
+from dpmarket.curator.store import CuratorRecords
+from dpmarket.owner.cli import short_session
+from dpmarket.owner.ledger import OwnerLedger
+from tests.console.clinics import deploy, environment, stop
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = os.environ.get("DPMARKET_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+#: Seconds a console may take to print its address (it imports the whole CLI on a busy machine).
+START_SECONDS = 120.0
+#: Milliseconds a summary started from the console may take (a safety net, not a timing
+#: assertion).
+SUMMARY_MS = 180_000
+
+
+@dataclass
+class Console:
+    """A running console: its process, address and token."""
+
+    role: str
+    process: subprocess.Popen[str]
+    url: str
+    token: str
+
+    def get(self, path: str, token: str | None = None) -> tuple[int, str]:
+        """GET ``path`` as a program would (``Authorization: Bearer``), without a browser."""
+        request = urllib.request.Request(self.url + path)
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, response.read().decode("utf-8")
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode("utf-8")
+
+
+def _spawn(deployment: Path, config: str) -> subprocess.Popen[str]:
+    command = ["console", "--config", str(deployment / config)]
+    return subprocess.Popen(
+        [sys.executable, "-m", "dpmarket.deploy.cli", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=environment(),
+    )
+
+
+def _address(process: subprocess.Popen[str], role: str) -> Console:
+    """The console's address and token, from the sign-in line it prints when it starts."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + START_SECONDS
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        found = re.search(r"(https?://[^/\s]+)/login\?token=(\S+)", line)
+        if found:
+            return Console(role, process, found.group(1), found.group(2))
+    process.kill()
+    raise AssertionError(f"the {role} console printed no address:\n{''.join(lines)}")
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(
+            f"no Chromium at {CHROMIUM}: install Debian's chromium (deploy/chromium.sh, as root; "
+            "make test does) or set DPMARKET_CHROMIUM"
+        )
+    root = tmp_path_factory.mktemp("console")
+    clinics = deploy(root)
+    try:
+        yield clinics
+    finally:
+        stop(clinics)
+
+
+@pytest.fixture(scope="module")
+def consoles(deployment: Path) -> Iterator[dict[str, Console]]:
+    started: dict[str, Console] = {}
+    configs = {"consumer": "consumer.toml", "owner": "owner-young.toml", "curator": "curator.toml"}
+    processes = {role: _spawn(deployment, config) for role, config in configs.items()}
+    try:
+        for role, process in processes.items():  # they start at once; each prints its line
+            started[role] = _address(process, role)
+        yield started
+    finally:
+        for process in processes.values():
+            process.terminate()
+        for process in processes.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def _signed_in(browser: Any, console: Console, width: int = 1280) -> Any:
+    """A fresh browser context signed in to ``console`` by its printed address."""
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    page.goto(f"{console.url}/login?token={console.token}")
+    return page
+
+
+def _shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(DOCS / name), full_page=True)
+
+
+# ---------------------------------------------------------------------------------- tokens
+def test_a_request_without_the_token_is_refused(consoles: dict[str, Console], browser: Any) -> None:
+    for console in consoles.values():
+        page_path = f"/{console.role}"
+        status, body = console.get(page_path)
+        assert status == 401, (console.role, status)
+        assert "token" in body and "young" not in body and "SERVING" not in body
+        assert console.get(page_path, token="not-the-token")[0] == 401
+        assert console.get(page_path, token=console.token)[0] == 200
+    # In a browser: the login form, a wrong token refused, the right one lets in; the cookie is
+    # not readable by scripts.
+    owner = consoles["owner"]
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(f"{owner.url}/owner")
+    assert page.url.startswith(f"{owner.url}/login")
+    assert page.locator("h1").inner_text() == "Sign in to this console"
+    page.fill("input[name=token]", "guess")
+    page.click("button[type=submit]")
+    assert "That is not this console's token." in page.content()
+    assert "Budget" not in page.content()
+    page.fill("input[name=token]", owner.token)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{owner.url}/owner")
+    assert page.locator("h1").inner_text() == "Owner young"
+    assert page.evaluate("document.cookie") == ""
+    context.close()
+
+
+# -------------------------------------------------------------------------------- consumer
+def test_the_consumer_finds_its_last_summarys_share_and_the_catalogue(
+    deployment: Path, consoles: dict[str, Console], browser: Any
+) -> None:
+    page = _signed_in(browser, consoles["consumer"])
+    page.goto(f"{consoles['consumer'].url}/consumer")
+    # The last summary (the tutorial's `dpmarket request`, recorded in the consumer's data
+    # directory): each owner's share as the record has it.
+    (last,) = SessionHistory(deployment / "consumer").entries(limit=1)
+    share = page.locator("#last-share tbody tr")
+    shown = {row.locator("td").nth(0).inner_text(): row.locator("td").nth(1).inner_text()
+             for row in share.all()}  # fmt: skip
+    assert shown == {o: str(n) for o, n in last.points_per_owner.items()}
+    assert sum(last.points_per_owner.values()) == 20
+    assert page.locator("#last-summary svg.plot").count() == 1
+    # The catalogue: every clinic's two sketches, ε 1 each, with their age.
+    rows = page.locator("#sketches tbody tr").all()
+    listed = {
+        (r.locator("td").nth(0).inner_text(), r.locator("td").nth(1).inner_text()) for r in rows
+    }
+    assert listed == {
+        (o, f"clinics/{k}") for o in ("young", "middle", "senior") for k in ("hist", "rff")
+    }
+    assert {r.locator("td").nth(2).inner_text() for r in rows} == {"1"}
+    _shot(page, "console-consumer.png")
+
+
+def test_a_catalogue_answer_comes_with_its_interval(
+    consoles: dict[str, Console], browser: Any
+) -> None:
+    page = _signed_in(browser, consoles["consumer"])
+    page.goto(f"{consoles['consumer'].url}/consumer")
+    page.select_option("#explore select[name=query]", "mean")
+    page.select_option("#explore select[name=column]", ["bmi"])
+    page.click("#explore button[type=submit]")
+    page.wait_for_selector("#answer-rows")
+    cells = page.locator("#answer-rows tbody tr").first.locator("td")
+    assert cells.nth(0).inner_text() == "bmi"
+    estimate = float(cells.nth(1).inner_text())
+    low, high = (float(x) for x in cells.nth(3).inner_text().strip("[]").split(","))
+    assert low < estimate < high
+    plot = page.locator("#answer svg.plot")
+    assert plot.count() == 1 and "95 %" in plot.inner_html()
+
+
+def test_a_summary_requested_from_the_console_shows_its_progress_and_result(
+    deployment: Path, consoles: dict[str, Console], browser: Any
+) -> None:
+    consumer = consoles["consumer"]
+    page = _signed_in(browser, consumer)
+    page.goto(f"{consumer.url}/consumer")
+    form = "#request"
+    page.set_input_files(
+        f"{form} input[name=validation]", str(deployment.parent / "validation.csv")
+    )
+    page.fill(f"{form} input[name=p]", "10")
+    page.fill(f"{form} input[name=gamma]", "1e-4")
+    page.click(f"{form} button[type=submit]")
+    # The progress page follows the session's events, then shows the result.
+    page.wait_for_selector("#session", timeout=SUMMARY_MS)
+    key = page.url.rsplit("/", 1)[-1]
+    assert "done" in page.locator("#session h1").inner_text()
+    assert page.locator("#session svg.plot").count() == 2  # share and MMD curve
+    assert "MMD²" in page.locator("#session").inner_text()
+    link = page.locator("#download")
+    response = page.request.get(consumer.url + link.get_attribute("href"))
+    assert response.status == 200
+    rows = list(csv.DictReader(io.StringIO(response.text())))
+    assert len(rows) == 10 and {r["owner"] for r in rows} <= {"young", "middle", "senior"}
+    record = next(
+        r for r in SessionHistory(deployment / "consumer").entries() if r.session_id == key
+    )
+    assert record.source == "console" and sum(record.points_per_owner.values()) == 10
+    counted = {o: sum(r["owner"] == o for r in rows) for o in record.points_per_owner}
+    assert counted == record.points_per_owner
+
+
+# ----------------------------------------------------------------------------------- owner
+def test_the_clinic_finds_its_remaining_budget(
+    deployment: Path, consoles: dict[str, Console], browser: Any
+) -> None:
+    page = _signed_in(browser, consoles["owner"])
+    page.goto(f"{consoles['owner'].url}/owner")
+    with OwnerLedger(deployment / "owners" / "young", None) as ledger:
+        left = ledger.remaining()
+        sessions = {e.session for e in ledger.entries()}
+    gauge = page.locator(".gauge[data-quantity=ε]")
+    assert gauge.locator(".left strong").inner_text() == f"{left.epsilon:.6g}"
+    assert left.epsilon < 10  # the tutorial's summary and sketches were charged
+    assert page.locator("#health").inner_text() == "SERVING"
+    text = page.locator("#sessions").inner_text()
+    for session in sessions:
+        assert short_session(session) in text
+    assert "clinics/hist" in page.locator("#sketches").inner_text()
+    assert "epsilon_total" in page.locator("#policy").inner_text()
+    assert page.locator("#charges svg.plot").count() == 1
+    _shot(page, "console-owner.png")
+
+
+# --------------------------------------------------------------------------------- curator
+def test_the_curator_sees_its_owners_sessions_and_catalogue(
+    deployment: Path, consoles: dict[str, Console], browser: Any
+) -> None:
+    page = _signed_in(browser, consoles["curator"])
+    page.goto(f"{consoles['curator'].url}/curator")
+    owners = page.locator("#owners tbody tr").all()
+    health = {
+        r.locator("td").nth(0).inner_text(): r.locator(".badge").first.inner_text() for r in owners
+    }
+    assert health == {"young": "SERVING", "middle": "SERVING", "senior": "SERVING"}
+    # The curator's own service holds a connected channel to each (its health service says so).
+    assert {r.locator(".badge.link").inner_text() for r in owners} == {"connected"}
+    with CuratorRecords(deployment / "curator") as records:
+        stored = records.sessions()
+    text = page.locator("#sessions").inner_text()
+    for session in stored:
+        assert session["id"][:8] in text
+    assert len(page.locator("#catalogue tbody tr").all()) == 6
+    assert page.locator("#rates svg.plot").count() == 1
+    # Nothing of a summary's points nor of an owner's ledger.
+    assert "owner.sqlite3" not in page.content()
+    _shot(page, "console-curator.png")
+
+
+# ---------------------------------------------------------------------------- boundaries
+def test_a_consumers_console_cannot_show_another_partys_data(
+    deployment: Path, consoles: dict[str, Console], browser: Any
+) -> None:
+    consumer = consoles["consumer"]
+    page = _signed_in(browser, consumer)
+    for path in ("/owner", "/curator"):
+        response = page.goto(consumer.url + path)
+        assert response.status == 404
+        assert "Budget" not in page.content() and "Owners" not in page.content()
+    # Its token opens no other console, and the owner's console has no consumer page.
+    for other in ("owner", "curator"):
+        assert consoles[other].get(f"/{other}", token=consumer.token)[0] == 401
+    assert consoles["owner"].get("/consumer", token=consoles["owner"].token)[0] == 404
+    # The consumer's pages hold nothing of the clinic's ledger: no ledger path, no ε left.
+    page.goto(consumer.url + "/consumer")
+    content = page.content()
+    assert "owner.sqlite3" not in content and "left ·" not in content
+
+
+def test_every_main_page_reads_on_a_phone(consoles: dict[str, Console], browser: Any) -> None:
+    for console in consoles.values():
+        page = _signed_in(browser, console, width=390)
+        page.goto(f"{console.url}/{console.role}")
+        overflow = page.evaluate("document.documentElement.scrollWidth")
+        assert overflow <= 390, (console.role, overflow)
+        size = page.evaluate("parseFloat(getComputedStyle(document.body).fontSize)")
+        assert size >= 14
