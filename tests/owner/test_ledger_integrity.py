@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from dpmarket.deploy.cli import command_at
 from dpmarket.deploy.pki import init_ca, issue, issue_all
-from dpmarket.owner.cli import owner as owner_cli
 from dpmarket.owner.cli import serve_owner
 from dpmarket.owner.ledger import (
     APPLICATION,
@@ -45,6 +45,9 @@ from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.transport import TransportSecurity
 
 ALICE, BOB = Identity("owner", "alice"), Identity("owner", "bob")
+
+#: The owner's command group (``dpmarket owner``).
+owner_cli = command_at("owner")
 
 
 @pytest.fixture(scope="module")
