@@ -285,7 +285,7 @@ class ConsumerConsole:
 
         with self._uploaded(upload, filename) as path:
             try:
-                ranking, rows = rank_sketches(self.client, str(path), spec)
+                ranking = rank_sketches(self.client, str(path), spec)
             except click.ClickException as exc:
                 raise UserError(exc.format_message()) from exc
             except (DPMarketError, ValueError) as exc:
@@ -293,7 +293,7 @@ class ConsumerConsole:
         return {
             "spec": ranking.spec.name,
             "validation_points": ranking.validation_points,
-            "rows": rows,
+            "rows": ranking.rows(),
         }
 
     # ------------------------------------------------------------------------ summaries

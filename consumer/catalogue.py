@@ -35,6 +35,7 @@ from dpmarket.consumer.explore import (
 )
 
 __all__ = [
+    "RANK_COVERS",
     "Exploration",
     "ExploreOptions",
     "Ranking",
@@ -141,6 +142,79 @@ class Ranking:
     validation_points: int
     owners: tuple[RankedOwner, ...]
     sketches: dict[str, PrivateSketch]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per owner, best first, as ``dpmarket consumer rank-owners --json`` lists
+        them: ``rank``, ``owner``, ``mmd2`` (clipped to [0, 2], the raw value in ``raw`` when
+        clipped), ``standard_error``, ``interval``, ``level``, ``covers`` (:data:`RANK_COVERS`),
+        ``flags`` (``clipped``, ``order_not_resolved``), ``epsilon`` and ``n`` (the sketch's
+        noisy count)."""
+        return [
+            _ranking_row(k, ranked, self.sketches[ranked.owner])
+            for k, ranked in enumerate(self.owners, 1)
+        ]
+
+    def to_json(self, curator: str) -> dict[str, Any]:
+        """What ``dpmarket consumer rank-owners --json`` prints (``curator``:
+        ``NAME@HOST:PORT``)."""
+        return {
+            "curator": curator,
+            "spec": self.spec.name,
+            "validation_points": self.validation_points,
+            "ranking": self.rows(),
+        }
+
+
+#: What a ranking's intervals cover.
+RANK_COVERS = (
+    "the squared MMD of the exact Gaussian kernel between the owner's records and the validation "
+    "set, over the draw of the spec's frequencies and of the noise (the RFF approximation, the "
+    "sum's and the count's noise; dpmarket.common.sketches.mmd)"
+)
+
+
+def _ranking_row(rank: int, ranked: RankedOwner, sketch: PrivateSketch) -> dict[str, Any]:
+    """One owner of a ranking: its MMD², standard error, interval and flags."""
+    e = ranked.estimate
+    # A Gaussian kernel's MMD² lies in [0, 2] (0 <= k <= 1 = k(x, x)): a debiased estimate
+    # outside is clipped and flagged (the raw value kept), and so is the interval, which keeps
+    # every truth it covered.
+    shown = min(max(e.value, 0.0), 2.0)
+    flags = []
+    if shown != e.value:
+        flags.append(
+            {
+                "code": "clipped",
+                "reason": f"clipped to {shown:g}: the debiased estimate {e.value:.4g} lies "
+                "outside [0, 2], where an MMD² can be: the noise moved it there",
+                "severity": "warning",
+            }
+        )
+    if ranked.unresolved:
+        ties = ", ".join(f"{o} (difference {d:+.3g} ± {se:.3g})" for o, d, se in ranked.unresolved)
+        flags.append(
+            {
+                "code": "order_not_resolved",
+                "reason": f"its order against {ties} is within the noise and the RFF "
+                "approximation (the difference's 95 % interval contains 0)",
+                "severity": "warning",
+            }
+        )
+    row: dict[str, Any] = {
+        "rank": rank,
+        "owner": ranked.owner,
+        "mmd2": shown,
+        "standard_error": e.standard_error,
+        "interval": [min(max(e.low, 0.0), 2.0), min(max(e.high, 0.0), 2.0)],
+        "level": e.level,
+        "covers": RANK_COVERS,
+        "flags": flags,
+        "epsilon": sketch.mechanism.epsilon,
+        "n": sketch.count_estimate,
+    }
+    if shown != e.value:
+        row["raw"] = e.value
+    return row
 
 
 def choose_spec(client: Any, name: str | None, kind: str | None = None) -> SketchSpec:

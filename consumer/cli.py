@@ -1346,67 +1346,16 @@ def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
 
 #: Flags of a ranking's row, and how its table names them.
 _RANK_FLAGS = {"clipped": "clipped", "order_not_resolved": "tie?"}
-#: What a ranking's intervals cover.
-_RANK_COVERS = (
-    "the squared MMD of the exact Gaussian kernel between the owner's records and the validation "
-    "set, over the draw of the spec's frequencies and of the noise (the RFF approximation, the "
-    "sum's and the count's noise; dpmarket.common.sketches.mmd)"
-)
-
-
-def _ranking_row(rank: int, ranked: Any, sketch: Any) -> dict[str, Any]:
-    """One owner of ``rank-owners``: its MMD², standard error, interval and flags."""
-    e = ranked.estimate
-    # A Gaussian kernel's MMD² lies in [0, 2] (0 <= k <= 1 = k(x, x)): a debiased estimate
-    # outside is clipped and flagged (the raw value kept), and so is the interval, which keeps
-    # every truth it covered.
-    shown = min(max(e.value, 0.0), 2.0)
-    flags = []
-    if shown != e.value:
-        flags.append(
-            {
-                "code": "clipped",
-                "reason": f"clipped to {shown:g}: the debiased estimate {e.value:.4g} lies "
-                "outside [0, 2], where an MMD² can be: the noise moved it there",
-                "severity": "warning",
-            }
-        )
-    if ranked.unresolved:
-        ties = ", ".join(f"{o} (difference {d:+.3g} ± {se:.3g})" for o, d, se in ranked.unresolved)
-        flags.append(
-            {
-                "code": "order_not_resolved",
-                "reason": f"its order against {ties} is within the noise and the RFF "
-                "approximation (the difference's 95 % interval contains 0)",
-                "severity": "warning",
-            }
-        )
-    row: dict[str, Any] = {
-        "rank": rank,
-        "owner": ranked.owner,
-        "mmd2": shown,
-        "standard_error": e.standard_error,
-        "interval": [min(max(e.low, 0.0), 2.0), min(max(e.high, 0.0), 2.0)],
-        "level": e.level,
-        "covers": _RANK_COVERS,
-        "flags": flags,
-        "epsilon": sketch.mechanism.epsilon,
-        "n": sketch.count_estimate,
-    }
-    if shown != e.value:
-        row["raw"] = e.value
-    return row
 
 
 def rank_sketches(
     client: Any, validation_path: str, spec: str | None, owners: tuple[str, ...] = ()
-) -> tuple[Ranking, list[dict[str, Any]]]:
-    """Rank owners as ``dpmarket rank-owners`` does (:func:`dpmarket.consumer.catalogue.rank`):
-    the RFF spec ``spec`` (or the only one), the validation file read in its column order, and
-    one row per owner, best first (:func:`_ranking_row`: ``rank``, ``owner``, ``mmd2``,
-    ``standard_error``, ``interval``, ``flags``, ``epsilon``, ``n``).
-    Computed here: the validation set never leaves this process. (``rank-owners`` and the
-    consumer's console, :mod:`dpmarket.console`, both call this.)
+) -> Ranking:
+    """Rank owners as ``dpmarket consumer rank-owners`` does
+    (:func:`dpmarket.consumer.catalogue.rank`): the RFF spec ``spec`` (or the only one), the
+    validation file read in its column order (:meth:`~dpmarket.consumer.catalogue.Ranking.rows`
+    lists the owners, best first). Computed here: the validation set never leaves this process.
+    (``rank-owners`` and the consumer's console, :mod:`dpmarket.console`, both call this.)
 
     Raises
     ------
@@ -1419,14 +1368,9 @@ def rank_sketches(
     """
     from dpmarket.consumer.catalogue import rank
 
-    ranking = rank(
+    return rank(
         client, lambda chosen: _validation(validation_path, chosen), spec=spec, owners=owners
     )
-    rows = [
-        _ranking_row(k, ranked, ranking.sketches[ranked.owner])
-        for k, ranked in enumerate(ranking.owners, 1)
-    ]
-    return ranking, rows
 
 
 @click.command("rank-owners")
@@ -1455,24 +1399,20 @@ def rank_owners_command(
     **tls: Any,
 ) -> None:
     """Rank owners by the MMD between a validation set and their RFF sketches, computed here."""
-    from dpmarket.consumer.catalogue import SpecChoiceError
+    from dpmarket.consumer.catalogue import RANK_COVERS, SpecChoiceError
 
     if out_path is not None:
         check_outputs(out_path)
     try:
         with _client(curator, curator_name, tls) as client:
-            ranking, rows = rank_sketches(client, validation_path, spec, owners)
+            ranking = rank_sketches(client, validation_path, spec, owners)
     except SpecChoiceError as exc:
         raise click.UsageError(str(exc)) from exc
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     chosen = ranking.spec
-    document = {
-        "curator": f"{curator_name}@{curator}",
-        "spec": chosen.name,
-        "validation_points": ranking.validation_points,
-        "ranking": rows,
-    }
+    document = ranking.to_json(f"{curator_name}@{curator}")
+    rows = document["ranking"]
     write_output(document, out_path)
     if as_json:
         print_json(document)
@@ -1508,7 +1448,7 @@ def rank_owners_command(
         if reasons:
             console.print(f"[yellow]{name}[/yellow] " + "; ".join(reasons), highlight=False)
     if rows:
-        console.print(f"intervals: {_RANK_COVERS}", highlight=False)
+        console.print(f"intervals: {RANK_COVERS}", highlight=False)
 
 
 @click.group("cape", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
