@@ -343,6 +343,7 @@ def publish(
     epsilon: float | None = None,
     seed: int | None = None,
     schema: str | None = None,
+    policy: str | None = None,
     security: TransportSecurity | None = None,
     curator_name: str = "curator",
     **files: Any,
@@ -365,6 +366,8 @@ def publish(
         Seeds the noise (reproducible by whoever knows it).
     schema : str, optional
         The owner's confirmed schema file.
+    policy : str, optional
+        The owner's policy file (default: the data directory's).
     security : TransportSecurity, optional
         The owner's credentials (default: :func:`credentials` of ``**files``).
 
@@ -389,5 +392,6 @@ def publish(
         epsilon=epsilon,
         seed=seed,
         schema_path=schema,
+        policy_path=policy,
         curator_name=curator_name,
     )

@@ -583,7 +583,7 @@ def test_the_library_answers_as_the_commands_do(dep: Deployment) -> None:
     home, dpmarket.consumer.catalogue), and an owner's ledger as ``owner ledger`` reads it."""
     import pandas as pd
 
-    from dpmarket.client import Consumer, ExploreOptions, Query, ledger
+    from dpmarket.client import Consumer, ExploreOptions, Query, ledger, publish
 
     consumer = [
         "--curator", dep.cluster.curator_target,
@@ -629,3 +629,18 @@ def test_the_library_answers_as_the_commands_do(dep: Deployment) -> None:
     )
     assert statement.to_json() == printed
     assert statement.budget.epsilon.spent == printed["budget"]["epsilon"]["spent"] > 0
+    # Publishing again through the library sends the stored sketches, charging nothing.
+    again = publish(
+        dep.cluster.curator_target,
+        table=dep.tables["owner-EV"],
+        data_dir=dep.cluster.owner_state("owner-EV"),
+        specs=["mini/rff", "mini/hist"],
+        policy=str(dep.cluster.owner_policy_file),
+        pki_dir=dep.cluster.pki_dir,
+        name="owner-EV",
+    )
+    first = dep.outcomes["ev_first"]
+    assert again.to_json(first["curator"])["sketches"] == [
+        {**row, "charged_now": False, "already_in_catalogue": True} for row in first["sketches"]
+    ]
+    assert ledger(dep.cluster.owner_state("owner-EV")).entries == statement.entries
