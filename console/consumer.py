@@ -16,9 +16,9 @@ Extension points
 * **The typed client** (:mod:`dpmarket.client`): :class:`ConsumerConsole` is the one place
   that calls the curator and the exploration functions. Exploration and ranking already run the
   functions ``dpmarket.client.Consumer.explore`` and ``rank_owners`` wrap
-  (:mod:`dpmarket.consumer.catalogue`); the body of :meth:`SummaryJob.run` could call
-  ``Consumer.summarize`` instead of following the stream itself, and the templates keep reading
-  the same fields.
+  (:mod:`dpmarket.consumer.catalogue`). A summary stays on ``CuratorClient``'s
+  ``create_session``, ``watch`` and ``get_summary``: the form needs the session's id at once,
+  which ``Consumer.summarize`` (blocking until the summary) does not give.
 * **Quotes and statements** (the market, issue 29): a quote belongs in
   :meth:`ConsumerConsole.start_summary` before ``create_session`` (shown on the request form),
   a session's statement beside its record (:class:`~dpmarket.consumer.history.RecordedSession`);
