@@ -311,6 +311,7 @@ def finish(
         out,
         owners=result.owner_ids,
         label_column=label or "label",
+        schema=inputs.schema,
     )
     document = {"config": config.to_json(), "result": evaluation.to_json()}
     write_json(document, report_path)

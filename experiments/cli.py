@@ -380,6 +380,15 @@ def scenario_command(
     is_flag=True,
     help="With --suite: skip the hashes mode's (less-trusted curator) comparison.",
 )
+@click.option(
+    "--attribution",
+    is_flag=True,
+    help="Measure the market's value attribution on the suite's scenarios with at most 16 "
+    "owners (experiments/attribution.py): Spearman of the private payouts (payout epsilon "
+    "0.1 to 10) and of the paper's rule with exact Shapley values, and the cost at K = 16, "
+    "p = 200; writes <out>/attribution.json (default out: out/attribution). --seeds sets the "
+    "session seeds (default 3); --suite-scenario limits the scenarios.",
+)
 def evaluate(
     scenario_names: tuple[str, ...],
     sizes: tuple[int, ...],
@@ -394,9 +403,26 @@ def evaluate(
     loso: bool,
     suite_names: tuple[str, ...],
     no_hashes: bool,
+    attribution: bool,
 ) -> None:
     """Compare every method's summary quality against epsilon over scenarios, p and seeds (or,
-    with --suite, the default method across the scenario suite)."""
+    with --suite, the default method across the scenario suite; with --attribution, the
+    market's value attribution on the suite)."""
+    if attribution:
+        from dpmarket.experiments.attribution import run_attribution
+
+        if suite or loso or half != "design":
+            raise click.UsageError("--attribution runs on its own: drop --suite, --half and --loso")
+        try:
+            run_attribution(
+                Path("out/attribution" if out_dir == "out/evaluate" else out_dir),
+                seeds=seeds or 3,
+                names=list(suite_names) or None,
+                console=Console(),
+            )
+        except (DPMarketError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        return
     if suite or loso or suite_names or half != "design":
         from dpmarket.experiments.suite import SUITE_NAMES
         from dpmarket.experiments.suite_paths import run_half

@@ -27,7 +27,7 @@ from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
 from dpmarket.common.privacy.ledger import PrivacyLedger
 from dpmarket.common.schema import disagreement
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
-from dpmarket.common.summarization.kernels import check_kernel_width
+from dpmarket.common.summarization.kernels import check_validation_set
 from dpmarket.common.summarization.methods import SummarizationConfig
 from dpmarket.common.summarization.session_ledger import SessionLedger, TermsReport
 from dpmarket.common.summarization.summary import SessionReport, SessionRequest, SummaryResult
@@ -191,7 +191,7 @@ class SummarizationSession:
                 f"{len(active)} owner(s) hold"
             )
         try:
-            check_kernel_width(state.validation, state.config.gamma)
+            check_validation_set(state.validation, state.config.gamma)
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
         self.strategy.choose()

@@ -191,6 +191,33 @@ def test_bad_validation_set_is_rejected_before_anything_is_released(
     assert all(not e.owner.sessions for e in endpoints)
 
 
+@pytest.mark.parametrize(
+    ("rows", "gamma", "message"),
+    [
+        (2, None, "2 point"),
+        (9, None, "at least 10"),
+        (None, 1e-12, "gamma"),
+        (None, 1e6, "gamma"),
+        (10, None, None),  # the control: ten rows and the default width open sessions
+    ],
+)
+def test_a_validation_set_that_cannot_steer_is_refused_before_any_owner_is_charged(
+    digits: Scenario, rows: int | None, gamma: float | None, message: str | None
+) -> None:
+    """A 2-row validation set, or a kernel width that makes every kernel value about 1 (or 0),
+    is refused at set-up: no owner opens a session, so nothing is charged."""
+    validation = digits.validation[:rows] if rows else digits.validation
+    config = _config("private") if gamma is None else _config("private", gamma=gamma)
+    endpoints = _endpoints(digits)
+    if message is None:
+        result = run_session(endpoints, validation, digits.seed_set, config, seed=0)
+        assert result.report.owner_points_accessed > 0
+        return
+    with pytest.raises(InvalidArgumentError, match=message):
+        run_session(endpoints, validation, digits.seed_set, config, seed=0)
+    assert all(not e.owner.sessions for e in endpoints)
+
+
 def test_summary_larger_than_the_data_is_rejected(digits: Scenario) -> None:
     total = sum(o.n_points for o in digits.owners)
     config = CandidatesConfig(summary_size=total + 1)
