@@ -678,8 +678,10 @@ def draft_schema(
             )
         if set(distinct.tolist()) <= {0.0, 1.0}:
             columns.append(Column(str(column_name), "binary", 0.0, 1.0))
-        elif whole and distinct.size <= max_levels and (
-            column_name == label or distinct.size == high - low + 1
+        elif (
+            whole
+            and distinct.size <= max_levels
+            and (column_name == label or distinct.size == high - low + 1)
         ):
             columns.append(
                 Column(str(column_name), "categorical", low, high, tuple(distinct.tolist()))
