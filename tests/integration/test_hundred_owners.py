@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from dpmarket.common.cape.spec import CapeMeanSpec
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.deploy.launcher import LocalCluster, owner_ledger_entries
 from dpmarket.experiments.scenarios import FLIGHTS_FEATURE_NAMES, Scenario, flights50_scenario
@@ -97,7 +97,7 @@ def test_the_owners_run_in_few_processes_each_with_its_own_port_and_ledger(
 def test_a_summarization_session_of_100_owners(cluster: LocalCluster, scenario: Scenario) -> None:
     """The default method over every owner: p points come back, and every owner's own ledger
     holds the session's charge (each was opened, asked and charged over its own server)."""
-    config = SummarizationConfig(summary_size=P)
+    config = CandidatesConfig(summary_size=P)
     with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
         result = client.summarize(config, scenario.validation, scenario.seed_set, seed=5)
     assert result.points.shape == (P, scenario.validation.shape[1])
