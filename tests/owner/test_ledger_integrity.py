@@ -47,8 +47,6 @@ from dpmarket.runtime.transport import TransportSecurity
 
 ALICE, BOB = Identity("owner", "alice"), Identity("owner", "bob")
 
-#: The owner's command group (``dpmarket owner``).
-
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
