@@ -624,9 +624,12 @@ def draft_schema(
 ) -> Schema:
     """Draft a schema from a table: types guessed, bounds and levels read from the data.
 
-    A column holding only 0 and 1 is drafted binary; one of whole numbers with at most
-    ``max_levels`` distinct values categorical (its values as levels), with more integer; any
-    other continuous. Bounds are the column's minimum and maximum.
+    A column holding only 0 and 1 is drafted binary. A column of whole numbers is drafted
+    categorical (its values as levels) when it holds at most ``max_levels`` distinct values
+    and they run without a gap from its minimum to its maximum (codes such as 1, 2, 3), or when
+    it is the label (classes); otherwise integer, so that a count or an age whose sample skips
+    values is not drafted as a list of the values seen, refusing every one it missed. Any other
+    column is continuous. Bounds are the column's minimum and maximum.
 
     Parameters
     ----------
@@ -675,7 +678,11 @@ def draft_schema(
             )
         if set(distinct.tolist()) <= {0.0, 1.0}:
             columns.append(Column(str(column_name), "binary", 0.0, 1.0))
-        elif whole and distinct.size <= max_levels:
+        elif (
+            whole
+            and distinct.size <= max_levels
+            and (column_name == label or distinct.size == high - low + 1)
+        ):
             columns.append(
                 Column(str(column_name), "categorical", low, high, tuple(distinct.tolist()))
             )

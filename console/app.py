@@ -43,7 +43,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dpmarket.common.errors import DPMarketError
-from dpmarket.common.summarization.summary import METHODS
+from dpmarket.common.summarization.methods import METHODS
 from dpmarket.console import plots
 from dpmarket.console.auth import COOKIE, ConsoleToken, TokenMiddleware
 from dpmarket.console.consumer import ConsumerConsole, UserError

@@ -3,7 +3,7 @@
 Every call goes to the consumer's curator over mTLS with the consumer's own certificate
 (:class:`dpmarket.consumer.client.CuratorClient`); exploration and ranking are computed here from
 the published sketches, as ``dpmarket explore`` and ``rank-owners`` compute them
-(:func:`dpmarket.consumer.cli.explore_sketches`, :func:`~dpmarket.consumer.cli.rank_sketches`),
+(:func:`dpmarket.consumer.catalogue.explore`, :func:`dpmarket.consumer.cli.rank_sketches`),
 so no owner is asked anything. A summary request runs as a session at the curator; a thread
 follows its WatchSession stream (:class:`SummaryJob`), fetches the summary, writes it to the
 consumer's data directory and records the outcome in the consumer's history
@@ -13,11 +13,12 @@ stays in this process's memory only while its session runs.
 
 Extension points
 ----------------
-* **The typed client** (``dpmarket.client``, issue 26): :class:`ConsumerConsole` is the one
-  place that calls the curator and the exploration functions; when the typed client lands, its
-  ``summarize``, ``explore`` and ``rank_owners`` replace :meth:`ConsumerConsole.explore`,
-  :meth:`~ConsumerConsole.rank` and the body of :meth:`SummaryJob.run`, and the templates keep
-  reading the same fields.
+* **The typed client** (:mod:`dpmarket.client`): :class:`ConsumerConsole` is the one place
+  that calls the curator and the exploration functions. Exploration and ranking already run the
+  functions ``dpmarket.client.Consumer.explore`` and ``rank_owners`` wrap
+  (:mod:`dpmarket.consumer.catalogue`). A summary stays on ``CuratorClient``'s
+  ``create_session``, ``watch`` and ``get_summary``: the form needs the session's id at once,
+  which ``Consumer.summarize`` (blocking until the summary) does not give.
 * **Quotes and statements** (the market, issue 29): a quote belongs in
   :meth:`ConsumerConsole.start_summary` before ``create_session`` (shown on the request form),
   a session's statement beside its record (:class:`~dpmarket.consumer.history.RecordedSession`);
@@ -42,7 +43,8 @@ import numpy as np
 
 from dpmarket.common.errors import DPMarketError
 from dpmarket.common.schema import Schema
-from dpmarket.common.summarization.summary import OwnerSelection, SummarizationConfig
+from dpmarket.common.summarization.methods import SummarizationConfig, method_config
+from dpmarket.common.summarization.summary import OwnerSelection
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.consumer.history import RecordedSession, SessionHistory, spent
 
@@ -234,7 +236,7 @@ class ConsumerConsole:
         UserError
             For a malformed question, or one no sketch answers.
         """
-        from dpmarket.consumer.cli import explore_sketches
+        from dpmarket.consumer.catalogue import explore
         from dpmarket.consumer.explore import Query, parse_where
 
         try:
@@ -246,7 +248,7 @@ class ConsumerConsole:
                 target=form.get("target", ""),
             )
             with self._exploring:
-                explored = explore_sketches(
+                explored = explore(
                     self.client,
                     query,
                     spec=form.get("spec") or None,
@@ -284,12 +286,16 @@ class ConsumerConsole:
 
         with self._uploaded(upload, filename) as path:
             try:
-                chosen, validation, rows = rank_sketches(self.client, str(path), spec)
+                ranking = rank_sketches(self.client, str(path), spec)
             except click.ClickException as exc:
                 raise UserError(exc.format_message()) from exc
             except (DPMarketError, ValueError) as exc:
                 raise UserError(str(exc)) from exc
-        return {"spec": chosen.name, "validation_points": int(validation.shape[0]), "rows": rows}
+        return {
+            "spec": ranking.spec.name,
+            "validation_points": ranking.validation_points,
+            "rows": ranking.rows(),
+        }
 
     # ------------------------------------------------------------------------ summaries
     def start_summary(
@@ -315,7 +321,7 @@ class ConsumerConsole:
         from dpmarket.owner.data import load_point_set
 
         try:
-            config = SummarizationConfig(summary_size=summary_size, method=method)  # type: ignore[arg-type]
+            config = method_config(method, summary_size=summary_size)
             if gamma is not None:
                 config = dataclasses.replace(config, gamma=gamma)
             selection = OwnerSelection(min_owners=min_owners)
@@ -356,7 +362,7 @@ class ConsumerConsole:
 
     def _follow(self, job: SummaryJob) -> None:
         """Follow a session to its end, fetch, write and record its summary."""
-        from dpmarket.consumer.report import evaluate_summary, mmd_curve
+        from dpmarket.consumer.report import evaluate_summary, summary_curve
         from dpmarket.owner.data import PointSet, save_point_set
 
         cfg = job.config
@@ -399,19 +405,16 @@ class ConsumerConsole:
             )
             os.chmod(path, 0o600)
             row = evaluate_summary(summary, job.validation, cfg.gamma)
-            p = int(summary.points.shape[0])
-            step = max(1, p // 50)
-            sizes = sorted({*range(step, p + 1, step), p}) if p else []
-            curve = mmd_curve(summary.points, job.validation, cfg.gamma, sizes)
+            curve = summary_curve(summary, job.validation, cfg.gamma)
             record = self.history.record(
                 status="done",
                 source="console",
                 method=cfg.method,
                 summary_size=cfg.summary_size,
                 session_id=job.session_id,
-                result=row,
+                result=row.to_json(),
                 summary_path=str(path),
-                mmd_curve={"sizes": [float(s) for s in sizes], "mmd2": curve},
+                mmd_curve={"sizes": [float(s) for s in curve.sizes], "mmd2": list(curve.mmd2)},
             )
             job.finish(record)
         except (DPMarketError, OSError, ValueError) as exc:

@@ -107,7 +107,7 @@ def ranking_plot(rows: Sequence[Mapping[str, Any]], *, title: str) -> str:
     ----------
     rows : sequence of mapping
         ``owner``, ``value`` (the MMD²), ``interval`` (``[low, high]``) and ``flags`` (a list),
-        best first: :func:`dpmarket.consumer.cli.rank_sketches`'s rows.
+        best first: :meth:`dpmarket.consumer.catalogue.Ranking.rows`.
     """
     return interval_plot(
         [{**r, "label": r["owner"]} for r in rows],

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from dpmarket.common.errors import DPMarketError
 from dpmarket.common.sketches import PrivateSketch
+from dpmarket.common.summarization.methods import DEFAULT_DELTA, GaussianFields
 from dpmarket.consumer.cli import (
     finish,
     load_points,
@@ -22,14 +23,16 @@ from dpmarket.consumer.cli import (
     read_inputs,
     summarization_config,
     summary_output_options,
+    summary_sections,
 )
+from dpmarket.consumer.options import check_method_options
 from dpmarket.experiments.cape_coverage import cape_coverage
 from dpmarket.experiments.cape_experiments import cape_figures
 from dpmarket.experiments.evaluate import EVAL_METHODS
 from dpmarket.experiments.scenarios import SCENARIO_NAMES
 from dpmarket.experiments.sketch_experiments import sketch_experiments
 from dpmarket.owner.data import PointSet
-from dpmarket.runtime.cli import check_outputs, console, progress_printer
+from dpmarket.runtime.cli import SectionedCommand, check_outputs, console, progress_printer
 
 __all__ = [
     "cape_coverage",
@@ -41,7 +44,22 @@ __all__ = [
 ]
 
 
-@click.command("simulate")
+@click.command(
+    "simulate",
+    cls=SectionedCommand,
+    sections=summary_sections(
+        (
+            "Sketches in this process",
+            (
+                "sketch_scenario",
+                "sketch_epsilon",
+                "sketch_spec_path",
+                "allocation_sketch_spec",
+                "sketch_seed",
+            ),
+        )
+    ),
+)
 @click.option(
     "--owner-data",
     "owner_paths",
@@ -115,6 +133,7 @@ def simulate_command(
     """Run the same protocol with every party in this process (same seeds, same summary)."""
     from dpmarket.experiments.runner import simulate
 
+    check_method_options(click.get_current_context(), method)
     config = summarization_config(summary_size, method, kwargs)
     owners = [load_points(p) for p in owner_paths]
     inputs = read_inputs(validation_path, seed_set_path, test_path)
@@ -144,11 +163,13 @@ def simulate_command(
                 f"set {inputs.validation.n_features}",
                 param_hint="--sketch-scenario",
             )
+        # The sketches' delta is the session's (the default delta for a method without one).
+        delta = config.delta if isinstance(config, GaussianFields) else DEFAULT_DELTA
         try:
             sketches = publish_sketches(
                 owners,
                 scenario.sketch_mechanism(
-                    1.0 if sketch_epsilon is None else sketch_epsilon, delta=config.delta
+                    1.0 if sketch_epsilon is None else sketch_epsilon, delta=delta
                 ),
                 seed=seed,
                 owner_ids=[o.name for o in owners],
@@ -359,6 +380,15 @@ def scenario_command(
     is_flag=True,
     help="With --suite: skip the hashes mode's (less-trusted curator) comparison.",
 )
+@click.option(
+    "--attribution",
+    is_flag=True,
+    help="Measure the market's value attribution on the suite's scenarios with at most 16 "
+    "owners (experiments/attribution.py): Spearman of the private payouts (payout epsilon "
+    "0.1 to 10) and of the paper's rule with exact Shapley values, and the cost at K = 16, "
+    "p = 200; writes <out>/attribution.json (default out: out/attribution). --seeds sets the "
+    "session seeds (default 3); --suite-scenario limits the scenarios.",
+)
 def evaluate(
     scenario_names: tuple[str, ...],
     sizes: tuple[int, ...],
@@ -373,9 +403,26 @@ def evaluate(
     loso: bool,
     suite_names: tuple[str, ...],
     no_hashes: bool,
+    attribution: bool,
 ) -> None:
     """Compare every method's summary quality against epsilon over scenarios, p and seeds (or,
-    with --suite, the default method across the scenario suite)."""
+    with --suite, the default method across the scenario suite; with --attribution, the
+    market's value attribution on the suite)."""
+    if attribution:
+        from dpmarket.experiments.attribution import run_attribution
+
+        if suite or loso or half != "design":
+            raise click.UsageError("--attribution runs on its own: drop --suite, --half and --loso")
+        try:
+            run_attribution(
+                Path("out/attribution" if out_dir == "out/evaluate" else out_dir),
+                seeds=seeds or 3,
+                names=list(suite_names) or None,
+                console=Console(),
+            )
+        except (DPMarketError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        return
     if suite or loso or suite_names or half != "design":
         from dpmarket.experiments.suite import SUITE_NAMES
         from dpmarket.experiments.suite_paths import run_half

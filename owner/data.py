@@ -581,12 +581,35 @@ def feature_columns(n_features: int) -> list[str]:
     return [f"f{j}" for j in range(n_features)]
 
 
+def _in_schema_order(frame: pd.DataFrame, schema: Schema) -> pd.DataFrame:
+    """``frame`` with the schema's columns first, in its order, and its whole-valued columns
+    (integer, binary, categorical with whole levels) as int64."""
+    order = [n for n in schema.names if n in frame.columns]
+    frame = frame[order + [c for c in frame.columns if c not in order]].copy()
+    for name in order:
+        column = schema.column(name)
+        whole_levels = column.type != "categorical" or all(
+            float(v).is_integer() for v in column.levels
+        )
+        values = frame[name].to_numpy()
+        if (
+            column.type in ("integer", "binary", "categorical")
+            and whole_levels
+            and np.issubdtype(values.dtype, np.number)
+            and np.all(np.isfinite(values))
+            and np.all(values == np.round(values))
+        ):
+            frame[name] = values.astype(np.int64)
+    return frame
+
+
 def save_point_set(
     point_set: PointSet,
     path: str | Path,
     *,
     owners: Sequence[str] | None = None,
     label_column: str = "label",
+    schema: Schema | None = None,
 ) -> None:
     """Write a point set in the format given by the suffix of ``path``.
 
@@ -608,6 +631,11 @@ def save_point_set(
         SummaryResult.owner_ids`).
     label_column : str
         The labels' column in a table.
+    schema : Schema, optional
+        The table's public schema: a ``.csv`` or ``.parquet`` table then keeps its columns in
+        the schema's order (the label where the schema declares it, ``owner`` last) and writes
+        its integer, binary and whole-levelled categorical columns as int64 when every value is
+        whole (as the owners' tables, checked against the schema, hold them).
 
     Raises
     ------
@@ -655,6 +683,8 @@ def save_point_set(
     frame = pd.DataFrame(features, columns=names)
     if labels is not None:
         frame[label_column] = labels
+    if schema is not None:
+        frame = _in_schema_order(frame, schema)
     if owners is not None:
         frame["owner"] = list(owners)
     with atomic_write(path) as fh:

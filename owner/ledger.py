@@ -578,8 +578,10 @@ class OwnerLedger:
         self._clock = clock
         self._lock = threading.Lock()
         try:
+            # A rollback journal, not WAL: a committed charge is in owner.sqlite3 itself, so a
+            # lost or truncated file beside it cannot take a charge back in silence.
             self._conn = open_database(
-                self._path, MIGRATIONS, application=APPLICATION, create=create
+                self._path, MIGRATIONS, application=APPLICATION, create=create, journal="rollback"
             )
         except DatabaseMissingError as exc:
             raise LedgerMissingError(

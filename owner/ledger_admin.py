@@ -7,13 +7,12 @@ the how-to is docs/howto-ledger.md.
   ledger init``, ``dpmarket init`` and the launchers run for a new owner, and the only way a
   ledger comes to exist.
 * :func:`backup_ledger` copies the ledger with SQLite's online backup API while the owner serves:
-  one consistent snapshot, the charges still only in ``owner.sqlite3-wal`` included (after a
-  crash or kill -9 the last charges live there, and a copy of ``owner.sqlite3`` alone loses
-  them); the copy is one self-contained file, verified after it is written.
+  one consistent snapshot of every committed charge (a ``cp`` of the file while a charge is
+  written would be torn); the copy is one self-contained file, verified after it is written.
 * :func:`restore_ledger` puts a backup in place of the ledger (the owner stopped): it checks the
   backup first (an owner ledger, its chain whole, the same ledger as the one it replaces),
-  moves the current files aside (never deletes them; a stale ``-wal`` left beside a restored
-  file would be replayed onto it) and copies the backup in.
+  moves the current files aside (never deletes them; a stale journal left beside a restored
+  file would be played onto it) and copies the backup in.
 * :func:`verify_file` checks a ledger or a backup whole: SQLite's integrity, the schema, the
   identity (and, given the owner's certificate, that it is this owner's), the hash chain and the
   running totals (:func:`dpmarket.owner.ledger_chain.verify_ledger`).
@@ -204,7 +203,7 @@ def restore_ledger(
     -------
     (Verification, list of Path)
         The restored ledger's verification, and where the files it replaced were moved
-        (``owner.sqlite3.replaced-<UTC time>`` and its ``-wal``/``-shm``), if any.
+        (``owner.sqlite3.replaced-<UTC time>`` and its ``-journal``/``-wal``/``-shm``), if any.
 
     Raises
     ------
@@ -240,7 +239,10 @@ def restore_ledger(
             )
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     moved: list[Path] = []
-    for path in (target, *(target.with_name(target.name + s) for s in ("-wal", "-shm"))):
+    for path in (
+        target,
+        *(target.with_name(target.name + s) for s in ("-journal", "-wal", "-shm")),
+    ):
         if path.exists():
             aside = path.with_name(f"{target.name}.replaced-{stamp}{path.name[len(target.name) :]}")
             os.replace(path, aside)

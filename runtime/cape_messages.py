@@ -19,7 +19,7 @@ from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, Ca
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
-from dpmarket.common.secagg.shamir import Share
+from dpmarket.common.secagg.shamir import PRIME, Share
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto
 from dpmarket.v1 import array_pb2, cape_pb2, secure_aggregation_pb2
 
@@ -37,6 +37,8 @@ _CALIBRATIONS_TO_PROTO = {
     "exact": cape_pb2.CAPE_CALIBRATION_EXACT,
     "theorem1": cape_pb2.CAPE_CALIBRATION_THEOREM1,
 }
+#: Bytes of a share's y (a field element of GF(2^521 - 1)) at most.
+_ELEMENT_BYTES = (PRIME.bit_length() + 7) // 8
 
 
 def spec_to_proto(spec: CapeJobSpec | CapeMeanSpec) -> cape_pb2.CapeSpec:
@@ -70,8 +72,13 @@ def spec_from_proto(message: cape_pb2.CapeSpec) -> CapeJobSpec | CapeMeanSpec:
     Raises
     ------
     InvalidArgumentError
-        For an unknown task or calibration, a mean with a target, or a malformed spec (bounds,
-        epsilon, delta).
+        For an unknown task or calibration, a mean with a target or an intercept, or a malformed
+        spec (columns, bounds, epsilon, delta).
+
+    Notes
+    -----
+    ``colluders = 0`` on the wire means the default (``None``): a spec whose ``colluders`` is 0
+    comes back as ``None``.
     """
     calibration = _CALIBRATIONS.get(message.calibration)
     if calibration is None:
@@ -82,9 +89,14 @@ def spec_from_proto(message: cape_pb2.CapeSpec) -> CapeJobSpec | CapeMeanSpec:
     colluders = int(message.colluders) or None
     try:
         if message.task == cape_pb2.CAPE_TASK_MEAN:
-            if message.HasField("target") and message.target.column:
+            if message.HasField("target"):
                 raise InvalidArgumentError(
-                    f"the mean takes no target, got target column {message.target.column!r}"
+                    f"the mean takes no target, got target column {message.target.column!r}: "
+                    "leave the target unset"
+                )
+            if message.fit_intercept:
+                raise InvalidArgumentError(
+                    "the mean takes no intercept: leave fit_intercept unset (capeFM only)"
                 )
             return CapeMeanSpec(features, message.epsilon, message.delta, colluders, calibration)
         task = _TASKS.get(message.task)
@@ -167,6 +179,14 @@ def job_from_proto(request: cape_pb2.OpenCapeJobRequest) -> AnyCapeSpec:
     raise InvalidArgumentError("OpenCapeJobRequest carries no job (spec or training)")
 
 
+def _dtype_name(value: array_pb2.Dtype.ValueType) -> str:
+    """An Array's dtype for an error message (its number if it is not a known one)."""
+    try:
+        return array_pb2.Dtype.Name(value)
+    except ValueError:
+        return str(value)
+
+
 def vector_to_proto(values: NDArray[np.floating]) -> array_pb2.Array:
     """A float64 vector -> Array."""
     return array_to_proto(np.asarray(values, dtype=np.float64))
@@ -180,8 +200,13 @@ def vector_from_proto(
     Raises
     ------
     InvalidArgumentError
-        If it is malformed, of the wrong length or not finite.
+        If it is malformed, not float64 on the wire (an int64 or float32 array would be converted,
+        not read exactly), of the wrong length or not finite.
     """
+    if message.dtype != array_pb2.DTYPE_FLOAT64:
+        raise InvalidArgumentError(
+            f"{name} must be a float64 array, got dtype {_dtype_name(message.dtype)}"
+        )
     try:
         out = array_from_proto(message, name, ndim=1, dtype=np.float64)
     except ValueError as exc:
@@ -197,8 +222,21 @@ def vector_from_proto(
 def round_to_proto(
     job_id: str, params: RoundParams
 ) -> secure_aggregation_pb2.SecureAggregationRound:
-    """RoundParams (and its job) -> SecureAggregationRound."""
+    """RoundParams (and its job) -> SecureAggregationRound.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``fixed_point.sites`` is not the number of sites: the message does not carry it (a
+        receiver takes ``len(sites)``), so such parameters would arrive changed, with another
+        :attr:`~dpmarket.common.secagg.protocol.RoundParams.digest`.
+    """
     fp = params.fixed_point
+    if fp.sites != len(params.sites):
+        raise InvalidArgumentError(
+            f"fixed_point.sites={fp.sites} differs from the round's {len(params.sites)} sites: "
+            "the wire carries only the sites; build the FixedPoint with sites=len(sites)"
+        )
     return secure_aggregation_pb2.SecureAggregationRound(
         job_id=job_id,
         round_id=params.round_id,
@@ -210,6 +248,7 @@ def round_to_proto(
         colluders=params.colluders,
         neighbours=params.neighbours,
         allowance=params.allowance,
+        ring=params.ring,
     )
 
 
@@ -238,6 +277,7 @@ def round_from_proto(
             colluders=int(message.colluders),
             neighbours=int(message.neighbours),
             allowance=int(message.allowance),
+            ring=int(message.ring),
         )
     except ValueError as exc:
         raise InvalidArgumentError(f"secure-aggregation round: {exc}") from exc
@@ -261,7 +301,11 @@ def advertisement_to_proto(
 def advertisement_from_proto(
     message: secure_aggregation_pb2.KeyAdvertisement,
 ) -> tuple[KeyAdvertisement, bytes]:
-    """KeyAdvertisement message -> (KeyAdvertisement, certificate PEM)."""
+    """KeyAdvertisement message -> (KeyAdvertisement, certificate PEM), field for field.
+
+    The keys, signature, commitment and certificate are checked by the protocol that uses them
+    (:class:`~dpmarket.common.secagg.protocol.SecAggSite` aborts the round on a bad one), not here.
+    """
     return (
         KeyAdvertisement(
             site=message.site,
@@ -277,11 +321,19 @@ def advertisement_from_proto(
 def advertisements_from_proto(
     messages: Iterable[secure_aggregation_pb2.KeyAdvertisement],
 ) -> tuple[dict[str, KeyAdvertisement], dict[str, bytes]]:
-    """KeyAdvertisement messages -> (site -> advertisement, site -> certificate PEM)."""
+    """KeyAdvertisement messages -> (site -> advertisement, site -> certificate PEM).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If a site appears twice.
+    """
     ads: dict[str, KeyAdvertisement] = {}
     certificates: dict[str, bytes] = {}
     for message in messages:
         ad, certificate = advertisement_from_proto(message)
+        if ad.site in ads:
+            raise InvalidArgumentError(f"two key advertisements of {ad.site!r}")
         ads[ad.site], certificates[ad.site] = ad, certificate
     return ads, certificates
 
@@ -359,8 +411,29 @@ def shares_to_proto(shares: dict[str, Share]) -> list[secure_aggregation_pb2.Sha
 
 
 def shares_from_proto(messages: Iterable[secure_aggregation_pb2.ShamirShare]) -> dict[str, Share]:
-    """ShamirShare messages -> owner -> Share."""
-    return {m.owner: Share(x=int(m.x), y=int.from_bytes(m.y, "big")) for m in messages}
+    """ShamirShare messages -> owner -> Share.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If an owner is unnamed or appears twice, ``y`` is missing (empty) or longer than a field
+        element (66 bytes), or ``x`` or ``y`` is out of range (:class:`Share`).
+    """
+    out: dict[str, Share] = {}
+    for m in messages:
+        if not m.owner:
+            raise InvalidArgumentError("a Shamir share names no owner")
+        if m.owner in out:
+            raise InvalidArgumentError(f"two Shamir shares of {m.owner!r}")
+        if not 1 <= len(m.y) <= _ELEMENT_BYTES:
+            raise InvalidArgumentError(
+                f"the share of {m.owner!r} has a y of {len(m.y)} bytes, not 1 to {_ELEMENT_BYTES}"
+            )
+        try:
+            out[m.owner] = Share(x=int(m.x), y=int.from_bytes(m.y, "big"))
+        except ValueError as exc:
+            raise InvalidArgumentError(f"the share of {m.owner!r}: {exc}") from exc
+    return out
 
 
 def signatures_to_proto(
@@ -442,7 +515,15 @@ def unmask_to_proto(response: UnmaskResponse) -> secure_aggregation_pb2.UnmaskRe
 
 
 def unmask_from_proto(message: secure_aggregation_pb2.UnmaskResponse) -> UnmaskResponse:
-    """UnmaskResponse message -> UnmaskResponse."""
+    """UnmaskResponse message -> UnmaskResponse.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If a share is malformed (:func:`shares_from_proto`). Which shares a response must hold
+        is checked by the aggregator
+        (:meth:`~dpmarket.common.secagg.protocol.SecAggAggregator.finish`).
+    """
     return UnmaskResponse(
         self_mask_shares=shares_from_proto(message.self_mask_shares),
         key_shares=shares_from_proto(message.key_shares),
@@ -455,7 +536,18 @@ def masked_to_proto(masked: NDArray[np.uint64]) -> array_pb2.Array:
 
 
 def masked_from_proto(message: array_pb2.Array, length: int) -> NDArray[np.uint64]:
-    """An int64 Array -> a masked input; InvalidArgumentError if malformed or negative."""
+    """An int64 Array -> a masked input.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If it is malformed, not int64 on the wire (a float array would be truncated), not of
+        ``length`` values, or negative.
+    """
+    if message.dtype != array_pb2.DTYPE_INT64:
+        raise InvalidArgumentError(
+            f"a masked input must be an int64 array, got dtype {_dtype_name(message.dtype)}"
+        )
     try:
         values = array_from_proto(message, "masked", ndim=1, dtype=np.int64)
     except ValueError as exc:

@@ -39,6 +39,7 @@ import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
+from typing import Literal
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -235,6 +236,7 @@ def open_database(
     *,
     application: str,
     create: bool = True,
+    journal: Literal["wal", "rollback"] = "wal",
 ) -> sqlite3.Connection:
     """Open or create a service's SQLite database and bring its schema up to date.
 
@@ -263,6 +265,13 @@ def open_database(
         Whether a missing or new file may be created (and claimed for ``application``). False:
         only a database that already records ``application`` is opened; nothing is created or
         written otherwise.
+    journal : {"wal", "rollback"}, default "wal"
+        ``"wal"``: ``journal_mode=WAL``; committed transactions may live in the ``-wal`` file
+        until SQLite checkpoints them, so losing or truncating that file undoes them without a
+        trace in the main file. ``"rollback"``: ``journal_mode=DELETE``; every transaction is in
+        the main file when it commits (the journal only holds what an unfinished one would undo),
+        so no file beside it can take a committed transaction back; readers briefly block the
+        writer. For records whose loss must never pass unnoticed (an owner's privacy ledger).
 
     Returns
     -------
@@ -322,11 +331,12 @@ def open_database(
         # runs them again), so that creating a database costs one sync, not one per migration;
         # every transaction after them is durable when it commits.
         conn.execute("PRAGMA synchronous = NORMAL")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
+        wanted = {"wal": "wal", "rollback": "delete"}[journal]
+        mode = conn.execute(f"PRAGMA journal_mode = {wanted}").fetchone()[0]
+        if str(mode).lower() != wanted:
             raise RuntimeError(
-                f"{path}: the file system refused journal_mode=WAL (got {mode!r}); put the data "
-                "directory on a local file system"
+                f"{path}: the file system refused journal_mode={wanted.upper()} (got {mode!r}); "
+                "put the data directory on a local file system"
             )
         conn.execute("PRAGMA foreign_keys = ON")
         _check_application(conn, path, application)

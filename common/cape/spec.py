@@ -161,8 +161,8 @@ class CapeJobSpec:
     Raises
     ------
     ValueError
-        For a malformed spec (no features, repeated columns, ``low >= high``, non-finite or
-        out-of-range epsilon/delta).
+        For a malformed spec (no features, unnamed or repeated columns, ``low >= high``,
+        non-finite or out-of-range epsilon/delta).
     """
 
     task: Task
@@ -180,8 +180,8 @@ class CapeJobSpec:
         if not self.features:
             raise ValueError("a job needs at least one feature column")
         names = [f[0] for f in self.features] + [self.target[0]]
-        if len(set(names)) != len(names) or INTERCEPT in names:
-            raise ValueError(f"feature and target columns must be distinct, got {names}")
+        if len(set(names)) != len(names) or INTERCEPT in names or not all(names):
+            raise ValueError(f"feature and target columns must be named and distinct, got {names}")
         for column, low, high in (*self.features, self.target):
             if not (math.isfinite(low) and math.isfinite(high) and low < high):
                 raise ValueError(f"bounds of {column!r} must be finite with low < high")

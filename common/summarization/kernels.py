@@ -883,6 +883,15 @@ def embedding_greedy(
     return chosen
 
 
+#: The fewest validation points a summary is built against. With m points the empirical mean
+#: embedding of the validation set is off from its distribution's by up to
+#: ``sqrt(2 / m) * (1 + sqrt(2 log(1 / beta)))`` in RKHS norm with probability ``1 - beta`` (RBF
+#: kernel, bounded by 1; Gretton et al. 2012, Theorem 7): at m = 10 and beta = 0.05 that is 1.5,
+#: three quarters of the largest distance between two embeddings (2), so below it no summary can
+#: be told closer to the consumer's distribution than another, and owners would be charged for
+#: nothing.
+MIN_VALIDATION_POINTS = 10
+
 #: Kernel values below this (or above 1 minus this) between typical validation points make every
 #: MMD² the same number: the kernel width cannot tell points apart.
 KERNEL_DEGENERATE_TOLERANCE = 1e-6
@@ -929,3 +938,33 @@ def check_kernel_width(validation: ArrayLike, gamma: float, *, max_points: int =
             f"the same. Use a gamma {hint}, or rescale the features"
         )
     return median_k
+
+
+def check_validation_set(validation: ArrayLike, gamma: float) -> float:
+    """Check that a validation set can steer a summary before anything is asked of an owner.
+
+    Parameters
+    ----------
+    validation : array-like of shape (m, n_features)
+    gamma : float
+        RBF kernel parameter, > 0, in 1 / squared feature units.
+
+    Returns
+    -------
+    float
+        The median kernel value between validation points (:func:`check_kernel_width`).
+
+    Raises
+    ------
+    ValueError
+        If ``m < MIN_VALIDATION_POINTS`` (see its comment for the bound it rests on), or if
+        ``gamma`` makes the kernel degenerate on these points (:func:`check_kernel_width`).
+    """
+    x = check_matrix(validation, "validation set")
+    if x.shape[0] < MIN_VALIDATION_POINTS:
+        raise ValueError(
+            f"the validation set has {x.shape[0]} point(s); a summary needs at least "
+            f"{MIN_VALIDATION_POINTS} to tell which data matches it (with fewer, the set's own "
+            "sampling error is as large as any difference between summaries). Add validation points"
+        )
+    return check_kernel_width(x, gamma)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-PURE = ("cape", "privacy", "secagg", "sketches", "summarization")
+PURE = ("cape", "market", "privacy", "secagg", "sketches", "summarization")
 
 
 @pytest.mark.parametrize("package", PURE)

@@ -169,7 +169,13 @@ def test_the_parties_disagree_when_any_owner_differs_or_the_validation_columns_d
 def test_a_draft_guesses_types_and_reads_bounds_from_the_data_then_refuses_to_serve() -> None:
     rows = _rows()
     draft = draft_schema(["age", "sex", "bmi", "high"], rows, label="high", name="clinic")
-    assert [c.type for c in draft.columns] == ["categorical", "categorical", "continuous", "binary"]
+    # age's three values skip the ages between them: integer, not levels; sex's 1, 2: codes.
+    assert [c.type for c in draft.columns] == ["integer", "categorical", "continuous", "binary"]
+    counts = np.c_[[0, 1, 2, 4, 7, 0], [3, 1, 2, 3, 1, 2]]
+    drafted = draft_schema(["visits", "grade"], counts, label="visits")
+    assert drafted.column("visits").type == "categorical"  # a label: its classes, as seen
+    assert drafted.column("grade").levels == (1.0, 2.0, 3.0)
+    assert draft_schema(["visits"], counts[:, :1]).column("visits").type == "integer"
     assert draft.column("bmi").low == 22.5 and draft.column("bmi").high == 31.0
     assert draft.draft
     again = Schema.from_mapping(tomllib.loads(draft.as_toml()))

@@ -419,3 +419,33 @@ def test_a_summary_table_names_its_columns_and_each_point_owner(tmp_path: Path) 
     assert frame["owner"].tolist() == ["clinic-a", "clinic-b"]
     with pytest.raises(ValueError, match="must name each of the 2 points"):
         save_point_set(summary, path, owners=["clinic-a"])
+
+
+def test_a_table_written_with_its_schema_keeps_schema_order_and_whole_numbers(
+    tmp_path: Path,
+) -> None:
+    """The summary a consumer downloads reads like the owners' tables: the label where the
+    schema puts it (not moved to the end), integer and binary columns without ``.0``; a
+    continuous column stays float. Control: without the schema, the label goes last, as floats."""
+    from dpmarket.common.schema import Column
+
+    schema = Schema(
+        (
+            Column("age", "integer", 0, 120),
+            Column("smoker", "binary", 0, 1),
+            Column("bmi", "continuous", 10, 60),
+            Column("visits", "integer", 0, 50),
+        ),
+        label="smoker",
+    )
+    features = np.array([[41.0, 22.5, 3.0], [7.0, 31.25, 0.0]])
+    points = PointSet(features, np.array([1, 0]), "s", columns=("age", "bmi", "visits"))
+    path = tmp_path / "summary.csv"
+    save_point_set(points, path, owners=["a", "b"], label_column="smoker", schema=schema)
+    assert path.read_text().splitlines() == [
+        "age,smoker,bmi,visits,owner",
+        "41,1,22.5,3,a",
+        "7,0,31.25,0,b",
+    ]
+    save_point_set(points, path, owners=["a", "b"], label_column="smoker")
+    assert path.read_text().splitlines()[:2] == ["age,bmi,visits,smoker,owner", "41.0,22.5,3.0,1,a"]

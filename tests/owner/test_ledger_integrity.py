@@ -5,8 +5,9 @@ foreign ledger file is refused (without the refusal, SQLite opens it as a fresh 
 whole budget, or another owner's ledger is charged); a charge rewritten in the file is found by
 ``verify`` (without the chain, SQLite's own check and the running totals see nothing); a ledger
 behind a receipt its owner signed refuses to charge (without the receipt it charges on); a
-backup taken with ``dpmarket owner ledger backup`` holds every charge, those only in the
-``-wal`` file after a SIGKILL included (a copy of ``owner.sqlite3`` alone loses them).
+backup taken with ``dpmarket owner ledger backup`` holds every charge; no file beside the ledger
+holds a charge its loss would undo (with a write-ahead log, deleting the ``-wal`` after a SIGKILL
+gives the budget back).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pytest
 from click.testing import CliRunner
 
 from dpmarket.deploy.pki import init_ca, issue, issue_all
-from dpmarket.owner.cli import owner as owner_cli
+from dpmarket.owner.cli import ledger as ledger_cli
 from dpmarket.owner.cli import serve_owner
 from dpmarket.owner.ledger import (
     APPLICATION,
@@ -205,8 +206,8 @@ def test_after_a_new_ca_the_ledger_is_rebound_explicitly(
     with OwnerLedger(data_dir, None) as ledger, pytest.raises(ForeignLedgerError):
         ledger.rebind(bob_new_ca)
     result = CliRunner().invoke(
-        owner_cli,
-        ["ledger", "rebind", "--data-dir", str(data_dir),
+        ledger_cli,
+        ["rebind", "--data-dir", str(data_dir),
          "--pki-dir", str(pki["elsewhere"]), "--name", "alice"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -238,7 +239,7 @@ def test_verify_finds_a_charge_rewritten_in_the_file(tmp_path: Path) -> None:
     assert not found.ok
     assert [p.charge for p in found.problems] == [3]
     assert "does not match its chain hash" in found.problems[0].what
-    result = CliRunner().invoke(owner_cli, ["ledger", "verify", "--data-dir", str(data_dir)])
+    result = CliRunner().invoke(ledger_cli, ["verify", "--data-dir", str(data_dir)])
     assert result.exit_code == 1 and "charge 3 does not match" in result.output
     # Control: without the chain, nothing else sees it: SQLite's check passes, the totals
     # agree with the charges, and the ledger serves with the lowered spend.
@@ -326,8 +327,12 @@ def test_a_ledger_behind_a_receipt_it_signed_refuses_to_charge(
 _CHARGER = textwrap.dedent(
     """
     import sys, time
+    import dpmarket.owner.ledger as module
     from dpmarket.owner.ledger import OwnerLedger
     from dpmarket.owner.policy import OwnerPolicy
+    if sys.argv[3] == "wal":  # the control: the ledger as it was, charges in a -wal file
+        opener = module.open_database
+        module.open_database = lambda *a, **k: opener(*a, **{**k, "journal": "wal"})
     ledger = OwnerLedger(sys.argv[1], OwnerPolicy())
     for k in range(int(sys.argv[2])):
         ledger.charge(session="live", consumer="consumer:c", curator="curator:curator",
@@ -339,12 +344,10 @@ _CHARGER = textwrap.dedent(
 )
 
 
-def test_a_backup_round_trips_every_charge_the_wal_holds_after_sigkill(tmp_path: Path) -> None:
-    data_dir = tmp_path / "owner"
-    OwnerLedger.create(data_dir, OwnerPolicy()).close()
-    n = 7
+def _charge_then_sigkill(data_dir: Path, n: int, journal: str) -> None:
+    """``n`` charges in another process, killed with SIGKILL once they are committed."""
     process = subprocess.Popen(
-        [sys.executable, "-c", _CHARGER, str(data_dir), str(n)],
+        [sys.executable, "-c", _CHARGER, str(data_dir), str(n), journal],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -359,26 +362,44 @@ def test_a_backup_round_trips_every_charge_the_wal_holds_after_sigkill(tmp_path:
         process.wait(timeout=30)
         if process.stdout is not None:
             process.stdout.close()
-    wal = data_dir / "owner.sqlite3-wal"
-    assert wal.is_file() and wal.stat().st_size > 0  # the charges live in the WAL
 
-    # Control: a copy of owner.sqlite3 alone (what `cp` of the file backs up) has none of them.
+
+@pytest.mark.parametrize("journal", ["rollback", "wal"])
+def test_no_file_beside_the_ledger_holds_a_charge_that_its_loss_would_undo(
+    tmp_path: Path, journal: str
+) -> None:
+    """Every committed charge is in ``owner.sqlite3`` itself, even after a SIGKILL: losing or
+    truncating a file beside it (a ``-wal``) cannot give a budget back in silence. Control: with
+    a write-ahead log, the charges live in the ``-wal`` until a checkpoint, and the main file
+    alone (the ``-wal`` deleted or truncated) holds none of them."""
+    data_dir = tmp_path / "owner"
+    OwnerLedger.create(data_dir, OwnerPolicy()).close()
+    _charge_then_sigkill(data_dir, 5, journal)
     alone = tmp_path / "alone"
     alone.mkdir()
     shutil.copy(ledger_path(data_dir), ledger_path(alone))
     with OwnerLedger(alone, None) as copied:
-        assert copied.entries() == []
+        assert len(copied.entries()) == (5 if journal == "rollback" else 0)
+    wal = data_dir / "owner.sqlite3-wal"
+    assert wal.exists() == (journal == "wal")
+
+
+def test_a_backup_round_trips_every_charge_after_sigkill(tmp_path: Path) -> None:
+    data_dir = tmp_path / "owner"
+    OwnerLedger.create(data_dir, OwnerPolicy()).close()
+    n = 7
+    _charge_then_sigkill(data_dir, n, "rollback")
 
     out = tmp_path / "backups" / "owner.sqlite3"
     result = CliRunner().invoke(
-        owner_cli, ["ledger", "backup", "--data-dir", str(data_dir), "--out", str(out)]
+        ledger_cli, ["backup", "--data-dir", str(data_dir), "--out", str(out)]
     )
     assert result.exit_code == 0, result.output
     assert f"{n} charges up to charge {n}" in " ".join(result.output.split())
     assert not out.with_name(out.name + "-wal").exists()  # one self-contained file
     restored = tmp_path / "restored"
     result = CliRunner().invoke(
-        owner_cli, ["ledger", "restore", "--data-dir", str(restored), "--from", str(out)]
+        ledger_cli, ["restore", "--data-dir", str(restored), "--from", str(out)]
     )
     assert result.exit_code == 0, result.output
     with OwnerLedger(data_dir, None) as original, OwnerLedger(restored, None) as copy:

@@ -1,0 +1,739 @@
+"""Settlement statements: who owes whom what for which releases, in bytes every party can check.
+
+After a session the curator writes a :class:`Statement` (:func:`settle`): a header (session,
+consumer, p, the payout epsilon and noise scale, the reward rule, the quoted maximum) and one
+:class:`StatementLine` per owner (points read and delivered, epsilon charged, the price
+components, the owner's noisy value, its reward and its total). Its canonical bytes
+(:meth:`Statement.encode`) are what the curator signs with its certificate key
+(:func:`sign_statement`) and stores with the session; the consumer receives the whole statement.
+
+An owner receives only its own line, as an :class:`OwnerStatement` (the header and that line,
+with its own canonical bytes and signature): the other lines hold the other owners' noisy values,
+which the payout release does not show it (:mod:`dpmarket.common.market.payouts`). Both documents
+are signed by the curator, so a line that differs between an owner's copy and the consumer's
+statement is a signed contradiction. The owner verifies the signature (:func:`verify_statement`)
+and checks the line against its own record of points released and epsilon charged, and against
+its prices (:func:`check_statement`), refusing any mismatch.
+
+**Canonical encoding.** A domain tag (``b"dpmarket/settlement-statement/v1\\n"`` or
+``b"dpmarket/settlement-line/v1\\n"``) followed by JSON with sorted keys, no whitespace, ASCII
+only (other characters as ``\\uXXXX`` escapes), and nothing but strings and integers (amounts in
+micro-credits, epsilon in micro-epsilon, values in nano-value: :mod:`~dpmarket.common.market.money`;
+integers within +-2^53 so that any JSON reader keeps them exact). Lines are sorted by owner. The
+same statement always has the same bytes; :func:`decode_statement` refuses bytes that are not
+the canonical encoding of what they decode to.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
+from dpmarket.common.market.money import epsilon_units, format_credits, value_units
+from dpmarket.common.market.payouts import (
+    POINT_VALUE_MEAN,
+    POINT_VALUE_SPREAD,
+    PayoutRelease,
+    ProportionalSplit,
+    ValueReward,
+    payout_noise_scale,
+)
+from dpmarket.common.market.pricing import OwnerPrices, Quote, owner_charge
+
+__all__ = [
+    "REWARD_RULES",
+    "OwnerRecord",
+    "OwnerStatement",
+    "SessionRecord",
+    "SettlementTerms",
+    "Statement",
+    "StatementError",
+    "StatementHeader",
+    "StatementLine",
+    "StatementMismatchError",
+    "check_statement",
+    "decode_owner_statement",
+    "decode_statement",
+    "settle",
+    "sign_statement",
+    "verify_statement",
+]
+
+_STATEMENT_TAG = b"dpmarket/settlement-statement/v1\n"
+_OWNER_TAG = b"dpmarket/settlement-line/v1\n"
+#: Integers a statement may hold (exact in every JSON reader).
+_MAX_INT = 2**53 - 1
+#: The reward rules a header may name: none, :class:`ValueReward`, :class:`ProportionalSplit`.
+REWARD_RULES: tuple[str, ...] = ("none", "value", "proportional")
+
+PrivateKey = ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
+PublicKey = ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey
+
+
+class StatementError(InvalidArgumentError):
+    """A statement that is malformed, not canonical, or whose signature does not verify
+    (``INVALID_ARGUMENT``)."""
+
+
+class StatementMismatchError(FailedPreconditionError):
+    """A well-formed, signed statement that disagrees with the owner's own record or prices
+    (``FAILED_PRECONDITION``); the message lists every field that differs."""
+
+
+def _check_fields(obj: Any, signed: tuple[str, ...] = ()) -> None:
+    """Strings non-empty; ints exact ints in [0, 2^53) (``signed`` ones in (-2^53, 2^53))."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if f.type in ("str", str):
+            if not isinstance(value, str) or not value:
+                raise StatementError(f"{f.name} must be a non-empty string, got {value!r}")
+        else:
+            low = -_MAX_INT if f.name in signed else 0
+            exact = isinstance(value, int) and not isinstance(value, bool)
+            if not exact or not low <= value <= _MAX_INT:
+                raise StatementError(f"{f.name} must be an int in [{low}, 2^53), got {value!r}")
+
+
+@dataclass(frozen=True)
+class StatementHeader:
+    """What a statement says about the whole session.
+
+    Attributes
+    ----------
+    session_id, consumer : str
+    summary_size : int
+        p.
+    payout_epsilon : int
+        The payout release's epsilon, micro-epsilon (0: no payout release).
+    noise_scale : int
+        The Laplace scale of every owner's noisy value, nano-value (0: no payout release).
+    reward_rule : {"none", "value", "proportional"}
+    reward : int
+        The rule's reward, micro-credits (per unit of value, or split).
+    point_mean, point_spread : int
+        The value rule's prior on one point's value, nano-value (0 for the other rules).
+    max_cost : int
+        The quote's maximum, micro-credits.
+
+    Raises
+    ------
+    StatementError
+        If a field is of the wrong type or out of range.
+    """
+
+    session_id: str
+    consumer: str
+    summary_size: int
+    payout_epsilon: int
+    noise_scale: int
+    reward_rule: str
+    reward: int
+    point_mean: int
+    point_spread: int
+    max_cost: int
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        if self.reward_rule not in REWARD_RULES:
+            raise StatementError(
+                f"reward_rule must be one of {REWARD_RULES}, got {self.reward_rule!r}"
+            )
+
+
+@dataclass(frozen=True)
+class StatementLine:
+    """What a statement says about one owner.
+
+    Attributes
+    ----------
+    owner : str
+    points_read, points_delivered : int
+    epsilon_session, epsilon_payout : int
+        Micro-epsilon charged to the owner's ledger by the session and by the payout release.
+    read_charge, delivered_charge, epsilon_charge, minimum_topup : int
+        The price components, micro-credits (:class:`~dpmarket.common.market.pricing.Charge`).
+    value : int
+        The owner's noisy value, nano-value (may be negative).
+    reward : int
+        Its reward, micro-credits.
+    quoted : int
+        Its charge in the quote (the most it could be), micro-credits.
+
+    Raises
+    ------
+    StatementError
+        If a field is of the wrong type or out of range, or more points are delivered than read.
+    """
+
+    owner: str
+    points_read: int
+    points_delivered: int
+    epsilon_session: int
+    epsilon_payout: int
+    read_charge: int
+    delivered_charge: int
+    epsilon_charge: int
+    minimum_topup: int
+    value: int
+    reward: int
+    quoted: int
+
+    def __post_init__(self) -> None:
+        _check_fields(self, signed=("value",))
+        if self.points_delivered > self.points_read:
+            raise StatementError(
+                f"owner {self.owner!r}: {self.points_delivered} points delivered but only "
+                f"{self.points_read} read"
+            )
+
+    @property
+    def charge(self) -> int:
+        """The owner's charge for the session's releases, micro-credits."""
+        return self.read_charge + self.delivered_charge + self.epsilon_charge + self.minimum_topup
+
+    @property
+    def total(self) -> int:
+        """What the consumer owes the owner: its charge and its reward, micro-credits."""
+        return self.charge + self.reward
+
+
+def _to_json(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+def _dump(tag: bytes, document: dict[str, Any]) -> bytes:
+    text = json.dumps(
+        document, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
+    return tag + text.encode("ascii")
+
+
+@dataclass(frozen=True)
+class Statement:
+    """A session's settlement statement (see the module).
+
+    Attributes
+    ----------
+    header : StatementHeader
+    lines : tuple of StatementLine
+        Sorted by owner on construction; owners unique.
+
+    Raises
+    ------
+    StatementError
+        If two lines name the same owner.
+    """
+
+    header: StatementHeader
+    lines: tuple[StatementLine, ...]
+
+    def __post_init__(self) -> None:
+        lines = tuple(sorted(self.lines, key=lambda line: line.owner))
+        owners = [line.owner for line in lines]
+        if len(set(owners)) != len(owners):
+            raise StatementError(f"a statement has one line per owner, got {owners}")
+        object.__setattr__(self, "lines", lines)
+
+    @property
+    def total(self) -> int:
+        """What the consumer owes in all, micro-credits."""
+        return sum(line.total for line in self.lines)
+
+    def encode(self) -> bytes:
+        """The canonical bytes (see the module): what the curator signs."""
+        return _dump(
+            _STATEMENT_TAG,
+            {"header": _to_json(self.header), "lines": [_to_json(line) for line in self.lines]},
+        )
+
+    def for_owner(self, owner: str) -> OwnerStatement:
+        """The header and ``owner``'s line: what that owner receives.
+
+        Raises
+        ------
+        KeyError
+            If the statement has no line for ``owner``.
+        """
+        for line in self.lines:
+            if line.owner == owner:
+                return OwnerStatement(self.header, line)
+        raise KeyError(f"the statement has no line for owner {owner!r}")
+
+
+@dataclass(frozen=True)
+class OwnerStatement:
+    """One owner's part of a statement: the header and its line."""
+
+    header: StatementHeader
+    line: StatementLine
+
+    def encode(self) -> bytes:
+        """The canonical bytes (see the module): what the curator signs for the owner."""
+        return _dump(_OWNER_TAG, {"header": _to_json(self.header), "line": _to_json(self.line)})
+
+
+def _parse(data: bytes, tag: bytes, keys: set[str]) -> dict[str, Any]:
+    if not isinstance(data, bytes | bytearray) or not bytes(data).startswith(tag):
+        raise StatementError(f"not a statement: the bytes do not start with {tag!r}")
+    try:
+        document = json.loads(bytes(data)[len(tag) :].decode("ascii"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StatementError(f"not a statement: {exc}") from None
+    if not isinstance(document, dict) or set(document) != keys:
+        raise StatementError(f"a statement holds exactly the keys {sorted(keys)}")
+    return document
+
+
+def _build(cls: type[Any], item: Any) -> Any:
+    names = {f.name for f in fields(cls)}
+    if not isinstance(item, dict) or set(item) != names:
+        raise StatementError(f"a {cls.__name__} holds exactly the keys {sorted(names)}")
+    return cls(**item)
+
+
+def _canonical(document: Statement | OwnerStatement, data: bytes) -> None:
+    if document.encode() != bytes(data):
+        raise StatementError("the bytes are not the canonical encoding of the statement")
+
+
+def decode_statement(data: bytes) -> Statement:
+    """Parse a statement's canonical bytes.
+
+    Raises
+    ------
+    StatementError
+        If the bytes are not a statement, hold a field of the wrong type or range, or are not
+        exactly its canonical encoding (other key order, spacing, escapes or line order).
+    """
+    document = _parse(data, _STATEMENT_TAG, {"header", "lines"})
+    if not isinstance(document["lines"], list):
+        raise StatementError("a statement's lines are a list")
+    statement = Statement(
+        _build(StatementHeader, document["header"]),
+        tuple(_build(StatementLine, item) for item in document["lines"]),
+    )
+    _canonical(statement, data)
+    return statement
+
+
+def decode_owner_statement(data: bytes) -> OwnerStatement:
+    """Parse an owner statement's canonical bytes (as :func:`decode_statement`)."""
+    document = _parse(data, _OWNER_TAG, {"header", "line"})
+    statement = OwnerStatement(
+        _build(StatementHeader, document["header"]), _build(StatementLine, document["line"])
+    )
+    _canonical(statement, data)
+    return statement
+
+
+def sign_statement(document: Statement | OwnerStatement, key: PrivateKey) -> bytes:
+    """Sign a statement's canonical bytes.
+
+    Parameters
+    ----------
+    document : Statement or OwnerStatement
+    key : cryptography EllipticCurvePrivateKey or Ed25519PrivateKey
+        The curator's certificate key (ECDSA with SHA-256 for an EC key, as the deployment's
+        P-256 certificates; Ed25519 as is).
+
+    Returns
+    -------
+    bytes
+        The signature (DER for ECDSA, 64 bytes for Ed25519).
+
+    Raises
+    ------
+    TypeError
+        If ``key`` is of another kind.
+    """
+    data = document.encode()
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        return key.sign(data, ec.ECDSA(hashes.SHA256()))
+    if isinstance(key, ed25519.Ed25519PrivateKey):
+        return key.sign(data)
+    raise TypeError(f"statements are signed with an EC or Ed25519 private key, got {type(key)}")
+
+
+def verify_statement(
+    document: Statement | OwnerStatement, signature: bytes, key: PublicKey
+) -> None:
+    """Check a statement's signature over its canonical bytes.
+
+    Raises
+    ------
+    StatementError
+        If the signature does not verify (any field changed, another key, another document).
+    TypeError
+        If ``key`` is of another kind.
+    """
+    data = document.encode()
+    try:
+        if isinstance(key, ec.EllipticCurvePublicKey):
+            key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+        elif isinstance(key, ed25519.Ed25519PublicKey):
+            key.verify(signature, data)
+        else:
+            raise TypeError(
+                f"statements are verified with an EC or Ed25519 public key, got {type(key)}"
+            )
+    except InvalidSignature:
+        raise StatementError(
+            f"the statement of session {document.header.session_id!r} does not carry a valid "
+            f"signature of this key: refuse it"
+        ) from None
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """The curator's record of one owner in a finished session (the input of :func:`settle`).
+
+    Attributes
+    ----------
+    points_read : int
+        Raw points the owner released to the curator (its ledger's count).
+    points_delivered : int
+        Of them, points in the delivered summary.
+    epsilon_session : float
+        Epsilon the session charged the owner's ledger (its terms).
+    epsilon_payout : float
+        Epsilon the payout release charged it (0 for an owner with no delivered point).
+    """
+
+    points_read: int
+    points_delivered: int
+    epsilon_session: float
+    epsilon_payout: float = 0.0
+
+
+def _prior(release: PayoutRelease | None) -> tuple[int, int]:
+    """The value rule's prior constants, or zeros."""
+    if release is not None and isinstance(release.rule, ValueReward):
+        return release.rule.point_mean, release.rule.point_spread
+    return 0, 0
+
+
+def settle(
+    session_id: str,
+    consumer: str,
+    quoted: Quote,
+    prices: Mapping[str, OwnerPrices],
+    records: Mapping[str, SessionRecord],
+    release: PayoutRelease | None = None,
+) -> Statement:
+    """Write a session's statement from its quote, the owners' prices, what each released and
+    the payout release.
+
+    Parameters
+    ----------
+    session_id, consumer : str
+    quoted : Quote
+        The quote the request was accepted under.
+    prices : mapping of str to OwnerPrices
+    records : mapping of str to SessionRecord
+        Every owner the session opened with (a left-out owner released nothing and has no line).
+    release : PayoutRelease, optional
+        The payout release (:func:`~dpmarket.common.market.payouts.release_payouts`); without
+        one, every value and reward is 0.
+
+    Returns
+    -------
+    Statement
+
+    Raises
+    ------
+    ValueError
+        If an owner has no prices or no quote line, the release's delivered counts differ from
+        the records, an owner with delivered points is missing from the release, or an owner's
+        points read or delivered, epsilon or charge, or the total, exceed the quote (the session
+        took more than its terms allowed).
+    """
+    values: dict[str, int] = {}
+    rewards: dict[str, int] = {}
+    if release is not None:
+        for owner, n, value, reward in zip(
+            release.owners, release.counts, release.value_units(), release.payouts, strict=True
+        ):
+            values[owner], rewards[owner] = value, reward
+            if owner in records and records[owner].points_delivered != int(n):
+                raise ValueError(
+                    f"owner {owner!r}: the release counts {int(n)} delivered "
+                    f"points, the record {records[owner].points_delivered}"
+                )
+    lines = []
+    for owner, record in records.items():
+        if owner not in prices:
+            raise ValueError(f"owner {owner!r} has no prices")
+        limit = quoted.line(owner)
+        if release is not None and record.points_delivered > 0 and owner not in values:
+            raise ValueError(f"owner {owner!r} delivered points but is not in the payout release")
+        eps_session = epsilon_units(record.epsilon_session)
+        eps_payout = epsilon_units(record.epsilon_payout)
+        charge = owner_charge(
+            prices[owner], record.points_read, record.points_delivered, eps_session + eps_payout
+        )
+        allowed = limit.charge
+        for what, used, most in (
+            ("points read", charge.points_read, allowed.points_read),
+            ("points delivered", charge.points_delivered, allowed.points_delivered),
+            ("micro-epsilon", charge.epsilon_units, allowed.epsilon_units),
+        ):
+            if used > most:
+                raise ValueError(
+                    f"owner {owner!r}: {used} {what}, more than the {most} of its quote: the "
+                    f"session exceeded its terms"
+                )
+        if charge.total > limit.charge.total:
+            raise ValueError(
+                f"owner {owner!r} is owed {format_credits(charge.total)} credits, more than its "
+                f"quote of {format_credits(limit.charge.total)}: the session exceeded its terms"
+            )
+        lines.append(
+            StatementLine(
+                owner=owner,
+                points_read=charge.points_read,
+                points_delivered=charge.points_delivered,
+                epsilon_session=eps_session,
+                epsilon_payout=eps_payout,
+                read_charge=charge.read,
+                delivered_charge=charge.delivered,
+                epsilon_charge=charge.epsilon,
+                minimum_topup=charge.minimum_topup,
+                value=values.get(owner, 0),
+                reward=rewards.get(owner, 0),
+                quoted=limit.charge.total,
+            )
+        )
+    header = StatementHeader(
+        session_id=session_id,
+        consumer=consumer,
+        summary_size=quoted.summary_size,
+        payout_epsilon=epsilon_units(release.epsilon) if release is not None else 0,
+        noise_scale=value_units(release.noise_scale) if release is not None else 0,
+        reward_rule=release.rule.name if release is not None else "none",
+        reward=release.rule.reward if release is not None else 0,
+        point_mean=_prior(release)[0],
+        point_spread=_prior(release)[1],
+        max_cost=quoted.total,
+    )
+    statement = Statement(header, tuple(lines))
+    if statement.total > quoted.total:
+        raise ValueError(
+            f"the statement totals {format_credits(statement.total)} credits, more than the "
+            f"quote's {format_credits(quoted.total)}"
+        )
+    return statement
+
+
+@dataclass(frozen=True)
+class SettlementTerms:
+    """What the session's terms fixed about its settlement before it opened (the owner signed
+    them): what the statement's header must say.
+
+    Attributes
+    ----------
+    summary_size : int
+        p.
+    validation_size : int
+        m (the noise scale depends on it).
+    payout_epsilon : float
+        The payout release's epsilon (0: no payout release).
+    reward_rule : {"none", "value", "proportional"}
+    reward : int
+        The rule's reward, micro-credits (0 without a rule).
+    point_mean, point_spread : int
+        The value rule's prior (:class:`~dpmarket.common.market.payouts.ValueReward`), ignored
+        by the other rules.
+
+    Raises
+    ------
+    ValueError
+        If a value is out of range, or a payout epsilon comes without a rule or a rule without it.
+    """
+
+    summary_size: int
+    validation_size: int
+    payout_epsilon: float = 0.0
+    reward_rule: str = "none"
+    reward: int = 0
+    point_mean: int = POINT_VALUE_MEAN
+    point_spread: int = POINT_VALUE_SPREAD
+
+    def __post_init__(self) -> None:
+        for name in ("summary_size", "validation_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.reward_rule not in REWARD_RULES:
+            raise ValueError(f"reward_rule must be one of {REWARD_RULES}, got {self.reward_rule!r}")
+        if (self.reward_rule == "none") != (self.payout_epsilon == 0):
+            raise ValueError(
+                f"a payout release needs both a reward rule and an epsilon > 0, got rule "
+                f"{self.reward_rule!r} and epsilon {self.payout_epsilon}"
+            )
+        epsilon_units(self.payout_epsilon)
+
+    def rule(self) -> ValueReward | ProportionalSplit | None:
+        """The reward rule the terms fixed (None without a payout release)."""
+        if self.reward_rule == "value":
+            return ValueReward(self.reward, self.point_mean, self.point_spread)
+        if self.reward_rule == "proportional":
+            return ProportionalSplit(self.reward)
+        return None
+
+    def header_fields(self) -> dict[str, int | str]:
+        """The header fields these terms decide, as the statement states them."""
+        rule = self.rule()
+        if rule is None:
+            return {
+                "summary_size": self.summary_size,
+                "payout_epsilon": 0,
+                "noise_scale": 0,
+                "reward_rule": "none",
+                "reward": 0,
+                "point_mean": 0,
+                "point_spread": 0,
+            }
+        scale = payout_noise_scale(
+            self.validation_size, self.summary_size, self.payout_epsilon, rule
+        )
+        prior = (rule.point_mean, rule.point_spread) if isinstance(rule, ValueReward) else (0, 0)
+        return {
+            "summary_size": self.summary_size,
+            "payout_epsilon": epsilon_units(self.payout_epsilon),
+            "noise_scale": value_units(scale),
+            "reward_rule": self.reward_rule,
+            "reward": self.reward,
+            "point_mean": prior[0],
+            "point_spread": prior[1],
+        }
+
+
+@dataclass(frozen=True)
+class OwnerRecord:
+    """An owner's own record of a session, from its ledger (what it checks a statement against).
+
+    Attributes
+    ----------
+    session_id : str
+    consumer : str
+        The consumer its ledger recorded for the session.
+    points_released : int
+        Raw points it released to the curator in the session.
+    epsilon_session : float
+        Epsilon its ledger charged for the session.
+    epsilon_payout : float
+        Epsilon its ledger charged for the session's payout release (0 if none).
+    """
+
+    session_id: str
+    consumer: str
+    points_released: int
+    epsilon_session: float
+    epsilon_payout: float = 0.0
+
+
+def check_statement(
+    document: OwnerStatement,
+    record: OwnerRecord,
+    prices: OwnerPrices,
+    terms: SettlementTerms,
+    *,
+    owner: str,
+    quoted_charge: int | None = None,
+) -> None:
+    """An owner's check of its statement against its own record and prices.
+
+    Checks that the statement is for this owner and session; that its header states the
+    settlement the terms fixed (p, the payout epsilon, the noise scale recomputed from the
+    public m and p, the reward rule and reward); that the points read and the
+    epsilon charged are those of the owner's ledger (each epsilon as
+    :func:`~dpmarket.common.market.money.epsilon_units` of the ledger's float); that no more
+    points were delivered than released; that every price component is the owner's price applied
+    to these figures; that the reward follows the header's rule (recomputed exactly for
+    :class:`~dpmarket.common.market.payouts.ValueReward`; within ``[0, reward]`` for the
+    proportional split, which depends on the other owners' values; 0 without a rule); and, if
+    ``quoted_charge`` is given (the owner's own quote line), that the line states it and the
+    charge stays within it. Verify the signature first (:func:`verify_statement`).
+
+    Parameters
+    ----------
+    document : OwnerStatement
+    record : OwnerRecord
+    prices : OwnerPrices
+        The prices the owner's policy set for the session.
+    terms : SettlementTerms
+        The settlement its terms fixed.
+    owner : str
+        The owner's own name (from its certificate).
+    quoted_charge : int, optional
+        The owner's charge in the quote, micro-credits, as it computed it from its terms.
+
+    Raises
+    ------
+    StatementMismatchError
+        Listing every field that differs; the owner refuses the statement.
+    """
+    line, header = document.line, document.header
+    problems: list[str] = []
+
+    def expect(name: str, stated: object, own: object) -> None:
+        if stated != own:
+            problems.append(f"{name}: the statement says {stated!r}, the owner's record {own!r}")
+
+    expect("owner", line.owner, owner)
+    expect("session_id", header.session_id, record.session_id)
+    expect("consumer", header.consumer, record.consumer)
+    for name, value in terms.header_fields().items():
+        expect(name, getattr(header, name), value)
+    expect("points_read", line.points_read, record.points_released)
+    expect("epsilon_session", line.epsilon_session, epsilon_units(record.epsilon_session))
+    expect("epsilon_payout", line.epsilon_payout, epsilon_units(record.epsilon_payout))
+    if line.points_delivered > header.summary_size:
+        problems.append(
+            f"points_delivered: {line.points_delivered} is more than the summary's "
+            f"{header.summary_size} points"
+        )
+    try:
+        own = owner_charge(
+            prices,
+            record.points_released,
+            line.points_delivered,
+            epsilon_units(record.epsilon_session) + epsilon_units(record.epsilon_payout),
+        )
+    except ValueError as exc:
+        problems.append(str(exc))
+    else:
+        expect("read_charge", line.read_charge, own.read)
+        expect("delivered_charge", line.delivered_charge, own.delivered)
+        expect("epsilon_charge", line.epsilon_charge, own.epsilon)
+        expect("minimum_topup", line.minimum_topup, own.minimum_topup)
+    if header.reward_rule == "value":
+        reward = None
+        if line.points_delivered <= header.summary_size:
+            rule = ValueReward(header.reward, header.point_mean, header.point_spread)
+            reward = rule.payout(
+                line.value, line.points_delivered, header.summary_size, header.noise_scale
+            )
+        expect("reward", line.reward, reward)
+    elif header.reward_rule == "proportional":
+        if not 0 <= line.reward <= header.reward:
+            problems.append(f"reward: {line.reward} is outside [0, {header.reward}]")
+    else:
+        expect("reward", line.reward, 0)
+    if line.points_delivered == 0:
+        expect("value", line.value, 0)
+    if quoted_charge is not None:
+        expect("quoted", line.quoted, quoted_charge)
+    if line.charge > line.quoted:
+        problems.append(f"charge: {line.charge} is more than the quoted {line.quoted}")
+    if problems:
+        raise StatementMismatchError(
+            f"refused the statement of session {header.session_id!r}: " + "; ".join(problems)
+        )

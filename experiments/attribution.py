@@ -1,0 +1,490 @@
+"""The market's value attribution on the scenario suite (``dpmarket lab evaluate --attribution``).
+
+For every suite scenario with at most :data:`MAX_OWNERS` owners, the default method's summary
+(run in process, :func:`dpmarket.experiments.runner.simulate`, as ``evaluate --suite`` runs it:
+epsilon 1 per party, the owners' sketches published in process) is attributed to its owners
+(:mod:`dpmarket.common.market`) and the private payouts are drawn many times at each payout
+epsilon. Reported per scenario, as means over session seeds and noise draws, Spearman rank
+correlations with the exact, non-private Shapley values of
+
+* the embedding game the payouts release (:class:`~dpmarket.common.market.EmbeddingGame`),
+  whose rank agreement measures what the privacy costs; and
+* the paper's game ``v(C) = J(S_C)`` (the issue's utility), which adds the change of utility;
+
+of the private payouts (:class:`~dpmarket.common.market.ValueReward`, the default, and the
+budget-balanced :class:`~dpmarket.common.market.ProportionalSplit`), of the same value rule
+without its shrinkage (the noisy value clipped to ``[0, n_j / p]``), and, without noise, of the
+delivered counts ``n_j`` alone (no privacy needed: each owner knows its own), the paper's rule,
+leave-one-out and the embedding game's values.
+
+The value rule's prior (:data:`~dpmarket.common.market.payouts.POINT_VALUE_MEAN`,
+:data:`~dpmarket.common.market.payouts.POINT_VALUE_SPREAD`) is fitted on the design half of the
+suite's split (``experiments/suite_split.toml``, :func:`prior_fit`; the embedding game's Shapley
+values are in closed form whatever K); each scenario's half is reported beside it, and the
+held-out half is the measure.
+
+And the cost: the time of the attribution (kernel blocks, the paper's rule, exact Shapley values
+of the paper's game over 2^16 coalitions, leave-one-out, the embedding game's closed form) and
+of the payout release and the signed statements, at K = 16 and p = 200, against the default
+session's own time in process.
+
+Owners with no delivered point have value 0 under every rule and receive exactly 0; the rank
+correlation runs over all K owners (ties ranked by their mean rank). A constant vector (every
+payout 0) counts as a correlation of 0.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from scipy.stats import rankdata
+
+from dpmarket.common.market import (
+    ObjectiveGame,
+    OwnerLimits,
+    OwnerPrices,
+    ProportionalSplit,
+    SessionRecord,
+    SummaryBlocks,
+    ValueReward,
+    embedding_shapley,
+    exact_shapley,
+    leave_one_out,
+    paper_rule,
+    payout_noise_scale,
+    quote,
+    release_payouts,
+    settle,
+    sign_statement,
+)
+from dpmarket.common.market.payouts import POINT_VALUE_MEAN, POINT_VALUE_SPREAD
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.experiments.suite_split import load_split, require_design
+
+__all__ = [
+    "COST_SCENARIOS",
+    "EPSILONS",
+    "MAX_OWNERS",
+    "ScenarioAttribution",
+    "attribution_table",
+    "prior_fit",
+    "run_attribution",
+    "spearman",
+]
+
+#: Suite scenarios with at most this many owners are measured (the issue's goal).
+MAX_OWNERS = 16
+#: Payout epsilons measured.
+EPSILONS: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 10.0)
+#: The issue's goal: Spearman of the payouts at epsilon 1 against exact Shapley values.
+GOAL = 0.9
+#: Scenarios of the cost measurement (K = 16) and their summary size.
+COST_SCENARIOS: tuple[str, ...] = ("digits-16", "txhousing-16")
+COST_P = 200
+#: Noise draws per session and epsilon.
+DRAWS = 200
+
+
+def spearman(x: NDArray[np.float64], y: NDArray[np.float64]) -> float:
+    """Spearman's rank correlation with mean ranks for ties; 0 if either vector is constant."""
+    rx, ry = rankdata(x), rankdata(y)
+    sx, sy = rx.std(), ry.std()
+    if sx == 0 or sy == 0:
+        return 0.0
+    return float(((rx - rx.mean()) * (ry - ry.mean())).mean() / (sx * sy))
+
+
+@dataclass
+class ScenarioAttribution:
+    """One scenario's measurements (means over session seeds; lists per seed where noted)."""
+
+    name: str
+    half: str
+    owners: int
+    m: int
+    p: int
+    delivering: list[int] = field(default_factory=list)
+    #: Without noise, per seed, against the paper's game's Shapley values.
+    paper_rule: list[float] = field(default_factory=list)
+    leave_one_out: list[float] = field(default_factory=list)
+    embedding: list[float] = field(default_factory=list)
+    counts_j: list[float] = field(default_factory=list)
+    #: The delivered counts against the embedding game's Shapley values.
+    counts_e: list[float] = field(default_factory=list)
+    #: Per seed: ``J(S)``, the summary's value (every game's grand value), and the standard
+    #: deviation of the embedding game's exact values over the owners with a delivered point
+    #: divided by the payout noise scale at epsilon 1 (value rule): how much of the ranking the
+    #: noise leaves.
+    grand: list[float] = field(default_factory=list)
+    signal_noise: list[float] = field(default_factory=list)
+    #: ``{rule: {epsilon: [mean Spearman per seed]}}`` of the payouts against the paper's game's
+    #: Shapley values (``payouts_j``) and the embedding game's (``payouts_e``); ``payouts_j5``:
+    #: the 5th percentile over draws.
+    payouts_j: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    payouts_e: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    payouts_j5: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    #: ``{epsilon: [...]}``: the value rule's release paid without shrinkage.
+    unshrunk_j: dict[str, list[float]] = field(default_factory=dict)
+    unshrunk_e: dict[str, list[float]] = field(default_factory=dict)
+
+
+def _summary(name: str, seed: int) -> tuple[Any, Any]:
+    """The default method's summary on a suite scenario, run as ``evaluate --suite`` runs it."""
+    from dpmarket.experiments.runner import publish_sketches, simulate
+    from dpmarket.experiments.suite_eval import DELTA, EPSILON, SuiteSetting
+
+    runner_scenario = _scenario(name)
+    sketches = publish_sketches(
+        runner_scenario.owners,
+        runner_scenario.sketch_mechanism(EPSILON, delta=DELTA),
+        seed=1000 + seed,
+    )
+    result = simulate(
+        runner_scenario.owners,
+        runner_scenario.validation,
+        runner_scenario.seed_set,
+        SuiteSetting().config(runner_scenario),
+        seed=seed,
+        owner_sketches=sketches,
+    )
+    return runner_scenario, result
+
+
+_SCENARIOS: dict[str, Any] = {}
+
+
+def _scenario(name: str) -> Any:
+    from dpmarket.experiments.suite import suite_scenario
+
+    if name not in _SCENARIOS:
+        _SCENARIOS[name] = suite_scenario(name, 0)
+    return _SCENARIOS[name]
+
+
+def measure_scenario(
+    name: str, seeds: int, epsilons: Sequence[float], draws: int = DRAWS
+) -> ScenarioAttribution:
+    """Attribute the default method's summaries of one scenario and draw its private payouts.
+
+    Parameters
+    ----------
+    name : str
+        A suite scenario.
+    seeds : int
+        Session seeds 0 .. seeds - 1.
+    epsilons : sequence of float
+        Payout epsilons.
+    draws : int
+        Payout releases drawn per seed and epsilon (noise seeded per seed).
+    """
+    scenario = _scenario(name)
+    owners = tuple(o.name for o in scenario.owners)
+    out = ScenarioAttribution(
+        name,
+        load_split().half_of(name),
+        len(owners),
+        scenario.validation.shape[0],
+        scenario.default_p,
+    )
+    rules: dict[str, ValueReward | ProportionalSplit] = {
+        "value": ValueReward(10**6),
+        "proportional": ProportionalSplit(10**6),
+    }
+    keys = [f"{e:g}" for e in epsilons]
+    for table in (out.payouts_j, out.payouts_e, out.payouts_j5):
+        table.update({rule: {k: [] for k in keys} for rule in rules})
+    out.unshrunk_j.update({k: [] for k in keys})
+    out.unshrunk_e.update({k: [] for k in keys})
+    for seed in range(seeds):
+        _, result = _summary(name, seed)
+        blocks = SummaryBlocks.from_summary(
+            result.points, result.owner_ids, scenario.validation, scenario.gamma, owners=owners
+        )
+        game = ObjectiveGame(blocks)
+        shapley = exact_shapley(game).values
+        embedded = embedding_shapley(blocks).values
+        share = blocks.counts / blocks.p
+        out.delivering.append(int((blocks.counts > 0).sum()))
+        out.paper_rule.append(spearman(paper_rule(game).values, shapley))
+        out.leave_one_out.append(spearman(leave_one_out(game).values, shapley))
+        out.embedding.append(spearman(embedded, shapley))
+        out.counts_j.append(spearman(share, shapley))
+        out.counts_e.append(spearman(share, embedded))
+        out.grand.append(game.grand_value())
+        active = blocks.counts > 0
+        scale = payout_noise_scale(blocks.m, blocks.p, 1.0, rules["value"])
+        out.signal_noise.append(float(embedded[active].std() / scale))
+        for rule_name, rule in rules.items():
+            noise = SeededNoise(np.random.default_rng(10_000 * seed + 7))
+            for eps, key in zip(epsilons, keys, strict=True):
+                against_j, against_e, raw_j, raw_e = [], [], [], []
+                for _ in range(draws):
+                    release = release_payouts(blocks, eps, rule, noise)
+                    pays = np.array(release.payouts, np.float64)
+                    against_j.append(spearman(pays, shapley))
+                    against_e.append(spearman(pays, embedded))
+                    if rule_name == "value":
+                        raw = np.clip(release.values, 0.0, share)
+                        raw_j.append(spearman(raw, shapley))
+                        raw_e.append(spearman(raw, embedded))
+                out.payouts_j[rule_name][key].append(float(np.mean(against_j)))
+                out.payouts_e[rule_name][key].append(float(np.mean(against_e)))
+                out.payouts_j5[rule_name][key].append(float(np.percentile(against_j, 5)))
+                if rule_name == "value":
+                    out.unshrunk_j[key].append(float(np.mean(raw_j)))
+                    out.unshrunk_e[key].append(float(np.mean(raw_e)))
+    return out
+
+
+def prior_fit(seeds: int = 2) -> dict[str, Any]:
+    """The value rule's prior fitted on the design half of the suite (empirical Bayes): the mean
+    and the standard deviation, over the owners with a delivered point, of a point's value
+    ``phi_j / (n_j / p)`` (the embedding game's exact Shapley value per share of the summary)
+    on every design scenario, whatever its K (the values are in closed form), session seeds
+    0 .. seeds - 1. How :data:`~dpmarket.common.market.payouts.POINT_VALUE_MEAN` and
+    :data:`~dpmarket.common.market.payouts.POINT_VALUE_SPREAD` were chosen (rounded to 0.01).
+
+    Raises
+    ------
+    dpmarket.experiments.suite_split.HeldOutScenarioError
+        Never for the recorded split (the check guards against a held-out scenario).
+    """
+    names = load_split().design
+    require_design(names, "the value rule's prior")
+    per_point: list[float] = []
+    for name in names:
+        scenario = _scenario(name)
+        owners = tuple(o.name for o in scenario.owners)
+        for seed in range(seeds):
+            _, result = _summary(name, seed)
+            blocks = SummaryBlocks.from_summary(
+                result.points,
+                result.owner_ids,
+                scenario.validation,
+                scenario.gamma,
+                owners=owners,
+            )
+            share = blocks.counts / blocks.p
+            active = share > 0
+            per_point += list(embedding_shapley(blocks).values[active] / share[active])
+    values = np.array(per_point)
+    return {
+        "scenarios": list(names),
+        "seeds": seeds,
+        "owners": int(values.size),
+        "point_mean": float(values.mean()),
+        "point_spread": float(values.std()),
+    }
+
+
+def measure_cost(name: str, p: int = COST_P, repeats: int = 7) -> dict[str, Any]:
+    """Seconds of the default session, of the attribution and of payout + statement, K = 16.
+
+    The attribution is what a curator would run after the session: the kernel blocks, the
+    paper's rule, exact Shapley values of the paper's game (2^16 coalitions), leave-one-out and
+    the embedding game's closed form; the payout step releases the noisy values, quotes, settles
+    and signs the statement (ECDSA P-256). The least of ``repeats`` runs of each (the run least
+    disturbed by other work on the machine), and their ratio.
+    """
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from dpmarket.common.privacy.noise import OpenDPNoise
+    from dpmarket.experiments.runner import publish_sketches, simulate
+    from dpmarket.experiments.suite_eval import DELTA, EPSILON, SuiteSetting
+
+    scenario = _scenario(name)
+    owners = tuple(o.name for o in scenario.owners)
+    config = replace(SuiteSetting().config(scenario), summary_size=p)
+    sketches = publish_sketches(
+        scenario.owners, scenario.sketch_mechanism(EPSILON, delta=DELTA), seed=1000
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    session, attribution, settlement = [], [], []
+    for r in range(repeats):
+        start = time.perf_counter()
+        result = simulate(
+            scenario.owners,
+            scenario.validation,
+            scenario.seed_set,
+            config,
+            seed=r,
+            owner_sketches=sketches,
+        )
+        session.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        blocks = SummaryBlocks.from_summary(
+            result.points, result.owner_ids, scenario.validation, scenario.gamma, owners=owners
+        )
+        game = ObjectiveGame(blocks)
+        paper_rule(game)
+        exact_shapley(game)
+        leave_one_out(game)
+        embedding_shapley(blocks)
+        attribution.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        rule = ValueReward(10**6)
+        release = release_payouts(blocks, 1.0, rule, OpenDPNoise())
+        prices = {o: OwnerPrices(1, 10, 1000, 0) for o in owners}
+        limits = {o: OwnerLimits(3 * p, 0.0, release.epsilon) for o in owners}
+        quoted = quote(prices, limits, p, rule)
+        counts = dict(zip(owners, (int(n) for n in blocks.counts), strict=True))
+        spend = result.report.owner_spend
+        records = {
+            o: SessionRecord(
+                spend[o].points if o in spend else counts[o],
+                counts[o],
+                0.0,
+                release.owner_epsilon(o),
+            )
+            for o in owners
+        }
+        statement = settle("cost", "consumer", quoted, prices, records, release)
+        sign_statement(statement, key)
+        for o in owners:
+            sign_statement(statement.for_owner(o), key)
+        settlement.append(time.perf_counter() - start)
+    return {
+        "scenario": name,
+        "owners": len(owners),
+        "p": p,
+        "session_seconds": min(session),
+        "attribution_seconds": min(attribution),
+        "payout_seconds": min(settlement),
+        "overhead": (min(attribution) + min(settlement)) / min(session),
+    }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if values else float("nan")
+
+
+def attribution_table(
+    results: Sequence[ScenarioAttribution], epsilons: Sequence[float]
+) -> tuple[Table, Table]:
+    """Two tables of Spearman correlations, each within 80 columns for five epsilons: against the
+    embedding game's exact Shapley values (the payouts' own utility: the cost of privacy) and
+    against the paper's game's, with the summary's value ``J(S)`` and the values' spread over the
+    noise at epsilon 1 (``sd/b``); each row names its scenario's half of the suite's split
+    (``h``: D design, H held-out; the held-out half is the measure). ``n_j``: ranking by the
+    delivered counts; ``raw``: the value rule's release paid without shrinkage, epsilon 1;
+    ``prop``: the proportional split, epsilon 1; ``rule``: the paper's rule; ``e``: the
+    embedding game's exact values; ``p5 1``: the 5th percentile over draws at epsilon 1."""
+    keys = [f"{e:g}" for e in epsilons]
+
+    def table(title: str, columns: Sequence[str]) -> Table:
+        out = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        for name in columns:
+            left = name in ("scenario", "h")
+            out.add_column(name, justify="left" if left else "right", no_wrap=True)
+        return out
+
+    own = table(
+        "Spearman with the embedding game's exact Shapley values (value rule)",
+        ["scenario", "h", "K/has", "n_j", *(f"ε {k}" for k in keys), "raw", "prop"],
+    )
+    paper = table(
+        "Spearman with the exact Shapley values of J(S_C)",
+        ["scenario", "h", "J(S)", "sd/b", "rule", "LOO", "e", "n_j", "ε 1", "ε 10", "p5 1"],
+    )
+    for r in results:
+        half = "H" if r.half == "held-out" else "D"
+        own.add_row(
+            r.name,
+            half,
+            f"{r.owners}/{_mean(r.delivering):.0f}",
+            f"{_mean(r.counts_e):.2f}",
+            *(f"{_mean(r.payouts_e['value'][k]):.2f}" for k in keys),
+            f"{_mean(r.unshrunk_e.get('1', [])):.2f}",
+            f"{_mean(r.payouts_e['proportional'].get('1', [])):.2f}",
+        )
+        paper.add_row(
+            r.name,
+            half,
+            f"{_mean(r.grand):.2f}",
+            f"{_mean(r.signal_noise):.1f}",
+            f"{_mean(r.paper_rule):.2f}",
+            f"{_mean(r.leave_one_out):.2f}",
+            f"{_mean(r.embedding):.2f}",
+            f"{_mean(r.counts_j):.2f}",
+            f"{_mean(r.payouts_j['value'].get('1', [])):.2f}",
+            f"{_mean(r.payouts_j['value'].get('10', [])):.2f}",
+            f"{_mean(r.payouts_j5['value'].get('1', [])):.2f}",
+        )
+    return own, paper
+
+
+def run_attribution(
+    out_dir: Path,
+    *,
+    seeds: int = 3,
+    epsilons: Sequence[float] = EPSILONS,
+    names: Sequence[str] | None = None,
+    cost: bool = True,
+    prior: bool = True,
+    draws: int = DRAWS,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Measure every suite scenario with at most :data:`MAX_OWNERS` owners (or those named), the
+    cost at K = 16, p = 200 (``cost``) and the value rule's prior (``prior``); write
+    ``<out_dir>/attribution.json`` and print the tables.
+
+    Raises
+    ------
+    ValueError
+        If a named scenario is not in the suite or has more than :data:`MAX_OWNERS` owners.
+    """
+    from dpmarket.experiments.suite import SUITE_NAMES
+
+    console = console or Console()
+    chosen = list(names) if names else list(SUITE_NAMES)
+    results = []
+    for name in chosen:
+        scenario = _scenario(name)
+        if len(scenario.owners) > MAX_OWNERS:
+            if names:
+                raise ValueError(
+                    f"{name} has {len(scenario.owners)} owners, more than "
+                    f"{MAX_OWNERS}: exact Shapley values are the reference"
+                )
+            continue
+        console.print(f"[bold]{name}[/]: {seeds} seed(s) × {len(epsilons)} ε × {draws} draws")
+        results.append(measure_scenario(name, seeds, epsilons, draws))
+    costs = [measure_cost(name) for name in COST_SCENARIOS] if cost else []
+    fit = prior_fit() if prior else {}
+    report = {
+        "seeds": seeds,
+        "draws": draws,
+        "epsilons": list(epsilons),
+        "goal": GOAL,
+        "scenarios": [asdict(r) for r in results],
+        "cost": costs,
+        "prior_fit": fit,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "attribution.json").write_text(json.dumps(report, indent=2))
+    for table in attribution_table(results, epsilons):
+        console.print(table)
+    if fit:
+        console.print(
+            f"value rule's prior fitted on the design half ({len(fit['scenarios'])} scenarios, "
+            f"{fit['owners']} owners): a point's value has mean {fit['point_mean']:.3f} and "
+            f"standard deviation {fit['point_spread']:.3f}; the default is "
+            f"{POINT_VALUE_MEAN / 1e9:g}, {POINT_VALUE_SPREAD / 1e9:g}"
+        )
+    for c in costs:
+        console.print(
+            f"cost {c['scenario']} (K = {c['owners']}, p = {c['p']}): session "
+            f"{c['session_seconds']:.2f} s, attribution {c['attribution_seconds']:.3f} s, payout "
+            f"+ statement {c['payout_seconds']:.3f} s: +{100 * c['overhead']:.1f} %"
+        )
+    return report
