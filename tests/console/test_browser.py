@@ -8,6 +8,10 @@ never a browser Playwright downloads) serve every test. Pages are checked on the
 newcomer reads them: the clinic's remaining budget equals what its own ledger says, the last
 summary's per-owner share equals the consumer's record, a catalogue answer comes with its interval.
 Each role's main page is saved as a screenshot into docs/ (docs/howto-console.md shows them).
+Against another local web server (a stranger's, on another port of 127.0.0.1: the same site for
+the browser's cookies): its page cannot make the consumer's console start a summary or answer a
+form, and it never receives a console's cookie, while the consumer's and the clinic's consoles
+stay signed in side by side.
 """
 
 from __future__ import annotations
