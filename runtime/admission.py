@@ -43,6 +43,12 @@ What a party can make a service hold, in request bytes (its handlers' own memory
 * the health and reflection services: at most :data:`OPEN_CALLS_PER_CALLER` calls per caller and
   :data:`OPEN_CONCURRENT_CALLS` in all, each read up to the server's limit and dropped at once
   when above :data:`SMALL_REQUEST_BYTES`.
+
+and only while the calls run: the exception a call ends with keeps none of its frames
+(:func:`_forgetting`), and a call that received
+:data:`~dpmarket.runtime.allocator.RELEASE_AFTER_BYTES` or more gives the process's free memory
+back when it ends (:func:`~dpmarket.runtime.allocator.release_free_memory`). Reading a message
+holds about twice its size for a moment (gRPC's buffers, then the bytes its parser reads).
 """
 
 from __future__ import annotations
