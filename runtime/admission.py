@@ -45,9 +45,9 @@ What a party can make a service hold, in request bytes (its handlers' own memory
   when above :data:`SMALL_REQUEST_BYTES`.
 
 and only while the calls run: the exception a call ends with keeps none of its frames
-(:func:`_forgetting`), and a call that received
+(:func:`_forgetting`), and the last of the calls in progress that received
 :data:`~dpmarket.runtime.allocator.RELEASE_AFTER_BYTES` or more gives the process's free memory
-back when it ends (:func:`~dpmarket.runtime.allocator.release_free_memory`). Reading a message
+back when it ends (:func:`~dpmarket.runtime.allocator.large_call_ended`). Reading a message
 holds about twice its size for a moment (gRPC's buffers, then the bytes its parser reads).
 """
 
@@ -70,7 +70,7 @@ from dpmarket.common.errors import (
     ResourceExhaustedError,
     UnauthenticatedError,
 )
-from dpmarket.runtime.allocator import RELEASE_AFTER_BYTES, release_free_memory
+from dpmarket.runtime.allocator import RELEASE_AFTER_BYTES, large_call_began, large_call_ended
 from dpmarket.runtime.authz import ROLES_ATTRIBUTE, Authorizer
 from dpmarket.runtime.identity import peer_identity
 from dpmarket.runtime.status import abort_for
@@ -231,13 +231,17 @@ class _Gate:
         limit, rpc = self.limit, self.rpc
 
         def deserialize(raw: bytes) -> Any:
+            received = _received.get()
+            if received is not None:  # a call served by _forgetting, as every call is
+                if received[0] < RELEASE_AFTER_BYTES <= received[0] + len(raw):
+                    large_call_began()
+                received[0] += len(raw)
             if len(raw) > limit:
                 raise RequestTooLargeError(
                     f"a {rpc} request of {len(raw)} bytes exceeds this method's limit of "
                     f"{limit} bytes, set by the service's policy (docs/reference.md, "
                     '"Message limits"): send a smaller request'
                 )
-            _received.set(_received.get() + len(raw))
             if parse is None:
                 return raw
             try:
@@ -371,22 +375,25 @@ def _forgetting(behaviour: Behaviour) -> Behaviour:
     """
 
     async def serve(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-        _received.set(0)
+        received = [0]
+        _received.set(received)
         try:
             return await behaviour(requests, context)
         except (grpc.aio.AbortError, asyncio.CancelledError) as exc:
             _drop_tracebacks(exc)
             raise
         finally:
-            if _received.get() >= RELEASE_AFTER_BYTES:
-                release_free_memory()
+            if received[0] >= RELEASE_AFTER_BYTES:
+                large_call_ended()
 
     return serve
 
 
-#: Request bytes the current call has received (each call is served in its own task, whose
-#: context is its own).
-_received: contextvars.ContextVar[int] = contextvars.ContextVar("received", default=0)
+#: Request bytes the current call has received, in a one-element list: each call is served in
+#: its own task, whose context is its own, and a task its handler starts shares the list.
+_received: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "received", default=None
+)
 
 
 def _drop_tracebacks(exc: BaseException) -> None:

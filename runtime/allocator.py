@@ -19,10 +19,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["RELEASE_AFTER_BYTES", "release_free_memory"]
+__all__ = ["RELEASE_AFTER_BYTES", "large_call_began", "large_call_ended", "release_free_memory"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,3 +71,33 @@ def release_free_memory() -> bool:
         (time.perf_counter() - start) * 1e3,
     )
     return released
+
+
+_lock = threading.Lock()
+_large_calls = 0
+
+
+def large_call_began() -> None:
+    """Count in a call that has received :data:`RELEASE_AFTER_BYTES` or more."""
+    global _large_calls
+    with _lock:
+        _large_calls += 1
+
+
+def large_call_ended() -> None:
+    """Count out a call counted in by :func:`large_call_began`; the last one in progress to end
+    gives the process's free memory back (:func:`release_free_memory`).
+
+    Raises
+    ------
+    RuntimeError
+        If no such call is in progress.
+    """
+    global _large_calls
+    with _lock:
+        if _large_calls < 1:
+            raise RuntimeError("large_call_ended without a large call in progress")
+        _large_calls -= 1
+        last = _large_calls == 0
+    if last:
+        release_free_memory()

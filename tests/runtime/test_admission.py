@@ -339,6 +339,8 @@ class RefusingOwner(ProbeOwner):
     async def Bid(self, request, context, caller):  # type: ignore[no-untyped-def]
         embedding = array_from_proto(request.summary_embedding, "summary_embedding")
         self.decoded.append(weakref.ref(embedding))
+        if self.hold:
+            await self.release.wait()
         raise InvalidArgumentError(f"summary_embedding of {embedding.size} values: refused")
 
 
@@ -383,19 +385,41 @@ def test_a_refused_call_keeps_nothing_of_its_request(
         gc.collect()
 
 
-def test_a_large_call_gives_the_freed_memory_back_when_it_ends(
+def test_the_last_large_call_to_end_gives_the_freed_memory_back(
     pki: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     releases: list[bool] = []
     monkeypatch.setattr(admission, "RELEASE_AFTER_BYTES", 64 << 10)
-    monkeypatch.setattr(admission, "release_free_memory", lambda: releases.append(True) or True)
+    monkeypatch.setattr(allocator, "release_free_memory", lambda: releases.append(True) or True)
     _refuse_bids(pki, calls=3, values=100)  # 800 bytes each: nothing to give back
     assert releases == []
-    _refuse_bids(pki, calls=3, values=(64 << 10) // 8)  # 64 KiB and more each
+    _refuse_bids(pki, calls=3, values=(64 << 10) // 8)  # 64 KiB and more each, one at a time
     assert releases == [True] * 3
-    # glibc's malloc_trim is found and called.
+    # Two large calls in progress at once: only the second to end gives memory back.
+    owner = RefusingOwner()
+    owner.hold = True
+
+    async def scenario(connect, owner, curator):  # type: ignore[no-untyped-def]
+        stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
+        calls = [_code(stub.Bid(_bid(16 << 10), timeout=DEADLINE)) for _ in range(2)]
+        held = [asyncio.ensure_future(call) for call in calls]
+        await _until(lambda: len(owner.decoded) == 2)
+        assert releases == [True] * 3
+        owner.release.set()
+        assert [code for code, _ in await asyncio.gather(*held)] == [
+            grpc.StatusCode.INVALID_ARGUMENT
+        ] * 2
+
+    _run(pki, scenario, owner)
+    assert releases == [True] * 4
+    assert allocator._large_calls == 0
+
+
+def test_malloc_trim_is_found_and_a_call_is_counted_out_once() -> None:
+    assert allocator._TRIM is not None  # glibc, as every supported platform
     assert release_free_memory() in (True, False)
-    assert allocator._TRIM is not None
+    with pytest.raises(RuntimeError, match="without a large call in progress"):
+        allocator.large_call_ended()
 
 
 # ------------------------------------------------------------------ the services' limits
