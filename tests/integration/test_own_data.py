@@ -211,7 +211,7 @@ def test_a_request_needs_every_owner_and_one_up_restarted_is_reachable_at_once(
 
     time.sleep(6.0)  # the owner stays down a while: the curator's channel backs off meanwhile
     started = up(deployment)
-    assert started["senior"] == port
+    assert started.ports["senior"] == port
     code, output = _dpmarket(*health)  # `up` returned: the curator is connected to it
     assert code == 0 and "owner:senior: SERVING" in output, output
     code, output = _dpmarket(*request)
