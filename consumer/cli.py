@@ -344,7 +344,7 @@ def charge_lines(report: SessionReport) -> list[str]:
     list of str
         ``allocation: sketch (...)`` or ``allocation: counts (...)`` (in rich's yellow when the
         sketches were missing) when the method has an allocation, then ``charged: OWNER epsilon
-        E (N points), ...`` when the owners' spends are known.
+        E (N points read), ...`` when the owners' spends are known.
     """
     lines = []
     allocation = report.ledger.candidates
@@ -363,7 +363,7 @@ def charge_lines(report: SessionReport) -> list[str]:
                 charges.append(f"{owner} unknown ({spend.unknown})")
                 continue
             delta = f", delta {spend.delta:g}" if spend.delta else ""
-            charges.append(f"{owner} epsilon {spend.epsilon:g}{delta} ({spend.points} points)")
+            charges.append(f"{owner} epsilon {spend.epsilon:g}{delta} ({spend.points} points read)")
         lines.append("charged: " + ", ".join(charges))
     return lines
 
