@@ -202,10 +202,11 @@ def _allocation_declaration(name: str, features: Sequence[str]) -> str:
     features only, and the curator refuses a spec of another width at start)."""
     return f"""# The sketch the curator's summaries read to split their budget among the owners
 # (curator serve --allocation-sketch-spec {name}/rff): a random-feature sketch of the
-# schema's features, in order, without the label. `dpmarket up` has every owner publish it
-# once, charging epsilon {ALLOCATION_EPSILON:g} to its own ledger; every summary after that
-# charges the owners nothing for the split (without it, each summary charges each owner
-# epsilon 1 for a noisy count). Keep `columns` as the schema's columns but its label.
+# schema's features, in order, without the label (the owners' summarization points have no
+# label: the curator refuses at start a spec of another width). `dpmarket up` has every owner
+# publish it once, charging epsilon {ALLOCATION_EPSILON:g} to its own ledger; the summaries then
+# charge the owners nothing to split their budget (without it, each summary charges each
+# owner epsilon 1 for a noisy count). Keep `columns` the schema's columns but its label.
 name = "{name}"
 schema = "schema.toml"
 columns = {_toml(list(features))}

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 from cryptography import x509
 
-from dpmarket.deploy.cli import main
 from dpmarket.curator.sketches import load_declaration
+from dpmarket.deploy.cli import main
 from dpmarket.deploy.local import (
     ALLOCATION_EPSILON,
     ALLOCATION_FILE,
