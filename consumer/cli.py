@@ -1184,7 +1184,7 @@ def list_command(
     default=None,
     metavar="NAME",
     help="A spec (decl/kind) to answer from, or a declaration whose best sketch per query is "
-    "chosen (default: the only declaration).",
+    "chosen (default: the only declaration besides the curator's allocation spec's).",
 )
 @click.option("--owner", "owners", multiple=True, help="An owner; repeat for their union.")
 @click.option("--all", "all_owners", is_flag=True, help="The union of every owner's sketch.")
@@ -1411,7 +1411,12 @@ def rank_sketches(
     help="The consumer's validation set: .csv/.parquet with the spec's columns by name, or "
     ".npy/.npz with them in order. It never leaves this process.",
 )
-@click.option("--spec", default=None, metavar="NAME", help="An RFF spec (default: the only one).")
+@click.option(
+    "--spec",
+    default=None,
+    metavar="NAME",
+    help="An RFF spec (default: the only one besides the curator's allocation spec's).",
+)
 @click.option("--owner", "owners", multiple=True, help="Rank only these owners (repeat).")
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False), help="JSON.")
 @json_option
