@@ -11,7 +11,12 @@ second after the last answer:
 * ``curator-oversized``: a consumer calls ``CreateSession``, which it may, with a request over
   the method's own receive limit;
 * ``owner-health``: a consumer calls the owner's ``grpc.health.v1`` ``Check``, which every
-  certificate of the deployment may, with an oversized request.
+  certificate of the deployment may, with an oversized request;
+* ``curator-admitted``: a consumer calls ``CreateSession`` with a request of
+  :data:`ADMITTED_MB` MB, under the method's limit, whose validation set (6 columns, about
+  300,000 rows) the curator's policy refuses (``INVALID_ARGUMENT``, after decoding it), in
+  :data:`ADMITTED_ROUNDS` floods one after the other: what a service keeps of requests it read
+  and refused (issue 25: 40 calls and three bursts of 32 left a curator at 2.6 GiB).
 
 Every call must fail (the status of each is recorded). The request bytes are built once and sent
 raw, so the client holds one copy whatever ``--calls``. Run ``python -m bench.memory`` (the
@@ -49,7 +54,12 @@ CASES: dict[str, tuple[str, Role, str]] = {
     "curator-refused": ("curator", "owner", "/dpmarket.v1.CuratorService/CreateSession"),
     "curator-oversized": ("curator", "consumer", "/dpmarket.v1.CuratorService/CreateSession"),
     "owner-health": ("owner", "consumer", "/grpc.health.v1.Health/Check"),
+    "curator-admitted": ("curator", "consumer", "/dpmarket.v1.CuratorService/CreateSession"),
 }
+#: ``curator-admitted``: its request size (MB, whatever ``--size-mb``: under the curator's
+#: 17 MiB ``CreateSession`` limit) and its floods in a row.
+ADMITTED_MB = 15.0
+ADMITTED_ROUNDS = 3
 MIB = 1 << 20
 #: Channel option that lets the client send the largest requests measured.
 SEND_OPTIONS = [("grpc.max_send_message_length", 1 << 30)]
@@ -71,8 +81,15 @@ class Measurement:
 
 def request_bytes(case: str, size: int) -> bytes:
     """A serialized request of about ``size`` bytes for ``case``: one large float64 array."""
-    rows = size // (8 * 64)
-    array = array_pb2.Array(dtype=array_pb2.DTYPE_FLOAT64, shape=[rows, 64], data=bytes(rows * 512))
+    columns = 6 if case == "curator-admitted" else 64
+    rows = size // (8 * columns)
+    array = array_pb2.Array(
+        dtype=array_pb2.DTYPE_FLOAT64, shape=[rows, columns], data=bytes(rows * 8 * columns)
+    )
+    if case == "curator-admitted":
+        return curator_pb2.CreateSessionRequest(
+            validation=array, summary_size=5, method=curator_pb2.METHOD_CANDIDATES
+        ).SerializeToString()
     if case == "owner-refused":
         return owner_pb2.OpenSessionRequest(session_id="probe", omega=array).SerializeToString()
     if case == "owner-health":
@@ -130,18 +147,24 @@ def measure(running: LocalCluster, case: str, calls: int, size_mb: float) -> Mea
         process = psutil.Process(running.curator_process.pid)
     caller = Identity(caller_role, running.owner_ids[0] if caller_role == "owner" else "consumer")
     security = TransportSecurity.from_files(*identity_files(running.pki_dir, caller))
+    admitted = case == "curator-admitted"
+    size_mb = ADMITTED_MB if admitted else size_mb
     payload = request_bytes(case, int(size_mb * 1e6))
     with sync_channel(target, security, expected, SEND_OPTIONS) as channel:
-        flooded = flood(channel, path, payload, calls, process)
+        floods = [
+            flood(channel, path, payload, calls, process)
+            for _ in range(ADMITTED_ROUNDS if admitted else 1)
+        ]
+    before = floods[0].before
     return Measurement(
         case,
         calls,
         size_mb,
-        flooded.before / MIB,
-        flooded.peak_growth / MIB,
-        flooded.after_growth / MIB,
-        flooded.statuses,
-        flooded.seconds,
+        before / MIB,
+        max(f.before + f.peak_growth for f in floods) / MIB - before / MIB,
+        (floods[-1].before + floods[-1].after_growth - before) / MIB,
+        [status for f in floods for status in f.statuses],
+        sum(f.seconds for f in floods),
     )
 
 
@@ -230,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
                 "%-18s %d x %.0f MB: RSS %.0f MiB, peak +%.0f MiB, after +%.0f MiB (%s)",
                 case,
                 calls,
-                size,
+                m.size_mb,
                 m.before_mib,
                 m.peak_growth_mib,
                 m.after_growth_mib,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import tempfile
 import threading
@@ -48,7 +49,7 @@ from dpmarket.common.summarization.summary import OwnerSelection
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.consumer.history import RecordedSession, SessionHistory, spent
 
-__all__ = ["Catalogue", "ConsumerConsole", "SummaryJob", "UserError"]
+__all__ = ["Catalogue", "ConsumerConsole", "SummaryJob", "UserError", "form_number"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,37 @@ def age_text(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f} {unit}"
     return f"{seconds:.0f} s"
+
+
+def form_number(
+    text: str, field: str, label: str, kind: type[int] | type[float], example: str
+) -> Any:
+    """The number a form's field holds, as ``kind`` (finite).
+
+    Parameters
+    ----------
+    text : str
+        What the field holds.
+    field, label : str
+        The field's name and its label on the page (both named in the message).
+    kind : int or float
+    example : str
+        A valid value, shown in the message.
+
+    Raises
+    ------
+    UserError
+        If ``text`` is not a finite number of ``kind``: the message names the field and the
+        value, and says what to give.
+    """
+    what = "a whole number" if kind is int else "a number"
+    try:
+        value = kind(text)
+    except ValueError:
+        raise UserError(f"{label} ({field}): {text!r} is not {what}; give e.g. {example}") from None
+    if not math.isfinite(value):
+        raise UserError(f"{label} ({field}): {text!r} is not a finite number; give e.g. {example}")
+    return value
 
 
 @dataclass
@@ -239,12 +271,20 @@ class ConsumerConsole:
         from dpmarket.consumer.catalogue import explore
         from dpmarket.consumer.explore import Query, parse_where
 
+        points = tuple(
+            form_number(p, "points", "CDF thresholds", float, "25, 30")
+            for p in form.get("points", ())
+        )
+        try:
+            where = tuple(parse_where(w) for w in form.get("where", ()))
+        except DPMarketError as exc:
+            raise UserError(f"Count predicates (where): {exc}") from exc
         try:
             query = Query(
                 form["query"],
                 columns=tuple(form.get("columns", ())),
-                points=tuple(float(p) for p in form.get("points", ())),
-                where=tuple(parse_where(w) for w in form.get("where", ())),
+                points=points,
+                where=where,
                 target=form.get("target", ""),
             )
             with self._exploring:

@@ -226,8 +226,24 @@ def _ranking_row(rank: int, ranked: RankedOwner, sketch: PrivateSketch) -> dict[
     return row
 
 
+def _declaration(spec: str) -> str:
+    return spec.split("/")[0]
+
+
+def _besides_allocation(specs: list[SketchSpec], allocation: str | None) -> list[SketchSpec]:
+    """``specs`` without the declaration of the curator's allocation spec when they hold
+    another declaration: a deployment made by ``dpmarket init`` has two, the allocation's
+    (features only, read by the curator's summaries) and the one over every column, which a
+    consumer's question means when it names none."""
+    if allocation is None:
+        return specs
+    others = [s for s in specs if _declaration(s.name) != _declaration(allocation)]
+    return others or specs
+
+
 def choose_spec(client: Any, name: str | None, kind: str | None = None) -> SketchSpec:
-    """The spec called ``name``, or the only one (of ``kind``) in the catalogue.
+    """The spec called ``name``, or the only one (of ``kind``) in the catalogue besides the
+    curator's allocation spec's declaration (or that one when it is alone).
 
     Raises
     ------
@@ -240,7 +256,9 @@ def choose_spec(client: Any, name: str | None, kind: str | None = None) -> Sketc
         if kind is not None and spec.kind != kind:
             raise SpecChoiceError(f"{name} is a {spec.kind} spec, not {kind}")
         return spec
-    specs = [s for s in client.sketch_specs() if kind is None or s.kind == kind]
+    catalogue, allocation = client.sketch_catalogue()
+    specs = [s for s in catalogue if kind is None or s.kind == kind]
+    specs = _besides_allocation(specs, allocation)
     if len(specs) != 1:
         names = ", ".join(s.name for s in specs) or "none"
         raise SpecChoiceError(f"choose a spec with --spec (the catalogue has: {names})")
@@ -272,13 +290,17 @@ def published(
 def _candidates(
     client: Any, name: str | None, owners: Sequence[str]
 ) -> list[tuple[SketchSpec, list[PublishedSketch]]]:
-    """The specs ``name`` allows (one spec, every spec of a declaration, or every spec), each
-    with the sketches of the owners asked about; specs missing one of them are left out."""
+    """The specs ``name`` allows (one spec, every spec of a declaration, or every spec of the
+    only declaration besides the curator's allocation spec's), each with the sketches of the
+    owners asked about; specs missing one of them are left out."""
     if name is not None and "/" in name:
         specs = [client.sketch_spec(name)]
     else:
-        specs = [s for s in client.sketch_specs() if name is None or s.name.split("/")[0] == name]
-        declarations = {s.name.split("/")[0] for s in specs}
+        catalogue, allocation = client.sketch_catalogue()
+        specs = [s for s in catalogue if name is None or _declaration(s.name) == name]
+        if name is None:
+            specs = _besides_allocation(specs, allocation)
+        declarations = {_declaration(s.name) for s in specs}
         if not specs or len(declarations) > 1:
             listed = ", ".join(sorted(declarations)) or "none"
             raise SpecChoiceError(
@@ -347,7 +369,7 @@ def explore(
     query : Query
     spec : str, optional
         A spec (``decl/kind``) to answer from, or a declaration whose best sketch is chosen
-        (default: the only declaration).
+        (default: the only declaration besides the curator's allocation spec's).
     owners : sequence of str
         The owners asked about.
     options : ExploreOptions, optional
@@ -451,7 +473,8 @@ def rank(
         The validation set in the spec's column order, or a function of the chosen spec giving
         it (the CLI reads a table's columns by the spec's names).
     spec : str, optional
-        An RFF spec (default: the only one).
+        An RFF spec (default: the only one besides the curator's allocation spec's
+        declaration, or that one when it is alone).
     owners : sequence of str
         Rank only these owners (default: every owner that published under the spec).
 

@@ -30,7 +30,7 @@ from dpmarket.common.summarization.methods import (
     SummarizationConfig,
 )
 from dpmarket.common.summarization.session_ledger import CountsAllocationReport
-from dpmarket.common.summarization.summary import OwnerSelection, SummaryResult
+from dpmarket.common.summarization.summary import OwnerSelection, SessionReport, SummaryResult
 from dpmarket.consumer.client import SessionFailedError
 from dpmarket.consumer.options import (
     BASIC_FIELDS,
@@ -322,14 +322,8 @@ def finish(
         print_json(document)
     else:
         Console().print(comparison_table([evaluation], title=title, wide=wide))
-    allocation = result.report.ledger.candidates
-    if isinstance(allocation, CountsAllocationReport) and allocation.allocation_note not in (
-        "",
-        "requested",
-    ):
-        console.print(
-            f"[yellow]budget split by noisy counts: {allocation.allocation_note}", highlight=False
-        )
+    for line in charge_lines(result.report):
+        console.print(line, highlight=False)
     if result.report.left_out:
         console.print(
             "[yellow]left out: "
@@ -339,6 +333,39 @@ def finish(
     written = f"summary -> {out}, report -> {report_path}"
     console.print(written + ("" if plot_path is None else f", plot -> {plot_path}"))
     return document
+
+
+def charge_lines(report: SessionReport) -> list[str]:
+    """Which allocation a candidates session used and what each owner's ledger recorded for the
+    session (``report.owner_spend``), as ``request`` prints them.
+
+    Returns
+    -------
+    list of str
+        ``allocation: sketch (...)`` or ``allocation: counts (...)`` (in rich's yellow when the
+        sketches were missing) when the method has an allocation, then ``charged: OWNER epsilon
+        E (N points read), ...`` when the owners' spends are known.
+    """
+    lines = []
+    allocation = report.ledger.candidates
+    if isinstance(allocation, CountsAllocationReport):
+        why = allocation.allocation_note or "requested"
+        warn = "" if why == "requested" else "[yellow]"  # the sketches were missing
+        lines.append(
+            f"{warn}allocation: counts (each owner's noisy relevance count, charged to it; {why})"
+        )
+    elif allocation is not None:
+        lines.append("allocation: sketch (the owners' published sketches; no charge to them)")
+    if report.owner_spend:
+        charges = []
+        for owner, spend in sorted(report.owner_spend.items()):
+            if spend.unknown:
+                charges.append(f"{owner} unknown ({spend.unknown})")
+                continue
+            delta = f", delta {spend.delta:g}" if spend.delta else ""
+            charges.append(f"{owner} epsilon {spend.epsilon:g}{delta} ({spend.points} points read)")
+        lines.append("charged: " + ", ".join(charges))
+    return lines
 
 
 def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: str) -> None:
@@ -1157,7 +1184,7 @@ def list_command(
     default=None,
     metavar="NAME",
     help="A spec (decl/kind) to answer from, or a declaration whose best sketch per query is "
-    "chosen (default: the only declaration).",
+    "chosen (default: the only declaration besides the curator's allocation spec's).",
 )
 @click.option("--owner", "owners", multiple=True, help="An owner; repeat for their union.")
 @click.option("--all", "all_owners", is_flag=True, help="The union of every owner's sketch.")
@@ -1391,7 +1418,12 @@ def rank_sketches(
     help="The consumer's validation set: .csv/.parquet with the spec's columns by name, or "
     ".npy/.npz with them in order. It never leaves this process.",
 )
-@click.option("--spec", default=None, metavar="NAME", help="An RFF spec (default: the only one).")
+@click.option(
+    "--spec",
+    default=None,
+    metavar="NAME",
+    help="An RFF spec (default: the only one besides the curator's allocation spec's).",
+)
 @click.option("--owner", "owners", multiple=True, help="Rank only these owners (repeat).")
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False), help="JSON.")
 @json_option

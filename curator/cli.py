@@ -63,9 +63,10 @@ def _warn_about_allocation(catalog: Any, spec: str | None, owners: list[str]) ->
     missing = [o for o in owners if o not in published]
     if missing:
         logger.warning(
-            "no sketch under %s yet from %s: until every owner publishes one (dpmarket sketch "
-            "publish --spec %s), candidates sessions split their budget by noisy relevance "
-            "counts, charging every owner",
+            "no sketch under %s yet from %s: until every owner publishes one (dpmarket owner "
+            "publish --spec %s; dpmarket up does it in a deployment dpmarket init wrote), "
+            "candidates sessions split their budget by noisy relevance counts, charging every "
+            "owner",
             spec,
             ", ".join(missing),
             spec,

@@ -6,7 +6,8 @@ CSV or Parquet files needs to run on this machine: the deployment's PKI
 certificate for the curator, every owner and a consumer, each in the service's own
 ``pki/<role>-<name>/`` with ``ca.crt`` and nothing of the CA's key), a schema drafted from the
 data (:func:`dpmarket.common.schema.draft_schema`, marked as a draft), a sketch declaration over
-the schema's columns for the curator's catalogue, one configuration file per service
+the schema's columns for the curator's catalogue and one over its features (the label excluded)
+that the candidates method's allocation reads, one configuration file per service
 (``--config``: every option of ``owner serve``, ``curator serve`` and the consumer's commands),
 each owner's data directory with its policy — whose ``[peers]`` pin every other owner's public
 key, the roster of its CAPE jobs — and its ledger
@@ -25,12 +26,16 @@ runs until the user has replaced every drafted bound with public knowledge and r
 mark.
 
 :func:`up` starts every service of a deployment as a background process (logs in ``logs/``,
-process ids and ports in ``run/``) and returns once each reports its port; :func:`down` stops
-them with SIGTERM (graceful), then SIGKILL.
+process ids and ports in ``run/``), waits until each reports its port, then has every owner
+publish, once, its sketch under the curator's allocation spec (``allocation.toml``: an RFF map
+of the schema's features, the label excluded, :data:`ALLOCATION_EPSILON` charged to each
+owner's ledger), so that the summaries split their budget by the published sketches and charge
+the owners nothing for it; :func:`down` stops them with SIGTERM (graceful), then SIGKILL.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -41,10 +46,11 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from dpmarket.common.errors import InvalidArgumentError, UnavailableError
+from dpmarket.common.errors import DPMarketError, InvalidArgumentError, UnavailableError
 from dpmarket.common.schema import draft_schema
 from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
 from dpmarket.owner.data import load_table
@@ -54,11 +60,16 @@ from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.transport import TransportSecurity
 
 __all__ = [
+    "ALLOCATION_EPSILON",
+    "ALLOCATION_FILE",
     "CA_DIR",
     "DEPLOYMENT_FILE",
+    "AllocationSketch",
     "Deployment",
+    "Started",
     "down",
     "init_deployment",
+    "publish_allocation_sketches",
     "service_pki_dir",
     "up",
 ]
@@ -74,6 +85,10 @@ CONNECT_TIMEOUT_SECONDS = 60.0
 #: Seconds ``down`` waits for a service to stop after SIGTERM before killing it.
 STOP_TIMEOUT_SECONDS = 30.0
 CURATOR = "curator"
+#: A manifest's commands for the curator and the owners (the names before the CLI's regrouping
+#: too: deployments written then).
+_CURATOR_COMMANDS = ("curator serve", "serve-curator")
+_OWNER_COMMANDS = ("owner serve", "serve-owner")
 #: The CA's folder in a deployment (``ca.crt``, ``ca.key``): read by ``dpmarket pki issue`` only.
 CA_DIR = "ca"
 
@@ -180,6 +195,46 @@ delta = 1e-6
 """
 
 
+#: The allocation's sketch declaration ``init`` writes, and the suffix of its name.
+ALLOCATION_FILE = "allocation.toml"
+ALLOCATION_SUFFIX = "-allocation"
+#: Epsilon each owner's allocation sketch costs it, once (its ledger; the default policy's
+#: ``sketches.epsilon`` allows it).
+ALLOCATION_EPSILON = 1.0
+
+
+def allocation_declaration_name(name: str) -> str:
+    """The allocation declaration's name for a deployment named ``name`` (at most 64
+    characters, as every declaration's name); its spec is ``<that>/rff``."""
+    return name[: 64 - len(ALLOCATION_SUFFIX)] + ALLOCATION_SUFFIX
+
+
+def _allocation_declaration(name: str, features: Sequence[str]) -> str:
+    """The declaration of the sketch the candidates method's allocation reads: an RFF map over
+    the schema's features (the label excluded: an owner's summarization points have the
+    features only, and the curator refuses a spec of another width at start)."""
+    return f"""# The sketch the curator's summaries read to split their budget among the owners
+# (curator serve --allocation-sketch-spec {name}/rff): a random-feature sketch of the
+# schema's features, in order, without the label (the owners' summarization points have no
+# label: the curator refuses at start a spec of another width). `dpmarket up` has every owner
+# publish it once, charging epsilon {ALLOCATION_EPSILON:g} to its own ledger; the summaries then
+# charge the owners nothing to split their budget (without it, each summary charges each
+# owner epsilon 1 for a noisy count). Keep `columns` the schema's columns but its label.
+name = "{name}"
+schema = "schema.toml"
+columns = {_toml(list(features))}
+
+[mechanism]
+noise = "laplace"
+epsilon = {ALLOCATION_EPSILON!r}
+epsilon_range = [0.1, 1.0]
+
+[maps.rff]
+frequencies = 100
+sigma = 0.5
+"""
+
+
 def _read_owner_tables(owners: Mapping[str, Path]) -> tuple[list[str], np.ndarray, list[int]]:
     """Every owner's table (the pitfalls refused, naming file and column), concatenated, and each
     one's rows; they must share their columns, in order."""
@@ -280,6 +335,10 @@ def init_deployment(
     (root / "sketches.toml").write_text(
         _sketch_declaration(schema.name, smallest // scale * scale), encoding="utf-8"
     )
+    allocation = allocation_declaration_name(schema.name)
+    (root / ALLOCATION_FILE).write_text(
+        _allocation_declaration(allocation, schema.feature_names), encoding="utf-8"
+    )
 
     ports = (
         [base_port + k for k in range(len(owners) + 1)]
@@ -333,7 +392,8 @@ def init_deployment(
                 "data-dir": "curator",
                 "pki-dir": str(service_pki_dir(Identity("curator", CURATOR))),
                 "name": CURATOR,
-                "sketch-spec": ["sketches.toml"],
+                "sketch-spec": ["sketches.toml", ALLOCATION_FILE],
+                "allocation-sketch-spec": f"{allocation}/rff",
             },
         ),
         encoding="utf-8",
@@ -405,14 +465,60 @@ def _last_line(log: Path) -> str:
     return lines[-1].strip() if lines else "(empty log)"
 
 
-def up(directory: str | os.PathLike[str]) -> dict[str, str]:
-    """Start every service of a deployment in the background; return ``{name: host:port}``.
+@dataclass(frozen=True)
+class AllocationSketch:
+    """An owner's allocation sketch after :func:`up`.
+
+    Attributes
+    ----------
+    owner, spec : str
+        The owner and the curator's allocation spec (``curator serve --allocation-sketch-spec``).
+    epsilon : float
+        What this call charged the owner's ledger for it: the spec's epsilon when it published
+        it now, 0 when the catalogue held it already (or the owner's ledger had released it).
+    held : bool
+        Whether the catalogue held it already (nothing read, charged or sent).
+    error : str
+        Why the owner did not publish it (its policy, its budget, its table), empty otherwise:
+        summaries then split their budget by noisy counts, charging every owner.
+    """
+
+    owner: str
+    spec: str
+    epsilon: float = 0.0
+    held: bool = False
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Started:
+    """What :func:`up` did.
+
+    Attributes
+    ----------
+    ports : dict of str to str
+        Every service's port, by name.
+    allocation : tuple of AllocationSketch
+        Every owner's allocation sketch, in the deployment's order (empty when the curator
+        names no allocation spec: a deployment written before ``init`` declared one).
+    """
+
+    ports: dict[str, str]
+    allocation: tuple[AllocationSketch, ...] = ()
+
+
+def up(directory: str | os.PathLike[str]) -> Started:
+    """Start every service of a deployment in the background, then have every owner publish
+    the allocation's sketch once.
 
     Services already running are left alone. Each runs ``dpmarket -v <command> --config
     <file>`` in its own session (it outlives this call), writes its log to
-    ``logs/<name>.log`` and its process id and port to ``run/``. Returns once every service
-    reports its port and the curator reports a connection to every owner (so the next
-    request finds every owner, one restarted by this call included).
+    ``logs/<name>.log`` and its process id and port to ``run/``. Once every service reports
+    its port and the curator reports a connection to every owner (so the next request finds
+    every owner, one restarted by this call included), every owner whose sketch under the
+    curator's allocation spec is not in the catalogue publishes it
+    (:func:`publish_allocation_sketches`): charged to its own ledger before it is sent,
+    :data:`ALLOCATION_EPSILON` as ``init`` declares it; a repeated ``up`` charges nothing.
 
     Raises
     ------
@@ -459,12 +565,84 @@ def up(directory: str | os.PathLike[str]) -> dict[str, str]:
             for name, pid, port_file, log_path in spawned:
                 ready[name] = _wait_port(name, pid, port_file, log_path)
         for service in services:
-            if service["command"] in ("curator serve", "serve-curator"):
+            if service["command"] in _CURATOR_COMMANDS:
                 _wait_connected(root, service, ready[service["name"]], logs)
     except BaseException:
         _stop(run, started)
         raise
-    return ready
+    return Started(ready, publish_allocation_sketches(root, services, ready))
+
+
+def _owner_security(root: Path, config: Mapping[str, Any]) -> TransportSecurity:
+    identity = Identity("owner", str(config["name"]))
+    return TransportSecurity.from_files(*identity_files(root / config["pki-dir"], identity))
+
+
+def publish_allocation_sketches(
+    root: Path, services: Sequence[Mapping[str, str]], ports: Mapping[str, str]
+) -> tuple[AllocationSketch, ...]:
+    """Have every owner of a running deployment publish its sketch under the curator's
+    allocation spec, unless the catalogue holds it already.
+
+    Each owner is asked as ``dpmarket owner publish --config owner-NAME.toml --spec SPEC``
+    would (:func:`dpmarket.owner.publishing.publish_sketches`: its table read through the
+    schema, its policy checked and its ledger charged before anything is sent); when the
+    catalogue holds its sketch, nothing is read, charged or sent.
+
+    Returns
+    -------
+    tuple of AllocationSketch
+        One per owner, in order; empty when the curator names no allocation spec. An owner
+        that refuses (its policy, its budget) or cannot read its table is reported with the
+        reason (its sessions then split by noisy counts); ``up`` still succeeds.
+    """
+    from dpmarket.owner.engine import start_engine
+    from dpmarket.owner.publishing import publish_sketches
+    from dpmarket.owner.sketch_client import CatalogClient
+
+    curator = next((s for s in services if s["command"] in _CURATOR_COMMANDS), None)
+    if curator is None:
+        return ()
+    curator_config = tomllib.loads((root / curator["config"]).read_text(encoding="utf-8"))
+    spec = curator_config.get("allocation-sketch-spec")
+    if not spec or "pki-dir" not in curator_config:
+        return ()
+    curator_name = str(curator_config.get("name", CURATOR))
+    target = f"{curator_config.get('host', '127.0.0.1')}:{ports[curator['name']]}"
+    done = []
+    for service in services:
+        if service["command"] not in _OWNER_COMMANDS:
+            continue
+        config = tomllib.loads((root / service["config"]).read_text(encoding="utf-8"))
+        owner = str(config["name"])
+        security = _owner_security(root, config)
+        try:
+            with CatalogClient(target, security, curator=Identity("curator", curator_name)) as c:
+                if c.spec(spec).published:
+                    done.append(AllocationSketch(owner, spec, held=True))
+                    continue
+            workers = config.get("dask-workers")
+            scheduler = config.get("dask-scheduler")
+            published = publish_sketches(
+                target,
+                security,
+                table_path=str(config["data"]),
+                data_dir=root / config["data-dir"],
+                specs=[spec],
+                schema_path=str(root / config["schema"]) if "schema" in config else None,
+                policy_path=str(root / config["policy"]) if "policy" in config else None,
+                curator_name=curator_name,
+                engine=functools.partial(start_engine, scheduler, workers=workers),
+                in_memory_values=config.get("in-memory-values"),
+            )
+        except (OSError, ValueError, RuntimeError, DPMarketError) as exc:
+            done.append(AllocationSketch(owner, spec, error=str(exc)))
+            continue
+        (delivery,) = published.deliveries
+        charged = delivery.publication.charged_now
+        epsilon = delivery.publication.sketch.mechanism.epsilon if charged else 0.0
+        done.append(AllocationSketch(owner, spec, epsilon=epsilon))
+    return tuple(done)
 
 
 def _wait_connected(root: Path, service: Mapping[str, str], port: str, logs: Path) -> None:

@@ -91,15 +91,34 @@ def init_command(
 @click.command("up")
 @click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
 def up_command(directory: Path) -> None:
-    """Start the curator and every owner of a deployment (dpmarket init) in the background."""
+    """Start the curator and every owner of a deployment (dpmarket init) in the background;
+    then every owner publishes, once, the sketch the curator's allocation reads (charged to its
+    own ledger: epsilon 1 as init declares it; a repeated up charges nothing)."""
     from dpmarket.deploy.local import up
 
     try:
-        ready = up(directory)
+        started = up(directory)
     except (OSError, ValueError, DPMarketError) as exc:
         raise click.ClickException(str(exc)) from exc
-    for name, port in ready.items():
+    for name, port in started.ports.items():
         click.echo(f"{name}: serving on port {port}")
+    for sketch in started.allocation:
+        if sketch.error:
+            click.secho(
+                f"{sketch.owner}: did not publish the allocation's sketch {sketch.spec}: "
+                f"{sketch.error}; summaries split their budget by noisy counts, charging every "
+                "owner epsilon 1 each",
+                fg="yellow",
+            )
+        elif sketch.held:
+            click.echo(f"{sketch.owner}: allocation sketch {sketch.spec} in the catalogue "
+                       "already: charged nothing")  # fmt: skip
+        else:
+            click.echo(
+                f"{sketch.owner}: published the allocation sketch {sketch.spec}, charged "
+                f"epsilon {sketch.epsilon:g} to its ledger (once: summaries then charge it "
+                "nothing to split their budget)"
+            )
     click.echo(f"logs in {directory / 'logs'}; stop with: dpmarket down {directory}")
 
 

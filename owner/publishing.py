@@ -191,15 +191,11 @@ def publish_sketches(
     options: dict[str, Any] = {}
     if in_memory_values is not None:
         options["in_memory_values"] = in_memory_values
-    found = load_owner_data(
-        str(table_path), schema=schema, points=False, name=name, engine=engine, **options
-    )
-    table = found.table
-    assert table is not None
     noise: NoiseSource = OpenDPNoise() if seed is None else SeededNoise(np.random.default_rng(seed))
     if seed is not None:
         logger.warning("--seed: the sketches' noise is reproducible by whoever knows the seed")
     ledger = open_owner_ledger(state, policy, name, security)
+    found = None
     try:
         with CatalogClient(curator, security, curator=Identity("curator", curator_name)) as client:
             names = list(specs)
@@ -209,7 +205,13 @@ def publish_sketches(
                 if choose is not None:
                     names = choose(client, catalogue, allocation, epsilon)
             deliveries: list[Delivery] = []
-            if names:
+            if names:  # the table is read only when there is something to publish
+                found = load_owner_data(
+                    str(table_path), schema=schema, points=False, name=name, engine=engine,
+                    **options,
+                )  # fmt: skip
+                table = found.table
+                assert table is not None
                 publisher = SketchPublisher(
                     ledger,
                     noise=noise,
@@ -219,6 +221,6 @@ def publish_sketches(
         left = ledger.remaining()
     finally:
         ledger.close()
-        if found.engine is not None:
+        if found is not None and found.engine is not None:
             found.engine.close()
     return Publishing(name, tuple(deliveries), left)

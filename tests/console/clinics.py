@@ -1,7 +1,8 @@
 """The tutorial's deployment, for the console's browser tests and benchmark: docs/tutorial.md's
 commands, as written, up to the clinics' sketches (three clinics, a curator and a consumer over
-mTLS; one summary requested with ``dpmarket request``; every clinic's HIST, RFF and marginals
-sketches published), in a fresh directory."""
+mTLS; every clinic's allocation sketch published by ``dpmarket up``; one summary requested with
+``dpmarket consumer request``; every clinic's HIST, RFF and marginals sketches published), in a
+fresh directory."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorial.md"
 LAST = "dpmarket owner publish"
 #: Seconds the commands may take (about a minute on 2 shared cores).
 TIMEOUT_SECONDS = 600
+#: The sign-in line a console prints when it first starts: its address (scheme, host, port and
+#: secret path) and its token.
+SIGN_IN = re.compile(r"(https?://[^/\s]+/[^/\s]+)/login\?token=(\S+)")
 
 
 def environment() -> dict[str, str]:

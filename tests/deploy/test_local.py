@@ -14,8 +14,11 @@ from cryptography import x509
 
 from dpmarket.common.sketches.spec import SketchDeclaration
 from dpmarket.consumer.explore import Query, choose_source
+from dpmarket.curator.sketches import load_declaration
 from dpmarket.deploy.cli import main
 from dpmarket.deploy.local import (
+    ALLOCATION_EPSILON,
+    ALLOCATION_FILE,
     CA_DIR,
     DEPLOYMENT_FILE,
     down,
@@ -106,6 +109,36 @@ def test_init_writes_pki_configs_policies_and_a_draft_schema(tmp_path: Path) -> 
     # A second init into the same folder is refused.
     with pytest.raises(FileExistsError):
         init_deployment(root, _tables(tmp_path))
+
+
+def test_init_declares_the_allocation_sketch_over_the_features_and_the_curator_reads_it(
+    tmp_path: Path,
+) -> None:
+    """The allocation's declaration sketches the schema's features (the label excluded: an
+    owner's summarization points have only those, and the curator refuses a spec of another
+    width at start); the curator's configuration loads it and names its RFF spec; the owners'
+    policies allow publishing it at its epsilon."""
+    root = tmp_path / "clinics"
+    init_deployment(root, _tables(tmp_path), label="high")
+    curator = tomllib.loads((root / "curator.toml").read_text(encoding="utf-8"))
+    assert curator["sketch-spec"] == ["sketches.toml", ALLOCATION_FILE]
+    assert curator["allocation-sketch-spec"] == "clinics-allocation/rff"
+    schema = (root / "schema.toml").read_text(encoding="utf-8")
+    (root / "schema.toml").write_text(schema.replace("draft = true", ""), encoding="utf-8")
+    declaration = load_declaration(root / ALLOCATION_FILE)
+    assert declaration.spec_names() == ["clinics-allocation/rff"]
+    assert declaration.domain.names == ("age", "bmi")  # the features, in order; no label
+    assert declaration.epsilon == ALLOCATION_EPSILON
+    # Control: the catalogue's other declaration keeps the label (explore's logistic
+    # regressions need it), which is why the allocation has its own.
+    assert load_declaration(root / "sketches.toml").domain.names == ("age", "bmi", "high")
+    for owner in ("clinic-a", "clinic-b"):
+        policy = load_owner_policy(root / "owners" / owner / "policy.toml")
+        assert policy.publish_sketches and policy.epsilon_per_sketch >= ALLOCATION_EPSILON
+    # Without a label every column is a feature.
+    bare = init_deployment(tmp_path / "bare", _tables(tmp_path))
+    text = (bare.directory / ALLOCATION_FILE).read_text(encoding="utf-8")
+    assert 'columns = ["age", "bmi", "high"]' in text
 
 
 def test_init_keeps_the_ca_key_out_of_every_service_and_pins_the_owners(tmp_path: Path) -> None:

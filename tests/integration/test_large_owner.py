@@ -131,6 +131,9 @@ def test_a_default_request_takes_points_from_the_partitioned_owner(deployment: P
         entries = ledger.entries()
     # Every candidate it proposed was charged before it left; the summary keeps some of them.
     assert any(e.mechanism == "raw points (candidates)" for e in entries)
+    # `up` had it publish the allocation's sketch, summed over its partitions on Dask, once.
+    sketches = [e for e in entries if e.mechanism.startswith("private sketch")]
+    assert [e.epsilon for e in sketches] == [1.0]
     assert sum(e.points for e in entries) >= int((frame["owner"] == LARGE).sum())
 
 

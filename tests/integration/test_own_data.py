@@ -164,6 +164,92 @@ def test_validation_columns_in_another_order_without_a_schema_are_refused(
     assert _charges(deployment) == before
 
 
+def _epsilon_spent(root: Path) -> dict[str, float]:
+    spent = {}
+    for owner in OWNERS:
+        with OwnerLedger(root / "owners" / owner, None) as ledger:
+            spent[owner] = ledger.window_totals().epsilon
+    return spent
+
+
+def test_up_published_each_allocation_sketch_once_and_a_request_splits_by_it(
+    deployment: Path,
+) -> None:
+    """``init`` + ``up``: every owner's sketch under the curator's allocation spec is in the
+    catalogue, charged ε 1 once to the owner's own ledger; a default request splits its budget
+    by them, says so, and charges no owner any ε (its ledgers agree); a second ``up``
+    publishes nothing and charges nothing. Control: the same request splitting by noisy counts
+    charges every owner ε 1."""
+    code, output = _dpmarket("consumer", "sketches", "--config", str(deployment / "consumer.toml"),
+                             "--spec", "clinics-allocation/rff", "--json")  # fmt: skip
+    assert code == 0, output
+    listed = json.loads(output)["sketches"]
+    assert sorted(r["owner"] for r in listed) == sorted(OWNERS)
+    assert {r["epsilon"] for r in listed} == {1.0}
+    for owner in OWNERS:
+        with OwnerLedger(deployment / "owners" / owner, None) as ledger:
+            sketches = [e for e in ledger.entries() if e.mechanism.startswith("private sketch")]
+        assert [e.epsilon for e in sketches] == [1.0], owner  # once, ε 1
+
+    before = _epsilon_spent(deployment)
+    report = deployment.parent / "sketch-allocation.json"
+    request = (
+        "consumer", "request", "--config", str(deployment / "consumer.toml"),
+        "--validation", str(deployment.parent / "validation.csv"), "-p", "10", "--gamma", "1e-3",
+        "--out", str(deployment.parent / "sketch-allocation.csv"), "--report", str(report),
+    )  # fmt: skip
+    code, output = _dpmarket(*request)
+    assert code == 0, output
+    text = " ".join(output.split())
+    assert "allocation: sketch (the owners' published sketches; no charge to them)" in text
+    result = json.loads(report.read_text(encoding="utf-8"))["result"]
+    assert result["ledger"]["candidates"]["allocation"] == "sketch"
+    for owner in OWNERS:
+        spend = result["owner_spend"][owner]
+        assert spend["epsilon"] == 0.0
+        assert f"{owner} epsilon 0 ({spend['points']} points read)" in text
+    assert _epsilon_spent(deployment) == before  # the owners' own ledgers agree
+
+    again = up(deployment)
+    assert [(a.owner, a.held, a.epsilon, a.error) for a in again.allocation] == [
+        (o, True, 0.0, "") for o in OWNERS
+    ]
+    assert _epsilon_spent(deployment) == before
+
+    code, output = _dpmarket(*request, "--allocation", "counts")
+    assert code == 0, output
+    assert "allocation: counts" in " ".join(output.split())
+    spent = _epsilon_spent(deployment)
+    assert all(spent[o] == pytest.approx(before[o] + 1.0) for o in OWNERS), (spent, before)
+
+
+def test_a_curator_whose_allocation_spec_includes_the_label_refuses_to_start(
+    deployment: Path, tmp_path: Path
+) -> None:
+    """The deployment's curator started (``up`` returned) with ``init``'s allocation spec, the
+    features only. Control: the catalogue's other declaration, whose RFF spec includes the
+    label column, named as the allocation's spec: the curator refuses to start, naming every
+    owner and the column counts, before anything is charged."""
+    log = (deployment / "logs" / "curator.log").read_text(encoding="utf-8")
+    assert "clinics-allocation/rff" in log and "Error" not in log
+    before = _charges(deployment)
+    code, output = _dpmarket(
+        "curator", "serve", "--config", str(deployment / "curator.toml"), "--port", "0",
+        "--data-dir", str(tmp_path / "curator"),
+        "--sketch-spec", str(deployment / "sketches.toml"),
+        "--allocation-sketch-spec", "clinics/rff",
+    )  # fmt: skip
+    assert code == 1
+    text = " ".join(output.split())
+    for owner in OWNERS:
+        assert (
+            "--allocation-sketch-spec clinics/rff has 4 column(s) (age, bmi, bp, high) but "
+            f"owner {owner} at "
+        ) in text
+    assert text.count("holds points of 3 features") == len(OWNERS)
+    assert _charges(deployment) == before
+
+
 # Last in the module: it kills an owner (and has `up` start it again).
 @pytest.mark.slow
 def test_a_request_needs_every_owner_and_one_up_restarted_is_reachable_at_once(
@@ -211,7 +297,7 @@ def test_a_request_needs_every_owner_and_one_up_restarted_is_reachable_at_once(
 
     time.sleep(6.0)  # the owner stays down a while: the curator's channel backs off meanwhile
     started = up(deployment)
-    assert started["senior"] == port
+    assert started.ports["senior"] == port
     code, output = _dpmarket(*health)  # `up` returned: the curator is connected to it
     assert code == 0 and "owner:senior: SERVING" in output, output
     code, output = _dpmarket(*request)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
+import weakref
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.secagg.protocol import KeyAdvertisement
 from dpmarket.common.sketches.marginals import MarginalsMechanism
@@ -44,14 +47,15 @@ from dpmarket.owner.cape_service import (
 from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.service import owner_limits
-from dpmarket.runtime import cape_messages, sketch_messages
+from dpmarket.runtime import admission, allocator, cape_messages, sketch_messages
 from dpmarket.runtime.admission import (
     OPEN_CALLS_PER_CALLER,
     SMALL_REQUEST_BYTES,
     ServiceLimits,
     largest_request,
 )
-from dpmarket.runtime.arrays import array_to_proto
+from dpmarket.runtime.allocator import release_free_memory
+from dpmarket.runtime.arrays import array_from_proto, array_to_proto
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.serving import start_server
@@ -321,6 +325,101 @@ def test_health_and_reflection_serve_every_identity_within_small_limits(pki: Pat
         assert "dpmarket.v1.OwnerService" in listed
 
     _run(pki, scenario)
+
+
+class RefusingOwner(ProbeOwner):
+    """A probe owner whose ``Bid`` decodes its request's array, keeps a weak reference to it and
+    refuses the call (INVALID_ARGUMENT), as a handler refuses a request it has read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decoded: list[weakref.ref[np.ndarray]] = []
+
+    @rpc("curator")
+    async def Bid(self, request, context, caller):  # type: ignore[no-untyped-def]
+        embedding = array_from_proto(request.summary_embedding, "summary_embedding")
+        self.decoded.append(weakref.ref(embedding))
+        if self.hold:
+            await self.release.wait()
+        raise InvalidArgumentError(f"summary_embedding of {embedding.size} values: refused")
+
+
+def _bid(values: int) -> owner_pb2.BidRequest:
+    return owner_pb2.BidRequest(session_id="s", summary_embedding=array_to_proto(np.ones(values)))
+
+
+def _refuse_bids(pki: Path, calls: int, values: int) -> RefusingOwner:
+    """``calls`` Bid calls of ``values`` float64 each, all refused; then the server stops."""
+    owner = RefusingOwner()
+
+    async def scenario(connect, owner, curator):  # type: ignore[no-untyped-def]
+        stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
+        for _ in range(calls):
+            code, details = await _code(stub.Bid(_bid(values), timeout=DEADLINE))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+
+    _run(pki, scenario, owner)
+    return owner
+
+
+def test_a_refused_call_keeps_nothing_of_its_request(
+    pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # gRPC keeps a call's abort in the call's state, and the abort's traceback the handler's
+    # frames: their locals (the request, its decoded arrays) stayed in a reference cycle that
+    # only a full garbage collection frees (issue 25: a curator grew by GiBs). With the
+    # collector off, nothing but those references can keep the arrays.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        owner = _refuse_bids(pki, calls=5, values=SERVER_LIMIT // 16)
+        assert len(owner.decoded) == 5
+        assert [ref() for ref in owner.decoded] == [None] * 5
+        # Control: with the tracebacks kept, every refused call's array stays alive.
+        monkeypatch.setattr(admission, "_drop_tracebacks", lambda exc: None)
+        owner = _refuse_bids(pki, calls=5, values=SERVER_LIMIT // 16)
+        assert sum(ref() is not None for ref in owner.decoded) == 5
+    finally:
+        if collecting:
+            gc.enable()
+        gc.collect()
+
+
+def test_the_last_large_call_to_end_gives_the_freed_memory_back(
+    pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    releases: list[bool] = []
+    monkeypatch.setattr(admission, "RELEASE_AFTER_BYTES", 64 << 10)
+    monkeypatch.setattr(allocator, "release_free_memory", lambda: releases.append(True) or True)
+    _refuse_bids(pki, calls=3, values=100)  # 800 bytes each: nothing to give back
+    assert releases == []
+    _refuse_bids(pki, calls=3, values=(64 << 10) // 8)  # 64 KiB and more each, one at a time
+    assert releases == [True] * 3
+    # Two large calls in progress at once: only the second to end gives memory back.
+    owner = RefusingOwner()
+    owner.hold = True
+
+    async def scenario(connect, owner, curator):  # type: ignore[no-untyped-def]
+        stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
+        calls = [_code(stub.Bid(_bid(16 << 10), timeout=DEADLINE)) for _ in range(2)]
+        held = [asyncio.ensure_future(call) for call in calls]
+        await _until(lambda: len(owner.decoded) == 2)
+        assert releases == [True] * 3
+        owner.release.set()
+        assert [code for code, _ in await asyncio.gather(*held)] == [
+            grpc.StatusCode.INVALID_ARGUMENT
+        ] * 2
+
+    _run(pki, scenario, owner)
+    assert releases == [True] * 4
+    assert allocator._large_calls == 0
+
+
+def test_malloc_trim_is_found_and_a_call_is_counted_out_once() -> None:
+    assert allocator._TRIM is not None  # glibc, as every supported platform
+    assert release_free_memory() in (True, False)
+    with pytest.raises(RuntimeError, match="without a large call in progress"):
+        allocator.large_call_ended()
 
 
 # ------------------------------------------------------------------ the services' limits
