@@ -263,7 +263,7 @@ def _session_config(
             epsilon_validation_total=epsilon,
             epsilon_owners_total=epsilon,
             delta=delta,
-            **_CANDIDATES_OPTIONS[method],  # type: ignore[arg-type]
+            **_CANDIDATES_OPTIONS[method],
         )
     if method in _ROUNDS_OPTIONS:
         from dpmarket.common.summarization.calibration import calibrate_rounds_mode
@@ -299,7 +299,7 @@ def _party_epsilons(ledger: SessionLedger) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for party in ("validation", "owners"):
-        report = ledger.party(party)  # type: ignore[arg-type]
+        report = ledger.party(party)
         row = None if report is None else report.parties[party]
         out[f"epsilon_{party}_pld"] = _finite(None if row is None else row.pld)
         out[f"epsilon_{party}_theorem7"] = _finite(None if row is None else row.theorem7)

@@ -128,7 +128,7 @@ class SuiteSetting:
             epsilon_validation_total=EPSILON,
             epsilon_owners_total=EPSILON,
             delta=DELTA,
-            **self.options,  # type: ignore[arg-type]
+            **self.options,
         )
 
 
