@@ -73,7 +73,7 @@ def test_parse_where() -> None:
         ({"kind": "cdf", "points": (math.nan,)}, "finite"),
     ],
 )
-def test_queries_refuse_options_that_do_not_belong(kwargs: dict, message: str) -> None:  # type: ignore[type-arg]
+def test_queries_refuse_options_that_do_not_belong(kwargs: dict, message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=message):
         Query(**kwargs)
 
@@ -151,7 +151,7 @@ def test_the_same_sketch_gives_the_same_answer_and_unions_merge(
         Explorer(other_map, n_synthetic=100).estimator(parts[0])
 
 
-def _plain(declaration: SketchDeclaration) -> dict:  # type: ignore[type-arg]
+def _plain(declaration: SketchDeclaration) -> dict:
     d = declaration.as_dict()
     return {
         "name": d["name"],

@@ -201,7 +201,7 @@ class _Recording(LocalOwnerEndpoint):
         self.rff = None
         self.embedding: np.ndarray | None = None
 
-    async def open_session(self, session_id, rff, sampling_seed, *, consumer, terms):  # type: ignore[no-untyped-def,override]
+    async def open_session(self, session_id, rff, sampling_seed, *, consumer, terms):
         self.rff = rff
         return await super().open_session(
             session_id, rff, sampling_seed, consumer=consumer, terms=terms
@@ -209,7 +209,7 @@ class _Recording(LocalOwnerEndpoint):
 
     async def set_validation_embedding(
         self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None
-    ):  # type: ignore[no-untyped-def,override]
+    ):
         self.embedding = np.array(embedding, copy=True)
         self.shrinkage_sigma, self.prior = shrinkage_sigma, prior_embedding
         await super().set_validation_embedding(

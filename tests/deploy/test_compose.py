@@ -940,7 +940,7 @@ def _mtls_server(tmp_path: Path, identity: Identity) -> Iterator[_Served]:
         yield _Served(
             port,
             pki_dir,
-            lambda status: loop.run(health_servicer.set("", status)),  # type: ignore[arg-type]
+            lambda status: loop.run(health_servicer.set("", status)),
             stop,
         )
     finally:

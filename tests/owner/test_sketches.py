@@ -111,7 +111,7 @@ def test_a_sketch_is_charged_once_and_stored_with_its_charge(
     )
     assert first.sketch.noisy_sum.tobytes() == expected.noisy_sum.tobytes()
     # Again, even asking another epsilon: the stored sketch, nothing charged, no noise drawn.
-    publisher.noise = NoNoise()  # type: ignore[assignment]
+    publisher.noise = NoNoise()
     again = publisher.publish(specs["rff"], table, curator="curator:other", epsilon=1.0)
     assert not again.charged_now and again.charge == entry
     assert again.sketch.noisy_sum.tobytes() == first.sketch.noisy_sum.tobytes()
@@ -124,7 +124,7 @@ def test_refusals_compute_store_and_charge_nothing(
     ledger = ledgers(OwnerPolicy(epsilon_total=1.5, epsilon_per_session=1.0))
     publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(0)))
     publisher.publish(specs["rff"], _table(), curator=CURATOR)  # epsilon 1 of 1.5
-    publisher.noise = NoNoise()  # type: ignore[assignment]
+    publisher.noise = NoNoise()
     with pytest.raises(OwnerBudgetError, match=r"epsilon over the lifetime: spent 1 of 1\.5"):
         publisher.publish(specs["race"], _table(), curator=CURATOR)
     with pytest.raises(FailedPreconditionError, match=r"sketches\.epsilon = 1"):
@@ -137,7 +137,7 @@ def test_refusals_compute_store_and_charge_nothing(
 
 
 def test_an_owner_that_does_not_publish_refuses(ledgers: Any, specs: dict[str, SketchSpec]) -> None:
-    publisher = SketchPublisher(ledgers(OwnerPolicy(publish_sketches=False)), noise=NoNoise())  # type: ignore[arg-type]
+    publisher = SketchPublisher(ledgers(OwnerPolicy(publish_sketches=False)), noise=NoNoise())
     with pytest.raises(FailedPreconditionError, match=r"sketches\.publish = false"):
         publisher.publish(specs["hist"], _table(), curator=CURATOR)
     assert publisher.ledger.entries() == []
@@ -179,7 +179,7 @@ def test_sketch_and_ledger_survive_a_restart(tmp_path: Path, specs: dict[str, Sk
             specs["race"], _table(), curator=CURATOR
         )
     with OwnerLedger(tmp_path / "owner", None) as ledger:  # a new process: the recorded policy
-        publisher = SketchPublisher(ledger, noise=NoNoise())  # type: ignore[arg-type]
+        publisher = SketchPublisher(ledger, noise=NoNoise())
         stored = publisher.stored(specs["race"])
         assert stored is not None and stored.charge == first.charge
         assert stored.sketch.noisy_sum.tobytes() == first.sketch.noisy_sum.tobytes()
@@ -200,13 +200,13 @@ def test_publish_to_refuses_before_computing_what_the_catalogue_cannot_take(
             done = publish_to(catalog.endpoint("owner-0"), publisher, _table(), ["toy/rff"])
             assert [d.publication.charged_now for d in done] == [True]
             assert publisher.published()[0][3] == ("curator:local",)
-            publisher.noise = NoNoise()  # type: ignore[assignment]
+            publisher.noise = NoNoise()
             with pytest.raises(FailedPreconditionError, match="accepts no more sketches"):
                 publish_to(catalog.endpoint("owner-0"), publisher, _table(), ["toy/hist"])
             assert len(ledger.entries()) == 1
         # Another data directory of the same owner: the catalogue holds its sketch already.
         with OwnerLedger.create(tmp_path / "b", OwnerPolicy()) as ledger:
-            publisher = SketchPublisher(ledger, noise=NoNoise())  # type: ignore[arg-type]
+            publisher = SketchPublisher(ledger, noise=NoNoise())
             with pytest.raises(FailedPreconditionError, match="did not record"):
                 publish_to(catalog.endpoint("owner-0"), publisher, _table(), ["toy/rff"])
             assert ledger.entries() == []
@@ -253,7 +253,7 @@ def test_a_marginals_sketch_is_published_like_any_sketch(tmp_path: Path) -> None
                 sketch.measurements[4].values.tobytes()  # type: ignore[union-attr]
             )
         with OwnerLedger(tmp_path / "owner", None) as ledger:
-            publisher = SketchPublisher(ledger, noise=NoNoise())  # type: ignore[arg-type]
+            publisher = SketchPublisher(ledger, noise=NoNoise())
             (again,) = publish_to(
                 catalog.endpoint("owner-0"), publisher, _table(), ["toym/marginals"]
             )

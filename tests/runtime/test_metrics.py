@@ -69,7 +69,7 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     }
 
 
-def value(found: dict, name: str, **labels: str) -> float:  # type: ignore[type-arg]
+def value(found: dict, name: str, **labels: str) -> float:
     return float(found.get((name, frozenset(labels.items())), 0.0))
 
 

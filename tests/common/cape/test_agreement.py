@@ -52,7 +52,7 @@ def _attest(
     return out
 
 
-def test_honest_attestations_give_every_sites_count(keys) -> None:  # type: ignore[no-untyped-def]
+def test_honest_attestations_give_every_sites_count(keys) -> None:
     sizes = check_attestations("job", MEAN, SITES, 1, 0, _attest(keys), _verifier(keys))
     assert sizes == [SIZES[s] for s in SITES]
 
@@ -69,7 +69,7 @@ def test_the_statement_binds_every_input_of_the_plan() -> None:
         ("job", MEAN, SITES, 1, 0, "b", 100),
         ("job", MEAN, SITES, 1, 0, "a", 101),
     ]
-    statements = {plan_statement(*base), *(plan_statement(*v) for v in variants)}  # type: ignore[arg-type]
+    statements = {plan_statement(*base), *(plan_statement(*v) for v in variants)}
     assert len(statements) == 1 + len(variants)
     assert spec_digest(MEAN) == spec_digest(CapeMeanSpec(MEAN.features, 1.0, 1e-6))
 
@@ -89,7 +89,7 @@ def test_the_statement_binds_every_input_of_the_plan() -> None:
     ],
 )
 def test_a_relayed_count_without_its_sites_signature_for_this_plan_aborts(
-    keys,  # type: ignore[no-untyped-def]
+    keys,
     tamper: str,
     message: str,
 ) -> None:
