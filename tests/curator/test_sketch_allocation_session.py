@@ -173,7 +173,7 @@ def test_without_sketches_the_counts_allocation_runs_unchanged(digits: Scenario)
         "relevance count instead"
     )
     assert a.report.ledger.to_json()["owner_terms"]["epsilon"] == 1.0
-    # The previous budget rule (0.5 K p) still reads 0.5 K p points.
+    # A budget by fraction of K p (candidate_fraction 0.5) reads 0.5 K p points.
     old = CandidatesConfig(summary_size=10, rff_dimension=64, candidate_fraction=0.5)
     c = simulate(digits.owners, digits.validation, digits.seed_set, old, seed=3)
     assert c.report.owner_points_accessed == 25
