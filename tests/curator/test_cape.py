@@ -614,9 +614,9 @@ def _replay(
         theta = theta - spec.learning_rate * average
         averaged_per_iteration.append(averaged)
     np.testing.assert_array_equal(result.parameters, theta)
-    n = np.size(z)
+    size = np.size(z)
     ratio = float(np.mean(np.square(z)))
-    assert stats.chi2.ppf(5e-7, n) / n <= ratio <= stats.chi2.isf(5e-7, n) / n, ratio
+    assert stats.chi2.ppf(5e-7, size) / size <= ratio <= stats.chi2.isf(5e-7, size) / size, ratio
     return averaged_per_iteration
 
 

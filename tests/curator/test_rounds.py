@@ -29,7 +29,7 @@ COMBINATIONS = list(
 )
 
 
-def _config(validation: str, summary: str, scoring: str, **kw) -> SummarizationConfig:
+def _config(validation: str, summary: str, scoring: str, **kw) -> RoundsConfig:
     return RoundsConfig(
         summary_size=P,
         validation_release=validation,  # type: ignore[arg-type]
@@ -201,6 +201,7 @@ def test_unset_rounds_options_take_the_defaults() -> None:
     request.params.ClearField("pool_scoring")
     request.params.ClearField("auction_share")
     back = create_request_from_proto(request).config
+    assert isinstance(back, RoundsConfig)
     assert (back.validation_release, back.summary_release, back.pool_scoring) == (
         "gaussian",
         "tree",

@@ -173,12 +173,12 @@ def test_too_many_dropouts_abort_and_release_nothing(pki: Path) -> None:
 class Substitutes(LocalSecureAggregationEndpoint):
     """A curator that swaps site-b's advertised keys for its own before forwarding them."""
 
-    async def share_keys(self, job_id, params, advertisements, certificates):
+    async def share_keys(self, job_id, params, advertisements, certificates, nonces=None):
         forged = dict(advertisements)
         real = forged["site-b"]
         fake = KeyAdvertisement("site-b", real.s_public, real.c_public, real.signature)
         forged["site-b"] = fake
-        return await super().share_keys(job_id, params, forged, certificates)
+        return await super().share_keys(job_id, params, forged, certificates, nonces)
 
 
 def test_a_key_substituted_by_the_curator_is_detected(pki: Path) -> None:

@@ -18,6 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dpmarket.common.summarization.methods import GreedyConfig, method_config
+from dpmarket.common.summarization.summary import ProgressEvent
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
 from dpmarket.experiments.runner import simulate
@@ -108,7 +109,7 @@ def test_networked_run_equals_in_process_run(
 ) -> None:
     config = method_config(method, summary_size=P)
     with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
-        events = []
+        events: list[ProgressEvent] = []
         networked = client.summarize(
             config, digits.validation, digits.seed_set, seed=11, on_progress=events.append
         )
@@ -126,7 +127,7 @@ def _status(call, request) -> tuple[grpc.StatusCode, str]:
         response = call(request, timeout=30)
         if hasattr(response, "__iter__") and not hasattr(response, "DESCRIPTOR"):
             list(response)
-    return info.value.code(), info.value.details()
+    return info.value.code(), info.value.details() or ""
 
 
 def _create(validation: np.ndarray, p: int = P, **kw) -> curator_pb2.CreateSessionRequest:

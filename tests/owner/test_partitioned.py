@@ -17,6 +17,7 @@ import functools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +30,7 @@ from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpe
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.feature_maps import draw_rff
-from dpmarket.common.sketches.spec import SketchDeclaration
+from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.common.summarization.candidates import shrink_towards_moments, shrink_towards_points
 from dpmarket.common.summarization.kernels import bid_direction, bid_scores, embedding_greedy, mmd2
 from dpmarket.common.summarization.partitioned import merge_best
@@ -151,7 +152,8 @@ def test_sketch_and_cape_sums_equal_the_in_memory_ones(table, engine) -> None:
             self.domain = domain
             self.feature_map = rff_map
 
-    found = data.statistic(COLUMNS, functools.partial(_sketch_part, _Spec()))
+    spec = cast(SketchSpec, _Spec())  # the two attributes _sketch_part reads
+    found = data.statistic(COLUMNS, functools.partial(_sketch_part, spec))
     total = sum(part[1] for part in found)
     assert sum(part[0] for part in found) == N
     np.testing.assert_allclose(total, rff_map.feature_sum(x), rtol=1e-9, atol=1e-6)

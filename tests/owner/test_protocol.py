@@ -42,6 +42,7 @@ def _open(owner: Owner, rff, sid: str = "s"):
 
 def test_bid_is_the_argmax_of_the_corrected_score(owner: Owner, rff) -> None:
     session = _open(owner, rff)
+    assert isinstance(owner.data, PointSet)
     g_val = random_fourier_features(owner.data.features[:5], rff, dtype=np.float64).mean(axis=0)
     session.validation_embedding = g_val
     g_sum = random_fourier_features(owner.data.features[10:12], rff, dtype=np.float64).mean(0)

@@ -171,7 +171,7 @@ def test_rpc_decorators_refuse_no_roles_and_unknown_roles() -> None:
         return None
 
     with pytest.raises(TypeError, match="async generator"):
-        rpc_stream("consumer")(not_a_generator)
+        rpc_stream("consumer")(not_a_generator)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------- certificates

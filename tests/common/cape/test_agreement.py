@@ -18,6 +18,7 @@ from dpmarket.common.cape.agreement import (
     required_colluders,
     spec_digest,
 )
+from dpmarket.common.cape.dpgd import CapeTrainingPlan
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from dpmarket.common.errors import AbortedError, FailedPreconditionError
 from dpmarket.common.secagg.crypto import EcdsaSigner, EcdsaVerifier
@@ -154,6 +155,7 @@ def test_an_acceptable_plan_passes_and_plan_for_uses_its_colluders() -> None:
     assert plan_for(job, [50, 50, 50], 2).colluders == 2
     training = CapeTrainingSpec((("x", 0.0, 1.0),), "y", 1.0, 1e-6, 4, 0.5, 2, 1.0)
     later = plan_for(training, [50, 50, 50], 1, first_iteration=2)
+    assert isinstance(later, CapeTrainingPlan)
     assert later.colluders == 1 and later.first_iteration == 2
     with pytest.raises(ValueError, match="first_iteration is for gradient descent only"):
         plan_for(MEAN, [50, 50], 1, first_iteration=1)

@@ -17,6 +17,7 @@ from dpmarket.common.summarization.auction import auction_parameters
 from dpmarket.common.summarization.calibration import (
     CALIBRATION_RTOL,
     MWEM_SENSITIVITY,
+    Party,
     calibrate_paper_mode,
     paper_mode_events,
 )
@@ -116,7 +117,8 @@ def test_paper_mode_events_match_a_real_session(seed_set_size: int) -> None:
     result = simulate(owners, validation, seed_set, cfg, seed=3)
     ledger = result.report.ledger.to_json()
     events = paper_mode_events(cfg, len(owners), seed_set_size=seed_set_size)
-    for party, delta_tilde in (("validation", 1e-3), ("owners", 1e-5)):
+    parties: tuple[tuple[Party, float], ...] = (("validation", 1e-3), ("owners", 1e-5))
+    for party, delta_tilde in parties:
         report = ledger[party]
         charged = [
             PrivacyEvent(**entry["event"]) for entry in report["entries"] if entry["party"] == party

@@ -14,6 +14,7 @@ from dpmarket.common.summarization.kernels import rff_greedy
 from dpmarket.common.summarization.methods import (
     CandidatesConfig,
     GreedyConfig,
+    PrivateConfig,
     SummarizationConfig,
     UniformConfig,
     method_config,
@@ -141,7 +142,10 @@ def test_all_owners_dead_fails_clearly(digits: Scenario) -> None:
 
 
 def test_owners_running_out_of_points_fails_clearly(digits: Scenario) -> None:
-    small = [replace(o, features=o.features[:3], labels=o.labels[:3]) for o in digits.owners[:2]]
+    small = [
+        replace(o, features=o.features[:3], labels=None if o.labels is None else o.labels[:3])
+        for o in digits.owners[:2]
+    ]
     endpoints = [LocalOwnerEndpoint(Owner(o.name, o)) for o in small]
     endpoints.append(SpyEndpoint(Owner("dies", digits.owners[2]), die_after=1))
     config = GreedyConfig(summary_size=10)
@@ -153,6 +157,7 @@ def test_private_ledger_charges_every_release(digits: Scenario) -> None:
     result = simulate(digits.owners, digits.validation, digits.seed_set, _config("private"), seed=2)
     ledger = result.report.ledger.to_json()
     cfg = _config("private")
+    assert isinstance(cfg, PrivateConfig)
     validation = ledger["validation"]["parties"]["validation"]
     owners = ledger["owners"]["parties"]["owners"]
     # T_init selections + T_init measurements on D_v.
@@ -241,7 +246,7 @@ class RecordingEndpoint(LocalOwnerEndpoint):
 
     def __init__(self, owner: Owner) -> None:
         super().__init__(owner)
-        self.received: list[tuple[str, object]] = []
+        self.received: list[tuple[object, ...]] = []
 
     async def set_validation_embedding(
         self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None
