@@ -43,7 +43,7 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 typecheck: $(STAMP)
-	$(BIN)/mypy -p dpmarket -p bench
+	$(BIN)/mypy -p dpmarket -p bench -p tests
 
 # The test suite: unit, statistical and integration tests (real processes, real gRPC), one
 # pytest-xdist worker per CPU; a test module stays on one worker, so its fixtures start once.

@@ -20,7 +20,7 @@ second after the last answer:
 
 Every call must fail (the status of each is recorded). The request bytes are built once and sent
 raw, so the client holds one copy whatever ``--calls``. Run ``python -m bench.memory`` (the
-issue's attack: 230 MB messages, one and eight at once; about a minute) or ``--quick``.
+memory attack: 230 MB messages, one and eight at once; about a minute) or ``--quick``.
 """
 
 from __future__ import annotations

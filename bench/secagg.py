@@ -125,7 +125,7 @@ QUICK_SCALE_CASES: tuple[tuple[int, int, int, int | None, int], ...] = (
 )
 #: The targets of SecAgg+, S = 100, D = 100,000 in one process, 1.0 s each: against 5 colluders
 #: (the first target, the case Flower is compared with), and against the 33 a CAPE job of 100
-#: owners defends against by default (ceil(S / 3) - 1, issue 25), with CAPE's allowance of 2.
+#: owners defends against by default (ceil(S / 3) - 1), with CAPE's allowance of 2.
 SPARSE_TARGETS: tuple[dict[str, int], ...] = (
     {"sites": 100, "vector_length": 100_000, "colluders": 5, "allowance": 2},
     {"sites": 100, "vector_length": 100_000, "colluders": 33, "allowance": 2},

@@ -19,7 +19,7 @@ Extension points
   (:mod:`dpmarket.consumer.catalogue`). A summary stays on ``CuratorClient``'s
   ``create_session``, ``watch`` and ``get_summary``: the form needs the session's id at once,
   which ``Consumer.summarize`` (blocking until the summary) does not give.
-* **Quotes and statements** (the market, issue 29): a quote belongs in
+* **Quotes and statements** (the market): a quote belongs in
   :meth:`ConsumerConsole.start_summary` before ``create_session`` (shown on the request form),
   a session's statement beside its record (:class:`~dpmarket.consumer.history.RecordedSession`);
   the session page has a section for each once they exist.

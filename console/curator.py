@@ -10,7 +10,7 @@ what it charged; never a summary's points, a consumer's validation set or an own
 
 Extension point
 ---------------
-**Statements** (the market, issue 29): the curator's signed settlement statements are stored
+**Statements** (the market): the curator's signed settlement statements are stored
 with their sessions; :meth:`CuratorConsole.view`'s ``sessions`` rows are where a statement's
 totals go, and the session table has a column for them once they exist.
 """

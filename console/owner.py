@@ -8,7 +8,7 @@ with the owner's own certificate. The console never asks the curator or another 
 
 Extension point
 ---------------
-**Earnings** (the market, issue 29): an owner's earnings are recorded beside its ledger; the
+**Earnings** (the market): an owner's earnings are recorded beside its ledger; the
 page's panels are :meth:`OwnerConsole.view`'s keys, and an ``earnings`` entry (its statements,
 checked against the ledger) is where they go, read in the same ``OwnerLedger`` transaction.
 """

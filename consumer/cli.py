@@ -377,7 +377,7 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
         parties = {
             party: book.parties[party].basic
             for party in ("validation", "owners")
-            if (book := exc.report.ledger.party(party)) is not None  # type: ignore[arg-type]
+            if (book := exc.report.ledger.party(party)) is not None
         }
         spent = "; spent (basic composition): " + ", ".join(
             f"epsilon {eps:g} on {party}" for party, eps in parties.items()

@@ -356,7 +356,7 @@ def epsilon_summary(ledger: SessionLedger) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {}
     for party in ("validation", "owners"):
-        report = ledger.party(party)  # type: ignore[arg-type]
+        report = ledger.party(party)
         row = {} if report is None else asdict(report.parties[party])
         row["delta_tilde"] = None if report is None else report.delta_tilde
         out[party] = row

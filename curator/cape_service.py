@@ -453,7 +453,7 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
         )
 
     @rpc("consumer")
-    async def FitCape(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def FitCape(self, request, context, caller):
         spec = msg.spec_from_proto(request.spec)
         if not isinstance(spec, CapeJobSpec):
             raise InvalidArgumentError("FitCape fits regressions; ask EstimateCapeMean for a mean")
@@ -465,7 +465,7 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
         )
 
     @rpc("consumer")
-    async def EstimateCapeMean(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def EstimateCapeMean(self, request, context, caller):
         spec = msg.spec_from_proto(request.spec)
         if not isinstance(spec, CapeMeanSpec):
             raise InvalidArgumentError(
@@ -478,7 +478,7 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
         )
 
     @rpc_stream("consumer")
-    async def WatchCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def WatchCapeJob(self, request, context, caller):
         async for progress in self.jobs.watch(str(caller), request.request_id):
             yield cape_pb2.WatchCapeJobResponse(
                 iteration=progress.done,
@@ -488,7 +488,7 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
             )
 
     @rpc("consumer")
-    async def TrainCape(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def TrainCape(self, request, context, caller):
         spec: CapeTrainingSpec = msg.training_from_proto(request.spec)
         document = await self._run(request, spec, caller)
         return cape_pb2.TrainCapeResponse(

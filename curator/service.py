@@ -83,7 +83,7 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
         return curator_limits(self.manager.policy)
 
     @rpc("consumer")
-    async def CreateSession(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def CreateSession(self, request, context, caller):
         session_id = await self.manager.create(
             convert.create_request_from_proto(request),
             consumer=str(caller),
@@ -93,12 +93,12 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
         return curator_pb2.CreateSessionResponse(session_id=session_id)
 
     @rpc_stream("consumer")
-    async def WatchSession(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def WatchSession(self, request, context, caller):
         async for event, report in self.manager.watch(request.session_id, str(caller)):
             yield convert.event_to_proto(event, report)
 
     @rpc("consumer")
-    async def GetSummary(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def GetSummary(self, request, context, caller):
         result = self.manager.result(request.session_id, str(caller))
         return convert.result_to_proto(result)
 

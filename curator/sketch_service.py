@@ -89,14 +89,14 @@ class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
         return catalog_limits(self.catalog)
 
     @rpc("owner", "consumer")
-    async def ListSketchSpecs(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def ListSketchSpecs(self, request, context, caller):
         specs = [msg.spec_to_proto(s) for s in self.catalog.specs()]
         return sketch_pb2.ListSketchSpecsResponse(
             specs=specs, allocation_spec=self.allocation_spec or ""
         )
 
     @rpc("owner", "consumer")
-    async def GetSketchSpec(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def GetSketchSpec(self, request, context, caller):
         spec = self.catalog.spec(request.name)
         response = sketch_pb2.GetSketchSpecResponse(spec=msg.spec_to_proto(spec))
         if caller.role == "owner":
@@ -107,7 +107,7 @@ class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
         return response
 
     @rpc("owner")
-    async def PublishSketch(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def PublishSketch(self, request, context, caller):
         sketch = await asyncio.to_thread(msg.sketch_from_proto, request.sketch)
         entry, again = await asyncio.to_thread(
             self.catalog.publish, caller.name, request.spec, sketch
@@ -126,7 +126,7 @@ class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
         )
 
     @rpc("consumer")
-    async def ListSketches(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def ListSketches(self, request, context, caller):
         owners = list(request.owners) or None
         entries = await asyncio.to_thread(self.catalog.sketches, request.spec, owners)
         return sketch_pb2.ListSketchesResponse(

@@ -9,7 +9,7 @@ correlations with the exact, non-private Shapley values of
 
 * the embedding game the payouts release (:class:`~dpmarket.common.market.EmbeddingGame`),
   whose rank agreement measures what the privacy costs; and
-* the paper's game ``v(C) = J(S_C)`` (the issue's utility), which adds the change of utility;
+* the paper's game ``v(C) = J(S_C)`` (the summary's utility), which adds the change of utility;
 
 of the private payouts (:class:`~dpmarket.common.market.ValueReward`, the default, and the
 budget-balanced :class:`~dpmarket.common.market.ProportionalSplit`), of the same value rule
@@ -82,11 +82,11 @@ __all__ = [
     "spearman",
 ]
 
-#: Suite scenarios with at most this many owners are measured (the issue's goal).
+#: Suite scenarios with at most this many owners are measured (the scope of GOAL).
 MAX_OWNERS = 16
 #: Payout epsilons measured.
 EPSILONS: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 10.0)
-#: The issue's goal: Spearman of the payouts at epsilon 1 against exact Shapley values.
+#: The goal: Spearman of the payouts at epsilon 1 against exact Shapley values.
 GOAL = 0.9
 #: Scenarios of the cost measurement (K = 16) and their summary size.
 COST_SCENARIOS: tuple[str, ...] = ("digits-16", "txhousing-16")

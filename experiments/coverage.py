@@ -69,7 +69,7 @@ Array = NDArray[np.float64]
 #: Sketch kinds reported (``auto``: :func:`choose_source` among every kind answered).
 KINDS = ("hist", "rff", "race", "auto", "marginals")
 QUERY_KINDS = ("mean", "moment2", "cdf", "covariance", "count", "logreg")
-#: The goals of issue 28: unflagged coverage and the flagged fraction.
+#: The goals: unflagged coverage at least GOAL_COVERAGE, at most GOAL_FLAGGED flagged.
 GOAL_COVERAGE = 0.90
 GOAL_FLAGGED = 0.20
 

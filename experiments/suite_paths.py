@@ -5,7 +5,7 @@ a deployment can take:
 
 * **counts**: no owner has published a sketch, so the candidates method splits its budget by
   the owners' Laplace-noised relevance counts (what a deployment made by ``dpmarket init`` and
-  ``up`` uses today: the session's default configuration, no catalogue);
+  ``up`` uses: the session's default configuration, no catalogue);
 * **sketch**: every owner's RFF sketch is published (in process, at the same epsilon as every
   other party, kernel scale ``SKETCH_SCALE / sqrt(2 gamma)`` as ``docs/reference.md``
   recommends) and the curator splits the budget by them.

@@ -57,7 +57,7 @@ Family = Literal["first", "rare-category", "spread-thin", "small-m", "one-owner"
 #: The suite's families of scenarios (the split draws its halves within each):
 #:
 #: ``first``
-#:     the eleven scenarios the defaults of issue 26's release were chosen on;
+#:     the eleven scenarios the session's default configuration was chosen on;
 #: ``rare-category``
 #:     the consumer's kind is a category that is a few percent of every owner's table (K <= 6);
 #: ``spread-thin``

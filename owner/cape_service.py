@@ -115,7 +115,7 @@ class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationSer
         self.jobs.check_curator(job_id, str(caller))
 
     @rpc("curator")
-    async def AdvertiseKeys(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def AdvertiseKeys(self, request, context, caller):
         job_id, params = msg.round_from_proto(request.round)
         self._job_of(job_id, caller)
         ad, certificate = await asyncio.to_thread(self.rounds.advertise, job_id, params)
@@ -124,7 +124,7 @@ class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationSer
         )
 
     @rpc("curator")
-    async def RevealNonce(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def RevealNonce(self, request, context, caller):
         job_id, params = msg.round_from_proto(request.round)
         self._job_of(job_id, caller)
         ads, certificates = msg.advertisements_from_proto(request.advertisements)
@@ -134,7 +134,7 @@ class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationSer
         return secure_aggregation_pb2.RevealNonceResponse(nonce=nonce)
 
     @rpc("curator")
-    async def ShareKeys(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def ShareKeys(self, request, context, caller):
         job_id, params = msg.round_from_proto(request.round)
         self._job_of(job_id, caller)
         ads, certificates = msg.advertisements_from_proto(request.advertisements)
@@ -148,7 +148,7 @@ class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationSer
         )
 
     @rpc("curator")
-    async def MaskedInput(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def MaskedInput(self, request, context, caller):
         job_id, params = msg.round_from_proto(request.round)
         self._job_of(job_id, caller)
         me = self.jobs.name
@@ -162,7 +162,7 @@ class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationSer
         )
 
     @rpc("curator")
-    async def ConsistencyCheck(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def ConsistencyCheck(self, request, context, caller):
         job_id, params = msg.round_from_proto(request.round)
         self._job_of(job_id, caller)
         attestation = await asyncio.to_thread(
@@ -175,7 +175,7 @@ class SecureAggregationServicer(secure_aggregation_pb2_grpc.SecureAggregationSer
         )
 
     @rpc("curator")
-    async def Unmask(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def Unmask(self, request, context, caller):
         job_id, params = msg.round_from_proto(request.round)
         self._job_of(job_id, caller)
         if params.sparse:
@@ -212,7 +212,7 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
         return cape_site_limits(self.cape)
 
     @rpc("curator")
-    async def OpenCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def OpenCapeJob(self, request, context, caller):
         spec = msg.job_from_proto(request)
         consumer = convert.consumer_from_proto(request.consumer)
         ledger = self.cape.ledger
@@ -240,7 +240,7 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
         return cape_pb2.OpenCapeJobResponse(num_rows=rows, min_colluders=self.cape.min_colluders)
 
     @rpc("curator")
-    async def AttestCapePlan(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def AttestCapePlan(self, request, context, caller):
         attestation, certificate = await asyncio.to_thread(
             self.cape.attest,
             request.job_id,
@@ -254,7 +254,7 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
         )
 
     @rpc("curator")
-    async def PlanCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def PlanCapeJob(self, request, context, caller):
         sites = list(request.sites)
         attestations, certificates = msg.attestations_from_proto(request.attestations)
         plan = await asyncio.to_thread(
@@ -271,7 +271,7 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
         return cape_pb2.PlanCapeJobResponse(statistic_length=plan.size, max_noise_scale=scale)
 
     @rpc("curator")
-    async def ReleaseCape(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def ReleaseCape(self, request, context, caller):
         total = msg.vector_from_proto(request.noise_total, "noise_total")
         release = await asyncio.to_thread(
             self.cape.release, request.job_id, bytes(request.round_id), total, curator=str(caller)
@@ -280,7 +280,7 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
         return cape_pb2.ReleaseCapeResponse(release=msg.vector_to_proto(release))
 
     @rpc("curator")
-    async def ReleaseCapeGradient(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def ReleaseCapeGradient(self, request, context, caller):
         parameters = msg.vector_from_proto(request.parameters, "parameters")
         total = msg.vector_from_proto(request.noise_total, "noise_total")
         release = await asyncio.to_thread(
@@ -295,7 +295,7 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
         return cape_pb2.ReleaseCapeGradientResponse(release=msg.vector_to_proto(release))
 
     @rpc("curator")
-    async def CloseCapeJob(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def CloseCapeJob(self, request, context, caller):
         spent = await asyncio.to_thread(self.cape.close, request.job_id, curator=str(caller))
         self.rounds.forget(request.job_id)
         ledger = self.cape.ledger

@@ -156,7 +156,7 @@ class Dataset:
 
     @property
     def n_rows(self) -> int:
-        """Rows in all (a public declaration of the owner, as today's row count).
+        """Rows in all (a public declaration of the owner, as an in-memory table's row count is).
 
         Raises
         ------

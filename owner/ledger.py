@@ -1,6 +1,6 @@
 """The owner's own durable privacy ledger: charge, then release.
 
-An owner trusts neither the curator nor the consumer (DESIGN.md, parties and trust), so it keeps its
+An owner trusts neither the curator nor the consumer (docs/how-it-works.md), so it keeps its
 own record of what its data has lost and enforces its own
 :class:`~dpmarket.owner.policy.OwnerPolicy` whatever it is asked. Every release goes through
 :meth:`OwnerLedger.charge` first: the charge is committed to ``DATA_DIR/owner.sqlite3`` before

@@ -1,6 +1,6 @@
 """The owner's own privacy and data-release policy, read from a TOML file.
 
-An owner trusts no other party (DESIGN.md, parties and trust): whatever the curator asks, it
+An owner trusts no other party (docs/how-it-works.md, Trust model): whatever the curator asks, it
 releases only what its policy allows, and its :class:`~dpmarket.owner.ledger.OwnerLedger` charges
 every release against this policy before it happens.
 

@@ -126,7 +126,7 @@ class Progress:
 
 
 class _MemoryWork:
-    """A session's computations on a point set held in memory: today's path, the h1 features
+    """A session's computations on a point set held in memory (small tables): the h1 features
     of every point computed once when the session opens (a small table: see
     :mod:`dpmarket.owner.limits`)."""
 

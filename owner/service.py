@@ -126,11 +126,11 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
             raise
 
     @rpc("curator")
-    async def GetOwnerInfo(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def GetOwnerInfo(self, request, context, caller):
         return convert.info_to_proto(self.owner.info())
 
     @rpc("curator")
-    async def OpenSession(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def OpenSession(self, request, context, caller):
         rff = convert.rff_from_proto(request.omega, request.phase, request.gamma)
         terms = terms_from_proto(request.terms)
         if Step.HASHES in terms.steps:
@@ -169,7 +169,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
         return owner_pb2.OpenSessionResponse(num_points=num_points, max_points=max_points)
 
     @rpc("curator")
-    async def SetValidationEmbedding(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def SetValidationEmbedding(self, request, context, caller):
         embedding = convert.vector_from_proto(request.validation_embedding, "validation_embedding")
         prior = (
             convert.vector_from_proto(request.prior_embedding, "prior_embedding")
@@ -186,15 +186,15 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
         return owner_pb2.SetValidationEmbeddingResponse()
 
     @rpc("curator")
-    async def Bid(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def Bid(self, request, context, caller):
         return await self._bid(request, caller)
 
     @rpc("curator")
-    async def ReleasePoint(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def ReleasePoint(self, request, context, caller):
         return await self._release_point(request, caller)
 
     @rpc_stream("curator")
-    async def RunRounds(self, request_iterator, context, caller):  # type: ignore[no-untyped-def]
+    async def RunRounds(self, request_iterator, context, caller):
         async for request in request_iterator:
             step = request.WhichOneof("step")
             if step == "bid":
@@ -236,7 +236,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
         return convert.released_to_proto(released)
 
     @rpc("curator")
-    async def SampleUniform(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def SampleUniform(self, request, context, caller):
         points, labels = await self._run(
             request.session_id,
             self.owner.sample_uniform,
@@ -250,7 +250,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
         return convert.points_to_proto(points, labels, owner_pb2.SampleUniformResponse)
 
     @rpc("curator")
-    async def CountRelevant(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def CountRelevant(self, request, context, caller):
         noisy = await self._run(
             request.session_id,
             self.owner.noisy_relevant_count,
@@ -261,7 +261,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
         return owner_pb2.CountRelevantResponse(noisy_count=noisy)
 
     @rpc("curator")
-    async def ProposeCandidates(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def ProposeCandidates(self, request, context, caller):
         points, labels = await self._run(
             request.session_id,
             self.owner.propose_candidates,
@@ -274,7 +274,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
         return convert.points_to_proto(points, labels, owner_pb2.ProposeCandidatesResponse)
 
     @rpc("curator")
-    async def CloseSession(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def CloseSession(self, request, context, caller):
         spent = await asyncio.to_thread(self.owner.close_session, request.session_id, str(caller))
         ledger = self.owner.ledger
         receipt = None if ledger is None else await asyncio.to_thread(ledger.receipt)
@@ -288,7 +288,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
         return owner_pb2.CloseSessionResponse(spent=convert.spend_to_proto(spent), receipt=receipt)
 
     @rpc("curator")
-    async def GetProgress(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def GetProgress(self, request, context, caller):
         stage, done, total, ticks = self.owner.progress(request.session_id, str(caller))
         return owner_pb2.GetProgressResponse(stage=stage, done=done, total=total, ticks=ticks)
 

@@ -2,7 +2,7 @@
 
 :func:`load_owner_data` decides, from the data's public metadata only (row and column counts, or
 bytes for a CSV), whether the table is small enough to keep in memory
-(:data:`dpmarket.owner.limits.DEFAULT_IN_MEMORY_VALUES`): then it returns today's
+(:data:`dpmarket.owner.limits.DEFAULT_IN_MEMORY_VALUES`): then it returns an in-memory
 :class:`~dpmarket.owner.data.PointSet` and :class:`~dpmarket.owner.data.Table` (a single file
 through :mod:`dpmarket.owner.data`, a directory or URL read whole and checked alike); otherwise it
 starts the owner's engine (:func:`dpmarket.owner.engine.start_engine`), checks every value by one

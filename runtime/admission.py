@@ -430,7 +430,7 @@ _REFUSALS = (UnauthenticatedError, PermissionDeniedError, ResourceExhaustedError
 _UNREADABLE = (RequestTooLargeError, InvalidArgumentError)
 
 
-class Admission(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class Admission(grpc.aio.ServerInterceptor):
     """Server interceptor that admits every call before its request is read (module docstring).
 
     Parameters

@@ -1,7 +1,7 @@
 """Conversion between numpy arrays and the ``dpmarket.v1.Array`` message.
 
 Arrays cross the wire as packed little-endian bytes in C order with explicit dtype and shape
-(DESIGN.md, performance principles); this module is the only place that packs or unpacks them.
+(``array.proto``); this module is the only place that packs or unpacks them.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A dpmarket identity is a pair ``(role, name)``: the role is one of ``curator``, 
 agree: the URI SAN ``spiffe://dpmarket/<role>/<name>`` (the authoritative copy), the subject
 (``OU=<role>``, ``CN=<name>``) and the DNS SAN ``<name>.<role>.dpmarket`` that clients check the
 server against at the TLS handshake (:mod:`dpmarket.runtime.transport`). Services never take a role
-or a name from a message body (DESIGN.md, trust boundaries); they call :func:`peer_identity`.
+or a name from a message body (docs/how-it-works.md, Trust model); they call :func:`peer_identity`.
 """
 
 from __future__ import annotations

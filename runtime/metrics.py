@@ -171,7 +171,7 @@ def _code(context: grpc.aio.ServicerContext, error: BaseException | None) -> grp
     return grpc.StatusCode.UNKNOWN
 
 
-class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class MetricsInterceptor(grpc.aio.ServerInterceptor):
     """Counts every call of a server: its status, its time, the calls in progress.
 
     Installed first (before :class:`dpmarket.runtime.admission.Admission`), so that calls

@@ -1,6 +1,7 @@
 """Shared fixtures and helpers: the bundled digits scenario, small and real; a new owner
 ledger, as ``dpmarket owner ledger init`` creates one; an owner ledger whose lifetime budget is
-spent; the bids a deviating curator steers to read a column."""
+spent; the bids a deviating curator steers to read a column; a sketch spec's mechanism, typed by
+its kind."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from dpmarket.common.sketches.marginals import MarginalsMechanism
+from dpmarket.common.sketches.sketch import SketchMechanism
+from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.summarization.rff import RFFParams
 from dpmarket.experiments.scenarios import Scenario, digits_scenario
 from dpmarket.owner.ledger import OwnerLedger
@@ -42,6 +46,20 @@ def new_ledger(data_dir: Path, policy: OwnerPolicy | None = None) -> Path:
     it), for an owner a test starts by hand; return ``data_dir``."""
     OwnerLedger.create(data_dir, policy or OwnerPolicy()).close()
     return data_dir
+
+
+def sketch_mechanism(spec: SketchSpec, epsilon: float | None = None) -> SketchMechanism:
+    """``spec.mechanism(epsilon)`` of a spec whose map is not the marginals map (typed so)."""
+    mechanism = spec.mechanism(epsilon)
+    assert isinstance(mechanism, SketchMechanism), f"spec {spec.name} is a marginals spec"
+    return mechanism
+
+
+def marginals_mechanism(spec: SketchSpec, epsilon: float | None = None) -> MarginalsMechanism:
+    """``spec.mechanism(epsilon)`` of a marginals spec (typed so)."""
+    mechanism = spec.mechanism(epsilon)
+    assert isinstance(mechanism, MarginalsMechanism), f"spec {spec.name} is not marginals"
+    return mechanism
 
 
 class ColumnProbe:

@@ -93,7 +93,7 @@ _EXACT_FLOOR_REL = 1e-10
 def _check_task(task: str) -> Task:
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
-    return task  # type: ignore[return-value]
+    return task
 
 
 # --------------------------------------------------------------------------- domain and bounds

@@ -1,4 +1,4 @@
-"""The market (DESIGN.md capability 4; summarization paper, Section 2, "Incentives").
+"""The market (docs/how-it-works.md, "The market"; summarization paper, Section 2, "Incentives").
 
 Pure kernels, numpy only, no I/O and no gRPC:
 

@@ -21,7 +21,7 @@ blocks and never a new kernel matrix::
 The games (:class:`ObjectiveGame`, :class:`EmbeddingGame`):
 
 * ``v(C) = J(S_C) = 2 A_C / (m n_C) - B_C / n_C^2``: the paper's objective on the coalition's
-  points, as a summary of their own (the issue's utility);
+  points, as a summary of their own (the summary's utility);
 * ``e(C) = 2 <mu_V, mu_C> - ||mu_C||^2 = 2 A_C / (m p) - B_C / p^2``: the same objective on the
   coalition's part ``mu_C = (1 / p) sum_{x in S_C} phi(x)`` of the summary's mean embedding
   (its points keep their weight ``1 / p`` in ``S``). ``e(N) = v(N) = J(S)``. Its Shapley values

@@ -637,8 +637,8 @@ def pld_epsilon(
     interval each; ``self_compose`` of a once-rounded pure PLD would add up to one interval *per
     run* to the mean loss, which for small epsilon is of the order of the loss itself (measured:
     +11% for 1656 runs at epsilon 0.01). ``PLDAccountant`` is not used: in dp-accounting 0.6 it
-    ignores the repeat count of a ``SelfComposedDpEvent`` wrapping a
-    ``RandomizedResponseDpEvent`` (DESIGN.md). Composition of these PLDs is valid under adaptive
+    ignores the repeat count of a ``SelfComposedDpEvent`` wrapping a ``RandomizedResponseDpEvent``
+    (docs/how-it-works.md, Composition). Composition of these PLDs is valid under adaptive
     composition because each is a dominating pair for its mechanism (every ``epsilon``-DP
     mechanism is dominated by randomized response). For the exponential mechanism the generic
     pure-DP PLD is sound but not tight. The Gaussian PLD is that of ``N(0, sigma^2)`` versus

@@ -245,8 +245,8 @@ class PrivacyLedger:
     -----
     Budgets are checked with Theorem 7 of the summarization paper (Kairouz et al. 2017), as
     quoted in its appendix, over *all* events charged to the party, in any order: adaptive
-    composition is order-free for these bounds. ``check`` and ``charge`` are all-or-nothing, so a
-    failed round charges nothing (DESIGN.md, Errors). A Gaussian event enters Theorem 7 as the
+    composition is order-free for these bounds. ``check`` and ``charge`` are all-or-nothing: a
+    failed round charges nothing (docs/how-it-works.md). A Gaussian event enters Theorem 7 as the
     ``(epsilon_l, delta_l)`` it was calibrated for; budgets bound the epsilon only, and the
     delta at which it holds is reported (``delta_total``), not enforced.
 

@@ -8,7 +8,7 @@ instead of all sites. A
 round has six stages; each is one method of :class:`SparseSecAggSite` answered by one method of
 :class:`SparseSecAggAggregator`:
 
-0. advertise: ``advertise_keys`` (the signed keys now also commit to a graph nonce) ->
+0. advertise: ``advertise_keys`` (unlike SecAgg's, the signed keys also commit to a graph nonce) ->
    ``collect_advertisements`` (U1);
 1. reveal: ``reveal_nonce`` (given every commitment of U1) -> ``collect_nonces`` (the graph seed:
    every site of U1 must reveal);

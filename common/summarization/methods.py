@@ -639,7 +639,7 @@ class CandidatesConfig(AllocationFields):
     )
     candidate_fraction: float = param(
         0.0,
-        "When > 0, the rule before candidate_multiple: at most max(p, floor(this * K * p)) owner "
+        "When > 0, a budget that grows with K: at most max(p, floor(this * K * p)) owner "
         "points (it grows with K); 0: candidate_multiple decides.",
         unit="fraction of K * p",
         source="docs/results.md",

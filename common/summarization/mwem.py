@@ -129,7 +129,7 @@ class MWEMState:
     (:class:`dpmarket.common.privacy.noise.OpenDPNoise`, hardened against the attacks of Mironov
     2012), seeded numpy draws from ``rng`` in tests and seeded sessions. The selection's uniform
     draw comes from ``rng`` (CSPRNG-seeded in production,
-    :func:`dpmarket.common.privacy.rng.production_rng`); DESIGN.md, "Noise sources".
+    :func:`dpmarket.common.privacy.rng.production_rng`); docs/how-it-works.md, "Privacy accounting".
 
     References
     ----------

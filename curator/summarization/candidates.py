@@ -118,7 +118,7 @@ class CandidatesStrategy(AllocatedStrategy[CandidatesConfig]):
 
     def budget(self) -> CandidateBudget:
         """``max(p, floor(c * p))`` with ``c = candidate_multiple``, whatever K; or, with
-        ``candidate_fraction`` > 0, the rule before it, ``max(p, floor(candidate_fraction * K *
+        ``candidate_fraction`` > 0, growing with K, ``max(p, floor(candidate_fraction * K *
         p))``. At least p, so a single owner can serve a whole summary; it hedges when it holds
         2p."""
         cfg = self.config

@@ -22,6 +22,7 @@ from dpmarket.consumer.explore import (
     parse_where,
     rank_owners,
 )
+from tests.conftest import marginals_mechanism, sketch_mechanism
 
 BINS = 20
 DECLARATION = SketchDeclaration.from_mapping(
@@ -73,7 +74,7 @@ def test_parse_where() -> None:
         ({"kind": "cdf", "points": (math.nan,)}, "finite"),
     ],
 )
-def test_queries_refuse_options_that_do_not_belong(kwargs: dict, message: str) -> None:  # type: ignore[type-arg]
+def test_queries_refuse_options_that_do_not_belong(kwargs: dict, message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=message):
         Query(**kwargs)
 
@@ -102,7 +103,7 @@ def test_an_exact_hist_sketch_recovers_means_to_the_bin_discretization(
 def test_answers_have_their_labels_and_extras(specs: dict[str, SketchSpec]) -> None:
     spec = specs["rff"]
     x = _records(4000)
-    sketch = spec.mechanism(1.0).release(x, SeededNoise(np.random.default_rng(0)))
+    sketch = sketch_mechanism(spec, 1.0).release(x, SeededNoise(np.random.default_rng(0)))
     explorer = Explorer(spec, n_synthetic=4000, seed=1)
     est = explorer.estimator(sketch)
     cdf = explorer.answer(Query("cdf", columns=("a",), points=(0.2, 0.5)), est)
@@ -137,7 +138,9 @@ def test_the_same_sketch_gives_the_same_answer_and_unions_merge(
 ) -> None:
     spec = specs["rff"]
     parts = [
-        spec.mechanism(1.0).release(_records(2000, seed=s), SeededNoise(np.random.default_rng(s)))
+        sketch_mechanism(spec, 1.0).release(
+            _records(2000, seed=s), SeededNoise(np.random.default_rng(s))
+        )
         for s in (1, 2)
     ]
     q = Query("moment2")
@@ -151,7 +154,7 @@ def test_the_same_sketch_gives_the_same_answer_and_unions_merge(
         Explorer(other_map, n_synthetic=100).estimator(parts[0])
 
 
-def _plain(declaration: SketchDeclaration) -> dict:  # type: ignore[type-arg]
+def _plain(declaration: SketchDeclaration) -> dict:
     d = declaration.as_dict()
     return {
         "name": d["name"],
@@ -168,9 +171,9 @@ def test_owners_rank_by_the_mmd_to_the_validation_set(specs: dict[str, SketchSpe
     spec = specs["rff"]
     noise = SeededNoise(np.random.default_rng(4))
     sketches = {
-        "near": spec.mechanism(1.0).release(_records(3000, 0.0, seed=2), noise),
-        "far": spec.mechanism(1.0).release(_records(3000, 0.5, seed=3), noise),
-        "farther": spec.mechanism(1.0).release(_records(3000, 0.8, seed=4), noise),
+        "near": sketch_mechanism(spec, 1.0).release(_records(3000, 0.0, seed=2), noise),
+        "far": sketch_mechanism(spec, 1.0).release(_records(3000, 0.5, seed=3), noise),
+        "farther": sketch_mechanism(spec, 1.0).release(_records(3000, 0.8, seed=4), noise),
     }
     ranking = rank_owners(sketches, _records(500, 0.0, seed=7))
     assert [r.owner for r in ranking] == ["near", "far", "farther"]
@@ -178,7 +181,7 @@ def test_owners_rank_by_the_mmd_to_the_validation_set(specs: dict[str, SketchSpe
         assert r.estimate.low < r.mmd2 < r.estimate.high
         assert r.mmd2 == pytest.approx(sketch_mmd2(sketches[r.owner], _records(500, seed=7)))
     assert ranking[0].unresolved == ()  # 3,000 records apart by 0.5: the order is clear
-    hist = specs["hist"].mechanism(1.0).release(_records(100), noise)
+    hist = sketch_mechanism(specs["hist"], 1.0).release(_records(100), noise)
     with pytest.raises(InvalidArgumentError, match="ranked by RFF sketches"):
         rank_owners({"h": hist}, _records(10))
     outside = _records(10)
@@ -227,7 +230,7 @@ def test_m2m_standard_errors_cover_at_the_stated_rate() -> None:
     queries = [Query("mean", columns=("a",)), Query("count", where=(("b", 0.0, math.inf),))]
     covered = np.zeros(len(queries))
     for r in range(1000):
-        sketch = spec.mechanism().release(x, SeededNoise(np.random.default_rng(r)))
+        sketch = sketch_mechanism(spec).release(x, SeededNoise(np.random.default_rng(r)))
         est = explorer.estimator(sketch)
         for k, q in enumerate(queries):
             target = m2m_target(q, spec.domain)
@@ -249,7 +252,9 @@ def test_answers_carry_errors_columns_and_clip_flags(specs: dict[str, SketchSpec
     explorer = Explorer(spec, n_synthetic=4000, seed=1)
     flagged = 0
     for seed in range(20):
-        sketch = spec.mechanism(0.1).release(_records(20), SeededNoise(np.random.default_rng(seed)))
+        sketch = sketch_mechanism(spec, 0.1).release(
+            _records(20), SeededNoise(np.random.default_rng(seed))
+        )
         answer = explorer.answer(Query("mean", columns=("a", "b")), sketch)
         assert answer.columns == (("a",), ("b",)) and (answer.errors > 0).all()
         for j, flag in enumerate(answer.codes()):
@@ -270,7 +275,9 @@ def test_marginals_answers_track_the_truth_with_their_errors(mspecs: dict[str, S
     spec = mspecs["marginals"]
     x = [_records(3000, seed=1), _records(2000, 0.3, seed=2)]
     rng = np.random.default_rng(3)
-    sketches = [spec.mechanism(1.0).release(part, SeededNoise(rng), rng=rng) for part in x]
+    sketches = [
+        marginals_mechanism(spec, 1.0).release(part, SeededNoise(rng), rng=rng) for part in x
+    ]
     explorer = MarginalsExplorer(spec, bootstrap=8, seed=0)
     union = np.concatenate(x)
     q = Query("count", where=(("a", 0.0, 0.3), ("y", 1, 1)))

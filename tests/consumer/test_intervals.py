@@ -21,6 +21,7 @@ from scipy.stats import binom
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.consumer.explore import Z95, Explorer, Query, exact_answer
+from tests.conftest import sketch_mechanism
 
 #: Releases per test.
 N = 100
@@ -82,7 +83,7 @@ def _coverage(
     covered = np.zeros(truth.shape[0], dtype=int)
     control = np.zeros(truth.shape[0], dtype=int)
     flagged = np.zeros(truth.shape[0], dtype=int)
-    mechanism = spec.mechanism(epsilon)
+    mechanism = sketch_mechanism(spec, epsilon)
     for seed in range(releases):
         sketch = mechanism.release(records, SeededNoise(np.random.default_rng(seed)))
         answer = explorer.answer(query, sketch, replicates=REPLICATES)
@@ -179,10 +180,8 @@ def test_logistic_regressions_are_flagged_unbounded(specs: dict[str, SketchSpec]
     """No sketch bounds an implicit-M2M fit's bias: every coefficient is flagged, with its
     reason (the histogram's says the relation is not identified)."""
     explorer = Explorer(specs["hist"], n_synthetic=500, seed=0)
-    sketch = (
-        specs["hist"]
-        .mechanism(1.0)
-        .release(_at_bin_edges(2000), SeededNoise(np.random.default_rng(0)))
+    sketch = sketch_mechanism(specs["hist"], 1.0).release(
+        _at_bin_edges(2000), SeededNoise(np.random.default_rng(0))
     )
     answer = explorer.answer(Query("logreg", target="y", columns=("a",)), sketch, errors=False)
     assert answer.codes() == ("unbounded", "unbounded")
@@ -199,8 +198,8 @@ def test_a_wild_estimate_is_flagged_not_passed_off_by_its_cut_interval(
     explorer = Explorer(specs["hist"], n_synthetic=500, seed=0)
     records = _at_bin_edges(20)
     for seed in range(5):
-        sketch = (
-            specs["hist"].mechanism(1.0).release(records, SeededNoise(np.random.default_rng(seed)))
+        sketch = sketch_mechanism(specs["hist"], 1.0).release(
+            records, SeededNoise(np.random.default_rng(seed))
         )
         answer = explorer.answer(Query("mean", columns=("a",)), sketch, replicates=REPLICATES)
         assert answer.codes()[0] in ("uninformative", "few-records", "clipped")
@@ -213,10 +212,8 @@ def test_answer_rows_carry_value_error_interval_bias_and_flag(specs: dict[str, S
     """The JSON shape explore prints: per value, the value, standard error, interval, the bias
     bound inside it, how it was built, and the flag with its reason (null when none)."""
     explorer = Explorer(specs["hist"], n_synthetic=500, seed=0)
-    sketch = (
-        specs["hist"]
-        .mechanism(1.0)
-        .release(_at_bin_edges(4000), SeededNoise(np.random.default_rng(0)))
+    sketch = sketch_mechanism(specs["hist"], 1.0).release(
+        _at_bin_edges(4000), SeededNoise(np.random.default_rng(0))
     )
     answer = explorer.answer(HIST_QUERIES["covariance"], sketch, replicates=REPLICATES)
     rows = answer.as_dict()["rows"]

@@ -30,19 +30,19 @@ class Tap(LocalOwnerEndpoint):
 
     async def set_validation_embedding(
         self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None
-    ):  # type: ignore[no-untyped-def]
+    ):
         self.embedding = np.array(embedding)
         await super().set_validation_embedding(
             session_id, embedding, shrinkage_sigma=shrinkage_sigma, prior_embedding=prior_embedding
         )
 
-    async def count_relevant(self, session_id, threshold):  # type: ignore[no-untyped-def]
+    async def count_relevant(self, session_id, threshold):
         # The exact count, which never leaves the owner; the owner adds the noise itself.
         self.count = self.owner.session(session_id).relevant_count(threshold)
         return await super().count_relevant(session_id, threshold)
 
 
-def _session(digits: Scenario, seed: int):  # type: ignore[no-untyped-def]
+def _session(digits: Scenario, seed: int):
     taps = [Tap(Owner(o.name, o)) for o in digits.owners]
     config = CandidatesConfig(
         summary_size=10,

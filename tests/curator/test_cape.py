@@ -147,60 +147,60 @@ class Site(LocalCapeSiteEndpoint):
             self.lost = True
             raise UnavailableError(f"{self.name} vanished at {stage}")
 
-    async def open_job(self, job_id, spec, seed, consumer):  # type: ignore[no-untyped-def]
+    async def open_job(self, job_id, spec, seed, consumer):
         self._reach("open")
         return await super().open_job(job_id, spec, seed, consumer)
 
-    async def attest_plan(self, job_id, sites, colluders, first_iteration=0):  # type: ignore[no-untyped-def]
+    async def attest_plan(self, job_id, sites, colluders, first_iteration=0):
         self._reach("attest")
         return await super().attest_plan(job_id, sites, colluders, first_iteration)
 
-    async def plan_job(self, job_id, sites, colluders, attestations, first_iteration=0):  # type: ignore[no-untyped-def]
+    async def plan_job(self, job_id, sites, colluders, attestations, first_iteration=0):
         self._reach("plan")
         return await super().plan_job(job_id, sites, colluders, attestations, first_iteration)
 
-    async def advertise_keys(self, job_id, params):  # type: ignore[no-untyped-def]
+    async def advertise_keys(self, job_id, params):
         self._reach("advertise")
         return await super().advertise_keys(job_id, params)
 
-    async def reveal_nonce(self, job_id, params, advertisements, certificates):  # type: ignore[no-untyped-def]
+    async def reveal_nonce(self, job_id, params, advertisements, certificates):
         self._reach("reveal")
         return await super().reveal_nonce(job_id, params, advertisements, certificates)
 
-    async def share_keys(self, job_id, params, advertisements, certificates, nonces=None):  # type: ignore[no-untyped-def]
+    async def share_keys(self, job_id, params, advertisements, certificates, nonces=None):
         self._reach("share")
         return await super().share_keys(job_id, params, advertisements, certificates, nonces)
 
-    async def masked_input(self, job_id, params, ciphertexts):  # type: ignore[no-untyped-def]
+    async def masked_input(self, job_id, params, ciphertexts):
         self._reach("mask")
         masked = await super().masked_input(job_id, params, ciphertexts)
         self.masked[params.round_id] = masked.vector.copy()
         return masked
 
-    async def consistency_check(self, job_id, params, survivors):  # type: ignore[no-untyped-def]
+    async def consistency_check(self, job_id, params, survivors):
         self._reach("check")
         return await super().consistency_check(job_id, params, survivors)
 
-    async def unmask(self, job_id, params, survivors, dropped, signatures, acknowledgements=None):  # type: ignore[no-untyped-def]
+    async def unmask(self, job_id, params, survivors, dropped, signatures, acknowledgements=None):
         self._reach("unmask")
         return await super().unmask(
             job_id, params, survivors, dropped, signatures, acknowledgements
         )
 
-    async def release(self, job_id, round_id, total):  # type: ignore[no-untyped-def]
+    async def release(self, job_id, round_id, total):
         self._reach("release")
         release = await super().release(job_id, round_id, total)
         self.totals[round_id] = np.array(total, dtype=np.float64)
         self.releases[round_id] = release.copy()
         return release
 
-    async def release_gradient(self, job_id, round_id, iteration, parameters, total):  # type: ignore[no-untyped-def]
+    async def release_gradient(self, job_id, round_id, iteration, parameters, total):
         self._reach("gradient", iteration)
         release = await super().release_gradient(job_id, round_id, iteration, parameters, total)
         self.gradients[round_id, iteration] = (parameters.copy(), total.copy(), release.copy())
         return release
 
-    async def close_job(self, job_id):  # type: ignore[no-untyped-def]
+    async def close_job(self, job_id):
         self._reach("close")
         return await super().close_job(job_id)
 
@@ -614,9 +614,9 @@ def _replay(
         theta = theta - spec.learning_rate * average
         averaged_per_iteration.append(averaged)
     np.testing.assert_array_equal(result.parameters, theta)
-    n = np.size(z)
+    size = np.size(z)
     ratio = float(np.mean(np.square(z)))
-    assert stats.chi2.ppf(5e-7, n) / n <= ratio <= stats.chi2.isf(5e-7, n) / n, ratio
+    assert stats.chi2.ppf(5e-7, size) / size <= ratio <= stats.chi2.isf(5e-7, size) / size, ratio
     return averaged_per_iteration
 
 
@@ -769,7 +769,7 @@ def test_a_job_asking_for_fewer_colluders_than_an_owners_floor_releases_nothing(
 class LiesAboutItsSize(Site):
     """A colluding site that signs one count and hands the curator another."""
 
-    async def attest_plan(self, job_id, sites, colluders, first_iteration=0):  # type: ignore[no-untyped-def]
+    async def attest_plan(self, job_id, sites, colluders, first_iteration=0):
         attestation, certificate = await super().attest_plan(
             job_id, sites, colluders, first_iteration
         )

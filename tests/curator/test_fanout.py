@@ -63,19 +63,19 @@ class MeetingOwner(LocalOwnerEndpoint):
             self.done.add(stage)
             await self.meeting.meet(stage)
 
-    async def info(self):  # type: ignore[no-untyped-def]
+    async def info(self):
         await self._once("info")
         return await super().info()
 
-    async def open_session(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def open_session(self, *args, **kwargs):
         await self._once("open")
         return await super().open_session(*args, **kwargs)
 
-    async def bid(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def bid(self, *args, **kwargs):
         await self._once("bid")
         return await super().bid(*args, **kwargs)
 
-    async def close_session(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def close_session(self, *args, **kwargs):
         await self._once("close")
         return await super().close_session(*args, **kwargs)
 
@@ -122,52 +122,52 @@ class MeetingSite(Site):
     async def _meet(self) -> None:
         await self.meeting.meet(self._stage)
 
-    async def open_job(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def open_job(self, *args, **kwargs):
         result = await super().open_job(*args, **kwargs)
         await self._meet()
         return result
 
-    async def attest_plan(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def attest_plan(self, *args, **kwargs):
         result = await super().attest_plan(*args, **kwargs)
         await self._meet()
         return result
 
-    async def plan_job(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def plan_job(self, *args, **kwargs):
         result = await super().plan_job(*args, **kwargs)
         await self._meet()
         return result
 
-    async def advertise_keys(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def advertise_keys(self, *args, **kwargs):
         result = await super().advertise_keys(*args, **kwargs)
         await self._meet()
         return result
 
-    async def reveal_nonce(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def reveal_nonce(self, *args, **kwargs):
         result = await super().reveal_nonce(*args, **kwargs)
         await self._meet()
         return result
 
-    async def share_keys(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def share_keys(self, *args, **kwargs):
         result = await super().share_keys(*args, **kwargs)
         await self._meet()
         return result
 
-    async def masked_input(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def masked_input(self, *args, **kwargs):
         result = await super().masked_input(*args, **kwargs)
         await self._meet()
         return result
 
-    async def consistency_check(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def consistency_check(self, *args, **kwargs):
         result = await super().consistency_check(*args, **kwargs)
         await self._meet()
         return result
 
-    async def unmask(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def unmask(self, *args, **kwargs):
         result = await super().unmask(*args, **kwargs)
         await self._meet()
         return result
 
-    async def release(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def release(self, *args, **kwargs):
         result = await super().release(*args, **kwargs)
         await self._meet()
         return result
@@ -189,7 +189,7 @@ def test_a_cape_job_of_40_sites_calls_them_at_once_and_runs_secagg_plus() -> Non
     assert result.report["secure_aggregation"]["graph"] == "sparse"
     assert result.report["secure_aggregation"]["failure_bound"] <= 2.0**-40
     assert dict(meeting.met) == {s: 40 for s in STAGES}
-    _check_zero_sum_over_averaged_sites(spec, sites, result, 1e-5)  # type: ignore[arg-type]
+    _check_zero_sum_over_averaged_sites(spec, sites, result, 1e-5)
 
 
 @pytest.mark.slow
@@ -206,4 +206,4 @@ def test_a_site_lost_before_its_nonce_is_re_planned_without_and_nothing_released
     assert "site-07" in result.report["dropped"]
     assert result.report["noise_rounds"] == 2
     assert not sites["site-07"].releases
-    _check_zero_sum_over_averaged_sites(spec, sites, result, 1e-5)  # type: ignore[arg-type]
+    _check_zero_sum_over_averaged_sites(spec, sites, result, 1e-5)

@@ -11,6 +11,7 @@ from dpmarket.common.summarization.methods import HashesConfig, method_config
 from dpmarket.consumer.evaluation import hash_model_accuracy
 from dpmarket.experiments.runner import local_hash_owners, publish_sketches, run_session
 from dpmarket.experiments.scenarios import Scenario
+from dpmarket.owner.data import PointSet
 from dpmarket.owner.local import LocalOwnerEndpoint
 
 P = 20
@@ -28,7 +29,7 @@ class _Recording(LocalOwnerEndpoint):
         hashes, labels = await super().propose_hashes(session_id, count, gamma)
         self.returned.append(hashes)
         data = self.owner.data
-        assert data is not None
+        assert isinstance(data, PointSet)
         self.chosen.append(data.features[self.owner.sessions[session_id].sent])
         return hashes, labels
 

@@ -46,7 +46,7 @@ def _security(pki: Path, identity: Identity) -> TransportSecurity:
     return TransportSecurity.from_files(*identity_files(pki, identity))
 
 
-async def _owner_server(pki: Path, name: str, n_features: int):  # type: ignore[no-untyped-def]
+async def _owner_server(pki: Path, name: str, n_features: int):
     """Serve an owner of 20 points of ``n_features`` features; return (server, address)."""
     identity = Identity("owner", name)
     owner = Owner(name, PointSet(np.random.default_rng(0).random((20, n_features)), None, name))
@@ -55,7 +55,7 @@ async def _owner_server(pki: Path, name: str, n_features: int):  # type: ignore[
 
     servicer = OwnerServicer(owner, authorizer)
 
-    def register(server):  # type: ignore[no-untyped-def]
+    def register(server):
         owner_pb2_grpc.add_OwnerServiceServicer_to_server(servicer, server)
 
     service = owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].full_name
@@ -65,11 +65,11 @@ async def _owner_server(pki: Path, name: str, n_features: int):  # type: ignore[
     return server, f"127.0.0.1:{port}"
 
 
-def _run(pki: Path, configured: list[tuple[str, str | None]], **kwargs):  # type: ignore[no-untyped-def]
+def _run(pki: Path, configured: list[tuple[str, str | None]], **kwargs):
     """Start owner-0 (10 features) and owner-1 (10 features); check ``configured`` owners,
     each (name, address or None for owner-<name>'s own)."""
 
-    async def run():  # type: ignore[no-untyped-def]
+    async def run():
         servers = {n: await _owner_server(pki, n, 10) for n in ("owner-0", "owner-1")}
         curator = _security(pki, CURATOR)
         endpoints = [
@@ -121,7 +121,7 @@ def test_an_allocation_spec_of_7_columns_for_owners_of_10_is_a_start_up_error(pk
 
 def test_an_owner_name_its_certificate_does_not_carry_is_a_start_up_error(pki: Path) -> None:
     # owner-9 is configured at owner-1's address: the server proves owner-1.
-    async def run():  # type: ignore[no-untyped-def]
+    async def run():
         server, address = await _owner_server(pki, "owner-1", 10)
         endpoint = GrpcOwnerEndpoint(address, _security(pki, CURATOR), OWNERS[2])
         try:

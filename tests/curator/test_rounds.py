@@ -29,7 +29,7 @@ COMBINATIONS = list(
 )
 
 
-def _config(validation: str, summary: str, scoring: str, **kw) -> SummarizationConfig:  # type: ignore[no-untyped-def]
+def _config(validation: str, summary: str, scoring: str, **kw) -> RoundsConfig:
     return RoundsConfig(
         summary_size=P,
         validation_release=validation,  # type: ignore[arg-type]
@@ -48,17 +48,17 @@ class RecordingEndpoint(LocalOwnerEndpoint):
 
     async def set_validation_embedding(
         self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None
-    ):  # type: ignore[no-untyped-def]
+    ):
         self.received.append((0, "embedding", embedding.tobytes()))
         await super().set_validation_embedding(
             session_id, embedding, shrinkage_sigma=shrinkage_sigma, prior_embedding=prior_embedding
         )
 
-    async def bid(self, session_id, round_, summary_embedding, q):  # type: ignore[no-untyped-def]
+    async def bid(self, session_id, round_, summary_embedding, q):
         self.received.append((round_, "bid", (np.asarray(summary_embedding).tobytes(), q)))
         return await super().bid(session_id, round_, summary_embedding, q)
 
-    async def release_point(self, session_id, round_):  # type: ignore[no-untyped-def]
+    async def release_point(self, session_id, round_):
         self.received.append((round_, "release", None))
         return await super().release_point(session_id, round_)
 
@@ -201,6 +201,7 @@ def test_unset_rounds_options_take_the_defaults() -> None:
     request.params.ClearField("pool_scoring")
     request.params.ClearField("auction_share")
     back = create_request_from_proto(request).config
+    assert isinstance(back, RoundsConfig)
     assert (back.validation_release, back.summary_release, back.pool_scoring) == (
         "gaussian",
         "tree",

@@ -101,7 +101,7 @@ class OpenCounting(LocalCapeSiteEndpoint):
         super().__init__(inner.site, inner.rounds)
         self.opened = 0
 
-    async def open_job(self, job_id, spec, seed, consumer):  # type: ignore[no-untyped-def]
+    async def open_job(self, job_id, spec, seed, consumer):
         self.opened += 1
         return await super().open_job(job_id, spec, seed, consumer)
 

@@ -112,22 +112,22 @@ class Dies(LocalSecureAggregationEndpoint):
         super().__init__(inner.name, inner.rounds)
         self.stage = stage
 
-    async def share_keys(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def share_keys(self, *args, **kwargs):
         if self.stage == "share":
             raise UnavailableError("connection reset")
         return await super().share_keys(*args, **kwargs)
 
-    async def masked_input(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def masked_input(self, *args, **kwargs):
         if self.stage == "mask":
             raise UnavailableError("connection reset")
         return await super().masked_input(*args, **kwargs)
 
-    async def consistency_check(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def consistency_check(self, *args, **kwargs):
         if self.stage == "check":
             raise UnavailableError("connection reset")
         return await super().consistency_check(*args, **kwargs)
 
-    async def unmask(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def unmask(self, *args, **kwargs):
         if self.stage == "unmask":
             raise UnavailableError("connection reset")
         return await super().unmask(*args, **kwargs)
@@ -173,12 +173,12 @@ def test_too_many_dropouts_abort_and_release_nothing(pki: Path) -> None:
 class Substitutes(LocalSecureAggregationEndpoint):
     """A curator that swaps site-b's advertised keys for its own before forwarding them."""
 
-    async def share_keys(self, job_id, params, advertisements, certificates):  # type: ignore[no-untyped-def]
+    async def share_keys(self, job_id, params, advertisements, certificates, nonces=None):
         forged = dict(advertisements)
         real = forged["site-b"]
         fake = KeyAdvertisement("site-b", real.s_public, real.c_public, real.signature)
         forged["site-b"] = fake
-        return await super().share_keys(job_id, params, forged, certificates)
+        return await super().share_keys(job_id, params, forged, certificates, nonces)
 
 
 def test_a_key_substituted_by_the_curator_is_detected(pki: Path) -> None:

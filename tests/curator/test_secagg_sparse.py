@@ -85,15 +85,15 @@ class Dies(LocalSecureAggregationEndpoint):
         if self.stage == stage:
             raise UnavailableError("connection reset")
 
-    async def reveal_nonce(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def reveal_nonce(self, *args, **kwargs):
         self._maybe("reveal")
         return await super().reveal_nonce(*args, **kwargs)
 
-    async def masked_input(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def masked_input(self, *args, **kwargs):
         self._maybe("mask")
         return await super().masked_input(*args, **kwargs)
 
-    async def unmask(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def unmask(self, *args, **kwargs):
         self._maybe("unmask")
         return await super().unmask(*args, **kwargs)
 

@@ -173,7 +173,7 @@ def test_without_sketches_the_counts_allocation_runs_unchanged(digits: Scenario)
         "relevance count instead"
     )
     assert a.report.ledger.to_json()["owner_terms"]["epsilon"] == 1.0
-    # The previous budget rule (0.5 K p) still reads 0.5 K p points.
+    # A budget by fraction of K p (candidate_fraction 0.5) reads 0.5 K p points.
     old = CandidatesConfig(summary_size=10, rff_dimension=64, candidate_fraction=0.5)
     c = simulate(digits.owners, digits.validation, digits.seed_set, old, seed=3)
     assert c.report.owner_points_accessed == 25
@@ -201,7 +201,7 @@ class _Recording(LocalOwnerEndpoint):
         self.rff = None
         self.embedding: np.ndarray | None = None
 
-    async def open_session(self, session_id, rff, sampling_seed, *, consumer, terms):  # type: ignore[no-untyped-def,override]
+    async def open_session(self, session_id, rff, sampling_seed, *, consumer, terms):
         self.rff = rff
         return await super().open_session(
             session_id, rff, sampling_seed, consumer=consumer, terms=terms
@@ -209,7 +209,7 @@ class _Recording(LocalOwnerEndpoint):
 
     async def set_validation_embedding(
         self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None
-    ):  # type: ignore[no-untyped-def,override]
+    ):
         self.embedding = np.array(embedding, copy=True)
         self.shrinkage_sigma, self.prior = shrinkage_sigma, prior_embedding
         await super().set_validation_embedding(

@@ -23,6 +23,7 @@ from dpmarket.common.sketches.sketch import PrivateSketch
 from dpmarket.common.sketches.spec import SketchDeclaration
 from dpmarket.curator.policy import CuratorPolicy, policy_from_mapping
 from dpmarket.curator.sketches import SketchCatalog, load_declaration
+from tests.conftest import sketch_mechanism
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA: dict[str, Any] = {
@@ -49,10 +50,8 @@ def _records(seed: int = 0) -> np.ndarray:
 def _sketch(
     catalog: SketchCatalog, spec: str, seed: int = 0, epsilon: float = 1.0
 ) -> PrivateSketch:
-    return (
-        catalog.spec(spec)
-        .mechanism(epsilon)
-        .release(_records(seed), SeededNoise(np.random.default_rng(seed)))
+    return sketch_mechanism(catalog.spec(spec), epsilon).release(
+        _records(seed), SeededNoise(np.random.default_rng(seed))
     )
 
 

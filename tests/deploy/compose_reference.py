@@ -30,7 +30,7 @@ import numpy as np
 
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec
 from dpmarket.common.privacy.noise import SeededNoise
-from dpmarket.common.sketches.sketch import merge_sketches
+from dpmarket.common.sketches.sketch import PrivateSketch, merge_sketches
 from dpmarket.consumer.explore import Explorer, Query
 from dpmarket.curator.cape import CapeMeanEstimate, CapeResult
 from dpmarket.curator.sketches import SketchCatalog
@@ -90,7 +90,10 @@ def _sketch(job: dict[str, Any], tables: dict[str, Any], scratch: Path) -> dict[
         spec = catalog.spec(job["spec"])
         entries = catalog.sketches(job["spec"])
     explorer = Explorer(spec, n_synthetic=job["synthetic"], seed=job["explore_seed"])
-    merged = merge_sketches([e.sketch for e in entries])
+    sketches = [e.sketch for e in entries]
+    private = [s for s in sketches if isinstance(s, PrivateSketch)]
+    assert len(private) == len(sketches), "the reference explores private (M2M) sketches"
+    merged = merge_sketches(private)
     answer = explorer.answer(Query(job["query"]), explorer.estimator(merged))
     return {"owners": [e.owner for e in entries], "values": answer.values.tolist()}
 

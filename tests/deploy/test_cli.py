@@ -19,7 +19,7 @@ def test_every_protocol_parameter_has_an_option(command: str) -> None:
         assert method in result.output
 
 
-def test_out_of_range_parameter_is_a_usage_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_out_of_range_parameter_is_a_usage_error(tmp_path) -> None:
     import numpy as np
 
     data = tmp_path / "a.npy"
@@ -33,7 +33,7 @@ def test_out_of_range_parameter_is_a_usage_error(tmp_path) -> None:  # type: ign
     assert "delta_owners" in result.output
 
 
-def test_scenario_sizes_the_flights_split_and_refuses_sizes_for_digits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_scenario_sizes_the_flights_split_and_refuses_sizes_for_digits(tmp_path) -> None:
     import json
 
     runner = CliRunner()
@@ -56,7 +56,7 @@ def test_scenario_sizes_the_flights_split_and_refuses_sizes_for_digits(tmp_path)
     assert too_many.exit_code == 2 and "n_owners" in too_many.output
 
 
-def test_serve_owner_checks_its_declared_0_1_columns_before_serving(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_serve_owner_checks_its_declared_0_1_columns_before_serving(tmp_path) -> None:
     """The declaration is checked at start-up, on the owner's console (row and value named):
     the owner does not start with a declaration its table contradicts."""
     import pandas as pd
@@ -111,7 +111,7 @@ def test_the_basics_come_first_and_each_method_has_its_section(command: str) -> 
         assert listed.count(f"--{name.replace('_', '-')}") == 1, name
 
 
-def test_an_option_of_another_method_is_refused_naming_who_reads_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_an_option_of_another_method_is_refused_naming_who_reads_it(tmp_path) -> None:
     import numpy as np
 
     data = tmp_path / "a.npy"

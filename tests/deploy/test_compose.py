@@ -554,9 +554,9 @@ def test_each_party_mounts_only_its_own_volumes(config: dict[str, Any]) -> None:
     job_sources = {m.source for job in JOBS - {"ledgers"} for m in _mounts(services[job])}
     ledger_sources = {m.source for m in _mounts(services["ledgers"]) if not m.read_only}
     for name in SERVERS:
-        state = _volumes(services[name])[STATE_TARGET].source
-        assert state not in job_sources
-        assert (state in ledger_sources) == (name in OWNERS), name
+        source = _volumes(services[name])[STATE_TARGET].source
+        assert source not in job_sources
+        assert (source in ledger_sources) == (name in OWNERS), name
     assert len(ledger_sources) == len(OWNERS)
 
 
@@ -940,7 +940,7 @@ def _mtls_server(tmp_path: Path, identity: Identity) -> Iterator[_Served]:
         yield _Served(
             port,
             pki_dir,
-            lambda status: loop.run(health_servicer.set("", status)),  # type: ignore[arg-type]
+            lambda status: loop.run(health_servicer.set("", status)),
             stop,
         )
     finally:

@@ -100,7 +100,7 @@ CAPE_JOBS: dict[str, dict[str, Any]] = {
 }
 SKETCH_SPEC = "flights/rff"
 SKETCH_OWNER_SEEDS = {owner: 100 + k for k, owner in enumerate(OWNERS)}
-EXPLORE = {"query": "mean", "synthetic": 2000, "seed": 3}
+EXPLORE: dict[str, Any] = {"query": "mean", "synthetic": 2000, "seed": 3}
 #: The training that an owner's kill interrupts: long enough to be mid-way when the kill lands.
 TRAINING = [
     *("--feature", "month=1:12", "--feature", "hour=0:24"),

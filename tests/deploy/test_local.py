@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 from cryptography import x509
 
+from dpmarket.common.sketches.marginals import MarginalsMap
 from dpmarket.common.sketches.spec import SketchDeclaration
 from dpmarket.consumer.explore import Query, choose_source
 from dpmarket.curator.sketches import load_declaration
@@ -93,6 +94,7 @@ def test_init_writes_pki_configs_policies_and_a_draft_schema(tmp_path: Path) -> 
     specs = {s.kind: s for s in declaration.draw(np.random.default_rng(0))}
     assert declaration.spec_names()[-1] == "clinics/marginals"
     marginals = specs["marginals"]
+    assert isinstance(marginals.feature_map, MarginalsMap)
     assert (marginals.noise, marginals.delta, marginals.feature_map.rows) == ("gaussian", 1e-6, 30)
     assert marginals.feature_map.block_sizes.tolist() == [8, 8, 2]  # high: its two levels
     count = Query("count", where=(("high", 1, 1),))

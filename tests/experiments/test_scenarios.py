@@ -204,7 +204,7 @@ def test_flights_options_and_determinism(flights: Scenario) -> None:
 )
 def test_flights_bad_arguments(kwargs: dict[str, int], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        flights_scenario(**kwargs)  # type: ignore[arg-type]
+        flights_scenario(**kwargs)
 
 
 # ---- Scenario validation, registry and files ----------------------------------------------

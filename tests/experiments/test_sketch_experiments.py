@@ -29,7 +29,7 @@ def quick_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _doc(out: Path, name: str) -> dict:  # type: ignore[type-arg]
+def _doc(out: Path, name: str) -> dict:
     return json.loads((out / f"{name}.json").read_text(encoding="utf-8"))
 
 

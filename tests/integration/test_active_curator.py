@@ -295,13 +295,13 @@ class Attacker:
         shared[COLLUDER] = colluder.share_keys(ads)
         masked = {}
         for owner in HONEST:
-            request = secure_aggregation_pb2.MaskedInputRequest(
+            masked_request = secure_aggregation_pb2.MaskedInputRequest(
                 round=msg.round_to_proto(job_id, params),
                 ciphertexts=msg.ciphertexts_to_proto(
                     (s, owner, shared[s][owner]) for s in SITES if s != owner
                 ),
             )
-            response = self.call(self.secagg[owner].MaskedInput, request)
+            response = self.call(self.secagg[owner].MaskedInput, masked_request)
             masked[owner] = msg.masked_from_proto(response.masked, params.vector_length)
         ciphertexts = {s: shared[s][COLLUDER] for s in HONEST}
         zeros = np.zeros(params.vector_length)
@@ -548,16 +548,16 @@ def test_s_c_below_the_owners_floor_is_refused_before_anything_is_signed_or_sent
     answer = attacker.call(attacker.cape["owner-1"].PlanCapeJob, plan)
 
     weak = attacker.params(int(answer.statistic_length), answer.max_noise_scale, 3, colluders=0)
-    request = secure_aggregation_pb2.AdvertiseKeysRequest(round=msg.round_to_proto(job, weak))
-    refusal = attacker.refused(attacker.secagg["owner-1"].AdvertiseKeys, request)
+    advertise = secure_aggregation_pb2.AdvertiseKeysRequest(round=msg.round_to_proto(job, weak))
+    refusal = attacker.refused(attacker.secagg["owner-1"].AdvertiseKeys, advertise)
     assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION
     assert "S_C=0 colluders (threshold t=3 of 5 sites), below this owner's floor" in (
         refusal.details
     )
     malformed = msg.round_to_proto(job, weak)
     malformed.colluders = 1
-    request = secure_aggregation_pb2.AdvertiseKeysRequest(round=malformed)
-    refusal = attacker.refused(attacker.secagg["owner-1"].AdvertiseKeys, request)
+    advertise = secure_aggregation_pb2.AdvertiseKeysRequest(round=malformed)
+    refusal = attacker.refused(attacker.secagg["owner-1"].AdvertiseKeys, advertise)
     assert refusal.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "t > (n + S_C) / 2" in refusal.details
     attacker.close_job(job)

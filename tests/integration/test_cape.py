@@ -200,6 +200,7 @@ def _fit_status(
 ) -> tuple[grpc.StatusCode, str]:
     """A CapeService request for ``spec`` (FitCape, EstimateCapeMean or TrainCape) that must
     fail: its status code and details."""
+    request: cape_pb2.TrainCapeRequest | cape_pb2.EstimateCapeMeanRequest | cape_pb2.FitCapeRequest
     if isinstance(spec, CapeTrainingSpec):
         method, request = (
             "TrainCape",
@@ -305,7 +306,7 @@ def test_a_networked_mean_or_training_equals_the_in_process_one_and_is_charged_o
         np.testing.assert_array_equal(networked, local.mean)
         assert networked.shape == (len(spec.features),)
     else:
-        assert isinstance(local, CapeTrainingResult)
+        assert isinstance(local, CapeTrainingResult) and isinstance(spec, CapeTrainingSpec)
         np.testing.assert_array_equal(networked, local.parameters)
         assert len(report["noise_std_per_iteration"]) == spec.iterations
     assert report["sites"] == list(OWNERS) and report["dropped"] == {}

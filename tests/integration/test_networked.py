@@ -18,6 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dpmarket.common.summarization.methods import GreedyConfig, method_config
+from dpmarket.common.summarization.summary import ProgressEvent
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
 from dpmarket.experiments.runner import simulate
@@ -70,7 +71,7 @@ def policies(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return directory / "owner.toml", directory / "curator.toml"
 
 
-def _start(digits: Scenario, files: dict[str, Path], log_dir: Path, policies, k: int = 5, **kw):  # type: ignore[no-untyped-def]
+def _start(digits: Scenario, files: dict[str, Path], log_dir: Path, policies, k: int = 5, **kw):
     names = [o.name for o in digits.owners[:k]]
     return LocalCluster(
         _owner_files(files, k),
@@ -93,7 +94,7 @@ def cluster(
         yield c
 
 
-def _channel(cluster: LocalCluster, target: str, expected: Identity, caller: Identity):  # type: ignore[no-untyped-def]
+def _channel(cluster: LocalCluster, target: str, expected: Identity, caller: Identity):
     security = TransportSecurity.from_files(*identity_files(cluster.pki_dir, caller))
     return sync_channel(target, security, expected)
 
@@ -108,7 +109,7 @@ def test_networked_run_equals_in_process_run(
 ) -> None:
     config = method_config(method, summary_size=P)
     with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
-        events = []
+        events: list[ProgressEvent] = []
         networked = client.summarize(
             config, digits.validation, digits.seed_set, seed=11, on_progress=events.append
         )
@@ -121,15 +122,15 @@ def test_networked_run_equals_in_process_run(
     assert events[-1].stage == "done" and events[-1].round == events[-1].total_rounds
 
 
-def _status(call, request) -> tuple[grpc.StatusCode, str]:  # type: ignore[no-untyped-def]
+def _status(call, request) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.RpcError) as info:
         response = call(request, timeout=30)
         if hasattr(response, "__iter__") and not hasattr(response, "DESCRIPTOR"):
             list(response)
-    return info.value.code(), info.value.details()
+    return info.value.code(), info.value.details() or ""
 
 
-def _create(validation: np.ndarray, p: int = P, **kw) -> curator_pb2.CreateSessionRequest:  # type: ignore[no-untyped-def]
+def _create(validation: np.ndarray, p: int = P, **kw) -> curator_pb2.CreateSessionRequest:
     return curator_pb2.CreateSessionRequest(
         validation=array_to_proto(validation),
         summary_size=p,

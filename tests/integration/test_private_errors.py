@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import re
 import subprocess
@@ -267,11 +268,11 @@ def test_cape_refusals_a_consumer_provokes_are_the_same_whatever_the_owners_hold
                 CapeTrainingSpec(bounds, "target", 1.0, 1e-5, 2, 1.0, 2, 1.0),
             ):
                 if isinstance(spec, CapeMeanSpec):
-                    outcomes.append(_refusal(lambda s=spec: client.estimate_cape_mean(s)))
+                    outcomes.append(_refusal(functools.partial(client.estimate_cape_mean, spec)))
                 elif isinstance(spec, CapeTrainingSpec):
-                    outcomes.append(_refusal(lambda s=spec: client.train_cape(s)))
+                    outcomes.append(_refusal(functools.partial(client.train_cape, spec)))
                 else:
-                    outcomes.append(_refusal(lambda s=spec: client.fit_cape(s)))
+                    outcomes.append(_refusal(functools.partial(client.fit_cape, spec)))
         seen[variant] = outcomes
     assert seen["a"] == seen["b"]
     train, logreg, missing, budget, target = seen["a"]

@@ -479,7 +479,7 @@ def test_a_refused_or_oversized_request_is_not_held_by_the_service(
     creating = curator_pb2.CreateSessionRequest(validation=validation).SerializeToString()
     open_session = "/dpmarket.v1.OwnerService/OpenSession"
     create_session = "/dpmarket.v1.CuratorService/CreateSession"
-    cases = [
+    cases: list[tuple[Identity | str, str, Identity, str, bytes, int, str]] = [
         (CONSUMER, owner_target, owner_me, open_session, opening, owner_pid, "PERMISSION_DENIED"),
         (NO_IDENTITY, owner_target, owner_me, open_session, opening, owner_pid, "UNAUTHENTICATED"),
         (owner_me, guard.curator_target, CURATOR, create_session, creating, curator_pid,
@@ -932,11 +932,15 @@ def test_a_curator_killed_mid_session_reports_it_failed_and_nothing_is_paid_twic
     # Owners free the dead session (its ledger stays): when idle for their timeout, or when the
     # restarted curator closes it to ask what it cost, whichever comes first.
     for owner_id, owner_sid in owner_sids.items():
-        _wait_for(
-            lambda o=owner_id, s=owner_sid: any(
+
+        def freed(o: str = owner_id, s: str = owner_sid) -> bool:
+            return any(
                 f"session {short_id(s)} {what}" in _log(lifecycle, o)
                 for what in ("expired", "closed")
-            ),
+            )
+
+        _wait_for(
+            freed,
             IDLE_SECONDS + 60.0,
             f"{owner_id} freeing session {short_id(owner_sid)}",
         )
@@ -949,7 +953,7 @@ def test_a_curator_killed_mid_session_reports_it_failed_and_nothing_is_paid_twic
             return dict(_finish(client, sid)[1].owner_spend)
 
     _wait_for(
-        lambda: (spend := owner_spend()) and not any(s.unknown for s in spend.values()),
+        lambda: bool((spend := owner_spend()) and not any(s.unknown for s in spend.values())),
         60.0,
         "the restarted curator's record of what each owner charged",
     )

@@ -25,7 +25,7 @@ from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.protocol import RoundParams, min_threshold
 from dpmarket.owner.cape import CapeSite
 from dpmarket.owner.data import Table
-from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.secagg import SiteIdentity
 
@@ -68,7 +68,7 @@ def _attestations(
     return out
 
 
-def _entries(site: CapeSite) -> list[object]:
+def _entries(site: CapeSite) -> list[LedgerEntry]:
     assert site.ledger is not None
     return list(site.ledger.entries())
 

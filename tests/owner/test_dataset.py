@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dpmarket.common.schema import Column, Schema
+from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.data import load_owner_data as load_file
 from dpmarket.owner.dataset import DatasetError, open_dataset, read_partition
 from dpmarket.owner.engine import SerialEngine
@@ -221,9 +222,11 @@ def test_a_small_dataset_keeps_the_in_memory_path_with_equal_data(
     file_points, file_table = load_file(path, SCHEMA)
     small = load_owner_data(str(tmp_path / "t"), schema=SCHEMA)
     assert not small.partitioned
-    assert np.array_equal(small.points.features, file_points.features)  # type: ignore[union-attr]
-    assert np.array_equal(small.points.labels, file_points.labels)  # type: ignore[union-attr]
-    assert np.array_equal(small.table.values, file_table.values)  # type: ignore[union-attr]
+    assert isinstance(small.points, PointSet) and isinstance(small.table, Table)
+    assert np.array_equal(small.points.features, file_points.features)
+    assert small.points.labels is not None and file_points.labels is not None
+    assert np.array_equal(small.points.labels, file_points.labels)
+    assert np.array_equal(small.table.values, file_table.values)
     large = load_owner_data(str(tmp_path / "t"), schema=SCHEMA, in_memory_values=1000)
     assert large.partitioned
     assert isinstance(large.points, PartitionedData)

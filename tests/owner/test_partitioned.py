@@ -17,6 +17,7 @@ import functools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +30,7 @@ from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpe
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.feature_maps import draw_rff
-from dpmarket.common.sketches.spec import SketchDeclaration
+from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.common.summarization.candidates import shrink_towards_moments, shrink_towards_points
 from dpmarket.common.summarization.kernels import bid_direction, bid_scores, embedding_greedy, mmd2
 from dpmarket.common.summarization.partitioned import merge_best
@@ -94,7 +95,7 @@ def _data(root: Path, engine: object, partition_rows: int = 25_000) -> Partition
     return PartitionedData(dataset, engine, features=COLUMNS, label="label")  # type: ignore[arg-type]
 
 
-def test_the_local_workers_run_with_the_engines_malloc_settings(engine) -> None:  # type: ignore[no-untyped-def]
+def test_the_local_workers_run_with_the_engines_malloc_settings(engine) -> None:
     # Dask's own MALLOC_TRIM_THRESHOLD_ (64 KiB) makes every feature block a fresh mmap.
     import os
 
@@ -106,7 +107,7 @@ def test_the_local_workers_run_with_the_engines_malloc_settings(engine) -> None:
         assert env == {k: str(v) for k, v in MALLOC_ENV.items()}
 
 
-def test_the_dataset_has_the_partitioning_the_tests_rely_on(table, engine) -> None:  # type: ignore[no-untyped-def]
+def test_the_dataset_has_the_partitioning_the_tests_rely_on(table, engine) -> None:
     root, x, _ = table
     data = _data(root, engine)
     assert len(data.partitions) == 4 and data.n_points == N
@@ -115,7 +116,7 @@ def test_the_dataset_has_the_partitioning_the_tests_rely_on(table, engine) -> No
     assert np.array_equal(whole[:, :F], x)
 
 
-def test_bids_and_counts_equal_the_in_memory_ones(table, engine) -> None:  # type: ignore[no-untyped-def]
+def test_bids_and_counts_equal_the_in_memory_ones(table, engine) -> None:
     root, x, _ = table
     rng = np.random.default_rng(1)
     rff = draw_rff_params(F, D, 0.05, rng)
@@ -139,7 +140,7 @@ def test_bids_and_counts_equal_the_in_memory_ones(table, engine) -> None:  # typ
     assert merge_best([None, None]) is None
 
 
-def test_sketch_and_cape_sums_equal_the_in_memory_ones(table, engine) -> None:  # type: ignore[no-untyped-def]
+def test_sketch_and_cape_sums_equal_the_in_memory_ones(table, engine) -> None:
     root, x, y = table
     data = _data(root, engine)
     # A sketch's feature sum over the domain-projected records.
@@ -151,7 +152,8 @@ def test_sketch_and_cape_sums_equal_the_in_memory_ones(table, engine) -> None:  
             self.domain = domain
             self.feature_map = rff_map
 
-    found = data.statistic(COLUMNS, functools.partial(_sketch_part, _Spec()))
+    spec = cast(SketchSpec, _Spec())  # the two attributes _sketch_part reads
+    found = data.statistic(COLUMNS, functools.partial(_sketch_part, spec))
     total = sum(part[1] for part in found)
     assert sum(part[0] for part in found) == N
     np.testing.assert_allclose(total, rff_map.feature_sum(x), rtol=1e-9, atol=1e-6)
@@ -194,7 +196,7 @@ def test_sketch_and_cape_sums_equal_the_in_memory_ones(table, engine) -> None:  
     np.testing.assert_allclose(merged, gradient, rtol=1e-9, atol=1e-12)
 
 
-def test_the_shrinkage_from_partition_moments_equals_the_in_memory_one(table, engine) -> None:  # type: ignore[no-untyped-def]
+def test_the_shrinkage_from_partition_moments_equals_the_in_memory_one(table, engine) -> None:
     """An owner's shrinkage of the noisy embedding (candidates method) from its h1 moments summed
     over partitions equals the in-memory shrinkage from every feature row."""
     root, x, _ = table
@@ -211,7 +213,7 @@ def test_the_shrinkage_from_partition_moments_equals_the_in_memory_one(table, en
     np.testing.assert_allclose(shrunk, expected, rtol=1e-9, atol=1e-12)
 
 
-def test_a_marginals_sketch_of_a_partitioned_table_is_refused_charging_nothing(  # type: ignore[no-untyped-def]
+def test_a_marginals_sketch_of_a_partitioned_table_is_refused_charging_nothing(
     table, engine, tmp_path: Path
 ) -> None:
     root, _, _ = table
@@ -232,7 +234,7 @@ def test_a_marginals_sketch_of_a_partitioned_table_is_refused_charging_nothing( 
         assert ledger.entries() == []
 
 
-def test_seeded_selections_are_the_same_on_dask_and_in_process(table, engine) -> None:  # type: ignore[no-untyped-def]
+def test_seeded_selections_are_the_same_on_dask_and_in_process(table, engine) -> None:
     root, x, _ = table
     rff = draw_rff_params(F, D, 0.05, np.random.default_rng(4))
     target = random_fourier_features(x[:300], rff, dtype=np.float64).mean(axis=0)
@@ -253,7 +255,7 @@ def test_seeded_selections_are_the_same_on_dask_and_in_process(table, engine) ->
     assert not set(s1[0].tolist()) & set(sent.tolist())
 
 
-def test_a_uniform_sample_across_partitions_is_uniform(table) -> None:  # type: ignore[no-untyped-def]
+def test_a_uniform_sample_across_partitions_is_uniform(table) -> None:
     """The per-partition counts follow the multivariate hypergeometric law: over 400 samples of
     100 points, the share drawn from each quarter of the table is 1/4 within 5 standard errors
     (failure probability below 1e-6)."""
@@ -271,7 +273,7 @@ def test_a_uniform_sample_across_partitions_is_uniform(table) -> None:  # type: 
 
 
 @pytest.mark.parametrize("scenario", [0, 1, 2])
-def test_greedi_mmd_is_within_a_factor_of_greedy(tmp_path: Path, engine, scenario: int) -> None:  # type: ignore[no-untyped-def]
+def test_greedi_mmd_is_within_a_factor_of_greedy(tmp_path: Path, engine, scenario: int) -> None:
     """GreeDi (4 partitions, stochastic greedy in each) against single-machine greedy on the
     owner's whole table: MMD² (exact RBF kernel) to the validation set at most
     :data:`GREEDI_FACTOR` times greedy's."""
@@ -304,7 +306,7 @@ def _owner(data: object, tmp: Path) -> Owner:
     return Owner("o", data, ledger=OwnerLedger.create(tmp, policy))  # type: ignore[arg-type]
 
 
-def test_the_ledger_charges_the_same_either_way(table, engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_ledger_charges_the_same_either_way(table, engine, tmp_path: Path) -> None:
     root, x, y = table
     rff = draw_rff_params(F, D, 0.05, np.random.default_rng(7))
     g = random_fourier_features(x[:200], rff, dtype=np.float64).mean(axis=0)
@@ -336,7 +338,7 @@ def test_the_ledger_charges_the_same_either_way(table, engine, tmp_path: Path) -
     assert entries[0] == entries[1]
 
 
-def test_the_hedge_is_the_uniform_sample_of_the_same_seed(table, engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_hedge_is_the_uniform_sample_of_the_same_seed(table, engine, tmp_path: Path) -> None:
     """ProposeCandidates' first uniform_count points are exactly SampleUniform's draw in a
     session of the same seed, whatever the session drew before (its count noise here), on
     both paths; the rest continue the greedy and never repeat them."""
@@ -355,7 +357,7 @@ def test_the_hedge_is_the_uniform_sample_of_the_same_seed(table, engine, tmp_pat
         assert len({tuple(r) for r in points}) == 30, name
 
 
-def test_closing_a_session_stops_its_running_step(table, engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_closing_a_session_stops_its_running_step(table, engine, tmp_path: Path) -> None:
     root, x, _ = table
     data = _data(root, engine, partition_rows=12_500)
     owner = Owner("o", data)

@@ -79,7 +79,7 @@ def test_toml_round_trip(tmp_path: Path) -> None:
         publish_sketches=False,
         epsilon_per_sketch=0.25,
         cape_min_colluders=0,
-        peers={"owner-b": "AB" * 32, "owner-a": "sha256:" + ":".join(["0f"] * 32)},
+        peers=(("owner-b", "AB" * 32), ("owner-a", "sha256:" + ":".join(["0f"] * 32))),
     )
     assert p.peers == (("owner-a", "0f" * 32), ("owner-b", "ab" * 32))
     text = p.to_toml()

@@ -29,19 +29,20 @@ def owner() -> Owner:
 
 
 @pytest.fixture
-def rff():  # type: ignore[no-untyped-def]
+def rff():
     return draw_rff_params(3, D, 0.5, np.random.default_rng(1))
 
 
-def _open(owner: Owner, rff, sid: str = "s"):  # type: ignore[no-untyped-def]
+def _open(owner: Owner, rff, sid: str = "s"):
     owner.open_session(sid, rff, 7, terms=ROUNDS)
     session = owner.session(sid)
     session.set_validation_embedding(np.full(D, 0.01))
     return session
 
 
-def test_bid_is_the_argmax_of_the_corrected_score(owner: Owner, rff) -> None:  # type: ignore[no-untyped-def]
+def test_bid_is_the_argmax_of_the_corrected_score(owner: Owner, rff) -> None:
     session = _open(owner, rff)
+    assert isinstance(owner.data, PointSet)
     g_val = random_fourier_features(owner.data.features[:5], rff, dtype=np.float64).mean(axis=0)
     session.validation_embedding = g_val
     g_sum = random_fourier_features(owner.data.features[10:12], rff, dtype=np.float64).mean(0)
@@ -52,7 +53,7 @@ def test_bid_is_the_argmax_of_the_corrected_score(owner: Owner, rff) -> None:  #
     assert bid.bid == pytest.approx(float(scores.max()), rel=1e-6)
 
 
-def test_never_reoffers_a_sent_point(owner: Owner, rff) -> None:  # type: ignore[no-untyped-def]
+def test_never_reoffers_a_sent_point(owner: Owner, rff) -> None:
     session = _open(owner, rff)
     released = []
     for round_ in range(1, 41):
@@ -64,15 +65,15 @@ def test_never_reoffers_a_sent_point(owner: Owner, rff) -> None:  # type: ignore
     assert session.bid(41, np.zeros(D), 0) is None
 
 
-def test_times_best_counts_consecutive_rounds_and_resets_on_release(owner: Owner, rff) -> None:  # type: ignore[no-untyped-def]
+def test_times_best_counts_consecutive_rounds_and_resets_on_release(owner: Owner, rff) -> None:
     session = _open(owner, rff)
-    counts = [session.bid(r, np.zeros(D), 0).times_best for r in (1, 2, 3)]  # type: ignore[union-attr]
+    counts = [session.bid(r, np.zeros(D), 0).times_best for r in (1, 2, 3)]
     assert counts == [1, 2, 3]
     owner.release_point("s", 3)
-    assert session.bid(4, np.zeros(D), 0).times_best == 1  # type: ignore[union-attr]
+    assert session.bid(4, np.zeros(D), 0).times_best == 1
 
 
-def test_stages_out_of_order_fail(owner: Owner, rff) -> None:  # type: ignore[no-untyped-def]
+def test_stages_out_of_order_fail(owner: Owner, rff) -> None:
     owner.open_session("s", rff, 0, terms=ROUNDS)
     session = owner.session("s")
     with pytest.raises(FailedPreconditionError, match="after SetValidationEmbedding"):
@@ -90,7 +91,7 @@ def test_stages_out_of_order_fail(owner: Owner, rff) -> None:  # type: ignore[no
         owner.release_point("s", 1)
 
 
-def test_bad_input_is_rejected_and_changes_nothing(owner: Owner, rff) -> None:  # type: ignore[no-untyped-def]
+def test_bad_input_is_rejected_and_changes_nothing(owner: Owner, rff) -> None:
     session = _open(owner, rff)
     with pytest.raises(InvalidArgumentError, match="length"):
         session.bid(1, np.zeros(D + 1), 0)
@@ -102,7 +103,7 @@ def test_bad_input_is_rejected_and_changes_nothing(owner: Owner, rff) -> None:  
     assert session.bid(1, np.zeros(D), 0) is not None
 
 
-def test_session_errors(owner: Owner, rff) -> None:  # type: ignore[no-untyped-def]
+def test_session_errors(owner: Owner, rff) -> None:
     owner.open_session("s", rff, 0, terms=UNIFORM)
     with pytest.raises(AlreadyExistsError):
         owner.open_session("s", rff, 0, terms=UNIFORM)
@@ -116,7 +117,7 @@ def test_session_errors(owner: Owner, rff) -> None:  # type: ignore[no-untyped-d
         owner.close_session("s")
 
 
-def test_uniform_sample_is_without_replacement_and_bounded(owner: Owner, rff) -> None:  # type: ignore[no-untyped-def]
+def test_uniform_sample_is_without_replacement_and_bounded(owner: Owner, rff) -> None:
     owner.open_session("s", rff, 3, terms=UNIFORM)
     with pytest.raises(InvalidArgumentError, match="exceeds"):
         owner.sample_uniform("s", 41)
@@ -129,7 +130,7 @@ def test_uniform_sample_is_without_replacement_and_bounded(owner: Owner, rff) ->
 
 def test_a_bid_is_quick_only_in_memory_after_the_terms_and_with_the_session_idle(
     owner: Owner, rff, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """The service runs a bid on its event loop only when it reads a small table's features in
     memory, writes no ledger (the first bid charges the terms) and waits for no other step."""
     session = _open(owner, rff)

@@ -87,6 +87,10 @@ def test_every_summarization_refusal_is_the_same_whatever_the_owner_holds() -> N
     uniform = OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0)
     g = np.full(D_RFF, 0.05)
 
+    def embed_after_bid(o: Owner) -> None:
+        o.bid("t", 1, g, 0)
+        o.set_validation_embedding("t", 2 * g)
+
     script: list[tuple[str, Callable[[Owner], Any]]] = [
         ("empty id", lambda o: o.open_session("", rff, 0, terms=counts)),
         ("wrong feature count", lambda o: o.open_session("s", wide, 0, terms=counts)),
@@ -129,10 +133,7 @@ def test_every_summarization_refusal_is_the_same_whatever_the_owner_holds() -> N
         ("negative summary size", lambda o: o.bid("t", 1, g, -1)),
         ("summary embedding with inf", lambda o: o.bid("t", 1, np.full(D_RFF, np.inf), 0)),
         ("release before a bid", lambda o: o.release_point("t", 1)),
-        (
-            "another embedding after a bid",
-            lambda o: (o.bid("t", 1, g, 0), o.set_validation_embedding("t", 2 * g)),
-        ),
+        ("another embedding after a bid", embed_after_bid),
         ("release another round", lambda o: o.release_point("t", 2)),
         ("release", lambda o: o.release_point("t", 1)),
         ("release twice", lambda o: o.release_point("t", 1)),

@@ -15,12 +15,14 @@ from numpy.typing import NDArray
 
 from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
 from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.sketch import PrivateSketch
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.owner.data import Table
 from dpmarket.owner.ledger import OwnerBudgetError, OwnerLedger, ledger_path
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.sketches import SketchPublisher, ledger_session, publish_to
+from tests.conftest import marginals_mechanism, sketch_mechanism
 
 CURATOR = "curator:curator"
 DECLARATION = SketchDeclaration.from_mapping(
@@ -60,7 +62,7 @@ def specs() -> dict[str, SketchSpec]:
 def _table(n: int = 300, *, extra: bool = True) -> Table:
     rng = np.random.default_rng(1)
     cols = [rng.uniform(0, 1, n), rng.uniform(-10, 10, n), rng.integers(0, 2, n)]
-    names = ("a", "b", "y")
+    names: tuple[str, ...] = ("a", "b", "y")
     if extra:  # the table holds more than the spec's columns, in another order
         cols, names = [rng.normal(size=n), cols[2], cols[0], cols[1]], ("z", "y", "a", "b")
     return Table(names, np.column_stack(cols).astype(np.float64), "owner-0")
@@ -89,7 +91,7 @@ def test_a_sketch_is_charged_once_and_stored_with_its_charge(
     publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(5)))
     table = _table()
     first = publisher.publish(specs["rff"], table, curator=CURATOR, epsilon=0.5)
-    assert first.charged_now
+    assert first.charged_now and isinstance(first.sketch, PrivateSketch)
     (entry,) = ledger.entries()
     assert entry == first.charge
     assert (entry.session, entry.consumer, entry.curator) == (
@@ -104,16 +106,15 @@ def test_a_sketch_is_charged_once_and_stored_with_its_charge(
         0,
     )
     # The sketch is of the spec's columns, selected by name: the same as the records in order.
-    expected = (
-        specs["rff"]
-        .mechanism(0.5)
-        .release(table.select(["a", "b", "y"]), SeededNoise(np.random.default_rng(5)))
+    expected = sketch_mechanism(specs["rff"], 0.5).release(
+        table.select(["a", "b", "y"]), SeededNoise(np.random.default_rng(5))
     )
     assert first.sketch.noisy_sum.tobytes() == expected.noisy_sum.tobytes()
     # Again, even asking another epsilon: the stored sketch, nothing charged, no noise drawn.
-    publisher.noise = NoNoise()  # type: ignore[assignment]
+    publisher.noise = NoNoise()
     again = publisher.publish(specs["rff"], table, curator="curator:other", epsilon=1.0)
     assert not again.charged_now and again.charge == entry
+    assert isinstance(again.sketch, PrivateSketch)
     assert again.sketch.noisy_sum.tobytes() == first.sketch.noisy_sum.tobytes()
     assert len(ledger.entries()) == 1
 
@@ -124,7 +125,7 @@ def test_refusals_compute_store_and_charge_nothing(
     ledger = ledgers(OwnerPolicy(epsilon_total=1.5, epsilon_per_session=1.0))
     publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(0)))
     publisher.publish(specs["rff"], _table(), curator=CURATOR)  # epsilon 1 of 1.5
-    publisher.noise = NoNoise()  # type: ignore[assignment]
+    publisher.noise = NoNoise()
     with pytest.raises(OwnerBudgetError, match=r"epsilon over the lifetime: spent 1 of 1\.5"):
         publisher.publish(specs["race"], _table(), curator=CURATOR)
     with pytest.raises(FailedPreconditionError, match=r"sketches\.epsilon = 1"):
@@ -137,7 +138,7 @@ def test_refusals_compute_store_and_charge_nothing(
 
 
 def test_an_owner_that_does_not_publish_refuses(ledgers: Any, specs: dict[str, SketchSpec]) -> None:
-    publisher = SketchPublisher(ledgers(OwnerPolicy(publish_sketches=False)), noise=NoNoise())  # type: ignore[arg-type]
+    publisher = SketchPublisher(ledgers(OwnerPolicy(publish_sketches=False)), noise=NoNoise())
     with pytest.raises(FailedPreconditionError, match=r"sketches\.publish = false"):
         publisher.publish(specs["hist"], _table(), curator=CURATOR)
     assert publisher.ledger.entries() == []
@@ -160,9 +161,10 @@ def test_values_outside_the_domain_are_clamped_and_counted_in_the_owners_log_onl
         done = publisher.publish(
             specs["hist"], Table(table.columns, values, "owner-0"), curator=CURATOR
         )
-    expected = (
-        specs["hist"].mechanism(1.0).release(projected, SeededNoise(np.random.default_rng(5)))
+    expected = sketch_mechanism(specs["hist"], 1.0).release(
+        projected, SeededNoise(np.random.default_rng(5))
     )
+    assert isinstance(done.sketch, PrivateSketch)
     assert done.sketch.noisy_sum.tobytes() == expected.noisy_sum.tobytes()
     assert done.sketch.noisy_count == expected.noisy_count
     assert "'b' 1, 'y' 1 of 300 rows" in caplog.text
@@ -179,9 +181,10 @@ def test_sketch_and_ledger_survive_a_restart(tmp_path: Path, specs: dict[str, Sk
             specs["race"], _table(), curator=CURATOR
         )
     with OwnerLedger(tmp_path / "owner", None) as ledger:  # a new process: the recorded policy
-        publisher = SketchPublisher(ledger, noise=NoNoise())  # type: ignore[arg-type]
+        publisher = SketchPublisher(ledger, noise=NoNoise())
         stored = publisher.stored(specs["race"])
         assert stored is not None and stored.charge == first.charge
+        assert isinstance(stored.sketch, PrivateSketch) and isinstance(first.sketch, PrivateSketch)
         assert stored.sketch.noisy_sum.tobytes() == first.sketch.noisy_sum.tobytes()
         again = publisher.publish(specs["race"], _table(), curator=CURATOR)
         assert not again.charged_now and len(ledger.entries()) == 1
@@ -200,13 +203,13 @@ def test_publish_to_refuses_before_computing_what_the_catalogue_cannot_take(
             done = publish_to(catalog.endpoint("owner-0"), publisher, _table(), ["toy/rff"])
             assert [d.publication.charged_now for d in done] == [True]
             assert publisher.published()[0][3] == ("curator:local",)
-            publisher.noise = NoNoise()  # type: ignore[assignment]
+            publisher.noise = NoNoise()
             with pytest.raises(FailedPreconditionError, match="accepts no more sketches"):
                 publish_to(catalog.endpoint("owner-0"), publisher, _table(), ["toy/hist"])
             assert len(ledger.entries()) == 1
         # Another data directory of the same owner: the catalogue holds its sketch already.
         with OwnerLedger.create(tmp_path / "b", OwnerPolicy()) as ledger:
-            publisher = SketchPublisher(ledger, noise=NoNoise())  # type: ignore[arg-type]
+            publisher = SketchPublisher(ledger, noise=NoNoise())
             with pytest.raises(FailedPreconditionError, match="did not record"):
                 publish_to(catalog.endpoint("owner-0"), publisher, _table(), ["toy/rff"])
             assert ledger.entries() == []
@@ -253,10 +256,10 @@ def test_a_marginals_sketch_is_published_like_any_sketch(tmp_path: Path) -> None
                 sketch.measurements[4].values.tobytes()  # type: ignore[union-attr]
             )
         with OwnerLedger(tmp_path / "owner", None) as ledger:
-            publisher = SketchPublisher(ledger, noise=NoNoise())  # type: ignore[arg-type]
+            publisher = SketchPublisher(ledger, noise=NoNoise())
             (again,) = publish_to(
                 catalog.endpoint("owner-0"), publisher, _table(), ["toym/marginals"]
             )
             assert not again.publication.charged_now and again.already_in_catalogue
             assert len(ledger.entries()) == 1
-    assert spec.mechanism().rho == pytest.approx(0.0243559703595, rel=1e-9)
+    assert marginals_mechanism(spec).rho == pytest.approx(0.0243559703595, rel=1e-9)

@@ -129,7 +129,7 @@ def test_every_proto_module_is_listed() -> None:
 @pytest.mark.parametrize(
     ("service", "servicer", "generated", "roles"), SERVICES, ids=lambda v: getattr(v, "name", "")
 )
-def test_every_rpc_is_implemented_and_states_its_roles(service, servicer, generated, roles) -> None:  # type: ignore[no-untyped-def]
+def test_every_rpc_is_implemented_and_states_its_roles(service, servicer, generated, roles) -> None:
     """Each RPC of the descriptor is defined on the servicer itself (the generated base answers
     UNIMPLEMENTED) and wrapped by ``rpc``/``rpc_stream`` with exactly the expected roles."""
     assert service.methods, "the descriptor lists no RPC"
@@ -150,7 +150,7 @@ def test_every_rpc_is_implemented_and_states_its_roles(service, servicer, genera
 
 
 @pytest.mark.parametrize(("service", "servicer"), [(s[0], s[1]) for s in SERVICES])
-def test_every_public_servicer_method_is_an_rpc(service, servicer) -> None:  # type: ignore[no-untyped-def]
+def test_every_public_servicer_method_is_an_rpc(service, servicer) -> None:
     """No public method of a servicer escapes the descriptor (and so the test above)."""
     rpcs = {m.name for m in service.methods}
     public = {
@@ -167,11 +167,11 @@ def test_rpc_decorators_refuse_no_roles_and_unknown_roles() -> None:
     with pytest.raises(ValueError, match="unknown role"):
         Authorizer({"admin": None})  # type: ignore[dict-item]
 
-    async def not_a_generator(self, request, context, caller):  # type: ignore[no-untyped-def]
+    async def not_a_generator(self, request, context, caller):
         return None
 
     with pytest.raises(TypeError, match="async generator"):
-        rpc_stream("consumer")(not_a_generator)
+        rpc_stream("consumer")(not_a_generator)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------- certificates
@@ -261,7 +261,7 @@ def _servicers() -> dict[str, Any]:
         "CapeSiteService": CapeSiteServicer(Untouchable(), Untouchable(), owner_side),  # type: ignore[arg-type]
         "SecureAggregationService": SecureAggregationServicer(
             Untouchable(),  # type: ignore[arg-type]
-            Untouchable(),  # type: ignore[arg-type]
+            Untouchable(),
             owner_side,
         ),
         "CuratorService": CuratorServicer(Untouchable(), curator_side),  # type: ignore[arg-type]

@@ -69,7 +69,7 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     }
 
 
-def value(found: dict, name: str, **labels: str) -> float:  # type: ignore[type-arg]
+def value(found: dict, name: str, **labels: str) -> float:
     return float(found.get((name, frozenset(labels.items())), 0.0))
 
 
@@ -78,7 +78,9 @@ def _serve_and_call(pki: Path, metrics: ServiceMetrics | None) -> None:
     stream; consumer alice calls GetProgress once (refused at admission)."""
 
     async def main() -> None:
-        owner, curator = ProbeOwner(), ProbeCurator()
+        # The generated servicer stubs declare every RPC abstract; grpc's servicer answers
+        # UNIMPLEMENTED for those a probe does not define.
+        owner, curator = ProbeOwner(), ProbeCurator()  # type: ignore[abstract]
 
         def register(server: grpc.aio.Server) -> None:
             owner_pb2_grpc.add_OwnerServiceServicer_to_server(owner, server)
@@ -99,7 +101,8 @@ def _serve_and_call(pki: Path, metrics: ServiceMetrics | None) -> None:
                 request = owner_pb2.GetProgressRequest(session_id=SECRET)
                 for _ in range(2):
                     await stub.GetProgress(request, timeout=DEADLINE)
-                stream = stub.RunRounds(timeout=DEADLINE)
+                # grpc.aio takes no request iterator (then write()); grpc-stubs requires one
+                stream = stub.RunRounds(timeout=DEADLINE)  # type: ignore[call-arg]
                 await stream.write(
                     owner_pb2.RunRoundsRequest(bid=owner_pb2.BidRequest(session_id=SECRET))
                 )

@@ -8,9 +8,11 @@ import pytest
 
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.noise import SeededNoise
-from dpmarket.common.sketches.sketch import SketchMechanism
+from dpmarket.common.sketches.sketch import PrivateSketch, SketchMechanism
 from dpmarket.common.sketches.spec import PublishedSketch, SketchDeclaration, SketchSpec
 from dpmarket.runtime import sketch_messages as msg
+from dpmarket.v1 import sketch_pb2
+from tests.conftest import sketch_mechanism
 
 DECLARATION = SketchDeclaration.from_mapping(
     {
@@ -44,8 +46,9 @@ def test_specs_and_sketches_round_trip_bit_for_bit(specs: list[SketchSpec]) -> N
         back = msg.spec_from_bytes(msg.spec_bytes(spec))
         assert back.key == spec.key and back.name == spec.name
         assert back.feature_map == spec.feature_map and back.domain == spec.domain
-        sketch = spec.mechanism().release(_records(), SeededNoise(np.random.default_rng(3)))
+        sketch = sketch_mechanism(spec).release(_records(), SeededNoise(np.random.default_rng(3)))
         again = msg.sketch_from_bytes(msg.sketch_bytes(sketch))
+        assert isinstance(again, PrivateSketch)
         assert again.noisy_sum.tobytes() == sketch.noisy_sum.tobytes()
         assert again.noisy_count == sketch.noisy_count
         assert again.mechanism.sum_scale == sketch.mechanism.sum_scale
@@ -58,7 +61,7 @@ def test_specs_and_sketches_round_trip_bit_for_bit(specs: list[SketchSpec]) -> N
 
 def test_a_receiver_recomputes_the_scales_and_the_key(specs: list[SketchSpec]) -> None:
     spec = specs[0]
-    sketch = spec.mechanism().release(_records(), SeededNoise(np.random.default_rng(3)))
+    sketch = sketch_mechanism(spec).release(_records(), SeededNoise(np.random.default_rng(3)))
     message = msg.sketch_to_proto(sketch)
     message.mechanism.sum_scale *= 0.5  # a sender claiming less noise than epsilon implies
     with pytest.raises(InvalidArgumentError, match="sum_scale"):
@@ -83,9 +86,9 @@ def test_only_private_sketches_travel(specs: list[SketchSpec]) -> None:
     with pytest.raises(InvalidArgumentError, match="only private sketches travel"):
         msg.sketch_to_proto(exact)
     message = msg.sketch_to_proto(
-        spec.mechanism().release(_records(), SeededNoise(np.random.default_rng(1)))
+        sketch_mechanism(spec).release(_records(), SeededNoise(np.random.default_rng(1)))
     )
-    message.mechanism.noise = 0
+    message.mechanism.noise = sketch_pb2.SKETCH_NOISE_UNSPECIFIED
     with pytest.raises(InvalidArgumentError, match="noise is missing"):
         msg.sketch_from_proto(message)
 

@@ -27,7 +27,8 @@ class _Failed(grpc.RpcError):
     def details(self) -> str:
         return self._details
 
-    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+    # grpc-stubs types the trailing metadata as _Metadatum objects; grpc gives (key, value) pairs
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:  # type: ignore[override]
         return self._trailing
 
 

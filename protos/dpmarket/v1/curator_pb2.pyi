@@ -365,8 +365,8 @@ class SummarizationParams(_message.Message):
     (default 1e-6).
     """
     candidate_fraction: _builtins.float
-    """Candidates method: when > 0, the candidate budget as a fraction of K * p (the previous
-    rule); 0 (default): candidate_multiple decides.
+    """Candidates method: when > 0, the candidate budget as a fraction of K * p (it grows
+    with K); 0 (default): candidate_multiple decides.
     """
     relevance_threshold: _builtins.float
     """Candidates method: relevance threshold as a fraction of ||validation embedding||^2

@@ -18,6 +18,7 @@ from dpmarket.common.cape.agreement import (
     required_colluders,
     spec_digest,
 )
+from dpmarket.common.cape.dpgd import CapeTrainingPlan
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from dpmarket.common.errors import AbortedError, FailedPreconditionError
 from dpmarket.common.secagg.crypto import EcdsaSigner, EcdsaVerifier
@@ -52,7 +53,7 @@ def _attest(
     return out
 
 
-def test_honest_attestations_give_every_sites_count(keys) -> None:  # type: ignore[no-untyped-def]
+def test_honest_attestations_give_every_sites_count(keys) -> None:
     sizes = check_attestations("job", MEAN, SITES, 1, 0, _attest(keys), _verifier(keys))
     assert sizes == [SIZES[s] for s in SITES]
 
@@ -69,7 +70,7 @@ def test_the_statement_binds_every_input_of_the_plan() -> None:
         ("job", MEAN, SITES, 1, 0, "b", 100),
         ("job", MEAN, SITES, 1, 0, "a", 101),
     ]
-    statements = {plan_statement(*base), *(plan_statement(*v) for v in variants)}  # type: ignore[arg-type]
+    statements = {plan_statement(*base), *(plan_statement(*v) for v in variants)}
     assert len(statements) == 1 + len(variants)
     assert spec_digest(MEAN) == spec_digest(CapeMeanSpec(MEAN.features, 1.0, 1e-6))
 
@@ -89,7 +90,7 @@ def test_the_statement_binds_every_input_of_the_plan() -> None:
     ],
 )
 def test_a_relayed_count_without_its_sites_signature_for_this_plan_aborts(
-    keys,  # type: ignore[no-untyped-def]
+    keys,
     tamper: str,
     message: str,
 ) -> None:
@@ -154,6 +155,7 @@ def test_an_acceptable_plan_passes_and_plan_for_uses_its_colluders() -> None:
     assert plan_for(job, [50, 50, 50], 2).colluders == 2
     training = CapeTrainingSpec((("x", 0.0, 1.0),), "y", 1.0, 1e-6, 4, 0.5, 2, 1.0)
     later = plan_for(training, [50, 50, 50], 1, first_iteration=2)
+    assert isinstance(later, CapeTrainingPlan)
     assert later.colluders == 1 and later.first_iteration == 2
     with pytest.raises(ValueError, match="first_iteration is for gradient descent only"):
         plan_for(MEAN, [50, 50], 1, first_iteration=1)

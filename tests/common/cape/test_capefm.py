@@ -4,6 +4,7 @@ baselines."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -257,7 +258,10 @@ def test_the_stated_baseline_noise_is_the_baselines_noise() -> None:
     sites, _ = _linear_sites(400, 3, sizes=[80] * 5)
     plan = plan_capefm("linear", D, [80] * 5, 1.0, 1e-5)
     stated = plan.baseline_scales()
-    common = {"rng": np.random.default_rng(0), "noise": SeededNoise(np.random.default_rng(1))}
+    common: dict[str, Any] = {
+        "rng": np.random.default_rng(0),
+        "noise": SeededNoise(np.random.default_rng(1)),
+    }
     pooled = run_baseline("pooled", sites, "linear", 1.0, 1e-5, **common)
     conv = run_baseline("conv", sites, "linear", 1.0, 1e-5, **common)
     assert stated["pooled"] == pytest.approx(pooled.details["scales"], rel=1e-12)

@@ -248,7 +248,7 @@ def test_calibrated_tau_never_gives_a_delta_above_the_target(
     for method in ("exact", "theorem1"):
         tau = calibrate_tau(
             eps, delta, sites=sites, colluders=colluders, sensitivity=0.1, method=method
-        )  # type: ignore[arg-type]
+        )
         kwargs = {"sites": sites, "colluders": colluders, "tau": tau, "sensitivity": 0.1}
         assert cape_exact_delta(eps, **kwargs) <= delta  # type: ignore[arg-type]
         if method == "theorem1":

@@ -32,6 +32,7 @@ def test_values_outside_their_bounds_are_clamped_to_them_and_counted() -> None:
     np.testing.assert_array_equal(x, [[20.0, 50.0], [30.0, 50.0], [30.0, 100.0], [60.0, 100.0]])
     np.testing.assert_array_equal(y, [0.5, 0.0, 0.5, 0.5])
     assert moved == {"bmi": 1, "age": 2, "y": 1}
+    assert y is not None
     clamped_x, clamped_y = _spec().scaled(x, y)
     again_x, again_y = _spec().scaled(records, [0.5, -0.5, 0.5, 0.5])
     np.testing.assert_array_equal(again_x, clamped_x)

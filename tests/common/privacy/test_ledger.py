@@ -65,7 +65,7 @@ def test_methods_are_ordered_pld_theorem7_basic() -> None:
 def test_empty_party_is_zero() -> None:
     ledger = PrivacyLedger(delta_tilde=DT)
     for method in ("theorem7", "advanced", "pld", "basic"):
-        assert ledger.epsilon("owners", method=method) == 0.0  # type: ignore[arg-type]
+        assert ledger.epsilon("owners", method=method) == 0.0
 
 
 def test_public_events_are_listed_but_not_counted() -> None:
@@ -151,7 +151,7 @@ def test_report_is_json_serialisable_and_complete() -> None:
     assert set(report["parties"]) == {"validation", "owners", "public"}
     val = report["parties"]["validation"]
     for method in ("theorem7", "advanced", "pld", "basic"):
-        assert val[method] == pytest.approx(ledger.epsilon("validation", method=method))  # type: ignore[arg-type]
+        assert val[method] == pytest.approx(ledger.epsilon("validation", method=method))
     assert val["budget"] == 2.0
     assert val["mechanisms"] == 100
     assert val["delta_total"] == DT  # all events pure: Theorem 7 holds at delta_tilde

@@ -240,7 +240,7 @@ def test_aggregator_refuses_malformed_messages(session: SessionFactory) -> None:
     s = session(4, 3, 10, seed=4)
     routed = s.share(s.advertise())
     masked = {n: s.sites[n].masked_input(routed[n], s.inputs[n], s.rng) for n in routed}
-    masked["site-03"] = masked["site-03"].astype(np.int64)  # type: ignore[assignment]
+    masked["site-03"] = masked["site-03"].astype(np.int64)
     with pytest.raises(SecAggError, match="must be uint64"):
         s.aggregator.collect_masked(masked)
 

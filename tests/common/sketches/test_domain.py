@@ -14,10 +14,10 @@ from dpmarket.common.sketches import Domain
 
 def _mixed() -> Domain:
     return Domain(
-        low=[0.0, -5.0, 0.0],
-        high=[1.0, 5.0, 1.0],
+        low=np.array([0.0, -5.0, 0.0]),
+        high=np.array([1.0, 5.0, 1.0]),
         names=("a", "b", "label"),
-        levels=(None, None, [0.0, 1.0]),
+        levels=(None, None, np.array([0.0, 1.0])),
     )
 
 
@@ -57,10 +57,10 @@ def test_clamp_projects_every_record_onto_the_domain_and_counts_what_moved() -> 
     """Continuous values to the nearest bound, discrete ones to the nearest level (ties to the
     lower one), as OpenDP clamps; records inside do not move; every result passes check."""
     dom = Domain(
-        low=[0.0, -5.0, 0.0],
-        high=[1.0, 5.0, 4.0],
+        low=np.array([0.0, -5.0, 0.0]),
+        high=np.array([1.0, 5.0, 4.0]),
         names=("a", "b", "grade"),
-        levels=(None, None, [0.0, 1.0, 3.0]),
+        levels=(None, None, np.array([0.0, 1.0, 3.0])),
     )
     x = np.array(
         [
@@ -132,8 +132,10 @@ def test_domain_is_immutable_and_compared_exactly() -> None:
     with pytest.raises(ValueError, match="read-only"):
         dom.low[0] = 3.0
     assert dom == _mixed()
-    assert dom != Domain([0.0, -5.0, 0.0], [1.0, 5.0, 1.0], names=("a", "b", "label"))
-    assert Domain.unit(2) != Domain([0.0, 0.0], [1.0, 1.0 + 1e-12])
+    assert dom != Domain(
+        np.array([0.0, -5.0, 0.0]), np.array([1.0, 5.0, 1.0]), names=("a", "b", "label")
+    )
+    assert Domain.unit(2) != Domain(np.array([0.0, 0.0]), np.array([1.0, 1.0 + 1e-12]))
     assert dom.describe()[2] == {"name": "label", "low": 0.0, "high": 1.0, "levels": [0.0, 1.0]}
 
 

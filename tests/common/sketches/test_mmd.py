@@ -27,7 +27,7 @@ from dpmarket.common.sketches.mmd import mmd2_difference, sketch_mmd2_estimate
 from dpmarket.common.sketches.sketch import SketchMechanism, sketch_mmd2
 
 FAILURE = 1e-4
-DOMAIN = Domain([0.0, 0.0], [1.0, 1.0])
+DOMAIN = Domain(np.array([0.0, 0.0]), np.array([1.0, 1.0]))
 SIGMA = 0.3
 
 

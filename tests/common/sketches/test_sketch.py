@@ -37,7 +37,7 @@ from dpmarket.common.sketches import (
 
 KS_THRESHOLD = 1e-4
 D = 3
-DOMAIN = Domain([0.0, 0.0, -2.0], [1.0, 10.0, 2.0], names=("u", "v", "w"))
+DOMAIN = Domain(np.array([0.0, 0.0, -2.0]), np.array([1.0, 10.0, 2.0]), names=("u", "v", "w"))
 
 
 def _maps() -> list[FeatureMap]:
@@ -160,6 +160,7 @@ def test_gaussian_variant_is_calibrated_on_the_l2_sensitivity() -> None:
     fmap = MAPS[0]
     mech = SketchMechanism(fmap, DOMAIN, 1.0, "gaussian", delta=1e-6)
     sigma_u = analytic_gaussian_sigma(1.0, 1e-6, 1.0)
+    assert mech.sum_scale is not None and mech.count_scale is not None
     # The whitened pair is the unit-sensitivity Gaussian mechanism with noise sigma_u.
     mu2 = (fmap.l2_sensitivity / mech.sum_scale) ** 2 + (1 / mech.count_scale) ** 2
     assert mu2 == pytest.approx(1 / sigma_u**2, rel=1e-12)
@@ -223,7 +224,7 @@ def test_bad_mechanisms_are_refused(kwargs: dict[str, object], pattern: str) -> 
 def test_map_and_domain_must_fit_together() -> None:
     with pytest.raises(ValueError, match="takes 3 attributes but the domain has 2"):
         SketchMechanism(MAPS[0], Domain.unit(2), 1.0)
-    narrow = histogram_map(Domain([0.0, 0.0, -1.0], [1.0, 10.0, 2.0]), 4)
+    narrow = histogram_map(Domain(np.array([0.0, 0.0, -1.0]), np.array([1.0, 10.0, 2.0])), 4)
     with pytest.raises(ValueError, match="HIST map's range must cover the domain"):
         SketchMechanism(narrow, DOMAIN, 1.0)
 
@@ -256,6 +257,7 @@ def test_validate_catches_a_tampered_or_malformed_sketch() -> None:
         PrivateSketch(sketch.mechanism, np.full(48, np.nan), 3.0)
     # A mechanism whose stated scale was altered after construction fails validation.
     tampered = dataclasses.replace(sketch.mechanism)
+    assert sketch.mechanism.sum_scale is not None
     object.__setattr__(tampered, "sum_scale", sketch.mechanism.sum_scale / 2)
     with pytest.raises(ValueError, match="sum_scale"):
         PrivateSketch(tampered, sketch.noisy_sum, sketch.noisy_count)
@@ -313,7 +315,7 @@ def test_union_refuses_different_maps_or_domains() -> None:
     other_rff = draw_rff(D, 10, 1.0, np.random.default_rng(99))
     with pytest.raises(ValueError, match="only sketches made with the same public map"):
         merge_sketches([_exact(MAPS[0], x), _exact(other_rff, x)])
-    wide = Domain([0.0, 0.0, -2.0], [1.0, 10.0, 3.0], names=("u", "v", "w"))
+    wide = Domain(np.array([0.0, 0.0, -2.0]), np.array([1.0, 10.0, 3.0]), names=("u", "v", "w"))
     s_wide = SketchMechanism(MAPS[0], wide, math.inf, "none").release(x)
     with pytest.raises(ValueError, match="sketch 1 has a different domain"):
         merge_sketches([_exact(MAPS[0], x), s_wide])

@@ -13,6 +13,8 @@ import pytest
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.sketches import draw_race, draw_rff
+from dpmarket.common.sketches.feature_maps import HISTMap, RACEMap, RFFMap
+from dpmarket.common.sketches.marginals import MarginalsMap
 from dpmarket.common.sketches.sketch import SketchMechanism
 from dpmarket.common.sketches.spec import (
     DEFAULT_DELTA,
@@ -20,6 +22,7 @@ from dpmarket.common.sketches.spec import (
     SketchSpec,
     mechanism_label,
 )
+from tests.conftest import sketch_mechanism
 
 DECLARATION: dict[str, Any] = {
     "name": "toy",
@@ -114,8 +117,10 @@ def test_an_absolute_scale_leaves_the_columns_in_their_own_units() -> None:
     rff = draw_rff(3, 8, 0.5, rng)
     race = draw_race(3, 3, 5, 0.25, rng)
     # The kernel exp(-||x - x'||^2 / (2 sigma^2)) in the columns' units, whatever their widths.
-    np.testing.assert_allclose(specs["rff"].feature_map.omega, rff.omega, rtol=1e-15)
-    np.testing.assert_array_equal(specs["race"].feature_map.projections, race.projections)
+    rff_map, race_map = specs["rff"].feature_map, specs["race"].feature_map
+    assert isinstance(rff_map, RFFMap) and isinstance(race_map, RACEMap)
+    np.testing.assert_allclose(rff_map.omega, rff.omega, rtol=1e-15)
+    np.testing.assert_array_equal(race_map.projections, race.projections)
     # A declaration without the key keeps the parameters (and the key) it always had.
     default = _declaration().maps
     assert all("scale" not in params for _, params in default)
@@ -136,13 +141,17 @@ def test_draw_scales_each_column_by_its_width_from_the_injected_generator() -> N
     rng = np.random.default_rng(7)
     rff = draw_rff(3, 8, 1.0, rng)
     race = draw_race(3, 3, 5, 0.25, rng)
-    np.testing.assert_array_equal(specs["rff"].feature_map.omega, rff.omega / (0.5 * width))
-    np.testing.assert_array_equal(specs["race"].feature_map.projections, race.projections / width)
-    np.testing.assert_array_equal(specs["race"].feature_map.offsets, race.offsets)
-    np.testing.assert_array_equal(specs["hist"].feature_map.n_bins, [4, 5, 2])
+    rff_map, race_map, hist_map = (specs[k].feature_map for k in ("rff", "race", "hist"))
+    assert isinstance(rff_map, RFFMap) and isinstance(race_map, RACEMap)
+    assert isinstance(hist_map, HISTMap)
+    np.testing.assert_array_equal(rff_map.omega, rff.omega / (0.5 * width))
+    np.testing.assert_array_equal(race_map.projections, race.projections / width)
+    np.testing.assert_array_equal(race_map.offsets, race.offsets)
+    np.testing.assert_array_equal(hist_map.n_bins, [4, 5, 2])
     # Another generator, other parameters; HIST draws nothing.
     other = _specs(seed=8)
-    assert not np.array_equal(other["rff"].feature_map.omega, specs["rff"].feature_map.omega)
+    other_rff = other["rff"].feature_map
+    assert isinstance(other_rff, RFFMap) and not np.array_equal(other_rff.omega, rff_map.omega)
     assert other["hist"].key == specs["hist"].key
 
 
@@ -173,7 +182,7 @@ def test_the_key_names_the_release_not_the_listing() -> None:
 
 def test_mechanism_scales_come_from_the_map_and_the_owners_epsilon() -> None:
     spec = _specs()["race"]
-    mech = spec.mechanism(0.5)
+    mech = sketch_mechanism(spec, 0.5)
     assert mech.sum_scale == pytest.approx(3 / (0.98 * 0.5))  # R / epsilon_num
     assert mech.count_scale == pytest.approx(1 / (0.02 * 0.5))
     with pytest.raises(InvalidArgumentError, match=r"outside the range spec toy/race accepts"):
@@ -184,7 +193,7 @@ def test_mechanism_scales_come_from_the_map_and_the_owners_epsilon() -> None:
 def test_a_sketch_is_checked_against_its_spec() -> None:
     specs = _specs()
     noise = SeededNoise(np.random.default_rng(0))
-    sketch = specs["rff"].mechanism(1.0).release(_records(), noise)
+    sketch = sketch_mechanism(specs["rff"], 1.0).release(_records(), noise)
     specs["rff"].check_sketch(sketch)
     with pytest.raises(InvalidArgumentError, match="feature map is not the one of spec toy/race"):
         specs["race"].check_sketch(sketch)
@@ -232,6 +241,7 @@ def test_a_marginals_map_is_declared_with_its_own_delta() -> None:
     )
     (spec,) = declaration.draw(np.random.default_rng(0))
     assert (spec.name, spec.noise, spec.delta) == ("m/marginals", "gaussian", 1e-7)
+    assert isinstance(spec.feature_map, MarginalsMap)
     assert spec.feature_map.block_sizes.tolist() == [3, 3]
     assert spec.mechanism_label == "private sketch (MARGINALS, Gaussian)"
     # Neither the map nor the (Laplace) declaration gives a delta: the default one.
@@ -239,6 +249,7 @@ def test_a_marginals_map_is_declared_with_its_own_delta() -> None:
         {**base, "maps": {"marginals": {"bins": 5, "rows": 20_000}}}
     ).draw(np.random.default_rng(0))
     assert (spec.noise, spec.delta) == ("gaussian", DEFAULT_DELTA)
+    assert isinstance(spec.feature_map, MarginalsMap)
     assert (spec.feature_map.measurements, spec.feature_map.rows) == (0, 20_000)
     with pytest.raises(InvalidArgumentError, match=r"increase strictly"):
         SketchDeclaration.from_mapping(

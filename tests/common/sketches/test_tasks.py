@@ -114,7 +114,9 @@ def test_task_arguments_are_checked(rff: M2MEstimator) -> None:
 
 
 # ------------------------------------------------------------------ logistic regression
-LABELLED = Domain([0.0, 0.0, 0.0], [1.0, 1.0, 1.0], levels=(None, None, [0.0, 1.0]))
+LABELLED = Domain(
+    np.array([0.0, 0.0, 0.0]), np.array([1.0, 1.0, 1.0]), levels=(None, None, np.array([0.0, 1.0]))
+)
 
 
 def _labelled(n: int, rng: np.random.Generator) -> NDArray[np.float64]:

@@ -17,6 +17,7 @@ from dpmarket.common.summarization.auction import auction_parameters
 from dpmarket.common.summarization.calibration import (
     CALIBRATION_RTOL,
     MWEM_SENSITIVITY,
+    Party,
     calibrate_paper_mode,
     paper_mode_events,
 )
@@ -56,7 +57,7 @@ def test_paper_mode_events_counts(seed_set_size: int) -> None:
         ("laplace", eps_l): 199 * 5,
     }
     for party in ("validation", "owners"):
-        for e in events[party]:  # type: ignore[literal-required]
+        for e in events[party]:
             assert e.delta == 0.0
             if e.mechanism == "laplace":
                 assert e.sensitivity == MWEM_SENSITIVITY
@@ -116,16 +117,17 @@ def test_paper_mode_events_match_a_real_session(seed_set_size: int) -> None:
     result = simulate(owners, validation, seed_set, cfg, seed=3)
     ledger = result.report.ledger.to_json()
     events = paper_mode_events(cfg, len(owners), seed_set_size=seed_set_size)
-    for party, delta_tilde in (("validation", 1e-3), ("owners", 1e-5)):
+    parties: tuple[tuple[Party, float], ...] = (("validation", 1e-3), ("owners", 1e-5))
+    for party, delta_tilde in parties:
         report = ledger[party]
         charged = [
             PrivacyEvent(**entry["event"]) for entry in report["entries"] if entry["party"] == party
         ]
-        assert _counts(charged) == _counts(events[party])  # type: ignore[literal-required]
+        assert _counts(charged) == _counts(events[party])
         row = report["parties"][party]
-        assert row["mechanisms"] == sum(e.count for e in events[party])  # type: ignore[literal-required]
+        assert row["mechanisms"] == sum(e.count for e in events[party])
         assert row["pld"] == pytest.approx(
-            pld_epsilon(events[party], delta_tilde),  # type: ignore[literal-required]
+            pld_epsilon(events[party], delta_tilde),
             rel=1e-9,
         )
     public = [
@@ -162,7 +164,7 @@ def test_calibration_with_theorem7() -> None:
     )
     events = paper_mode_events(out, 5, seed_set_size=0)
     for party in ("validation", "owners"):
-        flat = [e.epsilon for e in events[party] for _ in range(e.count)]  # type: ignore[literal-required]
+        flat = [e.epsilon for e in events[party] for _ in range(e.count)]
         assert 1 - CALIBRATION_RTOL <= kairouz_epsilon(flat, DELTA) <= 1.0
     # The PLD accountant is tighter, so it affords larger per-iteration epsilons.
     tighter = calibrate_paper_mode(cfg, 5, epsilon_target=1.0, delta=DELTA, seed_set_size=0)

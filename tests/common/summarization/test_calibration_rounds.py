@@ -29,7 +29,7 @@ OPTIONS = [
 ]  # (validation_release, summary_release)
 
 
-def _config(p: int, validation: str, summary: str, **kw) -> RoundsConfig:  # type: ignore[no-untyped-def]
+def _config(p: int, validation: str, summary: str, **kw) -> RoundsConfig:
     return RoundsConfig(
         summary_size=p,
         validation_release=validation,  # type: ignore[arg-type]
@@ -166,9 +166,9 @@ def test_rounds_mode_events_match_a_real_session(
         charged = [
             PrivacyEvent(**entry["event"]) for entry in report["entries"] if entry["party"] == party
         ]
-        assert _counts(charged) == _counts(events[party])  # type: ignore[literal-required]
+        assert _counts(charged) == _counts(events[party])
         assert report["parties"][party]["pld"] == pytest.approx(
-            pld_epsilon(events[party], DELTA),  # type: ignore[literal-required]
+            pld_epsilon(events[party], DELTA),
             rel=1e-9,
         )
     public = [

@@ -76,7 +76,7 @@ def test_allocation_without_signal_is_even() -> None:
     data=st.data(),
     even=st.floats(0, 1),
 )
-def test_allocation_respects_budget_and_caps(budget, weights, data, even) -> None:  # type: ignore[no-untyped-def]
+def test_allocation_respects_budget_and_caps(budget, weights, data, even) -> None:
     caps = data.draw(st.lists(st.integers(0, 100), min_size=len(weights), max_size=len(weights)))
     shares = allocate_candidates(budget, weights, caps, even_share=even)
     assert shares.sum() == min(budget, sum(caps))

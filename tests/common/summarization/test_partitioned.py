@@ -94,7 +94,7 @@ def test_sample_counts_follow_the_hypergeometric_law() -> None:
     probability below 1e-6 per partition)."""
     rng = np.random.default_rng(6)
     available = np.array([100, 300, 0, 600])
-    draws = np.array([sample_counts(available, 50, rng) for _ in range(4000)])
+    draws = np.array([sample_counts(available.tolist(), 50, rng) for _ in range(4000)])
     assert (draws.sum(axis=1) == 50).all() and (draws[:, 2] == 0).all()
     assert (draws <= available).all()
     share = available / available.sum()
@@ -102,4 +102,4 @@ def test_sample_counts_follow_the_hypergeometric_law() -> None:
     sd = np.sqrt(50 * share * (1 - share) * (1000 - 50) / 999)
     assert np.all(np.abs(draws.mean(axis=0) - expected) <= 5 * sd / np.sqrt(4000) + 1e-12)
     with pytest.raises(ValueError, match="count 1001 exceeds the 1000 points"):
-        sample_counts(available, 1001, rng)
+        sample_counts(available.tolist(), 1001, rng)

@@ -11,6 +11,7 @@ from dpmarket.common.privacy.accounting import PrivacyEvent, pld_epsilon
 from dpmarket.common.summarization.auction import auction_parameters
 from dpmarket.common.summarization.calibration import paper_mode_events, rounds_auction
 from dpmarket.common.summarization.methods import (
+    GaussianFields,
     PrivateConfig,
     RoundsConfig,
     UniformConfig,
@@ -72,6 +73,7 @@ def test_the_candidates_terms_name_their_allocation_and_form(
     form: str, sketch: bool, method: SessionMethod
 ) -> None:
     cfg = method_config("candidates", summary_size=20, summary_form=form)
+    assert isinstance(cfg, GaussianFields)
     terms = owner_terms(cfg, K, validation_size=M, seed_set_size=N_SEED, sketch_allocation=sketch)
     assert terms.method is method
     assert (terms.epsilon, terms.delta) == (

@@ -14,6 +14,7 @@ from dpmarket.common.summarization.kernels import rff_greedy
 from dpmarket.common.summarization.methods import (
     CandidatesConfig,
     GreedyConfig,
+    PrivateConfig,
     SummarizationConfig,
     UniformConfig,
     method_config,
@@ -29,11 +30,11 @@ from dpmarket.owner.protocol import Owner
 P = 20
 
 
-def _config(method: str, **kw) -> SummarizationConfig:  # type: ignore[no-untyped-def]
+def _config(method: str, **kw) -> SummarizationConfig:
     return method_config(method, summary_size=P, **kw)
 
 
-def _run(scenario: Scenario, endpoints, config, seed: int = 3) -> SummaryResult:  # type: ignore[no-untyped-def]
+def _run(scenario: Scenario, endpoints, config, seed: int = 3) -> SummaryResult:
     return run_session(endpoints, scenario.validation, scenario.seed_set, config, seed=seed)
 
 
@@ -83,7 +84,7 @@ class SpyEndpoint(LocalOwnerEndpoint):
         self.bids: dict[int, float] = {}
         self.released_rounds: list[int] = []
 
-    async def bid(self, session_id, round_, summary_embedding, q):  # type: ignore[no-untyped-def]
+    async def bid(self, session_id, round_, summary_embedding, q):
         if self.die_after is not None and round_ > self.die_after:
             raise UnavailableError("connection refused")
         bid = await super().bid(session_id, round_, summary_embedding, q)
@@ -93,7 +94,7 @@ class SpyEndpoint(LocalOwnerEndpoint):
             self.bids[round_] = bid.bid
         return bid
 
-    async def release_point(self, session_id, round_) -> ReleasedPoint:  # type: ignore[no-untyped-def]
+    async def release_point(self, session_id, round_) -> ReleasedPoint:
         self.released_rounds.append(round_)
         released = await super().release_point(session_id, round_)
         return replace(released, bid=self.bids[round_])
@@ -141,7 +142,10 @@ def test_all_owners_dead_fails_clearly(digits: Scenario) -> None:
 
 
 def test_owners_running_out_of_points_fails_clearly(digits: Scenario) -> None:
-    small = [replace(o, features=o.features[:3], labels=o.labels[:3]) for o in digits.owners[:2]]
+    small = [
+        replace(o, features=o.features[:3], labels=None if o.labels is None else o.labels[:3])
+        for o in digits.owners[:2]
+    ]
     endpoints = [LocalOwnerEndpoint(Owner(o.name, o)) for o in small]
     endpoints.append(SpyEndpoint(Owner("dies", digits.owners[2]), die_after=1))
     config = GreedyConfig(summary_size=10)
@@ -153,6 +157,7 @@ def test_private_ledger_charges_every_release(digits: Scenario) -> None:
     result = simulate(digits.owners, digits.validation, digits.seed_set, _config("private"), seed=2)
     ledger = result.report.ledger.to_json()
     cfg = _config("private")
+    assert isinstance(cfg, PrivateConfig)
     validation = ledger["validation"]["parties"]["validation"]
     owners = ledger["owners"]["parties"]["owners"]
     # T_init selections + T_init measurements on D_v.
@@ -241,21 +246,21 @@ class RecordingEndpoint(LocalOwnerEndpoint):
 
     def __init__(self, owner: Owner) -> None:
         super().__init__(owner)
-        self.received: list[tuple[str, object]] = []
+        self.received: list[tuple[object, ...]] = []
 
     async def set_validation_embedding(
         self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None
-    ):  # type: ignore[no-untyped-def]
+    ):
         self.received.append(("embedding", embedding.tobytes(), shrinkage_sigma))
         await super().set_validation_embedding(
             session_id, embedding, shrinkage_sigma=shrinkage_sigma, prior_embedding=prior_embedding
         )
 
-    async def count_relevant(self, session_id, threshold):  # type: ignore[no-untyped-def]
+    async def count_relevant(self, session_id, threshold):
         self.received.append(("threshold", threshold))
         return await super().count_relevant(session_id, threshold)
 
-    async def propose_candidates(self, session_id, count, *, uniform_count=0):  # type: ignore[no-untyped-def]
+    async def propose_candidates(self, session_id, count, *, uniform_count=0):
         self.received.append(("count", count))
         return await super().propose_candidates(session_id, count, uniform_count=uniform_count)
 
@@ -333,7 +338,7 @@ class _Proposals(LocalOwnerEndpoint):
         super().__init__(owner)
         self.uniform: list[np.ndarray] = []
 
-    async def propose_candidates(self, session_id, count, *, uniform_count=0):  # type: ignore[no-untyped-def]
+    async def propose_candidates(self, session_id, count, *, uniform_count=0):
         points, labels = await super().propose_candidates(
             session_id, count, uniform_count=uniform_count
         )
