@@ -362,9 +362,7 @@ class OwnerPolicy:
         put("rounds_per_point", _integer(self.rounds_per_point, "rounds_per_point"))
         for flag in ("allow_non_private", "allow_exact_bids"):
             if not isinstance(getattr(self, flag), bool):
-                raise ValueError(
-                    f"{_key(flag)} must be true or false, got {getattr(self, flag)!r}"
-                )
+                raise ValueError(f"{_key(flag)} must be true or false, got {getattr(self, flag)!r}")
         curators = self.curators
         if isinstance(curators, str) or not isinstance(curators, list | tuple):
             raise ValueError(f"{_key('curators')} must be a list of names, got {curators!r}")

@@ -257,7 +257,8 @@ def test_expire_idle_closes_only_sessions_untouched_for_the_timeout(
     data: PointSet, rff: RFFParams, tmp_path: Path
 ) -> None:
     monotonic = Clock(100.0)
-    ledger = OwnerLedger.create(tmp_path / "owner", OwnerPolicy(allow_exact_bids=True, rounds_per_point=100), clock=Clock())
+    bidding = OwnerPolicy(allow_exact_bids=True, rounds_per_point=100)
+    ledger = OwnerLedger.create(tmp_path / "owner", bidding, clock=Clock())
     owner = Owner("o", data, ledger=ledger, idle_timeout=10.0, clock=monotonic)
     assert Owner("o", data).expire_idle() == [], "no timeout: nothing ever expires"
     _open(owner, rff, "a")

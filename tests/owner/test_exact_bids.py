@@ -66,7 +66,7 @@ def test_terms_that_answer_exact_bids_are_refused_by_default_and_charge_nothing(
     data: PointSet, tmp_path: Path, name: str
 ) -> None:
     owner, ledger = _owner(data, tmp_path, allow_non_private=True)
-    with pytest.raises(FailedPreconditionError, match="access.allow_exact_bids = false") as info:
+    with pytest.raises(FailedPreconditionError, match=r"access\.allow_exact_bids = false") as info:
         owner.open_session("s", PROBE.rff, 0, terms=RED_TEAM_TERMS[name])
     # A refusal of the policy, decided on the terms alone: its text may reach a consumer.
     assert not isinstance(info.value, BudgetRefusedError)

@@ -140,11 +140,9 @@ def test_open_session_serves_non_private_terms_only_when_the_policy_allows_them(
         ("a", OwnerPolicy(allow_non_private=True), "allow_exact_bids = false"),
         ("b", OwnerPolicy(allow_exact_bids=True), "allow_non_private = false"),
     ):
-        ledger = OwnerLedger.create(tmp_path / name, policy)
-        _refused(
-            lambda: Owner("o", data, ledger=ledger).open_session("s", rff, 0, terms=greedy), key
-        )
-        assert ledger.entries() == []
+        refusing = Owner("o", data, ledger=OwnerLedger.create(tmp_path / name, policy))
+        _refused(lambda: refusing.open_session("s", rff, 0, terms=greedy), key)  # noqa: B023
+        assert refusing.ledger is not None and refusing.ledger.entries() == []
     both = OwnerPolicy(allow_non_private=True, allow_exact_bids=True)
     allowing = Owner("o", data, ledger=OwnerLedger.create(tmp_path / "c", both))
     allowing.open_session("s", rff, 0, terms=greedy)
