@@ -1096,6 +1096,9 @@ points = 1000000
 epsilon = 100.0
 delta = 0.1
 points = 100000
+rounds_per_point = 8   # the heaviest request: 600 rounds, 88 points a session
+[access]
+allow_exact_bids = true   # the heaviest request runs the private method
 """
 LOAD_CURATOR_POLICY = """
 [requests]
