@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import socket
 import statistics
 import subprocess
@@ -32,7 +31,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.console.clinics import deploy, environment, stop
+from tests.console.clinics import SIGN_IN, deploy, environment, stop
 
 ROLES = {"consumer": "consumer.toml", "owner": "owner-young.toml", "curator": "curator.toml"}
 
@@ -57,7 +56,7 @@ def _spawn_console(clinics: Path, config: str) -> subprocess.Popen[str]:
 def _console_address(process: subprocess.Popen[str], role: str) -> tuple[str, str]:
     assert process.stdout is not None
     for line in process.stdout:
-        found = re.search(r"(https?://[^/\s]+)/login\?token=(\S+)", line)
+        found = SIGN_IN.search(line)
         if found:
             return found.group(1), found.group(2)
     raise RuntimeError(f"the {role} console printed no address")

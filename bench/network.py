@@ -49,7 +49,7 @@ import pandas as pd
 
 from bench.report import write_section
 from bench.rounds import BENCH_OWNER_POLICY
-from dpmarket.common.summarization.summary import Method, SummarizationConfig
+from dpmarket.common.summarization.methods import Method, method_config
 from dpmarket.deploy.wan import PROFILES as WAN_PROFILES
 from dpmarket.owner.data import PointSet, save_point_set
 from dpmarket.runtime import rpc_trace
@@ -438,7 +438,7 @@ def run_cluster(
 
         for method in methods:
             for p in ps if method not in ("uniform", "candidates") else ps[:1]:
-                config = SummarizationConfig(summary_size=p, method=method, rff_dimension=32)
+                config = method_config(method, summary_size=p, rff_dimension=32)
                 timed(
                     f"summarization/{method}",
                     p,
@@ -641,7 +641,7 @@ def run_wan(
                     p,
                     functools.partial(
                         client.summarize,
-                        SummarizationConfig(summary_size=p, method=method, rff_dimension=32),
+                        method_config(method, summary_size=p, rff_dimension=32),
                         validation,
                         seed_set,
                         seed=seed,

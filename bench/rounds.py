@@ -46,12 +46,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from bench.report import configure_logging
-from dpmarket.common.summarization.summary import (
-    Method,
-    ProgressEvent,
-    SummarizationConfig,
-    SummaryResult,
-)
+from dpmarket.common.summarization.methods import Method, method_config
+from dpmarket.common.summarization.summary import ProgressEvent, SummaryResult
 from dpmarket.owner.data import PointSet, save_point_set
 
 logger = logging.getLogger("bench.rounds")
@@ -444,7 +440,7 @@ def run_workload(
                 CuratorClient(cluster.curator_target, cluster.consumer_security(), timeout=600.0)
             )
         for index, method in enumerate(methods):
-            config = SummarizationConfig(summary_size=w.rounds, method=method, rff_dimension=w.d)
+            config = method_config(method, summary_size=w.rounds, rff_dimension=w.d)
             label = f"K={w.k} N={w.n_points} {method}"
             load = os.getloadavg()[0]
             start = time.perf_counter()
@@ -865,7 +861,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "seed": args.seed,
         "quick": args.quick,
         "service_env": service_env,
-        "config_defaults": "SummarizationConfig defaults (Table 1) except summary_size and d",
+        "config_defaults": "the methods' configuration defaults (Table 1) but summary_size and d",
     }
     logger.info("bench.rounds: %s", parameters)
     logger.info(

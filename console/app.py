@@ -6,11 +6,18 @@ owner's the owner's, a curator's the curator's. Another role's page is not there
 console run with a consumer's certificate has no route to an owner's ledger or to the curator's
 sessions, besides holding no credential that would read them.
 
+Every page is served under the console's secret path (:attr:`ConsoleToken.prefix`, printed in
+its address), and nothing else is: ``/`` and any other path are 404, so a program or a page that
+does not know the console's address learns nothing, and the browser's cookie, scoped to that
+path, is sent to no other local server (:mod:`dpmarket.console.auth`). Every state-changing
+request needs proof that it comes from the console's own pages (:mod:`dpmarket.console.csrf`).
+
 Pages are rendered on the server (Jinja2 templates, matplotlib SVG plots,
 :mod:`dpmarket.console.plots`); the one script (``static/console.js``) follows a summary's progress
 from its server-sent events. Every response carries a Content-Security-Policy that allows this
-origin only (no CDN: the console works offline), forbids framing, and sends no referrer (so a
-login address with the token never leaks to another site).
+origin only (no CDN: the console works offline), forbids framing, and sends a referrer to this
+origin only (so a login address with the token never leaks to another site, while the console's
+own requests keep the ``Origin`` the CSRF check needs).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
+    PlainTextResponse,
     RedirectResponse,
     Response,
     StreamingResponse,
@@ -43,10 +51,11 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dpmarket.common.errors import DPMarketError
-from dpmarket.common.summarization.summary import METHODS
+from dpmarket.common.summarization.methods import METHODS
 from dpmarket.console import plots
-from dpmarket.console.auth import COOKIE, ConsoleToken, TokenMiddleware
-from dpmarket.console.consumer import ConsumerConsole, UserError
+from dpmarket.console.auth import ConsoleToken, TokenMiddleware, cookie_name
+from dpmarket.console.consumer import ConsumerConsole, UserError, form_number
+from dpmarket.console.csrf import FIELD, guarded
 from dpmarket.console.curator import CuratorConsole
 from dpmarket.console.owner import OwnerConsole
 from dpmarket.runtime.identity import Identity
@@ -67,7 +76,7 @@ SECURITY_HEADERS = {
     ),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 
@@ -108,9 +117,9 @@ def _number(value: float | None, spec: str = ".4g") -> str:
 
 
 def create_app(
-    party: Party, identity: Identity, token: ConsoleToken, *, secure_cookie: bool = False
+    party: Party, identity: Identity, token: ConsoleToken, *, port: int, https: bool = False
 ) -> Starlette:
-    """The console's ASGI application for ``party``.
+    """The console's ASGI application for ``party``, its pages under ``token.prefix``.
 
     Parameters
     ----------
@@ -119,14 +128,23 @@ def create_app(
     identity : Identity
         The party's identity, shown on every page.
     token : ConsoleToken
-        The token every page but ``/login`` requires (:mod:`dpmarket.console.auth`).
-    secure_cookie : bool
-        Mark the token's cookie ``Secure`` (the console is served over HTTPS).
+        The token every page but ``/login`` requires (:mod:`dpmarket.console.auth`); it also
+        gives the console's secret path, its cookie's value and its forms' token.
+    port : int
+        The port the console serves on (in its cookie's name, so that two consoles in one
+        browser keep one cookie each).
+    https : bool
+        The console is served over HTTPS: its cookie is ``Secure`` and ``__Secure-`` named.
     """
+    base = token.prefix
+    cookie = cookie_name(port, secure=https)
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["num"] = _number
     templates.env.filters["utc"] = _utc
     templates.env.globals["identity"] = identity
+    templates.env.globals["base"] = base
+    templates.env.globals["form_field"] = FIELD
+    templates.env.globals["form_token"] = token.form_token
     role = identity.role
 
     def page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
@@ -135,7 +153,7 @@ def create_app(
         )
 
     async def home(request: Request) -> Response:
-        return RedirectResponse(f"/{role}", status_code=303)
+        return RedirectResponse(f"{base}/{role}", status_code=303)
 
     async def login(request: Request) -> Response:
         presented = request.query_params.get("token")
@@ -156,15 +174,15 @@ def create_app(
                 {"next": target, "error": "That is not this console's token."},
                 401,
             )
-        response = RedirectResponse(target, status_code=303)
+        response = RedirectResponse(base + target, status_code=303)
         response.set_cookie(
-            COOKIE, token.value, httponly=True, samesite="strict", secure=secure_cookie, path="/"
+            cookie, token.cookie_value, httponly=True, samesite="strict", secure=https, path=base
         )
         return response
 
     async def logout(request: Request) -> Response:
-        response = RedirectResponse("/login", status_code=303)
-        response.delete_cookie(COOKIE, path="/")
+        response = RedirectResponse(f"{base}/login", status_code=303)
+        response.delete_cookie(cookie, path=base, secure=https, httponly=True, samesite="strict")
         return response
 
     routes: list[Any] = [
@@ -179,9 +197,26 @@ def create_app(
         routes += _owner_routes(party, page)
     else:
         routes += _curator_routes(party, page)
+    routes = [
+        Route(r.path, guarded(r.endpoint, token), methods=r.methods) if isinstance(r, Route) else r
+        for r in routes
+    ]
+    pages = Starlette(
+        routes=routes, middleware=[Middleware(TokenMiddleware, token=token, cookie=cookie)]
+    )
     return Starlette(
-        routes=routes,
-        middleware=[Middleware(_SecurityHeaders), Middleware(TokenMiddleware, token=token)],
+        routes=[Mount(base, app=pages)],
+        middleware=[Middleware(_SecurityHeaders)],
+        exception_handlers={404: _elsewhere},
+    )
+
+
+async def _elsewhere(request: Request, exc: Exception) -> Response:
+    """Any path outside the console's secret path: nothing, not even whether a console runs."""
+    return PlainTextResponse(
+        "404: nothing here. A console's pages are under the address `dpmarket console` printed "
+        "when it started (its path comes from the console-token file).",
+        status_code=404,
     )
 
 
@@ -261,21 +296,24 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         form = await request.form()
         data, name = await _read_upload(form.get("validation"))
         try:
-            gamma_text = str(form.get("gamma", "")).strip()
+            summary_size = _form_number(form, "p", "Points", int, default="0")
+            gamma = _form_number(form, "gamma", "Kernel γ", float, default="")
+            min_owners = _form_number(form, "min_owners", "Fewest owners", int, default="0")
             session_id = await run_in_threadpool(
                 lambda: consumer.start_summary(
                     data,
                     name,
-                    summary_size=int(str(form.get("p", "0")) or 0),
+                    summary_size=summary_size or 0,
                     method=str(form.get("method", "candidates")),
-                    gamma=float(gamma_text) if gamma_text else None,
-                    min_owners=int(str(form.get("min_owners", "0")) or 0),
+                    gamma=gamma,
+                    min_owners=min_owners or 0,
                     request_id=str(form.get("request_id", "")) or uuid.uuid4().hex,
                 )
             )
-        except (UserError, ValueError) as exc:
+        except UserError as exc:
             return await _with_status(overview(request, {"summary_error": str(exc)}), 400)
-        return RedirectResponse(f"/consumer/sessions/{session_id}", status_code=303)
+        root = request.scope.get("root_path", "")
+        return RedirectResponse(f"{root}/consumer/sessions/{session_id}", status_code=303)
 
     async def session(request: Request) -> Response:
         key = request.path_params["key"]
@@ -364,6 +402,22 @@ async def _read_upload(upload: Any) -> tuple[bytes, str]:
     if isinstance(upload, UploadFile):
         return await upload.read(), upload.filename or "validation"
     return b"", ""
+
+
+def _form_number(
+    form: Any, field: str, label: str, kind: type[int] | type[float], *, default: str
+) -> Any:
+    """The number a form's ``field`` holds (``None`` when it is blank and ``default`` is "").
+
+    Raises
+    ------
+    UserError
+        If it is not a number of ``kind`` (:func:`~dpmarket.console.consumer.form_number`).
+    """
+    text = str(form.get(field, default)).strip() or default
+    if not text:
+        return None
+    return form_number(text, field, label, kind, "20" if kind is int else "1e-4")
 
 
 def _split(text: str) -> list[str]:

@@ -4,11 +4,24 @@ The console serves a party's own view of the market (its ledger, its sessions, i
 answers) to whoever reaches its HTTP port, so every page but the login form and the style sheet
 asks for the party's **console token**: 32 random bytes (``secrets.token_urlsafe``), generated the
 first time the console starts, printed once, and kept in the party's data directory as
-``console-token`` (mode 0600, readable by the party's user only). A browser presents it once, at
-``/login`` (a form, or ``/login?token=...`` from the printed address), and keeps it in a cookie
-that is ``HttpOnly`` (no script reads it) and ``SameSite=Strict`` (no other site's page can make
-the browser send it, so a form on another site cannot post to the console); a program sends
-``Authorization: Bearer TOKEN``. Every comparison takes constant time (:func:`hmac.compare_digest`).
+``console-token`` (mode 0600, readable by the party's user only). A program sends
+``Authorization: Bearer TOKEN``. A browser presents the token once, at ``/login`` (a form, or
+``/login?token=...`` from the printed address), and then holds a **cookie that is not the token**:
+
+* its value is an HMAC of the token (:meth:`ConsoleToken.cookie_value`), accepted as a cookie
+  only, never as a bearer token, so a copy of it does not reveal the token;
+* its ``Path`` is the console's **secret path** (:attr:`ConsoleToken.prefix`, an HMAC of the token
+  too): every page is served under it and nothing else is. Browsers send a ``127.0.0.1`` cookie
+  to every port of ``127.0.0.1`` (cookies ignore ports), so another local web server the user
+  visits would receive a ``Path=/`` cookie; it does not know the secret path, so the browser
+  never sends it this cookie;
+* its name carries the console's port (:func:`cookie_name`), so the consoles of two parties open
+  in one browser keep one cookie each; ``HttpOnly`` (no script reads it), ``SameSite=Strict``,
+  and over HTTPS ``Secure`` with the ``__Secure-`` name prefix (``__Host-`` would demand
+  ``Path=/``).
+
+Every comparison takes constant time (:func:`hmac.compare_digest`). State-changing requests
+also need proof that they come from the console's own pages (:mod:`dpmarket.console.csrf`).
 
 The console binds to 127.0.0.1 by default, and the token is required there too: other users of a
 shared machine reach the loopback address as well. For remote use, bind another address and keep
@@ -17,6 +30,8 @@ the token to the people who may see the party's data (docs/howto-console.md).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import os
 import secrets
@@ -24,19 +39,44 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from starlette.datastructures import URL
 from starlette.requests import HTTPConnection
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["COOKIE", "TOKEN_FILE", "ConsoleToken", "TokenMiddleware"]
+__all__ = [
+    "TOKEN_FILE",
+    "ConsoleToken",
+    "TokenMiddleware",
+    "bearer_token",
+    "cookie_name",
+    "route_path",
+    "same_secret",
+]
 
 #: The token's file in the party's data directory.
 TOKEN_FILE = "console-token"
-#: The browser cookie that carries the token.
-COOKIE = "dpmarket_console"
-#: Paths served without the token: the login form and the style sheet.
+#: The browser cookie's name, before the console's port (:func:`cookie_name`).
+COOKIE_STEM = "dpmarket_console"
+#: Paths (under the console's secret path) served without the token: the login form and the
+#: style sheet.
 OPEN_PATHS = ("/login", "/static/")
+#: Characters of the secret path (base64url of an HMAC: 22 characters hold 132 bits).
+PATH_CHARS = 22
+
+
+def cookie_name(port: int, *, secure: bool = False) -> str:
+    """The console's cookie name: one per console port, ``__Secure-`` prefixed over HTTPS.
+
+    Parameters
+    ----------
+    port : int
+        The port the console serves on.
+    secure : bool
+        The console serves HTTPS (the cookie is ``Secure``; browsers then refuse a
+        ``__Secure-`` cookie set by plain HTTP, so no other local server can plant one).
+    """
+    name = f"{COOKIE_STEM}_{port}"
+    return f"__Secure-{name}" if secure else name
 
 
 @dataclass(frozen=True)
@@ -93,48 +133,98 @@ class ConsoleToken:
 
     def matches(self, presented: str | None) -> bool:
         """Whether ``presented`` is the token (constant time)."""
-        if not presented:
-            return False
-        return hmac.compare_digest(presented.encode("utf-8"), self.value.encode("utf-8"))
+        return same_secret(presented, self.value)
+
+    def derive(self, purpose: str) -> str:
+        """HMAC-SHA256 of ``purpose`` keyed by the token, base64url without padding (43
+        characters): a secret for one purpose that reveals neither the token nor another
+        purpose's secret."""
+        digest = hmac.new(self.value.encode("utf-8"), purpose.encode("utf-8"), hashlib.sha256)
+        return base64.urlsafe_b64encode(digest.digest()).decode("ascii").rstrip("=")
+
+    @property
+    def prefix(self) -> str:
+        """The console's secret path (``/`` and 22 characters): every page is served under it,
+        and the browser's cookie is scoped to it (module docstring). Stable while the token
+        is (bookmarks keep working); a new token gives a new path."""
+        return "/" + self.derive("dpmarket console path v1")[:PATH_CHARS]
+
+    @property
+    def cookie_value(self) -> str:
+        """What the browser's cookie holds: not the token, and not accepted as a bearer."""
+        return self.derive("dpmarket console cookie v1")
+
+    @property
+    def form_token(self) -> str:
+        """The synchronizer token every form of the console carries
+        (:mod:`dpmarket.console.csrf`)."""
+        return self.derive("dpmarket console form v1")
 
 
-def presented_token(conn: HTTPConnection) -> str | None:
-    """The token a request presents: ``Authorization: Bearer``, else the cookie."""
+def same_secret(presented: str | None, expected: str) -> bool:
+    """Whether ``presented`` equals ``expected`` (constant time; ``None`` or empty never)."""
+    if not presented:
+        return False
+    return hmac.compare_digest(presented.encode("utf-8"), expected.encode("utf-8"))
+
+
+def route_path(scope: Scope) -> str:
+    """The request's path below the console's secret path (its ``root_path``, set by the
+    mount), e.g. ``/owner``."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        return path[len(root) :] or "/"
+    return path
+
+
+def bearer_token(conn: HTTPConnection) -> str | None:
+    """The token of an ``Authorization: Bearer`` header, if any."""
     header = conn.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    return conn.cookies.get(COOKIE)
+    return None
 
 
 class TokenMiddleware:
-    """ASGI middleware refusing every request without the console token (module docstring).
+    """ASGI middleware refusing every request without the console token (module docstring):
+    the token as ``Authorization: Bearer``, or the cookie ``cookie`` holding
+    :attr:`ConsoleToken.cookie_value`.
 
     A browser asking for a page is sent to the login form (303); any other request (the event
     stream, a download, a program) is answered ``401 Unauthorized``. Nothing of the party's data
-    is read before the token is checked.
+    is read before the token is checked. Mounted under the console's secret path, it sees that
+    path as its ``root_path``.
     """
 
-    def __init__(self, app: ASGIApp, token: ConsoleToken) -> None:
+    def __init__(self, app: ASGIApp, token: ConsoleToken, cookie: str) -> None:
         self.app = app
         self.token = token
+        self.cookie = cookie
+
+    def admits(self, conn: HTTPConnection) -> bool:
+        """Whether ``conn`` presents the token (bearer) or the console's cookie."""
+        bearer = bearer_token(conn)
+        if bearer is not None:
+            return self.token.matches(bearer)
+        return same_secret(conn.cookies.get(self.cookie), self.token.cookie_value)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         conn = HTTPConnection(scope)
-        path = conn.url.path
-        if path.startswith(OPEN_PATHS) or self.token.matches(presented_token(conn)):
+        path = route_path(scope)
+        if path.startswith(OPEN_PATHS) or self.admits(conn):
             await self.app(scope, receive, send)
             return
         response: Response
         wants_page = scope["type"] == "http" and "text/html" in conn.headers.get("accept", "")
         if wants_page and conn.scope.get("method") == "GET":
-            target = URL(path=path, query=conn.url.query).path + (
-                f"?{conn.url.query}" if conn.url.query else ""
-            )
-            response = RedirectResponse(f"/login?next={quote(target)}", status_code=303)
+            target = path + (f"?{conn.url.query}" if conn.url.query else "")
+            root = scope.get("root_path", "")
+            response = RedirectResponse(f"{root}/login?next={quote(target)}", status_code=303)
         else:
             response = PlainTextResponse(
                 "401: this console needs its token (the console-token file in the party's data "

@@ -148,12 +148,12 @@ def console_command(
         token = ConsoleToken.load_or_create(data_dir)
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    app = create_app(party, identity, token, secure_cookie=https_cert is not None)
     sock = _bind(bind_host, bind_port)
     bound = sock.getsockname()[1]
+    app = create_app(party, identity, token, port=bound, https=https_cert is not None)
     scheme = "https" if https_cert else "http"
     shown = f"[{bind_host}]" if ":" in bind_host else bind_host
-    base = f"{scheme}://{shown}:{bound}"
+    base = f"{scheme}://{shown}:{bound}{token.prefix}"
     click.echo(f"{identity}'s console: {base}/")
     if token.created:
         click.echo(

@@ -3,7 +3,7 @@
 Every call goes to the consumer's curator over mTLS with the consumer's own certificate
 (:class:`dpmarket.consumer.client.CuratorClient`); exploration and ranking are computed here from
 the published sketches, as ``dpmarket explore`` and ``rank-owners`` compute them
-(:func:`dpmarket.consumer.cli.explore_sketches`, :func:`~dpmarket.consumer.cli.rank_sketches`),
+(:func:`dpmarket.consumer.catalogue.explore`, :func:`dpmarket.consumer.cli.rank_sketches`),
 so no owner is asked anything. A summary request runs as a session at the curator; a thread
 follows its WatchSession stream (:class:`SummaryJob`), fetches the summary, writes it to the
 consumer's data directory and records the outcome in the consumer's history
@@ -13,11 +13,12 @@ stays in this process's memory only while its session runs.
 
 Extension points
 ----------------
-* **The typed client** (``dpmarket.client``, issue 26): :class:`ConsumerConsole` is the one
-  place that calls the curator and the exploration functions; when the typed client lands, its
-  ``summarize``, ``explore`` and ``rank_owners`` replace :meth:`ConsumerConsole.explore`,
-  :meth:`~ConsumerConsole.rank` and the body of :meth:`SummaryJob.run`, and the templates keep
-  reading the same fields.
+* **The typed client** (:mod:`dpmarket.client`): :class:`ConsumerConsole` is the one place
+  that calls the curator and the exploration functions. Exploration and ranking already run the
+  functions ``dpmarket.client.Consumer.explore`` and ``rank_owners`` wrap
+  (:mod:`dpmarket.consumer.catalogue`). A summary stays on ``CuratorClient``'s
+  ``create_session``, ``watch`` and ``get_summary``: the form needs the session's id at once,
+  which ``Consumer.summarize`` (blocking until the summary) does not give.
 * **Quotes and statements** (the market, issue 29): a quote belongs in
   :meth:`ConsumerConsole.start_summary` before ``create_session`` (shown on the request form),
   a session's statement beside its record (:class:`~dpmarket.consumer.history.RecordedSession`);
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import tempfile
 import threading
@@ -42,11 +44,12 @@ import numpy as np
 
 from dpmarket.common.errors import DPMarketError
 from dpmarket.common.schema import Schema
-from dpmarket.common.summarization.summary import OwnerSelection, SummarizationConfig
+from dpmarket.common.summarization.methods import SummarizationConfig, method_config
+from dpmarket.common.summarization.summary import OwnerSelection
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.consumer.history import RecordedSession, SessionHistory, spent
 
-__all__ = ["Catalogue", "ConsumerConsole", "SummaryJob", "UserError"]
+__all__ = ["Catalogue", "ConsumerConsole", "SummaryJob", "UserError", "form_number"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +98,37 @@ def age_text(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f} {unit}"
     return f"{seconds:.0f} s"
+
+
+def form_number(
+    text: str, field: str, label: str, kind: type[int] | type[float], example: str
+) -> Any:
+    """The number a form's field holds, as ``kind`` (finite).
+
+    Parameters
+    ----------
+    text : str
+        What the field holds.
+    field, label : str
+        The field's name and its label on the page (both named in the message).
+    kind : int or float
+    example : str
+        A valid value, shown in the message.
+
+    Raises
+    ------
+    UserError
+        If ``text`` is not a finite number of ``kind``: the message names the field and the
+        value, and says what to give.
+    """
+    what = "a whole number" if kind is int else "a number"
+    try:
+        value = kind(text)
+    except ValueError:
+        raise UserError(f"{label} ({field}): {text!r} is not {what}; give e.g. {example}") from None
+    if not math.isfinite(value):
+        raise UserError(f"{label} ({field}): {text!r} is not a finite number; give e.g. {example}")
+    return value
 
 
 @dataclass
@@ -233,19 +267,27 @@ class ConsumerConsole:
         UserError
             For a malformed question, or one no sketch answers.
         """
-        from dpmarket.consumer.cli import explore_sketches
+        from dpmarket.consumer.catalogue import explore
         from dpmarket.consumer.explore import Query, parse_where
 
+        points = tuple(
+            form_number(p, "points", "CDF thresholds", float, "25, 30")
+            for p in form.get("points", ())
+        )
+        try:
+            where = tuple(parse_where(w) for w in form.get("where", ()))
+        except DPMarketError as exc:
+            raise UserError(f"Count predicates (where): {exc}") from exc
         try:
             query = Query(
                 form["query"],
                 columns=tuple(form.get("columns", ())),
-                points=tuple(float(p) for p in form.get("points", ())),
-                where=tuple(parse_where(w) for w in form.get("where", ())),
+                points=points,
+                where=where,
                 target=form.get("target", ""),
             )
             with self._exploring:
-                explored = explore_sketches(
+                explored = explore(
                     self.client,
                     query,
                     spec=form.get("spec") or None,
@@ -283,12 +325,16 @@ class ConsumerConsole:
 
         with self._uploaded(upload, filename) as path:
             try:
-                chosen, validation, rows = rank_sketches(self.client, str(path), spec)
+                ranking = rank_sketches(self.client, str(path), spec)
             except click.ClickException as exc:
                 raise UserError(exc.format_message()) from exc
             except (DPMarketError, ValueError) as exc:
                 raise UserError(str(exc)) from exc
-        return {"spec": chosen.name, "validation_points": int(validation.shape[0]), "rows": rows}
+        return {
+            "spec": ranking.spec.name,
+            "validation_points": ranking.validation_points,
+            "rows": ranking.rows(),
+        }
 
     # ------------------------------------------------------------------------ summaries
     def start_summary(
@@ -314,7 +360,7 @@ class ConsumerConsole:
         from dpmarket.owner.data import load_point_set
 
         try:
-            config = SummarizationConfig(summary_size=summary_size, method=method)  # type: ignore[arg-type]
+            config = method_config(method, summary_size=summary_size)
             if gamma is not None:
                 config = dataclasses.replace(config, gamma=gamma)
             selection = OwnerSelection(min_owners=min_owners)
@@ -355,7 +401,7 @@ class ConsumerConsole:
 
     def _follow(self, job: SummaryJob) -> None:
         """Follow a session to its end, fetch, write and record its summary."""
-        from dpmarket.consumer.report import evaluate_summary, mmd_curve
+        from dpmarket.consumer.report import evaluate_summary, summary_curve
         from dpmarket.owner.data import PointSet, save_point_set
 
         cfg = job.config
@@ -398,19 +444,16 @@ class ConsumerConsole:
             )
             os.chmod(path, 0o600)
             row = evaluate_summary(summary, job.validation, cfg.gamma)
-            p = int(summary.points.shape[0])
-            step = max(1, p // 50)
-            sizes = sorted({*range(step, p + 1, step), p}) if p else []
-            curve = mmd_curve(summary.points, job.validation, cfg.gamma, sizes)
+            curve = summary_curve(summary, job.validation, cfg.gamma)
             record = self.history.record(
                 status="done",
                 source="console",
                 method=cfg.method,
                 summary_size=cfg.summary_size,
                 session_id=job.session_id,
-                result=row,
+                result=row.to_json(),
                 summary_path=str(path),
-                mmd_curve={"sizes": [float(s) for s in sizes], "mmd2": curve},
+                mmd_curve={"sizes": [float(s) for s in curve.sizes], "mmd2": list(curve.mmd2)},
             )
             job.finish(record)
         except (DPMarketError, OSError, ValueError) as exc:

@@ -105,7 +105,7 @@ def ranking_plot(rows: Sequence[Mapping[str, Any]], *, title: str) -> str:
     ----------
     rows : sequence of mapping
         ``owner``, ``mmd2``, ``interval`` (``[low, high]``) and ``flags`` (a list), best first:
-        :func:`dpmarket.consumer.cli.rank_sketches`'s rows.
+        :meth:`dpmarket.consumer.catalogue.Ranking.rows`.
     """
     return interval_plot(
         [

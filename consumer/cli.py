@@ -12,9 +12,8 @@ consumer's process. :func:`protocol_options` and the input helpers are shared wi
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,26 +25,23 @@ from rich.table import Table as RichTable
 
 from dpmarket.common.errors import DPMarketError, InvalidArgumentError
 from dpmarket.common.schema import Schema
-from dpmarket.common.sketches.marginals import MarginalsSketch
-from dpmarket.common.sketches.sketch import PrivateSketch, merge_sketches
-from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
-from dpmarket.common.summarization.sketch_allocation import RELEVANCE_SCORES
-from dpmarket.common.summarization.summary import (
-    ALLOCATIONS,
-    AUCTIONS,
-    EMBEDDING_PRIORS,
-    METHODS,
-    PARAMETER_NAMES,
-    POOL_SCORINGS,
-    SUMMARY_RELEASES,
-    VALIDATION_RELEASES,
-    OwnerSelection,
+from dpmarket.common.sketches.spec import SketchSpec
+from dpmarket.common.summarization.methods import (
     SummarizationConfig,
-    SummaryResult,
 )
+from dpmarket.common.summarization.session_ledger import CountsAllocationReport
+from dpmarket.common.summarization.summary import OwnerSelection, SummaryResult
 from dpmarket.consumer.client import SessionFailedError
+from dpmarket.consumer.options import (
+    BASIC_FIELDS,
+    METHOD_SECTIONS,
+    check_method_options,
+    method_options,
+    summarization_config,
+)
 from dpmarket.owner.data import PointSet, load_point_set
 from dpmarket.runtime.cli import (
+    SectionedCommand,
     check_outputs,
     console,
     curator_identity,
@@ -63,11 +59,9 @@ from dpmarket.runtime.schemas import load_schema
 
 __all__ = [
     "CAPE_COMMANDS",
-    "Explored",
     "Inputs",
     "cape_group",
     "explore_command",
-    "explore_sketches",
     "finish",
     "list_command",
     "load_points",
@@ -83,24 +77,57 @@ __all__ = [
 
 if TYPE_CHECKING:
     from dpmarket.common.cape.uncertainty import Estimate, Flag
+    from dpmarket.consumer.catalogue import Ranking
 
 logger = logging.getLogger("dpmarket")
 
-_DEFAULTS = SummarizationConfig(summary_size=1)
-
 
 # ------------------------------------------------------------------------- summaries
+#: Where ``request`` and ``simulate`` list the options their commands add, after the basics,
+#: and the methods' sections (:data:`dpmarket.consumer.options.SECTIONS`), in the help's order.
+BASIC_OPTIONS = (
+    "config",
+    "curator",
+    "owner_paths",
+    "validation_path",
+    *BASIC_FIELDS[:1],
+    "method",
+    *BASIC_FIELDS[1:],
+    "seed",
+    "out_path",
+    "report_path",
+)
+INPUT_OPTIONS = ("seed_set_path", "test_path")
+OUTPUT_OPTIONS = ("wide", "as_json", "plot_path")
+TLS_OPTIONS = ("ca_path", "cert_path", "key_path", "pki_dir", "name", "insecure")
+#: ``--config``'s help in the basics (its whole help: ``runtime.cli.CONFIG_HELP``, every other
+#: command's ``--help``).
+CONFIG_BRIEF = "Option values from a TOML file."
+
+
+def summary_sections(*command: tuple[str, tuple[str, ...]]) -> list[tuple[str, tuple[str, ...]]]:
+    """The help's sections of a summarization command: the basics, the command's own
+    sections, inputs and outputs, the methods' options, the connection."""
+    return [
+        ("Basics", BASIC_OPTIONS),
+        *command,
+        ("Inputs and outputs", (*INPUT_OPTIONS, *OUTPUT_OPTIONS)),
+        *((title, ()) for title in METHOD_SECTIONS),
+        ("Connection (mTLS)", TLS_OPTIONS),
+    ]
+
+
 def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Options shared by ``request`` and ``simulate`` (defaults: Section 4, Table 1)."""
-    d = _DEFAULTS
-    options = [
+    """Options shared by ``request`` and ``simulate``: the inputs, the outputs and the
+    method's options (:func:`dpmarket.consumer.options.method_options`, generated from the
+    methods' configuration fields; defaults: Section 4, Table 1)."""
+    options: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         click.option(
             "--validation",
             "validation_path",
             required=True,
             type=click.Path(exists=True, dir_okay=False),
-            help="The consumer's validation set D_v (.npy/.npz/.csv/.parquet; labels "
-            "are ignored and never sent).",
+            help="The validation set D_v (no labels sent).",
         ),
         click.option(
             "--seed-set",
@@ -109,23 +136,7 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
             type=click.Path(exists=True, dir_okay=False),
             help="Public seed set D_init (default: none).",
         ),
-        click.option(
-            "-p",
-            "--summary-size",
-            required=True,
-            type=click.IntRange(min=1),
-            help="p: number of owner points in the summary.",
-        ),
-        click.option(
-            "--method",
-            type=click.Choice(METHODS),
-            default="candidates",
-            help="candidates: private candidates with exact re-ranking (the default private "
-            "method: best measured quality); private: the paper's Algorithm 3; greedy: "
-            "non-private greedy on exact mean h1 embeddings; uniform: p/K points from every "
-            "owner; rounds: Algorithm 3's per-round protocol with the releases and pool scoring "
-            "chosen by --validation-release, --summary-release and --pool-scoring.",
-        ),
+        method_options,
         click.option(
             "--test",
             "test_path",
@@ -134,242 +145,29 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
             help="Labeled target test set: adds MMD² to it and downstream accuracy.",
         ),
         click.option(
-            "-d",
-            "--rff-dimension",
-            default=d.rff_dimension,
-            type=click.IntRange(min=1),
-            help="d, dimension of h1.",
-        ),
-        click.option(
-            "--gamma",
-            default=d.gamma,
-            type=click.FloatRange(min=0, min_open=True),
-            help="RBF kernel parameter, exp(-gamma ||x-y||²).",
-        ),
-        click.option(
-            "--epsilon-validation",
-            default=d.epsilon_validation,
-            type=float,
-            help="epsilon per h2 iteration on D_v.",
-        ),
-        click.option(
-            "--iterations-initial",
-            default=d.iterations_initial,
-            type=int,
-            help="T_init (0: floor(d^1.5) = 1656 for d = 140).",
-        ),
-        click.option(
-            "--iterations-subsequent",
-            default=d.iterations_subsequent,
-            type=int,
-            help="T_subs, MWEM iterations per later epoch.",
-        ),
-        click.option(
-            "--epsilon-first-epoch",
-            default=d.epsilon_first_epoch,
-            type=float,
-            help="epsilon per h2 iteration in epoch 1 (public seed set).",
-        ),
-        click.option(
-            "--epsilon-summary",
-            default=d.epsilon_summary,
-            type=float,
-            help="Later epochs use epsilon_summary / sqrt(p T_subs) per iteration.",
-        ),
-        click.option(
-            "--quantization-step",
-            default=d.quantization_step,
-            type=float,
-            help="eta of the quantization grid (0: 1/d).",
-        ),
-        click.option(
-            "--epsilon-auction",
-            default=d.epsilon_auction,
-            type=float,
-            help="Total epsilon of PrivAuction (Theorem 6).",
-        ),
-        click.option(
-            "--delta-owners",
-            default=d.delta_owners,
-            type=float,
-            help="delta of the auction and of the owners' composition bound.",
-        ),
-        click.option(
-            "--delta-validation",
-            default=d.delta_validation,
-            type=float,
-            help="delta~ of the validation set's composition bound.",
-        ),
-        click.option(
-            "--epsilon-validation-total",
-            default=d.epsilon_validation_total,
-            type=float,
-            help="candidates: epsilon of the Gaussian validation embedding.",
-        ),
-        click.option(
-            "--epsilon-owners-total",
-            default=d.epsilon_owners_total,
-            type=float,
-            help="candidates: epsilon of the owners' noisy relevance counts.",
-        ),
-        click.option(
-            "--delta",
-            default=d.delta,
-            type=float,
-            help="candidates: delta of the Gaussian mechanism and of the reported epsilons.",
-        ),
-        click.option(
-            "--candidate-fraction",
-            default=d.candidate_fraction,
-            type=float,
-            help="candidates: when > 0, at most this fraction of K*p owner points are read "
-            "(the previous budget rule).",
-        ),
-        click.option(
-            "--candidate-multiple",
-            default=d.candidate_multiple,
-            type=float,
-            help="candidates: at most max(p, this * p) owner points are read, whatever K "
-            "(--candidate-fraction > 0 overrides it).",
-        ),
-        click.option(
-            "--allocation",
-            type=click.Choice(ALLOCATIONS),
-            default=d.allocation,
-            help="candidates: split the candidate budget by the owners' published sketches "
-            "(a release about D_v only; falls back to counts when an owner has none) or by the "
-            "owners' noisy relevance counts.",
-        ),
-        click.option(
-            "--relevance-score",
-            type=click.Choice(RELEVANCE_SCORES),
-            default=d.relevance_score,
-            help="candidates, sketch allocation: an owner's relevance to a validation point.",
-        ),
-        click.option(
-            "--allocation-share",
-            default=d.allocation_share,
-            type=float,
-            help="candidates, sketch allocation: share of D_v's Gaussian budget spent on the "
-            "allocation (the validation embedding gets the rest); 0: derived from m, K, "
-            "epsilon and delta.",
-        ),
-        click.option(
-            "--embedding-prior",
-            type=click.Choice(EMBEDDING_PRIORS),
-            default=d.embedding_prior,
-            help="candidates: what owners' proposals shrink the noisy validation embedding "
-            "towards: their own mean h1; the public seed set's or their own, whichever the "
-            "release lies nearer to; or nothing.",
-        ),
-        click.option(
-            "--relevance-norm-weight",
-            default=d.relevance_norm_weight,
-            type=float,
-            help="candidates, sketch allocation, MMD score: the weight in (0, 1] of each "
-            "sketch's squared norm in its distance to a validation point.",
-        ),
-        click.option(
-            "--shrinkage",
-            default=d.shrinkage,
-            type=float,
-            help="candidates: the shrinkage's strength (a multiple of the embedding's noise "
-            "variance).",
-        ),
-        click.option(
-            "--relevance-threshold",
-            default=d.relevance_threshold,
-            type=float,
-            help="candidates: a point is relevant when its score is >= this * ||g||².",
-        ),
-        click.option(
-            "--candidate-even-share",
-            default=d.candidate_even_share,
-            type=float,
-            help="candidates: share of the budget beyond the uniform sample of p points that is "
-            "split evenly before the relevance split.",
-        ),
-        click.option(
-            "--embedding-rerank",
-            is_flag=True,
-            help="candidates: re-rank by the private embedding, not the exact kernel.",
-        ),
-        click.option(
-            "--validation-release",
-            type=click.Choice(VALIDATION_RELEASES),
-            default=d.validation_release,
-            help="rounds: gtilde by the Gaussian mechanism or by h2 (MWEM) as the paper.",
-        ),
-        click.option(
-            "--summary-release",
-            type=click.Choice(SUMMARY_RELEASES),
-            default=d.summary_release,
-            help="rounds: summary embedding by the binary-tree continual release, by h2 "
-            "(MWEM) every round as the paper, or not broadcast at all.",
-        ),
-        click.option(
-            "--pool-scoring",
-            type=click.Choice(POOL_SCORINGS),
-            default=d.pool_scoring,
-            help="rounds: add the pool point with the largest exact marginal gain or the "
-            "largest private-embedding bid.",
-        ),
-        click.option(
-            "--auction-share",
-            default=d.auction_share,
-            type=float,
-            help="rounds: PrivAuction's share of epsilon_owners_total (Theorem-6 epsilon).",
-        ),
-        click.option(
-            "--auction",
-            type=click.Choice(AUCTIONS),
-            default=d.auction,
-            help="private and rounds: PrivAuction variant. pure: every rank, the first "
-            "included, is asked with probability below 1, so each bad iteration is pure "
-            "eps_auc-DP; paper: Algorithm 3 as printed, (eps_auc, 1 - e^-eps_auc)-DP per bad "
-            "iteration, charged so (owners' policies usually refuse its delta).",
-        ),
-        click.option(
             "--seed",
             default=None,
             type=click.IntRange(min=0),
-            help="Seed of every random draw (reproducible runs); default: a "
-            "cryptographically seeded generator.",
+            help="Seed every draw (default: a CSPRNG).",
         ),
         click.option(
             "--out",
             "out_path",
             default="summary.npy",
             type=click.Path(dir_okay=False),
-            help="Where to write the summary points: .npy (labels to .labels.npy), or .csv or "
-            ".parquet (the features' names, the label and each point's owner as columns).",
+            help="The summary (.npy, .csv or .parquet).",
         ),
         click.option(
             "--report",
             "report_path",
             default="report.json",
             type=click.Path(dir_okay=False),
-            help="Where to write the JSON report.",
+            help="The JSON report.",
         ),
     ]
     for option in reversed(options):
         func = option(func)
     return func
-
-
-def summarization_config(
-    summary_size: int, method: str, kwargs: dict[str, Any]
-) -> SummarizationConfig:
-    """The session's configuration from ``-p``, ``--method`` and the protocol options; a value
-    the configuration refuses is a bad parameter."""
-    try:
-        return SummarizationConfig(
-            summary_size=summary_size,
-            method=method,  # type: ignore[arg-type]
-            **{k: kwargs[k] for k in PARAMETER_NAMES},
-        )
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
 
 
 def load_points(
@@ -499,10 +297,12 @@ def finish(
     from dpmarket.consumer.report import comparison_table, evaluate_summary, plot_request
     from dpmarket.owner.data import save_point_set
 
-    row = evaluate_summary(
-        result, inputs.validation.features, config.gamma, test=inputs.test, seed=seed or 0
+    evaluation = replace(
+        evaluate_summary(
+            result, inputs.validation.features, config.gamma, test=inputs.test, seed=seed or 0
+        ),
+        label=config.method,
     )
-    row["label"] = config.method
     out = Path(out_path)
     names = inputs.schema.feature_names if inputs.schema is not None else inputs.validation.columns
     label = inputs.schema.label if inputs.schema is not None else None
@@ -513,7 +313,7 @@ def finish(
         label_column=label or "label",
         schema=inputs.schema,
     )
-    document = {"config": asdict(config), "result": row}
+    document = {"config": config.to_json(), "result": evaluation.to_json()}
     write_json(document, report_path)
     title = f"{config.method} summary of {len(result.points)} points"
     if plot_path is not None:
@@ -521,11 +321,15 @@ def finish(
     if as_json:
         print_json(document)
     else:
-        Console().print(comparison_table([row], title=title, wide=wide))
-    candidates = result.report.ledger.get("candidates", {})
-    note = candidates.get("allocation_note", "")
-    if candidates.get("allocation") == "counts" and note not in ("", "requested"):
-        console.print(f"[yellow]budget split by noisy counts: {note}", highlight=False)
+        Console().print(comparison_table([evaluation], title=title, wide=wide))
+    allocation = result.report.ledger.candidates
+    if isinstance(allocation, CountsAllocationReport) and allocation.allocation_note not in (
+        "",
+        "requested",
+    ):
+        console.print(
+            f"[yellow]budget split by noisy counts: {allocation.allocation_note}", highlight=False
+        )
     if result.report.left_out:
         console.print(
             "[yellow]left out: "
@@ -539,14 +343,14 @@ def finish(
 
 def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: str) -> None:
     """Write a failed session's report (its ledger: what it spent) and fail the command."""
-    report = asdict(exc.report) if exc.report is not None else None
-    write_json({"config": asdict(config), "error": str(exc), "report": report}, report_path)
+    report = exc.report.to_json() if exc.report is not None else None
+    write_json({"config": config.to_json(), "error": str(exc), "report": report}, report_path)
     spent = ""
-    if exc.report is not None and exc.report.ledger:
+    if exc.report is not None and not exc.report.ledger.empty:
         parties = {
-            party: exc.report.ledger[party]["parties"][party]["basic"]
+            party: book.parties[party].basic
             for party in ("validation", "owners")
-            if party in exc.report.ledger
+            if (book := exc.report.ledger.party(party)) is not None  # type: ignore[arg-type]
         }
         spent = "; spent (basic composition): " + ", ".join(
             f"epsilon {eps:g} on {party}" for party, eps in parties.items()
@@ -554,7 +358,17 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
     raise click.ClickException(f"{exc}{spent}; report with the ledger -> {report_path}")
 
 
-@click.command("request")
+@click.command(
+    "request",
+    cls=SectionedCommand,
+    sections=summary_sections(
+        (
+            "Request",
+            ("curator_name", "request_id", "min_owners", "exclude_owners", "schema_path"),
+        )
+    ),
+    briefs={"config": CONFIG_BRIEF},
+)
 @click.option("--curator", required=True, metavar="HOST:PORT", help="The curator service.")
 @click.option(
     "--curator-name",
@@ -633,6 +447,7 @@ def request(
     """Ask a running curator (over mTLS) for a summary matching a validation set."""
     from dpmarket.consumer.client import CuratorClient
 
+    check_method_options(click.get_current_context(), method)
     security = security_from_options(
         "consumer", ca_path, cert_path, key_path, pki_dir, name, insecure
     )
@@ -1231,22 +1046,6 @@ def _client(curator: str, curator_name: str, tls: dict[str, Any]) -> Any:
     return CuratorClient(curator, security, curator=curator_identity(curator_name))
 
 
-def _choose_spec(client: Any, name: str | None, kind: str | None = None) -> SketchSpec:
-    """The spec called ``name``, or the only one (of ``kind``) in the catalogue."""
-    if name is not None:
-        spec: SketchSpec = client.sketch_spec(name)
-        if kind is not None and spec.kind != kind:
-            raise click.BadParameter(
-                f"{name} is a {spec.kind} spec, not {kind}", param_hint="--spec"
-            )
-        return spec
-    specs = [s for s in client.sketch_specs() if kind is None or s.kind == kind]
-    if len(specs) != 1:
-        names = ", ".join(s.name for s in specs) or "none"
-        raise click.UsageError(f"choose a spec with --spec (the catalogue has: {names})")
-    return specs[0]
-
-
 @click.command("specs")
 @curator_options
 @json_option
@@ -1351,185 +1150,6 @@ def list_command(
     Console().print(table)
 
 
-def _selected(
-    entries: list[PublishedSketch], owners: tuple[str, ...], spec: SketchSpec
-) -> list[PublishedSketch]:
-    found = {e.owner for e in entries}
-    missing = sorted(set(owners) - found)
-    if missing:
-        raise click.ClickException(
-            f"no sketch of {', '.join(missing)} under {spec.name} (published: "
-            f"{', '.join(sorted(found)) or 'none'})"
-        )
-    if not entries:
-        raise click.ClickException(f"no owner has published under {spec.name} yet")
-    return entries
-
-
-def _explore_candidates(
-    client: Any, name: str | None, owners: tuple[str, ...]
-) -> list[tuple[SketchSpec, list[PublishedSketch]]]:
-    """The specs ``--spec`` allows (one spec, every spec of a declaration, or every spec), each
-    with the sketches of the owners asked about; specs missing one of them are left out."""
-    if name is not None and "/" in name:
-        specs = [client.sketch_spec(name)]
-    else:
-        specs = [s for s in client.sketch_specs() if name is None or s.name.split("/")[0] == name]
-        declarations = {s.name.split("/")[0] for s in specs}
-        if not specs or len(declarations) > 1:
-            listed = ", ".join(sorted(declarations)) or "none"
-            raise click.UsageError(
-                f"name a declaration or a spec with --spec (the catalogue has: {listed})"
-            )
-    out = []
-    for spec in specs:
-        entries = client.sketches(spec, list(owners) or None)
-        if entries and set(owners) <= {e.owner for e in entries}:
-            out.append((spec, entries))
-    if not out:
-        names = ", ".join(s.name for s in specs)
-        who = ", ".join(owners) or "any owner"
-        raise click.ClickException(f"no sketch of {who} under {names}")
-    return out
-
-
-def _expected_error(
-    query: Any, spec: SketchSpec, entries: list[PublishedSketch], make: Any, answers: dict[str, Any]
-) -> float:
-    """Mean half-width of ``spec``'s 95 % interval for ``query``, bias bound included (its
-    answer, kept in ``answers``); for a logistic regression, whose bias no sketch bounds, the
-    mean standard error of the involved columns' means from the public noise scales."""
-    from dpmarket.consumer.explore import Query, m2m_standard_errors, m2m_target
-
-    explorer = make(spec)
-    sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
-    sketch = sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
-    if query.kind != "logreg":
-        answer = explorer.answer(query, sketch)
-        answers[spec.name] = answer
-        low, high = answer.interval()
-        return float(np.mean((high - low) / 2.0))
-    estimator = explorer.estimator(sketch)
-    columns = tuple(dict.fromkeys((*query.columns, *([query.target] if query.target else []))))
-    target = m2m_target(Query("mean", columns=columns), spec.domain)
-    assert target is not None
-    return float(np.mean(m2m_standard_errors(estimator, target)))
-
-
-@dataclass(frozen=True)
-class Explored:
-    """An answer from the catalogue (:func:`explore_sketches`).
-
-    Attributes
-    ----------
-    spec : SketchSpec
-        The spec that answered.
-    reason : str
-        Why it was chosen (:func:`dpmarket.consumer.explore.choose_source`).
-    entries : list of PublishedSketch
-        The sketches it read (one owner's, or the union's).
-    answer : Answer
-        Values with standard errors, 95 % intervals and flags.
-    n_hat : float
-        The noisy count of records behind the answer.
-    details : dict
-        How it was computed (M2M's or the graphical model's settings).
-    """
-
-    spec: SketchSpec
-    reason: str
-    entries: list[PublishedSketch]
-    answer: Any
-    n_hat: float
-    details: dict[str, Any]
-
-
-def explore_sketches(
-    client: Any,
-    query: Any,
-    *,
-    spec: str | None = None,
-    owners: tuple[str, ...] = (),
-    synthetic: int | None = None,
-    seed: int = 0,
-    lambda_rule: str = "theorem",
-    intercept: bool = False,
-    bootstrap: int = 32,
-    explorers: dict[Any, Any] | None = None,
-) -> Explored:
-    """Answer ``query`` from the catalogue as ``dpmarket explore`` does: read the sketches of
-    ``owners`` (every owner when empty) under ``spec`` (a spec, a declaration, or the only
-    declaration), choose the best source (:func:`dpmarket.consumer.explore.choose_source`) and
-    answer locally; no owner is asked anything. ``client`` is a
-    :class:`~dpmarket.consumer.client.CuratorClient`; the other arguments are ``explore``'s
-    options. ``explorers``, when given, keeps each spec's M2M explorer (its synthetic design, the
-    costly part) across calls with the same options: the consumer's console passes one dict for
-    its lifetime. (``explore`` and the consumer's console, :mod:`dpmarket.console`, both call
-    this.)
-
-    Raises
-    ------
-    click.ClickException, click.UsageError
-        No spec or sketch fits (the message lists what the catalogue has).
-    dpmarket.common.errors.DPMarketError, ValueError
-        From the curator or the computation.
-    """
-    from dpmarket.consumer.explore import (
-        DEFAULT_EXPLORE_SYNTHETIC,
-        Explorer,
-        MarginalsExplorer,
-        choose_source,
-    )
-
-    kept: dict[Any, Explorer] = explorers if explorers is not None else {}
-
-    def make(chosen: SketchSpec) -> Explorer:
-        key = (chosen.name, chosen.key, synthetic, seed, lambda_rule, intercept)
-        if key not in kept:
-            kept[key] = Explorer(
-                chosen,
-                n_synthetic=synthetic or DEFAULT_EXPLORE_SYNTHETIC,
-                seed=seed,
-                lambda_rule=lambda_rule,  # type: ignore[arg-type]
-                intercept=intercept,
-            )
-        return kept[key]
-
-    candidates = _explore_candidates(client, spec, owners)
-    by_name = {s.name: (s, e) for s, e in candidates}
-    answered: dict[str, Any] = {}
-    chosen, reason = choose_source(
-        query,
-        [s for s, _ in candidates],
-        lambda s: _expected_error(query, s, by_name[s.name][1], make, answered),
-    )
-    entries = by_name[chosen.name][1]
-    details: dict[str, Any]
-    if chosen.kind == "marginals":
-        tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
-        marginals = MarginalsExplorer(chosen, bootstrap=bootstrap, seed=seed)
-        answer = marginals.answer(query, tables)
-        n_hat = math.fsum(marginals.models(s)[0].total for s in tables)
-        details = {"graphical_model": {"bootstrap": bootstrap, "seed": seed}}
-    else:
-        explorer = make(chosen)
-        sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
-        sketch = sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
-        estimator = explorer.estimator(sketch)
-        answer = answered.get(chosen.name) or explorer.answer(query, estimator)
-        n_hat = float(answer.extra.get("n", estimator.sketch.count_estimate))
-        details = {
-            "m2m": {
-                "n_synthetic": explorer.design.n_synthetic,
-                "seed": seed,
-                "lambda_rule": lambda_rule,
-                "lambda": estimator.lam,
-                "intercept": intercept,
-            }
-        }
-    return Explored(chosen, reason, entries, answer, n_hat, details)
-
-
 @click.command("explore")
 @curator_options
 @click.option(
@@ -1620,6 +1240,7 @@ def explore_command(
     Each query is answered from the best sketch available (dpmarket.consumer.explore.choose_source):
     a marginals sketch for what it expresses (counts, CDFs, marginals, synthetic records,
     moments of discrete columns), else the M2M sketch whose noise moves the answer least."""
+    from dpmarket.consumer.catalogue import ExploreOptions, SpecChoiceError, explore
     from dpmarket.consumer.explore import Query, parse_where
 
     if bool(owners) == all_owners:
@@ -1637,36 +1258,26 @@ def explore_command(
         raise click.UsageError(str(exc)) from exc
     if out_path is not None:
         check_outputs(out_path)
+    options = ExploreOptions(
+        synthetic=synthetic,
+        seed=seed,
+        lambda_rule=lambda_rule,  # type: ignore[arg-type]
+        intercept=intercept,
+        bootstrap=bootstrap,
+    )
     try:
         with _client(curator, curator_name, tls) as client:
-            explored = explore_sketches(
-                client,
-                q,
-                spec=spec,
-                owners=owners,
-                synthetic=synthetic,
-                seed=seed,
-                lambda_rule=lambda_rule,
-                intercept=intercept,
-                bootstrap=bootstrap,
-            )
+            found = explore(client, q, spec=spec, owners=owners, options=options)
+    except SpecChoiceError as exc:
+        raise click.UsageError(str(exc)) from exc
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    chosen, reason, entries = explored.spec, explored.reason, explored.entries
-    answer, n_hat, details = explored.answer, explored.n_hat, explored.details
+    entries, answer = found.entries, found.answer
     who = (
         entries[0].owner if len(entries) == 1 else f"union of {', '.join(e.owner for e in entries)}"
     )
-    report = {
-        "curator": f"{curator_name}@{curator}",
-        "spec": chosen.name,
-        "source": answer.source,
-        "reason": reason,
-        "owners": [e.owner for e in entries],
-        "sketches": [e.describe() for e in entries],
-        **details,
-        "answer": answer.as_dict(),
-    }
+    report = found.to_json(f"{curator_name}@{curator}")
+    reason, n_hat = found.reason, found.n_hat
     write_output(report, out_path)
     if as_json:
         print_json(report)
@@ -1736,90 +1347,31 @@ def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
 
 #: Flags of a ranking's row, and how its table names them.
 _RANK_FLAGS = {"clipped": "clipped", "order_not_resolved": "tie?"}
-#: What a ranking's intervals cover.
-_RANK_COVERS = (
-    "the squared MMD of the exact Gaussian kernel between the owner's records and the validation "
-    "set, over the draw of the spec's frequencies and of the noise (the RFF approximation, the "
-    "sum's and the count's noise; dpmarket.common.sketches.mmd)"
-)
-
-
-def _ranking_row(rank: int, ranked: Any, sketch: Any) -> dict[str, Any]:
-    """One owner of ``rank-owners``: its MMD², standard error, interval and flags."""
-    e = ranked.estimate
-    # A Gaussian kernel's MMD² lies in [0, 2] (0 <= k <= 1 = k(x, x)): a debiased estimate
-    # outside is clipped and flagged (the raw value kept), and so is the interval, which keeps
-    # every truth it covered.
-    shown = min(max(e.value, 0.0), 2.0)
-    flags = []
-    if shown != e.value:
-        flags.append(
-            {
-                "code": "clipped",
-                "reason": f"clipped to {shown:g}: the debiased estimate {e.value:.4g} lies "
-                "outside [0, 2], where an MMD² can be: the noise moved it there",
-                "severity": "warning",
-            }
-        )
-    if ranked.unresolved:
-        ties = ", ".join(f"{o} (difference {d:+.3g} ± {se:.3g})" for o, d, se in ranked.unresolved)
-        flags.append(
-            {
-                "code": "order_not_resolved",
-                "reason": f"its order against {ties} is within the noise and the RFF "
-                "approximation (the difference's 95 % interval contains 0)",
-                "severity": "warning",
-            }
-        )
-    row: dict[str, Any] = {
-        "rank": rank,
-        "owner": ranked.owner,
-        "mmd2": shown,
-        "standard_error": e.standard_error,
-        "interval": [min(max(e.low, 0.0), 2.0), min(max(e.high, 0.0), 2.0)],
-        "level": e.level,
-        "covers": _RANK_COVERS,
-        "flags": flags,
-        "epsilon": sketch.mechanism.epsilon,
-        "n": sketch.count_estimate,
-    }
-    if shown != e.value:
-        row["raw"] = e.value
-    return row
 
 
 def rank_sketches(
     client: Any, validation_path: str, spec: str | None, owners: tuple[str, ...] = ()
-) -> tuple[SketchSpec, NDArray[np.float64], list[dict[str, Any]]]:
-    """Rank owners as ``dpmarket rank-owners`` does: the RFF spec ``spec`` (or the only one),
-    the validation file read in its column order, and one row per owner, best first
-    (:func:`_ranking_row`: ``rank``, ``owner``, ``mmd2``, ``standard_error``, ``interval``,
-    ``flags``, ``epsilon``, ``n``).
-    Computed here: the validation set never leaves this process. (``rank-owners`` and the
-    consumer's console, :mod:`dpmarket.console`, both call this.)
+) -> Ranking:
+    """Rank owners as ``dpmarket consumer rank-owners`` does
+    (:func:`dpmarket.consumer.catalogue.rank`): the RFF spec ``spec`` (or the only one), the
+    validation file read in its column order (:meth:`~dpmarket.consumer.catalogue.Ranking.rows`
+    lists the owners, best first). Computed here: the validation set never leaves this process.
+    (``rank-owners`` and the consumer's console, :mod:`dpmarket.console`, both call this.)
 
     Raises
     ------
-    click.ClickException, click.UsageError, click.BadParameter
-        No RFF spec or sketch fits, or the file does not match the spec.
+    click.BadParameter
+        The file does not match the spec.
+    dpmarket.consumer.catalogue.SpecChoiceError
+        No RFF spec is named and the catalogue has not exactly one.
     dpmarket.common.errors.DPMarketError, ValueError
-        From the curator or the computation.
+        From the curator or the computation (no sketch of an owner asked about, ...).
     """
-    from dpmarket.consumer.explore import rank_owners
+    from dpmarket.consumer.catalogue import rank
 
-    chosen = _choose_spec(client, spec, kind="rff")
-    validation = _validation(validation_path, chosen)
-    entries = _selected(client.sketches(chosen, list(owners) or None), owners, chosen)
-    ranking = rank_owners(
-        {e.owner: e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)},
-        validation,
+    return rank(
+        client, lambda chosen: _validation(validation_path, chosen), spec=spec, owners=owners
     )
-    by_owner = {e.owner: e for e in entries}
-    rows = [
-        _ranking_row(k, ranked, by_owner[ranked.owner].sketch)
-        for k, ranked in enumerate(ranking, 1)
-    ]
-    return chosen, validation, rows
 
 
 @click.command("rank-owners")
@@ -1848,19 +1400,20 @@ def rank_owners_command(
     **tls: Any,
 ) -> None:
     """Rank owners by the MMD between a validation set and their RFF sketches, computed here."""
+    from dpmarket.consumer.catalogue import RANK_COVERS, SpecChoiceError
+
     if out_path is not None:
         check_outputs(out_path)
     try:
         with _client(curator, curator_name, tls) as client:
-            chosen, validation, rows = rank_sketches(client, validation_path, spec, owners)
+            ranking = rank_sketches(client, validation_path, spec, owners)
+    except SpecChoiceError as exc:
+        raise click.UsageError(str(exc)) from exc
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    document = {
-        "curator": f"{curator_name}@{curator}",
-        "spec": chosen.name,
-        "validation_points": int(validation.shape[0]),
-        "ranking": rows,
-    }
+    chosen = ranking.spec
+    document = ranking.to_json(f"{curator_name}@{curator}")
+    rows = document["ranking"]
     write_output(document, out_path)
     if as_json:
         print_json(document)
@@ -1896,7 +1449,7 @@ def rank_owners_command(
         if reasons:
             console.print(f"[yellow]{name}[/yellow] " + "; ".join(reasons), highlight=False)
     if rows:
-        console.print(f"intervals: {_RANK_COVERS}", highlight=False)
+        console.print(f"intervals: {RANK_COVERS}", highlight=False)
 
 
 @click.group("cape", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})

@@ -25,11 +25,11 @@ from dpmarket.common.cape.uncertainty import Estimate, training_estimates
 from dpmarket.common.errors import AbortedError, InvalidArgumentError
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
+from dpmarket.common.summarization.methods import SummarizationConfig
 from dpmarket.common.summarization.summary import (
     OwnerSelection,
     ProgressEvent,
     SessionReport,
-    SummarizationConfig,
     SummaryResult,
 )
 from dpmarket.consumer import convert

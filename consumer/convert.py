@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 import numpy as np
 from numpy.typing import NDArray
 
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.summarization.methods import SummarizationConfig
+from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import (
-    PARAMETER_NAMES,
     OwnerSelection,
     ProgressEvent,
     SessionReport,
     Stage,
-    SummarizationConfig,
     SummaryResult,
 )
 from dpmarket.runtime.arrays import array_to_proto, labeled_points_from_proto
@@ -81,17 +82,27 @@ def create_request_to_proto(
     request_id: str = "",
     selection: OwnerSelection | None = None,
 ) -> curator_pb2.CreateSessionRequest:
-    """Build a CreateSessionRequest; every parameter is sent explicitly."""
+    """Build a CreateSessionRequest; every parameter the method reads is sent explicitly (the
+    others are left unset).
+
+    Raises
+    ------
+    ValueError
+        If ``config`` is the hashes mode, which no RPC carries in this release.
+    """
+    if config.name not in _METHODS:
+        raise ValueError(f"the {config.name} mode runs in process only: no RPC carries it")
     selection = selection if selection is not None else OwnerSelection()
-    values = {name: getattr(config, name) for name in PARAMETER_NAMES}
+    values = {f.name: getattr(config, f.name) for f in fields(config) if f.name != "summary_size"}
     for name, table in _ENUM_PARAMS.items():
-        values[name] = table[values[name]]
+        if name in values:
+            values[name] = table[values[name]]
     params = curator_pb2.SummarizationParams(**values)
     request = curator_pb2.CreateSessionRequest(
         validation=array_to_proto(np.asarray(validation, dtype=np.float64)),
         seed_set=array_to_proto(np.asarray(seed_set, dtype=np.float64)),
         summary_size=config.summary_size,
-        method=_METHODS[config.method],
+        method=_METHODS[config.name],
         params=params,
         request_id=request_id,
         min_owners=selection.min_owners,
@@ -124,7 +135,7 @@ def report_from_proto(r: curator_pb2.SessionReport) -> SessionReport:
         all_owners_bound=int(r.all_owners_bound),
         paper_bound=float(r.paper_bound),
         dropped_owners=tuple(r.dropped_owners),
-        ledger=json.loads(r.ledger_json) if r.ledger_json else {},
+        ledger=SessionLedger.from_json(json.loads(r.ledger_json) if r.ledger_json else {}),
         wall_time_seconds=r.wall_time.ToTimedelta().total_seconds(),
         rejected_points=int(r.rejected_points),
         round_seconds=tuple(r.round_seconds),

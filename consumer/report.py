@@ -1,5 +1,9 @@
 """Evaluate summaries and present them: metrics, the comparison table and the MMD plot.
 
+Results are typed: :func:`evaluate_summary` returns a :class:`SummaryEvaluation` (with every
+owner's :class:`OwnerBreakdown`), :func:`plot_request` the :class:`MMDCurve` it drew; their
+``to_json`` write the rows ``report.json`` holds.
+
 The consumer holds the validation set and a labeled target test set, so it is the party that
 measures a summary: exact MMD^2 (Eq. 1) to the validation set and to held-out target data, and the
 accuracy of a linear SVM trained on the summary (Section 4).
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +25,148 @@ from scipy.stats import binomtest
 
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.summarization.kernels import PopulationMMD, mmd2, mmd2_to_population
+from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SummaryResult
 from dpmarket.consumer.evaluation import downstream_accuracy
 from dpmarket.owner.data import PointSet
+
+
+@dataclass(frozen=True)
+class OwnerBreakdown:
+    """One owner's part in a summary and its session.
+
+    Attributes
+    ----------
+    points : int
+        Summary points from the owner (0 for an owner left out).
+    spend : SessionSpend or None
+        What the owner's own ledger recorded for the session (None: not reported, e.g. the
+        owner was left out or could not close the session).
+    left_out : str
+        Why the session ran without the owner, in public words
+        (:data:`~dpmarket.common.summarization.summary.LEFT_OUT_REASONS`); empty when it took
+        part.
+    """
+
+    points: int = 0
+    spend: SessionSpend | None = None
+    left_out: str = ""
+
+
+@dataclass(frozen=True)
+class SummaryEvaluation:
+    """One summary as its consumer measures it, with what its session reported.
+
+    Attributes
+    ----------
+    method : str
+        The method (or, in a comparison, the row's key).
+    summary_size : int
+        Points in the summary.
+    mmd2_validation : float
+        Exact MMD² (Eq. 1) of the summary to the validation set, in kernel units.
+    mmd2_test : float or None
+        MMD² to the held-out target data (None without it).
+    accuracy : float or None
+        Accuracy in [0, 1] of a linear SVM trained on the summary and scored on the test set
+        (None when either has no labels).
+    owner_points_accessed : int or None
+        Raw owner points the curator read (None where it does not apply: the pooled exact
+        greedy).
+    validation_points_accessed, points_accessed : int
+        Points of D_v the curator read; both together.
+    all_owners_bound : int or None
+        K * p.
+    paper_bound : float or None
+        Lemma 5's bound (None for the methods without PrivAuction).
+    dropped_owners : tuple of str
+    rejected_points : int
+    wall_time_seconds : float
+    ledger : SessionLedger
+        The session's ledger.
+    owners : dict of str to OwnerBreakdown
+        Every owner that gave points, had its spend recorded or was left out, by name (the
+        owners with points first, in name order).
+    label : str or None
+        The row's label in a comparison table.
+    relative_to : str or None
+        The reference (its label) :attr:`mmd2_over_reference_percent` is measured against.
+    mmd2_over_reference_percent : float or None
+        ``(MMD² - ref) / ref * 100`` (Figure 1's measure); None when the reference's MMD² is
+        not positive.
+    population : PopulationMMD or None
+        The summary's MMD² to the distribution the test set was drawn from, with its interval
+        (:func:`~dpmarket.common.summarization.kernels.mmd2_to_population`); None without a
+        test set.
+    n_test : int or None
+        Test points behind :attr:`accuracy` and :attr:`population`.
+    """
+
+    method: str
+    summary_size: int
+    mmd2_validation: float
+    mmd2_test: float | None
+    accuracy: float | None
+    owner_points_accessed: int | None
+    validation_points_accessed: int
+    points_accessed: int
+    all_owners_bound: int | None
+    paper_bound: float | None
+    dropped_owners: tuple[str, ...]
+    rejected_points: int
+    wall_time_seconds: float
+    ledger: SessionLedger
+    owners: dict[str, OwnerBreakdown]
+    label: str | None = None
+    relative_to: str | None = None
+    mmd2_over_reference_percent: float | None = None
+    population: PopulationMMD | None = None
+    n_test: int | None = None
+
+    @property
+    def epsilon(self) -> dict[str, Any] | None:
+        """The reported epsilons (:func:`epsilon_summary`)."""
+        return epsilon_summary(self.ledger)
+
+    @property
+    def uncertainty(self) -> dict[str, Any]:
+        """What each number is: exact, a bound, or an estimate with its interval
+        (:func:`uncertainty`), as JSON."""
+        return uncertainty({"accuracy": self.accuracy}, self.population, self.n_test)
+
+    def to_json(self) -> dict[str, Any]:
+        """The evaluation as the JSON row ``report.json`` holds (its ``result``): the fields
+        above, the ledger as JSON, its ``epsilon`` summary, and the owners split into
+        ``points_per_owner``, ``owner_spend`` (:func:`owner_spend`) and ``left_out``, its
+        ``uncertainty``; ``label`` when set, ``mmd2_over_reference_percent`` when compared."""
+        row: dict[str, Any] = {
+            "method": self.method,
+            "summary_size": self.summary_size,
+            "mmd2_validation": self.mmd2_validation,
+            "mmd2_test": self.mmd2_test,
+            "accuracy": self.accuracy,
+            "owner_points_accessed": self.owner_points_accessed,
+            "validation_points_accessed": self.validation_points_accessed,
+            "points_accessed": self.points_accessed,
+            "all_owners_bound": self.all_owners_bound,
+            "paper_bound": self.paper_bound,
+            "dropped_owners": list(self.dropped_owners),
+            "rejected_points": self.rejected_points,
+            "wall_time_seconds": self.wall_time_seconds,
+            "epsilon": self.epsilon,
+            "ledger": self.ledger.to_json(),
+            "points_per_owner": {o: b.points for o, b in self.owners.items() if b.points},
+            "owner_spend": owner_spend(
+                {o: b.spend for o, b in self.owners.items() if b.spend is not None}
+            ),
+            "left_out": {o: b.left_out for o, b in self.owners.items() if b.left_out},
+            "uncertainty": self.uncertainty,
+        }
+        if self.label is not None:
+            row["label"] = self.label
+        if self.relative_to is not None:
+            row["mmd2_over_reference_percent"] = self.mmd2_over_reference_percent
+        return row
 
 
 def evaluate_summary(
@@ -32,7 +176,7 @@ def evaluate_summary(
     *,
     test: PointSet | None = None,
     seed: int = 0,
-) -> dict[str, Any]:
+) -> SummaryEvaluation:
     """Measure one summary.
 
     Parameters
@@ -49,43 +193,52 @@ def evaluate_summary(
 
     Returns
     -------
-    dict
-        ``mmd2_validation``, ``mmd2_test`` (or None), ``accuracy`` (or None when either the
-        summary or the test set has no labels), and the session report's fields, among them
-        ``owner_spend`` (:func:`owner_spend`) and ``left_out`` (owner -> public reason);
-        ``uncertainty``: what each number is, with an interval where it is an estimate
-        (:func:`uncertainty`).
+    SummaryEvaluation
+        MMD² to D_v and to the test set (or None), accuracy (or None when either the summary
+        or the test set has no labels), the session report's figures and every owner's part;
+        its :attr:`~SummaryEvaluation.uncertainty` says what each number is, with an interval
+        where it is an estimate (:func:`uncertainty`).
     """
     r = result.report
-    row: dict[str, Any] = {
-        "method": r.method,
-        "summary_size": int(result.points.shape[0]),
-        "mmd2_validation": mmd2(result.points, validation, gamma),
-        "mmd2_test": None,
-        "accuracy": None,
-        "owner_points_accessed": r.owner_points_accessed,
-        "validation_points_accessed": r.validation_points_accessed,
-        "points_accessed": r.owner_points_accessed + r.validation_points_accessed,
-        "all_owners_bound": r.all_owners_bound,
-        "paper_bound": r.paper_bound or None,
-        "dropped_owners": list(r.dropped_owners),
-        "rejected_points": r.rejected_points,
-        "wall_time_seconds": r.wall_time_seconds,
-        "epsilon": epsilon_summary(r.ledger),
-        "ledger": r.ledger,
-        "points_per_owner": _count(result.owner_ids),
-        "owner_spend": owner_spend(r.owner_spend),
-        "left_out": dict(r.left_out),
-    }
-    population = None
+    mmd2_test = accuracy = population = None
     if test is not None:
         population = mmd2_to_population(result.points, test.features, gamma)
-        row["mmd2_test"] = population.v_statistic
+        mmd2_test = population.v_statistic
         if result.labels is not None and test.labels is not None:
             train = PointSet(result.points, result.labels, f"{r.method} summary")
-            row["accuracy"] = downstream_accuracy(train, test, seed=seed)
-    row["uncertainty"] = uncertainty(row, population, None if test is None else test.n_points)
-    return row
+            accuracy = downstream_accuracy(train, test, seed=seed)
+    return SummaryEvaluation(
+        method=r.method,
+        summary_size=int(result.points.shape[0]),
+        mmd2_validation=mmd2(result.points, validation, gamma),
+        mmd2_test=mmd2_test,
+        accuracy=accuracy,
+        owner_points_accessed=r.owner_points_accessed,
+        validation_points_accessed=r.validation_points_accessed,
+        points_accessed=r.owner_points_accessed + r.validation_points_accessed,
+        all_owners_bound=r.all_owners_bound,
+        paper_bound=r.paper_bound or None,
+        dropped_owners=tuple(r.dropped_owners),
+        rejected_points=r.rejected_points,
+        wall_time_seconds=r.wall_time_seconds,
+        ledger=r.ledger,
+        owners=owner_breakdown(result),
+        population=population,
+        n_test=None if test is None else test.n_points,
+    )
+
+
+def owner_breakdown(result: SummaryResult) -> dict[str, OwnerBreakdown]:
+    """Every owner's part in ``result``: its points, its spend, why it was left out; the owners
+    with points first (by name), then the others in the report's order."""
+    points = _count(result.owner_ids)
+    spend = result.report.owner_spend
+    left = result.report.left_out
+    names = [*sorted(points), *(o for o in (*sorted(spend), *left) if o not in points)]
+    return {
+        o: OwnerBreakdown(points.get(o, 0), spend.get(o), left.get(o, ""))
+        for o in dict.fromkeys(names)
+    }
 
 
 #: What each exact number of a summary's report is (it has no interval: nothing in it is noisy).
@@ -188,22 +341,24 @@ def owner_spend(spend: Mapping[str, SessionSpend]) -> dict[str, dict[str, Any]]:
     }
 
 
-def epsilon_summary(ledger: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Pick the reported epsilons out of a session's ledger report (None: non-private method).
+def epsilon_summary(ledger: SessionLedger) -> dict[str, Any] | None:
+    """The reported epsilons of a session's ledger, as JSON (None: nothing reported).
 
     Returns
     -------
     dict or None
         ``{"validation": {...}, "owners": {...}}``, each with the Theorem 7, PLD, basic and
-        advanced-composition epsilons and the delta~ they hold for.
+        advanced-composition epsilons, the delta of the Theorem 7 figure, the budget, the
+        mechanisms run and the delta~ they hold for (only ``delta_tilde``, None, when the party
+        has no ledger: a session that charged nothing).
     """
-    if not ledger:
+    if ledger.empty:
         return None
     out: dict[str, Any] = {}
     for party in ("validation", "owners"):
-        report = ledger.get(party, {})
-        row = dict(report.get("parties", {}).get(party, {}))
-        row["delta_tilde"] = report.get("delta_tilde")
+        report = ledger.party(party)  # type: ignore[arg-type]
+        row = {} if report is None else asdict(report.parties[party])
+        row["delta_tilde"] = None if report is None else report.delta_tilde
         out[party] = row
     return out
 
@@ -215,14 +370,16 @@ def _count(owner_ids: Sequence[str]) -> dict[str, int]:
     return counts
 
 
-def add_relative_mmd(rows: list[dict[str, Any]], reference: str) -> None:
-    """Add ``mmd2_over_reference_percent`` = (MMD^2 - ref) / ref * 100 (Figure 1's measure)."""
-    ref = next((r["mmd2_validation"] for r in rows if r["method"] == reference), None)
+def add_relative_mmd(rows: Sequence[SummaryEvaluation], reference: str) -> list[SummaryEvaluation]:
+    """The rows with ``mmd2_over_reference_percent`` = (MMD² - ref) / ref * 100 against the
+    row whose method is ``reference`` (Figure 1's measure; None when it is missing or its
+    MMD² is not positive)."""
+    ref = next((r.mmd2_validation for r in rows if r.method == reference), None)
+    out = []
     for row in rows:
-        if ref is None or ref <= 0:
-            row["mmd2_over_reference_percent"] = None
-        else:
-            row["mmd2_over_reference_percent"] = (row["mmd2_validation"] - ref) / ref * 100.0
+        pct = None if ref is None or ref <= 0 else (row.mmd2_validation - ref) / ref * 100.0
+        out.append(replace(row, relative_to=reference, mmd2_over_reference_percent=pct))
+    return out
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -264,13 +421,19 @@ def _interval(row: Mapping[str, Any], field: str, spec: str) -> str:
     return f"[{format(interval[0], spec)}, {format(interval[1], spec)}]"
 
 
-def comparison_table(rows: Sequence[Mapping[str, Any]], *, title: str, wide: bool = False) -> Table:
+def comparison_table(
+    evaluations: Sequence[SummaryEvaluation | Mapping[str, Any]],
+    *,
+    title: str,
+    wide: bool = False,
+) -> Table:
     """Render the comparison of methods as a rich table (one row per method).
 
     Parameters
     ----------
-    rows : sequence of mapping
-        :func:`evaluate_summary` rows, with a ``label``.
+    evaluations : sequence of SummaryEvaluation or mapping
+        :func:`evaluate_summary` rows with a ``label``, or their JSON rows
+        (:meth:`SummaryEvaluation.to_json`).
     title : str
     wide : bool
         Every column (about 170 terminal columns for the demo's rows). Default: a compact
@@ -278,6 +441,7 @@ def comparison_table(rows: Sequence[Mapping[str, Any]], *, title: str, wide: boo
         when present, points read, epsilon on D_v and on the owners by Theorem 7 / PLD), the
         method's name folding onto more lines rather than any value being cut.
     """
+    rows = [r.to_json() if isinstance(r, SummaryEvaluation) else r for r in evaluations]
     if wide:
         return _wide_table(rows, title=title)
     table = Table(
@@ -355,6 +519,29 @@ def _wide_table(rows: Sequence[Mapping[str, Any]], *, title: str) -> Table:
     return table
 
 
+@dataclass(frozen=True)
+class MMDCurve:
+    """MMD² to the validation set of a summary's first k points, for each k.
+
+    Attributes
+    ----------
+    sizes : tuple of int
+        The k, increasing.
+    mmd2 : tuple of float
+        MMD² (Eq. 1, kernel units) of the first k points, for each k.
+    shares : dict of str to int
+        Each owner's points in the whole summary (an owner left out: 0); empty when not drawn.
+    """
+
+    sizes: tuple[int, ...]
+    mmd2: tuple[float, ...]
+    shares: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"sizes": [k, ...], "mmd2": [...], "shares": {owner: points}}``."""
+        return {"sizes": list(self.sizes), "mmd2": list(self.mmd2), "shares": dict(self.shares)}
+
+
 def mmd_curve(
     points: NDArray[np.float64], validation: NDArray[np.float64], gamma: float, sizes: Sequence[int]
 ) -> list[float]:
@@ -362,8 +549,29 @@ def mmd_curve(
     return [mmd2(points[:k], validation, gamma) for k in sizes if 0 < k <= points.shape[0]]
 
 
+def summary_curve(result: SummaryResult, validation: NDArray[np.float64], gamma: float) -> MMDCurve:
+    """MMD² to the validation set of the summary's first k points, for k up to p (50 steps at
+    most, p last), and every owner's share (those left out: 0, after the others).
+
+    Parameters
+    ----------
+    result : SummaryResult
+        Points of shape (p, n) in the order they were added, their owners, the report.
+    validation : ndarray of shape (m, n)
+    gamma : float
+        RBF kernel parameter of the MMD.
+    """
+    p = int(result.points.shape[0])
+    step = max(1, p // 50)
+    sizes = sorted({*range(step, p + 1, step), p}) if p else []
+    values = mmd_curve(result.points, validation, gamma, sizes)
+    counts = _count(result.owner_ids)
+    owners = sorted(counts) + [o for o in result.report.left_out if o not in counts]
+    return MMDCurve(tuple(sizes), tuple(values), {o: counts.get(o, 0) for o in owners})
+
+
 def plot_mmd_curves(
-    curves: Mapping[str, tuple[Sequence[int], Sequence[float]]],
+    curves: Mapping[str, MMDCurve],
     path: str | Path,
     *,
     title: str,
@@ -373,7 +581,7 @@ def plot_mmd_curves(
 
     Parameters
     ----------
-    curves : mapping of label -> (sizes, MMD^2 values)
+    curves : mapping of label -> MMDCurve
     path : str or Path
         Output PNG.
     reference : str, optional
@@ -387,8 +595,8 @@ def plot_mmd_curves(
     panels = 2 if reference in curves else 1
     fig, axes = plt.subplots(panels, 1, figsize=(7, 4 * panels), squeeze=False)
     ax = axes[0][0]
-    for label, (sizes, values) in curves.items():
-        ax.plot(sizes, values, marker="o", markersize=3, label=label)
+    for label, curve in curves.items():
+        ax.plot(curve.sizes, curve.mmd2, marker="o", markersize=3, label=label)
     ax.set_yscale("log")
     ax.set_xlabel("summary size p")
     ax.set_ylabel("MMD² to validation set")
@@ -397,13 +605,14 @@ def plot_mmd_curves(
     ax.legend()
     if panels == 2 and reference is not None:
         ax2 = axes[1][0]
-        ref_sizes, ref_values = curves[reference]
-        ref = dict(zip(ref_sizes, ref_values, strict=True))
-        for label, (sizes, values) in curves.items():
+        ref = dict(zip(curves[reference].sizes, curves[reference].mmd2, strict=True))
+        for label, curve in curves.items():
             if label == reference:
                 continue
-            pct = [(v - ref[s]) / ref[s] * 100 for s, v in zip(sizes, values, strict=True)]
-            ax2.plot(sizes, pct, marker="o", markersize=3, label=label)
+            pct = [
+                (v - ref[s]) / ref[s] * 100 for s, v in zip(curve.sizes, curve.mmd2, strict=True)
+            ]
+            ax2.plot(curve.sizes, pct, marker="o", markersize=3, label=label)
         ax2.set_xlabel("summary size p")
         ax2.set_ylabel(f"% MMD² over {reference}")
         ax2.grid(True, alpha=0.3)
@@ -420,7 +629,7 @@ def plot_request(
     path: str | Path,
     *,
     title: str,
-) -> dict[str, Any]:
+) -> MMDCurve:
     """Plot a consumer's own summary into a PNG: MMD² to its validation set of the first k
     summary points against k, and each owner's share of the summary.
 
@@ -438,22 +647,19 @@ def plot_request(
 
     Returns
     -------
-    dict
-        What is drawn: ``{"sizes": [k, ...], "mmd2": [MMD² of the first k points, ...],
-        "shares": {owner: points}}``.
+    MMDCurve
+        What is drawn: the MMD² of the first k points for k up to p (50 steps at most), and
+        every owner's share (the left-out owners' 0).
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    p = int(result.points.shape[0])
-    step = max(1, p // 50)
-    sizes = sorted({*range(step, p + 1, step), p}) if p else []
-    values = mmd_curve(result.points, validation, gamma, sizes)
-    shares = _count(result.owner_ids)
+    drawn = summary_curve(result, validation, gamma)
+    sizes, values, shares = list(drawn.sizes), list(drawn.mmd2), drawn.shares
     left_out = dict(result.report.left_out)
-    owners = sorted(shares) + [o for o in left_out if o not in shares]
+    owners = list(shares)
     fig, (curve, bars) = plt.subplots(1, 2, figsize=(11, 4))
     curve.plot(sizes, values, marker="o", markersize=3)
     curve.set_yscale("log")
@@ -461,10 +667,10 @@ def plot_request(
     curve.set_ylabel("MMD² to the validation set")
     curve.grid(True, alpha=0.3)
     counts = [shares.get(o, 0) for o in owners]
-    bars.bar(range(len(owners)), counts, color=["C0" if o in shares else "0.7" for o in owners])
+    bars.bar(range(len(owners)), counts, color=["C0" if shares[o] else "0.7" for o in owners])
     bars.set_xticks(
         range(len(owners)),
-        [o if o in shares else f"{o}\n({left_out[o]})" for o in owners],
+        [f"{o}\n({left_out[o]})" if not shares[o] and o in left_out else o for o in owners],
         rotation=30,
         ha="right",
         fontsize=8,
@@ -475,4 +681,4 @@ def plot_request(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return {"sizes": sizes, "mmd2": values, "shares": {o: shares.get(o, 0) for o in owners}}
+    return drawn

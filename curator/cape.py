@@ -134,6 +134,7 @@ def noise_round_params(
         colluders=colluders,
         neighbours=graph.neighbours,
         allowance=graph.allowance,
+        ring=graph.ring,
     )
 
 
@@ -143,9 +144,14 @@ def round_graph_report(params: RoundParams) -> dict[str, Any]:
         return {
             "graph": "sparse",
             "neighbours": params.neighbours,
+            "ring": params.ring,
             "allowance": params.allowance,
             "failure_bound": graph_failure_bound(
-                len(params.sites), params.colluders, params.neighbours, params.allowance
+                len(params.sites),
+                params.colluders,
+                params.neighbours,
+                params.allowance,
+                params.ring,
             ),
         }
     return {"graph": "complete", "threshold": params.threshold}

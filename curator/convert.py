@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import json
+from dataclasses import fields
+from typing import Any
 
 import numpy as np
 from google.protobuf import duration_pb2
@@ -12,12 +14,17 @@ from numpy.typing import NDArray
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
-from dpmarket.common.summarization.summary import (
+from dpmarket.common.summarization.methods import (
     PARAMETER_NAMES,
+    SummarizationConfig,
+    check_field,
+    config_from_fields,
+)
+from dpmarket.common.summarization.summary import (
     OwnerSelection,
     ProgressEvent,
     SessionReport,
-    SummarizationConfig,
+    SessionRequest,
     SummaryResult,
 )
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
@@ -136,17 +143,19 @@ _STAGES = {
 }
 
 
-def create_request_from_proto(
-    request: curator_pb2.CreateSessionRequest,
-) -> tuple[SummarizationConfig, NDArray[np.float64], NDArray[np.float64], int | None]:
-    """CreateSessionRequest -> (config, validation (m, n), seed set (n0, n), seed or None).
+def create_request_from_proto(request: curator_pb2.CreateSessionRequest) -> SessionRequest:
+    """CreateSessionRequest -> SessionRequest.
 
-    Zero-valued parameters take the documented defaults of :class:`SummarizationConfig`.
+    The method's configuration (:mod:`dpmarket.common.summarization.methods`) takes the fields
+    the method reads; zero-valued ones take their documented defaults. Every other parameter
+    the request sets (the wire carries every method's) is checked as its own method checks it
+    and kept in ``unread``, for the curator's policy to bound; the session ignores it.
 
     Raises
     ------
     InvalidArgumentError
-        For an unknown method, malformed arrays or out-of-range parameters.
+        For an unknown method, malformed arrays, out-of-range parameters, a negative
+        ``min_owners``, a repeated or empty excluded name, or a malformed schema.
     """
     method = _METHODS.get(request.method)
     if method is None:
@@ -155,44 +164,53 @@ def create_request_from_proto(
         )
     try:
         validation = array_from_proto(request.validation, "validation", ndim=2, dtype=np.float64)
+        seed_set = None
         if request.HasField("seed_set"):
             seed_set = array_from_proto(request.seed_set, "seed_set", ndim=2, dtype=np.float64)
-        else:
-            seed_set = np.zeros((0, validation.shape[1]))
-        params = request.params
-        overrides = {
-            name: getattr(params, name) for name in PARAMETER_NAMES if getattr(params, name) != 0
-        }
-        for name, table in _ENUM_PARAMS.items():
-            if name in overrides:
-                if overrides[name] not in table:
-                    raise ValueError(
-                        f"{name} must be one of {sorted(table)}, got {overrides[name]}"
-                    )
-                overrides[name] = table[overrides[name]]
-        config = SummarizationConfig(
-            summary_size=int(request.summary_size),
-            method=method,  # type: ignore[arg-type]
-            **overrides,
-        )
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from exc
-    seed = int(request.seed) if request.HasField("seed") else None
-    return config, validation, seed_set, seed
+    config, unread = _config_from_proto(method, request.summary_size, request.params)
+    try:
+        selection = OwnerSelection(int(request.min_owners), tuple(request.exclude_owners))
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from exc
+    return SessionRequest(
+        config=config,
+        validation=validation,
+        seed_set=seed_set,
+        seed=int(request.seed) if request.HasField("seed") else None,
+        selection=selection,
+        schema=schema_from_proto(request.schema, "the consumer"),
+        feature_names=tuple(request.feature_names),
+        unread=unread,
+    )
 
 
-def selection_from_proto(request: curator_pb2.CreateSessionRequest) -> OwnerSelection:
-    """The request's owner selection (``min_owners``, ``exclude_owners``).
+def _config_from_proto(
+    method: str, summary_size: int, params: curator_pb2.SummarizationParams
+) -> tuple[SummarizationConfig, dict[str, Any]]:
+    """A method, p and the SummarizationParams message -> (the method's configuration, the
+    parameters of other methods the message carried).
 
     Raises
     ------
     InvalidArgumentError
-        For a negative ``min_owners`` or a repeated or empty name.
+        For an out-of-range parameter (of any method).
     """
+    values = {name: getattr(params, name) for name in PARAMETER_NAMES if getattr(params, name) != 0}
     try:
-        return OwnerSelection(int(request.min_owners), tuple(request.exclude_owners))
+        for name, table in _ENUM_PARAMS.items():
+            if name in values:
+                if values[name] not in table:
+                    raise ValueError(f"{name} must be one of {sorted(table)}, got {values[name]}")
+                values[name] = table[values[name]]
+        for name, value in values.items():
+            check_field(name, value)
+        config = config_from_fields(method, {"summary_size": int(summary_size), **values})
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from exc
+    read = {f.name for f in fields(config)}
+    return config, {k: v for k, v in values.items() if k not in read}
 
 
 def event_to_proto(
@@ -225,7 +243,7 @@ def report_to_proto(r: SessionReport) -> curator_pb2.SessionReport:
         all_owners_bound=r.all_owners_bound,
         paper_bound=r.paper_bound,
         dropped_owners=list(r.dropped_owners),
-        ledger_json=json.dumps(r.ledger, sort_keys=True),
+        ledger_json=json.dumps(r.ledger.to_json(), sort_keys=True),
         wall_time=wall_time,
         rejected_points=r.rejected_points,
         round_seconds=list(r.round_seconds),

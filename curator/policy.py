@@ -14,7 +14,7 @@ The policy file is TOML (parsed with :mod:`tomllib`); every key is optional::
     epsilon_validation_total = [0.01, 10.0]
     epsilon_owners_total = [0.01, 4.0]
     delta = [1e-12, 1e-5]
-    # ... any SummarizationConfig parameter (see DEFAULT_RANGES)
+    # ... any method's parameter (dpmarket.common.summarization.methods; see DEFAULT_RANGES)
     owners_epsilon = [0.0, 4.0]         # the session's epsilon on the owners' data, all releases
     owners_delta = [0.0, 1e-5]          # and its delta (the printed PrivAuction's ~0.1 is refused)
     validation_points = [1, 100000]     # m
@@ -64,7 +64,7 @@ from dpmarket.common.cape.spec import AnyCapeSpec, CapeTrainingSpec
 from dpmarket.common.errors import InvalidArgumentError, ResourceExhaustedError
 from dpmarket.common.sketches.marginals import marginals_map
 from dpmarket.common.sketches.spec import SketchDeclaration
-from dpmarket.common.summarization.summary import METHODS, Method, SummarizationConfig
+from dpmarket.common.summarization.methods import METHODS, H2Fields, Method, SummarizationConfig
 from dpmarket.common.summarization.terms import OwnerTerms
 
 #: Allowed [low, high] of every numeric requester parameter (both inclusive). The defaults admit
@@ -208,9 +208,15 @@ class CuratorPolicy:
             )
 
     def check_request(
-        self, config: SummarizationConfig, validation_points: int, values: int | None = None
+        self,
+        config: SummarizationConfig,
+        validation_points: int,
+        values: int | None = None,
+        *,
+        unread: Mapping[str, Any] | None = None,
     ) -> None:
-        """Check every requester parameter of a session against its range.
+        """Check every requester parameter of a session against its range: the method's, and
+        ``unread``, those of other methods the request carried (which the session ignores).
 
         Parameters
         ----------
@@ -219,6 +225,8 @@ class CuratorPolicy:
             ``m``, the validation set's points.
         values : int, optional
             ``(m + n0) x n``, the values of the validation and seed sets (not checked if None).
+        unread : mapping of str to value, optional
+            Parameters of other methods the request carried.
 
         Raises
         ------
@@ -236,18 +244,18 @@ class CuratorPolicy:
             self._check_range(
                 "validation_values", values, "values of the validation and seed sets (m + n0) x n"
             )
-        for f in fields(SummarizationConfig):
-            value = getattr(config, f.name)
-            if f.name in DEFAULT_RANGES and isinstance(value, int | float):
+        parameters = {f.name: getattr(config, f.name) for f in fields(config)}
+        for name, value in {**parameters, **(unread or {})}.items():
+            if name in DEFAULT_RANGES and isinstance(value, int | float):
                 if isinstance(value, bool):
                     continue
-                if f.name == "candidate_fraction" and value == 0:
+                if name == "candidate_fraction" and value == 0:
                     continue  # 0: unused (the budget is candidate_multiple * p)
-                if f.name == "allocation_share" and value == 0:
+                if name == "allocation_share" and value == 0:
                     continue  # 0: derived from m and K (within [0.05, 0.95])
-                self._check_range(f.name, float(value))
+                self._check_range(name, float(value))
         # Derived work limits: the MWEM iterations actually run.
-        if config.method in ("private", "rounds"):
+        if isinstance(config, H2Fields):
             self._check_range("iterations_initial", config.t_init, "MWEM iterations T_init")
 
     def check_guarantee(self, epsilon: float, delta: float) -> None:

@@ -29,7 +29,6 @@ from dpmarket.runtime.admission import VALUE_BYTES, ServiceLimits, largest_reque
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.metrics import register_all
-from dpmarket.runtime.schemas import schema_from_proto
 from dpmarket.runtime.serving import HealthStatus, serve_until_signalled, start_server, write_port
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import (
@@ -85,18 +84,11 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
 
     @rpc("consumer")
     async def CreateSession(self, request, context, caller):  # type: ignore[no-untyped-def]
-        config, validation, seed_set, seed = convert.create_request_from_proto(request)
         session_id = await self.manager.create(
-            config,
-            validation,
-            seed_set,
-            seed,
-            selection=convert.selection_from_proto(request),
+            convert.create_request_from_proto(request),
             consumer=str(caller),
             request_id=request.request_id,
             request_digest=request_digest(request),
-            schema=schema_from_proto(request.schema, "the consumer"),
-            feature_names=tuple(request.feature_names),
         )
         return curator_pb2.CreateSessionResponse(session_id=session_id)
 

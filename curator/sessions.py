@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
-from numpy.typing import NDArray
 
 from dpmarket.common.errors import (
     AbortedError,
@@ -32,24 +28,22 @@ from dpmarket.common.errors import (
     ResourceExhaustedError,
 )
 from dpmarket.common.ids import new_session_id, short_id
-from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
-from dpmarket.common.privacy.rng import make_rng
-from dpmarket.common.schema import Schema
 from dpmarket.common.sketches import PrivateSketch
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
+from dpmarket.common.summarization.methods import AllocationFields, SummarizationConfig
 from dpmarket.common.summarization.summary import (
     OwnerSelection,
     ProgressEvent,
     SessionReport,
+    SessionRequest,
     Stage,
-    SummarizationConfig,
     SummaryResult,
 )
 from dpmarket.curator.owners import wait_for_owners
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.curator.store import CuratorStore, StoredSession
-from dpmarket.curator.summarization.session import SummarizationSession
+from dpmarket.curator.summarization.session import SessionContext, SummarizationSession
 
 logger = logging.getLogger(__name__)
 
@@ -164,27 +158,21 @@ class SessionManager:
     # ------------------------------------------------------------------------------- create
     async def create(
         self,
-        config: SummarizationConfig,
-        validation: NDArray[np.float64],
-        seed_set: NDArray[np.float64],
-        seed: int | None,
+        request: SessionRequest,
         *,
-        selection: OwnerSelection | None = None,
         consumer: str = "consumer:local",
         request_id: str = "",
         request_digest: str = "",
-        schema: Schema | None = None,
-        feature_names: Sequence[str] = (),
     ) -> str:
         """Check a request against the policy and the owners, then start it in the background.
 
         Parameters
         ----------
-        config, validation, seed_set, seed
-            The request (validation of shape (m, n), seed set (n0, n)).
-        selection : OwnerSelection, optional
-            Owners the consumer leaves out by name, and the fewest owners the session may open
-            with (default: every owner it asks).
+        request : SessionRequest
+            The consumer's request: the method's configuration, D_v of shape (m, n), the seed
+            set (n0, n), the seed, the owners it leaves out and the fewest it may open with (by
+            default every owner it asks), its schema and the parameters of other methods it
+            carried (which the policy bounds too).
         consumer : str
             The caller's verified identity, ``"consumer:NAME"``.
         request_id : str
@@ -192,9 +180,6 @@ class SessionManager:
             session and charges nothing new.
         request_digest : str
             Digest of the request without its key.
-        schema, feature_names
-            The consumer's schema or validation column names
-            (:class:`~dpmarket.curator.summarization.session.SummarizationSession`).
 
         Returns
         -------
@@ -204,7 +189,7 @@ class SessionManager:
         Raises
         ------
         PermissionDeniedError
-            If ``seed`` is given and seeded sessions are not allowed.
+            If the request is seeded and seeded sessions are not allowed.
         InvalidArgumentError
             For a parameter outside the policy, a malformed key, a key reused with another
             request, an owner selection naming an unknown owner, excluding every owner or
@@ -235,30 +220,8 @@ class SessionManager:
                         )
                     logger.info("session %s: retried request, nothing new", short_id(found_id))
                     return found_id
-                return await self._create(
-                    config,
-                    validation,
-                    seed_set,
-                    seed,
-                    selection,
-                    consumer,
-                    request_id,
-                    request_digest,
-                    schema=schema,
-                    feature_names=tuple(feature_names),
-                )
-        return await self._create(
-            config,
-            validation,
-            seed_set,
-            seed,
-            selection,
-            consumer,
-            None,
-            request_digest,
-            schema=schema,
-            feature_names=tuple(feature_names),
-        )
+                return await self._create(request, consumer, request_id, request_digest)
+        return await self._create(request, consumer, None, request_digest)
 
     def _select(self, selection: OwnerSelection) -> list[OwnerEndpoint]:
         """The owners a session asks: the configured ones but those the consumer excludes.
@@ -284,7 +247,11 @@ class SessionManager:
         self, config: SummarizationConfig, owners: Sequence[OwnerEndpoint]
     ) -> dict[str, PrivateSketch]:
         """The owners' sketches a candidates session's allocation reads (empty: counts)."""
-        if config.method != "candidates" or self.sketches is None or self.allocation_spec is None:
+        if (
+            not isinstance(config, AllocationFields)
+            or self.sketches is None
+            or self.allocation_spec is None
+        ):
             return {}
         return self.sketches.published([o.name for o in owners], spec=self.allocation_spec)
 
@@ -300,21 +267,15 @@ class SessionManager:
 
     async def _create(
         self,
-        config: SummarizationConfig,
-        validation: NDArray[np.float64],
-        seed_set: NDArray[np.float64],
-        seed: int | None,
-        selection: OwnerSelection | None,
+        request: SessionRequest,
         consumer: str,
         request_id: str | None,
         request_digest: str,
-        *,
-        schema: Schema | None = None,
-        feature_names: tuple[str, ...] = (),
     ) -> str:
-        selection = selection if selection is not None else OwnerSelection()
-        owners = self._select(selection)
-        if seed is not None and not self.policy.allow_seeded_sessions:
+        config = request.config
+        store = self.store
+        owners = self._select(request.selection)
+        if request.seed is not None and not self.policy.allow_seeded_sessions:
             raise PermissionDeniedError(
                 "this curator does not accept seeded sessions (start it with "
                 "--allow-seeded-sessions for reproducible runs)"
@@ -327,46 +288,11 @@ class SessionManager:
             request_id=request_id,
             request_digest=request_digest,
         )
-
-        def record(event: ProgressEvent) -> None:
-            if event.finished:  # published by _run once the report is set
-                managed.final = event
-                return
-            managed.events.append(event)
-            asyncio.get_running_loop().create_task(_notify(managed.changed))
-
-        rng = make_rng(seed)
-        noise: NoiseSource = SeededNoise(rng) if seed is not None else OpenDPNoise()
-        store = self.store
-        owner_session_id = new_session_id()
-        session = SummarizationSession(
-            session_id,
-            config,
-            validation,
-            seed_set,
-            owners,
-            rng,
-            on_progress=record,
-            call_timeout=self.call_timeout,
-            noise=noise,
-            consumer=consumer,
-            owner_session_id=owner_session_id,
-            on_charge=None if store is None else lambda c: store.record_charges(session_id, c),
-            on_owner_spend=(
-                None
-                if store is None
-                else lambda owner, spend: store.record_owner_spend(session_id, owner, spend)
-            ),
-            owner_sketches=self._allocation_sketches(config, owners),
-            allocation_spec=self.allocation_spec,
-            min_owners=selection.min_owners,
-            excluded=selection.exclude,
-            schema=schema,
-            feature_names=feature_names,
-        )
+        session = self._session(request, owners, managed)
         # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
         m, n = session.validation.shape
-        self.policy.check_request(config, m, (m + seed_set.shape[0]) * n)
+        values = (m + session.state.seed_set.shape[0]) * n
+        self.policy.check_request(config, m, values, unread=request.unread)
         self.rate.check(consumer)
         if self.running + self._starting >= self.policy.max_running:
             raise ResourceExhaustedError(
@@ -386,11 +312,13 @@ class SessionManager:
                         request_id=request_id,
                         request_digest=request_digest,
                         method=config.method,
-                        config=dataclasses.asdict(config),
+                        config=config.to_json(),
                     )
                     # Where the session is open: a restarted curator asks these owners what
                     # they charged it.
-                    store.owners_opened(session_id, owner_session_id, session.opened_owners())
+                    store.owners_opened(
+                        session_id, session.state.owner_session_id, session.opened_owners()
+                    )
                 except BaseException:
                     await session.abandon()
                     raise
@@ -405,9 +333,44 @@ class SessionManager:
             consumer,
             config.method,
             config.summary_size,
-            validation.shape[0],
+            session.validation.shape[0],
         )
         return session_id
+
+    def _session(
+        self, request: SessionRequest, owners: list[OwnerEndpoint], managed: _Managed
+    ) -> SummarizationSession:
+        """The session of ``request`` against ``owners``, recording its progress in
+        ``managed`` and its charges in the store (checks the arrays, calls no owner)."""
+        session_id = managed.session_id
+
+        def record(event: ProgressEvent) -> None:
+            if event.finished:  # published by _run once the report is set
+                managed.final = event
+                return
+            managed.events.append(event)
+            asyncio.get_running_loop().create_task(_notify(managed.changed))
+
+        store = self.store
+        return SummarizationSession(
+            request,
+            owners,
+            SessionContext(
+                session_id=session_id,
+                owner_session_id=new_session_id(),
+                consumer=managed.consumer,
+                call_timeout=self.call_timeout,
+                owner_sketches=self._allocation_sketches(request.config, owners),
+                allocation_spec=self.allocation_spec,
+                on_progress=record,
+                on_charge=None if store is None else lambda c: store.record_charges(session_id, c),
+                on_owner_spend=(
+                    None
+                    if store is None
+                    else lambda owner, spend: store.record_owner_spend(session_id, owner, spend)
+                ),
+            ),
+        )
 
     async def _run(self, managed: _Managed) -> None:
         session = managed.session

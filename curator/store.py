@@ -43,6 +43,8 @@ import numpy as np
 
 from dpmarket.common.privacy.accounting import PrivacyEvent
 from dpmarket.common.privacy.ledger import UNKNOWN_RESTARTED, Charge, SessionSpend
+from dpmarket.common.summarization.methods import config_from_json
+from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SessionReport, SummaryResult
 from dpmarket.runtime.database import open_database, open_read_only, snapshot, transaction
 
@@ -181,20 +183,14 @@ class StoredSession:
 
 
 def report_to_json(report: SessionReport) -> str:
-    """A SessionReport as JSON (owner spends as objects; infinities as JSON ``Infinity``)."""
-    data = dataclasses.asdict(report)
-    return json.dumps(data, sort_keys=True)
+    """A SessionReport as JSON (:meth:`SessionReport.to_json`; infinities as JSON
+    ``Infinity``)."""
+    return json.dumps(report.to_json(), sort_keys=True)
 
 
 def report_from_json(text: str) -> SessionReport:
     """The inverse of :func:`report_to_json`."""
-    data: dict[str, Any] = json.loads(text)
-    data["dropped_owners"] = tuple(data.get("dropped_owners", ()))
-    data["round_seconds"] = tuple(data.get("round_seconds", ()))
-    data["owner_spend"] = {
-        owner: SessionSpend(**spend) for owner, spend in data.get("owner_spend", {}).items()
-    }
-    return SessionReport(**data)
+    return SessionReport.from_json(json.loads(text))
 
 
 def _result_to_blob(result: SummaryResult) -> bytes:
@@ -592,12 +588,12 @@ class CuratorStore:
                 "SELECT config_json FROM sessions WHERE id = ?", (session_id,)
             ).fetchone()
         config = json.loads(config_json)
-        one_delta = method in ("candidates", "rounds") or method.startswith("cape")
-        deltas = {
-            "validation": config["delta"] if one_delta else config["delta_validation"],
-            "owners": config["delta"] if one_delta else config["delta_owners"],
-        }
-        ledger: dict[str, Any] = {}
+        if method.startswith("cape"):
+            deltas = {"validation": config["delta"], "owners": config["delta"]}
+        else:
+            validation, owners = config_from_json(config).ledger_deltas()
+            deltas = {"validation": validation, "owners": owners}
+        reports = {}
         if charges:
             # As the session kept them: D_v's charges in one ledger, the rest in the owners'.
             for party, delta in deltas.items():
@@ -605,7 +601,8 @@ class CuratorStore:
                 book.charge(
                     [c for c in charges if (c.party == "validation") == (party == "validation")]
                 )
-                ledger[party] = book.report()
+                reports[party] = book.report()
+        ledger = SessionLedger(reports.get("validation"), reports.get("owners"))
         return SessionReport(
             method=method,  # type: ignore[arg-type]
             summary_size=0,

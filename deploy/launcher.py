@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -29,12 +30,16 @@ from rich.console import Console
 from rich.table import Table
 
 from dpmarket.common.errors import UnavailableError
-from dpmarket.common.summarization.summary import (
+from dpmarket.common.summarization.methods import (
     METHODS,
     PAPER_DELTA_OWNERS,
+    CandidatesConfig,
+    PrivateConfig,
     SummarizationConfig,
-    SummaryResult,
+    method_config,
 )
+from dpmarket.common.summarization.session_ledger import SketchAllocationReport
+from dpmarket.common.summarization.summary import SummaryResult
 from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
 from dpmarket.experiments.runner import exact_greedy_summary, owner_sketch_seed
 from dpmarket.owner.data import feature_columns
@@ -658,6 +663,7 @@ def run_demo(
     """
     from dpmarket.consumer.client import CuratorClient
     from dpmarket.consumer.report import (
+        MMDCurve,
         add_relative_mmd,
         comparison_table,
         evaluate_summary,
@@ -680,19 +686,21 @@ def run_demo(
         f"{len(owner_ids)} owners ({sum(o.n_points for o in scenario.owners)} points), "
         f"m = {scenario.validation.shape[0]} validation points, p = {p}, gamma = {scenario.gamma}"
     )
-    configs = {
-        m: SummarizationConfig(summary_size=p, method=m, gamma=scenario.gamma) for m in METHODS
+    configs: dict[str, SummarizationConfig] = {
+        m: method_config(m, summary_size=p, gamma=scenario.gamma) for m in METHODS
     }
     # Algorithm 3 at the paper's settings (Section 4: delta~ 1e-4 on the owners), which the
     # demo's owner policy (deploy/policies/demo-owner.toml) allows one session.
-    configs["private"] = dataclasses.replace(configs["private"], delta_owners=PAPER_DELTA_OWNERS)
+    private = PrivateConfig(summary_size=p, gamma=scenario.gamma, delta_owners=PAPER_DELTA_OWNERS)
+    candidates = CandidatesConfig(summary_size=p, gamma=scenario.gamma)
+    configs.update(private=private, candidates=candidates)
     results: dict[str, SummaryResult] = {}
     budgets: dict[str, dict[str, Any]] = {}
     networked = [] if in_process else [m for m in METHODS if m != "greedy"]
     # Every owner publishes one private RFF sketch of its data (epsilon 1 at the candidates
     # method's delta) before any session; the candidates method's allocation reads them.
     sketched = scenario.domain_low is not None
-    delta = configs["candidates"].delta
+    delta = candidates.delta
     for method, config in configs.items():
         if method in networked:
             continue
@@ -783,20 +791,23 @@ def run_demo(
     }
     rows = []
     for key, result in results.items():
-        row = evaluate_summary(
-            result, scenario.validation, scenario.gamma, test=scenario.test, seed=seed
+        evaluation = replace(
+            evaluate_summary(
+                result, scenario.validation, scenario.gamma, test=scenario.test, seed=seed
+            ),
+            method=key,
+            label=labels[key],
         )
-        row["method"] = key
-        row["label"] = labels[key]
         if key == "exact-greedy":
-            row["owner_points_accessed"] = None
-            row["all_owners_bound"] = None
-        rows.append(row)
-    add_relative_mmd(rows, reference="exact-greedy")
+            evaluation = replace(evaluation, owner_points_accessed=None, all_owners_bound=None)
+        rows.append(evaluation)
+    rows = add_relative_mmd(rows, reference="exact-greedy")
     step = max(1, p // 20)
     sizes = list(range(step, p + 1, step))
     curves = {
-        labels[k]: (sizes, mmd_curve(r.points, scenario.validation, scenario.gamma, sizes))
+        labels[k]: MMDCurve(
+            tuple(sizes), tuple(mmd_curve(r.points, scenario.validation, scenario.gamma, sizes))
+        )
         for k, r in results.items()
     }
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -824,9 +835,11 @@ def run_demo(
             if in_process
             else "gRPC with mTLS, separate processes (greedy, RFF: in-process reference)"
         ),
-        "config": {k: v for k, v in configs["private"].__dict__.items() if k != "method"},
-        "methods": rows,
-        "curves": {label: {"sizes": s, "mmd2": v} for label, (s, v) in curves.items()},
+        "config": {k: v for k, v in private.to_json().items() if k != "method"},
+        "methods": [row.to_json() for row in rows],
+        "curves": {
+            label: {"sizes": list(c.sizes), "mmd2": list(c.mmd2)} for label, c in curves.items()
+        },
     }
     if budgets:  # read from the owners' own ledgers, before the report is written
         report["owner_budgets"] = budgets
@@ -834,25 +847,24 @@ def run_demo(
     out.print(comparison_table(rows, title=f"{scenario.name}, p = {p}, seed = {seed}", wide=wide))
     if budgets:
         out.print(budget_table(budgets))
-    allocation = results["candidates"].report.ledger.get("candidates", {})
-    if allocation.get("allocation") == "sketch":
-        sketch_eps = sorted(
-            {s["epsilon"] for s in results["candidates"].report.ledger["owner_sketches"].values()}
-        )
+    ledger = results["candidates"].report.ledger
+    allocation = ledger.candidates
+    if isinstance(allocation, SketchAllocationReport) and ledger.owner_sketches is not None:
+        sketch_eps = sorted({s.epsilon for s in ledger.owner_sketches.values()})
         out.print(
-            f"candidates: the budget of {allocation['budget']} candidates was split by the owners' "
-            f"published sketches ({allocation['relevance_score']} vote, released with Gaussian "
-            f"noise sigma {allocation['allocation_sigma']:.3g}): "
-            + ", ".join(f"{o} {n}" for o, n in allocation["shares"].items())
+            f"candidates: the budget of {allocation.budget} candidates was split by the owners' "
+            f"published sketches ({allocation.relevance_score} vote, released with Gaussian "
+            f"noise sigma {allocation.allocation_sigma:.3g}): "
+            + ", ".join(f"{o} {n}" for o, n in allocation.shares.items())
             + "; owners spend nothing in the session, their sketch (epsilon "
             + "/".join(f"{e:g}" for e in sketch_eps)
             + ", published once and read by every session) is on their ledgers."
         )
     out.print(
         "ε: Theorem 7 (Kairouz et al.) / PLD (dp-accounting); Algorithm 3 at the paper's settings "
-        f"for delta~ = {configs['private'].delta_validation} (D_v) and "
-        f"{configs['private'].delta_owners} (owners), candidates for delta = "
-        f"{configs['candidates'].delta}. '% over greedy' is against the exact-kernel greedy on "
+        f"for delta~ = {private.delta_validation} (D_v) and "
+        f"{private.delta_owners} (owners), candidates for delta = "
+        f"{candidates.delta}. '% over greedy' is against the exact-kernel greedy on "
         "pooled data."
     )
     console.print(f"report -> {out_dir / 'report.json'}, plot -> {plot_path}")

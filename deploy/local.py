@@ -442,7 +442,7 @@ def up(directory: str | os.PathLike[str]) -> dict[str, str]:
             for name, pid, port_file, log_path in spawned:
                 ready[name] = _wait_port(name, pid, port_file, log_path)
         for service in services:
-            if service["command"] == "serve-curator":
+            if service["command"] in ("curator serve", "serve-curator"):
                 _wait_connected(root, service, ready[service["name"]], logs)
     except BaseException:
         _stop(run, started)

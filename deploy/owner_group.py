@@ -32,7 +32,7 @@ from dpmarket.runtime.cli import ensure_info_logging
 logger = logging.getLogger(__name__)
 
 #: ``owner serve`` options that :func:`dpmarket.owner.cli.open_owner` does not take.
-_SERVING_OPTIONS = ("host", "port", "port_file", "blas_threads")
+_SERVING_OPTIONS = ("host", "port", "port_file", "blas_threads", "metrics_port", "metrics_host")
 _OWNER_OPTIONS = (
     "data_path",
     "schema_path",
@@ -58,6 +58,11 @@ def parse_owner(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     context = serve_owner.make_context("owner serve", list(argv))
     params = dict(context.params)
     serving = {k: params.pop(k) for k in _SERVING_OPTIONS}
+    if serving["metrics_port"] is not None:
+        raise click.UsageError(
+            "--metrics-port: owners served as a group share one process and serve no metrics; "
+            "serve the owner on its own (dpmarket owner serve) to scrape it"
+        )
     return params, serving
 
 

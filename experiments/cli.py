@@ -15,6 +15,7 @@ from rich.console import Console
 
 from dpmarket.common.errors import DPMarketError
 from dpmarket.common.sketches import PrivateSketch
+from dpmarket.common.summarization.methods import DEFAULT_DELTA, GaussianFields
 from dpmarket.consumer.cli import (
     finish,
     load_points,
@@ -22,14 +23,16 @@ from dpmarket.consumer.cli import (
     read_inputs,
     summarization_config,
     summary_output_options,
+    summary_sections,
 )
+from dpmarket.consumer.options import check_method_options
 from dpmarket.experiments.cape_coverage import cape_coverage
 from dpmarket.experiments.cape_experiments import cape_figures
 from dpmarket.experiments.evaluate import EVAL_METHODS
 from dpmarket.experiments.scenarios import SCENARIO_NAMES
 from dpmarket.experiments.sketch_experiments import sketch_experiments
 from dpmarket.owner.data import PointSet
-from dpmarket.runtime.cli import check_outputs, console, progress_printer
+from dpmarket.runtime.cli import SectionedCommand, check_outputs, console, progress_printer
 
 __all__ = [
     "cape_coverage",
@@ -41,7 +44,22 @@ __all__ = [
 ]
 
 
-@click.command("simulate")
+@click.command(
+    "simulate",
+    cls=SectionedCommand,
+    sections=summary_sections(
+        (
+            "Sketches in this process",
+            (
+                "sketch_scenario",
+                "sketch_epsilon",
+                "sketch_spec_path",
+                "allocation_sketch_spec",
+                "sketch_seed",
+            ),
+        )
+    ),
+)
 @click.option(
     "--owner-data",
     "owner_paths",
@@ -115,6 +133,7 @@ def simulate_command(
     """Run the same protocol with every party in this process (same seeds, same summary)."""
     from dpmarket.experiments.runner import simulate
 
+    check_method_options(click.get_current_context(), method)
     config = summarization_config(summary_size, method, kwargs)
     owners = [load_points(p) for p in owner_paths]
     inputs = read_inputs(validation_path, seed_set_path, test_path)
@@ -144,11 +163,13 @@ def simulate_command(
                 f"set {inputs.validation.n_features}",
                 param_hint="--sketch-scenario",
             )
+        # The sketches' delta is the session's (the default delta for a method without one).
+        delta = config.delta if isinstance(config, GaussianFields) else DEFAULT_DELTA
         try:
             sketches = publish_sketches(
                 owners,
                 scenario.sketch_mechanism(
-                    1.0 if sketch_epsilon is None else sketch_epsilon, delta=config.delta
+                    1.0 if sketch_epsilon is None else sketch_epsilon, delta=delta
                 ),
                 seed=seed,
                 owner_ids=[o.name for o in owners],

@@ -89,7 +89,15 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from dpmarket.common.summarization.summary import SummarizationConfig, SummaryResult
+from dpmarket.common.summarization.methods import (
+    CandidatesConfig,
+    PrivateConfig,
+    RoundsConfig,
+    SummarizationConfig,
+    method_config,
+)
+from dpmarket.common.summarization.session_ledger import SessionLedger
+from dpmarket.common.summarization.summary import SummaryResult
 
 __all__ = [
     "DEFAULT_EPSILONS",
@@ -202,12 +210,12 @@ _PRINTED_AUCTION: dict[str, str] = {
     "paper-auction-printed": "paper",
     "rounds-auction-printed": "rounds",
 }
-#: The paper mode's variants' options (the rest are SummarizationConfig's defaults).
+#: The paper mode's variants' options (the rest are PrivateConfig's defaults).
 _PAPER_OPTIONS: dict[str, dict[str, str]] = {
     "paper": {},
     "paper-auction-printed": {"auction": "paper"},
 }
-#: The candidates variants' options (the rest are SummarizationConfig's defaults).
+#: The candidates variants' options (the rest are CandidatesConfig's defaults).
 _CANDIDATES_OPTIONS: dict[str, dict[str, Any]] = {
     "candidates": {},
     "candidates-counts": {"allocation": "counts"},
@@ -216,7 +224,7 @@ _CANDIDATES_OPTIONS: dict[str, dict[str, Any]] = {
     "candidates-sketch-m2m": {"relevance_score": "m2m"},
     "candidates-embedding-rerank": {"embedding_rerank": True},
 }
-#: The rounds variants' options (the rest are SummarizationConfig's defaults).
+#: The rounds variants' options (the rest are RoundsConfig's defaults).
 _ROUNDS_OPTIONS: dict[str, dict[str, str]] = {
     "rounds": {},
     "rounds-auction-printed": {"auction": "paper"},
@@ -238,25 +246,19 @@ def _session_config(
 ) -> SummarizationConfig:
     """The session configuration of one evaluated method (not for ``exact-greedy``)."""
     if method in ("greedy", "uniform"):
-        return SummarizationConfig(summary_size=p, method=method, gamma=gamma)  # type: ignore[arg-type]
+        return method_config(method, summary_size=p, gamma=gamma)
     if epsilon is None:  # pragma: no cover - guarded by the caller
         raise ValueError(f"method {method!r} needs an epsilon")
     if method in _PAPER_OPTIONS:
         from dpmarket.common.summarization.calibration import calibrate_paper_mode
 
-        base = SummarizationConfig(
-            summary_size=p,
-            method="private",
-            gamma=gamma,
-            **_PAPER_OPTIONS[method],  # type: ignore[arg-type]
-        )
+        base = PrivateConfig(summary_size=p, gamma=gamma, **_PAPER_OPTIONS[method])  # type: ignore[arg-type]
         return calibrate_paper_mode(
             base, n_owners, epsilon_target=epsilon, delta=delta, seed_set_size=seed_set_size
         )
     if method in _CANDIDATES_OPTIONS:
-        return SummarizationConfig(
+        return CandidatesConfig(
             summary_size=p,
-            method="candidates",
             gamma=gamma,
             epsilon_validation_total=epsilon,
             epsilon_owners_total=epsilon,
@@ -266,12 +268,7 @@ def _session_config(
     if method in _ROUNDS_OPTIONS:
         from dpmarket.common.summarization.calibration import calibrate_rounds_mode
 
-        rounds = SummarizationConfig(
-            summary_size=p,
-            method="rounds",
-            gamma=gamma,
-            **_ROUNDS_OPTIONS[method],  # type: ignore[arg-type]
-        )
+        rounds = RoundsConfig(summary_size=p, gamma=gamma, **_ROUNDS_OPTIONS[method])  # type: ignore[arg-type]
         return calibrate_rounds_mode(rounds, n_owners, epsilon_target=epsilon, delta=delta)
     raise ValueError(f"method must be one of {EVAL_METHODS}, got {method!r}")
 
@@ -284,7 +281,7 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _party_epsilons(ledger: Mapping[str, Any]) -> dict[str, Any]:
+def _party_epsilons(ledger: SessionLedger) -> dict[str, Any]:
     """Each party's privacy as the session's ledger reports it.
 
     Returns
@@ -302,26 +299,27 @@ def _party_epsilons(ledger: Mapping[str, Any]) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for party in ("validation", "owners"):
-        report = ledger.get(party)
-        row = (report or {}).get("parties", {}).get(party, {})
-        out[f"epsilon_{party}_pld"] = _finite(row.get("pld"))
-        out[f"epsilon_{party}_theorem7"] = _finite(row.get("theorem7"))
-        out[f"delta_{party}"] = None if report is None else report.get("delta_tilde")
+        report = ledger.party(party)  # type: ignore[arg-type]
+        row = None if report is None else report.parties[party]
+        out[f"epsilon_{party}_pld"] = _finite(None if row is None else row.pld)
+        out[f"epsilon_{party}_theorem7"] = _finite(None if row is None else row.theorem7)
+        out[f"delta_{party}"] = None if report is None else report.delta_tilde
+    owners = ledger.owners
     out["delta_owners_theorem7"] = _finite(
-        ledger.get("owners", {}).get("parties", {}).get("owners", {}).get("delta_total")
+        None if owners is None else owners.parties["owners"].delta_total
     )
-    terms: Mapping[str, Any] = ledger.get("owner_terms") or {}
-    non_private = bool(terms.get("non_private"))
-    spent = bool(terms) and not non_private
-    out["owners_epsilon_spent"] = _finite(terms.get("epsilon")) if spent else None
-    out["owners_delta_spent"] = _finite(terms.get("delta")) if spent else None
+    terms = ledger.owner_terms
+    non_private = terms is not None and terms.non_private
+    spent = terms is not None and not non_private
+    out["owners_epsilon_spent"] = _finite(terms.epsilon) if spent and terms else None
+    out["owners_delta_spent"] = _finite(terms.delta) if spent and terms else None
     out["owners_non_private"] = non_private
     # The published sketches' own budget (charged once, at publication), added by basic
     # composition to what the session charges: the owners' figure with the sketch, not
     # amortised over the consumers who reuse it.
-    sketches: Mapping[str, Any] = ledger.get("owner_sketches") or {}
-    sketch_eps = max((float(v["epsilon"]) for v in sketches.values()), default=0.0)
-    sketch_delta = max((float(v["delta"]) for v in sketches.values()), default=0.0)
+    sketches = ledger.owner_sketches or {}
+    sketch_eps = max((float(v.epsilon) for v in sketches.values()), default=0.0)
+    sketch_delta = max((float(v.delta) for v in sketches.values()), default=0.0)
     out["sketch_epsilon"] = sketch_eps if sketches else None
     out["owners_epsilon_with_sketch"] = (
         None if out["owners_epsilon_spent"] is None else out["owners_epsilon_spent"] + sketch_eps
@@ -350,6 +348,7 @@ def _record(
     )
     k = len(scenario.owners)
     accessed = int(result.report.owner_points_accessed)
+    ledger = result.report.ledger
     record: dict[str, Any] = {
         "scenario": scenario.name,
         "p": p,
@@ -357,29 +356,27 @@ def _record(
         "epsilon": epsilon,
         "seed": seed,
         "status": "ok",
-        "summary_size": int(row["summary_size"]),
-        "mmd2_validation": float(row["mmd2_validation"]),
-        "mmd2_test": row["mmd2_test"],
-        "accuracy": row["accuracy"],
+        "summary_size": int(row.summary_size),
+        "mmd2_validation": float(row.mmd2_validation),
+        "mmd2_test": row.mmd2_test,
+        "accuracy": row.accuracy,
         "owner_points_accessed": accessed,
         "accessed_fraction": accessed / (k * p),
         "points_read_over_p": accessed / p,
         "rejected_points": int(result.report.rejected_points),
         "dropped_owners": list(result.report.dropped_owners),
-        "points_per_owner": row["points_per_owner"],
-        **_party_epsilons(result.report.ledger),
+        "points_per_owner": {o: b.points for o, b in row.owners.items() if b.points},
+        **_party_epsilons(ledger),
     }
-    auction = result.report.ledger.get("auction")
-    if auction is not None:
+    if ledger.auction is not None:
         record["auction"] = {
-            key: auction.get(key)
+            key: getattr(ledger.auction, key)
             for key in ("variant", "eps_auc", "tau", "delta_per_bad_iteration")
         }
-    candidates = result.report.ledger.get("candidates")
-    if candidates is not None:
-        record["candidate_budget"] = candidates.get("budget")
-        record["candidate_shares"] = candidates.get("shares")
-        record["allocation"] = candidates.get("allocation")
+    if ledger.candidates is not None:
+        record["candidate_budget"] = ledger.candidates.budget
+        record["candidate_shares"] = ledger.candidates.shares
+        record["allocation"] = ledger.candidates.allocation
     if config is not None and method in _PAPER_OPTIONS:
         record["paper_config"] = {
             key: getattr(config, key)
@@ -737,7 +734,7 @@ def run_evaluation(
                         )
                     config = configs[key]
                     sketches = None
-                    if config.method == "candidates" and config.allocation == "sketch":
+                    if isinstance(config, CandidatesConfig) and config.allocation == "sketch":
                         assert eps is not None
                         if (name, eps, seed) not in sketch_cache:
                             sketch_cache[(name, eps, seed)] = publish_sketches(

@@ -27,9 +27,15 @@ from dpmarket.common.sketches import PrivateSketch, SketchMechanism
 from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
 from dpmarket.common.summarization.kernels import exact_kernel_greedy
-from dpmarket.common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
+from dpmarket.common.summarization.methods import HashesConfig, SummarizationConfig
+from dpmarket.common.summarization.session_ledger import SessionLedger
+from dpmarket.common.summarization.summary import SessionReport, SessionRequest, SummaryResult
 from dpmarket.curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
-from dpmarket.curator.summarization.session import ProgressCallback, SummarizationSession
+from dpmarket.curator.summarization.session import (
+    ProgressCallback,
+    SessionContext,
+    SummarizationSession,
+)
 from dpmarket.owner.cape import CapeSite
 from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.hash_keys import HashKeyParty
@@ -77,7 +83,7 @@ def simulate(
     seeded = seed is not None
     endpoints = (
         local_hash_owners(owners, ids, seeded=seeded)
-        if config.summary_form == "hashes"
+        if isinstance(config, HashesConfig)
         else [
             LocalOwnerEndpoint(Owner(i, data, allow_seeded_sessions=seeded))
             for i, data in zip(ids, owners, strict=True)
@@ -132,7 +138,7 @@ def publish_sketches(
     catalogue; in-process runs (``dpmarket simulate``, ``evaluate``, ``demo --in-process``,
     tests) release them here with :meth:`SketchMechanism.release` and charge no ledger, as those
     runs charge nothing else either. The sketch's epsilon still appears in the session's report
-    (``ledger["owner_sketches"]``).
+    (the ledger's ``owner_sketches``).
 
     Parameters
     ----------
@@ -285,17 +291,15 @@ def run_session(
     """
 
     async def run() -> SummaryResult:
+        # Seeded runs (tests, evaluation) keep numpy's seeded draws; others use OpenDP.
         session = SummarizationSession(
-            "simulated-session",
-            config,
-            validation,
-            seed_set,
+            SessionRequest(config, validation, seed_set, seed=seed),
             endpoints,
-            make_rng(seed),
-            on_progress=on_progress,
-            # Seeded runs (tests, evaluation) keep numpy's seeded draws; others use OpenDP.
-            noise=None if seed is not None else OpenDPNoise(),
-            owner_sketches=owner_sketches,
+            SessionContext(
+                session_id="simulated-session",
+                on_progress=on_progress,
+                owner_sketches=owner_sketches or {},
+            ),
         )
         await session.prepare()
         return await session.run()
@@ -329,7 +333,7 @@ def exact_greedy_summary(
         all_owners_bound=len(owners) * p,
         paper_bound=0.0,
         dropped_owners=(),
-        ledger={},
+        ledger=SessionLedger(),
         wall_time_seconds=elapsed,
     )
     return SummaryResult(

@@ -17,7 +17,7 @@ reports per scenario and as median / worst:
 ``dpmarket evaluate --suite --loso`` chooses the tuned constants by leave-one-scenario-out: for
 each scenario, the setting of :data:`SUITE_GRID` with the best geometric-mean ratio to exact
 greedy over the *other* scenarios is run on it, and the table shows those held-out results. The
-setting chosen on the whole suite is the session's default (:class:`SummarizationConfig`).
+setting chosen on the whole suite is the session's default (:class:`CandidatesConfig`).
 
 Every run is cached on disk (``<out>/cache``), keyed by a digest of the scenario, the setting,
 the seed and :data:`RESULTS_VERSION`: running again reuses them; changing the protocol's code
@@ -31,7 +31,7 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,14 @@ from rich.console import Console
 from rich.table import Table
 
 from dpmarket.common.summarization.kernels import exact_kernel_summary, mmd2
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import (
+    AllocationFields,
+    CandidatesConfig,
+    HashesConfig,
+    SummarizationConfig,
+    UniformConfig,
+)
+from dpmarket.common.summarization.session_ledger import SketchAllocationReport
 from dpmarket.experiments.scenarios import Scenario
 from dpmarket.experiments.suite import (
     SKETCH_SCALE,
@@ -94,7 +101,7 @@ class SuiteSetting:
     Attributes
     ----------
     options : dict
-        :class:`SummarizationConfig` fields (the rest are its defaults).
+        :class:`CandidatesConfig` fields (the rest are its defaults).
     sketch_scale : float
         The owners' sketch kernel scale as a fraction of ``1 / sqrt(2 gamma)`` (a catalogue
         declaration's choice, :data:`dpmarket.experiments.suite.SKETCH_SCALE`).
@@ -110,9 +117,12 @@ class SuiteSetting:
         parts.append(f"sketch_scale={self.sketch_scale:g}")
         return " ".join(parts)
 
-    def config(self, scenario: Scenario) -> SummarizationConfig:
-        """The session configuration on ``scenario`` (its p and gamma, epsilon 1, delta 1e-6)."""
-        return SummarizationConfig(
+    def config(
+        self, scenario: Scenario, method: type[AllocationFields] = CandidatesConfig
+    ) -> AllocationFields:
+        """The session configuration on ``scenario`` (its p and gamma, epsilon 1, delta 1e-6):
+        the candidates method's, or its hashes mode's."""
+        return method(
             summary_size=scenario.default_p,
             gamma=scenario.gamma,
             epsilon_validation_total=EPSILON,
@@ -176,7 +186,7 @@ def _digest(*parts: str) -> str:
 def _config_key(config: SummarizationConfig) -> str:
     """Every field of a session's configuration, so that a cached run is found again only for
     the same configuration (the session's defaults included, which a setting's label omits)."""
-    return json.dumps(asdict(config), sort_keys=True, default=str)
+    return json.dumps(config.to_json(), sort_keys=True, default=str)
 
 
 def _cached(path: Path, compute: Any) -> dict[str, Any]:
@@ -248,7 +258,7 @@ class SuiteRunner:
                 scenario.owners,
                 scenario.validation,
                 scenario.seed_set,
-                SummarizationConfig(summary_size=p, method="uniform", gamma=scenario.gamma),
+                UniformConfig(summary_size=p, gamma=scenario.gamma),
                 seed=seed,
             )
             reads = uniform_reads(scenario, 3 * p, seed)
@@ -290,14 +300,16 @@ class SuiteRunner:
                 seed=seed,
                 owner_sketches=self.sketches(name, setting.sketch_scale, seed),
             )
-            info = result.report.ledger.get("candidates", {})
+            info = result.report.ledger.candidates
             return {
                 **_measure(scenario, result.points, result.labels, seed),
                 "points_read": int(result.report.owner_points_accessed),
-                "shares": info.get("shares", {}),
-                "allocation_share": info.get("allocation_share"),
-                "allocation": info.get("allocation"),
-                "hedge_kept": info.get("hedge", {}).get("kept"),
+                "shares": {} if info is None else info.shares,
+                "allocation_share": (
+                    info.allocation_share if isinstance(info, SketchAllocationReport) else None
+                ),
+                "allocation": None if info is None else info.allocation,
+                "hedge_kept": None if info is None or info.hedge is None else info.hedge.kept,
                 "seconds": time.perf_counter() - start,
             }
 
@@ -352,7 +364,7 @@ class SuiteRunner:
         from dpmarket.experiments.runner import local_hash_owners, run_session
 
         scenario = self.scenario(name, setting.sketch_scale)
-        config = replace(setting.config(scenario), summary_form="hashes")
+        config = setting.config(scenario, HashesConfig)
         key = _digest(
             "hashes-v2",
             scenario_digest(scenario, scenario.default_p),
@@ -375,7 +387,9 @@ class SuiteRunner:
                 owner_sketches=self.sketches(name, setting.sketch_scale, seed),
             )
             assert result.hashes is not None and result.labels is not None
-            key_id = result.report.ledger["candidates"]["hash_key_id"]
+            assert result.report.ledger.candidates is not None
+            key_id = result.report.ledger.candidates.hash_key_id
+            assert key_id is not None
             owner = endpoints[0].owner
             d, gamma = config.rff_dimension, scenario.gamma
             test = owner.hash_points(key_id, scenario.test.features, d, gamma)

@@ -207,13 +207,13 @@ class PathsRunner:
                 seed=seed,
                 owner_sketches=sketches,
             )
-            info = result.report.ledger.get("candidates", {})
+            info = result.report.ledger.candidates
             return {
                 **_measure(scenario, result.points, result.labels, seed),
                 "points_read": int(result.report.owner_points_accessed),
-                "allocation": info.get("allocation"),
-                "hedge_kept": info.get("hedge", {}).get("kept"),
-                "shares": info.get("shares", {}),
+                "allocation": None if info is None else info.allocation,
+                "hedge_kept": None if info is None or info.hedge is None else info.hedge.kept,
+                "shares": {} if info is None else info.shares,
                 "seconds": time.perf_counter() - start,
             }
 

@@ -20,12 +20,10 @@ import sqlite3
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-import numpy as np
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -37,15 +35,14 @@ from dpmarket.owner.data import PointSet
 from dpmarket.owner.engine import Engine
 from dpmarket.owner.ledger import (
     LEDGER_FILE,
-    LedgerEntry,
     LedgerMissingError,
     OwnerLedger,
-    Totals,
     ledger_path,
 )
 from dpmarket.owner.ledger_chain import LedgerOwner
 from dpmarket.owner.limits import DEFAULT_IN_MEMORY_VALUES, WorkLimits
 from dpmarket.owner.policy import POLICY_FILE, OwnerPolicy, data_dir_policy
+from dpmarket.owner.statement import ledger_statement
 from dpmarket.runtime.cli import (
     check_outputs,
     config_option,
@@ -93,45 +90,11 @@ POLICY_HELP = (
 )
 
 
-def _iso(at: float) -> str:
-    """Unix time as ISO 8601 in UTC, to the second: ``2024-05-01T12:00:00Z``."""
-    return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _entry(e: LedgerEntry) -> dict[str, Any]:
-    return {
-        "id": e.id,
-        "at": e.at,
-        "time": _iso(e.at),
-        "session": e.session,
-        "consumer": e.consumer,
-        "curator": e.curator,
-        "mechanism": e.mechanism,
-        "epsilon": None if e.non_private else e.epsilon,
-        "delta": e.delta,
-        "points": e.points,
-        "non_private": e.non_private,
-    }
-
-
-def _budget(spent: Totals, limits: tuple[float, float, int]) -> dict[str, Any]:
-    epsilon, delta, points = limits
-    return {
-        "epsilon": {
-            "spent": spent.epsilon,
-            "limit": epsilon,
-            "left": max(epsilon - spent.epsilon, 0.0),
-        },
-        "delta": {"spent": spent.delta, "limit": delta, "left": max(delta - spent.delta, 0.0)},
-        "points": {"spent": spent.points, "limit": points, "left": max(points - spent.points, 0)},
-        "non_private": spent.non_private,
-    }
-
-
 def ledger_report(
     ledger: OwnerLedger, *, session: str | None = None, limit: int | None = None
 ) -> dict[str, Any]:
-    """What ``dpmarket owner ledger --json`` prints.
+    """What ``dpmarket owner ledger --json`` prints: the ledger's statement
+    (:func:`dpmarket.owner.statement.ledger_statement`) as JSON.
 
     Parameters
     ----------
@@ -152,27 +115,7 @@ def ledger_report(
         "session": the same against the per-session limits, with "id", or None}``. Strictly
         JSON: no NaN or infinity.
     """
-    policy: OwnerPolicy = ledger.policy
-    report: dict[str, Any] = {
-        "ledger": str(ledger.path),
-        "policy": policy.as_dict(),
-        "window": policy.window_description,
-        "entries": [_entry(e) for e in ledger.entries(session=session, limit=limit)],
-        "budget": _budget(
-            ledger.window_totals(),
-            (policy.epsilon_total, policy.delta_total, policy.points_total),
-        ),
-        "session": None,
-    }
-    if session is not None:
-        report["session"] = {
-            "id": session,
-            **_budget(
-                ledger.session_totals(session),
-                (policy.epsilon_per_session, policy.delta_per_session, policy.points_per_session),
-            ),
-        }
-    return report
+    return ledger_statement(ledger, session=session, limit=limit).to_json()
 
 
 def _num(x: float) -> str:
@@ -655,27 +598,25 @@ def open_ledger(
     data_dir: Path, policy: OwnerPolicy, name: str, security: TransportSecurity
 ) -> OwnerLedger:
     """Open the owner ``name``'s ledger for a command that charges it (owner serve, owner
-    publish), bound to its certificate: a missing, empty, damaged or foreign ledger fails the
-    command, saying what to do."""
+    publish), bound to its certificate (:func:`dpmarket.owner.publishing.open_owner_ledger`): a
+    missing, empty, damaged or foreign ledger fails the command, saying what to do."""
+    from dpmarket.owner.publishing import open_owner_ledger
+
     try:
-        ledger = OwnerLedger(data_dir, policy, owner=LedgerOwner.from_security(name, security))
-        if any(resolved is None for *_, resolved in ledger.rollbacks()):
-            logger.error(
-                "%s is behind a receipt this owner signed and the rollback is not resolved: "
-                "every session and job is refused until a newer backup is restored or "
-                "dpmarket owner ledger resolve --data-dir %s runs (docs/howto-ledger.md)",
-                ledger.path,
-                data_dir,
-            )
-        return ledger
+        return open_owner_ledger(data_dir, policy, name, security)
     except sqlite3.DatabaseError as exc:
-        raise click.ClickException(
-            f"{ledger_path(data_dir)} is not a readable ledger ({exc}): restore it from its "
-            f"latest backup: dpmarket owner ledger restore --data-dir {data_dir} --from BACKUP "
-            "(docs/howto-ledger.md)"
-        ) from exc
+        raise _unreadable_ledger(data_dir, exc) from exc
     except (OSError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _unreadable_ledger(data_dir: Path, exc: sqlite3.DatabaseError) -> click.ClickException:
+    """What to do about a ledger that does not read: restore its latest backup."""
+    return click.ClickException(
+        f"{ledger_path(data_dir)} is not a readable ledger ({exc}): restore it from its "
+        f"latest backup: dpmarket owner ledger restore --data-dir {data_dir} --from BACKUP "
+        "(docs/howto-ledger.md)"
+    )
 
 
 def dask_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -1190,10 +1131,7 @@ def publish_command(
     stored, charging nothing. Name the specs (--spec) or take every one (--all); with neither,
     the specs and their cost are listed and the curator's allocation spec is offered.
     """
-    from dpmarket.common.privacy.noise import OpenDPNoise, SeededNoise
-    from dpmarket.owner.sketch_client import CatalogClient
-    from dpmarket.owner.sketches import SketchPublisher, publish_to
-    from dpmarket.owner.sources import load_owner_data
+    from dpmarket.owner.publishing import publish_sketches
 
     if specs and all_specs:
         raise click.UsageError("give --spec NAME (repeat) or --all, not both")
@@ -1203,75 +1141,35 @@ def publish_command(
             "publishing needs the owner's certificate: the catalogue names the publisher by it"
         )
     name = security.identity.name
-    state = Path(data_dir)
-    try:
-        policy, _ = data_dir_policy(state, policy_path)
-        schema = None
-        if schema_path is not None:
-            schema = load_schema(schema_path)
-            schema.check_confirmed(schema_path)
-        found = load_owner_data(
-            table_path,
-            schema=schema,
-            points=False,
-            name=name,
-            in_memory_values=in_memory_values,
-            engine=engine_starter(dask_scheduler, dask_workers),
-        )
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    table = found.table
-    assert table is not None
+    curator_identity(curator_name)  # a bad name is a bad parameter
     if out_path is not None:
         check_outputs(out_path)
-    noise = OpenDPNoise() if seed is None else SeededNoise(np.random.default_rng(seed))
-    if seed is not None:
-        logger.warning("--seed: the sketches' noise is reproducible by whoever knows the seed")
-    ledger = open_ledger(state, policy, name, security)
     try:
-        with CatalogClient(curator, security, curator=curator_identity(curator_name)) as client:
-            if specs:
-                names = list(specs)
-            else:
-                catalogue, allocation = client.catalogue()
-                names = [s.name for s in catalogue]
-                if not all_specs:
-                    names = _choose_specs(client, catalogue, allocation, epsilon)
-            if not names:
-                console.print("nothing published")
-                return
-            publisher = SketchPublisher(
-                ledger, noise=noise, rng=None if seed is None else np.random.default_rng(seed + 1)
-            )
-            deliveries = publish_to(client, publisher, table, names, epsilon=epsilon)
-        left = ledger.remaining()
-    except DPMarketError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        ledger.close()
-        if found.engine is not None:
-            found.engine.close()
-    rows: list[dict[str, Any]] = []
-    for d in deliveries:
-        mech = d.publication.sketch.mechanism
-        rows.append(
-            {
-                "spec": d.spec,
-                "key": d.publication.key,
-                "epsilon": mech.epsilon,
-                "delta": mech.delta,
-                "charged_now": d.publication.charged_now,
-                "noisy_count": d.publication.sketch.noisy_count,
-                "already_in_catalogue": d.already_in_catalogue,
-                "ledger_entry": d.publication.charge.id,
-            }
+        done = publish_sketches(
+            curator,
+            security,
+            table_path=table_path,
+            data_dir=data_dir,
+            specs=specs,
+            choose=None if all_specs else _choose_specs,
+            epsilon=epsilon,
+            seed=seed,
+            schema_path=schema_path,
+            policy_path=policy_path,
+            curator_name=curator_name,
+            engine=engine_starter(dask_scheduler, dask_workers),
+            in_memory_values=in_memory_values,
         )
-    document = {
-        "owner": name,
-        "curator": f"{curator_name}@{curator}",
-        "sketches": rows,
-        "left": {"epsilon": left.epsilon, "delta": left.delta, "window": left.window},
-    }
+    except sqlite3.DatabaseError as exc:
+        raise _unreadable_ledger(Path(data_dir), exc) from exc
+    except (OSError, ValueError, RuntimeError, DPMarketError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not done.deliveries:
+        console.print("nothing published")
+        return
+    document = done.to_json(f"{curator_name}@{curator}")
+    rows = document["sketches"]
+    left = done.left
     write_output(document, out_path)
     if as_json:
         print_json(document)
@@ -1294,8 +1192,8 @@ def publish_command(
         )
     Console().print(table_out)
     console.print(
-        f"ledger {ledger.path}: left over {left.window}: epsilon {left.epsilon:.6g}, "
-        f"delta {left.delta:.3g}"
+        f"ledger {ledger_path(Path(data_dir))}: left over {left.window}: epsilon "
+        f"{left.epsilon:.6g}, delta {left.delta:.3g}"
     )
 
 

@@ -248,6 +248,7 @@ def round_to_proto(
         colluders=params.colluders,
         neighbours=params.neighbours,
         allowance=params.allowance,
+        ring=params.ring,
     )
 
 
@@ -276,6 +277,7 @@ def round_from_proto(
             colluders=int(message.colluders),
             neighbours=int(message.neighbours),
             allowance=int(message.allowance),
+            ring=int(message.ring),
         )
     except ValueError as exc:
         raise InvalidArgumentError(f"secure-aggregation round: {exc}") from exc

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # the health probe imports this module: no numerical library 
 
 __all__ = [
     "CONFIG_HELP",
+    "SectionedCommand",
+    "SectionedOption",
     "check_outputs",
     "config_option",
     "console",
@@ -183,6 +185,89 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
 
     apply(data, (), (), True)
     ctx.default_map = {**(ctx.default_map or {}), **values}
+
+
+#: The widest option column of a sectioned help (click's default is 30).
+_OPTION_COLUMN = 32
+
+
+class SectionedOption(click.Option):
+    """An option that names the section of its command's help it belongs to
+    (:class:`SectionedCommand`), and may be listed there with a brief help.
+
+    Parameters
+    ----------
+    section : str, optional
+        The section's title (None: the command decides).
+    brief : str, optional
+        The help ``--help`` lists (the option's ``help`` stays its documentation).
+    """
+
+    def __init__(
+        self, *args: Any, section: str | None = None, brief: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.section = section
+        self.brief = brief
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        """The listing's row, with the brief help when there is one."""
+        if self.brief is None:
+            return super().get_help_record(ctx)
+        full, self.help = self.help, self.brief
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.help = full
+
+
+class SectionedCommand(click.Command):
+    """A command whose ``--help`` lists its options in titled sections, with click's own
+    formatter (:meth:`click.HelpFormatter.section`).
+
+    Parameters
+    ----------
+    sections : sequence of (str, sequence of str)
+        Each section's title and the names (``param.name``) of the options it lists first, in
+        that order; the titles' order is the help's. An option listed nowhere goes to the
+        section its :class:`SectionedOption` names (after the listed sections, in the order the
+        options come), else to "Other options".
+    briefs : mapping of str to str, optional
+        A shorter help for some options in this command's listing (by name).
+    *args, **kwargs
+        As :class:`click.Command`.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        sections: Sequence[tuple[str, Sequence[str]]] = (),
+        briefs: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.sections = [(title, tuple(names)) for title, names in sections]
+        self.briefs = dict(briefs or {})
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Write the options section by section."""
+        placed = {name: title for title, names in self.sections for name in names}
+        rank = {name: k for _, names in self.sections for k, name in enumerate(names)}
+        rows: dict[str, list[tuple[int, tuple[str, str]]]] = {t: [] for t, _ in self.sections}
+        for k, param in enumerate(self.get_params(ctx)):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            name = param.name or ""
+            if name in self.briefs:
+                record = (record[0], self.briefs[name])
+            title = placed.get(name) or getattr(param, "section", None) or "Other options"
+            rows.setdefault(title, []).append((rank.get(name, len(rank) + k), record))
+        for title, records in rows.items():
+            if records:
+                with formatter.section(title):
+                    ordered = [r for _, r in sorted(records, key=lambda x: x[0])]
+                    formatter.write_dl(ordered, col_max=_OPTION_COLUMN)
 
 
 def config_option(func: Callable[..., Any]) -> Callable[..., Any]:

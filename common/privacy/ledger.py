@@ -33,6 +33,8 @@ __all__ = [
     "UNKNOWN_UNREACHABLE",
     "BudgetExceededError",
     "Charge",
+    "LedgerReport",
+    "PartyReport",
     "PrivacyLedger",
     "SessionSpend",
 ]
@@ -114,6 +116,83 @@ class SessionSpend:
     def unknown_because(cls, reason: str) -> SessionSpend:
         """A spend whose record the curator does not have, for ``reason``."""
         return cls(0.0, 0.0, 0, False, reason)
+
+
+@dataclass(frozen=True)
+class PartyReport:
+    """What a ledger has charged to one party, by every accountant it reports.
+
+    Attributes
+    ----------
+    theorem7, advanced, pld, basic : float or None
+        The party's epsilon by Theorem 7 (at :attr:`delta_total`), advanced composition (None
+        when its epsilons differ or it has Gaussian events), the PLD accountant (at the ledger's
+        ``delta_tilde``) and basic composition (:meth:`PrivacyLedger.epsilon`); None when the
+        accountant cannot bound the party's events.
+    delta_total : float
+        The delta of the ``theorem7`` figure (``delta_tilde`` when every event is pure).
+    budget : float or None
+        The party's epsilon budget, if it has one.
+    mechanisms : int
+        Mechanisms run (the sum of the events' counts).
+    """
+
+    theorem7: float | None
+    advanced: float | None
+    pld: float | None
+    basic: float | None
+    delta_total: float
+    budget: float | None
+    mechanisms: int
+
+
+@dataclass(frozen=True)
+class LedgerReport:
+    """A :class:`PrivacyLedger`'s report: the composed figures of every party and every charge.
+
+    Attributes
+    ----------
+    delta_tilde : float
+        The composition slack.
+    parties : dict of str to PartyReport
+        ``"validation"``, ``"owners"`` and ``"public"`` (recorded, its epsilons 0).
+    entries : tuple of Charge
+        Every charge, in the order charged.
+    """
+
+    delta_tilde: float
+    parties: dict[str, PartyReport]
+    entries: tuple[Charge, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"delta_tilde": float, "parties": {party: {"theorem7", "advanced", "pld", "basic",
+        "delta_total", "budget", "mechanisms"}}, "entries": [{"party", "label", "event":
+        {...}}, ...]}`` (JSON-serialisable; infinities as JSON ``Infinity``)."""
+        return {
+            "delta_tilde": self.delta_tilde,
+            "parties": {party: asdict(row) for party, row in self.parties.items()},
+            "entries": [
+                {"party": c.party, "label": c.label, "event": asdict(c.event)} for c in self.entries
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LedgerReport:
+        """The inverse of :meth:`to_json`.
+
+        Raises
+        ------
+        ValueError, TypeError, KeyError
+            If ``data`` is not a ledger report's JSON object (an event is checked as
+            :class:`~dpmarket.common.privacy.accounting.PrivacyEvent` checks it).
+        """
+        return cls(
+            delta_tilde=float(data["delta_tilde"]),
+            parties={party: PartyReport(**row) for party, row in data["parties"].items()},
+            entries=tuple(
+                Charge(e["party"], e["label"], PrivacyEvent(**e["event"])) for e in data["entries"]
+            ),
+        )
 
 
 class BudgetExceededError(FailedPreconditionError):
@@ -366,37 +445,32 @@ class PrivacyLedger:
             return self._delta_tilde
         return _theorem7_delta(self._events(party), self._delta_tilde)
 
-    def report(self) -> dict[str, Any]:
-        """JSON-serialisable summary of the ledger.
+    def report(self) -> LedgerReport:
+        """The ledger's report: every party's epsilon by every accountant, and every charge.
 
         Returns
         -------
-        dict
-            ``{"delta_tilde": float, "parties": {party: {"theorem7", "advanced", "pld",
-            "basic": float (advanced is None when the party's epsilons differ or it has
-            Gaussian events), "delta_total": float (the delta of the theorem7 figure, see
-            :meth:`delta_total`; ``delta_tilde`` when all events are pure), "budget": float or
-            None, "mechanisms": int (sum of counts)}}, "entries": [{"party", "label",
-            "event": {...}}, ...]}``. ``"public"`` appears with all epsilons 0.0. The
-            ``"pld"`` figure is the epsilon at ``delta_tilde``.
+        LedgerReport
+            ``"public"`` appears with all epsilons 0.0; an accountant that cannot bound a
+            party's events (advanced composition of differing epsilons or Gaussian events)
+            gives None. The ``"pld"`` figure is the epsilon at ``delta_tilde``
+            (:meth:`LedgerReport.to_json` writes it as JSON).
         """
-        parties: dict[str, dict[str, Any]] = {}
+        parties: dict[str, PartyReport] = {}
         for party in _PARTIES:
-            row: dict[str, Any] = {}
+            row: dict[str, float | None] = {}
             for method in _METHODS:
                 try:
                     row[method] = float(self.epsilon(party, method=method))  # type: ignore[arg-type]
                 except ValueError:
                     row[method] = None
-            row["delta_total"] = float(self.delta_total(party))
-            row["budget"] = self._budgets.get(party)
-            row["mechanisms"] = int(sum(e.count for e in self._events(party)))
-            parties[party] = row
-        return {
-            "delta_tilde": self._delta_tilde,
-            "parties": parties,
-            "entries": [
-                {"party": c.party, "label": c.label, "event": asdict(c.event)}
-                for c in self._entries
-            ],
-        }
+            parties[party] = PartyReport(
+                theorem7=row["theorem7"],
+                advanced=row["advanced"],
+                pld=row["pld"],
+                basic=row["basic"],
+                delta_total=float(self.delta_total(party)),
+                budget=self._budgets.get(party),
+                mechanisms=int(sum(e.count for e in self._events(party))),
+            )
+        return LedgerReport(self._delta_tilde, parties, tuple(self._entries))

@@ -15,7 +15,6 @@ to make runs reproducible). Nothing here logs, stores or transmits data.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import threading
@@ -81,6 +80,10 @@ MAX_MASK_LENGTH = 1 << 32
 
 #: A source of uniformly random bytes: ``random_bytes(n)`` returns ``n`` bytes.
 RandomBytes = Callable[[int], bytes]
+
+# Stateless algorithm objects, made once rather than per signature or key derivation.
+_SHA256 = hashes.SHA256()
+_ECDSA_SHA256 = ec.ECDSA(_SHA256)
 
 
 class SecAggError(AbortedError, ValueError):
@@ -216,7 +219,7 @@ def shared_key(private: X25519PrivateKey, peer_public: bytes, *, info: bytes) ->
         secret = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
     except ValueError as exc:
         raise SecAggError(f"key agreement failed: {exc}") from None
-    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(secret)
+    return HKDF(algorithm=_SHA256, length=KEY_BYTES, salt=None, info=info).derive(secret)
 
 
 def shared_keys(
@@ -258,9 +261,9 @@ def shared_keys(
         secret = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
     except ValueError as exc:
         raise SecAggError(f"key agreement failed: {exc}") from None
-    material = HKDF(
-        algorithm=hashes.SHA256(), length=KEY_BYTES * count, salt=None, info=info
-    ).derive(secret)
+    material = HKDF(algorithm=_SHA256, length=KEY_BYTES * count, salt=None, info=info).derive(
+        secret
+    )
     return tuple(material[i * KEY_BYTES : (i + 1) * KEY_BYTES] for i in range(count))
 
 
@@ -277,7 +280,7 @@ def mac_tag(key: bytes, message: bytes) -> bytes:
     """
     if len(key) != KEY_BYTES:
         raise ValueError(f"key must be {KEY_BYTES} bytes, got {len(key)}")
-    return hmac.new(key, message, hashlib.sha256).digest()
+    return hmac.digest(key, message, "sha256")
 
 
 def check_tag(key: bytes, message: bytes, tag: bytes) -> bool:
@@ -590,7 +593,7 @@ class EcdsaSigner:
         self._key = private_key
 
     def sign(self, message: bytes) -> bytes:
-        return self._key.sign(message, ec.ECDSA(hashes.SHA256()))
+        return self._key.sign(message, _ECDSA_SHA256)
 
 
 class EcdsaVerifier:
@@ -621,6 +624,6 @@ class EcdsaVerifier:
         if key is None:
             raise SecAggError(f"no identity key is known for site {site!r}")
         try:
-            key.verify(signature, message, ec.ECDSA(hashes.SHA256()))
+            key.verify(signature, message, _ECDSA_SHA256)
         except InvalidSignature:
             raise SecAggError(f"signature of site {site!r} does not verify") from None

@@ -154,7 +154,9 @@ def min_threshold(sites: int, colluders: int = 0) -> int:
     return max(2, (sites + colluders) // 2 + 1)
 
 
-def _check_sparse(sites: int, threshold: int, colluders: int, k: int, allowance: int) -> None:
+def _check_sparse(
+    sites: int, threshold: int, colluders: int, k: int, allowance: int, ring: int
+) -> None:
     """Validate a sparse round's graph parameters (:class:`RoundParams`)."""
     if threshold != 0:
         raise ValueError(
@@ -165,18 +167,22 @@ def _check_sparse(sites: int, threshold: int, colluders: int, k: int, allowance:
         raise ValueError(f"a sparse round needs 3 to {graph.MAX_SITES} sites, got {sites}")
     if not 1 <= k <= sites - 2:
         raise ValueError(f"neighbours must lie in [1, {sites - 2}] with {sites} sites, got {k}")
-    if allowance > k - 1:
+    if ring % 2 or ring > sites - 2:
         raise ValueError(
-            f"allowance must lie in [0, neighbours - 1] = [0, {k - 1}] so that every "
-            f"threshold is at least 2, got {allowance}"
+            f"the ring's degree must be even and in [0, {sites - 2}] with {sites} sites, got {ring}"
         )
-    bound = graph.failure_bound(sites, colluders, k, allowance)
+    if allowance > max(k, ring) - 1:
+        raise ValueError(
+            f"allowance must lie in [0, max(neighbours, ring) - 1] = [0, {max(k, ring) - 1}] so "
+            f"that every threshold is at least 2, got {allowance}"
+        )
+    bound = graph.failure_bound(sites, colluders, k, allowance, ring)
     if not bound <= 2.0**-graph.SECURITY_BITS:
         raise ValueError(
-            f"the sparse graph with k={k} neighbours and allowance {allowance} for {sites} "
-            f"sites and S_C={colluders} colluders fails with probability up to {bound:.3g}, "
-            f"above 2^-{graph.SECURITY_BITS}: choose k with "
-            "dpmarket.common.secagg.graph.min_neighbours"
+            f"the sparse graph with k={k} neighbours, a ring of {ring} and allowance {allowance} "
+            f"for {sites} sites and S_C={colluders} colluders fails with probability up to "
+            f"{bound:.3g}, above 2^-{graph.SECURITY_BITS}: choose the graph with "
+            "dpmarket.common.secagg.graph.plan_graph"
         )
 
 
@@ -212,8 +218,12 @@ class RoundParams:
         are per neighbourhood, ``t_v = K_v - allowance``.
     allowance : int, default 0
         ``Delta``, sparse rounds only: the lost sites every neighbourhood tolerates,
-        ``0 <= Delta <= k - 1``. ``(len(sites), colluders, neighbours, allowance)`` must meet
-        :func:`dpmarket.common.secagg.graph.failure_bound` ``<= 2^-40``.
+        ``0 <= Delta <= max(k, ring) - 1``.
+    ring : int, default 0
+        Sparse rounds only: the even degree of the ring added to the k-out graph (every site also
+        joined to the ``ring / 2`` nearest on either side of a random cyclic order), ``0 <= ring
+        <= len(sites) - 2``; 0 for none. ``(len(sites), colluders, neighbours, allowance, ring)``
+        must meet :func:`dpmarket.common.secagg.graph.failure_bound` ``<= 2^-40``.
 
     Raises
     ------
@@ -253,6 +263,7 @@ class RoundParams:
     colluders: int = 0
     neighbours: int = 0
     allowance: int = 0
+    ring: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.round_id, bytes) or len(self.round_id) < ROUND_ID_BYTES:
@@ -272,14 +283,16 @@ class RoundParams:
             raise ValueError(f"threshold must be an int, got {t!r}")
         if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= max(n - 1, 0):
             raise ValueError(f"colluders must be an int in [0, n - 1] with n={n} sites, got {c!r}")
-        k, a = self.neighbours, self.allowance
-        for name, value in (("neighbours", k), ("allowance", a)):
+        k, a, r = self.neighbours, self.allowance, self.ring
+        for name, value in (("neighbours", k), ("allowance", a), ("ring", r)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         if k:
-            _check_sparse(n, t, c, k, a)
+            _check_sparse(n, t, c, k, a, r)
         elif a:
             raise ValueError(f"a complete-graph round has no dropout allowance, got {a}")
+        elif r:
+            raise ValueError(f"a complete-graph round has no ring, got {r}")
         elif t < 2 or t > n or 2 * t <= n + c:
             raise ValueError(
                 f"threshold must satisfy 2 <= t <= n and t > (n + S_C) / 2 with n={n} sites and "
@@ -307,6 +320,7 @@ class RoundParams:
         colluders: int = 0,
         neighbours: int = 0,
         allowance: int = 0,
+        ring: int = 0,
         random_bytes: RandomBytes = os.urandom,
     ) -> RoundParams:
         """Parameters with a fresh 32-byte random ``round_id`` (from ``os.urandom`` by default)."""
@@ -319,6 +333,7 @@ class RoundParams:
             colluders=colluders,
             neighbours=neighbours,
             allowance=allowance,
+            ring=ring,
         )
 
     @property
@@ -336,8 +351,8 @@ class RoundParams:
         """SHA-256 of every parameter (32 bytes), bound into the signed survivor list.
 
         Two sites that accept signatures on the same ``U3`` thereby agree on the round id, the
-        sites, ``t``, ``S_C``, ``D``, the encoding and (sparse rounds) ``k`` and ``Delta``,
-        whatever the aggregator told each.
+        sites, ``t``, ``S_C``, ``D``, the encoding and (sparse rounds) ``k``, ``Delta`` and the
+        ring, whatever the aggregator told each.
         """
         fp = self.fixed_point
         fields = [
@@ -353,6 +368,8 @@ class RoundParams:
         ]
         if self.sparse:
             fields += [b"sparse", str(self.neighbours).encode(), str(self.allowance).encode()]
+            if self.ring:
+                fields += [b"ring", str(self.ring).encode()]
         return hashlib.sha256(encode_fields(*fields)).digest()
 
 
@@ -400,6 +417,14 @@ class UnmaskResponse:
     key_shares: dict[str, Share]
 
 
+@functools.lru_cache(maxsize=64)
+def _encoded_prefix(*fields: bytes) -> bytes:
+    """``encode_fields(*fields)``, kept: the leading fields a round's per-pair messages share (a
+    label, the round id, ...). ``encode_fields(*a) + encode_fields(*b) == encode_fields(*a, *b)``,
+    so a message is its prefix and the encoding of its own fields. Holds public bytes only."""
+    return encode_fields(*fields)
+
+
 def advertisement_message(
     round_id: bytes, site: str, c_public: bytes, s_public: bytes, commitment: bytes = b""
 ) -> bytes:
@@ -410,10 +435,10 @@ def advertisement_message(
     from another round; binding the site id stops one site's keys being presented as another's;
     binding the commitment fixes the site's contribution to the graph seed.
     """
-    fields = [_ADVERTISE_LABEL, round_id, site.encode(), c_public, s_public]
+    prefix = _encoded_prefix(_ADVERTISE_LABEL, round_id)
     if commitment:
-        fields.append(commitment)
-    return encode_fields(*fields)
+        return prefix + encode_fields(site.encode(), c_public, s_public, commitment)
+    return prefix + encode_fields(site.encode(), c_public, s_public)
 
 
 def consistency_message(
@@ -437,22 +462,45 @@ def consistency_message(
 
 def _pair_info(label: bytes, round_id: bytes, a: str, b: str) -> bytes:
     """HKDF info for the key of the unordered pair {a, b} in this round."""
-    low, high = sorted((a, b))
-    return encode_fields(label, round_id, low.encode(), high.encode())
+    low, high = (a, b) if a <= b else (b, a)
+    return _encoded_prefix(label, round_id) + encode_fields(low.encode(), high.encode())
 
 
 def _share_associated_data(round_id: bytes, sender: str, recipient: str) -> bytes:
-    return encode_fields(_SHARE_AD_LABEL, round_id, sender.encode(), recipient.encode())
+    prefix = _encoded_prefix(_SHARE_AD_LABEL, round_id)
+    return prefix + encode_fields(sender.encode(), recipient.encode())
+
+
+#: Bytes :func:`_randbelow_from` asks its source for at a time (one call serves a sharing's
+#: coefficients: 66 bytes each for the field of :mod:`dpmarket.common.secagg.shamir`).
+_RANDOM_CHUNK_BYTES = 4096
 
 
 def _randbelow_from(random_bytes: RandomBytes) -> Callable[[int], int]:
-    """Uniform integers in ``[0, bound)`` by rejection sampling from ``random_bytes``."""
+    """Uniform integers in ``[0, bound)`` by rejection sampling from ``random_bytes``.
+
+    The bytes are drawn :data:`_RANDOM_CHUNK_BYTES` at a time and used in order, each once (a
+    call of ``os.urandom`` per coefficient cost as much as the polynomial's evaluation); what is
+    left when the function is dropped is never used.
+    """
+    pool = b""
+    used = 0
+
+    def take(n_bytes: int) -> bytes:
+        nonlocal pool, used
+        if used + n_bytes > len(pool):
+            fresh = random_bytes(max(n_bytes, _RANDOM_CHUNK_BYTES))
+            if len(fresh) < n_bytes:
+                raise ValueError(f"random_bytes returned {len(fresh)} bytes, below {n_bytes}")
+            pool, used = pool[used:] + fresh, 0
+        used += n_bytes
+        return pool[used - n_bytes : used]
 
     def randbelow(bound: int) -> int:
         bits = bound.bit_length()
         n_bytes = (bits + 7) // 8
         while True:
-            value = int.from_bytes(random_bytes(n_bytes), "big") >> (8 * n_bytes - bits)
+            value = int.from_bytes(take(n_bytes), "big") >> (8 * n_bytes - bits)
             if value < bound:
                 return value
 

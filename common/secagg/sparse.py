@@ -3,7 +3,8 @@ aggregator that lies actively.
 
 The protocol of :mod:`dpmarket.common.secagg.protocol` (Bonawitz et al.'s Figure 4 with the
 ConsistencyCheck), with each site sharing its secrets among, masking with and checking quorums of
-its neighbours in the k-out graph of :mod:`dpmarket.common.secagg.graph` instead of all sites. A
+its neighbours in the graph of :mod:`dpmarket.common.secagg.graph` (a k-out graph and a ring)
+instead of all sites. A
 round has six stages; each is one method of :class:`SparseSecAggSite` answered by one method of
 :class:`SparseSecAggAggregator`:
 
@@ -84,6 +85,7 @@ from dpmarket.common.secagg.protocol import (
     UnmaskResponse,
     _check_stage,
     _check_vector,
+    _encoded_prefix,
     _pair_info,
     _randbelow_from,
     _share_associated_data,
@@ -115,9 +117,8 @@ SPARSE_DROP_STAGES: tuple[str, ...] = ("advertise", "reveal", "share", "mask", "
 def acknowledgement_message(params: RoundParams, sender: str, recipient: str) -> bytes:
     """What ``sender`` tags for ``recipient`` with its masked input: "my masked input holds our
     pairwise mask". Directed (sender first) so that a tag cannot be reflected to its maker."""
-    return encode_fields(
-        _ACK_LABEL, params.round_id, params.digest, sender.encode(), recipient.encode()
-    )
+    prefix = _encoded_prefix(_ACK_LABEL, params.round_id, params.digest)
+    return prefix + encode_fields(sender.encode(), recipient.encode())
 
 
 def attestation_message(survivor_list: bytes, sender: str, recipient: str) -> bytes:
@@ -125,7 +126,8 @@ def attestation_message(survivor_list: bytes, sender: str, recipient: str) -> by
     attests (``survivor_list``: :func:`~dpmarket.common.secagg.protocol.consistency_message` of the
     round,
     the list and the graph seed), directed so that a tag cannot be reflected to its maker."""
-    return encode_fields(_ATTEST_LABEL, survivor_list, sender.encode(), recipient.encode())
+    prefix = _encoded_prefix(_ATTEST_LABEL, survivor_list)
+    return prefix + encode_fields(sender.encode(), recipient.encode())
 
 
 def _require_sparse(params: RoundParams) -> None:
@@ -358,7 +360,9 @@ class SparseSecAggSite:
             if nonces.get(self.site) != self._nonce:
                 raise SecAggError(f"the nonce of this site ({self.site!r}) was replaced")
             seed = graph_seed(params.digest, nonces, commitments, params.round_id)
-            graph = NeighbourGraph.build(params.sites, seed, params.neighbours, params.allowance)
+            graph = NeighbourGraph.build(
+                params.sites, seed, params.neighbours, params.allowance, params.ring
+            )
             holders = tuple(sorted(graph.closed(self.site) & set(self._u1)))
             t = graph.threshold(self.site)
             if len(holders) < t:
@@ -760,7 +764,9 @@ class SparseSecAggAggregator:
             raise self._fail(str(exc)) from None
         params = self.params
         self._seed = seed
-        self._graph = NeighbourGraph.build(params.sites, seed, params.neighbours, params.allowance)
+        self._graph = NeighbourGraph.build(
+            params.sites, seed, params.neighbours, params.allowance, params.ring
+        )
         self._stage = Stage.REVEALED
         return {name: bytes(nonces[name]) for name in sorted(nonces)}
 

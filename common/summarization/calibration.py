@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from dpmarket.common.privacy.accounting import (
     PrivacyEvent,
@@ -25,7 +25,7 @@ from dpmarket.common.privacy.accounting import (
 from dpmarket.common.summarization.auction import AuctionParams, auction_events, auction_parameters
 from dpmarket.common.summarization.candidates import H1_NORM_BOUND, validation_embedding_sensitivity
 from dpmarket.common.summarization.continual import TreePrefixSum, tree_levels
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import PrivateConfig, RoundsConfig, SummarizationConfig
 from dpmarket.common.validation import check_delta, check_epsilon, check_positive_int
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "calibrate_paper_mode",
     "calibrate_rounds_mode",
     "gaussian_epsilon",
+    "paper_auction",
     "paper_mode_events",
     "rounds_auction",
     "rounds_mode_events",
@@ -75,15 +76,14 @@ def _check_seed_set_size(seed_set_size: int) -> int:
 
 
 def paper_mode_events(
-    config: SummarizationConfig, n_owners: int, *, seed_set_size: int
+    config: PrivateConfig, n_owners: int, *, seed_set_size: int
 ) -> dict[Party, list[PrivacyEvent]]:
     """The privacy events a completed private session of ``config`` charges, per party.
 
     Parameters
     ----------
-    config : SummarizationConfig
-        Session configuration; the events are those of ``method="private"`` (Algorithm 3),
-        whatever ``config.method`` says.
+    config : PrivateConfig
+        The private method's configuration (Algorithm 3).
     n_owners : int
         ``K``, the number of owners the session is opened with (``auction_parameters`` uses it),
         ``>= 1``.
@@ -139,10 +139,7 @@ def paper_mode_events(
     k = check_positive_int(n_owners, "n_owners")
     n_seed = _check_seed_set_size(seed_set_size)
     p = config.summary_size
-    auction = auction_parameters(
-        config.epsilon_auction, config.delta_owners, k, variant=config.auction
-    )
-    owners = auction_events(auction)
+    owners = auction_events(paper_auction(config, k))
     if p > 1:
         owners += _h2_events(
             config.epsilon_per_later_iteration, (p - 1) * config.iterations_subsequent
@@ -229,19 +226,19 @@ def _solve_factor(epsilon_of: Callable[[float], float], target: float, what: str
 
 
 def calibrate_paper_mode(
-    config: SummarizationConfig,
+    config: PrivateConfig,
     n_owners: int,
     *,
     epsilon_target: float,
     delta: float,
     seed_set_size: int,
     method: CalibrationMethod = "pld",
-) -> SummarizationConfig:
+) -> PrivateConfig:
     """Scale the private method's per-iteration epsilons so each party spends ``epsilon_target``.
 
     Parameters
     ----------
-    config : SummarizationConfig
+    config : PrivateConfig
         Starting configuration; its ``epsilon_summary : epsilon_auction`` ratio (how the owners'
         budget is split between summary embeddings and PrivAuction) is kept.
     n_owners : int
@@ -260,7 +257,7 @@ def calibrate_paper_mode(
 
     Returns
     -------
-    SummarizationConfig
+    PrivateConfig
         ``dataclasses.replace(config, ...)`` with ``epsilon_validation`` scaled by a factor
         ``c_v``, ``epsilon_summary`` and ``epsilon_auction`` scaled by one factor ``c_o``, and
         ``delta_owners = delta_validation = delta``; every other field is unchanged. With
@@ -304,10 +301,10 @@ def calibrate_paper_mode(
         raise ValueError(f"method must be 'pld' or 'theorem7', got {method!r}")
     base = dataclasses.replace(config, delta_owners=dl, delta_validation=dl)
 
-    def validation_config(c: float) -> SummarizationConfig:
+    def validation_config(c: float) -> PrivateConfig:
         return dataclasses.replace(base, epsilon_validation=c * config.epsilon_validation)
 
-    def owners_config(c: float) -> SummarizationConfig:
+    def owners_config(c: float) -> PrivateConfig:
         return dataclasses.replace(
             base,
             epsilon_summary=c * config.epsilon_summary,
@@ -315,7 +312,7 @@ def calibrate_paper_mode(
         )
 
     def epsilon_of(
-        party: Party, make: Callable[[float], SummarizationConfig]
+        party: Party, make: Callable[[float], PrivateConfig]
     ) -> Callable[[float], float]:
         def run(c: float) -> float:
             # Calibrated as the pure auction: the printed auction's delta cannot be scaled away.
@@ -390,11 +387,9 @@ def _pure_epsilon_for_target(tau: int, target: float, delta: float) -> float:
     return _solve_factor(epsilon_of, target, "PrivAuction alone") * target / tau
 
 
-def session_auction(config: SummarizationConfig, n_owners: int) -> AuctionParams | None:
-    """PrivAuction's parameters in a per-round session of ``config`` with ``K`` owners: Appendix D's
-    at ``(epsilon_auction, delta_owners)`` for the private method, :func:`rounds_auction` for
-    the rounds method, ``None`` for every other method (the non-private greedy asks its top
-    bidder; the one-round methods hold no auction).
+def paper_auction(config: PrivateConfig, n_owners: int) -> AuctionParams:
+    """PrivAuction's parameters in the private method: Appendix D's at ``(epsilon_auction,
+    delta_owners)`` (:func:`~dpmarket.common.summarization.auction.auction_parameters`).
 
     Raises
     ------
@@ -402,16 +397,28 @@ def session_auction(config: SummarizationConfig, n_owners: int) -> AuctionParams
         If ``n_owners`` is not an integer ``>= 1``.
     """
     k = check_positive_int(n_owners, "n_owners")
-    if config.method == "private":
-        return auction_parameters(
-            config.epsilon_auction, config.delta_owners, k, variant=config.auction
-        )
-    if config.method == "rounds":
-        return rounds_auction(config, k)
-    return None
+    return auction_parameters(
+        config.epsilon_auction, config.delta_owners, k, variant=config.auction
+    )
 
 
-def rounds_auction(config: SummarizationConfig, n_owners: int) -> AuctionParams:
+def session_auction(config: SummarizationConfig, n_owners: int) -> AuctionParams | None:
+    """PrivAuction's parameters in a session of ``config`` with ``K`` owners: the private
+    method's (:func:`paper_auction`) or the rounds method's (:func:`rounds_auction`); ``None``
+    for every other method (the non-private greedy asks its top bidder; the one-round methods
+    hold no auction).
+
+    Raises
+    ------
+    ValueError
+        If ``n_owners`` is not an integer ``>= 1``.
+    """
+    k = check_positive_int(n_owners, "n_owners")
+    auction = _SESSION_AUCTIONS.get(type(config))
+    return None if auction is None else auction(config, k)
+
+
+def rounds_auction(config: RoundsConfig, n_owners: int) -> AuctionParams:
     """PrivAuction's parameters in the rounds method (a pure function of the configuration).
 
     With a summary release (``"tree"`` or ``"mwem"``) the auction gets
@@ -474,7 +481,7 @@ def _tree_sigma(target: float, delta: float, levels: int, eps_auc: float, tau: i
     return s0 / _solve_factor(epsilon_of, target, "the owners' data (tree + PrivAuction)")
 
 
-def rounds_tree_sigma(config: SummarizationConfig, n_owners: int) -> float:
+def rounds_tree_sigma(config: RoundsConfig, n_owners: int) -> float:
     """Noise standard deviation of every node of the rounds method's summary tree.
 
     The smallest-found ``sigma`` such that ``levels`` Gaussian mechanisms of L2 sensitivity
@@ -503,13 +510,13 @@ def rounds_tree_sigma(config: SummarizationConfig, n_owners: int) -> float:
 
 
 def rounds_mode_events(
-    config: SummarizationConfig, n_owners: int, *, validation_size: int, seed_set_size: int
+    config: RoundsConfig, n_owners: int, *, validation_size: int, seed_set_size: int
 ) -> dict[Party, list[PrivacyEvent]]:
     """The privacy events a completed ``method="rounds"`` session charges, per party.
 
     Parameters
     ----------
-    config : SummarizationConfig
+    config : RoundsConfig
         The rounds configuration (``validation_release``, ``summary_release``, ...).
     n_owners : int
         ``K``, >= 1.
@@ -572,17 +579,17 @@ def rounds_mode_events(
 
 
 def calibrate_rounds_mode(
-    config: SummarizationConfig,
+    config: RoundsConfig,
     n_owners: int,
     *,
     epsilon_target: float,
     delta: float,
-) -> SummarizationConfig:
+) -> RoundsConfig:
     """Configure the rounds method so that each party's PLD epsilon at ``delta`` is the target.
 
     Parameters
     ----------
-    config : SummarizationConfig
+    config : RoundsConfig
         Starting configuration; its rounds options and ``auction_share`` are kept.
     n_owners : int
         ``K``, >= 1.
@@ -593,7 +600,7 @@ def calibrate_rounds_mode(
 
     Returns
     -------
-    SummarizationConfig
+    RoundsConfig
         ``config`` with ``epsilon_validation_total = epsilon_owners_total = epsilon_target`` and
         ``delta = delta``, and:
 
@@ -649,3 +656,10 @@ def calibrate_rounds_mode(
     elif out.summary_release == "tree" and out.summary_size > 1:
         rounds_tree_sigma(out, k)  # fail early (and warm the cache) if unreachable
     return out
+
+
+#: The methods that hold PrivAuction, and how each derives its parameters.
+_SESSION_AUCTIONS: dict[type[SummarizationConfig], Callable[[Any, int], AuctionParams]] = {
+    PrivateConfig: paper_auction,
+    RoundsConfig: rounds_auction,
+}

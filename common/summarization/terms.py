@@ -16,17 +16,28 @@ method's ``(0, 0)``) nor repeat a noisy release for fresh noise (:mod:`dpmarket.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass
 
 from dpmarket.common.privacy.accounting import PrivacyEvent, pld_epsilon
 from dpmarket.common.summarization.auction import iteration_limit
 from dpmarket.common.summarization.calibration import (
+    paper_auction,
     paper_mode_events,
+    rounds_auction,
     rounds_mode_events,
-    session_auction,
 )
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import (
+    AllocationFields,
+    CandidatesConfig,
+    GreedyConfig,
+    HashesConfig,
+    PrivateConfig,
+    RoundsConfig,
+    SummarizationConfig,
+    UniformConfig,
+)
 from dpmarket.common.validation import check_positive_int
 
 __all__ = [
@@ -253,6 +264,7 @@ def _composed(
     return OwnerTerms(method, pld_epsilon(events, delta), delta, max_rounds, label)
 
 
+@functools.singledispatch
 def owner_terms(
     config: SummarizationConfig,
     n_owners: int,
@@ -266,6 +278,8 @@ def owner_terms(
     Parameters
     ----------
     config : SummarizationConfig
+        A method's configuration; each method states its own terms (one function registered
+        per configuration class below).
     n_owners : int
         ``K``, the owners the session opens with (PrivAuction's parameters depend on it), >= 1.
     validation_size : int
@@ -280,20 +294,20 @@ def owner_terms(
     Returns
     -------
     OwnerTerms
-        * ``"uniform"``: method ``UNIFORM``, ``(0, 0)``: only raw points, which the owner's
+        * uniform: method ``UNIFORM``, ``(0, 0)``: only raw points, which the owner's
           point limits bound.
-        * ``"greedy"``: ``GREEDY``, non-private (exact embeddings of acquired points reach every
+        * greedy: ``GREEDY``, non-private (exact embeddings of acquired points reach every
           owner), at most ``2 p`` Bid rounds.
-        * ``"candidates"``: ``CANDIDATES_COUNTS``, ``(epsilon_owners_total, 0)``: the one
+        * candidates: ``CANDIDATES_COUNTS``, ``(epsilon_owners_total, 0)``: the one
           Laplace release of the relevance count, whose noise the owner draws itself; with the
           sketch allocation ``CANDIDATES_SKETCH``, ``(0, 0)``: the owners release only raw
           points to the trusted curator, and the shares they receive are post-processing of the
           published sketches (whose epsilon their publication charged once) and of a release
-          about D_v. ``HASHES_COUNTS`` and ``HASHES_SKETCH`` alike with ``summary_form
-          "hashes"``.
-        * ``"private"``: ``PRIVATE``, the PLD epsilon of :func:`paper_mode_events`'s owner
+          about D_v. ``HASHES_COUNTS`` and ``HASHES_SKETCH`` alike in the hashes
+          mode (:class:`~dpmarket.common.summarization.methods.HashesConfig`).
+        * private: ``PRIVATE``, the PLD epsilon of :func:`paper_mode_events`'s owner
           events at ``delta_owners`` plus, for the printed auction, its infinite-loss mass.
-        * ``"rounds"``: ``ROUNDS``, the same for :func:`rounds_mode_events` at ``delta``.
+        * rounds: ``ROUNDS``, the same for :func:`rounds_mode_events` at ``delta``.
 
         The per-round methods state the most Bid rounds the session runs
         (:func:`~dpmarket.common.summarization.auction.iteration_limit` of the session's auction).
@@ -302,6 +316,8 @@ def owner_terms(
     ------
     ValueError
         If an integer argument is out of range, or the printed auction's delta reaches 1.
+    TypeError
+        If ``config`` is not a method's configuration.
 
     Notes
     -----
@@ -312,28 +328,117 @@ def owner_terms(
     ``(epsilon, delta)`` event puts mass ``delta`` on infinite loss, which a composition's delta
     must cover.
     """
-    k = check_positive_int(n_owners, "n_owners")
-    m = check_positive_int(validation_size, "validation_size")
-    method = config.method
-    if method == "uniform":
-        return OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0, 0, "uniform sample: raw points only")
-    p = config.summary_size
-    if method == "greedy":
-        rounds = iteration_limit(p, None)
-        label = "non-private greedy: exact embeddings"
-        return OwnerTerms(SessionMethod.GREEDY, math.inf, 0.0, rounds, label)
-    hashes = config.summary_form == "hashes"
-    if method == "candidates" and sketch_allocation:
-        kind = SessionMethod.HASHES_SKETCH if hashes else SessionMethod.CANDIDATES_SKETCH
-        return OwnerTerms(kind, 0.0, 0.0, 0, "candidates by published sketches: raw points only")
-    if method == "candidates":
-        kind = SessionMethod.HASHES_COUNTS if hashes else SessionMethod.CANDIDATES_COUNTS
-        return OwnerTerms(kind, config.epsilon_owners_total, 0.0, 0, "Laplace relevance count")
-    rounds = iteration_limit(p, session_auction(config, k))
-    if method == "private":
-        events = paper_mode_events(config, k, seed_set_size=seed_set_size)["owners"]
-        label = f"h2 summary embeddings + PrivAuction ({config.auction})"
-        return _composed(events, config.delta_owners, label, SessionMethod.PRIVATE, rounds)
-    events = rounds_mode_events(config, k, validation_size=m, seed_set_size=seed_set_size)["owners"]
+    raise TypeError(f"no terms for {type(config).__name__}: not a method's configuration")
+
+
+def _counts(n_owners: int, validation_size: int) -> None:
+    """Check the arguments every method's terms take."""
+    check_positive_int(n_owners, "n_owners")
+    check_positive_int(validation_size, "validation_size")
+
+
+@owner_terms.register
+def _uniform(
+    config: UniformConfig,
+    n_owners: int,
+    *,
+    validation_size: int,
+    seed_set_size: int,
+    sketch_allocation: bool = False,
+) -> OwnerTerms:
+    _counts(n_owners, validation_size)
+    return OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0, 0, "uniform sample: raw points only")
+
+
+@owner_terms.register
+def _greedy(
+    config: GreedyConfig,
+    n_owners: int,
+    *,
+    validation_size: int,
+    seed_set_size: int,
+    sketch_allocation: bool = False,
+) -> OwnerTerms:
+    _counts(n_owners, validation_size)
+    rounds = iteration_limit(config.summary_size, None)
+    label = "non-private greedy: exact embeddings"
+    return OwnerTerms(SessionMethod.GREEDY, math.inf, 0.0, rounds, label)
+
+
+def _allocation_terms(
+    config: AllocationFields,
+    sketch_allocation: bool,
+    by_sketch: SessionMethod,
+    by_counts: SessionMethod,
+) -> OwnerTerms:
+    """The candidates method's terms (and its hashes mode's): ``(0, 0)`` by sketches, the
+    Laplace count's ``(epsilon_owners_total, 0)`` by counts."""
+    if sketch_allocation:
+        return OwnerTerms(
+            by_sketch, 0.0, 0.0, 0, "candidates by published sketches: raw points only"
+        )
+    return OwnerTerms(by_counts, config.epsilon_owners_total, 0.0, 0, "Laplace relevance count")
+
+
+@owner_terms.register
+def _candidates(
+    config: CandidatesConfig,
+    n_owners: int,
+    *,
+    validation_size: int,
+    seed_set_size: int,
+    sketch_allocation: bool = False,
+) -> OwnerTerms:
+    _counts(n_owners, validation_size)
+    return _allocation_terms(
+        config, sketch_allocation, SessionMethod.CANDIDATES_SKETCH, SessionMethod.CANDIDATES_COUNTS
+    )
+
+
+@owner_terms.register
+def _hashes(
+    config: HashesConfig,
+    n_owners: int,
+    *,
+    validation_size: int,
+    seed_set_size: int,
+    sketch_allocation: bool = False,
+) -> OwnerTerms:
+    _counts(n_owners, validation_size)
+    return _allocation_terms(
+        config, sketch_allocation, SessionMethod.HASHES_SKETCH, SessionMethod.HASHES_COUNTS
+    )
+
+
+@owner_terms.register
+def _private(
+    config: PrivateConfig,
+    n_owners: int,
+    *,
+    validation_size: int,
+    seed_set_size: int,
+    sketch_allocation: bool = False,
+) -> OwnerTerms:
+    _counts(n_owners, validation_size)
+    rounds = iteration_limit(config.summary_size, paper_auction(config, n_owners))
+    events = paper_mode_events(config, n_owners, seed_set_size=seed_set_size)["owners"]
+    label = f"h2 summary embeddings + PrivAuction ({config.auction})"
+    return _composed(events, config.delta_owners, label, SessionMethod.PRIVATE, rounds)
+
+
+@owner_terms.register
+def _rounds(
+    config: RoundsConfig,
+    n_owners: int,
+    *,
+    validation_size: int,
+    seed_set_size: int,
+    sketch_allocation: bool = False,
+) -> OwnerTerms:
+    _counts(n_owners, validation_size)
+    rounds = iteration_limit(config.summary_size, rounds_auction(config, n_owners))
+    events = rounds_mode_events(
+        config, n_owners, validation_size=validation_size, seed_set_size=seed_set_size
+    )["owners"]
     label = f"{config.summary_release} summary release + PrivAuction ({config.auction})"
     return _composed(events, config.delta, label, SessionMethod.ROUNDS, rounds)

@@ -1,12 +1,12 @@
 """How the candidates method splits its budget of owner points among the owners.
 
-The candidate budget (:meth:`Allocator.budget`) starts with a uniform sample of p points, split
-as the uniform method splits its summary (:meth:`Allocator.hedge`); the rest is split by the
-owners' noisy relevance counts
-(:meth:`Allocator.by_counts`: each owner adds its own Laplace noise to its count) or by the
-owners' published RFF sketches (:meth:`Allocator.by_sketches`: a Gaussian release about the
-validation set only; the sketches' cost was charged to their owners at publication).
-:meth:`Allocator.choose` decides which, from the request and the sketches at hand.
+The candidate budget (:class:`CandidateBudget`, the strategy's) starts with a uniform sample of p
+points, split as the uniform method splits its summary (:meth:`Allocator.hedge`); the rest is
+split by the owners' noisy relevance counts (:meth:`Allocator.by_counts`: each owner adds its own
+Laplace noise to its count) or by the owners' published RFF sketches
+(:meth:`Allocator.by_sketches`: a Gaussian release about the validation set only; the sketches'
+cost was charged to their owners at publication). :meth:`Allocator.choose` decides which, from
+the request and the sketches at hand.
 """
 
 from __future__ import annotations
@@ -29,7 +29,13 @@ from dpmarket.common.summarization.candidates import (
     validation_embedding,
     validation_embedding_sensitivity,
 )
+from dpmarket.common.summarization.methods import AllocationFields
 from dpmarket.common.summarization.rff import random_fourier_features
+from dpmarket.common.summarization.session_ledger import (
+    AllocationReport,
+    CountsAllocationReport,
+    SketchAllocationReport,
+)
 from dpmarket.common.summarization.sketch_allocation import (
     VOTING_SCORES,
     derived_allocation_share,
@@ -43,7 +49,11 @@ from dpmarket.common.summarization.sketch_allocation import (
 from dpmarket.curator.summarization.release import Releases
 from dpmarket.curator.summarization.state import SessionState
 
-__all__ = ["Allocator", "CandidateRequest", "split_evenly"]
+__all__ = ["Allocation", "Allocator", "CandidateBudget", "CandidateRequest", "split_evenly"]
+
+#: The owners' requests by slot index, the validation embedding sent, and the allocation's
+#: report (the ledger's ``candidates``).
+Allocation = tuple[dict[int, "CandidateRequest"], NDArray[np.float64], AllocationReport]
 
 
 class CandidateRequest(NamedTuple):
@@ -54,27 +64,48 @@ class CandidateRequest(NamedTuple):
     uniform: int
 
 
+class CandidateBudget(NamedTuple):
+    """The most owner points a candidates session reads (``total``, >= p) and whether it
+    starts with a uniform sample of p of them (``hedge``: the curator re-ranks and the budget
+    holds at least 2p)."""
+
+    total: int
+    hedge: bool
+
+
 class Allocator:
-    """The candidates method's allocation of its candidate budget.
+    """The allocation of a candidates budget among the owners.
 
     Parameters
     ----------
     state : SessionState
+    config : AllocationFields
+        The candidates method's configuration (or its hashes mode's).
     releases : Releases
         Releases the Gaussian validation embedding the counts allocation sends first.
+    budget : CandidateBudget
+        The budget to split (the strategy's).
     """
 
-    def __init__(self, state: SessionState, releases: Releases) -> None:
+    def __init__(
+        self,
+        state: SessionState,
+        config: AllocationFields,
+        releases: Releases,
+        budget: CandidateBudget,
+    ) -> None:
         self.state = state
+        self.config = config
         self.releases = releases
+        self.budget = budget
 
     def choose(self) -> tuple[Literal["sketch", "counts"], str]:
-        """The candidates method's allocation: by sketches when asked for and every owner that
-        answered has one, else by noisy counts; with the reason."""
+        """The allocation: by sketches when asked for and every owner that answered has one,
+        else by noisy counts; with the reason."""
         state = self.state
-        cfg = state.config
-        if cfg.method != "candidates" or cfg.allocation == "counts":
-            return "counts", "" if cfg.method != "candidates" else "requested"
+        cfg = self.config
+        if cfg.allocation == "counts":
+            return "counts", "requested"
         missing = [
             state.owner_name(i)
             for i in state.active()
@@ -112,7 +143,7 @@ class Allocator:
         data, at the owner.
         """
         state = self.state
-        cfg = state.config
+        cfg = self.config
         if cfg.embedding_prior == "none":
             return 0.0, None
         prior = None
@@ -126,7 +157,7 @@ class Allocator:
         """The sketch allocation's share of the validation party's Gaussian budget: the
         request's ``allocation_share``, or when 0 :func:`derived_allocation_share`."""
         state = self.state
-        cfg = state.config
+        cfg = self.config
         if cfg.allocation_share > 0:
             return cfg.allocation_share
         return derived_allocation_share(
@@ -136,41 +167,23 @@ class Allocator:
             cfg.delta,
         )
 
-    def budget(self) -> int:
-        """The most owner points the candidates method reads: ``max(p, floor(c * p))`` with
-        ``c = candidate_multiple``, whatever K; or, with ``candidate_fraction`` > 0, the previous
-        rule ``max(p, floor(candidate_fraction * K * p))``. At least p, so a single owner can
-        serve a whole summary. Exactly p in the hashes mode, where the curator cannot re-rank
-        (:mod:`dpmarket.common.summarization.hashes`)."""
-        state = self.state
-        cfg = state.config
-        p = cfg.summary_size
-        if cfg.summary_form == "hashes":  # no re-ranking: the proposals are the summary
-            return p
-        if cfg.candidate_fraction > 0:
-            return max(p, math.floor(cfg.candidate_fraction * len(state.slots) * p + 1e-9))
-        return max(p, math.floor(cfg.candidate_multiple * p + 1e-9))
-
     def hedge(self, owners: Sequence[int]) -> list[int]:
         """The uniform sample the budget starts with, per owner in ``owners``: p points split as
-        the uniform method splits its summary (:func:`split_evenly`), when the budget is at
-        least 2p and the curator re-ranks (not in the hashes mode); nothing otherwise.
+        the uniform method splits its summary (:func:`split_evenly`), when the budget hedges
+        (:class:`CandidateBudget`); nothing otherwise.
 
         Each owner draws its share exactly as the uniform method's sample
         (:meth:`dpmarket.owner.protocol.OwnerSession.propose_candidates`), so for the same session
         seed the candidates hold the uniform method's summary, and the curator returns it when its
         own choice is not better
-        (:meth:`dpmarket.curator.summarization.selection.Selection.candidates`): the default's MMD²
-        to D_v is never above uniform sampling's (with the exact re-ranking; ``embedding_rerank``
-        reads the sample but does not compare). The sample is data independent, so it changes no
-        privacy figure; it costs p of the budget's reads.
+        (:meth:`dpmarket.curator.summarization.candidates.CandidatesStrategy.hedged`): the
+        default's MMD² to D_v is never above uniform sampling's (with the exact re-ranking;
+        ``embedding_rerank`` reads the sample but does not compare). The sample is data
+        independent, so it changes no privacy figure; it costs p of the budget's reads.
         """
-        state = self.state
-        cfg = state.config
-        p = cfg.summary_size
-        if cfg.summary_form == "hashes" or self.budget() < 2 * p:
+        if not self.budget.hedge:
             return [0] * len(owners)
-        return split_evenly(p, [state.capacity(i) for i in owners])
+        return split_evenly(self.config.summary_size, [self.state.capacity(i) for i in owners])
 
     def requests(
         self, owners: Sequence[int], weights: NDArray[np.float64]
@@ -179,11 +192,11 @@ class Allocator:
         the budget, an even part and then in proportion to ``weights``
         (:func:`allocate_candidates`), within its capacity."""
         state = self.state
-        budget = self.budget()
+        budget = self.budget.total
         hedge = self.hedge(owners)
         caps = [min(state.capacity(i), budget) - h for i, h in zip(owners, hedge, strict=True)]
         shares = allocate_candidates(
-            budget - sum(hedge), weights, caps, even_share=state.config.candidate_even_share
+            budget - sum(hedge), weights, caps, even_share=self.config.candidate_even_share
         )
         return {
             i: CandidateRequest(int(s) + h, h)
@@ -191,14 +204,13 @@ class Allocator:
             if s + h > 0 and state.slots[i].active
         }
 
-    async def by_counts(
-        self, val_features: NDArray[np.floating]
-    ) -> tuple[dict[int, CandidateRequest], NDArray[np.float64]]:
+    async def by_counts(self, val_features: NDArray[np.floating], note: str) -> Allocation:
         """The counts allocation: gtilde at the whole validation budget, the owners' noisy
-        relevance counts, shares in proportion to them (each owner at most the budget)."""
+        relevance counts, shares in proportion to them (each owner at most the budget).
+        ``note`` says why (:meth:`choose`)."""
         state = self.state
-        cfg = state.config
-        g_val, sigma = self.releases.gaussian_validation_embedding(val_features)
+        cfg = self.config
+        g_val, sigma = self.releases.gaussian_validation_embedding(val_features, cfg)
         # Owners count relevant points against gtilde as released, and denoise it for their
         # proposals only.
         owner_sigma, prior = self.owner_view(sigma)
@@ -231,43 +243,38 @@ class Allocator:
         owners = sorted(counts)
         noisy = np.array([counts[i] for i in owners], dtype=np.float64)
         requests = self.requests(owners, np.maximum(noisy, 0.0))
-        state.candidates_info = {
-            "allocation": "counts",
-            "allocation_note": state.allocation_note,
-            "budget": self.budget(),
-            "uniform_shares": {state.owner_name(i): r.uniform for i, r in requests.items()},
-            "gaussian_sigma": sigma,
-            "embedding_prior": cfg.embedding_prior if owner_sigma > 0 else "none",
-            "relevance_threshold": threshold,
+        info = CountsAllocationReport(
+            allocation_note=note,
+            budget=self.budget.total,
+            uniform_shares={state.owner_name(i): r.uniform for i, r in requests.items()},
+            gaussian_sigma=sigma,
+            embedding_prior=cfg.embedding_prior if owner_sigma > 0 else "none",
+            relevance_threshold=threshold,
             # Post-processing of the Laplace release, so safe to report; the exact counts are not.
-            "noisy_counts": {
+            noisy_counts={
                 state.owner_name(i): float(v) for i, v in zip(owners, noisy, strict=True)
             },
-            "shares": {state.owner_name(i): r.points for i, r in requests.items()},
-        }
-        return requests, g_val
+            shares={state.owner_name(i): r.points for i, r in requests.items()},
+        )
+        return requests, g_val, info
 
-    async def by_sketches(
-        self, val_features: NDArray[np.floating]
-    ) -> tuple[dict[int, CandidateRequest], NDArray[np.float64]]:
-        """The sketch allocation (:mod:`dpmarket.common.summarization.sketch_allocation`): gtilde
-        and the
-        noisy mean responsibilities, two Gaussian releases about D_v whose composition is
-        ``(epsilon_validation_total, delta)`` whatever the split (:meth:`allocation_share`); shares
-        from the second, shrunk towards the even split
-        (:func:`~dpmarket.common.summarization.sketch_allocation.shrink_decision`). Owners receive
-        gtilde and how to shrink it (:meth:`prior`); all of it post-processing of the two releases
-        with public values. Owners release nothing before their candidates."""
+    async def by_sketches(self, val_features: NDArray[np.floating]) -> Allocation:
+        """The sketch allocation (:mod:`dpmarket.common.summarization.sketch_allocation`):
+        gtilde and the noisy mean responsibilities, two Gaussian releases about D_v whose
+        composition is ``(epsilon_validation_total, delta)`` whatever the split
+        (:meth:`allocation_share`); shares from the second, shrunk towards the even split
+        (:func:`~dpmarket.common.summarization.sketch_allocation.shrink_decision`). Owners
+        receive gtilde and how to shrink it (:meth:`owner_view`); all of it post-processing of
+        the two releases with public values. Owners release nothing before their candidates."""
         state = self.state
-        cfg = state.config
+        cfg = self.config
         m = int(state.validation.shape[0])
         owners = state.active()
         sens_g = validation_embedding_sensitivity(m)
         sens_a = relevance_sensitivity(m)
-        eps_v = cfg.epsilon_validation_total
         share = self.allocation_share()
         sigma_g, sigma_a = split_gaussian_sigmas(
-            eps_v, cfg.delta, [sens_g, sens_a], [1.0 - share, share]
+            cfg.epsilon_validation_total, cfg.delta, [sens_g, sens_a], [1.0 - share, share]
         )
         sketches = [state.owner_sketches[state.owner_name(i)] for i in owners]
         relevance = await asyncio.to_thread(
@@ -280,35 +287,7 @@ class Allocator:
         )
         pi = responsibilities(relevance, vote=cfg.relevance_score in VOTING_SCORES)
         # Charge both releases about D_v before the first leaves the curator.
-        state.ledgers["validation"].charge(
-            [
-                Charge(
-                    "validation",
-                    "gtilde = mean h1(D_v) + Gaussian noise",
-                    PrivacyEvent(
-                        "gaussian",
-                        gaussian_epsilon(sigma_g, cfg.delta, sens_g),
-                        1,
-                        sens_g,
-                        scale=sigma_g,
-                        delta=cfg.delta,
-                    ),
-                ),
-                Charge(
-                    "validation",
-                    f"sketch allocation: mean {cfg.relevance_score} responsibilities + "
-                    "Gaussian noise",
-                    PrivacyEvent(
-                        "gaussian",
-                        gaussian_epsilon(sigma_a, cfg.delta, sens_a),
-                        1,
-                        sens_a,
-                        scale=sigma_a,
-                        delta=cfg.delta,
-                    ),
-                ),
-            ]
-        )
+        self._charge_sketch_releases((sigma_g, sens_g), (sigma_a, sens_a))
         g_val = validation_embedding(val_features) + state.noise.gaussian(
             sigma_g, cfg.rff_dimension
         )
@@ -323,23 +302,50 @@ class Allocator:
         )
         state.require_owners()
         requests = self.requests(owners, np.maximum(decision, 0.0))
-        state.candidates_info = {
-            "allocation": "sketch",
-            "budget": self.budget(),
-            "uniform_shares": {state.owner_name(i): r.uniform for i, r in requests.items()},
-            "gaussian_sigma": sigma_g,
-            "embedding_prior": cfg.embedding_prior,
-            "relevance_score": cfg.relevance_score,
-            "allocation_share": share,
-            "allocation_sigma": sigma_a,
-            "decision_shrinkage": decision_alpha,
+        info = SketchAllocationReport(
+            budget=self.budget.total,
+            uniform_shares={state.owner_name(i): r.uniform for i, r in requests.items()},
+            gaussian_sigma=sigma_g,
+            embedding_prior=cfg.embedding_prior,
+            relevance_score=cfg.relevance_score,
+            allocation_share=share,
+            allocation_sigma=sigma_a,
+            decision_shrinkage=decision_alpha,
             # The release itself (post-processing of it is what the owners see).
-            "noisy_relevance": {
+            noisy_relevance={
                 state.owner_name(i): float(v) for i, v in zip(owners, noisy, strict=True)
             },
-            "shares": {state.owner_name(i): r.points for i, r in requests.items()},
-        }
-        return requests, g_val
+            shares={state.owner_name(i): r.points for i, r in requests.items()},
+        )
+        return requests, g_val, info
+
+    def _charge_sketch_releases(
+        self, embedding: tuple[float, float], allocation: tuple[float, float]
+    ) -> None:
+        """Charge the sketch allocation's two Gaussian releases about D_v, each given as
+        ``(sigma, L2 sensitivity)``: gtilde and the noisy mean responsibilities."""
+        cfg = self.config
+        labels = (
+            "gtilde = mean h1(D_v) + Gaussian noise",
+            f"sketch allocation: mean {cfg.relevance_score} responsibilities + Gaussian noise",
+        )
+        self.state.ledgers["validation"].charge(
+            [
+                Charge(
+                    "validation",
+                    label,
+                    PrivacyEvent(
+                        "gaussian",
+                        gaussian_epsilon(sigma, cfg.delta, sens),
+                        1,
+                        sens,
+                        scale=sigma,
+                        delta=cfg.delta,
+                    ),
+                )
+                for label, (sigma, sens) in zip(labels, (embedding, allocation), strict=True)
+            ]
+        )
 
 
 def split_evenly(total: int, capacities: Sequence[int]) -> list[int]:

@@ -1,11 +1,12 @@
 """Releases about the validation set and the running summary (Algorithm 3, steps 3 and 5).
 
 The validation embedding gtilde is released once per session: by h2 (MWEM, the paper), by the
-Gaussian mechanism (the rounds and candidates methods) or exactly (non-private greedy). The
-running summary's embedding g_l reaches the owners every round through a
-:class:`SummaryRelease`: exact, by h2 warm-started across rounds, by the binary-tree continual
-release, or not at all. Each release is charged to the session's ledger before it leaves the
-curator.
+Gaussian mechanism (the rounds and candidates methods) or exactly (non-private greedy): the
+methods choose (:mod:`~dpmarket.curator.summarization.rounds`,
+:mod:`~dpmarket.curator.summarization.candidates`). The running summary's embedding g_l reaches
+the owners every round through a :class:`SummaryRelease`: exact, by h2 warm-started across
+rounds, by the binary-tree continual release, or not at all. Each release is charged to the
+session's ledger before it leaves the curator.
 """
 
 from __future__ import annotations
@@ -17,19 +18,16 @@ from numpy.typing import NDArray
 
 from dpmarket.common.privacy.accounting import PrivacyEvent, analytic_gaussian_sigma
 from dpmarket.common.privacy.ledger import Charge
-from dpmarket.common.summarization.calibration import (
-    TREE_INCREMENT_SENSITIVITY,
-    gaussian_epsilon,
-    rounds_tree_sigma,
-)
+from dpmarket.common.summarization.calibration import TREE_INCREMENT_SENSITIVITY, gaussian_epsilon
 from dpmarket.common.summarization.candidates import (
     validation_embedding,
     validation_embedding_sensitivity,
 )
 from dpmarket.common.summarization.continual import TreePrefixSum
+from dpmarket.common.summarization.methods import GaussianFields, H2Fields, RoundsConfig
 from dpmarket.common.summarization.mwem import MWEMRelease, MWEMState
 from dpmarket.common.summarization.quantization import quantize_features
-from dpmarket.curator.summarization.state import Party, RoundsMode, SessionState
+from dpmarket.curator.summarization.state import Party, SessionState
 
 __all__ = [
     "ExactSummary",
@@ -79,10 +77,12 @@ class MWEMSummary(SummaryRelease):
     def __init__(
         self,
         state: SessionState,
+        config: H2Fields,
         seed_features: NDArray[np.floating],
         charge: Callable[[Party, str, MWEMRelease], None],
     ) -> None:
-        cfg = state.config
+        cfg = config
+        self.config = cfg
         self.state = state
         self.charge = charge
         self.q = seed_features.shape[0]
@@ -96,7 +96,7 @@ class MWEMSummary(SummaryRelease):
 
     def release(self, round_: int) -> tuple[NDArray[np.float64], int]:
         state = self.state
-        cfg = state.config
+        cfg = self.config
         if self.q == 0:
             return np.zeros(cfg.rff_dimension), 0
         public = round_ == 1
@@ -125,12 +125,18 @@ class MWEMSummary(SummaryRelease):
 class TreeSummary(SummaryRelease):
     """Rounds method: ``g_l = (sum h1(D_init) + noisy prefix sum of h1 of acquired points) / q``,
     the prefix sum released by the binary tree
-    (:class:`dpmarket.common.summarization.continual.TreePrefixSum`)."""
+    (:class:`dpmarket.common.summarization.continual.TreePrefixSum`) with noise ``sigma``
+    (:func:`~dpmarket.common.summarization.calibration.rounds_tree_sigma`)."""
 
     def __init__(
-        self, state: SessionState, seed_features: NDArray[np.floating], sigma: float
+        self,
+        state: SessionState,
+        config: RoundsConfig,
+        seed_features: NDArray[np.floating],
+        sigma: float,
     ) -> None:
-        cfg = state.config
+        cfg = config
+        self.config = config
         self.state = state
         self.n_seed = seed_features.shape[0]
         self.seed_sum = seed_features.sum(axis=0)
@@ -153,7 +159,7 @@ class TreeSummary(SummaryRelease):
         """Charge the whole tree once, at its first release: every acquired point enters at most
         ``levels`` released nodes, each a Gaussian mechanism of L2 sensitivity 2 sqrt(2)."""
         state = self.state
-        cfg = state.config
+        cfg = self.config
         sigma, levels, sens = self.tree.sigma, self.tree.levels, TREE_INCREMENT_SENSITIVITY
         state.ledgers["owners"].charge(
             [
@@ -204,17 +210,14 @@ class Releases:
     def __init__(self, state: SessionState) -> None:
         self.state = state
 
-    def validation_embedding(
-        self, val_features: NDArray[np.floating], mode: RoundsMode
+    def mwem_validation_embedding(
+        self, val_features: NDArray[np.floating], config: H2Fields
     ) -> NDArray[np.float64]:
-        """gtilde: h2 (paper; rounds with ``validation_release="mwem"``), the Gaussian mechanism
-        (rounds, ``"gaussian"``) or the exact mean (greedy); charged to the validation ledger."""
+        """gtilde by h2 (the paper's step 3): ``T_init`` MWEM iterations at
+        ``epsilon_validation`` on the quantized h1 features of D_v (shape (m, d)); charged to the
+        validation ledger."""
         state = self.state
-        cfg = state.config
-        if mode == "greedy":
-            return val_features.mean(axis=0)
-        if mode == "rounds" and cfg.validation_release == "gaussian":
-            return self.gaussian_validation_embedding(val_features)[0]
+        cfg = config
         val_sums = quantize_features(val_features, cfg.eta, state.rng).sum(axis=0)
         release = MWEMState(cfg.rff_dimension, cfg.eta).release(
             val_sums,
@@ -228,16 +231,16 @@ class Releases:
         return release.embedding
 
     def gaussian_validation_embedding(
-        self, val_features: NDArray[np.floating]
+        self, val_features: NDArray[np.floating], config: GaussianFields
     ) -> tuple[NDArray[np.float64], float]:
         """gtilde = validation_embedding(h1(D_v)) + N(0, sigma^2 I) at
-        (epsilon_validation_total, delta); charged.
+        (epsilon_validation_total, delta); charged. Returns gtilde (shape (d,)) and sigma.
 
         L2 sensitivity 2 / m under replacing one validation point (m public): the mean of the
         validation points' unit-norm h1 rows (:func:`dpmarket.common.summarization.candidates.
         validation_embedding`)."""
         state = self.state
-        cfg = state.config
+        cfg = config
         sensitivity = validation_embedding_sensitivity(val_features.shape[0])
         eps_v = cfg.epsilon_validation_total
         sigma = analytic_gaussian_sigma(eps_v, cfg.delta, sensitivity)
@@ -252,21 +255,6 @@ class Releases:
             ]
         )
         return g_val, sigma
-
-    def summary_release(
-        self, mode: RoundsMode, seed_features: NDArray[np.floating]
-    ) -> SummaryRelease:
-        """How the running summary reaches the owners in ``mode``: exactly (greedy), by h2
-        (private, or rounds with ``summary_release="mwem"``), by the binary tree or not at all."""
-        state = self.state
-        cfg = state.config
-        if mode == "greedy":
-            return ExactSummary(seed_features)
-        if mode == "private" or cfg.summary_release == "mwem":
-            return MWEMSummary(self.state, seed_features, self.charge_mwem)
-        if cfg.summary_release == "tree":
-            return TreeSummary(self.state, seed_features, rounds_tree_sigma(cfg, len(state.slots)))
-        return NoSummary(cfg.rff_dimension)
 
     def charge_mwem(self, party: Party, label: str, release: MWEMRelease) -> None:
         """Charge one h2 release: T exponential-mechanism selections and T Laplace measurements."""

@@ -6,152 +6,84 @@ objects: in-process owners (``dpmarket simulate``, tests, benchmarks) or gRPC cl
 curator service). Given the same seed and owners it makes the same random draws in the same order,
 so both runs return the same summary bit for bit.
 
-The session keeps its state in a :class:`~dpmarket.curator.summarization.state.SessionState` and
-runs the stages on it: the terms offered to the owners
-(:mod:`~dpmarket.curator.summarization.terms`), the candidates method's allocation
-(:mod:`~dpmarket.curator.summarization.allocation`), the selection of the summary's points
-(:mod:`~dpmarket.curator.summarization.selection`) and the releases about the validation set and the
-summary (:mod:`~dpmarket.curator.summarization.release`); then it reports what it accessed and
-spent.
+The session keeps its state in a :class:`~dpmarket.curator.summarization.state.SessionState`,
+prepares and opens the session at the owners the same way for every method (the terms offered:
+:mod:`~dpmarket.curator.summarization.terms`), runs the method's own strategy
+(:data:`~dpmarket.curator.summarization.strategies.STRATEGIES`: uniform, greedy, private, rounds,
+candidates and its hashes mode), then reports what it accessed and spent.
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
 from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
-from dpmarket.common.privacy.ledger import Charge, PrivacyLedger, SessionSpend
-from dpmarket.common.privacy.noise import NoiseSource
-from dpmarket.common.schema import Schema, disagreement
-from dpmarket.common.sketches import PrivateSketch
-from dpmarket.common.summarization.auction import parsimony_bound
+from dpmarket.common.privacy.ledger import PrivacyLedger
+from dpmarket.common.schema import disagreement
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
 from dpmarket.common.summarization.kernels import check_validation_set
-from dpmarket.common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
+from dpmarket.common.summarization.methods import SummarizationConfig
+from dpmarket.common.summarization.session_ledger import SessionLedger, TermsReport
+from dpmarket.common.summarization.summary import SessionReport, SessionRequest, SummaryResult
 from dpmarket.common.summarization.terms import OwnerTerms
-from dpmarket.curator.summarization.allocation import Allocator
-from dpmarket.curator.summarization.release import Releases
-from dpmarket.curator.summarization.selection import Selection
-from dpmarket.curator.summarization.state import ProgressCallback, SessionState, SummaryState
+from dpmarket.curator.summarization.state import (
+    ProgressCallback,
+    SessionContext,
+    SessionState,
+    SummaryState,
+)
+from dpmarket.curator.summarization.strategies import strategy_for
+from dpmarket.curator.summarization.strategy import Strategy
 from dpmarket.curator.summarization.terms import Offer
 
-__all__ = ["SummarizationSession"]
+__all__ = ["ProgressCallback", "SessionContext", "SummarizationSession"]
 
 
 class SummarizationSession:
-    """One consumer request: validation set, summary size, method, against a set of owners.
+    """One consumer request (validation set, method and its configuration) against a set of
+    owners.
 
     Parameters
     ----------
-    session_id : str
-        Unique id, sent to every owner.
-    config : SummarizationConfig
-    validation : ndarray of shape (m, n)
-        The consumer's validation set D_v (the trusted curator holds it and counts it as
-        accessed).
-    seed_set : ndarray of shape (n0, n)
-        The public seed set D_init; may have zero rows.
+    request : SessionRequest
+        The consumer's request: the method's configuration, D_v (the trusted curator holds it
+        and counts it as accessed), the public seed set, the seed of every random draw (h1
+        parameters, quantization, MWEM, auction coins, the owners' sampling seeds, noise; in a
+        fixed order), the owners it leaves out and its schema.
     owners : sequence of OwnerEndpoint
-    rng : numpy.random.Generator
-        Every random draw of the session (h1 parameters, quantization, MWEM, auction coins, the
-        owners' sampling seeds) comes from it, in a fixed order.
-    on_progress : callable, optional
-        Called with a :class:`ProgressEvent` after setup and after every round.
-    call_timeout : float, optional
-        Seconds after which an owner that has not answered a call is dropped.
-    noise : NoiseSource, optional
-        Source of every noise draw (Gaussian embedding, tree nodes, MWEM measurements); default
-        ``SeededNoise(rng)``, the same stream as ``rng`` (tests, seeded sessions). Production
-        sessions pass :class:`~dpmarket.common.privacy.noise.OpenDPNoise`.
-    consumer : str
-        Identity (``"consumer:NAME"``) of the consumer the session serves; owners record it.
-    owner_session_id : str, optional
-        The id the owners know the session by (default ``session_id``); the curator service
-        gives owners an id unrelated to the consumer's.
-    on_charge : callable, optional
-        Receives every charge to the session's ledgers before the release it pays for (the
-        curator service writes them to its durable store).
-    owner_sketches : mapping of str to PrivateSketch, optional
-        The owners' published RFF sketches by owner id (the curator service passes its
-        catalogue's; in-process runs pass sketches released directly, which charge no owner's
-        ledger). The candidates method splits its budget by them
-        (``allocation="sketch"``) when every owner that opens the session has one; otherwise,
-        and when empty, by the owners' noisy relevance counts. Their publication was charged to
-        their owners' ledgers; the session only post-processes them.
-    allocation_spec : str, optional
-        The catalogue spec ``owner_sketches`` were published under (the curator service's
-        ``--allocation-sketch-spec``), named in the report when an owner has none.
-    min_owners : int
-        :attr:`dpmarket.common.summarization.summary.OwnerSelection.min_owners`: owners that refuse
-        their terms or cannot be reached when the session opens are left out, and the session
-        fails unless ``min_owners`` remain (0: every owner in ``owners``).
-    excluded : sequence of str
-        Owners the consumer left out by name (not in ``owners``), for the report.
-    on_owner_spend : callable, optional
-        ``on_owner_spend(owner, spend)`` as soon as the session is closed at an owner: what
-        its ledger recorded, or why that is unknown (the curator service stores it durably).
+        The owners the session asks (those the consumer excluded already left out). Owners
+        that refuse their terms or cannot be reached when the session opens are left out, and
+        the session fails unless ``request.selection.min_owners`` remain (0: every owner in
+        ``owners``).
+    context : SessionContext, optional
+        The curator's side: ids, the consumer's identity, deadlines, the owners' published
+        sketches, observers of progress, charges and the owners' records.
 
     Raises
     ------
     InvalidArgumentError
-        If the validation or seed set is malformed (shape, NaN/inf, feature counts differ), or
-        a sketch is not an RFF sketch over the validation set's attributes.
+        If the validation or seed set is malformed (shape, NaN/inf, feature counts differ), a
+        sketch is not an RFF sketch over the validation set's attributes, there is no owner or
+        ``min_owners`` exceeds them.
     """
 
     def __init__(
         self,
-        session_id: str,
-        config: SummarizationConfig,
-        validation: NDArray[np.float64],
-        seed_set: NDArray[np.float64],
+        request: SessionRequest,
         owners: Sequence[OwnerEndpoint],
-        rng: np.random.Generator,
-        *,
-        on_progress: ProgressCallback | None = None,
-        call_timeout: float | None = None,
-        noise: NoiseSource | None = None,
-        consumer: str = "consumer:local",
-        owner_session_id: str | None = None,
-        on_charge: Callable[[Sequence[Charge]], None] | None = None,
-        owner_sketches: Mapping[str, PrivateSketch] | None = None,
-        allocation_spec: str | None = None,
-        min_owners: int = 0,
-        excluded: Sequence[str] = (),
-        schema: Schema | None = None,
-        feature_names: Sequence[str] = (),
-        on_owner_spend: Callable[[str, SessionSpend], None] | None = None,
+        context: SessionContext | None = None,
     ) -> None:
-        self.schema = schema
-        self.feature_names = tuple(feature_names)
-        self.state = SessionState(
-            session_id,
-            config,
-            validation,
-            seed_set,
-            owners,
-            rng,
-            on_progress=on_progress,
-            call_timeout=call_timeout,
-            noise=noise,
-            consumer=consumer,
-            owner_session_id=owner_session_id,
-            on_charge=on_charge,
-            owner_sketches=owner_sketches,
-            allocation_spec=allocation_spec,
-            min_owners=min_owners,
-            excluded=excluded,
-            on_owner_spend=on_owner_spend,
-        )
+        self.request = request
+        self.state = SessionState(request, owners, context)
+        self.strategy: Strategy[Any] = strategy_for(self.state)
+        self.state.total_rounds = 1 if self.strategy.one_round else request.config.summary_size
         self._offer = Offer(self.state)
-        self._releases = Releases(self.state)
-        self._allocator = Allocator(self.state, self._releases)
-        self._selection = Selection(self.state, self._allocator, self._releases)
 
     # -------------------------------------------------------------------- the state's view
     @property
@@ -181,8 +113,9 @@ class SummarizationSession:
 
     @property
     def allocation(self) -> Literal["sketch", "counts"]:
-        """The candidates method's allocation in effect (decided in :meth:`prepare`)."""
-        return self.state.allocation
+        """The candidates method's allocation in effect (decided in :meth:`prepare`;
+        ``"counts"`` for the other methods)."""
+        return self.strategy.allocation
 
     @property
     def rounds_done(self) -> int:
@@ -239,7 +172,8 @@ class SummarizationSession:
             raise UnavailableError("no owner answered: " + state.drop_notes())
         state.require_min_owners()
         schemas = {state.info(i).owner_id: state.info(i).schema for i in active}
-        found = disagreement(self.schema, schemas, feature_names=self.feature_names)
+        request = self.request
+        found = disagreement(request.schema, schemas, feature_names=request.feature_names)
         if found is not None:
             raise FailedPreconditionError(f"the schemas differ: {found}")
         n = state.validation.shape[1]
@@ -260,8 +194,8 @@ class SummarizationSession:
             check_validation_set(state.validation, state.config.gamma)
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
-        state.allocation, state.allocation_note = self._allocator.choose()
-        terms = await self._offer.terms()
+        self.strategy.choose()
+        terms = await self._offer.terms(sketch_allocation=self.strategy.sketch_allocation)
         state.terms = terms
         if check_terms is not None:
             check_terms(terms)
@@ -286,20 +220,9 @@ class SummarizationSession:
         if not state.prepared or state.rff is None:
             raise FailedPreconditionError("prepare() must succeed before run()")
         start = time.perf_counter()
-        cfg = state.config
-        rff = state.rff
         summary = SummaryState()
         try:
-            if cfg.method == "uniform":
-                await self._selection.uniform(summary)
-            elif cfg.method == "candidates":
-                await self._selection.candidates(summary, rff)
-            elif cfg.method == "rounds":
-                await self._selection.rounds(summary, rff, mode="rounds")
-            else:
-                await self._selection.rounds(
-                    summary, rff, mode="private" if cfg.method == "private" else "greedy"
-                )
+            await self.strategy.run(summary, state.rff)
         finally:
             await state.close_owner_sessions()
         elapsed = time.perf_counter() - start
@@ -329,51 +252,15 @@ class SummarizationSession:
         state = self.state
         cfg = state.config
         k = len(state.slots)
-        ledger: dict[str, Any] = {}
-        paper_bound = 0.0
+        ledger = SessionLedger()
         if any(led.entries for led in state.ledgers.values()):
-            ledger = {party: led.report() for party, led in state.ledgers.items()}
-        if state.candidates_info:
-            ledger["candidates"] = state.candidates_info
-        if state.allocation == "sketch":
-            # What the sketches cost their owners: charged once, at publication, to each owner's
-            # own ledger (in-process runs release them without a ledger); not this session.
-            ledger["owner_sketches"] = {
-                owner: {
-                    "epsilon": sketch.mechanism.epsilon,
-                    "delta": sketch.mechanism.delta,
-                    "mechanism": sketch.mechanism.mechanism,
-                    "frequencies": sketch.feature_map.dimension // 2,
-                    "sigma": getattr(sketch.feature_map, "sigma", None),
-                }
-                for owner, sketch in sorted(state.owner_sketches.items())
-                if owner in {state.owner_name(i) for i in range(len(state.slots))}
-            }
-        if state.auction is not None:
-            eps_auc, tau = state.auction.eps_auc, state.auction.tau
-            pure = state.auction.variant == "pure"
-            ledger["auction"] = {
-                "variant": state.auction.variant,
-                "eps_auc": eps_auc,
-                "tau": tau,
-                # The printed auction: "not asked" at rank 1 (probability 0) versus rank 2
-                # (1 - e^-eps_auc) has no bounded ratio, so a bad iteration is
-                # (eps_auc, 1 - e^-eps_auc)-DP; charged so in the owners' ledger.
-                "delta_per_bad_iteration": 0.0 if pure else -math.expm1(-eps_auc),
-                "iterations": state.iterations,
-            }
-            paper_bound = parsimony_bound(
-                cfg.summary_size, k, state.auction, state.validation.shape[0]
+            ledger = SessionLedger(
+                validation=state.ledgers["validation"].report(),
+                owners=state.ledgers["owners"].report(),
             )
+        ledger = self.strategy.ledger(ledger)
         if state.terms is not None:
-            ledger["owner_terms"] = {
-                "method": state.terms.method.value,
-                "mechanism": state.terms.description,
-                "epsilon": state.terms.epsilon,
-                "delta": state.terms.delta,
-                "max_rounds": state.terms.max_rounds,
-                "non_private": state.terms.non_private,
-            }
+            ledger = dataclasses.replace(ledger, owner_terms=TermsReport.from_terms(state.terms))
         return SessionReport(
             method=cfg.method,
             summary_size=summary_size,
@@ -381,7 +268,7 @@ class SummarizationSession:
             owner_points_accessed=state.points_accessed,
             validation_points_accessed=int(state.validation.shape[0]),
             all_owners_bound=k * cfg.summary_size,
-            paper_bound=float(paper_bound),
+            paper_bound=self.strategy.paper_bound(),
             dropped_owners=state.dropped(),
             ledger=ledger,
             wall_time_seconds=elapsed,

@@ -1,10 +1,9 @@
-"""The state of one summarization session, which every stage reads and updates.
+"""The state of one summarization session, which its method's stages read and update.
 
 :class:`SessionState` holds what a session knows (its request, its owners, its randomness and
-ledgers) and what it has done so far (points accessed, rounds, the terms offered); the stages
-(:mod:`~dpmarket.curator.summarization.terms`, :mod:`~dpmarket.curator.summarization.allocation`,
-:mod:`~dpmarket.curator.summarization.selection`, :mod:`~dpmarket.curator.summarization.release`)
-are small classes acting on it, and
+ledgers) and what it has done so far (points accessed, rounds, the terms offered); the method's
+strategy (:mod:`~dpmarket.curator.summarization.strategy`) and the offer to the owners
+(:mod:`~dpmarket.curator.summarization.terms`) act on it, and
 :class:`~dpmarket.curator.summarization.session.SummarizationSession` runs them in order. The state
 also calls the owners: concurrently, with a deadline, dropping those that fail.
 """
@@ -16,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -37,12 +36,12 @@ from dpmarket.common.privacy.ledger import (
     PrivacyLedger,
     SessionSpend,
 )
-from dpmarket.common.privacy.noise import NoiseSource, SeededNoise
+from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
+from dpmarket.common.privacy.rng import make_rng
 from dpmarket.common.sketches import PrivateSketch, RFFMap
-from dpmarket.common.summarization.auction import AuctionParams
 from dpmarket.common.summarization.endpoints import OwnerEndpoint, OwnerInfo
 from dpmarket.common.summarization.rff import RFFParams
-from dpmarket.common.summarization.summary import ProgressEvent, SummarizationConfig
+from dpmarket.common.summarization.summary import ProgressEvent, SessionRequest
 from dpmarket.common.summarization.terms import OwnerTerms
 from dpmarket.common.validation import check_matrix
 from dpmarket.curator.disclosure import NoAnswerError, public_error, public_text
@@ -51,7 +50,7 @@ __all__ = [
     "OwnerSlot",
     "Party",
     "ProgressCallback",
-    "RoundsMode",
+    "SessionContext",
     "SessionState",
     "SummaryState",
 ]
@@ -59,8 +58,6 @@ __all__ = [
 logger = logging.getLogger("dpmarket.curator.summarization.session")
 
 Party = Literal["validation", "owners", "public"]
-#: The per-round loop's modes: non-private greedy, the paper's Algorithm 3, the rounds method.
-RoundsMode = Literal["greedy", "private", "rounds"]
 
 T = TypeVar("T")
 
@@ -124,31 +121,85 @@ class SummaryState:
     hashes: list[NDArray[np.float64]] = field(default_factory=list)
 
 
-class SessionState:
-    """What one session knows and has done: the request, the owners, randomness and ledgers.
-
-    Parameters are those of :class:`~dpmarket.curator.summarization.session.SummarizationSession`.
+@dataclass(frozen=True)
+class SessionContext:
+    """Where a session runs: what the curator adds to the consumer's request.
 
     Attributes
     ----------
+    session_id : str
+        Unique id (the consumer's handle).
+    owner_session_id : str or None
+        The id the owners know the session by (default ``session_id``); the curator service
+        gives owners an id unrelated to the consumer's.
+    consumer : str
+        Identity (``"consumer:NAME"``) of the consumer the session serves; owners record it.
+    call_timeout : float or None
+        Seconds after which an owner that has not answered a call is dropped (None: never).
+    owner_sketches : mapping of str to PrivateSketch
+        The owners' published RFF sketches by owner id (the curator service passes its
+        catalogue's; in-process runs pass sketches released directly, which charge no owner's
+        ledger). The candidates method splits its budget by them (``allocation="sketch"``) when
+        every owner that opens the session has one; otherwise, and when empty, by the owners'
+        noisy relevance counts. Their publication was charged to their owners' ledgers; the
+        session only post-processes them.
+    allocation_spec : str or None
+        The catalogue spec ``owner_sketches`` were published under (the curator service's
+        ``--allocation-sketch-spec``), named in the report when an owner has none.
+    on_progress : callable or None
+        Called with a :class:`ProgressEvent` after setup and after every round.
+    on_charge : callable or None
+        Receives every charge to the session's ledgers before the release it pays for (the
+        curator service writes them to its durable store).
+    on_owner_spend : callable or None
+        ``on_owner_spend(owner, spend)`` as soon as the session is closed at an owner: what its
+        ledger recorded, or why that is unknown (the curator service stores it durably).
+    """
+
+    session_id: str = "session"
+    owner_session_id: str | None = None
+    consumer: str = "consumer:local"
+    call_timeout: float | None = None
+    owner_sketches: Mapping[str, PrivateSketch] = field(default_factory=dict)
+    allocation_spec: str | None = None
+    on_progress: ProgressCallback | None = None
+    on_charge: Callable[[Sequence[Charge]], None] | None = None
+    on_owner_spend: Callable[[str, SessionSpend], None] | None = None
+
+
+class SessionState:
+    """What one session knows and has done: the request, the owners, randomness and ledgers.
+
+    Parameters
+    ----------
+    request : SessionRequest
+        The consumer's request. Its seed seeds every random draw (h1's parameters,
+        quantization, MWEM, auction coins, the owners' sampling seeds) and every noise draw
+        (``SeededNoise``); without one, a CSPRNG-seeded generator and OpenDP's samplers.
+    owners : sequence of OwnerEndpoint
+    context : SessionContext
+
+    Attributes
+    ----------
+    config : SummarizationConfig
+        The request's configuration.
+    validation, seed_set : ndarray
+        The checked validation set (m, n) and seed set (n0, n).
     slots : list of OwnerSlot
         The owners, in the order given; stages refer to an owner by its index here.
     ledgers : dict of str to PrivacyLedger
-        ``"validation"`` and ``"owners"``: every release is charged here before it is sent.
-    allocation, allocation_note : str
-        The candidates method's allocation in effect (decided by the session's preparation) and
-        why.
+        ``"validation"`` and ``"owners"`` (their slack the method's
+        :meth:`~dpmarket.common.summarization.methods.SummarizationConfig.ledger_deltas`): every
+        release is charged here before it is sent.
     terms : OwnerTerms or None
         What the session offered the owners (set while preparing).
     rff : RFFParams or None
         h1's parameters (drawn when the session opens at the owners).
-    auction : AuctionParams or None
-        PrivAuction's parameters (private and rounds methods, set by the per-round loop).
-    candidates_info : dict
-        The candidates allocation's report (noisy counts or relevances, shares).
-    iterations, rounds_done, summary_size, points_accessed, rejected_points : int
-        Progress: auction iterations, rounds completed, summary points collected, raw owner
-        points received, released points rejected by verification.
+    total_rounds : int
+        Rounds the method runs (1, or p for the per-round methods), for progress events.
+    rounds_done, summary_size, points_accessed, rejected_points : int
+        Progress: rounds completed, summary points collected, raw owner points received,
+        released points rejected by verification.
     round_seconds : list of float
         Wall time of each round.
 
@@ -162,48 +213,30 @@ class SessionState:
 
     def __init__(
         self,
-        session_id: str,
-        config: SummarizationConfig,
-        validation: NDArray[np.float64],
-        seed_set: NDArray[np.float64],
+        request: SessionRequest,
         owners: Sequence[OwnerEndpoint],
-        rng: np.random.Generator,
-        *,
-        on_progress: ProgressCallback | None = None,
-        call_timeout: float | None = None,
-        noise: NoiseSource | None = None,
-        consumer: str = "consumer:local",
-        owner_session_id: str | None = None,
-        on_charge: Callable[[Sequence[Charge]], None] | None = None,
-        owner_sketches: Mapping[str, PrivateSketch] | None = None,
-        allocation_spec: str | None = None,
-        min_owners: int = 0,
-        excluded: Sequence[str] = (),
-        on_owner_spend: Callable[[str, SessionSpend], None] | None = None,
+        context: SessionContext | None = None,
     ) -> None:
+        context = context if context is not None else SessionContext()
         try:
-            self.validation = check_matrix(validation, "validation set")
+            self.validation = check_matrix(request.validation, "validation set")
+            seed_set = (
+                request.seed_set
+                if request.seed_set is not None
+                else np.zeros((0, self.validation.shape[1]))
+            )
             self.seed_set = check_matrix(
                 seed_set, "seed set", n_features=self.validation.shape[1], allow_empty=True
             )
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
-        self.owner_sketches = dict(owner_sketches or {})
+        self.owner_sketches = dict(context.owner_sketches)
         #: The catalogue spec the sketches were published under (for the report), or None.
-        self.allocation_spec = allocation_spec
-        for owner, sketch in self.owner_sketches.items():
-            if not isinstance(sketch, PrivateSketch) or not isinstance(sketch.feature_map, RFFMap):
-                raise InvalidArgumentError(f"the sketch of owner {owner} is not an RFF sketch")
-            if sketch.feature_map.n_attributes != self.validation.shape[1]:
-                raise InvalidArgumentError(
-                    f"the sketch of owner {owner} describes {sketch.feature_map.n_attributes} "
-                    f"attributes but the validation set has {self.validation.shape[1]}"
-                )
-        #: The candidates method's allocation in effect (decided in prepare()).
-        self.allocation: Literal["sketch", "counts"] = "counts"
-        self.allocation_note = ""
+        self.allocation_spec = context.allocation_spec
+        self._check_sketches()
         if not owners:
             raise InvalidArgumentError("at least one owner is required")
+        min_owners = request.selection.min_owners
         if min_owners > len(owners):
             raise InvalidArgumentError(
                 f"min_owners={min_owners} exceeds the {len(owners)} owner(s) this session can ask"
@@ -212,41 +245,66 @@ class SessionState:
         #: it asks, :attr:`required_owners`).
         self.min_owners = int(min_owners)
         #: Owners the consumer left out by name (never asked anything).
-        self.excluded = tuple(excluded)
-        self.session_id = session_id
-        self.owner_session_id = owner_session_id or session_id
-        self.config = config
-        self.rng = rng
-        self.noise: NoiseSource = noise if noise is not None else SeededNoise(rng)
-        self.consumer = consumer
+        self.excluded = tuple(request.selection.exclude)
+        self.request = request
+        self.config = request.config
+        self.session_id = context.session_id
+        self.owner_session_id = context.owner_session_id or context.session_id
+        self.rng = make_rng(request.seed)
+        self.noise: NoiseSource = (
+            SeededNoise(self.rng) if request.seed is not None else OpenDPNoise()
+        )
+        self.consumer = context.consumer
         #: Receives each owner's record of the session (or why there is none) when it closes.
-        self.on_owner_spend = on_owner_spend
+        self.on_owner_spend = context.on_owner_spend
         self.slots = [OwnerSlot(endpoint=o) for o in owners]
-        self.on_progress = on_progress
-        self.call_timeout = call_timeout
-        one_delta = config.method in ("candidates", "rounds")
+        self.on_progress = context.on_progress
+        self.call_timeout = context.call_timeout
+        delta_validation, delta_owners = self.config.ledger_deltas()
         self.ledgers = {
-            "validation": PrivacyLedger(
-                delta_tilde=config.delta if one_delta else config.delta_validation,
-                on_charge=on_charge,
-            ),
-            "owners": PrivacyLedger(
-                delta_tilde=config.delta if one_delta else config.delta_owners,
-                on_charge=on_charge,
-            ),
+            "validation": PrivacyLedger(delta_tilde=delta_validation, on_charge=context.on_charge),
+            "owners": PrivacyLedger(delta_tilde=delta_owners, on_charge=context.on_charge),
         }
         self.terms: OwnerTerms | None = None
         self.rff: RFFParams | None = None
         self.start = time.perf_counter()
-        self.candidates_info: dict[str, Any] = {}
+        self.total_rounds = 1
         self.summary_size = 0
-        self.iterations = 0
         self.points_accessed = 0
         self.rejected_points = 0
         self.rounds_done = 0
         self.round_seconds: list[float] = []
         self.prepared = False
-        self.auction: AuctionParams | None = None
+
+    def _check_sketches(self) -> None:
+        """Every sketch an RFF sketch over the validation set's attributes."""
+        for owner, sketch in self.owner_sketches.items():
+            if not isinstance(sketch, PrivateSketch) or not isinstance(sketch.feature_map, RFFMap):
+                raise InvalidArgumentError(f"the sketch of owner {owner} is not an RFF sketch")
+            if sketch.feature_map.n_attributes != self.validation.shape[1]:
+                raise InvalidArgumentError(
+                    f"the sketch of owner {owner} describes {sketch.feature_map.n_attributes} "
+                    f"attributes but the validation set has {self.validation.shape[1]}"
+                )
+
+    def finish_round(self, round_: int, started: float) -> None:
+        """Record that round ``round_`` (1-based) is done, begun at ``started``
+        (``time.perf_counter()``)."""
+        self.rounds_done = round_
+        self.round_seconds.append(time.perf_counter() - started)
+
+    def check_points(self, points: NDArray[np.float64], index: int) -> None:
+        """Abort when owner ``index`` sent points that are not rows of the validation width.
+
+        Raises
+        ------
+        AbortedError
+            If ``points`` is not of shape ``(k, n)``.
+        """
+        if points.ndim != 2 or points.shape[1] != self.validation.shape[1]:
+            raise AbortedError(
+                f"owner {self.owner_name(index)} sent points of shape {points.shape}"
+            )
 
     async def gather(
         self,
@@ -511,8 +569,8 @@ class SessionState:
     def emit(self, stage: Literal["setup", "rounds", "done", "failed"], message: str) -> None:
         """Report progress to ``on_progress``, if given."""
         if self.on_progress is not None:
-            one_round = self.config.method in ("uniform", "candidates")
-            total = 1 if one_round else self.config.summary_size
             self.on_progress(
-                ProgressEvent(stage, self.rounds_done, total, self.points_accessed, message)
+                ProgressEvent(
+                    stage, self.rounds_done, self.total_rounds, self.points_accessed, message
+                )
             )

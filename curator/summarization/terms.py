@@ -30,10 +30,10 @@ class Offer:
     def __init__(self, state: SessionState) -> None:
         self.state = state
 
-    async def terms(self) -> OwnerTerms:
-        """The session's terms for every owner
-        (:func:`~dpmarket.common.summarization.terms.owner_terms`)
-        under the allocation already chosen (``state.allocation``)."""
+    async def terms(self, *, sketch_allocation: bool = False) -> OwnerTerms:
+        """The session's terms for every owner: its method's own
+        (:func:`~dpmarket.common.summarization.terms.owner_terms`), under the candidates
+        allocation the method chose (``sketch_allocation``)."""
         state = self.state
         return await asyncio.to_thread(
             owner_terms,
@@ -41,7 +41,7 @@ class Offer:
             len(state.slots),
             validation_size=int(state.validation.shape[0]),
             seed_set_size=int(state.seed_set.shape[0]),
-            sketch_allocation=state.allocation == "sketch",
+            sketch_allocation=sketch_allocation,
         )
 
     async def open(self, terms: OwnerTerms) -> None:

@@ -13,9 +13,12 @@ from pathlib import Path
 
 TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorial.md"
 #: The last tutorial command this deployment runs (the blocks after it are not run).
-LAST = "dpmarket sketch publish"
+LAST = "dpmarket owner publish"
 #: Seconds the commands may take (about a minute on 2 shared cores).
 TIMEOUT_SECONDS = 600
+#: The sign-in line a console prints when it first starts: its address (scheme, host, port and
+#: secret path) and its token.
+SIGN_IN = re.compile(r"(https?://[^/\s]+/[^/\s]+)/login\?token=(\S+)")
 
 
 def environment() -> dict[str, str]:

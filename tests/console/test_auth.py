@@ -1,7 +1,8 @@
 """The console's token: generated once, kept readable by the party's user only, required by every
-page, compared in constant time, carried by a cookie scripts cannot read and other sites cannot
-send. Served by the real application (Starlette's test client, no network): an owner's console
-over an owner's data directory holding a real ledger."""
+page, compared in constant time; the browser's cookie is not the token, is scoped to the
+console's secret path and named by its port; a state-changing request needs proof that it comes
+from the console's own page. Served by the real application (Starlette's test client, no
+network): an owner's console over an owner's data directory holding a real ledger."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+import dpmarket.console.app as console_app
 from dpmarket.console.app import create_app
-from dpmarket.console.auth import COOKIE, TOKEN_FILE, ConsoleToken
+from dpmarket.console.auth import TOKEN_FILE, ConsoleToken, cookie_name
 from dpmarket.console.owner import OwnerConsole
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.policy import OwnerPolicy
@@ -21,10 +23,23 @@ from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.transport import TransportSecurity
 
 OWNER = Identity("owner", "young")
+PORT = 8470
+COOKIE = cookie_name(PORT)
+#: The console's own origin as the test client addresses it.
+ORIGIN = "http://testserver"
 
 
-@pytest.fixture
-def console(tmp_path: Path) -> tuple[TestClient, ConsoleToken]:
+def _owner_console(tmp_path: Path, **options: bool) -> tuple[TestClient, ConsoleToken]:
+    """An owner's console (its ledger charged 1.5 ε once) and its token."""
+    if not (tmp_path / "owner.sqlite3").exists():
+        _charged_ledger(tmp_path)
+    token = ConsoleToken.load_or_create(tmp_path)
+    party = OwnerConsole(tmp_path, TransportSecurity.plaintext(), None, OWNER)
+    app = create_app(party, OWNER, token, port=PORT, **options)
+    return TestClient(app, follow_redirects=False), token
+
+
+def _charged_ledger(tmp_path: Path) -> None:
     with OwnerLedger.create(tmp_path, OwnerPolicy()) as ledger:
         ledger.charge(
             session="s1",
@@ -35,9 +50,16 @@ def console(tmp_path: Path) -> tuple[TestClient, ConsoleToken]:
             delta=0.0,
             points=0,
         )
-    token = ConsoleToken.load_or_create(tmp_path)
-    party = OwnerConsole(tmp_path, TransportSecurity.plaintext(), None, OWNER)
-    return TestClient(create_app(party, OWNER, token), follow_redirects=False), token
+
+
+@pytest.fixture
+def console(tmp_path: Path) -> tuple[TestClient, ConsoleToken]:
+    return _owner_console(tmp_path)
+
+
+def _signed_in(client: TestClient, token: ConsoleToken) -> None:
+    signed = client.get(f"{token.prefix}/login?token={token.value}")
+    assert signed.status_code == 303 and client.cookies.get(COOKIE) == token.cookie_value
 
 
 def test_the_token_is_made_once_and_kept_for_the_party_only(tmp_path: Path) -> None:
@@ -53,41 +75,124 @@ def test_the_token_is_made_once_and_kept_for_the_party_only(tmp_path: Path) -> N
 
 def test_every_page_needs_the_token(console: tuple[TestClient, ConsoleToken]) -> None:
     client, token = console
-    refused = client.get("/owner")
+    base = token.prefix
+    refused = client.get(f"{base}/owner")
     assert refused.status_code == 401 and "young" not in refused.text and "1.5" not in refused.text
-    assert client.get("/owner", headers={"Authorization": "Bearer nope"}).status_code == 401
-    page = client.get("/owner", headers={"Accept": "text/html"})
-    assert page.status_code == 303 and page.headers["location"] == "/login?next=/owner"
-    shown = client.get("/owner", headers={"Authorization": f"Bearer {token.value}"})
+    assert client.get(f"{base}/owner", headers={"Authorization": "Bearer nope"}).status_code == 401
+    page = client.get(f"{base}/owner", headers={"Accept": "text/html"})
+    assert page.status_code == 303 and page.headers["location"] == f"{base}/login?next=/owner"
+    bearer = {"Authorization": f"Bearer {token.value}"}
+    shown = client.get(f"{base}/owner", headers=bearer)
     assert shown.status_code == 200 and "8.5" in shown.text  # ε left: 10 - 1.5
-    assert (
-        client.get("/consumer", headers={"Authorization": f"Bearer {token.value}"}).status_code
-        == 404
-    )
+    assert client.get(f"{base}/consumer", headers=bearer).status_code == 404
+    # Outside its secret path the console is nothing, even with the token: a program or page
+    # that does not know the printed address learns neither the path nor the party.
+    for path in ("/", "/owner", "/login", "/static/console.css", base[:-1] + "/owner"):
+        elsewhere = client.get(path, headers=bearer)
+        assert elsewhere.status_code == 404, path
+        assert base not in elsewhere.text and "young" not in elsewhere.text
 
 
 def test_signing_in_sets_a_cookie_scripts_cannot_read(
     console: tuple[TestClient, ConsoleToken],
 ) -> None:
     client, token = console
-    wrong = client.post("/login", data={"token": "guess", "next": "/owner"})
+    base, own = token.prefix, {"Origin": ORIGIN}
+    form = {"csrf": token.form_token, "next": "/owner"}
+    wrong = client.post(f"{base}/login", data={**form, "token": "guess"}, headers=own)
     assert wrong.status_code == 401 and COOKIE not in wrong.headers.get("set-cookie", "")
-    signed = client.post("/login", data={"token": token.value, "next": "/owner"})
-    assert signed.status_code == 303 and signed.headers["location"] == "/owner"
-    cookie = signed.headers["set-cookie"].lower()
-    assert "httponly" in cookie and "samesite=strict" in cookie
-    assert client.get("/owner").status_code == 200  # the cookie carries the token now
+    signed = client.post(f"{base}/login", data={**form, "token": token.value}, headers=own)
+    assert signed.status_code == 303 and signed.headers["location"] == f"{base}/owner"
+    cookie = signed.headers["set-cookie"]
+    assert cookie.startswith(f"dpmarket_console_{PORT}=")
+    assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
+    assert f"Path={base};" in cookie  # sent to this console's pages only
+    assert token.value not in cookie  # the cookie is not the token
+    assert client.get(f"{base}/owner").status_code == 200  # the cookie signs in now
     # No open redirect: a sign-in never sends the browser to another site.
-    away = client.get(f"/login?token={token.value}&next=//evil.example/x")
-    assert away.headers["location"] == "/"
+    away = client.get(f"{base}/login?token={token.value}&next=//evil.example/x")
+    assert away.headers["location"] == f"{base}/"
+
+
+def test_the_cookie_is_no_bearer_token_and_its_name_is_the_consoles(tmp_path: Path) -> None:
+    client, token = _owner_console(tmp_path)
+    _signed_in(client, token)
+    stolen = client.cookies.get(COOKIE)
+    assert stolen is not None and stolen != token.value
+    # A copy of the cookie (what another local server would have received) is no bearer token,
+    # and a cookie of another name (another console's port) signs nothing in.
+    fresh = TestClient(client.app, follow_redirects=False)
+    assert (
+        fresh.get(
+            f"{token.prefix}/owner", headers={"Authorization": f"Bearer {stolen}"}
+        ).status_code
+        == 401
+    )
+    fresh.cookies.set(cookie_name(PORT + 1), stolen)
+    assert fresh.get(f"{token.prefix}/owner").status_code == 401
+    # Over HTTPS: Secure, and a __Secure- name no plain-HTTP server may set.
+    https, _ = _owner_console(tmp_path, https=True)
+    cookie = https.get(f"{token.prefix}/login?token={token.value}").headers["set-cookie"]
+    assert cookie.startswith(f"__Secure-dpmarket_console_{PORT}=") and "; secure" in cookie.lower()
 
 
 def test_every_response_forbids_framing_scripts_from_elsewhere_and_referrers(
     console: tuple[TestClient, ConsoleToken],
 ) -> None:
-    client, _ = console
-    for response in (client.get("/login"), client.get("/owner")):
+    client, token = console
+    for response in (client.get(f"{token.prefix}/login"), client.get(f"{token.prefix}/owner")):
         policy = response.headers["content-security-policy"]
         assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
-        assert response.headers["referrer-policy"] == "no-referrer"
+        # No referrer to another site (the login address holds the token); this origin's own
+        # requests keep theirs, so that a browser sends their Origin (not "null").
+        assert response.headers["referrer-policy"] == "same-origin"
         assert response.headers["x-frame-options"] == "DENY"
+
+
+# ------------------------------------------------------------------ forged requests (CSRF)
+#: A page on another port of the same host: the same *site* for SameSite cookies.
+OTHER_PORT = "http://testserver:18555"
+
+
+def test_a_state_changing_request_needs_this_origin_and_the_form_token(tmp_path: Path) -> None:
+    client, token = _owner_console(tmp_path)
+    _signed_in(client, token)
+    logout = f"{token.prefix}/logout"
+    good = {"csrf": token.form_token}
+    forged: list[tuple[dict[str, str], dict[str, str], str]] = [
+        ({"Origin": OTHER_PORT}, good, "http://testserver:18555 (Origin)"),
+        ({"Referer": OTHER_PORT + "/cats.html"}, good, "(Referer)"),
+        ({"Origin": "null"}, good, "null (Origin)"),
+        ({}, good, "no Origin, no Referer"),
+        ({"Origin": ORIGIN, "Sec-Fetch-Site": "same-site"}, good, "same-site page"),
+        ({"Origin": ORIGIN}, {}, "no csrf field"),
+        ({"Origin": ORIGIN}, {"csrf": token.form_token[:-1] + "x"}, "not this console's form"),
+    ]
+    for headers, form, reason in forged:
+        refused = client.post(logout, headers=headers, data=form)
+        assert refused.status_code == 403, (headers, form)
+        assert reason in refused.text and "nothing was done" in refused.text
+        assert "set-cookie" not in refused.headers  # still signed in
+        assert client.get(f"{token.prefix}/owner").status_code == 200
+    # The console's own page: its origin (or its referrer) and its form's token.
+    for headers in (
+        {"Origin": ORIGIN, "Sec-Fetch-Site": "same-origin"},
+        {"Referer": f"{ORIGIN}{token.prefix}/owner"},
+    ):
+        done = client.post(logout, headers=headers, data=good)
+        assert done.status_code == 303 and "Max-Age=0" in done.headers["set-cookie"]
+        _signed_in(client, token)
+    # A program with the bearer token needs neither (no browser adds that header by itself).
+    bearer = client.post(logout, headers={"Authorization": f"Bearer {token.value}"})
+    assert bearer.status_code == 303
+
+
+def test_without_the_check_a_page_on_another_port_signs_the_browser_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control: the same forged request, the defence off, acts (here: signs out)."""
+    monkeypatch.setattr(console_app, "guarded", lambda endpoint, token: endpoint)
+    client, token = _owner_console(tmp_path)
+    _signed_in(client, token)
+    forged = client.post(f"{token.prefix}/logout", headers={"Origin": OTHER_PORT})
+    assert forged.status_code == 303 and "Max-Age=0" in forged.headers["set-cookie"]

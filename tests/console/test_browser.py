@@ -8,21 +8,29 @@ never a browser Playwright downloads) serve every test. Pages are checked on the
 newcomer reads them: the clinic's remaining budget equals what its own ledger says, the last
 summary's per-owner share equals the consumer's record, a catalogue answer comes with its interval.
 Each role's main page is saved as a screenshot into docs/ (docs/howto-console.md shows them).
+Against another local web server (a stranger's, on another port of 127.0.0.1: the same site for
+the browser's cookies): its page cannot make the consumer's console start a summary or answer a
+form, and it never receives a console's cookie, while the consumer's and the clinic's consoles
+stay signed in side by side.
 """
 
 from __future__ import annotations
 
 import csv
+import html
+import http.server
 import io
+import json
 import os
-import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +40,7 @@ from dpmarket.consumer.history import SessionHistory
 from dpmarket.curator.store import CuratorRecords
 from dpmarket.owner.cli import short_session
 from dpmarket.owner.ledger import OwnerLedger
-from tests.console.clinics import deploy, environment, stop
+from tests.console.clinics import SIGN_IN, deploy, environment, stop
 
 pytestmark = pytest.mark.integration
 
@@ -62,9 +70,35 @@ class Console:
     url: str
     token: str
 
+    @property
+    def origin(self) -> str:
+        """``scheme://host:port``, without the console's secret path."""
+        return self.url.rsplit("/", 1)[0]
+
+    @property
+    def prefix(self) -> str:
+        """The console's secret path (``/`` and 22 characters)."""
+        return "/" + self.url.rsplit("/", 1)[1]
+
     def get(self, path: str, token: str | None = None) -> tuple[int, str]:
         """GET ``path`` as a program would (``Authorization: Bearer``), without a browser."""
-        request = urllib.request.Request(self.url + path)
+        return self.send(urllib.request.Request(self.url + path), token)
+
+    def post(self, path: str, fields: dict[str, str], token: str) -> tuple[int, str]:
+        """POST ``fields`` as a multipart form, as a program would (bearer token)."""
+        boundary = uuid.uuid4().hex
+        body = (
+            "".join(
+                f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'
+                for k, v in fields.items()
+            )
+            + f"--{boundary}--\r\n"
+        )
+        request = urllib.request.Request(self.url + path, data=body.encode("utf-8"))
+        request.add_header("Content-Type", f"multipart/form-data; boundary={boundary}")
+        return self.send(request, token)
+
+    def send(self, request: urllib.request.Request, token: str | None) -> tuple[int, str]:
         if token is not None:
             request.add_header("Authorization", f"Bearer {token}")
         try:
@@ -95,7 +129,7 @@ def _address(process: subprocess.Popen[str], role: str) -> Console:
         if not line:
             break
         lines.append(line)
-        found = re.search(r"(https?://[^/\s]+)/login\?token=(\S+)", line)
+        found = SIGN_IN.search(line)
         if found:
             return Console(role, process, found.group(1), found.group(2))
     process.kill()
@@ -256,7 +290,7 @@ def test_a_summary_requested_from_the_console_shows_its_progress_and_result(
     assert page.locator("#session svg.plot").count() == 2  # share and MMD curve
     assert "MMD²" in page.locator("#session").inner_text()
     link = page.locator("#download")
-    response = page.request.get(consumer.url + link.get_attribute("href"))
+    response = page.request.get(consumer.origin + link.get_attribute("href"))
     assert response.status == 200
     rows = list(csv.DictReader(io.StringIO(response.text())))
     assert len(rows) == 10 and {r["owner"] for r in rows} <= {"young", "middle", "senior"}
@@ -343,3 +377,159 @@ def test_every_main_page_reads_on_a_phone(consoles: dict[str, Console], browser:
         assert overflow <= 390, (console.role, overflow)
         size = page.evaluate("parseFloat(getComputedStyle(document.body).fontSize)")
         assert size >= 14
+
+
+# ------------------------------------------------------------ another local web server
+@dataclass
+class Stranger:
+    """A web server on another port of 127.0.0.1 (the same *site* as the consoles: cookies and
+    SameSite ignore ports): it serves the pages it is given and notes every Cookie header."""
+
+    url: str
+    pages: dict[str, str] = field(default_factory=dict)
+    cookies: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+def stranger() -> Iterator[Stranger]:
+    seen = Stranger("")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.cookies.append(self.headers.get("Cookie") or "")
+            body = seen.pages.get(self.path, "<h1>cute cats</h1>").encode("utf-8")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    seen.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _forging_page(consumer: Console, validation: str) -> str:
+    """A page that makes a signed-in browser start summaries and ask the catalogue: three
+    multipart ``no-cors`` fetches with the browser's credentials (as a form would, without a
+    preflight), one to the console's address without its secret path, then a form submitted
+    to the console's explore page. It knows the console's secret path (the worst case)."""
+    target = json.dumps(consumer.url)
+    bare = json.dumps(consumer.origin)
+    csv_text = json.dumps(validation)
+    return f"""<!doctype html><html><body><h1>cute cats</h1><pre id=log></pre>
+<form id=f method=post action="{consumer.url}/consumer/explore">
+<input name=query value=mean><input name=column value=bmi></form>
+<script>
+const send = (base, i) => {{
+  const fd = new FormData();
+  fd.append('request_id', 'forged-' + i + '-' + Date.now());
+  fd.append('validation', new Blob([{csv_text}], {{type: 'text/csv'}}), 'v.csv');
+  fd.append('p', '5'); fd.append('method', 'candidates'); fd.append('gamma', '1e-4');
+  fd.append('csrf', 'a guess');
+  return fetch(base + '/consumer/summary',
+               {{method: 'POST', mode: 'no-cors', credentials: 'include', body: fd}});
+}};
+Promise.allSettled([send({target}, 0), send({target}, 1), send({target}, 2), send({bare}, 3)])
+  .then(() => {{ document.getElementById('log').textContent = 'sent';
+                document.getElementById('f').submit(); }});
+</script></body></html>"""
+
+
+def test_a_page_on_another_port_cannot_make_the_console_act(
+    deployment: Path, consoles: dict[str, Console], browser: Any, stranger: Stranger
+) -> None:
+    consumer = consoles["consumer"]
+    validation = (deployment.parent / "validation.csv").read_text(encoding="utf-8")
+    stranger.pages["/cats.html"] = _forging_page(consumer, validation)
+    with CuratorRecords(deployment / "curator") as records:
+        sessions_before = len(records.sessions())
+    history_before = len(SessionHistory(deployment / "consumer").entries())
+    page = _signed_in(browser, consumer)
+    forged: list[Any] = []
+    page.on("request", lambda r: forged.append(r) if r.method == "POST" else None)
+    page.goto(f"{stranger.url}/cats.html")
+    page.wait_for_url(f"{consumer.url}/consumer/explore")  # the form's navigation
+    page.wait_for_load_state()
+    # The answer to the form: refused, and no answer shown.
+    assert "403: refused, nothing was done" in page.content()
+    assert "it comes from " + stranger.url in page.content()
+    assert "answer-rows" not in page.content()
+    # The control: each forged request to the console's secret path was signed in (the browser
+    # attached the console's cookie, as SameSite lets a same-site page make it do): the console
+    # answered 403 (signed in, refused by the origin check), not 401 (no cookie). Without the
+    # check, they were the consumer's own requests. The bare address gets no cookie: 404.
+    seen = []
+    for request in forged:
+        response = request.response()
+        seen.append((request.url, response.status if response is not None else None))
+    summary = f"{consumer.url}/consumer/summary"
+    assert sorted(seen) == sorted(
+        [(summary, 403)] * 3
+        + [(f"{consumer.origin}/consumer/summary", 404)]
+        + [(f"{consumer.url}/consumer/explore", 403)]
+    ), seen
+    # Nothing was started: no session at the curator, none in the consumer's records.
+    with CuratorRecords(deployment / "curator") as records:
+        assert len(records.sessions()) == sessions_before
+    assert len(SessionHistory(deployment / "consumer").entries()) == history_before
+
+
+def test_another_local_server_never_receives_a_consoles_cookie(
+    consoles: dict[str, Console], browser: Any, stranger: Stranger
+) -> None:
+    consumer, owner = consoles["consumer"], consoles["owner"]
+    context = browser.new_context()
+    page = context.new_page()
+    for console in (consumer, owner):  # both consoles, one browser: the tutorial's way
+        page.goto(f"{console.url}/login?token={console.token}")
+        page.wait_for_url(f"{console.url}/{console.role}")
+    for path in ("/", "/innocent-link", "/consumer", "/owner"):
+        page.goto(stranger.url + path)
+    assert len(stranger.cookies) >= 4
+    assert not any("dpmarket_console" in c for c in stranger.cookies), stranger.cookies
+    # Both consoles still signed in (one cookie each, named by port, each under its own path).
+    page.goto(f"{consumer.url}/consumer")
+    assert page.locator("h1").first.inner_text().startswith("Consumer")
+    page.goto(f"{owner.url}/owner")
+    assert page.locator("h1").inner_text() == "Owner young"
+    jar = {c["name"]: c for c in context.cookies() if c["name"].startswith("dpmarket_console_")}
+    assert len(jar) == 2
+    assert {c["path"] for c in jar.values()} == {consumer.prefix, owner.prefix}
+    # What a copy of a cookie is worth to a program: nothing (it is not the token).
+    for cookie in jar.values():
+        assert cookie["value"] not in (consumer.token, owner.token) and cookie["httpOnly"]
+        for console in (consumer, owner):
+            assert console.get(f"/{console.role}", token=cookie["value"])[0] == 401
+    # The control: a cookie of 127.0.0.1 with Path=/ (as the console's was) reaches the stranger.
+    context.add_cookies([{"name": "dpmarket_console_probe", "value": "x", "domain": "127.0.0.1",
+                          "path": "/", "httpOnly": True, "sameSite": "Strict"}])  # fmt: skip
+    page.goto(stranger.url + "/innocent-link")
+    assert "dpmarket_console_probe=x" in stranger.cookies[-1]
+    context.close()
+
+
+def test_a_form_error_names_the_field_and_the_value(consoles: dict[str, Console]) -> None:
+    consumer = consoles["consumer"]
+    cases = {
+        "/consumer/summary": ({"p": "abc"}, "Points (p): 'abc' is not a whole number"),
+        "/consumer/explore": (
+            {"query": "cdf", "column": "bmi", "points": "25, abc"},
+            "CDF thresholds (points): 'abc' is not a number",
+        ),
+    }
+    for path, (fields, message) in cases.items():
+        status, body = consumer.post(path, fields, consumer.token)
+        assert status == 400, (path, status)
+        assert message in html.unescape(body) and "invalid literal" not in body
+    gamma = {"p": "10", "gamma": "fast", "min_owners": "1.5"}
+    status, body = consumer.post("/consumer/summary", gamma, consumer.token)
+    assert status == 400 and "Kernel γ (gamma): 'fast' is not a number" in html.unescape(body)

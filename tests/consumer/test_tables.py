@@ -7,6 +7,7 @@ cell may be cut to an ellipsis and no line may be wider than the terminal.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import CandidatesConfig, method_config
 from dpmarket.consumer.report import (
     comparison_table,
     evaluate_summary,
@@ -83,21 +84,22 @@ def test_the_wide_table_keeps_every_column() -> None:
 @pytest.mark.parametrize("method", ["candidates", "uniform"])
 def test_a_requests_own_table_fits_80_columns(digits: Scenario, method: str) -> None:
     """The row ``dpmarket request`` prints, from a real summary and its evaluation."""
-    config = SummarizationConfig(summary_size=20, method=method, rff_dimension=32)  # type: ignore[arg-type]
+    config = method_config(method, summary_size=20, rff_dimension=32)
     result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=0)
     row = evaluate_summary(result, digits.validation, config.gamma, test=digits.test, seed=0)
-    row["label"] = method
+    row = dataclasses.replace(row, label=method)
     text = _render(comparison_table([row], title=f"{method} summary of 20 points"))
     _fits(text)
-    assert f"{row['mmd2_validation']:.3g}" in text and f"{row['accuracy']:.3f}" in text
+    assert f"{row.mmd2_validation:.3g}" in text and f"{row.accuracy:.3f}" in text
     # Every number says what it is: the test set's estimates carry their interval.
-    stated = row["uncertainty"]
+    stated = row.to_json()["uncertainty"]
     assert stated["mmd2_validation"]["kind"] == "exact" and stated["epsilon"]["kind"] == "bound"
     low, high = stated["accuracy"]["interval"]
-    assert low < row["accuracy"] < high and stated["accuracy"]["covers"]
-    assert f"{row['accuracy']:.3f}±{(high - low) / 2:.3f}" in text
+    assert row.accuracy is not None and row.mmd2_test is not None
+    assert low < row.accuracy < high and stated["accuracy"]["covers"]
+    assert f"{row.accuracy:.3f}±{(high - low) / 2:.3f}" in text
     low, high = stated["mmd2_test"]["interval"]
-    assert low < stated["mmd2_test"]["value"] < high <= row["mmd2_test"] + 5 * (high - low)
+    assert low < stated["mmd2_test"]["value"] < high <= row.mmd2_test + 5 * (high - low)
     wide = _render(comparison_table([row], title="t", wide=True), width=250)
     assert f"[{low:.3g}, {high:.3g}]" in wide
 
@@ -105,18 +107,16 @@ def test_a_requests_own_table_fits_80_columns(digits: Scenario, method: str) -> 
 def test_the_plot_draws_the_mmd_curve_and_each_owners_share(
     digits: Scenario, tmp_path: Any
 ) -> None:
-    import dataclasses
-
-    config = SummarizationConfig(summary_size=20, method="candidates", rff_dimension=32)
+    config = CandidatesConfig(summary_size=20, rff_dimension=32)
     result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=0)
     report = dataclasses.replace(result.report, left_out={"owner-x": "budget refused"})
     result = dataclasses.replace(result, report=report)
     path = tmp_path / "plot.png"
     drawn = plot_request(result, digits.validation, config.gamma, path, title="t")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert drawn["sizes"][-1] == 20
+    assert drawn.sizes[-1] == 20
     np.testing.assert_allclose(
-        drawn["mmd2"], mmd_curve(result.points, digits.validation, config.gamma, drawn["sizes"])
+        drawn.mmd2, mmd_curve(result.points, digits.validation, config.gamma, drawn.sizes)
     )
     counts = {o: result.owner_ids.count(o) for o in set(result.owner_ids)}
-    assert drawn["shares"] == {**dict(sorted(counts.items())), "owner-x": 0}
+    assert drawn.shares == {**dict(sorted(counts.items())), "owner-x": 0}

@@ -9,8 +9,8 @@ from scipy import stats
 
 from dpmarket.common.privacy.accounting import PrivacyEvent, pld_epsilon
 from dpmarket.common.summarization.candidates import validation_embedding
+from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
-from dpmarket.common.summarization.summary import SummarizationConfig
 from dpmarket.experiments.runner import run_session
 from dpmarket.experiments.scenarios import Scenario
 from dpmarket.owner.local import LocalOwnerEndpoint
@@ -44,9 +44,8 @@ class Tap(LocalOwnerEndpoint):
 
 def _session(digits: Scenario, seed: int):  # type: ignore[no-untyped-def]
     taps = [Tap(Owner(o.name, o)) for o in digits.owners]
-    config = SummarizationConfig(
+    config = CandidatesConfig(
         summary_size=10,
-        method="candidates",
         epsilon_validation_total=EPS,
         epsilon_owners_total=EPS,
         delta=DELTA,
@@ -66,7 +65,7 @@ def test_gaussian_noise_matches_its_stated_sensitivity_and_budget(digits: Scenar
     standardized = []
     for seed in range(12):
         config, taps, result = _session(digits, seed)
-        event = result.report.ledger["validation"]["entries"][0]["event"]
+        event = result.report.ledger.to_json()["validation"]["entries"][0]["event"]
         m = digits.validation.shape[0]
         assert event["sensitivity"] == 2 / m
         sigma = event["scale"]
@@ -91,7 +90,7 @@ def test_laplace_count_noise_matches_its_budget(digits: Scenario) -> None:
     noise = []
     for seed in range(60):
         _, taps, result = _session(digits, seed)
-        noisy = result.report.ledger["candidates"]["noisy_counts"]
+        noisy = result.report.ledger.to_json()["candidates"]["noisy_counts"]
         noise += [noisy[t.owner.owner_id] - t.count for t in taps]
     # 300 draws of Laplace(1/eps): KS fails with probability 1e-4 when calibrated.
     assert stats.kstest(noise, "laplace", args=(0, 1 / EPS)).pvalue > 1e-4
@@ -100,7 +99,7 @@ def test_laplace_count_noise_matches_its_budget(digits: Scenario) -> None:
 
 def test_reported_epsilons_match_an_independent_computation(digits: Scenario) -> None:
     _, _, result = _session(digits, 0)
-    ledger = result.report.ledger
+    ledger = result.report.ledger.to_json()
     validation = ledger["validation"]["parties"]["validation"]
     owners = ledger["owners"]["parties"]["owners"]
     # One Gaussian release calibrated to (EPS, DELTA): its PLD epsilon at DELTA is EPS.

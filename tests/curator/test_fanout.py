@@ -17,7 +17,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import PrivateConfig
 from dpmarket.curator.cape import CapeJob
 from dpmarket.experiments.runner import run_session
 from dpmarket.experiments.scenarios import Scenario
@@ -90,7 +90,7 @@ def test_a_summarization_session_calls_its_30_owners_at_once(digits: Scenario) -
     ]
     meeting = Meeting(len(parts))
     endpoints = [MeetingOwner(Owner(p.name, p), meeting) for p in parts]
-    config = SummarizationConfig(summary_size=10, method="private")
+    config = PrivateConfig(summary_size=10)
     result = run_session(endpoints, digits.validation, digits.seed_set, config, seed=2)
     assert len(result.points) == 10
     assert dict(meeting.met) == {s: 30 for s in ("info", "open", "bid", "close")}

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import HashesConfig, method_config
 from dpmarket.consumer.evaluation import hash_model_accuracy
 from dpmarket.experiments.runner import local_hash_owners, publish_sketches, run_session
 from dpmarket.experiments.scenarios import Scenario
@@ -37,7 +37,7 @@ def _run(digits: Scenario) -> tuple[Any, list[_Recording]]:
     owners = list(digits.owners)
     endpoints = [_Recording(e) for e in local_hash_owners(owners, [o.name for o in owners])]
     sketches = publish_sketches(owners, digits.sketch_mechanism(1.0, delta=1e-6), seed=1)
-    config = SummarizationConfig(summary_size=P, summary_form="hashes")
+    config = HashesConfig(summary_size=P)
     result = run_session(
         endpoints, digits.validation, digits.seed_set, config, seed=0, owner_sketches=sketches
     )
@@ -50,7 +50,7 @@ def test_the_curator_receives_p_hashes_and_no_raw_point(digits: Scenario) -> Non
     assert result.hashes is not None and result.hashes.shape == (P, 140)
     assert result.labels is not None and result.labels.shape == (P,)
     assert result.report.owner_points_accessed == P  # no re-ranking: exactly p are read
-    assert sum(result.report.ledger["candidates"]["shares"].values()) == P
+    assert sum(result.report.ledger.to_json()["candidates"]["shares"].values()) == P
     rows = {r.tobytes() for o in digits.owners for r in o.features}
     for endpoint in endpoints:
         for array in endpoint.returned:
@@ -59,7 +59,7 @@ def test_the_curator_receives_p_hashes_and_no_raw_point(digits: Scenario) -> Non
     # Every hash was charged by its owner as the raw point it describes.
     assert sum(s.points for s in result.report.owner_spend.values()) == P
     # And each is h1 of one of the owner's chosen points under the agreed map.
-    key_id = result.report.ledger["candidates"]["hash_key_id"]
+    key_id = result.report.ledger.to_json()["candidates"]["hash_key_id"]
     for endpoint in endpoints:
         for hashes, points in zip(endpoint.returned, endpoint.chosen, strict=True):
             expected = endpoint.owner.hash_points(key_id, points, 140, 0.1)
@@ -71,7 +71,7 @@ def test_the_curator_receives_p_hashes_and_no_raw_point(digits: Scenario) -> Non
 def test_a_model_on_the_hashes_applies_to_points_an_owner_hashes(digits: Scenario) -> None:
     result, endpoints = _run(digits)
     assert result.hashes is not None and result.labels is not None
-    key_id = result.report.ledger["candidates"]["hash_key_id"]
+    key_id = result.report.ledger.to_json()["candidates"]["hash_key_id"]
     owner = endpoints[-1].owner
     test = owner.hash_points(key_id, digits.test.features, 140, 0.1)
     assert digits.test.labels is not None
@@ -81,9 +81,9 @@ def test_a_model_on_the_hashes_applies_to_points_an_owner_hashes(digits: Scenari
     assert accuracy > majority
     # A map agreed in another session is another map: its hashes do not fit the model.
     other, _ = _run(digits)
-    assert other.report.ledger["candidates"]["hash_key_id"] != key_id
+    assert other.report.ledger.to_json()["candidates"]["hash_key_id"] != key_id
 
 
 def test_the_hashes_mode_belongs_to_the_candidates_method() -> None:
     with pytest.raises(ValueError, match="candidates"):
-        SummarizationConfig(summary_size=5, method="rounds", summary_form="hashes")
+        method_config("rounds", summary_size=5, summary_form="hashes")

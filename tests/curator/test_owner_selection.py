@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 
 from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.summary import (
     LEFT_OUT_REASONS,
     OwnerSelection,
-    SummarizationConfig,
+    SessionRequest,
     SummaryResult,
 )
 from dpmarket.curator.policy import CuratorPolicy
@@ -33,7 +34,7 @@ from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
 from tests.conftest import exhaust
 
-CONFIG = SummarizationConfig(summary_size=10, method="candidates", rff_dimension=32)
+CONFIG = CandidatesConfig(summary_size=10, rff_dimension=32)
 K = 5
 EXHAUSTED = 4  # index of the owner whose lifetime budget is spent
 
@@ -71,9 +72,14 @@ def _summarize(
 
     async def run() -> SummaryResult:
         try:
-            sid = await manager.create(
-                CONFIG, digits.validation, digits.seed_set, 3, selection=selection
+            request = SessionRequest(
+                CONFIG,
+                digits.validation,
+                digits.seed_set,
+                seed=3,
+                selection=selection or OwnerSelection(),
             )
+            sid = await manager.create(request)
             async for _ in manager.watch(sid):
                 pass
             return manager.result(sid)

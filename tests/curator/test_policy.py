@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dpmarket.common.errors import InvalidArgumentError
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import CandidatesConfig, PrivateConfig, method_config
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.curator.policy import (
     DEFAULT_RANGES,
@@ -143,7 +143,8 @@ POLICY = CuratorPolicy().with_overrides(
 def test_out_of_range_requests_are_refused_naming_the_allowed_range(
     changes: dict[str, Any], message: str
 ) -> None:
-    config = SummarizationConfig(**{"summary_size": 10, "method": "candidates", **changes})
+    values = {"summary_size": 10, "method": "candidates", **changes}
+    config = method_config(values.pop("method"), **values)
     with pytest.raises(InvalidArgumentError) as info:
         POLICY.check_request(config, validation_points=40)
     got = str(info.value).replace("is outside this curator's allowed range", "is outside")
@@ -151,24 +152,24 @@ def test_out_of_range_requests_are_refused_naming_the_allowed_range(
 
 
 def test_requests_at_the_edges_of_every_range_are_accepted() -> None:
-    config = SummarizationConfig(
+    private = PrivateConfig(summary_size=100, rff_dimension=512, iterations_initial=5000)
+    candidates = CandidatesConfig(
         summary_size=100,
-        method="private",
         rff_dimension=512,
-        iterations_initial=5000,
         epsilon_owners_total=2.0,
         delta=1e-6,
         candidate_fraction=0.5,
     )
-    POLICY.check_request(config, validation_points=40)
-    with pytest.raises(InvalidArgumentError, match="validation set size m = 0"):
-        POLICY.check_request(config, validation_points=0)
+    for config in (private, candidates):
+        POLICY.check_request(config, validation_points=40)
+        with pytest.raises(InvalidArgumentError, match="validation set size m = 0"):
+            POLICY.check_request(config, validation_points=0)
 
 
 def test_the_values_of_a_request_are_bounded_as_its_receive_limit_assumes() -> None:
     """(m + n0) x n: what CreateSession's receive limit is derived from
     (dpmarket.curator.service)."""
-    config = SummarizationConfig(summary_size=10, method="candidates")
+    config = CandidatesConfig(summary_size=10)
     high = int(DEFAULT_RANGES["validation_values"][1])
     CuratorPolicy().check_request(config, 40, high)
     with pytest.raises(InvalidArgumentError) as info:

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from dpmarket.common.summarization.summary import OwnerSelection, SummarizationConfig
+from dpmarket.common.summarization.methods import CandidatesConfig
+from dpmarket.common.summarization.summary import OwnerSelection, SessionRequest
 from dpmarket.curator.sessions import SessionManager
 from dpmarket.curator.store import DATABASE_FILE, CuratorRecords, CuratorStore
 from dpmarket.deploy.cli import main
@@ -26,7 +27,7 @@ from dpmarket.owner.local import LocalOwnerEndpoint
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
 
-CONFIG = SummarizationConfig(summary_size=8, method="candidates", rff_dimension=32)
+CONFIG = CandidatesConfig(summary_size=8, rff_dimension=32)
 
 
 @pytest.fixture
@@ -41,14 +42,13 @@ def state(tmp_path: Path, digits: Scenario) -> tuple[Path, str, CuratorStore]:
     manager = SessionManager([LocalOwnerEndpoint(o) for o in owners], store=store)
 
     async def run() -> str:
-        sid = await manager.create(
+        request = SessionRequest(
             CONFIG,
             digits.validation,
             digits.seed_set,
-            None,
-            consumer="consumer:alice",
             selection=OwnerSelection(min_owners=2, exclude=(digits.owners[2].name,)),
         )
+        sid = await manager.create(request, consumer="consumer:alice")
         async for _ in manager.watch(sid, "consumer:alice"):
             pass
         await manager.close()

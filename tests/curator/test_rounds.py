@@ -10,7 +10,12 @@ import pytest
 from dpmarket.common.summarization.auction import auction_parameters
 from dpmarket.common.summarization.calibration import rounds_auction
 from dpmarket.common.summarization.continual import tree_levels
-from dpmarket.common.summarization.summary import SummarizationConfig, SummaryResult
+from dpmarket.common.summarization.methods import (
+    CandidatesConfig,
+    RoundsConfig,
+    SummarizationConfig,
+)
+from dpmarket.common.summarization.summary import SummaryResult
 from dpmarket.consumer.convert import create_request_to_proto
 from dpmarket.curator.convert import create_request_from_proto
 from dpmarket.experiments.runner import run_session, simulate
@@ -25,9 +30,8 @@ COMBINATIONS = list(
 
 
 def _config(validation: str, summary: str, scoring: str, **kw) -> SummarizationConfig:  # type: ignore[no-untyped-def]
-    return SummarizationConfig(
+    return RoundsConfig(
         summary_size=P,
-        method="rounds",
         validation_release=validation,  # type: ignore[arg-type]
         summary_release=summary,  # type: ignore[arg-type]
         pool_scoring=scoring,  # type: ignore[arg-type]
@@ -82,7 +86,7 @@ def test_every_option_combination_runs_in_process(
     assert report.method == "rounds" and report.rounds == P
     assert P <= report.owner_points_accessed <= len(digits.owners) * P
     assert report.rejected_points == 0 and report.dropped_owners == ()
-    assert "auction" in report.ledger
+    assert "auction" in report.ledger.to_json()
 
 
 @pytest.mark.parametrize(
@@ -94,7 +98,7 @@ def test_ledger_charges_every_release_of_each_option(
 ) -> None:
     config = _config(validation, summary, "exact")
     result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=2)
-    ledger = result.report.ledger
+    ledger = result.report.ledger.to_json()
     k = len(digits.owners)
     val = ledger["validation"]["parties"]["validation"]
     owners = ledger["owners"]["parties"]["owners"]
@@ -150,7 +154,7 @@ def test_exact_pool_scoring_never_changes_a_message_of_its_round(
 
 def test_no_summary_release_sends_a_zero_embedding_and_size_zero(digits: Scenario) -> None:
     _, logs = _run_recorded(digits, _config("gaussian", "none", "exact"), seed=4)
-    zero = np.zeros(SummarizationConfig(summary_size=1).rff_dimension).tobytes()
+    zero = np.zeros(CandidatesConfig(summary_size=1).rff_dimension).tobytes()
     bids = [payload for log in logs for (_, kind, payload) in log if kind == "bid"]
     assert bids and all(payload == (zero, 0) for payload in bids)
 
@@ -185,18 +189,18 @@ def test_rounds_options_survive_the_proto_round_trip(
 ) -> None:
     config = _config(validation, summary, scoring, auction_share=0.25)
     request = create_request_to_proto(config, np.zeros((3, 2)), np.zeros((0, 2)), seed=None)
-    back, _, _, _ = create_request_from_proto(request)
+    back = create_request_from_proto(request).config
     assert back == config
 
 
 def test_unset_rounds_options_take_the_defaults() -> None:
-    config = SummarizationConfig(summary_size=P, method="rounds")
+    config = RoundsConfig(summary_size=P)
     request = create_request_to_proto(config, np.zeros((3, 2)), np.zeros((0, 2)), seed=None)
     request.params.ClearField("validation_release")
     request.params.ClearField("summary_release")
     request.params.ClearField("pool_scoring")
     request.params.ClearField("auction_share")
-    back, _, _, _ = create_request_from_proto(request)
+    back = create_request_from_proto(request).config
     assert (back.validation_release, back.summary_release, back.pool_scoring) == (
         "gaussian",
         "tree",

@@ -12,10 +12,11 @@ import pytest
 from dpmarket.common.cape.spec import CapeMeanSpec
 from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.common.schema import Column, Schema
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import CandidatesConfig
+from dpmarket.common.summarization.summary import SessionRequest
 from dpmarket.curator.cape_service import CapeJobs
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
-from dpmarket.curator.summarization.session import SummarizationSession
+from dpmarket.curator.summarization.session import SessionContext, SummarizationSession
 from dpmarket.experiments.runner import local_cape_sites
 from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.ledger import OwnerLedger
@@ -48,15 +49,10 @@ def _owner(
 
 def _session(owners: list[Owner], **declared: object) -> SummarizationSession:
     validation = _rows(9)[:10, :2]
-    config = SummarizationConfig(summary_size=5, method="candidates", gamma=0.001)
+    config = CandidatesConfig(summary_size=5, gamma=0.001)
+    request = SessionRequest(config, validation, np.zeros((0, 2)), seed=0, **declared)  # type: ignore[arg-type]
     return SummarizationSession(
-        "s" * 32,
-        config,
-        validation,
-        np.zeros((0, 2)),
-        [LocalOwnerEndpoint(o) for o in owners],
-        np.random.default_rng(0),
-        **declared,  # type: ignore[arg-type]
+        request, [LocalOwnerEndpoint(o) for o in owners], SessionContext(session_id="s" * 32)
     )
 
 

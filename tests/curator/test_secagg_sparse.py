@@ -12,10 +12,12 @@ from dpmarket.common.errors import AbortedError, FailedPreconditionError, Unavai
 from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.graph import min_neighbours
 from dpmarket.common.secagg.protocol import RoundParams, Stage
+from dpmarket.curator.cape import noise_round_params
 from dpmarket.curator.secagg import SitesLostError, aggregate
 from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
 from dpmarket.owner.local import LocalSecureAggregationEndpoint
 from dpmarket.owner.secagg import SiteIdentity, SiteRounds
+from dpmarket.runtime.cape_messages import round_from_proto, round_to_proto
 from dpmarket.runtime.identity import Identity, identity_files
 
 SITES = tuple(f"site-{i:02d}" for i in range(40))
@@ -115,6 +117,28 @@ def test_a_sparse_round_sums_and_each_site_checks_only_its_neighbours(pki: Path)
         assert set(entry.verifier._keys) == graph.neighbours(site)
         degrees.append(len(graph.neighbours(site)))
     assert max(degrees) < len(SITES) - 1  # sparse indeed
+
+
+def test_a_cape_noise_round_of_40_runs_on_its_ring_carried_in_the_round_message(
+    pki: Path,
+) -> None:
+    """CAPE's own plan for 40 owners against its default S_C = 13: a sparse graph with a ring
+    (k = 9, ring 16), which the round's protobuf message carries to every owner intact; every
+    owner builds the same graph from it, its ring neighbours included, and the sum comes out."""
+    params = noise_round_params(
+        SITES, 13, D, FixedPoint(clip=1.0, resolution_bits=20, sites=len(SITES))
+    )
+    assert params.sparse and (params.neighbours, params.ring) == (9, 16)
+    job, decoded = round_from_proto(round_to_proto("job-ring", params))
+    assert job == "job-ring" and decoded == params and decoded.digest == params.digest
+    inputs = _inputs()
+    endpoints = _endpoints(pki, inputs)
+    outcome = asyncio.run(aggregate(endpoints, "job-ring", params))
+    expected = np.sum([inputs[s] for s in SITES], axis=0)
+    assert np.max(np.abs(outcome.total - expected)) <= len(SITES) / params.fixed_point.scale
+    for site, endpoint in endpoints.items():
+        graph = endpoint.rounds._round("job-ring", params.round_id).site.graph  # type: ignore[union-attr]
+        assert graph is not None and len(graph.neighbours(site)) >= 16
 
 
 def test_sites_lost_within_the_allowance_leave_or_stay_in_the_sum(pki: Path) -> None:

@@ -19,7 +19,12 @@ from dpmarket.common.errors import (
     PermissionDeniedError,
     ResourceExhaustedError,
 )
-from dpmarket.common.summarization.summary import ProgressEvent, SessionReport, SummarizationConfig
+from dpmarket.common.summarization.methods import (
+    CandidatesConfig,
+    SummarizationConfig,
+    UniformConfig,
+)
+from dpmarket.common.summarization.summary import ProgressEvent, SessionReport, SessionRequest
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.sessions import SessionManager
 from dpmarket.curator.store import RESTART_ERROR, CuratorStore
@@ -30,7 +35,7 @@ from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
 
 ALICE, BOB = "consumer:alice", "consumer:bob"
-CONFIG = SummarizationConfig(summary_size=5, method="candidates", rff_dimension=32)
+CONFIG = CandidatesConfig(summary_size=5, rff_dimension=32)
 T = TypeVar("T")
 
 
@@ -54,14 +59,10 @@ class World:
     async def create(
         self, consumer: str = ALICE, config: SummarizationConfig = CONFIG, **kw: Any
     ) -> str:
-        return await self.manager.create(
-            config,
-            self.digits.validation,
-            self.digits.seed_set,
-            kw.pop("seed", 7),
-            consumer=consumer,
-            **kw,
+        request = SessionRequest(
+            config, self.digits.validation, self.digits.seed_set, seed=kw.pop("seed", 7)
         )
+        return await self.manager.create(request, consumer=consumer, **kw)
 
     async def finish(
         self, sid: str, consumer: str = ALICE
@@ -173,10 +174,7 @@ def test_a_retried_request_returns_the_same_session_and_charges_nothing_new(
             w.manager.owners, policy=w.manager.policy, store=w.store, clock=w.clock
         )
         again = await restarted.create(
-            CONFIG,
-            digits.validation,
-            digits.seed_set,
-            7,
+            SessionRequest(CONFIG, digits.validation, digits.seed_set, seed=7),
             consumer=ALICE,
             request_id="r-1",
             request_digest="digest-1",
@@ -203,7 +201,7 @@ def test_malformed_request_ids_are_refused(tmp_path: Path, digits: Scenario, key
 
 # --------------------------------------------------------------------------- limits
 def test_the_request_rate_is_limited_per_consumer(tmp_path: Path, digits: Scenario) -> None:
-    uniform = dataclasses.replace(CONFIG, method="uniform")
+    uniform = UniformConfig(summary_size=CONFIG.summary_size, rff_dimension=CONFIG.rff_dimension)
 
     async def body(w: World) -> None:
         for _ in range(2):
@@ -245,7 +243,7 @@ def test_refused_requests_release_and_charge_nothing(tmp_path: Path, digits: Sce
             await w.create(config=bad)
         with pytest.raises(PermissionDeniedError, match="seeded"):
             await SessionManager(w.manager.owners, store=w.store).create(
-                CONFIG, digits.validation, digits.seed_set, 1, consumer=ALICE
+                SessionRequest(CONFIG, digits.validation, digits.seed_set, seed=1), consumer=ALICE
             )
         # The owners' policies refuse the terms: epsilon_owners_total above their per-session 2.
         over_budget = dataclasses.replace(CONFIG, epsilon_owners_total=3.0)

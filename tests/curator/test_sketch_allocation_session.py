@@ -10,13 +10,13 @@ from scipy import optimize, stats
 
 from dpmarket.common.sketches import Domain, SketchMechanism, draw_rff
 from dpmarket.common.summarization.candidates import validation_embedding
+from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.rff import random_fourier_features
 from dpmarket.common.summarization.sketch_allocation import (
     relevance_matrix,
     relevance_sensitivity,
     responsibilities,
 )
-from dpmarket.common.summarization.summary import SummarizationConfig
 from dpmarket.experiments.runner import publish_sketches, run_session, simulate
 from dpmarket.experiments.scenarios import Scenario
 from dpmarket.owner.data import PointSet
@@ -55,10 +55,9 @@ def _mechanism() -> SketchMechanism:
     return SketchMechanism(fmap, DOMAIN, 1.0, "gaussian", DELTA)
 
 
-def _config(p: int = 10, **kw: object) -> SummarizationConfig:
-    return SummarizationConfig(
+def _config(p: int = 10, **kw: object) -> CandidatesConfig:
+    return CandidatesConfig(
         summary_size=p,
-        method="candidates",
         rff_dimension=32,
         gamma=0.5,
         epsilon_validation_total=EPS,
@@ -83,7 +82,7 @@ def test_the_decision_noise_has_its_stated_scale_and_the_ledger_its_stated_epsil
         result = simulate(
             owners, validation, seed_set, _config(), seed=seed, owner_sketches=sketches
         )
-        ledger = result.report.ledger
+        ledger = result.report.ledger.to_json()
         info = ledger["candidates"]
         assert info["allocation"] == "sketch"
         entries = ledger["validation"]["entries"]
@@ -96,7 +95,7 @@ def test_the_decision_noise_has_its_stated_scale_and_the_ledger_its_stated_epsil
             list(sketches.values()),
             validation,
             score="mmd",
-            norm_weight=SummarizationConfig(summary_size=1).relevance_norm_weight,
+            norm_weight=CandidatesConfig(summary_size=1).relevance_norm_weight,
         )
         exact = responsibilities(u).mean(axis=0)
         noisy = np.array([info["noisy_relevance"][o.name] for o in owners])
@@ -134,7 +133,7 @@ def test_the_budget_does_not_grow_with_the_number_of_owners() -> None:
                 seed=0,
                 owner_sketches=sketches,
             )
-            assert result.report.ledger["candidates"]["budget"] == 3 * p
+            assert result.report.ledger.to_json()["candidates"]["budget"] == 3 * p
             assert result.report.owner_points_accessed <= 3 * p
 
 
@@ -152,7 +151,7 @@ def test_the_owner_holding_the_consumers_data_gets_most_of_the_budget() -> None:
         result = simulate(
             owners, validation, seed_set, _config(), seed=seed, owner_sketches=sketches
         )
-        info = result.report.ledger["candidates"]
+        info = result.report.ledger.to_json()["candidates"]
         shares, uniform = info["shares"], info["uniform_shares"]
         assert sum(uniform.values()) == 10 and max(uniform.values()) == 2
         assert max(shares, key=shares.get) == "owner-1", shares
@@ -161,25 +160,21 @@ def test_the_owner_holding_the_consumers_data_gets_most_of_the_budget() -> None:
 
 def test_without_sketches_the_counts_allocation_runs_unchanged(digits: Scenario) -> None:
     # Sketches requested but absent: the counts allocation, bit for bit.
-    config = SummarizationConfig(summary_size=10, method="candidates", rff_dimension=64)
-    counts = SummarizationConfig(
-        summary_size=10, method="candidates", rff_dimension=64, allocation="counts"
-    )
+    config = CandidatesConfig(summary_size=10, rff_dimension=64)
+    counts = CandidatesConfig(summary_size=10, rff_dimension=64, allocation="counts")
     a = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=3)
     b = simulate(digits.owners, digits.validation, digits.seed_set, counts, seed=3)
     assert np.array_equal(a.points, b.points)
-    assert a.report.ledger["candidates"]["allocation"] == "counts"
+    assert a.report.ledger.to_json()["candidates"]["allocation"] == "counts"
     # The report says why, and what it cost the owners (not silently).
-    assert a.report.ledger["candidates"]["allocation_note"] == (
+    assert a.report.ledger.to_json()["candidates"]["allocation_note"] == (
         "no published sketch to read (the curator names no allocation spec: serve-curator "
         "--allocation-sketch-spec NAME): every owner is charged epsilon 1 for its noisy "
         "relevance count instead"
     )
-    assert a.report.ledger["owner_terms"]["epsilon"] == 1.0
+    assert a.report.ledger.to_json()["owner_terms"]["epsilon"] == 1.0
     # The previous budget rule (0.5 K p) still reads 0.5 K p points.
-    old = SummarizationConfig(
-        summary_size=10, method="candidates", rff_dimension=64, candidate_fraction=0.5
-    )
+    old = CandidatesConfig(summary_size=10, rff_dimension=64, candidate_fraction=0.5)
     c = simulate(digits.owners, digits.validation, digits.seed_set, old, seed=3)
     assert c.report.owner_points_accessed == 25
 
@@ -234,7 +229,7 @@ def test_owners_receive_the_release_the_noise_and_the_public_seed_prior() -> Non
         result = run_session(
             endpoints, validation, seed_set, config, seed=0, owner_sketches=sketches
         )
-        sigma = result.report.ledger["candidates"]["gaussian_sigma"]
+        sigma = result.report.ledger.to_json()["candidates"]["gaussian_sigma"]
         first = endpoints[0]
         assert first.embedding is not None and first.rff is not None
         for other in endpoints[1:]:
@@ -253,4 +248,4 @@ def test_owners_receive_the_release_the_noise_and_the_public_seed_prior() -> Non
             np.testing.assert_array_equal(first.prior, seed_mean)
         else:
             assert first.prior is None
-        assert len(result.report.ledger["validation"]["entries"]) == 2
+        assert len(result.report.ledger.to_json()["validation"]["entries"]) == 2

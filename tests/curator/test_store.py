@@ -15,12 +15,15 @@ from dpmarket.common.privacy.ledger import (
     UNKNOWN_RESTARTED,
     UNKNOWN_UNREACHABLE,
     Charge,
+    LedgerReport,
     SessionSpend,
 )
-from dpmarket.common.summarization.summary import SessionReport, SummarizationConfig, SummaryResult
+from dpmarket.common.summarization.methods import CandidatesConfig
+from dpmarket.common.summarization.session_ledger import SessionLedger
+from dpmarket.common.summarization.summary import SessionReport, SummaryResult
 from dpmarket.curator.store import RESTART_ERROR, CuratorStore
 
-CONFIG = SummarizationConfig(summary_size=2, method="candidates")
+CONFIG = CandidatesConfig(summary_size=2)
 CHARGES = [
     Charge("validation", "gtilde", PrivacyEvent("laplace", 0.5, 1, 1.0)),
     Charge("owners", "relevance counts", PrivacyEvent("laplace", 0.3, 1, 1.0)),
@@ -58,7 +61,7 @@ def _result(points: np.ndarray) -> SummaryResult:
         all_owners_bound=4,
         paper_bound=0.0,
         dropped_owners=(),
-        ledger={"owners": {"parties": {}}},
+        ledger=SessionLedger(owners=LedgerReport(1e-6, {}, ())),
         wall_time_seconds=0.5,
     )
     return SummaryResult(points, np.array([1, 2]), ("o-1", "o-2"), report)
@@ -103,7 +106,7 @@ def test_recover_fails_running_sessions_once_and_keeps_their_charges(tmp_path: P
     assert not row.has_result
     assert row.report is not None and row.report.error == RESTART_ERROR
     # The rebuilt report's ledger holds what was charged, party by party.
-    parties = row.report.ledger
+    parties = row.report.ledger.to_json()
     assert parties["validation"]["parties"]["validation"]["basic"] == pytest.approx(0.5)
     assert parties["owners"]["parties"]["owners"]["basic"] == pytest.approx(0.3)
     assert again.charges("running") == CHARGES

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from dpmarket.common.summarization.summary import METHODS, PARAMETER_NAMES
+from dpmarket.common.summarization.methods import METHODS, PARAMETER_NAMES
 from dpmarket.deploy.cli import main
 
 
@@ -69,3 +69,59 @@ def test_serve_owner_checks_its_declared_0_1_columns_before_serving(tmp_path) ->
     assert "column 'sex' of table 'owner-0' is declared 0/1 but holds 2.0 at row 1" in result.output
     result = CliRunner().invoke(main, [*base, "--data", str(table), "--binary-column", "spam"])
     assert result.exit_code == 2 and "give --table" in result.output
+
+
+@pytest.mark.parametrize("command", ["request", "simulate"])
+def test_the_basics_come_first_and_each_method_has_its_section(command: str) -> None:
+    """The basics (p, the method, epsilon and delta per party, the outputs) fit the first 25
+    lines of an 80-column help; each method's own options follow under its own heading, and
+    an option appears once."""
+    from dpmarket.common.summarization.methods import (
+        PrivateConfig,
+        RoundsConfig,
+        method_fields,
+    )
+
+    result = CliRunner().invoke(main, [command, "--help"], terminal_width=80)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    head = "\n".join(lines[:25])
+    for option in (
+        "--validation",
+        "--summary-size",
+        "--method",
+        "--epsilon-validation-total",
+        "--epsilon-owners-total",
+        "--delta ",
+        "--seed",
+        "--out",
+        "--report",
+        *(["--config", "--curator "] if command == "request" else ["--owner-data"]),
+    ):
+        assert option in head, option
+    sections = {
+        line[:-1]: k for k, line in enumerate(lines) if line.endswith(":") and line[0] != " "
+    }
+    private = sections[f"--method private: {PrivateConfig.title}"]
+    rounds = sections[f"--method rounds: {RoundsConfig.title}"]
+    assert lines[private + 1].lstrip().startswith("--epsilon-auction")
+    assert lines[rounds + 1].lstrip().startswith("--validation-release")
+    listed = [t.rstrip(",") for line in lines for t in line.split()[:2] if t.startswith("-")]
+    for name in method_fields():
+        assert listed.count(f"--{name.replace('_', '-')}") == 1, name
+
+
+def test_an_option_of_another_method_is_refused_naming_who_reads_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    data = tmp_path / "a.npy"
+    np.save(data, np.zeros((4, 2)))
+    base = ["simulate", "--owner-data", str(data), "--validation", str(data), "-p", "2"]
+    result = CliRunner().invoke(main, [*base, "--auction-share", "0.3"])
+    assert result.exit_code == 2
+    assert "--auction-share is read by --method rounds, not by --method candidates" in (
+        result.output
+    )
+    result = CliRunner().invoke(main, [*base, "--method", "uniform", "--auction", "paper"])
+    assert result.exit_code == 2
+    assert "--auction is read by --method private or --method rounds" in result.output

@@ -40,7 +40,7 @@ from click.testing import CliRunner
 from cryptography import x509
 from grpc_health.v1 import health_pb2
 
-from dpmarket.common.summarization.summary import PARAMETER_NAMES, SummarizationConfig
+from dpmarket.common.summarization.methods import CandidatesConfig, config_from_fields
 from dpmarket.common.summarization.terms import owner_terms
 from dpmarket.curator.policy import load_curator_policy
 from dpmarket.deploy.cli import main, resolve
@@ -850,11 +850,8 @@ def test_policies_admit_the_consumers_session(
     """The owners' and curator's policy files accept the consumer's candidates session."""
     services = _services(config)
     params = _parse_on_host(services["consumer"], data_run, pki_run)
-    session = SummarizationConfig(
-        summary_size=params["summary_size"],
-        method=params["method"],
-        **{k: params[k] for k in PARAMETER_NAMES},
-    )
+    session = config_from_fields(params["method"], params)
+    assert isinstance(session, CandidatesConfig)
     validation = load_point_set(params["validation_path"])
     seed_set = load_point_set(params["seed_set_path"])
     terms = owner_terms(

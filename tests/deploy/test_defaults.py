@@ -22,12 +22,13 @@ import pytest
 
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from dpmarket.common.errors import FailedPreconditionError
-from dpmarket.common.summarization.summary import ALLOCATIONS
+from dpmarket.common.summarization.methods import ALLOCATIONS
+from dpmarket.common.summarization.summary import SessionRequest
 from dpmarket.consumer import cli as consumer_cli
 from dpmarket.consumer.cli import cape_group
 from dpmarket.curator.policy import CuratorPolicy, load_curator_policy
 from dpmarket.curator.sketches import LocalCatalogEndpoint, SketchCatalog
-from dpmarket.curator.summarization.session import SummarizationSession
+from dpmarket.curator.summarization.session import SessionContext, SummarizationSession
 from dpmarket.deploy.cli import command_at
 from dpmarket.experiments.runner import publish_sketches
 from dpmarket.experiments.scenarios import Scenario
@@ -117,13 +118,9 @@ def test_request_defaults_pass_both_policies(
             for o, ledger in zip(digits.owners[:K], ledgers, strict=True)
         ]
         session = SummarizationSession(
-            "defaults",
-            config,
-            validation,
-            np.zeros((0, validation.shape[1])),
+            SessionRequest(config, validation, np.zeros((0, validation.shape[1])), seed=0),
             owners,
-            np.random.default_rng(0),
-            owner_sketches=sketches,
+            SessionContext(session_id="defaults", owner_sketches=sketches),
         )
 
         async def run() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dpmarket.common.summarization.summary import METHODS
+from dpmarket.common.summarization.methods import METHODS
 from dpmarket.deploy.launcher import run_demo
 
 

@@ -85,7 +85,7 @@ def test_prometheus_scrapes_every_service_of_the_stack_where_it_serves_metrics()
     serving = set()
     for name, service in services.items():
         argv = service.get("command") or []
-        if argv[:1] in (["serve-owner"], ["serve-curator"]):
+        if argv[:2] in (["owner", "serve"], ["curator", "serve"]):
             assert argv[argv.index("--metrics-port") + 1] == METRICS_PORT, name
             assert argv[argv.index("--metrics-host") + 1] == "0.0.0.0", name
             serving.add(f"{name}:{METRICS_PORT}")

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.experiments.runner import run_session
 from dpmarket.experiments.suite import suite_scenario
 from dpmarket.experiments.suite_eval import SuiteRunner
@@ -39,7 +39,7 @@ def test_the_rff_greedy_reference_uses_the_sessions_h1() -> None:
     scenario = suite_scenario("penguins-3")
     _SeesH1.seen.clear()
     endpoints = [_SeesH1(Owner(o.name, o)) for o in scenario.owners]
-    config = SummarizationConfig(summary_size=scenario.default_p, gamma=scenario.gamma)
+    config = CandidatesConfig(summary_size=scenario.default_p, gamma=scenario.gamma)
     run_session(endpoints, scenario.validation, scenario.seed_set, config, seed=5)
     from dpmarket.common.summarization.rff import draw_rff_params
 

@@ -28,6 +28,7 @@ import pytest
 from google.protobuf.message_factory import GetMessageClass
 from sklearn.datasets import load_diabetes
 
+from dpmarket.client import Consumer
 from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.consumer.client import CapeFit, CuratorClient
@@ -332,6 +333,16 @@ def test_a_retried_fit_returns_the_same_answer_and_charges_nothing_new(
     again = _fit(cluster, _linear(), request_id="cape-retry-1")
     np.testing.assert_array_equal(again.weights, first.weights)
     assert again.intercept == first.intercept and again.report == first.report
+    assert _ledgers(cluster) == before
+    # dpmarket.client reaches the same job by the same key: the same answer, nothing charged.
+    with Consumer(
+        cluster.curator_target, cluster.consumer_security(), curator_name=CURATOR_NAME
+    ) as consumer:
+        library = consumer.cape_fit(
+            _linear(), seed=SEED, request_id="cape-retry-1", timeout=CALL_TIMEOUT
+        )
+    np.testing.assert_array_equal(library.weights, first.weights)
+    assert library.intercept == first.intercept and library.report == first.report
     assert _ledgers(cluster) == before
     # The same key for another request is refused, and charges nothing either.
     code, details = _fit_status(cluster, _linear(epsilon=0.5), request_id="cape-retry-1")

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from dpmarket.common.cape.spec import CapeMeanSpec
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.deploy.launcher import LocalCluster, owner_ledger_entries
 from dpmarket.experiments.scenarios import FLIGHTS_FEATURE_NAMES, Scenario, flights50_scenario
@@ -97,7 +97,7 @@ def test_the_owners_run_in_few_processes_each_with_its_own_port_and_ledger(
 def test_a_summarization_session_of_100_owners(cluster: LocalCluster, scenario: Scenario) -> None:
     """The default method over every owner: p points come back, and every owner's own ledger
     holds the session's charge (each was opened, asked and charged over its own server)."""
-    config = SummarizationConfig(summary_size=P)
+    config = CandidatesConfig(summary_size=P)
     with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
         result = client.summarize(config, scenario.validation, scenario.seed_set, seed=5)
     assert result.points.shape == (P, scenario.validation.shape[1])
@@ -116,7 +116,8 @@ def test_a_cape_mean_of_100_owners_runs_secagg_plus_and_is_within_its_noise(
     cluster: LocalCluster, scenario: Scenario
 ) -> None:
     """A CAPE mean over the 100 owners' flights at epsilon = 1: its noise round is sparse
-    (SecAgg+ against the default S_C = 33), every owner's ledger records one new charge, and
+    (SecAgg+ against the default S_C = 33, on k = 8 choices and a ring of 22 carried to every
+    owner in the round's message), every owner's ledger records one new charge, and
     each coordinate lies within 6 reported noise standard deviations (plus the quantization
     steps of the noise round) of the pooled mean (failure probability below 3e-8 for 13
     Gaussian coordinates)."""
@@ -130,9 +131,10 @@ def test_a_cape_mean_of_100_owners_runs_secagg_plus_and_is_within_its_noise(
     with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
         estimate = client.estimate_cape_mean(spec, seed=7, timeout=TIMEOUT)
     report = estimate.report
-    assert report["secure_aggregation"]["graph"] == "sparse"
+    graph = report["secure_aggregation"]
+    assert graph["graph"] == "sparse" and (graph["neighbours"], graph["ring"]) == (8, 22)
     assert report["colluders"] == 33
-    assert report["secure_aggregation"]["failure_bound"] <= 2.0**-40
+    assert graph["failure_bound"] <= 2.0**-40
     assert len(report["sites"]) == OWNERS and not report["dropped"]
     after = owner_ledger_entries(cluster)
     assert all(len(after[o]) == len(before[o]) + 1 for o in after)

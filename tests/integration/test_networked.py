@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import GreedyConfig, method_config
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
 from dpmarket.experiments.runner import simulate
 from dpmarket.experiments.scenarios import Scenario, write_scenario
+from dpmarket.owner.statement import LedgerStatement
 from dpmarket.runtime.arrays import array_to_proto
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.transport import TransportSecurity, sync_channel
@@ -108,7 +109,7 @@ CURATOR = Identity("curator", CURATOR_NAME)
 def test_networked_run_equals_in_process_run(
     cluster: LocalCluster, digits: Scenario, method: str
 ) -> None:
-    config = SummarizationConfig(summary_size=P, method=method)  # type: ignore[arg-type]
+    config = method_config(method, summary_size=P)
     with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
         events = []
         networked = client.summarize(
@@ -348,7 +349,7 @@ def test_an_owner_that_dies_mid_session_is_dropped_and_reported(
     digits: Scenario, files: dict[str, Path], policies: tuple[Path, Path], tmp_path: Path
 ) -> None:
     names = [o.name for o in digits.owners]
-    config = SummarizationConfig(summary_size=120, method="greedy")
+    config = GreedyConfig(summary_size=120)
     with (
         _start(digits, files, tmp_path, policies) as cluster,
         CuratorClient(cluster.curator_target, cluster.consumer_security()) as client,
@@ -412,3 +413,51 @@ def test_cli_reports_a_bad_file_clearly(files: dict[str, Path], tmp_path: Path) 
     assert result.returncode != 0
     assert "Error" in result.stderr and "'b'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+NOTEBOOK = Path(__file__).resolve().parents[2] / "docs" / "examples" / "client.ipynb"
+
+
+def test_the_client_notebook_runs_against_the_deployment(
+    cluster: LocalCluster,
+    files: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """docs/examples/client.ipynb, executed in a real kernel against the curator and owners
+    this module started (mTLS): a summary through dpmarket.client, its typed report, an owner's
+    own ledger recording the session's charge."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    owner = cluster.owner_ids[0]
+    before = len(dpmarket_ledger(cluster.owner_state(owner)).entries)
+    for key, value in {
+        "DPMARKET_CURATOR": cluster.curator_target,
+        "DPMARKET_PKI_DIR": str(cluster.pki_dir),
+        "DPMARKET_CONSUMER": cluster.consumers[0],
+        "DPMARKET_VALIDATION": str(files["validation"]),
+        "DPMARKET_OWNER_DATA_DIR": str(cluster.owner_state(owner)),
+        "DPMARKET_SEED": "3",
+        "JUPYTER_PLATFORM_DIRS": "1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
+    ).execute()
+    printed = "".join(
+        output.get("text", "") for cell in notebook.cells for output in cell.get("outputs", [])
+    )
+    assert "read " in printed and "owner points for a summary of 10" in printed
+    assert "each owner: epsilon 1 (candidates-counts)" in printed
+    assert "the last session spent epsilon 1 of this owner's data" in printed
+    # The owner's own ledger holds the session's charges, which its terms stated.
+    assert len(dpmarket_ledger(cluster.owner_state(owner)).entries) > before
+
+
+def dpmarket_ledger(data_dir: Path) -> LedgerStatement:
+    """The owner's ledger as :func:`dpmarket.client.ledger` reads it."""
+    from dpmarket.client import ledger
+
+    return ledger(data_dir)

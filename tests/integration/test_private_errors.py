@@ -36,8 +36,8 @@ from sklearn.datasets import load_diabetes
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from dpmarket.common.cape.uncertainty import MEAN_COVERS
 from dpmarket.common.errors import DPMarketError
+from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.rff import draw_rff_params
-from dpmarket.common.summarization.summary import SummarizationConfig
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.curator.owners import GrpcOwnerEndpoint
@@ -299,21 +299,21 @@ def test_summarization_refusals_a_consumer_provokes_are_the_same_whatever_the_ow
             outcomes = [
                 _refusal(
                     lambda: client.create_session(
-                        SummarizationConfig(summary_size=5),
+                        CandidatesConfig(summary_size=5),
                         rng.normal(size=(10, 4)),
                         np.zeros((0, 4)),
                     )
                 ),
                 _refusal(
                     lambda: client.create_session(
-                        SummarizationConfig(summary_size=500),
+                        CandidatesConfig(summary_size=500),
                         rng.normal(size=(10, 3)),
                         np.zeros((0, 3)),
                     )
                 ),
                 _refusal(
                     lambda: client.create_session(
-                        SummarizationConfig(summary_size=5, epsilon_owners_total=3.0),
+                        CandidatesConfig(summary_size=5, epsilon_owners_total=3.0),
                         rng.normal(size=(10, 3)),
                         np.zeros((0, 3)),
                     )

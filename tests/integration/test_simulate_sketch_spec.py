@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.deploy.launcher import LocalCluster
 from dpmarket.experiments.scenarios import write_scenario
@@ -74,7 +74,7 @@ def test_simulate_with_a_declared_spec_gives_the_networked_summary(
     (directory / "curator.toml").write_text(CURATOR_POLICY, encoding="utf-8")
     names = [f"owner-{i}" for i in range(len(scenario.owners))]  # the files' stems
     tables = {name: files[name] for name in names}
-    config = SummarizationConfig(summary_size=P, gamma=scenario.gamma)
+    config = CandidatesConfig(summary_size=P, gamma=scenario.gamma)
     with LocalCluster(
         list(tables.values()),
         names,
@@ -88,7 +88,7 @@ def test_simulate_with_a_declared_spec_gives_the_networked_summary(
         cluster.publish_sketches(tables, directory / "publications", seed=SEED)
         with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
             networked = client.summarize(config, scenario.validation, scenario.seed_set, seed=SEED)
-    assert networked.report.ledger["candidates"]["allocation"] == "sketch"
+    assert networked.report.ledger.to_json()["candidates"]["allocation"] == "sketch"
 
     out, report = directory / "summary.npy", directory / "report.json"
     command = [
@@ -103,7 +103,9 @@ def test_simulate_with_a_declared_spec_gives_the_networked_summary(
     assert done.returncode == 0, done.stderr + done.stdout
     np.testing.assert_array_equal(np.load(out), networked.points)
     ledger = json.loads(report.read_text(encoding="utf-8"))["result"]["ledger"]
-    assert ledger["candidates"]["shares"] == networked.report.ledger["candidates"]["shares"]
+    assert (
+        ledger["candidates"]["shares"] == networked.report.ledger.to_json()["candidates"]["shares"]
+    )
     assert ledger["candidates"]["noisy_relevance"] == pytest.approx(
-        networked.report.ledger["candidates"]["noisy_relevance"], rel=0, abs=0
+        networked.report.ledger.to_json()["candidates"]["noisy_relevance"], rel=0, abs=0
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.deploy.launcher import LocalCluster, sketch_declaration_toml
 from dpmarket.experiments.runner import simulate
@@ -93,12 +93,12 @@ def test_the_catalogues_sketches_split_the_budget_as_the_same_sketches_do_in_pro
 ) -> None:
     cluster, tables = deployment
     owners = digits.owners[:K]
-    config = SummarizationConfig(summary_size=P, method="candidates")
+    config = CandidatesConfig(summary_size=P)
     with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
         # No sketch published yet: the owners' noisy counts split the budget, and the report
         # says which owners lack a sketch.
         before = client.summarize(config, digits.validation, digits.seed_set, seed=SEED)
-        counts = before.report.ledger["candidates"]
+        counts = before.report.ledger.to_json()["candidates"]
         assert counts["allocation"] == "counts"
         assert counts["allocation_note"].startswith(
             f"no sketch published under {SPEC} by "
@@ -111,7 +111,7 @@ def test_the_catalogues_sketches_split_the_budget_as_the_same_sketches_do_in_pro
         assert sorted(published) == sorted(tables)
         networked = client.summarize(config, digits.validation, digits.seed_set, seed=SEED)
 
-    allocation = networked.report.ledger["candidates"]
+    allocation = networked.report.ledger.to_json()["candidates"]
     assert allocation["allocation"] == "sketch", allocation
     assert sum(allocation["shares"].values()) == allocation["budget"] == 3 * P
     local = simulate(

@@ -576,3 +576,71 @@ def test_every_catalogue_command_prints_json_and_fits_80_columns(
     assert set(documents["explore"]["owners"]) == publishers
     assert {r["owner"] for r in documents["rank"]["ranking"]} == set(OWNERS)
     assert {s["spec"] for s in documents["published"]["sketches"]} == {"mini/rff", "mini/hist"}
+
+
+def test_the_library_answers_as_the_commands_do(dep: Deployment) -> None:
+    """dpmarket.client returns, typed, what ``rank-owners`` and ``explore`` print (their one
+    home, dpmarket.consumer.catalogue), and an owner's ledger as ``owner ledger`` reads it."""
+    import pandas as pd
+
+    from dpmarket.client import Consumer, ExploreOptions, Query, ledger, publish
+
+    consumer = [
+        "--curator", dep.cluster.curator_target,
+        "--pki-dir", str(dep.cluster.pki_dir), "--name", "consumer",
+    ]  # fmt: skip
+    ranked = json.loads(
+        CliRunner()
+        .invoke(cli_main, ["rank-owners", *consumer, "--validation", str(dep.validation), "--json"])
+        .stdout
+    )
+    explored = json.loads(
+        CliRunner().invoke(
+            cli_main,
+            ["explore", *consumer, "--spec", "mini/rff", "--owner", "owner-EV", "--query",
+             "mean", "--synthetic", "500", "--json"],
+        ).stdout
+    )  # fmt: skip
+    with Consumer(
+        dep.cluster.curator_target, pki_dir=dep.cluster.pki_dir, name="consumer"
+    ) as client:
+        ranking = client.rank_owners(
+            pd.read_parquet(dep.validation)[
+                list(client.client.sketch_spec("mini/rff").domain.names)
+            ].to_numpy(dtype=float)
+        )
+        found = client.explore(
+            Query("mean"), spec="mini/rff", owners=["owner-EV"], options=ExploreOptions(500)
+        )
+    assert [r.estimate.value for r in ranking.owners] == [
+        r.get("raw", r["mmd2"]) for r in ranked["ranking"]
+    ]
+    assert ranking.to_json(ranked["curator"]) == ranked
+    assert found.owners == ("owner-EV",) and found.spec.name == "mini/rff"
+    assert found.to_json(ranked["curator"])["answer"] == explored["answer"]
+    statement = ledger(dep.cluster.owner_state("owner-EV"))
+    printed = json.loads(
+        CliRunner()
+        .invoke(
+            cli_main,
+            ["owner", "ledger", "--data-dir", str(dep.cluster.owner_state("owner-EV")), "--json"],
+        )
+        .stdout
+    )
+    assert statement.to_json() == printed
+    assert statement.budget.epsilon.spent == printed["budget"]["epsilon"]["spent"] > 0
+    # Publishing again through the library sends the stored sketches, charging nothing.
+    again = publish(
+        dep.cluster.curator_target,
+        table=dep.tables["owner-EV"],
+        data_dir=dep.cluster.owner_state("owner-EV"),
+        specs=["mini/rff", "mini/hist"],
+        policy=str(dep.cluster.owner_policy_file),
+        pki_dir=dep.cluster.pki_dir,
+        name="owner-EV",
+    )
+    first = dep.outcomes["ev_first"]
+    assert again.to_json(first["curator"])["sketches"] == [
+        {**row, "charged_now": False, "already_in_catalogue": True} for row in first["sketches"]
+    ]
+    assert ledger(dep.cluster.owner_state("owner-EV")).entries == statement.entries

@@ -46,8 +46,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.memory import Flood, flood
 from dpmarket.common.ids import short_id
 from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.summarization.methods import (
+    CandidatesConfig,
+    PrivateConfig,
+    RoundsConfig,
+    UniformConfig,
+    method_config,
+)
 from dpmarket.common.summarization.rff import RFFParams, draw_rff_params, random_fourier_features
-from dpmarket.common.summarization.summary import SummarizationConfig
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.consumer.convert import create_request_to_proto
 from dpmarket.curator.store import DATABASE_FILE, RESTART_ERROR
@@ -314,7 +320,7 @@ def _owner_requests(n_features: int) -> dict[str, Any]:
 
 
 def _curator_requests(digits: Scenario) -> dict[str, Any]:
-    config = SummarizationConfig(summary_size=2, method="uniform", rff_dimension=D)
+    config = UniformConfig(summary_size=2, rff_dimension=D)
     return {
         "CreateSession": create_request_to_proto(
             config, digits.validation, digits.seed_set, None, "probe"
@@ -519,9 +525,8 @@ def test_a_refused_or_oversized_request_is_not_held_by_the_service(
 def test_requests_outside_the_curator_policy_are_refused_and_charge_nothing(
     guard: LocalCluster, digits: Scenario, changes: dict[str, Any], message: str
 ) -> None:
-    config = SummarizationConfig(
-        **{"summary_size": 10, "method": "candidates", "rff_dimension": D, **changes}
-    )
+    values = {"summary_size": 10, "method": "candidates", "rff_dimension": D, **changes}
+    config = method_config(values.pop("method"), **values)
     request = create_request_to_proto(config, digits.validation, digits.seed_set, 1)
     with _channel(guard, guard.curator_target, CURATOR, CONSUMER) as channel:
         stub = curator_pb2_grpc.CuratorServiceStub(channel)
@@ -573,9 +578,7 @@ def test_owners_spend_exactly_what_sessions_cost_and_refuse_beyond_their_budget(
     """Each owner allows epsilon 1.0 in all: three candidates sessions of epsilon 0.3 fit (0.9),
     a fourth does not and is refused at CreateSession with nothing released for it."""
     n = 3
-    config = SummarizationConfig(
-        summary_size=10, method="candidates", rff_dimension=D, epsilon_owners_total=EPSILON
-    )
+    config = CandidatesConfig(summary_size=10, rff_dimension=D, epsilon_owners_total=EPSILON)
     with CuratorClient(budget.curator_target, budget.consumer_security()) as client:
         results = [
             client.summarize(config, digits.validation, digits.seed_set, seed=seed)
@@ -609,7 +612,7 @@ def test_owners_spend_exactly_what_sessions_cost_and_refuse_beyond_their_budget(
         for owner_sid, result in zip(sessions, results, strict=True):
             points = sum(e.points for e in entries if e.session == owner_sid)
             report = result.report
-            assert points == report.ledger["candidates"]["shares"].get(owner_id, 0)
+            assert points == report.ledger.to_json()["candidates"]["shares"].get(owner_id, 0)
             assert points == report.owner_spend[owner_id].points
             assert report.owner_spend[owner_id].epsilon == EPSILON
     for i, result in enumerate(results):
@@ -620,7 +623,7 @@ def test_owners_spend_exactly_what_sessions_cost_and_refuse_beyond_their_budget(
             if e.session == _owner_sessions(entries, CONSUMER)[i]
         )
         assert taken == result.report.owner_points_accessed
-        assert result.report.ledger["owner_terms"]["epsilon"] == EPSILON
+        assert result.report.ledger.to_json()["owner_terms"]["epsilon"] == EPSILON
 
 
 def _open_request(sid: str, rff: RFFParams, terms: owner_pb2.SessionTerms) -> Any:
@@ -896,7 +899,7 @@ def lifecycle(
 def test_a_consumer_sees_only_its_own_sessions_and_owners_never_see_their_ids(
     lifecycle: LocalCluster, digits: Scenario
 ) -> None:
-    config = SummarizationConfig(summary_size=4, method="uniform", rff_dimension=D)
+    config = UniformConfig(summary_size=4, rff_dimension=D)
     with CuratorClient(lifecycle.curator_target, lifecycle.consumer_security("alice")) as alice:
         sid = alice.create_session(config, digits.validation, digits.seed_set, seed=2)
         event, _ = _finish(alice, sid)
@@ -932,7 +935,7 @@ def test_a_consumer_sees_only_its_own_sessions_and_owners_never_see_their_ids(
 def test_a_retried_create_session_returns_the_same_session_and_charges_nothing_new(
     lifecycle: LocalCluster, digits: Scenario
 ) -> None:
-    config = SummarizationConfig(summary_size=6, method="candidates", rff_dimension=D)
+    config = CandidatesConfig(summary_size=6, rff_dimension=D)
     with CuratorClient(lifecycle.curator_target, lifecycle.consumer_security()) as client:
         sid = client.create_session(
             config, digits.validation, digits.seed_set, seed=4, request_id="retry-me"
@@ -966,7 +969,7 @@ def test_a_retried_create_session_returns_the_same_session_and_charges_nothing_n
 def test_a_curator_killed_mid_session_reports_it_failed_and_nothing_is_paid_twice(
     lifecycle: LocalCluster, digits: Scenario
 ) -> None:
-    config = SummarizationConfig(summary_size=400, method="rounds", rff_dimension=D)
+    config = RoundsConfig(summary_size=400, rff_dimension=D)
     known = {owner: {e.session for e in entries} for owner, entries in _ledgers(lifecycle).items()}
     with CuratorClient(lifecycle.curator_target, lifecycle.consumer_security()) as client:
         sid = client.create_session(config, digits.validation, digits.seed_set, seed=8)
@@ -1002,7 +1005,7 @@ def test_a_curator_killed_mid_session_reports_it_failed_and_nothing_is_paid_twic
     parties = {party for party, _, _ in stored}
     assert parties == {"validation", "owners"}
     for party in parties:
-        basic = report.ledger[party]["parties"][party]["basic"]
+        basic = report.ledger.to_json()[party]["parties"][party]["basic"]
         assert basic == pytest.approx(
             math.fsum(json.loads(e)["epsilon"] * json.loads(e)["count"]
                       for p, _, e in stored if p == party)
@@ -1056,7 +1059,7 @@ def test_a_curator_killed_mid_session_reports_it_failed_and_nothing_is_paid_twic
 def test_a_finished_summary_survives_a_restart_until_it_expires(
     lifecycle: LocalCluster, digits: Scenario
 ) -> None:
-    config = SummarizationConfig(summary_size=6, method="uniform", rff_dimension=D)
+    config = UniformConfig(summary_size=6, rff_dimension=D)
     with CuratorClient(lifecycle.curator_target, lifecycle.consumer_security()) as client:
         sid = client.create_session(config, digits.validation, digits.seed_set, seed=3)
         event, _ = _finish(client, sid)
@@ -1151,9 +1154,7 @@ class HealthProbe(threading.Thread):
 def test_the_most_work_allowed_keeps_the_curator_responsive_within_its_limits(
     load: LocalCluster, digits: Scenario
 ) -> None:
-    heavy = SummarizationConfig(
-        summary_size=150, method="private", rff_dimension=512, iterations_initial=5000
-    )
+    heavy = PrivateConfig(summary_size=150, rff_dimension=512, iterations_initial=5000)
     probe = HealthProbe(load)
     probe.start()
     try:
@@ -1183,7 +1184,7 @@ def test_the_most_work_allowed_keeps_the_curator_responsive_within_its_limits(
 
 
 def test_a_consumer_over_its_request_rate_is_refused(load: LocalCluster, digits: Scenario) -> None:
-    config = SummarizationConfig(summary_size=2, method="uniform", rff_dimension=D)
+    config = UniformConfig(summary_size=2, rff_dimension=D)
     dave = Identity("consumer", "dave")
     with CuratorClient(load.curator_target, load.consumer_security(dave.name)) as client:
         for seed in range(3):

@@ -180,12 +180,13 @@ def _dpmarket(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_request_to_a_curator_of_another_ca_fails_in_one_line(pki: Path, tmp_path: Path) -> None:
-    """The whole console of ``dpmarket request`` is one error line: no gRPC C-core log."""
+    """The whole console of ``dpmarket consumer request`` is one error line: no gRPC C-core
+    log."""
     np.save(tmp_path / "v.npy", np.random.default_rng(0).random((10, 4)))
     with _server(_security(pki / "other", CURATOR)) as target:
         done = _dpmarket(
-            "request", "--curator", target, "--pki-dir", str(pki / "ca"), "--name", "alice",
-            "--validation", "v.npy", "-p", "5", cwd=tmp_path,
+            "consumer", "request", "--curator", target, "--pki-dir", str(pki / "ca"),
+            "--name", "alice", "--validation", "v.npy", "-p", "5", cwd=tmp_path,
         )  # fmt: skip
     assert done.returncode == 1
     assert done.stdout == ""

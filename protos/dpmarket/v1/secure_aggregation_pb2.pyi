@@ -35,6 +35,7 @@ class SecureAggregationRound(_message.Message):
     COLLUDERS_FIELD_NUMBER: _builtins.int
     NEIGHBOURS_FIELD_NUMBER: _builtins.int
     ALLOWANCE_FIELD_NUMBER: _builtins.int
+    RING_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job (e.g. a CAPE estimate) whose input the site sums."""
     round_id: _builtins.bytes
@@ -56,7 +57,13 @@ class SecureAggregationRound(_message.Message):
     minus `allowance`).
     """
     allowance: _builtins.int
-    """SecAgg+: lost sites every neighbourhood tolerates, in [0, neighbours - 1]; 0 when complete."""
+    """SecAgg+: lost sites every neighbourhood tolerates, in [0, max(neighbours, ring) - 1]; 0 when
+    complete.
+    """
+    ring: _builtins.int
+    """SecAgg+: the even degree of the ring joined to the k-out graph (each site also adjacent to the
+    ring / 2 nearest on either side of a random cyclic order); 0 for none, and when complete.
+    """
     @_builtins.property
     def sites(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The sites of the round (owner names), sorted."""
@@ -74,10 +81,11 @@ class SecureAggregationRound(_message.Message):
         colluders: _builtins.int = ...,
         neighbours: _builtins.int = ...,
         allowance: _builtins.int = ...,
+        ring: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowance", b"allowance", "clip", b"clip", "colluders", b"colluders", "job_id", b"job_id", "neighbours", b"neighbours", "resolution_bits", b"resolution_bits", "round_id", b"round_id", "sites", b"sites", "threshold", b"threshold", "vector_length", b"vector_length"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowance", b"allowance", "clip", b"clip", "colluders", b"colluders", "job_id", b"job_id", "neighbours", b"neighbours", "resolution_bits", b"resolution_bits", "ring", b"ring", "round_id", b"round_id", "sites", b"sites", "threshold", b"threshold", "vector_length", b"vector_length"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

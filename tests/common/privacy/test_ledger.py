@@ -76,8 +76,8 @@ def test_public_events_are_listed_but_not_counted() -> None:
     assert ledger.epsilon("public") == 0.0
     assert ledger.epsilon("owners") == 0.0
     report = ledger.report()
-    assert report["parties"]["public"]["theorem7"] == 0.0
-    assert report["entries"][0]["party"] == "public"
+    assert report.parties["public"].theorem7 == 0.0
+    assert report.entries[0].party == "public"
 
 
 def test_check_raises_and_records_nothing() -> None:
@@ -139,14 +139,14 @@ def test_advanced_requires_one_epsilon() -> None:
     ledger.charge([Charge("owners", "b", PrivacyEvent("pure", 0.02))])
     with pytest.raises(ValueError, match="distinct"):
         ledger.epsilon("owners", method="advanced")
-    assert ledger.report()["parties"]["owners"]["advanced"] is None
+    assert ledger.report().parties["owners"].advanced is None
 
 
 def test_report_is_json_serialisable_and_complete() -> None:
     ledger = PrivacyLedger(delta_tilde=DT, budgets={"validation": 2.0})
     ledger.charge(_h2_charges("validation", 0.01, 50))
     ledger.charge([Charge("owners", "auction", PrivacyEvent("pure", 0.003, count=7))])
-    report = json.loads(json.dumps(ledger.report()))
+    report = json.loads(json.dumps(ledger.report().to_json()))
     assert report["delta_tilde"] == DT
     assert set(report["parties"]) == {"validation", "owners", "public"}
     val = report["parties"]["validation"]
@@ -222,7 +222,7 @@ def test_gaussian_charges_report_theorem7_at_total_delta() -> None:
     )
     with pytest.raises(ValueError, match="gaussian"):
         ledger.epsilon("validation", method="advanced")
-    report = json.loads(json.dumps(ledger.report()))
+    report = json.loads(json.dumps(ledger.report().to_json()))
     row = report["parties"]["validation"]
     assert row["delta_total"] == pytest.approx(total, rel=1e-12)
     assert row["theorem7"] == pytest.approx(t7, rel=1e-12)

@@ -23,7 +23,7 @@ import dpmarket.common.secagg.protocol as protocol
 from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.common.secagg import FixedPoint, RoundParams, SecAggError, run_in_process
 from dpmarket.common.secagg.crypto import mac_tag
-from dpmarket.common.secagg.graph import NeighbourGraph, nonce_commitment
+from dpmarket.common.secagg.graph import NeighbourGraph, nonce_commitment, ring_order
 from dpmarket.common.secagg.protocol import (
     KeyAdvertisement,
     Stage,
@@ -55,6 +55,7 @@ class SparseSession:
         vector_length: int = 32,
         seed: int = 0,
         identities: Identities | None = None,
+        ring: int = 0,
     ) -> None:
         self.names = [f"site-{i:03d}" for i in range(n)]
         self.seed = seed
@@ -67,6 +68,7 @@ class SparseSession:
             colluders=colluders,
             neighbours=k,
             allowance=allowance,
+            ring=ring,
             random_bytes=seeded_bytes(seed),
         )
         self.identities = identities or make_identities(self.names)
@@ -105,6 +107,7 @@ class SparseSession:
             vector_length=self.params.vector_length,
             seed=self.seed,
             identities=self.identities,
+            ring=self.params.ring,
         )
         u1 = twin.aggregator.collect_advertisements(
             {n: twin.sites[n].advertise_keys() for n in twin.names}
@@ -157,6 +160,30 @@ def test_a_round_of_60_sites_sums_exactly_within_quantization() -> None:
         assert set(routed[name]) == holders - {name}
         assert set(s.sites[name].acknowledgements) == holders - {name}
         assert s.sites[name].threshold == len(holders) - 3
+
+
+def test_a_round_on_a_graph_with_a_ring_sums_exactly_and_keeps_to_its_neighbourhoods() -> None:
+    """60 sites, 10 colluders, allowance 2: the graph of least degree is k = 7 with a ring of 12
+    (:func:`~dpmarket.common.secagg.graph.best_graph`). One site lost after sharing; the others'
+    sum comes out, and every site shared with and masked with exactly its neighbours in the
+    union of the k-out graph and the ring (every ring neighbour among them)."""
+    s = SparseSession(60, 7, 2, colluders=10, seed=9, ring=12)
+    routed = s.setup()
+    lost = s.names[5]
+    s.mask(routed, drop=[lost])
+    forwarded = s.aggregator.collect_attestations(
+        {n: s.sites[n].attest(s.survivors) for n in s.survivors}
+    )
+    responses = {n: s.sites[n].unmask(s.survivors, s.dropped, *forwarded[n]) for n in forwarded}
+    result = s.aggregator.finish(responses)
+    included = [n for n in s.names if n != lost]
+    assert np.max(np.abs(result - s.expected_sum(included))) < 60 / s.fixed_point.scale
+    order = ring_order(s.sites[s.names[0]]._seed, 60).tolist()
+    for position, index in enumerate(order):
+        name = s.names[index]
+        around = {s.names[order[(position + d) % 60]] for d in range(-6, 7) if d}
+        assert around <= s.graph.neighbours(name)
+        assert set(routed[name]) == s.graph.neighbours(name)
 
 
 def test_dropouts_at_every_stage_within_the_allowance() -> None:
@@ -429,6 +456,18 @@ def test_the_inconsistent_survivor_attack_fails_at_s_100(split: str) -> None:
     for name in loot.refused:  # a site that refused is over
         with pytest.raises(FailedPreconditionError, match="needs stage"):
             s.sites[name].unmask(s.names, [], {}, {})
+
+
+@pytest.mark.slow
+def test_the_inconsistent_survivor_attack_fails_on_a_cape_jobs_graph_with_a_ring() -> None:
+    """100 sites, 33 colluders (a CAPE job's default), allowance 2: k = 8 and a ring of 22. The
+    victim is the honest site with the most colluding neighbours; its even-index neighbours are
+    told it dropped: the attacker still holds fewer than t_v shares of one of its secrets."""
+    s = SparseSession(100, 8, 2, colluders=33, seed=42, ring=22)
+    victim, loot = _split_attack(s, 33, SPLITS["neighbours"])
+    t = s.graph.threshold(victim)
+    assert len(distinct(loot.seed_shares)) < t or len(distinct(loot.key_shares)) < t
+    assert loot.refused
 
 
 @pytest.mark.slow

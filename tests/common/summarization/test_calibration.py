@@ -20,7 +20,7 @@ from dpmarket.common.summarization.calibration import (
     calibrate_paper_mode,
     paper_mode_events,
 )
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import PrivateConfig
 
 DELTA = 1e-6
 CALIBRATED_FIELDS = {
@@ -45,7 +45,7 @@ def _counts(events: list[PrivacyEvent]) -> Counter[tuple[str, float]]:
 
 @pytest.mark.parametrize("seed_set_size", [0, 30])
 def test_paper_mode_events_counts(seed_set_size: int) -> None:
-    cfg = SummarizationConfig(summary_size=200, rff_dimension=140, delta_owners=1e-5)
+    cfg = PrivateConfig(summary_size=200, rff_dimension=140, delta_owners=1e-5)
     events = paper_mode_events(cfg, 8, seed_set_size=seed_set_size)
     auction = auction_parameters(cfg.epsilon_auction, 1e-5, 8)
     eps_l = 0.01 / math.sqrt(200 * 5)
@@ -71,7 +71,7 @@ def test_paper_mode_events_counts(seed_set_size: int) -> None:
 
 
 def test_paper_mode_events_single_round_charges_only_the_auction() -> None:
-    cfg = SummarizationConfig(summary_size=1, rff_dimension=16)
+    cfg = PrivateConfig(summary_size=1, rff_dimension=16)
     events = paper_mode_events(cfg, 3, seed_set_size=5)
     assert [e.mechanism for e in events["owners"]] == ["pure"]
 
@@ -82,9 +82,7 @@ def test_paper_mode_events_single_round_charges_only_the_auction() -> None:
 )
 def test_paper_mode_events_rejects_bad_input(n_owners: int, seed_set_size: int, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        paper_mode_events(
-            SummarizationConfig(summary_size=5), n_owners, seed_set_size=seed_set_size
-        )
+        paper_mode_events(PrivateConfig(summary_size=5), n_owners, seed_set_size=seed_set_size)
 
 
 @pytest.mark.parametrize(
@@ -105,9 +103,8 @@ def test_paper_mode_events_match_a_real_session(seed_set_size: int) -> None:
     ]
     validation = rng.normal(loc=1.0, size=(50, 4))
     seed_set = rng.normal(size=(seed_set_size, 4))
-    cfg = SummarizationConfig(
+    cfg = PrivateConfig(
         summary_size=5,
-        method="private",
         rff_dimension=16,
         iterations_initial=50,
         epsilon_validation=0.05,
@@ -117,7 +114,7 @@ def test_paper_mode_events_match_a_real_session(seed_set_size: int) -> None:
         delta_validation=1e-3,
     )
     result = simulate(owners, validation, seed_set, cfg, seed=3)
-    ledger = result.report.ledger
+    ledger = result.report.ledger.to_json()
     events = paper_mode_events(cfg, len(owners), seed_set_size=seed_set_size)
     for party, delta_tilde in (("validation", 1e-3), ("owners", 1e-5)):
         report = ledger[party]
@@ -142,7 +139,7 @@ def test_paper_mode_events_match_a_real_session(seed_set_size: int) -> None:
 # --- calibrate_paper_mode -----------------------------------------------------------------------
 
 
-def _party_epsilons(cfg: SummarizationConfig, n_owners: int, seed: int) -> tuple[float, float]:
+def _party_epsilons(cfg: PrivateConfig, n_owners: int, seed: int) -> tuple[float, float]:
     events = paper_mode_events(cfg, n_owners, seed_set_size=seed)
     return (pld_epsilon(events["validation"], DELTA), pld_epsilon(events["owners"], DELTA))
 
@@ -152,14 +149,14 @@ def _party_epsilons(cfg: SummarizationConfig, n_owners: int, seed: int) -> tuple
     [(200, 8, 0.3), (200, 8, 1.0), (200, 8, 3.0), (50, 4, 1.0), (500, 27, 0.3), (2, 1, 3.0)],
 )
 def test_calibration_hits_the_target_for_both_parties(p: int, k: int, target: float) -> None:
-    cfg = SummarizationConfig(summary_size=p)
+    cfg = PrivateConfig(summary_size=p)
     out = calibrate_paper_mode(cfg, k, epsilon_target=target, delta=DELTA, seed_set_size=30)
     for eps in _party_epsilons(out, k, 30):
         assert (1 - CALIBRATION_RTOL) * target <= eps <= target
 
 
 def test_calibration_with_theorem7() -> None:
-    cfg = SummarizationConfig(summary_size=100, rff_dimension=40)
+    cfg = PrivateConfig(summary_size=100, rff_dimension=40)
     out = calibrate_paper_mode(
         cfg, 5, epsilon_target=1.0, delta=DELTA, seed_set_size=0, method="theorem7"
     )
@@ -174,9 +171,8 @@ def test_calibration_with_theorem7() -> None:
 
 
 def test_calibration_changes_only_the_documented_fields() -> None:
-    cfg = SummarizationConfig(
+    cfg = PrivateConfig(
         summary_size=60,
-        method="greedy",
         rff_dimension=32,
         iterations_initial=100,
         iterations_subsequent=3,
@@ -188,7 +184,7 @@ def test_calibration_changes_only_the_documented_fields() -> None:
     out = calibrate_paper_mode(cfg, 6, epsilon_target=1.0, delta=DELTA, seed_set_size=10)
     changed = {
         f.name
-        for f in dataclasses.fields(SummarizationConfig)
+        for f in dataclasses.fields(PrivateConfig)
         if getattr(out, f.name) != getattr(cfg, f.name)
     }
     assert changed <= CALIBRATED_FIELDS
@@ -199,7 +195,7 @@ def test_calibration_changes_only_the_documented_fields() -> None:
 
 
 def test_calibration_is_monotone_in_the_target() -> None:
-    cfg = SummarizationConfig(summary_size=100)
+    cfg = PrivateConfig(summary_size=100)
     outs = [
         calibrate_paper_mode(cfg, 8, epsilon_target=t, delta=DELTA, seed_set_size=30)
         for t in (0.3, 1.0, 3.0)
@@ -211,14 +207,14 @@ def test_calibration_is_monotone_in_the_target() -> None:
 
 
 def test_calibration_smaller_delta_needs_smaller_epsilons() -> None:
-    cfg = SummarizationConfig(summary_size=100, rff_dimension=40)
+    cfg = PrivateConfig(summary_size=100, rff_dimension=40)
     loose = calibrate_paper_mode(cfg, 8, epsilon_target=1.0, delta=1e-3, seed_set_size=0)
     strict = calibrate_paper_mode(cfg, 8, epsilon_target=1.0, delta=1e-9, seed_set_size=0)
     assert strict.epsilon_validation < loose.epsilon_validation
 
     # eps_auc = epsilon_auction / (3 sqrt(2 ln(1/delta))) K^(-1/3) shrinks with delta by itself, so
     # epsilon_summary and epsilon_auction may grow; the auction's per-run epsilon does not.
-    def eps_auc(cfg: SummarizationConfig) -> float:
+    def eps_auc(cfg: PrivateConfig) -> float:
         return auction_parameters(cfg.epsilon_auction, cfg.delta_owners, 8).eps_auc
 
     assert eps_auc(strict) < eps_auc(loose)
@@ -244,4 +240,4 @@ def test_calibration_rejects_bad_input(kwargs: dict[str, object], match: str) ->
         **kwargs,
     }
     with pytest.raises(ValueError, match=match):
-        calibrate_paper_mode(SummarizationConfig(summary_size=10, rff_dimension=16), 4, **args)  # type: ignore[arg-type]
+        calibrate_paper_mode(PrivateConfig(summary_size=10, rff_dimension=16), 4, **args)  # type: ignore[arg-type]

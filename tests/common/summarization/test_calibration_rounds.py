@@ -21,7 +21,7 @@ from dpmarket.common.summarization.calibration import (
 )
 from dpmarket.common.summarization.candidates import validation_embedding_sensitivity
 from dpmarket.common.summarization.continual import tree_levels
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import RoundsConfig
 
 DELTA = 1e-6
 OPTIONS = [
@@ -29,10 +29,9 @@ OPTIONS = [
 ]  # (validation_release, summary_release)
 
 
-def _config(p: int, validation: str, summary: str, **kw) -> SummarizationConfig:  # type: ignore[no-untyped-def]
-    return SummarizationConfig(
+def _config(p: int, validation: str, summary: str, **kw) -> RoundsConfig:  # type: ignore[no-untyped-def]
+    return RoundsConfig(
         summary_size=p,
-        method="rounds",
         validation_release=validation,  # type: ignore[arg-type]
         summary_release=summary,  # type: ignore[arg-type]
         **kw,
@@ -159,7 +158,7 @@ def test_rounds_mode_events_match_a_real_session(
         delta=DELTA,
     )
     result = simulate(owners, validation_set, seed_set, cfg, seed=3)
-    ledger = result.report.ledger
+    ledger = result.report.ledger.to_json()
     events = rounds_mode_events(cfg, len(owners), validation_size=50, seed_set_size=seed_set_size)
     for party in ("validation", "owners"):
         report = ledger[party]

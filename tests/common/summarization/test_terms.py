@@ -10,7 +10,12 @@ import pytest
 from dpmarket.common.privacy.accounting import PrivacyEvent, pld_epsilon
 from dpmarket.common.summarization.auction import auction_parameters
 from dpmarket.common.summarization.calibration import paper_mode_events, rounds_auction
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import (
+    PrivateConfig,
+    RoundsConfig,
+    UniformConfig,
+    method_config,
+)
 from dpmarket.common.summarization.terms import (
     METHOD_STEPS,
     OwnerTerms,
@@ -24,7 +29,8 @@ K, M, N_SEED = 5, 40, 10
 
 
 def _terms(**config: object) -> OwnerTerms:
-    cfg = SummarizationConfig(**{"summary_size": 20, **config})  # type: ignore[arg-type]
+    values = {"summary_size": 20, **config}
+    cfg = method_config(str(values.pop("method", "candidates")), **values)
     return owner_terms(cfg, K, validation_size=M, seed_set_size=N_SEED)
 
 
@@ -65,7 +71,7 @@ def test_candidates_spend_the_laplace_count_alone(eps_o: float) -> None:
 def test_the_candidates_terms_name_their_allocation_and_form(
     form: str, sketch: bool, method: SessionMethod
 ) -> None:
-    cfg = SummarizationConfig(summary_size=20, method="candidates", summary_form=form)  # type: ignore[arg-type]
+    cfg = method_config("candidates", summary_size=20, summary_form=form)
     terms = owner_terms(cfg, K, validation_size=M, seed_set_size=N_SEED, sketch_allocation=sketch)
     assert terms.method is method
     assert (terms.epsilon, terms.delta) == (
@@ -110,9 +116,7 @@ def test_rounds_paper_auction_adds_the_infinite_loss_mass_to_delta() -> None:
     """Each of the printed auction's tau bad iterations is (eps_auc, 1 - e^-eps_auc)-DP, so the
     session's delta is delta + 1 - (1 - (1 - e^-eps_auc))^tau."""
     delta = 1e-6
-    cfg = SummarizationConfig(
-        summary_size=20, method="rounds", delta=delta, auction="paper", epsilon_owners_total=1.0
-    )
+    cfg = RoundsConfig(summary_size=20, delta=delta, auction="paper", epsilon_owners_total=1.0)
     auction = rounds_auction(cfg, K)
     assert auction.variant == "paper"
     per_iteration = 1.0 - math.exp(-auction.eps_auc)
@@ -129,7 +133,7 @@ def test_rounds_paper_auction_adds_the_infinite_loss_mass_to_delta() -> None:
 
 @pytest.mark.parametrize("auction", ["pure", "paper"])
 def test_private_terms_compose_the_paper_mode_owner_events(auction: str) -> None:
-    cfg = SummarizationConfig(summary_size=20, method="private", auction=auction)  # type: ignore[arg-type]
+    cfg = PrivateConfig(summary_size=20, auction=auction)  # type: ignore[arg-type]
     terms = owner_terms(cfg, K, validation_size=M, seed_set_size=N_SEED)
     params = auction_parameters(cfg.epsilon_auction, cfg.delta_owners, K, variant=auction)  # type: ignore[arg-type]
     extra = 0.0 if auction == "pure" else 1.0 - math.exp(-params.eps_auc * params.tau)
@@ -193,7 +197,7 @@ def test_every_method_has_its_steps_and_the_rounds_come_last() -> None:
 
 
 def test_owner_terms_refuse_bad_counts() -> None:
-    cfg = SummarizationConfig(summary_size=5, method="uniform")
+    cfg = UniformConfig(summary_size=5)
     with pytest.raises(ValueError, match="n_owners"):
         owner_terms(cfg, 0, validation_size=M, seed_set_size=0)
     with pytest.raises(ValueError, match="validation_size"):

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from dpmarket.common.summarization.endpoints import OwnerInfo
-from dpmarket.common.summarization.summary import SummarizationConfig
+from dpmarket.common.summarization.methods import CandidatesConfig
+from dpmarket.common.summarization.summary import SessionRequest
 from dpmarket.curator.summarization.state import (
     PROGRESS_GRACE,
     SECONDS_PER_ROW,
+    SessionContext,
     SessionState,
     stage_deadline,
 )
@@ -50,13 +52,9 @@ class _Owner:
 
 def _state(owners: list[_Owner], rows: list[int]) -> SessionState:
     state = SessionState(
-        "s",
-        SummarizationConfig(summary_size=1),
-        np.zeros((2, 3)),
-        np.zeros((0, 3)),
+        SessionRequest(CandidatesConfig(summary_size=1), np.zeros((2, 3)), seed=0),
         owners,  # type: ignore[arg-type]
-        np.random.default_rng(0),
-        call_timeout=TIMEOUT,
+        SessionContext(session_id="s", call_timeout=TIMEOUT),
     )
     for slot, owner, n in zip(state.slots, owners, rows, strict=True):
         slot.info = OwnerInfo(owner.name, n, 3, False)

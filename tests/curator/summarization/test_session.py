@@ -11,9 +11,16 @@ import pytest
 from dpmarket.common.errors import AbortedError, InvalidArgumentError, UnavailableError
 from dpmarket.common.summarization.endpoints import OwnerBid, ReleasedPoint
 from dpmarket.common.summarization.kernels import rff_greedy
+from dpmarket.common.summarization.methods import (
+    CandidatesConfig,
+    GreedyConfig,
+    SummarizationConfig,
+    UniformConfig,
+    method_config,
+)
 from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
-from dpmarket.common.summarization.summary import SummarizationConfig, SummaryResult
-from dpmarket.curator.summarization.session import SummarizationSession
+from dpmarket.common.summarization.summary import SessionRequest, SummaryResult
+from dpmarket.curator.summarization.session import SessionContext, SummarizationSession
 from dpmarket.experiments.runner import run_session, simulate
 from dpmarket.experiments.scenarios import Scenario
 from dpmarket.owner.local import LocalOwnerEndpoint
@@ -23,7 +30,7 @@ P = 20
 
 
 def _config(method: str, **kw) -> SummarizationConfig:  # type: ignore[no-untyped-def]
-    return SummarizationConfig(summary_size=P, method=method, **kw)  # type: ignore[arg-type]
+    return method_config(method, summary_size=P, **kw)
 
 
 def _run(scenario: Scenario, endpoints, config, seed: int = 3) -> SummaryResult:  # type: ignore[no-untyped-def]
@@ -52,9 +59,9 @@ def test_greedy_equals_rff_greedy_on_the_pooled_data(digits: Scenario) -> None:
     np.testing.assert_array_equal(result.points, pool[index])
     assert result.report.owner_points_accessed == P
     # Nothing is charged (nothing is private), and the owners are told so.
-    assert set(result.report.ledger) == {"owner_terms"}
-    assert result.report.ledger["owner_terms"]["non_private"] is True
-    assert result.report.ledger["owner_terms"]["epsilon"] == np.inf
+    assert set(result.report.ledger.to_json()) == {"owner_terms"}
+    assert result.report.ledger.to_json()["owner_terms"]["non_private"] is True
+    assert result.report.ledger.to_json()["owner_terms"]["epsilon"] == np.inf
 
 
 def test_uniform_takes_p_over_k_from_every_owner(digits: Scenario) -> None:
@@ -137,14 +144,14 @@ def test_owners_running_out_of_points_fails_clearly(digits: Scenario) -> None:
     small = [replace(o, features=o.features[:3], labels=o.labels[:3]) for o in digits.owners[:2]]
     endpoints = [LocalOwnerEndpoint(Owner(o.name, o)) for o in small]
     endpoints.append(SpyEndpoint(Owner("dies", digits.owners[2]), die_after=1))
-    config = SummarizationConfig(summary_size=10, method="greedy")
+    config = GreedyConfig(summary_size=10)
     with pytest.raises(AbortedError, match="no owner has a point left"):
         _run(digits, endpoints, config)
 
 
 def test_private_ledger_charges_every_release(digits: Scenario) -> None:
     result = simulate(digits.owners, digits.validation, digits.seed_set, _config("private"), seed=2)
-    ledger = result.report.ledger
+    ledger = result.report.ledger.to_json()
     cfg = _config("private")
     validation = ledger["validation"]["parties"]["validation"]
     owners = ledger["owners"]["parties"]["owners"]
@@ -173,14 +180,10 @@ def test_bad_validation_set_is_rejected_before_anything_is_released(
     endpoints = _endpoints(digits)
 
     async def go() -> None:
-        session = SummarizationSession(
-            "t",
-            _config("private"),
-            validation,
-            np.zeros((0, validation.shape[1])),
-            endpoints,
-            np.random.default_rng(0),
+        request = SessionRequest(
+            _config("private"), validation, np.zeros((0, validation.shape[1])), seed=0
         )
+        session = SummarizationSession(request, endpoints, SessionContext(session_id="t"))
         await session.prepare()
 
     with pytest.raises(InvalidArgumentError, match=message):
@@ -217,7 +220,7 @@ def test_a_validation_set_that_cannot_steer_is_refused_before_any_owner_is_charg
 
 def test_summary_larger_than_the_data_is_rejected(digits: Scenario) -> None:
     total = sum(o.n_points for o in digits.owners)
-    config = SummarizationConfig(summary_size=total + 1)
+    config = CandidatesConfig(summary_size=total + 1)
     with pytest.raises(InvalidArgumentError, match="exceeds"):
         simulate(digits.owners, digits.validation, digits.seed_set, config, seed=0)
 
@@ -258,12 +261,12 @@ class RecordingEndpoint(LocalOwnerEndpoint):
 
 
 def test_candidates_stays_within_its_budget_and_charges_both_parties(digits: Scenario) -> None:
-    config = SummarizationConfig(summary_size=P, method="candidates", candidate_fraction=0.5)
+    config = CandidatesConfig(summary_size=P, candidate_fraction=0.5)
     result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=4)
     budget = int(0.5 * len(digits.owners) * P)
     assert P <= result.report.owner_points_accessed <= budget
     assert len({tuple(r) for r in result.points}) == P
-    ledger = result.report.ledger
+    ledger = result.report.ledger.to_json()
     validation = ledger["validation"]["parties"]["validation"]
     owners = ledger["owners"]["parties"]["owners"]
     assert validation["mechanisms"] == owners["mechanisms"] == 1
@@ -281,9 +284,7 @@ def test_exact_reranking_never_changes_what_owners_receive(digits: Scenario) -> 
     points = []
     for embedding_rerank in (False, True):
         endpoints = [RecordingEndpoint(Owner(o.name, o)) for o in digits.owners]
-        config = SummarizationConfig(
-            summary_size=P, method="candidates", embedding_rerank=embedding_rerank
-        )
+        config = CandidatesConfig(summary_size=P, embedding_rerank=embedding_rerank)
         result = _run(digits, endpoints, config, seed=8)
         logs.append([e.received for e in endpoints])
         points.append(result.points)
@@ -293,10 +294,10 @@ def test_exact_reranking_never_changes_what_owners_receive(digits: Scenario) -> 
 
 def test_candidates_budget_never_falls_below_p(digits: Scenario) -> None:
     """A fraction below 1/K still reads p points (and no more); a single owner serves p."""
-    config = SummarizationConfig(summary_size=P, method="candidates", candidate_fraction=0.1)
+    config = CandidatesConfig(summary_size=P, candidate_fraction=0.1)
     result = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=0)
     assert result.report.owner_points_accessed == P
-    assert result.report.ledger["candidates"]["budget"] == P
+    assert result.report.ledger.to_json()["candidates"]["budget"] == P
     single = simulate(
         digits.owners[:1], digits.validation, digits.seed_set, _config("candidates"), seed=1
     )
@@ -310,9 +311,8 @@ def test_candidates_at_huge_epsilon_matches_greedy_quality(digits: Scenario) -> 
     owner of the 3s and 4s the fewest reads; 1.52x exact greedy's MMD² measured), but within 2x."""
     from dpmarket.common.summarization.kernels import exact_kernel_greedy, mmd2
 
-    config = SummarizationConfig(
+    config = CandidatesConfig(
         summary_size=P,
-        method="candidates",
         epsilon_validation_total=100.0,
         epsilon_owners_total=100.0,
         candidate_fraction=1.0,
@@ -351,7 +351,7 @@ def test_the_default_is_never_farther_from_d_v_than_uniform_sampling(
     from dpmarket.common.summarization.kernels import mmd2
     from dpmarket.experiments.runner import publish_sketches
 
-    config = SummarizationConfig(summary_size=P, method="candidates", allocation=allocation)  # type: ignore[arg-type]
+    config = CandidatesConfig(summary_size=P, allocation=allocation)  # type: ignore[arg-type]
     for seed in range(6):
         sketches = publish_sketches(
             digits.owners, digits.sketch_mechanism(1.0, delta=1e-6), seed=1000 + seed
@@ -371,12 +371,12 @@ def test_the_default_is_never_farther_from_d_v_than_uniform_sampling(
             digits.owners,
             digits.validation,
             digits.seed_set,
-            SummarizationConfig(summary_size=P, method="uniform"),
+            UniformConfig(summary_size=P),
             seed=seed,
         )
         read = np.concatenate([u for e in endpoints for u in e.uniform])
         assert {tuple(r) for r in read} == {tuple(r) for r in uniform.points}
-        assert result.report.ledger["candidates"]["hedge"]["uniform_points"] == P
+        assert result.report.ledger.to_json()["candidates"]["hedge"]["uniform_points"] == P
         ours = mmd2(result.points, digits.validation, config.gamma)
         assert ours <= mmd2(uniform.points, digits.validation, config.gamma)
         assert result.report.owner_points_accessed == 3 * P
@@ -385,23 +385,23 @@ def test_the_default_is_never_farther_from_d_v_than_uniform_sampling(
 def test_the_curator_returns_the_uniform_sample_when_it_is_closer() -> None:
     """The hedge's decision itself: a selection farther from D_v than the uniform sample is
     replaced by the sample (in greedy order), and the report says so."""
-    from types import SimpleNamespace
-
     from dpmarket.common.summarization.kernels import mmd2
-    from dpmarket.curator.summarization.selection import Selection
+    from dpmarket.curator.summarization.candidates import CandidatesStrategy
+    from dpmarket.curator.summarization.state import SessionState
+    from dpmarket.owner.data import PointSet
 
     rng = np.random.default_rng(0)
     validation = rng.normal(size=(30, 2))
     pool = np.concatenate([rng.normal(size=(5, 2)), rng.normal(8.0, 1.0, size=(5, 2))])
-    state = SimpleNamespace(
-        config=SimpleNamespace(gamma=0.5), validation=validation, candidates_info={}
-    )
-    selection = Selection(state, None, None)  # type: ignore[arg-type]
+    config = CandidatesConfig(summary_size=5, gamma=0.5)
+    owner = LocalOwnerEndpoint(Owner("o", PointSet(pool, None, "o")))
+    strategy = CandidatesStrategy(SessionState(SessionRequest(config, validation), [owner]), config)
     far = np.arange(5, 10)
-    kept = selection.hedged(pool, far, [0, 1, 2, 3, 4])
+    kept, hedge = strategy.hedged(pool, far, [0, 1, 2, 3, 4])
     assert sorted(kept.tolist()) == [0, 1, 2, 3, 4]
-    assert state.candidates_info["hedge"]["kept"] == "uniform sample"
+    assert hedge.kept == "uniform sample"
     assert mmd2(pool[kept], validation, 0.5) < mmd2(pool[far], validation, 0.5)
     near = np.arange(0, 5)
-    np.testing.assert_array_equal(selection.hedged(pool, near, [5, 6, 7, 8, 9]), near)
-    assert state.candidates_info["hedge"]["kept"] == "selection"
+    chosen, hedge = strategy.hedged(pool, near, [5, 6, 7, 8, 9])
+    np.testing.assert_array_equal(chosen, near)
+    assert hedge.kept == "selection"

@@ -8,12 +8,17 @@ import pytest
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.summarization.endpoints import OwnerBid, ReleasedPoint
 from dpmarket.common.summarization.kernels import bid_direction, bid_scores
+from dpmarket.common.summarization.methods import (
+    CandidatesConfig,
+    GreedyConfig,
+    SummarizationConfig,
+)
 from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
-from dpmarket.common.summarization.summary import SummarizationConfig
-from dpmarket.curator.summarization.allocation import Allocator, split_evenly
-from dpmarket.curator.summarization.release import Releases
-from dpmarket.curator.summarization.selection import Selection
-from dpmarket.curator.summarization.state import SessionState
+from dpmarket.common.summarization.summary import SessionRequest
+from dpmarket.curator.summarization.allocation import split_evenly
+from dpmarket.curator.summarization.candidates import CandidatesStrategy
+from dpmarket.curator.summarization.rounds import GreedyStrategy
+from dpmarket.curator.summarization.state import SessionContext, SessionState
 from dpmarket.owner.data import PointSet
 from dpmarket.owner.local import LocalOwnerEndpoint
 from dpmarket.owner.protocol import Owner
@@ -25,7 +30,8 @@ def _state(config: SummarizationConfig, n_owners: int = 4) -> SessionState:
         LocalOwnerEndpoint(Owner(f"owner-{k}", PointSet(rng.random((20, 3)), None, f"owner-{k}")))
         for k in range(n_owners)
     ]
-    return SessionState("s", config, rng.random((10, 3)), np.zeros((0, 3)), owners, rng)
+    request = SessionRequest(config, rng.random((10, 3)), np.zeros((0, 3)), seed=0)
+    return SessionState(request, owners, SessionContext(session_id="s"))
 
 
 def test_split_evenly_gives_near_equal_shares_within_capacities() -> None:
@@ -38,22 +44,21 @@ def test_split_evenly_gives_near_equal_shares_within_capacities() -> None:
 
 
 def test_candidate_budget_follows_the_configuration() -> None:
-    state = _state(SummarizationConfig(summary_size=10, method="candidates"))
-    allocator = Allocator(state, Releases(state))
+    config = CandidatesConfig(summary_size=10)
+    strategy = CandidatesStrategy(_state(config), config)
     # max(p, floor(c p)) whatever K, with c = candidate_multiple (default 3) ...
-    assert allocator.budget() == 30
+    assert strategy.budget().total == 30
     # ... or max(p, floor(f K p)) with a candidate fraction f > 0 (K = 4 owners).
-    fraction = _state(SummarizationConfig(summary_size=10, candidate_fraction=0.5))
-    assert Allocator(fraction, Releases(fraction)).budget() == 20
+    fraction = CandidatesConfig(summary_size=10, candidate_fraction=0.5)
+    assert CandidatesStrategy(_state(fraction), fraction).budget().total == 20
 
 
 def test_a_released_point_must_match_its_bid() -> None:
     """Step 8: the curator recomputes a released point's bid; a mismatch or a malformed point
     is rejected and counted, every released point counts as accessed."""
-    config = SummarizationConfig(summary_size=2, method="greedy", rff_dimension=16)
+    config = GreedyConfig(summary_size=2, rff_dimension=16)
     state = _state(config)
-    releases = Releases(state)
-    selection = Selection(state, Allocator(state, releases), releases)
+    selection = GreedyStrategy(state, config)
     rng = np.random.default_rng(1)
     rff = draw_rff_params(3, 16, config.gamma, rng)
     direction = bid_direction(rng.normal(size=16), np.zeros(16), 0)
@@ -70,3 +75,21 @@ def test_a_released_point_must_match_its_bid() -> None:
     assert wrong is None and malformed is None
     assert state.rejected_points == 2
     assert state.points_accessed == 3
+
+
+def test_every_method_has_its_strategy_and_its_progress_count() -> None:
+    """The session looks a method up by its configuration's type: every registered method has a
+    strategy, and the one-round methods count one round, the others p."""
+    from dpmarket.common.summarization.methods import METHOD_CONFIGS, method_config
+    from dpmarket.curator.summarization.session import SummarizationSession
+    from dpmarket.curator.summarization.strategies import STRATEGIES
+
+    assert set(STRATEGIES) == set(METHOD_CONFIGS.values())
+    rng = np.random.default_rng(0)
+    owner = LocalOwnerEndpoint(Owner("o", PointSet(rng.random((20, 3)), None, "o")))
+    for name in METHOD_CONFIGS:
+        config = method_config(name, summary_size=7)
+        session = SummarizationSession(SessionRequest(config, rng.random((5, 3)), seed=0), [owner])
+        assert isinstance(session.strategy, STRATEGIES[type(config)])
+        one_round = name in ("uniform", "candidates", "hashes")
+        assert session.state.total_rounds == (1 if one_round else 7)

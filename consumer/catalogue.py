@@ -1,0 +1,455 @@
+"""What a consumer answers from the sketch catalogue: ``consumer explore``, ``rank-owners``.
+
+Both read the owners' published sketches once and compute here (:mod:`dpmarket.consumer.explore`):
+no owner is called, and the validation set never leaves the consumer's process. This module is
+their one home: ``dpmarket consumer explore`` / ``rank-owners`` print what :func:`explore` and
+:func:`rank` return, and :class:`dpmarket.client.Consumer` returns it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dpmarket.common.errors import InvalidArgumentError, NotFoundError
+from dpmarket.common.sketches import SketchLike
+from dpmarket.common.sketches.marginals import MarginalsSketch
+from dpmarket.common.sketches.sketch import PrivateSketch, merge_sketches
+from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
+from dpmarket.consumer.explore import (
+    DEFAULT_EXPLORE_SYNTHETIC,
+    Answer,
+    Explorer,
+    MarginalsExplorer,
+    Query,
+    RankedOwner,
+    choose_source,
+    m2m_standard_errors,
+    m2m_target,
+    rank_owners,
+)
+
+__all__ = [
+    "RANK_COVERS",
+    "Exploration",
+    "ExploreOptions",
+    "Ranking",
+    "SpecChoiceError",
+    "choose_spec",
+    "explore",
+    "published",
+    "rank",
+]
+
+
+class SpecChoiceError(InvalidArgumentError):
+    """The catalogue's specs do not say which one to read: name one (``--spec``)."""
+
+
+@dataclass(frozen=True)
+class ExploreOptions:
+    """How a query is answered from the sketches (the consumer's own randomness and models).
+
+    Attributes
+    ----------
+    synthetic : int or None
+        M2M's synthetic points n_s (None: :data:`DEFAULT_EXPLORE_SYNTHETIC`).
+    seed : int
+        Seed of the consumer's own randomness (synthetic points, bootstrap, records).
+    lambda_rule : {"theorem", "paper"}
+        M2M's ridge parameter: sigma^2/n^2 (theorem) or sigma^2/n (the paper's experiments).
+    intercept : bool
+        Fit an unpenalized constant in M2M.
+    bootstrap : int
+        Bootstrap models per marginals sketch behind its standard errors (0: none).
+    """
+
+    synthetic: int | None = None
+    seed: int = 0
+    lambda_rule: Literal["theorem", "paper"] = "theorem"
+    intercept: bool = False
+    bootstrap: int = 32
+
+
+@dataclass(frozen=True)
+class Exploration:
+    """A query answered from published sketches.
+
+    Attributes
+    ----------
+    spec : SketchSpec
+        The spec answered from.
+    reason : str
+        Why it was chosen (:func:`~dpmarket.consumer.explore.choose_source`).
+    entries : tuple of PublishedSketch
+        The sketches read (one owner's, or several owners' for their union).
+    answer : Answer
+        The estimates, with standard errors, intervals and flags.
+    n_hat : float
+        The estimated number of records behind the answer.
+    details : dict
+        The model's parameters, for the report (``m2m`` or ``graphical_model``).
+    """
+
+    spec: SketchSpec
+    reason: str
+    entries: tuple[PublishedSketch, ...]
+    answer: Answer
+    n_hat: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def owners(self) -> tuple[str, ...]:
+        """The owners whose sketches were read."""
+        return tuple(e.owner for e in self.entries)
+
+    def to_json(self, curator: str) -> dict[str, Any]:
+        """What ``dpmarket consumer explore --json`` prints (``curator``: ``NAME@HOST:PORT``)."""
+        return {
+            "curator": curator,
+            "spec": self.spec.name,
+            "source": self.answer.source,
+            "reason": self.reason,
+            "owners": list(self.owners),
+            "sketches": [e.describe() for e in self.entries],
+            **self.details,
+            "answer": self.answer.as_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Owners ranked by the MMD between a validation set and their RFF sketches.
+
+    Attributes
+    ----------
+    spec : SketchSpec
+        The RFF spec read.
+    validation_points : int
+        Points of the validation set (which stayed here).
+    owners : tuple of RankedOwner
+        Smallest MMD first, each with its interval and the owners it is not resolved against.
+    sketches : dict of str to PrivateSketch
+        Each ranked owner's sketch (its epsilon and noisy count).
+    """
+
+    spec: SketchSpec
+    validation_points: int
+    owners: tuple[RankedOwner, ...]
+    sketches: dict[str, PrivateSketch]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per owner, best first, as ``dpmarket consumer rank-owners --json`` lists
+        them: ``rank``, ``owner``, ``mmd2`` (clipped to [0, 2], the raw value in ``raw`` when
+        clipped), ``standard_error``, ``interval``, ``level``, ``covers`` (:data:`RANK_COVERS`),
+        ``flags`` (``clipped``, ``order_not_resolved``), ``epsilon`` and ``n`` (the sketch's
+        noisy count)."""
+        return [
+            _ranking_row(k, ranked, self.sketches[ranked.owner])
+            for k, ranked in enumerate(self.owners, 1)
+        ]
+
+    def to_json(self, curator: str) -> dict[str, Any]:
+        """What ``dpmarket consumer rank-owners --json`` prints (``curator``:
+        ``NAME@HOST:PORT``)."""
+        return {
+            "curator": curator,
+            "spec": self.spec.name,
+            "validation_points": self.validation_points,
+            "ranking": self.rows(),
+        }
+
+
+#: What a ranking's intervals cover.
+RANK_COVERS = (
+    "the squared MMD of the exact Gaussian kernel between the owner's records and the validation "
+    "set, over the draw of the spec's frequencies and of the noise (the RFF approximation, the "
+    "sum's and the count's noise; dpmarket.common.sketches.mmd)"
+)
+
+
+def _ranking_row(rank: int, ranked: RankedOwner, sketch: PrivateSketch) -> dict[str, Any]:
+    """One owner of a ranking: its MMD², standard error, interval and flags."""
+    e = ranked.estimate
+    # A Gaussian kernel's MMD² lies in [0, 2] (0 <= k <= 1 = k(x, x)): a debiased estimate
+    # outside is clipped and flagged (the raw value kept), and so is the interval, which keeps
+    # every truth it covered.
+    shown = min(max(e.value, 0.0), 2.0)
+    flags = []
+    if shown != e.value:
+        flags.append(
+            {
+                "code": "clipped",
+                "reason": f"clipped to {shown:g}: the debiased estimate {e.value:.4g} lies "
+                "outside [0, 2], where an MMD² can be: the noise moved it there",
+                "severity": "warning",
+            }
+        )
+    if ranked.unresolved:
+        ties = ", ".join(f"{o} (difference {d:+.3g} ± {se:.3g})" for o, d, se in ranked.unresolved)
+        flags.append(
+            {
+                "code": "order_not_resolved",
+                "reason": f"its order against {ties} is within the noise and the RFF "
+                "approximation (the difference's 95 % interval contains 0)",
+                "severity": "warning",
+            }
+        )
+    row: dict[str, Any] = {
+        "rank": rank,
+        "owner": ranked.owner,
+        "mmd2": shown,
+        "standard_error": e.standard_error,
+        "interval": [min(max(e.low, 0.0), 2.0), min(max(e.high, 0.0), 2.0)],
+        "level": e.level,
+        "covers": RANK_COVERS,
+        "flags": flags,
+        "epsilon": sketch.mechanism.epsilon,
+        "n": sketch.count_estimate,
+    }
+    if shown != e.value:
+        row["raw"] = e.value
+    return row
+
+
+def choose_spec(client: Any, name: str | None, kind: str | None = None) -> SketchSpec:
+    """The spec called ``name``, or the only one (of ``kind``) in the catalogue.
+
+    Raises
+    ------
+    SpecChoiceError
+        If ``name`` is of another kind, or it is None and the catalogue has not exactly one
+        such spec.
+    """
+    if name is not None:
+        spec: SketchSpec = client.sketch_spec(name)
+        if kind is not None and spec.kind != kind:
+            raise SpecChoiceError(f"{name} is a {spec.kind} spec, not {kind}")
+        return spec
+    specs = [s for s in client.sketch_specs() if kind is None or s.kind == kind]
+    if len(specs) != 1:
+        names = ", ".join(s.name for s in specs) or "none"
+        raise SpecChoiceError(f"choose a spec with --spec (the catalogue has: {names})")
+    return specs[0]
+
+
+def published(
+    entries: list[PublishedSketch], owners: Sequence[str], spec: SketchSpec
+) -> list[PublishedSketch]:
+    """``entries``, checked to hold every owner of ``owners`` and at least one sketch.
+
+    Raises
+    ------
+    NotFoundError
+        If an owner asked about has published no sketch under ``spec``, or no owner has.
+    """
+    found = {e.owner for e in entries}
+    missing = sorted(set(owners) - found)
+    if missing:
+        raise NotFoundError(
+            f"no sketch of {', '.join(missing)} under {spec.name} (published: "
+            f"{', '.join(sorted(found)) or 'none'})"
+        )
+    if not entries:
+        raise NotFoundError(f"no owner has published under {spec.name} yet")
+    return entries
+
+
+def _candidates(
+    client: Any, name: str | None, owners: Sequence[str]
+) -> list[tuple[SketchSpec, list[PublishedSketch]]]:
+    """The specs ``name`` allows (one spec, every spec of a declaration, or every spec), each
+    with the sketches of the owners asked about; specs missing one of them are left out."""
+    if name is not None and "/" in name:
+        specs = [client.sketch_spec(name)]
+    else:
+        specs = [s for s in client.sketch_specs() if name is None or s.name.split("/")[0] == name]
+        declarations = {s.name.split("/")[0] for s in specs}
+        if not specs or len(declarations) > 1:
+            listed = ", ".join(sorted(declarations)) or "none"
+            raise SpecChoiceError(
+                f"name a declaration or a spec with --spec (the catalogue has: {listed})"
+            )
+    out = []
+    for spec in specs:
+        entries = client.sketches(spec, list(owners) or None)
+        if entries and set(owners) <= {e.owner for e in entries}:
+            out.append((spec, entries))
+    if not out:
+        names = ", ".join(s.name for s in specs)
+        who = ", ".join(owners) or "any owner"
+        raise NotFoundError(f"no sketch of {who} under {names}")
+    return out
+
+
+def _merged(entries: Sequence[PublishedSketch]) -> SketchLike:
+    """One owner's sketch, or the union's."""
+    sketches = [e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)]
+    return sketches[0] if len(sketches) == 1 else merge_sketches(sketches)
+
+
+def _expected_error(
+    query: Query,
+    spec: SketchSpec,
+    entries: list[PublishedSketch],
+    make: Callable[[SketchSpec], Explorer],
+    answers: dict[str, Any],
+) -> float:
+    """Mean half-width of ``spec``'s 95 % interval for ``query``, bias bound included (its
+    answer, kept in ``answers``); for a logistic regression, whose bias no sketch bounds, the
+    mean standard error of the involved columns' means from the public noise scales."""
+    explorer = make(spec)
+    sketch = _merged(entries)
+    if query.kind != "logreg":
+        answer = explorer.answer(query, sketch)
+        answers[spec.name] = answer
+        low, high = answer.interval()
+        return float(np.mean((high - low) / 2.0))
+    estimator = explorer.estimator(sketch)
+    columns = tuple(dict.fromkeys((*query.columns, *([query.target] if query.target else []))))
+    target = m2m_target(Query("mean", columns=columns), spec.domain)
+    assert target is not None
+    return float(np.mean(m2m_standard_errors(estimator, target)))
+
+
+def explore(
+    client: Any,
+    query: Query,
+    *,
+    spec: str | None = None,
+    owners: Sequence[str] = (),
+    options: ExploreOptions | None = None,
+    explorers: dict[Any, Explorer] | None = None,
+) -> Exploration:
+    """Answer ``query`` about ``owners``' data (their union; none: any owner) from their
+    published sketches, with standard errors, computed here (no owner is asked anything).
+
+    Each query is answered from the best sketch available
+    (:func:`~dpmarket.consumer.explore.choose_source`): a marginals sketch for what it expresses
+    (counts, CDFs, marginals, synthetic records, moments of discrete columns), else the M2M
+    sketch whose noise moves the answer least.
+
+    Parameters
+    ----------
+    client : CuratorClient
+        Reads the catalogue.
+    query : Query
+    spec : str, optional
+        A spec (``decl/kind``) to answer from, or a declaration whose best sketch is chosen
+        (default: the only declaration).
+    owners : sequence of str
+        The owners asked about.
+    options : ExploreOptions, optional
+    explorers : dict, optional
+        Keeps each spec's M2M explorer (its synthetic design, the costly part) across calls,
+        keyed by the spec and the options: the consumer's console passes one dict for its
+        lifetime.
+
+    Returns
+    -------
+    Exploration
+
+    Raises
+    ------
+    SpecChoiceError
+        If the catalogue's specs do not say which one to read.
+    NotFoundError
+        If an owner asked about has no sketch under the specs.
+    dpmarket.common.errors.DPMarketError, ValueError
+        From the catalogue or the estimators.
+    """
+    options = options if options is not None else ExploreOptions()
+    kept: dict[Any, Explorer] = explorers if explorers is not None else {}
+
+    def make(chosen: SketchSpec) -> Explorer:
+        key = (chosen.name, chosen.key, options)
+        if key not in kept:
+            kept[key] = Explorer(
+                chosen,
+                n_synthetic=options.synthetic or DEFAULT_EXPLORE_SYNTHETIC,
+                seed=options.seed,
+                lambda_rule=options.lambda_rule,
+                intercept=options.intercept,
+            )
+        return kept[key]
+
+    candidates = _candidates(client, spec, owners)
+    by_name = {s.name: (s, e) for s, e in candidates}
+    answered: dict[str, Any] = {}
+    chosen, reason = choose_source(
+        query,
+        [s for s, _ in candidates],
+        lambda s: _expected_error(query, s, by_name[s.name][1], make, answered),
+    )
+    entries = by_name[chosen.name][1]
+    if chosen.kind == "marginals":
+        tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
+        marginals = MarginalsExplorer(chosen, bootstrap=options.bootstrap, seed=options.seed)
+        answer = marginals.answer(query, tables)
+        n_hat = math.fsum(marginals.models(s)[0].total for s in tables)
+        details: dict[str, Any] = {
+            "graphical_model": {"bootstrap": options.bootstrap, "seed": options.seed}
+        }
+    else:
+        explorer = make(chosen)
+        estimator = explorer.estimator(_merged(entries))
+        answer = answered.get(chosen.name) or explorer.answer(query, estimator)
+        n_hat = float(answer.extra.get("n", estimator.sketch.count_estimate))
+        details = {
+            "m2m": {
+                "n_synthetic": explorer.design.n_synthetic,
+                "seed": options.seed,
+                "lambda_rule": options.lambda_rule,
+                "lambda": estimator.lam,
+                "intercept": options.intercept,
+            }
+        }
+    return Exploration(chosen, reason, tuple(entries), answer, n_hat, details)
+
+
+def rank(
+    client: Any,
+    validation: Callable[[SketchSpec], NDArray[np.float64]] | NDArray[np.float64],
+    *,
+    spec: str | None = None,
+    owners: Sequence[str] = (),
+) -> Ranking:
+    """Rank owners by the MMD between a validation set and their RFF sketches, computed here
+    (:func:`~dpmarket.consumer.explore.rank_owners`).
+
+    Parameters
+    ----------
+    client : CuratorClient
+        Reads the catalogue.
+    validation : ndarray of shape (m, d), or a callable
+        The validation set in the spec's column order, or a function of the chosen spec giving
+        it (the CLI reads a table's columns by the spec's names).
+    spec : str, optional
+        An RFF spec (default: the only one).
+    owners : sequence of str
+        Rank only these owners (default: every owner that published under the spec).
+
+    Returns
+    -------
+    Ranking
+
+    Raises
+    ------
+    SpecChoiceError
+        If the spec is not RFF, or none is named and the catalogue has not exactly one.
+    NotFoundError
+        If an owner asked about has not published under the spec.
+    InvalidArgumentError
+        If a validation record lies outside the spec's domain.
+    """
+    chosen = choose_spec(client, spec, kind="rff")
+    points = validation(chosen) if callable(validation) else np.asarray(validation, np.float64)
+    entries = published(client.sketches(chosen, list(owners) or None), owners, chosen)
+    sketches = {e.owner: e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)}
+    ranking = rank_owners(sketches, points)
+    return Ranking(chosen, int(points.shape[0]), tuple(ranking), sketches)
