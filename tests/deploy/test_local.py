@@ -81,7 +81,11 @@ def test_init_writes_pki_configs_policies_and_a_draft_schema(tmp_path: Path) -> 
     assert owner["schema"] == "schema.toml" and owner["data-dir"] == "owners/clinic-a"
     assert curator["owner"][0] == f"clinic-a@127.0.0.1:{owner['port']}"
     assert owner["curator"] == f"127.0.0.1:{curator['port']}"
-    assert (root / "owners" / "clinic-a" / "policy.toml").is_file()
+    drafted = load_owner_policy(root / "owners" / "clinic-a" / "policy.toml")
+    # The tutorial runs the candidates method: no drafted owner trusts the curator with exact
+    # bids (the per-round methods), nor serves non-private sessions.
+    assert not drafted.allow_exact_bids and not drafted.allow_non_private
+    assert "allow_exact_bids = false" in (root / "owners" / "clinic-a" / "policy.toml").read_text()
     services = tomllib.loads((root / DEPLOYMENT_FILE).read_text(encoding="utf-8"))["service"]
     assert [s["name"] for s in services] == ["clinic-a", "clinic-b", "curator"]
     # Each owner's ledger is created by init, bound to its certificate; the owner's config
