@@ -312,7 +312,8 @@ def _environ(extra: Mapping[str, str]) -> Iterator[None]:
 
 
 #: Policies of the benchmark's services: budgets far above what the measured sessions spend, and
-#: the non-private greedy baseline allowed (a benchmark measures speed, not privacy).
+#: the non-private greedy baseline and the per-round methods' exact bids (with as many rounds as
+#: they ask) allowed: a benchmark measures speed, not privacy.
 BENCH_OWNER_POLICY = """
 [budget]
 epsilon = 1e6
@@ -322,8 +323,10 @@ points = 100000000
 epsilon = 1e5
 delta = 0.5
 points = 10000000
+rounds_per_point = 1000
 [access]
 allow_non_private = true
+allow_exact_bids = true
 """
 _BENCH_CURATOR_POLICY = """
 [requests]

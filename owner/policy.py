@@ -17,9 +17,11 @@ comments is ``deploy/policies/owner.toml``)::
     delta = 1e-6
     points = 1000
     points_fraction = 0.25   # and at most this fraction of the owner's table (rounded down)
+    rounds_per_point = 1     # Bid rounds a session may ask per raw point it may receive
     [access]
     curators = ["curator"]      # names of the curator certificates this owner serves
     allow_non_private = false   # whether exact (epsilon = inf) releases may be served at all
+    allow_exact_bids = false    # whether per-round methods (exact bids to the curator) are served
     [limits]
     max_sessions = 8
     session_idle_timeout_seconds = 600
@@ -79,8 +81,10 @@ _KEYS: dict[tuple[str, str], str] = {
     ("session", "delta"): "delta_per_session",
     ("session", "points"): "points_per_session",
     ("session", "points_fraction"): "points_fraction_per_session",
+    ("session", "rounds_per_point"): "rounds_per_point",
     ("access", "curators"): "curators",
     ("access", "allow_non_private"): "allow_non_private",
+    ("access", "allow_exact_bids"): "allow_exact_bids",
     ("limits", "max_sessions"): "max_sessions",
     ("limits", "session_idle_timeout_seconds"): "session_idle_timeout_seconds",
     ("limits", "max_rff_dimension"): "max_rff_dimension",
@@ -221,9 +225,24 @@ class OwnerPolicy:
         (0, 1]: a session gets at most ``floor(fraction * rows)`` of them, and at most
         ``points_per_session`` (:meth:`session_points`). ``session.points_fraction``; default
         :data:`DEFAULT_POINTS_FRACTION`.
+    rounds_per_point : int
+        The most Bid rounds a per-round session (private, rounds, greedy) may ask for each raw
+        point it may receive from this owner, >= 1: terms whose ``max_rounds`` exceeds
+        ``rounds_per_point`` times the session's point allowance are refused when the session
+        opens (:func:`dpmarket.owner.terms.check_terms`, which derives why).
+        ``session.rounds_per_point``; default 1.
     allow_non_private : bool
         Whether non-private sessions (exact embeddings, epsilon = inf) may be served at all.
         ``access.allow_non_private``.
+    allow_exact_bids : bool
+        Whether the methods whose steps answer the curator with exact values computed from this
+        owner's rows may be served: the per-round methods (private, rounds, greedy), whose
+        ``Bid`` returns the exact score of the owner's best point for a direction the curator
+        chooses. Their terms' epsilon pays for what the curator releases (to the owners and the
+        consumer), not for the bids the curator itself sees: the paper's auction trusts the
+        curator with exact bids. Off (the default), such terms are refused when the session
+        opens (``FAILED_PRECONDITION`` naming this key) and nothing is charged; greedy needs
+        ``allow_non_private`` too. ``access.allow_exact_bids``.
     curators : tuple of str
         Names (certificate names) of the curators this owner serves; at least one, no
         duplicates, none empty. ``access.curators``.
@@ -277,8 +296,9 @@ class OwnerPolicy:
     Notes
     -----
     The budgets are enforced by :class:`dpmarket.owner.ledger.OwnerLedger` (epsilon, delta and
-    points; ``allow_non_private``); ``curators`` and the ``limits`` are enforced by the owner
-    service; ``sketches`` by the owner's publisher
+    points; ``allow_non_private``); ``allow_exact_bids`` and ``rounds_per_point`` by the owner
+    when a session opens (:func:`dpmarket.owner.terms.check_terms`); ``curators`` and the
+    ``limits`` are enforced by the owner service; ``sketches`` by the owner's publisher
     (:class:`dpmarket.owner.sketches.SketchPublisher`), before the ledger is asked; ``cape`` by the
     owner's CAPE site (:class:`dpmarket.owner.cape.CapeSite`) and its secure-aggregation rounds
     (:class:`dpmarket.owner.secagg.SiteRounds`).
@@ -292,7 +312,9 @@ class OwnerPolicy:
     delta_per_session: float = 1e-6
     points_per_session: int = 1000
     points_fraction_per_session: float = DEFAULT_POINTS_FRACTION
+    rounds_per_point: int = 1
     allow_non_private: bool = False
+    allow_exact_bids: bool = False
     curators: tuple[str, ...] = ("curator",)
     max_sessions: int = 8
     session_idle_timeout_seconds: float = 600.0
@@ -337,10 +359,10 @@ class OwnerPolicy:
                 f"owner's rows), got {self.points_fraction_per_session!r}"
             )
         put("points_fraction_per_session", fraction)
-        if not isinstance(self.allow_non_private, bool):
-            raise ValueError(
-                f"{_key('allow_non_private')} must be true or false, got {self.allow_non_private!r}"
-            )
+        put("rounds_per_point", _integer(self.rounds_per_point, "rounds_per_point"))
+        for flag in ("allow_non_private", "allow_exact_bids"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{_key(flag)} must be true or false, got {getattr(self, flag)!r}")
         curators = self.curators
         if isinstance(curators, str) or not isinstance(curators, list | tuple):
             raise ValueError(f"{_key('curators')} must be a list of names, got {curators!r}")

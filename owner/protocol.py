@@ -10,9 +10,12 @@ session spends of this owner's privacy; the owner checks them against its ledger
 opens and charges them before its first release (a relevance count, a bid or a point), then charges
 every raw point before it leaves ("charge, then release": a crash between the two wastes budget
 but never releases anything uncharged). A refused charge raises ``FailedPreconditionError`` and
-changes nothing. An owner built without a ledger (in-process research runs: ``dpmarket
-simulate``, the evaluation harness, benchmarks) records and charges nothing; the owner service
-always has one.
+changes nothing. Its policy also decides what the terms' method may ask that no charge covers
+(:mod:`dpmarket.owner.terms`): the per-round methods, whose bids answer the curator exactly, only
+with ``access.allow_exact_bids``, and no more Bid rounds than ``session.rounds_per_point`` per raw
+point the session may receive. An owner built without a ledger (in-process research runs:
+``dpmarket simulate``, the evaluation harness, benchmarks) records, charges and enforces none of
+this; the owner service always has one.
 
 Every session is a state machine the owner enforces, ledger or not (:mod:`dpmarket.owner.steps`): it
 answers only the steps of the terms' method, in their order, each once (the rounds once per
@@ -72,6 +75,7 @@ from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.limits import QUICK_STEP_BYTES, WorkLimits
 from dpmarket.owner.partitioned import PartitionedData
 from dpmarket.owner.steps import SessionSteps
+from dpmarket.owner.terms import check_exact_bids, check_rounds
 
 logger = logging.getLogger(__name__)
 
@@ -1009,7 +1013,10 @@ class Owner:
             the policy's limit.
         FailedPreconditionError
             If the ledger refuses the terms (over the per-session or remaining budget, or
-            non-private terms the policy does not allow).
+            non-private terms the policy does not allow), or the policy refuses what the terms'
+            method asks (:mod:`dpmarket.owner.terms`: a per-round method without
+            ``access.allow_exact_bids``; more Bid rounds than ``session.rounds_per_point`` times
+            the point allowance). Nothing is charged.
         ResourceExhaustedError
             If ``max_sessions`` sessions are open (after closing idle ones).
         AlreadyExistsError
@@ -1044,6 +1051,9 @@ class Owner:
         n = info.num_points
         allowance = n
         if self.ledger is not None:
+            # What the method asks that no charge covers (exact bids to the curator), then
+            # what it charges, then how many rounds: each refusal before anything is computed.
+            check_exact_bids(self.ledger.policy, terms)
             self.ledger.check(
                 session=session_id,
                 consumer=consumer,
@@ -1062,6 +1072,7 @@ class Owner:
                 0,
                 min(n, policy.session_points(n) - already, self.ledger.remaining().points),
             )
+            check_rounds(policy, terms, allowance)
         self._check_new(session_id)
         if self.allow_seeded_sessions:
             rng = np.random.default_rng(sampling_seed)

@@ -219,6 +219,15 @@ class OwnerTerms:
         return METHOD_EPSILON[self.method] is TermsEpsilon.NON_PRIVATE
 
     @property
+    def exact_bids(self) -> bool:
+        """The session's steps answer the curator with exact values computed from the owner's
+        rows: the per-round methods, whose ``Bid`` returns the exact score of the owner's best
+        point for a direction the curator chooses (the paper's auction trusts the curator with
+        them; the epsilon pays for what the curator releases, not for the bids it sees).
+        An owner serves them only if its policy says so (``access.allow_exact_bids``)."""
+        return Step.ROUNDS in METHOD_STEPS[self.method]
+
+    @property
     def steps(self) -> tuple[Step, ...]:
         """The steps the terms allow, in order (:data:`METHOD_STEPS`)."""
         return METHOD_STEPS[self.method]

@@ -12,6 +12,7 @@ the command and the refusal.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.common.summarization.methods import ALLOCATIONS
 from dpmarket.common.summarization.summary import SessionRequest
 from dpmarket.consumer import cli as consumer_cli
@@ -94,35 +96,54 @@ def test_request_defaults_pass_both_policies(
     """``dpmarket request -p 50 --method M`` with every other option at its default: the
     curator's ranges and terms check, then every owner opens the session on its own ledger.
     The sketch allocation runs when every owner published (charged at publication); without
-    sketches the counts allocation's terms are those of ``--allocation counts``."""
+    sketches the counts allocation's terms are those of ``--allocation counts``. The per-round
+    methods answer the curator with exact bids, which the shipped owner policy does not serve
+    (``access.allow_exact_bids = false``): they must be refused by it, naming the key, and
+    pass under an owner's opt-in (with the rounds a point the demo's owners allow)."""
     options = _defaults(consumer_cli.request)
     options["allocation"] = allocation
     config = consumer_cli.summarization_config(50, method, options)
     validation = digits.validation
     curator_policy.check_request(config, validation.shape[0])
-    ledgers = _ledgers(tmp_path, owner_policy, K)
-    owners = [
-        LocalOwnerEndpoint(Owner(o.name, o, ledger=ledger))
-        for o, ledger in zip(digits.owners[:K], ledgers, strict=True)
-    ]
     sketches = {}
     if method == "candidates" and allocation == "sketch":
         sketches = publish_sketches(digits.owners[:K], digits.sketch_mechanism(), seed=0)
-    session = SummarizationSession(
-        SessionRequest(config, validation, np.zeros((0, validation.shape[1])), seed=0),
-        owners,
-        SessionContext(session_id="defaults", owner_sketches=sketches),
-    )
 
-    async def prepare() -> None:
-        await session.prepare(check_terms=curator_policy.check_terms)
-        await session.abandon()
+    def prepare(
+        policy: OwnerPolicy, where: Path
+    ) -> tuple[SummarizationSession, FailedPreconditionError | None]:
+        ledgers = _ledgers(where, policy, K)
+        owners = [
+            LocalOwnerEndpoint(Owner(o.name, o, ledger=ledger))
+            for o, ledger in zip(digits.owners[:K], ledgers, strict=True)
+        ]
+        session = SummarizationSession(
+            SessionRequest(config, validation, np.zeros((0, validation.shape[1])), seed=0),
+            owners,
+            SessionContext(session_id="defaults", owner_sketches=sketches),
+        )
 
-    try:
-        asyncio.run(prepare())  # raises on any refusal
-    finally:
-        for ledger in ledgers:
-            ledger.close()
+        async def run() -> None:
+            await session.prepare(check_terms=curator_policy.check_terms)
+            await session.abandon()
+
+        try:
+            asyncio.run(run())  # raises on any refusal
+        except FailedPreconditionError as exc:
+            return session, exc
+        finally:
+            for ledger in ledgers:
+                ledger.close()
+        return session, None
+
+    if method in ("private", "rounds"):
+        refused, error = prepare(owner_policy, tmp_path / "default")
+        assert error is not None and "left out: " in str(error)
+        notes = refused.state.drop_notes()
+        assert notes.count("access.allow_exact_bids = false") == K, notes
+        owner_policy = dataclasses.replace(owner_policy, allow_exact_bids=True, rounds_per_point=8)
+    session, error = prepare(owner_policy, tmp_path)
+    assert error is None, error
     assert session.allocation == ("sketch" if sketches else "counts")
 
 

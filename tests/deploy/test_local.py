@@ -85,6 +85,11 @@ def test_init_writes_pki_configs_policies_and_a_draft_schema(tmp_path: Path) -> 
     assert curator["owner"][0] == f"clinic-a@127.0.0.1:{owner['port']}"
     assert owner["curator"] == f"127.0.0.1:{curator['port']}"
     assert (root / "owners" / "clinic-a" / "policy.toml").is_file()
+    drafted = load_owner_policy(root / "owners" / "clinic-a" / "policy.toml")
+    # The tutorial runs the candidates method: no drafted owner trusts the curator with exact
+    # bids (the per-round methods), nor serves non-private sessions.
+    assert not drafted.allow_exact_bids and not drafted.allow_non_private
+    assert "allow_exact_bids = false" in (root / "owners" / "clinic-a" / "policy.toml").read_text()
     # The catalogue drafts a marginals spec (Gaussian at delta 1e-6, its measurements planned
     # for the smallest owner's 30 rows, drafted as 30), which explore prefers for counts.
     declaration = SketchDeclaration.from_mapping(

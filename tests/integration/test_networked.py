@@ -1,8 +1,9 @@
 """Real processes, real gRPC over mTLS: owners and curator as separate OS processes on loopback.
 
 The cluster's policies allow the non-private greedy baseline (curator ``methods`` and owners'
-``allow_non_private``) so that every method's networked run can be compared with its in-process
-run.
+``allow_non_private``) and the per-round methods' exact bids (owners' ``allow_exact_bids``, with
+``rounds_per_point`` for greedy's 240 rounds against the smallest owner's 44-point share) so
+that every method's networked run can be compared with its in-process run.
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ points = 1000000
 epsilon = 100.0
 delta = 0.1
 points = 100000
+rounds_per_point = 8
 [access]
 allow_non_private = true
+allow_exact_bids = true
 """
 CURATOR_POLICY = """
 [requests]

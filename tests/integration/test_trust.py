@@ -549,6 +549,8 @@ points = 100000
 epsilon = 0.5
 delta = 1e-6
 points = 1000
+[access]
+allow_exact_bids = true   # the controls of attack 2: the per-round method's bids
 """
 BUDGET_CURATOR_POLICY = """
 [sessions]
@@ -774,6 +776,83 @@ def test_bids_are_answered_only_under_terms_that_charge_them(
     ]
 
 
+def test_exact_bids_are_refused_unless_the_owner_trusts_its_curator_with_them(
+    guard: LocalCluster, budget: LocalCluster, digits: Scenario
+) -> None:
+    """Issue 25, attack 2, second round: the per-round methods' epsilon pays for what the
+    curator releases, not for the bids it sees, so terms of epsilon 1e-9 bought exact column
+    maxima. An owner with the default policy (``access.allow_exact_bids = false``: the guard
+    cluster) refuses such terms at OpenSession, naming the key, and charges nothing. Control:
+    an owner that opted in (the budget cluster) answers the same probe under the same terms at
+    epsilon 1e-9 with the column's exact largest and smallest values; and it answers no more
+    rounds than its point allowance (100,000 refused, nothing charged)."""
+    column = 6
+    probe = ColumnProbe(digits.n_features, D, (column,), scale=2.0)  # the schema's bound: [0, 1]
+
+    def bid(sid: str, round_: int, largest: bool) -> Any:
+        return owner_pb2.BidRequest(
+            session_id=sid,
+            round=round_,
+            summary_embedding=array_to_proto(probe.summary_embedding(0, largest)),
+            summary_size=1,
+        )
+
+    Terms = owner_pb2.SessionTerms
+    probes = {
+        "exact-bids-private": Terms(
+            method=owner_pb2.SESSION_METHOD_PRIVATE, epsilon=1e-9, max_rounds=100_000
+        ),
+        "exact-bids-rounds": Terms(
+            method=owner_pb2.SESSION_METHOD_ROUNDS, epsilon=1e-300, max_rounds=10**12
+        ),
+        "exact-bids-greedy": Terms(
+            method=owner_pb2.SESSION_METHOD_GREEDY, epsilon=math.inf, max_rounds=2
+        ),
+    }
+    owner_id = guard.owner_ids[0]
+    before = _ledgers(guard)
+    with _channel(guard, guard.owner_targets[0], Identity("owner", owner_id), CURATOR) as ch:
+        stub = owner_pb2_grpc.OwnerServiceStub(ch)
+        refused = {
+            sid: _status(stub.OpenSession, _open_request(sid, probe.rff, terms))
+            for sid, terms in probes.items()
+        }
+        # Nothing opened: the probe's steps find no session.
+        code, _ = _status(
+            stub.SetValidationEmbedding,
+            _embedding_request("exact-bids-private", np.zeros(D)),
+        )
+        assert code == grpc.StatusCode.NOT_FOUND
+    for sid, (code, details) in refused.items():
+        assert code == grpc.StatusCode.FAILED_PRECONDITION, (sid, code, details)
+        assert "access.allow_exact_bids = false" in details, (sid, details)
+    assert _ledgers(guard) == before, "a refused session charges nothing"
+
+    # Control: an owner that trusts its curator with exact bids.
+    owner_id, data = budget.owner_ids[0], digits.owners[OWNERS[0]].features
+    before = _ledgers(budget)
+    with _channel(budget, budget.owner_targets[0], Identity("owner", owner_id), CURATOR) as ch:
+        stub = owner_pb2_grpc.OwnerServiceStub(ch)
+        code, details = _status(
+            stub.OpenSession,
+            _open_request("exact-bids-many", probe.rff, probes["exact-bids-private"]),
+        )
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and "session.rounds_per_point" in details
+        assert _ledgers(budget) == before, "a refused session charges nothing"
+        sid = "exact-bids-trusted"
+        terms = Terms(method=owner_pb2.SESSION_METHOD_PRIVATE, epsilon=1e-9, max_rounds=2)
+        stub.OpenSession(_open_request(sid, probe.rff, terms), timeout=CALL_TIMEOUT)
+        stub.SetValidationEmbedding(_embedding_request(sid, np.zeros(D)), timeout=CALL_TIMEOUT)
+        read = [
+            probe.value(stub.Bid(bid(sid, r, largest), timeout=CALL_TIMEOUT).bid, largest)
+            for r, largest in ((1, True), (2, False))
+        ]
+        stub.CloseSession(owner_pb2.CloseSessionRequest(session_id=sid), timeout=CALL_TIMEOUT)
+    np.testing.assert_allclose(read, [data[:, column].max(), data[:, column].min()], atol=1e-4)
+    new = _new_entries(before, _ledgers(budget))
+    assert [(e.session, e.epsilon, e.points) for e in new[owner_id]] == [(sid, 1e-9, 0)]
+
+
 # =================================================================== lifecycle cluster
 IDLE_SECONDS = 2.0
 FETCHED_TTL_SECONDS = 2.0
@@ -787,6 +866,9 @@ epsilon = 100.0
 delta = 0.1
 points = 100000
 points_fraction = 1.0
+rounds_per_point = 8
+[access]
+allow_exact_bids = true
 [limits]
 session_idle_timeout_seconds = {IDLE_SECONDS}
 """
@@ -1021,6 +1103,9 @@ points = 1000000
 epsilon = 100.0
 delta = 0.1
 points = 100000
+rounds_per_point = 8   # the heaviest request: 600 rounds, 88 points a session
+[access]
+allow_exact_bids = true   # the heaviest request runs the private method
 """
 LOAD_CURATOR_POLICY = """
 [requests]

@@ -56,6 +56,9 @@ def rff() -> RFFParams:
 def _owner(
     data: PointSet, tmp_path: Path, ledger_clock: Clock | None = None, **policy: object
 ) -> tuple[Owner, OwnerLedger]:
+    # The tests' terms bid in rounds (TERMS): this owner opts in to trusting its curator with
+    # exact bids, for up to 100 rounds a point (tests/owner/test_exact_bids.py: the default).
+    policy = {"allow_exact_bids": True, "rounds_per_point": 100, **policy}
     p = OwnerPolicy(**policy)  # type: ignore[arg-type]
     ledger = OwnerLedger.create(tmp_path / "owner", p, clock=ledger_clock or Clock())
     owner = Owner(
@@ -254,7 +257,8 @@ def test_expire_idle_closes_only_sessions_untouched_for_the_timeout(
     data: PointSet, rff: RFFParams, tmp_path: Path
 ) -> None:
     monotonic = Clock(100.0)
-    ledger = OwnerLedger.create(tmp_path / "owner", OwnerPolicy(), clock=Clock())
+    bidding = OwnerPolicy(allow_exact_bids=True, rounds_per_point=100)
+    ledger = OwnerLedger.create(tmp_path / "owner", bidding, clock=Clock())
     owner = Owner("o", data, ledger=ledger, idle_timeout=10.0, clock=monotonic)
     assert Owner("o", data).expire_idle() == [], "no timeout: nothing ever expires"
     _open(owner, rff, "a")

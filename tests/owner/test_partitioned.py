@@ -302,7 +302,8 @@ def test_greedi_mmd_is_within_a_factor_of_greedy(tmp_path: Path, engine, scenari
 
 
 def _owner(data: object, tmp: Path) -> Owner:
-    policy = OwnerPolicy(points_per_session=500, points_total=5000)
+    # ROUNDS bids: this owner trusts its curator with exact bids (access.allow_exact_bids).
+    policy = OwnerPolicy(points_per_session=500, points_total=5000, allow_exact_bids=True)
     return Owner("o", data, ledger=OwnerLedger.create(tmp, policy))  # type: ignore[arg-type]
 
 

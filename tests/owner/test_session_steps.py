@@ -69,7 +69,9 @@ def rff() -> RFFParams:
 
 @pytest.fixture
 def ledger(tmp_path: Path) -> OwnerLedger:
-    return OwnerLedger.create(tmp_path / "owner", OwnerPolicy())
+    # ALL_TERMS include the per-round methods: this owner trusts its curator with exact bids
+    # (tests/owner/test_exact_bids.py: the default refuses them).
+    return OwnerLedger.create(tmp_path / "owner", OwnerPolicy(allow_exact_bids=True))
 
 
 @pytest.fixture
@@ -133,15 +135,16 @@ def test_open_session_serves_non_private_terms_only_when_the_policy_allows_them(
     data: PointSet, rff: RFFParams, tmp_path: Path
 ) -> None:
     greedy = OwnerTerms(SessionMethod.GREEDY, math.inf, 0.0, max_rounds=4)
-    ledger = OwnerLedger.create(tmp_path / "a", OwnerPolicy())
-    _refused(
-        lambda: Owner("o", data, ledger=ledger).open_session("s", rff, 0, terms=greedy),
-        "allow_non_private = false",
-    )
-    assert ledger.entries() == []
-    allowing = Owner(
-        "o", data, ledger=OwnerLedger.create(tmp_path / "b", OwnerPolicy(allow_non_private=True))
-    )
+    # Greedy's bids are exact too: it needs both opt-ins, each refused by its own key.
+    for name, policy, key in (
+        ("a", OwnerPolicy(allow_non_private=True), "allow_exact_bids = false"),
+        ("b", OwnerPolicy(allow_exact_bids=True), "allow_non_private = false"),
+    ):
+        refusing = Owner("o", data, ledger=OwnerLedger.create(tmp_path / name, policy))
+        _refused(lambda: refusing.open_session("s", rff, 0, terms=greedy), key)  # noqa: B023
+        assert refusing.ledger is not None and refusing.ledger.entries() == []
+    both = OwnerPolicy(allow_non_private=True, allow_exact_bids=True)
+    allowing = Owner("o", data, ledger=OwnerLedger.create(tmp_path / "c", both))
     allowing.open_session("s", rff, 0, terms=greedy)
     allowing.set_validation_embedding("s", G)
     assert allowing.bid("s", 1, np.zeros(D), 0) is not None

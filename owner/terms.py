@@ -1,0 +1,121 @@
+"""What an owner's policy lets a session's terms ask, checked when the session opens.
+
+The ledger (:class:`~dpmarket.owner.ledger.OwnerLedger`) checks what the terms *charge* (epsilon,
+delta, non-private); this module checks what the terms' method *asks* of the owner that no
+charge covers:
+
+* **Exact bids to the curator** (:func:`check_exact_bids`). The per-round methods (private,
+  rounds, greedy) answer every ``Bid`` with the exact score of the owner's best unsent point for
+  a direction the curator chooses (the validation and summary embeddings, and h1's parameters,
+  all come from the curator). Their terms' epsilon pays for what the curator *releases* (the
+  summary embeddings to the owners, the auction's choices, the summary to the consumer), as in
+  the paper's Algorithm 3, whose auction trusts the curator with exact bids; it does not pay
+  for the bids the curator itself sees. A curator that chooses those directions as probes reads
+  exact statistics of the owner's rows at any stated epsilon (red team of issue 25: every
+  column's maximum and minimum with two bids each, a column's distinct values with 3,000 bids,
+  under terms of epsilon 1e-9). So an owner serves these methods only if its policy trusts the
+  curator with exact bids (``access.allow_exact_bids``, off by default).
+* **How many rounds** (:func:`check_rounds`): at most ``session.rounds_per_point`` Bid rounds per
+  raw point the session may receive (Notes of :func:`check_rounds`).
+
+Both refusals depend only on the terms, the policy and the ledger's public totals (never on the
+rows), are raised before anything is computed, and charge nothing.
+"""
+
+from __future__ import annotations
+
+from dpmarket.common.errors import BudgetRefusedError, FailedPreconditionError
+from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.owner.policy import OwnerPolicy
+
+__all__ = ["check_exact_bids", "check_rounds"]
+
+
+def check_exact_bids(policy: OwnerPolicy, terms: OwnerTerms) -> None:
+    """Refuse terms whose method answers the curator with exact bids, unless the policy allows.
+
+    Parameters
+    ----------
+    policy : OwnerPolicy
+        The owner's policy in force.
+    terms : OwnerTerms
+        The terms a session opens with.
+
+    Raises
+    ------
+    FailedPreconditionError
+        If ``terms.exact_bids`` (private, rounds, greedy) and not ``policy.allow_exact_bids``.
+        The text names the method and the policy key; it depends on nothing but the terms and
+        the policy, so the curator may pass it on to a consumer.
+
+    Notes
+    -----
+    What no epsilon covers here is the *curator's* view. A bid is
+    ``max_x [gtilde . h1(x) - q/(q+1) g . h1(x)]`` over the owner's unsent points, with ``gtilde``,
+    ``g``, ``q`` and h1's ``(omega, phase)`` all chosen by the curator: with h1 monotone in one
+    column and ``g`` flipping the sign, two bids are that column's maximum and minimum, exactly;
+    with h1 a Fourier basis of a column and ``g`` a Fejer kernel centred at ``t``, a bid is a
+    nearest-row probe at ``t``. The owner cannot tell a probe from an honest embedding (both are
+    vectors of the session's dimension), so it cannot bound what bids reveal; it can only decide
+    whether it trusts the curator with them, as the paper's model does.
+    """
+    if terms.exact_bids and not policy.allow_exact_bids:
+        raise FailedPreconditionError(
+            f"this owner does not serve the {terms.method.value} method: its Bid answers the "
+            "curator with the exact score of the owner's best point, which the session's "
+            "epsilon does not charge, and this owner's policy does not trust a curator with "
+            "exact bids (access.allow_exact_bids = false). Use the candidates or uniform "
+            "method, or ask the owner's operator to set access.allow_exact_bids = true"
+        )
+
+
+def check_rounds(policy: OwnerPolicy, terms: OwnerTerms, allowance: int) -> None:
+    """Refuse terms that ask for more Bid rounds than the policy allows per raw point.
+
+    Parameters
+    ----------
+    policy : OwnerPolicy
+        The owner's policy in force.
+    terms : OwnerTerms
+        The terms a session opens with; only methods with rounds are checked.
+    allowance : int
+        The most raw points the session may receive from this owner (its share of the table,
+        less what the session id was charged, within what is left of the window's points).
+
+    Raises
+    ------
+    BudgetRefusedError
+        (``FAILED_PRECONDITION``, marked as a budget refusal) if ``terms.max_rounds >
+        policy.rounds_per_point * allowance``. The text states the allowance, which depends on
+        the window's remaining points: a budget figure, which the curator keeps from consumers.
+
+    Notes
+    -----
+    A round answers the curator a value computed from the owner's rows (its bid, and how often
+    its best point has been best) whether or not a point is released after it, and the terms'
+    epsilon does not charge the bids themselves (:func:`check_exact_bids`). Without a bound the
+    curator states how many such answers it gets (terms of ``max_rounds = 10**12`` were
+    accepted). The owner already chose how many of its rows one session may see exactly, its
+    point allowance; a bid is one exact scalar of one row (the best row's score), so at
+    ``rounds_per_point = 1`` the curator receives no more exact scalars of the rows than the
+    number of rows it may receive (plus which row is best, the order information the candidates
+    method leaks too). This does not make the bids private; it bounds them by the quantity the
+    owner already set, and it refuses terms of 100,000 or 10**12 rounds. An honest per-round
+    session runs at most ``p (tau + 2)`` rounds at every owner
+    (:func:`~dpmarket.common.summarization.auction.iteration_limit`) while each owner supplies
+    about ``p / K`` points, so at the default an owner serves such a session only when its
+    allowance is at least ``p (tau + 2)``; an owner that trusts its curator with more rounds
+    raises ``session.rounds_per_point``.
+    """
+    if not terms.exact_bids:
+        return
+    limit = policy.rounds_per_point * max(int(allowance), 0)
+    if terms.max_rounds > limit:
+        raise BudgetRefusedError(
+            f"the session's terms ask for up to {terms.max_rounds} Bid rounds, and this owner "
+            f"answers at most {policy.rounds_per_point} per raw point the session may receive "
+            f"({allowance}): {limit} rounds (session.rounds_per_point). Every round answers a "
+            "data-dependent bid, released point or not. Ask for a smaller summary, or the "
+            "owner's operator may raise session.rounds_per_point, session.points or "
+            "session.points_fraction"
+        )
