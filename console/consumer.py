@@ -260,7 +260,8 @@ class ConsumerConsole:
         -------
         dict
             ``{"title", "spec", "reason", "owners", "n", "source", "rows"}``, ``rows`` as
-            :meth:`dpmarket.consumer.explore.Answer.rows` (each with its 95 % interval and flag).
+            :meth:`dpmarket.consumer.explore.Answer.rows` (each with its 95 % interval and flags),
+            ``bases`` the distinct ``(basis, covers)`` pairs (what the intervals cover).
 
         Raises
         ------
@@ -310,7 +311,7 @@ class ConsumerConsole:
             "n": explored.n_hat,
             "source": answer.source,
             "rows": rows,
-            "bases": list(dict.fromkeys(r["basis"] for r in rows if r.get("basis"))),
+            "bases": list(dict.fromkeys((r["basis"], r["covers"]) for r in rows)),
         }
 
     def rank(self, upload: bytes, filename: str, spec: str | None) -> dict[str, Any]:

@@ -71,8 +71,10 @@ def interval_plot(
     Parameters
     ----------
     rows : sequence of mapping
-        :meth:`dpmarket.consumer.explore.Answer.rows`: ``label``, ``value``, ``ci95`` (``[low,
-        high]`` or None) and ``flag`` (absent or "" when none).
+        Rows of the one interval model (:func:`dpmarket.common.uncertainty.interval_row`, as
+        :meth:`dpmarket.consumer.explore.Answer.rows`): ``label``, ``value``, ``interval``
+        (``[low, high]`` or None) and ``flags`` (a list of ``{"code", "on", "reason"}``; empty
+        when none).
     title : str
     """
     with matplotlib.rc_context(_RC):
@@ -80,9 +82,9 @@ def interval_plot(
         ax = fig.add_subplot()
         for k, row in enumerate(rows):
             y = len(rows) - 1 - k
-            flagged = bool(row.get("flag"))
+            flagged = bool(row.get("flags"))
             colour = ORANGE if flagged else BLUE
-            ci = row.get("ci95")
+            ci = row.get("interval")
             if ci is not None and all(math.isfinite(v) for v in ci):
                 ax.plot(ci, [y, y], color=colour, linewidth=2.2, solid_capstyle="butt")
             ax.plot([row["value"]], [y], "o", color=colour, markersize=5)
@@ -104,19 +106,11 @@ def ranking_plot(rows: Sequence[Mapping[str, Any]], *, title: str) -> str:
     Parameters
     ----------
     rows : sequence of mapping
-        ``owner``, ``mmd2``, ``interval`` (``[low, high]``) and ``flags`` (a list), best first:
-        :meth:`dpmarket.consumer.catalogue.Ranking.rows`.
+        ``owner``, ``value`` (the MMD²), ``interval`` (``[low, high]``) and ``flags`` (a list),
+        best first: :meth:`dpmarket.consumer.catalogue.Ranking.rows`.
     """
     return interval_plot(
-        [
-            {
-                "label": r["owner"],
-                "value": r["mmd2"],
-                "ci95": r.get("interval"),
-                "flag": ", ".join(f["code"] for f in r.get("flags", ())),
-            }
-            for r in rows
-        ],
+        [{**r, "label": r["owner"]} for r in rows],
         title=title,
         xlabel="MMD² to the validation set, with its 95 % interval (orange: flagged)",
     )

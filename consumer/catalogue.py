@@ -21,6 +21,7 @@ from dpmarket.common.sketches import SketchLike
 from dpmarket.common.sketches.marginals import MarginalsSketch
 from dpmarket.common.sketches.sketch import PrivateSketch, merge_sketches
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
+from dpmarket.common.uncertainty import Flag, interval_row
 from dpmarket.consumer.explore import (
     DEFAULT_EXPLORE_SYNTHETIC,
     Answer,
@@ -29,6 +30,7 @@ from dpmarket.consumer.explore import (
     Query,
     RankedOwner,
     choose_source,
+    honest_half_width,
     m2m_standard_errors,
     m2m_target,
     rank_owners,
@@ -145,10 +147,12 @@ class Ranking:
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per owner, best first, as ``dpmarket consumer rank-owners --json`` lists
-        them: ``rank``, ``owner``, ``mmd2`` (clipped to [0, 2], the raw value in ``raw`` when
-        clipped), ``standard_error``, ``interval``, ``level``, ``covers`` (:data:`RANK_COVERS`),
-        ``flags`` (``clipped``, ``order_not_resolved``), ``epsilon`` and ``n`` (the sketch's
-        noisy count)."""
+        them: ``rank``, ``owner``, the MMD² as a row of the one interval model
+        (:func:`dpmarket.common.uncertainty.interval_row`: ``label``, ``value`` clipped to
+        [0, 2] with the raw value in ``raw`` when clipped, ``standard_error``, ``interval``,
+        ``level``, ``basis`` ``"noise"``, ``covers`` (:data:`RANK_COVERS`), ``bias_bound``,
+        ``flags`` ``clipped`` and ``order_not_resolved``, each on the value), ``epsilon`` and
+        ``n`` (the sketch's noisy count)."""
         return [
             _ranking_row(k, ranked, self.sketches[ranked.owner])
             for k, ranked in enumerate(self.owners, 1)
@@ -174,7 +178,7 @@ RANK_COVERS = (
 
 
 def _ranking_row(rank: int, ranked: RankedOwner, sketch: PrivateSketch) -> dict[str, Any]:
-    """One owner of a ranking: its MMD², standard error, interval and flags."""
+    """One owner of a ranking: its MMD² as a row of the one interval model, its ε and count."""
     e = ranked.estimate
     # A Gaussian kernel's MMD² lies in [0, 2] (0 <= k <= 1 = k(x, x)): a debiased estimate
     # outside is clipped and flagged (the raw value kept), and so is the interval, which keeps
@@ -183,32 +187,37 @@ def _ranking_row(rank: int, ranked: RankedOwner, sketch: PrivateSketch) -> dict[
     flags = []
     if shown != e.value:
         flags.append(
-            {
-                "code": "clipped",
-                "reason": f"clipped to {shown:g}: the debiased estimate {e.value:.4g} lies "
-                "outside [0, 2], where an MMD² can be: the noise moved it there",
-                "severity": "warning",
-            }
+            Flag(
+                "clipped",
+                f"clipped to {shown:g}: the debiased estimate {e.value:.4g} lies outside "
+                "[0, 2], where an MMD² can be: the noise moved it there",
+                "value",
+            )
         )
     if ranked.unresolved:
         ties = ", ".join(f"{o} (difference {d:+.3g} ± {se:.3g})" for o, d, se in ranked.unresolved)
         flags.append(
-            {
-                "code": "order_not_resolved",
-                "reason": f"its order against {ties} is within the noise and the RFF "
-                "approximation (the difference's 95 % interval contains 0)",
-                "severity": "warning",
-            }
+            Flag(
+                "order_not_resolved",
+                f"its order against {ties} is within the noise and the RFF approximation (the "
+                "difference's 95 % interval contains 0)",
+                "value",
+            )
         )
     row: dict[str, Any] = {
         "rank": rank,
         "owner": ranked.owner,
-        "mmd2": shown,
-        "standard_error": e.standard_error,
-        "interval": [min(max(e.low, 0.0), 2.0), min(max(e.high, 0.0), 2.0)],
-        "level": e.level,
-        "covers": RANK_COVERS,
-        "flags": flags,
+        **interval_row(
+            f"MMD²({ranked.owner}, validation)",
+            shown,
+            e.standard_error,
+            min(max(e.low, 0.0), 2.0),
+            min(max(e.high, 0.0), 2.0),
+            basis="noise",
+            covers=RANK_COVERS,
+            flags=flags,
+            level=e.level,
+        ),
         "epsilon": sketch.mechanism.epsilon,
         "n": sketch.count_estimate,
     }
@@ -320,19 +329,15 @@ def _expected_error(
     spec: SketchSpec,
     entries: list[PublishedSketch],
     make: Callable[[SketchSpec], Explorer],
-    answers: dict[str, Any],
+    answer_of: Callable[[SketchSpec], Answer],
 ) -> float:
-    """Mean half-width of ``spec``'s 95 % interval for ``query``, bias bound included (its
-    answer, kept in ``answers``); for a logistic regression, whose bias no sketch bounds, the
-    mean standard error of the involved columns' means from the public noise scales."""
-    explorer = make(spec)
-    sketch = _merged(entries)
+    """Mean half-width of ``spec``'s honest 95 % interval for ``query``
+    (:func:`~dpmarket.consumer.explore.honest_half_width` of ``answer_of(spec)``, which keeps the
+    answer); for a logistic regression, whose bias no sketch bounds (every interval untrusted),
+    the mean standard error of the involved columns' means from the public noise scales."""
     if query.kind != "logreg":
-        answer = explorer.answer(query, sketch)
-        answers[spec.name] = answer
-        low, high = answer.interval()
-        return float(np.mean((high - low) / 2.0))
-    estimator = explorer.estimator(sketch)
+        return honest_half_width(answer_of(spec), spec.domain)
+    estimator = make(spec).estimator(_merged(entries))
     columns = tuple(dict.fromkeys((*query.columns, *([query.target] if query.target else []))))
     target = m2m_target(Query("mean", columns=columns), spec.domain)
     assert target is not None
@@ -352,9 +357,10 @@ def explore(
     published sketches, with standard errors, computed here (no owner is asked anything).
 
     Each query is answered from the best sketch available
-    (:func:`~dpmarket.consumer.explore.choose_source`): a marginals sketch for what it expresses
-    (counts, CDFs, marginals, synthetic records, moments of discrete columns), else the M2M
-    sketch whose noise moves the answer least.
+    (:func:`~dpmarket.consumer.explore.choose_source`): among the sketches that express it (a
+    marginals sketch: counts, CDFs, marginals, synthetic records, moments of discrete columns;
+    HIST, RFF, RACE: all but marginals and records), the one whose honest 95 % interval is
+    narrowest; the chosen answer is the one compared.
 
     Parameters
     ----------
@@ -400,19 +406,35 @@ def explore(
             )
         return kept[key]
 
+    marginals_kept: dict[str, MarginalsExplorer] = {}
+    answered: dict[str, Answer] = {}
+
+    def answer_of(chosen: SketchSpec) -> Answer:
+        """``chosen``'s answer for the owners asked about (computed once)."""
+        if chosen.name not in answered:
+            entries = by_name[chosen.name][1]
+            if chosen.kind == "marginals":
+                tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
+                marginals_kept[chosen.name] = MarginalsExplorer(
+                    chosen, bootstrap=options.bootstrap, seed=options.seed
+                )
+                answered[chosen.name] = marginals_kept[chosen.name].answer(query, tables)
+            else:
+                answered[chosen.name] = make(chosen).answer(query, _merged(entries))
+        return answered[chosen.name]
+
     candidates = _candidates(client, spec, owners)
     by_name = {s.name: (s, e) for s, e in candidates}
-    answered: dict[str, Any] = {}
     chosen, reason = choose_source(
         query,
         [s for s, _ in candidates],
-        lambda s: _expected_error(query, s, by_name[s.name][1], make, answered),
+        lambda s: _expected_error(query, s, by_name[s.name][1], make, answer_of),
     )
     entries = by_name[chosen.name][1]
+    answer = answer_of(chosen)
     if chosen.kind == "marginals":
+        marginals = marginals_kept[chosen.name]
         tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
-        marginals = MarginalsExplorer(chosen, bootstrap=options.bootstrap, seed=options.seed)
-        answer = marginals.answer(query, tables)
         n_hat = math.fsum(marginals.models(s)[0].total for s in tables)
         details: dict[str, Any] = {
             "graphical_model": {"bootstrap": options.bootstrap, "seed": options.seed}
@@ -420,7 +442,6 @@ def explore(
     else:
         explorer = make(chosen)
         estimator = explorer.estimator(_merged(entries))
-        answer = answered.get(chosen.name) or explorer.answer(query, estimator)
         n_hat = float(answer.extra.get("n", estimator.sketch.count_estimate))
         details = {
             "m2m": {

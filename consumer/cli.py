@@ -781,7 +781,7 @@ def _print_flags(estimates: Sequence[Estimate]) -> None:
         for f in e.flags:
             seen.setdefault(f.code, (f, []))[1].append(e.label)
     for code, (flag, labels) in seen.items():
-        style = "red" if flag.severity == "unreliable" else "yellow"
+        style = "red" if flag.on == "interval" else "yellow"
         where = ", ".join(labels) if len(labels) <= 6 else f"{len(labels)} values"
         console.print(
             f"[{style}]{_FLAG_NAMES.get(code, code)}[/{style}] ({where}): "
@@ -1265,8 +1265,9 @@ def explore_command(
     published sketches, with its standard error (computed here: no owner is asked anything).
 
     Each query is answered from the best sketch available (dpmarket.consumer.explore.choose_source):
-    a marginals sketch for what it expresses (counts, CDFs, marginals, synthetic records,
-    moments of discrete columns), else the M2M sketch whose noise moves the answer least."""
+    among the sketches that express it (a marginals sketch: counts, CDFs, marginals, synthetic
+    records, moments of discrete columns; HIST, RFF, RACE: all but marginals and records), the
+    one whose honest 95 % interval is narrowest."""
     from dpmarket.consumer.catalogue import ExploreOptions, SpecChoiceError, explore
     from dpmarket.consumer.explore import Query, parse_where
 
@@ -1312,9 +1313,11 @@ def explore_command(
     _print_answer(answer, f"{query} of {who} ({answer.source}, n ≈ {n_hat:.0f})")
     console.print(f"answered from {reason}")
     if "count" in answer.extra:
+        interval = answer.extra.get("count_interval")
         console.print(
-            f"count ≈ {answer.extra['count']:.1f} ± {answer.extra['count_se']:.1f} of "
-            f"n ≈ {answer.extra['n']:.0f}"
+            f"count ≈ {answer.extra['count']:.1f} ± {answer.extra['count_standard_error']:.1f}"
+            + (f", 95 % interval [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else "")
+            + f" of n ≈ {answer.extra['n']:.0f}"
         )
     if q.kind == "synthetic":
         console.print(f"{len(answer.extra['records'])} synthetic records (--out writes them)")
@@ -1322,34 +1325,38 @@ def explore_command(
 
 def _print_answer(answer: Any, title: str) -> None:
     """The answer as a table: every value with its columns, standard error, 95 % interval and
-    flag; then how the intervals were built and why values are flagged."""
+    flags (their codes; a code on the interval is upper case); then what each interval covers
+    and why values are flagged."""
     table = RichTable(title=title, title_justify="left")
-    for column in ("", "columns", "estimate", "± s.e.", "95 % interval", "flag"):
-        left = column in ("", "columns", "flag")
+    for column in ("", "columns", "estimate", "± s.e.", "95 % interval", "flags"):
+        left = column in ("", "columns", "flags")
         table.add_column(
             column,
             justify="left" if left else "right",
             overflow="fold" if left else "ellipsis",
             no_wrap=not left,
         )
-    for row in answer.rows():
-        se = row["se"]
-        ci = row["ci95"]
+    rows = answer.rows()
+    for row in rows:
+        se = row["standard_error"]
+        ci = row["interval"]
         table.add_row(
             row["label"],
             ", ".join(row["columns"]),
             f"{row['value']:.6g}",
             "—" if se is None else f"{se:.3g}",
             "—" if ci is None else f"[{ci[0]:.4g}, {ci[1]:.4g}]",
-            row["flag"] or "",
+            ", ".join(
+                f["code"].upper() if f["on"] == "interval" else f["code"] for f in row["flags"]
+            ),
         )
     out = Console()
     out.print(table)
-    for basis in dict.fromkeys(row["basis"] for row in answer.rows()):
-        out.print(f"interval: {basis}")
-    reasons = dict.fromkeys((row["flag"], row["reason"]) for row in answer.rows() if row["flag"])
-    for flag, reason in reasons:
-        out.print(f"{flag}: {reason}")
+    for basis, covers in dict.fromkeys((row["basis"], row["covers"]) for row in rows):
+        out.print(f"interval ({basis}): {covers}", highlight=False)
+    reasons = dict.fromkeys((f["code"], f["on"], f["reason"]) for row in rows for f in row["flags"])
+    for code, on, reason in reasons:
+        out.print(f"{code} (on the {on}): {reason}", highlight=False)
 
 
 def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
@@ -1467,7 +1474,7 @@ def rank_owners_command(
         table.add_row(
             str(r["rank"]),
             r["owner"],
-            f"{r['mmd2']:.3g}",
+            f"{r['value']:.3g}",
             f"[{low:.3g}, {high:.3g}]",
             f"{r['epsilon']:g}",
             f"{r['n']:.0f}",

@@ -23,15 +23,22 @@ owners nothing more, whatever the consumer asks and however often.
   with its interval and the owners its order is not resolved against
   (:mod:`dpmarket.common.sketches.mmd`).
 
-Every answer carries, per value, a standard error, a 95 % interval and a flag with its reason.
-For HIST, RFF and RACE means, moments, CDFs, counts and covariances the interval includes a bound
-on the estimator's bias (the binning of a histogram, Fréchet or Cauchy-Schwarz bounds for what one
-histogram per column does not identify, M2M's residual range for its fit and shrinkage), widened
-by the 95 % quantile of the noise (:mod:`dpmarket.consumer.intervals` states each construction);
-a logistic regression's bias is not bounded, so its coefficients are flagged ``unbounded``, and
-the graphical model's errors are its bootstrap's over the noise. Values and intervals are cut to
-what the quantity can be — a mean to its column's public bounds, a fraction to [0, 1], a variance
-to [0, w^2/4] — the raw estimate kept beside them; :data:`FLAGS` lists why a value is flagged.
+Every answer carries, per value, the one interval model of :mod:`dpmarket.common.uncertainty`:
+a standard error, a 95 % interval, its basis (what it covers), the bias bound inside it and flags
+``on`` the value or the interval, each with its reason (:data:`FLAGS`). For HIST, RFF and RACE
+means, moments, CDFs, counts and covariances the interval includes a bound on the estimator's
+bias (the binning of a histogram, M2M's residual range for its fit and shrinkage: ``noise+bias``)
+or holds whatever the joint (Fréchet or Cauchy-Schwarz bounds for what one histogram per column
+does not identify: ``bounds``, the independence guess flagged on the value), widened by the 95 %
+quantile of the noise (:mod:`dpmarket.consumer.intervals` states each construction). The
+graphical model's counts, CDFs, cells and moments get a measured marginal's unbiased interval
+(``measured``) or Fréchet bounds from the measured marginals (``bounds``, the model's guess
+flagged on the value: :mod:`dpmarket.common.sketches.marginals_bounds`); its covariances the
+bootstrap's over the noise (``noise``). A logistic regression's bias is not bounded, nor is that
+of a graphical model's covariance of columns never measured together: their intervals cover the
+noise only and are flagged ``unbounded`` on the interval. Values and intervals are cut to what
+the quantity can be — a mean to its column's public bounds, a fraction to [0, 1], a variance to
+[0, w^2/4] — the raw estimate kept beside them.
 
 The synthetic design's randomness is the consumer's own and protects nothing (the sketches are
 already private), so it is seeded (default 0): the same sketch and query give the same answer,
@@ -71,9 +78,12 @@ from dpmarket.common.sketches.marginals import (
     MarginalsMap,
     MarginalsModel,
     MarginalsSketch,
+    Measurement,
+    bound_weights,
     cell_weights,
     free_compiled,
 )
+from dpmarket.common.sketches.marginals_bounds import fraction_bounds
 from dpmarket.common.sketches.mmd import MMDEstimate, mmd2_difference, sketch_mmd2_estimate
 from dpmarket.common.sketches.sketch import (
     PrivateSketch,
@@ -82,6 +92,7 @@ from dpmarket.common.sketches.sketch import (
     merge_sketches,
 )
 from dpmarket.common.sketches.spec import SketchSpec
+from dpmarket.common.uncertainty import BASES, Flag, On, interval_row, trusted
 from dpmarket.consumer.intervals import hist_bounded, interval_basis, m2m_bounded
 
 __all__ = [
@@ -95,6 +106,7 @@ __all__ = [
     "RankedOwner",
     "choose_source",
     "exact_answer",
+    "honest_half_width",
     "m2m_standard_errors",
     "m2m_target",
     "parse_where",
@@ -212,7 +224,8 @@ class Query:
 
 @dataclass(frozen=True)
 class Answer:
-    """A query's answer: one value per label, in order, its error, and what else it reports.
+    """A query's answer: one value per label, in order, with its uncertainty in the one model
+    every consumer reads (:mod:`dpmarket.common.uncertainty`).
 
     Attributes
     ----------
@@ -223,31 +236,34 @@ class Answer:
     values : ndarray of shape (len(labels),), float64
         Clipped to what the quantity can be (module docstring); see :attr:`raw`.
     extra : dict
-        ``count``: ``count`` (the fraction times the count estimate) and ``n``; ``synthetic``:
-        ``records`` (rows of values in the spec's column order) and ``columns``.
+        ``count``: ``count`` (the fraction times the count estimate), ``n``,
+        ``count_standard_error`` and ``count_interval`` (the interval times ``n``);
+        ``synthetic``: ``records`` (rows of values in the spec's column order) and ``columns``.
     errors : ndarray of shape (len(labels),), float64
         Standard error of each value from the release's noise (NaN when none is available).
     columns : tuple of tuple of str
         The columns each value is about.
-    flags : tuple of str
-        Per value: ``""`` (nothing to warn about), or a short code of why the value should not
-        be trusted as it stands (:data:`FLAGS`); :attr:`reasons` says it in words.
+    flags : tuple of tuple of Flag
+        Per value, why it or its interval needs care (:data:`FLAGS`): a flag ``on = "value"``
+        leaves the interval meaning what :attr:`basis` says (e.g. the value is a model's guess
+        inside bounds that hold whatever the joint); one ``on = "interval"`` says it does not.
     raw : ndarray of shape (len(labels),), float64
         The estimates before clipping.
     source : str
         What answered: ``"<spec> (M2M)"``, ``"<spec> (histogram)"`` or
-        ``"<spec> (graphical model)"``, and why.
+        ``"<spec> (graphical model)"``.
     low, high : ndarray of shape (len(labels),), float64
-        The 95 % interval, when it is not ``values -+ 1.96 errors``: it then includes a bound on
-        the estimator's bias (:attr:`bias`) and lies within what the quantity can be. Empty:
-        the normal interval of :attr:`errors`.
+        The 95 % interval, when it is not ``values -+ 1.96 errors`` (a bias bound, Fréchet
+        bounds or a measured marginal's interval), within what the quantity can be. Empty: the
+        normal interval of :attr:`errors`.
     bias : ndarray of shape (len(labels),), float64
-        Half-width of the bias bound inside the interval; NaN where the bias is not bounded
-        (the interval covers the noise only, and :attr:`flags` says so where it matters).
-    reasons : tuple of str
-        Per flagged value, why, in words (``""`` otherwise).
+        Half-width of the bias bound inside the interval; NaN where there is none.
     basis : tuple of str
-        Per value, how its interval was built and what it covers.
+        Per value, what its interval covers
+        (:data:`~dpmarket.common.uncertainty.BASES`: ``"noise"``, ``"noise+bias"``,
+        ``"measured"``, ``"bounds"`` or ``"none"``).
+    covers : tuple of str
+        Per value, one line: how its interval was built and what it covers.
     """
 
     query: Query
@@ -256,60 +272,80 @@ class Answer:
     extra: dict[str, Any] = field(default_factory=dict)
     errors: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     columns: tuple[tuple[str, ...], ...] = ()
-    flags: tuple[str, ...] = ()
+    flags: tuple[tuple[Flag, ...], ...] = ()
     raw: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     source: str = ""
     low: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     high: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     bias: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
-    reasons: tuple[str, ...] = ()
     basis: tuple[str, ...] = ()
+    covers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         k = len(self.labels)
-        if self.bias.shape != (k,):
-            object.__setattr__(self, "bias", np.full(k, np.nan))
-        if len(self.reasons) != k:
-            object.__setattr__(self, "reasons", ("",) * k)
-        if len(self.basis) != k:
-            object.__setattr__(
-                self, "basis", ("noise only: the estimator's bias is not bounded",) * k
-            )
         if self.errors.shape != (k,):
             object.__setattr__(self, "errors", np.full(k, np.nan))
+        if self.bias.shape != (k,):
+            object.__setattr__(self, "bias", np.full(k, np.nan))
+        if len(self.basis) != k:
+            noise = ["noise" if math.isfinite(e) else "none" for e in self.errors]
+            object.__setattr__(self, "basis", tuple(noise))
+        if len(self.covers) != k:
+            object.__setattr__(self, "covers", tuple(BASES[b] for b in self.basis))
         if len(self.columns) != k:
             object.__setattr__(self, "columns", ((),) * k)
         if len(self.flags) != k:
-            object.__setattr__(self, "flags", ("",) * k)
+            object.__setattr__(self, "flags", ((),) * k)
         if self.raw.shape != (k,):
             object.__setattr__(self, "raw", np.asarray(self.values, dtype=np.float64).copy())
 
     def interval(self, z: float = Z95) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """The 95 % interval: :attr:`low`, :attr:`high` when given (bias bound included), else
-        ``values -+ z * errors`` (``z`` applies to the latter only)."""
+        """The 95 % interval: :attr:`low`, :attr:`high` when given, else ``values -+ z *
+        errors`` (``z`` applies to the latter only)."""
         k = len(self.labels)
         if self.low.shape == (k,) and self.high.shape == (k,):
             return self.low, self.high
         return self.values - z * self.errors, self.values + z * self.errors
 
+    def codes(self, on: str | None = None) -> tuple[str, ...]:
+        """Per value, its flags' codes joined by ``", "`` (``""``: none), only those ``on``
+        ``"value"`` or ``"interval"`` when given."""
+        return tuple(
+            ", ".join(f.code for f in flags if on is None or f.on == on) for flags in self.flags
+        )
+
+    def trusted(self) -> NDArray[np.bool_]:
+        """Per value, whether its interval means what its basis says: there is one and no flag
+        is on it (:func:`dpmarket.common.uncertainty.trusted`)."""
+        low, high = self.interval()
+        return np.array(
+            [
+                trusted(flags, bool(np.isfinite(lo) and np.isfinite(hi)))
+                for flags, lo, hi in zip(self.flags, low, high, strict=True)
+            ],
+            dtype=bool,
+        )
+
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per value: label, columns, value, standard error, 95 % interval, the bias
-        bound inside it, how it was built, and its flag with the reason (``null`` when none)."""
+        """One dict per value: ``label``, ``columns`` and the fields of
+        :func:`dpmarket.common.uncertainty.interval_row` (``value``, ``standard_error``,
+        ``interval``, ``level``, ``basis``, ``covers``, ``bias_bound``, ``flags``); ``raw``,
+        the estimate before clipping, where it differs from ``value``."""
         low, high = self.interval()
         out = []
         for j, label in enumerate(self.labels):
-            bounded = bool(np.isfinite(low[j]) and np.isfinite(high[j]))
-            row: dict[str, Any] = {
-                "label": label,
-                "columns": list(self.columns[j]),
-                "value": float(self.values[j]),
-                "se": None if math.isnan(self.errors[j]) else float(self.errors[j]),
-                "ci95": [float(low[j]), float(high[j])] if bounded else None,
-                "bias_bound": None if math.isnan(self.bias[j]) else float(self.bias[j]),
-                "basis": self.basis[j],
-                "flag": self.flags[j] or None,
-                "reason": self.reasons[j] or None,
-            }
+            row = interval_row(
+                label,
+                float(self.values[j]),
+                float(self.errors[j]),
+                float(low[j]),
+                float(high[j]),
+                basis=self.basis[j],
+                covers=self.covers[j],
+                bias_bound=float(self.bias[j]),
+                flags=self.flags[j],
+            )
+            row = {"label": label, "columns": list(self.columns[j]), **row}
             if self.raw[j] != self.values[j]:
                 row["raw"] = float(self.raw[j])
             out.append(row)
@@ -456,20 +492,44 @@ def _value_columns(query: Query, domain: Domain) -> tuple[tuple[str, ...], ...]:
     return ()
 
 
-#: Why a value is flagged (:attr:`Answer.flags`); :attr:`Answer.reasons` says it in words.
-FLAGS = {
-    "clipped": "the estimate is impossible (outside what the quantity can be) even allowing for "
-    "its interval",
-    "uninformative": "the interval spans more than half of what the quantity can be: the bias "
-    "bound or the noise dominates and the value says little",
-    "unbounded": "the estimator's bias cannot be bounded from the release: the interval covers "
-    "the noise only",
-    "few-records": "the record count is estimated within 20 % or worse: the noise dominates",
+#: Why a value or its interval is flagged (:attr:`Answer.flags`): code -> (what the flag is on,
+#: what it means). Each flag's reason says it with the value's numbers.
+FLAGS: dict[str, tuple[On, str]] = {
+    "clipped": (
+        "interval",
+        "the estimate is impossible (outside what the quantity can be) even allowing for its "
+        "interval",
+    ),
+    "uninformative": (
+        "interval",
+        "the interval, before it is cut to what the quantity can be, spans more than half of "
+        "it: the bias bound or the noise dominates, and the cut interval would hide how little "
+        "the sketch says",
+    ),
+    "unbounded": (
+        "interval",
+        "the estimator's bias cannot be bounded from the release: the interval covers the noise "
+        "only",
+    ),
+    "few-records": (
+        "interval",
+        "the record count is estimated within 20 % or worse: the noise dominates every ratio",
+    ),
+    "model-guess": (
+        "value",
+        "the value is a model's guess (columns no measurement or histogram holds together taken "
+        "as independent); its interval holds whatever the joint",
+    ),
 }
 #: The share of its possible range above which an interval is flagged ``uninformative``.
 UNINFORMATIVE = 0.5
 #: The count estimate's relative standard error above which a value is flagged ``few-records``.
 FEW_RECORDS = 0.2
+
+
+def _flag(code: str, reason: str) -> Flag:
+    """A flag of :data:`FLAGS` with its reason in words."""
+    return Flag(code, reason, FLAGS[code][0])
 
 
 def _possible(
@@ -510,21 +570,21 @@ def _possible(
 
 def _clip(
     query: Query, domain: Domain, values: NDArray[np.float64]
-) -> tuple[NDArray[np.float64], tuple[str, ...], tuple[str, ...]]:
-    """Clip values to what the quantity can be; flag the ones moved (module docstring).
+) -> tuple[NDArray[np.float64], tuple[tuple[Flag, ...], ...]]:
+    """Clip values to what the quantity can be; flag the ones moved ``clipped`` (module
+    docstring), for answers whose interval does not account for the cut.
 
-    Returns the clipped values, the flags and their reasons (for answers whose interval is the
-    noise's only: any clipped value is flagged)."""
+    Returns the clipped values and, per value, its flags."""
     k = values.shape[0]
     low, high, what = _possible(query, domain, k)
     clipped = np.clip(values, low, high)
-    moved = [bool(clipped[j] != values[j]) for j in range(k)]
-    flags = tuple("clipped" if m else "" for m in moved)
-    reasons = tuple(
-        f"clipped to {what[j]}: the raw estimate {values[j]:.6g} is impossible" if moved[j] else ""
+    flags = tuple(
+        (_flag("clipped", f"clipped to {what[j]}: the raw estimate {values[j]:.6g} is impossible"),)
+        if clipped[j] != values[j]
+        else ()
         for j in range(k)
     )
-    return clipped, flags, reasons
+    return clipped, flags
 
 
 def _bounded_flags(
@@ -535,49 +595,50 @@ def _bounded_flags(
     raw_high: NDArray[np.float64],
     count_rse: float,
 ) -> tuple[
-    NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], tuple[str, ...], tuple[str, ...]
+    NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], tuple[tuple[Flag, ...], ...]
 ]:
     """Values and intervals of a bounded answer within what the quantity can be, and flags.
 
     A value outside the possible range is clipped silently when its interval still reaches the
     range (the noise or the bias bound explains it), and flagged ``clipped`` when it does not;
     an interval wider than :data:`UNINFORMATIVE` of the range is flagged ``uninformative``; a
-    count estimate with a relative standard error above :data:`FEW_RECORDS`, ``few-records``."""
+    count estimate with a relative standard error above :data:`FEW_RECORDS`, ``few-records``
+    (each on the interval; at most one per value)."""
     k = raw.shape[0]
     low, high, what = _possible(query, domain, k)
     values = np.clip(raw, low, high)
     lo = np.clip(raw_low, low, high)
     hi = np.clip(raw_high, low, high)
-    flags: list[str] = []
-    reasons: list[str] = []
+    flags: list[tuple[Flag, ...]] = []
     span = high - low
     # Judged on the interval before it is cut to the possible range: cutting a wild estimate's
     # interval at a bound makes it narrow, and exactly those would otherwise pass unflagged.
     raw_width = raw_high - raw_low
     for j in range(k):
         if raw_high[j] < low[j] or raw_low[j] > high[j]:
-            flags.append("clipped")
-            reasons.append(
+            flag = _flag(
+                "clipped",
                 f"clipped to {what[j]}: the raw estimate {raw[j]:.6g} and its whole interval "
-                f"[{raw_low[j]:.4g}, {raw_high[j]:.4g}] are impossible"
+                f"[{raw_low[j]:.4g}, {raw_high[j]:.4g}] are impossible",
             )
         elif count_rse > FEW_RECORDS:
-            flags.append("few-records")
-            reasons.append(
+            flag = _flag(
+                "few-records",
                 f"the record count is known within {100 * count_rse:.0f} % only: the noise "
-                "dominates every ratio"
+                "dominates every ratio",
             )
         elif np.isfinite(span[j]) and raw_width[j] > UNINFORMATIVE * span[j]:
-            flags.append("uninformative")
-            reasons.append(
+            flag = _flag(
+                "uninformative",
                 f"the interval, {raw_width[j]:.4g} wide before it is cut to {what[j]}, spans "
                 f"more than {100 * UNINFORMATIVE:.0f} % of it: the sketch barely constrains "
-                "this value"
+                "this value",
             )
         else:
-            flags.append("")
-            reasons.append("")
-    return values, lo, hi, tuple(flags), tuple(reasons)
+            flags.append(())
+            continue
+        flags.append((flag,))
+    return values, lo, hi, tuple(flags)
 
 
 def m2m_target(query: Query, domain: Domain) -> tasks.Target | None:
@@ -781,6 +842,7 @@ class Explorer:
             if len(draws) > 1:
                 se = np.std(np.array(draws), axis=0, ddof=1)
         k = raw.values.shape[0]
+        basis, covers = interval_basis(self.spec.kind, "logreg", 0)
         if isinstance(self.spec.feature_map, HISTMap):
             reason = (
                 "not identified: one histogram per column holds no relation between the label "
@@ -798,11 +860,11 @@ class Explorer:
             dict(raw.extra),
             errors=se,
             columns=_value_columns(query, domain),
-            flags=("unbounded",) * k,
+            flags=((_flag("unbounded", reason),),) * k,
             raw=raw.values,
             source=f"{self.spec.name} (M2M)",
-            reasons=(reason,) * k,
-            basis=(interval_basis(self.spec.kind, "logreg", 0),) * k,
+            basis=(basis,) * k,
+            covers=(covers,) * k,
         )
 
     def _bounded(
@@ -866,24 +928,36 @@ class Explorer:
         n = float(n_hat[0])
         k = len(labels)
         if errors:
-            values, low, high, flags, reasons = _bounded_flags(
+            values, low, high, flags = _bounded_flags(
                 query, domain, bounded.value, bounded.low, bounded.high, math.sqrt(n_var) / n
             )
             se, bias = bounded.se, bounded.bias
         else:
-            values, flags, reasons = _clip(query, domain, bounded.value)
+            values, flags = _clip(query, domain, bounded.value)
             low = high = np.zeros(0)
             se, bias = np.full(k, np.nan), np.full(k, np.nan)
-        if query.kind == "count":
-            extra.update(count=float(values[0]) * n, n=n, count_se=float(se[0]) * n)
         if query.kind == "covariance":
             rows, cols = np.triu_indices(idx.size)
-            basis = tuple(
+            stated = [
                 interval_basis(self.spec.kind, "covariance", 1 if a == b else 2)
                 for a, b in zip(rows, cols, strict=True)
-            )
+            ]
         else:
-            basis = (interval_basis(self.spec.kind, query.kind, n_columns),) * k
+            stated = [interval_basis(self.spec.kind, query.kind, n_columns)] * k
+        # Where the bounds hold whatever the joint, the value inside them is the independence
+        # guess: flagged on the value (its interval still covers).
+        guess = _flag(
+            "model-guess",
+            "the independence guess: one histogram per column does not hold these columns "
+            "together; the interval is bounds that hold whatever the joint",
+        )
+        flags = tuple(
+            (guess, *f) if b == "bounds" else f for f, (b, _) in zip(flags, stated, strict=True)
+        )
+        if query.kind == "count":
+            extra.update(count=float(values[0]) * n, n=n, count_standard_error=float(se[0]) * n)
+            if errors:
+                extra["count_interval"] = [float(low[0]) * n, float(high[0]) * n]
         return Answer(
             query,
             labels,
@@ -897,8 +971,8 @@ class Explorer:
             low=low,
             high=high,
             bias=bias,
-            reasons=reasons,
-            basis=basis,
+            basis=tuple(b for b, _ in stated) if errors else (),
+            covers=tuple(c for _, c in stated) if errors else (),
         )
 
     def _estimate(self, query: Query, est: M2MEstimator) -> Answer:
@@ -1037,7 +1111,8 @@ class MarginalsExplorer:
         Returns
         -------
         Answer
-            Values, bootstrap standard errors, the columns of each value, flags.
+            Values, bootstrap standard errors, the columns of each value, and each value's
+            interval, basis and flags (:meth:`_intervals`).
 
         Raises
         ------
@@ -1065,14 +1140,21 @@ class MarginalsExplorer:
             if replicates > 1
             else np.full(main.shape, np.nan)
         )
-        values, flags, reasons = _clip(query, domain, main)
+        values, clip_flags = _clip(query, domain, main)
+        bounds, basis, covers, flags = self._intervals(query, sketches, values)
+        noise = np.isnan(bounds).any(axis=1)
+        bounds[noise, 0] = values[noise] - Z95 * se[noise]
+        bounds[noise, 1] = values[noise] + Z95 * se[noise]
+        values = np.where(noise, values, np.clip(values, bounds[:, 0], bounds[:, 1]))
+        flags = tuple((*f, *c) for f, c in zip(flags, clip_flags, strict=True))
         total = math.fsum(m.total for m, _ in fitted)
         extra: dict[str, Any] = {}
         if query.kind == "count":
             extra = {
                 "count": float(values[0]) * total,
                 "n": total,
-                "count_se": float(se[0]) * total,
+                "count_standard_error": float(se[0]) * total,
+                "count_interval": [float(bounds[0, 0]) * total, float(bounds[0, 1]) * total],
             }
         if query.kind == "marginal":
             idx = _index(domain, query.columns).tolist()
@@ -1091,18 +1173,160 @@ class MarginalsExplorer:
             flags=flags,
             raw=main,
             source=f"{self.spec.name} (graphical model)",
-            reasons=reasons,
-            basis=("noise only (bootstrap over the graphical model's measurements)",) * len(labels),
+            low=bounds[:, 0].copy(),
+            high=bounds[:, 1].copy(),
+            basis=basis,
+            covers=covers,
         )
 
-    def _weights(self, query: Query) -> dict[int, NDArray[np.float64]]:
+    def _value_weights(
+        self, query: Query, *, bounds: bool = False
+    ) -> list[dict[int, NDArray[np.float64]]]:
+        """Per value of ``query`` (count, cdf, marginal, mean, moment2), the per-column cell
+        weights whose weighted count over the rows is that value; with ``bounds``, which cells
+        a count's or a CDF's predicates hold whole, in part or not at all, whatever the values
+        inside a cell (:func:`~dpmarket.common.sketches.marginals.bound_weights`)."""
+        domain, fmap = self.domain, self.feature_map
+        weigh = bound_weights if bounds else cell_weights
+        if query.kind == "count":
+            return [self._weights(query, weigh)]
+        if query.kind == "cdf":
+            idx = _columns(query, domain)
+            t = _thresholds(query, domain, idx)
+            return [
+                {int(j): weigh(fmap, domain, int(j), -np.inf, float(x))}
+                for j, row in zip(idx, t, strict=True)
+                for x in row
+            ]
+        if query.kind == "marginal":
+            idx = _index(domain, query.columns).tolist()
+            out = []
+            for combo in itertools.product(*(range(int(fmap.cells[j])) for j in idx)):
+                weights = {}
+                for j, c in zip(idx, combo, strict=True):
+                    w = np.zeros(int(fmap.cells[j]))
+                    w[c] = 1.0
+                    weights[int(j)] = w
+                out.append(weights)
+            return out
+        order = 1 if query.kind == "mean" else 2
+        out = []
+        for j in _columns(query, domain):
+            levels = domain.level_values(int(j))
+            assert levels is not None  # expresses(): discrete columns only
+            out.append({int(j): levels**order})
+        return out
+
+    def _intervals(
+        self,
+        query: Query,
+        sketches: Sequence[MarginalsSketch],
+        values: NDArray[np.float64],
+    ) -> tuple[NDArray[np.float64], tuple[str, ...], tuple[str, ...], tuple[tuple[Flag, ...], ...]]:
+        """Every value's 95 % interval, its basis, how it was built, and its flags.
+
+        Counts, CDFs, marginal cells, means and second moments:
+        :func:`dpmarket.common.sketches.marginals_bounds.fraction_bounds` from the owners'
+        measurements — the unbiased estimate's interval where one measured marginal holds the
+        value's columns (``"measured"``; widened to hold the model's value if it lies outside),
+        Fréchet bounds that hold whatever the joint otherwise (``"bounds"``; the model's value,
+        an independence guess there, is flagged ``model-guess`` on the value and moved inside
+        them when outside). Covariances: the bootstrap's ``-+ Z95 se`` (``"noise"``, NaN bounds
+        here), flagged ``model-guess`` on the value and ``unbounded`` on the interval where the
+        pair was never measured together.
+
+        Returns
+        -------
+        (ndarray of shape (k, 2), tuple of str, tuple of str, tuple of tuple of Flag)
+        """
+        k = values.shape[0]
+        parts = [s.measurements for s in sketches]
+        cells = [int(c) for c in self.feature_map.cells]
+        if query.kind == "covariance":
+            return self._covariance_intervals(query, parts, values)
+        per_value = self._value_weights(query, bounds=True)
+        bounds = np.empty((k, 2))
+        basis: list[str] = []
+        covers: list[str] = []
+        flags: list[tuple[Flag, ...]] = []
+        for v, w in enumerate(per_value):
+            low, high, measured = fraction_bounds(parts, cells, w)
+            if measured:
+                low, high = min(low, float(values[v])), max(high, float(values[v]))
+                basis.append("measured")
+                covers.append(
+                    "the unbiased estimate from the measured marginals that hold these columns "
+                    "(inverse-variance weighted), -+ 1.96 sd of its Gaussian noise; widened to "
+                    "hold the model's value"
+                )
+                flags.append(())
+            else:
+                reason = (
+                    "the graphical model's guess: no measured marginal holds these columns "
+                    "together, so it assumes them independent given what was measured; the "
+                    "interval is the Fréchet bounds from the measured marginals, which hold "
+                    "whatever the joint"
+                )
+                if not low <= values[v] <= high:
+                    reason += f" (the model's {values[v]:.6g} lay outside them: moved inside)"
+                basis.append("bounds")
+                covers.append(
+                    "Fréchet-Bonferroni bounds from the measured marginals (they hold whatever "
+                    "the joint), widened by their noise with a union bound over the candidates"
+                )
+                flags.append((_flag("model-guess", reason),))
+            bounds[v] = (low, high)
+        return bounds, tuple(basis), tuple(covers), tuple(flags)
+
+    def _covariance_intervals(
+        self,
+        query: Query,
+        parts: Sequence[Sequence[Measurement]],
+        values: NDArray[np.float64],
+    ) -> tuple[NDArray[np.float64], tuple[str, ...], tuple[str, ...], tuple[tuple[Flag, ...], ...]]:
+        """Covariances: no bound from the marginals (module docstring), so NaN bounds (the
+        caller's ``-+ Z95 se`` replaces them), and flags where the pair was never measured."""
+        idx = _columns(query, self.domain)
+        rows, cols = np.triu_indices(idx.size)
+        flags: list[tuple[Flag, ...]] = []
+        for a, b in zip(rows, cols, strict=True):
+            pair = {int(idx[a]), int(idx[b])}
+            held = all(any(pair <= set(m.clique) for m in ms) for ms in parts)
+            flags.append(
+                ()
+                if held
+                else (
+                    _flag(
+                        "model-guess",
+                        "the graphical model's independence guess: the pair was never measured "
+                        "together",
+                    ),
+                    _flag(
+                        "unbounded",
+                        "the pair was never measured together: nothing bounds the model's bias, "
+                        "and the interval covers the noise only",
+                    ),
+                )
+            )
+        k = values.shape[0]
+        return (
+            np.full((k, 2), np.nan),
+            ("noise",) * k,
+            ("bootstrap over the graphical model's measurements (value -+ 1.96 se)",) * k,
+            tuple(flags),
+        )
+
+    def _weights(
+        self, query: Query, weigh: Callable[..., NDArray[np.float64]] = cell_weights
+    ) -> dict[int, NDArray[np.float64]]:
         """Per-column cell weights of a count's conjunction (predicates on one column
-        intersected first)."""
+        intersected first), by ``weigh`` (:func:`~dpmarket.common.sketches.marginals.cell_weights`
+        or :func:`~dpmarket.common.sketches.marginals.bound_weights`)."""
         domain = self.domain
         lower, upper = _bounds(query, domain)
         out = {}
         for j in sorted(set(_index(domain, [c for c, _, _ in query.where]).tolist())):
-            out[j] = cell_weights(self.feature_map, domain, j, lower[0, j], upper[0, j])
+            out[j] = weigh(self.feature_map, domain, j, lower[0, j], upper[0, j])
         return out
 
     def _values(
@@ -1189,6 +1413,36 @@ class MarginalsExplorer:
         )
 
 
+def _expresses(query: Query, spec: SketchSpec) -> bool:
+    """Whether ``spec``'s sketches can answer ``query`` at all."""
+    if spec.kind == "marginals":
+        return MarginalsExplorer.expresses(query, spec.domain)
+    return query.kind not in ("marginal", "synthetic")
+
+
+def honest_half_width(answer: Answer, domain: Domain) -> float:
+    """The mean over ``answer``'s values of its honest 95 % interval's half-width.
+
+    A trusted interval (:meth:`Answer.trusted`: there is one and no flag is on it) counts with
+    its half-width; any other with half of what the value can be whatever the data (a mean's
+    public bounds, [0, 1] for a fraction; infinite where nothing bounds it), since an interval
+    that cannot be trusted says no more than that. A value flagged only on the value (a model's
+    guess inside bounds that hold whatever the joint) keeps its interval's width.
+
+    Returns
+    -------
+    float
+        NaN for an answer without values (synthetic records).
+    """
+    k = len(answer.labels)
+    if k == 0:
+        return math.nan
+    low, high = answer.interval()
+    possible_low, possible_high, _ = _possible(answer.query, domain, k)
+    width = np.where(answer.trusted(), high - low, possible_high - possible_low)
+    return float(np.mean(width / 2.0))
+
+
 def choose_source(
     query: Query,
     specs: Sequence[SketchSpec],
@@ -1196,22 +1450,22 @@ def choose_source(
 ) -> tuple[SketchSpec, str]:
     """Which spec answers ``query``, and why.
 
-    The rule:
-
-    1. A marginals spec, if one is available and :meth:`MarginalsExplorer.expresses` the
-       query (counts, CDFs, marginal tables, synthetic records, moments of discrete columns).
-       Its answers are unbiased in the cells of its discretisation up to the model's fit,
-       while M2M's counting answers carry a bias from its linear fit under a uniform prior
-       that no noise scale shows (on a census table, 12-34 times AIM's error with exact
-       sketches as with noisy ones: docs/how-it-works.md, "Marginals").
-    2. Otherwise (moments of continuous columns, covariances involving one, logistic
-       regressions, or no marginals spec) the HIST, RFF or RACE spec with the narrowest 95 %
-       interval, bias bound included (``expected_error(spec)``: the mean half-width of the
-       spec's answer, :meth:`Explorer.answer`; for a logistic regression, whose bias no sketch
-       bounds, the standard error of the involved columns' means). A sketch whose noise is
-       small but whose estimator cannot resolve the query (M2M's fit of a threshold, one
-       histogram per column for a relation between columns) thus loses to one whose honest
-       interval is narrower.
+    The rule: among the specs whose sketch expresses the query (a marginals spec: what
+    :meth:`MarginalsExplorer.expresses` — counts, CDFs, marginal tables, synthetic records,
+    moments and covariances of discrete columns; a HIST, RFF or RACE spec: everything but
+    marginal tables and synthetic records), the one whose honest 95 % interval is narrowest,
+    ``expected_error(spec)``: :func:`honest_half_width` of the spec's answer (for a logistic
+    regression, whose bias no sketch bounds, every interval is untrusted and the caller gives
+    the standard error of the involved columns' means instead). Intervals compare alike
+    whatever the kind, because each states what it covers: a bias bound, Fréchet bounds or a
+    measured marginal's noise, and an interval flagged as untrustworthy counts as wide as what
+    the value can be. A sketch whose noise is small but whose estimator cannot resolve the query
+    (M2M's fit of a threshold, one histogram per column for a relation between columns, a
+    graphical model's guess for columns never measured together) thus loses to one whose
+    honest interval is narrower. Ties go to a marginals spec (its values are unbiased in its
+    cells up to the model's fit), then by name. A single candidate is chosen without calling
+    ``expected_error``; so is, without ``expected_error``, a marginals candidate before the
+    others, else the first.
 
     Parameters
     ----------
@@ -1219,8 +1473,7 @@ def choose_source(
     specs : sequence of SketchSpec
         The specs with a sketch of every owner asked about.
     expected_error : callable, optional
-        ``spec -> float``, the expected half-width of the answer's 95 % interval; needed to
-        choose among several HIST, RFF or RACE specs.
+        ``spec -> float``, the half-width of the spec's honest 95 % interval for ``query``.
 
     Returns
     -------
@@ -1231,23 +1484,29 @@ def choose_source(
     InvalidArgumentError
         If no spec can answer (e.g. a marginal table without a marginals sketch).
     """
-    marginals = [s for s in specs if s.kind == "marginals"]
-    for spec in marginals:
-        if MarginalsExplorer.expresses(query, spec.domain):
-            return spec, (
-                f"{spec.name}: a marginals sketch expresses {query.kind} (graphical model, "
-                "no linear-fit bias)"
-            )
-    m2m = [s for s in specs if s.kind != "marginals"]
-    if not m2m or query.kind in ("marginal", "synthetic"):
+    candidates = [s for s in specs if _expresses(query, s)]
+    if not candidates:
         have = ", ".join(s.name for s in specs) or "none"
         raise InvalidArgumentError(f"no published sketch answers {query.kind} (specs: {have})")
-    if len(m2m) == 1 or expected_error is None:
-        return m2m[0], f"{m2m[0].name}: the only M2M sketch available"
-    errors = {s.name: float(expected_error(s)) for s in m2m}
-    best = min(m2m, key=lambda s: (errors[s.name], s.name))
+    if len(candidates) == 1:
+        return candidates[0], f"{candidates[0].name}: the only sketch that expresses {query.kind}"
+    if expected_error is None:
+        first = next((s for s in candidates if s.kind == "marginals"), candidates[0])
+        return first, f"{first.name}: a sketch that expresses {query.kind} (no widths compared)"
+    errors = {s.name: float(expected_error(s)) for s in candidates}
+    best = min(
+        candidates,
+        key=lambda s: (
+            math.inf if math.isnan(errors[s.name]) else errors[s.name],
+            s.kind != "marginals",
+            s.name,
+        ),
+    )
     listed = ", ".join(f"{n} {e:.3g}" for n, e in errors.items())
-    return best, f"{best.name}: narrowest 95 % interval, bias bound included ({listed})"
+    return best, (
+        f"{best.name}: narrowest 95 % interval, honestly compared, of every sketch that "
+        f"expresses {query.kind} (mean half-width: {listed})"
+    )
 
 
 def exact_answer(query: Query, records: ArrayLike, domain: Domain) -> Answer:

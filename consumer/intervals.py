@@ -18,7 +18,11 @@ estimate, :func:`~dpmarket.common.sketches.intervals.count_estimate`)
     *variance*: ``var = E(x - c)^2 - (E x - c)^2`` for the point estimate ``c`` of the mean: the
     first term bounded bin by bin, the second over the mean's bounds.
     *covariance of two columns*: not identified; ``|cov| <= sd_a sd_b`` (Cauchy-Schwarz) with
-    each standard deviation at its variance's upper bound; point estimate 0 (independence).
+    each variance at the upper end of its own interval at level ``1 - alpha/2`` (noise
+    included, so both hold at once with probability ``1 - alpha``: Bonferroni), cut to
+    ``w^2/4``; point estimate 0 (independence). The noise is added to each variance's bound
+    before the product: a noisy release whose variance bound falls below 0 would otherwise
+    give the interval ``[0, 0]`` in every noise replicate too.
 RFF and RACE (M2M with an unpenalized intercept; the ridge parameter per value from the rule's
 value times 10^-3 .. 10, the one giving the narrowest expected interval)
     *mean, moment2, cdf, count*: ``[estimate + min r, estimate + max r]``, ``r`` M2M's residual
@@ -41,6 +45,7 @@ from numpy.typing import NDArray
 from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.feature_maps import HISTMap
 from dpmarket.common.sketches.intervals import (
+    COVERAGE,
     BinTarget,
     Bounded,
     bin_ranges,
@@ -174,7 +179,7 @@ def hist_bounded(
         estimate = _frechet(parts)
     elif kind == "covariance":
         assert columns is not None
-        estimate = _hist_covariance(cols, columns, sketch)
+        return _hist_covariance(cols, columns, sketch, rng, replicates)
     else:
         raise ValueError(f"HIST bounds answer mean, moment2, cdf, count, covariance; got {kind!r}")
     kwargs = {} if replicates is None else {"replicates": replicates}
@@ -223,28 +228,36 @@ def _hist_point_means(
 
 
 def _hist_covariance(
-    cols: _HistColumns, columns: NDArray[np.int64], sketch: SketchLike
-) -> Callable[[Array, Array], Triple]:
+    cols: _HistColumns,
+    columns: NDArray[np.int64],
+    sketch: SketchLike,
+    rng: np.random.Generator,
+    replicates: int | None,
+) -> Bounded:
+    """Variances and cross-covariances of ``columns`` (upper triangle; module docstring)."""
     centers = _hist_point_means(cols, columns, sketch)
-    variances = [_variance(cols, int(j), float(c)) for j, c in zip(columns, centers, strict=True)]
+    variances = _stack(
+        [_variance(cols, int(j), float(c)) for j, c in zip(columns, centers, strict=True)]
+    )
+    kwargs = {} if replicates is None else {"replicates": replicates}
+    var = bounded_interval(variances, sketch, rng, **kwargs)
+    # A cross term needs both variances' bounds at once: each at 1 - alpha/2.
+    both = bounded_interval(variances, sketch, rng, coverage=1.0 - (1.0 - COVERAGE) / 2.0, **kwargs)
+    cap = cols.domain.width()[columns] ** 2 / 4.0
+    upper = np.clip(both.high, 0.0, cap)
+    upper_bias = np.clip(both.high - both.noise, 0.0, cap)  # before the noise's widening
     rows, cols_ = np.triu_indices(columns.size)
-
-    def f(sums: Array, n_hat: Array) -> Triple:
-        var = [v(sums, n_hat) for v in variances]
-        point, low, high = [], [], []
-        for a, b in zip(rows, cols_, strict=True):
-            if a == b:
-                point.append(var[a][0])
-                low.append(var[a][1])
-                high.append(var[a][2])
-            else:
-                bound = np.sqrt(np.maximum(var[a][2], 0.0) * np.maximum(var[b][2], 0.0))
-                point.append(np.zeros_like(bound))
-                low.append(-bound)
-                high.append(bound)
-        return np.column_stack(point), np.column_stack(low), np.column_stack(high)
-
-    return f
+    out: dict[str, list[float]] = {k: [] for k in ("value", "low", "high", "se", "bias", "noise")}
+    for a, b in zip(rows, cols_, strict=True):
+        if a == b:
+            entry = [var.value[a], var.low[a], var.high[a], var.se[a], var.bias[a], var.noise[a]]
+        else:
+            bound = math.sqrt(upper[a] * upper[b])
+            bias = math.sqrt(upper_bias[a] * upper_bias[b])
+            entry = [0.0, -bound, bound, 0.0, bias, bound - bias]
+        for key, v in zip(out, entry, strict=True):
+            out[key].append(float(v))
+    return Bounded(**{k: np.array(v) for k, v in out.items()})
 
 
 # ----------------------------------------------------------------------------------- M2M
@@ -379,23 +392,53 @@ def m2m_bounded(
     return bounded_interval(estimate, sketch, rng, **kwargs), lam
 
 
-def interval_basis(kind: str, query_kind: str, n_columns: int) -> str:
-    """One line saying how a value's interval was built and what it covers."""
+def interval_basis(kind: str, query_kind: str, n_columns: int) -> tuple[str, str]:
+    """What a value's interval covers (its basis,
+    :data:`dpmarket.common.uncertainty.BASES`) and one line on how it was built.
+
+    Parameters
+    ----------
+    kind : {"hist", "rff", "race"}
+        The sketch kind.
+    query_kind : str
+        :attr:`dpmarket.consumer.explore.Query.kind`.
+    n_columns : int
+        The columns the value is about (a count's predicated columns; 1 for a variance).
+
+    Returns
+    -------
+    (str, str)
+        ``"noise"`` for a logistic regression (its bias is not bounded), ``"bounds"`` where one
+        histogram per column leaves the value unidentified (a count over several columns, a
+        covariance of two: bounds that hold whatever the joint, around the independence
+        guess), ``"noise+bias"`` otherwise; and the construction in words.
+    """
     if query_kind == "logreg":
-        return "noise only (bootstrap over the release's noise): the fit's bias is not bounded"
+        return (
+            "noise",
+            "bootstrap over the release's noise (16 refits): the fit's bias is not bounded",
+        )
     if kind == "hist":
         if query_kind == "count" and n_columns > 1:
             return (
+                "bounds",
                 "Fréchet bounds of the conjunction from each column's histogram (they hold "
-                "whatever the joint), widened by the noise; the value assumes independence"
+                "whatever the joint), widened by the noise; the value assumes independence",
             )
         if query_kind == "covariance" and n_columns > 1:
             return (
+                "bounds",
                 "|cov| <= sd_a sd_b (Cauchy-Schwarz): one histogram per column does not "
-                "identify a relation between columns; the value assumes independence"
+                "identify a relation between columns; the value assumes independence",
             )
-        return "every bin's mass anywhere in its bin (binning bound), widened by the noise"
-    return "M2M's residual range over the design (its fit and shrinkage), widened by the noise"
+        return (
+            "noise+bias",
+            "every bin's mass anywhere in its bin (binning bound), widened by the noise",
+        )
+    return (
+        "noise+bias",
+        "M2M's residual range over the design (its fit and shrinkage), widened by the noise",
+    )
 
 
 def finite_or_nan(values: Array) -> Array:

@@ -63,7 +63,7 @@ from typing import Any
 from dpmarket.common.cape.spec import AnyCapeSpec, CapeTrainingSpec
 from dpmarket.common.errors import InvalidArgumentError, ResourceExhaustedError
 from dpmarket.common.sketches.marginals import marginals_map
-from dpmarket.common.sketches.spec import SketchDeclaration
+from dpmarket.common.sketches.spec import DEFAULT_DELTA, SketchDeclaration
 from dpmarket.common.summarization.methods import METHODS, H2Fields, Method, SummarizationConfig
 from dpmarket.common.summarization.terms import OwnerTerms
 
@@ -331,7 +331,7 @@ class CuratorPolicy:
                 fmap = marginals_map(declaration.domain, params["bins"], cuts=params.get("cuts"))
                 for b in fmap.block_sizes:
                     self._check_range("sketch_hist_bins", int(b), f"{where}: marginals cells")
-                delta = params.get("delta", declaration.delta)
+                delta = params.get("delta", declaration.delta or DEFAULT_DELTA)
                 self._check_range("sketch_delta", delta, f"{where}: marginals delta")
                 dimension = fmap.dimension
             self._check_range("sketch_dimension", dimension, f"{where}: {kind} dimension m")

@@ -154,12 +154,18 @@ def _config(comment: str, values: Mapping[str, object]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _sketch_declaration(name: str) -> str:
+def _sketch_declaration(name: str, rows: int) -> str:
+    """The drafted catalogue: M2M maps for moments, CDFs and ranking, and a marginals map, which
+    ``consumer explore`` prefers for what it expresses (counts, CDFs, marginal tables, synthetic
+    records, moments of discrete columns: ``choose_source``). ``rows`` is the smallest owner's
+    table, rounded down to one significant digit."""
     return f"""# A sketch declaration of the curator's catalogue (curator serve --sketch-spec): the
 # columns of the deployment's schema, a map of each kind, and the mechanism. Specs:
-# {name}/rff, {name}/race and {name}/hist. An owner publishes with
-#   dpmarket owner publish --config owner-NAME.toml --spec {name}/hist
-# (charged once to its ledger); consumers then explore and rank owners at no further cost.
+# {name}/rff, {name}/race, {name}/hist and {name}/marginals. An owner publishes with
+#   dpmarket owner publish --config owner-NAME.toml --spec {name}/marginals --spec {name}/hist
+# (each charged once to its ledger); consumers then explore and rank owners at no further cost.
+# `dpmarket consumer explore` answers counts, CDFs, marginal tables and synthetic records from
+# the marginals sketch (every discrete column with its levels, every other cut in `bins` cells).
 name = "{name}"
 schema = "schema.toml"
 
@@ -179,6 +185,13 @@ width = 0.2
 
 [maps.hist]
 bins = 10
+
+[maps.marginals]
+bins = 8
+# DRAFT, drawn from your tables (the smallest owner's rows, to one significant digit): the
+# default number of measured marginals plans for it. Replace it by a public estimate.
+rows = {rows}
+delta = 1e-6
 """
 
 
@@ -222,9 +235,9 @@ sigma = 0.5
 """
 
 
-def _read_owner_tables(owners: Mapping[str, Path]) -> tuple[list[str], np.ndarray]:
-    """Every owner's table (the pitfalls refused, naming file and column); they must share
-    their columns, in order."""
+def _read_owner_tables(owners: Mapping[str, Path]) -> tuple[list[str], np.ndarray, list[int]]:
+    """Every owner's table (the pitfalls refused, naming file and column), concatenated, and each
+    one's rows; they must share their columns, in order."""
     names: list[str] | None = None
     first = ""
     blocks = []
@@ -239,7 +252,7 @@ def _read_owner_tables(owners: Mapping[str, Path]) -> tuple[list[str], np.ndarra
             )
         blocks.append(table.values)
     assert names is not None
-    return names, np.concatenate(blocks)
+    return names, np.concatenate(blocks), [b.shape[0] for b in blocks]
 
 
 def init_deployment(
@@ -298,7 +311,7 @@ def init_deployment(
     identities = [Identity("curator", CURATOR), Identity("consumer", consumer)]
     identities += [Identity("owner", o) for o in owners]
     paths = {o: Path(p).resolve() for o, p in owners.items()}
-    columns, values = _read_owner_tables(paths)
+    columns, values, counts = _read_owner_tables(paths)
     if label is not None and label not in columns:
         raise InvalidArgumentError(f"--label {label!r} is not a column; the columns: {columns}")
     title = name or root.resolve().name
@@ -317,7 +330,11 @@ def init_deployment(
     }
     schema_path = root / "schema.toml"
     schema_path.write_text(schema.as_toml(), encoding="utf-8")
-    (root / "sketches.toml").write_text(_sketch_declaration(schema.name), encoding="utf-8")
+    smallest = max(1, min(counts))
+    scale = 10 ** (len(str(smallest)) - 1)
+    (root / "sketches.toml").write_text(
+        _sketch_declaration(schema.name, smallest // scale * scale), encoding="utf-8"
+    )
     allocation = allocation_declaration_name(schema.name)
     (root / ALLOCATION_FILE).write_text(
         _allocation_declaration(allocation, schema.feature_names), encoding="utf-8"

@@ -7,7 +7,8 @@ answers, for each owner alone and for the union of all, a battery of queries thr
 consumer's own code (:class:`dpmarket.consumer.explore.Explorer`,
 :class:`~dpmarket.consumer.explore.MarginalsExplorer` as it is, and
 :func:`~dpmarket.consumer.explore.choose_source` for ``auto``, the answer ``explore --spec
-DECLARATION`` gives among HIST, RFF and RACE):
+DECLARATION`` gives among every sketch kind that expresses the query, the marginals sketch
+included where it was released):
 
 * ``mean`` and ``moment2`` of every column; ``cdf`` at the default nine points of every
   continuous column; ``covariance`` of random pairs of columns; ``count`` of random
@@ -20,9 +21,12 @@ The marginals sketches are released and answered on the first seed only (a relea
 models take minutes per table).
 
 Each value is compared with the exact answer on the raw records (:func:`~dpmarket.consumer.
-explore.exact_answer`). Reported per split (tuning tables, held-out tables), sketch kind and query
-kind: the values, the flagged fraction (by reason), the coverage of the unflagged intervals and
-of all intervals, and the median width of the intervals as a share of what the value can be.
+explore.exact_answer`). A value counts as *flagged* when a flag is on its interval (the interval
+does not mean what its basis says: :mod:`dpmarket.common.uncertainty`); a flag on the value only
+(a model's guess inside bounds that hold whatever the joint) leaves its interval counted, since
+it still claims to cover. Reported per split (tuning tables, held-out tables), sketch kind and
+query kind: the values, the flagged fraction (by code), the coverage of the unflagged intervals
+and of all intervals, and the median width of the intervals as a share of what the value can be.
 Written to ``coverage.json`` (settings, the summary and one row per table) and printed.
 """
 
@@ -43,6 +47,7 @@ from rich.table import Table as RichTable
 from threadpoolctl import threadpool_limits
 
 from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.marginals import MarginalsMechanism, free_compiled
 from dpmarket.common.sketches.sketch import PrivateSketch, SketchMechanism, merge_sketches
 from dpmarket.common.sketches.spec import SketchSpec
@@ -54,13 +59,14 @@ from dpmarket.consumer.explore import (
     _possible,
     choose_source,
     exact_answer,
+    honest_half_width,
 )
 from dpmarket.experiments.tables import HELD_OUT, TUNING, OwnerTable, build, declaration
 
 __all__ = ["KINDS", "QUERY_KINDS", "print_coverage", "queries", "run_coverage", "run_table"]
 
 Array = NDArray[np.float64]
-#: Sketch kinds reported (``auto``: :func:`choose_source` among HIST, RFF and RACE).
+#: Sketch kinds reported (``auto``: :func:`choose_source` among every kind answered).
 KINDS = ("hist", "rff", "race", "auto", "marginals")
 QUERY_KINDS = ("mean", "moment2", "cdf", "covariance", "count", "logreg")
 #: The goals: unflagged coverage at least GOAL_COVERAGE, at most GOAL_FLAGGED flagged.
@@ -114,6 +120,7 @@ def _rows(
     span: Array,
 ) -> list[dict[str, Any]]:
     low, high = answer.interval()
+    flagged = answer.codes("interval")
     out = []
     for j, label in enumerate(answer.labels):
         lo, hi, t = float(low[j]), float(high[j]), float(truth.values[j])
@@ -132,7 +139,8 @@ def _rows(
                 "low": lo if finite else None,
                 "high": hi if finite else None,
                 "covered": bool(finite and lo - 1e-9 <= t <= hi + 1e-9),
-                "flag": answer.flags[j],
+                "flag": flagged[j],
+                "basis": answer.basis[j],
                 "width": (hi - lo) / float(span[j]) if finite and math.isfinite(span[j]) else None,
             }
         )
@@ -144,11 +152,12 @@ def _lookup(widths: dict[str, float]) -> Callable[[SketchSpec], float]:
     return lambda spec: widths[spec.name]
 
 
-def _half_width(answer: Answer) -> float:
+def _half_width(answer: Answer, domain: Domain) -> float:
+    """What ``explore`` compares (:func:`dpmarket.consumer.cli._expected_error`): the honest
+    half-width, or for a logistic regression (untrusted everywhere) the standard error."""
     if answer.query.kind == "logreg":
         return float(np.nanmean(answer.errors))
-    low, high = answer.interval()
-    return float(np.mean((high - low) / 2.0))
+    return honest_half_width(answer, domain)
 
 
 def run_table(
@@ -223,16 +232,27 @@ def run_table(
                         con.print(f"[yellow]{table.name} {target} {kind} {q.kind}: {exc}")
                         continue
                     rows += _rows(table.name, split, seed, target, kind, answers[kind], truth, span)
+                if mexplorer is not None and MarginalsExplorer.expresses(q, table.domain):
+                    chosen_m = [released["marginals"][k] for k in members]
+                    answers["marginals"] = mexplorer.answer(q, chosen_m)
+                    rows += _rows(
+                        table.name,
+                        split,
+                        seed,
+                        target,
+                        "marginals",
+                        answers["marginals"],
+                        truth,
+                        span,
+                    )
                 if answers:
                     by_name = {specs[k].name: k for k in answers}
-                    widths = {specs[k].name: _half_width(a) for k, a in answers.items()}
+                    widths = {
+                        specs[k].name: _half_width(a, table.domain) for k, a in answers.items()
+                    }
                     spec, _ = choose_source(q, [specs[k] for k in answers], _lookup(widths))
                     auto = answers[by_name[spec.name]]
                     rows += _rows(table.name, split, seed, target, "auto", auto, truth, span)
-                if mexplorer is not None and MarginalsExplorer.expresses(q, table.domain):
-                    chosen_m = [released["marginals"][k] for k in members]
-                    answer = mexplorer.answer(q, chosen_m)
-                    rows += _rows(table.name, split, seed, target, "marginals", answer, truth, span)
         free_compiled()
         done = sum(r["seed"] == seed for r in rows)
         con.print(f"{table.name} seed {seed}: {done} values in {time.perf_counter() - start:.0f} s")

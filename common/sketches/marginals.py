@@ -56,6 +56,8 @@ if TYPE_CHECKING:
     import mbi
 
 __all__ = [
+    "ASSUMED_ROWS",
+    "AUTO",
     "DEFAULT_BOOTSTRAP",
     "DEFAULT_MAX_CELLS",
     "DEFAULT_MEASUREMENTS",
@@ -66,16 +68,33 @@ __all__ = [
     "MarginalsSketch",
     "Measurement",
     "RoundPlan",
+    "bound_weights",
     "cell_weights",
+    "default_measurements",
+    "default_rounds",
     "free_compiled",
     "marginals_map",
     "model_size_mb",
 ]
 
-#: Selection rounds of the default declaration (each costs one model fit at the owner).
-DEFAULT_ROUNDS = 4
-#: 2-way marginals selected over all rounds, by default: ``max(measurements, d)``.
-DEFAULT_MEASUREMENTS = 16
+#: The most selection rounds a default plan runs. One: the first round scores against the 1-way
+#: measurements' closed-form model, so a one-round release fits no model at all (each later
+#: round costs a fit at the owner: two rounds took 8 times one round's CPU time on Arrests,
+#: four rounds 19 times, against AIM's many rounds; docs/how-it-works.md).
+DEFAULT_ROUNDS = 1
+#: ``measurements = 0`` / ``rounds = 0`` in a map: derive them from the domain, the budget and
+#: the declared rows (:func:`default_measurements`, :func:`default_rounds`).
+AUTO = 0
+#: The typical dependence between two columns that :func:`default_measurements` plans for: the
+#: L1 distance between a pair's joint distribution and the product of its margins, as a
+#: fraction of the rows, that a measurement should be able to see above its noise. Chosen
+#: leave-one-table-out over 0.03 and 0.06 on five tables (docs/results.md, "Counting queries").
+DEPENDENCE = 0.06
+#: Rows assumed per owner when a declaration states none (``rows``): a small table, hence few
+#: measurements (the noise weighs more on a small table's cells).
+ASSUMED_ROWS = 5_000
+#: Kept for declarations written before the measurements were derived: the old constant.
+DEFAULT_MEASUREMENTS = AUTO
 #: The largest marginal a selection may measure, in cells.
 DEFAULT_MAX_CELLS = 10_000
 #: Parametric bootstrap replicates behind every standard error.
@@ -142,11 +161,17 @@ class MarginalsMap(OneHotFeatureMap):
     cells : ndarray of shape (d,), int64
         Cells per column, each >= 1.
     rounds : int
-        Selection rounds (:class:`MarginalsMechanism`).
+        Selection rounds (:class:`MarginalsMechanism`); 0 (:data:`AUTO`, the default):
+        :func:`default_rounds`.
     measurements : int
-        2-way marginals selected over all rounds (``ceil(measurements / rounds)`` per round).
+        2-way marginals selected over all rounds (``ceil(measurements / rounds)`` per round); 0
+        (:data:`AUTO`, the default): :func:`default_measurements` of the domain, the release's
+        budget and ``rows``.
     max_cells : int
         A 2-way marginal with more cells is never a candidate.
+    rows : int
+        A public estimate of an owner's rows that the default measurements plan for (0: not
+        declared, :data:`ASSUMED_ROWS`). Only the plan depends on it, never the privacy.
 
     Raises
     ------
@@ -168,9 +193,10 @@ class MarginalsMap(OneHotFeatureMap):
     high: NDArray[np.float64]
     cuts: NDArray[np.float64]
     cells: NDArray[np.int64]
-    rounds: int = DEFAULT_ROUNDS
-    measurements: int = DEFAULT_MEASUREMENTS
+    rounds: int = AUTO
+    measurements: int = AUTO
     max_cells: int = DEFAULT_MAX_CELLS
+    rows: int = AUTO
     kind: ClassVar[str] = "marginals"
 
     def __post_init__(self) -> None:
@@ -207,8 +233,12 @@ class MarginalsMap(OneHotFeatureMap):
         object.__setattr__(self, "high", box.high)
         object.__setattr__(self, "cuts", cuts)
         object.__setattr__(self, "cells", counts)
-        for name in ("rounds", "measurements", "max_cells"):
-            object.__setattr__(self, name, check_positive_int(getattr(self, name), name))
+        object.__setattr__(self, "max_cells", check_positive_int(self.max_cells, "max_cells"))
+        for name in ("rounds", "measurements", "rows"):
+            value = getattr(self, name)
+            if value != AUTO:
+                value = check_positive_int(value, name)
+            object.__setattr__(self, name, int(value))
 
     @property
     def n_attributes(self) -> int:
@@ -227,6 +257,7 @@ class MarginalsMap(OneHotFeatureMap):
             "rounds": self.rounds,
             "measurements": self.measurements,
             "max_cells": self.max_cells,
+            "rows": self.rows,
         }
 
     def column_cuts(self, column: int) -> NDArray[np.float64]:
@@ -271,17 +302,87 @@ class MarginalsMap(OneHotFeatureMap):
             "rounds": self.rounds,
             "measurements": self.measurements,
             "max_cells": self.max_cells,
+            "rows": self.rows,
         }
+
+
+def default_measurements(
+    cells: Sequence[int],
+    rho: float,
+    rows: int = AUTO,
+    max_cells: int = DEFAULT_MAX_CELLS,
+    *,
+    dependence: float = DEPENDENCE,
+) -> int:
+    """How many 2-way marginals a marginals sketch measures by default.
+
+    Parameters
+    ----------
+    cells : sequence of int
+        Cells per column (``d`` columns).
+    rho : float
+        The release's zCDP budget (:func:`dpmarket.common.privacy.accounting.zcdp_rho` of its
+        epsilon and delta), > 0.
+    rows : int
+        A public estimate of the rows (0: :data:`ASSUMED_ROWS`).
+    max_cells : int
+        Pairs with more cells are not candidates.
+    dependence : float
+        ``D``, default :data:`DEPENDENCE`.
+
+    Returns
+    -------
+    int
+        ``K = floor(2 (1 - s) (1 - o) rho (D n / (sqrt(2 / pi) c))^2)``, clipped to ``[min(d -
+        1, P), P]``, with ``P`` the candidate pairs, ``c`` their mean cells, ``n`` the rows,
+        ``D`` = ``dependence``, ``s`` = :data:`SELECTION_SHARE`, ``o`` = :data:`ONEWAY_SHARE`;
+        at least 1.
+
+    Raises
+    ------
+    ValueError
+        If ``rho`` is not > 0 or ``rows`` is negative.
+
+    Notes
+    -----
+    With ``K`` measurements the plan (:meth:`MarginalsMechanism.plan`) gives each 2-way marginal
+    noise of variance ``sigma^2 = K / (2 (1 - s) (1 - o) rho)`` per cell (whatever the rounds),
+    whose expected L1 norm over a pair's ``c`` cells is ``sqrt(2 / pi) sigma c`` (AIM's bias
+    correction). A measurement shows a pair's dependence ``D n`` (the L1 distance between its
+    joint and the product of its margins, which is what the model gets wrong without it) only
+    above that noise: ``sqrt(2 / pi) sigma(K) c <= D n`` gives the formula. Below ``d - 1`` (a
+    spanning tree, MST's choice) every column would not even be linked to the others.
+    """
+    if not (math.isfinite(rho) and rho > 0):
+        raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
+    if rows < 0:
+        raise ValueError(f"rows must be >= 0 (0: not declared), got {rows!r}")
+    sizes = [int(a) * int(b) for a, b in itertools.combinations(cells, 2)]
+    pairs = [c for c in sizes if c <= max_cells]
+    if not pairs:
+        return 1
+    n = rows or ASSUMED_ROWS
+    mean_cells = float(np.mean(pairs))
+    scale = 2.0 * (1.0 - SELECTION_SHARE) * (1.0 - ONEWAY_SHARE) * rho
+    k = math.floor(scale * (dependence * n / (math.sqrt(2.0 / math.pi) * mean_cells)) ** 2)
+    return max(1, min(len(pairs), max(min(len(cells) - 1, len(pairs)), k)))
+
+
+def default_rounds(measurements: int) -> int:
+    """Selection rounds by default: :data:`DEFAULT_ROUNDS`, or one per measurement when there
+    are fewer (never below 1)."""
+    return max(1, min(DEFAULT_ROUNDS, int(measurements)))
 
 
 def marginals_map(
     domain: Domain,
     bins: int | Sequence[int],
     *,
-    rounds: int = DEFAULT_ROUNDS,
-    measurements: int = DEFAULT_MEASUREMENTS,
+    rounds: int = AUTO,
+    measurements: int = AUTO,
     max_cells: int = DEFAULT_MAX_CELLS,
     cuts: Mapping[str, Sequence[float]] | None = None,
+    rows: int = AUTO,
 ) -> MarginalsMap:
     """The discretisation a declaration asks for.
 
@@ -293,8 +394,8 @@ def marginals_map(
     bins : int or sequence of int
         Equal-width cells of each continuous column over ``[low, high]`` (one number, or one per
         column; ignored for discrete columns).
-    rounds, measurements, max_cells : int
-        :class:`MarginalsMap`'s selection settings.
+    rounds, measurements, max_cells, rows : int
+        :class:`MarginalsMap`'s selection settings (0: derived).
     cuts : mapping of column name to increasing numbers, optional
         Explicit interior cut points of continuous columns (e.g. a log scale for wages),
         replacing their ``bins``.
@@ -340,6 +441,7 @@ def marginals_map(
         rounds=rounds,
         measurements=measurements,
         max_cells=max_cells,
+        rows=rows,
     )
 
 
@@ -364,6 +466,34 @@ def cell_weights(
     lo = np.clip(low, e[:-1], e[1:])
     hi = np.clip(high, e[:-1], e[1:])
     return np.clip((hi - lo) / (e[1:] - e[:-1]), 0.0, 1.0)
+
+
+def bound_weights(
+    fmap: MarginalsMap, domain: Domain, column: int, low: float, high: float
+) -> NDArray[np.float64]:
+    """Which cells of ``column`` the predicate ``low <= x <= high`` holds whole (1), in part
+    (0.5) or not at all (0), whatever the values inside a cell: the weights bounds need
+    (:func:`dpmarket.common.sketches.marginals_bounds.count_bounds` reads only whether a weight
+    is 0, 1 or between).
+
+    A continuous column's cell ``[e_k, e_{k+1})`` (the last one closed) holds values from
+    ``e_k`` on: a predicate that ends at ``e_k`` (``x <= 3`` and the cell ``[3, 10)``, holding
+    the records at exactly 3, as an integer-valued column does) holds part of it, where
+    :func:`cell_weights`' uniform share gives 0. A discrete column's cells are exact
+    (:func:`cell_weights`).
+
+    Returns
+    -------
+    ndarray of shape (cells[column],), float64, entries in {0, 0.5, 1}.
+    """
+    if domain.level_values(column) is not None:
+        return cell_weights(fmap, domain, column, low, high)
+    e = fmap.edges(column)
+    left, right = e[:-1], e[1:]
+    last = np.arange(left.size) == left.size - 1
+    reach = (high >= left) & ((low < right) | (last & (low <= right)))
+    whole = (low <= left) & (high >= right)
+    return np.where(whole, 1.0, np.where(reach, 0.5, 0.0))
 
 
 # ------------------------------------------------------------------------------------ release
@@ -459,17 +589,27 @@ class MarginalsMechanism:
     (:func:`dpmarket.common.privacy.accounting.exponential_zcdp_rho`); ``k`` selections of a round
     are drawn at once as the top ``k`` of ``epsilon q_c / 2 + Gumbel(0, 1)``, which has the
     distribution of ``k`` exponential mechanisms run one after another without replacement (Durfee &
-    Rogers 2019), hence costs ``k epsilon^2 / 8``.
+    Rogers 2019), hence costs ``k epsilon^2 / 8``. A candidate that would grow the model past
+    :data:`MAX_MODEL_MB` with the round's earlier picks is passed over: the next pick is then the
+    exponential mechanism over the candidates still allowed (a set fixed by the earlier, public,
+    picks; the Gumbel argmax of a subset does not depend on the others' keys), and a round that
+    runs out of candidates spends less than its plan.
 
-    *Budget* (:meth:`plan`). ``rho_1 = 0.2 rho`` measures all ``d`` 1-way marginals at ``sigma_1 =
-    sqrt(d / (2 rho_1))``; each of the ``T`` rounds gets ``rho_r = 0.8 rho / T``, ``0.1 rho_r`` for
-    its ``k = ceil(K / T)`` selections (``epsilon_r = sqrt(0.8 rho_r / k)``) and ``0.9 rho_r`` for
-    their measurements (``sigma_r = sqrt(k / (1.8 rho_r))``). A round with fewer candidates than
-    ``k`` spends its unused selection budget on its measurements. zCDP composes adaptively by adding
-    ``rho``, so the release is ``rho``-zCDP, hence ``(epsilon, delta)``-DP
-    (:func:`dpmarket.common.privacy.accounting.zcdp_rho` returns a ``rho`` whose tight conversion
-    gives at most ``delta`` at ``epsilon``). The ledger records that ``(epsilon, delta)``
-    (:meth:`privacy_events`).
+    *Budget* (:meth:`plan`). ``rho_1 = 0.2 rho`` measures all ``d`` 1-way marginals at
+    ``sigma_1 = sqrt(d / (2 rho_1))``; each of the ``T`` rounds (:attr:`rounds`) gets ``rho_r =
+    0.8 rho / T``, ``0.1 rho_r`` for its ``k = ceil(K / T)`` selections (``K`` =
+    :attr:`measurements`: the map's, or derived from the domain, ``rho`` and the declared rows)
+    (``epsilon_r = sqrt(0.8 rho_r / k)``) and ``0.9 rho_r`` for their measurements (``sigma_r =
+    sqrt(k / (1.8 rho_r))``). A round with fewer candidates than ``k`` spends its unused selection
+    budget on its measurements. zCDP composes adaptively by adding ``rho``, so the release is
+    ``rho``-zCDP, hence ``(epsilon, delta)``-DP (:func:`dpmarket.common.privacy.accounting.zcdp_rho`
+    returns a ``rho`` whose tight conversion gives at most ``delta`` at ``epsilon``). The ledger
+    records that ``(epsilon, delta)`` (:meth:`privacy_events`).
+
+    *Models scored against.* The first round scores against the 1-way measurements' own model
+    (every column independent: closed form, no fit); each later round against a graphical model
+    fitted to everything measured so far. No model is fitted after the last round (the owner
+    needs none), so a single round costs no fit at all.
 
     References
     ----------
@@ -513,6 +653,23 @@ class MarginalsMechanism:
         return zcdp_rho(self.epsilon, self.delta)
 
     @property
+    def measurements(self) -> int:
+        """2-way marginals selected over all rounds: the map's, or
+        :func:`default_measurements` of the domain's cells, :attr:`rho` and the map's rows."""
+        fmap = self.feature_map
+        if fmap.measurements != AUTO:
+            return fmap.measurements
+        return default_measurements(
+            [int(c) for c in fmap.cells], self.rho, fmap.rows, fmap.max_cells
+        )
+
+    @property
+    def rounds(self) -> int:
+        """Selection rounds: the map's, or :func:`default_rounds` of :attr:`measurements`."""
+        fmap = self.feature_map
+        return fmap.rounds if fmap.rounds != AUTO else default_rounds(self.measurements)
+
+    @property
     def oneway_sigma(self) -> float:
         """Noise standard deviation of the 1-way marginals."""
         d = self.domain.n_attributes
@@ -520,12 +677,12 @@ class MarginalsMechanism:
 
     def plan(self) -> tuple[RoundPlan, ...]:
         """Every round's public budget (class Notes, "Budget"), before any data is read."""
-        fmap = self.feature_map
-        rho_r = (1.0 - ONEWAY_SHARE) * self.rho / fmap.rounds
-        k = math.ceil(fmap.measurements / fmap.rounds)
+        rounds = self.rounds
+        rho_r = (1.0 - ONEWAY_SHARE) * self.rho / rounds
+        k = math.ceil(self.measurements / rounds)
         eps = math.sqrt(8.0 * SELECTION_SHARE * rho_r / k)
         sigma = math.sqrt(k / (2.0 * (1.0 - SELECTION_SHARE) * rho_r))
-        return tuple(RoundPlan(k, eps, sigma) for _ in range(fmap.rounds))
+        return tuple(RoundPlan(k, eps, sigma) for _ in range(rounds))
 
     def candidates(self) -> list[tuple[int, int]]:
         """The 2-way marginals a round may select: every pair of columns with at most
@@ -591,9 +748,10 @@ class MarginalsMechanism:
         sigma1 = self.oneway_sigma
         measurements = [measure((j,), sigma1) for j in range(self.domain.n_attributes)]
         selections: list[float] = []
-        model = MarginalsModel.fit(fmap, measurements, iters=SELECTION_ITERS)
+        model: MarginalsModel | _IndependentModel = _IndependentModel(fmap, measurements)
         pairs = self.candidates()
-        for plan in self.plan():
+        plans = self.plan()
+        for r, plan in enumerate(plans):
             rho_r = plan.selections * (
                 exponential_zcdp_rho(plan.epsilon) + gaussian_zcdp_rho(plan.sigma)
             )
@@ -614,11 +772,21 @@ class MarginalsMechanism:
                 ]
             )
             keys = plan.epsilon * scores / 2.0 + rng.gumbel(size=scores.size)
-            chosen = np.argsort(-keys, kind="stable")[:k]
-            for i in chosen:
-                measurements.append(measure(allowed[int(i)], sigma))
+            held = [m.clique for m in measurements]
+            picked = 0
+            for i in np.argsort(-keys, kind="stable"):
+                if picked == k:
+                    break
+                candidate = allowed[int(i)]
+                if model_size_mb(fmap, [*held, candidate]) > MAX_MODEL_MB:
+                    continue  # with this round's earlier picks, it would outgrow the model
+                held.append(candidate)
+                measurements.append(measure(candidate, sigma))
                 selections.append(plan.epsilon)
-            model = MarginalsModel.fit(fmap, measurements, iters=SELECTION_ITERS, warm=model)
+                picked += 1
+            if r + 1 < len(plans):  # the next round scores against a model of everything so far
+                warm = model if isinstance(model, MarginalsModel) else None
+                model = MarginalsModel.fit(fmap, measurements, iters=SELECTION_ITERS, warm=warm)
         free_compiled()  # the selection's structures are not used again
         return MarginalsSketch(self, tuple(measurements), tuple(selections))
 
@@ -632,6 +800,8 @@ class MarginalsMechanism:
             "delta": self.delta,
             "rho": self.rho,
             "oneway_sigma": self.oneway_sigma,
+            "measurements": self.measurements,
+            "rounds": self.rounds,
             "plan": [vars(p) for p in self.plan()],
         }
 
@@ -753,6 +923,39 @@ class MarginalsSketch:
 
 
 # ------------------------------------------------------------------------------------ model
+class _IndependentModel:
+    """What the 1-way measurements alone say: every column independent, each 1-way marginal
+    its measurement clipped at 0 and scaled to their inverse-variance weighted total (the
+    graphical model of the 1-way marginals, in closed form: the first round scores against it
+    without a fit)."""
+
+    def __init__(self, feature_map: MarginalsMap, measurements: Sequence[Measurement]) -> None:
+        d = feature_map.n_attributes
+        ones = measurements[:d]
+        totals = np.array([m.values.sum() for m in ones])
+        weights = np.array([1.0 / (m.sigma**2 * m.values.size) for m in ones])
+        self.total = max(1.0, float(np.sum(totals * weights) / np.sum(weights)))
+        self.shares = []
+        for m in ones:
+            kept = np.clip(m.values, 0.0, None)
+            mass = float(kept.sum())
+            self.shares.append(kept / mass if mass > 0 else np.full(kept.size, 1.0 / kept.size))
+        self.feature_map = feature_map
+
+    def marginal(self, clique: Sequence[int]) -> NDArray[np.float64]:
+        out = np.ones(())
+        for j in clique:
+            out = np.multiply.outer(out, self.shares[int(j)])
+        return np.asarray(out * self.total, dtype=np.float64)
+
+    def covers(self, clique: Sequence[int]) -> bool:
+        return len(clique) <= 1
+
+    def grown_size_mb(self, clique: Sequence[int]) -> float:
+        d = self.feature_map.n_attributes
+        return model_size_mb(self.feature_map, [*((j,) for j in range(d)), tuple(clique)])
+
+
 class MarginalsModel:
     """A graphical model fitted to noisy marginals (Private-PGM), answering in numpy.
 

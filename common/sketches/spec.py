@@ -62,9 +62,8 @@ from dpmarket.common.sketches.feature_maps import (
     histogram_map,
 )
 from dpmarket.common.sketches.marginals import (
+    AUTO,
     DEFAULT_MAX_CELLS,
-    DEFAULT_MEASUREMENTS,
-    DEFAULT_ROUNDS,
     MarginalsMap,
     MarginalsMechanism,
     MarginalsSketch,
@@ -74,6 +73,7 @@ from dpmarket.common.sketches.sketch import DEFAULT_NUMERATOR_SHARE, PrivateSket
 from dpmarket.common.validation import check_config_keys, config_number, config_table
 
 __all__ = [
+    "DEFAULT_DELTA",
     "MAP_KINDS",
     "NOISES",
     "AnyMechanism",
@@ -106,15 +106,20 @@ _MAP_KEYS: dict[str, dict[str, str]] = {
 }
 #: Optional keys of a map's table: ``scale`` says whether ``sigma`` / ``width`` are fractions of
 #: each column's width (``"width"``, the default) or in the columns' own units (``"absolute"``).
-#: A marginals map may also set its selection (``rounds``, ``measurements``, ``max_cells``),
-#: explicit cut points of continuous columns (``cuts``, a table of column name to numbers) and
-#: its own ``delta`` (it is always Gaussian: needed when the declaration's noise is Laplace).
+#: A marginals map may also set its selection (``rounds``, ``measurements``, ``max_cells``; the
+#: first two derived from the domain and the budget when absent), a public estimate of an owner's
+#: ``rows`` that the derived selection plans for, explicit cut points of continuous columns
+#: (``cuts``, a table of column name to numbers) and its own ``delta`` (it is always Gaussian:
+#: :data:`DEFAULT_DELTA` when neither it nor a Gaussian declaration gives one).
 _OPTIONAL_MAP_KEYS: dict[str, tuple[str, ...]] = {
     "rff": ("scale",),
     "race": ("scale",),
     "hist": (),
-    "marginals": ("rounds", "measurements", "max_cells", "cuts", "delta"),
+    "marginals": ("rounds", "measurements", "max_cells", "cuts", "delta", "rows"),
 }
+#: The delta of a Gaussian release whose declaration states none: at most a tenth of ``1 / n``
+#: for tables of up to 100,000 rows per owner (declare a smaller one for larger tables).
+DEFAULT_DELTA = 1e-6
 _SCALES = ("width", "absolute")
 _NOISE_NAMES = {"laplace": "Laplace", "gaussian": "Gaussian"}
 
@@ -176,7 +181,8 @@ class SketchSpec:
     epsilon_range : tuple of float
         ``(low, high)``, ``0 < low <= epsilon <= high``: what the catalogue accepts.
     delta : float
-        0 for Laplace noise; ``0 < delta < 1`` for Gaussian noise.
+        0 for Laplace noise; ``0 < delta < 1`` for Gaussian noise (a declaration that states
+        none gets :data:`DEFAULT_DELTA`).
     numerator_share : float
         The share of the budget spent on the sum of features (the paper's 0.98).
     description : str
@@ -447,23 +453,39 @@ class SketchDeclaration:
 
         Layout::
 
-            name = "flights"                  # optional: default_name (the file's stem) description
-            = "..." [mechanism] noise = "laplace"                 # or "gaussian" (then delta)
-            epsilon = 1.0                     # default epsilon of a publication epsilon_range =
-            [0.1, 2.0]        # what an owner may choose; default [epsilon, epsilon] numerator_share
-            = 0.98 delta = 0.0 [[columns]]                       # in order; public bounds
-            (dpmarket.common.schema's format) name = "distance" type = "continuous"               #
-            optional: continuous, or categorical with levels low = 0.0 high = 5000.0 levels = [...]
-            # optional: a discrete column's values [maps.rff] frequencies = 100 sigma = 0.2 scale =
-            "width"                   # optional: or "absolute" (sigma in column units) [maps.race]
-            hashes = 20 buckets = 20 width = 0.25 [maps.hist] bins = 20 [maps.marginals]
-            # noisy marginals answered by a graphical model bins = 16                         #
-            cells per continuous column (discrete: levels) rounds = 4                        #
-            optional: selection rounds measurements = 16                 # optional: 2-way marginals
-            selected in all max_cells = 10000                 # optional: largest 2-way marginal
-            selectable delta = 1e-6                      # needed when mechanism.noise is "laplace"
-            [maps.marginals.cuts]             # optional: a continuous column's cut points wage =
-            [100.0, 200.0, 400.0]
+            name = "flights"              # optional: default_name (the file's stem)
+            description = "..."
+            [mechanism]
+            noise = "laplace"             # or "gaussian" (then delta, default 1e-6)
+            epsilon = 1.0                 # default epsilon of a publication
+            epsilon_range = [0.1, 2.0]    # what an owner may choose; default [epsilon, epsilon]
+            numerator_share = 0.98
+            delta = 0.0
+            [[columns]]                   # in order; public bounds (dpmarket.common.schema)
+            name = "distance"
+            type = "continuous"           # optional: continuous, or categorical with levels
+            low = 0.0
+            high = 5000.0
+            levels = [...]                # optional: a discrete column's values
+            [maps.rff]
+            frequencies = 100
+            sigma = 0.2
+            scale = "width"               # optional: or "absolute" (sigma in column units)
+            [maps.race]
+            hashes = 20
+            buckets = 20
+            width = 0.25
+            [maps.hist]
+            bins = 20
+            [maps.marginals]              # noisy marginals answered by a graphical model
+            bins = 16                     # cells per continuous column (discrete: levels)
+            rows = 20000                  # optional: public estimate of an owner's rows
+            measurements = 24             # optional: 2-way marginals (default: derived)
+            rounds = 4                    # optional: selection rounds (default: derived)
+            max_cells = 10000             # optional: largest 2-way marginal selectable
+            delta = 1e-6                  # optional (default: the declaration's, or 1e-6)
+            [maps.marginals.cuts]         # optional: a continuous column's cut points
+            wage = [100.0, 200.0, 400.0]
 
         Instead of ``[[columns]]``, a declaration may name a dataset's schema file, ``schema =
         "schema.toml"`` (:mod:`dpmarket.common.schema`), and optionally ``columns = ["age", "bmi"]``
@@ -512,7 +534,10 @@ class SketchDeclaration:
         low = _positive(bounds[0], f"{where}: mechanism.epsilon_range[0]")
         high = _positive(bounds[1], f"{where}: mechanism.epsilon_range[1]")
         _epsilon_range(epsilon, low, high, f"{where}: [mechanism]")
-        delta = config_number(mech.get("delta", 0.0), f"{where}: mechanism.delta")
+        delta = config_number(
+            mech.get("delta", DEFAULT_DELTA if noise == "gaussian" else 0.0),
+            f"{where}: mechanism.delta",
+        )
         if noise == "gaussian" and not 0 < delta < 1:
             raise InvalidArgumentError(
                 f"{where}: Gaussian noise needs 0 < mechanism.delta < 1, got {delta!r}"
@@ -543,11 +568,6 @@ class SketchDeclaration:
                 section = f"{where}: [maps.{kind}]"
                 table = config_table(maps_table[kind], section)
                 params = _map_parameters(kind, table, domain, section)
-                if kind == "marginals" and "delta" not in params and noise != "gaussian":
-                    raise InvalidArgumentError(
-                        f"{section}: a marginals sketch is Gaussian: give its delta "
-                        '(0 < delta < 1) here, or declare mechanism.noise = "gaussian"'
-                    )
                 maps.append((kind, params))
         return cls(
             name=name,
@@ -617,14 +637,15 @@ class SketchDeclaration:
                 fmap = marginals_map(
                     self.domain,
                     params["bins"],
-                    rounds=params.get("rounds", DEFAULT_ROUNDS),
-                    measurements=params.get("measurements", DEFAULT_MEASUREMENTS),
+                    rounds=params.get("rounds", AUTO),
+                    measurements=params.get("measurements", AUTO),
                     max_cells=params.get("max_cells", DEFAULT_MAX_CELLS),
                     cuts=params.get("cuts"),
+                    rows=params.get("rows", AUTO),
                 )
             noise, delta = self.noise, self.delta
             if kind == "marginals":
-                noise, delta = "gaussian", params.get("delta", self.delta)
+                noise, delta = "gaussian", params.get("delta", self.delta or DEFAULT_DELTA)
             specs.append(
                 SketchSpec(
                     name=f"{self.name}/{kind}",
@@ -731,7 +752,7 @@ def _marginals_parameters(table: Mapping[str, Any], domain: Domain, where: str) 
         out: dict[str, Any] = {"bins": [_integer(b, f"{where} bins") for b in bins]}
     else:
         out = {"bins": _integer(bins, f"{where} bins")}
-    for key in ("rounds", "measurements", "max_cells"):
+    for key in ("rounds", "measurements", "max_cells", "rows"):
         if key in table:
             out[key] = _integer(table[key], f"{where} {key}")
     if "delta" in table:
@@ -751,10 +772,11 @@ def _marginals_parameters(table: Mapping[str, Any], domain: Domain, where: str) 
         marginals_map(
             domain,
             out["bins"],
-            rounds=out.get("rounds", DEFAULT_ROUNDS),
-            measurements=out.get("measurements", DEFAULT_MEASUREMENTS),
+            rounds=out.get("rounds", AUTO),
+            measurements=out.get("measurements", AUTO),
             max_cells=out.get("max_cells", DEFAULT_MAX_CELLS),
             cuts=out.get("cuts"),
+            rows=out.get("rows", AUTO),
         )
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"{where}: {exc}") from None

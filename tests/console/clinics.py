@@ -1,8 +1,8 @@
 """The tutorial's deployment, for the console's browser tests and benchmark: docs/tutorial.md's
 commands, as written, up to the clinics' sketches (three clinics, a curator and a consumer over
 mTLS; every clinic's allocation sketch published by ``dpmarket up``; one summary requested with
-``dpmarket consumer request``; every clinic's HIST and RFF sketches published), in a fresh
-directory."""
+``dpmarket consumer request``; every clinic's HIST, RFF and marginals sketches published), in a
+fresh directory."""
 
 from __future__ import annotations
 

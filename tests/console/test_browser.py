@@ -240,7 +240,7 @@ def test_the_consumer_finds_its_last_summarys_share_and_the_catalogue(
     assert shown == {o: str(n) for o, n in last.points_per_owner.items()}
     assert sum(last.points_per_owner.values()) == 20
     assert page.locator("#last-summary svg.plot").count() == 1
-    # The catalogue: every clinic's two sketches and the allocation's sketch `up` published,
+    # The catalogue: every clinic's three sketches and the allocation's sketch `up` published,
     # ε 1 each, with their age.
     rows = page.locator("#sketches tbody tr").all()
     listed = {
@@ -249,7 +249,7 @@ def test_the_consumer_finds_its_last_summarys_share_and_the_catalogue(
     assert listed == {
         (o, spec)
         for o in ("young", "middle", "senior")
-        for spec in ("clinics/hist", "clinics/rff", "clinics-allocation/rff")
+        for spec in ("clinics/hist", "clinics/rff", "clinics/marginals", "clinics-allocation/rff")
     }
     assert {r.locator("td").nth(2).inner_text() for r in rows} == {"1"}
     _shot(page, "console-consumer.png")
@@ -345,7 +345,7 @@ def test_the_curator_sees_its_owners_sessions_and_catalogue(
     text = page.locator("#sessions").inner_text()
     for session in stored:
         assert session["id"][:8] in text
-    assert len(page.locator("#catalogue tbody tr").all()) == 9  # 3 clinics x 3 sketches
+    assert len(page.locator("#catalogue tbody tr").all()) == 12  # 3 clinics x 4 sketches
     assert page.locator("#rates svg.plot").count() == 1
     # Nothing of a summary's points nor of an owner's ledger.
     assert "owner.sqlite3" not in page.content()

@@ -257,11 +257,11 @@ def test_answers_carry_errors_columns_and_clip_flags(specs: dict[str, SketchSpec
         )
         answer = explorer.answer(Query("mean", columns=("a", "b")), sketch)
         assert answer.columns == (("a",), ("b",)) and (answer.errors > 0).all()
-        for j, flag in enumerate(answer.flags):
+        for j, flag in enumerate(answer.codes()):
             lo, hi = spec.domain.low[j], spec.domain.high[j]
             assert lo <= answer.values[j] <= hi
             assert flag in ("few-records", "clipped"), flag
-            assert answer.rows()[j]["reason"] == answer.reasons[j] != ""
+            assert answer.rows()[j]["flags"][0]["reason"] == answer.flags[j][0].reason != ""
             if not lo <= answer.raw[j] <= hi:
                 flagged += 1
                 assert answer.rows()[j]["raw"] == answer.raw[j]

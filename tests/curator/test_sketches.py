@@ -91,6 +91,19 @@ def test_the_shipped_declaration_fits_the_default_policy(tmp_path: Path) -> None
     assert list(declaration.domain.names) == ["month", "hour", "distance", "air_time", "delayed"]
 
 
+def test_a_marginals_map_without_delta_fits_the_default_policy() -> None:
+    """A Laplace declaration whose marginals map states no delta gets the default delta, which
+    the curator's policy accepts (not a delta of 0, which it refuses for a Gaussian sketch)."""
+    declaration = SketchDeclaration.from_mapping(
+        {
+            "name": "m",
+            "columns": [{"name": "k", "low": 0, "high": 2, "levels": [0, 1, 2]}],
+            "maps": {"marginals": {"bins": 4}},
+        }
+    )
+    CuratorPolicy().check_sketch_declaration(declaration)
+
+
 def test_publications_are_checked_and_kept_one_per_owner_and_spec(tmp_path: Path) -> None:
     policy = CuratorPolicy(sketches_per_owner=2)
     with SketchCatalog(tmp_path, [DECLARATION], seed=0, policy=policy, owners=["o1", "o2"]) as c:

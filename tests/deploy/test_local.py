@@ -12,6 +12,9 @@ import pytest
 from click.testing import CliRunner
 from cryptography import x509
 
+from dpmarket.common.sketches.marginals import MarginalsMap
+from dpmarket.common.sketches.spec import SketchDeclaration
+from dpmarket.consumer.explore import Query, choose_source
 from dpmarket.curator.sketches import load_declaration
 from dpmarket.deploy.cli import main
 from dpmarket.deploy.local import (
@@ -81,11 +84,26 @@ def test_init_writes_pki_configs_policies_and_a_draft_schema(tmp_path: Path) -> 
     assert owner["schema"] == "schema.toml" and owner["data-dir"] == "owners/clinic-a"
     assert curator["owner"][0] == f"clinic-a@127.0.0.1:{owner['port']}"
     assert owner["curator"] == f"127.0.0.1:{curator['port']}"
+    assert (root / "owners" / "clinic-a" / "policy.toml").is_file()
     drafted = load_owner_policy(root / "owners" / "clinic-a" / "policy.toml")
     # The tutorial runs the candidates method: no drafted owner trusts the curator with exact
     # bids (the per-round methods), nor serves non-private sessions.
     assert not drafted.allow_exact_bids and not drafted.allow_non_private
     assert "allow_exact_bids = false" in (root / "owners" / "clinic-a" / "policy.toml").read_text()
+    # The catalogue drafts a marginals spec (Gaussian at delta 1e-6, its measurements planned
+    # for the smallest owner's 30 rows, drafted as 30), which explore prefers for counts.
+    declaration = SketchDeclaration.from_mapping(
+        tomllib.loads((root / "sketches.toml").read_text(encoding="utf-8")),
+        schema=schema,
+    )
+    specs = {s.kind: s for s in declaration.draw(np.random.default_rng(0))}
+    assert declaration.spec_names()[-1] == "clinics/marginals"
+    marginals = specs["marginals"]
+    assert isinstance(marginals.feature_map, MarginalsMap)
+    assert (marginals.noise, marginals.delta, marginals.feature_map.rows) == ("gaussian", 1e-6, 30)
+    assert marginals.feature_map.block_sizes.tolist() == [8, 8, 2]  # high: its two levels
+    count = Query("count", where=(("high", 1, 1),))
+    assert choose_source(count, list(specs.values()), lambda s: 1.0)[0].kind == "marginals"
     services = tomllib.loads((root / DEPLOYMENT_FILE).read_text(encoding="utf-8"))["service"]
     assert [s["name"] for s in services] == ["clinic-a", "clinic-b", "curator"]
     # Each owner's ledger is created by init, bound to its certificate; the owner's config

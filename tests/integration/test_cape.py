@@ -622,7 +622,7 @@ def _cli(cluster: LocalCluster, *args: str) -> Any:
 
 def _check_estimates(document: dict[str, Any], labels: list[str], values: list[float]) -> None:
     """A CAPE document's ``estimates``: per answer, in order, its value, standard error,
-    interval and flags, each flag with its code, reason and severity."""
+    interval and flags, each flag with its code, reason and what it is on."""
     estimates = document["estimates"]
     assert [e["label"] for e in estimates] == labels
     for e, value in zip(estimates, values, strict=True):
@@ -634,7 +634,7 @@ def _check_estimates(document: dict[str, Any], labels: list[str], values: list[f
             low, high = e["interval"]
             assert e["standard_error"] > 0 and low < high
         for flag in e["flags"]:
-            assert flag["code"] and flag["reason"] and flag["severity"] in ("warning", "unreliable")
+            assert flag["code"] and flag["reason"] and flag["on"] in ("value", "interval")
     assert "estimates" not in document["report"]  # once, at the top
 
 

@@ -140,7 +140,7 @@ def test_explore_chooses_per_query_and_equals_the_in_process_answer(
     count = _explore(running, "--query", "count", "--where", "hour<=12", "--where", "delayed=1")
     assert count["spec"] == "mini/marginals" and "expresses count" in count["reason"]
     row = count["answer"]["rows"][0]
-    assert row["columns"] == ["hour", "delayed"] and row["se"] > 0
+    assert row["columns"] == ["hour", "delayed"] and row["standard_error"] > 0
     # The in-process answer from the sketch as the owner stored it: the same, bit for bit.
     with CuratorClient(running.curator_target, running.consumer_security()) as client:
         spec = client.sketch_spec("mini/marginals")
@@ -151,11 +151,25 @@ def test_explore_chooses_per_query_and_equals_the_in_process_answer(
         Query("count", where=(("hour", float("-inf"), 12.0), ("delayed", 1.0, 1.0))),
         [stored.sketch],
     )
-    assert row["value"] == float(local.values[0]) and row["se"] == float(local.errors[0])
+    assert row["value"] == float(local.values[0])
+    assert row["standard_error"] == float(local.errors[0])
+    # Every value carries its 95 % interval, what that interval covers, and flags with reasons:
+    # Fréchet bounds and a note on the value (the model's guess) where no measured marginal
+    # holds both columns; the measured marginal's unbiased interval otherwise.
+    low, high = row["interval"]
+    assert low <= row["value"] <= high and [low, high] == [local.low[0], local.high[0]]
+    assert row["basis"] in ("measured", "bounds") and isinstance(row["flags"], list)
+    assert all(set(f) == {"code", "on", "reason"} and f["reason"] for f in row["flags"])
+    guess = [f for f in row["flags"] if f["on"] == "value"]
+    assert bool(guess) == (row["basis"] == "bounds")
+    assert not guess or "guess" in guess[0]["reason"]
+    assert count["answer"]["count_interval"][0] <= count["answer"]["count"]
     # A continuous column's mean is M2M's (the only M2M sketch here).
     mean = _explore(running, "--query", "mean", "--column", "distance")
     assert mean["spec"] == "mini/rff" and mean["answer"]["source"] == "mini/rff (M2M)"
-    assert mean["answer"]["rows"][0]["se"] > 0
+    assert mean["answer"]["rows"][0]["standard_error"] > 0
     table = _explore(running, "--query", "marginal", "--column", "delayed")
     assert table["spec"] == "mini/marginals"
     assert sum(r["value"] for r in table["answer"]["rows"]) == pytest.approx(1.0)
+    # A 1-way table is measured: unbiased intervals, no flag.
+    assert all(r["basis"] == "measured" and r["flags"] == [] for r in table["answer"]["rows"])

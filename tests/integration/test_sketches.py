@@ -397,9 +397,9 @@ def test_networked_exploration_equals_the_in_process_m2m_bit_for_bit(
     # Per value: the value, its standard error, its interval (bias bound included), how the
     # interval was built, and a flag with its reason (null when none).
     for row in networked["answer"]["rows"]:
-        assert {"value", "se", "ci95", "bias_bound", "basis", "flag", "reason"} <= set(row)
-        assert row["ci95"][0] <= row["value"] <= row["ci95"][1]
-        assert (row["flag"] is None) == (row["reason"] is None)
+        assert {"value", "standard_error", "interval", "bias_bound", "covers", "flags"} <= set(row)
+        assert row["interval"][0] <= row["value"] <= row["interval"][1]
+        assert all(f["code"] and f["reason"] for f in row["flags"])
     with CuratorClient(dep.cluster.curator_target, dep.cluster.consumer_security()) as client:
         spec = client.sketch_spec("mini/rff")
         received = {e.owner: e.sketch for e in client.sketches(spec)}
@@ -446,7 +446,7 @@ def test_owners_never_see_the_validation_set_or_any_query(dep: Deployment, tmp_p
     assert [r["owner"] for r in ranked] == ["owner-EV", "owner-UA"]  # 9E flies like EV
     for r in ranked:  # each MMD with its error, interval, and flags that give their reason
         low, high = r["interval"]
-        assert r["standard_error"] > 0 and low <= r["mmd2"] <= high and r["covers"]
+        assert r["standard_error"] > 0 and low <= r["value"] <= high and r["covers"]
         assert all(f["code"] and f["reason"] for f in r["flags"])
     for query in (
         ["--query", "count", "--where", "distance>=1000", "--where", "hour<=12"],
@@ -626,7 +626,7 @@ def test_the_library_answers_as_the_commands_do(dep: Deployment) -> None:
             Query("mean"), spec="mini/rff", owners=["owner-EV"], options=ExploreOptions(500)
         )
     assert [r.estimate.value for r in ranking.owners] == [
-        r.get("raw", r["mmd2"]) for r in ranked["ranking"]
+        r.get("raw", r["value"]) for r in ranked["ranking"]
     ]
     assert ranking.to_json(ranked["curator"]) == ranked
     assert found.owners == ("owner-EV",) and found.spec.name == "mini/rff"

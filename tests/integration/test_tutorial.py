@@ -68,17 +68,18 @@ def test_every_command_of_the_tutorial_runs_on_a_fresh_directory(tmp_path: Path)
     assert set(summary["owner"]) <= {"young", "middle", "senior"}
     # What the tutorial says the young clinic spent: 1 (the allocation's sketch, published by
     # `up`) + 0 (the summary: split by that sketch, no noisy count since `up` publishes it)
-    # + 2 (its HIST and RFF sketches) + 3 (CAPE). The total is the 6 it was when the summary
-    # charged ε 1 for its count instead; the entries tell the two apart.
+    # + 3 (its HIST, RFF and marginals sketches) + 3 (CAPE).
     with OwnerLedger(tmp_path / "clinics" / "owners" / "young", None) as ledger:
         spent = ledger.window_totals()
         entries = ledger.entries()
-    assert spent.epsilon == pytest.approx(6.0, abs=1e-5)
+    assert spent.epsilon == pytest.approx(7.0, abs=1e-5)
     sketches = [e for e in entries if e.mechanism.startswith("private sketch")]
-    assert [e.epsilon for e in sketches] == [1.0, 1.0, 1.0]  # the allocation's, HIST, RFF
+    assert [e.epsilon for e in sketches][:3] == [1.0, 1.0, 1.0]  # the allocation's, HIST, RFF
     summary_charges = [e for e in entries if "candidates" in e.mechanism]
     assert summary_charges and sum(e.epsilon for e in summary_charges) == 0.0
     said = " ".join((done.stdout + done.stderr).split())
     assert "published the allocation sketch clinics-allocation/rff, charged epsilon 1" in said
     assert "allocation: sketch (the owners' published sketches; no charge to them)" in said
+    # The count came from the drafted marginals spec, with its interval.
+    assert "clinics/marginals" in done.stdout and "95 % interval" in done.stdout
     assert "left" in done.stdout or "left" in done.stderr

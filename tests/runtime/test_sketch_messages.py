@@ -104,13 +104,15 @@ def test_a_marginals_sketch_crosses_the_wire_exactly() -> None:
     domain = Domain(
         np.zeros(2), np.array([1.0, 2.0]), names=("a", "k"), levels=(None, np.arange(3.0))
     )
-    mech = MarginalsMechanism(marginals_map(domain, 4, rounds=1, measurements=1), domain, 1.0, 1e-6)
+    # Derived selection settings (measurements and rounds 0) and declared rows cross too.
+    mech = MarginalsMechanism(marginals_map(domain, 4, rows=200), domain, 1.0, 1e-6)
     rng = np.random.default_rng(0)
     x = np.column_stack([rng.random(200), rng.integers(0, 3, 200)]).astype(float)
     sketch = mech.release(x, rng=rng)
     back = msg.sketch_from_bytes(msg.sketch_bytes(sketch))
     assert isinstance(back, MarginalsSketch)
     assert back.mechanism.feature_map == sketch.mechanism.feature_map
+    assert back.mechanism.feature_map.rows == 200 and back.mechanism.measurements == 1
     assert [m.clique for m in back.measurements] == [m.clique for m in sketch.measurements]
     for a, b in zip(back.measurements, sketch.measurements, strict=True):
         assert a.values.tobytes() == b.values.tobytes() and a.sigma == b.sigma

@@ -227,10 +227,15 @@ class MarginalsMap(_message.Message):
     ROUNDS_FIELD_NUMBER: _builtins.int
     MEASUREMENTS_FIELD_NUMBER: _builtins.int
     MAX_CELLS_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
     rounds: _builtins.int
-    """Selection rounds, 2-way marginals selected in all, the largest selectable marginal (cells)."""
+    """Selection rounds, 2-way marginals selected in all (0: each derived from the domain, the
+    release's epsilon and delta, and rows), the largest selectable marginal (cells).
+    """
     measurements: _builtins.int
     max_cells: _builtins.int
+    rows: _builtins.int
+    """A public estimate of an owner's rows that derived settings plan for (0: not declared)."""
     @_builtins.property
     def low(self) -> _array_pb2.Array:
         """float64 of shape (d,): the domain's box."""
@@ -255,10 +260,11 @@ class MarginalsMap(_message.Message):
         rounds: _builtins.int = ...,
         measurements: _builtins.int = ...,
         max_cells: _builtins.int = ...,
+        rows: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cells", b"cells", "cuts", b"cuts", "high", b"high", "low", b"low"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cells", b"cells", "cuts", b"cuts", "high", b"high", "low", b"low", "max_cells", b"max_cells", "measurements", b"measurements", "rounds", b"rounds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cells", b"cells", "cuts", b"cuts", "high", b"high", "low", b"low", "max_cells", b"max_cells", "measurements", b"measurements", "rounds", b"rounds", "rows", b"rows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

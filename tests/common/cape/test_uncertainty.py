@@ -333,6 +333,6 @@ def test_an_estimate_survives_json() -> None:
     assert Estimate.from_json(json.loads(json.dumps(e.to_json()))) == e
     document = e.to_json()
     assert document["interval"] == [1.1, 1.9]
-    assert document["flags"] == [{"code": "x", "reason": "why", "severity": "warning"}]
+    assert document["flags"] == [{"code": "x", "on": "value", "reason": "why"}]
     with pytest.raises(ValueError, match="malformed"):
         Estimate.from_json({"label": "x"})

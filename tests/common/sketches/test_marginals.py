@@ -14,6 +14,7 @@ from dpmarket.common.privacy.accounting import exponential_zcdp_rho, gaussian_zc
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.marginals import (
+    MAX_MODEL_MB,
     MarginalsMap,
     MarginalsMechanism,
     MarginalsModel,
@@ -23,6 +24,7 @@ from dpmarket.common.sketches.marginals import (
     cell_weights,
     free_compiled,
     marginals_map,
+    model_size_mb,
 )
 
 
@@ -148,6 +150,23 @@ def test_selection_finds_the_dependent_pair() -> None:
     for seed in range(3):
         sketch = mech.release(records, rng=np.random.default_rng(seed))
         assert sketch.measurements[-1].clique == (0, 2)
+
+
+def test_one_round_keeps_the_model_within_its_size_limit() -> None:
+    """Eight columns of 12 cells, every one of the 28 pairs asked for in one round: all of them
+    would make one junction-tree clique of 12^8 cells (3.4 GB). The round passes over the pairs
+    that would outgrow MAX_MODEL_MB with its earlier picks, spends no more than its budget, and
+    fits no model (a single round scores against the 1-way model in closed form)."""
+    d = 8
+    domain = Domain(np.zeros(d), np.full(d, 1.0))
+    fmap = marginals_map(domain, 12, rounds=1, measurements=28)
+    mech = MarginalsMechanism(fmap, domain, 1.0, 1e-6)
+    assert mech.plan()[0].selections == 28
+    sketch = mech.release(np.random.default_rng(0).random((500, d)), rng=np.random.default_rng(1))
+    pairs = [m.clique for m in sketch.measurements if len(m.clique) == 2]
+    assert 0 < len(pairs) < 28 and len(sketch.selections) == len(pairs)
+    assert model_size_mb(fmap, [m.clique for m in sketch.measurements]) <= MAX_MODEL_MB
+    assert sketch.rho_spent <= mech.rho
 
 
 def test_model_answers_match_mbi_and_recover_measured_marginals() -> None:

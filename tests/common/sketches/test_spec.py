@@ -16,7 +16,12 @@ from dpmarket.common.sketches import draw_race, draw_rff
 from dpmarket.common.sketches.feature_maps import HISTMap, RACEMap, RFFMap
 from dpmarket.common.sketches.marginals import MarginalsMap
 from dpmarket.common.sketches.sketch import SketchMechanism
-from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec, mechanism_label
+from dpmarket.common.sketches.spec import (
+    DEFAULT_DELTA,
+    SketchDeclaration,
+    SketchSpec,
+    mechanism_label,
+)
 from tests.conftest import sketch_mechanism
 
 DECLARATION: dict[str, Any] = {
@@ -88,9 +93,13 @@ def test_declaration_errors_name_the_source_and_the_key(
         assert name in str(info.value), (name, str(info.value))
 
 
-def test_gaussian_declarations_need_delta() -> None:
+def test_gaussian_declarations_default_their_delta() -> None:
+    (spec, *_) = _declaration(mechanism={"noise": "gaussian", "epsilon": 1.0}).draw(
+        np.random.default_rng(0)
+    )
+    assert (spec.noise, spec.delta) == ("gaussian", DEFAULT_DELTA)
     with pytest.raises(InvalidArgumentError, match="delta"):
-        _declaration(mechanism={"noise": "gaussian", "epsilon": 1.0})
+        _declaration(mechanism={"noise": "gaussian", "epsilon": 1.0, "delta": 0.0})
     spec = _declaration(mechanism={"noise": "gaussian", "epsilon": 1.0, "delta": 1e-6}).draw(
         np.random.default_rng(0)
     )[0]
@@ -235,8 +244,13 @@ def test_a_marginals_map_is_declared_with_its_own_delta() -> None:
     assert isinstance(spec.feature_map, MarginalsMap)
     assert spec.feature_map.block_sizes.tolist() == [3, 3]
     assert spec.mechanism_label == "private sketch (MARGINALS, Gaussian)"
-    with pytest.raises(InvalidArgumentError, match=r"give its delta"):
-        SketchDeclaration.from_mapping({**base, "maps": {"marginals": {"bins": 5}}})
+    # Neither the map nor the (Laplace) declaration gives a delta: the default one.
+    (spec,) = SketchDeclaration.from_mapping(
+        {**base, "maps": {"marginals": {"bins": 5, "rows": 20_000}}}
+    ).draw(np.random.default_rng(0))
+    assert (spec.noise, spec.delta) == ("gaussian", DEFAULT_DELTA)
+    assert isinstance(spec.feature_map, MarginalsMap)
+    assert (spec.feature_map.measurements, spec.feature_map.rows) == (0, 20_000)
     with pytest.raises(InvalidArgumentError, match=r"increase strictly"):
         SketchDeclaration.from_mapping(
             {**base, "maps": {"marginals": {"bins": 5, "delta": 1e-6, "cuts": {"wage": [200.0]}}}}

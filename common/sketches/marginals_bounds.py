@@ -1,0 +1,396 @@
+"""Intervals for counting queries on a marginals sketch that hold whatever the joint distribution.
+
+A marginals sketch (:mod:`dpmarket.common.sketches.marginals`) measures a few marginals of an
+owner's table with Gaussian noise of public scales. A consumer's graphical model answers any query
+from them, but where no measurement holds the query's columns together its answer is a guess (the
+model takes them as conditionally independent given what was measured) whose error no noise scale
+shows. This module bounds a count from the measurements alone:
+
+* **measured** — the query's columns all lie in one measured marginal (every 1-way query; a 2-way
+  query on a selected pair): the count is a linear function of that marginal, estimated without
+  bias by the inverse-variance weighted mean of every measurement that holds those columns
+  (:func:`event_count`); its error is Gaussian with a known variance, so ``estimate -+ z sd``
+  covers at the nominal rate exactly;
+* **bounds** — otherwise: Fréchet–Bonferroni bounds (Fréchet 1951; Bonferroni inequalities), which
+  hold for every table with the measured marginals. Upper: the count of any measured sub-event,
+  ``N(A_1 ... A_k) <= N(A_P)`` for ``P`` inside a measured marginal, and for three events ``N(ABC)
+  <= n - N(A) - N(B) - N(C) + N(AB) + N(AC) + N(BC)``. Lower: chains over measured sub-events,
+  ``N(X Y) >= N(X) + N(Y) - N(Z)`` for ``X, Y`` inside ``Z`` (``Z`` = the events ``X`` and ``Y``
+  share; ``n`` when none), e.g. ``N(AB) >= N(A) + N(B) - n``, ``N(ABC) >= N(AB) + N(AC) - N(A)``.
+  Each candidate is a linear function of the measurements, widened by ``z sd``; the interval is
+  ``[max lower, min upper]`` with the union bound over the candidates (``z`` at ``alpha / (2 K)``
+  for ``K`` candidates a side), so it covers with probability at least ``1 - alpha`` whatever the
+  joint.
+
+A predicate that cuts a continuous column inside a cell (``x <= 3.7`` where a cell is ``[3, 4)``)
+leaves the cell's records unknown: lower bounds count only the cells the predicate covers whole,
+upper bounds every cell it touches, so the interval holds whatever the records' values inside a
+cell too.
+
+Counts become fractions by dividing by the record count, bounded likewise from every measurement's
+total (:func:`total_count`). Pure computation (numpy, scipy): no I/O.
+
+References
+----------
+Fréchet, "Sur les tableaux de corrélation dont les marges sont données", 1951; Dobra & Fienberg,
+"Bounds for cell entries in contingency tables given marginal totals and decomposable graphs",
+PNAS 2000 (sharp bounds from marginals); Boole–Bonferroni inequalities.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.stats import norm
+
+from dpmarket.common.sketches.marginals import Measurement
+
+__all__ = [
+    "ALPHA",
+    "TOTAL_SHARE",
+    "CountBounds",
+    "Linear",
+    "count_bounds",
+    "event_count",
+    "fraction_bounds",
+    "total_count",
+]
+
+#: Two-sided miss probability of every interval (a 95 % interval).
+ALPHA = 0.05
+#: Share of ``alpha`` spent on the record count when a count becomes a fraction.
+TOTAL_SHARE = 0.2
+
+Weights = Mapping[int, NDArray[np.float64]]
+
+
+@dataclass(frozen=True)
+class Linear:
+    """A linear function of a sketch's measurements: ``sum_i <coef_i, y_i>``.
+
+    Attributes
+    ----------
+    terms : dict of int to ndarray
+        Measurement index to a coefficient vector of that measurement's length.
+    """
+
+    terms: dict[int, NDArray[np.float64]]
+
+    def __add__(self, other: Linear) -> Linear:
+        out = dict(self.terms)
+        for i, c in other.terms.items():
+            out[i] = out[i] + c if i in out else c
+        return Linear(out)
+
+    def __neg__(self) -> Linear:
+        return Linear({i: -c for i, c in self.terms.items()})
+
+    def __sub__(self, other: Linear) -> Linear:
+        return self + (-other)
+
+    def value(self, measurements: Sequence[Measurement]) -> float:
+        """Its value on the noisy measurements."""
+        return math.fsum(float(c @ measurements[i].values) for i, c in self.terms.items())
+
+    def sd(self, measurements: Sequence[Measurement]) -> float:
+        """The standard deviation of its noise, ``sqrt(sum_i sigma_i^2 ||coef_i||^2)`` (the
+        measurements' noises are independent)."""
+        return math.sqrt(
+            math.fsum(measurements[i].sigma ** 2 * float(c @ c) for i, c in self.terms.items())
+        )
+
+
+def _coefficients(
+    clique: tuple[int, ...], cells: Sequence[int], weights: Weights
+) -> NDArray[np.float64]:
+    """``prod_j w_j(cell_j)`` over a measured clique's cells (C order), 1 for its columns not in
+    ``weights``."""
+    out = np.ones((), dtype=np.float64)
+    for j in clique:
+        w = weights.get(j)
+        out = np.multiply.outer(out, np.ones(int(cells[j])) if w is None else w)
+    return np.asarray(out, dtype=np.float64).reshape(-1)
+
+
+def event_count(
+    measurements: Sequence[Measurement], cells: Sequence[int], weights: Weights
+) -> Linear | None:
+    """The minimum-variance unbiased linear estimate of ``sum_cells prod_j w_j(cell_j) N(cell)``
+    over the columns of ``weights``, from every measurement that holds all of them.
+
+    Parameters
+    ----------
+    measurements : sequence of Measurement
+        A sketch's noisy marginals.
+    cells : sequence of int
+        Cells per column.
+    weights : mapping of column to ndarray of shape (cells[column],)
+        Empty: the record count ``n`` (every measurement's total estimates it).
+
+    Returns
+    -------
+    Linear or None
+        ``None`` when no measurement holds every column of ``weights``.
+
+    Notes
+    -----
+    Each measurement ``i`` holding the columns gives ``<c_i, y_i>``, unbiased with variance
+    ``v_i = sigma_i^2 ||c_i||^2``; the weights ``(1 / v_i) / sum_k (1 / v_k)`` depend only on
+    public values, so the combination stays linear and unbiased, with variance
+    ``1 / sum_i (1 / v_i)`` (Gauss–Markov for independent estimates).
+    """
+    columns = set(weights)
+    found = [
+        (i, _coefficients(m.clique, cells, weights))
+        for i, m in enumerate(measurements)
+        if columns <= set(m.clique)
+    ]
+    if not found:
+        return None
+    inverse = [1.0 / max(measurements[i].sigma ** 2 * float(c @ c), 1e-300) for i, c in found]
+    total = math.fsum(inverse)
+    return Linear({i: c * (v / total) for (i, c), v in zip(found, inverse, strict=True)})
+
+
+def total_count(measurements: Sequence[Measurement], cells: Sequence[int]) -> Linear:
+    """The record count's estimate (:func:`event_count` with no column)."""
+    found = event_count(measurements, cells, {})
+    assert found is not None  # every sketch measures every column
+    return found
+
+
+@dataclass(frozen=True)
+class CountBounds:
+    """A count's interval.
+
+    Attributes
+    ----------
+    low, high : float
+        Records; ``low <= high``.
+    measured : bool
+        ``True``: one measured marginal holds every column of the query and the interval is the
+        unbiased estimate's ``-+ z sd`` (covers at ``1 - alpha``); ``False``: Fréchet–Bonferroni
+        bounds (cover at ``1 - alpha`` or more, whatever the joint).
+    candidates : int
+        Linear bounds compared (upper and lower).
+    """
+
+    low: float
+    high: float
+    measured: bool
+    candidates: int
+
+
+def _maximal(sets: Sequence[frozenset[int]]) -> list[frozenset[int]]:
+    unique = sorted(set(sets), key=lambda s: (-len(s), sorted(s)))
+    out: list[frozenset[int]] = []
+    for s in unique:
+        if not any(s <= t for t in out):
+            out.append(s)
+    return out
+
+
+def _chains(query: frozenset[int], pieces: Sequence[frozenset[int]]) -> list[list[frozenset[int]]]:
+    """Covers of ``query`` by ``pieces``, one greedy chain from each first piece: each step adds
+    the piece with most new columns, then most overlap with those covered (a larger shared event
+    subtracts less)."""
+    out: list[list[frozenset[int]]] = []
+    seen: set[frozenset[tuple[frozenset[int], frozenset[int]]]] = set()
+    for first in pieces:
+        chain, covered = [first], set(first)
+        while covered != query:
+            best = max(
+                (p for p in pieces if p - covered),
+                key=lambda p: (len(p - covered), len(p & covered), sorted(p)),
+                default=None,
+            )
+            if best is None:
+                break
+            chain.append(best)
+            covered |= best
+        if covered != query:
+            continue
+        # The bound depends on each piece and what it shares with those before it.
+        key = frozenset((p, frozenset(p & set().union(*chain[:k]))) for k, p in enumerate(chain))
+        if key not in seen:
+            seen.add(key)
+            out.append(chain)
+    return out
+
+
+def count_bounds(
+    measurements: Sequence[Measurement],
+    cells: Sequence[int],
+    weights: Weights,
+    *,
+    alpha: float = ALPHA,
+) -> CountBounds:
+    """An interval for a conjunction's count from a sketch's measurements (module docstring).
+
+    Parameters
+    ----------
+    measurements : sequence of Measurement
+        Every column's 1-way marginal and the selected ones.
+    cells : sequence of int
+        Cells per column.
+    weights : mapping of column to ndarray of shape (cells[column],)
+        The share of each cell the column's predicate covers, in [0, 1] (1: whole, 0: none; a
+        fraction where the predicate cuts the cell). At least one column. Any finite weights
+        (e.g. a discrete column's levels, for its mean) when one measured marginal holds every
+        column: the count is then any linear function of that marginal.
+    alpha : float
+        Two-sided miss probability, in (0, 1).
+
+    Returns
+    -------
+    CountBounds
+
+    Raises
+    ------
+    ValueError
+        For no column, weights of the wrong length or not finite, weights outside [0, 1] for
+        columns no measured marginal holds together, or ``alpha`` outside (0, 1).
+
+    Notes
+    -----
+    Lower bounds use each column's whole cells (``w == 1``), upper bounds every cell it touches
+    (``w > 0``): the count lies between the counts of those two events whatever the records'
+    values inside a cell. A lower candidate ``L`` and an upper one ``U`` are linear in the
+    measurements with noise sds ``s_L``, ``s_U``; the interval ``[max_k (L_k - z_L s_Lk), min_k
+    (U_k + z_U s_Uk)]`` misses only if some candidate's noise exceeds its ``z s``, with probability
+    at most ``K_L Phi(-z_L) + K_U Phi(-z_U) = alpha`` for ``z = Phi^-1(1 - alpha / (2 K))``.
+    """
+    if not weights:
+        raise ValueError("a count's bounds need at least one column")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
+    inner: dict[int, NDArray[np.float64]] = {}
+    outer: dict[int, NDArray[np.float64]] = {}
+    shares = True
+    for j, w in weights.items():
+        arr = np.asarray(w, dtype=np.float64)
+        if arr.shape != (int(cells[j]),) or not np.isfinite(arr).all():
+            raise ValueError(f"column {j}'s weights must be {int(cells[j])} finite numbers")
+        shares = shares and bool(((arr >= 0) & (arr <= 1)).all())
+        inner[j] = (arr >= 1.0).astype(np.float64)
+        outer[j] = (arr > 0.0).astype(np.float64)
+    query = frozenset(int(j) for j in weights)
+    if not shares:  # a linear function of one measured marginal, or nothing
+        exact = event_count(measurements, cells, weights)
+        if exact is None:
+            raise ValueError(
+                f"weights outside [0, 1] need one measured marginal holding columns {sorted(query)}"
+            )
+        z = float(norm.ppf(1.0 - alpha / 2.0))
+        value, sd = exact.value(measurements), exact.sd(measurements)
+        return CountBounds(value - z * sd, value + z * sd, True, 1)
+
+    def sub(ws: Mapping[int, NDArray[np.float64]], part: frozenset[int]) -> Linear:
+        found = event_count(measurements, cells, {j: ws[j] for j in part})
+        assert found is not None  # parts are measured
+        return found
+
+    whole = event_count(measurements, cells, inner)
+    if whole is not None:  # one measured marginal holds every column
+        z = float(norm.ppf(1.0 - alpha / 2.0))
+        up = event_count(measurements, cells, outer)
+        assert up is not None
+        low = whole.value(measurements) - z * whole.sd(measurements)
+        high = up.value(measurements) + z * up.sd(measurements)
+        return CountBounds(max(low, 0.0), max(high, max(low, 0.0)), True, 2)
+    pieces = _maximal(
+        [frozenset(m.clique) & query for m in measurements if frozenset(m.clique) & query]
+    )
+    uppers = [sub(outer, p) for p in pieces]
+    if len(query) == 3 and all(any(frozenset(pair) <= p for p in pieces) for pair in _pairs(query)):
+        singles = [sub(outer, frozenset([j])) for j in sorted(query)]
+        doubles = [sub(outer, frozenset(pair)) for pair in _pairs(query)]
+        union_bound = total_count(measurements, cells)
+        for s in singles:
+            union_bound = union_bound - s
+        for d in doubles:
+            union_bound = union_bound + d
+        uppers.append(union_bound)
+    lowers = []
+    for chain in _chains(query, pieces):
+        bound = sub(inner, chain[0])
+        covered = set(chain[0])
+        for p in chain[1:]:
+            shared = frozenset(p & covered)
+            bound = bound + sub(inner, p)
+            bound = bound - (sub(inner, shared) if shared else total_count(measurements, cells))
+            covered |= p
+        lowers.append(bound)
+    z_up = float(norm.ppf(1.0 - alpha / (2.0 * len(uppers))))
+    high = min(u.value(measurements) + z_up * u.sd(measurements) for u in uppers)
+    low = 0.0
+    if lowers:
+        z_low = float(norm.ppf(1.0 - alpha / (2.0 * len(lowers))))
+        low = max(0.0, max(b.value(measurements) - z_low * b.sd(measurements) for b in lowers))
+    high = max(high, 0.0)
+    return CountBounds(min(low, high), max(low, high), False, len(uppers) + len(lowers))
+
+
+def _pairs(query: frozenset[int]) -> list[tuple[int, int]]:
+    ordered = sorted(query)
+    return [(a, b) for k, a in enumerate(ordered) for b in ordered[k + 1 :]]
+
+
+def fraction_bounds(
+    sketches: Sequence[Sequence[Measurement]],
+    cells: Sequence[int],
+    weights: Weights,
+    *,
+    alpha: float = ALPHA,
+) -> tuple[float, float, bool]:
+    """An interval for the fraction of the union's records that a conjunction holds.
+
+    Parameters
+    ----------
+    sketches : sequence of sequence of Measurement
+        Each owner's measurements (at least one owner).
+    cells : sequence of int
+    weights : mapping of column to ndarray
+        As :func:`count_bounds`.
+    alpha : float
+        Two-sided miss probability of the whole interval.
+
+    Returns
+    -------
+    (low, high, measured)
+        ``low <= high``, in [0, 1] for weights in [0, 1]; ``measured`` when every owner's count
+        was measured (not bounded).
+
+    Notes
+    -----
+    ``(1 - TOTAL_SHARE) alpha`` goes to the counts and ``TOTAL_SHARE alpha`` to the record
+    counts, each split evenly over the ``S`` owners (union bound): with probability at least
+    ``1 - alpha`` every owner's count lies in ``[L_s, U_s]`` and its record count in ``n_s -+ z
+    sd``, so the fraction lies between ``sum L_s / sum n_s^-+`` and ``sum U_s / sum n_s^-+``
+    (the smaller and the larger of each pair; ``[sum L_s / sum n_s^+, sum U_s / sum n_s^-]``
+    for a count).
+    """
+    if not sketches:
+        raise ValueError("no sketch to bound from")
+    s = len(sketches)
+    low = high = n_low = n_high = 0.0
+    measured = True
+    z_n = float(norm.ppf(1.0 - TOTAL_SHARE * alpha / (2.0 * s)))
+    for ms in sketches:
+        b = count_bounds(ms, cells, weights, alpha=(1.0 - TOTAL_SHARE) * alpha / s)
+        low += b.low
+        high += b.high
+        measured = measured and b.measured
+        n = total_count(ms, cells)
+        value, sd = n.value(ms), n.sd(ms)
+        n_low += max(value - z_n * sd, 1.0)
+        n_high += max(value + z_n * sd, 1.0)
+    lo = min(low / n_low, low / n_high)
+    hi = max(high / n_low, high / n_high)
+    if all(((np.asarray(w) >= 0) & (np.asarray(w) <= 1)).all() for w in weights.values()):
+        lo, hi = max(lo, 0.0), min(hi, 1.0)
+    return lo, hi, measured

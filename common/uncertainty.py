@@ -1,0 +1,158 @@
+"""One model of an answer's uncertainty, for every number a consumer reads.
+
+``explore`` (every query kind, every sketch kind), ``rank-owners`` and the CAPE jobs (mean,
+linreg, logreg, the network) state each value the same way, in their tables and their ``--json``
+rows (:func:`interval_row`):
+
+==================  ===============================================================================
+``value``           the estimate (cut to what the quantity can be; ``raw``, where present, is the
+                    estimate before the cut)
+``standard_error``  its standard deviation over the release's noise (``null``: none computed)
+``interval``        ``[low, high]`` at ``level`` (``null``: no interval can be stated)
+``level``           the interval's nominal coverage, 0.95
+``basis``           what the interval covers, one of :data:`BASES`
+``covers``          one line: how the interval was built and what it covers
+``bias_bound``      half-width of the bound on the estimator's bias inside the interval (``null``:
+                    there is none, because the estimator is unbiased or because its bias is not
+                    bounded; a flag on the interval says which)
+``flags``           a list of :class:`Flag` as ``{"code", "on", "reason"}``: ``on = "value"`` when
+                    the value needs care but its interval still means what it says (a model's
+                    guess, a sign the noise could have given, a clipped value), ``on =
+                    "interval"`` when the interval cannot be trusted to cover what ``basis`` says
+==================  ===============================================================================
+
+An interval is *trusted* when it exists and no flag is on it (:func:`trusted`): those are the
+intervals whose coverage the project measures against its nominal rate, and the ones
+:func:`dpmarket.consumer.explore.choose_source` compares.
+
+Pure data: no I/O, no numpy beyond turning NaN into ``null``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "BASES",
+    "LEVEL",
+    "Basis",
+    "Flag",
+    "On",
+    "interval_row",
+    "trusted",
+]
+
+#: Nominal coverage of every interval a consumer reads.
+LEVEL = 0.95
+
+On = Literal["value", "interval"]
+Basis = Literal["noise", "noise+bias", "measured", "bounds", "none"]
+
+#: What an interval covers, by its ``basis``.
+BASES: dict[str, str] = {
+    "noise": "the release's randomness only (its noise; for an RFF sketch's MMD², the draw of "
+    "its frequencies too), around an unbiased estimator or one whose bias is not bounded (then "
+    "a flag on the interval says so)",
+    "noise+bias": "the release's noise and a bound on the estimator's bias (bias_bound), whatever "
+    "the records",
+    "measured": "the noise of a measured marginal's unbiased estimate (widened to hold the "
+    "model's value where it lies outside)",
+    "bounds": "bounds that hold whatever the joint distribution (Fréchet bounds from what was "
+    "measured), widened by the noise; the value inside them is a guess",
+    "none": "no interval can be stated",
+}
+
+
+@dataclass(frozen=True)
+class Flag:
+    """Why a value, or its interval, needs care.
+
+    Attributes
+    ----------
+    code : str
+        A short name (each producer lists its own: :data:`dpmarket.consumer.explore.FLAGS`,
+        :mod:`dpmarket.common.cape.uncertainty`, ``rank-owners``).
+    reason : str
+        One sentence with the numbers behind it.
+    on : {"value", "interval"}
+        ``"value"``: the value is weak or a guess, and its interval still means what it says;
+        ``"interval"``: the interval does not cover what its basis states.
+    """
+
+    code: str
+    reason: str
+    on: On = "value"
+
+    def __post_init__(self) -> None:
+        if self.on not in ("value", "interval"):
+            raise ValueError(f"a flag is on 'value' or 'interval', got {self.on!r}")
+
+    def to_json(self) -> dict[str, str]:
+        """``{"code", "on", "reason"}``."""
+        return {"code": self.code, "on": self.on, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Flag:
+        """Inverse of :meth:`to_json`.
+
+        Raises
+        ------
+        ValueError
+            On a missing field or an ``on`` that is neither ``"value"`` nor ``"interval"``.
+        """
+        try:
+            return cls(str(data["code"]), str(data["reason"]), data["on"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed flag {data!r}: {exc}") from None
+
+
+def trusted(flags: Iterable[Flag], has_interval: bool = True) -> bool:
+    """Whether an interval means what its basis says: it exists and no flag is on it."""
+    return has_interval and all(f.on != "interval" for f in flags)
+
+
+def _number(x: float | None) -> float | None:
+    return None if x is None or math.isnan(x) else float(x)
+
+
+def interval_row(
+    label: str,
+    value: float,
+    standard_error: float | None,
+    low: float | None,
+    high: float | None,
+    *,
+    basis: str,
+    covers: str,
+    bias_bound: float | None = None,
+    flags: Sequence[Flag] = (),
+    level: float = LEVEL,
+) -> dict[str, Any]:
+    """One value as a consumer reads it (module docstring): ``{"label", "value",
+    "standard_error", "interval", "level", "basis", "covers", "bias_bound", "flags"}``.
+
+    NaN becomes ``null``; an interval with a NaN or infinite end is ``null`` and its basis
+    ``"none"`` (``covers`` is kept: it may say why there is none).
+
+    Raises
+    ------
+    ValueError
+        If ``basis`` is not one of :data:`BASES`.
+    """
+    if basis not in BASES:
+        raise ValueError(f"basis must be one of {sorted(BASES)}, got {basis!r}")
+    stated = low is not None and high is not None and math.isfinite(low) and math.isfinite(high)
+    return {
+        "label": label,
+        "value": float(value),
+        "standard_error": _number(standard_error),
+        "interval": [float(low), float(high)] if stated else None,  # type: ignore[arg-type]
+        "level": level,
+        "basis": basis if stated else "none",
+        "covers": covers,
+        "bias_bound": _number(bias_bound),
+        "flags": [f.to_json() for f in flags],
+    }
