@@ -299,3 +299,18 @@ def test_sessions_expire_unused_and_are_bounded() -> None:
     assert not sessions.touch("") and not sessions.touch(None) and len(sessions) == 2
     with pytest.raises(ValueError, match="idle_seconds"):
         SignIns(idle_seconds=0)
+
+
+def test_without_session_bound_form_tokens_the_sign_in_pages_token_signs_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control: one form token for every visitor (as before sessions), and the token
+    anyone reads on the sign-in page acts with a signed-in browser's cookie."""
+    monkeypatch.setattr(SignIns, "form_token", lambda self, session: "one-for-all")
+    client, token = _owner_console(tmp_path)
+    anonymous = _form_token(TestClient(client.app), f"{token.prefix}/login")
+    _signed_in(client, token)
+    forged = client.post(
+        f"{token.prefix}/logout", headers={"Origin": ORIGIN}, data={"csrf": anonymous}
+    )
+    assert forged.status_code == 303 and client.get(f"{token.prefix}/owner").status_code == 401
