@@ -6,14 +6,15 @@ asks for the party's **console token**: 32 random bytes (``secrets.token_urlsafe
 first time the console starts, printed once, and kept in the party's data directory as
 ``console-token`` (mode 0600, readable by the party's user only). A program sends
 ``Authorization: Bearer TOKEN``. A browser presents the token once, at ``/login`` (a form, or
-``/login?token=...`` from the printed address) and then holds a **cookie that is not the token**:
+``/login?token=...``, which leaves the token in the browser's history) and then holds a
+**cookie that is not the token**:
 
 * its value is a **session id** of this sign-in (:mod:`dpmarket.console.sessions`): random, new
   at every sign-in, kept in the console process's memory, ended by signing out, by 12 hours
   unused or by the console stopping; accepted as a cookie only, never as a bearer token, and
   derived from nothing, so a copy of it neither reveals the token nor outlives its session;
-* its ``Path`` is the console's **secret path** (:attr:`ConsoleToken.prefix`, an HMAC of the token
-  too): every page is served under it and nothing else is. Browsers send a ``127.0.0.1`` cookie
+* its ``Path`` is the console's **secret path** (:attr:`ConsoleToken.prefix`, an HMAC of the
+  token): every page is served under it and nothing else is. Browsers send a ``127.0.0.1`` cookie
   to every port of ``127.0.0.1`` (cookies ignore ports), so another local web server the user
   visits would receive a ``Path=/`` cookie; it does not know the secret path, so the browser
   never sends it this cookie;
@@ -23,8 +24,8 @@ first time the console starts, printed once, and kept in the party's data direct
   ``Path=/``).
 
 Every comparison of a secret takes constant time (:func:`hmac.compare_digest`; sessions are
-looked up by a hash of the id). State-changing requests
-also need proof that they come from the console's own pages (:mod:`dpmarket.console.csrf`).
+looked up by a hash of the id). State-changing requests also need proof that they come from
+the console's own pages of the same sign-in (:mod:`dpmarket.console.csrf`).
 
 The console binds to 127.0.0.1 by default, and the token is required there too: other users of a
 shared machine reach the loopback address as well. For remote use, bind another address and keep
