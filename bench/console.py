@@ -133,12 +133,14 @@ def run(repeat: int) -> dict[str, Any]:
                 started[role] = _console_address(process, role)
             validation = root / "validation.csv"
             explore = b"query=mean&column=bmi&column=progression"
+            logreg = b"query=logreg&column=bmi&column=ltg&target=high"
             form = "application/x-www-form-urlencoded"
             rank_body, rank_kind = _multipart({"spec": ""}, "validation", validation)
             session = next((clinics / "consumer" / "sessions").glob("*.json")).stem
             pages: dict[str, tuple[str, str, bytes | None, str]] = {
                 "consumer: catalogue and forms": ("consumer", "/consumer", None, ""),
                 "consumer: a catalogue answer": ("consumer", "/consumer/explore", explore, form),
+                "consumer: a logistic regression": ("consumer", "/consumer/explore", logreg, form),
                 "consumer: owners ranked": ("consumer", "/consumer/rank", rank_body, rank_kind),
                 "consumer: a past session": ("consumer", f"/consumer/sessions/{session}", None, ""),
                 "owner: budget, charges, sketches, policy": ("owner", "/owner", None, ""),

@@ -53,11 +53,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dpmarket.common.errors import DPMarketError
 from dpmarket.common.summarization.methods import METHODS
 from dpmarket.console import plots
-from dpmarket.console.auth import ConsoleToken, TokenMiddleware, cookie_name
+from dpmarket.console.auth import ConsoleToken, TokenMiddleware, cookie_name, session_of
 from dpmarket.console.consumer import ConsumerConsole, UserError, form_number
 from dpmarket.console.csrf import FIELD, guarded
 from dpmarket.console.curator import CuratorConsole
 from dpmarket.console.owner import OwnerConsole
+from dpmarket.console.sessions import SignIns
 from dpmarket.runtime.identity import Identity
 
 __all__ = ["Party", "create_app"]
@@ -117,7 +118,13 @@ def _number(value: float | None, spec: str = ".4g") -> str:
 
 
 def create_app(
-    party: Party, identity: Identity, token: ConsoleToken, *, port: int, https: bool = False
+    party: Party,
+    identity: Identity,
+    token: ConsoleToken,
+    *,
+    port: int,
+    https: bool = False,
+    sessions: SignIns | None = None,
 ) -> Starlette:
     """The console's ASGI application for ``party``, its pages under ``token.prefix``.
 
@@ -129,14 +136,18 @@ def create_app(
         The party's identity, shown on every page.
     token : ConsoleToken
         The token every page but ``/login`` requires (:mod:`dpmarket.console.auth`); it also
-        gives the console's secret path, its cookie's value and its forms' token.
+        gives the console's secret path.
     port : int
         The port the console serves on (in its cookie's name, so that two consoles in one
         browser keep one cookie each).
     https : bool
         The console is served over HTTPS: its cookie is ``Secure`` and ``__Secure-`` named.
+    sessions : SignIns, optional
+        The sign-ins the console's cookies name (:mod:`dpmarket.console.sessions`); a new, empty
+        table by default (each console process has its own: a restart signs everyone out).
     """
     base = token.prefix
+    sessions = SignIns() if sessions is None else sessions
     cookie = cookie_name(port, secure=https)
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["num"] = _number
@@ -144,12 +155,16 @@ def create_app(
     templates.env.globals["identity"] = identity
     templates.env.globals["base"] = base
     templates.env.globals["form_field"] = FIELD
-    templates.env.globals["form_token"] = token.form_token
     role = identity.role
 
     def page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
+        # Each page's forms carry the form token of the session that asked for it (csrf).
+        form_token = sessions.form_token(session_of(request.scope))
         return templates.TemplateResponse(
-            request, name, {"role": role, "now": time.time(), **context}, status_code=status
+            request,
+            name,
+            {"role": role, "now": time.time(), "form_token": form_token, **context},
+            status_code=status,
         )
 
     async def home(request: Request) -> Response:
@@ -174,13 +189,17 @@ def create_app(
                 {"next": target, "error": "That is not this console's token."},
                 401,
             )
+        # A new session for every sign-in; the browser's previous one (if any) ends.
+        sessions.revoke(session_of(request.scope))
         response = RedirectResponse(base + target, status_code=303)
         response.set_cookie(
-            cookie, token.cookie_value, httponly=True, samesite="strict", secure=https, path=base
+            cookie, sessions.issue(), httponly=True, samesite="strict", secure=https, path=base
         )
         return response
 
     async def logout(request: Request) -> Response:
+        # Ended here, not only in the browser: a copy of the cookie opens nothing any more.
+        sessions.revoke(session_of(request.scope))
         response = RedirectResponse(f"{base}/login", status_code=303)
         response.delete_cookie(cookie, path=base, secure=https, httponly=True, samesite="strict")
         return response
@@ -198,11 +217,14 @@ def create_app(
     else:
         routes += _curator_routes(party, page)
     routes = [
-        Route(r.path, guarded(r.endpoint, token), methods=r.methods) if isinstance(r, Route) else r
+        Route(r.path, guarded(r.endpoint, token, sessions), methods=r.methods)
+        if isinstance(r, Route)
+        else r
         for r in routes
     ]
     pages = Starlette(
-        routes=routes, middleware=[Middleware(TokenMiddleware, token=token, cookie=cookie)]
+        routes=routes,
+        middleware=[Middleware(TokenMiddleware, token=token, cookie=cookie, sessions=sessions)],
     )
     return Starlette(
         routes=[Mount(base, app=pages)],

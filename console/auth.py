@@ -6,12 +6,15 @@ asks for the party's **console token**: 32 random bytes (``secrets.token_urlsafe
 first time the console starts, printed once, and kept in the party's data directory as
 ``console-token`` (mode 0600, readable by the party's user only). A program sends
 ``Authorization: Bearer TOKEN``. A browser presents the token once, at ``/login`` (a form, or
-``/login?token=...`` from the printed address), and then holds a **cookie that is not the token**:
+``/login?token=...``, which leaves the token in the browser's history) and then holds a
+**cookie that is not the token**:
 
-* its value is an HMAC of the token (:meth:`ConsoleToken.cookie_value`), accepted as a cookie
-  only, never as a bearer token, so a copy of it does not reveal the token;
-* its ``Path`` is the console's **secret path** (:attr:`ConsoleToken.prefix`, an HMAC of the token
-  too): every page is served under it and nothing else is. Browsers send a ``127.0.0.1`` cookie
+* its value is a **session id** of this sign-in (:mod:`dpmarket.console.sessions`): random, new
+  at every sign-in, kept in the console process's memory, ended by signing out, by 12 hours
+  unused or by the console stopping; accepted as a cookie only, never as a bearer token, and
+  derived from nothing, so a copy of it neither reveals the token nor outlives its session;
+* its ``Path`` is the console's **secret path** (:attr:`ConsoleToken.prefix`, an HMAC of the
+  token): every page is served under it and nothing else is. Browsers send a ``127.0.0.1`` cookie
   to every port of ``127.0.0.1`` (cookies ignore ports), so another local web server the user
   visits would receive a ``Path=/`` cookie; it does not know the secret path, so the browser
   never sends it this cookie;
@@ -20,8 +23,9 @@ first time the console starts, printed once, and kept in the party's data direct
   and over HTTPS ``Secure`` with the ``__Secure-`` name prefix (``__Host-`` would demand
   ``Path=/``).
 
-Every comparison takes constant time (:func:`hmac.compare_digest`). State-changing requests
-also need proof that they come from the console's own pages (:mod:`dpmarket.console.csrf`).
+Every comparison of a secret takes constant time (:func:`hmac.compare_digest`; sessions are
+looked up by a hash of the id). State-changing requests also need proof that they come from
+the console's own pages of the same sign-in (:mod:`dpmarket.console.csrf`).
 
 The console binds to 127.0.0.1 by default, and the token is required there too: other users of a
 shared machine reach the loopback address as well. For remote use, bind another address and keep
@@ -43,6 +47,8 @@ from starlette.requests import HTTPConnection
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dpmarket.console.sessions import SignIns
+
 __all__ = [
     "TOKEN_FILE",
     "ConsoleToken",
@@ -51,6 +57,7 @@ __all__ = [
     "cookie_name",
     "route_path",
     "same_secret",
+    "session_of",
 ]
 
 #: The token's file in the party's data directory.
@@ -60,6 +67,8 @@ COOKIE_STEM = "dpmarket_console"
 #: Paths (under the console's secret path) served without the token: the login form and the
 #: style sheet.
 OPEN_PATHS = ("/login", "/static/")
+#: The ASGI scope's key holding the session id a request's cookie presented (when live).
+SESSION_SCOPE_KEY = "dpmarket.console.session"
 #: Characters of the secret path (base64url of an HMAC: 22 characters hold 132 bits).
 PATH_CHARS = 22
 
@@ -149,17 +158,6 @@ class ConsoleToken:
         is (bookmarks keep working); a new token gives a new path."""
         return "/" + self.derive("dpmarket console path v1")[:PATH_CHARS]
 
-    @property
-    def cookie_value(self) -> str:
-        """What the browser's cookie holds: not the token, and not accepted as a bearer."""
-        return self.derive("dpmarket console cookie v1")
-
-    @property
-    def form_token(self) -> str:
-        """The synchronizer token every form of the console carries
-        (:mod:`dpmarket.console.csrf`)."""
-        return self.derive("dpmarket console form v1")
-
 
 def same_secret(presented: str | None, expected: str) -> bool:
     """Whether ``presented`` equals ``expected`` (constant time; ``None`` or empty never)."""
@@ -178,6 +176,13 @@ def route_path(scope: Scope) -> str:
     return path
 
 
+def session_of(scope: Scope) -> str | None:
+    """The live session id the request's cookie presented (:class:`TokenMiddleware` puts it in
+    the scope), or ``None``: no cookie, an ended session, or a bearer token."""
+    session = scope.get(SESSION_SCOPE_KEY)
+    return session if isinstance(session, str) else None
+
+
 def bearer_token(conn: HTTPConnection) -> str | None:
     """The token of an ``Authorization: Bearer`` header, if any."""
     header = conn.headers.get("authorization", "")
@@ -189,34 +194,42 @@ def bearer_token(conn: HTTPConnection) -> str | None:
 
 class TokenMiddleware:
     """ASGI middleware refusing every request without the console token (module docstring):
-    the token as ``Authorization: Bearer``, or the cookie ``cookie`` holding
-    :attr:`ConsoleToken.cookie_value`.
+    the token as ``Authorization: Bearer``, or the cookie ``cookie`` holding a live session id
+    of ``sessions``.
 
     A browser asking for a page is sent to the login form (303); any other request (the event
     stream, a download, a program) is answered ``401 Unauthorized``. Nothing of the party's data
     is read before the token is checked. Mounted under the console's secret path, it sees that
-    path as its ``root_path``.
+    path as its ``root_path``. A live session's id goes into the scope (:func:`session_of`), also
+    on the open paths (the sign-in form of a signed-in browser carries its session's form token).
     """
 
-    def __init__(self, app: ASGIApp, token: ConsoleToken, cookie: str) -> None:
+    def __init__(self, app: ASGIApp, token: ConsoleToken, cookie: str, sessions: SignIns) -> None:
         self.app = app
         self.token = token
         self.cookie = cookie
+        self.sessions = sessions
 
     def admits(self, conn: HTTPConnection) -> bool:
-        """Whether ``conn`` presents the token (bearer) or the console's cookie."""
+        """Whether ``conn`` presents the token (bearer) or a live session's cookie (then its id
+        goes into ``conn.scope``, and its idle time starts again)."""
         bearer = bearer_token(conn)
         if bearer is not None:
             return self.token.matches(bearer)
-        return same_secret(conn.cookies.get(self.cookie), self.token.cookie_value)
+        session = conn.cookies.get(self.cookie)
+        if self.sessions.touch(session):
+            conn.scope[SESSION_SCOPE_KEY] = session
+            return True
+        return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
+        scope.pop(SESSION_SCOPE_KEY, None)
         conn = HTTPConnection(scope)
         path = route_path(scope)
-        if path.startswith(OPEN_PATHS) or self.admits(conn):
+        if self.admits(conn) or path.startswith(OPEN_PATHS):
             await self.app(scope, receive, send)
             return
         response: Response

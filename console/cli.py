@@ -156,9 +156,10 @@ def console_command(
     base = f"{scheme}://{shown}:{bound}{token.prefix}"
     click.echo(f"{identity}'s console: {base}/")
     if token.created:
+        # The token is not put into an address: a browser would keep it in its history.
         click.echo(
-            f"its token (printed this once; kept in {token.path}, mode 0600):\n"
-            f"  {base}/login?token={token.value}"
+            f"sign in at {base}/login with its token (printed this once; kept in {token.path}, "
+            f"mode 0600; paste it into the form): {token.value}"
         )
     else:
         click.echo(f"sign in with the token in {token.path}")

@@ -15,10 +15,15 @@ before its body is read and before anything is done or charged:
    can forge them. The pages' ``Referrer-Policy: same-origin`` keeps both for the console's own
    requests (``no-referrer`` would make a browser send ``Origin: null``) and sends nothing to
    other sites.
-2. **It carries the console's synchronizer token** (:attr:`ConsoleToken.form_token`, an HMAC
-   of the console token), rendered into each form as the hidden field :data:`FIELD` and
-   compared in constant time. Another page cannot read the console's pages (same-origin policy,
-   and the console answers no CORS request), so it cannot learn it.
+2. **It carries its session's form token** (:meth:`SignIns.form_token
+   <dpmarket.console.sessions.SignIns.form_token>`, an HMAC of the session id the request's
+   cookie presents), rendered into each form of that session's pages as the hidden field
+   :data:`FIELD` and compared in constant time. Another page cannot read the console's pages
+   (same-origin policy, and the console answers no CORS request), so it cannot learn it; the
+   form token of the sign-in page an anonymous visitor gets (anyone who knows the console's
+   address may load it) is the anonymous one, which authorizes a sign-in only, never a request
+   of a signed-in session, and another sign-in's form token authorizes nothing with this one's
+   cookie.
 
 A request that fails either is refused with ``403`` and a message saying which proof was
 missing; nothing of it is read further. A request authenticated by ``Authorization: Bearer``
@@ -35,7 +40,8 @@ from urllib.parse import urlsplit
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from dpmarket.console.auth import ConsoleToken, bearer_token, same_secret
+from dpmarket.console.auth import ConsoleToken, bearer_token, same_secret, session_of
+from dpmarket.console.sessions import SignIns
 
 __all__ = ["FIELD", "guarded", "origin_refusal"]
 
@@ -88,12 +94,14 @@ def _refused(reason: str) -> Response:
     )
 
 
-def guarded(endpoint: Endpoint, token: ConsoleToken) -> Endpoint:
+def guarded(endpoint: Endpoint, token: ConsoleToken, sessions: SignIns) -> Endpoint:
     """``endpoint``, refusing a state-changing request without both proofs (module docstring).
 
     ``GET``, ``HEAD`` and ``OPTIONS`` pass through, and so does a request whose bearer token is
     the console's. Otherwise the origin is checked first (before the body is read), then the
-    form's :data:`FIELD`; the form read stays cached for ``endpoint``.
+    form's :data:`FIELD` against the form token of the session the request's cookie presents
+    (the anonymous one without a live session: only the sign-in form, an open path, gets that
+    far without one); the form read stays cached for ``endpoint``.
     """
 
     @functools.wraps(endpoint)
@@ -107,8 +115,10 @@ def guarded(endpoint: Endpoint, token: ConsoleToken) -> Endpoint:
         presented = form.get(FIELD)
         if not isinstance(presented, str) or not presented:
             return _refused(f"its form has no {FIELD} field (this console's form token)")
-        if not same_secret(presented, token.form_token):
-            return _refused(f"its form's {FIELD} field is not this console's form token")
+        session = session_of(request.scope)
+        if not same_secret(presented, sessions.form_token(session)):
+            whose = "this sign-in's" if session else "this console's sign-in"
+            return _refused(f"its form's {FIELD} field is not {whose} form token")
         return await endpoint(request)
 
     return checked

@@ -70,6 +70,8 @@ MIN_LAMBDA = 1e-9
 DEFAULT_N_SYNTHETIC = 100_000
 #: Cholesky factorizations kept per design (one per distinct lambda and intercept setting).
 _FACTOR_CACHE_SIZE = 16
+#: Domains a design remembers its points passed (:meth:`SyntheticDesign.check_within`).
+_DOMAINS_KEPT = 8
 
 #: A prior over the domain: ``prior(n, rng)`` returns ``n`` points, shape (n, d).
 Prior = Callable[[int, np.random.Generator], ArrayLike]
@@ -268,6 +270,22 @@ class SyntheticDesign:
         self.gram: NDArray[np.float64] = np.ascontiguousarray(gram, dtype=np.float64) / n_s
         self.feature_mean: NDArray[np.float64] = np.asarray(mean, dtype=np.float64) / n_s
         self._factors: dict[tuple[float, bool], tuple[NDArray[np.float64], bool]] = {}
+        self._within: list[Domain] = []
+
+    def check_within(self, domain: Domain) -> None:
+        """Check that every synthetic point lies in ``domain`` (:meth:`Domain.check`), once per
+        domain object: the points are read-only, so a domain they passed they pass again (an
+        explorer's noise refits share their sketch's domain and skip the ``n_s``-row check).
+
+        Raises
+        ------
+        InvalidArgumentError
+            If a point lies outside ``domain`` (naming it).
+        """
+        if any(seen is domain for seen in self._within):
+            return
+        domain.check(self.points, "synthetic points")
+        self._within = [*self._within[-(_DOMAINS_KEPT - 1) :], domain]
 
     @classmethod
     def draw(
@@ -537,7 +555,7 @@ class M2MEstimator:
                     "the design's feature map differs from the sketch's: M2M must regress on the "
                     "features the sketch was made with"
                 )
-            sketch.domain.check(design.points, "synthetic points")
+            design.check_within(sketch.domain)
         self.sketch = sketch
         self.design = design
         self.lambda_rule = lambda_rule

@@ -354,8 +354,9 @@ def implicit_logistic_regression(
         ``n_hat`` real records.
     negative_weights : {"clip", "keep"}
         M2M weights can be negative, which makes the weighted loss non-convex and possibly
-        unbounded below. ``"clip"`` (default) sets them to 0 before scaling; ``"keep"`` passes
-        them to scikit-learn as they are (the paper's formulation).
+        unbounded below. ``"clip"`` (default) sets them to 0 before scaling (the loss is then
+        convex, minimized by Newton's method, scikit-learn's ``newton-cholesky``); ``"keep"``
+        passes them to scikit-learn as they are (the paper's formulation; L-BFGS).
     max_iter : int
         Passed to scikit-learn.
 
@@ -408,6 +409,13 @@ def implicit_logistic_regression(
         features = tuple(int(j) for j in _attributes(feature_attributes, d))
         if label in features:
             raise ValueError("the label attribute cannot also be a feature")
-    model = LogisticRegression(C=C, max_iter=check_positive_int(max_iter, "max_iter"))
+    # With clipped weights the loss is convex and has few parameters (one per feature, and the
+    # intercept), so Newton's method with a Cholesky solve reaches the optimum L-BFGS would (to
+    # its tolerance) in a few steps, each one pass over the n_s points; kept negative weights
+    # may make the Hessian indefinite, and L-BFGS needs none.
+    solver = "newton-cholesky" if negative_weights == "clip" else "lbfgs"
+    model = LogisticRegression(
+        C=C, solver=solver, max_iter=check_positive_int(max_iter, "max_iter")
+    )
     model.fit(points[:, list(features)], y, sample_weight=w)
     return ImplicitLogisticRegression(model, features, label, w)

@@ -19,7 +19,7 @@ LAST = "dpmarket owner publish"
 TIMEOUT_SECONDS = 600
 #: The sign-in line a console prints when it first starts: its address (scheme, host, port and
 #: secret path) and its token.
-SIGN_IN = re.compile(r"(https?://[^/\s]+/[^/\s]+)/login\?token=(\S+)")
+SIGN_IN = re.compile(r"sign in at (https?://[^/\s]+/[^/\s]+)/login .*\): (\S+)\s*$")
 
 
 def environment() -> dict[str, str]:

@@ -1,14 +1,17 @@
 """The console's token: generated once, kept readable by the party's user only, required by every
-page, compared in constant time; the browser's cookie is not the token, is scoped to the
+page, compared in constant time; the browser's cookie is not the token but a session of the
+console's process (new at each sign-in, ended by signing out and by a restart), scoped to the
 console's secret path and named by its port; a state-changing request needs proof that it comes
-from the console's own page. Served by the real application (Starlette's test client, no
+from a page of the same sign-in. Served by the real application (Starlette's test client, no
 network): an owner's console over an owner's data directory holding a real ledger."""
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -17,6 +20,7 @@ import dpmarket.console.app as console_app
 from dpmarket.console.app import create_app
 from dpmarket.console.auth import TOKEN_FILE, ConsoleToken, cookie_name
 from dpmarket.console.owner import OwnerConsole
+from dpmarket.console.sessions import SignIns
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.runtime.identity import Identity
@@ -29,7 +33,7 @@ COOKIE = cookie_name(PORT)
 ORIGIN = "http://testserver"
 
 
-def _owner_console(tmp_path: Path, **options: bool) -> tuple[TestClient, ConsoleToken]:
+def _owner_console(tmp_path: Path, **options: Any) -> tuple[TestClient, ConsoleToken]:
     """An owner's console (its ledger charged 1.5 ε once) and its token."""
     if not (tmp_path / "owner.sqlite3").exists():
         _charged_ledger(tmp_path)
@@ -57,9 +61,22 @@ def console(tmp_path: Path) -> tuple[TestClient, ConsoleToken]:
     return _owner_console(tmp_path)
 
 
-def _signed_in(client: TestClient, token: ConsoleToken) -> None:
+def _signed_in(client: TestClient, token: ConsoleToken) -> str:
+    """Sign ``client`` in (the address's form); return its session cookie."""
     signed = client.get(f"{token.prefix}/login?token={token.value}")
-    assert signed.status_code == 303 and client.cookies.get(COOKIE) == token.cookie_value
+    cookie = client.cookies.get(COOKIE)
+    assert signed.status_code == 303 and cookie is not None
+    assert token.value not in cookie and len(cookie) >= 40
+    return cookie
+
+
+def _form_token(client: TestClient, path: str) -> str:
+    """The form token a page of ``client``'s sign-in (or its anonymous sign-in form) carries."""
+    page = client.get(path)
+    assert page.status_code in (200, 503), page.status_code
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found is not None, page.text[:500]
+    return found.group(1)
 
 
 def test_the_token_is_made_once_and_kept_for_the_party_only(tmp_path: Path) -> None:
@@ -98,7 +115,7 @@ def test_signing_in_sets_a_cookie_scripts_cannot_read(
 ) -> None:
     client, token = console
     base, own = token.prefix, {"Origin": ORIGIN}
-    form = {"csrf": token.form_token, "next": "/owner"}
+    form = {"csrf": _form_token(client, f"{base}/login"), "next": "/owner"}
     wrong = client.post(f"{base}/login", data={**form, "token": "guess"}, headers=own)
     assert wrong.status_code == 401 and COOKIE not in wrong.headers.get("set-cookie", "")
     signed = client.post(f"{base}/login", data={**form, "token": token.value}, headers=own)
@@ -158,7 +175,7 @@ def test_a_state_changing_request_needs_this_origin_and_the_form_token(tmp_path:
     client, token = _owner_console(tmp_path)
     _signed_in(client, token)
     logout = f"{token.prefix}/logout"
-    good = {"csrf": token.form_token}
+    good = {"csrf": _form_token(client, f"{token.prefix}/owner")}
     forged: list[tuple[dict[str, str], dict[str, str], str]] = [
         ({"Origin": OTHER_PORT}, good, "http://testserver:18555 (Origin)"),
         ({"Referer": OTHER_PORT + "/cats.html"}, good, "(Referer)"),
@@ -166,7 +183,7 @@ def test_a_state_changing_request_needs_this_origin_and_the_form_token(tmp_path:
         ({}, good, "no Origin, no Referer"),
         ({"Origin": ORIGIN, "Sec-Fetch-Site": "same-site"}, good, "same-site page"),
         ({"Origin": ORIGIN}, {}, "no csrf field"),
-        ({"Origin": ORIGIN}, {"csrf": token.form_token[:-1] + "x"}, "not this console's form"),
+        ({"Origin": ORIGIN}, {"csrf": good["csrf"][:-1] + "x"}, "not this sign-in's form"),
     ]
     for headers, form, reason in forged:
         refused = client.post(logout, headers=headers, data=form)
@@ -182,6 +199,7 @@ def test_a_state_changing_request_needs_this_origin_and_the_form_token(tmp_path:
         done = client.post(logout, headers=headers, data=good)
         assert done.status_code == 303 and "Max-Age=0" in done.headers["set-cookie"]
         _signed_in(client, token)
+        good = {"csrf": _form_token(client, f"{token.prefix}/owner")}
     # A program with the bearer token needs neither (no browser adds that header by itself).
     bearer = client.post(logout, headers={"Authorization": f"Bearer {token.value}"})
     assert bearer.status_code == 303
@@ -191,8 +209,108 @@ def test_without_the_check_a_page_on_another_port_signs_the_browser_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The control: the same forged request, the defence off, acts (here: signs out)."""
-    monkeypatch.setattr(console_app, "guarded", lambda endpoint, token: endpoint)
+    monkeypatch.setattr(console_app, "guarded", lambda endpoint, token, sessions: endpoint)
     client, token = _owner_console(tmp_path)
     _signed_in(client, token)
     forged = client.post(f"{token.prefix}/logout", headers={"Origin": OTHER_PORT})
     assert forged.status_code == 303 and "Max-Age=0" in forged.headers["set-cookie"]
+
+
+# ------------------------------------------------------------- sign-in sessions (red team)
+def test_a_cookie_copied_before_signing_out_is_refused_after(tmp_path: Path) -> None:
+    """Signing out ends the session in the console, not only in the browser: a copy of the
+    cookie (what a server squatting the console's old port received) opens nothing after."""
+    client, token = _owner_console(tmp_path)
+    copied = _signed_in(client, token)
+    thief = TestClient(client.app, follow_redirects=False)
+    thief.cookies.set(COOKIE, copied)
+    assert thief.get(f"{token.prefix}/owner").status_code == 200  # control: before, it works
+    good = {"csrf": _form_token(client, f"{token.prefix}/owner")}
+    out = client.post(f"{token.prefix}/logout", headers={"Origin": ORIGIN}, data=good)
+    assert out.status_code == 303 and "Max-Age=0" in out.headers["set-cookie"]
+    refused = thief.get(f"{token.prefix}/owner")
+    assert refused.status_code == 401 and "8.5" not in refused.text
+    # Every sign-in gets its own session: a new one is neither the old cookie nor revived by it.
+    again = _signed_in(client, token)
+    assert again != copied and thief.get(f"{token.prefix}/owner").status_code == 401
+    assert client.get(f"{token.prefix}/owner").status_code == 200
+
+
+def test_a_restarted_console_refuses_the_cookies_of_the_one_before(tmp_path: Path) -> None:
+    """The same token (so the same secret path) in a new process: its sessions start empty."""
+    before, token = _owner_console(tmp_path)
+    cookie = _signed_in(before, token)
+    assert before.get(f"{token.prefix}/owner").status_code == 200  # control: the same process
+    after, same = _owner_console(tmp_path)  # a new application, as a restarted console makes
+    assert same.prefix == token.prefix
+    after.cookies.set(COOKIE, cookie)
+    refused = after.get(f"{token.prefix}/owner", headers={"Accept": "text/html"})
+    assert refused.status_code == 303 and "/login" in refused.headers["location"]
+    # Its user signs in again with the token (the browser replaces the cookie).
+    after.cookies.clear()
+    _signed_in(after, token)
+    assert after.get(f"{token.prefix}/owner").status_code == 200
+
+
+def test_the_sign_in_pages_form_token_authorizes_nothing_of_a_session(tmp_path: Path) -> None:
+    """The anonymous sign-in form (anyone who knows the address may load it) and another
+    sign-in's pages carry form tokens that authorize no request of this session's cookie."""
+    client, token = _owner_console(tmp_path)
+    stranger = TestClient(client.app, follow_redirects=False)
+    anonymous = _form_token(stranger, f"{token.prefix}/login")
+    other = TestClient(client.app, follow_redirects=False)
+    _signed_in(other, token)
+    others = _form_token(other, f"{token.prefix}/owner")
+    _signed_in(client, token)
+    own = _form_token(client, f"{token.prefix}/owner")
+    assert len({anonymous, others, own}) == 3
+    logout = f"{token.prefix}/logout"
+    for forged, whose in ((anonymous, "anonymous"), (others, "another sign-in's")):
+        refused = client.post(logout, headers={"Origin": ORIGIN}, data={"csrf": forged})
+        assert refused.status_code == 403, whose
+        assert "not this sign-in's form token" in refused.text
+        assert client.get(f"{token.prefix}/owner").status_code == 200  # still signed in
+    # The control: this session's own page's token does it.
+    done = client.post(logout, headers={"Origin": ORIGIN}, data={"csrf": own})
+    assert done.status_code == 303 and client.get(f"{token.prefix}/owner").status_code == 401
+    # The anonymous form token is what a sign-in needs, and that is all it is good for.
+    signed = stranger.post(
+        f"{token.prefix}/login",
+        headers={"Origin": ORIGIN},
+        data={"csrf": anonymous, "token": token.value, "next": "/owner"},
+    )
+    assert signed.status_code == 303 and stranger.get(f"{token.prefix}/owner").status_code == 200
+
+
+def test_sessions_expire_unused_and_are_bounded() -> None:
+    now = [0.0]
+    sessions = SignIns(idle_seconds=10.0, capacity=2, clock=lambda: now[0])
+    first = sessions.issue()
+    now[0] = 9.0
+    assert sessions.touch(first)  # used: its idle time starts again
+    now[0] = 18.0
+    assert sessions.touch(first)
+    now[0] = 28.5
+    assert not sessions.touch(first) and len(sessions) == 0  # 10.5 s unused: ended
+    a, b = sessions.issue(), sessions.issue()
+    assert sessions.touch(a)  # b is now the least recently used
+    c = sessions.issue()
+    assert sessions.touch(a) and sessions.touch(c) and not sessions.touch(b)
+    assert not sessions.touch("") and not sessions.touch(None) and len(sessions) == 2
+    with pytest.raises(ValueError, match="idle_seconds"):
+        SignIns(idle_seconds=0)
+
+
+def test_without_session_bound_form_tokens_the_sign_in_pages_token_signs_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control: one form token for every visitor (as before sessions), and the token
+    anyone reads on the sign-in page acts with a signed-in browser's cookie."""
+    monkeypatch.setattr(SignIns, "form_token", lambda self, session: "one-for-all")
+    client, token = _owner_console(tmp_path)
+    anonymous = _form_token(TestClient(client.app), f"{token.prefix}/login")
+    _signed_in(client, token)
+    forged = client.post(
+        f"{token.prefix}/logout", headers={"Origin": ORIGIN}, data={"csrf": anonymous}
+    )
+    assert forged.status_code == 303 and client.get(f"{token.prefix}/owner").status_code == 401

@@ -124,6 +124,8 @@ def test_estimator_refuses_a_design_of_another_map_or_domain() -> None:
         ValueError, match=r"synthetic points row \d+, column \d: value .* lies outside"
     ):
         M2MEstimator(sketch, design=wide)
+    with pytest.raises(ValueError, match="lies outside"):  # a refusal is not remembered as passed
+        M2MEstimator(sketch, design=wide)
     with pytest.raises(ValueError, match="needs a design or an rng"):
         M2MEstimator(sketch)
     with pytest.raises(ValueError, match="prior sample row"):

@@ -141,6 +141,23 @@ def test_implicit_logistic_regression_separates_the_classes(negative_weights: st
         assert (fit.sample_weight >= 0).all()
 
 
+def test_implicit_logistic_regression_reaches_the_weighted_loss_optimum() -> None:
+    """Newton's method (the solver with clipped weights, for speed) finds the minimum of the
+    same penalized weighted loss as L-BFGS run to a tight tolerance: the same model."""
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(6)
+    est = M2MEstimator(
+        _exact(draw_rff(3, 60, 1.0, rng), _labelled(3000, rng), LABELLED), rng=rng, n_synthetic=N_S
+    )
+    fit = tasks.implicit_logistic_regression(est, 2)
+    assert fit.model.solver == "newton-cholesky"
+    tight = LogisticRegression(solver="lbfgs", tol=1e-10, max_iter=10_000)
+    tight.fit(est.points[:, :2], est.points[:, 2], sample_weight=fit.sample_weight)
+    np.testing.assert_allclose(fit.model.coef_, tight.coef_, rtol=1e-4)
+    np.testing.assert_allclose(fit.model.intercept_, tight.intercept_, rtol=1e-4)
+
+
 def test_implicit_logistic_regression_needs_a_binary_label() -> None:
     rng = np.random.default_rng(6)
     fmap = draw_rff(3, 5, 1.0, rng)
