@@ -177,5 +177,5 @@ def test_the_curator_warns_when_its_allocation_would_read_no_sketch(
     )
     assert messages[1].startswith(
         "no sketch under flights/rff yet from owner-0: until every owner publishes one "
-        "(dpmarket sketch publish --spec flights/rff)"
+        "(dpmarket owner publish --spec flights/rff;"
     )
