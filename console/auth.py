@@ -88,6 +88,31 @@ def cookie_name(port: int, *, secure: bool = False) -> str:
     return f"__Secure-{name}" if secure else name
 
 
+def cookie_values(headers: list[str], name: str) -> list[str]:
+    """Every value the ``Cookie`` request headers give the cookie ``name``, in order.
+
+    Parameters
+    ----------
+    headers : list of str
+        The request's ``Cookie`` headers (``name=value; other=value`` each).
+    name : str
+        The cookie's name.
+
+    Returns
+    -------
+    list of str
+        Its values; empty when none is sent. Browsers send one per matching path, so a
+        cookie of the same name set by another server on a wider path comes along.
+    """
+    values = []
+    for header in headers:
+        for part in header.split(";"):
+            key, sep, value = part.strip().partition("=")
+            if sep and key == name:
+                values.append(value.strip().strip('"'))
+    return values
+
+
 @dataclass(frozen=True)
 class ConsoleToken:
     """A party's console token and where it is kept.
@@ -216,10 +241,13 @@ class TokenMiddleware:
         bearer = bearer_token(conn)
         if bearer is not None:
             return self.token.matches(bearer)
-        session = conn.cookies.get(self.cookie)
-        if self.sessions.touch(session):
-            conn.scope[SESSION_SCOPE_KEY] = session
-            return True
+        # Every cookie of this name, not only the one a parser keeps: another local server may
+        # set one of the same name on a wider path (ports do not separate cookies), and a parser
+        # that keeps the last would let it sign the browser out for good.
+        for session in cookie_values(conn.headers.getlist("cookie"), self.cookie):
+            if self.sessions.touch(session):
+                conn.scope[SESSION_SCOPE_KEY] = session
+                return True
         return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

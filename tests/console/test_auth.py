@@ -314,3 +314,24 @@ def test_without_session_bound_form_tokens_the_sign_in_pages_token_signs_out(
         f"{token.prefix}/logout", headers={"Origin": ORIGIN}, data={"csrf": anonymous}
     )
     assert forged.status_code == 303 and client.get(f"{token.prefix}/owner").status_code == 401
+
+
+def test_a_cookie_of_the_same_name_from_another_server_does_not_sign_the_browser_out(
+    tmp_path: Path,
+) -> None:
+    """Another local server may set a cookie of the console's name on ``Path=/`` (ports do not
+    separate cookies); the browser then sends both, the console's own first. Every value is
+    tried, so the junk one signs nothing out. Control: the junk alone signs nothing in, and
+    a parser that keeps one value of a repeated name (Starlette's keeps the last) loses the
+    session."""
+    client, token = _owner_console(tmp_path)
+    session = _signed_in(client, token)
+    client.cookies.clear()
+    page = f"{token.prefix}/owner"
+    for header in (f"{COOKIE}={session}; {COOKIE}=junk", f"{COOKIE}=junk; {COOKIE}={session}"):
+        assert client.get(page, headers={"Cookie": header}).status_code == 200, header
+    junk = client.get(page, headers={"Cookie": f"{COOKIE}=junk", "Accept": "text/html"})
+    assert junk.status_code == 303 and "/login" in junk.headers["location"]
+    from starlette.requests import cookie_parser
+
+    assert cookie_parser(f"{COOKIE}={session}; {COOKIE}=junk")[COOKIE] == "junk"
