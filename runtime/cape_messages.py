@@ -41,29 +41,59 @@ _CALIBRATIONS_TO_PROTO = {
 _ELEMENT_BYTES = (PRIME.bit_length() + 7) // 8
 
 
+def _colluders_from_proto(message: cape_pb2.CapeSpec | cape_pb2.CapeTrainingSpec) -> int | None:
+    """The S_C a spec message asks: its ``colluders`` if set (0 included), else ``None``.
+
+    ``colluders`` has explicit presence (``optional``): unset means the default
+    (ceil(S / 3) - 1, raised to the owners' floors), a set 0 means no colluders. A sender built
+    before the field was ``optional`` never sets a 0, so its unset still means the default.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If it is set and negative.
+    """
+    if not message.HasField("colluders"):
+        return None
+    if message.colluders < 0:
+        raise InvalidArgumentError(
+            f"colluders must be >= 0, got {message.colluders}: leave it unset for the default"
+        )
+    return int(message.colluders)
+
+
+def _colluders_to_proto(
+    message: cape_pb2.CapeSpec | cape_pb2.CapeTrainingSpec, colluders: int | None
+) -> None:
+    """Set ``colluders`` of a spec message from a spec's S_C (left unset for ``None``)."""
+    if colluders is not None:
+        message.colluders = colluders
+
+
 def spec_to_proto(spec: CapeJobSpec | CapeMeanSpec) -> cape_pb2.CapeSpec:
     """CapeJobSpec or CapeMeanSpec -> CapeSpec."""
     features = [cape_pb2.ColumnBound(column=c, low=lo, high=hi) for c, lo, hi in spec.features]
     if isinstance(spec, CapeMeanSpec):
-        return cape_pb2.CapeSpec(
+        message = cape_pb2.CapeSpec(
             task=cape_pb2.CAPE_TASK_MEAN,
             features=features,
             epsilon=spec.epsilon,
             delta=spec.delta,
-            colluders=spec.colluders or 0,
             calibration=_CALIBRATIONS_TO_PROTO[spec.calibration],
         )
-    column, low, high = spec.target
-    return cape_pb2.CapeSpec(
-        task=_TASKS_TO_PROTO[spec.task],
-        features=features,
-        target=cape_pb2.ColumnBound(column=column, low=low, high=high),
-        epsilon=spec.epsilon,
-        delta=spec.delta,
-        colluders=spec.colluders or 0,
-        calibration=_CALIBRATIONS_TO_PROTO[spec.calibration],
-        fit_intercept=spec.fit_intercept,
-    )
+    else:
+        column, low, high = spec.target
+        message = cape_pb2.CapeSpec(
+            task=_TASKS_TO_PROTO[spec.task],
+            features=features,
+            target=cape_pb2.ColumnBound(column=column, low=low, high=high),
+            epsilon=spec.epsilon,
+            delta=spec.delta,
+            calibration=_CALIBRATIONS_TO_PROTO[spec.calibration],
+            fit_intercept=spec.fit_intercept,
+        )
+    _colluders_to_proto(message, spec.colluders)
+    return message
 
 
 def spec_from_proto(message: cape_pb2.CapeSpec) -> CapeJobSpec | CapeMeanSpec:
@@ -77,16 +107,13 @@ def spec_from_proto(message: cape_pb2.CapeSpec) -> CapeJobSpec | CapeMeanSpec:
 
     Notes
     -----
-    ``colluders = 0`` on the wire means the default (``None``): a spec whose ``colluders`` is 0
-    comes back as ``None``.
+    An unset ``colluders`` comes back as ``None`` (the default), a set one as its value (0 too).
     """
     calibration = _CALIBRATIONS.get(message.calibration)
     if calibration is None:
         raise InvalidArgumentError(f"unknown calibration {message.calibration}")
-    if message.colluders < 0:
-        raise InvalidArgumentError(f"colluders must be >= 0, got {message.colluders}")
+    colluders = _colluders_from_proto(message)
     features = tuple((f.column, f.low, f.high) for f in message.features)
-    colluders = int(message.colluders) or None
     try:
         if message.task == cape_pb2.CAPE_TASK_MEAN:
             if message.HasField("target"):
@@ -122,17 +149,18 @@ def spec_from_proto(message: cape_pb2.CapeSpec) -> CapeJobSpec | CapeMeanSpec:
 
 def training_to_proto(spec: CapeTrainingSpec) -> cape_pb2.CapeTrainingSpec:
     """CapeTrainingSpec -> its message."""
-    return cape_pb2.CapeTrainingSpec(
+    message = cape_pb2.CapeTrainingSpec(
         features=[cape_pb2.ColumnBound(column=c, low=lo, high=hi) for c, lo, hi in spec.features],
         target=spec.target,
         epsilon=spec.epsilon,
         delta=spec.delta,
-        colluders=spec.colluders or 0,
         iterations=spec.iterations,
         learning_rate=spec.learning_rate,
         hidden_units=spec.hidden,
         clip_norm=spec.clip,
     )
+    _colluders_to_proto(message, spec.colluders)
+    return message
 
 
 def training_from_proto(message: cape_pb2.CapeTrainingSpec) -> CapeTrainingSpec:
@@ -143,8 +171,7 @@ def training_from_proto(message: cape_pb2.CapeTrainingSpec) -> CapeTrainingSpec:
     InvalidArgumentError
         For a malformed spec (columns, bounds, epsilon, delta, a hyper-parameter not > 0).
     """
-    if message.colluders < 0:
-        raise InvalidArgumentError(f"colluders must be >= 0, got {message.colluders}")
+    colluders = _colluders_from_proto(message)
     try:
         return CapeTrainingSpec(
             features=tuple((f.column, f.low, f.high) for f in message.features),
@@ -155,7 +182,7 @@ def training_from_proto(message: cape_pb2.CapeTrainingSpec) -> CapeTrainingSpec:
             learning_rate=message.learning_rate,
             hidden=int(message.hidden_units),
             clip=message.clip_norm,
-            colluders=int(message.colluders) or None,
+            colluders=colluders,
         )
     except ValueError as exc:
         raise InvalidArgumentError(f"CAPE training spec: {exc}") from exc

@@ -9,10 +9,13 @@ other sites of the plan are played by signing keys.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -24,10 +27,15 @@ from dpmarket.common.secagg.crypto import EcdsaSigner
 from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.protocol import RoundParams, min_threshold
 from dpmarket.owner.cape import CapeSite
+from dpmarket.owner.cape_service import CapeSiteServicer
 from dpmarket.owner.data import Table
 from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.secagg import SiteIdentity
+from dpmarket.runtime import cape_messages as msg
+from dpmarket.runtime.authz import Authorizer
+from dpmarket.runtime.identity import Identity
+from dpmarket.v1 import cape_pb2
 
 CURATOR = "curator:curator"
 SITES = ("other-1", "other-2", "owner", "other-3")
@@ -84,6 +92,54 @@ def test_a_job_asking_for_fewer_colluders_than_the_floor_is_refused_when_it_open
     assert _entries(site) == []
     # At the floor it opens; a plan may not go below it, and nothing is signed for one.
     site.open("job", dataclasses.replace(SPEC, colluders=2), 1, curator=CURATOR, consumer="c")
+
+
+class _Context:
+    """What the owner's servicer needs of a gRPC context here: an abort that raises."""
+
+    async def abort(self, code: grpc.StatusCode, details: str, **_: Any) -> None:
+        raise _Aborted(code, details)
+
+
+class _Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code, self.details = code, details
+
+
+def test_an_explicit_zero_colluders_over_the_wire_is_refused_by_an_owner_whose_floor_is_above(
+    tmp_path: Path, keys: dict[str, ec.EllipticCurvePrivateKey]
+) -> None:
+    """A consumer's ``--colluders 0`` (S_C = 0) crosses the wire as 0, not as "the default": the
+    owner's real OpenCapeJob handler, decoding the request's bytes, refuses it below its policy's
+    floor of 1, charges nothing and keeps no job. The control: the same request with S_C unset
+    (the default, which the floor raises) opens. Plaintext peer: mTLS is test_authz's."""
+    site = _site(tmp_path, keys, floor=1)
+    servicer = CapeSiteServicer(
+        site,
+        None,  # type: ignore[arg-type]  # OpenCapeJob runs no secure-aggregation round
+        Authorizer({"curator": None}, insecure_peer=Identity.parse(CURATOR)),
+    )
+
+    def request(spec: CapeMeanSpec) -> cape_pb2.OpenCapeJobRequest:
+        sent = cape_pb2.OpenCapeJobRequest(job_id="job", seed=1, consumer="consumer:c")
+        msg.job_to_proto(sent, spec)
+        return cape_pb2.OpenCapeJobRequest.FromString(sent.SerializeToString())
+
+    zero = request(dataclasses.replace(SPEC, colluders=0))
+    with pytest.raises(_Aborted) as refused:
+        asyncio.run(servicer.OpenCapeJob(zero, _Context()))  # type: ignore[arg-type]
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert re.search(r"S_C=0 colluders, below .* floor of 1", refused.value.details)
+    assert _entries(site) == []
+    with pytest.raises(NotFoundError):
+        site.attest("job", PLAN_SITES, 1, curator=CURATOR)
+
+    default = request(dataclasses.replace(SPEC, colluders=None))
+    opened: cape_pb2.OpenCapeJobResponse = asyncio.run(
+        servicer.OpenCapeJob(default, _Context())  # type: ignore[arg-type]
+    )
+    assert (opened.num_rows, opened.min_colluders) == (ROWS["owner"], 1)
 
 
 @pytest.mark.parametrize(("floor", "colluders"), [(1, 0), (2, 1)])

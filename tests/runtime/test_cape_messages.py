@@ -73,8 +73,8 @@ names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=12).filter(
 finite = st.floats(allow_nan=False, allow_infinity=False)
 positive = st.floats(min_value=0.0, exclude_min=True, allow_infinity=False)
 deltas = st.floats(min_value=0.0, max_value=1.0, exclude_min=True, exclude_max=True)
-# 0 travels as "the default" (see test_an_explicit_zero_colluders_is_lost_on_the_wire).
-colluders = st.none() | st.integers(1, 2**62)
+#: S_C: None (the default, unset on the wire) or any count, 0 included (set on the wire).
+colluders = st.none() | st.integers(0, 2**62)
 calibrations = st.sampled_from(["exact", "theorem1"])
 
 
@@ -230,26 +230,33 @@ def test_edge_values_cross_exactly() -> None:
     assert math.copysign(1.0, msg.spec_from_proto(msg.spec_to_proto(spec)).features[0][1]) == -1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CapeSpec/CapeTrainingSpec.colluders is a plain int64 whose 0 means the default: an "
-    "explicit S_C = 0 (valid, `--colluders 0`) arrives as None (ceil(S/3) - 1) and an owner's "
-    "floor above 0 no longer refuses it; fixing it needs `optional int64 colluders` (a wire "
-    "change)",
-)
 @pytest.mark.parametrize(
     "spec",
     [
         CapeMeanSpec((("a", 0.0, 1.0),), 1.0, 1e-6, colluders=0),
+        CapeJobSpec("linear", (("a", 0.0, 1.0),), ("y", 0.0, 1.0), 1.0, 1e-6, colluders=0),
         CapeTrainingSpec((("a", 0.0, 1.0),), "y", 1.0, 1e-6, 1, 0.1, 2, 1.0, colluders=0),
     ],
 )
-def test_an_explicit_zero_colluders_is_lost_on_the_wire(
-    spec: CapeMeanSpec | CapeTrainingSpec,
+def test_an_explicit_zero_colluders_crosses_the_wire_as_zero_and_none_as_unset(
+    spec: CapeMeanSpec | CapeJobSpec | CapeTrainingSpec,
 ) -> None:
+    """S_C = 0 (``--colluders 0``) is a valid ask, not the default: it is set on the wire and
+    comes back 0; the default (``None``) is unset and comes back ``None``, as an old sender's
+    unset field does."""
     request = cape_pb2.OpenCapeJobRequest()
     msg.job_to_proto(request, spec)
+    sent = request.training if isinstance(spec, CapeTrainingSpec) else request.spec
+    assert sent.HasField("colluders") and sent.colluders == 0
     assert msg.job_from_proto(wire(request)).colluders == 0
+
+    default = cape_pb2.OpenCapeJobRequest()
+    msg.job_to_proto(default, dataclasses.replace(spec, colluders=None))
+    unset = default.training if isinstance(spec, CapeTrainingSpec) else default.spec
+    assert not unset.HasField("colluders")
+    assert msg.job_from_proto(wire(default)).colluders is None
+    # The explicit 0 costs two bytes on the wire: the encodings differ, so a receiver can tell.
+    assert request.SerializeToString() != default.SerializeToString()
 
 
 # ------------------------------------------------------------------------ specs: malformed

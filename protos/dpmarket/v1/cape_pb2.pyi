@@ -126,8 +126,9 @@ class CapeSpec(_message.Message):
     """The guarantee of every site against the aggregator and up to `colluders` other sites."""
     delta: _builtins.float
     colluders: _builtins.int
-    """S_C; 0 means the default ceil(S / 3) - 1, raised to the highest floor of the owners'
-    policies. An owner whose floor is above a nonzero value refuses the job (FAILED_PRECONDITION).
+    """S_C (0 is valid: no colluders); unset means the default ceil(S / 3) - 1, raised to the
+    highest floor of the owners' policies. An owner whose floor is above a set value refuses the
+    job (FAILED_PRECONDITION).
     """
     calibration: Global___CapeCalibration.ValueType
     fit_intercept: _builtins.bool
@@ -148,15 +149,17 @@ class CapeSpec(_message.Message):
         target: Global___ColumnBound | None = ...,
         epsilon: _builtins.float = ...,
         delta: _builtins.float = ...,
-        colluders: _builtins.int = ...,
+        colluders: _builtins.int | None = ...,
         calibration: Global___CapeCalibration.ValueType = ...,
         fit_intercept: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_colluders", b"_colluders", "colluders", b"colluders", "target", b"target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calibration", b"calibration", "colluders", b"colluders", "delta", b"delta", "epsilon", b"epsilon", "features", b"features", "fit_intercept", b"fit_intercept", "target", b"target", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_colluders", b"_colluders", "calibration", b"calibration", "colluders", b"colluders", "delta", b"delta", "epsilon", b"epsilon", "features", b"features", "fit_intercept", b"fit_intercept", "target", b"target", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__colluders: _TypeAlias = _typing.Literal["colluders"]  # noqa: Y015
+    _WhichOneofArgType__colluders: _TypeAlias = _typing.Literal["_colluders", b"_colluders"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__colluders) -> _WhichOneofReturnType__colluders | None: ...
 
 Global___CapeSpec: _TypeAlias = CapeSpec  # noqa: Y015
 
@@ -186,8 +189,9 @@ class CapeTrainingSpec(_message.Message):
     """
     delta: _builtins.float
     colluders: _builtins.int
-    """S_C; 0 means the default ceil(S / 3) - 1 of the first plan, raised to the highest floor of
-    the owners' policies. An owner whose floor is above a nonzero value refuses the job.
+    """S_C (0 is valid: no colluders); unset means the default ceil(S / 3) - 1 of the first plan,
+    raised to the highest floor of the owners' policies. An owner whose floor is above a set value
+    refuses the job (FAILED_PRECONDITION).
     """
     iterations: _builtins.int
     """T: full-batch gradient steps."""
@@ -207,17 +211,19 @@ class CapeTrainingSpec(_message.Message):
         target: _builtins.str = ...,
         epsilon: _builtins.float = ...,
         delta: _builtins.float = ...,
-        colluders: _builtins.int = ...,
+        colluders: _builtins.int | None = ...,
         iterations: _builtins.int = ...,
         learning_rate: _builtins.float = ...,
         hidden_units: _builtins.int = ...,
         clip_norm: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_colluders", b"_colluders", "colluders", b"colluders"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip_norm", b"clip_norm", "colluders", b"colluders", "delta", b"delta", "epsilon", b"epsilon", "features", b"features", "hidden_units", b"hidden_units", "iterations", b"iterations", "learning_rate", b"learning_rate", "target", b"target"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_colluders", b"_colluders", "clip_norm", b"clip_norm", "colluders", b"colluders", "delta", b"delta", "epsilon", b"epsilon", "features", b"features", "hidden_units", b"hidden_units", "iterations", b"iterations", "learning_rate", b"learning_rate", "target", b"target"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__colluders: _TypeAlias = _typing.Literal["colluders"]  # noqa: Y015
+    _WhichOneofArgType__colluders: _TypeAlias = _typing.Literal["_colluders", b"_colluders"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__colluders) -> _WhichOneofReturnType__colluders | None: ...
 
 Global___CapeTrainingSpec: _TypeAlias = CapeTrainingSpec  # noqa: Y015
 
