@@ -11,16 +11,20 @@ import pytest
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.sketches.m2m import M2MEstimator
+from dpmarket.common.sketches.marginals import MarginalsSketch, Measurement
 from dpmarket.common.sketches.sketch import SketchMechanism, merge_sketches, sketch_mmd2
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.consumer.explore import (
+    Answer,
     Explorer,
     MarginalsExplorer,
+    ModelCache,
     Query,
     choose_source,
     exact_answer,
     parse_where,
     rank_owners,
+    sketch_digest,
 )
 from tests.conftest import marginals_mechanism, sketch_mechanism
 
@@ -316,3 +320,62 @@ def test_choose_source_follows_the_rule(mspecs: dict[str, SketchSpec]) -> None:
     )
     with pytest.raises(InvalidArgumentError, match="no published sketch answers marginal"):
         choose_source(Query("marginal", columns=("a",)), [mspecs["rff"]])
+
+
+def _same(a: Answer, b: Answer) -> bool:
+    """Two answers equal bit for bit: values, errors, intervals, flags, extras."""
+    return (
+        np.array_equal(a.values, b.values)
+        and np.array_equal(a.errors, b.errors, equal_nan=True)
+        and np.array_equal(a.low, b.low, equal_nan=True)
+        and np.array_equal(a.high, b.high, equal_nan=True)
+        and a.flags == b.flags
+        and a.extra == b.extra
+    )
+
+
+def test_marginals_models_are_kept_per_sketch_content_and_answer_the_same(
+    mspecs: dict[str, SketchSpec],
+) -> None:
+    """A second explorer on the same sketch content reuses the fitted model and its bootstrap
+    (any query kind), and answers bit for bit as an explorer without the cache; a new
+    publication (other noise) is a new entry, and so are another seed or bootstrap size.
+    Control: the cache-less explorer refits (other model objects)."""
+    spec = mspecs["marginals"]
+    rng = np.random.default_rng(5)
+    sketch = marginals_mechanism(spec, 1.0).release(_records(500), SeededNoise(rng), rng=rng)
+    cache = ModelCache(size=2)
+    count = Query("count", where=(("a", 0.0, 0.3), ("y", 1, 1)))
+    cdf = Query("cdf", columns=("a",), points=(0.25, 0.5))
+    first = MarginalsExplorer(spec, bootstrap=3, seed=0, cache=cache)
+    by_count = first.answer(count, [sketch])
+    assert len(cache) == 1
+    # A copy of the sketch (as a new catalogue read gives): same content, same entry.
+    copy = MarginalsSketch(
+        sketch.mechanism,
+        tuple(Measurement(m.clique, m.values.copy(), m.sigma) for m in sketch.measurements),
+        sketch.selections,
+    )
+    second = MarginalsExplorer(spec, bootstrap=3, seed=0, cache=cache)
+    assert second.models(copy)[0] is first.models(sketch)[0]
+    assert second.models(copy)[1] == first.models(sketch)[1]
+    plain = MarginalsExplorer(spec, bootstrap=3, seed=0, cache=None)
+    assert plain.models(sketch)[0] is not first.models(sketch)[0]  # control: refitted
+    assert _same(second.answer(cdf, [copy]), plain.answer(cdf, [sketch]))
+    assert _same(by_count, plain.answer(count, [sketch]))
+    assert len(cache) == 1
+    # A new publication: other noise, other digest, a new entry answering as a fresh fit.
+    again = marginals_mechanism(spec, 1.0).release(_records(500), SeededNoise(rng), rng=rng)
+    assert sketch_digest(again) != sketch_digest(sketch)
+    third = MarginalsExplorer(spec, bootstrap=3, seed=0, cache=cache)
+    assert third.models(again)[0] is not first.models(sketch)[0]
+    assert len(cache) == 2
+    assert not _same(third.answer(count, [again]), by_count)
+    # The seed and the bootstrap size are in the key; the least recently used entry is dropped
+    # beyond the cache's size.
+    key = (spec.name, spec.key, sketch_digest(sketch), 3, 0)
+    assert cache.get(key) is not None
+    assert cache.get((*key[:3], 3, 1)) is None and cache.get((*key[:3], 2, 0)) is None
+    cache.put((*key[:3], 3, 1), plain.models(sketch))
+    assert len(cache) == 2
+    assert cache.get((spec.name, spec.key, sketch_digest(again), 3, 0)) is None
