@@ -47,6 +47,7 @@ from dpmarket.common.errors import DPMarketError
 from dpmarket.common.schema import Schema
 from dpmarket.common.summarization.methods import SummarizationConfig, method_config
 from dpmarket.common.summarization.summary import OwnerSelection
+from dpmarket.consumer import model_store
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.consumer.history import RecordedSession, SessionHistory, spent
 
@@ -200,6 +201,8 @@ class ConsumerConsole:
         self._explorers: dict[Any, Any] = {}
         self._exploring = threading.Lock()
         self._stop_warming = threading.Event()
+        #: Marginals models kept on disk (shared with ``dpmarket explore --data-dir``).
+        self.model_dir = self.data_dir / model_store.FOLDER
         self.warming: threading.Thread | None = None
 
     def start_warming(self) -> threading.Thread:
@@ -226,6 +229,7 @@ class ConsumerConsole:
                 explorers=self._explorers,
                 lock=self._exploring,
                 stop=self._stop_warming,
+                model_dir=self.model_dir,
             )
         except Exception as exc:  # best effort: the first answer computes what is missing
             logger.warning("the explore warm-up stopped: %s", exc)
@@ -325,6 +329,7 @@ class ConsumerConsole:
                     spec=form.get("spec") or None,
                     owners=tuple(form["owners"]),
                     explorers=self._explorers,
+                    model_dir=self.model_dir,
                 )
         except click.ClickException as exc:
             raise UserError(exc.format_message()) from exc

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -371,6 +372,7 @@ def warm(
     explorers: dict[Any, Explorer] | None = None,
     lock: threading.Lock | None = None,
     stop: threading.Event | None = None,
+    model_dir: str | os.PathLike[str] | None = None,
 ) -> int:
     """Compute ahead what :func:`explore` computes first: every spec's M2M design (into
     ``explorers``) and every published marginals sketch's model and bootstrap refits (into
@@ -393,6 +395,8 @@ def warm(
         (:meth:`~dpmarket.consumer.explore.ModelCache.fitted`), every other answer runs.
     stop : threading.Event, optional
         Set: stop before the next step.
+    model_dir : path, optional
+        Where marginals models are kept on disk (as :func:`explore`'s).
 
     Returns
     -------
@@ -411,7 +415,9 @@ def warm(
     done = 0
     for spec in _besides_allocation(list(catalogue), allocation):
         if spec.kind == "marginals":
-            marginals = MarginalsExplorer(spec, bootstrap=options.bootstrap, seed=options.seed)
+            marginals = MarginalsExplorer(
+                spec, bootstrap=options.bootstrap, seed=options.seed, store=model_dir
+            )
             for entry in client.sketches(spec):
                 if stop is not None and stop.is_set():
                     return done
@@ -438,6 +444,7 @@ def explore(
     owners: Sequence[str] = (),
     options: ExploreOptions | None = None,
     explorers: dict[Any, Explorer] | None = None,
+    model_dir: str | os.PathLike[str] | None = None,
 ) -> Exploration:
     """Answer ``query`` about ``owners``' data (their union; none: any owner) from their
     published sketches, with standard errors, computed here (no owner is asked anything).
@@ -462,7 +469,11 @@ def explore(
     explorers : dict, optional
         Keeps each spec's M2M explorer (its synthetic design, the costly part) across calls,
         keyed by the spec and the options: the consumer's console passes one dict for its
-        lifetime.
+        lifetime. (Marginals models are kept per sketch content in the process:
+        :data:`~dpmarket.consumer.explore.MARGINALS_MODELS`.)
+    model_dir : path, optional
+        A folder where marginals models are also kept on disk, for the next process
+        (:mod:`dpmarket.consumer.model_store`; the CLI's ``DATA_DIR/explore-models``).
 
     Returns
     -------
@@ -493,7 +504,7 @@ def explore(
             if chosen.kind == "marginals":
                 tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
                 marginals_kept[chosen.name] = MarginalsExplorer(
-                    chosen, bootstrap=options.bootstrap, seed=options.seed
+                    chosen, bootstrap=options.bootstrap, seed=options.seed, store=model_dir
                 )
                 answered[chosen.name] = marginals_kept[chosen.name].answer(query, tables)
             else:

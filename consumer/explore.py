@@ -50,11 +50,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import os
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -95,6 +97,7 @@ from dpmarket.common.sketches.sketch import (
 )
 from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.uncertainty import BASES, Flag, On, interval_row, trusted
+from dpmarket.consumer import model_store
 from dpmarket.consumer.intervals import hist_bounded, interval_basis, m2m_bounded
 
 __all__ = [
@@ -1046,7 +1049,7 @@ def sketch_digest(sketch: MarginalsSketch) -> str:
 #: the seed.
 ModelKey = tuple[str, str, str, int, int]
 #: A sketch's fitted model and its bootstrap models.
-Fitted = tuple[MarginalsModel, list[MarginalsModel]]
+Fitted = model_store.Fitted
 #: Sketches whose models :data:`MARGINALS_MODELS` keeps (each holds 1 + bootstrap models of at
 #: most :data:`~dpmarket.common.sketches.marginals.MAX_MODEL_MB` each).
 MODEL_CACHE_SIZE = 16
@@ -1146,6 +1149,9 @@ class MarginalsExplorer:
     cache : ModelCache or None
         Where fitted models are kept across explorers (default :data:`MARGINALS_MODELS`, the
         process's); None: this explorer's own only. Answers are the same either way.
+    store : path, optional
+        A folder where fitted models are also kept on disk across processes
+        (:mod:`dpmarket.consumer.model_store`; the consumer's ``DATA_DIR/explore-models``).
 
     Raises
     ------
@@ -1160,6 +1166,7 @@ class MarginalsExplorer:
         bootstrap: int = DEFAULT_BOOTSTRAP,
         seed: int = 0,
         cache: ModelCache | None = MARGINALS_MODELS,
+        store: str | os.PathLike[str] | None = None,
     ):
         if not isinstance(spec.feature_map, MarginalsMap):
             raise InvalidArgumentError(f"{spec.name} is a {spec.kind} spec, not a marginals one")
@@ -1168,6 +1175,7 @@ class MarginalsExplorer:
         self.bootstrap = int(bootstrap)
         self.seed = int(seed)
         self.cache = cache
+        self.store = None if store is None else Path(store)
         # Keyed by id(); the sketch is kept alive beside its models so that its id is not reused.
         self._models: dict[int, tuple[MarginalsSketch, MarginalsModel, list[MarginalsModel]]] = {}
 
@@ -1202,12 +1210,25 @@ class MarginalsExplorer:
             self.spec.check_sketch(sketch)
             key = (self.spec.name, self.spec.key, sketch_digest(sketch), self.bootstrap, self.seed)
             if self.cache is None:
-                fitted = self._fit(sketch)
+                fitted = self._stored_or_fit(sketch, key)
             else:
-                fitted = self.cache.fitted(key, lambda: self._fit(sketch))
+                fitted = self.cache.fitted(key, lambda: self._stored_or_fit(sketch, key))
             found = (sketch, *fitted)
             self._models[id(sketch)] = found
         return found[1], found[2]
+
+    def _stored_or_fit(self, sketch: MarginalsSketch, key: ModelKey) -> Fitted:
+        """``sketch``'s models from :attr:`store` if kept there, else fitted (and kept there)."""
+        if self.store is not None:
+            with _FITTING:
+                found = model_store.load(self.store, key, self.feature_map, sketch.measurements)
+                free_compiled()
+            if found is not None:
+                return found
+        fitted = self._fit(sketch)
+        if self.store is not None:
+            model_store.save(self.store, key, fitted)
+        return fitted
 
     def _fit(self, sketch: MarginalsSketch) -> Fitted:
         """Fit ``sketch``'s model and its :attr:`bootstrap` refits (one fit at a time in the

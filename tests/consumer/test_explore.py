@@ -3,7 +3,9 @@ within the bounds the maps allow, unions and repeated runs agree, and owners ran
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.sketches.m2m import M2MEstimator
-from dpmarket.common.sketches.marginals import MarginalsSketch, Measurement
+from dpmarket.common.sketches.marginals import MarginalsModel, MarginalsSketch, Measurement
 from dpmarket.common.sketches.sketch import SketchMechanism, merge_sketches, sketch_mmd2
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.consumer.explore import (
@@ -379,3 +381,50 @@ def test_marginals_models_are_kept_per_sketch_content_and_answer_the_same(
     cache.put((*key[:3], 3, 1), plain.models(sketch))
     assert len(cache) == 2
     assert cache.get((spec.name, spec.key, sketch_digest(again), 3, 0)) is None
+
+
+class _NoFit(MarginalsExplorer):
+    """An explorer that must not fit (its models come from the store)."""
+
+    def _fit(self, sketch: MarginalsSketch) -> tuple[MarginalsModel, list[MarginalsModel]]:
+        raise AssertionError("refitted a sketch whose models were on disk")
+
+
+def test_marginals_models_kept_on_disk_answer_the_same_in_the_next_process(
+    mspecs: dict[str, SketchSpec], tmp_path: Path
+) -> None:
+    """A sketch's models written to the store (``.npz``, no pickle) are read back by a fresh
+    explorer without refitting, and answer bit for bit as the fitted ones; a file that is not
+    the key's (a stale or foreign file under its name) or is corrupt is ignored and the sketch
+    refitted. Control: without the store, the fresh explorer fits."""
+    spec = mspecs["marginals"]
+    rng = np.random.default_rng(9)
+    sketch = marginals_mechanism(spec, 1.0).release(_records(400), SeededNoise(rng), rng=rng)
+    count = Query("count", where=(("a", 0.0, 0.3), ("y", 1, 1)))
+    fitted = MarginalsExplorer(spec, bootstrap=2, seed=0, cache=None, store=tmp_path)
+    first = fitted.answer(count, [sketch])
+    files = list(tmp_path.glob("*.npz"))
+    assert len(files) == 1
+    with np.load(files[0], allow_pickle=False) as data:
+        assert all(data[k].dtype != object for k in data.files)
+    loaded = _NoFit(spec, bootstrap=2, seed=0, cache=None, store=tmp_path)
+    assert _same(loaded.answer(count, [sketch]), first)
+    cdf = Query("cdf", columns=("a",), points=(0.25,))
+    assert _same(loaded.answer(cdf, [sketch]), fitted.answer(cdf, [sketch]))
+    with pytest.raises(AssertionError, match="refitted"):  # control: no store, a fit
+        _NoFit(spec, bootstrap=2, seed=0, cache=None).models(sketch)
+    # Another key's file under this key's name (as a stale entry would be): ignored, refitted.
+    other = (spec.name, spec.key, sketch_digest(sketch), 2, 1)
+    with np.load(files[0], allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    header = json.loads(str(arrays["header"]))
+    header["key"] = list(other)
+    arrays["header"] = np.array(json.dumps(header))
+    np.savez(files[0], **arrays)
+    with pytest.raises(AssertionError, match="refitted"):
+        _NoFit(spec, bootstrap=2, seed=0, cache=None, store=tmp_path).models(sketch)
+    files[0].write_bytes(b"not a zip file")
+    again = MarginalsExplorer(spec, bootstrap=2, seed=0, cache=None, store=tmp_path)
+    assert _same(again.answer(count, [sketch]), first)  # refitted and rewritten
+    reread = _NoFit(spec, bootstrap=2, seed=0, cache=None, store=tmp_path)
+    assert _same(reread.answer(count, [sketch]), first)
