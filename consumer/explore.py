@@ -1051,8 +1051,11 @@ ModelKey = tuple[str, str, str, int, int]
 #: A sketch's fitted model and its bootstrap models.
 Fitted = model_store.Fitted
 #: Sketches whose models :data:`MARGINALS_MODELS` keeps (each holds 1 + bootstrap models of at
-#: most :data:`~dpmarket.common.sketches.marginals.MAX_MODEL_MB` each).
+#: most :data:`~dpmarket.common.sketches.marginals.MAX_MODEL_MB` each)...
 MODEL_CACHE_SIZE = 16
+#: ...and the bytes of their tables it keeps at most (the most recent sketch is kept whatever
+#: its size).
+MODEL_CACHE_BYTES = 1 << 30
 
 
 class ModelCache:
@@ -1067,11 +1070,16 @@ class ModelCache:
     ----------
     size : int
         Sketches kept (the least recently used is dropped beyond it).
+    max_bytes : int
+        Bytes of the kept models' tables (:attr:`MarginalsModel.nbytes`) beyond which the least
+        recently used are dropped (never the most recent).
     """
 
-    def __init__(self, size: int = MODEL_CACHE_SIZE) -> None:
+    def __init__(self, size: int = MODEL_CACHE_SIZE, max_bytes: int = MODEL_CACHE_BYTES) -> None:
         self.size = int(size)
+        self.max_bytes = int(max_bytes)
         self._entries: OrderedDict[ModelKey, Fitted] = OrderedDict()
+        self._bytes: dict[ModelKey, int] = {}
         self._pending: dict[ModelKey, threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -1105,16 +1113,22 @@ class ModelCache:
 
     def put(self, key: ModelKey, fitted: Fitted) -> None:
         """Keep ``fitted`` under ``key``, dropping the least recently used beyond :attr:`size`."""
+        size = fitted[0].nbytes + sum(m.nbytes for m in fitted[1])
         with self._lock:
             self._entries[key] = fitted
+            self._bytes[key] = size
             self._entries.move_to_end(key)
-            while len(self._entries) > self.size:
-                self._entries.popitem(last=False)
+            while len(self._entries) > 1 and (
+                len(self._entries) > self.size or sum(self._bytes.values()) > self.max_bytes
+            ):
+                old, _ = self._entries.popitem(last=False)
+                del self._bytes[old]
 
     def clear(self) -> None:
         """Forget every entry."""
         with self._lock:
             self._entries.clear()
+            self._bytes.clear()
 
     def __len__(self) -> int:
         with self._lock:

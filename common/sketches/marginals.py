@@ -1052,6 +1052,16 @@ class MarginalsModel:
         )
         return cls(feature_map, measurements, model)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the model's float64 tables: its calibrated beliefs, and ``mbi``'s
+        potentials and marginals."""
+        n = sum(b.nbytes for b in self._beliefs.values())
+        for name in ("potentials", "marginals"):
+            vector = getattr(self.mbi_model, name)
+            n += sum(8 * math.prod(vector.tables[c].domain.shape) for c in vector.cliques)
+        return int(n)
+
     def state(self) -> dict[str, Any]:
         """The fitted model as plain data (what :meth:`from_state` rebuilds it from).
 

@@ -381,6 +381,11 @@ def test_marginals_models_are_kept_per_sketch_content_and_answer_the_same(
     cache.put((*key[:3], 3, 1), plain.models(sketch))
     assert len(cache) == 2
     assert cache.get((spec.name, spec.key, sketch_digest(again), 3, 0)) is None
+    # A byte bound drops the oldest too, but keeps the newest whatever its size.
+    small = ModelCache(size=4, max_bytes=1)
+    small.put(key, plain.models(sketch))
+    small.put((*key[:3], 3, 1), plain.models(sketch))
+    assert len(small) == 1 and small.get((*key[:3], 3, 1)) is not None
 
 
 class _NoFit(MarginalsExplorer):
