@@ -151,6 +151,10 @@ def console_command(
     sock = _bind(bind_host, bind_port)
     bound = sock.getsockname()[1]
     app = create_app(party, identity, token, port=bound, https=https_cert is not None)
+    from dpmarket.console.consumer import ConsumerConsole
+
+    if isinstance(party, ConsumerConsole):
+        party.start_warming()  # its explore caches, in the background
     scheme = "https" if https_cert else "http"
     shown = f"[{bind_host}]" if ":" in bind_host else bind_host
     base = f"{scheme}://{shown}:{bound}{token.prefix}"

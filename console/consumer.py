@@ -27,6 +27,7 @@ Extension points
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -46,6 +47,7 @@ from dpmarket.common.errors import DPMarketError
 from dpmarket.common.schema import Schema
 from dpmarket.common.summarization.methods import SummarizationConfig, method_config
 from dpmarket.common.summarization.summary import OwnerSelection
+from dpmarket.consumer import model_store
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.consumer.history import RecordedSession, SessionHistory, spent
 
@@ -198,6 +200,39 @@ class ConsumerConsole:
         #: exploration at a time uses them.
         self._explorers: dict[Any, Any] = {}
         self._exploring = threading.Lock()
+        self._stop_warming = threading.Event()
+        #: Marginals models kept on disk (shared with ``dpmarket explore --data-dir``).
+        self.model_dir = self.data_dir / model_store.FOLDER
+        self.warming: threading.Thread | None = None
+
+    def start_warming(self) -> threading.Thread:
+        """Compute the exploration caches ahead in a background thread (at a lower CPU
+        priority): every spec's M2M design and every published marginals sketch's model and
+        bootstrap refits (:func:`dpmarket.consumer.catalogue.warm`). Start-up and pages do not
+        wait for it; an answer waits only for the design or the model it needs."""
+        self.warming = threading.Thread(target=self._warm, name="explore-warm", daemon=True)
+        self.warming.start()
+        return self.warming
+
+    def stop_warming(self) -> None:
+        """Stop the warm-up before its next step."""
+        self._stop_warming.set()
+
+    def _warm(self) -> None:
+        from dpmarket.consumer.catalogue import warm
+
+        with contextlib.suppress(OSError):  # this thread only (Linux); elsewhere, as is
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        try:
+            warm(
+                self.client,
+                explorers=self._explorers,
+                lock=self._exploring,
+                stop=self._stop_warming,
+                model_dir=self.model_dir,
+            )
+        except Exception as exc:  # best effort: the first answer computes what is missing
+            logger.warning("the explore warm-up stopped: %s", exc)
 
     # ------------------------------------------------------------------------ catalogue
     def catalogue(self) -> Catalogue:
@@ -294,6 +329,7 @@ class ConsumerConsole:
                     spec=form.get("spec") or None,
                     owners=tuple(form["owners"]),
                     explorers=self._explorers,
+                    model_dir=self.model_dir,
                 )
         except click.ClickException as exc:
             raise UserError(exc.format_message()) from exc

@@ -8,7 +8,10 @@ their one home: ``dpmarket consumer explore`` / ``rank-owners`` print what :func
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -46,7 +49,11 @@ __all__ = [
     "explore",
     "published",
     "rank",
+    "warm",
 ]
+
+
+logger = logging.getLogger(__name__)
 
 
 class SpecChoiceError(InvalidArgumentError):
@@ -344,6 +351,91 @@ def _expected_error(
     return float(np.mean(m2m_standard_errors(estimator, target)))
 
 
+def _explorer(kept: dict[Any, Explorer], spec: SketchSpec, options: ExploreOptions) -> Explorer:
+    """``spec``'s M2M explorer under ``options``, made once and kept in ``kept``."""
+    key = (spec.name, spec.key, options)
+    if key not in kept:
+        kept[key] = Explorer(
+            spec,
+            n_synthetic=options.synthetic or DEFAULT_EXPLORE_SYNTHETIC,
+            seed=options.seed,
+            lambda_rule=options.lambda_rule,
+            intercept=options.intercept,
+        )
+    return kept[key]
+
+
+def warm(
+    client: Any,
+    *,
+    options: ExploreOptions | None = None,
+    explorers: dict[Any, Explorer] | None = None,
+    lock: threading.Lock | None = None,
+    stop: threading.Event | None = None,
+    model_dir: str | os.PathLike[str] | None = None,
+) -> int:
+    """Compute ahead what :func:`explore` computes first: every spec's M2M design (into
+    ``explorers``) and every published marginals sketch's model and bootstrap refits (into
+    :data:`~dpmarket.consumer.explore.MARGINALS_MODELS`), for the specs a question naming none
+    reads (every spec besides the curator's allocation spec's declaration). Answers are the same
+    whether or not it ran.
+
+    Parameters
+    ----------
+    client : CuratorClient
+        Reads the catalogue (one ListSketchSpecs, one ListSketches per spec).
+    options : ExploreOptions, optional
+        The options the answers will use (the caches are keyed by them).
+    explorers : dict, optional
+        The dict later passed to :func:`explore`.
+    lock : threading.Lock, optional
+        Held around drawing each design: the lock :func:`explore`'s callers hold around an
+        answer (an answer waits at most for the design in progress). A sketch's models are
+        fitted outside it: an answer that needs them waits for them
+        (:meth:`~dpmarket.consumer.explore.ModelCache.fitted`), every other answer runs.
+    stop : threading.Event, optional
+        Set: stop before the next step.
+    model_dir : path, optional
+        Where marginals models are kept on disk (as :func:`explore`'s).
+
+    Returns
+    -------
+    int
+        The steps done (designs drawn plus sketches fitted).
+
+    Raises
+    ------
+    dpmarket.common.errors.DPMarketError, ValueError
+        From the catalogue or the estimators.
+    """
+    options = options if options is not None else ExploreOptions()
+    kept: dict[Any, Explorer] = explorers if explorers is not None else {}
+    guard = lock if lock is not None else threading.Lock()
+    catalogue, allocation = client.sketch_catalogue()
+    done = 0
+    for spec in _besides_allocation(list(catalogue), allocation):
+        if spec.kind == "marginals":
+            marginals = MarginalsExplorer(
+                spec, bootstrap=options.bootstrap, seed=options.seed, store=model_dir
+            )
+            for entry in client.sketches(spec):
+                if stop is not None and stop.is_set():
+                    return done
+                if isinstance(entry.sketch, MarginalsSketch):
+                    # Not under ``guard``: the model cache makes an answer that needs this
+                    # sketch wait for it, and lets every other answer run meanwhile.
+                    marginals.models(entry.sketch)
+                    done += 1
+        else:
+            if stop is not None and stop.is_set():
+                return done
+            with guard:
+                _explorer(kept, spec, options)
+            done += 1
+    logger.info("explore caches warmed: %d designs and sketch models", done)
+    return done
+
+
 def explore(
     client: Any,
     query: Query,
@@ -352,6 +444,7 @@ def explore(
     owners: Sequence[str] = (),
     options: ExploreOptions | None = None,
     explorers: dict[Any, Explorer] | None = None,
+    model_dir: str | os.PathLike[str] | None = None,
 ) -> Exploration:
     """Answer ``query`` about ``owners``' data (their union; none: any owner) from their
     published sketches, with standard errors, computed here (no owner is asked anything).
@@ -376,7 +469,11 @@ def explore(
     explorers : dict, optional
         Keeps each spec's M2M explorer (its synthetic design, the costly part) across calls,
         keyed by the spec and the options: the consumer's console passes one dict for its
-        lifetime.
+        lifetime. (Marginals models are kept per sketch content in the process:
+        :data:`~dpmarket.consumer.explore.MARGINALS_MODELS`.)
+    model_dir : path, optional
+        A folder where marginals models are also kept on disk, for the next process
+        (:mod:`dpmarket.consumer.model_store`; the CLI's ``DATA_DIR/explore-models``).
 
     Returns
     -------
@@ -395,16 +492,7 @@ def explore(
     kept: dict[Any, Explorer] = explorers if explorers is not None else {}
 
     def make(chosen: SketchSpec) -> Explorer:
-        key = (chosen.name, chosen.key, options)
-        if key not in kept:
-            kept[key] = Explorer(
-                chosen,
-                n_synthetic=options.synthetic or DEFAULT_EXPLORE_SYNTHETIC,
-                seed=options.seed,
-                lambda_rule=options.lambda_rule,
-                intercept=options.intercept,
-            )
-        return kept[key]
+        return _explorer(kept, chosen, options)
 
     marginals_kept: dict[str, MarginalsExplorer] = {}
     answered: dict[str, Answer] = {}
@@ -416,7 +504,7 @@ def explore(
             if chosen.kind == "marginals":
                 tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
                 marginals_kept[chosen.name] = MarginalsExplorer(
-                    chosen, bootstrap=options.bootstrap, seed=options.seed
+                    chosen, bootstrap=options.bootstrap, seed=options.seed, store=model_dir
                 )
                 answered[chosen.name] = marginals_kept[chosen.name].answer(query, tables)
             else:

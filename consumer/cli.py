@@ -1237,6 +1237,13 @@ def list_command(
     type=click.IntRange(min=0),
     help="Bootstrap models per marginals sketch behind its standard errors (0: none).",
 )
+@click.option(
+    "--data-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="The consumer's data directory: marginals models fitted here are kept in its "
+    "explore-models/ and reused by the next answer on the same sketches.",
+)
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False), help="JSON.")
 @json_option
 @tls_options
@@ -1257,6 +1264,7 @@ def explore_command(
     lambda_rule: str,
     intercept: bool,
     bootstrap: int,
+    data_dir: str | None,
     out_path: str | None,
     as_json: bool,
     **tls: Any,
@@ -1268,6 +1276,7 @@ def explore_command(
     among the sketches that express it (a marginals sketch: counts, CDFs, marginals, synthetic
     records, moments of discrete columns; HIST, RFF, RACE: all but marginals and records), the
     one whose honest 95 % interval is narrowest."""
+    from dpmarket.consumer import model_store
     from dpmarket.consumer.catalogue import ExploreOptions, SpecChoiceError, explore
     from dpmarket.consumer.explore import Query, parse_where
 
@@ -1295,7 +1304,14 @@ def explore_command(
     )
     try:
         with _client(curator, curator_name, tls) as client:
-            found = explore(client, q, spec=spec, owners=owners, options=options)
+            found = explore(
+                client,
+                q,
+                spec=spec,
+                owners=owners,
+                options=options,
+                model_dir=None if data_dir is None else Path(data_dir) / model_store.FOLDER,
+            )
     except SpecChoiceError as exc:
         raise click.UsageError(str(exc)) from exc
     except (DPMarketError, ValueError) as exc:

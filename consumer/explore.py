@@ -50,9 +50,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import os
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,15 +97,18 @@ from dpmarket.common.sketches.sketch import (
 )
 from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.uncertainty import BASES, Flag, On, interval_row, trusted
+from dpmarket.consumer import model_store
 from dpmarket.consumer.intervals import hist_bounded, interval_basis, m2m_bounded
 
 __all__ = [
     "DEFAULT_EXPLORE_SYNTHETIC",
     "FLAGS",
+    "MARGINALS_MODELS",
     "QUERIES",
     "Answer",
     "Explorer",
     "MarginalsExplorer",
+    "ModelCache",
     "Query",
     "RankedOwner",
     "choose_source",
@@ -111,6 +118,7 @@ __all__ = [
     "m2m_target",
     "parse_where",
     "rank_owners",
+    "sketch_digest",
 ]
 
 #: The analyses a consumer can run on a sketch (``marginal`` and ``synthetic`` need a
@@ -1024,6 +1032,116 @@ def _marginal_labels(fmap: MarginalsMap, domain: Domain, idx: Sequence[int]) -> 
     )
 
 
+def sketch_digest(sketch: MarginalsSketch) -> str:
+    """SHA-256 (hex) of a marginals sketch's content: every measurement's clique, noise scale
+    and noisy values, in order. Two sketches with the same digest give the same fitted model."""
+    h = hashlib.sha256()
+    for m in sketch.measurements:
+        values = np.ascontiguousarray(m.values, dtype="<f8")
+        h.update(np.asarray(m.clique, dtype="<i8").tobytes())
+        h.update(np.float64(m.sigma).astype("<f8").tobytes())
+        h.update(np.int64(values.size).astype("<i8").tobytes())
+        h.update(values.tobytes())
+    return h.hexdigest()
+
+
+#: A cache key: the spec's name and key, the sketch's :func:`sketch_digest`, the bootstrap size,
+#: the seed.
+ModelKey = tuple[str, str, str, int, int]
+#: A sketch's fitted model and its bootstrap models.
+Fitted = model_store.Fitted
+#: Sketches whose models :data:`MARGINALS_MODELS` keeps (each holds 1 + bootstrap models of at
+#: most :data:`~dpmarket.common.sketches.marginals.MAX_MODEL_MB` each)...
+MODEL_CACHE_SIZE = 16
+#: ...and the bytes of their tables it keeps at most (the most recent sketch is kept whatever
+#: its size).
+MODEL_CACHE_BYTES = 1 << 30
+
+
+class ModelCache:
+    """Fitted marginals models and their bootstrap refits, kept per sketch content (bounded
+    LRU, thread-safe): a second answer on the same sketches, of any query kind, refits nothing.
+
+    The key holds the sketch's content digest (:func:`sketch_digest`), so a new publication
+    never reads an old entry; the bootstrap size and the seed, so an entry is exactly what
+    :meth:`MarginalsExplorer.models` would compute.
+
+    Parameters
+    ----------
+    size : int
+        Sketches kept (the least recently used is dropped beyond it).
+    max_bytes : int
+        Bytes of the kept models' tables (:attr:`MarginalsModel.nbytes`) beyond which the least
+        recently used are dropped (never the most recent).
+    """
+
+    def __init__(self, size: int = MODEL_CACHE_SIZE, max_bytes: int = MODEL_CACHE_BYTES) -> None:
+        self.size = int(size)
+        self.max_bytes = int(max_bytes)
+        self._entries: OrderedDict[ModelKey, Fitted] = OrderedDict()
+        self._bytes: dict[ModelKey, int] = {}
+        self._pending: dict[ModelKey, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def fitted(self, key: ModelKey, compute: Callable[[], Fitted]) -> Fitted:
+        """The entry of ``key``, computed by ``compute`` and kept if absent; a thread asking
+        for a key another thread is computing waits for that computation instead of repeating
+        it (the console's warm-up and its first answer)."""
+        found = self.get(key)
+        if found is not None:
+            return found
+        with self._lock:
+            pending = self._pending.setdefault(key, threading.Lock())
+        try:
+            with pending:
+                found = self.get(key)
+                if found is None:
+                    found = compute()
+                    self.put(key, found)
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
+        return found
+
+    def get(self, key: ModelKey) -> Fitted | None:
+        """The entry of ``key`` (made the most recent), or None."""
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+            return found
+
+    def put(self, key: ModelKey, fitted: Fitted) -> None:
+        """Keep ``fitted`` under ``key``, dropping the least recently used beyond :attr:`size`."""
+        size = fitted[0].nbytes + sum(m.nbytes for m in fitted[1])
+        with self._lock:
+            self._entries[key] = fitted
+            self._bytes[key] = size
+            self._entries.move_to_end(key)
+            while len(self._entries) > 1 and (
+                len(self._entries) > self.size or sum(self._bytes.values()) > self.max_bytes
+            ):
+                old, _ = self._entries.popitem(last=False)
+                del self._bytes[old]
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        with self._lock:
+            self._entries.clear()
+            self._bytes.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+
+#: The process's marginals models: every :class:`MarginalsExplorer` reads and fills it (the
+#: console's, a long-lived :class:`dpmarket.client.Consumer`'s, successive ``explore`` calls).
+MARGINALS_MODELS = ModelCache()
+# Held around a marginals fit and its bootstrap (MarginalsExplorer._fit).
+_FITTING = threading.Lock()
+
+
 class MarginalsExplorer:
     """Graphical-model answers for the marginals sketches of one spec.
 
@@ -1042,6 +1160,12 @@ class MarginalsExplorer:
     seed : int
         The consumer's own randomness (bootstrap noise, synthetic records): answers repeat
         bit for bit.
+    cache : ModelCache or None
+        Where fitted models are kept across explorers (default :data:`MARGINALS_MODELS`, the
+        process's); None: this explorer's own only. Answers are the same either way.
+    store : path, optional
+        A folder where fitted models are also kept on disk across processes
+        (:mod:`dpmarket.consumer.model_store`; the consumer's ``DATA_DIR/explore-models``).
 
     Raises
     ------
@@ -1049,13 +1173,23 @@ class MarginalsExplorer:
         If ``spec`` is not a marginals spec.
     """
 
-    def __init__(self, spec: SketchSpec, *, bootstrap: int = DEFAULT_BOOTSTRAP, seed: int = 0):
+    def __init__(
+        self,
+        spec: SketchSpec,
+        *,
+        bootstrap: int = DEFAULT_BOOTSTRAP,
+        seed: int = 0,
+        cache: ModelCache | None = MARGINALS_MODELS,
+        store: str | os.PathLike[str] | None = None,
+    ):
         if not isinstance(spec.feature_map, MarginalsMap):
             raise InvalidArgumentError(f"{spec.name} is a {spec.kind} spec, not a marginals one")
         self.spec = spec
         self.feature_map: MarginalsMap = spec.feature_map
         self.bootstrap = int(bootstrap)
         self.seed = int(seed)
+        self.cache = cache
+        self.store = None if store is None else Path(store)
         # Keyed by id(); the sketch is kept alive beside its models so that its id is not reused.
         self._models: dict[int, tuple[MarginalsSketch, MarginalsModel, list[MarginalsModel]]] = {}
 
@@ -1077,7 +1211,8 @@ class MarginalsExplorer:
         return False
 
     def models(self, sketch: MarginalsSketch) -> tuple[MarginalsModel, list[MarginalsModel]]:
-        """The fitted model of ``sketch`` and its bootstrap models (computed once).
+        """The fitted model of ``sketch`` and its bootstrap models (computed once per sketch
+        content, bootstrap size and seed in the process: :attr:`cache`).
 
         Raises
         ------
@@ -1087,6 +1222,33 @@ class MarginalsExplorer:
         found = self._models.get(id(sketch))
         if found is None:
             self.spec.check_sketch(sketch)
+            key = (self.spec.name, self.spec.key, sketch_digest(sketch), self.bootstrap, self.seed)
+            if self.cache is None:
+                fitted = self._stored_or_fit(sketch, key)
+            else:
+                fitted = self.cache.fitted(key, lambda: self._stored_or_fit(sketch, key))
+            found = (sketch, *fitted)
+            self._models[id(sketch)] = found
+        return found[1], found[2]
+
+    def _stored_or_fit(self, sketch: MarginalsSketch, key: ModelKey) -> Fitted:
+        """``sketch``'s models from :attr:`store` if kept there, else fitted (and kept there)."""
+        if self.store is not None:
+            with _FITTING:
+                found = model_store.load(self.store, key, self.feature_map, sketch.measurements)
+                free_compiled()
+            if found is not None:
+                return found
+        fitted = self._fit(sketch)
+        if self.store is not None:
+            model_store.save(self.store, key, fitted)
+        return fitted
+
+    def _fit(self, sketch: MarginalsSketch) -> Fitted:
+        """Fit ``sketch``'s model and its :attr:`bootstrap` refits (one fit at a time in the
+        process: :func:`~dpmarket.common.sketches.marginals.free_compiled` drops every jax
+        executable, so it must not run in the middle of another thread's fit)."""
+        with _FITTING:
             model = MarginalsModel.fit(self.feature_map, sketch.measurements)
             # Seeded by the sketch's content: an owner's errors do not depend on which other
             # sketches this explorer fitted first.
@@ -1094,9 +1256,7 @@ class MarginalsExplorer:
             rng = np.random.default_rng([self.seed, 2, int.from_bytes(digest.digest()[:8])])
             boot = model.bootstrap(self.bootstrap, rng) if self.bootstrap > 0 else []
             free_compiled()  # answers are numpy from here on
-            found = (sketch, model, boot)
-            self._models[id(sketch)] = found
-        return found[1], found[2]
+        return model, boot
 
     def answer(self, query: Query, sketches: Sequence[MarginalsSketch]) -> Answer:
         """The graphical models' answer to ``query`` for the union of ``sketches``' owners.

@@ -980,6 +980,8 @@ class MarginalsModel:
         feature_map: MarginalsMap,
         measurements: Sequence[Measurement],
         model: mbi.MarkovRandomField,
+        *,
+        beliefs: Sequence[tuple[Sequence[str], Sequence[str], ArrayLike]] | None = None,
     ) -> None:
         self.feature_map = feature_map
         self.measurements = tuple(measurements)
@@ -990,19 +992,26 @@ class MarginalsModel:
         lib = _mbi()
         # The junction tree of the model's cliques and its calibrated beliefs (counts on every
         # maximal clique, summing to the total): one message-passing pass of the library's
-        # oracle, in log space (compiled once per model structure, shared by the bootstrap).
+        # oracle, in log space (compiled once per model structure, shared by the bootstrap);
+        # or the beliefs :meth:`state` kept.
         self._tree, _ = lib.junction_tree.make_junction_tree(model.domain, model.cliques)
         nodes = lib.junction_tree.maximal_cliques(self._tree)
-        beliefs = lib.marginal_oracles.message_passing_shafer_shenoy(
-            model.potentials.expand(nodes), self.total
-        )
+        if beliefs is None:
+            passed = lib.marginal_oracles.message_passing_shafer_shenoy(
+                model.potentials.expand(nodes), self.total
+            )
+            beliefs = [
+                (node, passed[tuple(node)].domain.attributes, passed[tuple(node)].values)
+                for node in nodes
+            ]
         # Per tree node, its belief and the belief's axes (its own order of the node's variables).
         self._beliefs: dict[tuple[str, ...], NDArray[np.float64]] = {}
         self._axes: dict[tuple[str, ...], str] = {}
-        for node in nodes:
-            factor = beliefs[tuple(node)]
-            self._beliefs[node] = np.asarray(factor.values, dtype=np.float64)
-            self._axes[node] = "".join(self._letters[a] for a in factor.domain.attributes)
+        for node, attributes, values in beliefs:
+            self._beliefs[tuple(node)] = np.asarray(values, dtype=np.float64)
+            self._axes[tuple(node)] = "".join(self._letters[a] for a in attributes)
+        if set(self._beliefs) != {tuple(n) for n in nodes}:
+            raise ValueError("the beliefs given are not on the model's junction tree's cliques")
         self._cache: dict[tuple[int, ...], NDArray[np.float64]] = {}
 
     @classmethod
@@ -1042,6 +1051,86 @@ class MarginalsModel:
             warm_start=None if warm is None else warm.mbi_model,
         )
         return cls(feature_map, measurements, model)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the model's float64 tables: its calibrated beliefs, and ``mbi``'s
+        potentials and marginals."""
+        n = sum(b.nbytes for b in self._beliefs.values())
+        for name in ("potentials", "marginals"):
+            vector = getattr(self.mbi_model, name)
+            n += sum(8 * math.prod(vector.tables[c].domain.shape) for c in vector.cliques)
+        return int(n)
+
+    def state(self) -> dict[str, Any]:
+        """The fitted model as plain data (what :meth:`from_state` rebuilds it from).
+
+        Returns
+        -------
+        dict
+            ``{"total": float, "potentials": [...], "marginals": [...], "beliefs": [...]}``,
+            each list holding per clique (of ``mbi``'s vectors; of the junction tree, for the
+            calibrated beliefs) ``(clique, attributes, table)``: the clique's attribute names,
+            its table's axes' names, and the table (ndarray of float64, one axis per attribute,
+            of its column's cells).
+        """
+        out: dict[str, Any] = {
+            "total": float(self.mbi_model.total),
+            "beliefs": [
+                (node, tuple(_attribute_of(self._letters, self._axes[node])), belief)
+                for node, belief in self._beliefs.items()
+            ],
+        }
+        for name in ("potentials", "marginals"):
+            vector = getattr(self.mbi_model, name)
+            out[name] = [
+                (
+                    tuple(clique),
+                    tuple(vector.tables[clique].domain.attributes),
+                    np.asarray(vector.tables[clique].values, dtype=np.float64),
+                )
+                for clique in vector.cliques
+            ]
+        return out
+
+    @classmethod
+    def from_state(
+        cls,
+        feature_map: MarginalsMap,
+        measurements: Sequence[Measurement],
+        state: Mapping[str, Any],
+    ) -> MarginalsModel:
+        """The model :meth:`state` described: the same potentials and calibrated beliefs
+        (no message passing, nothing compiled), hence the same answers bit for bit.
+
+        Raises
+        ------
+        ValueError
+            If a table's shape is not its attributes' cells, or an attribute is unknown.
+        """
+        mbi = _mbi()
+        import jax.numpy as jnp
+
+        domain = _mbi_domain(feature_map)
+        vectors = []
+        for name in ("potentials", "marginals"):
+            tables = {}
+            cliques = []
+            for clique, attributes, values in state[name]:
+                sub = domain.project(tuple(attributes))
+                table = np.asarray(values, dtype=np.float64)
+                if tuple(sub.shape) != table.shape:
+                    raise ValueError(
+                        f"a table over {list(attributes)} must have shape {tuple(sub.shape)}, "
+                        f"got {table.shape}"
+                    )
+                cliques.append(tuple(clique))
+                tables[tuple(clique)] = mbi.Factor(sub, jnp.asarray(table))
+            vectors.append(mbi.CliqueVector(domain, cliques, tables))
+        model = mbi.MarkovRandomField(
+            potentials=vectors[0], marginals=vectors[1], total=float(state["total"])
+        )
+        return cls(feature_map, measurements, model, beliefs=state["beliefs"])
 
     @property
     def mbi_domain(self) -> Any:
@@ -1311,6 +1400,12 @@ def model_size_mb(feature_map: MarginalsMap, cliques: Sequence[Sequence[int]]) -
             _mbi_domain(feature_map), [tuple(str(j) for j in c) for c in cliques]
         )
     )
+
+
+def _attribute_of(letters: Mapping[str, str], axes: str) -> list[str]:
+    """The attribute names of a belief's ``axes`` (einsum letters)."""
+    names = {letter: name for name, letter in letters.items()}
+    return [names[a] for a in axes]
 
 
 def _einsum_letter(j: int) -> str:

@@ -4,11 +4,22 @@ by the curator's summaries) and the one over every column, and a question means 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
-from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
-from dpmarket.consumer.catalogue import SpecChoiceError, choose_spec
+from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.spec import PublishedSketch, SketchDeclaration, SketchSpec
+from dpmarket.consumer.catalogue import ExploreOptions, SpecChoiceError, choose_spec, explore, warm
+from dpmarket.consumer.explore import (
+    MARGINALS_MODELS,
+    Explorer,
+    MarginalsExplorer,
+    Query,
+    sketch_digest,
+)
+from tests.conftest import marginals_mechanism
 
 COLUMNS = [
     {"name": "age", "low": 0, "high": 120},
@@ -57,3 +68,54 @@ def test_a_question_naming_no_spec_reads_the_declaration_besides_the_allocations
     # Control: a curator that names no allocation spec leaves two RFF specs to choose from.
     with pytest.raises(SpecChoiceError, match="clinics/rff, clinics-allocation/rff"):
         choose_spec(_Catalogue(SPECS, None), None, kind="rff")
+
+
+class _Published(_Catalogue):
+    """A catalogue with published sketches (what ``explore`` and ``warm`` read)."""
+
+    def __init__(
+        self, specs: list[SketchSpec], allocation: str | None, entries: list[PublishedSketch]
+    ) -> None:
+        super().__init__(specs, allocation)
+        self.entries = entries
+
+    def sketches(self, spec: SketchSpec, owners: list[str] | None = None) -> list[PublishedSketch]:
+        return [
+            e for e in self.entries if e.spec == spec.name and (owners is None or e.owner in owners)
+        ]
+
+
+def test_warming_fills_the_caches_an_answer_reads_and_changes_no_answer() -> None:
+    """``warm`` draws the design of every spec a question naming none reads (not the
+    allocation's) and fits every published marginals sketch; ``explore`` then answers from them,
+    bit for bit as an explorer that caches nothing."""
+    specs = [
+        *_specs("clinics", COLUMNS, {"hist": {"bins": 5}, "marginals": {"bins": 4}}),
+        *_specs("clinics-allocation", COLUMNS[:2], {"rff": {"frequencies": 20, "sigma": 0.5}}),
+    ]
+    marginals = next(s for s in specs if s.kind == "marginals")
+    rng = np.random.default_rng(7)
+    records = np.column_stack(
+        [rng.uniform(0, 120, 400), rng.uniform(10, 70, 400), rng.integers(0, 2, 400)]
+    )
+    sketch = marginals_mechanism(marginals, 1.0).release(records, SeededNoise(rng), rng=rng)
+    catalogue = _Published(
+        specs, "clinics-allocation/rff", [PublishedSketch("young", marginals.name, 0.0, sketch)]
+    )
+    options = ExploreOptions(synthetic=200, seed=11, bootstrap=2)
+    explorers: dict[Any, Explorer] = {}
+    key = (marginals.name, marginals.key, sketch_digest(sketch), 2, 11)
+    assert MARGINALS_MODELS.get(key) is None
+    assert warm(catalogue, options=options, explorers=explorers) == 2  # hist's design, 1 sketch
+    assert [k[0] for k in explorers] == ["clinics/hist"]
+    fitted = MARGINALS_MODELS.get(key)
+    assert fitted is not None
+    count = Query("count", where=(("bmi", 30.0, 70.0), ("high", 1, 1)))
+    found = explore(catalogue, count, options=options, explorers=explorers)
+    assert found.spec.name == marginals.name
+    assert MarginalsExplorer(marginals, bootstrap=2, seed=11).models(sketch)[0] is fitted[0]
+    plain = MarginalsExplorer(marginals, bootstrap=2, seed=11, cache=None).answer(count, [sketch])
+    assert np.array_equal(found.answer.values, plain.values)
+    assert np.array_equal(found.answer.errors, plain.errors)
+    assert np.array_equal(found.answer.low, plain.low)
+    assert np.array_equal(found.answer.high, plain.high)

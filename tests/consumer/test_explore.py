@@ -3,7 +3,9 @@ within the bounds the maps allow, unions and repeated runs agree, and owners ran
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,16 +13,20 @@ import pytest
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.sketches.m2m import M2MEstimator
+from dpmarket.common.sketches.marginals import MarginalsModel, MarginalsSketch, Measurement
 from dpmarket.common.sketches.sketch import SketchMechanism, merge_sketches, sketch_mmd2
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.consumer.explore import (
+    Answer,
     Explorer,
     MarginalsExplorer,
+    ModelCache,
     Query,
     choose_source,
     exact_answer,
     parse_where,
     rank_owners,
+    sketch_digest,
 )
 from tests.conftest import marginals_mechanism, sketch_mechanism
 
@@ -316,3 +322,114 @@ def test_choose_source_follows_the_rule(mspecs: dict[str, SketchSpec]) -> None:
     )
     with pytest.raises(InvalidArgumentError, match="no published sketch answers marginal"):
         choose_source(Query("marginal", columns=("a",)), [mspecs["rff"]])
+
+
+def _same(a: Answer, b: Answer) -> bool:
+    """Two answers equal bit for bit: values, errors, intervals, flags, extras."""
+    return (
+        np.array_equal(a.values, b.values)
+        and np.array_equal(a.errors, b.errors, equal_nan=True)
+        and np.array_equal(a.low, b.low, equal_nan=True)
+        and np.array_equal(a.high, b.high, equal_nan=True)
+        and a.flags == b.flags
+        and a.extra == b.extra
+    )
+
+
+def test_marginals_models_are_kept_per_sketch_content_and_answer_the_same(
+    mspecs: dict[str, SketchSpec],
+) -> None:
+    """A second explorer on the same sketch content reuses the fitted model and its bootstrap
+    (any query kind), and answers bit for bit as an explorer without the cache; a new
+    publication (other noise) is a new entry, and so are another seed or bootstrap size.
+    Control: the cache-less explorer refits (other model objects)."""
+    spec = mspecs["marginals"]
+    rng = np.random.default_rng(5)
+    sketch = marginals_mechanism(spec, 1.0).release(_records(500), SeededNoise(rng), rng=rng)
+    cache = ModelCache(size=2)
+    count = Query("count", where=(("a", 0.0, 0.3), ("y", 1, 1)))
+    cdf = Query("cdf", columns=("a",), points=(0.25, 0.5))
+    first = MarginalsExplorer(spec, bootstrap=3, seed=0, cache=cache)
+    by_count = first.answer(count, [sketch])
+    assert len(cache) == 1
+    # A copy of the sketch (as a new catalogue read gives): same content, same entry.
+    copy = MarginalsSketch(
+        sketch.mechanism,
+        tuple(Measurement(m.clique, m.values.copy(), m.sigma) for m in sketch.measurements),
+        sketch.selections,
+    )
+    second = MarginalsExplorer(spec, bootstrap=3, seed=0, cache=cache)
+    assert second.models(copy)[0] is first.models(sketch)[0]
+    assert second.models(copy)[1] == first.models(sketch)[1]
+    plain = MarginalsExplorer(spec, bootstrap=3, seed=0, cache=None)
+    assert plain.models(sketch)[0] is not first.models(sketch)[0]  # control: refitted
+    assert _same(second.answer(cdf, [copy]), plain.answer(cdf, [sketch]))
+    assert _same(by_count, plain.answer(count, [sketch]))
+    assert len(cache) == 1
+    # A new publication: other noise, other digest, a new entry answering as a fresh fit.
+    again = marginals_mechanism(spec, 1.0).release(_records(500), SeededNoise(rng), rng=rng)
+    assert sketch_digest(again) != sketch_digest(sketch)
+    third = MarginalsExplorer(spec, bootstrap=3, seed=0, cache=cache)
+    assert third.models(again)[0] is not first.models(sketch)[0]
+    assert len(cache) == 2
+    assert not _same(third.answer(count, [again]), by_count)
+    # The seed and the bootstrap size are in the key; the least recently used entry is dropped
+    # beyond the cache's size.
+    key = (spec.name, spec.key, sketch_digest(sketch), 3, 0)
+    assert cache.get(key) is not None
+    assert cache.get((*key[:3], 3, 1)) is None and cache.get((*key[:3], 2, 0)) is None
+    cache.put((*key[:3], 3, 1), plain.models(sketch))
+    assert len(cache) == 2
+    assert cache.get((spec.name, spec.key, sketch_digest(again), 3, 0)) is None
+    # A byte bound drops the oldest too, but keeps the newest whatever its size.
+    small = ModelCache(size=4, max_bytes=1)
+    small.put(key, plain.models(sketch))
+    small.put((*key[:3], 3, 1), plain.models(sketch))
+    assert len(small) == 1 and small.get((*key[:3], 3, 1)) is not None
+
+
+class _NoFit(MarginalsExplorer):
+    """An explorer that must not fit (its models come from the store)."""
+
+    def _fit(self, sketch: MarginalsSketch) -> tuple[MarginalsModel, list[MarginalsModel]]:
+        raise AssertionError("refitted a sketch whose models were on disk")
+
+
+def test_marginals_models_kept_on_disk_answer_the_same_in_the_next_process(
+    mspecs: dict[str, SketchSpec], tmp_path: Path
+) -> None:
+    """A sketch's models written to the store (``.npz``, no pickle) are read back by a fresh
+    explorer without refitting, and answer bit for bit as the fitted ones; a file that is not
+    the key's (a stale or foreign file under its name) or is corrupt is ignored and the sketch
+    refitted. Control: without the store, the fresh explorer fits."""
+    spec = mspecs["marginals"]
+    rng = np.random.default_rng(9)
+    sketch = marginals_mechanism(spec, 1.0).release(_records(400), SeededNoise(rng), rng=rng)
+    count = Query("count", where=(("a", 0.0, 0.3), ("y", 1, 1)))
+    fitted = MarginalsExplorer(spec, bootstrap=2, seed=0, cache=None, store=tmp_path)
+    first = fitted.answer(count, [sketch])
+    files = list(tmp_path.glob("*.npz"))
+    assert len(files) == 1
+    with np.load(files[0], allow_pickle=False) as data:
+        assert all(data[k].dtype != object for k in data.files)
+    loaded = _NoFit(spec, bootstrap=2, seed=0, cache=None, store=tmp_path)
+    assert _same(loaded.answer(count, [sketch]), first)
+    cdf = Query("cdf", columns=("a",), points=(0.25,))
+    assert _same(loaded.answer(cdf, [sketch]), fitted.answer(cdf, [sketch]))
+    with pytest.raises(AssertionError, match="refitted"):  # control: no store, a fit
+        _NoFit(spec, bootstrap=2, seed=0, cache=None).models(sketch)
+    # Another key's file under this key's name (as a stale entry would be): ignored, refitted.
+    other = (spec.name, spec.key, sketch_digest(sketch), 2, 1)
+    with np.load(files[0], allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    header = json.loads(str(arrays["header"]))
+    header["key"] = list(other)
+    arrays["header"] = np.array(json.dumps(header))
+    np.savez(files[0], **arrays)
+    with pytest.raises(AssertionError, match="refitted"):
+        _NoFit(spec, bootstrap=2, seed=0, cache=None, store=tmp_path).models(sketch)
+    files[0].write_bytes(b"not a zip file")
+    again = MarginalsExplorer(spec, bootstrap=2, seed=0, cache=None, store=tmp_path)
+    assert _same(again.answer(count, [sketch]), first)  # refitted and rewritten
+    reread = _NoFit(spec, bootstrap=2, seed=0, cache=None, store=tmp_path)
+    assert _same(reread.answer(count, [sketch]), first)
