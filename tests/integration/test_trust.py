@@ -859,9 +859,10 @@ def test_steered_selection_is_refused_unless_the_owner_trusts_its_curator_with_i
     """Issue 25, the candidates methods' order statistics: an owner picks the rows it proposes
     along the validation embedding and h1 parameters the curator sends, and charges them as raw
     points only. An owner with the default policy (``access.allow_steered_selection = false``:
-    the guard cluster) refuses every candidates variant at OpenSession, naming the key, and
-    charges nothing; a consumer's candidates request fails with a text that names the key and
-    the uniform method, no address and no budget figure. Control: an owner that opted in (the
+    the guard cluster) refuses both candidates allocations at OpenSession, naming the key, and
+    charges nothing (the hashes mode runs in process only: tests/owner/test_exact_bids.py); a
+    consumer's candidates request fails with a text that names the key and the uniform method,
+    no address and no budget figure. Control: an owner that opted in (the
     budget cluster) answers a steered one-point proposal under ``(0, 0)`` terms with the row
     holding the column's largest value, charged as one raw point."""
     column = 6
@@ -870,8 +871,6 @@ def test_steered_selection_is_refused_unless_the_owner_trusts_its_curator_with_i
     variants = {
         "steered-counts": Terms(method=owner_pb2.SESSION_METHOD_CANDIDATES_COUNTS, epsilon=0.1),
         "steered-sketch": Terms(method=owner_pb2.SESSION_METHOD_CANDIDATES_SKETCH),
-        "steered-hashes-counts": Terms(method=owner_pb2.SESSION_METHOD_HASHES_COUNTS, epsilon=0.1),
-        "steered-hashes-sketch": Terms(method=owner_pb2.SESSION_METHOD_HASHES_SKETCH),
     }
     owner_id = guard.owner_ids[0]
     before, charges = _ledgers(guard), _charges(guard)
@@ -917,7 +916,7 @@ def test_steered_selection_is_refused_unless_the_owner_trusts_its_curator_with_i
             owner_pb2.ProposeCandidatesRequest(session_id=sid, count=1), timeout=CALL_TIMEOUT
         )
         stub.CloseSession(owner_pb2.CloseSessionRequest(session_id=sid), timeout=CALL_TIMEOUT)
-    (point,) = array_from_proto(proposed.points)
+    (point,) = array_from_proto(proposed.points, "points", ndim=2)
     assert (data == point).all(axis=1).any(), "a raw row of the owner's table"
     assert point[column] == data[:, column].max() > np.median(data[:, column])
     new = _new_entries(before, _ledgers(budget))
