@@ -891,8 +891,8 @@ def test_steered_selection_is_refused_unless_the_owner_trusts_its_curator_with_i
     config = CandidatesConfig(summary_size=10, rff_dimension=D, epsilon_owners_total=EPSILON)
     request = create_request_to_proto(config, digits.validation, digits.seed_set, 0)
     with _channel(guard, guard.curator_target, CURATOR, CONSUMER) as channel:
-        stub = curator_pb2_grpc.CuratorServiceStub(channel)
-        code, details = _status(stub.CreateSession, request)
+        curator = curator_pb2_grpc.CuratorServiceStub(channel)
+        code, details = _status(curator.CreateSession, request)
     assert code == grpc.StatusCode.FAILED_PRECONDITION, details
     assert details.count("(refused the session)") == len(guard.owner_ids), details
     assert "access.allow_steered_selection = false" in details
