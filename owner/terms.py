@@ -124,10 +124,11 @@ def check_steered_selection(policy: OwnerPolicy, terms: OwnerTerms) -> None:
     ``0.27 / (0.27 + 0.9) = 23 %`` of the picks (uniform: 10 %). To give the top tenth half of
     the picks takes ``exp(eps) >= 9``, ``eps >= 2.2`` per pick: 22 for the 10 rows an owner's
     share of a small summary takes (basic composition), against the whole session's default
-    budget of 2; and honest scores spread over a fraction of ``R`` only, which shrinks the
-    gain further. At any useful epsilon the private pick is the uniform method at a cost, so
-    the owner decides instead whether it trusts its curator with the selection, as with exact
-    bids.
+    budget of 2; and honest scores spread over a fraction of ``R`` only (digits, d = 512: an
+    owner's 354 rows over half of the range the score takes on the domain ``[0, 1]^64``, their
+    middle 80 % over a quarter), which shrinks the gain further. At any useful epsilon the
+    private pick is the uniform method at a cost, so the owner decides instead whether it
+    trusts its curator with the selection, as with exact bids.
     """
     if terms.steered_selection and not policy.allow_steered_selection:
         raise FailedPreconditionError(
