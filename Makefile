@@ -126,9 +126,11 @@ image:
 	deploy/build-image.sh
 
 # deploy/docker-compose.yml end to end on a real Docker engine (started, as root, from Debian's
-# docker.io when none runs): the image, then tests/deploy/test_compose_stack.py (a summary, CAPE
-# jobs, sketches and exploration compared with their in-process runs; an owner and the curator
-# killed and restarted); the stack is removed with its volumes afterwards. Not part of `test`.
+# docker.io when none runs): the images, then, on one stack brought up with its monitoring
+# profile, tests/deploy/test_compose_stack.py (a summary, CAPE jobs, sketches and exploration
+# compared with their in-process runs; an owner and the curator killed and restarted) and
+# tests/deploy/test_compose_monitoring.py (Prometheus scrapes every service); the stack is removed
+# with its volumes afterwards. Not part of `test`.
 compose-test: $(STAMP)
 	PYTHON=$(PY) deploy/compose-test.sh
 
@@ -140,10 +142,10 @@ compose-test: $(STAMP)
 wheel-test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m wheel tests/deploy/test_wheel.py
 
-# The compose stack's optional monitoring profile: the owners, the curator and Prometheus (from
-# Debian's package, deploy/monitoring/Dockerfile) on a real Docker engine; Prometheus scrapes
+# The compose stack's optional monitoring profile alone: the owners, the curator and Prometheus
+# (from Debian's package, deploy/monitoring/Dockerfile) on a real Docker engine; Prometheus scrapes
 # every service and runs every query of deploy/monitoring/dashboard.json
-# (tests/deploy/test_compose_monitoring.py). Not part of `test`.
+# (tests/deploy/test_compose_monitoring.py). `compose-test` runs it too. Not part of `test`.
 compose-monitoring-test: $(STAMP)
 	PYTHON=$(PY) deploy/compose-monitoring-test.sh
 
