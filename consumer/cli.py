@@ -39,7 +39,6 @@ from dpmarket.consumer.options import (
     method_options,
     summarization_config,
 )
-from dpmarket.owner.data import PointSet, load_point_set
 from dpmarket.runtime.cli import (
     SectionedCommand,
     check_outputs,
@@ -56,6 +55,7 @@ from dpmarket.runtime.cli import (
 from dpmarket.runtime.files import write_json
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.schemas import load_schema
+from dpmarket.runtime.tables import PointSet, load_point_set
 
 __all__ = [
     "CAPE_COMMANDS",
@@ -173,9 +173,10 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def load_points(
     path: str, *, label_column: str | None = "label", schema: Schema | None = None
 ) -> PointSet:
-    """Read a points file (:func:`dpmarket.owner.data.load_point_set`); a missing or malformed file
-    fails the command with its name. With a schema, a table's features are selected by name in
-    the schema's order (another column order is reordered, a column the schema lacks refused)."""
+    """Read a points file (:func:`dpmarket.runtime.tables.load_point_set`); a missing or
+    malformed file fails the command with its name. With a schema, a table's features are
+    selected by name in the schema's order (another column order is reordered, a column the
+    schema lacks refused)."""
     try:
         return load_point_set(path, label_column=label_column, schema=schema, by_name=True)
     except (OSError, ValueError) as exc:
@@ -295,7 +296,7 @@ def finish(
     (:func:`dpmarket.consumer.report.plot_request`). Returns the report.
     """
     from dpmarket.consumer.report import comparison_table, evaluate_summary, plot_request
-    from dpmarket.owner.data import save_point_set
+    from dpmarket.runtime.tables import save_point_set
 
     evaluation = replace(
         evaluate_summary(
@@ -1378,7 +1379,7 @@ def _print_answer(answer: Any, title: str) -> None:
 def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
     """The validation set in the spec's column order: a table's named columns, or an array file
     whose columns are the spec's, in order."""
-    from dpmarket.owner.data import load_point_set, load_table
+    from dpmarket.runtime.tables import load_point_set, load_table
 
     try:
         if Path(path).suffix.lower() in (".csv", ".parquet"):

@@ -45,10 +45,10 @@ from dpmarket.common.summarization.terms import owner_terms
 from dpmarket.curator.policy import load_curator_policy
 from dpmarket.deploy.cli import main, resolve
 from dpmarket.deploy.pki import CA_KEY, init_ca, issue
-from dpmarket.owner.data import load_point_set, load_table
 from dpmarket.owner.policy import load_owner_policy
 from dpmarket.runtime.identity import Identity, identity_files, key_fingerprint
 from dpmarket.runtime.serving import start_server
+from dpmarket.runtime.tables import load_point_set, load_table
 from dpmarket.runtime.transport import TransportSecurity
 
 REPO = Path(__file__).resolve().parents[2]

@@ -36,10 +36,10 @@ from dpmarket.curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResu
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
 from dpmarket.experiments.cape_experiments import DIABETES_BOUNDS, DIABETES_TARGET
 from dpmarket.experiments.runner import fit_cape, run_cape
-from dpmarket.owner.data import Table, load_table
 from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
 from dpmarket.runtime import cape_messages
 from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.tables import Table, load_table
 from dpmarket.runtime.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import cape_pb2, secure_aggregation_pb2
 

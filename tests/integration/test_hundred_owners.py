@@ -24,7 +24,7 @@ from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.deploy.launcher import LocalCluster, owner_ledger_entries
 from dpmarket.experiments.scenarios import FLIGHTS_FEATURE_NAMES, Scenario, flights50_scenario
-from dpmarket.owner.data import save_point_set
+from dpmarket.runtime.tables import save_point_set
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -18,10 +18,10 @@ import pytest
 
 from dpmarket.common.errors import BudgetRefusedError, FailedPreconditionError
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
+from dpmarket.runtime.tables import PointSet
 from tests.conftest import ColumnProbe
 
 D = 8
