@@ -53,7 +53,6 @@ ALLOWED_TO_SPLIT = {
     "curator/owners.py:GrpcOwnerEndpoint",
     "curator/store.py:CuratorStore",
     "common/cape/dpgd.py:train_dpgd",
-    "common/sketches/spec.py:SketchDeclaration.from_mapping",
     "owner/cli.py:open_owner",
     "owner/cli.py:publish_command",
     "owner/sketches.py:SketchPublisher.publish",
