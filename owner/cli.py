@@ -1174,15 +1174,22 @@ def publish_command(
     if as_json:
         print_json(document)
         return
-    table_out = Table(
-        title=f"{name}: sketches in the catalogue of {curator_name}", title_justify="left"
+    Console().print(
+        _publication_table(f"{name}: sketches in the catalogue of {curator_name}", rows)
     )
+    console.print(
+        f"ledger {ledger_path(Path(data_dir))}: left over {left.window}: epsilon "
+        f"{left.epsilon:.6g}, delta {left.delta:.3g}"
+    )
+
+
+def _publication_table(title: str, rows: list[dict[str, Any]]) -> Table:
+    """``owner publish``'s table: one row per spec published (its ``--json`` rows)."""
+    table = Table(title=title, title_justify="left")
     for column in ("spec", "epsilon", "delta", "charged now", "noisy count", "catalogue"):
-        table_out.add_column(
-            column, justify="left" if column == "spec" else "right", overflow="fold"
-        )
+        table.add_column(column, justify="left" if column == "spec" else "right", overflow="fold")
     for r in rows:
-        table_out.add_row(
+        table.add_row(
             r["spec"],
             f"{r['epsilon']:g}",
             f"{r['delta']:g}",
@@ -1190,11 +1197,7 @@ def publish_command(
             f"{r['noisy_count']:.1f}",
             "held already" if r["already_in_catalogue"] else "published",
         )
-    Console().print(table_out)
-    console.print(
-        f"ledger {ledger_path(Path(data_dir))}: left over {left.window}: epsilon "
-        f"{left.epsilon:.6g}, delta {left.delta:.3g}"
-    )
+    return table
 
 
 def _interactive() -> bool:

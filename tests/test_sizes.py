@@ -54,7 +54,6 @@ ALLOWED_TO_SPLIT = {
     "curator/store.py:CuratorStore",
     "common/cape/dpgd.py:train_dpgd",
     "owner/cli.py:open_owner",
-    "owner/cli.py:publish_command",
     "owner/sketches.py:SketchPublisher.publish",
     "curator/cape.py:CapeTrainingJob._run",
     "curator/cape_service.py:CapeJobs._fit",
