@@ -50,10 +50,11 @@ typecheck: $(STAMP)
 
 # The test suite: unit, statistical and integration tests (real processes, real gRPC), one
 # pytest-xdist worker per CPU; a test module stays on one worker, so its fixtures start once.
-# `make test PYTEST_WORKERS=0` runs it in this process.
+# `make test PYTEST_WORKERS=0` runs it in this process. It ends with its 40 slowest phases (setup,
+# call, teardown), so that every CI log says where the suite's time goes.
 PYTEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=40
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not integration"
