@@ -51,8 +51,8 @@ from bench.report import write_section
 from bench.rounds import BENCH_OWNER_POLICY
 from dpmarket.common.summarization.methods import Method, method_config
 from dpmarket.deploy.wan import PROFILES as WAN_PROFILES
-from dpmarket.owner.data import PointSet, save_point_set
 from dpmarket.runtime import rpc_trace
+from dpmarket.runtime.tables import PointSet, save_point_set
 
 logger = logging.getLogger("bench.network")
 

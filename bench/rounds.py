@@ -48,7 +48,7 @@ from numpy.typing import NDArray
 from bench.report import configure_logging
 from dpmarket.common.summarization.methods import Method, method_config
 from dpmarket.common.summarization.summary import ProgressEvent, SummaryResult
-from dpmarket.owner.data import PointSet, save_point_set
+from dpmarket.runtime.tables import PointSet, save_point_set
 
 logger = logging.getLogger("bench.rounds")
 

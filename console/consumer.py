@@ -394,7 +394,7 @@ class ConsumerConsole:
         UserError
             For a file or parameters the console or the curator refuses (nothing is spent).
         """
-        from dpmarket.owner.data import load_point_set
+        from dpmarket.runtime.tables import load_point_set
 
         try:
             config = method_config(method, summary_size=summary_size)
@@ -439,7 +439,7 @@ class ConsumerConsole:
     def _follow(self, job: SummaryJob) -> None:
         """Follow a session to its end, fetch, write and record its summary."""
         from dpmarket.consumer.report import evaluate_summary, summary_curve
-        from dpmarket.owner.data import PointSet, save_point_set
+        from dpmarket.runtime.tables import PointSet, save_point_set
 
         cfg = job.config
         try:

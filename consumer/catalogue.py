@@ -13,7 +13,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -43,6 +43,8 @@ __all__ = [
     "RANK_COVERS",
     "Exploration",
     "ExploreOptions",
+    "GraphicalModel",
+    "M2MModel",
     "Ranking",
     "SpecChoiceError",
     "choose_spec",
@@ -86,6 +88,63 @@ class ExploreOptions:
 
 
 @dataclass(frozen=True)
+class M2MModel:
+    """The M2M estimator behind an answer from an RFF, RACE or HIST sketch (M2M paper, Algorithm 1).
+
+    Attributes
+    ----------
+    n_synthetic : int
+        Synthetic points of its design.
+    seed : int
+        Seed of the design's points (public randomness).
+    lambda_rule : {"theorem", "paper"}
+        How its ridge parameter was chosen (:func:`dpmarket.common.sketches.m2m.regularization`).
+    lam : float
+        The ridge parameter used.
+    intercept : bool
+        Whether it fitted an intercept.
+    """
+
+    n_synthetic: int
+    seed: int
+    lambda_rule: str
+    lam: float
+    intercept: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"m2m": {...}}``, as ``explore --json`` prints it (``lam`` as ``lambda``)."""
+        return {
+            "m2m": {
+                "n_synthetic": self.n_synthetic,
+                "seed": self.seed,
+                "lambda_rule": self.lambda_rule,
+                "lambda": self.lam,
+                "intercept": self.intercept,
+            }
+        }
+
+
+@dataclass(frozen=True)
+class GraphicalModel:
+    """The graphical model behind an answer from marginals sketches.
+
+    Attributes
+    ----------
+    bootstrap : int
+        Parametric bootstrap refits behind its intervals.
+    seed : int
+        Seed of the bootstrap (public randomness).
+    """
+
+    bootstrap: int
+    seed: int
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"graphical_model": {...}}``, as ``explore --json`` prints it."""
+        return {"graphical_model": {"bootstrap": self.bootstrap, "seed": self.seed}}
+
+
+@dataclass(frozen=True)
 class Exploration:
     """A query answered from published sketches.
 
@@ -101,8 +160,8 @@ class Exploration:
         The estimates, with standard errors, intervals and flags.
     n_hat : float
         The estimated number of records behind the answer.
-    details : dict
-        The model's parameters, for the report (``m2m`` or ``graphical_model``).
+    model : M2MModel or GraphicalModel or None
+        The model that answered, with its parameters.
     """
 
     spec: SketchSpec
@@ -110,7 +169,7 @@ class Exploration:
     entries: tuple[PublishedSketch, ...]
     answer: Answer
     n_hat: float
-    details: dict[str, Any] = field(default_factory=dict)
+    model: M2MModel | GraphicalModel | None = None
 
     @property
     def owners(self) -> tuple[str, ...]:
@@ -126,7 +185,7 @@ class Exploration:
             "reason": self.reason,
             "owners": list(self.owners),
             "sketches": [e.describe() for e in self.entries],
-            **self.details,
+            **(self.model.to_json() if self.model is not None else {}),
             "answer": self.answer.as_dict(),
         }
 
@@ -524,23 +583,19 @@ def explore(
         marginals = marginals_kept[chosen.name]
         tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
         n_hat = math.fsum(marginals.models(s)[0].total for s in tables)
-        details: dict[str, Any] = {
-            "graphical_model": {"bootstrap": options.bootstrap, "seed": options.seed}
-        }
+        model: M2MModel | GraphicalModel = GraphicalModel(options.bootstrap, options.seed)
     else:
         explorer = make(chosen)
         estimator = explorer.estimator(_merged(entries))
         n_hat = float(answer.extra.get("n", estimator.sketch.count_estimate))
-        details = {
-            "m2m": {
-                "n_synthetic": explorer.design.n_synthetic,
-                "seed": options.seed,
-                "lambda_rule": options.lambda_rule,
-                "lambda": estimator.lam,
-                "intercept": options.intercept,
-            }
-        }
-    return Exploration(chosen, reason, tuple(entries), answer, n_hat, details)
+        model = M2MModel(
+            n_synthetic=explorer.design.n_synthetic,
+            seed=options.seed,
+            lambda_rule=options.lambda_rule,
+            lam=estimator.lam,
+            intercept=options.intercept,
+        )
+    return Exploration(chosen, reason, tuple(entries), answer, n_hat, model)
 
 
 def rank(

@@ -39,7 +39,6 @@ from dpmarket.consumer.options import (
     method_options,
     summarization_config,
 )
-from dpmarket.owner.data import PointSet, load_point_set
 from dpmarket.runtime.cli import (
     SectionedCommand,
     check_outputs,
@@ -56,6 +55,7 @@ from dpmarket.runtime.cli import (
 from dpmarket.runtime.files import write_json
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.schemas import load_schema
+from dpmarket.runtime.tables import PointSet, load_point_set
 
 __all__ = [
     "CAPE_COMMANDS",
@@ -77,6 +77,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from dpmarket.common.cape.uncertainty import Estimate, Flag
+    from dpmarket.consumer.cape_report import CapeReport
     from dpmarket.consumer.catalogue import Ranking
 
 logger = logging.getLogger("dpmarket")
@@ -173,9 +174,10 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def load_points(
     path: str, *, label_column: str | None = "label", schema: Schema | None = None
 ) -> PointSet:
-    """Read a points file (:func:`dpmarket.owner.data.load_point_set`); a missing or malformed file
-    fails the command with its name. With a schema, a table's features are selected by name in
-    the schema's order (another column order is reordered, a column the schema lacks refused)."""
+    """Read a points file (:func:`dpmarket.runtime.tables.load_point_set`); a missing or
+    malformed file fails the command with its name. With a schema, a table's features are
+    selected by name in the schema's order (another column order is reordered, a column the
+    schema lacks refused)."""
     try:
         return load_point_set(path, label_column=label_column, schema=schema, by_name=True)
     except (OSError, ValueError) as exc:
@@ -295,7 +297,7 @@ def finish(
     (:func:`dpmarket.consumer.report.plot_request`). Returns the report.
     """
     from dpmarket.consumer.report import comparison_table, evaluate_summary, plot_request
-    from dpmarket.owner.data import save_point_set
+    from dpmarket.runtime.tables import save_point_set
 
     evaluation = replace(
         evaluate_summary(
@@ -723,9 +725,9 @@ def _ask_curator(
         raise click.ClickException(str(exc)) from exc
 
 
-def _delta_text(report: dict[str, Any]) -> str:
-    theorem1 = report.get("delta_theorem1")
-    return f"{report['delta_exact']:.3g} exactly" + (
+def _delta_text(report: CapeReport) -> str:
+    theorem1 = report.delta_theorem1
+    return f"{report.delta_exact:.3g} exactly" + (
         f", {theorem1:.3g} by Theorem 1" if theorem1 is not None else ""
     )
 
@@ -740,11 +742,6 @@ _FLAG_NAMES = {
     "undetermined": "UNRELIABLE",
     "no_interval": "no interval",
 }
-
-
-def _without_estimates(report: dict[str, Any]) -> dict[str, Any]:
-    """The report without its ``estimates`` (a document carries them at its top level)."""
-    return {k: v for k, v in report.items() if k != "estimates"}
 
 
 def _estimates_table(title: str, header: str, estimates: Sequence[Estimate]) -> RichTable:
@@ -848,7 +845,7 @@ def _fit_command(task: str) -> Callable[..., None]:
             "weights": dict(zip(spec.columns, fit.weights.tolist(), strict=True)),
             "intercept": fit.intercept,
             "estimates": [e.to_json() for e in estimates],
-            "report": _without_estimates(fit.report),
+            "report": fit.report.to_json(estimates=False),
         }
         write_json(model, out_path)
         r = fit.report
@@ -858,16 +855,16 @@ def _fit_command(task: str) -> Callable[..., None]:
             shown = estimates if spec.fit_intercept else estimates[:-1]
             Console().print(
                 _estimates_table(
-                    f"{task} regression of {spec.target[0]} over {len(r['sites'])} owners",
+                    f"{task} regression of {spec.target[0]} over {len(r.sites)} owners",
                     "weight" if task == "linear" else "log-odds",
                     shown,
                 )
             )
             _print_flags(shown)
         console.print(
-            f"{task} regression over {len(r['sites'])} owners ({', '.join(r['sites'])}); every "
+            f"{task} regression over {len(r.sites)} owners ({', '.join(r.sites)}); every "
             f"owner ({epsilon}, {_delta_text(r)})-DP against the curator and "
-            f"{r['colluders']} colluder(s); model -> {out_path}"
+            f"{r.colluders} colluder(s); model -> {out_path}"
         )
 
     return command
@@ -932,20 +929,20 @@ def cape_mean_command(
         "task": "mean",
         "mean": estimate.by_column,
         "estimates": [e.to_json() for e in estimates],
-        "report": _without_estimates(estimate.report),
+        "report": estimate.report.to_json(estimates=False),
     }
     write_json(document, out_path)
     r = estimate.report
     if as_json:
         print_json(document)
     else:
-        Console().print(_estimates_table(f"mean over {len(r['sites'])} owners", "mean", estimates))
+        Console().print(_estimates_table(f"mean over {len(r.sites)} owners", "mean", estimates))
         _print_flags(estimates)
     console.print(
-        f"mean of {len(columns)} column(s) over {len(r['sites'])} owners "
-        f"({', '.join(r['sites'])}), noise std {r['aggregator_noise_std']:.3g} per column; "
+        f"mean of {len(columns)} column(s) over {len(r.sites)} owners "
+        f"({', '.join(r.sites)}), noise std {r.aggregator_noise_std:.3g} per column; "
         f"every owner ({epsilon}, {_delta_text(r)})-DP against the curator and "
-        f"{r['colluders']} colluder(s); estimate -> {out_path}"
+        f"{r.colluders} colluder(s); estimate -> {out_path}"
     )
 
 
@@ -1050,7 +1047,7 @@ def cape_train_command(
             "b2": float(network.parameters[-1]),
         },
         "estimates": [e.to_json() for e in network.estimates],
-        "report": _without_estimates(network.report),
+        "report": network.report.to_json(estimates=False),
     }
     write_json(document, out_path)
     if as_json:
@@ -1059,9 +1056,9 @@ def cape_train_command(
         _print_flags(network.estimates)
     r = network.report
     console.print(
-        f"{iterations} iterations over {len(r['sites'])} owners ({', '.join(r['sites'])}); "
-        f"every owner ({r['epsilon']:.6g}, {_delta_text(r)})-DP over the whole training against "
-        f"the curator and {r['colluders']} colluder(s); network -> {out_path}"
+        f"{iterations} iterations over {len(r.sites)} owners ({', '.join(r.sites)}); "
+        f"every owner ({r.epsilon:.6g}, {_delta_text(r)})-DP over the whole training against "
+        f"the curator and {r.colluders} colluder(s); network -> {out_path}"
     )
 
 
@@ -1378,7 +1375,7 @@ def _print_answer(answer: Any, title: str) -> None:
 def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
     """The validation set in the spec's column order: a table's named columns, or an array file
     whose columns are the spec's, in order."""
-    from dpmarket.owner.data import load_point_set, load_table
+    from dpmarket.runtime.tables import load_point_set, load_table
 
     try:
         if Path(path).suffix.lower() in (".csv", ".parquet"):

@@ -33,6 +33,7 @@ from dpmarket.common.summarization.summary import (
     SummaryResult,
 )
 from dpmarket.consumer import convert
+from dpmarket.consumer.cape_report import CapeFitReport, CapeMeanReport, CapeTrainingReport
 from dpmarket.runtime import cape_messages, sketch_messages
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.schemas import schema_to_proto
@@ -267,7 +268,7 @@ class CuratorClient:
         return CapeFit(
             weights=cape_messages.vector_from_proto(response.weights, "weights"),
             intercept=float(response.intercept),
-            report=json.loads(response.report_json),
+            report=CapeFitReport.from_json(json.loads(response.report_json)),
         )
 
     def estimate_cape_mean(
@@ -295,7 +296,8 @@ class CuratorClient:
         )
         response = self._cape_call("EstimateCapeMean", request, seed, timeout, schema)
         mean = cape_messages.vector_from_proto(response.mean, "mean", len(spec.features))
-        return CapeMean(spec=spec, mean=mean, report=json.loads(response.report_json))
+        report = CapeMeanReport.from_json(json.loads(response.report_json))
+        return CapeMean(spec=spec, mean=mean, report=report)
 
     def train_cape(
         self,
@@ -332,9 +334,8 @@ class CuratorClient:
         parameters = cape_messages.vector_from_proto(
             response.parameters, "parameters", spec.n_params
         )
-        return CapeNetwork(
-            spec=spec, parameters=parameters, report=json.loads(response.report_json)
-        )
+        report = CapeTrainingReport.from_json(json.loads(response.report_json))
+        return CapeNetwork(spec=spec, parameters=parameters, report=report)
 
     def _train_watched(
         self,
@@ -445,29 +446,21 @@ class CapeFit:
         Coefficients on the raw feature columns, in the spec's order.
     intercept : float
         Prediction (or logit) = ``intercept + x @ weights``.
-    report : dict
+    report : CapeFitReport
         Sites, dropped sites, noise, epsilon and delta per site (exact profile and Theorem 1),
-        each owner's spend, timings.
+        each owner's spend, timings, the estimates.
     """
 
     weights: NDArray[np.float64]
     intercept: float
-    report: dict[str, Any]
+    report: CapeFitReport
 
     @property
     def estimates(self) -> tuple[Estimate, ...]:
         """Every coefficient (the columns, then the intercept) with its standard error, 95 %
         interval and flags, as the curator computed them from the release
         (:func:`dpmarket.common.cape.uncertainty.capefm_estimates`)."""
-        return _estimates(self.report)
-
-
-def _estimates(report: dict[str, Any]) -> tuple[Estimate, ...]:
-    """The report's ``estimates``; ``InvalidArgumentError`` if they are missing or malformed."""
-    try:
-        return tuple(Estimate.from_json(e) for e in report["estimates"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidArgumentError(f"the curator's report has no valid estimates: {exc}") from None
+        return self.report.estimates
 
 
 @dataclass(frozen=True)
@@ -480,14 +473,14 @@ class CapeMean:
         The request (columns, bounds, guarantee).
     mean : ndarray of shape (D,), float64
         The mean of each column, in the spec's order and the columns' units.
-    report : dict
+    report : CapeMeanReport
         Sites, dropped sites, noise std at the aggregator and of the baselines, epsilon and
-        delta per site (exact profile and Theorem 1), each owner's spend, timings.
+        delta per site (exact profile and Theorem 1), each owner's spend, timings, the estimates.
     """
 
     spec: CapeMeanSpec
     mean: NDArray[np.float64]
-    report: dict[str, Any]
+    report: CapeMeanReport
 
     @property
     def by_column(self) -> dict[str, float]:
@@ -498,7 +491,7 @@ class CapeMean:
     def estimates(self) -> tuple[Estimate, ...]:
         """Every column's mean with its exact standard error, 95 % interval and flags
         (:func:`dpmarket.common.cape.uncertainty.mean_estimates`)."""
-        return _estimates(self.report)
+        return self.report.estimates
 
 
 @dataclass(frozen=True)
@@ -511,14 +504,14 @@ class CapeNetwork:
         The request (columns, bounds, hyper-parameters, budget).
     parameters : ndarray of shape (P,), float64
         ``W1`` (row-major), ``b1``, ``w2``, ``b2`` on the features mapped to [-1, 1].
-    report : dict
+    report : CapeTrainingReport
         Sites and iterations, noise per iteration, the total epsilon charged, delta by Theorem 1
         and exactly, each owner's spend, timings.
     """
 
     spec: CapeTrainingSpec
     parameters: NDArray[np.float64]
-    report: dict[str, Any]
+    report: CapeTrainingReport
 
     @property
     def estimates(self) -> tuple[Estimate, ...]:
@@ -531,12 +524,9 @@ class CapeNetwork:
         InvalidArgumentError
             If the report states no noise per iteration.
         """
-        try:
-            last = float(self.report["noise_std_per_iteration"][-1])
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise InvalidArgumentError(
-                f"the curator's report states no noise per iteration: {exc}"
-            ) from None
+        if not self.report.noise_std_per_iteration:
+            raise InvalidArgumentError("the curator's report states no noise per iteration")
+        last = self.report.noise_std_per_iteration[-1]
         return training_estimates(
             self.parameters, self.spec.parameter_labels, self.spec.learning_rate, last
         )

@@ -13,7 +13,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
 
-from dpmarket.owner.data import PointSet
+from dpmarket.runtime.tables import PointSet
 
 __all__ = ["downstream_accuracy", "hash_model_accuracy"]
 

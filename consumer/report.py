@@ -28,7 +28,7 @@ from dpmarket.common.summarization.kernels import PopulationMMD, mmd2, mmd2_to_p
 from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SummaryResult
 from dpmarket.consumer.evaluation import downstream_accuracy
-from dpmarket.owner.data import PointSet
+from dpmarket.runtime.tables import PointSet
 
 
 @dataclass(frozen=True)

@@ -43,10 +43,10 @@ from dpmarket.common.summarization.summary import SummaryResult
 from dpmarket.deploy.local import DRAFT_NOTES, draft_owner_policy
 from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
 from dpmarket.experiments.runner import exact_greedy_summary, owner_sketch_seed
-from dpmarket.owner.data import feature_columns
 from dpmarket.owner.policy import load_owner_policy
 from dpmarket.runtime.cli import progress_printer
 from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
+from dpmarket.runtime.tables import feature_columns
 from dpmarket.runtime.transport import TransportSecurity
 
 #: Seconds to wait for a service to report its port.

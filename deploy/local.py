@@ -53,10 +53,10 @@ import numpy as np
 from dpmarket.common.errors import DPMarketError, InvalidArgumentError, UnavailableError
 from dpmarket.common.schema import draft_schema
 from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
-from dpmarket.owner.data import load_table
 from dpmarket.owner.ledger_admin import init_ledger
 from dpmarket.owner.policy import POLICY_FILE, OwnerPolicy
 from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.tables import load_table
 from dpmarket.runtime.transport import TransportSecurity
 
 __all__ = [

@@ -57,7 +57,7 @@ from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.privacy.rng import make_rng
 from dpmarket.curator.cape import CapeJob, CapeMeanEstimate, CapeMeanJob, CapeResult
 from dpmarket.experiments.runner import local_cape_sites
-from dpmarket.owner.data import Table
+from dpmarket.runtime.tables import Table
 
 __all__ = ["CASES", "Case", "cape_coverage", "run_case"]
 

@@ -31,8 +31,8 @@ from dpmarket.experiments.cape_experiments import cape_figures
 from dpmarket.experiments.evaluate import EVAL_METHODS
 from dpmarket.experiments.scenarios import SCENARIO_NAMES
 from dpmarket.experiments.sketch_experiments import sketch_experiments
-from dpmarket.owner.data import PointSet
 from dpmarket.runtime.cli import SectionedCommand, check_outputs, console, progress_printer
+from dpmarket.runtime.tables import PointSet
 
 __all__ = [
     "cape_coverage",
@@ -214,7 +214,7 @@ def _declared_sketches(
 ) -> dict[str, PrivateSketch]:
     """``simulate --sketch-spec``: every owner's sketch under the declaration's RFF spec."""
     from dpmarket.experiments.runner import declared_sketch_spec, release_spec_sketches
-    from dpmarket.owner.data import Table, feature_columns, load_table
+    from dpmarket.runtime.tables import Table, feature_columns, load_table
 
     try:
         spec = declared_sketch_spec(declaration, spec_name=spec_name, seed=seed)

@@ -37,12 +37,12 @@ from dpmarket.curator.summarization.session import (
     SummarizationSession,
 )
 from dpmarket.owner.cape import CapeSite
-from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.hash_keys import HashKeyParty
 from dpmarket.owner.local import LocalCapeSiteEndpoint, LocalOwnerEndpoint
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.secagg import SiteIdentity
 from dpmarket.owner.service import site_rounds
+from dpmarket.runtime.tables import PointSet, Table
 
 
 def simulate(

@@ -59,9 +59,9 @@ from dpmarket.experiments.suite import (
     suite_scenario,
 )
 from dpmarket.experiments.suite_split import require_design
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.local import LocalOwnerEndpoint
 from dpmarket.owner.protocol import Owner
+from dpmarket.runtime.tables import PointSet
 
 __all__ = [
     "DEFAULT_SETTING",

@@ -26,9 +26,9 @@ aborts the job at this owner: it then releases nothing for it, and nothing was c
 Nothing an owner answers depends on its values except the charged releases. Its records are clamped
 to the request's public bounds (:mod:`dpmarket.common.cape.spec`; how many were clamped goes to this
 owner's log only); a logistic regression or a training takes only a target the owner declared 0/1
-when it started (:attr:`dpmarket.owner.data.Table.binary`, checked then, on its own console). Every
-refusal is then decided on public inputs alone — the request, the owner's columns, row count and
-declared 0/1 columns, its policy and budget — and the computations on the rows run under
+when it started (:attr:`dpmarket.runtime.tables.Table.binary`, checked then, on its own console).
+Every refusal is then decided on public inputs alone — the request, the owner's columns, row count
+and declared 0/1 columns, its policy and budget — and the computations on the rows run under
 :func:`dpmarket.common.errors.on_private_data`, so that a failure there (a bug) reaches the curator
 as a fixed INTERNAL status, never as text.
 """
@@ -77,11 +77,11 @@ from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.secagg.protocol import RoundParams
-from dpmarket.owner.data import Table
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.partitioned import PartitionedTable, mean_statistic
 from dpmarket.owner.policy import DEFAULT_MIN_COLLUDERS
 from dpmarket.owner.secagg import SiteIdentity
+from dpmarket.runtime.tables import Table
 
 logger = logging.getLogger(__name__)
 

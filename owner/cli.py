@@ -31,7 +31,6 @@ from rich.text import Text
 
 from dpmarket.common.errors import DPMarketError
 from dpmarket.common.schema import Schema
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.engine import Engine
 from dpmarket.owner.ledger import (
     LEDGER_FILE,
@@ -58,12 +57,13 @@ from dpmarket.runtime.cli import (
 )
 from dpmarket.runtime.metrics import metrics_options, start_metrics
 from dpmarket.runtime.schemas import load_schema
+from dpmarket.runtime.tables import PointSet
 from dpmarket.runtime.transport import BindError, TransportSecurity
 
-if TYPE_CHECKING:  # dpmarket.owner.sources reads partitioned tables: scipy, not for `owner ledger`
+if TYPE_CHECKING:  # dpmarket.owner.data reads partitioned tables: scipy, not for `owner ledger`
     from dpmarket.owner.cape import CapeSite
+    from dpmarket.owner.data import OwnerData
     from dpmarket.owner.protocol import Owner
-    from dpmarket.owner.sources import OwnerData
 
 __all__ = [
     "ledger",
@@ -696,7 +696,7 @@ def read_owner_data(
     ``data_path`` and the table of ``table_path``. A table above ``in_memory_values`` values is
     served partition by partition on the engine ``engine()`` starts. Any problem fails the
     command on the owner's own console, naming the file and the column."""
-    from dpmarket.owner.sources import OwnerData, load_owner_data
+    from dpmarket.owner.data import OwnerData, load_owner_data
 
     try:
         if schema_path is not None:
@@ -1174,15 +1174,22 @@ def publish_command(
     if as_json:
         print_json(document)
         return
-    table_out = Table(
-        title=f"{name}: sketches in the catalogue of {curator_name}", title_justify="left"
+    Console().print(
+        _publication_table(f"{name}: sketches in the catalogue of {curator_name}", rows)
     )
+    console.print(
+        f"ledger {ledger_path(Path(data_dir))}: left over {left.window}: epsilon "
+        f"{left.epsilon:.6g}, delta {left.delta:.3g}"
+    )
+
+
+def _publication_table(title: str, rows: list[dict[str, Any]]) -> Table:
+    """``owner publish``'s table: one row per spec published (its ``--json`` rows)."""
+    table = Table(title=title, title_justify="left")
     for column in ("spec", "epsilon", "delta", "charged now", "noisy count", "catalogue"):
-        table_out.add_column(
-            column, justify="left" if column == "spec" else "right", overflow="fold"
-        )
+        table.add_column(column, justify="left" if column == "spec" else "right", overflow="fold")
     for r in rows:
-        table_out.add_row(
+        table.add_row(
             r["spec"],
             f"{r['epsilon']:g}",
             f"{r['delta']:g}",
@@ -1190,11 +1197,7 @@ def publish_command(
             f"{r['noisy_count']:.1f}",
             "held already" if r["already_in_catalogue"] else "published",
         )
-    Console().print(table_out)
-    console.print(
-        f"ledger {ledger_path(Path(data_dir))}: left over {left.window}: epsilon "
-        f"{left.epsilon:.6g}, delta {left.delta:.3g}"
-    )
+    return table
 
 
 def _interactive() -> bool:

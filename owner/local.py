@@ -204,7 +204,7 @@ class LocalCapeSiteEndpoint(LocalSecureAggregationEndpoint):
         self.site = site
 
     async def schema(self) -> Schema | None:
-        """The schema of the site's table (:attr:`dpmarket.owner.data.Table.schema`)."""
+        """The schema of the site's table (:attr:`dpmarket.runtime.tables.Table.schema`)."""
         return None if self.site.table is None else self.site.table.schema
 
     async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> OpenedJob:

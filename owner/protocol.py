@@ -69,7 +69,6 @@ from dpmarket.common.summarization.kernels import bid_direction, bid_scores, emb
 from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
 from dpmarket.common.summarization.terms import OwnerTerms, Step
 from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.engine import WorkCancelled
 from dpmarket.owner.hash_keys import HashKeyParty
 from dpmarket.owner.ledger import OwnerLedger
@@ -77,6 +76,7 @@ from dpmarket.owner.limits import QUICK_STEP_BYTES, WorkLimits
 from dpmarket.owner.partitioned import PartitionedData
 from dpmarket.owner.steps import SessionSteps
 from dpmarket.owner.terms import check_exact_bids, check_rounds, check_steered_selection
+from dpmarket.runtime.tables import PointSet
 
 logger = logging.getLogger(__name__)
 

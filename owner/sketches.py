@@ -52,10 +52,10 @@ from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.sketches.endpoints import CatalogEndpoint
 from dpmarket.common.sketches.marginals import MarginalsMechanism
 from dpmarket.common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
-from dpmarket.owner.data import Table
 from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
 from dpmarket.owner.partitioned import PartitionedTable
 from dpmarket.runtime.sketch_messages import sketch_bytes, sketch_from_bytes
+from dpmarket.runtime.tables import Table
 
 __all__ = [
     "Delivery",

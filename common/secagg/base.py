@@ -51,7 +51,7 @@ from dpmarket.common.secagg.fixedpoint import dequantize_sum, quantize
 from dpmarket.common.secagg.shamir import Share
 
 if TYPE_CHECKING:
-    from dpmarket.common.secagg.protocol import RoundParams
+    from dpmarket.common.secagg.params import RoundParams
 
 __all__ = [
     "MASK_KEY_LABEL",

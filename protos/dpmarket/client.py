@@ -43,10 +43,10 @@ from dpmarket.consumer.catalogue import Exploration, ExploreOptions, Ranking, ex
 from dpmarket.consumer.client import CapeFit, CapeMean, CapeNetwork, CuratorClient
 from dpmarket.consumer.explore import Query
 from dpmarket.consumer.report import MMDCurve, SummaryEvaluation, evaluate_summary, summary_curve
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.publishing import Publishing
 from dpmarket.owner.statement import LedgerStatement
 from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.tables import PointSet
 from dpmarket.runtime.transport import TransportSecurity
 
 __all__ = [

@@ -54,9 +54,9 @@ from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.protocol import RoundParams
 from dpmarket.curator.cape import CapeJob, CapeResult, job_for
 from dpmarket.owner.cape import CapeSite
-from dpmarket.owner.data import Table
 from dpmarket.owner.local import LocalCapeSiteEndpoint
 from dpmarket.owner.secagg import SiteIdentity, SiteRounds
+from dpmarket.runtime.tables import Table
 
 #: Public bounds of the synthetic tables' features and target.
 FEATURES = (("a", 0.0, 10.0), ("b", -5.0, 5.0), ("c", 0.0, 1.0))

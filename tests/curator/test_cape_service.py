@@ -22,8 +22,8 @@ from dpmarket.curator.cape_service import CapeJobs
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
 from dpmarket.curator.store import CuratorStore
 from dpmarket.experiments.runner import local_cape_sites
-from dpmarket.owner.data import Table
 from dpmarket.owner.local import LocalCapeSiteEndpoint
+from dpmarket.runtime.tables import Table
 
 CONSUMER = "consumer:alice"
 SPEC = CapeMeanSpec((("a", 0.0, 1.0), ("b", -1.0, 1.0)), 1.0, 1e-6)

@@ -19,12 +19,12 @@ import pytest
 from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.curator.owners import GrpcOwnerEndpoint, check_owners
 from dpmarket.deploy.pki import init_ca, issue_all
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.service import OwnerServicer, owner_authorizer
 from dpmarket.runtime.admission import largest_request
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.serving import start_server
+from dpmarket.runtime.tables import PointSet
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import owner_pb2, owner_pb2_grpc
 

@@ -18,11 +18,11 @@ from dpmarket.curator.cape_service import CapeJobs
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
 from dpmarket.curator.summarization.session import SessionContext, SummarizationSession
 from dpmarket.experiments.runner import local_cape_sites
-from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.local import LocalCapeSiteEndpoint, LocalOwnerEndpoint
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
+from dpmarket.runtime.tables import PointSet, Table
 
 #: The owners' policy: the defaults, and the candidates methods served (their rows are picked
 #: along the curator's embedding: tests/owner/test_exact_bids.py, the default refuses them).

@@ -19,9 +19,9 @@ from dpmarket.common.summarization.sketch_allocation import (
 )
 from dpmarket.experiments.runner import publish_sketches, run_session, simulate
 from dpmarket.experiments.scenarios import Scenario
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.local import LocalOwnerEndpoint
 from dpmarket.owner.protocol import Owner
+from dpmarket.runtime.tables import PointSet
 
 D = 3
 DOMAIN = Domain(np.full(D, -4.0), np.full(D, 4.0))

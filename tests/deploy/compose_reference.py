@@ -36,10 +36,10 @@ from dpmarket.curator.cape import CapeMeanEstimate, CapeResult
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.deploy.cli import main
 from dpmarket.experiments.runner import run_cape
-from dpmarket.owner.data import load_table
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.policy import load_owner_policy
 from dpmarket.owner.sketches import SketchPublisher, publish_to
+from dpmarket.runtime.tables import load_table
 
 
 def _summary(job: dict[str, Any], out: Path) -> dict[str, Any]:

@@ -33,12 +33,12 @@ from dpmarket.deploy.cli import command_at
 from dpmarket.experiments.runner import publish_sketches
 from dpmarket.experiments.scenarios import Scenario
 from dpmarket.owner.cape import CapeSite
-from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.local import LocalOwnerEndpoint
 from dpmarket.owner.policy import OwnerPolicy, load_owner_policy
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.sketches import SketchPublisher, publish_to
+from dpmarket.runtime.tables import PointSet, Table
 
 POLICIES = Path(__file__).resolve().parents[2] / "deploy" / "policies"
 SKETCH_SPECS = Path(__file__).resolve().parents[2] / "deploy" / "sketches"

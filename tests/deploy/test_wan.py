@@ -35,8 +35,8 @@ from dpmarket.curator.cape import CapeMeanEstimate
 from dpmarket.deploy.cli import main
 from dpmarket.deploy.wan import PROFILES, WanTopology, wait_for_port
 from dpmarket.experiments.runner import run_cape
-from dpmarket.owner.data import load_table
 from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.tables import load_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.wan]
 

@@ -647,7 +647,7 @@ def test_a_consumer_asking_below_the_owners_floor_is_refused_and_the_default_is_
             assert "FAILED_PRECONDITION" in str(info.value)
             assert _ledgers(floor_two) == before
             answer = client.estimate_cape_mean(SPEC, seed=5, timeout=TIMEOUT)
-        assert answer.report["colluders"] == 2 and answer.report["default_colluders"] == 0
+        assert answer.report.colluders == 2 and answer.report.default_colluders == 0
         after = _ledgers(floor_two)
         for owner in owners:
             new = [e for e in after[owner] if e not in before[owner]]

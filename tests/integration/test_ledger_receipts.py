@@ -29,7 +29,6 @@ from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.curator.owners import GrpcOwnerEndpoint
 from dpmarket.curator.store import CuratorStore
 from dpmarket.deploy.pki import init_ca, issue_all
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.ledger import ROLLBACK_MESSAGE, OwnerLedger
 from dpmarket.owner.ledger_admin import backup_ledger, init_ledger, restore_ledger
 from dpmarket.owner.ledger_chain import LedgerOwner
@@ -38,6 +37,7 @@ from dpmarket.owner.receipts import Signer, sign_receipt
 from dpmarket.owner.service import OwnerServicer, owner_authorizer
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.serving import start_server
+from dpmarket.runtime.tables import PointSet
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import owner_pb2, owner_pb2_grpc, privacy_pb2
 

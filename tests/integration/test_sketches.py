@@ -41,13 +41,13 @@ from dpmarket.deploy.cli import main as cli_main
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
 from dpmarket.deploy.pki import init_ca, issue_all
 from dpmarket.deploy.sketch_demo import flights_tables
-from dpmarket.owner.data import load_table
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.policy import load_owner_policy
 from dpmarket.owner.sketch_client import CatalogClient
 from dpmarket.owner.sketches import SketchPublisher, ledger_session, publish_to
 from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
 from dpmarket.runtime.sketch_messages import sketch_to_proto
+from dpmarket.runtime.tables import load_table
 from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
 from tests.conftest import new_ledger

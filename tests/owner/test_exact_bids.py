@@ -24,11 +24,11 @@ from numpy.typing import NDArray
 from dpmarket.common.errors import BudgetRefusedError, FailedPreconditionError, NotFoundError
 from dpmarket.common.secagg.crypto import EcdsaSigner, EcdsaVerifier
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.hash_keys import HashKeyParty
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
+from dpmarket.runtime.tables import PointSet
 from tests.conftest import ColumnProbe
 
 D = 8

@@ -30,11 +30,11 @@ from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.curator.secagg import aggregate
 from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
 from dpmarket.owner.cape import CapeSite
-from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.local import LocalSecureAggregationEndpoint
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.secagg import SiteIdentity, SiteRounds
 from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.tables import PointSet, Table
 
 N, D_RFF = 30, 16
 CURATOR, CONSUMER = "curator:c", "consumer:x"

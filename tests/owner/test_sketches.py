@@ -18,10 +18,10 @@ from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.sketches.sketch import PrivateSketch
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.curator.sketches import SketchCatalog
-from dpmarket.owner.data import Table
 from dpmarket.owner.ledger import OwnerBudgetError, OwnerLedger, ledger_path
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.sketches import SketchPublisher, ledger_session, publish_to
+from dpmarket.runtime.tables import Table
 from tests.conftest import marginals_mechanism, sketch_mechanism
 
 CURATOR = "curator:curator"

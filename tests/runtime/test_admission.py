@@ -44,7 +44,6 @@ from dpmarket.owner.cape_service import (
     cape_site_limits,
     secure_aggregation_limits,
 )
-from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.service import owner_limits
 from dpmarket.runtime import admission, allocator, cape_messages, sketch_messages
@@ -59,6 +58,7 @@ from dpmarket.runtime.arrays import array_from_proto, array_to_proto
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.serving import start_server
+from dpmarket.runtime.tables import PointSet, Table
 from dpmarket.runtime.transport import TransportSecurity, aio_channel
 from dpmarket.v1 import (
     cape_pb2,

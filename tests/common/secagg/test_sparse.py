@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-import dpmarket.common.secagg.protocol as protocol
 from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.common.secagg import FixedPoint, RoundParams, SecAggError, run_in_process
 from dpmarket.common.secagg.crypto import mac_tag
@@ -479,7 +478,7 @@ def test_the_attack_recovers_the_input_when_thresholds_ignore_the_colluders(
     neighbourhood (Condition A fails): the honest sites split by parity each gather enough
     attestations, the victim's neighbours give t_v shares of both secrets, and the attack code
     reads the victim's input to the quantization step."""
-    monkeypatch.setattr(protocol.graph, "failure_bound", lambda *args: 0.0)
+    monkeypatch.setattr("dpmarket.common.secagg.graph.failure_bound", lambda *args: 0.0)
     s = SparseSession(100, 15, 14, colluders=30, seed=41)
     victim, loot = _split_attack(s, 30, SPLITS["halves"])
     t = s.graph.threshold(victim)
