@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from dpmarket.common.errors import InvalidArgumentError, NotFoundError
 from dpmarket.common.sketches import SketchLike
 from dpmarket.common.sketches.marginals import MarginalsSketch
+from dpmarket.common.sketches.marginals_fit import FIT_TOLERANCE
 from dpmarket.common.sketches.sketch import PrivateSketch, merge_sketches
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
 from dpmarket.common.uncertainty import Flag, interval_row
@@ -76,6 +77,10 @@ class ExploreOptions:
         Fit an unpenalized constant in M2M.
     bootstrap : int
         Bootstrap models per marginals sketch behind its standard errors (0: none).
+    refit : bool
+        Fit every marginals sketch here, even one carrying its owner's fit (default False: use
+        the published fit when it matches ``bootstrap`` and ``seed`` and passes its checks;
+        :class:`~dpmarket.consumer.explore.MarginalsExplorer`).
     """
 
     synthetic: int | None = None
@@ -83,6 +88,7 @@ class ExploreOptions:
     lambda_rule: Literal["theorem", "paper"] = "theorem"
     intercept: bool = False
     bootstrap: int = 32
+    refit: bool = False
 
 
 @dataclass(frozen=True)
@@ -373,6 +379,7 @@ def warm(
     lock: threading.Lock | None = None,
     stop: threading.Event | None = None,
     model_dir: str | os.PathLike[str] | None = None,
+    verify: bool = True,
 ) -> int:
     """Compute ahead what :func:`explore` computes first: every spec's M2M design (into
     ``explorers``) and every published marginals sketch's model and bootstrap refits (into
@@ -397,11 +404,16 @@ def warm(
         Set: stop before the next step.
     model_dir : path, optional
         Where marginals models are kept on disk (as :func:`explore`'s).
+    verify : bool
+        Once every sketch's models are ready, refit each marginals sketch whose owner's fit
+        was used, so that later answers read this process's own fit (and a fit that differs
+        from it is logged as a warning): the consumer checks the publisher's fit without any
+        answer waiting for it.
 
     Returns
     -------
     int
-        The steps done (designs drawn plus sketches fitted).
+        The steps done (designs drawn, sketches fitted or read, published fits refitted).
 
     Raises
     ------
@@ -416,24 +428,63 @@ def warm(
     for spec in _besides_allocation(list(catalogue), allocation):
         if spec.kind == "marginals":
             marginals = MarginalsExplorer(
-                spec, bootstrap=options.bootstrap, seed=options.seed, store=model_dir
+                spec,
+                bootstrap=options.bootstrap,
+                seed=options.seed,
+                store=model_dir,
+                refit=options.refit,
             )
-            for entry in client.sketches(spec):
+            entries = [e for e in client.sketches(spec) if isinstance(e.sketch, MarginalsSketch)]
+            for entry in entries:
                 if stop is not None and stop.is_set():
                     return done
-                if isinstance(entry.sketch, MarginalsSketch):
-                    # Not under ``guard``: the model cache makes an answer that needs this
-                    # sketch wait for it, and lets every other answer run meanwhile.
-                    marginals.models(entry.sketch)
+                # Not under ``guard``: the model cache makes an answer that needs this
+                # sketch wait for it, and lets every other answer run meanwhile.
+                marginals.models(entry.sketch)
+                done += 1
+            # Then check the owners' published fits by refitting them here, the first answers
+            # meanwhile read the published ones (a few ms each); once refitted, answers read
+            # this process's own fit.
+            for entry in entries:
+                if stop is not None and stop.is_set():
+                    return done
+                if verify and marginals.published(entry.sketch) is not None:
+                    _verify_fit(spec, entry, options, model_dir)
                     done += 1
         else:
             if stop is not None and stop.is_set():
                 return done
             with guard:
-                _explorer(kept, spec, options)
+                _ = _explorer(kept, spec, options).design  # drawn when first read
             done += 1
     logger.info("explore caches warmed: %d designs and sketch models", done)
     return done
+
+
+def _verify_fit(
+    spec: SketchSpec,
+    entry: PublishedSketch,
+    options: ExploreOptions,
+    model_dir: str | os.PathLike[str] | None,
+) -> None:
+    """Refit ``entry``'s marginals sketch here (into the process's model cache, in place of
+    its published fit) and log a warning if the owner's fit differs from it."""
+    sketch = entry.sketch
+    assert isinstance(sketch, MarginalsSketch) and sketch.fit is not None
+    own = MarginalsExplorer(
+        spec, bootstrap=options.bootstrap, seed=options.seed, store=model_dir, refit=True
+    ).models(sketch)
+    gap = sketch.fit.difference(own)
+    if gap > FIT_TOLERANCE:
+        logger.warning(
+            "%s: %s's published fit differs from the one refitted here by %.3g of the total "
+            "(answers now read the refitted one)",
+            spec.name,
+            entry.owner,
+            gap,
+        )
+    else:
+        logger.info("%s: %s's published fit checked by refitting", spec.name, entry.owner)
 
 
 def explore(
@@ -504,7 +555,11 @@ def explore(
             if chosen.kind == "marginals":
                 tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
                 marginals_kept[chosen.name] = MarginalsExplorer(
-                    chosen, bootstrap=options.bootstrap, seed=options.seed, store=model_dir
+                    chosen,
+                    bootstrap=options.bootstrap,
+                    seed=options.seed,
+                    store=model_dir,
+                    refit=options.refit,
                 )
                 answered[chosen.name] = marginals_kept[chosen.name].answer(query, tables)
             else:

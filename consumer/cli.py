@@ -1238,6 +1238,13 @@ def list_command(
     help="Bootstrap models per marginals sketch behind its standard errors (0: none).",
 )
 @click.option(
+    "--refit",
+    is_flag=True,
+    help="Fit each marginals sketch's graphical model and bootstrap here, even where its owner "
+    "published them with the sketch (default: use those, checked, when they match --bootstrap "
+    "and --seed).",
+)
+@click.option(
     "--data-dir",
     default=None,
     type=click.Path(file_okay=False),
@@ -1264,6 +1271,7 @@ def explore_command(
     lambda_rule: str,
     intercept: bool,
     bootstrap: int,
+    refit: bool,
     data_dir: str | None,
     out_path: str | None,
     as_json: bool,
@@ -1301,6 +1309,7 @@ def explore_command(
         lambda_rule=lambda_rule,  # type: ignore[arg-type]
         intercept=intercept,
         bootstrap=bootstrap,
+        refit=refit,
     )
     try:
         with _client(curator, curator_name, tls) as client:
