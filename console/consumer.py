@@ -45,6 +45,7 @@ import numpy as np
 
 from dpmarket.common.errors import DPMarketError
 from dpmarket.common.schema import Schema
+from dpmarket.common.summarization.kernels import suggested_gamma
 from dpmarket.common.summarization.methods import SummarizationConfig, method_config
 from dpmarket.common.summarization.summary import OwnerSelection
 from dpmarket.consumer import model_store
@@ -387,7 +388,9 @@ class ConsumerConsole:
     ) -> str:
         """Read the validation file, create the session (CreateSession) and follow it in a
         thread; return its id. A form posted twice (the same ``request_id``) gets the same
-        session.
+        session. ``gamma`` None (the form's field left empty): the kernel width suited to the
+        file's points, the one the curator's refusal of another width names
+        (:func:`dpmarket.common.summarization.kernels.suggested_gamma`).
 
         Raises
         ------
@@ -407,6 +410,11 @@ class ConsumerConsole:
             try:
                 points = load_point_set(path, schema=self.schema, by_name=True)
             except (OSError, ValueError) as exc:
+                raise UserError(f"{filename}: {exc}") from exc
+        if gamma is None:  # the width the curator's refusal would suggest for these points
+            try:
+                config = dataclasses.replace(config, gamma=suggested_gamma(points.features))
+            except ValueError as exc:
                 raise UserError(f"{filename}: {exc}") from exc
         existing = next((j for j in self.jobs.values() if j.request_id == request_id), None)
         if existing is not None:
