@@ -843,8 +843,11 @@ class Explorer:
         if query.kind in ("marginal", "synthetic"):
             raise InvalidArgumentError(f"{query.kind} needs a marginals sketch, not M2M")
         if query.kind != "logreg":  # no estimator: a histogram's answer needs no design
-            plain = sketch.sketch if isinstance(sketch, M2MEstimator) else sketch
-            self._check(plain)
+            if isinstance(sketch, M2MEstimator):
+                plain = sketch.sketch  # an estimator's sketch is taken as given
+            else:
+                self._check(sketch)
+                plain = sketch
             return self._bounded(query, plain, errors=errors, replicates=replicates)
         est = sketch if isinstance(sketch, M2MEstimator) else self.estimator(sketch)
         raw = self._estimate(query, est)

@@ -10,8 +10,8 @@ import pytest
 
 from dpmarket.common.summarization.kernels import (
     bid_direction,
-    check_kernel_width,
     bid_scores,
+    check_kernel_width,
     embedding_greedy,
     exact_kernel_greedy,
     exact_kernel_summary,
