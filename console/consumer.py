@@ -207,10 +207,12 @@ class ConsumerConsole:
         self.warming: threading.Thread | None = None
 
     def start_warming(self) -> threading.Thread:
-        """Compute the exploration caches ahead in a background thread (at a lower CPU
-        priority): every spec's M2M design and every published marginals sketch's model and
-        bootstrap refits (:func:`dpmarket.consumer.catalogue.warm`). Start-up and pages do not
-        wait for it; an answer waits only for the design or the model it needs."""
+        """Compute the exploration caches ahead in a background thread: every published
+        marginals sketch's model and bootstrap refits (the owner's published fit where there is
+        one) and every spec's M2M design (:func:`dpmarket.consumer.catalogue.warm`), then, at a
+        lower CPU priority, this console's own refit of every published fit
+        (:func:`dpmarket.consumer.catalogue.verify_fits`). Start-up and pages do not wait for
+        it; an answer waits only for the design or the model it needs."""
         self.warming = threading.Thread(target=self._warm, name="explore-warm", daemon=True)
         self.warming.start()
         return self.warming
@@ -220,11 +222,11 @@ class ConsumerConsole:
         self._stop_warming.set()
 
     def _warm(self) -> None:
-        from dpmarket.consumer.catalogue import warm
+        from dpmarket.consumer.catalogue import verify_fits, warm
 
-        with contextlib.suppress(OSError):  # this thread only (Linux); elsewhere, as is
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         try:
+            # At the console's priority: it holds the lock answers take while it draws a
+            # design (a second or so each), and a starved holder would keep them waiting.
             warm(
                 self.client,
                 explorers=self._explorers,
@@ -232,6 +234,11 @@ class ConsumerConsole:
                 stop=self._stop_warming,
                 model_dir=self.model_dir,
             )
+            # Then, at a lower CPU priority and holding nothing answers wait for, refit the
+            # owners' published fits (answers read those meanwhile).
+            with contextlib.suppress(OSError):  # this thread only (Linux); elsewhere, as is
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+            verify_fits(self.client, stop=self._stop_warming, model_dir=self.model_dir)
         except Exception as exc:  # best effort: the first answer computes what is missing
             logger.warning("the explore warm-up stopped: %s", exc)
 

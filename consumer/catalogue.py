@@ -50,6 +50,7 @@ __all__ = [
     "explore",
     "published",
     "rank",
+    "verify_fits",
     "warm",
 ]
 
@@ -379,13 +380,12 @@ def warm(
     lock: threading.Lock | None = None,
     stop: threading.Event | None = None,
     model_dir: str | os.PathLike[str] | None = None,
-    verify: bool = True,
 ) -> int:
-    """Compute ahead what :func:`explore` computes first: every spec's M2M design (into
-    ``explorers``) and every published marginals sketch's model and bootstrap refits (into
-    :data:`~dpmarket.consumer.explore.MARGINALS_MODELS`), for the specs a question naming none
-    reads (every spec besides the curator's allocation spec's declaration). Answers are the same
-    whether or not it ran.
+    """Compute ahead what :func:`explore` computes first: every published marginals sketch's
+    model and bootstrap refits (into :data:`~dpmarket.consumer.explore.MARGINALS_MODELS`: read
+    from the owner's published fit where there is one, a few ms each), then every spec's M2M
+    design (into ``explorers``), for the specs a question naming none reads (every spec besides
+    the curator's allocation spec's declaration). Answers are the same whether or not it ran.
 
     Parameters
     ----------
@@ -404,16 +404,11 @@ def warm(
         Set: stop before the next step.
     model_dir : path, optional
         Where marginals models are kept on disk (as :func:`explore`'s).
-    verify : bool
-        Once every sketch's models are ready, refit each marginals sketch whose owner's fit
-        was used, so that later answers read this process's own fit (and a fit that differs
-        from it is logged as a warning): the consumer checks the publisher's fit without any
-        answer waiting for it.
 
     Returns
     -------
     int
-        The steps done (designs drawn, sketches fitted or read, published fits refitted).
+        The steps done (sketches' models read or fitted, designs drawn).
 
     Raises
     ------
@@ -424,40 +419,83 @@ def warm(
     kept: dict[Any, Explorer] = explorers if explorers is not None else {}
     guard = lock if lock is not None else threading.Lock()
     catalogue, allocation = client.sketch_catalogue()
+    specs = _besides_allocation(list(catalogue), allocation)
     done = 0
-    for spec in _besides_allocation(list(catalogue), allocation):
-        if spec.kind == "marginals":
-            marginals = MarginalsExplorer(
-                spec,
-                bootstrap=options.bootstrap,
-                seed=options.seed,
-                store=model_dir,
-                refit=options.refit,
-            )
-            entries = [e for e in client.sketches(spec) if isinstance(e.sketch, MarginalsSketch)]
-            for entry in entries:
-                if stop is not None and stop.is_set():
-                    return done
+    for spec in [s for s in specs if s.kind == "marginals"]:
+        marginals = MarginalsExplorer(
+            spec,
+            bootstrap=options.bootstrap,
+            seed=options.seed,
+            store=model_dir,
+            refit=options.refit,
+        )
+        for entry in client.sketches(spec):
+            if stop is not None and stop.is_set():
+                return done
+            if isinstance(entry.sketch, MarginalsSketch):
                 # Not under ``guard``: the model cache makes an answer that needs this
                 # sketch wait for it, and lets every other answer run meanwhile.
                 marginals.models(entry.sketch)
                 done += 1
-            # Then check the owners' published fits by refitting them here, the first answers
-            # meanwhile read the published ones (a few ms each); once refitted, answers read
-            # this process's own fit.
-            for entry in entries:
-                if stop is not None and stop.is_set():
-                    return done
-                if verify and marginals.published(entry.sketch) is not None:
-                    _verify_fit(spec, entry, options, model_dir)
-                    done += 1
-        else:
+    for spec in [s for s in specs if s.kind != "marginals"]:
+        if stop is not None and stop.is_set():
+            return done
+        with guard:
+            _ = _explorer(kept, spec, options).design  # drawn when first read
+        done += 1
+    logger.info("explore caches warmed: %d designs and sketch models", done)
+    return done
+
+
+def verify_fits(
+    client: Any,
+    *,
+    options: ExploreOptions | None = None,
+    stop: threading.Event | None = None,
+    model_dir: str | os.PathLike[str] | None = None,
+) -> int:
+    """Refit here every published marginals sketch whose owner's fit the answers read
+    (:meth:`~dpmarket.consumer.explore.MarginalsExplorer.published`), so that later answers
+    read this process's own fit, and log a warning where the owner's differs from it: the
+    consumer checks the publisher's fit without any answer waiting for it (the console runs
+    it in the background after :func:`warm`; an answer meanwhile reads the published fit).
+
+    Parameters
+    ----------
+    client : CuratorClient
+    options : ExploreOptions, optional
+        The options the answers use (nothing is refitted with ``refit``: nothing published is
+        read).
+    stop : threading.Event, optional
+        Set: stop before the next sketch.
+    model_dir : path, optional
+        Where marginals models are kept on disk (the refits are kept there too).
+
+    Returns
+    -------
+    int
+        The sketches refitted.
+
+    Raises
+    ------
+    dpmarket.common.errors.DPMarketError, ValueError
+        From the catalogue or the fit.
+    """
+    options = options if options is not None else ExploreOptions()
+    catalogue, allocation = client.sketch_catalogue()
+    done = 0
+    for spec in _besides_allocation(list(catalogue), allocation):
+        if spec.kind != "marginals":
+            continue
+        reader = MarginalsExplorer(
+            spec, bootstrap=options.bootstrap, seed=options.seed, refit=options.refit, cache=None
+        )
+        for entry in client.sketches(spec):
             if stop is not None and stop.is_set():
                 return done
-            with guard:
-                _ = _explorer(kept, spec, options).design  # drawn when first read
-            done += 1
-    logger.info("explore caches warmed: %d designs and sketch models", done)
+            if isinstance(entry.sketch, MarginalsSketch) and reader.published(entry.sketch):
+                _verify_fit(spec, entry, options, model_dir)
+                done += 1
     return done
 
 
