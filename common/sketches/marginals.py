@@ -1029,7 +1029,9 @@ class MarginalsModel:
                 for node in nodes
             ]
         self._setup(feature_map, measurements, float(model.total), tree, beliefs)
-        self.mbi_model: mbi.MarkovRandomField | None = model
+        #: ``mbi``'s model (an ``mbi.MarkovRandomField``); None for a model built
+        #: :meth:`from_beliefs`.
+        self.mbi_model: Any = model
 
     def _setup(
         self,
@@ -1226,7 +1228,8 @@ class MarginalsModel:
         """The junction tree's edges, as indices into :meth:`beliefs` (what
         :meth:`from_beliefs` takes)."""
         index = {node: k for k, node in enumerate(self._beliefs)}
-        return sorted(tuple(sorted((index[u], index[v]))) for u, v in self._tree.edges)
+        pairs = ((index[u], index[v]) for u, v in self._tree.edges)
+        return sorted((min(a, b), max(a, b)) for a, b in pairs)
 
     def state(self) -> dict[str, Any]:
         """The fitted model as plain data (what :meth:`from_state` rebuilds it from).

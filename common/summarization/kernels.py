@@ -940,7 +940,7 @@ def check_kernel_width(validation: ArrayLike, gamma: float, *, max_points: int =
     return median_k
 
 
-def _median_squared_distance(x: NDArray[np.float64]) -> float:
+def _median_squared_distance(x: NDArray[np.floating]) -> float:
     """The median of ``||x_i - x_j||^2`` over pairs ``i < j`` of the rows of ``x`` (>= 2 rows)."""
     sq = np.sum((x[:, None, :] - x[None, :, :]) ** 2, axis=-1)[np.triu_indices(x.shape[0], 1)]
     return float(np.median(sq))

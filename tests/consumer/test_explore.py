@@ -15,7 +15,12 @@ import pytest
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.sketches.m2m import M2MEstimator
-from dpmarket.common.sketches.marginals import MarginalsModel, MarginalsSketch, Measurement
+from dpmarket.common.sketches.marginals import (
+    MarginalsMap,
+    MarginalsModel,
+    MarginalsSketch,
+    Measurement,
+)
 from dpmarket.common.sketches.marginals_fit import MarginalsFit, fit_sketch
 from dpmarket.common.sketches.sketch import SketchMechanism, merge_sketches, sketch_mmd2
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
@@ -461,6 +466,7 @@ def test_a_sketch_carrying_its_owners_fit_is_answered_without_fitting(
     spec = mspecs["marginals"]
     rng = np.random.default_rng(8)
     sketch = marginals_mechanism(spec, 1.0).release(_records(500), SeededNoise(rng), rng=rng)
+    assert isinstance(spec.feature_map, MarginalsMap)
     fitted = fit_sketch(spec.feature_map, sketch.measurements, bootstrap=3, seed=0)
     carried = sketch.with_fit(MarginalsFit.of(sketch, fitted, seed=0))
     count = Query("count", where=(("a", 0.0, 0.3), ("y", 1, 1)))
@@ -472,6 +478,7 @@ def test_a_sketch_carrying_its_owners_fit_is_answered_without_fitting(
         other = _Refits(spec, **{"bootstrap": 3, "seed": 0, **kwargs}, cache=None, fitted=fitted)
         other.models(carried)
         assert other.fits == 1, kwargs
+    assert carried.fit is not None
     wrong = dataclasses.replace(carried.fit, model=carried.fit.replicates[0])  # not its total
     broken = MarginalsSketch(sketch.mechanism, sketch.measurements, sketch.selections, wrong)
     checked = _Refits(spec, bootstrap=3, seed=0, cache=None, fitted=fitted)
