@@ -45,6 +45,7 @@ import numpy as np
 
 from dpmarket.common.errors import DPMarketError
 from dpmarket.common.schema import Schema
+from dpmarket.common.summarization.kernels import suggested_gamma
 from dpmarket.common.summarization.methods import SummarizationConfig, method_config
 from dpmarket.common.summarization.summary import OwnerSelection
 from dpmarket.consumer import model_store
@@ -206,10 +207,12 @@ class ConsumerConsole:
         self.warming: threading.Thread | None = None
 
     def start_warming(self) -> threading.Thread:
-        """Compute the exploration caches ahead in a background thread (at a lower CPU
-        priority): every spec's M2M design and every published marginals sketch's model and
-        bootstrap refits (:func:`dpmarket.consumer.catalogue.warm`). Start-up and pages do not
-        wait for it; an answer waits only for the design or the model it needs."""
+        """Compute the exploration caches ahead in a background thread: every published
+        marginals sketch's model and bootstrap refits (the owner's published fit where there is
+        one) and every spec's M2M design (:func:`dpmarket.consumer.catalogue.warm`), then, at a
+        lower CPU priority, this console's own refit of every published fit
+        (:func:`dpmarket.consumer.catalogue.verify_fits`). Start-up and pages do not wait for
+        it; an answer waits only for the design or the model it needs."""
         self.warming = threading.Thread(target=self._warm, name="explore-warm", daemon=True)
         self.warming.start()
         return self.warming
@@ -219,11 +222,11 @@ class ConsumerConsole:
         self._stop_warming.set()
 
     def _warm(self) -> None:
-        from dpmarket.consumer.catalogue import warm
+        from dpmarket.consumer.catalogue import verify_fits, warm
 
-        with contextlib.suppress(OSError):  # this thread only (Linux); elsewhere, as is
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         try:
+            # At the console's priority: it holds the lock answers take while it draws a
+            # design (a second or so each), and a starved holder would keep them waiting.
             warm(
                 self.client,
                 explorers=self._explorers,
@@ -231,6 +234,11 @@ class ConsumerConsole:
                 stop=self._stop_warming,
                 model_dir=self.model_dir,
             )
+            # Then, at a lower CPU priority and holding nothing answers wait for, refit the
+            # owners' published fits (answers read those meanwhile).
+            with contextlib.suppress(OSError):  # this thread only (Linux); elsewhere, as is
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+            verify_fits(self.client, stop=self._stop_warming, model_dir=self.model_dir)
         except Exception as exc:  # best effort: the first answer computes what is missing
             logger.warning("the explore warm-up stopped: %s", exc)
 
@@ -387,7 +395,9 @@ class ConsumerConsole:
     ) -> str:
         """Read the validation file, create the session (CreateSession) and follow it in a
         thread; return its id. A form posted twice (the same ``request_id``) gets the same
-        session.
+        session. ``gamma`` None (the form's field left empty): the kernel width suited to the
+        file's points, the one the curator's refusal of another width names
+        (:func:`dpmarket.common.summarization.kernels.suggested_gamma`).
 
         Raises
         ------
@@ -407,6 +417,11 @@ class ConsumerConsole:
             try:
                 points = load_point_set(path, schema=self.schema, by_name=True)
             except (OSError, ValueError) as exc:
+                raise UserError(f"{filename}: {exc}") from exc
+        if gamma is None:  # the width the curator's refusal would suggest for these points
+            try:
+                config = dataclasses.replace(config, gamma=suggested_gamma(points.features))
+            except ValueError as exc:
                 raise UserError(f"{filename}: {exc}") from exc
         existing = next((j for j in self.jobs.values() if j.request_id == request_id), None)
         if existing is not None:

@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from dpmarket.common.errors import InvalidArgumentError, NotFoundError
 from dpmarket.common.sketches import SketchLike
 from dpmarket.common.sketches.marginals import MarginalsSketch
+from dpmarket.common.sketches.marginals_fit import FIT_TOLERANCE
 from dpmarket.common.sketches.sketch import PrivateSketch, merge_sketches
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
 from dpmarket.common.uncertainty import Flag, interval_row
@@ -51,6 +52,7 @@ __all__ = [
     "explore",
     "published",
     "rank",
+    "verify_fits",
     "warm",
 ]
 
@@ -78,6 +80,10 @@ class ExploreOptions:
         Fit an unpenalized constant in M2M.
     bootstrap : int
         Bootstrap models per marginals sketch behind its standard errors (0: none).
+    refit : bool
+        Fit every marginals sketch here, even one carrying its owner's fit (default False: use
+        the published fit when it matches ``bootstrap`` and ``seed`` and passes its checks;
+        :class:`~dpmarket.consumer.explore.MarginalsExplorer`).
     """
 
     synthetic: int | None = None
@@ -85,6 +91,7 @@ class ExploreOptions:
     lambda_rule: Literal["theorem", "paper"] = "theorem"
     intercept: bool = False
     bootstrap: int = 32
+    refit: bool = False
 
 
 @dataclass(frozen=True)
@@ -433,11 +440,11 @@ def warm(
     stop: threading.Event | None = None,
     model_dir: str | os.PathLike[str] | None = None,
 ) -> int:
-    """Compute ahead what :func:`explore` computes first: every spec's M2M design (into
-    ``explorers``) and every published marginals sketch's model and bootstrap refits (into
-    :data:`~dpmarket.consumer.explore.MARGINALS_MODELS`), for the specs a question naming none
-    reads (every spec besides the curator's allocation spec's declaration). Answers are the same
-    whether or not it ran.
+    """Compute ahead what :func:`explore` computes first: every published marginals sketch's
+    model and bootstrap refits (into :data:`~dpmarket.consumer.explore.MARGINALS_MODELS`: read
+    from the owner's published fit where there is one, a few ms each), then every spec's M2M
+    design (into ``explorers``), for the specs a question naming none reads (every spec besides
+    the curator's allocation spec's declaration). Answers are the same whether or not it ran.
 
     Parameters
     ----------
@@ -460,7 +467,7 @@ def warm(
     Returns
     -------
     int
-        The steps done (designs drawn plus sketches fitted).
+        The steps done (sketches' models read or fitted, designs drawn).
 
     Raises
     ------
@@ -471,28 +478,110 @@ def warm(
     kept: dict[Any, Explorer] = explorers if explorers is not None else {}
     guard = lock if lock is not None else threading.Lock()
     catalogue, allocation = client.sketch_catalogue()
+    specs = _besides_allocation(list(catalogue), allocation)
     done = 0
-    for spec in _besides_allocation(list(catalogue), allocation):
-        if spec.kind == "marginals":
-            marginals = MarginalsExplorer(
-                spec, bootstrap=options.bootstrap, seed=options.seed, store=model_dir
-            )
-            for entry in client.sketches(spec):
-                if stop is not None and stop.is_set():
-                    return done
-                if isinstance(entry.sketch, MarginalsSketch):
-                    # Not under ``guard``: the model cache makes an answer that needs this
-                    # sketch wait for it, and lets every other answer run meanwhile.
-                    marginals.models(entry.sketch)
-                    done += 1
-        else:
+    for spec in [s for s in specs if s.kind == "marginals"]:
+        marginals = MarginalsExplorer(
+            spec,
+            bootstrap=options.bootstrap,
+            seed=options.seed,
+            store=model_dir,
+            refit=options.refit,
+        )
+        for entry in client.sketches(spec):
             if stop is not None and stop.is_set():
                 return done
-            with guard:
-                _explorer(kept, spec, options)
-            done += 1
+            if isinstance(entry.sketch, MarginalsSketch):
+                # Not under ``guard``: the model cache makes an answer that needs this
+                # sketch wait for it, and lets every other answer run meanwhile.
+                marginals.models(entry.sketch)
+                done += 1
+    for spec in [s for s in specs if s.kind != "marginals"]:
+        if stop is not None and stop.is_set():
+            return done
+        with guard:
+            _ = _explorer(kept, spec, options).design  # drawn when first read
+        done += 1
     logger.info("explore caches warmed: %d designs and sketch models", done)
     return done
+
+
+def verify_fits(
+    client: Any,
+    *,
+    options: ExploreOptions | None = None,
+    stop: threading.Event | None = None,
+    model_dir: str | os.PathLike[str] | None = None,
+) -> int:
+    """Refit here every published marginals sketch whose owner's fit the answers read
+    (:meth:`~dpmarket.consumer.explore.MarginalsExplorer.published`), so that later answers
+    read this process's own fit, and log a warning where the owner's differs from it: the
+    consumer checks the publisher's fit without any answer waiting for it (the console runs
+    it in the background after :func:`warm`; an answer meanwhile reads the published fit).
+
+    Parameters
+    ----------
+    client : CuratorClient
+    options : ExploreOptions, optional
+        The options the answers use (nothing is refitted with ``refit``: nothing published is
+        read).
+    stop : threading.Event, optional
+        Set: stop before the next sketch.
+    model_dir : path, optional
+        Where marginals models are kept on disk (the refits are kept there too).
+
+    Returns
+    -------
+    int
+        The sketches refitted.
+
+    Raises
+    ------
+    dpmarket.common.errors.DPMarketError, ValueError
+        From the catalogue or the fit.
+    """
+    options = options if options is not None else ExploreOptions()
+    catalogue, allocation = client.sketch_catalogue()
+    done = 0
+    for spec in _besides_allocation(list(catalogue), allocation):
+        if spec.kind != "marginals":
+            continue
+        reader = MarginalsExplorer(
+            spec, bootstrap=options.bootstrap, seed=options.seed, refit=options.refit, cache=None
+        )
+        for entry in client.sketches(spec):
+            if stop is not None and stop.is_set():
+                return done
+            if isinstance(entry.sketch, MarginalsSketch) and reader.published(entry.sketch):
+                _verify_fit(spec, entry, options, model_dir)
+                done += 1
+    return done
+
+
+def _verify_fit(
+    spec: SketchSpec,
+    entry: PublishedSketch,
+    options: ExploreOptions,
+    model_dir: str | os.PathLike[str] | None,
+) -> None:
+    """Refit ``entry``'s marginals sketch here (into the process's model cache, in place of
+    its published fit) and log a warning if the owner's fit differs from it."""
+    sketch = entry.sketch
+    assert isinstance(sketch, MarginalsSketch) and sketch.fit is not None
+    own = MarginalsExplorer(
+        spec, bootstrap=options.bootstrap, seed=options.seed, store=model_dir, refit=True
+    ).models(sketch)
+    gap = sketch.fit.difference(own)
+    if gap > FIT_TOLERANCE:
+        logger.warning(
+            "%s: %s's published fit differs from the one refitted here by %.3g of the total "
+            "(answers now read the refitted one)",
+            spec.name,
+            entry.owner,
+            gap,
+        )
+    else:
+        logger.info("%s: %s's published fit checked by refitting", spec.name, entry.owner)
 
 
 def explore(
@@ -563,7 +652,11 @@ def explore(
             if chosen.kind == "marginals":
                 tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
                 marginals_kept[chosen.name] = MarginalsExplorer(
-                    chosen, bootstrap=options.bootstrap, seed=options.seed, store=model_dir
+                    chosen,
+                    bootstrap=options.bootstrap,
+                    seed=options.seed,
+                    store=model_dir,
+                    refit=options.refit,
                 )
                 answered[chosen.name] = marginals_kept[chosen.name].answer(query, tables)
             else:

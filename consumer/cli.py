@@ -1235,6 +1235,20 @@ def list_command(
     help="Bootstrap models per marginals sketch behind its standard errors (0: none).",
 )
 @click.option(
+    "--blas-threads",
+    default=1,
+    type=click.IntRange(min=1),
+    help="BLAS threads for the answer. One (the default, as owner serve's) avoids threads "
+    "spinning on a shared machine; raise it for large sketches alone on many cores.",
+)
+@click.option(
+    "--refit",
+    is_flag=True,
+    help="Fit each marginals sketch's graphical model and bootstrap here, even where its owner "
+    "published them with the sketch (default: use those, checked, when they match --bootstrap "
+    "and --seed).",
+)
+@click.option(
     "--data-dir",
     default=None,
     type=click.Path(file_okay=False),
@@ -1261,6 +1275,8 @@ def explore_command(
     lambda_rule: str,
     intercept: bool,
     bootstrap: int,
+    blas_threads: int,
+    refit: bool,
     data_dir: str | None,
     out_path: str | None,
     as_json: bool,
@@ -1273,6 +1289,8 @@ def explore_command(
     among the sketches that express it (a marginals sketch: counts, CDFs, marginals, synthetic
     records, moments of discrete columns; HIST, RFF, RACE: all but marginals and records), the
     one whose honest 95 % interval is narrowest."""
+    from threadpoolctl import threadpool_limits
+
     from dpmarket.consumer import model_store
     from dpmarket.consumer.catalogue import ExploreOptions, SpecChoiceError, explore
     from dpmarket.consumer.explore import Query, parse_where
@@ -1298,9 +1316,13 @@ def explore_command(
         lambda_rule=lambda_rule,  # type: ignore[arg-type]
         intercept=intercept,
         bootstrap=bootstrap,
+        refit=refit,
     )
     try:
-        with _client(curator, curator_name, tls) as client:
+        with (
+            _client(curator, curator_name, tls) as client,
+            threadpool_limits(limits=blas_threads, user_api="blas"),
+        ):
             found = explore(
                 client,
                 q,

@@ -47,8 +47,9 @@ bit for bit, wherever they are computed.
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import itertools
+import logging
 import math
 import os
 import re
@@ -88,6 +89,7 @@ from dpmarket.common.sketches.marginals import (
     free_compiled,
 )
 from dpmarket.common.sketches.marginals_bounds import fraction_bounds
+from dpmarket.common.sketches.marginals_fit import fit_sketch
 from dpmarket.common.sketches.mmd import MMDEstimate, mmd2_difference, sketch_mmd2_estimate
 from dpmarket.common.sketches.sketch import (
     PrivateSketch,
@@ -120,6 +122,8 @@ __all__ = [
     "rank_owners",
     "sketch_digest",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: The analyses a consumer can run on a sketch (``marginal`` and ``synthetic`` need a
 #: marginals sketch).
@@ -750,17 +754,31 @@ class Explorer:
         self.seed = int(seed)
         self.lambda_rule = lambda_rule
         self.intercept = bool(intercept)
-        self.design = SyntheticDesign.draw(
-            spec.feature_map,
-            spec.domain,
+        self.n_synthetic = int(n_synthetic)
+
+    @functools.cached_property
+    def design(self) -> SyntheticDesign:
+        """The synthetic design (``n_synthetic`` points drawn from the spec's domain with the
+        explorer's seed), drawn when first read: a histogram's means, moments, CDFs, counts and
+        covariances are read from its bins and never draw it."""
+        return SyntheticDesign.draw(
+            self.spec.feature_map,
+            self.spec.domain,
             np.random.default_rng(self.seed),
-            n_synthetic=n_synthetic,
+            n_synthetic=self.n_synthetic,
         )
 
     @property
     def domain(self) -> Domain:
         """The spec's domain."""
         return self.spec.domain
+
+    def _check(self, sketch: SketchLike) -> None:
+        """Check that every part of ``sketch`` was made under the spec
+        (:meth:`SketchSpec.check_sketch`; InvalidArgumentError if not)."""
+        for part in getattr(sketch, "parts", (sketch,)):
+            if isinstance(part, PrivateSketch):
+                self.spec.check_sketch(part)
 
     def estimator(self, sketch: SketchLike) -> M2MEstimator:
         """An M2M estimator of ``sketch`` (one owner's or a union) on the shared design.
@@ -770,10 +788,7 @@ class Explorer:
         InvalidArgumentError
             If a sketch was not made under the spec.
         """
-        parts = getattr(sketch, "parts", (sketch,))
-        for part in parts:
-            if isinstance(part, PrivateSketch):
-                self.spec.check_sketch(part)
+        self._check(sketch)
         return M2MEstimator(
             sketch, design=self.design, lambda_rule=self.lambda_rule, intercept=self.intercept
         )
@@ -827,9 +842,14 @@ class Explorer:
         """
         if query.kind in ("marginal", "synthetic"):
             raise InvalidArgumentError(f"{query.kind} needs a marginals sketch, not M2M")
+        if query.kind != "logreg":  # no estimator: a histogram's answer needs no design
+            if isinstance(sketch, M2MEstimator):
+                plain = sketch.sketch  # an estimator's sketch is taken as given
+            else:
+                self._check(sketch)
+                plain = sketch
+            return self._bounded(query, plain, errors=errors, replicates=replicates)
         est = sketch if isinstance(sketch, M2MEstimator) else self.estimator(sketch)
-        if query.kind != "logreg":
-            return self._bounded(query, est.sketch, errors=errors, replicates=replicates)
         raw = self._estimate(query, est)
         domain = self.domain
         se = np.full(raw.values.shape, np.nan)
@@ -1033,16 +1053,10 @@ def _marginal_labels(fmap: MarginalsMap, domain: Domain, idx: Sequence[int]) -> 
 
 
 def sketch_digest(sketch: MarginalsSketch) -> str:
-    """SHA-256 (hex) of a marginals sketch's content: every measurement's clique, noise scale
-    and noisy values, in order. Two sketches with the same digest give the same fitted model."""
-    h = hashlib.sha256()
-    for m in sketch.measurements:
-        values = np.ascontiguousarray(m.values, dtype="<f8")
-        h.update(np.asarray(m.clique, dtype="<i8").tobytes())
-        h.update(np.float64(m.sigma).astype("<f8").tobytes())
-        h.update(np.int64(values.size).astype("<i8").tobytes())
-        h.update(values.tobytes())
-    return h.hexdigest()
+    """SHA-256 (hex) of a marginals sketch's content (:attr:`MarginalsSketch.digest`: every
+    measurement's clique, noise scale and noisy values, in order). Two sketches with the same
+    digest give the same fitted model."""
+    return sketch.digest
 
 
 #: A cache key: the spec's name and key, the sketch's :func:`sketch_digest`, the bootstrap size,
@@ -1166,6 +1180,13 @@ class MarginalsExplorer:
     store : path, optional
         A folder where fitted models are also kept on disk across processes
         (:mod:`dpmarket.consumer.model_store`; the consumer's ``DATA_DIR/explore-models``).
+    refit : bool
+        Fit every sketch here, even one that carries its owner's fit (``explore --refit``);
+        default False: a sketch's published fit
+        (:class:`~dpmarket.common.sketches.marginals_fit.MarginalsFit`) is used when it is of
+        this sketch and of this explorer's bootstrap size and seed, and its trees pass their
+        checks (:meth:`~dpmarket.common.sketches.marginals_fit.MarginalsFit.models`; what that
+        trusts is stated there), so no answer waits for a fit.
 
     Raises
     ------
@@ -1181,6 +1202,7 @@ class MarginalsExplorer:
         seed: int = 0,
         cache: ModelCache | None = MARGINALS_MODELS,
         store: str | os.PathLike[str] | None = None,
+        refit: bool = False,
     ):
         if not isinstance(spec.feature_map, MarginalsMap):
             raise InvalidArgumentError(f"{spec.name} is a {spec.kind} spec, not a marginals one")
@@ -1190,6 +1212,7 @@ class MarginalsExplorer:
         self.seed = int(seed)
         self.cache = cache
         self.store = None if store is None else Path(store)
+        self.refit = bool(refit)
         # Keyed by id(); the sketch is kept alive beside its models so that its id is not reused.
         self._models: dict[int, tuple[MarginalsSketch, MarginalsModel, list[MarginalsModel]]] = {}
 
@@ -1225,14 +1248,34 @@ class MarginalsExplorer:
             key = (self.spec.name, self.spec.key, sketch_digest(sketch), self.bootstrap, self.seed)
             if self.cache is None:
                 fitted = self._stored_or_fit(sketch, key)
+            elif self.refit:  # this explorer's own fit, in place of a published one kept
+                fitted = self._stored_or_fit(sketch, key)
+                self.cache.put(key, fitted)
             else:
                 fitted = self.cache.fitted(key, lambda: self._stored_or_fit(sketch, key))
             found = (sketch, *fitted)
             self._models[id(sketch)] = found
         return found[1], found[2]
 
+    def published(self, sketch: MarginalsSketch) -> Fitted | None:
+        """``sketch``'s published fit as models, when this explorer may use it (not
+        :attr:`refit`, the fit of this explorer's bootstrap size and seed) and it passes its
+        checks; None otherwise (a fit that fails them is logged and ignored)."""
+        fit = sketch.fit
+        if fit is None or self.refit or (fit.bootstrap, fit.seed) != (self.bootstrap, self.seed):
+            return None
+        try:
+            return fit.models(sketch)
+        except ValueError as exc:
+            logger.warning("%s: the sketch's published fit is not used (%s)", self.spec.name, exc)
+            return None
+
     def _stored_or_fit(self, sketch: MarginalsSketch, key: ModelKey) -> Fitted:
-        """``sketch``'s models from :attr:`store` if kept there, else fitted (and kept there)."""
+        """``sketch``'s models from its published fit (:meth:`published`), else from
+        :attr:`store` if kept there, else fitted (and kept there)."""
+        published = self.published(sketch)
+        if published is not None:
+            return published
         if self.store is not None:
             with _FITTING:
                 found = model_store.load(self.store, key, self.feature_map, sketch.measurements)
@@ -1245,18 +1288,15 @@ class MarginalsExplorer:
         return fitted
 
     def _fit(self, sketch: MarginalsSketch) -> Fitted:
-        """Fit ``sketch``'s model and its :attr:`bootstrap` refits (one fit at a time in the
-        process: :func:`~dpmarket.common.sketches.marginals.free_compiled` drops every jax
-        executable, so it must not run in the middle of another thread's fit)."""
+        """Fit ``sketch``'s model and its :attr:`bootstrap` refits
+        (:func:`~dpmarket.common.sketches.marginals_fit.fit_sketch`, the procedure an owner's
+        published fit follows too; one fit at a time in the process:
+        :func:`~dpmarket.common.sketches.marginals.free_compiled` drops every jax executable,
+        so it must not run in the middle of another thread's fit)."""
         with _FITTING:
-            model = MarginalsModel.fit(self.feature_map, sketch.measurements)
-            # Seeded by the sketch's content: an owner's errors do not depend on which other
-            # sketches this explorer fitted first.
-            digest = hashlib.sha256(b"".join(m.values.tobytes() for m in sketch.measurements))
-            rng = np.random.default_rng([self.seed, 2, int.from_bytes(digest.digest()[:8])])
-            boot = model.bootstrap(self.bootstrap, rng) if self.bootstrap > 0 else []
-            free_compiled()  # answers are numpy from here on
-        return model, boot
+            return fit_sketch(
+                self.feature_map, sketch.measurements, bootstrap=self.bootstrap, seed=self.seed
+            )
 
     def answer(self, query: Query, sketches: Sequence[MarginalsSketch]) -> Answer:
         """The graphical models' answer to ``query`` for the union of ``sketches``' owners.

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Collection
 
 from dpmarket.common.sketches.marginals import MarginalsMap
+from dpmarket.common.sketches.marginals_fit import MAX_FIT_BYTES
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.runtime import sketch_messages as msg
@@ -51,17 +52,21 @@ def catalog_limits(catalog: SketchCatalog) -> ServiceLimits:
     ``PublishSketch`` carries one sketch of a spec: its mechanism (the spec's feature map and
     domain again: at most twice the spec's encoding), its noisy sum (the map's dimension ``m``
     values) and, for a marginals sketch, its noisy marginals (``m`` one-way cells and at most
-    ``measurements x max_cells`` two-way ones); the largest over the specs, beside the ids. The
-    other RPCs carry names only. Calls at once: one per configured owner (each publishes on its
-    own schedule, all may at once) beside the default.
+    ``measurements x max_cells`` two-way ones) and the fit its owner may attach (at most
+    :data:`~dpmarket.common.sketches.marginals_fit.MAX_FIT_BYTES`, framing included); the
+    largest over the specs, beside the ids. The other RPCs carry names only. Calls at once: one
+    per configured owner (each publishes on its own schedule, all may at once) beside the
+    default.
     """
     largest = 0
     for spec in catalog.specs():
         fmap = spec.feature_map
         values = fmap.dimension
+        fit = 0
         if isinstance(fmap, MarginalsMap):
             values += fmap.dimension + fmap.measurements * fmap.max_cells
-        largest = max(largest, 2 * len(msg.spec_bytes(spec)) + VALUE_BYTES * values)
+            fit = MAX_FIT_BYTES
+        largest = max(largest, 2 * len(msg.spec_bytes(spec)) + VALUE_BYTES * values + fit)
     owners = 0 if catalog.owners is None else len(catalog.owners)
     return ServiceLimits(
         {"PublishSketch": SMALL_REQUEST_BYTES + largest},

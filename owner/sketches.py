@@ -18,7 +18,9 @@ sends the result, :mod:`dpmarket.consumer.cli`):
 2. **Compute** the sketch: the noise scales come from the map's sensitivities and the owner's
    epsilon, never from the curator (a curator cannot make the owner add less noise, whatever
    parameters it draws: the sensitivities do not depend on them); noise from OpenDP in
-   production.
+   production. A marginals sketch also carries the graphical model and bootstrap fitted to its
+   measurements (:mod:`dpmarket.common.sketches.marginals_fit`: post-processing of the release,
+   computed from it alone, so every consumer's first answer skips the fit).
 3. **Charge and store** in one ledger transaction: the charge and the sketch become durable
    together, before any byte leaves (charge, then release).
 4. **Hand over**: the caller sends the stored sketch and records the delivery.
@@ -51,6 +53,7 @@ from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise
 from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.sketches.endpoints import CatalogEndpoint
 from dpmarket.common.sketches.marginals import MarginalsMechanism
+from dpmarket.common.sketches.marginals_fit import publishable_fit
 from dpmarket.common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
 from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
 from dpmarket.owner.partitioned import PartitionedTable
@@ -157,6 +160,11 @@ class SketchPublisher:
         (:func:`dpmarket.common.privacy.rng.production_rng`); seeded only in tests and seeded runs.
     clock : callable
         Unix time, seconds.
+    fit : bool
+        Attach to each new marginals sketch the graphical model and bootstrap a consumer would
+        fit to it (:func:`dpmarket.common.sketches.marginals_fit.publishable_fit`: post-processing
+        of the release, no privacy cost), so that no consumer pays the fit before its first
+        answer; False: publish the release alone (consumers fit it).
     """
 
     def __init__(
@@ -166,11 +174,13 @@ class SketchPublisher:
         noise: NoiseSource | None = None,
         rng: np.random.Generator | None = None,
         clock: Callable[[], float] = time.time,
+        fit: bool = True,
     ) -> None:
         self.ledger = ledger
         self.noise: NoiseSource = noise if noise is not None else OpenDPNoise()
         self.rng = rng if rng is not None else production_rng()
         self.clock = clock
+        self.fit = bool(fit)
 
     # ---------------------------------------------------------------------------- reading
     def stored(self, spec: SketchSpec) -> Publication | None:
@@ -330,6 +340,14 @@ class SketchPublisher:
                 sketch = mechanism.release_sum(total, count, self.noise)
         elif isinstance(mechanism, MarginalsMechanism):
             sketch = mechanism.release(records, self.noise, rng=self.rng)
+            if self.fit:  # post-processing of the release alone, before it is charged and stored
+                started = time.perf_counter()
+                sketch = sketch.with_fit(publishable_fit(sketch))
+                logger.info(
+                    "%s: graphical model and bootstrap fitted for consumers in %.1f s",
+                    spec.name,
+                    time.perf_counter() - started,
+                )
         else:
             sketch = mechanism.release(records, self.noise)
         blob = sketch_bytes(sketch)

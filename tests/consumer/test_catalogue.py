@@ -4,14 +4,24 @@ by the curator's summaries) and the one over every column, and a question means 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import pytest
 
 from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.marginals import MarginalsMap
+from dpmarket.common.sketches.marginals_fit import MarginalsFit, fit_sketch
 from dpmarket.common.sketches.spec import PublishedSketch, SketchDeclaration, SketchSpec
-from dpmarket.consumer.catalogue import ExploreOptions, SpecChoiceError, choose_spec, explore, warm
+from dpmarket.consumer.catalogue import (
+    ExploreOptions,
+    SpecChoiceError,
+    choose_spec,
+    explore,
+    verify_fits,
+    warm,
+)
 from dpmarket.consumer.explore import (
     MARGINALS_MODELS,
     Explorer,
@@ -119,3 +129,42 @@ def test_warming_fills_the_caches_an_answer_reads_and_changes_no_answer() -> Non
     assert np.array_equal(found.answer.errors, plain.errors)
     assert np.array_equal(found.answer.low, plain.low)
     assert np.array_equal(found.answer.high, plain.high)
+
+
+@pytest.mark.slow
+def test_verifying_replaces_a_published_fit_that_shrinks_the_errors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An owner (or curator) publishes a fit whose bootstrap replicates are all its model: it
+    passes the receiver's checks (each tree is a calibrated model of the release) and its
+    standard errors read 0 — the attack's effect, seen before verifying. ``verify_fits`` refits
+    the sketch here, logs the difference, and later answers read the consumer's own fit: its
+    standard errors, bit for bit as an explorer that never saw the published fit."""
+    specs = _specs("clinics", COLUMNS, {"marginals": {"bins": 4}})
+    (marginals,) = specs
+    assert isinstance(marginals.feature_map, MarginalsMap)
+    rng = np.random.default_rng(5)
+    records = np.column_stack(
+        [rng.uniform(0, 120, 400), rng.uniform(10, 70, 400), rng.integers(0, 2, 400)]
+    )
+    sketch = marginals_mechanism(marginals, 1.0).release(records, SeededNoise(rng), rng=rng)
+    honest = MarginalsFit.of(
+        sketch, fit_sketch(marginals.feature_map, sketch.measurements, bootstrap=2, seed=3), seed=3
+    )
+    shrunk = dataclasses.replace(honest, replicates=(honest.model, honest.model))
+    carried = sketch.with_fit(shrunk)
+    catalogue = _Published(specs, None, [PublishedSketch("young", marginals.name, 0.0, carried)])
+    options = ExploreOptions(seed=3, bootstrap=2)
+    count = Query("count", where=(("bmi", 30.0, 70.0), ("high", 1, 1)))
+    MARGINALS_MODELS.clear()
+    before = explore(catalogue, count, options=options).answer
+    assert before.errors[0] == 0.0  # the shrunk errors, read as published
+    with caplog.at_level("WARNING"):
+        assert verify_fits(catalogue, options=options) == 1
+    assert "differs from the one refitted here" in caplog.text
+    after = explore(catalogue, count, options=options).answer
+    own = MarginalsExplorer(marginals, bootstrap=2, seed=3, cache=None, refit=True)
+    mine = own.answer(count, [sketch])
+    assert after.errors[0] > 0 and np.array_equal(after.errors, mine.errors)
+    assert np.array_equal(after.values, mine.values)
+    MARGINALS_MODELS.clear()

@@ -3,9 +3,11 @@ within the bounds the maps allow, unions and repeated runs agree, and owners ran
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +15,13 @@ import pytest
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.sketches.m2m import M2MEstimator
-from dpmarket.common.sketches.marginals import MarginalsModel, MarginalsSketch, Measurement
+from dpmarket.common.sketches.marginals import (
+    MarginalsMap,
+    MarginalsModel,
+    MarginalsSketch,
+    Measurement,
+)
+from dpmarket.common.sketches.marginals_fit import MarginalsFit, fit_sketch
 from dpmarket.common.sketches.sketch import SketchMechanism, merge_sketches, sketch_mmd2
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.consumer.explore import (
@@ -433,3 +441,46 @@ def test_marginals_models_kept_on_disk_answer_the_same_in_the_next_process(
     assert _same(again.answer(count, [sketch]), first)  # refitted and rewritten
     reread = _NoFit(spec, bootstrap=2, seed=0, cache=None, store=tmp_path)
     assert _same(reread.answer(count, [sketch]), first)
+
+
+class _Refits(MarginalsExplorer):
+    """An explorer whose fits are counted (and answered by a fit computed once beforehand)."""
+
+    def __init__(self, *args: Any, fitted: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fitted = fitted
+        self.fits = 0
+
+    def _fit(self, sketch: MarginalsSketch) -> tuple[MarginalsModel, list[MarginalsModel]]:
+        self.fits += 1
+        return self.fitted
+
+
+def test_a_sketch_carrying_its_owners_fit_is_answered_without_fitting(
+    mspecs: dict[str, SketchSpec],
+) -> None:
+    """A sketch that carries its owner's fit of it (the consumer's procedure, same bootstrap
+    size and seed) is answered from it, bit for bit as from the consumer's own fit, with no fit
+    here; another bootstrap size or seed, ``refit``, or a fit that fails its checks makes the
+    explorer fit (the control: a sketch without a fit is fitted)."""
+    spec = mspecs["marginals"]
+    rng = np.random.default_rng(8)
+    sketch = marginals_mechanism(spec, 1.0).release(_records(500), SeededNoise(rng), rng=rng)
+    assert isinstance(spec.feature_map, MarginalsMap)
+    fitted = fit_sketch(spec.feature_map, sketch.measurements, bootstrap=3, seed=0)
+    carried = sketch.with_fit(MarginalsFit.of(sketch, fitted, seed=0))
+    count = Query("count", where=(("a", 0.0, 0.3), ("y", 1, 1)))
+    published = _Refits(spec, bootstrap=3, seed=0, cache=None, fitted=fitted)
+    own = _Refits(spec, bootstrap=3, seed=0, cache=None, fitted=fitted)
+    assert _same(published.answer(count, [carried]), own.answer(count, [sketch]))
+    assert (published.fits, own.fits) == (0, 1)
+    for kwargs in ({"bootstrap": 2}, {"seed": 1}, {"refit": True}):
+        other = _Refits(spec, **{"bootstrap": 3, "seed": 0, **kwargs}, cache=None, fitted=fitted)
+        other.models(carried)
+        assert other.fits == 1, kwargs
+    assert carried.fit is not None
+    wrong = dataclasses.replace(carried.fit, model=carried.fit.replicates[0])  # not its total
+    broken = MarginalsSketch(sketch.mechanism, sketch.measurements, sketch.selections, wrong)
+    checked = _Refits(spec, bootstrap=3, seed=0, cache=None, fitted=fitted)
+    checked.models(broken)
+    assert checked.fits == 1
