@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 from dpmarket.common.errors import InvalidArgumentError, NotFoundError
 from dpmarket.common.sketches import SketchLike
 from dpmarket.common.sketches.marginals import MarginalsSketch
-from dpmarket.common.sketches.marginals_fit import FIT_TOLERANCE
+from dpmarket.common.sketches.marginals_fit import FIT_TOLERANCE, carried_fit
 from dpmarket.common.sketches.sketch import PrivateSketch, merge_sketches
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
 from dpmarket.common.uncertainty import Flag, interval_row
@@ -567,11 +567,13 @@ def _verify_fit(
     """Refit ``entry``'s marginals sketch here (into the process's model cache, in place of
     its published fit) and log a warning if the owner's fit differs from it."""
     sketch = entry.sketch
-    assert isinstance(sketch, MarginalsSketch) and sketch.fit is not None
+    assert isinstance(sketch, MarginalsSketch)
+    fit = carried_fit(sketch)
+    assert fit is not None
     own = MarginalsExplorer(
         spec, bootstrap=options.bootstrap, seed=options.seed, store=model_dir, refit=True
     ).models(sketch)
-    gap = sketch.fit.difference(own)
+    gap = fit.difference(own)
     if gap > FIT_TOLERANCE:
         logger.warning(
             "%s: %s's published fit differs from the one refitted here by %.3g of the total "

@@ -89,7 +89,7 @@ from dpmarket.common.sketches.marginals import (
     free_compiled,
 )
 from dpmarket.common.sketches.marginals_bounds import fraction_bounds
-from dpmarket.common.sketches.marginals_fit import fit_sketch
+from dpmarket.common.sketches.marginals_fit import carried_fit, fit_sketch
 from dpmarket.common.sketches.mmd import MMDEstimate, mmd2_difference, sketch_mmd2_estimate
 from dpmarket.common.sketches.sketch import (
     PrivateSketch,
@@ -1261,7 +1261,7 @@ class MarginalsExplorer:
         """``sketch``'s published fit as models, when this explorer may use it (not
         :attr:`refit`, the fit of this explorer's bootstrap size and seed) and it passes its
         checks; None otherwise (a fit that fails them is logged and ignored)."""
-        fit = sketch.fit
+        fit = carried_fit(sketch)
         if fit is None or self.refit or (fit.bootstrap, fit.seed) != (self.bootstrap, self.seed):
             return None
         try:

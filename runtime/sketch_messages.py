@@ -24,7 +24,7 @@ from dpmarket.common.sketches.marginals import (
     MarginalsSketch,
     Measurement,
 )
-from dpmarket.common.sketches.marginals_fit import FittedTree, MarginalsFit
+from dpmarket.common.sketches.marginals_fit import FittedTree, MarginalsFit, carried_fit
 from dpmarket.common.sketches.sketch import PrivateSketch, SketchMechanism
 from dpmarket.common.sketches.spec import (
     AnyMechanism,
@@ -267,7 +267,7 @@ def sketch_to_proto(sketch: AnySketch) -> sketch_pb2.PrivateSketch:
                     for m in sketch.measurements
                 ],
                 selection_epsilons=list(sketch.selections),
-                fit=None if sketch.fit is None else fit_to_proto(sketch.fit),
+                fit=None if (fit := carried_fit(sketch)) is None else fit_to_proto(fit),
             ),
         )
     return sketch_pb2.PrivateSketch(

@@ -37,7 +37,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -56,7 +56,6 @@ from dpmarket.common.validation import check_positive_int
 if TYPE_CHECKING:
     import mbi
 
-    from dpmarket.common.sketches.marginals_fit import MarginalsFit
 
 __all__ = [
     "ASSUMED_ROWS",
@@ -809,6 +808,16 @@ class MarginalsMechanism:
         }
 
 
+class CarriedFit(Protocol):
+    """What a sketch needs of the fit its owner published with it: that it can check it belongs
+    to the sketch's release. Implemented by
+    :class:`dpmarket.common.sketches.marginals_fit.MarginalsFit` (typed here as a protocol: that
+    module builds on this one)."""
+
+    def check_release(self, sketch: MarginalsSketch) -> None:
+        """Raise ``ValueError`` unless this fit is of ``sketch``'s release."""
+
+
 @dataclass(frozen=True, eq=False)
 class MarginalsSketch:
     """A released marginals sketch.
@@ -840,7 +849,7 @@ class MarginalsSketch:
     mechanism: MarginalsMechanism
     measurements: tuple[Measurement, ...]
     selections: tuple[float, ...] = ()
-    fit: MarginalsFit | None = None
+    fit: CarriedFit | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "measurements", tuple(self.measurements))
@@ -861,7 +870,7 @@ class MarginalsSketch:
             h.update(values.tobytes())
         return h.hexdigest()
 
-    def with_fit(self, fit: MarginalsFit | None) -> MarginalsSketch:
+    def with_fit(self, fit: CarriedFit | None) -> MarginalsSketch:
         """The same release carrying ``fit`` (its owner's fitted model and bootstrap:
         :mod:`dpmarket.common.sketches.marginals_fit`), validated."""
         return MarginalsSketch(self.mechanism, self.measurements, self.selections, fit)

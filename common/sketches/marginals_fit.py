@@ -331,3 +331,19 @@ def publishable_fit(
     if size > MAX_FIT_BYTES:
         return None
     return MarginalsFit.of(sketch, fitted, seed=seed)
+
+
+def carried_fit(sketch: MarginalsSketch) -> MarginalsFit | None:
+    """The fit ``sketch`` carries, as a :class:`MarginalsFit` (``MarginalsSketch.fit`` is typed by
+    the one method the sketch itself calls, :class:`~dpmarket.common.sketches.marginals.CarriedFit`,
+    because this module builds on that one).
+
+    Raises
+    ------
+    TypeError
+        If the sketch carries a fit of another type.
+    """
+    fit = sketch.fit
+    if fit is not None and not isinstance(fit, MarginalsFit):
+        raise TypeError(f"a marginals sketch carries a {type(fit).__name__}, not a MarginalsFit")
+    return fit

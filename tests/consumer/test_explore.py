@@ -21,7 +21,7 @@ from dpmarket.common.sketches.marginals import (
     MarginalsSketch,
     Measurement,
 )
-from dpmarket.common.sketches.marginals_fit import MarginalsFit, fit_sketch
+from dpmarket.common.sketches.marginals_fit import MarginalsFit, carried_fit, fit_sketch
 from dpmarket.common.sketches.sketch import SketchMechanism, merge_sketches, sketch_mmd2
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.consumer.explore import (
@@ -478,8 +478,9 @@ def test_a_sketch_carrying_its_owners_fit_is_answered_without_fitting(
         other = _Refits(spec, **{"bootstrap": 3, "seed": 0, **kwargs}, cache=None, fitted=fitted)
         other.models(carried)
         assert other.fits == 1, kwargs
-    assert carried.fit is not None
-    wrong = dataclasses.replace(carried.fit, model=carried.fit.replicates[0])  # not its total
+    carried_model = carried_fit(carried)
+    assert carried_model is not None
+    wrong = dataclasses.replace(carried_model, model=carried_model.replicates[0])  # not its total
     broken = MarginalsSketch(sketch.mechanism, sketch.measurements, sketch.selections, wrong)
     checked = _Refits(spec, bootstrap=3, seed=0, cache=None, fitted=fitted)
     checked.models(broken)

@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.sketches.marginals import DEFAULT_BOOTSTRAP, MarginalsSketch
-from dpmarket.common.sketches.marginals_fit import FIT_SEED
+from dpmarket.common.sketches.marginals_fit import FIT_SEED, carried_fit
 from dpmarket.common.sketches.sketch import PrivateSketch
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.curator.sketches import SketchCatalog
@@ -259,13 +259,15 @@ def test_a_marginals_sketch_is_published_like_any_sketch(tmp_path: Path) -> None
             )
             # It carries its graphical model and bootstrap, fitted to it (the consumer's
             # defaults), through the catalogue, and a consumer builds them without fitting.
-            assert isinstance(listed, MarginalsSketch) and listed.fit is not None
-            assert (listed.fit.digest, listed.fit.bootstrap, listed.fit.seed) == (
+            assert isinstance(listed, MarginalsSketch)
+            listed_fit = carried_fit(listed)
+            assert listed_fit is not None
+            assert (listed_fit.digest, listed_fit.bootstrap, listed_fit.seed) == (
                 listed.digest,
                 DEFAULT_BOOTSTRAP,
                 FIT_SEED,
             )
-            model, boot = listed.fit.models(listed)
+            model, boot = listed_fit.models(listed)
             assert model.mbi_model is None and len(boot) == DEFAULT_BOOTSTRAP
         with OwnerLedger(tmp_path / "owner", None) as ledger:
             publisher = SketchPublisher(ledger, noise=NoNoise())
