@@ -127,6 +127,7 @@ __all__ = [
     "Upgrade",
     "ledger_path",
     "record_superseded",
+    "upgrade_message",
 ]
 
 logger = logging.getLogger(__name__)
@@ -309,7 +310,9 @@ class LedgerUpgradeRequiredError(RuntimeError):
     reset). Nothing was written; the message says what to do."""
 
 
-def _upgrade_message(path: Path, version: int, known: int) -> str:
+def upgrade_message(path: Path, version: int, known: int) -> str:
+    """What to do about the ledger ``path`` at an earlier schema ``version`` (``known``: this
+    build's): upgrade it explicitly if it never ran this release, restore it otherwise."""
     data_dir = path.parent
     return (
         f"{path} is an owner ledger of an earlier release (schema {version}; this build uses "
@@ -680,7 +683,7 @@ class OwnerLedger:
             ) from None
         except SchemaUpgradeRequiredError as exc:
             raise LedgerUpgradeRequiredError(
-                _upgrade_message(self._path, exc.version, exc.known)
+                upgrade_message(self._path, exc.version, exc.known)
             ) from None
         self._signer = owner.signer if owner is not None else None
         try:

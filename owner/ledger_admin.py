@@ -42,10 +42,12 @@ from dpmarket.owner.ledger import (
     APPLICATION,
     MIGRATIONS,
     TABLES,
+    LedgerUpgradeRequiredError,
     OwnerLedger,
     Upgrade,
     ledger_path,
     record_superseded,
+    upgrade_message,
 )
 from dpmarket.owner.ledger_chain import (
     ChainProblem,
@@ -152,14 +154,20 @@ def verify_file(path: str | os.PathLike[str], *, owner: LedgerOwner | None = Non
     ValueError
         If the file is not an owner ledger.
     RuntimeError
-        If its schema is not this build's (the message says whether to upgrade dpmarket or
-        start the owner once to migrate it).
+        If its schema is not this build's (the message says whether to upgrade dpmarket, or
+        to upgrade the ledger explicitly or restore it: :class:`LedgerUpgradeRequiredError`).
     sqlite3.DatabaseError
         If it is not an SQLite database.
     """
     path = Path(path)
     if path.is_file() and path.stat().st_size == 0:
         raise ValueError(f"{path} is empty (0 bytes): not an owner ledger")
+    if path.is_file():
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as c:
+            version = int(c.execute("PRAGMA user_version").fetchone()[0])
+        if 0 < version < len(MIGRATIONS):
+            # Not "start the owner to migrate it": the owner never does (ledger.upgrade).
+            raise LedgerUpgradeRequiredError(upgrade_message(path, version, len(MIGRATIONS)))
     conn = open_read_only(path, application=APPLICATION, schema_version=len(MIGRATIONS))
     try:
         found = verify_ledger(conn, expected_tables=TABLES)

@@ -490,10 +490,6 @@ def verify_ledger(
     for *row, stored in rows:
         charges += 1
         charge_id = int(row[0])
-        if not bool(row[9]):
-            epsilon += Fraction(float(row[6]))
-            delta += Fraction(float(row[7]))
-        points += int(row[8])
         if identity is None or broken:
             continue
         if stored is None:
@@ -517,6 +513,16 @@ def verify_ledger(
         "ORDER BY charge LIMIT 10"
     ).fetchall()
     problems += [ChainProblem(int(r[0]), f"chain hash of a missing charge {r[0]}") for r in orphans]
+    # Exact sums (each distinct double times its count), grouped by SQLite: a Fraction per
+    # distinct value, not per charge.
+    for eps, dlt, non_private, count, total in conn.execute(
+        "SELECT epsilon, delta, non_private, COUNT(*), SUM(points) FROM charges "
+        "GROUP BY epsilon, delta, non_private"
+    ):
+        if not non_private:
+            epsilon += Fraction(float(eps)) * int(count)
+            delta += Fraction(float(dlt)) * int(count)
+        points += int(total)
     problems += _check_totals(conn)
     open_rollbacks = int(
         conn.execute("SELECT COUNT(*) FROM ledger_rollbacks WHERE resolved_at IS NULL").fetchone()[
