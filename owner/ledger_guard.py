@@ -102,8 +102,12 @@ class ChainGuard:
         self.sequence = sequence
         self.head = head
         self._days: dict[int, _Groups] = {}
+        self._all: _Groups = {}  # every day's groups summed (a lifetime window)
         for (day, epsilon, delta, non_private), value in totals.items():
-            self._days.setdefault(day, {})[(epsilon, delta, non_private)] = value
+            key = (epsilon, delta, non_private)
+            self._days.setdefault(day, {})[key] = value
+            charges, points = self._all.get(key, (0, 0))
+            self._all[key] = (charges + value[0], points + value[1])
         self._order = sorted(self._days)
         self._broken: str | None = None
 
@@ -160,8 +164,9 @@ class ChainGuard:
             groups = self._days[day] = {}
             bisect.insort(self._order, day)
         key = (float(epsilon), float(delta), int(non_private))
-        charges, total = groups.get(key, (0, 0))
-        groups[key] = (charges + 1, total + int(points))
+        for table in (groups, self._all):
+            charges, total = table.get(key, (0, 0))
+            table[key] = (charges + 1, total + int(points))
 
     def advance(self, row: tuple[Any, ...], digest: bytes) -> None:
         """Take in a charge this owner committed: its :data:`CHAINED_COLUMNS` row and hash."""
@@ -207,32 +212,47 @@ class ChainGuard:
     def window(
         self, conn: sqlite3.Connection, first_day: int
     ) -> list[tuple[float, float, int, int, int]]:
-        """The groups of the days from ``first_day`` on, once ``charge_totals`` is found to hold
-        exactly them: ``(epsilon, delta, non_private, charges, points)`` each.
+        """The sums, per ``(epsilon, delta, non_private)``, of the days from ``first_day`` on,
+        once ``charge_totals`` is found to hold the same sums: ``(epsilon, delta, non_private,
+        charges, points)`` each, what the budget decision reads.
 
         Raises
         ------
         LedgerTamperedError
-            If a running-totals row of those days was deleted, added or changed.
+            If the running-totals rows of those days sum to anything else (rows deleted,
+            lowered, added or moved out of the window).
+
+        Notes
+        -----
+        SQLite sums the rows of the window's days; the owner sums its own over the same days
+        (over none for a lifetime: it keeps that sum). Rows edited so that these sums stay the
+        same change no decision (the start check and ``verify`` still find them).
         """
         stored = {
-            (int(r[0]), float(r[1]), float(r[2]), int(r[3])): (int(r[4]), int(r[5]))
+            (float(r[0]), float(r[1]), int(r[2])): (int(r[3]), int(r[4]))
             for r in conn.execute(
-                "SELECT day, epsilon, delta, non_private, charges, points FROM charge_totals "
-                "WHERE day >= ?",
+                "SELECT epsilon, delta, non_private, SUM(charges), SUM(points) FROM charge_totals "
+                "WHERE day >= ? GROUP BY epsilon, delta, non_private",
                 (first_day,),
             )
         }
-        days = self._order[bisect.bisect_left(self._order, first_day) :]
-        expected = {(day, *key): value for day in days for key, value in self._days[day].items()}
+        if not self._order or first_day <= self._order[0]:
+            expected = self._all
+        else:
+            expected = {}
+            for day in self._order[bisect.bisect_left(self._order, first_day) :]:
+                for key, (charges, points) in self._days[day].items():
+                    c, p = expected.get(key, (0, 0))
+                    expected[key] = (c + charges, p + points)
+        expected = {k: v for k, v in expected.items() if v[0]}
         if stored != expected:
             wrong = sorted(set(stored.items()) ^ set(expected.items()))[0][0]
             self._fail(
-                f"its running totals of day {wrong[0]} (epsilon {wrong[1]:g}, delta "
-                f"{wrong[2]:g}) hold (charges, points) {stored.get(wrong, (0, 0))}, the owner "
+                f"its running totals from day {first_day} on (epsilon {wrong[0]:g}, delta "
+                f"{wrong[1]:g}) sum to (charges, points) {stored.get(wrong, (0, 0))}, the owner "
                 f"wrote {expected.get(wrong, (0, 0))}"
             )
-        return [(e, d, n, c, p) for (_, e, d, n), (c, p) in expected.items()]
+        return [(e, d, n, c, p) for (e, d, n), (c, p) in expected.items()]
 
     def lifetime(self, conn: sqlite3.Connection) -> list[tuple[float, float, int, int, int]]:
         """:meth:`window` over every day (what a receipt seals)."""
