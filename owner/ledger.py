@@ -106,6 +106,7 @@ from dpmarket.v1 import privacy_pb2
 
 __all__ = [
     "APPLICATION",
+    "CHAIN_SCHEMA",
     "DAY",
     "LEDGER_FILE",
     "MAX_NAME_LENGTH",
@@ -216,6 +217,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     add_chain,
 )
 
+#: The first schema with the ledger's identity and hash chain (migration 3 -> 4). A ledger
+#: below it is migrated only by an explicit upgrade (:meth:`OwnerLedger.upgrade`), never on
+#: open: a file taken back below it would otherwise come back with a new id and its budget
+#: reset. Later migrations (which keep the identity and chain) run when the owner opens it.
+CHAIN_SCHEMA = 4
 #: Relative slack of the epsilon and delta comparisons (absorbs the rounding of decimal values).
 RELATIVE_SLACK = 1e-12
 #: Seconds in a day: the running totals' unit of time (UTC days since the epoch).
@@ -612,8 +618,9 @@ class OwnerLedger:
         does not match its chain hash, or running totals that differ from the sums of the
         charges (checked once, at open: O(history), :mod:`dpmarket.owner.ledger_guard`).
     LedgerUpgradeRequiredError
-        (a ``RuntimeError``) If the file is at an earlier release's schema: it is migrated only
-        by :meth:`upgrade` (``dpmarket owner ledger upgrade``), never on open.
+        (a ``RuntimeError``) If the file is at a schema below :data:`CHAIN_SCHEMA` (before the
+        ledger's identity and chain): it is migrated only by :meth:`upgrade` (``dpmarket owner
+        ledger upgrade``), never on open. Later schemas are migrated on open.
     ValueError
         If the file belongs to another application, or ``policy`` is ``None`` and the ledger
         records no policy.
@@ -667,15 +674,16 @@ class OwnerLedger:
         self._pending: list[tuple[tuple[Any, ...], bytes]] = []
         try:
             # A rollback journal, not WAL: a committed charge is in owner.sqlite3 itself, so a
-            # lost or truncated file beside it cannot take a charge back in silence. An older
-            # schema is migrated only on request (upgrade): see LedgerUpgradeRequiredError.
+            # lost or truncated file beside it cannot take a charge back in silence. A file
+            # below the chain's schema is migrated only on request (upgrade): see
+            # LedgerUpgradeRequiredError; later migrations run on open.
             self._conn = open_database(
                 self._path,
                 MIGRATIONS,
                 application=APPLICATION,
                 create=create,
                 journal="rollback",
-                upgrade=upgrade,
+                auto_upgrade_from=0 if upgrade else CHAIN_SCHEMA,
             )
         except DatabaseMissingError as exc:
             raise LedgerMissingError(

@@ -69,8 +69,9 @@ class DatabaseMissingError(FileNotFoundError):
 
 
 class SchemaUpgradeRequiredError(RuntimeError):
-    """A database opened with ``upgrade=False`` is at an older schema than this build's:
-    nothing was migrated or written. ``version`` is the file's, ``known`` this build's."""
+    """A database is at an older schema than the oldest its caller migrates on open
+    (``auto_upgrade_from``): nothing was migrated or written. ``version`` is the file's,
+    ``known`` this build's."""
 
     def __init__(self, message: str, *, version: int, known: int) -> None:
         super().__init__(message)
@@ -209,10 +210,14 @@ def _check_application(conn: sqlite3.Connection, path: Path, application: str) -
 
 
 def _migrate(
-    conn: sqlite3.Connection, path: Path, migrations: Sequence[Migration], *, upgrade: bool = True
+    conn: sqlite3.Connection,
+    path: Path,
+    migrations: Sequence[Migration],
+    *,
+    auto_upgrade_from: int = 0,
 ) -> None:
-    """Run the pending migrations, one transaction each; refuse a newer schema (and, unless
-    ``upgrade``, an older one)."""
+    """Run the pending migrations, one transaction each; refuse a newer schema, and an
+    existing file below ``auto_upgrade_from``."""
     known = len(migrations)
     first: int | None = None  # the version found: 0 for a new file, created in full
     while True:
@@ -228,10 +233,10 @@ def _migrate(
             if version == known:
                 return
             first = version if first is None else first
-            if not upgrade and first > 0:
+            if 0 < first < auto_upgrade_from:
                 raise SchemaUpgradeRequiredError(
-                    f"{path} is at schema {version}, this build uses {known}: it is not "
-                    "upgraded on open",
+                    f"{path} is at schema {version}, this build uses {known}: a file below "
+                    f"schema {auto_upgrade_from} is not upgraded on open",
                     version=version,
                     known=known,
                 )
@@ -260,7 +265,7 @@ def open_database(
     application: str,
     create: bool = True,
     journal: Literal["wal", "rollback"] = "wal",
-    upgrade: bool = True,
+    auto_upgrade_from: int = 0,
 ) -> sqlite3.Connection:
     """Open or create a service's SQLite database and bring its schema up to date.
 
@@ -296,12 +301,13 @@ def open_database(
         the main file when it commits (the journal only holds what an unfinished one would undo),
         so no file beside it can take a committed transaction back; readers briefly block the
         writer. For records whose loss must never pass unnoticed (an owner's privacy ledger).
-    upgrade : bool, default True
-        Whether an existing file at an older schema is migrated. False: it is refused
-        (:class:`SchemaUpgradeRequiredError`) and left as found, so that a service whose file
-        must not change format behind its operator's back (an owner's ledger, which an attacker
-        could take back to an earlier release's format) migrates only on an explicit request.
-        A new file (schema 0) is always created in full.
+    auto_upgrade_from : int, default 0
+        The oldest schema of an existing file that is migrated on open (0: any). A file below
+        it is refused (:class:`SchemaUpgradeRequiredError`) and left as found, so that a service
+        whose file must not come back through an older format behind its operator's back (an
+        owner's ledger: taken back to the schema before its identity and chain, it would be
+        migrated with a new id and its budget reset) migrates it only on an explicit request
+        (open it then with 0). A new file (schema 0) is always created in full.
 
     Returns
     -------
@@ -314,8 +320,8 @@ def open_database(
         With ``create=False``: if the file does not exist, is empty (0 bytes), or is an SQLite
         database with no application record (nothing is written to it).
     SchemaUpgradeRequiredError
-        (a ``RuntimeError``) With ``upgrade=False``: if the file is at an older schema (and not
-        0); nothing was migrated.
+        (a ``RuntimeError``) If the file is at a schema between 1 and ``auto_upgrade_from - 1``;
+        nothing was migrated.
     ValueError
         If ``application`` is empty, the file belongs to another application (the message
         names both), or it is an SQLite file with tables but no application record.
@@ -373,7 +379,7 @@ def open_database(
             )
         conn.execute("PRAGMA foreign_keys = ON")
         _check_application(conn, path, application)
-        _migrate(conn, path, migrations, upgrade=upgrade)
+        _migrate(conn, path, migrations, auto_upgrade_from=auto_upgrade_from)
         conn.execute("PRAGMA synchronous = FULL")
     except BaseException:
         conn.close()
