@@ -287,8 +287,9 @@ def ledger(
     Uses the policy last recorded in the ledger (no policy file needed). Non-private releases
     are listed with epsilon inf and are not summed into epsilon or delta. The subcommands
     create the ledger (init), copy it while the owner serves (backup), put a copy back
-    (restore), check it whole (verify), clear a rollback the owner found (resolve) and bind it
-    to a new CA (rebind): see docs/howto-ledger.md.
+    (restore), check it whole (verify), clear a rollback the owner found (resolve), bind it
+    to a new CA (rebind) and upgrade one of an earlier release (upgrade): see
+    docs/howto-ledger.md.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -354,8 +355,11 @@ def ledger_init(data_dir: Path, policy_path: str | None, owner_id: str | None, *
         name = owner_id
     from dpmarket.owner.ledger_admin import init_ledger
 
+    found_before = sorted(p.name for p in data_dir.iterdir()) if data_dir.is_dir() else []
     try:
         identity = init_ledger(data_dir, name, security, policy=policy_path)
+        with OwnerLedger(data_dir, None) as book:
+            policy = book.policy
     except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
         raise click.ClickException(str(exc)) from exc
     console.print(
@@ -366,6 +370,25 @@ def ledger_init(data_dir: Path, policy_path: str | None, owner_id: str | None, *
         markup=False,
         highlight=False,
     )
+    console.print(
+        f"It starts with owner {identity.owner}'s whole budget: epsilon {policy.epsilon_total:g}, "
+        f"delta {policy.delta_total:g}, {policy.points_total} points over "
+        f"{policy.window_description}, nothing spent. If this owner has served before, this "
+        "resets what its earlier ledger charged: stop here and restore that ledger's latest "
+        f"backup instead (dpmarket owner ledger restore --data-dir {data_dir} --from BACKUP "
+        "--replace-other-ledger). A curator holding a receipt of the earlier ledger makes this "
+        "owner refuse to serve until you restore it or accept the loss on record (dpmarket "
+        "owner ledger resolve --accept-replaced-ledger).",
+        markup=False,
+        highlight=False,
+    )
+    if found_before:
+        console.print(
+            f"warning: {data_dir} already held {', '.join(found_before)}: this owner may have "
+            "served before (an earlier ledger moved aside, a policy, published sketches)",
+            markup=False,
+            highlight=False,
+        )
 
 
 @ledger.command("backup")
@@ -420,14 +443,29 @@ def ledger_restore(data_dir: Path, backup_path: Path, replace_other_ledger: bool
     are moved aside, never deleted. Charges made after the backup was taken are not in it: a
     curator's receipt of them makes the owner refuse to serve until resolved (see resolve).
     """
-    from dpmarket.owner.ledger_admin import restore_ledger
+    from dpmarket.owner.ledger_admin import replaced_ledger, restore_ledger
 
     try:
+        before = replaced_ledger(data_dir)
         found, moved = restore_ledger(data_dir, backup_path, replace_other=replace_other_ledger)
     except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
         raise click.ClickException(str(exc)) from exc
     for path in moved:
         console.print(f"moved aside: {path}", markup=False, highlight=False)
+    if (
+        before is not None
+        and before.identity is not None
+        and found.identity is not None
+        and before.identity.ledger_id != found.identity.ledger_id
+    ):
+        console.print(
+            f"replaced ledger {before.identity.ledger_id} ({before.charges} charges, lifetime "
+            f"epsilon {float(before.totals[0]):.6g}, {before.totals[2]} points): recorded in "
+            "the restored ledger as replaced on your request; what it charged is not counted "
+            "there, and its receipts no longer stop the owner",
+            markup=False,
+            highlight=False,
+        )
     console.print(
         f"{ledger_path(data_dir)} restored from {backup_path}: {found.charges} charges up to "
         f"charge {found.sequence}",
@@ -547,17 +585,25 @@ def ledger_rebind(data_dir: Path, **tls: Any) -> None:
 @ledger.command("resolve")
 @config_option
 @_LEDGER_DIR
-def ledger_resolve(data_dir: Path) -> None:
+@click.option(
+    "--accept-replaced-ledger",
+    is_flag=True,
+    help="Also resolve receipts of another ledger of this owner (one this ledger replaced): "
+    "record it as replaced; what it charged is lost to the budget, on record.",
+)
+def ledger_resolve(data_dir: Path, accept_replaced_ledger: bool) -> None:
     """Clear a rollback the owner found: charge what the lost charges spent, then serve again.
 
     When a curator presents a receipt the owner signed for charges its ledger no longer holds
     (restored from an older copy), the owner refuses every session. Restore a newer backup if
     there is one; otherwise this charges, as one entry now, what the receipt's totals hold
-    beyond the ledger's charges up to it, and the owner serves again.
+    beyond the ledger's charges up to it, and the owner serves again. A receipt of another
+    ledger of this owner (the ledger was created anew, or upgraded from an earlier format)
+    cannot be charged back: restore that ledger, or pass --accept-replaced-ledger.
     """
     try:
         with OwnerLedger(data_dir, None) as book:
-            resolved = book.resolve_rollbacks()
+            resolved = book.resolve_rollbacks(accept_replaced_ledger=accept_replaced_ledger)
     except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
         raise click.ClickException(str(exc)) from exc
     if not resolved:
@@ -570,12 +616,56 @@ def ledger_resolve(data_dir: Path) -> None:
             if r.charge is not None
             else "nothing was missing"
         )
+        if r.replaced_ledger is not None:
+            charged = (
+                f"a receipt of ledger {r.replaced_ledger}, recorded as replaced by this one: "
+                "what it charged is not counted"
+            )
         console.print(
             f"rollback {r.rollback} (receipt up to charge {r.receipt_sequence} presented by "
             f"{r.curator}, ledger at charge {r.ledger_sequence}): {charged}",
             markup=False,
             highlight=False,
         )
+
+
+@ledger.command("upgrade")
+@config_option
+@_LEDGER_DIR
+def ledger_upgrade(data_dir: Path) -> None:
+    """Upgrade a ledger of an earlier dpmarket release to this one's format. Stop the owner first.
+
+    The owner never upgrades its ledger on its own: a ledger file taken back to an earlier
+    format (its chain and identity dropped, charges deleted) would otherwise be taken in with a
+    new id and its budget reset. Run this once, after upgrading dpmarket, for a ledger that
+    ran the earlier release until now; never for one that already ran this release (restore
+    its backup). The upgrade is recorded in the ledger.
+    """
+    from dpmarket.owner.ledger_admin import upgrade_ledger
+
+    try:
+        done = upgrade_ledger(data_dir)
+    except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    where = ledger_path(data_dir)
+    if done.before == done.after:
+        console.print(f"{where} is at schema {done.after} already: nothing to upgrade")
+        return
+    console.print(
+        f"{where} upgraded from schema {done.before} to {done.after}: ledger {done.ledger_id}, "
+        f"{done.charges} charges"
+        + (
+            " (a new ledger id, its charges chained as found; bound to the first owner that "
+            "serves it). A curator's receipt of this owner's earlier ledger makes the owner "
+            "refuse to serve until you restore that ledger or accept the loss (dpmarket owner "
+            "ledger resolve --accept-replaced-ledger)"
+            if done.new_identity
+            else ""
+        )
+        + "; recorded in the ledger",
+        markup=False,
+        highlight=False,
+    )
 
 
 def _policy_note(data_dir: Path, recorded: OwnerPolicy) -> str:

@@ -29,9 +29,17 @@ from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.curator.owners import GrpcOwnerEndpoint
 from dpmarket.curator.store import CuratorStore
 from dpmarket.deploy.pki import init_ca, issue_all
-from dpmarket.owner.ledger import ROLLBACK_MESSAGE, OwnerLedger
+from dpmarket.owner import ledger as ledger_module
+from dpmarket.owner.ledger import (
+    ROLLBACK_MESSAGE,
+    TAMPERED_MESSAGE,
+    LedgerCheckError,
+    LedgerUpgradeRequiredError,
+    OwnerLedger,
+)
 from dpmarket.owner.ledger_admin import backup_ledger, init_ledger, restore_ledger
 from dpmarket.owner.ledger_chain import LedgerOwner
+from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.receipts import Signer, sign_receipt
 from dpmarket.owner.service import OwnerServicer, owner_authorizer
@@ -40,6 +48,7 @@ from dpmarket.runtime.serving import start_server
 from dpmarket.runtime.tables import PointSet
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import owner_pb2, owner_pb2_grpc, privacy_pb2
+from tests.owner.ledger_attacks import NoGuard, delete_totals, downgrade, raw_charges
 
 pytestmark = pytest.mark.integration
 
@@ -227,18 +236,18 @@ def test_a_forged_receipt_changes_nothing_the_owner_does(
     curator_key = Signer.from_pem(_security(d.pki, CURATOR).key_pem or b"")
     owner_key = Signer.from_pem(d.security.key_pem or b"")
     caplog.set_level(logging.WARNING, logger="owner.ledger")
-    # A receipt 'far ahead' of the ledger, signed by the curator's own key; one of another
-    # ledger (signed by the owner's key: the owner's earlier ledger); bytes that are no
-    # receipt. Each is ignored: the session is served and charged as without a receipt.
+    # A receipt 'far ahead' of the ledger, signed by the curator's own key; bytes that are no
+    # receipt. Each is ignored: the session is served and charged as without a receipt. (A
+    # receipt of another ledger, signed by the owner's key, is a refusal: see
+    # test_a_ledger_taken_back_to_the_previous_schema_is_refused_by_the_curators_receipt.)
     presented = [
         sign_receipt(curator_key, _state(d, 99)),
-        sign_receipt(owner_key, _state(d, 99, ledger_id="0" * 32)),
         privacy_pb2.LedgerReceipt(state=b"\x01\x02 not a state", signature=b"not a signature"),
     ]
     for receipt in presented:
         d.run(_present(receipt))
     assert len(charges(d)) == 1 + len(presented)
-    assert "did not sign" in caplog.text and "another ledger of this owner" in caplog.text
+    assert "did not sign" in caplog.text
     with OwnerLedger(d.data_dir, None) as ledger:
         assert ledger.rollbacks() == []
 
@@ -247,3 +256,98 @@ def test_a_forged_receipt_changes_nothing_the_owner_does(
     with pytest.raises(FailedPreconditionError, match="behind a receipt it signed"):
         d.run(_present(sign_receipt(owner_key, _state(d, 99))))
     assert len(charges(d)) == 1 + len(presented)
+
+
+# ------------------------------------------------------------------ round 3: running totals, schema
+#: Two sessions of two points fit, a third does not.
+TWO_SESSIONS = OwnerPolicy(points_total=4, points_per_session=2)
+
+
+def _refused(endpoint_of: str) -> Callable[..., Awaitable[str]]:
+    async def script(keeping: GrpcOwnerEndpoint, plain: GrpcOwnerEndpoint) -> str:
+        with pytest.raises(FailedPreconditionError) as info:
+            await session(keeping if endpoint_of == "keeping" else plain)
+        return str(info.value)
+
+    return script
+
+
+def test_running_totals_deleted_while_the_owner_serves_refuse_its_next_session(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The red team's repro_totals.sh: the owner serving, ``DELETE FROM charge_totals``. The
+    next session is refused with a fixed message and nothing is charged; restarted, the owner
+    does not open its ledger. Control: with the owner's guard off, the deletion gives the
+    budget back and the session is served."""
+    d = deployment
+    OwnerLedger(d.data_dir, TWO_SESSIONS).close()  # recorded: the policy in force
+
+    async def spend_then_delete(keeping: GrpcOwnerEndpoint, _: GrpcOwnerEndpoint) -> str:
+        await session(keeping)
+        await session(keeping)
+        with pytest.raises(FailedPreconditionError, match="0 raw points"):  # spent
+            await session(keeping)
+        await asyncio.to_thread(delete_totals, d.data_dir)
+        with pytest.raises(FailedPreconditionError) as info:
+            await session(keeping)
+        return str(info.value)
+
+    message = d.run(spend_then_delete)
+    assert TAMPERED_MESSAGE in message
+    assert "points" not in message.replace(TAMPERED_MESSAGE, "")  # no budget figure
+    assert len(raw_charges(d.data_dir)) == 2
+    assert "owner ledger verify" in caplog.text
+    with pytest.raises(LedgerCheckError, match="running totals"):  # a restart
+        d.run(lambda keeping, _: session(keeping))
+
+
+def test_running_totals_deleted_are_a_reset_budget_without_the_guard(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control of the test above: the owner as it was (totals read as found)."""
+    d = deployment
+    OwnerLedger(d.data_dir, TWO_SESSIONS).close()
+    monkeypatch.setattr(ledger_module, "ChainGuard", NoGuard)
+
+    async def spend_then_delete(keeping: GrpcOwnerEndpoint, _: GrpcOwnerEndpoint) -> None:
+        await session(keeping)
+        await session(keeping)
+        await asyncio.to_thread(delete_totals, d.data_dir)
+        await session(keeping)  # served: four points over a budget of four
+        await session(keeping)
+
+    d.run(spend_then_delete)
+    assert sum(p for *_, p in raw_charges(d.data_dir)) == 8
+
+
+def test_a_ledger_taken_back_to_the_previous_schema_is_refused_by_the_curators_receipt(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The red team's repro_downgrade.sh: identity, chain and every charge but the first
+    dropped, schema 3. The owner does not start on it; once its operator upgrades it (a new
+    ledger id), the curator's receipt of the real ledger is refused, not ignored, until the
+    operator accepts the loss on record. Control: a curator presenting no receipt is served by
+    the reset ledger."""
+    d = deployment
+    d.run(lambda keeping, _: session(keeping))
+    d.run(lambda keeping, _: session(keeping))
+    with OwnerLedger(d.data_dir, None) as ledger:
+        real = ledger.identity.ledger_id
+    downgrade(d.data_dir, keep=1)
+    with pytest.raises(LedgerUpgradeRequiredError, match="dpmarket owner ledger upgrade"):
+        d.run(lambda keeping, _: session(keeping))
+    upgraded = OwnerLedger.upgrade(d.data_dir)  # the operator, told to
+    assert upgraded.ledger_id != real and upgraded.charges == 1
+    d.run(lambda _, plain: session(plain))  # control: no receipt, served
+    caplog.set_level(logging.ERROR)
+    message = d.run(_refused("keeping"))
+    assert ROLLBACK_MESSAGE in message
+    assert f"ledger {real}" in caplog.text and "--accept-replaced-ledger" in caplog.text
+    assert d.run(_refused("plain")) == message  # refused to every curator until resolved
+    with OwnerLedger(d.data_dir, None) as ledger:
+        with pytest.raises(ValueError, match="accept-replaced-ledger"):
+            ledger.resolve_rollbacks()
+        (resolved,) = ledger.resolve_rollbacks(accept_replaced_ledger=True)
+    assert resolved.replaced_ledger == real
+    d.run(lambda keeping, _: session(keeping))
+    assert len(raw_charges(d.data_dir)) == 3
