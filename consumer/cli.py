@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from dpmarket.common.errors import DPMarketError, InvalidArgumentError
+from dpmarket.common.market.money import parse_credits
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.summarization.methods import (
@@ -392,7 +393,8 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
         (
             "Request",
             ("curator_name", "request_id", "min_owners", "exclude_owners", "schema_path"),
-        )
+        ),
+        ("Market", ("max_cost", "quote_only")),
     ),
     briefs={"config": CONFIG_BRIEF},
 )
@@ -441,6 +443,20 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
     "share, MMD², where the summary went; never the validation set) is recorded in its "
     "sessions/ folder, where `dpmarket console` lists the consumer's past sessions.",
 )
+@click.option(
+    "--max-cost",
+    default=None,
+    metavar="CREDITS",
+    help="The most the request may cost, in credits (e.g. 12.5). The curator quotes the "
+    "request's maximum cost from every owner's prices before anything is released; a quote "
+    "above this cap is refused and nothing is released or charged anywhere. Default: no cap.",
+)
+@click.option(
+    "--quote-only",
+    is_flag=True,
+    help="Print the request's quote (the most it can cost, per owner) and stop: nothing is "
+    "released or charged, no session is created, nothing is written.",
+)
 @protocol_options
 @summary_output_options
 @tls_options
@@ -452,6 +468,8 @@ def request(
     exclude_owners: tuple[str, ...],
     schema_path: str | None,
     data_dir: str | None,
+    max_cost: str | None,
+    quote_only: bool,
     summary_size: int,
     method: str,
     validation_path: str,
@@ -471,8 +489,12 @@ def request(
     insecure: bool,
     **kwargs: Any,
 ) -> None:
-    """Ask a running curator (over mTLS) for a summary matching a validation set."""
+    """Ask a running curator (over mTLS) for a summary matching a validation set.
+
+    Prints the quote the request was accepted under (the most it can cost) before the session
+    runs; --quote-only prints the whole quote and stops."""
     from dpmarket.consumer.client import CuratorClient
+    from dpmarket.consumer.market import quote_json, quote_line, quote_table
 
     check_method_options(click.get_current_context(), method)
     security = security_from_options(
@@ -485,11 +507,37 @@ def request(
         raise click.BadParameter(str(exc), param_hint="--exclude-owner") from exc
     schema = read_schema(schema_path)
     inputs = read_inputs(validation_path, seed_set_path, test_path, schema)
-    check_outputs(out_path, report_path, *([] if plot_path is None else [plot_path]))
+    cap = None
+    if max_cost is not None:
+        try:
+            cap = parse_credits(max_cost)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--max-cost") from exc
     try:
         curator_identity = Identity("curator", curator_name)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--curator-name") from exc
+    if quote_only:
+        try:
+            with CuratorClient(curator, security, curator=curator_identity) as client:
+                quoted = client.quote_session(
+                    config,
+                    inputs.validation.features,
+                    inputs.seed_set,
+                    seed=seed,
+                    selection=selection,
+                    schema=schema,
+                    feature_names=() if schema is not None else inputs.validation.columns,
+                    max_cost=cap,
+                )
+        except DPMarketError as exc:
+            raise click.ClickException(str(exc)) from exc
+        if as_json:
+            print_json(quote_json(quoted))
+        else:
+            Console().print(quote_table(quoted, wide=wide))
+        return
+    check_outputs(out_path, report_path, *([] if plot_path is None else [plot_path]))
     progress, update = progress_printer(method)
     try:
         with CuratorClient(curator, security, curator=curator_identity) as client, progress:
@@ -503,6 +551,8 @@ def request(
                 selection=selection,
                 schema=schema,
                 feature_names=() if schema is not None else inputs.validation.columns,
+                max_cost=cap,
+                on_quote=lambda q: progress.console.print(quote_line(q), highlight=False),
             )
     except SessionFailedError as exc:
         if data_dir is not None:

@@ -28,6 +28,7 @@ from dpmarket.curator.store import CuratorStore
 from dpmarket.runtime.admission import VALUE_BYTES, ServiceLimits, largest_request
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.market import quote_to_proto
 from dpmarket.runtime.metrics import register_all
 from dpmarket.runtime.serving import HealthStatus, serve_until_signalled, start_server, write_port
 from dpmarket.runtime.transport import TransportSecurity
@@ -58,7 +59,8 @@ def curator_limits(policy: CuratorPolicy) -> ServiceLimits:
     session id (:data:`~dpmarket.runtime.admission.SMALL_REQUEST_BYTES`).
     """
     values = int(policy.ranges.get("validation_values", DEFAULT_RANGES["validation_values"])[1])
-    return ServiceLimits({"CreateSession": CREATE_SESSION_OVERHEAD_BYTES + VALUE_BYTES * values})
+    largest = CREATE_SESSION_OVERHEAD_BYTES + VALUE_BYTES * values
+    return ServiceLimits({"CreateSession": largest, "QuoteSession": largest})
 
 
 def request_digest(request: curator_pb2.CreateSessionRequest) -> str:
@@ -90,7 +92,17 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
             request_id=request.request_id,
             request_digest=request_digest(request),
         )
-        return curator_pb2.CreateSessionResponse(session_id=session_id)
+        quoted = self.manager.quote_of(session_id, str(caller))
+        return curator_pb2.CreateSessionResponse(
+            session_id=session_id, quote=None if quoted is None else quote_to_proto(quoted)
+        )
+
+    @rpc("consumer")
+    async def QuoteSession(self, request, context, caller):
+        quoted = await self.manager.quote(
+            convert.create_request_from_proto(request.request), consumer=str(caller)
+        )
+        return curator_pb2.QuoteSessionResponse(quote=quote_to_proto(quoted))
 
     @rpc_stream("consumer")
     async def WatchSession(self, request, context, caller):

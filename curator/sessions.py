@@ -28,6 +28,7 @@ from dpmarket.common.errors import (
     ResourceExhaustedError,
 )
 from dpmarket.common.ids import new_session_id, short_id
+from dpmarket.common.market.pricing import Quote
 from dpmarket.common.sketches import PrivateSketch
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
 from dpmarket.common.summarization.methods import AllocationFields, SummarizationConfig
@@ -67,6 +68,8 @@ class _Managed:
     expires_at: float = math.inf
     #: The session's own last event (done or failed), published once the report is set.
     final: ProgressEvent | None = None
+    #: The quote the session was accepted under.
+    quote: Quote | None = None
 
     @property
     def finished(self) -> bool:
@@ -223,6 +226,62 @@ class SessionManager:
                 return await self._create(request, consumer, request_id, request_digest)
         return await self._create(request, consumer, None, request_digest)
 
+    async def quote(self, request: SessionRequest, *, consumer: str = "consumer:local") -> Quote:
+        """Quote a request without running it: its checks and quote as :meth:`create` computes
+        them before it opens the session (:meth:`SummarizationSession.prepare` with
+        ``quote_only``). Asks the owners for their descriptions only; nothing is released,
+        charged or stored, and no session is created.
+
+        Raises
+        ------
+        PermissionDeniedError, InvalidArgumentError, ResourceExhaustedError
+            As :meth:`create` (the consumer's request rate counts quotes too).
+        FailedPreconditionError, UnavailableError
+            As :meth:`create` before it opens the session: the schemas differ, the quote
+            exceeds ``request.max_cost``
+            (:class:`~dpmarket.common.market.pricing.CostCapExceededError`), no owner answers.
+        """
+        managed = _Managed(session_id=new_session_id(), consumer=consumer, session=None)
+        session = self._checked_session(request, managed)
+        await wait_for_owners([slot.endpoint for slot in session.state.slots])
+        await session.prepare(check_terms=self.policy.check_terms, quote_only=True)
+        assert session.quote is not None
+        return session.quote
+
+    def quote_of(self, session_id: str, consumer: str) -> Quote | None:
+        """The quote a session this manager holds was accepted under (None if unknown here).
+
+        Raises
+        ------
+        NotFoundError
+            If the session is another consumer's.
+        """
+        managed = self._get(session_id, consumer)
+        return None if managed is None else managed.quote
+
+    def _checked_session(self, request: SessionRequest, managed: _Managed) -> SummarizationSession:
+        """The session of ``request`` (its arrays checked), once the curator's policy accepts
+        the request (seeds, ranges, the consumer's rate); calls no owner.
+
+        Raises
+        ------
+        PermissionDeniedError, InvalidArgumentError, ResourceExhaustedError
+            As :meth:`create`.
+        """
+        owners = self._select(request.selection)
+        if request.seed is not None and not self.policy.allow_seeded_sessions:
+            raise PermissionDeniedError(
+                "this curator does not accept seeded sessions (start it with "
+                "--allow-seeded-sessions for reproducible runs)"
+            )
+        session = self._session(request, owners, managed)
+        # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
+        m, n = session.validation.shape
+        values = (m + session.state.seed_set.shape[0]) * n
+        self.policy.check_request(request.config, m, values, unread=request.unread)
+        self.rate.check(managed.consumer)
+        return session
+
     def _select(self, selection: OwnerSelection) -> list[OwnerEndpoint]:
         """The owners a session asks: the configured ones but those the consumer excludes.
 
@@ -274,12 +333,6 @@ class SessionManager:
     ) -> str:
         config = request.config
         store = self.store
-        owners = self._select(request.selection)
-        if request.seed is not None and not self.policy.allow_seeded_sessions:
-            raise PermissionDeniedError(
-                "this curator does not accept seeded sessions (start it with "
-                "--allow-seeded-sessions for reproducible runs)"
-            )
         session_id = new_session_id()
         managed = _Managed(
             session_id=session_id,
@@ -288,12 +341,8 @@ class SessionManager:
             request_id=request_id,
             request_digest=request_digest,
         )
-        session = self._session(request, owners, managed)
-        # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
-        m, n = session.validation.shape
-        values = (m + session.state.seed_set.shape[0]) * n
-        self.policy.check_request(config, m, values, unread=request.unread)
-        self.rate.check(consumer)
+        session = self._checked_session(request, managed)
+        owners = [slot.endpoint for slot in session.state.slots]
         if self.running + self._starting >= self.policy.max_running:
             raise ResourceExhaustedError(
                 f"this curator runs at most {self.policy.max_running} sessions at once; retry later"
@@ -325,6 +374,7 @@ class SessionManager:
         finally:
             self._starting -= 1
         managed.session = session
+        managed.quote = session.quote
         self._sessions[session_id] = managed
         managed.task = asyncio.create_task(self._run(managed))
         logger.info(

@@ -57,6 +57,7 @@ from dpmarket.common.errors import (
     on_private_data,
 )
 from dpmarket.common.ids import short_id
+from dpmarket.common.market.terms import FREE, check_quote
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from dpmarket.common.privacy.rng import production_rng
@@ -944,10 +945,17 @@ class Owner:
         self._opening: dict[str, tuple[Progress, threading.Event]] = {}
 
     def info(self) -> OwnerInfo:
-        """Describe the dataset (size, feature count, labels, public schema)."""
+        """Describe the dataset (size, feature count, labels, public schema) and the owner's
+        prices (its policy's; free without a ledger)."""
+        prices = FREE if self.ledger is None else self.ledger.policy.prices
         if self.data is None:
             return OwnerInfo(
-                self.owner_id, num_points=0, num_features=0, has_labels=False, schema=self.schema
+                self.owner_id,
+                num_points=0,
+                num_features=0,
+                has_labels=False,
+                schema=self.schema,
+                prices=prices,
             )
         if isinstance(self.data, PartitionedData):
             return OwnerInfo(
@@ -956,6 +964,7 @@ class Owner:
                 num_features=self.data.n_features,
                 has_labels=self.data.has_labels,
                 schema=self.schema,
+                prices=prices,
             )
         return OwnerInfo(
             owner_id=self.owner_id,
@@ -963,6 +972,7 @@ class Owner:
             num_features=int(self.data.features.shape[1]),
             has_labels=self.data.labels is not None,
             schema=self.schema,
+            prices=prices,
         )
 
     @property
@@ -1004,7 +1014,8 @@ class Owner:
             ``(num_points, max_points)``: this owner's size and the most raw points the session
             may receive under its policy: ``policy.session_points(num_points)`` (the session's
             points and its fraction of the table) less what the session id was charged
-            already, within what is left of the window's points budget.
+            already, within what is left of the window's points budget and within the
+            ``max_points_read`` of its quote (``terms.market``).
 
         Raises
         ------
@@ -1016,7 +1027,9 @@ class Owner:
             non-private terms the policy does not allow), or the policy refuses what the terms'
             method asks (:mod:`dpmarket.owner.terms`: a per-round method without
             ``access.allow_exact_bids``; more Bid rounds than ``session.rounds_per_point`` times
-            the point allowance). Nothing is charged.
+            the point allowance), or the owner's prices refuse the quote
+            (:func:`~dpmarket.common.market.terms.check_quote`: a quoted charge below them, or no
+            quote for an owner that is not free). Nothing is charged.
         ResourceExhaustedError
             If ``max_sessions`` sessions are open (after closing idle ones).
         AlreadyExistsError
@@ -1073,6 +1086,11 @@ class Owner:
                 min(n, policy.session_points(n) - already, self.ledger.remaining().points),
             )
             check_rounds(policy, terms, allowance)
+            # The quote's line for this owner: at least its own prices at the line's limits,
+            # and no more raw points than the line states (so the statement stays within it).
+            check_quote(policy.prices, terms.market, terms.epsilon, owner=self.owner_id)
+            if terms.market is not None:
+                allowance = min(allowance, terms.market.max_points_read)
         self._check_new(session_id)
         if self.allow_seeded_sessions:
             rng = np.random.default_rng(sampling_seed)
