@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from dpmarket.common.errors import DPMarketError, InvalidArgumentError
-from dpmarket.common.market.money import parse_credits
+from dpmarket.common.market.money import credits_text, parse_credits
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.summarization.methods import (
@@ -325,6 +325,16 @@ def finish(
         Console().print(comparison_table([evaluation], title=title, wide=wide))
     for line in charge_lines(result.report):
         console.print(line, highlight=False)
+    report = result.report
+    if report.cost is not None:
+        quoted = (
+            "" if report.quote is None else f" (quoted at most {credits_text(report.quote.total)})"
+        )
+        console.print(
+            f"cost: {credits_text(report.cost)} credits{quoted}; the signed statement: "
+            "dpmarket consumer statements",
+            highlight=False,
+        )
     if result.report.left_out:
         console.print(
             "[yellow]left out: "
@@ -1571,3 +1581,75 @@ def cape_group() -> None:
 
 for _command in CAPE_COMMANDS:
     cape_group.add_command(_command)
+
+
+# ----------------------------------------------------------------------------- the market
+@click.command("statements")
+@curator_options
+@click.option("--session", "session_id", default=None, help="Only this session's statement.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="The last N only.")
+@click.option(
+    "--csv",
+    "csv_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Also write one row per (session, owner) to this CSV file (amounts in micro-credits).",
+)
+@click.option("--wide", is_flag=True, help="Every column and whole ids (default: 80 columns).")
+@json_option
+@tls_options
+def statements_command(
+    curator: str,
+    curator_name: str,
+    session_id: str | None,
+    limit: int | None,
+    csv_path: str | None,
+    wide: bool,
+    as_json: bool,
+    **tls: Any,
+) -> None:
+    """The consumer's settlement statements: what each session cost, owner by owner.
+
+    Each statement is signed by the curator and settled from the owners' own ledgers (points
+    read, epsilon charged) at the prices quoted when the session opened; each owner checks its
+    own line before recording it."""
+    from dpmarket.consumer.market import statement_json, statements_table
+
+    if csv_path is not None:
+        check_outputs(csv_path)
+    try:
+        with _client(curator, curator_name, tls) as client:
+            settled = client.statements(session_id, limit)
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if csv_path is not None:
+        _write_statements_csv(settled, csv_path)
+    if as_json:
+        print_json({"statements": [statement_json(s) for s in settled]})
+        return
+    if not settled:
+        console.print("no settled statements")
+        return
+    Console().print(statements_table(settled, wide=wide))
+
+
+def _write_statements_csv(settled: Sequence[Any], path: str) -> None:
+    """One row per (session, owner), amounts in micro-credits, epsilon in micro-epsilon."""
+    import csv
+    import dataclasses
+    import io
+
+    out = io.StringIO()
+    writer = None
+    for item in settled:
+        for line in item.statement.lines:
+            row = {"session_id": item.session_id, **dataclasses.asdict(line), "total": line.total}
+            if writer is None:
+                writer = csv.DictWriter(out, fieldnames=list(row))
+                writer.writeheader()
+            writer.writerow(row)
+    try:
+        Path(path).write_text(out.getvalue(), encoding="utf-8")
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {path}: {exc}") from exc
+    console.print(f"-> {path}")

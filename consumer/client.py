@@ -24,6 +24,7 @@ from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpe
 from dpmarket.common.cape.uncertainty import Estimate, training_estimates
 from dpmarket.common.errors import AbortedError, InvalidArgumentError
 from dpmarket.common.market.pricing import Quote
+from dpmarket.common.market.statement import decode_statement
 from dpmarket.common.market.terms import NO_REWARD, RewardOffer
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
@@ -35,6 +36,7 @@ from dpmarket.common.summarization.summary import (
     SummaryResult,
 )
 from dpmarket.consumer import convert
+from dpmarket.consumer.market import SettledStatement
 from dpmarket.runtime import cape_messages, sketch_messages
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.market import quote_from_proto
@@ -244,6 +246,33 @@ class CuratorClient:
         except grpc.RpcError as exc:
             raise error_from_rpc(exc, f"curator at {self.target}") from None
         return quote_from_proto(response.quote)
+
+    def statements(
+        self, session_id: str | None = None, limit: int | None = None
+    ) -> list[SettledStatement]:
+        """The consumer's settlement statements, newest first (ListStatements); only
+        ``session_id``'s if given.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If a statement the curator returns is not a canonical statement.
+        """
+        request = curator_pb2.ListStatementsRequest(session_id=session_id or "", limit=limit or 0)
+        try:
+            response = self._stub.ListStatements(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, f"curator at {self.target}") from None
+        return [
+            SettledStatement(
+                session_id=m.session_id,
+                settled_at=m.settled_at.ToNanoseconds() / 1e9,
+                statement=decode_statement(bytes(m.statement.statement)),
+                signature=bytes(m.statement.signature),
+                owners_recorded=int(m.owners_recorded),
+            )
+            for m in response.statements
+        ]
 
     def watch(self, session_id: str) -> Iterator[tuple[ProgressEvent, SessionReport | None]]:
         """Yield progress events until the session ends (WatchSession); the last one comes with

@@ -162,6 +162,7 @@ def report_from_proto(r: curator_pb2.SessionReport) -> SessionReport:
         },
         left_out={o.owner_id: o.reason for o in r.left_out},
         quote=quote_from_proto(r.quote) if r.HasField("quote") else None,
+        cost=int(r.cost) if r.HasField("cost") else None,
     )
 
 

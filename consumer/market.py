@@ -1,30 +1,35 @@
-"""What the consumer is shown of the market: a request's quote and what it cost, as tables.
+"""What the consumer is shown of the market: a request's quote, what it cost, its statements.
 
 ``dpmarket consumer request`` prints the quote it was accepted under (one line) and, with
 ``--quote-only``, the whole quote (:func:`quote_table`: one row per owner, 80 columns; ``--wide``
-every component); :func:`quote_json` is its ``--json`` form.
+every component); :func:`quote_json` is its ``--json`` form. ``dpmarket consumer statements``
+lists the consumer's settlement statements (:func:`statements_table`, :func:`statement_json`).
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rich.table import Table
 
-from dpmarket.common.market.money import EPSILON_UNITS, format_credits
+from dpmarket.common.market.money import EPSILON_UNITS, credits_text, format_credits
 from dpmarket.common.market.pricing import Quote
+from dpmarket.common.market.statement import Statement
 from dpmarket.common.market.terms import quote_to_json
 
-__all__ = ["credits", "quote_json", "quote_line", "quote_table"]
+__all__ = [
+    "SettledStatement",
+    "credits",
+    "quote_json",
+    "quote_line",
+    "quote_table",
+    "statement_json",
+    "statements_table",
+]
 
 
-def credits(micro: int) -> str:
-    """Micro-credits as credits, without trailing zeros beyond two decimals (``1.50``,
-    ``0.000125``)."""
-    text = format_credits(micro)
-    whole, _, decimals = text.partition(".")
-    decimals = decimals.rstrip("0")
-    return f"{whole}.{decimals.ljust(2, '0')}"
+credits = credits_text
 
 
 def quote_line(quoted: Quote) -> str:
@@ -68,3 +73,78 @@ def quote_json(quoted: Quote) -> dict[str, Any]:
     """The quote as ``request --quote-only --json`` prints it: amounts in micro-credits
     (:func:`~dpmarket.common.market.terms.quote_to_json`) and the total in credits."""
     return {**quote_to_json(quoted), "total_credits": format_credits(quoted.total)}
+
+
+@dataclass(frozen=True)
+class SettledStatement:
+    """One of the consumer's settlement statements (``ListStatements``).
+
+    Attributes
+    ----------
+    session_id : str
+        The consumer's session id.
+    settled_at : float
+        Unix time, seconds.
+    statement : Statement
+        The whole statement (every owner's line), decoded from its canonical bytes.
+    signature : bytes
+        The curator's signature over them.
+    owners_recorded : int
+        How many owners have recorded their part.
+    """
+
+    session_id: str
+    settled_at: float
+    statement: Statement
+    signature: bytes
+    owners_recorded: int
+
+
+def statement_json(settled: SettledStatement) -> dict[str, Any]:
+    """``{"session_id", "settled_at", "total" (micro-credits), "total_credits", "owners_recorded",
+    "header": {...}, "lines": [{...}, ...]}`` (the statement's own integers)."""
+    st = settled.statement
+    return {
+        "session_id": settled.session_id,
+        "settled_at": settled.settled_at,
+        "total": st.total,
+        "total_credits": format_credits(st.total),
+        "owners_recorded": settled.owners_recorded,
+        "header": asdict(st.header),
+        "lines": [{**asdict(line), "total": line.total} for line in st.lines],
+    }
+
+
+def statements_table(settled: list[SettledStatement], *, wide: bool = False) -> Table:
+    """One row per (statement, owner): the session, the owner, points read and delivered,
+    epsilon charged, the charge, the reward and the total, credits; ``wide`` adds the price
+    components and whole ids. Fits 80 columns without ``wide``."""
+    table = Table(title="settlement statements (credits)", title_justify="left")
+    table.add_column("session", overflow="fold")
+    table.add_column("owner", overflow="fold")
+    for header in ("read", "deliv.", "epsilon"):
+        table.add_column(header, justify="right")
+    if wide:
+        for header in ("per read", "per deliv.", "per eps.", "top-up", "quoted"):
+            table.add_column(header, justify="right")
+    for header in ("reward", "total"):
+        table.add_column(header, justify="right")
+    for item in settled:
+        sid = item.session_id if wide else item.session_id[:8]
+        for line in item.statement.lines:
+            eps = (line.epsilon_session + line.epsilon_payout) / EPSILON_UNITS
+            row = [sid, line.owner, str(line.points_read), str(line.points_delivered), f"{eps:g}"]
+            if wide:
+                parts = (
+                    line.read_charge,
+                    line.delivered_charge,
+                    line.epsilon_charge,
+                    line.minimum_topup,
+                    line.quoted,
+                )
+                row += [credits(x) for x in parts]
+            row += [credits(line.reward), credits(line.total)]
+            table.add_row(*row)
+        blank = [""] * (8 if wide else 3)
+        table.add_row(sid, "[bold]all", *blank, "", f"[bold]{credits(item.statement.total)}")
+    return table

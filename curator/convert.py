@@ -5,10 +5,10 @@ from __future__ import annotations
 import datetime
 import json
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 from numpy.typing import NDArray
 
 from dpmarket.common.errors import InvalidArgumentError
@@ -30,7 +30,10 @@ from dpmarket.common.summarization.summary import (
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
 from dpmarket.runtime.market import prices_from_proto, quote_to_proto, reward_from_proto
 from dpmarket.runtime.schemas import schema_from_proto
-from dpmarket.v1 import curator_pb2, owner_pb2, privacy_pb2
+
+if TYPE_CHECKING:
+    from dpmarket.curator.store import StoredStatement
+from dpmarket.v1 import curator_pb2, market_pb2, owner_pb2, privacy_pb2
 
 
 def spend_from_proto(message: privacy_pb2.SessionSpend) -> SessionSpend:
@@ -272,6 +275,7 @@ def report_to_proto(r: SessionReport) -> curator_pb2.SessionReport:
             for owner, reason in r.left_out.items()
         ],
         quote=None if r.quote is None else quote_to_proto(r.quote),
+        cost=r.cost,
     )
 
 
@@ -285,3 +289,15 @@ def result_to_proto(result: SummaryResult) -> curator_pb2.GetSummaryResponse:
     if result.labels is not None:
         response.labels.CopyFrom(array_to_proto(result.labels))
     return response
+
+
+def statement_to_proto(stored: StoredStatement) -> curator_pb2.ConsumerStatement:
+    """A stored statement -> ConsumerStatement."""
+    settled = timestamp_pb2.Timestamp()
+    settled.FromNanoseconds(int(stored.settled_at * 1e9))
+    return curator_pb2.ConsumerStatement(
+        session_id=stored.session,
+        settled_at=settled,
+        statement=market_pb2.SignedStatement(statement=stored.data, signature=stored.signature),
+        owners_recorded=stored.owners_recorded,
+    )

@@ -14,8 +14,12 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from grpc_health.v1 import health_pb2
 
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.market.statement import PrivateKey
 from dpmarket.curator import convert
 from dpmarket.curator.cape_service import CapeJobs, CapeServicer
 from dpmarket.curator.metrics import CuratorCollector
@@ -110,9 +114,40 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
             yield convert.event_to_proto(event, report)
 
     @rpc("consumer")
+    async def ListStatements(self, request, context, caller):
+        if request.limit < 0:
+            raise InvalidArgumentError(f"limit must be >= 0 (0: every one), got {request.limit}")
+        stored = await asyncio.to_thread(
+            self.manager.statements,
+            str(caller),
+            session_id=request.session_id or None,
+            limit=int(request.limit) or None,
+        )
+        return curator_pb2.ListStatementsResponse(
+            statements=[convert.statement_to_proto(s) for s in stored]
+        )
+
+    @rpc("consumer")
     async def GetSummary(self, request, context, caller):
         result = self.manager.result(request.session_id, str(caller))
         return convert.result_to_proto(result)
+
+
+def signing_key(security: TransportSecurity) -> PrivateKey | None:
+    """The curator's certificate key, which signs its settlement statements (None with
+    plaintext transport: nothing is settled).
+
+    Raises
+    ------
+    TypeError
+        If the key is neither EC nor Ed25519.
+    """
+    if security.insecure or security.key_pem is None:
+        return None
+    key = serialization.load_pem_private_key(security.key_pem, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey):
+        raise TypeError(f"statements are signed with an EC or Ed25519 key, got {type(key)}")
+    return key
 
 
 def curator_authorizer(policy: CuratorPolicy, security: TransportSecurity) -> Authorizer:
@@ -172,6 +207,7 @@ async def serve_curator(
         call_timeout=call_timeout,
         sketches=sketches,
         allocation_spec=allocation_spec,
+        signing_key=signing_key(security),
     )
     authorizer = curator_authorizer(policy, security)
     cape = CapeJobs(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -29,6 +30,8 @@ from dpmarket.common.errors import (
 )
 from dpmarket.common.ids import new_session_id, short_id
 from dpmarket.common.market.pricing import Quote
+from dpmarket.common.market.statement import PrivateKey
+from dpmarket.common.market.terms import NO_REWARD
 from dpmarket.common.sketches import PrivateSketch
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
 from dpmarket.common.summarization.methods import AllocationFields, SummarizationConfig
@@ -42,8 +45,9 @@ from dpmarket.common.summarization.summary import (
 )
 from dpmarket.curator.owners import wait_for_owners
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
+from dpmarket.curator.settlement import SessionMarket, SignedSettlement, settle_session
 from dpmarket.curator.sketches import SketchCatalog
-from dpmarket.curator.store import CuratorStore, StoredSession
+from dpmarket.curator.store import CuratorStore, StoredSession, StoredStatement
 from dpmarket.curator.summarization.session import SessionContext, SummarizationSession
 
 logger = logging.getLogger(__name__)
@@ -98,6 +102,10 @@ class SessionManager:
         uses the counts allocation, and its report says why.
     clock : callable
         Unix time, seconds (injected by tests).
+    signing_key : EC or Ed25519 private key, optional
+        The curator's certificate key: with it and a store, every quoted session is settled
+        (:mod:`dpmarket.curator.settlement`): its statement signed, stored and delivered to its
+        owners. Without it (plaintext transport, in-process runs) nothing is settled.
 
     Raises
     ------
@@ -115,6 +123,7 @@ class SessionManager:
         sketches: SketchCatalog | None = None,
         allocation_spec: str | None = None,
         clock: Callable[[], float] = time.time,
+        signing_key: PrivateKey | None = None,
     ) -> None:
         if allocation_spec is not None:
             if sketches is None:
@@ -131,6 +140,7 @@ class SessionManager:
         self.sketches = sketches
         self.call_timeout = call_timeout
         self.clock = clock
+        self.signing_key = signing_key
         self._sessions: dict[str, _Managed] = {}
         self._starting = 0
         self.rate = RequestRate(self.policy.per_consumer_per_minute, clock=clock)
@@ -274,6 +284,11 @@ class SessionManager:
                 "this curator does not accept seeded sessions (start it with "
                 "--allow-seeded-sessions for reproducible runs)"
             )
+        if request.reward != NO_REWARD:
+            raise InvalidArgumentError(
+                "this curator does not pay value-based rewards yet (its sessions settle at the "
+                "owners' prices): leave the reward out"
+            )
         session = self._session(request, owners, managed)
         # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
         m, n = session.validation.shape
@@ -362,6 +377,7 @@ class SessionManager:
                         request_digest=request_digest,
                         method=config.method,
                         config=config.to_json(),
+                        market=self._market(session, consumer),
                     )
                     # Where the session is open: a restarted curator asks these owners what
                     # they charged it.
@@ -386,6 +402,26 @@ class SessionManager:
             session.validation.shape[0],
         )
         return session_id
+
+    @staticmethod
+    def _market(session: SummarizationSession, consumer: str) -> SessionMarket | None:
+        """What the session's settlement depends on (None: not quoted)."""
+        state = session.state
+        if state.quote is None or state.settlement is None:
+            return None
+        quoted = {line.owner for line in state.quote.lines}
+        prices = {
+            state.owner_name(i): state.info(i).prices
+            for i, slot in enumerate(state.slots)
+            if slot.info is not None and state.owner_name(i) in quoted
+        }
+        return SessionMarket(
+            owner_session=state.owner_session_id,
+            consumer=consumer,
+            quote=state.quote,
+            prices=prices,
+            settlement=state.settlement,
+        )
 
     def _session(
         self, request: SessionRequest, owners: list[OwnerEndpoint], managed: _Managed
@@ -429,7 +465,14 @@ class SessionManager:
         try:
             result = await session.run()
             if self.store is not None:
-                self.store.finish(managed.session_id, result, ttl=ttl)
+                settlement = self._settle(managed.session_id, _delivered(result))
+                if settlement is not None:
+                    cost = settlement.statement.total
+                    result = dataclasses.replace(
+                        result, report=dataclasses.replace(result.report, cost=cost)
+                    )
+                # The statement is stored in the transaction that completes the session.
+                self.store.finish(managed.session_id, result, ttl=ttl, settlement=settlement)
         except DPMarketError as exc:
             self._failed(managed, session, str(exc))
             logger.warning("session %s failed: %s", short_id(managed.session_id), exc)
@@ -445,6 +488,10 @@ class SessionManager:
                 result.report.owner_points_accessed,
             )
         managed.expires_at = self.clock() + ttl
+        if self.store is not None:
+            if managed.error is not None:  # a failed session settles what it released
+                self._settle_failed(managed.session_id)
+            await self.deliver_statements(managed.session_id)
         final = managed.final
         if final is None:  # pragma: no cover - the session always emits its last event
             stage: Stage = "failed" if managed.error is not None else "done"
@@ -465,6 +512,94 @@ class SessionManager:
             except Exception:  # the charges are stored; a restart marks the session failed
                 logger.exception("session %s: recording the failure", short_id(managed.session_id))
         session.fail(error)
+
+    # -------------------------------------------------------------------------- settlement
+    def _settle(self, session_id: str, delivered: dict[str, int]) -> SignedSettlement | None:
+        """The session's signed statement from its stored market and its owners' stored
+        records, or None (not quoted, no key, or an owner's record not known yet: settled
+        later, by :meth:`settle_pending`). Never raises: a settlement that fails is logged and
+        the session stays unsettled."""
+        if self.store is None or self.signing_key is None:
+            return None
+        try:
+            market = self.store.market(session_id)
+            if market is None:
+                return None
+            spends = self.store.owner_spend(session_id)
+            return settle_session(market, spends, delivered, self.signing_key)
+        except Exception:
+            logger.exception("session %s: settling it failed", short_id(session_id))
+            return None
+
+    def _settle_failed(self, session_id: str) -> None:
+        settlement = self._settle(session_id, {})
+        if settlement is not None and self.store is not None:
+            self.store.record_settlement(session_id, settlement)
+
+    def settle_pending(self) -> int:
+        """Settle every finished session that has no statement yet and whose owners' records
+        are all known (after a restart: the sessions it interrupted, once their owners
+        answered); return how many were settled."""
+        if self.store is None or self.signing_key is None:
+            return 0
+        settled = 0
+        for session_id in self.store.unsettled():
+            delivered = self.store.delivered_points(session_id)
+            if delivered is None:
+                logger.warning(
+                    "session %s: its summary expired before it was settled", short_id(session_id)
+                )
+                continue
+            settlement = self._settle(session_id, delivered)
+            if settlement is not None and self.store.record_settlement(session_id, settlement):
+                self.store.refresh_owner_spend(session_id)
+                settled += 1
+        return settled
+
+    async def deliver_statements(self, session_id: str | None = None) -> int:
+        """Deliver every owner's part of a settled statement it has not recorded yet (only
+        ``session_id``'s, if given); return how many were recorded. An owner that refuses
+        (its records differ) or cannot be reached keeps its part pending; a part recorded
+        before is recorded once (the owner says so)."""
+        if self.store is None:
+            return 0
+        by_name = {o.name: o for o in self.owners}
+        pending = [
+            row for row in self.store.undelivered() if session_id is None or row[0] == session_id
+        ]
+
+        async def deliver(session: str, owner: str, data: bytes, signature: bytes) -> bool:
+            endpoint = by_name.get(owner)
+            record = getattr(endpoint, "record_statement", None)
+            if record is None:
+                return False
+            try:
+                coro = record(data, signature)
+                timeout = self.call_timeout
+                await (coro if timeout is None else asyncio.wait_for(coro, timeout))
+            except (DPMarketError, TimeoutError) as exc:
+                logger.warning(
+                    "session %s: owner %s did not record its statement: %s",
+                    short_id(session),
+                    owner,
+                    exc,
+                )
+                return False
+            assert self.store is not None
+            self.store.mark_delivered(session, owner)
+            return True
+
+        done = await asyncio.gather(*(deliver(*row) for row in pending))
+        return sum(done)
+
+    def statements(
+        self, consumer: str, *, session_id: str | None = None, limit: int | None = None
+    ) -> list[StoredStatement]:
+        """The consumer's settlement statements, newest first (:meth:`CuratorStore.statements`);
+        empty without a store."""
+        if self.store is None:
+            return []
+        return self.store.statements(consumer, session_id=session_id, limit=limit)
 
     # ----------------------------------------------------------------------------- lookups
     def _get(self, session_id: str, consumer: str) -> _Managed | None:
@@ -609,6 +744,10 @@ class SessionManager:
         got = await asyncio.gather(*(ask(*row) for row in pending))
         for session_id in dict.fromkeys(sid for sid, _, _ in pending):
             store.refresh_owner_spend(session_id)
+        # Sessions the restart interrupted are settled from the owners' records, and every
+        # statement not yet recorded by its owners is delivered again.
+        self.settle_pending()
+        await self.deliver_statements()
         if pending:
             logger.info(
                 "owners' records of %d interrupted session(s): %d of %d got",
@@ -634,6 +773,14 @@ class SessionManager:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _delivered(result: SummaryResult) -> dict[str, int]:
+    """Points of each owner in a summary."""
+    counts: dict[str, int] = {}
+    for owner in result.owner_ids:
+        counts[owner] = counts.get(owner, 0) + 1
+    return counts
 
 
 async def _notify(condition: asyncio.Condition) -> None:

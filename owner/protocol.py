@@ -70,6 +70,7 @@ from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
 from dpmarket.common.summarization.terms import OwnerTerms, Step
 from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
 from dpmarket.owner.data import PointSet
+from dpmarket.owner.earnings import Earnings
 from dpmarket.owner.engine import WorkCancelled
 from dpmarket.owner.hash_keys import HashKeyParty
 from dpmarket.owner.ledger import OwnerLedger
@@ -1126,6 +1127,16 @@ class Owner:
                 raise WorkCancelled("the session's opening was cancelled")
             self._check_new(session_id, locked=True)
             self._slots[session_id] = _Slot(session, curator, consumer, self.clock())
+        if self.ledger is not None and terms.market is not None:
+            # The terms the session's statement will be checked against, durably (nothing is
+            # charged: the open has passed every check).
+            Earnings(self.ledger, self.owner_id).accept(
+                curator=curator,
+                session=session_id,
+                consumer=consumer,
+                market=terms.market,
+                prices=self.ledger.policy.prices,
+            )
         return n, allowance
 
     @staticmethod

@@ -50,6 +50,9 @@ class SessionReport:
     quote : Quote or None
         The quote the session was accepted under (:mod:`dpmarket.common.market.terms`): the most
         it could cost; None for a session that failed before it was quoted.
+    cost : int or None
+        What the session cost, micro-credits, as its signed settlement statement states it
+        (:mod:`dpmarket.curator.settlement`); None while it is not settled.
     """
 
     method: Method
@@ -68,6 +71,7 @@ class SessionReport:
     owner_spend: dict[str, SessionSpend] = field(default_factory=dict)
     left_out: dict[str, str] = field(default_factory=dict)
     quote: Quote | None = None
+    cost: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The report as the JSON object the curator stores and ``report.json`` holds: every

@@ -10,6 +10,7 @@ from dpmarket.v1 import schema_pb2 as _schema_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
@@ -639,6 +640,88 @@ class QuoteSessionResponse(_message.Message):
 Global___QuoteSessionResponse: _TypeAlias = QuoteSessionResponse  # noqa: Y015
 
 @_typing.final
+class ListStatementsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """Only this session's statement (the consumer's session id); empty: every one."""
+    limit: _builtins.int
+    """At most this many, newest first; 0: every one."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStatementsRequest: _TypeAlias = ListStatementsRequest  # noqa: Y015
+
+@_typing.final
+class ConsumerStatement(_message.Message):
+    """A settled session's statement as the consumer sees it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SETTLED_AT_FIELD_NUMBER: _builtins.int
+    STATEMENT_FIELD_NUMBER: _builtins.int
+    OWNERS_RECORDED_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The consumer's session id."""
+    owners_recorded: _builtins.int
+    """How many owners have recorded their part so far."""
+    @_builtins.property
+    def settled_at(self) -> _timestamp_pb2.Timestamp:
+        """When the curator settled it."""
+
+    @_builtins.property
+    def statement(self) -> _market_pb2.SignedStatement:
+        """The whole statement's canonical bytes and the curator's signature."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        settled_at: _timestamp_pb2.Timestamp | None = ...,
+        statement: _market_pb2.SignedStatement | None = ...,
+        owners_recorded: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["settled_at", b"settled_at", "statement", b"statement"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["owners_recorded", b"owners_recorded", "session_id", b"session_id", "settled_at", b"settled_at", "statement", b"statement"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumerStatement: _TypeAlias = ConsumerStatement  # noqa: Y015
+
+@_typing.final
+class ListStatementsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATEMENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def statements(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumerStatement]: ...
+    def __init__(
+        self,
+        *,
+        statements: _abc.Iterable[Global___ConsumerStatement] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["statements", b"statements"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStatementsResponse: _TypeAlias = ListStatementsResponse  # noqa: Y015
+
+@_typing.final
 class WatchSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -742,6 +825,7 @@ class SessionReport(_message.Message):
     OWNER_SPEND_FIELD_NUMBER: _builtins.int
     LEFT_OUT_FIELD_NUMBER: _builtins.int
     QUOTE_FIELD_NUMBER: _builtins.int
+    COST_FIELD_NUMBER: _builtins.int
     method: Global___Method.ValueType
     summary_size: _builtins.int
     rounds: _builtins.int
@@ -758,6 +842,10 @@ class SessionReport(_message.Message):
     """Number of acquired points rejected because they did not match their bid."""
     error: _builtins.str
     """Why the session failed; empty when it succeeded."""
+    cost: _builtins.int
+    """What the session cost, micro-credits, as its settlement statement states it (ListStatements
+    has the statement); unset while the session is not settled.
+    """
     @_builtins.property
     def dropped_owners(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Owners that failed during the session, by owner id."""
@@ -801,12 +889,15 @@ class SessionReport(_message.Message):
         owner_spend: _abc.Iterable[Global___OwnerSpend] | None = ...,
         left_out: _abc.Iterable[Global___LeftOutOwner] | None = ...,
         quote: _market_pb2.Quote | None = ...,
+        cost: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["quote", b"quote", "wall_time", b"wall_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cost", b"_cost", "cost", b"cost", "quote", b"quote", "wall_time", b"wall_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_owners_bound", b"all_owners_bound", "dropped_owners", b"dropped_owners", "error", b"error", "ledger_json", b"ledger_json", "left_out", b"left_out", "method", b"method", "owner_points_accessed", b"owner_points_accessed", "owner_spend", b"owner_spend", "paper_bound", b"paper_bound", "quote", b"quote", "rejected_points", b"rejected_points", "round_seconds", b"round_seconds", "rounds", b"rounds", "summary_size", b"summary_size", "validation_points_accessed", b"validation_points_accessed", "wall_time", b"wall_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cost", b"_cost", "all_owners_bound", b"all_owners_bound", "cost", b"cost", "dropped_owners", b"dropped_owners", "error", b"error", "ledger_json", b"ledger_json", "left_out", b"left_out", "method", b"method", "owner_points_accessed", b"owner_points_accessed", "owner_spend", b"owner_spend", "paper_bound", b"paper_bound", "quote", b"quote", "rejected_points", b"rejected_points", "round_seconds", b"round_seconds", "rounds", b"rounds", "summary_size", b"summary_size", "validation_points_accessed", b"validation_points_accessed", "wall_time", b"wall_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__cost: _TypeAlias = _typing.Literal["cost"]  # noqa: Y015
+    _WhichOneofArgType__cost: _TypeAlias = _typing.Literal["_cost", b"_cost"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cost) -> _WhichOneofReturnType__cost | None: ...
 
 Global___SessionReport: _TypeAlias = SessionReport  # noqa: Y015
 

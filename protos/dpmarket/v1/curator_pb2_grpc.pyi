@@ -70,6 +70,11 @@ class CuratorServiceStub:
     exceeds its max_cost or an owner prices epsilon and the method is non-private,
     RESOURCE_EXHAUSTED past the consumer's request rate, UNAVAILABLE if no owner answers).
     """
+    ListStatements: _grpc.UnaryUnaryMultiCallable[_curator_pb2.ListStatementsRequest, _curator_pb2.ListStatementsResponse]
+    """List the consumer's settlement statements, newest first: for every session the curator
+    settled, the whole statement (every owner's line) signed by the curator. Never another
+    consumer's. Fails with INVALID_ARGUMENT for a negative limit.
+    """
     GetSummary: _grpc.UnaryUnaryMultiCallable[_curator_pb2.GetSummaryRequest, _curator_pb2.GetSummaryResponse]
     """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown or
     expired session or one of another consumer, FAILED_PRECONDITION while it is running, ABORTED
@@ -117,6 +122,11 @@ class CuratorServiceAsyncStub(CuratorServiceStub):
     malformed request or one outside the curator's policy, FAILED_PRECONDITION when the request
     exceeds its max_cost or an owner prices epsilon and the method is non-private,
     RESOURCE_EXHAUSTED past the consumer's request rate, UNAVAILABLE if no owner answers).
+    """
+    ListStatements: _aio.UnaryUnaryMultiCallable[_curator_pb2.ListStatementsRequest, _curator_pb2.ListStatementsResponse]  # type: ignore[assignment]
+    """List the consumer's settlement statements, newest first: for every session the curator
+    settled, the whole statement (every owner's line) signed by the curator. Never another
+    consumer's. Fails with INVALID_ARGUMENT for a negative limit.
     """
     GetSummary: _aio.UnaryUnaryMultiCallable[_curator_pb2.GetSummaryRequest, _curator_pb2.GetSummaryResponse]  # type: ignore[assignment]
     """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown or
@@ -180,6 +190,17 @@ class CuratorServiceServicer(metaclass=_abc_1.ABCMeta):
         malformed request or one outside the curator's policy, FAILED_PRECONDITION when the request
         exceeds its max_cost or an owner prices epsilon and the method is non-private,
         RESOURCE_EXHAUSTED past the consumer's request rate, UNAVAILABLE if no owner answers).
+        """
+
+    @_abc_1.abstractmethod
+    def ListStatements(
+        self,
+        request: _curator_pb2.ListStatementsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_curator_pb2.ListStatementsResponse, _abc.Awaitable[_curator_pb2.ListStatementsResponse]]:
+        """List the consumer's settlement statements, newest first: for every session the curator
+        settled, the whole statement (every owner's line) signed by the curator. Never another
+        consumer's. Fails with INVALID_ARGUMENT for a negative limit.
         """
 
     @_abc_1.abstractmethod

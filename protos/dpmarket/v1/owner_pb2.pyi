@@ -756,3 +756,53 @@ class GetProgressResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetProgressResponse: _TypeAlias = GetProgressResponse  # noqa: Y015
+
+@_typing.final
+class RecordStatementRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATEMENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def statement(self) -> _market_pb2.SignedStatement:
+        """The owner's part of the statement (its canonical bytes) and the curator's signature."""
+
+    def __init__(
+        self,
+        *,
+        statement: _market_pb2.SignedStatement | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["statement", b"statement"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["statement", b"statement"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordStatementRequest: _TypeAlias = RecordStatementRequest  # noqa: Y015
+
+@_typing.final
+class RecordStatementResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATEMENT_ID_FIELD_NUMBER: _builtins.int
+    RECORDED_NOW_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    statement_id: _builtins.str
+    """The statement's id: SHA-256 of its canonical bytes, hex."""
+    recorded_now: _builtins.bool
+    """False when the same statement was recorded before (nothing changed)."""
+    total: _builtins.int
+    """What the statement pays this owner, micro-credits."""
+    def __init__(
+        self,
+        *,
+        statement_id: _builtins.str = ...,
+        recorded_now: _builtins.bool = ...,
+        total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["recorded_now", b"recorded_now", "statement_id", b"statement_id", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordStatementResponse: _TypeAlias = RecordStatementResponse  # noqa: Y015
