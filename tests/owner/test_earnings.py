@@ -30,7 +30,7 @@ EPSILON = 0.5
 
 @pytest.fixture
 def book(tmp_path: Path) -> OwnerLedger:
-    ledger = OwnerLedger.create(tmp_path, OwnerPolicy(prices=PRICES.as_table()))
+    ledger = OwnerLedger.create(tmp_path, OwnerPolicy(prices=PRICES))
     # The session as the owner's ledger recorded it: the terms, then 3 raw points.
     ledger.charge(session=SID, consumer=CONSUMER, curator=CURATOR, mechanism="candidates-counts",
                   epsilon=EPSILON, delta=0.0, points=0)  # fmt: skip

@@ -70,7 +70,7 @@ def test_bad_prices_are_refused_at_load_naming_the_key(
 def test_the_console_shows_the_prices() -> None:
     from dpmarket.console.owner import _policy_rows
 
-    policy = OwnerPolicy(prices={"per_point_read": "0.5"})
+    policy = OwnerPolicy(prices={"per_point_read": "0.5"})  # type: ignore[arg-type]
     rows = dict(_policy_rows(policy.as_dict()))
     assert rows["prices"] == (
         "per_point_read 0.500000, per_point_delivered 0.000000, per_epsilon 0.000000, "
