@@ -25,6 +25,7 @@ from rich.table import Table as RichTable
 
 from dpmarket.common.errors import DPMarketError, InvalidArgumentError
 from dpmarket.common.market.money import credits_text, parse_credits
+from dpmarket.common.market.terms import NO_REWARD, RewardOffer
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.summarization.methods import (
@@ -404,7 +405,7 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
             "Request",
             ("curator_name", "request_id", "min_owners", "exclude_owners", "schema_path"),
         ),
-        ("Market", ("max_cost", "quote_only")),
+        ("Market", ("max_cost", "quote_only", "reward", "reward_rule", "payout_epsilon")),
     ),
     briefs={"config": CONFIG_BRIEF},
 )
@@ -462,6 +463,31 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
     "above this cap is refused and nothing is released or charged anywhere. Default: no cap.",
 )
 @click.option(
+    "--reward",
+    default=None,
+    metavar="CREDITS",
+    help="A value-based reward paid on top of the owners' prices, split among the owners by a "
+    "private attribution of the summary's value against your validation set (a Laplace "
+    "release of every owner's Shapley value, charged to your validation set and to the "
+    "owners that delivered points). Default: none.",
+)
+@click.option(
+    "--reward-rule",
+    type=click.Choice(["value", "proportional"]),
+    default="value",
+    show_default=True,
+    help="value: the reward per unit of value, each owner paid on an estimate of its own value "
+    "(at most the reward in all); proportional: the reward split in proportion to the noisy "
+    "values (exactly the reward, at up to 4x the noise).",
+)
+@click.option(
+    "--payout-epsilon",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="epsilon of the payout release (with --reward).",
+)
+@click.option(
     "--quote-only",
     is_flag=True,
     help="Print the request's quote (the most it can cost, per owner) and stop: nothing is "
@@ -479,6 +505,9 @@ def request(
     schema_path: str | None,
     data_dir: str | None,
     max_cost: str | None,
+    reward: str | None,
+    reward_rule: str,
+    payout_epsilon: float,
     quote_only: bool,
     summary_size: int,
     method: str,
@@ -517,6 +546,12 @@ def request(
         raise click.BadParameter(str(exc), param_hint="--exclude-owner") from exc
     schema = read_schema(schema_path)
     inputs = read_inputs(validation_path, seed_set_path, test_path, schema)
+    offer = NO_REWARD
+    if reward is not None:
+        try:
+            offer = RewardOffer(reward_rule, parse_credits(reward), payout_epsilon)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--reward") from exc
     cap = None
     if max_cost is not None:
         try:
@@ -539,6 +574,7 @@ def request(
                     schema=schema,
                     feature_names=() if schema is not None else inputs.validation.columns,
                     max_cost=cap,
+                    reward=offer,
                 )
         except DPMarketError as exc:
             raise click.ClickException(str(exc)) from exc
@@ -562,6 +598,7 @@ def request(
                 schema=schema,
                 feature_names=() if schema is not None else inputs.validation.columns,
                 max_cost=cap,
+                reward=offer,
                 on_quote=lambda q: progress.console.print(quote_line(q), highlight=False),
             )
     except SessionFailedError as exc:

@@ -29,9 +29,10 @@ from dpmarket.common.errors import (
     ResourceExhaustedError,
 )
 from dpmarket.common.ids import new_session_id, short_id
+from dpmarket.common.market.payouts import PayoutRelease
 from dpmarket.common.market.pricing import Quote
 from dpmarket.common.market.statement import PrivateKey
-from dpmarket.common.market.terms import NO_REWARD
+from dpmarket.common.market.terms import release_from_json, release_to_json
 from dpmarket.common.sketches import PrivateSketch
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
 from dpmarket.common.summarization.methods import AllocationFields, SummarizationConfig
@@ -45,7 +46,12 @@ from dpmarket.common.summarization.summary import (
 )
 from dpmarket.curator.owners import wait_for_owners
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
-from dpmarket.curator.settlement import SessionMarket, SignedSettlement, settle_session
+from dpmarket.curator.settlement import (
+    SessionMarket,
+    SignedSettlement,
+    payout_release,
+    settle_session,
+)
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.curator.store import CuratorStore, StoredSession, StoredStatement
 from dpmarket.curator.summarization.session import SessionContext, SummarizationSession
@@ -284,11 +290,6 @@ class SessionManager:
                 "this curator does not accept seeded sessions (start it with "
                 "--allow-seeded-sessions for reproducible runs)"
             )
-        if request.reward != NO_REWARD:
-            raise InvalidArgumentError(
-                "this curator does not pay value-based rewards yet (its sessions settle at the "
-                "owners' prices): leave the reward out"
-            )
         session = self._session(request, owners, managed)
         # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
         m, n = session.validation.shape
@@ -465,14 +466,21 @@ class SessionManager:
         try:
             result = await session.run()
             if self.store is not None:
-                settlement = self._settle(managed.session_id, _delivered(result))
-                if settlement is not None:
-                    cost = settlement.statement.total
-                    result = dataclasses.replace(
-                        result, report=dataclasses.replace(result.report, cost=cost)
-                    )
+                release = self._payouts(managed.session_id, session, result)
+                settlement = self._settle(managed.session_id, _delivered(result), release)
+                cost = None if settlement is None else settlement.statement.total
+                report = dataclasses.replace(
+                    result.report, cost=cost, ledger=session.ledger_report()
+                )
+                result = dataclasses.replace(result, report=report)
                 # The statement is stored in the transaction that completes the session.
-                self.store.finish(managed.session_id, result, ttl=ttl, settlement=settlement)
+                self.store.finish(
+                    managed.session_id,
+                    result,
+                    ttl=ttl,
+                    settlement=settlement,
+                    payout=None if release is None else release_to_json(release),
+                )
         except DPMarketError as exc:
             self._failed(managed, session, str(exc))
             logger.warning("session %s failed: %s", short_id(managed.session_id), exc)
@@ -514,7 +522,43 @@ class SessionManager:
         session.fail(error)
 
     # -------------------------------------------------------------------------- settlement
-    def _settle(self, session_id: str, delivered: dict[str, int]) -> SignedSettlement | None:
+    def _payouts(
+        self, session_id: str, session: SummarizationSession, result: SummaryResult
+    ) -> PayoutRelease | None:
+        """The payout release the session's terms fix, its validation charge recorded first
+        (:func:`~dpmarket.curator.settlement.payout_release`); None without one, without a key
+        (nothing is settled), or when the validation set's budget refuses it (logged: the
+        statement then states no value)."""
+        if self.store is None or self.signing_key is None:
+            return None
+        market = self.store.market(session_id)
+        if market is None:
+            return None
+        state = session.state
+        made = payout_release(
+            market,
+            result.points,
+            result.owner_ids,
+            state.validation,
+            state.config.gamma,
+            state.noise,
+        )
+        if made is None:
+            return None
+        release, charges = made
+        try:
+            state.ledgers["validation"].charge(charges)  # durable before the values leave
+        except DPMarketError as exc:
+            logger.warning("session %s: no payout release: %s", short_id(session_id), exc)
+            return None
+        return release
+
+    def _settle(
+        self,
+        session_id: str,
+        delivered: dict[str, int],
+        release: PayoutRelease | None = None,
+    ) -> SignedSettlement | None:
         """The session's signed statement from its stored market and its owners' stored
         records, or None (not quoted, no key, or an owner's record not known yet: settled
         later, by :meth:`settle_pending`). Never raises: a settlement that fails is logged and
@@ -526,7 +570,7 @@ class SessionManager:
             if market is None:
                 return None
             spends = self.store.owner_spend(session_id)
-            return settle_session(market, spends, delivered, self.signing_key)
+            return settle_session(market, spends, delivered, self.signing_key, release)
         except Exception:
             logger.exception("session %s: settling it failed", short_id(session_id))
             return None
@@ -550,7 +594,12 @@ class SessionManager:
                     "session %s: its summary expired before it was settled", short_id(session_id)
                 )
                 continue
-            settlement = self._settle(session_id, delivered)
+            release = None
+            payout = self.store.payout(session_id)
+            market = self.store.market(session_id)
+            if payout is not None and market is not None:
+                release = release_from_json(payout, market.settlement)
+            settlement = self._settle(session_id, delivered, release)
             if settlement is not None and self.store.record_settlement(session_id, settlement):
                 self.store.refresh_owner_spend(session_id)
                 settled += 1

@@ -16,10 +16,15 @@ statement pass every owner's check; a curator that lies about a record is refuse
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
+from dpmarket.common.market.attribution import SummaryBlocks
+from dpmarket.common.market.payouts import PayoutRelease, release_payouts
 from dpmarket.common.market.pricing import OwnerPrices, Quote
 from dpmarket.common.market.statement import (
     PrivateKey,
@@ -29,10 +34,16 @@ from dpmarket.common.market.statement import (
     settle,
     sign_statement,
 )
-from dpmarket.common.market.terms import quote_from_json, quote_to_json
-from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.market.terms import (
+    owner_payout_epsilon,
+    quote_from_json,
+    quote_to_json,
+    silent_release,
+)
+from dpmarket.common.privacy.ledger import Charge, SessionSpend
+from dpmarket.common.privacy.noise import NoiseSource
 
-__all__ = ["SessionMarket", "SignedSettlement", "settle_session"]
+__all__ = ["SessionMarket", "SignedSettlement", "payout_release", "settle_session"]
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,7 @@ def settle_session(
     spends: Mapping[str, SessionSpend | None],
     delivered: Mapping[str, int],
     key: PrivateKey,
+    release: PayoutRelease | None = None,
 ) -> SignedSettlement | None:
     """The session's signed statement, or None while an owner's record is not known.
 
@@ -127,6 +139,9 @@ def settle_session(
         Points of each owner in the delivered summary (empty for a session that failed).
     key : EC or Ed25519 private key
         The curator's certificate key.
+    release : PayoutRelease, optional
+        The payout release, when the terms fix one (:func:`payout_release`; for a session that
+        delivered nothing, :func:`~dpmarket.common.market.terms.silent_release`).
 
     Returns
     -------
@@ -140,6 +155,8 @@ def settle_session(
         unsettled and the error is logged).
     """
     records = {}
+    # An owner charges the payout release before its first raw point leaves (and only then).
+    payout = owner_payout_epsilon(market.settlement)
     for owner, spend in spends.items():
         if spend is None or spend.unknown:
             return None
@@ -147,10 +164,63 @@ def settle_session(
             points_read=int(spend.points),
             points_delivered=int(delivered.get(owner, 0)),
             epsilon_session=_priced(spend.epsilon),
+            epsilon_payout=payout if spend.points > 0 else 0.0,
         )
-    statement = settle(market.owner_session, market.consumer, market.quote, market.prices, records)
+    if release is None and market.settlement.rule() is not None:
+        release = silent_release(sorted(records), market.settlement)
+    statement = settle(
+        market.owner_session, market.consumer, market.quote, market.prices, records, release
+    )
     owners = {}
     for line in statement.lines:
         part = statement.for_owner(line.owner)
         owners[line.owner] = (part.encode(), sign_statement(part, key))
     return SignedSettlement(statement, statement.encode(), sign_statement(statement, key), owners)
+
+
+def payout_release(
+    market: SessionMarket,
+    points: NDArray[np.float64],
+    owner_ids: Sequence[str],
+    validation: NDArray[np.floating],
+    gamma: float,
+    noise: NoiseSource,
+) -> tuple[PayoutRelease, list[Charge]] | None:
+    """The session's payout release, when its terms fix one, and what it charges the validation
+    set (the owners charged theirs before their first point left).
+
+    Parameters
+    ----------
+    market : SessionMarket
+    points : ndarray of shape (p, n)
+        The delivered summary, in the order its points were added.
+    owner_ids : sequence of str, length p
+    validation : ndarray of shape (m, n)
+        D_v (it never leaves the curator; only the noisy values do).
+    gamma : float
+        The session's RBF kernel parameter.
+    noise : NoiseSource
+        The session's noise (OpenDP's sampler in production).
+
+    Returns
+    -------
+    (PayoutRelease, list of Charge) or None
+        None without a payout release, or for an empty summary.
+
+    Notes
+    -----
+    Calibration and what the release reveals: :mod:`dpmarket.common.market.payouts`. The
+    validation party is charged ``epsilon_validation = (2 / m) / b`` (a Laplace event); every
+    owner of the quote is in the release, those with no delivered point at exactly 0.
+    """
+    rule = market.settlement.rule()
+    if rule is None or len(owner_ids) == 0:
+        return None
+    owners = sorted(line.owner for line in market.quote.lines)
+    blocks = SummaryBlocks.from_summary(points, list(owner_ids), validation, gamma, owners=owners)
+    release = release_payouts(blocks, market.settlement.payout_epsilon, rule, noise)
+    charges = [
+        Charge("validation", "payout release (Laplace on the owners' values)", event)
+        for event in release.privacy_events()["validation"]
+    ]
+    return release, charges

@@ -146,6 +146,7 @@ MIGRATIONS: tuple[str, ...] = (
     # owner recorded it (NULL: not yet delivered).
     """
     ALTER TABLE sessions ADD COLUMN market_json TEXT;
+    ALTER TABLE sessions ADD COLUMN payout_json TEXT;
     CREATE TABLE statements (
         session TEXT PRIMARY KEY REFERENCES sessions (id),
         consumer TEXT NOT NULL,
@@ -437,13 +438,21 @@ class CuratorStore:
         *,
         ttl: float,
         settlement: SignedSettlement | None = None,
+        payout: dict[str, Any] | None = None,
     ) -> None:
         """Mark a session done and store its summary until ``ttl`` seconds from now, and its
-        settlement (statement and owners' parts) in the same transaction."""
+        settlement (statement and owners' parts) and payout release (what a later settlement
+        needs of it: :func:`~dpmarket.common.market.terms.release_to_json`) in the same
+        transaction."""
         now = self._clock()
         with self._lock, transaction(self._conn) as conn:
             if settlement is not None:
                 self._insert_settlement(conn, session_id, settlement, now)
+            if payout is not None:
+                conn.execute(
+                    "UPDATE sessions SET payout_json = ? WHERE id = ?",
+                    (json.dumps(payout, sort_keys=True), session_id),
+                )
             conn.execute(
                 "UPDATE sessions SET status = 'done', finished_at = ?, expires_at = ?, "
                 "report_json = ?, result = ? WHERE id = ?",
@@ -505,6 +514,17 @@ class CuratorStore:
         if row is None or row[0] is None:
             return None
         return SessionMarket.from_json(json.loads(row[0]))
+
+    def payout(self, session_id: str) -> dict[str, Any] | None:
+        """A done session's stored payout release (None: none)."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT payout_json FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        payout: dict[str, Any] = json.loads(row[0])
+        return payout
 
     def unsettled(self) -> list[str]:
         """Finished (done or failed) quoted sessions without a statement, oldest first."""

@@ -46,7 +46,7 @@ from dpmarket.common.market.statement import (
 from dpmarket.common.market.terms import MarketTerms
 from dpmarket.owner.ledger import OwnerLedger
 
-__all__ = ["Earning", "Earnings", "statement_id"]
+__all__ = ["PAYOUT_MECHANISM", "Earning", "Earnings", "payout_session", "statement_id"]
 
 
 def statement_id(data: bytes) -> str:
@@ -233,14 +233,13 @@ class Earnings:
                 f"{existing.id[:12]}; refused another ({key[:12]})"
             )
         totals = self.ledger.session_totals(session)
-        entries = self.ledger.entries(session=session)
-        payout = sum(e.epsilon for e in entries if e.mechanism == PAYOUT_MECHANISM)
+        payout = self.ledger.session_totals(payout_session(session)).epsilon
         record = OwnerRecord(
             session_id=session,
             consumer=consumer,
             points_released=int(totals.points),
-            epsilon_session=_priced(totals.epsilon) - payout,
-            epsilon_payout=payout,
+            epsilon_session=_priced(totals.epsilon),
+            epsilon_payout=float(payout),
         )
         check_statement(
             document,
@@ -329,4 +328,11 @@ class Earnings:
 
 
 #: How an owner's ledger names the payout release's charge.
-PAYOUT_MECHANISM = "payout"
+PAYOUT_MECHANISM = "payout release (Laplace)"
+
+
+def payout_session(session: str) -> str:
+    """The ledger's session id of a session's payout release charge: apart from the session's
+    own charges, so that the session's record (what the curator settles from) is the terms and
+    the points alone, and the payout is read on its own."""
+    return f"{session}/payout"

@@ -57,7 +57,7 @@ from dpmarket.common.errors import (
     on_private_data,
 )
 from dpmarket.common.ids import short_id
-from dpmarket.common.market.terms import FREE, check_quote
+from dpmarket.common.market.terms import FREE, check_quote, owner_payout_epsilon
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from dpmarket.common.privacy.rng import production_rng
@@ -70,7 +70,7 @@ from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
 from dpmarket.common.summarization.terms import OwnerTerms, Step
 from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
 from dpmarket.owner.data import PointSet
-from dpmarket.owner.earnings import Earnings
+from dpmarket.owner.earnings import PAYOUT_MECHANISM, Earnings, payout_session
 from dpmarket.owner.engine import WorkCancelled
 from dpmarket.owner.hash_keys import HashKeyParty
 from dpmarket.owner.ledger import OwnerLedger
@@ -1068,12 +1068,15 @@ class Owner:
             # What the method asks that no charge covers (exact bids to the curator), then
             # what it charges, then how many rounds: each refusal before anything is computed.
             check_exact_bids(self.ledger.policy, terms)
+            payout = 0.0
+            if terms.market is not None:
+                payout = owner_payout_epsilon(terms.market.settlement)
             self.ledger.check(
                 session=session_id,
                 consumer=consumer,
                 curator=curator,
                 mechanism=terms.mechanism,
-                epsilon=terms.epsilon,
+                epsilon=terms.epsilon + payout,
                 delta=terms.delta,
                 points=0,
             )
@@ -1212,19 +1215,45 @@ class Owner:
     def _charger(
         self, session_id: str, curator: str, consumer: str, terms: OwnerTerms
     ) -> Callable[[int, str], None] | None:
-        """The session's charge function: the first charge carries the terms."""
+        """The session's charge function: the first charge carries the terms; before the first
+        raw point leaves, the payout release the market terms fix is charged too (apart, under
+        :func:`~dpmarket.owner.earnings.payout_session`), so that every owner whose points a
+        payout release is about has paid for it before any release."""
         ledger = self.ledger
         if ledger is None:
             return None
         charged = False
+        payout = 0.0 if terms.market is None else owner_payout_epsilon(terms.market.settlement)
+        paid = payout == 0.0
 
         def charge(points: int, what: str) -> None:
-            nonlocal charged
+            nonlocal charged, paid
             if charged and points == 0:
                 return
             eps, dlt, mechanism = 0.0, 0.0, what
             if not charged:
                 eps, dlt, mechanism = terms.epsilon, terms.delta, f"{terms.mechanism}; {what}"
+            if points > 0 and not paid:
+                # Both refused or both charged: check the release, then charge the payout first.
+                ledger.check(
+                    session=session_id,
+                    consumer=consumer,
+                    curator=curator,
+                    mechanism=mechanism,
+                    epsilon=eps + payout,
+                    delta=dlt,
+                    points=points,
+                )
+                ledger.charge(
+                    session=payout_session(session_id),
+                    consumer=consumer,
+                    curator=curator,
+                    mechanism=PAYOUT_MECHANISM,
+                    epsilon=payout,
+                    delta=0.0,
+                    points=0,
+                )
+                paid = True
             ledger.charge(
                 session=session_id,
                 consumer=consumer,

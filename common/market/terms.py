@@ -18,12 +18,15 @@ baseline) has no price per unit of epsilon: it is priced at 0 epsilon when the o
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.common.market.money import epsilon_units, format_credits
+from dpmarket.common.market.payouts import PayoutRelease, payout_noise_scale, payout_sensitivity
 from dpmarket.common.market.pricing import (
     Charge,
     OwnerLimits,
@@ -42,10 +45,14 @@ __all__ = [
     "QuoteRefusedError",
     "RewardOffer",
     "check_quote",
+    "owner_payout_epsilon",
     "priced_epsilon",
     "quote_from_json",
     "quote_to_json",
+    "release_from_json",
+    "release_to_json",
     "session_quote",
+    "silent_release",
 ]
 
 #: The prices of an owner that sets none (and of one that publishes none): free.
@@ -342,3 +349,74 @@ def quote_from_json(data: Mapping[str, Any]) -> Quote:
     if "total" in data and int(data["total"]) != quoted.total:
         raise ValueError(f"a quote's total {data['total']} is not its lines' {quoted.total}")
     return quoted
+
+
+def owner_payout_epsilon(settlement: SettlementTerms) -> float:
+    """What the payout release the terms fix charges an owner with a delivered point:
+    ``epsilon_owner = D_O / b`` (<= the payout epsilon), from the public m, p, payout epsilon and
+    reward rule (:func:`~dpmarket.common.market.payouts.payout_sensitivity`); 0 without a
+    payout release. The owner charges it before its first raw point leaves, so every owner
+    whose points the release is about has paid for it."""
+    rule = settlement.rule()
+    if rule is None:
+        return 0.0
+    m, p = settlement.validation_size, settlement.summary_size
+    sens = payout_sensitivity(m, p, reveals_other_values=rule.reveals_other_values)
+    scale = payout_noise_scale(m, p, settlement.payout_epsilon, rule)
+    return sens.owner / scale
+
+
+def silent_release(owners: Sequence[str], settlement: SettlementTerms) -> PayoutRelease | None:
+    """The payout release of a session that delivered nothing (it failed): every owner's value
+    and payout exactly 0, nothing released, under the terms' rule and noise scale (so that the
+    statement's header states the settlement the terms fixed). None without a payout release."""
+    rule = settlement.rule()
+    if rule is None:
+        return None
+    m, p = settlement.validation_size, settlement.summary_size
+    k = len(owners)
+    return PayoutRelease(
+        owners=tuple(owners),
+        counts=np.zeros(k, dtype=np.int64),
+        values=np.zeros(k, dtype=np.float64),
+        noise_scale=payout_noise_scale(m, p, settlement.payout_epsilon, rule),
+        epsilon=settlement.payout_epsilon,
+        sensitivity=payout_sensitivity(m, p, reveals_other_values=rule.reveals_other_values),
+        rule=rule,
+        payouts=(0,) * k,
+    )
+
+
+def release_to_json(release: PayoutRelease) -> dict[str, Any]:
+    """The parts of a payout release a statement needs, as JSON (the curator keeps them with a
+    session until it is settled): owners, counts, noisy values (floats, exact in JSON), payouts."""
+    return {
+        "owners": list(release.owners),
+        "counts": [int(n) for n in release.counts],
+        "values": [float(v) for v in release.values],
+        "payouts": list(release.payouts),
+    }
+
+
+def release_from_json(data: Mapping[str, Any], settlement: SettlementTerms) -> PayoutRelease:
+    """The inverse of :func:`release_to_json`, under the settlement's rule.
+
+    Raises
+    ------
+    ValueError, KeyError
+        If ``data`` is malformed or the terms fix no payout release.
+    """
+    rule = settlement.rule()
+    if rule is None:
+        raise ValueError("the terms fix no payout release")
+    m, p = settlement.validation_size, settlement.summary_size
+    return PayoutRelease(
+        owners=tuple(data["owners"]),
+        counts=np.asarray(data["counts"], dtype=np.int64),
+        values=np.asarray(data["values"], dtype=np.float64),
+        noise_scale=payout_noise_scale(m, p, settlement.payout_epsilon, rule),
+        epsilon=settlement.payout_epsilon,
+        sensitivity=payout_sensitivity(m, p, reveals_other_values=rule.reveals_other_values),
+        rule=rule,
+        payouts=tuple(int(x) for x in data["payouts"]),
+    )

@@ -299,15 +299,6 @@ class SummarizationSession:
         state = self.state
         cfg = state.config
         k = len(state.slots)
-        ledger = SessionLedger()
-        if any(led.entries for led in state.ledgers.values()):
-            ledger = SessionLedger(
-                validation=state.ledgers["validation"].report(),
-                owners=state.ledgers["owners"].report(),
-            )
-        ledger = self.strategy.ledger(ledger)
-        if state.terms is not None:
-            ledger = dataclasses.replace(ledger, owner_terms=TermsReport.from_terms(state.terms))
         return SessionReport(
             method=cfg.method,
             summary_size=summary_size,
@@ -317,7 +308,7 @@ class SummarizationSession:
             all_owners_bound=k * cfg.summary_size,
             paper_bound=self.strategy.paper_bound(),
             dropped_owners=state.dropped(),
-            ledger=ledger,
+            ledger=self.ledger_report(),
             wall_time_seconds=elapsed,
             rejected_points=state.rejected_points,
             round_seconds=tuple(state.round_seconds),
@@ -328,6 +319,21 @@ class SummarizationSession:
             left_out=state.left_out(),
             quote=state.quote,
         )
+
+    def ledger_report(self) -> SessionLedger:
+        """The session's privacy ledger as its report states it: every charge so far (a payout
+        release charged after the run included) and the method's parts."""
+        state = self.state
+        ledger = SessionLedger()
+        if any(led.entries for led in state.ledgers.values()):
+            ledger = SessionLedger(
+                validation=state.ledgers["validation"].report(),
+                owners=state.ledgers["owners"].report(),
+            )
+        ledger = self.strategy.ledger(ledger)
+        if state.terms is not None:
+            ledger = dataclasses.replace(ledger, owner_terms=TermsReport.from_terms(state.terms))
+        return ledger
 
     def _result(self, summary: SummaryState, elapsed: float) -> SummaryResult:
         state = self.state

@@ -38,6 +38,7 @@ from numpy.typing import ArrayLike
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from dpmarket.common.market.money import parse_credits
 from dpmarket.common.market.pricing import Quote
+from dpmarket.common.market.terms import NO_REWARD, RewardOffer
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.summarization.methods import SummarizationConfig
@@ -183,6 +184,7 @@ class Consumer:
         on_progress: Callable[[ProgressEvent], None] | None = None,
         request_id: str | None = None,
         max_cost: str | int | Decimal | None = None,
+        reward: RewardOffer | None = None,
     ) -> SummaryResult:
         """A summary of ``config.summary_size`` owner points matching ``validation``.
 
@@ -211,7 +213,12 @@ class Consumer:
             The most the session may cost, in credits (``"12.5"``; not a float): the curator
             quotes the request from every owner's prices before anything is released, and a
             quote above the cap is refused (``FailedPreconditionError``), nothing released or
-            charged anywhere. The quote is ``result.report.quote``.
+            charged anywhere. The quote is ``result.report.quote``, the settled cost
+            ``result.report.cost`` (micro-credits).
+        reward : RewardOffer, optional
+            A value-based reward (:class:`~dpmarket.common.market.terms.RewardOffer`: rule,
+            micro-credits, payout epsilon) split among the owners by the private payout
+            release.
 
         Returns
         -------
@@ -241,6 +248,7 @@ class Consumer:
             schema=schema,
             feature_names=feature_names,
             max_cost=None if max_cost is None else parse_credits(max_cost),
+            reward=reward or NO_REWARD,
         )
 
     def quote(
@@ -253,6 +261,7 @@ class Consumer:
         schema: Schema | None = None,
         feature_names: Sequence[str] = (),
         max_cost: str | int | Decimal | None = None,
+        reward: RewardOffer | None = None,
     ) -> Quote:
         """The most :meth:`summarize` with these arguments would cost, without running it:
         nothing is released or charged, no session is created.
@@ -279,6 +288,7 @@ class Consumer:
             schema=schema,
             feature_names=feature_names,
             max_cost=None if max_cost is None else parse_credits(max_cost),
+            reward=reward or NO_REWARD,
         )
 
     @staticmethod

@@ -28,7 +28,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from dpmarket.common.market.money import epsilon_units, format_credits
 from dpmarket.common.market.pricing import OwnerPrices
 from dpmarket.common.market.statement import SettlementTerms, sign_statement
-from dpmarket.common.market.terms import MarketTerms, check_quote
+from dpmarket.common.market.terms import (
+    MarketTerms,
+    RewardOffer,
+    check_quote,
+    owner_payout_epsilon,
+)
 from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.rff import draw_rff_params
 from dpmarket.consumer.client import CuratorClient
@@ -37,7 +42,7 @@ from dpmarket.curator.store import DATABASE_FILE
 from dpmarket.deploy.cli import main
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
 from dpmarket.experiments.scenarios import Scenario, write_scenario
-from dpmarket.owner.earnings import Earning, Earnings
+from dpmarket.owner.earnings import Earning, Earnings, payout_session
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.runtime.arrays import array_to_proto
 from dpmarket.runtime.identity import Identity, identity_files
@@ -410,3 +415,52 @@ def _statement_count_pending(cluster: LocalCluster, sid: str) -> int:
         )
     finally:
         conn.close()
+
+
+def test_a_reward_is_split_by_the_private_payouts_charged_to_their_subjects(
+    market: LocalCluster, digits: Scenario
+) -> None:
+    """With a value reward, the curator releases every owner's noisy Shapley value, charging
+    the validation set at the curator and, before its first point left, each owner that
+    released a point (its ledger's payout entry, epsilon_owner <= the payout epsilon); the
+    statement's header states the rule, the noise scale the owners recompute, and each owner's
+    reward, which every owner recomputes from its own line before recording it."""
+    reward = RewardOffer("value", 5_000_000, 1.0)
+    config = CandidatesConfig(summary_size=P)
+    seeds = np.zeros((0, digits.n_features))
+    with CuratorClient(market.curator_target, market.consumer_security()) as client:
+        quoted = client.quote_session(config, digits.validation, seeds, reward=reward)
+        result = client.summarize(config, digits.validation, seeds, seed=21, reward=reward)
+        (settled,) = client.statements(limit=1)
+    assert quoted.reward == 5_000_000 and result.report.cost == settled.statement.total
+    header = settled.statement.header
+    settlement = reward.settlement(P, len(digits.validation))
+    assert header.reward_rule == "value" and header.reward == 5_000_000
+    assert header.noise_scale == settlement.header_fields()["noise_scale"]
+    _check_settled(market, settled)
+    payout = owner_payout_epsilon(settlement)
+    assert 0 < payout <= 1.0
+    delivered = [line for line in settled.statement.lines if line.points_delivered > 0]
+    assert delivered and sum(line.reward for line in settled.statement.lines) <= 5_000_000
+    for line in settled.statement.lines:
+        assert line.epsilon_payout == (epsilon_units(payout) if line.points_read else 0)
+        if line.points_delivered == 0:
+            assert line.value == 0 and line.reward == 0
+        with OwnerLedger(market.owner_state(line.owner), None) as ledger:
+            charged = ledger.session_totals(payout_session(header.session_id)).epsilon
+        assert charged == (payout if line.points_read else 0.0)
+    validation = [
+        json.loads(event)
+        for party, label, event in _curator_charges(market)
+        if party == "validation" and label.startswith("payout release")
+    ]
+    assert len(validation) >= 1 and validation[-1]["epsilon"] <= 1.0 + 1e-12
+
+
+def _curator_charges(cluster: LocalCluster) -> list[tuple[str, str, str]]:
+    conn = sqlite3.connect(cluster.curator_state / DATABASE_FILE)
+    try:
+        rows = conn.execute("SELECT party, label, event_json FROM charges ORDER BY id").fetchall()
+    finally:
+        conn.close()
+    return [(str(a), str(b), str(c)) for a, b, c in rows]
