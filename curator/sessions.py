@@ -18,6 +18,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dpmarket.common.errors import (
     AbortedError,
@@ -151,6 +152,7 @@ class SessionManager:
         self._starting = 0
         self.rate = RequestRate(self.policy.per_consumer_per_minute, clock=clock)
         self._request_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._deliveries: set[asyncio.Task[int]] = set()
         if store is not None:
             for session_id in store.recover(ttl=self.policy.result_ttl_seconds):
                 logger.warning(
@@ -499,7 +501,11 @@ class SessionManager:
         if self.store is not None:
             if managed.error is not None:  # a failed session settles what it released
                 self._settle_failed(managed.session_id)
-            await self.deliver_statements(managed.session_id)
+            # Each owner's part is delivered off the consumer's path (a restart delivers again
+            # what was not recorded: the statement is durable already).
+            task = asyncio.create_task(self.deliver_statements(managed.session_id))
+            self._deliveries.add(task)
+            task.add_done_callback(self._deliveries.discard)
         final = managed.final
         if final is None:  # pragma: no cover - the session always emits its last event
             stage: Stage = "failed" if managed.error is not None else "done"
@@ -814,9 +820,10 @@ class SessionManager:
 
     async def close(self) -> None:
         """Cancel running sessions (their owners' sessions are closed) and wait for them."""
-        tasks = [
+        tasks: list[asyncio.Task[Any]] = [
             m.task for m in self._sessions.values() if m.task is not None and not m.task.done()
         ]
+        tasks += [task for task in self._deliveries if not task.done()]
         for task in tasks:
             task.cancel()
         for task in tasks:

@@ -255,7 +255,8 @@ def test_a_session_is_settled_from_the_owners_records_and_each_owner_checks_its_
     seeds = np.zeros((0, digits.n_features))
     with CuratorClient(market.curator_target, market.consumer_security()) as client:
         result = client.summarize(config, digits.validation, seeds, seed=11)
-        (settled,) = client.statements(limit=1)
+        (newest,) = client.statements(limit=1)
+    settled = _settled_everywhere(market, newest.session_id)  # delivered off the consumer's path
     statement = settled.statement
     assert result.report.cost == statement.total > 0
     assert result.report.quote is not None and statement.total <= result.report.quote.total
@@ -385,6 +386,7 @@ def test_a_curator_killed_before_delivering_a_statement_delivers_it_after_restar
         done = client.create_session(config, digits.validation, seeds, seed=13)
         for _ in client.watch(done):
             pass
+    _settled_everywhere(market, done)
     market.kill_curator()
     before, statements = _earnings(market), _statements_count(market)
     conn = sqlite3.connect(market.curator_state / DATABASE_FILE)
@@ -431,7 +433,8 @@ def test_a_reward_is_split_by_the_private_payouts_charged_to_their_subjects(
     with CuratorClient(market.curator_target, market.consumer_security()) as client:
         quoted = client.quote_session(config, digits.validation, seeds, reward=reward)
         result = client.summarize(config, digits.validation, seeds, seed=21, reward=reward)
-        (settled,) = client.statements(limit=1)
+        (newest,) = client.statements(limit=1)
+    settled = _settled_everywhere(market, newest.session_id)
     assert quoted.reward == 5_000_000 and result.report.cost == settled.statement.total
     header = settled.statement.header
     settlement = reward.settlement(P, len(digits.validation))
