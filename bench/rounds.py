@@ -327,6 +327,7 @@ rounds_per_point = 1000
 [access]
 allow_non_private = true
 allow_exact_bids = true
+allow_steered_selection = true
 """
 _BENCH_CURATOR_POLICY = """
 [requests]

@@ -40,10 +40,11 @@ from dpmarket.common.summarization.methods import (
 )
 from dpmarket.common.summarization.session_ledger import SketchAllocationReport
 from dpmarket.common.summarization.summary import SummaryResult
+from dpmarket.deploy.local import DRAFT_NOTES, draft_owner_policy
 from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
 from dpmarket.experiments.runner import exact_greedy_summary, owner_sketch_seed
 from dpmarket.owner.data import feature_columns
-from dpmarket.owner.policy import OwnerPolicy, load_owner_policy
+from dpmarket.owner.policy import load_owner_policy
 from dpmarket.runtime.cli import progress_printer
 from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
 from dpmarket.runtime.transport import TransportSecurity
@@ -77,10 +78,13 @@ class LocalCluster:
         (each owner's ledger) and ``curator/`` (sessions and charges). Default: a temporary
         directory removed on exit.
     owner_policy, curator_policy : path, optional
-        Policy files of every owner and of the curator (default: built-in defaults). With
-        certificates, each owner gets ``owner_policy`` with a ``[peers]`` section added: the
-        public-key pins of every owner of the cluster and of ``peer_owners``
-        (:attr:`owner_policy_file`), as ``dpmarket init`` writes them.
+        Policy files of every owner and of the curator. The owners' default is the policy
+        ``dpmarket init`` drafts (:func:`dpmarket.deploy.local.draft_owner_policy`: the
+        built-in defaults, and the candidates methods served, since the cluster's operator
+        runs its curator); the curator's, the built-in defaults. With certificates, each owner
+        gets its policy with a ``[peers]`` section added: the public-key pins of every owner of
+        the cluster and of ``peer_owners`` (:attr:`owner_policy_file`), as ``dpmarket init``
+        writes them.
     allow_seeded_sessions : bool
         Passed to the curator and the owners (reproducible runs).
     owner_timeout : float
@@ -221,22 +225,25 @@ class LocalCluster:
     @property
     def owner_policy_file(self) -> str | None:
         """The policy file every owner command of the cluster gets (``--policy``): with
-        certificates, ``owner_policy`` (or the defaults) with the ``[peers]`` pins of every owner
-        of the cluster and of ``peer_owners``, written into the state directory; plaintext
-        clusters pass ``owner_policy`` as it is (no CAPE without certificates)."""
-        if self.insecure:
+        certificates, ``owner_policy`` (or the drafted policy) with the ``[peers]`` pins of every
+        owner of the cluster and of ``peer_owners``, written into the state directory; plaintext
+        clusters pass ``owner_policy`` as it is (no CAPE without certificates), or the drafted
+        policy written there."""
+        if self.insecure and self.owner_policy is not None:
             return self.owner_policy
         return str(self.state_dir / "owner-policy.toml")
 
     def _write_owner_policy(self) -> None:
-        """Write :attr:`owner_policy_file`: the owners pin each other's keys, as ``dpmarket
-        init`` makes them."""
-        base = OwnerPolicy() if self.owner_policy is None else load_owner_policy(self.owner_policy)
-        pins = owner_pins(self.pki_dir, [*self.owner_ids, *self.peer_owners])
-        policy = dataclasses.replace(base, peers=tuple(pins.items()))
+        """Write :attr:`owner_policy_file`: the owners pin each other's keys (with
+        certificates), as ``dpmarket init`` makes them."""
+        drafted = self.owner_policy is None
+        base = draft_owner_policy() if drafted else load_owner_policy(str(self.owner_policy))
+        if not self.insecure:
+            pins = owner_pins(self.pki_dir, [*self.owner_ids, *self.peer_owners])
+            base = dataclasses.replace(base, peers=tuple(pins.items()))
         path = Path(str(self.owner_policy_file))
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(policy.to_toml(), encoding="utf-8")
+        path.write_text(base.to_toml(DRAFT_NOTES if drafted else None), encoding="utf-8")
 
     def owner_security(self, owner_id: str) -> TransportSecurity:
         """mTLS credentials of an owner of the cluster (plaintext if insecure)."""
@@ -321,6 +328,7 @@ class LocalCluster:
         """Issue the certificates, start every owner, then the curator pointed at them."""
         if not self.insecure:
             self.issue_certificates()
+        if not (self.insecure and self.owner_policy is not None):
             self._write_owner_policy()
         if self.init_ledgers:
             self.create_ledgers()

@@ -22,6 +22,8 @@ comments is ``deploy/policies/owner.toml``)::
     curators = ["curator"]      # names of the curator certificates this owner serves
     allow_non_private = false   # whether exact (epsilon = inf) releases may be served at all
     allow_exact_bids = false    # whether per-round methods (exact bids to the curator) are served
+    allow_steered_selection = false  # whether the candidates methods (rows picked along the
+                                     # curator's embedding) are served
     [limits]
     max_sessions = 8
     session_idle_timeout_seconds = 600
@@ -94,6 +96,7 @@ _KEYS: dict[tuple[str, str], str] = {
     ("access", "curators"): "curators",
     ("access", "allow_non_private"): "allow_non_private",
     ("access", "allow_exact_bids"): "allow_exact_bids",
+    ("access", "allow_steered_selection"): "allow_steered_selection",
     ("limits", "max_sessions"): "max_sessions",
     ("limits", "session_idle_timeout_seconds"): "session_idle_timeout_seconds",
     ("limits", "max_rff_dimension"): "max_rff_dimension",
@@ -257,6 +260,19 @@ class OwnerPolicy:
         curator with exact bids. Off (the default), such terms are refused when the session
         opens (``FAILED_PRECONDITION`` naming this key) and nothing is charged; greedy needs
         ``allow_non_private`` too. ``access.allow_exact_bids``.
+    allow_steered_selection : bool
+        Whether the methods that pick the rows they send by their score along an embedding the
+        curator chooses may be served: the candidates methods (``candidates-counts``,
+        ``candidates-sketch``) and their hashes mode, whose proposals are the rows the owner's
+        local greedy finds most relevant to the validation embedding (and h1's parameters) the
+        curator sends. Each row is charged as a raw point, but which row is chosen tells the
+        curator how it compares with every row not sent, and no epsilon charges that: a curator
+        that steers the greedy (h1 monotone in one column, one point asked) receives the row
+        with that column's largest value. At most ``session_points`` rows per session, so at
+        most that many such comparisons. Off (the default), such terms are refused when the
+        session opens (``FAILED_PRECONDITION`` naming this key), before anything is counted or
+        picked, and nothing is charged; the uniform method is served either way.
+        ``access.allow_steered_selection``.
     curators : tuple of str
         Names (certificate names) of the curators this owner serves; at least one, no
         duplicates, none empty. ``access.curators``.
@@ -317,7 +333,8 @@ class OwnerPolicy:
     Notes
     -----
     The budgets are enforced by :class:`dpmarket.owner.ledger.OwnerLedger` (epsilon, delta and
-    points; ``allow_non_private``); ``allow_exact_bids`` and ``rounds_per_point`` by the owner
+    points; ``allow_non_private``); ``allow_exact_bids``, ``allow_steered_selection`` and
+    ``rounds_per_point`` by the owner
     when a session opens (:func:`dpmarket.owner.terms.check_terms`); ``curators`` and the
     ``limits`` are enforced by the owner service; ``sketches`` by the owner's publisher
     (:class:`dpmarket.owner.sketches.SketchPublisher`), before the ledger is asked; ``cape`` by the
@@ -336,6 +353,7 @@ class OwnerPolicy:
     rounds_per_point: int = 1
     allow_non_private: bool = False
     allow_exact_bids: bool = False
+    allow_steered_selection: bool = False
     curators: tuple[str, ...] = ("curator",)
     max_sessions: int = 8
     session_idle_timeout_seconds: float = 600.0
@@ -382,7 +400,7 @@ class OwnerPolicy:
             )
         put("points_fraction_per_session", fraction)
         put("rounds_per_point", _integer(self.rounds_per_point, "rounds_per_point"))
-        for flag in ("allow_non_private", "allow_exact_bids"):
+        for flag in ("allow_non_private", "allow_exact_bids", "allow_steered_selection"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{_key(flag)} must be true or false, got {getattr(self, flag)!r}")
         curators = self.curators
@@ -513,8 +531,15 @@ class OwnerPolicy:
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from exc
 
-    def to_toml(self) -> str:
+    def to_toml(self, notes: Mapping[str, str] | None = None) -> str:
         """The policy as a TOML document in the file layout; :meth:`from_mapping` reads it back.
+
+        Parameters
+        ----------
+        notes : mapping of str to str, optional
+            Comments for a reader of the file, by field name (``"allow_steered_selection"``):
+            each written as ``#`` lines above its key (a drafted policy says why a key is set
+            as it is). They change nothing the file says.
 
         Returns
         -------
@@ -522,7 +547,16 @@ class OwnerPolicy:
             Every key written explicitly, so the text is a complete record of the policy
             (the ledger stores it); ``[prices]`` is written when a price is set (a ledger
             recorded before prices existed keeps its record of a free policy).
+
+        Raises
+        ------
+        ValueError
+            If ``notes`` names no field of the file layout.
         """
+        notes = dict(notes or {})
+        unknown = sorted(set(notes) - set(_KEY_OF_FIELD))
+        if unknown:
+            raise ValueError(f"notes for unknown policy fields: {unknown}")
         lines: list[str] = []
         for section in _SECTIONS:
             if lines:
@@ -530,6 +564,8 @@ class OwnerPolicy:
             lines.append(f"[{section}]  # {_SECTION_COMMENTS[section]}")
             for (s, key), name in _KEYS.items():
                 if s == section:
+                    if name in notes:
+                        lines += [f"# {line}".rstrip() for line in notes[name].splitlines()]
                     lines.append(f"{key} = {_toml_value(getattr(self, name))}")
         lines += ["", f"[{_PEERS}]  # {_PEERS_COMMENT}"]
         lines += [f"{name} = {_toml_string(pin)}" for name, pin in self.peers]

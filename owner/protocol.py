@@ -12,10 +12,11 @@ every raw point before it leaves ("charge, then release": a crash between the tw
 but never releases anything uncharged). A refused charge raises ``FailedPreconditionError`` and
 changes nothing. Its policy also decides what the terms' method may ask that no charge covers
 (:mod:`dpmarket.owner.terms`): the per-round methods, whose bids answer the curator exactly, only
-with ``access.allow_exact_bids``, and no more Bid rounds than ``session.rounds_per_point`` per raw
-point the session may receive. An owner built without a ledger (in-process research runs:
-``dpmarket simulate``, the evaluation harness, benchmarks) records, charges and enforces none of
-this; the owner service always has one.
+with ``access.allow_exact_bids``; the candidates methods, whose rows are picked along the
+curator's embedding, only with ``access.allow_steered_selection``; and no more Bid rounds than
+``session.rounds_per_point`` per raw point the session may receive. An owner built without a
+ledger (in-process research runs: ``dpmarket simulate``, the evaluation harness, benchmarks)
+records, charges and enforces none of this; the owner service always has one.
 
 Every session is a state machine the owner enforces, ledger or not (:mod:`dpmarket.owner.steps`): it
 answers only the steps of the terms' method, in their order, each once (the rounds once per
@@ -77,7 +78,7 @@ from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.limits import QUICK_STEP_BYTES, WorkLimits
 from dpmarket.owner.partitioned import PartitionedData
 from dpmarket.owner.steps import SessionSteps
-from dpmarket.owner.terms import check_exact_bids, check_rounds
+from dpmarket.owner.terms import check_exact_bids, check_rounds, check_steered_selection
 
 logger = logging.getLogger(__name__)
 
@@ -1027,10 +1028,11 @@ class Owner:
             If the ledger refuses the terms (over the per-session or remaining budget, or
             non-private terms the policy does not allow), or the policy refuses what the terms'
             method asks (:mod:`dpmarket.owner.terms`: a per-round method without
-            ``access.allow_exact_bids``; more Bid rounds than ``session.rounds_per_point`` times
-            the point allowance), or the owner's prices refuse the quote
-            (:func:`~dpmarket.common.market.terms.check_quote`: a quoted charge below them, or no
-            quote for an owner that is not free). Nothing is charged.
+            ``access.allow_exact_bids``; a candidates method or its hashes mode without
+            ``access.allow_steered_selection``; more Bid rounds than
+            ``session.rounds_per_point`` times the point allowance), or the owner's prices
+            refuse the quote (:func:`~dpmarket.common.market.terms.check_quote`: a quoted
+            charge below them, or no quote for an owner that is not free). Nothing is charged.
         ResourceExhaustedError
             If ``max_sessions`` sessions are open (after closing idle ones).
         AlreadyExistsError
@@ -1065,9 +1067,11 @@ class Owner:
         n = info.num_points
         allowance = n
         if self.ledger is not None:
-            # What the method asks that no charge covers (exact bids to the curator), then
-            # what it charges, then how many rounds: each refusal before anything is computed.
+            # What the method asks that no charge covers (exact bids to the curator, rows
+            # picked along the curator's direction), then what it charges, then how many
+            # rounds: each refusal before anything is computed.
             check_exact_bids(self.ledger.policy, terms)
+            check_steered_selection(self.ledger.policy, terms)
             payout = 0.0
             if terms.market is not None:
                 payout = owner_payout_epsilon(terms.market.settlement)

@@ -8,8 +8,10 @@ included, as state objects (:mod:`.protocol`), secure against an aggregator that
 colluding sites.
 For many sites, SecAgg+ (Bell et al., CCS 2020): the same defences on a sparse random graph whose
 seed the sites draw and whose degree grows like ``log S`` (:mod:`.graph`: the graph and the
-derivation of its parameters; :mod:`.sparse`: the six stages). Used by CAPE (CAPE paper,
-Algorithm 1, step 3) to sum the sites' noise draws.
+derivation of its parameters; :mod:`.sparse`: the six stages). What the two share (a site's
+key pairs, sharing and masking, the aggregator's unmasking, the stages) is written once in
+:mod:`.base`, of which both are small subclasses. Used by CAPE (CAPE paper, Algorithm 1, step 3)
+to sum the sites' noise draws.
 """
 
 from collections.abc import Mapping

@@ -31,46 +31,49 @@ digest of every round parameter, not only to the round id.
 This module is the complete graph (every site shares with and masks with every other). For many
 sites, :mod:`dpmarket.common.secagg.sparse` runs SecAgg+ with the same defences per neighbourhood on
 the graph of :mod:`dpmarket.common.secagg.graph` (``RoundParams.neighbours > 0``), which also says
-what the sparse graph changes in the argument of :class:`RoundParams`.
+what the sparse graph changes in the argument of :class:`RoundParams`. The work both share (key
+pairs, secret sharing, masking, unmasking, the stages) is in :mod:`dpmarket.common.secagg.base`;
+:class:`SecAggSite` and :class:`SecAggAggregator` add the complete graph's checks: every site's
+signed advertisement, one threshold ``t`` for all, and the signed survivor list.
 """
 
 from __future__ import annotations
 
-import enum
 import functools
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 
-from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.common.secagg import graph, shamir
+
+# Kept under their former names for code that imported them from here (the tests' attack helper).
+from dpmarket.common.secagg.base import MASK_KEY_LABEL as _MASK_KEY_LABEL  # noqa: F401
+from dpmarket.common.secagg.base import (
+    AggregatorBase,
+    PhaseTimer,
+    SiteBase,
+    Stage,
+    check_stage,
+    encoded_prefix,
+    prepare_run,
+)
+from dpmarket.common.secagg.base import pair_info as _pair_info  # noqa: F401
 from dpmarket.common.secagg.crypto import (
     KEY_BYTES,
-    EcdsaSigner,
-    EcdsaVerifier,
-    MaskAccumulator,
     RandomBytes,
     SecAggError,
     Signer,
     Verifier,
-    decrypt,
     encode_fields,
-    encrypt,
-    generate_private_key,
-    private_key_bytes,
-    private_key_from_bytes,
     public_key_bytes,
-    shared_key,
 )
-from dpmarket.common.secagg.fixedpoint import FixedPoint, dequantize_sum, quantize
+from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.shamir import Share
 
 __all__ = [
@@ -95,30 +98,12 @@ ROUND_ID_BYTES = 16
 # valid for another.
 _ADVERTISE_LABEL = b"dpmarket/secagg/v1/advertise"
 _SHARE_KEY_LABEL = b"dpmarket/secagg/v1/share-encryption-key"
-_SHARE_AD_LABEL = b"dpmarket/secagg/v1/share"
-_MASK_KEY_LABEL = b"dpmarket/secagg/v1/pairwise-mask"
 _CONSISTENCY_LABEL = b"dpmarket/secagg/v1/consistency-check"
 _PARAMS_LABEL = b"dpmarket/secagg/v1/round-params"
 
-#: Plaintext of one share ciphertext: the recipient's share of the sender's self-mask seed,
-#: then its share of the sender's pairwise-mask private key.
-_SHARE_PAIR_BYTES = 2 * shamir.SHARE_BYTES
 
 DropStage = Literal["advertise", "reveal", "share", "mask", "check", "unmask"]
 _DROP_STAGES: tuple[str, ...] = ("advertise", "share", "mask", "check", "unmask")
-
-
-class Stage(enum.Enum):
-    """Where a :class:`SecAggSite` or :class:`SecAggAggregator` is in the round."""
-
-    NEW = "new"
-    ADVERTISED = "advertised"
-    SHARED = "shared"
-    REVEALED = "revealed"
-    MASKED = "masked"
-    CHECKED = "checked"
-    DONE = "done"
-    ABORTED = "aborted"
 
 
 def min_threshold(sites: int, colluders: int = 0) -> int:
@@ -417,14 +402,6 @@ class UnmaskResponse:
     key_shares: dict[str, Share]
 
 
-@functools.lru_cache(maxsize=64)
-def _encoded_prefix(*fields: bytes) -> bytes:
-    """``encode_fields(*fields)``, kept: the leading fields a round's per-pair messages share (a
-    label, the round id, ...). ``encode_fields(*a) + encode_fields(*b) == encode_fields(*a, *b)``,
-    so a message is its prefix and the encoding of its own fields. Holds public bytes only."""
-    return encode_fields(*fields)
-
-
 def advertisement_message(
     round_id: bytes, site: str, c_public: bytes, s_public: bytes, commitment: bytes = b""
 ) -> bytes:
@@ -435,7 +412,7 @@ def advertisement_message(
     from another round; binding the site id stops one site's keys being presented as another's;
     binding the commitment fixes the site's contribution to the graph seed.
     """
-    prefix = _encoded_prefix(_ADVERTISE_LABEL, round_id)
+    prefix = encoded_prefix(_ADVERTISE_LABEL, round_id)
     if commitment:
         return prefix + encode_fields(site.encode(), c_public, s_public, commitment)
     return prefix + encode_fields(site.encode(), c_public, s_public)
@@ -460,68 +437,7 @@ def consistency_message(
     return encode_fields(*fields)
 
 
-def _pair_info(label: bytes, round_id: bytes, a: str, b: str) -> bytes:
-    """HKDF info for the key of the unordered pair {a, b} in this round."""
-    low, high = (a, b) if a <= b else (b, a)
-    return _encoded_prefix(label, round_id) + encode_fields(low.encode(), high.encode())
-
-
-def _share_associated_data(round_id: bytes, sender: str, recipient: str) -> bytes:
-    prefix = _encoded_prefix(_SHARE_AD_LABEL, round_id)
-    return prefix + encode_fields(sender.encode(), recipient.encode())
-
-
-#: Bytes :func:`_randbelow_from` asks its source for at a time (one call serves a sharing's
-#: coefficients: 66 bytes each for the field of :mod:`dpmarket.common.secagg.shamir`).
-_RANDOM_CHUNK_BYTES = 4096
-
-
-def _randbelow_from(random_bytes: RandomBytes) -> Callable[[int], int]:
-    """Uniform integers in ``[0, bound)`` by rejection sampling from ``random_bytes``.
-
-    The bytes are drawn :data:`_RANDOM_CHUNK_BYTES` at a time and used in order, each once (a
-    call of ``os.urandom`` per coefficient cost as much as the polynomial's evaluation); what is
-    left when the function is dropped is never used.
-    """
-    pool = b""
-    used = 0
-
-    def take(n_bytes: int) -> bytes:
-        nonlocal pool, used
-        if used + n_bytes > len(pool):
-            fresh = random_bytes(max(n_bytes, _RANDOM_CHUNK_BYTES))
-            if len(fresh) < n_bytes:
-                raise ValueError(f"random_bytes returned {len(fresh)} bytes, below {n_bytes}")
-            pool, used = pool[used:] + fresh, 0
-        used += n_bytes
-        return pool[used - n_bytes : used]
-
-    def randbelow(bound: int) -> int:
-        bits = bound.bit_length()
-        n_bytes = (bits + 7) // 8
-        while True:
-            value = int.from_bytes(take(n_bytes), "big") >> (8 * n_bytes - bits)
-            if value < bound:
-                return value
-
-    return randbelow
-
-
-def _check_stage(actual: Stage, expected: Stage, what: str) -> None:
-    if actual is not expected:
-        raise FailedPreconditionError(
-            f"{what} needs stage {expected.value!r}, but the round is at {actual.value!r}"
-        )
-
-
-def _check_vector(vector: ArrayLike, length: int) -> NDArray[np.float64]:
-    values = np.asarray(vector, dtype=np.float64)
-    if values.shape != (length,):
-        raise ValueError(f"input vector must have shape ({length},), got {values.shape}")
-    return values
-
-
-class SecAggSite:
+class SecAggSite(SiteBase):
     """One site's side of a secure-aggregation round (Bonawitz et al. 2017, Figure 4, "User").
 
     Call :meth:`advertise_keys`, :meth:`share_keys`, :meth:`masked_input`,
@@ -566,6 +482,9 @@ class SecAggSite:
     key share of a site it treats as alive.
     """
 
+    _PAIR_LABEL = _SHARE_KEY_LABEL
+    _STRANGER = "another site of U1"
+
     def __init__(
         self,
         site: str,
@@ -575,49 +494,15 @@ class SecAggSite:
         verifier: Verifier,
         random_bytes: RandomBytes = os.urandom,
     ) -> None:
-        if site not in params.sites:
-            raise ValueError(f"site {site!r} is not one of the round's sites {params.sites}")
-        if params.sparse:
+        if site in params.sites and params.sparse:
             raise ValueError(
                 "a sparse round runs on dpmarket.common.secagg.sparse.SparseSecAggSite"
             )
-        self.site = site
-        self.params = params
-        self._signer = signer
-        self._verifier = verifier
-        self._random_bytes = random_bytes
-        self._stage = Stage.NEW
-        self._c_private: X25519PrivateKey | None = None
-        self._s_private: X25519PrivateKey | None = None
-        self._self_mask_seed: bytes | None = None
+        super().__init__(site, params, signer=signer, verifier=verifier, random_bytes=random_bytes)
         self._u1: tuple[str, ...] = ()
-        self._u2: tuple[str, ...] = ()
         self._u3: tuple[str, ...] = ()
         self._signature = b""
         self._s_publics: dict[str, bytes] = {}
-        self._share_keys: dict[str, bytes] = {}
-        # sender -> (share of its self-mask seed, share of its pairwise-mask key), own included.
-        self._held: dict[str, tuple[Share, Share]] = {}
-
-    @property
-    def stage(self) -> Stage:
-        return self._stage
-
-    def abort(self, reason: str) -> SecAggError:
-        """End the round for this site: drop its secrets; every later call fails.
-
-        For checks made outside this object (a peer's certificate refused by the service).
-        Returns the :class:`SecAggError` to raise.
-        """
-        return self._abort(SecAggError(reason))
-
-    def _abort(self, exc: SecAggError) -> SecAggError:
-        self._stage = Stage.ABORTED
-        self._c_private = self._s_private = None
-        self._self_mask_seed = None
-        self._share_keys.clear()
-        self._held.clear()
-        return exc
 
     def advertise_keys(self) -> KeyAdvertisement:
         """Round 0: draw two X25519 key pairs and return their public halves, signed.
@@ -637,13 +522,10 @@ class SecAggSite:
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 0 (AdvertiseKeys).
         """
-        _check_stage(self._stage, Stage.NEW, "advertise_keys")
-        c_private = generate_private_key(self._random_bytes)
-        s_private = generate_private_key(self._random_bytes)
-        c_public, s_public = public_key_bytes(c_private), public_key_bytes(s_private)
+        check_stage(self._stage, Stage.NEW, "advertise_keys")
+        c_public, s_public = self._new_key_pairs()
         message = advertisement_message(self.params.round_id, self.site, c_public, s_public)
         signature = self._signer.sign(message)
-        self._c_private, self._s_private = c_private, s_private
         self._stage = Stage.ADVERTISED
         return KeyAdvertisement(self.site, c_public, s_public, signature)
 
@@ -720,161 +602,31 @@ class SecAggSite:
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 1 (ShareKeys).
         """
-        _check_stage(self._stage, Stage.ADVERTISED, "share_keys")
+        check_stage(self._stage, Stage.ADVERTISED, "share_keys")
         assert self._c_private is not None and self._s_private is not None
         try:
             u1 = self._check_advertisements(advertisements)
         except SecAggError as exc:
             raise self._abort(exc) from None
-        n, t = len(u1), self.params.threshold
-        randbelow = _randbelow_from(self._random_bytes)
-        seed = self._random_bytes(KEY_BYTES)
-        if len(seed) != KEY_BYTES:
-            raise ValueError(f"random_bytes({KEY_BYTES}) returned {len(seed)} bytes")
-        seed_shares = shamir.split_secret(seed, n, t, randbelow=randbelow)
-        key_shares = shamir.split_secret(
-            private_key_bytes(self._s_private), n, t, randbelow=randbelow
-        )
-        round_id = self.params.round_id
-        out: dict[str, bytes] = {}
-        for index, recipient in enumerate(u1):
-            pair = (seed_shares[index], key_shares[index])
-            if recipient == self.site:
-                self._held[recipient] = pair
-                continue
-            ad = advertisements[recipient]
-            key = shared_key(
-                self._c_private,
-                ad.c_public,
-                info=_pair_info(_SHARE_KEY_LABEL, round_id, self.site, recipient),
-            )
-            self._share_keys[recipient] = key
-            out[recipient] = encrypt(
-                key,
-                pair[0].to_bytes() + pair[1].to_bytes(),
-                _share_associated_data(round_id, self.site, recipient),
-                random_bytes=self._random_bytes,
-            )
+        c_publics = {name: advertisements[name].c_public for name in u1}
+        out = self._share_secrets(u1, range(1, len(u1) + 1), self.params.threshold, c_publics)
         self._u1 = u1
         self._s_publics = {name: advertisements[name].s_public for name in u1}
-        self._self_mask_seed = seed
         self._stage = Stage.SHARED
         return out
 
-    def _receive_shares(self, ciphertexts: Mapping[str, bytes]) -> None:
-        own_x = self._u1.index(self.site) + 1
-        for sender, ciphertext in ciphertexts.items():
-            if sender == self.site or sender not in self._u1:
-                raise SecAggError(f"shares from {sender!r}, which is not another site of U1")
-            plaintext = decrypt(
-                self._share_keys[sender],
-                ciphertext,
-                _share_associated_data(self.params.round_id, sender, self.site),
+    def _own_x(self) -> int:
+        return self._u1.index(self.site) + 1
+
+    def _s_public(self, peer: str) -> bytes:
+        return self._s_publics[peer]
+
+    def _check_u2(self, u2: frozenset[str]) -> None:
+        if len(u2) < self.params.threshold:
+            raise SecAggError(
+                f"{len(u2)} sites completed key sharing, below the threshold "
+                f"t={self.params.threshold}"
             )
-            if len(plaintext) != _SHARE_PAIR_BYTES:
-                raise SecAggError(f"shares from {sender!r} are {len(plaintext)} bytes")
-            try:
-                seed_share = Share.from_bytes(plaintext[: shamir.SHARE_BYTES])
-                key_share = Share.from_bytes(plaintext[shamir.SHARE_BYTES :])
-            except ValueError as exc:
-                raise SecAggError(f"shares from {sender!r} are malformed: {exc}") from None
-            if seed_share.x != own_x or key_share.x != own_x:
-                raise SecAggError(f"shares from {sender!r} are not addressed to x={own_x}")
-            self._held[sender] = (seed_share, key_share)
-
-    def masked_input(
-        self,
-        ciphertexts: Mapping[str, bytes],
-        vector: ArrayLike,
-        rng: np.random.Generator,
-    ) -> NDArray[np.uint64]:
-        """Round 2: return this site's input, quantized and masked.
-
-        ``y_u = Q(x_u) + PRG(b_u) + sum_{v in U2, v < u} PRG(s_uv) - sum_{v in U2, v > u} PRG(s_uv)
-        (mod 2^k)``, with ``Q`` the stochastic rounding of
-        :func:`~dpmarket.common.secagg.fixedpoint.quantize`, ``s_uv = HKDF(X25519(s_sk_u, s_pk_v))``
-        bound to the round and the pair, and ``PRG`` =
-        :func:`~dpmarket.common.secagg.crypto.prg_words`.
-
-        Parameters
-        ----------
-        ciphertexts : mapping of str to bytes
-            Sender -> the ciphertext it addressed to this site in Round 1, from every site that
-            completed Round 1 (as routed by the aggregator). ``U2`` = these senders and this site.
-            Every one is decrypted and checked now, before anything depends on this site's input.
-        vector : array-like of shape (vector_length,), float
-            This site's input ``x_u``, entries in ``[-clip, clip]``.
-        rng : numpy.random.Generator
-            Coins of the stochastic rounding (CSPRNG-seeded in production; seeded in tests).
-
-        Returns
-        -------
-        ndarray of shape (vector_length,), uint64
-            Entries in ``[0, 2^k)``: uniformly distributed to anyone who lacks ``b_u`` (and, for
-            the sum over ``U2``, the pairwise keys), whatever ``x_u`` is.
-
-        Raises
-        ------
-        ValueError
-            If ``vector`` has the wrong shape, holds NaN/inf or an entry outside ``[-clip, clip]``
-            (the round stays at this stage: the call may be repeated with a valid vector).
-        SecAggError
-            If ``|U2| < t``, a sender is not another site of ``U1``, or a ciphertext fails
-            authentication (altered, or relabelled as another sender's) or holds malformed
-            shares. The round is then aborted for this site.
-        FailedPreconditionError
-            If :meth:`share_keys` has not been called, or this was called before.
-
-        Notes
-        -----
-        **Why the masks cancel.** For a pair ``u < v`` both in ``U2``, ``v`` adds ``PRG(s_uv)``
-        and ``u`` subtracts it (``s_uv = s_vu``: X25519 is symmetric and the HKDF info orders the
-        pair), so they cancel in the sum over ``U2``; the aggregator removes the self masks
-        ``PRG(b_u)`` of the survivors and, for sites of ``U2`` that sent no masked input, their
-        pairwise masks with the survivors, from the secrets reconstructed in Round 4. Masks use
-        only ``U2``: a site lost before or during Round 1 never enters any mask.
-
-        References
-        ----------
-        Bonawitz et al. (CCS 2017), Figure 4, Round 2 (MaskedInputCollection); CAPE paper,
-        Section 3.2 (the ``map`` to ``Z_lambda``).
-        """
-        _check_stage(self._stage, Stage.SHARED, "masked_input")
-        values = _check_vector(vector, self.params.vector_length)
-        quantized = quantize(values, self.params.fixed_point, rng)
-        try:
-            self._receive_shares(ciphertexts)
-            u2 = tuple(sorted({*ciphertexts, self.site}))
-            if len(u2) < self.params.threshold:
-                raise SecAggError(
-                    f"{len(u2)} sites completed key sharing, below the threshold "
-                    f"t={self.params.threshold}"
-                )
-        except SecAggError as exc:
-            raise self._abort(exc) from None
-        assert self._s_private is not None and self._self_mask_seed is not None
-        length, round_id = self.params.vector_length, self.params.round_id
-        masked = quantized
-        adds, subtracts = [self._self_mask_seed], list[bytes]()
-        for peer in u2:
-            if peer == self.site:
-                continue
-            key = shared_key(
-                self._s_private,
-                self._s_publics[peer],
-                info=_pair_info(_MASK_KEY_LABEL, round_id, self.site, peer),
-            )
-            (adds if peer < self.site else subtracts).append(key)
-        MaskAccumulator(length).apply(masked, add=adds, subtract=subtracts)
-        masked &= np.uint64(self.params.fixed_point.modulus - 1)
-        self._u2 = u2
-        # b_u and s_sk are no longer needed here; only their shares leave this site from now on.
-        self._self_mask_seed = None
-        self._s_private = None
-        self._c_private = None
-        self._share_keys.clear()
-        self._stage = Stage.MASKED
-        return masked
 
     def check_consistency(self, survivors: Sequence[str]) -> bytes:
         """Round 3 (ConsistencyCheck): sign the survivor list ``U3`` the aggregator announces.
@@ -905,7 +657,7 @@ class SecAggSite:
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 3 (ConsistencyCheck), user side.
         """
-        _check_stage(self._stage, Stage.MASKED, "check_consistency")
+        check_stage(self._stage, Stage.MASKED, "check_consistency")
         try:
             survivor_set = set(survivors)
             if len(survivor_set) != len(survivors):
@@ -1004,7 +756,7 @@ class SecAggSite:
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 4 (Unmasking), user side.
         """
-        _check_stage(self._stage, Stage.CHECKED, "unmask")
+        check_stage(self._stage, Stage.CHECKED, "unmask")
         try:
             survivor_set, dropped_set = set(survivors), set(dropped)
             if len(survivor_set) != len(survivors) or len(dropped_set) != len(dropped):
@@ -1032,7 +784,7 @@ class SecAggSite:
         return response
 
 
-class SecAggAggregator:
+class SecAggAggregator(AggregatorBase):
     """The aggregator's side of a round (Bonawitz et al. 2017, Figure 4, "Server").
 
     Call :meth:`collect_advertisements`, :meth:`route_shares`, :meth:`collect_masked`,
@@ -1056,28 +808,19 @@ class SecAggAggregator:
             raise ValueError(
                 "a sparse round runs on dpmarket.common.secagg.sparse.SparseSecAggAggregator"
             )
-        self.params = params
-        self._stage = Stage.NEW
+        super().__init__(params)
         self._advertisements: dict[str, KeyAdvertisement] = {}
         self._u1: tuple[str, ...] = ()
         self._u2: tuple[str, ...] = ()
-        self._u3: tuple[str, ...] = ()
-        self._dropped: tuple[str, ...] = ()
         self._signatures: dict[str, bytes] = {}
-        self._total: NDArray[np.uint64] | None = None
-
-    @property
-    def stage(self) -> Stage:
-        return self._stage
 
     def _need(self, count: int, what: str) -> None:
         if count < self.params.threshold:
             self._stage = Stage.ABORTED
             raise SecAggError(f"{count} {what}, below the threshold t={self.params.threshold}")
 
-    def _fail(self, message: str) -> SecAggError:
-        self._stage = Stage.ABORTED
-        return SecAggError(message)
+    def _s_public(self, site: str) -> bytes:
+        return self._advertisements[site].s_public
 
     def collect_advertisements(
         self, advertisements: Mapping[str, KeyAdvertisement]
@@ -1100,7 +843,7 @@ class SecAggAggregator:
             If fewer than ``t`` sites advertised, a site is not in the round, an advertisement
             is filed under another site's id, or a public key appears twice.
         """
-        _check_stage(self._stage, Stage.NEW, "collect_advertisements")
+        check_stage(self._stage, Stage.NEW, "collect_advertisements")
         seen: set[bytes] = set()
         for name, ad in advertisements.items():
             if name not in self.params.sites:
@@ -1141,7 +884,7 @@ class SecAggAggregator:
             If fewer than ``t`` sites sent shares, a sender is not in ``U1``, or a sender did not
             address exactly the other sites of ``U1``.
         """
-        _check_stage(self._stage, Stage.ADVERTISED, "route_shares")
+        check_stage(self._stage, Stage.ADVERTISED, "route_shares")
         for sender, addressed in from_site.items():
             if sender not in self._u1:
                 raise self._fail(f"shares from {sender!r}, which did not advertise keys")
@@ -1187,22 +930,12 @@ class SecAggAggregator:
             If fewer than ``t`` inputs arrived, a site is not in ``U2``, or an input has the
             wrong shape or dtype or an entry ``>= 2^k``.
         """
-        _check_stage(self._stage, Stage.SHARED, "collect_masked")
-        length = self.params.vector_length
-        modulus = np.uint64(self.params.fixed_point.modulus - 1)
-        total = np.zeros(length, dtype=np.uint64)
+        check_stage(self._stage, Stage.SHARED, "collect_masked")
+        total = np.zeros(self.params.vector_length, dtype=np.uint64)
         for name, vector in inputs.items():
             if name not in self._u2:
                 raise self._fail(f"masked input from {name!r}, which is not in U2")
-            values = np.asarray(vector)
-            if values.dtype != np.uint64 or values.shape != (length,):
-                raise self._fail(
-                    f"masked input of {name!r} must be uint64 of shape ({length},), got "
-                    f"{values.dtype} of shape {values.shape}"
-                )
-            if values.size and values.max() > modulus:
-                raise self._fail(f"masked input of {name!r} has an entry >= 2^k")
-            total += values
+            total += self._checked_input(name, vector)
         self._need(len(inputs), "masked inputs arrived")
         self._u3 = tuple(sorted(inputs))
         self._dropped = tuple(sorted(set(self._u2) - set(self._u3)))
@@ -1236,7 +969,7 @@ class SecAggAggregator:
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 3 (ConsistencyCheck), server side.
         """
-        _check_stage(self._stage, Stage.MASKED, "collect_signatures")
+        check_stage(self._stage, Stage.MASKED, "collect_signatures")
         for name, signature in signatures.items():
             if name not in self._u3:
                 raise self._fail(f"a signature of U3 from {name!r}, which is not a survivor")
@@ -1297,7 +1030,7 @@ class SecAggAggregator:
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 4 (Unmasking), server side.
         """
-        _check_stage(self._stage, Stage.CHECKED, "finish")
+        check_stage(self._stage, Stage.CHECKED, "finish")
         assert self._total is not None
         survivors, dropped = set(self._u3), set(self._dropped)
         for name, response in responses.items():
@@ -1307,53 +1040,24 @@ class SecAggAggregator:
                 raise self._fail(f"the unmasking response of {name!r} holds the wrong shares")
         self._need(len(responses), "unmasking responses arrived")
         responders = tuple(sorted(responses))
-        length, round_id = self.params.vector_length, self.params.round_id
-        total = self._total.copy()
-        adds: list[bytes] = []
-        subtracts: list[bytes] = []
-        for owner in self._u3:
-            seed = self._reconstruct(
+        seeds = [
+            self._reconstruct(
                 owner,
                 [responses[r].self_mask_shares[owner] for r in responders],
                 responders,
                 "self-mask seed",
             )
-            subtracts.append(seed)
-        for owner in self._dropped:
-            raw = self._reconstruct(
+            for owner in self._u3
+        ]
+        return self._unmasked_sum(
+            seeds,
+            lambda owner: self._reconstruct(
                 owner,
                 [responses[r].key_shares[owner] for r in responders],
                 responders,
                 "pairwise-mask key",
-            )
-            s_private = private_key_from_bytes(raw)
-            if public_key_bytes(s_private) != self._advertisements[owner].s_public:
-                raise self._fail(f"the reconstructed key of {owner!r} does not match its advert")
-            for survivor in self._u3:
-                key = shared_key(
-                    s_private,
-                    self._advertisements[survivor].s_public,
-                    info=_pair_info(_MASK_KEY_LABEL, round_id, owner, survivor),
-                )
-                # The survivor added PRG(s) if owner < survivor and subtracted it otherwise.
-                (subtracts if owner < survivor else adds).append(key)
-        MaskAccumulator(length).apply(total, add=adds, subtract=subtracts)
-        total &= np.uint64(self.params.fixed_point.modulus - 1)
-        try:
-            result = dequantize_sum(total, self.params.fixed_point, len(self._u3))
-        except ValueError as exc:
-            raise self._fail(f"unmasking did not give a valid sum: {exc}") from None
-        self._total = None
-        self._stage = Stage.DONE
-        return result
-
-
-@dataclass
-class _Timer:
-    phases: dict[str, float] = field(default_factory=dict)
-
-    def add(self, phase: str, seconds: float) -> None:
-        self.phases[phase] = self.phases.get(phase, 0.0) + seconds
+            ),
+        )
 
 
 def run_in_process(
@@ -1415,33 +1119,17 @@ def run_in_process(
         raise ValueError(
             "a sparse round runs in dpmarket.common.secagg.sparse.run_sparse_in_process"
         )
-    drops = dict(drop_at or {})
-    if set(sites) != set(params.sites):
-        raise ValueError(f"inputs are for {sorted(sites)}, the round's sites are {params.sites}")
-    for name, stage in drops.items():
-        if name not in params.sites or stage not in _DROP_STAGES:
-            raise ValueError(f"bad drop {name!r} at {stage!r}; stages are {_DROP_STAGES}")
-    if (signers is None) != (verifier is None):
-        raise ValueError("give both signers and verifier, or neither")
-    if signers is None or verifier is None:
-        keys = {name: ec.generate_private_key(ec.SECP256R1()) for name in params.sites}
-        signers = {name: EcdsaSigner(key) for name, key in keys.items()}
-        verifier = EcdsaVerifier({name: key.public_key() for name, key in keys.items()})
-    if rng is None:
-        from dpmarket.common.privacy.rng import production_rng
-
-        rng = production_rng()
-    timer = _Timer()
+    run = prepare_run(params, sites, _DROP_STAGES, drop_at, signers, verifier, rng)
+    timer = PhaseTimer()
 
     def alive(stage: str) -> list[str]:
         """Sites that send their message of ``stage`` (those not dropped at or before it)."""
-        cut = _DROP_STAGES.index(stage)
-        return [n for n in params.sites if n not in drops or _DROP_STAGES.index(drops[n]) > cut]
+        return run.alive(stage, params.sites)
 
     aggregator = SecAggAggregator(params)
     parties = {
         name: SecAggSite(
-            name, params, signer=signers[name], verifier=verifier, random_bytes=random_bytes
+            name, params, signer=run.signers[name], verifier=run.verifier, random_bytes=random_bytes
         )
         for name in params.sites
     }
@@ -1458,7 +1146,8 @@ def run_in_process(
 
     start = time.perf_counter()
     masked = {
-        name: parties[name].masked_input(routed[name], sites[name], rng) for name in alive("mask")
+        name: parties[name].masked_input(routed[name], sites[name], run.rng)
+        for name in alive("mask")
     }
     survivors, dropped = aggregator.collect_masked(masked)
     timer.add("masked_input", time.perf_counter() - start)

@@ -46,50 +46,36 @@ import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 
 from dpmarket.common.secagg import shamir
+from dpmarket.common.secagg.base import (
+    AggregatorBase,
+    PhaseTimer,
+    SiteBase,
+    Stage,
+    check_stage,
+    encoded_prefix,
+    prepare_run,
+)
 from dpmarket.common.secagg.crypto import (
     KEY_BYTES,
-    EcdsaSigner,
-    EcdsaVerifier,
-    MaskAccumulator,
     RandomBytes,
     SecAggError,
     Signer,
     Verifier,
     check_tag,
-    decrypt,
     encode_fields,
-    encrypt,
-    generate_private_key,
     mac_tag,
-    private_key_bytes,
-    private_key_from_bytes,
     public_key_bytes,
-    shared_key,
-    shared_keys,
 )
-from dpmarket.common.secagg.fixedpoint import dequantize_sum, quantize
 from dpmarket.common.secagg.graph import NeighbourGraph, graph_seed, nonce_commitment
 from dpmarket.common.secagg.protocol import (
-    _MASK_KEY_LABEL,
-    _SHARE_PAIR_BYTES,
     KeyAdvertisement,
     RoundParams,
     SecAggAggregator,
     SecAggSite,
-    Stage,
     UnmaskResponse,
-    _check_stage,
-    _check_vector,
-    _encoded_prefix,
-    _pair_info,
-    _randbelow_from,
-    _share_associated_data,
-    _Timer,
     advertisement_message,
     consistency_message,
 )
@@ -117,7 +103,7 @@ SPARSE_DROP_STAGES: tuple[str, ...] = ("advertise", "reveal", "share", "mask", "
 def acknowledgement_message(params: RoundParams, sender: str, recipient: str) -> bytes:
     """What ``sender`` tags for ``recipient`` with its masked input: "my masked input holds our
     pairwise mask". Directed (sender first) so that a tag cannot be reflected to its maker."""
-    prefix = _encoded_prefix(_ACK_LABEL, params.round_id, params.digest)
+    prefix = encoded_prefix(_ACK_LABEL, params.round_id, params.digest)
     return prefix + encode_fields(sender.encode(), recipient.encode())
 
 
@@ -126,7 +112,7 @@ def attestation_message(survivor_list: bytes, sender: str, recipient: str) -> by
     attests (``survivor_list``: :func:`~dpmarket.common.secagg.protocol.consistency_message` of the
     round,
     the list and the graph seed), directed so that a tag cannot be reflected to its maker."""
-    prefix = _encoded_prefix(_ATTEST_LABEL, survivor_list)
+    prefix = encoded_prefix(_ATTEST_LABEL, survivor_list)
     return prefix + encode_fields(sender.encode(), recipient.encode())
 
 
@@ -135,7 +121,7 @@ def _require_sparse(params: RoundParams) -> None:
         raise ValueError("a complete-graph round runs on dpmarket.common.secagg.protocol")
 
 
-class SparseSecAggSite:
+class SparseSecAggSite(SiteBase):
     """One site's side of a SecAgg+ round (the six stages of the module docstring).
 
     Call :meth:`advertise_keys`, :meth:`reveal_nonce`, :meth:`share_keys`, :meth:`masked_input`,
@@ -171,6 +157,10 @@ class SparseSecAggSite:
     holds of one site. Why this suffices: :mod:`dpmarket.common.secagg.graph`.
     """
 
+    _PAIR_LABEL = _PAIR_KEYS_LABEL
+    _PAIR_KEY_COUNT = 2
+    _STRANGER = "a neighbour in U1"
+
     def __init__(
         self,
         site: str,
@@ -181,33 +171,16 @@ class SparseSecAggSite:
         random_bytes: RandomBytes = os.urandom,
     ) -> None:
         _require_sparse(params)
-        if site not in params.sites:
-            raise ValueError(f"site {site!r} is not one of the round's sites {params.sites}")
-        self.site = site
-        self.params = params
-        self._signer = signer
-        self._verifier = verifier
-        self._random_bytes = random_bytes
-        self._stage = Stage.NEW
-        self._c_private: X25519PrivateKey | None = None
-        self._s_private: X25519PrivateKey | None = None
+        super().__init__(site, params, signer=signer, verifier=verifier, random_bytes=random_bytes)
         self._nonce = b""
         self._u1: dict[str, KeyAdvertisement] = {}
         self._seed = b""
         self._graph: NeighbourGraph | None = None
         self._holders: tuple[str, ...] = ()
         self._threshold = 0
-        self._self_mask_seed: bytes | None = None
-        self._enc_keys: dict[str, bytes] = {}
         self._mac_keys: dict[str, bytes] = {}
-        self._held: dict[str, tuple[Share, Share]] = {}
-        self._u2: frozenset[str] = frozenset()
         self._acks: dict[str, bytes] = {}
         self._u3: tuple[str, ...] = ()
-
-    @property
-    def stage(self) -> Stage:
-        return self._stage
 
     @property
     def graph(self) -> NeighbourGraph | None:
@@ -226,18 +199,9 @@ class SparseSecAggSite:
         masked with. The aggregator forwards each to its neighbour."""
         return dict(self._acks)
 
-    def abort(self, reason: str) -> SecAggError:
-        """End the round for this site (drop its secrets); return the error to raise."""
-        return self._abort(SecAggError(reason))
-
     def _abort(self, exc: SecAggError) -> SecAggError:
-        self._stage = Stage.ABORTED
-        self._c_private = self._s_private = None
-        self._self_mask_seed = None
-        self._enc_keys.clear()
         self._mac_keys.clear()
-        self._held.clear()
-        return exc
+        return super()._abort(exc)
 
     def advertise_keys(self) -> KeyAdvertisement:
         """Stage 0: two X25519 key pairs and a commitment to a fresh graph nonce, signed.
@@ -255,19 +219,18 @@ class SparseSecAggSite:
         FailedPreconditionError
             If called twice.
         """
-        _check_stage(self._stage, Stage.NEW, "advertise_keys")
-        c_private = generate_private_key(self._random_bytes)
-        s_private = generate_private_key(self._random_bytes)
+        check_stage(self._stage, Stage.NEW, "advertise_keys")
+        c_public, s_public = self._new_key_pairs()
         nonce = self._random_bytes(KEY_BYTES)
         if len(nonce) != KEY_BYTES:
+            self._c_private = self._s_private = None
             raise ValueError(f"random_bytes({KEY_BYTES}) returned {len(nonce)} bytes")
         commitment = nonce_commitment(self.params.round_id, self.site, nonce)
-        c_public, s_public = public_key_bytes(c_private), public_key_bytes(s_private)
         message = advertisement_message(
             self.params.round_id, self.site, c_public, s_public, commitment
         )
         signature = self._signer.sign(message)
-        self._c_private, self._s_private, self._nonce = c_private, s_private, nonce
+        self._nonce = nonce
         self._stage = Stage.ADVERTISED
         return KeyAdvertisement(self.site, c_public, s_public, signature, commitment)
 
@@ -297,7 +260,7 @@ class SparseSecAggSite:
         FailedPreconditionError
             Out of order.
         """
-        _check_stage(self._stage, Stage.ADVERTISED, "reveal_nonce")
+        check_stage(self._stage, Stage.ADVERTISED, "reveal_nonce")
         assert self._c_private is not None and self._s_private is not None
         try:
             own = advertisements.get(self.site)
@@ -352,7 +315,7 @@ class SparseSecAggSite:
         FailedPreconditionError
             Out of order.
         """
-        _check_stage(self._stage, Stage.REVEALED, "share_keys")
+        check_stage(self._stage, Stage.REVEALED, "share_keys")
         assert self._c_private is not None and self._s_private is not None
         params = self.params
         try:
@@ -390,131 +353,34 @@ class SparseSecAggSite:
                     ) from None
         except SecAggError as exc:
             raise self._abort(exc) from None
-        randbelow = _randbelow_from(self._random_bytes)
-        b = self._random_bytes(KEY_BYTES)
-        if len(b) != KEY_BYTES:
-            raise ValueError(f"random_bytes({KEY_BYTES}) returned {len(b)} bytes")
         xs = [graph.index(name) + 1 for name in holders]
-        seed_shares = shamir.split_secret_at(b, xs, t, randbelow=randbelow)
-        key_shares = shamir.split_secret_at(
-            private_key_bytes(self._s_private), xs, t, randbelow=randbelow
-        )
-        out: dict[str, bytes] = {}
-        for name, pair in zip(holders, zip(seed_shares, key_shares, strict=True), strict=True):
-            if name == self.site:
-                self._held[name] = pair
-                continue
-            enc_key, mac_key = shared_keys(
-                self._c_private,
-                self._u1[name].c_public,
-                info=_pair_info(_PAIR_KEYS_LABEL, params.round_id, self.site, name),
-                count=2,
-            )
-            self._enc_keys[name], self._mac_keys[name] = enc_key, mac_key
-            out[name] = encrypt(
-                enc_key,
-                pair[0].to_bytes() + pair[1].to_bytes(),
-                _share_associated_data(params.round_id, self.site, name),
-                random_bytes=self._random_bytes,
-            )
+        c_publics = {name: self._u1[name].c_public for name in holders}
+        out = self._share_secrets(holders, xs, t, c_publics)
         self._seed, self._graph, self._holders, self._threshold = seed, graph, holders, t
-        self._self_mask_seed = b
         self._stage = Stage.SHARED
         return out
 
-    def _receive_shares(self, ciphertexts: Mapping[str, bytes]) -> None:
+    def _keep_pair_keys(self, holder: str, keys: tuple[bytes, ...]) -> None:
+        self._mac_keys[holder] = keys[1]
+
+    def _own_x(self) -> int:
         assert self._graph is not None
-        own_x = self._graph.index(self.site) + 1
-        for sender, ciphertext in ciphertexts.items():
-            if sender == self.site or sender not in self._enc_keys:
-                raise SecAggError(f"shares from {sender!r}, which is not a neighbour in U1")
-            plaintext = decrypt(
-                self._enc_keys[sender],
-                ciphertext,
-                _share_associated_data(self.params.round_id, sender, self.site),
+        return self._graph.index(self.site) + 1
+
+    def _s_public(self, peer: str) -> bytes:
+        return self._u1[peer].s_public
+
+    def _check_u2(self, u2: frozenset[str]) -> None:
+        if len(u2) < self._threshold:
+            raise SecAggError(
+                f"{len(u2)} of this site's holders completed key sharing, below its "
+                f"threshold t={self._threshold}"
             )
-            if len(plaintext) != _SHARE_PAIR_BYTES:
-                raise SecAggError(f"shares from {sender!r} are {len(plaintext)} bytes")
-            try:
-                seed_share = Share.from_bytes(plaintext[: shamir.SHARE_BYTES])
-                key_share = Share.from_bytes(plaintext[shamir.SHARE_BYTES :])
-            except ValueError as exc:
-                raise SecAggError(f"shares from {sender!r} are malformed: {exc}") from None
-            if seed_share.x != own_x or key_share.x != own_x:
-                raise SecAggError(f"shares from {sender!r} are not addressed to x={own_x}")
-            self._held[sender] = (seed_share, key_share)
 
-    def masked_input(
-        self,
-        ciphertexts: Mapping[str, bytes],
-        vector: ArrayLike,
-        rng: np.random.Generator,
-    ) -> NDArray[np.uint64]:
-        """Stage 3: this site's input, quantized and masked with its neighbours in ``U2``.
-
-        ``y_v = Q(x_v) + PRG(b_v) + sum_{u in U2_v, u < v} PRG(s_uv) - sum_{u in U2_v, u > v}
-        PRG(s_uv)`` with ``U2_v`` this site and the neighbours whose shares reached it, as in
-        :meth:`dpmarket.common.secagg.protocol.SecAggSite.masked_input`. Also fixes the
-        acknowledgements (:attr:`acknowledgements`) for every neighbour of ``U2_v``.
-
-        Parameters
-        ----------
-        ciphertexts : mapping of str to bytes
-            Sender -> the ciphertext it addressed to this site: from neighbours only.
-        vector : array-like of shape (vector_length,), float
-            Entries in ``[-clip, clip]``.
-        rng : numpy.random.Generator
-            Coins of the stochastic rounding.
-
-        Returns
-        -------
-        ndarray of shape (vector_length,), uint64
-
-        Raises
-        ------
-        ValueError
-            If ``vector`` is malformed or out of range (the stage stays: retry with a valid one).
-        SecAggError
-            If a sender is not a neighbour in ``U1``, a ciphertext fails authentication or holds
-            malformed shares, or ``|U2_v| < t_v``. The round is then aborted for this site.
-        FailedPreconditionError
-            Out of order.
-        """
-        _check_stage(self._stage, Stage.SHARED, "masked_input")
-        values = _check_vector(vector, self.params.vector_length)
-        quantized = quantize(values, self.params.fixed_point, rng)
-        try:
-            self._receive_shares(ciphertexts)
-            u2 = frozenset({*ciphertexts, self.site})
-            if len(u2) < self._threshold:
-                raise SecAggError(
-                    f"{len(u2)} of this site's holders completed key sharing, below its "
-                    f"threshold t={self._threshold}"
-                )
-        except SecAggError as exc:
-            raise self._abort(exc) from None
-        assert self._s_private is not None and self._self_mask_seed is not None
-        params = self.params
-        masked = quantized
-        adds, subtracts = [self._self_mask_seed], list[bytes]()
-        for peer in sorted(u2 - {self.site}):
-            key = shared_key(
-                self._s_private,
-                self._u1[peer].s_public,
-                info=_pair_info(_MASK_KEY_LABEL, params.round_id, self.site, peer),
-            )
-            (adds if peer < self.site else subtracts).append(key)
-            self._acks[peer] = mac_tag(
-                self._mac_keys[peer], acknowledgement_message(params, self.site, peer)
-            )
-        MaskAccumulator(params.vector_length).apply(masked, add=adds, subtract=subtracts)
-        masked &= np.uint64(params.fixed_point.modulus - 1)
-        self._u2 = u2
-        self._self_mask_seed = None
-        self._s_private = self._c_private = None
-        self._enc_keys.clear()
-        self._stage = Stage.MASKED
-        return masked
+    def _masked_with(self, peer: str) -> None:
+        self._acks[peer] = mac_tag(
+            self._mac_keys[peer], acknowledgement_message(self.params, self.site, peer)
+        )
 
     def attest(self, survivors: Sequence[str]) -> dict[str, bytes]:
         """Stage 4 (ConsistencyCheck): attest the survivor list ``U3`` to every surviving
@@ -543,7 +409,7 @@ class SparseSecAggSite:
         FailedPreconditionError
             Out of order, or a second call.
         """
-        _check_stage(self._stage, Stage.MASKED, "attest")
+        check_stage(self._stage, Stage.MASKED, "attest")
         assert self._graph is not None
         try:
             survivor_set = set(survivors)
@@ -616,7 +482,7 @@ class SparseSecAggSite:
         FailedPreconditionError
             Out of order, or a second call.
         """
-        _check_stage(self._stage, Stage.CHECKED, "unmask")
+        check_stage(self._stage, Stage.CHECKED, "unmask")
         assert self._graph is not None
         params = self.params
         try:
@@ -672,7 +538,7 @@ class SparseSecAggSite:
         return response
 
 
-class SparseSecAggAggregator:
+class SparseSecAggAggregator(AggregatorBase):
     """The aggregator's side of a SecAgg+ round (the six stages of the module docstring).
 
     Call :meth:`collect_advertisements`, :meth:`collect_nonces`, :meth:`route_shares`,
@@ -692,30 +558,24 @@ class SparseSecAggAggregator:
 
     def __init__(self, params: RoundParams) -> None:
         _require_sparse(params)
-        self.params = params
-        self._stage = Stage.NEW
+        super().__init__(params)
         self._u1: dict[str, KeyAdvertisement] = {}
         self._graph: NeighbourGraph | None = None
         self._seed = b""
         self._masked_with: dict[str, frozenset[str]] = {}
-        self._u3: tuple[str, ...] = ()
-        self._dropped: tuple[str, ...] = ()
         self._acks: dict[str, dict[str, bytes]] = {}
         self._attesters: tuple[str, ...] = ()
-        self._total: NDArray[np.uint64] | None = None
-
-    @property
-    def stage(self) -> Stage:
-        return self._stage
 
     @property
     def graph(self) -> NeighbourGraph | None:
         """The round's graph, once :meth:`collect_nonces` fixed it."""
         return self._graph
 
-    def _fail(self, message: str) -> SecAggError:
-        self._stage = Stage.ABORTED
-        return SecAggError(message)
+    def _s_public(self, site: str) -> bytes:
+        return self._u1[site].s_public
+
+    def _masked_together(self, dropped: str, survivor: str) -> bool:
+        return dropped in self._masked_with[survivor]
 
     def collect_advertisements(
         self, advertisements: Mapping[str, KeyAdvertisement]
@@ -728,7 +588,7 @@ class SparseSecAggAggregator:
             If fewer than 2 sites advertised, a site is not in the round, an advertisement is
             filed under another site, a key or commitment is not 32 bytes, or a key repeats.
         """
-        _check_stage(self._stage, Stage.NEW, "collect_advertisements")
+        check_stage(self._stage, Stage.NEW, "collect_advertisements")
         seen: set[bytes] = set()
         for name, ad in advertisements.items():
             if name not in self.params.sites:
@@ -756,7 +616,7 @@ class SparseSecAggAggregator:
             If a site of ``U1`` revealed nothing (the seed cannot leave it out: see
             :mod:`dpmarket.common.secagg.graph`) or a nonce does not open its commitment.
         """
-        _check_stage(self._stage, Stage.ADVERTISED, "collect_nonces")
+        check_stage(self._stage, Stage.ADVERTISED, "collect_nonces")
         commitments = {name: ad.commitment for name, ad in self._u1.items()}
         try:
             seed = graph_seed(self.params.digest, nonces, commitments, self.params.round_id)
@@ -791,7 +651,7 @@ class SparseSecAggAggregator:
             If fewer than 2 sites sent shares, a sender is not in ``U1``, or a sender did not
             address exactly its neighbours in ``U1``.
         """
-        _check_stage(self._stage, Stage.REVEALED, "route_shares")
+        check_stage(self._stage, Stage.REVEALED, "route_shares")
         assert self._graph is not None
         for sender, addressed in from_site.items():
             if sender not in self._u1:
@@ -845,21 +705,12 @@ class SparseSecAggAggregator:
             If fewer than 2 inputs arrived, a site is not in ``U2``, an input is malformed, or a
             survivor's acknowledgements do not match its routed shares.
         """
-        _check_stage(self._stage, Stage.SHARED, "collect_masked")
-        length = self.params.vector_length
-        top = np.uint64(self.params.fixed_point.modulus - 1)
-        total = np.zeros(length, dtype=np.uint64)
+        check_stage(self._stage, Stage.SHARED, "collect_masked")
+        total = np.zeros(self.params.vector_length, dtype=np.uint64)
         for name, vector in inputs.items():
             if name not in self._masked_with:
                 raise self._fail(f"masked input from {name!r}, which is not in U2")
-            values = np.asarray(vector)
-            if values.dtype != np.uint64 or values.shape != (length,):
-                raise self._fail(
-                    f"masked input of {name!r} must be uint64 of shape ({length},), got "
-                    f"{values.dtype} of shape {values.shape}"
-                )
-            if values.size and values.max() > top:
-                raise self._fail(f"masked input of {name!r} has an entry >= 2^k")
+            values = self._checked_input(name, vector)
             if set(acknowledgements.get(name, {})) != self._masked_with[name]:
                 raise self._fail(f"the acknowledgements of {name!r} do not match its shares")
             total += values
@@ -894,7 +745,7 @@ class SparseSecAggAggregator:
         SecAggError
             If an attester is not a survivor, or fewer than 2 attested.
         """
-        _check_stage(self._stage, Stage.MASKED, "collect_attestations")
+        check_stage(self._stage, Stage.MASKED, "collect_attestations")
         for name in attestations:
             if name not in self._u3:
                 raise self._fail(f"an attestation of U3 from {name!r}, which is not a survivor")
@@ -957,7 +808,7 @@ class SparseSecAggAggregator:
             holds, a secret has fewer than ``t_v`` shares, a rebuilt mask key does not match its
             advertisement, or the result is not a sum of ``|U3|`` quantized vectors.
         """
-        _check_stage(self._stage, Stage.CHECKED, "finish")
+        check_stage(self._stage, Stage.CHECKED, "finish")
         assert self._total is not None and self._graph is not None
         survivors = set(self._u3)
         seed_shares: dict[str, list[tuple[str, Share]]] = {v: [] for v in self._u3}
@@ -976,35 +827,13 @@ class SparseSecAggAggregator:
                 seed_shares[owner].append((name, share))
             for owner, share in response.key_shares.items():
                 key_shares[owner].append((name, share))
-        params = self.params
-        total = self._total.copy()
-        adds: list[bytes] = []
-        subtracts = [
+        seeds = [
             self._reconstruct(owner, seed_shares[owner], "self-mask seed") for owner in self._u3
         ]
-        for owner in self._dropped:
-            raw = self._reconstruct(owner, key_shares[owner], "pairwise-mask key")
-            s_private = private_key_from_bytes(raw)
-            if public_key_bytes(s_private) != self._u1[owner].s_public:
-                raise self._fail(f"the reconstructed key of {owner!r} does not match its advert")
-            for survivor in self._u3:
-                if owner not in self._masked_with[survivor]:
-                    continue
-                key = shared_key(
-                    s_private,
-                    self._u1[survivor].s_public,
-                    info=_pair_info(_MASK_KEY_LABEL, params.round_id, owner, survivor),
-                )
-                (subtracts if owner < survivor else adds).append(key)
-        MaskAccumulator(params.vector_length).apply(total, add=adds, subtract=subtracts)
-        total &= np.uint64(params.fixed_point.modulus - 1)
-        try:
-            result = dequantize_sum(total, params.fixed_point, len(self._u3))
-        except ValueError as exc:
-            raise self._fail(f"unmasking did not give a valid sum: {exc}") from None
-        self._total = None
-        self._stage = Stage.DONE
-        return result
+        return self._unmasked_sum(
+            seeds,
+            lambda owner: self._reconstruct(owner, key_shares[owner], "pairwise-mask key"),
+        )
 
 
 def make_site(
@@ -1053,34 +882,16 @@ def run_sparse_in_process(
         of range, or only one of ``signers`` and ``verifier`` is given.
     """
     _require_sparse(params)
-    drops = dict(drop_at or {})
-    if set(sites) != set(params.sites):
-        raise ValueError(f"inputs are for {sorted(sites)}, the round's sites are {params.sites}")
-    for name, stage in drops.items():
-        if name not in params.sites or stage not in SPARSE_DROP_STAGES:
-            raise ValueError(f"bad drop {name!r} at {stage!r}; stages are {SPARSE_DROP_STAGES}")
-    if (signers is None) != (verifier is None):
-        raise ValueError("give both signers and verifier, or neither")
-    if signers is None or verifier is None:
-        keys = {name: ec.generate_private_key(ec.SECP256R1()) for name in params.sites}
-        signers = {name: EcdsaSigner(key) for name, key in keys.items()}
-        verifier = EcdsaVerifier({name: key.public_key() for name, key in keys.items()})
-    if rng is None:
-        from dpmarket.common.privacy.rng import production_rng
-
-        rng = production_rng()
-    timer = _Timer()
+    run = prepare_run(params, sites, SPARSE_DROP_STAGES, drop_at, signers, verifier, rng)
+    timer = PhaseTimer()
 
     def alive(stage: str) -> list[str]:
-        cut = SPARSE_DROP_STAGES.index(stage)
-        return [
-            n for n in params.sites if n not in drops or SPARSE_DROP_STAGES.index(drops[n]) > cut
-        ]
+        return run.alive(stage, params.sites)
 
     aggregator = SparseSecAggAggregator(params)
     parties = {
         name: SparseSecAggSite(
-            name, params, signer=signers[name], verifier=verifier, random_bytes=random_bytes
+            name, params, signer=run.signers[name], verifier=run.verifier, random_bytes=random_bytes
         )
         for name in params.sites
     }
@@ -1105,7 +916,7 @@ def run_sparse_in_process(
 
     start = time.perf_counter()
     masked = {
-        name: parties[name].masked_input(routed[name], sites[name], rng)
+        name: parties[name].masked_input(routed[name], sites[name], run.rng)
         for name in alive("mask")
         if name in routed
     }

@@ -237,6 +237,15 @@ class OwnerTerms:
         return Step.ROUNDS in METHOD_STEPS[self.method]
 
     @property
+    def steered_selection(self) -> bool:
+        """The session's steps send rows (or their hashes) that the owner picks by their score
+        along an embedding the curator sends (the validation embedding, in h1's features whose
+        parameters the curator draws): the candidates methods and their hashes mode. Which rows
+        are picked says how they compare with the rows not sent, which no epsilon charges; an
+        owner serves them only if its policy says so (``access.allow_steered_selection``)."""
+        return bool({Step.CANDIDATES, Step.HASHES} & set(METHOD_STEPS[self.method]))
+
+    @property
     def steps(self) -> tuple[Step, ...]:
         """The steps the terms allow, in order (:data:`METHOD_STEPS`)."""
         return METHOD_STEPS[self.method]

@@ -110,6 +110,9 @@ class OwnerSlot:
     spent: SessionSpend | None = None
     #: Why the session runs without the owner, in public words (``LEFT_OUT_REASONS``).
     left_out: str = ""
+    #: A refusal of the session's terms by the owner's policy (not its budget), in the owner's
+    #: own text, which depends on the terms and the policy only (it names the policy key).
+    refusal: str = ""
 
 
 @dataclass
@@ -373,6 +376,8 @@ class SessionState:
                 budget = isinstance(answer, BudgetRefusedError)
                 reason = "budget refused" if budget else "refused the session"
                 self.drop(index, f"refused the session's terms: {text}", reason)
+                if not budget:
+                    self.slots[index].refusal = text
             elif refusals in ("raise", "leave_out"):
                 raise public from answer
             else:
@@ -468,7 +473,11 @@ class SessionState:
         UnavailableError
             If an owner that was left out could not be reached (a retry may find it).
         FailedPreconditionError
-            If the owners left out refused the session (their budget or policy).
+            If the owners left out refused the session (their budget or policy). A refusal by
+            an owner's policy is quoted once per distinct text, after the owners that gave it:
+            it names the policy key and what to do (e.g. ``access.allow_steered_selection``),
+            and depends on the terms and the policy only (never a budget figure, nor an
+            address).
         """
         active = len(self.active())
         required = self.required_owners
@@ -483,10 +492,15 @@ class SessionState:
         )
         needs = f"all {asked}" if self.min_owners == 0 else f"at least {required}"
         cls = UnavailableError if reachable < asked else FailedPreconditionError
+        said: dict[str, list[str]] = {}
+        for i, slot in enumerate(self.slots):
+            if not slot.active and slot.refusal:
+                said.setdefault(slot.refusal, []).append(self.owner_name(i))
+        refusals = "".join(f". {', '.join(who)}: {text}" for text, who in said.items())
         raise cls(
             f"{reachable} of the {asked} owner(s) this request asks were reachable and {active} "
             f"can take part; the request needs {needs} (--min-owners N lets it run with N); "
-            f"left out: {left}"
+            f"left out: {left}{refusals}"
         )
 
     def left_out(self) -> dict[str, str]:

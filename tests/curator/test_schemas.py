@@ -24,6 +24,10 @@ from dpmarket.owner.local import LocalCapeSiteEndpoint, LocalOwnerEndpoint
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
 
+#: The owners' policy: the defaults, and the candidates methods served (their rows are picked
+#: along the curator's embedding: tests/owner/test_exact_bids.py, the default refuses them).
+SERVING = OwnerPolicy(allow_steered_selection=True)
+
 COLUMNS = (
     Column("age", "integer", 0, 120),
     Column("bmi", "continuous", 10, 60),
@@ -42,7 +46,7 @@ def _owner(
     tmp_path: Path, name: str, schema: Schema | None, seed: int
 ) -> tuple[Owner, OwnerLedger]:
     rows = _rows(seed)
-    ledger = OwnerLedger.create(tmp_path / name, OwnerPolicy())
+    ledger = OwnerLedger.create(tmp_path / name, SERVING)
     points = PointSet(rows[:, :2], rows[:, 2].astype(int), name, columns=("age", "bmi"))
     return Owner(name, points, ledger=ledger, schema=schema), ledger
 

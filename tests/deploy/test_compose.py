@@ -847,7 +847,8 @@ def test_data_job_writes_every_file_the_services_read(
 def test_policies_admit_the_consumers_session(
     config: dict[str, Any], data_run: JobRun, pki_run: JobRun
 ) -> None:
-    """The owners' and curator's policy files accept the consumer's candidates session."""
+    """The owners' and curator's policy files accept the consumer's candidates session: the
+    production defaults, and the owners' opt-in to steered selection (the candidates method)."""
     services = _services(config)
     params = _parse_on_host(services["consumer"], data_run, pki_run)
     session = config_from_fields(params["method"], params)
@@ -878,7 +879,10 @@ def test_policies_admit_the_consumers_session(
         )
         assert owner_policy is not None
         policy = load_owner_policy(owner_policy)
-        assert dataclasses.replace(policy, peers=()) == load_owner_policy(POLICIES / "owner.toml")
+        # The stack's operator runs its curator: its owners serve the candidates method.
+        assert policy.allow_steered_selection
+        production = load_owner_policy(POLICIES / "owner.toml")
+        assert dataclasses.replace(policy, peers=(), allow_steered_selection=False) == production
         assert terms.epsilon <= policy.epsilon_per_session <= policy.epsilon_total
         assert terms.delta <= policy.delta_per_session <= policy.delta_total
         assert points <= policy.points_per_session <= policy.points_total

@@ -41,6 +41,8 @@ delta = 1e-3
 [session]
 epsilon = 10.0
 delta = 1e-4
+[access]
+allow_steered_selection = true   # the candidates method's rows
 """
 CURATOR_POLICY = """
 [sessions]

@@ -55,6 +55,9 @@ pytestmark = pytest.mark.integration
 K = 3
 P = 12
 PRICES = """
+[access]
+allow_steered_selection = true   # the candidates method, the consumer's default
+
 [prices]
 per_point_read = "0.01"
 per_point_delivered = "0.05"

@@ -2,8 +2,9 @@
 
 The cluster's policies allow the non-private greedy baseline (curator ``methods`` and owners'
 ``allow_non_private``) and the per-round methods' exact bids (owners' ``allow_exact_bids``, with
-``rounds_per_point`` for greedy's 240 rounds against the smallest owner's 44-point share) so
-that every method's networked run can be compared with its in-process run.
+``rounds_per_point`` for greedy's 240 rounds against the smallest owner's 44-point share), and
+the candidates method's rows picked along the curator's embedding (``allow_steered_selection``),
+so that every method's networked run can be compared with its in-process run.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ delta = 0.1
 points = 100000
 rounds_per_point = 8
 [access]
+allow_steered_selection = true
 allow_non_private = true
 allow_exact_bids = true
 """

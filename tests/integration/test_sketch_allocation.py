@@ -41,6 +41,8 @@ delta = 1e-6
 [sketches]
 publish = true
 epsilon = 1.0
+[access]
+allow_steered_selection = true   # the candidates method's rows
 """
 CURATOR_POLICY = """
 [sessions]

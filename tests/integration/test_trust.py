@@ -63,7 +63,7 @@ from dpmarket.deploy.pki import CA_KEY, issue
 from dpmarket.experiments.runner import simulate
 from dpmarket.experiments.scenarios import Scenario, write_scenario
 from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
-from dpmarket.runtime.arrays import array_to_proto
+from dpmarket.runtime.arrays import array_from_proto, array_to_proto
 from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
 from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 from dpmarket.v1 import (
@@ -302,9 +302,8 @@ def _owner_requests(n_features: int) -> dict[str, Any]:
             sampling_seed=1,
             gamma=0.1,
             consumer=str(CONSUMER),
-            terms=owner_pb2.SessionTerms(
-                method=owner_pb2.SESSION_METHOD_CANDIDATES_COUNTS, epsilon=0.1
-            ),
+            # The method every owner serves (the guard's owners run the default policy).
+            terms=owner_pb2.SessionTerms(method=owner_pb2.SESSION_METHOD_UNIFORM),
         ),
         "SetValidationEmbedding": owner_pb2.SetValidationEmbeddingRequest(
             session_id=sid, validation_embedding=array_to_proto(np.full(8, 0.01))
@@ -566,6 +565,7 @@ epsilon = 0.5
 delta = 1e-6
 points = 1000
 [access]
+allow_steered_selection = true   # the candidates sessions, and the controls
 allow_exact_bids = true   # the controls of attack 2: the per-round method's bids
 """
 BUDGET_CURATOR_POLICY = """
@@ -869,6 +869,78 @@ def test_exact_bids_are_refused_unless_the_owner_trusts_its_curator_with_them(
     assert [(e.session, e.epsilon, e.points) for e in new[owner_id]] == [(sid, 1e-9, 0)]
 
 
+def test_steered_selection_is_refused_unless_the_owner_trusts_its_curator_with_it(
+    guard: LocalCluster, budget: LocalCluster, digits: Scenario
+) -> None:
+    """Issue 25, the candidates methods' order statistics: an owner picks the rows it proposes
+    along the validation embedding and h1 parameters the curator sends, and charges them as raw
+    points only. An owner with the default policy (``access.allow_steered_selection = false``:
+    the guard cluster) refuses both candidates allocations at OpenSession, naming the key, and
+    charges nothing (the hashes mode runs in process only: tests/owner/test_exact_bids.py); a
+    consumer's candidates request fails with a text that names the key and the uniform method,
+    no address and no budget figure. Control: an owner that opted in (the
+    budget cluster) answers a steered one-point proposal under ``(0, 0)`` terms with the row
+    holding the column's largest value, charged as one raw point."""
+    column = 6
+    probe = ColumnProbe(digits.n_features, D, (column,), scale=2.0)  # the schema's bound: [0, 1]
+    Terms = owner_pb2.SessionTerms
+    variants = {
+        "steered-counts": Terms(method=owner_pb2.SESSION_METHOD_CANDIDATES_COUNTS, epsilon=0.1),
+        "steered-sketch": Terms(method=owner_pb2.SESSION_METHOD_CANDIDATES_SKETCH),
+    }
+    owner_id = guard.owner_ids[0]
+    before, charges = _ledgers(guard), _charges(guard)
+    with _channel(guard, guard.owner_targets[0], Identity("owner", owner_id), CURATOR) as ch:
+        stub = owner_pb2_grpc.OwnerServiceStub(ch)
+        refused = {
+            sid: _status(stub.OpenSession, _open_request(sid, probe.rff, terms))
+            for sid, terms in variants.items()
+        }
+        code, _ = _status(
+            stub.SetValidationEmbedding, _embedding_request("steered-sketch", np.zeros(D))
+        )
+        assert code == grpc.StatusCode.NOT_FOUND, "nothing opened: no step finds a session"
+    for sid, (code, details) in refused.items():
+        assert code == grpc.StatusCode.FAILED_PRECONDITION, (sid, code, details)
+        assert "access.allow_steered_selection = false" in details, (sid, details)
+    # The consumer's default method, through the curator: refused by both owners.
+    config = CandidatesConfig(summary_size=10, rff_dimension=D, epsilon_owners_total=EPSILON)
+    request = create_request_to_proto(config, digits.validation, digits.seed_set, 0)
+    with _channel(guard, guard.curator_target, CURATOR, CONSUMER) as channel:
+        curator = curator_pb2_grpc.CuratorServiceStub(channel)
+        code, details = _status(curator.CreateSession, request)
+    assert code == grpc.StatusCode.FAILED_PRECONDITION, details
+    assert details.count("(refused the session)") == len(guard.owner_ids), details
+    assert "access.allow_steered_selection = false" in details
+    assert "Use the uniform method" in details
+    assert "127.0.0.1" not in details and "epsilon over" not in details, details
+    assert _ledgers(guard) == before, "a refused session charges nothing"
+    assert _charges(guard) == charges
+
+    # Control: an owner that trusts its curator with steered selection.
+    owner_id, data = budget.owner_ids[0], digits.owners[OWNERS[0]].features
+    before = _ledgers(budget)
+    sid = "steered-trusted"
+    with _channel(budget, budget.owner_targets[0], Identity("owner", owner_id), CURATOR) as ch:
+        stub = owner_pb2_grpc.OwnerServiceStub(ch)
+        terms = variants["steered-sketch"]
+        stub.OpenSession(_open_request(sid, probe.rff, terms), timeout=CALL_TIMEOUT)
+        # h1's coordinate 0 is -sqrt(2/d) sin(x_c / 2), the others 0: the greedy follows x_c.
+        steer = np.full(D, -1.0)
+        stub.SetValidationEmbedding(_embedding_request(sid, steer), timeout=CALL_TIMEOUT)
+        proposed = stub.ProposeCandidates(
+            owner_pb2.ProposeCandidatesRequest(session_id=sid, count=1), timeout=CALL_TIMEOUT
+        )
+        stub.CloseSession(owner_pb2.CloseSessionRequest(session_id=sid), timeout=CALL_TIMEOUT)
+    (point,) = array_from_proto(proposed.points, "points", ndim=2)
+    assert (data == point).all(axis=1).any(), "a raw row of the owner's table"
+    assert point[column] == data[:, column].max() > np.median(data[:, column])
+    new = _new_entries(before, _ledgers(budget))
+    assert [(e.session, e.epsilon, e.delta, e.points) for e in new[owner_id]] == [
+        (sid, 0.0, 0.0, 1)
+    ]
+
+
 # =================================================================== lifecycle cluster
 IDLE_SECONDS = 2.0
 FETCHED_TTL_SECONDS = 2.0
@@ -884,6 +956,7 @@ points = 100000
 points_fraction = 1.0
 rounds_per_point = 8
 [access]
+allow_steered_selection = true
 allow_exact_bids = true
 [limits]
 session_idle_timeout_seconds = {IDLE_SECONDS}
@@ -1121,6 +1194,7 @@ delta = 0.1
 points = 100000
 rounds_per_point = 8   # the heaviest request: 600 rounds, 88 points a session
 [access]
+allow_steered_selection = true
 allow_exact_bids = true   # the heaviest request runs the private method
 """
 LOAD_CURATOR_POLICY = """

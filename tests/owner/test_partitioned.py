@@ -302,8 +302,14 @@ def test_greedi_mmd_is_within_a_factor_of_greedy(tmp_path: Path, engine, scenari
 
 
 def _owner(data: object, tmp: Path) -> Owner:
-    # ROUNDS bids: this owner trusts its curator with exact bids (access.allow_exact_bids).
-    policy = OwnerPolicy(points_per_session=500, points_total=5000, allow_exact_bids=True)
+    # ROUNDS bids and the candidates methods: this owner trusts its curator with exact bids
+    # and steered selection (access.allow_exact_bids, access.allow_steered_selection).
+    policy = OwnerPolicy(
+        points_per_session=500,
+        points_total=5000,
+        allow_exact_bids=True,
+        allow_steered_selection=True,
+    )
     return Owner("o", data, ledger=OwnerLedger.create(tmp, policy))  # type: ignore[arg-type]
 
 

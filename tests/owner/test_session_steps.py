@@ -69,9 +69,11 @@ def rff() -> RFFParams:
 
 @pytest.fixture
 def ledger(tmp_path: Path) -> OwnerLedger:
-    # ALL_TERMS include the per-round methods: this owner trusts its curator with exact bids
-    # (tests/owner/test_exact_bids.py: the default refuses them).
-    return OwnerLedger.create(tmp_path / "owner", OwnerPolicy(allow_exact_bids=True))
+    # ALL_TERMS include the per-round methods and the candidates methods: this owner trusts its
+    # curator with exact bids and steered selection (tests/owner/test_exact_bids.py: the
+    # default refuses both).
+    policy = OwnerPolicy(allow_exact_bids=True, allow_steered_selection=True)
+    return OwnerLedger.create(tmp_path / "owner", policy)
 
 
 @pytest.fixture
