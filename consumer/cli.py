@@ -528,10 +528,7 @@ def request(
     insecure: bool,
     **kwargs: Any,
 ) -> None:
-    """Ask a running curator (over mTLS) for a summary matching a validation set.
-
-    Prints the quote the request was accepted under (the most it can cost) before the session
-    runs; --quote-only prints the whole quote and stops."""
+    """Ask a running curator (over mTLS) for a summary matching a validation set."""
     from dpmarket.consumer.client import CuratorClient
     from dpmarket.consumer.market import quote_json, quote_line, quote_table
 
