@@ -158,6 +158,8 @@ def _policy_rows(policy: dict[str, Any]) -> list[tuple[str, str]]:
     for name, value in policy.items():
         if name == "peers":
             text = ", ".join(f"{peer} ({pin[:12]}…)" for peer, pin in value.items()) or "none"
+        elif name == "prices":
+            text = ", ".join(f"{key} {credits}" for key, credits in value.items()) + " credits"
         elif isinstance(value, list | tuple):
             text = ", ".join(str(v) for v in value) or "none"
         else:

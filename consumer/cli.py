@@ -24,6 +24,8 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from dpmarket.common.errors import DPMarketError, InvalidArgumentError
+from dpmarket.common.market.money import credits_text, parse_credits
+from dpmarket.common.market.terms import NO_REWARD, RewardOffer
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.summarization.methods import (
@@ -326,6 +328,16 @@ def finish(
         Console().print(comparison_table([evaluation], title=title, wide=wide))
     for line in charge_lines(result.report):
         console.print(line, highlight=False)
+    report = result.report
+    if report.cost is not None:
+        quoted = (
+            "" if report.quote is None else f" (quoted at most {credits_text(report.quote.total)})"
+        )
+        console.print(
+            f"cost: {credits_text(report.cost)} credits{quoted}; the signed statement: "
+            "dpmarket consumer statements",
+            highlight=False,
+        )
     if result.report.left_out:
         console.print(
             "[yellow]left out: "
@@ -394,7 +406,8 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
         (
             "Request",
             ("curator_name", "request_id", "min_owners", "exclude_owners", "schema_path"),
-        )
+        ),
+        ("Market", ("max_cost", "quote_only", "reward", "reward_rule", "payout_epsilon")),
     ),
     briefs={"config": CONFIG_BRIEF},
 )
@@ -443,6 +456,45 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
     "share, MMD², where the summary went; never the validation set) is recorded in its "
     "sessions/ folder, where `dpmarket console` lists the consumer's past sessions.",
 )
+@click.option(
+    "--max-cost",
+    default=None,
+    metavar="CREDITS",
+    help="The most the request may cost, in credits (e.g. 12.5). The curator quotes the "
+    "request's maximum cost from every owner's prices before anything is released; a quote "
+    "above this cap is refused and nothing is released or charged anywhere. Default: no cap.",
+)
+@click.option(
+    "--reward",
+    default=None,
+    metavar="CREDITS",
+    help="A value-based reward paid on top of the owners' prices, split among the owners by a "
+    "private attribution of the summary's value against your validation set (a Laplace "
+    "release of every owner's Shapley value, charged to your validation set and to the "
+    "owners that delivered points). Default: none.",
+)
+@click.option(
+    "--reward-rule",
+    type=click.Choice(["value", "proportional"]),
+    default="value",
+    show_default=True,
+    help="value: the reward per unit of value, each owner paid on an estimate of its own value "
+    "(at most the reward in all); proportional: the reward split in proportion to the noisy "
+    "values (exactly the reward, at up to 4x the noise).",
+)
+@click.option(
+    "--payout-epsilon",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="epsilon of the payout release (with --reward).",
+)
+@click.option(
+    "--quote-only",
+    is_flag=True,
+    help="Print the request's quote (the most it can cost, per owner) and stop: nothing is "
+    "released or charged, no session is created, nothing is written.",
+)
 @protocol_options
 @summary_output_options
 @tls_options
@@ -454,6 +506,11 @@ def request(
     exclude_owners: tuple[str, ...],
     schema_path: str | None,
     data_dir: str | None,
+    max_cost: str | None,
+    reward: str | None,
+    reward_rule: str,
+    payout_epsilon: float,
+    quote_only: bool,
     summary_size: int,
     method: str,
     validation_path: str,
@@ -475,6 +532,7 @@ def request(
 ) -> None:
     """Ask a running curator (over mTLS) for a summary matching a validation set."""
     from dpmarket.consumer.client import CuratorClient
+    from dpmarket.consumer.market import quote_json, quote_line, quote_table
 
     check_method_options(click.get_current_context(), method)
     security = security_from_options(
@@ -487,11 +545,44 @@ def request(
         raise click.BadParameter(str(exc), param_hint="--exclude-owner") from exc
     schema = read_schema(schema_path)
     inputs = read_inputs(validation_path, seed_set_path, test_path, schema)
-    check_outputs(out_path, report_path, *([] if plot_path is None else [plot_path]))
+    offer = NO_REWARD
+    if reward is not None:
+        try:
+            offer = RewardOffer(reward_rule, parse_credits(reward), payout_epsilon)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--reward") from exc
+    cap = None
+    if max_cost is not None:
+        try:
+            cap = parse_credits(max_cost)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--max-cost") from exc
     try:
         curator_identity = Identity("curator", curator_name)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--curator-name") from exc
+    if quote_only:
+        try:
+            with CuratorClient(curator, security, curator=curator_identity) as client:
+                quoted = client.quote_session(
+                    config,
+                    inputs.validation.features,
+                    inputs.seed_set,
+                    seed=seed,
+                    selection=selection,
+                    schema=schema,
+                    feature_names=() if schema is not None else inputs.validation.columns,
+                    max_cost=cap,
+                    reward=offer,
+                )
+        except DPMarketError as exc:
+            raise click.ClickException(str(exc)) from exc
+        if as_json:
+            print_json(quote_json(quoted))
+        else:
+            Console().print(quote_table(quoted, wide=wide))
+        return
+    check_outputs(out_path, report_path, *([] if plot_path is None else [plot_path]))
     progress, update = progress_printer(method)
     try:
         with CuratorClient(curator, security, curator=curator_identity) as client, progress:
@@ -505,6 +596,9 @@ def request(
                 selection=selection,
                 schema=schema,
                 feature_names=() if schema is not None else inputs.validation.columns,
+                max_cost=cap,
+                reward=offer,
+                on_quote=lambda q: progress.console.print(quote_line(q), highlight=False),
             )
     except SessionFailedError as exc:
         if data_dir is not None:
@@ -1540,3 +1634,75 @@ def cape_group() -> None:
 
 for _command in CAPE_COMMANDS:
     cape_group.add_command(_command)
+
+
+# ----------------------------------------------------------------------------- the market
+@click.command("statements")
+@curator_options
+@click.option("--session", "session_id", default=None, help="Only this session's statement.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="The last N only.")
+@click.option(
+    "--csv",
+    "csv_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Also write one row per (session, owner) to this CSV file (amounts in micro-credits).",
+)
+@click.option("--wide", is_flag=True, help="Every column and whole ids (default: 80 columns).")
+@json_option
+@tls_options
+def statements_command(
+    curator: str,
+    curator_name: str,
+    session_id: str | None,
+    limit: int | None,
+    csv_path: str | None,
+    wide: bool,
+    as_json: bool,
+    **tls: Any,
+) -> None:
+    """The consumer's settlement statements: what each session cost, owner by owner.
+
+    Each statement is signed by the curator and settled from the owners' own ledgers (points
+    read, epsilon charged) at the prices quoted when the session opened; each owner checks its
+    own line before recording it."""
+    from dpmarket.consumer.market import statement_json, statements_table
+
+    if csv_path is not None:
+        check_outputs(csv_path)
+    try:
+        with _client(curator, curator_name, tls) as client:
+            settled = client.statements(session_id, limit)
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if csv_path is not None:
+        _write_statements_csv(settled, csv_path)
+    if as_json:
+        print_json({"statements": [statement_json(s) for s in settled]})
+        return
+    if not settled:
+        console.print("no settled statements")
+        return
+    Console().print(statements_table(settled, wide=wide))
+
+
+def _write_statements_csv(settled: Sequence[Any], path: str) -> None:
+    """One row per (session, owner), amounts in micro-credits, epsilon in micro-epsilon."""
+    import csv
+    import dataclasses
+    import io
+
+    out = io.StringIO()
+    writer = None
+    for item in settled:
+        for line in item.statement.lines:
+            row = {"session_id": item.session_id, **dataclasses.asdict(line), "total": line.total}
+            if writer is None:
+                writer = csv.DictWriter(out, fieldnames=list(row))
+                writer.writeheader()
+            writer.writerow(row)
+    try:
+        Path(path).write_text(out.getvalue(), encoding="utf-8")
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {path}: {exc}") from exc
+    console.print(f"-> {path}")

@@ -23,6 +23,9 @@ from dpmarket.common.cape.dpgd import accuracy, predict_proba
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from dpmarket.common.cape.uncertainty import Estimate, training_estimates
 from dpmarket.common.errors import AbortedError, InvalidArgumentError
+from dpmarket.common.market.pricing import Quote
+from dpmarket.common.market.statement import decode_statement
+from dpmarket.common.market.terms import NO_REWARD, RewardOffer
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
 from dpmarket.common.summarization.methods import SummarizationConfig
@@ -34,8 +37,10 @@ from dpmarket.common.summarization.summary import (
 )
 from dpmarket.consumer import convert
 from dpmarket.consumer.cape_report import CapeFitReport, CapeMeanReport, CapeTrainingReport
+from dpmarket.consumer.market import SettledStatement
 from dpmarket.runtime import cape_messages, sketch_messages
 from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.market import quote_from_proto
 from dpmarket.runtime.schemas import schema_to_proto
 from dpmarket.runtime.serving import CHANNEL_OPTIONS
 from dpmarket.runtime.status import error_from_rpc
@@ -118,6 +123,8 @@ class CuratorClient:
         self._stub = curator_pb2_grpc.CuratorServiceStub(self._channel)
         self._cape = cape_pb2_grpc.CapeServiceStub(self._channel)
         self._sketches = sketch_pb2_grpc.SketchCatalogServiceStub(self._channel)
+        #: The quote of the last session :meth:`create_session` started (None before).
+        self.last_quote: Quote | None = None
 
     def close(self) -> None:
         """Close the channel."""
@@ -140,9 +147,12 @@ class CuratorClient:
         selection: OwnerSelection | None = None,
         schema: Schema | None = None,
         feature_names: Sequence[str] = (),
+        max_cost: int | None = None,
+        reward: RewardOffer = NO_REWARD,
     ) -> str:
         """Start a session; return its id (CreateSession). A retry with the same
         ``request_id`` returns the same session and charges nothing new.
+        The quote it was accepted under is :attr:`last_quote` afterwards.
 
         ``selection``: owners to leave out by name and the fewest the session may open with
         (default: every owner asked; an owner that refuses its terms or cannot be reached
@@ -150,18 +160,120 @@ class CuratorClient:
         public schema the validation set was read through (the curator refuses owners that
         declare another); ``feature_names`` the validation set's column names when it was read
         from a table without one (owners with a schema must have these features, in this
-        order)."""
-        request = convert.create_request_to_proto(
-            config, validation, seed_set, seed, request_id, selection
+        order). ``max_cost``: the most the session may cost, micro-credits (None: no cap; a
+        quote above it is refused with ``FailedPreconditionError``, nothing released or charged
+        anywhere); ``reward``: a value-based reward split by the private payout release."""
+        request = self._request(
+            config,
+            validation,
+            seed_set,
+            seed,
+            request_id,
+            selection,
+            schema,
+            feature_names,
+            max_cost,
+            reward,
         )
-        if schema is not None:
-            request.schema.CopyFrom(schema_to_proto(schema))
-        request.feature_names.extend(feature_names)
         try:
             response = self._stub.CreateSession(request, timeout=self.timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc, f"curator at {self.target}") from None
+        self.last_quote = quote_from_proto(response.quote) if response.HasField("quote") else None
         return str(response.session_id)
+
+    @staticmethod
+    def _request(
+        config: SummarizationConfig,
+        validation: NDArray[np.float64],
+        seed_set: NDArray[np.float64],
+        seed: int | None,
+        request_id: str,
+        selection: OwnerSelection | None,
+        schema: Schema | None,
+        feature_names: Sequence[str],
+        max_cost: int | None,
+        reward: RewardOffer,
+    ) -> curator_pb2.CreateSessionRequest:
+        request = convert.create_request_to_proto(
+            config,
+            validation,
+            seed_set,
+            seed,
+            request_id,
+            selection,
+            max_cost=max_cost,
+            reward=reward,
+        )
+        if schema is not None:
+            request.schema.CopyFrom(schema_to_proto(schema))
+        request.feature_names.extend(feature_names)
+        return request
+
+    def quote_session(
+        self,
+        config: SummarizationConfig,
+        validation: NDArray[np.float64],
+        seed_set: NDArray[np.float64],
+        *,
+        seed: int | None = None,
+        selection: OwnerSelection | None = None,
+        schema: Schema | None = None,
+        feature_names: Sequence[str] = (),
+        max_cost: int | None = None,
+        reward: RewardOffer = NO_REWARD,
+    ) -> Quote:
+        """The most a request would cost, without running it (QuoteSession): nothing is
+        released or charged, no session is created. Raises as :meth:`create_session` would
+        before the session opens (a quote above ``max_cost``: ``FailedPreconditionError``)."""
+        request = self._request(
+            config,
+            validation,
+            seed_set,
+            seed,
+            "",
+            selection,
+            schema,
+            feature_names,
+            max_cost,
+            reward,
+        )
+        try:
+            response = self._stub.QuoteSession(
+                curator_pb2.QuoteSessionRequest(request=request),
+                timeout=self.timeout,
+                wait_for_ready=True,
+            )
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, f"curator at {self.target}") from None
+        return quote_from_proto(response.quote)
+
+    def statements(
+        self, session_id: str | None = None, limit: int | None = None
+    ) -> list[SettledStatement]:
+        """The consumer's settlement statements, newest first (ListStatements); only
+        ``session_id``'s if given.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If a statement the curator returns is not a canonical statement.
+        """
+        request = curator_pb2.ListStatementsRequest(session_id=session_id or "", limit=limit or 0)
+        try:
+            response = self._stub.ListStatements(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, f"curator at {self.target}") from None
+        return [
+            SettledStatement(
+                session_id=m.session_id,
+                settled_at=m.settled_at.ToNanoseconds() / 1e9,
+                statement=decode_statement(bytes(m.statement.statement)),
+                signature=bytes(m.statement.signature),
+                owners_recorded=int(m.owners_recorded),
+            )
+            for m in response.statements
+        ]
 
     def watch(self, session_id: str) -> Iterator[tuple[ProgressEvent, SessionReport | None]]:
         """Yield progress events until the session ends (WatchSession); the last one comes with
@@ -195,12 +307,17 @@ class CuratorClient:
         selection: OwnerSelection | None = None,
         schema: Schema | None = None,
         feature_names: Sequence[str] = (),
+        max_cost: int | None = None,
+        reward: RewardOffer = NO_REWARD,
+        on_quote: Callable[[Quote], None] | None = None,
     ) -> SummaryResult:
         """Create a session, follow it to the end and return its summary.
 
         ``request_id`` defaults to a fresh random key, so a retried CreateSession (the client
-        retries while the curator is starting) never opens a second session. ``schema`` and
-        ``feature_names`` as :meth:`create_session`.
+        retries while the curator is starting) never opens a second session. ``schema``,
+        ``feature_names``, ``max_cost`` (micro-credits) and ``reward`` as
+        :meth:`create_session`; ``on_quote`` receives the quote the session was accepted
+        under, once it is created.
 
         Raises
         ------
@@ -217,7 +334,11 @@ class CuratorClient:
             selection=selection,
             schema=schema,
             feature_names=feature_names,
+            max_cost=max_cost,
+            reward=reward,
         )
+        if on_quote is not None and self.last_quote is not None:
+            on_quote(self.last_quote)
         last: tuple[ProgressEvent, SessionReport | None] | None = None
         for event, report in self.watch(session_id):
             last = (event, report)

@@ -9,6 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.market.terms import NO_REWARD, RewardOffer
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.summarization.methods import SummarizationConfig
 from dpmarket.common.summarization.session_ledger import SessionLedger
@@ -20,6 +21,7 @@ from dpmarket.common.summarization.summary import (
     SummaryResult,
 )
 from dpmarket.runtime.arrays import array_to_proto, labeled_points_from_proto
+from dpmarket.runtime.market import quote_from_proto, reward_to_proto
 from dpmarket.v1 import curator_pb2
 
 _METHODS = {
@@ -81,9 +83,13 @@ def create_request_to_proto(
     seed: int | None,
     request_id: str = "",
     selection: OwnerSelection | None = None,
+    *,
+    max_cost: int | None = None,
+    reward: RewardOffer = NO_REWARD,
 ) -> curator_pb2.CreateSessionRequest:
     """Build a CreateSessionRequest; every parameter the method reads is sent explicitly (the
-    others are left unset).
+    others are left unset). ``max_cost`` (micro-credits; None: no cap) and ``reward`` are the
+    request's market terms.
 
     Raises
     ------
@@ -110,6 +116,10 @@ def create_request_to_proto(
     )
     if seed is not None:
         request.seed = seed
+    if max_cost is not None:
+        request.max_cost = max_cost
+    if reward != NO_REWARD:
+        request.reward.CopyFrom(reward_to_proto(reward))
     return request
 
 
@@ -151,6 +161,8 @@ def report_from_proto(r: curator_pb2.SessionReport) -> SessionReport:
             for o in r.owner_spend
         },
         left_out={o.owner_id: o.reason for o in r.left_out},
+        quote=quote_from_proto(r.quote) if r.HasField("quote") else None,
+        cost=int(r.cost) if r.HasField("cost") else None,
     )
 
 

@@ -50,6 +50,7 @@ from dpmarket.runtime.transport import (
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
+    market_pb2,
     owner_pb2,
     owner_pb2_grpc,
     privacy_pb2,
@@ -403,6 +404,17 @@ class GrpcOwnerEndpoint:
         response = await self._call(lambda: self._stub.CloseSession(request, timeout=self.deadline))
         self._keep_receipt(response)
         return convert.spend_from_proto(response.spent)
+
+    async def record_statement(self, data: bytes, signature: bytes) -> tuple[str, bool]:
+        """RecordStatement: deliver the owner's signed part of a statement; return the
+        statement's id and whether the owner recorded it now (False: recorded before)."""
+        request = owner_pb2.RecordStatementRequest(
+            statement=market_pb2.SignedStatement(statement=data, signature=signature)
+        )
+        response = await self._call(
+            lambda: self._stub.RecordStatement(request, timeout=self.deadline)
+        )
+        return str(response.statement_id), bool(response.recorded_now)
 
     async def hash_advertise(self, session_id: str) -> HashAdvert:
         """The hashes mode runs in process only in this release (no RPC carries it)."""

@@ -14,8 +14,12 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from grpc_health.v1 import health_pb2
 
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.market.statement import PrivateKey
 from dpmarket.curator import convert
 from dpmarket.curator.cape_service import CapeJobs, CapeServicer
 from dpmarket.curator.metrics import CuratorCollector
@@ -28,6 +32,7 @@ from dpmarket.curator.store import CuratorStore
 from dpmarket.runtime.admission import VALUE_BYTES, ServiceLimits, largest_request
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.market import quote_to_proto
 from dpmarket.runtime.metrics import register_all
 from dpmarket.runtime.serving import HealthStatus, serve_until_signalled, start_server, write_port
 from dpmarket.runtime.transport import TransportSecurity
@@ -58,7 +63,8 @@ def curator_limits(policy: CuratorPolicy) -> ServiceLimits:
     session id (:data:`~dpmarket.runtime.admission.SMALL_REQUEST_BYTES`).
     """
     values = int(policy.ranges.get("validation_values", DEFAULT_RANGES["validation_values"])[1])
-    return ServiceLimits({"CreateSession": CREATE_SESSION_OVERHEAD_BYTES + VALUE_BYTES * values})
+    largest = CREATE_SESSION_OVERHEAD_BYTES + VALUE_BYTES * values
+    return ServiceLimits({"CreateSession": largest, "QuoteSession": largest})
 
 
 def request_digest(request: curator_pb2.CreateSessionRequest) -> str:
@@ -90,7 +96,17 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
             request_id=request.request_id,
             request_digest=request_digest(request),
         )
-        return curator_pb2.CreateSessionResponse(session_id=session_id)
+        quoted = self.manager.quote_of(session_id, str(caller))
+        return curator_pb2.CreateSessionResponse(
+            session_id=session_id, quote=None if quoted is None else quote_to_proto(quoted)
+        )
+
+    @rpc("consumer")
+    async def QuoteSession(self, request, context, caller):
+        quoted = await self.manager.quote(
+            convert.create_request_from_proto(request.request), consumer=str(caller)
+        )
+        return curator_pb2.QuoteSessionResponse(quote=quote_to_proto(quoted))
 
     @rpc_stream("consumer")
     async def WatchSession(self, request, context, caller):
@@ -98,9 +114,40 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
             yield convert.event_to_proto(event, report)
 
     @rpc("consumer")
+    async def ListStatements(self, request, context, caller):
+        if request.limit < 0:
+            raise InvalidArgumentError(f"limit must be >= 0 (0: every one), got {request.limit}")
+        stored = await asyncio.to_thread(
+            self.manager.statements,
+            str(caller),
+            session_id=request.session_id or None,
+            limit=int(request.limit) or None,
+        )
+        return curator_pb2.ListStatementsResponse(
+            statements=[convert.statement_to_proto(s) for s in stored]
+        )
+
+    @rpc("consumer")
     async def GetSummary(self, request, context, caller):
         result = self.manager.result(request.session_id, str(caller))
         return convert.result_to_proto(result)
+
+
+def signing_key(security: TransportSecurity) -> PrivateKey | None:
+    """The curator's certificate key, which signs its settlement statements (None with
+    plaintext transport: nothing is settled).
+
+    Raises
+    ------
+    TypeError
+        If the key is neither EC nor Ed25519.
+    """
+    if security.insecure or security.key_pem is None:
+        return None
+    key = serialization.load_pem_private_key(security.key_pem, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey):
+        raise TypeError(f"statements are signed with an EC or Ed25519 key, got {type(key)}")
+    return key
 
 
 def curator_authorizer(policy: CuratorPolicy, security: TransportSecurity) -> Authorizer:
@@ -160,6 +207,7 @@ async def serve_curator(
         call_timeout=call_timeout,
         sketches=sketches,
         allocation_spec=allocation_spec,
+        signing_key=signing_key(security),
     )
     authorizer = curator_authorizer(policy, security)
     cape = CapeJobs(

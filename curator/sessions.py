@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dpmarket.common.errors import (
     AbortedError,
@@ -28,6 +30,10 @@ from dpmarket.common.errors import (
     ResourceExhaustedError,
 )
 from dpmarket.common.ids import new_session_id, short_id
+from dpmarket.common.market.payouts import PayoutRelease
+from dpmarket.common.market.pricing import Quote
+from dpmarket.common.market.statement import PrivateKey
+from dpmarket.common.market.terms import release_from_json, release_to_json
 from dpmarket.common.sketches import PrivateSketch
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
 from dpmarket.common.summarization.methods import AllocationFields, SummarizationConfig
@@ -41,8 +47,14 @@ from dpmarket.common.summarization.summary import (
 )
 from dpmarket.curator.owners import wait_for_owners
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
+from dpmarket.curator.settlement import (
+    SessionMarket,
+    SignedSettlement,
+    payout_release,
+    settle_session,
+)
 from dpmarket.curator.sketches import SketchCatalog
-from dpmarket.curator.store import CuratorStore, StoredSession
+from dpmarket.curator.store import CuratorStore, StoredSession, StoredStatement
 from dpmarket.curator.summarization.session import SessionContext, SummarizationSession
 
 logger = logging.getLogger(__name__)
@@ -67,6 +79,8 @@ class _Managed:
     expires_at: float = math.inf
     #: The session's own last event (done or failed), published once the report is set.
     final: ProgressEvent | None = None
+    #: The quote the session was accepted under.
+    quote: Quote | None = None
 
     @property
     def finished(self) -> bool:
@@ -95,6 +109,10 @@ class SessionManager:
         uses the counts allocation, and its report says why.
     clock : callable
         Unix time, seconds (injected by tests).
+    signing_key : EC or Ed25519 private key, optional
+        The curator's certificate key: with it and a store, every quoted session is settled
+        (:mod:`dpmarket.curator.settlement`): its statement signed, stored and delivered to its
+        owners. Without it (plaintext transport, in-process runs) nothing is settled.
 
     Raises
     ------
@@ -112,6 +130,7 @@ class SessionManager:
         sketches: SketchCatalog | None = None,
         allocation_spec: str | None = None,
         clock: Callable[[], float] = time.time,
+        signing_key: PrivateKey | None = None,
     ) -> None:
         if allocation_spec is not None:
             if sketches is None:
@@ -128,10 +147,12 @@ class SessionManager:
         self.sketches = sketches
         self.call_timeout = call_timeout
         self.clock = clock
+        self.signing_key = signing_key
         self._sessions: dict[str, _Managed] = {}
         self._starting = 0
         self.rate = RequestRate(self.policy.per_consumer_per_minute, clock=clock)
         self._request_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._deliveries: set[asyncio.Task[int]] = set()
         if store is not None:
             for session_id in store.recover(ttl=self.policy.result_ttl_seconds):
                 logger.warning(
@@ -223,6 +244,62 @@ class SessionManager:
                 return await self._create(request, consumer, request_id, request_digest)
         return await self._create(request, consumer, None, request_digest)
 
+    async def quote(self, request: SessionRequest, *, consumer: str = "consumer:local") -> Quote:
+        """Quote a request without running it: its checks and quote as :meth:`create` computes
+        them before it opens the session (:meth:`SummarizationSession.prepare` with
+        ``quote_only``). Asks the owners for their descriptions only; nothing is released,
+        charged or stored, and no session is created.
+
+        Raises
+        ------
+        PermissionDeniedError, InvalidArgumentError, ResourceExhaustedError
+            As :meth:`create` (the consumer's request rate counts quotes too).
+        FailedPreconditionError, UnavailableError
+            As :meth:`create` before it opens the session: the schemas differ, the quote
+            exceeds ``request.max_cost``
+            (:class:`~dpmarket.common.market.pricing.CostCapExceededError`), no owner answers.
+        """
+        managed = _Managed(session_id=new_session_id(), consumer=consumer, session=None)
+        session = self._checked_session(request, managed)
+        await wait_for_owners([slot.endpoint for slot in session.state.slots])
+        await session.prepare(check_terms=self.policy.check_terms, quote_only=True)
+        assert session.quote is not None
+        return session.quote
+
+    def quote_of(self, session_id: str, consumer: str) -> Quote | None:
+        """The quote a session this manager holds was accepted under (None if unknown here).
+
+        Raises
+        ------
+        NotFoundError
+            If the session is another consumer's.
+        """
+        managed = self._get(session_id, consumer)
+        return None if managed is None else managed.quote
+
+    def _checked_session(self, request: SessionRequest, managed: _Managed) -> SummarizationSession:
+        """The session of ``request`` (its arrays checked), once the curator's policy accepts
+        the request (seeds, ranges, the consumer's rate); calls no owner.
+
+        Raises
+        ------
+        PermissionDeniedError, InvalidArgumentError, ResourceExhaustedError
+            As :meth:`create`.
+        """
+        owners = self._select(request.selection)
+        if request.seed is not None and not self.policy.allow_seeded_sessions:
+            raise PermissionDeniedError(
+                "this curator does not accept seeded sessions (start it with "
+                "--allow-seeded-sessions for reproducible runs)"
+            )
+        session = self._session(request, owners, managed)
+        # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
+        m, n = session.validation.shape
+        values = (m + session.state.seed_set.shape[0]) * n
+        self.policy.check_request(request.config, m, values, unread=request.unread)
+        self.rate.check(managed.consumer)
+        return session
+
     def _select(self, selection: OwnerSelection) -> list[OwnerEndpoint]:
         """The owners a session asks: the configured ones but those the consumer excludes.
 
@@ -274,12 +351,6 @@ class SessionManager:
     ) -> str:
         config = request.config
         store = self.store
-        owners = self._select(request.selection)
-        if request.seed is not None and not self.policy.allow_seeded_sessions:
-            raise PermissionDeniedError(
-                "this curator does not accept seeded sessions (start it with "
-                "--allow-seeded-sessions for reproducible runs)"
-            )
         session_id = new_session_id()
         managed = _Managed(
             session_id=session_id,
@@ -288,12 +359,8 @@ class SessionManager:
             request_id=request_id,
             request_digest=request_digest,
         )
-        session = self._session(request, owners, managed)
-        # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
-        m, n = session.validation.shape
-        values = (m + session.state.seed_set.shape[0]) * n
-        self.policy.check_request(config, m, values, unread=request.unread)
-        self.rate.check(consumer)
+        session = self._checked_session(request, managed)
+        owners = [slot.endpoint for slot in session.state.slots]
         if self.running + self._starting >= self.policy.max_running:
             raise ResourceExhaustedError(
                 f"this curator runs at most {self.policy.max_running} sessions at once; retry later"
@@ -313,6 +380,7 @@ class SessionManager:
                         request_digest=request_digest,
                         method=config.method,
                         config=config.to_json(),
+                        market=self._market(session, consumer),
                     )
                     # Where the session is open: a restarted curator asks these owners what
                     # they charged it.
@@ -325,6 +393,7 @@ class SessionManager:
         finally:
             self._starting -= 1
         managed.session = session
+        managed.quote = session.quote
         self._sessions[session_id] = managed
         managed.task = asyncio.create_task(self._run(managed))
         logger.info(
@@ -336,6 +405,26 @@ class SessionManager:
             session.validation.shape[0],
         )
         return session_id
+
+    @staticmethod
+    def _market(session: SummarizationSession, consumer: str) -> SessionMarket | None:
+        """What the session's settlement depends on (None: not quoted)."""
+        state = session.state
+        if state.quote is None or state.settlement is None:
+            return None
+        quoted = {line.owner for line in state.quote.lines}
+        prices = {
+            state.owner_name(i): state.info(i).prices
+            for i, slot in enumerate(state.slots)
+            if slot.info is not None and state.owner_name(i) in quoted
+        }
+        return SessionMarket(
+            owner_session=state.owner_session_id,
+            consumer=consumer,
+            quote=state.quote,
+            prices=prices,
+            settlement=state.settlement,
+        )
 
     def _session(
         self, request: SessionRequest, owners: list[OwnerEndpoint], managed: _Managed
@@ -379,7 +468,21 @@ class SessionManager:
         try:
             result = await session.run()
             if self.store is not None:
-                self.store.finish(managed.session_id, result, ttl=ttl)
+                release = self._payouts(managed.session_id, session, result)
+                settlement = self._settle(managed.session_id, _delivered(result), release)
+                cost = None if settlement is None else settlement.statement.total
+                report = dataclasses.replace(
+                    result.report, cost=cost, ledger=session.ledger_report()
+                )
+                result = dataclasses.replace(result, report=report)
+                # The statement is stored in the transaction that completes the session.
+                self.store.finish(
+                    managed.session_id,
+                    result,
+                    ttl=ttl,
+                    settlement=settlement,
+                    payout=None if release is None else release_to_json(release),
+                )
         except DPMarketError as exc:
             self._failed(managed, session, str(exc))
             logger.warning("session %s failed: %s", short_id(managed.session_id), exc)
@@ -395,6 +498,14 @@ class SessionManager:
                 result.report.owner_points_accessed,
             )
         managed.expires_at = self.clock() + ttl
+        if self.store is not None:
+            if managed.error is not None:  # a failed session settles what it released
+                self._settle_failed(managed.session_id)
+            # Each owner's part is delivered off the consumer's path (a restart delivers again
+            # what was not recorded: the statement is durable already).
+            task = asyncio.create_task(self.deliver_statements(managed.session_id))
+            self._deliveries.add(task)
+            task.add_done_callback(self._deliveries.discard)
         final = managed.final
         if final is None:  # pragma: no cover - the session always emits its last event
             stage: Stage = "failed" if managed.error is not None else "done"
@@ -415,6 +526,135 @@ class SessionManager:
             except Exception:  # the charges are stored; a restart marks the session failed
                 logger.exception("session %s: recording the failure", short_id(managed.session_id))
         session.fail(error)
+
+    # -------------------------------------------------------------------------- settlement
+    def _payouts(
+        self, session_id: str, session: SummarizationSession, result: SummaryResult
+    ) -> PayoutRelease | None:
+        """The payout release the session's terms fix, its validation charge recorded first
+        (:func:`~dpmarket.curator.settlement.payout_release`); None without one, without a key
+        (nothing is settled), or when the validation set's budget refuses it (logged: the
+        statement then states no value)."""
+        if self.store is None or self.signing_key is None:
+            return None
+        market = self.store.market(session_id)
+        if market is None:
+            return None
+        state = session.state
+        made = payout_release(
+            market,
+            result.points,
+            result.owner_ids,
+            state.validation,
+            state.config.gamma,
+            state.noise,
+        )
+        if made is None:
+            return None
+        release, charges = made
+        try:
+            state.ledgers["validation"].charge(charges)  # durable before the values leave
+        except DPMarketError as exc:
+            logger.warning("session %s: no payout release: %s", short_id(session_id), exc)
+            return None
+        return release
+
+    def _settle(
+        self,
+        session_id: str,
+        delivered: dict[str, int],
+        release: PayoutRelease | None = None,
+    ) -> SignedSettlement | None:
+        """The session's signed statement from its stored market and its owners' stored
+        records, or None (not quoted, no key, or an owner's record not known yet: settled
+        later, by :meth:`settle_pending`). Never raises: a settlement that fails is logged and
+        the session stays unsettled."""
+        if self.store is None or self.signing_key is None:
+            return None
+        try:
+            market = self.store.market(session_id)
+            if market is None:
+                return None
+            spends = self.store.owner_spend(session_id)
+            return settle_session(market, spends, delivered, self.signing_key, release)
+        except Exception:
+            logger.exception("session %s: settling it failed", short_id(session_id))
+            return None
+
+    def _settle_failed(self, session_id: str) -> None:
+        settlement = self._settle(session_id, {})
+        if settlement is not None and self.store is not None:
+            self.store.record_settlement(session_id, settlement)
+
+    def settle_pending(self) -> int:
+        """Settle every finished session that has no statement yet and whose owners' records
+        are all known (after a restart: the sessions it interrupted, once their owners
+        answered); return how many were settled."""
+        if self.store is None or self.signing_key is None:
+            return 0
+        settled = 0
+        for session_id in self.store.unsettled():
+            delivered = self.store.delivered_points(session_id)
+            if delivered is None:
+                logger.warning(
+                    "session %s: its summary expired before it was settled", short_id(session_id)
+                )
+                continue
+            release = None
+            payout = self.store.payout(session_id)
+            market = self.store.market(session_id)
+            if payout is not None and market is not None:
+                release = release_from_json(payout, market.settlement)
+            settlement = self._settle(session_id, delivered, release)
+            if settlement is not None and self.store.record_settlement(session_id, settlement):
+                self.store.refresh_owner_spend(session_id)
+                settled += 1
+        return settled
+
+    async def deliver_statements(self, session_id: str | None = None) -> int:
+        """Deliver every owner's part of a settled statement it has not recorded yet (only
+        ``session_id``'s, if given); return how many were recorded. An owner that refuses
+        (its records differ) or cannot be reached keeps its part pending; a part recorded
+        before is recorded once (the owner says so)."""
+        if self.store is None:
+            return 0
+        by_name = {o.name: o for o in self.owners}
+        pending = [
+            row for row in self.store.undelivered() if session_id is None or row[0] == session_id
+        ]
+
+        async def deliver(session: str, owner: str, data: bytes, signature: bytes) -> bool:
+            endpoint = by_name.get(owner)
+            record = getattr(endpoint, "record_statement", None)
+            if record is None:
+                return False
+            try:
+                coro = record(data, signature)
+                timeout = self.call_timeout
+                await (coro if timeout is None else asyncio.wait_for(coro, timeout))
+            except (DPMarketError, TimeoutError) as exc:
+                logger.warning(
+                    "session %s: owner %s did not record its statement: %s",
+                    short_id(session),
+                    owner,
+                    exc,
+                )
+                return False
+            assert self.store is not None
+            self.store.mark_delivered(session, owner)
+            return True
+
+        done = await asyncio.gather(*(deliver(*row) for row in pending))
+        return sum(done)
+
+    def statements(
+        self, consumer: str, *, session_id: str | None = None, limit: int | None = None
+    ) -> list[StoredStatement]:
+        """The consumer's settlement statements, newest first (:meth:`CuratorStore.statements`);
+        empty without a store."""
+        if self.store is None:
+            return []
+        return self.store.statements(consumer, session_id=session_id, limit=limit)
 
     # ----------------------------------------------------------------------------- lookups
     def _get(self, session_id: str, consumer: str) -> _Managed | None:
@@ -559,6 +799,10 @@ class SessionManager:
         got = await asyncio.gather(*(ask(*row) for row in pending))
         for session_id in dict.fromkeys(sid for sid, _, _ in pending):
             store.refresh_owner_spend(session_id)
+        # Sessions the restart interrupted are settled from the owners' records, and every
+        # statement not yet recorded by its owners is delivered again.
+        self.settle_pending()
+        await self.deliver_statements()
         if pending:
             logger.info(
                 "owners' records of %d interrupted session(s): %d of %d got",
@@ -576,14 +820,23 @@ class SessionManager:
 
     async def close(self) -> None:
         """Cancel running sessions (their owners' sessions are closed) and wait for them."""
-        tasks = [
+        tasks: list[asyncio.Task[Any]] = [
             m.task for m in self._sessions.values() if m.task is not None and not m.task.done()
         ]
+        tasks += [task for task in self._deliveries if not task.done()]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _delivered(result: SummaryResult) -> dict[str, int]:
+    """Points of each owner in a summary."""
+    counts: dict[str, int] = {}
+    for owner in result.owner_ids:
+        counts[owner] = counts.get(owner, 0) + 1
+    return counts
 
 
 async def _notify(condition: asyncio.Condition) -> None:

@@ -31,6 +31,7 @@ import dataclasses
 import io
 import json
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +47,7 @@ from dpmarket.common.privacy.ledger import UNKNOWN_RESTARTED, Charge, SessionSpe
 from dpmarket.common.summarization.methods import config_from_json
 from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SessionReport, SummaryResult
+from dpmarket.curator.settlement import SessionMarket, SignedSettlement
 from dpmarket.runtime.database import open_database, open_read_only, snapshot, transaction
 
 APPLICATION = "dpmarket-curator"
@@ -138,9 +140,61 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (session, owner)
     );
     """,
+    # 5 -> 6: the market (dpmarket.curator.settlement). What a session's settlement depends on,
+    # kept with the session when it opens; each settled session's signed statement (kept when
+    # its result expires: a record of what is owed), and each owner's signed part with when the
+    # owner recorded it (NULL: not yet delivered).
+    """
+    ALTER TABLE sessions ADD COLUMN market_json TEXT;
+    ALTER TABLE sessions ADD COLUMN payout_json TEXT;
+    CREATE TABLE statements (
+        session TEXT PRIMARY KEY REFERENCES sessions (id),
+        consumer TEXT NOT NULL,
+        statement BLOB NOT NULL,
+        signature BLOB NOT NULL,
+        total INTEGER NOT NULL,
+        settled_at REAL NOT NULL
+    );
+    CREATE INDEX statements_by_consumer ON statements (consumer, settled_at);
+    CREATE TABLE statement_deliveries (
+        session TEXT NOT NULL REFERENCES statements (session),
+        owner TEXT NOT NULL,
+        statement BLOB NOT NULL,
+        signature BLOB NOT NULL,
+        delivered_at REAL,
+        PRIMARY KEY (session, owner)
+    );
+    """,
 )
 
 Status = Literal["running", "done", "failed"]
+
+
+@dataclass(frozen=True)
+class StoredStatement:
+    """A settled session's statement as stored.
+
+    Attributes
+    ----------
+    session : str
+        The consumer's session id.
+    settled_at : float
+        Unix time, seconds.
+    data, signature : bytes
+        The statement's canonical bytes and the curator's signature.
+    total : int
+        What the consumer owes, micro-credits.
+    owners_recorded : int
+        How many owners have recorded their part.
+    """
+
+    session: str
+    settled_at: float
+    data: bytes
+    signature: bytes
+    total: int
+    owners_recorded: int
+
 
 #: What a restarted curator writes into the sessions it found running.
 RESTART_ERROR = "the curator restarted while the session was running"
@@ -260,8 +314,9 @@ class CuratorStore:
         request_digest: str,
         method: str,
         config: dict[str, Any],
+        market: SessionMarket | None = None,
     ) -> None:
-        """Record a new running session.
+        """Record a new running session (with what its settlement depends on, if quoted).
 
         Raises
         ------
@@ -271,7 +326,8 @@ class CuratorStore:
         with self._lock, transaction(self._conn) as conn:
             conn.execute(
                 "INSERT INTO sessions (id, consumer, request_id, request_digest, method, "
-                "config_json, status, created_at) VALUES (?, ?, ?, ?, ?, ?, 'running', ?)",
+                "config_json, status, created_at, market_json) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?)",
                 (
                     session_id,
                     consumer,
@@ -280,6 +336,7 @@ class CuratorStore:
                     method,
                     json.dumps(config, sort_keys=True),
                     self._clock(),
+                    None if market is None else json.dumps(market.to_json(), sort_keys=True),
                 ),
             )
 
@@ -360,22 +417,42 @@ class CuratorStore:
 
     def refresh_owner_spend(self, session_id: str) -> None:
         """Rewrite a finished session's stored report with the owners' records as they stand
-        (after a restarted curator got them); an expired report stays expired."""
+        (after a restarted curator got them) and its settled cost; an expired report stays
+        expired."""
         stored = self.get(session_id)
         if stored is None or stored.report is None:
             return
         spend = {o: s for o, s in self.owner_spend(session_id).items() if s is not None}
-        report = dataclasses.replace(stored.report, owner_spend=spend)
+        cost = self.statement_total(session_id)
+        report = dataclasses.replace(stored.report, owner_spend=spend, cost=cost)
         with self._lock, transaction(self._conn) as conn:
             conn.execute(
                 "UPDATE sessions SET report_json = ? WHERE id = ? AND report_json IS NOT NULL",
                 (report_to_json(report), session_id),
             )
 
-    def finish(self, session_id: str, result: SummaryResult, *, ttl: float) -> None:
-        """Mark a session done and store its summary until ``ttl`` seconds from now."""
+    def finish(
+        self,
+        session_id: str,
+        result: SummaryResult,
+        *,
+        ttl: float,
+        settlement: SignedSettlement | None = None,
+        payout: dict[str, Any] | None = None,
+    ) -> None:
+        """Mark a session done and store its summary until ``ttl`` seconds from now, and its
+        settlement (statement and owners' parts) and payout release (what a later settlement
+        needs of it: :func:`~dpmarket.common.market.terms.release_to_json`) in the same
+        transaction."""
         now = self._clock()
         with self._lock, transaction(self._conn) as conn:
+            if settlement is not None:
+                self._insert_settlement(conn, session_id, settlement, now)
+            if payout is not None:
+                conn.execute(
+                    "UPDATE sessions SET payout_json = ? WHERE id = ?",
+                    (json.dumps(payout, sort_keys=True), session_id),
+                )
             conn.execute(
                 "UPDATE sessions SET status = 'done', finished_at = ?, expires_at = ?, "
                 "report_json = ?, result = ? WHERE id = ?",
@@ -387,6 +464,143 @@ class CuratorStore:
                     session_id,
                 ),
             )
+
+    @staticmethod
+    def _insert_settlement(
+        conn: sqlite3.Connection, session_id: str, settlement: SignedSettlement, now: float
+    ) -> None:
+        statement = settlement.statement
+        conn.execute(
+            "INSERT INTO statements (session, consumer, statement, signature, total, settled_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                session_id,
+                statement.header.consumer,
+                settlement.data,
+                settlement.signature,
+                statement.total,
+                now,
+            ),
+        )
+        conn.executemany(
+            "INSERT INTO statement_deliveries (session, owner, statement, signature) "
+            "VALUES (?, ?, ?, ?)",
+            [(session_id, o, data, sig) for o, (data, sig) in sorted(settlement.owners.items())],
+        )
+
+    def record_settlement(self, session_id: str, settlement: SignedSettlement) -> bool:
+        """Store a session's settlement (one per session, durably).
+
+        Returns
+        -------
+        bool
+            False if the session was settled already (nothing changed).
+        """
+        with self._lock, transaction(self._conn) as conn:
+            row = conn.execute(
+                "SELECT 1 FROM statements WHERE session = ?", (session_id,)
+            ).fetchone()
+            if row is not None:
+                return False
+            self._insert_settlement(conn, session_id, settlement, self._clock())
+        return True
+
+    def market(self, session_id: str) -> SessionMarket | None:
+        """What the session's settlement depends on (None: it was not quoted)."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT market_json FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        return SessionMarket.from_json(json.loads(row[0]))
+
+    def payout(self, session_id: str) -> dict[str, Any] | None:
+        """A done session's stored payout release (None: none)."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT payout_json FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        payout: dict[str, Any] = json.loads(row[0])
+        return payout
+
+    def unsettled(self) -> list[str]:
+        """Finished (done or failed) quoted sessions without a statement, oldest first."""
+        with self._lock, snapshot(self._conn) as conn:
+            rows = conn.execute(
+                "SELECT id FROM sessions WHERE market_json IS NOT NULL AND status != 'running' "
+                "AND id NOT IN (SELECT session FROM statements) ORDER BY created_at"
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def delivered_points(self, session_id: str) -> dict[str, int] | None:
+        """Points of each owner in a done session's summary (from its stored result or
+        report); {} for a failed session; None when no longer known (expired)."""
+        stored = self.get(session_id)
+        if stored is None:
+            return None
+        if stored.status == "failed":
+            return {}
+        result = self.result(session_id)
+        if result is None:
+            return None
+        counts: dict[str, int] = {}
+        for owner in result.owner_ids:
+            counts[owner] = counts.get(owner, 0) + 1
+        return counts
+
+    def undelivered(self) -> list[tuple[str, str, bytes, bytes]]:
+        """``(session, owner, statement, signature)`` of every owner's part not yet recorded by
+        its owner, oldest statement first."""
+        with self._lock, snapshot(self._conn) as conn:
+            rows = conn.execute(
+                "SELECT d.session, d.owner, d.statement, d.signature FROM statement_deliveries d "
+                "JOIN statements s ON s.session = d.session WHERE d.delivered_at IS NULL "
+                "ORDER BY s.settled_at, d.owner"
+            ).fetchall()
+        return [(str(a), str(b), bytes(c), bytes(d)) for a, b, c, d in rows]
+
+    def mark_delivered(self, session_id: str, owner: str) -> None:
+        """Record that ``owner`` recorded its part of the session's statement."""
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute(
+                "UPDATE statement_deliveries SET delivered_at = COALESCE(delivered_at, ?) "
+                "WHERE session = ? AND owner = ?",
+                (self._clock(), session_id, owner),
+            )
+
+    def statements(
+        self, consumer: str, *, session_id: str | None = None, limit: int | None = None
+    ) -> list[StoredStatement]:
+        """The consumer's statements, newest first (only ``session_id``'s, if given)."""
+        where, params = "WHERE s.consumer = ?", [consumer]
+        if session_id is not None:
+            where += " AND s.session = ?"
+            params.append(session_id)
+        sql = (
+            "SELECT s.session, s.settled_at, s.statement, s.signature, s.total, "
+            "(SELECT COUNT(*) FROM statement_deliveries d WHERE d.session = s.session "
+            "AND d.delivered_at IS NOT NULL) FROM statements s "
+            f"{where} ORDER BY s.settled_at DESC, s.session"
+        )
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        with self._lock, snapshot(self._conn) as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [
+            StoredStatement(str(a), float(b), bytes(c), bytes(d), int(e), int(f))
+            for a, b, c, d, e, f in rows
+        ]
+
+    def statement_total(self, session_id: str) -> int | None:
+        """The settled cost of a session, micro-credits (None: not settled)."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT total FROM statements WHERE session = ?", (session_id,)
+            ).fetchone()
+        return None if row is None else int(row[0])
 
     def fail(self, session_id: str, error: str, report: SessionReport, *, ttl: float) -> None:
         """Mark a session failed, with why and what it spent; the row expires like a result."""

@@ -30,7 +30,9 @@ from rich.table import Table
 from rich.text import Text
 
 from dpmarket.common.errors import DPMarketError
+from dpmarket.common.market.money import EPSILON_UNITS, credits_text
 from dpmarket.common.schema import Schema
+from dpmarket.owner.earnings import Earning
 from dpmarket.owner.engine import Engine
 from dpmarket.owner.ledger import (
     LEDGER_FILE,
@@ -41,7 +43,7 @@ from dpmarket.owner.ledger import (
 from dpmarket.owner.ledger_chain import LedgerOwner
 from dpmarket.owner.limits import DEFAULT_IN_MEMORY_VALUES, WorkLimits
 from dpmarket.owner.policy import POLICY_FILE, OwnerPolicy, data_dir_policy
-from dpmarket.owner.statement import ledger_statement
+from dpmarket.owner.statement import iso_time, ledger_statement
 from dpmarket.runtime.cli import (
     check_outputs,
     config_option,
@@ -1388,3 +1390,78 @@ def published_command(data_dir: str, as_json: bool) -> None:
     for spec, key, epsilon, curators in rows:
         table.add_row(spec, key[:16], f"{epsilon:g}", ", ".join(curators) or "nobody yet")
     Console().print(table)
+
+
+def earnings_table(earnings: list[Earning], *, wide: bool = False) -> Table:
+    """The owner's earnings, one row per statement: when, the session, the consumer, points
+    read and delivered, epsilon, charge, reward and total (credits); 80 columns unless
+    ``wide`` (whole ids, the curator and the price components)."""
+    credits = credits_text
+    table = Table(title="earnings (credits)", title_justify="left")
+    headers = ["recorded", "session", "consumer", "read", "deliv.", "epsilon"]
+    if wide:
+        headers += ["curator", "per read", "per deliv.", "per eps.", "top-up"]
+    headers += ["reward", "total"]
+    for header in headers:
+        right = header not in ("recorded", "session", "consumer", "curator")
+        table.add_column(header, justify="right" if right else "left", overflow="fold")
+    for e in earnings:
+        line = e.statement.line
+        eps = (line.epsilon_session + line.epsilon_payout) / EPSILON_UNITS
+        row = [
+            iso_time(e.recorded_at) if wide else iso_time(e.recorded_at)[:10],
+            e.session if wide else short_session(e.session),
+            e.consumer if wide else e.consumer.removeprefix("consumer:"),
+            str(line.points_read),
+            str(line.points_delivered),
+            f"{eps:g}",
+        ]
+        if wide:
+            row += [e.curator]
+            row += [
+                credits(x)
+                for x in (
+                    line.read_charge,
+                    line.delivered_charge,
+                    line.epsilon_charge,
+                    line.minimum_topup,
+                )
+            ]
+        row += [credits(e.reward), credits(e.total)]
+        table.add_row(*row)
+    blank = [""] * (len(headers) - 2)
+    table.add_row("[bold]all", *blank, f"[bold]{credits(sum(e.total for e in earnings))}")
+    return table
+
+
+@click.command("earnings", context_settings={"help_option_names": ["-h", "--help"]})
+@config_option
+@_LEDGER_DIR
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--wide", is_flag=True, help="Every column and whole ids (default: 80 columns).")
+def earnings_command(data_dir: Path, as_json: bool, wide: bool) -> None:
+    """Show what the owner has earned: every settlement statement it checked against its own
+    ledger (points released, epsilon charged) and recorded, with the total.
+
+    Reads the owner's database only (no policy file, no network)."""
+    from dpmarket.owner.earnings import Earnings
+
+    try:
+        with OwnerLedger(data_dir, None) as book:
+            earnings = Earnings(book, book.identity.owner or "").all()
+    except LedgerMissingError as exc:
+        raise click.ClickException(f"{data_dir} holds no owner ledger: {exc}") from exc
+    except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        document = {
+            "ledger": str(ledger_path(data_dir)),
+            "total": sum(e.total for e in earnings),
+            "earnings": [e.to_json() for e in earnings],
+        }
+        click.echo(json.dumps(document, indent=2, allow_nan=False))
+        return
+    if not earnings:
+        Console().print(f"no earnings recorded in {ledger_path(data_dir)}", highlight=False)
+        return
+    Console().print(earnings_table(earnings, wide=wide))

@@ -215,6 +215,39 @@ MIGRATIONS: tuple[Migration, ...] = (
     # chain of the charges (existing charges chained in order), and the receipts the ledger was
     # found behind (owner.ledger_chain.add_chain).
     add_chain,
+    # 4 -> 5: the market (dpmarket.owner.earnings): the market terms this owner accepted when a
+    # session opened (its line of the quote, its prices then, the settlement the terms fixed),
+    # and its earnings, one signed statement per (curator, session), recorded once it matched
+    # the ledger's own record of the session.
+    """
+    CREATE TABLE session_market (
+        curator TEXT NOT NULL,
+        session TEXT NOT NULL,
+        consumer TEXT NOT NULL,
+        terms_json TEXT NOT NULL,
+        accepted_at REAL NOT NULL,
+        PRIMARY KEY (curator, session)
+    );
+    CREATE TABLE earnings (
+        id TEXT PRIMARY KEY,
+        curator TEXT NOT NULL,
+        session TEXT NOT NULL,
+        consumer TEXT NOT NULL,
+        recorded_at REAL NOT NULL,
+        charge INTEGER NOT NULL CHECK (charge >= 0),
+        reward INTEGER NOT NULL CHECK (reward >= 0),
+        total INTEGER NOT NULL CHECK (total >= 0),
+        statement BLOB NOT NULL,
+        signature BLOB NOT NULL,
+        UNIQUE (curator, session)
+    );
+    CREATE TRIGGER earnings_no_update BEFORE UPDATE ON earnings BEGIN
+        SELECT RAISE(ABORT, 'earnings are append-only');
+    END;
+    CREATE TRIGGER earnings_no_delete BEFORE DELETE ON earnings BEGIN
+        SELECT RAISE(ABORT, 'earnings are append-only');
+    END;
+    """,
 )
 
 #: The first schema with the ledger's identity and hash chain (migration 3 -> 4). A ledger
@@ -252,6 +285,8 @@ TABLES = (
     "ledger_keys",
     "charge_chain",
     "ledger_rollbacks",
+    "session_market",
+    "earnings",
 )
 
 

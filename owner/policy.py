@@ -37,9 +37,17 @@ comments is ``deploy/policies/owner.toml``)::
     min_colluders = 1   # the fewest colluding owners (S_C) a job must defend against
     [peers]       # the owners accepted as CAPE / secure-aggregation peers, with their key pins
     owner-1 = "3f0c…"   # 64 hex digits: SHA-256 of the owner's public key (dpmarket pki show)
+    [prices]      # what a session pays this owner, in credits (decimal strings); default 0: free
+    per_point_read = "0.01"       # per raw point the curator reads
+    per_point_delivered = "0.05"  # per point of this owner's in the delivered summary
+    per_epsilon = "2"             # per unit of epsilon charged to this ledger
+    minimum = "1"                 # the least a session pays (the components topped up)
 
 Unknown sections or keys are refused (a misspelt key would otherwise leave a default in force
 silently); ``[peers]`` is the one section whose keys are names (owner names, each a DNS label).
+``[prices]`` holds amounts of credits as decimal strings (a float is refused: its binary value
+is rarely the decimal written), read by
+:meth:`~dpmarket.common.market.pricing.OwnerPrices.from_table`.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from dpmarket.common.market.pricing import OwnerPrices
 from dpmarket.runtime.identity import Identity, normalize_fingerprint
 
 __all__ = [
@@ -112,6 +121,11 @@ _PEERS = "peers"
 _PEERS_COMMENT = (
     "the owners accepted as CAPE / secure-aggregation peers: name = SHA-256 of its public key"
 )
+#: The section of the owner's prices (:class:`~dpmarket.common.market.pricing.OwnerPrices`).
+_PRICES = "prices"
+_PRICES_COMMENT = "what a session pays this owner, in credits"
+#: The default prices: free (an owner that sets none keeps working as before prices existed).
+_FREE = OwnerPrices()
 
 
 def _key(name: str) -> str:
@@ -302,6 +316,13 @@ class OwnerPolicy:
         name, but not for a key it does not hold. Empty (the default) accepts no peer, so a CAPE
         job is refused until the operator lists them (``dpmarket init`` writes them).
         Section ``[peers]``, one ``name = "pin"`` line per peer.
+    prices : OwnerPrices
+        What a session pays this owner (docs/reference.md, "[prices]"): per raw point read, per
+        point delivered in the summary, per unit of epsilon charged to this ledger, and a minimum
+        per session, in micro-credits; a mapping of credits (decimal strings) is accepted and
+        read by :meth:`OwnerPrices.from_table`. Published to the curator with the owner's
+        description (``GetOwnerInfo``); a session whose quoted charge for this owner is below
+        them is refused when it opens. Default: free. Section ``[prices]``.
 
     Raises
     ------
@@ -343,6 +364,7 @@ class OwnerPolicy:
     epsilon_per_sketch: float = 1.0
     cape_min_colluders: int = DEFAULT_MIN_COLLUDERS
     peers: tuple[tuple[str, str], ...] = ()
+    prices: OwnerPrices = _FREE
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -414,6 +436,12 @@ class OwnerPolicy:
         if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
             raise ValueError(f"{_key('cape_min_colluders')} must be an integer >= 0, got {floor!r}")
         put("peers", _peers(self.peers))
+        prices = self.prices
+        if isinstance(prices, Mapping):
+            prices = OwnerPrices.from_table(prices, where=f"[{_PRICES}]")
+        if not isinstance(prices, OwnerPrices):
+            raise ValueError(f"[{_PRICES}] must be a table of prices, got {prices!r}")
+        put("prices", prices)
 
     @property
     def peer_pins(self) -> dict[str, str]:
@@ -477,15 +505,18 @@ class OwnerPolicy:
             raise ValueError(f"{source}: a policy must be a table of sections, got {data!r}")
         kwargs: dict[str, Any] = {}
         for section, table in data.items():
-            if section not in (*_SECTIONS, _PEERS):
+            if section not in (*_SECTIONS, _PEERS, _PRICES):
                 raise ValueError(
                     f"{source}: unknown section [{section}]; allowed: "
-                    + ", ".join(f"[{s}]" for s in (*_SECTIONS, _PEERS))
+                    + ", ".join(f"[{s}]" for s in (*_SECTIONS, _PEERS, _PRICES))
                 )
             if not isinstance(table, Mapping):
                 raise ValueError(f"{source}: [{section}] must be a table, got {table!r}")
             if section == _PEERS:
                 kwargs["peers"] = dict(table)
+                continue
+            if section == _PRICES:
+                kwargs["prices"] = dict(table)
                 continue
             for key, value in table.items():
                 if (section, key) not in _KEYS:
@@ -514,7 +545,8 @@ class OwnerPolicy:
         -------
         str
             Every key written explicitly, so the text is a complete record of the policy
-            (the ledger stores it).
+            (the ledger stores it); ``[prices]`` is written when a price is set (a ledger
+            recorded before prices existed keeps its record of a free policy).
 
         Raises
         ------
@@ -537,6 +569,9 @@ class OwnerPolicy:
                     lines.append(f"{key} = {_toml_value(getattr(self, name))}")
         lines += ["", f"[{_PEERS}]  # {_PEERS_COMMENT}"]
         lines += [f"{name} = {_toml_string(pin)}" for name, pin in self.peers]
+        if self.prices != _FREE:
+            lines += ["", f"[{_PRICES}]  # {_PRICES_COMMENT}"]
+            lines += [f"{k} = {_toml_string(v)}" for k, v in self.prices.as_table().items()]
         return "\n".join(lines) + "\n"
 
     def as_dict(self) -> dict[str, Any]:
@@ -544,6 +579,7 @@ class OwnerPolicy:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["curators"] = list(self.curators)
         out["peers"] = dict(self.peers)
+        out["prices"] = self.prices.as_table()
         return out
 
 

@@ -58,6 +58,7 @@ from dpmarket.common.errors import (
     on_private_data,
 )
 from dpmarket.common.ids import short_id
+from dpmarket.common.market.terms import FREE, check_quote, owner_payout_epsilon
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from dpmarket.common.privacy.rng import production_rng
@@ -69,6 +70,7 @@ from dpmarket.common.summarization.kernels import bid_direction, bid_scores, emb
 from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
 from dpmarket.common.summarization.terms import OwnerTerms, Step
 from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
+from dpmarket.owner.earnings import PAYOUT_MECHANISM, Earnings, payout_session
 from dpmarket.owner.engine import WorkCancelled
 from dpmarket.owner.hash_keys import HashKeyParty
 from dpmarket.owner.ledger import OwnerLedger
@@ -945,10 +947,17 @@ class Owner:
         self._opening: dict[str, tuple[Progress, threading.Event]] = {}
 
     def info(self) -> OwnerInfo:
-        """Describe the dataset (size, feature count, labels, public schema)."""
+        """Describe the dataset (size, feature count, labels, public schema) and the owner's
+        prices (its policy's; free without a ledger)."""
+        prices = FREE if self.ledger is None else self.ledger.policy.prices
         if self.data is None:
             return OwnerInfo(
-                self.owner_id, num_points=0, num_features=0, has_labels=False, schema=self.schema
+                self.owner_id,
+                num_points=0,
+                num_features=0,
+                has_labels=False,
+                schema=self.schema,
+                prices=prices,
             )
         if isinstance(self.data, PartitionedData):
             return OwnerInfo(
@@ -957,6 +966,7 @@ class Owner:
                 num_features=self.data.n_features,
                 has_labels=self.data.has_labels,
                 schema=self.schema,
+                prices=prices,
             )
         return OwnerInfo(
             owner_id=self.owner_id,
@@ -964,6 +974,7 @@ class Owner:
             num_features=int(self.data.features.shape[1]),
             has_labels=self.data.labels is not None,
             schema=self.schema,
+            prices=prices,
         )
 
     @property
@@ -1005,7 +1016,8 @@ class Owner:
             ``(num_points, max_points)``: this owner's size and the most raw points the session
             may receive under its policy: ``policy.session_points(num_points)`` (the session's
             points and its fraction of the table) less what the session id was charged
-            already, within what is left of the window's points budget.
+            already, within what is left of the window's points budget and within the
+            ``max_points_read`` of its quote (``terms.market``).
 
         Raises
         ------
@@ -1018,7 +1030,9 @@ class Owner:
             method asks (:mod:`dpmarket.owner.terms`: a per-round method without
             ``access.allow_exact_bids``; a candidates method or its hashes mode without
             ``access.allow_steered_selection``; more Bid rounds than
-            ``session.rounds_per_point`` times the point allowance). Nothing is charged.
+            ``session.rounds_per_point`` times the point allowance), or the owner's prices
+            refuse the quote (:func:`~dpmarket.common.market.terms.check_quote`: a quoted
+            charge below them, or no quote for an owner that is not free). Nothing is charged.
         ResourceExhaustedError
             If ``max_sessions`` sessions are open (after closing idle ones).
         AlreadyExistsError
@@ -1058,12 +1072,15 @@ class Owner:
             # rounds: each refusal before anything is computed.
             check_exact_bids(self.ledger.policy, terms)
             check_steered_selection(self.ledger.policy, terms)
+            payout = 0.0
+            if terms.market is not None:
+                payout = owner_payout_epsilon(terms.market.settlement)
             self.ledger.check(
                 session=session_id,
                 consumer=consumer,
                 curator=curator,
                 mechanism=terms.mechanism,
-                epsilon=terms.epsilon,
+                epsilon=terms.epsilon + payout,
                 delta=terms.delta,
                 points=0,
             )
@@ -1077,6 +1094,11 @@ class Owner:
                 min(n, policy.session_points(n) - already, self.ledger.remaining().points),
             )
             check_rounds(policy, terms, allowance)
+            # The quote's line for this owner: at least its own prices at the line's limits,
+            # and no more raw points than the line states (so the statement stays within it).
+            check_quote(policy.prices, terms.market, terms.epsilon, owner=self.owner_id)
+            if terms.market is not None:
+                allowance = min(allowance, terms.market.max_points_read)
         self._check_new(session_id)
         if self.allow_seeded_sessions:
             rng = np.random.default_rng(sampling_seed)
@@ -1112,6 +1134,16 @@ class Owner:
                 raise WorkCancelled("the session's opening was cancelled")
             self._check_new(session_id, locked=True)
             self._slots[session_id] = _Slot(session, curator, consumer, self.clock())
+        if self.ledger is not None and terms.market is not None:
+            # The terms the session's statement will be checked against, durably (nothing is
+            # charged: the open has passed every check).
+            Earnings(self.ledger, self.owner_id).accept(
+                curator=curator,
+                session=session_id,
+                consumer=consumer,
+                market=terms.market,
+                prices=self.ledger.policy.prices,
+            )
         return n, allowance
 
     @staticmethod
@@ -1187,19 +1219,45 @@ class Owner:
     def _charger(
         self, session_id: str, curator: str, consumer: str, terms: OwnerTerms
     ) -> Callable[[int, str], None] | None:
-        """The session's charge function: the first charge carries the terms."""
+        """The session's charge function: the first charge carries the terms; before the first
+        raw point leaves, the payout release the market terms fix is charged too (apart, under
+        :func:`~dpmarket.owner.earnings.payout_session`), so that every owner whose points a
+        payout release is about has paid for it before any release."""
         ledger = self.ledger
         if ledger is None:
             return None
         charged = False
+        payout = 0.0 if terms.market is None else owner_payout_epsilon(terms.market.settlement)
+        paid = payout == 0.0
 
         def charge(points: int, what: str) -> None:
-            nonlocal charged
+            nonlocal charged, paid
             if charged and points == 0:
                 return
             eps, dlt, mechanism = 0.0, 0.0, what
             if not charged:
                 eps, dlt, mechanism = terms.epsilon, terms.delta, f"{terms.mechanism}; {what}"
+            if points > 0 and not paid:
+                # Both refused or both charged: check the release, then charge the payout first.
+                ledger.check(
+                    session=session_id,
+                    consumer=consumer,
+                    curator=curator,
+                    mechanism=mechanism,
+                    epsilon=eps + payout,
+                    delta=dlt,
+                    points=points,
+                )
+                ledger.charge(
+                    session=payout_session(session_id),
+                    consumer=consumer,
+                    curator=curator,
+                    mechanism=PAYOUT_MECHANISM,
+                    epsilon=payout,
+                    delta=0.0,
+                    points=0,
+                )
+                paid = True
             ledger.charge(
                 session=session_id,
                 consumer=consumer,

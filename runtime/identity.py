@@ -284,3 +284,21 @@ PEER_CACHE_SIZE = 1024
 #: :func:`identity_from_pem` of a verified peer certificate, parsed once per certificate (an
 #: :class:`Identity` is immutable; exceptions are not cached).
 _peer_identity_of = functools.lru_cache(maxsize=PEER_CACHE_SIZE)(identity_from_pem)
+
+
+def peer_public_key(
+    context: grpc.ServicerContext | grpc.aio.ServicerContext,
+) -> CertificatePublicKeyTypes | None:
+    """The public key of the caller's verified certificate (what it signs documents with), or
+    None without one (plaintext transport).
+
+    Raises
+    ------
+    ValueError
+        If the certificate in the auth context cannot be parsed.
+    """
+    values = context.auth_context().get(_AUTH_PEM_KEY)
+    if not values:
+        return None
+    pem = values if isinstance(values, bytes) else next(iter(values))
+    return x509.load_pem_x509_certificates(pem)[0].public_key()

@@ -28,6 +28,7 @@ __all__ = [
     "EPSILON_UNITS",
     "MICRO_CREDITS",
     "VALUE_UNITS",
+    "credits_text",
     "epsilon_charge",
     "epsilon_units",
     "format_credits",
@@ -92,6 +93,19 @@ def format_credits(micro: int) -> str:
     if isinstance(micro, bool) or not isinstance(micro, int):
         raise ValueError(f"an amount must be an int of micro-credits, got {micro!r}")
     return str((Decimal(micro) / MICRO_CREDITS).quantize(Decimal("0.000001")))
+
+
+def credits_text(micro: int) -> str:
+    """Micro-credits as credits for a table: at least two decimals, trailing zeros beyond them
+    dropped (``1500000`` -> ``"1.50"``, ``125`` -> ``"0.000125"``).
+
+    Raises
+    ------
+    ValueError
+        If ``micro`` is not an int.
+    """
+    whole, _, decimals = format_credits(micro).partition(".")
+    return f"{whole}.{decimals.rstrip('0').ljust(2, '0')}"
 
 
 def epsilon_units(epsilon: float) -> int:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from dpmarket.common.market.pricing import OwnerPrices
+from dpmarket.common.market.terms import FREE
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.schema import Schema
 from dpmarket.common.summarization.hashes import HashAdvert
@@ -36,6 +38,8 @@ class OwnerInfo:
     schema : Schema or None
         The public schema the owner checked its table against when it started (its features
         are the schema's columns but the label); ``None`` when it declared none.
+    prices : OwnerPrices
+        The owner's published prices (its policy's ``[prices]``); default free.
     """
 
     owner_id: str
@@ -43,6 +47,7 @@ class OwnerInfo:
     num_features: int
     has_labels: bool
     schema: Schema | None = None
+    prices: OwnerPrices = FREE
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import enum
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dpmarket.common.privacy.accounting import PrivacyEvent, pld_epsilon
 from dpmarket.common.summarization.auction import iteration_limit
@@ -39,6 +40,9 @@ from dpmarket.common.summarization.methods import (
     UniformConfig,
 )
 from dpmarket.common.validation import check_positive_int
+
+if TYPE_CHECKING:
+    from dpmarket.common.market.terms import MarketTerms
 
 __all__ = [
     "METHOD_STEPS",
@@ -158,6 +162,10 @@ class OwnerTerms:
     description : str
         What the epsilon pays for, for the curator's report; decides nothing and is not sent to
         the owners (an owner describes a session by its method).
+    market : MarketTerms or None
+        One owner's part of the session's quote and settlement
+        (:class:`~dpmarket.common.market.terms.MarketTerms`), set per owner when the session
+        opens; None: the session carries no quote (accepted only by a free owner).
 
     Raises
     ------
@@ -173,6 +181,7 @@ class OwnerTerms:
     delta: float
     max_rounds: int = 0
     description: str = ""
+    market: MarketTerms | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, SessionMethod):

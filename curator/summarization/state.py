@@ -29,6 +29,8 @@ from dpmarket.common.errors import (
     UnavailableError,
 )
 from dpmarket.common.ids import short_id
+from dpmarket.common.market.pricing import Quote
+from dpmarket.common.market.statement import SettlementTerms
 from dpmarket.common.privacy.ledger import (
     UNKNOWN_NOT_RETURNED,
     UNKNOWN_UNREACHABLE,
@@ -269,6 +271,10 @@ class SessionState:
             "owners": PrivacyLedger(delta_tilde=delta_owners, on_charge=context.on_charge),
         }
         self.terms: OwnerTerms | None = None
+        #: The session's quote and settlement terms (:mod:`dpmarket.common.market.terms`), set
+        #: when it is prepared, before any owner is opened.
+        self.quote: Quote | None = None
+        self.settlement: SettlementTerms | None = None
         self.rff: RFFParams | None = None
         self.start = time.perf_counter()
         self.total_rounds = 1

@@ -27,6 +27,7 @@ code.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -35,6 +36,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.market.money import parse_credits
+from dpmarket.common.market.pricing import Quote
+from dpmarket.common.market.terms import NO_REWARD, RewardOffer
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.summarization.methods import SummarizationConfig
@@ -179,6 +183,8 @@ class Consumer:
         feature_names: Sequence[str] = (),
         on_progress: Callable[[ProgressEvent], None] | None = None,
         request_id: str | None = None,
+        max_cost: str | int | Decimal | None = None,
+        reward: RewardOffer | None = None,
     ) -> SummaryResult:
         """A summary of ``config.summary_size`` owner points matching ``validation``.
 
@@ -203,6 +209,16 @@ class Consumer:
             Receives every :class:`ProgressEvent`.
         request_id : str, optional
             Idempotency key (default: a fresh one; a retry never opens a second session).
+        max_cost : str, int or Decimal, optional
+            The most the session may cost, in credits (``"12.5"``; not a float): the curator
+            quotes the request from every owner's prices before anything is released, and a
+            quote above the cap is refused (``FailedPreconditionError``), nothing released or
+            charged anywhere. The quote is ``result.report.quote``, the settled cost
+            ``result.report.cost`` (micro-credits).
+        reward : RewardOffer, optional
+            A value-based reward (:class:`~dpmarket.common.market.terms.RewardOffer`: rule,
+            micro-credits, payout epsilon) split among the owners by the private payout
+            release.
 
         Returns
         -------
@@ -231,6 +247,48 @@ class Consumer:
             selection=selection,
             schema=schema,
             feature_names=feature_names,
+            max_cost=None if max_cost is None else parse_credits(max_cost),
+            reward=reward or NO_REWARD,
+        )
+
+    def quote(
+        self,
+        config: SummarizationConfig,
+        validation: ArrayLike,
+        seed_set: ArrayLike | None = None,
+        *,
+        selection: OwnerSelection | None = None,
+        schema: Schema | None = None,
+        feature_names: Sequence[str] = (),
+        max_cost: str | int | Decimal | None = None,
+        reward: RewardOffer | None = None,
+    ) -> Quote:
+        """The most :meth:`summarize` with these arguments would cost, without running it:
+        nothing is released or charged, no session is created.
+
+        Returns
+        -------
+        Quote
+            One line per owner (its limits and its charge at them, micro-credits) and
+            ``total``, the maximum cost in micro-credits.
+
+        Raises
+        ------
+        dpmarket.common.errors.DPMarketError
+            As :meth:`summarize` before its session opens (``FailedPreconditionError`` for a
+            quote above ``max_cost``).
+        """
+        points = np.asarray(validation, dtype=np.float64)
+        seeds = np.zeros((0, points.shape[-1])) if seed_set is None else seed_set
+        return self.client.quote_session(
+            config,
+            points,
+            np.asarray(seeds, dtype=np.float64),
+            selection=selection,
+            schema=schema,
+            feature_names=feature_names,
+            max_cost=None if max_cost is None else parse_credits(max_cost),
+            reward=reward or NO_REWARD,
         )
 
     @staticmethod

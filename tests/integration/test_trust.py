@@ -66,7 +66,14 @@ from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto
 from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
 from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
-from dpmarket.v1 import array_pb2, curator_pb2, curator_pb2_grpc, owner_pb2, owner_pb2_grpc
+from dpmarket.v1 import (
+    array_pb2,
+    curator_pb2,
+    curator_pb2_grpc,
+    market_pb2,
+    owner_pb2,
+    owner_pb2_grpc,
+)
 from tests.conftest import ColumnProbe, new_ledger
 
 pytestmark = pytest.mark.integration
@@ -315,6 +322,9 @@ def _owner_requests(n_features: int) -> dict[str, Any]:
         "ProposeCandidates": owner_pb2.ProposeCandidatesRequest(session_id=sid, count=1),
         "CloseSession": owner_pb2.CloseSessionRequest(session_id=sid),
         "GetProgress": owner_pb2.GetProgressRequest(session_id=sid),
+        "RecordStatement": owner_pb2.RecordStatementRequest(
+            statement=market_pb2.SignedStatement(statement=b"probe", signature=b"probe")
+        ),
     }
 
 
@@ -326,6 +336,12 @@ def _curator_requests(digits: Scenario) -> dict[str, Any]:
         ),
         "WatchSession": curator_pb2.WatchSessionRequest(session_id="0" * 32),
         "GetSummary": curator_pb2.GetSummaryRequest(session_id="0" * 32),
+        "QuoteSession": curator_pb2.QuoteSessionRequest(
+            request=create_request_to_proto(
+                config, digits.validation, digits.seed_set, None, "probe"
+            )
+        ),
+        "ListStatements": curator_pb2.ListStatementsRequest(),
     }
 
 

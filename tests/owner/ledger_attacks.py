@@ -48,9 +48,9 @@ def drop_last_charge(data_dir: Path) -> None:
 
 
 def downgrade(data_dir: Path, keep: int = 1) -> None:
-    """The previous release's schema (3): identity, chain, keys and rollbacks dropped with
-    their triggers, every charge after ``keep`` deleted, totals rebuilt (the red team's
-    t12_downgrade.py)."""
+    """A schema-3 ledger (before the chain): identity, chain, keys, rollbacks and the later
+    market tables dropped with their triggers, every charge after ``keep`` deleted, totals
+    rebuilt (the red team's t12_downgrade.py)."""
     with closing(sqlite3.connect(ledger_path(data_dir))) as c:
         for trigger in (
             "charges_no_update",
@@ -60,9 +60,18 @@ def downgrade(data_dir: Path, keep: int = 1) -> None:
             "ledger_identity_fixed",
             "ledger_identity_bound_once",
             "ledger_identity_no_delete",
+            "earnings_no_update",
+            "earnings_no_delete",
         ):
             c.execute(f"DROP TRIGGER IF EXISTS {trigger}")
-        for table in ("charge_chain", "ledger_rollbacks", "ledger_keys", "ledger_identity"):
+        for table in (
+            "charge_chain",
+            "ledger_rollbacks",
+            "ledger_keys",
+            "ledger_identity",
+            "session_market",
+            "earnings",
+        ):
             c.execute(f"DROP TABLE IF EXISTS {table}")
         c.execute(
             "DELETE FROM sketch_deliveries WHERE sketch IN (SELECT id FROM sketches "

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dpmarket.common.market.pricing import PRICE_KEYS
 from dpmarket.owner.policy import OwnerPolicy, load_owner_policy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "owner.toml"
@@ -40,6 +41,7 @@ def test_defaults() -> None:
         "epsilon_per_sketch": 1.0,
         "cape_min_colluders": 1,
         "peers": {},
+        "prices": {k: "0.000000" for k in PRICE_KEYS},
     }
     assert p.window_description == "the lifetime"
 

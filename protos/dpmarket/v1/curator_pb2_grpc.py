@@ -53,6 +53,16 @@ class CuratorServiceStub:
                 request_serializer=dpmarket_dot_v1_dot_curator__pb2.WatchSessionRequest.SerializeToString,
                 response_deserializer=dpmarket_dot_v1_dot_curator__pb2.WatchSessionResponse.FromString,
                 _registered_method=True)
+        self.QuoteSession = channel.unary_unary(
+                '/dpmarket.v1.CuratorService/QuoteSession',
+                request_serializer=dpmarket_dot_v1_dot_curator__pb2.QuoteSessionRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_curator__pb2.QuoteSessionResponse.FromString,
+                _registered_method=True)
+        self.ListStatements = channel.unary_unary(
+                '/dpmarket.v1.CuratorService/ListStatements',
+                request_serializer=dpmarket_dot_v1_dot_curator__pb2.ListStatementsRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_curator__pb2.ListStatementsResponse.FromString,
+                _registered_method=True)
         self.GetSummary = channel.unary_unary(
                 '/dpmarket.v1.CuratorService/GetSummary',
                 request_serializer=dpmarket_dot_v1_dot_curator__pb2.GetSummaryRequest.SerializeToString,
@@ -99,6 +109,28 @@ class CuratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QuoteSession(self, request, context):
+        """Quote a request without running it: the most it can cost, from every owner's published
+        prices and the session's terms, computed as CreateSession computes it before it opens the
+        session. Asks the owners for their descriptions only: nothing is released or charged, and no
+        session is created. Fails as CreateSession fails before it opens (INVALID_ARGUMENT for a
+        malformed request or one outside the curator's policy, FAILED_PRECONDITION when the request
+        exceeds its max_cost or an owner prices epsilon and the method is non-private,
+        RESOURCE_EXHAUSTED past the consumer's request rate, UNAVAILABLE if no owner answers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListStatements(self, request, context):
+        """List the consumer's settlement statements, newest first: for every session the curator
+        settled, the whole statement (every owner's line) signed by the curator. Never another
+        consumer's. Fails with INVALID_ARGUMENT for a negative limit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetSummary(self, request, context):
         """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown or
         expired session or one of another consumer, FAILED_PRECONDITION while it is running, ABORTED
@@ -120,6 +152,16 @@ def add_CuratorServiceServicer_to_server(servicer, server):
                     servicer.WatchSession,
                     request_deserializer=dpmarket_dot_v1_dot_curator__pb2.WatchSessionRequest.FromString,
                     response_serializer=dpmarket_dot_v1_dot_curator__pb2.WatchSessionResponse.SerializeToString,
+            ),
+            'QuoteSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.QuoteSession,
+                    request_deserializer=dpmarket_dot_v1_dot_curator__pb2.QuoteSessionRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_curator__pb2.QuoteSessionResponse.SerializeToString,
+            ),
+            'ListStatements': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListStatements,
+                    request_deserializer=dpmarket_dot_v1_dot_curator__pb2.ListStatementsRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_curator__pb2.ListStatementsResponse.SerializeToString,
             ),
             'GetSummary': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSummary,
@@ -190,6 +232,60 @@ class CuratorService:
             '/dpmarket.v1.CuratorService/WatchSession',
             dpmarket_dot_v1_dot_curator__pb2.WatchSessionRequest.SerializeToString,
             dpmarket_dot_v1_dot_curator__pb2.WatchSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QuoteSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.CuratorService/QuoteSession',
+            dpmarket_dot_v1_dot_curator__pb2.QuoteSessionRequest.SerializeToString,
+            dpmarket_dot_v1_dot_curator__pb2.QuoteSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListStatements(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.CuratorService/ListStatements',
+            dpmarket_dot_v1_dot_curator__pb2.ListStatementsRequest.SerializeToString,
+            dpmarket_dot_v1_dot_curator__pb2.ListStatementsResponse.FromString,
             options,
             channel_credentials,
             insecure,
