@@ -510,6 +510,103 @@ def test_a_refused_or_oversized_request_is_not_held_by_the_service(
     assert flooded.peak_growth > RSS_BOUND, flooded
 
 
+#: A flood of refused calls over many connections (issue 25, third round: 1,000 refused 4 MB
+#: calls over 100 connections raised an owner by 0.45-1.3 GiB, each call's stream window
+#: grown by gRPC's bandwidth-delay probing): connections, calls over them, bytes of each.
+MANY_CONNECTIONS = 48
+MANY_CALLS = 192
+MANY_BYTES = 2_000_000
+#: What the connections of a refused party may make a server hold (docs/reference.md, "Message
+#: limits"): a constant and so much per connection.
+REFUSED_CONSTANT = 16 << 20
+REFUSED_PER_CONNECTION = 192 << 10
+#: The owner server of :data:`OLD_SERVER`, admitted as every server is
+#: (:func:`dpmarket.runtime.serving.start_server`), with the transport's bounds on (argument
+#: ``on``) or off (``off``: gRPC's defaults, the bandwidth-delay probing on). Arguments: the PKI
+#: directory, the owner's name, on/off; prints its port.
+TRANSPORT_SERVER = """
+import asyncio, sys
+from pathlib import Path
+from dpmarket.v1 import owner_pb2_grpc
+from dpmarket.runtime import serving
+from dpmarket.runtime.authz import Authorizer, rpc
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity
+
+class Owner(owner_pb2_grpc.OwnerServiceServicer):
+    authorizer = Authorizer({"curator": ("curator",)})
+
+    @rpc("curator")
+    async def OpenSession(self, request, context, caller):
+        raise AssertionError("a refused call reached its handler")
+
+async def main():
+    me = Identity("owner", sys.argv[2])
+    security = TransportSecurity.from_files(*identity_files(Path(sys.argv[1]), me))
+    if sys.argv[3] == "off":
+        serving.SERVER_OPTIONS = [
+            o for o in serving.SERVER_OPTIONS if o not in serving.TRANSPORT_BOUND_OPTIONS
+        ]
+    server, port, _ = await serving.start_server(
+        lambda s: owner_pb2_grpc.add_OwnerServiceServicer_to_server(Owner(), s),
+        "dpmarket.v1.OwnerService", "127.0.0.1:0", security, max_request_bytes=4_300_000,
+    )
+    print(port, flush=True)
+    await server.wait_for_termination()
+
+asyncio.run(main())
+"""
+
+
+def _flooded_over_connections(
+    cluster: LocalCluster, target: str, expected: Identity, payload: bytes, pid: int
+) -> Flood:
+    """:data:`MANY_CALLS` refused ``OpenSession`` calls from the consumer over
+    :data:`MANY_CONNECTIONS` connections of its own."""
+    security = TransportSecurity.from_files(*identity_files(cluster.pki_dir, CONSUMER))
+    own = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_send_message_length", 1 << 30)]
+    channels = [sync_channel(target, security, expected, own) for _ in range(MANY_CONNECTIONS)]
+    try:
+        path = "/dpmarket.v1.OwnerService/OpenSession"
+        return flood(channels, path, payload, MANY_CALLS, psutil.Process(pid), settle=0.2)
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def test_refused_calls_over_many_connections_hold_a_window_per_connection(
+    guard: LocalCluster,
+) -> None:
+    """Refused 2 MB calls, four at once on each of 48 connections, raise a real owner's RSS by at
+    most the documented bound for refused parties (16 MiB + 192 KiB per connection: 25 MiB), not
+    by their requests: its server grants each connection a fixed 64 KiB window. Control: the
+    same admission on a server with gRPC's defaults (windows grown by bandwidth-delay probing)
+    grows by more."""
+    owner_me = Identity("owner", guard.owner_ids[0])
+    array = array_pb2.Array(
+        dtype=array_pb2.DTYPE_FLOAT64, shape=[MANY_BYTES // 8], data=bytes(MANY_BYTES)
+    )
+    payload = owner_pb2.OpenSessionRequest(session_id="s", omega=array).SerializeToString()
+    bound = REFUSED_CONSTANT + MANY_CONNECTIONS * REFUSED_PER_CONNECTION
+    owner_pid = guard.owner_processes[0].pid
+    flooded = _flooded_over_connections(guard, guard.owner_targets[0], owner_me, payload, owner_pid)
+    assert flooded.statuses == ["PERMISSION_DENIED"] * MANY_CALLS, flooded.statuses
+    assert flooded.peak_growth <= bound, flooded
+    assert _ledgers(guard) == {owner: [] for owner in guard.owner_ids}
+    with subprocess.Popen(
+        [sys.executable, "-c", TRANSPORT_SERVER, str(guard.pki_dir), owner_me.name, "off"],
+        stdout=subprocess.PIPE,
+    ) as old:
+        try:
+            assert old.stdout is not None
+            target = f"127.0.0.1:{int(old.stdout.readline())}"
+            control = _flooded_over_connections(guard, target, owner_me, payload, old.pid)
+        finally:
+            old.kill()
+    assert control.statuses == ["PERMISSION_DENIED"] * MANY_CALLS, control.statuses
+    assert control.peak_growth > bound, control
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
