@@ -84,6 +84,13 @@ STREAM_WINDOW_BYTES = 64 << 10
 #: (docs/reference.md, "Message limits"). An owner's callers are its curator(s) and its CAPE
 #: peers; the curator's, its owners' publications and the consumers.
 MAX_CONNECTIONS = 256
+#: Calls a server has in progress at once, all services and callers together, refused ones
+#: included until their status is sent; gRPC answers the next ``RESOURCE_EXHAUSTED`` before
+#: any handler or interceptor runs (``maximum_concurrent_rpcs``). Each call in progress holds
+#: its state (gRPC's, the admission's task) whatever its request: 5,000 refused 1 MB calls at
+#: once over 50 connections raised an owner by 36-78 MiB without it. Above what the services
+#: admit at once (64 per service, 4 for health and reflection), so it binds only a flood.
+MAX_CALLS_IN_PROGRESS = 1024
 #: What bounds the transport's memory whoever calls: no bandwidth-delay probing, a fixed window
 #: per stream, connections (the constants above). Streams per connection are left unbounded:
 #: a connection's refused streams share its window (one connection with 500 refused 4 MB calls
@@ -205,7 +212,11 @@ async def start_server(
     metrics = metrics if metrics is not None else installed_metrics()
     if metrics is not None:  # counted first, so that admission's refusals are counted too
         interceptors.insert(0, metrics.interceptor(str(security.identity or "insecure")))
-    server = grpc.aio.server(options=options, interceptors=interceptors)
+    server = grpc.aio.server(
+        options=options,
+        interceptors=interceptors,
+        maximum_concurrent_rpcs=MAX_CALLS_IN_PROGRESS,
+    )
     servicer_adder(server)
     # health.aio exists at run time; grpc-stubs' health module lacks it (an untyped value here).
     health_servicer: HealthStatus = health.aio.HealthServicer()  # type: ignore[attr-defined]
