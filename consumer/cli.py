@@ -491,6 +491,12 @@ def request(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--curator-name") from exc
     progress, update = progress_printer(method)
+    created: list[str] = []
+
+    def on_created(session_id: str) -> None:
+        created.append(session_id)
+        console.print(f"session {session_id} created", highlight=False)
+
     try:
         with CuratorClient(curator, security, curator=curator_identity) as client, progress:
             result = client.summarize(
@@ -503,13 +509,17 @@ def request(
                 selection=selection,
                 schema=schema,
                 feature_names=() if schema is not None else inputs.validation.columns,
+                on_created=on_created,
             )
     except SessionFailedError as exc:
         if data_dir is not None:
             _record_failure(data_dir, exc, config)
         _failed(exc, config, report_path)
     except DPMarketError as exc:
-        raise click.ClickException(str(exc)) from exc
+        # After the session was created (the curator lost, say): name it, so that its report
+        # can be asked for (the curator's `sessions`, the console) once the curator is back.
+        where = f" (session {created[0]})" if created else ""
+        raise click.ClickException(f"{exc}{where}") from exc
     document = finish(
         result,
         inputs,

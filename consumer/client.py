@@ -194,12 +194,15 @@ class CuratorClient:
         selection: OwnerSelection | None = None,
         schema: Schema | None = None,
         feature_names: Sequence[str] = (),
+        on_created: Callable[[str], None] | None = None,
     ) -> SummaryResult:
         """Create a session, follow it to the end and return its summary.
 
         ``request_id`` defaults to a fresh random key, so a retried CreateSession (the client
         retries while the curator is starting) never opens a second session. ``schema`` and
-        ``feature_names`` as :meth:`create_session`.
+        ``feature_names`` as :meth:`create_session`. ``on_created`` is called with the session's
+        id as soon as the curator has created it, before it is followed: a caller that loses
+        the curator afterwards still knows which session to ask about.
 
         Raises
         ------
@@ -217,6 +220,8 @@ class CuratorClient:
             schema=schema,
             feature_names=feature_names,
         )
+        if on_created is not None:
+            on_created(session_id)
         last: tuple[ProgressEvent, SessionReport | None] | None = None
         for event, report in self.watch(session_id):
             last = (event, report)
