@@ -669,6 +669,15 @@ def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., 
         click.option("--seed", default=None, type=click.IntRange(min=0), help="Reproducible runs."),
         click.option("--request-id", default=None, help="Idempotency key (default: random)."),
         click.option(
+            "--min-owners",
+            default=None,
+            type=click.IntRange(min=1),
+            metavar="N",
+            help="Let the job run without owners that cannot be reached when it opens, as long as "
+            "at least N open it (the report's 'dropped' names who was left out). Default: every "
+            "owner the curator serves must, or the job fails before anything is charged.",
+        ),
+        click.option(
             "--out",
             "out_path",
             default=default_out,
@@ -818,6 +827,7 @@ def _fit_command(task: str) -> Callable[..., None]:
         no_intercept: bool,
         seed: int | None,
         request_id: str | None,
+        min_owners: int | None,
         out_path: str,
         as_json: bool,
         **tls: Any,
@@ -849,7 +859,9 @@ def _fit_command(task: str) -> Callable[..., None]:
             curator,
             curator_name,
             tls,
-            lambda c: c.fit_cape(spec, seed=seed, request_id=request_id, schema=schema),
+            lambda c: c.fit_cape(
+                spec, seed=seed, request_id=request_id, schema=schema, min_owners=min_owners or 0
+            ),
         )
         estimates = fit.estimates
         model = {
@@ -918,6 +930,7 @@ def cape_mean_command(
     calibration: str,
     seed: int | None,
     request_id: str | None,
+    min_owners: int | None,
     out_path: str,
     as_json: bool,
     **tls: Any,
@@ -935,7 +948,9 @@ def cape_mean_command(
         curator,
         curator_name,
         tls,
-        lambda c: c.estimate_cape_mean(spec, seed=seed, request_id=request_id, schema=schema),
+        lambda c: c.estimate_cape_mean(
+            spec, seed=seed, request_id=request_id, schema=schema, min_owners=min_owners or 0
+        ),
     )
     estimates = estimate.estimates
     document = {
@@ -996,6 +1011,7 @@ def cape_train_command(
     clip_norm: float,
     seed: int | None,
     request_id: str | None,
+    min_owners: int | None,
     out_path: str,
     as_json: bool,
     **tls: Any,
@@ -1041,7 +1057,12 @@ def cape_train_command(
             curator_name,
             tls,
             lambda c: c.train_cape(
-                spec, seed=seed, request_id=request_id, schema=schema, on_progress=update
+                spec,
+                seed=seed,
+                request_id=request_id,
+                schema=schema,
+                on_progress=update,
+                min_owners=min_owners or 0,
             ),
         )
         progress.update(task, completed=iterations)

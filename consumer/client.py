@@ -253,12 +253,14 @@ class CuratorClient:
         request_id: str | None = None,
         timeout: float = 600.0,
         schema: Schema | None = None,
+        min_owners: int = 0,
     ) -> CapeFit:
         """Fit a model by capeFM across the curator's owners (FitCape).
 
         ``request_id`` defaults to a fresh random key (a retry never fits twice). With ``schema``
         (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
-        that declare another before anything is charged.
+        that declare another before anything is charged. The job needs every owner unless
+        ``min_owners`` (not 0) says how many.
 
         Raises
         ------
@@ -266,7 +268,9 @@ class CuratorClient:
             The error matching the curator's status.
         """
         request = cape_pb2.FitCapeRequest(
-            spec=cape_messages.spec_to_proto(spec), request_id=_key(request_id)
+            spec=cape_messages.spec_to_proto(spec),
+            request_id=_key(request_id),
+            min_owners=min_owners,
         )
         response = self._cape_call("FitCape", request, seed, timeout, schema)
         return CapeFit(
@@ -283,12 +287,14 @@ class CuratorClient:
         request_id: str | None = None,
         timeout: float = 600.0,
         schema: Schema | None = None,
+        min_owners: int = 0,
     ) -> CapeMean:
         """The mean vector of some columns across the curator's owners (EstimateCapeMean).
 
         ``request_id`` defaults to a fresh random key (a retry never spends twice). With ``schema``
         (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
-        that declare another before anything is charged.
+        that declare another before anything is charged. The job needs every owner unless
+        ``min_owners`` (not 0) says how many.
 
         Raises
         ------
@@ -296,7 +302,9 @@ class CuratorClient:
             The error matching the curator's status.
         """
         request = cape_pb2.EstimateCapeMeanRequest(
-            spec=cape_messages.spec_to_proto(spec), request_id=_key(request_id)
+            spec=cape_messages.spec_to_proto(spec),
+            request_id=_key(request_id),
+            min_owners=min_owners,
         )
         response = self._cape_call("EstimateCapeMean", request, seed, timeout, schema)
         mean = cape_messages.vector_from_proto(response.mean, "mean", len(spec.features))
@@ -310,6 +318,7 @@ class CuratorClient:
         request_id: str | None = None,
         timeout: float = 1800.0,
         schema: Schema | None = None,
+        min_owners: int = 0,
         on_progress: Callable[[int, int], None] | None = None,
     ) -> CapeNetwork:
         """Train the 2-layer network by CAPE gradient descent across the curator's owners
@@ -328,7 +337,7 @@ class CuratorClient:
         """
         key = _key(request_id)
         request = cape_pb2.TrainCapeRequest(
-            spec=cape_messages.training_to_proto(spec), request_id=key
+            spec=cape_messages.training_to_proto(spec), request_id=key, min_owners=min_owners
         )
         if on_progress is None:
             response = self._cape_call("TrainCape", request, seed, timeout, schema)
