@@ -584,6 +584,12 @@ def request(
         return
     check_outputs(out_path, report_path, *([] if plot_path is None else [plot_path]))
     progress, update = progress_printer(method)
+    created: list[str] = []
+
+    def on_created(session_id: str) -> None:
+        created.append(session_id)
+        console.print(f"session {session_id} created", highlight=False)
+
     try:
         with CuratorClient(curator, security, curator=curator_identity) as client, progress:
             result = client.summarize(
@@ -599,13 +605,17 @@ def request(
                 max_cost=cap,
                 reward=offer,
                 on_quote=lambda q: progress.console.print(quote_line(q), highlight=False),
+                on_created=on_created,
             )
     except SessionFailedError as exc:
         if data_dir is not None:
             _record_failure(data_dir, exc, config)
         _failed(exc, config, report_path)
     except DPMarketError as exc:
-        raise click.ClickException(str(exc)) from exc
+        # After the session was created (the curator lost, say): name it, so that its report
+        # can be asked for (the curator's `sessions`, the console) once the curator is back.
+        where = f" (session {created[0]})" if created else ""
+        raise click.ClickException(f"{exc}{where}") from exc
     document = finish(
         result,
         inputs,
@@ -755,6 +765,15 @@ def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., 
         click.option("--seed", default=None, type=click.IntRange(min=0), help="Reproducible runs."),
         click.option("--request-id", default=None, help="Idempotency key (default: random)."),
         click.option(
+            "--min-owners",
+            default=None,
+            type=click.IntRange(min=1),
+            metavar="N",
+            help="Let the job run without owners that cannot be reached when it opens, as long as "
+            "at least N open it (the report's 'dropped' names who was left out). Default: every "
+            "owner the curator serves must, or the job fails before anything is charged.",
+        ),
+        click.option(
             "--out",
             "out_path",
             default=default_out,
@@ -899,6 +918,7 @@ def _fit_command(task: str) -> Callable[..., None]:
         no_intercept: bool,
         seed: int | None,
         request_id: str | None,
+        min_owners: int | None,
         out_path: str,
         as_json: bool,
         **tls: Any,
@@ -930,7 +950,9 @@ def _fit_command(task: str) -> Callable[..., None]:
             curator,
             curator_name,
             tls,
-            lambda c: c.fit_cape(spec, seed=seed, request_id=request_id, schema=schema),
+            lambda c: c.fit_cape(
+                spec, seed=seed, request_id=request_id, schema=schema, min_owners=min_owners or 0
+            ),
         )
         estimates = fit.estimates
         model = {
@@ -999,6 +1021,7 @@ def cape_mean_command(
     calibration: str,
     seed: int | None,
     request_id: str | None,
+    min_owners: int | None,
     out_path: str,
     as_json: bool,
     **tls: Any,
@@ -1016,7 +1039,9 @@ def cape_mean_command(
         curator,
         curator_name,
         tls,
-        lambda c: c.estimate_cape_mean(spec, seed=seed, request_id=request_id, schema=schema),
+        lambda c: c.estimate_cape_mean(
+            spec, seed=seed, request_id=request_id, schema=schema, min_owners=min_owners or 0
+        ),
     )
     estimates = estimate.estimates
     document = {
@@ -1077,6 +1102,7 @@ def cape_train_command(
     clip_norm: float,
     seed: int | None,
     request_id: str | None,
+    min_owners: int | None,
     out_path: str,
     as_json: bool,
     **tls: Any,
@@ -1122,7 +1148,12 @@ def cape_train_command(
             curator_name,
             tls,
             lambda c: c.train_cape(
-                spec, seed=seed, request_id=request_id, schema=schema, on_progress=update
+                spec,
+                seed=seed,
+                request_id=request_id,
+                schema=schema,
+                on_progress=update,
+                min_owners=min_owners or 0,
             ),
         )
         progress.update(task, completed=iterations)

@@ -310,14 +310,17 @@ class CuratorClient:
         max_cost: int | None = None,
         reward: RewardOffer = NO_REWARD,
         on_quote: Callable[[Quote], None] | None = None,
+        on_created: Callable[[str], None] | None = None,
     ) -> SummaryResult:
         """Create a session, follow it to the end and return its summary.
 
         ``request_id`` defaults to a fresh random key, so a retried CreateSession (the client
         retries while the curator is starting) never opens a second session. ``schema``,
         ``feature_names``, ``max_cost`` (micro-credits) and ``reward`` as
-        :meth:`create_session`; ``on_quote`` receives the quote the session was accepted
-        under, once it is created.
+        :meth:`create_session`; ``on_created`` is called with the session's id as soon as
+        the curator has created it, before it is followed (a caller that loses the curator
+        afterwards still knows which session to ask about); ``on_quote`` receives the quote
+        the session was accepted under, once it is created.
 
         Raises
         ------
@@ -337,6 +340,8 @@ class CuratorClient:
             max_cost=max_cost,
             reward=reward,
         )
+        if on_created is not None:
+            on_created(session_id)
         if on_quote is not None and self.last_quote is not None:
             on_quote(self.last_quote)
         last: tuple[ProgressEvent, SessionReport | None] | None = None
@@ -370,12 +375,14 @@ class CuratorClient:
         request_id: str | None = None,
         timeout: float = 600.0,
         schema: Schema | None = None,
+        min_owners: int = 0,
     ) -> CapeFit:
         """Fit a model by capeFM across the curator's owners (FitCape).
 
         ``request_id`` defaults to a fresh random key (a retry never fits twice). With ``schema``
         (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
-        that declare another before anything is charged.
+        that declare another before anything is charged. The job needs every owner unless
+        ``min_owners`` (not 0) says how many.
 
         Raises
         ------
@@ -383,7 +390,9 @@ class CuratorClient:
             The error matching the curator's status.
         """
         request = cape_pb2.FitCapeRequest(
-            spec=cape_messages.spec_to_proto(spec), request_id=_key(request_id)
+            spec=cape_messages.spec_to_proto(spec),
+            request_id=_key(request_id),
+            min_owners=min_owners,
         )
         response = self._cape_call("FitCape", request, seed, timeout, schema)
         return CapeFit(
@@ -400,12 +409,14 @@ class CuratorClient:
         request_id: str | None = None,
         timeout: float = 600.0,
         schema: Schema | None = None,
+        min_owners: int = 0,
     ) -> CapeMean:
         """The mean vector of some columns across the curator's owners (EstimateCapeMean).
 
         ``request_id`` defaults to a fresh random key (a retry never spends twice). With ``schema``
         (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
-        that declare another before anything is charged.
+        that declare another before anything is charged. The job needs every owner unless
+        ``min_owners`` (not 0) says how many.
 
         Raises
         ------
@@ -413,7 +424,9 @@ class CuratorClient:
             The error matching the curator's status.
         """
         request = cape_pb2.EstimateCapeMeanRequest(
-            spec=cape_messages.spec_to_proto(spec), request_id=_key(request_id)
+            spec=cape_messages.spec_to_proto(spec),
+            request_id=_key(request_id),
+            min_owners=min_owners,
         )
         response = self._cape_call("EstimateCapeMean", request, seed, timeout, schema)
         mean = cape_messages.vector_from_proto(response.mean, "mean", len(spec.features))
@@ -428,6 +441,7 @@ class CuratorClient:
         request_id: str | None = None,
         timeout: float = 1800.0,
         schema: Schema | None = None,
+        min_owners: int = 0,
         on_progress: Callable[[int, int], None] | None = None,
     ) -> CapeNetwork:
         """Train the 2-layer network by CAPE gradient descent across the curator's owners
@@ -446,7 +460,7 @@ class CuratorClient:
         """
         key = _key(request_id)
         request = cape_pb2.TrainCapeRequest(
-            spec=cape_messages.training_to_proto(spec), request_id=key
+            spec=cape_messages.training_to_proto(spec), request_id=key, min_owners=min_owners
         )
         if on_progress is None:
             response = self._cape_call("TrainCape", request, seed, timeout, schema)

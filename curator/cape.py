@@ -271,6 +271,11 @@ class _CapeRun(Generic[SpecT, PlanT]):
     on_progress : callable, optional
         ``on_progress(done, total)`` after every iteration of a training (public: the count of
         iterations, no value computed from the data).
+    min_sites : int, optional
+        Sites that must open the job, or it fails ``FAILED_PRECONDITION`` before anything is
+        drawn or charged (the curator's service: every owner unless the consumer's
+        ``min_owners`` says otherwise); None: any 2. Sites lost after the opening are left out as
+        the protocol tolerates.
     """
 
     def __init__(
@@ -284,6 +289,7 @@ class _CapeRun(Generic[SpecT, PlanT]):
         call_timeout: float | None = None,
         on_charge: Callable[[Sequence[Charge]], None] | None = None,
         on_progress: Callable[[int, int], None] | None = None,
+        min_sites: int | None = None,
     ) -> None:
         names = [e.name for e in endpoints]
         if len(set(names)) != len(names):
@@ -296,6 +302,7 @@ class _CapeRun(Generic[SpecT, PlanT]):
         self.call_timeout = call_timeout
         self.on_charge = on_charge
         self.on_progress = on_progress
+        self.min_sites = min_sites
         self.dropped: dict[str, str] = {}
         self.timings = _Timings()
         self._charged = False
@@ -356,6 +363,8 @@ class _CapeRun(Generic[SpecT, PlanT]):
         ------
         DPMarketError
             The first refusal (missing column, value out of bounds, policy), naming the owner.
+        FailedPreconditionError
+            If fewer than ``min_sites`` sites opened it.
         """
         seeds = owner_seeds(self.rng, list(self.sites))
         t0 = time.perf_counter()
@@ -367,6 +376,17 @@ class _CapeRun(Generic[SpecT, PlanT]):
             )
 
         opened = await self._each(sorted(self.sites), open_one, "open", refusals=True)
+        if self.min_sites is not None and len(opened) < self.min_sites:
+            needs = (
+                f"all {len(self.sites)}"
+                if self.min_sites >= len(self.sites)
+                else f"at least {self.min_sites}"
+            )
+            raise FailedPreconditionError(
+                f"{len(opened)} of {len(self.sites)} owners can take part; the job needs {needs} "
+                f"(--min-owners N lets it run with N); nothing was charged (dropped: "
+                f"{self.dropped})"
+            )
         for name, answer in opened.items():
             self.sites[name].size = int(answer.rows)
             self.sites[name].min_colluders = int(answer.min_colluders)

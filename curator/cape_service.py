@@ -141,6 +141,7 @@ class CapeJobs:
         request_id: str = "",
         request_digest: str = "",
         schema: Schema | None = None,
+        min_owners: int = 0,
     ) -> dict[str, Any]:
         """Run a CAPE job; return its document: ``{"weights", "intercept", "report"}`` (capeFM),
         ``{"mean", "report"}`` (a mean) or ``{"parameters", "report"}`` (a training).
@@ -157,6 +158,8 @@ class CapeJobs:
 
         With a ``schema`` (the consumer's, from which it took the spec's columns and bounds),
         every owner that answers must declare the same one, checked before anything else.
+        The job needs every owner to open it, or ``min_owners`` of them when not 0 (as a
+        summarization session's selection).
 
         Raises
         ------
@@ -171,7 +174,8 @@ class CapeJobs:
             For a retry whose result has expired.
         FailedPreconditionError
             If an owner's schema differs from ``schema`` (naming the first column that
-            differs); nothing is opened, released or charged.
+            differs); nothing is opened, released or charged. If fewer owners than required
+            open the job; nothing is drawn, released or charged.
         DPMarketError
             As the job's ``run`` (:mod:`dpmarket.curator.cape`); nothing is released when an owner
             refuses at open.
@@ -181,6 +185,11 @@ class CapeJobs:
                 "this curator does not accept seeded jobs (start it with --allow-seeded-sessions)"
             )
         self.policy.check_cape(spec)
+        if not 0 <= min_owners <= len(self.owners):
+            raise InvalidArgumentError(
+                f"min_owners={min_owners} is outside [0, {len(self.owners)}], the owners this "
+                "curator serves (0: every owner)"
+            )
         # An owner restarted a moment ago (or whose last connection failed) is connected before
         # the job asks it anything, within a bounded wait.
         await wait_for_owners(self.owners)
@@ -188,7 +197,7 @@ class CapeJobs:
             await self._check_schema(schema)
         if not request_id:
             try:
-                return await self._fit(spec, seed, consumer, None, request_digest)
+                return await self._fit(spec, seed, consumer, None, request_digest, min_owners)
             except _Refused as refused:
                 raise refused.error from None
         if len(request_id) > MAX_REQUEST_ID_LENGTH or not (
@@ -211,7 +220,9 @@ class CapeJobs:
                 logger.info("CAPE request %r of %s retried: nothing new", request_id, consumer)
                 return outcome
             try:
-                document = await self._fit(spec, seed, consumer, request_id, request_digest)
+                document = await self._fit(
+                    spec, seed, consumer, request_id, request_digest, min_owners
+                )
             except _Refused as refused:
                 raise refused.error from None
             except DPMarketError as exc:  # failed after its charge: the same answer on retry
@@ -315,6 +326,7 @@ class CapeJobs:
         consumer: str,
         request_id: str | None,
         digest: str,
+        min_owners: int = 0,
     ) -> dict[str, Any]:
         self.rate.check(consumer)
         if self._running >= self.policy.max_running:
@@ -358,6 +370,7 @@ class CapeJobs:
             call_timeout=self.call_timeout,
             on_charge=on_charge,
             on_progress=on_progress,
+            min_sites=min_owners or len(self.owners),
         )
         ttl = self.policy.result_ttl_seconds
         self._running += 1
@@ -450,6 +463,7 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
             request_id=request.request_id,
             request_digest=request_digest(request),
             schema=schema_from_proto(request.schema, "the consumer"),
+            min_owners=int(request.min_owners),
         )
 
     @rpc("consumer")

@@ -424,7 +424,12 @@ class CuratorStore:
             return
         spend = {o: s for o, s in self.owner_spend(session_id).items() if s is not None}
         cost = self.statement_total(session_id)
-        report = dataclasses.replace(stored.report, owner_spend=spend, cost=cost)
+        report = dataclasses.replace(
+            stored.report,
+            owner_spend=spend,
+            owner_points_accessed=max(stored.report.owner_points_accessed, _points_released(spend)),
+            cost=cost,
+        )
         with self._lock, transaction(self._conn) as conn:
             conn.execute(
                 "UPDATE sessions SET report_json = ? WHERE id = ? AND report_json IS NOT NULL",
@@ -817,11 +822,12 @@ class CuratorStore:
                 )
                 reports[party] = book.report()
         ledger = SessionLedger(reports.get("validation"), reports.get("owners"))
+        spend = {o: s for o, s in self.owner_spend(session_id).items() if s is not None}
         return SessionReport(
             method=method,  # type: ignore[arg-type]
             summary_size=0,
             rounds=0,
-            owner_points_accessed=0,
+            owner_points_accessed=_points_released(spend),
             validation_points_accessed=0,
             all_owners_bound=0,
             paper_bound=0.0,
@@ -829,9 +835,7 @@ class CuratorStore:
             ledger=ledger,
             wall_time_seconds=0.0,
             error=error,
-            owner_spend={
-                o: spend for o, spend in self.owner_spend(session_id).items() if spend is not None
-            },
+            owner_spend=spend,
         )
 
     @staticmethod
@@ -998,3 +1002,10 @@ class CuratorRecords:
 def _like(prefix: str) -> str:
     """``prefix`` with LIKE's wildcards escaped."""
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _points_released(spend: dict[str, SessionSpend]) -> int:
+    """Raw points the owners' records say they released to a session (a record the curator does
+    not have counts 0): a report rebuilt after a restart counts the points from these, as the
+    session itself counted them while it ran."""
+    return sum(s.points for s in spend.values() if not s.unknown)

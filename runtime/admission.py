@@ -14,7 +14,7 @@ caller's verified certificate (the call's auth context) and nothing it sent:
    read: HTTP/2 flow control then bounds what the server buffers of it to the stream's window (64
    KiB to a few MiB), and the rest is never sent.
 2. **how many**: each service serves at most :attr:`ServiceLimits.concurrent_calls` calls at
-   once (the health and reflection services :data:`OPEN_CONCURRENT_CALLS`, and
+   once (the health and reflection services :data:`OPEN_CONCURRENT_CALLS` together, and
    :data:`OPEN_CALLS_PER_CALLER` per caller); the next is answered ``RESOURCE_EXHAUSTED``, again
    before its request is read.
 3. **how large**: each RPC has its own receive limit (:attr:`ServiceLimits.requests`, or
@@ -36,13 +36,17 @@ Notes
 What a party can make a service hold, in request bytes (its handlers' own memory apart):
 
 * refused (wrong role or name, no identity): nothing of the request, only the flow-control
-  window of each refused stream while its refusal is sent;
+  window of its connection while the refusal is sent: the server grants a fixed window (gRPC's
+  bandwidth-delay probing off) and accepts a bounded number of connections
+  (:data:`~dpmarket.runtime.serving.TRANSPORT_BOUND_OPTIONS`);
 * admitted: at most ``concurrent_calls`` calls of each service, each holding at most its RPC's
   limit once read. While a message is being read, before its length can be compared with the
-  RPC's limit, gRPC buffers at most the server's limit;
+  RPC's limit, gRPC buffers at most the server's limit, and at most :data:`READS_AT_ONCE`
+  unary requests are read at once (a client stream's messages, ``RunRounds``, are read as its
+  handler asks: at most one per stream);
 * the health and reflection services: at most :data:`OPEN_CALLS_PER_CALLER` calls per caller and
-  :data:`OPEN_CONCURRENT_CALLS` in all, each read up to the server's limit and dropped at once
-  when above :data:`SMALL_REQUEST_BYTES`.
+  :data:`OPEN_CONCURRENT_CALLS` in all (the two services together), each read up to the
+  server's limit and dropped at once when above :data:`SMALL_REQUEST_BYTES`.
 
 and only while the calls run: the exception a call ends with keeps none of its frames
 (:func:`_forgetting`), and the last of the calls in progress that received
@@ -80,6 +84,8 @@ __all__ = [
     "DEFAULT_CONCURRENT_CALLS",
     "OPEN_CALLS_PER_CALLER",
     "OPEN_CONCURRENT_CALLS",
+    "OPEN_SERVICES",
+    "READS_AT_ONCE",
     "SMALL_REQUEST_BYTES",
     "VALUE_BYTES",
     "Admission",
@@ -100,8 +106,23 @@ COLUMN_BYTES = 512
 VALUE_BYTES = 8
 #: Calls one service serves at once unless its servicer says otherwise.
 DEFAULT_CONCURRENT_CALLS = 64
-#: Calls the health and reflection services each serve at once, from all callers.
-OPEN_CONCURRENT_CALLS = 16
+#: Calls the health and reflection services serve at once, together and from all callers: each
+#: is read up to the server's receive limit before its own is compared, so they may make a
+#: server hold 2 x 4 x its limit (an owner 33 MiB, the curator 136 MiB), whoever calls. A probe
+#: calls once every few seconds. (16 each before: 1,000 concurrent 4 MB health checks raised an
+#: owner by up to 131 MiB of reads, issue 25.)
+OPEN_CONCURRENT_CALLS = 4
+#: Unary requests a server reads at once, over all its services; an admitted call waits for
+#: its turn before its request is read (HTTP/2 flow control meanwhile holds the request at the
+#: client, but for the stream's window, 64 KiB: ``serving.STREAM_WINDOW_BYTES``).
+#: gRPC reads a message whole, up to the server's receive limit L, before its RPC's own limit
+#: can be compared, and the read holds about 2 L for a moment (its buffers, then Python's
+#: bytes): admitted callers' reads in progress hold at most ``READS_AT_ONCE`` x 2 L (an owner
+#: 33 MiB, the curator 136 MiB), and each admitted call, once read, at most its RPC's own limit.
+#: Before, every admitted call read at once: 64 per service (issue 25).
+READS_AT_ONCE = 4
+#: Name under which the health and reflection services' calls are counted together.
+OPEN_SERVICES = "the health and reflection services"
 #: Calls one caller may have in progress on the health or reflection service (a probe calls
 #: once every few seconds).
 OPEN_CALLS_PER_CALLER = 2
@@ -277,7 +298,10 @@ class _Gate:
         await abort_for(exc, context, self.rpc)
 
     async def _read_one(self, context: grpc.aio.ServicerContext) -> Any:
-        request = await context.read()
+        # A unary request arrives with its call: a read slot is held for a moment (longer only
+        # by a client that sends its request slowly, until its deadline).
+        async with self.admission.reads:
+            request = await context.read()
         if request is _EOF:
             raise InvalidArgumentError(f"the {self.rpc} call ended without a request")
         return request
@@ -449,6 +473,8 @@ class Admission(grpc.aio.ServerInterceptor):
         self.insecure = insecure
         #: Calls in progress per service name, and per (service, caller) on open services.
         self.active: dict[Any, int] = {}
+        #: Unary requests being read at once (:data:`READS_AT_ONCE`), whichever the service.
+        self.reads = asyncio.Semaphore(READS_AT_ONCE)
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(  # type: ignore[override]  # None: no such method
@@ -474,7 +500,7 @@ class Admission(grpc.aio.ServerInterceptor):
         if roles is None or not isinstance(authorizer, Authorizer):
             return _Gate(
                 self,
-                service,
+                OPEN_SERVICES,
                 rpc,
                 self._any_identity,
                 min(SMALL_REQUEST_BYTES, self.max_request_bytes),

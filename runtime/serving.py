@@ -68,13 +68,52 @@ def keepalive_server_options(seconds: float = KEEPALIVE_SECONDS) -> list[tuple[s
 
 #: Options of every client channel to another service: :data:`GRPC_OPTIONS` and the keepalive.
 CHANNEL_OPTIONS = [*GRPC_OPTIONS, *keepalive_client_options()]
+#: HTTP/2 window, bytes, a server grants each stream (and, about, each connection) before its
+#: request is read: what a call refused before its request is read (the admission:
+#: :mod:`dpmarket.runtime.admission`) can make the server buffer of it. gRPC's bandwidth-delay
+#: probing, on by default, grows the window to several MiB on a fast link, so that a refused
+#: stream's window, not its request, made a service hold hundreds of MiB: 1,000 refused 4 MB
+#: calls over 100 connections raised an owner by 0.45-1.3 GiB (issue 25); with the probing off
+#: and this window, by 17-28 MiB. A request the server reads grows its own stream's window to
+#: its length as it is read (a 20 MB request over a 50 ms round trip then takes about 1.7 s
+#: instead of 0.3 s; ``bench/README.md``).
+STREAM_WINDOW_BYTES = 64 << 10
+#: Connections a server accepts at once; the next is closed before its TLS handshake (the
+#: client sees ``UNAVAILABLE``). Each held about 90 KiB under a flood of refused calls, so the
+#: connections of parties refused everything cost at most about ``MAX_CONNECTIONS`` x 128 KiB
+#: (docs/reference.md, "Message limits"). An owner's callers are its curator(s) and its CAPE
+#: peers; the curator's, its owners' publications and the consumers.
+MAX_CONNECTIONS = 256
+#: Calls a server has in progress at once, all services and callers together, refused ones
+#: included until their status is sent; gRPC answers the next ``RESOURCE_EXHAUSTED`` before
+#: any handler or interceptor runs (``maximum_concurrent_rpcs``). Each call in progress holds
+#: its state (gRPC's, the admission's task) whatever its request: 5,000 refused 1 MB calls at
+#: once over 50 connections raised an owner by 36-78 MiB without it. Above what the services
+#: admit at once (64 per service, 4 for health and reflection), so it binds only a flood.
+MAX_CALLS_IN_PROGRESS = 1024
+#: What bounds the transport's memory whoever calls: no bandwidth-delay probing, a fixed window
+#: per stream, connections (the constants above). Streams per connection are left unbounded:
+#: a connection's refused streams share its window (one connection with 500 refused 4 MB calls
+#: at once: measured below), and a bound would queue an honest client's calls behind its
+#: long-lived streams.
+TRANSPORT_BOUND_OPTIONS = [
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", STREAM_WINDOW_BYTES),
+    ("grpc.max_allowed_incoming_connections", MAX_CONNECTIONS),
+]
 #: Options of every server the project starts (:func:`start_server`, which lowers the receive
-#: limit to the largest of its RPCs'): :data:`GRPC_OPTIONS` and an exclusive port. gRPC sets
-#: ``SO_REUSEPORT`` by default, so a second process (a duplicate ``owner serve``, or anything
-#: local) could bind a port already served and receive a share of its connections; with it off,
-#: a second server on a bound port fails to start. Clients' keepalive PINGs are admitted
+#: limit to the largest of its RPCs'): :data:`GRPC_OPTIONS`, the transport's bounds
+#: (:data:`TRANSPORT_BOUND_OPTIONS`) and an exclusive port. gRPC sets ``SO_REUSEPORT`` by
+#: default, so a second process (a duplicate ``owner serve``, or anything local) could bind a
+#: port already served and receive a share of its connections; with it off, a second server on
+#: a bound port fails to start. Clients' keepalive PINGs are admitted
 #: (:func:`keepalive_server_options`).
-SERVER_OPTIONS = [*GRPC_OPTIONS, ("grpc.so_reuseport", 0), *keepalive_server_options()]
+SERVER_OPTIONS = [
+    *GRPC_OPTIONS,
+    *TRANSPORT_BOUND_OPTIONS,
+    ("grpc.so_reuseport", 0),
+    *keepalive_server_options(),
+]
 
 
 def check_address_free(address: str) -> None:
@@ -173,7 +212,11 @@ async def start_server(
     metrics = metrics if metrics is not None else installed_metrics()
     if metrics is not None:  # counted first, so that admission's refusals are counted too
         interceptors.insert(0, metrics.interceptor(str(security.identity or "insecure")))
-    server = grpc.aio.server(options=options, interceptors=interceptors)
+    server = grpc.aio.server(
+        options=options,
+        interceptors=interceptors,
+        maximum_concurrent_rpcs=MAX_CALLS_IN_PROGRESS,
+    )
     servicer_adder(server)
     # health.aio exists at run time; grpc-stubs' health module lacks it (an untyped value here).
     health_servicer: HealthStatus = health.aio.HealthServicer()  # type: ignore[attr-defined]

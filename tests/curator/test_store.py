@@ -142,6 +142,7 @@ def test_what_owners_charged_is_kept_as_soon_as_known_and_rebuilt_after_a_restar
         "o-2": SessionSpend.unknown_because(UNKNOWN_UNREACHABLE),
         "o-3": SessionSpend.unknown_because(UNKNOWN_RESTARTED),
     }
+    assert report.owner_points_accessed == 7  # the points the owners' records say they released
     # What the restarted curator asks the owners for: only the record a restart interrupted.
     assert again.unrecorded_owner_sessions() == [("s", "o-3", "owner-side-id")]
     again.record_owner_spend("s", "o-3", SessionSpend(0.5, 1e-6, 2))
@@ -149,6 +150,7 @@ def test_what_owners_charged_is_kept_as_soon_as_known_and_rebuilt_after_a_restar
     assert again.unrecorded_owner_sessions() == []
     report = again.get("s").report  # type: ignore[union-attr]
     assert report is not None and report.owner_spend["o-3"] == SessionSpend(0.5, 1e-6, 2)
+    assert report.owner_points_accessed == 9
     assert report.error == RESTART_ERROR
 
 

@@ -63,6 +63,7 @@ from dpmarket.deploy.pki import CA_KEY, issue
 from dpmarket.experiments.runner import simulate
 from dpmarket.experiments.scenarios import Scenario, write_scenario
 from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
+from dpmarket.runtime.admission import READS_AT_ONCE
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto
 from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
 from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
@@ -523,6 +524,170 @@ def test_a_refused_or_oversized_request_is_not_held_by_the_service(
             old.kill()
     assert flooded.statuses == ["PERMISSION_DENIED"] * FLOOD_CALLS
     assert flooded.peak_growth > RSS_BOUND, flooded
+
+
+#: A flood of refused calls over many connections (issue 25, third round: 1,000 refused 4 MB
+#: calls over 100 connections raised an owner by 0.45-1.3 GiB, each call's stream window
+#: grown by gRPC's bandwidth-delay probing): connections, calls over them, bytes of each.
+MANY_CONNECTIONS = 48
+MANY_CALLS = 192
+MANY_BYTES = 2_000_000
+#: What the connections of a refused party may make a server hold (docs/reference.md, "Message
+#: limits"): a constant and so much per connection.
+REFUSED_CONSTANT = 16 << 20
+REFUSED_PER_CONNECTION = 192 << 10
+#: The owner server of :data:`OLD_SERVER`, admitted as every server is
+#: (:func:`dpmarket.runtime.serving.start_server`), with the transport's bounds on (argument
+#: ``on``) or off (``off``: gRPC's defaults, the bandwidth-delay probing on), or every admitted
+#: request read at once (``reads-off``). Arguments: the PKI directory, the owner's name, the
+#: mode; prints its port.
+TRANSPORT_SERVER = """
+import asyncio, sys
+from pathlib import Path
+import grpc
+from dpmarket.v1 import owner_pb2_grpc
+from dpmarket.runtime import admission, serving
+from dpmarket.runtime.authz import Authorizer, rpc
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity
+
+class Owner(owner_pb2_grpc.OwnerServiceServicer):
+    authorizer = Authorizer({"curator": ("curator",)})
+
+    @rpc("curator")
+    async def OpenSession(self, request, context, caller):
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "reached the handler")
+
+async def main():
+    me = Identity("owner", sys.argv[2])
+    security = TransportSecurity.from_files(*identity_files(Path(sys.argv[1]), me))
+    if sys.argv[3] == "off":
+        serving.SERVER_OPTIONS = [
+            o for o in serving.SERVER_OPTIONS if o not in serving.TRANSPORT_BOUND_OPTIONS
+        ]
+    if sys.argv[3] == "reads-off":
+        admission.READS_AT_ONCE = 1 << 20
+    server, port, _ = await serving.start_server(
+        lambda s: owner_pb2_grpc.add_OwnerServiceServicer_to_server(Owner(), s),
+        "dpmarket.v1.OwnerService", "127.0.0.1:0", security, max_request_bytes=4_300_000,
+    )
+    print(port, flush=True)
+    await server.wait_for_termination()
+
+asyncio.run(main())
+"""
+
+
+def _flooded_over_connections(
+    cluster: LocalCluster,
+    target: str,
+    expected: Identity,
+    payload: bytes,
+    pid: int,
+    *,
+    caller: Identity = CONSUMER,
+    connections: int = MANY_CONNECTIONS,
+    calls: int = MANY_CALLS,
+) -> Flood:
+    """``calls`` ``OpenSession`` calls from ``caller`` over ``connections`` connections of its
+    own."""
+    security = TransportSecurity.from_files(*identity_files(cluster.pki_dir, caller))
+    own = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_send_message_length", 1 << 30)]
+    channels = [sync_channel(target, security, expected, own) for _ in range(connections)]
+    try:
+        path = "/dpmarket.v1.OwnerService/OpenSession"
+        return flood(channels, path, payload, calls, psutil.Process(pid), settle=0.2)
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def test_refused_calls_over_many_connections_hold_a_window_per_connection(
+    guard: LocalCluster,
+) -> None:
+    """Refused 2 MB calls, four at once on each of 48 connections, raise a real owner's RSS by at
+    most the documented bound for refused parties (16 MiB + 192 KiB per connection: 25 MiB), not
+    by their requests: its server grants each connection a fixed 64 KiB window. Control: the
+    same admission on a server with gRPC's defaults (windows grown by bandwidth-delay probing)
+    grows by more."""
+    owner_me = Identity("owner", guard.owner_ids[0])
+    array = array_pb2.Array(
+        dtype=array_pb2.DTYPE_FLOAT64, shape=[MANY_BYTES // 8], data=bytes(MANY_BYTES)
+    )
+    payload = owner_pb2.OpenSessionRequest(session_id="s", omega=array).SerializeToString()
+    bound = REFUSED_CONSTANT + MANY_CONNECTIONS * REFUSED_PER_CONNECTION
+    owner_pid = guard.owner_processes[0].pid
+    flooded = _flooded_over_connections(guard, guard.owner_targets[0], owner_me, payload, owner_pid)
+    assert flooded.statuses == ["PERMISSION_DENIED"] * MANY_CALLS, flooded.statuses
+    assert flooded.peak_growth <= bound, flooded
+    assert _ledgers(guard) == {owner: [] for owner in guard.owner_ids}
+    with subprocess.Popen(
+        [sys.executable, "-c", TRANSPORT_SERVER, str(guard.pki_dir), owner_me.name, "off"],
+        stdout=subprocess.PIPE,
+    ) as old:
+        try:
+            assert old.stdout is not None
+            target = f"127.0.0.1:{int(old.stdout.readline())}"
+            control = _flooded_over_connections(guard, target, owner_me, payload, old.pid)
+        finally:
+            old.kill()
+    assert control.statuses == ["PERMISSION_DENIED"] * MANY_CALLS, control.statuses
+    assert control.peak_growth > bound, control
+
+
+#: An admitted caller's flood: the curator's oversized ``OpenSession`` requests (4 MB, above the
+#: method's limit, under the server's: read, then refused ``RESOURCE_EXHAUSTED``).
+ADMITTED_CONNECTIONS = 16
+ADMITTED_CALLS = 96
+ADMITTED_BYTES = 4_000_000
+#: What an admitted caller's reads may make a server hold (docs/reference.md, "Message limits"):
+#: a constant, so much per connection, and 2 x the server's limit per read at once.
+ADMITTED_CONSTANT = 64 << 20
+ADMITTED_PER_CONNECTION = 1 << 20
+
+
+def test_an_admitted_callers_oversized_requests_are_read_a_few_at_a_time(
+    guard: LocalCluster,
+) -> None:
+    """The curator, which may call ``OpenSession``, sends 96 requests of 4 MB at once (above the
+    method's limit, under the owner server's 4.1 MiB): each is read whole before its length can
+    be compared, but at most ``READS_AT_ONCE`` at a time, so the owner's RSS grows by at most
+    64 MiB + 1 MiB per connection + ``READS_AT_ONCE`` x 2 x its limit. Control: the same server
+    reading every admitted request at once grows by more."""
+    owner_me = Identity("owner", guard.owner_ids[0])
+    array = array_pb2.Array(
+        dtype=array_pb2.DTYPE_FLOAT64, shape=[ADMITTED_BYTES // 8], data=bytes(ADMITTED_BYTES)
+    )
+    payload = owner_pb2.OpenSessionRequest(session_id="s", omega=array).SerializeToString()
+    bound = (
+        ADMITTED_CONSTANT
+        + ADMITTED_CONNECTIONS * ADMITTED_PER_CONNECTION
+        + READS_AT_ONCE * 2 * 4_300_000
+    )
+    kw: dict[str, Any] = {
+        "caller": CURATOR,
+        "connections": ADMITTED_CONNECTIONS,
+        "calls": ADMITTED_CALLS,
+    }
+    owner_pid = guard.owner_processes[0].pid
+    flooded = _flooded_over_connections(
+        guard, guard.owner_targets[0], owner_me, payload, owner_pid, **kw
+    )
+    assert set(flooded.statuses) == {"RESOURCE_EXHAUSTED"}, flooded.statuses
+    assert flooded.peak_growth <= bound, flooded
+    assert _ledgers(guard) == {owner: [] for owner in guard.owner_ids}
+    with subprocess.Popen(
+        [sys.executable, "-c", TRANSPORT_SERVER, str(guard.pki_dir), owner_me.name, "reads-off"],
+        stdout=subprocess.PIPE,
+    ) as old:
+        try:
+            assert old.stdout is not None
+            target = f"127.0.0.1:{int(old.stdout.readline())}"
+            control = _flooded_over_connections(guard, target, owner_me, payload, old.pid, **kw)
+        finally:
+            old.kill()
+    assert set(control.statuses) == {"RESOURCE_EXHAUSTED"}, control.statuses
+    assert control.peak_growth > bound, control
 
 
 @pytest.mark.parametrize(

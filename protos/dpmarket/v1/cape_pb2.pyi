@@ -671,10 +671,16 @@ class FitCapeRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     SCHEMA_FIELD_NUMBER: _builtins.int
+    MIN_OWNERS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none)."""
     seed: _builtins.int
     """Seed of every random draw; honoured only by a curator that allows seeded sessions."""
+    min_owners: _builtins.int
+    """Owners that must open the job, or it fails FAILED_PRECONDITION before anything is drawn or
+    charged; 0 (the default): every owner the curator serves. Owners lost after the opening are
+    left out as the protocol tolerates (the report's "dropped").
+    """
     @_builtins.property
     def spec(self) -> Global___CapeSpec: ...
     @_builtins.property
@@ -691,10 +697,11 @@ class FitCapeRequest(_message.Message):
         request_id: _builtins.str = ...,
         seed: _builtins.int | None = ...,
         schema: _schema_pb2.DatasetSchema | None = ...,
+        min_owners: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "min_owners", b"min_owners", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
@@ -743,10 +750,16 @@ class EstimateCapeMeanRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     SCHEMA_FIELD_NUMBER: _builtins.int
+    MIN_OWNERS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none)."""
     seed: _builtins.int
     """Seed of every random draw; honoured only by a curator that allows seeded sessions."""
+    min_owners: _builtins.int
+    """Owners that must open the job, or it fails FAILED_PRECONDITION before anything is drawn or
+    charged; 0 (the default): every owner the curator serves. Owners lost after the opening are
+    left out as the protocol tolerates (the report's "dropped").
+    """
     @_builtins.property
     def spec(self) -> Global___CapeSpec:
         """task CAPE_TASK_MEAN; the features are the columns averaged; no target."""
@@ -765,10 +778,11 @@ class EstimateCapeMeanRequest(_message.Message):
         request_id: _builtins.str = ...,
         seed: _builtins.int | None = ...,
         schema: _schema_pb2.DatasetSchema | None = ...,
+        min_owners: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "min_owners", b"min_owners", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
@@ -813,11 +827,17 @@ class TrainCapeRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     SCHEMA_FIELD_NUMBER: _builtins.int
+    MIN_OWNERS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none)."""
     seed: _builtins.int
     """Seed of every random draw (the initial parameters included); honoured only by a curator
     that allows seeded sessions.
+    """
+    min_owners: _builtins.int
+    """Owners that must open the job, or it fails FAILED_PRECONDITION before anything is drawn or
+    charged; 0 (the default): every owner the curator serves. Owners lost after the opening are
+    left out as the protocol tolerates (the report's "dropped").
     """
     @_builtins.property
     def spec(self) -> Global___CapeTrainingSpec: ...
@@ -835,10 +855,11 @@ class TrainCapeRequest(_message.Message):
         request_id: _builtins.str = ...,
         seed: _builtins.int | None = ...,
         schema: _schema_pb2.DatasetSchema | None = ...,
+        min_owners: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "min_owners", b"min_owners", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
