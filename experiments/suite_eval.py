@@ -30,7 +30,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,12 +279,51 @@ class SuiteRunner:
     def run(self, setting: SuiteSetting, name: str, seed: int) -> dict[str, Any]:
         """One session of ``setting`` on scenario ``name`` with session seed ``seed``."""
         scenario = self.scenario(name, setting.sketch_scale)
-        config = setting.config(scenario)
+        return self.session(
+            ("run", "run"),
+            scenario,
+            setting.config(scenario),
+            seed,
+            lambda: self.sketches(name, setting.sketch_scale, seed),
+            f"sketch_scale={setting.sketch_scale!r}",
+        )
+
+    def session(
+        self,
+        kind: tuple[str, str],
+        scenario: Scenario,
+        config: SummarizationConfig,
+        seed: int,
+        sketches: Callable[[], Any],
+        describe: str,
+    ) -> dict[str, Any]:
+        """One in-process session of ``config`` on ``scenario`` with session seed ``seed``,
+        measured and cached: the one home of every suite run's record.
+
+        Parameters
+        ----------
+        kind : (str, str)
+            The cache key's kind and the record file's prefix
+            (``<cache>/runs/<prefix>-<key>.json``).
+        scenario, config, seed
+            The session.
+        sketches : callable
+            The owners' published sketches (None: the counts allocation), called only when the
+            run is not cached.
+        describe : str
+            What else the key must hold (the sketches' scale and epsilon, the path).
+
+        Returns
+        -------
+        dict
+            MMD² to D_v and accuracy (:func:`_measure`), points read, the allocation, its shares
+            and the sketch allocation's share, which the hedge kept, and the seconds it took.
+        """
         key = _digest(
-            "run",
+            kind[0],
             scenario_digest(scenario, scenario.default_p),
             _config_key(config),
-            f"sketch_scale={setting.sketch_scale!r}",
+            describe,
             str(seed),
         )
 
@@ -298,7 +337,7 @@ class SuiteRunner:
                 scenario.seed_set,
                 config,
                 seed=seed,
-                owner_sketches=self.sketches(name, setting.sketch_scale, seed),
+                owner_sketches=sketches(),
             )
             info = result.report.ledger.candidates
             return {
@@ -313,7 +352,7 @@ class SuiteRunner:
                 "seconds": time.perf_counter() - start,
             }
 
-        return _cached(self.cache_dir / "runs" / f"run-{key}.json", compute)
+        return _cached(self.cache_dir / "runs" / f"{kind[1]}-{key}.json", compute)
 
     def digits(self, setting: SuiteSetting) -> dict[str, Any]:
         """The setting on the bundled digits scenario (p = 50, seeds 0-9, its own sketch
