@@ -37,9 +37,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from dpmarket.common.market.money import credits_text
 from dpmarket.consumer.history import SessionHistory
 from dpmarket.curator.store import CuratorRecords
 from dpmarket.owner.cli import short_session
+from dpmarket.owner.earnings import Earnings
 from dpmarket.owner.ledger import OwnerLedger
 from tests.console.clinics import SIGN_IN, deploy, environment, stop
 
@@ -330,6 +332,17 @@ def test_the_clinic_finds_its_remaining_budget(
     assert "clinics/hist" in page.locator("#sketches").inner_text()
     assert "epsilon_total" in page.locator("#policy").inner_text()
     assert page.locator("#charges svg.plot").count() == 1
+    # Its earnings as its own ledger recorded them (the tutorial's clinics are free: 0 credits).
+    with OwnerLedger(deployment / "owners" / "young", None) as ledger:
+        earned = Earnings(ledger, "young").all()
+    total = credits_text(sum(e.total for e in earned))
+    assert page.locator("#earned-total").inner_text() == total
+    shown = page.locator("#earnings tbody").inner_text()
+    for e in earned:
+        assert short_session(e.session) in shown
+    if not earned:
+        assert "No statement recorded yet" in shown
+    assert "per unit of ε" in page.locator("#prices").inner_text()
     _shot(page, "console-owner.png")
 
 
