@@ -22,7 +22,9 @@ from dpmarket.common.market.statement import (
 from dpmarket.common.market.terms import MarketTerms, session_quote
 from dpmarket.console.app import create_app
 from dpmarket.console.auth import ConsoleToken
+from dpmarket.console.consumer import ConsumerConsole
 from dpmarket.console.owner import OwnerConsole
+from dpmarket.consumer.client import CuratorClient
 from dpmarket.owner.earnings import Earnings
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.policy import OwnerPolicy
@@ -97,3 +99,58 @@ def test_an_owner_without_statements_says_so(tmp_path: Path) -> None:
     page = client.get(f"{token.prefix}/owner", headers={"Authorization": f"Bearer {token.value}"})
     assert page.status_code == 200
     assert 'id="earned-total">0.00<' in page.text and "No statement recorded yet" in page.text
+
+
+# ------------------------------------------------------------------------------ consumer
+CONSUMER_PORT = 8472
+
+
+def _consumer_console(tmp_path: Path) -> tuple[TestClient, ConsoleToken]:
+    """A consumer's console whose curator is not there (a real client of a closed port: the
+    checks under test come before any call, and a call fails at once)."""
+    client = CuratorClient(
+        "127.0.0.1:9", TransportSecurity.plaintext(), timeout=2.0, connect_timeout=None
+    )
+    consumer = Identity("consumer", "alice")
+    party = ConsumerConsole(client, tmp_path, None)
+    token = ConsoleToken.load_or_create(tmp_path)
+    app = create_app(party, consumer, token, port=CONSUMER_PORT)
+    return TestClient(app, follow_redirects=False), token
+
+
+def test_a_quote_without_the_form_token_is_refused(tmp_path: Path) -> None:
+    client, token = _consumer_console(tmp_path)
+    base = token.prefix
+    assert client.get(f"{base}/login?token={token.value}").status_code == 303  # signed in
+    page = client.get(f"{base}/consumer")  # 503: no curator, but the form is there
+    assert 'formaction="' + base + '/consumer/quote"' in page.text
+    assert 'name="max_cost"' in page.text
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found is not None
+    fields = {"p": "10", "max_cost": "a lot"}
+    for headers, form in (
+        ({"Origin": ORIGIN}, fields),  # no form token
+        ({"Origin": "http://testserver:18555"}, {**fields, "csrf": found.group(1)}),
+    ):
+        refused = client.post(f"{base}/consumer/quote", headers=headers, data=form)
+        assert refused.status_code == 403 and "nothing was done" in refused.text
+    # The control: the page's own form token and origin reach the quote, which names the bad
+    # field (before it would read the file or ask the curator).
+    done = client.post(
+        f"{base}/consumer/quote",
+        headers={"Origin": ORIGIN},
+        data={**fields, "csrf": found.group(1)},
+    )
+    assert done.status_code == 400
+    assert "Most it may cost (max_cost): &#39;a lot&#39; is not an amount of credits" in done.text
+
+
+def test_the_statements_page_says_when_the_curator_does_not_answer(tmp_path: Path) -> None:
+    client, token = _consumer_console(tmp_path)
+    page = client.get(
+        f"{token.prefix}/consumer/statements", headers={"Authorization": f"Bearer {token.value}"}
+    )
+    assert page.status_code == 503
+    assert "the curator did not answer" in page.text and "Not read." in page.text
+    # Without the token: nothing.
+    assert client.get(f"{token.prefix}/consumer/statements").status_code == 401
