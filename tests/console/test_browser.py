@@ -431,11 +431,15 @@ def test_a_consumers_console_cannot_show_another_partys_data(
 def test_every_main_page_reads_on_a_phone(consoles: dict[str, Console], browser: Any) -> None:
     for console in consoles.values():
         page = _signed_in(browser, console, width=390)
-        page.goto(f"{console.url}/{console.role}")
-        overflow = page.evaluate("document.documentElement.scrollWidth")
-        assert overflow <= 390, (console.role, overflow)
-        size = page.evaluate("parseFloat(getComputedStyle(document.body).fontSize)")
-        assert size >= 14
+        paths = [f"/{console.role}"]
+        if console.role == "consumer":
+            paths.append("/consumer/statements")
+        for path in paths:
+            page.goto(console.url + path)
+            overflow = page.evaluate("document.documentElement.scrollWidth")
+            assert overflow <= 390, (path, overflow)
+            size = page.evaluate("parseFloat(getComputedStyle(document.body).fontSize)")
+            assert size >= 14
 
 
 # ------------------------------------------------------------ another local web server
