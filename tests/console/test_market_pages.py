@@ -6,6 +6,7 @@ token checks as every other."""
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 
@@ -109,7 +110,7 @@ def _consumer_console(tmp_path: Path) -> tuple[TestClient, ConsoleToken]:
     """A consumer's console whose curator is not there (a real client of a closed port: the
     checks under test come before any call, and a call fails at once)."""
     client = CuratorClient(
-        "127.0.0.1:9", TransportSecurity.plaintext(), timeout=2.0, connect_timeout=None
+        "127.0.0.1:9", TransportSecurity.plaintext(), timeout=0.5, connect_timeout=None
     )
     consumer = Identity("consumer", "alice")
     party = ConsumerConsole(client, tmp_path, None)
@@ -154,3 +155,19 @@ def test_the_statements_page_says_when_the_curator_does_not_answer(tmp_path: Pat
     assert "the curator did not answer" in page.text and "Not read." in page.text
     # Without the token: nothing.
     assert client.get(f"{token.prefix}/consumer/statements").status_code == 401
+
+
+def test_a_summary_with_a_malformed_cap_is_refused_before_anything_is_asked(
+    tmp_path: Path,
+) -> None:
+    client, token = _consumer_console(tmp_path)
+    bearer = {"Authorization": f"Bearer {token.value}"}
+    for cap, why in (("-1", ">= 0"), ("1.0000001", "at most six decimals")):
+        refused = client.post(
+            f"{token.prefix}/consumer/summary", headers=bearer, data={"p": "10", "max_cost": cap}
+        )
+        assert refused.status_code == 400
+        text = html.unescape(refused.text)
+        assert f"Most it may cost (max_cost): '{cap}' is not an amount of credits" in text
+        assert why in text
+    assert not any((tmp_path / "sessions").glob("*"))  # nothing recorded
