@@ -54,7 +54,14 @@ from dpmarket.common.errors import DPMarketError
 from dpmarket.common.summarization.methods import METHODS
 from dpmarket.console import plots
 from dpmarket.console.auth import ConsoleToken, TokenMiddleware, cookie_name, session_of
-from dpmarket.console.consumer import ConsumerConsole, UserError, form_number
+from dpmarket.console.consumer import (
+    ConsumerConsole,
+    UserError,
+    form_credits,
+    form_number,
+    quote_view,
+    statement_view,
+)
 from dpmarket.console.csrf import FIELD, guarded
 from dpmarket.console.curator import CuratorConsole
 from dpmarket.console.owner import OwnerConsole
@@ -314,28 +321,52 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         svg = plots.ranking_plot(ranking["rows"], title=f"owners by MMD² to {name}")
         return page(request, "ranking.html", {"ranking": ranking, "svg": svg, "file": name})
 
+    def summary_request(form: Any) -> dict[str, Any]:
+        """The summary form's parameters (raises UserError for a malformed number)."""
+        return {
+            "summary_size": _form_number(form, "p", "Points", int, default="0") or 0,
+            "method": str(form.get("method", "candidates")),
+            "gamma": _form_number(form, "gamma", "Kernel γ", float, default=""),
+            "min_owners": _form_number(form, "min_owners", "Fewest owners", int, default="0") or 0,
+            "max_cost": form_credits(str(form.get("max_cost", "")), "max_cost", "Most it may cost"),
+        }
+
     async def summary(request: Request) -> Response:
         form = await request.form()
         data, name = await _read_upload(form.get("validation"))
         try:
-            summary_size = _form_number(form, "p", "Points", int, default="0")
-            gamma = _form_number(form, "gamma", "Kernel γ", float, default="")
-            min_owners = _form_number(form, "min_owners", "Fewest owners", int, default="0")
+            asked = summary_request(form)
+            request_id = str(form.get("request_id", "")) or uuid.uuid4().hex
             session_id = await run_in_threadpool(
-                lambda: consumer.start_summary(
-                    data,
-                    name,
-                    summary_size=summary_size or 0,
-                    method=str(form.get("method", "candidates")),
-                    gamma=gamma,
-                    min_owners=min_owners or 0,
-                    request_id=str(form.get("request_id", "")) or uuid.uuid4().hex,
-                )
+                lambda: consumer.start_summary(data, name, request_id=request_id, **asked)
             )
         except UserError as exc:
             return await _with_status(overview(request, {"summary_error": str(exc)}), 400)
         root = request.scope.get("root_path", "")
         return RedirectResponse(f"{root}/consumer/sessions/{session_id}", status_code=303)
+
+    async def quote(request: Request) -> Response:
+        form = await request.form()
+        data, name = await _read_upload(form.get("validation"))
+        try:
+            asked = summary_request(form)
+            quoted = await run_in_threadpool(lambda: consumer.quote(data, name, **asked))
+        except UserError as exc:
+            return await _with_status(overview(request, {"summary_error": str(exc)}), 400)
+        context = {"quote": quote_view(quoted, asked["max_cost"]), "file": name, "asked": asked}
+        return page(request, "quote.html", context)
+
+    async def statements(request: Request) -> Response:
+        try:
+            settled = await run_in_threadpool(consumer.statements)
+        except DPMarketError as exc:
+            context: dict[str, Any] = {
+                "statements": [],
+                "error": f"the curator did not answer: {exc}",
+            }
+            return page(request, "statements.html", context, 503)
+        context = {"statements": [statement_view(s) for s in settled], "error": ""}
+        return page(request, "statements.html", context)
 
     async def session(request: Request) -> Response:
         key = request.path_params["key"]
@@ -408,6 +439,8 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         Route("/consumer/explore", explore, methods=["POST"]),
         Route("/consumer/rank", rank, methods=["POST"]),
         Route("/consumer/summary", summary, methods=["POST"]),
+        Route("/consumer/quote", quote, methods=["POST"]),
+        Route("/consumer/statements", statements),
         Route("/consumer/sessions/{key}", session),
         Route("/consumer/sessions/{key}/events", events),
         Route("/consumer/sessions/{key}/summary.csv", download),

@@ -19,10 +19,11 @@ Extension points
   (:mod:`dpmarket.consumer.catalogue`). A summary stays on ``CuratorClient``'s
   ``create_session``, ``watch`` and ``get_summary``: the form needs the session's id at once,
   which ``Consumer.summarize`` (blocking until the summary) does not give.
-* **Quotes and statements** (the market): a quote belongs in
-  :meth:`ConsumerConsole.start_summary` before ``create_session`` (shown on the request form),
-  a session's statement beside its record (:class:`~dpmarket.consumer.history.RecordedSession`);
-  the session page has a section for each once they exist.
+* **Quotes and statements** (the market): the request form's *quote only* action asks the
+  curator's QuoteSession (:meth:`ConsumerConsole.quote`: nothing released, charged or created),
+  its max-cost field caps both the quote and the session; the statements page lists the
+  curator's ListStatements for this consumer (:meth:`ConsumerConsole.statements`). A session's
+  statement could also be shown beside its record on the session page (not done yet).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ import click
 import numpy as np
 
 from dpmarket.common.errors import DPMarketError
+from dpmarket.common.market.money import EPSILON_UNITS, credits_text, parse_credits
+from dpmarket.common.market.pricing import Quote
 from dpmarket.common.schema import Schema
 from dpmarket.common.summarization.kernels import suggested_gamma
 from dpmarket.common.summarization.methods import SummarizationConfig, method_config
@@ -51,8 +54,18 @@ from dpmarket.common.summarization.summary import OwnerSelection
 from dpmarket.consumer import model_store
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.consumer.history import RecordedSession, SessionHistory, spent
+from dpmarket.consumer.market import SettledStatement
 
-__all__ = ["Catalogue", "ConsumerConsole", "SummaryJob", "UserError", "form_number"]
+__all__ = [
+    "Catalogue",
+    "ConsumerConsole",
+    "SummaryJob",
+    "UserError",
+    "form_credits",
+    "form_number",
+    "quote_view",
+    "statement_view",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +73,8 @@ logger = logging.getLogger(__name__)
 CATALOGUE_TTL_SECONDS = 10.0
 #: Summary jobs kept in memory (the oldest finished ones are forgotten beyond it).
 MAX_JOBS = 16
+#: Statements the statements page lists (the newest).
+STATEMENTS_SHOWN = 100
 #: Largest validation file a form may upload, bytes.
 MAX_UPLOAD_BYTES = 64 << 20
 
@@ -132,6 +147,75 @@ def form_number(
     if not math.isfinite(value):
         raise UserError(f"{label} ({field}): {text!r} is not a finite number; give e.g. {example}")
     return value
+
+
+def form_credits(text: str, field: str, label: str) -> int | None:
+    """An amount of credits a form's field holds, as micro-credits (None when it is blank).
+
+    Raises
+    ------
+    UserError
+        If ``text`` is not a non-negative amount of credits with at most six decimals
+        (:func:`~dpmarket.common.market.money.parse_credits`): the message names the field and
+        the value.
+    """
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return parse_credits(text)
+    except ValueError as exc:
+        raise UserError(
+            f"{label} ({field}): {text!r} is not an amount of credits ({exc}); give e.g. 12.5"
+        ) from None
+
+
+def quote_view(quoted: Quote, max_cost: int | None) -> dict[str, Any]:
+    """A quote as the quote page shows it: ``{"summary_size", "lines": [{"owner", "read",
+    "delivered", "epsilon", "charge"}], "reward", "total", "max_cost"}`` (amounts as credits
+    text; ``max_cost`` None without a cap)."""
+    return {
+        "summary_size": quoted.summary_size,
+        "lines": [
+            {
+                "owner": line.owner,
+                "read": line.charge.points_read,
+                "delivered": line.charge.points_delivered,
+                "epsilon": line.charge.epsilon_units / EPSILON_UNITS,
+                "charge": credits_text(line.charge.total),
+            }
+            for line in quoted.lines
+        ],
+        "reward": credits_text(quoted.reward) if quoted.reward else "",
+        "total": credits_text(quoted.total),
+        "max_cost": None if max_cost is None else credits_text(max_cost),
+    }
+
+
+def statement_view(settled: SettledStatement) -> dict[str, Any]:
+    """A settled statement as the statements page shows it: ``{"session_id", "short",
+    "settled_at", "owners": [{"owner", "read", "delivered", "epsilon", "reward", "total"}],
+    "total", "recorded", "owner_count"}`` (amounts as credits text)."""
+    st = settled.statement
+    return {
+        "session_id": settled.session_id,
+        "short": settled.session_id[:8],
+        "settled_at": settled.settled_at,
+        "owners": [
+            {
+                "owner": line.owner,
+                "read": line.points_read,
+                "delivered": line.points_delivered,
+                "epsilon": (line.epsilon_session + line.epsilon_payout) / EPSILON_UNITS,
+                "reward": credits_text(line.reward),
+                "total": credits_text(line.total),
+            }
+            for line in st.lines
+        ],
+        "total": credits_text(st.total),
+        "recorded": settled.owners_recorded,
+        "owner_count": len(st.lines),
+    }
 
 
 @dataclass
@@ -382,7 +466,7 @@ class ConsumerConsole:
         }
 
     # ------------------------------------------------------------------------ summaries
-    def start_summary(
+    def _prepared(
         self,
         upload: bytes,
         filename: str,
@@ -391,18 +475,14 @@ class ConsumerConsole:
         method: str,
         gamma: float | None,
         min_owners: int,
-        request_id: str,
-    ) -> str:
-        """Read the validation file, create the session (CreateSession) and follow it in a
-        thread; return its id. A form posted twice (the same ``request_id``) gets the same
-        session. ``gamma`` None (the form's field left empty): the kernel width suited to the
-        file's points, the one the curator's refusal of another width names
-        (:func:`dpmarket.common.summarization.kernels.suggested_gamma`).
+    ) -> tuple[SummarizationConfig, OwnerSelection, Any]:
+        """The request a summary form describes: its configuration (``gamma`` None: the width
+        suited to the file's points), owner selection and validation points.
 
         Raises
         ------
         UserError
-            For a file or parameters the console or the curator refuses (nothing is spent).
+            For a file or parameters the console refuses.
         """
         from dpmarket.runtime.tables import load_point_set
 
@@ -423,6 +503,92 @@ class ConsumerConsole:
                 config = dataclasses.replace(config, gamma=suggested_gamma(points.features))
             except ValueError as exc:
                 raise UserError(f"{filename}: {exc}") from exc
+        return config, selection, points
+
+    def quote(
+        self,
+        upload: bytes,
+        filename: str,
+        *,
+        summary_size: int,
+        method: str,
+        gamma: float | None,
+        min_owners: int,
+        max_cost: int | None,
+    ) -> Quote:
+        """The most the summary a form describes would cost, per owner (QuoteSession): nothing
+        is released or charged, no session is created, nothing is written.
+
+        Raises
+        ------
+        UserError
+            For a file or parameters the console or the curator refuses, or a quote above
+            ``max_cost`` (micro-credits).
+        """
+        config, selection, points = self._prepared(
+            upload,
+            filename,
+            summary_size=summary_size,
+            method=method,
+            gamma=gamma,
+            min_owners=min_owners,
+        )
+        try:
+            return self.client.quote_session(
+                config,
+                points.features,
+                np.zeros((0, points.n_features)),
+                selection=selection,
+                schema=self.schema,
+                feature_names=() if self.schema is not None else points.columns,
+                max_cost=max_cost,
+            )
+        except DPMarketError as exc:
+            raise UserError(str(exc)) from exc
+
+    def statements(self) -> list[SettledStatement]:
+        """This consumer's settlement statements, newest first, at most
+        :data:`STATEMENTS_SHOWN` (ListStatements).
+
+        Raises
+        ------
+        DPMarketError
+            When the curator does not answer.
+        """
+        return self.client.statements(None, STATEMENTS_SHOWN)
+
+    def start_summary(
+        self,
+        upload: bytes,
+        filename: str,
+        *,
+        summary_size: int,
+        method: str,
+        gamma: float | None,
+        min_owners: int,
+        request_id: str,
+        max_cost: int | None = None,
+    ) -> str:
+        """Read the validation file, create the session (CreateSession) and follow it in a
+        thread; return its id. A form posted twice (the same ``request_id``) gets the same
+        session. ``gamma`` None (the form's field left empty): the kernel width suited to the
+        file's points, the one the curator's refusal of another width names
+        (:func:`dpmarket.common.summarization.kernels.suggested_gamma`). ``max_cost``
+        (micro-credits): a session quoted above it is refused before anything is released.
+
+        Raises
+        ------
+        UserError
+            For a file or parameters the console or the curator refuses (nothing is spent).
+        """
+        config, selection, points = self._prepared(
+            upload,
+            filename,
+            summary_size=summary_size,
+            method=method,
+            gamma=gamma,
+            min_owners=min_owners,
+        )
         existing = next((j for j in self.jobs.values() if j.request_id == request_id), None)
         if existing is not None:
             return existing.session_id
@@ -435,6 +601,7 @@ class ConsumerConsole:
                 selection=selection,
                 schema=self.schema,
                 feature_names=() if self.schema is not None else points.columns,
+                max_cost=max_cost,
             )
         except DPMarketError as exc:
             raise UserError(str(exc)) from exc

@@ -37,9 +37,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from dpmarket.common.market.money import credits_text
 from dpmarket.consumer.history import SessionHistory
 from dpmarket.curator.store import CuratorRecords
 from dpmarket.owner.cli import short_session
+from dpmarket.owner.earnings import Earnings
 from dpmarket.owner.ledger import OwnerLedger
 from tests.console.clinics import SIGN_IN, deploy, environment, stop
 
@@ -277,6 +279,43 @@ def test_a_catalogue_answer_comes_with_its_interval(
     assert plot.count() == 1 and "95 %" in plot.inner_html()
 
 
+def test_the_consumer_sees_a_quote_without_running_anything_and_its_statements(
+    deployment: Path, consoles: dict[str, Console], browser: Any
+) -> None:
+    consumer = consoles["consumer"]
+    with CuratorRecords(deployment / "curator") as records:
+        sessions_before = len(records.sessions())
+    page = _signed_in(browser, consumer)
+    page.goto(f"{consumer.url}/consumer")
+    form = "#request"
+    page.set_input_files(
+        f"{form} input[name=validation]", str(deployment.parent / "validation.csv")
+    )
+    page.fill(f"{form} input[name=p]", "10")
+    page.fill(f"{form} input[name=max_cost]", "5")
+    page.click("#quote-only")
+    page.wait_for_selector("#quote")
+    lines = page.locator("#quote-lines tbody tr").all()
+    assert {r.locator("td").nth(0).inner_text() for r in lines} == {"young", "middle", "senior"}
+    assert page.locator("#quote-total").inner_text() == "0.00"  # the tutorial's clinics are free
+    assert "within your cap of 5.00 credits" in page.locator("#quote").inner_text()
+    with CuratorRecords(deployment / "curator") as records:
+        assert len(records.sessions()) == sessions_before  # a quote runs nothing
+    # The statements page lists what `dpmarket consumer statements` lists (the tutorial's
+    # summary, settled when it ended), with each one's total cost.
+    listed = subprocess.run(
+        [sys.executable, "-m", "dpmarket.deploy.cli", "consumer", "statements", "--json",
+         "--config", str(deployment / "consumer.toml")],
+        env=environment(), capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    settled = json.loads(listed.stdout)["statements"]
+    assert settled
+    page.goto(f"{consumer.url}/consumer/statements")
+    rows = page.locator("#statements tbody tr[data-session]").all()
+    shown = {r.get_attribute("data-session"): r.locator("td.total").inner_text() for r in rows}
+    assert shown == {s["session_id"]: credits_text(s["total"]) for s in settled}
+
+
 def test_a_summary_requested_from_the_console_shows_its_progress_and_result(
     deployment: Path, consoles: dict[str, Console], browser: Any
 ) -> None:
@@ -330,6 +369,17 @@ def test_the_clinic_finds_its_remaining_budget(
     assert "clinics/hist" in page.locator("#sketches").inner_text()
     assert "epsilon_total" in page.locator("#policy").inner_text()
     assert page.locator("#charges svg.plot").count() == 1
+    # Its earnings as its own ledger recorded them (the tutorial's clinics are free: 0 credits).
+    with OwnerLedger(deployment / "owners" / "young", None) as ledger:
+        earned = Earnings(ledger, "young").all()
+    total = credits_text(sum(e.total for e in earned))
+    assert page.locator("#earned-total").inner_text() == total
+    shown = page.locator("#earnings tbody").inner_text()
+    for e in earned:
+        assert short_session(e.session) in shown
+    if not earned:
+        assert "No statement recorded yet" in shown
+    assert "per unit of ε" in page.locator("#prices").inner_text()
     _shot(page, "console-owner.png")
 
 
@@ -381,11 +431,15 @@ def test_a_consumers_console_cannot_show_another_partys_data(
 def test_every_main_page_reads_on_a_phone(consoles: dict[str, Console], browser: Any) -> None:
     for console in consoles.values():
         page = _signed_in(browser, console, width=390)
-        page.goto(f"{console.url}/{console.role}")
-        overflow = page.evaluate("document.documentElement.scrollWidth")
-        assert overflow <= 390, (console.role, overflow)
-        size = page.evaluate("parseFloat(getComputedStyle(document.body).fontSize)")
-        assert size >= 14
+        paths = [f"/{console.role}"]
+        if console.role == "consumer":
+            paths.append("/consumer/statements")
+        for path in paths:
+            page.goto(console.url + path)
+            overflow = page.evaluate("document.documentElement.scrollWidth")
+            assert overflow <= 390, (path, overflow)
+            size = page.evaluate("parseFloat(getComputedStyle(document.body).fontSize)")
+            assert size >= 14
 
 
 # ------------------------------------------------------------ another local web server

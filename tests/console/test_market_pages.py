@@ -1,0 +1,173 @@
+"""The market's panels of the console, served by the real application (Starlette's test client,
+no network): an owner's earnings (a statement signed by a curator key, checked against the
+owner's real ledger and recorded by :class:`~dpmarket.owner.earnings.Earnings`) and prices; the
+consumer's statements page and quote action, whose POST goes through the same origin and form
+token checks as every other."""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric import ec
+from starlette.testclient import TestClient
+
+from dpmarket.common.market.pricing import OwnerPrices
+from dpmarket.common.market.statement import (
+    SessionRecord,
+    SettlementTerms,
+    settle,
+    sign_statement,
+)
+from dpmarket.common.market.terms import MarketTerms, session_quote
+from dpmarket.console.app import create_app
+from dpmarket.console.auth import ConsoleToken
+from dpmarket.console.consumer import ConsumerConsole
+from dpmarket.console.owner import OwnerConsole
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.owner.earnings import Earnings
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.transport import TransportSecurity
+
+PORT = 8471
+ORIGIN = "http://testserver"
+#: 0.01 per point read, 0.05 per point delivered, 2 per unit of ε, a 1-credit minimum.
+PRICES = OwnerPrices(10_000, 50_000, 2_000_000, 1_000_000)
+OWNERS = ("young", "senior")
+CURATOR, CONSUMER = "curator:curator", "consumer:alice"
+SID = "9663fef5ac6196908c073ec1c659183d"
+
+
+def _earning_ledger(data_dir: Path) -> None:
+    """The young owner's ledger: one session charged (18 points read, ε 1) and its statement
+    (6 points delivered) recorded: 0.18 + 0.30 + 2.00 = 2.48 credits."""
+    settlement = SettlementTerms(summary_size=20, validation_size=40)
+    quoted = session_quote(
+        dict.fromkeys(OWNERS, PRICES), dict.fromkeys(OWNERS, 60), 1.0, settlement
+    )
+    records = {"young": SessionRecord(18, 6, 1.0), "senior": SessionRecord(30, 14, 1.0)}
+    statement = settle(SID, CONSUMER, quoted, dict.fromkeys(OWNERS, PRICES), records)
+    key = ec.generate_private_key(ec.SECP256R1())
+    with OwnerLedger.create(data_dir, OwnerPolicy(prices=PRICES)) as ledger:
+        ledger.charge(session=SID, consumer=CONSUMER, curator=CURATOR, mechanism="candidates",
+                      epsilon=1.0, delta=0.0, points=18)  # fmt: skip
+        earnings = Earnings(ledger, "young")
+        earnings.accept(
+            curator=CURATOR,
+            session=SID,
+            consumer=CONSUMER,
+            market=MarketTerms.of(quoted, "young", settlement),
+            prices=PRICES,
+        )
+        part = statement.for_owner("young")
+        earnings.record(
+            part.encode(), sign_statement(part, key), curator=CURATOR, curator_key=key.public_key()
+        )
+
+
+def test_the_owner_sees_its_earnings_and_prices(tmp_path: Path) -> None:
+    _earning_ledger(tmp_path)
+    owner = Identity("owner", "young")
+    token = ConsoleToken.load_or_create(tmp_path)
+    party = OwnerConsole(tmp_path, TransportSecurity.plaintext(), None, owner)
+    client = TestClient(create_app(party, owner, token, port=PORT), follow_redirects=False)
+    page = client.get(f"{token.prefix}/owner", headers={"Authorization": f"Bearer {token.value}"})
+    assert page.status_code == 200
+    earnings = page.text.split('id="earnings"', 1)[1].split("</section>", 1)[0]
+    assert re.search(r'id="earned-total">2\.48<', earnings), earnings
+    row = re.search(r"<tbody>\s*<tr>(.*?)</tr>", earnings, flags=re.DOTALL)
+    assert row is not None
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1))
+    # recorded at, session, consumer, read, delivered, ε, charge, reward, total
+    assert cells[1:] == [SID[:8], "alice", "18", "6", "1", "2.48", "0.00", "2.48"], cells
+    assert "senior" not in page.text  # another owner's line is not in this owner's statement
+    prices = page.text.split('id="prices"', 1)[1].split("</section>", 1)[0]
+    assert "<dt>per raw point read</dt><dd>0.01</dd>" in prices
+    assert "<dt>per unit of ε</dt><dd>2.00</dd>" in prices
+    assert "<dt>minimum per session</dt><dd>1.00</dd>" in prices
+
+
+def test_an_owner_without_statements_says_so(tmp_path: Path) -> None:
+    with OwnerLedger.create(tmp_path, OwnerPolicy()):
+        pass
+    owner = Identity("owner", "young")
+    token = ConsoleToken.load_or_create(tmp_path)
+    party = OwnerConsole(tmp_path, TransportSecurity.plaintext(), None, owner)
+    client = TestClient(create_app(party, owner, token, port=PORT), follow_redirects=False)
+    page = client.get(f"{token.prefix}/owner", headers={"Authorization": f"Bearer {token.value}"})
+    assert page.status_code == 200
+    assert 'id="earned-total">0.00<' in page.text and "No statement recorded yet" in page.text
+
+
+# ------------------------------------------------------------------------------ consumer
+CONSUMER_PORT = 8472
+
+
+def _consumer_console(tmp_path: Path) -> tuple[TestClient, ConsoleToken]:
+    """A consumer's console whose curator is not there (a real client of a closed port: the
+    checks under test come before any call, and a call fails at once)."""
+    client = CuratorClient(
+        "127.0.0.1:9", TransportSecurity.plaintext(), timeout=0.5, connect_timeout=None
+    )
+    consumer = Identity("consumer", "alice")
+    party = ConsumerConsole(client, tmp_path, None)
+    token = ConsoleToken.load_or_create(tmp_path)
+    app = create_app(party, consumer, token, port=CONSUMER_PORT)
+    return TestClient(app, follow_redirects=False), token
+
+
+def test_a_quote_without_the_form_token_is_refused(tmp_path: Path) -> None:
+    client, token = _consumer_console(tmp_path)
+    base = token.prefix
+    assert client.get(f"{base}/login?token={token.value}").status_code == 303  # signed in
+    page = client.get(f"{base}/consumer")  # 503: no curator, but the form is there
+    assert 'formaction="' + base + '/consumer/quote"' in page.text
+    assert 'name="max_cost"' in page.text
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found is not None
+    fields = {"p": "10", "max_cost": "a lot"}
+    for headers, form in (
+        ({"Origin": ORIGIN}, fields),  # no form token
+        ({"Origin": "http://testserver:18555"}, {**fields, "csrf": found.group(1)}),
+    ):
+        refused = client.post(f"{base}/consumer/quote", headers=headers, data=form)
+        assert refused.status_code == 403 and "nothing was done" in refused.text
+    # The control: the page's own form token and origin reach the quote, which names the bad
+    # field (before it would read the file or ask the curator).
+    done = client.post(
+        f"{base}/consumer/quote",
+        headers={"Origin": ORIGIN},
+        data={**fields, "csrf": found.group(1)},
+    )
+    assert done.status_code == 400
+    assert "Most it may cost (max_cost): &#39;a lot&#39; is not an amount of credits" in done.text
+
+
+def test_the_statements_page_says_when_the_curator_does_not_answer(tmp_path: Path) -> None:
+    client, token = _consumer_console(tmp_path)
+    page = client.get(
+        f"{token.prefix}/consumer/statements", headers={"Authorization": f"Bearer {token.value}"}
+    )
+    assert page.status_code == 503
+    assert "the curator did not answer" in page.text and "Not read." in page.text
+    # Without the token: nothing.
+    assert client.get(f"{token.prefix}/consumer/statements").status_code == 401
+
+
+def test_a_summary_with_a_malformed_cap_is_refused_before_anything_is_asked(
+    tmp_path: Path,
+) -> None:
+    client, token = _consumer_console(tmp_path)
+    bearer = {"Authorization": f"Bearer {token.value}"}
+    for cap, why in (("-1", ">= 0"), ("1.0000001", "at most six decimals")):
+        refused = client.post(
+            f"{token.prefix}/consumer/summary", headers=bearer, data={"p": "10", "max_cost": cap}
+        )
+        assert refused.status_code == 400
+        text = html.unescape(refused.text)
+        assert f"Most it may cost (max_cost): '{cap}' is not an amount of credits" in text
+        assert why in text
+    assert not any((tmp_path / "sessions").glob("*"))  # nothing recorded
