@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import jinja2
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
@@ -119,7 +120,13 @@ def _utc(at: float) -> str:
 
 
 def _number(value: float | None, spec: str = ".4g") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    """``value`` formatted with ``spec``; "—" for a figure a record does not hold (None, not
+    finite, or a key the record lacks: e.g. a uniform session releases no Theorem 7 epsilon)."""
+    if (
+        value is None
+        or isinstance(value, jinja2.Undefined)
+        or (isinstance(value, float) and not math.isfinite(value))
+    ):
         return "—"
     return format(value, spec)
 

@@ -26,6 +26,7 @@ from dpmarket.console.auth import ConsoleToken
 from dpmarket.console.consumer import ConsumerConsole
 from dpmarket.console.owner import OwnerConsole
 from dpmarket.consumer.client import CuratorClient
+from dpmarket.consumer.history import SessionHistory
 from dpmarket.owner.earnings import Earnings
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.policy import OwnerPolicy
@@ -171,3 +172,39 @@ def test_a_summary_with_a_malformed_cap_is_refused_before_anything_is_asked(
         assert f"Most it may cost (max_cost): '{cap}' is not an amount of credits" in text
         assert why in text
     assert not any((tmp_path / "sessions").glob("*"))  # nothing recorded
+
+
+def test_a_session_whose_record_lacks_an_epsilon_figure_shows_a_dash(tmp_path: Path) -> None:
+    """A uniform session releases no Theorem 7 / PLD epsilon: its page shows "—" where a
+    private session shows its figures (it answered 500 when a figure was missing)."""
+    client, token = _consumer_console(tmp_path)
+    history = SessionHistory(tmp_path)
+    uniform = history.record(
+        status="done",
+        source="request",
+        method="uniform",
+        summary_size=3,
+        session_id="0123456789abcdef",
+        result={"epsilon": {"validation": {}, "owners": {}}, "points_per_owner": {"a": 3}},
+    )
+    private = history.record(
+        status="done",
+        source="request",
+        method="private",
+        summary_size=3,
+        session_id="fedcba9876543210",
+        result={
+            "epsilon": {
+                "validation": {"theorem7": 0.5, "pld": 0.25},
+                "owners": {"theorem7": 1.5, "pld": 1.25},
+            },
+            "points_per_owner": {"a": 3},
+        },
+    )
+    headers = {"Authorization": f"Bearer {token.value}"}
+    page = client.get(f"{token.prefix}/consumer/sessions/{uniform.key}", headers=headers)
+    assert page.status_code == 200
+    assert "(Theorem 7 / PLD): — / —" in page.text
+    control = client.get(f"{token.prefix}/consumer/sessions/{private.key}", headers=headers)
+    assert control.status_code == 200
+    assert "(Theorem 7 / PLD): 0.5 / 0.25" in control.text and "1.5 / 1.25" in control.text
