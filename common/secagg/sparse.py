@@ -40,7 +40,7 @@ which is all the quorum argument needs, and costs microseconds instead of ~64 µ
 acknowledgements (also tags) bind a survivor's self-mask share to neighbours it really masked with;
 reconstruction uses the first ``t_v`` shares of each secret (a mask key is checked against its
 advertised public key; a wrong self-mask seed makes the sum fail its range check) rather than
-checking every extra share. """
+checking every extra share."""
 
 from __future__ import annotations
 
