@@ -28,8 +28,12 @@ transport:
     (``/proc/<pid>/stat``, 10 ms ticks), killed ones included.
 
 Each run is a production round: a fresh round id, key material from ``os.urandom``, the rounding
-coins from a CSPRNG-seeded generator, ECDSA P-256 signatures on the key advertisements checked by
-every site (over gRPC, with every site's certificate checked against the CA and its name), the
+coins from a CSPRNG-seeded generator, every advertisement authenticated to every holder (over
+gRPC, with every site's certificate checked against the CA and its name): the binding of the
+site's static key, an ECDSA P-256 signature verified once per peer and key for the site's life
+(in-process, every site's keyring meets every peer before the warm-up round, as an owner that has
+run rounds with its peers has; over gRPC, in the untimed first round), and per round an HMAC under
+the pair's key of the round (:mod:`dpmarket.common.secagg.pairkeys`), the
 consistency check (every survivor signs the survivor list and checks ``t`` others' signatures
 before unmasking), and the threshold a CAPE job of ``S`` sites uses against its default
 ``S_C = ceil(S / 3) - 1`` colluders: the least ``t`` with ``2 t > S + S_C`` (14 of 20, 4 of 5).

@@ -32,7 +32,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -157,11 +157,14 @@ def advertisement_tag_message(
     """What ``sender`` tags for ``recipient`` under their ``adv`` key of the round: its own
     :func:`advertisement_message`, addressed (so that a tag is valid for one direction of one
     pair, and never reflected to its maker)."""
-    return (
-        encoded_prefix(_ADV_TAG_LABEL)
-        + encode_fields(recipient.encode())
-        + advertisement_message(round_id, sender, c_public, s_public, commitment)
+    return _addressed(
+        recipient, advertisement_message(round_id, sender, c_public, s_public, commitment)
     )
+
+
+def _addressed(recipient: str, advertisement: bytes) -> bytes:
+    """:func:`advertisement_tag_message` from the sender's :func:`advertisement_message`."""
+    return encoded_prefix(_ADV_TAG_LABEL) + encode_fields(recipient.encode()) + advertisement
 
 
 def share_associated_data(round_id: bytes, sender: str, recipient: str) -> bytes:
@@ -365,19 +368,14 @@ class SiteBase:
             private_key_bytes(self._s_private), xs, t, randbelow=randbelow
         )
         round_id = self.params.round_id
-        own_static, own_s, own_commitment = self._own_ad
+        own = advertisement_message(round_id, self.site, *self._own_ad)
         out: dict[str, bytes] = {}
         for holder, pair in zip(holders, zip(seed_shares, key_shares, strict=True), strict=True):
             if holder == self.site:
                 self._held[holder] = pair
                 continue
             keys = self._round_keys[holder]
-            tag = mac_tag(
-                keys.adv,
-                advertisement_tag_message(
-                    round_id, self.site, holder, own_static, own_s, own_commitment
-                ),
-            )
+            tag = mac_tag(keys.adv, _addressed(holder, own))
             out[holder] = tag + encrypt(
                 keys.enc,
                 pair[0].to_bytes() + pair[1].to_bytes(),
@@ -650,6 +648,15 @@ class PhaseTimer:
         self.phases[phase] = self.phases.get(phase, 0.0) + seconds
 
 
+class SiteArgs(TypedDict):
+    """Keyword arguments of a site's state object in an in-process round."""
+
+    signer: Signer
+    verifier: Verifier
+    random_bytes: RandomBytes
+    keyring: PairKeyring | None
+
+
 @dataclass(frozen=True)
 class InProcessRun:
     """What :func:`prepare_run` checked and filled in for an in-process round."""
@@ -659,6 +666,18 @@ class InProcessRun:
     verifier: Verifier
     rng: np.random.Generator
     stages: tuple[str, ...]
+    keyrings: Mapping[str, PairKeyring] | None = None
+
+    def site_args(self, site: str, random_bytes: RandomBytes) -> SiteArgs:
+        """The keyword arguments of ``site``'s state object: its signer, the verifier, its
+        byte source and its keyring (``None``: a keyring of the round's own)."""
+        keyring = None if self.keyrings is None else self.keyrings[site]
+        return {
+            "signer": self.signers[site],
+            "verifier": self.verifier,
+            "random_bytes": random_bytes,
+            "keyring": keyring,
+        }
 
     def alive(self, stage: str, sites: Iterable[str]) -> list[str]:
         """The sites that send their message of ``stage`` (not dropped at or before it)."""
@@ -674,6 +693,7 @@ def prepare_run(
     signers: Mapping[str, Signer] | None,
     verifier: Verifier | None,
     rng: np.random.Generator | None,
+    keyrings: Mapping[str, PairKeyring] | None = None,
 ) -> InProcessRun:
     """Check the arguments of an in-process round and fill in the defaults.
 
@@ -702,4 +722,6 @@ def prepare_run(
         from dpmarket.common.privacy.rng import production_rng
 
         rng = production_rng()
-    return InProcessRun(drops, signers, verifier, rng, stages)
+    if keyrings is not None and set(keyrings) != set(params.sites):
+        raise ValueError(f"keyrings are for {sorted(keyrings)}, the sites are {params.sites}")
+    return InProcessRun(drops, signers, verifier, rng, stages, keyrings)

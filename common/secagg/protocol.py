@@ -865,7 +865,7 @@ def run_in_process(
         raise ValueError(
             "a sparse round runs in dpmarket.common.secagg.sparse.run_sparse_in_process"
         )
-    run = prepare_run(params, sites, _DROP_STAGES, drop_at, signers, verifier, rng)
+    run = prepare_run(params, sites, _DROP_STAGES, drop_at, signers, verifier, rng, keyrings)
     timer = PhaseTimer()
 
     def alive(stage: str) -> list[str]:
@@ -874,15 +874,7 @@ def run_in_process(
 
     aggregator = SecAggAggregator(params)
     parties = {
-        name: SecAggSite(
-            name,
-            params,
-            signer=run.signers[name],
-            verifier=run.verifier,
-            random_bytes=random_bytes,
-            keyring=None if keyrings is None else keyrings[name],
-        )
-        for name in params.sites
+        name: SecAggSite(name, params, **run.site_args(name, random_bytes)) for name in params.sites
     }
 
     start = time.perf_counter()

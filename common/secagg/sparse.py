@@ -191,6 +191,7 @@ class SparseSecAggSite(SiteBase):
         self._mac_keys: dict[str, bytes] = {}
         self._acks: dict[str, bytes] = {}
         self._u3: tuple[str, ...] = ()
+        self._survivor_list = b""
 
     @property
     def graph(self) -> NeighbourGraph | None:
@@ -445,7 +446,7 @@ class SparseSecAggSite(SiteBase):
             peer: mac_tag(self._mac_keys[peer], attestation_message(survivor_list, self.site, peer))
             for peer in sorted((survivor_set & self._u2) - {self.site})
         }
-        self._u3 = u3
+        self._u3, self._survivor_list = u3, survivor_list
         self._stage = Stage.CHECKED
         return tags
 
@@ -514,7 +515,7 @@ class SparseSecAggSite(SiteBase):
                     f"attestations from sites that are not surviving neighbours: {strangers}"
                 )
             valid = 1
-            survivor_list = consistency_message(params, self._u3, self._seed)
+            survivor_list = self._survivor_list  # what this site attested
             for sender in sorted(attestations):
                 message = attestation_message(survivor_list, sender, self.site)
                 if not check_tag(self._mac_keys[sender], message, bytes(attestations[sender])):
@@ -897,7 +898,7 @@ def run_sparse_in_process(
         of range, or only one of ``signers`` and ``verifier`` is given.
     """
     _require_sparse(params)
-    run = prepare_run(params, sites, SPARSE_DROP_STAGES, drop_at, signers, verifier, rng)
+    run = prepare_run(params, sites, SPARSE_DROP_STAGES, drop_at, signers, verifier, rng, keyrings)
     timer = PhaseTimer()
 
     def alive(stage: str) -> list[str]:
@@ -905,14 +906,7 @@ def run_sparse_in_process(
 
     aggregator = SparseSecAggAggregator(params)
     parties = {
-        name: SparseSecAggSite(
-            name,
-            params,
-            signer=run.signers[name],
-            verifier=run.verifier,
-            random_bytes=random_bytes,
-            keyring=None if keyrings is None else keyrings[name],
-        )
+        name: SparseSecAggSite(name, params, **run.site_args(name, random_bytes))
         for name in params.sites
     }
 

@@ -211,7 +211,7 @@ def test_control_without_the_tag_check_the_substitution_reads_the_victims_input(
 
 # ---------------------------------------------------------- replay of a previous round's messages
 def replay() -> tuple[
-    Round, dict[str, dict[str, bytes]], X25519PrivateKey, KeyAdvertisement, Round
+    Round, dict[str, dict[str, bytes]], X25519PrivateKey, dict[str, KeyAdvertisement], Round
 ]:
     """Round 1 (a, b, c; t = 2): b is lost after sharing, so the curator legitimately rebuilds
     b's mask key from shares. Round 2 (a, b; the same sites and keyrings): the curator shows a
@@ -332,7 +332,7 @@ def test_bindings_are_verified_once_per_peer_and_key_and_rotation_binds_a_new_ke
             params,
             inputs,
             signers=sites.ids.signers,
-            verifier=sites.verifier,  # type: ignore[arg-type]
+            verifier=sites.verifier,
             keyrings=sites.keyrings,
             rng=np.random.default_rng(0),
         )
