@@ -487,10 +487,12 @@ class SiteRounds:
         certificates: Mapping[str, bytes],
         nonces: Mapping[str, bytes] | None = None,
     ) -> dict[str, bytes]:
-        """Round 1: check every advertisement's certificate and signature; share this site's
-        secrets. A certificate or signature that fails aborts the round at this site. Sparse
+        """Round 1: check every advertisement's certificate and its static key's binding (a
+        binding once per peer and key: the identity's keyring remembers it); share this site's
+        secrets. A certificate or binding that fails aborts the round at this site. Sparse
         rounds take the nonces instead (the advertisements came with :meth:`reveal`) and check
-        the neighbours' only."""
+        the neighbours' only. The round's keys of each advertisement are checked at
+        :meth:`masked`, against the tag that leads the sender's shares."""
         identity = self._require_identity()
         entry = self._round(job_id, round_id)
         with entry.lock:
