@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from numpy.typing import NDArray
 
 from dpmarket.common.cape.dpgd import accuracy, predict_proba
@@ -24,7 +25,12 @@ from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpe
 from dpmarket.common.cape.uncertainty import Estimate, training_estimates
 from dpmarket.common.errors import AbortedError, InvalidArgumentError
 from dpmarket.common.market.pricing import Quote
-from dpmarket.common.market.statement import decode_statement
+from dpmarket.common.market.statement import (
+    PublicKey,
+    StatementError,
+    decode_statement,
+    verify_statement,
+)
 from dpmarket.common.market.terms import NO_REWARD, RewardOffer
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
@@ -39,7 +45,7 @@ from dpmarket.consumer import convert
 from dpmarket.consumer.cape_report import CapeFitReport, CapeMeanReport, CapeTrainingReport
 from dpmarket.consumer.market import SettledStatement
 from dpmarket.runtime import cape_messages, sketch_messages
-from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.identity import Identity, certified_public_key
 from dpmarket.runtime.market import quote_from_proto
 from dpmarket.runtime.schemas import schema_to_proto
 from dpmarket.runtime.serving import CHANNEL_OPTIONS
@@ -112,6 +118,8 @@ class CuratorClient:
         self.target = target
         self.timeout = timeout
         expected = None if security.insecure else (curator or Identity("curator", "curator"))
+        self._ca_pem = security.ca_pem
+        self._curator = expected
         self._channel = connected_channel(
             target,
             security,
@@ -252,28 +260,71 @@ class CuratorClient:
         self, session_id: str | None = None, limit: int | None = None
     ) -> list[SettledStatement]:
         """The consumer's settlement statements, newest first (ListStatements); only
-        ``session_id``'s if given.
+        ``session_id``'s if given. Every statement's signature is checked first
+        (:meth:`_statement_key`, :func:`~dpmarket.common.market.statement.verify_statement`).
 
         Raises
         ------
-        InvalidArgumentError
-            If a statement the curator returns is not a canonical statement.
+        StatementError
+            (an ``InvalidArgumentError``) If a statement the curator returns is not a canonical
+            statement, or its signature does not verify with the key of the curator's
+            certificate (tampered, unsigned, signed by another key): the whole answer is refused.
         """
         request = curator_pb2.ListStatementsRequest(session_id=session_id or "", limit=limit or 0)
         try:
             response = self._stub.ListStatements(request, timeout=self.timeout)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc, f"curator at {self.target}") from None
-        return [
-            SettledStatement(
-                session_id=m.session_id,
-                settled_at=m.settled_at.ToNanoseconds() / 1e9,
-                statement=decode_statement(bytes(m.statement.statement)),
-                signature=bytes(m.statement.signature),
-                owners_recorded=int(m.owners_recorded),
+        if not response.statements:
+            return []
+        key = self._statement_key(bytes(response.curator_certificate))
+        settled = []
+        for m in response.statements:
+            statement = decode_statement(bytes(m.statement.statement))
+            signature = bytes(m.statement.signature)
+            verify_statement(statement, signature, key)
+            settled.append(
+                SettledStatement(
+                    session_id=m.session_id,
+                    settled_at=m.settled_at.ToNanoseconds() / 1e9,
+                    statement=statement,
+                    signature=signature,
+                    owners_recorded=int(m.owners_recorded),
+                )
             )
-            for m in response.statements
-        ]
+        return settled
+
+    def _statement_key(self, certificate: bytes) -> PublicKey:
+        """The key statements must be signed with: that of the curator's certificate, checked
+        against this consumer's CA and the curator identity its channel expects
+        (:func:`~dpmarket.runtime.identity.certified_public_key`).
+
+        Raises
+        ------
+        StatementError
+            With plaintext transport (no CA to check a certificate against), without a
+            certificate, or for one that fails a check or holds a key of another kind.
+        """
+        if self._ca_pem is None or self._curator is None:
+            raise StatementError(
+                "statements cannot be checked over a plaintext channel (no CA): connect to the "
+                "curator over mTLS to read them"
+            )
+        if not certificate:
+            raise StatementError(
+                f"the curator at {self.target} sent statements without its certificate: they "
+                "cannot be checked, refused"
+            )
+        try:
+            key = certified_public_key(certificate, self._ca_pem, self._curator)
+        except ValueError as exc:
+            raise StatementError(f"the curator's statements are refused: {exc}") from None
+        if not isinstance(key, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey):
+            raise StatementError(
+                f"the curator's certificate holds a {type(key).__name__}, not an EC or Ed25519 "
+                "key: its statements cannot be checked, refused"
+            )
+        return key
 
     def watch(self, session_id: str) -> Iterator[tuple[ProgressEvent, SessionReport | None]]:
         """Yield progress events until the session ends (WatchSession); the last one comes with

@@ -76,11 +76,16 @@ def request_digest(request: curator_pb2.CreateSessionRequest) -> str:
 
 
 class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
-    """Thin adapter over a :class:`SessionManager`."""
+    """Thin adapter over a :class:`SessionManager`; ``certificate`` is the curator's own (PEM,
+    whose key signs its statements: ListStatements hands it to the consumer; empty with
+    plaintext transport, where nothing is settled)."""
 
-    def __init__(self, manager: SessionManager, authorizer: Authorizer) -> None:
+    def __init__(
+        self, manager: SessionManager, authorizer: Authorizer, certificate: bytes = b""
+    ) -> None:
         self.manager = manager
         self.authorizer = authorizer
+        self.certificate = certificate
 
     @functools.cached_property
     def limits(self) -> ServiceLimits:
@@ -124,7 +129,8 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
             limit=int(request.limit) or None,
         )
         return curator_pb2.ListStatementsResponse(
-            statements=[convert.statement_to_proto(s) for s in stored]
+            statements=[convert.statement_to_proto(s) for s in stored],
+            curator_certificate=self.certificate,
         )
 
     @rpc("consumer")
@@ -214,7 +220,7 @@ async def serve_curator(
         owners, policy=policy, store=store, rate=manager.rate, call_timeout=call_timeout
     )
 
-    sessions = CuratorServicer(manager, authorizer)
+    sessions = CuratorServicer(manager, authorizer, security.cert_pem or b"")
     jobs = CapeServicer(cape, authorizer)
     catalog = None
     if sketches is not None:

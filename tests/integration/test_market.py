@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from dpmarket.common.market.money import epsilon_units, format_credits
 from dpmarket.common.market.pricing import OwnerPrices
-from dpmarket.common.market.statement import SettlementTerms, sign_statement
+from dpmarket.common.market.statement import SettlementTerms, StatementError, sign_statement
 from dpmarket.common.market.terms import (
     MarketTerms,
     RewardOffer,
@@ -406,6 +406,77 @@ def test_a_curator_killed_before_delivering_a_statement_delivers_it_after_restar
     _check_settled(market, settled)
     assert _earnings(market) == before  # delivered again, recorded once
     assert _statements_count(market) == statements
+
+
+def _stored_statement(
+    cluster: LocalCluster, sid: str, row: tuple[bytes, bytes] | None = None
+) -> Any:
+    """The stored ``(statement, signature)`` of a session; with ``row``, overwrite them first
+    (the store of a curator that lies: what it then serves)."""
+    conn = sqlite3.connect(cluster.curator_state / DATABASE_FILE)
+    try:
+        if row is not None:
+            with conn:
+                conn.execute(
+                    "UPDATE statements SET statement = ?, signature = ? WHERE session = ?",
+                    (*row, sid),
+                )
+        data, signature = conn.execute(
+            "SELECT statement, signature FROM statements WHERE session = ?", (sid,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return bytes(data), bytes(signature)
+
+
+def _statements_cli(cluster: LocalCluster, sid: str) -> Any:
+    return CliRunner().invoke(
+        main,
+        ["consumer", "statements", "--curator", cluster.curator_target,
+         "--pki-dir", str(cluster.pki_dir), "--name", "consumer", "--session", sid, "--json"],
+        terminal_width=200,
+    )  # fmt: skip
+
+
+def test_the_consumer_refuses_a_statement_its_curator_did_not_sign(
+    market: LocalCluster, digits: Scenario
+) -> None:
+    """The consumer checks every statement's signature with the key of the curator's
+    certificate (deployment CA, identity curator:<name>) before it shows it. A statement the
+    curator's store then serves tampered (one owner's reward raised, the signature kept), or
+    unsigned, is refused by the client API and by ``consumer statements`` with an error naming
+    the session; the genuine statement (the control, before and after) is shown."""
+    config = CandidatesConfig(summary_size=P)
+    seeds = np.zeros((0, digits.n_features))
+    with CuratorClient(market.curator_target, market.consumer_security()) as client:
+        sid = client.create_session(config, digits.validation, seeds, seed=14)
+        for _ in client.watch(sid):
+            pass
+        (genuine,) = client.statements(sid)  # the control: it verifies
+    ran = _statements_cli(market, sid)
+    assert ran.exit_code == 0, ran.output
+    assert json.loads(ran.stdout)["statements"][0]["total"] == genuine.statement.total
+    data, signature = _stored_statement(market, sid)
+    statement = genuine.statement
+    line = statement.lines[0]
+    raised = dataclasses.replace(line, reward=line.reward + 1)
+    tampered = dataclasses.replace(statement, lines=(raised, *statement.lines[1:])).encode()
+    try:
+        for row in ((tampered, signature), (data, b"")):
+            _stored_statement(market, sid, row)
+            with (
+                CuratorClient(market.curator_target, market.consumer_security()) as client,
+                pytest.raises(StatementError, match="does not carry a valid signature"),
+            ):
+                client.statements(sid)
+            refused = _statements_cli(market, sid)
+            assert refused.exit_code == 1
+            text = " ".join(refused.output.split())
+            assert f"the statement of session '{statement.header.session_id}'" in text
+            assert "refuse it" in text and "Traceback" not in text
+    finally:
+        _stored_statement(market, sid, (data, signature))
+    assert _statement_of(market, sid) == genuine  # the control again, once restored
 
 
 def _statement_count_pending(cluster: LocalCluster, sid: str) -> int:
