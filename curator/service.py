@@ -263,7 +263,9 @@ async def serve_curator(
     period = max(0.05, min(policy.fetched_result_ttl_seconds / 2, 30.0))
     reaper = asyncio.create_task(manager.expire_forever(period))
     # Sessions a restart interrupted: ask their owners what they charged (and free them there).
-    reconcile = asyncio.create_task(_logged(manager.reconcile(), "asking owners for records"))
+    # Then, while it serves, settlement left undone (an owner down when a session closed or
+    # when its statement was delivered) is retried in the background, with backoff.
+    reconcile = asyncio.create_task(_settlement(manager))
     try:
         await serve_until_signalled(server)
     finally:
@@ -273,6 +275,12 @@ async def serve_curator(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await manager.close()
+
+
+async def _settlement(manager: SessionManager) -> None:
+    """Reconcile what a restart interrupted, then retry unfinished settlement until cancelled."""
+    await _logged(manager.reconcile(), "asking owners for records")
+    await manager.settle_forever()
 
 
 async def _logged(work: Awaitable[object], what: str) -> None:

@@ -479,6 +479,76 @@ def test_the_consumer_refuses_a_statement_its_curator_did_not_sign(
     assert _statement_of(market, sid) == genuine  # the control again, once restored
 
 
+def _session_with_an_owner_down(cluster: LocalCluster, digits: Scenario, seed: int) -> str:
+    """A session whose first owner is killed (-9) once it charged its ledger (the candidate
+    shares are allocated from the owners' noisy counts) and before the session closes: the
+    curator cannot get its record, so it cannot settle yet. Returns the consumer's session id."""
+    config = CandidatesConfig(summary_size=P)
+    seeds = np.zeros((0, digits.n_features))
+    with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
+        sid = client.create_session(config, digits.validation, seeds, seed=seed)
+        for event, _ in client.watch(sid):
+            if event.message.startswith("candidate shares"):
+                cluster.kill_owner(0)
+    assert _statement_of(cluster, sid) is None, "settled before the owner was down"
+    return sid
+
+
+def _pending_records(cluster: LocalCluster, sid: str) -> list[str]:
+    """The owners whose record of the session the curator does not have."""
+    conn = sqlite3.connect(cluster.curator_state / DATABASE_FILE)
+    try:
+        rows = conn.execute(
+            "SELECT owner FROM owner_spend WHERE session = ? AND unknown != ''", (sid,)
+        ).fetchall()
+    finally:
+        conn.close()
+    return [str(r[0]) for r in rows]
+
+
+def test_an_owner_down_at_settlement_gets_its_statement_once_the_curator_still_running(
+    market: LocalCluster, digits: Scenario
+) -> None:
+    """An owner killed during a session (after it charged its ledger) is down when the
+    session closes: the curator has no record of it and settles nothing. Brought back on the
+    same address, it is asked for its record by the curator's background retry — no curator
+    restart — then the session is settled and every owner, this one included, records its
+    part exactly once; the earnings equal the statement. (Control: while the owner is down,
+    the retry does not settle or deliver anything.)"""
+    curator = market.curator_process
+    assert curator is not None
+    sid = _session_with_an_owner_down(market, digits, seed=15)
+    down = market.owner_ids[0]
+    assert _pending_records(market, sid) == [down]
+    time.sleep(2.0)  # retries against the dead owner
+    assert _statement_of(market, sid) is None and _pending_records(market, sid) == [down]
+    market.restart_owner(0)
+    settled = _settled_everywhere(market, sid)
+    assert curator.poll() is None and market.curator_process is curator  # never restarted
+    assert down in {line.owner for line in settled.statement.lines}
+    _check_settled(market, settled)
+    assert _pending_records(market, sid) == []
+
+
+@pytest.mark.slow
+def test_a_curator_killed_while_it_retries_a_settlement_loses_nothing_and_pays_once(
+    market: LocalCluster, digits: Scenario
+) -> None:
+    """As above, with the curator killed (-9) while it retries against the dead owner and
+    restarted before the owner is back: the restarted curator asks again, settles the session
+    once the owner answers, and every owner records its part exactly once; one statement."""
+    statements = _statements_count(market)
+    sid = _session_with_an_owner_down(market, digits, seed=16)
+    time.sleep(1.5)  # retries against the dead owner
+    market.kill_curator()
+    market.start_curator()
+    assert _statement_of(market, sid) is None
+    market.restart_owner(0)
+    settled = _settled_everywhere(market, sid)
+    _check_settled(market, settled)
+    assert _statements_count(market) == statements + 1
+
+
 def _statement_count_pending(cluster: LocalCluster, sid: str) -> int:
     conn = sqlite3.connect(cluster.curator_state / DATABASE_FILE)
     try:
