@@ -262,9 +262,7 @@ async def serve_curator(
         write_port(port_file, port)
     period = max(0.05, min(policy.fetched_result_ttl_seconds / 2, 30.0))
     reaper = asyncio.create_task(manager.expire_forever(period))
-    # Sessions a restart interrupted: ask their owners what they charged (and free them there).
-    # Then, while it serves, settlement left undone (an owner down when a session closed or
-    # when its statement was delivered) is retried in the background, with backoff.
+    # Ask for what a restart interrupted, then retry unfinished settlement (:func:`_settlement`).
     reconcile = asyncio.create_task(_settlement(manager))
     try:
         await serve_until_signalled(server)
