@@ -427,13 +427,16 @@ class CuratorClient:
         timeout: float = 600.0,
         schema: Schema | None = None,
         min_owners: int = 0,
+        max_cost: int | None = None,
     ) -> CapeFit:
         """Fit a model by capeFM across the curator's owners (FitCape).
 
         ``request_id`` defaults to a fresh random key (a retry never fits twice). With ``schema``
         (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
         that declare another before anything is charged. The job needs every owner unless
-        ``min_owners`` (not 0) says how many.
+        ``min_owners`` (not 0) says how many. ``max_cost``: the most it may cost, micro-credits
+        (None: no cap; a quote above it: ``FailedPreconditionError``, nothing charged); the
+        report's ``quote`` and ``cost`` say what it was quoted and what it cost.
 
         Raises
         ------
@@ -444,6 +447,7 @@ class CuratorClient:
             spec=cape_messages.spec_to_proto(spec),
             request_id=_key(request_id),
             min_owners=min_owners,
+            max_cost=max_cost,
         )
         response = self._cape_call("FitCape", request, seed, timeout, schema)
         return CapeFit(
@@ -461,13 +465,14 @@ class CuratorClient:
         timeout: float = 600.0,
         schema: Schema | None = None,
         min_owners: int = 0,
+        max_cost: int | None = None,
     ) -> CapeMean:
         """The mean vector of some columns across the curator's owners (EstimateCapeMean).
 
         ``request_id`` defaults to a fresh random key (a retry never spends twice). With ``schema``
         (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
         that declare another before anything is charged. The job needs every owner unless
-        ``min_owners`` (not 0) says how many.
+        ``min_owners`` (not 0) says how many. ``max_cost`` as :meth:`fit_cape`.
 
         Raises
         ------
@@ -478,6 +483,7 @@ class CuratorClient:
             spec=cape_messages.spec_to_proto(spec),
             request_id=_key(request_id),
             min_owners=min_owners,
+            max_cost=max_cost,
         )
         response = self._cape_call("EstimateCapeMean", request, seed, timeout, schema)
         mean = cape_messages.vector_from_proto(response.mean, "mean", len(spec.features))
@@ -494,6 +500,7 @@ class CuratorClient:
         schema: Schema | None = None,
         min_owners: int = 0,
         on_progress: Callable[[int, int], None] | None = None,
+        max_cost: int | None = None,
     ) -> CapeNetwork:
         """Train the 2-layer network by CAPE gradient descent across the curator's owners
         (TrainCape).
@@ -502,7 +509,7 @@ class CuratorClient:
         (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
         that declare another before anything is charged. ``on_progress(done, total)`` is called
         after every iteration, from the curator's WatchCapeJob stream (best effort: a lost
-        stream only stops the calls).
+        stream only stops the calls). ``max_cost`` as :meth:`fit_cape`.
 
         Raises
         ------
@@ -511,7 +518,10 @@ class CuratorClient:
         """
         key = _key(request_id)
         request = cape_pb2.TrainCapeRequest(
-            spec=cape_messages.training_to_proto(spec), request_id=key, min_owners=min_owners
+            spec=cape_messages.training_to_proto(spec),
+            request_id=key,
+            min_owners=min_owners,
+            max_cost=max_cost,
         )
         if on_progress is None:
             response = self._cape_call("TrainCape", request, seed, timeout, schema)

@@ -216,9 +216,7 @@ async def serve_curator(
         signing_key=signing_key(security),
     )
     authorizer = curator_authorizer(policy, security)
-    cape = CapeJobs(
-        owners, policy=policy, store=store, rate=manager.rate, call_timeout=call_timeout
-    )
+    cape = _cape_jobs(owners, manager, call_timeout)
 
     sessions = CuratorServicer(manager, authorizer, security.cert_pem or b"")
     jobs = CapeServicer(cape, authorizer)
@@ -273,6 +271,22 @@ async def serve_curator(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await manager.close()
+
+
+def _cape_jobs(
+    owners: Sequence[GrpcOwnerEndpoint], manager: SessionManager, call_timeout: float | None
+) -> CapeJobs:
+    """The CAPE jobs, under the sessions' policy, store, request rate and signing key; their
+    statements are delivered (and retried) as the sessions' are."""
+    return CapeJobs(
+        owners,
+        policy=manager.policy,
+        store=manager.store,
+        rate=manager.rate,
+        call_timeout=call_timeout,
+        signing_key=manager.signing_key,
+        deliver=manager.deliver_statements,
+    )
 
 
 async def _settlement(manager: SessionManager) -> None:

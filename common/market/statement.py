@@ -48,6 +48,7 @@ from dpmarket.common.market.payouts import (
 from dpmarket.common.market.pricing import Charge, OwnerPrices, Quote, owner_charge
 
 __all__ = [
+    "NO_SUMMARY",
     "REWARD_RULES",
     "OwnerRecord",
     "OwnerStatement",
@@ -572,9 +573,9 @@ class SettlementTerms:
     Attributes
     ----------
     summary_size : int
-        p.
+        p (0: a job that delivers no point, a CAPE job: :data:`NO_SUMMARY`).
     validation_size : int
-        m (the noise scale depends on it).
+        m (the noise scale depends on it; 0 for a CAPE job, which has no validation set).
     payout_epsilon : float
         The payout release's epsilon (0: no payout release).
     reward_rule : {"none", "value", "proportional"}
@@ -587,7 +588,8 @@ class SettlementTerms:
     Raises
     ------
     ValueError
-        If a value is out of range, or a payout epsilon comes without a rule or a rule without it.
+        If a value is out of range, a payout epsilon comes without a rule or a rule without it,
+        or a rule comes without a summary and a validation set.
     """
 
     summary_size: int
@@ -601,8 +603,13 @@ class SettlementTerms:
     def __post_init__(self) -> None:
         for name in ("summary_size", "validation_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if self.reward_rule != "none" and min(self.summary_size, self.validation_size) < 1:
+            raise ValueError(
+                f"a reward is split by the summary's value to a validation set: it needs p and m "
+                f">= 1, got p = {self.summary_size}, m = {self.validation_size}"
+            )
         if self.reward_rule not in REWARD_RULES:
             raise ValueError(f"reward_rule must be one of {REWARD_RULES}, got {self.reward_rule!r}")
         if (self.reward_rule == "none") != (self.payout_epsilon == 0):
@@ -646,6 +653,12 @@ class SettlementTerms:
             "point_mean": prior[0],
             "point_spread": prior[1],
         }
+
+
+#: The settlement of a job that delivers no point and has no validation set (a CAPE job): its
+#: statement states p = 0, no payout release, no reward; each owner is paid its price per unit
+#: epsilon and its minimum.
+NO_SUMMARY = SettlementTerms(summary_size=0, validation_size=0)
 
 
 @dataclass(frozen=True)
