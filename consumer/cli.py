@@ -765,6 +765,16 @@ def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., 
         click.option("--seed", default=None, type=click.IntRange(min=0), help="Reproducible runs."),
         click.option("--request-id", default=None, help="Idempotency key (default: random)."),
         click.option(
+            "--max-cost",
+            default=None,
+            type=CREDITS,
+            metavar="CREDITS",
+            help="The most the job may cost, in credits (e.g. 12.5). The curator quotes it from "
+            "every owner's prices (per unit of epsilon, and each owner's minimum) before any "
+            "owner opens it; a quote above this cap is refused and nothing is charged anywhere. "
+            "Default: no cap.",
+        ),
+        click.option(
             "--min-owners",
             default=None,
             type=click.IntRange(min=1),
@@ -836,6 +846,52 @@ def _ask_curator(
             return call(c)
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+class _Credits(click.ParamType):
+    """An amount of credits (a decimal string, six decimals at most), as micro-credits."""
+
+    name = "credits"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_credits(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+CREDITS = _Credits()
+
+
+def _job_options(
+    seed: int | None,
+    request_id: str | None,
+    schema: Any,
+    min_owners: int | None,
+    max_cost: int | None,
+) -> dict[str, Any]:
+    """The keyword arguments every CAPE call of :class:`CuratorClient` takes, from the options."""
+    return {
+        "seed": seed,
+        "request_id": request_id,
+        "schema": schema,
+        "min_owners": min_owners or 0,
+        "max_cost": max_cost,
+    }
+
+
+def _print_cost(report: CapeReport) -> None:
+    """``cost: X credits (quoted at most Y)`` under a CAPE job's output, when it was priced."""
+    if report.quoted is None:
+        return
+    cost = "not settled" if report.cost is None else f"{credits_text(report.cost)} credits"
+    console.print(
+        f"cost: {cost} (quoted at most {credits_text(report.quoted)}); the signed statement: "
+        "dpmarket consumer statements",
+        highlight=False,
+    )
 
 
 def _delta_text(report: CapeReport) -> str:
@@ -918,6 +974,7 @@ def _fit_command(task: str) -> Callable[..., None]:
         no_intercept: bool,
         seed: int | None,
         request_id: str | None,
+        max_cost: int | None,
         min_owners: int | None,
         out_path: str,
         as_json: bool,
@@ -946,14 +1003,8 @@ def _fit_command(task: str) -> Callable[..., None]:
         except ValueError as exc:
             raise click.BadParameter(str(exc)) from exc
         check_outputs(out_path)
-        fit = _ask_curator(
-            curator,
-            curator_name,
-            tls,
-            lambda c: c.fit_cape(
-                spec, seed=seed, request_id=request_id, schema=schema, min_owners=min_owners or 0
-            ),
-        )
+        options = _job_options(seed, request_id, schema, min_owners, max_cost)
+        fit = _ask_curator(curator, curator_name, tls, lambda c: c.fit_cape(spec, **options))
         estimates = fit.estimates
         model = {
             "task": task,
@@ -982,6 +1033,7 @@ def _fit_command(task: str) -> Callable[..., None]:
             f"owner ({epsilon}, {_delta_text(r)})-DP against the curator and "
             f"{r.colluders} colluder(s); model -> {out_path}"
         )
+        _print_cost(r)
 
     return command
 
@@ -1021,6 +1073,7 @@ def cape_mean_command(
     calibration: str,
     seed: int | None,
     request_id: str | None,
+    max_cost: int | None,
     min_owners: int | None,
     out_path: str,
     as_json: bool,
@@ -1040,7 +1093,7 @@ def cape_mean_command(
         curator_name,
         tls,
         lambda c: c.estimate_cape_mean(
-            spec, seed=seed, request_id=request_id, schema=schema, min_owners=min_owners or 0
+            spec, **_job_options(seed, request_id, schema, min_owners, max_cost)
         ),
     )
     estimates = estimate.estimates
@@ -1063,6 +1116,7 @@ def cape_mean_command(
         f"every owner ({epsilon}, {_delta_text(r)})-DP against the curator and "
         f"{r.colluders} colluder(s); estimate -> {out_path}"
     )
+    _print_cost(r)
 
 
 @_cape_command(
@@ -1102,6 +1156,7 @@ def cape_train_command(
     clip_norm: float,
     seed: int | None,
     request_id: str | None,
+    max_cost: int | None,
     min_owners: int | None,
     out_path: str,
     as_json: bool,
@@ -1149,11 +1204,8 @@ def cape_train_command(
             tls,
             lambda c: c.train_cape(
                 spec,
-                seed=seed,
-                request_id=request_id,
-                schema=schema,
                 on_progress=update,
-                min_owners=min_owners or 0,
+                **_job_options(seed, request_id, schema, min_owners, max_cost),
             ),
         )
         progress.update(task, completed=iterations)

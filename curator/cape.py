@@ -39,7 +39,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -62,6 +62,7 @@ from dpmarket.common.errors import (
     UnavailableError,
 )
 from dpmarket.common.ids import short_id
+from dpmarket.common.market.terms import MarketTerms
 from dpmarket.common.privacy.accounting import PrivacyEvent
 from dpmarket.common.privacy.ledger import (
     UNKNOWN_NOT_RETURNED,
@@ -276,6 +277,8 @@ class _CapeRun(Generic[SpecT, PlanT]):
         drawn or charged (the curator's service: every owner unless the consumer's
         ``min_owners`` says otherwise); None: any 2. Sites lost after the opening are left out as
         the protocol tolerates.
+    market : mapping of str to MarketTerms, optional
+        Each site's line of the job's quote, sent when it opens (a site without one: unquoted).
     """
 
     def __init__(
@@ -290,6 +293,7 @@ class _CapeRun(Generic[SpecT, PlanT]):
         on_charge: Callable[[Sequence[Charge]], None] | None = None,
         on_progress: Callable[[int, int], None] | None = None,
         min_sites: int | None = None,
+        market: Mapping[str, MarketTerms] | None = None,
     ) -> None:
         names = [e.name for e in endpoints]
         if len(set(names)) != len(names):
@@ -303,6 +307,7 @@ class _CapeRun(Generic[SpecT, PlanT]):
         self.on_charge = on_charge
         self.on_progress = on_progress
         self.min_sites = min_sites
+        self.market = dict(market or {})
         self.dropped: dict[str, str] = {}
         self.timings = _Timings()
         self._charged = False
@@ -371,8 +376,9 @@ class _CapeRun(Generic[SpecT, PlanT]):
 
         async def open_one(site: _Site) -> OpenedJob:
             site.opened = True
+            name = site.endpoint.name
             return await site.endpoint.open_job(
-                self.job_id, self.spec, seeds[site.endpoint.name], self.consumer
+                self.job_id, self.spec, seeds[name], self.consumer, market=self.market.get(name)
             )
 
         opened = await self._each(sorted(self.sites), open_one, "open", refusals=True)

@@ -24,6 +24,8 @@ from dpmarket.common.cape.agreement import SizeAttestation
 from dpmarket.common.cape.endpoints import OpenedJob
 from dpmarket.common.cape.spec import AnyCapeSpec
 from dpmarket.common.errors import DPMarketError, FailedPreconditionError, UnavailableError
+from dpmarket.common.market.pricing import OwnerPrices
+from dpmarket.common.market.terms import MarketTerms
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.schema import Schema
 from dpmarket.common.secagg.endpoints import MaskedInput, SurvivorAttestation
@@ -37,6 +39,7 @@ from dpmarket.curator.summarization.state import PROGRESS_GRACE, stage_deadline
 from dpmarket.runtime import cape_messages as msg
 from dpmarket.runtime.arrays import array_to_proto
 from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.market import market_terms_to_proto
 from dpmarket.runtime.serving import CHANNEL_OPTIONS
 from dpmarket.runtime.status import error_from_rpc
 from dpmarket.runtime.terms import terms_to_proto
@@ -290,6 +293,10 @@ class GrpcOwnerEndpoint:
     async def schema(self) -> Schema | None:
         """The owner's public schema (GetOwnerInfo's)."""
         return (await self.info()).schema
+
+    async def prices(self) -> OwnerPrices:
+        """The owner's published prices (GetOwnerInfo's): what a CAPE job is quoted from."""
+        return (await self.info()).prices
 
     async def open_session(
         self,
@@ -629,10 +636,21 @@ class GrpcOwnerEndpoint:
         return msg.unmask_from_proto(response)
 
     # ----------------------------------------------------------------------- CAPE (site)
-    async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> OpenedJob:
+    async def open_job(
+        self,
+        job_id: str,
+        spec: AnyCapeSpec,
+        seed: int,
+        consumer: str,
+        market: MarketTerms | None = None,
+    ) -> OpenedJob:
         """OpenCapeJob (the owner scans its table: allow the open-session deadline)."""
         request = cape_pb2.OpenCapeJobRequest(
-            job_id=job_id, consumer=consumer, seed=seed, ledger_receipt=self._held_receipt()
+            job_id=job_id,
+            consumer=consumer,
+            seed=seed,
+            ledger_receipt=self._held_receipt(),
+            market=None if market is None else market_terms_to_proto(market),
         )
         msg.job_to_proto(request, spec)
         response = await self._call(

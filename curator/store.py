@@ -405,13 +405,16 @@ class CuratorStore:
         return out
 
     def unrecorded_owner_sessions(self) -> list[tuple[str, str, str]]:
-        """``(session, owner, owner_session)`` of every owner whose record of a session a
-        restart interrupted (:meth:`recover`): what a restarted curator asks the owners for."""
+        """``(session, owner, owner_session)`` of every owner whose record of a finished session
+        is unknown (a restart interrupted the session, :meth:`recover`, or the owner could not
+        be reached when it closed): what the curator asks the owners for, at a restart and in
+        the background, until it has every record its settlement needs."""
         with self._lock, snapshot(self._conn) as conn:
             rows = conn.execute(
-                "SELECT session, owner, owner_session FROM owner_spend WHERE unknown = ? "
-                "ORDER BY session, owner",
-                (UNKNOWN_RESTARTED,),
+                "SELECT o.session, o.owner, o.owner_session FROM owner_spend o "
+                "JOIN sessions s ON s.id = o.session "
+                "WHERE o.unknown IS NOT NULL AND o.unknown != '' AND s.status != 'running' "
+                "ORDER BY o.session, o.owner"
             ).fetchall()
         return [(str(a), str(b), str(c)) for a, b, c in rows]
 

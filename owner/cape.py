@@ -73,10 +73,12 @@ from dpmarket.common.errors import (
     on_private_data,
 )
 from dpmarket.common.ids import short_id
+from dpmarket.common.market.terms import MarketTerms, check_quote
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.secagg.protocol import RoundParams
+from dpmarket.owner.earnings import Earnings
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.partitioned import PartitionedTable, mean_statistic
 from dpmarket.owner.policy import DEFAULT_MIN_COLLUDERS
@@ -241,16 +243,29 @@ class CapeSite:
             return spec.scaled(x, y)
 
     def open(
-        self, job_id: str, spec: AnyCapeSpec, seed: int, *, curator: str, consumer: str
+        self,
+        job_id: str,
+        spec: AnyCapeSpec,
+        seed: int,
+        *,
+        curator: str,
+        consumer: str,
+        market: MarketTerms | None = None,
     ) -> int:
         """Check a new job against the table and the policy; return this owner's row count.
+
+        With a ledger, the job's quote is checked too: ``market`` (this owner's line) must pay
+        at least the owner's own prices at the job's epsilon (``spec.cost``) and its minimum
+        (:func:`~dpmarket.common.market.terms.check_quote`); once the job is open, the terms are
+        recorded durably for its statement (:meth:`dpmarket.owner.earnings.Earnings.accept`).
 
         Raises
         ------
         FailedPreconditionError
             If this owner holds no table, the spec's ``S_C`` (when the consumer set it) is below
             this owner's floor (the message names the floor), or its ledger refuses the terms
-            (for gradient descent, the whole training's total).
+            (for gradient descent, the whole training's total); or (``QuoteRefusedError``) the
+            owner has prices and ``market`` is None or quotes less than they give.
         InvalidArgumentError
             If a column is missing, or a logistic regression's or a training's target is not a
             column this owner declared 0/1 (values outside the bounds are clamped, never
@@ -289,6 +304,7 @@ class CapeSite:
                 delta=delta,
                 points=0,
             )
+            check_quote(self.ledger.policy.prices, market, epsilon, owner=self.name)
         self.expire_idle()
         if self.allow_seeded_sessions:
             rng = np.random.default_rng(seed)
@@ -304,6 +320,11 @@ class CapeSite:
                     f"this owner runs at most {self.max_jobs} jobs at once; retry later"
                 )
             self._jobs[job_id] = job
+        if self.ledger is not None and market is not None:  # what its statement is checked against
+            prices = self.ledger.policy.prices
+            Earnings(self.ledger, self.name).accept(
+                curator=curator, session=job_id, consumer=consumer, market=market, prices=prices
+            )
         return rows
 
     def _check_plan_inputs(
