@@ -50,7 +50,6 @@ ALLOWED_BEING_REWRITTEN = {
 ALLOWED_TO_SPLIT = {
     "curator/owners.py:GrpcOwnerEndpoint",
     "curator/store.py:CuratorStore",
-    "owner/sketches.py:SketchPublisher.publish",
     "curator/cape.py:CapeTrainingJob._run",
     "curator/cape_service.py:CapeJobs._fit",
     "curator/cli.py:serve_curator",
