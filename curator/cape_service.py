@@ -17,7 +17,7 @@ import functools
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -319,6 +319,21 @@ class CapeJobs:
             return None
         return digest, _failure(*failure)
 
+    def _admit(self, consumer: str) -> None:
+        """Refuse a job over ``consumer``'s rate or over the curator's running jobs.
+
+        Raises
+        ------
+        ResourceExhaustedError
+            When the consumer's rate limit or the policy's ``max_running`` is reached.
+        """
+        self.rate.check(consumer)
+        if self._running >= self.policy.max_running:
+            raise ResourceExhaustedError(
+                f"this curator runs at most {self.policy.max_running} CAPE jobs at once; "
+                "retry later"
+            )
+
     async def _fit(
         self,
         spec: AnyCapeSpec,
@@ -328,12 +343,7 @@ class CapeJobs:
         digest: str,
         min_owners: int = 0,
     ) -> dict[str, Any]:
-        self.rate.check(consumer)
-        if self._running >= self.policy.max_running:
-            raise ResourceExhaustedError(
-                f"this curator runs at most {self.policy.max_running} CAPE jobs at once; "
-                "retry later"
-            )
+        self._admit(consumer)
         job_id = new_session_id()
         store = self.store
         charged = False
@@ -383,29 +393,14 @@ class CapeJobs:
                 raise
             logger.warning("CAPE job %s failed: %s", short_id(job_id), exc)
             if store is not None:
-                spend = {n: dataclasses.asdict(s) for n, s in job.owner_spend.items()}
-                failed = {"owner_spend": spend, "error_type": type(exc).__name__}
-                store.fail_document(job_id, str(exc), failed, ttl=ttl)
-                if not charged and request_id is not None:
-                    store.forget_request(job_id)
+                forget = not charged and request_id is not None
+                _record_failure(store, job_id, job.owner_spend, exc, ttl=ttl, forget_request=forget)
             if not charged:
                 raise _Refused(exc) from exc
             raise
         finally:
             self._running -= 1
-        report = {
-            **result.report,
-            "owner_spend": {n: dataclasses.asdict(s) for n, s in job.owner_spend.items()},
-        }
-        document: dict[str, Any] = {"report": report}
-        if isinstance(result, CapeResult):
-            document["weights"] = result.weights.tolist()
-            document["intercept"] = result.intercept
-        elif isinstance(result, CapeMeanEstimate):
-            document["mean"] = result.mean.tolist()
-        else:
-            assert isinstance(result, CapeTrainingResult)
-            document["parameters"] = result.parameters.tolist()
+        document = _result_document(result, job.owner_spend)
         if store is not None:
             store.finish_document(job_id, document, ttl=ttl)
         progress.finished = True
@@ -418,6 +413,45 @@ class CapeJobs:
             len(result.report["sites"]),
         )
         return document
+
+
+def _result_document(
+    result: CapeResult | CapeMeanEstimate | CapeTrainingResult, owner_spend: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A finished job's stored document: its report (with what each owner spent) and its
+    estimate (``weights`` and ``intercept``, ``mean`` or ``parameters``, as lists)."""
+    report = {
+        **result.report,
+        "owner_spend": {n: dataclasses.asdict(s) for n, s in owner_spend.items()},
+    }
+    document: dict[str, Any] = {"report": report}
+    if isinstance(result, CapeResult):
+        document["weights"] = result.weights.tolist()
+        document["intercept"] = result.intercept
+    elif isinstance(result, CapeMeanEstimate):
+        document["mean"] = result.mean.tolist()
+    else:
+        assert isinstance(result, CapeTrainingResult)
+        document["parameters"] = result.parameters.tolist()
+    return document
+
+
+def _record_failure(
+    store: CuratorStore,
+    job_id: str,
+    owner_spend: Mapping[str, Any],
+    exc: BaseException,
+    *,
+    ttl: float,
+    forget_request: bool,
+) -> None:
+    """Store a failed job's error and what each owner spent; forget its idempotency key when
+    nothing was charged (a retry under the same key runs afresh)."""
+    spend = {n: dataclasses.asdict(s) for n, s in owner_spend.items()}
+    failed = {"owner_spend": spend, "error_type": type(exc).__name__}
+    store.fail_document(job_id, str(exc), failed, ttl=ttl)
+    if forget_request:
+        store.forget_request(job_id)
 
 
 def request_digest(request: Any) -> str:

@@ -50,8 +50,6 @@ ALLOWED_BEING_REWRITTEN = {
 ALLOWED_TO_SPLIT = {
     "curator/owners.py:GrpcOwnerEndpoint",
     "curator/store.py:CuratorStore",
-    "curator/cape.py:CapeTrainingJob._run",
-    "curator/cape_service.py:CapeJobs._fit",
     "curator/cli.py:serve_curator",
     "consumer/cli.py:request",
     "consumer/cli.py:cape_train_command",
