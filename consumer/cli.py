@@ -11,6 +11,7 @@ consumer's process. :func:`protocol_options` and the input helpers are shared wi
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -81,6 +82,7 @@ if TYPE_CHECKING:
     from dpmarket.common.cape.uncertainty import Estimate, Flag
     from dpmarket.consumer.cape_report import CapeReport
     from dpmarket.consumer.catalogue import Ranking
+    from dpmarket.consumer.client import CuratorClient
 
 logger = logging.getLogger("dpmarket")
 
@@ -532,7 +534,6 @@ def request(
 ) -> None:
     """Ask a running curator (over mTLS) for a summary matching a validation set."""
     from dpmarket.consumer.client import CuratorClient
-    from dpmarket.consumer.market import quote_json, quote_line, quote_table
 
     check_method_options(click.get_current_context(), method)
     security = security_from_options(
@@ -545,77 +546,18 @@ def request(
         raise click.BadParameter(str(exc), param_hint="--exclude-owner") from exc
     schema = read_schema(schema_path)
     inputs = read_inputs(validation_path, seed_set_path, test_path, schema)
-    offer = NO_REWARD
-    if reward is not None:
-        try:
-            offer = RewardOffer(reward_rule, parse_credits(reward), payout_epsilon)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--reward") from exc
-    cap = None
-    if max_cost is not None:
-        try:
-            cap = parse_credits(max_cost)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--max-cost") from exc
+    offer, cap = _market_terms(reward, reward_rule, payout_epsilon, max_cost)
     try:
         curator_identity = Identity("curator", curator_name)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--curator-name") from exc
+    ask = _Ask(config, inputs, schema, seed, selection, cap, offer)
+    connect = functools.partial(CuratorClient, curator, security, curator=curator_identity)
     if quote_only:
-        try:
-            with CuratorClient(curator, security, curator=curator_identity) as client:
-                quoted = client.quote_session(
-                    config,
-                    inputs.validation.features,
-                    inputs.seed_set,
-                    seed=seed,
-                    selection=selection,
-                    schema=schema,
-                    feature_names=() if schema is not None else inputs.validation.columns,
-                    max_cost=cap,
-                    reward=offer,
-                )
-        except DPMarketError as exc:
-            raise click.ClickException(str(exc)) from exc
-        if as_json:
-            print_json(quote_json(quoted))
-        else:
-            Console().print(quote_table(quoted, wide=wide))
+        _print_quote(connect, ask, as_json=as_json, wide=wide)
         return
     check_outputs(out_path, report_path, *([] if plot_path is None else [plot_path]))
-    progress, update = progress_printer(method)
-    created: list[str] = []
-
-    def on_created(session_id: str) -> None:
-        created.append(session_id)
-        console.print(f"session {session_id} created", highlight=False)
-
-    try:
-        with CuratorClient(curator, security, curator=curator_identity) as client, progress:
-            result = client.summarize(
-                config,
-                inputs.validation.features,
-                inputs.seed_set,
-                seed=seed,
-                on_progress=update,
-                request_id=request_id,
-                selection=selection,
-                schema=schema,
-                feature_names=() if schema is not None else inputs.validation.columns,
-                max_cost=cap,
-                reward=offer,
-                on_quote=lambda q: progress.console.print(quote_line(q), highlight=False),
-                on_created=on_created,
-            )
-    except SessionFailedError as exc:
-        if data_dir is not None:
-            _record_failure(data_dir, exc, config)
-        _failed(exc, config, report_path)
-    except DPMarketError as exc:
-        # After the session was created (the curator lost, say): name it, so that its report
-        # can be asked for (the curator's `sessions`, the console) once the curator is back.
-        where = f" (session {created[0]})" if created else ""
-        raise click.ClickException(f"{exc}{where}") from exc
+    result = _summarize(connect, ask, method, request_id, data_dir, report_path)
     document = finish(
         result,
         inputs,
@@ -628,19 +570,144 @@ def request(
         plot_path=plot_path,
     )
     if data_dir is not None:
-        from dpmarket.consumer.history import SessionHistory
+        _record_done(data_dir, config, document, out_path)
 
-        try:
-            SessionHistory(data_dir).record(
-                status="done",
-                source="request",
-                method=config.method,
-                summary_size=config.summary_size,
-                result=document["result"],
-                summary_path=str(Path(out_path).resolve()),
+
+@dataclass(frozen=True)
+class _Ask:
+    """What ``request`` asks the curator, the same for its quote and for its session."""
+
+    config: SummarizationConfig
+    inputs: Inputs
+    schema: Schema | None
+    seed: int | None
+    selection: OwnerSelection
+    max_cost: int | None
+    reward: RewardOffer
+
+    def data(self) -> tuple[SummarizationConfig, NDArray[np.float64], NDArray[np.float64]]:
+        """The configuration, validation features and seed set (positional arguments of
+        :meth:`~dpmarket.consumer.client.CuratorClient.quote_session` and ``summarize``)."""
+        return self.config, self.inputs.validation.features, self.inputs.seed_set
+
+    def terms(self) -> dict[str, Any]:
+        """Their keyword arguments shared by the quote and the session: seed, owner selection,
+        schema (or the validation set's column names without one), cost cap and reward."""
+        return {
+            "seed": self.seed,
+            "selection": self.selection,
+            "schema": self.schema,
+            "feature_names": () if self.schema is not None else self.inputs.validation.columns,
+            "max_cost": self.max_cost,
+            "reward": self.reward,
+        }
+
+
+def _print_quote(
+    connect: Callable[[], CuratorClient], ask: _Ask, *, as_json: bool, wide: bool
+) -> None:
+    """Ask the curator what ``ask`` would cost (QuoteSession: nothing released or charged) and
+    print the quote, as JSON or a table; :class:`click.ClickException` on the curator's refusal."""
+    from dpmarket.consumer.market import quote_json, quote_table
+
+    try:
+        with connect() as client:
+            quoted = client.quote_session(*ask.data(), **ask.terms())
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        print_json(quote_json(quoted))
+    else:
+        Console().print(quote_table(quoted, wide=wide))
+
+
+def _summarize(
+    connect: Callable[[], CuratorClient],
+    ask: _Ask,
+    method: str,
+    request_id: str | None,
+    data_dir: str | None,
+    report_path: str,
+) -> SummaryResult:
+    """Run ``ask``'s session to its summary, printing its quote, id and progress (as
+    ``--method``'s progress printer shows it).
+
+    Raises
+    ------
+    click.ClickException
+        If the session failed (its report, with what it spent, written to ``report_path`` and
+        recorded in ``data_dir``'s history), or the curator refused or was lost (naming the
+        session when it was created, so that its report can be asked for later).
+    """
+    from dpmarket.consumer.market import quote_line
+
+    config = ask.config
+    progress, update = progress_printer(method)
+    created: list[str] = []
+
+    def on_created(session_id: str) -> None:
+        created.append(session_id)
+        console.print(f"session {session_id} created", highlight=False)
+
+    try:
+        with connect() as client, progress:
+            result = client.summarize(
+                *ask.data(),
+                **ask.terms(),
+                on_progress=update,
+                request_id=request_id,
+                on_quote=lambda q: progress.console.print(quote_line(q), highlight=False),
+                on_created=on_created,
             )
-        except OSError as exc:
-            console.print(f"[yellow]not recorded in {data_dir}: {exc}", highlight=False)
+    except SessionFailedError as exc:
+        if data_dir is not None:
+            _record_failure(data_dir, exc, config)
+        _failed(exc, config, report_path)
+    except DPMarketError as exc:
+        # After the session was created (the curator lost, say): name it, so that its report
+        # can be asked for (the curator's `sessions`, the console) once the curator is back.
+        where = f" (session {created[0]})" if created else ""
+        raise click.ClickException(f"{exc}{where}") from exc
+    return result
+
+
+def _market_terms(
+    reward: str | None, reward_rule: str, payout_epsilon: float, max_cost: str | None
+) -> tuple[RewardOffer, int | None]:
+    """``--reward`` (with its rule and payout epsilon) and ``--max-cost`` as a reward offer and
+    a cap in micro-credits (``None``: no cap); :class:`click.BadParameter` naming the option."""
+    offer = NO_REWARD
+    if reward is not None:
+        try:
+            offer = RewardOffer(reward_rule, parse_credits(reward), payout_epsilon)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--reward") from exc
+    cap = None
+    if max_cost is not None:
+        try:
+            cap = parse_credits(max_cost)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--max-cost") from exc
+    return offer, cap
+
+
+def _record_done(
+    data_dir: str, config: SummarizationConfig, document: dict[str, Any], out_path: str
+) -> None:
+    """Record a finished request in the consumer's history (best effort: a warning on error)."""
+    from dpmarket.consumer.history import SessionHistory
+
+    try:
+        SessionHistory(data_dir).record(
+            status="done",
+            source="request",
+            method=config.method,
+            summary_size=config.summary_size,
+            result=document["result"],
+            summary_path=str(Path(out_path).resolve()),
+        )
+    except OSError as exc:
+        console.print(f"[yellow]not recorded in {data_dir}: {exc}", highlight=False)
 
 
 def _record_failure(data_dir: str, exc: SessionFailedError, config: SummarizationConfig) -> None:
