@@ -79,10 +79,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from rich.progress import Progress
+
     from dpmarket.common.cape.uncertainty import Estimate, Flag
     from dpmarket.consumer.cape_report import CapeReport
-    from dpmarket.consumer.catalogue import Ranking
-    from dpmarket.consumer.client import CuratorClient
+    from dpmarket.consumer.catalogue import Exploration, Ranking
+    from dpmarket.consumer.client import CapeNetwork, CuratorClient
+    from dpmarket.consumer.explore import Query
 
 logger = logging.getLogger("dpmarket")
 
@@ -533,6 +536,7 @@ def request(
     **kwargs: Any,
 ) -> None:
     """Ask a running curator (over mTLS) for a summary matching a validation set."""
+
     from dpmarket.consumer.client import CuratorClient
 
     check_method_options(click.get_current_context(), method)
@@ -547,12 +551,10 @@ def request(
     schema = read_schema(schema_path)
     inputs = read_inputs(validation_path, seed_set_path, test_path, schema)
     offer, cap = _market_terms(reward, reward_rule, payout_epsilon, max_cost)
-    try:
-        curator_identity = Identity("curator", curator_name)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--curator-name") from exc
     ask = _Ask(config, inputs, schema, seed, selection, cap, offer)
-    connect = functools.partial(CuratorClient, curator, security, curator=curator_identity)
+    connect = functools.partial(
+        CuratorClient, curator, security, curator=curator_identity(curator_name)
+    )
     if quote_only:
         _print_quote(connect, ask, as_json=as_json, wide=wide)
         return
@@ -895,6 +897,7 @@ def _ask_curator(
     curator: str, curator_name: str, tls: dict[str, Any], call: Callable[[Any], Any]
 ) -> Any:
     """Call the curator as a consumer; a refusal becomes a ClickException."""
+
     from dpmarket.consumer.client import CuratorClient
 
     security = security_from_options("consumer", **tls)
@@ -1174,8 +1177,6 @@ def cape_train_command(
     as_json: bool,
     **tls: Any,
 ) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     from dpmarket.common.cape.spec import CapeTrainingSpec
 
     schema = read_schema(bounds_path, "--bounds")
@@ -1195,20 +1196,7 @@ def cape_train_command(
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     check_outputs(out_path)
-    progress = Progress(
-        "[bold]train",
-        BarColumn(),
-        MofNCompleteColumn(),
-        "iterations",
-        TimeElapsedColumn(),
-        console=console,
-        disable=not console.is_terminal,
-    )
-    task = progress.add_task("train", total=iterations)
-
-    def update(done: int, total: int) -> None:
-        progress.update(task, completed=done, total=total)
-
+    progress, update = _iterations_progress(iterations)
     with progress:
         network = _ask_curator(
             curator,
@@ -1223,24 +1211,8 @@ def cape_train_command(
                 min_owners=min_owners or 0,
             ),
         )
-        progress.update(task, completed=iterations)
-    document = {
-        "task": "train",
-        "features": [{"column": c, "low": lo, "high": hi} for c, lo, hi in spec.features],
-        "target": target,
-        "hidden_units": hidden_units,
-        "network": "sigmoid(w2 . relu(W1 x + b1) + b2), x = 2 (raw - low) / (high - low) - 1",
-        "parameters": {
-            "W1": network.parameters[: hidden_units * spec.dim]
-            .reshape(hidden_units, spec.dim)
-            .tolist(),
-            "b1": network.parameters[hidden_units * spec.dim : -hidden_units - 1].tolist(),
-            "w2": network.parameters[-hidden_units - 1 : -1].tolist(),
-            "b2": float(network.parameters[-1]),
-        },
-        "estimates": [e.to_json() for e in network.estimates],
-        "report": network.report.to_json(estimates=False),
-    }
+        update(iterations, iterations)
+    document = _network_document(network)
     write_json(document, out_path)
     if as_json:
         print_json(document)
@@ -1254,8 +1226,54 @@ def cape_train_command(
     )
 
 
+def _iterations_progress(iterations: int) -> tuple[Progress, Callable[[int, int], None]]:
+    """A progress bar over a training's ``iterations`` (shown on a terminal only) and the
+    callback that advances it: ``update(done, total)``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    progress = Progress(
+        "[bold]train",
+        BarColumn(),
+        MofNCompleteColumn(),
+        "iterations",
+        TimeElapsedColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    )
+    task = progress.add_task("train", total=iterations)
+
+    def update(done: int, total: int) -> None:
+        progress.update(task, completed=done, total=total)
+
+    return progress, update
+
+
+def _network_document(network: CapeNetwork) -> dict[str, Any]:
+    """The trained network as ``cape train`` writes it: its features' bounds, its parameters
+    by layer (``W1`` of shape ``(H, D)``, ``b1`` ``(H,)``, ``w2`` ``(H,)``, ``b2``), its
+    estimates and its report."""
+    spec = network.spec
+    hidden, theta = spec.hidden, network.parameters
+    return {
+        "task": "train",
+        "features": [{"column": c, "low": lo, "high": hi} for c, lo, hi in spec.features],
+        "target": spec.target,
+        "hidden_units": hidden,
+        "network": "sigmoid(w2 . relu(W1 x + b1) + b2), x = 2 (raw - low) / (high - low) - 1",
+        "parameters": {
+            "W1": theta[: hidden * spec.dim].reshape(hidden, spec.dim).tolist(),
+            "b1": theta[hidden * spec.dim : -hidden - 1].tolist(),
+            "w2": theta[-hidden - 1 : -1].tolist(),
+            "b2": float(theta[-1]),
+        },
+        "estimates": [e.to_json() for e in network.estimates],
+        "report": network.report.to_json(estimates=False),
+    }
+
+
 # -------------------------------------------------------------------------- sketches
 def _client(curator: str, curator_name: str, tls: dict[str, Any]) -> Any:
+
     from dpmarket.consumer.client import CuratorClient
 
     security = security_from_options("consumer", **tls)
@@ -1485,21 +1503,10 @@ def explore_command(
 
     from dpmarket.consumer import model_store
     from dpmarket.consumer.catalogue import ExploreOptions, SpecChoiceError, explore
-    from dpmarket.consumer.explore import Query, parse_where
 
     if bool(owners) == all_owners:
         raise click.UsageError("give --owner NAME (repeat for a union) or --all")
-    try:
-        q = Query(
-            query,
-            columns=columns,
-            points=points,
-            where=tuple(parse_where(w) for w in where),
-            target=target,
-            rows=rows,
-        )
-    except InvalidArgumentError as exc:
-        raise click.UsageError(str(exc)) from exc
+    q = _explore_query(query, columns, points, where, target, rows)
     if out_path is not None:
         check_outputs(out_path)
     options = ExploreOptions(
@@ -1527,18 +1534,47 @@ def explore_command(
         raise click.UsageError(str(exc)) from exc
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    entries, answer = found.entries, found.answer
-    who = (
-        entries[0].owner if len(entries) == 1 else f"union of {', '.join(e.owner for e in entries)}"
-    )
     report = found.to_json(f"{curator_name}@{curator}")
-    reason, n_hat = found.reason, found.n_hat
     write_output(report, out_path)
     if as_json:
         print_json(report)
         return
-    _print_answer(answer, f"{query} of {who} ({answer.source}, n ≈ {n_hat:.0f})")
-    console.print(f"answered from {reason}")
+    _print_explored(found, query, q.kind)
+
+
+def _explore_query(
+    query: str,
+    columns: tuple[str, ...],
+    points: tuple[float, ...],
+    where: tuple[str, ...],
+    target: str,
+    rows: int,
+) -> Query:
+    """``explore``'s question from its options (:class:`click.UsageError` when malformed)."""
+    from dpmarket.consumer.explore import Query, parse_where
+
+    try:
+        return Query(
+            query,
+            columns=columns,
+            points=points,
+            where=tuple(parse_where(w) for w in where),
+            target=target,
+            rows=rows,
+        )
+    except InvalidArgumentError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def _print_explored(found: Exploration, query: str, kind: str) -> None:
+    """An explored answer as text: its table (whose owners, which sketch), where it was
+    answered from, the count behind it and, for synthetic records, how many."""
+    entries, answer = found.entries, found.answer
+    who = (
+        entries[0].owner if len(entries) == 1 else f"union of {', '.join(e.owner for e in entries)}"
+    )
+    _print_answer(answer, f"{query} of {who} ({answer.source}, n ≈ {found.n_hat:.0f})")
+    console.print(f"answered from {found.reason}")
     if "count" in answer.extra:
         interval = answer.extra.get("count_interval")
         console.print(
@@ -1546,7 +1582,7 @@ def explore_command(
             + (f", 95 % interval [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else "")
             + f" of n ≈ {answer.extra['n']:.0f}"
         )
-    if q.kind == "synthetic":
+    if kind == "synthetic":
         console.print(f"{len(answer.extra['records'])} synthetic records (--out writes them)")
 
 

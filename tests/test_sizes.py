@@ -50,8 +50,6 @@ ALLOWED_BEING_REWRITTEN = {
 ALLOWED_TO_SPLIT = {
     "curator/owners.py:GrpcOwnerEndpoint",
     "curator/store.py:CuratorStore",
-    "consumer/cli.py:cape_train_command",
-    "consumer/cli.py:explore_command",
 }
 ALLOWED = ALLOWED_BEING_REWRITTEN | ALLOWED_TO_SPLIT
 
