@@ -45,12 +45,7 @@ ALLOWED_BEING_REWRITTEN = {
     "owner/protocol.py:Owner.open_session",
     "consumer/explore.py:Explorer._bounded",
 }
-#: Issue 26, still to split: GrpcOwnerEndpoint's methods over three services, the curator's store,
-#: and the long functions of the CLI commands and of the CAPE jobs.
-ALLOWED_TO_SPLIT = {
-    "curator/store.py:CuratorStore",
-}
-ALLOWED = ALLOWED_BEING_REWRITTEN | ALLOWED_TO_SPLIT
+ALLOWED = ALLOWED_BEING_REWRITTEN
 
 
 @dataclass(frozen=True)
