@@ -419,10 +419,6 @@ class _CapeRun(Generic[SpecT, PlanT]):
         plan = plan_for(self.spec, sizes, colluders, first_iteration)
         return plan  # type: ignore[return-value]
 
-    @staticmethod
-    def _round_length(plan: PlanT) -> int:
-        return plan.round_length if isinstance(plan, CapeTrainingPlan) else plan.size
-
     async def _noise_round(
         self, alive: list[str], first_iteration: int = 0, colluders: int | None = None
     ) -> _Round[PlanT] | list[str]:
@@ -465,7 +461,7 @@ class _CapeRun(Generic[SpecT, PlanT]):
         params = noise_round_params(
             alive,
             sc,
-            self._round_length(plan),
+            plan.round_length,
             FixedPoint(CLIP_SIGMAS * scale, RESOLUTION_BITS, len(alive)),
         )
         t0 = time.perf_counter()

@@ -54,11 +54,11 @@ from dpmarket.common.cape.privacy import (
     theorem1_delta_from_loss,
 )
 from dpmarket.common.cape.zero_sum import (
+    UniformNoisePlan,
     cape_average,
     cape_release,
     conv_release,
     draw_noise_share,
-    partial_average_variance,
     secure_aggregation_input,
     sum_noise_shares,
     zero_sum_correction,
@@ -445,8 +445,13 @@ def training_loss_sigma(epsilon: float, delta: float, iterations: int) -> tuple[
 
 
 @dataclass(frozen=True)
-class CapeTrainingPlan:
+class CapeTrainingPlan(UniformNoisePlan):
     """Public parameters of CAPE gradient descent from one iteration on (one noise round).
+
+    The shape of every CAPE plan (:class:`~dpmarket.common.cape.zero_sum.CapePlan`), with one
+    noise scale per site (:class:`~dpmarket.common.cape.zero_sum.UniformNoisePlan`, whose
+    ``aggregator_std`` is here the std of one iteration's averaged gradient); its noise round
+    covers every iteration from ``first_iteration`` on (:attr:`round_length`).
 
     Each iteration ``t`` every site releases its clipped-gradient average (L2 sensitivity
     ``Delta_s = 2 C / N_s``, :func:`site_gradient`) plus ``e_s,t + g_s,t`` with ``e_hat_s,t ~
@@ -495,22 +500,8 @@ class CapeTrainingPlan:
     clip: float
     iterations: int
     first_iteration: int
-    sizes: tuple[int, ...]
-    weights: NDArray[np.float64]
-    weighted: bool
-    colluders: int
-    epsilon: float
     epsilon_requested: float
-    delta: float
     loss_sigma: float
-    site_scales: tuple[float, ...]
-    delta_exact: float
-    delta_theorem1: float | None
-
-    @property
-    def sites(self) -> int:
-        """``S``."""
-        return len(self.sizes)
 
     @property
     def size(self) -> int:
@@ -532,16 +523,10 @@ class CapeTrainingPlan:
         """Standard deviation of the whole training's privacy loss: ``r sqrt(T)``."""
         return self.loss_sigma * math.sqrt(self.iterations)
 
-    def entry_scales(self, site: int) -> NDArray[np.float64]:
-        """Shape (P,): ``tau_s`` of ``site`` on every parameter."""
-        return np.full(self.size, self.site_scales[site])
-
-    def aggregator_std(self, released: Sequence[int] | None = None) -> float:
-        """Noise std per coordinate of one iteration's averaged gradient: ``sqrt(sum_s w_s^2
-        tau_s^2 / S)``, or the larger one of :func:`dpmarket.common.cape.zero_sum.
-        partial_average_variance` when only the sites ``released`` (indices) are averaged."""
-        kept = range(self.sites) if released is None else released
-        return math.sqrt(float(partial_average_variance(self.weights, self.site_scales, kept)))
+    def noise_share(self, site: int, noise: NoiseSource) -> NDArray[np.float64]:
+        """:func:`training_noise_share`: shape ``(T - first_iteration, P)``, a row per
+        iteration the plan covers."""
+        return training_noise_share(self, site, noise)
 
     def baseline_stds(self) -> dict[str, float]:
         """Noise std per coordinate of one iteration's gradient for the baselines at the same
