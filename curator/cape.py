@@ -425,10 +425,6 @@ class _CapeRun(Generic[SpecT, PlanT]):
         plan = plan_for(self.spec, sizes, colluders, first_iteration)
         return plan  # type: ignore[return-value]
 
-    @staticmethod
-    def _round_length(plan: PlanT) -> int:
-        return plan.round_length if isinstance(plan, CapeTrainingPlan) else plan.size
-
     async def _noise_round(
         self, alive: list[str], first_iteration: int = 0, colluders: int | None = None
     ) -> _Round[PlanT] | list[str]:
@@ -471,7 +467,7 @@ class _CapeRun(Generic[SpecT, PlanT]):
         params = noise_round_params(
             alive,
             sc,
-            self._round_length(plan),
+            plan.round_length,
             FixedPoint(CLIP_SIGMAS * scale, RESOLUTION_BITS, len(alive)),
         )
         t0 = time.perf_counter()
@@ -800,7 +796,24 @@ class CapeTrainingJob(_CapeRun[CapeTrainingSpec, CapeTrainingPlan]):
                     alive = [alive[j] for j in released]
                     break
         assert first_plan is not None
-        report = {
+        report = self._report(first_plan, segments, lost_at, rounds, stds, start)
+        return CapeTrainingResult(theta, report)
+
+    def _report(
+        self,
+        plan: CapeTrainingPlan,
+        segments: list[dict[str, Any]],
+        lost_at: dict[str, int],
+        rounds: int,
+        stds: list[float],
+        start: float,
+    ) -> dict[str, Any]:
+        """The training's report: its privacy figures from its first ``plan`` (every later plan
+        keeps its colluders and per-iteration budget), one segment per noise round that released,
+        the iteration at which each lost site stopped, the std of each iteration's noise and the
+        timings since ``start`` (``time.perf_counter()``)."""
+        spec = self.spec
+        return {
             "task": "train",
             "sites": segments[0]["sites"],
             "sizes": {n: s.size for n, s in self.sites.items() if s.size},
@@ -812,20 +825,19 @@ class CapeTrainingJob(_CapeRun[CapeTrainingSpec, CapeTrainingPlan]):
             "dim": spec.dim,
             "hidden_units": spec.hidden,
             "parameters": spec.n_params,
-            "epsilon": first_plan.epsilon,
+            "epsilon": plan.epsilon,
             "epsilon_requested": spec.epsilon,
             "delta_target": spec.delta,
-            "delta_exact": first_plan.delta_exact,
-            "delta_theorem1": first_plan.delta_theorem1,
-            "colluders": first_plan.colluders,
-            "default_colluders": default_colluders(first_plan.sites),
-            "loss_sigma_per_iteration": first_plan.loss_sigma,
-            "sigma_z": first_plan.sigma_z,
+            "delta_exact": plan.delta_exact,
+            "delta_theorem1": plan.delta_theorem1,
+            "colluders": plan.colluders,
+            "default_colluders": default_colluders(plan.sites),
+            "loss_sigma_per_iteration": plan.loss_sigma,
+            "sigma_z": plan.sigma_z,
             "noise_std_per_iteration": stds,
-            "baseline_noise_std": first_plan.baseline_stds(),
+            "baseline_noise_std": plan.baseline_stds(),
             "seconds": {**self.timings.seconds, "total": time.perf_counter() - start},
         }
-        return CapeTrainingResult(theta, report)
 
 
 def _attested_rows(answer: tuple[SizeAttestation, bytes], name: str) -> int:

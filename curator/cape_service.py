@@ -346,6 +346,21 @@ class CapeJobs:
             return None
         return digest, _failure(*failure)
 
+    def _admit(self, consumer: str) -> None:
+        """Refuse a job over ``consumer``'s rate or over the curator's running jobs.
+
+        Raises
+        ------
+        ResourceExhaustedError
+            When the consumer's rate limit or the policy's ``max_running`` is reached.
+        """
+        self.rate.check(consumer)
+        if self._running >= self.policy.max_running:
+            raise ResourceExhaustedError(
+                f"this curator runs at most {self.policy.max_running} CAPE jobs at once; "
+                "retry later"
+            )
+
     async def _fit(
         self,
         spec: AnyCapeSpec,
@@ -356,12 +371,7 @@ class CapeJobs:
         min_owners: int = 0,
         max_cost: int | None = None,
     ) -> dict[str, Any]:
-        self.rate.check(consumer)
-        if self._running >= self.policy.max_running:
-            raise ResourceExhaustedError(
-                f"this curator runs at most {self.policy.max_running} CAPE jobs at once; "
-                "retry later"
-            )
+        self._admit(consumer)
         try:
             quoted, prices = await self._quote(spec, max_cost)
         except DPMarketError as exc:  # refused before anything: nothing kept under its key
@@ -377,14 +387,7 @@ class CapeJobs:
             charged = True
 
         if store is not None:
-            store.create(
-                job_id,
-                consumer=consumer,
-                request_id=request_id,
-                request_digest=digest,
-                method=f"cape-{spec.task}",
-                config=dataclasses.asdict(spec),
-            )
+            _record_start(store, job_id, spec, consumer, request_id, digest)
         progress = self._progress_for(
             consumer, request_id, spec.iterations if isinstance(spec, CapeTrainingSpec) else 1
         )
@@ -419,41 +422,23 @@ class CapeJobs:
             if charged:  # the owners are paid for what they released
                 self._settle(market, job.owner_spend)
             if store is not None:
-                spend = {n: dataclasses.asdict(s) for n, s in job.owner_spend.items()}
-                failed = {"owner_spend": spend, "error_type": type(exc).__name__}
-                store.fail_document(job_id, str(exc), failed, ttl=ttl)
-                if not charged and request_id is not None:
-                    store.forget_request(job_id)
+                forget = not charged and request_id is not None
+                _record_failure(store, job_id, job.owner_spend, exc, ttl=ttl, forget_request=forget)
             if not charged:
                 raise _Refused(exc) from exc
             raise
         finally:
             self._running -= 1
-        report = {
-            **result.report,
-            "owner_spend": {n: dataclasses.asdict(s) for n, s in job.owner_spend.items()},
-            "quote": quote_to_json(quoted),
-            "cost": self._settle(market, job.owner_spend),
-        }
-        document: dict[str, Any] = {"report": report}
-        if isinstance(result, CapeResult):
-            document["weights"] = result.weights.tolist()
-            document["intercept"] = result.intercept
-        elif isinstance(result, CapeMeanEstimate):
-            document["mean"] = result.mean.tolist()
-        else:
-            assert isinstance(result, CapeTrainingResult)
-            document["parameters"] = result.parameters.tolist()
+        document = _result_document(result, job.owner_spend)
+        document["report"]["quote"] = quote_to_json(quoted)
+        document["report"]["cost"] = self._settle(market, job.owner_spend)
         if store is not None:
             store.finish_document(job_id, document, ttl=ttl)
         progress.finished = True
         await _notify(progress.changed)
+        sites = len(result.report["sites"])
         logger.info(
-            "CAPE job %s for %s: %s over %d sites",
-            short_id(job_id),
-            consumer,
-            spec.task,
-            len(result.report["sites"]),
+            "CAPE job %s for %s: %s over %d sites", short_id(job_id), consumer, spec.task, sites
         )
         return document
 
@@ -508,6 +493,65 @@ class CapeJobs:
             self._deliveries.add(task)
             task.add_done_callback(self._deliveries.discard)
         return settled.statement.total
+
+
+def _record_start(
+    store: CuratorStore,
+    job_id: str,
+    spec: AnyCapeSpec,
+    consumer: str,
+    request_id: str | None,
+    digest: str,
+) -> None:
+    """Record a job as running in the store, under the consumer's request id and digest (what
+    a repeated request is matched against), with its spec as the session's config."""
+    store.create(
+        job_id,
+        consumer=consumer,
+        request_id=request_id,
+        request_digest=digest,
+        method=f"cape-{spec.task}",
+        config=dataclasses.asdict(spec),
+    )
+
+
+def _result_document(
+    result: CapeResult | CapeMeanEstimate | CapeTrainingResult, owner_spend: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A finished job's stored document: its report (with what each owner spent) and its
+    estimate (``weights`` and ``intercept``, ``mean`` or ``parameters``, as lists)."""
+    report = {
+        **result.report,
+        "owner_spend": {n: dataclasses.asdict(s) for n, s in owner_spend.items()},
+    }
+    document: dict[str, Any] = {"report": report}
+    if isinstance(result, CapeResult):
+        document["weights"] = result.weights.tolist()
+        document["intercept"] = result.intercept
+    elif isinstance(result, CapeMeanEstimate):
+        document["mean"] = result.mean.tolist()
+    else:
+        assert isinstance(result, CapeTrainingResult)
+        document["parameters"] = result.parameters.tolist()
+    return document
+
+
+def _record_failure(
+    store: CuratorStore,
+    job_id: str,
+    owner_spend: Mapping[str, Any],
+    exc: BaseException,
+    *,
+    ttl: float,
+    forget_request: bool,
+) -> None:
+    """Store a failed job's error and what each owner spent; forget its idempotency key when
+    nothing was charged (a retry under the same key runs afresh)."""
+    spend = {n: dataclasses.asdict(s) for n, s in owner_spend.items()}
+    failed = {"owner_spend": spend, "error_type": type(exc).__name__}
+    store.fail_document(job_id, str(exc), failed, ttl=ttl)
+    if forget_request:
+        store.forget_request(job_id)
 
 
 def request_digest(request: Any) -> str:

@@ -42,7 +42,7 @@ from dpmarket.common.summarization.summary import (
     ProgressEvent,
     SessionReport,
     SessionRequest,
-    Stage,
+    SessionStage,
     SummaryResult,
 )
 from dpmarket.curator.owners import wait_for_owners
@@ -167,13 +167,13 @@ class SessionManager:
         """Sessions running now (created and not finished)."""
         return sum(1 for m in self._sessions.values() if not m.finished)
 
-    def stages(self) -> dict[Stage, int]:
+    def stages(self) -> dict[SessionStage, int]:
         """How many of the sessions this manager holds (running, or finished and not yet
         expired) are at each stage (``setup`` before the first progress event)."""
-        counts: dict[Stage, int] = {}
+        counts: dict[SessionStage, int] = {}
         for managed in list(self._sessions.values()):
             last = managed.final or (managed.events[-1] if managed.events else None)
-            stage: Stage = "setup" if last is None else last.stage
+            stage: SessionStage = "setup" if last is None else last.stage
             counts[stage] = counts.get(stage, 0) + 1
         return counts
 
@@ -509,7 +509,7 @@ class SessionManager:
             task.add_done_callback(self._deliveries.discard)
         final = managed.final
         if final is None:  # pragma: no cover - the session always emits its last event
-            stage: Stage = "failed" if managed.error is not None else "done"
+            stage: SessionStage = "failed" if managed.error is not None else "done"
             final = ProgressEvent(stage, session.rounds_done, 1, session.points_accessed, "")
         managed.events.append(final)
         managed.session = None  # free the validation set, features and owner handles
@@ -750,7 +750,7 @@ class SessionManager:
             stored = self._stored(session_id, consumer)
             if stored.report is None:
                 raise NotFoundError(f"session {short_id(session_id)} has expired")
-            stage: Stage = "done" if stored.status == "done" else "failed"
+            stage: SessionStage = "done" if stored.status == "done" else "failed"
             size = stored.report.summary_size
             event = ProgressEvent(
                 stage,

@@ -57,10 +57,9 @@ from dpmarket.common.cape.capefm import (
     CapeFMPlan,
     secure_aggregation_input,
     site_coefficients,
-    site_noise_share,
     site_release,
 )
-from dpmarket.common.cape.dpgd import CapeTrainingPlan, site_gradient, training_noise_share
+from dpmarket.common.cape.dpgd import CapeTrainingPlan, site_gradient
 from dpmarket.common.cape.mean import CapeMeanPlan, site_mean
 from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from dpmarket.common.errors import (
@@ -520,8 +519,7 @@ class CapeSite:
         plan = job.plan
         if plan is None or (job.released and not job.training):
             raise FailedPreconditionError("the job is not planned, or released already")
-        length = plan.round_length if isinstance(plan, CapeTrainingPlan) else plan.size
-        if tuple(params.sites) != job.sites or params.vector_length != length:
+        if tuple(params.sites) != job.sites or params.vector_length != plan.round_length:
             raise FailedPreconditionError(
                 "the round's sites or vector length differ from the job's plan"
             )
@@ -560,10 +558,7 @@ class CapeSite:
                     f"this site drew its noise for round {params.round_id.hex()[:8]}… already: a "
                     "round takes one draw"
                 )
-            if isinstance(plan, CapeTrainingPlan):
-                e_hat = training_noise_share(plan, job.index, job.noise)
-            else:
-                e_hat = site_noise_share(plan, job.index, job.noise)
+            e_hat = plan.noise_share(job.index, job.noise)
             job.draws[params.round_id] = e_hat
             return secure_aggregation_input(plan, job.index, e_hat.ravel())
 
