@@ -74,8 +74,8 @@ __all__ = [
     "SHARE_PAIR_BYTES",
     "AggregatorBase",
     "PhaseTimer",
+    "RoundStage",
     "SiteBase",
-    "Stage",
     "advertisement_message",
     "advertisement_tag_message",
     "check_stage",
@@ -101,7 +101,7 @@ _ADVERTISE_LABEL = b"dpmarket/secagg/v1/advertise"
 _ADV_TAG_LABEL = b"dpmarket/secagg/v2/advertisement-tag"
 
 
-class Stage(enum.Enum):
+class RoundStage(enum.Enum):
     """Where a site or an aggregator is in the round."""
 
     NEW = "new"
@@ -209,7 +209,7 @@ def randbelow_from(random_bytes: RandomBytes) -> Callable[[int], int]:
     return randbelow
 
 
-def check_stage(actual: Stage, expected: Stage, what: str) -> None:
+def check_stage(actual: RoundStage, expected: RoundStage, what: str) -> None:
     """Raise :class:`FailedPreconditionError` unless a party is at ``expected`` for ``what``."""
     if actual is not expected:
         raise FailedPreconditionError(
@@ -282,7 +282,7 @@ class SiteBase:
         self._random_bytes = random_bytes
         self._keyring = keyring
         self._static: StaticKey = keyring.current
-        self._stage = Stage.NEW
+        self._stage = RoundStage.NEW
         self._s_private: X25519PrivateKey | None = None
         self._self_mask_seed: bytes | None = None
         # This site's advertisement as it made it: (static key, mask key, commitment).
@@ -295,7 +295,7 @@ class SiteBase:
         self._u2: frozenset[str] = frozenset()
 
     @property
-    def stage(self) -> Stage:
+    def stage(self) -> RoundStage:
         return self._stage
 
     def abort(self, reason: str) -> SecAggError:
@@ -307,7 +307,7 @@ class SiteBase:
         return self._abort(SecAggError(reason))
 
     def _abort(self, exc: SecAggError) -> SecAggError:
-        self._stage = Stage.ABORTED
+        self._stage = RoundStage.ABORTED
         self._s_private = None
         self._self_mask_seed = None
         self._round_keys.clear()
@@ -513,7 +513,7 @@ class SiteBase:
         Bonawitz et al. (CCS 2017), Figure 4, Round 2 (MaskedInputCollection); Bell et al. (CCS
         2020), the masks of SecAgg+; CAPE paper, Section 3.2 (the ``map`` to ``Z_lambda``).
         """
-        check_stage(self._stage, Stage.SHARED, "masked_input")
+        check_stage(self._stage, RoundStage.SHARED, "masked_input")
         values = check_vector(vector, self.params.vector_length)
         quantized = quantize(values, self.params.fixed_point, rng)
         try:
@@ -541,7 +541,7 @@ class SiteBase:
         self._self_mask_seed = None
         self._s_private = None
         self._round_keys.clear()
-        self._stage = Stage.MASKED
+        self._stage = RoundStage.MASKED
         return masked
 
 
@@ -558,17 +558,17 @@ class AggregatorBase:
 
     def __init__(self, params: RoundParams) -> None:
         self.params = params
-        self._stage = Stage.NEW
+        self._stage = RoundStage.NEW
         self._u3: tuple[str, ...] = ()
         self._dropped: tuple[str, ...] = ()
         self._total: NDArray[np.uint64] | None = None
 
     @property
-    def stage(self) -> Stage:
+    def stage(self) -> RoundStage:
         return self._stage
 
     def _fail(self, message: str) -> SecAggError:
-        self._stage = Stage.ABORTED
+        self._stage = RoundStage.ABORTED
         return SecAggError(message)
 
     def _checked_input(self, name: str, vector: ArrayLike) -> NDArray[np.uint64]:
@@ -634,7 +634,7 @@ class AggregatorBase:
         except ValueError as exc:
             raise self._fail(f"unmasking did not give a valid sum: {exc}") from None
         self._total = None
-        self._stage = Stage.DONE
+        self._stage = RoundStage.DONE
         return result
 
 

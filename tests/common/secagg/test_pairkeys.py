@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 
 from dpmarket.common.secagg import FixedPoint, RoundParams, SecAggError, shamir
 from dpmarket.common.secagg import base as secagg_base
-from dpmarket.common.secagg.base import ADV_TAG_BYTES, MASK_KEY_LABEL, Stage, pair_info
+from dpmarket.common.secagg.base import ADV_TAG_BYTES, MASK_KEY_LABEL, RoundStage, pair_info
 from dpmarket.common.secagg.crypto import (
     KEY_BYTES,
     EcdsaVerifier,
@@ -187,7 +187,7 @@ def test_a_substituted_mask_key_is_refused_before_the_victim_masks(colluder: boo
     victim = r.sites["a"]
     with pytest.raises(SecAggError, match="'b' this site was shown is not the one 'b' made"):
         victim.masked_input(routed["a"], r.inputs["a"], np.random.default_rng(0))
-    assert victim.stage is Stage.ABORTED
+    assert victim.stage is RoundStage.ABORTED
 
 
 @pytest.mark.parametrize("colluder", [False, True], ids=["substituted", "colluder-forged-tag"])
@@ -248,7 +248,7 @@ def test_an_advertisement_replayed_from_a_previous_round_is_refused() -> None:
     victim = r.sites["a"]
     with pytest.raises(SecAggError, match="'b' this site was shown is not the one 'b' made"):
         victim.masked_input(routed["a"], r.inputs["a"], np.random.default_rng(0))
-    assert victim.stage is Stage.ABORTED
+    assert victim.stage is RoundStage.ABORTED
 
 
 def test_control_without_the_tag_check_the_replay_reads_the_victims_input(
@@ -276,7 +276,7 @@ def test_share_ciphertexts_and_tags_replayed_from_a_previous_round_are_refused()
         second.sites["a"].masked_input(
             {"b": old_routed["a"]["b"]}, second.inputs["a"], np.random.default_rng(0)
         )
-    assert second.sites["a"].stage is Stage.ABORTED
+    assert second.sites["a"].stage is RoundStage.ABORTED
     first.sites["a"].masked_input(old_routed["a"], first.inputs["a"], np.random.default_rng(0))
     assert routed["a"]["b"] != old_routed["a"]["b"]
 
@@ -308,11 +308,11 @@ def test_a_substituted_neighbour_key_is_refused_in_a_sparse_round(
         if not control:
             with pytest.raises(SecAggError, match=f"'{neighbour}' this site was shown"):
                 site.masked_input(routed[victim], s.inputs[victim], s.rng)
-            assert site.stage is Stage.ABORTED
+            assert site.stage is RoundStage.ABORTED
         else:
             site.masked_input(routed[victim], s.inputs[victim], s.rng)
             assert site._s_public(neighbour) == public_key_bytes(curator_s)
-            assert site.stage is Stage.MASKED
+            assert site.stage is RoundStage.MASKED
 
 
 # ------------------------------------------------------------------------ once per keyring
