@@ -152,6 +152,17 @@ class StaticKey:
     signature binding it to the site's identity, and the pair keys derived from it.
 
     Made by :class:`PairKeyring`; a round holds the generation it advertised.
+
+    Parameters
+    ----------
+    site : str
+        The site's id.
+    deployment : bytes
+        As :class:`PairKeyring`'s.
+    signer : Signer
+        Signs :func:`binding_message` once, now, with the site's identity key.
+    random_bytes : callable
+        Source of the 32 bytes of the private key.
     """
 
     def __init__(self, site: str, deployment: bytes, signer: Signer, random_bytes: RandomBytes):
