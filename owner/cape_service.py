@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 MAX_SITES = 1024
 #: Bytes one site may add to a message: its name, two public keys, a signature and its PEM
 #: certificate (an advertisement: 1.3 KiB measured, P-256, a 63-character name), a graph nonce, a
-#: ciphertext of its shares and two pair tags (2.4 KiB in all; tests/runtime/test_admission.py).
+#: message of its shares (200 bytes: the advertisement tag and the ciphertext) and two pair tags
+#: (2.4 KiB in all; tests/runtime/test_admission.py).
 SITE_BYTES = 4 << 10
 #: Hidden units of a CAPE training the owner's messages are sized for: the curator's default
 #: policy's bound (``train_hidden_units``).
