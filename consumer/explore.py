@@ -69,6 +69,7 @@ from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.feature_maps import HISTMap
 from dpmarket.common.sketches.intervals import (
     DEFAULT_REPLICATES,
+    Bounded,
     count_estimate,
     release_totals,
 )
@@ -653,6 +654,22 @@ def _bounded_flags(
     return values, lo, hi, tuple(flags)
 
 
+def _guess_flags(
+    flags: Sequence[tuple[Flag, ...]], stated: Sequence[tuple[str, str]]
+) -> tuple[tuple[Flag, ...], ...]:
+    """``flags`` with ``model-guess`` on the value added where the basis is ``bounds``: there
+    the value inside the bounds is the independence guess, while its interval holds whatever
+    the joint (so it still covers)."""
+    guess = _flag(
+        "model-guess",
+        "the independence guess: one histogram per column does not hold these columns "
+        "together; the interval is bounds that hold whatever the joint",
+    )
+    return tuple(
+        (guess, *f) if b == "bounds" else f for f, (b, _) in zip(flags, stated, strict=True)
+    )
+
+
 def m2m_target(query: Query, domain: Domain) -> tasks.Target | None:
     """The target function of a query M2M answers linearly, or ``None`` (covariance, logreg)."""
     if query.kind in ("mean", "moment2"):
@@ -900,58 +917,18 @@ class Explorer:
     ) -> Answer:
         """Means, moments, CDFs, counts, covariances: bias-bounded intervals (:meth:`answer`)."""
         domain = self.domain
-        fmap = self.spec.feature_map
         rng = np.random.default_rng([self.seed, 4])
         reps = (replicates or DEFAULT_REPLICATES) if errors else 2
         labels = _labels(query, domain)
         idx = _columns(query, domain) if query.kind != "count" else np.zeros(0, dtype=np.int64)
         extra: dict[str, Any] = {}
-        if isinstance(fmap, HISTMap):
-            predicates: dict[int, tuple[float, float]] = {}
-            if query.kind == "count":
-                lower, upper = _bounds(query, domain)
-                for j in np.flatnonzero(np.isfinite(lower[0]) | np.isfinite(upper[0])):
-                    predicates[int(j)] = (float(lower[0, j]), float(upper[0, j]))
-            bounded = hist_bounded(
-                query.kind,
-                fmap,
-                domain,
-                sketch,
-                rng,
-                columns=idx,
-                thresholds=_thresholds(query, domain, idx) if query.kind == "cdf" else None,
-                predicates=predicates,
-                replicates=reps,
-            )
+        if isinstance(self.spec.feature_map, HISTMap):
+            bounded, n_columns = self._hist(query, sketch, rng, idx, reps)
             source = f"{self.spec.name} (histogram)"
-            n_columns = len(predicates) if query.kind == "count" else idx.size
         else:
-            if query.kind == "covariance":
-                bounded, lam = m2m_bounded(
-                    "covariance",
-                    self.design,
-                    sketch,
-                    rng,
-                    columns=idx,
-                    lambda_rule=self.lambda_rule,
-                    replicates=reps,
-                )
-            else:
-                target = m2m_target(query, domain)
-                assert target is not None
-                values = np.asarray(target(self.design.points), dtype=np.float64)
-                bounded, lam = m2m_bounded(
-                    "linear",
-                    self.design,
-                    sketch,
-                    rng,
-                    values=values.reshape(values.shape[0], -1),
-                    lambda_rule=self.lambda_rule,
-                    replicates=reps,
-                )
+            bounded, lam = self._m2m(query, sketch, rng, idx, reps)
             extra["lambda"] = lam.tolist()
-            source = f"{self.spec.name} (M2M)"
-            n_columns = idx.size
+            source, n_columns = f"{self.spec.name} (M2M)", idx.size
         n_hat, n_var = count_estimate(sketch, *release_totals(sketch))
         n = float(n_hat[0])
         k = len(labels)
@@ -964,24 +941,7 @@ class Explorer:
             values, flags = _clip(query, domain, bounded.value)
             low = high = np.zeros(0)
             se, bias = np.full(k, np.nan), np.full(k, np.nan)
-        if query.kind == "covariance":
-            rows, cols = np.triu_indices(idx.size)
-            stated = [
-                interval_basis(self.spec.kind, "covariance", 1 if a == b else 2)
-                for a, b in zip(rows, cols, strict=True)
-            ]
-        else:
-            stated = [interval_basis(self.spec.kind, query.kind, n_columns)] * k
-        # Where the bounds hold whatever the joint, the value inside them is the independence
-        # guess: flagged on the value (its interval still covers).
-        guess = _flag(
-            "model-guess",
-            "the independence guess: one histogram per column does not hold these columns "
-            "together; the interval is bounds that hold whatever the joint",
-        )
-        flags = tuple(
-            (guess, *f) if b == "bounds" else f for f, (b, _) in zip(flags, stated, strict=True)
-        )
+        stated = self._stated(query, idx, n_columns, k)
         if query.kind == "count":
             extra.update(count=float(values[0]) * n, n=n, count_standard_error=float(se[0]) * n)
             if errors:
@@ -993,7 +953,7 @@ class Explorer:
             extra,
             errors=se,
             columns=_value_columns(query, domain),
-            flags=flags,
+            flags=_guess_flags(flags, stated),
             raw=bounded.value,
             source=source,
             low=low,
@@ -1002,6 +962,83 @@ class Explorer:
             basis=tuple(b for b, _ in stated) if errors else (),
             covers=tuple(c for _, c in stated) if errors else (),
         )
+
+    def _hist(
+        self,
+        query: Query,
+        sketch: SketchLike,
+        rng: np.random.Generator,
+        idx: NDArray[np.int64],
+        reps: int,
+    ) -> tuple[Bounded, int]:
+        """A histogram's bounded answer (:func:`dpmarket.consumer.intervals.hist_bounded`) and
+        the number of columns the value is about (a count's predicated columns)."""
+        domain = self.domain
+        fmap = self.spec.feature_map
+        assert isinstance(fmap, HISTMap)
+        predicates: dict[int, tuple[float, float]] = {}
+        if query.kind == "count":
+            lower, upper = _bounds(query, domain)
+            for j in np.flatnonzero(np.isfinite(lower[0]) | np.isfinite(upper[0])):
+                predicates[int(j)] = (float(lower[0, j]), float(upper[0, j]))
+        bounded = hist_bounded(
+            query.kind,
+            fmap,
+            domain,
+            sketch,
+            rng,
+            columns=idx,
+            thresholds=_thresholds(query, domain, idx) if query.kind == "cdf" else None,
+            predicates=predicates,
+            replicates=reps,
+        )
+        return bounded, len(predicates) if query.kind == "count" else idx.size
+
+    def _m2m(
+        self,
+        query: Query,
+        sketch: SketchLike,
+        rng: np.random.Generator,
+        idx: NDArray[np.int64],
+        reps: int,
+    ) -> tuple[Bounded, NDArray[np.float64]]:
+        """An RFF or RACE sketch's bounded answer by M2M
+        (:func:`dpmarket.consumer.intervals.m2m_bounded`) and each value's ridge parameter."""
+        if query.kind == "covariance":
+            return m2m_bounded(
+                "covariance",
+                self.design,
+                sketch,
+                rng,
+                columns=idx,
+                lambda_rule=self.lambda_rule,
+                replicates=reps,
+            )
+        target = m2m_target(query, self.domain)
+        assert target is not None
+        values = np.asarray(target(self.design.points), dtype=np.float64)
+        return m2m_bounded(
+            "linear",
+            self.design,
+            sketch,
+            rng,
+            values=values.reshape(values.shape[0], -1),
+            lambda_rule=self.lambda_rule,
+            replicates=reps,
+        )
+
+    def _stated(
+        self, query: Query, idx: NDArray[np.int64], n_columns: int, k: int
+    ) -> list[tuple[str, str]]:
+        """Per value, its interval's basis and construction
+        (:func:`dpmarket.consumer.intervals.interval_basis`)."""
+        if query.kind == "covariance":
+            rows, cols = np.triu_indices(idx.size)
+            return [
+                interval_basis(self.spec.kind, "covariance", 1 if a == b else 2)
+                for a, b in zip(rows, cols, strict=True)
+            ]
+        return [interval_basis(self.spec.kind, query.kind, n_columns)] * k
 
     def _estimate(self, query: Query, est: M2MEstimator) -> Answer:
         domain = self.domain

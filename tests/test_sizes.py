@@ -43,7 +43,6 @@ REASON = "Size:"
 ALLOWED_BEING_REWRITTEN = {
     "common/market/statement.py:settle",
     "owner/protocol.py:Owner.open_session",
-    "consumer/explore.py:Explorer._bounded",
 }
 #: Issue 26, still to split: GrpcOwnerEndpoint's methods over three services, the curator's store,
 #: and the long functions of the CLI commands and of the CAPE jobs.
