@@ -514,10 +514,11 @@ FLAGS: dict[str, tuple[On, str]] = {
         "interval",
     ),
     "uninformative": (
-        "interval",
+        "value",
         "the interval, before it is cut to what the quantity can be, spans more than half of "
-        "it: the bias bound or the noise dominates, and the cut interval would hide how little "
-        "the sketch says",
+        "it: the bias bound or the noise dominates, so the value says little; the interval "
+        "still covers (cutting it to what the quantity can be never removes the truth), and "
+        "the reason gives its width before the cut",
     ),
     "unbounded": (
         "interval",
@@ -526,7 +527,8 @@ FLAGS: dict[str, tuple[On, str]] = {
     ),
     "few-records": (
         "interval",
-        "the record count is estimated within 20 % or worse: the noise dominates every ratio",
+        "the record count is estimated within 20 % or worse: the noise dominates every ratio, "
+        "and the interval's plug-in of the count estimate has no guarantee there",
     ),
     "model-guess": (
         "value",
@@ -616,7 +618,11 @@ def _bounded_flags(
     range (the noise or the bias bound explains it), and flagged ``clipped`` when it does not;
     an interval wider than :data:`UNINFORMATIVE` of the range is flagged ``uninformative``; a
     count estimate with a relative standard error above :data:`FEW_RECORDS`, ``few-records``
-    (each on the interval; at most one per value)."""
+    (at most one per value). ``clipped`` is on the interval (the whole interval is impossible:
+    it missed), and so is ``few-records`` (the interval plugs in a count estimate that is known
+    within 20 % or worse; a bound over the count's own interval measured 2-7 times wider and was
+    not adopted); ``uninformative`` is on the value: a wide interval still covers, and cutting
+    it to what the quantity can be never removes the truth."""
     k = raw.shape[0]
     low, high, what = _possible(query, domain, k)
     values = np.clip(raw, low, high)
@@ -638,7 +644,8 @@ def _bounded_flags(
             flag = _flag(
                 "few-records",
                 f"the record count is known within {100 * count_rse:.0f} % only: the noise "
-                "dominates every ratio",
+                "dominates every ratio, and the interval's plug-in of the count has no "
+                "guarantee",
             )
         elif np.isfinite(span[j]) and raw_width[j] > UNINFORMATIVE * span[j]:
             flag = _flag(

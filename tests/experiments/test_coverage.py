@@ -47,3 +47,16 @@ def test_a_flag_on_the_value_keeps_its_interval_counted_one_on_the_interval_does
     careless = _answer(((), (wide,), (wide,), (wide,)), [0.4] * 4, [0.6] * 4)
     rows = _rows("t", "tuning", 0, "union", "marginals", careless, truth, np.ones(4))
     assert summarize(rows)["tuning"]["marginals"]["cdf"]["coverage_unflagged"] == 1.0
+
+
+def test_an_uninformative_value_keeps_its_interval_counted_and_its_share_is_reported() -> None:
+    """``uninformative`` is on the value: its interval counts (a miss there is a miss) and the
+    summary reports the share of such answers beside the flagged fraction."""
+    wide = Flag("uninformative", "spans most of [0, 1]", "value")
+    answer = _answer(((), (wide,), (wide,), ()), [0.0, 0.0, 0.0, 0.4], [0.6, 1.0, 0.6, 0.6])
+    truth = Answer(QUERY, answer.labels, np.array([0.5, 0.9, 0.9, 0.5]))
+    rows = _rows("t", "tuning", 0, "union", "rff", answer, truth, np.ones(4))
+    s = summarize(rows)["tuning"]["rff"]["cdf"]
+    assert s["flagged"] == 0.0 and s["unflagged"] == 4
+    assert s["coverage_unflagged"] == 0.75  # the uninformative miss at index 2 counts
+    assert s["uninformative"] == 0.5 and s["value_flags"] == {"uninformative": 2}
