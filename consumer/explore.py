@@ -620,9 +620,9 @@ def _bounded_flags(
     count estimate with a relative standard error above :data:`FEW_RECORDS`, ``few-records``
     (at most one per value). ``clipped`` is on the interval (the whole interval is impossible:
     it missed), and so is ``few-records`` (the interval plugs in a count estimate that is known
-    within 20 % or worse; a bound over the count's own interval measured 2-7 times wider and was
-    not adopted); ``uninformative`` is on the value: a wide interval still covers, and cutting
-    it to what the quantity can be never removes the truth."""
+    within 20 % or worse; a bound over the count's own interval measured 1.5-7 times wider and
+    was not adopted); ``uninformative`` is on the value: a wide interval still covers, and
+    cutting it to what the quantity can be never removes the truth."""
     k = raw.shape[0]
     low, high, what = _possible(query, domain, k)
     values = np.clip(raw, low, high)
