@@ -33,8 +33,9 @@ does not identify: ``bounds``, the independence guess flagged on the value), wid
 quantile of the noise (:mod:`dpmarket.consumer.intervals` states each construction). The
 graphical model's counts, CDFs, cells and moments get a measured marginal's unbiased interval
 (``measured``) or Fréchet bounds from the measured marginals (``bounds``, the model's guess
-flagged on the value: :mod:`dpmarket.common.sketches.marginals_bounds`); its covariances the
-bootstrap's over the noise (``noise``). A logistic regression's bias is not bounded, nor is that
+flagged on the value: :mod:`dpmarket.common.sketches.marginals_bounds`); its covariances of
+a pair every owner measured together, bounds from the measured sums (``measured``), of any other
+pair the bootstrap's over the noise (``noise``). A logistic regression's bias is not bounded, nor is that
 of a graphical model's covariance of columns never measured together: their intervals cover the
 noise only and are flagged ``unbounded`` on the interval. Values and intervals are cut to what
 the quantity can be — a mean to its column's public bounds, a fraction to [0, 1], a variance to
@@ -89,7 +90,7 @@ from dpmarket.common.sketches.marginals import (
     cell_weights,
     free_compiled,
 )
-from dpmarket.common.sketches.marginals_bounds import fraction_bounds
+from dpmarket.common.sketches.marginals_bounds import covariance_bounds, fraction_bounds
 from dpmarket.common.sketches.marginals_fit import carried_fit, fit_sketch
 from dpmarket.common.sketches.mmd import MMDEstimate, mmd2_difference, sketch_mmd2_estimate
 from dpmarket.common.sketches.sketch import (
@@ -1475,9 +1476,10 @@ class MarginalsExplorer:
         value's columns (``"measured"``; widened to hold the model's value if it lies outside),
         Fréchet bounds that hold whatever the joint otherwise (``"bounds"``; the model's value,
         an independence guess there, is flagged ``model-guess`` on the value and moved inside
-        them when outside). Covariances: the bootstrap's ``-+ Z95 se`` (``"noise"``, NaN bounds
-        here), flagged ``model-guess`` on the value and ``unbounded`` on the interval where the
-        pair was never measured together.
+        them when outside). Covariances: bounds from the measured sums where every owner
+        measured the pair together (``"measured"``: :meth:`_covariance_intervals`), else the
+        bootstrap's ``-+ Z95 se`` (``"noise"``, NaN bounds here), flagged ``model-guess`` on the
+        value and ``unbounded`` on the interval.
 
         Returns
         -------
@@ -1528,18 +1530,39 @@ class MarginalsExplorer:
         parts: Sequence[Sequence[Measurement]],
         values: NDArray[np.float64],
     ) -> tuple[NDArray[np.float64], tuple[str, ...], tuple[str, ...], tuple[tuple[Flag, ...], ...]]:
-        """Covariances: no bound from the marginals (module docstring), so NaN bounds (the
-        caller's ``-+ Z95 se`` replaces them), and flags where the pair was never measured."""
+        """Covariances (and variances) of discrete columns: where every owner measured a
+        marginal holding the pair, bounds from four measured sums
+        (:func:`~dpmarket.common.sketches.marginals_bounds.covariance_bounds`; ``"measured"``,
+        widened to hold the model's value); otherwise NaN bounds (the caller's ``-+ Z95 se``
+        replaces them), flagged ``model-guess`` on the value and ``unbounded`` on the interval,
+        since nothing in the release bounds the model's guess for a pair never measured."""
         idx = _columns(query, self.domain)
         rows, cols = np.triu_indices(idx.size)
+        cells = [int(c) for c in self.feature_map.cells]
+        k = values.shape[0]
+        bounds = np.full((k, 2), np.nan)
+        basis: list[str] = []
+        covers: list[str] = []
         flags: list[tuple[Flag, ...]] = []
-        for a, b in zip(rows, cols, strict=True):
-            pair = {int(idx[a]), int(idx[b])}
-            held = all(any(pair <= set(m.clique) for m in ms) for ms in parts)
+        for v, (a, b) in enumerate(zip(rows, cols, strict=True)):
+            ja, jb = int(idx[a]), int(idx[b])
+            levels = (self.domain.level_values(ja), self.domain.level_values(jb))
+            assert levels[0] is not None and levels[1] is not None  # expresses()
+            found = covariance_bounds(parts, cells, (ja, jb), (levels[0], levels[1]))
+            if found is not None:
+                bounds[v] = (min(found[0], values[v]), max(found[1], values[v]))
+                basis.append("measured")
+                covers.append(
+                    "E xy, E x, E y and n from the measured marginals that hold the pair "
+                    "(unbiased, each -+ z sd at alpha/8 a side: union bound), combined by "
+                    "interval arithmetic; widened to hold the model's value"
+                )
+                flags.append(())
+                continue
+            basis.append("noise")
+            covers.append("bootstrap over the graphical model's measurements (value -+ 1.96 se)")
             flags.append(
-                ()
-                if held
-                else (
+                (
                     _flag(
                         "model-guess",
                         "the graphical model's independence guess: the pair was never measured "
@@ -1552,13 +1575,7 @@ class MarginalsExplorer:
                     ),
                 )
             )
-        k = values.shape[0]
-        return (
-            np.full((k, 2), np.nan),
-            ("noise",) * k,
-            ("bootstrap over the graphical model's measurements (value -+ 1.96 se)",) * k,
-            tuple(flags),
-        )
+        return bounds, tuple(basis), tuple(covers), tuple(flags)
 
     def _weights(
         self, query: Query, weigh: Callable[..., NDArray[np.float64]] = cell_weights
