@@ -35,11 +35,10 @@ graphical model's counts, CDFs, cells and moments get a measured marginal's unbi
 (``measured``) or Fréchet bounds from the measured marginals (``bounds``, the model's guess
 flagged on the value: :mod:`dpmarket.common.sketches.marginals_bounds`); its covariances of
 a pair every owner measured together, bounds from the measured sums (``measured``), of any other
-pair the bootstrap's over the noise (``noise``). A logistic regression's bias is not bounded, nor is that
-of a graphical model's covariance of columns never measured together: their intervals cover the
-noise only and are flagged ``unbounded`` on the interval. Values and intervals are cut to what
-the quantity can be — a mean to its column's public bounds, a fraction to [0, 1], a variance to
-[0, w^2/4] — the raw estimate kept beside them.
+pair Cauchy-Schwarz bounds from the two variances (``bounds``). A logistic regression's bias is
+not bounded: its intervals cover the noise only and are flagged ``unbounded`` on the interval.
+Values and intervals are cut to what the quantity can be — a mean to its column's public bounds,
+a fraction to [0, 1], a variance to [0, w^2/4] — the raw estimate kept beside them.
 
 The synthetic design's randomness is the consumer's own and protects nothing (the sketches are
 already private), so it is seeded (default 0): the same sketch and query give the same answer,
@@ -90,7 +89,11 @@ from dpmarket.common.sketches.marginals import (
     cell_weights,
     free_compiled,
 )
-from dpmarket.common.sketches.marginals_bounds import covariance_bounds, fraction_bounds
+from dpmarket.common.sketches.marginals_bounds import (
+    covariance_bounds,
+    fraction_bounds,
+    unmeasured_covariance_bounds,
+)
 from dpmarket.common.sketches.marginals_fit import carried_fit, fit_sketch
 from dpmarket.common.sketches.mmd import MMDEstimate, mmd2_difference, sketch_mmd2_estimate
 from dpmarket.common.sketches.sketch import (
@@ -1477,9 +1480,9 @@ class MarginalsExplorer:
         Fréchet bounds that hold whatever the joint otherwise (``"bounds"``; the model's value,
         an independence guess there, is flagged ``model-guess`` on the value and moved inside
         them when outside). Covariances: bounds from the measured sums where every owner
-        measured the pair together (``"measured"``: :meth:`_covariance_intervals`), else the
-        bootstrap's ``-+ Z95 se`` (``"noise"``, NaN bounds here), flagged ``model-guess`` on the
-        value and ``unbounded`` on the interval.
+        measured the pair together (``"measured"``), Cauchy-Schwarz bounds otherwise
+        (``"bounds"``, the model's guess flagged ``model-guess`` on the value):
+        :meth:`_covariance_intervals`.
 
         Returns
         -------
@@ -1532,10 +1535,11 @@ class MarginalsExplorer:
     ) -> tuple[NDArray[np.float64], tuple[str, ...], tuple[str, ...], tuple[tuple[Flag, ...], ...]]:
         """Covariances (and variances) of discrete columns: where every owner measured a
         marginal holding the pair, bounds from four measured sums
-        (:func:`~dpmarket.common.sketches.marginals_bounds.covariance_bounds`; ``"measured"``,
-        widened to hold the model's value); otherwise NaN bounds (the caller's ``-+ Z95 se``
-        replaces them), flagged ``model-guess`` on the value and ``unbounded`` on the interval,
-        since nothing in the release bounds the model's guess for a pair never measured."""
+        (:func:`~dpmarket.common.sketches.marginals_bounds.covariance_bounds`; ``"measured"``);
+        otherwise Cauchy-Schwarz bounds from the two variances' intervals, which hold whatever
+        the joint (:func:`~dpmarket.common.sketches.marginals_bounds.
+        unmeasured_covariance_bounds`; ``"bounds"``), the model's independence guess flagged
+        ``model-guess`` on the value. Either is widened to hold the model's value."""
         idx = _columns(query, self.domain)
         rows, cols = np.triu_indices(idx.size)
         cells = [int(c) for c in self.feature_map.cells]
@@ -1559,19 +1563,19 @@ class MarginalsExplorer:
                 )
                 flags.append(())
                 continue
-            basis.append("noise")
-            covers.append("bootstrap over the graphical model's measurements (value -+ 1.96 se)")
+            low, high = unmeasured_covariance_bounds(parts, cells, (ja, jb), (levels[0], levels[1]))
+            bounds[v] = (min(low, values[v]), max(high, values[v]))
+            basis.append("bounds")
+            covers.append(
+                "|cov| <= sd_a sd_b (Cauchy-Schwarz), each variance at the upper end of its "
+                "measured interval at 97.5 %: holds whatever the joint"
+            )
             flags.append(
                 (
                     _flag(
                         "model-guess",
                         "the graphical model's independence guess: the pair was never measured "
-                        "together",
-                    ),
-                    _flag(
-                        "unbounded",
-                        "the pair was never measured together: nothing bounds the model's bias, "
-                        "and the interval covers the noise only",
+                        "together; the interval holds whatever the joint",
                     ),
                 )
             )

@@ -61,6 +61,7 @@ __all__ = [
     "event_count",
     "fraction_bounds",
     "total_count",
+    "unmeasured_covariance_bounds",
 ]
 
 #: Two-sided miss probability of every interval (a 95 % interval).
@@ -486,3 +487,47 @@ def covariance_bounds(
         products = [p * q for p in mx for q in my]
         pmin, pmax = min(products), max(products)
     return exy[0] - pmax, exy[1] - pmin
+
+
+def unmeasured_covariance_bounds(
+    sketches: Sequence[Sequence[Measurement]],
+    cells: Sequence[int],
+    columns: tuple[int, int],
+    values: tuple[NDArray[np.float64], NDArray[np.float64]],
+    *,
+    alpha: float = ALPHA,
+) -> tuple[float, float]:
+    """An interval for the covariance of two discrete columns that holds whatever their joint:
+    ``|cov| <= sd_a sd_b`` (Cauchy-Schwarz), each variance at the upper end of its own
+    :func:`covariance_bounds` interval at ``alpha / 2`` (Bonferroni: both hold at once with
+    probability at least ``1 - alpha``).
+
+    Parameters
+    ----------
+    sketches, cells, alpha
+        As :func:`covariance_bounds`.
+    columns : (int, int)
+        ``a`` and ``b``, distinct.
+    values : (ndarray, ndarray)
+        The value of each cell of ``a`` and of ``b``.
+
+    Returns
+    -------
+    (low, high)
+        ``(-s, s)`` with ``s = sqrt(var_a^+ var_b^+)``.
+
+    Notes
+    -----
+    Every column is measured alone in every sketch (its 1-way marginal), so each variance's
+    bound exists. Used where no measured marginal holds the pair: the graphical model's value
+    is then its independence guess, and these bounds are what the release says whatever the
+    joint.
+    """
+    a, b = columns
+    upper = []
+    for j, v in ((a, values[0]), (b, values[1])):
+        found = covariance_bounds(sketches, cells, (j, j), (v, v), alpha=alpha / 2.0)
+        assert found is not None  # every column is measured alone
+        upper.append(max(found[1], 0.0))
+    s = math.sqrt(upper[0] * upper[1])
+    return -s, s
