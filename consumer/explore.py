@@ -33,12 +33,12 @@ does not identify: ``bounds``, the independence guess flagged on the value), wid
 quantile of the noise (:mod:`dpmarket.consumer.intervals` states each construction). The
 graphical model's counts, CDFs, cells and moments get a measured marginal's unbiased interval
 (``measured``) or Fréchet bounds from the measured marginals (``bounds``, the model's guess
-flagged on the value: :mod:`dpmarket.common.sketches.marginals_bounds`); its covariances the
-bootstrap's over the noise (``noise``). A logistic regression's bias is not bounded, nor is that
-of a graphical model's covariance of columns never measured together: their intervals cover the
-noise only and are flagged ``unbounded`` on the interval. Values and intervals are cut to what
-the quantity can be — a mean to its column's public bounds, a fraction to [0, 1], a variance to
-[0, w^2/4] — the raw estimate kept beside them.
+flagged on the value: :mod:`dpmarket.common.sketches.marginals_bounds`); its covariances of
+a pair every owner measured together, bounds from the measured sums (``measured``), of any other
+pair Cauchy-Schwarz bounds from the two variances (``bounds``). A logistic regression's bias is
+not bounded: its intervals cover the noise only and are flagged ``unbounded`` on the interval.
+Values and intervals are cut to what the quantity can be — a mean to its column's public bounds,
+a fraction to [0, 1], a variance to [0, w^2/4] — the raw estimate kept beside them.
 
 The synthetic design's randomness is the consumer's own and protects nothing (the sketches are
 already private), so it is seeded (default 0): the same sketch and query give the same answer,
@@ -69,6 +69,7 @@ from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.feature_maps import HISTMap
 from dpmarket.common.sketches.intervals import (
     DEFAULT_REPLICATES,
+    Bounded,
     count_estimate,
     release_totals,
 )
@@ -88,7 +89,11 @@ from dpmarket.common.sketches.marginals import (
     cell_weights,
     free_compiled,
 )
-from dpmarket.common.sketches.marginals_bounds import fraction_bounds
+from dpmarket.common.sketches.marginals_bounds import (
+    covariance_bounds,
+    fraction_bounds,
+    unmeasured_covariance_bounds,
+)
 from dpmarket.common.sketches.marginals_fit import carried_fit, fit_sketch
 from dpmarket.common.sketches.mmd import MMDEstimate, mmd2_difference, sketch_mmd2_estimate
 from dpmarket.common.sketches.sketch import (
@@ -513,10 +518,11 @@ FLAGS: dict[str, tuple[On, str]] = {
         "interval",
     ),
     "uninformative": (
-        "interval",
+        "value",
         "the interval, before it is cut to what the quantity can be, spans more than half of "
-        "it: the bias bound or the noise dominates, and the cut interval would hide how little "
-        "the sketch says",
+        "it: the bias bound or the noise dominates, so the value says little; the interval "
+        "still covers (cutting it to what the quantity can be never removes the truth), and "
+        "the reason gives its width before the cut",
     ),
     "unbounded": (
         "interval",
@@ -525,7 +531,8 @@ FLAGS: dict[str, tuple[On, str]] = {
     ),
     "few-records": (
         "interval",
-        "the record count is estimated within 20 % or worse: the noise dominates every ratio",
+        "the record count is estimated within 20 % or worse: the noise dominates every ratio, "
+        "and the interval's plug-in of the count estimate has no guarantee there",
     ),
     "model-guess": (
         "value",
@@ -615,7 +622,11 @@ def _bounded_flags(
     range (the noise or the bias bound explains it), and flagged ``clipped`` when it does not;
     an interval wider than :data:`UNINFORMATIVE` of the range is flagged ``uninformative``; a
     count estimate with a relative standard error above :data:`FEW_RECORDS`, ``few-records``
-    (each on the interval; at most one per value)."""
+    (at most one per value). ``clipped`` is on the interval (the whole interval is impossible:
+    it missed), and so is ``few-records`` (the interval plugs in a count estimate that is known
+    within 20 % or worse; a bound over the count's own interval measured 1.5-7 times wider and
+    was not adopted); ``uninformative`` is on the value: a wide interval still covers, and
+    cutting it to what the quantity can be never removes the truth."""
     k = raw.shape[0]
     low, high, what = _possible(query, domain, k)
     values = np.clip(raw, low, high)
@@ -637,7 +648,8 @@ def _bounded_flags(
             flag = _flag(
                 "few-records",
                 f"the record count is known within {100 * count_rse:.0f} % only: the noise "
-                "dominates every ratio",
+                "dominates every ratio, and the interval's plug-in of the count has no "
+                "guarantee",
             )
         elif np.isfinite(span[j]) and raw_width[j] > UNINFORMATIVE * span[j]:
             flag = _flag(
@@ -651,6 +663,22 @@ def _bounded_flags(
             continue
         flags.append((flag,))
     return values, lo, hi, tuple(flags)
+
+
+def _guess_flags(
+    flags: Sequence[tuple[Flag, ...]], stated: Sequence[tuple[str, str]]
+) -> tuple[tuple[Flag, ...], ...]:
+    """``flags`` with ``model-guess`` on the value added where the basis is ``bounds``: there
+    the value inside the bounds is the independence guess, while its interval holds whatever
+    the joint (so it still covers)."""
+    guess = _flag(
+        "model-guess",
+        "the independence guess: one histogram per column does not hold these columns "
+        "together; the interval is bounds that hold whatever the joint",
+    )
+    return tuple(
+        (guess, *f) if b == "bounds" else f for f, (b, _) in zip(flags, stated, strict=True)
+    )
 
 
 def m2m_target(query: Query, domain: Domain) -> tasks.Target | None:
@@ -900,58 +928,18 @@ class Explorer:
     ) -> Answer:
         """Means, moments, CDFs, counts, covariances: bias-bounded intervals (:meth:`answer`)."""
         domain = self.domain
-        fmap = self.spec.feature_map
         rng = np.random.default_rng([self.seed, 4])
         reps = (replicates or DEFAULT_REPLICATES) if errors else 2
         labels = _labels(query, domain)
         idx = _columns(query, domain) if query.kind != "count" else np.zeros(0, dtype=np.int64)
         extra: dict[str, Any] = {}
-        if isinstance(fmap, HISTMap):
-            predicates: dict[int, tuple[float, float]] = {}
-            if query.kind == "count":
-                lower, upper = _bounds(query, domain)
-                for j in np.flatnonzero(np.isfinite(lower[0]) | np.isfinite(upper[0])):
-                    predicates[int(j)] = (float(lower[0, j]), float(upper[0, j]))
-            bounded = hist_bounded(
-                query.kind,
-                fmap,
-                domain,
-                sketch,
-                rng,
-                columns=idx,
-                thresholds=_thresholds(query, domain, idx) if query.kind == "cdf" else None,
-                predicates=predicates,
-                replicates=reps,
-            )
+        if isinstance(self.spec.feature_map, HISTMap):
+            bounded, n_columns = self._hist(query, sketch, rng, idx, reps)
             source = f"{self.spec.name} (histogram)"
-            n_columns = len(predicates) if query.kind == "count" else idx.size
         else:
-            if query.kind == "covariance":
-                bounded, lam = m2m_bounded(
-                    "covariance",
-                    self.design,
-                    sketch,
-                    rng,
-                    columns=idx,
-                    lambda_rule=self.lambda_rule,
-                    replicates=reps,
-                )
-            else:
-                target = m2m_target(query, domain)
-                assert target is not None
-                values = np.asarray(target(self.design.points), dtype=np.float64)
-                bounded, lam = m2m_bounded(
-                    "linear",
-                    self.design,
-                    sketch,
-                    rng,
-                    values=values.reshape(values.shape[0], -1),
-                    lambda_rule=self.lambda_rule,
-                    replicates=reps,
-                )
+            bounded, lam = self._m2m(query, sketch, rng, idx, reps)
             extra["lambda"] = lam.tolist()
-            source = f"{self.spec.name} (M2M)"
-            n_columns = idx.size
+            source, n_columns = f"{self.spec.name} (M2M)", idx.size
         n_hat, n_var = count_estimate(sketch, *release_totals(sketch))
         n = float(n_hat[0])
         k = len(labels)
@@ -964,24 +952,7 @@ class Explorer:
             values, flags = _clip(query, domain, bounded.value)
             low = high = np.zeros(0)
             se, bias = np.full(k, np.nan), np.full(k, np.nan)
-        if query.kind == "covariance":
-            rows, cols = np.triu_indices(idx.size)
-            stated = [
-                interval_basis(self.spec.kind, "covariance", 1 if a == b else 2)
-                for a, b in zip(rows, cols, strict=True)
-            ]
-        else:
-            stated = [interval_basis(self.spec.kind, query.kind, n_columns)] * k
-        # Where the bounds hold whatever the joint, the value inside them is the independence
-        # guess: flagged on the value (its interval still covers).
-        guess = _flag(
-            "model-guess",
-            "the independence guess: one histogram per column does not hold these columns "
-            "together; the interval is bounds that hold whatever the joint",
-        )
-        flags = tuple(
-            (guess, *f) if b == "bounds" else f for f, (b, _) in zip(flags, stated, strict=True)
-        )
+        stated = self._stated(query, idx, n_columns, k)
         if query.kind == "count":
             extra.update(count=float(values[0]) * n, n=n, count_standard_error=float(se[0]) * n)
             if errors:
@@ -993,7 +964,7 @@ class Explorer:
             extra,
             errors=se,
             columns=_value_columns(query, domain),
-            flags=flags,
+            flags=_guess_flags(flags, stated),
             raw=bounded.value,
             source=source,
             low=low,
@@ -1002,6 +973,83 @@ class Explorer:
             basis=tuple(b for b, _ in stated) if errors else (),
             covers=tuple(c for _, c in stated) if errors else (),
         )
+
+    def _hist(
+        self,
+        query: Query,
+        sketch: SketchLike,
+        rng: np.random.Generator,
+        idx: NDArray[np.int64],
+        reps: int,
+    ) -> tuple[Bounded, int]:
+        """A histogram's bounded answer (:func:`dpmarket.consumer.intervals.hist_bounded`) and
+        the number of columns the value is about (a count's predicated columns)."""
+        domain = self.domain
+        fmap = self.spec.feature_map
+        assert isinstance(fmap, HISTMap)
+        predicates: dict[int, tuple[float, float]] = {}
+        if query.kind == "count":
+            lower, upper = _bounds(query, domain)
+            for j in np.flatnonzero(np.isfinite(lower[0]) | np.isfinite(upper[0])):
+                predicates[int(j)] = (float(lower[0, j]), float(upper[0, j]))
+        bounded = hist_bounded(
+            query.kind,
+            fmap,
+            domain,
+            sketch,
+            rng,
+            columns=idx,
+            thresholds=_thresholds(query, domain, idx) if query.kind == "cdf" else None,
+            predicates=predicates,
+            replicates=reps,
+        )
+        return bounded, len(predicates) if query.kind == "count" else idx.size
+
+    def _m2m(
+        self,
+        query: Query,
+        sketch: SketchLike,
+        rng: np.random.Generator,
+        idx: NDArray[np.int64],
+        reps: int,
+    ) -> tuple[Bounded, NDArray[np.float64]]:
+        """An RFF or RACE sketch's bounded answer by M2M
+        (:func:`dpmarket.consumer.intervals.m2m_bounded`) and each value's ridge parameter."""
+        if query.kind == "covariance":
+            return m2m_bounded(
+                "covariance",
+                self.design,
+                sketch,
+                rng,
+                columns=idx,
+                lambda_rule=self.lambda_rule,
+                replicates=reps,
+            )
+        target = m2m_target(query, self.domain)
+        assert target is not None
+        values = np.asarray(target(self.design.points), dtype=np.float64)
+        return m2m_bounded(
+            "linear",
+            self.design,
+            sketch,
+            rng,
+            values=values.reshape(values.shape[0], -1),
+            lambda_rule=self.lambda_rule,
+            replicates=reps,
+        )
+
+    def _stated(
+        self, query: Query, idx: NDArray[np.int64], n_columns: int, k: int
+    ) -> list[tuple[str, str]]:
+        """Per value, its interval's basis and construction
+        (:func:`dpmarket.consumer.intervals.interval_basis`)."""
+        if query.kind == "covariance":
+            rows, cols = np.triu_indices(idx.size)
+            return [
+                interval_basis(self.spec.kind, "covariance", 1 if a == b else 2)
+                for a, b in zip(rows, cols, strict=True)
+            ]
+        return [interval_basis(self.spec.kind, query.kind, n_columns)] * k
 
     def _estimate(self, query: Query, est: M2MEstimator) -> Answer:
         domain = self.domain
@@ -1431,9 +1479,10 @@ class MarginalsExplorer:
         value's columns (``"measured"``; widened to hold the model's value if it lies outside),
         Fréchet bounds that hold whatever the joint otherwise (``"bounds"``; the model's value,
         an independence guess there, is flagged ``model-guess`` on the value and moved inside
-        them when outside). Covariances: the bootstrap's ``-+ Z95 se`` (``"noise"``, NaN bounds
-        here), flagged ``model-guess`` on the value and ``unbounded`` on the interval where the
-        pair was never measured together.
+        them when outside). Covariances: bounds from the measured sums where every owner
+        measured the pair together (``"measured"``), Cauchy-Schwarz bounds otherwise
+        (``"bounds"``, the model's guess flagged ``model-guess`` on the value):
+        :meth:`_covariance_intervals`.
 
         Returns
         -------
@@ -1484,37 +1533,53 @@ class MarginalsExplorer:
         parts: Sequence[Sequence[Measurement]],
         values: NDArray[np.float64],
     ) -> tuple[NDArray[np.float64], tuple[str, ...], tuple[str, ...], tuple[tuple[Flag, ...], ...]]:
-        """Covariances: no bound from the marginals (module docstring), so NaN bounds (the
-        caller's ``-+ Z95 se`` replaces them), and flags where the pair was never measured."""
+        """Covariances (and variances) of discrete columns: where every owner measured a
+        marginal holding the pair, bounds from four measured sums
+        (:func:`~dpmarket.common.sketches.marginals_bounds.covariance_bounds`; ``"measured"``);
+        otherwise Cauchy-Schwarz bounds from the two variances' intervals, which hold whatever
+        the joint (:func:`~dpmarket.common.sketches.marginals_bounds.
+        unmeasured_covariance_bounds`; ``"bounds"``), the model's independence guess flagged
+        ``model-guess`` on the value. Either is widened to hold the model's value."""
         idx = _columns(query, self.domain)
         rows, cols = np.triu_indices(idx.size)
+        cells = [int(c) for c in self.feature_map.cells]
+        k = values.shape[0]
+        bounds = np.full((k, 2), np.nan)
+        basis: list[str] = []
+        covers: list[str] = []
         flags: list[tuple[Flag, ...]] = []
-        for a, b in zip(rows, cols, strict=True):
-            pair = {int(idx[a]), int(idx[b])}
-            held = all(any(pair <= set(m.clique) for m in ms) for ms in parts)
+        for v, (a, b) in enumerate(zip(rows, cols, strict=True)):
+            ja, jb = int(idx[a]), int(idx[b])
+            levels = (self.domain.level_values(ja), self.domain.level_values(jb))
+            assert levels[0] is not None and levels[1] is not None  # expresses()
+            found = covariance_bounds(parts, cells, (ja, jb), (levels[0], levels[1]))
+            if found is not None:
+                bounds[v] = (min(found[0], values[v]), max(found[1], values[v]))
+                basis.append("measured")
+                covers.append(
+                    "E xy, E x, E y and n from the measured marginals that hold the pair "
+                    "(unbiased, each -+ z sd at alpha/8 a side: union bound), combined by "
+                    "interval arithmetic; widened to hold the model's value"
+                )
+                flags.append(())
+                continue
+            low, high = unmeasured_covariance_bounds(parts, cells, (ja, jb), (levels[0], levels[1]))
+            bounds[v] = (min(low, values[v]), max(high, values[v]))
+            basis.append("bounds")
+            covers.append(
+                "|cov| <= sd_a sd_b (Cauchy-Schwarz), each variance at the upper end of its "
+                "measured interval at 97.5 %: holds whatever the joint"
+            )
             flags.append(
-                ()
-                if held
-                else (
+                (
                     _flag(
                         "model-guess",
                         "the graphical model's independence guess: the pair was never measured "
-                        "together",
-                    ),
-                    _flag(
-                        "unbounded",
-                        "the pair was never measured together: nothing bounds the model's bias, "
-                        "and the interval covers the noise only",
+                        "together; the interval holds whatever the joint",
                     ),
                 )
             )
-        k = values.shape[0]
-        return (
-            np.full((k, 2), np.nan),
-            ("noise",) * k,
-            ("bootstrap over the graphical model's measurements (value -+ 1.96 se)",) * k,
-            tuple(flags),
-        )
+        return bounds, tuple(basis), tuple(covers), tuple(flags)
 
     def _weights(
         self, query: Query, weigh: Callable[..., NDArray[np.float64]] = cell_weights

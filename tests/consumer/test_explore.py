@@ -308,6 +308,12 @@ def test_marginals_answers_track_the_truth_with_their_errors(mspecs: dict[str, S
     assert table.columns[0] == ("y", "a")
     mean_y = explorer.answer(Query("mean", columns=("y",)), sketches)
     assert abs(mean_y.values[0] - union[:, 2].mean()) <= 4 * mean_y.errors[0] + 1e-3
+    # A variance (a pair every owner measured): bounds from the measured sums, not the model's
+    # bootstrap; its interval holds the truth and the model's value, unflagged.
+    var_y = explorer.answer(Query("covariance", columns=("y",)), sketches)
+    (low,), (high,) = var_y.interval()
+    assert var_y.basis == ("measured",) and var_y.codes() == ("",)
+    assert low <= union[:, 2].var() <= high and low <= var_y.values[0] <= high
     records = explorer.answer(Query("synthetic", rows=500), sketches).extra["records"]
     assert len(records) == 500
     assert spec.domain.check(np.array(records), "records").shape == (500, 3)
