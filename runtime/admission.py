@@ -21,15 +21,18 @@ caller's verified certificate (the call's auth context) and nothing it sent:
    :data:`SMALL_REQUEST_BYTES` for one that carries ids and scalars only), derived by its
    servicer from the policy's bounds and documented in ``docs/reference.md``; a request (each
    message of a client stream) above it is answered ``RESOURCE_EXHAUSTED`` and never parsed. The
-   server's own receive limit, which gRPC applies to the declared length before buffering, is
-   the largest of its RPCs' (:func:`largest_request`).
+   server's own receive limit, which gRPC applies to a message's declared length before
+   buffering it, is small and the same for every server
+   (:data:`~dpmarket.runtime.framing.FRAME_BYTES`, 1 MiB): a larger unary request comes in
+   pieces of that size (:mod:`dpmarket.runtime.framing`), counted against its RPC's own limit
+   as they are read, so that no RPC's request is read beyond its own limit plus one piece.
 
 To do so every RPC is served as a client-streaming one (the wire format does not tell them
 apart): its request is read by :meth:`grpc.aio.ServicerContext.read` once the call is admitted.
 The servicer's wrapper still authorizes the call itself (the ``rpc`` semantics are unchanged).
-Nothing is copied and no thread is involved: a request is the bytes gRPC read, checked by length
-and parsed by its message's own parser; a stream's messages are checked one by one as its handler
-reads them.
+No thread is involved: a unary request is the bytes gRPC read (joined, if it came in pieces),
+checked by length and parsed by its message's own parser; a stream's messages are checked one by
+one as its handler reads them.
 
 Notes
 -----
@@ -40,13 +43,14 @@ What a party can make a service hold, in request bytes (its handlers' own memory
   bandwidth-delay probing off) and accepts a bounded number of connections
   (:data:`~dpmarket.runtime.serving.TRANSPORT_BOUND_OPTIONS`);
 * admitted: at most ``concurrent_calls`` calls of each service, each holding at most its RPC's
-  limit once read. While a message is being read, before its length can be compared with the
-  RPC's limit, gRPC buffers at most the server's limit, and at most :data:`READS_AT_ONCE`
-  unary requests are read at once (a client stream's messages, ``RunRounds``, are read as its
-  handler asks: at most one per stream);
+  limit (the pieces read so far, then the parsed request). While a piece is being read, before
+  its length can be counted, gRPC buffers at most ``FRAME_BYTES``, and at most
+  :data:`READS_AT_ONCE` pieces are read at once, the joined request parsed in the last one's
+  turn (a client stream's messages, ``RunRounds``, are read as its handler asks: at most one per
+  stream);
 * the health and reflection services: at most :data:`OPEN_CALLS_PER_CALLER` calls per caller and
-  :data:`OPEN_CONCURRENT_CALLS` in all (the two services together), each read up to the
-  server's limit and dropped at once when above :data:`SMALL_REQUEST_BYTES`.
+  :data:`OPEN_CONCURRENT_CALLS` in all (the two services together), each read up to one piece
+  and dropped at once when above :data:`SMALL_REQUEST_BYTES`.
 
 and only while the calls run: the exception a call ends with keeps none of its frames
 (:func:`_forgetting`), and the last of the calls in progress that received
@@ -61,7 +65,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +80,7 @@ from dpmarket.common.errors import (
 )
 from dpmarket.runtime.allocator import RELEASE_AFTER_BYTES, large_call_began, large_call_ended
 from dpmarket.runtime.authz import ROLES_ATTRIBUTE, Authorizer
+from dpmarket.runtime.framing import FRAME_BYTES, SIZE_METADATA, most_pieces
 from dpmarket.runtime.identity import peer_identity
 from dpmarket.runtime.status import abort_for
 
@@ -91,7 +96,6 @@ __all__ = [
     "Admission",
     "RequestTooLargeError",
     "ServiceLimits",
-    "largest_request",
 ]
 
 logger = logging.getLogger(__name__)
@@ -107,19 +111,20 @@ VALUE_BYTES = 8
 #: Calls one service serves at once unless its servicer says otherwise.
 DEFAULT_CONCURRENT_CALLS = 64
 #: Calls the health and reflection services serve at once, together and from all callers: each
-#: is read up to the server's receive limit before its own is compared, so they may make a
-#: server hold 2 x 4 x its limit (an owner 33 MiB, the curator 136 MiB), whoever calls. A probe
+#: is read up to one piece (``FRAME_BYTES``) before its own limit is compared, so they may make a
+#: server hold 2 x 4 x 1 MiB, whoever calls. A probe
 #: calls once every few seconds. (16 each before: 1,000 concurrent 4 MB health checks raised an
 #: owner by up to 131 MiB of reads, issue 25.)
 OPEN_CONCURRENT_CALLS = 4
-#: Unary requests a server reads at once, over all its services; an admitted call waits for
-#: its turn before its request is read (HTTP/2 flow control meanwhile holds the request at the
-#: client, but for the stream's window, 64 KiB: ``serving.STREAM_WINDOW_BYTES``).
-#: gRPC reads a message whole, up to the server's receive limit L, before its RPC's own limit
-#: can be compared, and the read holds about 2 L for a moment (its buffers, then Python's
-#: bytes): admitted callers' reads in progress hold at most ``READS_AT_ONCE`` x 2 L (an owner
-#: 33 MiB, the curator 136 MiB), and each admitted call, once read, at most its RPC's own limit.
-#: Before, every admitted call read at once: 64 per service (issue 25).
+#: Pieces of unary requests a server reads at once, over all its services; an admitted call
+#: waits for its turn before each piece of its request is read (HTTP/2 flow control meanwhile
+#: holds the request at the client, but for the stream's window, 64 KiB:
+#: ``serving.STREAM_WINDOW_BYTES``). gRPC reads a message whole, up to the server's receive
+#: limit F (``framing.FRAME_BYTES``), before it can be counted, and the read holds about 2 F for
+#: a moment (its buffers, then Python's bytes): admitted callers' reads in progress hold at most
+#: ``READS_AT_ONCE`` x 2 F (8 MiB), and the joining and parsing of at most ``READS_AT_ONCE``
+#: requests a second copy of each; each admitted call, between its pieces and once read, at most
+#: its RPC's own limit. Before, every admitted call read at once: 64 per service (issue 25).
 READS_AT_ONCE = 4
 #: Name under which the health and reflection services' calls are counted together.
 OPEN_SERVICES = "the health and reflection services"
@@ -177,12 +182,6 @@ def limits_of(servicer: object) -> ServiceLimits:
     """A servicer's :class:`ServiceLimits` (its ``limits`` attribute), or the defaults."""
     limits = getattr(servicer, "limits", None)
     return limits if isinstance(limits, ServiceLimits) else ServiceLimits()
-
-
-def largest_request(servicers: Iterable[object]) -> int:
-    """The server receive limit that serves ``servicers``: the largest of their RPCs' limits
-    (at least :data:`SMALL_REQUEST_BYTES`), bytes."""
-    return max([SMALL_REQUEST_BYTES, *(limits_of(s).largest for s in servicers)])
 
 
 Behaviour = Callable[..., Any]
@@ -246,45 +245,59 @@ class _Gate:
 
         return release
 
+    def _received(self, size: int) -> None:
+        """Count ``size`` more bytes into the current call's received total (its end gives
+        memory back if the total is large: :func:`_forgetting`)."""
+        received = _received.get()
+        if received is not None:  # a call served by _forgetting, as every call is
+            if received[0] < RELEASE_AFTER_BYTES <= received[0] + size:
+                large_call_began()
+            received[0] += size
+
+    def _too_large(self, size: int, more: str = "") -> RequestTooLargeError:
+        return RequestTooLargeError(
+            f"a {self.rpc} request of {more}{size} bytes exceeds this method's limit of "
+            f"{self.limit} bytes, set by the service's policy (docs/reference.md, "
+            '"Message limits"): send a smaller request'
+        )
+
+    def _parse(self, parse: Callable[[bytes], Any] | None, raw: bytes) -> Any:
+        if parse is None:
+            return raw
+        try:
+            return parse(raw)
+        except DecodeError:
+            raise InvalidArgumentError(f"the {self.rpc} request does not parse") from None
+
     def deserializer(self, parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
-        """``parse`` behind the receive limit: a message above it raises
-        :class:`RequestTooLargeError` unparsed; one that does not parse, InvalidArgumentError."""
-        limit, rpc = self.limit, self.rpc
+        """``parse`` behind the receive limit, for each message of a client stream: a message
+        above it raises :class:`RequestTooLargeError` unparsed; one that does not parse,
+        InvalidArgumentError."""
 
         def deserialize(raw: bytes) -> Any:
-            received = _received.get()
-            if received is not None:  # a call served by _forgetting, as every call is
-                if received[0] < RELEASE_AFTER_BYTES <= received[0] + len(raw):
-                    large_call_began()
-                received[0] += len(raw)
-            if len(raw) > limit:
-                raise RequestTooLargeError(
-                    f"a {rpc} request of {len(raw)} bytes exceeds this method's limit of "
-                    f"{limit} bytes, set by the service's policy (docs/reference.md, "
-                    '"Message limits"): send a smaller request'
-                )
-            if parse is None:
-                return raw
-            try:
-                return parse(raw)
-            except DecodeError:
-                raise InvalidArgumentError(f"the {rpc} request does not parse") from None
+            self._received(len(raw))
+            if len(raw) > self.limit:
+                raise self._too_large(len(raw))
+            return self._parse(parse, raw)
 
         return deserialize
 
     def handler(self, inner: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        """``inner`` served as a client stream whose requests are read once admitted."""
-        deserialize = self.deserializer(inner.request_deserializer)
+        """``inner`` served as a client stream whose requests are read once admitted: a unary
+        request's pieces (:mod:`dpmarket.runtime.framing`) as raw bytes, joined and parsed by
+        :meth:`_read_request`; a client stream's messages each parsed as its handler reads it."""
         serialize = inner.response_serializer
         behaviour = _behaviour(inner)
-        if not inner.request_streaming and not inner.response_streaming:
-            return grpc.stream_unary_rpc_method_handler(
-                _forgetting(self._unary_unary(behaviour)), deserialize, serialize
-            )
         if not inner.request_streaming:
+            parse = inner.request_deserializer
+            if not inner.response_streaming:
+                return grpc.stream_unary_rpc_method_handler(
+                    _forgetting(self._unary_unary(behaviour, parse)), None, serialize
+                )
             return grpc.stream_stream_rpc_method_handler(
-                _forgetting(self._unary_stream(behaviour)), deserialize, serialize
+                _forgetting(self._unary_stream(behaviour, parse)), None, serialize
             )
+        deserialize = self.deserializer(inner.request_deserializer)
         if not inner.response_streaming:
             return grpc.stream_unary_rpc_method_handler(
                 _forgetting(self._stream_unary(behaviour)), deserialize, serialize
@@ -297,16 +310,90 @@ class _Gate:
         """Abort with the status of an admission or reading error (always raises)."""
         await abort_for(exc, context, self.rpc)
 
-    async def _read_one(self, context: grpc.aio.ServicerContext) -> Any:
-        # A unary request arrives with its call: a read slot is held for a moment (longer only
-        # by a client that sends its request slowly, until its deadline).
-        async with self.admission.reads:
-            request = await context.read()
-        if request is _EOF:
-            raise InvalidArgumentError(f"the {self.rpc} call ended without a request")
-        return request
+    def _declared(self, context: grpc.aio.ServicerContext) -> int | None:
+        """The request size a client sending pieces declared
+        (:data:`~dpmarket.runtime.framing.SIZE_METADATA`), or None.
 
-    def _unary_unary(self, inner: Behaviour) -> Behaviour:
+        Raises
+        ------
+        InvalidArgumentError
+            If the declaration is not a non-negative integer.
+        """
+        for key, value in context.invocation_metadata() or ():
+            if key == SIZE_METADATA:
+                text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+                if not text.isdigit():
+                    raise InvalidArgumentError(
+                        f"{SIZE_METADATA} must be the request's size in bytes, got {text[:32]!r}"
+                    )
+                return int(text)
+        return None
+
+    async def _read_request(
+        self, context: grpc.aio.ServicerContext, parse: Callable[[bytes], Any] | None
+    ) -> Any:
+        """Read a unary request's pieces until the client half-closes; return it parsed.
+
+        A request declared above the method's limit is refused before a byte of it is read;
+        one declared within it is told to start (the response's headers, which a client sending
+        pieces awaits: :mod:`dpmarket.runtime.framing`). Each piece is read holding one of the
+        server's :data:`READS_AT_ONCE` read slots (gRPC buffers it whole, up to
+        :data:`~dpmarket.runtime.framing.FRAME_BYTES`, when it is read); the pieces read so far
+        are held between reads, at most the method's limit. The joined bytes are parsed in the
+        last piece's slot, so that at most ``READS_AT_ONCE`` requests are held twice at once.
+
+        Raises
+        ------
+        RequestTooLargeError
+            If the declared size exceeds the method's limit (nothing read), or as soon as the
+            pieces' total exceeds it, or their count what that limit needs
+            (:func:`~dpmarket.runtime.framing.most_pieces`): nothing more is read.
+        InvalidArgumentError
+            If the call ends without a request, the pieces' total is not the size declared, or
+            the request does not parse.
+        """
+        declared = self._declared(context)
+        if declared is not None:
+            if declared > self.limit:
+                raise self._too_large(declared)
+            await context.send_initial_metadata(())
+        parts: list[bytes] = []
+        total = 0
+        most = most_pieces(self.limit)
+        while True:
+            # A piece arrives with the call or right after the one before: a read slot is held
+            # for a moment (longer only by a client that sends slowly, until its deadline).
+            async with self.admission.reads:
+                piece = await context.read()
+                if piece is _EOF:
+                    if not parts:
+                        raise InvalidArgumentError(f"the {self.rpc} call ended without a request")
+                    if declared is not None and total != declared:
+                        raise InvalidArgumentError(
+                            f"the {self.rpc} request's pieces hold {total} bytes, not the "
+                            f"{declared} its {SIZE_METADATA} declared"
+                        )
+                    raw = parts[0] if len(parts) == 1 else b"".join(parts)
+                    parts.clear()
+                    return self._parse(parse, raw)
+            self._received(len(piece))
+            total += len(piece)
+            if total > self.limit:
+                raise self._too_large(total, "" if not parts else "at least ")
+            if declared is not None and total > declared:
+                raise InvalidArgumentError(
+                    f"the {self.rpc} request's pieces hold more than the {declared} bytes its "
+                    f"{SIZE_METADATA} declared"
+                )
+            if len(parts) == most:
+                raise RequestTooLargeError(
+                    f"a {self.rpc} request in more than {most} pieces exceeds what this "
+                    f"method's limit of {self.limit} bytes needs: send pieces of "
+                    f'{FRAME_BYTES} bytes (docs/reference.md, "Message limits")'
+                )
+            parts.append(piece)
+
+    def _unary_unary(self, inner: Behaviour, parse: Callable[[bytes], Any] | None) -> Behaviour:
         async def behaviour(_: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
             try:
                 release = self.admit(context)
@@ -314,7 +401,7 @@ class _Gate:
                 return await self._refuse(exc, context)
             try:
                 try:
-                    request = await self._read_one(context)
+                    request = await self._read_request(context, parse)
                 except _UNREADABLE as exc:
                     return await self._refuse(exc, context)
                 return await inner(request, context)
@@ -323,14 +410,14 @@ class _Gate:
 
         return behaviour
 
-    def _unary_stream(self, inner: Behaviour) -> Behaviour:
+    def _unary_stream(self, inner: Behaviour, parse: Callable[[bytes], Any] | None) -> Behaviour:
         async def behaviour(_: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
             try:
                 release = self.admit(context)
             except _REFUSALS as exc:
                 return await self._refuse(exc, context)
             try:
-                await _respond(inner, await self._read_one(context), context)
+                await _respond(inner, await self._read_request(context, parse), context)
             except _UNREADABLE as exc:
                 await self._refuse(exc, context)
             finally:
@@ -459,17 +546,19 @@ class Admission(grpc.aio.ServerInterceptor):
 
     Parameters
     ----------
-    max_request_bytes : int
-        The server's receive limit (:func:`largest_request` of its servicers): an RPC whose own
-        limit is larger is held to it, and a warning says so once.
+    frame_bytes : int
+        The server's receive limit, bytes: the largest message it reads
+        (:data:`~dpmarket.runtime.framing.FRAME_BYTES`). A unary request may be larger, in
+        pieces; a client stream's message may not, and a streaming RPC whose own limit is larger
+        is held to it (a warning says so once).
     insecure : bool
         Plaintext transport (``--insecure``): no caller has an identity; the health and
         reflection services then admit every caller (the servicers' authorizers name the one
         identity every caller is taken to have).
     """
 
-    def __init__(self, max_request_bytes: int, *, insecure: bool = False) -> None:
-        self.max_request_bytes = max_request_bytes
+    def __init__(self, frame_bytes: int = FRAME_BYTES, *, insecure: bool = False) -> None:
+        self.frame_bytes = frame_bytes
         self.insecure = insecure
         #: Calls in progress per service name, and per (service, caller) on open services.
         self.active: dict[Any, int] = {}
@@ -503,20 +592,21 @@ class Admission(grpc.aio.ServerInterceptor):
                 OPEN_SERVICES,
                 rpc,
                 self._any_identity,
-                min(SMALL_REQUEST_BYTES, self.max_request_bytes),
+                SMALL_REQUEST_BYTES,
                 OPEN_CONCURRENT_CALLS,
                 OPEN_CALLS_PER_CALLER,
             )
         limits = limits_of(servicer)
         limit = limits.request_bytes(rpc)
-        if limit > self.max_request_bytes:
+        if inner.request_streaming and limit > self.frame_bytes:
             logger.warning(
-                "%s: its limit of %d bytes is above the server's %d: held to the server's",
+                "%s: its messages' limit of %d bytes is above the server's largest message, %d "
+                "bytes: held to it",
                 method,
                 limit,
-                self.max_request_bytes,
+                self.frame_bytes,
             )
-            limit = self.max_request_bytes
+            limit = self.frame_bytes
 
         def authorize(context: grpc.aio.ServicerContext) -> str:
             return str(authorizer.authorize(context, roles))

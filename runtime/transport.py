@@ -50,6 +50,7 @@ from cryptography.hazmat.primitives import serialization
 
 from dpmarket.common.errors import UnavailableError
 from dpmarket.runtime import rpc_trace
+from dpmarket.runtime.framing import PiecesAioChannel, PiecesChannel
 from dpmarket.runtime.identity import Identity, identity_from_certificate
 
 logger = logging.getLogger(__name__)
@@ -269,6 +270,9 @@ def aio_channel(
 ) -> grpc.aio.Channel:
     """Open a grpc.aio channel to ``target`` that presents this party's certificate.
 
+    A unary request above :data:`~dpmarket.runtime.framing.FRAME_BYTES` goes in pieces
+    (:class:`~dpmarket.runtime.framing.PiecesAioChannel`), as every server receives them.
+
     Parameters
     ----------
     target : str
@@ -296,10 +300,12 @@ def aio_channel(
     merged = _channel_options(target, security, expected, options)
     interceptors = rpc_trace.aio_interceptors(*_parties(target, security, expected))
     if security.insecure:
-        return grpc.aio.insecure_channel(target, options=merged, interceptors=interceptors)
-    return grpc.aio.secure_channel(
-        target, security.channel_credentials(), options=merged, interceptors=interceptors
-    )
+        channel = grpc.aio.insecure_channel(target, options=merged, interceptors=interceptors)
+    else:
+        channel = grpc.aio.secure_channel(
+            target, security.channel_credentials(), options=merged, interceptors=interceptors
+        )
+    return PiecesAioChannel(channel)
 
 
 def sync_channel(
@@ -308,16 +314,17 @@ def sync_channel(
     expected: Identity | None,
     options: ChannelOptions = (),
 ) -> grpc.Channel:
-    """Open a blocking grpc channel to ``target``; as :func:`aio_channel` otherwise."""
+    """Open a blocking grpc channel to ``target``; as :func:`aio_channel` otherwise (large
+    requests in pieces: :class:`~dpmarket.runtime.framing.PiecesChannel`)."""
     merged = _channel_options(target, security, expected, options)
     if security.insecure:
         channel = grpc.insecure_channel(target, options=merged)
     else:
         channel = grpc.secure_channel(target, security.channel_credentials(), options=merged)
     interceptor = rpc_trace.sync_interceptor(*_parties(target, security, expected))
-    if interceptor is None:
-        return channel
-    return grpc.intercept_channel(channel, interceptor)
+    if interceptor is not None:
+        channel = grpc.intercept_channel(channel, interceptor)
+    return PiecesChannel(channel)
 
 
 # ------------------------------------------------------------------------- fail fast, say why
