@@ -65,6 +65,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,9 +92,11 @@ __all__ = [
     "OPEN_CONCURRENT_CALLS",
     "OPEN_SERVICES",
     "READS_AT_ONCE",
+    "REQUEST_BUDGET_BYTES",
     "SMALL_REQUEST_BYTES",
     "VALUE_BYTES",
     "Admission",
+    "RequestBudget",
     "RequestTooLargeError",
     "ServiceLimits",
 ]
@@ -126,6 +129,15 @@ OPEN_CONCURRENT_CALLS = 4
 #: requests a second copy of each; each admitted call, between its pieces and once read, at most
 #: its RPC's own limit. Before, every admitted call read at once: 64 per service (issue 25).
 READS_AT_ONCE = 4
+#: Request bytes a server's admitted calls hold at once, all services together (64 MiB): each
+#: unary call reserves its request's declared size (or, sent as one message, its RPC's limit up
+#: to one message, then the size it had) before a byte of it is read, and gives it back when it
+#: ends; a call that does not fit waits (its request held at the client by flow control), and
+#: one larger than the budget is served alone. So what admitted callers make a server hold in
+#: requests does not grow with its services' calls at once (64 each) times their RPCs' limits
+#: (an owner's three services: 0.66 GiB at the defaults; the curator's ``CreateSession`` alone
+#: 64 x 17 MiB).
+REQUEST_BUDGET_BYTES = 64 << 20
 #: Name under which the health and reflection services' calls are counted together.
 OPEN_SERVICES = "the health and reflection services"
 #: Calls one caller may have in progress on the health or reflection service (a probe calls
@@ -135,6 +147,60 @@ OPEN_CALLS_PER_CALLER = 2
 
 class RequestTooLargeError(ResourceExhaustedError):
     """A request above its RPC's receive limit (``RESOURCE_EXHAUSTED``); it was not parsed."""
+
+
+class RequestBudget:
+    """The request bytes a server's calls hold at once (:data:`REQUEST_BUDGET_BYTES`).
+
+    :meth:`take` waits, first come first served, until ``size`` fits beside what is held, or
+    nothing is held (a request larger than the budget is served alone); :meth:`give` returns
+    bytes taken. Runs on the server's event loop.
+
+    Parameters
+    ----------
+    total : int
+        The budget, bytes (positive).
+    """
+
+    def __init__(self, total: int) -> None:
+        if total < 1:
+            raise ValueError(f"total must be a positive number of bytes, got {total}")
+        self.total = total
+        #: Bytes taken and not given back.
+        self.held = 0
+        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    def _fits(self, size: int) -> bool:
+        return self.held == 0 or self.held + size <= self.total
+
+    async def take(self, size: int) -> None:
+        """Take ``size`` bytes, waiting for them if need be."""
+        if not self._waiting and self._fits(size):
+            self.held += size
+            return
+        granted = asyncio.get_running_loop().create_future()
+        self._waiting.append((size, granted))
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.give(size)  # granted as the call went away
+            else:
+                self._waiting.remove((size, granted))
+                self._grant()
+            raise
+
+    def give(self, size: int) -> None:
+        """Give back ``size`` bytes taken, and serve the calls waiting that now fit."""
+        self.held -= size
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiting and self._fits(self._waiting[0][0]):
+            size, granted = self._waiting.popleft()
+            if not granted.done():
+                self.held += size
+                granted.set_result(None)
 
 
 @dataclass(frozen=True)
@@ -306,6 +372,11 @@ class _Gate:
             _forgetting(self._stream_stream(behaviour)), deserialize, serialize
         )
 
+    def _give_back(self, held: list[int]) -> None:
+        """Give the request bytes a call took (:meth:`_read_request`) back to the budget."""
+        for size in held:
+            self.admission.budget.give(size)
+
     async def _refuse(self, exc: Exception, context: grpc.aio.ServicerContext) -> None:
         """Abort with the status of an admission or reading error (always raises)."""
         await abort_for(exc, context, self.rpc)
@@ -330,32 +401,43 @@ class _Gate:
         return None
 
     async def _read_request(
-        self, context: grpc.aio.ServicerContext, parse: Callable[[bytes], Any] | None
+        self,
+        context: grpc.aio.ServicerContext,
+        parse: Callable[[bytes], Any] | None,
+        held: list[int],
     ) -> Any:
         """Read a unary request's pieces until the client half-closes; return it parsed.
 
-        A request declared above the method's limit is refused before a byte of it is read;
-        one declared within it is told to start (the response's headers, which a client sending
-        pieces awaits: :mod:`dpmarket.runtime.framing`). Each piece is read holding one of the
-        server's :data:`READS_AT_ONCE` read slots (gRPC buffers it whole, up to
-        :data:`~dpmarket.runtime.framing.FRAME_BYTES`, when it is read); the pieces read so far
-        are held between reads, at most the method's limit. The joined bytes are parsed in the
-        last piece's slot, so that at most ``READS_AT_ONCE`` requests are held twice at once.
+        A request declared above the method's limit is refused before a byte of it is read.
+        Otherwise the call first takes the bytes its request may hold from the server's
+        :class:`RequestBudget` (the declared size; for a request sent as one message, the
+        method's limit up to one message, then the size it had), appended to ``held`` for the
+        caller to give back when the call ends; a declared request is then told to start (the
+        response's headers, which a client sending pieces awaits:
+        :mod:`dpmarket.runtime.framing`). Each piece is read holding one of the server's
+        :data:`READS_AT_ONCE` read slots (gRPC buffers it whole, up to
+        :data:`~dpmarket.runtime.framing.FRAME_BYTES`, when it is read). The joined bytes are
+        parsed in the last piece's slot, so that at most ``READS_AT_ONCE`` requests are held
+        twice at once.
 
         Raises
         ------
         RequestTooLargeError
             If the declared size exceeds the method's limit (nothing read), or as soon as the
-            pieces' total exceeds it, or their count what that limit needs
-            (:func:`~dpmarket.runtime.framing.most_pieces`): nothing more is read.
+            pieces' total exceeds it, or (undeclared) one message, or their count what that
+            limit needs (:func:`~dpmarket.runtime.framing.most_pieces`): nothing more is read.
         InvalidArgumentError
             If the call ends without a request, the pieces' total is not the size declared, or
             the request does not parse.
         """
         declared = self._declared(context)
+        if declared is not None and declared > self.limit:
+            raise self._too_large(declared)
+        frame = self.admission.frame_bytes
+        reserved = min(self.limit, frame) if declared is None else declared
+        await self.admission.budget.take(reserved)
+        held.append(reserved)
         if declared is not None:
-            if declared > self.limit:
-                raise self._too_large(declared)
             await context.send_initial_metadata(())
         parts: list[bytes] = []
         total = 0
@@ -375,15 +457,25 @@ class _Gate:
                         )
                     raw = parts[0] if len(parts) == 1 else b"".join(parts)
                     parts.clear()
-                    return self._parse(parse, raw)
+                    request = self._parse(parse, raw)
+                    if total < reserved:  # keep what the request holds
+                        self.admission.budget.give(reserved - total)
+                        held[-1] = total
+                    return request
             self._received(len(piece))
             total += len(piece)
             if total > self.limit:
                 raise self._too_large(total, "" if not parts else "at least ")
-            if declared is not None and total > declared:
-                raise InvalidArgumentError(
-                    f"the {self.rpc} request's pieces hold more than the {declared} bytes its "
-                    f"{SIZE_METADATA} declared"
+            if total > reserved:
+                if declared is not None:
+                    raise InvalidArgumentError(
+                        f"the {self.rpc} request's pieces hold more than the {declared} bytes "
+                        f"its {SIZE_METADATA} declared"
+                    )
+                raise RequestTooLargeError(
+                    f"a {self.rpc} request above {frame} bytes must declare its size in "
+                    f'{SIZE_METADATA} and be sent in pieces (docs/reference.md, "Message '
+                    'limits")'
                 )
             if len(parts) == most:
                 raise RequestTooLargeError(
@@ -399,13 +491,15 @@ class _Gate:
                 release = self.admit(context)
             except _REFUSALS as exc:
                 return await self._refuse(exc, context)
+            held: list[int] = []
             try:
                 try:
-                    request = await self._read_request(context, parse)
+                    request = await self._read_request(context, parse, held)
                 except _UNREADABLE as exc:
                     return await self._refuse(exc, context)
                 return await inner(request, context)
             finally:
+                self._give_back(held)
                 release()
 
         return behaviour
@@ -416,11 +510,14 @@ class _Gate:
                 release = self.admit(context)
             except _REFUSALS as exc:
                 return await self._refuse(exc, context)
+            held: list[int] = []
             try:
-                await _respond(inner, await self._read_request(context, parse), context)
+                request = await self._read_request(context, parse, held)
+                await _respond(inner, request, context)
             except _UNREADABLE as exc:
                 await self._refuse(exc, context)
             finally:
+                self._give_back(held)
                 release()
 
         return behaviour
@@ -555,10 +652,20 @@ class Admission(grpc.aio.ServerInterceptor):
         Plaintext transport (``--insecure``): no caller has an identity; the health and
         reflection services then admit every caller (the servicers' authorizers name the one
         identity every caller is taken to have).
+    budget_bytes : int
+        The request bytes its unary calls hold at once (:class:`RequestBudget`).
     """
 
-    def __init__(self, frame_bytes: int = FRAME_BYTES, *, insecure: bool = False) -> None:
+    def __init__(
+        self,
+        frame_bytes: int = FRAME_BYTES,
+        *,
+        insecure: bool = False,
+        budget_bytes: int = REQUEST_BUDGET_BYTES,
+    ) -> None:
         self.frame_bytes = frame_bytes
+        #: The request bytes its calls hold at once.
+        self.budget = RequestBudget(budget_bytes)
         self.insecure = insecure
         #: Calls in progress per service name, and per (service, caller) on open services.
         self.active: dict[Any, int] = {}

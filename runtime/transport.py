@@ -267,7 +267,7 @@ def aio_channel(
     security: TransportSecurity,
     expected: Identity | None,
     options: ChannelOptions = (),
-) -> grpc.aio.Channel:
+) -> PiecesAioChannel:
     """Open a grpc.aio channel to ``target`` that presents this party's certificate.
 
     A unary request above :data:`~dpmarket.runtime.framing.FRAME_BYTES` goes in pieces
@@ -290,7 +290,8 @@ def aio_channel(
 
     Returns
     -------
-    grpc.aio.Channel
+    PiecesAioChannel
+        A ``grpc.aio.Channel``.
 
     Raises
     ------
@@ -313,7 +314,7 @@ def sync_channel(
     security: TransportSecurity,
     expected: Identity | None,
     options: ChannelOptions = (),
-) -> grpc.Channel:
+) -> PiecesChannel:
     """Open a blocking grpc channel to ``target``; as :func:`aio_channel` otherwise (large
     requests in pieces: :class:`~dpmarket.runtime.framing.PiecesChannel`)."""
     merged = _channel_options(target, security, expected, options)
@@ -521,7 +522,7 @@ def connected_channel(
     *,
     connect_timeout: float | None = CONNECT_TIMEOUT_SECONDS,
     peer: str = "",
-) -> grpc.Channel:
+) -> PiecesChannel:
     """A blocking channel (:func:`sync_channel`), connected within ``connect_timeout`` seconds
     (:func:`check_connected`; None: not checked, calls wait for the server as gRPC does).
 

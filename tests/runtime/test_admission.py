@@ -50,6 +50,7 @@ from dpmarket.runtime import admission, allocator, cape_messages, sketch_message
 from dpmarket.runtime.admission import (
     OPEN_CALLS_PER_CALLER,
     SMALL_REQUEST_BYTES,
+    RequestBudget,
     ServiceLimits,
 )
 from dpmarket.runtime.allocator import release_free_memory
@@ -301,7 +302,8 @@ def _opening(size: int) -> owner_pb2.OpenSessionRequest:
 def test_a_request_above_one_message_arrives_in_pieces_byte_for_byte(pki: Path) -> None:
     """A unary request above FRAME_BYTES goes in pieces; the handler gets the very message the
     client serialized (async and blocking channels), and its RPC's own limit holds its total:
-    declared above it, refused before a byte is read; undeclared, once the pieces pass it."""
+    declared above it, refused before a byte is read; undeclared, once the pieces pass one
+    message."""
     request = _opening(3 * FRAME_BYTES)
     sent = request.SerializeToString()
     assert FRAME_BYTES < len(sent) <= UPLOAD_LIMIT
@@ -314,13 +316,15 @@ def test_a_request_above_one_message_arrives_in_pieces_byte_for_byte(pki: Path) 
             stub.OpenSession(request, timeout=DEADLINE)
             stub.OpenSession.future(request, timeout=DEADLINE).result()
             # Clients that send otherwise (the channel under the pieces): their status each.
-            raw = channel.channel.stream_unary(open_session)
-            declared = [("dpmarket-request-bytes", str(len(sent) - 1))]
+            raw = channel.channel.stream_unary(open_session, None, None)
+            declared: tuple[tuple[str, str | bytes], ...] = (
+                ("dpmarket-request-bytes", str(len(sent) - 1)),
+            )
             outcomes = []
             for pieces, metadata in [
                 ([sent[i : i + 1024] for i in range(0, len(sent), 1024)], None),  # tiny pieces
                 ([too_large[i : i + FRAME_BYTES] for i in range(0, len(too_large), FRAME_BYTES)],
-                 None),  # undeclared, above the limit
+                 None),  # undeclared, above one message
                 ([sent[i : i + FRAME_BYTES] for i in range(0, len(sent), FRAME_BYTES)],
                  declared),  # more than declared
                 ([sent], None),  # one message above the frame: gRPC refuses it
@@ -358,7 +362,7 @@ def test_a_request_above_one_message_arrives_in_pieces_byte_for_byte(pki: Path) 
         assert tiny[0] == grpc.StatusCode.RESOURCE_EXHAUSTED, tiny
         assert f"in more than {most_pieces(UPLOAD_LIMIT)} pieces" in tiny[1]
         assert undeclared[0] == grpc.StatusCode.RESOURCE_EXHAUSTED, undeclared
-        assert "a OpenSession request of at least" in undeclared[1]
+        assert f"above {FRAME_BYTES} bytes must declare its size" in undeclared[1]
         assert lying[0] == grpc.StatusCode.INVALID_ARGUMENT, lying
         assert f"more than the {len(sent) - 1} bytes" in lying[1]
         assert whole[0] == grpc.StatusCode.RESOURCE_EXHAUSTED, whole
@@ -366,6 +370,81 @@ def test_a_request_above_one_message_arrives_in_pieces_byte_for_byte(pki: Path) 
 
     channel_target: list[str] = []
     _run(pki, scenario, target=channel_target)
+
+
+def test_the_request_budget_serves_in_order_what_fits_and_a_larger_request_alone() -> None:
+    async def scenario() -> None:
+        budget = RequestBudget(10)
+        await budget.take(6)
+        waiting = [asyncio.ensure_future(budget.take(size)) for size in (5, 1, 20)]
+        await asyncio.sleep(0)
+        # First come first served: 5 does not fit beside 6, and 1 waits behind it.
+        assert [w.done() for w in waiting] == [False, False, False]
+        gone = asyncio.ensure_future(budget.take(3))
+        await asyncio.sleep(0)
+        gone.cancel()  # a call that goes away while waiting leaves the queue
+        budget.give(6)
+        await asyncio.sleep(0)
+        assert [w.done() for w in waiting] == [True, True, False]
+        assert budget.held == 6
+        budget.give(5)
+        budget.give(1)
+        await asyncio.sleep(0)
+        assert waiting[2].done() and budget.held == 20  # larger than the budget: alone
+        budget.give(20)
+        assert budget.held == 0 and gone.cancelled()
+
+    asyncio.run(scenario())
+    with pytest.raises(ValueError, match="got 0"):
+        RequestBudget(0)
+
+
+@pytest.mark.parametrize("requests", [2, 3])
+def test_admitted_requests_wait_for_the_servers_request_budget(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, requests: int
+) -> None:
+    """With a budget of two requests, the third of three held calls waits, its request unread,
+    until one ends; the budget is whole again when all have ended. Control: with a budget of
+    three, the third is served while the others are held."""
+    request = _opening(3 * FRAME_BYTES)
+    size = request.ByteSize()
+    budgets: list[admission.RequestBudget] = []
+    real = admission.Admission.__init__
+
+    def recording(self: admission.Admission, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, budget_bytes=requests * size, **kwargs)
+        budgets.append(self.budget)
+
+    monkeypatch.setattr(admission.Admission, "__init__", recording)
+    owner = HoldingOwner()  # type: ignore[abstract]  # a probe: OpenSession held
+
+    async def scenario(connect, owner, curator):
+        stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
+        calls = [asyncio.ensure_future(stub.OpenSession(request, timeout=DEADLINE))]
+        calls += [asyncio.ensure_future(stub.OpenSession(request, timeout=DEADLINE))]
+        await _until(lambda: owner.reached == 2)
+        calls.append(asyncio.ensure_future(stub.OpenSession(request, timeout=DEADLINE)))
+        if requests == 3:
+            await _until(lambda: owner.reached == 3)
+        else:
+            await asyncio.sleep(0.3)  # the third is not served while the others hold the budget
+            assert owner.reached == 2
+        assert budgets[0].held == min(requests, 3) * size
+        owner.release.set()
+        await asyncio.gather(*calls)
+        assert owner.reached == 3 and budgets[0].held == 0
+
+    _run(pki, scenario, owner)
+
+
+class HoldingOwner(ProbeOwner):
+    """A probe owner whose ``OpenSession`` waits for :attr:`release` once reached."""
+
+    @rpc("curator")
+    async def OpenSession(self, request, context, caller):
+        self.reached += 1
+        await self.release.wait()
+        return owner_pb2.OpenSessionResponse(num_points=1)
 
 
 def test_a_service_serves_at_most_its_calls_at_once_and_refusals_take_no_slot(pki: Path) -> None:
