@@ -129,15 +129,17 @@ OPEN_CONCURRENT_CALLS = 4
 #: requests a second copy of each; each admitted call, between its pieces and once read, at most
 #: its RPC's own limit. Before, every admitted call read at once: 64 per service (issue 25).
 READS_AT_ONCE = 4
-#: Request bytes a server's admitted calls hold at once, all services together (64 MiB): each
+#: Request bytes a server's admitted calls hold at once, all services together (32 MiB): each
 #: unary call reserves its request's declared size (or, sent as one message, its RPC's limit up
 #: to one message, then the size it had) before a byte of it is read, and gives it back when it
 #: ends; a call that does not fit waits (its request held at the client by flow control), and
 #: one larger than the budget is served alone. So what admitted callers make a server hold in
-#: requests does not grow with its services' calls at once (64 each) times their RPCs' limits
-#: (an owner's three services: 0.66 GiB at the defaults; the curator's ``CreateSession`` alone
-#: 64 x 17 MiB).
-REQUEST_BUDGET_BYTES = 64 << 20
+#: requests (and in what their handlers decode of them, about as much again) does not grow with
+#: its services' calls at once (64 each) times their RPCs' limits: an owner's three services
+#: 0.66 GiB at the defaults, the curator's ``CreateSession`` alone 64 x 17 MiB (64 such calls of
+#: 15 MB at once raised a curator by 1.5 GiB; with this budget by 142 MiB). At least two of the
+#: largest requests (the curator's 17 MiB) fit at once.
+REQUEST_BUDGET_BYTES = 32 << 20
 #: Name under which the health and reflection services' calls are counted together.
 OPEN_SERVICES = "the health and reflection services"
 #: Calls one caller may have in progress on the health or reflection service (a probe calls

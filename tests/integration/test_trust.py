@@ -665,7 +665,7 @@ def test_refused_calls_over_many_connections_hold_a_window_per_connection(
 ADMITTED_CONNECTIONS = 16
 ADMITTED_CALLS = 64
 ADMITTED_BYTES = 20_000_000
-OVERSIZED_CALLS = 24
+OVERSIZED_CALLS = 16
 #: What an admitted caller may make an owner hold (docs/reference.md, "Message limits"): a
 #: constant, so much per connection, 2 x one message per read at once, and the requests its
 #: calls hold (:func:`_admitted_bound`).
@@ -676,9 +676,10 @@ ADMITTED_PER_CONNECTION = 1 << 20
 def _admitted_bound(limit: int) -> int:
     """The most an admitted caller's calls of one OwnerService RPC, of receive limit ``limit``,
     may raise an owner's RSS over :data:`ADMITTED_CONNECTIONS` connections: the requests its
-    calls hold (its calls at once, ``limit`` each, within the server's request budget) and
-    twice that for a moment for the READS_AT_ONCE being parsed."""
-    held = min(max(REQUEST_BUDGET_BYTES, limit), DEFAULT_CONCURRENT_CALLS * limit)
+    calls hold (its calls at once, ``limit`` each, within the server's request budget) and as
+    much again for what their handlers decode, and twice ``limit`` for a moment for the
+    READS_AT_ONCE being parsed."""
+    held = 2 * min(max(REQUEST_BUDGET_BYTES, limit), DEFAULT_CONCURRENT_CALLS * limit)
     return (
         ADMITTED_CONSTANT
         + ADMITTED_CONNECTIONS * ADMITTED_PER_CONNECTION
@@ -708,7 +709,7 @@ def test_an_admitted_caller_is_held_to_each_methods_own_limit(
 ) -> None:
     """The curator, which may call every OwnerService RPC, floods a real owner: 64 ``OpenSession``
     requests of exactly that method's limit at once (2.1 MiB: h1 at the policy's largest
-    dimension, in pieces), then 24 ``Bid`` requests of 20 MB (limit 96 KiB) sent whole. The
+    dimension, in pieces), then 16 ``Bid`` requests of 20 MB (limit 96 KiB) sent whole. The
     owner's server receives messages of at most 1 MiB, so a Bid's message is refused from its
     declared length before it is buffered, and a method's pieces are read no further than its
     own limit: its RSS grows by at most the documented bound of each method, and nothing is
