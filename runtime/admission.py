@@ -43,11 +43,12 @@ What a party can make a service hold, in request bytes (its handlers' own memory
   bandwidth-delay probing off) and accepts a bounded number of connections
   (:data:`~dpmarket.runtime.serving.TRANSPORT_BOUND_OPTIONS`);
 * admitted: at most ``concurrent_calls`` calls of each service, each holding at most its RPC's
-  limit (the pieces read so far, then the parsed request). While a piece is being read, before
-  its length can be counted, gRPC buffers at most ``FRAME_BYTES``, and at most
-  :data:`READS_AT_ONCE` pieces are read at once, the joined request parsed in the last one's
-  turn (a client stream's messages, ``RunRounds``, are read as its handler asks: at most one per
-  stream);
+  limit (the pieces read so far, then the parsed request), and all of them together at most the
+  server's :class:`RequestBudget` (:data:`REQUEST_BUDGET_BYTES`, or one request larger than it
+  alone), taken before a byte is read. While a piece is being read, before its length can be
+  counted, gRPC buffers at most ``FRAME_BYTES``, and at most :data:`READS_AT_ONCE` pieces are
+  read at once, the joined request parsed in the last one's turn (a client stream's messages,
+  ``RunRounds``, are read as its handler asks: at most one per stream, outside the budget);
 * the health and reflection services: at most :data:`OPEN_CALLS_PER_CALLER` calls per caller and
   :data:`OPEN_CONCURRENT_CALLS` in all (the two services together), each read up to one piece
   and dropped at once when above :data:`SMALL_REQUEST_BYTES`.
