@@ -409,7 +409,8 @@ class _Gate:
         parse: Callable[[bytes], Any] | None,
         held: list[int],
     ) -> Any:
-        """Read a unary request's pieces until the client half-closes; return it parsed.
+        """Read a unary request (one message, or the pieces of its declared size); return it
+        parsed.
 
         A request declared above the method's limit is refused before a byte of it is read.
         Otherwise the call first takes the bytes its request may hold from the server's
@@ -417,74 +418,71 @@ class _Gate:
         method's limit up to one message, then the size it had), appended to ``held`` for the
         caller to give back when the call ends; a declared request is then told to start (the
         response's headers, which a client sending pieces awaits:
-        :mod:`dpmarket.runtime.framing`). Each piece is read holding one of the server's
+        :mod:`dpmarket.runtime.framing`). Each message is read holding one of the server's
         :data:`READS_AT_ONCE` read slots (gRPC buffers it whole, up to
-        :data:`~dpmarket.runtime.framing.FRAME_BYTES`, when it is read). The joined bytes are
-        parsed in the last piece's slot, so that at most ``READS_AT_ONCE`` requests are held
-        twice at once.
+        :data:`~dpmarket.runtime.framing.FRAME_BYTES`, when it is read); pieces are joined and
+        parsed in the last one's slot, so that at most ``READS_AT_ONCE`` requests are held twice
+        at once. The end of the client's stream is not awaited: an undeclared request is its
+        first message, a declared one its pieces up to the declared size.
 
         Raises
         ------
         RequestTooLargeError
-            If the declared size exceeds the method's limit (nothing read), or as soon as the
-            pieces' total exceeds it, or (undeclared) one message, or their count what that
-            limit needs (:func:`~dpmarket.runtime.framing.most_pieces`): nothing more is read.
+            If the declared size exceeds the method's limit (nothing read), or a message
+            exceeds it, or the pieces' count what that limit needs
+            (:func:`~dpmarket.runtime.framing.most_pieces`): nothing more is read.
         InvalidArgumentError
-            If the call ends without a request, the pieces' total is not the size declared, or
-            the request does not parse.
+            If the call ends without a request or before its declared size, its pieces hold
+            more than that, or the request does not parse.
         """
         declared = self._declared(context)
         if declared is not None and declared > self.limit:
             raise self._too_large(declared)
-        frame = self.admission.frame_bytes
-        reserved = min(self.limit, frame) if declared is None else declared
+        reserved = min(self.limit, self.admission.frame_bytes) if declared is None else declared
         await self.admission.budget.take(reserved)
         held.append(reserved)
-        if declared is not None:
-            await context.send_initial_metadata(())
+        if declared is None:  # one message, as any gRPC client sends a unary request
+            async with self.admission.reads:
+                raw = await context.read()
+                if raw is _EOF:
+                    raise InvalidArgumentError(f"the {self.rpc} call ended without a request")
+                self._received(len(raw))
+                if len(raw) > self.limit:
+                    raise self._too_large(len(raw))
+                request = self._parse(parse, raw)
+            self.admission.budget.give(reserved - len(raw))  # keep what the request holds
+            held[-1] = len(raw)
+            return request
+        await context.send_initial_metadata(((SIZE_METADATA, str(declared)),))
         parts: list[bytes] = []
         total = 0
         most = most_pieces(self.limit)
         while True:
-            # A piece arrives with the call or right after the one before: a read slot is held
-            # for a moment (longer only by a client that sends slowly, until its deadline).
+            # A piece arrives right after the one before: a read slot is held for a moment
+            # (longer only by a client that sends slowly, until its deadline).
             async with self.admission.reads:
-                piece = await context.read()
-                if piece is _EOF:
-                    if not parts:
-                        raise InvalidArgumentError(f"the {self.rpc} call ended without a request")
-                    if declared is not None and total != declared:
-                        raise InvalidArgumentError(
-                            f"the {self.rpc} request's pieces hold {total} bytes, not the "
-                            f"{declared} its {SIZE_METADATA} declared"
-                        )
+                if total == declared:
                     raw = parts[0] if len(parts) == 1 else b"".join(parts)
                     parts.clear()
-                    request = self._parse(parse, raw)
-                    if total < reserved:  # keep what the request holds
-                        self.admission.budget.give(reserved - total)
-                        held[-1] = total
-                    return request
+                    return self._parse(parse, raw)
+                if len(parts) == most:
+                    raise RequestTooLargeError(
+                        f"a {self.rpc} request in more than {most} pieces exceeds what this "
+                        f"method's limit of {self.limit} bytes needs: send pieces of "
+                        f'{FRAME_BYTES} bytes (docs/reference.md, "Message limits")'
+                    )
+                piece = await context.read()
+            if piece is _EOF:
+                raise InvalidArgumentError(
+                    f"the {self.rpc} call ended after {total} of the {declared} bytes its "
+                    f"{SIZE_METADATA} declared"
+                )
             self._received(len(piece))
             total += len(piece)
-            if total > self.limit:
-                raise self._too_large(total, "" if not parts else "at least ")
-            if total > reserved:
-                if declared is not None:
-                    raise InvalidArgumentError(
-                        f"the {self.rpc} request's pieces hold more than the {declared} bytes "
-                        f"its {SIZE_METADATA} declared"
-                    )
-                raise RequestTooLargeError(
-                    f"a {self.rpc} request above {frame} bytes must declare its size in "
-                    f'{SIZE_METADATA} and be sent in pieces (docs/reference.md, "Message '
-                    'limits")'
-                )
-            if len(parts) == most:
-                raise RequestTooLargeError(
-                    f"a {self.rpc} request in more than {most} pieces exceeds what this "
-                    f"method's limit of {self.limit} bytes needs: send pieces of "
-                    f'{FRAME_BYTES} bytes (docs/reference.md, "Message limits")'
+            if total > declared:
+                raise InvalidArgumentError(
+                    f"the {self.rpc} request's pieces hold more than the {declared} bytes its "
+                    f"{SIZE_METADATA} declared"
                 )
             parts.append(piece)
 

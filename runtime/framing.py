@@ -4,29 +4,28 @@ A gRPC server reads a message whole, up to its receive limit, before anything ca
 message with its method's own limit, and grpcio (1.85) has no per-method receive limit on a
 server. So that a server's receive limit can be small whatever its largest method needs, every
 server the project starts receives messages of at most :data:`FRAME_BYTES` (1 MiB;
-:func:`dpmarket.runtime.serving.start_server`), and a request of a unary-request RPC is *the
-concatenation of the messages its client sends before it half-closes*:
+:func:`dpmarket.runtime.serving.start_server`), and a unary RPC's request is sent one of two ways:
 
-* a request of at most :data:`FRAME_BYTES` serialized bytes is sent as it always was, one
-  message of the method's request type (a standard gRPC client, ``grpcurl``, calls such RPCs
-  unchanged);
-* a larger one is serialized once and sent as consecutive pieces of its bytes, each of
-  :data:`FRAME_BYTES` but the last, on the same method as a client stream (the wire does not
-  tell a unary request from a client stream's: :mod:`dpmarket.runtime.admission` serves every
-  RPC as one), its size declared in the call's metadata (:data:`SIZE_METADATA`). Its
-  ``.proto`` is unchanged: the pieces are the bytes of the same message.
+* one message of the method's request type, as any gRPC client (``grpcurl``) sends it: a
+  request of at most :data:`FRAME_BYTES` serialized bytes;
+* its serialized bytes in consecutive pieces, each of :data:`FRAME_BYTES` but the last, on the
+  same method as a client stream (the wire does not tell a unary request from a client
+  stream's: :mod:`dpmarket.runtime.admission` serves every RPC as one), its size declared in the
+  call's metadata (:data:`SIZE_METADATA`): a larger request. Its ``.proto`` is unchanged: the
+  pieces are the bytes of the same message.
 
 The server (:class:`dpmarket.runtime.admission.Admission`) admits the caller first, as every
-call; then it refuses a declared size above the method's own limit (``RESOURCE_EXHAUSTED``)
-before reading a byte, or sends the response's headers, which the client awaits before it sends
-the first piece (one round trip more for a request above :data:`FRAME_BYTES`: a client that
-wrote while the server refused would see grpc.aio's ``INTERNAL`` instead of the server's
-status). It counts the bytes as it reads the pieces and refuses as soon as their total exceeds
-the method's limit or the size declared, or their count exceeds what that limit needs
-(:func:`most_pieces`), before it reads the next one; it parses the joined bytes once the client
-half-closes. The message it parses is the one the client serialized, byte for byte, so an
-in-process run and a networked one see the same request. A client stream's messages
-(``RunRounds``) are each one message, held to :data:`FRAME_BYTES` and to its method's limit.
+call. An undeclared request is the first message. For a declared one, it refuses a size above
+the method's own limit (``RESOURCE_EXHAUSTED``) before reading a byte, or sends the response's
+headers accepting the size, which the client awaits before it sends the first piece (one round
+trip more for a request above :data:`FRAME_BYTES`: a client that wrote while the server refused
+would see grpc.aio's ``INTERNAL`` instead of the server's status); it counts the bytes as it
+reads the pieces, refuses as soon as their total exceeds the size declared (``INVALID_ARGUMENT``)
+or their count what the method's limit needs (:func:`most_pieces`), before it reads the next
+one, and parses the joined bytes once they reach the declared size. The message it parses is the
+one the client serialized, byte for byte, so an in-process run and a networked one see the same
+request. A client stream's messages (``RunRounds``) are each one message, held to
+:data:`FRAME_BYTES` and to its method's limit.
 
 Every channel :mod:`dpmarket.runtime.transport` opens sends this way (:class:`PiecesAioChannel`,
 :class:`PiecesChannel`): a stub built on it calls as before.
@@ -56,7 +55,7 @@ __all__ = [
 #: :data:`dpmarket.runtime.serving.MAX_MESSAGE_BYTES`).
 FRAME_BYTES = 1 << 20
 #: Call metadata key under which a client sending a request in pieces declares its size, bytes
-#: (decimal digits).
+#: (decimal digits), and the server's response headers accept it (the same value).
 SIZE_METADATA = "dpmarket-request-bytes"
 
 
@@ -116,17 +115,27 @@ class _AioUnaryUnary:
         calls: list[Any] = []
 
         async def send() -> AsyncIterator[bytes]:
-            # The server's headers say the call was admitted and its size accepted; a refused
-            # call ends instead, and nothing is written to it (module docstring).
+            # The server's headers accept the call and its size; a refused call ends without
+            # them, and nothing is written to it, nor its end, until its status is in (a write
+            # that crosses the status makes grpc.aio report INTERNAL: module docstring).
             call = calls[0]
-            await call.initial_metadata()
-            if call.done():
+            headers = await call.initial_metadata()
+            if _accepted(headers) != str(len(data)):
+                await call.code()
                 return
             for piece in pieces(data):
                 yield piece
 
         calls.append(self._upload(send(), **kwargs))
         return calls[0]
+
+
+def _accepted(headers: Any) -> str | None:
+    """The size a server's response headers accept (:data:`SIZE_METADATA`), or None."""
+    for key, value in headers or ():
+        if key == SIZE_METADATA:
+            return value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+    return None
 
 
 def _declaring(metadata: Any, data: bytes) -> tuple[tuple[str, str], ...]:
