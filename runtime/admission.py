@@ -323,9 +323,9 @@ class _Gate:
                 large_call_began()
             received[0] += size
 
-    def _too_large(self, size: int, more: str = "") -> RequestTooLargeError:
+    def _too_large(self, size: int) -> RequestTooLargeError:
         return RequestTooLargeError(
-            f"a {self.rpc} request of {more}{size} bytes exceeds this method's limit of "
+            f"a {self.rpc} request of {size} bytes exceeds this method's limit of "
             f"{self.limit} bytes, set by the service's policy (docs/reference.md, "
             '"Message limits"): send a smaller request'
         )
