@@ -203,7 +203,12 @@ class AioTraceInterceptor(_Recording, grpc.aio.UnaryUnaryClientInterceptor):
 class AioUploadTraceInterceptor(_Recording, grpc.aio.StreamUnaryClientInterceptor):
     """Records every unary call of a ``grpc.aio`` channel whose request went in pieces
     (:mod:`dpmarket.runtime.framing`) as one call: its request bytes are the pieces' total.
-    Parameters as :class:`_Recording`."""
+    The call is returned at once and recorded when it ends (its pieces wait for the server's
+    headers, which the call returned must deliver). Parameters as :class:`_Recording`."""
+
+    def __init__(self, path: Path, caller: str, peer: str) -> None:
+        super().__init__(path, caller, peer)
+        self._recording: set[asyncio.Task[None]] = set()
 
     async def intercept_stream_unary(
         self,
@@ -221,12 +226,20 @@ class AioUploadTraceInterceptor(_Recording, grpc.aio.StreamUnaryClientIntercepto
                 yield request
 
         call = await continuation(client_call_details, requests())
-        try:
-            response = await call
-        except grpc.RpcError as exc:
-            self._recorder.write(method, start, sent[0], 0, 0, _status_name(exc))
-            return call
-        self._recorder.write(method, start, sent[0], _size(response), 1, "OK")
+
+        async def record() -> None:
+            try:
+                response = await call
+            except grpc.RpcError as exc:
+                self._recorder.write(method, start, sent[0], 0, 0, _status_name(exc))
+            except asyncio.CancelledError:
+                self._recorder.write(method, start, sent[0], 0, 0, "CANCELLED")
+            else:
+                self._recorder.write(method, start, sent[0], _size(response), 1, "OK")
+
+        task = asyncio.ensure_future(record())
+        self._recording.add(task)
+        task.add_done_callback(self._recording.discard)
         return call
 
 

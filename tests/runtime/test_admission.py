@@ -46,7 +46,7 @@ from dpmarket.owner.cape_service import (
 )
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.service import owner_limits
-from dpmarket.runtime import admission, allocator, cape_messages, sketch_messages
+from dpmarket.runtime import admission, allocator, cape_messages, rpc_trace, sketch_messages
 from dpmarket.runtime.admission import (
     OPEN_CALLS_PER_CALLER,
     SMALL_REQUEST_BYTES,
@@ -299,10 +299,15 @@ def _opening(size: int) -> owner_pb2.OpenSessionRequest:
     )
 
 
-def test_a_request_above_one_message_arrives_in_pieces_byte_for_byte(pki: Path) -> None:
+def test_a_request_above_one_message_arrives_in_pieces_byte_for_byte(
+    pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A unary request above FRAME_BYTES goes in pieces; the handler gets the very message the
     client serialized (async and blocking channels), and its RPC's own limit holds its total:
-    declared above it, refused before a byte is read; undeclared, a request is one message."""
+    declared above it, refused before a byte is read; undeclared, a request is one message. The
+    call record (``rpc_trace``) counts a call in pieces once, with the request's size."""
+    trace = tmp_path / "calls.jsonl"
+    monkeypatch.setenv(rpc_trace.TRACE_ENV, str(trace))
     request = _opening(3 * FRAME_BYTES)
     sent = request.SerializeToString()
     assert FRAME_BYTES < len(sent) <= UPLOAD_LIMIT
@@ -370,6 +375,9 @@ def test_a_request_above_one_message_arrives_in_pieces_byte_for_byte(pki: Path) 
         assert f"more than the {len(sent) - 1} bytes" in lying[1]
         assert whole[0] == grpc.StatusCode.RESOURCE_EXHAUSTED, whole
         assert owner.reached == 3
+        opened = [r for r in rpc_trace.read_records(trace) if r.name == "OpenSession"]
+        served = [(r.request_bytes, r.responses) for r in opened if r.code == "OK"]
+        assert served == [(len(sent), 1)] * 3
 
     channel_target: list[str] = []
     _run(pki, scenario, target=channel_target)
