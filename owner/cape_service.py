@@ -29,6 +29,7 @@ from dpmarket.runtime.admission import (
     ServiceLimits,
 )
 from dpmarket.runtime.authz import Authorizer, rpc
+from dpmarket.runtime.market import market_terms_from_proto
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc, secure_aggregation_pb2, secure_aggregation_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -226,6 +227,7 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
             int(request.seed),
             curator=str(caller),
             consumer=consumer,
+            market=market_terms_from_proto(request.market) if request.HasField("market") else None,
         )
         logger.info(
             "CAPE job %s opened by %s for %s: %s on %d columns, epsilon=%g, delta=%g",

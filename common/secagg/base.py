@@ -58,8 +58,8 @@ __all__ = [
     "SHARE_PAIR_BYTES",
     "AggregatorBase",
     "PhaseTimer",
+    "RoundStage",
     "SiteBase",
-    "Stage",
     "check_stage",
     "check_vector",
     "encoded_prefix",
@@ -78,8 +78,8 @@ _SHARE_AD_LABEL = b"dpmarket/secagg/v1/share"
 SHARE_PAIR_BYTES = 2 * shamir.SHARE_BYTES
 
 
-class Stage(enum.Enum):
-    """Where a site or an aggregator is in the round."""
+class RoundStage(enum.Enum):
+    """Where a site or an aggregator is in a secure-aggregation round."""
 
     NEW = "new"
     ADVERTISED = "advertised"
@@ -147,7 +147,7 @@ def randbelow_from(random_bytes: RandomBytes) -> Callable[[int], int]:
     return randbelow
 
 
-def check_stage(actual: Stage, expected: Stage, what: str) -> None:
+def check_stage(actual: RoundStage, expected: RoundStage, what: str) -> None:
     """Raise :class:`FailedPreconditionError` unless a party is at ``expected`` for ``what``."""
     if actual is not expected:
         raise FailedPreconditionError(
@@ -211,7 +211,7 @@ class SiteBase:
         self._signer = signer
         self._verifier = verifier
         self._random_bytes = random_bytes
-        self._stage = Stage.NEW
+        self._stage = RoundStage.NEW
         self._c_private: X25519PrivateKey | None = None
         self._s_private: X25519PrivateKey | None = None
         self._self_mask_seed: bytes | None = None
@@ -223,7 +223,7 @@ class SiteBase:
         self._u2: frozenset[str] = frozenset()
 
     @property
-    def stage(self) -> Stage:
+    def stage(self) -> RoundStage:
         return self._stage
 
     def abort(self, reason: str) -> SecAggError:
@@ -235,7 +235,7 @@ class SiteBase:
         return self._abort(SecAggError(reason))
 
     def _abort(self, exc: SecAggError) -> SecAggError:
-        self._stage = Stage.ABORTED
+        self._stage = RoundStage.ABORTED
         self._c_private = self._s_private = None
         self._self_mask_seed = None
         self._enc_keys.clear()
@@ -399,7 +399,7 @@ class SiteBase:
         Bonawitz et al. (CCS 2017), Figure 4, Round 2 (MaskedInputCollection); Bell et al. (CCS
         2020), the masks of SecAgg+; CAPE paper, Section 3.2 (the ``map`` to ``Z_lambda``).
         """
-        check_stage(self._stage, Stage.SHARED, "masked_input")
+        check_stage(self._stage, RoundStage.SHARED, "masked_input")
         values = check_vector(vector, self.params.vector_length)
         quantized = quantize(values, self.params.fixed_point, rng)
         try:
@@ -427,7 +427,7 @@ class SiteBase:
         self._self_mask_seed = None
         self._s_private = self._c_private = None
         self._enc_keys.clear()
-        self._stage = Stage.MASKED
+        self._stage = RoundStage.MASKED
         return masked
 
 
@@ -444,17 +444,17 @@ class AggregatorBase:
 
     def __init__(self, params: RoundParams) -> None:
         self.params = params
-        self._stage = Stage.NEW
+        self._stage = RoundStage.NEW
         self._u3: tuple[str, ...] = ()
         self._dropped: tuple[str, ...] = ()
         self._total: NDArray[np.uint64] | None = None
 
     @property
-    def stage(self) -> Stage:
+    def stage(self) -> RoundStage:
         return self._stage
 
     def _fail(self, message: str) -> SecAggError:
-        self._stage = Stage.ABORTED
+        self._stage = RoundStage.ABORTED
         return SecAggError(message)
 
     def _checked_input(self, name: str, vector: ArrayLike) -> NDArray[np.uint64]:
@@ -520,7 +520,7 @@ class AggregatorBase:
         except ValueError as exc:
             raise self._fail(f"unmasking did not give a valid sum: {exc}") from None
         self._total = None
-        self._stage = Stage.DONE
+        self._stage = RoundStage.DONE
         return result
 
 

@@ -54,8 +54,8 @@ from dpmarket.common.secagg.base import MASK_KEY_LABEL as _MASK_KEY_LABEL  # noq
 from dpmarket.common.secagg.base import (
     AggregatorBase,
     PhaseTimer,
+    RoundStage,
     SiteBase,
-    Stage,
     check_stage,
     encoded_prefix,
     prepare_run,
@@ -83,9 +83,9 @@ __all__ = [
     "DropStage",
     "KeyAdvertisement",
     "RoundParams",
+    "RoundStage",
     "SecAggAggregator",
     "SecAggSite",
-    "Stage",
     "UnmaskResponse",
     "advertisement_message",
     "consistency_message",
@@ -267,11 +267,11 @@ class SecAggSite(SiteBase):
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 0 (AdvertiseKeys).
         """
-        check_stage(self._stage, Stage.NEW, "advertise_keys")
+        check_stage(self._stage, RoundStage.NEW, "advertise_keys")
         c_public, s_public = self._new_key_pairs()
         message = advertisement_message(self.params.round_id, self.site, c_public, s_public)
         signature = self._signer.sign(message)
-        self._stage = Stage.ADVERTISED
+        self._stage = RoundStage.ADVERTISED
         return KeyAdvertisement(self.site, c_public, s_public, signature)
 
     def _check_advertisements(
@@ -347,7 +347,7 @@ class SecAggSite(SiteBase):
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 1 (ShareKeys).
         """
-        check_stage(self._stage, Stage.ADVERTISED, "share_keys")
+        check_stage(self._stage, RoundStage.ADVERTISED, "share_keys")
         assert self._c_private is not None and self._s_private is not None
         try:
             u1 = self._check_advertisements(advertisements)
@@ -357,7 +357,7 @@ class SecAggSite(SiteBase):
         out = self._share_secrets(u1, range(1, len(u1) + 1), self.params.threshold, c_publics)
         self._u1 = u1
         self._s_publics = {name: advertisements[name].s_public for name in u1}
-        self._stage = Stage.SHARED
+        self._stage = RoundStage.SHARED
         return out
 
     def _own_x(self) -> int:
@@ -402,7 +402,7 @@ class SecAggSite(SiteBase):
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 3 (ConsistencyCheck), user side.
         """
-        check_stage(self._stage, Stage.MASKED, "check_consistency")
+        check_stage(self._stage, RoundStage.MASKED, "check_consistency")
         try:
             survivor_set = set(survivors)
             if len(survivor_set) != len(survivors):
@@ -421,7 +421,7 @@ class SecAggSite(SiteBase):
         u3 = tuple(sorted(survivor_set))
         signature = self._signer.sign(consistency_message(self.params, u3))
         self._u3, self._signature = u3, signature
-        self._stage = Stage.CHECKED
+        self._stage = RoundStage.CHECKED
         return signature
 
     def _check_signatures(self, signatures: Mapping[str, bytes]) -> None:
@@ -501,7 +501,7 @@ class SecAggSite(SiteBase):
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 4 (Unmasking), user side.
         """
-        check_stage(self._stage, Stage.CHECKED, "unmask")
+        check_stage(self._stage, RoundStage.CHECKED, "unmask")
         try:
             survivor_set, dropped_set = set(survivors), set(dropped)
             if len(survivor_set) != len(survivors) or len(dropped_set) != len(dropped):
@@ -525,7 +525,7 @@ class SecAggSite(SiteBase):
             key_shares={v: self._held[v][1] for v in sorted(dropped_set)},
         )
         self._held.clear()
-        self._stage = Stage.DONE
+        self._stage = RoundStage.DONE
         return response
 
 
@@ -561,7 +561,7 @@ class SecAggAggregator(AggregatorBase):
 
     def _need(self, count: int, what: str) -> None:
         if count < self.params.threshold:
-            self._stage = Stage.ABORTED
+            self._stage = RoundStage.ABORTED
             raise SecAggError(f"{count} {what}, below the threshold t={self.params.threshold}")
 
     def _s_public(self, site: str) -> bytes:
@@ -588,7 +588,7 @@ class SecAggAggregator(AggregatorBase):
             If fewer than ``t`` sites advertised, a site is not in the round, an advertisement
             is filed under another site's id, or a public key appears twice.
         """
-        check_stage(self._stage, Stage.NEW, "collect_advertisements")
+        check_stage(self._stage, RoundStage.NEW, "collect_advertisements")
         seen: set[bytes] = set()
         for name, ad in advertisements.items():
             if name not in self.params.sites:
@@ -602,7 +602,7 @@ class SecAggAggregator(AggregatorBase):
         self._need(len(advertisements), "sites advertised keys")
         self._u1 = tuple(sorted(advertisements))
         self._advertisements = {name: advertisements[name] for name in self._u1}
-        self._stage = Stage.ADVERTISED
+        self._stage = RoundStage.ADVERTISED
         return dict(self._advertisements)
 
     def route_shares(
@@ -629,7 +629,7 @@ class SecAggAggregator(AggregatorBase):
             If fewer than ``t`` sites sent shares, a sender is not in ``U1``, or a sender did not
             address exactly the other sites of ``U1``.
         """
-        check_stage(self._stage, Stage.ADVERTISED, "route_shares")
+        check_stage(self._stage, RoundStage.ADVERTISED, "route_shares")
         for sender, addressed in from_site.items():
             if sender not in self._u1:
                 raise self._fail(f"shares from {sender!r}, which did not advertise keys")
@@ -649,7 +649,7 @@ class SecAggAggregator(AggregatorBase):
             }
             for recipient in self._u2
         }
-        self._stage = Stage.SHARED
+        self._stage = RoundStage.SHARED
         return routed
 
     def collect_masked(
@@ -675,7 +675,7 @@ class SecAggAggregator(AggregatorBase):
             If fewer than ``t`` inputs arrived, a site is not in ``U2``, or an input has the
             wrong shape or dtype or an entry ``>= 2^k``.
         """
-        check_stage(self._stage, Stage.SHARED, "collect_masked")
+        check_stage(self._stage, RoundStage.SHARED, "collect_masked")
         total = np.zeros(self.params.vector_length, dtype=np.uint64)
         for name, vector in inputs.items():
             if name not in self._u2:
@@ -685,7 +685,7 @@ class SecAggAggregator(AggregatorBase):
         self._u3 = tuple(sorted(inputs))
         self._dropped = tuple(sorted(set(self._u2) - set(self._u3)))
         self._total = total
-        self._stage = Stage.MASKED
+        self._stage = RoundStage.MASKED
         return self._u3, self._dropped
 
     def collect_signatures(self, signatures: Mapping[str, bytes]) -> dict[str, bytes]:
@@ -714,7 +714,7 @@ class SecAggAggregator(AggregatorBase):
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 3 (ConsistencyCheck), server side.
         """
-        check_stage(self._stage, Stage.MASKED, "collect_signatures")
+        check_stage(self._stage, RoundStage.MASKED, "collect_signatures")
         for name, signature in signatures.items():
             if name not in self._u3:
                 raise self._fail(f"a signature of U3 from {name!r}, which is not a survivor")
@@ -722,7 +722,7 @@ class SecAggAggregator(AggregatorBase):
                 raise self._fail(f"the signature of U3 from {name!r} is empty")
         self._need(len(signatures), "survivors signed U3")
         self._signatures = {name: bytes(signatures[name]) for name in sorted(signatures)}
-        self._stage = Stage.CHECKED
+        self._stage = RoundStage.CHECKED
         return dict(self._signatures)
 
     def _reconstruct(
@@ -775,7 +775,7 @@ class SecAggAggregator(AggregatorBase):
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 4 (Unmasking), server side.
         """
-        check_stage(self._stage, Stage.CHECKED, "finish")
+        check_stage(self._stage, RoundStage.CHECKED, "finish")
         assert self._total is not None
         survivors, dropped = set(self._u3), set(self._dropped)
         for name, response in responses.items():

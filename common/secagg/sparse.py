@@ -52,8 +52,8 @@ from dpmarket.common.secagg import shamir
 from dpmarket.common.secagg.base import (
     AggregatorBase,
     PhaseTimer,
+    RoundStage,
     SiteBase,
-    Stage,
     check_stage,
     encoded_prefix,
     prepare_run,
@@ -219,7 +219,7 @@ class SparseSecAggSite(SiteBase):
         FailedPreconditionError
             If called twice.
         """
-        check_stage(self._stage, Stage.NEW, "advertise_keys")
+        check_stage(self._stage, RoundStage.NEW, "advertise_keys")
         c_public, s_public = self._new_key_pairs()
         nonce = self._random_bytes(KEY_BYTES)
         if len(nonce) != KEY_BYTES:
@@ -231,7 +231,7 @@ class SparseSecAggSite(SiteBase):
         )
         signature = self._signer.sign(message)
         self._nonce = nonce
-        self._stage = Stage.ADVERTISED
+        self._stage = RoundStage.ADVERTISED
         return KeyAdvertisement(self.site, c_public, s_public, signature, commitment)
 
     def reveal_nonce(self, advertisements: Mapping[str, KeyAdvertisement]) -> bytes:
@@ -260,7 +260,7 @@ class SparseSecAggSite(SiteBase):
         FailedPreconditionError
             Out of order.
         """
-        check_stage(self._stage, Stage.ADVERTISED, "reveal_nonce")
+        check_stage(self._stage, RoundStage.ADVERTISED, "reveal_nonce")
         assert self._c_private is not None and self._s_private is not None
         try:
             own = advertisements.get(self.site)
@@ -284,7 +284,7 @@ class SparseSecAggSite(SiteBase):
         except SecAggError as exc:
             raise self._abort(exc) from None
         self._u1 = dict(advertisements)
-        self._stage = Stage.REVEALED
+        self._stage = RoundStage.REVEALED
         return self._nonce
 
     def share_keys(self, nonces: Mapping[str, bytes]) -> dict[str, bytes]:
@@ -315,7 +315,7 @@ class SparseSecAggSite(SiteBase):
         FailedPreconditionError
             Out of order.
         """
-        check_stage(self._stage, Stage.REVEALED, "share_keys")
+        check_stage(self._stage, RoundStage.REVEALED, "share_keys")
         assert self._c_private is not None and self._s_private is not None
         params = self.params
         try:
@@ -357,7 +357,7 @@ class SparseSecAggSite(SiteBase):
         c_publics = {name: self._u1[name].c_public for name in holders}
         out = self._share_secrets(holders, xs, t, c_publics)
         self._seed, self._graph, self._holders, self._threshold = seed, graph, holders, t
-        self._stage = Stage.SHARED
+        self._stage = RoundStage.SHARED
         return out
 
     def _keep_pair_keys(self, holder: str, keys: tuple[bytes, ...]) -> None:
@@ -409,7 +409,7 @@ class SparseSecAggSite(SiteBase):
         FailedPreconditionError
             Out of order, or a second call.
         """
-        check_stage(self._stage, Stage.MASKED, "attest")
+        check_stage(self._stage, RoundStage.MASKED, "attest")
         assert self._graph is not None
         try:
             survivor_set = set(survivors)
@@ -440,7 +440,7 @@ class SparseSecAggSite(SiteBase):
             for peer in sorted((survivor_set & self._u2) - {self.site})
         }
         self._u3 = u3
-        self._stage = Stage.CHECKED
+        self._stage = RoundStage.CHECKED
         return tags
 
     def unmask(
@@ -482,7 +482,7 @@ class SparseSecAggSite(SiteBase):
         FailedPreconditionError
             Out of order, or a second call.
         """
-        check_stage(self._stage, Stage.CHECKED, "unmask")
+        check_stage(self._stage, RoundStage.CHECKED, "unmask")
         assert self._graph is not None
         params = self.params
         try:
@@ -534,7 +534,7 @@ class SparseSecAggSite(SiteBase):
         )
         self._held.clear()
         self._mac_keys.clear()
-        self._stage = Stage.DONE
+        self._stage = RoundStage.DONE
         return response
 
 
@@ -588,7 +588,7 @@ class SparseSecAggAggregator(AggregatorBase):
             If fewer than 2 sites advertised, a site is not in the round, an advertisement is
             filed under another site, a key or commitment is not 32 bytes, or a key repeats.
         """
-        check_stage(self._stage, Stage.NEW, "collect_advertisements")
+        check_stage(self._stage, RoundStage.NEW, "collect_advertisements")
         seen: set[bytes] = set()
         for name, ad in advertisements.items():
             if name not in self.params.sites:
@@ -604,7 +604,7 @@ class SparseSecAggAggregator(AggregatorBase):
         if len(advertisements) < 2:
             raise self._fail(f"{len(advertisements)} sites advertised keys, below 2")
         self._u1 = {name: advertisements[name] for name in sorted(advertisements)}
-        self._stage = Stage.ADVERTISED
+        self._stage = RoundStage.ADVERTISED
         return dict(self._u1)
 
     def collect_nonces(self, nonces: Mapping[str, bytes]) -> dict[str, bytes]:
@@ -616,7 +616,7 @@ class SparseSecAggAggregator(AggregatorBase):
             If a site of ``U1`` revealed nothing (the seed cannot leave it out: see
             :mod:`dpmarket.common.secagg.graph`) or a nonce does not open its commitment.
         """
-        check_stage(self._stage, Stage.ADVERTISED, "collect_nonces")
+        check_stage(self._stage, RoundStage.ADVERTISED, "collect_nonces")
         commitments = {name: ad.commitment for name, ad in self._u1.items()}
         try:
             seed = graph_seed(self.params.digest, nonces, commitments, self.params.round_id)
@@ -627,7 +627,7 @@ class SparseSecAggAggregator(AggregatorBase):
         self._graph = NeighbourGraph.build(
             params.sites, seed, params.neighbours, params.allowance, params.ring
         )
-        self._stage = Stage.REVEALED
+        self._stage = RoundStage.REVEALED
         return {name: bytes(nonces[name]) for name in sorted(nonces)}
 
     def route_shares(
@@ -651,7 +651,7 @@ class SparseSecAggAggregator(AggregatorBase):
             If fewer than 2 sites sent shares, a sender is not in ``U1``, or a sender did not
             address exactly its neighbours in ``U1``.
         """
-        check_stage(self._stage, Stage.REVEALED, "route_shares")
+        check_stage(self._stage, RoundStage.REVEALED, "route_shares")
         assert self._graph is not None
         for sender, addressed in from_site.items():
             if sender not in self._u1:
@@ -674,7 +674,7 @@ class SparseSecAggAggregator(AggregatorBase):
             for recipient in u2
         }
         self._masked_with = {r: frozenset(senders) for r, senders in routed.items()}
-        self._stage = Stage.SHARED
+        self._stage = RoundStage.SHARED
         return routed
 
     def collect_masked(
@@ -705,7 +705,7 @@ class SparseSecAggAggregator(AggregatorBase):
             If fewer than 2 inputs arrived, a site is not in ``U2``, an input is malformed, or a
             survivor's acknowledgements do not match its routed shares.
         """
-        check_stage(self._stage, Stage.SHARED, "collect_masked")
+        check_stage(self._stage, RoundStage.SHARED, "collect_masked")
         total = np.zeros(self.params.vector_length, dtype=np.uint64)
         for name, vector in inputs.items():
             if name not in self._masked_with:
@@ -720,7 +720,7 @@ class SparseSecAggAggregator(AggregatorBase):
         self._dropped = tuple(sorted(set(self._masked_with) - set(self._u3)))
         self._acks = {name: dict(acknowledgements[name]) for name in self._u3}
         self._total = total
-        self._stage = Stage.MASKED
+        self._stage = RoundStage.MASKED
         return self._u3, self._dropped
 
     def collect_attestations(
@@ -745,7 +745,7 @@ class SparseSecAggAggregator(AggregatorBase):
         SecAggError
             If an attester is not a survivor, or fewer than 2 attested.
         """
-        check_stage(self._stage, Stage.MASKED, "collect_attestations")
+        check_stage(self._stage, RoundStage.MASKED, "collect_attestations")
         for name in attestations:
             if name not in self._u3:
                 raise self._fail(f"an attestation of U3 from {name!r}, which is not a survivor")
@@ -766,7 +766,7 @@ class SparseSecAggAggregator(AggregatorBase):
             }
             out[recipient] = (tags, acks)
         self._attesters = attesters
-        self._stage = Stage.CHECKED
+        self._stage = RoundStage.CHECKED
         return out
 
     def _reconstruct(self, owner: str, shares: list[tuple[str, Share]], what: str) -> bytes:
@@ -808,7 +808,7 @@ class SparseSecAggAggregator(AggregatorBase):
             holds, a secret has fewer than ``t_v`` shares, a rebuilt mask key does not match its
             advertisement, or the result is not a sum of ``|U3|`` quantized vectors.
         """
-        check_stage(self._stage, Stage.CHECKED, "finish")
+        check_stage(self._stage, RoundStage.CHECKED, "finish")
         assert self._total is not None and self._graph is not None
         survivors = set(self._u3)
         seed_shares: dict[str, list[tuple[str, Share]]] = {v: [] for v in self._u3}

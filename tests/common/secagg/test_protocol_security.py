@@ -23,9 +23,9 @@ from dpmarket.common.secagg.crypto import EcdsaSigner, generate_private_key, pub
 from dpmarket.common.secagg.fixedpoint import quantize
 from dpmarket.common.secagg.protocol import (
     KeyAdvertisement,
+    RoundStage,
     SecAggAggregator,
     SecAggSite,
-    Stage,
     advertisement_message,
     consistency_message,
 )
@@ -54,7 +54,7 @@ def test_a_tampered_share_ciphertext_is_detected(session: SessionFactory) -> Non
     with pytest.raises(SecAggError, match="failed authentication"):
         victim.masked_input(ciphertexts, s.inputs["site-02"], s.rng)
     # Detected before the site released anything; the round is over for it.
-    assert victim.stage is Stage.ABORTED
+    assert victim.stage is RoundStage.ABORTED
     with pytest.raises(FailedPreconditionError):
         victim.masked_input(routed["site-02"], s.inputs["site-02"], s.rng)
 
@@ -106,7 +106,7 @@ def test_a_key_substituted_by_the_aggregator_is_detected(session: SessionFactory
     u1["site-01"] = _forged(s.params, "site-01", aggregator_key)
     with pytest.raises(SecAggError, match="key advertisement of 'site-01' is not signed by"):
         s.sites["site-00"].share_keys(u1)
-    assert s.sites["site-00"].stage is Stage.ABORTED
+    assert s.sites["site-00"].stage is RoundStage.ABORTED
 
 
 def test_another_sites_identity_key_cannot_vouch_for_a_substituted_key(
@@ -177,7 +177,7 @@ def test_a_site_refuses_to_sign_a_survivor_list_it_could_not_unmask(
     site = s.sites["site-00"]
     with pytest.raises(SecAggError, match=message):
         site.check_consistency(survivors)
-    assert site.stage is Stage.ABORTED
+    assert site.stage is RoundStage.ABORTED
     with pytest.raises(FailedPreconditionError):
         site.unmask(s.transcript.survivors, [], {})
 
@@ -224,7 +224,7 @@ def test_a_site_unmasks_only_the_survivor_list_it_signed_and_its_own_dropped_sit
     site = s.sites["site-00"]
     with pytest.raises(SecAggError, match=message):
         site.unmask(survivors, dropped, s.transcript.signatures)
-    assert site.stage is Stage.ABORTED
+    assert site.stage is RoundStage.ABORTED
     with pytest.raises(FailedPreconditionError):  # nothing more, not even the right request
         site.unmask(s.transcript.survivors, s.transcript.dropped, s.transcript.signatures)
 
@@ -277,7 +277,7 @@ def test_a_site_reveals_nothing_without_t_valid_signatures_of_its_survivor_list(
     site = s.sites["site-00"]
     with pytest.raises(SecAggError, match=message):
         site.unmask(s.transcript.survivors, s.transcript.dropped, _forged_signatures(s, how))
-    assert site.stage is Stage.ABORTED
+    assert site.stage is RoundStage.ABORTED
 
 
 def test_a_site_signs_once_and_answers_the_unmasking_request_only_once(
