@@ -29,7 +29,7 @@ from dpmarket.curator.sessions import SessionManager
 from dpmarket.curator.sketch_service import SketchCatalogServicer, catalog_authorizer
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.curator.store import CuratorStore
-from dpmarket.runtime.admission import VALUE_BYTES, ServiceLimits, largest_request
+from dpmarket.runtime.admission import VALUE_BYTES, ServiceLimits
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.market import quote_to_proto
@@ -241,13 +241,7 @@ async def serve_curator(
     ]
     if sketches is not None:
         names.append(sketch_pb2.DESCRIPTOR.services_by_name["SketchCatalogService"].full_name)
-    server, port, health_status = await start_server(
-        register,
-        names,
-        address,
-        security,
-        max_request_bytes=largest_request([sessions, jobs, catalog]),
-    )
+    server, port, health_status = await start_server(register, names, address, security)
     register_all([CuratorCollector(manager, str(security.identity or "insecure"))])
     # Each owner's channel is kept connected, and its state reported by the health service
     # under OWNER_HEALTH_PREFIX + name (SERVING: connected): `dpmarket up` waits for it.

@@ -37,7 +37,6 @@ from dpmarket.runtime.admission import (
     SMALL_REQUEST_BYTES,
     VALUE_BYTES,
     ServiceLimits,
-    largest_request,
 )
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity, peer_public_key
@@ -442,13 +441,7 @@ async def start_owner(
                 aggregation, server
             )
 
-    server, port, _ = await start_server(
-        register,
-        names,
-        address,
-        security,
-        max_request_bytes=largest_request([servicer, site, aggregation]),
-    )
+    server, port, _ = await start_server(register, names, address, security)
     logger.info(
         "owner %s serving on port %d for curator(s) %s", owner.owner_id, port, ", ".join(curators)
     )

@@ -21,15 +21,18 @@ caller's verified certificate (the call's auth context) and nothing it sent:
    :data:`SMALL_REQUEST_BYTES` for one that carries ids and scalars only), derived by its
    servicer from the policy's bounds and documented in ``docs/reference.md``; a request (each
    message of a client stream) above it is answered ``RESOURCE_EXHAUSTED`` and never parsed. The
-   server's own receive limit, which gRPC applies to the declared length before buffering, is
-   the largest of its RPCs' (:func:`largest_request`).
+   server's own receive limit, which gRPC applies to a message's declared length before
+   buffering it, is small and the same for every server
+   (:data:`~dpmarket.runtime.framing.FRAME_BYTES`, 1 MiB): a larger unary request comes in
+   pieces of that size (:mod:`dpmarket.runtime.framing`), counted against its RPC's own limit
+   as they are read, so that no RPC's request is read beyond its own limit plus one piece.
 
 To do so every RPC is served as a client-streaming one (the wire format does not tell them
 apart): its request is read by :meth:`grpc.aio.ServicerContext.read` once the call is admitted.
 The servicer's wrapper still authorizes the call itself (the ``rpc`` semantics are unchanged).
-Nothing is copied and no thread is involved: a request is the bytes gRPC read, checked by length
-and parsed by its message's own parser; a stream's messages are checked one by one as its handler
-reads them.
+No thread is involved: a unary request is the bytes gRPC read (joined, if it came in pieces),
+checked by length and parsed by its message's own parser; a stream's messages are checked one by
+one as its handler reads them.
 
 Notes
 -----
@@ -40,13 +43,15 @@ What a party can make a service hold, in request bytes (its handlers' own memory
   bandwidth-delay probing off) and accepts a bounded number of connections
   (:data:`~dpmarket.runtime.serving.TRANSPORT_BOUND_OPTIONS`);
 * admitted: at most ``concurrent_calls`` calls of each service, each holding at most its RPC's
-  limit once read. While a message is being read, before its length can be compared with the
-  RPC's limit, gRPC buffers at most the server's limit, and at most :data:`READS_AT_ONCE`
-  unary requests are read at once (a client stream's messages, ``RunRounds``, are read as its
-  handler asks: at most one per stream);
+  limit (the pieces read so far, then the parsed request), and all of them together at most the
+  server's :class:`RequestBudget` (:data:`REQUEST_BUDGET_BYTES`, or one request larger than it
+  alone), taken before a byte is read. While a piece is being read, before its length can be
+  counted, gRPC buffers at most ``FRAME_BYTES``, and at most :data:`READS_AT_ONCE` pieces are
+  read at once, the joined request parsed in the last one's turn (a client stream's messages,
+  ``RunRounds``, are read as its handler asks: at most one per stream, outside the budget);
 * the health and reflection services: at most :data:`OPEN_CALLS_PER_CALLER` calls per caller and
-  :data:`OPEN_CONCURRENT_CALLS` in all (the two services together), each read up to the
-  server's limit and dropped at once when above :data:`SMALL_REQUEST_BYTES`.
+  :data:`OPEN_CONCURRENT_CALLS` in all (the two services together), each read up to one piece
+  and dropped at once when above :data:`SMALL_REQUEST_BYTES`.
 
 and only while the calls run: the exception a call ends with keeps none of its frames
 (:func:`_forgetting`), and the last of the calls in progress that received
@@ -61,7 +66,8 @@ import asyncio
 import contextvars
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +82,7 @@ from dpmarket.common.errors import (
 )
 from dpmarket.runtime.allocator import RELEASE_AFTER_BYTES, large_call_began, large_call_ended
 from dpmarket.runtime.authz import ROLES_ATTRIBUTE, Authorizer
+from dpmarket.runtime.framing import FRAME_BYTES, SIZE_METADATA, most_pieces
 from dpmarket.runtime.identity import peer_identity
 from dpmarket.runtime.status import abort_for
 
@@ -86,12 +93,13 @@ __all__ = [
     "OPEN_CONCURRENT_CALLS",
     "OPEN_SERVICES",
     "READS_AT_ONCE",
+    "REQUEST_BUDGET_BYTES",
     "SMALL_REQUEST_BYTES",
     "VALUE_BYTES",
     "Admission",
+    "RequestBudget",
     "RequestTooLargeError",
     "ServiceLimits",
-    "largest_request",
 ]
 
 logger = logging.getLogger(__name__)
@@ -107,20 +115,32 @@ VALUE_BYTES = 8
 #: Calls one service serves at once unless its servicer says otherwise.
 DEFAULT_CONCURRENT_CALLS = 64
 #: Calls the health and reflection services serve at once, together and from all callers: each
-#: is read up to the server's receive limit before its own is compared, so they may make a
-#: server hold 2 x 4 x its limit (an owner 33 MiB, the curator 136 MiB), whoever calls. A probe
+#: is read up to one piece (``FRAME_BYTES``) before its own limit is compared, so they may make a
+#: server hold 2 x 4 x 1 MiB, whoever calls. A probe
 #: calls once every few seconds. (16 each before: 1,000 concurrent 4 MB health checks raised an
 #: owner by up to 131 MiB of reads, issue 25.)
 OPEN_CONCURRENT_CALLS = 4
-#: Unary requests a server reads at once, over all its services; an admitted call waits for
-#: its turn before its request is read (HTTP/2 flow control meanwhile holds the request at the
-#: client, but for the stream's window, 64 KiB: ``serving.STREAM_WINDOW_BYTES``).
-#: gRPC reads a message whole, up to the server's receive limit L, before its RPC's own limit
-#: can be compared, and the read holds about 2 L for a moment (its buffers, then Python's
-#: bytes): admitted callers' reads in progress hold at most ``READS_AT_ONCE`` x 2 L (an owner
-#: 33 MiB, the curator 136 MiB), and each admitted call, once read, at most its RPC's own limit.
-#: Before, every admitted call read at once: 64 per service (issue 25).
+#: Pieces of unary requests a server reads at once, over all its services; an admitted call
+#: waits for its turn before each piece of its request is read (HTTP/2 flow control meanwhile
+#: holds the request at the client, but for the stream's window, 64 KiB:
+#: ``serving.STREAM_WINDOW_BYTES``). gRPC reads a message whole, up to the server's receive
+#: limit F (``framing.FRAME_BYTES``), before it can be counted, and the read holds about 2 F for
+#: a moment (its buffers, then Python's bytes): admitted callers' reads in progress hold at most
+#: ``READS_AT_ONCE`` x 2 F (8 MiB), and the joining and parsing of at most ``READS_AT_ONCE``
+#: requests a second copy of each; each admitted call, between its pieces and once read, at most
+#: its RPC's own limit. Before, every admitted call read at once: 64 per service (issue 25).
 READS_AT_ONCE = 4
+#: Request bytes a server's admitted calls hold at once, all services together (32 MiB): each
+#: unary call reserves its request's declared size (or, sent as one message, its RPC's limit up
+#: to one message, then the size it had) before a byte of it is read, and gives it back when it
+#: ends; a call that does not fit waits (its request held at the client by flow control), and
+#: one larger than the budget is served alone. So what admitted callers make a server hold in
+#: requests (and in what their handlers decode of them, about as much again) does not grow with
+#: its services' calls at once (64 each) times their RPCs' limits: an owner's three services
+#: 0.66 GiB at the defaults, the curator's ``CreateSession`` alone 64 x 17 MiB (64 such calls of
+#: 15 MB at once raised a curator by 1.5 GiB; with this budget by 142 MiB). At least two of the
+#: largest requests (the curator's 17 MiB) fit at once.
+REQUEST_BUDGET_BYTES = 32 << 20
 #: Name under which the health and reflection services' calls are counted together.
 OPEN_SERVICES = "the health and reflection services"
 #: Calls one caller may have in progress on the health or reflection service (a probe calls
@@ -130,6 +150,60 @@ OPEN_CALLS_PER_CALLER = 2
 
 class RequestTooLargeError(ResourceExhaustedError):
     """A request above its RPC's receive limit (``RESOURCE_EXHAUSTED``); it was not parsed."""
+
+
+class RequestBudget:
+    """The request bytes a server's calls hold at once (:data:`REQUEST_BUDGET_BYTES`).
+
+    :meth:`take` waits, first come first served, until ``size`` fits beside what is held, or
+    nothing is held (a request larger than the budget is served alone); :meth:`give` returns
+    bytes taken. Runs on the server's event loop.
+
+    Parameters
+    ----------
+    total : int
+        The budget, bytes (positive).
+    """
+
+    def __init__(self, total: int) -> None:
+        if total < 1:
+            raise ValueError(f"total must be a positive number of bytes, got {total}")
+        self.total = total
+        #: Bytes taken and not given back.
+        self.held = 0
+        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    def _fits(self, size: int) -> bool:
+        return self.held == 0 or self.held + size <= self.total
+
+    async def take(self, size: int) -> None:
+        """Take ``size`` bytes, waiting for them if need be."""
+        if not self._waiting and self._fits(size):
+            self.held += size
+            return
+        granted = asyncio.get_running_loop().create_future()
+        self._waiting.append((size, granted))
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.give(size)  # granted as the call went away
+            else:
+                self._waiting.remove((size, granted))
+                self._grant()
+            raise
+
+    def give(self, size: int) -> None:
+        """Give back ``size`` bytes taken, and serve the calls waiting that now fit."""
+        self.held -= size
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiting and self._fits(self._waiting[0][0]):
+            size, granted = self._waiting.popleft()
+            if not granted.done():
+                self.held += size
+                granted.set_result(None)
 
 
 @dataclass(frozen=True)
@@ -177,12 +251,6 @@ def limits_of(servicer: object) -> ServiceLimits:
     """A servicer's :class:`ServiceLimits` (its ``limits`` attribute), or the defaults."""
     limits = getattr(servicer, "limits", None)
     return limits if isinstance(limits, ServiceLimits) else ServiceLimits()
-
-
-def largest_request(servicers: Iterable[object]) -> int:
-    """The server receive limit that serves ``servicers``: the largest of their RPCs' limits
-    (at least :data:`SMALL_REQUEST_BYTES`), bytes."""
-    return max([SMALL_REQUEST_BYTES, *(limits_of(s).largest for s in servicers)])
 
 
 Behaviour = Callable[..., Any]
@@ -246,45 +314,59 @@ class _Gate:
 
         return release
 
+    def _received(self, size: int) -> None:
+        """Count ``size`` more bytes into the current call's received total (its end gives
+        memory back if the total is large: :func:`_forgetting`)."""
+        received = _received.get()
+        if received is not None:  # a call served by _forgetting, as every call is
+            if received[0] < RELEASE_AFTER_BYTES <= received[0] + size:
+                large_call_began()
+            received[0] += size
+
+    def _too_large(self, size: int) -> RequestTooLargeError:
+        return RequestTooLargeError(
+            f"a {self.rpc} request of {size} bytes exceeds this method's limit of "
+            f"{self.limit} bytes, set by the service's policy (docs/reference.md, "
+            '"Message limits"): send a smaller request'
+        )
+
+    def _parse(self, parse: Callable[[bytes], Any] | None, raw: bytes) -> Any:
+        if parse is None:
+            return raw
+        try:
+            return parse(raw)
+        except DecodeError:
+            raise InvalidArgumentError(f"the {self.rpc} request does not parse") from None
+
     def deserializer(self, parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
-        """``parse`` behind the receive limit: a message above it raises
-        :class:`RequestTooLargeError` unparsed; one that does not parse, InvalidArgumentError."""
-        limit, rpc = self.limit, self.rpc
+        """``parse`` behind the receive limit, for each message of a client stream: a message
+        above it raises :class:`RequestTooLargeError` unparsed; one that does not parse,
+        InvalidArgumentError."""
 
         def deserialize(raw: bytes) -> Any:
-            received = _received.get()
-            if received is not None:  # a call served by _forgetting, as every call is
-                if received[0] < RELEASE_AFTER_BYTES <= received[0] + len(raw):
-                    large_call_began()
-                received[0] += len(raw)
-            if len(raw) > limit:
-                raise RequestTooLargeError(
-                    f"a {rpc} request of {len(raw)} bytes exceeds this method's limit of "
-                    f"{limit} bytes, set by the service's policy (docs/reference.md, "
-                    '"Message limits"): send a smaller request'
-                )
-            if parse is None:
-                return raw
-            try:
-                return parse(raw)
-            except DecodeError:
-                raise InvalidArgumentError(f"the {rpc} request does not parse") from None
+            self._received(len(raw))
+            if len(raw) > self.limit:
+                raise self._too_large(len(raw))
+            return self._parse(parse, raw)
 
         return deserialize
 
     def handler(self, inner: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        """``inner`` served as a client stream whose requests are read once admitted."""
-        deserialize = self.deserializer(inner.request_deserializer)
+        """``inner`` served as a client stream whose requests are read once admitted: a unary
+        request's pieces (:mod:`dpmarket.runtime.framing`) as raw bytes, joined and parsed by
+        :meth:`_read_request`; a client stream's messages each parsed as its handler reads it."""
         serialize = inner.response_serializer
         behaviour = _behaviour(inner)
-        if not inner.request_streaming and not inner.response_streaming:
-            return grpc.stream_unary_rpc_method_handler(
-                _forgetting(self._unary_unary(behaviour)), deserialize, serialize
-            )
         if not inner.request_streaming:
+            parse = inner.request_deserializer
+            if not inner.response_streaming:
+                return grpc.stream_unary_rpc_method_handler(
+                    _forgetting(self._unary_unary(behaviour, parse)), None, serialize
+                )
             return grpc.stream_stream_rpc_method_handler(
-                _forgetting(self._unary_stream(behaviour)), deserialize, serialize
+                _forgetting(self._unary_stream(behaviour, parse)), None, serialize
             )
+        deserialize = self.deserializer(inner.request_deserializer)
         if not inner.response_streaming:
             return grpc.stream_unary_rpc_method_handler(
                 _forgetting(self._stream_unary(behaviour)), deserialize, serialize
@@ -293,47 +375,150 @@ class _Gate:
             _forgetting(self._stream_stream(behaviour)), deserialize, serialize
         )
 
+    def _give_back(self, held: list[int]) -> None:
+        """Give the request bytes a call took (:meth:`_read_request`) back to the budget."""
+        for size in held:
+            self.admission.budget.give(size)
+
     async def _refuse(self, exc: Exception, context: grpc.aio.ServicerContext) -> None:
         """Abort with the status of an admission or reading error (always raises)."""
         await abort_for(exc, context, self.rpc)
 
-    async def _read_one(self, context: grpc.aio.ServicerContext) -> Any:
-        # A unary request arrives with its call: a read slot is held for a moment (longer only
-        # by a client that sends its request slowly, until its deadline).
-        async with self.admission.reads:
-            request = await context.read()
-        if request is _EOF:
-            raise InvalidArgumentError(f"the {self.rpc} call ended without a request")
-        return request
+    def _declared(self, context: grpc.aio.ServicerContext) -> int | None:
+        """The request size a client sending pieces declared
+        (:data:`~dpmarket.runtime.framing.SIZE_METADATA`), or None.
 
-    def _unary_unary(self, inner: Behaviour) -> Behaviour:
+        Raises
+        ------
+        InvalidArgumentError
+            If the declaration is not a non-negative integer.
+        """
+        for key, value in context.invocation_metadata() or ():
+            if key == SIZE_METADATA:
+                text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+                if not text.isdigit():
+                    raise InvalidArgumentError(
+                        f"{SIZE_METADATA} must be the request's size in bytes, got {text[:32]!r}"
+                    )
+                return int(text)
+        return None
+
+    async def _read_request(
+        self,
+        context: grpc.aio.ServicerContext,
+        parse: Callable[[bytes], Any] | None,
+        held: list[int],
+    ) -> Any:
+        """Read a unary request (one message, or the pieces of its declared size); return it
+        parsed.
+
+        A request declared above the method's limit is refused before a byte of it is read.
+        Otherwise the call first takes the bytes its request may hold from the server's
+        :class:`RequestBudget` (the declared size; for a request sent as one message, the
+        method's limit up to one message, then the size it had), appended to ``held`` for the
+        caller to give back when the call ends; a declared request is then told to start (the
+        response's headers, which a client sending pieces awaits:
+        :mod:`dpmarket.runtime.framing`). Each message is read holding one of the server's
+        :data:`READS_AT_ONCE` read slots (gRPC buffers it whole, up to
+        :data:`~dpmarket.runtime.framing.FRAME_BYTES`, when it is read); pieces are joined and
+        parsed in the last one's slot, so that at most ``READS_AT_ONCE`` requests are held twice
+        at once. The end of the client's stream is not awaited: an undeclared request is its
+        first message, a declared one its pieces up to the declared size.
+
+        Raises
+        ------
+        RequestTooLargeError
+            If the declared size exceeds the method's limit (nothing read), or a message
+            exceeds it, or the pieces' count what that limit needs
+            (:func:`~dpmarket.runtime.framing.most_pieces`): nothing more is read.
+        InvalidArgumentError
+            If the call ends without a request or before its declared size, its pieces hold
+            more than that, or the request does not parse.
+        """
+        declared = self._declared(context)
+        if declared is not None and declared > self.limit:
+            raise self._too_large(declared)
+        reserved = min(self.limit, self.admission.frame_bytes) if declared is None else declared
+        await self.admission.budget.take(reserved)
+        held.append(reserved)
+        if declared is None:  # one message, as any gRPC client sends a unary request
+            async with self.admission.reads:
+                raw = await context.read()
+                if raw is _EOF:
+                    raise InvalidArgumentError(f"the {self.rpc} call ended without a request")
+                self._received(len(raw))
+                if len(raw) > self.limit:
+                    raise self._too_large(len(raw))
+                request = self._parse(parse, raw)
+            self.admission.budget.give(reserved - len(raw))  # keep what the request holds
+            held[-1] = len(raw)
+            return request
+        await context.send_initial_metadata(((SIZE_METADATA, str(declared)),))
+        parts: list[bytes] = []
+        total = 0
+        most = most_pieces(self.limit)
+        while True:
+            # A piece arrives right after the one before: a read slot is held for a moment
+            # (longer only by a client that sends slowly, until its deadline).
+            async with self.admission.reads:
+                if total == declared:
+                    raw = parts[0] if len(parts) == 1 else b"".join(parts)
+                    parts.clear()
+                    return self._parse(parse, raw)
+                if len(parts) == most:
+                    raise RequestTooLargeError(
+                        f"a {self.rpc} request in more than {most} pieces exceeds what this "
+                        f"method's limit of {self.limit} bytes needs: send pieces of "
+                        f'{FRAME_BYTES} bytes (docs/reference.md, "Message limits")'
+                    )
+                piece = await context.read()
+            if piece is _EOF:
+                raise InvalidArgumentError(
+                    f"the {self.rpc} call ended after {total} of the {declared} bytes its "
+                    f"{SIZE_METADATA} declared"
+                )
+            self._received(len(piece))
+            total += len(piece)
+            if total > declared:
+                raise InvalidArgumentError(
+                    f"the {self.rpc} request's pieces hold more than the {declared} bytes its "
+                    f"{SIZE_METADATA} declared"
+                )
+            parts.append(piece)
+
+    def _unary_unary(self, inner: Behaviour, parse: Callable[[bytes], Any] | None) -> Behaviour:
         async def behaviour(_: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
             try:
                 release = self.admit(context)
             except _REFUSALS as exc:
                 return await self._refuse(exc, context)
+            held: list[int] = []
             try:
                 try:
-                    request = await self._read_one(context)
+                    request = await self._read_request(context, parse, held)
                 except _UNREADABLE as exc:
                     return await self._refuse(exc, context)
                 return await inner(request, context)
             finally:
+                self._give_back(held)
                 release()
 
         return behaviour
 
-    def _unary_stream(self, inner: Behaviour) -> Behaviour:
+    def _unary_stream(self, inner: Behaviour, parse: Callable[[bytes], Any] | None) -> Behaviour:
         async def behaviour(_: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
             try:
                 release = self.admit(context)
             except _REFUSALS as exc:
                 return await self._refuse(exc, context)
+            held: list[int] = []
             try:
-                await _respond(inner, await self._read_one(context), context)
+                request = await self._read_request(context, parse, held)
+                await _respond(inner, request, context)
             except _UNREADABLE as exc:
                 await self._refuse(exc, context)
             finally:
+                self._give_back(held)
                 release()
 
         return behaviour
@@ -459,17 +644,29 @@ class Admission(grpc.aio.ServerInterceptor):
 
     Parameters
     ----------
-    max_request_bytes : int
-        The server's receive limit (:func:`largest_request` of its servicers): an RPC whose own
-        limit is larger is held to it, and a warning says so once.
+    frame_bytes : int
+        The server's receive limit, bytes: the largest message it reads
+        (:data:`~dpmarket.runtime.framing.FRAME_BYTES`). A unary request may be larger, in
+        pieces; a client stream's message may not, and a streaming RPC whose own limit is larger
+        is held to it (a warning says so once).
     insecure : bool
         Plaintext transport (``--insecure``): no caller has an identity; the health and
         reflection services then admit every caller (the servicers' authorizers name the one
         identity every caller is taken to have).
+    budget_bytes : int
+        The request bytes its unary calls hold at once (:class:`RequestBudget`).
     """
 
-    def __init__(self, max_request_bytes: int, *, insecure: bool = False) -> None:
-        self.max_request_bytes = max_request_bytes
+    def __init__(
+        self,
+        frame_bytes: int = FRAME_BYTES,
+        *,
+        insecure: bool = False,
+        budget_bytes: int = REQUEST_BUDGET_BYTES,
+    ) -> None:
+        self.frame_bytes = frame_bytes
+        #: The request bytes its calls hold at once.
+        self.budget = RequestBudget(budget_bytes)
         self.insecure = insecure
         #: Calls in progress per service name, and per (service, caller) on open services.
         self.active: dict[Any, int] = {}
@@ -503,20 +700,21 @@ class Admission(grpc.aio.ServerInterceptor):
                 OPEN_SERVICES,
                 rpc,
                 self._any_identity,
-                min(SMALL_REQUEST_BYTES, self.max_request_bytes),
+                SMALL_REQUEST_BYTES,
                 OPEN_CONCURRENT_CALLS,
                 OPEN_CALLS_PER_CALLER,
             )
         limits = limits_of(servicer)
         limit = limits.request_bytes(rpc)
-        if limit > self.max_request_bytes:
+        if inner.request_streaming and limit > self.frame_bytes:
             logger.warning(
-                "%s: its limit of %d bytes is above the server's %d: held to the server's",
+                "%s: its messages' limit of %d bytes is above the server's largest message, %d "
+                "bytes: held to it",
                 method,
                 limit,
-                self.max_request_bytes,
+                self.frame_bytes,
             )
-            limit = self.max_request_bytes
+            limit = self.frame_bytes
 
         def authorize(context: grpc.aio.ServicerContext) -> str:
             return str(authorizer.authorize(context, roles))

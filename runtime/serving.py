@@ -20,14 +20,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from dpmarket.runtime.admission import SMALL_REQUEST_BYTES, Admission
+from dpmarket.runtime import framing
+from dpmarket.runtime.admission import Admission
 from dpmarket.runtime.metrics import ServiceMetrics, installed_metrics
 from dpmarket.runtime.transport import BindError, TransportSecurity, add_port
 
 logger = logging.getLogger(__name__)
 
 #: Largest message a client channel accepts, and a client or a server sends, in bytes (array
-#: payloads). A server receives at most its RPCs' own limits (:func:`start_server`).
+#: payloads). A server receives messages of at most
+#: :data:`~dpmarket.runtime.framing.FRAME_BYTES`, a larger request in pieces, each RPC held to
+#: its own limit (:func:`start_server`).
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -102,7 +105,8 @@ TRANSPORT_BOUND_OPTIONS = [
     ("grpc.max_allowed_incoming_connections", MAX_CONNECTIONS),
 ]
 #: Options of every server the project starts (:func:`start_server`, which lowers the receive
-#: limit to the largest of its RPCs'): :data:`GRPC_OPTIONS`, the transport's bounds
+#: limit to :data:`~dpmarket.runtime.framing.FRAME_BYTES`): :data:`GRPC_OPTIONS`, the transport's
+#: bounds
 #: (:data:`TRANSPORT_BOUND_OPTIONS`) and an exclusive port. gRPC sets ``SO_REUSEPORT`` by
 #: default, so a second process (a duplicate ``owner serve``, or anything local) could bind a
 #: port already served and receive a share of its connections; with it off, a second server on
@@ -169,7 +173,6 @@ async def start_server(
     address: str,
     security: TransportSecurity,
     *,
-    max_request_bytes: int = SMALL_REQUEST_BYTES,
     metrics: ServiceMetrics | None = None,
 ) -> tuple[grpc.aio.Server, int, HealthStatus]:
     """Start a grpc.aio server with health checking and reflection; return it and its port.
@@ -179,10 +182,10 @@ async def start_server(
 
     Every call is admitted before its request is read
     (:class:`dpmarket.runtime.admission.Admission`): the caller's role, its service's calls at once,
-    its RPC's receive limit. The server receives no message above ``max_request_bytes``, which must
-    be the largest receive limit of the servicers registered
-    (:func:`dpmarket.runtime.admission.largest_request`); gRPC refuses a larger message from its
-    declared length, before buffering it.
+    its RPC's receive limit. The server receives no message above
+    :data:`~dpmarket.runtime.framing.FRAME_BYTES` (gRPC refuses a larger one from its declared
+    length, before buffering it); a larger unary request comes in pieces, their total held to its
+    RPC's own limit as they are read (:mod:`dpmarket.runtime.framing`).
 
     ``address`` may end in ``:0`` to let the OS choose a free port (tests). The port is mTLS (client
     certificates required) unless ``security`` is plaintext (``--insecure``, logged as a warning by
@@ -202,13 +205,12 @@ async def start_server(
     """
     names = (service_names,) if isinstance(service_names, str) else tuple(service_names)
     check_address_free(address)
+    frame = framing.FRAME_BYTES
     options = [
         *((k, v) for k, v in SERVER_OPTIONS if k != "grpc.max_receive_message_length"),
-        ("grpc.max_receive_message_length", max_request_bytes),
+        ("grpc.max_receive_message_length", frame),
     ]
-    interceptors: list[grpc.aio.ServerInterceptor] = [
-        Admission(max_request_bytes, insecure=security.insecure)
-    ]
+    interceptors: list[grpc.aio.ServerInterceptor] = [Admission(frame, insecure=security.insecure)]
     metrics = metrics if metrics is not None else installed_metrics()
     if metrics is not None:  # counted first, so that admission's refusals are counted too
         interceptors.insert(0, metrics.interceptor(str(security.identity or "insecure")))

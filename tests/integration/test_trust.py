@@ -63,8 +63,16 @@ from dpmarket.deploy.pki import CA_KEY, issue
 from dpmarket.experiments.runner import simulate
 from dpmarket.experiments.scenarios import Scenario, write_scenario
 from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
-from dpmarket.runtime.admission import READS_AT_ONCE
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.runtime.admission import (
+    DEFAULT_CONCURRENT_CALLS,
+    READS_AT_ONCE,
+    REQUEST_BUDGET_BYTES,
+    SMALL_REQUEST_BYTES,
+    VALUE_BYTES,
+)
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto
+from dpmarket.runtime.framing import FRAME_BYTES, PiecesChannel
 from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
 from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 from dpmarket.v1 import (
@@ -472,9 +480,15 @@ def _flooded(
     path: str,
     payload: bytes,
     pid: int,
+    *,
+    whole: bool = False,
 ) -> Flood:
+    """:data:`FLOOD_CALLS` calls at once; a request above one message in pieces
+    (:mod:`dpmarket.runtime.framing`), or ``whole``, as one message (as a server built before
+    the pieces receives it)."""
     with _connect(cluster, caller, target, expected) as channel:
-        return flood(channel, path, payload, FLOOD_CALLS, psutil.Process(pid), settle=0.2)
+        sending = channel.channel if whole and isinstance(channel, PiecesChannel) else channel
+        return flood(sending, path, payload, FLOOD_CALLS, psutil.Process(pid), settle=0.2)
 
 
 def test_a_refused_or_oversized_request_is_not_held_by_the_service(
@@ -519,7 +533,9 @@ def test_a_refused_or_oversized_request_is_not_held_by_the_service(
         try:
             assert old.stdout is not None
             target = f"127.0.0.1:{int(old.stdout.readline())}"
-            flooded = _flooded(guard, CONSUMER, target, owner_me, open_session, opening, old.pid)
+            flooded = _flooded(
+                guard, CONSUMER, target, owner_me, open_session, opening, old.pid, whole=True
+            )
         finally:
             old.kill()
     assert flooded.statuses == ["PERMISSION_DENIED"] * FLOOD_CALLS
@@ -538,15 +554,15 @@ REFUSED_CONSTANT = 16 << 20
 REFUSED_PER_CONNECTION = 192 << 10
 #: The owner server of :data:`OLD_SERVER`, admitted as every server is
 #: (:func:`dpmarket.runtime.serving.start_server`), with the transport's bounds on (argument
-#: ``on``) or off (``off``: gRPC's defaults, the bandwidth-delay probing on), or every admitted
-#: request read at once (``reads-off``). Arguments: the PKI directory, the owner's name, the
-#: mode; prints its port.
+#: ``on``) or off (``off``: gRPC's defaults, the bandwidth-delay probing on), or receiving
+#: messages up to the old limit of 256 MiB (``old-limit``: each read whole before its RPC's limit
+#: is compared). Arguments: the PKI directory, the owner's name, the mode; prints its port.
 TRANSPORT_SERVER = """
 import asyncio, sys
 from pathlib import Path
 import grpc
 from dpmarket.v1 import owner_pb2_grpc
-from dpmarket.runtime import admission, serving
+from dpmarket.runtime import framing, serving
 from dpmarket.runtime.authz import Authorizer, rpc
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.transport import TransportSecurity
@@ -558,6 +574,10 @@ class Owner(owner_pb2_grpc.OwnerServiceServicer):
     async def OpenSession(self, request, context, caller):
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "reached the handler")
 
+    @rpc("curator")
+    async def Bid(self, request, context, caller):
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "reached the handler")
+
 async def main():
     me = Identity("owner", sys.argv[2])
     security = TransportSecurity.from_files(*identity_files(Path(sys.argv[1]), me))
@@ -565,11 +585,11 @@ async def main():
         serving.SERVER_OPTIONS = [
             o for o in serving.SERVER_OPTIONS if o not in serving.TRANSPORT_BOUND_OPTIONS
         ]
-    if sys.argv[3] == "reads-off":
-        admission.READS_AT_ONCE = 1 << 20
+    if sys.argv[3] == "old-limit":
+        framing.FRAME_BYTES = serving.MAX_MESSAGE_BYTES
     server, port, _ = await serving.start_server(
         lambda s: owner_pb2_grpc.add_OwnerServiceServicer_to_server(Owner(), s),
-        "dpmarket.v1.OwnerService", "127.0.0.1:0", security, max_request_bytes=4_300_000,
+        "dpmarket.v1.OwnerService", "127.0.0.1:0", security,
     )
     print(port, flush=True)
     await server.wait_for_termination()
@@ -588,15 +608,19 @@ def _flooded_over_connections(
     caller: Identity = CONSUMER,
     connections: int = MANY_CONNECTIONS,
     calls: int = MANY_CALLS,
+    rpc: str = "OpenSession",
+    whole: bool = False,
 ) -> Flood:
-    """``calls`` ``OpenSession`` calls from ``caller`` over ``connections`` connections of its
-    own."""
+    """``calls`` calls of ``rpc`` (an OwnerService RPC) from ``caller`` over ``connections``
+    connections of its own; a request above one message in pieces
+    (:mod:`dpmarket.runtime.framing`), or ``whole``, as one message."""
     security = TransportSecurity.from_files(*identity_files(cluster.pki_dir, caller))
     own = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_send_message_length", 1 << 30)]
     channels = [sync_channel(target, security, expected, own) for _ in range(connections)]
     try:
-        path = "/dpmarket.v1.OwnerService/OpenSession"
-        return flood(channels, path, payload, calls, psutil.Process(pid), settle=0.2)
+        path = f"/dpmarket.v1.OwnerService/{rpc}"
+        sending = [c.channel if whole else c for c in channels]
+        return flood(sending, path, payload, calls, psutil.Process(pid), settle=0.2)
     finally:
         for channel in channels:
             channel.close()
@@ -635,59 +659,105 @@ def test_refused_calls_over_many_connections_hold_a_window_per_connection(
     assert control.peak_growth > bound, control
 
 
-#: An admitted caller's flood: the curator's oversized ``OpenSession`` requests (4 MB, above the
-#: method's limit, under the server's: read, then refused ``RESOURCE_EXHAUSTED``).
+#: An admitted caller's floods over 16 connections: the curator's ``OpenSession`` requests of
+#: the method's limit (as many as the service serves at once), and ``Bid`` requests of 20 MB
+#: (its limit: 96 KiB) sent whole, as many as the control needs to exceed Bid's bound.
 ADMITTED_CONNECTIONS = 16
-ADMITTED_CALLS = 96
-ADMITTED_BYTES = 4_000_000
-#: What an admitted caller's reads may make a server hold (docs/reference.md, "Message limits"):
-#: a constant, so much per connection, and 2 x the server's limit per read at once.
+ADMITTED_CALLS = 64
+ADMITTED_BYTES = 20_000_000
+OVERSIZED_CALLS = 16
+#: What an admitted caller may make an owner hold (docs/reference.md, "Message limits"): a
+#: constant, so much per connection, 2 x one message per read at once, and the requests its
+#: calls hold (:func:`_admitted_bound`).
 ADMITTED_CONSTANT = 64 << 20
 ADMITTED_PER_CONNECTION = 1 << 20
 
 
-def test_an_admitted_callers_oversized_requests_are_read_a_few_at_a_time(
-    guard: LocalCluster,
-) -> None:
-    """The curator, which may call ``OpenSession``, sends 96 requests of 4 MB at once (above the
-    method's limit, under the owner server's 4.1 MiB): each is read whole before its length can
-    be compared, but at most ``READS_AT_ONCE`` at a time, so the owner's RSS grows by at most
-    64 MiB + 1 MiB per connection + ``READS_AT_ONCE`` x 2 x its limit. Control: the same server
-    reading every admitted request at once grows by more."""
-    owner_me = Identity("owner", guard.owner_ids[0])
-    array = array_pb2.Array(
-        dtype=array_pb2.DTYPE_FLOAT64, shape=[ADMITTED_BYTES // 8], data=bytes(ADMITTED_BYTES)
-    )
-    payload = owner_pb2.OpenSessionRequest(session_id="s", omega=array).SerializeToString()
-    bound = (
+def _admitted_bound(limit: int) -> int:
+    """The most an admitted caller's calls of one OwnerService RPC, of receive limit ``limit``,
+    may raise an owner's RSS over :data:`ADMITTED_CONNECTIONS` connections: the requests its
+    calls hold (its calls at once, ``limit`` each, within the server's request budget) and as
+    much again for what their handlers decode, and twice ``limit`` for a moment for the
+    READS_AT_ONCE being parsed."""
+    held = 2 * min(max(REQUEST_BUDGET_BYTES, limit), DEFAULT_CONCURRENT_CALLS * limit)
+    return (
         ADMITTED_CONSTANT
         + ADMITTED_CONNECTIONS * ADMITTED_PER_CONNECTION
-        + READS_AT_ONCE * 2 * 4_300_000
+        + READS_AT_ONCE * 2 * FRAME_BYTES
+        + READS_AT_ONCE * limit
+        + held
     )
+
+
+def _open_session_of(size: int, d: int, n: int) -> bytes:
+    """A serialized OpenSessionRequest of exactly ``size`` bytes: h1 of ``d`` x ``n`` (zeros), its
+    ``consumer`` padded."""
+    omega = array_to_proto(np.zeros((d, n)))
+    phase = array_to_proto(np.zeros(d))
+    request = owner_pb2.OpenSessionRequest(session_id="s" * 32, omega=omega, phase=phase)
+    pad = size - request.ByteSize() - 4
+    request.consumer = "c" * pad
+    while request.ByteSize() > size:
+        pad -= 1
+        request.consumer = "c" * pad
+    assert request.ByteSize() == size, (request.ByteSize(), size)
+    return request.SerializeToString()
+
+
+def test_an_admitted_caller_is_held_to_each_methods_own_limit(
+    guard: LocalCluster, digits: Scenario
+) -> None:
+    """The curator, which may call every OwnerService RPC, floods a real owner: 64 ``OpenSession``
+    requests of exactly that method's limit at once (2.1 MiB: h1 at the policy's largest
+    dimension, in pieces), then 16 ``Bid`` requests of 20 MB (limit 96 KiB) sent whole. The
+    owner's server receives messages of at most 1 MiB, so a Bid's message is refused from its
+    declared length before it is buffered, and a method's pieces are read no further than its
+    own limit: its RSS grows by at most the documented bound of each method, and nothing is
+    charged. Control: the Bid flood against a server that receives messages up to the old limit
+    (256 MiB), reading each whole before the method's limit is compared, grows by more than
+    Bid's bound."""
+    owner_me = Identity("owner", guard.owner_ids[0])
+    d, n = OwnerPolicy.max_rff_dimension, digits.n_features
+    open_limit = SMALL_REQUEST_BYTES + VALUE_BYTES * d * (n + 1)
+    bid_limit = SMALL_REQUEST_BYTES + VALUE_BYTES * d
+    largest = _open_session_of(open_limit, d, n)
     kw: dict[str, Any] = {
         "caller": CURATOR,
         "connections": ADMITTED_CONNECTIONS,
         "calls": ADMITTED_CALLS,
     }
     owner_pid = guard.owner_processes[0].pid
-    flooded = _flooded_over_connections(
-        guard, guard.owner_targets[0], owner_me, payload, owner_pid, **kw
-    )
-    assert set(flooded.statuses) == {"RESOURCE_EXHAUSTED"}, flooded.statuses
-    assert flooded.peak_growth <= bound, flooded
+    target = guard.owner_targets[0]
+    legal = _flooded_over_connections(guard, target, owner_me, largest, owner_pid, **kw)
+    # Read and parsed (refused by the handler: no terms), or beyond the calls at once.
+    assert set(legal.statuses) <= {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"}, legal.statuses
+    assert "INVALID_ARGUMENT" in legal.statuses
+    assert legal.peak_growth <= _admitted_bound(open_limit), legal
+    bid = owner_pb2.BidRequest(
+        session_id="s",
+        summary_embedding=array_pb2.Array(
+            dtype=array_pb2.DTYPE_FLOAT64,
+            shape=[ADMITTED_BYTES // 8],
+            data=bytes(ADMITTED_BYTES),
+        ),
+    ).SerializeToString()
+    kw["rpc"], kw["whole"], kw["calls"] = "Bid", True, OVERSIZED_CALLS
+    oversized = _flooded_over_connections(guard, target, owner_me, bid, owner_pid, **kw)
+    assert set(oversized.statuses) == {"RESOURCE_EXHAUSTED"}, oversized.statuses
+    assert oversized.peak_growth <= _admitted_bound(bid_limit), oversized
     assert _ledgers(guard) == {owner: [] for owner in guard.owner_ids}
     with subprocess.Popen(
-        [sys.executable, "-c", TRANSPORT_SERVER, str(guard.pki_dir), owner_me.name, "reads-off"],
+        [sys.executable, "-c", TRANSPORT_SERVER, str(guard.pki_dir), owner_me.name, "old-limit"],
         stdout=subprocess.PIPE,
     ) as old:
         try:
             assert old.stdout is not None
-            target = f"127.0.0.1:{int(old.stdout.readline())}"
-            control = _flooded_over_connections(guard, target, owner_me, payload, old.pid, **kw)
+            old_target = f"127.0.0.1:{int(old.stdout.readline())}"
+            control = _flooded_over_connections(guard, old_target, owner_me, bid, old.pid, **kw)
         finally:
             old.kill()
     assert set(control.statuses) == {"RESOURCE_EXHAUSTED"}, control.statuses
-    assert control.peak_growth > bound, control
+    assert control.peak_growth > _admitted_bound(bid_limit), control
 
 
 @pytest.mark.parametrize(
