@@ -50,11 +50,16 @@ typecheck: $(STAMP)
 
 # The test suite: unit, statistical and integration tests (real processes, real gRPC), one
 # pytest-xdist worker per CPU; a test module stays on one worker, so its fixtures start once.
+# The modules go out longest first, in the order tests/scheduling.py gives them (xdist's own
+# order, most tests first, left the few long ones for the end, one worker running them alone).
 # `make test PYTEST_WORKERS=0` runs it in this process. It ends with its 40 slowest phases (setup,
-# call, teardown), so that every CI log says where the suite's time goes.
+# call, teardown), so that every CI log says where the suite's time goes, and writes every
+# module's seconds to $(OUT)/module-seconds.json (copy it over tests/module_seconds.json to
+# refresh the order).
 PYTEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=40
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  --durations=40 --record-module-seconds $(OUT)/module-seconds.json
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not integration"

@@ -405,7 +405,10 @@ def test_the_composed_consumer_gets_the_in_process_summary(
     """The consumer service as composed (a candidates summary, seed 0) returns the summary the
     same session gives in one process; every owner's ledger gains the session's one charge."""
     before = stack.ledgers_before()
-    stack("run", "--rm", "consumer")  # its dependencies are up; the service's own command
+    # The service's own command; --no-deps: its dependencies are up (without it, docker-compose
+    # runs the pki and data jobs again first, about 10 s, and the data the reference read is
+    # generated a second time).
+    stack("run", "--rm", "--no-deps", "consumer")
     command = stack.config["services"]["consumer"]["command"]
     out, report = _option(command, "--out"), _option(command, "--report")
     files = _untar(
