@@ -13,7 +13,8 @@ path, is sent to no other local server (:mod:`dpmarket.console.auth`). Every sta
 request needs proof that it comes from the console's own pages (:mod:`dpmarket.console.csrf`).
 
 Pages are rendered on the server (Jinja2 templates, matplotlib SVG plots,
-:mod:`dpmarket.console.plots`); the one script (``static/console.js``) follows a summary's progress
+:mod:`dpmarket.console.plots`, drawn in worker threads so that one page's plot does not hold up
+the others); the one script (``static/console.js``) follows a summary's progress
 from its server-sent events. Every response carries a Content-Security-Policy that allows this
 origin only (no CDN: the console works offline), forbids framing, and sends a referrer to this
 origin only (so a login address with the token never leaks to another site, while the console's
@@ -23,6 +24,7 @@ own requests keep the ``Origin`` the CSRF check needs).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import time
@@ -277,10 +279,11 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         last = next((r for r in history if r.status == "done"), None)
         share_svg = ""
         if last is not None and last.points_per_owner:
-            share_svg = plots.share_plot(
+            share_svg = await run_in_threadpool(
+                _share_plot,
                 last.points_per_owner,
                 last.left_out,
-                title=f"each owner's share of your last summary ({last.short_id})",
+                f"each owner's share of your last summary ({last.short_id})",
             )
         context = {
             "catalogue": catalogue,
@@ -312,7 +315,7 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             answer = await run_in_threadpool(consumer.explore, question)
         except UserError as exc:
             return await _with_status(overview(request, {"explore_error": str(exc)}), 400)
-        svg = plots.interval_plot(answer["rows"], title=answer["title"])
+        svg = await run_in_threadpool(plots.interval_plot, answer["rows"], title=answer["title"])
         return page(request, "explore.html", {"answer": answer, "svg": svg, "question": question})
 
     async def rank(request: Request) -> Response:
@@ -325,7 +328,9 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             )
         except UserError as exc:
             return await _with_status(overview(request, {"rank_error": str(exc)}), 400)
-        svg = plots.ranking_plot(ranking["rows"], title=f"owners by MMD² to {name}")
+        svg = await run_in_threadpool(
+            plots.ranking_plot, ranking["rows"], title=f"owners by MMD² to {name}"
+        )
         return page(request, "ranking.html", {"ranking": ranking, "svg": svg, "file": name})
 
     def summary_request(form: Any) -> dict[str, Any]:
@@ -388,14 +393,17 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             return page(request, "missing.html", {"message": error}, 404)
         share_svg = curve_svg = ""
         if record.points_per_owner or record.left_out:
-            share_svg = plots.share_plot(
-                record.points_per_owner, record.left_out, title="each owner's share"
+            share_svg = await run_in_threadpool(
+                _share_plot, record.points_per_owner, record.left_out, "each owner's share"
             )
         if record.mmd_curve.get("sizes"):
-            curve_svg = plots.mmd_curve_plot(
-                [int(s) for s in record.mmd_curve["sizes"]],
-                record.mmd_curve["mmd2"],
-                title="MMD² of the summary's first k points to your validation set",
+            curve_svg = await run_in_threadpool(
+                functools.partial(
+                    plots.mmd_curve_plot,
+                    [int(s) for s in record.mmd_curve["sizes"]],
+                    record.mmd_curve["mmd2"],
+                    title="MMD² of the summary's first k points to your validation set",
+                )
             )
         downloadable = consumer.summary_file(record) is not None
         return page(
@@ -454,6 +462,19 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
     ]
 
 
+def _share_plot(shares: dict[str, int], left_out: dict[str, str], title: str) -> str:
+    """:func:`plots.share_plot`, drawn once per recorded share (a record does not change; the
+    main page shows the last summary's at every load)."""
+    return _drawn_share(tuple(sorted(shares.items())), tuple(sorted(left_out.items())), title)
+
+
+@functools.lru_cache(maxsize=64)
+def _drawn_share(
+    shares: tuple[tuple[str, int], ...], left_out: tuple[tuple[str, str], ...], title: str
+) -> str:
+    return plots.share_plot(dict(shares), dict(left_out), title=title)
+
+
 async def _with_status(response: Awaitable[Response], status: int) -> Response:
     done = await response
     done.status_code = status
@@ -496,11 +517,14 @@ def _owner_routes(owner: OwnerConsole, page: Page) -> list[Route]:
         entries = view["entries"]
         charges_svg = ""
         if entries:
-            charges_svg = plots.charges_plot(
-                [e["at"] for e in entries],
-                [e["epsilon"] or 0.0 for e in entries],
-                [e["points"] for e in entries],
-                title=f"charges to {identity_name(owner)}'s ledger over time (UTC)",
+            charges_svg = await run_in_threadpool(
+                functools.partial(
+                    plots.charges_plot,
+                    [e["at"] for e in entries],
+                    [e["epsilon"] or 0.0 for e in entries],
+                    [e["points"] for e in entries],
+                    title=f"charges to {identity_name(owner)}'s ledger over time (UTC)",
+                )
             )
         return page(request, "owner.html", {"view": view, "charges_svg": charges_svg})
 
@@ -519,8 +543,13 @@ def _curator_routes(curator: CuratorConsole, page: Page) -> list[Route]:
         except FileNotFoundError as exc:
             return page(request, "missing.html", {"message": str(exc)}, 503)
         rates = view["rates"]
-        rate_svg = plots.rate_plot(
-            rates["hours"], rates["counts"], title="requests per hour (UTC), by consumer"
+        rate_svg = await run_in_threadpool(
+            functools.partial(
+                plots.rate_plot,
+                rates["hours"],
+                rates["counts"],
+                title="requests per hour (UTC), by consumer",
+            )
         )
         return page(request, "curator.html", {"view": view, "rate_svg": rate_svg})
 
