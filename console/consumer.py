@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import multiprocessing
 import os
 import tempfile
 import threading
@@ -75,6 +76,8 @@ CATALOGUE_TTL_SECONDS = 10.0
 MAX_JOBS = 16
 #: Statements the statements page lists (the newest).
 STATEMENTS_SHOWN = 100
+#: CPU priority the refits of published fits run at, above the console's (nice).
+REFIT_NICENESS = 10
 #: Largest validation file a form may upload, bytes.
 MAX_UPLOAD_BYTES = 64 << 20
 
@@ -289,24 +292,30 @@ class ConsumerConsole:
         #: Marginals models kept on disk (shared with ``dpmarket explore --data-dir``).
         self.model_dir = self.data_dir / model_store.FOLDER
         self.warming: threading.Thread | None = None
+        self._refitter: multiprocessing.process.BaseProcess | None = None
 
     def start_warming(self) -> threading.Thread:
         """Compute the exploration caches ahead in a background thread: every published
         marginals sketch's model and bootstrap refits (the owner's published fit where there is
-        one) and every spec's M2M design (:func:`dpmarket.consumer.catalogue.warm`), then, at a
-        lower CPU priority, this console's own refit of every published fit
-        (:func:`dpmarket.consumer.catalogue.verify_fits`). Start-up and pages do not wait for
-        it; an answer waits only for the design or the model it needs."""
+        one) and every spec's M2M design (:func:`dpmarket.consumer.catalogue.warm`), then this
+        console's own refit of every published fit
+        (:func:`dpmarket.consumer.catalogue.verify_fits`), fitted in a child process at a lower
+        CPU priority (:func:`dpmarket.consumer.catalogue.refit_into_store`, into the model store
+        the check then reads). Start-up and pages do not wait for it; an answer waits only for
+        the design or the model it needs."""
         self.warming = threading.Thread(target=self._warm, name="explore-warm", daemon=True)
         self.warming.start()
         return self.warming
 
     def stop_warming(self) -> None:
-        """Stop the warm-up before its next step."""
+        """Stop the warm-up before its next step (and its refitting process at once)."""
         self._stop_warming.set()
+        refitter = self._refitter
+        if refitter is not None and refitter.is_alive():
+            refitter.terminate()
 
     def _warm(self) -> None:
-        from dpmarket.consumer.catalogue import verify_fits, warm
+        from dpmarket.consumer.catalogue import published_fits, verify_fits, warm
 
         try:
             # At the console's priority: it holds the lock answers take while it draws a
@@ -318,13 +327,34 @@ class ConsumerConsole:
                 stop=self._stop_warming,
                 model_dir=self.model_dir,
             )
-            # Then, at a lower CPU priority and holding nothing answers wait for, refit the
-            # owners' published fits (answers read those meanwhile).
-            with contextlib.suppress(OSError):  # this thread only (Linux); elsewhere, as is
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-            verify_fits(self.client, stop=self._stop_warming, model_dir=self.model_dir)
+            # The refits take seconds of CPU each (about 20 s for the tutorial's three): in
+            # this process they would share its interpreter lock with every page for minutes,
+            # whatever this thread's priority. A child process at a lower priority fits them
+            # into the model store; this thread then reads them from there and checks them.
+            fits = published_fits(self.client)
+            if fits and not self._stop_warming.is_set():
+                self._refit_elsewhere(fits)
+            if not self._stop_warming.is_set():
+                verify_fits(self.client, stop=self._stop_warming, model_dir=self.model_dir)
         except Exception as exc:  # best effort: the first answer computes what is missing
             logger.warning("the explore warm-up stopped: %s", exc)
+
+    def _refit_elsewhere(self, fits: list[Any]) -> None:
+        """Run :func:`~dpmarket.consumer.catalogue.refit_into_store` on ``fits`` in a child
+        process at CPU priority +:data:`REFIT_NICENESS` and wait for it (an error there is
+        logged: :func:`~dpmarket.consumer.catalogue.verify_fits` then fits what is missing)."""
+        context = multiprocessing.get_context("spawn")  # no copy of this process's threads
+        child = context.Process(
+            target=_refit_child,
+            args=(fits, str(self.model_dir)),
+            name="explore-refit",
+            daemon=True,  # ends with the console
+        )
+        self._refitter = child
+        child.start()
+        child.join()
+        if child.exitcode not in (0, None) and not self._stop_warming.is_set():
+            logger.warning("the explore refits' process ended with %s", child.exitcode)
 
     # ------------------------------------------------------------------------ catalogue
     def catalogue(self) -> Catalogue:
@@ -705,6 +735,16 @@ class ConsumerConsole:
         if suffix not in (".csv", ".parquet", ".npy", ".npz"):
             raise UserError(f"{filename}: a .csv, .parquet, .npy or .npz file, please")
         return _Upload(data, suffix, self.data_dir)
+
+
+def _refit_child(fits: list[Any], model_dir: str) -> None:
+    """The refitting process (:meth:`ConsumerConsole._refit_elsewhere`): lower its priority,
+    then fit into the model store."""
+    from dpmarket.consumer.catalogue import refit_into_store
+
+    with contextlib.suppress(OSError):
+        os.nice(REFIT_NICENESS)
+    refit_into_store(fits, model_dir)
 
 
 class _Upload:
