@@ -94,7 +94,9 @@ class Catalogue:
     ----------
     specs : list of dict
         ``{"name", "kind", "epsilon", "delta", "columns": [{"name", "low", "high", ...}],
-        "allocation": bool}`` per spec.
+        "allocation": bool, "published": int}`` per spec declared at the curator
+        (``published``: how many owners published a sketch of it; a spec nobody published
+        answers nothing, and the forms do not offer it).
     sketches : list of dict
         ``{"spec", "owner", "epsilon", "delta", "noisy_count", "published_at", "age"}`` per
         published sketch.
@@ -109,6 +111,21 @@ class Catalogue:
     owners: list[str]
     schema: list[dict[str, Any]]
     read_at: float
+
+    @property
+    def published_specs(self) -> list[dict[str, Any]]:
+        """The specs with at least one published sketch (what the forms offer)."""
+        return [s for s in self.specs if s["published"]]
+
+    @property
+    def columns(self) -> list[dict[str, Any]]:
+        """The columns of the first published spec that is not the allocation's (its features
+        alone), else of the first published one (empty without any)."""
+        published = self.published_specs
+        chosen = next((s for s in published if not s["allocation"]), None) or next(
+            iter(published), None
+        )
+        return [] if chosen is None else list(chosen["columns"])
 
 
 def age_text(seconds: float) -> str:
@@ -367,6 +384,7 @@ class ConsumerConsole:
         specs, allocation = self.client.sketch_catalogue()
         spec_rows, sketch_rows = [], []
         for spec in specs:
+            entries = list(self.client.sketches(spec))
             spec_rows.append(
                 {
                     "name": spec.name,
@@ -375,9 +393,10 @@ class ConsumerConsole:
                     "delta": spec.delta,
                     "columns": spec.domain.describe(),
                     "allocation": spec.name == allocation,
+                    "published": len(entries),
                 }
             )
-            for entry in self.client.sketches(spec):
+            for entry in entries:
                 d = entry.describe()
                 sketch_rows.append(
                     {

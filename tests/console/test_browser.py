@@ -258,6 +258,25 @@ def test_the_consumer_finds_its_last_summarys_share_and_the_catalogue(
     _shot(page, "console-consumer.png")
 
 
+def test_the_forms_offer_only_published_sketches(
+    consoles: dict[str, Console], browser: Any
+) -> None:
+    page = _signed_in(browser, consoles["consumer"])
+    page.goto(f"{consoles['consumer'].url}/consumer")
+    # The tutorial's sketches.toml declares clinics/race, which no clinic publishes: the
+    # catalogue's specs say so, and no form offers it (it would answer nothing).
+    declared = page.locator("#catalogue details li", has_text="clinics/race")
+    assert "not published by any owner" in declared.inner_text()
+    offered = page.locator("#explore select[name=spec] option").evaluate_all(
+        "options => options.map(o => o.value)"
+    )
+    assert "clinics/race" not in offered
+    assert {"clinics/hist", "clinics/rff", "clinics/marginals"} <= set(offered)
+    # The control: the same catalogue lists the declared spec (what the form offered before).
+    specs = page.locator("#catalogue details li").all_inner_texts()
+    assert any(t.startswith("clinics/race") for t in specs)
+
+
 def test_a_catalogue_answer_comes_with_its_interval(
     consoles: dict[str, Console], browser: Any
 ) -> None:
