@@ -629,15 +629,21 @@ def request(
     )
     if data_dir is not None:
         from dpmarket.consumer.history import SessionHistory
+        from dpmarket.consumer.report import summary_curve
 
+        # The record a console shows: the session's id as printed above (one id in the CLI and
+        # the console alike) and the MMD curve the console draws for its own sessions.
+        curve = summary_curve(result, inputs.validation.features, config.gamma)
         try:
             SessionHistory(data_dir).record(
                 status="done",
                 source="request",
                 method=config.method,
                 summary_size=config.summary_size,
+                session_id=created[0] if created else "",
                 result=document["result"],
                 summary_path=str(Path(out_path).resolve()),
+                mmd_curve={"sizes": [float(k) for k in curve.sizes], "mmd2": list(curve.mmd2)},
             )
         except OSError as exc:
             console.print(f"[yellow]not recorded in {data_dir}: {exc}", highlight=False)

@@ -277,6 +277,32 @@ def test_the_forms_offer_only_published_sketches(
     assert any(t.startswith("clinics/race") for t in specs)
 
 
+def test_a_cli_session_shows_under_one_id_with_its_mmd_curve(
+    deployment: Path, consoles: dict[str, Console], browser: Any
+) -> None:
+    # The tutorial's `dpmarket consumer request`, recorded in the consumer's data directory.
+    (record,) = [
+        r for r in SessionHistory(deployment / "consumer").entries() if r.source == "request"
+    ]
+    assert record.session_id and record.mmd_curve["sizes"][-1] == 20
+    consumer = consoles["consumer"]
+    page = _signed_in(browser, consumer)
+    page.goto(f"{consumer.url}/consumer")
+    link = page.locator("#sessions a", has_text=record.session_id[:8])
+    assert link.count() == 1
+    link.click()
+    page.wait_for_selector("#session")
+    # One id: the list's is the session page's, and the page gives the whole id `request`
+    # printed (`session ID created`); the control: the record's own key, a second name, is not
+    # shown.
+    assert page.locator("#session-id").inner_text() == record.session_id[:8]
+    assert record.session_id in page.locator("#session").inner_text()
+    assert record.key not in page.content()
+    # The MMD curve of the CLI's summary, drawn from the record (not the "no curve" note).
+    assert page.locator("#session svg.plot").count() == 2
+    assert page.locator("#no-curve").count() == 0
+
+
 def test_a_catalogue_answer_comes_with_its_interval(
     consoles: dict[str, Console], browser: Any
 ) -> None:
