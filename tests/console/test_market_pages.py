@@ -204,7 +204,52 @@ def test_a_session_whose_record_lacks_an_epsilon_figure_shows_a_dash(tmp_path: P
     headers = {"Authorization": f"Bearer {token.value}"}
     page = client.get(f"{token.prefix}/consumer/sessions/{uniform.key}", headers=headers)
     assert page.status_code == 200
-    assert "(Theorem 7 / PLD): — / —" in page.text
+    assert _epsilon_rows(page.text) == {
+        "your validation set": ["—"] * 4,
+        "each owner's data": ["—"] * 4,
+    }
     control = client.get(f"{token.prefix}/consumer/sessions/{private.key}", headers=headers)
     assert control.status_code == 200
-    assert "(Theorem 7 / PLD): 0.5 / 0.25" in control.text and "1.5 / 1.25" in control.text
+    rows = _epsilon_rows(control.text)
+    assert rows["your validation set"][0::2] == ["0.25", "0.5"]  # PLD, Theorem 7
+    assert rows["each owner's data"][0::2] == ["1.25", "1.5"]
+
+
+def _epsilon_rows(page: str) -> dict[str, list[str]]:
+    """The session page's ε table: per party, its cells (PLD ε, its δ, Theorem 7 ε, its δ)."""
+    table = page.split('id="session-epsilon"', 1)[1].split("</table>", 1)[0]
+    rows = {}
+    for row in re.findall(r"<tr><td>(.*?)</tr>", table, flags=re.S):
+        cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        rows[html.unescape(re.sub(r"<[^>]+>", "", row.split("</td>", 1)[0]))] = cells
+    return rows
+
+
+def test_a_sessions_two_epsilon_figures_read_as_two_accountings_not_an_overrun(
+    tmp_path: Path,
+) -> None:
+    """The tutorial's candidates session: PLD ε 1.000003, Theorem 7 ε 1.3137 for the same
+    releases on the validation set. The page read "ε ... (Theorem 7 / PLD): 1.314 / 1", which
+    a newcomer read as 1.314 spent of a budget of 1."""
+    client, token = _consumer_console(tmp_path)
+    figures = {"theorem7": 1.3137166030177894, "pld": 1.000002870822393,
+               "delta_total": 2.999997e-06, "delta_tilde": 1e-06}  # fmt: skip
+    record = SessionHistory(tmp_path).record(
+        status="done",
+        source="request",
+        method="candidates",
+        summary_size=20,
+        session_id="f7512f7c04c6aa",
+        result={"epsilon": {"validation": figures, "owners": {**figures, "theorem7": 0.0,
+                                                               "pld": 0.0}}},
+    )  # fmt: skip
+    page = client.get(
+        f"{token.prefix}/consumer/sessions/{record.key}",
+        headers={"Authorization": f"Bearer {token.value}"},
+    )
+    assert page.status_code == 200
+    text = html.unescape(page.text)
+    assert "1.314 / 1" not in text  # the old "x / y" that read as spent / budget
+    # Each figure under its own name and δ; the note says they are one guarantee.
+    assert _epsilon_rows(page.text)["your validation set"] == ["1", "1e-06", "1.314", "3e-06"]
+    assert "Two accountings of the same releases, not two charges and not a budget" in text
