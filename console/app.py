@@ -315,7 +315,7 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             answer = await run_in_threadpool(consumer.explore, question)
         except UserError as exc:
             return await _with_status(overview(request, {"explore_error": str(exc)}), 400)
-        svg = await run_in_threadpool(plots.interval_plot, answer["rows"], title=answer["title"])
+        svg = await run_in_threadpool(plots.interval_plot, answer["plotted"], title=answer["title"])
         return page(request, "explore.html", {"answer": answer, "svg": svg, "question": question})
 
     async def rank(request: Request) -> Response:

@@ -62,6 +62,7 @@ __all__ = [
     "ConsumerConsole",
     "SummaryJob",
     "UserError",
+    "count_row",
     "form_credits",
     "form_number",
     "quote_view",
@@ -136,6 +137,24 @@ def age_text(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f} {unit}"
     return f"{seconds:.0f} s"
+
+
+def count_row(fraction: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """A count answer's row in records, from its fraction's row: the count estimate, standard
+    error and 95 % interval of ``extra`` (:attr:`dpmarket.consumer.explore.Answer.extra`: the
+    fraction's, times the record count estimate ``n``), with the fraction's flags and basis;
+    the label says of how many records."""
+    interval = extra.get("count_interval")
+    label = str(fraction["label"])
+    if label.startswith("P[") and label.endswith("]"):
+        label = label[2:-1]
+    return {
+        **fraction,
+        "label": f"records with {label} (of n ≈ {extra['n']:.0f})",
+        "value": float(extra["count"]),
+        "standard_error": float(extra.get("count_standard_error", math.nan)),
+        "interval": None if interval is None else [float(interval[0]), float(interval[1])],
+    }
 
 
 def form_number(
@@ -435,9 +454,13 @@ class ConsumerConsole:
         Returns
         -------
         dict
-            ``{"title", "spec", "reason", "owners", "n", "source", "rows"}``, ``rows`` as
-            :meth:`dpmarket.consumer.explore.Answer.rows` (each with its 95 % interval and flags),
-            ``bases`` the distinct ``(basis, covers)`` pairs (what the intervals cover).
+            ``{"title", "spec", "reason", "owners", "n", "source", "rows", "plotted",
+            "count"}``,
+            ``rows`` as :meth:`dpmarket.consumer.explore.Answer.rows` (each with its 95 %
+            interval and flags; a count's first row is in records, :func:`count_row`, as the
+            CLI prints it, then the fraction), ``plotted`` the rows of one unit the plot
+            draws, ``count`` a count's row in records (None for another query), ``bases`` the
+            distinct ``(basis, covers)`` pairs (what the intervals cover).
 
         Raises
         ------
@@ -480,6 +503,12 @@ class ConsumerConsole:
         rows = answer.rows()
         owners = [e.owner for e in explored.entries]
         who = owners[0] if len(owners) == 1 else f"the union of {', '.join(owners)}"
+        plotted, count = rows, None
+        if "count" in answer.extra:
+            # In records, as `dpmarket explore` prints a count; the fraction beside it.
+            count = count_row(rows[0], answer.extra)
+            plotted = [count]
+            rows = [*plotted, {**rows[0], "label": f"{rows[0]['label']} (the fraction)"}]
         return {
             "title": f"{query.kind} of {who}",
             "spec": explored.spec.name,
@@ -488,6 +517,8 @@ class ConsumerConsole:
             "n": explored.n_hat,
             "source": answer.source,
             "rows": rows,
+            "plotted": plotted,
+            "count": count,
             "bases": list(dict.fromkeys((r["basis"], r["covers"]) for r in rows)),
         }
 

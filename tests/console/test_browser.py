@@ -324,6 +324,31 @@ def test_a_catalogue_answer_comes_with_its_interval(
     assert plot.count() == 1 and "95 %" in plot.inner_html()
 
 
+def test_a_count_answer_reads_in_records_as_the_cli_prints_it(
+    consoles: dict[str, Console], browser: Any
+) -> None:
+    page = _signed_in(browser, consoles["consumer"])
+    page.goto(f"{consoles['consumer'].url}/consumer")
+    page.select_option("#explore select[name=query]", "count")
+    page.fill("#explore input[name=where]", "bmi>=30; high=1")
+    page.click("#explore button[type=submit]")
+    page.wait_for_selector("#answer-rows")
+    rows = page.locator("#answer-rows tbody tr").all()
+    cells = [[c.inner_text() for c in r.locator("td").all()] for r in rows]
+    (count, fraction) = cells
+    n = float(page.locator("#count-line").inner_text().rsplit("n ≈ ", 1)[1].rstrip("."))
+    # The first row is the count, in records (the CLI's "count ≈ ..."): its interval reaches
+    # beyond a fraction's [0, 1]; the second, the fraction it is n times.
+    assert count[0].startswith("records with bmi >= 30 and high = 1")
+    low, high = (float(x) for x in count[3].strip("[]").split(","))
+    assert high > 1 and 0 <= low <= high <= n * 1.001
+    assert float(count[1]) == pytest.approx(float(fraction[1]) * n, rel=1e-3)
+    assert page.locator("#count-line").inner_text().startswith("Count ≈ ")
+    # The control: the fraction row still reads in [0, 1] (what the page showed alone).
+    flow, fhigh = (float(x) for x in fraction[3].strip("[]").split(","))
+    assert 0 <= flow <= fhigh <= 1 and "(the fraction)" in fraction[0]
+
+
 def test_the_consumer_sees_a_quote_without_running_anything_and_its_statements(
     deployment: Path, consoles: dict[str, Console], browser: Any
 ) -> None:
