@@ -34,6 +34,7 @@ import logging
 import math
 import multiprocessing
 import os
+import re
 import tempfile
 import threading
 import time
@@ -65,6 +66,7 @@ __all__ = [
     "count_row",
     "form_credits",
     "form_number",
+    "in_form_terms",
     "quote_view",
     "statement_view",
 ]
@@ -84,7 +86,11 @@ MAX_UPLOAD_BYTES = 64 << 20
 
 
 class UserError(Exception):
-    """A request the console refuses with a message for the person at the browser."""
+    """A request the console refuses with a message for the person at the browser (the CLI
+    options a message names are put in the form's terms: :func:`in_form_terms`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(in_form_terms(message))
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,39 @@ def age_text(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f} {unit}"
     return f"{seconds:.0f} s"
+
+
+#: The form field each CLI option of a message stands for (label and field name, as the form's
+#: own errors name them).
+FORM_FIELDS = {
+    "--where": "Count predicates (where)",
+    "--column": "Columns (column)",
+    "--points": "CDF thresholds (points)",
+    "--target": "Logistic target (target)",
+    "--spec": "Sketch (spec)",
+    "--owner": "Owners (owner)",
+    "--all": "Owners (owner)",
+    "--exclude-owner": "Owners (owner)",
+    "--validation": "Validation file (validation)",
+    "-p": "Points (p)",
+    "--method": "Method (method)",
+    "--gamma": "Kernel γ (gamma)",
+    "--min-owners": "Fewest owners (min_owners)",
+    "--max-cost": "Most it may cost (max_cost)",
+}
+_OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z-]*|-p)(?![\w-])")
+
+
+def in_form_terms(message: str) -> str:
+    """``message`` (the CLI's, the curator's) with each CLI option it names replaced by the
+    form field that stands for it (:data:`FORM_FIELDS`): "raise --max-cost" becomes "raise
+    the form's “Most it may cost (max_cost)”"; an option the forms do not have stays as is."""
+
+    def field(found: re.Match[str]) -> str:
+        label = FORM_FIELDS.get(found.group(1))
+        return found.group(1) if label is None else f"the form's “{label}”"
+
+    return _OPTION.sub(field, message)
 
 
 def count_row(fraction: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

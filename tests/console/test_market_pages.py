@@ -10,9 +10,11 @@ import html
 import re
 from pathlib import Path
 
+import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from starlette.testclient import TestClient
 
+from dpmarket.common.errors import DPMarketError
 from dpmarket.common.market.pricing import OwnerPrices
 from dpmarket.common.market.statement import (
     SessionRecord,
@@ -23,9 +25,10 @@ from dpmarket.common.market.statement import (
 from dpmarket.common.market.terms import MarketTerms, session_quote
 from dpmarket.console.app import create_app
 from dpmarket.console.auth import ConsoleToken
-from dpmarket.console.consumer import ConsumerConsole
+from dpmarket.console.consumer import ConsumerConsole, in_form_terms
 from dpmarket.console.owner import OwnerConsole
 from dpmarket.consumer.client import CuratorClient
+from dpmarket.consumer.explore import Query
 from dpmarket.consumer.history import SessionHistory
 from dpmarket.owner.earnings import Earnings
 from dpmarket.owner.ledger import OwnerLedger
@@ -253,3 +256,28 @@ def test_a_sessions_two_epsilon_figures_read_as_two_accountings_not_an_overrun(
     # Each figure under its own name and δ; the note says they are one guarantee.
     assert _epsilon_rows(page.text)["your validation set"] == ["1", "1e-06", "1.314", "3e-06"]
     assert "Two accountings of the same releases, not two charges and not a budget" in text
+
+
+def test_a_form_error_names_the_forms_fields_not_the_clis_options(tmp_path: Path) -> None:
+    """A question the explorer refuses is refused in the CLI's words ("--where"); the form has no
+    such option: the console's message names its field."""
+    client, token = _consumer_console(tmp_path)
+    bearer = {"Authorization": f"Bearer {token.value}"}
+    refused = client.post(
+        f"{token.prefix}/consumer/explore", headers=bearer, data={"query": "count"}
+    )
+    assert refused.status_code == 400
+    text = html.unescape(refused.text)
+    assert "a count needs at least one range predicate (the form's “Count predicates (where)”)" in (
+        text
+    )
+    assert "--where" not in text
+    # The control: the explorer's own message, as the CLI prints it, names the option.
+    with pytest.raises(DPMarketError, match=r"\(--where\)"):
+        Query("count")
+    # Every option a curator's message may name for a summary form's field.
+    assert in_form_terms("raise --max-cost, ask for fewer points (--min-owners N)") == (
+        "raise the form's “Most it may cost (max_cost)”, ask for fewer points "
+        "(the form's “Fewest owners (min_owners)” N)"
+    )
+    assert in_form_terms("--pki-dir is kept") == "--pki-dir is kept"  # no such field
