@@ -12,6 +12,12 @@ does not know the console's address learns nothing, and the browser's cookie, sc
 path, is sent to no other local server (:mod:`dpmarket.console.auth`). Every state-changing
 request needs proof that it comes from the console's own pages (:mod:`dpmarket.console.csrf`).
 
+Every answer has an address it can be reopened at: an exploration's is a ``GET`` with its
+question in the URL (computed here from the published sketches, it changes and charges
+nothing, like any page); a ranking's or a quote's (they read an uploaded file) is where their
+``POST`` redirects, kept in this process's memory (the newest :data:`KEPT_ANSWERS`). The
+address of a form's action, opened, is the form.
+
 Pages are rendered on the server (Jinja2 templates, matplotlib SVG plots,
 :mod:`dpmarket.console.plots`, drawn in worker threads so that one page's plot does not hold up
 the others); the one script (``static/console.js``) follows a summary's progress
@@ -24,16 +30,18 @@ own requests keep the ``Origin`` the CSRF check needs).
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import json
 import math
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import jinja2
 from starlette.applications import Starlette
@@ -79,6 +87,10 @@ Party = ConsumerConsole | OwnerConsole | CuratorConsole
 EVENT_POLL_SECONDS = 0.2
 #: Explore's query kinds offered by the form (``synthetic`` draws records: not a plot).
 EXPLORE_QUERIES = ("mean", "moment2", "cdf", "count", "covariance", "logreg", "marginal")
+#: The explore form's fields, the parameters of an answer's address.
+EXPLORE_FIELDS = ("query", "spec", "owner", "column", "points", "where", "target")
+#: Rankings and quotes kept at an address of their own (the newest; in memory).
+KEPT_ANSWERS = 32
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -299,17 +311,31 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         }
         return page(request, "consumer.html", context, 503 if error else 200)
 
+    def root(request: Request) -> str:
+        return str(request.scope.get("root_path", ""))
+
     async def explore(request: Request) -> Response:
-        form = await request.form()
-        owners = [str(o) for o in form.getlist("owner") if str(o)]
+        """An answer at an address: ``GET /consumer/explore?query=...`` (what the form sends;
+        nothing is changed or charged, so the address can be reopened, kept or shared with
+        the console's other tabs); a ``POST`` of the same fields (checked as every POST is,
+        :mod:`dpmarket.console.csrf`) is redirected there."""
+        if request.method == "POST":
+            form = await request.form()
+            fields = [(k, str(v)) for k, v in form.multi_items() if k in EXPLORE_FIELDS]
+            return RedirectResponse(
+                f"{root(request)}/consumer/explore?{urlencode(fields)}", status_code=303
+            )
+        asked = request.query_params
+        if "query" not in asked:  # the bare address: the form
+            return RedirectResponse(f"{root(request)}/consumer#explore", status_code=303)
         question = {
-            "query": str(form.get("query", "mean")),
-            "spec": str(form.get("spec", "")),
-            "owners": owners,
-            "columns": [str(c) for c in form.getlist("column") if str(c)],
-            "points": _split(str(form.get("points", ""))),
-            "where": [w for w in (x.strip() for x in str(form.get("where", "")).split(";")) if w],
-            "target": str(form.get("target", "")),
+            "query": asked.get("query", "mean"),
+            "spec": asked.get("spec", ""),
+            "owners": [o for o in asked.getlist("owner") if o],
+            "columns": [c for c in asked.getlist("column") if c],
+            "points": _split(asked.get("points", "")),
+            "where": [w for w in (x.strip() for x in asked.get("where", "").split(";")) if w],
+            "target": asked.get("target", ""),
         }
         try:
             answer = await run_in_threadpool(consumer.explore, question)
@@ -318,7 +344,39 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         svg = await run_in_threadpool(plots.interval_plot, answer["plotted"], title=answer["title"])
         return page(request, "explore.html", {"answer": answer, "svg": svg, "question": question})
 
+    #: Answers of uploaded files (rankings, quotes), kept at an address of their own so that
+    #: the page a POST redirects to can be reopened: the newest :data:`KEPT_ANSWERS`, in this
+    #: process only.
+    kept: collections.OrderedDict[str, tuple[str, dict[str, Any]]] = collections.OrderedDict()
+
+    def keep(kind: str, context: dict[str, Any]) -> str:
+        key = secrets.token_urlsafe(12)
+        kept[key] = (kind, context)
+        while len(kept) > KEPT_ANSWERS:
+            kept.popitem(last=False)
+        return key
+
+    async def kept_answer(request: Request) -> Response:
+        kind = request.url.path.rstrip("/").split("/")[-2]
+        found = kept.get(request.path_params["key"])
+        if found is None or found[0] != kind:
+            message = (
+                f"no such answer: this console keeps its last {KEPT_ANSWERS} rankings and "
+                "quotes until it restarts; ask again from the forms"
+            )
+            return page(request, "missing.html", {"message": message}, 404)
+        template = "ranking.html" if kind == "rankings" else "quote.html"
+        return page(request, template, found[1])
+
+    async def to_form(request: Request) -> Response:
+        """The address of a form's action, opened (a reload, a bookmark): the form."""
+        anchor = {"rank": "rank", "summary": "request", "quote": "request"}
+        part = anchor[request.url.path.rstrip("/").rsplit("/", 1)[-1]]
+        return RedirectResponse(f"{root(request)}/consumer#{part}", status_code=303)
+
     async def rank(request: Request) -> Response:
+        if request.method == "GET":
+            return await to_form(request)
         form = await request.form()
         upload = form.get("validation")
         data, name = await _read_upload(upload)
@@ -331,7 +389,8 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         svg = await run_in_threadpool(
             plots.ranking_plot, ranking["rows"], title=f"owners by MMD² to {name}"
         )
-        return page(request, "ranking.html", {"ranking": ranking, "svg": svg, "file": name})
+        key = keep("rankings", {"ranking": ranking, "svg": svg, "file": name})
+        return RedirectResponse(f"{root(request)}/consumer/rankings/{key}", status_code=303)
 
     def summary_request(form: Any) -> dict[str, Any]:
         """The summary form's parameters (raises UserError for a malformed number)."""
@@ -344,6 +403,8 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         }
 
     async def summary(request: Request) -> Response:
+        if request.method == "GET":
+            return await to_form(request)
         form = await request.form()
         data, name = await _read_upload(form.get("validation"))
         try:
@@ -358,6 +419,8 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         return RedirectResponse(f"{root}/consumer/sessions/{session_id}", status_code=303)
 
     async def quote(request: Request) -> Response:
+        if request.method == "GET":
+            return await to_form(request)
         form = await request.form()
         data, name = await _read_upload(form.get("validation"))
         try:
@@ -366,7 +429,8 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         except UserError as exc:
             return await _with_status(overview(request, {"summary_error": str(exc)}), 400)
         context = {"quote": quote_view(quoted, asked["max_cost"]), "file": name, "asked": asked}
-        return page(request, "quote.html", context)
+        key = keep("quotes", context)
+        return RedirectResponse(f"{root(request)}/consumer/quotes/{key}", status_code=303)
 
     async def statements(request: Request) -> Response:
         try:
@@ -451,10 +515,12 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
 
     return [
         Route("/consumer", overview),
-        Route("/consumer/explore", explore, methods=["POST"]),
-        Route("/consumer/rank", rank, methods=["POST"]),
-        Route("/consumer/summary", summary, methods=["POST"]),
-        Route("/consumer/quote", quote, methods=["POST"]),
+        Route("/consumer/explore", explore, methods=["GET", "POST"]),
+        Route("/consumer/rank", rank, methods=["GET", "POST"]),
+        Route("/consumer/rankings/{key}", kept_answer),
+        Route("/consumer/summary", summary, methods=["GET", "POST"]),
+        Route("/consumer/quote", quote, methods=["GET", "POST"]),
+        Route("/consumer/quotes/{key}", kept_answer),
         Route("/consumer/statements", statements),
         Route("/consumer/sessions/{key}", session),
         Route("/consumer/sessions/{key}/events", events),

@@ -349,6 +349,50 @@ def test_a_count_answer_reads_in_records_as_the_cli_prints_it(
     assert 0 <= flow <= fhigh <= 1 and "(the fraction)" in fraction[0]
 
 
+def test_answers_can_be_reopened_by_their_address(
+    deployment: Path, consoles: dict[str, Console], browser: Any
+) -> None:
+    consumer = consoles["consumer"]
+    page = _signed_in(browser, consumer)
+    page.goto(f"{consumer.url}/consumer")
+    page.select_option("#explore select[name=query]", "cdf")
+    page.select_option("#explore select[name=column]", ["bmi"])
+    page.fill("#explore input[name=points]", "25, 30")
+    page.click("#explore button[type=submit]")
+    page.wait_for_selector("#answer-rows")
+    # The question is in the address (a GET: it changes and charges nothing)...
+    address = page.url
+    assert address.startswith(f"{consumer.url}/consumer/explore?query=cdf")
+    assert "column=bmi" in address and "csrf" not in address
+    labels = page.locator("#answer-rows tbody td:first-child").all_inner_texts()
+    assert labels == ["P[bmi <= 25]", "P[bmi <= 30]"]
+    # ... so it reopens, in another tab too, with the same answer (was 405).
+    other = page.context.new_page()
+    response = other.goto(address)
+    assert response is not None and response.status == 200
+    assert other.locator("#answer-rows tbody td:first-child").all_inner_texts() == labels
+    # A ranking (it reads an uploaded file): the POST redirects to the answer's own address.
+    page.goto(f"{consumer.url}/consumer")
+    page.set_input_files("#rank input[name=validation]", str(deployment.parent / "validation.csv"))
+    page.click("#rank button[type=submit]")
+    page.wait_for_url(f"{consumer.url}/consumer/rankings/*")
+    owners = page.locator("table tbody tr td:first-child").all_inner_texts()
+    assert sorted(owners) == ["middle", "senior", "young"]
+    reopened = other.goto(page.url)
+    assert reopened is not None and reopened.status == 200
+    assert other.locator("table tbody tr td:first-child").all_inner_texts() == owners
+    # A form's own address, opened: the form, not 405.
+    for action, anchor in (("summary", "request"), ("quote", "request"), ("rank", "rank")):
+        other.goto(f"{consumer.url}/consumer/{action}")
+        assert other.url == f"{consumer.url}/consumer#{anchor}"
+    # Without the console's cookie, an answer's address shows nothing (the token check holds).
+    stranger_page = browser.new_context().new_page()
+    stranger_page.goto(address)
+    assert stranger_page.url.startswith(f"{consumer.url}/login?next=")  # the sign-in form
+    assert "answer-rows" not in stranger_page.content()
+    stranger_page.context.close()
+
+
 def test_the_consumer_sees_a_quote_without_running_anything_and_its_statements(
     deployment: Path, consoles: dict[str, Console], browser: Any
 ) -> None:

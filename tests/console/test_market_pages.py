@@ -263,9 +263,13 @@ def test_a_form_error_names_the_forms_fields_not_the_clis_options(tmp_path: Path
     such option: the console's message names its field."""
     client, token = _consumer_console(tmp_path)
     bearer = {"Authorization": f"Bearer {token.value}"}
-    refused = client.post(
-        f"{token.prefix}/consumer/explore", headers=bearer, data={"query": "count"}
-    )
+    posted = client.post(
+        f"{token.prefix}/consumer/explore", headers=bearer, data={"query": "count", "csrf": "x"}
+    )  # the form's answer is at an address of its own (its fields, not the form token)
+    assert posted.status_code == 303
+    assert posted.headers["location"] == f"{token.prefix}/consumer/explore?query=count"
+    assert client.get(posted.headers["location"]).status_code == 401  # no token, no answer
+    refused = client.get(posted.headers["location"], headers=bearer)
     assert refused.status_code == 400
     text = html.unescape(refused.text)
     assert "a count needs at least one range predicate (the form's “Count predicates (where)”)" in (
