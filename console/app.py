@@ -287,6 +287,10 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             catalogue = await run_in_threadpool(consumer.catalogue)
         except DPMarketError as exc:
             error = f"the curator did not answer: {exc}"
+        try:
+            methods = await run_in_threadpool(consumer.methods)
+        except DPMarketError:  # an older curator, or none: every method, as before
+            methods = [{"method": m, "served": True, "reason": ""} for m in METHODS]
         history = await run_in_threadpool(consumer.history.entries, 20)
         last = next((r for r in history if r.status == "done"), None)
         share_svg = ""
@@ -305,7 +309,7 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             "share_svg": share_svg,
             "running": [j for j in consumer.jobs.values() if not j.finished],
             "queries": EXPLORE_QUERIES,
-            "methods": METHODS,
+            "methods": methods,
             "request_id": uuid.uuid4().hex,
             **(extra or {}),
         }

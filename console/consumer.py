@@ -359,6 +359,7 @@ class ConsumerConsole:
         self.jobs: dict[str, SummaryJob] = {}
         self._lock = threading.Lock()
         self._catalogue: Catalogue | None = None
+        self._methods: tuple[float, list[dict[str, Any]]] | None = None
         #: Each spec's M2M explorer, kept for the console's lifetime (its synthetic design); one
         #: exploration at a time uses them.
         self._explorers: dict[Any, Any] = {}
@@ -484,6 +485,30 @@ class ConsumerConsole:
         with self._lock:
             self._catalogue = catalogue
         return catalogue
+
+    def methods(self) -> list[dict[str, Any]]:
+        """The summarization methods as this deployment serves them (ListMethods: the
+        curator's policy and the owners' published access flags), for the request form:
+        ``{"method", "served", "reason"}`` each (the reason in the form's terms,
+        :func:`in_form_terms`); read again after :data:`CATALOGUE_TTL_SECONDS`.
+
+        Raises
+        ------
+        DPMarketError
+            When the curator does not answer.
+        """
+        with self._lock:
+            cached = self._methods
+        now = time.time()
+        if cached is not None and now - cached[0] < CATALOGUE_TTL_SECONDS:
+            return cached[1]
+        offers = [
+            {"method": o.method, "served": o.served, "reason": in_form_terms(o.reason)}
+            for o in self.client.methods()
+        ]
+        with self._lock:
+            self._methods = (now, offers)
+        return offers
 
     # ------------------------------------------------------------------------ exploring
     def explore(self, form: dict[str, Any]) -> dict[str, Any]:

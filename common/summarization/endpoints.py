@@ -40,6 +40,10 @@ class OwnerInfo:
         are the schema's columns but the label); ``None`` when it declared none.
     prices : OwnerPrices
         The owner's published prices (its policy's ``[prices]``); default free.
+    access : OwnerAccess or None
+        What the owner's policy lets a session's method ask of it (the flags of its
+        ``[access]`` the owner checks at OpenSession, :mod:`dpmarket.owner.terms`); None when
+        the owner does not say (an owner without a ledger, or of an older version).
     """
 
     owner_id: str
@@ -48,6 +52,28 @@ class OwnerInfo:
     has_labels: bool
     schema: Schema | None = None
     prices: OwnerPrices = FREE
+    access: OwnerAccess | None = None
+
+
+@dataclass(frozen=True)
+class OwnerAccess:
+    """The flags of an owner's policy that decide which summarization methods it serves,
+    published in its description so that a consumer learns, before it asks, which methods a
+    deployment serves (they are the owner's terms, not its data).
+
+    Attributes
+    ----------
+    allow_exact_bids : bool
+        ``access.allow_exact_bids``: the per-round methods (private, rounds, greedy).
+    allow_steered_selection : bool
+        ``access.allow_steered_selection``: the candidates method (and its hashes mode).
+    allow_non_private : bool
+        ``access.allow_non_private``: a non-private method (greedy).
+    """
+
+    allow_exact_bids: bool = False
+    allow_steered_selection: bool = False
+    allow_non_private: bool = False
 
 
 @dataclass(frozen=True)

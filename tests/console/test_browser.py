@@ -101,6 +101,24 @@ class Console:
         request.add_header("Content-Type", f"multipart/form-data; boundary={boundary}")
         return self.send(request, token)
 
+    def post_file(self, path: str, fields: dict[str, str], upload: Path) -> tuple[int, str]:
+        """POST ``fields`` and the file ``upload`` (as ``validation``), as a program would."""
+        boundary = uuid.uuid4().hex
+        parts = [
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+            for k, v in fields.items()
+        ]
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="validation"; '
+            f'filename="{upload.name}"\r\nContent-Type: text/csv\r\n\r\n'.encode()
+            + upload.read_bytes()
+            + b"\r\n"
+        )
+        body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+        request = urllib.request.Request(self.url + path, data=body)
+        request.add_header("Content-Type", f"multipart/form-data; boundary={boundary}")
+        return self.send(request, self.token)
+
     def send(self, request: urllib.request.Request, token: str | None) -> tuple[int, str]:
         if token is not None:
             request.add_header("Authorization", f"Bearer {token}")
@@ -391,6 +409,46 @@ def test_answers_can_be_reopened_by_their_address(
     assert stranger_page.url.startswith(f"{consumer.url}/login?next=")  # the sign-in form
     assert "answer-rows" not in stranger_page.content()
     stranger_page.context.close()
+
+
+def test_the_request_form_offers_only_the_methods_the_deployment_serves(
+    deployment: Path, consoles: dict[str, Console], browser: Any
+) -> None:
+    page = _signed_in(browser, consoles["consumer"])
+    page.goto(f"{consoles['consumer'].url}/consumer")
+    options = page.locator("#request select[name=method] option").evaluate_all(
+        "options => options.map(o => [o.value, o.disabled])"
+    )
+    # The tutorial's clinics serve candidates (access.allow_steered_selection, set by init) and
+    # uniform; their policies leave exact bids off, and the curator's leaves greedy out.
+    assert dict(options) == {
+        "candidates": False,
+        "private": True,
+        "greedy": True,
+        "uniform": False,
+        "rounds": True,
+    }
+    terms = page.locator("#method-terms")
+    assert terms.get_attribute("open") is not None  # shown before anything is submitted
+    private = terms.locator("li[data-method=private]").inner_text()
+    assert "refused by" in private and "access.allow_exact_bids off" in private
+    assert (
+        "curator's policy does not serve it" in terms.locator("li[data-method=greedy]").inner_text()
+    )
+    # The control: what the form no longer offers is what the deployment refuses. A private
+    # request with the form's other defaults, sent by a program, is refused before anything
+    # is released or charged; a candidates one is accepted.
+    consumer = consoles["consumer"]
+    with CuratorRecords(deployment / "curator") as records:
+        before = len(records.sessions())
+    status, body = consumer.post_file(
+        "/consumer/summary",
+        {"p": "5", "method": "private", "request_id": uuid.uuid4().hex},
+        deployment.parent / "validation.csv",
+    )
+    assert status == 400 and "allow_exact_bids" in html.unescape(body)
+    with CuratorRecords(deployment / "curator") as records:
+        assert len(records.sessions()) == before
 
 
 def test_the_consumer_sees_a_quote_without_running_anything_and_its_statements(
