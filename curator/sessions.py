@@ -301,7 +301,11 @@ class SessionManager:
                     why.setdefault(refused, []).append(name)
             refusing = tuple(sorted(n for names in why.values() for n in names))
             serving = tuple(sorted(n for n in answered if n not in refusing))
-            reasons = [f"refused by {', '.join(names)}: {text}" for text, names in why.items()]
+            reasons = [
+                f"refused by {', '.join(names)}: {text} in "
+                + ("its policy" if len(names) == 1 else "their policies")
+                for text, names in why.items()
+            ]
             if refusing and serving:
                 reasons.append(
                     f"a session can run with {', '.join(serving)} alone (--min-owners "

@@ -169,7 +169,7 @@ def access_refusal(method: str, access: OwnerAccess) -> str | None:
     Returns
     -------
     str or None
-        E.g. ``"its policy leaves access.allow_exact_bids off"``.
+        The policy flags it leaves off, e.g. ``"access.allow_exact_bids off"``.
 
     Raises
     ------
@@ -185,7 +185,7 @@ def access_refusal(method: str, access: OwnerAccess) -> str | None:
         missing.append("access.allow_steered_selection")
     if session is SessionMethod.GREEDY and not access.allow_non_private:
         missing.append("access.allow_non_private")
-    return None if not missing else f"its policy leaves {' and '.join(missing)} off"
+    return None if not missing else f"{' and '.join(missing)} off"
 
 
 class TermsEpsilon(enum.Enum):

@@ -50,7 +50,9 @@ def test_the_curator_says_which_methods_every_owner_serves_and_who_refuses(
         offer = offers[method]
         assert not offer.served
         assert offer.refusing == tuple(sorted(names[:2])) and offer.serving == (names[2],)
-        assert "its policy leaves access.allow_exact_bids off" in offer.reason
+        refused_by = ", ".join(sorted(names[:2]))
+        expected = f"refused by {refused_by}: access.allow_exact_bids off in their policies"
+        assert expected in offer.reason
         assert "--min-owners 1 or fewer" in offer.reason  # the one owner that serves it
     greedy = offers["greedy"]  # the curator's default policy leaves it out (non-private)
     assert not greedy.served and "this curator's policy does not serve it" in greedy.reason
