@@ -360,7 +360,8 @@ def test_a_count_answer_reads_in_records_as_the_cli_prints_it(
     assert count[0].startswith("records with bmi >= 30 and high = 1")
     low, high = (float(x) for x in count[3].strip("[]").split(","))
     assert high > 1 and 0 <= low <= high <= n * 1.001
-    assert float(count[1]) == pytest.approx(float(fraction[1]) * n, rel=1e-3)
+    # (n as the page prints it, to the record: within 0.5 of 400-odd records)
+    assert float(count[1]) == pytest.approx(float(fraction[1]) * n, rel=5e-3)
     assert page.locator("#count-line").inner_text().startswith("Count ≈ ")
     # The control: the fraction row still reads in [0, 1] (what the page showed alone).
     flow, fhigh = (float(x) for x in fraction[3].strip("[]").split(","))
