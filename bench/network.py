@@ -162,26 +162,28 @@ ROUND_TRIPS: dict[str, RoundTrips] = {
         ),
         RoundTrips(
             "cape/mean",
-            "5 + A(K)",
-            "OpenCapeJob, AttestCapePlan, PlanCapeJob, one secure-aggregation round of the K "
-            "sites (A(K) waves, below), ReleaseCape, CloseCapeJob",
-            lambda k, p, s, i, a: 5 + _secagg(k),
+            "6 + A(K)",
+            "GetOwnerInfo (the prices the job is quoted from), OpenCapeJob, AttestCapePlan, "
+            "PlanCapeJob, one secure-aggregation round of the K sites (A(K) waves, below), "
+            "ReleaseCape, CloseCapeJob",
+            lambda k, p, s, i, a: 6 + _secagg(k),
             1,
         ),
         RoundTrips(
             "cape/fm",
-            "5 + A(K)",
+            "6 + A(K)",
             "as cape/mean (capeFM releases its objective's coefficients in one ReleaseCape)",
-            lambda k, p, s, i, a: 5 + _secagg(k),
+            lambda k, p, s, i, a: 6 + _secagg(k),
             1,
         ),
         RoundTrips(
             "cape/dpgd",
-            "4 + A(K) + p",
-            "OpenCapeJob, AttestCapePlan, PlanCapeJob, one secure-aggregation round for the "
-            "noise of all p = T iterations, one ReleaseCapeGradient wave per iteration, "
-            "CloseCapeJob (no site lost; a lost site adds a noise round)",
-            lambda k, p, s, i, a: 4 + _secagg(k) + p,
+            "5 + A(K) + p",
+            "GetOwnerInfo (the quote), OpenCapeJob, AttestCapePlan, PlanCapeJob, one "
+            "secure-aggregation round for the noise of all p = T iterations, one "
+            "ReleaseCapeGradient wave per iteration, CloseCapeJob (no site lost; a lost site "
+            "adds a noise round)",
+            lambda k, p, s, i, a: 5 + _secagg(k) + p,
             1,
         ),
         RoundTrips(

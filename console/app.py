@@ -62,6 +62,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dpmarket.common.errors import DPMarketError
+from dpmarket.common.market.statement import StatementError
 from dpmarket.common.summarization.methods import METHODS
 from dpmarket.console import plots
 from dpmarket.console.auth import ConsoleToken, TokenMiddleware, cookie_name, session_of
@@ -437,10 +438,14 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         return RedirectResponse(f"{root(request)}/consumer/quotes/{key}", status_code=303)
 
     async def statements(request: Request) -> Response:
+        context: dict[str, Any]
         try:
             settled = await run_in_threadpool(consumer.statements)
+        except StatementError as exc:  # a signature that does not verify: nothing is shown
+            context = {"statements": [], "error": f"refused the curator's statements: {exc}"}
+            return page(request, "statements.html", context, 502)
         except DPMarketError as exc:
-            context: dict[str, Any] = {
+            context = {
                 "statements": [],
                 "error": f"the curator did not answer: {exc}",
             }

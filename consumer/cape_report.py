@@ -108,6 +108,20 @@ class CapeReport:
             "seconds": {str(k): float(v) for k, v in d["seconds"].items()},
         }
 
+    @property
+    def quoted(self) -> int | None:
+        """The most the job could cost, micro-credits (its quote's total; None from a curator
+        that does not quote CAPE jobs)."""
+        quote = self.document.get("quote")
+        return None if not isinstance(quote, Mapping) else int(quote["total"])
+
+    @property
+    def cost(self) -> int | None:
+        """What the job cost, micro-credits: its signed statement's total (None while it is not
+        settled; ``dpmarket consumer statements`` lists the statement)."""
+        cost = self.document.get("cost")
+        return None if cost is None else int(cost)
+
     def to_json(self, *, estimates: bool = True) -> dict[str, Any]:
         """The report as the curator sent it (its keys unchanged); without ``estimates`` when
         ``estimates`` is false (a document that carries them at its top level)."""

@@ -11,6 +11,7 @@ consumer's process. :func:`protocol_options` and the input helpers are shared wi
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -78,9 +79,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from rich.progress import Progress
+
     from dpmarket.common.cape.uncertainty import Estimate, Flag
     from dpmarket.consumer.cape_report import CapeReport
-    from dpmarket.consumer.catalogue import Ranking
+    from dpmarket.consumer.catalogue import Exploration, Ranking
+    from dpmarket.consumer.client import CapeNetwork, CuratorClient
+    from dpmarket.consumer.explore import Query
 
 logger = logging.getLogger("dpmarket")
 
@@ -531,8 +536,8 @@ def request(
     **kwargs: Any,
 ) -> None:
     """Ask a running curator (over mTLS) for a summary matching a validation set."""
+
     from dpmarket.consumer.client import CuratorClient
-    from dpmarket.consumer.market import quote_json, quote_line, quote_table
 
     check_method_options(click.get_current_context(), method)
     security = security_from_options(
@@ -545,77 +550,16 @@ def request(
         raise click.BadParameter(str(exc), param_hint="--exclude-owner") from exc
     schema = read_schema(schema_path)
     inputs = read_inputs(validation_path, seed_set_path, test_path, schema)
-    offer = NO_REWARD
-    if reward is not None:
-        try:
-            offer = RewardOffer(reward_rule, parse_credits(reward), payout_epsilon)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--reward") from exc
-    cap = None
-    if max_cost is not None:
-        try:
-            cap = parse_credits(max_cost)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--max-cost") from exc
-    try:
-        curator_identity = Identity("curator", curator_name)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--curator-name") from exc
+    offer, cap = _market_terms(reward, reward_rule, payout_epsilon, max_cost)
+    ask = _Ask(config, inputs, schema, seed, selection, cap, offer)
+    connect = functools.partial(
+        CuratorClient, curator, security, curator=curator_identity(curator_name)
+    )
     if quote_only:
-        try:
-            with CuratorClient(curator, security, curator=curator_identity) as client:
-                quoted = client.quote_session(
-                    config,
-                    inputs.validation.features,
-                    inputs.seed_set,
-                    seed=seed,
-                    selection=selection,
-                    schema=schema,
-                    feature_names=() if schema is not None else inputs.validation.columns,
-                    max_cost=cap,
-                    reward=offer,
-                )
-        except DPMarketError as exc:
-            raise click.ClickException(str(exc)) from exc
-        if as_json:
-            print_json(quote_json(quoted))
-        else:
-            Console().print(quote_table(quoted, wide=wide))
+        _print_quote(connect, ask, as_json=as_json, wide=wide)
         return
     check_outputs(out_path, report_path, *([] if plot_path is None else [plot_path]))
-    progress, update = progress_printer(method)
-    created: list[str] = []
-
-    def on_created(session_id: str) -> None:
-        created.append(session_id)
-        console.print(f"session {session_id} created", highlight=False)
-
-    try:
-        with CuratorClient(curator, security, curator=curator_identity) as client, progress:
-            result = client.summarize(
-                config,
-                inputs.validation.features,
-                inputs.seed_set,
-                seed=seed,
-                on_progress=update,
-                request_id=request_id,
-                selection=selection,
-                schema=schema,
-                feature_names=() if schema is not None else inputs.validation.columns,
-                max_cost=cap,
-                reward=offer,
-                on_quote=lambda q: progress.console.print(quote_line(q), highlight=False),
-                on_created=on_created,
-            )
-    except SessionFailedError as exc:
-        if data_dir is not None:
-            _record_failure(data_dir, exc, config)
-        _failed(exc, config, report_path)
-    except DPMarketError as exc:
-        # After the session was created (the curator lost, say): name it, so that its report
-        # can be asked for (the curator's `sessions`, the console) once the curator is back.
-        where = f" (session {created[0]})" if created else ""
-        raise click.ClickException(f"{exc}{where}") from exc
+    result, session_id = _summarize(connect, ask, method, request_id, data_dir, report_path)
     document = finish(
         result,
         inputs,
@@ -628,25 +572,159 @@ def request(
         plot_path=plot_path,
     )
     if data_dir is not None:
-        from dpmarket.consumer.history import SessionHistory
-        from dpmarket.consumer.report import summary_curve
+        _record_done(
+            data_dir, config, document, out_path, result, inputs.validation.features, session_id
+        )
 
-        # The record a console shows: the session's id as printed above (one id in the CLI and
-        # the console alike) and the MMD curve the console draws for its own sessions.
-        curve = summary_curve(result, inputs.validation.features, config.gamma)
-        try:
-            SessionHistory(data_dir).record(
-                status="done",
-                source="request",
-                method=config.method,
-                summary_size=config.summary_size,
-                session_id=created[0] if created else "",
-                result=document["result"],
-                summary_path=str(Path(out_path).resolve()),
-                mmd_curve={"sizes": [float(k) for k in curve.sizes], "mmd2": list(curve.mmd2)},
+
+@dataclass(frozen=True)
+class _Ask:
+    """What ``request`` asks the curator, the same for its quote and for its session."""
+
+    config: SummarizationConfig
+    inputs: Inputs
+    schema: Schema | None
+    seed: int | None
+    selection: OwnerSelection
+    max_cost: int | None
+    reward: RewardOffer
+
+    def data(self) -> tuple[SummarizationConfig, NDArray[np.float64], NDArray[np.float64]]:
+        """The configuration, validation features and seed set (positional arguments of
+        :meth:`~dpmarket.consumer.client.CuratorClient.quote_session` and ``summarize``)."""
+        return self.config, self.inputs.validation.features, self.inputs.seed_set
+
+    def terms(self) -> dict[str, Any]:
+        """Their keyword arguments shared by the quote and the session: seed, owner selection,
+        schema (or the validation set's column names without one), cost cap and reward."""
+        return {
+            "seed": self.seed,
+            "selection": self.selection,
+            "schema": self.schema,
+            "feature_names": () if self.schema is not None else self.inputs.validation.columns,
+            "max_cost": self.max_cost,
+            "reward": self.reward,
+        }
+
+
+def _print_quote(
+    connect: Callable[[], CuratorClient], ask: _Ask, *, as_json: bool, wide: bool
+) -> None:
+    """Ask the curator what ``ask`` would cost (QuoteSession: nothing released or charged) and
+    print the quote, as JSON or a table; :class:`click.ClickException` on the curator's refusal."""
+    from dpmarket.consumer.market import quote_json, quote_table
+
+    try:
+        with connect() as client:
+            quoted = client.quote_session(*ask.data(), **ask.terms())
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        print_json(quote_json(quoted))
+    else:
+        Console().print(quote_table(quoted, wide=wide))
+
+
+def _summarize(
+    connect: Callable[[], CuratorClient],
+    ask: _Ask,
+    method: str,
+    request_id: str | None,
+    data_dir: str | None,
+    report_path: str,
+) -> tuple[SummaryResult, str]:
+    """Run ``ask``'s session to its summary, printing its quote, id and progress (as
+    ``--method``'s progress printer shows it); return the summary and the session's id (as
+    printed; "" if the curator named none).
+
+    Raises
+    ------
+    click.ClickException
+        If the session failed (its report, with what it spent, written to ``report_path`` and
+        recorded in ``data_dir``'s history), or the curator refused or was lost (naming the
+        session when it was created, so that its report can be asked for later).
+    """
+    from dpmarket.consumer.market import quote_line
+
+    config = ask.config
+    progress, update = progress_printer(method)
+    created: list[str] = []
+
+    def on_created(session_id: str) -> None:
+        created.append(session_id)
+        console.print(f"session {session_id} created", highlight=False)
+
+    try:
+        with connect() as client, progress:
+            result = client.summarize(
+                *ask.data(),
+                **ask.terms(),
+                on_progress=update,
+                request_id=request_id,
+                on_quote=lambda q: progress.console.print(quote_line(q), highlight=False),
+                on_created=on_created,
             )
-        except OSError as exc:
-            console.print(f"[yellow]not recorded in {data_dir}: {exc}", highlight=False)
+    except SessionFailedError as exc:
+        if data_dir is not None:
+            _record_failure(data_dir, exc, config)
+        _failed(exc, config, report_path)
+    except DPMarketError as exc:
+        # After the session was created (the curator lost, say): name it, so that its report
+        # can be asked for (the curator's `sessions`, the console) once the curator is back.
+        where = f" (session {created[0]})" if created else ""
+        raise click.ClickException(f"{exc}{where}") from exc
+    return result, (created[0] if created else "")
+
+
+def _market_terms(
+    reward: str | None, reward_rule: str, payout_epsilon: float, max_cost: str | None
+) -> tuple[RewardOffer, int | None]:
+    """``--reward`` (with its rule and payout epsilon) and ``--max-cost`` as a reward offer and
+    a cap in micro-credits (``None``: no cap); :class:`click.BadParameter` naming the option."""
+    offer = NO_REWARD
+    if reward is not None:
+        try:
+            offer = RewardOffer(reward_rule, parse_credits(reward), payout_epsilon)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--reward") from exc
+    cap = None
+    if max_cost is not None:
+        try:
+            cap = parse_credits(max_cost)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--max-cost") from exc
+    return offer, cap
+
+
+def _record_done(
+    data_dir: str,
+    config: SummarizationConfig,
+    document: dict[str, Any],
+    out_path: str,
+    result: SummaryResult,
+    validation: NDArray[np.float64],
+    session_id: str,
+) -> None:
+    """Record a finished request in the consumer's history (best effort: a warning on error):
+    with the session's id as printed (one id in the CLI and the console alike) and the MMD
+    curve the console draws for its own sessions."""
+    from dpmarket.consumer.history import SessionHistory
+    from dpmarket.consumer.report import summary_curve
+
+    curve = summary_curve(result, validation, config.gamma)
+    try:
+        SessionHistory(data_dir).record(
+            status="done",
+            source="request",
+            method=config.method,
+            summary_size=config.summary_size,
+            session_id=session_id,
+            result=document["result"],
+            summary_path=str(Path(out_path).resolve()),
+            mmd_curve={"sizes": [float(k) for k in curve.sizes], "mmd2": list(curve.mmd2)},
+        )
+    except OSError as exc:
+        console.print(f"[yellow]not recorded in {data_dir}: {exc}", highlight=False)
 
 
 def _record_failure(data_dir: str, exc: SessionFailedError, config: SummarizationConfig) -> None:
@@ -771,6 +849,16 @@ def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., 
         click.option("--seed", default=None, type=click.IntRange(min=0), help="Reproducible runs."),
         click.option("--request-id", default=None, help="Idempotency key (default: random)."),
         click.option(
+            "--max-cost",
+            default=None,
+            type=CREDITS,
+            metavar="CREDITS",
+            help="The most the job may cost, in credits (e.g. 12.5). The curator quotes it from "
+            "every owner's prices (per unit of epsilon, and each owner's minimum) before any "
+            "owner opens it; a quote above this cap is refused and nothing is charged anywhere. "
+            "Default: no cap.",
+        ),
+        click.option(
             "--min-owners",
             default=None,
             type=click.IntRange(min=1),
@@ -834,6 +922,7 @@ def _ask_curator(
     curator: str, curator_name: str, tls: dict[str, Any], call: Callable[[Any], Any]
 ) -> Any:
     """Call the curator as a consumer; a refusal becomes a ClickException."""
+
     from dpmarket.consumer.client import CuratorClient
 
     security = security_from_options("consumer", **tls)
@@ -842,6 +931,52 @@ def _ask_curator(
             return call(c)
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+class _Credits(click.ParamType):
+    """An amount of credits (a decimal string, six decimals at most), as micro-credits."""
+
+    name = "credits"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_credits(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+CREDITS = _Credits()
+
+
+def _job_options(
+    seed: int | None,
+    request_id: str | None,
+    schema: Any,
+    min_owners: int | None,
+    max_cost: int | None,
+) -> dict[str, Any]:
+    """The keyword arguments every CAPE call of :class:`CuratorClient` takes, from the options."""
+    return {
+        "seed": seed,
+        "request_id": request_id,
+        "schema": schema,
+        "min_owners": min_owners or 0,
+        "max_cost": max_cost,
+    }
+
+
+def _print_cost(report: CapeReport) -> None:
+    """``cost: X credits (quoted at most Y)`` under a CAPE job's output, when it was priced."""
+    if report.quoted is None:
+        return
+    cost = "not settled" if report.cost is None else f"{credits_text(report.cost)} credits"
+    console.print(
+        f"cost: {cost} (quoted at most {credits_text(report.quoted)}); the signed statement: "
+        "dpmarket consumer statements",
+        highlight=False,
+    )
 
 
 def _delta_text(report: CapeReport) -> str:
@@ -924,6 +1059,7 @@ def _fit_command(task: str) -> Callable[..., None]:
         no_intercept: bool,
         seed: int | None,
         request_id: str | None,
+        max_cost: int | None,
         min_owners: int | None,
         out_path: str,
         as_json: bool,
@@ -952,14 +1088,8 @@ def _fit_command(task: str) -> Callable[..., None]:
         except ValueError as exc:
             raise click.BadParameter(str(exc)) from exc
         check_outputs(out_path)
-        fit = _ask_curator(
-            curator,
-            curator_name,
-            tls,
-            lambda c: c.fit_cape(
-                spec, seed=seed, request_id=request_id, schema=schema, min_owners=min_owners or 0
-            ),
-        )
+        options = _job_options(seed, request_id, schema, min_owners, max_cost)
+        fit = _ask_curator(curator, curator_name, tls, lambda c: c.fit_cape(spec, **options))
         estimates = fit.estimates
         model = {
             "task": task,
@@ -988,6 +1118,7 @@ def _fit_command(task: str) -> Callable[..., None]:
             f"owner ({epsilon}, {_delta_text(r)})-DP against the curator and "
             f"{r.colluders} colluder(s); model -> {out_path}"
         )
+        _print_cost(r)
 
     return command
 
@@ -1027,6 +1158,7 @@ def cape_mean_command(
     calibration: str,
     seed: int | None,
     request_id: str | None,
+    max_cost: int | None,
     min_owners: int | None,
     out_path: str,
     as_json: bool,
@@ -1046,7 +1178,7 @@ def cape_mean_command(
         curator_name,
         tls,
         lambda c: c.estimate_cape_mean(
-            spec, seed=seed, request_id=request_id, schema=schema, min_owners=min_owners or 0
+            spec, **_job_options(seed, request_id, schema, min_owners, max_cost)
         ),
     )
     estimates = estimate.estimates
@@ -1069,6 +1201,7 @@ def cape_mean_command(
         f"every owner ({epsilon}, {_delta_text(r)})-DP against the curator and "
         f"{r.colluders} colluder(s); estimate -> {out_path}"
     )
+    _print_cost(r)
 
 
 @_cape_command(
@@ -1108,13 +1241,12 @@ def cape_train_command(
     clip_norm: float,
     seed: int | None,
     request_id: str | None,
+    max_cost: int | None,
     min_owners: int | None,
     out_path: str,
     as_json: bool,
     **tls: Any,
 ) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     from dpmarket.common.cape.spec import CapeTrainingSpec
 
     schema = read_schema(bounds_path, "--bounds")
@@ -1134,6 +1266,38 @@ def cape_train_command(
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     check_outputs(out_path)
+    progress, update = _iterations_progress(iterations)
+    with progress:
+        network = _ask_curator(
+            curator,
+            curator_name,
+            tls,
+            lambda c: c.train_cape(
+                spec,
+                on_progress=update,
+                **_job_options(seed, request_id, schema, min_owners, max_cost),
+            ),
+        )
+        update(iterations, iterations)
+    document = _network_document(network)
+    write_json(document, out_path)
+    if as_json:
+        print_json(document)
+    else:
+        _print_flags(network.estimates)
+    r = network.report
+    console.print(
+        f"{iterations} iterations over {len(r.sites)} owners ({', '.join(r.sites)}); "
+        f"every owner ({r.epsilon:.6g}, {_delta_text(r)})-DP over the whole training against "
+        f"the curator and {r.colluders} colluder(s); network -> {out_path}"
+    )
+
+
+def _iterations_progress(iterations: int) -> tuple[Progress, Callable[[int, int], None]]:
+    """A progress bar over a training's ``iterations`` (shown on a terminal only) and the
+    callback that advances it: ``update(done, total)``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
     progress = Progress(
         "[bold]train",
         BarColumn(),
@@ -1148,53 +1312,35 @@ def cape_train_command(
     def update(done: int, total: int) -> None:
         progress.update(task, completed=done, total=total)
 
-    with progress:
-        network = _ask_curator(
-            curator,
-            curator_name,
-            tls,
-            lambda c: c.train_cape(
-                spec,
-                seed=seed,
-                request_id=request_id,
-                schema=schema,
-                on_progress=update,
-                min_owners=min_owners or 0,
-            ),
-        )
-        progress.update(task, completed=iterations)
-    document = {
+    return progress, update
+
+
+def _network_document(network: CapeNetwork) -> dict[str, Any]:
+    """The trained network as ``cape train`` writes it: its features' bounds, its parameters
+    by layer (``W1`` of shape ``(H, D)``, ``b1`` ``(H,)``, ``w2`` ``(H,)``, ``b2``), its
+    estimates and its report."""
+    spec = network.spec
+    hidden, theta = spec.hidden, network.parameters
+    return {
         "task": "train",
         "features": [{"column": c, "low": lo, "high": hi} for c, lo, hi in spec.features],
-        "target": target,
-        "hidden_units": hidden_units,
+        "target": spec.target,
+        "hidden_units": hidden,
         "network": "sigmoid(w2 . relu(W1 x + b1) + b2), x = 2 (raw - low) / (high - low) - 1",
         "parameters": {
-            "W1": network.parameters[: hidden_units * spec.dim]
-            .reshape(hidden_units, spec.dim)
-            .tolist(),
-            "b1": network.parameters[hidden_units * spec.dim : -hidden_units - 1].tolist(),
-            "w2": network.parameters[-hidden_units - 1 : -1].tolist(),
-            "b2": float(network.parameters[-1]),
+            "W1": theta[: hidden * spec.dim].reshape(hidden, spec.dim).tolist(),
+            "b1": theta[hidden * spec.dim : -hidden - 1].tolist(),
+            "w2": theta[-hidden - 1 : -1].tolist(),
+            "b2": float(theta[-1]),
         },
         "estimates": [e.to_json() for e in network.estimates],
         "report": network.report.to_json(estimates=False),
     }
-    write_json(document, out_path)
-    if as_json:
-        print_json(document)
-    else:
-        _print_flags(network.estimates)
-    r = network.report
-    console.print(
-        f"{iterations} iterations over {len(r.sites)} owners ({', '.join(r.sites)}); "
-        f"every owner ({r.epsilon:.6g}, {_delta_text(r)})-DP over the whole training against "
-        f"the curator and {r.colluders} colluder(s); network -> {out_path}"
-    )
 
 
 # -------------------------------------------------------------------------- sketches
 def _client(curator: str, curator_name: str, tls: dict[str, Any]) -> Any:
+
     from dpmarket.consumer.client import CuratorClient
 
     security = security_from_options("consumer", **tls)
@@ -1424,21 +1570,10 @@ def explore_command(
 
     from dpmarket.consumer import model_store
     from dpmarket.consumer.catalogue import ExploreOptions, SpecChoiceError, explore
-    from dpmarket.consumer.explore import Query, parse_where
 
     if bool(owners) == all_owners:
         raise click.UsageError("give --owner NAME (repeat for a union) or --all")
-    try:
-        q = Query(
-            query,
-            columns=columns,
-            points=points,
-            where=tuple(parse_where(w) for w in where),
-            target=target,
-            rows=rows,
-        )
-    except InvalidArgumentError as exc:
-        raise click.UsageError(str(exc)) from exc
+    q = _explore_query(query, columns, points, where, target, rows)
     if out_path is not None:
         check_outputs(out_path)
     options = ExploreOptions(
@@ -1466,18 +1601,47 @@ def explore_command(
         raise click.UsageError(str(exc)) from exc
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    entries, answer = found.entries, found.answer
-    who = (
-        entries[0].owner if len(entries) == 1 else f"union of {', '.join(e.owner for e in entries)}"
-    )
     report = found.to_json(f"{curator_name}@{curator}")
-    reason, n_hat = found.reason, found.n_hat
     write_output(report, out_path)
     if as_json:
         print_json(report)
         return
-    _print_answer(answer, f"{query} of {who} ({answer.source}, n ≈ {n_hat:.0f})")
-    console.print(f"answered from {reason}")
+    _print_explored(found, query, q.kind)
+
+
+def _explore_query(
+    query: str,
+    columns: tuple[str, ...],
+    points: tuple[float, ...],
+    where: tuple[str, ...],
+    target: str,
+    rows: int,
+) -> Query:
+    """``explore``'s question from its options (:class:`click.UsageError` when malformed)."""
+    from dpmarket.consumer.explore import Query, parse_where
+
+    try:
+        return Query(
+            query,
+            columns=columns,
+            points=points,
+            where=tuple(parse_where(w) for w in where),
+            target=target,
+            rows=rows,
+        )
+    except InvalidArgumentError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def _print_explored(found: Exploration, query: str, kind: str) -> None:
+    """An explored answer as text: its table (whose owners, which sketch), where it was
+    answered from, the count behind it and, for synthetic records, how many."""
+    entries, answer = found.entries, found.answer
+    who = (
+        entries[0].owner if len(entries) == 1 else f"union of {', '.join(e.owner for e in entries)}"
+    )
+    _print_answer(answer, f"{query} of {who} ({answer.source}, n ≈ {found.n_hat:.0f})")
+    console.print(f"answered from {found.reason}")
     if "count" in answer.extra:
         interval = answer.extra.get("count_interval")
         console.print(
@@ -1485,7 +1649,7 @@ def explore_command(
             + (f", 95 % interval [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else "")
             + f" of n ≈ {answer.extra['n']:.0f}"
         )
-    if q.kind == "synthetic":
+    if kind == "synthetic":
         console.print(f"{len(answer.extra['records'])} synthetic records (--out writes them)")
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from numpy.typing import NDArray
 
 from dpmarket.common.cape.dpgd import accuracy, predict_proba
@@ -24,7 +25,12 @@ from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpe
 from dpmarket.common.cape.uncertainty import Estimate, training_estimates
 from dpmarket.common.errors import AbortedError, InvalidArgumentError
 from dpmarket.common.market.pricing import Quote
-from dpmarket.common.market.statement import decode_statement
+from dpmarket.common.market.statement import (
+    PublicKey,
+    StatementError,
+    decode_statement,
+    verify_statement,
+)
 from dpmarket.common.market.terms import NO_REWARD, RewardOffer
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
@@ -40,7 +46,7 @@ from dpmarket.consumer import convert
 from dpmarket.consumer.cape_report import CapeFitReport, CapeMeanReport, CapeTrainingReport
 from dpmarket.consumer.market import SettledStatement
 from dpmarket.runtime import cape_messages, sketch_messages
-from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.identity import Identity, certified_public_key
 from dpmarket.runtime.market import quote_from_proto
 from dpmarket.runtime.schemas import schema_to_proto
 from dpmarket.runtime.serving import CHANNEL_OPTIONS
@@ -113,6 +119,8 @@ class CuratorClient:
         self.target = target
         self.timeout = timeout
         expected = None if security.insecure else (curator or Identity("curator", "curator"))
+        self._ca_pem = security.ca_pem
+        self._curator = expected
         self._channel = connected_channel(
             target,
             security,
@@ -253,28 +261,71 @@ class CuratorClient:
         self, session_id: str | None = None, limit: int | None = None
     ) -> list[SettledStatement]:
         """The consumer's settlement statements, newest first (ListStatements); only
-        ``session_id``'s if given.
+        ``session_id``'s if given. Every statement's signature is checked first
+        (:meth:`_statement_key`, :func:`~dpmarket.common.market.statement.verify_statement`).
 
         Raises
         ------
-        InvalidArgumentError
-            If a statement the curator returns is not a canonical statement.
+        StatementError
+            (an ``InvalidArgumentError``) If a statement the curator returns is not a canonical
+            statement, or its signature does not verify with the key of the curator's
+            certificate (tampered, unsigned, signed by another key): the whole answer is refused.
         """
         request = curator_pb2.ListStatementsRequest(session_id=session_id or "", limit=limit or 0)
         try:
             response = self._stub.ListStatements(request, timeout=self.timeout)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc, f"curator at {self.target}") from None
-        return [
-            SettledStatement(
-                session_id=m.session_id,
-                settled_at=m.settled_at.ToNanoseconds() / 1e9,
-                statement=decode_statement(bytes(m.statement.statement)),
-                signature=bytes(m.statement.signature),
-                owners_recorded=int(m.owners_recorded),
+        if not response.statements:
+            return []
+        key = self._statement_key(bytes(response.curator_certificate))
+        settled = []
+        for m in response.statements:
+            statement = decode_statement(bytes(m.statement.statement))
+            signature = bytes(m.statement.signature)
+            verify_statement(statement, signature, key)
+            settled.append(
+                SettledStatement(
+                    session_id=m.session_id,
+                    settled_at=m.settled_at.ToNanoseconds() / 1e9,
+                    statement=statement,
+                    signature=signature,
+                    owners_recorded=int(m.owners_recorded),
+                )
             )
-            for m in response.statements
-        ]
+        return settled
+
+    def _statement_key(self, certificate: bytes) -> PublicKey:
+        """The key statements must be signed with: that of the curator's certificate, checked
+        against this consumer's CA and the curator identity its channel expects
+        (:func:`~dpmarket.runtime.identity.certified_public_key`).
+
+        Raises
+        ------
+        StatementError
+            With plaintext transport (no CA to check a certificate against), without a
+            certificate, or for one that fails a check or holds a key of another kind.
+        """
+        if self._ca_pem is None or self._curator is None:
+            raise StatementError(
+                "statements cannot be checked over a plaintext channel (no CA): connect to the "
+                "curator over mTLS to read them"
+            )
+        if not certificate:
+            raise StatementError(
+                f"the curator at {self.target} sent statements without its certificate: they "
+                "cannot be checked, refused"
+            )
+        try:
+            key = certified_public_key(certificate, self._ca_pem, self._curator)
+        except ValueError as exc:
+            raise StatementError(f"the curator's statements are refused: {exc}") from None
+        if not isinstance(key, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey):
+            raise StatementError(
+                f"the curator's certificate holds a {type(key).__name__}, not an EC or Ed25519 "
+                "key: its statements cannot be checked, refused"
+            )
+        return key
 
     def methods(self) -> list[MethodOffer]:
         """Which summarization methods the deployment serves, and why not (ListMethods: the
@@ -395,13 +446,16 @@ class CuratorClient:
         timeout: float = 600.0,
         schema: Schema | None = None,
         min_owners: int = 0,
+        max_cost: int | None = None,
     ) -> CapeFit:
         """Fit a model by capeFM across the curator's owners (FitCape).
 
         ``request_id`` defaults to a fresh random key (a retry never fits twice). With ``schema``
         (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
         that declare another before anything is charged. The job needs every owner unless
-        ``min_owners`` (not 0) says how many.
+        ``min_owners`` (not 0) says how many. ``max_cost``: the most it may cost, micro-credits
+        (None: no cap; a quote above it: ``FailedPreconditionError``, nothing charged); the
+        report's ``quote`` and ``cost`` say what it was quoted and what it cost.
 
         Raises
         ------
@@ -412,6 +466,7 @@ class CuratorClient:
             spec=cape_messages.spec_to_proto(spec),
             request_id=_key(request_id),
             min_owners=min_owners,
+            max_cost=max_cost,
         )
         response = self._cape_call("FitCape", request, seed, timeout, schema)
         return CapeFit(
@@ -429,13 +484,14 @@ class CuratorClient:
         timeout: float = 600.0,
         schema: Schema | None = None,
         min_owners: int = 0,
+        max_cost: int | None = None,
     ) -> CapeMean:
         """The mean vector of some columns across the curator's owners (EstimateCapeMean).
 
         ``request_id`` defaults to a fresh random key (a retry never spends twice). With ``schema``
         (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
         that declare another before anything is charged. The job needs every owner unless
-        ``min_owners`` (not 0) says how many.
+        ``min_owners`` (not 0) says how many. ``max_cost`` as :meth:`fit_cape`.
 
         Raises
         ------
@@ -446,6 +502,7 @@ class CuratorClient:
             spec=cape_messages.spec_to_proto(spec),
             request_id=_key(request_id),
             min_owners=min_owners,
+            max_cost=max_cost,
         )
         response = self._cape_call("EstimateCapeMean", request, seed, timeout, schema)
         mean = cape_messages.vector_from_proto(response.mean, "mean", len(spec.features))
@@ -462,6 +519,7 @@ class CuratorClient:
         schema: Schema | None = None,
         min_owners: int = 0,
         on_progress: Callable[[int, int], None] | None = None,
+        max_cost: int | None = None,
     ) -> CapeNetwork:
         """Train the 2-layer network by CAPE gradient descent across the curator's owners
         (TrainCape).
@@ -470,7 +528,7 @@ class CuratorClient:
         (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
         that declare another before anything is charged. ``on_progress(done, total)`` is called
         after every iteration, from the curator's WatchCapeJob stream (best effort: a lost
-        stream only stops the calls).
+        stream only stops the calls). ``max_cost`` as :meth:`fit_cape`.
 
         Raises
         ------
@@ -479,7 +537,10 @@ class CuratorClient:
         """
         key = _key(request_id)
         request = cape_pb2.TrainCapeRequest(
-            spec=cape_messages.training_to_proto(spec), request_id=key, min_owners=min_owners
+            spec=cape_messages.training_to_proto(spec),
+            request_id=key,
+            min_owners=min_owners,
+            max_cost=max_cost,
         )
         if on_progress is None:
             response = self._cape_call("TrainCape", request, seed, timeout, schema)

@@ -17,7 +17,7 @@ from dpmarket.common.summarization.summary import (
     OwnerSelection,
     ProgressEvent,
     SessionReport,
-    Stage,
+    SessionStage,
     SummaryResult,
 )
 from dpmarket.common.summarization.terms import MethodOffer
@@ -69,7 +69,7 @@ _ENUM_PARAMS: dict[str, dict[str, int]] = {
         "none": curator_pb2.EMBEDDING_PRIOR_NONE,
     },
 }
-_STAGES: dict[int, Stage] = {
+_STAGES: dict[int, SessionStage] = {
     curator_pb2.STAGE_SETUP: "setup",
     curator_pb2.STAGE_ROUNDS: "rounds",
     curator_pb2.STAGE_DONE: "done",

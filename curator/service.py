@@ -76,11 +76,16 @@ def request_digest(request: curator_pb2.CreateSessionRequest) -> str:
 
 
 class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
-    """Thin adapter over a :class:`SessionManager`."""
+    """Thin adapter over a :class:`SessionManager`; ``certificate`` is the curator's own (PEM,
+    whose key signs its statements: ListStatements hands it to the consumer; empty with
+    plaintext transport, where nothing is settled)."""
 
-    def __init__(self, manager: SessionManager, authorizer: Authorizer) -> None:
+    def __init__(
+        self, manager: SessionManager, authorizer: Authorizer, certificate: bytes = b""
+    ) -> None:
         self.manager = manager
         self.authorizer = authorizer
+        self.certificate = certificate
 
     @functools.cached_property
     def limits(self) -> ServiceLimits:
@@ -124,7 +129,8 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
             limit=int(request.limit) or None,
         )
         return curator_pb2.ListStatementsResponse(
-            statements=[convert.statement_to_proto(s) for s in stored]
+            statements=[convert.statement_to_proto(s) for s in stored],
+            curator_certificate=self.certificate,
         )
 
     @rpc("consumer")
@@ -217,11 +223,9 @@ async def serve_curator(
         signing_key=signing_key(security),
     )
     authorizer = curator_authorizer(policy, security)
-    cape = CapeJobs(
-        owners, policy=policy, store=store, rate=manager.rate, call_timeout=call_timeout
-    )
+    cape = _cape_jobs(owners, manager, call_timeout)
 
-    sessions = CuratorServicer(manager, authorizer)
+    sessions = CuratorServicer(manager, authorizer, security.cert_pem or b"")
     jobs = CapeServicer(cape, authorizer)
     catalog = None
     if sketches is not None:
@@ -263,8 +267,8 @@ async def serve_curator(
         write_port(port_file, port)
     period = max(0.05, min(policy.fetched_result_ttl_seconds / 2, 30.0))
     reaper = asyncio.create_task(manager.expire_forever(period))
-    # Sessions a restart interrupted: ask their owners what they charged (and free them there).
-    reconcile = asyncio.create_task(_logged(manager.reconcile(), "asking owners for records"))
+    # Ask for what a restart interrupted, then retry unfinished settlement (:func:`_settlement`).
+    reconcile = asyncio.create_task(_settlement(manager))
     try:
         await serve_until_signalled(server)
     finally:
@@ -274,6 +278,28 @@ async def serve_curator(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await manager.close()
+
+
+def _cape_jobs(
+    owners: Sequence[GrpcOwnerEndpoint], manager: SessionManager, call_timeout: float | None
+) -> CapeJobs:
+    """The CAPE jobs, under the sessions' policy, store, request rate and signing key; their
+    statements are delivered (and retried) as the sessions' are."""
+    return CapeJobs(
+        owners,
+        policy=manager.policy,
+        store=manager.store,
+        rate=manager.rate,
+        call_timeout=call_timeout,
+        signing_key=manager.signing_key,
+        deliver=manager.deliver_statements,
+    )
+
+
+async def _settlement(manager: SessionManager) -> None:
+    """Reconcile what a restart interrupted, then retry unfinished settlement until cancelled."""
+    await _logged(manager.reconcile(), "asking owners for records")
+    await manager.settle_forever()
 
 
 async def _logged(work: Awaitable[object], what: str) -> None:

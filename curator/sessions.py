@@ -43,13 +43,14 @@ from dpmarket.common.summarization.summary import (
     ProgressEvent,
     SessionReport,
     SessionRequest,
-    Stage,
+    SessionStage,
     SummaryResult,
 )
 from dpmarket.common.summarization.terms import MethodOffer, access_refusal
 from dpmarket.curator.owners import wait_for_owners
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
 from dpmarket.curator.settlement import (
+    RetrySchedule,
     SessionMarket,
     SignedSettlement,
     payout_release,
@@ -168,13 +169,13 @@ class SessionManager:
         """Sessions running now (created and not finished)."""
         return sum(1 for m in self._sessions.values() if not m.finished)
 
-    def stages(self) -> dict[Stage, int]:
+    def stages(self) -> dict[SessionStage, int]:
         """How many of the sessions this manager holds (running, or finished and not yet
         expired) are at each stage (``setup`` before the first progress event)."""
-        counts: dict[Stage, int] = {}
+        counts: dict[SessionStage, int] = {}
         for managed in list(self._sessions.values()):
             last = managed.final or (managed.events[-1] if managed.events else None)
-            stage: Stage = "setup" if last is None else last.stage
+            stage: SessionStage = "setup" if last is None else last.stage
             counts[stage] = counts.get(stage, 0) + 1
         return counts
 
@@ -558,7 +559,7 @@ class SessionManager:
             task.add_done_callback(self._deliveries.discard)
         final = managed.final
         if final is None:  # pragma: no cover - the session always emits its last event
-            stage: Stage = "failed" if managed.error is not None else "done"
+            stage: SessionStage = "failed" if managed.error is not None else "done"
             final = ProgressEvent(stage, session.rounds_done, 1, session.points_accessed, "")
         managed.events.append(final)
         managed.session = None  # free the validation set, features and owner handles
@@ -664,14 +665,20 @@ class SessionManager:
     async def deliver_statements(self, session_id: str | None = None) -> int:
         """Deliver every owner's part of a settled statement it has not recorded yet (only
         ``session_id``'s, if given); return how many were recorded. An owner that refuses
-        (its records differ) or cannot be reached keeps its part pending; a part recorded
-        before is recorded once (the owner says so)."""
+        (its records differ) or cannot be reached keeps its part pending (the background
+        retry, :meth:`retry_settlement`, delivers it again); a part recorded before is recorded
+        once (the owner says so)."""
         if self.store is None:
             return 0
-        by_name = {o.name: o for o in self.owners}
         pending = [
             row for row in self.store.undelivered() if session_id is None or row[0] == session_id
         ]
+        return sum(await self._deliver(pending))
+
+    async def _deliver(self, rows: Sequence[tuple[str, str, bytes, bytes]]) -> list[bool]:
+        """Deliver each ``(session, owner, part, signature)``; whether each owner recorded it
+        (marked delivered in the store)."""
+        by_name = {o.name: o for o in self.owners}
 
         async def deliver(session: str, owner: str, data: bytes, signature: bytes) -> bool:
             endpoint = by_name.get(owner)
@@ -694,8 +701,64 @@ class SessionManager:
             self.store.mark_delivered(session, owner)
             return True
 
-        done = await asyncio.gather(*(deliver(*row) for row in pending))
-        return sum(done)
+        return list(await asyncio.gather(*(deliver(*row) for row in rows)))
+
+    async def retry_settlement(self, schedule: RetrySchedule, now: float | None = None) -> int:
+        """One pass of the background settlement: what a session's end left undone, retried
+        while the curator runs, each piece on its own exponential backoff (``schedule``).
+
+        Asks every owner whose record of a finished session is unknown (it could not be reached
+        when the session closed, or a restart interrupted the session) for its ledger's record
+        (``CloseSession``, which a restarted owner answers from its ledger), settles the
+        sessions whose records are then all known (:meth:`settle_pending`), and delivers every
+        owner's part not recorded yet. Each step is idempotent (a record is an update, a session
+        has one statement, an owner records a part once), and everything it needs is in the
+        store, so a curator killed during a pass loses nothing and pays nothing twice; the next
+        pass, or the restart's :meth:`reconcile`, takes up what is left.
+
+        Parameters
+        ----------
+        schedule : RetrySchedule
+            When each piece is due again (kept across passes; forgotten at a restart).
+        now : float, optional
+            ``time.monotonic()`` by default.
+
+        Returns
+        -------
+        int
+            Records got and parts recorded in this pass.
+        """
+        if self.store is None:
+            return 0
+        now = time.monotonic() if now is None else now
+        unrecorded = self.store.unrecorded_owner_sessions()
+        asked = [r for r in unrecorded if schedule.due(("record", r[0], r[1]), now)]
+        got = await self._ask_records(asked)
+        for (sid, owner, _), ok in zip(asked, got, strict=True):
+            schedule.outcome(("record", sid, owner), ok, now)
+        if any(got):
+            self.settle_pending()
+        undelivered = self.store.undelivered()
+        due = [r for r in undelivered if schedule.due(("deliver", r[0], r[1]), now)]
+        done = await self._deliver(due)
+        for (sid, owner, _, _), ok in zip(due, done, strict=True):
+            schedule.outcome(("deliver", sid, owner), ok, now)
+        schedule.keep(
+            {("record", r[0], r[1]) for r in unrecorded}
+            | {("deliver", r[0], r[1]) for r in undelivered}
+        )
+        return sum(got) + sum(done)
+
+    async def settle_forever(self, schedule: RetrySchedule | None = None) -> None:
+        """Run :meth:`retry_settlement` every ``schedule.base`` seconds until cancelled (a pass
+        that fails is logged; the next one runs)."""
+        schedule = RetrySchedule() if schedule is None else schedule
+        while True:
+            await asyncio.sleep(schedule.base)
+            try:
+                await self.retry_settlement(schedule)
+            except Exception:
+                logger.exception("retrying the settlement of finished sessions")
 
     def statements(
         self, consumer: str, *, session_id: str | None = None, limit: int | None = None
@@ -737,7 +800,7 @@ class SessionManager:
             stored = self._stored(session_id, consumer)
             if stored.report is None:
                 raise NotFoundError(f"session {short_id(session_id)} has expired")
-            stage: Stage = "done" if stored.status == "done" else "failed"
+            stage: SessionStage = "done" if stored.status == "done" else "failed"
             size = stored.report.summary_size
             event = ProgressEvent(
                 stage,
@@ -811,21 +874,43 @@ class SessionManager:
         return max(len(gone), stored)
 
     async def reconcile(self) -> int:
-        """Ask the owners what they recorded for the sessions a restart interrupted, and
-        record it (the stored reports then carry it); return how many records were got.
+        """Ask the owners what they recorded for the sessions a restart interrupted (and the
+        finished sessions whose owner could not be reached when they closed), and record it
+        (the stored reports then carry it); return how many records were got.
 
         A restarted curator calls this once it serves: each owner at which such a session was open
         closes it (freeing it at once) and answers with its ledger's record, also for a session it
-        already closed for being idle. An owner that cannot be reached keeps the mark
-        :data:`~dpmarket.common.privacy.ledger.UNKNOWN_RESTARTED`; the session's report says so.
+        already closed for being idle. An owner that cannot be reached keeps its mark (e.g.
+        :data:`~dpmarket.common.privacy.ledger.UNKNOWN_RESTARTED`; the session's report says so)
+        and is asked again by the background retry (:meth:`retry_settlement`).
         """
         if self.store is None:
             return 0
-        store = self.store
-        pending = store.unrecorded_owner_sessions()
+        pending = self.store.unrecorded_owner_sessions()
         by_name = {o.name: o for o in self.owners}
         wanted = [by_name[o] for o in dict.fromkeys(o for _, o, _ in pending) if o in by_name]
         await wait_for_owners(wanted)
+        got = await self._ask_records(pending)
+        # Sessions the restart interrupted are settled from the owners' records, and every
+        # statement not yet recorded by its owners is delivered again.
+        self.settle_pending()
+        await self.deliver_statements()
+        if pending:
+            logger.info(
+                "owners' records of %d interrupted session(s): %d of %d got",
+                len({sid for sid, _, _ in pending}),
+                sum(got),
+                len(pending),
+            )
+        return sum(got)
+
+    async def _ask_records(self, rows: Sequence[tuple[str, str, str]]) -> list[bool]:
+        """Ask the owner of each ``(session, owner, owner_session)`` for its ledger's record
+        of the session (``CloseSession``, which also frees it there) and store it; whether each
+        was got. The reports of the sessions concerned are refreshed."""
+        assert self.store is not None
+        store = self.store
+        by_name = {o.name: o for o in self.owners}
         timeout = self.call_timeout
 
         async def ask(session_id: str, owner: str, owner_session: str) -> bool:
@@ -846,21 +931,10 @@ class SessionManager:
             store.record_owner_spend(session_id, owner, spend)
             return True
 
-        got = await asyncio.gather(*(ask(*row) for row in pending))
-        for session_id in dict.fromkeys(sid for sid, _, _ in pending):
+        got = list(await asyncio.gather(*(ask(*row) for row in rows)))
+        for session_id in dict.fromkeys(r[0] for r, ok in zip(rows, got, strict=True) if ok):
             store.refresh_owner_spend(session_id)
-        # Sessions the restart interrupted are settled from the owners' records, and every
-        # statement not yet recorded by its owners is delivered again.
-        self.settle_pending()
-        await self.deliver_statements()
-        if pending:
-            logger.info(
-                "owners' records of %d interrupted session(s): %d of %d got",
-                len({sid for sid, _, _ in pending}),
-                sum(got),
-                len(pending),
-            )
-        return sum(got)
+        return got
 
     async def expire_forever(self, period: float) -> None:
         """Run :meth:`expire` every ``period`` seconds until cancelled."""

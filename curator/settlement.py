@@ -16,8 +16,8 @@ statement pass every owner's check; a curator that lies about a record is refuse
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,7 +43,21 @@ from dpmarket.common.market.terms import (
 from dpmarket.common.privacy.ledger import Charge, SessionSpend
 from dpmarket.common.privacy.noise import NoiseSource
 
-__all__ = ["SessionMarket", "SignedSettlement", "payout_release", "settle_session"]
+__all__ = [
+    "SETTLEMENT_RETRY_CAP_SECONDS",
+    "SETTLEMENT_RETRY_SECONDS",
+    "RetrySchedule",
+    "SessionMarket",
+    "SignedSettlement",
+    "payout_release",
+    "settle_session",
+]
+
+#: The first wait before a failed piece of settlement (an owner's record, a delivery) is tried
+#: again, and the period of the background retry's passes, seconds.
+SETTLEMENT_RETRY_SECONDS = 1.0
+#: The longest wait between two tries of the same piece, seconds.
+SETTLEMENT_RETRY_CAP_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -224,3 +238,48 @@ def payout_release(
         for event in release.privacy_events()["validation"]
     ]
     return release, charges
+
+
+@dataclass
+class RetrySchedule:
+    """When each piece of settlement work that failed is due again: exponential backoff per
+    piece (``base``, ``2 base``, ``4 base``... at most ``cap`` seconds after its last failure),
+    so that an owner down for hours is asked about once every ``cap`` seconds while the others
+    are served at once. Kept in memory: a restarted curator tries everything again.
+
+    Attributes
+    ----------
+    base, cap : float
+        Seconds (:data:`SETTLEMENT_RETRY_SECONDS`, :data:`SETTLEMENT_RETRY_CAP_SECONDS`).
+
+    Raises
+    ------
+    ValueError
+        If ``base`` is not > 0 or ``cap`` is below it.
+    """
+
+    base: float = SETTLEMENT_RETRY_SECONDS
+    cap: float = SETTLEMENT_RETRY_CAP_SECONDS
+    _failed: dict[Hashable, tuple[int, float]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.base <= self.cap:
+            raise ValueError(f"need 0 < base <= cap seconds, got base {self.base}, cap {self.cap}")
+
+    def due(self, key: Hashable, now: float) -> bool:
+        """Whether ``key`` may be tried at ``now`` (never failed, or its wait is over)."""
+        failed = self._failed.get(key)
+        return failed is None or now >= failed[1]
+
+    def outcome(self, key: Hashable, ok: bool, now: float) -> None:
+        """Record a try of ``key`` at ``now``: forgotten if it succeeded, else its wait doubles."""
+        if ok:
+            self._failed.pop(key, None)
+            return
+        failures = self._failed.get(key, (0, now))[0] + 1
+        self._failed[key] = (failures, now + min(self.cap, self.base * 2 ** (failures - 1)))
+
+    def keep(self, keys: set[Hashable]) -> None:
+        """Forget every key not in ``keys`` (work done elsewhere, or gone)."""
+        for key in [k for k in self._failed if k not in keys]:
+            del self._failed[key]

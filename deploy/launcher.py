@@ -487,6 +487,27 @@ class LocalCluster:
         process.kill()
         process.wait()
 
+    def restart_owner(self, index: int) -> None:
+        """Start again, on the same port and data directory, an owner :meth:`kill_owner`
+        killed (a machine back after a crash; the curator reaches it at the same address).
+
+        Raises
+        ------
+        ValueError
+            If owners share processes, or the owner is still running.
+        """
+        if self.owners_per_process > 1:
+            raise ValueError("owners share processes: restart the whole group instead")
+        if self.owner_processes[index].poll() is None:
+            raise ValueError(f"owner {self.owner_ids[index]} is still running")
+        owner_id = self.owner_ids[index]
+        port = self.owner_targets[index].rsplit(":", 1)[1]
+        args = self._owner_args(index, owner_id)
+        args[args.index("--port") + 1] = port
+        process, port_file = self._spawn(owner_id, ["owner", "serve", *args])
+        self.owner_processes[index] = process
+        self._wait_port(owner_id, process, port_file)
+
     def stop(self) -> None:
         """Stop every process: SIGTERM (graceful), then SIGKILL after 10 s."""
         processes = [*self.owner_processes]

@@ -998,6 +998,75 @@ class OpenedOwner:
             self.engine.close()
 
 
+def _check_data_options(
+    data_path: str | None,
+    schema_path: str | None,
+    table_path: str | None,
+    binary_columns: tuple[str, ...],
+) -> None:
+    """Refuse a combination of ``owner serve``'s data options that names no data or contradicts
+    itself (:class:`click.UsageError`, saying which option to give)."""
+    if schema_path is not None:
+        if data_path is None or table_path is not None:
+            raise click.UsageError(
+                "with --schema, give --data: the owner's one table, served for every capability "
+                "(no --table)"
+            )
+    elif data_path is None and table_path is None:
+        raise click.UsageError("give --data (points to summarize), --table (for CAPE), or both")
+    elif binary_columns and table_path is None:
+        raise click.UsageError("--binary-column declares columns of --table: give --table")
+
+
+def _log_cape_peers(owner_id: str, peers: list[str], policy_source: str) -> None:
+    """Log the CAPE peers an owner's policy pins, or warn that it pins none (every job refused)."""
+    if peers:
+        logger.info("owner %s: CAPE peers (pinned keys): %s", owner_id, ", ".join(peers))
+    else:
+        logger.warning(
+            "owner %s: its policy pins no CAPE peers ([peers] of %s): every CAPE job will "
+            "be refused until its operator lists them (dpmarket pki show CERT prints a "
+            "peer's public-key pin)",
+            owner_id,
+            policy_source,
+        )
+
+
+def _log_opened(
+    owner_id: str,
+    found: OwnerData,
+    schema_path: str | None,
+    schema: Schema | None,
+    ledger: OwnerLedger,
+    policy_source: str,
+) -> None:
+    """Log what an opened owner serves (points, table, schema) and what its ledger has left."""
+    data, table = found.points, found.table
+    left = ledger.remaining()
+    points = (
+        "no points" if data is None else f"{data.n_points} points of {data.n_features} features"
+    )
+    if found.engine is not None:
+        points += f" (partitioned, on {found.engine.workers} Dask worker(s))"
+    rows = "no table" if table is None else f"a table of {table.n_rows} rows"
+    if table is not None and table.binary:
+        rows += f" (declared 0/1: {', '.join(table.binary)})"
+    if schema is not None:
+        rows += f"; schema {schema_path} (fingerprint {schema.fingerprint[:16]})"
+    logger.info(
+        "owner %s: %s, %s; ledger %s; policy %s; left %s: epsilon %g, delta %g, %d points",
+        owner_id,
+        points,
+        rows,
+        ledger.path,
+        policy_source,
+        left.window,
+        left.epsilon,
+        left.delta,
+        left.points,
+    )
+
+
 def open_owner(
     data_path: str | None,
     schema_path: str | None,
@@ -1028,16 +1097,7 @@ def open_owner(
     from dpmarket.owner.protocol import Owner
     from dpmarket.owner.service import site_identity
 
-    if schema_path is not None:
-        if data_path is None or table_path is not None:
-            raise click.UsageError(
-                "with --schema, give --data: the owner's one table, served for every capability "
-                "(no --table)"
-            )
-    elif data_path is None and table_path is None:
-        raise click.UsageError("give --data (points to summarize), --table (for CAPE), or both")
-    elif binary_columns and table_path is None:
-        raise click.UsageError("--binary-column declares columns of --table: give --table")
+    _check_data_options(data_path, schema_path, table_path, binary_columns)
     security = security_from_options("owner", **tls)
     name = security.identity.name if security.identity is not None else None
     if name is not None and owner_id is not None and owner_id != name:
@@ -1094,40 +1154,8 @@ def open_owner(
         min_colluders=policy.cape_min_colluders,
     )
     if identity is not None and table is not None:
-        peers = sorted(identity.roster - {owner_id})
-        if peers:
-            logger.info("owner %s: CAPE peers (pinned keys): %s", owner_id, ", ".join(peers))
-        else:
-            logger.warning(
-                "owner %s: its policy pins no CAPE peers ([peers] of %s): every CAPE job will "
-                "be refused until its operator lists them (dpmarket pki show CERT prints a "
-                "peer's public-key pin)",
-                owner_id,
-                policy_source,
-            )
-    left = ledger.remaining()
-    points = (
-        "no points" if data is None else f"{data.n_points} points of {data.n_features} features"
-    )
-    if found.engine is not None:
-        points += f" (partitioned, on {found.engine.workers} Dask worker(s))"
-    rows = "no table" if table is None else f"a table of {table.n_rows} rows"
-    if table is not None and table.binary:
-        rows += f" (declared 0/1: {', '.join(table.binary)})"
-    if schema is not None:
-        rows += f"; schema {schema_path} (fingerprint {schema.fingerprint[:16]})"
-    logger.info(
-        "owner %s: %s, %s; ledger %s; policy %s; left %s: epsilon %g, delta %g, %d points",
-        owner.owner_id,
-        points,
-        rows,
-        ledger.path,
-        policy_source,
-        left.window,
-        left.epsilon,
-        left.delta,
-        left.points,
-    )
+        _log_cape_peers(owner_id, sorted(identity.roster - {owner_id}), policy_source)
+    _log_opened(owner.owner_id, found, schema_path, schema, ledger, policy_source)
     return OpenedOwner(owner, cape, ledger, policy, security, found.engine)
 
 

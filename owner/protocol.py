@@ -1000,6 +1000,69 @@ class Owner:
         with self._lock:
             return {sid: slot.session for sid, slot in self._slots.items()}
 
+    def _check_shape(self, info: OwnerInfo, rff: RFFParams, data: Any) -> None:
+        """Refuse h1 parameters that do not fit this owner's points or its limits (before
+        anything is computed; :meth:`open_session`'s InvalidArgumentError)."""
+        if rff.n_features != info.num_features:
+            raise InvalidArgumentError(
+                f"h1 frequencies have {rff.n_features} columns but this owner's points have "
+                f"{info.num_features} features"
+            )
+        if self.max_rff_dimension is not None and rff.d > self.max_rff_dimension:
+            raise InvalidArgumentError(
+                f"h1 dimension d={rff.d} exceeds this owner's limit of {self.max_rff_dimension}"
+            )
+        if self.limits is not None:
+            self.limits.check_session(
+                n_rows=info.num_points,
+                n_features=info.num_features,
+                d=rff.d,
+                partitioned=isinstance(data, PartitionedData),
+                open_sessions=len(self._slots),
+            )
+
+    def _allowance(
+        self, session_id: str, n: int, terms: OwnerTerms, consumer: str, curator: str
+    ) -> int:
+        """The most raw points a new session may receive, after the policy and the ledger
+        accept its terms (:meth:`open_session`'s FailedPreconditionError when they do not):
+        ``n`` without a ledger. Charges nothing."""
+        allowance = n
+        if self.ledger is not None:
+            # What the method asks that no charge covers (exact bids to the curator, rows
+            # picked along the curator's direction), then what it charges, then how many
+            # rounds: each refusal before anything is computed.
+            check_exact_bids(self.ledger.policy, terms)
+            check_steered_selection(self.ledger.policy, terms)
+            payout = 0.0
+            if terms.market is not None:
+                payout = owner_payout_epsilon(terms.market.settlement)
+            self.ledger.check(
+                session=session_id,
+                consumer=consumer,
+                curator=curator,
+                mechanism=terms.mechanism,
+                epsilon=terms.epsilon + payout,
+                delta=terms.delta,
+                points=0,
+            )
+            # The policy's share of this table for one session (its points and its fraction
+            # of the rows), less what this session id was charged already (a session reopened
+            # under its id gets no fresh share), within what is left of the window's budget.
+            policy = self.ledger.policy
+            already = self.ledger.session_totals(session_id).points
+            allowance = max(
+                0,
+                min(n, policy.session_points(n) - already, self.ledger.remaining().points),
+            )
+            check_rounds(policy, terms, allowance)
+            # The quote's line for this owner: at least its own prices at the line's limits,
+            # and no more raw points than the line states (so the statement stays within it).
+            check_quote(policy.prices, terms.market, terms.epsilon, owner=self.owner_id)
+            if terms.market is not None:
+                allowance = min(allowance, terms.market.max_points_read)
+        return allowance
+
     def open_session(
         self,
         session_id: str,
@@ -1064,58 +1127,8 @@ class Owner:
         # Idle sessions go first, so that they do not hold the slots a new session needs.
         self.expire_idle()
         self._check_new(session_id)
-        if rff.n_features != info.num_features:
-            raise InvalidArgumentError(
-                f"h1 frequencies have {rff.n_features} columns but this owner's points have "
-                f"{info.num_features} features"
-            )
-        if self.max_rff_dimension is not None and rff.d > self.max_rff_dimension:
-            raise InvalidArgumentError(
-                f"h1 dimension d={rff.d} exceeds this owner's limit of {self.max_rff_dimension}"
-            )
-        if self.limits is not None:
-            self.limits.check_session(
-                n_rows=info.num_points,
-                n_features=info.num_features,
-                d=rff.d,
-                partitioned=isinstance(data, PartitionedData),
-                open_sessions=len(self._slots),
-            )
-        n = info.num_points
-        allowance = n
-        if self.ledger is not None:
-            # What the method asks that no charge covers (exact bids to the curator, rows
-            # picked along the curator's direction), then what it charges, then how many
-            # rounds: each refusal before anything is computed.
-            check_exact_bids(self.ledger.policy, terms)
-            check_steered_selection(self.ledger.policy, terms)
-            payout = 0.0
-            if terms.market is not None:
-                payout = owner_payout_epsilon(terms.market.settlement)
-            self.ledger.check(
-                session=session_id,
-                consumer=consumer,
-                curator=curator,
-                mechanism=terms.mechanism,
-                epsilon=terms.epsilon + payout,
-                delta=terms.delta,
-                points=0,
-            )
-            # The policy's share of this table for one session (its points and its fraction
-            # of the rows), less what this session id was charged already (a session reopened
-            # under its id gets no fresh share), within what is left of the window's budget.
-            policy = self.ledger.policy
-            already = self.ledger.session_totals(session_id).points
-            allowance = max(
-                0,
-                min(n, policy.session_points(n) - already, self.ledger.remaining().points),
-            )
-            check_rounds(policy, terms, allowance)
-            # The quote's line for this owner: at least its own prices at the line's limits,
-            # and no more raw points than the line states (so the statement stays within it).
-            check_quote(policy.prices, terms.market, terms.epsilon, owner=self.owner_id)
-            if terms.market is not None:
-                allowance = min(allowance, terms.market.max_points_read)
+        self._check_shape(info, rff, data)
+        allowance = self._allowance(session_id, info.num_points, terms, consumer, curator)
         self._check_new(session_id)
         if self.allow_seeded_sessions:
             rng = np.random.default_rng(sampling_seed)
@@ -1161,7 +1174,7 @@ class Owner:
                 market=terms.market,
                 prices=self.ledger.policy.prices,
             )
-        return n, allowance
+        return info.num_points, allowance
 
     @staticmethod
     def _features(

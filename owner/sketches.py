@@ -54,7 +54,7 @@ from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.sketches.endpoints import CatalogEndpoint
 from dpmarket.common.sketches.marginals import MarginalsMechanism
 from dpmarket.common.sketches.marginals_fit import publishable_fit
-from dpmarket.common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
+from dpmarket.common.sketches.spec import AnyMechanism, AnySketch, PublishedSketch, SketchSpec
 from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
 from dpmarket.owner.partitioned import PartitionedTable
 from dpmarket.runtime.sketch_messages import sketch_bytes, sketch_from_bytes
@@ -295,34 +295,9 @@ class SketchPublisher:
             records = self.records(spec, table)
             digest = data_digest(records)
         if stored is not None:
-            asked = spec.epsilon if epsilon is None else float(epsilon)
-            if asked != stored.sketch.mechanism.epsilon:
-                logger.warning(
-                    "%s: released before at epsilon %g (this call asked %g); returning the "
-                    "stored sketch, nothing charged",
-                    spec.name,
-                    stored.sketch.mechanism.epsilon,
-                    asked,
-                )
-            if digest != stored.data_digest:
-                logger.warning(
-                    "%s: the table changed since the sketch was released; the stored sketch "
-                    "describes the data as it was (a spec is published once)",
-                    spec.name,
-                )
+            self._warn_if_asked_again_differently(stored, spec, epsilon, digest)
             return stored
-        policy = self.ledger.policy
-        if not policy.publish_sketches:
-            raise FailedPreconditionError(
-                "this owner's policy publishes no sketch (sketches.publish = false)"
-            )
-        eps = spec.check_epsilon(spec.epsilon if epsilon is None else epsilon)
-        if eps > policy.epsilon_per_sketch:
-            raise FailedPreconditionError(
-                f"epsilon = {eps:g} exceeds this owner's limit per sketch, sketches.epsilon = "
-                f"{policy.epsilon_per_sketch:g}"
-            )
-        mechanism = spec.mechanism(eps)
+        mechanism = self._mechanism_within_policy(spec, epsilon)
         charge: dict[str, Any] = {
             "session": ledger_session(spec),
             "consumer": f"catalogue:{spec.name}",
@@ -333,23 +308,12 @@ class SketchPublisher:
             "points": 0,
         }
         self.ledger.check(**charge)  # refuse before computing anything
-        sketch: AnySketch
         if records is None:
             assert not isinstance(mechanism, MarginalsMechanism)  # refused above
             with on_private_data(f"{spec.name}: the sketch"):
-                sketch = mechanism.release_sum(total, count, self.noise)
-        elif isinstance(mechanism, MarginalsMechanism):
-            sketch = mechanism.release(records, self.noise, rng=self.rng)
-            if self.fit:  # post-processing of the release alone, before it is charged and stored
-                started = time.perf_counter()
-                sketch = sketch.with_fit(publishable_fit(sketch))
-                logger.info(
-                    "%s: graphical model and bootstrap fitted for consumers in %.1f s",
-                    spec.name,
-                    time.perf_counter() - started,
-                )
+                sketch: AnySketch = mechanism.release_sum(total, count, self.noise)
         else:
-            sketch = mechanism.release(records, self.noise)
+            sketch = self._release(spec, mechanism, records)
         blob = sketch_bytes(sketch)
 
         def store(conn: sqlite3.Connection, charge_id: int) -> None:
@@ -368,6 +332,69 @@ class SketchPublisher:
             self.ledger.path,
         )
         return Publication(spec.name, spec.key, sketch, entry, True, digest, ())
+
+    @staticmethod
+    def _warn_if_asked_again_differently(
+        stored: Publication, spec: SketchSpec, epsilon: float | None, digest: str
+    ) -> None:
+        """Log (the owner's log only) when a key released before is asked at another epsilon,
+        or its data changed since: the stored sketch is returned either way."""
+        asked = spec.epsilon if epsilon is None else float(epsilon)
+        if asked != stored.sketch.mechanism.epsilon:
+            logger.warning(
+                "%s: released before at epsilon %g (this call asked %g); returning the "
+                "stored sketch, nothing charged",
+                spec.name,
+                stored.sketch.mechanism.epsilon,
+                asked,
+            )
+        if digest != stored.data_digest:
+            logger.warning(
+                "%s: the table changed since the sketch was released; the stored sketch "
+                "describes the data as it was (a spec is published once)",
+                spec.name,
+            )
+
+    def _mechanism_within_policy(self, spec: SketchSpec, epsilon: float | None) -> AnyMechanism:
+        """``spec``'s mechanism at ``epsilon`` (default: the spec's), or a refusal.
+
+        Raises
+        ------
+        FailedPreconditionError
+            If the policy publishes no sketch, or the epsilon exceeds its limit per sketch.
+        InvalidArgumentError
+            If the epsilon is outside the spec's range.
+        """
+        policy = self.ledger.policy
+        if not policy.publish_sketches:
+            raise FailedPreconditionError(
+                "this owner's policy publishes no sketch (sketches.publish = false)"
+            )
+        eps = spec.check_epsilon(spec.epsilon if epsilon is None else epsilon)
+        if eps > policy.epsilon_per_sketch:
+            raise FailedPreconditionError(
+                f"epsilon = {eps:g} exceeds this owner's limit per sketch, sketches.epsilon = "
+                f"{policy.epsilon_per_sketch:g}"
+            )
+        return spec.mechanism(eps)
+
+    def _release(
+        self, spec: SketchSpec, mechanism: AnyMechanism, records: NDArray[np.float64]
+    ) -> AnySketch:
+        """The sketch of ``records`` (of shape ``(n, len(spec.domain.names))``) under
+        ``mechanism``: for marginals, with the consumers' fit attached when :attr:`fit`."""
+        if not isinstance(mechanism, MarginalsMechanism):
+            return mechanism.release(records, self.noise)
+        sketch = mechanism.release(records, self.noise, rng=self.rng)
+        if self.fit:  # post-processing of the release alone, before it is charged and stored
+            started = time.perf_counter()
+            sketch = sketch.with_fit(publishable_fit(sketch))
+            logger.info(
+                "%s: graphical model and bootstrap fitted for consumers in %.1f s",
+                spec.name,
+                time.perf_counter() - started,
+            )
+        return sketch
 
     def _partitioned_sum(
         self, spec: SketchSpec, table: PartitionedTable

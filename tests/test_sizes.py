@@ -41,26 +41,9 @@ REASON = "Size:"
 #: SecAgg/SecAgg+ base, the market of issue 29, the owner's session protocol, the explorer of
 #: issues 28 and 30), to be split or given a reason when that work lands:
 ALLOWED_BEING_REWRITTEN = {
-    "common/market/statement.py:settle",
-    "owner/protocol.py:Owner.open_session",
     "consumer/explore.py:Explorer._bounded",
 }
-#: Issue 26, still to split: GrpcOwnerEndpoint's methods over three services, the curator's store,
-#: and the long functions of the CLI commands and of the CAPE jobs.
-ALLOWED_TO_SPLIT = {
-    "curator/owners.py:GrpcOwnerEndpoint",
-    "curator/store.py:CuratorStore",
-    "common/cape/dpgd.py:train_dpgd",
-    "owner/cli.py:open_owner",
-    "owner/sketches.py:SketchPublisher.publish",
-    "curator/cape.py:CapeTrainingJob._run",
-    "curator/cape_service.py:CapeJobs._fit",
-    "curator/cli.py:serve_curator",
-    "consumer/cli.py:request",
-    "consumer/cli.py:cape_train_command",
-    "consumer/cli.py:explore_command",
-}
-ALLOWED = ALLOWED_BEING_REWRITTEN | ALLOWED_TO_SPLIT
+ALLOWED = ALLOWED_BEING_REWRITTEN
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from dpmarket.common.market.pricing import (
     owner_charge,
     quote,
 )
-from dpmarket.common.market.statement import REWARD_RULES, SettlementTerms
+from dpmarket.common.market.statement import NO_SUMMARY, REWARD_RULES, SettlementTerms
 
 __all__ = [
     "FREE",
@@ -44,6 +44,7 @@ __all__ = [
     "MarketTerms",
     "QuoteRefusedError",
     "RewardOffer",
+    "cape_quote",
     "check_quote",
     "owner_payout_epsilon",
     "priced_epsilon",
@@ -213,6 +214,36 @@ def session_quote(
         settlement.summary_size,
         settlement.rule(),
     )
+
+
+def cape_quote(prices: Mapping[str, OwnerPrices], epsilon: float) -> Quote:
+    """The most a CAPE job can cost, before any owner opens it.
+
+    A CAPE job reads no raw point and delivers none: each owner's ledger is charged the job's
+    epsilon (``spec.cost``; a training's whole total), so its line is its price per unit epsilon
+    at that epsilon, raised to its minimum (:data:`~dpmarket.common.market.statement.NO_SUMMARY`:
+    p = 0, no reward). The settlement charges the epsilon the owner's ledger recorded, never
+    more: the quote is its upper bound.
+
+    Parameters
+    ----------
+    prices : mapping of str to OwnerPrices
+        Every owner the job asks, by name (:data:`FREE` for one that publishes none).
+    epsilon : float
+        The epsilon each owner's ledger is charged, finite and >= 0.
+
+    Returns
+    -------
+    Quote
+
+    Raises
+    ------
+    ValueError
+        If ``epsilon`` is not finite and >= 0.
+    """
+    if not (math.isfinite(epsilon) and epsilon >= 0):
+        raise ValueError(f"a CAPE job's epsilon must be finite and >= 0, got {epsilon}")
+    return session_quote(prices, dict.fromkeys(prices, 0), epsilon, NO_SUMMARY)
 
 
 @dataclass(frozen=True)

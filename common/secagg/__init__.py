@@ -3,7 +3,9 @@
 Pure protocol kernels, no I/O: Shamir sharing over GF(2^521 - 1) (:mod:`.shamir`), unbiased
 fixed-point encoding of reals into ``Z_{2^k}`` (:mod:`.fixedpoint`), the primitives from the
 ``cryptography`` package (:mod:`.crypto`: X25519 + HKDF-SHA256, AES-256-GCM, the AES-256
-counter-mode mask generator, ECDSA P-256 signatures) and the five rounds, consistency check
+counter-mode mask generator, ECDSA P-256 signatures), the sites' long-lived pair keys
+(:mod:`.pairkeys`: a static key per site bound once to its identity, per-round keys of each pair
+derived with the round id) and the five rounds, consistency check
 included, as state objects (:mod:`.protocol`), secure against an aggregator that lies and ``S_C``
 colluding sites.
 For many sites, SecAgg+ (Bell et al., CCS 2020): the same defences on a sparse random graph whose
@@ -22,6 +24,7 @@ from numpy.typing import ArrayLike, NDArray
 from dpmarket.common.secagg import protocol, sparse
 from dpmarket.common.secagg.crypto import RandomBytes, SecAggError, Signer, Verifier
 from dpmarket.common.secagg.fixedpoint import FixedPoint, dequantize_sum, quantize
+from dpmarket.common.secagg.pairkeys import PairKeyring
 from dpmarket.common.secagg.protocol import (
     KeyAdvertisement,
     RoundParams,
@@ -35,6 +38,7 @@ from dpmarket.common.secagg.sparse import SparseSecAggAggregator, SparseSecAggSi
 __all__ = [
     "FixedPoint",
     "KeyAdvertisement",
+    "PairKeyring",
     "RoundParams",
     "SecAggAggregator",
     "SecAggError",
@@ -63,6 +67,7 @@ def run_in_process(
     random_bytes: RandomBytes | None = None,
     rng: np.random.Generator | None = None,
     phase_seconds: dict[str, float] | None = None,
+    keyrings: Mapping[str, PairKeyring] | None = None,
 ) -> NDArray[np.float64]:
     """One round with every site and the aggregator in this process, complete graph or sparse.
 
@@ -81,5 +86,6 @@ def run_in_process(
         verifier=verifier,
         rng=rng,
         phase_seconds=phase_seconds,
+        keyrings=keyrings,
         **extra,
     )

@@ -9,7 +9,20 @@ CCS 2020, neighbours in a random graph) are small subclasses that say who the ho
 are, what their thresholds are and how the survivor list is checked. The helpers below (per-pair
 context strings, stage checks, the rounding coins' checks, a phase timer) serve both.
 
-Nothing here changes a message: the subclasses produce the same bytes as before they shared it.
+**Keys.** A site's per-round secrets are its pairwise-mask key ``s_u`` and self-mask seed ``b_u``,
+both drawn afresh each round (``s_u`` is rebuilt from shares if the site is lost, so it must never
+outlive its round). What each pair of sites needs to talk through the curator — encrypting the
+shares, and authenticating to each other the mask key and graph-nonce commitment each advertised
+— comes from the long-lived pair keys of :mod:`dpmarket.common.secagg.pairkeys`, derived per round
+with the round id: an advertisement carries the site's static key and the signature binding it
+to the site's identity (verified once per peer and cached), and each share message a site sends a
+holder is ``adv_tag || AEAD ciphertext``, where ``adv_tag`` is the HMAC under the pair's ``adv``
+key of the round of the sender's own advertisement (:func:`advertisement_message`, directed to
+the holder) and the ciphertext is AES-256-GCM under the pair's ``enc`` key of the round. A holder
+checks the tag against the advertisement the curator showed it before it masks with the sender;
+a mismatch (a substituted or replayed mask key or commitment) aborts the round at that holder
+before anything depends on its input. The argument (what each key protects, replay, compromise,
+rotation) is in :mod:`dpmarket.common.secagg.pairkeys`.
 """
 
 from __future__ import annotations
@@ -19,7 +32,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -37,29 +50,34 @@ from dpmarket.common.secagg.crypto import (
     SecAggError,
     Signer,
     Verifier,
+    check_tag,
     decrypt,
     encode_fields,
     encrypt,
     generate_private_key,
+    mac_tag,
     private_key_bytes,
     private_key_from_bytes,
     public_key_bytes,
     shared_key,
-    shared_keys,
 )
 from dpmarket.common.secagg.fixedpoint import dequantize_sum, quantize
+from dpmarket.common.secagg.pairkeys import PairKeyring, RoundPairKeys, StaticKey
 from dpmarket.common.secagg.shamir import Share
 
 if TYPE_CHECKING:
     from dpmarket.common.secagg.params import RoundParams
 
 __all__ = [
+    "ADV_TAG_BYTES",
     "MASK_KEY_LABEL",
     "SHARE_PAIR_BYTES",
     "AggregatorBase",
     "PhaseTimer",
+    "RoundStage",
     "SiteBase",
-    "Stage",
+    "advertisement_message",
+    "advertisement_tag_message",
     "check_stage",
     "check_vector",
     "encoded_prefix",
@@ -76,9 +94,14 @@ _SHARE_AD_LABEL = b"dpmarket/secagg/v1/share"
 #: Plaintext of one share ciphertext: the recipient's share of the sender's self-mask seed,
 #: then its share of the sender's pairwise-mask private key.
 SHARE_PAIR_BYTES = 2 * shamir.SHARE_BYTES
+#: Bytes of the advertisement tag that leads every share message (HMAC-SHA256).
+ADV_TAG_BYTES = 32
+#: Domain-separation labels of the advertisement and of its per-pair tag.
+_ADVERTISE_LABEL = b"dpmarket/secagg/v1/advertise"
+_ADV_TAG_LABEL = b"dpmarket/secagg/v2/advertisement-tag"
 
 
-class Stage(enum.Enum):
+class RoundStage(enum.Enum):
     """Where a site or an aggregator is in the round."""
 
     NEW = "new"
@@ -103,6 +126,45 @@ def pair_info(label: bytes, round_id: bytes, a: str, b: str) -> bytes:
     """HKDF info for the key of the unordered pair {a, b} in this round."""
     low, high = (a, b) if a <= b else (b, a)
     return encoded_prefix(label, round_id) + encode_fields(low.encode(), high.encode())
+
+
+def advertisement_message(
+    round_id: bytes, site: str, c_public: bytes, s_public: bytes, commitment: bytes = b""
+) -> bytes:
+    """The bytes that stand for a site's advertisement of one round (Bonawitz et al. 2017,
+    Figure 4, Round 0).
+
+    ``encode_fields(label, round_id, site (UTF-8), c_public, s_public)``, and the graph-nonce
+    commitment last in sparse rounds. Authenticated to each holder by
+    :func:`advertisement_tag_message` (binding the round id stops the replay of an advertisement
+    from another round; the site id stops one site's keys being presented as another's; the
+    commitment fixes the site's contribution to the graph seed).
+    """
+    prefix = encoded_prefix(_ADVERTISE_LABEL, round_id)
+    if commitment:
+        return prefix + encode_fields(site.encode(), c_public, s_public, commitment)
+    return prefix + encode_fields(site.encode(), c_public, s_public)
+
+
+def advertisement_tag_message(
+    round_id: bytes,
+    sender: str,
+    recipient: str,
+    c_public: bytes,
+    s_public: bytes,
+    commitment: bytes = b"",
+) -> bytes:
+    """What ``sender`` tags for ``recipient`` under their ``adv`` key of the round: its own
+    :func:`advertisement_message`, addressed (so that a tag is valid for one direction of one
+    pair, and never reflected to its maker)."""
+    return _addressed(
+        recipient, advertisement_message(round_id, sender, c_public, s_public, commitment)
+    )
+
+
+def _addressed(recipient: str, advertisement: bytes) -> bytes:
+    """:func:`advertisement_tag_message` from the sender's :func:`advertisement_message`."""
+    return encoded_prefix(_ADV_TAG_LABEL) + encode_fields(recipient.encode()) + advertisement
 
 
 def share_associated_data(round_id: bytes, sender: str, recipient: str) -> bytes:
@@ -147,7 +209,7 @@ def randbelow_from(random_bytes: RandomBytes) -> Callable[[int], int]:
     return randbelow
 
 
-def check_stage(actual: Stage, expected: Stage, what: str) -> None:
+def check_stage(actual: RoundStage, expected: RoundStage, what: str) -> None:
     """Raise :class:`FailedPreconditionError` unless a party is at ``expected`` for ``what``."""
     if actual is not expected:
         raise FailedPreconditionError(
@@ -166,11 +228,9 @@ def check_vector(vector: ArrayLike, length: int) -> NDArray[np.float64]:
 class SiteBase:
     """One site's side of a round: the work the complete and the sparse graph share.
 
-    A subclass sets :attr:`_PAIR_LABEL` and :attr:`_PAIR_KEY_COUNT` (the HKDF label and number
-    of keys taken from each pair's agreement on the ``c`` keys; the first encrypts the shares),
-    :attr:`_STRANGER` (how its error messages name a legitimate sender of shares), and
-    implements :meth:`_own_x`, :meth:`_s_public` and :meth:`_check_u2`; it may extend
-    :meth:`_abort`, :meth:`_keep_pair_keys` and :meth:`_masked_with`.
+    A subclass sets :attr:`_STRANGER` (how its error messages name a legitimate sender of
+    shares) and implements :meth:`_own_x`, :meth:`_advertisement` and :meth:`_check_u2`; it may
+    extend :meth:`_abort`, :meth:`_keep_pair_keys` and :meth:`_masked_with`.
 
     Parameters
     ----------
@@ -180,10 +240,16 @@ class SiteBase:
     signer : Signer
         Signs this site's messages with its identity key.
     verifier : Verifier
-        Checks other sites' signatures against their identities.
+        Checks other sites' signatures (their static keys' bindings included) against their
+        identities.
     random_bytes : callable, optional
         Source of all key material, the Shamir coefficients and the AEAD nonces (``os.urandom``
         by default; tests inject a deterministic source to reproduce a round bit for bit).
+    keyring : PairKeyring, optional
+        The site's long-lived pair keys (:mod:`dpmarket.common.secagg.pairkeys`), shared by all
+        its rounds; the round uses its current static key. By default a keyring of its own, with
+        a static key drawn from ``random_bytes`` and bound with ``signer`` (one round's life: a
+        service passes the owner's).
 
     Raises
     ------
@@ -191,8 +257,6 @@ class SiteBase:
         If ``site`` is not in ``params.sites``.
     """
 
-    _PAIR_LABEL: bytes
-    _PAIR_KEY_COUNT = 1
     _STRANGER = "another site of U1"
 
     def __init__(
@@ -203,27 +267,35 @@ class SiteBase:
         signer: Signer,
         verifier: Verifier,
         random_bytes: RandomBytes = os.urandom,
+        keyring: PairKeyring | None = None,
     ) -> None:
         if site not in params.sites:
             raise ValueError(f"site {site!r} is not one of the round's sites {params.sites}")
+        if keyring is None:
+            keyring = PairKeyring(site, signer, random_bytes=random_bytes)
+        elif keyring.site != site:
+            raise ValueError(f"the keyring is {keyring.site!r}'s, not this site's ({site!r})")
         self.site = site
         self.params = params
         self._signer = signer
         self._verifier = verifier
         self._random_bytes = random_bytes
-        self._stage = Stage.NEW
-        self._c_private: X25519PrivateKey | None = None
+        self._keyring = keyring
+        self._static: StaticKey = keyring.current
+        self._stage = RoundStage.NEW
         self._s_private: X25519PrivateKey | None = None
         self._self_mask_seed: bytes | None = None
-        # holder -> the key encrypting the shares between it and this site.
-        self._enc_keys: dict[str, bytes] = {}
+        # This site's advertisement as it made it: (static key, mask key, commitment).
+        self._own_ad: tuple[bytes, bytes, bytes] = (b"", b"", b"")
+        # holder -> the keys of this round between it and this site.
+        self._round_keys: dict[str, RoundPairKeys] = {}
         # sender -> (share of its self-mask seed, share of its pairwise-mask key), own included.
         self._held: dict[str, tuple[Share, Share]] = {}
         # This site and the holders whose shares reached it (fixed by masked_input).
         self._u2: frozenset[str] = frozenset()
 
     @property
-    def stage(self) -> Stage:
+    def stage(self) -> RoundStage:
         return self._stage
 
     def abort(self, reason: str) -> SecAggError:
@@ -235,38 +307,58 @@ class SiteBase:
         return self._abort(SecAggError(reason))
 
     def _abort(self, exc: SecAggError) -> SecAggError:
-        self._stage = Stage.ABORTED
-        self._c_private = self._s_private = None
+        self._stage = RoundStage.ABORTED
+        self._s_private = None
         self._self_mask_seed = None
-        self._enc_keys.clear()
+        self._round_keys.clear()
         self._held.clear()
         return exc
 
     def _new_key_pairs(self) -> tuple[bytes, bytes]:
-        """Draw the round's two X25519 key pairs (``c`` for the share encryption, ``s`` for the
-        pairwise masks); keep the private halves; return the public ones (32 bytes each)."""
-        c_private = generate_private_key(self._random_bytes)
+        """Draw the round's X25519 pairwise-mask key pair ``s``; keep its private half; return
+        (this site's static public key, ``s``'s public key), 32 bytes each: the keys of its
+        advertisement."""
         s_private = generate_private_key(self._random_bytes)
-        self._c_private, self._s_private = c_private, s_private
-        return public_key_bytes(c_private), public_key_bytes(s_private)
+        self._s_private = s_private
+        return self._static.public, public_key_bytes(s_private)
 
-    def _share_secrets(
-        self, holders: Sequence[str], xs: Sequence[int], t: int, c_publics: Mapping[str, bytes]
-    ) -> dict[str, bytes]:
+    def _own_keys(self) -> tuple[bytes, bytes]:
+        """(static public key, mask public key) this site advertises in this round."""
+        assert self._s_private is not None
+        return self._static.public, public_key_bytes(self._s_private)
+
+    def _derive_pair(self, peer: str, static_public: bytes, signature: bytes) -> None:
+        """Check that ``static_public`` is bound to ``peer`` (``signature``, verified once per
+        peer and key by the keyring) and derive this round's keys of the pair.
+
+        Raises
+        ------
+        SecAggError
+            If the binding does not verify, or the key agreement fails.
+        """
+        self._keyring.check_binding(peer, static_public, signature, self._verifier)
+        pair_key = self._static.pair_key(peer, static_public)
+        keys = PairKeyring.round_keys(pair_key, self.params.round_id, self.site, peer)
+        self._round_keys[peer] = keys
+        self._keep_pair_keys(peer, keys)
+
+    def _share_secrets(self, holders: Sequence[str], xs: Sequence[int], t: int) -> dict[str, bytes]:
         """Draw the self-mask seed ``b``; split ``b`` and the mask key ``s_sk`` ``t``-of-
-        ``len(holders)`` at ``xs``; encrypt each other holder's pair of shares.
+        ``len(holders)`` at ``xs``; authenticate this site's advertisement to each other holder
+        and encrypt its pair of shares.
 
-        Each pair of shares is encrypted with AES-256-GCM under the first of
-        :attr:`_PAIR_KEY_COUNT` keys from ``HKDF(X25519(c_sk, c_pk_holder))`` (info: the label,
-        the round and the pair), associated data ``(round_id, site, holder)``; this site keeps
-        its own pair.
+        Each message is ``adv_tag || ciphertext``: ``adv_tag`` the HMAC-SHA256 of
+        :func:`advertisement_tag_message` (this site's advertisement, addressed to the holder)
+        under the pair's ``adv`` key of the round, the ciphertext AES-256-GCM under its ``enc``
+        key, associated data ``(round_id, site, holder)``. Every other holder's round keys must
+        have been derived (:meth:`_derive_pair`); this site keeps its own pair of shares.
 
         Returns
         -------
         dict of str to bytes
-            Holder (other than this site) -> ciphertext of ``2 * 70 + 28 = 168`` bytes.
+            Holder (other than this site) -> message of ``32 + 2 * 70 + 28 = 200`` bytes.
         """
-        assert self._c_private is not None and self._s_private is not None
+        assert self._s_private is not None
         randbelow = randbelow_from(self._random_bytes)
         seed = self._random_bytes(KEY_BYTES)
         if len(seed) != KEY_BYTES:
@@ -276,21 +368,16 @@ class SiteBase:
             private_key_bytes(self._s_private), xs, t, randbelow=randbelow
         )
         round_id = self.params.round_id
+        own = advertisement_message(round_id, self.site, *self._own_ad)
         out: dict[str, bytes] = {}
         for holder, pair in zip(holders, zip(seed_shares, key_shares, strict=True), strict=True):
             if holder == self.site:
                 self._held[holder] = pair
                 continue
-            keys = shared_keys(
-                self._c_private,
-                c_publics[holder],
-                info=pair_info(self._PAIR_LABEL, round_id, self.site, holder),
-                count=self._PAIR_KEY_COUNT,
-            )
-            self._enc_keys[holder] = keys[0]
-            self._keep_pair_keys(holder, keys)
-            out[holder] = encrypt(
-                keys[0],
+            keys = self._round_keys[holder]
+            tag = mac_tag(keys.adv, _addressed(holder, own))
+            out[holder] = tag + encrypt(
+                keys.enc,
                 pair[0].to_bytes() + pair[1].to_bytes(),
                 share_associated_data(round_id, self.site, holder),
                 random_bytes=self._random_bytes,
@@ -298,16 +385,20 @@ class SiteBase:
         self._self_mask_seed = seed
         return out
 
-    def _keep_pair_keys(self, holder: str, keys: tuple[bytes, ...]) -> None:
-        """Keep what else a pair's agreement gave (nothing by default)."""
+    def _keep_pair_keys(self, holder: str, keys: RoundPairKeys) -> None:
+        """Keep what else a pair's round keys serve (nothing by default)."""
 
     def _own_x(self) -> int:
         """This site's Shamir x coordinate."""
         raise NotImplementedError
 
+    def _advertisement(self, peer: str) -> tuple[bytes, bytes, bytes]:
+        """(static key, mask key, commitment) the curator showed this site as ``peer``'s."""
+        raise NotImplementedError
+
     def _s_public(self, peer: str) -> bytes:
         """``peer``'s advertised pairwise-mask public key."""
-        raise NotImplementedError
+        return self._advertisement(peer)[1]
 
     def _check_u2(self, u2: frozenset[str]) -> None:
         """Raise :class:`SecAggError` unless enough holders completed key sharing."""
@@ -317,15 +408,36 @@ class SiteBase:
         """Record that this site's masked input holds its pairwise mask with ``peer``."""
 
     def _receive_shares(self, ciphertexts: Mapping[str, bytes]) -> None:
+        """Decrypt every sender's shares and check its advertisement tag; keep the shares.
+
+        Raises
+        ------
+        SecAggError
+            If a sender is not a holder this site shared with, a tag does not verify (the
+            advertisement this site was shown is not the one the sender made in this round:
+            substituted, or replayed from another round), or a ciphertext fails.
+        """
         own_x = self._own_x()
-        for sender, ciphertext in ciphertexts.items():
-            if sender == self.site or sender not in self._enc_keys:
+        round_id = self.params.round_id
+        for sender in ciphertexts:
+            if sender == self.site or sender not in self._round_keys:
                 raise SecAggError(f"shares from {sender!r}, which is not {self._STRANGER}")
+        for sender, message in ciphertexts.items():
+            keys = self._round_keys[sender]
+            tag, ciphertext = bytes(message[:ADV_TAG_BYTES]), bytes(message[ADV_TAG_BYTES:])
             plaintext = decrypt(
-                self._enc_keys[sender],
-                ciphertext,
-                share_associated_data(self.params.round_id, sender, self.site),
+                keys.enc, ciphertext, share_associated_data(round_id, sender, self.site)
             )
+            static_public, s_public, commitment = self._advertisement(sender)
+            shown = advertisement_tag_message(
+                round_id, sender, self.site, static_public, s_public, commitment
+            )
+            if not check_tag(keys.adv, shown, tag):
+                raise SecAggError(
+                    f"the advertisement of {sender!r} this site was shown is not the one "
+                    f"{sender!r} made in this round (its tag does not verify): a substituted or "
+                    "replayed key"
+                )
             if len(plaintext) != SHARE_PAIR_BYTES:
                 raise SecAggError(f"shares from {sender!r} are {len(plaintext)} bytes")
             try:
@@ -356,9 +468,10 @@ class SiteBase:
         Parameters
         ----------
         ciphertexts : mapping of str to bytes
-            Sender -> the ciphertext it addressed to this site when sharing (as routed by the
-            aggregator). Every one is decrypted and checked now, before anything depends on this
-            site's input.
+            Sender -> the message (advertisement tag and ciphertext) it addressed to this site
+            when sharing, as routed by the aggregator. Every tag is checked against the sender's
+            advertisement this site was shown, and every ciphertext decrypted and checked, now,
+            before anything depends on this site's input.
         vector : array-like of shape (vector_length,), float
             This site's input ``x_u``, entries in ``[-clip, clip]``.
         rng : numpy.random.Generator
@@ -377,9 +490,10 @@ class SiteBase:
             (the round stays at this stage: the call may be repeated with a valid vector).
         SecAggError
             If too few holders completed key sharing (below ``t``, or ``t_v`` on a sparse
-            graph), a sender is not a holder, or a ciphertext fails authentication (altered, or
-            relabelled as another sender's) or holds malformed shares. The round is then
-            aborted for this site.
+            graph), a sender is not a holder, a sender's advertisement tag does not verify (the
+            mask key or commitment this site was shown as the sender's is not the one it made in
+            this round), or a ciphertext fails authentication (altered, or relabelled as another
+            sender's) or holds malformed shares. The round is then aborted for this site.
         FailedPreconditionError
             If the shares were not sent yet, or this was called before.
 
@@ -399,7 +513,7 @@ class SiteBase:
         Bonawitz et al. (CCS 2017), Figure 4, Round 2 (MaskedInputCollection); Bell et al. (CCS
         2020), the masks of SecAgg+; CAPE paper, Section 3.2 (the ``map`` to ``Z_lambda``).
         """
-        check_stage(self._stage, Stage.SHARED, "masked_input")
+        check_stage(self._stage, RoundStage.SHARED, "masked_input")
         values = check_vector(vector, self.params.vector_length)
         quantized = quantize(values, self.params.fixed_point, rng)
         try:
@@ -425,9 +539,9 @@ class SiteBase:
         self._u2 = u2
         # b_u and s_sk are no longer needed here; only their shares leave this site from now on.
         self._self_mask_seed = None
-        self._s_private = self._c_private = None
-        self._enc_keys.clear()
-        self._stage = Stage.MASKED
+        self._s_private = None
+        self._round_keys.clear()
+        self._stage = RoundStage.MASKED
         return masked
 
 
@@ -444,17 +558,17 @@ class AggregatorBase:
 
     def __init__(self, params: RoundParams) -> None:
         self.params = params
-        self._stage = Stage.NEW
+        self._stage = RoundStage.NEW
         self._u3: tuple[str, ...] = ()
         self._dropped: tuple[str, ...] = ()
         self._total: NDArray[np.uint64] | None = None
 
     @property
-    def stage(self) -> Stage:
+    def stage(self) -> RoundStage:
         return self._stage
 
     def _fail(self, message: str) -> SecAggError:
-        self._stage = Stage.ABORTED
+        self._stage = RoundStage.ABORTED
         return SecAggError(message)
 
     def _checked_input(self, name: str, vector: ArrayLike) -> NDArray[np.uint64]:
@@ -520,7 +634,7 @@ class AggregatorBase:
         except ValueError as exc:
             raise self._fail(f"unmasking did not give a valid sum: {exc}") from None
         self._total = None
-        self._stage = Stage.DONE
+        self._stage = RoundStage.DONE
         return result
 
 
@@ -534,6 +648,15 @@ class PhaseTimer:
         self.phases[phase] = self.phases.get(phase, 0.0) + seconds
 
 
+class SiteArgs(TypedDict):
+    """Keyword arguments of a site's state object in an in-process round."""
+
+    signer: Signer
+    verifier: Verifier
+    random_bytes: RandomBytes
+    keyring: PairKeyring | None
+
+
 @dataclass(frozen=True)
 class InProcessRun:
     """What :func:`prepare_run` checked and filled in for an in-process round."""
@@ -543,6 +666,18 @@ class InProcessRun:
     verifier: Verifier
     rng: np.random.Generator
     stages: tuple[str, ...]
+    keyrings: Mapping[str, PairKeyring] | None = None
+
+    def site_args(self, site: str, random_bytes: RandomBytes) -> SiteArgs:
+        """The keyword arguments of ``site``'s state object: its signer, the verifier, its
+        byte source and its keyring (``None``: a keyring of the round's own)."""
+        keyring = None if self.keyrings is None else self.keyrings[site]
+        return {
+            "signer": self.signers[site],
+            "verifier": self.verifier,
+            "random_bytes": random_bytes,
+            "keyring": keyring,
+        }
 
     def alive(self, stage: str, sites: Iterable[str]) -> list[str]:
         """The sites that send their message of ``stage`` (not dropped at or before it)."""
@@ -558,6 +693,7 @@ def prepare_run(
     signers: Mapping[str, Signer] | None,
     verifier: Verifier | None,
     rng: np.random.Generator | None,
+    keyrings: Mapping[str, PairKeyring] | None = None,
 ) -> InProcessRun:
     """Check the arguments of an in-process round and fill in the defaults.
 
@@ -586,4 +722,6 @@ def prepare_run(
         from dpmarket.common.privacy.rng import production_rng
 
         rng = production_rng()
-    return InProcessRun(drops, signers, verifier, rng, stages)
+    if keyrings is not None and set(keyrings) != set(params.sites):
+        raise ValueError(f"keyrings are for {sorted(keyrings)}, the sites are {params.sites}")
+    return InProcessRun(drops, signers, verifier, rng, stages, keyrings)

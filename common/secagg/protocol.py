@@ -18,15 +18,20 @@ method of :class:`SecAggAggregator` (the sets ``U1 ⊇ U2 ⊇ U3 ⊇ U4`` are Bo
 Messages are plain dataclasses and bytes; a service layer moves them over the network unchanged.
 :func:`run_in_process` runs a whole round in one process, with dropouts, for tests and benchmarks.
 
-This is the malicious-server variant of Bonawitz et al.'s Figure 4: key advertisements are signed
-with each site's identity key, and before it reveals any unmasking share a site checks that at least
+This is the malicious-server variant of Bonawitz et al.'s Figure 4: key advertisements are
+authenticated to each site (each carries the site's static key with the signature binding it to
+the site's identity key, verified once per peer and cached, and each pair's messages carry an HMAC
+of the sender's advertisement under a key of that pair and round:
+:mod:`dpmarket.common.secagg.pairkeys`), and before it reveals any unmasking share a site checks
+that at least
 ``t`` distinct survivors signed the very ``U3`` it signed itself (the ConsistencyCheck round), with
 ``t > (n + S_C) / 2`` for ``S_C`` colluding sites (:class:`RoundParams`), so an aggregator that
 tells different sites different survivor lists gets no share at all from the sites it lied to, and
 never both secrets of one site. Differences from Figure 4: the inputs are reals, quantized by
 :mod:`dpmarket.common.secagg.fixedpoint`; masks are expanded by AES-256 counter mode from the full
 32-byte keys (:func:`dpmarket.common.secagg.crypto.prg_words`); the signed ``U3`` is bound to a
-digest of every round parameter, not only to the round id.
+digest of every round parameter, not only to the round id; the shares are encrypted under keys
+derived from long-lived pair keys and the round id, not from per-round ``c`` key pairs.
 
 This module is the complete graph (every site shares with and masks with every other). For many
 sites, :mod:`dpmarket.common.secagg.sparse` runs SecAgg+ with the same defences per neighbourhood on
@@ -54,10 +59,10 @@ from dpmarket.common.secagg.base import MASK_KEY_LABEL as _MASK_KEY_LABEL  # noq
 from dpmarket.common.secagg.base import (
     AggregatorBase,
     PhaseTimer,
+    RoundStage,
     SiteBase,
-    Stage,
+    advertisement_message,
     check_stage,
-    encoded_prefix,
     prepare_run,
 )
 from dpmarket.common.secagg.base import pair_info as _pair_info  # noqa: F401
@@ -68,8 +73,8 @@ from dpmarket.common.secagg.crypto import (
     Signer,
     Verifier,
     encode_fields,
-    public_key_bytes,
 )
+from dpmarket.common.secagg.pairkeys import PairKeyring
 from dpmarket.common.secagg.params import (
     ROUND_ID_BYTES,
     DropStage,
@@ -83,9 +88,9 @@ __all__ = [
     "DropStage",
     "KeyAdvertisement",
     "RoundParams",
+    "RoundStage",
     "SecAggAggregator",
     "SecAggSite",
-    "Stage",
     "UnmaskResponse",
     "advertisement_message",
     "consistency_message",
@@ -96,8 +101,6 @@ __all__ = [
 
 # Domain-separation labels: a signature, a key or a ciphertext made for one purpose is never
 # valid for another.
-_ADVERTISE_LABEL = b"dpmarket/secagg/v1/advertise"
-_SHARE_KEY_LABEL = b"dpmarket/secagg/v1/share-encryption-key"
 _CONSISTENCY_LABEL = b"dpmarket/secagg/v1/consistency-check"
 
 _DROP_STAGES: tuple[str, ...] = ("advertise", "share", "mask", "check", "unmask")
@@ -105,18 +108,23 @@ _DROP_STAGES: tuple[str, ...] = ("advertise", "share", "mask", "check", "unmask"
 
 @dataclass(frozen=True)
 class KeyAdvertisement:
-    """Round 0 message of one site: its two X25519 public keys, signed.
+    """Round 0 message of one site: its static key (bound to its identity) and its mask key.
 
     Attributes
     ----------
     site : str
     c_public : bytes
-        32-byte X25519 public key for encrypting the Shamir shares sent to this site.
+        The site's static X25519 public key (32 bytes), the same in every round until the site
+        rotates it: with each peer's, it gives the pair key from which the round's share
+        encryption and authentication keys are derived (:mod:`dpmarket.common.secagg.pairkeys`).
     s_public : bytes
-        32-byte X25519 public key for the pairwise masks.
+        32-byte X25519 public key for the pairwise masks, fresh every round.
     signature : bytes
         The site's :class:`~dpmarket.common.secagg.crypto.Signer` signature of
-        :func:`advertisement_message` ``(round_id, site, c_public, s_public, commitment)``.
+        :func:`dpmarket.common.secagg.pairkeys.binding_message` ``(deployment, site, c_public)``:
+        the static key's binding to the site's identity. The round's keys (``s_public``,
+        ``commitment``) are authenticated to each holder by the tag leading the sender's share
+        message (:func:`dpmarket.common.secagg.base.advertisement_tag_message`).
     commitment : bytes, default b""
         Sparse rounds: the 32-byte commitment to the site's graph nonce
         (:func:`dpmarket.common.secagg.graph.nonce_commitment`); empty in complete-graph rounds.
@@ -145,22 +153,6 @@ class UnmaskResponse:
 
     self_mask_shares: dict[str, Share]
     key_shares: dict[str, Share]
-
-
-def advertisement_message(
-    round_id: bytes, site: str, c_public: bytes, s_public: bytes, commitment: bytes = b""
-) -> bytes:
-    """The bytes a site signs in Round 0 (Bonawitz et al. 2017, Figure 4, Round 0).
-
-    ``encode_fields(label, round_id, site (UTF-8), c_public, s_public)``, and the graph-nonce
-    commitment last in sparse rounds: binding the round id stops the replay of an advertisement
-    from another round; binding the site id stops one site's keys being presented as another's;
-    binding the commitment fixes the site's contribution to the graph seed.
-    """
-    prefix = encoded_prefix(_ADVERTISE_LABEL, round_id)
-    if commitment:
-        return prefix + encode_fields(site.encode(), c_public, s_public, commitment)
-    return prefix + encode_fields(site.encode(), c_public, s_public)
 
 
 def consistency_message(
@@ -199,12 +191,14 @@ class SecAggSite(SiteBase):
     signer : Signer
         Signs this site's key advertisement and its survivor list with its identity key.
     verifier : Verifier
-        Checks every other site's advertisement and survivor-list signature against that site's
-        identity.
+        Checks every other site's static-key binding (once per peer and key: the keyring
+        remembers) and survivor-list signature against that site's identity.
     random_bytes : callable, optional
-        Source of all key material (two X25519 private keys, the self-mask seed, the Shamir
+        Source of all key material (the X25519 mask key, the self-mask seed, the Shamir
         coefficients, the AEAD nonces): ``os.urandom`` by default. Tests inject a deterministic
         source to reproduce a round bit for bit.
+    keyring : PairKeyring, optional
+        The site's long-lived pair keys (:class:`~dpmarket.common.secagg.base.SiteBase`).
 
     Raises
     ------
@@ -214,8 +208,8 @@ class SecAggSite(SiteBase):
     Notes
     -----
     State kept between stages (what a service would have to persist to survive a restart, all of
-    it secret): the two private keys, the self-mask seed ``b_u`` until the masked input is sent,
-    the set ``U1`` with the advertised keys, the derived share-encryption keys, and the shares
+    it secret): the mask private key, the self-mask seed ``b_u`` until the masked input is sent,
+    the set ``U1`` with the advertised keys, the round's pair keys, and the shares
     received from the other sites; then the sets ``U2`` and ``U3`` this site fixed and the
     signature it gave. A site that loses it simply counts as dropped.
 
@@ -227,7 +221,6 @@ class SecAggSite(SiteBase):
     key share of a site it treats as alive.
     """
 
-    _PAIR_LABEL = _SHARE_KEY_LABEL
     _STRANGER = "another site of U1"
 
     def __init__(
@@ -238,25 +231,35 @@ class SecAggSite(SiteBase):
         signer: Signer,
         verifier: Verifier,
         random_bytes: RandomBytes = os.urandom,
+        keyring: PairKeyring | None = None,
     ) -> None:
         if site in params.sites and params.sparse:
             raise ValueError(
                 "a sparse round runs on dpmarket.common.secagg.sparse.SparseSecAggSite"
             )
-        super().__init__(site, params, signer=signer, verifier=verifier, random_bytes=random_bytes)
+        super().__init__(
+            site,
+            params,
+            signer=signer,
+            verifier=verifier,
+            random_bytes=random_bytes,
+            keyring=keyring,
+        )
         self._u1: tuple[str, ...] = ()
         self._u3: tuple[str, ...] = ()
         self._signature = b""
-        self._s_publics: dict[str, bytes] = {}
+        self._ads: dict[str, KeyAdvertisement] = {}
 
     def advertise_keys(self) -> KeyAdvertisement:
-        """Round 0: draw two X25519 key pairs and return their public halves, signed.
+        """Round 0: draw the round's X25519 mask key pair; advertise its public half with the
+        site's static key and that key's identity binding.
 
         Returns
         -------
         KeyAdvertisement
-            ``c_public`` (for the share encryption) and ``s_public`` (for the pairwise masks),
-            32 bytes each, and the signer's signature over :func:`advertisement_message`.
+            ``c_public`` (the static key), ``s_public`` (for the pairwise masks), 32 bytes each,
+            and the static key's binding signature (the same every round; nothing is signed per
+            round: each holder gets this advertisement's tag with the site's shares).
 
         Raises
         ------
@@ -267,18 +270,16 @@ class SecAggSite(SiteBase):
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 0 (AdvertiseKeys).
         """
-        check_stage(self._stage, Stage.NEW, "advertise_keys")
+        check_stage(self._stage, RoundStage.NEW, "advertise_keys")
         c_public, s_public = self._new_key_pairs()
-        message = advertisement_message(self.params.round_id, self.site, c_public, s_public)
-        signature = self._signer.sign(message)
-        self._stage = Stage.ADVERTISED
-        return KeyAdvertisement(self.site, c_public, s_public, signature)
+        self._own_ad = (c_public, s_public, b"")
+        self._stage = RoundStage.ADVERTISED
+        return KeyAdvertisement(self.site, c_public, s_public, self._static.signature)
 
     def _check_advertisements(
         self, advertisements: Mapping[str, KeyAdvertisement]
     ) -> tuple[str, ...]:
-        assert self._c_private is not None and self._s_private is not None
-        own_keys = (public_key_bytes(self._c_private), public_key_bytes(self._s_private))
+        own_keys = self._own_keys()
         seen_keys: set[bytes] = set()
         for name, ad in advertisements.items():
             if name not in self.params.sites:
@@ -287,19 +288,8 @@ class SecAggSite(SiteBase):
                 raise SecAggError(f"advertisement filed under {name!r} names site {ad.site!r}")
             if len(ad.c_public) != KEY_BYTES or len(ad.s_public) != KEY_BYTES:
                 raise SecAggError(f"advertisement of {name!r} has a key that is not 32 bytes")
-            if name == self.site:
-                if (ad.c_public, ad.s_public) != own_keys:
-                    raise SecAggError(f"the advertisement of this site ({name!r}) was replaced")
-            else:
-                message = advertisement_message(
-                    self.params.round_id, name, ad.c_public, ad.s_public, ad.commitment
-                )
-                try:
-                    self._verifier.verify(name, message, ad.signature)
-                except Exception as exc:
-                    raise SecAggError(
-                        f"the key advertisement of {name!r} is not signed by {name!r}: {exc}"
-                    ) from None
+            if name == self.site and (ad.c_public, ad.s_public) != own_keys:
+                raise SecAggError(f"the advertisement of this site ({name!r}) was replaced")
             for key in (ad.c_public, ad.s_public):
                 if key in seen_keys:
                     raise SecAggError(f"advertisement of {name!r} repeats a public key")
@@ -311,17 +301,23 @@ class SecAggSite(SiteBase):
                 f"{len(advertisements)} sites advertised keys, below the threshold "
                 f"t={self.params.threshold}"
             )
+        for name in sorted(advertisements):
+            if name != self.site:
+                ad = advertisements[name]
+                self._derive_pair(name, ad.c_public, ad.signature)
         return tuple(sorted(advertisements))
 
     def share_keys(self, advertisements: Mapping[str, KeyAdvertisement]) -> dict[str, bytes]:
         """Round 1: Shamir-share this site's secrets among the advertised sites, encrypted.
 
-        Checks every advertisement (signature through the verifier, the site's own keys
-        unchanged, no public key repeated), draws the self-mask seed ``b_u`` (32 bytes), splits
-        ``b_u`` and the pairwise-mask private key ``s_sk`` (32 bytes) into ``t``-of-``|U1|``
-        shares with ``x`` = the holder's 1-based position in sorted ``U1``, and encrypts each
-        other site's pair of shares with AES-256-GCM under
-        ``HKDF(X25519(c_sk_u, c_pk_v))``, associated data ``(round_id, sender, recipient)``.
+        Checks every advertisement (the site's own keys unchanged, no public key repeated, each
+        static key's binding to its site's identity: verified once per peer and key, then
+        remembered by the keyring), derives the round's keys of every pair, draws the self-mask
+        seed ``b_u`` (32 bytes), splits ``b_u`` and the pairwise-mask private key ``s_sk`` (32
+        bytes) into ``t``-of-``|U1|`` shares with ``x`` = the holder's 1-based position in sorted
+        ``U1``, and sends each other site its pair of shares encrypted with AES-256-GCM under the
+        pair's ``enc`` key of the round, associated data ``(round_id, sender, recipient)``, led
+        by the HMAC of this site's advertisement under the pair's ``adv`` key of the round.
 
         Parameters
         ----------
@@ -331,15 +327,15 @@ class SecAggSite(SiteBase):
         Returns
         -------
         dict of str to bytes
-            Recipient id -> ciphertext of ``2 * 70 + 28 = 168`` bytes, for every site of ``U1``
-            but this one (this site keeps its own shares).
+            Recipient id -> message of ``32 + 2 * 70 + 28 = 200`` bytes (advertisement tag and
+            ciphertext), for every site of ``U1`` but this one (this site keeps its own shares).
 
         Raises
         ------
         SecAggError
             If fewer than ``t`` sites advertised, this site's advertisement is missing or was
-            replaced, a signature does not verify (a substituted key), an advertisement is
-            malformed, or two advertisements share a public key.
+            replaced, a static key's binding does not verify (a substituted key), an
+            advertisement is malformed, or two advertisements share a public key.
         FailedPreconditionError
             If :meth:`advertise_keys` has not been called, or this was called before.
 
@@ -347,24 +343,24 @@ class SecAggSite(SiteBase):
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 1 (ShareKeys).
         """
-        check_stage(self._stage, Stage.ADVERTISED, "share_keys")
-        assert self._c_private is not None and self._s_private is not None
+        check_stage(self._stage, RoundStage.ADVERTISED, "share_keys")
+        assert self._s_private is not None
         try:
             u1 = self._check_advertisements(advertisements)
         except SecAggError as exc:
             raise self._abort(exc) from None
-        c_publics = {name: advertisements[name].c_public for name in u1}
-        out = self._share_secrets(u1, range(1, len(u1) + 1), self.params.threshold, c_publics)
+        out = self._share_secrets(u1, range(1, len(u1) + 1), self.params.threshold)
         self._u1 = u1
-        self._s_publics = {name: advertisements[name].s_public for name in u1}
-        self._stage = Stage.SHARED
+        self._ads = {name: advertisements[name] for name in u1}
+        self._stage = RoundStage.SHARED
         return out
 
     def _own_x(self) -> int:
         return self._u1.index(self.site) + 1
 
-    def _s_public(self, peer: str) -> bytes:
-        return self._s_publics[peer]
+    def _advertisement(self, peer: str) -> tuple[bytes, bytes, bytes]:
+        ad = self._ads[peer]
+        return ad.c_public, ad.s_public, ad.commitment
 
     def _check_u2(self, u2: frozenset[str]) -> None:
         if len(u2) < self.params.threshold:
@@ -402,7 +398,7 @@ class SecAggSite(SiteBase):
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 3 (ConsistencyCheck), user side.
         """
-        check_stage(self._stage, Stage.MASKED, "check_consistency")
+        check_stage(self._stage, RoundStage.MASKED, "check_consistency")
         try:
             survivor_set = set(survivors)
             if len(survivor_set) != len(survivors):
@@ -421,7 +417,7 @@ class SecAggSite(SiteBase):
         u3 = tuple(sorted(survivor_set))
         signature = self._signer.sign(consistency_message(self.params, u3))
         self._u3, self._signature = u3, signature
-        self._stage = Stage.CHECKED
+        self._stage = RoundStage.CHECKED
         return signature
 
     def _check_signatures(self, signatures: Mapping[str, bytes]) -> None:
@@ -501,7 +497,7 @@ class SecAggSite(SiteBase):
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 4 (Unmasking), user side.
         """
-        check_stage(self._stage, Stage.CHECKED, "unmask")
+        check_stage(self._stage, RoundStage.CHECKED, "unmask")
         try:
             survivor_set, dropped_set = set(survivors), set(dropped)
             if len(survivor_set) != len(survivors) or len(dropped_set) != len(dropped):
@@ -525,7 +521,7 @@ class SecAggSite(SiteBase):
             key_shares={v: self._held[v][1] for v in sorted(dropped_set)},
         )
         self._held.clear()
-        self._stage = Stage.DONE
+        self._stage = RoundStage.DONE
         return response
 
 
@@ -561,7 +557,7 @@ class SecAggAggregator(AggregatorBase):
 
     def _need(self, count: int, what: str) -> None:
         if count < self.params.threshold:
-            self._stage = Stage.ABORTED
+            self._stage = RoundStage.ABORTED
             raise SecAggError(f"{count} {what}, below the threshold t={self.params.threshold}")
 
     def _s_public(self, site: str) -> bytes:
@@ -588,7 +584,7 @@ class SecAggAggregator(AggregatorBase):
             If fewer than ``t`` sites advertised, a site is not in the round, an advertisement
             is filed under another site's id, or a public key appears twice.
         """
-        check_stage(self._stage, Stage.NEW, "collect_advertisements")
+        check_stage(self._stage, RoundStage.NEW, "collect_advertisements")
         seen: set[bytes] = set()
         for name, ad in advertisements.items():
             if name not in self.params.sites:
@@ -602,7 +598,7 @@ class SecAggAggregator(AggregatorBase):
         self._need(len(advertisements), "sites advertised keys")
         self._u1 = tuple(sorted(advertisements))
         self._advertisements = {name: advertisements[name] for name in self._u1}
-        self._stage = Stage.ADVERTISED
+        self._stage = RoundStage.ADVERTISED
         return dict(self._advertisements)
 
     def route_shares(
@@ -629,7 +625,7 @@ class SecAggAggregator(AggregatorBase):
             If fewer than ``t`` sites sent shares, a sender is not in ``U1``, or a sender did not
             address exactly the other sites of ``U1``.
         """
-        check_stage(self._stage, Stage.ADVERTISED, "route_shares")
+        check_stage(self._stage, RoundStage.ADVERTISED, "route_shares")
         for sender, addressed in from_site.items():
             if sender not in self._u1:
                 raise self._fail(f"shares from {sender!r}, which did not advertise keys")
@@ -649,7 +645,7 @@ class SecAggAggregator(AggregatorBase):
             }
             for recipient in self._u2
         }
-        self._stage = Stage.SHARED
+        self._stage = RoundStage.SHARED
         return routed
 
     def collect_masked(
@@ -675,7 +671,7 @@ class SecAggAggregator(AggregatorBase):
             If fewer than ``t`` inputs arrived, a site is not in ``U2``, or an input has the
             wrong shape or dtype or an entry ``>= 2^k``.
         """
-        check_stage(self._stage, Stage.SHARED, "collect_masked")
+        check_stage(self._stage, RoundStage.SHARED, "collect_masked")
         total = np.zeros(self.params.vector_length, dtype=np.uint64)
         for name, vector in inputs.items():
             if name not in self._u2:
@@ -685,7 +681,7 @@ class SecAggAggregator(AggregatorBase):
         self._u3 = tuple(sorted(inputs))
         self._dropped = tuple(sorted(set(self._u2) - set(self._u3)))
         self._total = total
-        self._stage = Stage.MASKED
+        self._stage = RoundStage.MASKED
         return self._u3, self._dropped
 
     def collect_signatures(self, signatures: Mapping[str, bytes]) -> dict[str, bytes]:
@@ -714,7 +710,7 @@ class SecAggAggregator(AggregatorBase):
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 3 (ConsistencyCheck), server side.
         """
-        check_stage(self._stage, Stage.MASKED, "collect_signatures")
+        check_stage(self._stage, RoundStage.MASKED, "collect_signatures")
         for name, signature in signatures.items():
             if name not in self._u3:
                 raise self._fail(f"a signature of U3 from {name!r}, which is not a survivor")
@@ -722,7 +718,7 @@ class SecAggAggregator(AggregatorBase):
                 raise self._fail(f"the signature of U3 from {name!r} is empty")
         self._need(len(signatures), "survivors signed U3")
         self._signatures = {name: bytes(signatures[name]) for name in sorted(signatures)}
-        self._stage = Stage.CHECKED
+        self._stage = RoundStage.CHECKED
         return dict(self._signatures)
 
     def _reconstruct(
@@ -775,7 +771,7 @@ class SecAggAggregator(AggregatorBase):
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 4 (Unmasking), server side.
         """
-        check_stage(self._stage, Stage.CHECKED, "finish")
+        check_stage(self._stage, RoundStage.CHECKED, "finish")
         assert self._total is not None
         survivors, dropped = set(self._u3), set(self._dropped)
         for name, response in responses.items():
@@ -815,6 +811,7 @@ def run_in_process(
     random_bytes: RandomBytes = os.urandom,
     rng: np.random.Generator | None = None,
     phase_seconds: dict[str, float] | None = None,
+    keyrings: Mapping[str, PairKeyring] | None = None,
 ) -> NDArray[np.float64]:
     """Run one round with every site and the aggregator in this process, one after another.
 
@@ -846,6 +843,10 @@ def run_in_process(
         aggregator: ``advertise_keys``, ``share_keys``, ``masked_input``, ``consistency_check``,
         ``unmask`` (sites' work and the aggregator's collection in each) and ``finish`` (the
         aggregator's reconstruction and unmasking).
+    keyrings : mapping of str to PairKeyring, optional
+        Each site's long-lived pair keys, to run several rounds between the same sites as a
+        service does (the bindings verified and the pair keys derived once, in the first
+        round). By default each site makes a keyring for this round alone.
 
     Returns
     -------
@@ -864,7 +865,7 @@ def run_in_process(
         raise ValueError(
             "a sparse round runs in dpmarket.common.secagg.sparse.run_sparse_in_process"
         )
-    run = prepare_run(params, sites, _DROP_STAGES, drop_at, signers, verifier, rng)
+    run = prepare_run(params, sites, _DROP_STAGES, drop_at, signers, verifier, rng, keyrings)
     timer = PhaseTimer()
 
     def alive(stage: str) -> list[str]:
@@ -873,10 +874,7 @@ def run_in_process(
 
     aggregator = SecAggAggregator(params)
     parties = {
-        name: SecAggSite(
-            name, params, signer=run.signers[name], verifier=run.verifier, random_bytes=random_bytes
-        )
-        for name in params.sites
+        name: SecAggSite(name, params, **run.site_args(name, random_bytes)) for name in params.sites
     }
 
     start = time.perf_counter()

@@ -8,12 +8,13 @@ instead of all sites. A
 round has six stages; each is one method of :class:`SparseSecAggSite` answered by one method of
 :class:`SparseSecAggAggregator`:
 
-0. advertise: ``advertise_keys`` (unlike SecAgg's, the signed keys also commit to a graph nonce) ->
+0. advertise: ``advertise_keys`` (unlike SecAgg's, the keys also commit to a graph nonce) ->
    ``collect_advertisements`` (U1);
 1. reveal: ``reveal_nonce`` (given every commitment of U1) -> ``collect_nonces`` (the graph seed:
    every site of U1 must reveal);
 2. share: ``share_keys`` (given the nonces: the site fixes the graph, checks its neighbours'
-   signed advertisements and shares ``t_v``-of-``K_v`` among them) -> ``route_shares`` (U2);
+   static-key bindings and shares ``t_v``-of-``K_v`` among them, each message led by the tag of
+   its own advertisement for that neighbour) -> ``route_shares`` (U2);
 3. mask: ``masked_input``, with one acknowledgement per neighbour it masked with
    (``acknowledgements``) -> ``collect_masked`` (U3, the survivors);
 4. consistency check: ``attest`` (a pairwise tag on ``U3`` for each surviving neighbour) ->
@@ -23,21 +24,23 @@ round has six stages; each is one method of :class:`SparseSecAggSite` answered b
 Why every check is there, and what the sparse graph changes in the argument against an actively
 lying curator (thresholds and quorums per neighbourhood, ``t_v = K_v - Delta``; the graph's
 parameters meet a ``2^-40`` failure bound), is in :mod:`dpmarket.common.secagg.graph`. What stays:
-key advertisements signed with the sites' identity keys (checked for every neighbour), the
+key advertisements authenticated to every neighbour (the static key's binding to the site's
+identity, verified once per peer and key, and the per-round tag under the pair's key of the
+round, checked before the site masks with that neighbour: :mod:`dpmarket.common.secagg.pairkeys`),
+the
 consistency round before any unmasking share leaves a site, a site answering each stage once,
 ``S_C`` bound into the parameters (each owner refuses one below its floor, as in complete-graph
 rounds), and ``2 t_v > K_v + c_v`` in every honest neighbourhood (the complete graph's ``2 t > n +
 S_C``), which the graph delivers except with probability ``2^-40``.
 
 What differs from the complete-graph round besides the graph: the survivor list is attested with
-HMAC-SHA256 tags under pairwise keys (from the same X25519 agreement as the share encryption key)
-instead of ECDSA signatures, since each attestation convinces only its addressee, which is all the
-quorum argument needs, and costs microseconds instead of ~64 µs per check; the acknowledgements
-(also tags) bind a survivor's self-mask share to neighbours it really masked with; reconstruction
-uses the first ``t_v`` shares of each secret (a mask key is checked against its advertised public
-key; a wrong self-mask seed makes the sum fail its range check) rather than checking every extra
-share.
-"""
+HMAC-SHA256 tags under pairwise keys (the pair's ``tag`` key of the round, beside its share
+encryption key) instead of ECDSA signatures, since each attestation convinces only its addressee,
+which is all the quorum argument needs, and costs microseconds instead of ~64 µs per check; the
+acknowledgements (also tags) bind a survivor's self-mask share to neighbours it really masked with;
+reconstruction uses the first ``t_v`` shares of each secret (a mask key is checked against its
+advertised public key; a wrong self-mask seed makes the sum fail its range check) rather than
+checking every extra share."""
 
 from __future__ import annotations
 
@@ -52,8 +55,8 @@ from dpmarket.common.secagg import shamir
 from dpmarket.common.secagg.base import (
     AggregatorBase,
     PhaseTimer,
+    RoundStage,
     SiteBase,
-    Stage,
     check_stage,
     encoded_prefix,
     prepare_run,
@@ -67,16 +70,15 @@ from dpmarket.common.secagg.crypto import (
     check_tag,
     encode_fields,
     mac_tag,
-    public_key_bytes,
 )
 from dpmarket.common.secagg.graph import NeighbourGraph, graph_seed, nonce_commitment
+from dpmarket.common.secagg.pairkeys import PairKeyring, RoundPairKeys
 from dpmarket.common.secagg.protocol import (
     KeyAdvertisement,
     RoundParams,
     SecAggAggregator,
     SecAggSite,
     UnmaskResponse,
-    advertisement_message,
     consistency_message,
 )
 from dpmarket.common.secagg.shamir import Share
@@ -92,7 +94,6 @@ __all__ = [
     "run_sparse_in_process",
 ]
 
-_PAIR_KEYS_LABEL = b"dpmarket/secagg/v1/sparse-pair-keys"
 _ACK_LABEL = b"dpmarket/secagg/v1/sparse-mask-acknowledgement"
 _ATTEST_LABEL = b"dpmarket/secagg/v1/sparse-survivor-attestation"
 
@@ -136,11 +137,14 @@ class SparseSecAggSite(SiteBase):
     params : RoundParams
         A sparse round (``params.neighbours > 0``).
     signer : Signer
-        Signs this site's key advertisement with its identity key.
+        Signs the binding of this site's static key with its identity key.
     verifier : Verifier
-        Checks its neighbours' advertisements against their identities (only neighbours').
+        Checks its neighbours' static-key bindings against their identities (only
+        neighbours', once per peer and key: the keyring remembers).
     random_bytes : callable, optional
         Source of all key material and of the graph nonce (``os.urandom`` by default).
+    keyring : PairKeyring, optional
+        The site's long-lived pair keys (:class:`~dpmarket.common.secagg.base.SiteBase`).
 
     Raises
     ------
@@ -157,8 +161,6 @@ class SparseSecAggSite(SiteBase):
     holds of one site. Why this suffices: :mod:`dpmarket.common.secagg.graph`.
     """
 
-    _PAIR_LABEL = _PAIR_KEYS_LABEL
-    _PAIR_KEY_COUNT = 2
     _STRANGER = "a neighbour in U1"
 
     def __init__(
@@ -169,9 +171,17 @@ class SparseSecAggSite(SiteBase):
         signer: Signer,
         verifier: Verifier,
         random_bytes: RandomBytes = os.urandom,
+        keyring: PairKeyring | None = None,
     ) -> None:
         _require_sparse(params)
-        super().__init__(site, params, signer=signer, verifier=verifier, random_bytes=random_bytes)
+        super().__init__(
+            site,
+            params,
+            signer=signer,
+            verifier=verifier,
+            random_bytes=random_bytes,
+            keyring=keyring,
+        )
         self._nonce = b""
         self._u1: dict[str, KeyAdvertisement] = {}
         self._seed = b""
@@ -181,6 +191,7 @@ class SparseSecAggSite(SiteBase):
         self._mac_keys: dict[str, bytes] = {}
         self._acks: dict[str, bytes] = {}
         self._u3: tuple[str, ...] = ()
+        self._survivor_list = b""
 
     @property
     def graph(self) -> NeighbourGraph | None:
@@ -204,41 +215,41 @@ class SparseSecAggSite(SiteBase):
         return super()._abort(exc)
 
     def advertise_keys(self) -> KeyAdvertisement:
-        """Stage 0: two X25519 key pairs and a commitment to a fresh graph nonce, signed.
+        """Stage 0: a fresh X25519 mask key pair and a commitment to a fresh graph nonce, with the
+        site's static key and its identity binding.
 
         Returns
         -------
         KeyAdvertisement
-            ``c_public``, ``s_public`` (32 bytes each), ``commitment``
+            ``c_public`` (the static key), ``s_public`` (32 bytes each), ``commitment``
             (:func:`dpmarket.common.secagg.graph.nonce_commitment` of 32 random bytes) and the
-            signature of :func:`~dpmarket.common.secagg.protocol.advertisement_message` over all of
-            them.
+            static key's binding signature. Each neighbour gets the tag of
+            :func:`~dpmarket.common.secagg.base.advertisement_tag_message` over all of them
+            with this site's shares.
 
         Raises
         ------
         FailedPreconditionError
             If called twice.
         """
-        check_stage(self._stage, Stage.NEW, "advertise_keys")
+        check_stage(self._stage, RoundStage.NEW, "advertise_keys")
         c_public, s_public = self._new_key_pairs()
         nonce = self._random_bytes(KEY_BYTES)
         if len(nonce) != KEY_BYTES:
-            self._c_private = self._s_private = None
+            self._s_private = None
             raise ValueError(f"random_bytes({KEY_BYTES}) returned {len(nonce)} bytes")
         commitment = nonce_commitment(self.params.round_id, self.site, nonce)
-        message = advertisement_message(
-            self.params.round_id, self.site, c_public, s_public, commitment
-        )
-        signature = self._signer.sign(message)
         self._nonce = nonce
-        self._stage = Stage.ADVERTISED
-        return KeyAdvertisement(self.site, c_public, s_public, signature, commitment)
+        self._own_ad = (c_public, s_public, commitment)
+        self._stage = RoundStage.ADVERTISED
+        return KeyAdvertisement(self.site, c_public, s_public, self._static.signature, commitment)
 
     def reveal_nonce(self, advertisements: Mapping[str, KeyAdvertisement]) -> bytes:
         """Stage 1: record ``U1`` (every site's keys and commitment); reveal the graph nonce.
 
         The nonce leaves only now, when every contribution to this site's seed is fixed
-        (:mod:`dpmarket.common.secagg.graph`). Signatures are checked at :meth:`share_keys`, for the
+        (:mod:`dpmarket.common.secagg.graph`). Static-key bindings are checked at
+        :meth:`share_keys` and the round's advertisement tags at :meth:`masked_input`, for the
         neighbours only; a forged advertisement of a site that is not a neighbour changes
         nothing this site uses.
 
@@ -260,15 +271,14 @@ class SparseSecAggSite(SiteBase):
         FailedPreconditionError
             Out of order.
         """
-        check_stage(self._stage, Stage.ADVERTISED, "reveal_nonce")
-        assert self._c_private is not None and self._s_private is not None
+        check_stage(self._stage, RoundStage.ADVERTISED, "reveal_nonce")
+        assert self._s_private is not None
         try:
             own = advertisements.get(self.site)
             if own is None:
                 raise SecAggError(f"the advertisements do not include this site ({self.site!r})")
             expected = (
-                public_key_bytes(self._c_private),
-                public_key_bytes(self._s_private),
+                *self._own_keys(),
                 nonce_commitment(self.params.round_id, self.site, self._nonce),
             )
             if (own.c_public, own.s_public, own.commitment) != expected:
@@ -284,18 +294,21 @@ class SparseSecAggSite(SiteBase):
         except SecAggError as exc:
             raise self._abort(exc) from None
         self._u1 = dict(advertisements)
-        self._stage = Stage.REVEALED
+        self._stage = RoundStage.REVEALED
         return self._nonce
 
     def share_keys(self, nonces: Mapping[str, bytes]) -> dict[str, bytes]:
         """Stage 2: fix the graph; share this site's secrets among its neighbours, encrypted.
 
         Derives the seed from every nonce of ``U1`` (each checked against its commitment), builds
-        the graph, checks the signed advertisement of every neighbour in ``U1`` (and that no two
-        holders share a key), splits the self-mask seed ``b_v`` and the mask key ``s_sk``
+        the graph, checks the static-key binding of every neighbour in ``U1`` (once per peer and
+        key: the keyring remembers) and that no two holders share a key, derives the round's keys
+        of each pair, splits the self-mask seed ``b_v`` and the mask key ``s_sk``
         ``t_v``-of-``|N[v] ∩ U1|`` at the holders' x coordinates (their positions among all sites,
-        plus one), and encrypts each neighbour's pair of shares with AES-256-GCM under the first of
-        two keys from ``HKDF(X25519(c_sk_v, c_pk_u))`` (the second authenticates this pair's tags).
+        plus one), and sends each neighbour its pair of shares encrypted with AES-256-GCM under
+        the pair's ``enc`` key of the round, led by the tag of this site's advertisement under
+        its ``adv`` key (the ``tag`` key authenticates this pair's acknowledgements and
+        attestations).
 
         Parameters
         ----------
@@ -305,18 +318,19 @@ class SparseSecAggSite(SiteBase):
         Returns
         -------
         dict of str to bytes
-            Neighbour (in ``U1``) -> ciphertext of 168 bytes.
+            Neighbour (in ``U1``) -> message of 200 bytes (advertisement tag and ciphertext).
 
         Raises
         ------
         SecAggError
             If a nonce is missing or does not open its commitment, fewer than ``t_v`` holders
-            advertised, a neighbour's signature does not verify, or two holders share a key.
+            advertised, a neighbour's static-key binding does not verify, or two holders share a
+            key.
         FailedPreconditionError
             Out of order.
         """
-        check_stage(self._stage, Stage.REVEALED, "share_keys")
-        assert self._c_private is not None and self._s_private is not None
+        check_stage(self._stage, RoundStage.REVEALED, "share_keys")
+        assert self._s_private is not None
         params = self.params
         try:
             commitments = {name: ad.commitment for name, ad in self._u1.items()}
@@ -340,35 +354,28 @@ class SparseSecAggSite(SiteBase):
                     if key in seen:
                         raise SecAggError(f"advertisement of {name!r} repeats a public key")
                     seen.add(key)
-                if name == self.site:
-                    continue
-                message = advertisement_message(
-                    params.round_id, name, ad.c_public, ad.s_public, ad.commitment
-                )
-                try:
-                    self._verifier.verify(name, message, ad.signature)
-                except Exception as exc:
-                    raise SecAggError(
-                        f"the key advertisement of {name!r} is not signed by {name!r}: {exc}"
-                    ) from None
+            for name in holders:
+                if name != self.site:
+                    ad = self._u1[name]
+                    self._derive_pair(name, ad.c_public, ad.signature)
         except SecAggError as exc:
             raise self._abort(exc) from None
         xs = [graph.index(name) + 1 for name in holders]
-        c_publics = {name: self._u1[name].c_public for name in holders}
-        out = self._share_secrets(holders, xs, t, c_publics)
+        out = self._share_secrets(holders, xs, t)
         self._seed, self._graph, self._holders, self._threshold = seed, graph, holders, t
-        self._stage = Stage.SHARED
+        self._stage = RoundStage.SHARED
         return out
 
-    def _keep_pair_keys(self, holder: str, keys: tuple[bytes, ...]) -> None:
-        self._mac_keys[holder] = keys[1]
+    def _keep_pair_keys(self, holder: str, keys: RoundPairKeys) -> None:
+        self._mac_keys[holder] = keys.tag
 
     def _own_x(self) -> int:
         assert self._graph is not None
         return self._graph.index(self.site) + 1
 
-    def _s_public(self, peer: str) -> bytes:
-        return self._u1[peer].s_public
+    def _advertisement(self, peer: str) -> tuple[bytes, bytes, bytes]:
+        ad = self._u1[peer]
+        return ad.c_public, ad.s_public, ad.commitment
 
     def _check_u2(self, u2: frozenset[str]) -> None:
         if len(u2) < self._threshold:
@@ -409,7 +416,7 @@ class SparseSecAggSite(SiteBase):
         FailedPreconditionError
             Out of order, or a second call.
         """
-        check_stage(self._stage, Stage.MASKED, "attest")
+        check_stage(self._stage, RoundStage.MASKED, "attest")
         assert self._graph is not None
         try:
             survivor_set = set(survivors)
@@ -439,8 +446,8 @@ class SparseSecAggSite(SiteBase):
             peer: mac_tag(self._mac_keys[peer], attestation_message(survivor_list, self.site, peer))
             for peer in sorted((survivor_set & self._u2) - {self.site})
         }
-        self._u3 = u3
-        self._stage = Stage.CHECKED
+        self._u3, self._survivor_list = u3, survivor_list
+        self._stage = RoundStage.CHECKED
         return tags
 
     def unmask(
@@ -482,7 +489,7 @@ class SparseSecAggSite(SiteBase):
         FailedPreconditionError
             Out of order, or a second call.
         """
-        check_stage(self._stage, Stage.CHECKED, "unmask")
+        check_stage(self._stage, RoundStage.CHECKED, "unmask")
         assert self._graph is not None
         params = self.params
         try:
@@ -508,7 +515,7 @@ class SparseSecAggSite(SiteBase):
                     f"attestations from sites that are not surviving neighbours: {strangers}"
                 )
             valid = 1
-            survivor_list = consistency_message(params, self._u3, self._seed)
+            survivor_list = self._survivor_list  # what this site attested
             for sender in sorted(attestations):
                 message = attestation_message(survivor_list, sender, self.site)
                 if not check_tag(self._mac_keys[sender], message, bytes(attestations[sender])):
@@ -534,7 +541,7 @@ class SparseSecAggSite(SiteBase):
         )
         self._held.clear()
         self._mac_keys.clear()
-        self._stage = Stage.DONE
+        self._stage = RoundStage.DONE
         return response
 
 
@@ -588,7 +595,7 @@ class SparseSecAggAggregator(AggregatorBase):
             If fewer than 2 sites advertised, a site is not in the round, an advertisement is
             filed under another site, a key or commitment is not 32 bytes, or a key repeats.
         """
-        check_stage(self._stage, Stage.NEW, "collect_advertisements")
+        check_stage(self._stage, RoundStage.NEW, "collect_advertisements")
         seen: set[bytes] = set()
         for name, ad in advertisements.items():
             if name not in self.params.sites:
@@ -604,7 +611,7 @@ class SparseSecAggAggregator(AggregatorBase):
         if len(advertisements) < 2:
             raise self._fail(f"{len(advertisements)} sites advertised keys, below 2")
         self._u1 = {name: advertisements[name] for name in sorted(advertisements)}
-        self._stage = Stage.ADVERTISED
+        self._stage = RoundStage.ADVERTISED
         return dict(self._u1)
 
     def collect_nonces(self, nonces: Mapping[str, bytes]) -> dict[str, bytes]:
@@ -616,7 +623,7 @@ class SparseSecAggAggregator(AggregatorBase):
             If a site of ``U1`` revealed nothing (the seed cannot leave it out: see
             :mod:`dpmarket.common.secagg.graph`) or a nonce does not open its commitment.
         """
-        check_stage(self._stage, Stage.ADVERTISED, "collect_nonces")
+        check_stage(self._stage, RoundStage.ADVERTISED, "collect_nonces")
         commitments = {name: ad.commitment for name, ad in self._u1.items()}
         try:
             seed = graph_seed(self.params.digest, nonces, commitments, self.params.round_id)
@@ -627,7 +634,7 @@ class SparseSecAggAggregator(AggregatorBase):
         self._graph = NeighbourGraph.build(
             params.sites, seed, params.neighbours, params.allowance, params.ring
         )
-        self._stage = Stage.REVEALED
+        self._stage = RoundStage.REVEALED
         return {name: bytes(nonces[name]) for name in sorted(nonces)}
 
     def route_shares(
@@ -651,7 +658,7 @@ class SparseSecAggAggregator(AggregatorBase):
             If fewer than 2 sites sent shares, a sender is not in ``U1``, or a sender did not
             address exactly its neighbours in ``U1``.
         """
-        check_stage(self._stage, Stage.REVEALED, "route_shares")
+        check_stage(self._stage, RoundStage.REVEALED, "route_shares")
         assert self._graph is not None
         for sender, addressed in from_site.items():
             if sender not in self._u1:
@@ -674,7 +681,7 @@ class SparseSecAggAggregator(AggregatorBase):
             for recipient in u2
         }
         self._masked_with = {r: frozenset(senders) for r, senders in routed.items()}
-        self._stage = Stage.SHARED
+        self._stage = RoundStage.SHARED
         return routed
 
     def collect_masked(
@@ -705,7 +712,7 @@ class SparseSecAggAggregator(AggregatorBase):
             If fewer than 2 inputs arrived, a site is not in ``U2``, an input is malformed, or a
             survivor's acknowledgements do not match its routed shares.
         """
-        check_stage(self._stage, Stage.SHARED, "collect_masked")
+        check_stage(self._stage, RoundStage.SHARED, "collect_masked")
         total = np.zeros(self.params.vector_length, dtype=np.uint64)
         for name, vector in inputs.items():
             if name not in self._masked_with:
@@ -720,7 +727,7 @@ class SparseSecAggAggregator(AggregatorBase):
         self._dropped = tuple(sorted(set(self._masked_with) - set(self._u3)))
         self._acks = {name: dict(acknowledgements[name]) for name in self._u3}
         self._total = total
-        self._stage = Stage.MASKED
+        self._stage = RoundStage.MASKED
         return self._u3, self._dropped
 
     def collect_attestations(
@@ -745,7 +752,7 @@ class SparseSecAggAggregator(AggregatorBase):
         SecAggError
             If an attester is not a survivor, or fewer than 2 attested.
         """
-        check_stage(self._stage, Stage.MASKED, "collect_attestations")
+        check_stage(self._stage, RoundStage.MASKED, "collect_attestations")
         for name in attestations:
             if name not in self._u3:
                 raise self._fail(f"an attestation of U3 from {name!r}, which is not a survivor")
@@ -766,7 +773,7 @@ class SparseSecAggAggregator(AggregatorBase):
             }
             out[recipient] = (tags, acks)
         self._attesters = attesters
-        self._stage = Stage.CHECKED
+        self._stage = RoundStage.CHECKED
         return out
 
     def _reconstruct(self, owner: str, shares: list[tuple[str, Share]], what: str) -> bytes:
@@ -808,7 +815,7 @@ class SparseSecAggAggregator(AggregatorBase):
             holds, a secret has fewer than ``t_v`` shares, a rebuilt mask key does not match its
             advertisement, or the result is not a sum of ``|U3|`` quantized vectors.
         """
-        check_stage(self._stage, Stage.CHECKED, "finish")
+        check_stage(self._stage, RoundStage.CHECKED, "finish")
         assert self._total is not None and self._graph is not None
         survivors = set(self._u3)
         seed_shares: dict[str, list[tuple[str, Share]]] = {v: [] for v in self._u3}
@@ -843,10 +850,18 @@ def make_site(
     signer: Signer,
     verifier: Verifier,
     random_bytes: RandomBytes = os.urandom,
+    keyring: PairKeyring | None = None,
 ) -> SecAggSite | SparseSecAggSite:
     """The site state object for ``params``: sparse or complete graph."""
     cls = SparseSecAggSite if params.sparse else SecAggSite
-    return cls(site, params, signer=signer, verifier=verifier, random_bytes=random_bytes)
+    return cls(
+        site,
+        params,
+        signer=signer,
+        verifier=verifier,
+        random_bytes=random_bytes,
+        keyring=keyring,
+    )
 
 
 def make_aggregator(params: RoundParams) -> SecAggAggregator | SparseSecAggAggregator:
@@ -864,6 +879,7 @@ def run_sparse_in_process(
     random_bytes: RandomBytes = os.urandom,
     rng: np.random.Generator | None = None,
     phase_seconds: dict[str, float] | None = None,
+    keyrings: Mapping[str, PairKeyring] | None = None,
 ) -> NDArray[np.float64]:
     """Run one SecAgg+ round with every site and the aggregator in this process.
 
@@ -882,7 +898,7 @@ def run_sparse_in_process(
         of range, or only one of ``signers`` and ``verifier`` is given.
     """
     _require_sparse(params)
-    run = prepare_run(params, sites, SPARSE_DROP_STAGES, drop_at, signers, verifier, rng)
+    run = prepare_run(params, sites, SPARSE_DROP_STAGES, drop_at, signers, verifier, rng, keyrings)
     timer = PhaseTimer()
 
     def alive(stage: str) -> list[str]:
@@ -890,9 +906,7 @@ def run_sparse_in_process(
 
     aggregator = SparseSecAggAggregator(params)
     parties = {
-        name: SparseSecAggSite(
-            name, params, signer=run.signers[name], verifier=run.verifier, random_bytes=random_bytes
-        )
+        name: SparseSecAggSite(name, params, **run.site_args(name, random_bytes))
         for name in params.sites
     }
 

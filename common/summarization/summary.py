@@ -17,7 +17,8 @@ from dpmarket.common.schema import Schema
 from dpmarket.common.summarization.methods import Method, SummarizationConfig
 from dpmarket.common.summarization.session_ledger import SessionLedger
 
-Stage = Literal["setup", "rounds", "done", "failed"]
+#: Where a session is, as its progress events report it (WatchSession).
+SessionStage = Literal["setup", "rounds", "done", "failed"]
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ class SummaryResult:
 class ProgressEvent:
     """One step of a session, for progress display and the WatchSession stream."""
 
-    stage: Stage
+    stage: SessionStage
     round: int
     total_rounds: int
     points_accessed: int

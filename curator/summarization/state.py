@@ -67,7 +67,7 @@ T = TypeVar("T")
 ProgressCallback = Callable[[ProgressEvent], None]
 
 #: A step whose work is a pass over the owner's table (its deadline scales with the table).
-Stage = Literal["call", "open", "bid", "count", "candidates", "sample"]
+OwnerStep = Literal["call", "open", "bid", "count", "candidates", "sample"]
 #: Seconds per declared row a pass over an owner's table is allowed, on top of the call timeout:
 #: 50 us, 20,000 rows/s, several times below the h1 throughput ``make bench`` measures on one
 #: loaded core (bench/owner_scale.py), so that a slow owner is not dropped for its size.
@@ -76,7 +76,7 @@ SECONDS_PER_ROW = 50e-6
 PROGRESS_GRACE = 10.0
 
 
-def stage_deadline(call_timeout: float, rows: int, stage: Stage) -> float:
+def stage_deadline(call_timeout: float, rows: int, stage: OwnerStep) -> float:
     """Seconds an owner has to answer a call of ``stage`` before its progress is asked for:
     the call timeout, plus :data:`SECONDS_PER_ROW` per declared row for a pass over its table.
 
@@ -321,7 +321,7 @@ class SessionState:
         call: Callable[[int], Awaitable[T]],
         *,
         refusals: Literal["drop", "raise", "leave_out"] = "drop",
-        stage: Stage = "call",
+        stage: OwnerStep = "call",
     ) -> dict[int, T]:
         """Call owners concurrently; drop those that are unavailable; return the answers by index.
 

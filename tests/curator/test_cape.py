@@ -147,9 +147,9 @@ class Site(LocalCapeSiteEndpoint):
             self.lost = True
             raise UnavailableError(f"{self.name} vanished at {stage}")
 
-    async def open_job(self, job_id, spec, seed, consumer):
+    async def open_job(self, job_id, spec, seed, consumer, market=None):
         self._reach("open")
-        return await super().open_job(job_id, spec, seed, consumer)
+        return await super().open_job(job_id, spec, seed, consumer, market)
 
     async def attest_plan(self, job_id, sites, colluders, first_iteration=0):
         self._reach("attest")

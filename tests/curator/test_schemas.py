@@ -105,9 +105,9 @@ class OpenCounting(LocalCapeSiteEndpoint):
         super().__init__(inner.site, inner.rounds)
         self.opened = 0
 
-    async def open_job(self, job_id, spec, seed, consumer):
+    async def open_job(self, job_id, spec, seed, consumer, market=None):
         self.opened += 1
-        return await super().open_job(job_id, spec, seed, consumer)
+        return await super().open_job(job_id, spec, seed, consumer, market)
 
 
 def _jobs(schemas: tuple[Schema, ...]) -> tuple[CapeJobs, list[OpenCounting]]:

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from dpmarket.common.market.money import epsilon_units, format_credits
 from dpmarket.common.market.pricing import OwnerPrices
-from dpmarket.common.market.statement import SettlementTerms, sign_statement
+from dpmarket.common.market.statement import SettlementTerms, StatementError, sign_statement
 from dpmarket.common.market.terms import (
     MarketTerms,
     RewardOffer,
@@ -406,6 +406,148 @@ def test_a_curator_killed_before_delivering_a_statement_delivers_it_after_restar
     _check_settled(market, settled)
     assert _earnings(market) == before  # delivered again, recorded once
     assert _statements_count(market) == statements
+
+
+def _stored_statement(
+    cluster: LocalCluster, sid: str, row: tuple[bytes, bytes] | None = None
+) -> Any:
+    """The stored ``(statement, signature)`` of a session; with ``row``, overwrite them first
+    (the store of a curator that lies: what it then serves)."""
+    conn = sqlite3.connect(cluster.curator_state / DATABASE_FILE)
+    try:
+        if row is not None:
+            with conn:
+                conn.execute(
+                    "UPDATE statements SET statement = ?, signature = ? WHERE session = ?",
+                    (*row, sid),
+                )
+        data, signature = conn.execute(
+            "SELECT statement, signature FROM statements WHERE session = ?", (sid,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return bytes(data), bytes(signature)
+
+
+def _statements_cli(cluster: LocalCluster, sid: str) -> Any:
+    return CliRunner().invoke(
+        main,
+        ["consumer", "statements", "--curator", cluster.curator_target,
+         "--pki-dir", str(cluster.pki_dir), "--name", "consumer", "--session", sid, "--json"],
+        terminal_width=200,
+    )  # fmt: skip
+
+
+def test_the_consumer_refuses_a_statement_its_curator_did_not_sign(
+    market: LocalCluster, digits: Scenario
+) -> None:
+    """The consumer checks every statement's signature with the key of the curator's
+    certificate (deployment CA, identity curator:<name>) before it shows it. A statement the
+    curator's store then serves tampered (one owner's reward raised, the signature kept), or
+    unsigned, is refused by the client API and by ``consumer statements`` with an error naming
+    the session; the genuine statement (the control, before and after) is shown."""
+    config = CandidatesConfig(summary_size=P)
+    seeds = np.zeros((0, digits.n_features))
+    with CuratorClient(market.curator_target, market.consumer_security()) as client:
+        sid = client.create_session(config, digits.validation, seeds, seed=14)
+        for _ in client.watch(sid):
+            pass
+        (genuine,) = client.statements(sid)  # the control: it verifies
+    ran = _statements_cli(market, sid)
+    assert ran.exit_code == 0, ran.output
+    assert json.loads(ran.stdout)["statements"][0]["total"] == genuine.statement.total
+    data, signature = _stored_statement(market, sid)
+    statement = genuine.statement
+    line = statement.lines[0]
+    raised = dataclasses.replace(line, reward=line.reward + 1)
+    tampered = dataclasses.replace(statement, lines=(raised, *statement.lines[1:])).encode()
+    try:
+        for row in ((tampered, signature), (data, b"")):
+            _stored_statement(market, sid, row)
+            with (
+                CuratorClient(market.curator_target, market.consumer_security()) as client,
+                pytest.raises(StatementError, match="does not carry a valid signature"),
+            ):
+                client.statements(sid)
+            refused = _statements_cli(market, sid)
+            assert refused.exit_code == 1
+            text = " ".join(refused.output.split())
+            assert f"the statement of session '{statement.header.session_id}'" in text
+            assert "refuse it" in text and "Traceback" not in text
+    finally:
+        _stored_statement(market, sid, (data, signature))
+    restored = _statement_of(market, sid)  # the control again, once restored
+    assert restored is not None and restored.statement == genuine.statement
+
+
+def _session_with_an_owner_down(cluster: LocalCluster, digits: Scenario, seed: int) -> str:
+    """A session whose first owner is killed (-9) once it charged its ledger (the candidate
+    shares are allocated from the owners' noisy counts) and before the session closes: the
+    curator cannot get its record, so it cannot settle yet. Returns the consumer's session id."""
+    config = CandidatesConfig(summary_size=P)
+    seeds = np.zeros((0, digits.n_features))
+    with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
+        sid = client.create_session(config, digits.validation, seeds, seed=seed)
+        for event, _ in client.watch(sid):
+            if event.message.startswith("candidate shares"):
+                cluster.kill_owner(0)
+    assert _statement_of(cluster, sid) is None, "settled before the owner was down"
+    return sid
+
+
+def _pending_records(cluster: LocalCluster, sid: str) -> list[str]:
+    """The owners whose record of the session the curator does not have."""
+    conn = sqlite3.connect(cluster.curator_state / DATABASE_FILE)
+    try:
+        rows = conn.execute(
+            "SELECT owner FROM owner_spend WHERE session = ? AND unknown != ''", (sid,)
+        ).fetchall()
+    finally:
+        conn.close()
+    return [str(r[0]) for r in rows]
+
+
+def test_an_owner_down_at_settlement_gets_its_statement_once_the_curator_still_running(
+    market: LocalCluster, digits: Scenario
+) -> None:
+    """An owner killed during a session (after it charged its ledger) is down when the
+    session closes: the curator has no record of it and settles nothing. Brought back on the
+    same address, it is asked for its record by the curator's background retry — no curator
+    restart — then the session is settled and every owner, this one included, records its
+    part exactly once; the earnings equal the statement. (Control: while the owner is down,
+    the retry does not settle or deliver anything.)"""
+    curator = market.curator_process
+    assert curator is not None
+    sid = _session_with_an_owner_down(market, digits, seed=15)
+    down = market.owner_ids[0]
+    assert _pending_records(market, sid) == [down]
+    time.sleep(2.0)  # retries against the dead owner
+    assert _statement_of(market, sid) is None and _pending_records(market, sid) == [down]
+    market.restart_owner(0)
+    settled = _settled_everywhere(market, sid)
+    assert curator.poll() is None and market.curator_process is curator  # never restarted
+    assert down in {line.owner for line in settled.statement.lines}
+    _check_settled(market, settled)
+    assert _pending_records(market, sid) == []
+
+
+@pytest.mark.slow
+def test_a_curator_killed_while_it_retries_a_settlement_loses_nothing_and_pays_once(
+    market: LocalCluster, digits: Scenario
+) -> None:
+    """As above, with the curator killed (-9) while it retries against the dead owner and
+    restarted before the owner is back: the restarted curator asks again, settles the session
+    once the owner answers, and every owner records its part exactly once; one statement."""
+    statements = _statements_count(market)
+    sid = _session_with_an_owner_down(market, digits, seed=16)
+    time.sleep(1.5)  # retries against the dead owner
+    market.kill_curator()
+    market.start_curator()
+    assert _statement_of(market, sid) is None
+    market.restart_owner(0)
+    settled = _settled_everywhere(market, sid)
+    _check_settled(market, settled)
+    assert _statements_count(market) == statements + 1
 
 
 def _statement_count_pending(cluster: LocalCluster, sid: str) -> int:

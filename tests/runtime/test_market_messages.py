@@ -39,8 +39,13 @@ def test_malformed_messages_are_invalid_arguments() -> None:
         prices_from_proto(market_pb2.Prices(minimum=-1), "x")
     with pytest.raises(InvalidArgumentError, match="amount > 0"):
         reward_from_proto(market_pb2.Reward(rule=market_pb2.REWARD_RULE_VALUE, epsilon=1.0))
-    with pytest.raises(InvalidArgumentError, match=r"terms\.market"):
-        market_terms_from_proto(market_pb2.MarketTerms(summary_size=0, validation_size=3))
+    # p = 0 is a CAPE job's (no summary): it takes no reward, which needs a summary to split by.
+    value = market_pb2.Reward(rule=market_pb2.REWARD_RULE_VALUE, amount=5, epsilon=1.0)
+    with pytest.raises(InvalidArgumentError, match=r"terms\.market: a reward .* p and m >= 1"):
+        market_terms_from_proto(
+            market_pb2.MarketTerms(summary_size=0, validation_size=3, reward=value)
+        )
+    assert market_terms_from_proto(market_pb2.MarketTerms()).settlement.summary_size == 0
     quoted = quote_to_proto(
         session_quote({"a": PRICES}, {"a": 5}, 0.25, RewardOffer().settlement(5, 3))
     )

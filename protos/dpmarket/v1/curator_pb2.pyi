@@ -784,16 +784,23 @@ class ListStatementsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STATEMENTS_FIELD_NUMBER: _builtins.int
+    CURATOR_CERTIFICATE_FIELD_NUMBER: _builtins.int
+    curator_certificate: _builtins.bytes
+    """The curator's certificate (PEM), whose key signed every statement. The consumer checks it
+    against the deployment CA and the curator identity it expects, then every signature, and
+    refuses a statement whose signature does not verify (docs/reference.md, "Statements").
+    """
     @_builtins.property
     def statements(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumerStatement]: ...
     def __init__(
         self,
         *,
         statements: _abc.Iterable[Global___ConsumerStatement] | None = ...,
+        curator_certificate: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["statements", b"statements"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["curator_certificate", b"curator_certificate", "statements", b"statements"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -130,7 +130,8 @@ class CuratorServiceServicer:
     def ListStatements(self, request, context):
         """List the consumer's settlement statements, newest first: for every session the curator
         settled, the whole statement (every owner's line) signed by the curator. Never another
-        consumer's. Fails with INVALID_ARGUMENT for a negative limit.
+        consumer's. The response carries the curator's certificate, so that the consumer checks
+        every signature. Fails with INVALID_ARGUMENT for a negative limit.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

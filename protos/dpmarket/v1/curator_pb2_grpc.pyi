@@ -73,7 +73,8 @@ class CuratorServiceStub:
     ListStatements: _grpc.UnaryUnaryMultiCallable[_curator_pb2.ListStatementsRequest, _curator_pb2.ListStatementsResponse]
     """List the consumer's settlement statements, newest first: for every session the curator
     settled, the whole statement (every owner's line) signed by the curator. Never another
-    consumer's. Fails with INVALID_ARGUMENT for a negative limit.
+    consumer's. The response carries the curator's certificate, so that the consumer checks
+    every signature. Fails with INVALID_ARGUMENT for a negative limit.
     """
     GetSummary: _grpc.UnaryUnaryMultiCallable[_curator_pb2.GetSummaryRequest, _curator_pb2.GetSummaryResponse]
     """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown or
@@ -132,7 +133,8 @@ class CuratorServiceAsyncStub(CuratorServiceStub):
     ListStatements: _aio.UnaryUnaryMultiCallable[_curator_pb2.ListStatementsRequest, _curator_pb2.ListStatementsResponse]  # type: ignore[assignment]
     """List the consumer's settlement statements, newest first: for every session the curator
     settled, the whole statement (every owner's line) signed by the curator. Never another
-    consumer's. Fails with INVALID_ARGUMENT for a negative limit.
+    consumer's. The response carries the curator's certificate, so that the consumer checks
+    every signature. Fails with INVALID_ARGUMENT for a negative limit.
     """
     GetSummary: _aio.UnaryUnaryMultiCallable[_curator_pb2.GetSummaryRequest, _curator_pb2.GetSummaryResponse]  # type: ignore[assignment]
     """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown or
@@ -212,7 +214,8 @@ class CuratorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_curator_pb2.ListStatementsResponse, _abc.Awaitable[_curator_pb2.ListStatementsResponse]]:
         """List the consumer's settlement statements, newest first: for every session the curator
         settled, the whole statement (every owner's line) signed by the curator. Never another
-        consumer's. Fails with INVALID_ARGUMENT for a negative limit.
+        consumer's. The response carries the curator's certificate, so that the consumer checks
+        every signature. Fails with INVALID_ARGUMENT for a negative limit.
         """
 
     @_abc_1.abstractmethod
