@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.ledger import SessionSpend
-from dpmarket.common.summarization.endpoints import OwnerAccess, OwnerBid, OwnerInfo, ReleasedPoint
+from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from dpmarket.common.summarization.methods import (
     PARAMETER_NAMES,
     SummarizationConfig,
@@ -27,6 +27,7 @@ from dpmarket.common.summarization.summary import (
     SessionRequest,
     SummaryResult,
 )
+from dpmarket.common.summarization.terms import OwnerAccess
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
 from dpmarket.runtime.market import prices_from_proto, quote_to_proto, reward_from_proto
 from dpmarket.runtime.schemas import schema_from_proto

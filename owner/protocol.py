@@ -65,7 +65,6 @@ from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.schema import Schema
 from dpmarket.common.summarization.candidates import shrink_towards_moments, shrink_towards_points
 from dpmarket.common.summarization.endpoints import (
-    OwnerAccess,
     OwnerBid,
     OwnerInfo,
     ReleasedPoint,
@@ -73,7 +72,7 @@ from dpmarket.common.summarization.endpoints import (
 from dpmarket.common.summarization.hashes import HashAdvert, hash_points
 from dpmarket.common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
 from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
-from dpmarket.common.summarization.terms import OwnerTerms, Step
+from dpmarket.common.summarization.terms import OwnerAccess, OwnerTerms, Step
 from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
 from dpmarket.owner.earnings import PAYOUT_MECHANISM, Earnings, payout_session
 from dpmarket.owner.engine import WorkCancelled

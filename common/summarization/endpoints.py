@@ -23,7 +23,7 @@ from dpmarket.common.summarization.hashes import HashAdvert
 from dpmarket.common.summarization.rff import RFFParams
 
 if TYPE_CHECKING:
-    from dpmarket.common.summarization.terms import OwnerTerms
+    from dpmarket.common.summarization.terms import OwnerAccess, OwnerTerms
 
 
 @dataclass(frozen=True)
@@ -53,27 +53,6 @@ class OwnerInfo:
     schema: Schema | None = None
     prices: OwnerPrices = FREE
     access: OwnerAccess | None = None
-
-
-@dataclass(frozen=True)
-class OwnerAccess:
-    """The flags of an owner's policy that decide which summarization methods it serves,
-    published in its description so that a consumer learns, before it asks, which methods a
-    deployment serves (they are the owner's terms, not its data).
-
-    Attributes
-    ----------
-    allow_exact_bids : bool
-        ``access.allow_exact_bids``: the per-round methods (private, rounds, greedy).
-    allow_steered_selection : bool
-        ``access.allow_steered_selection``: the candidates method (and its hashes mode).
-    allow_non_private : bool
-        ``access.allow_non_private``: a non-private method (greedy).
-    """
-
-    allow_exact_bids: bool = False
-    allow_steered_selection: bool = False
-    allow_non_private: bool = False
 
 
 @dataclass(frozen=True)

@@ -43,12 +43,12 @@ from dpmarket.common.validation import check_positive_int
 
 if TYPE_CHECKING:
     from dpmarket.common.market.terms import MarketTerms
-    from dpmarket.common.summarization.endpoints import OwnerAccess
 
 __all__ = [
     "METHOD_STEPS",
     "SERVED_AS",
     "MethodOffer",
+    "OwnerAccess",
     "OwnerTerms",
     "SessionMethod",
     "Step",
@@ -128,6 +128,27 @@ SERVED_AS: dict[str, SessionMethod] = {
     "rounds": SessionMethod.ROUNDS,
     "greedy": SessionMethod.GREEDY,
 }
+
+
+@dataclass(frozen=True)
+class OwnerAccess:
+    """The flags of an owner's policy that decide which summarization methods it serves,
+    published in its description so that a consumer learns, before it asks, which methods a
+    deployment serves (they are the owner's terms, not its data).
+
+    Attributes
+    ----------
+    allow_exact_bids : bool
+        ``access.allow_exact_bids``: the per-round methods (private, rounds, greedy).
+    allow_steered_selection : bool
+        ``access.allow_steered_selection``: the candidates method (and its hashes mode).
+    allow_non_private : bool
+        ``access.allow_non_private``: a non-private method (greedy).
+    """
+
+    allow_exact_bids: bool = False
+    allow_steered_selection: bool = False
+    allow_non_private: bool = False
 
 
 @dataclass(frozen=True)
