@@ -32,7 +32,9 @@ import contextlib
 import dataclasses
 import logging
 import math
+import multiprocessing
 import os
+import re
 import tempfile
 import threading
 import time
@@ -61,8 +63,10 @@ __all__ = [
     "ConsumerConsole",
     "SummaryJob",
     "UserError",
+    "count_row",
     "form_credits",
     "form_number",
+    "in_form_terms",
     "quote_view",
     "statement_view",
 ]
@@ -75,12 +79,18 @@ CATALOGUE_TTL_SECONDS = 10.0
 MAX_JOBS = 16
 #: Statements the statements page lists (the newest).
 STATEMENTS_SHOWN = 100
+#: CPU priority the refits of published fits run at, above the console's (nice).
+REFIT_NICENESS = 10
 #: Largest validation file a form may upload, bytes.
 MAX_UPLOAD_BYTES = 64 << 20
 
 
 class UserError(Exception):
-    """A request the console refuses with a message for the person at the browser."""
+    """A request the console refuses with a message for the person at the browser (the CLI
+    options a message names are put in the form's terms: :func:`in_form_terms`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(in_form_terms(message))
 
 
 @dataclass(frozen=True)
@@ -91,7 +101,9 @@ class Catalogue:
     ----------
     specs : list of dict
         ``{"name", "kind", "epsilon", "delta", "columns": [{"name", "low", "high", ...}],
-        "allocation": bool}`` per spec.
+        "allocation": bool, "published": int}`` per spec declared at the curator
+        (``published``: how many owners published a sketch of it; a spec nobody published
+        answers nothing, and the forms do not offer it).
     sketches : list of dict
         ``{"spec", "owner", "epsilon", "delta", "noisy_count", "published_at", "age"}`` per
         published sketch.
@@ -107,6 +119,21 @@ class Catalogue:
     schema: list[dict[str, Any]]
     read_at: float
 
+    @property
+    def published_specs(self) -> list[dict[str, Any]]:
+        """The specs with at least one published sketch (what the forms offer)."""
+        return [s for s in self.specs if s["published"]]
+
+    @property
+    def columns(self) -> list[dict[str, Any]]:
+        """The columns of the first published spec that is not the allocation's (its features
+        alone), else of the first published one (empty without any)."""
+        published = self.published_specs
+        chosen = next((s for s in published if not s["allocation"]), None) or next(
+            iter(published), None
+        )
+        return [] if chosen is None else list(chosen["columns"])
+
 
 def age_text(seconds: float) -> str:
     """A duration in words a person reads at a glance: ``"42 s"``, ``"5 min"``, ``"3 h"``,
@@ -116,6 +143,57 @@ def age_text(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f} {unit}"
     return f"{seconds:.0f} s"
+
+
+#: The form field each CLI option of a message stands for (label and field name, as the form's
+#: own errors name them).
+FORM_FIELDS = {
+    "--where": "Count predicates (where)",
+    "--column": "Columns (column)",
+    "--points": "CDF thresholds (points)",
+    "--target": "Logistic target (target)",
+    "--spec": "Sketch (spec)",
+    "--owner": "Owners (owner)",
+    "--all": "Owners (owner)",
+    "--exclude-owner": "Owners (owner)",
+    "--validation": "Validation file (validation)",
+    "-p": "Points (p)",
+    "--method": "Method (method)",
+    "--gamma": "Kernel γ (gamma)",
+    "--min-owners": "Fewest owners (min_owners)",
+    "--max-cost": "Most it may cost (max_cost)",
+}
+_OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z-]*|-p)(?![\w-])")
+
+
+def in_form_terms(message: str) -> str:
+    """``message`` (the CLI's, the curator's) with each CLI option it names replaced by the
+    form field that stands for it (:data:`FORM_FIELDS`): "raise --max-cost" becomes "raise
+    the form's “Most it may cost (max_cost)”"; an option the forms do not have stays as is."""
+
+    def field(found: re.Match[str]) -> str:
+        label = FORM_FIELDS.get(found.group(1))
+        return found.group(1) if label is None else f"the form's “{label}”"
+
+    return _OPTION.sub(field, message)
+
+
+def count_row(fraction: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """A count answer's row in records, from its fraction's row: the count estimate, standard
+    error and 95 % interval of ``extra`` (:attr:`dpmarket.consumer.explore.Answer.extra`: the
+    fraction's, times the record count estimate ``n``), with the fraction's flags and basis;
+    the label says of how many records."""
+    interval = extra.get("count_interval")
+    label = str(fraction["label"])
+    if label.startswith("P[") and label.endswith("]"):
+        label = label[2:-1]
+    return {
+        **fraction,
+        "label": f"records with {label} (of n ≈ {extra['n']:.0f})",
+        "value": float(extra["count"]),
+        "standard_error": float(extra.get("count_standard_error", math.nan)),
+        "interval": None if interval is None else [float(interval[0]), float(interval[1])],
+    }
 
 
 def form_number(
@@ -281,6 +359,7 @@ class ConsumerConsole:
         self.jobs: dict[str, SummaryJob] = {}
         self._lock = threading.Lock()
         self._catalogue: Catalogue | None = None
+        self._methods: tuple[float, list[dict[str, Any]]] | None = None
         #: Each spec's M2M explorer, kept for the console's lifetime (its synthetic design); one
         #: exploration at a time uses them.
         self._explorers: dict[Any, Any] = {}
@@ -289,24 +368,30 @@ class ConsumerConsole:
         #: Marginals models kept on disk (shared with ``dpmarket explore --data-dir``).
         self.model_dir = self.data_dir / model_store.FOLDER
         self.warming: threading.Thread | None = None
+        self._refitter: multiprocessing.process.BaseProcess | None = None
 
     def start_warming(self) -> threading.Thread:
         """Compute the exploration caches ahead in a background thread: every published
         marginals sketch's model and bootstrap refits (the owner's published fit where there is
-        one) and every spec's M2M design (:func:`dpmarket.consumer.catalogue.warm`), then, at a
-        lower CPU priority, this console's own refit of every published fit
-        (:func:`dpmarket.consumer.catalogue.verify_fits`). Start-up and pages do not wait for
-        it; an answer waits only for the design or the model it needs."""
+        one) and every spec's M2M design (:func:`dpmarket.consumer.catalogue.warm`), then this
+        console's own refit of every published fit
+        (:func:`dpmarket.consumer.catalogue.verify_fits`), fitted in a child process at a lower
+        CPU priority (:func:`dpmarket.consumer.catalogue.refit_into_store`, into the model store
+        the check then reads). Start-up and pages do not wait for it; an answer waits only for
+        the design or the model it needs."""
         self.warming = threading.Thread(target=self._warm, name="explore-warm", daemon=True)
         self.warming.start()
         return self.warming
 
     def stop_warming(self) -> None:
-        """Stop the warm-up before its next step."""
+        """Stop the warm-up before its next step (and its refitting process at once)."""
         self._stop_warming.set()
+        refitter = self._refitter
+        if refitter is not None and refitter.is_alive():
+            refitter.terminate()
 
     def _warm(self) -> None:
-        from dpmarket.consumer.catalogue import verify_fits, warm
+        from dpmarket.consumer.catalogue import published_fits, verify_fits, warm
 
         try:
             # At the console's priority: it holds the lock answers take while it draws a
@@ -318,13 +403,34 @@ class ConsumerConsole:
                 stop=self._stop_warming,
                 model_dir=self.model_dir,
             )
-            # Then, at a lower CPU priority and holding nothing answers wait for, refit the
-            # owners' published fits (answers read those meanwhile).
-            with contextlib.suppress(OSError):  # this thread only (Linux); elsewhere, as is
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-            verify_fits(self.client, stop=self._stop_warming, model_dir=self.model_dir)
+            # The refits take seconds of CPU each (about 20 s for the tutorial's three): in
+            # this process they would share its interpreter lock with every page for minutes,
+            # whatever this thread's priority. A child process at a lower priority fits them
+            # into the model store; this thread then reads them from there and checks them.
+            fits = published_fits(self.client)
+            if fits and not self._stop_warming.is_set():
+                self._refit_elsewhere(fits)
+            if not self._stop_warming.is_set():
+                verify_fits(self.client, stop=self._stop_warming, model_dir=self.model_dir)
         except Exception as exc:  # best effort: the first answer computes what is missing
             logger.warning("the explore warm-up stopped: %s", exc)
+
+    def _refit_elsewhere(self, fits: list[Any]) -> None:
+        """Run :func:`~dpmarket.consumer.catalogue.refit_into_store` on ``fits`` in a child
+        process at CPU priority +:data:`REFIT_NICENESS` and wait for it (an error there is
+        logged: :func:`~dpmarket.consumer.catalogue.verify_fits` then fits what is missing)."""
+        context = multiprocessing.get_context("spawn")  # no copy of this process's threads
+        child = context.Process(
+            target=_refit_child,
+            args=(fits, str(self.model_dir)),
+            name="explore-refit",
+            daemon=True,  # ends with the console
+        )
+        self._refitter = child
+        child.start()
+        child.join()
+        if child.exitcode not in (0, None) and not self._stop_warming.is_set():
+            logger.warning("the explore refits' process ended with %s", child.exitcode)
 
     # ------------------------------------------------------------------------ catalogue
     def catalogue(self) -> Catalogue:
@@ -337,6 +443,7 @@ class ConsumerConsole:
         specs, allocation = self.client.sketch_catalogue()
         spec_rows, sketch_rows = [], []
         for spec in specs:
+            entries = list(self.client.sketches(spec))
             spec_rows.append(
                 {
                     "name": spec.name,
@@ -345,9 +452,10 @@ class ConsumerConsole:
                     "delta": spec.delta,
                     "columns": spec.domain.describe(),
                     "allocation": spec.name == allocation,
+                    "published": len(entries),
                 }
             )
-            for entry in self.client.sketches(spec):
+            for entry in entries:
                 d = entry.describe()
                 sketch_rows.append(
                     {
@@ -378,6 +486,30 @@ class ConsumerConsole:
             self._catalogue = catalogue
         return catalogue
 
+    def methods(self) -> list[dict[str, Any]]:
+        """The summarization methods as this deployment serves them (ListMethods: the
+        curator's policy and the owners' published access flags), for the request form:
+        ``{"method", "served", "reason"}`` each (the reason in the form's terms,
+        :func:`in_form_terms`); read again after :data:`CATALOGUE_TTL_SECONDS`.
+
+        Raises
+        ------
+        DPMarketError
+            When the curator does not answer.
+        """
+        with self._lock:
+            cached = self._methods
+        now = time.time()
+        if cached is not None and now - cached[0] < CATALOGUE_TTL_SECONDS:
+            return cached[1]
+        offers = [
+            {"method": o.method, "served": o.served, "reason": in_form_terms(o.reason)}
+            for o in self.client.methods()
+        ]
+        with self._lock:
+            self._methods = (now, offers)
+        return offers
+
     # ------------------------------------------------------------------------ exploring
     def explore(self, form: dict[str, Any]) -> dict[str, Any]:
         """Answer an exploration form: ``query``, ``spec``, ``owners`` (none: every owner),
@@ -386,9 +518,13 @@ class ConsumerConsole:
         Returns
         -------
         dict
-            ``{"title", "spec", "reason", "owners", "n", "source", "rows"}``, ``rows`` as
-            :meth:`dpmarket.consumer.explore.Answer.rows` (each with its 95 % interval and flags),
-            ``bases`` the distinct ``(basis, covers)`` pairs (what the intervals cover).
+            ``{"title", "spec", "reason", "owners", "n", "source", "rows", "plotted",
+            "count"}``,
+            ``rows`` as :meth:`dpmarket.consumer.explore.Answer.rows` (each with its 95 %
+            interval and flags; a count's first row is in records, :func:`count_row`, as the
+            CLI prints it, then the fraction), ``plotted`` the rows of one unit the plot
+            draws, ``count`` a count's row in records (None for another query), ``bases`` the
+            distinct ``(basis, covers)`` pairs (what the intervals cover).
 
         Raises
         ------
@@ -431,6 +567,12 @@ class ConsumerConsole:
         rows = answer.rows()
         owners = [e.owner for e in explored.entries]
         who = owners[0] if len(owners) == 1 else f"the union of {', '.join(owners)}"
+        plotted, count = rows, None
+        if "count" in answer.extra:
+            # In records, as `dpmarket explore` prints a count; the fraction beside it.
+            count = count_row(rows[0], answer.extra)
+            plotted = [count]
+            rows = [*plotted, {**rows[0], "label": f"{rows[0]['label']} (the fraction)"}]
         return {
             "title": f"{query.kind} of {who}",
             "spec": explored.spec.name,
@@ -439,6 +581,8 @@ class ConsumerConsole:
             "n": explored.n_hat,
             "source": answer.source,
             "rows": rows,
+            "plotted": plotted,
+            "count": count,
             "bases": list(dict.fromkeys((r["basis"], r["covers"]) for r in rows)),
         }
 
@@ -705,6 +849,16 @@ class ConsumerConsole:
         if suffix not in (".csv", ".parquet", ".npy", ".npz"):
             raise UserError(f"{filename}: a .csv, .parquet, .npy or .npz file, please")
         return _Upload(data, suffix, self.data_dir)
+
+
+def _refit_child(fits: list[Any], model_dir: str) -> None:
+    """The refitting process (:meth:`ConsumerConsole._refit_elsewhere`): lower its priority,
+    then fit into the model store."""
+    from dpmarket.consumer.catalogue import refit_into_store
+
+    with contextlib.suppress(OSError):
+        os.nice(REFIT_NICENESS)
+    refit_into_store(fits, model_dir)
 
 
 class _Upload:

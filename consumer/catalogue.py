@@ -51,7 +51,9 @@ __all__ = [
     "choose_spec",
     "explore",
     "published",
+    "published_fits",
     "rank",
+    "refit_into_store",
     "verify_fits",
     "warm",
 ]
@@ -506,6 +508,67 @@ def warm(
     return done
 
 
+def published_fits(
+    client: Any, *, options: ExploreOptions | None = None
+) -> list[tuple[SketchSpec, PublishedSketch]]:
+    """Every published marginals sketch whose owner's fit the answers read
+    (:meth:`~dpmarket.consumer.explore.MarginalsExplorer.published`): what :func:`verify_fits`
+    refits.
+
+    Raises
+    ------
+    dpmarket.common.errors.DPMarketError
+        From the catalogue.
+    """
+    options = options if options is not None else ExploreOptions()
+    catalogue, allocation = client.sketch_catalogue()
+    found = []
+    for spec in _besides_allocation(list(catalogue), allocation):
+        if spec.kind != "marginals":
+            continue
+        reader = MarginalsExplorer(
+            spec, bootstrap=options.bootstrap, seed=options.seed, refit=options.refit, cache=None
+        )
+        for entry in client.sketches(spec):
+            if isinstance(entry.sketch, MarginalsSketch) and reader.published(entry.sketch):
+                found.append((spec, entry))
+    return found
+
+
+def refit_into_store(
+    fits: list[tuple[SketchSpec, PublishedSketch]],
+    model_dir: str | os.PathLike[str],
+    options: ExploreOptions | None = None,
+) -> int:
+    """Fit each of ``fits``' sketches here and keep the models in ``model_dir`` (nothing kept
+    in memory, nothing compared): the work of :func:`verify_fits`, done ahead, e.g. in another
+    process, so that :func:`verify_fits` then reads the models from the store. A sketch whose
+    models are kept there already is skipped.
+
+    Returns
+    -------
+    int
+        The sketches fitted or found kept.
+
+    Raises
+    ------
+    ValueError
+        From the fit.
+    """
+    options = options if options is not None else ExploreOptions()
+    for spec, entry in fits:
+        assert isinstance(entry.sketch, MarginalsSketch)
+        MarginalsExplorer(
+            spec,
+            bootstrap=options.bootstrap,
+            seed=options.seed,
+            store=model_dir,
+            refit=True,
+            cache=None,
+        ).models(entry.sketch)
+    return len(fits)
+
+
 def verify_fits(
     client: Any,
     *,
@@ -514,10 +577,11 @@ def verify_fits(
     model_dir: str | os.PathLike[str] | None = None,
 ) -> int:
     """Refit here every published marginals sketch whose owner's fit the answers read
-    (:meth:`~dpmarket.consumer.explore.MarginalsExplorer.published`), so that later answers
-    read this process's own fit, and log a warning where the owner's differs from it: the
-    consumer checks the publisher's fit without any answer waiting for it (the console runs
-    it in the background after :func:`warm`; an answer meanwhile reads the published fit).
+    (:func:`published_fits`), so that later answers read this process's own fit, and log a
+    warning where the owner's differs from it: the consumer checks the publisher's fit without
+    any answer waiting for it (the console runs it in the background after :func:`warm`,
+    the fits themselves in another process: :func:`refit_into_store`; an answer meanwhile
+    reads the published fit).
 
     Parameters
     ----------
@@ -528,7 +592,8 @@ def verify_fits(
     stop : threading.Event, optional
         Set: stop before the next sketch.
     model_dir : path, optional
-        Where marginals models are kept on disk (the refits are kept there too).
+        Where marginals models are kept on disk (the refits are kept there too, and read from
+        there when :func:`refit_into_store` fitted them).
 
     Returns
     -------
@@ -541,20 +606,12 @@ def verify_fits(
         From the catalogue or the fit.
     """
     options = options if options is not None else ExploreOptions()
-    catalogue, allocation = client.sketch_catalogue()
     done = 0
-    for spec in _besides_allocation(list(catalogue), allocation):
-        if spec.kind != "marginals":
-            continue
-        reader = MarginalsExplorer(
-            spec, bootstrap=options.bootstrap, seed=options.seed, refit=options.refit, cache=None
-        )
-        for entry in client.sketches(spec):
-            if stop is not None and stop.is_set():
-                return done
-            if isinstance(entry.sketch, MarginalsSketch) and reader.published(entry.sketch):
-                _verify_fit(spec, entry, options, model_dir)
-                done += 1
+    for spec, entry in published_fits(client, options=options):
+        if stop is not None and stop.is_set():
+            return done
+        _verify_fit(spec, entry, options, model_dir)
+        done += 1
     return done
 
 

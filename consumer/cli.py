@@ -559,7 +559,7 @@ def request(
         _print_quote(connect, ask, as_json=as_json, wide=wide)
         return
     check_outputs(out_path, report_path, *([] if plot_path is None else [plot_path]))
-    result = _summarize(connect, ask, method, request_id, data_dir, report_path)
+    result, session_id = _summarize(connect, ask, method, request_id, data_dir, report_path)
     document = finish(
         result,
         inputs,
@@ -572,7 +572,9 @@ def request(
         plot_path=plot_path,
     )
     if data_dir is not None:
-        _record_done(data_dir, config, document, out_path)
+        _record_done(
+            data_dir, config, document, out_path, result, inputs.validation.features, session_id
+        )
 
 
 @dataclass(frozen=True)
@@ -630,9 +632,10 @@ def _summarize(
     request_id: str | None,
     data_dir: str | None,
     report_path: str,
-) -> SummaryResult:
+) -> tuple[SummaryResult, str]:
     """Run ``ask``'s session to its summary, printing its quote, id and progress (as
-    ``--method``'s progress printer shows it).
+    ``--method``'s progress printer shows it); return the summary and the session's id (as
+    printed; "" if the curator named none).
 
     Raises
     ------
@@ -670,7 +673,7 @@ def _summarize(
         # can be asked for (the curator's `sessions`, the console) once the curator is back.
         where = f" (session {created[0]})" if created else ""
         raise click.ClickException(f"{exc}{where}") from exc
-    return result
+    return result, (created[0] if created else "")
 
 
 def _market_terms(
@@ -694,19 +697,31 @@ def _market_terms(
 
 
 def _record_done(
-    data_dir: str, config: SummarizationConfig, document: dict[str, Any], out_path: str
+    data_dir: str,
+    config: SummarizationConfig,
+    document: dict[str, Any],
+    out_path: str,
+    result: SummaryResult,
+    validation: NDArray[np.float64],
+    session_id: str,
 ) -> None:
-    """Record a finished request in the consumer's history (best effort: a warning on error)."""
+    """Record a finished request in the consumer's history (best effort: a warning on error):
+    with the session's id as printed (one id in the CLI and the console alike) and the MMD
+    curve the console draws for its own sessions."""
     from dpmarket.consumer.history import SessionHistory
+    from dpmarket.consumer.report import summary_curve
 
+    curve = summary_curve(result, validation, config.gamma)
     try:
         SessionHistory(data_dir).record(
             status="done",
             source="request",
             method=config.method,
             summary_size=config.summary_size,
+            session_id=session_id,
             result=document["result"],
             summary_path=str(Path(out_path).resolve()),
+            mmd_curve={"sizes": [float(k) for k in curve.sizes], "mmd2": list(curve.mmd2)},
         )
     except OSError as exc:
         console.print(f"[yellow]not recorded in {data_dir}: {exc}", highlight=False)

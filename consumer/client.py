@@ -41,6 +41,7 @@ from dpmarket.common.summarization.summary import (
     SessionReport,
     SummaryResult,
 )
+from dpmarket.common.summarization.terms import MethodOffer
 from dpmarket.consumer import convert
 from dpmarket.consumer.cape_report import CapeFitReport, CapeMeanReport, CapeTrainingReport
 from dpmarket.consumer.market import SettledStatement
@@ -325,6 +326,24 @@ class CuratorClient:
                 "key: its statements cannot be checked, refused"
             )
         return key
+
+    def methods(self) -> list[MethodOffer]:
+        """Which summarization methods the deployment serves, and why not (ListMethods: the
+        curator's policy and each owner's published access flags); nothing is asked of the
+        owners but their descriptions.
+
+        Raises
+        ------
+        UnavailableError
+            If the curator or every owner is unreachable.
+        """
+        try:
+            response = self._stub.ListMethods(
+                curator_pb2.ListMethodsRequest(), timeout=self.timeout
+            )
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, f"curator at {self.target}") from None
+        return [convert.method_offer_from_proto(m) for m in response.methods]
 
     def watch(self, session_id: str) -> Iterator[tuple[ProgressEvent, SessionReport | None]]:
         """Yield progress events until the session ends (WatchSession); the last one comes with

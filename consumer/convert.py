@@ -20,6 +20,7 @@ from dpmarket.common.summarization.summary import (
     SessionStage,
     SummaryResult,
 )
+from dpmarket.common.summarization.terms import MethodOffer
 from dpmarket.runtime.arrays import array_to_proto, labeled_points_from_proto
 from dpmarket.runtime.market import quote_from_proto, reward_to_proto
 from dpmarket.v1 import curator_pb2
@@ -185,4 +186,15 @@ def result_from_proto(message: curator_pb2.GetSummaryResponse) -> SummaryResult:
         labels=labels,
         owner_ids=tuple(message.owner_ids),
         report=report_from_proto(message.report),
+    )
+
+
+def method_offer_from_proto(message: curator_pb2.MethodOffer) -> MethodOffer:
+    """MethodOffer message -> MethodOffer (an unknown method enum: ``"unknown"``)."""
+    return MethodOffer(
+        method=_METHOD_NAMES.get(message.method, "unknown"),
+        served=bool(message.served),
+        reason=message.reason,
+        serving=tuple(message.serving_owners),
+        refusing=tuple(message.refusing_owners),
     )

@@ -27,11 +27,13 @@ from dpmarket.common.summarization.summary import (
     SessionRequest,
     SummaryResult,
 )
+from dpmarket.common.summarization.terms import OwnerAccess
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
 from dpmarket.runtime.market import prices_from_proto, quote_to_proto, reward_from_proto
 from dpmarket.runtime.schemas import schema_from_proto
 
 if TYPE_CHECKING:
+    from dpmarket.common.summarization.terms import MethodOffer
     from dpmarket.curator.store import StoredStatement
 from dpmarket.v1 import curator_pb2, market_pb2, owner_pb2, privacy_pb2
 
@@ -61,6 +63,13 @@ def info_from_proto(message: owner_pb2.GetOwnerInfoResponse) -> OwnerInfo:
         has_labels=bool(message.has_labels),
         schema=schema_from_proto(message.schema, f"owner {message.owner_id}"),
         prices=prices_from_proto(message.prices, message.owner_id),
+        access=OwnerAccess(
+            allow_exact_bids=message.access.allow_exact_bids,
+            allow_steered_selection=message.access.allow_steered_selection,
+            allow_non_private=message.access.allow_non_private,
+        )
+        if message.HasField("access")
+        else None,
     )
 
 
@@ -300,4 +309,15 @@ def statement_to_proto(stored: StoredStatement) -> curator_pb2.ConsumerStatement
         settled_at=settled,
         statement=market_pb2.SignedStatement(statement=stored.data, signature=stored.signature),
         owners_recorded=stored.owners_recorded,
+    )
+
+
+def method_offer_to_proto(offer: MethodOffer) -> curator_pb2.MethodOffer:
+    """MethodOffer -> MethodOffer message."""
+    return curator_pb2.MethodOffer(
+        method=_METHOD_TO_PROTO[offer.method],
+        served=offer.served,
+        reason=offer.reason,
+        serving_owners=list(offer.serving),
+        refusing_owners=list(offer.refusing),
     )

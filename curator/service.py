@@ -134,6 +134,13 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
         )
 
     @rpc("consumer")
+    async def ListMethods(self, request, context, caller):
+        offers = await self.manager.methods()
+        return curator_pb2.ListMethodsResponse(
+            methods=[convert.method_offer_to_proto(o) for o in offers]
+        )
+
+    @rpc("consumer")
     async def GetSummary(self, request, context, caller):
         result = self.manager.result(request.session_id, str(caller))
         return convert.result_to_proto(result)

@@ -28,6 +28,7 @@ from dpmarket.common.errors import (
     NotFoundError,
     PermissionDeniedError,
     ResourceExhaustedError,
+    UnavailableError,
 )
 from dpmarket.common.ids import new_session_id, short_id
 from dpmarket.common.market.payouts import PayoutRelease
@@ -36,7 +37,7 @@ from dpmarket.common.market.statement import PrivateKey
 from dpmarket.common.market.terms import release_from_json, release_to_json
 from dpmarket.common.sketches import PrivateSketch
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
-from dpmarket.common.summarization.methods import AllocationFields, SummarizationConfig
+from dpmarket.common.summarization.methods import METHODS, AllocationFields, SummarizationConfig
 from dpmarket.common.summarization.summary import (
     OwnerSelection,
     ProgressEvent,
@@ -45,6 +46,7 @@ from dpmarket.common.summarization.summary import (
     SessionStage,
     SummaryResult,
 )
+from dpmarket.common.summarization.terms import MethodOffer, access_refusal
 from dpmarket.curator.owners import wait_for_owners
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
 from dpmarket.curator.settlement import (
@@ -266,6 +268,54 @@ class SessionManager:
         await session.prepare(check_terms=self.policy.check_terms, quote_only=True)
         assert session.quote is not None
         return session.quote
+
+    async def methods(self) -> list[MethodOffer]:
+        """Which summarization methods the deployment serves, before anything is asked: the
+        curator's policy's methods, and for each the owners whose published access
+        (:class:`~dpmarket.common.summarization.endpoints.OwnerAccess`, GetOwnerInfo) refuses
+        it (:func:`~dpmarket.common.summarization.terms.access_refusal`, the checks an owner
+        makes at OpenSession). Asks the owners for their descriptions only.
+
+        Raises
+        ------
+        UnavailableError
+            If no owner answers.
+        """
+        await wait_for_owners(self.owners)
+        infos = await asyncio.gather(*(o.info() for o in self.owners), return_exceptions=True)
+        answered = {o.name: i for o, i in zip(self.owners, infos, strict=True)
+                    if not isinstance(i, BaseException)}  # fmt: skip
+        if not answered:
+            raise UnavailableError("no owner answered (GetOwnerInfo): the methods are not known")
+        silent = [o.name for o in self.owners if o.name not in answered]
+        offers = []
+        for method in METHODS:
+            if method not in self.policy.methods:
+                served = ", ".join(self.policy.methods)
+                reason = f"this curator's policy does not serve it (it serves {served})"
+                offers.append(MethodOffer(method, False, reason))
+                continue
+            why: dict[str, list[str]] = {}
+            for name, info in answered.items():
+                refused = None if info.access is None else access_refusal(method, info.access)
+                if refused is not None:
+                    why.setdefault(refused, []).append(name)
+            refusing = tuple(sorted(n for names in why.values() for n in names))
+            serving = tuple(sorted(n for n in answered if n not in refusing))
+            reasons = [
+                f"refused by {', '.join(names)}: {text} in "
+                + ("its policy" if len(names) == 1 else "their policies")
+                for text, names in why.items()
+            ]
+            if refusing and serving:
+                reasons.append(
+                    f"a session can run with {', '.join(serving)} alone (--min-owners "
+                    f"{len(serving)} or fewer)"
+                )
+            if silent:
+                reasons.append(f"{', '.join(silent)} did not answer")
+            offers.append(MethodOffer(method, not refusing, "; ".join(reasons), serving, refusing))
+        return offers
 
     def quote_of(self, session_id: str, consumer: str) -> Quote | None:
         """The quote a session this manager holds was accepted under (None if unknown here).

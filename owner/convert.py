@@ -57,6 +57,13 @@ def info_to_proto(info: OwnerInfo) -> owner_pb2.GetOwnerInfoResponse:
         has_labels=info.has_labels,
         schema=None if info.schema is None else schema_to_proto(info.schema),
         prices=prices_to_proto(info.prices),
+        access=None
+        if info.access is None
+        else owner_pb2.OwnerAccess(
+            allow_exact_bids=info.access.allow_exact_bids,
+            allow_steered_selection=info.access.allow_steered_selection,
+            allow_non_private=info.access.allow_non_private,
+        ),
     )
 
 

@@ -64,11 +64,15 @@ from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.schema import Schema
 from dpmarket.common.summarization.candidates import shrink_towards_moments, shrink_towards_points
-from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from dpmarket.common.summarization.endpoints import (
+    OwnerBid,
+    OwnerInfo,
+    ReleasedPoint,
+)
 from dpmarket.common.summarization.hashes import HashAdvert, hash_points
 from dpmarket.common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
 from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
-from dpmarket.common.summarization.terms import OwnerTerms, Step
+from dpmarket.common.summarization.terms import OwnerAccess, OwnerTerms, Step
 from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
 from dpmarket.owner.earnings import PAYOUT_MECHANISM, Earnings, payout_session
 from dpmarket.owner.engine import WorkCancelled
@@ -947,9 +951,18 @@ class Owner:
         self._opening: dict[str, tuple[Progress, threading.Event]] = {}
 
     def info(self) -> OwnerInfo:
-        """Describe the dataset (size, feature count, labels, public schema) and the owner's
-        prices (its policy's; free without a ledger)."""
+        """Describe the dataset (size, feature count, labels, public schema), the owner's
+        prices (its policy's; free without a ledger) and its access flags (its policy's; None
+        without a ledger)."""
         prices = FREE if self.ledger is None else self.ledger.policy.prices
+        access = None
+        if self.ledger is not None:  # the flags its terms are checked against (owner.terms)
+            policy = self.ledger.policy
+            access = OwnerAccess(
+                allow_exact_bids=policy.allow_exact_bids,
+                allow_steered_selection=policy.allow_steered_selection,
+                allow_non_private=policy.allow_non_private,
+            )
         if self.data is None:
             return OwnerInfo(
                 self.owner_id,
@@ -958,6 +971,7 @@ class Owner:
                 has_labels=False,
                 schema=self.schema,
                 prices=prices,
+                access=access,
             )
         if isinstance(self.data, PartitionedData):
             return OwnerInfo(
@@ -967,6 +981,7 @@ class Owner:
                 has_labels=self.data.has_labels,
                 schema=self.schema,
                 prices=prices,
+                access=access,
             )
         return OwnerInfo(
             owner_id=self.owner_id,
@@ -975,6 +990,7 @@ class Owner:
             has_labels=self.data.labels is not None,
             schema=self.schema,
             prices=prices,
+            access=access,
         )
 
     @property

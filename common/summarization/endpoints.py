@@ -23,7 +23,7 @@ from dpmarket.common.summarization.hashes import HashAdvert
 from dpmarket.common.summarization.rff import RFFParams
 
 if TYPE_CHECKING:
-    from dpmarket.common.summarization.terms import OwnerTerms
+    from dpmarket.common.summarization.terms import OwnerAccess, OwnerTerms
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,10 @@ class OwnerInfo:
         are the schema's columns but the label); ``None`` when it declared none.
     prices : OwnerPrices
         The owner's published prices (its policy's ``[prices]``); default free.
+    access : OwnerAccess or None
+        What the owner's policy lets a session's method ask of it (the flags of its
+        ``[access]`` the owner checks at OpenSession, :mod:`dpmarket.owner.terms`); None when
+        the owner does not say (an owner without a ledger, or of an older version).
     """
 
     owner_id: str
@@ -48,6 +52,7 @@ class OwnerInfo:
     has_labels: bool
     schema: Schema | None = None
     prices: OwnerPrices = FREE
+    access: OwnerAccess | None = None
 
 
 @dataclass(frozen=True)

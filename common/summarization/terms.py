@@ -46,10 +46,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "METHOD_STEPS",
+    "SERVED_AS",
+    "MethodOffer",
+    "OwnerAccess",
     "OwnerTerms",
     "SessionMethod",
     "Step",
     "TermsEpsilon",
+    "access_refusal",
     "approximate_delta",
     "owner_terms",
 ]
@@ -112,6 +116,97 @@ METHOD_STEPS: dict[SessionMethod, tuple[Step, ...]] = {
     SessionMethod.ROUNDS: (Step.VALIDATION_EMBEDDING, Step.ROUNDS),
     SessionMethod.GREEDY: (Step.VALIDATION_EMBEDDING, Step.ROUNDS),
 }
+
+
+#: The session method a summarization method runs at an owner, as far as what it asks of the
+#: owner's policy goes (the candidates method's counts allocation and hashes mode ask the same
+#: access as its sketch allocation).
+SERVED_AS: dict[str, SessionMethod] = {
+    "uniform": SessionMethod.UNIFORM,
+    "candidates": SessionMethod.CANDIDATES_SKETCH,
+    "private": SessionMethod.PRIVATE,
+    "rounds": SessionMethod.ROUNDS,
+    "greedy": SessionMethod.GREEDY,
+}
+
+
+@dataclass(frozen=True)
+class OwnerAccess:
+    """The flags of an owner's policy that decide which summarization methods it serves,
+    published in its description so that a consumer learns, before it asks, which methods a
+    deployment serves (they are the owner's terms, not its data).
+
+    Attributes
+    ----------
+    allow_exact_bids : bool
+        ``access.allow_exact_bids``: the per-round methods (private, rounds, greedy).
+    allow_steered_selection : bool
+        ``access.allow_steered_selection``: the candidates method (and its hashes mode).
+    allow_non_private : bool
+        ``access.allow_non_private``: a non-private method (greedy).
+    """
+
+    allow_exact_bids: bool = False
+    allow_steered_selection: bool = False
+    allow_non_private: bool = False
+
+
+@dataclass(frozen=True)
+class MethodOffer:
+    """A summarization method as a deployment serves it (the curator's ``ListMethods``:
+    :meth:`dpmarket.curator.sessions.SessionManager.methods`).
+
+    Attributes
+    ----------
+    method : str
+    served : bool
+        The curator's policy serves it and no owner is known to refuse it.
+    reason : str
+        Why not, or what to know ("" when the curator and every owner serve it).
+    serving, refusing : tuple of str
+        The owners that would serve it (their published access allows it, or they publish
+        none), and those that refuse it.
+    """
+
+    method: str
+    served: bool
+    reason: str = ""
+    serving: tuple[str, ...] = ()
+    refusing: tuple[str, ...] = ()
+
+
+def access_refusal(method: str, access: OwnerAccess) -> str | None:
+    """Why an owner whose policy has ``access`` refuses a session of the summarization
+    ``method`` when it opens (the checks of :mod:`dpmarket.owner.terms` and its ledger's
+    refusal of a non-private method), or None when its access lets the method run.
+
+    Parameters
+    ----------
+    method : str
+        A summarization method (:data:`SERVED_AS`).
+    access : OwnerAccess
+        The owner's published access flags.
+
+    Returns
+    -------
+    str or None
+        The policy flags it leaves off, e.g. ``"access.allow_exact_bids off"``.
+
+    Raises
+    ------
+    KeyError
+        For an unknown method.
+    """
+    session = SERVED_AS[method]
+    steps = set(METHOD_STEPS[session])
+    missing = []
+    if Step.ROUNDS in steps and not access.allow_exact_bids:
+        missing.append("access.allow_exact_bids")
+    if {Step.CANDIDATES, Step.HASHES} & steps and not access.allow_steered_selection:
+        missing.append("access.allow_steered_selection")
+    if session is SessionMethod.GREEDY and not access.allow_non_private:
+        missing.append("access.allow_non_private")
+    return None if not missing else f"{' and '.join(missing)} off"
 
 
 class TermsEpsilon(enum.Enum):

@@ -10,9 +10,11 @@ import html
 import re
 from pathlib import Path
 
+import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from starlette.testclient import TestClient
 
+from dpmarket.common.errors import DPMarketError
 from dpmarket.common.market.pricing import OwnerPrices
 from dpmarket.common.market.statement import (
     SessionRecord,
@@ -23,9 +25,10 @@ from dpmarket.common.market.statement import (
 from dpmarket.common.market.terms import MarketTerms, session_quote
 from dpmarket.console.app import create_app
 from dpmarket.console.auth import ConsoleToken
-from dpmarket.console.consumer import ConsumerConsole
+from dpmarket.console.consumer import ConsumerConsole, in_form_terms
 from dpmarket.console.owner import OwnerConsole
 from dpmarket.consumer.client import CuratorClient
+from dpmarket.consumer.explore import Query
 from dpmarket.consumer.history import SessionHistory
 from dpmarket.owner.earnings import Earnings
 from dpmarket.owner.ledger import OwnerLedger
@@ -204,7 +207,81 @@ def test_a_session_whose_record_lacks_an_epsilon_figure_shows_a_dash(tmp_path: P
     headers = {"Authorization": f"Bearer {token.value}"}
     page = client.get(f"{token.prefix}/consumer/sessions/{uniform.key}", headers=headers)
     assert page.status_code == 200
-    assert "(Theorem 7 / PLD): — / —" in page.text
+    assert _epsilon_rows(page.text) == {
+        "your validation set": ["—"] * 4,
+        "each owner's data": ["—"] * 4,
+    }
     control = client.get(f"{token.prefix}/consumer/sessions/{private.key}", headers=headers)
     assert control.status_code == 200
-    assert "(Theorem 7 / PLD): 0.5 / 0.25" in control.text and "1.5 / 1.25" in control.text
+    rows = _epsilon_rows(control.text)
+    assert rows["your validation set"][0::2] == ["0.25", "0.5"]  # PLD, Theorem 7
+    assert rows["each owner's data"][0::2] == ["1.25", "1.5"]
+
+
+def _epsilon_rows(page: str) -> dict[str, list[str]]:
+    """The session page's ε table: per party, its cells (PLD ε, its δ, Theorem 7 ε, its δ)."""
+    table = page.split('id="session-epsilon"', 1)[1].split("</table>", 1)[0]
+    rows = {}
+    for row in re.findall(r"<tr><td>(.*?)</tr>", table, flags=re.S):
+        cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        rows[html.unescape(re.sub(r"<[^>]+>", "", row.split("</td>", 1)[0]))] = cells
+    return rows
+
+
+def test_a_sessions_two_epsilon_figures_read_as_two_accountings_not_an_overrun(
+    tmp_path: Path,
+) -> None:
+    """The tutorial's candidates session: PLD ε 1.000003, Theorem 7 ε 1.3137 for the same
+    releases on the validation set. The page read "ε ... (Theorem 7 / PLD): 1.314 / 1", which
+    a newcomer read as 1.314 spent of a budget of 1."""
+    client, token = _consumer_console(tmp_path)
+    figures = {"theorem7": 1.3137166030177894, "pld": 1.000002870822393,
+               "delta_total": 2.999997e-06, "delta_tilde": 1e-06}  # fmt: skip
+    record = SessionHistory(tmp_path).record(
+        status="done",
+        source="request",
+        method="candidates",
+        summary_size=20,
+        session_id="f7512f7c04c6aa",
+        result={"epsilon": {"validation": figures, "owners": {**figures, "theorem7": 0.0,
+                                                               "pld": 0.0}}},
+    )  # fmt: skip
+    page = client.get(
+        f"{token.prefix}/consumer/sessions/{record.key}",
+        headers={"Authorization": f"Bearer {token.value}"},
+    )
+    assert page.status_code == 200
+    text = html.unescape(page.text)
+    assert "1.314 / 1" not in text  # the old "x / y" that read as spent / budget
+    # Each figure under its own name and δ; the note says they are one guarantee.
+    assert _epsilon_rows(page.text)["your validation set"] == ["1", "1e-06", "1.314", "3e-06"]
+    assert "Two accountings of the same releases, not two charges and not a budget" in text
+
+
+def test_a_form_error_names_the_forms_fields_not_the_clis_options(tmp_path: Path) -> None:
+    """A question the explorer refuses is refused in the CLI's words ("--where"); the form has no
+    such option: the console's message names its field."""
+    client, token = _consumer_console(tmp_path)
+    bearer = {"Authorization": f"Bearer {token.value}"}
+    posted = client.post(
+        f"{token.prefix}/consumer/explore", headers=bearer, data={"query": "count", "csrf": "x"}
+    )  # the form's answer is at an address of its own (its fields, not the form token)
+    assert posted.status_code == 303
+    assert posted.headers["location"] == f"{token.prefix}/consumer/explore?query=count"
+    assert client.get(posted.headers["location"]).status_code == 401  # no token, no answer
+    refused = client.get(posted.headers["location"], headers=bearer)
+    assert refused.status_code == 400
+    text = html.unescape(refused.text)
+    assert "a count needs at least one range predicate (the form's “Count predicates (where)”)" in (
+        text
+    )
+    assert "--where" not in text
+    # The control: the explorer's own message, as the CLI prints it, names the option.
+    with pytest.raises(DPMarketError, match=r"\(--where\)"):
+        Query("count")
+    # Every option a curator's message may name for a summary form's field.
+    assert in_form_terms("raise --max-cost, ask for fewer points (--min-owners N)") == (
+        "raise the form's “Most it may cost (max_cost)”, ask for fewer points "
+        "(the form's “Fewest owners (min_owners)” N)"
+    )
+    assert in_form_terms("--pki-dir is kept") == "--pki-dir is kept"  # no such field

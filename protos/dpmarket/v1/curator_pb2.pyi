@@ -640,6 +640,84 @@ class QuoteSessionResponse(_message.Message):
 Global___QuoteSessionResponse: _TypeAlias = QuoteSessionResponse  # noqa: Y015
 
 @_typing.final
+class ListMethodsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListMethodsRequest: _TypeAlias = ListMethodsRequest  # noqa: Y015
+
+@_typing.final
+class MethodOffer(_message.Message):
+    """One summarization method as this deployment serves it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    METHOD_FIELD_NUMBER: _builtins.int
+    SERVED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    SERVING_OWNERS_FIELD_NUMBER: _builtins.int
+    REFUSING_OWNERS_FIELD_NUMBER: _builtins.int
+    method: Global___Method.ValueType
+    served: _builtins.bool
+    """A session of this method with every owner would open (no refusal is known beforehand)."""
+    reason: _builtins.str
+    """Why not, or what to know ("" when served by the curator and every owner): the curator's
+    policy does not serve it, or the owners that refuse it and the policy flag they leave off.
+    """
+    @_builtins.property
+    def serving_owners(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The owners that would serve it (their published access allows it, or they publish none)."""
+
+    @_builtins.property
+    def refusing_owners(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The owners that refuse it."""
+
+    def __init__(
+        self,
+        *,
+        method: Global___Method.ValueType = ...,
+        served: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        serving_owners: _abc.Iterable[_builtins.str] | None = ...,
+        refusing_owners: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["method", b"method", "reason", b"reason", "refusing_owners", b"refusing_owners", "served", b"served", "serving_owners", b"serving_owners"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MethodOffer: _TypeAlias = MethodOffer  # noqa: Y015
+
+@_typing.final
+class ListMethodsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    METHODS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def methods(self) -> _containers.RepeatedCompositeFieldContainer[Global___MethodOffer]: ...
+    def __init__(
+        self,
+        *,
+        methods: _abc.Iterable[Global___MethodOffer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["methods", b"methods"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListMethodsResponse: _TypeAlias = ListMethodsResponse  # noqa: Y015
+
+@_typing.final
 class ListStatementsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -68,6 +68,11 @@ class CuratorServiceStub:
                 request_serializer=dpmarket_dot_v1_dot_curator__pb2.GetSummaryRequest.SerializeToString,
                 response_deserializer=dpmarket_dot_v1_dot_curator__pb2.GetSummaryResponse.FromString,
                 _registered_method=True)
+        self.ListMethods = channel.unary_unary(
+                '/dpmarket.v1.CuratorService/ListMethods',
+                request_serializer=dpmarket_dot_v1_dot_curator__pb2.ListMethodsRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_curator__pb2.ListMethodsResponse.FromString,
+                _registered_method=True)
 
 
 class CuratorServiceServicer:
@@ -141,6 +146,16 @@ class CuratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListMethods(self, request, context):
+        """Which summarization methods this deployment serves, before anything is asked: each method
+        with whether the curator's policy serves it and which owners refuse it (from the access
+        flags each owner publishes in its description), and why. Asks the owners for their
+        descriptions only. Fails with UNAVAILABLE if no owner answers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CuratorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -168,6 +183,11 @@ def add_CuratorServiceServicer_to_server(servicer, server):
                     servicer.GetSummary,
                     request_deserializer=dpmarket_dot_v1_dot_curator__pb2.GetSummaryRequest.FromString,
                     response_serializer=dpmarket_dot_v1_dot_curator__pb2.GetSummaryResponse.SerializeToString,
+            ),
+            'ListMethods': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMethods,
+                    request_deserializer=dpmarket_dot_v1_dot_curator__pb2.ListMethodsRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_curator__pb2.ListMethodsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -314,6 +334,33 @@ class CuratorService:
             '/dpmarket.v1.CuratorService/GetSummary',
             dpmarket_dot_v1_dot_curator__pb2.GetSummaryRequest.SerializeToString,
             dpmarket_dot_v1_dot_curator__pb2.GetSummaryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMethods(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.CuratorService/ListMethods',
+            dpmarket_dot_v1_dot_curator__pb2.ListMethodsRequest.SerializeToString,
+            dpmarket_dot_v1_dot_curator__pb2.ListMethodsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -81,6 +81,12 @@ class CuratorServiceStub:
     expired session or one of another consumer, FAILED_PRECONDITION while it is running, ABORTED
     if it failed (the message says why; the report is on the last WatchSession message).
     """
+    ListMethods: _grpc.UnaryUnaryMultiCallable[_curator_pb2.ListMethodsRequest, _curator_pb2.ListMethodsResponse]
+    """Which summarization methods this deployment serves, before anything is asked: each method
+    with whether the curator's policy serves it and which owners refuse it (from the access
+    flags each owner publishes in its description), and why. Asks the owners for their
+    descriptions only. Fails with UNAVAILABLE if no owner answers.
+    """
 
 @_typing.type_check_only
 class CuratorServiceAsyncStub(CuratorServiceStub):
@@ -134,6 +140,12 @@ class CuratorServiceAsyncStub(CuratorServiceStub):
     """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown or
     expired session or one of another consumer, FAILED_PRECONDITION while it is running, ABORTED
     if it failed (the message says why; the report is on the last WatchSession message).
+    """
+    ListMethods: _aio.UnaryUnaryMultiCallable[_curator_pb2.ListMethodsRequest, _curator_pb2.ListMethodsResponse]  # type: ignore[assignment]
+    """Which summarization methods this deployment serves, before anything is asked: each method
+    with whether the curator's policy serves it and which owners refuse it (from the access
+    flags each owner publishes in its description), and why. Asks the owners for their
+    descriptions only. Fails with UNAVAILABLE if no owner answers.
     """
 
 class CuratorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -215,6 +227,18 @@ class CuratorServiceServicer(metaclass=_abc_1.ABCMeta):
         """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown or
         expired session or one of another consumer, FAILED_PRECONDITION while it is running, ABORTED
         if it failed (the message says why; the report is on the last WatchSession message).
+        """
+
+    @_abc_1.abstractmethod
+    def ListMethods(
+        self,
+        request: _curator_pb2.ListMethodsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_curator_pb2.ListMethodsResponse, _abc.Awaitable[_curator_pb2.ListMethodsResponse]]:
+        """Which summarization methods this deployment serves, before anything is asked: each method
+        with whether the curator's policy serves it and which owners refuse it (from the access
+        flags each owner publishes in its description), and why. Asks the owners for their
+        descriptions only. Fails with UNAVAILABLE if no owner answers.
         """
 
 def add_CuratorServiceServicer_to_server(servicer: CuratorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -95,6 +95,7 @@ class GetOwnerInfoResponse(_message.Message):
     HAS_LABELS_FIELD_NUMBER: _builtins.int
     SCHEMA_FIELD_NUMBER: _builtins.int
     PRICES_FIELD_NUMBER: _builtins.int
+    ACCESS_FIELD_NUMBER: _builtins.int
     owner_id: _builtins.str
     """Operator-chosen name of this owner."""
     num_points: _builtins.int
@@ -116,6 +117,13 @@ class GetOwnerInfoResponse(_message.Message):
         from them before anything is charged.
         """
 
+    @_builtins.property
+    def access(self) -> Global___OwnerAccess:
+        """What the owner's policy lets a session's method ask of it (its [access] flags, checked at
+        OpenSession); unset when the owner does not say. The curator tells consumers which methods
+        the deployment serves from it (CuratorService.ListMethods).
+        """
+
     def __init__(
         self,
         *,
@@ -125,14 +133,47 @@ class GetOwnerInfoResponse(_message.Message):
         has_labels: _builtins.bool = ...,
         schema: _schema_pb2.DatasetSchema | None = ...,
         prices: _market_pb2.Prices | None = ...,
+        access: Global___OwnerAccess | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["prices", b"prices", "schema", b"schema"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["access", b"access", "prices", b"prices", "schema", b"schema"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["has_labels", b"has_labels", "num_features", b"num_features", "num_points", b"num_points", "owner_id", b"owner_id", "prices", b"prices", "schema", b"schema"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access", b"access", "has_labels", b"has_labels", "num_features", b"num_features", "num_points", b"num_points", "owner_id", b"owner_id", "prices", b"prices", "schema", b"schema"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetOwnerInfoResponse: _TypeAlias = GetOwnerInfoResponse  # noqa: Y015
+
+@_typing.final
+class OwnerAccess(_message.Message):
+    """The flags of an owner's policy that decide which summarization methods it serves: its terms,
+    not its data.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALLOW_EXACT_BIDS_FIELD_NUMBER: _builtins.int
+    ALLOW_STEERED_SELECTION_FIELD_NUMBER: _builtins.int
+    ALLOW_NON_PRIVATE_FIELD_NUMBER: _builtins.int
+    allow_exact_bids: _builtins.bool
+    """access.allow_exact_bids: the per-round methods (private, rounds, greedy)."""
+    allow_steered_selection: _builtins.bool
+    """access.allow_steered_selection: the candidates method and its hashes mode."""
+    allow_non_private: _builtins.bool
+    """access.allow_non_private: a non-private method (greedy)."""
+    def __init__(
+        self,
+        *,
+        allow_exact_bids: _builtins.bool = ...,
+        allow_steered_selection: _builtins.bool = ...,
+        allow_non_private: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_exact_bids", b"allow_exact_bids", "allow_non_private", b"allow_non_private", "allow_steered_selection", b"allow_steered_selection"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OwnerAccess: _TypeAlias = OwnerAccess  # noqa: Y015
 
 @_typing.final
 class OpenSessionRequest(_message.Message):
