@@ -638,6 +638,8 @@ def ledger_resolve(
                 f"a receipt of ledger {r.replaced_ledger}, recorded as replaced by this one: "
                 "what it charged is not counted"
             )
+        if r.dismissed:
+            charged = "an unverified receipt (forged), dismissed on record: nothing charged"
         console.print(
             f"rollback {r.rollback} (receipt up to charge {r.receipt_sequence} presented by "
             f"{r.curator}, ledger at charge {r.ledger_sequence}): {charged}",

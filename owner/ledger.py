@@ -461,6 +461,9 @@ class Resolution:
     replaced_ledger : str or None
         For a receipt of another ledger of this owner: that ledger's id, now recorded as
         replaced by this one (nothing is charged: its totals are sealed under its own key).
+    dismissed : bool
+        An unverified receipt (no key of the ledger signed it, its totals do not open)
+        dismissed on the operator's request: nothing is charged.
     """
 
     rollback: int
@@ -472,6 +475,7 @@ class Resolution:
     points: int
     charge: int | None
     replaced_ledger: str | None = None
+    dismissed: bool = False
 
 
 class OwnerBudgetError(BudgetRefusedError):
@@ -1709,6 +1713,7 @@ class OwnerLedger:
             delta=0.0,
             points=0,
             charge=None,
+            dismissed=True,
         )
 
     def _resolve_lost(

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.common.summarization.rff import draw_rff_params
@@ -32,6 +33,7 @@ from dpmarket.curator.owners import GrpcOwnerEndpoint
 from dpmarket.curator.store import CuratorStore
 from dpmarket.deploy.pki import init_ca, issue, issue_all
 from dpmarket.owner import ledger as ledger_module
+from dpmarket.owner.cli import ledger as ledger_cli
 from dpmarket.owner.ledger import (
     ROLLBACK_MESSAGE,
     TAMPERED_MESSAGE,
@@ -267,11 +269,12 @@ def test_a_forged_receipt_only_makes_the_owner_wait_for_its_operator(
         d.run(_present(forged))
     assert len(charges(d)) == 1 + len(ignored)
     assert "--dismiss-unverified-receipts" in caplog.text
-    with OwnerLedger(d.data_dir, None, clock=d.clock) as ledger:
-        with pytest.raises(ValueError, match="--dismiss-unverified-receipts"):
-            ledger.resolve_rollbacks()  # its totals do not open: not charged back
-        (dismissed,) = ledger.resolve_rollbacks(dismiss_unverified=True)
-    assert dismissed.charge is None
+    resolve = ["resolve", "--data-dir", str(d.data_dir)]
+    refused = CliRunner().invoke(ledger_cli, resolve)  # its totals do not open: not charged
+    assert refused.exit_code == 1 and "--dismiss-unverified-receipts" in refused.output
+    dismissed = CliRunner().invoke(ledger_cli, [*resolve, "--dismiss-unverified-receipts"])
+    assert dismissed.exit_code == 0, dismissed.output
+    assert "dismissed on record: nothing charged" in " ".join(dismissed.output.split())
     d.run(_present(forged))  # dismissed on record: served, charged as without it
     assert len(charges(d)) == 2 + len(ignored)
 
