@@ -234,6 +234,7 @@ async def serve_curator(
             sketches,
             catalog_authorizer(policy, owner_names, security, INSECURE_CONSUMER),
             allocation_spec,
+            receipts=store,
         )
 
     def register(server: grpc.aio.Server) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 from dpmarket.common.sketches.marginals import MarginalsMap
 from dpmarket.common.sketches.marginals_fit import MAX_FIT_BYTES
@@ -28,6 +29,9 @@ from dpmarket.runtime.authz import Authorizer, rpc
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
+
+if TYPE_CHECKING:
+    from dpmarket.curator.owners import ReceiptBook
 
 logger = logging.getLogger(__name__)
 
@@ -78,14 +82,20 @@ class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
     """Thin adapter over a :class:`SketchCatalog`; reads and writes run in worker threads.
 
     ``allocation_spec`` (the spec the curator's summarization allocation reads, or None) is
-    announced with the list of specs."""
+    announced with the list of specs. ``receipts`` (the curator's store) keeps the ledger
+    receipt an owner sends with a publication as that owner's last receipt."""
 
     def __init__(
-        self, catalog: SketchCatalog, authorizer: Authorizer, allocation_spec: str | None = None
+        self,
+        catalog: SketchCatalog,
+        authorizer: Authorizer,
+        allocation_spec: str | None = None,
+        receipts: ReceiptBook | None = None,
     ) -> None:
         self.catalog = catalog
         self.authorizer = authorizer
         self.allocation_spec = allocation_spec
+        self.receipts = receipts
 
     @functools.cached_property
     def limits(self) -> ServiceLimits:
@@ -113,6 +123,15 @@ class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
 
     @rpc("owner")
     async def PublishSketch(self, request, context, caller):
+        if self.receipts is not None and request.HasField("receipt"):
+            # The owner's receipt after the publication's charge: its last receipt, presented
+            # at its next session or job like a session's (issue 25, B2). Kept before the
+            # catalogue's answer: the owner charged it whatever the catalogue does.
+            await asyncio.to_thread(
+                self.receipts.record_owner_receipt,
+                caller.name,
+                request.receipt.SerializeToString(),
+            )
         sketch = await asyncio.to_thread(msg.sketch_from_proto, request.sketch)
         entry, again = await asyncio.to_thread(
             self.catalog.publish, caller.name, request.spec, sketch

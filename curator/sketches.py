@@ -49,6 +49,7 @@ from dpmarket.runtime.sketch_messages import (
     spec_bytes,
     spec_from_bytes,
 )
+from dpmarket.v1 import privacy_pb2
 
 __all__ = ["LocalCatalogEndpoint", "SketchCatalog", "load_declaration"]
 
@@ -409,6 +410,8 @@ class LocalCatalogEndpoint:
         published, left = self.catalog.status(self.owner, name)
         return SpecStatus(self.catalog.spec(name), published, left)
 
-    def publish(self, spec: str, sketch: AnySketch) -> tuple[PublishedSketch, bool]:
-        """See :meth:`SketchCatalog.publish`."""
+    def publish(
+        self, spec: str, sketch: AnySketch, receipt: privacy_pb2.LedgerReceipt | None = None
+    ) -> tuple[PublishedSketch, bool]:
+        """See :meth:`SketchCatalog.publish` (in process: no curator keeps ``receipt``)."""
         return self.catalog.publish(self.owner, spec, sketch)

@@ -593,7 +593,16 @@ def ledger_rebind(data_dir: Path, **tls: Any) -> None:
     help="Also resolve receipts of another ledger of this owner (one this ledger replaced): "
     "record it as replaced; what it charged is lost to the budget, on record.",
 )
-def ledger_resolve(data_dir: Path, accept_replaced_ledger: bool) -> None:
+@click.option(
+    "--dismiss-unverified-receipts",
+    is_flag=True,
+    help="Also resolve receipts naming this owner that no key of the ledger verifies and whose "
+    "totals do not open under the ledger's key (forged by a curator): nothing is charged, on "
+    "record. Restore the latest backup that verifies instead if the ledger's keys were edited.",
+)
+def ledger_resolve(
+    data_dir: Path, accept_replaced_ledger: bool, dismiss_unverified_receipts: bool
+) -> None:
     """Clear a rollback the owner found: charge what the lost charges spent, then serve again.
 
     When a curator presents a receipt the owner signed for charges its ledger no longer holds
@@ -601,11 +610,17 @@ def ledger_resolve(data_dir: Path, accept_replaced_ledger: bool) -> None:
     there is one; otherwise this charges, as one entry now, what the receipt's totals hold
     beyond the ledger's charges up to it, and the owner serves again. A receipt of another
     ledger of this owner (the ledger was created anew, or upgraded from an earlier format)
-    cannot be charged back: restore that ledger, or pass --accept-replaced-ledger.
+    cannot be charged back: restore that ledger, or pass --accept-replaced-ledger. A receipt
+    naming this owner that no key of its ledger verifies is charged back the same way when its
+    totals open under the ledger's own key (the ledger's keys were edited); otherwise it is
+    forged: pass --dismiss-unverified-receipts.
     """
     try:
         with OwnerLedger(data_dir, None) as book:
-            resolved = book.resolve_rollbacks(accept_replaced_ledger=accept_replaced_ledger)
+            resolved = book.resolve_rollbacks(
+                accept_replaced_ledger=accept_replaced_ledger,
+                dismiss_unverified=dismiss_unverified_receipts,
+            )
     except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
         raise click.ClickException(str(exc)) from exc
     if not resolved:
@@ -623,6 +638,8 @@ def ledger_resolve(data_dir: Path, accept_replaced_ledger: bool) -> None:
                 f"a receipt of ledger {r.replaced_ledger}, recorded as replaced by this one: "
                 "what it charged is not counted"
             )
+        if r.dismissed:
+            charged = "an unverified receipt (forged), dismissed on record: nothing charged"
         console.print(
             f"rollback {r.rollback} (receipt up to charge {r.receipt_sequence} presented by "
             f"{r.curator}, ledger at charge {r.ledger_sequence}): {charged}",

@@ -308,6 +308,7 @@ class Earnings:
             market.settlement,
             owner=self.owner,
             quoted_charge=market.quoted_charge,
+            max_cost=market.max_cost,
         )
 
     def _by_session(self, curator: str, session: str) -> Earning | None:

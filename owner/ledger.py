@@ -64,6 +64,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from google.protobuf.message import DecodeError
+
 from dpmarket.common.errors import (
     BudgetRefusedError,
     FailedPreconditionError,
@@ -108,6 +110,7 @@ __all__ = [
     "APPLICATION",
     "CHAIN_SCHEMA",
     "DAY",
+    "GUARD_TRIGGERS",
     "LEDGER_FILE",
     "MAX_NAME_LENGTH",
     "MIGRATIONS",
@@ -248,6 +251,37 @@ MIGRATIONS: tuple[Migration, ...] = (
         SELECT RAISE(ABORT, 'earnings are append-only');
     END;
     """,
+    # 5 -> 6: the keys a receipt is checked with are append-only like the charges (deleting
+    # them hid a rollback behind a rotated key: issue 25, B1), and a receipt that names this
+    # owner but verifies under none of them is recorded as unverified (ledger_rollbacks.verified
+    # = 0) rather than ignored. Every trigger of GUARD_TRIGGERS must be present (verify).
+    """
+    CREATE TRIGGER ledger_keys_no_update BEFORE UPDATE ON ledger_keys BEGIN
+        SELECT RAISE(ABORT, 'a ledger keeps every key it served with');
+    END;
+    CREATE TRIGGER ledger_keys_no_delete BEFORE DELETE ON ledger_keys BEGIN
+        SELECT RAISE(ABORT, 'a ledger keeps every key it served with');
+    END;
+    ALTER TABLE ledger_rollbacks ADD COLUMN verified INTEGER NOT NULL DEFAULT 1;
+    """,
+)
+
+#: The triggers that keep the ledger's records append-only: a ledger without one of them was
+#: edited outside the owner (dropping a trigger is the first step of deleting what it guards),
+#: and fails ``verify`` and the owner's check at start.
+GUARD_TRIGGERS = (
+    "charges_add_to_totals",
+    "charges_no_update",
+    "charges_no_delete",
+    "ledger_identity_fixed",
+    "ledger_identity_bound_once",
+    "ledger_identity_no_delete",
+    "charge_chain_no_update",
+    "charge_chain_no_delete",
+    "ledger_keys_no_update",
+    "ledger_keys_no_delete",
+    "earnings_no_update",
+    "earnings_no_delete",
 )
 
 #: The first schema with the ledger's identity and hash chain (migration 3 -> 4). A ledger
@@ -427,6 +461,9 @@ class Resolution:
     replaced_ledger : str or None
         For a receipt of another ledger of this owner: that ledger's id, now recorded as
         replaced by this one (nothing is charged: its totals are sealed under its own key).
+    dismissed : bool
+        An unverified receipt (no key of the ledger signed it, its totals do not open)
+        dismissed on the operator's request: nothing is charged.
     """
 
     rollback: int
@@ -438,6 +475,7 @@ class Resolution:
     points: int
     charge: int | None
     replaced_ledger: str | None = None
+    dismissed: bool = False
 
 
 class OwnerBudgetError(BudgetRefusedError):
@@ -570,6 +608,16 @@ def _from_groups(groups: Iterable[tuple[float, float, int, int, int]]) -> _Spent
         points=sum(int(points) for *_, points in rows),
         non_private=any(bool(row[2]) for row in rows),
     )
+
+
+def _unverified_state(receipt: privacy_pb2.LedgerReceipt) -> privacy_pb2.LedgerState | None:
+    """A receipt's state read without checking its signature (None if it does not parse or
+    names no ledger): what it claims, to decide whether it concerns this owner."""
+    try:
+        state = privacy_pb2.LedgerState.FromString(receipt.state)
+    except DecodeError:
+        return None
+    return state if state.ledger_id and state.owner else None
 
 
 def _round_up(value: Fraction) -> float:
@@ -733,7 +781,9 @@ class OwnerLedger:
             self._identity = self._bind(owner)
             self._policy = self._record_policy(policy)
             with snapshot(self._conn):
-                self._guard = ChainGuard.load(self._conn, self._path, expected_tables=TABLES)
+                self._guard = ChainGuard.load(
+                    self._conn, self._path, expected_tables=TABLES, expected_triggers=GUARD_TRIGGERS
+                )
         except BaseException:
             self._conn.close()
             raise
@@ -1336,9 +1386,15 @@ class OwnerLedger:
 
         Notes
         -----
-        A receipt this ledger's keys did not sign changes nothing: it is logged and ignored,
-        so a curator can neither make the owner refuse with a forged receipt nor hide a
-        rollback with one. A receipt already resolved (:meth:`resolve_rollbacks`) is accepted,
+        A receipt that none of this ledger's keys verifies is ignored (logged) only when it
+        names no ledger of this owner. One that names this owner and is not consistent with
+        this ledger (another ledger, or a chain head this ledger does not hold) is recorded as
+        *unverified* and refused like a rollback: a ledger restored from an older copy whose
+        keys were edited (the receipt's key removed, a new certificate issued) cannot hide the
+        rollback behind it (issue 25, B1). The price: a curator presenting a forged receipt
+        makes the owner refuse until its operator resolves it, a denial of service a curator
+        has anyway by not calling the owner; it cannot hide a rollback with one.
+        A receipt already resolved (:meth:`resolve_rollbacks`) is accepted,
         and so is one of a ledger this one was recorded as replacing on its operator's
         request (``restore --replace-other-ledger``, ``resolve --accept-replaced-ledger``).
         """
@@ -1353,15 +1409,22 @@ class OwnerLedger:
                 str(f): bytes(k)
                 for f, k in self._conn.execute("SELECT fingerprint, public_key FROM ledger_keys")
             }
+            verified = True
             try:
                 state, _ = open_receipt(receipt, keys)
             except ReceiptError as exc:
-                logger.warning(
-                    "%s presented a ledger receipt this owner did not sign (%s): ignored",
-                    curator,
-                    exc,
-                )
-                return
+                unverified = _unverified_state(receipt)
+                if unverified is None or unverified.owner != self._identity.owner:
+                    logger.warning(
+                        "%s presented a ledger receipt this owner did not sign (%s), naming "
+                        "no ledger of this owner: ignored",
+                        curator,
+                        exc,
+                    )
+                    return
+                state, verified = unverified, False
+                if self._resolved_unverified(receipt):
+                    return
             other = state.ledger_id != self._identity.ledger_id
             if other and self._superseded(state.ledger_id):
                 logger.info(
@@ -1372,13 +1435,14 @@ class OwnerLedger:
                 )
                 return
             if not other and (
-                hash_at(self._conn, state.sequence) == state.head or self._resolved(state)
+                hash_at(self._conn, state.sequence) == state.head
+                or (verified and self._resolved(state))
             ):
                 return
             sequence, _ = head(self._conn)
             self._conn.execute(
                 "INSERT INTO ledger_rollbacks (detected_at, curator, receipt, sequence, head, "
-                "ledger_sequence) VALUES (?, ?, ?, ?, ?, ?)",
+                "ledger_sequence, verified) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     float(self._clock()),
                     curator,
@@ -1386,9 +1450,30 @@ class OwnerLedger:
                     state.sequence,
                     bytes(state.head),
                     sequence,
+                    int(verified),
                 ),
             )
             found = (state.sequence, sequence)
+        if not verified:
+            logger.error(
+                "%s presented a receipt naming this owner (ledger %s, up to charge %d) that no "
+                "key of ledger %s (%s) verifies; the ledger %s. Either this ledger was "
+                "restored from an older copy and the keys it lists were changed (the receipt "
+                "was signed by a key it no longer lists), or the curator presents a forged "
+                "receipt. The owner refuses every session and job until its operator restores "
+                "the latest backup that verifies, or runs: dpmarket owner ledger resolve "
+                "--data-dir %s (it charges back what the receipt shows lost when the receipt's "
+                "totals open under this ledger's own key; a receipt they do not open is "
+                "dismissed only with --dismiss-unverified-receipts) (docs/howto-ledger.md)",
+                curator,
+                state.ledger_id,
+                state.sequence,
+                self._identity.ledger_id,
+                self._path,
+                f"holds {found[1]} charges",
+                self._path.parent,
+            )
+            raise LedgerRollbackError(ROLLBACK_MESSAGE)
         if other:
             logger.error(
                 "ledger %s (ledger %s) is not the ledger this owner signed a receipt of, "
@@ -1420,6 +1505,17 @@ class OwnerLedger:
         )
         raise LedgerRollbackError(ROLLBACK_MESSAGE)
 
+    def _resolved_unverified(self, receipt: privacy_pb2.LedgerReceipt) -> bool:
+        """Whether this unverified receipt, byte for byte, was resolved already."""
+        return (
+            self._conn.execute(
+                "SELECT 1 FROM ledger_rollbacks WHERE receipt = ? AND verified = 0 "
+                "AND resolved_at IS NOT NULL LIMIT 1",
+                (receipt.SerializeToString(),),
+            ).fetchone()
+            is not None
+        )
+
     def _superseded(self, ledger_id: str) -> bool:
         return (
             self._conn.execute(
@@ -1448,7 +1544,9 @@ class OwnerLedger:
             ).fetchall()
         return [(int(r[0]), float(r[1]), str(r[2]), int(r[3]), int(r[4]), r[5]) for r in rows]
 
-    def resolve_rollbacks(self, *, accept_replaced_ledger: bool = False) -> list[Resolution]:
+    def resolve_rollbacks(
+        self, *, accept_replaced_ledger: bool = False, dismiss_unverified: bool = False
+    ) -> list[Resolution]:
         """Resolve every rollback found: charge what each receipt shows was lost, then serve.
 
         For each receipt the ledger was found behind, the charges it covers that this ledger
@@ -1465,10 +1563,20 @@ class OwnerLedger:
         (:func:`record_superseded`): its receipts are accepted from then on, and what it
         charged is lost to the budget, on the operator's record.
 
+        A receipt no key of this ledger verifies (*unverified*: the ledger's keys were changed,
+        or the curator forged it) is charged back as above when its sealed totals open under
+        this ledger's own sealing key, which only this ledger and its copies hold (AES-GCM
+        authenticates them, bound to the receipt's ledger, charge and chain head): it is this
+        ledger's own receipt. One whose totals do not open is resolved only with
+        ``dismiss_unverified``, which records it resolved and charges nothing.
+
         Parameters
         ----------
         accept_replaced_ledger : bool, default False
             Resolve the receipts of other ledgers of this owner as above.
+        dismiss_unverified : bool, default False
+            Resolve unverified receipts whose totals do not open under this ledger's key
+            (forged, or of another ledger), charging nothing, on the operator's record.
 
         Returns
         -------
@@ -1497,15 +1605,19 @@ class OwnerLedger:
             now = float(self._clock())
             key = self._seal_key()
             rows = self._conn.execute(
-                "SELECT id, curator, receipt, ledger_sequence FROM ledger_rollbacks "
+                "SELECT id, curator, receipt, ledger_sequence, verified FROM ledger_rollbacks "
                 "WHERE resolved_at IS NULL ORDER BY id"
             ).fetchall()
-            for number, curator, blob, ledger_sequence in rows:
+            for number, curator, blob, ledger_sequence, verified in rows:
                 state = privacy_pb2.LedgerState.FromString(
                     privacy_pb2.LedgerReceipt.FromString(bytes(blob)).state
                 )
                 found = (int(number), str(curator), state, int(ledger_sequence), now)
-                if state.ledger_id != self._identity.ledger_id:
+                if not verified:
+                    out.append(
+                        self._resolve_unverified(*found, key=key, dismiss=dismiss_unverified)
+                    )
+                elif state.ledger_id != self._identity.ledger_id:
                     out.append(self._resolve_replaced(*found, accept=accept_replaced_ledger))
                 else:
                     out.append(self._resolve_lost(*found, key=key))
@@ -1550,6 +1662,58 @@ class OwnerLedger:
             points=0,
             charge=None,
             replaced_ledger=state.ledger_id,
+        )
+
+    def _resolve_unverified(
+        self,
+        number: int,
+        curator: str,
+        state: privacy_pb2.LedgerState,
+        ledger_sequence: int,
+        now: float,
+        *,
+        key: bytes,
+        dismiss: bool,
+    ) -> Resolution:
+        """Resolve rollback ``number``, a receipt no key of this ledger verifies: charge back
+        what it shows lost if its totals open under this ledger's key (its own receipt), else
+        dismiss it (``dismiss``) or raise ``ValueError`` saying what to do."""
+        if state.ledger_id == self._identity.ledger_id:
+            try:
+                return self._resolve_lost(number, curator, state, ledger_sequence, now, key=key)
+            except ValueError:
+                pass
+        if not dismiss:
+            raise ValueError(
+                f"rollback {number}: {curator} presented a receipt naming this owner (ledger "
+                f"{state.ledger_id}, up to charge {state.sequence}) that no key of this ledger "
+                "verifies and whose totals do not open under this ledger's key: it was forged, "
+                "or this ledger is not the one that signed it. Restore this owner's latest "
+                "backup that verifies (dpmarket owner ledger restore); if you are sure the "
+                "receipt is forged, dismiss it on record: dpmarket owner ledger resolve "
+                "--dismiss-unverified-receipts"
+            )
+        logger.warning(
+            "rollback %d: unverified receipt from %s (ledger %s, charge %d) dismissed by the "
+            "operator: nothing charged",
+            number,
+            curator,
+            state.ledger_id,
+            state.sequence,
+        )
+        self._conn.execute(
+            "UPDATE ledger_rollbacks SET resolved_at = ? WHERE id = ?", (now, number)
+        )
+        return Resolution(
+            rollback=int(number),
+            curator=str(curator),
+            receipt_sequence=int(state.sequence),
+            ledger_sequence=int(ledger_sequence),
+            epsilon=0.0,
+            delta=0.0,
+            points=0,
+            charge=None,
+            dismissed=True,
         )
 
     def _resolve_lost(

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from dpmarket.owner.ledger import (
     APPLICATION,
+    GUARD_TRIGGERS,
     MIGRATIONS,
     TABLES,
     LedgerUpgradeRequiredError,
@@ -170,7 +171,7 @@ def verify_file(path: str | os.PathLike[str], *, owner: LedgerOwner | None = Non
             raise LedgerUpgradeRequiredError(upgrade_message(path, version, len(MIGRATIONS)))
     conn = open_read_only(path, application=APPLICATION, schema_version=len(MIGRATIONS))
     try:
-        found = verify_ledger(conn, expected_tables=TABLES)
+        found = verify_ledger(conn, expected_tables=TABLES, expected_triggers=GUARD_TRIGGERS)
     finally:
         conn.close()
     if owner is not None and found.identity is not None:

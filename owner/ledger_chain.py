@@ -435,7 +435,11 @@ class Verification:
 
 
 def verify_ledger(
-    conn: sqlite3.Connection, *, expected_tables: Iterable[str], sqlite_check: bool = True
+    conn: sqlite3.Connection,
+    *,
+    expected_tables: Iterable[str],
+    expected_triggers: Iterable[str] = (),
+    sqlite_check: bool = True,
 ) -> Verification:
     """Check a ledger whole: SQLite's integrity, its tables, identity, chain and running totals.
 
@@ -445,6 +449,9 @@ def verify_ledger(
         The owner's database, opened at the current schema (read-only is enough).
     expected_tables : iterable of str
         Tables the current schema has.
+    expected_triggers : iterable of str, default ()
+        Triggers that keep its records append-only: one missing was dropped outside the owner
+        (to delete or rewrite what it guards, e.g. the keys receipts are checked with).
     sqlite_check : bool, default True
         Whether to run ``PRAGMA integrity_check`` (every page of the file) too; the owner's
         check at start leaves it out (it reads every row it needs anyway).
@@ -475,6 +482,16 @@ def verify_ledger(
     if missing:
         problems.append(ChainProblem(0, f"tables missing: {', '.join(missing)}"))
         return Verification(None, 0, 0, b"", (Fraction(0), Fraction(0), 0), 0, tuple(problems))
+    triggers = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+    dropped = [t for t in expected_triggers if t not in triggers]
+    if dropped:
+        problems.append(
+            ChainProblem(
+                0,
+                f"triggers missing: {', '.join(dropped)} (dropped outside the owner, to delete or "
+                "change the records they keep append-only)",
+            )
+        )
     try:
         identity: LedgerIdentity | None = read_identity(conn)
     except ValueError as exc:

@@ -115,7 +115,12 @@ class ChainGuard:
 
     @classmethod
     def load(
-        cls, conn: sqlite3.Connection, path: Path, *, expected_tables: Iterable[str]
+        cls,
+        conn: sqlite3.Connection,
+        path: Path,
+        *,
+        expected_tables: Iterable[str],
+        expected_triggers: Iterable[str] = (),
     ) -> ChainGuard:
         """Check the whole ledger and keep its head and totals (call inside a snapshot).
 
@@ -123,14 +128,20 @@ class ChainGuard:
         ------
         LedgerCheckError
             If a charge does not match its chain hash, a charge has no chain row (or the
-            reverse), the identity is missing, or a running-totals row differs from the sums
-            of the charges; the message names the first problems and what to do.
+            reverse), a trigger of ``expected_triggers`` was dropped, the identity is missing,
+            or a running-totals row differs from the sums of the charges; the message names the
+            first problems and what to do.
 
         Notes
         -----
         O(history): one SHA-256 per charge and one grouped scan of the charges.
         """
-        found = verify_ledger(conn, expected_tables=expected_tables, sqlite_check=False)
+        found = verify_ledger(
+            conn,
+            expected_tables=expected_tables,
+            expected_triggers=expected_triggers,
+            sqlite_check=False,
+        )
         if found.problems:
             shown = "; ".join(p.what for p in found.problems[:3])
             more = len(found.problems) - 3

@@ -18,7 +18,7 @@ from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.serving import CHANNEL_OPTIONS
 from dpmarket.runtime.status import error_from_rpc
 from dpmarket.runtime.transport import CONNECT_TIMEOUT_SECONDS, TransportSecurity, connected_channel
-from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
+from dpmarket.v1 import privacy_pb2, sketch_pb2, sketch_pb2_grpc
 
 __all__ = ["CatalogClient"]
 
@@ -111,9 +111,13 @@ class CatalogClient:
             int(response.publications_left),
         )
 
-    def publish(self, spec: str, sketch: AnySketch) -> tuple[PublishedSketch, bool]:
-        """Send a stored sketch (PublishSketch); return the catalogue entry and whether the
-        catalogue held it already."""
-        request = sketch_pb2.PublishSketchRequest(spec=spec, sketch=msg.sketch_to_proto(sketch))
+    def publish(
+        self, spec: str, sketch: AnySketch, receipt: privacy_pb2.LedgerReceipt | None = None
+    ) -> tuple[PublishedSketch, bool]:
+        """Send a stored sketch (PublishSketch) with the ledger's receipt after its charge;
+        return the catalogue entry and whether the catalogue held it already."""
+        request = sketch_pb2.PublishSketchRequest(
+            spec=spec, sketch=msg.sketch_to_proto(sketch), receipt=receipt
+        )
         response = self._call("PublishSketch", request)
         return msg.published_from_proto(response.published), bool(response.already_published)

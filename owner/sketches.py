@@ -495,8 +495,9 @@ def publish_to(
     (before anything is computed) if the catalogue holds a sketch of this owner that this ledger
     does not (a data directory reset: a second release would spend budget for a sketch the
     catalogue refuses) or accepts no more from it; then :meth:`SketchPublisher.publish` (check,
-    compute, charge and store; a stored release is returned as it is), hand it over and record
-    the delivery.
+    compute, charge and store; a stored release is returned as it is), hand it over with the
+    ledger's receipt signed after the charge (the curator keeps it as this owner's last receipt)
+    and record the delivery.
 
     Parameters
     ----------
@@ -532,7 +533,10 @@ def publish_to(
                 raise FailedPreconditionError(
                     f"the catalogue of {catalog.curator} holds a sketch of this owner under "
                     f"{name!r} that this ledger ({publisher.ledger.path}) did not record: "
-                    "nothing released (publish from the data directory that made it)"
+                    "nothing released. Publish from the data directory that made it; if this "
+                    "is that directory, its ledger lost the publication's charge (restored from "
+                    "an older copy): restore its newest backup, or let the curator's receipt "
+                    "stop the owner and run dpmarket owner ledger resolve (docs/howto-ledger.md)"
                 )
             if status.publications_left <= 0:
                 raise FailedPreconditionError(
@@ -540,7 +544,11 @@ def publish_to(
                     f"owner: nothing released under {name!r}"
                 )
         publication = publisher.publish(spec, table, curator=catalog.curator, epsilon=epsilon)
-        entry, again = catalog.publish(name, publication.sketch)
+        # The ledger's receipt after the charge goes with the sketch: the curator presents it
+        # at this owner's next session, so a ledger restored from a copy older than this
+        # publication is found (issue 25, B2).
+        receipt = publisher.ledger.receipt()
+        entry, again = catalog.publish(name, publication.sketch, receipt)
         publisher.delivered(publication, curator=catalog.curator, spec=name)
         out.append(Delivery(name, publication, entry, again))
     return out

@@ -693,6 +693,7 @@ def check_statement(
     *,
     owner: str,
     quoted_charge: int | None = None,
+    max_cost: int | None = None,
 ) -> None:
     """An owner's check of its statement against its own record and prices.
 
@@ -706,7 +707,9 @@ def check_statement(
     :class:`~dpmarket.common.market.payouts.ValueReward`; within ``[0, reward]`` for the
     proportional split, which depends on the other owners' values; 0 without a rule); and, if
     ``quoted_charge`` is given (the owner's own quote line), that the line states it and the
-    charge stays within it. Verify the signature first (:func:`verify_statement`).
+    charge stays within it; that the line's total stays within the header's ``max_cost`` (the
+    consumer's cap) and, if ``max_cost`` is given (the cap of the terms the owner accepted),
+    within that too. Verify the signature first (:func:`verify_statement`).
 
     Parameters
     ----------
@@ -720,6 +723,8 @@ def check_statement(
         The owner's own name (from its certificate).
     quoted_charge : int, optional
         The owner's charge in the quote, micro-credits, as it computed it from its terms.
+    max_cost : int, optional
+        The consumer's cap in the terms the owner accepted, micro-credits.
 
     Raises
     ------
@@ -779,6 +784,11 @@ def check_statement(
         expect("quoted", line.quoted, quoted_charge)
     if line.charge > line.quoted:
         problems.append(f"charge: {line.charge} is more than the quoted {line.quoted}")
+    for cap, whose in ((header.max_cost, "the header's"), (max_cost, "the accepted terms'")):
+        if cap is not None and line.total > cap:
+            problems.append(
+                f"total: {line.total} is more than {whose} max_cost {cap} (the consumer's cap)"
+            )
     if problems:
         raise StatementMismatchError(
             f"refused the statement of session {header.session_id!r}: " + "; ".join(problems)

@@ -321,7 +321,8 @@ def check_quote(
     ------
     QuoteRefusedError
         If the owner has prices and the terms carry no quote, the quoted charge is below its
-        own, or the session is non-private and the owner prices epsilon. The message states
+        own or above the terms' ``max_cost`` (the consumer's cap: issue 25, B3), or the session
+        is non-private and the owner prices epsilon. The message states
         the owner's prices and the quote: public figures, no data.
     """
     if market is None:
@@ -331,6 +332,14 @@ def check_quote(
                 "the session's terms carry no quote: use a curator that quotes its sessions"
             )
         return 0
+    if market.quoted_charge > market.max_cost:
+        raise QuoteRefusedError(
+            f"the session's quote pays owner {owner} {format_credits(market.quoted_charge)} "
+            f"credits, more than the consumer's cap (max_cost "
+            f"{format_credits(market.max_cost)} credits) carried in the same terms: no "
+            "statement of this session could pay it within the cap. Nothing charged; ask the "
+            "curator to quote within the consumer's max_cost"
+        )
     settlement = market.settlement
     limits = _limits(market.max_points_read, epsilon, settlement.payout_epsilon, prices, owner)
     own = owner_charge(

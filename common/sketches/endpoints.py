@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dpmarket.common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
+from dpmarket.v1 import privacy_pb2
 
 __all__ = ["CatalogEndpoint", "SpecStatus"]
 
@@ -48,7 +49,10 @@ class CatalogEndpoint(Protocol):
         """A spec and this owner's standing under it (``NotFoundError`` if unknown)."""
         ...
 
-    def publish(self, spec: str, sketch: AnySketch) -> tuple[PublishedSketch, bool]:
-        """Hand over a sketch (already charged and stored by the owner); return the catalogue
-        entry and whether the catalogue held this very sketch already."""
+    def publish(
+        self, spec: str, sketch: AnySketch, receipt: privacy_pb2.LedgerReceipt | None = None
+    ) -> tuple[PublishedSketch, bool]:
+        """Hand over a sketch (already charged and stored by the owner) with the owner's ledger
+        receipt signed after its charge (kept by the curator as the owner's last receipt);
+        return the catalogue entry and whether the catalogue held this very sketch already."""
         ...

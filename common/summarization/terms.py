@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "METHOD_STEPS",
+    "MIN_NOISE_EPSILON",
     "SERVED_AS",
     "MethodOffer",
     "OwnerAccess",
@@ -222,6 +223,14 @@ class TermsEpsilon(enum.Enum):
     NON_PRIVATE = "inf: non-private"
 
 
+#: The smallest epsilon terms may state for an owner's own Laplace count
+#: (:attr:`TermsEpsilon.OWNER_NOISE`): one micro-epsilon, the market's unit of epsilon
+#: (:data:`dpmarket.common.market.money.EPSILON_UNITS`), so the count's noise scale
+#: ``1 / epsilon`` (sensitivity 1) is at most 10^6, finite. Below it (5e-324 gives a scale of
+#: inf) the count cannot be drawn, and terms accepted there would charge a session that
+#: releases nothing (issue 25, B5); they are refused before anything is charged.
+MIN_NOISE_EPSILON = 1e-6
+
 #: What each method's epsilon must be (checked by :class:`OwnerTerms`).
 METHOD_EPSILON: dict[SessionMethod, TermsEpsilon] = {
     SessionMethod.UNIFORM: TermsEpsilon.NONE,
@@ -266,7 +275,8 @@ class OwnerTerms:
     ------
     ValueError
         If ``method`` is not a :class:`SessionMethod`, ``epsilon`` is not what the method
-        releases (:data:`METHOD_EPSILON`: 0, finite and > 0, or infinite), ``delta`` is outside
+        releases (:data:`METHOD_EPSILON`: 0, finite and > 0 (at least
+        :data:`MIN_NOISE_EPSILON` for the owner's Laplace count), or infinite), ``delta`` is outside
         ``[0, 1)`` (or not 0 with ``epsilon`` 0), or ``max_rounds`` is not >= 1 for a
         per-round method and 0 for the others.
     """
@@ -300,6 +310,12 @@ class OwnerTerms:
         ):
             raise ValueError(
                 f"the {name} method needs a finite epsilon > 0 ({rule.value}), got {eps:g}"
+            )
+        if rule is TermsEpsilon.OWNER_NOISE and eps < MIN_NOISE_EPSILON:
+            raise ValueError(
+                f"the {name} method draws the owner's Laplace count at its epsilon: it must be "
+                f"at least {MIN_NOISE_EPSILON:g} (noise scale 1/epsilon at most "
+                f"{1 / MIN_NOISE_EPSILON:g}), got {eps:g}; ask for a larger epsilon"
             )
         if rule is TermsEpsilon.NON_PRIVATE and not math.isinf(eps):
             raise ValueError(

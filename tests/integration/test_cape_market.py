@@ -150,8 +150,8 @@ def _new_entries(cluster: LocalCluster, before: dict[str, int]) -> dict[str, lis
 
 def test_an_owner_refuses_a_cape_job_quoted_below_its_prices(priced: LocalCluster) -> None:
     """The deployment's curator certificate opens a job at one owner quoting one micro-credit
-    below its prices, and without a quote: FAILED_PRECONDITION naming its prices, nothing
-    charged; the honest quote opens (the control)."""
+    below its prices, without a quote, and with its line above the terms' max_cost:
+    FAILED_PRECONDITION, nothing charged; the honest quote, at the cap, opens (the control)."""
     spec = _mean()
     owner = priced.owner_ids[0]
     honest = cape_quote({owner: PRICES}, spec.cost[0]).line(owner).charge.total
@@ -161,10 +161,11 @@ def test_an_owner_refuses_a_cape_job_quoted_below_its_prices(priced: LocalCluste
     with sync_channel(target, security, Identity("owner", owner)) as channel:
         stub = cape_pb2_grpc.CapeSiteServiceStub(channel)
 
-        def open_job(job: str, charge: int | None) -> Any:
+        def open_job(job: str, charge: int | None, cap: int | None = None) -> Any:
             market = None
             if charge is not None:
-                market = market_terms_to_proto(MarketTerms(0, charge, charge, NO_SUMMARY))
+                cap = charge if cap is None else cap
+                market = market_terms_to_proto(MarketTerms(0, charge, cap, NO_SUMMARY))
             request = cape_pb2.OpenCapeJobRequest(
                 job_id=job, consumer="consumer:consumer", market=market
             )
@@ -176,7 +177,11 @@ def test_an_owner_refuses_a_cape_job_quoted_below_its_prices(priced: LocalCluste
                 open_job(job, charge)
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "prices" in (info.value.details() or "")
-        assert open_job("honest-" + "0" * 25, honest).num_rows > 0
+        with pytest.raises(grpc.RpcError) as info:  # issue 25, B3: the line above the cap
+            open_job("over-cap-" + "0" * 23, honest, cap=honest - 1)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "max_cost" in (info.value.details() or "")
+        assert open_job("honest-" + "0" * 25, honest).num_rows > 0  # at the cap: opens
         stub.CloseCapeJob(cape_pb2.CloseCapeJobRequest(job_id="honest-" + "0" * 25))
     assert _ledger_sizes(priced) == before  # opening charges nothing; refusals neither
 

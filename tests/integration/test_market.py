@@ -184,23 +184,29 @@ def test_an_owner_refuses_a_quote_below_its_prices_and_releases_no_more_than_its
 ) -> None:
     """A curator (the deployment's own certificate) lowballs an owner by one micro-credit:
     FAILED_PRECONDITION naming the prices, nothing charged; terms without a quote are refused by
-    a priced owner too. Control: the honest quote opens, and the owner's allowance is the line's
+    a priced owner too, and so are terms whose line is above the consumer's cap they carry.
+    Control: the honest quote, at the cap, opens, and the owner's allowance is the line's
     ``max_points_read``."""
     owner = market.owner_ids[0]
     settlement = SettlementTerms(summary_size=P, validation_size=len(digits.validation))
-    own = check_quote(OWNER_PRICES, MarketTerms(4, 10**12, 0, settlement), 0.5, owner=owner)
-    honest = MarketTerms(4, own, own, settlement)
+    own = check_quote(OWNER_PRICES, MarketTerms(4, 10**12, 10**12, settlement), 0.5, owner=owner)
+    honest = MarketTerms(4, own, own, settlement)  # at the consumer's cap: opens
     low = MarketTerms(4, own - 1, own - 1, settlement)
+    over_cap = MarketTerms(4, own, own - 1, settlement)  # the line above the terms' max_cost
     before = _ledger_sizes(market)
     security = TransportSecurity.from_files(*identity_files(market.pki_dir, CURATOR))
     with sync_channel(market.owner_targets[0], security, Identity("owner", owner)) as channel:
         stub = owner_pb2_grpc.OwnerServiceStub(channel)
-        for sid, terms in (("lowball", low), ("no-quote", None)):
+        for sid, terms, says in (
+            ("lowball", low, "prices"),
+            ("no-quote", None, "prices"),
+            ("over-cap", over_cap, "max_cost"),  # issue 25, B3
+        ):
             with pytest.raises(grpc.RpcError) as info:
                 _open(stub, sid, digits, terms)
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             details = info.value.details() or ""
-            assert "prices" in details and "Traceback" not in details
+            assert says in details and "Traceback" not in details
         opened = _open(stub, "honest", digits, honest)
         assert opened.max_points == 4  # no more than the line's max_points_read
         stub.CloseSession(owner_pb2.CloseSessionRequest(session_id="honest"), timeout=CALL_TIMEOUT)
@@ -295,9 +301,14 @@ def test_a_session_is_settled_from_the_owners_records_and_each_owner_checks_its_
             )
             return stub.RecordStatement(request, timeout=CALL_TIMEOUT)
 
+        # Issue 25, B3: the line above the consumer's cap its header states.
+        over_cap = dataclasses.replace(
+            part, header=dataclasses.replace(part.header, max_cost=part.line.total - 1)
+        )
         for data, sig, code in (
             (forged, signature, grpc.StatusCode.INVALID_ARGUMENT),
             (lying.encode(), sign_statement(lying, _curator_key(market)), FAILED),
+            (over_cap.encode(), sign_statement(over_cap, _curator_key(market)), FAILED),
         ):
             with pytest.raises(grpc.RpcError) as info:
                 deliver(data, sig)

@@ -41,7 +41,9 @@ from dpmarket.deploy.cli import main as cli_main
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
 from dpmarket.deploy.pki import init_ca, issue_all
 from dpmarket.deploy.sketch_demo import flights_tables
-from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.ledger import LedgerRollbackError, OwnerLedger, ledger_path
+from dpmarket.owner.ledger_admin import backup_ledger
+from dpmarket.owner.ledger_chain import LedgerOwner
 from dpmarket.owner.policy import load_owner_policy
 from dpmarket.owner.sketch_client import CatalogClient
 from dpmarket.owner.sketches import SketchPublisher, ledger_session, publish_to
@@ -49,8 +51,9 @@ from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
 from dpmarket.runtime.sketch_messages import sketch_to_proto
 from dpmarket.runtime.tables import load_table
 from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
-from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
+from dpmarket.v1 import privacy_pb2, sketch_pb2, sketch_pb2_grpc
 from tests.conftest import new_ledger
+from tests.owner.ledger_attacks import drop_last_charge
 
 pytestmark = pytest.mark.integration
 
@@ -657,3 +660,44 @@ def test_the_library_answers_as_the_commands_do(dep: Deployment) -> None:
         {**row, "charged_now": False, "already_in_catalogue": True} for row in first["sketches"]
     ]
     assert ledger(dep.cluster.owner_state("owner-EV")).entries == statement.entries
+
+
+def _curator_receipt(dep: Deployment, owner: str) -> privacy_pb2.LedgerReceipt | None:
+    """The ledger receipt the curator's store holds as ``owner``'s last."""
+    with closing(sqlite3.connect(dep.cluster.curator_state / DATABASE_FILE)) as conn:
+        row = conn.execute(
+            "SELECT receipt FROM owner_receipts WHERE owner = ?", (owner,)
+        ).fetchone()
+    return None if row is None else privacy_pb2.LedgerReceipt.FromString(bytes(row[0]))
+
+
+def test_a_ledger_restored_from_before_a_publication_is_found_by_its_receipt(
+    dep: Deployment, tmp_path: Path
+) -> None:
+    """The red team's repro_b2_publish_rollback.sh: ``owner publish`` charges, then the ledger
+    is restored from a copy older than the publication. The owner's publication (its own
+    process, ``dpmarket sketch publish``) sends the receipt it signed after the charge; the
+    curator keeps it as the owner's last, and the restored ledger is behind it: refused until
+    resolved, which charges back exactly the publications' epsilon. Control: the receipt a
+    curator held without it (owner-EV never had a session: none) lets the restored ledger serve
+    with the publications' budget back."""
+    owner = "owner-EV"
+    held = _curator_receipt(dep, owner)
+    assert held is not None  # only publications: the curator holds a receipt of them
+    state = privacy_pb2.LedgerState.FromString(held.state)
+    spent = [e.epsilon for e in _entries(dep, owner)]
+    assert state.sequence == len(spent) == 2
+    # The restored copy: the ledger before the second publication (a whole, shorter chain).
+    restored = tmp_path / owner
+    backup_ledger(dep.cluster.owner_state(owner), ledger_path(restored))
+    drop_last_charge(restored)
+    me = LedgerOwner.from_security(owner, _owner_security(dep.cluster, Identity("owner", owner)))
+    with OwnerLedger(restored, None, owner=me) as ledger:
+        ledger.check_receipt(None, curator="curator:curator")  # the control: served
+        assert ledger.window_totals().epsilon == pytest.approx(spent[0])
+        with pytest.raises(LedgerRollbackError):
+            ledger.check_receipt(held, curator="curator:curator")
+        (resolution,) = ledger.resolve_rollbacks()
+        assert resolution.epsilon == pytest.approx(spent[1])
+        assert ledger.window_totals().epsilon == pytest.approx(sum(spent))
+        ledger.check_receipt(held, curator="curator:curator")  # resolved: accepted

@@ -10,7 +10,8 @@ the owner did before it, checking nothing; monkeypatch it in for a control.
 from __future__ import annotations
 
 import sqlite3
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from dpmarket.owner.ledger import ledger_path
@@ -35,11 +36,30 @@ def lower_totals(data_dir: Path) -> None:
         conn.execute("UPDATE charge_totals SET charges = 0, points = 0")
 
 
+@contextmanager
+def without_triggers(conn: sqlite3.Connection, *names: str) -> Iterator[None]:
+    """Drop the triggers ``names`` for the edits of the ``with`` block, then create them again
+    as they were: the thorough attacker, who leaves no trigger missing for ``verify`` to see."""
+    saved = [
+        conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = ?", (n,)
+        ).fetchone()[0]
+        for n in names
+    ]
+    for name in names:
+        conn.execute(f"DROP TRIGGER {name}")
+    yield
+    for sql in saved:
+        conn.execute(sql)
+
+
 def drop_last_charge(data_dir: Path) -> None:
     """Remove the last charge with its chain row and rebuild the totals: the chain stays whole."""
-    with closing(sqlite3.connect(ledger_path(data_dir))) as conn, conn:
-        conn.execute("DROP TRIGGER charges_no_delete")
-        conn.execute("DROP TRIGGER charge_chain_no_delete")
+    with (
+        closing(sqlite3.connect(ledger_path(data_dir))) as conn,
+        conn,
+        without_triggers(conn, "charges_no_delete", "charge_chain_no_delete"),
+    ):
         (last,) = conn.execute("SELECT MAX(id) FROM charges").fetchone()
         conn.execute("DELETE FROM charge_chain WHERE charge = ?", (last,))
         conn.execute("DELETE FROM charges WHERE id = ?", (last,))

@@ -57,6 +57,7 @@ from tests.owner.ledger_attacks import (
     drop_last_charge,
     lower_totals,
     raw_charges,
+    without_triggers,
 )
 
 ALICE, BOB = Identity("owner", "alice"), Identity("owner", "bob")
@@ -243,8 +244,11 @@ def test_verify_finds_a_charge_rewritten_in_the_file(
     _ledger_with_charges(data_dir)
     assert verify_file(ledger_path(data_dir)).ok
     # Someone with the file lowers charge 3's epsilon and adjusts the running totals to match.
-    with closing(sqlite3.connect(ledger_path(data_dir))) as conn, conn:
-        conn.execute("DROP TRIGGER charges_no_update")
+    with (
+        closing(sqlite3.connect(ledger_path(data_dir))) as conn,
+        conn,
+        without_triggers(conn, "charges_no_update"),
+    ):
         conn.execute("UPDATE charges SET epsilon = 0.01 WHERE id = 3")
         conn.execute("DELETE FROM charge_totals")
         conn.execute(
@@ -274,9 +278,11 @@ def test_verify_finds_a_charge_rewritten_in_the_file(
 def test_verify_finds_a_charge_removed_from_the_middle(tmp_path: Path) -> None:
     data_dir = tmp_path / "owner"
     _ledger_with_charges(data_dir)
-    with closing(sqlite3.connect(ledger_path(data_dir))) as conn, conn:
-        conn.execute("DROP TRIGGER charges_no_delete")
-        conn.execute("DROP TRIGGER charge_chain_no_delete")
+    with (
+        closing(sqlite3.connect(ledger_path(data_dir))) as conn,
+        conn,
+        without_triggers(conn, "charges_no_delete", "charge_chain_no_delete"),
+    ):
         conn.execute("DELETE FROM charge_chain WHERE charge = 2")
         conn.execute("DELETE FROM charges WHERE id = 2")
     found = verify_file(ledger_path(data_dir))

@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from dpmarket.v1 import array_pb2 as _array_pb2
+from dpmarket.v1 import privacy_pb2 as _privacy_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
@@ -779,19 +780,29 @@ class PublishSketchRequest(_message.Message):
 
     SPEC_FIELD_NUMBER: _builtins.int
     SKETCH_FIELD_NUMBER: _builtins.int
+    RECEIPT_FIELD_NUMBER: _builtins.int
     spec: _builtins.str
     """The spec's name."""
     @_builtins.property
     def sketch(self) -> Global___PrivateSketch: ...
+    @_builtins.property
+    def receipt(self) -> _privacy_pb2.LedgerReceipt:
+        """The owner's ledger receipt signed after the publication's charge: the curator keeps it as
+        this owner's last receipt and presents it at the next session or job, so that a ledger
+        restored from a copy older than the publication is found (as for a session's receipt).
+        Unset from an owner without certificates.
+        """
+
     def __init__(
         self,
         *,
         spec: _builtins.str = ...,
         sketch: Global___PrivateSketch | None = ...,
+        receipt: _privacy_pb2.LedgerReceipt | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sketch", b"sketch"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "sketch", b"sketch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["sketch", b"sketch", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "sketch", b"sketch", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
