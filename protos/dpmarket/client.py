@@ -36,7 +36,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
-from dpmarket.common.market.money import parse_credits
+from dpmarket.common.market.money import credits_cap
 from dpmarket.common.market.pricing import Quote
 from dpmarket.common.market.terms import NO_REWARD, RewardOffer
 from dpmarket.common.schema import Schema
@@ -247,7 +247,7 @@ class Consumer:
             selection=selection,
             schema=schema,
             feature_names=feature_names,
-            max_cost=None if max_cost is None else parse_credits(max_cost),
+            max_cost=credits_cap(max_cost),
             reward=reward or NO_REWARD,
         )
 
@@ -287,7 +287,7 @@ class Consumer:
             selection=selection,
             schema=schema,
             feature_names=feature_names,
-            max_cost=None if max_cost is None else parse_credits(max_cost),
+            max_cost=credits_cap(max_cost),
             reward=reward or NO_REWARD,
         )
 
@@ -346,22 +346,154 @@ class Consumer:
         return rank(self.client, np.asarray(validation, dtype=np.float64), spec=spec, owners=owners)
 
     # ------------------------------------------------------------------------------ CAPE
-    def cape_mean(self, spec: CapeMeanSpec, *, seed: int | None = None, **kw: Any) -> CapeMean:
+    def cape_mean(
+        self,
+        spec: CapeMeanSpec,
+        *,
+        seed: int | None = None,
+        request_id: str | None = None,
+        timeout: float = 600.0,
+        schema: Schema | None = None,
+        min_owners: int = 0,
+        max_cost: str | int | Decimal | None = None,
+    ) -> CapeMean:
         """The mean of some columns across the owners (CAPE; ``EstimateCapeMean``), with its
-        intervals (:meth:`CuratorClient.estimate_cape_mean`)."""
-        return self.client.estimate_cape_mean(spec, seed=seed, **kw)
+        intervals (:meth:`CuratorClient.estimate_cape_mean`).
 
-    def cape_fit(self, spec: CapeJobSpec, *, seed: int | None = None, **kw: Any) -> CapeFit:
+        Parameters
+        ----------
+        spec : CapeMeanSpec
+            The columns, their bounds and the guarantee (epsilon, delta).
+        seed : int, optional
+            Seeds the owners' noise (reproducible; the curator must allow seeded jobs).
+        request_id : str, optional
+            Idempotency key (default: a fresh one; a retry with the same key returns the same
+            answer and charges nothing new).
+        timeout : float
+            Deadline of the job, seconds.
+        schema : Schema, optional
+            The consumer's schema: the curator refuses owners that declare another before
+            anything is charged.
+        min_owners : int
+            The fewest owners the job may open with (0: every owner the curator serves).
+        max_cost : str, int or Decimal, optional
+            The most the job may cost, in credits (``"12.5"``, ``5``; not a float), as
+            :meth:`summarize`'s: a quote above it is refused before any owner opens the job.
+
+        Returns
+        -------
+        CapeMean
+            The mean of each column, in the spec's order, and the job's report (sites, noise,
+            epsilon and delta per site, each owner's spend, quote and cost in micro-credits).
+
+        Raises
+        ------
+        ValueError
+            If ``max_cost`` is not an amount of credits
+            (:func:`~dpmarket.common.market.money.parse_credits`).
+        dpmarket.common.errors.DPMarketError
+            The error matching the curator's status (``FailedPreconditionError`` for a quote
+            above ``max_cost`` or an owner's policy refusing the job, nothing charged).
+        """
+        return self.client.estimate_cape_mean(
+            spec,
+            seed=seed,
+            request_id=request_id,
+            timeout=timeout,
+            schema=schema,
+            min_owners=min_owners,
+            max_cost=credits_cap(max_cost),
+        )
+
+    def cape_fit(
+        self,
+        spec: CapeJobSpec,
+        *,
+        seed: int | None = None,
+        request_id: str | None = None,
+        timeout: float = 600.0,
+        schema: Schema | None = None,
+        min_owners: int = 0,
+        max_cost: str | int | Decimal | None = None,
+    ) -> CapeFit:
         """A linear or logistic regression fitted by capeFM across the owners (``FitCape``;
-        :meth:`CuratorClient.fit_cape`)."""
-        return self.client.fit_cape(spec, seed=seed, **kw)
+        :meth:`CuratorClient.fit_cape`).
+
+        Parameters
+        ----------
+        spec : CapeJobSpec
+            The regression (features, label, bounds, guarantee).
+        seed, request_id, timeout, schema, min_owners, max_cost
+            As :meth:`cape_mean` (``max_cost`` in credits).
+
+        Returns
+        -------
+        CapeFit
+            The coefficients on the raw feature columns, the intercept and the job's report.
+
+        Raises
+        ------
+        ValueError
+            If ``max_cost`` is not an amount of credits.
+        dpmarket.common.errors.DPMarketError
+            As :meth:`cape_mean`.
+        """
+        return self.client.fit_cape(
+            spec,
+            seed=seed,
+            request_id=request_id,
+            timeout=timeout,
+            schema=schema,
+            min_owners=min_owners,
+            max_cost=credits_cap(max_cost),
+        )
 
     def cape_train(
-        self, spec: CapeTrainingSpec, *, seed: int | None = None, **kw: Any
+        self,
+        spec: CapeTrainingSpec,
+        *,
+        seed: int | None = None,
+        request_id: str | None = None,
+        timeout: float = 1800.0,
+        schema: Schema | None = None,
+        min_owners: int = 0,
+        max_cost: str | int | Decimal | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> CapeNetwork:
         """A 2-layer network trained by CAPE gradient descent across the owners
-        (``TrainCape``; :meth:`CuratorClient.train_cape`)."""
-        return self.client.train_cape(spec, seed=seed, **kw)
+        (``TrainCape``; :meth:`CuratorClient.train_cape`).
+
+        Parameters
+        ----------
+        spec : CapeTrainingSpec
+            The columns, bounds, hyper-parameters and budget.
+        seed, request_id, timeout, schema, min_owners, max_cost
+            As :meth:`cape_mean` (``max_cost`` in credits; ``timeout`` covers every iteration).
+        on_progress : callable, optional
+            ``on_progress(done, total)`` after every iteration (best effort).
+
+        Returns
+        -------
+        CapeNetwork
+            The trained parameters and the job's report.
+
+        Raises
+        ------
+        ValueError
+            If ``max_cost`` is not an amount of credits.
+        dpmarket.common.errors.DPMarketError
+            As :meth:`cape_mean`.
+        """
+        return self.client.train_cape(
+            spec,
+            seed=seed,
+            request_id=request_id,
+            timeout=timeout,
+            schema=schema,
+            min_owners=min_owners,
+            on_progress=on_progress,
+            max_cost=credits_cap(max_cost),
+        )
 
 
 # ---------------------------------------------------------------------------------- owners

@@ -1,0 +1,42 @@
+"""The documented client (:mod:`dpmarket.client`) as a program sees it: one unit for every cost
+cap, documented keyword parameters, errors inside the contract."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from dpmarket.client import Consumer
+from dpmarket.common.market.money import credits_cap, parse_credits
+from dpmarket.consumer.cli import CREDITS
+
+CAPE_METHODS = (Consumer.cape_mean, Consumer.cape_fit, Consumer.cape_train)
+
+
+@pytest.mark.parametrize("method", CAPE_METHODS, ids=lambda m: m.__name__)
+def test_the_cape_methods_document_every_keyword(method: object) -> None:
+    """No ``**kw`` passed through unseen: the keywords are named, and the docstring says what
+    they return and raise."""
+    parameters = inspect.signature(method).parameters  # type: ignore[arg-type]
+    assert not [p for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    expected = {"seed", "request_id", "timeout", "schema", "min_owners", "max_cost"}
+    assert expected <= set(parameters)
+    doc = inspect.getdoc(method) or ""
+    assert "Returns\n-------" in doc and "Raises\n------" in doc
+    assert "credits" in doc
+
+
+def test_max_cost_has_one_unit_everywhere() -> None:
+    """``summarize``'s convention (credits, as text or an int) for the CAPE jobs and the
+    command line alike: 5 is five credits, never five micro-credits."""
+    for amount in ("12.5", 5, "0.000001"):
+        assert credits_cap(amount) == parse_credits(amount) == CREDITS.convert(amount, None, None)
+    assert CREDITS.convert(5, None, None) == 5_000_000  # a configuration file's integer
+    assert credits_cap(None) is None
+    with pytest.raises(ValueError, match="decimal string"):
+        credits_cap(12.5)  # type: ignore[arg-type]
+    signature = inspect.signature(Consumer.summarize)
+    for method in CAPE_METHODS:
+        cap = inspect.signature(method).parameters["max_cost"]
+        assert cap.annotation == signature.parameters["max_cost"].annotation
