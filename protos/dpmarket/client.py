@@ -338,12 +338,46 @@ class Consumer:
         return explore(self.client, query, spec=spec, owners=owners, options=options)
 
     def rank_owners(
-        self, validation: ArrayLike, *, spec: str | None = None, owners: Sequence[str] = ()
+        self,
+        validation: ArrayLike,
+        *,
+        spec: str | None = None,
+        owners: Sequence[str] = (),
+        schema: Schema | None = None,
     ) -> Ranking:
-        """Owners ranked by the MMD between ``validation`` (shape (m, d), the spec's columns in
-        order; it never leaves this process) and their RFF sketches
-        (:func:`dpmarket.consumer.catalogue.rank`)."""
-        return rank(self.client, np.asarray(validation, dtype=np.float64), spec=spec, owners=owners)
+        """Owners ranked by the MMD between ``validation`` and their RFF sketches
+        (:func:`dpmarket.consumer.catalogue.rank`); it never leaves this process.
+
+        Parameters
+        ----------
+        validation : array-like of shape (m, d) or (m, d - 1)
+            D_v in the spec's column order; or, when the spec's columns include the label of
+            ``schema``, the features alone (the array :meth:`summarize` takes): each row then
+            counts once per value of the label
+            (:func:`~dpmarket.consumer.catalogue.label_completed`).
+        spec : str, optional
+            An RFF spec (default: the only one).
+        owners : sequence of str
+            Rank only these owners.
+        schema : Schema, optional
+            The consumer's schema, whose label the spec's extra column is.
+
+        Returns
+        -------
+        Ranking
+            Owners best first, each MMD² with its interval.
+
+        Raises
+        ------
+        dpmarket.common.errors.InvalidArgumentError
+            If ``validation`` has neither the spec's columns nor all but the label (the message
+            names the spec and its columns), or a record lies outside the spec's domain.
+        dpmarket.consumer.catalogue.SpecChoiceError
+            If no spec is named and the catalogue has not exactly one RFF spec.
+        """
+        label = schema.label if schema is not None else None
+        points = np.asarray(validation, dtype=np.float64)
+        return rank(self.client, points, spec=spec, owners=owners, label=label)
 
     # ------------------------------------------------------------------------------ CAPE
     def cape_mean(
