@@ -4,6 +4,8 @@ cap, documented keyword parameters, errors inside the contract."""
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 
 import pytest
 
@@ -40,3 +42,22 @@ def test_max_cost_has_one_unit_everywhere() -> None:
     for method in CAPE_METHODS:
         cap = inspect.signature(method).parameters["max_cost"]
         assert cap.annotation == signature.parameters["max_cost"].annotation
+
+
+def test_importing_the_client_loads_neither_scikit_learn_nor_pandas() -> None:
+    """A program that imports :mod:`dpmarket.client` pays for what it calls: the market's package
+    exports its names on first use, the kernels, tables and evaluation import their libraries
+    when they run. The market's names still resolve, and a kernel still computes (the control:
+    then scikit-learn, and pandas with it, load)."""
+    probe = (
+        "import sys, dpmarket.client\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'sklearn', 'pandas'}))\n"
+        "from dpmarket.common.market import paper_rule, quote\n"
+        "from dpmarket.common.summarization.kernels import rbf_kernel\n"
+        "print(callable(paper_rule) and callable(quote), rbf_kernel([[0.0]], [[0.0]], 1.0))\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'sklearn', 'pandas'}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.splitlines() == ["[]", "True [[1.]]", "['pandas', 'sklearn']"]
