@@ -109,7 +109,7 @@ def test_the_health_probe_and_the_pki_load_no_party() -> None:
     """Every container runs the probe every few seconds; the pki job runs once per identity."""
     health, pki = _probe(["health", "--help"], ["pki", "issue", "--help"])
     for loaded in (health, pki):
-        assert "pandas" not in loaded and "scipy" not in loaded
+        assert "numpy" not in loaded and "pandas" not in loaded and "scipy" not in loaded
         assert not any(m.startswith("dpmarket.") for m in loaded), loaded
 
 
