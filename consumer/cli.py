@@ -1,12 +1,12 @@
 """A consumer's commands: ``request`` a summary, ``health`` of a service, the ``cape`` jobs
-(``mean``, ``linreg``, ``logreg``, ``train``), the sketch catalogue (``sketch specs``,
-``sketch list``), ``explore`` and ``rank-owners``.
+(``mean``, ``linreg``, ``logreg``, ``train``), the sketch catalogue (``consumer specs``,
+``consumer sketches``), ``explore`` and ``rank-owners``.
 
 ``request`` and the ``cape`` jobs ask the curator, over mTLS, to run a session or a job across
 the owners. Exploration and ranking read the catalogue once and compute locally
 (:mod:`dpmarket.consumer.explore`): no owner is called, and the validation set never leaves the
 consumer's process. :func:`protocol_options` and the input helpers are shared with
-``dpmarket simulate`` (:mod:`dpmarket.experiments.cli`).
+``dpmarket lab simulate`` (:mod:`dpmarket.experiments.cli`).
 """
 
 from __future__ import annotations
@@ -803,7 +803,7 @@ def _target(text: str | None, schema: Schema | None, task: str) -> tuple[str, fl
 
 
 def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., Any]]:
-    """Options every ``dpmarket cape`` job command takes."""
+    """Options every ``dpmarket consumer cape`` job command takes."""
     return [
         click.option("--curator", required=True, metavar="HOST:PORT", help="The curator."),
         click.option("--curator-name", default="curator", help="The curator's certificate name."),
@@ -885,8 +885,8 @@ _CALIBRATION_OPTION = click.option(
 def _cape_command(
     name: str, options: list[Callable[..., Any]], doc: str
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Make ``dpmarket cape NAME`` with the shared options, then ``options``, then mTLS; the
-    command joins :data:`CAPE_COMMANDS`."""
+    """Make ``dpmarket consumer cape NAME`` with the shared options, then ``options``, then
+    mTLS; the command joins :data:`CAPE_COMMANDS`."""
 
     def register(func: Callable[..., None]) -> Callable[..., None]:
         for option in reversed(options):
@@ -1190,7 +1190,7 @@ def cape_mean_command(
             "--target",
             required=True,
             metavar="COLUMN",
-            help="The label: a column the owners declared 0/1 (serve-owner --binary-column).",
+            help="The label: a column the owners declared 0/1 (owner serve --binary-column).",
         ),
         click.option("--iterations", default=50, type=click.IntRange(min=1), help="T."),
         click.option("--learning-rate", default=1.0, type=click.FloatRange(min=0, min_open=True)),

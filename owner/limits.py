@@ -7,7 +7,7 @@ once, when it opens, and holds them (n x d float32: at most 100 MiB at the defau
 further concurrent session adds no more). A larger table is served partition by partition on Dask
 (:mod:`dpmarket.owner.partitioned`): nothing of size n is held, each step is a pass over the
 partitions, and a session holds only its state. Both give the same sums and the same bids; the
-candidates differ by design (GreeDi). ``serve-owner --in-memory-values`` (config key
+candidates differ by design (GreeDi). ``owner serve --in-memory-values`` (config key
 ``in_memory_values``) moves the values threshold.
 
 **Budgets.** Before a session opens, the owner estimates its work from public sizes only — the

@@ -30,7 +30,7 @@ comments is ``deploy/policies/owner.toml``)::
     max_rff_dimension = 4096
     session_memory_mib = 4096   # the most memory one session's work may need (estimated)
     step_seconds = 3600         # the longest one step (a pass over the table) may take (estimated)
-    [sketches]    # private sketches published to a curator's catalogue (dpmarket sketch publish)
+    [sketches]    # private sketches published to a curator's catalogue (dpmarket owner publish)
     publish = true      # whether this owner publishes sketches at all
     epsilon = 1.0       # the most epsilon one sketch may spend
     [cape]        # CAPE jobs (joint estimates with zero-sum noise) and their secure aggregation

@@ -360,7 +360,7 @@ class Table:
     name : str
     binary : tuple of str
         Columns the owner declares to hold only 0 and 1 (the schema's binary columns, or
-        ``serve-owner --binary-column``): the only columns a logistic regression or a training
+        ``owner serve --binary-column``): the only columns a logistic regression or a training
         may take as its target at this owner.
     schema : Schema or None
         The public schema the table was checked against (:func:`load_table`), if any.

@@ -60,6 +60,14 @@ def unresolved(line: str) -> str | None:
     return None
 
 
+def _paths(group: Group, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every command path of the tree (its groups' and commands')."""
+    for name, entry in group.commands.items():
+        yield (*prefix, name)
+        if isinstance(entry, Group):
+            yield from _paths(entry, (*prefix, name))
+
+
 @pytest.mark.parametrize("page", sorted(DOCS.glob("*.md")), ids=lambda p: p.name)
 def test_every_command_line_in_the_docs_names_a_command(page: Path) -> None:
     text = page.read_text(encoding="utf-8")
@@ -100,3 +108,57 @@ def test_the_reference_s_table_of_old_names_is_the_aliases_table() -> None:
         n = max(k for k in range(1, len(words) + 1) if words[:k] in ALIASES)  # the longest
         renamed = ALIASES[words[:n]]
         assert renamed is not None and (*renamed, *words[n:]) == tuple(new.split()), (old, new)
+
+
+REPO = DOCS.parent
+#: Old names that are no current command's word: found anywhere, not only after ``dpmarket``.
+_OLD_WORDS = sorted(
+    {
+        old[0]
+        for old in ALIASES
+        if len(old) == 1 and "-" in old[0] and all(old[0] not in new for new in _paths(TREE))
+    }
+)
+
+
+def deprecated_names(text: str) -> list[str]:
+    """The lines of ``text`` that name a command by an old name (``dpmarket serve-owner``,
+    ``dpmarket sketch publish``, ``serve-curator --owner``, …), but for the deprecation notice
+    and table (which quote them on purpose) and the code that keeps them working."""
+    patterns = [r"\bdpmarket " + re.escape(" ".join(old)) + r"(?![\w-])" for old in ALIASES]
+    patterns += [r"(?<![\w-])" + re.escape(word) + r"(?![\w-])" for word in _OLD_WORDS]
+    old_name = re.compile("|".join(patterns))
+    keep = ("(deprecated)", "@click.command(", "_COMMANDS = (", "| `", "[serve-owner]")
+    return [
+        line.strip()
+        for line in text.splitlines()
+        if old_name.search(line) and not any(k in line for k in keep)
+    ]
+
+
+def test_no_message_or_doc_names_a_deprecated_command() -> None:
+    """Error messages, help, docstrings, templates and docs name the commands as they are now;
+    the old names live only in :data:`ALIASES` (and the reference's table of them)."""
+    files = [
+        p
+        for pattern in ("*.py", "*.md", "*.html", "*.toml")
+        for p in REPO.rglob(pattern)
+        if not {".venv", "tests", ".git", "v1"} & set(p.relative_to(REPO).parts)
+        and p != REPO / "deploy" / "cli.py"
+    ]
+    assert len(files) > 200
+    found = [
+        f"{p.relative_to(REPO)}: {line}"
+        for p in files
+        for line in deprecated_names(p.read_text(encoding="utf-8"))
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_old_name_check_catches_them() -> None:
+    """Control: the messages this check was written for."""
+    assert deprecated_names("(dpmarket sketch publish --spec x)")
+    assert deprecated_names('f"its owners declare 0/1 (serve-owner --binary-column)"')
+    assert deprecated_names("as `dpmarket explore` computes them")
+    assert not deprecated_names("as `dpmarket consumer explore` and `consumer rank-owners` do")
+    assert not deprecated_names("`dpmarket serve-owner is now dpmarket owner serve (deprecated)`")
