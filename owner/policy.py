@@ -124,7 +124,7 @@ _PEERS_COMMENT = (
 #: The section of the owner's prices (:class:`~dpmarket.common.market.pricing.OwnerPrices`).
 _PRICES = "prices"
 _PRICES_COMMENT = "what a session pays this owner, in credits"
-#: The default prices: free (an owner that sets none keeps working as before prices existed).
+#: The default prices: free (an owner that sets none charges nothing for any session).
 _FREE = OwnerPrices()
 
 

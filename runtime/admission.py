@@ -109,8 +109,8 @@ DEFAULT_CONCURRENT_CALLS = 64
 #: Calls the health and reflection services serve at once, together and from all callers: each
 #: is read up to the server's receive limit before its own is compared, so they may make a
 #: server hold 2 x 4 x its limit (an owner 33 MiB, the curator 136 MiB), whoever calls. A probe
-#: calls once every few seconds. (16 each before: 1,000 concurrent 4 MB health checks raised an
-#: owner by up to 131 MiB of reads, issue 25.)
+#: calls once every few seconds. (At 16 each, 1,000 concurrent 4 MB health checks raised an
+#: owner by up to 131 MiB of reads.)
 OPEN_CONCURRENT_CALLS = 4
 #: Unary requests a server reads at once, over all its services; an admitted call waits for
 #: its turn before its request is read (HTTP/2 flow control meanwhile holds the request at the
@@ -119,7 +119,7 @@ OPEN_CONCURRENT_CALLS = 4
 #: can be compared, and the read holds about 2 L for a moment (its buffers, then Python's
 #: bytes): admitted callers' reads in progress hold at most ``READS_AT_ONCE`` x 2 L (an owner
 #: 33 MiB, the curator 136 MiB), and each admitted call, once read, at most its RPC's own limit.
-#: Before, every admitted call read at once: 64 per service (issue 25).
+#: Without it every admitted call would read at once: 64 per service.
 READS_AT_ONCE = 4
 #: Name under which the health and reflection services' calls are counted together.
 OPEN_SERVICES = "the health and reflection services"
@@ -393,7 +393,7 @@ def _forgetting(behaviour: Behaviour) -> Behaviour:
     frame also holds the call's context, which holds the call's state: a reference cycle that
     only a full garbage collection frees, which a long-lived service runs rarely. Refused 15 MiB
     ``CreateSession`` requests, 40 in a row and three bursts of 32, took a curator from 239 MiB
-    to 2.6 GiB this way (issue 25). The tracebacks of the exception and of every exception it
+    to 2.6 GiB this way. The tracebacks of the exception and of every exception it
     chains are therefore dropped as it leaves, so that the frames are freed at once; any other
     exception (a bug) keeps its traceback for gRPC's log.
     """
