@@ -68,6 +68,7 @@ from dpmarket.common.errors import (
     BudgetRefusedError,
     FailedPreconditionError,
     InvalidArgumentError,
+    NotFoundError,
     UnavailableError,
 )
 from dpmarket.owner.ledger_chain import (
@@ -300,9 +301,11 @@ def _side_files(path: Path) -> list[Path]:
     return [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal")]
 
 
-class LedgerMissingError(FileNotFoundError):
+class LedgerMissingError(NotFoundError, FileNotFoundError):
     """The data directory holds no ledger the owner may use: the file is missing, empty or not
-    an owner ledger. The message says what happened and what to do; nothing was written.
+    an owner ledger. The message says what happened and what to do; nothing was written. Both a
+    :class:`~dpmarket.common.errors.NotFoundError` (what :mod:`dpmarket.client` raises) and a
+    ``FileNotFoundError``.
 
     Attributes
     ----------

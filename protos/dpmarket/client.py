@@ -36,6 +36,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.market.money import credits_cap
 from dpmarket.common.market.pricing import Quote
 from dpmarket.common.market.terms import NO_REWARD, RewardOffer
@@ -229,12 +230,16 @@ class Consumer:
 
         Raises
         ------
+        dpmarket.common.errors.InvalidArgumentError
+            If ``config`` is not a :class:`SummarizationConfig` (a dict of options, say: build
+            the method's class, or :func:`~dpmarket.common.summarization.methods.method_config`).
         SessionFailedError
             If the session failed (its ``report`` holds what it spent).
         dpmarket.common.errors.DPMarketError
             If the curator refused the request (a parameter outside its policy, an owner's
             policy refusing the terms, ...).
         """
+        config = _method(config)
         points = np.asarray(validation, dtype=np.float64)
         seeds = np.zeros((0, points.shape[-1])) if seed_set is None else seed_set
         return self.client.summarize(
@@ -278,6 +283,7 @@ class Consumer:
             As :meth:`summarize` before its session opens (``FailedPreconditionError`` for a
             quote above ``max_cost``).
         """
+        config = _method(config)
         points = np.asarray(validation, dtype=np.float64)
         seeds = np.zeros((0, points.shape[-1])) if seed_set is None else seed_set
         return self.client.quote_session(
@@ -530,6 +536,24 @@ class Consumer:
         )
 
 
+def _method(config: object) -> SummarizationConfig:
+    """``config`` if it is a summarization method's configuration.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming what was given and what to pass instead.
+    """
+    if isinstance(config, SummarizationConfig):
+        return config
+    raise InvalidArgumentError(
+        f"config must be a summarization method's configuration (a SummarizationConfig), got "
+        f"{type(config).__name__} {config!r}: pass e.g. CandidatesConfig(summary_size=20) from "
+        "dpmarket.common.summarization.methods, or method_config('candidates', **options) to "
+        "build one from a mapping"
+    )
+
+
 # ---------------------------------------------------------------------------------- owners
 def ledger(
     data_dir: str | Path, *, session: str | None = None, limit: int | None = None
@@ -549,7 +573,8 @@ def ledger(
     Raises
     ------
     dpmarket.owner.ledger.LedgerMissingError
-        If the directory holds no ledger.
+        If the directory holds no ledger (a :class:`~dpmarket.common.errors.NotFoundError`, and
+        a ``FileNotFoundError``).
     """
     from dpmarket.owner.ledger import OwnerLedger
     from dpmarket.owner.statement import ledger_statement

@@ -6,10 +6,13 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from dpmarket.client import Consumer
+from dpmarket.client import Consumer, ledger
+from dpmarket.common.errors import DPMarketError, InvalidArgumentError, NotFoundError
 from dpmarket.common.market.money import credits_cap, parse_credits
 from dpmarket.consumer.cli import CREDITS
 
@@ -61,3 +64,23 @@ def test_importing_the_client_loads_neither_scikit_learn_nor_pandas() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.splitlines() == ["[]", "True [[1.]]", "['pandas', 'sklearn']"]
+
+
+def test_a_missing_ledger_is_an_error_of_the_client_s_contract(tmp_path: Path) -> None:
+    """``ledger`` raises a DPMarketError (NotFoundError) for a directory without a ledger, and a
+    FileNotFoundError as it always did, so callers of either kind catch it."""
+    with pytest.raises(NotFoundError, match="no owner ledger") as info:
+        ledger(tmp_path / "nope")
+    assert isinstance(info.value, DPMarketError) and isinstance(info.value, FileNotFoundError)
+
+
+def test_a_summary_of_a_dict_says_what_to_pass() -> None:
+    """A dict of options instead of a configuration: InvalidArgumentError naming both, before
+    anything is sent (the connection below is never made: no curator listens)."""
+    consumer = Consumer.__new__(Consumer)  # no connection: the check comes first
+    with pytest.raises(
+        InvalidArgumentError, match=r"got dict \{'summary_size': 5\}.*CandidatesConfig"
+    ):
+        consumer.summarize({"summary_size": 5}, np.zeros((3, 2)))  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="SummarizationConfig"):
+        consumer.quote({"summary_size": 5}, np.zeros((3, 2)))  # type: ignore[arg-type]
