@@ -290,7 +290,7 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             error = f"the curator did not answer: {exc}"
         try:
             methods = await run_in_threadpool(consumer.methods)
-        except DPMarketError:  # an older curator, or none: every method, as before
+        except DPMarketError:  # an older curator, or none: every method offered
             methods = [{"method": m, "served": True, "reason": ""} for m in METHODS]
         history = await run_in_threadpool(consumer.history.entries, 20)
         last = next((r for r in history if r.status == "done"), None)

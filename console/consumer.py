@@ -2,12 +2,13 @@
 
 Every call goes to the consumer's curator over mTLS with the consumer's own certificate
 (:class:`dpmarket.consumer.client.CuratorClient`); exploration and ranking are computed here from
-the published sketches, as ``dpmarket explore`` and ``rank-owners`` compute them
+the published sketches, as ``dpmarket consumer explore`` and ``rank-owners`` compute them
 (:func:`dpmarket.consumer.catalogue.explore`, :func:`dpmarket.consumer.cli.rank_sketches`),
 so no owner is asked anything. A summary request runs as a session at the curator; a thread
 follows its WatchSession stream (:class:`SummaryJob`), fetches the summary, writes it to the
 consumer's data directory and records the outcome in the consumer's history
-(:mod:`dpmarket.consumer.history`), which also lists what ``dpmarket request --data-dir`` ran.
+(:mod:`dpmarket.consumer.history`), which also lists what
+``dpmarket consumer request --data-dir`` ran.
 The validation set a form uploads is read from a private temporary file and deleted at once; it
 stays in this process's memory only while its session runs.
 
@@ -365,7 +366,7 @@ class ConsumerConsole:
         self._explorers: dict[Any, Any] = {}
         self._exploring = threading.Lock()
         self._stop_warming = threading.Event()
-        #: Marginals models kept on disk (shared with ``dpmarket explore --data-dir``).
+        #: Marginals models kept on disk (shared with ``dpmarket consumer explore --data-dir``).
         self.model_dir = self.data_dir / model_store.FOLDER
         self.warming: threading.Thread | None = None
         self._refitter: multiprocessing.process.BaseProcess | None = None
@@ -569,7 +570,7 @@ class ConsumerConsole:
         who = owners[0] if len(owners) == 1 else f"the union of {', '.join(owners)}"
         plotted, count = rows, None
         if "count" in answer.extra:
-            # In records, as `dpmarket explore` prints a count; the fraction beside it.
+            # In records, as `dpmarket consumer explore` prints a count; the fraction beside it.
             count = count_row(rows[0], answer.extra)
             plotted = [count]
             rows = [*plotted, {**rows[0], "label": f"{rows[0]['label']} (the fraction)"}]

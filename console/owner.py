@@ -93,7 +93,7 @@ class OwnerConsole:
         """
         if not ledger_path(self.data_dir).is_file():
             raise FileNotFoundError(
-                f"{self.data_dir} holds no owner ledger yet: start the owner (serve-owner) once"
+                f"{self.data_dir} holds no owner ledger yet: start the owner (owner serve) once"
             )
         with OwnerLedger(self.data_dir, None) as book:
             report = ledger_report(book)

@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 from dpmarket.common.errors import InvalidArgumentError, NotFoundError
 from dpmarket.common.sketches import SketchLike
+from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.marginals import MarginalsSketch
 from dpmarket.common.sketches.marginals_fit import FIT_TOLERANCE, carried_fit
 from dpmarket.common.sketches.sketch import PrivateSketch, merge_sketches
@@ -756,6 +757,7 @@ def rank(
     *,
     spec: str | None = None,
     owners: Sequence[str] = (),
+    label: str | None = None,
 ) -> Ranking:
     """Rank owners by the MMD between a validation set and their RFF sketches, computed here
     (:func:`~dpmarket.consumer.explore.rank_owners`).
@@ -772,6 +774,10 @@ def rank(
         declaration, or that one when it is alone).
     owners : sequence of str
         Rank only these owners (default: every owner that published under the spec).
+    label : str, optional
+        The label column of the consumer's schema. When the spec's columns are the validation
+        set's plus this one, the validation set may be given without it, as
+        :meth:`dpmarket.client.Consumer.summarize` takes it (:func:`label_completed`).
 
     Returns
     -------
@@ -784,11 +790,91 @@ def rank(
     NotFoundError
         If an owner asked about has not published under the spec.
     InvalidArgumentError
-        If a validation record lies outside the spec's domain.
+        If a validation record lies outside the spec's domain, or the validation set has
+        neither the spec's columns nor all of them but ``label`` (naming the spec and its
+        columns).
     """
     chosen = choose_spec(client, spec, kind="rff")
     points = validation(chosen) if callable(validation) else np.asarray(validation, np.float64)
+    m = int(points.shape[0]) if points.ndim == 2 else 0
+    points = label_completed(points, chosen, label)
     entries = published(client.sketches(chosen, list(owners) or None), owners, chosen)
     sketches = {e.owner: e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)}
     ranking = rank_owners(sketches, points)
-    return Ranking(chosen, int(points.shape[0]), tuple(ranking), sketches)
+    return Ranking(chosen, m, tuple(ranking), sketches)
+
+
+#: Most label values a features-only validation set is completed with (:func:`label_completed`).
+MAX_LABEL_LEVELS = 100
+
+
+def label_completed(
+    points: NDArray[np.float64], spec: SketchSpec, label: str | None
+) -> NDArray[np.float64]:
+    """The validation set with the spec's columns: as given, or, when it lacks exactly the
+    spec's column ``label``, every row repeated once per value of the label (in the spec's
+    domain), that column set to it.
+
+    A sketch of a spec whose columns include the label embeds the owner's records with their
+    labels, while D_v is the features only (as summaries take it). Ranking against D_v with
+    every label value equally weighted (D_v times the uniform distribution of the label) keeps
+    every completed row inside the domain and favours no class: for a binary label, the cross
+    term of the MMD then weights every owner record by the same factor of the label kernel, so
+    the ranking compares the owners' features to D_v's, plus each owner's own label spread (its
+    self term), which D_v does not know.
+
+    Parameters
+    ----------
+    points : ndarray of shape (m, d) or (m, d - 1)
+    spec : SketchSpec
+    label : str or None
+        The label column (the consumer's schema's).
+
+    Returns
+    -------
+    ndarray of shape (m, d) or (m * L, d)
+        ``L`` the label's values: its levels, or the integers within its bounds.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the width is neither ``d`` nor ``d - 1`` with ``label`` one of the spec's columns, or
+        the label has more than :data:`MAX_LABEL_LEVELS` values; the message names the spec and
+        its columns.
+    """
+    domain = spec.domain
+    names = list(domain.names) or [f"column {j}" for j in range(domain.n_attributes)]
+    width = points.shape[1] if points.ndim == 2 else None
+    if width == domain.n_attributes:
+        return points
+    if width == domain.n_attributes - 1 and label is not None and label in names:
+        j = names.index(label)
+        values = _label_values(domain, j)
+        if values is not None:
+            rows = np.repeat(points, len(values), axis=0)
+            column = np.tile(values, points.shape[0])
+            return np.insert(rows, j, column, axis=1)
+    hint = (
+        f"; the label {label!r} is filled for a features-only set only when it is one of them "
+        f"and takes at most {MAX_LABEL_LEVELS} values"
+        if label is not None
+        else "; a set without the label column is accepted when the label is named (schema=)"
+    )
+    raise InvalidArgumentError(
+        f"the validation set has shape {points.shape}: spec {spec.name} ranks records of "
+        f"{domain.n_attributes} columns ({', '.join(names)}), in this order{hint}"
+    )
+
+
+def _label_values(domain: Domain, j: int) -> NDArray[np.float64] | None:
+    """The values of attribute ``j``: its levels, or the integers within its bounds (None if
+    more than :data:`MAX_LABEL_LEVELS`)."""
+    levels = domain.levels[j] if domain.levels else None
+    if levels is None:
+        low, high = math.ceil(float(domain.low[j])), math.floor(float(domain.high[j]))
+        if high < low or high - low + 1 > MAX_LABEL_LEVELS:
+            return None
+        levels = np.arange(low, high + 1, dtype=np.float64)
+    if len(levels) > MAX_LABEL_LEVELS:
+        return None
+    return np.asarray(levels, dtype=np.float64)

@@ -1,12 +1,12 @@
 """A consumer's commands: ``request`` a summary, ``health`` of a service, the ``cape`` jobs
-(``mean``, ``linreg``, ``logreg``, ``train``), the sketch catalogue (``sketch specs``,
-``sketch list``), ``explore`` and ``rank-owners``.
+(``mean``, ``linreg``, ``logreg``, ``train``), the sketch catalogue (``consumer specs``,
+``consumer sketches``), ``explore`` and ``rank-owners``.
 
 ``request`` and the ``cape`` jobs ask the curator, over mTLS, to run a session or a job across
 the owners. Exploration and ranking read the catalogue once and compute locally
 (:mod:`dpmarket.consumer.explore`): no owner is called, and the validation set never leaves the
 consumer's process. :func:`protocol_options` and the input helpers are shared with
-``dpmarket simulate`` (:mod:`dpmarket.experiments.cli`).
+``dpmarket lab simulate`` (:mod:`dpmarket.experiments.cli`).
 """
 
 from __future__ import annotations
@@ -404,6 +404,24 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
     raise click.ClickException(f"{exc}{spent}; report with the ledger -> {report_path}")
 
 
+class _Credits(click.ParamType):
+    """An amount of credits (a decimal string, six decimals at most), as micro-credits, read by
+    :func:`~dpmarket.common.market.money.parse_credits` as the client reads ``max_cost``: ``5``
+    (on the command line or in a configuration file) is 5 credits."""
+
+    name = "credits"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            return parse_credits(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+#: The type of every option that takes credits (``--max-cost``, ``--reward``).
+CREDITS = _Credits()
+
+
 @click.command(
     "request",
     cls=SectionedCommand,
@@ -464,6 +482,7 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
 @click.option(
     "--max-cost",
     default=None,
+    type=CREDITS,
     metavar="CREDITS",
     help="The most the request may cost, in credits (e.g. 12.5). The curator quotes the "
     "request's maximum cost from every owner's prices before anything is released; a quote "
@@ -472,6 +491,7 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
 @click.option(
     "--reward",
     default=None,
+    type=CREDITS,
     metavar="CREDITS",
     help="A value-based reward paid on top of the owners' prices, split among the owners by a "
     "private attribution of the summary's value against your validation set (a Laplace "
@@ -511,8 +531,8 @@ def request(
     exclude_owners: tuple[str, ...],
     schema_path: str | None,
     data_dir: str | None,
-    max_cost: str | None,
-    reward: str | None,
+    max_cost: int | None,
+    reward: int | None,
     reward_rule: str,
     payout_epsilon: float,
     quote_only: bool,
@@ -550,8 +570,8 @@ def request(
         raise click.BadParameter(str(exc), param_hint="--exclude-owner") from exc
     schema = read_schema(schema_path)
     inputs = read_inputs(validation_path, seed_set_path, test_path, schema)
-    offer, cap = _market_terms(reward, reward_rule, payout_epsilon, max_cost)
-    ask = _Ask(config, inputs, schema, seed, selection, cap, offer)
+    offer = _reward_offer(reward, reward_rule, payout_epsilon)
+    ask = _Ask(config, inputs, schema, seed, selection, max_cost, offer)
     connect = functools.partial(
         CuratorClient, curator, security, curator=curator_identity(curator_name)
     )
@@ -676,24 +696,15 @@ def _summarize(
     return result, (created[0] if created else "")
 
 
-def _market_terms(
-    reward: str | None, reward_rule: str, payout_epsilon: float, max_cost: str | None
-) -> tuple[RewardOffer, int | None]:
-    """``--reward`` (with its rule and payout epsilon) and ``--max-cost`` as a reward offer and
-    a cap in micro-credits (``None``: no cap); :class:`click.BadParameter` naming the option."""
-    offer = NO_REWARD
-    if reward is not None:
-        try:
-            offer = RewardOffer(reward_rule, parse_credits(reward), payout_epsilon)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--reward") from exc
-    cap = None
-    if max_cost is not None:
-        try:
-            cap = parse_credits(max_cost)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--max-cost") from exc
-    return offer, cap
+def _reward_offer(reward: int | None, reward_rule: str, payout_epsilon: float) -> RewardOffer:
+    """``--reward`` (micro-credits, read by :data:`CREDITS`) with its rule and payout epsilon as
+    a reward offer; :class:`click.BadParameter` naming the option."""
+    if reward is None:
+        return NO_REWARD
+    try:
+        return RewardOffer(reward_rule, reward, payout_epsilon)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--reward") from exc
 
 
 def _record_done(
@@ -807,7 +818,7 @@ def _target(text: str | None, schema: Schema | None, task: str) -> tuple[str, fl
 
 
 def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., Any]]:
-    """Options every ``dpmarket cape`` job command takes."""
+    """Options every ``dpmarket consumer cape`` job command takes."""
     return [
         click.option("--curator", required=True, metavar="HOST:PORT", help="The curator."),
         click.option("--curator-name", default="curator", help="The curator's certificate name."),
@@ -889,8 +900,8 @@ _CALIBRATION_OPTION = click.option(
 def _cape_command(
     name: str, options: list[Callable[..., Any]], doc: str
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Make ``dpmarket cape NAME`` with the shared options, then ``options``, then mTLS; the
-    command joins :data:`CAPE_COMMANDS`."""
+    """Make ``dpmarket consumer cape NAME`` with the shared options, then ``options``, then
+    mTLS; the command joins :data:`CAPE_COMMANDS`."""
 
     def register(func: Callable[..., None]) -> Callable[..., None]:
         for option in reversed(options):
@@ -931,23 +942,6 @@ def _ask_curator(
             return call(c)
     except DPMarketError as exc:
         raise click.ClickException(str(exc)) from exc
-
-
-class _Credits(click.ParamType):
-    """An amount of credits (a decimal string, six decimals at most), as micro-credits."""
-
-    name = "credits"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_credits(str(value))
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-CREDITS = _Credits()
 
 
 def _job_options(
@@ -1211,7 +1205,7 @@ def cape_mean_command(
             "--target",
             required=True,
             metavar="COLUMN",
-            help="The label: a column the owners declared 0/1 (serve-owner --binary-column).",
+            help="The label: a column the owners declared 0/1 (owner serve --binary-column).",
         ),
         click.option("--iterations", default=50, type=click.IntRange(min=1), help="T."),
         click.option("--learning-rate", default=1.0, type=click.FloatRange(min=0, min_open=True)),

@@ -125,7 +125,7 @@ class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
     async def PublishSketch(self, request, context, caller):
         if self.receipts is not None and request.HasField("receipt"):
             # The owner's receipt after the publication's charge: its last receipt, presented
-            # at its next session or job like a session's (issue 25, B2). Kept before the
+            # at its next session or job like a session's. Kept before the
             # catalogue's answer: the owner charged it whatever the catalogue does.
             await asyncio.to_thread(
                 self.receipts.record_owner_receipt,

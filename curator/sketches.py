@@ -6,7 +6,7 @@ servicer (:mod:`dpmarket.curator.sketch_service`) is a thin adapter over it, and
 
 Specs come from declaration files (TOML, parsed with :mod:`tomllib`; the layout is documented in
 :meth:`dpmarket.common.sketches.spec.SketchDeclaration.from_mapping` and
-``deploy/sketches/flights.toml``) that ``dpmarket serve-curator --sketch-spec FILE`` reads. The
+``deploy/sketches/flights.toml``) that ``dpmarket curator serve --sketch-spec FILE`` reads. The
 first time a declaration is loaded the catalogue checks it against the curator's policy, draws its
 random parameters (RFF frequencies, RACE projections and offsets) from a CSPRNG-seeded generator, or
 from a seed only when one is given explicitly (``--sketch-seed``), and stores the specs, parameters

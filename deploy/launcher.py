@@ -1,8 +1,8 @@
 """Local multi-process launcher: owners and a curator as separate OS processes on loopback.
 
 :class:`LocalCluster` issues the deployment's certificates (a CA, the curator, every owner and a
-consumer), then starts one ``dpmarket serve-owner`` process per owner data file and one
-``dpmarket serve-curator`` process, all over mTLS, each with its own state directory (ledger,
+consumer), then starts one ``dpmarket owner serve`` process per owner data file and one
+``dpmarket curator serve`` process, all over mTLS, each with its own state directory (ledger,
 sessions) and policy, each binding port 0 and reporting its real port through a file;
 :func:`run_demo` drives it as a consumer (``make demo``).
 """
@@ -51,7 +51,7 @@ from dpmarket.runtime.transport import TransportSecurity
 
 #: Seconds to wait for a service to report its port.
 START_TIMEOUT_SECONDS = 60.0
-#: Seconds an owner's ``dpmarket sketch publish`` may take.
+#: Seconds an owner's ``dpmarket owner publish`` may take.
 PUBLISH_TIMEOUT_SECONDS = 300.0
 
 
@@ -67,7 +67,7 @@ class LocalCluster:
     Parameters
     ----------
     owner_files : sequence of path
-        One data file per owner (any format ``dpmarket serve-owner --data`` reads), or empty
+        One data file per owner (any format ``dpmarket owner serve --data`` reads), or empty
         when the owners hold tables only.
     owner_ids : sequence of str
         Owner names, one per file (their certificates' names).
@@ -93,16 +93,16 @@ class LocalCluster:
         Names of the consumer certificates to issue (the first is :meth:`consumer_security`'s
         default).
     owner_tables : sequence of path, optional
-        One table per owner (``dpmarket serve-owner --table``) for CAPE jobs.
+        One table per owner (``dpmarket owner serve --table``) for CAPE jobs.
     owner_binary_columns : sequence of str
-        Columns every owner declares 0/1 (``serve-owner --binary-column``): the targets CAPE
+        Columns every owner declares 0/1 (``owner serve --binary-column``): the targets CAPE
         logistic regressions and trainings may use.
     peer_owners : sequence of str
         Owners the cluster does not run (a test plays them in-process) that are issued
         certificates and pinned in every owner's ``[peers]``, as an owner the operators agreed
         on would be.
     owners_per_process : int
-        1 (default): one ``dpmarket serve-owner`` process per owner, as in a deployment. More:
+        1 (default): one ``dpmarket owner serve`` process per owner, as in a deployment. More:
         owners are served in groups of that many per process (:mod:`dpmarket.deploy.owner_group`),
         each still with its own gRPC server, port, certificate, policy and ledger: for many owners
         on one machine (an owner process takes ~240 MB). :meth:`kill_owner` is then refused.
@@ -110,12 +110,12 @@ class LocalCluster:
         Plaintext gRPC with no certificates (``--insecure`` on every service): only to measure
         what mTLS costs (``make bench``).
     sketch_specs : sequence of path, optional
-        Sketch declarations for the curator's catalogue (``serve-curator --sketch-spec``).
+        Sketch declarations for the curator's catalogue (``curator serve --sketch-spec``).
     sketch_seed : int, optional
-        Seed of the catalogue's new specs (``serve-curator --sketch-seed``).
+        Seed of the catalogue's new specs (``curator serve --sketch-seed``).
     allocation_sketch_spec : str, optional
         The RFF spec whose sketches the candidates method's allocation reads
-        (``serve-curator --allocation-sketch-spec``).
+        (``curator serve --allocation-sketch-spec``).
     init_ledgers : bool
         True (default): create the ledger of every owner whose data directory holds none, bound
         to its certificate, as a new deployment's set-up does (``dpmarket owner ledger init``);
@@ -308,7 +308,7 @@ class LocalCluster:
         raise UnavailableError(f"{name} did not start within {START_TIMEOUT_SECONDS:.0f} s")
 
     def _owner_args(self, i: int, owner_id: str) -> list[str]:
-        """``serve-owner`` arguments of owner ``i`` (``--port-file`` apart)."""
+        """``owner serve`` arguments of owner ``i`` (``--port-file`` apart)."""
         args = ["--port", "0"]
         if self.owner_files:
             args += ["--data", self.owner_files[i]]
@@ -400,7 +400,7 @@ class LocalCluster:
     def publish_sketches(
         self, tables: Mapping[str, str | os.PathLike[str]], out_dir: Path, *, seed: int | None
     ) -> dict[str, dict[str, Any]]:
-        """Run ``dpmarket sketch publish`` for every owner at once, one OS process each, as each
+        """Run ``dpmarket owner publish`` for every owner at once, one OS process each, as each
         owner's operator would: the owner's table, data directory (ledger) and policy, its
         certificate, against the running curator's catalogue.
 
@@ -456,7 +456,7 @@ class LocalCluster:
                 code = -1
             if code != 0:
                 raise UnavailableError(
-                    f"dpmarket sketch publish for {owner} failed (exit {code}); see "
+                    f"dpmarket owner publish for {owner} failed (exit {code}); see "
                     f"{self.log_dir / f'publish-{owner}.log'}"
                 )
             results[owner] = json.loads(out.read_text(encoding="utf-8"))
@@ -621,7 +621,7 @@ def sketch_declaration_toml(
     delta: float = 1e-6,
     description: str = "",
 ) -> str:
-    """A catalogue declaration (``serve-curator --sketch-spec``) for a scenario's summarization
+    """A catalogue declaration (``curator serve --sketch-spec``) for a scenario's summarization
     features: one RFF map over the columns ``f0, f1, ...`` of the owners' tables.
 
     Parameters

@@ -1,4 +1,5 @@
-"""How often CAPE's 95 % intervals cover the pooled non-private answer (``dpmarket cape coverage``).
+"""How often CAPE's 95 % intervals cover the pooled non-private answer
+(``dpmarket lab cape-coverage``).
 
 Each case runs one CAPE job again and again on the same owners' tables, each repetition with its
 own seed, through the path the service takes: the curator's job

@@ -1,6 +1,6 @@
 """Coverage of ``explore``'s 95 % intervals: per query kind and sketch kind, over tables and seeds.
 
-``dpmarket sketch-experiments coverage`` builds each table of :mod:`dpmarket.experiments.tables`,
+``dpmarket lab sketch-figures coverage`` builds each table of :mod:`dpmarket.experiments.tables`,
 splits it into its owners, has every owner publish every sketch of the catalogue ``init`` drafts
 (HIST, RFF, RACE at epsilon 1, Laplace) plus a marginals sketch (epsilon 1, delta 1e-6), and
 answers, for each owner alone and for the union of all, a battery of queries through the

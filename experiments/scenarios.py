@@ -699,7 +699,7 @@ def write_scenario(scenario: Scenario, directory: str | Path) -> dict[str, Path]
     each owner's name). Every data file reads back with
     :func:`dpmarket.runtime.tables.load_point_set`.
     A scenario with owner tables also writes ``owner-<i>-table.parquet`` per owner (its named
-    columns, for ``serve-owner --table`` and ``sketch publish --table``; read with
+    columns, for ``owner serve --table`` and ``owner publish --table``; read with
     :func:`dpmarket.runtime.tables.load_table`).
 
     Parameters

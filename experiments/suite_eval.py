@@ -1,8 +1,8 @@
 """The default method measured on the scenario suite, and its constants chosen on it.
 
-``dpmarket evaluate --suite`` runs the default summarization method (the candidates method with the
-session's default settings, the owners' sketches published in process at epsilon 1) on every
-scenario of :mod:`dpmarket.experiments.suite`, at epsilon = 1 per party and delta = 1e-6, and
+``dpmarket lab evaluate --suite`` runs the default summarization method (the candidates method
+with the session's default settings, the owners' sketches published in process at epsilon 1) on
+every scenario of :mod:`dpmarket.experiments.suite`, at epsilon = 1 per party and delta = 1e-6, and
 reports per scenario and as median / worst:
 
 * its MMD² to D_v over exact greedy's (non-private greedy with the exact kernel on the pooled
@@ -14,7 +14,7 @@ reports per scenario and as median / worst:
 * downstream accuracy (a linear SVM trained on the summary, tested on the consumer's held-out
   labeled data) of each, where labels exist (every suite scenario has them).
 
-``dpmarket evaluate --suite --loso`` chooses the tuned constants by leave-one-scenario-out: for
+``dpmarket lab evaluate --suite --loso`` chooses the tuned constants by leave-one-scenario-out: for
 each scenario, the setting of :data:`SUITE_GRID` with the best geometric-mean ratio to exact
 greedy over the *other* scenarios is run on it, and the table shows those held-out results. The
 setting chosen on the whole suite is the session's default (:class:`CandidatesConfig`).
@@ -659,7 +659,7 @@ def run_suite(
     names: Sequence[str] | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
-    """``dpmarket evaluate --suite [--loso]``: measure, print and write ``suite.json``.
+    """``dpmarket lab evaluate --suite [--loso]``: measure, print and write ``suite.json``.
 
     Parameters
     ----------

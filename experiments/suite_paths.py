@@ -334,7 +334,7 @@ def run_half(
     names: Sequence[str] | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
-    """``dpmarket evaluate --suite --half HALF``: the default's tables on one half of the suite.
+    """``dpmarket lab evaluate --suite --half HALF``: the default's tables on one half of the suite.
 
     Runs :func:`dpmarket.experiments.suite_eval.run_suite` on the half's scenarios (the default
     at epsilon 1 on the sketch path against exact greedy, uniform sampling and uniform reads;

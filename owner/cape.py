@@ -207,7 +207,7 @@ class CapeSite:
             raise InvalidArgumentError(
                 f"column {target!r} is not a 0/1 column of owner {self.name}: a "
                 f"{'training' if spec.task == 'train' else 'logistic regression'} needs a target "
-                f"its owners declare 0/1 when they start (serve-owner --binary-column); this "
+                f"its owners declare 0/1 when they start (owner serve --binary-column); this "
                 f"owner declares {list(table.binary)}"
             )
         return target

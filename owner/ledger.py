@@ -70,6 +70,7 @@ from dpmarket.common.errors import (
     BudgetRefusedError,
     FailedPreconditionError,
     InvalidArgumentError,
+    NotFoundError,
     UnavailableError,
 )
 from dpmarket.owner.ledger_chain import (
@@ -252,7 +253,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     END;
     """,
     # 5 -> 6: the keys a receipt is checked with are append-only like the charges (deleting
-    # them hid a rollback behind a rotated key: issue 25, B1), and a receipt that names this
+    # them hid a rollback behind a rotated key), and a receipt that names this
     # owner but verifies under none of them is recorded as unverified (ledger_rollbacks.verified
     # = 0) rather than ignored. Every trigger of GUARD_TRIGGERS must be present (verify).
     """
@@ -334,9 +335,11 @@ def _side_files(path: Path) -> list[Path]:
     return [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal")]
 
 
-class LedgerMissingError(FileNotFoundError):
+class LedgerMissingError(NotFoundError, FileNotFoundError):
     """The data directory holds no ledger the owner may use: the file is missing, empty or not
-    an owner ledger. The message says what happened and what to do; nothing was written.
+    an owner ledger. The message says what happened and what to do; nothing was written. Both a
+    :class:`~dpmarket.common.errors.NotFoundError` (what :mod:`dpmarket.client` raises) and a
+    ``FileNotFoundError``.
 
     Attributes
     ----------
@@ -1391,7 +1394,7 @@ class OwnerLedger:
         this ledger (another ledger, or a chain head this ledger does not hold) is recorded as
         *unverified* and refused like a rollback: a ledger restored from an older copy whose
         keys were edited (the receipt's key removed, a new certificate issued) cannot hide the
-        rollback behind it (issue 25, B1). The price: a curator presenting a forged receipt
+        rollback behind it. The price: a curator presenting a forged receipt
         makes the owner refuse until its operator resolves it, a denial of service a curator
         has anyway by not calling the owner; it cannot hide a rollback with one.
         A receipt already resolved (:meth:`resolve_rollbacks`) is accepted,

@@ -91,7 +91,7 @@ def init_ledger(
         Its mTLS credentials (the ledger records the CA that issued its certificate and the
         certificate's key), or plaintext (the name only).
     policy : path, optional
-        A policy file to install as ``data_dir/policy.toml`` (as ``serve-owner --policy``
+        A policy file to install as ``data_dir/policy.toml`` (as ``owner serve --policy``
         does); the policy in force is recorded as the ledger's first.
 
     Returns

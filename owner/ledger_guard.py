@@ -18,7 +18,7 @@ must hold, and the chain's head, in the owner's memory:
   non_private)`` and the charges of the window's first, partial day, with its own sums, which it
   decides from. Cost: one indexed read of the head, the grouped sum SQLite computed before, the
   owner's sum over the window's days (kept for a lifetime) and one day of charges: independent
-  of the history (``bench.ledger``: a check after 100,000 charges as fast as before).
+  of the history (``bench.ledger``: a check after 100,000 charges as fast as one after a few).
 * Any difference is final for this process: the ledger was changed outside the owner, which
   then refuses every charge (:class:`LedgerTamperedError`, ``FAILED_PRECONDITION``, a fixed
   message) and logs what it found and what its operator does: stop it, run ``dpmarket owner

@@ -1,8 +1,8 @@
 """In-process owner endpoints: the curator's view of an owner's objects, without a network.
 
-``dpmarket simulate``, the tests and the benchmarks run the whole protocol in one process through
-this adapter; the networked run goes through ``dpmarket.curator.owners.GrpcOwnerEndpoint`` instead,
-and both give the same summary for the same seeds.
+``dpmarket lab simulate``, the tests and the benchmarks run the whole protocol in one process
+through this adapter; the networked run goes through ``dpmarket.curator.owners.GrpcOwnerEndpoint``
+instead, and both give the same summary for the same seeds.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ comments is ``deploy/policies/owner.toml``)::
     max_rff_dimension = 4096
     session_memory_mib = 4096   # the most memory one session's work may need (estimated)
     step_seconds = 3600         # the longest one step (a pass over the table) may take (estimated)
-    [sketches]    # private sketches published to a curator's catalogue (dpmarket sketch publish)
+    [sketches]    # private sketches published to a curator's catalogue (dpmarket owner publish)
     publish = true      # whether this owner publishes sketches at all
     epsilon = 1.0       # the most epsilon one sketch may spend
     [cape]        # CAPE jobs (joint estimates with zero-sum noise) and their secure aggregation
@@ -124,7 +124,7 @@ _PEERS_COMMENT = (
 #: The section of the owner's prices (:class:`~dpmarket.common.market.pricing.OwnerPrices`).
 _PRICES = "prices"
 _PRICES_COMMENT = "what a session pays this owner, in credits"
-#: The default prices: free (an owner that sets none keeps working as before prices existed).
+#: The default prices: free (an owner that sets none charges nothing for any session).
 _FREE = OwnerPrices()
 
 

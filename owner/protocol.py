@@ -1,7 +1,7 @@
 """The owner's side of the summarization protocol, as plain state objects on numpy arrays.
 
 One :class:`Owner` holds a private dataset and any number of sessions; each protocol stage is a
-method that takes and returns arrays, so it runs in-process (tests, ``dpmarket simulate``) and
+method that takes and returns arrays, so it runs in-process (tests, ``dpmarket lab simulate``) and
 behind the gRPC servicer (:mod:`dpmarket.owner.service`) with identical results.
 
 The owner enforces its own policy whatever the curator asks. A session opens with
@@ -15,7 +15,7 @@ changes nothing. Its policy also decides what the terms' method may ask that no 
 with ``access.allow_exact_bids``; the candidates methods, whose rows are picked along the
 curator's embedding, only with ``access.allow_steered_selection``; and no more Bid rounds than
 ``session.rounds_per_point`` per raw point the session may receive. An owner built without a
-ledger (in-process research runs: ``dpmarket simulate``, the evaluation harness, benchmarks)
+ledger (in-process research runs: ``dpmarket lab simulate``, the evaluation harness, benchmarks)
 records, charges and enforces none of this; the owner service always has one.
 
 Every session is a state machine the owner enforces, ledger or not (:mod:`dpmarket.owner.steps`): it

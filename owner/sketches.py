@@ -3,7 +3,7 @@
 An owner publishes a differentially private sketch of its table once per spec of a curator's
 catalogue (M2M paper, Section 2.3); every consumer of the catalogue then computes what it likes
 from it at no further cost to the owner. :class:`SketchPublisher` is the owner's side as a plain
-state object over its own ledger (no network: ``dpmarket sketch publish`` fetches the spec and
+state object over its own ledger (no network: ``dpmarket owner publish`` fetches the spec and
 sends the result, :mod:`dpmarket.consumer.cli`):
 
 1. **Check** the spec against the owner's policy (``[sketches]``: whether it publishes at all,
@@ -546,7 +546,7 @@ def publish_to(
         publication = publisher.publish(spec, table, curator=catalog.curator, epsilon=epsilon)
         # The ledger's receipt after the charge goes with the sketch: the curator presents it
         # at this owner's next session, so a ledger restored from a copy older than this
-        # publication is found (issue 25, B2).
+        # publication is found.
         receipt = publisher.ledger.receipt()
         entry, again = catalog.publish(name, publication.sketch, receipt)
         publisher.delivered(publication, curator=catalog.curator, spec=name)

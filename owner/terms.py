@@ -11,7 +11,7 @@ charge covers:
   summary embeddings to the owners, the auction's choices, the summary to the consumer), as in
   the paper's Algorithm 3, whose auction trusts the curator with exact bids; it does not pay
   for the bids the curator itself sees. A curator that chooses those directions as probes reads
-  exact statistics of the owner's rows at any stated epsilon (red team of issue 25: every
+  exact statistics of the owner's rows at any stated epsilon (a red-team run read every
   column's maximum and minimum with two bids each, a column's distinct values with 3,000 bids,
   under terms of epsilon 1e-9). So an owner serves these methods only if its policy trusts the
   curator with exact bids (``access.allow_exact_bids``, off by default).
@@ -21,7 +21,7 @@ charge covers:
   draws h1's parameters. Each row is charged as a raw point, but its being picked says how it
   compares with every row not sent, and no epsilon charges that: a curator that steers the
   greedy (h1 monotone in one column, one point asked) receives the row with that column's
-  largest value (issue 25). So an owner serves these methods only if its policy trusts the
+  largest value. So an owner serves these methods only if its policy trusts the
   curator with relevance-steered selection (``access.allow_steered_selection``, off by
   default); the uniform method, whose rows do not depend on their values, is served either way.
 * **How many rounds** (:func:`check_rounds`): at most ``session.rounds_per_point`` Bid rounds per

@@ -117,8 +117,8 @@ DEFAULT_CONCURRENT_CALLS = 64
 #: Calls the health and reflection services serve at once, together and from all callers: each
 #: is read up to one piece (``FRAME_BYTES``) before its own limit is compared, so they may make a
 #: server hold 2 x 4 x 1 MiB, whoever calls. A probe
-#: calls once every few seconds. (16 each before: 1,000 concurrent 4 MB health checks raised an
-#: owner by up to 131 MiB of reads, issue 25.)
+#: calls once every few seconds. (At 16 each, 1,000 concurrent 4 MB health checks raised an
+#: owner by up to 131 MiB of reads.)
 OPEN_CONCURRENT_CALLS = 4
 #: Pieces of unary requests a server reads at once, over all its services; an admitted call
 #: waits for its turn before each piece of its request is read (HTTP/2 flow control meanwhile
@@ -128,7 +128,7 @@ OPEN_CONCURRENT_CALLS = 4
 #: a moment (its buffers, then Python's bytes): admitted callers' reads in progress hold at most
 #: ``READS_AT_ONCE`` x 2 F (8 MiB), and the joining and parsing of at most ``READS_AT_ONCE``
 #: requests a second copy of each; each admitted call, between its pieces and once read, at most
-#: its RPC's own limit. Before, every admitted call read at once: 64 per service (issue 25).
+#: its RPC's own limit. Without it every admitted call would read at once: 64 per service.
 READS_AT_ONCE = 4
 #: Request bytes a server's admitted calls hold at once, all services together (32 MiB): each
 #: unary call reserves its request's declared size (or, sent as one message, its RPC's limit up
@@ -578,7 +578,7 @@ def _forgetting(behaviour: Behaviour) -> Behaviour:
     frame also holds the call's context, which holds the call's state: a reference cycle that
     only a full garbage collection frees, which a long-lived service runs rarely. Refused 15 MiB
     ``CreateSession`` requests, 40 in a row and three bursts of 32, took a curator from 239 MiB
-    to 2.6 GiB this way (issue 25). The tracebacks of the exception and of every exception it
+    to 2.6 GiB this way. The tracebacks of the exception and of every exception it
     chains are therefore dropped as it leaves, so that the frames are freed at once; any other
     exception (a bug) keeps its traceback for gRPC's log.
     """

@@ -28,7 +28,7 @@ request. A client stream's messages (``RunRounds``) are each one message, held t
 :data:`FRAME_BYTES` and to its method's limit.
 
 Every channel :mod:`dpmarket.runtime.transport` opens sends this way (:class:`PiecesAioChannel`,
-:class:`PiecesChannel`): a stub built on it calls as before.
+:class:`PiecesChannel`): a stub built on it calls unchanged.
 """
 
 from __future__ import annotations

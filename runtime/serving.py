@@ -76,7 +76,7 @@ CHANNEL_OPTIONS = [*GRPC_OPTIONS, *keepalive_client_options()]
 #: :mod:`dpmarket.runtime.admission`) can make the server buffer of it. gRPC's bandwidth-delay
 #: probing, on by default, grows the window to several MiB on a fast link, so that a refused
 #: stream's window, not its request, made a service hold hundreds of MiB: 1,000 refused 4 MB
-#: calls over 100 connections raised an owner by 0.45-1.3 GiB (issue 25); with the probing off
+#: calls over 100 connections raised an owner by 0.45-1.3 GiB with it; with the probing off
 #: and this window, by 17-28 MiB. A request the server reads grows its own stream's window to
 #: its length as it is read (a 20 MB request over a 50 ms round trip then takes about 1.7 s
 #: instead of 0.3 s; ``bench/README.md``).

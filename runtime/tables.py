@@ -31,15 +31,17 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from numpy.typing import ArrayLike, NDArray
 
 from dpmarket.common.schema import Schema, SchemaMismatchError
 from dpmarket.common.validation import check_matrix
 from dpmarket.runtime.files import atomic_write
+
+if TYPE_CHECKING:  # pandas (about half a second) is imported by the functions that read and write
+    import pandas as pd
 
 __all__ = [
     "SUPPORTED_SUFFIXES",
@@ -211,6 +213,8 @@ def _read_frame(path: Path, suffix: str) -> pd.DataFrame:
     * a column that is not numeric (naming its first non-numeric value and row);
     * no row.
     """
+    import pandas as pd
+
     try:
         if suffix == ".csv":
             header = pd.read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False)
@@ -356,7 +360,7 @@ class Table:
     name : str
     binary : tuple of str
         Columns the owner declares to hold only 0 and 1 (the schema's binary columns, or
-        ``serve-owner --binary-column``): the only columns a logistic regression or a training
+        ``owner serve --binary-column``): the only columns a logistic regression or a training
         may take as its target at this owner.
     schema : Schema or None
         The public schema the table was checked against (:func:`load_table`), if any.
@@ -684,6 +688,8 @@ def save_point_set(
     clash = sorted(set(extra) & set(names))
     if clash:
         raise ValueError(f"the column name(s) {clash} are features' names: choose another")
+    import pandas as pd
+
     frame = pd.DataFrame(features, columns=names)
     if labels is not None:
         frame[label_column] = labels

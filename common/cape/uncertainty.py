@@ -70,7 +70,6 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.stats import norm
 
 from dpmarket.common.cape.capefm import CapeFMPlan
 from dpmarket.common.cape.functional_mechanism import FMRelease, fit_coefficients
@@ -205,6 +204,8 @@ class Estimate:
 def _z(level: float) -> float:
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must lie in (0, 1), got {level}")
+    from scipy.stats import norm  # about a second: on first use, importing the module stays light
+
     return float(norm.ppf(0.5 + level / 2.0))
 
 

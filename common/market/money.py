@@ -28,6 +28,7 @@ __all__ = [
     "EPSILON_UNITS",
     "MICRO_CREDITS",
     "VALUE_UNITS",
+    "credits_cap",
     "credits_text",
     "epsilon_charge",
     "epsilon_units",
@@ -79,6 +80,21 @@ def parse_credits(amount: str | int | Decimal) -> int:
     if micro != micro.to_integral_value():
         raise ValueError(f"credits have at most six decimals (one micro-credit), got {amount!r}")
     return int(micro)
+
+
+def credits_cap(amount: str | int | Decimal | None) -> int | None:
+    """A cap on a cost (``max_cost`` of the client, ``--max-cost`` of the command line) as
+    integer micro-credits: :func:`parse_credits` of an amount of credits, None (no cap) as None.
+
+    Every caller that takes a cost cap from a person or a program reads it through this function,
+    so ``"12.5"`` and ``5`` mean 12.5 and 5 credits wherever they are given.
+
+    Raises
+    ------
+    ValueError
+        As :func:`parse_credits`.
+    """
+    return None if amount is None else parse_credits(amount)
 
 
 def format_credits(micro: int) -> str:

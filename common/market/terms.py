@@ -321,7 +321,7 @@ def check_quote(
     ------
     QuoteRefusedError
         If the owner has prices and the terms carry no quote, the quoted charge is below its
-        own or above the terms' ``max_cost`` (the consumer's cap: issue 25, B3), or the session
+        own or above the terms' ``max_cost`` (the consumer's cap), or the session
         is non-private and the owner prices epsilon. The message states
         the owner's prices and the quote: public figures, no data.
     """

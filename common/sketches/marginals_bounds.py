@@ -47,7 +47,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.stats import norm
 
 from dpmarket.common.sketches.marginals import Measurement
 
@@ -289,7 +288,7 @@ def count_bounds(
             raise ValueError(
                 f"weights outside [0, 1] need one measured marginal holding columns {sorted(query)}"
             )
-        z = float(norm.ppf(1.0 - alpha / 2.0))
+        z = _normal_quantile(1.0 - alpha / 2.0)
         value, sd = exact.value(measurements), exact.sd(measurements)
         return CountBounds(value - z * sd, value + z * sd, True, 1)
 
@@ -300,7 +299,7 @@ def count_bounds(
 
     whole = event_count(measurements, cells, inner)
     if whole is not None:  # one measured marginal holds every column
-        z = float(norm.ppf(1.0 - alpha / 2.0))
+        z = _normal_quantile(1.0 - alpha / 2.0)
         up = event_count(measurements, cells, outer)
         assert up is not None
         low = whole.value(measurements) - z * whole.sd(measurements)
@@ -329,14 +328,22 @@ def count_bounds(
             bound = bound - (sub(inner, shared) if shared else total_count(measurements, cells))
             covered |= p
         lowers.append(bound)
-    z_up = float(norm.ppf(1.0 - alpha / (2.0 * len(uppers))))
+    z_up = _normal_quantile(1.0 - alpha / (2.0 * len(uppers)))
     high = min(u.value(measurements) + z_up * u.sd(measurements) for u in uppers)
     low = 0.0
     if lowers:
-        z_low = float(norm.ppf(1.0 - alpha / (2.0 * len(lowers))))
+        z_low = _normal_quantile(1.0 - alpha / (2.0 * len(lowers)))
         low = max(0.0, max(b.value(measurements) - z_low * b.sd(measurements) for b in lowers))
     high = max(high, 0.0)
     return CountBounds(min(low, high), max(low, high), False, len(uppers) + len(lowers))
+
+
+def _normal_quantile(q: float) -> float:
+    """The standard normal quantile ``Phi^{-1}(q)`` (``scipy.stats.norm.ppf``, imported on first
+    use: importing the module stays light)."""
+    from scipy.stats import norm
+
+    return float(norm.ppf(q))
 
 
 def _pairs(query: frozenset[int]) -> list[tuple[int, int]]:
@@ -383,7 +390,7 @@ def fraction_bounds(
     s = len(sketches)
     low = high = n_low = n_high = 0.0
     measured = True
-    z_n = float(norm.ppf(1.0 - TOTAL_SHARE * alpha / (2.0 * s)))
+    z_n = _normal_quantile(1.0 - TOTAL_SHARE * alpha / (2.0 * s))
     for ms in sketches:
         b = count_bounds(ms, cells, weights, alpha=(1.0 - TOTAL_SHARE) * alpha / s)
         low += b.low
@@ -459,7 +466,7 @@ def covariance_bounds(
         "y": {b: y},
         "n": {},
     }
-    z = float(norm.ppf(1.0 - alpha / 8.0))
+    z = _normal_quantile(1.0 - alpha / 8.0)
     box: dict[str, tuple[float, float]] = {}
     for key, weights in sums.items():
         value = variance = 0.0

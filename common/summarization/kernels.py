@@ -24,8 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.stats import norm
-from sklearn.metrics.pairwise import rbf_kernel as _sk_rbf_kernel
 
 from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
 
@@ -163,10 +161,12 @@ def rbf_kernel(x: ArrayLike, y: ArrayLike, gamma: float) -> NDArray[np.float64]:
     Summarization paper, Section 3 ("We assume an RBF kernel ... ``k(Delta) = exp(-gamma
     Delta**2)``"); computed by ``sklearn.metrics.pairwise.rbf_kernel``.
     """
+    from sklearn.metrics.pairwise import rbf_kernel as sk_rbf_kernel  # ~1 s: on first use
+
     g = _check_gamma(gamma)
     xa = check_matrix(x, "x")
     ya = check_matrix(y, "y", n_features=xa.shape[1])
-    return np.asarray(_sk_rbf_kernel(xa, ya, gamma=g), dtype=np.float64)
+    return np.asarray(sk_rbf_kernel(xa, ya, gamma=g), dtype=np.float64)
 
 
 def mmd2(x: ArrayLike, y: ArrayLike, gamma: float, *, chunk_size: int = 4096) -> float:
@@ -300,6 +300,8 @@ def mmd2_to_population(
     value = cross + float(rows.sum()) / (n * (n - 1))
     v_statistic = max(cross + (float(rows.sum()) + n) / (n * n), 0.0)
     se = math.sqrt(float(np.var(2.0 * (g_loo - f), ddof=1)) / n)
+    from scipy.stats import norm  # on first use: importing the module stays light
+
     z = float(norm.ppf(0.5 + level / 2.0))
     return PopulationMMD(value, se, value - z * se, value + z * se, level, v_statistic)
 

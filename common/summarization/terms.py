@@ -228,7 +228,7 @@ class TermsEpsilon(enum.Enum):
 #: (:data:`dpmarket.common.market.money.EPSILON_UNITS`), so the count's noise scale
 #: ``1 / epsilon`` (sensitivity 1) is at most 10^6, finite. Below it (5e-324 gives a scale of
 #: inf) the count cannot be drawn, and terms accepted there would charge a session that
-#: releases nothing (issue 25, B5); they are refused before anything is charged.
+#: releases nothing; they are refused before anything is charged.
 MIN_NOISE_EPSILON = 1e-6
 
 #: What each method's epsilon must be (checked by :class:`OwnerTerms`).

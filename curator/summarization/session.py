@@ -2,7 +2,7 @@
 
 A :class:`SummarizationSession` drives any sequence of
 :class:`dpmarket.common.summarization.endpoints.OwnerEndpoint`
-objects: in-process owners (``dpmarket simulate``, tests, benchmarks) or gRPC clients (the
+objects: in-process owners (``dpmarket lab simulate``, tests, benchmarks) or gRPC clients (the
 curator service). Given the same seed and owners it makes the same random draws in the same order,
 so both runs return the same summary bit for bit.
 

@@ -83,7 +83,7 @@ def stage_deadline(call_timeout: float, rows: int, stage: OwnerStep) -> float:
     Parameters
     ----------
     call_timeout : float
-        Seconds, > 0 (``serve-curator --owner-timeout``).
+        Seconds, > 0 (``curator serve --owner-timeout``).
     rows : int
         The owner's declared row count (``GetOwnerInfo``: public).
     stage : str

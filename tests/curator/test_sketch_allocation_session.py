@@ -168,7 +168,7 @@ def test_without_sketches_the_counts_allocation_runs_unchanged(digits: Scenario)
     assert a.report.ledger.to_json()["candidates"]["allocation"] == "counts"
     # The report says why, and what it cost the owners (not silently).
     assert a.report.ledger.to_json()["candidates"]["allocation_note"] == (
-        "no published sketch to read (the curator names no allocation spec: serve-curator "
+        "no published sketch to read (the curator names no allocation spec: curator serve "
         "--allocation-sketch-spec NAME): every owner is charged epsilon 1 for its noisy "
         "relevance count instead"
     )

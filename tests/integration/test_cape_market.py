@@ -22,6 +22,7 @@ import grpc
 import pytest
 from click.testing import CliRunner
 
+from dpmarket.client import Consumer
 from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.common.market.money import epsilon_units, format_credits
 from dpmarket.common.market.pricing import OwnerPrices
@@ -197,4 +198,12 @@ def test_a_cape_cap_in_the_client_api_is_refused_before_anything_runs(
         pytest.raises(FailedPreconditionError, match="more than its cap of 0"),
     ):
         client.estimate_cape_mean(spec, max_cost=0, timeout=CALL_TIMEOUT)
+    assert _curator_rows(priced) == stored
+    # dpmarket.client takes credits, as summarize does: the quote (3 credits, every owner's
+    # minimum) is above a cap of "2.5" credits, refused the same way.
+    with (
+        Consumer(priced.curator_target, priced.consumer_security()) as consumer,
+        pytest.raises(FailedPreconditionError, match=r"more than its cap of 2\.500000"),
+    ):
+        consumer.cape_mean(spec, max_cost="2.5", timeout=CALL_TIMEOUT)
     assert _curator_rows(priced) == stored

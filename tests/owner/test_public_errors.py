@@ -283,7 +283,7 @@ def test_every_cape_refusal_is_the_same_whatever_the_owner_holds(
     assert outcomes[names.index("logistic on an undeclared target")] == (
         "InvalidArgumentError",
         "column 'sex' is not a 0/1 column of owner owner: a logistic regression needs a target "
-        "its owners declare 0/1 when they start (serve-owner --binary-column); this owner "
+        "its owners declare 0/1 when they start (owner serve --binary-column); this owner "
         "declares ['spam']",
     )
     for name in ("bounds probe opens", "linear opens, clamped", "logistic on a declared target"):
