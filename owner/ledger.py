@@ -62,7 +62,7 @@ from fractions import Fraction
 from numbers import Integral, Real
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -1457,6 +1457,27 @@ class OwnerLedger:
                 ),
             )
             found = (state.sequence, sequence)
+        self._raise_rollback(curator, state, found, verified=verified, other=other)
+
+    def _raise_rollback(
+        self,
+        curator: str,
+        state: privacy_pb2.LedgerState,
+        found: tuple[int, int],
+        *,
+        verified: bool,
+        other: bool,
+    ) -> NoReturn:
+        """Log the rollback :meth:`check_receipt` just recorded, with what its operator can do,
+        and refuse: ``found`` is ``(receipt's sequence, ledger's sequence)``, ``verified``
+        whether a key of this ledger signed the receipt, ``other`` whether it names another
+        ledger of this owner.
+
+        Raises
+        ------
+        LedgerRollbackError
+            Always, with :data:`ROLLBACK_MESSAGE`.
+        """
         if not verified:
             logger.error(
                 "%s presented a receipt naming this owner (ledger %s, up to charge %d) that no "
@@ -1652,6 +1673,23 @@ class OwnerLedger:
                 "--accept-replaced-ledger"
             )
         record_superseded(self._conn, state.ledger_id, "resolve --accept-replaced-ledger", now)
+        return self._resolved_uncharged(
+            number, curator, state, ledger_sequence, now, replaced_ledger=state.ledger_id
+        )
+
+    def _resolved_uncharged(
+        self,
+        number: int,
+        curator: str,
+        state: privacy_pb2.LedgerState,
+        ledger_sequence: int,
+        now: float,
+        *,
+        replaced_ledger: str | None = None,
+        dismissed: bool = False,
+    ) -> Resolution:
+        """Mark rollback ``number`` resolved at ``now`` with nothing charged back (an operator's
+        decision on record: a replaced ledger accepted, or an unverified receipt dismissed)."""
         self._conn.execute(
             "UPDATE ledger_rollbacks SET resolved_at = ? WHERE id = ?", (now, number)
         )
@@ -1664,7 +1702,8 @@ class OwnerLedger:
             delta=0.0,
             points=0,
             charge=None,
-            replaced_ledger=state.ledger_id,
+            replaced_ledger=replaced_ledger,
+            dismissed=dismissed,
         )
 
     def _resolve_unverified(
@@ -1704,19 +1743,8 @@ class OwnerLedger:
             state.ledger_id,
             state.sequence,
         )
-        self._conn.execute(
-            "UPDATE ledger_rollbacks SET resolved_at = ? WHERE id = ?", (now, number)
-        )
-        return Resolution(
-            rollback=int(number),
-            curator=str(curator),
-            receipt_sequence=int(state.sequence),
-            ledger_sequence=int(ledger_sequence),
-            epsilon=0.0,
-            delta=0.0,
-            points=0,
-            charge=None,
-            dismissed=True,
+        return self._resolved_uncharged(
+            number, curator, state, ledger_sequence, now, dismissed=True
         )
 
     def _resolve_lost(

@@ -434,6 +434,47 @@ class Verification:
         return not self.problems and self.open_rollbacks == 0
 
 
+def _walk_chain(
+    conn: sqlite3.Connection, identity: LedgerIdentity | None
+) -> tuple[int, int, bytes, list[ChainProblem]]:
+    """Walk the charges in id order against their chain hashes (:func:`verify_ledger`).
+
+    Returns ``(charges, sequence, head, problems)``: how many charges there are, the last one
+    whose hash matched and that hash (the genesis of ``identity``'s ledger, or ``b""`` without
+    an identity, when none did), and the first mismatch or missing hash (every later charge is
+    then unverifiable, so not checked).
+    """
+    problems: list[ChainProblem] = []
+    previous = genesis(identity.ledger_id) if identity is not None else b""
+    sequence, broken, charges = 0, False, 0
+    rows = conn.execute(
+        f"SELECT {', '.join('c.' + c.strip() for c in CHAINED_COLUMNS.split(','))}, k.hash "
+        "FROM charges c LEFT JOIN charge_chain k ON k.charge = c.id ORDER BY c.id"
+    )
+    for *row, stored in rows:
+        charges += 1
+        charge_id = int(row[0])
+        if identity is None or broken:
+            continue
+        if stored is None:
+            problems.append(ChainProblem(charge_id, f"charge {charge_id} has no chain hash"))
+            broken = True
+            continue
+        expected = charge_hash(previous, tuple(row))
+        if expected != bytes(stored):
+            problems.append(
+                ChainProblem(
+                    charge_id,
+                    f"charge {charge_id} does not match its chain hash: the charge, or one "
+                    "before it, was changed, removed or inserted after it was charged",
+                )
+            )
+            broken = True
+            continue
+        previous, sequence = expected, charge_id
+    return charges, sequence, previous, problems
+
+
 def verify_ledger(
     conn: sqlite3.Connection,
     *,
@@ -497,34 +538,9 @@ def verify_ledger(
     except ValueError as exc:
         identity = None
         problems.append(ChainProblem(0, str(exc)))
-    previous = genesis(identity.ledger_id) if identity is not None else b""
-    sequence, broken, charges = 0, False, 0
+    charges, sequence, previous, chain_problems = _walk_chain(conn, identity)
+    problems += chain_problems
     epsilon, delta, points = Fraction(0), Fraction(0), 0
-    rows = conn.execute(
-        f"SELECT {', '.join('c.' + c.strip() for c in CHAINED_COLUMNS.split(','))}, k.hash "
-        "FROM charges c LEFT JOIN charge_chain k ON k.charge = c.id ORDER BY c.id"
-    )
-    for *row, stored in rows:
-        charges += 1
-        charge_id = int(row[0])
-        if identity is None or broken:
-            continue
-        if stored is None:
-            problems.append(ChainProblem(charge_id, f"charge {charge_id} has no chain hash"))
-            broken = True
-            continue
-        expected = charge_hash(previous, tuple(row))
-        if expected != bytes(stored):
-            problems.append(
-                ChainProblem(
-                    charge_id,
-                    f"charge {charge_id} does not match its chain hash: the charge, or one "
-                    "before it, was changed, removed or inserted after it was charged",
-                )
-            )
-            broken = True
-            continue
-        previous, sequence = expected, charge_id
     orphans = conn.execute(
         "SELECT charge FROM charge_chain WHERE charge NOT IN (SELECT id FROM charges) "
         "ORDER BY charge LIMIT 10"
