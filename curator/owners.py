@@ -190,8 +190,9 @@ class ReceiptBook(Protocol):
     def owner_receipt(self, owner: str) -> bytes | None:
         """The last receipt ``owner`` returned, serialized, or None."""
 
-    def record_owner_receipt(self, owner: str, receipt: bytes) -> None:
-        """Keep ``receipt`` as ``owner``'s last, durably."""
+    def record_owner_receipt(self, owner: str, receipt: bytes, *, only_later: bool = False) -> None:
+        """Keep ``receipt`` as ``owner``'s last, durably (with ``only_later``, only over one
+        of the same ledger at an earlier charge)."""
 
 
 class OwnerChannel:

@@ -277,7 +277,10 @@ class RetrySchedule:
             self._failed.pop(key, None)
             return
         failures = self._failed.get(key, (0, now))[0] + 1
-        self._failed[key] = (failures, now + min(self.cap, self.base * 2 ** (failures - 1)))
+        # The exponent is bounded: 2 ** n past float's range raised OverflowError after about
+        # 1,000 failures (an owner down for hours), and with it every later retry pass.
+        wait = self.base * 2.0 ** min(failures - 1, 60)
+        self._failed[key] = (failures, now + min(self.cap, wait))
 
     def keep(self, keys: set[Hashable]) -> None:
         """Forget every key not in ``keys`` (work done elsewhere, or gone)."""

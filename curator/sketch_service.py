@@ -125,12 +125,14 @@ class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
     async def PublishSketch(self, request, context, caller):
         if self.receipts is not None and request.HasField("receipt"):
             # The owner's receipt after the publication's charge: its last receipt, presented
-            # at its next session or job like a session's. Kept before the
-            # catalogue's answer: the owner charged it whatever the catalogue does.
+            # at its next session or job like a session's, unless the one held names the same
+            # ledger at a later charge (a restored ledger must not overwrite it). Kept before
+            # the catalogue's answer: the owner charged it whatever the catalogue does.
+            receipt = request.receipt.SerializeToString()
             await asyncio.to_thread(
-                self.receipts.record_owner_receipt,
+                functools.partial(self.receipts.record_owner_receipt, only_later=True),
                 caller.name,
-                request.receipt.SerializeToString(),
+                receipt,
             )
         sketch = await asyncio.to_thread(msg.sketch_from_proto, request.sketch)
         entry, again = await asyncio.to_thread(

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from dpmarket.common.privacy.accounting import PrivacyEvent
 from dpmarket.common.privacy.ledger import UNKNOWN_RESTARTED, Charge, SessionSpend
@@ -53,6 +54,7 @@ from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SessionReport, SummaryResult
 from dpmarket.curator.settlement import SessionMarket, SignedSettlement
 from dpmarket.runtime.database import open_database, open_read_only, snapshot, transaction
+from dpmarket.v1 import privacy_pb2
 
 APPLICATION = "dpmarket-curator"
 DATABASE_FILE = "curator.sqlite3"
@@ -728,10 +730,24 @@ class OwnerReceipts(StoreConnection):
     """The ``owner_receipts`` table: the last ledger receipt each owner returned (a
     :class:`dpmarket.curator.owners.ReceiptBook`)."""
 
-    def record_owner_receipt(self, owner: str, receipt: bytes) -> None:
+    def record_owner_receipt(self, owner: str, receipt: bytes, *, only_later: bool = False) -> None:
         """Keep ``receipt`` (a serialized LedgerReceipt) as the last one ``owner`` returned,
-        durably (committed before this returns), replacing the one held before."""
+        durably (committed before this returns), replacing the one held before.
+
+        With ``only_later`` (a receipt the owner sent unasked, with a publication, before it
+        was shown the one held here), it replaces the held receipt only when that one names the
+        same ledger at an earlier charge: a ledger restored from an older copy could otherwise
+        overwrite the receipt that reveals the rollback with one of its own. A receipt of
+        another ledger is kept only from a session's open or close, which the owner answers
+        after checking the held receipt.
+        """
         with self._lock, transaction(self._conn) as conn:
+            if only_later:
+                row = conn.execute(
+                    "SELECT receipt FROM owner_receipts WHERE owner = ?", (owner,)
+                ).fetchone()
+                if row is not None and not _later_receipt(bytes(row[0]), receipt):
+                    return
             conn.execute(
                 "INSERT INTO owner_receipts (owner, receipt, received_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (owner) DO UPDATE SET receipt = excluded.receipt, "
@@ -746,6 +762,21 @@ class OwnerReceipts(StoreConnection):
                 "SELECT receipt FROM owner_receipts WHERE owner = ?", (owner,)
             ).fetchone()
         return None if row is None else bytes(row[0])
+
+
+def _later_receipt(held: bytes, new: bytes) -> bool:
+    """Whether serialized receipt ``new`` names the ledger ``held`` names at a later charge
+    (both read without their signatures, which only the owner can check: a false claim can
+    only keep this curator's receipt newer, which the owner then refuses as a rollback)."""
+    state = privacy_pb2.LedgerState
+    try:
+        before = state.FromString(privacy_pb2.LedgerReceipt.FromString(held).state)
+        after = state.FromString(privacy_pb2.LedgerReceipt.FromString(new).state)
+    except DecodeError:
+        return False
+    return bool(before.ledger_id) and (
+        after.ledger_id == before.ledger_id and after.sequence > before.sequence
+    )
 
 
 class CuratorStore(

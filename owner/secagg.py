@@ -447,6 +447,10 @@ class SiteRounds:
         with self._lock:
             if key in self._rounds:
                 raise FailedPreconditionError(f"round {params.round_id.hex()[:8]}… already started")
+            try:  # in any job, over: its pair keys would let its messages verify again
+                identity.keyring.claim_round(params.round_id)
+            except SecAggError as exc:
+                raise FailedPreconditionError(str(exc)) from None
             self._rounds[key] = entry
         with entry.lock:
             return site.advertise_keys(), identity.certificate_pem

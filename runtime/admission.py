@@ -396,7 +396,9 @@ class _Gate:
         for key, value in context.invocation_metadata() or ():
             if key == SIZE_METADATA:
                 text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
-                if not text.isdigit():
+                # ASCII digits only, at most 19 (int() refuses other Unicode digits and more
+                # than 4,300 digits with ValueError, which would leave the call UNKNOWN).
+                if not (text.isascii() and text.isdigit() and len(text) <= 19):
                     raise InvalidArgumentError(
                         f"{SIZE_METADATA} must be the request's size in bytes, got {text[:32]!r}"
                     )

@@ -256,6 +256,7 @@ class PairKeyring:
         self._verified: set[tuple[str, bytes, bytes]] = set()
         self._lock = threading.Lock()
         self._current = StaticKey(site, deployment, signer, random_bytes)
+        self._rounds: set[bytes] = set()
 
     @property
     def current(self) -> StaticKey:
@@ -271,8 +272,33 @@ class PairKeyring:
         fresh = StaticKey(self.site, self.deployment, self._signer, self._random_bytes)
         with self._lock:
             old, self._current = self._current, fresh
+            self._rounds = set()
         old.erase()
         return fresh
+
+    def claim_round(self, round_id: bytes) -> None:
+        """Record that this site takes part in round ``round_id`` under its current static key;
+        refuse an id it has taken part in already (in any job).
+
+        A round's pair keys are a function of the pair key and the round id alone
+        (:meth:`round_keys`), so under a repeated id every message of the earlier round --
+        a peer's advertisement with its tag, its share ciphertexts -- would verify again, and
+        a curator that rebuilt a dropped peer's mask key in that round would learn this site's
+        mask with it. The curator chooses round ids: each is therefore used at most once per
+        static key (the set is emptied by :meth:`rotate`, whose new key makes new pair keys).
+
+        Raises
+        ------
+        SecAggError
+            If ``round_id`` was claimed before under the current static key.
+        """
+        with self._lock:
+            if round_id in self._rounds:
+                raise SecAggError(
+                    f"round {round_id.hex()[:8]}… was run before under this site's static key: "
+                    "a round id is used once"
+                )
+            self._rounds.add(bytes(round_id))
 
     def check_binding(
         self, peer: str, peer_public: bytes, signature: bytes, verifier: Verifier

@@ -37,3 +37,16 @@ def test_a_schedule_needs_a_positive_base_below_its_cap() -> None:
     for base, cap in ((0.0, 1.0), (2.0, 1.0)):
         with pytest.raises(ValueError, match="0 < base <= cap"):
             RetrySchedule(base=base, cap=cap)
+
+
+def test_an_owner_down_for_days_keeps_the_capped_wait() -> None:
+    """Thousands of failures (an owner down for days at one try per 30 s) keep the wait at the
+    cap; an unbounded ``2 ** failures`` overflowed a float after about 1,025 and stopped every
+    later retry pass."""
+    schedule = RetrySchedule(base=1.0, cap=30.0)
+    key, now = ("deliver", "s", "o-1"), 0.0
+    for _ in range(5000):
+        schedule.outcome(key, False, now)
+        now += 30.0
+    schedule.outcome(key, False, now)
+    assert not schedule.due(key, now + 29.9) and schedule.due(key, now + 30.0)

@@ -22,6 +22,7 @@ from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SessionReport, SummaryResult
 from dpmarket.curator.store import RESTART_ERROR, CuratorStore
+from dpmarket.v1 import privacy_pb2
 
 CONFIG = CandidatesConfig(summary_size=2)
 CHARGES = [
@@ -272,3 +273,35 @@ def test_each_owners_last_ledger_receipt_survives_reopening(tmp_path: Path) -> N
         assert again.owner_receipt("owner-2") is None
     finally:
         again.close()
+
+
+def _receipt(ledger: str, sequence: int) -> bytes:
+    """A serialized receipt claiming ``ledger`` up to charge ``sequence`` (unsigned: the curator
+    cannot check signatures, only the owner can)."""
+    state = privacy_pb2.LedgerState(ledger_id=ledger, owner="owner-0", sequence=sequence)
+    return privacy_pb2.LedgerReceipt(state=state.SerializeToString()).SerializeToString()
+
+
+def test_a_receipt_sent_with_a_publication_never_replaces_a_later_one(tmp_path: Path) -> None:
+    """A ledger restored from an older copy publishes a sketch and sends its own (older)
+    receipt: kept over the curator's later one, it would hide the rollback at the owner's next
+    session. A publication's receipt replaces only an earlier one of the same ledger; a session's
+    (which the owner returns after checking the held one) replaces whatever is held."""
+    store = CuratorStore(tmp_path / "curator")
+    try:
+        store.record_owner_receipt("owner-0", _receipt("L", 5))
+        store.record_owner_receipt("owner-0", _receipt("L", 3), only_later=True)
+        assert store.owner_receipt("owner-0") == _receipt("L", 5)
+        store.record_owner_receipt("owner-0", _receipt("M", 9), only_later=True)
+        assert store.owner_receipt("owner-0") == _receipt("L", 5)
+        store.record_owner_receipt("owner-0", b"not a receipt", only_later=True)
+        assert store.owner_receipt("owner-0") == _receipt("L", 5)
+        store.record_owner_receipt("owner-0", _receipt("L", 7), only_later=True)
+        assert store.owner_receipt("owner-0") == _receipt("L", 7)
+        store.record_owner_receipt("owner-1", _receipt("N", 1), only_later=True)  # none held
+        assert store.owner_receipt("owner-1") == _receipt("N", 1)
+        # Control: unconditioned (a session's receipt), the older one replaces the later one.
+        store.record_owner_receipt("owner-0", _receipt("L", 3))
+        assert store.owner_receipt("owner-0") == _receipt("L", 3)
+    finally:
+        store.close()

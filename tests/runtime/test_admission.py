@@ -334,6 +334,8 @@ def test_a_request_above_one_message_arrives_in_pieces_byte_for_byte(
                 (cut(sent, FRAME_BYTES), None),  # undeclared: the first message is the request
                 (cut(sent, FRAME_BYTES), declaring(len(sent) - 1)),  # more than declared
                 ([sent], None),  # one message above the frame: gRPC refuses it
+                # A size int() cannot read (over 4,300 digits): refused as a bad declaration.
+                (cut(sent, FRAME_BYTES), (("dpmarket-request-bytes", "9" * 5000),)),
             ]:
                 try:
                     raw(iter(pieces), metadata=metadata, timeout=DEADLINE)
@@ -364,7 +366,7 @@ def test_a_request_above_one_message_arrives_in_pieces_byte_for_byte(
         assert owner.reached == 1
         outcomes = await asyncio.to_thread(blocking_calls, channel_target[0])
         assert owner.opened == [sent] * 3
-        tiny, undeclared, lying, whole = outcomes
+        tiny, undeclared, lying, whole, unreadable = outcomes
         assert tiny[0] == grpc.StatusCode.RESOURCE_EXHAUSTED, tiny
         assert f"in more than {most_pieces(UPLOAD_LIMIT)} pieces" in tiny[1]
         assert undeclared == (
@@ -374,6 +376,8 @@ def test_a_request_above_one_message_arrives_in_pieces_byte_for_byte(
         assert lying[0] == grpc.StatusCode.INVALID_ARGUMENT, lying
         assert f"more than the {len(sent) - 1} bytes" in lying[1]
         assert whole[0] == grpc.StatusCode.RESOURCE_EXHAUSTED, whole
+        assert unreadable[0] == grpc.StatusCode.INVALID_ARGUMENT, unreadable
+        assert "must be the request's size in bytes" in unreadable[1]
         assert owner.reached == 3
         opened = [r for r in rpc_trace.read_records(trace) if r.name == "OpenSession"]
         served = [(r.request_bytes, r.responses) for r in opened if r.code == "OK"]
