@@ -130,6 +130,12 @@ OPEN_CONCURRENT_CALLS = 4
 #: requests a second copy of each; each admitted call, between its pieces and once read, at most
 #: its RPC's own limit. Without it every admitted call would read at once: 64 per service.
 READS_AT_ONCE = 4
+#: Seconds a read slot waits for the message it was taken for (one message, or one piece of at
+#: most ``framing.FRAME_BYTES``, 1 MiB: 10 s is 0.8 Mbit/s). A caller that opens calls and sends
+#: nothing would otherwise hold every slot until its deadline (none, if it sets none), and every
+#: other caller of every service of the server would wait behind it; past this wait its call is
+#: refused (RESOURCE_EXHAUSTED) and the slot goes to the next call.
+READ_WAIT_SECONDS = 10.0
 #: Request bytes a server's admitted calls hold at once, all services together (32 MiB): each
 #: unary call reserves its request's declared size (or, sent as one message, its RPC's limit up
 #: to one message, then the size it had) before a byte of it is read, and gives it back when it
@@ -146,6 +152,11 @@ OPEN_SERVICES = "the health and reflection services"
 #: Calls one caller may have in progress on the health or reflection service (a probe calls
 #: once every few seconds).
 OPEN_CALLS_PER_CALLER = 2
+
+
+class RequestNotSentError(ResourceExhaustedError):
+    """A call's request (or its next piece) did not arrive within :data:`READ_WAIT_SECONDS` of
+    its turn to be read: the read slot is given back and the call refused."""
 
 
 class RequestTooLargeError(ResourceExhaustedError):
@@ -405,6 +416,24 @@ class _Gate:
                 return int(text)
         return None
 
+    async def _read_in_slot(self, context: grpc.aio.ServicerContext) -> Any:
+        """The call's next message (or ``_EOF``), read while the caller holds a read slot.
+
+        Raises
+        ------
+        RequestNotSentError
+            If it does not arrive within :data:`READ_WAIT_SECONDS`: the slot is given back and
+            the call refused, so that a caller that sends nothing cannot hold the server's
+            reads.
+        """
+        try:
+            return await asyncio.wait_for(context.read(), READ_WAIT_SECONDS)
+        except TimeoutError:
+            raise RequestNotSentError(
+                f"the {self.rpc} request did not arrive within {READ_WAIT_SECONDS:g} s of its "
+                "turn to be read: send a request as soon as the call starts"
+            ) from None
+
     async def _read_request(
         self,
         context: grpc.aio.ServicerContext,
@@ -445,7 +474,7 @@ class _Gate:
         held.append(reserved)
         if declared is None:  # one message, as any gRPC client sends a unary request
             async with self.admission.reads:
-                raw = await context.read()
+                raw = await self._read_in_slot(context)
                 if raw is _EOF:
                     raise InvalidArgumentError(f"the {self.rpc} call ended without a request")
                 self._received(len(raw))
@@ -461,7 +490,7 @@ class _Gate:
         most = most_pieces(self.limit)
         while True:
             # A piece arrives right after the one before: a read slot is held for a moment
-            # (longer only by a client that sends slowly, until its deadline).
+            # (longer only by a client that sends slowly, at most READ_WAIT_SECONDS).
             async with self.admission.reads:
                 if total == declared:
                     raw = parts[0] if len(parts) == 1 else b"".join(parts)
@@ -473,7 +502,7 @@ class _Gate:
                         f"method's limit of {self.limit} bytes needs: send pieces of "
                         f'{FRAME_BYTES} bytes (docs/reference.md, "Message limits")'
                     )
-                piece = await context.read()
+                piece = await self._read_in_slot(context)
             if piece is _EOF:
                 raise InvalidArgumentError(
                     f"the {self.rpc} call ended after {total} of the {declared} bytes its "
@@ -638,7 +667,7 @@ _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 #: What admission refuses a call for, and what reading its request may raise (a handler wrapped
 #: by ``rpc``/``rpc_stream`` turns the latter into a status itself; these catch the rest).
 _REFUSALS = (UnauthenticatedError, PermissionDeniedError, ResourceExhaustedError)
-_UNREADABLE = (RequestTooLargeError, InvalidArgumentError)
+_UNREADABLE = (RequestTooLargeError, RequestNotSentError, InvalidArgumentError)
 
 
 class Admission(grpc.aio.ServerInterceptor):

@@ -49,6 +49,7 @@ from dpmarket.owner.service import owner_limits
 from dpmarket.runtime import admission, allocator, cape_messages, rpc_trace, sketch_messages
 from dpmarket.runtime.admission import (
     OPEN_CALLS_PER_CALLER,
+    READS_AT_ONCE,
     SMALL_REQUEST_BYTES,
     RequestBudget,
     ServiceLimits,
@@ -385,6 +386,37 @@ def test_a_request_above_one_message_arrives_in_pieces_byte_for_byte(
 
     channel_target: list[str] = []
     _run(pki, scenario, target=channel_target)
+
+
+@pytest.mark.parametrize("wait", [0.5, None])
+def test_calls_that_send_nothing_hold_the_reads_only_for_a_while(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, wait: float | None
+) -> None:
+    """READS_AT_ONCE calls that open and send no request (no deadline) took every read slot, and
+    every other call of every service waited behind them until they ended: each now holds its
+    slot READ_WAIT_SECONDS at most and is refused (RESOURCE_EXHAUSTED), and the next call is
+    served. Control (``wait`` None: no limit on the wait): the next call misses its deadline."""
+    monkeypatch.setattr(admission, "READ_WAIT_SECONDS", 1e9 if wait is None else wait)
+    method = "/dpmarket.v1.OwnerService/GetProgress"
+
+    async def scenario(connect, owner, curator):
+        channel = connect(CURATOR)
+        stall = channel.channel.stream_unary(method, None, None)
+        stalled = [asyncio.ensure_future(_code(stall())) for _ in range(READS_AT_ONCE)]
+        await asyncio.sleep(0.2)  # the stalled calls have taken their slots
+        stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
+        code, details = await _code(stub.GetProgress(_progress(8), timeout=3.0))
+        if wait is None:
+            assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
+            for call in stalled:
+                call.cancel()
+            return
+        assert code == grpc.StatusCode.OK, details
+        for code, details in await asyncio.gather(*stalled):
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+            assert "did not arrive within 0.5 s" in details
+
+    _run(pki, scenario)
 
 
 def test_the_request_budget_serves_in_order_what_fits_and_a_larger_request_alone() -> None:
