@@ -195,6 +195,20 @@ class ReceiptBook(Protocol):
         of the same ledger at an earlier charge)."""
 
 
+def held_receipt(receipts: ReceiptBook | None, owner: str) -> privacy_pb2.LedgerReceipt | None:
+    """``owner``'s last ledger receipt ``receipts`` keeps, to present to that owner before it
+    charges (a session's or job's open, a publication's spec): None if none is kept, or if the
+    one kept does not parse (logged; not one the owner returned)."""
+    held = None if receipts is None else receipts.owner_receipt(owner)
+    if held is None:
+        return None
+    try:
+        return privacy_pb2.LedgerReceipt.FromString(held)
+    except DecodeError:
+        logger.warning("the stored ledger receipt of owner %s does not parse", owner)
+        return None
+
+
 class OwnerChannel:
     """The curator's ``grpc.aio`` channel to one owner, which its service clients share: the
     owner's identity checked at the handshake, a deadline on every call, its ledger receipts.
@@ -250,14 +264,7 @@ class OwnerChannel:
 
     def _held_receipt(self) -> privacy_pb2.LedgerReceipt | None:
         """The owner's last receipt this curator keeps, to present as a session or job opens."""
-        held = None if self.receipts is None else self.receipts.owner_receipt(self.name)
-        if held is None:
-            return None
-        try:
-            return privacy_pb2.LedgerReceipt.FromString(held)
-        except DecodeError:  # not one the owner returned: present none
-            logger.warning("the stored ledger receipt of owner %s does not parse", self.name)
-            return None
+        return held_receipt(self.receipts, self.name)
 
     def _keep_receipt(
         self, response: owner_pb2.CloseSessionResponse | cape_pb2.CloseCapeJobResponse

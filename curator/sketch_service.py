@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from dpmarket.common.sketches.marginals import MarginalsMap
 from dpmarket.common.sketches.marginals_fit import MAX_FIT_BYTES
+from dpmarket.curator.owners import held_receipt
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.runtime import sketch_messages as msg
@@ -119,6 +120,11 @@ class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
                 self.catalog.status, caller.name, request.name
             )
             response.published, response.publications_left = published, left
+            # The caller's held receipt, which it checks before charging a publication (as at
+            # a session's open): a ledger restored from an older copy is found before it spends.
+            held = await asyncio.to_thread(held_receipt, self.receipts, caller.name)
+            if held is not None:
+                response.receipt.CopyFrom(held)
         return response
 
     @rpc("owner")

@@ -103,12 +103,14 @@ class CatalogClient:
         return specs, response.allocation_spec or None
 
     def spec(self, name: str) -> SpecStatus:
-        """A spec and this owner's standing under it (GetSketchSpec)."""
+        """A spec, this owner's standing under it and the curator's held receipt of this owner
+        (GetSketchSpec)."""
         response = self._call("GetSketchSpec", sketch_pb2.GetSketchSpecRequest(name=name))
         return SpecStatus(
             msg.spec_from_proto(response.spec),
             bool(response.published),
             int(response.publications_left),
+            response.receipt if response.HasField("receipt") else None,
         )
 
     def publish(

@@ -491,7 +491,9 @@ def publish_to(
 ) -> list[Delivery]:
     """Publish a sketch of ``table`` under each named spec of ``catalog``, in order.
 
-    For each spec: fetch it and this owner's standing; when nothing is stored for its key, refuse
+    For each spec: fetch it, this owner's standing and the curator's held receipt of this owner;
+    check the receipt against the ledger (:meth:`~dpmarket.owner.ledger.OwnerLedger.check_receipt`,
+    as a session's open does); when nothing is stored for its key, refuse
     (before anything is computed) if the catalogue holds a sketch of this owner that this ledger
     does not (a data directory reset: a second release would spend budget for a sketch the
     catalogue refuses) or accepts no more from it; then :meth:`SketchPublisher.publish` (check,
@@ -517,6 +519,10 @@ def publish_to(
 
     Raises
     ------
+    dpmarket.owner.ledger.LedgerRollbackError
+        The ledger is behind the curator's held receipt of this owner (restored from an older
+        copy, or replaced), or a rollback found earlier is not resolved: nothing charged or
+        released for that spec (the rollback is recorded and logged).
     dpmarket.common.errors.DPMarketError
         The first refusal (this owner's policy or budget, the spec's range, the domain, the
         catalogue's); the specs before it are published and delivered, nothing of the failing
@@ -527,6 +533,9 @@ def publish_to(
     out = []
     for name in specs:
         status = catalog.spec(name)
+        # The curator's held receipt first, as at a session's open: a ledger behind it (restored
+        # from an older copy) is refused before it charges, and the rollback recorded.
+        publisher.ledger.check_receipt(status.receipt, curator=catalog.curator)
         spec = status.spec
         if publisher.stored(spec) is None:
             if status.published:

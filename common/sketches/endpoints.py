@@ -30,11 +30,16 @@ class SpecStatus:
         Whether the catalogue holds a sketch of this owner under it.
     publications_left : int
         How many more sketches the catalogue accepts from this owner.
+    receipt : LedgerReceipt or None
+        The curator's held receipt of this owner (its last, as presented at a session's open),
+        which the owner checks against its ledger before it charges a publication; None: the
+        curator holds none (or keeps no receipts, in process).
     """
 
     spec: SketchSpec
     published: bool
     publications_left: int
+    receipt: privacy_pb2.LedgerReceipt | None = None
 
 
 class CatalogEndpoint(Protocol):
@@ -46,7 +51,8 @@ class CatalogEndpoint(Protocol):
         ...
 
     def spec(self, name: str) -> SpecStatus:
-        """A spec and this owner's standing under it (``NotFoundError`` if unknown)."""
+        """A spec, this owner's standing under it and the curator's held receipt of this owner
+        (``NotFoundError`` if unknown)."""
         ...
 
     def publish(

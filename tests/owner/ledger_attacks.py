@@ -54,13 +54,20 @@ def without_triggers(conn: sqlite3.Connection, *names: str) -> Iterator[None]:
 
 
 def drop_last_charge(data_dir: Path) -> None:
-    """Remove the last charge with its chain row and rebuild the totals: the chain stays whole."""
+    """Remove the last charge with its chain row (and its stored sketch, when it was a
+    publication's) and rebuild the totals: the chain stays whole, as in an older copy."""
     with (
         closing(sqlite3.connect(ledger_path(data_dir))) as conn,
         conn,
         without_triggers(conn, "charges_no_delete", "charge_chain_no_delete"),
     ):
         (last,) = conn.execute("SELECT MAX(id) FROM charges").fetchone()
+        conn.execute(
+            "DELETE FROM sketch_deliveries WHERE sketch IN "
+            "(SELECT id FROM sketches WHERE charge = ?)",
+            (last,),
+        )
+        conn.execute("DELETE FROM sketches WHERE charge = ?", (last,))
         conn.execute("DELETE FROM charge_chain WHERE charge = ?", (last,))
         conn.execute("DELETE FROM charges WHERE id = ?", (last,))
         conn.execute("DELETE FROM charge_totals")

@@ -753,22 +753,30 @@ class GetSketchSpecResponse(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     PUBLISHED_FIELD_NUMBER: _builtins.int
     PUBLICATIONS_LEFT_FIELD_NUMBER: _builtins.int
+    RECEIPT_FIELD_NUMBER: _builtins.int
     published: _builtins.bool
     """Owners only: whether the caller has published under this spec."""
     publications_left: _builtins.int
     """Owners only: how many more sketches the catalogue accepts from the caller."""
     @_builtins.property
     def spec(self) -> Global___SketchSpec: ...
+    @_builtins.property
+    def receipt(self) -> _privacy_pb2.LedgerReceipt:
+        """Owners only: the caller's last ledger receipt the curator holds (unset: none), which the
+        owner checks against its ledger before it charges a publication, as at a session's open.
+        """
+
     def __init__(
         self,
         *,
         spec: Global___SketchSpec | None = ...,
         published: _builtins.bool = ...,
         publications_left: _builtins.int = ...,
+        receipt: _privacy_pb2.LedgerReceipt | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["publications_left", b"publications_left", "published", b"published", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["publications_left", b"publications_left", "published", b"published", "receipt", b"receipt", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
