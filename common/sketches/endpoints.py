@@ -10,12 +10,15 @@ certificate naming the publisher) and an in-process adapter
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from dpmarket.common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
-from dpmarket.v1 import privacy_pb2
 
-__all__ = ["CatalogEndpoint", "SpecStatus"]
+__all__ = ["CatalogEndpoint", "LedgerReceiptMessage", "SpecStatus"]
+
+#: An owner's ledger receipt as the services carry it (``dpmarket.v1.privacy_pb2.LedgerReceipt``):
+#: opaque here (the kernels use no generated code), read only by the owner's ledger.
+LedgerReceiptMessage = Any
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class SpecStatus:
     spec: SketchSpec
     published: bool
     publications_left: int
-    receipt: privacy_pb2.LedgerReceipt | None = None
+    receipt: LedgerReceiptMessage | None = None
 
 
 class CatalogEndpoint(Protocol):
@@ -56,7 +59,7 @@ class CatalogEndpoint(Protocol):
         ...
 
     def publish(
-        self, spec: str, sketch: AnySketch, receipt: privacy_pb2.LedgerReceipt | None = None
+        self, spec: str, sketch: AnySketch, receipt: LedgerReceiptMessage | None = None
     ) -> tuple[PublishedSketch, bool]:
         """Hand over a sketch (already charged and stored by the owner) with the owner's ledger
         receipt signed after its charge (kept by the curator as the owner's last receipt);

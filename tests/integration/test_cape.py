@@ -573,7 +573,7 @@ def test_a_target_no_owner_declared_0_1_is_refused_naming_no_row_or_value(
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         assert (
             f"column 'target' is not a 0/1 column of owner {OWNERS[0]}: a {task} needs a target "
-            "its owners declare 0/1 when they start (serve-owner --binary-column); this owner "
+            "its owners declare 0/1 when they start (owner serve --binary-column); this owner "
             "declares ['high']"
         ) in details
         assert "row" not in details
