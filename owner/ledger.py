@@ -1175,41 +1175,26 @@ class OwnerLedger:
 
     def _insert(self, request: _Request, now: float) -> int:
         """Insert and chain one charge (inside the caller's write transaction); its id."""
+        values = (
+            now,
+            request.session,
+            request.consumer,
+            request.curator,
+            request.mechanism,
+            request.epsilon,
+            request.delta,
+            request.points,
+            int(request.non_private),
+        )
         cursor = self._conn.execute(
             "INSERT INTO charges (at, session, consumer, curator, mechanism, epsilon, delta, "
             "points, non_private) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                now,
-                request.session,
-                request.consumer,
-                request.curator,
-                request.mechanism,
-                request.epsilon,
-                request.delta,
-                request.points,
-                int(request.non_private),
-            ),
+            values,
         )
         row_id = cursor.lastrowid
         assert row_id is not None
         digest = append_chain(self._conn, row_id)
-        self._pending.append(
-            (
-                (
-                    row_id,
-                    now,
-                    request.session,
-                    request.consumer,
-                    request.curator,
-                    request.mechanism,
-                    request.epsilon,
-                    request.delta,
-                    request.points,
-                    int(request.non_private),
-                ),
-                digest,
-            )
-        )
+        self._pending.append(((row_id, *values), digest))
         return row_id
 
     # ------------------------------------------------------------------ public API
