@@ -322,11 +322,6 @@ class SiteBase:
         self._s_private = s_private
         return self._static.public, public_key_bytes(s_private)
 
-    def _own_keys(self) -> tuple[bytes, bytes]:
-        """(static public key, mask public key) this site advertises in this round."""
-        assert self._s_private is not None
-        return self._static.public, public_key_bytes(self._s_private)
-
     def _derive_pair(self, peer: str, static_public: bytes, signature: bytes) -> None:
         """Check that ``static_public`` is bound to ``peer`` (``signature``, verified once per
         peer and key by the keyring) and derive this round's keys of the pair.

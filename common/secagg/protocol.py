@@ -279,7 +279,7 @@ class SecAggSite(SiteBase):
     def _check_advertisements(
         self, advertisements: Mapping[str, KeyAdvertisement]
     ) -> tuple[str, ...]:
-        own_keys = self._own_keys()
+        own_keys = self._own_ad[:2]  # (static, mask) public keys this site advertised
         seen_keys: set[bytes] = set()
         for name, ad in advertisements.items():
             if name not in self.params.sites:

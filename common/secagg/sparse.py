@@ -277,11 +277,7 @@ class SparseSecAggSite(SiteBase):
             own = advertisements.get(self.site)
             if own is None:
                 raise SecAggError(f"the advertisements do not include this site ({self.site!r})")
-            expected = (
-                *self._own_keys(),
-                nonce_commitment(self.params.round_id, self.site, self._nonce),
-            )
-            if (own.c_public, own.s_public, own.commitment) != expected:
+            if (own.c_public, own.s_public, own.commitment) != self._own_ad:
                 raise SecAggError(f"the advertisement of this site ({self.site!r}) was replaced")
             for name, ad in advertisements.items():
                 if name not in self.params.sites:

@@ -350,10 +350,11 @@ def test_bindings_are_verified_once_per_peer_and_key_and_rotation_binds_a_new_ke
         old.pair_key("s1", sites.keyrings["s1"].current.public)
 
 
-def test_a_binding_names_its_site_and_the_curator_never_holds_a_pair_key() -> None:
+def test_a_binding_names_its_site_and_a_pairs_round_keys_are_its_own() -> None:
     """A binding verifies for its own site only (a site's static key presented as another's is
-    refused), and the pair key of two sites is theirs alone: both derive it, and the round's
-    messages the curator holds (advertisements) contain neither static private key."""
+    refused); two sites derive the same pair key, another pair a different one; a round's keys
+    are the same whichever site derives them (the names in either order) and independent from
+    round to round."""
     sites = Sites(["a", "b", "c"], seed=61)
     a, b = sites.keyrings["a"], sites.keyrings["b"]
     b.check_binding("a", a.current.public, a.current.signature, sites.verifier)
@@ -363,6 +364,8 @@ def test_a_binding_names_its_site_and_the_curator_never_holds_a_pair_key() -> No
     assert a.current.pair_key("b", b.current.public) != a.current.pair_key(
         "c", sites.keyrings["c"].current.public
     )
-    keys = PairKeyring.round_keys(a.current.pair_key("b", b.current.public), bytes(16), "a", "b")
-    other = PairKeyring.round_keys(a.current.pair_key("b", b.current.public), bytes(17), "b", "a")
+    pair = a.current.pair_key("b", b.current.public)
+    keys = PairKeyring.round_keys(pair, bytes(16), "a", "b")
+    assert PairKeyring.round_keys(pair, bytes(16), "b", "a") == keys
+    other = PairKeyring.round_keys(pair, bytes(17), "a", "b")
     assert len({keys.adv, keys.enc, keys.tag, other.adv, other.enc, other.tag}) == 6
