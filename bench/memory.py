@@ -16,11 +16,16 @@ second after the last answer:
   :data:`ADMITTED_MB` MB, under the method's limit, whose validation set (6 columns, about
   300,000 rows) the curator's policy refuses (``INVALID_ARGUMENT``, after decoding it), in
   :data:`ADMITTED_ROUNDS` floods one after the other: what a service keeps of requests it read
-  and refused (issue 25: 40 calls and three bursts of 32 left a curator at 2.6 GiB).
+  and refused (40 calls and three bursts of 32 once left a curator at 2.6 GiB);
+* ``owner-sessions``: the curator opens ``--calls`` sessions one after the other, all open
+  together (at most the owner's ``max_sessions``, 8 by default), with random-feature maps of
+  :data:`SESSION_DIMENSION` features, sets each one's validation embedding, then closes them
+  all: what an owner keeps of sessions that ended (``after_growth_mib``; ``--size-mb`` unused).
 
-Every call must fail (the status of each is recorded). The request bytes are built once and sent
-raw, so the client holds one copy whatever ``--calls``. Run ``python -m bench.memory`` (the
-memory attack: 230 MB messages, one and eight at once; about a minute) or ``--quick``.
+Every call of the other cases must fail (the status of each is recorded). Their request bytes
+are built once and sent raw, so the client holds one copy whatever ``--calls``. Run ``python -m
+bench.memory`` (the memory attack: 230 MB messages, one and eight at once; about a minute) or
+``--quick``.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import logging
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -37,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import grpc
+import numpy as np
 import psutil
 
 from bench.report import configure_logging, write_section
@@ -44,7 +51,7 @@ from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
 from dpmarket.experiments.scenarios import digits_scenario, write_scenario
 from dpmarket.runtime.identity import Identity, Role, identity_files
 from dpmarket.runtime.transport import TransportSecurity, sync_channel
-from dpmarket.v1 import array_pb2, curator_pb2, owner_pb2
+from dpmarket.v1 import array_pb2, curator_pb2, market_pb2, owner_pb2, owner_pb2_grpc
 
 logger = logging.getLogger("bench.memory")
 
@@ -55,7 +62,10 @@ CASES: dict[str, tuple[str, Role, str]] = {
     "curator-oversized": ("curator", "consumer", "/dpmarket.v1.CuratorService/CreateSession"),
     "owner-health": ("owner", "consumer", "/grpc.health.v1.Health/Check"),
     "curator-admitted": ("curator", "consumer", "/dpmarket.v1.CuratorService/CreateSession"),
+    "owner-sessions": ("owner", "curator", "/dpmarket.v1.OwnerService/OpenSession"),
 }
+#: ``owner-sessions``: D, the random-feature dimension of each session (the policy's largest).
+SESSION_DIMENSION = 4096
 #: ``curator-admitted``: its request size (MB, whatever ``--size-mb``: under the curator's
 #: 17 MiB ``CreateSession`` limit) and its floods in a row.
 ADMITTED_MB = 15.0
@@ -145,8 +155,12 @@ def measure(running: LocalCluster, case: str, calls: int, size_mb: float) -> Mea
         target = running.curator_target
         expected = Identity("curator", CURATOR_NAME)
         process = psutil.Process(running.curator_process.pid)
-    caller = Identity(caller_role, running.owner_ids[0] if caller_role == "owner" else "consumer")
+    names = {"owner": running.owner_ids[0], "curator": CURATOR_NAME}
+    caller = Identity(caller_role, names.get(caller_role, "consumer"))
     security = TransportSecurity.from_files(*identity_files(running.pki_dir, caller))
+    if case == "owner-sessions":
+        with sync_channel(target, security, expected, SEND_OPTIONS) as channel:
+            return sessions(channel, calls, process)
     admitted = case == "curator-admitted"
     size_mb = ADMITTED_MB if admitted else size_mb
     payload = request_bytes(case, int(size_mb * 1e6))
@@ -165,6 +179,72 @@ def measure(running: LocalCluster, case: str, calls: int, size_mb: float) -> Mea
         (floods[-1].before + floods[-1].after_growth - before) / MIB,
         [status for f in floods for status in f.statuses],
         sum(f.seconds for f in floods),
+    )
+
+
+def sessions(channel: grpc.Channel, count: int, process: psutil.Process) -> Measurement:
+    """Open ``count`` candidates-sketch sessions (ε 0, one point read) with D =
+    :data:`SESSION_DIMENSION` features, set their validation embeddings, close them all; the
+    owner's RSS before, at its peak and one second after the last close."""
+    owner = owner_pb2_grpc.OwnerServiceStub(channel)
+    features = owner.GetOwnerInfo(owner_pb2.GetOwnerInfoRequest()).num_features
+    rng = np.random.default_rng(0)
+    time.sleep(0.5)
+    before = process.memory_info().rss
+    sampler = RssSampler(process)
+    sampler.start()
+    start = time.perf_counter()
+    statuses, opened = [], []
+    try:
+        for _ in range(count):
+            session_id = uuid.uuid4().hex
+            omega = rng.normal(0.0, 0.1, (SESSION_DIMENSION, features))
+            phase = rng.uniform(0.0, 2 * np.pi, SESSION_DIMENSION)
+            terms = owner_pb2.SessionTerms(
+                method=owner_pb2.SESSION_METHOD_CANDIDATES_SKETCH,
+                epsilon=0.0,
+                market=market_pb2.MarketTerms(
+                    max_points_read=1, quoted_charge=10_500_000, max_cost=20_000_000,
+                    summary_size=1,
+                ),
+            )  # fmt: skip
+            request = owner_pb2.OpenSessionRequest(
+                session_id=session_id,
+                omega=_array(omega),
+                phase=_array(phase),
+                gamma=0.01,
+                consumer="consumer:consumer",
+                terms=terms,
+            )
+            embedding = owner_pb2.SetValidationEmbeddingRequest(
+                session_id=session_id, validation_embedding=_array(np.full(SESSION_DIMENSION, 0.01))
+            )
+            try:
+                owner.OpenSession(request, timeout=120)
+                opened.append(session_id)
+                owner.SetValidationEmbedding(embedding, timeout=120)
+                statuses.append("OK")
+            except grpc.RpcError as exc:
+                statuses.append(exc.code().name)
+        for session_id in opened:
+            owner.CloseSession(owner_pb2.CloseSessionRequest(session_id=session_id), timeout=120)
+        seconds = time.perf_counter() - start
+        time.sleep(1.0)
+        after = process.memory_info().rss
+    finally:
+        sampler.halt.set()
+        sampler.join()
+    peak = max(sampler.peak, after)
+    return Measurement(
+        "owner-sessions", count, 0.0, before / MIB, (peak - before) / MIB,
+        (after - before) / MIB, statuses, seconds,
+    )  # fmt: skip
+
+
+def _array(values: np.ndarray) -> array_pb2.Array:
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    return array_pb2.Array(
+        dtype=array_pb2.DTYPE_FLOAT64, shape=list(values.shape), data=values.tobytes()
     )
 
 

@@ -38,6 +38,7 @@ from dpmarket.runtime.admission import (
     VALUE_BYTES,
     ServiceLimits,
 )
+from dpmarket.runtime.allocator import release_free_memory
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity, peer_public_key
 from dpmarket.runtime.metrics import register_all
@@ -276,6 +277,10 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
     @rpc("curator")
     async def CloseSession(self, request, context, caller):
         spent = await asyncio.to_thread(self.owner.close_session, request.session_id, str(caller))
+        # A session's arrays (its points' features: n x D floats) were allocated in its steps'
+        # threads; glibc keeps what they free in those threads' arenas (eight closed sessions
+        # of D = 4,096 over 354 points left an owner 48 MiB up, 7 MiB with this).
+        await asyncio.to_thread(release_free_memory)
         ledger = self.owner.ledger
         receipt = None if ledger is None else await asyncio.to_thread(ledger.receipt)
         logger.info(
@@ -358,10 +363,13 @@ async def _expire_idle_sessions(owner: Owner, period: float, cape: CapeSite | No
         await asyncio.sleep(period)
         for job_id in cape.expire_idle() if cape is not None else []:
             logger.info("CAPE job %s expired", short_id(job_id))
-        for session_id in owner.expire_idle():
+        expired = owner.expire_idle()
+        for session_id in expired:
             logger.info(
                 "session %s expired: idle for %g s", short_id(session_id), owner.idle_timeout
             )
+        if expired:
+            await asyncio.to_thread(release_free_memory)  # as CloseSession does
 
 
 def owner_authorizer(curators: tuple[str, ...], security: TransportSecurity) -> Authorizer:
