@@ -77,6 +77,7 @@ __all__ = [
     "MAX_OWNERS",
     "ScenarioAttribution",
     "attribution_table",
+    "diagnosis_table",
     "prior_fit",
     "run_attribution",
     "spearman",
@@ -93,6 +94,10 @@ COST_SCENARIOS: tuple[str, ...] = ("digits-16", "txhousing-16")
 COST_P = 200
 #: Noise draws per session and epsilon.
 DRAWS = 200
+#: The payout epsilon of the pipeline's limit (:attr:`ScenarioAttribution.limit_j`): the same
+#: release and value rule with noise 1,000 times smaller than at epsilon 1, so what is left
+#: of the gap to ``J(S_C)``'s values is the game and the rule, not the noise.
+LIMIT_EPSILON = 1000.0
 
 
 def spearman(x: NDArray[np.float64], y: NDArray[np.float64]) -> float:
@@ -136,6 +141,21 @@ class ScenarioAttribution:
     #: ``{epsilon: [...]}``: the value rule's release paid without shrinkage.
     unshrunk_j: dict[str, list[float]] = field(default_factory=dict)
     unshrunk_e: dict[str, list[float]] = field(default_factory=dict)
+    #: Per seed, the diagnosis of the exact Shapley values of ``J(S_C)`` (the goal's
+    #: reference): owners with no delivered point (value exactly 0 under every rule, payout
+    #: exactly 0: tied with each other in both rankings); delivering owners whose value equals
+    #: another delivering owner's (to 1e-12; Spearman gives tied owners their mean rank, as
+    #: ``scipy.stats.rankdata`` does); the standard deviation of the values over the
+    #: delivering owners over the payout noise scale at epsilon 1; the share of adjacent pairs
+    #: of distinct values in the values' order (all K owners; exact ties left out) closer than
+    #: that noise scale (pairs no release at this noise orders reliably); and the value rule's
+    #: payouts at :data:`LIMIT_EPSILON` against the values (mean Spearman over draws: the
+    #: pipeline without its noise).
+    null_owners: list[int] = field(default_factory=list)
+    tied_owners: list[int] = field(default_factory=list)
+    spread_j: list[float] = field(default_factory=list)
+    close_pairs: list[float] = field(default_factory=list)
+    limit_j: list[float] = field(default_factory=list)
 
 
 def _summary(name: str, seed: int) -> tuple[Any, Any]:
@@ -224,6 +244,19 @@ def measure_scenario(
         active = blocks.counts > 0
         scale = payout_noise_scale(blocks.m, blocks.p, 1.0, rules["value"])
         out.signal_noise.append(float(embedded[active].std() / scale))
+        out.null_owners.append(int((~active).sum()))
+        delivering = np.sort(shapley[active])
+        out.tied_owners.append(_tied(delivering))
+        out.spread_j.append(float(delivering.std() / scale))
+        gaps = np.diff(np.sort(shapley))
+        distinct = gaps[gaps > 1e-12]
+        out.close_pairs.append(float(np.mean(distinct < scale)) if distinct.size else 0.0)
+        limit_noise = SeededNoise(np.random.default_rng(10_000 * seed + 8))
+        limit = []
+        for _ in range(draws):
+            release = release_payouts(blocks, LIMIT_EPSILON, rules["value"], limit_noise)
+            limit.append(spearman(np.array(release.payouts, np.float64), shapley))
+        out.limit_j.append(float(np.mean(limit)))
         for rule_name, rule in rules.items():
             noise = SeededNoise(np.random.default_rng(10_000 * seed + 7))
             for eps, key in zip(epsilons, keys, strict=True):
@@ -244,6 +277,17 @@ def measure_scenario(
                     out.unshrunk_j[key].append(float(np.mean(raw_j)))
                     out.unshrunk_e[key].append(float(np.mean(raw_e)))
     return out
+
+
+def _tied(values: NDArray[np.float64]) -> int:
+    """Owners whose value equals another's to 1e-12 (``values`` sorted ascending)."""
+    if values.size < 2:
+        return 0
+    same = np.diff(values) <= 1e-12
+    tied = np.zeros(values.size, dtype=bool)
+    tied[1:] |= same
+    tied[:-1] |= same
+    return int(tied.sum())
 
 
 def prior_fit(seeds: int = 2) -> dict[str, Any]:
@@ -423,6 +467,40 @@ def attribution_table(
     return own, paper
 
 
+def diagnosis_table(results: Sequence[ScenarioAttribution]) -> Table:
+    """Where the ranking against ``J(S_C)``'s exact Shapley values is lost, within 80 columns:
+    per scenario, owners with no delivered point (``null``: exactly 0 in both rankings, tied),
+    delivering owners tied with another (``tied``), the values' spread over the payout noise
+    scale at epsilon 1 (``sd/b``) and the share of adjacent pairs of distinct values closer than
+    it (``<b``; exact ties left out), beside the embedding game's exact values (``e``: the
+    change of game without noise), the value rule's payouts at epsilon 1 and the same pipeline
+    at :data:`LIMIT_EPSILON` (``ε 1000``: the game and the rule without their noise)."""
+    out = Table(
+        title="Where the ranking against J(S_C)'s values is lost",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    columns = ["scenario", "h", "K/has", "null", "tied", "sd/b", "<b", "e", "ε 1", "ε 1000"]
+    for name in columns:
+        left = name in ("scenario", "h")
+        out.add_column(name, justify="left" if left else "right", no_wrap=True)
+    for r in results:
+        out.add_row(
+            r.name,
+            "H" if r.half == "held-out" else "D",
+            f"{r.owners}/{_mean(r.delivering):.0f}",
+            f"{_mean(r.null_owners):.0f}",
+            f"{_mean(r.tied_owners):.0f}",
+            f"{_mean(r.spread_j):.1f}",
+            f"{_mean(r.close_pairs):.2f}",
+            f"{_mean(r.embedding):.2f}",
+            f"{_mean(r.payouts_j['value'].get('1', [])):.2f}",
+            f"{_mean(r.limit_j):.2f}",
+        )
+    return out
+
+
 def run_attribution(
     out_dir: Path,
     *,
@@ -474,6 +552,7 @@ def run_attribution(
     (out_dir / "attribution.json").write_text(json.dumps(report, indent=2))
     for table in attribution_table(results, epsilons):
         console.print(table)
+    console.print(diagnosis_table(results))
     if fit:
         console.print(
             f"value rule's prior fitted on the design half ({len(fit['scenarios'])} scenarios, "

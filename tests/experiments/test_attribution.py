@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 from scipy.stats import spearmanr
 
-from dpmarket.experiments.attribution import run_attribution, spearman
+from dpmarket.experiments.attribution import _tied, run_attribution, spearman
 
 
 def test_spearman_ranks_ties_by_their_mean_and_a_constant_vector_as_zero() -> None:
@@ -21,6 +21,12 @@ def test_spearman_ranks_ties_by_their_mean_and_a_constant_vector_as_zero() -> No
     tied = np.array([0.0, 0.0, 0.0, 1.0, 2.0])
     assert spearman(tied, np.array([0.0, 0.0, 0.0, 3.0, 4.0])) == pytest.approx(1.0)
     assert spearman(np.zeros(5), tied) == 0.0
+
+
+def test_tied_counts_every_owner_that_shares_its_value() -> None:
+    assert _tied(np.array([0.1, 0.2, 0.3])) == 0
+    assert _tied(np.array([-0.1, 0.0, 0.0, 0.0, 0.4, 0.4])) == 5
+    assert _tied(np.array([0.5])) == 0
 
 
 def test_the_experiment_measures_a_scenario_and_writes_its_record(tmp_path: Path) -> None:
@@ -50,9 +56,14 @@ def test_the_experiment_measures_a_scenario_and_writes_its_record(tmp_path: Path
     (value,) = scenario["grand"]
     (spread,) = scenario["signal_noise"]
     assert -1.0 <= value <= 1.0 and spread >= 0.0
+    # The diagnosis of the reference values: every owner delivers points or is a null owner.
+    assert scenario["null_owners"][0] == 3 - scenario["delivering"][0]
+    assert 0 <= scenario["tied_owners"][0] <= scenario["delivering"][0]
+    assert scenario["spread_j"][0] >= 0.0 and 0.0 <= scenario["close_pairs"][0] <= 1.0
+    assert len(scenario["limit_j"]) == 1 and -1.0 <= scenario["limit_j"][0] <= 1.0
     assert written["prior_fit"] == {}
     printed = out.getvalue()
-    assert "wine-3" in printed and "embedding game" in printed
+    assert "wine-3" in printed and "embedding game" in printed and "is lost" in printed
     # Both tables fit 80 columns whole: nothing cut short.
     assert "…" not in printed and max(len(line) for line in printed.splitlines()) <= 80
 
