@@ -61,9 +61,14 @@ def test_the_experiment_measures_a_scenario_and_writes_its_record(tmp_path: Path
     assert 0 <= scenario["tied_owners"][0] <= scenario["delivering"][0]
     assert scenario["spread_j"][0] >= 0.0 and 0.0 <= scenario["close_pairs"][0] <= 1.0
     assert len(scenario["limit_j"]) == 1 and -1.0 <= scenario["limit_j"][0] <= 1.0
+    assert len(scenario["own_exact"]) == 1
+    for key in ("own_j", "own_paid_j"):
+        assert set(scenario[key]) == {"1", "10"}
+        assert all(-1.0 <= v <= 1.0 for v in scenario[key]["1"])
     assert written["prior_fit"] == {}
     printed = out.getvalue()
     assert "wine-3" in printed and "embedding game" in printed and "is lost" in printed
+    assert "own-data release" in printed
     # Both tables fit 80 columns whole: nothing cut short.
     assert "…" not in printed and max(len(line) for line in printed.splitlines()) <= 80
 
