@@ -753,7 +753,7 @@ def own_weights(counts: ArrayLike) -> OwnWeights:
     return OwnWeights(inverse, inverse_square, count_term)
 
 
-def own_shapley(blocks: SummaryBlocks) -> Attribution:
+def own_shapley(blocks: SummaryBlocks, *, weights: OwnWeights | None = None) -> Attribution:
     """Each owner's own-data part of its Shapley value of ``v(C) = J(S_C)``.
 
     Write ``J(S_C) = 2 A_C / (m n_C) - 1 / n_C - (B_C - n_C) / n_C^2`` (closeness, the kernel's
@@ -773,6 +773,8 @@ def own_shapley(blocks: SummaryBlocks) -> Attribution:
     Parameters
     ----------
     blocks : SummaryBlocks
+    weights : OwnWeights, optional
+        ``own_weights(blocks.counts)``, if the caller has them already.
 
     Returns
     -------
@@ -790,7 +792,7 @@ def own_shapley(blocks: SummaryBlocks) -> Attribution:
     reads another owner's points, so its release costs the owners nothing (the Notes of
     :mod:`dpmarket.common.market.payouts`). Cost: :func:`own_weights` plus ``O(K)``.
     """
-    w = own_weights(blocks.counts)
+    w = own_weights(blocks.counts) if weights is None else weights
     own = np.diag(blocks.within) - blocks.counts
     values = 2.0 * blocks.cross / blocks.m * w.inverse - own * w.inverse_square + w.count_term
     values = np.where(blocks.counts > 0, values, 0.0)

@@ -128,6 +128,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dpmarket.common.market.attribution import (
+    OwnWeights,
     SummaryBlocks,
     embedding_shapley,
     own_shapley,
@@ -529,7 +530,11 @@ def release_payouts(
 
 
 def own_payout_sensitivity(
-    counts: Sequence[int] | NDArray[np.int64], m: int, *, reveals_other_values: bool
+    counts: Sequence[int] | NDArray[np.int64],
+    m: int,
+    *,
+    reveals_other_values: bool,
+    weights: OwnWeights | None = None,
 ) -> PayoutSensitivity:
     """The sensitivities of the own-data release, from ``m`` and the delivered counts.
 
@@ -541,6 +546,8 @@ def own_payout_sensitivity(
         ``|D_v|``, >= 1.
     reveals_other_values : bool
         Whether an owner's payout depends on the other owners' noisy values.
+    weights : OwnWeights, optional
+        ``own_weights(counts)``, if the caller has them already.
 
     Returns
     -------
@@ -560,7 +567,7 @@ def own_payout_sensitivity(
     """
     m = check_positive_int(m, "m")
     n = np.asarray(counts)
-    w = own_weights(n)
+    w = own_weights(n) if weights is None else weights
     if n.sum() < 1:
         raise ValueError(f"the counts {list(n)} deliver no point: there is nothing to release")
     validation = 2.0 / m * float(n @ w.inverse)
@@ -612,11 +619,12 @@ def release_own_payouts(
     eps = check_epsilon(epsilon, "payout epsilon")
     if blocks.p < 1:
         raise ValueError("the summary is empty: there is nothing to attribute or pay for")
+    weights = own_weights(blocks.counts)
     sens = own_payout_sensitivity(
-        blocks.counts, blocks.m, reveals_other_values=rule.reveals_other_values
+        blocks.counts, blocks.m, reveals_other_values=rule.reveals_other_values, weights=weights
     )
     scale = max(sens.validation, sens.owner) / eps
-    exact = own_shapley(blocks).values
+    exact = own_shapley(blocks, weights=weights).values
     active = blocks.counts > 0
     values = np.zeros(blocks.n_owners, dtype=np.float64)
     values[active] = exact[active] + noise.laplace(scale, int(active.sum()))
